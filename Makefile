@@ -1,0 +1,191 @@
+# tandem build. One `make`; `make test`; `make run`; `make SAN=1 test`; `make format-check`.
+# Sources are found by folder (one concern per file), so adding a .c file needs no edit here.
+#
+#   common/base common/gguf common/tok      -> libtcore.a  (router links only this + net)
+#   common/model kernels/cpu                -> libtmodel.a
+#   common/net + generated proto/           -> libtnet.a
+#   kernels/cuda/*.cu                       -> libtcuda.a  (CUDA=1, or auto when nvcc is found)
+#   cli/ router/ prefill/ decode/           -> build/tandem, build/tandem-{router,prefill,decode}
+#   tests/unit/test_*.c tests/ops/test_*.c tests/model/test_*.c -> build/tests/<name>
+
+BUILD   ?= build
+CC      ?= cc
+SAN     ?= 0
+NATIVE  ?= 0
+V       ?= 0
+
+Q := $(if $(filter 1,$(V)),,@)
+
+CSTD    := -std=c11 -D_GNU_SOURCE
+WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wformat=2 \
+           -Wno-unused-parameter
+OPT     := -O2 -g
+ARCHF   := -mavx2 -mfma -mf16c
+ifeq ($(NATIVE),1)
+ARCHF   := -march=native
+endif
+INC     := -I. -I$(BUILD)/gen -I/usr/share/include/llhttp
+PKGS    := libuv jansson libpcre2-8 libprotobuf-c libutf8proc ucx
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+SYSTEMD_LIBS := $(shell pkg-config --libs libsystemd 2>/dev/null)
+
+CFLAGS  += $(CSTD) $(OPT) $(WARN) $(ARCHF) $(INC) $(PKG_CFLAGS) -pthread -MMD -MP
+LDLIBS  += $(PKG_LIBS) $(SYSTEMD_LIBS) -lm -lpthread -ldl
+
+SANF    :=
+ifeq ($(SAN),1)
+SANF    := -fsanitize=address,undefined
+CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDFLAGS += -fsanitize=address,undefined
+BUILD   := build-san
+endif
+
+# ---- CUDA (optional) --------------------------------------------------------------------------
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+ifeq ($(origin CUDA),undefined)
+CUDA    := $(if $(NVCC),1,0)
+endif
+# Full multi-target build by default; CI sets CUDA_ARCHS=90 to keep a 2-core compile short.
+CUDA_ARCHS ?= 90 100 120
+NVCCFLAGS  := -std=c++17 -O3 -g -lineinfo -Xcompiler -Wall,-Wextra,-Wno-unused-parameter -Werror all-warnings \
+              $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) -I. -MMD -MP
+CUDA_HOME  := $(patsubst %/bin/nvcc,%,$(NVCC))
+ifeq ($(SAN),1)
+CUDA    := 0
+endif
+
+# ---- sources ------------------------------------------------------------------------------------
+CORE_SRC  := $(wildcard common/base/*.c common/gguf/*.c common/tok/*.c)
+MODEL_SRC := $(wildcard common/model/*.c kernels/cpu/*.c)
+NET_SRC   := $(wildcard common/net/*.c)
+PROTO_SRC := $(wildcard proto/*.proto)
+PROTO_GEN := $(patsubst proto/%.proto,$(BUILD)/gen/proto/%.pb-c.c,$(PROTO_SRC))
+CUDA_SRC  := $(wildcard kernels/cuda/*.cu)
+LLHTTP_SRC := $(wildcard /usr/share/llhttp/*.c)
+
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+
+CORE_OBJ  := $(call obj,$(CORE_SRC))
+MODEL_OBJ := $(call obj,$(MODEL_SRC))
+NET_OBJ   := $(call obj,$(NET_SRC)) $(patsubst %.c,%.o,$(PROTO_GEN))
+LLHTTP_OBJ := $(patsubst /usr/share/llhttp/%.c,$(BUILD)/obj/llhttp/%.o,$(LLHTTP_SRC))
+CUDA_OBJ  := $(patsubst %.cu,$(BUILD)/obj/%.o,$(CUDA_SRC))
+
+LIBCORE  := $(BUILD)/libtcore.a
+LIBMODEL := $(BUILD)/libtmodel.a
+LIBNET   := $(BUILD)/libtnet.a
+LIBCUDA  := $(if $(filter 1,$(CUDA)),$(if $(CUDA_OBJ),$(BUILD)/libtcuda.a))
+CUDA_LIBS := $(if $(LIBCUDA),-L$(CUDA_HOME)/lib64 -lcudart_static -lcublas -lrt -lstdc++)
+ifeq ($(CUDA),1)
+CFLAGS   += -DTANDEM_CUDA=1
+endif
+
+CLI_SRC    := $(wildcard cli/*.c)
+ROUTER_SRC := $(wildcard router/*.c)
+PREFILL_SRC := $(wildcard prefill/*.c)
+DECODE_SRC := $(wildcard decode/*.c)
+
+BINS := $(BUILD)/tandem
+ifneq ($(ROUTER_SRC),)
+BINS += $(BUILD)/tandem-router
+endif
+ifneq ($(PREFILL_SRC),)
+BINS += $(BUILD)/tandem-prefill
+endif
+ifneq ($(DECODE_SRC),)
+BINS += $(BUILD)/tandem-decode
+endif
+
+TEST_SRC  := $(wildcard tests/unit/test_*.c tests/model/test_*.c tests/ops/test_*.c)
+TEST_BINS := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(TEST_SRC)))
+FUZZ_SRC  := $(wildcard tests/fuzz/fuzz_*.c)
+BENCH_SRC := $(wildcard bench/bench_*.c)
+BENCH_BINS := $(patsubst %.c,$(BUILD)/bench/%,$(notdir $(BENCH_SRC)))
+
+ALL_LIBS := $(LIBMODEL) $(LIBNET) $(LIBCORE) $(LIBCUDA)
+
+.PHONY: all test test-gpu run format format-check clean bench fuzz
+all: $(BINS) $(TEST_BINS) $(BENCH_BINS)
+
+# ---- rules --------------------------------------------------------------------------------------
+$(BUILD)/obj/%.o: %.c | $(PROTO_GEN)
+	@mkdir -p $(dir $@)
+	@echo "  CC    $<"
+	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/llhttp/%.o: /usr/share/llhttp/%.c
+	@mkdir -p $(dir $@)
+	@echo "  CC    $<"
+	$(Q)$(CC) -std=c11 -O2 -g -I/usr/share/include/llhttp -fPIC $(SANF) -c $< -o $@
+
+$(BUILD)/gen/proto/%.pb-c.c $(BUILD)/gen/proto/%.pb-c.h: proto/%.proto
+	@mkdir -p $(BUILD)/gen/proto
+	@echo "  PROTOC $<"
+	$(Q)protoc-c --c_out=$(BUILD)/gen $<
+
+$(BUILD)/gen/proto/%.pb-c.o: $(BUILD)/gen/proto/%.pb-c.c
+	@echo "  CC    $<"
+	$(Q)$(CC) -std=c11 -O2 -g $(INC) $(PKG_CFLAGS) $(SANF) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	@echo "  NVCC  $<"
+	$(Q)$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(LIBCORE): $(CORE_OBJ)
+	$(Q)rm -f $@ && ar rcs $@ $^
+$(LIBMODEL): $(MODEL_OBJ)
+	$(Q)rm -f $@ && ar rcs $@ $^
+$(LIBNET): $(NET_OBJ) $(LLHTTP_OBJ)
+	$(Q)rm -f $@ && ar rcs $@ $^
+$(BUILD)/libtcuda.a: $(CUDA_OBJ)
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/tandem: $(call obj,$(CLI_SRC)) $(ALL_LIBS)
+	@echo "  LD    $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(call obj,$(CLI_SRC)) $(ALL_LIBS) $(CUDA_LIBS) $(LDLIBS)
+$(BUILD)/tandem-router: $(call obj,$(ROUTER_SRC)) $(LIBNET) $(LIBCORE)
+	@echo "  LD    $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(call obj,$(ROUTER_SRC)) $(LIBNET) $(LIBCORE) $(LDLIBS)
+$(BUILD)/tandem-prefill: $(call obj,$(PREFILL_SRC)) $(ALL_LIBS)
+	@echo "  LD    $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(call obj,$(PREFILL_SRC)) $(ALL_LIBS) $(CUDA_LIBS) $(LDLIBS)
+$(BUILD)/tandem-decode: $(call obj,$(DECODE_SRC)) $(ALL_LIBS)
+	@echo "  LD    $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(call obj,$(DECODE_SRC)) $(ALL_LIBS) $(CUDA_LIBS) $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(ALL_LIBS)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(ALL_LIBS) $(CUDA_LIBS) $(LDLIBS)
+$(BUILD)/tests/%: $(BUILD)/obj/tests/model/%.o $(ALL_LIBS)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(ALL_LIBS) $(CUDA_LIBS) $(LDLIBS)
+$(BUILD)/tests/%: $(BUILD)/obj/tests/ops/%.o $(ALL_LIBS)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(ALL_LIBS) $(CUDA_LIBS) $(LDLIBS)
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(ALL_LIBS)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(ALL_LIBS) $(CUDA_LIBS) $(LDLIBS)
+
+# ---- running ------------------------------------------------------------------------------------
+test: all
+	$(Q)BUILD=$(BUILD) CUDA=$(CUDA) SAN=$(SAN) tests/run.sh
+
+# GPU stages only (on a machine with a GPU): the ops tests and GPU model tests.
+test-gpu: all
+	$(Q)BUILD=$(BUILD) CUDA=$(CUDA) TANDEM_GPU_TESTS=1 tests/run.sh gpu
+
+run: all
+	$(Q)BUILD=$(BUILD) scripts/run-local.sh
+
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu' '*.cuh')
+format-check:
+	clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h' '*.cu' '*.cuh')
+
+clean:
+	rm -rf build build-san
+
+.SECONDARY:
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

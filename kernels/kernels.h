@@ -1,0 +1,121 @@
+/* The op interface the model calls. The only kernel header other folders include.
+ *
+ * Conventions: activations are fp32, row-major, one row per token. A weight matrix is a GGUF
+ * tensor with ne = {n_in, n_out}: row r (one output feature) holds n_in values in the tensor's
+ * type and starts at data + r * row_bytes. `y = W x` means y[r] = dot(row r, x).
+ *
+ * CPU ops (kcpu_*) live one per file in kernels/cpu/, CUDA ops (kcuda_*) one per file in
+ * kernels/cuda/ with the same arguments plus a stream context. The CPU ops are the reference
+ * every other backend is tested against. */
+#ifndef TANDEM_KERNELS_H
+#define TANDEM_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ggml type ids, as stored in GGUF tensor infos (MODEL-SPEC.md §4.1). */
+enum ktype {
+	KT_F32 = 0,
+	KT_F16 = 1,
+	KT_Q4_0 = 2,
+	KT_Q4_1 = 3,
+	KT_Q5_0 = 6,
+	KT_Q5_1 = 7,
+	KT_Q8_0 = 8,
+	KT_Q8_1 = 9,
+	KT_Q2_K = 10,
+	KT_Q3_K = 11,
+	KT_Q4_K = 12,
+	KT_Q5_K = 13,
+	KT_Q6_K = 14,
+	KT_Q8_K = 15,
+	KT_IQ2_XXS = 16,
+	KT_IQ2_XS = 17,
+	KT_IQ3_XXS = 18,
+	KT_IQ1_S = 19,
+	KT_IQ4_NL = 20,
+	KT_IQ3_S = 21,
+	KT_IQ2_S = 22,
+	KT_IQ4_XS = 23,
+	KT_I8 = 24,
+	KT_I16 = 25,
+	KT_I32 = 26,
+	KT_I64 = 27,
+	KT_F64 = 28,
+	KT_IQ1_M = 29,
+	KT_BF16 = 30,
+	KT_TQ1_0 = 34,
+	KT_TQ2_0 = 35,
+	KT_MXFP4 = 39,
+	KT_COUNT = 40
+};
+
+struct ktype_info {
+	const char *name;  /* "Q4_K"; NULL for ids that are not ggml types */
+	int32_t blck;      /* elements per block */
+	int32_t bytes;     /* bytes per block */
+	bool compute;      /* tandem can dequantize / multiply with it */
+};
+
+/* Info for a type id, or NULL if the id is unknown (out of range or unassigned). Knowing a type's
+ * size (so a file can be validated) does not mean tandem computes with it: check `compute`. */
+const struct ktype_info *ktype_get(int type);
+const char *ktype_name(int type); /* "type 77" style string for unknown ids (static buffer per id) */
+/* Bytes of n elements of `type`; returns false if n is not a multiple of the block size, the type
+ * is unknown, or the result overflows. */
+bool ktype_row_bytes(int type, int64_t n, size_t *out);
+
+/* ---- quantized rows (kernels/cpu/quant_*.c) -----------------------------------------------------
+ * n must be a multiple of the type's block size. All types with compute = true support all three.
+ * dequant is bit-exact with ggml's dequantize_row_*; dot accumulates in fp32 on fp32 activations
+ * (scalar reference plus AVX2 path; both agree within fp32 reassociation). quantize is used by the
+ * writer (mkmodel) and tests; it need not match ggml's quantizer bit for bit but must round-trip
+ * within the type's usual error. */
+void kcpu_dequant_row(int type, const void *src, float *dst, int64_t n);
+float kcpu_dot_row(int type, const void *row, const float *x, int64_t n);
+void kcpu_quantize_row(int type, const float *src, void *dst, int64_t n);
+/* Scalar reference versions (tests compare the SIMD paths against these). */
+void kcpu_dequant_row_ref(int type, const void *src, float *dst, int64_t n);
+float kcpu_dot_row_ref(int type, const void *row, const float *x, int64_t n);
+
+/* fp16 / bf16 conversions (exact, round-to-nearest-even on the way down). */
+float kfp16_to_f32(uint16_t h);
+uint16_t kf32_to_fp16(float f);
+float kbf16_to_f32(uint16_t h);
+uint16_t kf32_to_bf16(float f);
+
+/* ---- thread pool (kernels/cpu/pool.c) -----------------------------------------------------------
+ * A fixed set of worker threads that run one parallel-for at a time. The calling thread takes
+ * part. Several pools may exist (one per TP rank on the CPU backend). */
+struct kpool;
+struct kpool *kpool_create(int n_threads); /* n_threads >= 1 (1 = run inline) */
+void kpool_destroy(struct kpool *p);
+int kpool_n_threads(const struct kpool *p);
+/* Runs fn(user, i0, i1, thread_index) over [0, n) split into contiguous chunks of at least
+ * `grain` items; returns when all are done. */
+typedef void (*kpool_fn)(void *user, int64_t i0, int64_t i1, int thread);
+void kpool_for(struct kpool *p, int64_t n, int64_t grain, kpool_fn fn, void *user);
+
+/* ---- matrix products (kernels/cpu/matmul.c) ------------------------------------------------------ */
+struct kweight {
+	int type;
+	int64_t n_in;       /* ne0 */
+	int64_t n_out;      /* ne1 (rows) */
+	size_t row_bytes;   /* bytes of one row */
+	const void *data;   /* row r at (const char *)data + r * row_bytes */
+};
+
+/* Y[t][r] = dot(W row r, X[t]) for t < n_tok, r < n_out. X is n_tok x n_in (row stride ldx
+ * floats), Y is n_tok x n_out (row stride ldy floats). Threaded over rows. */
+void kcpu_matmul(struct kpool *p, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok,
+		 float *y, int64_t ldy);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
