@@ -13,15 +13,22 @@ struct subcmd {
 	const char *help;
 };
 
+/* Subcommands are weak symbols: each cmd_*.c defines one, and a command whose file is not built
+ * yet is simply not listed. */
+#pragma weak cmd_inspect
+#pragma weak cmd_tokenize
+#pragma weak cmd_logits
+#pragma weak cmd_generate
+#pragma weak cmd_mkmodel
+#pragma weak cmd_bench
+
 static const struct subcmd subcmds[] = {
-#ifdef TANDEM_CLI_ALL
 	{"logits", cmd_logits, "-m MODEL --tokens 1,2,3 [--all] [--tp N] -o OUT   write float32 logits"},
 	{"generate", cmd_generate, "-m MODEL (--tokens ..|-p TEXT|--chat F.json) -n N [...]   generate text"},
 	{"tokenize", cmd_tokenize, "-m MODEL < text   print token ids as a JSON array"},
 	{"inspect", cmd_inspect, "MODEL   metadata, tensor table, architecture and problems"},
 	{"mkmodel", cmd_mkmodel, "--preset NAME [--layers L] [--experts E] --type T -o OUT.gguf"},
 	{"bench", cmd_bench, "decode/prefill benchmarks"},
-#endif
 	{NULL, NULL, NULL},
 };
 
@@ -40,7 +47,8 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: tandem <command> [options]\n\ncommands:\n");
 	for (const struct subcmd *s = subcmds; s->name; s++)
-		fprintf(f, "  %-9s %s\n", s->name, s->help);
+		if (s->fn)
+			fprintf(f, "  %-9s %s\n", s->name, s->help);
 	fprintf(f, "\n'tandem <command> --help' describes a command's options.\n");
 }
 
@@ -52,7 +60,7 @@ int main(int argc, char **argv)
 		return argc < 2 ? 2 : 0;
 	}
 	for (const struct subcmd *s = subcmds; s->name; s++)
-		if (strcmp(argv[1], s->name) == 0)
+		if (s->fn && strcmp(argv[1], s->name) == 0)
 			return s->fn(argc - 1, argv + 1);
 	fprintf(stderr, "tandem: unknown command '%s' (see tandem --help)\n", argv[1]);
 	return 2;
