@@ -392,7 +392,7 @@ int api_request_decode(enum api_kind kind, const char *body, size_t len, struct 
 	if (err)
 		memset(err, 0, sizeof(*err));
 	json_error_t jerr;
-	json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+	json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
 	if (!root) {
 		bad(err, NULL, "request body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
 		    jerr.column);
