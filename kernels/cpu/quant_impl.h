@@ -4,6 +4,7 @@
 #ifndef TANDEM_KERNELS_CPU_QUANT_IMPL_H
 #define TANDEM_KERNELS_CPU_QUANT_IMPL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -85,10 +86,38 @@ static inline __m256 quant_i8x8_ps(const void *p)
 	return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
 }
 
-/* 8 unsigned bytes (in the low 64 bits of v) -> 8 floats */
-static inline __m256 quant_u8x8_ps(__m128i v)
+/* 16 signed byte values (elements e..e+15) times x[e..e+15], accumulated into acc */
+static inline __m256 quant_fma16_i8(__m128i q, const float *x, __m256 acc)
 {
-	return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+	__m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+	__m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
+	acc = _mm256_fmadd_ps(f0, _mm256_loadu_ps(x), acc);
+	return _mm256_fmadd_ps(f1, _mm256_loadu_ps(x + 8), acc);
+}
+
+/* sum of x[0..15] and x[0..31] as 8-wide partial sums */
+static inline __m256 quant_sum16(const float *x)
+{
+	return _mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8));
+}
+
+static inline __m256 quant_sum32(const float *x)
+{
+	return _mm256_add_ps(quant_sum16(x), quant_sum16(x + 16));
+}
+
+/* 16 byte values -> 16 floats stored at dst (exact) */
+static inline void quant_store16_i8(__m128i q, float *dst, __m256 scale, __m256 offset, bool sub)
+{
+	__m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+	__m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
+	if (sub) {
+		_mm256_storeu_ps(dst, _mm256_sub_ps(_mm256_mul_ps(scale, f0), offset));
+		_mm256_storeu_ps(dst + 8, _mm256_sub_ps(_mm256_mul_ps(scale, f1), offset));
+	} else {
+		_mm256_storeu_ps(dst, _mm256_mul_ps(scale, f0));
+		_mm256_storeu_ps(dst + 8, _mm256_mul_ps(scale, f1));
+	}
 }
 #endif
 

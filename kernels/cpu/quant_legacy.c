@@ -327,22 +327,6 @@ static void iq4_nl_quantize(const float *src, void *dst, int64_t n)
 /* ---- AVX2 dots ------------------------------------------------------------------------------ */
 #if QUANT_AVX2
 
-/* 16 signed byte values (elements e..e+15) times x[e..e+15], accumulated into acc */
-static inline __m256 fma16_i8(__m128i q, const float *x, __m256 acc)
-{
-	__m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
-	__m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
-	acc = _mm256_fmadd_ps(f0, _mm256_loadu_ps(x), acc);
-	return _mm256_fmadd_ps(f1, _mm256_loadu_ps(x + 8), acc);
-}
-
-static inline __m256 sum32(const float *x)
-{
-	__m256 a = _mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8));
-	__m256 b = _mm256_add_ps(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24));
-	return _mm256_add_ps(a, b);
-}
-
 /* bit j of the 16-bit b -> byte j = 0xff if set, 0 otherwise */
 static inline __m128i expand_bits16(uint32_t b)
 {
@@ -359,8 +343,8 @@ static float q8_0_dot(const void *row, const float *x, int64_t n)
 
 	for (int64_t i = 0; i < n / QK; i++, b += 34, x += QK) {
 		__m256 s = _mm256_setzero_ps();
-		s = fma16_i8(_mm_loadu_si128((const __m128i *)(b + 2)), x, s);
-		s = fma16_i8(_mm_loadu_si128((const __m128i *)(b + 18)), x + 16, s);
+		s = quant_fma16_i8(_mm_loadu_si128((const __m128i *)(b + 2)), x, s);
+		s = quant_fma16_i8(_mm_loadu_si128((const __m128i *)(b + 18)), x + 16, s);
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b)), s, acc);
 	}
 	return quant_hsum(acc);
@@ -384,8 +368,8 @@ static float q4_0_dot(const void *row, const float *x, int64_t n)
 	for (int64_t i = 0; i < n / QK; i++, b += 18, x += QK) {
 		__m128i lo, hi;
 		nibbles(b + 2, &lo, &hi);
-		__m256 s = fma16_i8(_mm_sub_epi8(lo, off), x, _mm256_setzero_ps());
-		s = fma16_i8(_mm_sub_epi8(hi, off), x + 16, s);
+		__m256 s = quant_fma16_i8(_mm_sub_epi8(lo, off), x, _mm256_setzero_ps());
+		s = quant_fma16_i8(_mm_sub_epi8(hi, off), x + 16, s);
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b)), s, acc);
 	}
 	return quant_hsum(acc);
@@ -399,10 +383,10 @@ static float q4_1_dot(const void *row, const float *x, int64_t n)
 	for (int64_t i = 0; i < n / QK; i++, b += 20, x += QK) {
 		__m128i lo, hi;
 		nibbles(b + 4, &lo, &hi);
-		__m256 s = fma16_i8(lo, x, _mm256_setzero_ps());
-		s = fma16_i8(hi, x + 16, s);
+		__m256 s = quant_fma16_i8(lo, x, _mm256_setzero_ps());
+		s = quant_fma16_i8(hi, x + 16, s);
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b)), s, acc);
-		accm = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b + 2)), sum32(x), accm);
+		accm = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b + 2)), quant_sum32(x), accm);
 	}
 	return quant_hsum(_mm256_add_ps(acc, accm));
 }
@@ -419,8 +403,8 @@ static float q5_0_dot(const void *row, const float *x, int64_t n)
 		nibbles(b + 6, &lo, &hi);
 		lo = _mm_or_si128(lo, _mm_and_si128(expand_bits16(qh), off));
 		hi = _mm_or_si128(hi, _mm_and_si128(expand_bits16(qh >> 16), off));
-		__m256 s = fma16_i8(_mm_sub_epi8(lo, off), x, _mm256_setzero_ps());
-		s = fma16_i8(_mm_sub_epi8(hi, off), x + 16, s);
+		__m256 s = quant_fma16_i8(_mm_sub_epi8(lo, off), x, _mm256_setzero_ps());
+		s = quant_fma16_i8(_mm_sub_epi8(hi, off), x + 16, s);
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b)), s, acc);
 	}
 	return quant_hsum(acc);
@@ -438,10 +422,10 @@ static float q5_1_dot(const void *row, const float *x, int64_t n)
 		nibbles(b + 8, &lo, &hi);
 		lo = _mm_or_si128(lo, _mm_and_si128(expand_bits16(qh), bit4));
 		hi = _mm_or_si128(hi, _mm_and_si128(expand_bits16(qh >> 16), bit4));
-		__m256 s = fma16_i8(lo, x, _mm256_setzero_ps());
-		s = fma16_i8(hi, x + 16, s);
+		__m256 s = quant_fma16_i8(lo, x, _mm256_setzero_ps());
+		s = quant_fma16_i8(hi, x + 16, s);
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b)), s, acc);
-		accm = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b + 2)), sum32(x), accm);
+		accm = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b + 2)), quant_sum32(x), accm);
 	}
 	return quant_hsum(_mm256_add_ps(acc, accm));
 }
@@ -455,8 +439,8 @@ static float iq4_nl_dot(const void *row, const float *x, int64_t n)
 	for (int64_t i = 0; i < n / QK; i++, b += 18, x += QK) {
 		__m128i lo, hi;
 		nibbles(b + 2, &lo, &hi);
-		__m256 s = fma16_i8(_mm_shuffle_epi8(tab, lo), x, _mm256_setzero_ps());
-		s = fma16_i8(_mm_shuffle_epi8(tab, hi), x + 16, s);
+		__m256 s = quant_fma16_i8(_mm_shuffle_epi8(tab, lo), x, _mm256_setzero_ps());
+		s = quant_fma16_i8(_mm_shuffle_epi8(tab, hi), x + 16, s);
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b)), s, acc);
 	}
 	return quant_hsum(acc);

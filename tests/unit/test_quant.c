@@ -259,7 +259,8 @@ struct type_case {
 static const struct type_case cases[] = {
 	{KT_F32, 0.0},     {KT_F16, 0.0005},  {KT_BF16, 0.004},  {KT_Q8_0, 0.01},
 	{KT_Q4_0, 0.12},   {KT_Q4_1, 0.11},   {KT_Q5_0, 0.06},   {KT_Q5_1, 0.055},
-	{KT_IQ4_NL, 0.11},
+	{KT_IQ4_NL, 0.11}, {KT_Q2_K, 0.45},   {KT_Q3_K, 0.22},   {KT_Q4_K, 0.12},
+	{KT_Q5_K, 0.06},   {KT_Q6_K, 0.03},   {KT_IQ4_XS, 0.12},
 };
 
 static bool has_ops(int type)
