@@ -100,6 +100,14 @@ int kpool_n_threads(const struct kpool *p);
  * `grain` items; returns when all are done. */
 typedef void (*kpool_fn)(void *user, int64_t i0, int64_t i1, int thread);
 void kpool_for(struct kpool *p, int64_t n, int64_t grain, kpool_fn fn, void *user);
+/* Notes on kpool_for: p may be NULL (runs inline as thread 0); `thread` is in [0, n_threads) and
+ * no two concurrent calls of fn get the same one, so per-thread scratch can be indexed by it; fn
+ * must not call kpool_for on the same pool; one caller thread per pool at a time. */
+/* Per-thread scratch memory of at least `bytes` (64-byte aligned), owned by the pool and kept
+ * between calls (grown on demand, so steady state allocates nothing); NULL if allocation fails.
+ * With p == NULL it is a buffer of the calling thread. Valid until the next call with the same
+ * (p, thread) or kpool_destroy. */
+void *kpool_scratch(struct kpool *p, int thread, size_t bytes);
 
 /* ---- matrix products (kernels/cpu/matmul.c) ------------------------------------------------------ */
 struct kweight {
