@@ -430,7 +430,7 @@ static void on_token(void *ud, struct req *r, const struct req_token *t)
 	const char *b;
 	size_t n;
 	size_t before = ch->len;
-	if (t->id == codec_eos(cl->rt->codec)) {
+	if (codec_is_eog(cl->rt->codec, t->id)) {
 		sched_finish(r, REQ_FINISH_EOS);
 		goto out;
 	}
@@ -577,11 +577,7 @@ void complete_handle(struct router *rt, struct http_conn *c, struct http_request
 	uint32_t n_ids = 0;
 	int rc;
 	if (kind == API_KIND_CHAT) {
-		char *text = NULL;
-		rc = codec_chat(rt->codec, cl->ar.messages, cl->ar.n_messages, &text, &e);
-		if (rc == 0)
-			rc = codec_encode(rt->codec, text, strlen(text), &ids, &n_ids, &e);
-		free(text);
+		rc = codec_chat(rt->codec, &cl->ar, &ids, &n_ids, &e);
 	} else if (cl->ar.prompt) {
 		rc = codec_encode(rt->codec, cl->ar.prompt, strlen(cl->ar.prompt), &ids, &n_ids, &e);
 	} else {

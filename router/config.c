@@ -28,6 +28,7 @@ static const struct key keys[] = {
 	I(port, K_INT, "listen port"),
 	S(model_path, "GGUF model file (only its metadata is read: tokenizer, chat template, context length)"),
 	S(model_name, "model id served in the API (default: GGUF file name without .gguf, or 'sim')"),
+	S(chat_format, "chat format (glm5, glm5.2, glm4, deepseek-v3, deepseek-v3.1); empty: detect from the GGUF"),
 	S(api_keys_file, "file with one API key per line; empty: no authentication"),
 	S(engine, "'workers' (prefill/decode processes) or 'sim' (built-in simulator for tests and benchmarks)"),
 	S(prefill_addrs, "comma-separated host:port of prefill workers' control ports"),

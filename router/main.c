@@ -87,10 +87,20 @@ static int setup_model(struct router *rt, struct errbuf *e)
 			rt->cfg.n_ctx = 4096;
 		return 0;
 	}
-	return errbuf_set(e, ERR_UNSUPPORTED,
-			  "engine '%s' with model '%s': this router build has no GGUF tokenizer/control-plane client "
-			  "yet; use --engine sim",
-			  rt->cfg.engine, rt->cfg.model_path);
+	if (rt->cfg.model_path[0] == '\0')
+		return errbuf_set(e, -EINVAL, "--model-path is required (the GGUF whose tokenizer and chat template "
+					      "the router uses), unless --engine sim");
+	struct codec_model_info info;
+	int rc = codec_create_gguf(&rt->codec, rt->cfg.model_path, rt->cfg.chat_format, &info, e);
+	if (rc)
+		return rc;
+	if (!rt->cfg.model_name[0])
+		snprintf(rt->cfg.model_name, sizeof(rt->cfg.model_name), "%s", info.name);
+	if (rt->cfg.n_ctx == 0)
+		rt->cfg.n_ctx = info.n_ctx ? info.n_ctx : 4096;
+	LOG_INFO("main", "model %s: arch %s, context %u, vocabulary %u", rt->cfg.model_path, info.arch, rt->cfg.n_ctx,
+		 codec_n_vocab(rt->codec));
+	return 0;
 }
 
 int main(int argc, char **argv)

@@ -22,6 +22,7 @@ struct router_config {
 	int port;
 	char model_path[512];   /* GGUF (metadata only) */
 	char model_name[128];   /* served model id; default: the GGUF file name without .gguf */
+	char chat_format[32];   /* "" = detect from tokenizer.chat_template */
 	char api_keys_file[512];
 	char engine[16];        /* "workers" (real prefill/decode) or "sim" */
 	char prefill_addrs[1024]; /* comma-separated host:port of prefill workers */
