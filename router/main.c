@@ -16,6 +16,7 @@
 #include "router/config.h"
 #include "router/engine_sim.h"
 #include "router/router.h"
+#include "router/workers.h"
 
 struct app {
 	struct router rt;
@@ -73,6 +74,20 @@ static void watchdog_cb(uv_timer_t *t)
 {
 	(void)t;
 	sd_notify(0, "WATCHDOG=1");
+}
+
+static int read_token(const char *path, char *out, size_t cap, struct errbuf *e)
+{
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return errbuf_set(e, -errno, "control token file %s: %s", path, strerror(errno));
+	if (!fgets(out, (int)cap, f))
+		out[0] = '\0';
+	fclose(f);
+	out[strcspn(out, "\r\n")] = '\0';
+	if (!out[0])
+		return errbuf_set(e, ERR_FORMAT, "control token file %s is empty", path);
+	return 0;
 }
 
 static int setup_model(struct router *rt, struct errbuf *e)
@@ -152,6 +167,24 @@ int main(int argc, char **argv)
 		};
 		if ((rc = engine_sim_create(&rt->sim, rt->loop, rt->sched, &sc, &e)))
 			goto fail;
+	} else if (strcmp(rt->cfg.engine, "workers") == 0) {
+		char token[260] = "";
+		if (rt->cfg.control_token_file[0] && (rc = read_token(rt->cfg.control_token_file, token, sizeof(token), &e)))
+			goto fail;
+		struct workers_config wc = {
+			.listen_addr = rt->cfg.control_addr,
+			.auth_token = token,
+			.heartbeat_ms = rt->cfg.heartbeat_ms,
+			.reserve_deadline_ms = rt->cfg.sched.queue_timeout_ms + rt->cfg.sched.prefill_timeout_ms,
+			.prefill_deadline_ms = rt->cfg.sched.prefill_timeout_ms,
+		};
+		if ((rc = workers_create(&rt->workers, rt->loop, rt->sched, &wc, rt->metrics, &e)))
+			goto fail;
+		LOG_INFO("main", "control plane listening on %s (port %d)%s", rt->cfg.control_addr,
+			 workers_port(rt->workers), token[0] ? ", token required" : "");
+	} else {
+		rc = errbuf_set(&e, -EINVAL, "engine '%s' is not 'workers' or 'sim'", rt->cfg.engine);
+		goto fail;
 	}
 	struct http_server_config hc = {
 		.host = rt->cfg.host,
@@ -189,6 +222,7 @@ int main(int argc, char **argv)
 	/* shut down: close everything still open and let the close callbacks run */
 	http_server_destroy(rt->http);
 	engine_sim_destroy(rt->sim);
+	workers_destroy(rt->workers);
 	sched_destroy(rt->sched);
 	uv_walk(rt->loop, close_walk_cb, NULL);
 	uv_run(rt->loop, UV_RUN_DEFAULT);

@@ -114,7 +114,7 @@ bool sched_is_ready(const struct sched *s)
 {
 	bool p = false, d = false;
 	for (struct worker *w = s->workers; w; w = w->next) {
-		if (!w->alive)
+		if (!w->alive || w->draining)
 			continue;
 		p |= w->role == WORKER_ROLE_PREFILL;
 		d |= w->role == WORKER_ROLE_DECODE;
@@ -256,7 +256,7 @@ static struct worker *pick_decode(struct sched *s, const struct req *r, bool *fi
 	struct worker *best = NULL;
 	*fits_anywhere = false;
 	for (struct worker *w = s->workers; w; w = w->next) {
-		if (!w->alive || w->role != WORKER_ROLE_DECODE)
+		if (!w->alive || w->draining || w->role != WORKER_ROLE_DECODE)
 			continue;
 		uint32_t need = blocks_needed(r, w->layout.block_size);
 		if (need <= w->n_blocks_total)
@@ -276,7 +276,8 @@ static struct worker *pick_prefill(struct sched *s)
 {
 	struct worker *best = NULL;
 	for (struct worker *w = s->workers; w; w = w->next)
-		if (w->alive && w->role == WORKER_ROLE_PREFILL && (!best || w->n_queued_tokens < best->n_queued_tokens))
+		if (w->alive && !w->draining && w->role == WORKER_ROLE_PREFILL &&
+		    (!best || w->n_queued_tokens < best->n_queued_tokens))
 			best = w;
 	return best;
 }
