@@ -397,7 +397,7 @@ static void call_try_finish(struct call *cl)
 	if (!cl->failed)
 		http_stream_write(cl->conn, "data: [DONE]\n\n", 14);
 	http_stream_end(cl->conn);
-	metric_add(cl->rt->rm.streams_active, -1);
+	metrics_add(cl->rt->rm.streams_active, -1);
 }
 
 static void call_free(struct call *cl)
@@ -517,7 +517,7 @@ static void on_abort(struct http_conn *c, void *ud)
 	(void)c;
 	cl->conn = NULL;
 	if (cl->streaming)
-		metric_add(cl->rt->rm.streams_active, -1);
+		metrics_add(cl->rt->rm.streams_active, -1);
 	cl->depth++;
 	LOG_INFO("complete", "rid=%s client disconnected; cancelling %d choice(s)", cl->id, cl->n_choices - cl->n_ended);
 	for (int i = 0; i < cl->n_choices; i++)
@@ -632,7 +632,7 @@ void complete_handle(struct router *rt, struct http_conn *c, struct http_request
 	}
 	if (sched_n_queued(rt->sched) + (uint32_t)cl->ar.n > rt->cfg.sched.n_queue_max) {
 		free(ids);
-		metric_add(rt->rm.http_rejected_429, 1);
+		metrics_add(rt->rm.http_rejected_429, 1);
 		router_send_error(rt, c, 429, "rate_limit_error", "queue_full", NULL,
 				  "the server's request queue is full; retry later");
 		goto free_call;
@@ -670,7 +670,7 @@ void complete_handle(struct router *rt, struct http_conn *c, struct http_request
 	if (cl->ar.stream) {
 		http_stream_begin(c, 200, "text/event-stream", "");
 		cl->streaming = true;
-		metric_add(rt->rm.streams_active, 1);
+		metrics_add(rt->rm.streams_active, 1);
 	}
 	cl->depth++;
 	for (int i = 0; i < cl->n_choices; i++) {

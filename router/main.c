@@ -142,7 +142,7 @@ int main(int argc, char **argv)
 
 	rt->loop = uv_default_loop();
 	rt->created = (uint64_t)time(NULL);
-	rt->metrics = metrics_create();
+	rt->metrics = metrics_create(NULL);
 	if (!rt->metrics) {
 		fprintf(stderr, "tandem-router: out of memory\n");
 		return 1;

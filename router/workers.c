@@ -359,7 +359,7 @@ static int on_hello(struct rworker *rw, const struct msg_hello *h)
 	int rc = sched_worker_add(ws->sched, w, &e);
 	if (rc) {
 		LOG_WARN("workers", "%s", e.msg);
-		metric_add(ws->registrations_refused, 1);
+		metrics_add(ws->registrations_refused, 1);
 		int code = strstr(e.msg, "model identity") ? MSG_ERR_MODEL_MISMATCH : MSG_ERR_LAYOUT_MISMATCH;
 		conn_close_error(rw->c, code, "%s", e.msg);
 		return rc;
@@ -440,7 +440,7 @@ static int on_msg_cb(struct conn *c, struct msg *m, void *ud)
 		const struct msg_prefill_done *d = &m->u.prefill_done;
 		if (!(r = lookup(rw, d->rid, WORKER_ROLE_PREFILL)))
 			return 0;
-		metric_add(ws->kv_bytes, (double)d->kv_bytes);
+		metrics_add(ws->kv_bytes, (double)d->kv_bytes);
 		sched_on_prefill_done(r);
 		if (r->ended || !r->decode)
 			return 0;
@@ -608,11 +608,10 @@ int workers_create(struct workers **out, uv_loop_t *loop, struct sched *s, const
 	ws->cfg.listen_addr = ws->listen_addr;
 	ws->cfg.auth_token = ws->auth_token;
 	if (m) {
-		ws->kv_bytes = metrics_counter(m, "tandem_router_kv_transferred_bytes_total",
-					       "KV-cache bytes prefill workers reported writing to decode workers", NULL, NULL);
-		ws->registrations_refused = metrics_counter(m, "tandem_router_worker_registrations_refused_total",
-							    "Workers refused at registration (model or KV layout mismatch)",
-							    NULL, NULL);
+		ws->kv_bytes = metrics_counter(m, "tandem_router_kv_transferred_bytes_total", NULL,
+					       "KV-cache bytes prefill workers reported writing to decode workers");
+		ws->registrations_refused = metrics_counter(m, "tandem_router_worker_registrations_refused_total", NULL,
+							    "Workers refused at registration (model or KV layout mismatch)");
 	}
 	struct conn_opts o = {
 		.idle_timeout_ms = 3 * ws->cfg.heartbeat_ms + 500,

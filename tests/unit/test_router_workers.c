@@ -280,7 +280,7 @@ static struct req *mkreq(uint64_t id, uint32_t n_prompt, uint32_t n_new, struct 
 int main(void)
 {
 	uv_loop_init(&loop);
-	struct metrics *m = metrics_create();
+	struct metrics *m = metrics_create(NULL);
 	struct sched *s;
 	struct workers *ws;
 	struct errbuf e = {0};
@@ -359,7 +359,9 @@ int main(void)
 	req_destroy(r);
 	free(x);
 
-	char *text = metrics_render(m, NULL);
+	char *text = NULL;
+	size_t text_len = 0;
+	CHECK(metrics_render(m, &text, &text_len) == 0, "render");
 	CHECK(text && strstr(text, "tandem_router_kv_transferred_bytes_total 12288\n"), "kv bytes from PrefillDone");
 	CHECK(text && strstr(text, "tandem_router_worker_registrations_refused_total 1\n"), "one layout refusal");
 	free(text);
