@@ -3,7 +3,8 @@
  *   glm-dsa    4 heads, indexer types [full, shared, full], top-k 5 (sparse from position 5)
  *   deepseek32 indexer on every layer (types key absent), HALF-SPLIT indexer RoPE, YaRN, group-
  *              limited routing (4 groups, 2 kept)
- *   deepseek2  softmax gating (expert_gating_func 1), no correction bias
+ *   deepseek2  softmax gating (expert_gating_func 1), no correction bias, tied lm_head (no output.weight)
+ * (the glm-dsa file also carries an MTP layer blk.3.* that must be skipped)
  * and compares the engine (paged cache, absorbed MLA, chunked prefill + decode, TP=1/2/4 on CPU
  * threads) with a straightforward double-precision forward written here from MODEL-SPEC.md §2:
  * naive (non-absorbed) attention with per-head expanded keys/values, no cache, sort-based top-k. */
@@ -26,6 +27,8 @@ struct variant {
 	int gating;       /* 1 softmax, 2 sigmoid */
 	bool bias;
 	int pair_idx;     /* 0 interleaved, 1 half */
+	bool nextn;       /* one MTP layer blk.3.* in the file (must be skipped) */
+	bool tied;        /* no output.weight: lm_head = token_embd */
 };
 
 /* ---- weights -------------------------------------------------------------------------------- */
@@ -139,7 +142,9 @@ static int write_gguf(const struct variant *v, const char *path)
 	char k[128];
 #define K(s) (snprintf(k, sizeof(k), "%s." s, v->arch), k)
 	gguf_writer_set_str(w, "general.architecture", v->arch);
-	gguf_writer_set_u32(w, K("block_count"), L);
+	gguf_writer_set_u32(w, K("block_count"), v->nextn ? L + 1 : L);
+	if (v->nextn)
+		gguf_writer_set_u32(w, K("nextn_predict_layers"), 1);
 	gguf_writer_set_u32(w, K("context_length"), 512);
 	gguf_writer_set_u32(w, K("embedding_length"), D);
 	gguf_writer_set_u32(w, K("feed_forward_length"), FF);
@@ -179,8 +184,21 @@ static int write_gguf(const struct variant *v, const char *path)
 		gguf_writer_set_f32(w, K("rope.scaling.yarn_log_multiplier"), 0.1f);
 	}
 #undef K
-	for (int i = 0; i < n_t; i++)
+	for (int i = 0; i < n_t; i++) {
+		if (v->tied && strcmp(tt[i].name, "output.weight") == 0)
+			continue;
 		gguf_writer_add_tensor(w, tt[i].name, KT_F32, tt[i].nd, tt[i].ne, tt[i].v);
+		if (v->nextn && strncmp(tt[i].name, "blk.2.", 6) == 0) { /* an MTP layer: a copy of layer 2 */
+			char nm[96];
+			snprintf(nm, sizeof(nm), "blk.3.%s", tt[i].name + 6);
+			gguf_writer_add_tensor(w, nm, KT_F32, tt[i].nd, tt[i].ne, tt[i].v);
+		}
+	}
+	if (v->nextn) {
+		int64_t ne[2] = {2 * D, D};
+		static float eh[2 * D * D];
+		gguf_writer_add_tensor(w, "blk.3.nextn.eh_proj.weight", KT_F32, 2, ne, eh);
+	}
 	struct errbuf e = {0};
 	int rc = gguf_writer_write(w, path, &e);
 	if (rc)
@@ -437,7 +455,7 @@ static void reference(const struct variant *v, const int32_t *tok, int n, double
 		double y[D];
 		memcpy(y, h[p], sizeof(y));
 		rms(y, D, onorm, 1e-6);
-		mv(outw, VOC, D, y, logits + (size_t)p * VOC);
+		mv(v->tied ? embd : outw, VOC, D, y, logits + (size_t)p * VOC);
 	}
 }
 
@@ -462,13 +480,16 @@ static void test_variant(const struct variant *v)
 		model_opts_default(&o);
 		o.tp = T;
 		o.n_threads = T;
-		o.quiet = true;
+		o.quiet = T > 1; /* TP=1 shows the one INFO line about skipped nextn layers */
 		struct errbuf e = {0};
 		struct model *m;
 		if (model_load(&m, path, &o, &e)) {
 			CHECK(0, "%s TP=%d: %s", v->arch, T, e.msg);
 			continue;
 		}
+		const struct model_hparams *hp = model_hparams(m);
+		CHECK(hp->n_layers == L && hp->n_nextn == (v->nextn ? 1 : 0) && hp->lm_head_tied == v->tied,
+		      "%s: layers %d nextn %d tied %d", v->arch, hp->n_layers, hp->n_nextn, hp->lm_head_tied);
 		struct model_kv kv;
 		if (model_kv_init(&kv, m, 2, NULL, 0, &e)) {
 			CHECK(0, "kv: %s", e.msg);
@@ -504,10 +525,10 @@ int main(void)
 {
 	const struct variant vs[] = {
 		{.arch = "glm-dsa", .types_key = true, .indexer = true, .groups = 1, .groups_used = 1, .gating = 2, .bias = true,
-		 .pair_idx = 0},
+		 .pair_idx = 0, .nextn = true},
 		{.arch = "deepseek32", .idx_all = true, .indexer = true, .yarn = true, .groups = 4, .groups_used = 2, .gating = 2,
 		 .bias = true, .pair_idx = 1},
-		{.arch = "deepseek2", .yarn = true, .groups = 1, .groups_used = 1, .gating = 1, .bias = false},
+		{.arch = "deepseek2", .yarn = true, .groups = 1, .groups_used = 1, .gating = 1, .bias = false, .tied = true},
 	};
 	for (size_t i = 0; i < sizeof(vs) / sizeof(vs[0]); i++)
 		test_variant(&vs[i]);
