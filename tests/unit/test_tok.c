@@ -402,7 +402,7 @@ enum syn_flaw { SYN_OK, SYN_MODEL, SYN_PRE, SYN_MERGE_UNKNOWN, SYN_BOS_RANGE, SY
 
 /* A 263-token vocab: 256 byte symbols, "ab", "abc", "Ġa", control "<s>", user-defined "<x>" and
  * "<x>y" (longest match), an unused "[PAD262]"; merges a+b, ab+c, Ġ+a. */
-static int syn_load(enum syn_flaw flaw, struct tok **t, struct errbuf *e)
+static int syn_load_pre(enum syn_flaw flaw, const char *pre, struct tok **t, struct errbuf *e)
 {
 	static char bytes[256][3];
 	const char *toks[SYN_N];
@@ -435,7 +435,7 @@ static int syn_load(enum syn_flaw flaw, struct tok **t, struct errbuf *e)
 	struct gb b = {0};
 	gb_kv_str(&b, "general.architecture", "deepseek2");
 	gb_kv_str(&b, "tokenizer.ggml.model", flaw == SYN_MODEL ? "llama" : "gpt2");
-	gb_kv_str(&b, "tokenizer.ggml.pre", flaw == SYN_PRE ? "klingon" : "gpt2");
+	gb_kv_str(&b, "tokenizer.ggml.pre", flaw == SYN_PRE ? "klingon" : pre);
 	gb_kv_strs(&b, "tokenizer.ggml.tokens", toks, SYN_N);
 	gb_kv_i32s(&b, "tokenizer.ggml.token_type", types, flaw == SYN_TYPES_SHORT ? SYN_N - 1 : SYN_N);
 	if (flaw == SYN_STRING_MERGES || flaw == SYN_BAD_MERGE_STRING)
@@ -447,6 +447,60 @@ static int syn_load(enum syn_flaw flaw, struct tok **t, struct errbuf *e)
 	gb_key(&b, "tokenizer.ggml.add_bos_token", GGUF_VT_BOOL);
 	gb_put(&b, "\x01", 1);
 	return gb_load(&b, t, e);
+}
+
+static int syn_load(enum syn_flaw flaw, struct tok **t, struct errbuf *e)
+{
+	return syn_load_pre(flaw, "gpt2", t, e);
+}
+
+/* Every pre-tokenizer name loads, and splits a probe text into the pieces its regexes define
+ * (the synthetic vocab has no digit or punctuation merges, so the piece count is observable). */
+static void check_pretokenizers(void)
+{
+	static const struct {
+		const char *pre;
+		const char *text;
+		uint64_t n_pieces;
+	} cases[] = {
+		/* Hello | ' world' | ' 12345' | !! */
+		{"gpt2", "Hello world 12345!!", 4},
+		/* Hello | ' world' | ' ' | 123 | 45 | !! */
+		{"llama-bpe", "Hello world 12345!!", 6},
+		{"llama3", "Hello world 12345!!", 6},
+		{"glm4", "Hello world 12345!!", 6},
+		{"chatglm-bpe", "Hello world 12345!!", 6},
+		/* digits one by one */
+		{"qwen2", "Hello world 12345!!", 9},
+		/* Hello | ' world' | ' ' | 123 | 45 | !! */
+		{"deepseek-v3", "Hello world 12345!!", 6},
+		/* Hello | ' world' | ' ' | 12345 | !! */
+		{"deepseek-llm", "Hello world 12345!!", 5},
+		/* CJK isolated by the second regex: ab | 你好 | cd */
+		{"deepseek-v3", "ab\xe4\xbd\xa0\xe5\xa5\xbd" "cd", 3},
+		/* contractions, case-insensitive: it | 'S | ' fine' */
+		{"llama3", "it'S fine", 3},
+		/* U+0085 is White_Space (as in Oniguruma): 'a' | NEL+space | 'b'?: \s+(?!\S) keeps the
+		 * last space for ' b' */
+		{"llama3", "a\xc2\x85 b", 3},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct errbuf e = {0};
+		struct tok *t;
+		int rc = syn_load_pre(SYN_OK, cases[i].pre, &t, &e);
+		CHECK(rc == 0, "pre %s: %s", cases[i].pre, e.msg);
+		if (rc)
+			continue;
+		const char *text = cases[i].text;
+		size_t len = strlen(text);
+		int32_t ids[64];
+		size_t n;
+		struct tok_stats st;
+		rc = tok_encode(t, text, len, 0, ids, 64, &n, &st, &e);
+		CHECK(rc == 0 && st.n_pieces == cases[i].n_pieces, "pre %s '%s': %llu pieces, want %llu", cases[i].pre,
+		      cases[i].text, (unsigned long long)st.n_pieces, (unsigned long long)cases[i].n_pieces);
+		tok_destroy(t);
+	}
 }
 
 static bool ids_eq(const int32_t *got, size_t n, const int32_t *want, size_t n_want)
@@ -617,6 +671,7 @@ int main(void)
 	json_decref(strings);
 	check_synthetic();
 	check_stream_bytes();
+	check_pretokenizers();
 	if (n_fail) {
 		printf("%d checks failed\n", n_fail);
 		return 1;
