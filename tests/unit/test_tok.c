@@ -650,6 +650,73 @@ static void check_stream_bytes(void)
 	tok_destroy(t);
 }
 
+/* ---- random inputs: never crash, always valid UTF-8 out ------------------------------------ */
+
+static uint64_t rng_state;
+static uint32_t rng(void)
+{
+	rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+	return (uint32_t)(rng_state >> 33);
+}
+
+/* Random byte strings (biased towards UTF-8 lead/continuation bytes and specials' first bytes)
+ * encoded with U+FFFD replacement must decode to valid UTF-8 that re-encodes to the same ids;
+ * random id sequences must stream-decode to exactly the U+FFFD-replaced whole decode. */
+static void check_random(const struct tok *t, const char *name)
+{
+	uint64_t seed = (uint64_t)time(NULL);
+	const char *env = getenv("TANDEM_TEST_SEED");
+	if (env)
+		seed = strtoull(env, NULL, 10);
+	rng_state = seed;
+	static const uint8_t alphabet[] = {'a', 'Z', ' ', '\n', '1', '<', '|', '>', '\'', '!', 0x80, 0xBF, 0xC3,
+					   0xE4, 0xF0, 0x9F, 0xED, 0xA0, 0xFF, 0x00};
+	int n_ok = 0, n_runs = 300;
+	size_t scap = tok_stream_max_out(t);
+	char *piece = malloc(scap);
+	for (int r = 0; r < n_runs; r++) {
+		size_t len = rng() % 200;
+		char text[200];
+		for (size_t i = 0; i < len; i++)
+			text[i] = (char)(rng() % 4 == 0 ? rng() : alphabet[rng() % sizeof(alphabet)]);
+		int32_t ids[3 * 200 + 1], ids2[3 * 200 + 1];
+		size_t n = 0, n2 = 0, dl = 0, dl2 = 0;
+		char dec[3 * 200 * 4 + 64], dec2[3 * 200 * 4 + 64];
+		struct errbuf e = {0};
+		bool ok = tok_encode(t, text, len, TOK_ENCODE_REPLACE_INVALID, ids, 3 * 200 + 1, &n, NULL, &e) == 0 &&
+			  tok_decode(t, ids, n, 0, dec, sizeof(dec), &dl, &e) == 0 && tok_utf8_check(dec, dl) == dl &&
+			  tok_encode(t, dec, dl, 0, ids2, 3 * 200 + 1, &n2, NULL, &e) == 0 && ids_eq(ids, n, ids2, n2);
+
+		/* random ids: whole decode, then its replaced form via encode(REPLACE) -> decode */
+		size_t m = rng() % 40;
+		int32_t rid[40];
+		for (size_t i = 0; i < m; i++)
+			rid[i] = (int32_t)(rng() % (uint32_t)tok_n_vocab(t));
+		ok = ok && tok_decode(t, rid, m, 0, dec, sizeof(dec), &dl, &e) == 0 &&
+		     tok_encode(t, dec, dl, TOK_ENCODE_REPLACE_INVALID | TOK_ENCODE_NO_SPECIAL, ids, 3 * 200 + 1, &n,
+				NULL, &e) == 0 &&
+		     tok_decode(t, ids, n, 0, dec2, sizeof(dec2), &dl2, &e) == 0;
+		struct tok_stream st;
+		tok_stream_init(&st, t, 0);
+		size_t so = 0, k;
+		for (size_t i = 0; i <= m && ok; i++) {
+			ok = (i < m ? tok_stream_feed(&st, rid[i], piece, scap, &k, &e)
+				    : tok_stream_flush(&st, piece, scap, &k, &e)) == 0 &&
+			     tok_utf8_check(piece, k) == k && so + k <= dl2 && memcmp(dec2 + so, piece, k) == 0;
+			so += k;
+		}
+		ok = ok && so == dl2;
+		n_ok += ok;
+		if (!ok)
+			fprintf(stderr, "%s random run %d (seed %llu) failed: %s\n", name, r, (unsigned long long)seed,
+				e.msg);
+	}
+	free(piece);
+	printf("random %-12s seed %llu: %d/%d runs ok\n", name, (unsigned long long)seed, n_ok, n_runs);
+	CHECK(n_ok == n_runs, "%s random: %d/%d (seed %llu, rerun with TANDEM_TEST_SEED)", name, n_ok, n_runs,
+	      (unsigned long long)seed);
+}
+
 int main(void)
 {
 	json_t *strings = load_json("tokenizer/test_strings.json");
@@ -664,9 +731,11 @@ int main(void)
 	struct tok *ds = load_tok("tokenizer/deepseek-v3-vocab.gguf", &secs);
 	CHECK(secs < 1.0, "loading the DeepSeek-V3 vocab took %.2f s", secs);
 	check_long(ds, "deepseek-v3", strings);
+	check_random(ds, "deepseek-v3");
 	tok_destroy(ds);
 	struct tok *glm = load_tok("models/glm-dsa-tiny-BF16.gguf", &secs);
 	check_long(glm, "tiny-glm", strings);
+	check_random(glm, "tiny-glm");
 	tok_destroy(glm);
 	json_decref(strings);
 	check_synthetic();
