@@ -1,8 +1,10 @@
 /* `tandem inspect MODEL`: opens a GGUF model (any shard of a split set), prints its metadata,
- * tensor table and per-type totals, the detected architecture, and every problem found. A file
- * the reader rejects gets one line naming the problem and exit code 2; a file that opens but has
- * problems (unknown architecture, tensor types tandem cannot compute with, inconsistent vocab
- * sizes) lists them all and exits 1; a clean file exits 0. */
+ * tensor table and per-type totals, the detected architecture, and every problem found: the
+ * architecture check of common/model (model_arch_check: missing keys, missing / extra / mis-shaped
+ * tensors) plus file-level checks done here (tensor types tandem cannot compute with, vocabulary
+ * sizes that disagree, special token ids outside the vocabulary). A file the reader rejects gets
+ * one line naming the problem and exit code 2; a file that opens but has problems lists them all
+ * and exits 1; a clean file exits 0. */
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -11,6 +13,7 @@
 
 #include "cli/cli.h"
 #include "common/gguf/gguf.h"
+#include "common/model/model.h"
 #include "kernels/kernels.h"
 
 struct problems {
@@ -23,26 +26,16 @@ static void problem(struct problems *p, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	printf("  problem: ");
+	printf("problem: ");
 	vprintf(fmt, ap);
 	putchar('\n');
 	va_end(ap);
 	p->n++;
 }
 
-static const char *const known_archs[] = {"glm-dsa", "deepseek2", "deepseek32"};
-
-/* GGUF-level and light model-level checks that need no architecture tables. */
+/* File-level checks that need no architecture tables (model_arch_check does the rest). */
 static void check_file(const struct gguf_ctx *g, const char *arch, struct problems *p)
 {
-	bool known = false;
-	for (size_t i = 0; arch && i < sizeof(known_archs) / sizeof(known_archs[0]); i++)
-		known |= strcmp(arch, known_archs[i]) == 0;
-	if (!arch)
-		problem(p, "general.architecture is missing");
-	else if (!known)
-		problem(p, "architecture '%s' is not served by tandem (glm-dsa, deepseek2, deepseek32)", arch);
-
 	/* tensor types tandem can size but not compute with */
 	int64_t n_nocompute = 0;
 	for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
@@ -125,12 +118,18 @@ int cmd_inspect(int argc, char **argv)
 
 	gguf_print(g, stdout);
 	char *arch = gguf_get_str_dup(g, "general.architecture", NULL);
-	printf("\narchitecture: %s\n", arch ? arch : "(none)");
+	printf("\ngeneral.architecture: %s\n", arch ? arch : "(none)");
 	struct problems p = {0};
-	printf("problems:\n");
+	printf("\ncheck:\n");
+	fflush(stdout);
+	int n_arch = model_arch_check(g, stdout);
+	if (n_arch < 0)
+		problem(&p, "the architecture check could not run: %s", err_name(n_arch));
+	else
+		p.n += n_arch;
 	check_file(g, arch, &p);
 	if (p.n == 0)
-		printf("  none\n");
+		printf("no problems found\n");
 	else
 		printf("%d problem%s found\n", p.n, p.n == 1 ? "" : "s");
 	free(arch);
