@@ -56,8 +56,10 @@ CUDA    := 0
 endif
 
 # ---- sources ------------------------------------------------------------------------------------
-CORE_SRC  := $(wildcard common/base/*.c common/gguf/*.c common/tok/*.c)
-MODEL_SRC := $(wildcard common/model/*.c kernels/cpu/*.c)
+CORE_SRC  := $(wildcard common/base/*.c common/gguf/*.c common/tok/*.c) kernels/cpu/ktype.c
+# ktype.c (type sizes) lives in libtcore: the GGUF reader validates tensor sizes with it, and the
+# router links libtcore without the model library.
+MODEL_SRC := $(filter-out kernels/cpu/ktype.c,$(wildcard common/model/*.c kernels/cpu/*.c))
 NET_SRC   := $(wildcard common/net/*.c)
 PROTO_SRC := $(wildcard proto/*.proto)
 PROTO_GEN := $(patsubst proto/%.proto,$(BUILD)/gen/proto/%.pb-c.c,$(PROTO_SRC))
