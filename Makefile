@@ -102,6 +102,10 @@ TEST_BINS := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(TEST_SRC)))
 FUZZ_SRC  := $(wildcard tests/fuzz/fuzz_*.c)
 BENCH_SRC := $(wildcard bench/bench_*.c)
 BENCH_BINS := $(patsubst %.c,$(BUILD)/bench/%,$(notdir $(BENCH_SRC)))
+# CUDA benchmarks (bench/bench_cuda_*.cu, nvcc) exist only in CUDA builds
+ifeq ($(CUDA),1)
+BENCH_BINS += $(patsubst %.cu,$(BUILD)/bench/%,$(notdir $(wildcard bench/bench_cuda_*.cu)))
+endif
 
 ALL_LIBS := $(LIBMODEL) $(LIBNET) $(LIBCORE) $(LIBCUDA)
 
