@@ -1,0 +1,124 @@
+/* Internal to kernels/cpu: the per-type row functions behind kcpu_dequant_row / kcpu_dot_row /
+ * kcpu_quantize_row (dispatch in quant.c), and the small SIMD helpers the families share.
+ * Nothing outside kernels/cpu includes this; the public interface is kernels/kernels.h. */
+#ifndef TANDEM_KERNELS_CPU_QUANT_IMPL_H
+#define TANDEM_KERNELS_CPU_QUANT_IMPL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define QUANT_AVX2 1
+#include <immintrin.h>
+#else
+#define QUANT_AVX2 0
+#endif
+
+/* One type's row functions. n is always a positive multiple of the type's block size (checked by
+ * the dispatcher). dequant_ref is the scalar, spec-literal decoder; dequant may be a SIMD version
+ * that must give bit-identical results; dot is the fast fp32 dot (NULL: the dispatcher uses the
+ * generic block-dequant-then-multiply reference); quantize writes n/blck blocks. */
+struct quant_ops {
+	void (*dequant_ref)(const void *src, float *dst, int64_t n);
+	void (*dequant)(const void *src, float *dst, int64_t n);
+	float (*dot)(const void *row, const float *x, int64_t n);
+	void (*quantize)(const float *src, void *dst, int64_t n);
+};
+
+extern const struct quant_ops quant_ops_f32, quant_ops_f16, quant_ops_bf16;
+extern const struct quant_ops quant_ops_q4_0, quant_ops_q4_1, quant_ops_q5_0, quant_ops_q5_1,
+	quant_ops_q8_0, quant_ops_iq4_nl;
+extern const struct quant_ops quant_ops_q2_k, quant_ops_q3_k, quant_ops_q4_k, quant_ops_q5_k,
+	quant_ops_q6_k;
+extern const struct quant_ops quant_ops_iq4_xs;
+
+/* The 16 non-uniform 4-bit levels of IQ4_NL / IQ4_XS (MODEL-SPEC.md §5.1). */
+extern const int8_t quant_iq4nl_values[16];
+/* Best scale for len (<= 32) values on that grid; q receives the grid indices (quant_legacy.c). */
+float quant_iq4nl_fit(const float *x, int len, int *q);
+
+/* Little-endian field readers (blocks are packed, fields may be unaligned). */
+static inline uint16_t quant_rd16(const uint8_t *p)
+{
+	return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static inline uint32_t quant_rd32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+static inline void quant_wr16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+}
+
+static inline float quant_fp16(const uint8_t *p)
+{
+	return kfp16_to_f32(quant_rd16(p));
+}
+
+/* Round half away from zero, as ggml's nearest_int does for the values quantizers produce. */
+static inline int quant_nearest(float v)
+{
+	return (int)(v >= 0.0f ? v + 0.5f : v - 0.5f);
+}
+
+#if QUANT_AVX2
+static inline float quant_hsum(__m256 v)
+{
+	__m128 lo = _mm256_castps256_ps128(v);
+	__m128 hi = _mm256_extractf128_ps(v, 1);
+	lo = _mm_add_ps(lo, hi);
+	lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+	lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+	return _mm_cvtss_f32(lo);
+}
+
+/* 8 signed bytes -> 8 floats */
+static inline __m256 quant_i8x8_ps(const void *p)
+{
+	__m128i b = _mm_loadl_epi64((const __m128i *)p);
+	return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+}
+
+/* 16 signed byte values (elements e..e+15) times x[e..e+15], accumulated into acc */
+static inline __m256 quant_fma16_i8(__m128i q, const float *x, __m256 acc)
+{
+	__m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+	__m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
+	acc = _mm256_fmadd_ps(f0, _mm256_loadu_ps(x), acc);
+	return _mm256_fmadd_ps(f1, _mm256_loadu_ps(x + 8), acc);
+}
+
+/* sum of x[0..15] and x[0..31] as 8-wide partial sums */
+static inline __m256 quant_sum16(const float *x)
+{
+	return _mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8));
+}
+
+static inline __m256 quant_sum32(const float *x)
+{
+	return _mm256_add_ps(quant_sum16(x), quant_sum16(x + 16));
+}
+
+/* 16 byte values -> 16 floats stored at dst (exact) */
+static inline void quant_store16_i8(__m128i q, float *dst, __m256 scale, __m256 offset, bool sub)
+{
+	__m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+	__m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
+	if (sub) {
+		_mm256_storeu_ps(dst, _mm256_sub_ps(_mm256_mul_ps(scale, f0), offset));
+		_mm256_storeu_ps(dst + 8, _mm256_sub_ps(_mm256_mul_ps(scale, f1), offset));
+	} else {
+		_mm256_storeu_ps(dst, _mm256_mul_ps(scale, f0));
+		_mm256_storeu_ps(dst + 8, _mm256_mul_ps(scale, f1));
+	}
+}
+#endif
+
+#endif
