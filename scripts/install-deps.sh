@@ -9,5 +9,6 @@ apt-get install -y -qq --no-install-recommends \
 	build-essential pkg-config ca-certificates clang-format \
 	libuv1-dev libprotobuf-c-dev protobuf-c-compiler libjansson-dev libpcre2-dev libutf8proc-dev \
 	libucx-dev ucx-utils node-llhttp libsystemd-dev systemd curl \
+	nodejs npm wrk prometheus \
 	>/dev/null
 echo "tandem: build dependencies installed"
