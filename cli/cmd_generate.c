@@ -2,7 +2,9 @@
  * -> token-by-token decode with the sampler; prints the text as it is produced (streaming decode
  * that never splits a UTF-8 character) or, with --ids, the new token ids. Stops at the tokenizer's
  * end-of-generation ids (eos/eot/eom) unless --ignore-eos; the stop token itself is not printed.
- * With no sampling option the decode is greedy. */
+ * With no sampling option the decode is greedy. --chat takes a JSON file holding an OpenAI-style
+ * `messages` array (or an object with "messages"), rendered with the model's chat template
+ * (common/tok/chat.h) with the generation prompt; the format's stop tokens also end generation. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +13,10 @@
 #include "cli/model_args.h"
 #include "common/gguf/gguf.h"
 #include "common/model/model.h"
+#include "common/tok/chat.h"
 #include "common/tok/tok.h"
+
+#include <jansson.h>
 
 #define GEN_MAX_TOKENS (1 << 20)
 
@@ -19,6 +24,7 @@ static void generate_usage(FILE *f)
 {
 	fprintf(f,
 		"usage: tandem generate -m MODEL.gguf (--tokens 1,2,3 | -p TEXT | --chat FILE.json) -n N [options]\n"
+		"  --chat-format NAME      glm5, glm5.2, glm4, deepseek-v3, deepseek-v3.1 (default: from the GGUF)\n"
 		"  --greedy                argmax decoding (the default when no sampling option is given)\n"
 		"  --temperature X         sample with temperature X (0 = greedy)\n"
 		"  --top-k K  --top-p P  --min-p M\n"
@@ -30,7 +36,7 @@ static void generate_usage(FILE *f)
 }
 
 struct gen_args {
-	const char *model, *toks, *text, *chat;
+	const char *model, *toks, *text, *chat, *chat_format;
 	int64_t n;
 	bool ids_only, ignore_eos, sampling;
 	uint64_t seed;
@@ -68,6 +74,9 @@ static int parse(int argc, char **argv, struct gen_args *a)
 		} else if (!strcmp(o, "--chat")) {
 			NEEDV("a JSON file");
 			a->chat = v;
+		} else if (!strcmp(o, "--chat-format")) {
+			NEEDV("a format name");
+			a->chat_format = v;
 		} else if (!strcmp(o, "-n")) {
 			NEEDV("a token count");
 			if (!cli_parse_i64(v, 0, GEN_MAX_TOKENS, &a->n))
@@ -147,8 +156,50 @@ static int parse(int argc, char **argv, struct gen_args *a)
 	return 0;
 }
 
-/* prompt ids from --tokens or -p (malloc'd) */
-static int prompt_ids(const struct gen_args *a, const struct tok *t, int32_t **ids, size_t *n, struct errbuf *e)
+/* renders --chat into ids; sets up *c (its stop tokens end generation) */
+static int chat_ids(const struct gen_args *a, const struct tok *t, const struct gguf_ctx *g, struct chat *c,
+		    int32_t **ids, size_t *n, struct errbuf *e)
+{
+	json_error_t je;
+	json_t *root = json_load_file(a->chat, 0, &je);
+	if (!root) {
+		if (je.line > 0)
+			return errbuf_set(e, -EINVAL, "--chat %s: line %d: %s", a->chat, je.line, je.text);
+		return errbuf_set(e, -EINVAL, "--chat %s: %s", a->chat, je.text);
+	}
+	json_t *msgs = json_is_object(root) ? json_object_get(root, "messages") : root;
+	struct chat_prompt cp = {0};
+	struct chat_opts co = {.enable_thinking = -1, .add_generation_prompt = true};
+	int rc;
+	if (!json_is_array(msgs)) {
+		rc = errbuf_set(e, -EINVAL, "expected a messages array or an object with \"messages\"");
+		goto out;
+	}
+	if ((rc = chat_init_gguf(c, t, g, a->chat_format, e)))
+		goto out;
+	if ((rc = chat_render(c, msgs, &co, &cp, e)))
+		goto out;
+	size_t cap = tok_encode_max(cp.len);
+	*ids = malloc(sizeof(int32_t) * cap);
+	if (!*ids) {
+		rc = errbuf_set(e, -ENOMEM, "out of memory");
+		goto out;
+	}
+	if ((rc = chat_encode(c, &cp, *ids, cap, n, e))) {
+		free(*ids);
+		*ids = NULL;
+	}
+out:
+	if (rc)
+		errbuf_prefix(e, "--chat %s", a->chat);
+	chat_prompt_fini(&cp);
+	json_decref(root);
+	return rc;
+}
+
+/* prompt ids from --tokens, -p or --chat (malloc'd) */
+static int prompt_ids(const struct gen_args *a, const struct tok *t, const struct gguf_ctx *g, struct chat *c,
+		      int32_t **ids, size_t *n, struct errbuf *e)
 {
 	if (a->toks) {
 		if (!cli_parse_ids(a->toks, ids, n))
@@ -156,7 +207,7 @@ static int prompt_ids(const struct gen_args *a, const struct tok *t, int32_t **i
 		return 0;
 	}
 	if (a->chat)
-		return errbuf_set(e, ERR_UNSUPPORTED, "--chat: chat templates are not available in this build yet");
+		return chat_ids(a, t, g, c, ids, n, e);
 	size_t len = strlen(a->text), cap = tok_encode_max(len);
 	*ids = malloc(sizeof(int32_t) * (cap ? cap : 1));
 	if (!*ids)
@@ -188,13 +239,15 @@ int cmd_generate(int argc, char **argv)
 		fprintf(stderr, "tandem generate: %s: %s\n", a.model, e.msg);
 		goto out;
 	}
-	if ((a.text || !a.ids_only) && tok_load(&t, model_gguf(m), &e)) {
+	if ((a.text || a.chat || !a.ids_only) && tok_load(&t, model_gguf(m), &e)) {
 		fprintf(stderr, "tandem generate: %s: tokenizer: %s\n", a.model, e.msg);
 		goto out;
 	}
 	int32_t *pids;
 	size_t np;
-	if (prompt_ids(&a, t, &pids, &np, &e)) {
+	struct chat chat;
+	bool have_chat = a.chat != NULL;
+	if (prompt_ids(&a, t, model_gguf(m), &chat, &pids, &np, &e)) {
 		fprintf(stderr, "tandem generate: %s\n", e.msg);
 		goto out;
 	}
@@ -264,7 +317,7 @@ int cmd_generate(int argc, char **argv)
 			fprintf(stderr, "tandem generate: %s\n", e.msg);
 			goto out;
 		}
-		if (!a.ignore_eos && t && tok_is_eog(t, r.token))
+		if (!a.ignore_eos && t && (tok_is_eog(t, r.token) || (have_chat && chat_is_stop(&chat, r.token))))
 			break;
 		hist[n_hist++] = r.token;
 		if (a.ids_only) {

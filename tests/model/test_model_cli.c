@@ -82,6 +82,23 @@ int main(void)
 	}
 	printf("tandem generate --ids %s: %s", name, out);
 	CHECK(rc == 0 && strcmp(out, want) == 0, "generate gave '%s' want '%s'", out, want);
+	/* --chat: the model's template renders the messages; 6 ids come back */
+	char chatp[128];
+	snprintf(chatp, sizeof(chatp), "/tmp/tandem_cli_chat.%d.json", (int)getpid());
+	FILE *cf = fopen(chatp, "w");
+	if (cf) {
+		fputs("[{\"role\": \"user\", \"content\": \"Hello <|user|> there\"}]", cf);
+		fclose(cf);
+	}
+	snprintf(cmd, sizeof(cmd), "%s generate -m " DATA "/models/%s.gguf --chat %s -n 6 --ids --ignore-eos", tandem, stem,
+		 chatp);
+	rc = run(cmd, out, sizeof(out));
+	int n_ids = 0;
+	for (char *c = out; *c; c++)
+		n_ids += (c == out || c[-1] == ' ') && *c >= '0' && *c <= '9';
+	printf("tandem generate --chat: %s", out);
+	CHECK(rc == 0 && n_ids == 6, "generate --chat: exit %d, %d ids", rc, n_ids);
+	remove(chatp);
 	/* errors: exit 2, one line naming the problem */
 	const char *bad[] = {
 		"logits -m " DATA "/models/glm-dsa-tiny-BF16.gguf --tokens 1,x -o /dev/null",
@@ -91,6 +108,8 @@ int main(void)
 		"generate -m " DATA "/models/glm-dsa-tiny-BF16.gguf --tokens 1 -n 2 --greedy --temperature 1",
 		"generate -m " DATA "/models/glm-dsa-tiny-BF16.gguf -n 2",
 		"generate -m " DATA "/refs/glm-dsa-tiny-BF16/manifest.json --tokens 1 -n 2",
+		"generate -m " DATA "/models/glm-dsa-tiny-BF16.gguf --chat /nonexistent.json -n 2",
+		"generate -m " DATA "/models/glm-dsa-tiny-BF16.gguf --chat " DATA "/models/glm-dsa-tiny.config.json -n 2",
 		NULL};
 	for (int i = 0; bad[i]; i++) {
 		snprintf(cmd, sizeof(cmd), "%s %s 2>&1 >/dev/null", tandem, bad[i]);
