@@ -104,6 +104,10 @@ TEST_BINS := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(TEST_SRC)))
 FUZZ_SRC  := $(wildcard tests/fuzz/fuzz_*.c)
 BENCH_SRC := $(wildcard bench/bench_*.c)
 BENCH_BINS := $(patsubst %.c,$(BUILD)/bench/%,$(notdir $(BENCH_SRC)))
+# CUDA benchmarks (bench/bench_cuda_*.cu, nvcc) exist only in CUDA builds
+ifeq ($(CUDA),1)
+BENCH_BINS += $(patsubst %.cu,$(BUILD)/bench/%,$(notdir $(wildcard bench/bench_cuda_*.cu)))
+endif
 
 # router/ minus main.c is also an archive so the unit tests can link the router's modules
 ROUTER_LIB_SRC := $(filter-out router/main.c,$(ROUTER_SRC))

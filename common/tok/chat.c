@@ -453,6 +453,70 @@ static int glm_call(struct chat_prompt *p, const struct tool_call *c, struct err
 	return rc ? rc : tpl(p, "</tool_call>", e);
 }
 
+/* One tool definition as GLM-5.2's template prints it: the "function" object (or the tool itself
+ * when it has none), keys in order, `"key": <JSON value>` joined by ", ", without the
+ * defer_loading / strict keys. */
+static int glm52_tool_json(struct chat_prompt *p, const json_t *tool, struct errbuf *e)
+{
+	const json_t *fn = json_object_get(tool, "function");
+	if (json_is_object(fn))
+		tool = fn;
+	int rc = txt(p, "{", 1, e);
+	bool first = true;
+	const char *k;
+	json_t *v;
+	json_object_foreach((json_t *)tool, k, v) {
+		if (strcmp(k, "defer_loading") == 0 || strcmp(k, "strict") == 0)
+			continue;
+		char *d = json_dumps(v, JSON_ENCODE_ANY);
+		if (!d)
+			return errbuf_set(e, -ENOMEM, "tools: out of memory");
+		rc = rc ? rc : first ? 0 : txt(p, ", ", 2, e);
+		rc = rc ? rc : txt(p, "\"", 1, e);
+		rc = rc ? rc : txt(p, k, strlen(k), e);
+		rc = rc ? rc : txt(p, "\": ", 3, e);
+		rc = rc ? rc : txt(p, d, strlen(d), e);
+		free(d);
+		first = false;
+	}
+	return rc ? rc : txt(p, "}", 1, e);
+}
+
+/* The tools system turn of the GLM-4.7 / GLM-5 templates (as rendered by HF with trim_blocks):
+ * GLM-4.7/5 print each OpenAI tool object whole, GLM-5.2 its function object. */
+static int glm_tools(const struct chat *c, const json_t *tools, struct chat_prompt *p, struct errbuf *e)
+{
+	size_t i;
+	json_t *tool;
+	json_array_foreach(tools, i, tool) {
+		if (!json_is_object(tool))
+			return errbuf_set(e, -EINVAL, "tools[%zu]: expected an object", i);
+	}
+	int rc = tpl(p, "<|system|>\n# Tools\n\nYou may call one or more functions to assist with the user "
+		     "query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n"
+		     "<tools>\n", e);
+	json_array_foreach(tools, i, tool) {
+		if (rc)
+			break;
+		if (c->fmt == CHAT_FMT_GLM52) {
+			const json_t *fn = json_object_get(tool, "function");
+			const json_t *defer = json_object_get(json_is_object(fn) ? fn : tool, "defer_loading");
+			if (json_is_true(defer))
+				continue;
+			rc = glm52_tool_json(p, tool, e);
+		} else {
+			char *d = json_dumps(tool, 0);
+			rc = d ? txt(p, d, strlen(d), e) : errbuf_set(e, -ENOMEM, "tools: out of memory");
+			free(d);
+		}
+		rc = rc ? rc : tpl(p, "\n", e);
+	}
+	return rc ? rc : tpl(p, "</tools>\n\nFor each function call, output the function name and arguments "
+			      "within the following XML format:\n<tool_call>{function-name}<arg_key>{arg-key-1}"
+			      "</arg_key><arg_value>{arg-value-1}</arg_value><arg_key>{arg-key-2}</arg_key>"
+			      "<arg_value>{arg-value-2}</arg_value>...</tool_call>", e);
+}
+
 static int render_glm(const struct chat *c, const struct msg *m, size_t n, const struct chat_opts *o,
 		      struct chat_prompt *p, struct errbuf *e)
 {
@@ -474,6 +538,8 @@ static int render_glm(const struct chat *c, const struct msg *m, size_t n, const
 		rc = tpl(p, "<|system|>Reasoning Effort: ", e);
 		rc = rc ? rc : tpl(p, eff, e);
 	}
+	if (!rc && o->tools && json_array_size(o->tools) > 0)
+		rc = glm_tools(c, o->tools, p, e);
 	for (size_t i = 0; i < n && !rc; i++) {
 		switch (m[i].role) {
 		case ROLE_SYSTEM:
@@ -650,7 +716,9 @@ int chat_render(const struct chat *c, const json_t *messages, const struct chat_
 {
 	memset(out, 0, sizeof(*out));
 	out->max = o->max_bytes ? o->max_bytes : CHAT_DEFAULT_MAX_BYTES;
-	if (o->tools && !(json_is_array(o->tools) && json_array_size(o->tools) == 0))
+	if (o->tools && !json_is_array(o->tools))
+		return errbuf_set(e, -EINVAL, "tools: expected an array");
+	if (o->tools && json_array_size(o->tools) > 0 && c->fmt != CHAT_FMT_GLM5 && c->fmt != CHAT_FMT_GLM52)
 		return errbuf_set(e, ERR_UNSUPPORTED, "tools: function definitions are not supported by the "
 				  "%s renderer yet", chat_format_name(c->fmt));
 	struct msg *m;

@@ -20,9 +20,13 @@
  * format emits are matched as special tokens. BOS (MODEL-SPEC §7.15): GLM gets none (the
  * `[gMASK]<sop>` prefix replaces it); DeepSeek gets exactly one, written by the template.
  *
- * Deliberate simplifications, documented: `tools` (function definitions) are not rendered yet
- * (ERR_UNSUPPORTED if given); history tool calls and tool results are rendered; assistant content
- * and reasoning are stripped of surrounding ASCII whitespace in GLM formats, as GLM's templates do. */
+ * Tools: GLM-5 / GLM-5.2 render `tools` (function definitions) as the templates' "# Tools" system
+ * turn (GLM-4.7/5: each tool object as JSON; GLM-5.2: its function object without
+ * defer_loading / strict); the other formats refuse them with ERR_UNSUPPORTED rather than drop
+ * them. History tool calls and tool results are rendered in every format. Assistant content and
+ * reasoning are stripped of surrounding ASCII whitespace in GLM formats, as GLM's templates do.
+ * JSON written into prompts (tool definitions, non-string arguments) uses jansson's ", " / ": "
+ * separators and key order, like Python's json.dumps; number formatting may differ in rare cases. */
 #ifndef TANDEM_TOK_CHAT_H
 #define TANDEM_TOK_CHAT_H
 
@@ -61,7 +65,7 @@ struct chat_opts {
 	int enable_thinking;          /* -1: the format's default (GLM5/5.2 on, others off); 0; 1 */
 	const char *reasoning_effort; /* GLM-5.2: "low", "high"; anything else or NULL = max */
 	bool add_generation_prompt;
-	const json_t *tools;          /* borrowed; must be NULL or empty for now */
+	const json_t *tools;          /* borrowed OpenAI `tools` array or NULL (GLM formats only) */
 	size_t max_bytes;             /* 0 = CHAT_DEFAULT_MAX_BYTES; longer prompts are ERR_LIMIT */
 };
 

@@ -38,6 +38,16 @@ static int split(struct enc *x, const uint8_t *s, size_t n, int level)
 	while (pos < n) {
 		x->st->n_regex_calls++;
 		int m = pcre2_match(re, s, n, pos, PCRE2_NO_UTF_CHECK, x->md, x->mc);
+		if (m == PCRE2_ERROR_JIT_STACKLIMIT && !x->js) {
+			/* the 32 KiB default JIT stack sufficed so far; give this input a larger one */
+			x->mc = pcre2_match_context_create(NULL);
+			x->js = pcre2_jit_stack_create(32 * 1024, 64 * 1024 * 1024, NULL);
+			if (!x->mc || !x->js)
+				return errbuf_set(x->e, -ENOMEM, "tokenizer: out of memory for regex matching");
+			pcre2_jit_stack_assign(x->mc, NULL, x->js);
+			x->st->n_regex_calls++;
+			m = pcre2_match(re, s, n, pos, PCRE2_NO_UTF_CHECK, x->md, x->mc);
+		}
 		if (m == PCRE2_ERROR_NOMATCH)
 			break;
 		if (m < 0) {
@@ -126,13 +136,10 @@ int tok_encode_spans(const struct tok *t, const char *text, size_t len, unsigned
 	x.st->n_bytes = len;
 
 	x.md = pcre2_match_data_create(1, NULL);
-	x.mc = pcre2_match_context_create(NULL);
-	x.js = pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, NULL);
-	if (!x.md || !x.mc || !x.js) {
+	if (!x.md) {
 		rc = errbuf_set(e, -ENOMEM, "tokenizer: out of memory for regex matching");
 		goto cleanup;
 	}
-	pcre2_jit_stack_assign(x.mc, NULL, x.js);
 
 	if ((flags & TOK_ENCODE_ADD_BOS) && t->add_bos && (rc = push_id(&x, t->bos)))
 		goto cleanup;

@@ -93,7 +93,10 @@ static const char *const re_deepseek_llm[] = {
 /* Rewrites \s and \S of a pattern into explicit White_Space classes. */
 static char *rewrite_space(const char *p)
 {
-	size_t n = strlen(p), cap = n * 8 + 1, o = 0;
+	size_t n = strlen(p), n_esc = 0, o = 0;
+	for (size_t i = 0; i < n; i++)
+		n_esc += p[i] == '\\';
+	size_t cap = n + n_esc * (sizeof("[^" WS_SET "]") + 1) + 1; /* every escape may grow */
 	char *out = malloc(cap);
 	if (!out)
 		return NULL;

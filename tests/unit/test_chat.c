@@ -235,6 +235,37 @@ static void test_glm(void)
 		chat_prompt_fini(&p);
 	}
 
+	/* tools turn (GLM-4.7/5 template as HF renders it: the whole tool object per line) */
+	json_t *tools = parse("[{\"type\":\"function\",\"function\":{\"name\":\"wx\",\"description\":\"Weather\","
+			      "\"strict\":true,\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}]");
+	static const char *const tools_tail =
+		"</tools>\n\nFor each function call, output the function name and arguments within the following "
+		"XML format:\n<tool_call>{function-name}<arg_key>{arg-key-1}</arg_key><arg_value>{arg-value-1}"
+		"</arg_value><arg_key>{arg-key-2}</arg_key><arg_value>{arg-value-2}</arg_value>...</tool_call>";
+	CHECK(chat_init(&c, t, CHAT_FMT_GLM5, &e) == 0, "init");
+	o = (struct chat_opts){.enable_thinking = -1, .add_generation_prompt = true, .tools = tools};
+	char want[2048];
+	snprintf(want, sizeof(want),
+		 "[gMASK]<sop><|system|>\n# Tools\n\nYou may call one or more functions to assist with the user query."
+		 "\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+		 "{\"type\": \"function\", \"function\": {\"name\": \"wx\", \"description\": \"Weather\", \"strict\": true, "
+		 "\"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}\n%s"
+		 "<|user|>x<|assistant|><think>",
+		 tools_tail);
+	p = render(&c, "[{\"role\":\"user\",\"content\":\"x\"}]", &o, want, "glm5 tools");
+	chat_prompt_fini(&p);
+	/* GLM-5.2: after the effort turn, the function object without strict */
+	CHECK(chat_init(&c, t, CHAT_FMT_GLM52, &e) == 0, "init");
+	snprintf(want, sizeof(want),
+		 "[gMASK]<sop><|system|>Reasoning Effort: Max<|system|>\n# Tools\n\nYou may call one or more functions to "
+		 "assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML "
+		 "tags:\n<tools>\n{\"name\": \"wx\", \"description\": \"Weather\", \"parameters\": {\"type\": \"object\", "
+		 "\"properties\": {\"city\": {\"type\": \"string\"}}}}\n%s<|user|>x<|assistant|><think>",
+		 tools_tail);
+	p = render(&c, "[{\"role\":\"user\",\"content\":\"x\"}]", &o, want, "glm5.2 tools");
+	chat_prompt_fini(&p);
+	json_decref(tools);
+
 	/* no generation prompt, content given as text parts */
 	CHECK(chat_init(&c, t, CHAT_FMT_GLM5, &e) == 0, "init");
 	o = (struct chat_opts){.enable_thinking = -1};
@@ -437,12 +468,18 @@ static void test_errors(void)
 		      "error case %zu: rc %d '%s' (want %d '%s')", i, rc, e.msg, cases[i].rc, cases[i].in_msg);
 		json_decref(j);
 	}
-	/* tools are not rendered yet: refused clearly rather than silently dropped */
+	/* tools where a format cannot render them: refused clearly rather than silently dropped */
 	json_t *j = parse("[{\"role\":\"user\",\"content\":\"x\"}]");
 	json_t *tools = parse("[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]");
 	struct chat_prompt p;
+	struct chat c4;
+	CHECK(chat_init(&c4, t, CHAT_FMT_GLM4, &e) == 0, "init glm4");
 	o.tools = tools;
-	CHECK(chat_render(&c, j, &o, &p, &e) == ERR_UNSUPPORTED && strstr(e.msg, "tools"), "tools: %s", e.msg);
+	CHECK(chat_render(&c4, j, &o, &p, &e) == ERR_UNSUPPORTED && strstr(e.msg, "tools"), "tools: %s", e.msg);
+	json_t *bad_tools = parse("[5]");
+	o.tools = bad_tools;
+	CHECK(chat_render(&c, j, &o, &p, &e) == -EINVAL && strstr(e.msg, "tools[0]"), "bad tools: %s", e.msg);
+	json_decref(bad_tools);
 	o.tools = NULL;
 	/* the prompt size limit */
 	o.max_bytes = 16;

@@ -402,7 +402,7 @@ enum syn_flaw { SYN_OK, SYN_MODEL, SYN_PRE, SYN_MERGE_UNKNOWN, SYN_BOS_RANGE, SY
 
 /* A 263-token vocab: 256 byte symbols, "ab", "abc", "Ġa", control "<s>", user-defined "<x>" and
  * "<x>y" (longest match), an unused "[PAD262]"; merges a+b, ab+c, Ġ+a. */
-static int syn_load(enum syn_flaw flaw, struct tok **t, struct errbuf *e)
+static int syn_load_pre(enum syn_flaw flaw, const char *pre, struct tok **t, struct errbuf *e)
 {
 	static char bytes[256][3];
 	const char *toks[SYN_N];
@@ -435,7 +435,7 @@ static int syn_load(enum syn_flaw flaw, struct tok **t, struct errbuf *e)
 	struct gb b = {0};
 	gb_kv_str(&b, "general.architecture", "deepseek2");
 	gb_kv_str(&b, "tokenizer.ggml.model", flaw == SYN_MODEL ? "llama" : "gpt2");
-	gb_kv_str(&b, "tokenizer.ggml.pre", flaw == SYN_PRE ? "klingon" : "gpt2");
+	gb_kv_str(&b, "tokenizer.ggml.pre", flaw == SYN_PRE ? "klingon" : pre);
 	gb_kv_strs(&b, "tokenizer.ggml.tokens", toks, SYN_N);
 	gb_kv_i32s(&b, "tokenizer.ggml.token_type", types, flaw == SYN_TYPES_SHORT ? SYN_N - 1 : SYN_N);
 	if (flaw == SYN_STRING_MERGES || flaw == SYN_BAD_MERGE_STRING)
@@ -447,6 +447,60 @@ static int syn_load(enum syn_flaw flaw, struct tok **t, struct errbuf *e)
 	gb_key(&b, "tokenizer.ggml.add_bos_token", GGUF_VT_BOOL);
 	gb_put(&b, "\x01", 1);
 	return gb_load(&b, t, e);
+}
+
+static int syn_load(enum syn_flaw flaw, struct tok **t, struct errbuf *e)
+{
+	return syn_load_pre(flaw, "gpt2", t, e);
+}
+
+/* Every pre-tokenizer name loads, and splits a probe text into the pieces its regexes define
+ * (the synthetic vocab has no digit or punctuation merges, so the piece count is observable). */
+static void check_pretokenizers(void)
+{
+	static const struct {
+		const char *pre;
+		const char *text;
+		uint64_t n_pieces;
+	} cases[] = {
+		/* Hello | ' world' | ' 12345' | !! */
+		{"gpt2", "Hello world 12345!!", 4},
+		/* Hello | ' world' | ' ' | 123 | 45 | !! */
+		{"llama-bpe", "Hello world 12345!!", 6},
+		{"llama3", "Hello world 12345!!", 6},
+		{"glm4", "Hello world 12345!!", 6},
+		{"chatglm-bpe", "Hello world 12345!!", 6},
+		/* digits one by one */
+		{"qwen2", "Hello world 12345!!", 9},
+		/* Hello | ' world' | ' ' | 123 | 45 | !! */
+		{"deepseek-v3", "Hello world 12345!!", 6},
+		/* Hello | ' world' | ' ' | 12345 | !! */
+		{"deepseek-llm", "Hello world 12345!!", 5},
+		/* CJK isolated by the second regex: ab | 你好 | cd */
+		{"deepseek-v3", "ab\xe4\xbd\xa0\xe5\xa5\xbd" "cd", 3},
+		/* contractions, case-insensitive: it | 'S | ' fine' */
+		{"llama3", "it'S fine", 3},
+		/* U+0085 is White_Space (as in Oniguruma): 'a' | NEL+space | 'b'?: \s+(?!\S) keeps the
+		 * last space for ' b' */
+		{"llama3", "a\xc2\x85 b", 3},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct errbuf e = {0};
+		struct tok *t;
+		int rc = syn_load_pre(SYN_OK, cases[i].pre, &t, &e);
+		CHECK(rc == 0, "pre %s: %s", cases[i].pre, e.msg);
+		if (rc)
+			continue;
+		const char *text = cases[i].text;
+		size_t len = strlen(text);
+		int32_t ids[64];
+		size_t n;
+		struct tok_stats st;
+		rc = tok_encode(t, text, len, 0, ids, 64, &n, &st, &e);
+		CHECK(rc == 0 && st.n_pieces == cases[i].n_pieces, "pre %s '%s': %llu pieces, want %llu", cases[i].pre,
+		      cases[i].text, (unsigned long long)st.n_pieces, (unsigned long long)cases[i].n_pieces);
+		tok_destroy(t);
+	}
 }
 
 static bool ids_eq(const int32_t *got, size_t n, const int32_t *want, size_t n_want)
@@ -596,6 +650,73 @@ static void check_stream_bytes(void)
 	tok_destroy(t);
 }
 
+/* ---- random inputs: never crash, always valid UTF-8 out ------------------------------------ */
+
+static uint64_t rng_state;
+static uint32_t rng(void)
+{
+	rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+	return (uint32_t)(rng_state >> 33);
+}
+
+/* Random byte strings (biased towards UTF-8 lead/continuation bytes and specials' first bytes)
+ * encoded with U+FFFD replacement must decode to valid UTF-8 that re-encodes to the same ids;
+ * random id sequences must stream-decode to exactly the U+FFFD-replaced whole decode. */
+static void check_random(const struct tok *t, const char *name)
+{
+	uint64_t seed = (uint64_t)time(NULL);
+	const char *env = getenv("TANDEM_TEST_SEED");
+	if (env)
+		seed = strtoull(env, NULL, 10);
+	rng_state = seed;
+	static const uint8_t alphabet[] = {'a', 'Z', ' ', '\n', '1', '<', '|', '>', '\'', '!', 0x80, 0xBF, 0xC3,
+					   0xE4, 0xF0, 0x9F, 0xED, 0xA0, 0xFF, 0x00};
+	int n_ok = 0, n_runs = 300;
+	size_t scap = tok_stream_max_out(t);
+	char *piece = malloc(scap);
+	for (int r = 0; r < n_runs; r++) {
+		size_t len = rng() % 200;
+		char text[200];
+		for (size_t i = 0; i < len; i++)
+			text[i] = (char)(rng() % 4 == 0 ? rng() : alphabet[rng() % sizeof(alphabet)]);
+		int32_t ids[3 * 200 + 1], ids2[3 * 200 + 1];
+		size_t n = 0, n2 = 0, dl = 0, dl2 = 0;
+		char dec[3 * 200 * 4 + 64], dec2[3 * 200 * 4 + 64];
+		struct errbuf e = {0};
+		bool ok = tok_encode(t, text, len, TOK_ENCODE_REPLACE_INVALID, ids, 3 * 200 + 1, &n, NULL, &e) == 0 &&
+			  tok_decode(t, ids, n, 0, dec, sizeof(dec), &dl, &e) == 0 && tok_utf8_check(dec, dl) == dl &&
+			  tok_encode(t, dec, dl, 0, ids2, 3 * 200 + 1, &n2, NULL, &e) == 0 && ids_eq(ids, n, ids2, n2);
+
+		/* random ids: whole decode, then its replaced form via encode(REPLACE) -> decode */
+		size_t m = rng() % 40;
+		int32_t rid[40];
+		for (size_t i = 0; i < m; i++)
+			rid[i] = (int32_t)(rng() % (uint32_t)tok_n_vocab(t));
+		ok = ok && tok_decode(t, rid, m, 0, dec, sizeof(dec), &dl, &e) == 0 &&
+		     tok_encode(t, dec, dl, TOK_ENCODE_REPLACE_INVALID | TOK_ENCODE_NO_SPECIAL, ids, 3 * 200 + 1, &n,
+				NULL, &e) == 0 &&
+		     tok_decode(t, ids, n, 0, dec2, sizeof(dec2), &dl2, &e) == 0;
+		struct tok_stream st;
+		tok_stream_init(&st, t, 0);
+		size_t so = 0, k;
+		for (size_t i = 0; i <= m && ok; i++) {
+			ok = (i < m ? tok_stream_feed(&st, rid[i], piece, scap, &k, &e)
+				    : tok_stream_flush(&st, piece, scap, &k, &e)) == 0 &&
+			     tok_utf8_check(piece, k) == k && so + k <= dl2 && memcmp(dec2 + so, piece, k) == 0;
+			so += k;
+		}
+		ok = ok && so == dl2;
+		n_ok += ok;
+		if (!ok)
+			fprintf(stderr, "%s random run %d (seed %llu) failed: %s\n", name, r, (unsigned long long)seed,
+				e.msg);
+	}
+	free(piece);
+	printf("random %-12s seed %llu: %d/%d runs ok\n", name, (unsigned long long)seed, n_ok, n_runs);
+	CHECK(n_ok == n_runs, "%s random: %d/%d (seed %llu, rerun with TANDEM_TEST_SEED)", name, n_ok, n_runs,
+	      (unsigned long long)seed);
+}
+
 int main(void)
 {
 	json_t *strings = load_json("tokenizer/test_strings.json");
@@ -610,13 +731,16 @@ int main(void)
 	struct tok *ds = load_tok("tokenizer/deepseek-v3-vocab.gguf", &secs);
 	CHECK(secs < 1.0, "loading the DeepSeek-V3 vocab took %.2f s", secs);
 	check_long(ds, "deepseek-v3", strings);
+	check_random(ds, "deepseek-v3");
 	tok_destroy(ds);
 	struct tok *glm = load_tok("models/glm-dsa-tiny-BF16.gguf", &secs);
 	check_long(glm, "tiny-glm", strings);
+	check_random(glm, "tiny-glm");
 	tok_destroy(glm);
 	json_decref(strings);
 	check_synthetic();
 	check_stream_bytes();
+	check_pretokenizers();
 	if (n_fail) {
 		printf("%d checks failed\n", n_fail);
 		return 1;
