@@ -117,8 +117,13 @@ static json_t *json_text(const char *s, size_t n)
 	return j ? j : json_string("");
 }
 
-static json_t *token_json(const struct codec *cd, int32_t id)
+static json_t *token_json(const struct codec *cd, int32_t id, bool as_id)
 {
+	if (as_id) {
+		char s[32];
+		snprintf(s, sizeof(s), "token_id:%d", id);
+		return json_string(s);
+	}
 	const char *b;
 	size_t n;
 	if (codec_token_bytes(cd, id, &b, &n) != 0)
@@ -195,10 +200,10 @@ static json_t *logprobs_json(const struct call *cl, const struct choice *ch, siz
 			const struct lp_entry *e = &ch->lps[i];
 			json_t *top = json_array();
 			for (int k = 0; k < e->n_top && k < cl->ar.top_logprobs; k++)
-				json_array_append_new(top, json_pack("{s:o,s:f,s:o}", "token", token_json(cd, e->top_ids[k]),
+				json_array_append_new(top, json_pack("{s:o,s:f,s:o}", "token", token_json(cd, e->top_ids[k], cl->ar.tokens_as_ids),
 								     "logprob", (double)e->top_lps[k], "bytes",
 								     token_bytes_json(cd, e->top_ids[k])));
-			json_array_append_new(content, json_pack("{s:o,s:f,s:o,s:o}", "token", token_json(cd, e->id), "logprob",
+			json_array_append_new(content, json_pack("{s:o,s:f,s:o,s:o}", "token", token_json(cd, e->id, cl->ar.tokens_as_ids), "logprob",
 								 (double)e->lp, "bytes", token_bytes_json(cd, e->id),
 								 "top_logprobs", top));
 		}
@@ -207,15 +212,11 @@ static json_t *logprobs_json(const struct call *cl, const struct choice *ch, siz
 	json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
 	for (size_t i = from; i < to; i++) {
 		const struct lp_entry *e = &ch->lps[i];
-		json_array_append_new(tokens, token_json(cd, e->id));
+		json_array_append_new(tokens, token_json(cd, e->id, cl->ar.tokens_as_ids));
 		json_array_append_new(lps, json_real(e->lp));
 		json_t *t = json_object();
 		for (int k = 0; k < e->n_top && k < cl->ar.top_logprobs; k++) {
-			const char *b;
-			size_t n;
-			if (codec_token_bytes(cd, e->top_ids[k], &b, &n) != 0)
-				continue;
-			json_t *key = json_text(b, n);
+			json_t *key = token_json(cd, e->top_ids[k], cl->ar.tokens_as_ids);
 			json_object_set_new(t, json_string_value(key), json_real(e->top_lps[k]));
 			json_decref(key);
 		}
