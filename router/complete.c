@@ -619,6 +619,8 @@ void complete_handle(struct router *rt, struct http_conn *c, struct http_request
 		goto free_call;
 	}
 	uint32_t n_new = want > 0 ? (uint32_t)want : n_ctx - n_ids;
+	if (want <= 0 && rt->cfg.n_max_tokens_default && rt->cfg.n_max_tokens_default < n_new)
+		n_new = rt->cfg.n_max_tokens_default; /* KV blocks are reserved up front: do not reserve the whole context */
 	cl->n_prompt = n_ids;
 	for (int i = 0; i < cl->ar.n_stop; i++)
 		if (strlen(cl->ar.stop[i]) > cl->max_stop_len)
