@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end serving throughput on CPU: router + 1 prefill + 1 decode (tiny GLM-DSA Q8_0, KV over
 # UCX shared memory), N concurrent streaming completions of MAXTOK tokens each, for N in 1 8 64.
-# Reports generated tokens/s (sum over streams / wall time), and the router's TTFT and inter-token
-# p50 from its Prometheus histograms.
+# Reports generated tokens/s (sum over streams / wall time, best of ROUNDS), and for reference the
+# model core alone: `tandem generate` of the same length in one process (no serving plane).
 #   bench/bench_router_e2e.sh [maxtok] [rounds]
 set -euo pipefail
 BUILD=${BUILD:-build}
@@ -35,22 +35,8 @@ one() { # index -> prints completion_tokens
 }
 export -f one
 export PORT ID MAXTOK
-q() { # histogram quantile from the router's buckets: name q
-	curl -s "http://127.0.0.1:$PORT/metrics" | python3 -c '
-import sys
-name, q = sys.argv[1], float(sys.argv[2])
-b = []
-for l in sys.stdin:
-    if l.startswith(name + "_bucket{le="):
-        le = l.split("\"")[1]; c = float(l.split()[-1])
-        b.append((float("inf") if le == "+Inf" else float(le), c))
-tot = b[-1][1] if b else 0
-for le, c in b:
-    if tot and c >= q * tot: print("%.1f ms" % (le * 1e3)); break
-else: print("n/a")' "$1" "$2"
-}
 one 0 >/dev/null # warm-up
-printf "%-8s %12s %10s %14s %16s\n" streams tokens wall_s tokens_per_s "ttft/itl p50 (bucket)"
+printf "%-8s %12s %10s %14s\n" streams tokens wall_s tokens_per_s
 for N in 1 8 64; do
 	best=0
 	for r in $(seq 1 "$ROUNDS"); do
@@ -61,5 +47,10 @@ for N in 1 8 64; do
 		wall=$(python3 -c "print('%.2f' % ($t1 - $t0))")
 		if python3 -c "import sys; sys.exit(0 if $rate > $best else 1)"; then best=$rate; btok=$tok; bwall=$wall; fi
 	done
-	printf "%-8s %12s %10s %14s %16s\n" "$N" "$btok" "$bwall" "$best" "$(q tandem_router_ttft_seconds 0.5)/$(q tandem_router_inter_token_seconds 0.5)"
+	printf "%-8s %12s %10s %14s\n" "$N" "$btok" "$bwall" "$best"
 done
+t0=$(date +%s.%N)
+"$BUILD/tandem" generate -m "$MODEL" -p "Request 0 says hello to the serving benchmark" -n "$MAXTOK" --greedy --ids \
+	--threads "$THREADS" >/dev/null 2>&1
+t1=$(date +%s.%N)
+python3 -c "print('model core alone (tandem generate, load + prefill + $MAXTOK tokens): %.2f s = %.1f tokens/s' % ($t1 - $t0, $MAXTOK / ($t1 - $t0)))"
