@@ -9,6 +9,9 @@
  *      |   PREFILLING --sched_on_prefill_done()--> KV_TRANSFERRING
  *      |   PREFILLING --sched_on_worker_lost(prefill)--> KV_RESERVED (re-prefill elsewhere, bounded tries)
  *      |   KV_TRANSFERRING --sched_on_decode_started(first token)--> DECODING
+ *      |   KV_RESERVED / PREFILLING / KV_TRANSFERRING --sched_on_worker_lost_req(decode)--> ADMITTED
+ *      |        (the decode worker died before any token reached the client: cancel the prefill,
+ *      |         place the request again at the head of the queue; bounded by n_prefill_tries_max)
  *      |   DECODING --sched_on_token()* ... sched_on_finished()/sched_finish()--> DONE
  *      |
  *      +--any non-final state--> FAILED     sched_fail(): deadline expired (stage_timeout_cb),
@@ -48,9 +51,9 @@ bool req_state_is_final(enum req_state s)
 static const unsigned allowed[REQ_STATE_COUNT] = {
 	[REQ_STATE_RECEIVED] = B(REQ_STATE_ADMITTED),
 	[REQ_STATE_ADMITTED] = B(REQ_STATE_KV_RESERVED),
-	[REQ_STATE_KV_RESERVED] = B(REQ_STATE_PREFILLING),
-	[REQ_STATE_PREFILLING] = B(REQ_STATE_KV_TRANSFERRING) | B(REQ_STATE_KV_RESERVED),
-	[REQ_STATE_KV_TRANSFERRING] = B(REQ_STATE_DECODING),
+	[REQ_STATE_KV_RESERVED] = B(REQ_STATE_PREFILLING) | B(REQ_STATE_ADMITTED),
+	[REQ_STATE_PREFILLING] = B(REQ_STATE_KV_TRANSFERRING) | B(REQ_STATE_KV_RESERVED) | B(REQ_STATE_ADMITTED),
+	[REQ_STATE_KV_TRANSFERRING] = B(REQ_STATE_DECODING) | B(REQ_STATE_ADMITTED),
 	[REQ_STATE_DECODING] = B(REQ_STATE_DONE),
 };
 #undef B

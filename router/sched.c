@@ -138,6 +138,19 @@ static void queue_push(struct sched *s, struct req *r)
 	s->n_queued++;
 }
 
+static void queue_push_front(struct sched *s, struct req *r)
+{
+	r->qprev = NULL;
+	r->qnext = s->qhead;
+	if (s->qhead)
+		s->qhead->qprev = r;
+	else
+		s->qtail = r;
+	s->qhead = r;
+	r->queued = true;
+	s->n_queued++;
+}
+
 static void queue_remove(struct sched *s, struct req *r)
 {
 	if (!r->queued)
@@ -528,6 +541,25 @@ void sched_on_worker_lost_req(struct req *r, struct worker *w)
 		if (r->state == REQ_STATE_ADMITTED) {
 			/* reservation was in flight: place again */
 			queue_push(s, r);
+			pump(s);
+			return;
+		}
+		if (r->state != REQ_STATE_DECODING && r->n_prefill_tries < s->cfg.n_prefill_tries_max) {
+			/* nothing was sent to the client yet: drop the prefill (its KV target is gone) and
+			 * place the whole request again, at the head of the queue */
+			if (r->prefill) {
+				struct worker *p = r->prefill;
+				r->prefill = NULL;
+				if (p->n_queued_tokens >= r->n_prompt)
+					p->n_queued_tokens -= r->n_prompt;
+				if (p->alive)
+					p->ops->release(p, r);
+			}
+			LOG_INFO("sched", "rid=%s decode worker %s lost before decoding; placing the request again", r->rid,
+				 w->name);
+			metrics_add(s->m.prefill_retries, 1);
+			req_transition(r, REQ_STATE_ADMITTED, s->cfg.queue_timeout_ms, stage_timeout_cb);
+			queue_push_front(s, r);
 			pump(s);
 			return;
 		}

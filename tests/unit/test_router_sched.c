@@ -301,6 +301,32 @@ static void test_worker_loss(void)
 		same &= a->tokens[i] == engine_sim_greedy_token(h, (uint32_t)i);
 	CHECK(same, "re-prefilled output is the greedy sequence");
 
+	/* the decode worker dies while the prompt is still being prefilled: nothing reached the client,
+	 * so the request is placed again (on the other decode worker) and completes */
+	struct rec *pd = calloc(1, sizeof(*pd));
+	struct req *rpd = mkreq(&loop, 4, 100, 10, pd);
+	CHECK(sched_submit(s, rpd) == 0, "submit");
+	spin(&loop, 5);
+	CHECK(rpd->state == REQ_STATE_PREFILLING && rpd->decode, "prefilling: %s", req_state_name(rpd->state));
+	int dvictim = strcmp(rpd->decode->name, "sim-decode-0") == 0 ? 0 : 1;
+	CHECK(engine_sim_kill(es, WORKER_ROLE_DECODE, dvictim) == 0, "kill decode");
+	CHECK(rpd->state == REQ_STATE_ADMITTED && !rpd->prefill, "back to ADMITTED, prefill dropped: %s",
+	      req_state_name(rpd->state));
+	spin(&loop, 5);
+	CHECK(rpd->state != REQ_STATE_ADMITTED && rpd->decode && rpd->n_prefill_tries == 2 &&
+		      strcmp(rpd->decode->name, dvictim ? "sim-decode-0" : "sim-decode-1") == 0,
+	      "placed again on the other decode worker: %s, tries %d", req_state_name(rpd->state), rpd->n_prefill_tries);
+	run_until(&loop, &pd, 1);
+	CHECK(pd->end == REQ_STATE_DONE && pd->n_tokens == 10, "completes after the decode loss: %s %d",
+	      req_state_name(pd->end), pd->n_tokens);
+	CHECK(engine_sim_n_held(es) == 0, "nothing held");
+	req_destroy(rpd);
+	free(pd);
+	/* a fresh pair of decode workers for the mid-stream case */
+	teardown(&loop, es, s, m);
+	m = metrics_create(NULL);
+	CHECK(sched_create(&s, &loop, &c, m, &e) == 0 && engine_sim_create(&es, &loop, s, &sc, &e) == 0, "setup 2");
+
 	/* two requests on the two decode workers; decode 0 dies mid-stream */
 	struct rec *c1 = calloc(1, sizeof(*c1)), *c2 = calloc(1, sizeof(*c2));
 	sc.prefill_us_per_token = 1;
@@ -323,7 +349,7 @@ static void test_worker_loss(void)
 	char *text = NULL;
 	size_t text_len = 0;
 	CHECK(metrics_render(m, &text, &text_len) == 0, "render");
-	CHECK(text && strstr(text, "tandem_router_prefill_retries_total 1\n"), "retry counted");
+	CHECK(text && strstr(text, "tandem_router_prefill_retries_total 0\n"), "no re-placement in the mid-stream case");
 	CHECK(text && strstr(text, "tandem_router_workers{role=\"decode\"} 1\n"), "one decode worker left");
 	free(text);
 
