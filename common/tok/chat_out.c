@@ -226,6 +226,7 @@ int chat_out_feed(struct chat_out *o, int32_t id, struct chat_delta *d, struct e
 {
 	const struct tok *t = o->c->t;
 	memset(d, 0, sizeof(*d));
+	d->content = d->reasoning = ""; /* never NULL, even when empty */
 	done_free(o);
 	if (tok_type(t, id) < 0)
 		return errbuf_set(e, ERR_FORMAT, "generated token id %d is out of range", id);
@@ -317,6 +318,7 @@ int chat_out_feed(struct chat_out *o, int32_t id, struct chat_delta *d, struct e
 int chat_out_finish(struct chat_out *o, struct chat_delta *d, struct errbuf *e)
 {
 	memset(d, 0, sizeof(*d));
+	d->content = d->reasoning = "";
 	done_free(o);
 	size_t n = 0;
 	int rc = tok_stream_flush(&o->s_reasoning, o->out_reasoning, o->cap_out, &d->reasoning_len, e);

@@ -28,7 +28,7 @@ struct chat_tool_call {
 };
 
 /* What one feed produced. Pointers are owned by the parser and valid until the next feed /
- * finish / fini. */
+ * finish / fini; content and reasoning are never NULL ("" when empty). */
 struct chat_delta {
 	const char *content;
 	size_t content_len;
