@@ -14,10 +14,22 @@
 
 #include "common/tok/chat_out.h"
 
-#define DS_CALLS_BEGIN "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "begin\xef\xbd\x9c>"
-#define DS_CALLS_END "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "end\xef\xbd\x9c>"
-#define DS_CALL_BEGIN "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "begin\xef\xbd\x9c>"
-#define DS_CALL_END "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "end\xef\xbd\x9c>"
+#define DS_CALLS_BEGIN                                                                                       \
+	"<\xef\xbd\x9ctool\xe2\x96\x81"                                                                      \
+	"calls\xe2\x96\x81"                                                                                  \
+	"begin\xef\xbd\x9c>"
+#define DS_CALLS_END                                                                                         \
+	"<\xef\xbd\x9ctool\xe2\x96\x81"                                                                      \
+	"calls\xe2\x96\x81"                                                                                  \
+	"end\xef\xbd\x9c>"
+#define DS_CALL_BEGIN                                                                                        \
+	"<\xef\xbd\x9ctool\xe2\x96\x81"                                                                      \
+	"call\xe2\x96\x81"                                                                                   \
+	"begin\xef\xbd\x9c>"
+#define DS_CALL_END                                                                                          \
+	"<\xef\xbd\x9ctool\xe2\x96\x81"                                                                      \
+	"call\xe2\x96\x81"                                                                                   \
+	"end\xef\xbd\x9c>"
 #define DS_SEP "<\xef\xbd\x9ctool\xe2\x96\x81sep\xef\xbd\x9c>"
 
 enum { PART_NAME, PART_KEY, PART_VAL, PART_BETWEEN };
@@ -132,7 +144,7 @@ int chat_out_init(struct chat_out *o, const struct chat *c, const struct chat_op
 	call_reset(o);
 	/* the prompt ended with <think> exactly when thinking is on for a thinking format */
 	bool think = opts->enable_thinking < 0 ? (c->fmt == CHAT_FMT_GLM5 || c->fmt == CHAT_FMT_GLM52)
-					       : opts->enable_thinking == 1;
+	                                       : opts->enable_thinking == 1;
 	if (think && opts->add_generation_prompt && c->fmt != CHAT_FMT_DEEPSEEK_V3)
 		o->mode = CHAT_OUT_REASONING;
 	return 0;
@@ -170,8 +182,9 @@ static int glm_arg(struct chat_out *o, struct errbuf *e)
 		json_decref(jv);
 		jv = json_string(v);
 	}
-	int rc = jv && json_object_set_new(o->args, k, jv) == 0 ? 0
-								 : errbuf_set(e, -ENOMEM, "chat output: out of memory");
+	int rc = jv && json_object_set_new(o->args, k, jv) == 0
+	             ? 0
+	             : errbuf_set(e, -ENOMEM, "chat output: out of memory");
 	free(k);
 	free(v);
 	o->key.len = o->val.len = 0;
@@ -216,7 +229,7 @@ static int call_close(struct chat_out *o, struct errbuf *e)
 }
 
 static int stream_to(struct tok_stream *s, int32_t id, char *out, size_t cap, const char **p, size_t *len,
-		     struct errbuf *e)
+                     struct errbuf *e)
 {
 	*p = out;
 	return tok_stream_feed(s, id, out, cap, len, e);
@@ -262,9 +275,10 @@ int chat_out_feed(struct chat_out *o, int32_t id, struct chat_delta *d, struct e
 				return glm_arg(o, e);
 			if (id == o->id_key || id == o->id_key_end || id == o->id_val)
 				return 0;
-			struct chat_out_buf *b = o->glm_part == PART_NAME ? &o->name
-						 : o->glm_part == PART_KEY ? &o->key
-						 : o->glm_part == PART_VAL ? &o->val : NULL;
+			struct chat_out_buf *b = o->glm_part == PART_NAME  ? &o->name
+			                         : o->glm_part == PART_KEY ? &o->key
+			                         : o->glm_part == PART_VAL ? &o->val
+			                                                   : NULL;
 			return b ? buf_put(b, bytes, blen, CHAT_OUT_MAX_CALL_BYTES, e) : 0;
 		}
 		if (id == o->id_sep && o->ds_sep == SIZE_MAX) {
@@ -309,9 +323,11 @@ int chat_out_feed(struct chat_out *o, int32_t id, struct chat_delta *d, struct e
 		return buf_put(&o->raw, bytes, blen, CHAT_OUT_MAX_CALL_BYTES, e);
 	}
 	if (o->mode == CHAT_OUT_REASONING)
-		rc = stream_to(&o->s_reasoning, id, o->out_reasoning, o->cap_out, &d->reasoning, &d->reasoning_len, e);
+		rc = stream_to(&o->s_reasoning, id, o->out_reasoning, o->cap_out, &d->reasoning,
+		               &d->reasoning_len, e);
 	else
-		rc = stream_to(&o->s_content, id, o->out_content, o->cap_out, &d->content, &d->content_len, e);
+		rc =
+		    stream_to(&o->s_content, id, o->out_content, o->cap_out, &d->content, &d->content_len, e);
 	return rc;
 }
 
@@ -330,7 +346,7 @@ int chat_out_finish(struct chat_out *o, struct chat_delta *d, struct errbuf *e)
 		/* an unfinished call was not a call: give its text back as content */
 		char *txt = clean_dup(o->raw.p, o->raw.len);
 		rc = txt ? buf_put(&o->fin, txt, strlen(txt), SIZE_MAX / 2, e)
-			 : errbuf_set(e, -ENOMEM, "chat output: out of memory");
+		         : errbuf_set(e, -ENOMEM, "chat output: out of memory");
 		free(txt);
 		call_reset(o);
 	}

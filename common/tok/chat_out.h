@@ -20,10 +20,10 @@
 #include "common/tok/chat.h"
 
 #define CHAT_OUT_MAX_CALL_BYTES (1u << 20) /* one tool call's name + arguments */
-#define CHAT_OUT_MAX_CALLS 64              /* tool calls completed by one feed (always <= 1 today) */
+#define CHAT_OUT_MAX_CALLS 64 /* tool calls completed by one feed (always <= 1 today) */
 
 struct chat_tool_call {
-	char *name;      /* NUL-terminated */
+	char *name; /* NUL-terminated */
 	char *arguments; /* JSON text of the arguments object, NUL-terminated */
 };
 
@@ -42,7 +42,7 @@ struct chat_delta {
 enum chat_out_mode {
 	CHAT_OUT_CONTENT = 0,
 	CHAT_OUT_REASONING,
-	CHAT_OUT_TOOL,         /* inside a tool call: collecting its text */
+	CHAT_OUT_TOOL, /* inside a tool call: collecting its text */
 	CHAT_OUT_TOOL_SECTION, /* DeepSeek: between calls inside <｜tool▁calls▁begin｜> … end */
 };
 
@@ -59,24 +59,24 @@ struct chat_out {
 	char *out_content, *out_reasoning; /* per-feed output, cap_out bytes each */
 	size_t cap_out;
 	/* the tool call being collected */
-	int glm_part;                        /* name / key / value / between (chat_out.c) */
-	struct chat_out_buf name, key, val;  /* GLM */
-	struct chat_out_buf ds;              /* DeepSeek: everything after the call-begin marker */
-	size_t ds_sep;                       /* DeepSeek: offset of the first separator, SIZE_MAX none */
-	struct chat_out_buf raw;             /* every byte of the call, markers included */
-	struct chat_out_buf fin;             /* finish() output */
-	json_t *args;                        /* GLM: arguments so far */
+	int glm_part; /* name / key / value / between (chat_out.c) */
+	struct chat_out_buf name, key, val; /* GLM */
+	struct chat_out_buf ds; /* DeepSeek: everything after the call-begin marker */
+	size_t ds_sep; /* DeepSeek: offset of the first separator, SIZE_MAX none */
+	struct chat_out_buf raw; /* every byte of the call, markers included */
+	struct chat_out_buf fin; /* finish() output */
+	json_t *args; /* GLM: arguments so far */
 	struct chat_tool_call done;
 	/* marker ids (-1 when the vocab lacks them) */
 	int32_t id_think, id_think_end;
 	int32_t id_call, id_call_end, id_key, id_key_end, id_val, id_val_end; /* GLM */
-	int32_t id_calls_begin, id_calls_end, id_sep;                          /* DeepSeek */
+	int32_t id_calls_begin, id_calls_end, id_sep; /* DeepSeek */
 };
 
 /* Starts parsing the answer to a prompt rendered with opts: generation starts inside the
  * reasoning when the prompt ended with `<think>` (GLM 5/5.2 and DeepSeek V3.1 with thinking on). */
 int chat_out_init(struct chat_out *o, const struct chat *c, const struct chat_opts *opts,
-		  struct errbuf *e) TD_MUST_CHECK;
+                  struct errbuf *e) TD_MUST_CHECK;
 int chat_out_feed(struct chat_out *o, int32_t id, struct chat_delta *d, struct errbuf *e) TD_MUST_CHECK;
 /* End of generation: flushes held-back bytes; an unfinished tool call is returned as content
  * text (it was not a valid call). */

@@ -11,22 +11,36 @@
 #include "common/tok/chat_out.h"
 
 static int n_fail, n_checks;
-#define CHECK(c, ...)                                                                           \
-	do {                                                                                    \
-		n_checks++;                                                                     \
-		if (!(c)) {                                                                     \
-			n_fail++;                                                               \
-			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #c);            \
-			fprintf(stderr, __VA_ARGS__);                                           \
-			fputc('\n', stderr);                                                    \
-		}                                                                               \
+#define CHECK(c, ...)                                                                                        \
+	do {                                                                                                 \
+		n_checks++;                                                                                  \
+		if (!(c)) {                                                                                  \
+			n_fail++;                                                                            \
+			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #c);                         \
+			fprintf(stderr, __VA_ARGS__);                                                        \
+			fputc('\n', stderr);                                                                 \
+		}                                                                                            \
 	} while (0)
 
-#define DS_EOS "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
-#define DS_CALLS_BEGIN "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "begin\xef\xbd\x9c>"
-#define DS_CALLS_END "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "end\xef\xbd\x9c>"
-#define DS_CALL_BEGIN "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "begin\xef\xbd\x9c>"
-#define DS_CALL_END "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "end\xef\xbd\x9c>"
+#define DS_EOS                                                                                               \
+	"<\xef\xbd\x9c"                                                                                      \
+	"end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
+#define DS_CALLS_BEGIN                                                                                       \
+	"<\xef\xbd\x9ctool\xe2\x96\x81"                                                                      \
+	"calls\xe2\x96\x81"                                                                                  \
+	"begin\xef\xbd\x9c>"
+#define DS_CALLS_END                                                                                         \
+	"<\xef\xbd\x9ctool\xe2\x96\x81"                                                                      \
+	"calls\xe2\x96\x81"                                                                                  \
+	"end\xef\xbd\x9c>"
+#define DS_CALL_BEGIN                                                                                        \
+	"<\xef\xbd\x9ctool\xe2\x96\x81"                                                                      \
+	"call\xe2\x96\x81"                                                                                   \
+	"begin\xef\xbd\x9c>"
+#define DS_CALL_END                                                                                          \
+	"<\xef\xbd\x9ctool\xe2\x96\x81"                                                                      \
+	"call\xe2\x96\x81"                                                                                   \
+	"end\xef\xbd\x9c>"
 #define DS_SEP "<\xef\xbd\x9ctool\xe2\x96\x81sep\xef\xbd\x9c>"
 
 struct collected {
@@ -61,7 +75,7 @@ static void run(const struct chat *c, const struct chat_opts *opts, const char *
 		if (rc)
 			break;
 		r->all_utf8 &= tok_utf8_check(d.content, d.content_len) == d.content_len &&
-			       tok_utf8_check(d.reasoning, d.reasoning_len) == d.reasoning_len;
+		               tok_utf8_check(d.reasoning, d.reasoning_len) == d.reasoning_len;
 		memcpy(r->content + r->n_content, d.content, d.content_len);
 		r->n_content += d.content_len;
 		memcpy(r->reasoning + r->n_reasoning, d.reasoning, d.reasoning_len);
@@ -80,10 +94,10 @@ static void run(const struct chat *c, const struct chat_opts *opts, const char *
 /* A GLM-like vocab: the 256 byte symbols and the GLM special tokens, tool markers included. */
 static struct tok *glm_vocab(void)
 {
-	static const char *const ctrl[] = {"<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>",
-					   "<|assistant|>", "<|observation|>"};
-	static const char *const user[] = {"<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>",
-					   "</arg_key>", "<arg_value>", "</arg_value>"};
+	static const char *const ctrl[] = {"<|endoftext|>", "[gMASK]",       "<sop>",          "<|system|>",
+	                                   "<|user|>",      "<|assistant|>", "<|observation|>"};
+	static const char *const user[] = {"<think>",   "</think>",   "<tool_call>", "</tool_call>",
+	                                   "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"};
 	enum { N = 256 + 7 + 8 };
 	static char bytes[256][3];
 	const char *toks[N];
@@ -115,12 +129,12 @@ static struct tok *glm_vocab(void)
 	}
 	struct gguf_writer *w = gguf_writer_create(32);
 	int rc = gguf_writer_set_str(w, "general.architecture", "glm-dsa") ||
-		 gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2") ||
-		 gguf_writer_set_str(w, "tokenizer.ggml.pre", "glm4") ||
-		 gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, N) ||
-		 gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_VT_I32, types, N) ||
-		 gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", NULL, 0) ||
-		 gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 256);
+	         gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2") ||
+	         gguf_writer_set_str(w, "tokenizer.ggml.pre", "glm4") ||
+	         gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, N) ||
+	         gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_VT_I32, types, N) ||
+	         gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", NULL, 0) ||
+	         gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 256);
 	char path[] = "/tmp/test_chat_out_XXXXXX";
 	int fd = mkstemp(path);
 	close(fd);
@@ -147,31 +161,37 @@ static void test_glm(void)
 	struct collected r;
 
 	run(&c, &o,
-	    "I should call the tool, \xe6\x80\x9d\xe8\x80\x83.</think>Let me check. \xf0\x9f\x8c\xa6<tool_call>get_weather"
-	    "<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key><arg_value>2</arg_value>"
-	    "<arg_key>opts</arg_key><arg_value>{\"metric\": true}</arg_value></tool_call><|observation|>ignored",
+	    "I should call the tool, \xe6\x80\x9d\xe8\x80\x83.</think>Let me check. "
+	    "\xf0\x9f\x8c\xa6<tool_call>get_weather"
+	    "<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key><arg_value>2</"
+	    "arg_value>"
+	    "<arg_key>opts</arg_key><arg_value>{\"metric\": "
+	    "true}</arg_value></tool_call><|observation|>ignored",
 	    &r);
-	CHECK(strcmp(r.reasoning, "I should call the tool, \xe6\x80\x9d\xe8\x80\x83.") == 0, "reasoning '%s'", r.reasoning);
+	CHECK(strcmp(r.reasoning, "I should call the tool, \xe6\x80\x9d\xe8\x80\x83.") == 0, "reasoning '%s'",
+	      r.reasoning);
 	CHECK(strcmp(r.content, "Let me check. \xf0\x9f\x8c\xa6") == 0, "content '%s'", r.content);
 	CHECK(r.n_calls == 1 && strcmp(r.names[0], "get_weather") == 0 &&
-		      strcmp(r.args[0], "{\"city\": \"Paris\", \"days\": 2, \"opts\": {\"metric\": true}}") == 0,
+	          strcmp(r.args[0], "{\"city\": \"Paris\", \"days\": 2, \"opts\": {\"metric\": true}}") == 0,
 	      "calls %d: %s %s", r.n_calls, r.names[0], r.args[0]);
 	CHECK(r.stopped && r.all_utf8, "stop %d utf8 %d", r.stopped, r.all_utf8);
 
 	/* thinking off: everything is content; two calls; a call without arguments */
 	o.enable_thinking = 0;
-	run(&c, &o, "Done.<tool_call>ping</tool_call><tool_call> list_files <arg_key>path</arg_key><arg_value>/tmp"
-		    "</arg_value></tool_call><|user|>", &r);
+	run(&c, &o,
+	    "Done.<tool_call>ping</tool_call><tool_call> list_files <arg_key>path</arg_key><arg_value>/tmp"
+	    "</arg_value></tool_call><|user|>",
+	    &r);
 	CHECK(strcmp(r.content, "Done.") == 0 && r.n_reasoning == 0, "content '%s'", r.content);
 	CHECK(r.n_calls == 2 && strcmp(r.names[0], "ping") == 0 && strcmp(r.args[0], "{}") == 0 &&
-		      strcmp(r.names[1], "list_files") == 0 && strcmp(r.args[1], "{\"path\": \"/tmp\"}") == 0,
+	          strcmp(r.names[1], "list_files") == 0 && strcmp(r.args[1], "{\"path\": \"/tmp\"}") == 0,
 	      "calls %d: %s %s / %s %s", r.n_calls, r.names[0], r.args[0], r.names[1], r.args[1]);
 	CHECK(r.stopped, "stop on <|user|>");
 
 	/* unfinished call and no stop: the call's text comes back as content at finish */
 	run(&c, &o, "Hi <tool_call>f<arg_key>x", &r);
-	CHECK(strcmp(r.content, "Hi <tool_call>f<arg_key>x") == 0 && r.n_calls == 0 && !r.stopped, "unfinished '%s'",
-	      r.content);
+	CHECK(strcmp(r.content, "Hi <tool_call>f<arg_key>x") == 0 && r.n_calls == 0 && !r.stopped,
+	      "unfinished '%s'", r.content);
 	/* control tokens that are no marker vanish from the text */
 	run(&c, &o, "a[gMASK]b<sop>c", &r);
 	CHECK(strcmp(r.content, "abc") == 0, "control dropped: '%s'", r.content);
@@ -196,21 +216,25 @@ static void test_deepseek(void)
 	struct collected r;
 	CHECK(chat_init(&c, t, CHAT_FMT_DEEPSEEK_V3, &e) == 0, "init: %s", e.msg);
 	run(&c, &o,
-	    "Sure." DS_CALLS_BEGIN DS_CALL_BEGIN "function" DS_SEP "get_weather\n```json\n{\"city\": \"Paris\"}\n```" DS_CALL_END
-	    "\n" DS_CALL_BEGIN "function" DS_SEP "ping\n```json\n{}\n```" DS_CALL_END DS_CALLS_END DS_EOS "after",
+	    "Sure." DS_CALLS_BEGIN DS_CALL_BEGIN "function" DS_SEP
+	    "get_weather\n```json\n{\"city\": \"Paris\"}\n```" DS_CALL_END "\n" DS_CALL_BEGIN
+	    "function" DS_SEP "ping\n```json\n{}\n```" DS_CALL_END DS_CALLS_END DS_EOS "after",
 	    &r);
 	CHECK(strcmp(r.content, "Sure.") == 0, "content '%s'", r.content);
-	CHECK(r.n_calls == 2 && strcmp(r.names[0], "get_weather") == 0 && strcmp(r.args[0], "{\"city\": \"Paris\"}") == 0 &&
-		      strcmp(r.names[1], "ping") == 0 && strcmp(r.args[1], "{}") == 0,
+	CHECK(r.n_calls == 2 && strcmp(r.names[0], "get_weather") == 0 &&
+	          strcmp(r.args[0], "{\"city\": \"Paris\"}") == 0 && strcmp(r.names[1], "ping") == 0 &&
+	          strcmp(r.args[1], "{}") == 0,
 	      "v3 calls %d: '%s' '%s' / '%s' '%s'", r.n_calls, r.names[0], r.args[0], r.names[1], r.args[1]);
 	CHECK(r.stopped && r.all_utf8, "v3 stop");
 
 	CHECK(chat_init(&c, t, CHAT_FMT_DEEPSEEK_V31, &e) == 0, "init: %s", e.msg);
 	run(&c, &o,
-	    "\xe5\xa5\xbd" DS_CALLS_BEGIN DS_CALL_BEGIN "get_weather" DS_SEP "{\"city\":\"Rome\"}" DS_CALL_END DS_CALLS_END DS_EOS,
+	    "\xe5\xa5\xbd" DS_CALLS_BEGIN DS_CALL_BEGIN "get_weather" DS_SEP
+	    "{\"city\":\"Rome\"}" DS_CALL_END DS_CALLS_END DS_EOS,
 	    &r);
-	CHECK(strcmp(r.content, "\xe5\xa5\xbd") == 0 && r.n_calls == 1 && strcmp(r.names[0], "get_weather") == 0 &&
-		      strcmp(r.args[0], "{\"city\":\"Rome\"}") == 0 && r.stopped,
+	CHECK(strcmp(r.content, "\xe5\xa5\xbd") == 0 && r.n_calls == 1 &&
+	          strcmp(r.names[0], "get_weather") == 0 && strcmp(r.args[0], "{\"city\":\"Rome\"}") == 0 &&
+	          r.stopped,
 	      "v3.1: '%s' %d '%s' '%s'", r.content, r.n_calls, r.names[0], r.args[0]);
 	tok_destroy(t);
 }
