@@ -12,25 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/tok/chat_internal.h"
 #include "common/tok/chat_out.h"
-
-#define DS_CALLS_BEGIN                                                                                       \
-	"<\xef\xbd\x9ctool\xe2\x96\x81"                                                                      \
-	"calls\xe2\x96\x81"                                                                                  \
-	"begin\xef\xbd\x9c>"
-#define DS_CALLS_END                                                                                         \
-	"<\xef\xbd\x9ctool\xe2\x96\x81"                                                                      \
-	"calls\xe2\x96\x81"                                                                                  \
-	"end\xef\xbd\x9c>"
-#define DS_CALL_BEGIN                                                                                        \
-	"<\xef\xbd\x9ctool\xe2\x96\x81"                                                                      \
-	"call\xe2\x96\x81"                                                                                   \
-	"begin\xef\xbd\x9c>"
-#define DS_CALL_END                                                                                          \
-	"<\xef\xbd\x9ctool\xe2\x96\x81"                                                                      \
-	"call\xe2\x96\x81"                                                                                   \
-	"end\xef\xbd\x9c>"
-#define DS_SEP "<\xef\xbd\x9ctool\xe2\x96\x81sep\xef\xbd\x9c>"
 
 enum { PART_NAME, PART_KEY, PART_VAL, PART_BETWEEN };
 
