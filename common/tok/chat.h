@@ -9,11 +9,19 @@
  *                   (`<think>…</think>`) after it; generation prompt `<|assistant|><think>` or,
  *                   with thinking off, `<|assistant|></think>`.
  *   "glm5.2"        GLM-5.2: adds the `<|system|>Reasoning Effort: Max|High|Low` turn and renders
- *                   hidden reasoning as `<think></think>`.
+ *                   hidden reasoning as `<think></think>`; with thinking off the generation prompt
+ *                   is `<|assistant|><think></think>` (inferred from that convention, not verified).
  *   "glm4"          GLM-4 chat: a newline after every role tag (`<|user|>\n…`), generation prompt
  *                   `<|assistant|>\n` (+ `<think>` with thinking on); the tiny test models use it.
- *   "deepseek-v3"   DeepSeek-V3 (2024-12 / 0324): BOS + system prompts, <｜User｜> / <｜Assistant｜>.
+ *   "deepseek-v3"   DeepSeek-V3 (2024-12 / 0324): BOS + system prompts, <｜User｜> / <｜Assistant｜>;
+ *                   tool calls / outputs as the template in deepseek-v3-vocab.gguf intends (its
+ *                   never-reset "first call/output" flags are reset per assistant turn / tool run).
  *   "deepseek-v3.1" DeepSeek-V3.1: as V3 with `<think>` / `</think>` thinking control.
+ *
+ * Unverified against real GGUFs (none is in tests/data): the exact GLM-5 template (MODEL-SPEC §8.1);
+ * detection keys on "[gMASK]<sop>" / "<|assistant|>"+"<|user|>" (GLM; "Reasoning Effort" -> 5.2;
+ * a role interpolated into the tag, "<|{{", plus "|>\n" -> glm4) and "<｜Assistant｜>" (DeepSeek;
+ * "</think>" or "thinking" -> V3.1).
  *
  * Special tokens only come from the template: in chat_encode, special-token text inside message
  * content is tokenized as plain text (no prompt injection of `<|user|>`), while the tokens the
