@@ -252,6 +252,12 @@ destroy:
 	return out;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
 static void test_forward(const char *paths[4], const char *mixes[4])
 {
 	float *lg[4] = {0};
@@ -272,35 +278,23 @@ static void test_forward(const char *paths[4], const char *mixes[4])
 		CHECK(hi - lo > 1.0 && hi < 1e3 && lo > -1e3, "%s: logits span [%g, %g]", mixes[i], lo, hi);
 		printf("%-5s logits in [%.2f, %.2f]\n", mixes[i], lo, hi);
 	}
-	/* mixes[0] is f32: the others quantize the same random values, so their logits must be close
-	 * where the computation is continuous: positions < 16 (the tiny indexer's top_k), where every
-	 * key is selected. Later positions may flip an indexer or router choice (printed only). The
-	 * bounds are about twice what was measured (bf16 0.13, q8_0 0.41, q4_k 5.9; cosine 0.9999,
-	 * 0.9997, 0.96). */
-	const double tol[4] = {0, 0.3, 0.8, 10.0}, min_cos[4] = {0, 0.999, 0.995, 0.85};
-	const int n_dense_pos = 16;
+	/* mixes[0] is f32: the others quantize the same random values, so their logits must be close.
+	 * A tiny change can flip a discrete choice (an MoE router's top-2 of 4 experts, an indexer
+	 * top-k) at some positions, which changes that position's logits a lot; so the check is on
+	 * the median position: its max |d| and its cosine. Measured over seeds 1..7: bf16 0.08-0.23,
+	 * q8_0 0.28-0.46, q4_k 3.3-4.5; cosine >= 0.99986, 0.99916, 0.92. Bounds leave about 2x. */
+	const double tol[4] = {0, 0.5, 1.0, 8.0}, min_cos[4] = {0, 0.9995, 0.997, 0.85};
 	for (int i = 1; i < 4 && lg[0]; i++) {
 		if (!lg[i])
 			continue;
-		double d = 0, dot = 0, n0 = 0, n1 = 0, d_late = 0;
+		double dmax[N_TOK], cosv[N_TOK], worst = 0;
 		int argmax_same = 0;
 		for (int t = 0; t < N_TOK; t++) {
-			if (t >= n_dense_pos) {
-				for (int64_t v = 0; v < V; v++)
-					d_late = fmax(d_late, fabs((double)lg[0][(size_t)t * V + v] - lg[i][(size_t)t * V + v]));
-				continue;
-			}
-			if (getenv("MK_DEBUG")) {
-				double m = 0;
-				for (int64_t v = 0; v < V; v++)
-					m = fmax(m, fabs((double)lg[0][(size_t)t * V + v] - lg[i][(size_t)t * V + v]));
-				printf("  %s pos %d max|d| %.4f\n", mixes[i], t, m);
-			}
 			const float *a = lg[0] + (size_t)t * V, *b = lg[i] + (size_t)t * V;
+			double d = 0, dot = 0, n0 = 0, n1 = 0;
 			int64_t ia = 0, ib = 0;
 			for (int64_t v = 0; v < V; v++) {
-				double x = fabs((double)a[v] - b[v]);
-				d = x > d ? x : d;
+				d = fmax(d, fabs((double)a[v] - b[v]));
 				dot += (double)a[v] * b[v];
 				n0 += (double)a[v] * a[v];
 				n1 += (double)b[v] * b[v];
@@ -308,13 +302,18 @@ static void test_forward(const char *paths[4], const char *mixes[4])
 				ib = b[v] > b[ib] ? v : ib;
 			}
 			argmax_same += ia == ib;
+			dmax[t] = d;
+			cosv[t] = dot / sqrt(n0 * n1);
+			worst = fmax(worst, d);
 		}
-		double cosine = dot / sqrt(n0 * n1);
-		printf("%-5s vs f32, positions < %d: max|d| = %.4f, cosine %.6f, argmax agrees at %d/%d; later positions "
-		       "max|d| = %.3f\n",
-		       mixes[i], n_dense_pos, d, cosine, argmax_same, n_dense_pos, d_late);
-		CHECK(d < tol[i], "%s vs f32: max|d| %g over %g", mixes[i], d, tol[i]);
-		CHECK(cosine > min_cos[i], "%s vs f32: cosine %g below %g", mixes[i], cosine, min_cos[i]);
+		qsort(dmax, N_TOK, sizeof(double), cmp_double);
+		qsort(cosv, N_TOK, sizeof(double), cmp_double);
+		double med_d = dmax[N_TOK / 2], med_cos = cosv[N_TOK / 2];
+		printf("%-5s vs f32: median position max|d| = %.4f, median cosine %.6f, worst position max|d| = %.3f, "
+		       "argmax agrees at %d/%d\n",
+		       mixes[i], med_d, med_cos, worst, argmax_same, N_TOK);
+		CHECK(med_d < tol[i], "%s vs f32: median max|d| %g over %g", mixes[i], med_d, tol[i]);
+		CHECK(med_cos > min_cos[i], "%s vs f32: median cosine %g below %g", mixes[i], med_cos, min_cos[i]);
 	}
 	for (int i = 0; i < 4; i++)
 		free(lg[i]);
