@@ -1,6 +1,6 @@
 /* Y = X W^T on the CPU for every weight type: kcpu_matmul, threaded over output rows.
  *
- * Few tokens (decode): each thread takes a contiguous range of rows and computes fused
+ * One token (decode; up to 3 for float types): each thread takes a contiguous range of rows and computes fused
  * dequant-dots (kcpu_dot_row) per row and token; the row is read from memory once and stays in
  * L1 for the other tokens. This is memory-bound, so nothing is dequantized to memory.
  *
@@ -16,7 +16,11 @@
 
 #include "kernels/cpu/quant_impl.h"
 
-#define SMALL_TOK 4  /* below this many tokens: fused dots */
+/* Below this many tokens the fused dots win: for quantized types (whose dequantization costs
+ * about as much as a fused dot) only a single token; float types' dots are cheap enough to
+ * repeat for up to 3 tokens (measured with Q4_K/Q8_0/Q6_K/BF16 at 2048 x 6144, 2026-11-29). */
+#define SMALL_TOK_QUANT 2
+#define SMALL_TOK_FLOAT 4
 #define TB 64        /* tokens per block */
 #define KB 1024      /* elements per k block */
 #define RG 4         /* rows per group (kernel height) */
@@ -137,7 +141,8 @@ void kcpu_matmul(struct kpool *p, const struct kweight *w, const float *x, int64
 
 	if (n_tok <= 0 || w->n_out <= 0)
 		return;
-	if (n_tok < SMALL_TOK) {
+	bool is_float = w->type == KT_F32 || w->type == KT_F16 || w->type == KT_BF16;
+	if (n_tok < (is_float ? SMALL_TOK_FLOAT : SMALL_TOK_QUANT)) {
 		/* about 64 KiB of weights per chunk so small matrices stay on one thread */
 		int64_t grain = (int64_t)(65536 / (w->row_bytes ? w->row_bytes : 1));
 		kpool_for(p, w->n_out, grain < 1 ? 1 : grain, rows_dot, &m);

@@ -562,6 +562,76 @@ static void q4_k_dequant(const void *src, float *dst, int64_t n)
 	}
 }
 
+static void q2_k_dequant(const void *src, float *dst, int64_t n)
+{
+	const uint8_t *b = src;
+
+	for (int64_t i = 0; i < n / QK_K; i++, b += 84) {
+		float d = quant_fp16(b + 80), min = quant_fp16(b + 82);
+		for (int c = 0; c < 2; c++) {
+			__m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
+			for (int j = 0; j < 4; j++, dst += 32) {
+				__m256i q = crumbs(v, j);
+				int s0 = b[8 * c + 2 * j], s1 = b[8 * c + 2 * j + 1];
+				quant_store16_i8(lo128(q), dst, _mm256_set1_ps(d * (float)(s0 & 15)),
+						 _mm256_set1_ps(min * (float)(s0 >> 4)), true);
+				quant_store16_i8(hi128(q), dst + 16, _mm256_set1_ps(d * (float)(s1 & 15)),
+						 _mm256_set1_ps(min * (float)(s1 >> 4)), true);
+			}
+		}
+	}
+}
+
+static void q3_k_dequant(const void *src, float *dst, int64_t n)
+{
+	const uint8_t *b = src;
+	int s[16];
+
+	for (int64_t i = 0; i < n / QK_K; i++, b += 110) {
+		float d = quant_fp16(b + 108);
+		__m256i hm = _mm256_loadu_si256((const __m256i *)b);
+		q3_k_scales(b + 96, s);
+		for (int c = 0; c < 2; c++) {
+			__m256i v = _mm256_loadu_si256((const __m256i *)(b + 32 + 32 * c));
+			for (int j = 0; j < 4; j++, dst += 32) {
+				__m256i q = q3_vals(v, hm, c, j);
+				__m256 d0 = _mm256_set1_ps(d * (float)s[8 * c + 2 * j]);
+				__m256 d1 = _mm256_set1_ps(d * (float)s[8 * c + 2 * j + 1]);
+				quant_store16_i8(lo128(q), dst, d0, d0, false);
+				quant_store16_i8(hi128(q), dst + 16, d1, d1, false);
+			}
+		}
+	}
+}
+
+static void q5_k_dequant(const void *src, float *dst, int64_t n)
+{
+	const uint8_t *b = src;
+	const __m256i m4 = _mm256_set1_epi8(15), b16 = _mm256_set1_epi8(16);
+
+	for (int64_t i = 0; i < n / QK_K; i++, b += 176) {
+		float d = quant_fp16(b), min = quant_fp16(b + 2);
+		__m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+		for (int c = 0; c < 4; c++, dst += 64) {
+			__m256i v = _mm256_loadu_si256((const __m256i *)(b + 48 + 32 * c));
+			__m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+			__m256i u1 = _mm256_set1_epi8((char)(1 << (2 * c)));
+			__m256i u2 = _mm256_set1_epi8((char)(2 << (2 * c)));
+			lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, u1), u1), b16));
+			hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, u2), u2), b16));
+			int sc, m;
+			scale_min_k4(2 * c, b + 4, &sc, &m);
+			__m256 d1 = _mm256_set1_ps(d * (float)sc), m1 = _mm256_set1_ps(min * (float)m);
+			quant_store16_i8(lo128(lo), dst, d1, m1, true);
+			quant_store16_i8(hi128(lo), dst + 16, d1, m1, true);
+			scale_min_k4(2 * c + 1, b + 4, &sc, &m);
+			__m256 d2 = _mm256_set1_ps(d * (float)sc), m2 = _mm256_set1_ps(min * (float)m);
+			quant_store16_i8(lo128(hi), dst + 32, d2, m2, true);
+			quant_store16_i8(hi128(hi), dst + 48, d2, m2, true);
+		}
+	}
+}
+
 static void q6_k_dequant(const void *src, float *dst, int64_t n)
 {
 	const uint8_t *b = src;
@@ -590,15 +660,21 @@ static void q6_k_dequant(const void *src, float *dst, int64_t n)
 #define SIMD(f) NULL
 #endif
 
-const struct quant_ops quant_ops_q2_k = {.dequant_ref = q2_k_dequant_ref, .dot = SIMD(q2_k_dot),
+const struct quant_ops quant_ops_q2_k = {.dequant_ref = q2_k_dequant_ref,
+					 .dequant = SIMD(q2_k_dequant),
+					 .dot = SIMD(q2_k_dot),
 					 .quantize = q2_k_quantize};
-const struct quant_ops quant_ops_q3_k = {.dequant_ref = q3_k_dequant_ref, .dot = SIMD(q3_k_dot),
+const struct quant_ops quant_ops_q3_k = {.dequant_ref = q3_k_dequant_ref,
+					 .dequant = SIMD(q3_k_dequant),
+					 .dot = SIMD(q3_k_dot),
 					 .quantize = q3_k_quantize};
 const struct quant_ops quant_ops_q4_k = {.dequant_ref = q4_k_dequant_ref,
 					 .dequant = SIMD(q4_k_dequant),
 					 .dot = SIMD(q4_k_dot),
 					 .quantize = q4_k_quantize};
-const struct quant_ops quant_ops_q5_k = {.dequant_ref = q5_k_dequant_ref, .dot = SIMD(q5_k_dot),
+const struct quant_ops quant_ops_q5_k = {.dequant_ref = q5_k_dequant_ref,
+					 .dequant = SIMD(q5_k_dequant),
+					 .dot = SIMD(q5_k_dot),
 					 .quantize = q5_k_quantize};
 const struct quant_ops quant_ops_q6_k = {.dequant_ref = q6_k_dequant_ref,
 					 .dequant = SIMD(q6_k_dequant),
