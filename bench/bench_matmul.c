@@ -5,7 +5,8 @@
  *
  * GEMV is timed over enough copies of the weight matrix (>= --cold-mib MiB in total, default
  * 1024) that each call reads from DRAM, as a real model's weights do; GEMM reuses one copy (it is
- * compute-bound). Usage: bench_matmul [--types Q4_K,Q8_0,...] [--threads 2] [--cold-mib N]
+ * compute-bound). The last two columns are the approximate int8-activation path
+ * (kcpu_matmul_fast) where the type has one. Usage: bench_matmul [--types Q4_K,Q8_0,...] [--threads 2] [--cold-mib N]
  * [--tok N] [--quick] */
 #include <immintrin.h>
 #include <inttypes.h>
@@ -91,7 +92,45 @@ static float gauss(void)
 
 struct result {
 	double gemv_gbs, gemv_us, gemm_gflops, gemm_tok_s;
+	double fast_gemv_gbs, fast_gemm_gflops; /* 0: no fast path for the type */
 };
+
+typedef void (*matmul_fn)(struct kpool *, const struct kweight *, const float *, int64_t, int64_t,
+			  float *, int64_t);
+
+/* GEMV over rotating copies: returns seconds per call */
+static double time_gemv(matmul_fn f, struct kpool *p, struct kweight *kw, const uint8_t *w, size_t wbytes,
+			int copies, const float *x, float *y, double min_time)
+{
+	int calls = 0;
+	double t0, dt;
+
+	kw->data = w;
+	f(p, kw, x, kw->n_in, 1, y, kw->n_out);
+	t0 = now_s();
+	do {
+		kw->data = w + (size_t)(calls % copies) * wbytes;
+		f(p, kw, x, kw->n_in, 1, y, kw->n_out);
+		calls++;
+	} while ((dt = now_s() - t0) < min_time || calls < copies);
+	return dt / calls;
+}
+
+static double time_gemm(matmul_fn f, struct kpool *p, struct kweight *kw, const uint8_t *w, int n_tok,
+			const float *x, float *y, double min_time)
+{
+	int calls = 0;
+	double t0, dt;
+
+	kw->data = w;
+	f(p, kw, x, kw->n_in, n_tok, y, kw->n_out);
+	t0 = now_s();
+	do {
+		f(p, kw, x, kw->n_in, n_tok, y, kw->n_out);
+		calls++;
+	} while ((dt = now_s() - t0) < min_time);
+	return dt / calls;
+}
 
 static void bench_one(struct kpool *p, int type, struct shape sh, size_t cold_bytes, int n_tok,
 		      double min_time, struct result *res)
@@ -117,31 +156,20 @@ static void bench_one(struct kpool *p, int type, struct shape sh, size_t cold_by
 		x[i] = gauss();
 
 	struct kweight kw = {.type = type, .n_in = sh.n_in, .n_out = sh.n_out, .row_bytes = rb};
-	/* GEMV over rotating copies */
-	int calls = 0;
-	kw.data = w;
-	kcpu_matmul(p, &kw, x, sh.n_in, 1, y, sh.n_out);
-	double t0 = now_s(), dt;
-	do {
-		kw.data = w + (size_t)(calls % copies) * wbytes;
-		kcpu_matmul(p, &kw, x, sh.n_in, 1, y, sh.n_out);
-		calls++;
-	} while ((dt = now_s() - t0) < min_time || calls < copies);
-	res->gemv_gbs = (double)wbytes * calls / dt / 1e9;
-	res->gemv_us = 1e6 * dt / calls;
-
-	/* GEMM, one copy */
-	kw.data = w;
-	calls = 0;
-	kcpu_matmul(p, &kw, x, sh.n_in, n_tok, y, sh.n_out);
-	t0 = now_s();
-	do {
-		kcpu_matmul(p, &kw, x, sh.n_in, n_tok, y, sh.n_out);
-		calls++;
-	} while ((dt = now_s() - t0) < min_time);
-	double per = dt / calls;
-	res->gemm_gflops = 2.0 * (double)sh.n_in * (double)sh.n_out * n_tok / per / 1e9;
+	double flops = 2.0 * (double)sh.n_in * (double)sh.n_out * n_tok;
+	double per = time_gemv(kcpu_matmul, p, &kw, w, wbytes, copies, x, y, min_time);
+	res->gemv_gbs = (double)wbytes / per / 1e9;
+	res->gemv_us = 1e6 * per;
+	per = time_gemm(kcpu_matmul, p, &kw, w, n_tok, x, y, min_time);
+	res->gemm_gflops = flops / per / 1e9;
 	res->gemm_tok_s = n_tok / per;
+	res->fast_gemv_gbs = res->fast_gemm_gflops = 0.0;
+	if (kcpu_matmul_fast_supported(type)) {
+		per = time_gemv(kcpu_matmul_fast, p, &kw, w, wbytes, copies, x, y, min_time);
+		res->fast_gemv_gbs = (double)wbytes / per / 1e9;
+		per = time_gemm(kcpu_matmul_fast, p, &kw, w, n_tok, x, y, min_time);
+		res->fast_gemm_gflops = flops / per / 1e9;
+	}
 	free(w);
 	free(row);
 	free(x);
@@ -202,16 +230,21 @@ int main(int argc, char **argv)
 		double ovh = 1e6 * (now_s() - t0) / iters;
 		printf("\n## %d thread(s): read bandwidth %.1f GB/s (AVX2 sum over 1 GiB, best of 5); kpool_for overhead %.2f us\n\n",
 		       nt, bw, ovh);
-		printf("| type | shape (n_in x n_out) | GEMV GB/s | GEMV %% of read BW | GEMV us | GEMM%d GFLOP/s | GEMM%d tok/s |\n",
-		       n_tok, n_tok);
-		printf("|---|---|---|---|---|---|---|\n");
+		printf("| type | shape (n_in x n_out) | GEMV GB/s | GEMV %% of read BW | GEMV us | GEMM%d GFLOP/s | GEMM%d tok/s | fast GEMV GB/s | fast GEMM%d GFLOP/s |\n",
+		       n_tok, n_tok, n_tok);
+		printf("|---|---|---|---|---|---|---|---|---|\n");
 		for (int ti = 0; ti < n_types; ti++) {
 			for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
 				struct result r;
 				bench_one(p, types[ti], shapes[si], cold_mib << 20, n_tok, min_time, &r);
-				printf("| %s | %" PRId64 " x %" PRId64 " | %.1f | %.0f%% | %.0f | %.1f | %.0f |\n",
+				char fg[32] = "-", fm[32] = "-";
+				if (r.fast_gemv_gbs > 0) {
+					snprintf(fg, sizeof fg, "%.1f", r.fast_gemv_gbs);
+					snprintf(fm, sizeof fm, "%.1f", r.fast_gemm_gflops);
+				}
+				printf("| %s | %" PRId64 " x %" PRId64 " | %.1f | %.0f%% | %.0f | %.1f | %.0f | %s | %s |\n",
 				       ktype_name(types[ti]), shapes[si].n_in, shapes[si].n_out, r.gemv_gbs,
-				       100.0 * r.gemv_gbs / bw, r.gemv_us, r.gemm_gflops, r.gemm_tok_s);
+				       100.0 * r.gemv_gbs / bw, r.gemv_us, r.gemm_gflops, r.gemm_tok_s, fg, fm);
 				fflush(stdout);
 			}
 		}
