@@ -98,38 +98,43 @@ struct result {
 typedef void (*matmul_fn)(struct kpool *, const struct kweight *, const float *, int64_t, int64_t,
 			  float *, int64_t);
 
-/* GEMV over rotating copies: returns seconds per call */
+/* Both timers return the fastest single call: this machine is shared (2 cores, several agents),
+ * and the fastest call is the one that ran without being descheduled. */
+
+/* GEMV over rotating copies (each call reads its weights from DRAM) */
 static double time_gemv(matmul_fn f, struct kpool *p, struct kweight *kw, const uint8_t *w, size_t wbytes,
 			int copies, const float *x, float *y, double min_time)
 {
 	int calls = 0;
-	double t0, dt;
+	double t0 = now_s(), best = 1e30;
 
 	kw->data = w;
 	f(p, kw, x, kw->n_in, 1, y, kw->n_out);
-	t0 = now_s();
 	do {
 		kw->data = w + (size_t)(calls % copies) * wbytes;
+		double t = now_s();
 		f(p, kw, x, kw->n_in, 1, y, kw->n_out);
+		t = now_s() - t;
+		best = t < best ? t : best;
 		calls++;
-	} while ((dt = now_s() - t0) < min_time || calls < copies);
-	return dt / calls;
+	} while (now_s() - t0 < min_time || calls < copies);
+	return best;
 }
 
 static double time_gemm(matmul_fn f, struct kpool *p, struct kweight *kw, const uint8_t *w, int n_tok,
 			const float *x, float *y, double min_time)
 {
-	int calls = 0;
-	double t0, dt;
+	double t0 = now_s(), best = 1e30;
 
 	kw->data = w;
 	f(p, kw, x, kw->n_in, n_tok, y, kw->n_out);
-	t0 = now_s();
 	do {
+		double t = now_s();
 		f(p, kw, x, kw->n_in, n_tok, y, kw->n_out);
-		calls++;
-	} while ((dt = now_s() - t0) < min_time);
-	return dt / calls;
+		t = now_s() - t;
+		best = t < best ? t : best;
+	} while (now_s() - t0 < min_time);
+	return best;
 }
 
 static void bench_one(struct kpool *p, int type, struct shape sh, size_t cold_bytes, int n_tok,
@@ -216,19 +221,23 @@ int main(int argc, char **argv)
 	free(list);
 
 	static const struct shape shapes[] = {{2048, 6144}, {6144, 2048}};
-	printf("# bench_matmul: GEMV n_tok=1 over >= %zu MiB of weight copies (DRAM), GEMM n_tok=%d (one copy)\n",
+	printf("# bench_matmul: GEMV n_tok=1 over >= %zu MiB of weight copies (DRAM), GEMM n_tok=%d (one copy); fastest call\n",
 	       cold_mib, n_tok);
 	for (int nt = 1; nt <= max_threads; nt++) {
 		struct kpool *p = kpool_create(nt);
-		double bw = read_bandwidth(p, (size_t)1 << 30, 5);
+		double bw = read_bandwidth(p, (size_t)1 << 30, 8);
 		for (int k = 0; k < 1000; k++)
 			kpool_for(p, 64, 1, noop_cb, NULL);
-		int iters = 100000;
-		double t0 = now_s();
-		for (int k = 0; k < iters; k++)
-			kpool_for(p, 64, 1, noop_cb, NULL);
-		double ovh = 1e6 * (now_s() - t0) / iters;
-		printf("\n## %d thread(s): read bandwidth %.1f GB/s (AVX2 sum over 1 GiB, best of 5); kpool_for overhead %.2f us\n\n",
+		/* best of 20 rounds of 5000 calls */
+		double ovh = 1e30;
+		for (int round = 0; round < 20; round++) {
+			double t0 = now_s();
+			for (int k = 0; k < 5000; k++)
+				kpool_for(p, 64, 1, noop_cb, NULL);
+			double o = 1e6 * (now_s() - t0) / 5000;
+			ovh = o < ovh ? o : ovh;
+		}
+		printf("\n## %d thread(s): read bandwidth %.1f GB/s (AVX2 sum over 1 GiB, best of 8); kpool_for overhead %.2f us\n\n",
 		       nt, bw, ovh);
 		printf("| type | shape (n_in x n_out) | GEMV GB/s | GEMV %% of read BW | GEMV us | GEMM%d GFLOP/s | GEMM%d tok/s | fast GEMV GB/s | fast GEMM%d GFLOP/s |\n",
 		       n_tok, n_tok, n_tok);

@@ -12,9 +12,9 @@
  *       tokens of the block, accumulating into Y (first k block stores).
  * The sums are fp32; their order differs from kcpu_dot_row (k blocks), within fp32 rounding.
  *
- * kcpu_matmul_fast (opt-in, approximate): quantizes each token's activations once to int8 blocks
- * of 32 (quant_act.c), then integer dots per row and token, threaded over rows like the fused
- * path. */
+ * kcpu_matmul_fast (opt-in, approximate): for fewer than FAST_TOK_MAX tokens, quantizes each
+ * token's activations once to int8 blocks of 32 (quant_act.c), then integer dots per row and
+ * token, threaded over rows like the fused path; more tokens use the exact tiled path. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -28,6 +28,7 @@
 #define TB 64        /* tokens per block */
 #define KB 1024      /* elements per k block */
 #define RG 4         /* rows per group (kernel height) */
+#define FAST_TOK_MAX 4 /* kcpu_matmul_fast: integer dots below this many tokens */
 
 struct mm {
 	const struct kweight *w;
@@ -189,7 +190,9 @@ void kcpu_matmul_fast(struct kpool *p, const struct kweight *w, const float *x, 
 	if (n_tok <= 0 || w->n_out <= 0)
 		return;
 	struct quant_xq8 *xq = NULL;
-	if (quant_has_xq8(w->type) && w->n_in % 256 == 0)
+	/* from FAST_TOK_MAX tokens on, the fp32 tiles of kcpu_matmul (register-blocked over rows and
+	 * tokens) beat per-token integer dots (bench_matmul, 2026-11-29) */
+	if (quant_has_xq8(w->type) && w->n_in % 256 == 0 && n_tok < FAST_TOK_MAX)
 		xq = kpool_scratch(p, kpool_n_threads(p),
 				   sizeof(struct quant_xq8) * (size_t)(w->n_in / 32) * (size_t)n_tok);
 	if (!xq) {
