@@ -133,6 +133,76 @@ void kcpu_matmul_fast(struct kpool *p, const struct kweight *w, const float *x, 
 		      int64_t n_tok, float *y, int64_t ldy);
 bool kcpu_matmul_fast_supported(int type); /* true if kcpu_matmul_fast has integer dots for it */
 
+/* ---- model ops (kernels/cpu, one per file; branch `model`) ---------------------------------------
+ * Row ops take row strides in floats; y may alias x where noted in the op's file. */
+/* y = w * x / sqrt(mean(x^2) + eps) per row (rmsnorm.c) */
+void kcpu_rmsnorm(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int64_t n, int64_t n_rows,
+		  float eps);
+/* y = (x - mean) / sqrt(var + eps) * w + b per row (layernorm.c) */
+void kcpu_layernorm(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, const float *b, int64_t n,
+		    int64_t n_rows, float eps);
+/* RoPE (rope.c). inv_freq[R/2] from theta (YaRN blend if yarn_factor > 1); cs[R] = cos[R/2] then
+ * sin[R/2] of one position; kcpu_rope rotates x[R] in place, pairing 0 = interleaved, 1 = half-split. */
+void kcpu_rope_freqs(float *inv_freq, int64_t R, float theta, float yarn_factor, int64_t yarn_orig_ctx,
+		     float beta_fast, float beta_slow);
+void kcpu_rope_cs(const float *inv_freq, int64_t half, int64_t pos, float *cs);
+void kcpu_rope(float *x, int64_t R, const float *cs, int pairing);
+/* y = SiLU(gate) * up (swiglu.c) */
+void kcpu_swiglu(float *y, const float *gate, const float *up, int64_t n);
+/* dot of fp32 a with a KV-cache row (fp32 or bf16) (mla_attn.c) */
+float kcpu_kv_dot(const float *a, const void *row, int bf16, int64_t n);
+/* one MLA head, absorbed form: q[C+R], keys[t] -> C+R cache values; out[C] = softmax-weighted
+ * sum of the keys' c parts; scores: n_keys scratch (mla_attn.c) */
+void kcpu_mla_attn_head(const float *q, int64_t C, int64_t R, const void *const *keys, int n_keys, int key_bf16,
+			float scale, float *scores, float *out);
+/* DSA indexer scores of one query: scores[t] = sum_h w[h] * ReLU(scale * q_h . k_t) (indexer.c) */
+void kcpu_indexer_scores(const float *q, const float *w, int64_t HI, int64_t DI, const void *const *keys, int n_keys,
+			 int key_bf16, float scale, float *scores);
+/* indices of the k best scores (score desc, index asc), returned ascending; returns min(k, n) (topk.c) */
+int kcpu_topk(const float *scores, int n, int k, int32_t *out);
+/* MoE routing of one token; scratch 2*E floats (moe_route.c) */
+void kcpu_moe_route(const float *logits, const float *bias, int E, int k, int n_group, int n_group_used, int gating,
+		    bool norm, float scale, int32_t *ids, float *weights, float *scratch);
+
+/* ---- CUDA ops (kernels/cuda/, one per file; branch `cuda`) -------------------------------------
+ * Declared only where CUDA is built (TANDEM_CUDA=1 from the Makefile, or nvcc itself), so the C code
+ * compiles without it. Same arguments as the CPU op plus a context (stream, cuBLAS handle,
+ * workspace); every pointer named *_dev or passed to an op is device memory. Ops are asynchronous on
+ * the context's stream; kcuda_sync waits and reports errors. Return 0 or a negative code
+ * (ERR_CUDA, -EINVAL, ERR_UNSUPPORTED, ERR_LIMIT). Invariant violations inside CUDA calls abort with
+ * file:line (sticky CUDA errors leave the context unusable). */
+#if defined(TANDEM_CUDA) || defined(__CUDACC__)
+struct kcuda_ctx;
+int kcuda_device_count(void); /* 0 when there is no usable GPU (no driver, no device) */
+/* ws_bytes: workspace for the prefill GEMM's dequantized weight tiles (0 = 256 MiB). */
+int kcuda_ctx_create(int device, size_t ws_bytes, struct kcuda_ctx **out);
+void kcuda_ctx_destroy(struct kcuda_ctx *c);
+void *kcuda_ctx_stream(struct kcuda_ctx *c); /* the cudaStream_t */
+int kcuda_sync(struct kcuda_ctx *c);
+int kcuda_alloc(size_t bytes, void **out);
+void kcuda_free(void *p);
+int kcuda_upload(struct kcuda_ctx *c, void *dst_dev, const void *src, size_t bytes);   /* synchronous */
+int kcuda_download(struct kcuda_ctx *c, void *dst, const void *src_dev, size_t bytes); /* synchronous */
+int kcuda_memset(struct kcuda_ctx *c, void *dst_dev, int byte, size_t bytes);
+/* Copies a host weight (GGUF block layout) to the device. The device copy keeps the GGUF layout
+ * (row r at data + r * row_bytes) and is padded by 16 bytes so the kernels' word loads of
+ * 2-byte-aligned blocks stay inside the allocation. dev->data is owned by dev: kcuda_weight_free. */
+int kcuda_weight_upload(struct kcuda_ctx *c, const struct kweight *host, struct kweight *dev);
+void kcuda_weight_free(struct kweight *dev);
+
+/* Y[t][r] = dot(W row r, X[t]) as kcpu_matmul, W on the device (kcuda_weight_upload). n_tok <= 8
+ * runs the weight-streaming GEMV (fp32 dequantize + fp32 accumulate); larger n_tok dequantizes W to
+ * bf16 tiles in the workspace and multiplies with X rounded to bf16 on tensor cores (fp32
+ * accumulate). kcuda_matmul_path forces one of the two (tests, benchmarks). */
+enum kcuda_mm_path { KCUDA_MM_AUTO = 0, KCUDA_MM_GEMV = 1, KCUDA_MM_GEMM = 2 };
+int kcuda_matmul(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok,
+		 float *y, int64_t ldy);
+int kcuda_matmul_path(struct kcuda_ctx *c, enum kcuda_mm_path path, const struct kweight *w, const float *x,
+		      int64_t ldx, int64_t n_tok, float *y, int64_t ldy);
+/* Dequantizes rows [r0, r0 + n_rows) of W to bf16 (row-major, n_in per row) (prefill GEMM, tests). */
+int kcuda_dequant_bf16(struct kcuda_ctx *c, const struct kweight *w, int64_t r0, int64_t n_rows, uint16_t *dst_dev);
+#endif
+
 #ifdef __cplusplus
 }
 #endif
