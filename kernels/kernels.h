@@ -104,9 +104,11 @@ void kpool_for(struct kpool *p, int64_t n, int64_t grain, kpool_fn fn, void *use
  * no two concurrent calls of fn get the same one, so per-thread scratch can be indexed by it; fn
  * must not call kpool_for on the same pool; one caller thread per pool at a time. */
 /* Per-thread scratch memory of at least `bytes` (64-byte aligned), owned by the pool and kept
- * between calls (grown on demand, so steady state allocates nothing); NULL if allocation fails.
- * With p == NULL it is a buffer of the calling thread. Valid until the next call with the same
- * (p, thread) or kpool_destroy. */
+ * between calls (grown on demand, so steady state allocates nothing); NULL if allocation fails
+ * or thread is out of range. thread in [0, n_threads) inside a kpool_for callback; thread ==
+ * n_threads is one more buffer for the pool's caller outside callbacks. With p == NULL: buffers
+ * of the calling thread (n_threads = 1). Valid until the next call with the same (p, thread) or
+ * kpool_destroy. */
 void *kpool_scratch(struct kpool *p, int thread, size_t bytes);
 
 /* ---- matrix products (kernels/cpu/matmul.c) ------------------------------------------------------ */
@@ -122,6 +124,14 @@ struct kweight {
  * floats), Y is n_tok x n_out (row stride ldy floats). Threaded over rows. */
 void kcpu_matmul(struct kpool *p, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok,
 		 float *y, int64_t ldy);
+/* Approximate fast path, same arguments (opt-in; the reference path never uses it): activations
+ * are quantized to int8 per 32 elements (scale max|x|/127) and multiplied with integer dots
+ * (AVX2 maddubs) for Q8_0, Q4_K, Q5_K and Q6_K weights; about 0.3% relative error per dot (see
+ * test_matmul). Other types, n_in not a multiple of 256, 4 or more tokens (where the exact
+ * tiled path is faster) and builds without AVX2 use kcpu_matmul. Uses the pool's caller scratch (kpool_scratch(p, kpool_n_threads(p), ...)). */
+void kcpu_matmul_fast(struct kpool *p, const struct kweight *w, const float *x, int64_t ldx,
+		      int64_t n_tok, float *y, int64_t ldy);
+bool kcpu_matmul_fast_supported(int type); /* true if kcpu_matmul_fast has integer dots for it */
 
 /* ---- model ops (kernels/cpu, one per file; branch `model`) ---------------------------------------
  * Row ops take row strides in floats; y may alias x where noted in the op's file. */

@@ -1,7 +1,13 @@
 /* Architecture tables: reads the hyperparameters of glm-dsa / deepseek2 / deepseek32 from the
  * GGUF metadata (MODEL-SPEC.md §4.2) and checks every tensor's exact name, shape and type against
  * what the architecture needs (§4.3). The loader refuses a file with any problem; `tandem inspect`
- * lists all of them through model_arch_check(). */
+ * lists all of them through model_arch_check().
+ *
+ * Unknown tensor names are a WARNING by default (an error with model_opts.strict): published files
+ * carry tensors we legitimately do not use (MTP/nextn layers, indexer tensors duplicated onto
+ * "shared" layers, future additions), and refusing them would block real files; every tensor we DO
+ * use is matched by its exact name and checked for shape and type, so a misnamed or missing one is
+ * still an error. nextn layers and duplicated indexer tensors are not even warned about. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
