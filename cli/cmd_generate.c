@@ -49,6 +49,7 @@ static int parse(int argc, char **argv, struct gen_args *a)
 	memset(a, 0, sizeof(*a));
 	a->n = -1;
 	sample_params_default(&a->sp);
+	a->sp.no_logprob = true; /* the CLI prints no logprobs */
 	model_opts_default(&a->mo);
 	for (int i = 1; i < argc; i++) {
 		const char *o = argv[i];

@@ -251,6 +251,12 @@ int model_hparams_read(const struct gguf_ctx *g, const struct model_opts *o, str
 			}
 			hp->idx_full[l] = full;
 		}
+		if (!have_types && hp->arch == MODEL_ARCH_GLM_DSA && hp->n_ctx_train >= 1048576 && hp->idx_full[0] &&
+		    (!o || !o->quiet))
+			LOG_WARN("model", "%s is absent and context_length is %lld: a GLM-5.2 file shares indexers (21 full / "
+				 "57 shared layers) but without the key every layer with indexer tensors runs its own; "
+				 "results differ from GLM-5.2 beyond top_k tokens (re-convert with indexer types)",
+				 k, (long long)hp->n_ctx_train);
 		if (hp->idx_full[0] || have_types) {
 			if (!hp->idx_full[0])
 				return errbuf_set(e, ERR_FORMAT, "%s: layer 0 must have a full indexer", k);
