@@ -107,7 +107,8 @@ ifeq ($(CUDA),1)
 BENCH_BINS += $(patsubst %.cu,$(BUILD)/bench/%,$(notdir $(wildcard bench/bench_cuda_*.cu)))
 endif
 
-ALL_LIBS := $(LIBMODEL) $(LIBNET) $(LIBCORE) $(LIBCUDA)
+# libtcuda uses the type table in libtmodel, so it links first
+ALL_LIBS := $(LIBCUDA) $(LIBMODEL) $(LIBNET) $(LIBCORE)
 
 .PHONY: all test test-gpu run format format-check clean bench fuzz
 all: $(BINS) $(TEST_BINS) $(BENCH_BINS)
