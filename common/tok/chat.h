@@ -72,6 +72,8 @@ struct chat {
 struct chat_opts {
 	int enable_thinking; /* -1: the format's default (GLM5/5.2 on, others off); 0; 1 */
 	const char *reasoning_effort; /* GLM-5.2: "low", "high"; anything else or NULL = max */
+	bool keep_past_reasoning;     /* GLM: clear_thinking=false, keep reasoning_content of turns
+	                               * before the last user message too */
 	bool add_generation_prompt;
 	const json_t *tools; /* borrowed OpenAI `tools` array or NULL (GLM formats only) */
 	size_t max_bytes; /* 0 = CHAT_DEFAULT_MAX_BYTES; longer prompts are ERR_LIMIT */

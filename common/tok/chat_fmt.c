@@ -170,7 +170,7 @@ int chat_fmt_glm(const struct chat *c, const struct chat_msg *m, size_t n, const
 			const char *r = m[i].reasoning;
 			size_t rl = r ? strlen(r) : 0;
 			strip(&r, &rl);
-			if (!rc && i > last_user && rl > 0) {
+			if (!rc && (o->keep_past_reasoning || i > last_user) && rl > 0) {
 				rc = tpl(p, "<think>", e);
 				rc = rc ? rc : txt(p, r, rl, e);
 				rc = rc ? rc : tpl(p, "</think>", e);
