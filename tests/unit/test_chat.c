@@ -193,6 +193,14 @@ static void test_glm(void)
 	          ids[1] == tok_find(t, "<sop>", 5) && ids[n - 1] == tok_find(t, "<think>", 7),
 	      "glm5 encode: %s", e.msg);
 	chat_prompt_fini(&p);
+	/* clear_thinking=false: past reasoning is kept before the last user turn too */
+	o.keep_past_reasoning = true;
+	p = render(&c, conv_basic, &o,
+	           "[gMASK]<sop><|system|>You are a helpful assistant<|user|>Hello<|assistant|><think>greet back</think>"
+	           "Hi there<|user|>How are you?<|assistant|><think>",
+	           "glm5 keep past reasoning");
+	chat_prompt_fini(&p);
+	o.keep_past_reasoning = false;
 	o.enable_thinking = 0;
 	p = render(
 	    &c, conv_basic, &o,
