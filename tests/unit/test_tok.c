@@ -571,6 +571,10 @@ static void check_synthetic(void)
 		rc = tok_encode(t, "<x>y<x><s>", 10, TOK_ENCODE_ADD_BOS, ids, 64, &n, NULL, &e);
 		int32_t want3[] = {SYN_S, SYN_XY, SYN_X, SYN_S};
 		CHECK(rc == 0 && ids_eq(ids, n, want3, 4), "form %d: specials + BOS (%zu ids)", form, n);
+		/* a text that starts with BOS gets no second one */
+		rc = tok_encode(t, "<s>ab", 5, TOK_ENCODE_ADD_BOS, ids, 64, &n, NULL, &e);
+		int32_t want_bos[] = {SYN_S, SYN_AB};
+		CHECK(rc == 0 && ids_eq(ids, n, want_bos, 2), "form %d: single BOS (%zu ids)", form, n);
 		/* NO_SPECIAL: the same text is plain bytes */
 		rc = tok_encode(t, "<s>", 3, TOK_ENCODE_NO_SPECIAL, ids, 64, &n, NULL, &e);
 		int32_t want4[] = {'<', 's', '>'};
