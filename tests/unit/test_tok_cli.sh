@@ -21,6 +21,7 @@ check "deepseek-v3 case 298" "$(printf '<|user|>hi<|assistant|>' | $T tokenize -
 	"$(expected $D/tokenizer/expected_ids_deepseek-v3.json 298)"
 want_bos="$(expected $D/tokenizer/expected_ids_deepseek-v3.json 1 | sed 's/^\[/[0, /')"
 check "deepseek-v3 --bos" "$(printf 'Hello world' | $T tokenize -m $D/tokenizer/deepseek-v3-vocab.gguf --bos)" "$want_bos"
+check "--bos with BOS text: one BOS" "$(printf '<｜begin▁of▁sentence｜>Hello world' | $T tokenize -m $D/tokenizer/deepseek-v3-vocab.gguf --bos)" "$want_bos"
 check "empty input" "$(printf '' | $T tokenize -m $D/models/glm-dsa-tiny-BF16.gguf)" "[]"
 
 # --chat: MODEL-SPEC §6.1 example, rendered with a configured format; DeepSeek-V3's own template
