@@ -177,6 +177,22 @@ static void test_glm(void)
 	      "calls %d: %s %s", r.n_calls, r.names[0], r.args[0]);
 	CHECK(r.stopped && r.all_utf8, "stop %d utf8 %d", r.stopped, r.all_utf8);
 
+	/* with the request's tools: a parameter declared string stays a string */
+	json_error_t je;
+	json_t *tools =
+	    json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":"
+	               "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"},"
+	               "\"zip\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"}}}}}]",
+	               0, &je);
+	struct chat_opts ot = {.enable_thinking = 0, .add_generation_prompt = true, .tools = tools};
+	run(&c, &ot,
+	    "<tool_call>get_weather<arg_key>zip</arg_key><arg_value>75001</arg_value><arg_key>days</arg_key>"
+	    "<arg_value>3</arg_value></tool_call>",
+	    &r);
+	CHECK(r.n_calls == 1 && strcmp(r.args[0], "{\"zip\": \"75001\", \"days\": 3}") == 0, "typed args: %s",
+	      r.args[0]);
+	json_decref(tools);
+
 	/* thinking off: everything is content; two calls; a call without arguments */
 	o.enable_thinking = 0;
 	run(&c, &o,
