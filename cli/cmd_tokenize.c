@@ -16,10 +16,19 @@
 
 static void tokenize_usage(FILE *f)
 {
-	fprintf(f, "usage: tandem tokenize -m MODEL.gguf [--bos] [--no-special] < text\n"
-	           "  prints the token ids of stdin as a JSON array\n"
-	           "  --bos         prepend BOS when the model's tokenizer asks for it (add_bos_token)\n"
-	           "  --no-special  tokenize special-token text (e.g. <|user|>) as plain text\n");
+	fprintf(f,
+	        "usage: tandem tokenize -m MODEL.gguf [--bos] [--no-special] < text\n"
+	        "       tandem tokenize -m MODEL.gguf --chat [--format NAME] [--think on|off]\n"
+	        "                       [--effort low|high|max] [--render] < messages.json\n"
+	        "  prints the token ids of stdin as a JSON array\n"
+	        "  --bos         prepend BOS when the model's tokenizer asks for it (add_bos_token)\n"
+	        "  --no-special  tokenize special-token text (e.g. <|user|>) as plain text\n"
+	        "  --chat        stdin is an OpenAI messages array (or {\"messages\": .., \"tools\": ..}),\n"
+	        "                rendered with the model's chat format (or --format: glm5, glm5.2, glm4,\n"
+	        "                deepseek-v3, deepseek-v3.1, deepseek-r1) and the generation prompt\n"
+	        "  --think       thinking on/off (default: the format's)\n"
+	        "  --effort      GLM-5.2 reasoning effort\n"
+	        "  --render      with --chat: print the prompt text instead of ids\n");
 }
 
 static char *read_all(FILE *f, size_t *len, int *too_big)
@@ -52,8 +61,8 @@ static char *read_all(FILE *f, size_t *len, int *too_big)
 
 /* --chat: render the messages on stdin and tokenize them (or print the text with --render).
  * Returns the exit code. */
-static int chat_ids(const struct tok *t, const struct gguf_ctx *g, const char *format, int think, const char *effort,
-		    bool render, const char *text, size_t len, int32_t **ids, size_t *n)
+static int chat_ids(const struct tok *t, const struct gguf_ctx *g, const char *format, int think,
+                    const char *effort, bool render, const char *text, size_t len, int32_t **ids, size_t *n)
 {
 	struct errbuf e = {0};
 	json_error_t je;
@@ -69,8 +78,10 @@ static int chat_ids(const struct tok *t, const struct gguf_ctx *g, const char *f
 		cli_usage_error("tokenize", "%s", e.msg);
 		goto cleanup;
 	}
-	struct chat_opts o = {.enable_thinking = think, .reasoning_effort = effort, .add_generation_prompt = true,
-			      .tools = tools};
+	struct chat_opts o = {.enable_thinking = think,
+	                      .reasoning_effort = effort,
+	                      .add_generation_prompt = true,
+	                      .tools = tools};
 	if (chat_render(&c, msgs, &o, &p, &e)) {
 		cli_usage_error("tokenize", "stdin: %s", e.msg);
 		goto cleanup;
@@ -115,7 +126,7 @@ int cmd_tokenize(int argc, char **argv)
 		} else if (strcmp(argv[i], "--render") == 0) {
 			render = true;
 		} else if (strcmp(argv[i], "--format") == 0 || strcmp(argv[i], "--effort") == 0 ||
-			   strcmp(argv[i], "--think") == 0) {
+		           strcmp(argv[i], "--think") == 0) {
 			if (i + 1 >= argc)
 				return cli_usage_error("tokenize", "%s needs a value", argv[i]);
 			const char *v = argv[++i];
@@ -145,7 +156,8 @@ int cmd_tokenize(int argc, char **argv)
 	if (!chat && (render || format || effort || think >= 0))
 		return cli_usage_error("tokenize", "--render, --format, --effort and --think need --chat");
 	if (chat && (flags & (TOK_ENCODE_ADD_BOS | TOK_ENCODE_NO_SPECIAL)))
-		return cli_usage_error("tokenize", "--bos and --no-special do not apply to --chat (the format decides)");
+		return cli_usage_error("tokenize",
+		                       "--bos and --no-special do not apply to --chat (the format decides)");
 
 	struct errbuf e = {0};
 	struct gguf_ctx *g = NULL;

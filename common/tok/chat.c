@@ -15,6 +15,7 @@ static const char *const fmt_names[CHAT_FMT_COUNT] = {
     [CHAT_FMT_GLM4] = "glm4",
     [CHAT_FMT_DEEPSEEK_V3] = "deepseek-v3",
     [CHAT_FMT_DEEPSEEK_V31] = "deepseek-v3.1",
+    [CHAT_FMT_DEEPSEEK_R1] = "deepseek-r1",
 };
 
 const char *chat_format_name(enum chat_format f)
@@ -52,8 +53,12 @@ int chat_format_detect(const char *tmpl, size_t len, enum chat_format *out, stru
 		return 0;
 	}
 	if (has(tmpl, len, DS_ASSISTANT)) {
-		*out = has(tmpl, len, "</think>") || has(tmpl, len, "thinking") ? CHAT_FMT_DEEPSEEK_V31
-		                                                                : CHAT_FMT_DEEPSEEK_V3;
+		if (has(tmpl, len, "thinking"))
+			*out = CHAT_FMT_DEEPSEEK_V31; /* the V3.1 template switches on a `thinking` flag */
+		else if (has(tmpl, len, "<think>") || has(tmpl, len, "</think>"))
+			*out = CHAT_FMT_DEEPSEEK_R1;
+		else
+			*out = CHAT_FMT_DEEPSEEK_V3;
 		return 0;
 	}
 	char head[61];
@@ -63,7 +68,7 @@ int chat_format_detect(const char *tmpl, size_t len, enum chat_format *out, stru
 	head[n] = '\0';
 	return errbuf_set(e, ERR_UNSUPPORTED,
 	                  "chat template not recognised (starts '%s'); configure the chat format "
-	                  "(glm5, glm5.2, glm4, deepseek-v3, deepseek-v3.1)",
+	                  "(glm5, glm5.2, glm4, deepseek-v3, deepseek-v3.1, deepseek-r1)",
 	                  head);
 }
 
@@ -108,6 +113,7 @@ int chat_init(struct chat *c, const struct tok *t, enum chat_format fmt, struct 
 	}
 	case CHAT_FMT_DEEPSEEK_V3:
 	case CHAT_FMT_DEEPSEEK_V31:
+	case CHAT_FMT_DEEPSEEK_R1:
 		rc = need_special(t, fmt, DS_BOS, &c->bos_id, e);
 		rc = rc ? rc : need_special(t, fmt, DS_USER, NULL, e);
 		rc = rc ? rc : need_special(t, fmt, DS_ASSISTANT, NULL, e);
@@ -131,7 +137,7 @@ int chat_init_gguf(struct chat *c, const struct tok *t, const struct gguf_ctx *g
 		if (chat_format_from_name(configured, &f))
 			return errbuf_set(e, -EINVAL,
 			                  "chat format '%s' unknown (known: glm5, glm5.2, glm4, "
-			                  "deepseek-v3, deepseek-v3.1)",
+			                  "deepseek-v3, deepseek-v3.1, deepseek-r1)",
 			                  configured);
 		return chat_init(c, t, f, e);
 	}
@@ -139,9 +145,10 @@ int chat_init_gguf(struct chat *c, const struct tok *t, const struct gguf_ctx *g
 	size_t len;
 	int rc = gguf_get_str(g, "tokenizer.chat_template", &s, &len, e);
 	if (rc == ERR_NOTFOUND)
-		return errbuf_set(e, ERR_UNSUPPORTED,
-		                  "the model has no tokenizer.chat_template; configure "
-		                  "the chat format (glm5, glm5.2, glm4, deepseek-v3, deepseek-v3.1)");
+		return errbuf_set(
+		    e, ERR_UNSUPPORTED,
+		    "the model has no tokenizer.chat_template; configure "
+		    "the chat format (glm5, glm5.2, glm4, deepseek-v3, deepseek-v3.1, deepseek-r1)");
 	if (rc)
 		return rc;
 	rc = chat_format_detect(s, len, &f, e);

@@ -232,13 +232,14 @@ int chat_fmt_glm4(const struct chat *c, const struct chat_msg *m, size_t n, cons
 	return rc;
 }
 
-/* Content of a past DeepSeek-V3.1 assistant turn with any reasoning before </think> removed. */
+/* Content of a past DeepSeek-V3.1 / R1 assistant turn: what follows the last </think> (the
+ * templates' content.split('</think>')[-1]). */
 static void ds_visible(const struct chat_msg *m, const char **s, size_t *n)
 {
 	*s = m->content;
 	*n = m->content_len;
-	const char *end = memmem(*s, *n, "</think>", 8);
-	if (end) {
+	const char *end;
+	while ((end = memmem(*s, *n, "</think>", 8))) {
 		*n -= (size_t)(end + 8 - *s);
 		*s = end + 8;
 	}
@@ -247,7 +248,7 @@ static void ds_visible(const struct chat_msg *m, const char **s, size_t *n)
 int chat_fmt_deepseek(const struct chat *c, const struct chat_msg *m, size_t n, const struct chat_opts *o,
                       struct chat_prompt *p, struct errbuf *e)
 {
-	bool v31 = c->fmt == CHAT_FMT_DEEPSEEK_V31;
+	bool v31 = c->fmt == CHAT_FMT_DEEPSEEK_V31, r1 = c->fmt == CHAT_FMT_DEEPSEEK_R1;
 	size_t bl;
 	const char *bos = tok_text(c->t, c->bos_id, &bl);
 	int rc = chat_prompt_put(p, bos, bl, true, e);
@@ -272,7 +273,7 @@ int chat_fmt_deepseek(const struct chat *c, const struct chat_msg *m, size_t n, 
 		case ROLE_ASSISTANT: {
 			const char *s = mi->content;
 			size_t sl = mi->content_len;
-			if (v31)
+			if (v31 || r1)
 				ds_visible(mi, &s, &sl);
 			if (is_tool && mi->n_calls == 0) {
 				/* the answer after tool outputs continues the same assistant turn */
@@ -325,6 +326,8 @@ int chat_fmt_deepseek(const struct chat *c, const struct chat_msg *m, size_t n, 
 		rc = tpl(p, DS_ASSISTANT, e);
 		if (!rc && v31)
 			rc = tpl(p, o->enable_thinking == 1 ? "<think>" : "</think>", e);
+		if (!rc && r1)
+			rc = tpl(p, "<think>\n", e); /* R1 always reasons */
 	}
 	return rc;
 }

@@ -129,8 +129,9 @@ int chat_out_init(struct chat_out *o, const struct chat *c, const struct chat_op
 	/* the prompt ended with <think> exactly when thinking is on for a thinking format */
 	bool think = opts->enable_thinking < 0 ? (c->fmt == CHAT_FMT_GLM5 || c->fmt == CHAT_FMT_GLM52)
 	                                       : opts->enable_thinking == 1;
-	if (think && opts->add_generation_prompt && c->fmt != CHAT_FMT_DEEPSEEK_V3)
-		o->mode = CHAT_OUT_REASONING;
+	if (opts->add_generation_prompt &&
+	    ((think && c->fmt != CHAT_FMT_DEEPSEEK_V3) || c->fmt == CHAT_FMT_DEEPSEEK_R1))
+		o->mode = CHAT_OUT_REASONING; /* R1's prompt always ends with <think>\n */
 	return 0;
 }
 

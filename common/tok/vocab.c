@@ -71,8 +71,9 @@ static int load_tokens(struct tok *t, const struct gguf_ctx *g, struct errbuf *e
 		total += len;
 	}
 	if (total >= UINT32_MAX)
-		return errbuf_set(e, ERR_FORMAT, "tokenizer.ggml.tokens: %llu bytes of token text (max 4 GiB)",
-				  (unsigned long long)total);
+		return errbuf_set(e, ERR_FORMAT,
+		                  "tokenizer.ggml.tokens: %llu bytes of token text (max 4 GiB)",
+		                  (unsigned long long)total);
 	t->text_off = malloc(sizeof(uint32_t) * (size_t)n);
 	t->text_len = malloc(sizeof(uint32_t) * (size_t)n);
 	t->text_blob = malloc(total + 1);

@@ -244,6 +244,16 @@ static void test_deepseek(void)
 	      "v3 calls %d: '%s' '%s' / '%s' '%s'", r.n_calls, r.names[0], r.args[0], r.names[1], r.args[1]);
 	CHECK(r.stopped && r.all_utf8, "v3 stop");
 
+	/* R1 starts inside the reasoning (its prompt ends with <think>\n) */
+	CHECK(chat_init(&c, t, CHAT_FMT_DEEPSEEK_R1, &e) == 0, "init: %s", e.msg);
+	run(&c, &o, "\nstep 1\n</think>\n\nThe answer is 4." DS_EOS, &r);
+	if (tok_find(t, "</think>", 8) >= 0)
+		CHECK(strcmp(r.reasoning, "\nstep 1\n") == 0 && strcmp(r.content, "\n\nThe answer is 4.") == 0 && r.stopped,
+		      "r1: reasoning '%s' content '%s'", r.reasoning, r.content);
+	else /* a vocab without the marker token: all of it is reasoning text */
+		CHECK(r.n_content == 0 && strstr(r.reasoning, "</think>") && r.stopped, "r1 without marker: '%s'",
+		      r.reasoning);
+
 	CHECK(chat_init(&c, t, CHAT_FMT_DEEPSEEK_V31, &e) == 0, "init: %s", e.msg);
 	run(&c, &o,
 	    "\xe5\xa5\xbd" DS_CALLS_BEGIN DS_CALL_BEGIN "get_weather" DS_SEP
