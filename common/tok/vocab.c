@@ -223,7 +223,7 @@ static int load_merges(struct tok *t, const struct gguf_ctx *g, struct errbuf *e
 		return errbuf_set(e, ERR_FORMAT, "tokenizer.ggml.merges: %llu merges is too many",
 		                  (unsigned long long)a.count);
 	t->n_merges = (uint32_t)a.count;
-	t->mg_mask = pow2_at_least((uint64_t)a.count * 2) - 1;
+	t->mg_mask = pow2_at_least((uint64_t)a.count * 3 / 2 + 1) - 1; /* load <= 2/3 */
 	size_t cap = (size_t)t->mg_mask + 1;
 	t->mg = malloc(sizeof(*t->mg) * cap);
 	if (!t->mg)
