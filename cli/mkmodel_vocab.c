@@ -12,46 +12,67 @@
 #include "cli/mkmodel.h"
 
 static const char *const words[] = {
-	"the", "be", "to", "of", "and", "in", "that", "have", "it", "for", "not", "on", "with", "he", "as",
-	"you", "do", "at", "this", "but", "his", "by", "from", "they", "we", "say", "her", "she", "or", "an",
-	"will", "my", "one", "all", "would", "there", "their", "what", "so", "up", "out", "if", "about", "who",
-	"get", "which", "go", "me", "when", "make", "can", "like", "time", "no", "just", "him", "know", "take",
-	"people", "into", "year", "your", "good", "some", "could", "them", "see", "other", "than", "then", "now",
-	"look", "only", "come", "its", "over", "think", "also", "back", "after", "use", "two", "how", "our",
-	"work", "first", "well", "way", "even", "new", "want", "because", "any", "these", "give", "day", "most",
-	"us", "is", "are", "was", "were", "been", "has", "had", "did", "said", "made", "find", "here", "thing",
-	"many", "where", "very", "through", "long", "down", "should", "each", "much", "before", "right", "too",
-	"mean", "old", "same", "tell", "does", "set", "three", "want", "air", "play", "small", "end", "put",
-	"home", "read", "hand", "port", "large", "spell", "add", "land", "must", "big", "high", "such", "follow",
-	"act", "why", "ask", "men", "change", "went", "light", "kind", "off", "need", "house", "picture", "try",
-	"again", "animal", "point", "mother", "world", "near", "build", "self", "earth", "father", "head", "stand",
-	"own", "page", "country", "found", "answer", "school", "grow", "study", "still", "learn", "plant", "cover",
-	"food", "sun", "four", "between", "state", "keep", "eye", "never", "last", "let", "thought", "city",
-	"tree", "cross", "farm", "hard", "start", "might", "story", "saw", "far", "sea", "draw", "left", "late",
-	"run", "while", "press", "close", "night", "real", "life", "few", "north", "open", "seem", "together",
-	"next", "white", "children", "begin", "got", "walk", "example", "ease", "paper", "group", "always",
-	"music", "those", "both", "mark", "often", "letter", "until", "mile", "river", "car", "feet", "care",
-	"second", "book", "carry", "took", "science", "eat", "room", "friend", "began", "idea", "fish",
-	"mountain", "stop", "once", "base", "hear", "horse", "cut", "sure", "watch", "color", "face", "wood",
-	"main", "enough", "plain", "girl", "usual", "young", "ready", "above", "ever", "red", "list", "though",
-	"feel", "talk", "bird", "soon", "body", "dog", "family", "direct", "pose", "leave", "song", "measure",
-	"door", "product", "black", "short", "numeral", "class", "wind", "question", "happen", "complete", "ship",
-	"area", "half", "rock", "order", "fire", "south", "problem", "piece", "told", "knew", "pass", "since",
-	"top", "whole", "king", "space", "heard", "best", "hour", "better", "true", "during", "hundred", "five",
-	"remember", "step", "early", "hold", "west", "ground", "interest", "reach", "fast", "verb", "sing",
-	"listen", "six", "table", "travel", "less", "morning", "ten", "simple", "several", "vowel", "toward",
-	"war", "lay", "against", "pattern", "slow", "center", "love", "person", "money", "serve", "appear",
-	"road", "map", "rain", "rule", "govern", "pull", "cold", "notice", "voice", "unit", "power", "town",
-	"fine", "certain", "fly", "fall", "lead", "cry", "dark", "machine", "note", "wait", "plan", "figure",
-	"star", "box", "noun", "field", "rest", "correct", "able", "pound", "done", "beauty", "drive", "stood",
-	"contain", "front", "teach", "week", "final", "gave", "green", "quick", "develop", "ocean", "warm",
-	"free", "minute", "strong", "special", "mind", "behind", "clear", "tail", "produce", "fact", "street",
-	"inch", "multiply", "nothing", "course", "stay", "wheel", "full", "force", "blue", "object", "decide",
-	"surface", "deep", "moon", "island", "foot", "system", "busy", "test", "record", "boat", "common",
-	"gold", "possible", "plane", "stead", "dry", "wonder", "laugh", "thousand", "ago", "ran", "check", "game",
-	"shape", "equate", "hot", "miss", "brought", "heat", "snow", "tire", "bring", "yes", "distant", "fill",
-	"east", "paint", "language", "among", "return", "function", "value", "model", "token", "data", "int",
-	"char", "void", "include", "struct", "const", "static", "import", "def", "class", "self", "print",
+    "the",      "be",       "to",       "of",       "and",      "in",      "that",     "have",
+    "it",       "for",      "not",      "on",       "with",     "he",      "as",       "you",
+    "do",       "at",       "this",     "but",      "his",      "by",      "from",     "they",
+    "we",       "say",      "her",      "she",      "or",       "an",      "will",     "my",
+    "one",      "all",      "would",    "there",    "their",    "what",    "so",       "up",
+    "out",      "if",       "about",    "who",      "get",      "which",   "go",       "me",
+    "when",     "make",     "can",      "like",     "time",     "no",      "just",     "him",
+    "know",     "take",     "people",   "into",     "year",     "your",    "good",     "some",
+    "could",    "them",     "see",      "other",    "than",     "then",    "now",      "look",
+    "only",     "come",     "its",      "over",     "think",    "also",    "back",     "after",
+    "use",      "two",      "how",      "our",      "work",     "first",   "well",     "way",
+    "even",     "new",      "want",     "because",  "any",      "these",   "give",     "day",
+    "most",     "us",       "is",       "are",      "was",      "were",    "been",     "has",
+    "had",      "did",      "said",     "made",     "find",     "here",    "thing",    "many",
+    "where",    "very",     "through",  "long",     "down",     "should",  "each",     "much",
+    "before",   "right",    "too",      "mean",     "old",      "same",    "tell",     "does",
+    "set",      "three",    "want",     "air",      "play",     "small",   "end",      "put",
+    "home",     "read",     "hand",     "port",     "large",    "spell",   "add",      "land",
+    "must",     "big",      "high",     "such",     "follow",   "act",     "why",      "ask",
+    "men",      "change",   "went",     "light",    "kind",     "off",     "need",     "house",
+    "picture",  "try",      "again",    "animal",   "point",    "mother",  "world",    "near",
+    "build",    "self",     "earth",    "father",   "head",     "stand",   "own",      "page",
+    "country",  "found",    "answer",   "school",   "grow",     "study",   "still",    "learn",
+    "plant",    "cover",    "food",     "sun",      "four",     "between", "state",    "keep",
+    "eye",      "never",    "last",     "let",      "thought",  "city",    "tree",     "cross",
+    "farm",     "hard",     "start",    "might",    "story",    "saw",     "far",      "sea",
+    "draw",     "left",     "late",     "run",      "while",    "press",   "close",    "night",
+    "real",     "life",     "few",      "north",    "open",     "seem",    "together", "next",
+    "white",    "children", "begin",    "got",      "walk",     "example", "ease",     "paper",
+    "group",    "always",   "music",    "those",    "both",     "mark",    "often",    "letter",
+    "until",    "mile",     "river",    "car",      "feet",     "care",    "second",   "book",
+    "carry",    "took",     "science",  "eat",      "room",     "friend",  "began",    "idea",
+    "fish",     "mountain", "stop",     "once",     "base",     "hear",    "horse",    "cut",
+    "sure",     "watch",    "color",    "face",     "wood",     "main",    "enough",   "plain",
+    "girl",     "usual",    "young",    "ready",    "above",    "ever",    "red",      "list",
+    "though",   "feel",     "talk",     "bird",     "soon",     "body",    "dog",      "family",
+    "direct",   "pose",     "leave",    "song",     "measure",  "door",    "product",  "black",
+    "short",    "numeral",  "class",    "wind",     "question", "happen",  "complete", "ship",
+    "area",     "half",     "rock",     "order",    "fire",     "south",   "problem",  "piece",
+    "told",     "knew",     "pass",     "since",    "top",      "whole",   "king",     "space",
+    "heard",    "best",     "hour",     "better",   "true",     "during",  "hundred",  "five",
+    "remember", "step",     "early",    "hold",     "west",     "ground",  "interest", "reach",
+    "fast",     "verb",     "sing",     "listen",   "six",      "table",   "travel",   "less",
+    "morning",  "ten",      "simple",   "several",  "vowel",    "toward",  "war",      "lay",
+    "against",  "pattern",  "slow",     "center",   "love",     "person",  "money",    "serve",
+    "appear",   "road",     "map",      "rain",     "rule",     "govern",  "pull",     "cold",
+    "notice",   "voice",    "unit",     "power",    "town",     "fine",    "certain",  "fly",
+    "fall",     "lead",     "cry",      "dark",     "machine",  "note",    "wait",     "plan",
+    "figure",   "star",     "box",      "noun",     "field",    "rest",    "correct",  "able",
+    "pound",    "done",     "beauty",   "drive",    "stood",    "contain", "front",    "teach",
+    "week",     "final",    "gave",     "green",    "quick",    "develop", "ocean",    "warm",
+    "free",     "minute",   "strong",   "special",  "mind",     "behind",  "clear",    "tail",
+    "produce",  "fact",     "street",   "inch",     "multiply", "nothing", "course",   "stay",
+    "wheel",    "full",     "force",    "blue",     "object",   "decide",  "surface",  "deep",
+    "moon",     "island",   "foot",     "system",   "busy",     "test",    "record",   "boat",
+    "common",   "gold",     "possible", "plane",    "stead",    "dry",     "wonder",   "laugh",
+    "thousand", "ago",      "ran",      "check",    "game",     "shape",   "equate",   "hot",
+    "miss",     "brought",  "heat",     "snow",     "tire",     "bring",   "yes",      "distant",
+    "fill",     "east",     "paint",    "language", "among",    "return",  "function", "value",
+    "model",    "token",    "data",     "int",      "char",     "void",    "include",  "struct",
+    "const",    "static",   "import",   "def",      "class",    "self",    "print",
 };
 
 /* GPT-2 byte-to-unicode table: printable bytes map to themselves, the rest to U+0100 + n. */
@@ -90,49 +111,94 @@ struct special {
 };
 
 static const struct special glm_specials[] = {
-	{154820, "<|endoftext|>"}, {154821, "[MASK]"}, {154822, "[gMASK]"}, {154823, "[sMASK]"}, {154824, "<sop>"},
-	{154825, "<eop>"}, {154826, "<|system|>"}, {154827, "<|user|>"}, {154828, "<|assistant|>"},
-	{154829, "<|observation|>"}, {154830, "<|begin_of_image|>"}, {154831, "<|end_of_image|>"},
-	{154832, "<|begin_of_video|>"}, {154833, "<|end_of_video|>"}, {154834, "<|begin_of_audio|>"},
-	{154835, "<|end_of_audio|>"}, {154836, "<|begin_of_transcription|>"}, {154837, "<|end_of_transcription|>"},
-	{154838, "<|code_prefix|>"}, {154839, "<|code_middle|>"}, {154840, "<|code_suffix|>"}, {154841, "<think>"},
-	{154842, "</think>"}, {154843, "<tool_call>"}, {154844, "</tool_call>"}, {154845, "<tool_response>"},
-	{154846, "</tool_response>"}, {154847, "<arg_key>"}, {154848, "</arg_key>"}, {154849, "<arg_value>"},
-	{154850, "</arg_value>"},
+    {154820, "<|endoftext|>"},
+    {154821, "[MASK]"},
+    {154822, "[gMASK]"},
+    {154823, "[sMASK]"},
+    {154824, "<sop>"},
+    {154825, "<eop>"},
+    {154826, "<|system|>"},
+    {154827, "<|user|>"},
+    {154828, "<|assistant|>"},
+    {154829, "<|observation|>"},
+    {154830, "<|begin_of_image|>"},
+    {154831, "<|end_of_image|>"},
+    {154832, "<|begin_of_video|>"},
+    {154833, "<|end_of_video|>"},
+    {154834, "<|begin_of_audio|>"},
+    {154835, "<|end_of_audio|>"},
+    {154836, "<|begin_of_transcription|>"},
+    {154837, "<|end_of_transcription|>"},
+    {154838, "<|code_prefix|>"},
+    {154839, "<|code_middle|>"},
+    {154840, "<|code_suffix|>"},
+    {154841, "<think>"},
+    {154842, "</think>"},
+    {154843, "<tool_call>"},
+    {154844, "</tool_call>"},
+    {154845, "<tool_response>"},
+    {154846, "</tool_response>"},
+    {154847, "<arg_key>"},
+    {154848, "</arg_key>"},
+    {154849, "<arg_value>"},
+    {154850, "</arg_value>"},
 };
 
 /* DeepSeek-V3 ids from its tokenizer (tests/data/tokenizer/deepseek-v3-vocab.gguf); 128000..128799
  * are "<｜place▁holder▁no▁N｜>" control tokens, added separately. */
 static const struct special ds_specials[] = {
-	{0, "<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"},
-	{1, "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"},
-	{2, "<\xef\xbd\x9c\xe2\x96\x81pad\xe2\x96\x81\xef\xbd\x9c>"},
-	{128800, "<\xef\xbd\x9c" "fim\xe2\x96\x81hole\xef\xbd\x9c>"},
-	{128801, "<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>"},
-	{128802, "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>"},
-	{128803, "<\xef\xbd\x9cUser\xef\xbd\x9c>"},
-	{128804, "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>"},
-	{128805, "<|EOT|>"},
-	{128806, "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "begin\xef\xbd\x9c>"},
-	{128807, "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "end\xef\xbd\x9c>"},
-	{128808, "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "begin\xef\xbd\x9c>"},
-	{128809, "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "end\xef\xbd\x9c>"},
-	{128810, "<\xef\xbd\x9ctool\xe2\x96\x81outputs\xe2\x96\x81" "begin\xef\xbd\x9c>"},
-	{128811, "<\xef\xbd\x9ctool\xe2\x96\x81outputs\xe2\x96\x81" "end\xef\xbd\x9c>"},
-	{128812, "<\xef\xbd\x9ctool\xe2\x96\x81output\xe2\x96\x81" "begin\xef\xbd\x9c>"},
-	{128813, "<\xef\xbd\x9ctool\xe2\x96\x81output\xe2\x96\x81" "end\xef\xbd\x9c>"},
-	{128814, "<\xef\xbd\x9ctool\xe2\x96\x81sep\xef\xbd\x9c>"},
+    {0, "<\xef\xbd\x9c"
+        "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"},
+    {1, "<\xef\xbd\x9c"
+        "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"},
+    {2, "<\xef\xbd\x9c\xe2\x96\x81pad\xe2\x96\x81\xef\xbd\x9c>"},
+    {128800, "<\xef\xbd\x9c"
+             "fim\xe2\x96\x81hole\xef\xbd\x9c>"},
+    {128801, "<\xef\xbd\x9c"
+             "fim\xe2\x96\x81"
+             "begin\xef\xbd\x9c>"},
+    {128802, "<\xef\xbd\x9c"
+             "fim\xe2\x96\x81"
+             "end\xef\xbd\x9c>"},
+    {128803, "<\xef\xbd\x9cUser\xef\xbd\x9c>"},
+    {128804, "<\xef\xbd\x9c"
+             "Assistant\xef\xbd\x9c>"},
+    {128805, "<|EOT|>"},
+    {128806, "<\xef\xbd\x9ctool\xe2\x96\x81"
+             "calls\xe2\x96\x81"
+             "begin\xef\xbd\x9c>"},
+    {128807, "<\xef\xbd\x9ctool\xe2\x96\x81"
+             "calls\xe2\x96\x81"
+             "end\xef\xbd\x9c>"},
+    {128808, "<\xef\xbd\x9ctool\xe2\x96\x81"
+             "call\xe2\x96\x81"
+             "begin\xef\xbd\x9c>"},
+    {128809, "<\xef\xbd\x9ctool\xe2\x96\x81"
+             "call\xe2\x96\x81"
+             "end\xef\xbd\x9c>"},
+    {128810, "<\xef\xbd\x9ctool\xe2\x96\x81outputs\xe2\x96\x81"
+             "begin\xef\xbd\x9c>"},
+    {128811, "<\xef\xbd\x9ctool\xe2\x96\x81outputs\xe2\x96\x81"
+             "end\xef\xbd\x9c>"},
+    {128812, "<\xef\xbd\x9ctool\xe2\x96\x81output\xe2\x96\x81"
+             "begin\xef\xbd\x9c>"},
+    {128813, "<\xef\xbd\x9ctool\xe2\x96\x81output\xe2\x96\x81"
+             "end\xef\xbd\x9c>"},
+    {128814, "<\xef\xbd\x9ctool\xe2\x96\x81sep\xef\xbd\x9c>"},
 };
 
-#define GLM_TEMPLATE                                                                                    \
-	"[gMASK]<sop>{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"              \
+#define GLM_TEMPLATE                                                                                         \
+	"[gMASK]<sop>{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"               \
 	"{% if add_generation_prompt %}<|assistant|><think>{% endif %}"
-#define DS_TEMPLATE                                                                                     \
+#define DS_TEMPLATE                                                                                          \
 	"{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}"             \
-	"{% elif m['role'] == 'user' %}<\xef\xbd\x9cUser\xef\xbd\x9c>{{ m['content'] }}"                      \
-	"{% elif m['role'] == 'assistant' %}<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>{{ m['content'] }}"        \
-	"<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>{% endif %}{% endfor %}"          \
-	"{% if add_generation_prompt %}<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>{% endif %}"
+	"{% elif m['role'] == 'user' %}<\xef\xbd\x9cUser\xef\xbd\x9c>{{ m['content'] }}"                     \
+	"{% elif m['role'] == 'assistant' %}<\xef\xbd\x9c"                                                   \
+	"Assistant\xef\xbd\x9c>{{ m['content'] }}"                                                           \
+	"<\xef\xbd\x9c"                                                                                      \
+	"end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>{% endif %}{% endfor %}"                          \
+	"{% if add_generation_prompt %}<\xef\xbd\x9c"                                                        \
+	"Assistant\xef\xbd\x9c>{% endif %}"
 
 /* Small string set (open addressing) for deduplicating merge results. */
 struct sset {
@@ -170,8 +236,8 @@ static int copy_tokenizer(struct gguf_writer *w, const struct mk_config *c, char
 	struct gguf_arr a;
 	int rc = 0;
 	if (gguf_get_arr(g, "tokenizer.ggml.tokens", &a, &e) || (int64_t)a.count != c->vocab) {
-		snprintf(err, err_size, "%s: tokenizer has %lld tokens, the model needs %lld", c->tokenizer_from,
-			 e.msg[0] ? -1LL : (long long)a.count, (long long)c->vocab);
+		snprintf(err, err_size, "%s: tokenizer has %lld tokens, the model needs %lld",
+		         c->tokenizer_from, e.msg[0] ? -1LL : (long long)a.count, (long long)c->vocab);
 		rc = -1;
 		goto out;
 	}
@@ -192,11 +258,13 @@ int mkmodel_vocab(struct gguf_writer *w, const struct mk_config *c, char *err, s
 		return copy_tokenizer(w, c, err, err_size);
 	bool glm = strcmp(c->arch, "glm-dsa") == 0;
 	const struct special *sp = glm ? glm_specials : ds_specials;
-	size_t n_sp = glm ? sizeof(glm_specials) / sizeof(glm_specials[0]) : sizeof(ds_specials) / sizeof(ds_specials[0]);
+	size_t n_sp = glm ? sizeof(glm_specials) / sizeof(glm_specials[0])
+	                  : sizeof(ds_specials) / sizeof(ds_specials[0]);
 	int64_t V = c->vocab, first_free = glm ? 0 : 3;
 	int64_t limit = glm ? 154820 : 128000; /* where the special / placeholder ids begin */
 	if (V < limit + (glm ? 31 : 815)) {
-		snprintf(err, err_size, "vocab %lld is too small for the %s special tokens", (long long)V, c->arch);
+		snprintf(err, err_size, "vocab %lld is too small for the %s special tokens", (long long)V,
+		         c->arch);
 		return -1;
 	}
 	char **tok = calloc((size_t)V, sizeof(*tok));
@@ -263,8 +331,10 @@ merges_done:
 	if (!glm)
 		for (int64_t i = 128000; i < 128800; i++) {
 			char b[64];
-			snprintf(b, sizeof(b), "<\xef\xbd\x9cplace\xe2\x96\x81holder\xe2\x96\x81no\xe2\x96\x81%lld\xef\xbd\x9c>",
-				 (long long)(i - 128000));
+			snprintf(
+			    b, sizeof(b),
+			    "<\xef\xbd\x9cplace\xe2\x96\x81holder\xe2\x96\x81no\xe2\x96\x81%lld\xef\xbd\x9c>",
+			    (long long)(i - 128000));
 			tok[i] = strdup(b);
 			type[i] = 3;
 			if (!tok[i])

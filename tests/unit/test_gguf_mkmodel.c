@@ -22,15 +22,15 @@
 
 static int n_fail, n_check;
 
-#define CHECK(cond, ...)                                                                        \
-	do {                                                                                    \
-		n_check++;                                                                      \
-		if (!(cond)) {                                                                  \
-			n_fail++;                                                               \
-			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);         \
-			fprintf(stderr, __VA_ARGS__);                                           \
-			fputc('\n', stderr);                                                    \
-		}                                                                               \
+#define CHECK(cond, ...)                                                                                     \
+	do {                                                                                                 \
+		n_check++;                                                                                   \
+		if (!(cond)) {                                                                               \
+			n_fail++;                                                                            \
+			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                      \
+			fprintf(stderr, __VA_ARGS__);                                                        \
+			fputc('\n', stderr);                                                                 \
+		}                                                                                            \
 	} while (0)
 
 #define REF "tests/data/models/glm-dsa-tiny-BF16.gguf"
@@ -76,8 +76,8 @@ static int run_tandem(const char *const *args)
 
 static void mk(const char *type, const char *seed, const char *threads, const char *out)
 {
-	const char *args[] = {"mkmodel", "--preset", "tiny", "--type", type, "--seed", seed, "--threads", threads, "-o",
-			      out, NULL};
+	const char *args[] = {"mkmodel", "--preset",  "tiny",  "--type", type, "--seed",
+	                      seed,      "--threads", threads, "-o",     out,  NULL};
 	int rc = run_tandem(args);
 	CHECK(rc == 0, "tandem mkmodel --type %s -o %s exited %d", type, out, rc);
 }
@@ -115,16 +115,18 @@ static bool same_kv(const struct gguf_ctx *a, const struct gguf_ctx *b, const ch
 	if (t == GGUF_VT_STRING) {
 		const char *pa, *pb;
 		size_t la, lb;
-		return gguf_get_str(a, key, &pa, &la, NULL) == 0 && gguf_get_str(b, key, &pb, &lb, NULL) == 0 && la == lb &&
-		       memcmp(pa, pb, la) == 0;
+		return gguf_get_str(a, key, &pa, &la, NULL) == 0 &&
+		       gguf_get_str(b, key, &pb, &lb, NULL) == 0 && la == lb && memcmp(pa, pb, la) == 0;
 	}
 	if (t == GGUF_VT_F32 || t == GGUF_VT_F64) {
 		float fa, fb;
-		return gguf_get_f32(a, key, &fa, NULL) == 0 && gguf_get_f32(b, key, &fb, NULL) == 0 && fa == fb;
+		return gguf_get_f32(a, key, &fa, NULL) == 0 && gguf_get_f32(b, key, &fb, NULL) == 0 &&
+		       fa == fb;
 	}
 	if (t == GGUF_VT_ARRAY) {
 		struct gguf_arr x, y;
-		if (gguf_get_arr(a, key, &x, NULL) || gguf_get_arr(b, key, &y, NULL) || x.type != y.type || x.count != y.count)
+		if (gguf_get_arr(a, key, &x, NULL) || gguf_get_arr(b, key, &y, NULL) || x.type != y.type ||
+		    x.count != y.count)
 			return false;
 		for (uint64_t i = 0; i < x.count; i++) {
 			if (x.type == GGUF_VT_STRING) {
@@ -140,7 +142,8 @@ static bool same_kv(const struct gguf_ctx *a, const struct gguf_ctx *b, const ch
 	}
 	if (t == GGUF_VT_BOOL) {
 		bool va, vb;
-		return gguf_get_bool(a, key, &va, NULL) == 0 && gguf_get_bool(b, key, &vb, NULL) == 0 && va == vb;
+		return gguf_get_bool(a, key, &va, NULL) == 0 && gguf_get_bool(b, key, &vb, NULL) == 0 &&
+		       va == vb;
 	}
 	int64_t ia, ib;
 	return gguf_get_i64(a, key, &ia, NULL) == 0 && gguf_get_i64(b, key, &ib, NULL) == 0 && ia == ib;
@@ -167,9 +170,11 @@ static void check_against_reference(const char *mix, const char *path)
 		CHECK(t, "%s: tensor %s missing", mix, rt->name);
 		if (!t)
 			continue;
-		CHECK(t->n_dims == rt->n_dims && memcmp(t->ne, rt->ne, sizeof(t->ne)) == 0, "%s: %s shape", mix, t->name);
+		CHECK(t->n_dims == rt->n_dims && memcmp(t->ne, rt->ne, sizeof(t->ne)) == 0, "%s: %s shape",
+		      mix, t->name);
 		int want = expected_type(mix, t->name, rt->type);
-		CHECK(t->type == want, "%s: %s has type %s, expected %s", mix, t->name, ktype_name(t->type), ktype_name(want));
+		CHECK(t->type == want, "%s: %s has type %s, expected %s", mix, t->name, ktype_name(t->type),
+		      ktype_name(want));
 	}
 	/* every architecture and tokenizer key of the reference, with the same value */
 	int n_cmp = 0;
@@ -238,8 +243,13 @@ static float *forward(const char *path, int64_t *vocab)
 		want[i] = 1;
 	}
 	struct model_seq s = {.blocks = &block, .n_blocks = 1};
-	struct model_batch b = {.n_tokens = N_TOK, .tokens = tok, .seq = seq, .pos = pos, .logits = want, .n_seqs = 1,
-				.seqs = &s};
+	struct model_batch b = {.n_tokens = N_TOK,
+	                        .tokens = tok,
+	                        .seq = seq,
+	                        .pos = pos,
+	                        .logits = want,
+	                        .n_seqs = 1,
+	                        .seqs = &s};
 	out = malloc(sizeof(float) * (size_t)V * N_TOK);
 	if (model_forward(m, &kv, &b, out, NULL, &e)) {
 		CHECK(0, "%s: forward: %s", path, e.msg);
@@ -309,11 +319,13 @@ static void test_forward(const char *paths[4], const char *mixes[4])
 		qsort(dmax, N_TOK, sizeof(double), cmp_double);
 		qsort(cosv, N_TOK, sizeof(double), cmp_double);
 		double med_d = dmax[N_TOK / 2], med_cos = cosv[N_TOK / 2];
-		printf("%-5s vs f32: median position max|d| = %.4f, median cosine %.6f, worst position max|d| = %.3f, "
+		printf("%-5s vs f32: median position max|d| = %.4f, median cosine %.6f, worst position "
+		       "max|d| = %.3f, "
 		       "argmax agrees at %d/%d\n",
 		       mixes[i], med_d, med_cos, worst, argmax_same, N_TOK);
 		CHECK(med_d < tol[i], "%s vs f32: median max|d| %g over %g", mixes[i], med_d, tol[i]);
-		CHECK(med_cos > min_cos[i], "%s vs f32: median cosine %g below %g", mixes[i], med_cos, min_cos[i]);
+		CHECK(med_cos > min_cos[i], "%s vs f32: median cosine %g below %g", mixes[i], med_cos,
+		      min_cos[i]);
 	}
 	for (int i = 0; i < 4; i++)
 		free(lg[i]);
@@ -355,9 +367,10 @@ int main(void)
 	const char *bad1[] = {"mkmodel", "--preset", "tiny", "--type", "q9_9", "-o", p1, NULL};
 	const char *bad2[] = {"mkmodel", "--preset", "huge", "--type", "f32", "-o", p1, NULL};
 	const char *bad3[] = {"mkmodel", "--preset", "tiny", "--type", "f32", NULL};
-	const char *bad4[] = {"mkmodel", "--preset", "tiny", "--type", "f32", "--layers", "0", "-o", p1, NULL};
-	const char *bad5[] = {"mkmodel", "--preset", "tiny", "--type", "f32", "--tokenizer", "/nonexistent.gguf", "-o", p1,
-			      NULL};
+	const char *bad4[] = {"mkmodel",  "--preset", "tiny", "--type", "f32",
+	                      "--layers", "0",        "-o",   p1,       NULL};
+	const char *bad5[] = {"mkmodel",     "--preset",          "tiny", "--type", "f32",
+	                      "--tokenizer", "/nonexistent.gguf", "-o",   p1,       NULL};
 	const char *bad6[] = {"inspect", "/nonexistent.gguf", NULL};
 	CHECK(run_tandem(bad1) == 2, "unknown type");
 	CHECK(run_tandem(bad2) == 2, "unknown preset");
