@@ -251,7 +251,9 @@ static void test_real_file(void)
 	FRESH(), st64(b + 24, 300);
 	expect("key length 300", b, n, ERR_FORMAT, "name length 300");
 	FRESH(), b[24 + 8 + 3] = 0;
-	expect("NUL in key", b, n, ERR_FORMAT, "NUL");
+	expect("NUL in key", b, n, ERR_FORMAT, "control byte 0x00 at 3");
+	FRESH(), b[24 + 8 + 5] = 0x1b;
+	expect("ESC in key", b, n, ERR_FORMAT, "control byte 0x1b at 5");
 
 	int k_tok = kv_index(&L, "tokenizer.ggml.tokens");
 	int k_arch = kv_index(&L, "general.architecture");
@@ -343,6 +345,8 @@ static void test_real_file(void)
 	expect("offset near 2^64", b, n, ERR_FORMAT, "past the end");
 	FRESH(), st64(b + L.ti_off[t0], 0);
 	expect("empty tensor name", b, n, ERR_FORMAT, "name length 0");
+	FRESH(), b[L.ti_off[t0] + 8 + 1] = '\n';
+	expect("newline in tensor name", b, n, ERR_FORMAT, "control byte 0x0a");
 	FRESH(), st64(b + L.ti_off[t0], 1ull << 50);
 	expect("tensor name length 2^50", b, n, ERR_FORMAT, "tensor name");
 	{
@@ -629,6 +633,9 @@ static void test_split_sets(void)
 	CHECK(rc == ERR_FORMAT && strstr(e.msg, "does not follow"), "split file with a plain name: %d %s", rc,
 	      e.msg);
 	gguf_close(g);
+	/* a lone file named as part of a set but without split keys */
+	write_set("lone", 2, (struct shard_spec[]){{-1, -1, -1, "a"}}, 1);
+	expect_file("set name without split keys", "lone", 1, 2, ERR_MISMATCH, "file name says 2 shards");
 	rc = gguf_open(&g, "/nonexistent/x.gguf", &e);
 	CHECK(rc == -ENOENT && strstr(e.msg, "/nonexistent/x.gguf"), "absent file: %d %s", rc, e.msg);
 	rc = gguf_open(&g, tmpdir, &e);
