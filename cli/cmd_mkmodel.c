@@ -134,6 +134,7 @@ static void usage(FILE *f)
 	    "  --seed S           random seed (default 1)\n"
 	    "  --threads N        generator threads (default: online CPUs)\n"
 	    "  --tokenizer FILE   copy the tokenizer.* keys from FILE (tiny default: %s)\n"
+	    "  --vocab-only       metadata and tokenizer only, no tensors (e.g. for the router)\n"
 	    "  -o OUT.gguf        output file (written as OUT.gguf.tmp, renamed when complete)\n",
 	    TINY_TOKENIZER);
 }
@@ -311,12 +312,17 @@ static void progress_cb(void *user, uint64_t done, uint64_t total)
 int cmd_mkmodel(int argc, char **argv)
 {
 	const char *preset = NULL, *type_s = NULL, *out = NULL, *tokenizer = NULL;
+	bool vocab_only = false;
 	int64_t layers = -1, dense = -1, experts = -1, topk = -1, nextn = 0, seed = 1, threads = -1;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
 			usage(stdout);
 			return 0;
+		}
+		if (strcmp(a, "--vocab-only") == 0) {
+			vocab_only = true;
+			continue;
 		}
 		if (i + 1 >= argc)
 			return cli_usage_error("mkmodel",
@@ -422,7 +428,8 @@ int cmd_mkmodel(int argc, char **argv)
 		fprintf(stderr, "tandem mkmodel: %s\n", err);
 		goto out;
 	}
-	if (mkmodel_tensors(&c, &types, (uint64_t)seed, (int)threads, &ts, &n_t, err, sizeof(err))) {
+	if (!vocab_only &&
+	    mkmodel_tensors(&c, &types, (uint64_t)seed, (int)threads, &ts, &n_t, err, sizeof(err))) {
 		fprintf(stderr, "tandem mkmodel: %s\n", err);
 		goto out;
 	}

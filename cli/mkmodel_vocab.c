@@ -5,6 +5,7 @@
  * (GLM-5: <|endoftext|> 154820 ... ; DeepSeek-V3: BOS 0, EOS 1, <｜User｜> 128803 ...) and
  * "[PAD<id>]" for every unused id, with the token types llama.cpp's converter writes (1 normal,
  * 3 control, 5 unused). */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -225,6 +226,42 @@ static int sset_add(struct sset *S, char *s)
 	return 1;
 }
 
+/* Merge string -> rank. */
+struct mtab {
+	const char **key;
+	int64_t *rank;
+	size_t cap;
+};
+
+static int64_t mtab_find(const struct mtab *M, const char *key)
+{
+	for (size_t i = fnv(key) & (M->cap - 1); M->key[i]; i = (i + 1) & (M->cap - 1))
+		if (strcmp(M->key[i], key) == 0)
+			return M->rank[i];
+	return -1;
+}
+
+static void mtab_add(struct mtab *M, const char *key, int64_t rank)
+{
+	size_t i = fnv(key) & (M->cap - 1);
+	while (M->key[i])
+		i = (i + 1) & (M->cap - 1);
+	M->key[i] = key;
+	M->rank[i] = rank;
+}
+
+static char *join(const char *a, const char *b, const char *sep)
+{
+	size_t la = strlen(a), lb = strlen(b), ls = strlen(sep);
+	char *s = malloc(la + ls + lb + 1);
+	if (s) {
+		memcpy(s, a, la);
+		memcpy(s + la, sep, ls);
+		memcpy(s + la + ls, b, lb + 1);
+	}
+	return s;
+}
+
 static int copy_tokenizer(struct gguf_writer *w, const struct mk_config *c, char *err, size_t err_size)
 {
 	struct gguf_ctx *g;
@@ -274,9 +311,12 @@ int mkmodel_vocab(struct gguf_writer *w, const struct mk_config *c, char *err, s
 	char **merges = calloc(max_merges, sizeof(*merges));
 	struct sset S = {.cap = 1u << 15};
 	S.slot = calloc(S.cap, sizeof(*S.slot));
+	struct mtab M = {.cap = 1u << 15};
+	M.key = calloc(M.cap, sizeof(*M.key));
+	M.rank = calloc(M.cap, sizeof(*M.rank));
 	int rc = -1;
 	size_t n_merges = 0;
-	if (!tok || !type || !merges || !S.slot) {
+	if (!tok || !type || !merges || !S.slot || !M.key || !M.rank) {
 		snprintf(err, err_size, "out of memory");
 		goto out;
 	}
@@ -291,34 +331,84 @@ int mkmodel_vocab(struct gguf_writer *w, const struct mk_config *c, char *err, s
 		if (!tok[id] || !sset_add(&S, tok[id]))
 			goto oom;
 	}
-	/* merges: each word, with and without a leading space (Ġ), built one character at a time */
+	/* merges: for each word (without, then with a leading space Ġ), run BPE with the merges so far
+	 * and add merges joining the resulting pieces left to right. A new merge ranks after all
+	 * earlier ones, so words already reachable keep their tokenization and every listed word
+	 * becomes one token. */
 	for (int sp_pass = 0; sp_pass < 2; sp_pass++) {
 		for (size_t wi = 0; wi < n_words; wi++) {
-			char cur[64];
+			char *pc[64];
+			int np = 0;
 			const char *word = words[wi];
-			snprintf(cur, sizeof(cur), "%s", sp_pass ? sym[' '] : sym[(uint8_t)word[0]]);
-			for (size_t k = sp_pass ? 0 : 1; word[k]; k++) {
-				const char *ch = sym[(uint8_t)word[k]];
-				char joined[64], merge[130];
-				snprintf(joined, sizeof(joined), "%s%s", cur, ch);
-				snprintf(merge, sizeof(merge), "%s %s", cur, ch);
-				char *t = strdup(joined);
-				if (!t)
-					goto oom;
+			if (sp_pass)
+				pc[np++] = strdup(sym[' ']);
+			for (size_t k = 0; word[k] && np < 63; k++)
+				pc[np++] = strdup(sym[(uint8_t)word[k]]);
+			bool fail = false, full = false;
+			for (int i = 0; i < np; i++)
+				fail |= !pc[i];
+			while (!fail && np > 1) { /* BPE with the current merges */
+				int best = -1;
+				int64_t best_rank = INT64_MAX;
+				for (int i = 0; i + 1 < np; i++) {
+					char key[160];
+					snprintf(key, sizeof(key), "%s %s", pc[i], pc[i + 1]);
+					int64_t r = mtab_find(&M, key);
+					if (r >= 0 && r < best_rank) {
+						best_rank = r;
+						best = i;
+					}
+				}
+				if (best < 0)
+					break;
+				char *j = join(pc[best], pc[best + 1], "");
+				fail |= !j;
+				free(pc[best]);
+				free(pc[best + 1]);
+				pc[best] = j;
+				memmove(&pc[best + 1], &pc[best + 2],
+				        sizeof(pc[0]) * (size_t)(np - best - 2));
+				np--;
+			}
+			while (!fail && !full && np > 1) { /* new merges for what is left */
+				char *key = join(pc[0], pc[1], " "), *t = join(pc[0], pc[1], "");
+				if (!key || !t || n_merges >= max_merges) {
+					free(key);
+					free(t);
+					fail = !key || !t;
+					full = true;
+					break;
+				}
 				if (sset_add(&S, t)) {
-					if (id >= limit || n_merges >= max_merges) {
-						free(t);
-						goto merges_done;
+					if (id >= limit) {
+						free(key);
+						free(t); /* the set is not used after this */
+						full = true;
+						break;
 					}
 					tok[id] = t;
 					type[id++] = 1;
-					if (!(merges[n_merges++] = strdup(merge)))
-						goto oom;
 				} else {
 					free(t);
+					t = NULL;
 				}
-				snprintf(cur, sizeof(cur), "%s", joined);
+				merges[n_merges] = key;
+				mtab_add(&M, key, (int64_t)n_merges);
+				n_merges++;
+				char *j = join(pc[0], pc[1], "");
+				fail |= !j;
+				free(pc[0]);
+				free(pc[1]);
+				pc[0] = j;
+				memmove(&pc[1], &pc[2], sizeof(pc[0]) * (size_t)(np - 2));
+				np--;
 			}
+			for (int i = 0; i < np; i++)
+				free(pc[i]);
+			if (fail)
+				goto oom;
+			if (full)
+				goto merges_done;
 		}
 	}
 merges_done:
@@ -394,5 +484,7 @@ out:
 	free(type);
 	free(merges);
 	free(S.slot);
+	free(M.key);
+	free(M.rank);
 	return rc;
 }

@@ -117,8 +117,8 @@ static int rd_name(struct cur *c, char **out, const char *what)
 	/* names are printed and used as C strings: no NUL, no control bytes */
 	for (uint64_t i = 0; i < len; i++)
 		if (p[i] < 0x20 || p[i] == 0x7f)
-			return fail_at(c, ERR_FORMAT, at, "%s: name contains the control byte 0x%02x at %llu", what, p[i],
-			               (unsigned long long)i);
+			return fail_at(c, ERR_FORMAT, at, "%s: name contains the control byte 0x%02x at %llu",
+			               what, p[i], (unsigned long long)i);
 	char *s = malloc((size_t)len + 1);
 	if (!s)
 		return errbuf_set(c->e, -ENOMEM, "%s: out of memory", c->file);
@@ -892,8 +892,8 @@ static int open_impl(struct gguf_ctx *g, const char *path, struct errbuf *e)
 	}
 	struct split_name sn0;
 	if (count == 1 && parse_split_name(p0, &sn0) && sn0.count > 1) {
-		rc = errbuf_set(e, ERR_MISMATCH, "%s: the file name says %lu shards but the file has %s", p0, sn0.count,
-		                r1 > 0 ? "no split.count key" : "split.count = 1");
+		rc = errbuf_set(e, ERR_MISMATCH, "%s: the file name says %lu shards but the file has %s", p0,
+		                sn0.count, r1 > 0 ? "no split.count key" : "split.count = 1");
 		goto out;
 	}
 	if (count > 1) {

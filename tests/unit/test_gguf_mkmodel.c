@@ -18,6 +18,7 @@
 
 #include "common/gguf/gguf.h"
 #include "common/model/model.h"
+#include "common/tok/tok.h"
 #include "kernels/kernels.h"
 
 static int n_fail, n_check;
@@ -331,6 +332,54 @@ static void test_forward(const char *paths[4], const char *mixes[4])
 		free(lg[i]);
 }
 
+/* The synthesized vocabularies of glm5 and deepseek3 load in the tokenizer, have the real size
+ * and special ids, merge common words into single tokens and round-trip text. */
+static void test_vocab(const char *preset, const char *out, int32_t vocab, int32_t bos, int32_t eos,
+                       const char *special, int32_t special_id)
+{
+	const char *args[] = {"mkmodel",      "--preset", preset, "--type", "q4_k",
+	                      "--vocab-only", "-o",       out,    NULL};
+	int rc = run_tandem(args);
+	CHECK(rc == 0, "mkmodel --vocab-only %s exited %d", preset, rc);
+	struct gguf_ctx *g;
+	struct errbuf e = {0};
+	if (gguf_open(&g, out, &e)) {
+		CHECK(0, "%s: %s", out, e.msg);
+		return;
+	}
+	struct tok *t;
+	rc = tok_load(&t, g, &e);
+	CHECK(rc == 0, "%s: tok_load: %s", preset, e.msg);
+	if (rc == 0) {
+		CHECK(tok_n_vocab(t) == vocab, "%s: vocab %d", preset, tok_n_vocab(t));
+		CHECK(tok_bos(t) == bos && tok_eos(t) == eos, "%s: bos %d eos %d", preset, tok_bos(t),
+		      tok_eos(t));
+		CHECK(tok_find(t, special, strlen(special)) == special_id, "%s: %s is not %d", preset,
+		      special, special_id);
+		const char *text = "the people of the world will think about the time, and the question.";
+		int32_t ids[128];
+		size_t n = 0;
+		rc = tok_encode(t, text, strlen(text), 0, ids, 128, &n, NULL, &e);
+		CHECK(rc == 0, "%s: encode: %s", preset, e.msg);
+		/* every word of the sentence is in the merge list: one token per word + 2 punctuation */
+		CHECK(rc == 0 && n == 15, "%s: %zu tokens for 13 words and 2 punctuation marks", preset, n);
+		char buf[256];
+		size_t len = 0;
+		rc = tok_decode(t, ids, n, 0, buf, sizeof(buf), &len, &e);
+		CHECK(rc == 0 && len == strlen(text) && memcmp(buf, text, len) == 0, "%s: decode round trip",
+		      preset);
+		const char *odd = "\xe4\xb8\x96 x\x01"; /* 3 + 2 + 1 bytes, no merges apply */
+		rc = tok_encode(t, odd, strlen(odd), 0, ids, 128, &n, NULL, &e);
+		CHECK(rc == 0 && n == strlen(odd),
+		      "%s: bytes not covered by merges encode to byte tokens (%zu)", preset, n);
+		rc = tok_decode(t, ids, n, 0, buf, sizeof(buf), &len, &e);
+		CHECK(rc == 0 && len == strlen(odd) && memcmp(buf, odd, len) == 0, "%s: byte round trip",
+		      preset);
+		tok_destroy(t);
+	}
+	gguf_close(g);
+}
+
 int main(void)
 {
 	find_tandem();
@@ -362,6 +411,11 @@ int main(void)
 	CHECK(!same_file(paths[2], p2), "seeds 7 and 8 give the same file");
 
 	test_forward(pp, mixes);
+
+	char pv[512];
+	snprintf(pv, sizeof(pv), "%s/vocab.gguf", tmpdir);
+	test_vocab("glm5", pv, 154880, 154822, 154820, "<|user|>", 154827);
+	test_vocab("deepseek3", pv, 129280, 0, 1, "<\xef\xbd\x9cUser\xef\xbd\x9c>", 128803);
 
 	/* bad command lines: one line, exit 2 */
 	const char *bad1[] = {"mkmodel", "--preset", "tiny", "--type", "q9_9", "-o", p1, NULL};
