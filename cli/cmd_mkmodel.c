@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -254,7 +255,7 @@ static int set_metadata(struct gguf_writer *w, const struct mk_config *c, const 
 	rc |= gguf_writer_set_f32(w, A("expert_weights_scale"), 2.5f);
 	rc |= gguf_writer_set_bool(w, A("expert_weights_norm"), true);
 	rc |= gguf_writer_set_u32(w, A("rope.dimension_count"), (uint32_t)c->R);
-	if (strcmp(c->arch, "glm-dsa") == 0)
+	if (strcmp(c->arch, "glm-dsa") == 0 || c->nextn > 0)
 		rc |= gguf_writer_set_u32(w, A("nextn_predict_layers"), (uint32_t)c->nextn);
 	if (c->yarn) {
 		rc |= gguf_writer_set_str(w, A("rope.scaling.type"), "yarn");
@@ -388,9 +389,13 @@ int cmd_mkmodel(int argc, char **argv)
 	if (c.k > c.E)
 		return cli_usage_error("mkmodel", "top-k %lld is more than the %lld experts", (long long)c.k,
 		                       (long long)c.E);
-	if (c.n_group > 1 && (c.E % c.n_group || c.k > c.E))
-		c.n_group = c.n_group_used = 1; /* group routing needs E divisible by the groups */
-	if (c.n_group > 1 && c.n_group_used * (c.E / c.n_group) < c.k)
+	/* group-limited routing (deepseek3) needs E divisible into groups of at least 2 experts, and
+	 * enough experts in the used groups for top-k: fewer groups when the expert count is changed */
+	while (c.n_group > 1 && (c.E % c.n_group || c.E / c.n_group < 2))
+		c.n_group /= 2;
+	if (c.n_group_used > c.n_group)
+		c.n_group_used = c.n_group;
+	if (c.n_group_used * (c.E / c.n_group) < c.k)
 		c.n_group_used = c.n_group;
 	if (threads < 0) {
 		long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -449,6 +454,18 @@ int cmd_mkmodel(int argc, char **argv)
 	        "%lld threads -> %s\n",
 	        c.preset, type_s, c.n_layers, c.n_dense, c.nextn, (long long)c.E, n_t,
 	        (double)total / (1u << 30), (long long)threads, out);
+	/* refuse early rather than fail after writing most of a large file */
+	char dirbuf[PATH_MAX];
+	snprintf(dirbuf, sizeof(dirbuf), "%s", out);
+	struct statvfs vfs;
+	if (statvfs(dirname(dirbuf), &vfs) == 0) {
+		uint64_t avail = (uint64_t)vfs.f_bavail * vfs.f_frsize;
+		if (avail < total + (64u << 20)) {
+			fprintf(stderr, "tandem mkmodel: %s needs %.2f GiB but its file system has %.2f GiB free\n", out,
+			        (double)total / (1u << 30), (double)avail / (1u << 30));
+			goto out;
+		}
+	}
 	struct progress pr = {.t0 = now_s(), .tty = isatty(2)};
 	pr.last = pr.t0;
 	gguf_writer_set_progress(w, progress_cb, &pr);
