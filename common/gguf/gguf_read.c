@@ -218,10 +218,11 @@ static int64_t new_index(struct cur *c, struct gguf_kvset *set, uint64_t count, 
 	struct gguf_arr_index *ix = &set->idx[set->n_idx];
 	memset(ix, 0, sizeof(*ix));
 	ix->count = count;
-	/* count was bounded by the bytes left, so these allocations are at most ~2x the file */
-	ix->elem = malloc((size_t)(count ? count : 1) * sizeof(*ix->elem));
+	/* count (> 0) was bounded by the bytes left (8 per string, 12 per array), so the tables are at
+	 * most about 1.4x the bytes they index */
+	ix->elem = malloc((size_t)count * sizeof(*ix->elem));
 	if (with_child)
-		ix->child = malloc((size_t)(count ? count : 1) * sizeof(*ix->child));
+		ix->child = malloc((size_t)count * sizeof(*ix->child));
 	if (!ix->elem || (with_child && !ix->child)) {
 		free(ix->elem);
 		free(ix->child);
@@ -268,6 +269,8 @@ static int parse_array(struct cur *c, struct gguf_kvset *set, const char *key, i
 		return fail_at(c, ERR_FORMAT, at,
 		               "key '%s': array of %llu %s elements needs more than the %zu bytes left", key,
 		               (unsigned long long)count, gguf_vtype_name((enum gguf_vtype)et), left(c));
+	if (count == 0)
+		return 0; /* nothing to index (keeps empty nested arrays from costing memory) */
 	int64_t id = new_index(c, set, count, et == GGUF_VT_ARRAY);
 	if (id < 0)
 		return (int)id;
