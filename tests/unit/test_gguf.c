@@ -5,6 +5,7 @@
  *    127741 merges; string-array access must be O(1));
  *  - writer round trip of every value type, nested arrays, three tensor data sources, alignments;
  *  - split sets opened from any shard. */
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -211,8 +212,8 @@ static void test_deepseek_vocab(void)
 	}
 	double t_acc = now_s() - t0;
 	CHECK(sum > 2000000, "sum");
-	CHECK(t_acc < 1.0, "2e6 string-array accesses took %.3f s", t_acc);
-	CHECK(t_open < 2.0, "open took %.3f s", t_open);
+	CHECK(t_acc < 5.0, "2e6 string-array accesses took %.3f s (an O(n) lookup would take hours)", t_acc);
+	CHECK(t_open < 10.0, "open took %.3f s", t_open);
 	printf("deepseek-v3 vocab: open %.1f ms, 2e6 random element accesses %.1f ms\n", t_open * 1e3,
 	       t_acc * 1e3);
 	uint32_t u;
@@ -583,6 +584,42 @@ static void test_split(void)
 	}
 }
 
+static int fill_fail(void *user, const char *name, uint64_t off, void *dst, size_t n)
+{
+	(void)user, (void)name, (void)dst, (void)n;
+	return off > 0 ? -EIO : 0; /* fails on the second chunk */
+}
+
+/* Write failures: a clear error, and neither the file nor its .tmp left behind. */
+static void test_write_errors(void)
+{
+	char path[512], tmp[530];
+	tmp_path(path, sizeof(path), "fail.gguf");
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	struct gguf_writer *w = gguf_writer_create(0);
+	int64_t ne[2] = {32, 100};
+	gguf_writer_set_chunk_bytes(w, 1000);
+	CHECK(gguf_writer_add_tensor_chunked(w, "t.bad", KT_F32, 2, ne, fill_fail, NULL) == 0, "add");
+	struct errbuf e = {0};
+	int rc = gguf_writer_write(w, path, &e);
+	CHECK(rc == -EIO && strstr(e.msg, "t.bad"), "callback failure: %d %s", rc, e.msg);
+	CHECK(access(path, F_OK) != 0 && access(tmp, F_OK) != 0, "no file left after a failed write");
+	rc = gguf_writer_write(w, "/nonexistent-dir/x.gguf", &e);
+	CHECK(rc == -ENOENT && strstr(e.msg, "/nonexistent-dir/x.gguf.tmp"), "unwritable path: %d %s", rc,
+	      e.msg);
+	gguf_writer_destroy(w);
+	CHECK(gguf_writer_create(3) == NULL, "alignment 3 refused");
+	w = gguf_writer_create(0);
+	CHECK(gguf_writer_set_u32(w, "", 1) == -EINVAL, "empty key refused");
+	char longkey[300];
+	memset(longkey, 'k', sizeof(longkey) - 1);
+	longkey[sizeof(longkey) - 1] = 0;
+	CHECK(gguf_writer_set_u32(w, longkey, 1) == -EINVAL, "key over GGUF_MAX_NAME refused");
+	CHECK(gguf_writer_add_tensor(w, "t", 77, 1, ne, ne) == -EINVAL, "unknown type refused");
+	CHECK(gguf_writer_add_tensor(w, "t", KT_F32, 5, ne, ne) == -EINVAL, "5 dims refused");
+	gguf_writer_destroy(w);
+}
+
 static void test_print(void)
 {
 	struct gguf_ctx *g;
@@ -617,6 +654,7 @@ int main(void)
 	roundtrip(64);
 	roundtrip(1);
 	test_split();
+	test_write_errors();
 	test_print();
 	char cmd[300];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
