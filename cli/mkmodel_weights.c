@@ -1,10 +1,10 @@
 /* `tandem mkmodel` weights: the tensor list of a glm-dsa / deepseek2 model (names and shapes of
  * MODEL-SPEC.md §4.3), the type of each tensor under the chosen mix, and the random values.
  * Values follow tests/data/README.md §2 so a forward pass stays finite: embeddings N(0,1), output
- * N(0,0.2), matrices N(0,1/fan_in), router N(0,0.1), norm weights U(0.7,1.3), LayerNorm bias
- * N(0,0.1), expert bias U(-0.1,0.1). Each row is generated from its own seed (tensor seed, row
- * index) with a counter-based 32-bit hash and a 4-term Irwin-Hall normal (two hashes per value), then
- * quantized with kcpu_quantize_row; the rows of a chunk are split over threads. */
+ * N(0,0.2) at D = 256 (scaled with 1/sqrt(D)), matrices N(0,1/fan_in), router N(0,0.1), norm weights
+ * U(0.7,1.3), LayerNorm bias N(0,0.1), expert bias U(-0.1,0.1). Each row is generated from its own seed
+ * (tensor seed, row index) with a counter-based 32-bit hash and a 4-term Irwin-Hall normal (two hashes per
+ * value), then quantized with kcpu_quantize_row; the rows of a chunk are split over threads. */
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -148,7 +148,10 @@ int mkmodel_tensors(const struct mk_config *c, const struct mk_types *types, uin
 	int rc = 0;
 	rc |= add(L, K_EMB, MK_INIT_NORMAL, 0.0f, 1.0f, 2, c->D, c->vocab, 1, "token_embd.weight");
 	rc |= NORM(c->D, "output_norm.weight");
-	rc |= add(L, K_OUT, MK_INIT_NORMAL, 0.0f, 0.2f, 2, c->D, c->vocab, 1, "output.weight");
+	/* N(0, 0.2) at D = 256 as in tests/data; scaled by sqrt(256 / D) so the logits keep a standard
+	 * deviation of about 3 at any width (0.2 at D = 6144 would give logits of +-80) */
+	rc |= add(L, K_OUT, MK_INIT_NORMAL, 0.0f, 3.2f / sqrtf((float)c->D), 2, c->D, c->vocab, 1,
+	          "output.weight");
 	for (int i = 0; i < c->n_layers + c->nextn; i++)
 		rc |= layer(L, c, i);
 	for (int i = c->n_layers; i < c->n_layers + c->nextn; i++) {
