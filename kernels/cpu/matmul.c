@@ -139,6 +139,21 @@ static void rows_tiled(void *u, int64_t r0, int64_t r1, int thread)
 	}
 }
 
+/* A weight whose row size disagrees with its type and n_in, or strides shorter than a row, are
+ * bugs in the caller (the loader validated the file); reading with them would run past tensors. */
+static void check_args(const char *what, const struct kweight *w, int64_t ldx, int64_t n_tok, int64_t ldy)
+{
+	size_t rb = 0;
+
+	if (!ktype_row_bytes(w->type, w->n_in, &rb) || rb != w->row_bytes || w->n_in <= 0 ||
+	    (n_tok > 1 && (ldx < w->n_in || ldy < w->n_out))) {
+		fprintf(stderr, "%s: bad weight %s n_in %lld row_bytes %zu (expected %zu) or strides ldx %lld ldy %lld\n",
+			what, ktype_name(w->type), (long long)w->n_in, w->row_bytes, rb, (long long)ldx,
+			(long long)ldy);
+		abort();
+	}
+}
+
 void kcpu_matmul(struct kpool *p, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok,
 		 float *y, int64_t ldy)
 {
@@ -146,6 +161,7 @@ void kcpu_matmul(struct kpool *p, const struct kweight *w, const float *x, int64
 
 	if (n_tok <= 0 || w->n_out <= 0)
 		return;
+	check_args("kcpu_matmul", w, ldx, n_tok, ldy);
 	bool is_float = w->type == KT_F32 || w->type == KT_F16 || w->type == KT_BF16;
 	if (n_tok < (is_float ? SMALL_TOK_FLOAT : SMALL_TOK_QUANT)) {
 		/* about 64 KiB of weights per chunk so small matrices stay on one thread */
@@ -189,6 +205,7 @@ void kcpu_matmul_fast(struct kpool *p, const struct kweight *w, const float *x, 
 {
 	if (n_tok <= 0 || w->n_out <= 0)
 		return;
+	check_args("kcpu_matmul_fast", w, ldx, n_tok, ldy);
 	struct quant_xq8 *xq = NULL;
 	/* from FAST_TOK_MAX tokens on, the fp32 tiles of kcpu_matmul (register-blocked over rows and
 	 * tokens) beat per-token integer dots (bench_matmul, 2026-11-29) */

@@ -12,8 +12,9 @@
  *           fails if the generation moved on), run, done += 1, repeat until no chunk is left.
  *
  * A stale worker may read a job slot while the caller rewrites it for a later job, but its CAS
- * then fails (the counter carries the later generation), so it never runs what it read. Several
- * pools may exist at once (one per CPU TP rank); they share nothing. */
+ * then fails (the counter carries the later generation), so it never runs what it read (the
+ * slot's fields are relaxed atomics so that this read is not a data race). Several pools may
+ * exist at once (one per CPU TP rank); they share nothing. */
 #include <errno.h>
 #include <linux/futex.h>
 #include <pthread.h>
@@ -40,6 +41,16 @@
 #define SPIN_WORKER 20000
 #define CHUNKS_PER_THREAD 4
 
+/* A job slot. Its fields are atomics (relaxed) only because a stale worker may read a slot
+ * while the caller rewrites it for a later job; such a worker's CAS then fails, so what it read
+ * is never used, but the read must not be a data race. */
+struct job_slot {
+	_Atomic(kpool_fn) fn;
+	_Atomic(void *) user;
+	_Atomic int64_t n;
+	_Atomic int64_t n_chunks;
+};
+
 struct job {
 	kpool_fn fn;
 	void *user;
@@ -56,7 +67,7 @@ struct kpool {
 	int n_threads;
 	pthread_t *threads;
 	struct scratch *scratch; /* per thread, grown by kpool_scratch */
-	struct job jobs[2];
+	struct job_slot jobs[2];
 	_Alignas(64) _Atomic uint64_t ctr;   /* gen << 32 | next chunk */
 	_Alignas(64) _Atomic uint32_t gen;   /* futex word: last published job */
 	_Atomic int sleepers;
@@ -101,6 +112,14 @@ static void run_chunks(struct kpool *p, const struct job *j, uint32_t g, int thr
 	}
 }
 
+static void read_slot(struct job_slot *s, struct job *j)
+{
+	j->fn = atomic_load_explicit(&s->fn, memory_order_relaxed);
+	j->user = atomic_load_explicit(&s->user, memory_order_relaxed);
+	j->n = atomic_load_explicit(&s->n, memory_order_relaxed);
+	j->n_chunks = atomic_load_explicit(&s->n_chunks, memory_order_relaxed);
+}
+
 static void *worker_main(void *argp)
 {
 	struct worker_arg *a = argp;
@@ -129,7 +148,8 @@ static void *worker_main(void *argp)
 		if (atomic_load_explicit(&p->stop, memory_order_relaxed))
 			return NULL;
 		seen = g;
-		struct job j = p->jobs[g & 1];
+		struct job j;
+		read_slot(&p->jobs[g & 1], &j);
 		run_chunks(p, &j, g, index);
 	}
 }
@@ -217,18 +237,18 @@ void kpool_for(struct kpool *p, int64_t n, int64_t grain, kpool_fn fn, void *use
 	}
 
 	uint32_t g = atomic_load_explicit(&p->gen, memory_order_relaxed) + 1;
-	struct job *j = &p->jobs[g & 1];
-	j->fn = fn;
-	j->user = user;
-	j->n = n;
-	j->n_chunks = n_chunks;
+	struct job_slot *slot = &p->jobs[g & 1];
+	atomic_store_explicit(&slot->fn, fn, memory_order_relaxed);
+	atomic_store_explicit(&slot->user, user, memory_order_relaxed);
+	atomic_store_explicit(&slot->n, n, memory_order_relaxed);
+	atomic_store_explicit(&slot->n_chunks, n_chunks, memory_order_relaxed);
 	atomic_store_explicit(&p->done, 0, memory_order_relaxed);
 	atomic_store_explicit(&p->ctr, (uint64_t)g << 32, memory_order_release);
 	atomic_store(&p->gen, g); /* seq_cst: ordered before the sleepers check below */
 	if (atomic_load(&p->sleepers) > 0)
 		futex(&p->gen, FUTEX_WAKE_PRIVATE, INT32_MAX);
 
-	struct job mine = *j;
+	struct job mine = {.fn = fn, .user = user, .n = n, .n_chunks = n_chunks};
 	run_chunks(p, &mine, g, 0);
 	int spins = 0;
 	while (atomic_load_explicit(&p->done, memory_order_acquire) < n_chunks) {
