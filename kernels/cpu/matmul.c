@@ -13,7 +13,7 @@
  * The sums are fp32; their order differs from kcpu_dot_row (k blocks), within fp32 rounding.
  *
  * kcpu_matmul_fast (opt-in, approximate): for fewer than FAST_TOK_MAX tokens, quantizes each
- * token's activations once to int8 blocks of 32 (quant_act.c), then integer dots per row and
+ * token's activations once to int8 blocks of 256 (quant_act.c), then integer dots per row and
  * token, threaded over rows like the fused path; more tokens use the exact tiled path. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -185,7 +185,7 @@ static void rows_fast(void *u, int64_t r0, int64_t r1, int thread)
 	const struct mm_fast *m = u;
 	const struct kweight *w = m->w;
 	const char *base = w->data;
-	int64_t nb = w->n_in / 32;
+	int64_t nb = w->n_in / 256;
 
 	(void)thread;
 	for (int64_t r = r0; r < r1; r++) {
@@ -211,13 +211,13 @@ void kcpu_matmul_fast(struct kpool *p, const struct kweight *w, const float *x, 
 	 * tokens) beat per-token integer dots (bench_matmul, 2026-11-29) */
 	if (quant_has_xq8(w->type) && w->n_in % 256 == 0 && n_tok < FAST_TOK_MAX)
 		xq = kpool_scratch(p, kpool_n_threads(p),
-				   sizeof(struct quant_xq8) * (size_t)(w->n_in / 32) * (size_t)n_tok);
+				   sizeof(struct quant_xq8) * (size_t)(w->n_in / 256) * (size_t)n_tok);
 	if (!xq) {
 		kcpu_matmul(p, w, x, ldx, n_tok, y, ldy);
 		return;
 	}
 	for (int64_t t = 0; t < n_tok; t++)
-		quant_xq8_row(x + t * ldx, xq + t * (w->n_in / 32), w->n_in);
+		quant_xq8_row(x + t * ldx, xq + t * (w->n_in / 256), w->n_in);
 	struct mm_fast m = {.w = w, .xq = xq, .n_tok = n_tok, .y = y, .ldy = ldy};
 	int64_t grain = (int64_t)(65536 / (w->row_bytes ? w->row_bytes : 1));
 	kpool_for(p, w->n_out, grain < 1 ? 1 : grain, rows_fast, &m);

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -35,10 +36,11 @@
 
 #include "kernels/kernels.h"
 
-/* How long an idle worker spins before sleeping, in pause iterations (~30-150 cycles each):
- * long enough to bridge the gap between the kpool_for calls of one decode step, short enough
- * not to burn a core between requests. */
-#define SPIN_WORKER 20000
+/* How long an idle worker spins before sleeping: long enough to bridge the gaps between the
+ * kpool_for calls of one decode step (microseconds), short enough not to burn a core between
+ * requests or on an oversubscribed machine. Timed with the clock because the cost of a pause
+ * instruction differs 10x between CPUs (about 10 ns on the test machine). */
+#define SPIN_NS 100000
 #define CHUNKS_PER_THREAD 4
 
 /* A job slot. Its fields are atomics (relaxed) only because a stale worker may read a slot
@@ -79,6 +81,13 @@ struct worker_arg {
 	struct kpool *p;
 	int index;
 };
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 
 static long futex(_Atomic uint32_t *addr, int op, uint32_t val)
 {
@@ -131,10 +140,11 @@ static void *worker_main(void *argp)
 	for (;;) {
 		uint32_t g;
 		int spins = 0;
+		int64_t spin_start = now_ns();
 		while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen) {
 			if (atomic_load_explicit(&p->stop, memory_order_relaxed))
 				return NULL;
-			if (++spins < SPIN_WORKER) {
+			if ((++spins & 255) != 0 || now_ns() - spin_start < SPIN_NS) {
 				cpu_relax();
 				continue;
 			}
@@ -144,6 +154,7 @@ static void *worker_main(void *argp)
 				futex(&p->gen, FUTEX_WAIT_PRIVATE, seen);
 			atomic_fetch_sub(&p->sleepers, 1);
 			spins = 0;
+			spin_start = now_ns();
 		}
 		if (atomic_load_explicit(&p->stop, memory_order_relaxed))
 			return NULL;

@@ -32,15 +32,17 @@ struct quant_ops {
 	float (*dot_xq8)(const void *row, const struct quant_xq8 *x, int64_t n);
 };
 
-/* An activation block of the approximate fast path (kcpu_matmul_fast): 32 values quantized to
- * int8 with one fp32 scale, x ~= d * q, plus sum(q) for the weight types that carry mins. */
+/* An activation block of the approximate fast path (kcpu_matmul_fast), like ggml's Q8_K: 256
+ * values quantized to int8 with one fp32 scale, x ~= d * q, plus the sums of each 16 q values
+ * (for the weight types that carry mins or offsets). One scale per 256 lets the K-quant dots
+ * accumulate a whole super-block in integers. */
 struct quant_xq8 {
 	float d;
-	int32_t sum;
-	int8_t q[32];
+	int16_t bsums[16];
+	int8_t q[256];
 };
 
-/* Quantizes n (a multiple of 32) activations into n / 32 blocks (quant_act.c). */
+/* Quantizes n (a multiple of 256) activations into n / 256 blocks (quant_act.c). */
 void quant_xq8_row(const float *x, struct quant_xq8 *out, int64_t n);
 /* Integer dots of a weight row with quantized activations; NULL where a type has none. */
 float quant_dot_xq8(int type, const void *row, const struct quant_xq8 *x, int64_t n);

@@ -98,7 +98,7 @@ static double run_case(struct kpool *p, int type, int64_t n_out, int64_t n_in, i
 	return worst;
 }
 
-/* kcpu_matmul_fast: with the activations quantized here independently (per 32: d = max|x|/127,
+/* kcpu_matmul_fast: with the activations quantized here independently (per 256: d = max|x|/127,
  * q = round-to-nearest-even(x * 127 / max|x|)), the result must equal the exact dot of the
  * dequantized weights with d*q to fp32 rounding; also reports the approximation error against
  * the unquantized activations. Unsupported types must give exactly kcpu_matmul's result. */
@@ -123,13 +123,13 @@ static void test_fast(struct kpool *p, int type, int64_t n_out, int64_t n_in, in
 	for (int64_t t = 0; t < n_tok; t++) {
 		for (int64_t i = 0; i < n_in; i++)
 			x[t * ldx + i] = rng_gauss() * (i % 97 == 0 ? 6.0f : 1.0f);
-		for (int64_t b = 0; b < n_in / 32; b++) {
+		for (int64_t b = 0; b < n_in / 256; b++) {
 			float amax = 0.0f;
-			for (int j = 0; j < 32; j++)
-				amax = fmaxf(amax, fabsf(x[t * ldx + 32 * b + j]));
+			for (int j = 0; j < 256; j++)
+				amax = fmaxf(amax, fabsf(x[t * ldx + 256 * b + j]));
 			float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
-			for (int j = 0; j < 32; j++)
-				xq[t * n_in + 32 * b + j] = d * (float)(int)nearbyintf(x[t * ldx + 32 * b + j] * id);
+			for (int j = 0; j < 256; j++)
+				xq[t * n_in + 256 * b + j] = d * (float)(int)nearbyintf(x[t * ldx + 256 * b + j] * id);
 		}
 	}
 	struct kweight kw = {.type = type, .n_in = n_in, .n_out = n_out, .row_bytes = rb, .data = w};
