@@ -88,9 +88,12 @@ static inline float quant_fp16(const uint8_t *p)
 #endif
 }
 
-/* Round half away from zero, as ggml's nearest_int does for the values quantizers produce. */
+/* Round half away from zero, as ggml's nearest_int does for the values quantizers produce.
+ * NaN gives 0 and huge values saturate (float -> int conversion of those is undefined). */
 static inline int quant_nearest(float v)
 {
+	if (!(v > -1e9f && v < 1e9f))
+		return v >= 1e9f ? 1000000000 : v <= -1e9f ? -1000000000 : 0;
 	return (int)(v >= 0.0f ? v + 0.5f : v - 0.5f);
 }
 

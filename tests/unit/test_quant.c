@@ -570,6 +570,50 @@ static void test_hand_blocks(void)
 	printf("hand-built blocks: 15 types checked bit for bit\n");
 }
 
+/* Degenerate rows: all zeros must come back as exact zeros; constant rows, tiny (subnormal)
+ * and large values must stay finite and within the type's error; NaN inputs must not crash. */
+static void test_degenerate(void)
+{
+	enum { N = 512 };
+	static const int types[] = {KT_F32,  KT_F16,  KT_BF16, KT_Q8_0, KT_Q4_0, KT_Q4_1,   KT_Q5_0, KT_Q5_1,
+				    KT_IQ4_NL, KT_Q2_K, KT_Q3_K, KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_IQ4_XS};
+	float x[N], y[N];
+	uint8_t q[4 * N];
+
+	for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+		int t = types[ti];
+		const char *nm = ktype_name(t);
+		memset(x, 0, sizeof x);
+		kcpu_quantize_row(t, x, q, N);
+		kcpu_dequant_row(t, q, y, N);
+		int nz = 0;
+		for (int i = 0; i < N; i++)
+			nz += y[i] != 0.0f;
+		CHECK(nz == 0, "%s: zero row dequantizes to %d non-zeros", nm, nz);
+		CHECK(kcpu_dot_row(t, q, x, N) == 0.0f, "%s: zero dot", nm);
+
+		static const float scales[] = {1e-30f, 1e-6f, 1.0f, 1000.0f};
+		for (int k = 0; k < 4; k++) {
+			for (int i = 0; i < N; i++)
+				x[i] = scales[k] * (i % 2 ? 1.0f : 0.75f) * (i % 5 == 0 ? -1.0f : 1.0f);
+			kcpu_quantize_row(t, x, q, N);
+			kcpu_dequant_row(t, q, y, N);
+			/* fp16 block scales cannot represent blocks below ~1e-5 (the scale is max/127 or
+			 * smaller and fp16 ends at 6e-8): such blocks may flush to zero (error = |x|) */
+			float bound = scales[k] < 1e-4f ? 1.0001f * scales[k] : 0.6f * scales[k];
+			int bad = 0;
+			for (int i = 0; i < N; i++)
+				bad += !isfinite(y[i]) || fabsf(y[i] - x[i]) > bound;
+			CHECK(bad == 0, "%s: %d of %d values off for a two-level row of scale %g", nm, bad, N,
+			      (double)scales[k]);
+		}
+		for (int i = 0; i < N; i++)
+			x[i] = i == 3 ? NAN : 0.5f;
+		kcpu_quantize_row(t, x, q, N); /* must not crash; the result is unspecified */
+	}
+	printf("degenerate rows: zeros, two-level rows at 1e-30..1e3, NaN input\n");
+}
+
 int main(void)
 {
 	uint64_t seed = (uint64_t)time(NULL);
@@ -583,6 +627,7 @@ int main(void)
 	test_type_table();
 	test_fp16();
 	test_hand_blocks();
+	test_degenerate();
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
 		test_type(&cases[i]);
 
