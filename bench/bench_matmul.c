@@ -7,7 +7,8 @@
  * 1024) that each call reads from DRAM, as a real model's weights do; GEMM reuses one copy (it is
  * compute-bound). The read bandwidth is measured before and after each table and the better one
  * kept. The last two columns are the approximate int8-activation path
- * (kcpu_matmul_fast) where the type has one. Usage: bench_matmul [--types Q4_K,Q8_0,...] [--threads 1,2] [--cold-mib N]
+ * (kcpu_matmul_fast) where the type has one. Usage: bench_matmul [--types Q4_K,Q8_0,...] [--threads 1,2]
+ * [--cold-mib N]
  * [--tok N] [--quick] */
 #include <immintrin.h>
 #include <inttypes.h>
@@ -96,15 +97,15 @@ struct result {
 	double fast_gemv_gbs, fast_gemm_gflops; /* 0: no fast path for the type */
 };
 
-typedef void (*matmul_fn)(struct kpool *, const struct kweight *, const float *, int64_t, int64_t,
-			  float *, int64_t);
+typedef void (*matmul_fn)(struct kpool *, const struct kweight *, const float *, int64_t, int64_t, float *,
+                          int64_t);
 
 /* Both timers return the fastest single call: this machine is shared (2 cores, several agents),
  * and the fastest call is the one that ran without being descheduled. */
 
 /* GEMV over rotating copies (each call reads its weights from DRAM) */
 static double time_gemv(matmul_fn f, struct kpool *p, struct kweight *kw, const uint8_t *w, size_t wbytes,
-			int copies, const float *x, float *y, double min_time)
+                        int copies, const float *x, float *y, double min_time)
 {
 	int calls = 0;
 	double t0 = now_s(), best = 1e30;
@@ -123,7 +124,7 @@ static double time_gemv(matmul_fn f, struct kpool *p, struct kweight *kw, const 
 }
 
 static double time_gemm(matmul_fn f, struct kpool *p, struct kweight *kw, const uint8_t *w, int n_tok,
-			const float *x, float *y, double min_time)
+                        const float *x, float *y, double min_time)
 {
 	double t0 = now_s(), best = 1e30;
 
@@ -139,7 +140,7 @@ static double time_gemm(matmul_fn f, struct kpool *p, struct kweight *kw, const 
 }
 
 static void bench_one(struct kpool *p, int type, struct shape sh, size_t cold_bytes, int n_tok,
-		      double min_time, struct result *res)
+                      double min_time, struct result *res)
 {
 	size_t rb;
 	ktype_row_bytes(type, sh.n_in, &rb);
@@ -202,8 +203,10 @@ int main(int argc, char **argv)
 		else if (!strcmp(argv[i], "--quick"))
 			min_time = 0.15, cold_mib = 256;
 		else {
-			fprintf(stderr, "usage: %s [--types A,B] [--threads 1,2,..] [--cold-mib N] [--tok N] [--quick]\n",
-				argv[0]);
+			fprintf(
+			    stderr,
+			    "usage: %s [--types A,B] [--threads 1,2,..] [--cold-mib N] [--tok N] [--quick]\n",
+			    argv[0]);
 			return 2;
 		}
 	}
@@ -230,7 +233,8 @@ int main(int argc, char **argv)
 
 	static const struct shape shapes[] = {{2048, 6144}, {6144, 2048}};
 	struct result res[KT_COUNT][2];
-	printf("# bench_matmul: GEMV n_tok=1 over >= %zu MiB of weight copies (DRAM), GEMM n_tok=%d (one copy); fastest call\n",
+	printf("# bench_matmul: GEMV n_tok=1 over >= %zu MiB of weight copies (DRAM), GEMM n_tok=%d (one "
+	       "copy); fastest call\n",
 	       cold_mib, n_tok);
 	for (int ni = 0; ni < n_threads; ni++) {
 		int nt = threads[ni];
@@ -239,7 +243,8 @@ int main(int argc, char **argv)
 		double bw = read_bandwidth(p, (size_t)1 << 30, 8);
 		for (int ti = 0; ti < n_types; ti++)
 			for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
-				bench_one(p, types[ti], shapes[si], cold_mib << 20, n_tok, min_time, &res[ti][si]);
+				bench_one(p, types[ti], shapes[si], cold_mib << 20, n_tok, min_time,
+				          &res[ti][si]);
 		double bw2 = read_bandwidth(p, (size_t)1 << 30, 8);
 		bw = bw2 > bw ? bw2 : bw;
 		for (int k = 0; k < 1000; k++)
@@ -253,9 +258,11 @@ int main(int argc, char **argv)
 			double o = 1e6 * (now_s() - t0) / 5000;
 			ovh = o < ovh ? o : ovh;
 		}
-		printf("\n## %d thread(s): read bandwidth %.1f GB/s (AVX2 sum over 1 GiB, best of 16); kpool_for overhead %.2f us\n\n",
+		printf("\n## %d thread(s): read bandwidth %.1f GB/s (AVX2 sum over 1 GiB, best of 16); "
+		       "kpool_for overhead %.2f us\n\n",
 		       nt, bw, ovh);
-		printf("| type | shape (n_in x n_out) | GEMV GB/s | GEMV %% of read BW | GEMV us | GEMM%d GFLOP/s | GEMM%d tok/s | fast GEMV GB/s | fast GEMM%d GFLOP/s |\n",
+		printf("| type | shape (n_in x n_out) | GEMV GB/s | GEMV %% of read BW | GEMV us | GEMM%d "
+		       "GFLOP/s | GEMM%d tok/s | fast GEMV GB/s | fast GEMM%d GFLOP/s |\n",
 		       n_tok, n_tok, n_tok);
 		printf("|---|---|---|---|---|---|---|---|---|\n");
 		for (int ti = 0; ti < n_types; ti++) {
@@ -266,9 +273,11 @@ int main(int argc, char **argv)
 					snprintf(fg, sizeof fg, "%.1f", r->fast_gemv_gbs);
 					snprintf(fm, sizeof fm, "%.1f", r->fast_gemm_gflops);
 				}
-				printf("| %s | %" PRId64 " x %" PRId64 " | %.1f | %.0f%% | %.0f | %.1f | %.0f | %s | %s |\n",
+				printf("| %s | %" PRId64 " x %" PRId64
+				       " | %.1f | %.0f%% | %.0f | %.1f | %.0f | %s | %s |\n",
 				       ktype_name(types[ti]), shapes[si].n_in, shapes[si].n_out, r->gemv_gbs,
-				       100.0 * r->gemv_gbs / bw, r->gemv_us, r->gemm_gflops, r->gemm_tok_s, fg, fm);
+				       100.0 * r->gemv_gbs / bw, r->gemv_us, r->gemm_gflops, r->gemm_tok_s,
+				       fg, fm);
 			}
 		}
 		fflush(stdout);

@@ -1,8 +1,8 @@
 /* Y = X W^T on the CPU for every weight type: kcpu_matmul, threaded over output rows.
  *
- * One token (decode; up to 3 for float types): each thread takes a contiguous range of rows and computes fused
- * dequant-dots (kcpu_dot_row) per row and token; the row is read from memory once and stays in
- * L1 for the other tokens. This is memory-bound, so nothing is dequantized to memory.
+ * One token (decode; up to 3 for float types): each thread takes a contiguous range of rows and computes
+ * fused dequant-dots (kcpu_dot_row) per row and token; the row is read from memory once and stays in L1 for
+ * the other tokens. This is memory-bound, so nothing is dequantized to memory.
  *
  * Many tokens (prefill): a weight row is dequantized once per (token block, k block) into a
  * per-thread fp32 tile and reused by every token of the block. Loop nest per thread's rows:
@@ -25,9 +25,9 @@
  * repeat for up to 3 tokens (measured with Q4_K/Q8_0/Q6_K/BF16 at 2048 x 6144, 2026-11-29). */
 #define SMALL_TOK_QUANT 2
 #define SMALL_TOK_FLOAT 4
-#define TB 64        /* tokens per block */
-#define KB 1024      /* elements per k block */
-#define RG 4         /* rows per group (kernel height) */
+#define TB 64 /* tokens per block */
+#define KB 1024 /* elements per k block */
+#define RG 4 /* rows per group (kernel height) */
 #define FAST_TOK_MAX 4 /* kcpu_matmul_fast: integer dots below this many tokens */
 
 struct mm {
@@ -54,8 +54,7 @@ static void rows_dot(void *u, int64_t r0, int64_t r1, int thread)
 }
 
 /* out[i*2 + j] = dot(w row i, x_j) over kb elements, rows at stride ldw */
-static void kernel_4x2(const float *w, int64_t ldw, const float *x0, const float *x1, int64_t kb,
-		       float *out)
+static void kernel_4x2(const float *w, int64_t ldw, const float *x0, const float *x1, int64_t kb, float *out)
 {
 	int64_t k = 0;
 #if QUANT_AVX2
@@ -119,7 +118,7 @@ static void rows_tiled(void *u, int64_t r0, int64_t r1, int thread)
 					/* short groups repeat their last row; its results are dropped */
 					int64_t r = g + (i < nr ? i : nr - 1);
 					kcpu_dequant_row(w->type, base + (size_t)r * w->row_bytes + off,
-							 tile + (size_t)i * KB, kb);
+					                 tile + (size_t)i * KB, kb);
 				}
 				for (int64_t t = t0; t < t1; t += 2) {
 					int two = t + 1 < t1;
@@ -147,15 +146,17 @@ static void check_args(const char *what, const struct kweight *w, int64_t ldx, i
 
 	if (!ktype_row_bytes(w->type, w->n_in, &rb) || rb != w->row_bytes || w->n_in <= 0 ||
 	    (n_tok > 1 && (ldx < w->n_in || ldy < w->n_out))) {
-		fprintf(stderr, "%s: bad weight %s n_in %lld row_bytes %zu (expected %zu) or strides ldx %lld ldy %lld\n",
-			what, ktype_name(w->type), (long long)w->n_in, w->row_bytes, rb, (long long)ldx,
-			(long long)ldy);
+		fprintf(
+		    stderr,
+		    "%s: bad weight %s n_in %lld row_bytes %zu (expected %zu) or strides ldx %lld ldy %lld\n",
+		    what, ktype_name(w->type), (long long)w->n_in, w->row_bytes, rb, (long long)ldx,
+		    (long long)ldy);
 		abort();
 	}
 }
 
 void kcpu_matmul(struct kpool *p, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok,
-		 float *y, int64_t ldy)
+                 float *y, int64_t ldy)
 {
 	struct mm m = {.w = w, .x = x, .ldx = ldx, .n_tok = n_tok, .y = y, .ldy = ldy, .p = p};
 
@@ -200,8 +201,8 @@ bool kcpu_matmul_fast_supported(int type)
 	return quant_has_xq8(type);
 }
 
-void kcpu_matmul_fast(struct kpool *p, const struct kweight *w, const float *x, int64_t ldx,
-		      int64_t n_tok, float *y, int64_t ldy)
+void kcpu_matmul_fast(struct kpool *p, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok,
+                      float *y, int64_t ldy)
 {
 	if (n_tok <= 0 || w->n_out <= 0)
 		return;
@@ -211,7 +212,7 @@ void kcpu_matmul_fast(struct kpool *p, const struct kweight *w, const float *x, 
 	 * tokens) beat per-token integer dots (bench_matmul, 2026-11-29) */
 	if (quant_has_xq8(w->type) && w->n_in % 256 == 0 && n_tok < FAST_TOK_MAX)
 		xq = kpool_scratch(p, kpool_n_threads(p),
-				   sizeof(struct quant_xq8) * (size_t)(w->n_in / 256) * (size_t)n_tok);
+		                   sizeof(struct quant_xq8) * (size_t)(w->n_in / 256) * (size_t)n_tok);
 	if (!xq) {
 		kcpu_matmul(p, w, x, ldx, n_tok, y, ldy);
 		return;

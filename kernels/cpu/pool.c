@@ -70,11 +70,11 @@ struct kpool {
 	pthread_t *threads;
 	struct scratch *scratch; /* per thread, grown by kpool_scratch */
 	struct job_slot jobs[2];
-	_Alignas(64) _Atomic uint64_t ctr;   /* gen << 32 | next chunk */
-	_Alignas(64) _Atomic uint32_t gen;   /* futex word: last published job */
+	_Alignas(64) _Atomic uint64_t ctr; /* gen << 32 | next chunk */
+	_Alignas(64) _Atomic uint32_t gen; /* futex word: last published job */
 	_Atomic int sleepers;
 	_Atomic bool stop;
-	_Alignas(64) _Atomic int64_t done;   /* chunks finished in the current job */
+	_Alignas(64) _Atomic int64_t done; /* chunks finished in the current job */
 };
 
 struct worker_arg {
@@ -111,7 +111,7 @@ static void run_chunks(struct kpool *p, const struct job *j, uint32_t g, int thr
 		if ((uint32_t)(c >> 32) != g || (int64_t)(uint32_t)c >= j->n_chunks)
 			return;
 		if (!atomic_compare_exchange_weak_explicit(&p->ctr, &c, c + 1, memory_order_acq_rel,
-							   memory_order_acquire))
+		                                           memory_order_acquire))
 			continue;
 		int64_t i0, i1;
 		chunk_range(j, (int64_t)(uint32_t)c, &i0, &i1);

@@ -9,8 +9,10 @@
 #include "kernels/cpu/quant_impl.h"
 
 static const struct quant_ops *const xq8_ops[KT_COUNT] = {
-	[KT_Q8_0] = &quant_ops_q8_0, [KT_Q4_K] = &quant_ops_q4_k, [KT_Q5_K] = &quant_ops_q5_k,
-	[KT_Q6_K] = &quant_ops_q6_k,
+    [KT_Q8_0] = &quant_ops_q8_0,
+    [KT_Q4_K] = &quant_ops_q4_k,
+    [KT_Q5_K] = &quant_ops_q5_k,
+    [KT_Q6_K] = &quant_ops_q6_k,
 };
 
 bool quant_has_xq8(int type)

@@ -49,10 +49,9 @@ float quant_dot_xq8(int type, const void *row, const struct quant_xq8 *x, int64_
 bool quant_has_xq8(int type);
 
 extern const struct quant_ops quant_ops_f32, quant_ops_f16, quant_ops_bf16;
-extern const struct quant_ops quant_ops_q4_0, quant_ops_q4_1, quant_ops_q5_0, quant_ops_q5_1,
-	quant_ops_q8_0, quant_ops_iq4_nl;
-extern const struct quant_ops quant_ops_q2_k, quant_ops_q3_k, quant_ops_q4_k, quant_ops_q5_k,
-	quant_ops_q6_k;
+extern const struct quant_ops quant_ops_q4_0, quant_ops_q4_1, quant_ops_q5_0, quant_ops_q5_1, quant_ops_q8_0,
+    quant_ops_iq4_nl;
+extern const struct quant_ops quant_ops_q2_k, quant_ops_q3_k, quant_ops_q4_k, quant_ops_q5_k, quant_ops_q6_k;
 extern const struct quant_ops quant_ops_iq4_xs;
 
 /* The 16 non-uniform 4-bit levels of IQ4_NL / IQ4_XS (MODEL-SPEC.md §5.1). */

@@ -31,8 +31,8 @@ static float rng_gauss(void)
 	return (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
 }
 
-static const int types[] = {KT_F32,  KT_F16,  KT_BF16, KT_Q8_0, KT_Q4_0, KT_Q4_1,   KT_Q5_0, KT_Q5_1,
-			    KT_IQ4_NL, KT_Q2_K, KT_Q3_K, KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_IQ4_XS};
+static const int types[] = {KT_F32,    KT_F16,  KT_BF16, KT_Q8_0, KT_Q4_0, KT_Q4_1, KT_Q5_0,  KT_Q5_1,
+                            KT_IQ4_NL, KT_Q2_K, KT_Q3_K, KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_IQ4_XS};
 
 /* one case: returns the worst error relative to sum |w x| */
 static double run_case(struct kpool *p, int type, int64_t n_out, int64_t n_in, int64_t n_tok)
@@ -103,7 +103,7 @@ static double run_case(struct kpool *p, int type, int64_t n_out, int64_t n_in, i
  * dequantized weights with d*q to fp32 rounding; also reports the approximation error against
  * the unquantized activations. Unsupported types must give exactly kcpu_matmul's result. */
 static void test_fast(struct kpool *p, int type, int64_t n_out, int64_t n_in, int64_t n_tok,
-		      double *worst_exact, double *worst_approx)
+                      double *worst_exact, double *worst_approx)
 {
 	size_t rb;
 	ktype_row_bytes(type, n_in, &rb);
@@ -111,8 +111,10 @@ static void test_fast(struct kpool *p, int type, int64_t n_out, int64_t n_in, in
 	uint8_t *w = malloc(rb * (size_t)n_out);
 	float *src = malloc(sizeof(float) * (size_t)n_in);
 	float *deq = malloc(sizeof(float) * (size_t)(n_in * n_out));
-	float *x = malloc(sizeof(float) * (size_t)(ldx * n_tok)), *xq = malloc(sizeof(float) * (size_t)(n_in * n_tok));
-	float *y = malloc(sizeof(float) * (size_t)(ldy * n_tok)), *y2 = malloc(sizeof(float) * (size_t)(ldy * n_tok));
+	float *x = malloc(sizeof(float) * (size_t)(ldx * n_tok)),
+	      *xq = malloc(sizeof(float) * (size_t)(n_in * n_tok));
+	float *y = malloc(sizeof(float) * (size_t)(ldy * n_tok)),
+	      *y2 = malloc(sizeof(float) * (size_t)(ldy * n_tok));
 
 	for (int64_t r = 0; r < n_out; r++) {
 		for (int64_t i = 0; i < n_in; i++)
@@ -129,7 +131,8 @@ static void test_fast(struct kpool *p, int type, int64_t n_out, int64_t n_in, in
 				amax = fmaxf(amax, fabsf(x[t * ldx + 256 * b + j]));
 			float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
 			for (int j = 0; j < 256; j++)
-				xq[t * n_in + 256 * b + j] = d * (float)(int)nearbyintf(x[t * ldx + 256 * b + j] * id);
+				xq[t * n_in + 256 * b + j] =
+				    d * (float)(int)nearbyintf(x[t * ldx + 256 * b + j] * id);
 		}
 	}
 	struct kweight kw = {.type = type, .n_in = n_in, .n_out = n_out, .row_bytes = rb, .data = w};
@@ -139,7 +142,8 @@ static void test_fast(struct kpool *p, int type, int64_t n_out, int64_t n_in, in
 		for (int64_t t = 0; t < n_tok; t++)
 			for (int64_t r = 0; r < n_out; r++)
 				if (y[t * ldy + r] != y2[t * ldy + r]) {
-					printf("FAIL %s: fast fallback differs from kcpu_matmul\n", ktype_name(type));
+					printf("FAIL %s: fast fallback differs from kcpu_matmul\n",
+					       ktype_name(type));
 					n_fail++;
 					t = n_tok;
 					break;
@@ -161,9 +165,11 @@ static void test_fast(struct kpool *p, int type, int64_t n_out, int64_t n_in, in
 				*worst_approx = fmax(*worst_approx, ea);
 				if (!(ee <= 1e-5) || !(ea <= 2e-2)) {
 					if (n_fail < 20)
-						printf("FAIL fast %s [%" PRId64 "][%" PRId64 "]: %.9g, exact with "
-						       "quantized x %.9g (err %.2e), with x %.9g (err %.2e)\n",
-						       ktype_name(type), t, r, got, e_q, ee, e_x, ea);
+						printf(
+						    "FAIL fast %s [%" PRId64 "][%" PRId64
+						    "]: %.9g, exact with "
+						    "quantized x %.9g (err %.2e), with x %.9g (err %.2e)\n",
+						    ktype_name(type), t, r, got, e_q, ee, e_x, ea);
 					n_fail++;
 				}
 			}
@@ -229,8 +235,9 @@ int main(void)
 			test_fast(p, types[ti], 64, 2048, 2, &we, &wa);
 			test_fast(p, types[ti], 16, 1024, 5, &we, &wa); /* falls back: exact */
 			if (nt == 2 && kcpu_matmul_fast_supported(types[ti]))
-				printf("fast %-7s err vs quantized-x exact %.2e, vs float x %.2e (of sum|wx|)\n",
-				       ktype_name(types[ti]), we, wa);
+				printf(
+				    "fast %-7s err vs quantized-x exact %.2e, vs float x %.2e (of sum|wx|)\n",
+				    ktype_name(types[ti]), we, wa);
 		}
 		kpool_destroy(p);
 	}

@@ -15,14 +15,14 @@
 
 static int n_fail;
 
-#define CHECK(cond, ...)                                                                        \
-	do {                                                                                    \
-		if (!(cond)) {                                                                  \
-			n_fail++;                                                               \
-			printf("FAIL %s:%d: ", __FILE__, __LINE__);                             \
-			printf(__VA_ARGS__);                                                    \
-			printf("\n");                                                           \
-		}                                                                               \
+#define CHECK(cond, ...)                                                                                     \
+	do {                                                                                                 \
+		if (!(cond)) {                                                                               \
+			n_fail++;                                                                            \
+			printf("FAIL %s:%d: ", __FILE__, __LINE__);                                          \
+			printf(__VA_ARGS__);                                                                 \
+			printf("\n");                                                                        \
+		}                                                                                            \
 	} while (0)
 
 struct cover {
@@ -58,18 +58,22 @@ static void test_cover(struct kpool *p, int n_threads)
 
 	for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++) {
 		for (size_t b = 0; b < sizeof grains / sizeof grains[0]; b++) {
-			struct cover c = {.hits = hits, .grain = grains[b], .n = ns[a], .n_threads = n_threads};
+			struct cover c = {
+			    .hits = hits, .grain = grains[b], .n = ns[a], .n_threads = n_threads};
 			for (int64_t i = 0; i < ns[a]; i++)
 				atomic_store(&hits[i], 0);
 			kpool_for(p, ns[a], grains[b], cover_cb, &c);
 			int wrong = 0;
 			for (int64_t i = 0; i < ns[a]; i++)
 				wrong += atomic_load(&hits[i]) != 1;
-			CHECK(wrong == 0, "threads %d n %" PRId64 " grain %" PRId64 ": %d indices not run once",
+			CHECK(wrong == 0,
+			      "threads %d n %" PRId64 " grain %" PRId64 ": %d indices not run once",
 			      n_threads, ns[a], grains[b], wrong);
 			CHECK(c.bad_chunk == 0 && c.bad_thread == 0 && c.overlap == 0,
-			      "threads %d n %" PRId64 " grain %" PRId64 ": %d short chunks, %d bad thread ids, %d overlaps",
-			      n_threads, ns[a], grains[b], (int)c.bad_chunk, (int)c.bad_thread, (int)c.overlap);
+			      "threads %d n %" PRId64 " grain %" PRId64
+			      ": %d short chunks, %d bad thread ids, %d overlaps",
+			      n_threads, ns[a], grains[b], (int)c.bad_chunk, (int)c.bad_thread,
+			      (int)c.overlap);
 		}
 	}
 	free(hits);
@@ -199,7 +203,8 @@ int main(void)
 					r[a] = r[b];
 					r[b] = t;
 				}
-		printf("kpool_for overhead, %d thread(s): best %.3f us, median %.3f us per call (21 x 5000 calls)\n",
+		printf("kpool_for overhead, %d thread(s): best %.3f us, median %.3f us per call (21 x 5000 "
+		       "calls)\n",
 		       nt, r[0], r[10]);
 		/* a call after the workers went to sleep (idle 1 ms > spin time): futex wake-up;
 		 * the call must still be correct */
