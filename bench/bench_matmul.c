@@ -1,15 +1,17 @@
-/* CPU matmul benchmark (kernels/cpu): for each weight type at GLM-5-like shapes, GEMV (n_tok = 1)
- * as GB/s of weight bytes read and GEMM (n_tok = 64) as GFLOP/s, with 1 and 2 threads, next to
- * the machine's read bandwidth measured here (an AVX2 sum over a buffer much larger than the
- * caches) and the kpool_for call overhead.
+/* CPU matmul benchmark (kernels/cpu). First a hot-kernel table (one thread, weights in L2: the
+ * compute cost per weight element), then for each weight type at GLM-5-like shapes GEMV (n_tok =
+ * 1) as GB/s of weight bytes read and GEMM (n_tok = 64) as GFLOP/s, per thread count, next to
+ * the machine's read bandwidth measured here (an AVX2 sum over 1 GiB, far beyond the caches)
+ * and the kpool_for call overhead.
  *
  * GEMV is timed over enough copies of the weight matrix (>= --cold-mib MiB in total, default
  * 1024) that each call reads from DRAM, as a real model's weights do; GEMM reuses one copy (it is
  * compute-bound). The read bandwidth is measured before and after each table and the better one
- * kept. The last two columns are the approximate int8-activation path
- * (kcpu_matmul_fast) where the type has one. Usage: bench_matmul [--types Q4_K,Q8_0,...] [--threads 1,2]
- * [--cold-mib N]
- * [--tok N] [--quick] */
+ * kept. The "fast" columns are the approximate int8-activation path (kcpu_matmul_fast) where the
+ * type has one.
+ *
+ * Usage: bench_matmul [--types Q4_K,Q8_0,...] [--threads 1,2] [--cold-mib N] [--tok N]
+ *                     [--quick] [--hot-only] */
 #include <immintrin.h>
 #include <inttypes.h>
 #include <math.h>
@@ -183,6 +185,60 @@ static void bench_one(struct kpool *p, int type, struct shape sh, size_t cold_by
 	free(y);
 }
 
+/* Hot kernels, one thread: a 64 x 4096 weight (L2-resident) multiplied again and again; the
+ * fastest of many calls gives the compute cost per weight element without memory or
+ * preemption effects. Also the dequantization cost (kcpu_dequant_row of one row, L1). */
+static void bench_hot(const int *types, int n_types)
+{
+	enum { ROWS = 64, N = 4096 };
+	float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * ROWS), *row = malloc(sizeof(float) * N);
+	uint8_t *w = aligned_alloc(64, (size_t)ROWS * N * 4);
+
+	for (int i = 0; i < N; i++)
+		x[i] = gauss();
+	printf("\n## Hot kernels, 1 thread (64 x 4096 weight in L2; fastest of 300 calls)\n\n");
+	printf("| type | GEMV ns/elt | GEMV GB/s equiv. | fast GEMV ns/elt | fast GB/s equiv. | dequant ns/elt |\n");
+	printf("|---|---|---|---|---|---|\n");
+	for (int ti = 0; ti < n_types; ti++) {
+		int type = types[ti];
+		size_t rb;
+		ktype_row_bytes(type, N, &rb);
+		for (int r = 0; r < ROWS; r++) {
+			for (int i = 0; i < N; i++)
+				row[i] = gauss() * 0.02f;
+			kcpu_quantize_row(type, row, w + (size_t)r * rb, N);
+		}
+		struct kweight kw = {.type = type, .n_in = N, .n_out = ROWS, .row_bytes = rb, .data = w};
+		double best = 1e30, best_fast = 1e30, best_deq = 1e30;
+		for (int k = 0; k < 300; k++) {
+			double t = now_s();
+			kcpu_matmul(NULL, &kw, x, N, 1, y, ROWS);
+			t = now_s() - t;
+			best = t < best ? t : best;
+			t = now_s();
+			kcpu_matmul_fast(NULL, &kw, x, N, 1, y, ROWS);
+			t = now_s() - t;
+			best_fast = t < best_fast ? t : best_fast;
+			t = now_s();
+			kcpu_dequant_row(type, w, row, N);
+			t = now_s() - t;
+			best_deq = t < best_deq ? t : best_deq;
+		}
+		double el = (double)ROWS * N, bpe = (double)rb / N;
+		char f1[32] = "-", f2[32] = "-";
+		if (kcpu_matmul_fast_supported(type)) {
+			snprintf(f1, sizeof f1, "%.3f", 1e9 * best_fast / el);
+			snprintf(f2, sizeof f2, "%.1f", bpe * el / best_fast / 1e9);
+		}
+		printf("| %s | %.3f | %.1f | %s | %s | %.3f |\n", ktype_name(type), 1e9 * best / el,
+		       bpe * el / best / 1e9, f1, f2, 1e9 * best_deq / N);
+	}
+	free(x);
+	free(y);
+	free(row);
+	free(w);
+}
+
 int main(int argc, char **argv)
 {
 	const char *types_arg = "F32,BF16,F16,Q8_0,Q6_K,Q5_K,Q4_K,Q3_K,Q2_K,Q5_0,Q4_0,IQ4_XS";
@@ -190,6 +246,7 @@ int main(int argc, char **argv)
 	int n_tok = 64;
 	size_t cold_mib = 1024;
 	double min_time = 0.5;
+	int hot_only = 0;
 
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--types") && i + 1 < argc)
@@ -200,12 +257,14 @@ int main(int argc, char **argv)
 			cold_mib = (size_t)atol(argv[++i]);
 		else if (!strcmp(argv[i], "--tok") && i + 1 < argc)
 			n_tok = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--hot-only"))
+			hot_only = 1;
 		else if (!strcmp(argv[i], "--quick"))
 			min_time = 0.15, cold_mib = 256;
 		else {
 			fprintf(
 			    stderr,
-			    "usage: %s [--types A,B] [--threads 1,2,..] [--cold-mib N] [--tok N] [--quick]\n",
+			    "usage: %s [--types A,B] [--threads 1,2,..] [--cold-mib N] [--tok N] [--quick] [--hot-only]\n",
 			    argv[0]);
 			return 2;
 		}
@@ -230,6 +289,10 @@ int main(int argc, char **argv)
 		if (atoi(tok) >= 1)
 			threads[n_threads++] = atoi(tok);
 	free(list);
+
+	bench_hot(types, n_types);
+	if (hot_only)
+		return 0;
 
 	static const struct shape shapes[] = {{2048, 6144}, {6144, 2048}};
 	struct result res[KT_COUNT][2];
