@@ -191,13 +191,15 @@ static void bench_one(struct kpool *p, int type, struct shape sh, size_t cold_by
 static void bench_hot(const int *types, int n_types)
 {
 	enum { ROWS = 64, N = 4096 };
-	float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * ROWS), *row = malloc(sizeof(float) * N);
+	float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * ROWS),
+	      *row = malloc(sizeof(float) * N);
 	uint8_t *w = aligned_alloc(64, (size_t)ROWS * N * 4);
 
 	for (int i = 0; i < N; i++)
 		x[i] = gauss();
 	printf("\n## Hot kernels, 1 thread (64 x 4096 weight in L2; fastest of 300 calls)\n\n");
-	printf("| type | GEMV ns/elt | GEMV GB/s equiv. | fast GEMV ns/elt | fast GB/s equiv. | dequant ns/elt |\n");
+	printf("| type | GEMV ns/elt | GEMV GB/s equiv. | fast GEMV ns/elt | fast GB/s equiv. | dequant "
+	       "ns/elt |\n");
 	printf("|---|---|---|---|---|---|\n");
 	for (int ti = 0; ti < n_types; ti++) {
 		int type = types[ti];
@@ -262,10 +264,10 @@ int main(int argc, char **argv)
 		else if (!strcmp(argv[i], "--quick"))
 			min_time = 0.15, cold_mib = 256;
 		else {
-			fprintf(
-			    stderr,
-			    "usage: %s [--types A,B] [--threads 1,2,..] [--cold-mib N] [--tok N] [--quick] [--hot-only]\n",
-			    argv[0]);
+			fprintf(stderr,
+			        "usage: %s [--types A,B] [--threads 1,2,..] [--cold-mib N] [--tok N] "
+			        "[--quick] [--hot-only]\n",
+			        argv[0]);
 			return 2;
 		}
 	}
