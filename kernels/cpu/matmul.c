@@ -138,6 +138,119 @@ static void rows_tiled(void *u, int64_t r0, int64_t r1, int thread)
 	}
 }
 
+#if QUANT_AVX2
+/* ---- many tokens: 6-row x 16-token outer-product kernel ---------------------------------------
+ * X is packed per k block as xt[k][16 tokens] (zero-padded), the weight tile as 6 dequantized
+ * rows; per k the kernel loads two 8-token vectors of xt, broadcasts 6 weights and does 12 FMAs
+ * into 12 accumulators (6 rows x 16 tokens), so no horizontal sums and 8 loads per 12 FMAs.
+ * Loop nest per thread's rows: token super-block (GT tokens, xt of GK x GT floats in L2)
+ *   k block (GK)  -> pack xt
+ *     6-row group -> dequantize 6 x GK (L1), then kernel for each 16-token block. */
+#define GR 6 /* rows per kernel */
+#define GK 512 /* k block (multiple of 256) */
+#define GT 128 /* tokens per super-block (multiple of 16) */
+#define GEMM_MIN_TOK 16
+
+static void kernel_6x16(const float *tile, const float *xt, int64_t kb, float *out /* [6][16] */)
+{
+	__m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+	__m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+
+	for (int64_t k = 0; k < kb; k++) {
+		__m256 x0 = _mm256_loadu_ps(xt + 16 * k), x1 = _mm256_loadu_ps(xt + 16 * k + 8);
+		__m256 w;
+		w = _mm256_broadcast_ss(tile + k);
+		c00 = _mm256_fmadd_ps(w, x0, c00);
+		c01 = _mm256_fmadd_ps(w, x1, c01);
+		w = _mm256_broadcast_ss(tile + GK + k);
+		c10 = _mm256_fmadd_ps(w, x0, c10);
+		c11 = _mm256_fmadd_ps(w, x1, c11);
+		w = _mm256_broadcast_ss(tile + 2 * GK + k);
+		c20 = _mm256_fmadd_ps(w, x0, c20);
+		c21 = _mm256_fmadd_ps(w, x1, c21);
+		w = _mm256_broadcast_ss(tile + 3 * GK + k);
+		c30 = _mm256_fmadd_ps(w, x0, c30);
+		c31 = _mm256_fmadd_ps(w, x1, c31);
+		w = _mm256_broadcast_ss(tile + 4 * GK + k);
+		c40 = _mm256_fmadd_ps(w, x0, c40);
+		c41 = _mm256_fmadd_ps(w, x1, c41);
+		w = _mm256_broadcast_ss(tile + 5 * GK + k);
+		c50 = _mm256_fmadd_ps(w, x0, c50);
+		c51 = _mm256_fmadd_ps(w, x1, c51);
+	}
+	_mm256_storeu_ps(out + 0, c00);
+	_mm256_storeu_ps(out + 8, c01);
+	_mm256_storeu_ps(out + 16, c10);
+	_mm256_storeu_ps(out + 24, c11);
+	_mm256_storeu_ps(out + 32, c20);
+	_mm256_storeu_ps(out + 40, c21);
+	_mm256_storeu_ps(out + 48, c30);
+	_mm256_storeu_ps(out + 56, c31);
+	_mm256_storeu_ps(out + 64, c40);
+	_mm256_storeu_ps(out + 72, c41);
+	_mm256_storeu_ps(out + 80, c50);
+	_mm256_storeu_ps(out + 88, c51);
+}
+
+static void rows_gemm(void *u, int64_t r0, int64_t r1, int thread)
+{
+	const struct mm *m = u;
+	const struct kweight *w = m->w;
+	const struct ktype_info *ti = ktype_get(w->type);
+	const char *base = w->data;
+	float *tile = kpool_scratch(m->p, thread, sizeof(float) * (GR * GK + GK * GT));
+
+	if (!tile) { /* out of memory for the 280 KiB of scratch: the allocation-free path */
+		rows_dot(u, r0, r1, thread);
+		return;
+	}
+	float *xt = tile + GR * GK;
+	float out[GR * 16];
+
+	for (int64_t t0 = 0; t0 < m->n_tok; t0 += GT) {
+		int64_t nt = m->n_tok - t0 < GT ? m->n_tok - t0 : GT;
+		int64_t nt16 = (nt + 15) / 16 * 16;
+		for (int64_t k0 = 0; k0 < w->n_in; k0 += GK) {
+			int64_t kb = w->n_in - k0 < GK ? w->n_in - k0 : GK;
+			size_t off = (size_t)(k0 / ti->blck) * (size_t)ti->bytes;
+			/* pack: xt[b][k][16] for token block b, zero past the last token */
+			for (int64_t b = 0; b < nt16 / 16; b++) {
+				float *dst = xt + b * 16 * GK;
+				for (int j = 0; j < 16; j++) {
+					int64_t t = b * 16 + j;
+					if (t < nt) {
+						const float *src = m->x + (t0 + t) * m->ldx + k0;
+						for (int64_t k = 0; k < kb; k++)
+							dst[16 * k + j] = src[k];
+					} else {
+						for (int64_t k = 0; k < kb; k++)
+							dst[16 * k + j] = 0.0f;
+					}
+				}
+			}
+			for (int64_t g = r0; g < r1; g += GR) {
+				int nr = r1 - g < GR ? (int)(r1 - g) : GR;
+				for (int i = 0; i < GR; i++) {
+					int64_t r = g + (i < nr ? i : nr - 1);
+					kcpu_dequant_row(w->type, base + (size_t)r * w->row_bytes + off,
+					                 tile + (size_t)i * GK, kb);
+				}
+				for (int64_t b = 0; b < nt16 / 16; b++) {
+					kernel_6x16(tile, xt + b * 16 * GK, kb, out);
+					int nj = nt - 16 * b < 16 ? (int)(nt - 16 * b) : 16;
+					for (int j = 0; j < nj; j++) {
+						float *yy = m->y + (t0 + 16 * b + j) * m->ldy + g;
+						for (int i = 0; i < nr; i++)
+							yy[i] = k0 == 0 ? out[16 * i + j]
+							                : yy[i] + out[16 * i + j];
+					}
+				}
+			}
+		}
+	}
+}
+#endif
+
 /* A weight whose row size disagrees with its type and n_in, or strides shorter than a row, are
  * bugs in the caller (the loader validated the file); reading with them would run past tensors. */
 static void check_args(const char *what, const struct kweight *w, int64_t ldx, int64_t n_tok, int64_t ldy)
@@ -169,6 +282,12 @@ void kcpu_matmul(struct kpool *p, const struct kweight *w, const float *x, int64
 		int64_t grain = (int64_t)(65536 / (w->row_bytes ? w->row_bytes : 1));
 		kpool_for(p, w->n_out, grain < 1 ? 1 : grain, rows_dot, &m);
 	} else {
+#if QUANT_AVX2
+		if (n_tok >= GEMM_MIN_TOK) {
+			kpool_for(p, w->n_out, 2 * GR, rows_gemm, &m);
+			return;
+		}
+#endif
 		kpool_for(p, w->n_out, 2 * RG, rows_tiled, &m);
 	}
 }

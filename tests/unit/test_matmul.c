@@ -1,9 +1,10 @@
 /* Tests of kcpu_matmul (kernels/cpu/matmul.c) against a naive reference (scalar dequantization
  * of every row, then a double-precision dot per row and token), for every compute type, over
- * shapes that hit both paths (few tokens: fused dots; many: dequantized tiles), row counts that
- * are not multiples of the 4-row kernel, k lengths that leave a partial k block (1280 = 1024 +
- * 256), token counts across the 64-token block, padded strides (ldx > n_in, ldy > n_out; the
- * padding must stay untouched) and 1, 2 and 3 threads. Seeded; the seed is printed. */
+ * shapes that hit all three paths (1 token: fused dots; 2..15: 4x2 tiles; 16+: the 6x16 GEMM
+ * kernel), row counts that are not multiples of the 4- and 6-row kernels, k lengths that leave a
+ * partial k block (1280 = 1024 + 256 = 2 x 512 + 256; 67 for the float types), token counts
+ * across the 16-token blocks and the 64- and 128-token super-blocks, padded strides (ldx > n_in, ldy > n_out;
+ * the padding must stay untouched) and 1, 2 and 3 threads. Seeded; the seed is printed. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -215,12 +216,17 @@ int main(void)
 				worst = e > worst ? e : worst;
 				e = run_case(p, types[ti], 3, 64, 2);
 				worst = e > worst ? e : worst;
-				n_cases += 2;
+				e = run_case(p, types[ti], 7, 67, 20); /* GEMM kernel, odd k */
+				worst = e > worst ? e : worst;
+				n_cases += 3;
 			}
-			if (nt == 2) { /* one larger case: several chunks per thread, two token blocks */
+			if (nt == 2) { /* larger cases: several chunks per thread, token blocks and
+				        * super-blocks (130 > 128 tokens) */
 				double e = run_case(p, types[ti], 130, 2048, 66);
 				worst = e > worst ? e : worst;
-				n_cases++;
+				e = run_case(p, types[ti], 13, 512, 130);
+				worst = e > worst ? e : worst;
+				n_cases += 2;
 			}
 			if (nt == 2)
 				printf("%-7s worst error %.2e of sum|wx|\n", ktype_name(types[ti]), worst);
