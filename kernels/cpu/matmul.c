@@ -251,17 +251,19 @@ static void rows_gemm(void *u, int64_t r0, int64_t r1, int thread)
 }
 #endif
 
-/* A weight whose row size disagrees with its type and n_in, or strides shorter than a row, are
- * bugs in the caller (the loader validated the file); reading with them would run past tensors. */
+/* A row stride (row_bytes) shorter than n_in elements of the type, or activation strides shorter
+ * than a row, are bugs in the caller (the loader validated the file); reading with them would run
+ * past tensors. A longer row_bytes is fine: a TP rank's slice of the input dimension keeps the
+ * full row as stride. */
 static void check_args(const char *what, const struct kweight *w, int64_t ldx, int64_t n_tok, int64_t ldy)
 {
 	size_t rb = 0;
 
-	if (!ktype_row_bytes(w->type, w->n_in, &rb) || rb != w->row_bytes || w->n_in <= 0 ||
+	if (!ktype_row_bytes(w->type, w->n_in, &rb) || rb > w->row_bytes || w->n_in <= 0 ||
 	    (n_tok > 1 && (ldx < w->n_in || ldy < w->n_out))) {
 		fprintf(
 		    stderr,
-		    "%s: bad weight %s n_in %lld row_bytes %zu (expected %zu) or strides ldx %lld ldy %lld\n",
+		    "%s: bad weight %s n_in %lld row_bytes %zu (need >= %zu) or strides ldx %lld ldy %lld\n",
 		    what, ktype_name(w->type), (long long)w->n_in, w->row_bytes, rb, (long long)ldx,
 		    (long long)ldy);
 		abort();

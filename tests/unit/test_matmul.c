@@ -36,13 +36,17 @@ static const int types[] = {KT_F32,    KT_F16,  KT_BF16, KT_Q8_0, KT_Q4_0, KT_Q4
                             KT_IQ4_NL, KT_Q2_K, KT_Q3_K, KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_IQ4_XS};
 
 /* one case: returns the worst error relative to sum |w x| */
+static int64_t row_pad; /* extra bytes between rows (a TP slice keeps the full row as stride) */
+
 static double run_case(struct kpool *p, int type, int64_t n_out, int64_t n_in, int64_t n_tok)
 {
-	size_t rb;
-	if (!ktype_row_bytes(type, n_in, &rb))
+	size_t rb0, rb;
+	if (!ktype_row_bytes(type, n_in, &rb0))
 		return 0.0;
+	rb = rb0 + (size_t)row_pad;
 	int64_t ldx = n_in + 3, ldy = n_out + 5;
 	uint8_t *w = malloc(rb * (size_t)n_out);
+	memset(w, 0x7f, rb * (size_t)n_out); /* padding: garbage that must not be read */
 	float *src = malloc(sizeof(float) * (size_t)n_in);
 	float *deq = malloc(sizeof(float) * (size_t)(n_in * n_out));
 	float *x = malloc(sizeof(float) * (size_t)(ldx * n_tok));
@@ -110,6 +114,7 @@ static void test_fast(struct kpool *p, int type, int64_t n_out, int64_t n_in, in
 	ktype_row_bytes(type, n_in, &rb);
 	int64_t ldx = n_in + 1, ldy = n_out + 2;
 	uint8_t *w = malloc(rb * (size_t)n_out);
+	memset(w, 0x7f, rb * (size_t)n_out); /* padding: garbage that must not be read */
 	float *src = malloc(sizeof(float) * (size_t)n_in);
 	float *deq = malloc(sizeof(float) * (size_t)(n_in * n_out));
 	float *x = malloc(sizeof(float) * (size_t)(ldx * n_tok)),
@@ -233,6 +238,22 @@ int main(void)
 		}
 		kpool_destroy(p);
 	}
+	/* rows at a stride longer than their bytes, all three paths */
+	{
+		struct kpool *p = kpool_create(2);
+		double worst = 0.0;
+		row_pad = 100;
+		for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+			for (int k = 0; k < 3; k++) {
+				double e = run_case(p, types[ti], 9, 512, k == 0 ? 1 : k == 1 ? 5 : 20);
+				worst = e > worst ? e : worst;
+				n_cases++;
+			}
+		row_pad = 0;
+		printf("padded row stride: worst error %.2e of sum|wx|\n", worst);
+		kpool_destroy(p);
+	}
+
 	for (int nt = 1; nt <= 2; nt++) {
 		struct kpool *p = nt == 1 ? NULL : kpool_create(nt);
 		for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
