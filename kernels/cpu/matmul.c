@@ -1,20 +1,25 @@
-/* Y = X W^T on the CPU for every weight type: kcpu_matmul, threaded over output rows.
+/* Y = X W^T on the CPU for every weight type: kcpu_matmul, threaded over output rows (each
+ * thread a contiguous range of rows; row r starts at data + r * row_bytes, and row_bytes may be
+ * longer than the row, e.g. a TP rank's slice of the input dimension).
  *
- * One token (decode; up to 3 for float types): each thread takes a contiguous range of rows and computes
- * fused dequant-dots (kcpu_dot_row) per row and token; the row is read from memory once and stays in L1 for
- * the other tokens. This is memory-bound, so nothing is dequantized to memory.
+ * 1 token (decode; up to 3 for float types): fused dequant-dots (kcpu_dot_row) per row and
+ * token; the row is read from memory once and stays in L1 for the other tokens. Memory-bound,
+ * so nothing is dequantized to memory.
  *
- * Many tokens (prefill): a weight row is dequantized once per (token block, k block) into a
- * per-thread fp32 tile and reused by every token of the block. Loop nest per thread's rows:
+ * 2..15 tokens: a weight row is dequantized once per (token block, k block) into a per-thread
+ * fp32 tile and reused by every token of the block:
  *   token block of TB tokens  (x slice of TB x KB floats stays in L2)
  *     k block of KB elements  (a multiple of 256, so every block type splits cleanly)
- *       4-row group: dequantize 4 x KB floats (L1), then a 4-row x 2-token FMA kernel over all
- *       tokens of the block, accumulating into Y (first k block stores).
- * The sums are fp32; their order differs from kcpu_dot_row (k blocks), within fp32 rounding.
+ *       4-row group: dequantize 4 x KB floats (L1), then a 4-row x 2-token dot kernel.
+ *
+ * 16+ tokens (prefill): the same tiling with a 6-row x 16-token outer-product kernel on X packed
+ * as X^T per k block (rows_gemm below), which needs no horizontal sums.
+ *
+ * Sums are fp32; their order differs from kcpu_dot_row (k blocks), within fp32 rounding.
  *
  * kcpu_matmul_fast (opt-in, approximate): for fewer than FAST_TOK_MAX tokens, quantizes each
  * token's activations once to int8 blocks of 256 (quant_act.c), then integer dots per row and
- * token, threaded over rows like the fused path; more tokens use the exact tiled path. */
+ * token, threaded over rows like the fused path; more tokens use the exact paths. */
 #include <stdio.h>
 #include <stdlib.h>
 
