@@ -185,7 +185,8 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 	struct carve cv = {0};
 	float *h, *a, *cq, *q, *kvl, *qabs, *obar, *o, *part, *qI = NULL, *kI = NULL, *wI = NULL, *t1, *t2, *rl, *wts;
 	float *xs, *ys, *cs, *inv, *lg, *lgg, *dsc = NULL, *tsc, *rscr;
-	int32_t *sel = NULL, *nsel = NULL, *ids, *tok;
+	int32_t *sel = NULL, *nsel = NULL, *ids, *etok, *eoff;
+	float *ewt;
 	const void **tkeys;
 	for (int pass = 0; pass < 2; pass++) {
 		h = take(&cv, (size_t)(n * D) * 4);
@@ -212,7 +213,9 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 		rscr = take(&cv, (size_t)(2 * (E > 0 ? E : 1)) * 4);
 		ids = take(&cv, (size_t)(n * (k > 0 ? k : 1)) * 4);
 		wts = take(&cv, (size_t)(n * (k > 0 ? k : 1)) * 4);
-		tok = take(&cv, (size_t)n * 4);
+		etok = take(&cv, (size_t)(n * (k > 0 ? k : 1)) * 4);
+		ewt = take(&cv, (size_t)(n * (k > 0 ? k : 1)) * 4);
+		eoff = take(&cv, (size_t)(E + 2) * 4);
 		xs = take(&cv, (size_t)(n * D) * 4);
 		ys = take(&cv, (size_t)(n * D) * 4);
 		cs = take(&cv, (size_t)(n * R) * 4);
@@ -313,32 +316,38 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 			if (dbg && dbg->moe_cb)
 				dbg->moe_cb(dbg->user, l, (int)n, (int)k, ids, wts);
 			memset(part, 0, (size_t)(n * D) * sizeof(float));
+			/* group the (token, weight) pairs by expert (counting sort), then one matmul chain
+			 * per expert over its tokens */
+			memset(eoff, 0, sizeof(int32_t) * (size_t)(E + 1));
+			for (int64_t i = 0; i < n * k; i++)
+				eoff[ids[i] + 1]++;
+			for (int64_t e = 0; e < E; e++)
+				eoff[e + 1] += eoff[e];
+			for (int64_t i = 0; i < n * k; i++) {
+				int32_t at = eoff[ids[i]]++;
+				etok[at] = (int32_t)(i / k);
+				ewt[at] = wts[i];
+			}
+			for (int64_t e = E; e > 0; e--) /* eoff[e] was advanced to the end of e: shift back */
+				eoff[e] = eoff[e - 1];
+			eoff[0] = 0;
 			for (int64_t e = 0; e < E; e++) {
-				int64_t mt = 0;
-				for (int64_t i = 0; i < n; i++)
-					for (int64_t j = 0; j < k; j++)
-						if (ids[i * k + j] == e) {
-							tok[mt] = (int32_t)i;
-							memcpy(xs + mt * D, a + i * D, (size_t)D * sizeof(float));
-							mt++;
-						}
+				int64_t mt = eoff[e + 1] - eoff[e];
 				if (!mt)
 					continue;
+				const int32_t *et = etok + eoff[e];
+				const float *ew = ewt + eoff[e];
+				for (int64_t j = 0; j < mt; j++)
+					memcpy(xs + j * D, a + (int64_t)et[j] * D, (size_t)D * sizeof(float));
 				struct kweight wg = kweight3_at(&L->gate_exps, e), wu = kweight3_at(&L->up_exps, e),
 					       wd = kweight3_at(&L->down_exps, e);
 				kcpu_matmul(rk->pool, &wg, xs, D, mt, t1, rk->fel);
 				kcpu_matmul(rk->pool, &wu, xs, D, mt, t2, rk->fel);
 				kcpu_swiglu(t1, t1, t2, mt * rk->fel);
 				kcpu_matmul(rk->pool, &wd, t1, rk->fel, mt, ys, D);
-				for (int64_t j = 0; j < mt; j++) {
-					int64_t i = tok[j];
-					float w = 0;
-					for (int64_t jj = 0; jj < k; jj++)
-						if (ids[i * k + jj] == e)
-							w = wts[i * k + jj];
+				for (int64_t j = 0; j < mt; j++)
 					for (int64_t d = 0; d < D; d++)
-						part[i * D + d] += w * ys[j * D + d];
-				}
+						part[(int64_t)et[j] * D + d] += ew[j] * ys[j * D + d];
 			}
 			if (L->has_shexp) {
 				kcpu_matmul(rk->pool, &L->sh_gate, a, D, n, t1, rk->fsl);
