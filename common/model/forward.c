@@ -88,7 +88,8 @@ struct fwd {
 	float *o;           /* n x Hl*V */
 	const float *qI;    /* n x HI*DI (roped) */
 	const float *wI;    /* n x HI */
-	int32_t *sel;       /* n x K */
+	int32_t *sel;       /* n x K (K clamped to the longest key list of the batch) */
+	int64_t K;
 	int32_t *nsel;      /* n */
 	bool sparse;        /* attention uses sel */
 	float *dbg_scores;  /* n x max_keys, or NULL */
@@ -122,7 +123,7 @@ static void attn_task(void *user, int64_t i0, int64_t i1, int thread)
 		int nk;
 		if (f->sparse) {
 			nk = f->nsel[i];
-			const int32_t *sl = f->sel + i * hp->idx_topk;
+			const int32_t *sl = f->sel + i * f->K;
 			for (int t = 0; t < nk; t++)
 				keys[t] = lat_row(f->kv, s, f->layer, sl[t]);
 		} else {
@@ -155,7 +156,7 @@ static void index_task(void *user, int64_t i0, int64_t i1, int thread)
 			keys[t] = idx_row(f->kv, s, slot, t);
 		kcpu_indexer_scores(f->qI + i * hp->idx_H * hp->idx_D, f->wI + i * hp->idx_H, hp->idx_H, hp->idx_D, keys,
 				    nk, bf16, 1.0f / sqrtf((float)hp->idx_D), sc);
-		f->nsel[i] = kcpu_topk(sc, nk, (int)hp->idx_topk, f->sel + i * hp->idx_topk);
+		f->nsel[i] = kcpu_topk(sc, nk, (int)f->K, f->sel + i * f->K);
 	}
 }
 
@@ -174,6 +175,8 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 	for (int64_t i = 0; i < n; i++)
 		if (b->pos[i] + 1 > max_keys)
 			max_keys = b->pos[i] + 1;
+	if (K > max_keys) /* top-k = min(K, visible keys): no row selects more than max_keys */
+		K = max_keys;
 	int64_t n_out = 0;
 	for (int64_t i = 0; i < n; i++)
 		n_out += b->logits ? b->logits[i] != 0 : i == n - 1;
@@ -249,7 +252,7 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 		kcpu_rope_cs(inv, R / 2, b->pos[i], cs + i * R);
 
 	struct fwd f = {.m = m, .rk = rk, .b = b, .kv = kv, .q = q, .cs = cs, .qabs = qabs, .obar = obar, .o = o,
-			.qI = qI, .wI = wI, .sel = sel, .nsel = nsel, .dbg_scores = dsc, .max_keys = max_keys,
+			.qI = qI, .wI = wI, .sel = sel, .K = K, .nsel = nsel, .dbg_scores = dsc, .max_keys = max_keys,
 			.tkeys = tkeys, .tsc = tsc};
 	for (int l = 0; l < hp->n_layers; l++) {
 		const struct layer_w *L = &rk->layers[l];
