@@ -10,6 +10,8 @@
 #include "cli/model_args.h"
 #include "common/model/model.h"
 
+#define LOGITS_CHUNK 512 /* tokens per forward */
+
 static void logits_usage(FILE *f)
 {
 	fprintf(f, "usage: tandem logits -m MODEL.gguf --tokens 1,2,3 [--all] [--tp N] [--threads T] -o OUT.f32\n"
@@ -119,11 +121,19 @@ int cmd_logits(int argc, char **argv)
 		want[i] = all || i == n - 1;
 	}
 	struct model_seq s = {.blocks = blocks, .n_blocks = n_blocks};
-	struct model_batch b = {.n_tokens = (int)n, .tokens = ids, .seq = seq, .pos = pos, .logits = want, .n_seqs = 1,
-				.seqs = &s};
-	if (model_forward(m, &kv, &b, lg, NULL, &e)) {
-		fprintf(stderr, "tandem logits: %s\n", e.msg);
-		goto out;
+	/* prefill in chunks (bounded scratch for long inputs); rows land in order */
+	float *dst = lg;
+	for (size_t c0 = 0; c0 < n; c0 += LOGITS_CHUNK) {
+		size_t cn = n - c0 < LOGITS_CHUNK ? n - c0 : LOGITS_CHUNK, rows_here = 0;
+		for (size_t i = 0; i < cn; i++)
+			rows_here += want[c0 + i];
+		struct model_batch b = {.n_tokens = (int)cn, .tokens = ids + c0, .seq = seq, .pos = pos + c0,
+					.logits = want + c0, .n_seqs = 1, .seqs = &s};
+		if (model_forward(m, &kv, &b, rows_here ? dst : NULL, NULL, &e)) {
+			fprintf(stderr, "tandem logits: %s\n", e.msg);
+			goto out;
+		}
+		dst += rows_here * (size_t)V;
 	}
 	f = fopen(outp, "wb");
 	if (!f) {
