@@ -297,8 +297,13 @@ int cmd_generate(int argc, char **argv)
 		}
 		for (size_t i = 0; i < np; i++)
 			pos[i] = (int32_t)i;
-		struct model_batch b = {.n_tokens = (int)np, .tokens = hist, .seq = seq, .pos = pos, .n_seqs = 1, .seqs = &s};
-		rc = model_forward(m, &kv, &b, lg, NULL, &e);
+		rc = 0;
+		for (size_t c0 = 0; c0 < np && !rc; c0 += 512) { /* chunked: bounded scratch; logits of the last */
+			size_t cn = np - c0 < 512 ? np - c0 : 512;
+			struct model_batch b = {.n_tokens = (int)cn, .tokens = hist + c0, .seq = seq, .pos = pos + c0,
+						.n_seqs = 1, .seqs = &s};
+			rc = model_forward(m, &kv, &b, lg, NULL, &e);
+		}
 		free(seq);
 		free(pos);
 		if (rc) {
