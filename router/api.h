@@ -36,6 +36,7 @@ struct api_request {
 	/* chat */
 	struct api_message *messages;
 	size_t n_messages;
+	void *messages_json; /* json_t array, one reference owned (the model's chat renderer reads it) */
 
 	int64_t max_tokens; /* -1: until the context is full */
 	char *stop[API_MAX_STOP];

@@ -397,7 +397,7 @@ static void call_try_finish(struct call *cl)
 	if (!cl->failed)
 		http_stream_write(cl->conn, "data: [DONE]\n\n", 14);
 	http_stream_end(cl->conn);
-	metric_add(cl->rt->rm.streams_active, -1);
+	metrics_add(cl->rt->rm.streams_active, -1);
 }
 
 static void call_free(struct call *cl)
@@ -430,7 +430,7 @@ static void on_token(void *ud, struct req *r, const struct req_token *t)
 	const char *b;
 	size_t n;
 	size_t before = ch->len;
-	if (t->id == codec_eos(cl->rt->codec)) {
+	if (codec_is_eog(cl->rt->codec, t->id)) {
 		sched_finish(r, REQ_FINISH_EOS);
 		goto out;
 	}
@@ -517,7 +517,7 @@ static void on_abort(struct http_conn *c, void *ud)
 	(void)c;
 	cl->conn = NULL;
 	if (cl->streaming)
-		metric_add(cl->rt->rm.streams_active, -1);
+		metrics_add(cl->rt->rm.streams_active, -1);
 	cl->depth++;
 	LOG_INFO("complete", "rid=%s client disconnected; cancelling %d choice(s)", cl->id, cl->n_choices - cl->n_ended);
 	for (int i = 0; i < cl->n_choices; i++)
@@ -577,11 +577,7 @@ void complete_handle(struct router *rt, struct http_conn *c, struct http_request
 	uint32_t n_ids = 0;
 	int rc;
 	if (kind == API_KIND_CHAT) {
-		char *text = NULL;
-		rc = codec_chat(rt->codec, cl->ar.messages, cl->ar.n_messages, &text, &e);
-		if (rc == 0)
-			rc = codec_encode(rt->codec, text, strlen(text), &ids, &n_ids, &e);
-		free(text);
+		rc = codec_chat(rt->codec, &cl->ar, &ids, &n_ids, &e);
 	} else if (cl->ar.prompt) {
 		rc = codec_encode(rt->codec, cl->ar.prompt, strlen(cl->ar.prompt), &ids, &n_ids, &e);
 	} else {
@@ -636,7 +632,7 @@ void complete_handle(struct router *rt, struct http_conn *c, struct http_request
 	}
 	if (sched_n_queued(rt->sched) + (uint32_t)cl->ar.n > rt->cfg.sched.n_queue_max) {
 		free(ids);
-		metric_add(rt->rm.http_rejected_429, 1);
+		metrics_add(rt->rm.http_rejected_429, 1);
 		router_send_error(rt, c, 429, "rate_limit_error", "queue_full", NULL,
 				  "the server's request queue is full; retry later");
 		goto free_call;
@@ -674,7 +670,7 @@ void complete_handle(struct router *rt, struct http_conn *c, struct http_request
 	if (cl->ar.stream) {
 		http_stream_begin(c, 200, "text/event-stream", "");
 		cl->streaming = true;
-		metric_add(rt->rm.streams_active, 1);
+		metrics_add(rt->rm.streams_active, 1);
 	}
 	cl->depth++;
 	for (int i = 0; i < cl->n_choices; i++) {

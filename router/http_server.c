@@ -17,7 +17,8 @@ struct sconn {
 	uv_shutdown_t shut;
 	struct sconn *prev, *next;
 	int n_open_handles;
-	bool closing;
+	bool closing;         /* no more HTTP on this connection */
+	bool handles_closing; /* uv_close called on both handles */
 };
 
 struct http_server {
@@ -63,25 +64,45 @@ static void handle_closed_cb(uv_handle_t *h)
 	conn_free_maybe(sc);
 }
 
+static void final_close(struct sconn *sc)
+{
+	if (sc->handles_closing)
+		return;
+	sc->handles_closing = true;
+	uv_timer_stop(&sc->timer);
+	uv_close((uv_handle_t *)&sc->timer, handle_closed_cb);
+	uv_close((uv_handle_t *)&sc->tcp, handle_closed_cb);
+}
+
+static void linger_cb(uv_timer_t *t) { final_close(t->data); }
+
 static void shutdown_cb(uv_shutdown_t *req, int status)
 {
 	struct sconn *sc = req->data;
-	(void)status;
-	uv_close((uv_handle_t *)&sc->tcp, handle_closed_cb);
+	if (status != 0 || sc->srv->destroying) {
+		final_close(sc);
+		return;
+	}
+	/* Lingering close: keep reading (and discarding) for a moment, so that a client still sending
+	 * a body we refused gets our response instead of a reset. */
+	uv_timer_start(&sc->timer, linger_cb, 2000, 0);
 }
 
 /* graceful: flush queued writes (uv_shutdown) before closing, so a final response is not lost */
 static void conn_close_mode(struct sconn *sc, bool graceful)
 {
+	if (!graceful) {
+		sc->closing = true;
+		final_close(sc);
+		return;
+	}
 	if (sc->closing)
 		return;
 	sc->closing = true;
 	uv_timer_stop(&sc->timer);
-	uv_close((uv_handle_t *)&sc->timer, handle_closed_cb);
-	uv_read_stop((uv_stream_t *)&sc->tcp);
 	sc->shut.data = sc;
-	if (!graceful || uv_shutdown(&sc->shut, (uv_stream_t *)&sc->tcp, shutdown_cb) != 0)
-		uv_close((uv_handle_t *)&sc->tcp, handle_closed_cb);
+	if (uv_shutdown(&sc->shut, (uv_stream_t *)&sc->tcp, shutdown_cb) != 0)
+		final_close(sc);
 }
 
 static void conn_close(struct sconn *sc) { conn_close_mode(sc, true); }
@@ -125,13 +146,13 @@ static void read_cb(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
 {
 	struct sconn *sc = st->data;
 	if (n < 0) {
-		if (sc->http)
+		if (sc->http && !sc->closing)
 			http_conn_eof(sc->http);
 		conn_close_mode(sc, false);
 		return;
 	}
-	if (n == 0)
-		return;
+	if (n == 0 || sc->closing)
+		return; /* lingering: discard */
 	http_conn_feed(sc->http, buf->base, (size_t)n);
 	if (!sc->closing)
 		arm_timer(sc);
@@ -147,7 +168,7 @@ static void io_close(void *ud)
 static void io_set_reading(void *ud, bool on)
 {
 	struct sconn *sc = ud;
-	if (sc->closing)
+	if (sc->closing || sc->handles_closing)
 		return;
 	if (on)
 		uv_read_start((uv_stream_t *)&sc->tcp, alloc_cb, read_cb);
@@ -161,7 +182,8 @@ static const struct http_io sconn_io = {io_write, io_close, io_set_reading};
 static void timer_cb(uv_timer_t *t)
 {
 	struct sconn *sc = t->data;
-	http_conn_timeout(sc->http);
+	if (sc->http)
+		http_conn_timeout(sc->http);
 }
 
 /* Idle between requests: the idle timeout; a request partly received: the header timeout;

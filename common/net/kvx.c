@@ -37,6 +37,7 @@ struct kvx_peer {
 	uint8_t *rkey_blob;
 	size_t rkey_len;
 	ucs_status_t failed; /* set by the error handler */
+	uint64_t id;
 	char transports[256];
 	struct kvx_peer *next;
 };
@@ -53,6 +54,7 @@ struct kvx {
 	struct kvx_region *regions;
 	struct kvx_peer *peers;
 	int n_peers;
+	uint64_t next_peer_id;
 	uint64_t bytes_put;
 };
 
@@ -410,6 +412,7 @@ int kvx_peer_get(struct kvx *x, const uint8_t *addr, size_t addr_len, const uint
 		LOG_WARN("kvx", "*** RDMA was configured but the endpoint uses %s: KV transfers fall back to a slower "
 				"transport (check UCX_TLS / UCX_NET_DEVICES and the RDMA devices) ***",
 			 p->transports);
+	p->id = ++x->next_peer_id;
 	p->next = x->peers;
 	x->peers = p;
 	x->n_peers++;
@@ -434,6 +437,15 @@ fail:
 }
 
 const char *kvx_peer_transports(const struct kvx_peer *p) { return p->transports; }
+uint64_t kvx_peer_id(const struct kvx_peer *p) { return p->id; }
+
+struct kvx_peer *kvx_peer_by_id(struct kvx *x, uint64_t id)
+{
+	for (struct kvx_peer *p = x->peers; p; p = p->next)
+		if (p->id == id)
+			return p;
+	return NULL;
+}
 
 int kvx_put(struct kvx *x, struct kvx_peer *p, const void *local, const struct kvx_region *lr, size_t len,
 	    uint64_t remote_addr, struct errbuf *e)

@@ -10,26 +10,52 @@
 #include "common/tok/chat.h"
 
 /* DeepSeek's special tokens use U+FF5C FULLWIDTH VERTICAL LINE and U+2581 LOWER ONE EIGHTH BLOCK. */
-#define DS_BOS "<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
-#define DS_EOS "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
+#define DS_BOS                                                                                               \
+	"<\xef\xbd\x9c"                                                                                      \
+	"begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
+#define DS_EOS                                                                                               \
+	"<\xef\xbd\x9c"                                                                                      \
+	"end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
 #define DS_USER "<\xef\xbd\x9cUser\xef\xbd\x9c>"
-#define DS_ASSISTANT "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>"
-#define DS_CALLS_BEGIN "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "begin\xef\xbd\x9c>"
-#define DS_CALLS_END "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "end\xef\xbd\x9c>"
-#define DS_CALL_BEGIN "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "begin\xef\xbd\x9c>"
-#define DS_CALL_END "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "end\xef\xbd\x9c>"
+#define DS_ASSISTANT                                                                                         \
+	"<\xef\xbd\x9c"                                                                                      \
+	"Assistant\xef\xbd\x9c>"
+#define DS_CALLS_BEGIN                                                                                       \
+	"<\xef\xbd\x9ctool\xe2\x96\x81"                                                                      \
+	"calls\xe2\x96\x81"                                                                                  \
+	"begin\xef\xbd\x9c>"
+#define DS_CALLS_END                                                                                         \
+	"<\xef\xbd\x9ctool\xe2\x96\x81"                                                                      \
+	"calls\xe2\x96\x81"                                                                                  \
+	"end\xef\xbd\x9c>"
+#define DS_CALL_BEGIN                                                                                        \
+	"<\xef\xbd\x9ctool\xe2\x96\x81"                                                                      \
+	"call\xe2\x96\x81"                                                                                   \
+	"begin\xef\xbd\x9c>"
+#define DS_CALL_END                                                                                          \
+	"<\xef\xbd\x9ctool\xe2\x96\x81"                                                                      \
+	"call\xe2\x96\x81"                                                                                   \
+	"end\xef\xbd\x9c>"
 #define DS_SEP "<\xef\xbd\x9ctool\xe2\x96\x81sep\xef\xbd\x9c>"
-#define DS_OUTPUTS_BEGIN "<\xef\xbd\x9ctool\xe2\x96\x81outputs\xe2\x96\x81" "begin\xef\xbd\x9c>"
-#define DS_OUTPUTS_END "<\xef\xbd\x9ctool\xe2\x96\x81outputs\xe2\x96\x81" "end\xef\xbd\x9c>"
-#define DS_OUTPUT_BEGIN "<\xef\xbd\x9ctool\xe2\x96\x81output\xe2\x96\x81" "begin\xef\xbd\x9c>"
-#define DS_OUTPUT_END "<\xef\xbd\x9ctool\xe2\x96\x81output\xe2\x96\x81" "end\xef\xbd\x9c>"
+#define DS_OUTPUTS_BEGIN                                                                                     \
+	"<\xef\xbd\x9ctool\xe2\x96\x81outputs\xe2\x96\x81"                                                   \
+	"begin\xef\xbd\x9c>"
+#define DS_OUTPUTS_END                                                                                       \
+	"<\xef\xbd\x9ctool\xe2\x96\x81outputs\xe2\x96\x81"                                                   \
+	"end\xef\xbd\x9c>"
+#define DS_OUTPUT_BEGIN                                                                                      \
+	"<\xef\xbd\x9ctool\xe2\x96\x81output\xe2\x96\x81"                                                    \
+	"begin\xef\xbd\x9c>"
+#define DS_OUTPUT_END                                                                                        \
+	"<\xef\xbd\x9ctool\xe2\x96\x81output\xe2\x96\x81"                                                    \
+	"end\xef\xbd\x9c>"
 
 static const char *const fmt_names[CHAT_FMT_COUNT] = {
-	[CHAT_FMT_GLM5] = "glm5",
-	[CHAT_FMT_GLM52] = "glm5.2",
-	[CHAT_FMT_GLM4] = "glm4",
-	[CHAT_FMT_DEEPSEEK_V3] = "deepseek-v3",
-	[CHAT_FMT_DEEPSEEK_V31] = "deepseek-v3.1",
+    [CHAT_FMT_GLM5] = "glm5",
+    [CHAT_FMT_GLM52] = "glm5.2",
+    [CHAT_FMT_GLM4] = "glm4",
+    [CHAT_FMT_DEEPSEEK_V3] = "deepseek-v3",
+    [CHAT_FMT_DEEPSEEK_V31] = "deepseek-v3.1",
 };
 
 const char *chat_format_name(enum chat_format f)
@@ -55,7 +81,8 @@ static bool has(const char *s, size_t len, const char *needle)
 
 int chat_format_detect(const char *tmpl, size_t len, enum chat_format *out, struct errbuf *e)
 {
-	bool glm = has(tmpl, len, "[gMASK]<sop>") || (has(tmpl, len, "<|assistant|>") && has(tmpl, len, "<|user|>"));
+	bool glm =
+	    has(tmpl, len, "[gMASK]<sop>") || (has(tmpl, len, "<|assistant|>") && has(tmpl, len, "<|user|>"));
 	if (glm) {
 		if (has(tmpl, len, "Reasoning Effort"))
 			*out = CHAT_FMT_GLM52;
@@ -67,7 +94,7 @@ int chat_format_detect(const char *tmpl, size_t len, enum chat_format *out, stru
 	}
 	if (has(tmpl, len, DS_ASSISTANT)) {
 		*out = has(tmpl, len, "</think>") || has(tmpl, len, "thinking") ? CHAT_FMT_DEEPSEEK_V31
-										: CHAT_FMT_DEEPSEEK_V3;
+		                                                                : CHAT_FMT_DEEPSEEK_V3;
 		return 0;
 	}
 	char head[61];
@@ -76,20 +103,22 @@ int chat_format_detect(const char *tmpl, size_t len, enum chat_format *out, stru
 		head[n++] = tmpl[i] == '\n' ? ' ' : tmpl[i];
 	head[n] = '\0';
 	return errbuf_set(e, ERR_UNSUPPORTED,
-			  "chat template not recognised (starts '%s'); configure the chat format "
-			  "(glm5, glm5.2, glm4, deepseek-v3, deepseek-v3.1)",
-			  head);
+	                  "chat template not recognised (starts '%s'); configure the chat format "
+	                  "(glm5, glm5.2, glm4, deepseek-v3, deepseek-v3.1)",
+	                  head);
 }
 
 static int need_special(const struct tok *t, enum chat_format f, const char *text, int32_t *id,
-			struct errbuf *e)
+                        struct errbuf *e)
 {
 	int32_t i = tok_find(t, text, strlen(text));
 	int ty = tok_type(t, i);
 	if (i < 0 || (ty != TOK_TYPE_CONTROL && ty != TOK_TYPE_USER_DEFINED))
-		return errbuf_set(e, ERR_MISMATCH, "chat format %s needs the special token '%s', which the "
-				  "vocabulary %s", chat_format_name(f), text,
-				  i < 0 ? "does not have" : "has only as a normal token");
+		return errbuf_set(e, ERR_MISMATCH,
+		                  "chat format %s needs the special token '%s', which the "
+		                  "vocabulary %s",
+		                  chat_format_name(f), text,
+		                  i < 0 ? "does not have" : "has only as a normal token");
 	if (id)
 		*id = i;
 	return 0;
@@ -130,28 +159,30 @@ int chat_init(struct chat *c, const struct tok *t, enum chat_format fmt, struct 
 		if (!rc && tok_eos(t) >= 0 && tok_eos(t) != c->stop_ids[0])
 			c->stop_ids[c->n_stop++] = tok_eos(t);
 		break;
-	default:
-		rc = errbuf_set(e, -EINVAL, "chat format %d unknown", (int)fmt);
+	default: rc = errbuf_set(e, -EINVAL, "chat format %d unknown", (int)fmt);
 	}
 	return rc;
 }
 
 int chat_init_gguf(struct chat *c, const struct tok *t, const struct gguf_ctx *g, const char *configured,
-		   struct errbuf *e)
+                   struct errbuf *e)
 {
 	enum chat_format f;
 	if (configured && configured[0]) {
 		if (chat_format_from_name(configured, &f))
-			return errbuf_set(e, -EINVAL, "chat format '%s' unknown (known: glm5, glm5.2, glm4, "
-					  "deepseek-v3, deepseek-v3.1)", configured);
+			return errbuf_set(e, -EINVAL,
+			                  "chat format '%s' unknown (known: glm5, glm5.2, glm4, "
+			                  "deepseek-v3, deepseek-v3.1)",
+			                  configured);
 		return chat_init(c, t, f, e);
 	}
 	const char *s;
 	size_t len;
 	int rc = gguf_get_str(g, "tokenizer.chat_template", &s, &len, e);
 	if (rc == ERR_NOTFOUND)
-		return errbuf_set(e, ERR_UNSUPPORTED, "the model has no tokenizer.chat_template; configure "
-				  "the chat format (glm5, glm5.2, glm4, deepseek-v3, deepseek-v3.1)");
+		return errbuf_set(e, ERR_UNSUPPORTED,
+		                  "the model has no tokenizer.chat_template; configure "
+		                  "the chat format (glm5, glm5.2, glm4, deepseek-v3, deepseek-v3.1)");
 	if (rc)
 		return rc;
 	rc = chat_format_detect(s, len, &f, e);
@@ -271,26 +302,35 @@ static int parse_content(const json_t *jc, size_t i, struct msg *m, struct errbu
 		return 0;
 	}
 	if (!json_is_array(jc))
-		return errbuf_set(e, -EINVAL, "messages[%zu].content: expected a string or an array of text "
-				  "parts, got %s", i, json_is_object(jc) ? "an object" : "a number or boolean");
+		return errbuf_set(e, -EINVAL,
+		                  "messages[%zu].content: expected a string or an array of text "
+		                  "parts, got %s",
+		                  i, json_is_object(jc) ? "an object" : "a number or boolean");
 	size_t total = 0, k;
 	json_t *part;
-	json_array_foreach(jc, k, part) {
+	json_array_foreach(jc, k, part)
+	{
 		json_t *ty = json_object_get(part, "type"), *tx = json_object_get(part, "text");
 		if (!json_is_object(part) || !json_is_string(ty))
-			return errbuf_set(e, -EINVAL, "messages[%zu].content[%zu]: expected an object with a "
-					  "\"type\"", i, k);
+			return errbuf_set(e, -EINVAL,
+			                  "messages[%zu].content[%zu]: expected an object with a "
+			                  "\"type\"",
+			                  i, k);
 		if (strcmp(json_string_value(ty), "text") != 0)
-			return errbuf_set(e, ERR_UNSUPPORTED, "messages[%zu].content[%zu]: part type '%.40s' is "
-					  "not supported (only \"text\")", i, k, json_string_value(ty));
+			return errbuf_set(e, ERR_UNSUPPORTED,
+			                  "messages[%zu].content[%zu]: part type '%.40s' is "
+			                  "not supported (only \"text\")",
+			                  i, k, json_string_value(ty));
 		if (!json_is_string(tx))
-			return errbuf_set(e, -EINVAL, "messages[%zu].content[%zu].text: expected a string", i, k);
+			return errbuf_set(e, -EINVAL, "messages[%zu].content[%zu].text: expected a string", i,
+			                  k);
 		total += json_string_length(tx);
 	}
 	m->content = malloc(total + 1);
 	if (!m->content)
 		return -ENOMEM;
-	json_array_foreach(jc, k, part) {
+	json_array_foreach(jc, k, part)
+	{
 		json_t *tx = json_object_get(part, "text");
 		memcpy(m->content + m->content_len, json_string_value(tx), json_string_length(tx));
 		m->content_len += json_string_length(tx);
@@ -310,12 +350,15 @@ static int parse_calls(const json_t *jt, size_t i, struct msg *m, struct errbuf 
 		return -ENOMEM;
 	size_t k;
 	json_t *call;
-	json_array_foreach(jt, k, call) {
+	json_array_foreach(jt, k, call)
+	{
 		json_t *fn = json_object_get(call, "function");
 		json_t *name = json_object_get(fn, "name"), *args = json_object_get(fn, "arguments");
 		if (!json_is_object(fn) || !json_is_string(name))
-			return errbuf_set(e, -EINVAL, "messages[%zu].tool_calls[%zu]: expected "
-					  "{\"function\": {\"name\": ..., \"arguments\": ...}}", i, k);
+			return errbuf_set(e, -EINVAL,
+			                  "messages[%zu].tool_calls[%zu]: expected "
+			                  "{\"function\": {\"name\": ..., \"arguments\": ...}}",
+			                  i, k);
 		struct tool_call *c = &m->calls[m->n_calls++];
 		c->name = json_string_value(name);
 		if (json_is_string(args)) {
@@ -329,8 +372,10 @@ static int parse_calls(const json_t *jt, size_t i, struct msg *m, struct errbuf 
 			c->args = strdup("{}");
 			c->args_obj = json_object();
 		} else {
-			return errbuf_set(e, -EINVAL, "messages[%zu].tool_calls[%zu].function.arguments: "
-					  "expected a JSON string or an object", i, k);
+			return errbuf_set(e, -EINVAL,
+			                  "messages[%zu].tool_calls[%zu].function.arguments: "
+			                  "expected a JSON string or an object",
+			                  i, k);
 		}
 		if (!c->args)
 			return -ENOMEM;
@@ -374,8 +419,10 @@ static int parse_messages(const json_t *jm, struct msg **out, size_t *n_out, str
 		} else if (strcmp(r, "tool") == 0) {
 			m[i].role = ROLE_TOOL;
 		} else {
-			rc = errbuf_set(e, -EINVAL, "messages[%zu].role: '%.40s' is not one of system, developer, "
-					"user, assistant, tool", i, r);
+			rc = errbuf_set(e, -EINVAL,
+			                "messages[%zu].role: '%.40s' is not one of system, developer, "
+			                "user, assistant, tool",
+			                i, r);
 			break;
 		}
 		rc = parse_content(json_object_get(o, "content"), i, &m[i], e);
@@ -384,14 +431,17 @@ static int parse_messages(const json_t *jm, struct msg **out, size_t *n_out, str
 		if (rc)
 			break;
 		if (m[i].content_null && m[i].role != ROLE_ASSISTANT) {
-			rc = errbuf_set(e, -EINVAL, "messages[%zu].content: missing (only assistant messages may "
-					"omit it)", i);
+			rc = errbuf_set(e, -EINVAL,
+			                "messages[%zu].content: missing (only assistant messages may "
+			                "omit it)",
+			                i);
 			break;
 		}
 		if (m[i].role == ROLE_ASSISTANT) {
 			json_t *rs = json_object_get(o, "reasoning_content");
 			if (rs && !json_is_null(rs) && !json_is_string(rs)) {
-				rc = errbuf_set(e, -EINVAL, "messages[%zu].reasoning_content: expected a string", i);
+				rc = errbuf_set(e, -EINVAL,
+				                "messages[%zu].reasoning_content: expected a string", i);
 				break;
 			}
 			m[i].reasoning = json_is_string(rs) ? json_string_value(rs) : NULL;
@@ -434,7 +484,8 @@ static int glm_call(struct chat_prompt *p, const struct tool_call *c, struct err
 	if (!rc && c->args_obj) {
 		const char *k;
 		json_t *v;
-		json_object_foreach(c->args_obj, k, v) {
+		json_object_foreach(c->args_obj, k, v)
+		{
 			rc = rc ? rc : tpl(p, "<arg_key>", e);
 			rc = rc ? rc : txt(p, k, strlen(k), e);
 			rc = rc ? rc : tpl(p, "</arg_key><arg_value>", e);
@@ -465,7 +516,8 @@ static int glm52_tool_json(struct chat_prompt *p, const json_t *tool, struct err
 	bool first = true;
 	const char *k;
 	json_t *v;
-	json_object_foreach((json_t *)tool, k, v) {
+	json_object_foreach((json_t *)tool, k, v)
+	{
 		if (strcmp(k, "defer_loading") == 0 || strcmp(k, "strict") == 0)
 			continue;
 		char *d = json_dumps(v, JSON_ENCODE_ANY);
@@ -488,19 +540,24 @@ static int glm_tools(const struct chat *c, const json_t *tools, struct chat_prom
 {
 	size_t i;
 	json_t *tool;
-	json_array_foreach(tools, i, tool) {
+	json_array_foreach(tools, i, tool)
+	{
 		if (!json_is_object(tool))
 			return errbuf_set(e, -EINVAL, "tools[%zu]: expected an object", i);
 	}
-	int rc = tpl(p, "<|system|>\n# Tools\n\nYou may call one or more functions to assist with the user "
-		     "query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n"
-		     "<tools>\n", e);
-	json_array_foreach(tools, i, tool) {
+	int rc = tpl(p,
+	             "<|system|>\n# Tools\n\nYou may call one or more functions to assist with the user "
+	             "query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n"
+	             "<tools>\n",
+	             e);
+	json_array_foreach(tools, i, tool)
+	{
 		if (rc)
 			break;
 		if (c->fmt == CHAT_FMT_GLM52) {
 			const json_t *fn = json_object_get(tool, "function");
-			const json_t *defer = json_object_get(json_is_object(fn) ? fn : tool, "defer_loading");
+			const json_t *defer =
+			    json_object_get(json_is_object(fn) ? fn : tool, "defer_loading");
 			if (json_is_true(defer))
 				continue;
 			rc = glm52_tool_json(p, tool, e);
@@ -511,14 +568,17 @@ static int glm_tools(const struct chat *c, const json_t *tools, struct chat_prom
 		}
 		rc = rc ? rc : tpl(p, "\n", e);
 	}
-	return rc ? rc : tpl(p, "</tools>\n\nFor each function call, output the function name and arguments "
-			      "within the following XML format:\n<tool_call>{function-name}<arg_key>{arg-key-1}"
-			      "</arg_key><arg_value>{arg-value-1}</arg_value><arg_key>{arg-key-2}</arg_key>"
-			      "<arg_value>{arg-value-2}</arg_value>...</tool_call>", e);
+	return rc ? rc
+	          : tpl(p,
+	                "</tools>\n\nFor each function call, output the function name and arguments "
+	                "within the following XML format:\n<tool_call>{function-name}<arg_key>{arg-key-1}"
+	                "</arg_key><arg_value>{arg-value-1}</arg_value><arg_key>{arg-key-2}</arg_key>"
+	                "<arg_value>{arg-value-2}</arg_value>...</tool_call>",
+	                e);
 }
 
 static int render_glm(const struct chat *c, const struct msg *m, size_t n, const struct chat_opts *o,
-		      struct chat_prompt *p, struct errbuf *e)
+                      struct chat_prompt *p, struct errbuf *e)
 {
 	bool v52 = c->fmt == CHAT_FMT_GLM52;
 	bool think = o->enable_thinking != 0;
@@ -577,19 +637,23 @@ static int render_glm(const struct chat *c, const struct msg *m, size_t n, const
 		}
 	}
 	if (!rc && o->add_generation_prompt)
-		rc = tpl(p, think ? "<|assistant|><think>" : v52 ? "<|assistant|><think></think>" : "<|assistant|></think>", e);
+		rc = tpl(p,
+		         think ? "<|assistant|><think>"
+		         : v52 ? "<|assistant|><think></think>"
+		               : "<|assistant|></think>",
+		         e);
 	return rc;
 }
 
 /* GLM-4 chat: the role tag, a newline, the content. */
 static int render_glm4(const struct chat *c, const struct msg *m, size_t n, const struct chat_opts *o,
-		       struct chat_prompt *p, struct errbuf *e)
+                       struct chat_prompt *p, struct errbuf *e)
 {
 	static const char *const tags[] = {
-		[ROLE_SYSTEM] = "<|system|>\n",
-		[ROLE_USER] = "<|user|>\n",
-		[ROLE_ASSISTANT] = "<|assistant|>\n",
-		[ROLE_TOOL] = "<|observation|>\n",
+	    [ROLE_SYSTEM] = "<|system|>\n",
+	    [ROLE_USER] = "<|user|>\n",
+	    [ROLE_ASSISTANT] = "<|assistant|>\n",
+	    [ROLE_TOOL] = "<|observation|>\n",
 	};
 	int rc = tpl(p, "[gMASK]<sop>", e);
 	for (size_t i = 0; i < n && !rc; i++) {
@@ -626,7 +690,7 @@ static void ds_visible(const struct msg *m, const char **s, size_t *n)
 }
 
 static int render_deepseek(const struct chat *c, const struct msg *m, size_t n, const struct chat_opts *o,
-			   struct chat_prompt *p, struct errbuf *e)
+                           struct chat_prompt *p, struct errbuf *e)
 {
 	bool v31 = c->fmt == CHAT_FMT_DEEPSEEK_V31;
 	size_t bl;
@@ -644,8 +708,7 @@ static int render_deepseek(const struct chat *c, const struct msg *m, size_t n, 
 	for (size_t i = 0; i < n && !rc; i++) {
 		const struct msg *mi = &m[i];
 		switch (mi->role) {
-		case ROLE_SYSTEM:
-			break;
+		case ROLE_SYSTEM: break;
 		case ROLE_USER:
 			is_tool = false;
 			rc = tpl(p, DS_USER, e);
@@ -712,15 +775,17 @@ static int render_deepseek(const struct chat *c, const struct msg *m, size_t n, 
 }
 
 int chat_render(const struct chat *c, const json_t *messages, const struct chat_opts *o,
-		struct chat_prompt *out, struct errbuf *e)
+                struct chat_prompt *out, struct errbuf *e)
 {
 	memset(out, 0, sizeof(*out));
 	out->max = o->max_bytes ? o->max_bytes : CHAT_DEFAULT_MAX_BYTES;
 	if (o->tools && !json_is_array(o->tools))
 		return errbuf_set(e, -EINVAL, "tools: expected an array");
 	if (o->tools && json_array_size(o->tools) > 0 && c->fmt != CHAT_FMT_GLM5 && c->fmt != CHAT_FMT_GLM52)
-		return errbuf_set(e, ERR_UNSUPPORTED, "tools: function definitions are not supported by the "
-				  "%s renderer yet", chat_format_name(c->fmt));
+		return errbuf_set(e, ERR_UNSUPPORTED,
+		                  "tools: function definitions are not supported by the "
+		                  "%s renderer yet",
+		                  chat_format_name(c->fmt));
 	struct msg *m;
 	size_t n;
 	int rc = parse_messages(messages, &m, &n, e);
@@ -746,9 +811,10 @@ int chat_render(const struct chat *c, const json_t *messages, const struct chat_
 }
 
 int chat_encode(const struct chat *c, const struct chat_prompt *p, int32_t *ids, size_t n_ids_max,
-		size_t *n_ids, struct errbuf *e)
+                size_t *n_ids, struct errbuf *e)
 {
-	int rc = tok_encode_spans(c->t, p->text, p->len, 0, p->spans, p->n_spans, ids, n_ids_max, n_ids, NULL, e);
+	int rc =
+	    tok_encode_spans(c->t, p->text, p->len, 0, p->spans, p->n_spans, ids, n_ids_max, n_ids, NULL, e);
 	if (rc)
 		return rc;
 	if (c->bos_id >= 0) {
@@ -756,7 +822,8 @@ int chat_encode(const struct chat *c, const struct chat_prompt *p, int32_t *ids,
 		for (size_t i = 0; i < *n_ids; i++)
 			n_bos += ids[i] == c->bos_id;
 		if (*n_ids == 0 || ids[0] != c->bos_id || n_bos != 1)
-			return errbuf_set(e, ERR_FORMAT, "chat prompt must start with exactly one BOS, has %zu", n_bos);
+			return errbuf_set(e, ERR_FORMAT,
+			                  "chat prompt must start with exactly one BOS, has %zu", n_bos);
 	}
 	return 0;
 }

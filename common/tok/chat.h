@@ -62,11 +62,11 @@ struct chat {
 };
 
 struct chat_opts {
-	int enable_thinking;          /* -1: the format's default (GLM5/5.2 on, others off); 0; 1 */
+	int enable_thinking; /* -1: the format's default (GLM5/5.2 on, others off); 0; 1 */
 	const char *reasoning_effort; /* GLM-5.2: "low", "high"; anything else or NULL = max */
 	bool add_generation_prompt;
-	const json_t *tools;          /* borrowed OpenAI `tools` array or NULL (GLM formats only) */
-	size_t max_bytes;             /* 0 = CHAT_DEFAULT_MAX_BYTES; longer prompts are ERR_LIMIT */
+	const json_t *tools; /* borrowed OpenAI `tools` array or NULL (GLM formats only) */
+	size_t max_bytes; /* 0 = CHAT_DEFAULT_MAX_BYTES; longer prompts are ERR_LIMIT */
 };
 
 /* A rendered prompt: text, plus the byte spans the format itself wrote (where special tokens may
@@ -91,18 +91,18 @@ int chat_init(struct chat *c, const struct tok *t, enum chat_format fmt, struct 
 /* The configured name if given (NULL or "" = none), else the GGUF's tokenizer.chat_template;
  * neither is a clear error. */
 int chat_init_gguf(struct chat *c, const struct tok *t, const struct gguf_ctx *g, const char *configured,
-		   struct errbuf *e) TD_MUST_CHECK;
+                   struct errbuf *e) TD_MUST_CHECK;
 
 /* Renders messages (validated: an array of objects with a known role and string / text-part
  * content; errors name the message index and field). On error out is left empty. */
 int chat_render(const struct chat *c, const json_t *messages, const struct chat_opts *o,
-		struct chat_prompt *out, struct errbuf *e) TD_MUST_CHECK;
+                struct chat_prompt *out, struct errbuf *e) TD_MUST_CHECK;
 void chat_prompt_fini(struct chat_prompt *p);
 
 /* Tokenizes a rendered prompt: special tokens only inside the format's spans, no automatic BOS;
  * for DeepSeek checks the result starts with exactly one BOS. */
 int chat_encode(const struct chat *c, const struct chat_prompt *p, int32_t *ids, size_t n_ids_max,
-		size_t *n_ids, struct errbuf *e) TD_MUST_CHECK;
+                size_t *n_ids, struct errbuf *e) TD_MUST_CHECK;
 
 bool chat_is_stop(const struct chat *c, int32_t id);
 

@@ -1,28 +1,28 @@
 /* Decode GEMV: Y[t][r] = dot(W row r, X[t]) for n_tok <= 8, streaming W once from HBM.
  *
- * Grid: one warp per ROWS consecutive rows, WARPS warps per block; lane l takes units (32-element
- * pieces, see quant_unit.cuh) l, l+32, ... of those rows, dequantizes each unit in registers to
- * fp32 and accumulates against the n_tok activation rows (read through L1/L2: they are small and
- * shared by every warp). The ROWS rows reuse each loaded activation value, which keeps L1 traffic
- * below the weight stream. A warp reduction ends each row. fp32 accumulation throughout, so the
- * result matches kcpu_matmul up to summation order.
- * Assumes: n_in a multiple of 32, x rows 16-byte aligned (ldx % 4 == 0). Float weights with other
- * n_in or alignment use gemv_scalar (element-wise), which exists for correctness, not speed. */
+ * Grid: a block of GEMV_WARPS warps owns GEMV_ROWS consecutive rows; the warps split the row's
+ * pieces (8 elements each, quant_piece.cuh) between them: warp w, lane l takes pieces
+ * (w * 32 + l) + k * 32 * GEMV_WARPS, so every warp-wide load of weights and of activations is
+ * contiguous. Each piece is dequantized in registers to fp32 once and used for all n_tok tokens
+ * and the GEMV_ROWS rows share each activation load. Partial sums: warp shuffle, then shared
+ * memory across the warps. fp32 throughout, so results equal kcpu_matmul up to summation order.
+ * Assumes n_in % 8 == 0, activation rows 16-byte aligned (ldx % 4 == 0), and for the float types
+ * 16-byte aligned rows; other float weights use gemv_scalar (correctness path, not speed). */
 #include "kernels/cuda/matmul_impl.cuh"
-#include "kernels/cuda/quant_unit.cuh"
+#include "kernels/cuda/quant_piece.cuh"
 
 #define GEMV_WARPS 4
-#define GEMV_ROWS 2
+#define GEMV_ROWS 4
+#define GEMV_UNROLL 2
 
 template <int T, int NT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-	gemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t n_out, int n_units,
+	gemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t n_out, int64_t n_pieces,
 		    const float *__restrict__ x, int64_t ldx, int n_tok, float *__restrict__ y, int64_t ldy)
 {
-	const int lane = threadIdx.x & 31;
-	const int64_t row0 = ((int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_ROWS;
-	if (row0 >= n_out)
-		return;
+	__shared__ float part[GEMV_WARPS][GEMV_ROWS][NT];
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const int64_t row0 = (int64_t)blockIdx.x * GEMV_ROWS;
 	const uint8_t *rp[GEMV_ROWS];
 #pragma unroll
 	for (int r = 0; r < GEMV_ROWS; r++)
@@ -35,28 +35,62 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 		for (int t = 0; t < NT; t++)
 			acc[r][t] = 0.0f;
 
-	for (int u = lane; u < n_units; u += 32) {
-		float v[GEMV_ROWS][32];
+	const int64_t step = 32 * GEMV_WARPS;
+	int64_t p = warp * 32 + lane;
+	/* main loop: GEMV_UNROLL pieces per row in flight before any FMA */
+	for (; p + (GEMV_UNROLL - 1) * step < n_pieces; p += GEMV_UNROLL * step) {
+		float v[GEMV_UNROLL][GEMV_ROWS][8];
+#pragma unroll
+		for (int u = 0; u < GEMV_UNROLL; u++)
+#pragma unroll
+			for (int r = 0; r < GEMV_ROWS; r++)
+				kq<T>::piece(rp[r], p + u * step, v[u][r]);
+#pragma unroll
+		for (int u = 0; u < GEMV_UNROLL; u++)
+#pragma unroll
+			for (int t = 0; t < NT; t++) {
+				if (t >= n_tok)
+					break;
+				const float4 *xp = (const float4 *)(x + t * ldx + 8 * (p + u * step));
+				const float4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
+#pragma unroll
+				for (int r = 0; r < GEMV_ROWS; r++) {
+					float a = acc[r][t];
+					a = fmaf(v[u][r][0], x0.x, a);
+					a = fmaf(v[u][r][1], x0.y, a);
+					a = fmaf(v[u][r][2], x0.z, a);
+					a = fmaf(v[u][r][3], x0.w, a);
+					a = fmaf(v[u][r][4], x1.x, a);
+					a = fmaf(v[u][r][5], x1.y, a);
+					a = fmaf(v[u][r][6], x1.z, a);
+					a = fmaf(v[u][r][7], x1.w, a);
+					acc[r][t] = a;
+				}
+			}
+	}
+	for (; p < n_pieces; p += step) { /* tail */
+		float v[GEMV_ROWS][8];
 #pragma unroll
 		for (int r = 0; r < GEMV_ROWS; r++)
-			kq<T>::unit(rp[r], u, v[r]);
+			kq<T>::piece(rp[r], p, v[r]);
 #pragma unroll
 		for (int t = 0; t < NT; t++) {
 			if (t >= n_tok)
 				break;
-			const float4 *xp = (const float4 *)(x + t * ldx + 32 * (int64_t)u);
+			const float4 *xp = (const float4 *)(x + t * ldx + 8 * p);
+			const float4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
 #pragma unroll
-			for (int i = 0; i < 8; i++) {
-				const float4 xv = __ldg(xp + i);
-#pragma unroll
-				for (int r = 0; r < GEMV_ROWS; r++) {
-					float a = acc[r][t];
-					a = fmaf(v[r][4 * i + 0], xv.x, a);
-					a = fmaf(v[r][4 * i + 1], xv.y, a);
-					a = fmaf(v[r][4 * i + 2], xv.z, a);
-					a = fmaf(v[r][4 * i + 3], xv.w, a);
-					acc[r][t] = a;
-				}
+			for (int r = 0; r < GEMV_ROWS; r++) {
+				float a = acc[r][t];
+				a = fmaf(v[r][0], x0.x, a);
+				a = fmaf(v[r][1], x0.y, a);
+				a = fmaf(v[r][2], x0.z, a);
+				a = fmaf(v[r][3], x0.w, a);
+				a = fmaf(v[r][4], x1.x, a);
+				a = fmaf(v[r][5], x1.y, a);
+				a = fmaf(v[r][6], x1.z, a);
+				a = fmaf(v[r][7], x1.w, a);
+				acc[r][t] = a;
 			}
 		}
 	}
@@ -65,9 +99,19 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 #pragma unroll
 		for (int t = 0; t < NT; t++) {
 			float s = kc_warp_sum(acc[r][t]);
-			if (lane == 0 && t < n_tok && row0 + r < n_out)
-				y[t * ldy + row0 + r] = s;
+			if (lane == 0)
+				part[warp][r][t] = s;
 		}
+	__syncthreads();
+	if (threadIdx.x < GEMV_ROWS * NT) {
+		const int r = threadIdx.x / NT, t = threadIdx.x % NT;
+		float s = 0.0f;
+#pragma unroll
+		for (int k = 0; k < GEMV_WARPS; k++)
+			s += part[k][r][t];
+		if (t < n_tok && row0 + r < n_out)
+			y[t * ldy + row0 + r] = s;
+	}
 }
 
 /* Element-wise GEMV for float weights of any n_in / alignment: one warp per row. */
@@ -102,11 +146,9 @@ template <int T, int NT>
 static void launch_nt(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
 		      float *y, int64_t ldy)
 {
-	const int64_t rows_per_block = GEMV_WARPS * GEMV_ROWS;
-	const unsigned grid = (unsigned)((w->n_out + rows_per_block - 1) / rows_per_block);
+	const unsigned grid = (unsigned)((w->n_out + GEMV_ROWS - 1) / GEMV_ROWS);
 	gemv_kernel<T, NT><<<grid, GEMV_WARPS * 32, 0, c->stream>>>((const uint8_t *)w->data, w->row_bytes,
-								   w->n_out, (int)(w->n_in / 32), x, ldx,
-								   n_tok, y, ldy);
+								   w->n_out, w->n_in / 8, x, ldx, n_tok, y, ldy);
 }
 
 template <int T>
@@ -114,7 +156,7 @@ static int launch_type(struct kcuda_ctx *c, const struct kweight *w, const float
 		       float *y, int64_t ldy)
 {
 	const bool is_float = T == KT_F32 || T == KT_F16 || T == KT_BF16;
-	if (is_float && (w->n_in % 32 || w->row_bytes % 16 || (uintptr_t)w->data % 16 || ldx % 4 ||
+	if (is_float && (w->n_in % 8 || w->row_bytes % 16 || (uintptr_t)w->data % 16 || ldx % 4 ||
 			 (uintptr_t)x % 16)) {
 		if constexpr (T == KT_F32 || T == KT_F16 || T == KT_BF16) {
 			const unsigned grid = (unsigned)((w->n_out + GEMV_WARPS - 1) / GEMV_WARPS);
