@@ -333,6 +333,7 @@ void model_destroy(struct model *m)
 {
 	if (!m)
 		return;
+	model_workers_stop(m);
 	for (int i = 0; m->ranks && i < m->n_ranks_local; i++) {
 		kpool_destroy(m->ranks[i].pool);
 		free_layers(m->ranks[i].layers, m->hp.n_layers);

@@ -70,6 +70,17 @@ struct model_rank {
 	int rc;
 };
 
+/* Persistent threads for ranks 1..T-1 (run.c): woken once per forward. */
+struct rank_workers {
+	pthread_t th[256];
+	int n;            /* threads started */
+	pthread_mutex_t mu;
+	pthread_cond_t go, done;
+	uint64_t gen;     /* forward generation; a worker runs when it changes */
+	int n_done;
+	bool quit;
+};
+
 struct model {
 	struct model_hparams hp;
 	struct model_opts opts;
@@ -79,6 +90,7 @@ struct model {
 	int n_ranks_local;       /* T (threads) or 1 (rank-shard mode) */
 	struct model_rank *ranks;
 	struct tp_cpu_group *group;
+	struct rank_workers *workers; /* NULL until the first TP forward */
 	struct kweight tok_embd; /* full */
 	float *out_norm;         /* owned, D */
 	uint64_t identity;
@@ -91,6 +103,9 @@ int model_hparams_read(const struct gguf_ctx *g, const struct model_opts *o, str
  * returns the number of problems; first problem in e. strict: unknown tensors count as problems. */
 int model_tensors_check(const struct gguf_ctx *g, const struct model_hparams *hp, bool strict, FILE *report,
 			struct errbuf *e);
+
+/* run.c */
+void model_workers_stop(struct model *m);
 
 /* forward.c. All-reduces are issued in pieces of at most this many floats (the CPU group's
  * scratch size). */
