@@ -24,13 +24,16 @@ static double macs_per_token(const struct model_hparams *hp)
 	double D = (double)hp->D, H = (double)hp->H, NR = (double)(hp->N + hp->R), m = 0;
 	for (int l = 0; l < hp->n_layers; l++) {
 		m += D * (double)hp->Cq + (double)hp->Cq * H * NR + D * (double)(hp->C + hp->R);
-		m += H * (double)hp->N * (double)hp->C + H * (double)hp->C * (double)hp->V + H * (double)hp->V * D;
+		m += H * (double)hp->N * (double)hp->C + H * (double)hp->C * (double)hp->V +
+		     H * (double)hp->V * D;
 		if (hp->has_indexer && hp->idx_full[l])
-			m += (double)hp->Cq * (double)(hp->idx_H * hp->idx_D) + D * (double)hp->idx_D + D * (double)hp->idx_H;
+			m += (double)hp->Cq * (double)(hp->idx_H * hp->idx_D) + D * (double)hp->idx_D +
+			     D * (double)hp->idx_H;
 		if (l < hp->n_dense_lead)
 			m += 3 * D * (double)hp->n_ff;
 		else
-			m += D * hp->n_expert + 3 * D * (double)hp->n_ff_exp * (hp->n_expert_used + hp->n_expert_shared);
+			m += D * hp->n_expert +
+			     3 * D * (double)hp->n_ff_exp * (hp->n_expert_used + hp->n_expert_shared);
 	}
 	return m + D * (double)hp->vocab;
 }
@@ -38,11 +41,13 @@ static double macs_per_token(const struct model_hparams *hp)
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
-		fprintf(stderr, "usage: %s MODEL.gguf [threads] [tp] [prompt_len] [decode_steps] [batch]\n", argv[0]);
+		fprintf(stderr, "usage: %s MODEL.gguf [threads] [tp] [prompt_len] [decode_steps] [batch]\n",
+		        argv[0]);
 		return 2;
 	}
 	int threads = argc > 2 ? atoi(argv[2]) : 1, tp = argc > 3 ? atoi(argv[3]) : 1;
-	int plen = argc > 4 ? atoi(argv[4]) : 512, steps = argc > 5 ? atoi(argv[5]) : 64, B = argc > 6 ? atoi(argv[6]) : 1;
+	int plen = argc > 4 ? atoi(argv[4]) : 512, steps = argc > 5 ? atoi(argv[5]) : 64,
+	    B = argc > 6 ? atoi(argv[6]) : 1;
 	if (threads < 1 || tp < 1 || plen < 1 || steps < 0 || B < 1 || B > 256 || plen + steps > 64 * 256) {
 		fprintf(stderr, "bad arguments\n");
 		return 2;
@@ -73,7 +78,8 @@ int main(int argc, char **argv)
 		seqs[s] = (struct model_seq){.blocks = tbl + s * nb, .n_blocks = nb};
 	}
 	int chunk = plen < 512 ? plen : 512;
-	int32_t *tok = malloc(sizeof(int32_t) * (size_t)(chunk > B ? chunk : B)), *pos = malloc(sizeof(int32_t) * (size_t)(chunk > B ? chunk : B));
+	int32_t *tok = malloc(sizeof(int32_t) * (size_t)(chunk > B ? chunk : B)),
+	        *pos = malloc(sizeof(int32_t) * (size_t)(chunk > B ? chunk : B));
 	int32_t *sq = calloc((size_t)(chunk > B ? chunk : B), sizeof(int32_t));
 	float *lg = malloc(sizeof(float) * (size_t)hp->vocab * (size_t)B);
 	srand(1);
@@ -86,7 +92,8 @@ int main(int argc, char **argv)
 				pos[i] = c0 + i;
 				sq[i] = s;
 			}
-			struct model_batch b = {.n_tokens = n, .tokens = tok, .seq = sq, .pos = pos, .n_seqs = B, .seqs = seqs};
+			struct model_batch b = {
+			    .n_tokens = n, .tokens = tok, .seq = sq, .pos = pos, .n_seqs = B, .seqs = seqs};
 			if (model_forward(m, &kv, &b, lg, NULL, &e)) {
 				fprintf(stderr, "%s\n", e.msg);
 				return 1;
@@ -101,7 +108,13 @@ int main(int argc, char **argv)
 			pos[s] = plen + st;
 			sq[s] = s;
 		}
-		struct model_batch b = {.n_tokens = B, .tokens = tok, .seq = sq, .pos = pos, .logits = want, .n_seqs = B, .seqs = seqs};
+		struct model_batch b = {.n_tokens = B,
+		                        .tokens = tok,
+		                        .seq = sq,
+		                        .pos = pos,
+		                        .logits = want,
+		                        .n_seqs = B,
+		                        .seqs = seqs};
 		if (model_forward(m, &kv, &b, lg, NULL, &e)) {
 			fprintf(stderr, "%s\n", e.msg);
 			return 1;
@@ -112,10 +125,11 @@ int main(int argc, char **argv)
 	double keys = hp->has_indexer && hp->idx_topk < plen ? (double)hp->idx_topk : plen / 2.0;
 	double att = (double)hp->n_layers * (double)hp->H * 2 * (double)(hp->C + hp->R) * keys;
 	double pf = (double)plen * B / (t1 - t0), dc = steps ? (double)steps * B / (t2 - t1) : 0;
-	printf("%s: %s, %d threads, TP=%d: prefill %d x %d tokens %.1f tok/s (%.2f GFLOP/s), decode batch %d x %d steps "
+	printf("%s: %s, %d threads, TP=%d: prefill %d x %d tokens %.1f tok/s (%.2f GFLOP/s), decode batch %d "
+	       "x %d steps "
 	       "%.1f tok/s (%.2f GFLOP/s), %.1f ms/step; %.2f M weight MACs/token\n",
-	       argv[1], model_arch_name(hp->arch), threads, tp, B, plen, pf, pf * 2 * (mac + att) * 1e-9, B, steps, dc,
-	       dc * 2 * (mac + att) * 1e-9, steps ? (t2 - t1) * 1e3 / steps : 0, mac * 1e-6);
+	       argv[1], model_arch_name(hp->arch), threads, tp, B, plen, pf, pf * 2 * (mac + att) * 1e-9, B,
+	       steps, dc, dc * 2 * (mac + att) * 1e-9, steps ? (t2 - t1) * 1e3 / steps : 0, mac * 1e-6);
 	free(tok);
 	free(pos);
 	free(sq);

@@ -14,12 +14,13 @@
 
 static void logits_usage(FILE *f)
 {
-	fprintf(f, "usage: tandem logits -m MODEL.gguf --tokens 1,2,3 [--all] [--tp N] [--threads T] -o OUT.f32\n"
-		   "  writes float32 little-endian logits, one row of vocab values per position\n"
-		   "  --all          every position (default: only the last)\n"
-		   "  --tp N         tensor-parallel degree, ranks run as threads (default 1)\n"
-		   "  --threads T    CPU threads in total (default 1)\n"
-		   "  --kv-bf16      store the KV cache in bf16 (default fp32)\n");
+	fprintf(
+	    f, "usage: tandem logits -m MODEL.gguf --tokens 1,2,3 [--all] [--tp N] [--threads T] -o OUT.f32\n"
+	       "  writes float32 little-endian logits, one row of vocab values per position\n"
+	       "  --all          every position (default: only the last)\n"
+	       "  --tp N         tensor-parallel degree, ranks run as threads (default 1)\n"
+	       "  --threads T    CPU threads in total (default 1)\n"
+	       "  --kv-bf16      store the KV cache in bf16 (default fp32)\n");
 }
 
 int cmd_logits(int argc, char **argv)
@@ -72,10 +73,12 @@ int cmd_logits(int argc, char **argv)
 	int32_t *ids;
 	size_t n;
 	if (!cli_parse_ids(toks, &ids, &n))
-		return cli_usage_error("logits", "--tokens: '%s' is not a comma-separated list of token ids", toks);
+		return cli_usage_error("logits", "--tokens: '%s' is not a comma-separated list of token ids",
+		                       toks);
 	if (n > (size_t)1 << 20) {
 		free(ids);
-		return cli_usage_error("logits", "--tokens: %zu tokens is more than the 1048576 this command runs", n);
+		return cli_usage_error("logits",
+		                       "--tokens: %zu tokens is more than the 1048576 this command runs", n);
 	}
 	if (o.n_threads < o.tp)
 		o.n_threads = o.tp;
@@ -94,8 +97,9 @@ int cmd_logits(int argc, char **argv)
 	int64_t V = model_hparams(m)->vocab;
 	for (size_t i = 0; i < n; i++)
 		if (ids[i] >= V) {
-			fprintf(stderr, "tandem logits: token id %d at index %zu is outside the vocabulary (%lld)\n", ids[i], i,
-				(long long)V);
+			fprintf(stderr,
+			        "tandem logits: token id %d at index %zu is outside the vocabulary (%lld)\n",
+			        ids[i], i, (long long)V);
 			goto out;
 		}
 	int n_blocks = (int)((n + MODEL_KV_BLOCK_TOKENS - 1) / MODEL_KV_BLOCK_TOKENS);
@@ -127,8 +131,13 @@ int cmd_logits(int argc, char **argv)
 		size_t cn = n - c0 < LOGITS_CHUNK ? n - c0 : LOGITS_CHUNK, rows_here = 0;
 		for (size_t i = 0; i < cn; i++)
 			rows_here += want[c0 + i];
-		struct model_batch b = {.n_tokens = (int)cn, .tokens = ids + c0, .seq = seq, .pos = pos + c0,
-					.logits = want + c0, .n_seqs = 1, .seqs = &s};
+		struct model_batch b = {.n_tokens = (int)cn,
+		                        .tokens = ids + c0,
+		                        .seq = seq,
+		                        .pos = pos + c0,
+		                        .logits = want + c0,
+		                        .n_seqs = 1,
+		                        .seqs = &s};
 		if (model_forward(m, &kv, &b, rows_here ? dst : NULL, NULL, &e)) {
 			fprintf(stderr, "tandem logits: %s\n", e.msg);
 			goto out;

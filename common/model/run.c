@@ -9,7 +9,7 @@
 #include "common/model/model_internal.h"
 
 static int check_batch(const struct model *m, const struct model_kv *kv, const struct model_batch *b,
-		       struct errbuf *e)
+                       struct errbuf *e)
 {
 	if (b->n_tokens < 1)
 		return errbuf_set(e, -EINVAL, "batch: no tokens");
@@ -27,19 +27,25 @@ static int check_batch(const struct model *m, const struct model_kv *kv, const s
 			return errbuf_set(e, -EINVAL, "batch: sequence %d has a bad block table", s);
 		for (int i = 0; i < sq->n_blocks; i++)
 			if (sq->blocks[i] < 0 || sq->blocks[i] >= kv->n_blocks)
-				return errbuf_set(e, -EINVAL, "batch: sequence %d block %d = %d outside the pool (%lld blocks)",
-						  s, i, sq->blocks[i], (long long)kv->n_blocks);
+				return errbuf_set(
+				    e, -EINVAL,
+				    "batch: sequence %d block %d = %d outside the pool (%lld blocks)", s, i,
+				    sq->blocks[i], (long long)kv->n_blocks);
 	}
 	for (int i = 0; i < b->n_tokens; i++) {
 		if (b->tokens[i] < 0 || b->tokens[i] >= m->hp.vocab)
-			return errbuf_set(e, -EINVAL, "batch: token %d has id %d outside the vocabulary (%lld)", i,
-					  b->tokens[i], (long long)m->hp.vocab);
+			return errbuf_set(e, -EINVAL,
+			                  "batch: token %d has id %d outside the vocabulary (%lld)", i,
+			                  b->tokens[i], (long long)m->hp.vocab);
 		if (b->seq[i] < 0 || b->seq[i] >= b->n_seqs)
-			return errbuf_set(e, -EINVAL, "batch: token %d names sequence %d of %d", i, b->seq[i], b->n_seqs);
+			return errbuf_set(e, -EINVAL, "batch: token %d names sequence %d of %d", i, b->seq[i],
+			                  b->n_seqs);
 		int64_t cap = (int64_t)b->seqs[b->seq[i]].n_blocks * MODEL_KV_BLOCK_TOKENS;
 		if (b->pos[i] < 0 || b->pos[i] >= cap || b->pos[i] >= INT32_MAX - 1)
-			return errbuf_set(e, -EINVAL, "batch: token %d position %d outside its block table (%lld positions)",
-					  i, b->pos[i], (long long)cap);
+			return errbuf_set(
+			    e, -EINVAL,
+			    "batch: token %d position %d outside its block table (%lld positions)", i,
+			    b->pos[i], (long long)cap);
 	}
 	if (b->n_seqs > (1 << 24))
 		return errbuf_set(e, ERR_LIMIT, "batch: %d sequences is more than 16777216", b->n_seqs);
@@ -51,8 +57,11 @@ static int check_batch(const struct model *m, const struct model_kv *kv, const s
 	int rc = 0;
 	for (int i = 0; i < b->n_tokens && !rc; i++) {
 		if (b->pos[i] <= last[b->seq[i]])
-			rc = errbuf_set(e, -EINVAL, "batch: token %d of sequence %d at position %d does not follow position %d "
-					"(positions of a sequence must increase)", i, b->seq[i], b->pos[i], last[b->seq[i]]);
+			rc = errbuf_set(
+			    e, -EINVAL,
+			    "batch: token %d of sequence %d at position %d does not follow position %d "
+			    "(positions of a sequence must increase)",
+			    i, b->seq[i], b->pos[i], last[b->seq[i]]);
 		last[b->seq[i]] = b->pos[i];
 	}
 	free(last);
@@ -134,7 +143,7 @@ void model_workers_stop(struct model *m)
 }
 
 int model_forward(struct model *m, struct model_kv *kv, const struct model_batch *b, float *logits,
-		  const struct model_debug *dbg, struct errbuf *e)
+                  const struct model_debug *dbg, struct errbuf *e)
 {
 	int rc = check_batch(m, kv, b, e);
 	if (rc)
@@ -170,6 +179,7 @@ int model_forward(struct model *m, struct model_kv *kv, const struct model_batch
 	pthread_mutex_unlock(&w->mu);
 	for (int i = 0; i < m->n_ranks_local; i++)
 		if (m->ranks[i].rc)
-			return errbuf_set(e, m->ranks[i].rc, "forward failed on rank %d: %s", i, err_name(m->ranks[i].rc));
+			return errbuf_set(e, m->ranks[i].rc, "forward failed on rank %d: %s", i,
+			                  err_name(m->ranks[i].rc));
 	return 0;
 }

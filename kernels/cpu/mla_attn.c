@@ -63,7 +63,8 @@ static void axpy_f32(float *out, float p, const float *row, int64_t n)
 	__m256 vp = _mm256_set1_ps(p);
 	int64_t i = 0;
 	for (; i + 8 <= n; i += 8)
-		_mm256_storeu_ps(out + i, _mm256_fmadd_ps(vp, _mm256_loadu_ps(row + i), _mm256_loadu_ps(out + i)));
+		_mm256_storeu_ps(out + i,
+		                 _mm256_fmadd_ps(vp, _mm256_loadu_ps(row + i), _mm256_loadu_ps(out + i)));
 	for (; i < n; i++)
 		out[i] += p * row[i];
 }
@@ -123,8 +124,8 @@ float kcpu_kv_dot(const float *a, const void *row, int bf16, int64_t n)
 	return bf16 ? dot_bf16(a, row, n) : dot_f32(a, row, n);
 }
 
-void kcpu_mla_attn_head(const float *q, int64_t C, int64_t R, const void *const *keys, int n_keys, int key_bf16,
-			float scale, float *scores, float *out)
+void kcpu_mla_attn_head(const float *q, int64_t C, int64_t R, const void *const *keys, int n_keys,
+                        int key_bf16, float scale, float *scores, float *out)
 {
 	float mx = -INFINITY;
 	for (int t = 0; t < n_keys; t++) {

@@ -50,7 +50,8 @@ static void test_model(const char *stem)
 	int len[MAX_P], np = 0;
 	const char *names[MAX_P];
 	while (np < MAX_P && (ids[np] = ref_prompt(man, (size_t)np, &len[np], &names[np]))) {
-		CHECK(expect_ids(cases, names[np], want[np]) == 0, "%s: no expected ids for %s", stem, names[np]);
+		CHECK(expect_ids(cases, names[np], want[np]) == 0, "%s: no expected ids for %s", stem,
+		      names[np]);
 		np++;
 	}
 	/* A */
@@ -68,9 +69,11 @@ static void test_model(const char *stem)
 		for (int t = 0; t < N_NEW && first < 0; t++)
 			if (gotA[p][t] != want[p][t])
 				first = t;
-		printf("%-22s %-14s A (prefill + decode): %s", stem, names[p], first < 0 ? "24/24 identical\n" : "");
+		printf("%-22s %-14s A (prefill + decode): %s", stem, names[p],
+		       first < 0 ? "24/24 identical\n" : "");
 		if (first >= 0)
-			printf("differs at step %d (got %d, want %d)\n", first, gotA[p][first], want[p][first]);
+			printf("differs at step %d (got %d, want %d)\n", first, gotA[p][first],
+			       want[p][first]);
 		CHECK(first < 0, "%s %s: greedy A differs at step %d", stem, names[p], first);
 	}
 	/* B */
@@ -105,7 +108,13 @@ static void test_model(const char *stem)
 		for (int i = 0; i < n; i++)
 			if (bw[i])
 				rows[bs[i]] = r++;
-		struct model_batch b = {.n_tokens = n, .tokens = bt, .seq = bs, .pos = bp, .logits = bw, .n_seqs = np, .seqs = seqs};
+		struct model_batch b = {.n_tokens = n,
+		                        .tokens = bt,
+		                        .seq = bs,
+		                        .pos = bp,
+		                        .logits = bw,
+		                        .n_seqs = np,
+		                        .seqs = seqs};
 		if (n && (rc = model_forward(m, &kv, &b, lg, NULL, &e)))
 			CHECK(0, "%s B prefill: %s", stem, e.msg);
 		for (int p = 0; p < np; p++)
@@ -119,7 +128,13 @@ static void test_model(const char *stem)
 			bp[p] = len[p] + t - 1;
 			bw[p] = 1;
 		}
-		struct model_batch b = {.n_tokens = np, .tokens = bt, .seq = bs, .pos = bp, .logits = bw, .n_seqs = np, .seqs = seqs};
+		struct model_batch b = {.n_tokens = np,
+		                        .tokens = bt,
+		                        .seq = bs,
+		                        .pos = bp,
+		                        .logits = bw,
+		                        .n_seqs = np,
+		                        .seqs = seqs};
 		if ((rc = model_forward(m, &kv, &b, lg, NULL, &e)))
 			CHECK(0, "%s B decode: %s", stem, e.msg);
 		for (int p = 0; p < np; p++)
@@ -128,7 +143,8 @@ static void test_model(const char *stem)
 	int same = 0;
 	for (int p = 0; p < np; p++)
 		same += memcmp(gotB[p], want[p], sizeof(want[p])) == 0;
-	printf("%-22s B (%d sequences, chunked prefill + batched decode): %d/%d identical\n", stem, np, same, np);
+	printf("%-22s B (%d sequences, chunked prefill + batched decode): %d/%d identical\n", stem, np, same,
+	       np);
 	CHECK(same == np, "%s: batched greedy differs for %d prompts", stem, np - same);
 	for (int p = 0; p < np; p++)
 		free(ids[p]);

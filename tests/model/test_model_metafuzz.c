@@ -92,7 +92,8 @@ static void fuzz(const char *stem)
 				struct tseq s;
 				tseq_init(&s, 0, 2, 1);
 				float *lg = malloc(sizeof(float) * (size_t)model_hparams(m)->vocab);
-				if (run_seq(m, &kvp, &s, ids, 70, 70, false, lg) == 0 && run_seq(m, &kvp, &s, ids, 1, 1, false, lg) == 0)
+				if (run_seq(m, &kvp, &s, ids, 70, 70, false, lg) == 0 &&
+				    run_seq(m, &kvp, &s, ids, 1, 1, false, lg) == 0)
 					n_ran++;
 				free(lg);
 				model_kv_fini(&kvp);
@@ -100,8 +101,8 @@ static void fuzz(const char *stem)
 			model_destroy(m);
 		}
 	}
-	printf("%-20s %d edited files: %d refused with a message, %d loaded (%d ran prefill + decode)\n", stem, n_files,
-	       n_refused, n_loaded, n_ran);
+	printf("%-20s %d edited files: %d refused with a message, %d loaded (%d ran prefill + decode)\n",
+	       stem, n_files, n_refused, n_loaded, n_ran);
 	CHECK(n_refused > n_files / 2, "%s: suspiciously few refusals", stem);
 	remove(path);
 	gguf_close(g);

@@ -38,7 +38,8 @@ static void test_topk(void)
 			float s[70];
 			int32_t out[72], want[72];
 			for (int i = 0; i < n; i++)
-				s[i] = (float)(int)(ur() * 5) * (ur() < 0.2 ? 0.0f : 1.0f); /* many exact ties */
+				s[i] =
+				    (float)(int)(ur() * 5) * (ur() < 0.2 ? 0.0f : 1.0f); /* many exact ties */
 			int got = kcpu_topk(s, n, k, out);
 			/* brute force: rank of i = #j better than i */
 			int m = 0;
@@ -95,7 +96,8 @@ static void test_route(void)
 		for (int i = 0; i < k; i++) {
 			int better = 0;
 			for (int e = 0; e < E; e++)
-				better += sel[e] > sel[ids[i]] + 1e-6 || (fabs(sel[e] - sel[ids[i]]) <= 1e-6 && e < ids[i]);
+				better += sel[e] > sel[ids[i]] + 1e-6 ||
+				          (fabs(sel[e] - sel[ids[i]]) <= 1e-6 && e < ids[i]);
 			bad += better >= k;
 			wmax = fmax(wmax, fabs(w[i] - p[ids[i]] / sum * 2.5));
 		}
@@ -128,7 +130,8 @@ static void test_rope(void)
 		n0 += (double)x[i] * x[i];
 		n1 += (double)y[i] * y[i];
 	}
-	printf("rope: interleaved vs half-split on permuted input max|d| = %.2g, norm change %.2g\n", d, fabs(n0 - n1));
+	printf("rope: interleaved vs half-split on permuted input max|d| = %.2g, norm change %.2g\n", d,
+	       fabs(n0 - n1));
 	CHECK(d < 1e-6 && fabs(n0 - n1) < 1e-5, "rope");
 }
 
