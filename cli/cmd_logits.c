@@ -20,7 +20,9 @@ static void logits_usage(FILE *f)
 	       "  --all          every position (default: only the last)\n"
 	       "  --tp N         tensor-parallel degree, ranks run as threads (default 1)\n"
 	       "  --threads T    CPU threads in total (default 1)\n"
-	       "  --kv-bf16      store the KV cache in bf16 (default fp32)\n");
+	       "  --kv-bf16      store the KV cache in bf16 (default fp32)\n"
+	       "  --latent-eps X RMSNorm eps of q_a_norm / kv_a_norm (default 1e-6, as the references;\n"
+	       "                 llama.cpp uses the model's rms_norm_eps)\n");
 }
 
 int cmd_logits(int argc, char **argv)
@@ -29,6 +31,7 @@ int cmd_logits(int argc, char **argv)
 	bool all = false;
 	struct model_opts o;
 	model_opts_default(&o);
+	o.quiet = true;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		bool has = i + 1 < argc;
@@ -50,6 +53,9 @@ int cmd_logits(int argc, char **argv)
 			toks = argv[++i];
 		} else if (!strcmp(a, "--all")) {
 			all = true;
+		} else if (!strcmp(a, "--latent-eps")) {
+			if (!has || !cli_parse_f32(argv[++i], 1e-12f, 1.0f, &o.latent_eps))
+				return cli_usage_error("logits", "--latent-eps needs a number in [1e-12, 1]");
 		} else if (!strcmp(a, "--kv-bf16")) {
 			o.kv_dtype = MODEL_KV_BF16;
 		} else if (!strcmp(a, "--tp")) {

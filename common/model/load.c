@@ -435,6 +435,17 @@ int model_load_gguf(struct model **out, struct gguf_ctx *g, const struct model_o
 		if ((rc = bind_rank(m, rk, e)))
 			goto fail;
 	}
+	if (!o->quiet) {
+		struct model_kv_layout kl;
+		model_kv_layout_get(m, &kl);
+		LOG_INFO("model",
+		         "loaded %s: %d layers, D=%lld H=%lld, %d experts (k=%d), indexer %s; TP=%d%s, %d thread(s); "
+		         "KV %s, %zu bytes per 64-token block",
+		         model_arch_name(m->hp.arch), m->hp.n_layers, (long long)m->hp.D, (long long)m->hp.H,
+		         m->hp.n_expert, m->hp.n_expert_used, m->hp.has_indexer ? "yes" : "no", m->T,
+		         o->rank >= 0 ? " (rank-shard)" : "", o->n_threads, kl.dtype == MODEL_KV_BF16 ? "bf16" : "f32",
+		         kl.block_bytes);
+	}
 	*out = m;
 	return 0;
 fail:
