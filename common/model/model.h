@@ -13,7 +13,9 @@
  *   model_forward(m, &kv, &b, logits_out, NULL, &e);
  *
  * Threading: a struct model is used by one caller thread at a time (model_forward runs its own
- * worker threads: T rank threads each with its own pool). Weights are used straight from the
+ * workers: with TP=T as threads, ranks 1..T-1 are persistent threads started by the first forward,
+ * and every rank has its own kpool). The batch is validated before anything runs; errors name
+ * the bad token / position / block. See docs/MODEL.md for the decisions behind the numerics. Weights are used straight from the
  * GGUF mapping (no copy); the struct gguf_ctx stays open until model_destroy().
  */
 #ifndef TANDEM_MODEL_MODEL_H
@@ -208,7 +210,7 @@ struct model_batch {
 	const int32_t *seq; /* index into seqs */
 	const int32_t *pos;
 	const uint8_t *logits; /* 1 = output logits for this token; NULL = only the last token */
-	int n_seqs;
+	int n_seqs;            /* seqs may list sequences that have no token in this batch */
 	const struct model_seq *seqs;
 };
 
