@@ -104,8 +104,17 @@ TEST_BINS := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(TEST_SRC)))
 FUZZ_SRC  := $(wildcard tests/fuzz/fuzz_*.c)
 BENCH_SRC := $(wildcard bench/bench_*.c)
 BENCH_BINS := $(patsubst %.c,$(BUILD)/bench/%,$(notdir $(BENCH_SRC)))
+# CUDA benchmarks (bench/bench_cuda_*.cu, nvcc) exist only in CUDA builds
+ifeq ($(CUDA),1)
+BENCH_BINS += $(patsubst %.cu,$(BUILD)/bench/%,$(notdir $(wildcard bench/bench_cuda_*.cu)))
+endif
 
-ALL_LIBS := $(LIBMODEL) $(LIBNET) $(LIBCORE) $(LIBCUDA)
+# router/ minus main.c is also an archive so the unit tests can link the router's modules
+ROUTER_LIB_SRC := $(filter-out router/main.c,$(ROUTER_SRC))
+LIBROUTER := $(if $(ROUTER_LIB_SRC),$(BUILD)/librouter.a)
+
+# libtcuda uses the type table in libtmodel, so it links first
+ALL_LIBS := $(LIBROUTER) $(LIBCUDA) $(LIBMODEL) $(LIBNET) $(LIBCORE)
 
 .PHONY: all test test-gpu run format format-check clean bench fuzz
 all: $(BINS) $(TEST_BINS) $(BENCH_BINS)
@@ -141,15 +150,17 @@ $(LIBMODEL): $(MODEL_OBJ)
 	$(Q)rm -f $@ && ar rcs $@ $^
 $(LIBNET): $(NET_OBJ) $(LLHTTP_OBJ)
 	$(Q)rm -f $@ && ar rcs $@ $^
+$(BUILD)/librouter.a: $(call obj,$(ROUTER_LIB_SRC))
+	$(Q)rm -f $@ && ar rcs $@ $^
 $(BUILD)/libtcuda.a: $(CUDA_OBJ)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/tandem: $(call obj,$(CLI_SRC)) $(ALL_LIBS)
 	@echo "  LD    $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $(call obj,$(CLI_SRC)) $(ALL_LIBS) $(CUDA_LIBS) $(LDLIBS)
-$(BUILD)/tandem-router: $(call obj,$(ROUTER_SRC)) $(LIBNET) $(LIBCORE)
+$(BUILD)/tandem-router: $(call obj,router/main.c) $(LIBROUTER) $(LIBNET) $(LIBCORE)
 	@echo "  LD    $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $(call obj,$(ROUTER_SRC)) $(LIBNET) $(LIBCORE) $(LDLIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(call obj,router/main.c) $(LIBROUTER) $(LIBNET) $(LIBCORE) $(LDLIBS)
 $(BUILD)/tandem-prefill: $(call obj,$(PREFILL_SRC)) $(ALL_LIBS)
 	@echo "  LD    $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $(call obj,$(PREFILL_SRC)) $(ALL_LIBS) $(CUDA_LIBS) $(LDLIBS)

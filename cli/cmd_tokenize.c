@@ -14,9 +14,9 @@
 static void tokenize_usage(FILE *f)
 {
 	fprintf(f, "usage: tandem tokenize -m MODEL.gguf [--bos] [--no-special] < text\n"
-		   "  prints the token ids of stdin as a JSON array\n"
-		   "  --bos         prepend BOS when the model's tokenizer asks for it (add_bos_token)\n"
-		   "  --no-special  tokenize special-token text (e.g. <|user|>) as plain text\n");
+	           "  prints the token ids of stdin as a JSON array\n"
+	           "  --bos         prepend BOS when the model's tokenizer asks for it (add_bos_token)\n"
+	           "  --no-special  tokenize special-token text (e.g. <|user|>) as plain text\n");
 }
 
 static char *read_all(FILE *f, size_t *len, int *too_big)
@@ -65,7 +65,7 @@ int cmd_tokenize(int argc, char **argv)
 			return 0;
 		} else {
 			return cli_usage_error("tokenize", "unknown option '%s' (see tandem tokenize --help)",
-					       argv[i]);
+			                       argv[i]);
 		}
 	}
 	if (!model)
@@ -90,7 +90,7 @@ int cmd_tokenize(int argc, char **argv)
 	text = read_all(stdin, &len, &too_big);
 	if (!text || too_big || ferror(stdin)) {
 		cli_usage_error("tokenize", too_big ? "stdin: more than %u bytes" : "stdin: read failed (%u)",
-				TOKENIZE_MAX_INPUT);
+		                TOKENIZE_MAX_INPUT);
 		goto cleanup;
 	}
 	size_t cap = tok_encode_max(len), n = 0;

@@ -104,9 +104,11 @@ void kpool_for(struct kpool *p, int64_t n, int64_t grain, kpool_fn fn, void *use
  * no two concurrent calls of fn get the same one, so per-thread scratch can be indexed by it; fn
  * must not call kpool_for on the same pool; one caller thread per pool at a time. */
 /* Per-thread scratch memory of at least `bytes` (64-byte aligned), owned by the pool and kept
- * between calls (grown on demand, so steady state allocates nothing); NULL if allocation fails.
- * With p == NULL it is a buffer of the calling thread. Valid until the next call with the same
- * (p, thread) or kpool_destroy. */
+ * between calls (grown on demand, so steady state allocates nothing); NULL if allocation fails
+ * or thread is out of range. thread in [0, n_threads) inside a kpool_for callback; thread ==
+ * n_threads is one more buffer for the pool's caller outside callbacks. With p == NULL: buffers
+ * of the calling thread (n_threads = 1). Valid until the next call with the same (p, thread) or
+ * kpool_destroy. */
 void *kpool_scratch(struct kpool *p, int thread, size_t bytes);
 
 /* ---- matrix products (kernels/cpu/matmul.c) ------------------------------------------------------ */
@@ -122,6 +124,14 @@ struct kweight {
  * floats), Y is n_tok x n_out (row stride ldy floats). Threaded over rows. */
 void kcpu_matmul(struct kpool *p, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok,
 		 float *y, int64_t ldy);
+/* Approximate fast path, same arguments (opt-in; the reference path never uses it): activations
+ * are quantized to int8 per 32 elements (scale max|x|/127) and multiplied with integer dots
+ * (AVX2 maddubs) for Q8_0, Q4_K, Q5_K and Q6_K weights; about 0.3% relative error per dot (see
+ * test_matmul). Other types, n_in not a multiple of 256, 4 or more tokens (where the exact
+ * tiled path is faster) and builds without AVX2 use kcpu_matmul. Uses the pool's caller scratch (kpool_scratch(p, kpool_n_threads(p), ...)). */
+void kcpu_matmul_fast(struct kpool *p, const struct kweight *w, const float *x, int64_t ldx,
+		      int64_t n_tok, float *y, int64_t ldy);
+bool kcpu_matmul_fast_supported(int type); /* true if kcpu_matmul_fast has integer dots for it */
 
 /* ---- model ops (kernels/cpu, one per file; branch `model`) ---------------------------------------
  * Row ops take row strides in floats; y may alias x where noted in the op's file. */
@@ -153,6 +163,69 @@ int kcpu_topk(const float *scores, int n, int k, int32_t *out);
 /* MoE routing of one token; scratch 2*E floats (moe_route.c) */
 void kcpu_moe_route(const float *logits, const float *bias, int E, int k, int n_group, int n_group_used, int gating,
 		    bool norm, float scale, int32_t *ids, float *weights, float *scratch);
+
+/* ---- CUDA ops (kernels/cuda/, one per file; branch `cuda`) -------------------------------------
+ * Declared only where CUDA is built (TANDEM_CUDA=1 from the Makefile, or nvcc itself), so the C code
+ * compiles without it. Same arguments as the CPU op plus a context (stream, cuBLAS handle,
+ * workspace); every pointer named *_dev or passed to an op is device memory. Ops are asynchronous on
+ * the context's stream; kcuda_sync waits and reports errors. Return 0 or a negative code
+ * (ERR_CUDA, -EINVAL, ERR_UNSUPPORTED, ERR_LIMIT). Invariant violations inside CUDA calls abort with
+ * file:line (sticky CUDA errors leave the context unusable). */
+#if defined(TANDEM_CUDA) || defined(__CUDACC__)
+struct kcuda_ctx;
+int kcuda_device_count(void); /* 0 when there is no usable GPU (no driver, no device) */
+/* ws_bytes: workspace for the prefill GEMM's dequantized weight tiles (0 = 256 MiB). */
+int kcuda_ctx_create(int device, size_t ws_bytes, struct kcuda_ctx **out);
+void kcuda_ctx_destroy(struct kcuda_ctx *c);
+void *kcuda_ctx_stream(struct kcuda_ctx *c); /* the cudaStream_t */
+int kcuda_sync(struct kcuda_ctx *c);
+int kcuda_alloc(size_t bytes, void **out);
+void kcuda_free(void *p);
+int kcuda_upload(struct kcuda_ctx *c, void *dst_dev, const void *src, size_t bytes);   /* synchronous */
+int kcuda_download(struct kcuda_ctx *c, void *dst, const void *src_dev, size_t bytes); /* synchronous */
+int kcuda_memset(struct kcuda_ctx *c, void *dst_dev, int byte, size_t bytes);
+/* Copies a host weight (GGUF block layout) to the device. The device copy keeps the GGUF layout
+ * (row r at data + r * row_bytes) and is padded by 16 bytes so the kernels' word loads of
+ * 2-byte-aligned blocks stay inside the allocation. dev->data is owned by dev: kcuda_weight_free. */
+int kcuda_weight_upload(struct kcuda_ctx *c, const struct kweight *host, struct kweight *dev);
+void kcuda_weight_free(struct kweight *dev);
+
+/* Y[t][r] = dot(W row r, X[t]) as kcpu_matmul, W on the device (kcuda_weight_upload). n_tok <= 8
+ * runs the weight-streaming GEMV (fp32 dequantize + fp32 accumulate); larger n_tok dequantizes W to
+ * bf16 tiles in the workspace and multiplies with X rounded to bf16 on tensor cores (fp32
+ * accumulate). kcuda_matmul_path forces one of the two (tests, benchmarks). */
+enum kcuda_mm_path { KCUDA_MM_AUTO = 0, KCUDA_MM_GEMV = 1, KCUDA_MM_GEMM = 2 };
+int kcuda_matmul(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok,
+		 float *y, int64_t ldy);
+int kcuda_matmul_path(struct kcuda_ctx *c, enum kcuda_mm_path path, const struct kweight *w, const float *x,
+		      int64_t ldx, int64_t n_tok, float *y, int64_t ldy);
+/* Dequantizes rows [r0, r0 + n_rows) of W to bf16 (row-major, n_in per row) (prefill GEMM, tests). */
+int kcuda_dequant_bf16(struct kcuda_ctx *c, const struct kweight *w, int64_t r0, int64_t n_rows, uint16_t *dst_dev);
+
+/* Row ops, twins of the kcpu_ row ops (strides in floats; y may alias x). */
+int kcuda_rmsnorm(struct kcuda_ctx *c, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int64_t n,
+		  int64_t n_rows, float eps);
+int kcuda_swiglu(struct kcuda_ctx *c, float *y, int64_t ldy, const float *gate, int64_t ldg, const float *up,
+		 int64_t ldu, int64_t n, int64_t n_rows);
+/* Rotates x[t * ldx + h * head_stride + 0 .. R) in place for t < n_tok, h < n_heads by pos[t] *
+ * inv_freq[i] (inv_freq: R/2 values from kcpu_rope_freqs, uploaded; pos: n_tok ids on the device);
+ * pairing 0 = interleaved, 1 = half-split; cos/sin are multiplied by mscale (YaRN magnitude, else 1). */
+int kcuda_rope(struct kcuda_ctx *c, float *x, int64_t ldx, int64_t n_tok, int64_t n_heads, int64_t head_stride,
+	       int64_t R, const float *inv_freq, const int32_t *pos, int pairing, float mscale);
+/* y[t] = dequantized row ids[t] of the table (ids on the device). Ids out of range give a NaN row
+ * and count as errors: kcuda_ctx_take_errors returns (and clears) the count. */
+int kcuda_embed(struct kcuda_ctx *c, const struct kweight *table, const int32_t *ids, int64_t n_tok, float *y,
+		int64_t ldy);
+int kcuda_ctx_take_errors(struct kcuda_ctx *c, unsigned *n_bad);
+/* kcpu_topk per row: out[r][0 .. min(k, n)) = indices of the k best (score desc, index asc),
+ * ascending; NaN ranks lowest. */
+int kcuda_topk(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n, int64_t n_rows, int k, int32_t *out,
+	       int64_t ldo);
+/* One token id per row: greedy when temperature <= 0 or k == 1 (argmax, ties to the lower id);
+ * otherwise softmax(logit / temperature) over the top k (k <= 1024) and inverse CDF at u[row]. */
+int kcuda_sample(struct kcuda_ctx *c, const float *logits, int64_t ld, int64_t n_vocab, int64_t n_rows, int k,
+		 float temperature, const float *u, int32_t *out_ids);
+#endif
 
 #ifdef __cplusplus
 }

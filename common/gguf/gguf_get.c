@@ -270,6 +270,18 @@ int gguf_arr_sub(const struct gguf_arr *a, uint64_t i, struct gguf_arr *out)
 	return 0;
 }
 
+/* Float to int64 without undefined behaviour: NaN gives 0, out-of-range values saturate. */
+static int64_t sat_i64(double d)
+{
+	if (d != d)
+		return 0;
+	if (d >= 9223372036854775807.0)
+		return INT64_MAX;
+	if (d <= -9223372036854775808.0)
+		return INT64_MIN;
+	return (int64_t)d;
+}
+
 int64_t gguf_arr_int(const struct gguf_arr *a, uint64_t i)
 {
 	size_t esz = gguf_vtype_size(a->type);
@@ -279,12 +291,12 @@ int64_t gguf_arr_int(const struct gguf_arr *a, uint64_t i)
 	if (a->type == GGUF_VT_F32) {
 		float f;
 		memcpy(&f, p, 4);
-		return (int64_t)f;
+		return sat_i64(f);
 	}
 	if (a->type == GGUF_VT_F64) {
 		double d;
 		memcpy(&d, p, 8);
-		return (int64_t)d;
+		return sat_i64(d);
 	}
 	if (a->type == GGUF_VT_BOOL)
 		return p[0] != 0;

@@ -1,7 +1,13 @@
 /* Architecture tables: reads the hyperparameters of glm-dsa / deepseek2 / deepseek32 from the
  * GGUF metadata (MODEL-SPEC.md §4.2) and checks every tensor's exact name, shape and type against
  * what the architecture needs (§4.3). The loader refuses a file with any problem; `tandem inspect`
- * lists all of them through model_arch_check(). */
+ * lists all of them through model_arch_check().
+ *
+ * Unknown tensor names are a WARNING by default (an error with model_opts.strict): published files
+ * carry tensors we legitimately do not use (MTP/nextn layers, indexer tensors duplicated onto
+ * "shared" layers, future additions), and refusing them would block real files; every tensor we DO
+ * use is matched by its exact name and checked for shape and type, so a misnamed or missing one is
+ * still an error. nextn layers and duplicated indexer tensors are not even warned about. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -245,6 +251,12 @@ int model_hparams_read(const struct gguf_ctx *g, const struct model_opts *o, str
 			}
 			hp->idx_full[l] = full;
 		}
+		if (!have_types && hp->arch == MODEL_ARCH_GLM_DSA && hp->n_ctx_train >= 1048576 && hp->idx_full[0] &&
+		    (!o || !o->quiet))
+			LOG_WARN("model", "%s is absent and context_length is %lld: a GLM-5.2 file shares indexers (21 full / "
+				 "57 shared layers) but without the key every layer with indexer tensors runs its own; "
+				 "results differ from GLM-5.2 beyond top_k tokens (re-convert with indexer types)",
+				 k, (long long)hp->n_ctx_train);
 		if (hp->idx_full[0] || have_types) {
 			if (!hp->idx_full[0])
 				return errbuf_set(e, ERR_FORMAT, "%s: layer 0 must have a full indexer", k);

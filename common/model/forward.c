@@ -37,7 +37,7 @@ static void *take(struct carve *c, size_t bytes)
 
 static int reduce(struct model_rank *rk, float *buf, size_t n)
 {
-	const size_t chunk = (size_t)1 << 20; /* < the group's max_floats */
+	const size_t chunk = MODEL_TP_CHUNK_FLOATS;
 	for (size_t o = 0; o < n; o += chunk) {
 		int rc = tp_all_reduce_sum(&rk->comm, buf + o, n - o < chunk ? n - o : chunk);
 		if (rc)
@@ -223,9 +223,14 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 		tsc = take(&cv, (size_t)nthr * (size_t)max_keys * 4);
 		if (pass == 0) {
 			cv.p = scratch(rk, cv.off);
-			if (!cv.p)
-				return -ENOMEM;
 			cv.off = 0;
+			/* every rank must take part in every collective: agree on failure first, so a rank
+			 * that could not get memory does not leave the others waiting at a barrier */
+			float fail = cv.p ? 0.0f : 1.0f;
+			if ((rc = tp_all_reduce_sum(&rk->comm, &fail, 1)))
+				return rc;
+			if (fail != 0.0f)
+				return -ENOMEM;
 		}
 	}
 

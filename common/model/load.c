@@ -397,7 +397,7 @@ int model_load_gguf(struct model **out, struct gguf_ctx *g, const struct model_o
 	}
 	struct tp_comm comms[256];
 	if (o->rank < 0 && m->T > 1) {
-		size_t maxf = (size_t)m->hp.D * 4096; /* grown per call if needed: see forward.c chunking */
+		size_t maxf = MODEL_TP_CHUNK_FLOATS; /* forward.c reduces in chunks of this size */
 		if ((rc = tp_cpu_group_create(&m->group, m->T, maxf, comms, e)))
 			goto fail;
 	}

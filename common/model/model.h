@@ -175,6 +175,16 @@ struct model_kv {
 	void *base;  /* n_blocks * block_bytes */
 	bool owned;  /* base malloc'd by model_kv_init */
 };
+/* Blocks needed for n_tokens positions; the address of block b of a pool. */
+static inline int64_t model_kv_blocks_for(int64_t n_tokens)
+{
+	return (n_tokens + MODEL_KV_BLOCK_TOKENS - 1) / MODEL_KV_BLOCK_TOKENS;
+}
+static inline void *model_kv_block_ptr(const struct model_kv *kv, int64_t b)
+{
+	return (char *)kv->base + (size_t)b * kv->layout.block_bytes;
+}
+
 /* mem == NULL: allocate (zeroed). Otherwise mem (mem_bytes >= n_blocks * block_bytes, 64-byte
  * alignment recommended) is borrowed. */
 int model_kv_init(struct model_kv *kv, const struct model *m, int64_t n_blocks, void *mem, size_t mem_bytes,

@@ -92,7 +92,9 @@ int model_hparams_read(const struct gguf_ctx *g, const struct model_opts *o, str
 int model_tensors_check(const struct gguf_ctx *g, const struct model_hparams *hp, bool strict, FILE *report,
 			struct errbuf *e);
 
-/* forward.c */
+/* forward.c. All-reduces are issued in pieces of at most this many floats (the CPU group's
+ * scratch size). */
+#define MODEL_TP_CHUNK_FLOATS ((size_t)1 << 20)
 int model_rank_forward(struct model *m, struct model_rank *rk);
 
 #endif

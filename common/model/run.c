@@ -41,6 +41,23 @@ static int check_batch(const struct model *m, const struct model_kv *kv, const s
 			return errbuf_set(e, -EINVAL, "batch: token %d position %d outside its block table (%lld positions)",
 					  i, b->pos[i], (long long)cap);
 	}
+	if (b->n_seqs > (1 << 24))
+		return errbuf_set(e, ERR_LIMIT, "batch: %d sequences is more than 16777216", b->n_seqs);
+	int32_t *last = malloc(sizeof(int32_t) * (size_t)b->n_seqs);
+	if (!last)
+		return errbuf_set(e, -ENOMEM, "out of memory");
+	for (int s = 0; s < b->n_seqs; s++)
+		last[s] = -1;
+	int rc = 0;
+	for (int i = 0; i < b->n_tokens && !rc; i++) {
+		if (b->pos[i] <= last[b->seq[i]])
+			rc = errbuf_set(e, -EINVAL, "batch: token %d of sequence %d at position %d does not follow position %d "
+					"(positions of a sequence must increase)", i, b->seq[i], b->pos[i], last[b->seq[i]]);
+		last[b->seq[i]] = b->pos[i];
+	}
+	free(last);
+	if (rc)
+		return rc;
 	return 0;
 }
 

@@ -27,6 +27,8 @@ struct sample_params {
 	float repetition_penalty;  /* 1: off; logit > 0 divided, < 0 multiplied (CTRL rule) */
 	float frequency_penalty;   /* 0: off; minus count * f */
 	float presence_penalty;    /* 0: off; minus p if count > 0 */
+	bool no_logprob;           /* skip the chosen token's logprob (a pass over the vocabulary: set
+				    * it when the request did not ask for logprobs); n_logprobs > 0 wins */
 	int n_logprobs;            /* top alternatives to report, 0..SAMPLE_MAX_LOGPROBS */
 };
 void sample_params_default(struct sample_params *p); /* greedy off, temperature 1, all filters off */
@@ -41,7 +43,7 @@ double sample_rng_uniform(struct sample_rng *r); /* [0, 1) with 53 bits */
 
 struct sample_result {
 	int32_t token;
-	float logprob;             /* of token */
+	float logprob;             /* of token; NAN when no_logprob (and n_logprobs == 0) */
 	int n_top;
 	int32_t top_ids[SAMPLE_MAX_LOGPROBS];  /* descending by logprob */
 	float top_logprobs[SAMPLE_MAX_LOGPROBS];

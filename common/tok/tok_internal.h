@@ -9,8 +9,8 @@
 #include "common/tok/tok.h"
 
 #define TOK_MAX_REGEX 8
-#define TOK_MAX_VOCAB (1 << 24)   /* far above any real vocab; keeps ids and offsets in 32 bits */
-#define TOK_MAX_TOKEN_LEN 4096    /* bytes of one token string */
+#define TOK_MAX_VOCAB (1 << 24) /* far above any real vocab; keeps ids and offsets in 32 bits */
+#define TOK_MAX_TOKEN_LEN 4096 /* bytes of one token string */
 
 /* The compiled pre-tokenizer: regexes applied in sequence, each splitting the pieces of the
  * previous one and keeping matches and the text between them ("Isolated" in HF terms). */
@@ -82,7 +82,7 @@ static inline uint32_t tok_hash_u64(uint64_t x)
 
 /* Merge lookup: returns true and fills rank/merged id if (left, right) is a merge. */
 static inline bool tok_merge_find(const struct tok *t, int32_t left, int32_t right, uint32_t *rank,
-				  int32_t *merged)
+                                  int32_t *merged)
 {
 	if (!t->mg_key)
 		return false;
@@ -125,8 +125,8 @@ struct tok_bpe_work {
 };
 void tok_bpe_work_free(struct tok_bpe_work *w);
 /* BPE over one pre-token piece; appends ids to out (bounded by n_out_max). */
-int tok_bpe_piece(const struct tok *t, struct tok_bpe_work *w, const uint8_t *piece, size_t len,
-		  int32_t *out, size_t n_out_max, size_t *n_out, struct tok_stats *st, struct errbuf *e);
+int tok_bpe_piece(const struct tok *t, struct tok_bpe_work *w, const uint8_t *piece, size_t len, int32_t *out,
+                  size_t n_out_max, size_t *n_out, struct tok_stats *st, struct errbuf *e);
 
 /* Byte <-> code point maps of the GPT-2 byte-level alphabet. */
 uint32_t tok_byte_to_cp(uint8_t b);

@@ -57,7 +57,7 @@ static int load_tokens(struct tok *t, const struct gguf_ctx *g, struct errbuf *e
 		return errbuf_set(e, ERR_FORMAT, "tokenizer.ggml.tokens: expected an array of strings");
 	if (a.count == 0 || a.count > TOK_MAX_VOCAB)
 		return errbuf_set(e, ERR_FORMAT, "tokenizer.ggml.tokens: %llu tokens (allowed 1..%d)",
-				  (unsigned long long)a.count, TOK_MAX_VOCAB);
+		                  (unsigned long long)a.count, TOK_MAX_VOCAB);
 	int32_t n = (int32_t)a.count;
 	t->n_vocab = n;
 	uint64_t total = 0;
@@ -67,7 +67,7 @@ static int load_tokens(struct tok *t, const struct gguf_ctx *g, struct errbuf *e
 			return errbuf_set(e, ERR_FORMAT, "tokenizer.ggml.tokens[%d]: unreadable", i);
 		if (len > TOK_MAX_TOKEN_LEN)
 			return errbuf_set(e, ERR_FORMAT, "tokenizer.ggml.tokens[%d]: %zu bytes (max %d)", i,
-					  len, TOK_MAX_TOKEN_LEN);
+			                  len, TOK_MAX_TOKEN_LEN);
 		total += len;
 	}
 	t->text_off = malloc(sizeof(uint32_t) * (size_t)n);
@@ -94,8 +94,8 @@ static int load_tokens(struct tok *t, const struct gguf_ctx *g, struct errbuf *e
 	if (rc == 0) {
 		if (a.count != (uint64_t)n)
 			return errbuf_set(e, ERR_FORMAT,
-					  "tokenizer.ggml.token_type: %llu entries for %d tokens",
-					  (unsigned long long)a.count, n);
+			                  "tokenizer.ggml.token_type: %llu entries for %d tokens",
+			                  (unsigned long long)a.count, n);
 		if (a.type == GGUF_VT_STRING || a.type == GGUF_VT_ARRAY || a.type == GGUF_VT_F32 ||
 		    a.type == GGUF_VT_F64)
 			return errbuf_set(e, ERR_FORMAT, "tokenizer.ggml.token_type: expected integers");
@@ -103,8 +103,8 @@ static int load_tokens(struct tok *t, const struct gguf_ctx *g, struct errbuf *e
 			int64_t ty = gguf_arr_int(&a, (uint64_t)i);
 			if (ty < TOK_TYPE_NORMAL || ty > TOK_TYPE_BYTE)
 				return errbuf_set(e, ERR_FORMAT,
-						  "tokenizer.ggml.token_type[%d] = %lld: expected 1..6", i,
-						  (long long)ty);
+				                  "tokenizer.ggml.token_type[%d] = %lld: expected 1..6", i,
+				                  (long long)ty);
 			t->types[i] = (uint8_t)ty;
 		}
 	}
@@ -219,7 +219,7 @@ static int load_merges(struct tok *t, const struct gguf_ctx *g, struct errbuf *e
 		return errbuf_set(e, ERR_FORMAT, "tokenizer.ggml.merges: expected strings or string pairs");
 	if (a.count >= UINT32_MAX / 4)
 		return errbuf_set(e, ERR_FORMAT, "tokenizer.ggml.merges: %llu merges is too many",
-				  (unsigned long long)a.count);
+		                  (unsigned long long)a.count);
 	t->n_merges = (uint32_t)a.count;
 	t->mg_mask = pow2_at_least((uint64_t)a.count * 2) - 1;
 	size_t cap = (size_t)t->mg_mask + 1;
@@ -241,8 +241,8 @@ static int load_merges(struct tok *t, const struct gguf_ctx *g, struct errbuf *e
 			const char *sp = len > 1 ? memchr(s + 1, ' ', len - 1) : NULL;
 			if (!s || !sp)
 				return errbuf_set(e, ERR_FORMAT,
-						  "tokenizer.ggml.merges[%u]: '%.*s' is not 'left right'", m,
-						  (int)(len > 64 ? 64 : len), s ? s : "");
+				                  "tokenizer.ggml.merges[%u]: '%.*s' is not 'left right'", m,
+				                  (int)(len > 64 ? 64 : len), s ? s : "");
 			ls = s;
 			ll = (size_t)(sp - s);
 			rs = sp + 1;
@@ -251,7 +251,7 @@ static int load_merges(struct tok *t, const struct gguf_ctx *g, struct errbuf *e
 			struct gguf_arr p;
 			if (gguf_arr_sub(&a, m, &p) || p.type != GGUF_VT_STRING || p.count != 2)
 				return errbuf_set(e, ERR_FORMAT,
-						  "tokenizer.ggml.merges[%u]: expected a pair of strings", m);
+				                  "tokenizer.ggml.merges[%u]: expected a pair of strings", m);
 			ls = gguf_arr_str(&p, 0, &ll);
 			rs = gguf_arr_str(&p, 1, &rl);
 			if (!ls || !rs)
@@ -262,8 +262,9 @@ static int load_merges(struct tok *t, const struct gguf_ctx *g, struct errbuf *e
 		if (l < 0 || r < 0 || mid < 0) {
 			const char *what = l < 0 ? "left part" : r < 0 ? "right part" : "merged token";
 			return errbuf_set(e, ERR_FORMAT,
-					  "tokenizer.ggml.merges[%u] '%.*s' + '%.*s': %s is not in the vocab",
-					  m, (int)(ll > 64 ? 64 : ll), ls, (int)(rl > 64 ? 64 : rl), rs, what);
+			                  "tokenizer.ggml.merges[%u] '%.*s' + '%.*s': %s is not in the vocab",
+			                  m, (int)(ll > 64 ? 64 : ll), ls, (int)(rl > 64 ? 64 : rl), rs,
+			                  what);
 		}
 		rc = merge_insert(t, l, r, m, mid);
 		if (rc)
@@ -330,7 +331,7 @@ static int build_trie(struct tok *t, struct errbuf *e)
 }
 
 static int load_id(const struct tok *t, const struct gguf_ctx *g, const char *key, int32_t *out,
-		   struct errbuf *e)
+                   struct errbuf *e)
 {
 	uint32_t v;
 	*out = -1;
@@ -341,7 +342,7 @@ static int load_id(const struct tok *t, const struct gguf_ctx *g, const char *ke
 		return rc;
 	if (v >= (uint32_t)t->n_vocab)
 		return errbuf_set(e, ERR_FORMAT, "%s = %u: out of range (vocab has %d tokens)", key, v,
-				  t->n_vocab);
+		                  t->n_vocab);
 	*out = (int32_t)v;
 	return 0;
 }
@@ -358,15 +359,16 @@ int tok_load(struct tok **out, const struct gguf_ctx *g, struct errbuf *e)
 
 	rc = gguf_get_str(g, "tokenizer.ggml.model", &s, &len, e);
 	if (rc == ERR_NOTFOUND) {
-		rc = errbuf_set(e, ERR_FORMAT, "tokenizer.ggml.model: key missing (no tokenizer in the file)");
+		rc =
+		    errbuf_set(e, ERR_FORMAT, "tokenizer.ggml.model: key missing (no tokenizer in the file)");
 		goto fail;
 	}
 	if (rc)
 		goto fail;
 	if (len != 4 || memcmp(s, "gpt2", 4) != 0) {
 		rc = errbuf_set(e, ERR_UNSUPPORTED,
-				"tokenizer.ggml.model '%.*s' is not supported (only 'gpt2', byte-level BPE)",
-				(int)(len > 64 ? 64 : len), s);
+		                "tokenizer.ggml.model '%.*s' is not supported (only 'gpt2', byte-level BPE)",
+		                (int)(len > 64 ? 64 : len), s);
 		goto fail;
 	}
 
@@ -384,9 +386,9 @@ int tok_load(struct tok **out, const struct gguf_ctx *g, struct errbuf *e)
 	}
 	if (strlen(t->pre_name) != len || tok_pre_from_name(t->pre_name, &t->pre)) {
 		rc = errbuf_set(e, ERR_UNSUPPORTED,
-				"tokenizer.ggml.pre '%s' is not supported (known: gpt2, llama-bpe, llama3, "
-				"glm4, chatglm-bpe, deepseek-v3, deepseek-llm, qwen2)",
-				t->pre_name);
+		                "tokenizer.ggml.pre '%s' is not supported (known: gpt2, llama-bpe, llama3, "
+		                "glm4, chatglm-bpe, deepseek-v3, deepseek-llm, qwen2)",
+		                t->pre_name);
 		goto fail;
 	}
 
@@ -421,7 +423,8 @@ int tok_load(struct tok **out, const struct gguf_ctx *g, struct errbuf *e)
 	else if (rc)
 		goto fail;
 	if (t->add_bos && t->bos < 0) {
-		rc = errbuf_set(e, ERR_FORMAT, "tokenizer.ggml.add_bos_token is true but there is no bos_token_id");
+		rc = errbuf_set(e, ERR_FORMAT,
+		                "tokenizer.ggml.add_bos_token is true but there is no bos_token_id");
 		goto fail;
 	}
 

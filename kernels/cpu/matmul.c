@@ -1,6 +1,6 @@
 /* Y = X W^T on the CPU for every weight type: kcpu_matmul, threaded over output rows.
  *
- * Few tokens (decode): each thread takes a contiguous range of rows and computes fused
+ * One token (decode; up to 3 for float types): each thread takes a contiguous range of rows and computes fused
  * dequant-dots (kcpu_dot_row) per row and token; the row is read from memory once and stays in
  * L1 for the other tokens. This is memory-bound, so nothing is dequantized to memory.
  *
@@ -10,16 +10,25 @@
  *     k block of KB elements  (a multiple of 256, so every block type splits cleanly)
  *       4-row group: dequantize 4 x KB floats (L1), then a 4-row x 2-token FMA kernel over all
  *       tokens of the block, accumulating into Y (first k block stores).
- * The sums are fp32; their order differs from kcpu_dot_row (k blocks), within fp32 rounding. */
+ * The sums are fp32; their order differs from kcpu_dot_row (k blocks), within fp32 rounding.
+ *
+ * kcpu_matmul_fast (opt-in, approximate): for fewer than FAST_TOK_MAX tokens, quantizes each
+ * token's activations once to int8 blocks of 32 (quant_act.c), then integer dots per row and
+ * token, threaded over rows like the fused path; more tokens use the exact tiled path. */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "kernels/cpu/quant_impl.h"
 
-#define SMALL_TOK 4  /* below this many tokens: fused dots */
+/* Below this many tokens the fused dots win: for quantized types (whose dequantization costs
+ * about as much as a fused dot) only a single token; float types' dots are cheap enough to
+ * repeat for up to 3 tokens (measured with Q4_K/Q8_0/Q6_K/BF16 at 2048 x 6144, 2026-11-29). */
+#define SMALL_TOK_QUANT 2
+#define SMALL_TOK_FLOAT 4
 #define TB 64        /* tokens per block */
 #define KB 1024      /* elements per k block */
 #define RG 4         /* rows per group (kernel height) */
+#define FAST_TOK_MAX 4 /* kcpu_matmul_fast: integer dots below this many tokens */
 
 struct mm {
 	const struct kweight *w;
@@ -137,11 +146,62 @@ void kcpu_matmul(struct kpool *p, const struct kweight *w, const float *x, int64
 
 	if (n_tok <= 0 || w->n_out <= 0)
 		return;
-	if (n_tok < SMALL_TOK) {
+	bool is_float = w->type == KT_F32 || w->type == KT_F16 || w->type == KT_BF16;
+	if (n_tok < (is_float ? SMALL_TOK_FLOAT : SMALL_TOK_QUANT)) {
 		/* about 64 KiB of weights per chunk so small matrices stay on one thread */
 		int64_t grain = (int64_t)(65536 / (w->row_bytes ? w->row_bytes : 1));
 		kpool_for(p, w->n_out, grain < 1 ? 1 : grain, rows_dot, &m);
 	} else {
 		kpool_for(p, w->n_out, 2 * RG, rows_tiled, &m);
 	}
+}
+
+struct mm_fast {
+	const struct kweight *w;
+	const struct quant_xq8 *xq;
+	int64_t n_tok;
+	float *y;
+	int64_t ldy;
+};
+
+static void rows_fast(void *u, int64_t r0, int64_t r1, int thread)
+{
+	const struct mm_fast *m = u;
+	const struct kweight *w = m->w;
+	const char *base = w->data;
+	int64_t nb = w->n_in / 32;
+
+	(void)thread;
+	for (int64_t r = r0; r < r1; r++) {
+		const void *row = base + (size_t)r * w->row_bytes;
+		for (int64_t t = 0; t < m->n_tok; t++)
+			m->y[t * m->ldy + r] = quant_dot_xq8(w->type, row, m->xq + t * nb, w->n_in);
+	}
+}
+
+bool kcpu_matmul_fast_supported(int type)
+{
+	return quant_has_xq8(type);
+}
+
+void kcpu_matmul_fast(struct kpool *p, const struct kweight *w, const float *x, int64_t ldx,
+		      int64_t n_tok, float *y, int64_t ldy)
+{
+	if (n_tok <= 0 || w->n_out <= 0)
+		return;
+	struct quant_xq8 *xq = NULL;
+	/* from FAST_TOK_MAX tokens on, the fp32 tiles of kcpu_matmul (register-blocked over rows and
+	 * tokens) beat per-token integer dots (bench_matmul, 2026-11-29) */
+	if (quant_has_xq8(w->type) && w->n_in % 256 == 0 && n_tok < FAST_TOK_MAX)
+		xq = kpool_scratch(p, kpool_n_threads(p),
+				   sizeof(struct quant_xq8) * (size_t)(w->n_in / 32) * (size_t)n_tok);
+	if (!xq) {
+		kcpu_matmul(p, w, x, ldx, n_tok, y, ldy);
+		return;
+	}
+	for (int64_t t = 0; t < n_tok; t++)
+		quant_xq8_row(x + t * ldx, xq + t * (w->n_in / 32), w->n_in);
+	struct mm_fast m = {.w = w, .xq = xq, .n_tok = n_tok, .y = y, .ldy = ldy};
+	int64_t grain = (int64_t)(65536 / (w->row_bytes ? w->row_bytes : 1));
+	kpool_for(p, w->n_out, grain < 1 ? 1 : grain, rows_fast, &m);
 }

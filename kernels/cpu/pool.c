@@ -143,11 +143,12 @@ struct kpool *kpool_create(int n_threads)
 		return NULL;
 	memset(p, 0, sizeof *p);
 	p->n_threads = n_threads;
-	p->scratch = aligned_alloc(64, sizeof(struct scratch) * (size_t)n_threads);
+	/* one scratch per thread plus one for the caller's own use between calls */
+	p->scratch = aligned_alloc(64, sizeof(struct scratch) * (size_t)(n_threads + 1));
 	p->threads = calloc((size_t)n_threads, sizeof(pthread_t));
 	if (!p->scratch || !p->threads)
 		goto fail_alloc;
-	memset(p->scratch, 0, sizeof(struct scratch) * (size_t)n_threads);
+	memset(p->scratch, 0, sizeof(struct scratch) * (size_t)(n_threads + 1));
 	atomic_init(&p->ctr, 0);
 	atomic_init(&p->gen, 0);
 	atomic_init(&p->sleepers, 0);
@@ -188,7 +189,7 @@ void kpool_destroy(struct kpool *p)
 	futex(&p->gen, FUTEX_WAKE_PRIVATE, INT32_MAX);
 	for (int i = 1; i < p->n_threads; i++)
 		pthread_join(p->threads[i], NULL);
-	for (int i = 0; i < p->n_threads; i++)
+	for (int i = 0; i <= p->n_threads; i++)
 		free(p->scratch[i].p);
 	free(p->scratch);
 	free(p->threads);
@@ -242,8 +243,12 @@ void kpool_for(struct kpool *p, int64_t n, int64_t grain, kpool_fn fn, void *use
 
 void *kpool_scratch(struct kpool *p, int thread, size_t bytes)
 {
-	static _Thread_local struct scratch solo; /* p == NULL: the calling thread's own */
-	struct scratch *s = p ? &p->scratch[thread] : &solo;
+	static _Thread_local struct scratch solo[2]; /* p == NULL: the calling thread's own */
+	int n = p ? p->n_threads : 1;
+
+	if (thread < 0 || thread > n)
+		return NULL;
+	struct scratch *s = p ? &p->scratch[thread] : &solo[thread];
 
 	if (s->size < bytes) {
 		size_t size = (bytes + 4095) & ~(size_t)4095;

@@ -1,0 +1,171 @@
+/* CUDA context (stream, cuBLAS handle, workspace) and device memory helpers: the plumbing every
+ * kcuda_* op uses. Allocation happens here at start-up (weights, workspace), never while serving. */
+#include <cublas_v2.h>
+#include <errno.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+extern "C" int kcuda_device_count(void)
+{
+	int n = 0;
+	if (cudaGetDeviceCount(&n) != cudaSuccess) {
+		(void)cudaGetLastError(); /* no driver / no device is not sticky: clear it */
+		return 0;
+	}
+	return n;
+}
+
+extern "C" int kcuda_ctx_create(int device, size_t ws_bytes, struct kcuda_ctx **out)
+{
+	*out = NULL;
+	if (device < 0 || device >= kcuda_device_count())
+		return -ENODEV;
+	struct kcuda_ctx *c = (struct kcuda_ctx *)calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->device = device;
+	c->ws_bytes = ws_bytes ? ws_bytes : ((size_t)256 << 20);
+	cublasHandle_t h = NULL;
+	if (cudaSetDevice(device) != cudaSuccess)
+		goto fail_free;
+	if (cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+		goto fail_free;
+	if (cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess)
+		goto fail_free;
+	if (cudaMalloc(&c->ws, c->ws_bytes) != cudaSuccess)
+		goto fail_stream;
+	if (cudaMalloc((void **)&c->err_dev, sizeof(unsigned)) != cudaSuccess)
+		goto fail_ws;
+	if (cudaMemsetAsync(c->err_dev, 0, sizeof(unsigned), c->stream) != cudaSuccess)
+		goto fail_err;
+	if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
+		goto fail_err;
+	if (cublasSetStream(h, c->stream) != CUBLAS_STATUS_SUCCESS)
+		goto fail_cublas;
+	c->cublas = h;
+	*out = c;
+	return 0;
+
+fail_cublas:
+	cublasDestroy(h);
+fail_err:
+	cudaFree(c->err_dev);
+fail_ws:
+	cudaFree(c->ws);
+fail_stream:
+	cudaStreamDestroy(c->stream);
+fail_free:
+	fprintf(stderr, "kcuda: context on device %d: %s\n", device, cudaGetErrorString(cudaGetLastError()));
+	free(c);
+	return ERR_CUDA;
+}
+
+extern "C" void kcuda_ctx_destroy(struct kcuda_ctx *c)
+{
+	if (!c)
+		return;
+	cudaStreamSynchronize(c->stream);
+	if (c->cublas)
+		cublasDestroy((cublasHandle_t)c->cublas);
+	cudaFree(c->err_dev);
+	cudaFree(c->ws);
+	cudaStreamDestroy(c->stream);
+	free(c);
+}
+
+extern "C" int kcuda_ctx_take_errors(struct kcuda_ctx *c, unsigned *n_bad)
+{
+	*n_bad = 0;
+	int rc = kcuda_download(c, n_bad, c->err_dev, sizeof(unsigned));
+	if (rc)
+		return rc;
+	if (*n_bad && cudaMemsetAsync(c->err_dev, 0, sizeof(unsigned), c->stream) != cudaSuccess)
+		return kcuda_launch_status("error counter reset");
+	return 0;
+}
+
+extern "C" void *kcuda_ctx_stream(struct kcuda_ctx *c)
+{
+	return (void *)c->stream;
+}
+
+extern "C" int kcuda_sync(struct kcuda_ctx *c)
+{
+	cudaError_t e = cudaStreamSynchronize(c->stream);
+	if (e != cudaSuccess) {
+		fprintf(stderr, "kcuda: stream error: %s\n", cudaGetErrorString(e));
+		return ERR_CUDA;
+	}
+	return 0;
+}
+
+extern "C" int kcuda_alloc(size_t bytes, void **out)
+{
+	*out = NULL;
+	if (cudaMalloc(out, bytes ? bytes : 1) != cudaSuccess) {
+		(void)cudaGetLastError();
+		*out = NULL;
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+extern "C" void kcuda_free(void *p)
+{
+	if (p)
+		cudaFree(p);
+}
+
+extern "C" int kcuda_upload(struct kcuda_ctx *c, void *dst, const void *src, size_t bytes)
+{
+	if (cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream) != cudaSuccess)
+		return kcuda_launch_status("upload");
+	return kcuda_sync(c);
+}
+
+extern "C" int kcuda_download(struct kcuda_ctx *c, void *dst, const void *src, size_t bytes)
+{
+	if (cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream) != cudaSuccess)
+		return kcuda_launch_status("download");
+	return kcuda_sync(c);
+}
+
+extern "C" int kcuda_memset(struct kcuda_ctx *c, void *dst, int byte, size_t bytes)
+{
+	if (cudaMemsetAsync(dst, byte, bytes, c->stream) != cudaSuccess)
+		return kcuda_launch_status("memset");
+	return 0;
+}
+
+extern "C" int kcuda_weight_upload(struct kcuda_ctx *c, const struct kweight *h, struct kweight *d)
+{
+	memset(d, 0, sizeof(*d));
+	size_t rb = 0;
+	const struct ktype_info *ti = ktype_get(h->type);
+	if (!ti || !ti->compute || h->n_in <= 0 || h->n_out <= 0 || !ktype_row_bytes(h->type, h->n_in, &rb) ||
+	    rb != h->row_bytes)
+		return -EINVAL;
+	if ((size_t)h->n_out > (SIZE_MAX - 16) / rb)
+		return ERR_LIMIT;
+	size_t bytes = rb * (size_t)h->n_out;
+	void *p = NULL;
+	int rc = kcuda_alloc(bytes + 16, &p);
+	if (rc)
+		return rc;
+	if ((rc = kcuda_memset(c, (char *)p + bytes, 0, 16)) || (rc = kcuda_upload(c, p, h->data, bytes))) {
+		kcuda_free(p);
+		return rc;
+	}
+	*d = *h;
+	d->data = p;
+	return 0;
+}
+
+extern "C" void kcuda_weight_free(struct kweight *d)
+{
+	if (!d)
+		return;
+	kcuda_free((void *)d->data);
+	d->data = NULL;
+}

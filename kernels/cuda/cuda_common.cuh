@@ -1,0 +1,121 @@
+/* Shared device helpers for the CUDA ops in kernels/cuda/: error checking, fp16/bf16 loads, warp
+ * reductions, and loads of 32-bit words from the 2-byte-aligned GGUF blocks (Q8_0, Q6_K, ...).
+ * Internal to kernels/cuda; other folders include only kernels/kernels.h. */
+#ifndef TANDEM_KERNELS_CUDA_COMMON_CUH
+#define TANDEM_KERNELS_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common/base/err.h"
+#include "kernels/kernels.h"
+
+/* The context behind kcuda_* calls: one stream, a cuBLAS handle, a device workspace. */
+struct kcuda_ctx {
+	int device;
+	cudaStream_t stream;
+	void *cublas;     /* cublasHandle_t */
+	void *ws;         /* device workspace (dequantized weight tiles for the prefill GEMM) */
+	size_t ws_bytes;
+	int n_sm;
+	unsigned *err_dev; /* count of bad inputs seen by kernels (e.g. token ids out of range) */
+};
+
+/* Sticky CUDA errors mean the context is unusable: abort loudly with file:line. */
+#define KCUDA_CHECK(call)                                                                          \
+	do {                                                                                       \
+		cudaError_t e_ = (call);                                                           \
+		if (e_ != cudaSuccess) {                                                           \
+			fprintf(stderr, "%s:%d: CUDA error %s: %s\n", __FILE__, __LINE__, #call,   \
+				cudaGetErrorString(e_));                                           \
+			abort();                                                                   \
+		}                                                                                  \
+	} while (0)
+
+/* After a launch: a launch configuration error is returned as ERR_CUDA (with a message on
+ * stderr); the kernels never log. */
+static inline int kcuda_launch_status(const char *what)
+{
+	cudaError_t e = cudaGetLastError();
+	if (e == cudaSuccess)
+		return 0;
+	fprintf(stderr, "kcuda: %s launch failed: %s\n", what, cudaGetErrorString(e));
+	return ERR_CUDA;
+}
+
+__device__ __forceinline__ float kc_h2f(uint16_t h)
+{
+	return __half2float(__ushort_as_half(h));
+}
+__device__ __forceinline__ float kc_bf2f(uint16_t h)
+{
+	return __uint_as_float((uint32_t)h << 16);
+}
+__device__ __forceinline__ uint16_t kc_ld16(const uint8_t *p)
+{
+	return *(const uint16_t *)p;
+}
+
+__device__ __forceinline__ float kc_warp_sum(float v)
+{
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+__device__ __forceinline__ float kc_warp_max(float v)
+{
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1)
+		v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+	return v;
+}
+
+/* N consecutive little-endian 32-bit words starting at a 2-byte-aligned address: N+1 aligned
+ * loads and a funnel shift each. May read up to 2 bytes past p + 4N, which is why device weight
+ * buffers carry 16 bytes of tail padding (kcuda_weight_upload). */
+template <int N> __device__ __forceinline__ void kc_ldw_a2(const uint8_t *p, uint32_t *w)
+{
+	const uint32_t *b = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
+	const uint32_t sh = ((uint32_t)(uintptr_t)p & 2u) * 8u; /* 0 or 16 */
+	uint32_t prev = b[0];
+#pragma unroll
+	for (int i = 0; i < N; i++) {
+		uint32_t next = b[i + 1];
+		w[i] = __funnelshift_r(prev, next, sh);
+		prev = next;
+	}
+}
+/* Same for 4-byte-aligned addresses (plain loads). */
+template <int N> __device__ __forceinline__ void kc_ldw_a4(const uint8_t *p, uint32_t *w)
+{
+	const uint32_t *b = (const uint32_t *)p;
+#pragma unroll
+	for (int i = 0; i < N; i++)
+		w[i] = b[i];
+}
+/* 16-byte-aligned (vector loads). */
+template <int N> __device__ __forceinline__ void kc_ldw_a16(const uint8_t *p, uint32_t *w)
+{
+	static_assert(N % 4 == 0, "kc_ldw_a16 loads whole uint4s");
+	const uint4 *b = (const uint4 *)p;
+#pragma unroll
+	for (int i = 0; i < N / 4; i++) {
+		uint4 v = __ldg(b + i);
+		w[4 * i + 0] = v.x;
+		w[4 * i + 1] = v.y;
+		w[4 * i + 2] = v.z;
+		w[4 * i + 3] = v.w;
+	}
+}
+
+__device__ __forceinline__ uint32_t kc_byte(uint32_t w, int i)
+{
+	return (w >> (8 * i)) & 0xffu;
+}
+
+#endif

@@ -1,0 +1,54 @@
+/* kcuda_matmul: the op the model calls for every weight product. Checks the arguments (they come
+ * from loaded files, so shapes are validated, not trusted), then picks the decode GEMV for
+ * n_tok <= 8 or the prefill GEMM (matmul_gemm.cu) for larger batches. */
+#include <errno.h>
+
+#include "kernels/cuda/matmul_impl.cuh"
+
+#define GEMV_MAX_TOK 8
+
+extern "C" int kcuda_matmul_path(struct kcuda_ctx *c, enum kcuda_mm_path path, const struct kweight *w,
+				 const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy)
+{
+	size_t rb = 0;
+	if (!c || !w || !w->data || !x || !y || n_tok < 0 || w->n_in <= 0 || w->n_out <= 0)
+		return -EINVAL;
+	if (!ktype_row_bytes(w->type, w->n_in, &rb) || rb != w->row_bytes)
+		return -EINVAL;
+	if (ldx < w->n_in || ldy < w->n_out)
+		return -EINVAL;
+	if (n_tok == 0)
+		return 0;
+	if (path == KCUDA_MM_AUTO)
+		path = n_tok <= GEMV_MAX_TOK ? KCUDA_MM_GEMV : KCUDA_MM_GEMM;
+	if (path == KCUDA_MM_GEMM)
+		return kcuda_gemm_launch(c, w, x, ldx, n_tok, y, ldy);
+
+	/* the GEMV reads activations as float4: give it an aligned copy when they are not */
+	const bool is_float = w->type == KT_F32 || w->type == KT_F16 || w->type == KT_BF16;
+	for (int64_t t0 = 0; t0 < n_tok; t0 += GEMV_MAX_TOK) {
+		const int nt = (int)(n_tok - t0 < GEMV_MAX_TOK ? n_tok - t0 : GEMV_MAX_TOK);
+		const float *xs = x + t0 * ldx;
+		int64_t lds = ldx;
+		if (!is_float && ((uintptr_t)xs % 16 || ldx % 4)) {
+			if ((size_t)nt * (size_t)w->n_in * sizeof(float) > c->ws_bytes)
+				return ERR_LIMIT;
+			if (cudaMemcpy2DAsync(c->ws, (size_t)w->n_in * sizeof(float), xs, (size_t)ldx * sizeof(float),
+					      (size_t)w->n_in * sizeof(float), (size_t)nt, cudaMemcpyDeviceToDevice,
+					      c->stream) != cudaSuccess)
+				return kcuda_launch_status("gemv x copy");
+			xs = (const float *)c->ws;
+			lds = w->n_in;
+		}
+		int rc = kcuda_gemv_launch(c, w, xs, lds, nt, y + t0 * ldy, ldy);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+extern "C" int kcuda_matmul(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx,
+			    int64_t n_tok, float *y, int64_t ldy)
+{
+	return kcuda_matmul_path(c, KCUDA_MM_AUTO, w, x, ldx, n_tok, y, ldy);
+}

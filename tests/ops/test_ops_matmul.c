@@ -1,0 +1,221 @@
+/* kcuda_matmul (decode GEMV and prefill GEMM) against the CPU ops, for every compute type, on seeded
+ * random weights and activations:
+ *   - GEMV (n_tok <= 8): against kcpu_dot_row (the CPU op kcpu_matmul uses per row), within fp32
+ *     summation-order error: |gpu - cpu| <= 2e-6 * sqrt(n_in) * sum|w x| (+ a denormal floor);
+ *   - GEMM (n_tok > 8, or forced): W and X are rounded to bf16 inside the op, so the reference is the
+ *     double-precision dot of the bf16-rounded kcpu_dequant_row values and x, same tolerance;
+ *   - outputs are finite, guard bytes around Y and the gaps of a strided Y (ldy > n_out) untouched,
+ *     strided X (ldx > n_in), bad arguments rejected with -EINVAL / ERR_UNSUPPORTED.
+ * Shapes: rows 1, 31, 32, 33, 4097 and the GLM-5 TP=8 and DeepSeek-V3 per-rank weight shapes.
+ * TANDEM_OPS_QUICK=1 runs a smaller sweep (for compute-sanitizer). Exit 77 = no GPU (skip). */
+#include <errno.h>
+
+#include "common/base/err.h"
+#include "tests/ops/ops_util.h"
+
+#ifndef TANDEM_CUDA
+int main(void)
+{
+	printf("SKIP: built without CUDA (make CUDA=1)\n");
+	return 77;
+}
+#else
+
+struct shape {
+	int64_t n_in, n_out;
+	const char *what;
+};
+
+static const int types[] = {KT_Q8_0, KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_BF16, KT_F32,  KT_F16,   KT_Q4_0,
+			    KT_Q4_1, KT_Q5_0, KT_Q5_1, KT_Q2_K, KT_Q3_K, KT_IQ4_NL, KT_IQ4_XS};
+
+/* Runs one case; returns 0 if it ran (pass or fail recorded), -1 on setup failure. */
+static int run_case(struct kcuda_ctx *c, int type, int64_t n_in, int64_t n_out, int64_t n_tok,
+		    enum kcuda_mm_path path, int strided, const char *what)
+{
+	size_t rb = 0;
+	if (!ktype_row_bytes(type, n_in, &rb))
+		return 0;
+	const int64_t ldx = strided ? n_in + 4 : n_in, ldy = strided ? n_out + 3 : n_out;
+	uint8_t *wh = malloc(rb * (size_t)n_out);
+	float *xh = malloc(sizeof(float) * (size_t)(ldx * n_tok));
+	float *yh = malloc(sizeof(float) * (size_t)(ldy * n_tok));
+	float *row = malloc(sizeof(float) * (size_t)n_in);
+	float *xr = malloc(sizeof(float) * (size_t)n_in);
+	struct kweight w = {.type = type, .n_in = n_in, .n_out = n_out, .row_bytes = rb, .data = wh};
+	struct kweight wd = {0};
+	struct ops_dbuf xb = {0}, yb = {0};
+	int ret = -1;
+	if (!wh || !xh || !yh || !row || !xr)
+		goto out;
+	ops_fill_weight(type, n_in, n_out, rb, wh);
+	for (int64_t i = 0; i < ldx * n_tok; i++)
+		xh[i] = ops_rng_unif();
+	if (kcuda_weight_upload(c, &w, &wd) || ops_dbuf_init(c, &xb, sizeof(float) * (size_t)(ldx * n_tok)) ||
+	    ops_dbuf_init(c, &yb, sizeof(float) * (size_t)(ldy * n_tok)) ||
+	    kcuda_upload(c, xb.user, xh, xb.bytes))
+		goto out;
+	int rc = kcuda_matmul_path(c, path, &wd, xb.user, ldx, n_tok, yb.user, ldy);
+	if (!rc)
+		rc = kcuda_sync(c);
+	const bool gemm = path == KCUDA_MM_GEMM || (path == KCUDA_MM_AUTO && n_tok > 8);
+	OPS_CHECK(rc == 0, "%s %s n_in=%" PRId64 " n_out=%" PRId64 " n_tok=%" PRId64 ": rc %d", ktype_name(type),
+		  what, n_in, n_out, n_tok, rc);
+	size_t bad = ops_dbuf_get(c, &yb, yh);
+	OPS_CHECK(bad == 0, "%s %s: %zu guard bytes damaged around Y", ktype_name(type), what, bad);
+
+	double worst = 0;
+	int64_t n_bad = 0, n_gap_bad = 0;
+	for (int64_t r = 0; r < n_out; r++) {
+		kcpu_dequant_row(type, wh + (size_t)r * rb, row, n_in);
+		if (gemm)
+			for (int64_t k = 0; k < n_in; k++)
+				row[k] = kbf16_to_f32(kf32_to_bf16(row[k]));
+		for (int64_t t = 0; t < n_tok; t++) {
+			const float *x = xh + t * ldx;
+			double ref = 0, mag = 0;
+			if (gemm) {
+				for (int64_t k = 0; k < n_in; k++) {
+					double p = (double)row[k] * (double)kbf16_to_f32(kf32_to_bf16(x[k]));
+					ref += p;
+					mag += fabs(p);
+				}
+			} else {
+				ref = kcpu_dot_row(type, wh + (size_t)r * rb, x, n_in);
+				for (int64_t k = 0; k < n_in; k++)
+					mag += fabs((double)row[k] * x[k]);
+			}
+			const float g = yh[t * ldy + r];
+			const double err = fabs((double)g - ref), tol = 2e-6 * sqrt((double)n_in) * mag + 1e-30;
+			if (!isfinite(g) || !(err <= tol)) {
+				if (n_bad++ < 3)
+					printf("  %s %s row %" PRId64 " tok %" PRId64 ": gpu %.9g ref %.9g (|d| %.3g, tol %.3g)\n",
+					       ktype_name(type), what, r, t, g, ref, err, tol);
+			}
+			if (mag > 0 && err / mag > worst)
+				worst = err / mag;
+		}
+	}
+	for (int64_t t = 0; t < n_tok; t++)
+		for (int64_t r = n_out; r < ldy; r++)
+			n_gap_bad += !ops_is_fill_f32(yh[t * ldy + r]);
+	OPS_CHECK(n_bad == 0, "%s %s n_in=%" PRId64 " n_out=%" PRId64 " n_tok=%" PRId64 " %s: %" PRId64 " wrong outputs",
+		  ktype_name(type), what, n_in, n_out, n_tok, gemm ? "gemm" : "gemv", n_bad);
+	OPS_CHECK(n_gap_bad == 0, "%s %s: %" PRId64 " writes into the ldy gap", ktype_name(type), what, n_gap_bad);
+	printf("%-7s %-5s %-22s n_in %6" PRId64 " n_out %5" PRId64 " n_tok %3" PRId64 "%s  max |err|/sum|wx| %.2e %s\n",
+	       ktype_name(type), gemm ? "gemm" : "gemv", what, n_in, n_out, n_tok, strided ? " strided" : "", worst,
+	       n_bad ? "FAIL" : "ok");
+	ret = 0;
+out:
+	if (ret)
+		printf("setup failed for %s %s\n", ktype_name(type), what);
+	kcuda_weight_free(&wd);
+	ops_dbuf_fini(&xb);
+	ops_dbuf_fini(&yb);
+	free(wh);
+	free(xh);
+	free(yh);
+	free(row);
+	free(xr);
+	return ret;
+}
+
+static void check_bad_args(struct kcuda_ctx *c)
+{
+	uint8_t wh[34 * 2] = {0};
+	struct kweight w = {.type = KT_Q8_0, .n_in = 64, .n_out = 1, .row_bytes = 68, .data = wh}, wd = {0};
+	float *x = NULL, *y = NULL;
+	if (kcuda_weight_upload(c, &w, &wd) || kcuda_alloc(64 * sizeof(float), (void **)&x) ||
+	    kcuda_alloc(64 * sizeof(float), (void **)&y)) {
+		OPS_CHECK(0, "bad-args setup");
+		goto out;
+	}
+	OPS_CHECK(kcuda_matmul(c, &wd, x, 63, 1, y, 1) == -EINVAL, "ldx < n_in accepted");
+	OPS_CHECK(kcuda_matmul(c, &wd, x, 64, 1, y, 0) == -EINVAL, "ldy < n_out accepted");
+	OPS_CHECK(kcuda_matmul(c, &wd, x, 64, -1, y, 1) == -EINVAL, "negative n_tok accepted");
+	struct kweight bad = wd;
+	bad.row_bytes = 67;
+	OPS_CHECK(kcuda_matmul(c, &bad, x, 64, 1, y, 1) == -EINVAL, "wrong row_bytes accepted");
+	bad = wd;
+	bad.n_in = 48;
+	OPS_CHECK(kcuda_matmul(c, &bad, x, 64, 1, y, 1) == -EINVAL, "n_in not a block multiple accepted");
+	bad = wd;
+	bad.type = KT_IQ2_XXS;
+	bad.n_in = 256;
+	bad.row_bytes = 66;
+	OPS_CHECK(kcuda_matmul(c, &bad, x, 256, 1, y, 1) == ERR_UNSUPPORTED, "IQ2_XXS not refused as unsupported");
+	struct kweight up = w;
+	up.row_bytes = 60;
+	struct kweight upd = {0};
+	OPS_CHECK(kcuda_weight_upload(c, &up, &upd) == -EINVAL, "upload with wrong row_bytes accepted");
+	OPS_CHECK(kcuda_matmul(c, &wd, x, 64, 0, y, 1) == 0, "n_tok = 0 is a no-op");
+out:
+	kcuda_weight_free(&wd);
+	kcuda_free(x);
+	kcuda_free(y);
+}
+
+int main(void)
+{
+	if (kcuda_device_count() < 1) {
+		printf("SKIP: no CUDA device\n");
+		return 77;
+	}
+	ops_seed_init();
+	const int quick = getenv("TANDEM_OPS_QUICK") != NULL;
+	struct kcuda_ctx *c = NULL;
+	if (kcuda_ctx_create(0, 64u << 20, &c)) {
+		printf("FAIL: no CUDA context\n");
+		return 1;
+	}
+	check_bad_args(c);
+
+	/* rows sweep on a small n_in, then the real per-rank weight shapes */
+	static const int64_t rows_sweep[] = {1, 31, 32, 33, 4097};
+	static const struct shape real[] = {
+		{6144, 2048, "glm q_a"},         {2048, 2048, "glm q_b/8"},    {6144, 576, "glm kv_a"},
+		{512, 3584, "glm kv_b/8"},       {2048, 6144, "glm o_proj/8"}, {6144, 2048, "glm expert gate"},
+		{256, 6144, "glm expert down/8"}, {6144, 1536, "glm dense up/8"}, {7168, 1536, "ds q_a"},
+		{1536, 3072, "ds q_b/8"},        {2048, 7168, "ds o_proj/8"},  {7168, 2048, "ds expert up"},
+	};
+	static const int64_t toks_gemv[] = {1, 2, 3, 5, 8};
+	int setup_fail = 0;
+
+	for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+		const int type = types[ti];
+		const int64_t qk = ktype_get(type)->blck;
+		const int64_t n_small = qk == 1 ? 96 : (qk == 32 ? 96 : 512);
+		for (size_t i = 0; i < sizeof(rows_sweep) / sizeof(rows_sweep[0]); i++) {
+			if (quick && rows_sweep[i] > 64)
+				continue;
+			setup_fail |= run_case(c, type, n_small, rows_sweep[i], 1 + (int64_t)(i % 3), KCUDA_MM_AUTO,
+					       i & 1, "rows sweep");
+		}
+		if (qk == 1) { /* float weights take any n_in: odd lengths use the scalar path */
+			static const int64_t odd[] = {1, 31, 33, 4097};
+			for (size_t i = 0; i < 4; i++) {
+				setup_fail |= run_case(c, type, odd[i], 37, 2, KCUDA_MM_AUTO, 0, "odd n_in");
+				setup_fail |= run_case(c, type, odd[i], 37, 9, KCUDA_MM_AUTO, 0, "odd n_in");
+			}
+		}
+		for (size_t t = 0; t < sizeof(toks_gemv) / sizeof(toks_gemv[0]); t++)
+			setup_fail |= run_case(c, type, quick ? n_small : 6144, 67, toks_gemv[t], KCUDA_MM_AUTO, t & 1,
+					       "n_tok sweep");
+		setup_fail |= run_case(c, type, n_small, 45, 33, KCUDA_MM_AUTO, 1, "gemm strided");
+		setup_fail |= run_case(c, type, n_small, 33, 3, KCUDA_MM_GEMM, 0, "gemm forced");
+		if (quick)
+			continue;
+		for (size_t s = 0; s < sizeof(real) / sizeof(real[0]); s++) {
+			if (real[s].n_in % qk)
+				continue;
+			setup_fail |= run_case(c, type, real[s].n_in, real[s].n_out, 1 + (int64_t)(s % 4),
+					       KCUDA_MM_AUTO, 0, real[s].what);
+		}
+		setup_fail |= run_case(c, type, 6144, 300, 40, KCUDA_MM_AUTO, 0, "gemm 6144");
+	}
+	OPS_CHECK(setup_fail == 0, "some cases failed to set up");
+	kcuda_ctx_destroy(c);
+	printf("%d checks, %d failed\n", ops_n_check, ops_n_fail);
+	return ops_n_fail ? 1 : 0;
+}
+#endif
