@@ -109,7 +109,7 @@ static void heartbeat_cb(uv_timer_t *t)
 			struct msg m;
 			msg_init(&m, MSG_HEARTBEAT);
 			struct errbuf e;
-			if (conn_send(peers[i].c, &m, &e))
+			if (!conn_is_closing(peers[i].c) && conn_send(peers[i].c, &m, &e))
 				fprintf(stderr, "heartbeat not sent: %s\n", e.msg);
 		}
 }
