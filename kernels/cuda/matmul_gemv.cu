@@ -3,11 +3,11 @@
  * Grid: a block of GEMV_WARPS warps owns GEMV_ROWS consecutive rows; the warps split each row's
  * 16-element pieces (quant_piece.cuh) between them: warp w, lane l takes pieces
  * (w * 32 + l) + k * 32 * GEMV_WARPS, so every warp-wide load of weights and activations is
- * contiguous. Per piece the raw bytes of all GEMV_ROWS rows are loaded first (many loads in
- * flight per warp), then each row is decoded to (v[16], a, b) and accumulated as
- * a * sum(v x) + b * sum(x) per token, sum(x) shared by the rows. For n_tok <= 2 the activation
- * piece stays in registers across rows; for more tokens it is re-read from L1 per row (fp32
- * tokens beyond 2 make this kernel compute-bound on low-bit types; see docs/PERFORMANCE.md).
+ * contiguous. The raw bytes of all GEMV_ROWS rows of the next piece are requested before the
+ * current piece is decoded (software pipeline: loads in flight while computing); each row is
+ * decoded to (v[16], a, b) and accumulated as a * sum(v x) + b * sum(x) per token, sum(x)
+ * shared by the rows, the activation piece held in registers for all rows. A launch takes up to
+ * GEMV_MAX_NT tokens; more tokens take more launches (each re-reads W: see docs/PERFORMANCE.md).
  * Partial sums: warp shuffle, then shared memory across the warps. fp32 throughout.
  * Assumes n_in % 16 == 0 and activation rows 16-byte aligned (ldx % 4 == 0); float weights with
  * other n_in or alignment use gemv_scalar (correctness path, not speed). */
@@ -15,7 +15,8 @@
 #include "kernels/cuda/quant_piece.cuh"
 
 #define GEMV_WARPS 4
-#define GEMV_ROWS 8
+#define GEMV_ROWS 4
+#define GEMV_MAX_NT 4 /* tokens per launch: all held in registers; more tokens take more launches */
 
 __device__ __forceinline__ void ld_x16(const float *x, int64_t p, float *xv)
 {
@@ -27,16 +28,22 @@ __device__ __forceinline__ void ld_x16(const float *x, int64_t p, float *xv)
 	}
 }
 
+template <int T> __device__ __forceinline__ void load_rows(const uint8_t *const *rp, int64_t p, typename kq<T>::raw *raw)
+{
+#pragma unroll
+	for (int r = 0; r < GEMV_ROWS; r++)
+		kq<T>::load(rp[r], p, raw[r]);
+}
+
 template <int T, int NT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 	gemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t n_out, int64_t n_pieces,
 		    const float *__restrict__ x, int64_t ldx, int n_tok, float *__restrict__ y, int64_t ldy)
 {
-	constexpr bool XREG = NT <= 2;
-	constexpr int NX = XREG ? NT : 1;
 	__shared__ float part[GEMV_WARPS][GEMV_ROWS][NT];
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 	const int64_t row0 = (int64_t)blockIdx.x * GEMV_ROWS;
+	const int64_t step = 32 * GEMV_WARPS;
 	const uint8_t *rp[GEMV_ROWS];
 #pragma unroll
 	for (int r = 0; r < GEMV_ROWS; r++)
@@ -49,45 +56,43 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 		for (int t = 0; t < NT; t++)
 			acc[r][t] = 0.0f;
 
-	for (int64_t p = warp * 32 + lane; p < n_pieces; p += 32 * GEMV_WARPS) {
-		typename kq<T>::raw raw[GEMV_ROWS];
-#pragma unroll
-		for (int r = 0; r < GEMV_ROWS; r++)
-			kq<T>::load(rp[r], p, raw[r]);
-		float xs[NT];
-		float xv[NX][16];
+	/* software pipeline: the raw bytes of the next piece are requested before the current one
+	 * is decoded, so every warp keeps GEMV_ROWS rows of loads in flight while it computes */
+	int64_t p = warp * 32 + lane;
+	typename kq<T>::raw cur[GEMV_ROWS];
+	if (p < n_pieces)
+		load_rows<T>(rp, p, cur);
+	for (; p < n_pieces; p += step) {
+		typename kq<T>::raw nxt[GEMV_ROWS];
+		if (p + step < n_pieces)
+			load_rows<T>(rp, p + step, nxt);
+		float xv[NT][16], xs[NT];
 #pragma unroll
 		for (int t = 0; t < NT; t++) {
 			if (t >= n_tok)
 				break;
-			float tmp[16];
-			ld_x16(x + t * ldx, p, XREG ? xv[XREG ? t : 0] : tmp);
+			ld_x16(x + t * ldx, p, xv[t]);
 			if (kq<T>::HAS_B) {
-				const float *q = XREG ? xv[XREG ? t : 0] : tmp;
 				float s = 0.0f;
 #pragma unroll
 				for (int i = 0; i < 16; i++)
-					s += q[i];
+					s += xv[t][i];
 				xs[t] = s;
 			}
 		}
 #pragma unroll
 		for (int r = 0; r < GEMV_ROWS; r++) {
 			float v[16], a, b;
-			kq<T>::decode(raw[r], p, v, a, b);
+			kq<T>::decode(cur[r], p, v, a, b);
 #pragma unroll
 			for (int t = 0; t < NT; t++) {
 				if (t >= n_tok)
 					break;
-				float tmp[16];
-				if (!XREG)
-					ld_x16(x + t * ldx, p, tmp);
-				const float *q = XREG ? xv[XREG ? t : 0] : tmp;
 				float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
 				for (int i = 0; i < 16; i += 2) {
-					s0 = fmaf(v[i], q[i], s0);
-					s1 = fmaf(v[i + 1], q[i + 1], s1);
+					s0 = fmaf(v[i], xv[t][i], s0);
+					s1 = fmaf(v[i + 1], xv[t][i + 1], s1);
 				}
 				float acc_rt = fmaf(a, s0 + s1, acc[r][t]);
 				if (kq<T>::HAS_B)
@@ -95,6 +100,9 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 				acc[r][t] = acc_rt;
 			}
 		}
+#pragma unroll
+		for (int r = 0; r < GEMV_ROWS; r++)
+			cur[r] = nxt[r];
 	}
 #pragma unroll
 	for (int r = 0; r < GEMV_ROWS; r++)
@@ -167,14 +175,15 @@ static int launch_type(struct kcuda_ctx *c, const struct kweight *w, const float
 		}
 		return kcuda_launch_status("gemv_scalar");
 	}
-	if (n_tok == 1)
-		launch_nt<T, 1>(c, w, x, ldx, n_tok, y, ldy);
-	else if (n_tok == 2)
-		launch_nt<T, 2>(c, w, x, ldx, n_tok, y, ldy);
-	else if (n_tok <= 4)
-		launch_nt<T, 4>(c, w, x, ldx, n_tok, y, ldy);
-	else
-		launch_nt<T, 8>(c, w, x, ldx, n_tok, y, ldy);
+	for (int t0 = 0; t0 < n_tok; t0 += GEMV_MAX_NT) {
+		const int nt = n_tok - t0 < GEMV_MAX_NT ? n_tok - t0 : GEMV_MAX_NT;
+		if (nt == 1)
+			launch_nt<T, 1>(c, w, x + t0 * ldx, ldx, nt, y + t0 * ldy, ldy);
+		else if (nt == 2)
+			launch_nt<T, 2>(c, w, x + t0 * ldx, ldx, nt, y + t0 * ldy, ldy);
+		else
+			launch_nt<T, 4>(c, w, x + t0 * ldx, ldx, nt, y + t0 * ldy, ldy);
+	}
 	return kcuda_launch_status("gemv");
 }
 
