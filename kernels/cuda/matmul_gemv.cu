@@ -1,21 +1,23 @@
 /* Decode GEMV: Y[t][r] = dot(W row r, X[t]) for n_tok <= 8, streaming W once from HBM.
  *
- * Grid: a block of GEMV_WARPS warps owns GEMV_ROWS consecutive rows; the warps split each row's
- * 16-element pieces (quant_piece.cuh) between them: warp w, lane l takes pieces
- * (w * 32 + l) + k * 32 * GEMV_WARPS, so every warp-wide load of weights and activations is
- * contiguous. The raw bytes of all GEMV_ROWS rows of the next piece are requested before the
- * current piece is decoded (software pipeline: loads in flight while computing); each row is
+ * Grid: a warp owns GEMV_ROWS(NT) consecutive rows; ks warps (1, 2 or 4, so that small matrices
+ * still fill the GPU) split each row's 16-element pieces (quant_piece.cuh) between them: slice s,
+ * lane l takes pieces (s * 32 + l) + k * 32 * ks, so every warp-wide load of weights and
+ * activations is contiguous. A block holds GEMV_WARPS / ks row groups. The raw bytes of the
+ * warp's rows and the activations of the next piece are requested before the current piece is
+ * decoded (software pipeline: loads in flight while computing); each row is
  * decoded to (v[16], a, b) and accumulated as a * sum(v x) + b * sum(x) per token, sum(x)
  * shared by the rows, the activation piece held in registers for all rows. A launch takes up to
  * GEMV_MAX_NT tokens; more tokens take more launches (each re-reads W: see docs/PERFORMANCE.md).
- * Partial sums: warp shuffle, then shared memory across the warps. fp32 throughout.
+ * Partial sums: warp shuffle, then shared memory across the ks warps. fp32 throughout.
  * Assumes n_in % 16 == 0 and activation rows 16-byte aligned (ldx % 4 == 0); float weights with
  * other n_in or alignment use gemv_scalar (correctness path, not speed). */
 #include "kernels/cuda/matmul_impl.cuh"
 #include "kernels/cuda/quant_piece.cuh"
 
 #define GEMV_WARPS 4
-#define GEMV_ROWS 4
+/* rows per warp: 4, or 2 when 4 tokens' activations take the registers */
+#define GEMV_ROWS(nt) ((nt) >= 4 ? 2 : 4)
 #define GEMV_MAX_NT 4 /* tokens per launch: all held in registers; more tokens take more launches */
 
 __device__ __forceinline__ void ld_x16(const float *x, int64_t p, float *xv)
@@ -28,60 +30,75 @@ __device__ __forceinline__ void ld_x16(const float *x, int64_t p, float *xv)
 	}
 }
 
-template <int T> __device__ __forceinline__ void load_rows(const uint8_t *const *rp, int64_t p, typename kq<T>::raw *raw)
+template <int T, int R>
+__device__ __forceinline__ void load_rows(const uint8_t *const *rp, int64_t p, typename kq<T>::raw *raw)
 {
 #pragma unroll
-	for (int r = 0; r < GEMV_ROWS; r++)
+	for (int r = 0; r < R; r++)
 		kq<T>::load(rp[r], p, raw[r]);
 }
 
 template <int T, int NT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 	gemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t n_out, int64_t n_pieces,
-		    const float *__restrict__ x, int64_t ldx, int n_tok, float *__restrict__ y, int64_t ldy)
+		    const float *__restrict__ x, int64_t ldx, int n_tok, float *__restrict__ y, int64_t ldy, int ks)
 {
-	__shared__ float part[GEMV_WARPS][GEMV_ROWS][NT];
+	constexpr int R = GEMV_ROWS(NT);
+	__shared__ float part[GEMV_WARPS][R][NT];
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-	const int64_t row0 = (int64_t)blockIdx.x * GEMV_ROWS;
-	const int64_t step = 32 * GEMV_WARPS;
-	const uint8_t *rp[GEMV_ROWS];
+	const int slice = warp % ks; /* which K slice of its row group this warp takes */
+	const int64_t row0 = ((int64_t)blockIdx.x * (GEMV_WARPS / ks) + warp / ks) * R;
+	const int64_t step = 32 * ks;
+	const uint8_t *rp[R];
 #pragma unroll
-	for (int r = 0; r < GEMV_ROWS; r++)
+	for (int r = 0; r < R; r++)
 		rp[r] = w + (size_t)min(row0 + r, n_out - 1) * row_bytes;
 
-	float acc[GEMV_ROWS][NT];
+	float acc[R][NT];
 #pragma unroll
-	for (int r = 0; r < GEMV_ROWS; r++)
+	for (int r = 0; r < R; r++)
 #pragma unroll
 		for (int t = 0; t < NT; t++)
 			acc[r][t] = 0.0f;
 
-	/* software pipeline: the raw bytes of the next piece are requested before the current one
-	 * is decoded, so every warp keeps GEMV_ROWS rows of loads in flight while it computes */
-	int64_t p = warp * 32 + lane;
-	typename kq<T>::raw cur[GEMV_ROWS];
-	if (p < n_pieces)
-		load_rows<T>(rp, p, cur);
-	for (; p < n_pieces; p += step) {
-		typename kq<T>::raw nxt[GEMV_ROWS];
-		if (p + step < n_pieces)
-			load_rows<T>(rp, p + step, nxt);
-		float xv[NT][16], xs[NT];
+	/* software pipeline: the raw weight bytes and the activations of the next piece are
+	 * requested before the current piece is decoded, so every warp keeps its loads in flight
+	 * while it computes */
+	int64_t p = slice * 32 + lane;
+	typename kq<T>::raw cur[R];
+	float xc[NT][16];
+	if (p < n_pieces && row0 < n_out) {
+		load_rows<T, R>(rp, p, cur);
+#pragma unroll
+		for (int t = 0; t < NT; t++)
+			if (t < n_tok)
+				ld_x16(x + t * ldx, p, xc[t]);
+	}
+	for (; p < n_pieces && row0 < n_out; p += step) {
+		typename kq<T>::raw nxt[R];
+		float xn[NT][16];
+		if (p + step < n_pieces) {
+			load_rows<T, R>(rp, p + step, nxt);
+#pragma unroll
+			for (int t = 0; t < NT; t++)
+				if (t < n_tok)
+					ld_x16(x + t * ldx, p + step, xn[t]);
+		}
+		float xs[NT];
 #pragma unroll
 		for (int t = 0; t < NT; t++) {
 			if (t >= n_tok)
 				break;
-			ld_x16(x + t * ldx, p, xv[t]);
 			if (kq<T>::HAS_B) {
 				float s = 0.0f;
 #pragma unroll
 				for (int i = 0; i < 16; i++)
-					s += xv[t][i];
+					s += xc[t][i];
 				xs[t] = s;
 			}
 		}
 #pragma unroll
-		for (int r = 0; r < GEMV_ROWS; r++) {
+		for (int r = 0; r < R; r++) {
 			float v[16], a, b;
 			kq<T>::decode(cur[r], p, v, a, b);
 #pragma unroll
@@ -91,8 +108,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 				float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
 				for (int i = 0; i < 16; i += 2) {
-					s0 = fmaf(v[i], xv[t][i], s0);
-					s1 = fmaf(v[i + 1], xv[t][i + 1], s1);
+					s0 = fmaf(v[i], xc[t][i], s0);
+					s1 = fmaf(v[i + 1], xc[t][i + 1], s1);
 				}
 				float acc_rt = fmaf(a, s0 + s1, acc[r][t]);
 				if (kq<T>::HAS_B)
@@ -101,11 +118,16 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 			}
 		}
 #pragma unroll
-		for (int r = 0; r < GEMV_ROWS; r++)
+		for (int r = 0; r < R; r++)
 			cur[r] = nxt[r];
+#pragma unroll
+		for (int t = 0; t < NT; t++)
+#pragma unroll
+			for (int i = 0; i < 16; i++)
+				xc[t][i] = xn[t][i];
 	}
 #pragma unroll
-	for (int r = 0; r < GEMV_ROWS; r++)
+	for (int r = 0; r < R; r++)
 #pragma unroll
 		for (int t = 0; t < NT; t++) {
 			float s = kc_warp_sum(acc[r][t]);
@@ -113,14 +135,16 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 				part[warp][r][t] = s;
 		}
 	__syncthreads();
-	if (threadIdx.x < GEMV_ROWS * NT) {
-		const int r = threadIdx.x / NT, t = threadIdx.x % NT;
+	/* thread -> (row group in block, row, token); sums the ks slices of the group */
+	const int groups = GEMV_WARPS / ks;
+	if (threadIdx.x < groups * R * NT) {
+		const int g = threadIdx.x / (R * NT), r = (threadIdx.x / NT) % R, t = threadIdx.x % NT;
+		const int64_t row = ((int64_t)blockIdx.x * groups + g) * R + r;
 		float s = 0.0f;
-#pragma unroll
-		for (int k = 0; k < GEMV_WARPS; k++)
-			s += part[k][r][t];
-		if (t < n_tok && row0 + r < n_out)
-			y[t * ldy + row0 + r] = s;
+		for (int k = 0; k < ks; k++)
+			s += part[g * ks + k][r][t];
+		if (t < n_tok && row < n_out)
+			y[t * ldy + row] = s;
 	}
 }
 
@@ -156,9 +180,16 @@ template <int T, int NT>
 static void launch_nt(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
 		      float *y, int64_t ldy)
 {
-	const unsigned grid = (unsigned)((w->n_out + GEMV_ROWS - 1) / GEMV_ROWS);
+	/* K split: as many warps per row group as it takes to give every SM ~24 warps, at most
+	 * GEMV_WARPS; big matrices get one warp per row group (long loops keep the pipeline full) */
+	const int64_t groups = (w->n_out + GEMV_ROWS(NT) - 1) / GEMV_ROWS(NT);
+	const int64_t want = (int64_t)c->n_sm * 24;
+	const int ks = groups >= want ? 1 : (2 * groups >= want ? 2 : 4);
+	const int64_t per_block = GEMV_WARPS / ks;
+	const unsigned grid = (unsigned)((groups + per_block - 1) / per_block);
 	gemv_kernel<T, NT><<<grid, GEMV_WARPS * 32, 0, c->stream>>>((const uint8_t *)w->data, w->row_bytes,
-								   w->n_out, w->n_in / 16, x, ldx, n_tok, y, ldy);
+								   w->n_out, w->n_in / 16, x, ldx, n_tok, y, ldy,
+								   ks);
 }
 
 template <int T>
