@@ -56,8 +56,10 @@ CUDA    := 0
 endif
 
 # ---- sources ------------------------------------------------------------------------------------
-CORE_SRC  := $(wildcard common/base/*.c common/gguf/*.c common/tok/*.c)
-MODEL_SRC := $(wildcard common/model/*.c kernels/cpu/*.c)
+CORE_SRC  := $(wildcard common/base/*.c common/gguf/*.c common/tok/*.c) kernels/cpu/ktype.c
+# ktype.c (type sizes) lives in libtcore: the GGUF reader validates tensor sizes with it, and the
+# router links libtcore without the model library.
+MODEL_SRC := $(filter-out kernels/cpu/ktype.c,$(wildcard common/model/*.c kernels/cpu/*.c))
 NET_SRC   := $(wildcard common/net/*.c)
 PROTO_SRC := $(wildcard proto/*.proto)
 PROTO_GEN := $(patsubst proto/%.proto,$(BUILD)/gen/proto/%.pb-c.c,$(PROTO_SRC))
@@ -107,8 +109,12 @@ ifeq ($(CUDA),1)
 BENCH_BINS += $(patsubst %.cu,$(BUILD)/bench/%,$(notdir $(wildcard bench/bench_cuda_*.cu)))
 endif
 
+# router/ minus main.c is also an archive so the unit tests can link the router's modules
+ROUTER_LIB_SRC := $(filter-out router/main.c,$(ROUTER_SRC))
+LIBROUTER := $(if $(ROUTER_LIB_SRC),$(BUILD)/librouter.a)
+
 # libtcuda uses the type table in libtmodel, so it links first
-ALL_LIBS := $(LIBCUDA) $(LIBMODEL) $(LIBNET) $(LIBCORE)
+ALL_LIBS := $(LIBROUTER) $(LIBCUDA) $(LIBMODEL) $(LIBNET) $(LIBCORE)
 
 .PHONY: all test test-gpu run format format-check clean bench fuzz
 all: $(BINS) $(TEST_BINS) $(BENCH_BINS)
@@ -144,15 +150,17 @@ $(LIBMODEL): $(MODEL_OBJ)
 	$(Q)rm -f $@ && ar rcs $@ $^
 $(LIBNET): $(NET_OBJ) $(LLHTTP_OBJ)
 	$(Q)rm -f $@ && ar rcs $@ $^
+$(BUILD)/librouter.a: $(call obj,$(ROUTER_LIB_SRC))
+	$(Q)rm -f $@ && ar rcs $@ $^
 $(BUILD)/libtcuda.a: $(CUDA_OBJ)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/tandem: $(call obj,$(CLI_SRC)) $(ALL_LIBS)
 	@echo "  LD    $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $(call obj,$(CLI_SRC)) $(ALL_LIBS) $(CUDA_LIBS) $(LDLIBS)
-$(BUILD)/tandem-router: $(call obj,$(ROUTER_SRC)) $(LIBNET) $(LIBCORE)
+$(BUILD)/tandem-router: $(call obj,router/main.c) $(LIBROUTER) $(LIBNET) $(LIBCORE)
 	@echo "  LD    $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $(call obj,$(ROUTER_SRC)) $(LIBNET) $(LIBCORE) $(LDLIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(call obj,router/main.c) $(LIBROUTER) $(LIBNET) $(LIBCORE) $(LDLIBS)
 $(BUILD)/tandem-prefill: $(call obj,$(PREFILL_SRC)) $(ALL_LIBS)
 	@echo "  LD    $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $(call obj,$(PREFILL_SRC)) $(ALL_LIBS) $(CUDA_LIBS) $(LDLIBS)

@@ -100,6 +100,16 @@ int kpool_n_threads(const struct kpool *p);
  * `grain` items; returns when all are done. */
 typedef void (*kpool_fn)(void *user, int64_t i0, int64_t i1, int thread);
 void kpool_for(struct kpool *p, int64_t n, int64_t grain, kpool_fn fn, void *user);
+/* Notes on kpool_for: p may be NULL (runs inline as thread 0); `thread` is in [0, n_threads) and
+ * no two concurrent calls of fn get the same one, so per-thread scratch can be indexed by it; fn
+ * must not call kpool_for on the same pool; one caller thread per pool at a time. */
+/* Per-thread scratch memory of at least `bytes` (64-byte aligned), owned by the pool and kept
+ * between calls (grown on demand, so steady state allocates nothing); NULL if allocation fails
+ * or thread is out of range. thread in [0, n_threads) inside a kpool_for callback; thread ==
+ * n_threads is one more buffer for the pool's caller outside callbacks. With p == NULL: buffers
+ * of the calling thread (n_threads = 1). Valid until the next call with the same (p, thread) or
+ * kpool_destroy. */
+void *kpool_scratch(struct kpool *p, int thread, size_t bytes);
 
 /* ---- matrix products (kernels/cpu/matmul.c) ------------------------------------------------------ */
 struct kweight {
@@ -114,6 +124,45 @@ struct kweight {
  * floats), Y is n_tok x n_out (row stride ldy floats). Threaded over rows. */
 void kcpu_matmul(struct kpool *p, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok,
 		 float *y, int64_t ldy);
+/* Approximate fast path, same arguments (opt-in; the reference path never uses it): activations
+ * are quantized to int8 per 32 elements (scale max|x|/127) and multiplied with integer dots
+ * (AVX2 maddubs) for Q8_0, Q4_K, Q5_K and Q6_K weights; about 0.3% relative error per dot (see
+ * test_matmul). Other types, n_in not a multiple of 256, 4 or more tokens (where the exact
+ * tiled path is faster) and builds without AVX2 use kcpu_matmul. Uses the pool's caller scratch (kpool_scratch(p, kpool_n_threads(p), ...)). */
+void kcpu_matmul_fast(struct kpool *p, const struct kweight *w, const float *x, int64_t ldx,
+		      int64_t n_tok, float *y, int64_t ldy);
+bool kcpu_matmul_fast_supported(int type); /* true if kcpu_matmul_fast has integer dots for it */
+
+/* ---- model ops (kernels/cpu, one per file; branch `model`) ---------------------------------------
+ * Row ops take row strides in floats; y may alias x where noted in the op's file. */
+/* y = w * x / sqrt(mean(x^2) + eps) per row (rmsnorm.c) */
+void kcpu_rmsnorm(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int64_t n, int64_t n_rows,
+		  float eps);
+/* y = (x - mean) / sqrt(var + eps) * w + b per row (layernorm.c) */
+void kcpu_layernorm(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, const float *b, int64_t n,
+		    int64_t n_rows, float eps);
+/* RoPE (rope.c). inv_freq[R/2] from theta (YaRN blend if yarn_factor > 1); cs[R] = cos[R/2] then
+ * sin[R/2] of one position; kcpu_rope rotates x[R] in place, pairing 0 = interleaved, 1 = half-split. */
+void kcpu_rope_freqs(float *inv_freq, int64_t R, float theta, float yarn_factor, int64_t yarn_orig_ctx,
+		     float beta_fast, float beta_slow);
+void kcpu_rope_cs(const float *inv_freq, int64_t half, int64_t pos, float *cs);
+void kcpu_rope(float *x, int64_t R, const float *cs, int pairing);
+/* y = SiLU(gate) * up (swiglu.c) */
+void kcpu_swiglu(float *y, const float *gate, const float *up, int64_t n);
+/* dot of fp32 a with a KV-cache row (fp32 or bf16) (mla_attn.c) */
+float kcpu_kv_dot(const float *a, const void *row, int bf16, int64_t n);
+/* one MLA head, absorbed form: q[C+R], keys[t] -> C+R cache values; out[C] = softmax-weighted
+ * sum of the keys' c parts; scores: n_keys scratch (mla_attn.c) */
+void kcpu_mla_attn_head(const float *q, int64_t C, int64_t R, const void *const *keys, int n_keys, int key_bf16,
+			float scale, float *scores, float *out);
+/* DSA indexer scores of one query: scores[t] = sum_h w[h] * ReLU(scale * q_h . k_t) (indexer.c) */
+void kcpu_indexer_scores(const float *q, const float *w, int64_t HI, int64_t DI, const void *const *keys, int n_keys,
+			 int key_bf16, float scale, float *scores);
+/* indices of the k best scores (score desc, index asc), returned ascending; returns min(k, n) (topk.c) */
+int kcpu_topk(const float *scores, int n, int k, int32_t *out);
+/* MoE routing of one token; scratch 2*E floats (moe_route.c) */
+void kcpu_moe_route(const float *logits, const float *bias, int E, int k, int n_group, int n_group_used, int gating,
+		    bool norm, float scale, int32_t *ids, float *weights, float *scratch);
 
 /* ---- CUDA ops (kernels/cuda/, one per file; branch `cuda`) -------------------------------------
  * Declared only where CUDA is built (TANDEM_CUDA=1 from the Makefile, or nvcc itself), so the C code

@@ -67,11 +67,18 @@ struct gguf_arr {
 };
 
 int gguf_open(struct gguf_ctx **out, const char *path, struct errbuf *e) TD_MUST_CHECK;
+/* Same checks on a GGUF image in memory (borrowed until gguf_close; used by tests and the fuzzer).
+ * `label` names it in error messages. Split sets cannot be opened this way. */
+int gguf_open_mem(struct gguf_ctx **out, const void *data, size_t size, const char *label,
+		  struct errbuf *e) TD_MUST_CHECK;
 void gguf_close(struct gguf_ctx *g); /* accepts NULL */
 
 uint32_t gguf_version(const struct gguf_ctx *g);
 int gguf_n_shards(const struct gguf_ctx *g);
 size_t gguf_alignment(const struct gguf_ctx *g);
+const char *gguf_shard_path(const struct gguf_ctx *g, int shard); /* NULL if out of range */
+uint64_t gguf_shard_size(const struct gguf_ctx *g, int shard);     /* file size in bytes */
+const char *gguf_vtype_name(enum gguf_vtype t);                    /* "u32", "str", "array", ... */
 
 /* Metadata (keys of shard 0, which carries the model metadata; split.* keys of every shard are
  * validated on open). */
@@ -134,6 +141,27 @@ int gguf_writer_add_tensor(struct gguf_writer *w, const char *name, int type, in
 			   const int64_t *ne, const void *data);
 int gguf_writer_add_tensor_cb(struct gguf_writer *w, const char *name, int type, int n_dims,
 			      const int64_t *ne, gguf_fill_cb cb, void *user);
+/* Streaming variant: the callback is called several times per tensor, each time for a whole
+ * number of rows (`offset` and `nbytes` are multiples of the row size, chunks of about
+ * `chunk_bytes` or one row if larger), in increasing offset order, so memory stays bounded. */
+typedef int (*gguf_fill_chunk_cb)(void *user, const char *name, uint64_t offset, void *dst, size_t nbytes);
+int gguf_writer_add_tensor_chunked(struct gguf_writer *w, const char *name, int type, int n_dims,
+				   const int64_t *ne, gguf_fill_chunk_cb cb, void *user);
+/* Chunk size for chunked tensors (default 64 MiB). */
+void gguf_writer_set_chunk_bytes(struct gguf_writer *w, size_t chunk_bytes);
+/* Progress report after each tensor (bytes written so far, total bytes); NULL to disable. */
+typedef void (*gguf_progress_cb)(void *user, uint64_t done, uint64_t total);
+void gguf_writer_set_progress(struct gguf_writer *w, gguf_progress_cb cb, void *user);
+int gguf_writer_set_i64(struct gguf_writer *w, const char *key, int64_t v);
+int gguf_writer_set_u16(struct gguf_writer *w, const char *key, uint16_t v);
+/* Any scalar or string value given as raw little-endian bytes (STRING: u64 length + bytes;
+ * ARRAY: u32 type + u64 count + elements); used for nested arrays and exotic types. The bytes
+ * are validated like the reader validates a file. */
+int gguf_writer_set_raw(struct gguf_writer *w, const char *key, enum gguf_vtype type, const void *val,
+			size_t len);
+/* Setters return 0, -EEXIST for a key set twice, -EINVAL for a bad key or value, -ENOMEM. The first
+ * failure is also remembered and makes gguf_writer_write fail. Writing goes to PATH.tmp, renamed
+ * to PATH when complete. */
 int gguf_writer_write(struct gguf_writer *w, const char *path, struct errbuf *e) TD_MUST_CHECK;
 
 #endif

@@ -537,6 +537,85 @@ static float q6_k_dot(const void *row, const float *x, int64_t n)
 	return quant_hsum(acc);
 }
 
+/* ---- integer dots with 8-bit activations (fast path) ----------------------------------------
+ * Activation blocks are 32 wide, so each Q4_K/Q5_K sub-block meets exactly one: its term is
+ * (d*sc*dx) * sum(q*qx) - (dmin*m*dx) * sum(qx). Unsigned 4/5-bit weights go straight into
+ * maddubs (at most 31*127*2 per int16 pair, no saturation). */
+static inline __m256i isum_u8i8(__m256i u, __m256i s)
+{
+	return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+static inline float k4_dot_xq8(const uint8_t *b, size_t block_bytes, const struct quant_xq8 *x,
+			       int64_t n, bool five)
+{
+	const __m256i m4 = _mm256_set1_epi8(15), b16 = _mm256_set1_epi8(16);
+	__m256 acc = _mm256_setzero_ps();
+	float mins = 0.0f;
+
+	for (int64_t i = 0; i < n / QK_K; i++, b += block_bytes) {
+		float d = quant_fp16(b), min = quant_fp16(b + 2);
+		const uint8_t *ql = b + (five ? 48 : 16);
+		__m256i qh = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+		for (int c = 0; c < 4; c++, x += 2) {
+			__m256i v = _mm256_loadu_si256((const __m256i *)(ql + 32 * c));
+			__m256i lo = _mm256_and_si256(v, m4);
+			__m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+			if (five) {
+				__m256i u1 = _mm256_set1_epi8((char)(1 << (2 * c)));
+				__m256i u2 = _mm256_set1_epi8((char)(2 << (2 * c)));
+				lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, u1), u1), b16));
+				hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, u2), u2), b16));
+			}
+			int sc0, m0, sc1, m1;
+			scale_min_k4(2 * c, b + 4, &sc0, &m0);
+			scale_min_k4(2 * c + 1, b + 4, &sc1, &m1);
+			__m256 s0 = _mm256_cvtepi32_ps(isum_u8i8(lo, _mm256_loadu_si256((const __m256i *)x[0].q)));
+			__m256 s1 = _mm256_cvtepi32_ps(isum_u8i8(hi, _mm256_loadu_si256((const __m256i *)x[1].q)));
+			acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)sc0 * x[0].d), s0, acc);
+			acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)sc1 * x[1].d), s1, acc);
+			mins += min * ((float)m0 * x[0].d * (float)x[0].sum + (float)m1 * x[1].d * (float)x[1].sum);
+		}
+	}
+	return quant_hsum(acc) - mins;
+}
+
+static float q4_k_dot_xq8(const void *row, const struct quant_xq8 *x, int64_t n)
+{
+	return k4_dot_xq8(row, 144, x, n, false);
+}
+
+static float q5_k_dot_xq8(const void *row, const struct quant_xq8 *x, int64_t n)
+{
+	return k4_dot_xq8(row, 176, x, n, true);
+}
+
+/* Q6_K: signed q - 32 via the sign trick; the two 16-element sub-blocks of each 32-value stream
+ * get their int8 scales through one madd with [s0 x 8 | s1 x 8] */
+static float q6_k_dot_xq8(const void *row, const struct quant_xq8 *x, int64_t n)
+{
+	const uint8_t *b = row;
+	__m256 acc = _mm256_setzero_ps();
+	__m256i q[4];
+
+	for (int64_t i = 0; i < n / QK_K; i++, b += 210) {
+		float d = quant_fp16(b + 208);
+		const int8_t *sc = (const int8_t *)(b + 192);
+		for (int c = 0; c < 2; c++) {
+			q6_vals(b + 64 * c, b + 128 + 32 * c, q);
+			for (int k = 0; k < 4; k++, x++) {
+				__m256i v = _mm256_loadu_si256((const __m256i *)x->q);
+				__m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q[k], q[k]), _mm256_sign_epi8(v, q[k]));
+				__m256i scv = _mm256_setr_m128i(_mm_set1_epi16(sc[8 * c + 2 * k]),
+								_mm_set1_epi16(sc[8 * c + 2 * k + 1]));
+				__m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, scv));
+				acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), s, acc);
+			}
+		}
+	}
+	return quant_hsum(acc);
+}
+
 /* Exact SIMD dequantizers: the same float products as the scalar code, lane by lane. */
 
 static void q4_k_dequant(const void *src, float *dst, int64_t n)
@@ -549,6 +628,76 @@ static void q4_k_dequant(const void *src, float *dst, int64_t n)
 		for (int c = 0; c < 4; c++, dst += 64) {
 			__m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
 			__m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+			int sc, m;
+			scale_min_k4(2 * c, b + 4, &sc, &m);
+			__m256 d1 = _mm256_set1_ps(d * (float)sc), m1 = _mm256_set1_ps(min * (float)m);
+			quant_store16_i8(lo128(lo), dst, d1, m1, true);
+			quant_store16_i8(hi128(lo), dst + 16, d1, m1, true);
+			scale_min_k4(2 * c + 1, b + 4, &sc, &m);
+			__m256 d2 = _mm256_set1_ps(d * (float)sc), m2 = _mm256_set1_ps(min * (float)m);
+			quant_store16_i8(lo128(hi), dst + 32, d2, m2, true);
+			quant_store16_i8(hi128(hi), dst + 48, d2, m2, true);
+		}
+	}
+}
+
+static void q2_k_dequant(const void *src, float *dst, int64_t n)
+{
+	const uint8_t *b = src;
+
+	for (int64_t i = 0; i < n / QK_K; i++, b += 84) {
+		float d = quant_fp16(b + 80), min = quant_fp16(b + 82);
+		for (int c = 0; c < 2; c++) {
+			__m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
+			for (int j = 0; j < 4; j++, dst += 32) {
+				__m256i q = crumbs(v, j);
+				int s0 = b[8 * c + 2 * j], s1 = b[8 * c + 2 * j + 1];
+				quant_store16_i8(lo128(q), dst, _mm256_set1_ps(d * (float)(s0 & 15)),
+						 _mm256_set1_ps(min * (float)(s0 >> 4)), true);
+				quant_store16_i8(hi128(q), dst + 16, _mm256_set1_ps(d * (float)(s1 & 15)),
+						 _mm256_set1_ps(min * (float)(s1 >> 4)), true);
+			}
+		}
+	}
+}
+
+static void q3_k_dequant(const void *src, float *dst, int64_t n)
+{
+	const uint8_t *b = src;
+	int s[16];
+
+	for (int64_t i = 0; i < n / QK_K; i++, b += 110) {
+		float d = quant_fp16(b + 108);
+		__m256i hm = _mm256_loadu_si256((const __m256i *)b);
+		q3_k_scales(b + 96, s);
+		for (int c = 0; c < 2; c++) {
+			__m256i v = _mm256_loadu_si256((const __m256i *)(b + 32 + 32 * c));
+			for (int j = 0; j < 4; j++, dst += 32) {
+				__m256i q = q3_vals(v, hm, c, j);
+				__m256 d0 = _mm256_set1_ps(d * (float)s[8 * c + 2 * j]);
+				__m256 d1 = _mm256_set1_ps(d * (float)s[8 * c + 2 * j + 1]);
+				quant_store16_i8(lo128(q), dst, d0, d0, false);
+				quant_store16_i8(hi128(q), dst + 16, d1, d1, false);
+			}
+		}
+	}
+}
+
+static void q5_k_dequant(const void *src, float *dst, int64_t n)
+{
+	const uint8_t *b = src;
+	const __m256i m4 = _mm256_set1_epi8(15), b16 = _mm256_set1_epi8(16);
+
+	for (int64_t i = 0; i < n / QK_K; i++, b += 176) {
+		float d = quant_fp16(b), min = quant_fp16(b + 2);
+		__m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+		for (int c = 0; c < 4; c++, dst += 64) {
+			__m256i v = _mm256_loadu_si256((const __m256i *)(b + 48 + 32 * c));
+			__m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+			__m256i u1 = _mm256_set1_epi8((char)(1 << (2 * c)));
+			__m256i u2 = _mm256_set1_epi8((char)(2 << (2 * c)));
+			lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, u1), u1), b16));
+			hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, u2), u2), b16));
 			int sc, m;
 			scale_min_k4(2 * c, b + 4, &sc, &m);
 			__m256 d1 = _mm256_set1_ps(d * (float)sc), m1 = _mm256_set1_ps(min * (float)m);
@@ -590,17 +739,27 @@ static void q6_k_dequant(const void *src, float *dst, int64_t n)
 #define SIMD(f) NULL
 #endif
 
-const struct quant_ops quant_ops_q2_k = {.dequant_ref = q2_k_dequant_ref, .dot = SIMD(q2_k_dot),
+
+const struct quant_ops quant_ops_q2_k = {.dequant_ref = q2_k_dequant_ref,
+					 .dequant = SIMD(q2_k_dequant),
+					 .dot = SIMD(q2_k_dot),
 					 .quantize = q2_k_quantize};
-const struct quant_ops quant_ops_q3_k = {.dequant_ref = q3_k_dequant_ref, .dot = SIMD(q3_k_dot),
+const struct quant_ops quant_ops_q3_k = {.dequant_ref = q3_k_dequant_ref,
+					 .dequant = SIMD(q3_k_dequant),
+					 .dot = SIMD(q3_k_dot),
 					 .quantize = q3_k_quantize};
 const struct quant_ops quant_ops_q4_k = {.dequant_ref = q4_k_dequant_ref,
 					 .dequant = SIMD(q4_k_dequant),
 					 .dot = SIMD(q4_k_dot),
-					 .quantize = q4_k_quantize};
-const struct quant_ops quant_ops_q5_k = {.dequant_ref = q5_k_dequant_ref, .dot = SIMD(q5_k_dot),
-					 .quantize = q5_k_quantize};
+					 .quantize = q4_k_quantize,
+					 .dot_xq8 = SIMD(q4_k_dot_xq8)};
+const struct quant_ops quant_ops_q5_k = {.dequant_ref = q5_k_dequant_ref,
+					 .dequant = SIMD(q5_k_dequant),
+					 .dot = SIMD(q5_k_dot),
+					 .quantize = q5_k_quantize,
+					 .dot_xq8 = SIMD(q5_k_dot_xq8)};
 const struct quant_ops quant_ops_q6_k = {.dequant_ref = q6_k_dequant_ref,
 					 .dequant = SIMD(q6_k_dequant),
 					 .dot = SIMD(q6_k_dot),
-					 .quantize = q6_k_quantize};
+					 .quantize = q6_k_quantize,
+					 .dot_xq8 = SIMD(q6_k_dot_xq8)};

@@ -1,0 +1,87 @@
+/* Paged KV pool layout and the KV-layout fingerprint (model.h). One block = 64 tokens of every
+ * main layer's latent (c, k_r) followed by 64 tokens of every full indexer layer's key. The
+ * fingerprint names everything a peer must agree on to exchange raw blocks. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/model/model_internal.h"
+
+void model_kv_layout_get(const struct model *m, struct model_kv_layout *L)
+{
+	const struct model_hparams *hp = &m->hp;
+	memset(L, 0, sizeof(*L));
+	L->dtype = m->opts.kv_dtype;
+	L->elt_bytes = L->dtype == MODEL_KV_BF16 ? 2 : 4;
+	L->block_tokens = MODEL_KV_BLOCK_TOKENS;
+	L->n_layers = hp->n_layers;
+	L->n_idx = hp->has_indexer ? hp->n_idx_full : 0;
+	L->lat_dim = hp->C + hp->R;
+	L->idx_dim = hp->has_indexer ? hp->idx_D : 0;
+	L->lat_layer_bytes = (size_t)L->block_tokens * (size_t)L->lat_dim * L->elt_bytes;
+	L->idx_layer_bytes = (size_t)L->block_tokens * (size_t)L->idx_dim * L->elt_bytes;
+	L->idx_offset = L->lat_layer_bytes * (size_t)L->n_layers;
+	L->block_bytes = L->idx_offset + L->idx_layer_bytes * (size_t)L->n_idx;
+}
+
+int model_kv_init(struct model_kv *kv, const struct model *m, int64_t n_blocks, void *mem, size_t mem_bytes,
+		  struct errbuf *e)
+{
+	memset(kv, 0, sizeof(*kv));
+	model_kv_layout_get(m, &kv->layout);
+	if (n_blocks < 1 || n_blocks > INT32_MAX)
+		return errbuf_set(e, -EINVAL, "KV pool: %lld blocks out of range", (long long)n_blocks);
+	size_t bb = kv->layout.block_bytes;
+	if ((size_t)n_blocks > SIZE_MAX / bb)
+		return errbuf_set(e, ERR_LIMIT, "KV pool: %lld blocks of %zu bytes overflow", (long long)n_blocks, bb);
+	size_t need = (size_t)n_blocks * bb;
+	if (mem) {
+		if (mem_bytes < need)
+			return errbuf_set(e, ERR_LIMIT, "KV pool: %zu bytes given, %lld blocks of %zu bytes need %zu",
+					  mem_bytes, (long long)n_blocks, bb, need);
+		kv->base = mem;
+	} else {
+		kv->base = calloc(1, need);
+		if (!kv->base)
+			return errbuf_set(e, -ENOMEM, "KV pool: cannot allocate %zu bytes", need);
+		kv->owned = true;
+	}
+	kv->n_blocks = n_blocks;
+	return 0;
+}
+
+void model_kv_fini(struct model_kv *kv)
+{
+	if (kv->owned)
+		free(kv->base);
+	memset(kv, 0, sizeof(*kv));
+}
+
+int model_kv_fingerprint(const struct model *m, char *buf, size_t size)
+{
+	struct model_kv_layout L;
+	model_kv_layout_get(m, &L);
+	const struct model_hparams *hp = &m->hp;
+	char idx[2 * MODEL_MAX_LAYERS + 8];
+	size_t o = 0;
+	for (int l = 0; l < hp->n_layers; l++) {
+		idx[o++] = hp->has_indexer && hp->idx_full[l] ? '1' : '0';
+		if (l + 1 < hp->n_layers)
+			idx[o++] = ',';
+	}
+	idx[o] = 0;
+	return snprintf(buf, size, "arch=%s layers=%d block=%d C=%lld R=%lld DI=%lld dtype=%s idx=%s",
+			model_arch_name(hp->arch), hp->n_layers, L.block_tokens, (long long)hp->C, (long long)hp->R,
+			(long long)L.idx_dim, L.dtype == MODEL_KV_BF16 ? "bf16" : "f32", idx);
+}
+
+uint64_t model_kv_fingerprint_hash(const struct model *m)
+{
+	char buf[2 * MODEL_MAX_LAYERS + 256];
+	int n = model_kv_fingerprint(m, buf, sizeof(buf));
+	uint64_t h = 0xcbf29ce484222325ULL;
+	for (int i = 0; i < n && i < (int)sizeof(buf); i++) {
+		h ^= (unsigned char)buf[i];
+		h *= 0x100000001b3ULL;
+	}
+	return h;
+}

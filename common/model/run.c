@@ -1,0 +1,114 @@
+/* model_forward: checks a batch against the model and the KV pool (every token id, position,
+ * sequence index and block id, since batches come from peers and requests), then runs every local
+ * rank's forward: rank 0 on the calling thread, ranks 1..T-1 on their own threads (CPU TP). */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/base/log.h"
+#include "common/model/model_internal.h"
+
+static int check_batch(const struct model *m, const struct model_kv *kv, const struct model_batch *b,
+		       struct errbuf *e)
+{
+	if (b->n_tokens < 1)
+		return errbuf_set(e, -EINVAL, "batch: no tokens");
+	if (!b->tokens || !b->seq || !b->pos || !b->seqs || b->n_seqs < 1)
+		return errbuf_set(e, -EINVAL, "batch: missing arrays");
+	if (kv->layout.block_bytes == 0 || !kv->base)
+		return errbuf_set(e, -EINVAL, "batch: KV pool not initialised");
+	struct model_kv_layout L;
+	model_kv_layout_get(m, &L);
+	if (memcmp(&L, &kv->layout, sizeof(L)) != 0)
+		return errbuf_set(e, ERR_MISMATCH, "batch: KV pool was made for a different model layout");
+	for (int s = 0; s < b->n_seqs; s++) {
+		const struct model_seq *sq = &b->seqs[s];
+		if (sq->n_blocks < 0 || (sq->n_blocks > 0 && !sq->blocks))
+			return errbuf_set(e, -EINVAL, "batch: sequence %d has a bad block table", s);
+		for (int i = 0; i < sq->n_blocks; i++)
+			if (sq->blocks[i] < 0 || sq->blocks[i] >= kv->n_blocks)
+				return errbuf_set(e, -EINVAL, "batch: sequence %d block %d = %d outside the pool (%lld blocks)",
+						  s, i, sq->blocks[i], (long long)kv->n_blocks);
+	}
+	for (int i = 0; i < b->n_tokens; i++) {
+		if (b->tokens[i] < 0 || b->tokens[i] >= m->hp.vocab)
+			return errbuf_set(e, -EINVAL, "batch: token %d has id %d outside the vocabulary (%lld)", i,
+					  b->tokens[i], (long long)m->hp.vocab);
+		if (b->seq[i] < 0 || b->seq[i] >= b->n_seqs)
+			return errbuf_set(e, -EINVAL, "batch: token %d names sequence %d of %d", i, b->seq[i], b->n_seqs);
+		int64_t cap = (int64_t)b->seqs[b->seq[i]].n_blocks * MODEL_KV_BLOCK_TOKENS;
+		if (b->pos[i] < 0 || b->pos[i] >= cap || b->pos[i] >= INT32_MAX - 1)
+			return errbuf_set(e, -EINVAL, "batch: token %d position %d outside its block table (%lld positions)",
+					  i, b->pos[i], (long long)cap);
+	}
+	if (b->n_seqs > (1 << 24))
+		return errbuf_set(e, ERR_LIMIT, "batch: %d sequences is more than 16777216", b->n_seqs);
+	int32_t *last = malloc(sizeof(int32_t) * (size_t)b->n_seqs);
+	if (!last)
+		return errbuf_set(e, -ENOMEM, "out of memory");
+	for (int s = 0; s < b->n_seqs; s++)
+		last[s] = -1;
+	int rc = 0;
+	for (int i = 0; i < b->n_tokens && !rc; i++) {
+		if (b->pos[i] <= last[b->seq[i]])
+			rc = errbuf_set(e, -EINVAL, "batch: token %d of sequence %d at position %d does not follow position %d "
+					"(positions of a sequence must increase)", i, b->seq[i], b->pos[i], last[b->seq[i]]);
+		last[b->seq[i]] = b->pos[i];
+	}
+	free(last);
+	if (rc)
+		return rc;
+	return 0;
+}
+
+struct rank_job {
+	struct model *m;
+	struct model_rank *rk;
+};
+
+static void *rank_thread(void *arg)
+{
+	struct rank_job *j = arg;
+	j->rk->rc = model_rank_forward(j->m, j->rk);
+	return NULL;
+}
+
+int model_forward(struct model *m, struct model_kv *kv, const struct model_batch *b, float *logits,
+		  const struct model_debug *dbg, struct errbuf *e)
+{
+	int rc = check_batch(m, kv, b, e);
+	if (rc)
+		return rc;
+	for (int i = 0; i < m->n_ranks_local; i++) {
+		struct model_rank *rk = &m->ranks[i];
+		rk->b = b;
+		rk->kv = kv;
+		rk->logits = i == 0 ? logits : NULL;
+		rk->dbg = dbg;
+		rk->rc = 0;
+	}
+	if (m->n_ranks_local == 1) {
+		rc = model_rank_forward(m, &m->ranks[0]);
+		if (rc)
+			return errbuf_set(e, rc, "forward failed: %s", err_name(rc));
+		return 0;
+	}
+	pthread_t th[256];
+	struct rank_job jobs[256];
+	int started = 0;
+	for (int i = 1; i < m->n_ranks_local; i++) {
+		jobs[i] = (struct rank_job){m, &m->ranks[i]};
+		if (pthread_create(&th[i], NULL, rank_thread, &jobs[i]) != 0)
+			break;
+		started++;
+	}
+	/* every rank must join every collective: a rank that could not start would deadlock the rest */
+	TD_ASSERT(started == m->n_ranks_local - 1);
+	m->ranks[0].rc = model_rank_forward(m, &m->ranks[0]);
+	for (int i = 1; i < m->n_ranks_local; i++)
+		pthread_join(th[i], NULL);
+	for (int i = 0; i < m->n_ranks_local; i++)
+		if (m->ranks[i].rc)
+			return errbuf_set(e, m->ranks[i].rc, "forward failed on rank %d: %s", i, err_name(m->ranks[i].rc));
+	return 0;
+}
