@@ -38,6 +38,58 @@ __device__ __forceinline__ void load_rows(const uint8_t *const *rp, int64_t p, t
 		kq<T>::load(rp[r], p, raw[r]);
 }
 
+/* requests the raw bytes of piece p of the R rows and the n_tok activation pieces */
+template <int T, int NT, int R>
+__device__ __forceinline__ void gemv_fetch(const uint8_t *const *rp, int64_t p, const float *x, int64_t ldx, int n_tok,
+					   typename kq<T>::raw *raw, float (*xv)[16])
+{
+	load_rows<T, R>(rp, p, raw);
+#pragma unroll
+	for (int t = 0; t < NT; t++)
+		if (t < n_tok)
+			ld_x16(x + t * ldx, p, xv[t]);
+}
+
+/* decodes piece p of the R rows and accumulates it against the n_tok activation pieces */
+template <int T, int NT, int R>
+__device__ __forceinline__ void gemv_piece(const typename kq<T>::raw *raw, const float (*xv)[16], int64_t p, int n_tok,
+					   float (*acc)[NT])
+{
+	float xs[NT];
+#pragma unroll
+	for (int t = 0; t < NT; t++) {
+		if (t >= n_tok)
+			break;
+		if (kq<T>::HAS_B) {
+			float s = 0.0f;
+#pragma unroll
+			for (int i = 0; i < 16; i++)
+				s += xv[t][i];
+			xs[t] = s;
+		}
+	}
+#pragma unroll
+	for (int r = 0; r < R; r++) {
+		float v[16], a, b;
+		kq<T>::decode(raw[r], p, v, a, b);
+#pragma unroll
+		for (int t = 0; t < NT; t++) {
+			if (t >= n_tok)
+				break;
+			float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+			for (int i = 0; i < 16; i += 2) {
+				s0 = fmaf(v[i], xv[t][i], s0);
+				s1 = fmaf(v[i + 1], xv[t][i + 1], s1);
+			}
+			float acc_rt = fmaf(a, s0 + s1, acc[r][t]);
+			if (kq<T>::HAS_B)
+				acc_rt = fmaf(b, xs[t], acc_rt);
+			acc[r][t] = acc_rt;
+		}
+	}
+}
+
 template <int T, int NT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 	gemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t n_out, int64_t n_pieces,
@@ -48,7 +100,6 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 	const int slice = warp % ks; /* which K slice of its row group this warp takes */
 	const int64_t row0 = ((int64_t)blockIdx.x * (GEMV_WARPS / ks) + warp / ks) * R;
-	const int64_t step = 32 * ks;
 	const uint8_t *rp[R];
 #pragma unroll
 	for (int r = 0; r < R; r++)
@@ -61,70 +112,34 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 		for (int t = 0; t < NT; t++)
 			acc[r][t] = 0.0f;
 
-	/* software pipeline: the raw weight bytes and the activations of the next piece are
-	 * requested before the current piece is decoded, so every warp keeps its loads in flight
-	 * while it computes */
-	int64_t p = slice * 32 + lane;
-	typename kq<T>::raw cur[R];
-	float xc[NT][16];
-	if (p < n_pieces && row0 < n_out) {
-		load_rows<T, R>(rp, p, cur);
-#pragma unroll
-		for (int t = 0; t < NT; t++)
-			if (t < n_tok)
-				ld_x16(x + t * ldx, p, xc[t]);
-	}
-	for (; p < n_pieces && row0 < n_out; p += step) {
-		typename kq<T>::raw nxt[R];
-		float xn[NT][16];
-		if (p + step < n_pieces) {
-			load_rows<T, R>(rp, p + step, nxt);
-#pragma unroll
-			for (int t = 0; t < NT; t++)
-				if (t < n_tok)
-					ld_x16(x + t * ldx, p + step, xn[t]);
-		}
-		float xs[NT];
-#pragma unroll
-		for (int t = 0; t < NT; t++) {
-			if (t >= n_tok)
-				break;
-			if (kq<T>::HAS_B) {
-				float s = 0.0f;
-#pragma unroll
-				for (int i = 0; i < 16; i++)
-					s += xc[t][i];
-				xs[t] = s;
-			}
-		}
-#pragma unroll
-		for (int r = 0; r < R; r++) {
-			float v[16], a, b;
-			kq<T>::decode(cur[r], p, v, a, b);
-#pragma unroll
-			for (int t = 0; t < NT; t++) {
-				if (t >= n_tok)
-					break;
-				float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-				for (int i = 0; i < 16; i += 2) {
-					s0 = fmaf(v[i], xc[t][i], s0);
-					s1 = fmaf(v[i + 1], xc[t][i + 1], s1);
-				}
-				float acc_rt = fmaf(a, s0 + s1, acc[r][t]);
-				if (kq<T>::HAS_B)
-					acc_rt = fmaf(b, xs[t], acc_rt);
-				acc[r][t] = acc_rt;
-			}
-		}
-#pragma unroll
-		for (int r = 0; r < R; r++)
-			cur[r] = nxt[r];
-#pragma unroll
-		for (int t = 0; t < NT; t++)
-#pragma unroll
-			for (int i = 0; i < 16; i++)
-				xc[t][i] = xn[t][i];
+	/* software pipeline, unrolled by two so the buffers swap roles without copies: the raw
+	 * weight bytes and the activations of the next piece are requested before the current piece
+	 * is decoded, so every warp keeps its loads in flight while it computes. Pieces are indexed
+	 * as p = 16 * q + pl with pl = lane & 15 fixed per lane (the same place in every block). */
+	const int64_t pl = lane & 15;
+	const int64_t q_step = 2 * ks;
+	int64_t q = 2 * slice + (lane >> 4);
+	typename kq<T>::raw ra[R], rb[R];
+	float xa[NT][16], xb[NT][16];
+	if (row0 >= n_out)
+		q = n_pieces; /* nothing to do (stays in the barrier below) */
+	if (16 * q + pl < n_pieces)
+		gemv_fetch<T, NT, R>(rp, 16 * q + pl, x, ldx, n_tok, ra, xa);
+	for (;;) {
+		int64_t p = 16 * q + pl;
+		if (p >= n_pieces)
+			break;
+		if (p + 16 * q_step < n_pieces)
+			gemv_fetch<T, NT, R>(rp, p + 16 * q_step, x, ldx, n_tok, rb, xb);
+		gemv_piece<T, NT, R>(ra, xa, p, n_tok, acc);
+		q += q_step;
+		p = 16 * q + pl;
+		if (p >= n_pieces)
+			break;
+		if (p + 16 * q_step < n_pieces)
+			gemv_fetch<T, NT, R>(rp, p + 16 * q_step, x, ldx, n_tok, ra, xa);
+		gemv_piece<T, NT, R>(rb, xb, p, n_tok, acc);
+		q += q_step;
 	}
 #pragma unroll
 	for (int r = 0; r < R; r++)

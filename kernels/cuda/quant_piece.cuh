@@ -8,7 +8,7 @@
  * a, b). The dot product is then a * sum(v x) + b * sum(x), where sum(x) is shared by all rows.
  *
  * v is chosen to be cheap and exact: for a b-bit unsigned quant q (b <= 7), v = 1 + q / 2^(7-b),
- * made by one byte permute into the mantissa of 1.0f (no int-to-float conversion, a quarter-rate
+ * made by moving q into the mantissa of 1.0f (no int-to-float conversion, a quarter-rate
  * instruction on sm_90 that would cap the GEMV below memory speed); a and b absorb the 2^(7-b)
  * factor and the offset. The cancellation in a * sum(v x) + b * sum(x) costs at most ~2 bits for
  * these widths (the factor 2^(7-b) is about the mean of q). int8 (Q8_0) and codebook values use
@@ -24,7 +24,13 @@ template <int T> struct kq;
 /* Float with value 1 + payload / 128 from byte k of w, whose bytes hold 0x80 | payload. */
 __device__ __forceinline__ float kc_pv(uint32_t w, int k)
 {
+#ifndef KC_NO_PRMT
 	return __uint_as_float(__byte_perm(w, 0x3f000000u, 0x7044u | ((uint32_t)k << 8)));
+#else
+	/* shift + and-or: measured 10% slower than PRMT on sm_90 (docs/PERFORMANCE.md) */
+	const uint32_t s = k == 0 ? (w << 16) : (k == 1 ? (w << 8) : (k == 2 ? w : (w >> 8)));
+	return __uint_as_float((s & 0x007f0000u) | 0x3f800000u);
+#endif
 }
 /* four b-bit fields (at bit `sh` of each byte of w) as bytes 0x80 | (q << (7 - b)) */
 template <int BITS> __device__ __forceinline__ uint32_t kc_payload(uint32_t w, int sh)
@@ -35,7 +41,11 @@ template <int BITS> __device__ __forceinline__ uint32_t kc_payload(uint32_t w, i
 /* exact signed int8 byte k of w as float */
 __device__ __forceinline__ float kc_s8(uint32_t w, int k)
 {
+#ifndef KC_NO_PRMT
 	return __uint_as_float(__byte_perm(w ^ 0x80808080u, 0x4b000000u, 0x7440u | (uint32_t)k)) - 8388736.0f;
+#else
+	return __uint_as_float((((w ^ 0x80808080u) >> (8 * k)) & 0xffu) | 0x4b000000u) - 8388736.0f;
+#endif
 }
 /* Small unsigned integer to float without I2F: exact for q < 2^23. */
 __device__ __forceinline__ float kc_u2f(uint32_t q)
