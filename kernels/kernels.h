@@ -218,7 +218,7 @@ int kcuda_embed(struct kcuda_ctx *c, const struct kweight *table, const int32_t 
 		int64_t ldy);
 int kcuda_ctx_take_errors(struct kcuda_ctx *c, unsigned *n_bad);
 /* kcpu_topk per row: out[r][0 .. min(k, n)) = indices of the k best (score desc, index asc),
- * ascending; NaN ranks lowest. */
+ * ascending; NaN ranks as -inf. */
 int kcuda_topk(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n, int64_t n_rows, int k, int32_t *out,
 	       int64_t ldo);
 /* One token id per row: greedy when temperature <= 0 or k == 1 (argmax, ties to the lower id);
