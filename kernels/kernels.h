@@ -104,9 +104,11 @@ void kpool_for(struct kpool *p, int64_t n, int64_t grain, kpool_fn fn, void *use
  * no two concurrent calls of fn get the same one, so per-thread scratch can be indexed by it; fn
  * must not call kpool_for on the same pool; one caller thread per pool at a time. */
 /* Per-thread scratch memory of at least `bytes` (64-byte aligned), owned by the pool and kept
- * between calls (grown on demand, so steady state allocates nothing); NULL if allocation fails.
- * With p == NULL it is a buffer of the calling thread. Valid until the next call with the same
- * (p, thread) or kpool_destroy. */
+ * between calls (grown on demand, so steady state allocates nothing); NULL if allocation fails
+ * or thread is out of range. thread in [0, n_threads) inside a kpool_for callback; thread ==
+ * n_threads is one more buffer for the pool's caller outside callbacks. With p == NULL: buffers
+ * of the calling thread (n_threads = 1). Valid until the next call with the same (p, thread) or
+ * kpool_destroy. */
 void *kpool_scratch(struct kpool *p, int thread, size_t bytes);
 
 /* ---- matrix products (kernels/cpu/matmul.c) ------------------------------------------------------ */
@@ -122,6 +124,14 @@ struct kweight {
  * floats), Y is n_tok x n_out (row stride ldy floats). Threaded over rows. */
 void kcpu_matmul(struct kpool *p, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok,
 		 float *y, int64_t ldy);
+/* Approximate fast path, same arguments (opt-in; the reference path never uses it): activations
+ * are quantized to int8 per 256 elements (scale max|x|/127, like ggml's Q8_K) and multiplied
+ * with integer dots (AVX2 maddubs) for Q8_0, Q4_K, Q5_K and Q6_K weights; about 0.5% of
+ * sum|w*x| error per dot (test_matmul prints it). Other types, n_in not a multiple of 256, 4 or more tokens (where the exact
+ * tiled path is faster) and builds without AVX2 use kcpu_matmul. Uses the pool's caller scratch (kpool_scratch(p, kpool_n_threads(p), ...)). */
+void kcpu_matmul_fast(struct kpool *p, const struct kweight *w, const float *x, int64_t ldx,
+		      int64_t n_tok, float *y, int64_t ldy);
+bool kcpu_matmul_fast_supported(int type); /* true if kcpu_matmul_fast has integer dots for it */
 
 /* ---- model ops (kernels/cpu, one per file; branch `model`) ---------------------------------------
  * Row ops take row strides in floats; y may alias x where noted in the op's file. */
@@ -191,6 +201,30 @@ int kcuda_matmul_path(struct kcuda_ctx *c, enum kcuda_mm_path path, const struct
 		      int64_t ldx, int64_t n_tok, float *y, int64_t ldy);
 /* Dequantizes rows [r0, r0 + n_rows) of W to bf16 (row-major, n_in per row) (prefill GEMM, tests). */
 int kcuda_dequant_bf16(struct kcuda_ctx *c, const struct kweight *w, int64_t r0, int64_t n_rows, uint16_t *dst_dev);
+
+/* Row ops, twins of the kcpu_ row ops (strides in floats; y may alias x). */
+int kcuda_rmsnorm(struct kcuda_ctx *c, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int64_t n,
+		  int64_t n_rows, float eps);
+int kcuda_swiglu(struct kcuda_ctx *c, float *y, int64_t ldy, const float *gate, int64_t ldg, const float *up,
+		 int64_t ldu, int64_t n, int64_t n_rows);
+/* Rotates x[t * ldx + h * head_stride + 0 .. R) in place for t < n_tok, h < n_heads by pos[t] *
+ * inv_freq[i] (inv_freq: R/2 values from kcpu_rope_freqs, uploaded; pos: n_tok ids on the device);
+ * pairing 0 = interleaved, 1 = half-split; cos/sin are multiplied by mscale (YaRN magnitude, else 1). */
+int kcuda_rope(struct kcuda_ctx *c, float *x, int64_t ldx, int64_t n_tok, int64_t n_heads, int64_t head_stride,
+	       int64_t R, const float *inv_freq, const int32_t *pos, int pairing, float mscale);
+/* y[t] = dequantized row ids[t] of the table (ids on the device). Ids out of range give a NaN row
+ * and count as errors: kcuda_ctx_take_errors returns (and clears) the count. */
+int kcuda_embed(struct kcuda_ctx *c, const struct kweight *table, const int32_t *ids, int64_t n_tok, float *y,
+		int64_t ldy);
+int kcuda_ctx_take_errors(struct kcuda_ctx *c, unsigned *n_bad);
+/* kcpu_topk per row: out[r][0 .. min(k, n)) = indices of the k best (score desc, index asc),
+ * ascending; NaN ranks as -inf. */
+int kcuda_topk(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n, int64_t n_rows, int k, int32_t *out,
+	       int64_t ldo);
+/* One token id per row: greedy when temperature <= 0 or k == 1 (argmax, ties to the lower id);
+ * otherwise softmax(logit / temperature) over the top k (k <= 1024) and inverse CDF at u[row]. */
+int kcuda_sample(struct kcuda_ctx *c, const float *logits, int64_t ld, int64_t n_vocab, int64_t n_rows, int k,
+		 float temperature, const float *u, int32_t *out_ids);
 #endif
 
 #ifdef __cplusplus

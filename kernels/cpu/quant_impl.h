@@ -17,6 +17,8 @@
 #define QUANT_AVX2 0
 #endif
 
+struct quant_xq8;
+
 /* One type's row functions. n is always a positive multiple of the type's block size (checked by
  * the dispatcher). dequant_ref is the scalar, spec-literal decoder; dequant may be a SIMD version
  * that must give bit-identical results; dot is the fast fp32 dot (NULL: the dispatcher uses the
@@ -26,13 +28,30 @@ struct quant_ops {
 	void (*dequant)(const void *src, float *dst, int64_t n);
 	float (*dot)(const void *row, const float *x, int64_t n);
 	void (*quantize)(const float *src, void *dst, int64_t n);
+	/* integer dot with 8-bit activations (fast path only; NULL: not available) */
+	float (*dot_xq8)(const void *row, const struct quant_xq8 *x, int64_t n);
 };
 
+/* An activation block of the approximate fast path (kcpu_matmul_fast), like ggml's Q8_K: 256
+ * values quantized to int8 with one fp32 scale, x ~= d * q, plus the sums of each 16 q values
+ * (for the weight types that carry mins or offsets). One scale per 256 lets the K-quant dots
+ * accumulate a whole super-block in integers. */
+struct quant_xq8 {
+	float d;
+	int16_t bsums[16];
+	int8_t q[256];
+};
+
+/* Quantizes n (a multiple of 256) activations into n / 256 blocks (quant_act.c). */
+void quant_xq8_row(const float *x, struct quant_xq8 *out, int64_t n);
+/* Integer dots of a weight row with quantized activations; NULL where a type has none. */
+float quant_dot_xq8(int type, const void *row, const struct quant_xq8 *x, int64_t n);
+bool quant_has_xq8(int type);
+
 extern const struct quant_ops quant_ops_f32, quant_ops_f16, quant_ops_bf16;
-extern const struct quant_ops quant_ops_q4_0, quant_ops_q4_1, quant_ops_q5_0, quant_ops_q5_1,
-	quant_ops_q8_0, quant_ops_iq4_nl;
-extern const struct quant_ops quant_ops_q2_k, quant_ops_q3_k, quant_ops_q4_k, quant_ops_q5_k,
-	quant_ops_q6_k;
+extern const struct quant_ops quant_ops_q4_0, quant_ops_q4_1, quant_ops_q5_0, quant_ops_q5_1, quant_ops_q8_0,
+    quant_ops_iq4_nl;
+extern const struct quant_ops quant_ops_q2_k, quant_ops_q3_k, quant_ops_q4_k, quant_ops_q5_k, quant_ops_q6_k;
 extern const struct quant_ops quant_ops_iq4_xs;
 
 /* The 16 non-uniform 4-bit levels of IQ4_NL / IQ4_XS (MODEL-SPEC.md §5.1). */
@@ -57,14 +76,23 @@ static inline void quant_wr16(uint8_t *p, uint16_t v)
 	p[1] = (uint8_t)(v >> 8);
 }
 
+/* fp16 block scale -> float. F16C gives exactly kfp16_to_f32's result (test_quant checks all
+ * 65536 values) without a call per block. */
 static inline float quant_fp16(const uint8_t *p)
 {
+#if QUANT_AVX2
+	return _cvtsh_ss(quant_rd16(p));
+#else
 	return kfp16_to_f32(quant_rd16(p));
+#endif
 }
 
-/* Round half away from zero, as ggml's nearest_int does for the values quantizers produce. */
+/* Round half away from zero, as ggml's nearest_int does for the values quantizers produce.
+ * NaN gives 0 and huge values saturate (float -> int conversion of those is undefined). */
 static inline int quant_nearest(float v)
 {
+	if (!(v > -1e9f && v < 1e9f))
+		return v >= 1e9f ? 1000000000 : v <= -1e9f ? -1000000000 : 0;
 	return (int)(v >= 0.0f ? v + 0.5f : v - 0.5f);
 }
 

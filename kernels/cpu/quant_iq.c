@@ -110,12 +110,31 @@ static float iq4_xs_dot(const void *row, const float *x, int64_t n)
 	}
 	return quant_hsum(acc);
 }
+
+static void iq4_xs_dequant(const void *src, float *dst, int64_t n)
+{
+	const uint8_t *b = src;
+	const __m128i tab = _mm_loadu_si128((const __m128i *)quant_iq4nl_values);
+	const __m128i m4 = _mm_set1_epi8(15);
+
+	for (int64_t i = 0; i < n / QK_K; i++, b += 136) {
+		float d = quant_fp16(b);
+		for (int ib = 0; ib < 8; ib++, dst += 32) {
+			__m128i v = _mm_loadu_si128((const __m128i *)(b + 8 + 16 * ib));
+			__m256 dl = _mm256_set1_ps(d * (float)(iq4xs_ls(b, ib) - 32));
+			quant_store16_i8(_mm_shuffle_epi8(tab, _mm_and_si128(v, m4)), dst, dl, dl, false);
+			quant_store16_i8(_mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(v, 4), m4)),
+			                 dst + 16, dl, dl, false);
+		}
+	}
+}
 #endif
 
 const struct quant_ops quant_ops_iq4_xs = {
-	.dequant_ref = iq4_xs_dequant_ref,
+    .dequant_ref = iq4_xs_dequant_ref,
 #if QUANT_AVX2
-	.dot = iq4_xs_dot,
+    .dequant = iq4_xs_dequant,
+    .dot = iq4_xs_dot,
 #endif
-	.quantize = iq4_xs_quantize,
+    .quantize = iq4_xs_quantize,
 };

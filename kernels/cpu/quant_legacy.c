@@ -10,7 +10,7 @@
 #define QK 32
 
 const int8_t quant_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-				       1,    13,   25,  38,  53,  69,  89,  113};
+                                       1,    13,   25,  38,  53,  69,  89,  113};
 
 /* element q values of one block -> nibbles: element j in the low nibble of byte j, element j+16
  * in the high nibble (the layout shared by Q4_0/Q4_1/Q5_x/IQ4_NL) */
@@ -445,23 +445,113 @@ static float iq4_nl_dot(const void *row, const float *x, int64_t n)
 	}
 	return quant_hsum(acc);
 }
+
+/* Integer dot with 8-bit activations (fast path): sum over blocks of dw * dx * sum(qw * qx),
+ * eight weight blocks per activation block. maddubs needs an unsigned operand: |qw| times qx
+ * carrying qw's sign. */
+static float q8_0_dot_xq8(const void *row, const struct quant_xq8 *x, int64_t n)
+{
+	const uint8_t *b = row;
+	const __m256i ones = _mm256_set1_epi16(1);
+	__m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+
+	for (int64_t i = 0; i < n / 256; i++, x++) {
+		for (int k = 0; k < 8; k += 2, b += 68) {
+			__m256i w0 = _mm256_loadu_si256((const __m256i *)(b + 2));
+			__m256i w1 = _mm256_loadu_si256((const __m256i *)(b + 36));
+			__m256i v0 = _mm256_loadu_si256((const __m256i *)(x->q + 32 * k));
+			__m256i v1 = _mm256_loadu_si256((const __m256i *)(x->q + 32 * k + 32));
+			__m256i p0 = _mm256_maddubs_epi16(_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(v0, w0));
+			__m256i p1 = _mm256_maddubs_epi16(_mm256_sign_epi8(w1, w1), _mm256_sign_epi8(v1, w1));
+			acc0 = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b) * x->d),
+			                       _mm256_cvtepi32_ps(_mm256_madd_epi16(p0, ones)), acc0);
+			acc1 = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b + 34) * x->d),
+			                       _mm256_cvtepi32_ps(_mm256_madd_epi16(p1, ones)), acc1);
+		}
+	}
+	return quant_hsum(_mm256_add_ps(acc0, acc1));
+}
+
+/* Exact SIMD dequantizers (q * d per lane, as the scalar code) */
+static void q8_0_dequant(const void *src, float *dst, int64_t n)
+{
+	const uint8_t *b = src;
+
+	for (int64_t i = 0; i < n / QK; i++, b += 34, dst += QK) {
+		__m256 d = _mm256_set1_ps(quant_fp16(b));
+		quant_store16_i8(_mm_loadu_si128((const __m128i *)(b + 2)), dst, d, d, false);
+		quant_store16_i8(_mm_loadu_si128((const __m128i *)(b + 18)), dst + 16, d, d, false);
+	}
+}
+
+static void q4_0_dequant(const void *src, float *dst, int64_t n)
+{
+	const uint8_t *b = src;
+	const __m128i off = _mm_set1_epi8(8);
+
+	for (int64_t i = 0; i < n / QK; i++, b += 18, dst += QK) {
+		__m256 d = _mm256_set1_ps(quant_fp16(b));
+		__m128i lo, hi;
+		nibbles(b + 2, &lo, &hi);
+		quant_store16_i8(_mm_sub_epi8(lo, off), dst, d, d, false);
+		quant_store16_i8(_mm_sub_epi8(hi, off), dst + 16, d, d, false);
+	}
+}
+
+static void q5_0_dequant(const void *src, float *dst, int64_t n)
+{
+	const uint8_t *b = src;
+	const __m128i off = _mm_set1_epi8(16);
+
+	for (int64_t i = 0; i < n / QK; i++, b += 22, dst += QK) {
+		__m256 d = _mm256_set1_ps(quant_fp16(b));
+		uint32_t qh = quant_rd32(b + 2);
+		__m128i lo, hi;
+		nibbles(b + 6, &lo, &hi);
+		lo = _mm_or_si128(lo, _mm_and_si128(expand_bits16(qh), off));
+		hi = _mm_or_si128(hi, _mm_and_si128(expand_bits16(qh >> 16), off));
+		quant_store16_i8(_mm_sub_epi8(lo, off), dst, d, d, false);
+		quant_store16_i8(_mm_sub_epi8(hi, off), dst + 16, d, d, false);
+	}
+}
+
+static void iq4_nl_dequant(const void *src, float *dst, int64_t n)
+{
+	const uint8_t *b = src;
+	const __m128i tab = _mm_loadu_si128((const __m128i *)quant_iq4nl_values);
+
+	for (int64_t i = 0; i < n / QK; i++, b += 18, dst += QK) {
+		__m256 d = _mm256_set1_ps(quant_fp16(b));
+		__m128i lo, hi;
+		nibbles(b + 2, &lo, &hi);
+		quant_store16_i8(_mm_shuffle_epi8(tab, lo), dst, d, d, false);
+		quant_store16_i8(_mm_shuffle_epi8(tab, hi), dst + 16, d, d, false);
+	}
+}
 #endif
 
 #if QUANT_AVX2
 #define DOT(f) .dot = f
+#define DEQ(f) .dequant = f
+#define XQ8(f) .dot_xq8 = f
 #else
 #define DOT(f) .dot = NULL
+#define DEQ(f) .dequant = NULL
+#define XQ8(f) .dot_xq8 = NULL
 #endif
 
-const struct quant_ops quant_ops_q8_0 = {.dequant_ref = q8_0_dequant_ref, DOT(q8_0_dot),
-					 .quantize = q8_0_quantize};
-const struct quant_ops quant_ops_q4_0 = {.dequant_ref = q4_0_dequant_ref, DOT(q4_0_dot),
-					 .quantize = q4_0_quantize};
-const struct quant_ops quant_ops_q4_1 = {.dequant_ref = q4_1_dequant_ref, DOT(q4_1_dot),
-					 .quantize = q4_1_quantize};
-const struct quant_ops quant_ops_q5_0 = {.dequant_ref = q5_0_dequant_ref, DOT(q5_0_dot),
-					 .quantize = q5_0_quantize};
-const struct quant_ops quant_ops_q5_1 = {.dequant_ref = q5_1_dequant_ref, DOT(q5_1_dot),
-					 .quantize = q5_1_quantize};
-const struct quant_ops quant_ops_iq4_nl = {.dequant_ref = iq4_nl_dequant_ref, DOT(iq4_nl_dot),
-					   .quantize = iq4_nl_quantize};
+const struct quant_ops quant_ops_q8_0 = {.dequant_ref = q8_0_dequant_ref,
+                                         DEQ(q8_0_dequant),
+                                         DOT(q8_0_dot),
+                                         .quantize = q8_0_quantize,
+                                         XQ8(q8_0_dot_xq8)};
+const struct quant_ops quant_ops_q4_0 = {
+    .dequant_ref = q4_0_dequant_ref, DEQ(q4_0_dequant), DOT(q4_0_dot), .quantize = q4_0_quantize};
+const struct quant_ops quant_ops_q4_1 = {
+    .dequant_ref = q4_1_dequant_ref, DOT(q4_1_dot), .quantize = q4_1_quantize};
+const struct quant_ops quant_ops_q5_0 = {
+    .dequant_ref = q5_0_dequant_ref, DEQ(q5_0_dequant), DOT(q5_0_dot), .quantize = q5_0_quantize};
+const struct quant_ops quant_ops_q5_1 = {
+    .dequant_ref = q5_1_dequant_ref, DOT(q5_1_dot), .quantize = q5_1_quantize};
+const struct quant_ops quant_ops_iq4_nl = {
+    .dequant_ref = iq4_nl_dequant_ref, DEQ(iq4_nl_dequant), DOT(iq4_nl_dot), .quantize = iq4_nl_quantize};

@@ -1,0 +1,288 @@
+/* `tandem bench`: prefill and decode throughput of the model core on this machine's CPU backend.
+ *
+ *   tandem bench -m MODEL [--prompt N] [--gen N] [--batch B] [--threads T] [--tp N] [--reps R]
+ *                [--ubatch U] [--seed S] [--json]
+ *
+ * Prefill: B sequences of N seeded random prompt tokens each, run in chunks of U tokens (default: the
+ * whole prompt in one batch). Decode: then --gen steps, each one token for every one of the B
+ * sequences (continuous-batching shape). Each measurement is repeated --reps times over a fresh KV
+ * cache; the median is reported. The "bytes/token" column is the weight bytes one decode step must
+ * read (every matrix except the embedding table, routed experts counted at k/E of their size) and
+ * "GB/s" is that over the step time: the roofline at batch 1 is the machine's read bandwidth. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "common/base/log.h"
+#include "common/gguf/gguf.h"
+#include "common/model/model.h"
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(*v), cmp_double);
+	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Weight bytes a decode step reads for one token: all tensors but the embedding table (one row),
+ * routed expert tensors (names ending in _exps.weight) at k/E. */
+static double decode_bytes_per_token(const struct model *m)
+{
+	const struct gguf_ctx *g = model_gguf(m);
+	const struct model_hparams *hp = model_hparams(m);
+	double total = 0;
+	for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
+		const struct gguf_tensor *t = gguf_tensor(g, i);
+		if (strcmp(t->name, "token_embd.weight") == 0 && !hp->lm_head_tied)
+			continue;
+		if (strncmp(t->name, "blk.", 4) == 0) {
+			int l = atoi(t->name + 4);
+			if (l >= hp->n_layers)
+				continue; /* nextn layers are not run */
+		}
+		double b = (double)t->nbytes;
+		if (strstr(t->name, "_exps.weight") && hp->n_expert > 0)
+			b *= (double)hp->n_expert_used / hp->n_expert;
+		total += b;
+	}
+	return total;
+}
+
+struct bench_opts {
+	const char *model;
+	int prompt, gen, batch, threads, tp, reps, ubatch;
+	uint64_t seed;
+	int json;
+};
+
+static int parse_int(const char *cmd, const char *flag, const char *v, int lo, int hi, int *out)
+{
+	char *end;
+	long x = v ? strtol(v, &end, 10) : 0;
+	if (!v || *end || x < lo || x > hi)
+		return cli_usage_error(cmd, "%s needs an integer in [%d, %d], got '%s'", flag, lo, hi, v ? v : "");
+	*out = (int)x;
+	return 0;
+}
+
+static void usage(void)
+{
+	printf("usage: tandem bench -m MODEL [--prompt N] [--gen N] [--batch B] [--threads T] [--tp N]\n"
+	       "                    [--reps R] [--ubatch U] [--seed S] [--json]\n"
+	       "CPU prefill and decode throughput (median of --reps runs; defaults: prompt 128, gen 32,\n"
+	       "batch 1, threads = online CPUs, tp 1, reps 3, ubatch = prompt).\n");
+}
+
+static int parse(int argc, char **argv, struct bench_opts *o)
+{
+	const char *cmd = "bench";
+	*o = (struct bench_opts){.prompt = 128, .gen = 32, .batch = 1, .tp = 1, .reps = 3, .seed = 1};
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	o->threads = ncpu > 0 ? (int)ncpu : 1;
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		int rc = 0;
+		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+			usage();
+			exit(0);
+		} else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+			if (!v)
+				return cli_usage_error(cmd, "%s needs a path", a);
+			o->model = v;
+			i++;
+		} else if (!strcmp(a, "--prompt")) {
+			rc = parse_int(cmd, a, v, 1, 1 << 20, &o->prompt), i++;
+		} else if (!strcmp(a, "--gen")) {
+			rc = parse_int(cmd, a, v, 0, 1 << 20, &o->gen), i++;
+		} else if (!strcmp(a, "--batch")) {
+			rc = parse_int(cmd, a, v, 1, 4096, &o->batch), i++;
+		} else if (!strcmp(a, "--threads")) {
+			rc = parse_int(cmd, a, v, 1, 4096, &o->threads), i++;
+		} else if (!strcmp(a, "--tp")) {
+			rc = parse_int(cmd, a, v, 1, 64, &o->tp), i++;
+		} else if (!strcmp(a, "--reps")) {
+			rc = parse_int(cmd, a, v, 1, 1000, &o->reps), i++;
+		} else if (!strcmp(a, "--ubatch")) {
+			rc = parse_int(cmd, a, v, 1, 1 << 20, &o->ubatch), i++;
+		} else if (!strcmp(a, "--seed")) {
+			int s;
+			rc = parse_int(cmd, a, v, 0, 1 << 30, &s), i++;
+			o->seed = (uint64_t)s;
+		} else if (!strcmp(a, "--json")) {
+			o->json = 1;
+		} else {
+			return cli_usage_error(cmd, "unknown option '%s' (see tandem bench --help)", a);
+		}
+		if (rc)
+			return rc;
+	}
+	if (!o->model)
+		return cli_usage_error(cmd, "-m MODEL is required");
+	if (o->ubatch == 0 || o->ubatch > o->prompt)
+		o->ubatch = o->prompt;
+	return 0;
+}
+
+struct run_result {
+	double prefill_s, decode_s;
+};
+
+/* One fresh run: prefill every sequence, then gen decode steps over all of them. */
+static int run_once(struct model *m, const struct bench_opts *o, struct run_result *res, struct errbuf *e)
+{
+	const struct model_hparams *hp = model_hparams(m);
+	int ctx = o->prompt + o->gen;
+	int nb_seq = (ctx + MODEL_KV_BLOCK_TOKENS - 1) / MODEL_KV_BLOCK_TOKENS;
+	int n_tok_max = o->ubatch > o->batch ? o->ubatch : o->batch;
+	struct model_kv kv = {0};
+	int rc = model_kv_init(&kv, m, (int64_t)nb_seq * o->batch, NULL, 0, e);
+	if (rc)
+		return rc;
+	int32_t *blocks = malloc(sizeof(int32_t) * (size_t)nb_seq * (size_t)o->batch);
+	struct model_seq *seqs = calloc((size_t)o->batch, sizeof(*seqs));
+	int32_t *tok = malloc(sizeof(int32_t) * (size_t)n_tok_max);
+	int32_t *sq = malloc(sizeof(int32_t) * (size_t)n_tok_max);
+	int32_t *pos = malloc(sizeof(int32_t) * (size_t)n_tok_max);
+	uint8_t *want = calloc((size_t)n_tok_max, 1);
+	float *logits = malloc(sizeof(float) * (size_t)hp->vocab * (size_t)o->batch);
+	if (!blocks || !seqs || !tok || !sq || !pos || !want || !logits) {
+		rc = errbuf_set(e, -ENOMEM, "bench: out of memory");
+		goto out;
+	}
+	for (int s = 0; s < o->batch; s++) {
+		for (int i = 0; i < nb_seq; i++)
+			blocks[s * nb_seq + i] = s * nb_seq + i;
+		seqs[s] = (struct model_seq){.blocks = blocks + (size_t)s * nb_seq, .n_blocks = nb_seq};
+	}
+	uint64_t x = o->seed * 0x9E3779B97F4A7C15ull + 1;
+	double t0 = now_s();
+	for (int s = 0; s < o->batch && !rc; s++) {
+		for (int p0 = 0; p0 < o->prompt && !rc; p0 += o->ubatch) {
+			int n = o->prompt - p0 < o->ubatch ? o->prompt - p0 : o->ubatch;
+			for (int i = 0; i < n; i++) {
+				x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+				tok[i] = (int32_t)(x % (uint64_t)hp->vocab);
+				sq[i] = s;
+				pos[i] = p0 + i;
+			}
+			struct model_batch b = {.n_tokens = n, .tokens = tok, .seq = sq, .pos = pos, .logits = NULL,
+						.n_seqs = o->batch, .seqs = seqs};
+			rc = model_forward(m, &kv, &b, logits, NULL, e);
+		}
+	}
+	double t1 = now_s();
+	for (int i = 0; i < o->batch; i++)
+		want[i] = 1;
+	for (int step = 0; step < o->gen && !rc; step++) {
+		for (int s = 0; s < o->batch; s++) {
+			/* greedy-free: the next token is a cheap function of the logits so the step depends on
+			 * the previous one like real decoding does */
+			x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+			tok[s] = (int32_t)(x % (uint64_t)hp->vocab);
+			sq[s] = s;
+			pos[s] = o->prompt + step;
+		}
+		struct model_batch b = {.n_tokens = o->batch, .tokens = tok, .seq = sq, .pos = pos, .logits = want,
+					.n_seqs = o->batch, .seqs = seqs};
+		rc = model_forward(m, &kv, &b, logits, NULL, e);
+	}
+	double t2 = now_s();
+	res->prefill_s = t1 - t0;
+	res->decode_s = t2 - t1;
+out:
+	free(blocks);
+	free(seqs);
+	free(tok);
+	free(sq);
+	free(pos);
+	free(want);
+	free(logits);
+	model_kv_fini(&kv);
+	return rc;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+	struct bench_opts o;
+	int rc = parse(argc, argv, &o);
+	if (rc)
+		return rc;
+	struct errbuf e = {0};
+	struct model_opts mo;
+	model_opts_default(&mo);
+	mo.n_threads = o.threads;
+	mo.tp = o.tp;
+	mo.quiet = true;
+	struct model *m = NULL;
+	double tl0 = now_s();
+	if (model_load(&m, o.model, &mo, &e)) {
+		fprintf(stderr, "tandem bench: %s\n", e.msg);
+		return 2;
+	}
+	double load_s = now_s() - tl0;
+	const struct model_hparams *hp = model_hparams(m);
+	double bytes_tok = decode_bytes_per_token(m);
+	double *pf = calloc((size_t)o.reps, sizeof(double)), *dc = calloc((size_t)o.reps, sizeof(double));
+	if (!pf || !dc) {
+		fprintf(stderr, "tandem bench: out of memory\n");
+		rc = 1;
+		goto out;
+	}
+	struct run_result warm;
+	struct bench_opts ow = o;
+	ow.gen = o.gen > 2 ? 2 : o.gen;
+	if (run_once(m, &ow, &warm, &e)) { /* warm-up: page in the mapping, grow scratch buffers */
+		fprintf(stderr, "tandem bench: %s\n", e.msg);
+		rc = 1;
+		goto out;
+	}
+	for (int r = 0; r < o.reps; r++) {
+		struct run_result res;
+		if (run_once(m, &o, &res, &e)) {
+			fprintf(stderr, "tandem bench: %s\n", e.msg);
+			rc = 1;
+			goto out;
+		}
+		pf[r] = res.prefill_s;
+		dc[r] = res.decode_s;
+	}
+	double pf_s = median(pf, o.reps), dc_s = median(dc, o.reps);
+	double pf_tps = (double)o.prompt * o.batch / pf_s;
+	double dc_tps = o.gen > 0 ? (double)o.gen * o.batch / dc_s : 0;
+	double step_ms = o.gen > 0 ? 1e3 * dc_s / o.gen : 0;
+	double gbs = o.gen > 0 ? bytes_tok / (dc_s / o.gen) / 1e9 : 0;
+	if (o.json) {
+		printf("{\"model\":\"%s\",\"arch\":\"%s\",\"layers\":%d,\"threads\":%d,\"tp\":%d,\"batch\":%d,"
+		       "\"prompt\":%d,\"gen\":%d,\"load_s\":%.3f,\"prefill_tok_s\":%.2f,\"decode_tok_s\":%.2f,"
+		       "\"decode_step_ms\":%.3f,\"decode_weight_bytes\":%.0f,\"decode_gb_s\":%.3f}\n",
+		       o.model, model_arch_name(hp->arch), hp->n_layers, o.threads, o.tp, o.batch, o.prompt, o.gen,
+		       load_s, pf_tps, dc_tps, step_ms, bytes_tok, gbs);
+	} else {
+		printf("model %s (%s, %d layers), threads %d, tp %d, batch %d, load %.2f s\n", o.model,
+		       model_arch_name(hp->arch), hp->n_layers, o.threads, o.tp, o.batch, load_s);
+		printf("prefill  %6d tokens/seq  %10.1f tok/s\n", o.prompt, pf_tps);
+		printf("decode   %6d steps       %10.1f tok/s  %8.2f ms/step  %.1f MB weights/step  %.2f GB/s\n",
+		       o.gen, dc_tps, step_ms, bytes_tok / 1e6, gbs);
+	}
+out:
+	free(pf);
+	free(dc);
+	model_destroy(m);
+	return rc;
+}
