@@ -61,6 +61,7 @@ struct call {
 	int fail_status;
 	char fail_msg[256];
 	size_t max_stop_len;
+	uint64_t t_start; /* uv_hrtime at arrival */
 };
 
 static void call_maybe_free(struct call *cl);
@@ -385,6 +386,16 @@ static void call_try_finish(struct call *cl)
 	if (cl->n_ended < cl->n_choices || cl->responded)
 		return;
 	cl->responded = true;
+	if (log_level_max >= LOG_LVL_INFO) {
+		uint32_t gen = 0;
+		for (int i = 0; i < cl->n_choices; i++)
+			gen += cl->ch[i].n_tokens;
+		LOG_INFO("complete", "rid=%s %s %s%s: %s, %u prompt + %u generated tokens, %.1f ms",
+			 cl->n_choices && cl->ch[0].r ? cl->ch[0].r->rid : "-", cl->id,
+			 cl->kind == API_KIND_CHAT ? "chat" : "completion", cl->streaming ? " (stream)" : "",
+			 !cl->conn ? "client gone" : cl->failed ? cl->fail_msg : "ok", cl->n_prompt, gen,
+			 (double)(uv_hrtime() - cl->t_start) / 1e6);
+	}
 	if (!cl->conn)
 		return;
 	if (cl->failed && !cl->streaming) {
@@ -527,7 +538,8 @@ static void on_abort(struct http_conn *c, void *ud)
 	if (cl->streaming)
 		metrics_add(cl->rt->rm.streams_active, -1);
 	cl->depth++;
-	LOG_INFO("complete", "rid=%s client disconnected; cancelling %d choice(s)", cl->id, cl->n_choices - cl->n_ended);
+	LOG_INFO("complete", "rid=%s client disconnected (%s); cancelling %d choice(s)", cl->ch[0].r ? cl->ch[0].r->rid : "-",
+		 cl->id, cl->n_choices - cl->n_ended);
 	for (int i = 0; i < cl->n_choices; i++)
 		if (!cl->ch[i].ended && cl->ch[i].r)
 			sched_cancel(cl->ch[i].r);
@@ -561,6 +573,7 @@ void complete_handle(struct router *rt, struct http_conn *c, struct http_request
 	}
 	cl->rt = rt;
 	cl->kind = kind;
+	cl->t_start = uv_hrtime();
 	rt->n_calls++;
 	struct api_error aerr;
 	if (api_request_decode((enum api_kind)kind, hr->body, hr->body_len, &cl->ar, &aerr) != 0) {
@@ -667,7 +680,6 @@ void complete_handle(struct router *rt, struct http_conn *c, struct http_request
 			cl->n_choices = i;
 			break;
 		}
-		snprintf(cl->ch[i].r->rid, sizeof(cl->ch[i].r->rid), "%llx.%d", (unsigned long long)seq, i);
 		cl->ch[i].r->choice = i;
 	}
 	if (cl->n_choices < cl->ar.n) {

@@ -65,7 +65,8 @@ struct req *req_create(uv_loop_t *loop, uint64_t id, int32_t *prompt, uint32_t n
 	if (!r)
 		return NULL;
 	r->id = id;
-	snprintf(r->rid, sizeof(r->rid), "%llx", (unsigned long long)id);
+	/* decimal, as the workers print the protocol rid: one grep finds a request in every log */
+	snprintf(r->rid, sizeof(r->rid), "%llu", (unsigned long long)id);
 	r->state = REQ_STATE_RECEIVED;
 	r->prompt = prompt;
 	r->n_prompt = n_prompt;
