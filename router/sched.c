@@ -3,6 +3,7 @@
  * runs on the router's single libuv loop, so there is no locking. */
 #include "router/sched.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -593,6 +594,11 @@ void sched_on_worker_lost_req(struct req *r, struct worker *w)
 			         "rid=%s decode worker %s lost before decoding; placing the request again",
 			         r->rid, w->name);
 			metrics_add(s->m.prefill_retries, 1);
+			/* a new rid for the new attempt: a late PrefillDone of the cancelled attempt (the
+			 * prefill worker may already have been writing) can then never be mistaken for the
+			 * new one. The attempt number lives in the top bits; the old rid is logged above. */
+			r->id += (uint64_t)1 << 48;
+			snprintf(r->rid, sizeof(r->rid), "%llu", (unsigned long long)r->id);
 			req_transition(r, REQ_STATE_ADMITTED, s->cfg.queue_timeout_ms, stage_timeout_cb);
 			queue_push_front(s, r);
 			pump(s);
