@@ -340,7 +340,8 @@ static void on_kv_reserve(struct dc_worker *w, const struct msg_kv_reserve *r)
 	d->n_prompt = r->n_prompt_tokens;
 	d->max_tokens = max_tokens;
 	d->sampling = r->sampling;
-	memcpy(d->stop_ids, r->stop_token_ids, r->n_stop_token_ids * sizeof(uint32_t));
+	if (r->n_stop_token_ids)
+		memcpy(d->stop_ids, r->stop_token_ids, r->n_stop_token_ids * sizeof(uint32_t));
 	d->n_stop_ids = (uint32_t)r->n_stop_token_ids;
 	d->ignore_eos = r->ignore_eos;
 	if (d->prompt)

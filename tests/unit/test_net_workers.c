@@ -611,6 +611,8 @@ int main(void)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	if (getenv("BUILD"))
 		build_dir = getenv("BUILD");
+	snprintf(tmpdir, sizeof(tmpdir), "%s/test-logs", build_dir);
+	mkdir(tmpdir, 0755);
 	snprintf(tmpdir, sizeof(tmpdir), "%s/test-logs/net-workers", build_dir);
 	mkdir(tmpdir, 0755);
 	loop = uv_default_loop();
