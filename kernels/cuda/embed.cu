@@ -2,7 +2,7 @@
  * weight type the GEMV takes. ids live on the device (they may come from the sampler inside a CUDA
  * graph), so they are checked in the kernel: an id outside [0, n_out) produces a row of NaN (never
  * an out-of-bounds read) and bumps the context's error counter, which kcuda_ctx_take_errors reports.
- * Grid: x over 8-element pieces of a row (quant_piece.cuh), y over tokens. */
+ * Grid: x over 16-element pieces of a row (quant_piece.cuh), y over tokens. */
 #include <errno.h>
 
 #include "kernels/cuda/quant_piece.cuh"
@@ -15,23 +15,23 @@ __global__ void embed_kernel(const uint8_t *__restrict__ w, size_t row_bytes, in
 	const int64_t t = blockIdx.y;
 	const int32_t id = ids[t];
 	float *yr = y + t * ldy;
-	const int64_t n_items = vec ? n_in / 8 : n_in;
+	const int64_t n_items = vec ? n_in / 16 : n_in;
 	if (p >= n_items)
 		return;
 	if (id < 0 || id >= n_rows) {
 		if (p == 0)
 			atomicAdd(err, 1u);
-		for (int64_t k = vec ? 8 * p : p; k < (vec ? 8 * p + 8 : p + 1); k++)
+		for (int64_t k = vec ? 16 * p : p; k < (vec ? 16 * p + 16 : p + 1); k++)
 			yr[k] = __int_as_float(0x7fc00000);
 		return;
 	}
 	const uint8_t *row = w + (size_t)id * row_bytes;
 	if (vec) {
-		float v[8];
-		kq<T>::piece(row, p, v);
+		float v[16];
+		kq_values<T>(row, p, v);
 #pragma unroll
-		for (int k = 0; k < 8; k++)
-			yr[8 * p + k] = v[k];
+		for (int k = 0; k < 16; k++)
+			yr[16 * p + k] = v[k];
 	} else if (T == KT_F32) { /* float tables of any width: element-wise */
 		yr[p] = ((const float *)row)[p];
 	} else if (T == KT_F16) {
@@ -46,8 +46,8 @@ static int embed_type(struct kcuda_ctx *c, const struct kweight *w, const int32_
 		      int64_t ldy)
 {
 	const bool vec = (T != KT_F32 && T != KT_F16 && T != KT_BF16) ||
-			 (w->n_in % 8 == 0 && w->row_bytes % 16 == 0 && (uintptr_t)w->data % 16 == 0);
-	const int64_t n_items = vec ? w->n_in / 8 : w->n_in;
+			 (w->n_in % 16 == 0 && w->row_bytes % 16 == 0 && (uintptr_t)w->data % 16 == 0);
+	const int64_t n_items = vec ? w->n_in / 16 : w->n_in;
 	dim3 grid((unsigned)((n_items + 127) / 128), (unsigned)n_tok);
 	embed_kernel<T><<<grid, 128, 0, c->stream>>>((const uint8_t *)w->data, w->row_bytes, w->n_out, w->n_in, ids, y,
 						     ldy, c->err_dev, vec);

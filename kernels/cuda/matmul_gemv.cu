@@ -1,25 +1,42 @@
 /* Decode GEMV: Y[t][r] = dot(W row r, X[t]) for n_tok <= 8, streaming W once from HBM.
  *
- * Grid: a block of GEMV_WARPS warps owns GEMV_ROWS consecutive rows; the warps split the row's
- * pieces (8 elements each, quant_piece.cuh) between them: warp w, lane l takes pieces
- * (w * 32 + l) + k * 32 * GEMV_WARPS, so every warp-wide load of weights and of activations is
- * contiguous. Each piece is dequantized in registers to fp32 once and used for all n_tok tokens
- * and the GEMV_ROWS rows share each activation load. Partial sums: warp shuffle, then shared
- * memory across the warps. fp32 throughout, so results equal kcpu_matmul up to summation order.
- * Assumes n_in % 8 == 0, activation rows 16-byte aligned (ldx % 4 == 0), and for the float types
- * 16-byte aligned rows; other float weights use gemv_scalar (correctness path, not speed). */
+ * Grid: a block of GEMV_WARPS warps owns GEMV_ROWS consecutive rows (8, or 4 for small matrices so
+ * the GPU fills); the warps split each row's 16-element pieces (quant_piece.cuh) between them:
+ * warp w, lane l takes pieces
+ * (w * 32 + l) + k * 32 * GEMV_WARPS, so every warp-wide load of weights and activations is
+ * contiguous. Per piece the raw bytes of all GEMV_ROWS rows are loaded first (many loads in
+ * flight per warp), then each row is decoded to (v[16], a, b) and accumulated as
+ * a * sum(v x) + b * sum(x) per token, sum(x) shared by the rows; the activation pieces of the
+ * (up to GEMV_MAX_NT) tokens stay in registers across the rows. More tokens take more launches,
+ * each re-reading W: for n_tok > 2 this kernel is not the right tool on low-bit types (it is
+ * integer-ALU bound already at n_tok = 1; measured in docs/PERFORMANCE.md); a tensor-core
+ * version is the next step. Software pipelining (next piece's loads before this piece's decode)
+ * and lane-constant offsets were tried and measured slower (docs/PERFORMANCE.md).
+ * Partial sums: warp shuffle, then shared memory across the warps. fp32 throughout.
+ * Assumes n_in % 16 == 0 and activation rows 16-byte aligned (ldx % 4 == 0); float weights with
+ * other n_in or alignment use gemv_scalar (correctness path, not speed). */
 #include "kernels/cuda/matmul_impl.cuh"
 #include "kernels/cuda/quant_piece.cuh"
 
 #define GEMV_WARPS 4
-#define GEMV_ROWS 4
-#define GEMV_UNROLL 2
+#define GEMV_MAX_NT 2 /* tokens per launch (activations in registers); more take more launches */
 
-template <int T, int NT>
+__device__ __forceinline__ void ld_x16(const float *x, int64_t p, float *xv)
+{
+	const float4 *xp = (const float4 *)(x + 16 * p);
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		const float4 f = __ldg(xp + i);
+		xv[4 * i] = f.x, xv[4 * i + 1] = f.y, xv[4 * i + 2] = f.z, xv[4 * i + 3] = f.w;
+	}
+}
+
+template <int T, int NT, int GEMV_ROWS>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 	gemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t n_out, int64_t n_pieces,
 		    const float *__restrict__ x, int64_t ldx, int n_tok, float *__restrict__ y, int64_t ldy)
 {
+	static_assert(NT <= GEMV_MAX_NT, "activations are held in registers");
 	__shared__ float part[GEMV_WARPS][GEMV_ROWS][NT];
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 	const int64_t row0 = (int64_t)blockIdx.x * GEMV_ROWS;
@@ -35,62 +52,45 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 		for (int t = 0; t < NT; t++)
 			acc[r][t] = 0.0f;
 
-	const int64_t step = 32 * GEMV_WARPS;
-	int64_t p = warp * 32 + lane;
-	/* main loop: GEMV_UNROLL pieces per row in flight before any FMA */
-	for (; p + (GEMV_UNROLL - 1) * step < n_pieces; p += GEMV_UNROLL * step) {
-		float v[GEMV_UNROLL][GEMV_ROWS][8];
-#pragma unroll
-		for (int u = 0; u < GEMV_UNROLL; u++)
-#pragma unroll
-			for (int r = 0; r < GEMV_ROWS; r++)
-				kq<T>::piece(rp[r], p + u * step, v[u][r]);
-#pragma unroll
-		for (int u = 0; u < GEMV_UNROLL; u++)
-#pragma unroll
-			for (int t = 0; t < NT; t++) {
-				if (t >= n_tok)
-					break;
-				const float4 *xp = (const float4 *)(x + t * ldx + 8 * (p + u * step));
-				const float4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
-#pragma unroll
-				for (int r = 0; r < GEMV_ROWS; r++) {
-					float a = acc[r][t];
-					a = fmaf(v[u][r][0], x0.x, a);
-					a = fmaf(v[u][r][1], x0.y, a);
-					a = fmaf(v[u][r][2], x0.z, a);
-					a = fmaf(v[u][r][3], x0.w, a);
-					a = fmaf(v[u][r][4], x1.x, a);
-					a = fmaf(v[u][r][5], x1.y, a);
-					a = fmaf(v[u][r][6], x1.z, a);
-					a = fmaf(v[u][r][7], x1.w, a);
-					acc[r][t] = a;
-				}
-			}
-	}
-	for (; p < n_pieces; p += step) { /* tail */
-		float v[GEMV_ROWS][8];
+	for (int64_t p = warp * 32 + lane; p < n_pieces; p += 32 * GEMV_WARPS) {
+		typename kq<T>::raw raw[GEMV_ROWS];
 #pragma unroll
 		for (int r = 0; r < GEMV_ROWS; r++)
-			kq<T>::piece(rp[r], p, v[r]);
+			kq<T>::load(rp[r], p, raw[r]);
+		float xs[NT];
+		float xv[NT][16];
 #pragma unroll
 		for (int t = 0; t < NT; t++) {
 			if (t >= n_tok)
 				break;
-			const float4 *xp = (const float4 *)(x + t * ldx + 8 * p);
-			const float4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
+			ld_x16(x + t * ldx, p, xv[t]);
+			if (kq<T>::HAS_B) {
+				float s = 0.0f;
 #pragma unroll
-			for (int r = 0; r < GEMV_ROWS; r++) {
-				float a = acc[r][t];
-				a = fmaf(v[r][0], x0.x, a);
-				a = fmaf(v[r][1], x0.y, a);
-				a = fmaf(v[r][2], x0.z, a);
-				a = fmaf(v[r][3], x0.w, a);
-				a = fmaf(v[r][4], x1.x, a);
-				a = fmaf(v[r][5], x1.y, a);
-				a = fmaf(v[r][6], x1.z, a);
-				a = fmaf(v[r][7], x1.w, a);
-				acc[r][t] = a;
+				for (int i = 0; i < 16; i++)
+					s += xv[t][i];
+				xs[t] = s;
+			}
+		}
+#pragma unroll
+		for (int r = 0; r < GEMV_ROWS; r++) {
+			float v[16], a, b;
+			kq<T>::decode(raw[r], p, v, a, b);
+#pragma unroll
+			for (int t = 0; t < NT; t++) {
+				if (t >= n_tok)
+					break;
+				const float *q = xv[t];
+				float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+				for (int i = 0; i < 16; i += 2) {
+					s0 = fmaf(v[i], q[i], s0);
+					s1 = fmaf(v[i + 1], q[i + 1], s1);
+				}
+				float acc_rt = fmaf(a, s0 + s1, acc[r][t]);
+				if (kq<T>::HAS_B)
+					acc_rt = fmaf(b, xs[t], acc_rt);
+				acc[r][t] = acc_rt;
 			}
 		}
 	}
@@ -146,9 +146,14 @@ template <int T, int NT>
 static void launch_nt(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
 		      float *y, int64_t ldy)
 {
-	const unsigned grid = (unsigned)((w->n_out + GEMV_ROWS - 1) / GEMV_ROWS);
-	gemv_kernel<T, NT><<<grid, GEMV_WARPS * 32, 0, c->stream>>>((const uint8_t *)w->data, w->row_bytes,
-								   w->n_out, w->n_in / 8, x, ldx, n_tok, y, ldy);
+	/* 8 rows per block where that still gives >= ~8 warps per SM, else 4 (small matrices) */
+	const unsigned g8 = (unsigned)((w->n_out + 7) / 8), g4 = (unsigned)((w->n_out + 3) / 4);
+	if (g8 >= 2u * (unsigned)c->n_sm)
+		gemv_kernel<T, NT, 8><<<g8, GEMV_WARPS * 32, 0, c->stream>>>(
+			(const uint8_t *)w->data, w->row_bytes, w->n_out, w->n_in / 16, x, ldx, n_tok, y, ldy);
+	else
+		gemv_kernel<T, NT, 4><<<g4, GEMV_WARPS * 32, 0, c->stream>>>(
+			(const uint8_t *)w->data, w->row_bytes, w->n_out, w->n_in / 16, x, ldx, n_tok, y, ldy);
 }
 
 template <int T>
@@ -156,7 +161,7 @@ static int launch_type(struct kcuda_ctx *c, const struct kweight *w, const float
 		       float *y, int64_t ldy)
 {
 	const bool is_float = T == KT_F32 || T == KT_F16 || T == KT_BF16;
-	if (is_float && (w->n_in % 8 || w->row_bytes % 16 || (uintptr_t)w->data % 16 || ldx % 4 ||
+	if (is_float && (w->n_in % 16 || w->row_bytes % 16 || (uintptr_t)w->data % 16 || ldx % 4 ||
 			 (uintptr_t)x % 16)) {
 		if constexpr (T == KT_F32 || T == KT_F16 || T == KT_BF16) {
 			const unsigned grid = (unsigned)((w->n_out + GEMV_WARPS - 1) / GEMV_WARPS);
@@ -165,14 +170,13 @@ static int launch_type(struct kcuda_ctx *c, const struct kweight *w, const float
 		}
 		return kcuda_launch_status("gemv_scalar");
 	}
-	if (n_tok == 1)
-		launch_nt<T, 1>(c, w, x, ldx, n_tok, y, ldy);
-	else if (n_tok == 2)
-		launch_nt<T, 2>(c, w, x, ldx, n_tok, y, ldy);
-	else if (n_tok <= 4)
-		launch_nt<T, 4>(c, w, x, ldx, n_tok, y, ldy);
-	else
-		launch_nt<T, 8>(c, w, x, ldx, n_tok, y, ldy);
+	for (int t0 = 0; t0 < n_tok; t0 += GEMV_MAX_NT) {
+		const int nt = n_tok - t0 < GEMV_MAX_NT ? n_tok - t0 : GEMV_MAX_NT;
+		if (nt == 1)
+			launch_nt<T, 1>(c, w, x + t0 * ldx, ldx, nt, y + t0 * ldy, ldy);
+		else
+			launch_nt<T, 2>(c, w, x + t0 * ldx, ldx, nt, y + t0 * ldy, ldy);
+	}
 	return kcuda_launch_status("gemv");
 }
 

@@ -1,5 +1,5 @@
-/* Token sampling from logits on the device: greedy (argmax, ties to the lower id, NaN never wins
- * unless the whole row is NaN, then id 0) or top-k with temperature: softmax over the k best logits
+/* Token sampling from logits on the device: greedy (argmax, ties to the lower id, NaN ranks as
+ * -inf as in kcpu_topk) or top-k with temperature: softmax over the k best logits
  * (kcuda_topk order: logit descending, ties to the lower id), scaled by 1/temperature, then the first
  * candidate whose cumulative probability exceeds u * total, with u in [0, 1) given per row on the
  * device (so a CUDA graph can replay it with fresh random numbers).
@@ -16,7 +16,7 @@
 __device__ __forceinline__ unsigned long long am_pack(float v, int id)
 {
 	const uint32_t u = __float_as_uint(v);
-	const uint32_t key = (v != v) ? 0u : ((u & 0x80000000u) ? ~u : (u | 0x80000000u));
+	const uint32_t key = (v != v) ? 0x007fffffu : ((u & 0x80000000u) ? ~u : (u | 0x80000000u));
 	return ((unsigned long long)key << 32) | (0xffffffffu - (uint32_t)id);
 }
 
@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(ARGMAX_THREADS)
 {
 	__shared__ unsigned long long red[ARGMAX_THREADS / 32];
 	const float *p = s + blockIdx.x * ld;
-	unsigned long long best = 0;
+	unsigned long long best = 0; /* below every packed (key, id): key >= 0x007fffff */
 	for (int i = threadIdx.x; i < n; i += ARGMAX_THREADS) {
 		const unsigned long long c = am_pack(p[i], i);
 		best = c > best ? c : best;
@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(ARGMAX_THREADS)
 	if (threadIdx.x == 0) {
 		for (int k = 1; k < ARGMAX_THREADS / 32; k++)
 			best = red[k] > best ? red[k] : best;
-		out[blockIdx.x] = (best >> 32) == 0 ? 0 : (int32_t)(0xffffffffu - (uint32_t)best);
+		out[blockIdx.x] = (int32_t)(0xffffffffu - (uint32_t)best);
 	}
 }
 

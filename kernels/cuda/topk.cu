@@ -1,5 +1,6 @@
 /* Top-k selection per row, the CUDA twin of kcpu_topk: the indices of the k best scores (score
- * descending, ties to the lower index), returned in ascending index order. NaN ranks below -inf.
+ * descending, ties to the lower index), returned in ascending index order. NaN ranks as -inf (as in
+ * kcpu_topk: a NaN and a -inf tie, and the lower index wins).
  * Used by the sampler over the vocabulary and (later) by the DSA indexer over past tokens.
  *
  * Grid: one block of TOPK_THREADS per row. Radix select on an order-preserving 32-bit key: four
@@ -18,7 +19,7 @@ __device__ __forceinline__ uint32_t topk_key(float v)
 {
 	const uint32_t u = __float_as_uint(v);
 	if (v != v)
-		return 0; /* NaN: below everything */
+		return 0x007fffffu; /* NaN ranks as -inf */
 	return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 

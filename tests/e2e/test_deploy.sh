@@ -81,6 +81,24 @@ YML
 	[ $ok = 1 ] && echo "prometheus scraped tandem_router_requests_total{outcome=done} = 2" ||
 		e2e_fail "prometheus did not scrape the router's metrics"
 	curl -s "http://127.0.0.1:$PPORT/api/v1/targets" | grep -q '"health":"up"' || e2e_fail "router target not up"
+	# every query of the Grafana dashboard is valid PromQL and names metrics the router exports
+	python3 - "$REPO/deploy/grafana/tandem-serving.json" "http://127.0.0.1:$PPORT" "$TMP/router.prom" <<'PY' || e2e_fail "dashboard queries"
+import json, re, sys, urllib.parse, urllib.request
+dash, base, prom = sys.argv[1], sys.argv[2], open(sys.argv[3]).read()
+bad = 0
+for p in json.load(open(dash))["panels"]:
+    for t in p["targets"]:
+        expr = t["expr"].replace("$__rate_interval", "1m")
+        r = json.load(urllib.request.urlopen(base + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})))
+        # the control-plane metrics exist only with real workers (engine "workers"), not with sim
+        names = set(re.findall(r"tandem_[a-z0-9_]+", expr)) - {"tandem_router_kv_transferred_bytes_total"}
+        missing = [n for n in names if not re.search("^" + n + r"(_bucket)?[ {]", prom, re.M)]
+        if r.get("status") != "success" or missing:
+            bad += 1
+            print("dashboard panel %r: %s %s" % (p["title"], r.get("error", ""), missing))
+print("dashboard: %d panels, all queries valid" % len(json.load(open(dash))["panels"]) if not bad else "")
+sys.exit(1 if bad else 0)
+PY
 	stop_one prometheus
 fi
 
