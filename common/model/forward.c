@@ -164,6 +164,45 @@ static void index_task(void *user, int64_t i0, int64_t i1, int thread)
 	}
 }
 
+/* Experts with few tokens each run one per thread (single-thread matmuls on the thread's own
+ * scratch); experts with many tokens run one after another with row-threaded matmuls. Either way
+ * expert e's outputs land in ybuf rows eoff[e] .. eoff[e+1]-1, so the sum is order-independent. */
+#define MOE_SMALL_ROWS 64
+
+struct moe {
+	struct model_rank *rk;
+	const struct layer_w *L;
+	const float *a;
+	int64_t D;
+	const int32_t *etok, *eoff, *list;
+	float *ybuf;
+	float *tscr; /* per thread: MOE_SMALL_ROWS x (D + 2 fel) */
+};
+
+static void expert_chain(struct kpool *pool, const struct moe *mo, int64_t e, float *xs, float *t1, float *t2)
+{
+	int64_t D = mo->D, fel = mo->rk->fel, mt = mo->eoff[e + 1] - mo->eoff[e];
+	const int32_t *et = mo->etok + mo->eoff[e];
+	for (int64_t j = 0; j < mt; j++)
+		memcpy(xs + j * D, mo->a + (int64_t)et[j] * D, (size_t)D * sizeof(float));
+	struct kweight wg = kweight3_at(&mo->L->gate_exps, e), wu = kweight3_at(&mo->L->up_exps, e),
+	               wd = kweight3_at(&mo->L->down_exps, e);
+	kcpu_matmul(pool, &wg, xs, D, mt, t1, fel);
+	kcpu_matmul(pool, &wu, xs, D, mt, t2, fel);
+	kcpu_swiglu(t1, t1, t2, mt * fel);
+	kcpu_matmul(pool, &wd, t1, fel, mt, mo->ybuf + (int64_t)mo->eoff[e] * D, D);
+}
+
+static void expert_task(void *user, int64_t i0, int64_t i1, int thread)
+{
+	const struct moe *mo = user;
+	int64_t D = mo->D, fel = mo->rk->fel;
+	float *xs = mo->tscr + (size_t)thread * (size_t)(MOE_SMALL_ROWS * (D + 2 * fel));
+	float *t1 = xs + MOE_SMALL_ROWS * D, *t2 = t1 + MOE_SMALL_ROWS * fel;
+	for (int64_t i = i0; i < i1; i++)
+		expert_chain(mo->rk->inl[thread], mo, mo->list[i], xs, t1, t2);
+}
+
 /* ---- the rank's forward ---------------------------------------------------------------------- */
 int model_rank_forward(struct model *m, struct model_rank *rk)
 {
@@ -193,8 +232,8 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 	float *h, *a, *cq, *q, *kvl, *qabs, *obar, *o, *part, *qI = NULL, *kI = NULL, *wI = NULL, *t1, *t2,
 	                                                      *rl, *wts;
 	float *xs, *ys, *cs, *inv, *lg, *lgg, *dsc = NULL, *tsc, *rscr;
-	int32_t *sel = NULL, *nsel = NULL, *ids, *etok, *eoff;
-	float *ewt;
+	int32_t *sel = NULL, *nsel = NULL, *ids, *etok, *eoff, *ppos, *elist;
+	float *ewt, *ybuf, *tscr;
 	const void **tkeys;
 	for (int pass = 0; pass < 2; pass++) {
 		h = take(&cv, (size_t)(n * D) * 4);
@@ -224,6 +263,10 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 		etok = take(&cv, (size_t)(n * (k > 0 ? k : 1)) * 4);
 		ewt = take(&cv, (size_t)(n * (k > 0 ? k : 1)) * 4);
 		eoff = take(&cv, (size_t)(E + 2) * 4);
+		ppos = take(&cv, (size_t)(n * (k > 0 ? k : 1)) * 4);
+		elist = take(&cv, (size_t)(E + 1) * 4);
+		ybuf = take(&cv, (size_t)(n * (k > 0 ? k : 1) * D) * 4);
+		tscr = take(&cv, E > 0 ? (size_t)nthr * (size_t)(MOE_SMALL_ROWS * (D + 2 * rk->fel)) * 4 : 0);
 		xs = take(&cv, (size_t)(n * D) * 4);
 		ys = take(&cv, (size_t)(n * D) * 4);
 		cs = take(&cv, (size_t)(n * R) * 4);
@@ -344,8 +387,7 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 			if (dbg && dbg->moe_cb)
 				dbg->moe_cb(dbg->user, l, (int)n, (int)k, ids, wts);
 			memset(part, 0, (size_t)(n * D) * sizeof(float));
-			/* group the (token, weight) pairs by expert (counting sort), then one matmul chain
-			 * per expert over its tokens */
+			/* group the (token, weight) pairs by expert (counting sort) */
 			memset(eoff, 0, sizeof(int32_t) * (size_t)(E + 1));
 			for (int64_t i = 0; i < n * k; i++)
 				eoff[ids[i] + 1]++;
@@ -355,29 +397,41 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 				int32_t at = eoff[ids[i]]++;
 				etok[at] = (int32_t)(i / k);
 				ewt[at] = wts[i];
+				ppos[i] = at;
 			}
 			for (int64_t e = E; e > 0; e--) /* eoff[e] was advanced to the end of e: shift back */
 				eoff[e] = eoff[e - 1];
 			eoff[0] = 0;
+			struct moe mo = {.rk = rk,
+			                 .L = L,
+			                 .a = a,
+			                 .D = D,
+			                 .etok = etok,
+			                 .eoff = eoff,
+			                 .list = elist,
+			                 .ybuf = ybuf,
+			                 .tscr = tscr};
+			int64_t n_small = 0;
 			for (int64_t e = 0; e < E; e++) {
 				int64_t mt = eoff[e + 1] - eoff[e];
-				if (!mt)
-					continue;
-				const int32_t *et = etok + eoff[e];
-				const float *ew = ewt + eoff[e];
-				for (int64_t j = 0; j < mt; j++)
-					memcpy(xs + j * D, a + (int64_t)et[j] * D, (size_t)D * sizeof(float));
-				struct kweight wg = kweight3_at(&L->gate_exps, e),
-				               wu = kweight3_at(&L->up_exps, e),
-				               wd = kweight3_at(&L->down_exps, e);
-				kcpu_matmul(rk->pool, &wg, xs, D, mt, t1, rk->fel);
-				kcpu_matmul(rk->pool, &wu, xs, D, mt, t2, rk->fel);
-				kcpu_swiglu(t1, t1, t2, mt * rk->fel);
-				kcpu_matmul(rk->pool, &wd, t1, rk->fel, mt, ys, D);
-				for (int64_t j = 0; j < mt; j++)
-					for (int64_t d = 0; d < D; d++)
-						part[(int64_t)et[j] * D + d] += ew[j] * ys[j * D + d];
+				if (mt > 0 && mt <= MOE_SMALL_ROWS)
+					elist[n_small++] = (int32_t)e;
 			}
+			if (n_small >= nthr && nthr > 1) /* enough experts to give every thread one */
+				kpool_for(rk->pool, n_small, 1, expert_task, &mo);
+			for (int64_t e = 0; e < E; e++) {
+				int64_t mt = eoff[e + 1] - eoff[e];
+				if (mt > 0 && (mt > MOE_SMALL_ROWS || n_small < nthr || nthr == 1))
+					expert_chain(rk->pool, &mo, e, xs, t1, t2);
+			}
+			for (int64_t i = 0; i < n; i++)
+				for (int64_t j = 0; j < k; j++) {
+					int32_t at = ppos[i * k + j];
+					const float *y = ybuf + (int64_t)at * D;
+					float w = ewt[at];
+					for (int64_t d = 0; d < D; d++)
+						part[i * D + d] += w * y[d];
+				}
 			if (L->has_shexp) {
 				kcpu_matmul(rk->pool, &L->sh_gate, a, D, n, t1, rk->fsl);
 				kcpu_matmul(rk->pool, &L->sh_up, a, D, n, t2, rk->fsl);
