@@ -93,7 +93,8 @@ struct fwd {
 	int64_t K;
 	int32_t *nsel; /* n */
 	bool sparse; /* attention uses sel */
-	float *dbg_scores; /* n x max_keys, or NULL */
+	float *isc; /* n x max_keys score rows (debug hooks or chunked scoring), or NULL */
+	int64_t chunks_per_tok;
 	int max_keys;
 	/* per thread scratch */
 	const void **tkeys; /* n_threads x max_keys */
@@ -143,25 +144,55 @@ static void attn_task(void *user, int64_t i0, int64_t i1, int thread)
 	}
 }
 
+/* Indexer scores of token i's keys [t0, t1) into sc (the row of all its keys). */
+static void index_scores(struct fwd *f, int64_t i, int t0, int t1, float *sc, const void **keys)
+{
+	const struct model_hparams *hp = &f->m->hp;
+	const struct model_seq *s = &f->b->seqs[f->b->seq[i]];
+	int slot = hp->idx_slot[f->layer];
+	for (int t = t0; t < t1; t++)
+		keys[t - t0] = idx_row(f->kv, s, slot, t);
+	kcpu_indexer_scores(f->qI + i * hp->idx_H * hp->idx_D, f->wI + i * hp->idx_H, hp->idx_H, hp->idx_D,
+	                    keys, t1 - t0, f->kv->layout.dtype == MODEL_KV_BF16,
+	                    1.0f / sqrtf((float)hp->idx_D), sc + t0);
+}
+
+/* many tokens: one task per token (scores into thread scratch, then its top-k) */
 static void index_task(void *user, int64_t i0, int64_t i1, int thread)
 {
 	struct fwd *f = user;
-	const struct model_hparams *hp = &f->m->hp;
-	int slot = hp->idx_slot[f->layer];
-	bool bf16 = f->kv->layout.dtype == MODEL_KV_BF16;
 	const void **keys = f->tkeys + (size_t)thread * (size_t)f->max_keys;
 	for (int64_t i = i0; i < i1; i++) {
-		const struct model_seq *s = &f->b->seqs[f->b->seq[i]];
-		int32_t pos = f->b->pos[i];
-		int nk = pos + 1;
-		float *sc = f->dbg_scores ? f->dbg_scores + i * f->max_keys
-		                          : f->tsc + (size_t)thread * (size_t)f->max_keys;
-		for (int t = 0; t < nk; t++)
-			keys[t] = idx_row(f->kv, s, slot, t);
-		kcpu_indexer_scores(f->qI + i * hp->idx_H * hp->idx_D, f->wI + i * hp->idx_H, hp->idx_H,
-		                    hp->idx_D, keys, nk, bf16, 1.0f / sqrtf((float)hp->idx_D), sc);
+		int nk = f->b->pos[i] + 1;
+		float *sc = f->isc ? f->isc + i * f->max_keys : f->tsc + (size_t)thread * (size_t)f->max_keys;
+		index_scores(f, i, 0, nk, sc, keys);
 		f->nsel[i] = kcpu_topk(sc, nk, (int)f->K, f->sel + i * f->K);
 	}
+}
+
+/* few tokens (decode): the keys of each token are cut into chunks scored in parallel into the
+ * token's row of isc; index_topk_task then selects per token */
+#define INDEX_CHUNK 1024
+static void index_chunk_task(void *user, int64_t c0, int64_t c1, int thread)
+{
+	struct fwd *f = user;
+	const void **keys = f->tkeys + (size_t)thread * (size_t)f->max_keys;
+	for (int64_t c = c0; c < c1; c++) {
+		int64_t i = c / f->chunks_per_tok, ch = c % f->chunks_per_tok;
+		int nk = f->b->pos[i] + 1, t0 = (int)(ch * INDEX_CHUNK);
+		if (t0 < nk)
+			index_scores(f, i, t0, t0 + INDEX_CHUNK < nk ? t0 + INDEX_CHUNK : nk,
+			             f->isc + i * f->max_keys, keys);
+	}
+}
+
+static void index_topk_task(void *user, int64_t i0, int64_t i1, int thread)
+{
+	struct fwd *f = user;
+	(void)thread;
+	for (int64_t i = i0; i < i1; i++)
+		f->nsel[i] =
+		    kcpu_topk(f->isc + i * f->max_keys, f->b->pos[i] + 1, (int)f->K, f->sel + i * f->K);
 }
 
 /* Experts with few tokens each run one per thread (single-thread matmuls on the thread's own
@@ -251,7 +282,7 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 			wI = take(&cv, (size_t)(n * HI) * 4);
 			sel = take(&cv, (size_t)(n * K) * 4);
 			nsel = take(&cv, (size_t)n * 4);
-			if (dbg_idx)
+			if (dbg_idx || (n < nthr && max_keys > INDEX_CHUNK))
 				dsc = take(&cv, (size_t)n * (size_t)max_keys * 4);
 		}
 		t1 = take(&cv, (size_t)(n * fw) * 4);
@@ -315,7 +346,7 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 	                .sel = sel,
 	                .K = K,
 	                .nsel = nsel,
-	                .dbg_scores = dsc,
+	                .isc = dsc,
 	                .max_keys = max_keys,
 	                .tkeys = tkeys,
 	                .tsc = tsc};
@@ -358,7 +389,13 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 		if ((rc = tp_barrier(&rk->comm)))
 			return rc;
 		if (L->has_idx) {
-			kpool_for(rk->pool, n, 1, index_task, &f);
+			if (dsc && !dbg_idx) { /* few tokens: parallel over key chunks */
+				f.chunks_per_tok = (max_keys + INDEX_CHUNK - 1) / INDEX_CHUNK;
+				kpool_for(rk->pool, n * f.chunks_per_tok, 1, index_chunk_task, &f);
+				kpool_for(rk->pool, n, 1, index_topk_task, &f);
+			} else {
+				kpool_for(rk->pool, n, 1, index_task, &f);
+			}
 			if (dbg_idx)
 				for (int64_t i = 0; i < n; i++)
 					dbg->indexer_cb(dbg->user, l, (int)i, b->pos[i], b->pos[i] + 1,
