@@ -207,7 +207,8 @@ struct moe {
 	int64_t D;
 	const int32_t *etok, *eoff, *list;
 	float *ybuf;
-	float *tscr; /* per thread: MOE_SMALL_ROWS x (D + 2 fel) */
+	float *tscr; /* per thread: rows x (D + 2 fel) */
+	int64_t rows; /* min(MOE_SMALL_ROWS, tokens in the batch) */
 };
 
 static void expert_chain(struct kpool *pool, const struct moe *mo, int64_t e, float *xs, float *t1, float *t2)
@@ -228,8 +229,8 @@ static void expert_task(void *user, int64_t i0, int64_t i1, int thread)
 {
 	const struct moe *mo = user;
 	int64_t D = mo->D, fel = mo->rk->fel;
-	float *xs = mo->tscr + (size_t)thread * (size_t)(MOE_SMALL_ROWS * (D + 2 * fel));
-	float *t1 = xs + MOE_SMALL_ROWS * D, *t2 = t1 + MOE_SMALL_ROWS * fel;
+	float *xs = mo->tscr + (size_t)thread * (size_t)(mo->rows * (D + 2 * fel));
+	float *t1 = xs + mo->rows * D, *t2 = t1 + mo->rows * fel;
 	for (int64_t i = i0; i < i1; i++)
 		expert_chain(mo->rk->inl[thread], mo, mo->list[i], xs, t1, t2);
 }
@@ -258,6 +259,7 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 	fw = fw > rk->fsl ? fw : rk->fsl;
 	bool dbg_idx = dbg && dbg->indexer_cb && hp->has_indexer;
 
+	int64_t mrows = n < MOE_SMALL_ROWS ? n : MOE_SMALL_ROWS; /* an expert has at most n tokens */
 	/* scratch layout (two passes: size, then carve) */
 	struct carve cv = {0};
 	float *h, *a, *cq, *q, *kvl, *qabs, *obar, *o, *part, *qI = NULL, *kI = NULL, *wI = NULL, *t1, *t2,
@@ -297,7 +299,7 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 		ppos = take(&cv, (size_t)(n * (k > 0 ? k : 1)) * 4);
 		elist = take(&cv, (size_t)(E + 1) * 4);
 		ybuf = take(&cv, (size_t)(n * (k > 0 ? k : 1) * D) * 4);
-		tscr = take(&cv, E > 0 ? (size_t)nthr * (size_t)(MOE_SMALL_ROWS * (D + 2 * rk->fel)) * 4 : 0);
+		tscr = take(&cv, E > 0 ? (size_t)nthr * (size_t)(mrows * (D + 2 * rk->fel)) * 4 : 0);
 		xs = take(&cv, (size_t)(n * D) * 4);
 		ys = take(&cv, (size_t)(n * D) * 4);
 		cs = take(&cv, (size_t)(n * R) * 4);
