@@ -449,7 +449,8 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 			                 .eoff = eoff,
 			                 .list = elist,
 			                 .ybuf = ybuf,
-			                 .tscr = tscr};
+			                 .tscr = tscr,
+			                 .rows = mrows};
 			int64_t n_small = 0;
 			for (int64_t e = 0; e < E; e++) {
 				int64_t mt = eoff[e + 1] - eoff[e];
