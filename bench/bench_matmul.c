@@ -248,17 +248,21 @@ static void bench_one(struct kpool *p, int type, struct shape sh, size_t cold_by
  * preemption effects. Also the dequantization cost (kcpu_dequant_row of one row, L1). */
 static void bench_hot(const int *types, int n_types)
 {
-	enum { ROWS = 64, N = 4096 };
-	float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * ROWS),
+	enum { ROWS = 64, N = 4096, TOK = 64 };
+	float *x = malloc(sizeof(float) * N * TOK), *y = malloc(sizeof(float) * ROWS * TOK),
 	      *row = malloc(sizeof(float) * N);
 	uint8_t *w = aligned_alloc(64, (size_t)ROWS * N * 4);
 
-	for (int i = 0; i < N; i++)
+	for (int i = 0; i < N * TOK; i++)
 		x[i] = gauss();
-	printf("\n## Hot kernels, 1 thread (64 x 4096 weight in L2; fastest of 300 calls)\n\n");
+	double peak = fma_peak(NULL, 1);
+	printf("\n## Hot kernels, 1 thread (64 x 4096 weight in L2; fastest of 300 calls; FMA peak %.1f "
+	       "GFLOP/s)\n\n",
+	       peak);
 	printf("| type | GEMV ns/elt | GEMV GB/s equiv. | fast GEMV ns/elt | fast GB/s equiv. | dequant "
-	       "ns/elt |\n");
-	printf("|---|---|---|---|---|---|\n");
+	       "ns/elt | GEMM%d GFLOP/s | %% of FMA peak |\n",
+	       TOK);
+	printf("|---|---|---|---|---|---|---|---|\n");
 	for (int ti = 0; ti < n_types; ti++) {
 		int type = types[ti];
 		size_t rb;
@@ -269,7 +273,7 @@ static void bench_hot(const int *types, int n_types)
 			kcpu_quantize_row(type, row, w + (size_t)r * rb, N);
 		}
 		struct kweight kw = {.type = type, .n_in = N, .n_out = ROWS, .row_bytes = rb, .data = w};
-		double best = 1e30, best_fast = 1e30, best_deq = 1e30;
+		double best = 1e30, best_fast = 1e30, best_deq = 1e30, best_mm = 1e30;
 		for (int k = 0; k < 300; k++) {
 			double t = now_s();
 			kcpu_matmul(NULL, &kw, x, N, 1, y, ROWS);
@@ -283,15 +287,23 @@ static void bench_hot(const int *types, int n_types)
 			kcpu_dequant_row(type, w, row, N);
 			t = now_s() - t;
 			best_deq = t < best_deq ? t : best_deq;
+			if (k % 3 == 0) {
+				t = now_s();
+				kcpu_matmul(NULL, &kw, x, N, TOK, y, ROWS);
+				t = now_s() - t;
+				best_mm = t < best_mm ? t : best_mm;
+			}
 		}
 		double el = (double)ROWS * N, bpe = (double)rb / N;
+		double gf = 2.0 * el * TOK / best_mm / 1e9;
 		char f1[32] = "-", f2[32] = "-";
 		if (kcpu_matmul_fast_supported(type)) {
 			snprintf(f1, sizeof f1, "%.3f", 1e9 * best_fast / el);
 			snprintf(f2, sizeof f2, "%.1f", bpe * el / best_fast / 1e9);
 		}
-		printf("| %s | %.3f | %.1f | %s | %s | %.3f |\n", ktype_name(type), 1e9 * best / el,
-		       bpe * el / best / 1e9, f1, f2, 1e9 * best_deq / N);
+		printf("| %s | %.3f | %.1f | %s | %s | %.3f | %.1f | %.0f%% |\n", ktype_name(type),
+		       1e9 * best / el, bpe * el / best / 1e9, f1, f2, 1e9 * best_deq / N, gf,
+		       100.0 * gf / peak);
 	}
 	free(x);
 	free(y);

@@ -116,7 +116,8 @@ struct kweight {
 	int type;
 	int64_t n_in;       /* ne0 */
 	int64_t n_out;      /* ne1 (rows) */
-	size_t row_bytes;   /* bytes of one row */
+	size_t row_bytes;   /* bytes from one row to the next (>= the bytes of n_in elements: a TP
+	                     * slice of the input dimension keeps the full row as stride) */
 	const void *data;   /* row r at (const char *)data + r * row_bytes */
 };
 
