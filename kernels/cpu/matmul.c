@@ -50,11 +50,16 @@ static void rows_dot(void *u, int64_t r0, int64_t r1, int thread)
 	const struct kweight *w = m->w;
 	const char *base = w->data;
 
+	quant_dot_ref_fn ref;
+	quant_dot_fn dot = quant_dot_for(w->type, &ref);
+
 	(void)thread;
 	for (int64_t r = r0; r < r1; r++) {
 		const void *row = base + (size_t)r * w->row_bytes;
-		for (int64_t t = 0; t < m->n_tok; t++)
-			m->y[t * m->ldy + r] = kcpu_dot_row(w->type, row, m->x + t * m->ldx, w->n_in);
+		for (int64_t t = 0; t < m->n_tok; t++) {
+			const float *x = m->x + t * m->ldx;
+			m->y[t * m->ldy + r] = dot ? dot(row, x, w->n_in) : ref(w->type, row, x, w->n_in);
+		}
 	}
 }
 
@@ -107,6 +112,7 @@ static void rows_tiled(void *u, int64_t r0, int64_t r1, int thread)
 	const struct ktype_info *ti = ktype_get(w->type);
 	const char *base = w->data;
 	float *tile = kpool_scratch(m->p, thread, sizeof(float) * RG * KB);
+	quant_dequant_fn deq = quant_dequant_for(w->type);
 
 	if (!tile) { /* out of memory for a 16 KiB tile: fall back to the allocation-free path */
 		rows_dot(u, r0, r1, thread);
@@ -122,8 +128,7 @@ static void rows_tiled(void *u, int64_t r0, int64_t r1, int thread)
 				for (int i = 0; i < RG; i++) {
 					/* short groups repeat their last row; its results are dropped */
 					int64_t r = g + (i < nr ? i : nr - 1);
-					kcpu_dequant_row(w->type, base + (size_t)r * w->row_bytes + off,
-					                 tile + (size_t)i * KB, kb);
+					deq(base + (size_t)r * w->row_bytes + off, tile + (size_t)i * KB, kb);
 				}
 				for (int64_t t = t0; t < t1; t += 2) {
 					int two = t + 1 < t1;
@@ -204,6 +209,7 @@ static void rows_gemm(void *u, int64_t r0, int64_t r1, int thread)
 	const struct ktype_info *ti = ktype_get(w->type);
 	const char *base = w->data;
 	float *tile = kpool_scratch(m->p, thread, sizeof(float) * (GR * GK + GK * GT));
+	quant_dequant_fn deq = quant_dequant_for(w->type);
 
 	if (!tile) { /* out of memory for the 280 KiB of scratch: the allocation-free path */
 		rows_dot(u, r0, r1, thread);
@@ -237,8 +243,7 @@ static void rows_gemm(void *u, int64_t r0, int64_t r1, int thread)
 				int nr = r1 - g < GR ? (int)(r1 - g) : GR;
 				for (int i = 0; i < GR; i++) {
 					int64_t r = g + (i < nr ? i : nr - 1);
-					kcpu_dequant_row(w->type, base + (size_t)r * w->row_bytes + off,
-					                 tile + (size_t)i * GK, kb);
+					deq(base + (size_t)r * w->row_bytes + off, tile + (size_t)i * GK, kb);
 				}
 				for (int64_t b = 0; b < nt16 / 16; b++) {
 					kernel_6x16(tile, xt + b * 16 * GK, kb, out);

@@ -87,3 +87,26 @@ void kcpu_quantize_row(int type, const float *src, void *dst, int64_t n)
 	if (n > 0)
 		o->quantize(src, dst, n);
 }
+
+/* Resolved once per matmul so the per-row calls skip the dispatch and argument checks (the
+ * caller checked type and n); rows of a few dozen elements (per-head attn_k_b) make those
+ * checks a visible share otherwise. */
+static float dot_generic_ref(int type, const void *row, const float *x, int64_t n)
+{
+	return kcpu_dot_row_ref(type, row, x, n);
+}
+
+quant_dot_fn quant_dot_for(int type, quant_dot_ref_fn *ref)
+{
+	const struct quant_ops *o = ops_for(type, 0, "quant_dot_for");
+
+	*ref = o->dot ? NULL : dot_generic_ref;
+	return o->dot;
+}
+
+quant_dequant_fn quant_dequant_for(int type)
+{
+	const struct quant_ops *o = ops_for(type, 0, "quant_dequant_for");
+
+	return o->dequant ? o->dequant : o->dequant_ref;
+}
