@@ -3,7 +3,8 @@
  * prefill GEMM per weight type and reports GB/s of weight bytes (and TFLOP/s) as a fraction of the
  * measured ceilings. Timing: CUDA events around batches of launches, warm-up first, median of
  * batches; weights rotate over copies totalling >= 4x L2 so every launch reads HBM, on random data.
- *   bench_cuda_mm [quick]      (quick: fewer types/shapes) */
+ *   bench_cuda_mm [quick|profile]  (quick: fewer types/shapes; profile: Q4_K, Q6_K, Q8_0 GEMV of one
+ *                                   big shape at n_tok 1, for ncu) */
 #include <algorithm>
 #include <stdarg.h>
 #include <cublas_v2.h>
@@ -88,7 +89,8 @@ static void add(const char *fmt, ...)
 
 int main(int argc, char **argv)
 {
-	const bool quick = argc > 1 && !strcmp(argv[1], "quick");
+	const bool profile = argc > 1 && !strcmp(argv[1], "profile");
+	const bool quick = profile || (argc > 1 && !strcmp(argv[1], "quick"));
 	if (kcuda_device_count() < 1) {
 		printf("SKIP: no CUDA device\n");
 		return 77;
@@ -147,7 +149,9 @@ int main(int argc, char **argv)
 	/* ---- GEMV ---- */
 	const int types_all[] = {KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_Q8_0, KT_BF16, KT_F16,  KT_F32,
 				 KT_Q4_0, KT_Q4_1, KT_Q5_0, KT_Q5_1, KT_Q2_K, KT_Q3_K, KT_IQ4_NL, KT_IQ4_XS};
-	const int n_types = quick ? 5 : (int)(sizeof(types_all) / sizeof(types_all[0]));
+	const int types_prof[] = {KT_Q4_K, KT_Q6_K, KT_Q8_0};
+	const int *types = profile ? types_prof : types_all;
+	const int n_types = profile ? 3 : (quick ? 5 : (int)(sizeof(types_all) / sizeof(types_all[0])));
 	struct shp {
 		int64_t n_in, n_out;
 		const char *what;
@@ -160,9 +164,9 @@ int main(int argc, char **argv)
 	CK(cudaMalloc(&yd, (size_t)4096 * 32768 * 4));
 	fill_random<<<1024, 256, 0, s>>>((uint32_t *)xd, (size_t)4096 * 16384, 3);
 	for (int ti = 0; ti < n_types; ti++) {
-		const int type = types_all[ti];
+		const int type = types[ti];
 		for (const shp &sh : shapes) {
-			if (quick && sh.n_in == 7168)
+			if ((quick && sh.n_in == 7168) || (profile && sh.n_out != 32768))
 				continue;
 			size_t rb;
 			if (!ktype_row_bytes(type, sh.n_in, &rb))
@@ -179,6 +183,8 @@ int main(int argc, char **argv)
 			for (int k = 0; k < ncopy; k++)
 				CK(cudaMemcpy((char *)A + k * stride, hw.data(), wbytes, cudaMemcpyHostToDevice));
 			for (int nt : toks) {
+				if (profile && nt > 1)
+					continue;
 				ms = time_ms(s, 3, 9, ncopy, [&](int i) {
 					struct kweight w = {type, sh.n_in, sh.n_out, rb, (char *)A + (i % ncopy) * stride};
 					if (kcuda_matmul(c, &w, xd, sh.n_in, nt, yd, sh.n_out))
@@ -194,6 +200,8 @@ int main(int argc, char **argv)
 	/* ---- prefill GEMM ---- */
 	const int gtypes[] = {KT_Q4_K, KT_Q8_0, KT_Q6_K, KT_BF16};
 	for (int type : gtypes) {
+		if (profile)
+			break;
 		const int64_t n_in = 6144, n_out = 16384;
 		size_t rb;
 		ktype_row_bytes(type, n_in, &rb);

@@ -202,6 +202,30 @@ int kcuda_matmul_path(struct kcuda_ctx *c, enum kcuda_mm_path path, const struct
 		      int64_t ldx, int64_t n_tok, float *y, int64_t ldy);
 /* Dequantizes rows [r0, r0 + n_rows) of W to bf16 (row-major, n_in per row) (prefill GEMM, tests). */
 int kcuda_dequant_bf16(struct kcuda_ctx *c, const struct kweight *w, int64_t r0, int64_t n_rows, uint16_t *dst_dev);
+
+/* Row ops, twins of the kcpu_ row ops (strides in floats; y may alias x). */
+int kcuda_rmsnorm(struct kcuda_ctx *c, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int64_t n,
+		  int64_t n_rows, float eps);
+int kcuda_swiglu(struct kcuda_ctx *c, float *y, int64_t ldy, const float *gate, int64_t ldg, const float *up,
+		 int64_t ldu, int64_t n, int64_t n_rows);
+/* Rotates x[t * ldx + h * head_stride + 0 .. R) in place for t < n_tok, h < n_heads by pos[t] *
+ * inv_freq[i] (inv_freq: R/2 values from kcpu_rope_freqs, uploaded; pos: n_tok ids on the device);
+ * pairing 0 = interleaved, 1 = half-split; cos/sin are multiplied by mscale (YaRN magnitude, else 1). */
+int kcuda_rope(struct kcuda_ctx *c, float *x, int64_t ldx, int64_t n_tok, int64_t n_heads, int64_t head_stride,
+	       int64_t R, const float *inv_freq, const int32_t *pos, int pairing, float mscale);
+/* y[t] = dequantized row ids[t] of the table (ids on the device). Ids out of range give a NaN row
+ * and count as errors: kcuda_ctx_take_errors returns (and clears) the count. */
+int kcuda_embed(struct kcuda_ctx *c, const struct kweight *table, const int32_t *ids, int64_t n_tok, float *y,
+		int64_t ldy);
+int kcuda_ctx_take_errors(struct kcuda_ctx *c, unsigned *n_bad);
+/* kcpu_topk per row: out[r][0 .. min(k, n)) = indices of the k best (score desc, index asc),
+ * ascending; NaN ranks as -inf. */
+int kcuda_topk(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n, int64_t n_rows, int k, int32_t *out,
+	       int64_t ldo);
+/* One token id per row: greedy when temperature <= 0 or k == 1 (argmax, ties to the lower id);
+ * otherwise softmax(logit / temperature) over the top k (k <= 1024) and inverse CDF at u[row]. */
+int kcuda_sample(struct kcuda_ctx *c, const float *logits, int64_t ld, int64_t n_vocab, int64_t n_rows, int k,
+		 float temperature, const float *u, int32_t *out_ids);
 #endif
 
 #ifdef __cplusplus

@@ -51,6 +51,8 @@ void api_request_fini(struct api_request *req)
 		free(req->messages[i].content);
 	}
 	free(req->messages);
+	if (req->messages_json)
+		json_decref((json_t *)req->messages_json);
 	for (int i = 0; i < req->n_stop; i++)
 		free(req->stop[i]);
 	memset(req, 0, sizeof(*req));
@@ -261,6 +263,7 @@ static int decode_messages(json_t *root, struct api_request *req, struct api_err
 	req->messages = calloc(n, sizeof(*req->messages));
 	if (!req->messages)
 		return -ENOMEM;
+	req->messages_json = json_incref(v);
 	for (size_t i = 0; i < n; i++) {
 		json_t *m = json_array_get(v, i);
 		if (!json_is_object(m))
@@ -345,6 +348,8 @@ static int decode(json_t *root, enum api_kind kind, struct api_request *req, str
 		return rc;
 	req->n = (int)i64;
 	if ((rc = get_bool(root, "stream", &req->stream, err)))
+		return rc;
+	if ((rc = get_bool(root, "return_tokens_as_token_ids", &req->tokens_as_ids, err)))
 		return rc;
 
 	json_t *so = field(root, "stream_options");

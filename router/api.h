@@ -36,6 +36,7 @@ struct api_request {
 	/* chat */
 	struct api_message *messages;
 	size_t n_messages;
+	void *messages_json; /* json_t array, one reference owned (the model's chat renderer reads it) */
 
 	int64_t max_tokens; /* -1: until the context is full */
 	char *stop[API_MAX_STOP];
@@ -54,6 +55,7 @@ struct api_request {
 	bool logprobs;      /* completions: logprobs != null; chat: logprobs == true */
 	int top_logprobs;   /* number of alternatives per token */
 	bool echo;          /* completions: echo the prompt (only accepted as false) */
+	bool tokens_as_ids; /* return_tokens_as_token_ids (vLLM's extension): logprob tokens as "token_id:N" */
 };
 
 struct api_error {

@@ -100,8 +100,15 @@ static json_t *json_text(const char *s, size_t n)
 		bool ok = need > 0 && i + need <= n;
 		for (size_t k = 1; ok && k < need; k++)
 			ok = ((unsigned char)s[i + k] & 0xC0) == 0x80;
-		if (ok && json_stringn(s + i, need) == NULL)
-			ok = false; /* overlong or surrogate: jansson knows */
+		if (ok && need > 1) {
+			/* reject overlong forms, surrogates and code points past U+10FFFF */
+			const unsigned char *u = (const unsigned char *)s + i;
+			uint32_t cp = need == 2 ? (uint32_t)(u[0] & 0x1F) : need == 3 ? (uint32_t)(u[0] & 0x0F) : (uint32_t)(u[0] & 0x07);
+			for (size_t k = 1; k < need; k++)
+				cp = (cp << 6) | (u[k] & 0x3F);
+			static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+			ok = cp >= min_cp[need] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+		}
 		if (ok) {
 			memcpy(o + w, s + i, need);
 			w += need;
@@ -117,8 +124,13 @@ static json_t *json_text(const char *s, size_t n)
 	return j ? j : json_string("");
 }
 
-static json_t *token_json(const struct codec *cd, int32_t id)
+static json_t *token_json(const struct codec *cd, int32_t id, bool as_id)
 {
+	if (as_id) {
+		char s[32];
+		snprintf(s, sizeof(s), "token_id:%d", id);
+		return json_string(s);
+	}
 	const char *b;
 	size_t n;
 	if (codec_token_bytes(cd, id, &b, &n) != 0)
@@ -195,10 +207,10 @@ static json_t *logprobs_json(const struct call *cl, const struct choice *ch, siz
 			const struct lp_entry *e = &ch->lps[i];
 			json_t *top = json_array();
 			for (int k = 0; k < e->n_top && k < cl->ar.top_logprobs; k++)
-				json_array_append_new(top, json_pack("{s:o,s:f,s:o}", "token", token_json(cd, e->top_ids[k]),
+				json_array_append_new(top, json_pack("{s:o,s:f,s:o}", "token", token_json(cd, e->top_ids[k], cl->ar.tokens_as_ids),
 								     "logprob", (double)e->top_lps[k], "bytes",
 								     token_bytes_json(cd, e->top_ids[k])));
-			json_array_append_new(content, json_pack("{s:o,s:f,s:o,s:o}", "token", token_json(cd, e->id), "logprob",
+			json_array_append_new(content, json_pack("{s:o,s:f,s:o,s:o}", "token", token_json(cd, e->id, cl->ar.tokens_as_ids), "logprob",
 								 (double)e->lp, "bytes", token_bytes_json(cd, e->id),
 								 "top_logprobs", top));
 		}
@@ -207,15 +219,11 @@ static json_t *logprobs_json(const struct call *cl, const struct choice *ch, siz
 	json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
 	for (size_t i = from; i < to; i++) {
 		const struct lp_entry *e = &ch->lps[i];
-		json_array_append_new(tokens, token_json(cd, e->id));
+		json_array_append_new(tokens, token_json(cd, e->id, cl->ar.tokens_as_ids));
 		json_array_append_new(lps, json_real(e->lp));
 		json_t *t = json_object();
 		for (int k = 0; k < e->n_top && k < cl->ar.top_logprobs; k++) {
-			const char *b;
-			size_t n;
-			if (codec_token_bytes(cd, e->top_ids[k], &b, &n) != 0)
-				continue;
-			json_t *key = json_text(b, n);
+			json_t *key = token_json(cd, e->top_ids[k], cl->ar.tokens_as_ids);
 			json_object_set_new(t, json_string_value(key), json_real(e->top_lps[k]));
 			json_decref(key);
 		}
@@ -397,7 +405,7 @@ static void call_try_finish(struct call *cl)
 	if (!cl->failed)
 		http_stream_write(cl->conn, "data: [DONE]\n\n", 14);
 	http_stream_end(cl->conn);
-	metric_add(cl->rt->rm.streams_active, -1);
+	metrics_add(cl->rt->rm.streams_active, -1);
 }
 
 static void call_free(struct call *cl)
@@ -430,7 +438,7 @@ static void on_token(void *ud, struct req *r, const struct req_token *t)
 	const char *b;
 	size_t n;
 	size_t before = ch->len;
-	if (t->id == codec_eos(cl->rt->codec)) {
+	if (codec_is_eog(cl->rt->codec, t->id)) {
 		sched_finish(r, REQ_FINISH_EOS);
 		goto out;
 	}
@@ -517,7 +525,7 @@ static void on_abort(struct http_conn *c, void *ud)
 	(void)c;
 	cl->conn = NULL;
 	if (cl->streaming)
-		metric_add(cl->rt->rm.streams_active, -1);
+		metrics_add(cl->rt->rm.streams_active, -1);
 	cl->depth++;
 	LOG_INFO("complete", "rid=%s client disconnected; cancelling %d choice(s)", cl->id, cl->n_choices - cl->n_ended);
 	for (int i = 0; i < cl->n_choices; i++)
@@ -577,11 +585,7 @@ void complete_handle(struct router *rt, struct http_conn *c, struct http_request
 	uint32_t n_ids = 0;
 	int rc;
 	if (kind == API_KIND_CHAT) {
-		char *text = NULL;
-		rc = codec_chat(rt->codec, cl->ar.messages, cl->ar.n_messages, &text, &e);
-		if (rc == 0)
-			rc = codec_encode(rt->codec, text, strlen(text), &ids, &n_ids, &e);
-		free(text);
+		rc = codec_chat(rt->codec, &cl->ar, &ids, &n_ids, &e);
 	} else if (cl->ar.prompt) {
 		rc = codec_encode(rt->codec, cl->ar.prompt, strlen(cl->ar.prompt), &ids, &n_ids, &e);
 	} else {
@@ -622,6 +626,8 @@ void complete_handle(struct router *rt, struct http_conn *c, struct http_request
 		goto free_call;
 	}
 	uint32_t n_new = want > 0 ? (uint32_t)want : n_ctx - n_ids;
+	if (want <= 0 && rt->cfg.n_max_tokens_default && rt->cfg.n_max_tokens_default < n_new)
+		n_new = rt->cfg.n_max_tokens_default; /* KV blocks are reserved up front: do not reserve the whole context */
 	cl->n_prompt = n_ids;
 	for (int i = 0; i < cl->ar.n_stop; i++)
 		if (strlen(cl->ar.stop[i]) > cl->max_stop_len)
@@ -636,7 +642,7 @@ void complete_handle(struct router *rt, struct http_conn *c, struct http_request
 	}
 	if (sched_n_queued(rt->sched) + (uint32_t)cl->ar.n > rt->cfg.sched.n_queue_max) {
 		free(ids);
-		metric_add(rt->rm.http_rejected_429, 1);
+		metrics_add(rt->rm.http_rejected_429, 1);
 		router_send_error(rt, c, 429, "rate_limit_error", "queue_full", NULL,
 				  "the server's request queue is full; retry later");
 		goto free_call;
@@ -674,7 +680,7 @@ void complete_handle(struct router *rt, struct http_conn *c, struct http_request
 	if (cl->ar.stream) {
 		http_stream_begin(c, 200, "text/event-stream", "");
 		cl->streaming = true;
-		metric_add(rt->rm.streams_active, 1);
+		metrics_add(rt->rm.streams_active, 1);
 	}
 	cl->depth++;
 	for (int i = 0; i < cl->n_choices; i++) {

@@ -28,11 +28,15 @@ static const struct key keys[] = {
 	I(port, K_INT, "listen port"),
 	S(model_path, "GGUF model file (only its metadata is read: tokenizer, chat template, context length)"),
 	S(model_name, "model id served in the API (default: GGUF file name without .gguf, or 'sim')"),
+	S(chat_format, "chat format (glm5, glm5.2, glm4, deepseek-v3, deepseek-v3.1); empty: detect from the GGUF"),
 	S(api_keys_file, "file with one API key per line; empty: no authentication"),
 	S(engine, "'workers' (prefill/decode processes) or 'sim' (built-in simulator for tests and benchmarks)"),
-	S(prefill_addrs, "comma-separated host:port of prefill workers' control ports"),
-	S(decode_addrs, "comma-separated host:port of decode workers' control ports"),
+	S(control_addr, "control-plane listen address workers dial (host:port or unix:/path)"),
+	S(control_token_file, "file whose first line is the shared token workers must present; empty: none"),
+	I(heartbeat_ms, K_U32, "heartbeat interval; a worker silent for 3 intervals is dropped"),
 	I(n_ctx, K_U32, "context length in tokens (0: from the model)"),
+	I(n_max_tokens_default, K_U32, "max_tokens for chat requests that give none (0: up to the context); "
+				       "blocks are reserved for all of them"),
 	I(n_conns_max, K_INT, "maximum open HTTP connections (beyond: 503)"),
 	I(header_timeout_ms, K_U64, "time allowed to receive a whole request (408 after)"),
 	I(idle_timeout_ms, K_U64, "keep-alive idle timeout"),
@@ -66,6 +70,8 @@ void router_config_defaults(struct router_config *c)
 	snprintf(c->host, sizeof(c->host), "127.0.0.1");
 	c->port = 8000;
 	snprintf(c->engine, sizeof(c->engine), "workers");
+	snprintf(c->control_addr, sizeof(c->control_addr), "127.0.0.1:9100");
+	c->heartbeat_ms = 1000;
 	c->n_conns_max = 4096;
 	c->header_timeout_ms = 10000;
 	c->idle_timeout_ms = 60000;

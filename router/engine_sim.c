@@ -43,6 +43,7 @@ struct engine_sim {
 	struct sim_config cfg;
 	struct simw *workers;
 	int n_workers;
+	int n_open_steps; /* step timers not yet closed: the engine is freed when this reaches 0 */
 };
 
 uint64_t engine_sim_prompt_hash(const int32_t *ids, uint32_t n)
@@ -291,6 +292,7 @@ int engine_sim_create(struct engine_sim **out, uv_loop_t *loop, struct sched *s,
 		}
 		uv_timer_init(loop, &w->step);
 		w->step.data = w;
+		es->n_open_steps++;
 	}
 	for (int i = 0; i < es->n_workers; i++) {
 		int rc = sched_worker_add(s, &es->workers[i].w, e);
@@ -339,7 +341,7 @@ static void sim_step_closed_cb(uv_handle_t *h)
 {
 	struct simw *w = h->data;
 	struct engine_sim *es = w->es;
-	if (w == &es->workers[es->n_workers - 1]) {
+	if (--es->n_open_steps == 0) {
 		free(es->workers);
 		free(es);
 	}

@@ -17,7 +17,9 @@ struct sconn {
 	uv_shutdown_t shut;
 	struct sconn *prev, *next;
 	int n_open_handles;
-	bool closing;
+	bool too_slow;        /* the client stopped reading: abort at the next loop turn */
+	bool closing;         /* no more HTTP on this connection */
+	bool handles_closing; /* uv_close called on both handles */
 };
 
 struct http_server {
@@ -63,25 +65,45 @@ static void handle_closed_cb(uv_handle_t *h)
 	conn_free_maybe(sc);
 }
 
+static void final_close(struct sconn *sc)
+{
+	if (sc->handles_closing)
+		return;
+	sc->handles_closing = true;
+	uv_timer_stop(&sc->timer);
+	uv_close((uv_handle_t *)&sc->timer, handle_closed_cb);
+	uv_close((uv_handle_t *)&sc->tcp, handle_closed_cb);
+}
+
+static void linger_cb(uv_timer_t *t) { final_close(t->data); }
+
 static void shutdown_cb(uv_shutdown_t *req, int status)
 {
 	struct sconn *sc = req->data;
-	(void)status;
-	uv_close((uv_handle_t *)&sc->tcp, handle_closed_cb);
+	if (status != 0 || sc->srv->destroying) {
+		final_close(sc);
+		return;
+	}
+	/* Lingering close: keep reading (and discarding) for a moment, so that a client still sending
+	 * a body we refused gets our response instead of a reset. */
+	uv_timer_start(&sc->timer, linger_cb, 2000, 0);
 }
 
 /* graceful: flush queued writes (uv_shutdown) before closing, so a final response is not lost */
 static void conn_close_mode(struct sconn *sc, bool graceful)
 {
+	if (!graceful) {
+		sc->closing = true;
+		final_close(sc);
+		return;
+	}
 	if (sc->closing)
 		return;
 	sc->closing = true;
 	uv_timer_stop(&sc->timer);
-	uv_close((uv_handle_t *)&sc->timer, handle_closed_cb);
-	uv_read_stop((uv_stream_t *)&sc->tcp);
 	sc->shut.data = sc;
-	if (!graceful || uv_shutdown(&sc->shut, (uv_stream_t *)&sc->tcp, shutdown_cb) != 0)
-		uv_close((uv_handle_t *)&sc->tcp, handle_closed_cb);
+	if (uv_shutdown(&sc->shut, (uv_stream_t *)&sc->tcp, shutdown_cb) != 0)
+		final_close(sc);
 }
 
 static void conn_close(struct sconn *sc) { conn_close_mode(sc, true); }
@@ -92,11 +114,30 @@ static void write_cb(uv_write_t *w, int status)
 	(void)status; /* a failed write shows up as a read error / EOF, which aborts the request */
 }
 
+/* A client that stops reading an SSE stream must not make us buffer without bound. */
+#define SCONN_MAX_QUEUED_BYTES (8u << 20)
+
+static void slow_cb(uv_timer_t *t)
+{
+	struct sconn *sc = t->data;
+	LOG_INFO("http", "client is not reading (over %u bytes queued): closing the connection", SCONN_MAX_QUEUED_BYTES);
+	if (sc->http)
+		http_conn_eof(sc->http); /* aborts the request in flight, which frees its resources */
+	conn_close_mode(sc, false);
+}
+
 static void io_write(void *ud, const char *data, size_t len)
 {
 	struct sconn *sc = ud;
-	if (sc->closing)
+	if (sc->closing || sc->too_slow)
 		return;
+	if (sc->tcp.write_queue_size + len > SCONN_MAX_QUEUED_BYTES) {
+		/* not from inside the core's call chain: the abort runs on the next loop turn */
+		sc->too_slow = true;
+		uv_timer_stop(&sc->timer);
+		uv_timer_start(&sc->timer, slow_cb, 0, 0);
+		return;
+	}
 	struct wreq *w = malloc(sizeof(*w) + len);
 	if (!w) {
 		conn_close(sc);
@@ -125,13 +166,13 @@ static void read_cb(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
 {
 	struct sconn *sc = st->data;
 	if (n < 0) {
-		if (sc->http)
+		if (sc->http && !sc->closing)
 			http_conn_eof(sc->http);
 		conn_close_mode(sc, false);
 		return;
 	}
-	if (n == 0)
-		return;
+	if (n == 0 || sc->closing)
+		return; /* lingering: discard */
 	http_conn_feed(sc->http, buf->base, (size_t)n);
 	if (!sc->closing)
 		arm_timer(sc);
@@ -147,7 +188,7 @@ static void io_close(void *ud)
 static void io_set_reading(void *ud, bool on)
 {
 	struct sconn *sc = ud;
-	if (sc->closing)
+	if (sc->closing || sc->handles_closing)
 		return;
 	if (on)
 		uv_read_start((uv_stream_t *)&sc->tcp, alloc_cb, read_cb);
@@ -161,7 +202,8 @@ static const struct http_io sconn_io = {io_write, io_close, io_set_reading};
 static void timer_cb(uv_timer_t *t)
 {
 	struct sconn *sc = t->data;
-	http_conn_timeout(sc->http);
+	if (sc->http)
+		http_conn_timeout(sc->http);
 }
 
 /* Idle between requests: the idle timeout; a request partly received: the header timeout;
@@ -169,6 +211,8 @@ static void timer_cb(uv_timer_t *t)
 static void arm_timer(struct sconn *sc)
 {
 	struct http_server *s = sc->srv;
+	if (sc->too_slow)
+		return;
 	if (http_conn_is_busy(sc->http)) {
 		uv_timer_stop(&sc->timer);
 		return;

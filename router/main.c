@@ -16,6 +16,7 @@
 #include "router/config.h"
 #include "router/engine_sim.h"
 #include "router/router.h"
+#include "router/workers.h"
 
 struct app {
 	struct router rt;
@@ -75,6 +76,20 @@ static void watchdog_cb(uv_timer_t *t)
 	sd_notify(0, "WATCHDOG=1");
 }
 
+static int read_token(const char *path, char *out, size_t cap, struct errbuf *e)
+{
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return errbuf_set(e, -errno, "control token file %s: %s", path, strerror(errno));
+	if (!fgets(out, (int)cap, f))
+		out[0] = '\0';
+	fclose(f);
+	out[strcspn(out, "\r\n")] = '\0';
+	if (!out[0])
+		return errbuf_set(e, ERR_FORMAT, "control token file %s is empty", path);
+	return 0;
+}
+
 static int setup_model(struct router *rt, struct errbuf *e)
 {
 	if (strcmp(rt->cfg.engine, "sim") == 0 && rt->cfg.model_path[0] == '\0') {
@@ -87,10 +102,20 @@ static int setup_model(struct router *rt, struct errbuf *e)
 			rt->cfg.n_ctx = 4096;
 		return 0;
 	}
-	return errbuf_set(e, ERR_UNSUPPORTED,
-			  "engine '%s' with model '%s': this router build has no GGUF tokenizer/control-plane client "
-			  "yet; use --engine sim",
-			  rt->cfg.engine, rt->cfg.model_path);
+	if (rt->cfg.model_path[0] == '\0')
+		return errbuf_set(e, -EINVAL, "--model-path is required (the GGUF whose tokenizer and chat template "
+					      "the router uses), unless --engine sim");
+	struct codec_model_info info;
+	int rc = codec_create_gguf(&rt->codec, rt->cfg.model_path, rt->cfg.chat_format, &info, e);
+	if (rc)
+		return rc;
+	if (!rt->cfg.model_name[0])
+		snprintf(rt->cfg.model_name, sizeof(rt->cfg.model_name), "%s", info.name);
+	if (rt->cfg.n_ctx == 0)
+		rt->cfg.n_ctx = info.n_ctx ? info.n_ctx : 4096;
+	LOG_INFO("main", "model %s: arch %s, context %u, vocabulary %u", rt->cfg.model_path, info.arch, rt->cfg.n_ctx,
+		 codec_n_vocab(rt->codec));
+	return 0;
 }
 
 int main(int argc, char **argv)
@@ -117,7 +142,7 @@ int main(int argc, char **argv)
 
 	rt->loop = uv_default_loop();
 	rt->created = (uint64_t)time(NULL);
-	rt->metrics = metrics_create();
+	rt->metrics = metrics_create(NULL);
 	if (!rt->metrics) {
 		fprintf(stderr, "tandem-router: out of memory\n");
 		return 1;
@@ -142,6 +167,24 @@ int main(int argc, char **argv)
 		};
 		if ((rc = engine_sim_create(&rt->sim, rt->loop, rt->sched, &sc, &e)))
 			goto fail;
+	} else if (strcmp(rt->cfg.engine, "workers") == 0) {
+		char token[260] = "";
+		if (rt->cfg.control_token_file[0] && (rc = read_token(rt->cfg.control_token_file, token, sizeof(token), &e)))
+			goto fail;
+		struct workers_config wc = {
+			.listen_addr = rt->cfg.control_addr,
+			.auth_token = token,
+			.heartbeat_ms = rt->cfg.heartbeat_ms,
+			.reserve_deadline_ms = rt->cfg.sched.queue_timeout_ms + rt->cfg.sched.prefill_timeout_ms,
+			.prefill_deadline_ms = rt->cfg.sched.prefill_timeout_ms,
+		};
+		if ((rc = workers_create(&rt->workers, rt->loop, rt->sched, &wc, rt->metrics, &e)))
+			goto fail;
+		LOG_INFO("main", "control plane listening on %s (port %d)%s", rt->cfg.control_addr,
+			 workers_port(rt->workers), token[0] ? ", token required" : "");
+	} else {
+		rc = errbuf_set(&e, -EINVAL, "engine '%s' is not 'workers' or 'sim'", rt->cfg.engine);
+		goto fail;
 	}
 	struct http_server_config hc = {
 		.host = rt->cfg.host,
@@ -179,6 +222,7 @@ int main(int argc, char **argv)
 	/* shut down: close everything still open and let the close callbacks run */
 	http_server_destroy(rt->http);
 	engine_sim_destroy(rt->sim);
+	workers_destroy(rt->workers);
 	sched_destroy(rt->sched);
 	uv_walk(rt->loop, close_walk_cb, NULL);
 	uv_run(rt->loop, UV_RUN_DEFAULT);

@@ -81,6 +81,7 @@ struct req *req_create(uv_loop_t *loop, uint64_t id, int32_t *prompt, uint32_t n
 static void timer_closed_cb(uv_handle_t *h)
 {
 	struct req *r = h->data;
+	free(r->block_ids);
 	free(r->prompt);
 	free(r);
 }
@@ -90,7 +91,7 @@ void req_destroy(struct req *r)
 	if (!r)
 		return;
 	TD_ASSERT(r->state == REQ_STATE_RECEIVED || req_state_is_final(r->state));
-	TD_ASSERT(!r->queued && !r->prefill && !r->decode);
+	TD_ASSERT(!r->queued && !r->prefill && !r->decode && !r->in_rid_map);
 	if (r->destroy_pending)
 		return;
 	r->destroy_pending = true;

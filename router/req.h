@@ -88,6 +88,13 @@ struct req {
 	bool queued;            /* in the admission queue */
 	struct req *qnext, *qprev;
 
+	/* backend state for remote workers (workers.c): the decode reservation's block ids */
+	uint32_t *block_ids;    /* owned */
+	uint32_t n_block_ids;
+	bool kv_ready_sent;     /* decode runs the sequence: release with Cancel, not KvRelease */
+	bool decode_finished;   /* decode sent Finish: it holds nothing any more */
+	bool in_rid_map;
+
 	/* stage timestamps (ns, uv_hrtime) for metrics */
 	uint64_t t_received, t_admitted, t_reserved, t_prefill, t_transfer, t_first, t_last;
 

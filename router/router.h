@@ -14,6 +14,7 @@ struct codec;
 struct metrics;
 struct metric;
 struct engine_sim;
+struct workers;
 struct auth;
 struct router;
 
@@ -22,11 +23,14 @@ struct router_config {
 	int port;
 	char model_path[512];   /* GGUF (metadata only) */
 	char model_name[128];   /* served model id; default: the GGUF file name without .gguf */
+	char chat_format[32];   /* "" = detect from tokenizer.chat_template */
 	char api_keys_file[512];
 	char engine[16];        /* "workers" (real prefill/decode) or "sim" */
-	char prefill_addrs[1024]; /* comma-separated host:port of prefill workers */
-	char decode_addrs[1024];
+	char control_addr[256];   /* where workers dial in: host:port or unix:/path */
+	char control_token_file[512];
+	uint32_t heartbeat_ms;
 	uint32_t n_ctx;         /* context length (0: from the model) */
+	uint32_t n_max_tokens_default; /* when a chat request gives no max_tokens (0: up to the context) */
 	int n_conns_max;
 	uint64_t header_timeout_ms, idle_timeout_ms;
 	size_t n_body_bytes_max;
@@ -64,6 +68,7 @@ struct router {
 	struct metrics *metrics;
 	struct router_metrics rm;
 	struct engine_sim *sim;
+	struct workers *workers;
 	struct auth *auth;
 	uint64_t next_req_id;
 	uint64_t created; /* unix seconds at start, for /v1/models */

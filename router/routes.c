@@ -17,17 +17,17 @@ static const char *const endpoint_names[EP_COUNT] = {"completions", "chat_comple
 
 void router_metrics_register(struct router *rt)
 {
-	for (int i = 0; i < EP_COUNT; i++)
-		rt->rm.http_requests[i] = metrics_counter(rt->metrics, "tandem_router_http_requests_total",
-							  "HTTP requests by endpoint", "endpoint", endpoint_names[i]);
-	rt->rm.http_errors_4xx = metrics_counter(rt->metrics, "tandem_router_http_errors_total",
-						 "HTTP error responses by status class", "class", "4xx");
-	rt->rm.http_errors_5xx = metrics_counter(rt->metrics, "tandem_router_http_errors_total",
-						 "HTTP error responses by status class", "class", "5xx");
-	rt->rm.http_rejected_429 = metrics_counter(rt->metrics, "tandem_router_rejected_queue_full_total",
-						   "Requests refused with 429 because the admission queue was full", NULL, NULL);
-	rt->rm.streams_active = metrics_gauge(rt->metrics, "tandem_router_streams_active", "SSE streams open", NULL, NULL);
-	rt->rm.conns_open = metrics_gauge(rt->metrics, "tandem_router_http_connections", "Open HTTP connections", NULL, NULL);
+	for (int i = 0; i < EP_COUNT; i++) {
+		char labels[64];
+		snprintf(labels, sizeof(labels), "endpoint=\"%s\"", endpoint_names[i]);
+		rt->rm.http_requests[i] = metrics_counter(rt->metrics, "tandem_router_http_requests_total", labels,
+							  "HTTP requests by endpoint");
+	}
+	rt->rm.http_errors_4xx = metrics_counter(rt->metrics, "tandem_router_http_errors_total", "class=\"4xx\"", "HTTP error responses by status class");
+	rt->rm.http_errors_5xx = metrics_counter(rt->metrics, "tandem_router_http_errors_total", "class=\"5xx\"", "HTTP error responses by status class");
+	rt->rm.http_rejected_429 = metrics_counter(rt->metrics, "tandem_router_rejected_queue_full_total", NULL, "Requests refused with 429 because the admission queue was full");
+	rt->rm.streams_active = metrics_gauge(rt->metrics, "tandem_router_streams_active", NULL, "SSE streams open");
+	rt->rm.conns_open = metrics_gauge(rt->metrics, "tandem_router_http_connections", NULL, "Open HTTP connections");
 }
 
 void router_send_error(struct router *rt, struct http_conn *c, int status, const char *type, const char *code,
@@ -42,7 +42,7 @@ void router_send_error(struct router *rt, struct http_conn *c, int status, const
 		snprintf(extra, sizeof(extra), "Retry-After: %u\r\n", sched_retry_after(rt->sched));
 	else if (status == 401)
 		snprintf(extra, sizeof(extra), "WWW-Authenticate: Bearer\r\n");
-	metric_add(status >= 500 ? rt->rm.http_errors_5xx : rt->rm.http_errors_4xx, 1);
+	metrics_add(status >= 500 ? rt->rm.http_errors_5xx : rt->rm.http_errors_4xx, 1);
 	if (body)
 		http_respond(c, status, "application/json", extra, body, n);
 	else
@@ -76,7 +76,7 @@ static void method_not_allowed(struct router *rt, struct http_conn *c, const cha
 	char *body = api_error_json(&err, NULL);
 	char extra[64];
 	snprintf(extra, sizeof(extra), "Allow: %s\r\n", allow);
-	metric_add(rt->rm.http_errors_4xx, 1);
+	metrics_add(rt->rm.http_errors_4xx, 1);
 	http_respond(c, 405, "application/json", extra, body ? body : "{}", body ? strlen(body) : 2);
 	free(body);
 }
@@ -93,14 +93,14 @@ void router_on_request(struct http_conn *c, struct http_request *r, void *ud)
 	LOG_DEBUG("http", "%s %s", r->method_name, p);
 
 	if (strcmp(p, "/health") == 0) {
-		metric_add(rt->rm.http_requests[EP_HEALTH], 1);
+		metrics_add(rt->rm.http_requests[EP_HEALTH], 1);
 		if (!is_get(r))
 			return method_not_allowed(rt, c, "GET");
 		static const char ok[] = "{\"status\":\"ok\"}";
 		return http_respond(c, 200, "application/json", "", ok, sizeof(ok) - 1);
 	}
 	if (strcmp(p, "/ready") == 0) {
-		metric_add(rt->rm.http_requests[EP_READY], 1);
+		metrics_add(rt->rm.http_requests[EP_READY], 1);
 		if (!is_get(r))
 			return method_not_allowed(rt, c, "GET");
 		if (rt->draining)
@@ -112,13 +112,13 @@ void router_on_request(struct http_conn *c, struct http_request *r, void *ud)
 		return http_respond(c, 200, "application/json", "", ok, sizeof(ok) - 1);
 	}
 	if (strcmp(p, "/metrics") == 0) {
-		metric_add(rt->rm.http_requests[EP_METRICS], 1);
+		metrics_add(rt->rm.http_requests[EP_METRICS], 1);
 		if (!is_get(r))
 			return method_not_allowed(rt, c, "GET");
-		metric_set(rt->rm.conns_open, http_server_n_conns(rt->http));
+		metrics_set(rt->rm.conns_open, http_server_n_conns(rt->http));
 		size_t n = 0;
-		char *text = metrics_render(rt->metrics, &n);
-		if (!text)
+		char *text = NULL;
+		if (metrics_render(rt->metrics, &text, &n) != 0 || !text)
 			return router_send_error(rt, c, 500, "server_error", NULL, NULL, "could not render metrics");
 		http_respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", "", text, n);
 		free(text);
@@ -128,25 +128,25 @@ void router_on_request(struct http_conn *c, struct http_request *r, void *ud)
 		bool known = strcmp(p, "/v1/completions") == 0 || strcmp(p, "/v1/chat/completions") == 0 ||
 			     strcmp(p, "/v1/models") == 0 || strncmp(p, "/v1/models/", 11) == 0;
 		if (known && !auth_is_allowed(rt->auth, http_request_header(r, "authorization"))) {
-			metric_add(rt->rm.http_requests[EP_OTHER], 1);
+			metrics_add(rt->rm.http_requests[EP_OTHER], 1);
 			return router_send_error(rt, c, 401, "invalid_request_error", "invalid_api_key", NULL,
 						 "Incorrect or missing API key: send 'Authorization: Bearer <key>'");
 		}
 		if (strcmp(p, "/v1/completions") == 0 || strcmp(p, "/v1/chat/completions") == 0) {
 			bool chat = p[4] == 'c' && p[5] == 'h';
-			metric_add(rt->rm.http_requests[chat ? EP_CHAT : EP_COMPLETIONS], 1);
+			metrics_add(rt->rm.http_requests[chat ? EP_CHAT : EP_COMPLETIONS], 1);
 			if (r->method != HTTP_METHOD_POST)
 				return method_not_allowed(rt, c, "POST");
 			return complete_handle(rt, c, r, chat ? API_KIND_CHAT : API_KIND_COMPLETIONS);
 		}
 		if (strcmp(p, "/v1/models") == 0) {
-			metric_add(rt->rm.http_requests[EP_MODELS], 1);
+			metrics_add(rt->rm.http_requests[EP_MODELS], 1);
 			if (!is_get(r))
 				return method_not_allowed(rt, c, "GET");
 			return respond_json(rt, c, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", model_json(rt)));
 		}
 		if (strncmp(p, "/v1/models/", 11) == 0) {
-			metric_add(rt->rm.http_requests[EP_MODELS], 1);
+			metrics_add(rt->rm.http_requests[EP_MODELS], 1);
 			if (!is_get(r))
 				return method_not_allowed(rt, c, "GET");
 			if (strcmp(p + 11, rt->cfg.model_name) != 0)
@@ -155,6 +155,6 @@ void router_on_request(struct http_conn *c, struct http_request *r, void *ud)
 			return respond_json(rt, c, 200, model_json(rt));
 		}
 	}
-	metric_add(rt->rm.http_requests[EP_OTHER], 1);
+	metrics_add(rt->rm.http_requests[EP_OTHER], 1);
 	router_send_error(rt, c, 404, "invalid_request_error", "not_found", NULL, "no such route");
 }

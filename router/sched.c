@@ -38,31 +38,32 @@ static double secs(uint64_t a_ns, uint64_t b_ns) { return b_ns > a_ns ? (double)
 static void register_metrics(struct sched *s, struct metrics *m)
 {
 	struct sched_metrics *x = &s->m;
-	const double *lb = metrics_buckets_latency;
-	int nl = metrics_n_buckets_latency;
-	x->queue_s = metrics_histogram(m, "tandem_router_queue_seconds", "Time from admission to KV reservation", lb, nl);
-	x->prefill_s = metrics_histogram(m, "tandem_router_prefill_seconds", "Time from prefill start to prefill done", lb, nl);
-	x->transfer_s = metrics_histogram(m, "tandem_router_kv_transfer_seconds",
-					  "Time from prefill done to the decode worker's first token (KV transfer)", lb, nl);
-	x->ttft_s = metrics_histogram(m, "tandem_router_ttft_seconds", "Time to first token, from request receipt", lb, nl);
-	x->itl_s = metrics_histogram(m, "tandem_router_inter_token_seconds", "Time between consecutive tokens",
-				     metrics_buckets_fast, metrics_n_buckets_fast);
-	x->e2e_s = metrics_histogram(m, "tandem_router_e2e_seconds", "End-to-end request latency", lb, nl);
-	x->prompt_tokens = metrics_counter(m, "tandem_router_prompt_tokens_total", "Prompt tokens admitted", NULL, NULL);
-	x->gen_tokens = metrics_counter(m, "tandem_router_generated_tokens_total", "Tokens generated", NULL, NULL);
+	/* inter-token gaps are much shorter than whole stages: finer buckets at the low end */
+	static const double fast[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+				      0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
+	const double *lb = metrics_latency_bounds;
+	int nl = metrics_n_latency_bounds;
+	x->queue_s = metrics_histogram(m, "tandem_router_queue_seconds", NULL, "Time from admission to KV reservation", lb, nl);
+	x->prefill_s = metrics_histogram(m, "tandem_router_prefill_seconds", NULL, "Time from prefill start to prefill done", lb, nl);
+	x->transfer_s = metrics_histogram(m, "tandem_router_kv_transfer_seconds", NULL, "Time from prefill done to the decode worker's first token (KV transfer)", lb, nl);
+	x->ttft_s = metrics_histogram(m, "tandem_router_ttft_seconds", NULL, "Time to first token, from request receipt", lb, nl);
+	x->itl_s = metrics_histogram(m, "tandem_router_inter_token_seconds", NULL, "Time between consecutive tokens",
+				     fast, (int)(sizeof(fast) / sizeof(fast[0])));
+	x->e2e_s = metrics_histogram(m, "tandem_router_e2e_seconds", NULL, "End-to-end request latency", lb, nl);
+	x->prompt_tokens = metrics_counter(m, "tandem_router_prompt_tokens_total", NULL, "Prompt tokens admitted");
+	x->gen_tokens = metrics_counter(m, "tandem_router_generated_tokens_total", NULL, "Tokens generated");
 	const char *h = "Sequences by outcome";
-	x->req_done = metrics_counter(m, "tandem_router_requests_total", h, "outcome", "done");
-	x->req_failed = metrics_counter(m, "tandem_router_requests_total", h, "outcome", "failed");
-	x->req_cancelled = metrics_counter(m, "tandem_router_requests_total", h, "outcome", "cancelled");
-	x->req_rejected = metrics_counter(m, "tandem_router_requests_total", h, "outcome", "rejected");
-	x->queue_depth = metrics_gauge(m, "tandem_router_queue_depth", "Requests waiting in the admission queue", NULL, NULL);
-	x->running = metrics_gauge(m, "tandem_router_running_sequences", "Sequences decoding", NULL, NULL);
-	x->blocks_used = metrics_gauge(m, "tandem_router_kv_blocks_used", "KV blocks in use over all decode workers", NULL, NULL);
-	x->blocks_free = metrics_gauge(m, "tandem_router_kv_blocks_free", "KV blocks free over all decode workers", NULL, NULL);
-	x->workers_prefill = metrics_gauge(m, "tandem_router_workers", "Live workers by role", "role", "prefill");
-	x->workers_decode = metrics_gauge(m, "tandem_router_workers", "Live workers by role", "role", "decode");
-	x->prefill_retries = metrics_counter(m, "tandem_router_prefill_retries_total",
-					     "Prefills re-placed after their worker was lost", NULL, NULL);
+	x->req_done = metrics_counter(m, "tandem_router_requests_total", "outcome=\"done\"", h);
+	x->req_failed = metrics_counter(m, "tandem_router_requests_total", "outcome=\"failed\"", h);
+	x->req_cancelled = metrics_counter(m, "tandem_router_requests_total", "outcome=\"cancelled\"", h);
+	x->req_rejected = metrics_counter(m, "tandem_router_requests_total", "outcome=\"rejected\"", h);
+	x->queue_depth = metrics_gauge(m, "tandem_router_queue_depth", NULL, "Requests waiting in the admission queue");
+	x->running = metrics_gauge(m, "tandem_router_running_sequences", NULL, "Sequences decoding");
+	x->blocks_used = metrics_gauge(m, "tandem_router_kv_blocks_used", NULL, "KV blocks in use over all decode workers");
+	x->blocks_free = metrics_gauge(m, "tandem_router_kv_blocks_free", NULL, "KV blocks free over all decode workers");
+	x->workers_prefill = metrics_gauge(m, "tandem_router_workers", "role=\"prefill\"", "Live workers by role");
+	x->workers_decode = metrics_gauge(m, "tandem_router_workers", "role=\"decode\"", "Live workers by role");
+	x->prefill_retries = metrics_counter(m, "tandem_router_prefill_retries_total", NULL, "Prefills re-placed after their worker was lost");
 }
 
 static void update_gauges(struct sched *s)
@@ -80,12 +81,12 @@ static void update_gauges(struct sched *s)
 			np++;
 		}
 	}
-	metric_set(s->m.queue_depth, s->n_queued);
-	metric_set(s->m.running, s->n_decoding);
-	metric_set(s->m.blocks_used, (double)used);
-	metric_set(s->m.blocks_free, (double)freeb);
-	metric_set(s->m.workers_prefill, np);
-	metric_set(s->m.workers_decode, nd);
+	metrics_set(s->m.queue_depth, s->n_queued);
+	metrics_set(s->m.running, s->n_decoding);
+	metrics_set(s->m.blocks_used, (double)used);
+	metrics_set(s->m.blocks_free, (double)freeb);
+	metrics_set(s->m.workers_prefill, np);
+	metrics_set(s->m.workers_decode, nd);
 }
 
 int sched_create(struct sched **out, uv_loop_t *loop, const struct sched_config *cfg, struct metrics *m,
@@ -114,7 +115,7 @@ bool sched_is_ready(const struct sched *s)
 {
 	bool p = false, d = false;
 	for (struct worker *w = s->workers; w; w = w->next) {
-		if (!w->alive)
+		if (!w->alive || w->draining)
 			continue;
 		p |= w->role == WORKER_ROLE_PREFILL;
 		d |= w->role == WORKER_ROLE_DECODE;
@@ -195,14 +196,14 @@ static void end_req(struct req *r, enum req_state to, enum req_finish finish, in
 		s->n_active--;
 	uint64_t now = uv_hrtime();
 	if (to == REQ_STATE_DONE) {
-		metric_add(s->m.req_done, 1);
-		metric_observe(s->m.e2e_s, secs(r->t_received, now));
+		metrics_add(s->m.req_done, 1);
+		metrics_observe(s->m.e2e_s, secs(r->t_received, now));
 		LOG_DEBUG("sched", "rid=%s done: %u tokens in %.3f s", r->rid, r->n_generated, secs(r->t_received, now));
 	} else if (to == REQ_STATE_FAILED) {
-		metric_add(s->m.req_failed, 1);
+		metrics_add(s->m.req_failed, 1);
 		LOG_WARN("sched", "rid=%s failed: %s", r->rid, msg ? msg : "");
 	} else {
-		metric_add(s->m.req_cancelled, 1);
+		metrics_add(s->m.req_cancelled, 1);
 		LOG_INFO("sched", "rid=%s cancelled%s%s", r->rid, msg ? ": " : "", msg ? msg : "");
 	}
 	update_gauges(s);
@@ -256,7 +257,7 @@ static struct worker *pick_decode(struct sched *s, const struct req *r, bool *fi
 	struct worker *best = NULL;
 	*fits_anywhere = false;
 	for (struct worker *w = s->workers; w; w = w->next) {
-		if (!w->alive || w->role != WORKER_ROLE_DECODE)
+		if (!w->alive || w->draining || w->role != WORKER_ROLE_DECODE)
 			continue;
 		uint32_t need = blocks_needed(r, w->layout.block_size);
 		if (need <= w->n_blocks_total)
@@ -276,7 +277,8 @@ static struct worker *pick_prefill(struct sched *s)
 {
 	struct worker *best = NULL;
 	for (struct worker *w = s->workers; w; w = w->next)
-		if (w->alive && w->role == WORKER_ROLE_PREFILL && (!best || w->n_queued_tokens < best->n_queued_tokens))
+		if (w->alive && !w->draining && w->role == WORKER_ROLE_PREFILL &&
+		    (!best || w->n_queued_tokens < best->n_queued_tokens))
 			best = w;
 	return best;
 }
@@ -342,16 +344,16 @@ int sched_submit(struct sched *s, struct req *r)
 {
 	r->sched = s;
 	if (s->draining || !sched_is_ready(s)) {
-		metric_add(s->m.req_rejected, 1);
+		metrics_add(s->m.req_rejected, 1);
 		return -EAGAIN;
 	}
 	if (s->n_queued >= s->cfg.n_queue_max) {
-		metric_add(s->m.req_rejected, 1);
+		metrics_add(s->m.req_rejected, 1);
 		return ERR_LIMIT;
 	}
 	r->t_admitted = uv_hrtime();
 	s->n_active++;
-	metric_add(s->m.prompt_tokens, r->n_prompt);
+	metrics_add(s->m.prompt_tokens, r->n_prompt);
 	req_transition(r, REQ_STATE_ADMITTED, s->cfg.queue_timeout_ms, stage_timeout_cb);
 	queue_push(s, r);
 	pump(s);
@@ -377,7 +379,7 @@ void sched_on_reserved(struct req *r, int status, const char *message)
 		return;
 	}
 	r->t_reserved = uv_hrtime();
-	metric_observe(s->m.queue_s, secs(r->t_admitted, r->t_reserved));
+	metrics_observe(s->m.queue_s, secs(r->t_admitted, r->t_reserved));
 	req_transition(r, REQ_STATE_KV_RESERVED, 0, NULL);
 	start_prefill(s, r);
 }
@@ -388,7 +390,7 @@ void sched_on_prefill_done(struct req *r)
 		return;
 	struct sched *s = r->sched;
 	r->t_transfer = uv_hrtime();
-	metric_observe(s->m.prefill_s, secs(r->t_prefill, r->t_transfer));
+	metrics_observe(s->m.prefill_s, secs(r->t_prefill, r->t_transfer));
 	if (r->prefill && r->prefill->n_queued_tokens >= r->n_prompt)
 		r->prefill->n_queued_tokens -= r->n_prompt;
 	/* the prefill worker's part ends with the push; it holds nothing afterwards */
@@ -400,10 +402,10 @@ static void deliver(struct sched *s, struct req *r, const struct req_token *t)
 {
 	uint64_t now = uv_hrtime();
 	if (r->n_generated > 0)
-		metric_observe(s->m.itl_s, secs(r->t_last, now));
+		metrics_observe(s->m.itl_s, secs(r->t_last, now));
 	r->t_last = now;
 	r->n_generated++;
-	metric_add(s->m.gen_tokens, 1);
+	metrics_add(s->m.gen_tokens, 1);
 	uv_timer_stop(&r->deadline);
 	uv_timer_start(&r->deadline, stage_timeout_cb, s->cfg.token_timeout_ms, 0);
 	r->sink->token(r->sink_ud, r, t);
@@ -415,8 +417,8 @@ void sched_on_decode_started(struct req *r, const struct req_token *first)
 		return;
 	struct sched *s = r->sched;
 	r->t_first = uv_hrtime();
-	metric_observe(s->m.transfer_s, secs(r->t_transfer, r->t_first));
-	metric_observe(s->m.ttft_s, secs(r->t_received, r->t_first));
+	metrics_observe(s->m.transfer_s, secs(r->t_transfer, r->t_first));
+	metrics_observe(s->m.ttft_s, secs(r->t_received, r->t_first));
 	req_transition(r, REQ_STATE_DECODING, s->cfg.token_timeout_ms, stage_timeout_cb);
 	s->n_decoding++;
 	if (r->decode)
@@ -511,7 +513,7 @@ void sched_on_worker_lost_req(struct req *r, struct worker *w)
 			fail(r, 503, "prefill worker lost and no retries left");
 			return;
 		}
-		metric_add(s->m.prefill_retries, 1);
+		metrics_add(s->m.prefill_retries, 1);
 		LOG_INFO("sched", "rid=%s prefill worker %s lost; re-prefilling elsewhere", r->rid, w->name);
 		/* the decode reservation stays: back to KV_RESERVED and place the prefill again */
 		req_transition(r, REQ_STATE_KV_RESERVED, 0, NULL);

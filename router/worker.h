@@ -10,11 +10,13 @@
 
 #include "common/base/err.h"
 
+#define MSG_NAME_MAX_ROUTER 80
+
 enum worker_role { WORKER_ROLE_PREFILL = 1, WORKER_ROLE_DECODE = 2 };
 
 /* The KV-cache layout both sides of a transfer must agree on (DESIGN.md §5, §6). */
 struct kv_layout {
-	char arch[32];
+	char arch[72];
 	uint32_t n_layers;
 	uint32_t block_size;   /* tokens per block */
 	uint32_t kv_lora_rank; /* latent dim C */
@@ -40,13 +42,14 @@ struct worker_ops {
 struct worker {
 	int id;
 	enum worker_role role;
-	char name[64];   /* address or sim name, for logs */
+	char name[MSG_NAME_MAX_ROUTER];   /* worker name (or address), for logs */
 	char model_id[80];
 	struct kv_layout layout;
 	uint32_t tp;
 	const struct worker_ops *ops;
 	void *impl;
 	bool alive;
+	bool draining; /* alive but takes no new work (it sent Drain) */
 	/* load, from heartbeats and updated locally between them */
 	uint64_t n_queued_tokens;
 	uint32_t n_blocks_total;

@@ -97,13 +97,123 @@ static int best_n(const float *l, int64_t V, int n, int32_t *out)
 	return n;
 }
 
-int sample_token(const struct sample_params *p, struct sample_rng *rng, struct sample_work *w, const float *logits,
-		 int64_t V, const int32_t *history, int64_t n_history, struct sample_result *out, struct errbuf *e)
+/* (a) ranks before (b): logit descending, then id ascending */
+static inline bool before(const float *l, int32_t a, int32_t b)
+{
+	return l[a] > l[b] || (l[a] == l[b] && a < b);
+}
+
+/* Weighted quickselect: reorders idx[0..V) so that idx[0..n) are the n best tokens for the
+ * smallest n whose mass (pr by id) reaches `need`; returns n. Expected O(V); the set is exactly
+ * the prefix a full sort would give. */
+static int64_t nucleus(const float *l, const float *pr, int32_t *idx, int64_t V, double need)
+{
+	int64_t lo = 0, hi = V;
+	double acc = 0;
+	while (hi - lo > 1) {
+		int64_t mid = lo + (hi - lo) / 2;
+		int32_t a = idx[lo], b = idx[mid], c = idx[hi - 1], piv; /* median of three */
+		if (before(l, a, b))
+			piv = before(l, b, c) ? b : before(l, a, c) ? c : a;
+		else
+			piv = before(l, a, c) ? a : before(l, b, c) ? c : b;
+		int64_t q = lo;
+		for (int64_t i = lo; i < hi; i++) /* move the pivot to the end, then Lomuto */
+			if (idx[i] == piv) {
+				idx[i] = idx[hi - 1];
+				idx[hi - 1] = piv;
+				break;
+			}
+		double massl = 0;
+		for (int64_t i = lo; i < hi - 1; i++)
+			if (before(l, idx[i], piv)) {
+				int32_t t = idx[i];
+				idx[i] = idx[q];
+				idx[q++] = t;
+				massl += pr[t];
+			}
+		idx[hi - 1] = idx[q];
+		idx[q] = piv;
+		if (acc + massl >= need) {
+			hi = q;
+		} else if (acc + massl + pr[piv] >= need) {
+			return q + 1;
+		} else {
+			acc += massl + pr[piv];
+			lo = q + 1;
+		}
+	}
+	return hi;
+}
+
+/* Temperature / top-k / top-p / min-p draw. Without top-k no sort is needed: top-p selects its
+ * set with a weighted quickselect and the draw walks the set in that (deterministic) order. */
+static int32_t draw(const struct sample_params *p, struct sample_rng *rng, struct sample_work *w,
+                    const float *l, int64_t V, float mx)
+{
+	float inv_t = 1.0f / p->temperature;
+	float *pr = w->probs;
+	int32_t *idx = w->idx;
+	int64_t k = p->top_k > 0 && p->top_k < V ? p->top_k : V, n;
+	double tot = 0;
+	if (k < V) {
+		n = best_n(l, V, (int)k, idx); /* sorted, best first; pr by rank here */
+		double z = 0;
+		for (int64_t i = 0; i < n; i++)
+			z += (pr[i] = expf((l[idx[i]] - l[idx[0]]) * inv_t));
+		if (p->top_p < 1.0f) {
+			double c = 0;
+			for (int64_t i = 0; i < n; i++) {
+				c += pr[i] / z;
+				if (c >= (double)p->top_p) {
+					n = i + 1;
+					break;
+				}
+			}
+		}
+		int64_t keep = 1;
+		while (keep < n && pr[keep] >= p->min_p * pr[0])
+			keep++;
+		n = keep;
+		for (int64_t i = 0; i < n; i++)
+			tot += pr[i];
+		double u = sample_rng_uniform(rng) * tot, c = 0;
+		for (int64_t i = 0; i < n; i++)
+			if (u < (c += pr[i]))
+				return idx[i];
+		return idx[n - 1];
+	}
+	double z = 0; /* pr by id; the best token has pr = 1 */
+	for (int64_t i = 0; i < V; i++) {
+		z += (pr[i] = expf((l[i] - mx) * inv_t));
+		idx[i] = (int32_t)i;
+	}
+	n = p->top_p < 1.0f ? nucleus(l, pr, idx, V, (double)p->top_p * z) : V;
+	for (int64_t i = 0; i < n; i++)
+		if (pr[idx[i]] >= p->min_p)
+			tot += pr[idx[i]];
+	double u = sample_rng_uniform(rng) * tot, c = 0;
+	int32_t last = idx[0];
+	for (int64_t i = 0; i < n; i++) {
+		float q = pr[idx[i]];
+		if (q < p->min_p)
+			continue;
+		last = idx[i];
+		if (u < (c += q))
+			return idx[i];
+	}
+	return last;
+}
+
+int sample_token(const struct sample_params *p, struct sample_rng *rng, struct sample_work *w,
+                 const float *logits, int64_t V, const int32_t *history, int64_t n_history,
+                 struct sample_result *out, struct errbuf *e)
 {
 	memset(out, 0, sizeof(*out));
 	if (V < 1 || V > w->n_vocab)
-		return errbuf_set(e, -EINVAL, "sampling: vocabulary %lld does not fit the work buffers (%lld)", (long long)V,
-				  (long long)w->n_vocab);
+		return errbuf_set(e, -EINVAL,
+		                  "sampling: vocabulary %lld does not fit the work buffers (%lld)",
+		                  (long long)V, (long long)w->n_vocab);
 	if (!(p->temperature >= 0) || !isfinite(p->temperature))
 		return errbuf_set(e, -EINVAL, "sampling: temperature must be >= 0");
 	if (!(p->top_p > 0) || !isfinite(p->top_p))
@@ -121,7 +231,8 @@ int sample_token(const struct sample_params *p, struct sample_rng *rng, struct s
 	for (int64_t i = 0; i < V; i++)
 		if (isnan(l[i]))
 			l[i] = -INFINITY; /* a NaN logit never wins */
-	bool pen = p->repetition_penalty != 1.0f || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
+	bool pen =
+	    p->repetition_penalty != 1.0f || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
 	if (pen && n_history > 0) {
 		for (int64_t i = 0; i < n_history; i++)
 			if (history[i] >= 0 && history[i] < V)
@@ -147,10 +258,13 @@ int sample_token(const struct sample_params *p, struct sample_rng *rng, struct s
 		mx = l[i] > mx ? l[i] : mx;
 	if (!isfinite(mx))
 		return errbuf_set(e, -EINVAL, "sampling: no finite logit");
-	double se = 0;
-	for (int64_t i = 0; i < V; i++)
-		se += exp((double)(l[i] - mx));
-	double lse = (double)mx + log(se);
+	double lse = 0;
+	if (!p->no_logprob || p->n_logprobs > 0) {
+		double se = 0;
+		for (int64_t i = 0; i < V; i++)
+			se += expf(l[i] - mx);
+		lse = (double)mx + log(se);
+	}
 
 	int32_t tok;
 	if (p->greedy || p->temperature == 0.0f || p->top_k == 1) {
@@ -160,48 +274,10 @@ int sample_token(const struct sample_params *p, struct sample_rng *rng, struct s
 				b = i;
 		tok = (int32_t)b;
 	} else {
-		int k = p->top_k > 0 && p->top_k < V ? p->top_k : (int)V;
-		int32_t *idx = w->idx;
-		float *pr = w->probs;
-		int n = best_n(l, V, k, idx);
-		double tot = 0, inv_t = 1.0 / (double)p->temperature;
-		for (int i = 0; i < n; i++) {
-			pr[i] = (float)exp(((double)l[idx[i]] - (double)l[idx[0]]) * inv_t);
-			tot += pr[i];
-		}
-		if (p->top_p < 1.0f) {
-			double c = 0;
-			int keep = n;
-			for (int i = 0; i < n; i++) {
-				c += pr[i] / tot;
-				if (c >= (double)p->top_p) {
-					keep = i + 1;
-					break;
-				}
-			}
-			n = keep;
-		}
-		if (p->min_p > 0.0f) {
-			int keep = 1;
-			while (keep < n && pr[keep] >= p->min_p * pr[0])
-				keep++;
-			n = keep;
-		}
-		tot = 0;
-		for (int i = 0; i < n; i++)
-			tot += pr[i];
-		double u = sample_rng_uniform(rng) * tot, c = 0;
-		tok = idx[n - 1];
-		for (int i = 0; i < n; i++) {
-			c += pr[i];
-			if (u < c) {
-				tok = idx[i];
-				break;
-			}
-		}
+		tok = draw(p, rng, w, l, V, mx);
 	}
 	out->token = tok;
-	out->logprob = (float)((double)l[tok] - lse);
+	out->logprob = !p->no_logprob || p->n_logprobs > 0 ? (float)((double)l[tok] - lse) : NAN;
 	if (p->n_logprobs > 0) {
 		out->n_top = best_n(l, V, p->n_logprobs, out->top_ids);
 		for (int i = 0; i < out->n_top; i++)

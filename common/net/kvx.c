@@ -37,6 +37,7 @@ struct kvx_peer {
 	uint8_t *rkey_blob;
 	size_t rkey_len;
 	ucs_status_t failed; /* set by the error handler */
+	uint64_t id;
 	char transports[256];
 	struct kvx_peer *next;
 };
@@ -53,6 +54,7 @@ struct kvx {
 	struct kvx_region *regions;
 	struct kvx_peer *peers;
 	int n_peers;
+	uint64_t next_peer_id;
 	uint64_t bytes_put;
 };
 
@@ -261,6 +263,46 @@ int kvx_region_map(struct kvx *x, void *base, size_t len, struct kvx_region **ou
 	return 0;
 }
 
+int kvx_region_alloc(struct kvx *x, size_t len, void **base, struct kvx_region **out, struct errbuf *e)
+{
+	*out = NULL;
+	*base = NULL;
+	if (!len)
+		return errbuf_set(e, -EINVAL, "UCX: cannot allocate an empty region");
+	struct kvx_region *r = calloc(1, sizeof(*r));
+	if (!r)
+		return errbuf_set(e, -ENOMEM, "out of memory");
+	ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+						 UCP_MEM_MAP_PARAM_FIELD_FLAGS,
+				   .address = NULL,
+				   .length = len,
+				   .flags = UCP_MEM_MAP_ALLOCATE};
+	ucs_status_t st = ucp_mem_map(x->ctx, &mp, &r->memh);
+	if (st != UCS_OK) {
+		free(r);
+		return errbuf_set(e, ERR_UCX, "UCX: cannot allocate and register %zu bytes: %s", len, ucs_status_string(st));
+	}
+	ucp_mem_attr_t attr = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH};
+	st = ucp_mem_query(r->memh, &attr);
+	if (st == UCS_OK && attr.length >= len)
+		st = ucp_rkey_pack(x->ctx, r->memh, &r->rkey_buf, &r->rkey_len);
+	else if (st == UCS_OK)
+		st = UCS_ERR_NO_MEMORY;
+	if (st != UCS_OK) {
+		ucp_mem_unmap(x->ctx, r->memh);
+		free(r);
+		return errbuf_set(e, ERR_UCX, "UCX: allocated region unusable: %s", ucs_status_string(st));
+	}
+	memset(attr.address, 0, len);
+	r->base = (uintptr_t)attr.address;
+	r->len = len;
+	r->next = x->regions;
+	x->regions = r;
+	*base = attr.address;
+	*out = r;
+	return 0;
+}
+
 void kvx_region_rkey(const struct kvx_region *r, const uint8_t **rkey, size_t *len)
 {
 	*rkey = r->rkey_buf;
@@ -410,6 +452,7 @@ int kvx_peer_get(struct kvx *x, const uint8_t *addr, size_t addr_len, const uint
 		LOG_WARN("kvx", "*** RDMA was configured but the endpoint uses %s: KV transfers fall back to a slower "
 				"transport (check UCX_TLS / UCX_NET_DEVICES and the RDMA devices) ***",
 			 p->transports);
+	p->id = ++x->next_peer_id;
 	p->next = x->peers;
 	x->peers = p;
 	x->n_peers++;
@@ -434,6 +477,15 @@ fail:
 }
 
 const char *kvx_peer_transports(const struct kvx_peer *p) { return p->transports; }
+uint64_t kvx_peer_id(const struct kvx_peer *p) { return p->id; }
+
+struct kvx_peer *kvx_peer_by_id(struct kvx *x, uint64_t id)
+{
+	for (struct kvx_peer *p = x->peers; p; p = p->next)
+		if (p->id == id)
+			return p;
+	return NULL;
+}
 
 int kvx_put(struct kvx *x, struct kvx_peer *p, const void *local, const struct kvx_region *lr, size_t len,
 	    uint64_t remote_addr, struct errbuf *e)

@@ -1,49 +1,46 @@
-/* A small Prometheus metrics registry shared by every role (router, prefill, decode): counters,
- * gauges and histograms, each optionally with one label, rendered in the text exposition format
- * (version 0.0.4). Updates are lock-free atomics, so worker threads may update while the loop
- * thread renders. Metrics are registered once at start-up; the registry owns them.
+/* A small Prometheus metrics registry (text exposition format 0.0.4), shared by every process.
+ * Router helper: use this for the router's /metrics too (serve metrics_render() output).
  *
- * Rule (DESIGN.md §8): register only what something updates. */
+ * Metrics are registered at start-up and live as long as the registry; updates are lock-free
+ * (C11 atomics) so engine threads update them while the loop thread renders. One metric = one
+ * series: `labels` is a fixed label set in Prometheus syntax without braces ("outcome=\"ok\"") or
+ * NULL; several series of one family share name, help and type (register each label set). The
+ * registry's constant labels (role, worker name) are added to every series.
+ * House rule (DESIGN.md section 8): register nothing that nothing updates. */
 #ifndef TANDEM_NET_METRICS_H
 #define TANDEM_NET_METRICS_H
 
 #include <stddef.h>
-#include <stdint.h>
 
 #include "common/base/err.h"
-
-#define METRICS_MAX_BUCKETS 24
 
 struct metrics;
 struct metric;
 
-struct metrics *metrics_create(void);
-void metrics_destroy(struct metrics *m); /* accepts NULL */
+enum metric_type { METRIC_COUNTER, METRIC_GAUGE, METRIC_HISTOGRAM };
 
-/* name must match [a-zA-Z_:][a-zA-Z0-9_:]*; label_name/label_value may be NULL for none. Several
- * metrics may share a name with different label values (they render as one family). Returns NULL
- * on a bad name or out of memory. */
-struct metric *metrics_counter(struct metrics *m, const char *name, const char *help, const char *label_name,
-			       const char *label_value);
-struct metric *metrics_gauge(struct metrics *m, const char *name, const char *help, const char *label_name,
-			     const char *label_value);
-/* bounds: ascending upper bounds (the +Inf bucket is implicit), at most METRICS_MAX_BUCKETS. */
-struct metric *metrics_histogram(struct metrics *m, const char *name, const char *help, const double *bounds,
-				 int n_bounds);
+/* const_labels: e.g. "role=\"decode\",worker=\"decode-0\"" or NULL. */
+struct metrics *metrics_create(const char *const_labels);
+void metrics_destroy(struct metrics *r); /* NULL is fine */
 
-void metric_add(struct metric *c, double v);  /* counter (v >= 0) or gauge */
-void metric_set(struct metric *g, double v);  /* gauge */
-void metric_observe(struct metric *h, double v); /* histogram */
-double metric_value(const struct metric *c);  /* counter/gauge value; histogram: count */
-double metric_hist_sum(const struct metric *h);
+/* Registration returns NULL only when out of memory or when name/labels are malformed (not
+ * [a-zA-Z_:][a-zA-Z0-9_:]*); the update functions accept NULL and then do nothing. */
+struct metric *metrics_counter(struct metrics *r, const char *name, const char *labels, const char *help);
+struct metric *metrics_gauge(struct metrics *r, const char *name, const char *labels, const char *help);
+/* bounds: increasing upper bounds (the +Inf bucket is implicit), at most 32. */
+struct metric *metrics_histogram(struct metrics *r, const char *name, const char *labels, const char *help,
+				 const double *bounds, int n_bounds);
 
-/* Renders every metric; returns a malloc'd NUL-terminated string (caller frees) or NULL. */
-char *metrics_render(const struct metrics *m, size_t *len_out);
+void metrics_add(struct metric *m, double v);     /* counter (v >= 0) or gauge */
+void metrics_set(struct metric *m, double v);     /* gauge */
+void metrics_observe(struct metric *m, double v); /* histogram */
+double metrics_value(const struct metric *m);     /* counter/gauge value; histogram: count */
 
-/* Common bucket sets, in seconds. */
-extern const double metrics_buckets_latency[];  /* 1 ms .. 120 s */
-extern const int metrics_n_buckets_latency;
-extern const double metrics_buckets_fast[];     /* 0.1 ms .. 5 s (inter-token) */
-extern const int metrics_n_buckets_fast;
+/* Renders every metric; *out is malloc'd, NUL-terminated. */
+int metrics_render(struct metrics *r, char **out, size_t *len) TD_MUST_CHECK;
+
+/* Bucket bounds in seconds suitable for step times and latencies (0.5 ms .. 60 s). */
+extern const double metrics_latency_bounds[];
+extern const int metrics_n_latency_bounds;
 
 #endif

@@ -80,8 +80,8 @@ static void try_pair(const struct tok *t, struct tok_bpe_work *w, int32_t pos, s
 	}
 }
 
-int tok_bpe_piece(const struct tok *t, struct tok_bpe_work *w, const uint8_t *piece, size_t len,
-		  int32_t *out, size_t n_out_max, size_t *n_out, struct tok_stats *st, struct errbuf *e)
+int tok_bpe_piece(const struct tok *t, struct tok_bpe_work *w, const uint8_t *piece, size_t len, int32_t *out,
+                  size_t n_out_max, size_t *n_out, struct tok_stats *st, struct errbuf *e)
 {
 	if (len > INT32_MAX / 4)
 		return errbuf_set(e, ERR_LIMIT, "tokenizer: a piece of %zu bytes is too long", len);

@@ -13,14 +13,16 @@ static bool skipped(const struct tok *t, int32_t id, unsigned flags)
 }
 
 int tok_decode(const struct tok *t, const int32_t *ids, size_t n, unsigned flags, char *buf, size_t cap,
-	       size_t *len, struct errbuf *e)
+               size_t *len, struct errbuf *e)
 {
 	size_t o = 0;
 	for (size_t i = 0; i < n; i++) {
 		int32_t id = ids[i];
 		if (id < 0 || id >= t->n_vocab)
-			return errbuf_set(e, ERR_FORMAT, "decode: token id %d at position %zu is out of range "
-					  "(vocab has %d tokens)", id, i, t->n_vocab);
+			return errbuf_set(e, ERR_FORMAT,
+			                  "decode: token id %d at position %zu is out of range "
+			                  "(vocab has %d tokens)",
+			                  id, i, t->n_vocab);
 		if (skipped(t, id, flags))
 			continue;
 		size_t k = t->dec_len[id];
@@ -49,7 +51,7 @@ size_t tok_stream_max_out(const struct tok *t)
 
 /* Emits the complete characters of pend + src; keeps an incomplete tail in pend unless final. */
 static int emit(struct tok_stream *s, const uint8_t *src, size_t n, bool final, char *out, size_t cap,
-		size_t *n_out, struct errbuf *e)
+                size_t *n_out, struct errbuf *e)
 {
 	size_t o = 0;
 	size_t total = (size_t)s->n_pend + n, i = 0;
@@ -92,18 +94,17 @@ full:
 	return errbuf_set(e, ERR_LIMIT, "stream decode: output buffer of %zu bytes is too small", cap);
 }
 
-int tok_stream_feed(struct tok_stream *s, int32_t id, char *out, size_t cap, size_t *n_out,
-		    struct errbuf *e)
+int tok_stream_feed(struct tok_stream *s, int32_t id, char *out, size_t cap, size_t *n_out, struct errbuf *e)
 {
 	const struct tok *t = s->t;
 	*n_out = 0;
 	if (id < 0 || id >= t->n_vocab)
 		return errbuf_set(e, ERR_FORMAT, "decode: token id %d is out of range (vocab has %d tokens)",
-				  id, t->n_vocab);
+		                  id, t->n_vocab);
 	if (skipped(t, id, s->flags))
 		return 0;
-	return emit(s, (const uint8_t *)t->dec_blob + t->dec_off[id], t->dec_len[id], false, out, cap,
-		    n_out, e);
+	return emit(s, (const uint8_t *)t->dec_blob + t->dec_off[id], t->dec_len[id], false, out, cap, n_out,
+	            e);
 }
 
 int tok_stream_flush(struct tok_stream *s, char *out, size_t cap, size_t *n_out, struct errbuf *e)

@@ -38,14 +38,25 @@ static int split(struct enc *x, const uint8_t *s, size_t n, int level)
 	while (pos < n) {
 		x->st->n_regex_calls++;
 		int m = pcre2_match(re, s, n, pos, PCRE2_NO_UTF_CHECK, x->md, x->mc);
+		if (m == PCRE2_ERROR_JIT_STACKLIMIT && !x->js) {
+			/* the 32 KiB default JIT stack sufficed so far; give this input a larger one */
+			x->mc = pcre2_match_context_create(NULL);
+			x->js = pcre2_jit_stack_create(32 * 1024, 64 * 1024 * 1024, NULL);
+			if (!x->mc || !x->js)
+				return errbuf_set(x->e, -ENOMEM,
+				                  "tokenizer: out of memory for regex matching");
+			pcre2_jit_stack_assign(x->mc, NULL, x->js);
+			x->st->n_regex_calls++;
+			m = pcre2_match(re, s, n, pos, PCRE2_NO_UTF_CHECK, x->md, x->mc);
+		}
 		if (m == PCRE2_ERROR_NOMATCH)
 			break;
 		if (m < 0) {
 			PCRE2_UCHAR msg[160];
 			pcre2_get_error_message(m, msg, sizeof(msg));
 			return errbuf_set(x->e, m == PCRE2_ERROR_NOMEMORY ? -ENOMEM : ERR_LIMIT,
-					  "pre-tokenizer: regex %d failed at byte %zu: %s", level, pos,
-					  (const char *)msg);
+			                  "pre-tokenizer: regex %d failed at byte %zu: %s", level, pos,
+			                  (const char *)msg);
 		}
 		const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(x->md);
 		size_t ms = ov[0], me = ov[1];
@@ -103,8 +114,8 @@ static char *replace_invalid(const char *s, size_t len, size_t *out_len)
 }
 
 int tok_encode_spans(const struct tok *t, const char *text, size_t len, unsigned flags,
-		     const struct tok_span *spans, size_t n_spans, int32_t *ids, size_t n_ids_max,
-		     size_t *n_ids, struct tok_stats *stats, struct errbuf *e)
+                     const struct tok_span *spans, size_t n_spans, int32_t *ids, size_t n_ids_max,
+                     size_t *n_ids, struct tok_stats *stats, struct errbuf *e)
 {
 	struct tok_stats local;
 	struct enc x = {.t = t, .ids = ids, .n_ids_max = n_ids_max, .st = stats ? stats : &local, .e = e};
@@ -116,8 +127,9 @@ int tok_encode_spans(const struct tok *t, const char *text, size_t len, unsigned
 	size_t bad = tok_utf8_check(text, len);
 	if (bad < len) {
 		if (!(flags & TOK_ENCODE_REPLACE_INVALID) || spans)
-			return errbuf_set(e, ERR_FORMAT, "text is not valid UTF-8 (byte 0x%02x at offset %zu)",
-					  (uint8_t)text[bad], bad);
+			return errbuf_set(e, ERR_FORMAT,
+			                  "text is not valid UTF-8 (byte 0x%02x at offset %zu)",
+			                  (uint8_t)text[bad], bad);
 		fixed = replace_invalid(text, len, &len);
 		if (!fixed)
 			return errbuf_set(e, -ENOMEM, "tokenizer: out of memory");
@@ -126,13 +138,10 @@ int tok_encode_spans(const struct tok *t, const char *text, size_t len, unsigned
 	x.st->n_bytes = len;
 
 	x.md = pcre2_match_data_create(1, NULL);
-	x.mc = pcre2_match_context_create(NULL);
-	x.js = pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, NULL);
-	if (!x.md || !x.mc || !x.js) {
+	if (!x.md) {
 		rc = errbuf_set(e, -ENOMEM, "tokenizer: out of memory for regex matching");
 		goto cleanup;
 	}
-	pcre2_jit_stack_assign(x.mc, NULL, x.js);
 
 	if ((flags & TOK_ENCODE_ADD_BOS) && t->add_bos && (rc = push_id(&x, t->bos)))
 		goto cleanup;
@@ -177,6 +186,11 @@ int tok_encode_spans(const struct tok *t, const char *text, size_t len, unsigned
 		i = seg = best_end;
 	}
 	rc = split(&x, s + seg, len - seg, 0);
+	/* a text that starts with the BOS token itself gets no second one (MODEL-SPEC §7.15) */
+	if (!rc && (flags & TOK_ENCODE_ADD_BOS) && t->add_bos && x.n_ids >= 2 && ids[1] == t->bos) {
+		memmove(ids, ids + 1, (x.n_ids - 1) * sizeof(*ids));
+		x.n_ids--;
+	}
 
 cleanup:
 	*n_ids = rc ? 0 : x.n_ids;
@@ -189,7 +203,7 @@ cleanup:
 }
 
 int tok_encode(const struct tok *t, const char *text, size_t len, unsigned flags, int32_t *ids,
-	       size_t n_ids_max, size_t *n_ids, struct tok_stats *stats, struct errbuf *e)
+               size_t n_ids_max, size_t *n_ids, struct tok_stats *stats, struct errbuf *e)
 {
 	return tok_encode_spans(t, text, len, flags, NULL, 0, ids, n_ids_max, n_ids, stats, e);
 }

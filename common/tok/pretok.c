@@ -19,11 +19,15 @@ struct pre_def {
 };
 
 static const struct pre_def pre_names[] = {
-	{"gpt2", TOK_PRE_GPT2},           {"default", TOK_PRE_GPT2},
-	{"llama-bpe", TOK_PRE_LLAMA3},    {"llama3", TOK_PRE_LLAMA3},
-	{"glm4", TOK_PRE_GLM4},           {"chatglm-bpe", TOK_PRE_GLM4},
-	{"deepseek-v3", TOK_PRE_DEEPSEEK_V3}, {"deepseek-llm", TOK_PRE_DEEPSEEK_LLM},
-	{"qwen2", TOK_PRE_QWEN2},
+    {"gpt2", TOK_PRE_GPT2},
+    {"default", TOK_PRE_GPT2},
+    {"llama-bpe", TOK_PRE_LLAMA3},
+    {"llama3", TOK_PRE_LLAMA3},
+    {"glm4", TOK_PRE_GLM4},
+    {"chatglm-bpe", TOK_PRE_GLM4},
+    {"deepseek-v3", TOK_PRE_DEEPSEEK_V3},
+    {"deepseek-llm", TOK_PRE_DEEPSEEK_LLM},
+    {"qwen2", TOK_PRE_QWEN2},
 };
 
 int tok_pre_from_name(const char *name, enum tok_pre *out)
@@ -40,60 +44,64 @@ int tok_pre_from_name(const char *name, enum tok_pre *out)
 #define RE_CONTRACTIONS_I "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
 
 static const char *const re_gpt2[] = {
-	"'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+",
-	NULL,
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+",
+    NULL,
 };
 static const char *const re_llama3[] = {
-	RE_CONTRACTIONS_I "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
-			  "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
-	NULL,
+    RE_CONTRACTIONS_I "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+                      "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+    NULL,
 };
 static const char *const re_qwen2[] = {
-	RE_CONTRACTIONS_I "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
-			  "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
-	NULL,
+    RE_CONTRACTIONS_I "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+                      "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+    NULL,
 };
 static const char *const re_deepseek_v3[] = {
-	"\\p{N}{1,3}",
-	"[\\x{4e00}-\\x{9fa5}\\x{3040}-\\x{309f}\\x{30a0}-\\x{30ff}]+",
-	"[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
-	" ?[\\p{P}\\p{S}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
-	NULL,
+    "\\p{N}{1,3}",
+    "[\\x{4e00}-\\x{9fa5}\\x{3040}-\\x{309f}\\x{30a0}-\\x{30ff}]+",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
+    " ?[\\p{P}\\p{S}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+    NULL,
 };
 /* DeepSeek LLM (v1/v2) tokenizer.json: the Latin/Greek/Cyrillic/... letter class is the explicit
  * list HF ships (code point ranges). */
 static const char *const re_deepseek_llm[] = {
-	"[\\r\\n]",
-	"\\s?[A-Za-z\\x{b5}\\x{c0}-\\x{d6}\\x{d8}-\\x{f6}\\x{f8}-\\x{1ba}\\x{1bc}-\\x{1bf}\\x{1c4}-\\x{293}"
-	"\\x{295}-\\x{2af}\\x{370}-\\x{373}\\x{376}\\x{377}\\x{37b}-\\x{37d}\\x{37f}\\x{386}\\x{388}-\\x{38a}"
-	"\\x{38c}\\x{38e}-\\x{3a1}\\x{3a3}-\\x{3f5}\\x{3f7}-\\x{481}\\x{48a}-\\x{52f}\\x{531}-\\x{556}"
-	"\\x{10a0}-\\x{10c5}\\x{13a0}-\\x{13f5}\\x{13f8}-\\x{13fd}\\x{1c90}-\\x{1cba}\\x{1cbd}-\\x{1cbf}"
-	"\\x{1d00}-\\x{1d2b}\\x{1d6b}-\\x{1d77}\\x{1d79}-\\x{1d9a}\\x{1e00}-\\x{1f15}\\x{1f18}-\\x{1f1d}"
-	"\\x{1f20}-\\x{1f45}\\x{1f48}-\\x{1f4d}\\x{1f50}-\\x{1f57}\\x{1f59}\\x{1f5b}\\x{1f5d}\\x{1f5f}-\\x{1f7d}"
-	"\\x{1f80}-\\x{1fb4}\\x{1fb6}-\\x{1fbc}\\x{1fbe}\\x{1fc2}-\\x{1fc4}\\x{1fc6}-\\x{1fcc}\\x{1fd0}-\\x{1fd3}"
-	"\\x{1fd6}-\\x{1fdb}\\x{1fe0}-\\x{1fec}\\x{1ff2}-\\x{1ff4}\\x{1ff6}-\\x{1ffc}\\x{2102}\\x{2107}"
-	"\\x{210a}-\\x{2113}\\x{2115}\\x{2119}-\\x{211d}\\x{2124}\\x{2126}\\x{2128}\\x{212a}-\\x{212d}"
-	"\\x{212f}-\\x{2134}\\x{2139}\\x{213c}-\\x{213f}\\x{2145}-\\x{2149}\\x{214e}\\x{2183}\\x{2184}"
-	"\\x{2c00}-\\x{2c7b}\\x{2c7e}-\\x{2ce4}\\x{2ceb}-\\x{2cee}\\x{2cf2}\\x{2cf3}\\x{a640}-\\x{a66d}"
-	"\\x{a680}-\\x{a69b}\\x{a722}-\\x{a76f}\\x{a771}-\\x{a787}\\x{a78b}-\\x{a78e}\\x{ab70}-\\x{abbf}"
-	"\\x{fb00}-\\x{fb06}\\x{fb13}-\\x{fb17}\\x{ff21}-\\x{ff3a}\\x{ff41}-\\x{ff5a}\\x{10400}-\\x{1044f}"
-	"\\x{104b0}-\\x{104d3}\\x{104d8}-\\x{104fb}\\x{10c80}-\\x{10cb2}\\x{10cc0}-\\x{10cf2}"
-	"\\x{118a0}-\\x{118df}\\x{1e900}-\\x{1e943}]+",
-	"\\s?[!-/:-~\\x{ff01}-\\x{ff0f}\\x{ff1a}-\\x{ff5e}\\x{2018}-\\x{201f}\\x{3000}-\\x{3002}]+",
-	"\\s+$",
-	"[\\x{4e00}-\\x{9fa5}\\x{800}-\\x{4e00}\\x{ac00}-\\x{d7ff}]+",
-	"\\p{N}+",
-	NULL,
+    "[\\r\\n]",
+    "\\s?[A-Za-z\\x{b5}\\x{c0}-\\x{d6}\\x{d8}-\\x{f6}\\x{f8}-\\x{1ba}\\x{1bc}-\\x{1bf}\\x{1c4}-\\x{293}"
+    "\\x{295}-\\x{2af}\\x{370}-\\x{373}\\x{376}\\x{377}\\x{37b}-\\x{37d}\\x{37f}\\x{386}\\x{388}-\\x{38a}"
+    "\\x{38c}\\x{38e}-\\x{3a1}\\x{3a3}-\\x{3f5}\\x{3f7}-\\x{481}\\x{48a}-\\x{52f}\\x{531}-\\x{556}"
+    "\\x{10a0}-\\x{10c5}\\x{13a0}-\\x{13f5}\\x{13f8}-\\x{13fd}\\x{1c90}-\\x{1cba}\\x{1cbd}-\\x{1cbf}"
+    "\\x{1d00}-\\x{1d2b}\\x{1d6b}-\\x{1d77}\\x{1d79}-\\x{1d9a}\\x{1e00}-\\x{1f15}\\x{1f18}-\\x{1f1d}"
+    "\\x{1f20}-\\x{1f45}\\x{1f48}-\\x{1f4d}\\x{1f50}-\\x{1f57}\\x{1f59}\\x{1f5b}\\x{1f5d}\\x{1f5f}-\\x{1f7d}"
+    "\\x{1f80}-\\x{1fb4}\\x{1fb6}-\\x{1fbc}\\x{1fbe}\\x{1fc2}-\\x{1fc4}\\x{1fc6}-\\x{1fcc}\\x{1fd0}-\\x{1fd3}"
+    "\\x{1fd6}-\\x{1fdb}\\x{1fe0}-\\x{1fec}\\x{1ff2}-\\x{1ff4}\\x{1ff6}-\\x{1ffc}\\x{2102}\\x{2107}"
+    "\\x{210a}-\\x{2113}\\x{2115}\\x{2119}-\\x{211d}\\x{2124}\\x{2126}\\x{2128}\\x{212a}-\\x{212d}"
+    "\\x{212f}-\\x{2134}\\x{2139}\\x{213c}-\\x{213f}\\x{2145}-\\x{2149}\\x{214e}\\x{2183}\\x{2184}"
+    "\\x{2c00}-\\x{2c7b}\\x{2c7e}-\\x{2ce4}\\x{2ceb}-\\x{2cee}\\x{2cf2}\\x{2cf3}\\x{a640}-\\x{a66d}"
+    "\\x{a680}-\\x{a69b}\\x{a722}-\\x{a76f}\\x{a771}-\\x{a787}\\x{a78b}-\\x{a78e}\\x{ab70}-\\x{abbf}"
+    "\\x{fb00}-\\x{fb06}\\x{fb13}-\\x{fb17}\\x{ff21}-\\x{ff3a}\\x{ff41}-\\x{ff5a}\\x{10400}-\\x{1044f}"
+    "\\x{104b0}-\\x{104d3}\\x{104d8}-\\x{104fb}\\x{10c80}-\\x{10cb2}\\x{10cc0}-\\x{10cf2}"
+    "\\x{118a0}-\\x{118df}\\x{1e900}-\\x{1e943}]+",
+    "\\s?[!-/:-~\\x{ff01}-\\x{ff0f}\\x{ff1a}-\\x{ff5e}\\x{2018}-\\x{201f}\\x{3000}-\\x{3002}]+",
+    "\\s+$",
+    "[\\x{4e00}-\\x{9fa5}\\x{800}-\\x{4e00}\\x{ac00}-\\x{d7ff}]+",
+    "\\p{N}+",
+    NULL,
 };
 
 /* Oniguruma's \s: the Unicode White_Space property. */
-#define WS_SET "\\x{9}-\\x{d}\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}" \
-	       "\\x{202f}\\x{205f}\\x{3000}"
+#define WS_SET                                                                                               \
+	"\\x{9}-\\x{d}\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}"                   \
+	"\\x{202f}\\x{205f}\\x{3000}"
 
 /* Rewrites \s and \S of a pattern into explicit White_Space classes. */
 static char *rewrite_space(const char *p)
 {
-	size_t n = strlen(p), cap = n * 8 + 1, o = 0;
+	size_t n = strlen(p), n_esc = 0, o = 0;
+	for (size_t i = 0; i < n; i++)
+		n_esc += p[i] == '\\';
+	size_t cap = n + n_esc * (sizeof("[^" WS_SET "]") + 1) + 1; /* every escape may grow */
 	char *out = malloc(cap);
 	if (!out)
 		return NULL;
@@ -168,14 +176,14 @@ int tok_pretok_compile(struct tok_pretok *pt, enum tok_pre pre, struct errbuf *e
 		int err;
 		PCRE2_SIZE erroff;
 		pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
-					       &err, &erroff, NULL);
+		                               &err, &erroff, NULL);
 		free(pat);
 		if (!re) {
 			PCRE2_UCHAR msg[160];
 			pcre2_get_error_message(err, msg, sizeof(msg));
 			tok_pretok_free(pt);
 			return errbuf_set(e, ERR_FORMAT, "pre-tokenizer regex %d: %s at offset %zu", i,
-					  (const char *)msg, (size_t)erroff);
+			                  (const char *)msg, (size_t)erroff);
 		}
 		/* JIT is an optimisation: without it (no JIT support) the interpreter gives the
 		 * same matches */

@@ -41,12 +41,12 @@ enum tok_type {
 
 /* Pre-tokenizer families (tokenizer.ggml.pre). */
 enum tok_pre {
-	TOK_PRE_GPT2 = 0,     /* "gpt2" and the default when the key is absent */
-	TOK_PRE_LLAMA3,       /* "llama-bpe", "llama3" */
-	TOK_PRE_GLM4,         /* "glm4", "chatglm-bpe": the Llama-3 pattern */
-	TOK_PRE_DEEPSEEK_V3,  /* "deepseek-v3": three regexes in sequence */
+	TOK_PRE_GPT2 = 0, /* "gpt2" and the default when the key is absent */
+	TOK_PRE_LLAMA3, /* "llama-bpe", "llama3" */
+	TOK_PRE_GLM4, /* "glm4", "chatglm-bpe": the Llama-3 pattern */
+	TOK_PRE_DEEPSEEK_V3, /* "deepseek-v3": three regexes in sequence */
 	TOK_PRE_DEEPSEEK_LLM, /* "deepseek-llm" */
-	TOK_PRE_QWEN2,        /* "qwen2" */
+	TOK_PRE_QWEN2, /* "qwen2" */
 };
 
 /* Loads the tokenizer from the GGUF metadata. tokenizer.ggml.model must be "gpt2" (byte-level
@@ -81,8 +81,8 @@ bool tok_is_eog(const struct tok *t, int32_t id);
 size_t tok_max_token_bytes(const struct tok *t);
 
 /* ---- encode ------------------------------------------------------------------------------- */
-#define TOK_ENCODE_ADD_BOS 1u         /* prepend BOS if the vocab says add_bos_token */
-#define TOK_ENCODE_NO_SPECIAL 2u      /* special-token text is tokenized as plain text */
+#define TOK_ENCODE_ADD_BOS 1u /* prepend BOS if add_bos_token says so (not if the text starts with BOS) */
+#define TOK_ENCODE_NO_SPECIAL 2u /* special-token text is tokenized as plain text */
 #define TOK_ENCODE_REPLACE_INVALID 4u /* invalid UTF-8 -> U+FFFD instead of ERR_FORMAT */
 
 /* A byte range of the text in which special tokens may be matched (see tok_encode_spans). */
@@ -92,13 +92,13 @@ struct tok_span {
 
 /* Work counters of one encode, for tests that check the cost is linear in the input. */
 struct tok_stats {
-	uint64_t n_bytes;       /* bytes tokenized (after any U+FFFD replacement) */
-	uint64_t n_specials;    /* special tokens matched in the text */
-	uint64_t n_pieces;      /* pre-tokenizer pieces handed to BPE */
+	uint64_t n_bytes; /* bytes tokenized (after any U+FFFD replacement) */
+	uint64_t n_specials; /* special tokens matched in the text */
+	uint64_t n_pieces; /* pre-tokenizer pieces handed to BPE */
 	uint64_t n_regex_calls; /* pcre2_match calls */
-	uint64_t n_merges;      /* BPE merges applied */
-	uint64_t n_heap_ops;    /* priority-queue pushes + pops */
-	uint64_t n_trie_steps;  /* bytes examined while looking for special tokens */
+	uint64_t n_merges; /* BPE merges applied */
+	uint64_t n_heap_ops; /* priority-queue pushes + pops */
+	uint64_t n_trie_steps; /* bytes examined while looking for special tokens */
 };
 
 /* Upper bound on the ids an encode of len bytes can produce (each token covers at least one byte,
@@ -113,14 +113,14 @@ static inline size_t tok_encode_max(size_t len)
 /* Tokenizes text[0..len). Writes at most n_ids_max ids; more is ERR_LIMIT (nothing useful is
  * left in ids then). stats may be NULL. */
 int tok_encode(const struct tok *t, const char *text, size_t len, unsigned flags, int32_t *ids,
-	       size_t n_ids_max, size_t *n_ids, struct tok_stats *stats, struct errbuf *e) TD_MUST_CHECK;
+               size_t n_ids_max, size_t *n_ids, struct tok_stats *stats, struct errbuf *e) TD_MUST_CHECK;
 
 /* Like tok_encode, but special tokens are matched only where they lie entirely inside one of the
  * n_spans spans (sorted, non-overlapping). The chat renderer uses this so that special-token text
  * inside user content stays plain text while the tokens the template emits are special. */
 int tok_encode_spans(const struct tok *t, const char *text, size_t len, unsigned flags,
-		     const struct tok_span *spans, size_t n_spans, int32_t *ids, size_t n_ids_max,
-		     size_t *n_ids, struct tok_stats *stats, struct errbuf *e) TD_MUST_CHECK;
+                     const struct tok_span *spans, size_t n_spans, int32_t *ids, size_t n_ids_max,
+                     size_t *n_ids, struct tok_stats *stats, struct errbuf *e) TD_MUST_CHECK;
 
 /* ---- decode ------------------------------------------------------------------------------- */
 #define TOK_DECODE_SKIP_SPECIAL 1u /* control tokens decode to nothing */
@@ -131,7 +131,7 @@ int tok_encode_spans(const struct tok *t, const char *text, size_t len, unsigned
  * bytes; *len gets the full length needed, and ERR_LIMIT if it did not fit. An id out of range is
  * ERR_FORMAT. */
 int tok_decode(const struct tok *t, const int32_t *ids, size_t n, unsigned flags, char *buf, size_t cap,
-	       size_t *len, struct errbuf *e) TD_MUST_CHECK;
+               size_t *len, struct errbuf *e) TD_MUST_CHECK;
 
 /* Streaming decoder: fed one id at a time, emits only complete UTF-8 characters and holds back
  * the start of a character split across tokens (at most 3 bytes). Bytes that can never form a
@@ -150,9 +150,9 @@ void tok_stream_init(struct tok_stream *s, const struct tok *t, unsigned flags);
 /* Bytes one tok_stream_feed may write at most; size out with this. */
 size_t tok_stream_max_out(const struct tok *t);
 int tok_stream_feed(struct tok_stream *s, int32_t id, char *out, size_t cap, size_t *n_out,
-		    struct errbuf *e) TD_MUST_CHECK;
+                    struct errbuf *e) TD_MUST_CHECK;
 int tok_stream_flush(struct tok_stream *s, char *out, size_t cap, size_t *n_out,
-		     struct errbuf *e) TD_MUST_CHECK;
+                     struct errbuf *e) TD_MUST_CHECK;
 
 /* ---- UTF-8 helpers (shared by encode, the stream decoder and the chat renderer) ------------- */
 /* Length of the valid UTF-8 sequence starting at s[0] (1..4), 0 if s[0..n) starts with a

@@ -9,14 +9,20 @@
 #include "common/tok/tok.h"
 
 #define TOK_MAX_REGEX 8
-#define TOK_MAX_VOCAB (1 << 24)   /* far above any real vocab; keeps ids and offsets in 32 bits */
-#define TOK_MAX_TOKEN_LEN 4096    /* bytes of one token string */
+#define TOK_MAX_VOCAB (1 << 24) /* far above any real vocab; keeps ids and offsets in 32 bits */
+#define TOK_MAX_TOKEN_LEN 4096 /* bytes of one token string */
 
 /* The compiled pre-tokenizer: regexes applied in sequence, each splitting the pieces of the
  * previous one and keeping matches and the text between them ("Isolated" in HF terms). */
 struct tok_pretok {
 	pcre2_code *re[TOK_MAX_REGEX];
 	int n_re;
+};
+
+struct tok_merge_slot {
+	uint64_t key; /* UINT64_MAX: empty */
+	uint32_t rank;
+	int32_t merged;
 };
 
 struct tok {
@@ -33,10 +39,9 @@ struct tok {
 	int32_t *str_tab;
 	uint32_t str_mask;
 
-	/* merge pair (left << 32 | right) -> rank and merged id */
-	uint64_t *mg_key; /* UINT64_MAX empty */
-	uint32_t *mg_rank;
-	int32_t *mg_new;
+	/* merge pair (left << 32 | right) -> rank and merged id, one 16-byte slot per entry so a
+	 * lookup touches one cache line */
+	struct tok_merge_slot *mg;
 	uint32_t mg_mask;
 	uint32_t n_merges;
 
@@ -82,19 +87,20 @@ static inline uint32_t tok_hash_u64(uint64_t x)
 
 /* Merge lookup: returns true and fills rank/merged id if (left, right) is a merge. */
 static inline bool tok_merge_find(const struct tok *t, int32_t left, int32_t right, uint32_t *rank,
-				  int32_t *merged)
+                                  int32_t *merged)
 {
-	if (!t->mg_key)
+	if (!t->mg)
 		return false;
 	uint64_t key = ((uint64_t)(uint32_t)left << 32) | (uint32_t)right;
 	for (uint32_t i = tok_hash_u64(key) & t->mg_mask;; i = (i + 1) & t->mg_mask) {
-		if (t->mg_key[i] == UINT64_MAX)
-			return false;
-		if (t->mg_key[i] == key) {
-			*rank = t->mg_rank[i];
-			*merged = t->mg_new[i];
+		const struct tok_merge_slot *m = &t->mg[i];
+		if (m->key == key) {
+			*rank = m->rank;
+			*merged = m->merged;
 			return true;
 		}
+		if (m->key == UINT64_MAX)
+			return false;
 	}
 }
 
@@ -125,8 +131,8 @@ struct tok_bpe_work {
 };
 void tok_bpe_work_free(struct tok_bpe_work *w);
 /* BPE over one pre-token piece; appends ids to out (bounded by n_out_max). */
-int tok_bpe_piece(const struct tok *t, struct tok_bpe_work *w, const uint8_t *piece, size_t len,
-		  int32_t *out, size_t n_out_max, size_t *n_out, struct tok_stats *st, struct errbuf *e);
+int tok_bpe_piece(const struct tok *t, struct tok_bpe_work *w, const uint8_t *piece, size_t len, int32_t *out,
+                  size_t n_out_max, size_t *n_out, struct tok_stats *st, struct errbuf *e);
 
 /* Byte <-> code point maps of the GPT-2 byte-level alphabet. */
 uint32_t tok_byte_to_cp(uint8_t b);

@@ -57,7 +57,7 @@ static int load_tokens(struct tok *t, const struct gguf_ctx *g, struct errbuf *e
 		return errbuf_set(e, ERR_FORMAT, "tokenizer.ggml.tokens: expected an array of strings");
 	if (a.count == 0 || a.count > TOK_MAX_VOCAB)
 		return errbuf_set(e, ERR_FORMAT, "tokenizer.ggml.tokens: %llu tokens (allowed 1..%d)",
-				  (unsigned long long)a.count, TOK_MAX_VOCAB);
+		                  (unsigned long long)a.count, TOK_MAX_VOCAB);
 	int32_t n = (int32_t)a.count;
 	t->n_vocab = n;
 	uint64_t total = 0;
@@ -67,9 +67,13 @@ static int load_tokens(struct tok *t, const struct gguf_ctx *g, struct errbuf *e
 			return errbuf_set(e, ERR_FORMAT, "tokenizer.ggml.tokens[%d]: unreadable", i);
 		if (len > TOK_MAX_TOKEN_LEN)
 			return errbuf_set(e, ERR_FORMAT, "tokenizer.ggml.tokens[%d]: %zu bytes (max %d)", i,
-					  len, TOK_MAX_TOKEN_LEN);
+			                  len, TOK_MAX_TOKEN_LEN);
 		total += len;
 	}
+	if (total >= UINT32_MAX)
+		return errbuf_set(e, ERR_FORMAT,
+		                  "tokenizer.ggml.tokens: %llu bytes of token text (max 4 GiB)",
+		                  (unsigned long long)total);
 	t->text_off = malloc(sizeof(uint32_t) * (size_t)n);
 	t->text_len = malloc(sizeof(uint32_t) * (size_t)n);
 	t->text_blob = malloc(total + 1);
@@ -94,8 +98,8 @@ static int load_tokens(struct tok *t, const struct gguf_ctx *g, struct errbuf *e
 	if (rc == 0) {
 		if (a.count != (uint64_t)n)
 			return errbuf_set(e, ERR_FORMAT,
-					  "tokenizer.ggml.token_type: %llu entries for %d tokens",
-					  (unsigned long long)a.count, n);
+			                  "tokenizer.ggml.token_type: %llu entries for %d tokens",
+			                  (unsigned long long)a.count, n);
 		if (a.type == GGUF_VT_STRING || a.type == GGUF_VT_ARRAY || a.type == GGUF_VT_F32 ||
 		    a.type == GGUF_VT_F64)
 			return errbuf_set(e, ERR_FORMAT, "tokenizer.ggml.token_type: expected integers");
@@ -103,8 +107,8 @@ static int load_tokens(struct tok *t, const struct gguf_ctx *g, struct errbuf *e
 			int64_t ty = gguf_arr_int(&a, (uint64_t)i);
 			if (ty < TOK_TYPE_NORMAL || ty > TOK_TYPE_BYTE)
 				return errbuf_set(e, ERR_FORMAT,
-						  "tokenizer.ggml.token_type[%d] = %lld: expected 1..6", i,
-						  (long long)ty);
+				                  "tokenizer.ggml.token_type[%d] = %lld: expected 1..6", i,
+				                  (long long)ty);
 			t->types[i] = (uint8_t)ty;
 		}
 	}
@@ -196,12 +200,10 @@ static int merge_insert(struct tok *t, int32_t l, int32_t r, uint32_t rank, int3
 {
 	uint64_t key = ((uint64_t)(uint32_t)l << 32) | (uint32_t)r;
 	for (uint32_t i = tok_hash_u64(key) & t->mg_mask;; i = (i + 1) & t->mg_mask) {
-		if (t->mg_key[i] == key)
+		if (t->mg[i].key == key)
 			return 0; /* a repeated pair keeps its first (lowest) rank */
-		if (t->mg_key[i] == UINT64_MAX) {
-			t->mg_key[i] = key;
-			t->mg_rank[i] = rank;
-			t->mg_new[i] = merged;
+		if (t->mg[i].key == UINT64_MAX) {
+			t->mg[i] = (struct tok_merge_slot){key, rank, merged};
 			return 0;
 		}
 	}
@@ -219,16 +221,15 @@ static int load_merges(struct tok *t, const struct gguf_ctx *g, struct errbuf *e
 		return errbuf_set(e, ERR_FORMAT, "tokenizer.ggml.merges: expected strings or string pairs");
 	if (a.count >= UINT32_MAX / 4)
 		return errbuf_set(e, ERR_FORMAT, "tokenizer.ggml.merges: %llu merges is too many",
-				  (unsigned long long)a.count);
+		                  (unsigned long long)a.count);
 	t->n_merges = (uint32_t)a.count;
-	t->mg_mask = pow2_at_least((uint64_t)a.count * 2) - 1;
+	t->mg_mask = pow2_at_least((uint64_t)a.count * 3 / 2 + 1) - 1; /* load <= 2/3 */
 	size_t cap = (size_t)t->mg_mask + 1;
-	t->mg_key = malloc(sizeof(uint64_t) * cap);
-	t->mg_rank = malloc(sizeof(uint32_t) * cap);
-	t->mg_new = malloc(sizeof(int32_t) * cap);
-	if (!t->mg_key || !t->mg_rank || !t->mg_new)
+	t->mg = malloc(sizeof(*t->mg) * cap);
+	if (!t->mg)
 		return errbuf_set(e, -ENOMEM, "tokenizer: out of memory for merges");
-	memset(t->mg_key, 0xff, sizeof(uint64_t) * cap);
+	for (size_t i = 0; i < cap; i++)
+		t->mg[i].key = UINT64_MAX;
 
 	for (uint32_t m = 0; m < t->n_merges; m++) {
 		const char *ls, *rs;
@@ -241,8 +242,8 @@ static int load_merges(struct tok *t, const struct gguf_ctx *g, struct errbuf *e
 			const char *sp = len > 1 ? memchr(s + 1, ' ', len - 1) : NULL;
 			if (!s || !sp)
 				return errbuf_set(e, ERR_FORMAT,
-						  "tokenizer.ggml.merges[%u]: '%.*s' is not 'left right'", m,
-						  (int)(len > 64 ? 64 : len), s ? s : "");
+				                  "tokenizer.ggml.merges[%u]: '%.*s' is not 'left right'", m,
+				                  (int)(len > 64 ? 64 : len), s ? s : "");
 			ls = s;
 			ll = (size_t)(sp - s);
 			rs = sp + 1;
@@ -251,7 +252,7 @@ static int load_merges(struct tok *t, const struct gguf_ctx *g, struct errbuf *e
 			struct gguf_arr p;
 			if (gguf_arr_sub(&a, m, &p) || p.type != GGUF_VT_STRING || p.count != 2)
 				return errbuf_set(e, ERR_FORMAT,
-						  "tokenizer.ggml.merges[%u]: expected a pair of strings", m);
+				                  "tokenizer.ggml.merges[%u]: expected a pair of strings", m);
 			ls = gguf_arr_str(&p, 0, &ll);
 			rs = gguf_arr_str(&p, 1, &rl);
 			if (!ls || !rs)
@@ -262,8 +263,9 @@ static int load_merges(struct tok *t, const struct gguf_ctx *g, struct errbuf *e
 		if (l < 0 || r < 0 || mid < 0) {
 			const char *what = l < 0 ? "left part" : r < 0 ? "right part" : "merged token";
 			return errbuf_set(e, ERR_FORMAT,
-					  "tokenizer.ggml.merges[%u] '%.*s' + '%.*s': %s is not in the vocab",
-					  m, (int)(ll > 64 ? 64 : ll), ls, (int)(rl > 64 ? 64 : rl), rs, what);
+			                  "tokenizer.ggml.merges[%u] '%.*s' + '%.*s': %s is not in the vocab",
+			                  m, (int)(ll > 64 ? 64 : ll), ls, (int)(rl > 64 ? 64 : rl), rs,
+			                  what);
 		}
 		rc = merge_insert(t, l, r, m, mid);
 		if (rc)
@@ -330,7 +332,7 @@ static int build_trie(struct tok *t, struct errbuf *e)
 }
 
 static int load_id(const struct tok *t, const struct gguf_ctx *g, const char *key, int32_t *out,
-		   struct errbuf *e)
+                   struct errbuf *e)
 {
 	uint32_t v;
 	*out = -1;
@@ -341,7 +343,7 @@ static int load_id(const struct tok *t, const struct gguf_ctx *g, const char *ke
 		return rc;
 	if (v >= (uint32_t)t->n_vocab)
 		return errbuf_set(e, ERR_FORMAT, "%s = %u: out of range (vocab has %d tokens)", key, v,
-				  t->n_vocab);
+		                  t->n_vocab);
 	*out = (int32_t)v;
 	return 0;
 }
@@ -358,15 +360,16 @@ int tok_load(struct tok **out, const struct gguf_ctx *g, struct errbuf *e)
 
 	rc = gguf_get_str(g, "tokenizer.ggml.model", &s, &len, e);
 	if (rc == ERR_NOTFOUND) {
-		rc = errbuf_set(e, ERR_FORMAT, "tokenizer.ggml.model: key missing (no tokenizer in the file)");
+		rc =
+		    errbuf_set(e, ERR_FORMAT, "tokenizer.ggml.model: key missing (no tokenizer in the file)");
 		goto fail;
 	}
 	if (rc)
 		goto fail;
 	if (len != 4 || memcmp(s, "gpt2", 4) != 0) {
 		rc = errbuf_set(e, ERR_UNSUPPORTED,
-				"tokenizer.ggml.model '%.*s' is not supported (only 'gpt2', byte-level BPE)",
-				(int)(len > 64 ? 64 : len), s);
+		                "tokenizer.ggml.model '%.*s' is not supported (only 'gpt2', byte-level BPE)",
+		                (int)(len > 64 ? 64 : len), s);
 		goto fail;
 	}
 
@@ -384,9 +387,9 @@ int tok_load(struct tok **out, const struct gguf_ctx *g, struct errbuf *e)
 	}
 	if (strlen(t->pre_name) != len || tok_pre_from_name(t->pre_name, &t->pre)) {
 		rc = errbuf_set(e, ERR_UNSUPPORTED,
-				"tokenizer.ggml.pre '%s' is not supported (known: gpt2, llama-bpe, llama3, "
-				"glm4, chatglm-bpe, deepseek-v3, deepseek-llm, qwen2)",
-				t->pre_name);
+		                "tokenizer.ggml.pre '%s' is not supported (known: gpt2, llama-bpe, llama3, "
+		                "glm4, chatglm-bpe, deepseek-v3, deepseek-llm, qwen2)",
+		                t->pre_name);
 		goto fail;
 	}
 
@@ -421,7 +424,8 @@ int tok_load(struct tok **out, const struct gguf_ctx *g, struct errbuf *e)
 	else if (rc)
 		goto fail;
 	if (t->add_bos && t->bos < 0) {
-		rc = errbuf_set(e, ERR_FORMAT, "tokenizer.ggml.add_bos_token is true but there is no bos_token_id");
+		rc = errbuf_set(e, ERR_FORMAT,
+		                "tokenizer.ggml.add_bos_token is true but there is no bos_token_id");
 		goto fail;
 	}
 
@@ -448,9 +452,7 @@ void tok_destroy(struct tok *t)
 	free(t->dec_len);
 	free(t->types);
 	free(t->str_tab);
-	free(t->mg_key);
-	free(t->mg_rank);
-	free(t->mg_new);
+	free(t->mg);
 	free(t->tr_key);
 	free(t->tr_child);
 	free(t->trie_tok);

@@ -35,8 +35,12 @@ extern "C" int kcuda_ctx_create(int device, size_t ws_bytes, struct kcuda_ctx **
 		goto fail_free;
 	if (cudaMalloc(&c->ws, c->ws_bytes) != cudaSuccess)
 		goto fail_stream;
-	if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
+	if (cudaMalloc((void **)&c->err_dev, sizeof(unsigned)) != cudaSuccess)
 		goto fail_ws;
+	if (cudaMemsetAsync(c->err_dev, 0, sizeof(unsigned), c->stream) != cudaSuccess)
+		goto fail_err;
+	if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
+		goto fail_err;
 	if (cublasSetStream(h, c->stream) != CUBLAS_STATUS_SUCCESS)
 		goto fail_cublas;
 	c->cublas = h;
@@ -45,6 +49,8 @@ extern "C" int kcuda_ctx_create(int device, size_t ws_bytes, struct kcuda_ctx **
 
 fail_cublas:
 	cublasDestroy(h);
+fail_err:
+	cudaFree(c->err_dev);
 fail_ws:
 	cudaFree(c->ws);
 fail_stream:
@@ -62,9 +68,21 @@ extern "C" void kcuda_ctx_destroy(struct kcuda_ctx *c)
 	cudaStreamSynchronize(c->stream);
 	if (c->cublas)
 		cublasDestroy((cublasHandle_t)c->cublas);
+	cudaFree(c->err_dev);
 	cudaFree(c->ws);
 	cudaStreamDestroy(c->stream);
 	free(c);
+}
+
+extern "C" int kcuda_ctx_take_errors(struct kcuda_ctx *c, unsigned *n_bad)
+{
+	*n_bad = 0;
+	int rc = kcuda_download(c, n_bad, c->err_dev, sizeof(unsigned));
+	if (rc)
+		return rc;
+	if (*n_bad && cudaMemsetAsync(c->err_dev, 0, sizeof(unsigned), c->stream) != cudaSuccess)
+		return kcuda_launch_status("error counter reset");
+	return 0;
 }
 
 extern "C" void *kcuda_ctx_stream(struct kcuda_ctx *c)

@@ -22,6 +22,7 @@ struct kcuda_ctx {
 	void *ws;         /* device workspace (dequantized weight tiles for the prefill GEMM) */
 	size_t ws_bytes;
 	int n_sm;
+	unsigned *err_dev; /* count of bad inputs seen by kernels (e.g. token ids out of range) */
 };
 
 /* Sticky CUDA errors mean the context is unusable: abort loudly with file:line. */

@@ -1,5 +1,5 @@
 /* Prefill GEMM: Y = X W^T for n_tok > 8. W (any quant type) is dequantized to bf16 tiles in the
- * context workspace (quant_unit.cuh, one thread per 32-element unit), X is rounded to bf16, and
+ * context workspace (quant_piece.cuh, one thread per 16-element piece), X is rounded to bf16, and
  * cuBLAS multiplies them on tensor cores with fp32 accumulation and fp32 output. This is the honest
  * first version: the dequantized tile costs an extra 4 bytes per weight of traffic (write + read),
  * which is small next to 2 * n_tok FLOPs per weight once n_tok is in the hundreds; docs/PERFORMANCE.md
@@ -9,30 +9,28 @@
 #include <errno.h>
 
 #include "kernels/cuda/matmul_impl.cuh"
-#include "kernels/cuda/quant_unit.cuh"
+#include "kernels/cuda/quant_piece.cuh"
 
-/* thread -> (row, unit) of the tile; writes 32 bf16 with four 16-byte stores */
+/* thread -> (row, piece) of the tile; writes 16 bf16 with two 16-byte stores */
 template <int T>
-__global__ void dequant_units(const uint8_t *__restrict__ w, size_t row_bytes, int64_t r0, int64_t n_rows,
-			      int64_t n_units, uint16_t *__restrict__ dst)
+__global__ void dequant_pieces(const uint8_t *__restrict__ w, size_t row_bytes, int64_t r0, int64_t n_rows,
+			       int64_t n_pieces, uint16_t *__restrict__ dst)
 {
 	const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-	if (i >= n_rows * n_units)
+	if (i >= n_rows * n_pieces)
 		return;
-	const int64_t row = i / n_units, u = i % n_units;
-	float v[32];
-	kq<T>::unit(w + (size_t)(r0 + row) * row_bytes, (int)u, v);
-	uint4 *out = (uint4 *)(dst + row * n_units * 32 + u * 32);
+	const int64_t row = i / n_pieces, p = i % n_pieces;
+	float v[16];
+	kq_values<T>(w + (size_t)(r0 + row) * row_bytes, p, v);
+	uint32_t o[8];
 #pragma unroll
-	for (int q = 0; q < 4; q++) {
-		uint32_t p[4];
-#pragma unroll
-		for (int k = 0; k < 4; k++) {
-			__nv_bfloat162 b = __floats2bfloat162_rn(v[8 * q + 2 * k], v[8 * q + 2 * k + 1]);
-			p[k] = *(uint32_t *)&b;
-		}
-		out[q] = make_uint4(p[0], p[1], p[2], p[3]);
+	for (int k = 0; k < 8; k++) {
+		__nv_bfloat162 b = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+		o[k] = *(uint32_t *)&b;
 	}
+	uint4 *d = (uint4 *)(dst + row * n_pieces * 16 + p * 16);
+	d[0] = make_uint4(o[0], o[1], o[2], o[3]);
+	d[1] = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
 /* float weights of any n_in: one thread per element */
@@ -71,15 +69,15 @@ template <int T>
 static int dequant_type(struct kcuda_ctx *c, const struct kweight *w, int64_t r0, int64_t n_rows, uint16_t *dst)
 {
 	const int threads = 256;
-	if ((T == KT_F32 || T == KT_F16 || T == KT_BF16) && (w->n_in % 32 || w->row_bytes % 16 ||
+	if ((T == KT_F32 || T == KT_F16 || T == KT_BF16) && (w->n_in % 16 || w->row_bytes % 16 ||
 							    (uintptr_t)w->data % 16)) {
 		const int64_t n = n_rows * w->n_in;
 		dequant_elems<T><<<(unsigned)((n + threads - 1) / threads), threads, 0, c->stream>>>(
 			(const uint8_t *)w->data, w->row_bytes, r0, n_rows, w->n_in, dst);
 	} else {
-		const int64_t n = n_rows * (w->n_in / 32);
-		dequant_units<T><<<(unsigned)((n + threads - 1) / threads), threads, 0, c->stream>>>(
-			(const uint8_t *)w->data, w->row_bytes, r0, n_rows, w->n_in / 32, dst);
+		const int64_t n = n_rows * (w->n_in / 16);
+		dequant_pieces<T><<<(unsigned)((n + threads - 1) / threads), threads, 0, c->stream>>>(
+			(const uint8_t *)w->data, w->row_bytes, r0, n_rows, w->n_in / 16, dst);
 	}
 	return kcuda_launch_status("dequant_bf16");
 }

@@ -1,28 +1,45 @@
 /* Decode GEMV: Y[t][r] = dot(W row r, X[t]) for n_tok <= 8, streaming W once from HBM.
  *
- * Grid: one warp per ROWS consecutive rows, WARPS warps per block; lane l takes units (32-element
- * pieces, see quant_unit.cuh) l, l+32, ... of those rows, dequantizes each unit in registers to
- * fp32 and accumulates against the n_tok activation rows (read through L1/L2: they are small and
- * shared by every warp). The ROWS rows reuse each loaded activation value, which keeps L1 traffic
- * below the weight stream. A warp reduction ends each row. fp32 accumulation throughout, so the
- * result matches kcpu_matmul up to summation order.
- * Assumes: n_in a multiple of 32, x rows 16-byte aligned (ldx % 4 == 0). Float weights with other
- * n_in or alignment use gemv_scalar (element-wise), which exists for correctness, not speed. */
+ * Grid: a block of GEMV_WARPS warps owns GEMV_ROWS consecutive rows (8, or 4 for small matrices so
+ * the GPU fills); the warps split each row's 16-element pieces (quant_piece.cuh) between them:
+ * warp w, lane l takes pieces
+ * (w * 32 + l) + k * 32 * GEMV_WARPS, so every warp-wide load of weights and activations is
+ * contiguous. Per piece the raw bytes of all GEMV_ROWS rows are loaded first (many loads in
+ * flight per warp), then each row is decoded to (v[16], a, b) and accumulated as
+ * a * sum(v x) + b * sum(x) per token, sum(x) shared by the rows; the activation pieces of the
+ * (up to GEMV_MAX_NT) tokens stay in registers across the rows. More tokens take more launches,
+ * each re-reading W: for n_tok > 2 this kernel is not the right tool on low-bit types (it is
+ * integer-ALU bound already at n_tok = 1; measured in docs/PERFORMANCE.md); a tensor-core
+ * version is the next step. Software pipelining (next piece's loads before this piece's decode)
+ * and lane-constant offsets were tried and measured slower (docs/PERFORMANCE.md).
+ * Partial sums: warp shuffle, then shared memory across the warps. fp32 throughout.
+ * Assumes n_in % 16 == 0 and activation rows 16-byte aligned (ldx % 4 == 0); float weights with
+ * other n_in or alignment use gemv_scalar (correctness path, not speed). */
 #include "kernels/cuda/matmul_impl.cuh"
-#include "kernels/cuda/quant_unit.cuh"
+#include "kernels/cuda/quant_piece.cuh"
 
 #define GEMV_WARPS 4
-#define GEMV_ROWS 2
+#define GEMV_MAX_NT 2 /* tokens per launch (activations in registers); more take more launches */
 
-template <int T, int NT>
+__device__ __forceinline__ void ld_x16(const float *x, int64_t p, float *xv)
+{
+	const float4 *xp = (const float4 *)(x + 16 * p);
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		const float4 f = __ldg(xp + i);
+		xv[4 * i] = f.x, xv[4 * i + 1] = f.y, xv[4 * i + 2] = f.z, xv[4 * i + 3] = f.w;
+	}
+}
+
+template <int T, int NT, int GEMV_ROWS>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-	gemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t n_out, int n_units,
+	gemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t n_out, int64_t n_pieces,
 		    const float *__restrict__ x, int64_t ldx, int n_tok, float *__restrict__ y, int64_t ldy)
 {
-	const int lane = threadIdx.x & 31;
-	const int64_t row0 = ((int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_ROWS;
-	if (row0 >= n_out)
-		return;
+	static_assert(NT <= GEMV_MAX_NT, "activations are held in registers");
+	__shared__ float part[GEMV_WARPS][GEMV_ROWS][NT];
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const int64_t row0 = (int64_t)blockIdx.x * GEMV_ROWS;
 	const uint8_t *rp[GEMV_ROWS];
 #pragma unroll
 	for (int r = 0; r < GEMV_ROWS; r++)
@@ -35,28 +52,45 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 		for (int t = 0; t < NT; t++)
 			acc[r][t] = 0.0f;
 
-	for (int u = lane; u < n_units; u += 32) {
-		float v[GEMV_ROWS][32];
+	for (int64_t p = warp * 32 + lane; p < n_pieces; p += 32 * GEMV_WARPS) {
+		typename kq<T>::raw raw[GEMV_ROWS];
 #pragma unroll
 		for (int r = 0; r < GEMV_ROWS; r++)
-			kq<T>::unit(rp[r], u, v[r]);
+			kq<T>::load(rp[r], p, raw[r]);
+		float xs[NT];
+		float xv[NT][16];
 #pragma unroll
 		for (int t = 0; t < NT; t++) {
 			if (t >= n_tok)
 				break;
-			const float4 *xp = (const float4 *)(x + t * ldx + 32 * (int64_t)u);
+			ld_x16(x + t * ldx, p, xv[t]);
+			if (kq<T>::HAS_B) {
+				float s = 0.0f;
 #pragma unroll
-			for (int i = 0; i < 8; i++) {
-				const float4 xv = __ldg(xp + i);
+				for (int i = 0; i < 16; i++)
+					s += xv[t][i];
+				xs[t] = s;
+			}
+		}
 #pragma unroll
-				for (int r = 0; r < GEMV_ROWS; r++) {
-					float a = acc[r][t];
-					a = fmaf(v[r][4 * i + 0], xv.x, a);
-					a = fmaf(v[r][4 * i + 1], xv.y, a);
-					a = fmaf(v[r][4 * i + 2], xv.z, a);
-					a = fmaf(v[r][4 * i + 3], xv.w, a);
-					acc[r][t] = a;
+		for (int r = 0; r < GEMV_ROWS; r++) {
+			float v[16], a, b;
+			kq<T>::decode(raw[r], p, v, a, b);
+#pragma unroll
+			for (int t = 0; t < NT; t++) {
+				if (t >= n_tok)
+					break;
+				const float *q = xv[t];
+				float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+				for (int i = 0; i < 16; i += 2) {
+					s0 = fmaf(v[i], q[i], s0);
+					s1 = fmaf(v[i + 1], q[i + 1], s1);
 				}
+				float acc_rt = fmaf(a, s0 + s1, acc[r][t]);
+				if (kq<T>::HAS_B)
+					acc_rt = fmaf(b, xs[t], acc_rt);
+				acc[r][t] = acc_rt;
 			}
 		}
 	}
@@ -65,9 +99,19 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 #pragma unroll
 		for (int t = 0; t < NT; t++) {
 			float s = kc_warp_sum(acc[r][t]);
-			if (lane == 0 && t < n_tok && row0 + r < n_out)
-				y[t * ldy + row0 + r] = s;
+			if (lane == 0)
+				part[warp][r][t] = s;
 		}
+	__syncthreads();
+	if (threadIdx.x < GEMV_ROWS * NT) {
+		const int r = threadIdx.x / NT, t = threadIdx.x % NT;
+		float s = 0.0f;
+#pragma unroll
+		for (int k = 0; k < GEMV_WARPS; k++)
+			s += part[k][r][t];
+		if (t < n_tok && row0 + r < n_out)
+			y[t * ldy + row0 + r] = s;
+	}
 }
 
 /* Element-wise GEMV for float weights of any n_in / alignment: one warp per row. */
@@ -102,11 +146,14 @@ template <int T, int NT>
 static void launch_nt(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
 		      float *y, int64_t ldy)
 {
-	const int64_t rows_per_block = GEMV_WARPS * GEMV_ROWS;
-	const unsigned grid = (unsigned)((w->n_out + rows_per_block - 1) / rows_per_block);
-	gemv_kernel<T, NT><<<grid, GEMV_WARPS * 32, 0, c->stream>>>((const uint8_t *)w->data, w->row_bytes,
-								   w->n_out, (int)(w->n_in / 32), x, ldx,
-								   n_tok, y, ldy);
+	/* 8 rows per block where that still gives >= ~8 warps per SM, else 4 (small matrices) */
+	const unsigned g8 = (unsigned)((w->n_out + 7) / 8), g4 = (unsigned)((w->n_out + 3) / 4);
+	if (g8 >= 2u * (unsigned)c->n_sm)
+		gemv_kernel<T, NT, 8><<<g8, GEMV_WARPS * 32, 0, c->stream>>>(
+			(const uint8_t *)w->data, w->row_bytes, w->n_out, w->n_in / 16, x, ldx, n_tok, y, ldy);
+	else
+		gemv_kernel<T, NT, 4><<<g4, GEMV_WARPS * 32, 0, c->stream>>>(
+			(const uint8_t *)w->data, w->row_bytes, w->n_out, w->n_in / 16, x, ldx, n_tok, y, ldy);
 }
 
 template <int T>
@@ -114,7 +161,7 @@ static int launch_type(struct kcuda_ctx *c, const struct kweight *w, const float
 		       float *y, int64_t ldy)
 {
 	const bool is_float = T == KT_F32 || T == KT_F16 || T == KT_BF16;
-	if (is_float && (w->n_in % 32 || w->row_bytes % 16 || (uintptr_t)w->data % 16 || ldx % 4 ||
+	if (is_float && (w->n_in % 16 || w->row_bytes % 16 || (uintptr_t)w->data % 16 || ldx % 4 ||
 			 (uintptr_t)x % 16)) {
 		if constexpr (T == KT_F32 || T == KT_F16 || T == KT_BF16) {
 			const unsigned grid = (unsigned)((w->n_out + GEMV_WARPS - 1) / GEMV_WARPS);
@@ -123,14 +170,13 @@ static int launch_type(struct kcuda_ctx *c, const struct kweight *w, const float
 		}
 		return kcuda_launch_status("gemv_scalar");
 	}
-	if (n_tok == 1)
-		launch_nt<T, 1>(c, w, x, ldx, n_tok, y, ldy);
-	else if (n_tok == 2)
-		launch_nt<T, 2>(c, w, x, ldx, n_tok, y, ldy);
-	else if (n_tok <= 4)
-		launch_nt<T, 4>(c, w, x, ldx, n_tok, y, ldy);
-	else
-		launch_nt<T, 8>(c, w, x, ldx, n_tok, y, ldy);
+	for (int t0 = 0; t0 < n_tok; t0 += GEMV_MAX_NT) {
+		const int nt = n_tok - t0 < GEMV_MAX_NT ? n_tok - t0 : GEMV_MAX_NT;
+		if (nt == 1)
+			launch_nt<T, 1>(c, w, x + t0 * ldx, ldx, nt, y + t0 * ldy, ldy);
+		else
+			launch_nt<T, 2>(c, w, x + t0 * ldx, ldx, nt, y + t0 * ldy, ldy);
+	}
 	return kcuda_launch_status("gemv");
 }
 

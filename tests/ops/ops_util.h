@@ -15,8 +15,8 @@
 
 #include "kernels/kernels.h"
 
-static int ops_n_fail;
-static int ops_n_check;
+static int ops_n_fail __attribute__((unused));
+static int ops_n_check __attribute__((unused));
 
 #define OPS_CHECK(cond, ...)                                                                       \
 	do {                                                                                       \

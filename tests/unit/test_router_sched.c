@@ -165,7 +165,7 @@ static void test_greedy_and_blocks(void)
 {
 	uv_loop_t loop;
 	uv_loop_init(&loop);
-	struct metrics *m = metrics_create();
+	struct metrics *m = metrics_create(NULL);
 	struct sched *s;
 	struct engine_sim *es;
 	struct errbuf e = {0};
@@ -187,7 +187,9 @@ static void test_greedy_and_blocks(void)
 	CHECK(blocks_free(s) == 10, "blocks returned: %u", blocks_free(s));
 	CHECK(engine_sim_n_held(es) == 0, "workers hold nothing: %u", engine_sim_n_held(es));
 	CHECK(sched_n_active(s) == 0, "no active requests");
-	char *text = metrics_render(m, NULL);
+	char *text = NULL;
+	size_t text_len = 0;
+	CHECK(metrics_render(m, &text, &text_len) == 0, "render");
 	CHECK(text && strstr(text, "tandem_router_requests_total{outcome=\"done\"} 1\n"), "done counter");
 	CHECK(text && strstr(text, "tandem_router_generated_tokens_total 12\n"), "generated tokens counter");
 	CHECK(text && strstr(text, "tandem_router_prompt_tokens_total 20\n"), "prompt tokens counter");
@@ -205,7 +207,7 @@ static void test_cancel_queue_and_fit(void)
 {
 	uv_loop_t loop;
 	uv_loop_init(&loop);
-	struct metrics *m = metrics_create();
+	struct metrics *m = metrics_create(NULL);
 	struct sched *s;
 	struct engine_sim *es;
 	struct errbuf e = {0};
@@ -271,7 +273,7 @@ static void test_worker_loss(void)
 {
 	uv_loop_t loop;
 	uv_loop_init(&loop);
-	struct metrics *m = metrics_create();
+	struct metrics *m = metrics_create(NULL);
 	struct sched *s;
 	struct engine_sim *es;
 	struct errbuf e = {0};
@@ -318,7 +320,9 @@ static void test_worker_loss(void)
 	CHECK(on1->end == REQ_STATE_DONE && on1->n_tokens == 200, "the other completes: %s %d", req_state_name(on1->end),
 	      on1->n_tokens);
 	CHECK(engine_sim_n_held(es) == 0, "nothing held");
-	char *text = metrics_render(m, NULL);
+	char *text = NULL;
+	size_t text_len = 0;
+	CHECK(metrics_render(m, &text, &text_len) == 0, "render");
 	CHECK(text && strstr(text, "tandem_router_prefill_retries_total 1\n"), "retry counted");
 	CHECK(text && strstr(text, "tandem_router_workers{role=\"decode\"} 1\n"), "one decode worker left");
 	free(text);

@@ -14,14 +14,14 @@
 #include "common/tok/tok.h"
 
 static int n_fail;
-#define CHECK(c, ...)                                                                           \
-	do {                                                                                    \
-		if (!(c)) {                                                                     \
-			n_fail++;                                                               \
-			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #c);            \
-			fprintf(stderr, __VA_ARGS__);                                           \
-			fputc('\n', stderr);                                                    \
-		}                                                                               \
+#define CHECK(c, ...)                                                                                        \
+	do {                                                                                                 \
+		if (!(c)) {                                                                                  \
+			n_fail++;                                                                            \
+			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #c);                         \
+			fprintf(stderr, __VA_ARGS__);                                                        \
+			fputc('\n', stderr);                                                                 \
+		}                                                                                            \
 	} while (0)
 
 static const char *data_dir(void)
@@ -84,8 +84,7 @@ static size_t hex_decode(const char *hex, char *out)
 }
 
 /* Encodes, decodes and stream-decodes every test string against one expected-ids file. */
-static void check_reference(const char *name, const char *gguf_rel, const char *expected_rel,
-			    json_t *strings)
+static void check_reference(const char *name, const char *gguf_rel, const char *expected_rel, json_t *strings)
 {
 	double load_s;
 	struct tok *t = load_tok(gguf_rel, &load_s);
@@ -120,12 +119,13 @@ static void check_reference(const char *name, const char *gguf_rel, const char *
 			n_ids_ok++;
 		} else {
 			fprintf(stderr, "%s case %zu (%s): ids differ\n  got     ", name, sid,
-				json_string_value(json_object_get(js, "category")));
+			        json_string_value(json_object_get(js, "category")));
 			for (size_t i = 0; i < n && i < 40; i++)
 				fprintf(stderr, " %d", ids[i]);
 			fprintf(stderr, "\n  expected");
 			for (size_t i = 0; i < json_array_size(jids) && i < 40; i++)
-				fprintf(stderr, " %lld", (long long)json_integer_value(json_array_get(jids, i)));
+				fprintf(stderr, " %lld",
+				        (long long)json_integer_value(json_array_get(jids, i)));
 			fprintf(stderr, "\n");
 		}
 
@@ -137,7 +137,7 @@ static void check_reference(const char *name, const char *gguf_rel, const char *
 			n_rt_ok++;
 		else
 			fprintf(stderr, "%s case %zu: decode differs (rc %d, %zu vs %zu bytes)\n", name, sid,
-				rc, dlen, len);
+			        rc, dlen, len);
 
 		/* streaming: same bytes, and every emission is whole characters */
 		struct tok_stream st;
@@ -148,7 +148,7 @@ static void check_reference(const char *name, const char *gguf_rel, const char *
 		for (size_t i = 0; i <= n && ok; i++) {
 			size_t k = 0;
 			rc = i < n ? tok_stream_feed(&st, ids[i], piece, scap, &k, &e)
-				   : tok_stream_flush(&st, piece, scap, &k, &e);
+			           : tok_stream_flush(&st, piece, scap, &k, &e);
 			ok = rc == 0 && tok_utf8_check(piece, k) == k && so + k <= len &&
 			     memcmp(dec + so, piece, k) == 0;
 			so += k;
@@ -172,7 +172,6 @@ static void check_reference(const char *name, const char *gguf_rel, const char *
 	json_decref(exp);
 	tok_destroy(t);
 }
-
 
 /* ---- long inputs: work must grow linearly with the input ----------------------------------- */
 
@@ -231,13 +230,13 @@ static void check_long(const struct tok *t, const char *name, json_t *strings)
 		char *unit;
 		size_t unit_len;
 	} cases[] = {
-		{"mixed text", mix, mix_len},
-		{"one letter", "a", 1},
-		{"spaces", " ", 1},
-		{"digits", "7", 1},
-		{"special-token prefixes", "<|user", 6},
-		{"CJK", "\xe4\xbd\xa0\xe5\xa5\xbd", 6},
-		{"emoji ZWJ", "\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x92\xbb", 11},
+	    {"mixed text", mix, mix_len},
+	    {"one letter", "a", 1},
+	    {"spaces", " ", 1},
+	    {"digits", "7", 1},
+	    {"special-token prefixes", "<|user", 6},
+	    {"CJK", "\xe4\xbd\xa0\xe5\xa5\xbd", 6},
+	    {"emoji ZWJ", "\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x92\xbb", 11},
 	};
 	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
 		size_t l1, l4;
@@ -248,7 +247,8 @@ static void check_long(const struct tok *t, const char *name, json_t *strings)
 		uint64_t w1 = a->n_regex_calls + a->n_heap_ops + a->n_merges + a->n_trie_steps + a->n_pieces;
 		uint64_t w4 = b->n_regex_calls + b->n_heap_ops + b->n_merges + b->n_trie_steps + b->n_pieces;
 		double ratio = (double)w4 / (double)(w1 ? w1 : 1), bytes_ratio = (double)l4 / (double)l1;
-		printf("long %-12s %-22s %7zu B: %7zu ids, ops/byte %.2f, 4x input -> %.2fx ops, %.3f s (%.1f MB/s)\n",
+		printf("long %-12s %-22s %7zu B: %7zu ids, ops/byte %.2f, 4x input -> %.2fx ops, %.3f s "
+		       "(%.1f MB/s)\n",
 		       name, cases[c].what, l4, r4.n_ids, (double)w4 / (double)l4, ratio, r4.secs,
 		       l4 / 1e6 / (r4.secs > 0 ? r4.secs : 1e-9));
 		CHECK(r1.roundtrip && r4.roundtrip, "%s %s: decode(encode(s)) != s", name, cases[c].what);
@@ -269,7 +269,6 @@ static void check_long(const struct tok *t, const char *name, json_t *strings)
 	}
 	free(mix);
 }
-
 
 /* ---- small GGUF files built byte by byte: loader validation and features ------------------ */
 
@@ -382,7 +381,8 @@ static void byte_char(unsigned b, char out[3])
 	if (!((b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF))) {
 		unsigned n = 0;
 		for (unsigned c = 0; c < b; c++)
-			if (!((c >= 0x21 && c <= 0x7E) || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF)))
+			if (!((c >= 0x21 && c <= 0x7E) || (c >= 0xA1 && c <= 0xAC) ||
+			      (c >= 0xAE && c <= 0xFF)))
 				n++;
 		cp = 256 + n;
 	}
@@ -397,12 +397,21 @@ static void byte_char(unsigned b, char out[3])
 }
 
 enum { SYN_AB = 256, SYN_ABC, SYN_GA, SYN_S, SYN_X, SYN_XY, SYN_PAD, SYN_N };
-enum syn_flaw { SYN_OK, SYN_MODEL, SYN_PRE, SYN_MERGE_UNKNOWN, SYN_BOS_RANGE, SYN_TYPES_SHORT, SYN_TYPE_VALUE,
-		SYN_STRING_MERGES, SYN_BAD_MERGE_STRING };
+enum syn_flaw {
+	SYN_OK,
+	SYN_MODEL,
+	SYN_PRE,
+	SYN_MERGE_UNKNOWN,
+	SYN_BOS_RANGE,
+	SYN_TYPES_SHORT,
+	SYN_TYPE_VALUE,
+	SYN_STRING_MERGES,
+	SYN_BAD_MERGE_STRING
+};
 
 /* A 263-token vocab: 256 byte symbols, "ab", "abc", "Ġa", control "<s>", user-defined "<x>" and
  * "<x>y" (longest match), an unused "[PAD262]"; merges a+b, ab+c, Ġ+a. */
-static int syn_load(enum syn_flaw flaw, struct tok **t, struct errbuf *e)
+static int syn_load_pre(enum syn_flaw flaw, const char *pre, struct tok **t, struct errbuf *e)
 {
 	static char bytes[256][3];
 	const char *toks[SYN_N];
@@ -414,7 +423,8 @@ static int syn_load(enum syn_flaw flaw, struct tok **t, struct errbuf *e)
 	}
 	toks[SYN_AB] = "ab";
 	toks[SYN_ABC] = "abc";
-	toks[SYN_GA] = "\xc4\xa0" "a";
+	toks[SYN_GA] = "\xc4\xa0"
+	               "a";
 	toks[SYN_S] = "<s>";
 	toks[SYN_X] = "<x>";
 	toks[SYN_XY] = "<x>y";
@@ -435,7 +445,7 @@ static int syn_load(enum syn_flaw flaw, struct tok **t, struct errbuf *e)
 	struct gb b = {0};
 	gb_kv_str(&b, "general.architecture", "deepseek2");
 	gb_kv_str(&b, "tokenizer.ggml.model", flaw == SYN_MODEL ? "llama" : "gpt2");
-	gb_kv_str(&b, "tokenizer.ggml.pre", flaw == SYN_PRE ? "klingon" : "gpt2");
+	gb_kv_str(&b, "tokenizer.ggml.pre", flaw == SYN_PRE ? "klingon" : pre);
 	gb_kv_strs(&b, "tokenizer.ggml.tokens", toks, SYN_N);
 	gb_kv_i32s(&b, "tokenizer.ggml.token_type", types, flaw == SYN_TYPES_SHORT ? SYN_N - 1 : SYN_N);
 	if (flaw == SYN_STRING_MERGES || flaw == SYN_BAD_MERGE_STRING)
@@ -447,6 +457,64 @@ static int syn_load(enum syn_flaw flaw, struct tok **t, struct errbuf *e)
 	gb_key(&b, "tokenizer.ggml.add_bos_token", GGUF_VT_BOOL);
 	gb_put(&b, "\x01", 1);
 	return gb_load(&b, t, e);
+}
+
+static int syn_load(enum syn_flaw flaw, struct tok **t, struct errbuf *e)
+{
+	return syn_load_pre(flaw, "gpt2", t, e);
+}
+
+/* Every pre-tokenizer name loads, and splits a probe text into the pieces its regexes define
+ * (the synthetic vocab has no digit or punctuation merges, so the piece count is observable). */
+static void check_pretokenizers(void)
+{
+	static const struct {
+		const char *pre;
+		const char *text;
+		uint64_t n_pieces;
+	} cases[] = {
+	    /* Hello | ' world' | ' 12345' | !! */
+	    {"gpt2", "Hello world 12345!!", 4},
+	    /* Hello | ' world' | ' ' | 123 | 45 | !! */
+	    {"llama-bpe", "Hello world 12345!!", 6},
+	    {"llama3", "Hello world 12345!!", 6},
+	    {"glm4", "Hello world 12345!!", 6},
+	    {"chatglm-bpe", "Hello world 12345!!", 6},
+	    /* digits one by one */
+	    {"qwen2", "Hello world 12345!!", 9},
+	    /* Hello | ' world' | ' ' | 123 | 45 | !! */
+	    {"deepseek-v3", "Hello world 12345!!", 6},
+	    /* Hello | ' world' | ' ' | 12345 | !! */
+	    {"deepseek-llm", "Hello world 12345!!", 5},
+	    /* CJK isolated by the second regex: ab | 你好 | cd */
+	    {"deepseek-v3",
+	     "ab\xe4\xbd\xa0\xe5\xa5\xbd"
+	     "cd",
+	     3},
+	    /* contractions, case-insensitive: it | 'S | ' fine' */
+	    {"llama3", "it'S fine", 3},
+	    /* U+0085 is White_Space (as in Oniguruma): 'a' | NEL+space | 'b'?: \s+(?!\S) keeps the
+	     * last space for ' b' */
+	    {"llama3", "a\xc2\x85 b", 3},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct errbuf e = {0};
+		struct tok *t;
+		int rc = syn_load_pre(SYN_OK, cases[i].pre, &t, &e);
+		CHECK(rc == 0, "pre %s: %s", cases[i].pre, e.msg);
+		if (rc)
+			continue;
+		const char *text = cases[i].text;
+		size_t len = strlen(text);
+		int32_t ids[64];
+		size_t n;
+		struct tok_stats st;
+		rc = tok_encode(t, text, len, 0, ids, 64, &n, &st, &e);
+		CHECK(rc == 0 && st.n_pieces == cases[i].n_pieces, "pre %s '%s': %llu pieces, want %llu",
+		      cases[i].pre, cases[i].text, (unsigned long long)st.n_pieces,
+		      (unsigned long long)cases[i].n_pieces);
+		tok_destroy(t);
+	}
 }
 
 static bool ids_eq(const int32_t *got, size_t n, const int32_t *want, size_t n_want)
@@ -468,13 +536,10 @@ static void check_synthetic(void)
 		int code;
 		const char *in_msg;
 	} bad[] = {
-		{SYN_MODEL, ERR_UNSUPPORTED, "'llama'"},
-		{SYN_PRE, ERR_UNSUPPORTED, "'klingon'"},
-		{SYN_MERGE_UNKNOWN, ERR_FORMAT, "merges[1]"},
-		{SYN_BOS_RANGE, ERR_FORMAT, "bos_token_id"},
-		{SYN_TYPES_SHORT, ERR_FORMAT, "token_type"},
-		{SYN_TYPE_VALUE, ERR_FORMAT, "token_type[256]"},
-		{SYN_BAD_MERGE_STRING, ERR_FORMAT, "merges[1]"},
+	    {SYN_MODEL, ERR_UNSUPPORTED, "'llama'"},         {SYN_PRE, ERR_UNSUPPORTED, "'klingon'"},
+	    {SYN_MERGE_UNKNOWN, ERR_FORMAT, "merges[1]"},    {SYN_BOS_RANGE, ERR_FORMAT, "bos_token_id"},
+	    {SYN_TYPES_SHORT, ERR_FORMAT, "token_type"},     {SYN_TYPE_VALUE, ERR_FORMAT, "token_type[256]"},
+	    {SYN_BAD_MERGE_STRING, ERR_FORMAT, "merges[1]"},
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		memset(&e, 0, sizeof(e));
@@ -496,8 +561,8 @@ static void check_synthetic(void)
 		const char *txt = "abc abd";
 		rc = tok_encode(t, txt, strlen(txt), 0, ids, 64, &n, NULL, &e);
 		int32_t want1[] = {SYN_ABC, ' ', SYN_AB, 'd'}; /* byte b is token b */
-		CHECK(rc == 0 && ids_eq(ids, n, want1, 4), "form %d: 'abc abd' -> %zu ids (%d %d %d %d)", form,
-		      n, ids[0], ids[1], ids[2], ids[3]);
+		CHECK(rc == 0 && ids_eq(ids, n, want1, 4), "form %d: 'abc abd' -> %zu ids (%d %d %d %d)",
+		      form, n, ids[0], ids[1], ids[2], ids[3]);
 		/* " ax": a+b not applicable, Ġ+a merges */
 		rc = tok_encode(t, " ax", 3, 0, ids, 64, &n, NULL, &e);
 		int32_t want2[] = {SYN_GA, 'x'};
@@ -506,6 +571,10 @@ static void check_synthetic(void)
 		rc = tok_encode(t, "<x>y<x><s>", 10, TOK_ENCODE_ADD_BOS, ids, 64, &n, NULL, &e);
 		int32_t want3[] = {SYN_S, SYN_XY, SYN_X, SYN_S};
 		CHECK(rc == 0 && ids_eq(ids, n, want3, 4), "form %d: specials + BOS (%zu ids)", form, n);
+		/* a text that starts with BOS gets no second one */
+		rc = tok_encode(t, "<s>ab", 5, TOK_ENCODE_ADD_BOS, ids, 64, &n, NULL, &e);
+		int32_t want_bos[] = {SYN_S, SYN_AB};
+		CHECK(rc == 0 && ids_eq(ids, n, want_bos, 2), "form %d: single BOS (%zu ids)", form, n);
 		/* NO_SPECIAL: the same text is plain bytes */
 		rc = tok_encode(t, "<s>", 3, TOK_ENCODE_NO_SPECIAL, ids, 64, &n, NULL, &e);
 		int32_t want4[] = {'<', 's', '>'};
@@ -523,13 +592,22 @@ static void check_synthetic(void)
 		rc = tok_encode(t, "abc abd", 7, 0, ids, 2, &n, NULL, &e);
 		CHECK(rc == ERR_LIMIT && n == 0, "form %d: limit rc %d", form, rc);
 		/* invalid UTF-8: error naming the offset, or U+FFFD on request */
-		rc = tok_encode(t, "ab\xff" "c", 4, 0, ids, 64, &n, NULL, &e);
+		rc = tok_encode(t,
+		                "ab\xff"
+		                "c",
+		                4, 0, ids, 64, &n, NULL, &e);
 		CHECK(rc == ERR_FORMAT && strstr(e.msg, "offset 2"), "invalid utf-8: %d '%s'", rc, e.msg);
-		rc = tok_encode(t, "ab\xe4\xbd" "c", 5, TOK_ENCODE_REPLACE_INVALID, ids, 64, &n, NULL, &e);
+		rc = tok_encode(t,
+		                "ab\xe4\xbd"
+		                "c",
+		                5, TOK_ENCODE_REPLACE_INVALID, ids, 64, &n, NULL, &e);
 		char dec[64];
 		size_t dl = 0;
 		CHECK(rc == 0 && tok_decode(t, ids, n, 0, dec, sizeof(dec), &dl, &e) == 0 && dl == 6 &&
-			      memcmp(dec, "ab\xef\xbf\xbd" "c", 6) == 0,
+		          memcmp(dec,
+		                 "ab\xef\xbf\xbd"
+		                 "c",
+		                 6) == 0,
 		      "replace invalid: rc %d, %zu bytes", rc, dl);
 		/* decode: unused tokens decode to nothing, special ones to their text, skip flag */
 		int32_t d1[] = {SYN_S, SYN_PAD, SYN_ABC, SYN_XY};
@@ -543,7 +621,8 @@ static void check_synthetic(void)
 		tok_destroy(t);
 	}
 	printf("synthetic vocab: %zu malformed files rejected with named errors, both merge forms, "
-	       "specials/spans/limits/invalid UTF-8 checked\n", sizeof(bad) / sizeof(bad[0]));
+	       "specials/spans/limits/invalid UTF-8 checked\n",
+	       sizeof(bad) / sizeof(bad[0]));
 }
 
 /* Streaming over byte tokens: split characters are held back, invalid bytes become U+FFFD. */
@@ -563,12 +642,27 @@ static void check_stream_bytes(void)
 		size_t out_len;
 		size_t max_emits_before_flush; /* bytes emitted before the last byte arrives */
 	} cases[] = {
-		{"\xe4\xbd\xa0", 3, "\xe4\xbd\xa0", 3, 0},                 /* held back until complete */
-		{"a\xf0\x9f\x98\x80" "b", 6, "a\xf0\x9f\x98\x80" "b", 6, 5},
-		{"\xff" "a", 2, "\xef\xbf\xbd" "a", 4, 3},                 /* invalid byte */
-		{"\xe4\xbd" "a", 3, "\xef\xbf\xbd" "a", 4, 0},             /* truncated then ASCII */
-		{"a\xe4\xbd", 3, "a\xef\xbf\xbd", 4, 1},                   /* truncated at the end */
-		{"\xed\xa0\x80", 3, "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd", 9, 6}, /* surrogate */
+	    {"\xe4\xbd\xa0", 3, "\xe4\xbd\xa0", 3, 0}, /* held back until complete */
+	    {"a\xf0\x9f\x98\x80"
+	     "b",
+	     6,
+	     "a\xf0\x9f\x98\x80"
+	     "b",
+	     6, 5},
+	    {"\xff"
+	     "a",
+	     2,
+	     "\xef\xbf\xbd"
+	     "a",
+	     4, 3}, /* invalid byte */
+	    {"\xe4\xbd"
+	     "a",
+	     3,
+	     "\xef\xbf\xbd"
+	     "a",
+	     4, 0}, /* truncated then ASCII */
+	    {"a\xe4\xbd", 3, "a\xef\xbf\xbd", 4, 1}, /* truncated at the end */
+	    {"\xed\xa0\x80", 3, "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd", 9, 6}, /* surrogate */
 	};
 	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
 		struct tok_stream s;
@@ -590,10 +684,175 @@ static void check_stream_bytes(void)
 		ok = ok && tok_stream_flush(&s, piece, sizeof(piece), &k, &e) == 0;
 		memcpy(out + o, piece, k);
 		o += k;
-		CHECK(ok && o == cases[c].out_len && memcmp(out, cases[c].out, o) == 0, "stream case %zu: %zu bytes",
-		      c, o);
+		CHECK(ok && o == cases[c].out_len && memcmp(out, cases[c].out, o) == 0,
+		      "stream case %zu: %zu bytes", c, o);
 	}
 	tok_destroy(t);
+}
+
+/* ---- random inputs: never crash, always valid UTF-8 out ------------------------------------ */
+
+static uint64_t rng_state, test_seed;
+static uint32_t rng(void)
+{
+	rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+	return (uint32_t)(rng_state >> 33);
+}
+
+/* Random byte strings (biased towards UTF-8 lead/continuation bytes and specials' first bytes)
+ * encoded with U+FFFD replacement must decode to valid UTF-8 that re-encodes to the same ids;
+ * random id sequences must stream-decode to exactly the U+FFFD-replaced whole decode. */
+static void check_random(const struct tok *t, const char *name)
+{
+	uint64_t seed = (uint64_t)time(NULL);
+	const char *env = getenv("TANDEM_TEST_SEED");
+	if (env)
+		seed = strtoull(env, NULL, 10);
+	rng_state = test_seed = seed;
+	static const uint8_t alphabet[] = {'a',  'Z',  ' ',  '\n', '1',  '<',  '|',  '>',  '\'', '!',
+	                                   0x80, 0xBF, 0xC3, 0xE4, 0xF0, 0x9F, 0xED, 0xA0, 0xFF, 0x00};
+	int n_ok = 0, n_runs = 300;
+	size_t scap = tok_stream_max_out(t);
+	char *piece = malloc(scap);
+	for (int r = 0; r < n_runs; r++) {
+		size_t len = rng() % 200;
+		char text[200];
+		for (size_t i = 0; i < len; i++)
+			text[i] = (char)(rng() % 4 == 0 ? rng() : alphabet[rng() % sizeof(alphabet)]);
+		int32_t ids[3 * 200 + 1], ids2[3 * 200 + 1];
+		size_t n = 0, n2 = 0, dl = 0, dl2 = 0;
+		char dec[3 * 200 * 4 + 64], dec2[3 * 200 * 4 + 64];
+		struct errbuf e = {0};
+		bool ok = tok_encode(t, text, len, TOK_ENCODE_REPLACE_INVALID, ids, 3 * 200 + 1, &n, NULL,
+		                     &e) == 0 &&
+		          tok_decode(t, ids, n, 0, dec, sizeof(dec), &dl, &e) == 0 &&
+		          tok_utf8_check(dec, dl) == dl &&
+		          tok_encode(t, dec, dl, 0, ids2, 3 * 200 + 1, &n2, NULL, &e) == 0 &&
+		          ids_eq(ids, n, ids2, n2);
+
+		/* random ids: whole decode, then its replaced form via encode(REPLACE) -> decode */
+		size_t m = rng() % 40;
+		int32_t rid[40];
+		for (size_t i = 0; i < m; i++)
+			rid[i] = (int32_t)(rng() % (uint32_t)tok_n_vocab(t));
+		ok = ok && tok_decode(t, rid, m, 0, dec, sizeof(dec), &dl, &e) == 0 &&
+		     tok_encode(t, dec, dl, TOK_ENCODE_REPLACE_INVALID | TOK_ENCODE_NO_SPECIAL, ids,
+		                3 * 200 + 1, &n, NULL, &e) == 0 &&
+		     tok_decode(t, ids, n, 0, dec2, sizeof(dec2), &dl2, &e) == 0;
+		struct tok_stream st;
+		tok_stream_init(&st, t, 0);
+		size_t so = 0, k;
+		for (size_t i = 0; i <= m && ok; i++) {
+			ok = (i < m ? tok_stream_feed(&st, rid[i], piece, scap, &k, &e)
+			            : tok_stream_flush(&st, piece, scap, &k, &e)) == 0 &&
+			     tok_utf8_check(piece, k) == k && so + k <= dl2 &&
+			     memcmp(dec2 + so, piece, k) == 0;
+			so += k;
+		}
+		ok = ok && so == dl2;
+		n_ok += ok;
+		if (!ok)
+			fprintf(stderr, "%s random run %d (seed %llu) failed: %s\n", name, r,
+			        (unsigned long long)seed, e.msg);
+	}
+	free(piece);
+	printf("random %-12s seed %llu: %d/%d runs ok\n", name, (unsigned long long)seed, n_ok, n_runs);
+	CHECK(n_ok == n_runs, "%s random: %d/%d (seed %llu, rerun with TANDEM_TEST_SEED)", name, n_ok, n_runs,
+	      (unsigned long long)seed);
+}
+
+/* ---- mutated vocab files: the loader rejects or accepts, never crashes -------------------- */
+
+/* Copies the tokenizer.* keys of a model into a small vocab-only GGUF, then flips random bytes of
+ * it many times: every mutant must be rejected by gguf_open or tok_load with a message, or load
+ * and then encode / decode a probe text without crashing (ASan builds check the memory side). */
+static void check_mutations(const char *model_rel, int n_iter)
+{
+	char src[512];
+	snprintf(src, sizeof(src), "%s/%s", data_dir(), model_rel);
+	struct errbuf e = {0};
+	struct gguf_ctx *g;
+	if (gguf_open(&g, src, &e)) {
+		CHECK(0, "%s", e.msg);
+		return;
+	}
+	char base[] = "/tmp/test_tok_vocab_XXXXXX";
+	int fd = mkstemp(base);
+	close(fd);
+	struct gguf_writer *w = gguf_writer_create(32);
+	int rc = 0;
+	for (int64_t i = 0; i < gguf_n_kv(g) && !rc; i++)
+		if (strncmp(gguf_kv_key(g, i), "tokenizer.", 10) == 0 ||
+		    strcmp(gguf_kv_key(g, i), "general.architecture") == 0)
+			rc = gguf_writer_copy_kv(w, g, i);
+	rc = rc ? rc : gguf_writer_write(w, base, &e);
+	gguf_writer_destroy(w);
+	gguf_close(g);
+	CHECK(rc == 0, "vocab-only copy: %s", e.msg);
+	FILE *f = fopen(base, "rb");
+	size_t size = 0;
+	char *orig = NULL;
+	if (f && fseek(f, 0, SEEK_END) == 0 && (size = (size_t)ftell(f)) > 64 && fseek(f, 0, SEEK_SET) == 0 &&
+	    (orig = malloc(size)) && fread(orig, 1, size, f) == size) {
+		/* the unmutated copy loads and tokenizes like the original */
+		struct tok *t;
+		rc = gguf_open(&g, base, &e);
+		rc = rc ? rc : tok_load(&t, g, &e);
+		CHECK(rc == 0, "vocab-only copy loads: %s", e.msg);
+		if (rc == 0) {
+			gguf_close(g);
+			tok_destroy(t);
+		}
+	} else {
+		CHECK(0, "cannot read back %s", base);
+	}
+	if (f)
+		fclose(f);
+	uint64_t seed = test_seed; /* the mutations continue that seed's random stream */
+	int n_gguf_err = 0, n_tok_err = 0, n_loaded = 0;
+	char *buf = malloc(size);
+	for (int it = 0; orig && it < n_iter; it++) {
+		memcpy(buf, orig, size);
+		int n_flips = 1 + (int)(rng() % 4);
+		for (int k = 0; k < n_flips; k++) {
+			size_t at = 8 + rng() % (size - 8); /* keep the magic and version */
+			buf[at] = rng() % 3 == 0 ? (char)(buf[at] ^ (1 << (rng() % 8))) : (char)rng();
+		}
+		f = fopen(base, "wb");
+		fwrite(buf, 1, size, f);
+		fclose(f);
+		memset(&e, 0, sizeof(e));
+		if (gguf_open(&g, base, &e)) {
+			n_gguf_err++;
+			CHECK(e.msg[0], "gguf error without a message");
+			continue;
+		}
+		struct tok *t;
+		if (tok_load(&t, g, &e)) {
+			n_tok_err++;
+			CHECK(e.msg[0], "tok_load error without a message");
+			gguf_close(g);
+			continue;
+		}
+		gguf_close(g);
+		n_loaded++;
+		const char *probe = "Hello <|user|> world 12345 \xe4\xbd\xa0\xe5\xa5\xbd!\n";
+		int32_t ids[256];
+		size_t n = 0, dl;
+		char dec[4096];
+		if (tok_encode(t, probe, strlen(probe), TOK_ENCODE_ADD_BOS, ids, 256, &n, NULL, &e) == 0) {
+			int drc = tok_decode(t, ids, n, 0, dec, sizeof(dec), &dl, &e);
+			CHECK(drc == 0 || drc == ERR_LIMIT, "decode of a mutant's ids: %d", drc);
+		}
+		tok_destroy(t);
+	}
+	free(buf);
+	free(orig);
+	unlink(base);
+	printf("mutations %-10s seed %llu: %d runs: %d rejected by the GGUF reader, %d by the tokenizer, %d "
+	       "loaded; "
+	       "no crash\n",
+	       model_rel + 7, (unsigned long long)seed, n_iter, n_gguf_err, n_tok_err, n_loaded);
 }
 
 int main(void)
@@ -601,22 +860,26 @@ int main(void)
 	json_t *strings = load_json("tokenizer/test_strings.json");
 	CHECK(json_array_size(strings) == 360, "%zu strings", json_array_size(strings));
 	check_reference("tiny-glm", "models/glm-dsa-tiny-BF16.gguf", "tokenizer/expected_ids_tiny-glm.json",
-			strings);
+	                strings);
 	check_reference("tiny-ds", "models/deepseek2-tiny-BF16.gguf", "tokenizer/expected_ids_tiny-ds.json",
-			strings);
+	                strings);
 	check_reference("deepseek-v3", "tokenizer/deepseek-v3-vocab.gguf",
-			"tokenizer/expected_ids_deepseek-v3.json", strings);
+	                "tokenizer/expected_ids_deepseek-v3.json", strings);
 	double secs;
 	struct tok *ds = load_tok("tokenizer/deepseek-v3-vocab.gguf", &secs);
 	CHECK(secs < 1.0, "loading the DeepSeek-V3 vocab took %.2f s", secs);
 	check_long(ds, "deepseek-v3", strings);
+	check_random(ds, "deepseek-v3");
 	tok_destroy(ds);
 	struct tok *glm = load_tok("models/glm-dsa-tiny-BF16.gguf", &secs);
 	check_long(glm, "tiny-glm", strings);
+	check_random(glm, "tiny-glm");
+	check_mutations("models/glm-dsa-tiny-BF16.gguf", 1000);
 	tok_destroy(glm);
 	json_decref(strings);
 	check_synthetic();
 	check_stream_bytes();
+	check_pretokenizers();
 	if (n_fail) {
 		printf("%d checks failed\n", n_fail);
 		return 1;

@@ -1,0 +1,528 @@
+/* tandem-prefill, loop thread (see worker.h). Requests arrive from the router as PrefillRequest;
+ * each is checked against what this worker can do (prompt length, token ids, reserved blocks,
+ * queue budget) before it reaches the engine, so a bad request fails alone with a clear Error
+ * and never reaches the model. Results go back as PrefillDone (KV written, first token) or
+ * Error(rid, code). Every request-related log line carries rid=. */
+#include "prefill/worker.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/base/log.h"
+#include "common/model/model.h"
+#include "common/net/kvx.h"
+#include "common/net/metrics.h"
+#include "common/net/runtime.h"
+#include "common/net/session.h"
+#include "prefill/engine.h"
+
+#define MAP_BUCKETS 1024
+
+struct pf_worker {
+	const struct pf_config *c;
+	uv_loop_t *loop;
+	struct model *model;
+	struct kvx *kvx;
+	struct pf_engine *eng;
+	struct session *sess;
+	struct runtime *rt;
+	struct metrics *reg;
+	struct msg_kv_layout layout;
+	uint8_t model_id[8];
+	char model_name[MSG_NAME_MAX + 1];
+	struct pf_job *map[MAP_BUCKETS];
+	uint64_t queued_tokens;
+	uint32_t n_inflight;
+	bool draining;
+	bool stopping;
+	uv_timer_t drain_timer;
+	uv_timer_t idle_check;
+	struct metric *m_req_ok, *m_req_failed, *m_req_cancelled, *m_req_refused;
+	struct metric *m_queue_tokens, *m_inflight;
+	struct metric *m_registered;
+	int exit_code;
+};
+
+void pf_config_default(struct pf_config *c)
+{
+	memset(c, 0, sizeof(*c));
+	snprintf(c->name, sizeof(c->name), "prefill-%d", (int)getpid());
+	snprintf(c->router, sizeof(c->router), "127.0.0.1:7070");
+	snprintf(c->metrics, sizeof(c->metrics), "127.0.0.1:0");
+	snprintf(c->engine, sizeof(c->engine), "model");
+	snprintf(c->kv_dtype, sizeof(c->kv_dtype), "f32");
+	snprintf(c->log_level, sizeof(c->log_level), "info");
+	c->threads = 1;
+	c->tp = 1;
+	c->local_blocks = 256;
+	c->max_tokens_per_step = 2048;
+	c->max_batch = 16;
+	c->max_queued_tokens = 1 << 20;
+	c->heartbeat_ms = 1000;
+	c->flush_timeout_ms = 10000;
+	c->drain_timeout_ms = 30000;
+}
+
+/* ---- rid map ---------------------------------------------------------------------------------- */
+
+static struct pf_job **map_slot(struct pf_worker *w, uint64_t rid)
+{
+	struct pf_job **pp = &w->map[rid % MAP_BUCKETS];
+	while (*pp && (*pp)->rid != rid)
+		pp = &(*pp)->map_next;
+	return pp;
+}
+
+/* ---- sending ----------------------------------------------------------------------------------- */
+
+static void send_error(struct pf_worker *w, uint64_t rid, int code, const char *text)
+{
+	struct msg m;
+	msg_init(&m, MSG_ERROR);
+	m.u.error.has_rid = rid != 0;
+	m.u.error.rid = rid;
+	m.u.error.code = code;
+	snprintf(m.u.error.message, sizeof(m.u.error.message), "%s: %s", w->c->name, text);
+	struct errbuf e;
+	if (session_send(w->sess, &m, &e))
+		LOG_WARN("prefill", "rid=%llu error not sent to the router: %s", (unsigned long long)rid, e.msg);
+}
+
+static void update_gauges(struct pf_worker *w)
+{
+	metrics_set(w->m_queue_tokens, (double)w->queued_tokens);
+	metrics_set(w->m_inflight, w->n_inflight);
+}
+
+static void maybe_finish_drain(struct pf_worker *w);
+
+/* engine -> loop: a job is done (or failed, or was cancelled) */
+static void job_done_cb(struct pf_job *j, void *ud)
+{
+	struct pf_worker *w = ud;
+	struct pf_job **pp = map_slot(w, j->rid);
+	if (*pp == j)
+		*pp = j->map_next;
+	w->queued_tokens -= j->n_tokens;
+	w->n_inflight--;
+	update_gauges(w);
+	if (j->cancelled_by_router) {
+		LOG_INFO("prefill", "rid=%llu cancelled by the router", (unsigned long long)j->rid);
+		metrics_add(w->m_req_cancelled, 1);
+	} else if (j->status == 0) {
+		struct msg m;
+		msg_init(&m, MSG_PREFILL_DONE);
+		struct msg_prefill_done *d = &m.u.prefill_done;
+		d->rid = j->rid;
+		d->first = j->first;
+		d->n_prompt_tokens = j->n_tokens;
+		d->kv_bytes = j->kv_bytes;
+		d->n_checksums = j->n_checksums;
+		d->checksums = j->checksums;
+		d->prefill_us = j->prefill_us;
+		d->transfer_us = j->transfer_us;
+		struct errbuf e;
+		if (session_send(w->sess, &m, &e))
+			LOG_WARN("prefill", "rid=%llu PrefillDone not sent: %s", (unsigned long long)j->rid, e.msg);
+		LOG_INFO("prefill", "rid=%llu done: %u prompt tokens, first token %u, %llu KV bytes to %s, prefill %u us, transfer %u us",
+			 (unsigned long long)j->rid, j->n_tokens, j->first.id, (unsigned long long)j->kv_bytes, j->target_name,
+			 j->prefill_us, j->transfer_us);
+		metrics_add(w->m_req_ok, 1);
+	} else {
+		LOG_WARN("prefill", "rid=%llu failed (%s): %s", (unsigned long long)j->rid, msg_error_name(j->err_code), j->err_msg);
+		send_error(w, j->rid, j->err_code, j->err_msg);
+		metrics_add(w->m_req_failed, 1);
+	}
+	pf_job_free(j);
+	maybe_finish_drain(w);
+}
+
+/* ---- requests ----------------------------------------------------------------------------------- */
+
+static void *dup_bytes(const void *p, size_t n)
+{
+	void *q = malloc(n ? n : 1);
+	if (q && n)
+		memcpy(q, p, n);
+	return q;
+}
+
+static void on_prefill_request(struct pf_worker *w, const struct msg_prefill_request *r)
+{
+	char why[256];
+	int code = MSG_ERR_INVALID_REQUEST;
+	uint32_t vocab = pf_engine_vocab(w->eng);
+	uint32_t bs = w->layout.block_size;
+	if (w->draining) {
+		code = MSG_ERR_DRAINING;
+		snprintf(why, sizeof(why), "worker is draining");
+		goto refuse;
+	}
+	if (*map_slot(w, r->rid)) {
+		code = MSG_ERR_DUPLICATE;
+		snprintf(why, sizeof(why), "request id already in progress here");
+		goto refuse;
+	}
+	if (r->n_tokens > pf_engine_max_seq_len(w->eng)) {
+		snprintf(why, sizeof(why), "prompt of %zu tokens exceeds the context limit %u", r->n_tokens,
+			 pf_engine_max_seq_len(w->eng));
+		goto refuse;
+	}
+	for (size_t i = 0; i < r->n_tokens; i++)
+		if (r->tokens[i] >= vocab) {
+			snprintf(why, sizeof(why), "token %zu has id %u outside the vocabulary of %u", i, r->tokens[i], vocab);
+			goto refuse;
+		}
+	size_t need = (r->n_tokens + bs - 1) / bs;
+	if (r->n_block_ids < need) {
+		snprintf(why, sizeof(why), "prompt needs %zu KV blocks, decode reserved %zu", need, r->n_block_ids);
+		goto refuse;
+	}
+	if ((uint64_t)r->target_region.n_segments * r->target_region.segment_bytes != w->layout.block_bytes) {
+		code = MSG_ERR_LAYOUT_MISMATCH;
+		snprintf(why, sizeof(why), "decode %s has %llu-byte KV blocks, this worker %llu", r->target_name,
+			 (unsigned long long)r->target_region.n_segments * r->target_region.segment_bytes,
+			 (unsigned long long)w->layout.block_bytes);
+		goto refuse;
+	}
+	if (w->queued_tokens + r->n_tokens > (uint64_t)w->c->max_queued_tokens) {
+		code = MSG_ERR_NO_CAPACITY;
+		snprintf(why, sizeof(why), "queue full (%llu tokens queued, limit %d)", (unsigned long long)w->queued_tokens,
+			 w->c->max_queued_tokens);
+		goto refuse;
+	}
+	struct pf_job *j = calloc(1, sizeof(*j));
+	if (!j) {
+		code = MSG_ERR_INTERNAL;
+		snprintf(why, sizeof(why), "out of memory");
+		goto refuse;
+	}
+	j->rid = r->rid;
+	j->n_tokens = (uint32_t)r->n_tokens;
+	j->tokens = dup_bytes(r->tokens, r->n_tokens * sizeof(uint32_t));
+	j->sampling = r->sampling;
+	snprintf(j->target_name, sizeof(j->target_name), "%s", r->target_name);
+	j->ucx_addr = dup_bytes(r->target_ucx_address, r->target_ucx_address_len);
+	j->ucx_addr_len = r->target_ucx_address_len;
+	j->rkey = dup_bytes(r->target_region.rkey, r->target_region.rkey_len);
+	j->rkey_len = r->target_region.rkey_len;
+	j->region = r->target_region;
+	j->region.rkey = NULL;
+	j->n_block_ids = (uint32_t)need; /* only the prompt's blocks are written */
+	j->block_ids = dup_bytes(r->block_ids, need * sizeof(uint32_t));
+	j->want_checksums = r->checksums;
+	j->deadline_ms = r->deadline_ms ? uv_hrtime() / 1000000u + r->deadline_ms : 0;
+	if (!j->tokens || !j->ucx_addr || !j->rkey || !j->block_ids) {
+		pf_job_free(j);
+		code = MSG_ERR_INTERNAL;
+		snprintf(why, sizeof(why), "out of memory");
+		goto refuse;
+	}
+	*map_slot(w, j->rid) = j;
+	w->queued_tokens += j->n_tokens;
+	w->n_inflight++;
+	update_gauges(w);
+	LOG_DEBUG("prefill", "rid=%llu queued: %u tokens -> %s blocks %u..", (unsigned long long)j->rid, j->n_tokens,
+		  j->target_name, j->block_ids[0]);
+	pf_engine_submit(w->eng, j);
+	return;
+refuse:
+	LOG_WARN("prefill", "rid=%llu refused (%s): %s", (unsigned long long)r->rid, msg_error_name(code), why);
+	metrics_add(w->m_req_refused, 1);
+	send_error(w, r->rid, code, why);
+}
+
+static void cancel_all(struct pf_worker *w)
+{
+	for (int b = 0; b < MAP_BUCKETS; b++)
+		for (struct pf_job *j = w->map[b]; j; j = j->map_next) {
+			j->cancelled_by_router = true;
+			atomic_store(&j->cancelled, 1);
+		}
+}
+
+static void start_drain(struct pf_worker *w, uint32_t deadline_ms);
+
+static int on_msg(void *ud, struct msg *m)
+{
+	struct pf_worker *w = ud;
+	switch (m->type) {
+	case MSG_PREFILL_REQUEST:
+		on_prefill_request(w, &m->u.prefill_request);
+		return 0;
+	case MSG_CANCEL: {
+		struct pf_job *j = *map_slot(w, m->u.cancel.rid);
+		if (j) {
+			j->cancelled_by_router = true;
+			atomic_store(&j->cancelled, 1);
+		}
+		return 0;
+	}
+	case MSG_DRAIN:
+		start_drain(w, m->u.drain.deadline_ms);
+		return 0;
+	case MSG_ERROR:
+		LOG_WARN("prefill", "router reports%s%llu: %s (%s)", m->u.error.has_rid ? " rid=" : " ",
+			 (unsigned long long)m->u.error.rid, m->u.error.message, msg_error_name(m->u.error.code));
+		return 0;
+	default:
+		/* decode-side messages sent to a prefill worker: a router bug, not worth a disconnect */
+		LOG_WARN("prefill", "ignoring %s: not a prefill message", msg_type_name(m->type));
+		send_error(w, 0, MSG_ERR_PROTOCOL, "message type not handled by a prefill worker");
+		return 0;
+	}
+}
+
+/* ---- session callbacks -------------------------------------------------------------------------- */
+
+static void fill_hello(void *ud, struct msg_hello *h)
+{
+	struct pf_worker *w = ud;
+	h->role = MSG_ROLE_PREFILL;
+	snprintf(h->name, sizeof(h->name), "%s", w->c->name);
+	memcpy(h->model_id, w->model_id, 8);
+	h->model_id_len = 8;
+	snprintf(h->model_name, sizeof(h->model_name), "%s", w->model_name);
+	h->kv_layout = w->layout;
+	h->tp_degree = (uint32_t)w->c->tp;
+	h->max_batch = (uint32_t)w->c->max_batch;
+	h->max_seq_len = pf_engine_max_seq_len(w->eng);
+	h->max_tokens_per_step = (uint32_t)w->c->max_tokens_per_step;
+	snprintf(h->auth_token, sizeof(h->auth_token), "%s", w->c->auth_token);
+	h->metrics_port = (uint32_t)runtime_metrics_port(w->rt);
+	snprintf(h->ucx_transports, sizeof(h->ucx_transports), "%s", kvx_transports(w->kvx));
+	h->pid = (uint32_t)getpid();
+}
+
+static void fill_heartbeat(void *ud, struct msg_heartbeat *hb)
+{
+	struct pf_worker *w = ud;
+	hb->queued_tokens = w->queued_tokens;
+	hb->running_seqs = w->n_inflight;
+	hb->queued_requests = w->n_inflight;
+	hb->draining = w->draining;
+}
+
+static void write_ready_file(struct pf_worker *w)
+{
+	if (!w->c->ready_file[0])
+		return;
+	char tmp[1100];
+	snprintf(tmp, sizeof(tmp), "%s.tmp", w->c->ready_file);
+	FILE *f = fopen(tmp, "w");
+	if (!f) {
+		LOG_WARN("prefill", "cannot write ready file %s", tmp);
+		return;
+	}
+	fprintf(f, "{\"pid\": %d, \"metrics_port\": %d, \"name\": \"%s\", \"worker_id\": %u}\n", (int)getpid(),
+		runtime_metrics_port(w->rt), w->c->name, session_worker_id(w->sess));
+	fclose(f);
+	rename(tmp, w->c->ready_file);
+}
+
+static void on_registered(void *ud, const struct msg_hello_ack *ack)
+{
+	struct pf_worker *w = ud;
+	metrics_set(w->m_registered, 1);
+	runtime_notify_ready(w->rt);
+	write_ready_file(w);
+}
+
+static void on_lost(void *ud, const char *why)
+{
+	struct pf_worker *w = ud;
+	metrics_set(w->m_registered, 0);
+	/* the router has failed our requests already: stop working on them */
+	cancel_all(w);
+}
+
+/* ---- drain / stop ------------------------------------------------------------------------------- */
+
+static void stop_all(struct pf_worker *w)
+{
+	if (w->stopping)
+		return;
+	w->stopping = true;
+	runtime_notify_stopping(w->rt);
+	uv_timer_stop(&w->drain_timer);
+	uv_close((uv_handle_t *)&w->drain_timer, NULL);
+	pf_engine_destroy(w->eng); /* returns in-flight jobs through job_done_cb */
+	w->eng = NULL;
+	session_stop(w->sess);
+	runtime_stop(w->rt);
+}
+
+static void maybe_finish_drain(struct pf_worker *w)
+{
+	if (w->draining && !w->stopping && w->n_inflight == 0) {
+		LOG_INFO("prefill", "drained: no requests in flight; exiting");
+		stop_all(w);
+	}
+}
+
+static void drain_timeout_cb(uv_timer_t *t)
+{
+	struct pf_worker *w = t->data;
+	LOG_WARN("prefill", "drain deadline passed with %u requests in flight: handing them back to the router",
+		 w->n_inflight);
+	stop_all(w); /* the engine fails what is left with DRAINING: the router re-prefills elsewhere */
+}
+
+static void start_drain(struct pf_worker *w, uint32_t deadline_ms)
+{
+	if (w->draining)
+		return;
+	w->draining = true;
+	uint32_t ms = deadline_ms && deadline_ms < (uint32_t)w->c->drain_timeout_ms ? deadline_ms
+										     : (uint32_t)w->c->drain_timeout_ms;
+	LOG_INFO("prefill", "draining: %u requests in flight, deadline %u ms", w->n_inflight, ms);
+	struct msg m;
+	msg_init(&m, MSG_DRAIN);
+	m.u.drain.deadline_ms = ms;
+	struct errbuf e;
+	if (session_send(w->sess, &m, &e) == 0)
+		session_heartbeat_now(w->sess);
+	uv_timer_start(&w->drain_timer, drain_timeout_cb, ms, 0);
+	maybe_finish_drain(w);
+}
+
+static void on_signal(void *ud, int signum)
+{
+	start_drain(ud, 0);
+}
+
+static bool is_ready(void *ud)
+{
+	struct pf_worker *w = ud;
+	return w->sess && session_is_registered(w->sess) && !w->draining;
+}
+
+static bool is_healthy(void *ud)
+{
+	struct pf_worker *w = ud;
+	return w->eng && pf_engine_stall_seconds(w->eng) < 60;
+}
+
+/* ---- run ------------------------------------------------------------------------------------- */
+
+static void register_metrics(struct pf_worker *w)
+{
+	char labels[160];
+	snprintf(labels, sizeof(labels), "role=\"prefill\",worker=\"%s\"", w->c->name);
+	w->reg = metrics_create(labels);
+	struct metrics *r = w->reg;
+	w->m_req_ok = metrics_counter(r, "tandem_prefill_requests_total", "outcome=\"ok\"", "Prefill requests by outcome");
+	w->m_req_failed = metrics_counter(r, "tandem_prefill_requests_total", "outcome=\"failed\"", NULL);
+	w->m_req_cancelled = metrics_counter(r, "tandem_prefill_requests_total", "outcome=\"cancelled\"", NULL);
+	w->m_req_refused = metrics_counter(r, "tandem_prefill_requests_total", "outcome=\"refused\"", NULL);
+	w->m_queue_tokens = metrics_gauge(r, "tandem_prefill_queue_tokens", NULL, "Prompt tokens queued or in progress");
+	w->m_inflight = metrics_gauge(r, "tandem_prefill_requests_in_flight", NULL, "Prefill requests queued or running");
+	w->m_registered = metrics_gauge(r, "tandem_worker_registered", NULL, "1 while registered with the router");
+}
+
+int pf_worker_run(const struct pf_config *c)
+{
+	struct pf_worker w = {.c = c, .exit_code = 1};
+	struct errbuf e = {0};
+	w.loop = uv_default_loop();
+	register_metrics(&w);
+	bool trivial = strcmp(c->engine, "trivial") == 0;
+	if (!trivial && strcmp(c->engine, "model") != 0) {
+		LOG_ERROR("prefill", "engine '%s': expected \"model\" or \"trivial\"", c->engine);
+		return 2;
+	}
+	if (!trivial) {
+		if (!c->model[0]) {
+			LOG_ERROR("prefill", "no model given (--model PATH.gguf, or --engine trivial)");
+			return 2;
+		}
+		struct model_opts mo;
+		model_opts_default(&mo);
+		mo.n_threads = c->threads;
+		mo.tp = c->tp;
+		mo.kv_dtype = strcmp(c->kv_dtype, "bf16") == 0 ? MODEL_KV_BF16 : MODEL_KV_F32;
+		if (model_load(&w.model, c->model, &mo, &e)) {
+			LOG_ERROR("prefill", "cannot load model %s: %s", c->model, e.msg);
+			return 2;
+		}
+		uint64_t h = model_identity_hash(w.model);
+		for (int i = 0; i < 8; i++)
+			w.model_id[i] = (uint8_t)(h >> (56 - 8 * i));
+		const char *base = strrchr(c->model, '/');
+		snprintf(w.model_name, sizeof(w.model_name), "%.64s", base ? base + 1 : c->model);
+	} else {
+		snprintf(w.model_name, sizeof(w.model_name), "trivial");
+		memcpy(w.model_id, "trivial", 8);
+	}
+	struct kvx_opts ko = {.tls = c->ucx_tls, .net_devices = c->ucx_net_devices, .want_rdma = c->ucx_want_rdma};
+	if (kvx_create(&w.kvx, &ko, &e)) {
+		LOG_ERROR("prefill", "%s", e.msg);
+		goto out_model;
+	}
+	LOG_INFO("prefill", "UCX transports available: %s", kvx_transports(w.kvx));
+	struct pf_engine_opts eo = {.model = w.model,
+				    .n_local_blocks = (uint32_t)c->local_blocks,
+				    .max_tokens_per_step = (uint32_t)c->max_tokens_per_step,
+				    .max_batch = (uint32_t)c->max_batch,
+				    .trivial_step_us = (uint32_t)c->trivial_step_us,
+				    .flush_timeout_ms = (uint32_t)c->flush_timeout_ms,
+				    .kvx = w.kvx,
+				    .loop = w.loop,
+				    .done_cb = job_done_cb,
+				    .ud = &w};
+	eo.metrics.tokens = metrics_counter(w.reg, "tandem_prefill_tokens_total", NULL, "Prompt tokens prefilled");
+	eo.metrics.kv_bytes = metrics_counter(w.reg, "tandem_kv_transfer_bytes_total", NULL, "KV bytes written to decode workers over UCX");
+	eo.metrics.step_seconds = metrics_histogram(w.reg, "tandem_prefill_step_seconds", NULL, "Prefill step (forward) time",
+						    metrics_latency_bounds, metrics_n_latency_bounds);
+	eo.metrics.transfer_seconds = metrics_histogram(w.reg, "tandem_kv_transfer_seconds", NULL,
+							"Per request: first KV put to remote completion", metrics_latency_bounds,
+							metrics_n_latency_bounds);
+	if (pf_engine_create(&eo, &w.eng, &e)) {
+		LOG_ERROR("prefill", "cannot start the engine: %s", e.msg);
+		goto out_kvx;
+	}
+	pf_engine_layout(w.eng, &w.layout);
+	struct runtime_opts ro = {.metrics_addr = c->metrics,
+				  .metrics = w.reg,
+				  .is_ready_cb = is_ready,
+				  .is_healthy_cb = is_healthy,
+				  .on_signal_cb = on_signal,
+				  .ud = &w};
+	if (runtime_start(w.loop, &ro, &w.rt, &e)) {
+		LOG_ERROR("prefill", "%s", e.msg);
+		pf_engine_destroy(w.eng);
+		goto out_kvx;
+	}
+	uv_timer_init(w.loop, &w.drain_timer);
+	w.drain_timer.data = &w;
+	struct session_opts so = {.router_addr = c->router, .heartbeat_ms = (uint32_t)c->heartbeat_ms};
+	struct session_cbs sc = {.fill_hello_cb = fill_hello,
+				 .fill_heartbeat_cb = fill_heartbeat,
+				 .on_registered_cb = on_registered,
+				 .on_msg_cb = on_msg,
+				 .on_lost_cb = on_lost,
+				 .ud = &w};
+	if (session_start(w.loop, &so, &sc, &w.sess, &e)) {
+		LOG_ERROR("prefill", "%s", e.msg);
+		w.sess = NULL;
+		runtime_stop(w.rt);
+		pf_engine_destroy(w.eng);
+		goto out_kvx;
+	}
+	LOG_INFO("prefill", "%s: engine %s, KV layout %s fingerprint %016llx (%llu-byte blocks), metrics on port %d, router %s",
+		 c->name, c->engine, w.layout.arch, (unsigned long long)w.layout.fingerprint,
+		 (unsigned long long)w.layout.block_bytes, runtime_metrics_port(w.rt), c->router);
+	uv_run(w.loop, UV_RUN_DEFAULT);
+	w.exit_code = 0;
+out_kvx:
+	uv_run(w.loop, UV_RUN_NOWAIT);
+	kvx_destroy(w.kvx);
+out_model:
+	model_destroy(w.model);
+	metrics_destroy(w.reg);
+	if (c->ready_file[0])
+		unlink(c->ready_file);
+	return w.exit_code;
+}
