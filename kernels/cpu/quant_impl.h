@@ -65,6 +65,8 @@ quant_dequant_fn quant_dequant_for(int type);
 
 /* The 16 non-uniform 4-bit levels of IQ4_NL / IQ4_XS (MODEL-SPEC.md §5.1). */
 extern const int8_t quant_iq4nl_values[16];
+/* Index of the level nearest to v (quant_legacy.c). */
+int quant_iq4nl_nearest(float v);
 /* Best scale for len (<= 32) values on that grid; q receives the grid indices (quant_legacy.c). */
 float quant_iq4nl_fit(const float *x, int len, int *q);
 
