@@ -52,8 +52,30 @@ static void rows_dot(void *u, int64_t r0, int64_t r1, int thread)
 
 	quant_dot_ref_fn ref;
 	quant_dot_fn dot = quant_dot_for(w->type, &ref);
+	quant_dot_xsum_fn dot_xs = quant_dot_xsum_for(w->type);
+	float *xs = NULL;
 
-	(void)thread;
+	/* sums of x per 32 for the types with mins, once per token for this thread's rows */
+	if (dot_xs && w->n_in % 32 == 0 && r1 - r0 > 1)
+		xs = kpool_scratch(m->p, thread, sizeof(float) * (size_t)(m->n_tok * (w->n_in / 32)));
+	if (xs) {
+		int64_t nb = w->n_in / 32;
+		for (int64_t t = 0; t < m->n_tok; t++) {
+			const float *x = m->x + t * m->ldx;
+			for (int64_t j = 0; j < nb; j++) {
+				float sum = 0.0f;
+				for (int k = 0; k < 32; k++)
+					sum += x[32 * j + k];
+				xs[t * nb + j] = sum;
+			}
+		}
+		for (int64_t r = r0; r < r1; r++) {
+			const void *row = base + (size_t)r * w->row_bytes;
+			for (int64_t t = 0; t < m->n_tok; t++)
+				m->y[t * m->ldy + r] = dot_xs(row, m->x + t * m->ldx, xs + t * nb, w->n_in);
+		}
+		return;
+	}
 	for (int64_t r = r0; r < r1; r++) {
 		const void *row = base + (size_t)r * w->row_bytes;
 		for (int64_t t = 0; t < m->n_tok; t++) {
@@ -350,7 +372,6 @@ static void rows_fast(void *u, int64_t r0, int64_t r1, int thread)
 	const char *base = w->data;
 	int64_t nb = w->n_in / 256;
 
-	(void)thread;
 	for (int64_t r = r0; r < r1; r++) {
 		const void *row = base + (size_t)r * w->row_bytes;
 		for (int64_t t = 0; t < m->n_tok; t++)

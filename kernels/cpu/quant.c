@@ -110,3 +110,8 @@ quant_dequant_fn quant_dequant_for(int type)
 
 	return o->dequant ? o->dequant : o->dequant_ref;
 }
+
+quant_dot_xsum_fn quant_dot_xsum_for(int type)
+{
+	return ops_for(type, 0, "quant_dot_xsum_for")->dot_xsum;
+}

@@ -28,6 +28,9 @@ struct quant_ops {
 	void (*dequant)(const void *src, float *dst, int64_t n);
 	float (*dot)(const void *row, const float *x, int64_t n);
 	void (*quantize)(const float *src, void *dst, int64_t n);
+	/* fp32 dot given xs[j] = sum of x[32j .. 32j+31] (precomputed once per activation row by
+	 * the matmul; types with mins use it instead of summing x per row; NULL: use dot) */
+	float (*dot_xsum)(const void *row, const float *x, const float *xs, int64_t n);
 	/* integer dot with 8-bit activations (fast path only; NULL: not available) */
 	float (*dot_xq8)(const void *row, const struct quant_xq8 *x, int64_t n);
 };
@@ -61,6 +64,8 @@ typedef float (*quant_dot_fn)(const void *row, const float *x, int64_t n);
 typedef float (*quant_dot_ref_fn)(int type, const void *row, const float *x, int64_t n);
 typedef void (*quant_dequant_fn)(const void *src, float *dst, int64_t n);
 quant_dot_fn quant_dot_for(int type, quant_dot_ref_fn *ref);
+typedef float (*quant_dot_xsum_fn)(const void *row, const float *x, const float *xs, int64_t n);
+quant_dot_xsum_fn quant_dot_xsum_for(int type); /* NULL if the type has none */
 quant_dequant_fn quant_dequant_for(int type);
 
 /* The 16 non-uniform 4-bit levels of IQ4_NL / IQ4_XS (MODEL-SPEC.md §5.1). */
