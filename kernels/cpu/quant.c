@@ -16,8 +16,8 @@ static const struct quant_ops *const ops_table[KT_COUNT] = {
     [KT_Q5_K] = &quant_ops_q5_k, [KT_Q6_K] = &quant_ops_q6_k, [KT_IQ4_XS] = &quant_ops_iq4_xs,
 };
 
-/* Returns the ops of a compute type, aborting (with the caller's file:line) on a type without
- * ops or an n that is not a positive multiple of the block size. */
+/* Returns the ops of a compute type; aborts with a message naming the entry point on a type
+ * without CPU kernels or an n that is not a non-negative multiple of the block size. */
 static const struct quant_ops *ops_for(int type, int64_t n, const char *what)
 {
 	const struct ktype_info *t = ktype_get(type);
