@@ -92,7 +92,7 @@ void dc_config_default(struct dc_config *c)
 {
 	memset(c, 0, sizeof(*c));
 	snprintf(c->name, sizeof(c->name), "decode-%d", (int)getpid());
-	snprintf(c->router, sizeof(c->router), "127.0.0.1:7070");
+	snprintf(c->router, sizeof(c->router), "127.0.0.1:9100"); /* the router's default control_addr */
 	snprintf(c->metrics, sizeof(c->metrics), "127.0.0.1:0");
 	snprintf(c->engine, sizeof(c->engine), "model");
 	snprintf(c->kv_dtype, sizeof(c->kv_dtype), "f32");
@@ -340,7 +340,8 @@ static void on_kv_reserve(struct dc_worker *w, const struct msg_kv_reserve *r)
 	d->n_prompt = r->n_prompt_tokens;
 	d->max_tokens = max_tokens;
 	d->sampling = r->sampling;
-	memcpy(d->stop_ids, r->stop_token_ids, r->n_stop_token_ids * sizeof(uint32_t));
+	if (r->n_stop_token_ids)
+		memcpy(d->stop_ids, r->stop_token_ids, r->n_stop_token_ids * sizeof(uint32_t));
 	d->n_stop_ids = (uint32_t)r->n_stop_token_ids;
 	d->ignore_eos = r->ignore_eos;
 	if (d->prompt)

@@ -49,7 +49,7 @@ void pf_config_default(struct pf_config *c)
 {
 	memset(c, 0, sizeof(*c));
 	snprintf(c->name, sizeof(c->name), "prefill-%d", (int)getpid());
-	snprintf(c->router, sizeof(c->router), "127.0.0.1:7070");
+	snprintf(c->router, sizeof(c->router), "127.0.0.1:9100"); /* the router's default control_addr */
 	snprintf(c->metrics, sizeof(c->metrics), "127.0.0.1:0");
 	snprintf(c->engine, sizeof(c->engine), "model");
 	snprintf(c->kv_dtype, sizeof(c->kv_dtype), "f32");

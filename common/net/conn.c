@@ -581,6 +581,16 @@ int conn_connect(uv_loop_t *loop, const char *addr, const struct conn_opts *opts
 /* ---- accessors ----------------------------------------------------------------------------------- */
 
 void conn_set_ud(struct conn *c, void *ud) { c->o.ud = ud; }
+
+void conn_set_idle_timeout(struct conn *c, uint32_t ms)
+{
+	c->o.idle_timeout_ms = ms;
+	if (c->state != CONN_OPEN)
+		return;
+	uv_timer_stop(&c->timer);
+	if (ms)
+		uv_timer_start(&c->timer, idle_timer_cb, ms, 0);
+}
 void *conn_ud(const struct conn *c) { return c->o.ud; }
 bool conn_is_closing(const struct conn *c) { return c->state == CONN_CLOSING; }
 size_t conn_queued_bytes(const struct conn *c) { return c->queued_bytes; }

@@ -74,6 +74,8 @@ void conn_close_error(struct conn *c, int code, const char *fmt, ...) TD_PRINTF(
 void conn_close(struct conn *c, const char *why);
 
 void conn_set_ud(struct conn *c, void *ud);
+/* Changes the idle timeout of an open connection (0: none), counting from the last byte received. */
+void conn_set_idle_timeout(struct conn *c, uint32_t ms);
 void *conn_ud(const struct conn *c);
 bool conn_is_closing(const struct conn *c);
 size_t conn_queued_bytes(const struct conn *c);

@@ -189,6 +189,16 @@ double metrics_value(const struct metric *m)
 	return u2d(atomic_load_explicit(&((struct metric *)m)->value, memory_order_relaxed));
 }
 
+/* shortest text that reads back as the same double (0.0005, not 0.00050000000000000001) */
+static void fmt_double(char *buf, size_t cap, double v)
+{
+	for (int prec = 6; prec <= 17; prec++) {
+		snprintf(buf, cap, "%.*g", prec, v);
+		if (strtod(buf, NULL) == v)
+			return;
+	}
+}
+
 /* writes "{const,labels[,extra]}" (or nothing when all are empty) */
 static void put_labels(FILE *f, const char *c, const char *l, const char *extra)
 {
@@ -221,16 +231,20 @@ int metrics_render(struct metrics *r, char **out, size_t *len)
 		if (m->type != METRIC_HISTOGRAM) {
 			fputs(m->name, f);
 			put_labels(f, r->const_labels, m->labels, NULL);
-			fprintf(f, " %.17g\n", metrics_value(m));
+			char v[40];
+			fmt_double(v, sizeof(v), metrics_value(m));
+			fprintf(f, " %s\n", v);
 			continue;
 		}
 		uint64_t cum = 0;
 		char le[64];
 		for (int b = 0; b <= m->n_bounds; b++) {
 			cum += atomic_load_explicit(&m->buckets[b], memory_order_relaxed);
-			if (b < m->n_bounds)
-				snprintf(le, sizeof(le), "le=\"%.17g\"", m->bounds[b]);
-			else
+			if (b < m->n_bounds) {
+				char v[40];
+				fmt_double(v, sizeof(v), m->bounds[b]);
+				snprintf(le, sizeof(le), "le=\"%s\"", v);
+			} else
 				snprintf(le, sizeof(le), "le=\"+Inf\"");
 			fprintf(f, "%s_bucket", m->name);
 			put_labels(f, r->const_labels, m->labels, le);
@@ -238,7 +252,9 @@ int metrics_render(struct metrics *r, char **out, size_t *len)
 		}
 		fprintf(f, "%s_sum", m->name);
 		put_labels(f, r->const_labels, m->labels, NULL);
-		fprintf(f, " %.17g\n", u2d(atomic_load_explicit(&m->value, memory_order_relaxed)));
+		char v[40];
+		fmt_double(v, sizeof(v), u2d(atomic_load_explicit(&m->value, memory_order_relaxed)));
+		fprintf(f, " %s\n", v);
 		fprintf(f, "%s_count", m->name);
 		put_labels(f, r->const_labels, m->labels, NULL);
 		fprintf(f, " %llu\n", (unsigned long long)cum);

@@ -128,7 +128,7 @@ out:
 
 void opts_print_help(FILE *f, const struct opt *t, int n, const char *usage_line)
 {
-	fprintf(f, "usage: %s\n\n  --config FILE             JSON file with any of the keys below\n", usage_line);
+	fprintf(f, "usage: %s\n\n  --%-24s %s\n", usage_line, "config FILE", "JSON file with any of the keys below");
 	for (int i = 0; i < n; i++) {
 		char flag[128];
 		size_t k = 0;
@@ -144,7 +144,7 @@ void opts_print_help(FILE *f, const struct opt *t, int n, const char *usage_line
 		}
 		fprintf(f, "  --%-24s %s (JSON \"%s\", default %s)\n", flag, t[i].help, t[i].key, def);
 	}
-	fprintf(f, "  --help                    this text\n");
+	fprintf(f, "  --%-24s %s\n", "help", "this text");
 }
 
 int opts_parse(const struct opt *t, int n, int argc, char **argv, const char *usage_line, struct errbuf *e)

@@ -24,6 +24,7 @@ struct session {
 	uint32_t heartbeat_ms;
 	uint32_t worker_id;
 	int n_failures;    /* consecutive failed dials: only the first few are logged at WARN */
+	int n_refusals;    /* Error answers to Hello since the last successful registration */
 	bool free_on_close;
 	int n_handles;
 };
@@ -100,8 +101,10 @@ static int on_msg(struct conn *c, struct msg *m, void *ud)
 	struct session *s = ud;
 	if (s->state == SESS_HELLO_SENT) {
 		if (m->type == MSG_ERROR) {
-			LOG_ERROR("session", "router %s refused registration: %s (%s)", s->addr, m->u.error.message,
-				  msg_error_name(m->u.error.code));
+			/* ERROR the first time; while the refusal repeats (same cause, redialing), only now and then */
+			if (s->n_refusals++ % 60 == 0)
+				LOG_ERROR("session", "router %s refused registration: %s (%s); retrying with backoff (up to %u ms)",
+					  s->addr, m->u.error.message, msg_error_name(m->u.error.code), s->o.backoff_max_ms);
 			return -1;
 		}
 		if (m->type != MSG_HELLO_ACK) {
@@ -118,8 +121,11 @@ static int on_msg(struct conn *c, struct msg *m, void *ud)
 		s->worker_id = m->u.hello_ack.worker_id;
 		s->backoff_ms = s->o.backoff_min_ms;
 		s->n_failures = 0;
+		s->n_refusals = 0;
 		if (m->u.hello_ack.heartbeat_ms >= 10 && m->u.hello_ack.heartbeat_ms <= 60000)
 			s->heartbeat_ms = m->u.hello_ack.heartbeat_ms;
+		/* the router's interval rules from now on: 3 missed heartbeats (+1 s slack) = gone */
+		conn_set_idle_timeout(c, 3 * s->heartbeat_ms + 1000);
 		LOG_INFO("session", "registered with router %s as worker %u (heartbeat %u ms)", s->addr, s->worker_id,
 			 s->heartbeat_ms);
 		uv_timer_start(&s->hb, hb_cb, s->heartbeat_ms, s->heartbeat_ms);

@@ -9,7 +9,10 @@
  *    (NO_CAPACITY) and release; reservation deadline (TIMEOUT, blocks freed); a corrupted checksum
  *    (Finish ERROR CHECKSUM); invalid prompt tokens (INVALID_REQUEST);
  *  - router connection lost mid-request: decode frees the blocks and registers again;
- *  - SIGTERM: both drain and exit 0; no ERROR line in their logs.
+ *  - SIGTERM: both drain and exit 0; no ERROR line in their logs;
+ *  - the real model (glm-dsa-tiny Q8_0): six prompts of 1..150 tokens prefilled together in
+ *    64-token chunks, pushed over UCX, decoded in one continuous batch: every greedy continuation
+ *    equals `tandem generate` of the same prompt in one process.
  * Every wait has a deadline. */
 #include <signal.h>
 #include <stdio.h>
@@ -235,11 +238,14 @@ struct req_result {
 	int ok;
 };
 
+static bool reserve_ignore_eos;
+
 static void reserve(struct peer *d, uint64_t rid, const uint32_t *prompt, uint32_t n_prompt, uint32_t max_tokens,
 		    const uint32_t *stop_ids, uint32_t n_stop_ids, uint32_t deadline_ms)
 {
 	struct msg m;
 	msg_init(&m, MSG_KV_RESERVE);
+	m.u.kv_reserve.ignore_eos = reserve_ignore_eos;
 	m.u.kv_reserve.rid = rid;
 	m.u.kv_reserve.n_prompt_tokens = n_prompt;
 	m.u.kv_reserve.max_tokens = max_tokens;
@@ -605,12 +611,147 @@ static int run_suite(const char *tls, const char *dev, int full)
 	return n_fail != fails0;
 }
 
+/* ---- the real model: greedy through prefill -> UCX -> decode equals `tandem generate` ---- */
+
+#define N_MODEL_REQS 6
+
+static int run_model_suite(const char *tls, const char *dev)
+{
+	int fails0 = n_fail;
+	const char *model = "tests/data/models/glm-dsa-tiny-Q8_0.gguf";
+	struct conn_opts so = {.on_msg_cb = on_msg_cb, .on_close_cb = on_close_cb, .idle_timeout_ms = 10000};
+	struct conn_listener *l;
+	struct errbuf e = {0};
+	n_peers = 0;
+	CHECK(conn_listen(loop, "127.0.0.1:0", &so, accept_cb, NULL, &l, &e) == 0);
+	char router[64], plog[300], dlog[300], bin_p[300], bin_d[300];
+	snprintf(router, sizeof(router), "127.0.0.1:%d", conn_listener_port(l));
+	snprintf(plog, sizeof(plog), "%s/prefill-model-%s.log", tmpdir, tls);
+	snprintf(dlog, sizeof(dlog), "%s/decode-model-%s.log", tmpdir, tls);
+	snprintf(bin_p, sizeof(bin_p), "%s/tandem-prefill", build_dir);
+	snprintf(bin_d, sizeof(bin_d), "%s/tandem-decode", build_dir);
+	/* a 64-token step budget: the long prompt is prefilled in chunks, interleaved with the others */
+	char *pargv[] = {bin_p, "--model", (char *)model, "--router", router, "--name", "pm", "--ucx-tls", (char *)tls,
+			 "--ucx-net-devices", (char *)dev, "--heartbeat-ms", "100", "--max-tokens-per-step", "64", NULL};
+	char *dargv[] = {bin_d, "--model", (char *)model, "--router", router, "--name", "dm", "--ucx-tls", (char *)tls,
+			 "--ucx-net-devices", (char *)dev, "--heartbeat-ms", "100", "--kv-blocks", "64", NULL};
+	pid_t pp = spawn(bin_p, pargv, plog);
+	pid_t dp = spawn(bin_d, dargv, dlog);
+	int two = 2;
+	CHECK(run_until(n_registered, &two, 30000));
+	struct peer *p = find_role(MSG_ROLE_PREFILL), *d = find_role(MSG_ROLE_DECODE);
+	if (!p || !d) {
+		fprintf(stderr, "model workers did not register (logs: %s %s)\n", plog, dlog);
+		kill(pp, SIGKILL);
+		kill(dp, SIGKILL);
+		waitpid(pp, NULL, 0);
+		waitpid(dp, NULL, 0);
+		return 1;
+	}
+	CHECK(msg_kv_layout_compare(&p->hello.u.hello.kv_layout, "prefill", &d->hello.u.hello.kv_layout, "decode", &e) == 0);
+	CHECK(strcmp(d->hello.u.hello.kv_layout.arch, "glm-dsa") == 0);
+	CHECK(memcmp(p->hello.u.hello.model_id, d->hello.u.hello.model_id, 8) == 0);
+	static uint32_t prompts[N_MODEL_REQS][200];
+	uint32_t n_prompt[N_MODEL_REQS] = {1, 6, 33, 64, 65, 150};
+	uint32_t n_gen[N_MODEL_REQS] = {12, 16, 9, 20, 7, 16};
+	uint32_t seed = 1234;
+	for (int r = 0; r < N_MODEL_REQS; r++)
+		for (uint32_t i = 0; i < n_prompt[r]; i++) {
+			seed = seed * 1103515245u + 12345u;
+			prompts[r][i] = 3 + (seed >> 8) % 990;
+		}
+	reserve_ignore_eos = true;
+	for (int r = 0; r < N_MODEL_REQS; r++)
+		reserve(d, 500 + (uint64_t)r, prompts[r], n_prompt[r], n_gen[r], NULL, 0, 0);
+	for (int r = 0; r < N_MODEL_REQS; r++) {
+		struct msg kr;
+		if (wait_msg(d, MSG_KV_RESERVED, 500 + (uint64_t)r, &kr, 5000) == 0) {
+			prefill(p, d, 500 + (uint64_t)r, prompts[r], n_prompt[r], &kr.u.kv_reserved);
+			msg_clear(&kr);
+		}
+	}
+	static uint32_t got[N_MODEL_REQS][64];
+	uint32_t n_got[N_MODEL_REQS] = {0};
+	for (int r = 0; r < N_MODEL_REQS; r++) {
+		struct msg pd, m;
+		if (wait_msg(p, MSG_PREFILL_DONE, 500 + (uint64_t)r, &pd, 30000))
+			continue;
+		got[r][n_got[r]++] = pd.u.prefill_done.first.id;
+		msg_init(&m, MSG_KV_READY);
+		m.u.kv_ready.rid = 500 + (uint64_t)r;
+		m.u.kv_ready.first = pd.u.prefill_done.first;
+		m.u.kv_ready.n_prompt_tokens = n_prompt[r];
+		m.u.kv_ready.n_checksums = pd.u.prefill_done.n_checksums;
+		m.u.kv_ready.checksums = pd.u.prefill_done.checksums;
+		send_to(d, &m);
+		msg_clear(&pd);
+	}
+	for (int r = 0; r < N_MODEL_REQS; r++) {
+		for (;;) {
+			struct msg t;
+			if (wait_msg(d, 0, 500 + (uint64_t)r, &t, 30000))
+				break;
+			if (t.type == MSG_TOKENS) {
+				for (size_t i = 0; i < t.u.tokens.n_tokens && n_got[r] < 64; i++)
+					got[r][n_got[r]++] = t.u.tokens.tokens[i].id;
+				msg_clear(&t);
+				continue;
+			}
+			CHECK(t.type == MSG_FINISH && t.u.finish.reason == MSG_FINISH_LENGTH);
+			msg_clear(&t);
+			break;
+		}
+		/* the reference: the model core in one process, no prefill/decode split */
+		char cmd[4096];
+		int n = snprintf(cmd, sizeof(cmd), "%s/tandem generate -m %s -n %u --greedy --ids --ignore-eos --threads 1 --tokens ",
+				 build_dir, model, n_gen[r]);
+		for (uint32_t i = 0; i < n_prompt[r]; i++)
+			n += snprintf(cmd + n, sizeof(cmd) - (size_t)n, "%s%u", i ? "," : "", prompts[r][i]);
+		snprintf(cmd + n, sizeof(cmd) - (size_t)n, " 2>/dev/null | tail -n 1");
+		FILE *f = popen(cmd, "r");
+		uint32_t exp[64], n_exp = 0;
+		while (f && n_exp < 64 && fscanf(f, "%u", &exp[n_exp]) == 1)
+			n_exp++;
+		if (f)
+			pclose(f);
+		int same = n_exp == n_gen[r] && n_got[r] == n_exp && memcmp(exp, got[r], n_exp * sizeof(uint32_t)) == 0;
+		printf("[model %s] prompt of %3u tokens: %u tokens through the workers, %s tandem generate\n", tls, n_prompt[r],
+		       n_got[r], same ? "equal to" : "DIFFERENT from");
+		CHECK(same);
+	}
+	CHECK(wait_used_blocks(d, 0, 3000) == 0);
+	reserve_ignore_eos = false;
+	kill(pp, SIGTERM);
+	kill(dp, SIGTERM);
+	int sp = -1, sd = -1;
+	waitpid(pp, &sp, 0);
+	waitpid(dp, &sd, 0);
+	CHECK(sp == 0 && sd == 0);
+	char cmd[700];
+	snprintf(cmd, sizeof(cmd), "grep -h ' ERROR ' %s %s", plog, dlog);
+	CHECK(system(cmd) != 0);
+	for (int i = 0; i < n_peers; i++) {
+		if (peers[i].c)
+			conn_close(peers[i].c, "done");
+		if (peers[i].have_hello)
+			msg_clear(&peers[i].hello);
+		for (int k = 0; k < peers[i].n_q; k++)
+			msg_clear(&peers[i].q[k]);
+	}
+	conn_listener_close(l);
+	for (int i = 0; i < 20; i++)
+		uv_run(loop, UV_RUN_NOWAIT);
+	return n_fail != fails0;
+}
+
 int main(void)
 {
 	log_init("test", -1);
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	if (getenv("BUILD"))
 		build_dir = getenv("BUILD");
+	snprintf(tmpdir, sizeof(tmpdir), "%s/test-logs", build_dir);
+	mkdir(tmpdir, 0755);
 	snprintf(tmpdir, sizeof(tmpdir), "%s/test-logs/net-workers", build_dir);
 	mkdir(tmpdir, 0755);
 	loop = uv_default_loop();
@@ -620,6 +761,7 @@ int main(void)
 	uv_unref((uv_handle_t *)&hb);
 	run_suite("tcp", "lo", 1);
 	run_suite("sm,self", "", 0);
+	run_model_suite("tcp", "lo");
 	if (n_fail) {
 		fprintf(stderr, "test_net_workers: %d checks failed (worker logs in %s)\n", n_fail, tmpdir);
 		return 1;
