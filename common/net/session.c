@@ -257,7 +257,14 @@ int session_send(struct session *s, const struct msg *m, struct errbuf *e)
 {
 	if (s->state != SESS_REGISTERED || !s->c)
 		return errbuf_set(e, -ENOTCONN, "not registered with the router");
-	return conn_send(s->c, m, e);
+	int rc = conn_send(s->c, m, e);
+	if (rc == ERR_LIMIT) {
+		/* A router that stopped reading: dropping this message (a token, a Finish) would leave the
+		 * request inconsistent, so treat the router as lost instead (on_lost frees everything). */
+		LOG_WARN("session", "router %s is not reading (%s); dropping the connection", s->addr, e ? e->msg : "");
+		conn_close(s->c, "router not reading");
+	}
+	return rc;
 }
 
 bool session_is_registered(const struct session *s)

@@ -42,7 +42,8 @@ struct session_cbs {
 int session_start(uv_loop_t *loop, const struct session_opts *o, const struct session_cbs *cbs,
                   struct session **out, struct errbuf *e) TD_MUST_CHECK;
 /* -ENOTCONN when not registered (the message is dropped: the router has already failed the
- * request or will when it sees the connection gone). */
+ * request or will when it sees the connection gone). ERR_LIMIT when the router is not reading
+ * (write queue full): the session then drops the connection, as if the router were lost. */
 int session_send(struct session *s, const struct msg *m, struct errbuf *e) TD_MUST_CHECK;
 bool session_is_registered(const struct session *s);
 uint32_t session_worker_id(const struct session *s);
