@@ -19,6 +19,7 @@ struct pf_config {
 	char ready_file[1024];
 	char log_level[8];
 	bool ucx_want_rdma;
+	bool ucx_peer_failure;
 	int threads;
 	int tp;
 	int local_blocks;

@@ -110,7 +110,7 @@ int kvx_create(struct kvx **out, const struct kvx_opts *o, struct errbuf *e)
 		return errbuf_set(e, -ENOMEM, "out of memory");
 	x->efd = -1;
 	x->want_rdma = o && o->want_rdma;
-	x->peer_failure = !(o && o->no_peer_failure);
+	x->peer_failure = o && o->peer_failure;
 	st = ucp_config_read(NULL, NULL, &cfg);
 	if (st != UCS_OK) {
 		rc = errbuf_set(e, ERR_UCX, "UCX: cannot read configuration: %s", ucs_status_string(st));
@@ -437,8 +437,9 @@ int kvx_peer_get(struct kvx *x, const uint8_t *addr, size_t addr_len, const uint
 	p->rkey_len = rkey_len;
 	/* The address blob comes from a peer (through the router): UCX parses it. It is at least
 	 * length-checked here; UCX rejects malformed addresses with an error status. */
-	/* Peer-failure detection where a network transport exists (a dead decode worker then fails the
-	 * put at once); shared-memory transports have none, and asking for it would exclude them. */
+	/* Peer-failure detection (PEER mode) only when asked for: shared-memory transports have none,
+	 * and asking for it would make UCX exclude them even between two processes on one host. The
+	 * error handler is registered either way: a peer whose tcp connection resets is reported. */
 	bool peer_mode = x->peer_failure && (strstr(x->transports, "tcp") || is_rdma_name(x->transports));
 	ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
 	                                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
