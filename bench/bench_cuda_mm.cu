@@ -3,8 +3,8 @@
  * prefill GEMM per weight type and reports GB/s of weight bytes (and TFLOP/s) as a fraction of the
  * measured ceilings. Timing: CUDA events around batches of launches, warm-up first, median of
  * batches; weights rotate over copies totalling >= 4x L2 so every launch reads HBM, on random data.
- *   bench_cuda_mm [quick|profile]  (quick: fewer types/shapes; profile: Q4_K, Q6_K, Q8_0 GEMV of one
- *                                   big shape at n_tok 1, for ncu) */
+ *   bench_cuda_mm [quick|profile]  (quick: fewer types/shapes; profile: the five GLM-5 types' GEMV
+ *                                   of one big shape at n_tok 1 and 2, for ncu and A/B runs) */
 #include <algorithm>
 #include <stdarg.h>
 #include <cublas_v2.h>
@@ -149,9 +149,9 @@ int main(int argc, char **argv)
 	/* ---- GEMV ---- */
 	const int types_all[] = {KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_Q8_0, KT_BF16, KT_F16,  KT_F32,
 				 KT_Q4_0, KT_Q4_1, KT_Q5_0, KT_Q5_1, KT_Q2_K, KT_Q3_K, KT_IQ4_NL, KT_IQ4_XS};
-	const int types_prof[] = {KT_Q4_K, KT_Q6_K, KT_Q8_0};
+	const int types_prof[] = {KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_Q8_0, KT_BF16};
 	const int *types = profile ? types_prof : types_all;
-	const int n_types = profile ? 3 : (quick ? 5 : (int)(sizeof(types_all) / sizeof(types_all[0])));
+	const int n_types = profile ? 5 : (quick ? 5 : (int)(sizeof(types_all) / sizeof(types_all[0])));
 	struct shp {
 		int64_t n_in, n_out;
 		const char *what;
@@ -183,7 +183,7 @@ int main(int argc, char **argv)
 			for (int k = 0; k < ncopy; k++)
 				CK(cudaMemcpy((char *)A + k * stride, hw.data(), wbytes, cudaMemcpyHostToDevice));
 			for (int nt : toks) {
-				if (profile && nt > 1)
+				if (profile && nt > 2)
 					continue;
 				ms = time_ms(s, 3, 9, ncopy, [&](int i) {
 					struct kweight w = {type, sh.n_in, sh.n_out, rb, (char *)A + (i % ncopy) * stride};
