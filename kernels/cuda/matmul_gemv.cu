@@ -34,8 +34,8 @@ __device__ __forceinline__ void ld_x16(const float *x, int64_t p, float *xv)
 
 template <int T, int NT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-	gemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t n_out, int64_t n_pieces,
-		    const float *__restrict__ x, int64_t ldx, int n_tok, float *__restrict__ y, int64_t ldy)
+    gemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t n_out, int64_t n_pieces,
+                const float *__restrict__ x, int64_t ldx, int n_tok, float *__restrict__ y, int64_t ldy)
 {
 	static_assert(NT <= GEMV_MAX_NT, "activations are held in registers");
 	__shared__ float part[GEMV_WARPS][GEMV_ROWS][NT];
@@ -118,7 +118,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 /* Element-wise GEMV for float weights of any n_in / alignment: one warp per row. */
 template <int T>
 __global__ void gemv_scalar(const uint8_t *__restrict__ w, size_t row_bytes, int64_t n_out, int64_t n_in,
-			    const float *__restrict__ x, int64_t ldx, int n_tok, float *__restrict__ y, int64_t ldy)
+                            const float *__restrict__ x, int64_t ldx, int n_tok, float *__restrict__ y,
+                            int64_t ldy)
 {
 	const int lane = threadIdx.x & 31;
 	const int64_t row = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
@@ -145,24 +146,24 @@ __global__ void gemv_scalar(const uint8_t *__restrict__ w, size_t row_bytes, int
 
 template <int T, int NT>
 static void launch_nt(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
-		      float *y, int64_t ldy)
+                      float *y, int64_t ldy)
 {
 	const unsigned grid = (unsigned)((w->n_out + GEMV_ROWS - 1) / GEMV_ROWS);
-	gemv_kernel<T, NT><<<grid, GEMV_WARPS * 32, 0, c->stream>>>((const uint8_t *)w->data, w->row_bytes,
-								   w->n_out, w->n_in / 16, x, ldx, n_tok, y, ldy);
+	gemv_kernel<T, NT><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(
+	    (const uint8_t *)w->data, w->row_bytes, w->n_out, w->n_in / 16, x, ldx, n_tok, y, ldy);
 }
 
 template <int T>
 static int launch_type(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
-		       float *y, int64_t ldy)
+                       float *y, int64_t ldy)
 {
 	const bool is_float = T == KT_F32 || T == KT_F16 || T == KT_BF16;
-	if (is_float && (w->n_in % 16 || w->row_bytes % 16 || (uintptr_t)w->data % 16 || ldx % 4 ||
-			 (uintptr_t)x % 16)) {
+	if (is_float &&
+	    (w->n_in % 16 || w->row_bytes % 16 || (uintptr_t)w->data % 16 || ldx % 4 || (uintptr_t)x % 16)) {
 		if constexpr (T == KT_F32 || T == KT_F16 || T == KT_BF16) {
 			const unsigned grid = (unsigned)((w->n_out + GEMV_WARPS - 1) / GEMV_WARPS);
 			gemv_scalar<T><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(
-				(const uint8_t *)w->data, w->row_bytes, w->n_out, w->n_in, x, ldx, n_tok, y, ldy);
+			    (const uint8_t *)w->data, w->row_bytes, w->n_out, w->n_in, x, ldx, n_tok, y, ldy);
 		}
 		return kcuda_launch_status("gemv_scalar");
 	}
@@ -177,15 +178,13 @@ static int launch_type(struct kcuda_ctx *c, const struct kweight *w, const float
 }
 
 int kcuda_gemv_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
-		      float *y, int64_t ldy)
+                      float *y, int64_t ldy)
 {
 	switch (w->type) {
-#define X(T)                                                                                       \
-	case T:                                                                                    \
-		return launch_type<T>(c, w, x, ldx, n_tok, y, ldy);
+#define X(T)                                                                                                 \
+	case T: return launch_type<T>(c, w, x, ldx, n_tok, y, ldy);
 		KCUDA_FOR_EACH_TYPE(X)
 #undef X
-	default:
-		return ERR_UNSUPPORTED;
+	default: return ERR_UNSUPPORTED;
 	}
 }
