@@ -22,17 +22,19 @@
 
 static void generate_usage(FILE *f)
 {
-	fprintf(f,
-		"usage: tandem generate -m MODEL.gguf (--tokens 1,2,3 | -p TEXT | --chat FILE.json) -n N [options]\n"
-		"  --chat-format NAME      glm5, glm5.2, glm4, deepseek-v3, deepseek-v3.1 (default: from the GGUF)\n"
-		"  --greedy                argmax decoding (the default when no sampling option is given)\n"
-		"  --temperature X         sample with temperature X (0 = greedy)\n"
-		"  --top-k K  --top-p P  --min-p M\n"
-		"  --repetition-penalty R  --frequency-penalty F  --presence-penalty P\n"
-		"  --seed S                RNG seed (default 0)\n"
-		"  --ids                   print the new token ids separated by spaces instead of text\n"
-		"  --ignore-eos            do not stop at end-of-generation tokens\n"
-		"  --tp N --threads T      tensor-parallel degree (ranks as threads), CPU threads in total\n");
+	fprintf(
+	    f, "usage: tandem generate -m MODEL.gguf (--tokens 1,2,3 | -p TEXT | --chat FILE.json) -n N "
+	       "[options]\n"
+	       "  --chat-format NAME      glm5, glm5.2, glm4, deepseek-v3, deepseek-v3.1 (default: from the "
+	       "GGUF)\n"
+	       "  --greedy                argmax decoding (the default when no sampling option is given)\n"
+	       "  --temperature X         sample with temperature X (0 = greedy)\n"
+	       "  --top-k K  --top-p P  --min-p M\n"
+	       "  --repetition-penalty R  --frequency-penalty F  --presence-penalty P\n"
+	       "  --seed S                RNG seed (default 0)\n"
+	       "  --ids                   print the new token ids separated by spaces instead of text\n"
+	       "  --ignore-eos            do not stop at end-of-generation tokens\n"
+	       "  --tp N --threads T      tensor-parallel degree (ranks as threads), CPU threads in total\n");
 }
 
 struct gen_args {
@@ -81,13 +83,15 @@ static int parse(int argc, char **argv, struct gen_args *a)
 		} else if (!strcmp(o, "-n")) {
 			NEEDV("a token count");
 			if (!cli_parse_i64(v, 0, GEN_MAX_TOKENS, &a->n))
-				return cli_usage_error("generate", "-n needs an integer 0..%d", GEN_MAX_TOKENS);
+				return cli_usage_error("generate", "-n needs an integer 0..%d",
+				                       GEN_MAX_TOKENS);
 		} else if (!strcmp(o, "--greedy")) {
 			a->sp.greedy = true;
 		} else if (!strcmp(o, "--temperature")) {
 			NEEDV("a number");
 			if (!cli_parse_f32(v, 0, 100, &a->sp.temperature))
-				return cli_usage_error("generate", "--temperature needs a number in [0, 100]");
+				return cli_usage_error("generate",
+				                       "--temperature needs a number in [0, 100]");
 			a->sampling = true;
 		} else if (!strcmp(o, "--top-k")) {
 			NEEDV("an integer");
@@ -108,15 +112,18 @@ static int parse(int argc, char **argv, struct gen_args *a)
 		} else if (!strcmp(o, "--repetition-penalty")) {
 			NEEDV("a number");
 			if (!cli_parse_f32(v, 1e-3f, 100, &a->sp.repetition_penalty))
-				return cli_usage_error("generate", "--repetition-penalty needs a number in [0.001, 100]");
+				return cli_usage_error("generate",
+				                       "--repetition-penalty needs a number in [0.001, 100]");
 		} else if (!strcmp(o, "--frequency-penalty")) {
 			NEEDV("a number");
 			if (!cli_parse_f32(v, -100, 100, &a->sp.frequency_penalty))
-				return cli_usage_error("generate", "--frequency-penalty needs a number in [-100, 100]");
+				return cli_usage_error("generate",
+				                       "--frequency-penalty needs a number in [-100, 100]");
 		} else if (!strcmp(o, "--presence-penalty")) {
 			NEEDV("a number");
 			if (!cli_parse_f32(v, -100, 100, &a->sp.presence_penalty))
-				return cli_usage_error("generate", "--presence-penalty needs a number in [-100, 100]");
+				return cli_usage_error("generate",
+				                       "--presence-penalty needs a number in [-100, 100]");
 		} else if (!strcmp(o, "--seed")) {
 			NEEDV("an integer");
 			if (!cli_parse_i64(v, 0, INT64_MAX, &x))
@@ -137,7 +144,8 @@ static int parse(int argc, char **argv, struct gen_args *a)
 				return cli_usage_error("generate", "--threads needs an integer 1..4096");
 			a->mo.n_threads = (int)x;
 		} else {
-			return cli_usage_error("generate", "unknown option '%s' (see tandem generate --help)", o);
+			return cli_usage_error("generate", "unknown option '%s' (see tandem generate --help)",
+			                       o);
 		}
 #undef NEEDV
 	}
@@ -159,7 +167,7 @@ static int parse(int argc, char **argv, struct gen_args *a)
 
 /* renders --chat into ids; sets up *c (its stop tokens end generation) */
 static int chat_ids(const struct gen_args *a, const struct tok *t, const struct gguf_ctx *g, struct chat *c,
-		    int32_t **ids, size_t *n, struct errbuf *e)
+                    int32_t **ids, size_t *n, struct errbuf *e)
 {
 	json_error_t je;
 	json_t *root = json_load_file(a->chat, 0, &je);
@@ -200,11 +208,12 @@ out:
 
 /* prompt ids from --tokens, -p or --chat (malloc'd) */
 static int prompt_ids(const struct gen_args *a, const struct tok *t, const struct gguf_ctx *g, struct chat *c,
-		      int32_t **ids, size_t *n, struct errbuf *e)
+                      int32_t **ids, size_t *n, struct errbuf *e)
 {
 	if (a->toks) {
 		if (!cli_parse_ids(a->toks, ids, n))
-			return errbuf_set(e, -EINVAL, "--tokens: '%s' is not a comma-separated list of token ids", a->toks);
+			return errbuf_set(
+			    e, -EINVAL, "--tokens: '%s' is not a comma-separated list of token ids", a->toks);
 		return 0;
 	}
 	if (a->chat)
@@ -256,14 +265,16 @@ int cmd_generate(int argc, char **argv)
 	size_t total = np + (size_t)a.n;
 	if (np == 0 || total > GEN_MAX_TOKENS) {
 		free(pids);
-		fprintf(stderr, "tandem generate: prompt of %zu tokens + %lld new is outside 1..%d\n", np, (long long)a.n,
-			GEN_MAX_TOKENS);
+		fprintf(stderr, "tandem generate: prompt of %zu tokens + %lld new is outside 1..%d\n", np,
+		        (long long)a.n, GEN_MAX_TOKENS);
 		goto out;
 	}
 	for (size_t i = 0; i < np; i++)
 		if (pids[i] >= V) {
-			fprintf(stderr, "tandem generate: token id %d at index %zu is outside the vocabulary (%lld)\n", pids[i],
-				i, (long long)V);
+			fprintf(
+			    stderr,
+			    "tandem generate: token id %d at index %zu is outside the vocabulary (%lld)\n",
+			    pids[i], i, (long long)V);
 			free(pids);
 			goto out;
 		}
@@ -297,8 +308,18 @@ int cmd_generate(int argc, char **argv)
 		}
 		for (size_t i = 0; i < np; i++)
 			pos[i] = (int32_t)i;
-		struct model_batch b = {.n_tokens = (int)np, .tokens = hist, .seq = seq, .pos = pos, .n_seqs = 1, .seqs = &s};
-		rc = model_forward(m, &kv, &b, lg, NULL, &e);
+		rc = 0;
+		for (size_t c0 = 0; c0 < np && !rc;
+		     c0 += 512) { /* chunked: bounded scratch; logits of the last */
+			size_t cn = np - c0 < 512 ? np - c0 : 512;
+			struct model_batch b = {.n_tokens = (int)cn,
+			                        .tokens = hist + c0,
+			                        .seq = seq,
+			                        .pos = pos + c0,
+			                        .n_seqs = 1,
+			                        .seqs = &s};
+			rc = model_forward(m, &kv, &b, lg, NULL, &e);
+		}
 		free(seq);
 		free(pos);
 		if (rc) {
@@ -318,7 +339,8 @@ int cmd_generate(int argc, char **argv)
 			fprintf(stderr, "tandem generate: %s\n", e.msg);
 			goto out;
 		}
-		if (!a.ignore_eos && t && (tok_is_eog(t, r.token) || (have_chat && chat_is_stop(&chat, r.token))))
+		if (!a.ignore_eos && t &&
+		    (tok_is_eog(t, r.token) || (have_chat && chat_is_stop(&chat, r.token))))
 			break;
 		hist[n_hist++] = r.token;
 		if (a.ids_only) {
@@ -335,7 +357,8 @@ int cmd_generate(int argc, char **argv)
 		if (i + 1 == a.n)
 			break;
 		int32_t seq0 = 0, pos = (int32_t)(n_hist - 1);
-		struct model_batch b = {.n_tokens = 1, .tokens = &r.token, .seq = &seq0, .pos = &pos, .n_seqs = 1, .seqs = &s};
+		struct model_batch b = {
+		    .n_tokens = 1, .tokens = &r.token, .seq = &seq0, .pos = &pos, .n_seqs = 1, .seqs = &s};
 		if (model_forward(m, &kv, &b, lg, NULL, &e)) {
 			fprintf(stderr, "tandem generate: %s\n", e.msg);
 			goto out;

@@ -42,17 +42,20 @@ static void check_file(const struct gguf_ctx *g, const char *arch, struct proble
 		const struct gguf_tensor *t = gguf_tensor(g, i);
 		const struct ktype_info *k = ktype_get(t->type);
 		if (k && !k->compute && n_nocompute++ < 10)
-			problem(p, "tensor '%s' has type %s, which tandem cannot compute with", t->name, k->name);
+			problem(p, "tensor '%s' has type %s, which tandem cannot compute with", t->name,
+			        k->name);
 	}
 	if (n_nocompute > 10)
-		problem(p, "... and %" PRId64 " more tensors of types tandem cannot compute with", n_nocompute - 10);
+		problem(p, "... and %" PRId64 " more tensors of types tandem cannot compute with",
+		        n_nocompute - 10);
 
 	/* vocabulary: tokens array, {arch}.vocab_size and the embedding rows must agree */
 	struct gguf_arr tok;
 	int64_t n_tok = -1, vocab = -1;
 	if (gguf_get_arr(g, "tokenizer.ggml.tokens", &tok, NULL) == 0) {
 		if (tok.type != GGUF_VT_STRING)
-			problem(p, "tokenizer.ggml.tokens is an array of %s, expected str", gguf_vtype_name(tok.type));
+			problem(p, "tokenizer.ggml.tokens is an array of %s, expected str",
+			        gguf_vtype_name(tok.type));
 		else
 			n_tok = (int64_t)tok.count;
 	} else {
@@ -68,10 +71,11 @@ static void check_file(const struct gguf_ctx *g, const char *arch, struct proble
 	}
 	const struct gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
 	if (n_tok >= 0 && vocab >= 0 && n_tok != vocab)
-		problem(p, "tokenizer has %" PRId64 " tokens but %s.vocab_size is %" PRId64, n_tok, arch, vocab);
+		problem(p, "tokenizer has %" PRId64 " tokens but %s.vocab_size is %" PRId64, n_tok, arch,
+		        vocab);
 	if (emb && n_tok >= 0 && emb->ne[1] != n_tok)
-		problem(p, "token_embd.weight has %" PRId64 " rows but the tokenizer has %" PRId64 " tokens", emb->ne[1],
-			n_tok);
+		problem(p, "token_embd.weight has %" PRId64 " rows but the tokenizer has %" PRId64 " tokens",
+		        emb->ne[1], n_tok);
 	if (gguf_n_tensors(g) > 0 && !emb)
 		problem(p, "token_embd.weight is missing");
 
@@ -84,7 +88,8 @@ static void check_file(const struct gguf_ctx *g, const char *arch, struct proble
 		struct errbuf e = {0};
 		int rc = gguf_get_i64(g, key, &id, &e);
 		if (rc == 0 && (id < 0 || id >= n_tok))
-			problem(p, "%s = %" PRId64 " is outside the vocabulary (%" PRId64 " tokens)", key, id, n_tok);
+			problem(p, "%s = %" PRId64 " is outside the vocabulary (%" PRId64 " tokens)", key, id,
+			        n_tok);
 		else if (rc && rc != ERR_NOTFOUND)
 			problem(p, "%s", e.msg);
 	}
@@ -96,15 +101,20 @@ int cmd_inspect(int argc, char **argv)
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
 			printf("usage: tandem inspect MODEL.gguf\n\n"
-			       "Prints metadata, the tensor table with types, shapes and bytes, totals per type, the\n"
-			       "detected architecture and every problem found. Any shard of a split model may be given.\n"
-			       "Exit code: 0 no problems, 1 problems listed, 2 bad arguments or unreadable file.\n");
+			       "Prints metadata, the tensor table with types, shapes and bytes, totals per "
+			       "type, the\n"
+			       "detected architecture and every problem found. Any shard of a split model "
+			       "may be given.\n"
+			       "Exit code: 0 no problems, 1 problems listed, 2 bad arguments or unreadable "
+			       "file.\n");
 			return 0;
 		}
 		if (argv[i][0] == '-' && argv[i][1])
-			return cli_usage_error("inspect", "unknown option '%s' (see tandem inspect --help)", argv[i]);
+			return cli_usage_error("inspect", "unknown option '%s' (see tandem inspect --help)",
+			                       argv[i]);
 		if (path)
-			return cli_usage_error("inspect", "more than one model given ('%s' and '%s')", path, argv[i]);
+			return cli_usage_error("inspect", "more than one model given ('%s' and '%s')", path,
+			                       argv[i]);
 		path = argv[i];
 	}
 	if (!path)

@@ -10,14 +10,19 @@
 #include "cli/model_args.h"
 #include "common/model/model.h"
 
+#define LOGITS_CHUNK 512 /* tokens per forward */
+
 static void logits_usage(FILE *f)
 {
-	fprintf(f, "usage: tandem logits -m MODEL.gguf --tokens 1,2,3 [--all] [--tp N] [--threads T] -o OUT.f32\n"
-		   "  writes float32 little-endian logits, one row of vocab values per position\n"
-		   "  --all          every position (default: only the last)\n"
-		   "  --tp N         tensor-parallel degree, ranks run as threads (default 1)\n"
-		   "  --threads T    CPU threads in total (default 1)\n"
-		   "  --kv-bf16      store the KV cache in bf16 (default fp32)\n");
+	fprintf(
+	    f, "usage: tandem logits -m MODEL.gguf --tokens 1,2,3 [--all] [--tp N] [--threads T] -o OUT.f32\n"
+	       "  writes float32 little-endian logits, one row of vocab values per position\n"
+	       "  --all          every position (default: only the last)\n"
+	       "  --tp N         tensor-parallel degree, ranks run as threads (default 1)\n"
+	       "  --threads T    CPU threads in total (default 1)\n"
+	       "  --kv-bf16      store the KV cache in bf16 (default fp32)\n"
+	       "  --latent-eps X RMSNorm eps of q_a_norm / kv_a_norm (default 1e-6, as the references;\n"
+	       "                 llama.cpp uses the model's rms_norm_eps)\n");
 }
 
 int cmd_logits(int argc, char **argv)
@@ -26,6 +31,7 @@ int cmd_logits(int argc, char **argv)
 	bool all = false;
 	struct model_opts o;
 	model_opts_default(&o);
+	o.quiet = true;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		bool has = i + 1 < argc;
@@ -47,6 +53,9 @@ int cmd_logits(int argc, char **argv)
 			toks = argv[++i];
 		} else if (!strcmp(a, "--all")) {
 			all = true;
+		} else if (!strcmp(a, "--latent-eps")) {
+			if (!has || !cli_parse_f32(argv[++i], 1e-12f, 1.0f, &o.latent_eps))
+				return cli_usage_error("logits", "--latent-eps needs a number in [1e-12, 1]");
 		} else if (!strcmp(a, "--kv-bf16")) {
 			o.kv_dtype = MODEL_KV_BF16;
 		} else if (!strcmp(a, "--tp")) {
@@ -70,10 +79,12 @@ int cmd_logits(int argc, char **argv)
 	int32_t *ids;
 	size_t n;
 	if (!cli_parse_ids(toks, &ids, &n))
-		return cli_usage_error("logits", "--tokens: '%s' is not a comma-separated list of token ids", toks);
+		return cli_usage_error("logits", "--tokens: '%s' is not a comma-separated list of token ids",
+		                       toks);
 	if (n > (size_t)1 << 20) {
 		free(ids);
-		return cli_usage_error("logits", "--tokens: %zu tokens is more than the 1048576 this command runs", n);
+		return cli_usage_error("logits",
+		                       "--tokens: %zu tokens is more than the 1048576 this command runs", n);
 	}
 	if (o.n_threads < o.tp)
 		o.n_threads = o.tp;
@@ -92,8 +103,9 @@ int cmd_logits(int argc, char **argv)
 	int64_t V = model_hparams(m)->vocab;
 	for (size_t i = 0; i < n; i++)
 		if (ids[i] >= V) {
-			fprintf(stderr, "tandem logits: token id %d at index %zu is outside the vocabulary (%lld)\n", ids[i], i,
-				(long long)V);
+			fprintf(stderr,
+			        "tandem logits: token id %d at index %zu is outside the vocabulary (%lld)\n",
+			        ids[i], i, (long long)V);
 			goto out;
 		}
 	int n_blocks = (int)((n + MODEL_KV_BLOCK_TOKENS - 1) / MODEL_KV_BLOCK_TOKENS);
@@ -119,11 +131,24 @@ int cmd_logits(int argc, char **argv)
 		want[i] = all || i == n - 1;
 	}
 	struct model_seq s = {.blocks = blocks, .n_blocks = n_blocks};
-	struct model_batch b = {.n_tokens = (int)n, .tokens = ids, .seq = seq, .pos = pos, .logits = want, .n_seqs = 1,
-				.seqs = &s};
-	if (model_forward(m, &kv, &b, lg, NULL, &e)) {
-		fprintf(stderr, "tandem logits: %s\n", e.msg);
-		goto out;
+	/* prefill in chunks (bounded scratch for long inputs); rows land in order */
+	float *dst = lg;
+	for (size_t c0 = 0; c0 < n; c0 += LOGITS_CHUNK) {
+		size_t cn = n - c0 < LOGITS_CHUNK ? n - c0 : LOGITS_CHUNK, rows_here = 0;
+		for (size_t i = 0; i < cn; i++)
+			rows_here += want[c0 + i];
+		struct model_batch b = {.n_tokens = (int)cn,
+		                        .tokens = ids + c0,
+		                        .seq = seq,
+		                        .pos = pos + c0,
+		                        .logits = want + c0,
+		                        .n_seqs = 1,
+		                        .seqs = &s};
+		if (model_forward(m, &kv, &b, rows_here ? dst : NULL, NULL, &e)) {
+			fprintf(stderr, "tandem logits: %s\n", e.msg);
+			goto out;
+		}
+		dst += rows_here * (size_t)V;
 	}
 	f = fopen(outp, "wb");
 	if (!f) {

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -22,47 +23,121 @@
 #define TINY_TOKENIZER "tests/data/models/glm-dsa-tiny-BF16.gguf"
 
 static const struct mk_config preset_tiny = {
-	.preset = "tiny", .arch = "glm-dsa", .D = 256, .n_ff = 256, .H = 2, .Cq = 256, .C = 256, .N = 64, .R = 32,
-	.V = 128, .E = 4, .k = 2, .F = 256, .n_shared = 1, .n_group = 1, .n_group_used = 1, .HI = 4, .DI = 64,
-	.K = 16, .vocab = 1024, .n_layers = 3, .n_dense = 1, .idx_every = 2, .n_ctx = 512, .theta = 10000.0f,
-	.eps = 1e-5f,
+    .preset = "tiny",
+    .arch = "glm-dsa",
+    .D = 256,
+    .n_ff = 256,
+    .H = 2,
+    .Cq = 256,
+    .C = 256,
+    .N = 64,
+    .R = 32,
+    .V = 128,
+    .E = 4,
+    .k = 2,
+    .F = 256,
+    .n_shared = 1,
+    .n_group = 1,
+    .n_group_used = 1,
+    .HI = 4,
+    .DI = 64,
+    .K = 16,
+    .vocab = 1024,
+    .n_layers = 3,
+    .n_dense = 1,
+    .idx_every = 2,
+    .n_ctx = 512,
+    .theta = 10000.0f,
+    .eps = 1e-5f,
 };
 
 static const struct mk_config preset_glm5 = {
-	.preset = "glm5", .arch = "glm-dsa", .D = 6144, .n_ff = 12288, .H = 64, .Cq = 2048, .C = 512, .N = 192,
-	.R = 64, .V = 256, .E = 256, .k = 8, .F = 2048, .n_shared = 1, .n_group = 1, .n_group_used = 1, .HI = 32,
-	.DI = 128, .K = 2048, .vocab = 154880, .n_layers = 78, .n_dense = 3, .idx_every = 1, .n_ctx = 202752,
-	.theta = 1000000.0f, .eps = 1e-5f,
+    .preset = "glm5",
+    .arch = "glm-dsa",
+    .D = 6144,
+    .n_ff = 12288,
+    .H = 64,
+    .Cq = 2048,
+    .C = 512,
+    .N = 192,
+    .R = 64,
+    .V = 256,
+    .E = 256,
+    .k = 8,
+    .F = 2048,
+    .n_shared = 1,
+    .n_group = 1,
+    .n_group_used = 1,
+    .HI = 32,
+    .DI = 128,
+    .K = 2048,
+    .vocab = 154880,
+    .n_layers = 78,
+    .n_dense = 3,
+    .idx_every = 1,
+    .n_ctx = 202752,
+    .theta = 1000000.0f,
+    .eps = 1e-5f,
 };
 
 static const struct mk_config preset_ds3 = {
-	.preset = "deepseek3", .arch = "deepseek2", .D = 7168, .n_ff = 18432, .H = 128, .Cq = 1536, .C = 512,
-	.N = 128, .R = 64, .V = 128, .E = 256, .k = 8, .F = 2048, .n_shared = 1, .n_group = 8, .n_group_used = 4,
-	.HI = 0, .DI = 0, .K = 0, .vocab = 129280, .n_layers = 61, .n_dense = 3, .idx_every = 1, .n_ctx = 163840,
-	.theta = 10000.0f, .eps = 1e-6f, .yarn = true, .yarn_factor = 40.0f, .yarn_log_mul = 0.1f,
-	.yarn_orig_ctx = 4096,
+    .preset = "deepseek3",
+    .arch = "deepseek2",
+    .D = 7168,
+    .n_ff = 18432,
+    .H = 128,
+    .Cq = 1536,
+    .C = 512,
+    .N = 128,
+    .R = 64,
+    .V = 128,
+    .E = 256,
+    .k = 8,
+    .F = 2048,
+    .n_shared = 1,
+    .n_group = 8,
+    .n_group_used = 4,
+    .HI = 0,
+    .DI = 0,
+    .K = 0,
+    .vocab = 129280,
+    .n_layers = 61,
+    .n_dense = 3,
+    .idx_every = 1,
+    .n_ctx = 163840,
+    .theta = 10000.0f,
+    .eps = 1e-6f,
+    .yarn = true,
+    .yarn_factor = 40.0f,
+    .yarn_log_mul = 0.1f,
+    .yarn_orig_ctx = 4096,
 };
 
 static void usage(FILE *f)
 {
-	fprintf(f,
-		"usage: tandem mkmodel --preset NAME --type T -o OUT.gguf [options]\n\n"
-		"Writes a GGUF with random weights (seeded, reproducible), complete metadata and a tokenizer.\n\n"
-		"  --preset NAME      tiny (glm-dsa-tiny shapes of tests/data), glm5 (GLM-5), deepseek3 (DeepSeek-V3)\n"
-		"  --type T           q4_k: Q8_0 attention/indexer, Q4_K experts/FFN/embeddings, Q6_K output;\n"
-		"                     or one type for every matrix whose rows allow it (q8_0, bf16, f16, f32, q4_0,\n"
-		"                     q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k_all, q5_k, q6_k, iq4_xs;\n"
-		"                     q4_k_all = Q4_K everywhere); rows that do not fit fall back to Q8_0. Norms, router and\n"
-		"                     indexer.proj stay F32.\n"
-		"  --layers L         main layers (default: preset's: tiny 3, glm5 78, deepseek3 61)\n"
-		"  --dense D          leading dense layers (default: tiny 1, others 3)\n"
-		"  --experts E        routed experts (default: tiny 4, others 256); --top-k K experts per token\n"
-		"  --nextn 0|1        also write the MTP/NextN layer (default 0)\n"
-		"  --seed S           random seed (default 1)\n"
-		"  --threads N        generator threads (default: online CPUs)\n"
-		"  --tokenizer FILE   copy the tokenizer.* keys from FILE (tiny default: %s)\n"
-		"  -o OUT.gguf        output file (written as OUT.gguf.tmp, renamed when complete)\n",
-		TINY_TOKENIZER);
+	fprintf(
+	    f,
+	    "usage: tandem mkmodel --preset NAME --type T -o OUT.gguf [options]\n\n"
+	    "Writes a GGUF with random weights (seeded, reproducible), complete metadata and a tokenizer.\n\n"
+	    "  --preset NAME      tiny (glm-dsa-tiny shapes of tests/data), glm5 (GLM-5), deepseek3 "
+	    "(DeepSeek-V3)\n"
+	    "  --type T           q4_k: Q8_0 attention/indexer, Q4_K experts/FFN/embeddings, Q6_K output;\n"
+	    "                     or one type for every matrix whose rows allow it (q8_0, bf16, f16, f32, "
+	    "q4_0,\n"
+	    "                     q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k_all, q5_k, q6_k, iq4_xs;\n"
+	    "                     q4_k_all = Q4_K everywhere); rows that do not fit fall back to Q8_0. "
+	    "Norms, router and\n"
+	    "                     indexer.proj stay F32.\n"
+	    "  --layers L         main layers (default: preset's: tiny 3, glm5 78, deepseek3 61)\n"
+	    "  --dense D          leading dense layers (default: tiny 1, others 3)\n"
+	    "  --experts E        routed experts (default: tiny 4, others 256); --top-k K experts per token\n"
+	    "  --nextn 0|1        also write the MTP/NextN layer (default 0)\n"
+	    "  --seed S           random seed (default 1)\n"
+	    "  --threads N        generator threads (default: online CPUs)\n"
+	    "  --tokenizer FILE   copy the tokenizer.* keys from FILE (tiny default: %s)\n"
+	    "  --vocab-only       metadata and tokenizer only, no tensors (e.g. for the router)\n"
+	    "  -o OUT.gguf        output file (written as OUT.gguf.tmp, renamed when complete)\n",
+	    TINY_TOKENIZER);
 }
 
 static int parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out)
@@ -141,7 +216,8 @@ static int file_type_of(const struct mk_types *t)
 	}
 }
 
-static int set_metadata(struct gguf_writer *w, const struct mk_config *c, const struct mk_types *t, uint64_t seed)
+static int set_metadata(struct gguf_writer *w, const struct mk_config *c, const struct mk_types *t,
+                        uint64_t seed)
 {
 	char k[128], name[96];
 	int rc = 0;
@@ -179,12 +255,13 @@ static int set_metadata(struct gguf_writer *w, const struct mk_config *c, const 
 	rc |= gguf_writer_set_f32(w, A("expert_weights_scale"), 2.5f);
 	rc |= gguf_writer_set_bool(w, A("expert_weights_norm"), true);
 	rc |= gguf_writer_set_u32(w, A("rope.dimension_count"), (uint32_t)c->R);
-	if (strcmp(c->arch, "glm-dsa") == 0)
+	if (strcmp(c->arch, "glm-dsa") == 0 || c->nextn > 0)
 		rc |= gguf_writer_set_u32(w, A("nextn_predict_layers"), (uint32_t)c->nextn);
 	if (c->yarn) {
 		rc |= gguf_writer_set_str(w, A("rope.scaling.type"), "yarn");
 		rc |= gguf_writer_set_f32(w, A("rope.scaling.factor"), c->yarn_factor);
-		rc |= gguf_writer_set_u32(w, A("rope.scaling.original_context_length"), (uint32_t)c->yarn_orig_ctx);
+		rc |= gguf_writer_set_u32(w, A("rope.scaling.original_context_length"),
+		                          (uint32_t)c->yarn_orig_ctx);
 		rc |= gguf_writer_set_f32(w, A("rope.scaling.yarn_beta_fast"), 32.0f);
 		rc |= gguf_writer_set_f32(w, A("rope.scaling.yarn_beta_slow"), 1.0f);
 		rc |= gguf_writer_set_f32(w, A("rope.scaling.yarn_log_multiplier"), c->yarn_log_mul);
@@ -198,7 +275,8 @@ static int set_metadata(struct gguf_writer *w, const struct mk_config *c, const 
 			return -ENOMEM;
 		for (int l = 0; l < blocks; l++)
 			full[l] = l % c->idx_every == 0;
-		rc |= gguf_writer_set_arr(w, A("attention.indexer.types"), GGUF_VT_BOOL, full, (uint64_t)blocks);
+		rc |= gguf_writer_set_arr(w, A("attention.indexer.types"), GGUF_VT_BOOL, full,
+		                          (uint64_t)blocks);
 		free(full);
 	}
 #undef A
@@ -226,8 +304,8 @@ static void progress_cb(void *user, uint64_t done, uint64_t total)
 	p->last = t;
 	double el = t - p->t0;
 	fprintf(stderr, "%s  %5.1f%%  %.2f / %.2f GiB  %.0f MiB/s  %.0f s", p->tty ? "\r" : "",
-		total ? 100.0 * (double)done / (double)total : 100.0, (double)done / (1u << 30),
-		(double)total / (1u << 30), el > 0 ? (double)done / (1u << 20) / el : 0.0, el);
+	        total ? 100.0 * (double)done / (double)total : 100.0, (double)done / (1u << 30),
+	        (double)total / (1u << 30), el > 0 ? (double)done / (1u << 20) / el : 0.0, el);
 	if (!p->tty || done >= total)
 		fputc('\n', stderr);
 }
@@ -235,6 +313,7 @@ static void progress_cb(void *user, uint64_t done, uint64_t total)
 int cmd_mkmodel(int argc, char **argv)
 {
 	const char *preset = NULL, *type_s = NULL, *out = NULL, *tokenizer = NULL;
+	bool vocab_only = false;
 	int64_t layers = -1, dense = -1, experts = -1, topk = -1, nextn = 0, seed = 1, threads = -1;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
@@ -242,8 +321,13 @@ int cmd_mkmodel(int argc, char **argv)
 			usage(stdout);
 			return 0;
 		}
+		if (strcmp(a, "--vocab-only") == 0) {
+			vocab_only = true;
+			continue;
+		}
 		if (i + 1 >= argc)
-			return cli_usage_error("mkmodel", "option '%s' needs a value (or is unknown; see --help)", a);
+			return cli_usage_error("mkmodel",
+			                       "option '%s' needs a value (or is unknown; see --help)", a);
 		const char *v = argv[++i];
 		int bad = 0;
 		if (strcmp(a, "--preset") == 0)
@@ -269,12 +353,14 @@ int cmd_mkmodel(int argc, char **argv)
 		else if (strcmp(a, "--threads") == 0)
 			bad = parse_i64(v, 1, 64, &threads);
 		else
-			return cli_usage_error("mkmodel", "unknown option '%s' (see tandem mkmodel --help)", a);
+			return cli_usage_error("mkmodel", "unknown option '%s' (see tandem mkmodel --help)",
+			                       a);
 		if (bad)
 			return cli_usage_error("mkmodel", "bad value '%s' for %s", v, a);
 	}
 	if (!preset || !type_s || !out)
-		return cli_usage_error("mkmodel", "--preset, --type and -o are required (see tandem mkmodel --help)");
+		return cli_usage_error("mkmodel",
+		                       "--preset, --type and -o are required (see tandem mkmodel --help)");
 
 	struct mk_config c;
 	if (strcmp(preset, "tiny") == 0)
@@ -298,13 +384,18 @@ int cmd_mkmodel(int argc, char **argv)
 		c.k = topk;
 	c.nextn = (int)nextn;
 	if (c.n_dense > c.n_layers)
-		return cli_usage_error("mkmodel", "--dense %d is more than --layers %d", c.n_dense, c.n_layers);
+		return cli_usage_error("mkmodel", "--dense %d is more than --layers %d", c.n_dense,
+		                       c.n_layers);
 	if (c.k > c.E)
 		return cli_usage_error("mkmodel", "top-k %lld is more than the %lld experts", (long long)c.k,
-				       (long long)c.E);
-	if (c.n_group > 1 && (c.E % c.n_group || c.k > c.E))
-		c.n_group = c.n_group_used = 1; /* group routing needs E divisible by the groups */
-	if (c.n_group > 1 && c.n_group_used * (c.E / c.n_group) < c.k)
+		                       (long long)c.E);
+	/* group-limited routing (deepseek3) needs E divisible into groups of at least 2 experts, and
+	 * enough experts in the used groups for top-k: fewer groups when the expert count is changed */
+	while (c.n_group > 1 && (c.E % c.n_group || c.E / c.n_group < 2))
+		c.n_group /= 2;
+	if (c.n_group_used > c.n_group)
+		c.n_group_used = c.n_group;
+	if (c.n_group_used * (c.E / c.n_group) < c.k)
 		c.n_group_used = c.n_group;
 	if (threads < 0) {
 		long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -317,8 +408,10 @@ int cmd_mkmodel(int argc, char **argv)
 	else if (strcmp(c.preset, "tiny") == 0) {
 		tok_owned = find_tiny_tokenizer();
 		if (!tok_owned)
-			return cli_usage_error("mkmodel", "cannot find %s (run from the repository root or pass --tokenizer FILE)",
-					       TINY_TOKENIZER);
+			return cli_usage_error(
+			    "mkmodel",
+			    "cannot find %s (run from the repository root or pass --tokenizer FILE)",
+			    TINY_TOKENIZER);
 		c.tokenizer_from = tok_owned;
 	}
 
@@ -340,7 +433,8 @@ int cmd_mkmodel(int argc, char **argv)
 		fprintf(stderr, "tandem mkmodel: %s\n", err);
 		goto out;
 	}
-	if (mkmodel_tensors(&c, &types, (uint64_t)seed, (int)threads, &ts, &n_t, err, sizeof(err))) {
+	if (!vocab_only &&
+	    mkmodel_tensors(&c, &types, (uint64_t)seed, (int)threads, &ts, &n_t, err, sizeof(err))) {
 		fprintf(stderr, "tandem mkmodel: %s\n", err);
 		goto out;
 	}
@@ -348,15 +442,30 @@ int cmd_mkmodel(int argc, char **argv)
 	for (int i = 0; i < n_t; i++) {
 		int64_t ne[4];
 		memcpy(ne, ts[i].ne, sizeof(ne));
-		if (gguf_writer_add_tensor_chunked(w, ts[i].name, ts[i].type, ts[i].n_dims, ne, mkmodel_fill, &ts[i])) {
+		if (gguf_writer_add_tensor_chunked(w, ts[i].name, ts[i].type, ts[i].n_dims, ne, mkmodel_fill,
+		                                   &ts[i])) {
 			fprintf(stderr, "tandem mkmodel: cannot add tensor %s\n", ts[i].name);
 			goto out;
 		}
 		total += ts[i].row_bytes * (uint64_t)(ne[1] * ne[2] * ne[3]);
 	}
-	fprintf(stderr, "tandem mkmodel: %s, %s, %d layers (%d dense, %d nextn), %lld experts, %d tensors, %.2f GiB, %lld threads -> %s\n",
-		c.preset, type_s, c.n_layers, c.n_dense, c.nextn, (long long)c.E, n_t, (double)total / (1u << 30),
-		(long long)threads, out);
+	fprintf(stderr,
+	        "tandem mkmodel: %s, %s, %d layers (%d dense, %d nextn), %lld experts, %d tensors, %.2f GiB, "
+	        "%lld threads -> %s\n",
+	        c.preset, type_s, c.n_layers, c.n_dense, c.nextn, (long long)c.E, n_t,
+	        (double)total / (1u << 30), (long long)threads, out);
+	/* refuse early rather than fail after writing most of a large file */
+	char dirbuf[PATH_MAX];
+	snprintf(dirbuf, sizeof(dirbuf), "%s", out);
+	struct statvfs vfs;
+	if (statvfs(dirname(dirbuf), &vfs) == 0) {
+		uint64_t avail = (uint64_t)vfs.f_bavail * vfs.f_frsize;
+		if (avail < total + (64u << 20)) {
+			fprintf(stderr, "tandem mkmodel: %s needs %.2f GiB but its file system has %.2f GiB free\n", out,
+			        (double)total / (1u << 30), (double)avail / (1u << 30));
+			goto out;
+		}
+	}
 	struct progress pr = {.t0 = now_s(), .tty = isatty(2)};
 	pr.last = pr.t0;
 	gguf_writer_set_progress(w, progress_cb, &pr);

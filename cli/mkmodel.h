@@ -10,15 +10,15 @@
 
 /* Shapes of one model (names as MODEL-SPEC.md §0.2). */
 struct mk_config {
-	const char *preset;   /* tiny, glm5, deepseek3 */
-	const char *arch;     /* GGUF architecture: glm-dsa or deepseek2 */
+	const char *preset; /* tiny, glm5, deepseek3 */
+	const char *arch; /* GGUF architecture: glm-dsa or deepseek2 */
 	int64_t D, n_ff, H, Cq, C, N, R, V, E, k, F, n_shared, n_group, n_group_used;
-	int64_t HI, DI, K;    /* indexer (HI = 0: none) */
+	int64_t HI, DI, K; /* indexer (HI = 0: none) */
 	int64_t vocab;
-	int n_layers;         /* main layers */
-	int n_dense;          /* leading dense layers */
-	int nextn;            /* MTP layers written after the main layers (0 or 1) */
-	int idx_every;        /* layer l has a full indexer iff l % idx_every == 0 (1: all) */
+	int n_layers; /* main layers */
+	int n_dense; /* leading dense layers */
+	int nextn; /* MTP layers written after the main layers (0 or 1) */
+	int idx_every; /* layer l has a full indexer iff l % idx_every == 0 (1: all) */
 	int64_t n_ctx;
 	float theta, eps;
 	bool yarn;
@@ -45,7 +45,7 @@ struct mk_tensor {
 	int n_dims;
 	int64_t ne[4];
 	enum mk_init init;
-	float a, b;     /* normal: mean a, std b; uniform: [a, b) */
+	float a, b; /* normal: mean a, std b; uniform: [a, b) */
 	uint64_t seed;
 	int n_threads;
 	size_t row_bytes;
@@ -53,7 +53,7 @@ struct mk_tensor {
 
 /* Builds the tensor list of the config (caller frees *out). */
 int mkmodel_tensors(const struct mk_config *c, const struct mk_types *t, uint64_t seed, int n_threads,
-		    struct mk_tensor **out, int *n_out, char *err, size_t err_size);
+                    struct mk_tensor **out, int *n_out, char *err, size_t err_size);
 /* gguf_fill_chunk_cb for a struct mk_tensor (user). */
 int mkmodel_fill(void *user, const char *name, uint64_t offset, void *dst, size_t nbytes);
 

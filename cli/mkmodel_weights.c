@@ -1,10 +1,10 @@
 /* `tandem mkmodel` weights: the tensor list of a glm-dsa / deepseek2 model (names and shapes of
  * MODEL-SPEC.md §4.3), the type of each tensor under the chosen mix, and the random values.
  * Values follow tests/data/README.md §2 so a forward pass stays finite: embeddings N(0,1), output
- * N(0,0.2), matrices N(0,1/fan_in), router N(0,0.1), norm weights U(0.7,1.3), LayerNorm bias
- * N(0,0.1), expert bias U(-0.1,0.1). Each row is generated from its own seed (tensor seed, row
- * index) with a counter-based 32-bit hash and a 4-term Irwin-Hall normal (two hashes per value), then
- * quantized with kcpu_quantize_row; the rows of a chunk are split over threads. */
+ * N(0,0.2) at D = 256 (scaled with 1/sqrt(D)), matrices N(0,1/fan_in), router N(0,0.1), norm weights
+ * U(0.7,1.3), LayerNorm bias N(0,0.1), expert bias U(-0.1,0.1). Each row is generated from its own seed
+ * (tensor seed, row index) with a counter-based 32-bit hash and a 4-term Irwin-Hall normal (two hashes per
+ * value), then quantized with kcpu_quantize_row; the rows of a chunk are split over threads. */
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -61,11 +61,11 @@ struct list {
 	int n_threads;
 };
 
-static int add(struct list *L, enum kind k, enum mk_init init, float a, float b, int nd, int64_t ne0, int64_t ne1,
-	       int64_t ne2, const char *fmt, ...) __attribute__((format(printf, 10, 11)));
+static int add(struct list *L, enum kind k, enum mk_init init, float a, float b, int nd, int64_t ne0,
+               int64_t ne1, int64_t ne2, const char *fmt, ...) __attribute__((format(printf, 10, 11)));
 
-static int add(struct list *L, enum kind k, enum mk_init init, float a, float b, int nd, int64_t ne0, int64_t ne1,
-	       int64_t ne2, const char *fmt, ...)
+static int add(struct list *L, enum kind k, enum mk_init init, float a, float b, int nd, int64_t ne0,
+               int64_t ne1, int64_t ne2, const char *fmt, ...)
 {
 	if (L->n == L->cap) {
 		int cap = L->cap ? 2 * L->cap : 256;
@@ -96,7 +96,7 @@ static int add(struct list *L, enum kind k, enum mk_init init, float a, float b,
 }
 
 /* A matrix with rows of ne0 inputs: N(0, 1/fan_in). */
-#define MAT(kind, nd, ne0, ne1, ne2, ...)                                                               \
+#define MAT(kind, nd, ne0, ne1, ne2, ...)                                                                    \
 	add(L, kind, MK_INIT_NORMAL, 0.0f, 1.0f / sqrtf((float)(ne0)), nd, ne0, ne1, ne2, __VA_ARGS__)
 #define NORM(n, ...) add(L, K_NORM, MK_INIT_UNIFORM, 0.7f, 1.3f, 1, n, 1, 1, __VA_ARGS__)
 
@@ -117,7 +117,8 @@ static int layer(struct list *L, const struct mk_config *c, int l)
 		rc |= MAT(K_ATTN, 2, c->Cq, c->HI * c->DI, 1, "blk.%d.indexer.attn_q_b.weight", l);
 		rc |= MAT(K_ATTN, 2, c->D, c->DI, 1, "blk.%d.indexer.attn_k.weight", l);
 		rc |= NORM(c->DI, "blk.%d.indexer.k_norm.weight", l);
-		rc |= add(L, K_NORM, MK_INIT_NORMAL, 0.0f, 0.1f, 1, c->DI, 1, 1, "blk.%d.indexer.k_norm.bias", l);
+		rc |= add(L, K_NORM, MK_INIT_NORMAL, 0.0f, 0.1f, 1, c->DI, 1, 1, "blk.%d.indexer.k_norm.bias",
+		          l);
 		rc |= MAT(K_F32MAT, 2, c->D, c->HI, 1, "blk.%d.indexer.proj.weight", l);
 	}
 	rc |= NORM(c->D, "blk.%d.ffn_norm.weight", l);
@@ -141,13 +142,16 @@ static int layer(struct list *L, const struct mk_config *c, int l)
 }
 
 int mkmodel_tensors(const struct mk_config *c, const struct mk_types *types, uint64_t seed, int n_threads,
-		    struct mk_tensor **out, int *n_out, char *err, size_t err_size)
+                    struct mk_tensor **out, int *n_out, char *err, size_t err_size)
 {
 	struct list l0 = {.types = types, .seed = seed, .n_threads = n_threads}, *L = &l0;
 	int rc = 0;
 	rc |= add(L, K_EMB, MK_INIT_NORMAL, 0.0f, 1.0f, 2, c->D, c->vocab, 1, "token_embd.weight");
 	rc |= NORM(c->D, "output_norm.weight");
-	rc |= add(L, K_OUT, MK_INIT_NORMAL, 0.0f, 0.2f, 2, c->D, c->vocab, 1, "output.weight");
+	/* N(0, 0.2) at D = 256 as in tests/data; scaled by sqrt(256 / D) so the logits keep a standard
+	 * deviation of about 3 at any width (0.2 at D = 6144 would give logits of +-80) */
+	rc |= add(L, K_OUT, MK_INIT_NORMAL, 0.0f, 3.2f / sqrtf((float)c->D), 2, c->D, c->vocab, 1,
+	          "output.weight");
 	for (int i = 0; i < c->n_layers + c->nextn; i++)
 		rc |= layer(L, c, i);
 	for (int i = c->n_layers; i < c->n_layers + c->nextn; i++) {
@@ -158,7 +162,8 @@ int mkmodel_tensors(const struct mk_config *c, const struct mk_types *types, uin
 	}
 	if (rc) {
 		free(L->t);
-		snprintf(err, err_size, "cannot build the tensor list (out of memory or a size is not representable)");
+		snprintf(err, err_size,
+		         "cannot build the tensor list (out of memory or a size is not representable)");
 		return -1;
 	}
 	*out = L->t;
@@ -172,7 +177,7 @@ struct job {
 	const struct mk_tensor *t;
 	uint8_t *dst;
 	int64_t r0, r1; /* global row range */
-	int64_t base;   /* global row of dst[0] */
+	int64_t base; /* global row of dst[0] */
 	int rc;
 };
 
@@ -205,8 +210,8 @@ static void gen_row(const struct mk_tensor *t, int64_t row, float *x)
 	const float a = t->a;
 	for (int64_t i = 0; i < n; i++) {
 		uint32_t u = h32(key + 2 * (uint32_t)i), v = h32(key + 2 * (uint32_t)i + 1);
-		int32_t sum = (int32_t)(u & 0xffff) + (int32_t)(u >> 16) + (int32_t)(v & 0xffff) + (int32_t)(v >> 16) -
-			      131070;
+		int32_t sum = (int32_t)(u & 0xffff) + (int32_t)(u >> 16) + (int32_t)(v & 0xffff) +
+		              (int32_t)(v >> 16) - 131070;
 		x[i] = a + (float)sum * k;
 	}
 }
@@ -245,7 +250,8 @@ int mkmodel_fill(void *user, const char *name, uint64_t offset, void *dst, size_
 	if (nt > 64)
 		nt = 64;
 	for (int i = 0; i < nt; i++)
-		jobs[i] = (struct job){.t = t, .dst = dst, .base = r0, .r0 = r0 + n * i / nt, .r1 = r0 + n * (i + 1) / nt};
+		jobs[i] = (struct job){
+		    .t = t, .dst = dst, .base = r0, .r0 = r0 + n * i / nt, .r1 = r0 + n * (i + 1) / nt};
 	/* the calling thread does share 0; a share whose thread cannot start is done here too */
 	for (int i = 1; i < nt; i++)
 		spawned[i] = pthread_create(&th[i], NULL, worker, &jobs[i]) == 0;

@@ -14,6 +14,7 @@ int main(int argc, char **argv)
 		{"name", OPT_STR, c.name, sizeof(c.name), 0, 0, "worker name (unique per router; in logs and metrics)"},
 		{"router", OPT_STR, c.router, sizeof(c.router), 0, 0, "router control address: host:port or unix:/path"},
 		{"auth_token", OPT_STR, c.auth_token, sizeof(c.auth_token), 0, 0, "shared token the router requires (or \"\")"},
+		{"auth_token_file", OPT_STR, c.auth_token_file, sizeof(c.auth_token_file), 0, 0, "file whose first line is the shared token (overrides auth_token)"},
 		{"metrics", OPT_STR, c.metrics, sizeof(c.metrics), 0, 0, "host:port for /metrics /health /ready (port 0: any; \"\": off)"},
 		{"model", OPT_STR, c.model, sizeof(c.model), 0, 0, "GGUF model file (first shard of a split model)"},
 		{"engine", OPT_STR, c.engine, sizeof(c.engine), 0, 0, "\"model\" or \"trivial\" (no model: serving-plane benchmarks)"},
@@ -51,5 +52,9 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	log_level_max = lvl;
+	if (c.auth_token_file[0] && opts_read_token_file(c.auth_token_file, c.auth_token, sizeof(c.auth_token), &e)) {
+		fprintf(stderr, "tandem-decode: %s\n", e.msg);
+		return 2;
+	}
 	return dc_worker_run(&c);
 }

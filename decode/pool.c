@@ -12,24 +12,39 @@ int kv_pool_init(struct kv_pool *p, uint32_t n_blocks, size_t block_bytes, struc
 	if (!n_blocks || !block_bytes || block_bytes > SIZE_MAX / n_blocks)
 		return errbuf_set(e, -EINVAL, "KV pool: %u blocks of %zu bytes is not a valid size", n_blocks, block_bytes);
 	size_t bytes = (size_t)n_blocks * block_bytes;
-	size_t rounded = (bytes + 4095) & ~(size_t)4095;
-	p->base = aligned_alloc(4096, rounded);
 	p->fifo = malloc(n_blocks * sizeof(uint32_t));
 	p->allocated = calloc(n_blocks, 1);
-	if (!p->base || !p->fifo || !p->allocated) {
-		free(p->base);
+	if (!p->fifo || !p->allocated) {
 		free(p->fifo);
 		free(p->allocated);
 		memset(p, 0, sizeof(*p));
-		return errbuf_set(e, -ENOMEM, "KV pool: cannot allocate %zu bytes (%u blocks)", bytes, n_blocks);
+		return errbuf_set(e, -ENOMEM, "KV pool: out of memory for the block table (%u blocks)", n_blocks);
 	}
-	memset(p->base, 0, rounded); /* touch every page now, not while serving */
 	p->block_bytes = block_bytes;
 	p->n_blocks = n_blocks;
 	for (uint32_t i = 0; i < n_blocks; i++)
 		p->fifo[i] = i;
 	p->n_free = n_blocks;
-	int rc = kvx_region_map(x, p->base, bytes, &p->region, e);
+	/* Memory from UCX first: on one host it is a shared segment prefill writes with plain memcpy
+	 * (about 10x faster than emulated puts into private memory). Where UCX cannot provide it
+	 * (e.g. a small /dev/shm), private memory registered with UCX still works, more slowly. */
+	void *base = NULL;
+	int rc = kvx_region_alloc(x, bytes, &base, &p->region, e);
+	if (rc == 0) {
+		p->base = base;
+		p->ucx_owned = 1;
+		return 0;
+	}
+	LOG_WARN("pool", "KV pool: UCX could not allocate %zu bytes (%s); using private memory: KV transfers on this host will be slower",
+		 bytes, e ? e->msg : "");
+	size_t rounded = (bytes + 4095) & ~(size_t)4095;
+	p->base = aligned_alloc(4096, rounded);
+	if (!p->base) {
+		kv_pool_fini(p, x);
+		return errbuf_set(e, -ENOMEM, "KV pool: cannot allocate %zu bytes (%u blocks)", bytes, n_blocks);
+	}
+	memset(p->base, 0, rounded); /* touch every page now, not while serving */
+	rc = kvx_region_map(x, p->base, bytes, &p->region, e);
 	if (rc) {
 		kv_pool_fini(p, x);
 		return rc;
@@ -40,8 +55,9 @@ int kv_pool_init(struct kv_pool *p, uint32_t n_blocks, size_t block_bytes, struc
 void kv_pool_fini(struct kv_pool *p, struct kvx *x)
 {
 	if (p->region)
-		kvx_region_unmap(x, p->region);
-	free(p->base);
+		kvx_region_unmap(x, p->region); /* frees UCX-allocated memory too */
+	if (!p->ucx_owned)
+		free(p->base);
 	free(p->fifo);
 	free(p->allocated);
 	memset(p, 0, sizeof(*p));

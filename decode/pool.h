@@ -16,7 +16,8 @@
 #include "common/net/kvx.h"
 
 struct kv_pool {
-	uint8_t *base;         /* n_blocks * block_bytes, 4 KiB aligned, owned */
+	uint8_t *base;         /* n_blocks * block_bytes, page aligned, owned (by UCX when ucx_owned) */
+	int ucx_owned;
 	size_t block_bytes;
 	uint32_t n_blocks;
 	uint32_t *fifo;        /* ring of free block ids */

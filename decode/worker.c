@@ -202,6 +202,8 @@ static void flush_tokens(struct dc_worker *w, struct dreq *d)
 	m.u.tokens.rid = d->rid;
 	m.u.tokens.n_tokens = d->n_tokbuf;
 	m.u.tokens.tokens = d->tokbuf;
+	LOG_DEBUG("decode", "rid=%llu sending %u tokens (last %u)", (unsigned long long)d->rid, d->n_tokbuf,
+		  d->tokbuf[d->n_tokbuf - 1].id);
 	send_msg(w, &m, d->rid);
 	d->n_tokbuf = 0;
 }

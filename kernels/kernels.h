@@ -125,9 +125,9 @@ struct kweight {
 void kcpu_matmul(struct kpool *p, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok,
 		 float *y, int64_t ldy);
 /* Approximate fast path, same arguments (opt-in; the reference path never uses it): activations
- * are quantized to int8 per 32 elements (scale max|x|/127) and multiplied with integer dots
- * (AVX2 maddubs) for Q8_0, Q4_K, Q5_K and Q6_K weights; about 0.3% relative error per dot (see
- * test_matmul). Other types, n_in not a multiple of 256, 4 or more tokens (where the exact
+ * are quantized to int8 per 256 elements (scale max|x|/127, like ggml's Q8_K) and multiplied
+ * with integer dots (AVX2 maddubs) for Q8_0, Q4_K, Q5_K and Q6_K weights; about 0.5% of
+ * sum|w*x| error per dot (test_matmul prints it). Other types, n_in not a multiple of 256, 4 or more tokens (where the exact
  * tiled path is faster) and builds without AVX2 use kcpu_matmul. Uses the pool's caller scratch (kpool_scratch(p, kpool_n_threads(p), ...)). */
 void kcpu_matmul_fast(struct kpool *p, const struct kweight *w, const float *x, int64_t ldx,
 		      int64_t n_tok, float *y, int64_t ldy);

@@ -9,6 +9,7 @@ struct pf_config {
 	char name[65];
 	char router[256];
 	char auth_token[257];
+	char auth_token_file[1024];
 	char metrics[256];
 	char model[1024];
 	char engine[16];       /* "model" | "trivial" */

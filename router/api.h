@@ -55,6 +55,7 @@ struct api_request {
 	bool logprobs;      /* completions: logprobs != null; chat: logprobs == true */
 	int top_logprobs;   /* number of alternatives per token */
 	bool echo;          /* completions: echo the prompt (only accepted as false) */
+	bool tokens_as_ids; /* return_tokens_as_token_ids (vLLM's extension): logprob tokens as "token_id:N" */
 };
 
 struct api_error {

@@ -100,8 +100,15 @@ static json_t *json_text(const char *s, size_t n)
 		bool ok = need > 0 && i + need <= n;
 		for (size_t k = 1; ok && k < need; k++)
 			ok = ((unsigned char)s[i + k] & 0xC0) == 0x80;
-		if (ok && json_stringn(s + i, need) == NULL)
-			ok = false; /* overlong or surrogate: jansson knows */
+		if (ok && need > 1) {
+			/* reject overlong forms, surrogates and code points past U+10FFFF */
+			const unsigned char *u = (const unsigned char *)s + i;
+			uint32_t cp = need == 2 ? (uint32_t)(u[0] & 0x1F) : need == 3 ? (uint32_t)(u[0] & 0x0F) : (uint32_t)(u[0] & 0x07);
+			for (size_t k = 1; k < need; k++)
+				cp = (cp << 6) | (u[k] & 0x3F);
+			static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+			ok = cp >= min_cp[need] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+		}
 		if (ok) {
 			memcpy(o + w, s + i, need);
 			w += need;
@@ -117,8 +124,13 @@ static json_t *json_text(const char *s, size_t n)
 	return j ? j : json_string("");
 }
 
-static json_t *token_json(const struct codec *cd, int32_t id)
+static json_t *token_json(const struct codec *cd, int32_t id, bool as_id)
 {
+	if (as_id) {
+		char s[32];
+		snprintf(s, sizeof(s), "token_id:%d", id);
+		return json_string(s);
+	}
 	const char *b;
 	size_t n;
 	if (codec_token_bytes(cd, id, &b, &n) != 0)
@@ -195,10 +207,10 @@ static json_t *logprobs_json(const struct call *cl, const struct choice *ch, siz
 			const struct lp_entry *e = &ch->lps[i];
 			json_t *top = json_array();
 			for (int k = 0; k < e->n_top && k < cl->ar.top_logprobs; k++)
-				json_array_append_new(top, json_pack("{s:o,s:f,s:o}", "token", token_json(cd, e->top_ids[k]),
+				json_array_append_new(top, json_pack("{s:o,s:f,s:o}", "token", token_json(cd, e->top_ids[k], cl->ar.tokens_as_ids),
 								     "logprob", (double)e->top_lps[k], "bytes",
 								     token_bytes_json(cd, e->top_ids[k])));
-			json_array_append_new(content, json_pack("{s:o,s:f,s:o,s:o}", "token", token_json(cd, e->id), "logprob",
+			json_array_append_new(content, json_pack("{s:o,s:f,s:o,s:o}", "token", token_json(cd, e->id, cl->ar.tokens_as_ids), "logprob",
 								 (double)e->lp, "bytes", token_bytes_json(cd, e->id),
 								 "top_logprobs", top));
 		}
@@ -207,15 +219,11 @@ static json_t *logprobs_json(const struct call *cl, const struct choice *ch, siz
 	json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
 	for (size_t i = from; i < to; i++) {
 		const struct lp_entry *e = &ch->lps[i];
-		json_array_append_new(tokens, token_json(cd, e->id));
+		json_array_append_new(tokens, token_json(cd, e->id, cl->ar.tokens_as_ids));
 		json_array_append_new(lps, json_real(e->lp));
 		json_t *t = json_object();
 		for (int k = 0; k < e->n_top && k < cl->ar.top_logprobs; k++) {
-			const char *b;
-			size_t n;
-			if (codec_token_bytes(cd, e->top_ids[k], &b, &n) != 0)
-				continue;
-			json_t *key = json_text(b, n);
+			json_t *key = token_json(cd, e->top_ids[k], cl->ar.tokens_as_ids);
 			json_object_set_new(t, json_string_value(key), json_real(e->top_lps[k]));
 			json_decref(key);
 		}
@@ -618,6 +626,8 @@ void complete_handle(struct router *rt, struct http_conn *c, struct http_request
 		goto free_call;
 	}
 	uint32_t n_new = want > 0 ? (uint32_t)want : n_ctx - n_ids;
+	if (want <= 0 && rt->cfg.n_max_tokens_default && rt->cfg.n_max_tokens_default < n_new)
+		n_new = rt->cfg.n_max_tokens_default; /* KV blocks are reserved up front: do not reserve the whole context */
 	cl->n_prompt = n_ids;
 	for (int i = 0; i < cl->ar.n_stop; i++)
 		if (strlen(cl->ar.stop[i]) > cl->max_stop_len)

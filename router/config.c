@@ -35,6 +35,8 @@ static const struct key keys[] = {
 	S(control_token_file, "file whose first line is the shared token workers must present; empty: none"),
 	I(heartbeat_ms, K_U32, "heartbeat interval; a worker silent for 3 intervals is dropped"),
 	I(n_ctx, K_U32, "context length in tokens (0: from the model)"),
+	I(n_max_tokens_default, K_U32, "max_tokens for chat requests that give none (0: up to the context); "
+				       "blocks are reserved for all of them"),
 	I(n_conns_max, K_INT, "maximum open HTTP connections (beyond: 503)"),
 	I(header_timeout_ms, K_U64, "time allowed to receive a whole request (408 after)"),
 	I(idle_timeout_ms, K_U64, "keep-alive idle timeout"),

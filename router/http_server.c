@@ -17,6 +17,7 @@ struct sconn {
 	uv_shutdown_t shut;
 	struct sconn *prev, *next;
 	int n_open_handles;
+	bool too_slow;        /* the client stopped reading: abort at the next loop turn */
 	bool closing;         /* no more HTTP on this connection */
 	bool handles_closing; /* uv_close called on both handles */
 };
@@ -113,11 +114,30 @@ static void write_cb(uv_write_t *w, int status)
 	(void)status; /* a failed write shows up as a read error / EOF, which aborts the request */
 }
 
+/* A client that stops reading an SSE stream must not make us buffer without bound. */
+#define SCONN_MAX_QUEUED_BYTES (8u << 20)
+
+static void slow_cb(uv_timer_t *t)
+{
+	struct sconn *sc = t->data;
+	LOG_INFO("http", "client is not reading (over %u bytes queued): closing the connection", SCONN_MAX_QUEUED_BYTES);
+	if (sc->http)
+		http_conn_eof(sc->http); /* aborts the request in flight, which frees its resources */
+	conn_close_mode(sc, false);
+}
+
 static void io_write(void *ud, const char *data, size_t len)
 {
 	struct sconn *sc = ud;
-	if (sc->closing)
+	if (sc->closing || sc->too_slow)
 		return;
+	if (sc->tcp.write_queue_size + len > SCONN_MAX_QUEUED_BYTES) {
+		/* not from inside the core's call chain: the abort runs on the next loop turn */
+		sc->too_slow = true;
+		uv_timer_stop(&sc->timer);
+		uv_timer_start(&sc->timer, slow_cb, 0, 0);
+		return;
+	}
 	struct wreq *w = malloc(sizeof(*w) + len);
 	if (!w) {
 		conn_close(sc);
@@ -191,6 +211,8 @@ static void timer_cb(uv_timer_t *t)
 static void arm_timer(struct sconn *sc)
 {
 	struct http_server *s = sc->srv;
+	if (sc->too_slow)
+		return;
 	if (http_conn_is_busy(sc->http)) {
 		uv_timer_stop(&sc->timer);
 		return;

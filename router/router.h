@@ -30,6 +30,7 @@ struct router_config {
 	char control_token_file[512];
 	uint32_t heartbeat_ms;
 	uint32_t n_ctx;         /* context length (0: from the model) */
+	uint32_t n_max_tokens_default; /* when a chat request gives no max_tokens (0: up to the context) */
 	int n_conns_max;
 	uint64_t header_timeout_ms, idle_timeout_ms;
 	size_t n_body_bytes_max;

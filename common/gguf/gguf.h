@@ -45,14 +45,14 @@ enum gguf_vtype {
 struct gguf_ctx; /* opaque: one model, all shards */
 
 struct gguf_tensor {
-	const char *name;       /* NUL-terminated copy */
-	int type;               /* ggml type id (kernels.h enum ktype) */
+	const char *name; /* NUL-terminated copy */
+	int type; /* ggml type id (kernels.h enum ktype) */
 	int n_dims;
 	int64_t ne[GGUF_MAX_DIMS]; /* unused dims are 1 */
-	size_t nbytes;          /* validated: row bytes * ne1*ne2*ne3 */
-	const void *data;       /* into the mapping of its shard */
-	int shard;              /* 0-based shard index */
-	uint64_t file_offset;   /* absolute offset of the data in its shard file */
+	size_t nbytes; /* validated: row bytes * ne1*ne2*ne3 */
+	const void *data; /* into the mapping of its shard */
+	int shard; /* 0-based shard index */
+	uint64_t file_offset; /* absolute offset of the data in its shard file */
 };
 
 /* A view of an array value. For fixed-size element types `data` points at `count` packed
@@ -62,23 +62,23 @@ struct gguf_arr {
 	enum gguf_vtype type; /* element type */
 	uint64_t count;
 	const void *data;
-	int64_t kv;           /* internal: which kv */
-	uint64_t path;        /* internal: nesting cursor */
+	int64_t kv; /* internal: which kv */
+	uint64_t path; /* internal: nesting cursor */
 };
 
 int gguf_open(struct gguf_ctx **out, const char *path, struct errbuf *e) TD_MUST_CHECK;
 /* Same checks on a GGUF image in memory (borrowed until gguf_close; used by tests and the fuzzer).
  * `label` names it in error messages. Split sets cannot be opened this way. */
 int gguf_open_mem(struct gguf_ctx **out, const void *data, size_t size, const char *label,
-		  struct errbuf *e) TD_MUST_CHECK;
+                  struct errbuf *e) TD_MUST_CHECK;
 void gguf_close(struct gguf_ctx *g); /* accepts NULL */
 
 uint32_t gguf_version(const struct gguf_ctx *g);
 int gguf_n_shards(const struct gguf_ctx *g);
 size_t gguf_alignment(const struct gguf_ctx *g);
 const char *gguf_shard_path(const struct gguf_ctx *g, int shard); /* NULL if out of range */
-uint64_t gguf_shard_size(const struct gguf_ctx *g, int shard);     /* file size in bytes */
-const char *gguf_vtype_name(enum gguf_vtype t);                    /* "u32", "str", "array", ... */
+uint64_t gguf_shard_size(const struct gguf_ctx *g, int shard); /* file size in bytes */
+const char *gguf_vtype_name(enum gguf_vtype t); /* "u32", "str", "array", ... */
 
 /* Metadata (keys of shard 0, which carries the model metadata; split.* keys of every shard are
  * validated on open). */
@@ -94,8 +94,7 @@ int gguf_get_u32(const struct gguf_ctx *g, const char *key, uint32_t *out, struc
 int gguf_get_i64(const struct gguf_ctx *g, const char *key, int64_t *out, struct errbuf *e);
 int gguf_get_f32(const struct gguf_ctx *g, const char *key, float *out, struct errbuf *e);
 int gguf_get_bool(const struct gguf_ctx *g, const char *key, bool *out, struct errbuf *e);
-int gguf_get_str(const struct gguf_ctx *g, const char *key, const char **ptr, size_t *len,
-		 struct errbuf *e);
+int gguf_get_str(const struct gguf_ctx *g, const char *key, const char **ptr, size_t *len, struct errbuf *e);
 char *gguf_get_str_dup(const struct gguf_ctx *g, const char *key, struct errbuf *e); /* malloc'd */
 int gguf_get_arr(const struct gguf_ctx *g, const char *key, struct gguf_arr *out, struct errbuf *e);
 /* Element i of a string array (validated on open; O(1) after the first call per array). */
@@ -132,21 +131,20 @@ int gguf_writer_set_bool(struct gguf_writer *w, const char *key, bool v);
 int gguf_writer_set_str(struct gguf_writer *w, const char *key, const char *v);
 /* Array of fixed-size elements (type must not be STRING/ARRAY); data copied. */
 int gguf_writer_set_arr(struct gguf_writer *w, const char *key, enum gguf_vtype type, const void *data,
-			uint64_t count);
-int gguf_writer_set_arr_str(struct gguf_writer *w, const char *key, const char *const *strs,
-			    uint64_t count);
+                        uint64_t count);
+int gguf_writer_set_arr_str(struct gguf_writer *w, const char *key, const char *const *strs, uint64_t count);
 /* Copy one key (any type, incl. nested arrays) from an open file. */
 int gguf_writer_copy_kv(struct gguf_writer *w, const struct gguf_ctx *g, int64_t kv);
-int gguf_writer_add_tensor(struct gguf_writer *w, const char *name, int type, int n_dims,
-			   const int64_t *ne, const void *data);
+int gguf_writer_add_tensor(struct gguf_writer *w, const char *name, int type, int n_dims, const int64_t *ne,
+                           const void *data);
 int gguf_writer_add_tensor_cb(struct gguf_writer *w, const char *name, int type, int n_dims,
-			      const int64_t *ne, gguf_fill_cb cb, void *user);
+                              const int64_t *ne, gguf_fill_cb cb, void *user);
 /* Streaming variant: the callback is called several times per tensor, each time for a whole
  * number of rows (`offset` and `nbytes` are multiples of the row size, chunks of about
  * `chunk_bytes` or one row if larger), in increasing offset order, so memory stays bounded. */
 typedef int (*gguf_fill_chunk_cb)(void *user, const char *name, uint64_t offset, void *dst, size_t nbytes);
 int gguf_writer_add_tensor_chunked(struct gguf_writer *w, const char *name, int type, int n_dims,
-				   const int64_t *ne, gguf_fill_chunk_cb cb, void *user);
+                                   const int64_t *ne, gguf_fill_chunk_cb cb, void *user);
 /* Chunk size for chunked tensors (default 64 MiB). */
 void gguf_writer_set_chunk_bytes(struct gguf_writer *w, size_t chunk_bytes);
 /* Progress report after each tensor (bytes written so far, total bytes); NULL to disable. */
@@ -158,7 +156,7 @@ int gguf_writer_set_u16(struct gguf_writer *w, const char *key, uint16_t v);
  * ARRAY: u32 type + u64 count + elements); used for nested arrays and exotic types. The bytes
  * are validated like the reader validates a file. */
 int gguf_writer_set_raw(struct gguf_writer *w, const char *key, enum gguf_vtype type, const void *val,
-			size_t len);
+                        size_t len);
 /* Setters return 0, -EEXIST for a key set twice, -EINVAL for a bad key or value, -ENOMEM. The first
  * failure is also remembered and makes gguf_writer_write fail. Writing goes to PATH.tmp, renamed
  * to PATH when complete. */

@@ -71,12 +71,32 @@ static bool decode_int(enum gguf_vtype t, const uint8_t *p, uint64_t *uv, int64_
 	*is_neg = false;
 	switch (t) {
 	case GGUF_VT_U8: *uv = p[0]; return true;
-	case GGUF_VT_U16: { uint16_t x; memcpy(&x, p, 2); *uv = x; return true; }
-	case GGUF_VT_U32: { uint32_t x; memcpy(&x, p, 4); *uv = x; return true; }
+	case GGUF_VT_U16: {
+		uint16_t x;
+		memcpy(&x, p, 2);
+		*uv = x;
+		return true;
+	}
+	case GGUF_VT_U32: {
+		uint32_t x;
+		memcpy(&x, p, 4);
+		*uv = x;
+		return true;
+	}
 	case GGUF_VT_U64: memcpy(uv, p, 8); return true;
 	case GGUF_VT_I8: s = (int8_t)p[0]; break;
-	case GGUF_VT_I16: { int16_t x; memcpy(&x, p, 2); s = x; break; }
-	case GGUF_VT_I32: { int32_t x; memcpy(&x, p, 4); s = x; break; }
+	case GGUF_VT_I16: {
+		int16_t x;
+		memcpy(&x, p, 2);
+		s = x;
+		break;
+	}
+	case GGUF_VT_I32: {
+		int32_t x;
+		memcpy(&x, p, 4);
+		s = x;
+		break;
+	}
 	case GGUF_VT_I64: memcpy(&s, p, 8); break;
 	default: return false;
 	}
@@ -89,7 +109,8 @@ static bool decode_int(enum gguf_vtype t, const uint8_t *p, uint64_t *uv, int64_
 	return true;
 }
 
-static int find_typed(const struct gguf_ctx *g, const char *key, const struct gguf_kv_rec **kv, struct errbuf *e)
+static int find_typed(const struct gguf_ctx *g, const char *key, const struct gguf_kv_rec **kv,
+                      struct errbuf *e)
 {
 	int64_t k = gguf_kvset_find(&g->meta, key);
 	if (k < 0) {
@@ -103,7 +124,7 @@ static int find_typed(const struct gguf_ctx *g, const char *key, const struct gg
 static int wrong_type(const struct gguf_kv_rec *kv, const char *expected, struct errbuf *e)
 {
 	return errbuf_set(e, ERR_FORMAT, "key '%s' (offset %llu) has type %s, expected %s", kv->key,
-			  (unsigned long long)kv->file_offset, gguf_vtype_name(kv->type), expected);
+	                  (unsigned long long)kv->file_offset, gguf_vtype_name(kv->type), expected);
 }
 
 int gguf_get_u32(const struct gguf_ctx *g, const char *key, uint32_t *out, struct errbuf *e)
@@ -119,7 +140,7 @@ int gguf_get_u32(const struct gguf_ctx *g, const char *key, uint32_t *out, struc
 		return wrong_type(kv, "an integer", e);
 	if (neg || u > UINT32_MAX)
 		return errbuf_set(e, ERR_FORMAT, "key '%s' = %s%llu does not fit in u32", key, neg ? "-" : "",
-				  neg ? (unsigned long long)-(uint64_t)s : (unsigned long long)u);
+		                  neg ? (unsigned long long)-(uint64_t)s : (unsigned long long)u);
 	*out = (uint32_t)u;
 	return 0;
 }
@@ -140,7 +161,8 @@ int gguf_get_i64(const struct gguf_ctx *g, const char *key, int64_t *out, struct
 		return 0;
 	}
 	if (u > (uint64_t)INT64_MAX)
-		return errbuf_set(e, ERR_FORMAT, "key '%s' = %llu does not fit in i64", key, (unsigned long long)u);
+		return errbuf_set(e, ERR_FORMAT, "key '%s' = %llu does not fit in i64", key,
+		                  (unsigned long long)u);
 	*out = (int64_t)u;
 	return 0;
 }
@@ -218,7 +240,8 @@ char *gguf_get_str_dup(const struct gguf_ctx *g, const char *key, struct errbuf 
 /* ---- arrays ------------------------------------------------------------------------------------ */
 
 /* Fills an array view from the start of an array body (u32 type, u64 count, elements). */
-static void arr_view(const struct gguf_ctx *g, const uint8_t *body, int64_t kv, int64_t index, struct gguf_arr *a)
+static void arr_view(const struct gguf_ctx *g, const uint8_t *body, int64_t kv, int64_t index,
+                     struct gguf_arr *a)
 {
 	uint32_t t;
 	memcpy(&t, body, 4);

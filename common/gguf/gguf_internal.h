@@ -9,17 +9,17 @@
  * records where every element starts so element access is O(1). */
 struct gguf_arr_index {
 	const uint8_t **elem; /* start of element i (a string's u64 length / an array's u32 type) */
-	int64_t *child;       /* arrays of arrays: index id of child i, or -1 (NULL otherwise) */
+	int64_t *child; /* arrays of arrays: index id of child i, or -1 (NULL otherwise) */
 	uint64_t count;
 };
 
 struct gguf_kv_rec {
-	char *key;             /* NUL-terminated copy */
+	char *key; /* NUL-terminated copy */
 	enum gguf_vtype type;
-	const uint8_t *val;    /* raw value bytes in the mapping (after the u32 type) */
+	const uint8_t *val; /* raw value bytes in the mapping (after the u32 type) */
 	size_t val_len;
-	uint64_t file_offset;  /* where the kv starts in its file */
-	int64_t index;         /* ARRAY with variable-size elements: index id, else -1 */
+	uint64_t file_offset; /* where the kv starts in its file */
+	int64_t index; /* ARRAY with variable-size elements: index id, else -1 */
 };
 
 /* The keys of one shard, with their lookup table and array indexes. */
@@ -33,10 +33,10 @@ struct gguf_kvset {
 };
 
 struct gguf_shard {
-	char *path;            /* owned copy (a label like "<memory>" for gguf_open_mem) */
+	char *path; /* owned copy (a label like "<memory>" for gguf_open_mem) */
 	const uint8_t *map;
 	size_t size;
-	bool mapped;           /* munmap on close */
+	bool mapped; /* munmap on close */
 	uint64_t data_start;
 };
 
@@ -48,7 +48,7 @@ struct gguf_ctx {
 	struct gguf_kvset meta; /* shard 0's keys */
 	struct gguf_tensor *tensors;
 	int64_t n_tensors, cap_tensors;
-	int64_t *tslots;        /* hash of tensor name -> index, -1 empty */
+	int64_t *tslots; /* hash of tensor name -> index, -1 empty */
 	size_t n_tslots;
 };
 

@@ -38,14 +38,54 @@ static void put_scalar(FILE *f, enum gguf_vtype t, const uint8_t *p)
 	case GGUF_VT_U8: fprintf(f, "%u", p[0]); break;
 	case GGUF_VT_I8: fprintf(f, "%d", (int8_t)p[0]); break;
 	case GGUF_VT_BOOL: fputs(p[0] ? "true" : "false", f); break;
-	case GGUF_VT_U16: { uint16_t v; memcpy(&v, p, 2); fprintf(f, "%u", v); break; }
-	case GGUF_VT_I16: { int16_t v; memcpy(&v, p, 2); fprintf(f, "%d", v); break; }
-	case GGUF_VT_U32: { uint32_t v; memcpy(&v, p, 4); fprintf(f, "%" PRIu32, v); break; }
-	case GGUF_VT_I32: { int32_t v; memcpy(&v, p, 4); fprintf(f, "%" PRId32, v); break; }
-	case GGUF_VT_U64: { uint64_t v; memcpy(&v, p, 8); fprintf(f, "%" PRIu64, v); break; }
-	case GGUF_VT_I64: { int64_t v; memcpy(&v, p, 8); fprintf(f, "%" PRId64, v); break; }
-	case GGUF_VT_F32: { float v; memcpy(&v, p, 4); fprintf(f, "%.9g", v); break; }
-	case GGUF_VT_F64: { double v; memcpy(&v, p, 8); fprintf(f, "%.17g", v); break; }
+	case GGUF_VT_U16: {
+		uint16_t v;
+		memcpy(&v, p, 2);
+		fprintf(f, "%u", v);
+		break;
+	}
+	case GGUF_VT_I16: {
+		int16_t v;
+		memcpy(&v, p, 2);
+		fprintf(f, "%d", v);
+		break;
+	}
+	case GGUF_VT_U32: {
+		uint32_t v;
+		memcpy(&v, p, 4);
+		fprintf(f, "%" PRIu32, v);
+		break;
+	}
+	case GGUF_VT_I32: {
+		int32_t v;
+		memcpy(&v, p, 4);
+		fprintf(f, "%" PRId32, v);
+		break;
+	}
+	case GGUF_VT_U64: {
+		uint64_t v;
+		memcpy(&v, p, 8);
+		fprintf(f, "%" PRIu64, v);
+		break;
+	}
+	case GGUF_VT_I64: {
+		int64_t v;
+		memcpy(&v, p, 8);
+		fprintf(f, "%" PRId64, v);
+		break;
+	}
+	case GGUF_VT_F32: {
+		float v;
+		memcpy(&v, p, 4);
+		fprintf(f, "%.9g", v);
+		break;
+	}
+	case GGUF_VT_F64: {
+		double v;
+		memcpy(&v, p, 8);
+		fprintf(f, "%.17g", v);
+		break;
+	}
 	default: fputs("?", f); break;
 	}
 }
@@ -87,8 +127,8 @@ void gguf_print(const struct gguf_ctx *g, void *stdio_file)
 	if (g->n_shards > 1)
 		for (int i = 1; i < g->n_shards; i++)
 			fprintf(f, "            %s\n", g->shards[i].path);
-	fprintf(f, "format:     GGUF v%u, %d shard%s, %" PRIu64 " bytes, alignment %zu\n", g->version, g->n_shards,
-		g->n_shards == 1 ? "" : "s", fsize, g->alignment);
+	fprintf(f, "format:     GGUF v%u, %d shard%s, %" PRIu64 " bytes, alignment %zu\n", g->version,
+	        g->n_shards, g->n_shards == 1 ? "" : "s", fsize, g->alignment);
 
 	fprintf(f, "\nmetadata (%" PRId64 " keys):\n", g->meta.n);
 	for (int64_t i = 0; i < g->meta.n; i++) {
@@ -109,14 +149,16 @@ void gguf_print(const struct gguf_ctx *g, void *stdio_file)
 	}
 
 	fprintf(f, "\ntensors (%" PRId64 "):\n", g->n_tensors);
-	fprintf(f, "  %-44s %-8s %-26s %14s %s\n", "name", "type", "ne", "bytes", g->n_shards > 1 ? "shard" : "");
+	fprintf(f, "  %-44s %-8s %-26s %14s %s\n", "name", "type", "ne", "bytes",
+	        g->n_shards > 1 ? "shard" : "");
 	uint64_t per_type_bytes[KT_COUNT] = {0}, per_type_n[KT_COUNT] = {0}, total = 0, elems = 0;
 	for (int64_t i = 0; i < g->n_tensors; i++) {
 		const struct gguf_tensor *t = &g->tensors[i];
 		char shape[96];
 		int o = snprintf(shape, sizeof(shape), "[");
 		for (int d = 0; d < t->n_dims && o < (int)sizeof(shape); d++)
-			o += snprintf(shape + o, sizeof(shape) - (size_t)o, "%s%" PRId64, d ? ", " : "", t->ne[d]);
+			o += snprintf(shape + o, sizeof(shape) - (size_t)o, "%s%" PRId64, d ? ", " : "",
+			              t->ne[d]);
 		if (o < (int)sizeof(shape))
 			snprintf(shape + o, sizeof(shape) - (size_t)o, "]");
 		fprintf(f, "  %-44s %-8s %-26s %14zu", t->name, ktype_name(t->type), shape, t->nbytes);
@@ -133,8 +175,12 @@ void gguf_print(const struct gguf_ctx *g, void *stdio_file)
 	fprintf(f, "\ntotals per type:\n");
 	for (int ty = 0; ty < KT_COUNT; ty++)
 		if (per_type_n[ty])
-			fprintf(f, "  %-8s %6" PRIu64 " tensors %16" PRIu64 " bytes (%.2f GiB)\n", ktype_name(ty),
-				per_type_n[ty], per_type_bytes[ty], (double)per_type_bytes[ty] / (1u << 30));
-	fprintf(f, "  %-8s %6" PRId64 " tensors %16" PRIu64 " bytes (%.2f GiB), %" PRIu64 " parameters, %.2f bits/param\n",
-		"all", g->n_tensors, total, (double)total / (1u << 30), elems, elems ? 8.0 * (double)total / (double)elems : 0.0);
+			fprintf(f, "  %-8s %6" PRIu64 " tensors %16" PRIu64 " bytes (%.2f GiB)\n",
+			        ktype_name(ty), per_type_n[ty], per_type_bytes[ty],
+			        (double)per_type_bytes[ty] / (1u << 30));
+	fprintf(f,
+	        "  %-8s %6" PRId64 " tensors %16" PRIu64 " bytes (%.2f GiB), %" PRIu64
+	        " parameters, %.2f bits/param\n",
+	        "all", g->n_tensors, total, (double)total / (1u << 30), elems,
+	        elems ? 8.0 * (double)total / (double)elems : 0.0);
 }

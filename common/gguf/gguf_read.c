@@ -26,9 +26,9 @@
 #define GGUF_MAGIC 0x46554747u
 #define MAX_NESTING 8 /* arrays of arrays deeper than this are rejected (bounds the recursion) */
 /* Smallest encodings, used to bound counts by the bytes left before allocating. */
-#define MIN_KV_BYTES 13u     /* key len (8) + 1 byte key + type (4) */
-#define MIN_TINFO_BYTES 33u  /* name len (8) + 1 byte + n_dims (4) + ne0 (8) + type (4) + offset (8) */
-#define MIN_ARR_BYTES 12u    /* element type (4) + count (8) */
+#define MIN_KV_BYTES 13u /* key len (8) + 1 byte key + type (4) */
+#define MIN_TINFO_BYTES 33u /* name len (8) + 1 byte + n_dims (4) + ne0 (8) + type (4) + offset (8) */
+#define MIN_ARR_BYTES 12u /* element type (4) + count (8) */
 #define MIN_STR_BYTES 8u
 
 /* ---- parse cursor ------------------------------------------------------------------------------ */
@@ -61,8 +61,9 @@ static size_t left(const struct cur *c)
 static int need(struct cur *c, size_t n, const char *what)
 {
 	if (n > left(c))
-		return fail_at(c, ERR_FORMAT, c->pos, "%s: need %zu bytes, only %zu left in the file (truncated?)",
-			       what, n, left(c));
+		return fail_at(c, ERR_FORMAT, c->pos,
+		               "%s: need %zu bytes, only %zu left in the file (truncated?)", what, n,
+		               left(c));
 	return 0;
 }
 
@@ -94,8 +95,9 @@ static int rd_str(struct cur *c, const uint8_t **p, uint64_t *len, const char *w
 	if (rc)
 		return rc;
 	if (*len > left(c))
-		return fail_at(c, ERR_FORMAT, at, "%s: string length %llu exceeds the %zu bytes left in the file",
-			       what, (unsigned long long)*len, left(c));
+		return fail_at(c, ERR_FORMAT, at,
+		               "%s: string length %llu exceeds the %zu bytes left in the file", what,
+		               (unsigned long long)*len, left(c));
 	*p = c->base + c->pos;
 	c->pos += (size_t)*len;
 	return 0;
@@ -111,9 +113,12 @@ static int rd_name(struct cur *c, char **out, const char *what)
 		return rc;
 	if (len == 0 || len > GGUF_MAX_NAME)
 		return fail_at(c, ERR_FORMAT, at, "%s: name length %llu (must be 1..%d)", what,
-			       (unsigned long long)len, GGUF_MAX_NAME);
-	if (memchr(p, 0, (size_t)len))
-		return fail_at(c, ERR_FORMAT, at, "%s: name contains a NUL byte", what);
+		               (unsigned long long)len, GGUF_MAX_NAME);
+	/* names are printed and used as C strings: no NUL, no control bytes */
+	for (uint64_t i = 0; i < len; i++)
+		if (p[i] < 0x20 || p[i] == 0x7f)
+			return fail_at(c, ERR_FORMAT, at, "%s: name contains the control byte 0x%02x at %llu",
+			               what, p[i], (unsigned long long)i);
 	char *s = malloc((size_t)len + 1);
 	if (!s)
 		return errbuf_set(c->e, -ENOMEM, "%s: out of memory", c->file);
@@ -128,18 +133,25 @@ static int rd_name(struct cur *c, char **out, const char *what)
 size_t gguf_vtype_size(enum gguf_vtype t)
 {
 	switch (t) {
-	case GGUF_VT_U8: case GGUF_VT_I8: case GGUF_VT_BOOL: return 1;
-	case GGUF_VT_U16: case GGUF_VT_I16: return 2;
-	case GGUF_VT_U32: case GGUF_VT_I32: case GGUF_VT_F32: return 4;
-	case GGUF_VT_U64: case GGUF_VT_I64: case GGUF_VT_F64: return 8;
+	case GGUF_VT_U8:
+	case GGUF_VT_I8:
+	case GGUF_VT_BOOL: return 1;
+	case GGUF_VT_U16:
+	case GGUF_VT_I16: return 2;
+	case GGUF_VT_U32:
+	case GGUF_VT_I32:
+	case GGUF_VT_F32: return 4;
+	case GGUF_VT_U64:
+	case GGUF_VT_I64:
+	case GGUF_VT_F64: return 8;
 	default: return 0;
 	}
 }
 
 const char *gguf_vtype_name(enum gguf_vtype t)
 {
-	static const char *const names[GGUF_VT_COUNT] = {"u8",   "i8",  "u16",    "i16",   "u32", "i32", "f32",
-							 "bool", "str", "array", "u64",   "i64", "f64"};
+	static const char *const names[GGUF_VT_COUNT] = {"u8",   "i8",  "u16",   "i16", "u32", "i32", "f32",
+	                                                 "bool", "str", "array", "u64", "i64", "f64"};
 	if ((unsigned)t < GGUF_VT_COUNT)
 		return names[t];
 	return "invalid";
@@ -206,15 +218,16 @@ static int64_t new_index(struct cur *c, struct gguf_kvset *set, uint64_t count, 
 	struct gguf_arr_index *ix = &set->idx[set->n_idx];
 	memset(ix, 0, sizeof(*ix));
 	ix->count = count;
-	/* count was bounded by the bytes left, so these allocations are at most ~2x the file */
-	ix->elem = malloc((size_t)(count ? count : 1) * sizeof(*ix->elem));
+	/* count (> 0) was bounded by the bytes left (8 per string, 12 per array), so the tables are at
+	 * most about 1.4x the bytes they index */
+	ix->elem = malloc((size_t)count * sizeof(*ix->elem));
 	if (with_child)
-		ix->child = malloc((size_t)(count ? count : 1) * sizeof(*ix->child));
+		ix->child = malloc((size_t)count * sizeof(*ix->child));
 	if (!ix->elem || (with_child && !ix->child)) {
 		free(ix->elem);
 		free(ix->child);
 		return errbuf_set(c->e, -ENOMEM, "%s: out of memory for an array of %llu elements", c->file,
-				  (unsigned long long)count);
+		                  (unsigned long long)count);
 	}
 	return set->n_idx++;
 }
@@ -228,7 +241,8 @@ static int parse_array(struct cur *c, struct gguf_kvset *set, const char *key, i
 	int rc;
 	*index = -1;
 	if (depth > MAX_NESTING)
-		return fail_at(c, ERR_FORMAT, at, "key '%s': arrays nested deeper than %d levels", key, MAX_NESTING);
+		return fail_at(c, ERR_FORMAT, at, "key '%s': arrays nested deeper than %d levels", key,
+		               MAX_NESTING);
 	if ((rc = rd_u32(c, &et, "array element type")) || (rc = rd_u64(c, &count, "array element count")))
 		return errbuf_prefix(c->e, "key '%s'", key), rc;
 	if (et >= GGUF_VT_COUNT)
@@ -236,22 +250,27 @@ static int parse_array(struct cur *c, struct gguf_kvset *set, const char *key, i
 	size_t esz = gguf_vtype_size((enum gguf_vtype)et);
 	if (esz) {
 		if (count > left(c) / esz)
-			return fail_at(c, ERR_FORMAT, at,
-				       "key '%s': array of %llu %s elements needs more than the %zu bytes left", key,
-				       (unsigned long long)count, gguf_vtype_name((enum gguf_vtype)et), left(c));
+			return fail_at(
+			    c, ERR_FORMAT, at,
+			    "key '%s': array of %llu %s elements needs more than the %zu bytes left", key,
+			    (unsigned long long)count, gguf_vtype_name((enum gguf_vtype)et), left(c));
 		if (et == GGUF_VT_BOOL)
 			for (uint64_t i = 0; i < count; i++)
 				if (c->base[c->pos + i] > 1)
-					return fail_at(c, ERR_FORMAT, c->pos + i,
-						       "key '%s': bool array element %llu has value %u (must be 0 or 1)",
-						       key, (unsigned long long)i, c->base[c->pos + i]);
+					return fail_at(
+					    c, ERR_FORMAT, c->pos + i,
+					    "key '%s': bool array element %llu has value %u (must be 0 or 1)",
+					    key, (unsigned long long)i, c->base[c->pos + i]);
 		c->pos += (size_t)(count * esz);
 		return 0;
 	}
 	size_t min = et == GGUF_VT_STRING ? MIN_STR_BYTES : MIN_ARR_BYTES;
 	if (count > left(c) / min)
-		return fail_at(c, ERR_FORMAT, at, "key '%s': array of %llu %s elements needs more than the %zu bytes left",
-			       key, (unsigned long long)count, gguf_vtype_name((enum gguf_vtype)et), left(c));
+		return fail_at(c, ERR_FORMAT, at,
+		               "key '%s': array of %llu %s elements needs more than the %zu bytes left", key,
+		               (unsigned long long)count, gguf_vtype_name((enum gguf_vtype)et), left(c));
+	if (count == 0)
+		return 0; /* nothing to index (keeps empty nested arrays from costing memory) */
 	int64_t id = new_index(c, set, count, et == GGUF_VT_ARRAY);
 	if (id < 0)
 		return (int)id;
@@ -262,7 +281,9 @@ static int parse_array(struct cur *c, struct gguf_kvset *set, const char *key, i
 			const uint8_t *p;
 			uint64_t len;
 			if ((rc = rd_str(c, &p, &len, "string array element")))
-				return errbuf_prefix(c->e, "key '%s' element %llu", key, (unsigned long long)i), rc;
+				return errbuf_prefix(c->e, "key '%s' element %llu", key,
+				                     (unsigned long long)i),
+				       rc;
 		} else {
 			int64_t child;
 			if ((rc = parse_array(c, set, key, depth + 1, &child)))
@@ -280,7 +301,7 @@ static int parse_kvs(struct cur *c, uint64_t n_kv, struct gguf_kvset *set)
 	int rc;
 	if (n_kv > left(c) / MIN_KV_BYTES)
 		return fail_at(c, ERR_FORMAT, 16, "metadata count %llu is impossible for a file of %zu bytes",
-			       (unsigned long long)n_kv, c->size);
+		               (unsigned long long)n_kv, c->size);
 	set->kv = calloc((size_t)(n_kv ? n_kv : 1), sizeof(*set->kv));
 	set->n_slots = table_size(n_kv);
 	set->slots = malloc(set->n_slots * sizeof(*set->slots));
@@ -310,8 +331,9 @@ static int parse_kvs(struct cur *c, uint64_t n_kv, struct gguf_kvset *set)
 			if ((rc = need(c, esz, "value")))
 				return errbuf_prefix(c->e, "key '%s'", kv->key), rc;
 			if (kv->type == GGUF_VT_BOOL && c->base[c->pos] > 1)
-				return fail_at(c, ERR_FORMAT, c->pos, "key '%s': bool value %u (must be 0 or 1)", kv->key,
-					       c->base[c->pos]);
+				return fail_at(c, ERR_FORMAT, c->pos,
+				               "key '%s': bool value %u (must be 0 or 1)", kv->key,
+				               c->base[c->pos]);
 			c->pos += esz;
 		} else if (kv->type == GGUF_VT_STRING) {
 			const uint8_t *p;
@@ -327,8 +349,9 @@ static int parse_kvs(struct cur *c, uint64_t n_kv, struct gguf_kvset *set)
 		size_t mask = set->n_slots - 1, s = gguf_hash_str(kv->key) & mask;
 		for (; set->slots[s] >= 0; s = (s + 1) & mask)
 			if (strcmp(set->kv[set->slots[s]].key, kv->key) == 0)
-				return fail_at(c, ERR_FORMAT, at, "duplicate key '%s' (first at offset %llu)", kv->key,
-					       (unsigned long long)set->kv[set->slots[s]].file_offset);
+				return fail_at(c, ERR_FORMAT, at, "duplicate key '%s' (first at offset %llu)",
+				               kv->key,
+				               (unsigned long long)set->kv[set->slots[s]].file_offset);
 		set->slots[s] = (int64_t)i;
 	}
 	return 0;
@@ -341,7 +364,9 @@ int gguf_value_validate(enum gguf_vtype type, const void *val, size_t len, struc
 	int rc = 0;
 	size_t esz = gguf_vtype_size(type);
 	if (esz) {
-		rc = len == esz ? 0 : errbuf_set(e, ERR_FORMAT, "value of type %s must be %zu bytes", gguf_vtype_name(type), esz);
+		rc = len == esz ? 0
+		                : errbuf_set(e, ERR_FORMAT, "value of type %s must be %zu bytes",
+		                             gguf_vtype_name(type), esz);
 		if (!rc && type == GGUF_VT_BOOL && ((const uint8_t *)val)[0] > 1)
 			rc = errbuf_set(e, ERR_FORMAT, "bool value must be 0 or 1");
 	} else if (type == GGUF_VT_STRING) {
@@ -371,19 +396,40 @@ static int kv_uint(struct cur *c, const struct gguf_kvset *set, const char *key,
 	int64_t s;
 	switch (kv->type) {
 	case GGUF_VT_U8: *v = p[0]; return 0;
-	case GGUF_VT_U16: { uint16_t x; memcpy(&x, p, 2); *v = x; return 0; }
-	case GGUF_VT_U32: { uint32_t x; memcpy(&x, p, 4); *v = x; return 0; }
+	case GGUF_VT_U16: {
+		uint16_t x;
+		memcpy(&x, p, 2);
+		*v = x;
+		return 0;
+	}
+	case GGUF_VT_U32: {
+		uint32_t x;
+		memcpy(&x, p, 4);
+		*v = x;
+		return 0;
+	}
 	case GGUF_VT_U64: memcpy(v, p, 8); return 0;
 	case GGUF_VT_I8: s = (int8_t)p[0]; break;
-	case GGUF_VT_I16: { int16_t x; memcpy(&x, p, 2); s = x; break; }
-	case GGUF_VT_I32: { int32_t x; memcpy(&x, p, 4); s = x; break; }
+	case GGUF_VT_I16: {
+		int16_t x;
+		memcpy(&x, p, 2);
+		s = x;
+		break;
+	}
+	case GGUF_VT_I32: {
+		int32_t x;
+		memcpy(&x, p, 4);
+		s = x;
+		break;
+	}
 	case GGUF_VT_I64: memcpy(&s, p, 8); break;
 	default:
-		return fail_at(c, ERR_FORMAT, kv->file_offset, "key '%s' has type %s, expected an integer", key,
-			       gguf_vtype_name(kv->type));
+		return fail_at(c, ERR_FORMAT, kv->file_offset, "key '%s' has type %s, expected an integer",
+		               key, gguf_vtype_name(kv->type));
 	}
 	if (s < 0)
-		return fail_at(c, ERR_FORMAT, kv->file_offset, "key '%s' is negative (%lld)", key, (long long)s);
+		return fail_at(c, ERR_FORMAT, kv->file_offset, "key '%s' is negative (%lld)", key,
+		               (long long)s);
 	*v = (uint64_t)s;
 	return 0;
 }
@@ -391,8 +437,8 @@ static int kv_uint(struct cur *c, const struct gguf_kvset *set, const char *key,
 /* ---- tensor infos ------------------------------------------------------------------------------ */
 
 struct tinfo_pos {
-	uint64_t info_off;  /* where the tensor info starts (for messages) */
-	int64_t t;          /* index in ctx->tensors */
+	uint64_t info_off; /* where the tensor info starts (for messages) */
+	int64_t t; /* index in ctx->tensors */
 };
 
 static int cmp_by_offset(const void *a, const void *b, void *arg)
@@ -416,13 +462,14 @@ static int add_tensor_slot(struct gguf_ctx *g)
 	return 0;
 }
 
-static int parse_tensors(struct cur *c, struct gguf_ctx *g, int shard_no, uint64_t n_tensors, size_t alignment)
+static int parse_tensors(struct cur *c, struct gguf_ctx *g, int shard_no, uint64_t n_tensors,
+                         size_t alignment)
 {
 	struct gguf_shard *sh = &g->shards[shard_no];
 	int rc = 0;
 	if (n_tensors > left(c) / MIN_TINFO_BYTES)
 		return fail_at(c, ERR_FORMAT, 8, "tensor count %llu is impossible for a file of %zu bytes",
-			       (unsigned long long)n_tensors, c->size);
+		               (unsigned long long)n_tensors, c->size);
 	struct tinfo_pos *pos = malloc((size_t)(n_tensors ? n_tensors : 1) * sizeof(*pos));
 	if (!pos)
 		return errbuf_set(c->e, -ENOMEM, "%s: out of memory", c->file);
@@ -451,7 +498,8 @@ static int parse_tensors(struct cur *c, struct gguf_ctx *g, int shard_no, uint64
 			goto out;
 		}
 		if (nd < 1 || nd > GGUF_MAX_DIMS) {
-			rc = fail_at(c, ERR_FORMAT, at, "tensor '%s': n_dims %u (must be 1..%d)", name, nd, GGUF_MAX_DIMS);
+			rc = fail_at(c, ERR_FORMAT, at, "tensor '%s': n_dims %u (must be 1..%d)", name, nd,
+			             GGUF_MAX_DIMS);
 			goto out;
 		}
 		t->n_dims = (int)nd;
@@ -465,14 +513,16 @@ static int parse_tensors(struct cur *c, struct gguf_ctx *g, int shard_no, uint64
 				goto out;
 			}
 			if (ne == 0 || ne > (uint64_t)INT64_MAX) {
-				rc = fail_at(c, ERR_FORMAT, at, "tensor '%s': ne[%u] = %llu (must be 1..2^63-1)", name, d,
-					     (unsigned long long)ne);
+				rc = fail_at(c, ERR_FORMAT, at,
+				             "tensor '%s': ne[%u] = %llu (must be 1..2^63-1)", name, d,
+				             (unsigned long long)ne);
 				goto out;
 			}
 			t->ne[d] = (int64_t)ne;
 			if (d > 0) {
 				if (n_rows > (uint64_t)INT64_MAX / ne) {
-					rc = fail_at(c, ERR_FORMAT, at, "tensor '%s': element count overflows", name);
+					rc = fail_at(c, ERR_FORMAT, at,
+					             "tensor '%s': element count overflows", name);
 					goto out;
 				}
 				n_rows *= ne;
@@ -485,14 +535,16 @@ static int parse_tensors(struct cur *c, struct gguf_ctx *g, int shard_no, uint64
 		t->type = (int)type;
 		const struct ktype_info *ki = type < 1u << 30 ? ktype_get((int)type) : NULL;
 		if (!ki || !ki->name) {
-			rc = fail_at(c, ERR_UNSUPPORTED, at, "tensor '%s': unknown ggml type id %u", name, type);
+			rc = fail_at(c, ERR_UNSUPPORTED, at, "tensor '%s': unknown ggml type id %u", name,
+			             type);
 			goto out;
 		}
 		size_t row;
 		if (!ktype_row_bytes((int)type, t->ne[0], &row)) {
 			rc = fail_at(c, ERR_FORMAT, at,
-				     "tensor '%s': ne0 = %lld is not a multiple of the %s block size %d (or is too large)",
-				     name, (long long)t->ne[0], ki->name, ki->blck);
+			             "tensor '%s': ne0 = %lld is not a multiple of the %s block size %d (or "
+			             "is too large)",
+			             name, (long long)t->ne[0], ki->name, ki->blck);
 			goto out;
 		}
 		if (row && n_rows > SIZE_MAX / row) {
@@ -501,8 +553,9 @@ static int parse_tensors(struct cur *c, struct gguf_ctx *g, int shard_no, uint64
 		}
 		t->nbytes = row * (size_t)n_rows;
 		if (rel_off % alignment) {
-			rc = fail_at(c, ERR_FORMAT, at, "tensor '%s': data offset %llu is not a multiple of the alignment %zu",
-				     name, (unsigned long long)rel_off, alignment);
+			rc = fail_at(c, ERR_FORMAT, at,
+			             "tensor '%s': data offset %llu is not a multiple of the alignment %zu",
+			             name, (unsigned long long)rel_off, alignment);
 			goto out;
 		}
 		t->file_offset = rel_off; /* relative for now; made absolute below */
@@ -514,8 +567,9 @@ static int parse_tensors(struct cur *c, struct gguf_ctx *g, int shard_no, uint64
 		ds += alignment - ds % alignment;
 	sh->data_start = ds;
 	if (n_tensors > 0 && ds > c->size) {
-		rc = fail_at(c, ERR_FORMAT, c->pos, "data section would start at %llu, past the end of the file (%zu bytes)",
-			     (unsigned long long)ds, c->size);
+		rc = fail_at(c, ERR_FORMAT, c->pos,
+		             "data section would start at %llu, past the end of the file (%zu bytes)",
+		             (unsigned long long)ds, c->size);
 		goto out;
 	}
 	uint64_t avail = n_tensors > 0 ? c->size - ds : 0;
@@ -524,8 +578,10 @@ static int parse_tensors(struct cur *c, struct gguf_ctx *g, int shard_no, uint64
 		uint64_t rel = t->file_offset;
 		if (rel > avail || t->nbytes > avail - rel) {
 			rc = fail_at(c, ERR_FORMAT, pos[i].info_off,
-				     "tensor '%s': data [%llu, +%zu) runs past the end of the file (data section has %llu bytes)",
-				     t->name, (unsigned long long)(ds + rel), t->nbytes, (unsigned long long)avail);
+			             "tensor '%s': data [%llu, +%zu) runs past the end of the file (data "
+			             "section has %llu bytes)",
+			             t->name, (unsigned long long)(ds + rel), t->nbytes,
+			             (unsigned long long)avail);
 			goto out;
 		}
 		t->file_offset = ds + rel;
@@ -535,10 +591,11 @@ static int parse_tensors(struct cur *c, struct gguf_ctx *g, int shard_no, uint64
 	for (uint64_t i = 1; i < n_tensors; i++) {
 		const struct gguf_tensor *a = &g->tensors[pos[i - 1].t], *b = &g->tensors[pos[i].t];
 		if (a->file_offset + a->nbytes > b->file_offset) {
-			rc = fail_at(c, ERR_FORMAT, pos[i].info_off,
-				     "tensor '%s' (data at %llu) overlaps tensor '%s' (data at %llu, %zu bytes)", b->name,
-				     (unsigned long long)b->file_offset, a->name, (unsigned long long)a->file_offset,
-				     a->nbytes);
+			rc = fail_at(
+			    c, ERR_FORMAT, pos[i].info_off,
+			    "tensor '%s' (data at %llu) overlaps tensor '%s' (data at %llu, %zu bytes)",
+			    b->name, (unsigned long long)b->file_offset, a->name,
+			    (unsigned long long)a->file_offset, a->nbytes);
 			goto out;
 		}
 	}
@@ -565,8 +622,8 @@ static int map_file(struct gguf_shard *sh, const char *path, struct errbuf *e)
 		goto close_fd;
 	}
 	if (st.st_size < 24) {
-		rc = errbuf_set(e, ERR_FORMAT, "%s: %lld bytes is too small for a GGUF header (24 bytes)", path,
-				(long long)st.st_size);
+		rc = errbuf_set(e, ERR_FORMAT, "%s: %lld bytes is too small for a GGUF header (24 bytes)",
+		                path, (long long)st.st_size);
 		goto close_fd;
 	}
 	if ((uint64_t)st.st_size > SIZE_MAX) {
@@ -598,14 +655,15 @@ static int parse_shard(struct gguf_ctx *g, int no, struct gguf_kvset *keys, stru
 	if ((rc = rd_u32(&c, &magic, "magic")))
 		return rc;
 	if (magic != GGUF_MAGIC)
-		return fail_at(&c, ERR_FORMAT, 0, "not a GGUF file (magic %02x %02x %02x %02x)", sh->map[0], sh->map[1],
-			       sh->map[2], sh->map[3]);
+		return fail_at(&c, ERR_FORMAT, 0, "not a GGUF file (magic %02x %02x %02x %02x)", sh->map[0],
+		               sh->map[1], sh->map[2], sh->map[3]);
 	if ((rc = rd_u32(&c, &version, "version")))
 		return rc;
 	if (version == 0x03000000u)
 		return fail_at(&c, ERR_UNSUPPORTED, 4, "big-endian GGUF files are not supported");
 	if (version != 3)
-		return fail_at(&c, ERR_UNSUPPORTED, 4, "GGUF version %u is not supported (only version 3)", version);
+		return fail_at(&c, ERR_UNSUPPORTED, 4, "GGUF version %u is not supported (only version 3)",
+		               version);
 	if ((rc = rd_u64(&c, &n_tensors, "tensor count")) || (rc = rd_u64(&c, &n_kv, "metadata count")))
 		return rc;
 	g->version = version;
@@ -617,20 +675,22 @@ static int parse_shard(struct gguf_ctx *g, int no, struct gguf_kvset *keys, stru
 	if (ak >= 0) {
 		const struct gguf_kv_rec *kv = &keys->kv[ak];
 		if (kv->type != GGUF_VT_U32)
-			return fail_at(&c, ERR_FORMAT, kv->file_offset, "key 'general.alignment' has type %s, expected u32",
-				       gguf_vtype_name(kv->type));
+			return fail_at(&c, ERR_FORMAT, kv->file_offset,
+			               "key 'general.alignment' has type %s, expected u32",
+			               gguf_vtype_name(kv->type));
 		uint32_t a;
 		memcpy(&a, kv->val, 4);
 		if (a == 0 || (a & (a - 1)))
 			return fail_at(&c, ERR_FORMAT, kv->file_offset,
-				       "key 'general.alignment' = %u is not a power of two > 0", a);
+			               "key 'general.alignment' = %u is not a power of two > 0", a);
 		align = a;
 	}
 	if (no == 0)
 		g->alignment = (size_t)align;
 	else if (align != g->alignment)
-		return fail_at(&c, ERR_MISMATCH, 0, "general.alignment %llu differs from the first shard's %zu",
-			       (unsigned long long)align, g->alignment);
+		return fail_at(&c, ERR_MISMATCH, 0,
+		               "general.alignment %llu differs from the first shard's %zu",
+		               (unsigned long long)align, g->alignment);
 	return parse_tensors(&c, g, no, n_tensors, (size_t)align);
 }
 
@@ -670,7 +730,7 @@ static bool parse_split_name(const char *path, struct split_name *sn)
 }
 
 static int check_split_keys(struct gguf_ctx *g, int no, const struct gguf_kvset *keys, uint64_t count,
-			    struct errbuf *e)
+                            struct errbuf *e)
 {
 	struct gguf_shard *sh = &g->shards[no];
 	struct cur c = {.base = sh->map, .size = sh->size, .file = sh->path, .e = e};
@@ -679,17 +739,18 @@ static int check_split_keys(struct gguf_ctx *g, int no, const struct gguf_kvset 
 	if (rc < 0)
 		return rc;
 	if (rc > 0)
-		return errbuf_set(e, ERR_MISMATCH, "%s: shard %d of %llu has no split.count key", sh->path, no + 1,
-				  (unsigned long long)count);
+		return errbuf_set(e, ERR_MISMATCH, "%s: shard %d of %llu has no split.count key", sh->path,
+		                  no + 1, (unsigned long long)count);
 	if (v != count)
-		return errbuf_set(e, ERR_MISMATCH, "%s: split.count = %llu, but the first shard says %llu", sh->path,
-				  (unsigned long long)v, (unsigned long long)count);
+		return errbuf_set(e, ERR_MISMATCH, "%s: split.count = %llu, but the first shard says %llu",
+		                  sh->path, (unsigned long long)v, (unsigned long long)count);
 	rc = kv_uint(&c, keys, "split.no", &v);
 	if (rc < 0)
 		return rc;
 	if (rc > 0 || v != (uint64_t)no)
-		return errbuf_set(e, ERR_MISMATCH, "%s: split.no is %s%llu, expected %d (from its position in the set)",
-				  sh->path, rc > 0 ? "missing " : "", rc > 0 ? 0ull : (unsigned long long)v, no);
+		return errbuf_set(
+		    e, ERR_MISMATCH, "%s: split.no is %s%llu, expected %d (from its position in the set)",
+		    sh->path, rc > 0 ? "missing " : "", rc > 0 ? 0ull : (unsigned long long)v, no);
 	return 0;
 }
 
@@ -723,9 +784,12 @@ static int build_tensor_table(struct gguf_ctx *g, struct errbuf *e)
 			const struct gguf_tensor *o = &g->tensors[g->tslots[s]];
 			if (strcmp(o->name, t->name) == 0) {
 				const char *where = g->shards[t->shard].path;
-				return errbuf_set(e, ERR_FORMAT, "%s: duplicate tensor name '%s' (data at offset %llu; first in %s at %llu)",
-						  where, t->name, (unsigned long long)t->file_offset,
-						  g->shards[o->shard].path, (unsigned long long)o->file_offset);
+				return errbuf_set(e, ERR_FORMAT,
+				                  "%s: duplicate tensor name '%s' (data at offset %llu; "
+				                  "first in %s at %llu)",
+				                  where, t->name, (unsigned long long)t->file_offset,
+				                  g->shards[o->shard].path,
+				                  (unsigned long long)o->file_offset);
 			}
 		}
 		g->tslots[s] = i;
@@ -737,14 +801,16 @@ static int open_split_rest(struct gguf_ctx *g, const char *given, uint64_t count
 {
 	struct split_name sn;
 	if (!parse_split_name(given, &sn))
-		return errbuf_set(e, ERR_FORMAT,
-				  "%s: split.count = %llu but the file name does not follow <name>-NNNNN-of-NNNNN.gguf",
-				  given, (unsigned long long)count);
+		return errbuf_set(
+		    e, ERR_FORMAT,
+		    "%s: split.count = %llu but the file name does not follow <name>-NNNNN-of-NNNNN.gguf",
+		    given, (unsigned long long)count);
 	if (sn.count != count)
-		return errbuf_set(e, ERR_MISMATCH, "%s: file name says %lu shards, split.count says %llu", given,
-				  sn.count, (unsigned long long)count);
+		return errbuf_set(e, ERR_MISMATCH, "%s: file name says %lu shards, split.count says %llu",
+		                  given, sn.count, (unsigned long long)count);
 	if (count > 9999)
-		return errbuf_set(e, ERR_LIMIT, "%s: split.count %llu is too large", given, (unsigned long long)count);
+		return errbuf_set(e, ERR_LIMIT, "%s: split.count %llu is too large", given,
+		                  (unsigned long long)count);
 	size_t plen = sn.prefix_len + 32;
 	char *p = malloc(plen);
 	if (!p)
@@ -753,11 +819,11 @@ static int open_split_rest(struct gguf_ctx *g, const char *given, uint64_t count
 	/* shard 0 is already open (the caller opened the first shard's path); open 1..count-1 */
 	for (uint64_t i = 1; i < count; i++) {
 		snprintf(p, plen, "%.*s-%0*llu-of-%0*llu.gguf", (int)sn.prefix_len, given, sn.w_no,
-			 (unsigned long long)(i + 1), sn.w_count, (unsigned long long)count);
+		         (unsigned long long)(i + 1), sn.w_count, (unsigned long long)count);
 		struct stat st;
 		if (stat(p, &st) < 0) {
 			rc = errbuf_set(e, -ENOENT, "split model: shard %llu of %llu is missing: %s",
-					(unsigned long long)(i + 1), (unsigned long long)count, p);
+			                (unsigned long long)(i + 1), (unsigned long long)count, p);
 			goto out;
 		}
 		if ((rc = add_shard(g, p))) {
@@ -792,11 +858,12 @@ static int open_impl(struct gguf_ctx *g, const char *path, struct errbuf *e)
 		first = malloc(plen);
 		if (!first)
 			return errbuf_set(e, -ENOMEM, "out of memory");
-		snprintf(first, plen, "%.*s-%0*d-of-%0*lu.gguf", (int)sn.prefix_len, path, sn.w_no, 1, sn.w_count,
-			 sn.count);
+		snprintf(first, plen, "%.*s-%0*d-of-%0*lu.gguf", (int)sn.prefix_len, path, sn.w_no, 1,
+		         sn.w_count, sn.count);
 		struct stat st;
 		if (stat(first, &st) < 0) {
-			rc = errbuf_set(e, -ENOENT, "split model: shard 1 of %lu is missing: %s", sn.count, first);
+			rc = errbuf_set(e, -ENOENT, "split model: shard 1 of %lu is missing: %s", sn.count,
+			                first);
 			goto out;
 		}
 	}
@@ -826,11 +893,19 @@ static int open_impl(struct gguf_ctx *g, const char *path, struct errbuf *e)
 		rc = errbuf_set(e, ERR_FORMAT, "%s: split.count is 0", p0);
 		goto out;
 	}
+	struct split_name sn0;
+	if (count == 1 && parse_split_name(p0, &sn0) && sn0.count > 1) {
+		rc = errbuf_set(e, ERR_MISMATCH, "%s: the file name says %lu shards but the file has %s", p0,
+		                sn0.count, r1 > 0 ? "no split.count key" : "split.count = 1");
+		goto out;
+	}
 	if (count > 1) {
 		if (r2 > 0 || no != 0) {
-			rc = errbuf_set(e, ERR_MISMATCH, "%s: first shard of a %llu-shard set has split.no %s%llu (expected 0)",
-					p0, (unsigned long long)count, r2 > 0 ? "missing " : "",
-					(unsigned long long)(r2 > 0 ? 0 : no));
+			rc =
+			    errbuf_set(e, ERR_MISMATCH,
+			               "%s: first shard of a %llu-shard set has split.no %s%llu (expected 0)",
+			               p0, (unsigned long long)count, r2 > 0 ? "missing " : "",
+			               (unsigned long long)(r2 > 0 ? 0 : no));
 			goto out;
 		}
 		if ((rc = open_split_rest(g, p0, count, e)))
@@ -841,9 +916,11 @@ static int open_impl(struct gguf_ctx *g, const char *path, struct errbuf *e)
 			if ((rc = kv_uint(&c, &g->meta, "split.tensors.count", &total)) < 0)
 				goto out;
 			if (total != (uint64_t)g->n_tensors) {
-				rc = errbuf_set(e, ERR_MISMATCH, "%s: split.tensors.count = %llu but the %llu shards hold %lld tensors",
-						p0, (unsigned long long)total, (unsigned long long)count,
-						(long long)g->n_tensors);
+				rc = errbuf_set(
+				    e, ERR_MISMATCH,
+				    "%s: split.tensors.count = %llu but the %llu shards hold %lld tensors",
+				    p0, (unsigned long long)total, (unsigned long long)count,
+				    (long long)g->n_tensors);
 				goto out;
 			}
 		}
@@ -886,7 +963,7 @@ int gguf_open_mem(struct gguf_ctx **out, const void *data, size_t size, const ch
 	g->shards[0].size = size;
 	if (size < 24) {
 		rc = errbuf_set(e, ERR_FORMAT, "%s: %zu bytes is too small for a GGUF header (24 bytes)",
-				g->shards[0].path, size);
+		                g->shards[0].path, size);
 		goto fail;
 	}
 	if ((rc = parse_shard(g, 0, &g->meta, e)))
@@ -897,8 +974,9 @@ int gguf_open_mem(struct gguf_ctx **out, const void *data, size_t size, const ch
 	if (rc < 0)
 		goto fail;
 	if (rc == 0 && count != 1) {
-		rc = errbuf_set(e, ERR_UNSUPPORTED, "%s: split.count = %llu: split sets must be opened from files",
-				g->shards[0].path, (unsigned long long)count);
+		rc = errbuf_set(e, ERR_UNSUPPORTED,
+		                "%s: split.count = %llu: split sets must be opened from files",
+		                g->shards[0].path, (unsigned long long)count);
 		goto fail;
 	}
 	if ((rc = build_tensor_table(g, e)))

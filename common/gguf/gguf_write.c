@@ -65,7 +65,8 @@ struct gguf_writer *gguf_writer_create(size_t alignment)
 		return NULL;
 	w->alignment = alignment;
 	w->chunk_bytes = DEFAULT_CHUNK_BYTES;
-	if (alignment != GGUF_DEFAULT_ALIGNMENT && gguf_writer_set_u32(w, "general.alignment", (uint32_t)alignment)) {
+	if (alignment != GGUF_DEFAULT_ALIGNMENT &&
+	    gguf_writer_set_u32(w, "general.alignment", (uint32_t)alignment)) {
 		gguf_writer_destroy(w);
 		return NULL;
 	}
@@ -199,7 +200,7 @@ int gguf_writer_set_str(struct gguf_writer *w, const char *key, const char *v)
 }
 
 int gguf_writer_set_arr(struct gguf_writer *w, const char *key, enum gguf_vtype type, const void *data,
-			uint64_t count)
+                        uint64_t count)
 {
 	size_t esz = gguf_vtype_size(type);
 	if (!esz || (count && !data) || count > (SIZE_MAX - 12) / esz)
@@ -242,7 +243,8 @@ int gguf_writer_set_arr_str(struct gguf_writer *w, const char *key, const char *
 	return add_kv(w, key, GGUF_VT_ARRAY, p, n);
 }
 
-int gguf_writer_set_raw(struct gguf_writer *w, const char *key, enum gguf_vtype type, const void *val, size_t len)
+int gguf_writer_set_raw(struct gguf_writer *w, const char *key, enum gguf_vtype type, const void *val,
+                        size_t len)
 {
 	if ((unsigned)type >= GGUF_VT_COUNT || !val || gguf_value_validate(type, val, len, NULL))
 		return sticky(w, -EINVAL);
@@ -266,7 +268,7 @@ int gguf_writer_copy_kv(struct gguf_writer *w, const struct gguf_ctx *g, int64_t
 }
 
 static int add_tensor(struct gguf_writer *w, const char *name, int type, int n_dims, const int64_t *ne,
-		      struct wtensor *proto)
+                      struct wtensor *proto)
 {
 	if (!name_ok(name) || n_dims < 1 || n_dims > GGUF_MAX_DIMS || !ne)
 		return sticky(w, -EINVAL);
@@ -307,7 +309,7 @@ static int add_tensor(struct gguf_writer *w, const char *name, int type, int n_d
 }
 
 int gguf_writer_add_tensor(struct gguf_writer *w, const char *name, int type, int n_dims, const int64_t *ne,
-			   const void *data)
+                           const void *data)
 {
 	if (!data)
 		return sticky(w, -EINVAL);
@@ -315,8 +317,8 @@ int gguf_writer_add_tensor(struct gguf_writer *w, const char *name, int type, in
 	return add_tensor(w, name, type, n_dims, ne, &p);
 }
 
-int gguf_writer_add_tensor_cb(struct gguf_writer *w, const char *name, int type, int n_dims, const int64_t *ne,
-			      gguf_fill_cb cb, void *user)
+int gguf_writer_add_tensor_cb(struct gguf_writer *w, const char *name, int type, int n_dims,
+                              const int64_t *ne, gguf_fill_cb cb, void *user)
 {
 	if (!cb)
 		return sticky(w, -EINVAL);
@@ -325,7 +327,7 @@ int gguf_writer_add_tensor_cb(struct gguf_writer *w, const char *name, int type,
 }
 
 int gguf_writer_add_tensor_chunked(struct gguf_writer *w, const char *name, int type, int n_dims,
-				   const int64_t *ne, gguf_fill_chunk_cb cb, void *user)
+                                   const int64_t *ne, gguf_fill_chunk_cb cb, void *user)
 {
 	if (!cb)
 		return sticky(w, -EINVAL);
@@ -362,15 +364,18 @@ static int put_zeros(FILE *f, size_t n)
 static int write_tensor_data(struct gguf_writer *w, FILE *f, const struct wtensor *t, struct errbuf *e)
 {
 	if (t->data)
-		return put(f, t->data, t->nbytes) ? errbuf_set(e, -EIO, "tensor '%s': write failed", t->name) : 0;
+		return put(f, t->data, t->nbytes) ? errbuf_set(e, -EIO, "tensor '%s': write failed", t->name)
+		                                  : 0;
 	int rc = 0;
 	if (t->cb) {
 		void *buf = malloc(t->nbytes);
 		if (!buf)
-			return errbuf_set(e, -ENOMEM, "tensor '%s': cannot allocate %zu bytes", t->name, t->nbytes);
+			return errbuf_set(e, -ENOMEM, "tensor '%s': cannot allocate %zu bytes", t->name,
+			                  t->nbytes);
 		rc = t->cb(t->user, t->name, buf, t->nbytes);
 		if (rc)
-			rc = errbuf_set(e, rc < 0 ? rc : -EIO, "tensor '%s': data callback failed (%d)", t->name, rc);
+			rc = errbuf_set(e, rc < 0 ? rc : -EIO, "tensor '%s': data callback failed (%d)",
+			                t->name, rc);
 		else if (put(f, buf, t->nbytes))
 			rc = errbuf_set(e, -EIO, "tensor '%s': write failed", t->name);
 		free(buf);
@@ -389,7 +394,8 @@ static int write_tensor_data(struct gguf_writer *w, FILE *f, const struct wtenso
 		size_t n = t->nbytes - off < cap ? t->nbytes - off : cap;
 		rc = t->ccb(t->user, t->name, off, buf, n);
 		if (rc) {
-			rc = errbuf_set(e, rc < 0 ? rc : -EIO, "tensor '%s': data callback failed (%d)", t->name, rc);
+			rc = errbuf_set(e, rc < 0 ? rc : -EIO, "tensor '%s': data callback failed (%d)",
+			                t->name, rc);
 			break;
 		}
 		if (put(f, buf, n)) {
@@ -404,7 +410,8 @@ static int write_tensor_data(struct gguf_writer *w, FILE *f, const struct wtenso
 int gguf_writer_write(struct gguf_writer *w, const char *path, struct errbuf *e)
 {
 	if (w->sticky)
-		return errbuf_set(e, w->sticky, "gguf writer: an earlier setter failed (%s)", err_name(w->sticky));
+		return errbuf_set(e, w->sticky, "gguf writer: an earlier setter failed (%s)",
+		                  err_name(w->sticky));
 	size_t plen = strlen(path) + 8;
 	char *tmp = malloc(plen);
 	if (!tmp)
@@ -425,7 +432,8 @@ int gguf_writer_write(struct gguf_writer *w, const char *path, struct errbuf *e)
 	rc = put(f, &magic, 4) || put(f, &version, 4) || put(f, &nt, 8) || put(f, &nkv, 8) ? -EIO : 0;
 	for (int64_t i = 0; !rc && i < w->n_kv; i++) {
 		uint32_t t = w->kv[i].type;
-		rc = put_str(f, w->kv[i].key) || put(f, &t, 4) || put(f, w->kv[i].val, w->kv[i].len) ? -EIO : 0;
+		rc = put_str(f, w->kv[i].key) || put(f, &t, 4) || put(f, w->kv[i].val, w->kv[i].len) ? -EIO
+		                                                                                     : 0;
 		pos += 8 + strlen(w->kv[i].key) + 4 + w->kv[i].len;
 	}
 	uint64_t off = 0;
@@ -436,10 +444,10 @@ int gguf_writer_write(struct gguf_writer *w, const char *path, struct errbuf *e)
 		off += t->nbytes;
 		off = (off + w->alignment - 1) / w->alignment * w->alignment;
 		total += t->nbytes;
-		rc = put_str(f, t->name) || put(f, &nd, 4) || put(f, t->ne, 8 * (size_t)nd) || put(f, &ty, 4) ||
-				     put(f, &t->offset, 8)
-			     ? -EIO
-			     : 0;
+		rc = put_str(f, t->name) || put(f, &nd, 4) || put(f, t->ne, 8 * (size_t)nd) ||
+		             put(f, &ty, 4) || put(f, &t->offset, 8)
+		         ? -EIO
+		         : 0;
 		pos += 8 + strlen(t->name) + 4 + 8 * (size_t)nd + 4 + 8;
 	}
 	if (rc) {

@@ -28,7 +28,8 @@ const char *model_arch_name(enum model_arch a)
 
 static int arch_from_name(const char *s, size_t n, enum model_arch *out)
 {
-	static const enum model_arch all[] = {MODEL_ARCH_GLM_DSA, MODEL_ARCH_DEEPSEEK2, MODEL_ARCH_DEEPSEEK32};
+	static const enum model_arch all[] = {MODEL_ARCH_GLM_DSA, MODEL_ARCH_DEEPSEEK2,
+	                                      MODEL_ARCH_DEEPSEEK32};
 	for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
 		const char *nm = model_arch_name(all[i]);
 		if (strlen(nm) == n && memcmp(nm, s, n) == 0) {
@@ -47,7 +48,7 @@ static const char *akey(const struct model_hparams *hp, const char *suffix, char
 }
 
 static int get_i(const struct gguf_ctx *g, const struct model_hparams *hp, const char *suffix, bool required,
-		 int64_t dflt, int64_t lo, int64_t hi, int64_t *out, struct errbuf *e)
+                 int64_t dflt, int64_t lo, int64_t hi, int64_t *out, struct errbuf *e)
 {
 	char k[160];
 	akey(hp, suffix, k, sizeof(k));
@@ -62,12 +63,12 @@ static int get_i(const struct gguf_ctx *g, const struct model_hparams *hp, const
 		return rc;
 	if (*out < lo || *out > hi)
 		return errbuf_set(e, ERR_FORMAT, "metadata key %s = %lld is out of range [%lld, %lld]", k,
-				  (long long)*out, (long long)lo, (long long)hi);
+		                  (long long)*out, (long long)lo, (long long)hi);
 	return 0;
 }
 
 static int get_f(const struct gguf_ctx *g, const struct model_hparams *hp, const char *suffix, float dflt,
-		 float *out, struct errbuf *e)
+                 float *out, struct errbuf *e)
 {
 	char k[160];
 	akey(hp, suffix, k, sizeof(k));
@@ -86,7 +87,7 @@ static int get_f(const struct gguf_ctx *g, const struct model_hparams *hp, const
 #define LIM (INT64_C(1) << 24) /* sanity bound on any dimension read from metadata */
 
 int model_hparams_read(const struct gguf_ctx *g, const struct model_opts *o, struct model_hparams *hp,
-		       struct errbuf *e)
+                       struct errbuf *e)
 {
 	memset(hp, 0, sizeof(*hp));
 	const char *an;
@@ -97,9 +98,10 @@ int model_hparams_read(const struct gguf_ctx *g, const struct model_opts *o, str
 	if (rc)
 		return rc;
 	if (arch_from_name(an, anl, &hp->arch))
-		return errbuf_set(e, ERR_UNSUPPORTED,
-				  "unsupported architecture '%.*s' (tandem runs glm-dsa, deepseek2, deepseek32)",
-				  (int)(anl > 64 ? 64 : anl), an);
+		return errbuf_set(
+		    e, ERR_UNSUPPORTED,
+		    "unsupported architecture '%.*s' (tandem runs glm-dsa, deepseek2, deepseek32)",
+		    (int)(anl > 64 ? 64 : anl), an);
 	int64_t v;
 #define GI(suffix, req, dflt, lo, hi, dst)                                                                   \
 	do {                                                                                                 \
@@ -117,15 +119,18 @@ int model_hparams_read(const struct gguf_ctx *g, const struct model_opts *o, str
 	char k[160];
 	if (gguf_find_key(g, akey(hp, "attention.key_length_mla", k, sizeof(k))) < 0) {
 		if (gguf_find_tensor(g, "blk.0.attn_kv_b.weight"))
-			return errbuf_set(e, ERR_UNSUPPORTED,
-					  "legacy GGUF with blk.N.attn_kv_b (no %s): re-convert with a llama.cpp "
-					  "converter that writes attn_k_b/attn_v_b",
-					  k);
+			return errbuf_set(
+			    e, ERR_UNSUPPORTED,
+			    "legacy GGUF with blk.N.attn_kv_b (no %s): re-convert with a llama.cpp "
+			    "converter that writes attn_k_b/attn_v_b",
+			    k);
 		return errbuf_set(e, ERR_FORMAT, "metadata key %s is missing", k);
 	}
 	if (gguf_find_key(g, akey(hp, "attention.q_lora_rank", k, sizeof(k))) < 0)
-		return errbuf_set(e, ERR_UNSUPPORTED, "metadata key %s is missing (models with a direct attn_q "
-				  "projection are not supported)", k);
+		return errbuf_set(e, ERR_UNSUPPORTED,
+		                  "metadata key %s is missing (models with a direct attn_q "
+		                  "projection are not supported)",
+		                  k);
 	int64_t klm;
 	GI("attention.key_length_mla", true, 0, 2, LIM, klm);
 	GI("attention.value_length_mla", true, 0, 1, LIM, hp->V);
@@ -133,8 +138,9 @@ int model_hparams_read(const struct gguf_ctx *g, const struct model_opts *o, str
 	if (hp->R % 2)
 		return errbuf_set(e, ERR_FORMAT, "rope.dimension_count %lld is odd", (long long)hp->R);
 	if (klm <= hp->R)
-		return errbuf_set(e, ERR_FORMAT, "attention.key_length_mla %lld must exceed rope.dimension_count %lld",
-				  (long long)klm, (long long)hp->R);
+		return errbuf_set(e, ERR_FORMAT,
+		                  "attention.key_length_mla %lld must exceed rope.dimension_count %lld",
+		                  (long long)klm, (long long)hp->R);
 	hp->N = klm - hp->R;
 	GI("attention.q_lora_rank", true, 0, 1, LIM, hp->Cq);
 	GI("attention.kv_lora_rank", true, 0, 1, LIM, hp->C);
@@ -152,7 +158,7 @@ int model_hparams_read(const struct gguf_ctx *g, const struct model_opts *o, str
 	GI("expert_gating_func", false, hp->arch == MODEL_ARCH_DEEPSEEK2 ? 1 : 2, 1, 2, hp->gating_func);
 	if (has_moe && hp->n_expert % hp->n_group)
 		return errbuf_set(e, ERR_FORMAT, "expert_count %d is not a multiple of expert_group_count %d",
-				  hp->n_expert, hp->n_group);
+		                  hp->n_expert, hp->n_group);
 	if (has_moe && hp->n_group > 1 && hp->n_expert / hp->n_group < 2)
 		return errbuf_set(e, ERR_FORMAT, "expert groups need at least 2 experts each");
 	if (has_moe && hp->n_expert_used > hp->n_expert)
@@ -206,8 +212,9 @@ int model_hparams_read(const struct gguf_ctx *g, const struct model_opts *o, str
 			mscale2 = (float)(m * m);
 		}
 	} else if (rc == 0 && !(stl == 4 && memcmp(st, "none", 4) == 0) && stl != 0) {
-		return errbuf_set(e, ERR_UNSUPPORTED, "rope.scaling.type '%.*s' is not supported (yarn or none)",
-				  (int)(stl > 32 ? 32 : stl), st);
+		return errbuf_set(e, ERR_UNSUPPORTED,
+		                  "rope.scaling.type '%.*s' is not supported (yarn or none)",
+		                  (int)(stl > 32 ? 32 : stl), st);
 	}
 	hp->attn_scale = (float)(1.0 / sqrt((double)(hp->N + hp->R))) * mscale2;
 
@@ -216,8 +223,10 @@ int model_hparams_read(const struct gguf_ctx *g, const struct model_opts *o, str
 	if (!te)
 		return errbuf_set(e, ERR_FORMAT, "tensor token_embd.weight is missing");
 	if (te->n_dims != 2 || te->ne[0] != hp->D)
-		return errbuf_set(e, ERR_FORMAT, "tensor token_embd.weight: expected ne=[%lld, vocab], file has %d dims ne0=%lld",
-				  (long long)hp->D, te->n_dims, (long long)te->ne[0]);
+		return errbuf_set(
+		    e, ERR_FORMAT,
+		    "tensor token_embd.weight: expected ne=[%lld, vocab], file has %d dims ne0=%lld",
+		    (long long)hp->D, te->n_dims, (long long)te->ne[0]);
 	hp->vocab = te->ne[1];
 	hp->lm_head_tied = gguf_find_tensor(g, "output.weight") == NULL;
 
@@ -236,8 +245,8 @@ int model_hparams_read(const struct gguf_ctx *g, const struct model_opts *o, str
 			return rc;
 		bool have_types = rc == 0;
 		if (have_types && arr.count < (uint64_t)hp->n_layers)
-			return errbuf_set(e, ERR_FORMAT, "%s has %llu entries, need one per main layer (%d)", k,
-					  (unsigned long long)arr.count, hp->n_layers);
+			return errbuf_set(e, ERR_FORMAT, "%s has %llu entries, need one per main layer (%d)",
+			                  k, (unsigned long long)arr.count, hp->n_layers);
 		if (have_types && (arr.type == GGUF_VT_STRING || arr.type == GGUF_VT_ARRAY))
 			return errbuf_set(e, ERR_FORMAT, "%s must be an array of bools", k);
 		for (int l = 0; l < hp->n_layers; l++) {
@@ -251,12 +260,16 @@ int model_hparams_read(const struct gguf_ctx *g, const struct model_opts *o, str
 			}
 			hp->idx_full[l] = full;
 		}
-		if (!have_types && hp->arch == MODEL_ARCH_GLM_DSA && hp->n_ctx_train >= 1048576 && hp->idx_full[0] &&
-		    (!o || !o->quiet))
-			LOG_WARN("model", "%s is absent and context_length is %lld: a GLM-5.2 file shares indexers (21 full / "
-				 "57 shared layers) but without the key every layer with indexer tensors runs its own; "
-				 "results differ from GLM-5.2 beyond top_k tokens (re-convert with indexer types)",
-				 k, (long long)hp->n_ctx_train);
+		if (!have_types && hp->arch == MODEL_ARCH_GLM_DSA && hp->n_ctx_train >= 1048576 &&
+		    hp->idx_full[0] && (!o || !o->quiet))
+			LOG_WARN(
+			    "model",
+			    "%s is absent and context_length is %lld: a GLM-5.2 file shares indexers (21 "
+			    "full / "
+			    "57 shared layers) but without the key every layer with indexer tensors runs its "
+			    "own; "
+			    "results differ from GLM-5.2 beyond top_k tokens (re-convert with indexer types)",
+			    k, (long long)hp->n_ctx_train);
 		if (hp->idx_full[0] || have_types) {
 			if (!hp->idx_full[0])
 				return errbuf_set(e, ERR_FORMAT, "%s: layer 0 must have a full indexer", k);
@@ -264,16 +277,20 @@ int model_hparams_read(const struct gguf_ctx *g, const struct model_opts *o, str
 		} else {
 			for (int l = 0; l < hp->n_layers; l++)
 				if (hp->idx_full[l])
-					return errbuf_set(e, ERR_FORMAT, "blk.%d has indexer tensors but blk.0 has none "
-							  "(layer 0 must have a full indexer)", l);
+					return errbuf_set(e, ERR_FORMAT,
+					                  "blk.%d has indexer tensors but blk.0 has none "
+					                  "(layer 0 must have a full indexer)",
+					                  l);
 		}
 		if (hp->has_indexer) {
 			if (hp->idx_H <= 0 || hp->idx_D <= 0 || hp->idx_topk <= 0)
-				return errbuf_set(e, ERR_FORMAT, "indexer layers present but %s.attention.indexer."
-						  "{head_count,key_length,top_k} missing or zero", model_arch_name(hp->arch));
+				return errbuf_set(e, ERR_FORMAT,
+				                  "indexer layers present but %s.attention.indexer."
+				                  "{head_count,key_length,top_k} missing or zero",
+				                  model_arch_name(hp->arch));
 			if (hp->idx_D < hp->R)
 				return errbuf_set(e, ERR_FORMAT, "indexer key_length %lld < rope dims %lld",
-						  (long long)hp->idx_D, (long long)hp->R);
+				                  (long long)hp->idx_D, (long long)hp->R);
 			int src = 0;
 			for (int l = 0; l < hp->n_layers; l++) {
 				if (hp->idx_full[l]) {
@@ -301,7 +318,7 @@ struct tspec {
 };
 
 static void add(struct tspec *v, int *n, enum tkind kind, bool opt, int nd, int64_t a, int64_t b, int64_t c,
-		const char *suffix, int l)
+                const char *suffix, int l)
 {
 	struct tspec *t = &v[(*n)++];
 	/* names are "blk.<l>.<suffix>" or a top-level name (l < 0) */
@@ -411,7 +428,7 @@ static void problem(int *n, FILE *report, struct errbuf *e, int code, const char
 }
 
 int model_tensors_check(const struct gguf_ctx *g, const struct model_hparams *hp, bool strict, FILE *report,
-			struct errbuf *e)
+                        struct errbuf *e)
 {
 	int n_spec;
 	struct tspec *spec = tensor_specs(hp, &n_spec);
@@ -423,8 +440,9 @@ int model_tensors_check(const struct gguf_ctx *g, const struct model_hparams *hp
 		const struct gguf_tensor *t = gguf_find_tensor(g, s->name);
 		if (!t) {
 			if (!s->optional)
-				problem(&n_prob, report, e, ERR_FORMAT, "tensor %s is missing (required by %s)", s->name,
-					model_arch_name(hp->arch));
+				problem(&n_prob, report, e, ERR_FORMAT,
+				        "tensor %s is missing (required by %s)", s->name,
+				        model_arch_name(hp->arch));
 			continue;
 		}
 		bool shape_ok = t->n_dims == s->n_dims;
@@ -435,22 +453,25 @@ int model_tensors_check(const struct gguf_ctx *g, const struct model_hparams *hp
 			if (s->n_dims == 1)
 				snprintf(want, sizeof(want), "[%lld]", (long long)s->ne[0]);
 			else if (s->n_dims == 2)
-				snprintf(want, sizeof(want), "[%lld, %lld]", (long long)s->ne[0], (long long)s->ne[1]);
+				snprintf(want, sizeof(want), "[%lld, %lld]", (long long)s->ne[0],
+				         (long long)s->ne[1]);
 			else
-				snprintf(want, sizeof(want), "[%lld, %lld, %lld]", (long long)s->ne[0], (long long)s->ne[1],
-					 (long long)s->ne[2]);
+				snprintf(want, sizeof(want), "[%lld, %lld, %lld]", (long long)s->ne[0],
+				         (long long)s->ne[1], (long long)s->ne[2]);
 			int o = snprintf(have, sizeof(have), "[");
 			for (int d = 0; d < t->n_dims && o < (int)sizeof(have); d++)
-				o += snprintf(have + o, sizeof(have) - (size_t)o, "%s%lld", d ? ", " : "", (long long)t->ne[d]);
+				o += snprintf(have + o, sizeof(have) - (size_t)o, "%s%lld", d ? ", " : "",
+				              (long long)t->ne[d]);
 			if (o < (int)sizeof(have))
 				snprintf(have + o, sizeof(have) - (size_t)o, "]");
-			problem(&n_prob, report, e, ERR_FORMAT, "tensor %s: expected ne=%s, file has ne=%s", s->name, want,
-				have);
+			problem(&n_prob, report, e, ERR_FORMAT, "tensor %s: expected ne=%s, file has ne=%s",
+			        s->name, want, have);
 			continue;
 		}
 		if (!type_ok(t->type, s->kind))
-			problem(&n_prob, report, e, ERR_UNSUPPORTED, "tensor %s: type %s is not supported for computing",
-				s->name, ktype_name(t->type));
+			problem(&n_prob, report, e, ERR_UNSUPPORTED,
+			        "tensor %s: type %s is not supported for computing", s->name,
+			        ktype_name(t->type));
 	}
 	/* extra tensors */
 	int64_t nt = gguf_n_tensors(g);
@@ -472,18 +493,19 @@ int model_tensors_check(const struct gguf_ctx *g, const struct model_hparams *hp
 			continue;
 		}
 		if (strict)
-			problem(&n_prob, report, e, ERR_FORMAT, "tensor %s is not part of architecture %s", name,
-				model_arch_name(hp->arch));
+			problem(&n_prob, report, e, ERR_FORMAT, "tensor %s is not part of architecture %s",
+			        name, model_arch_name(hp->arch));
 		else if (report)
 			fprintf(report, "warning: tensor %s is not part of architecture %s (ignored)\n", name,
-				model_arch_name(hp->arch));
+			        model_arch_name(hp->arch));
 		else
 			LOG_WARN("model", "tensor %s is not part of architecture %s (ignored)", name,
-				 model_arch_name(hp->arch));
+			         model_arch_name(hp->arch));
 	}
 	if (report && (n_nextn || n_dup))
-		fprintf(report, "info: %d nextn/MTP tensors and %d indexer tensors of shared layers are not used\n",
-			n_nextn, n_dup);
+		fprintf(report,
+		        "info: %d nextn/MTP tensors and %d indexer tensors of shared layers are not used\n",
+		        n_nextn, n_dup);
 	free(spec);
 	return n_prob;
 }
@@ -502,14 +524,17 @@ int model_arch_check(const struct gguf_ctx *g, FILE *report)
 		return 1;
 	}
 	if (report)
-		fprintf(report, "architecture %s: %d main layers (+%d nextn), D=%lld H=%lld N=%lld R=%lld V=%lld C=%lld "
-			"Cq=%lld vocab=%lld, %d dense + %d MoE layers (E=%d k=%d F=%lld), indexer %s (HI=%lld DI=%lld "
-			"K=%lld, %d full layers)\n",
-			model_arch_name(hp->arch), hp->n_layers, hp->n_nextn, (long long)hp->D, (long long)hp->H,
-			(long long)hp->N, (long long)hp->R, (long long)hp->V, (long long)hp->C, (long long)hp->Cq,
-			(long long)hp->vocab, hp->n_dense_lead, hp->n_layers - hp->n_dense_lead, hp->n_expert,
-			hp->n_expert_used, (long long)hp->n_ff_exp, hp->has_indexer ? "yes" : "no", (long long)hp->idx_H,
-			(long long)hp->idx_D, (long long)hp->idx_topk, hp->n_idx_full);
+		fprintf(
+		    report,
+		    "architecture %s: %d main layers (+%d nextn), D=%lld H=%lld N=%lld R=%lld V=%lld C=%lld "
+		    "Cq=%lld vocab=%lld, %d dense + %d MoE layers (E=%d k=%d F=%lld), indexer %s (HI=%lld "
+		    "DI=%lld "
+		    "K=%lld, %d full layers)\n",
+		    model_arch_name(hp->arch), hp->n_layers, hp->n_nextn, (long long)hp->D, (long long)hp->H,
+		    (long long)hp->N, (long long)hp->R, (long long)hp->V, (long long)hp->C, (long long)hp->Cq,
+		    (long long)hp->vocab, hp->n_dense_lead, hp->n_layers - hp->n_dense_lead, hp->n_expert,
+		    hp->n_expert_used, (long long)hp->n_ff_exp, hp->has_indexer ? "yes" : "no",
+		    (long long)hp->idx_H, (long long)hp->idx_D, (long long)hp->idx_topk, hp->n_idx_full);
 	rc = model_tensors_check(g, hp, false, report, &e);
 	free(hp);
 	return rc;

@@ -58,7 +58,8 @@ static inline char *idx_row(const struct model_kv *kv, const struct model_seq *s
 {
 	const struct model_kv_layout *L = &kv->layout;
 	int32_t blk = s->blocks[pos / L->block_tokens];
-	return (char *)kv->base + (size_t)blk * L->block_bytes + L->idx_offset + (size_t)slot * L->idx_layer_bytes +
+	return (char *)kv->base + (size_t)blk * L->block_bytes + L->idx_offset +
+	       (size_t)slot * L->idx_layer_bytes +
 	       (size_t)(pos % L->block_tokens) * (size_t)L->idx_dim * L->elt_bytes;
 }
 
@@ -81,21 +82,22 @@ struct fwd {
 	struct model_kv *kv;
 	const struct layer_w *L;
 	int layer;
-	const float *q;     /* n x Hl*(N+R) (rope part not yet rotated) */
-	const float *cs;    /* n x R cos/sin */
-	float *qabs;        /* n x Hl x (C+R) */
-	float *obar;        /* n x Hl x C */
-	float *o;           /* n x Hl*V */
-	const float *qI;    /* n x HI*DI (roped) */
-	const float *wI;    /* n x HI */
-	int32_t *sel;       /* n x K */
-	int32_t *nsel;      /* n */
-	bool sparse;        /* attention uses sel */
-	float *dbg_scores;  /* n x max_keys, or NULL */
+	const float *q; /* n x Hl*(N+R) (rope part not yet rotated) */
+	const float *cs; /* n x R cos/sin */
+	float *qabs; /* n x Hl x (C+R) */
+	float *obar; /* n x Hl x C */
+	float *o; /* n x Hl*V */
+	const float *qI; /* n x HI*DI (roped) */
+	const float *wI; /* n x HI */
+	int32_t *sel; /* n x K (K clamped to the longest key list of the batch) */
+	int64_t K;
+	int32_t *nsel; /* n */
+	bool sparse; /* attention uses sel */
+	float *dbg_scores; /* n x max_keys, or NULL */
 	int max_keys;
 	/* per thread scratch */
 	const void **tkeys; /* n_threads x max_keys */
-	float *tsc;         /* n_threads x max_keys */
+	float *tsc; /* n_threads x max_keys */
 };
 
 static void attn_task(void *user, int64_t i0, int64_t i1, int thread)
@@ -116,13 +118,14 @@ static void attn_task(void *user, int64_t i0, int64_t i1, int thread)
 		/* absorbed query: q_abs[c] = sum_n W_UK[n][c] q_n[n] (attn_k_b row c of this head) */
 		struct kweight kb = kweight3_at(&L->k_b, hh);
 		for (int64_t c = 0; c < C; c++)
-			qa[c] = kcpu_dot_row(kb.type, (const char *)kb.data + (size_t)c * kb.row_bytes, qn, N);
+			qa[c] =
+			    kcpu_dot_row(kb.type, (const char *)kb.data + (size_t)c * kb.row_bytes, qn, N);
 		memcpy(qa + C, qn + N, (size_t)R * sizeof(float));
 		kcpu_rope(qa + C, R, f->cs + i * R, hp->rope_main);
 		int nk;
 		if (f->sparse) {
 			nk = f->nsel[i];
-			const int32_t *sl = f->sel + i * hp->idx_topk;
+			const int32_t *sl = f->sel + i * f->K;
 			for (int t = 0; t < nk; t++)
 				keys[t] = lat_row(f->kv, s, f->layer, sl[t]);
 		} else {
@@ -135,7 +138,8 @@ static void attn_task(void *user, int64_t i0, int64_t i1, int thread)
 		struct kweight vb = kweight3_at(&L->v_b, hh);
 		float *oo = f->o + i * Hl * V + hh * V;
 		for (int64_t v = 0; v < V; v++)
-			oo[v] = kcpu_dot_row(vb.type, (const char *)vb.data + (size_t)v * vb.row_bytes, ob, C);
+			oo[v] =
+			    kcpu_dot_row(vb.type, (const char *)vb.data + (size_t)v * vb.row_bytes, ob, C);
 	}
 }
 
@@ -150,12 +154,13 @@ static void index_task(void *user, int64_t i0, int64_t i1, int thread)
 		const struct model_seq *s = &f->b->seqs[f->b->seq[i]];
 		int32_t pos = f->b->pos[i];
 		int nk = pos + 1;
-		float *sc = f->dbg_scores ? f->dbg_scores + i * f->max_keys : f->tsc + (size_t)thread * (size_t)f->max_keys;
+		float *sc = f->dbg_scores ? f->dbg_scores + i * f->max_keys
+		                          : f->tsc + (size_t)thread * (size_t)f->max_keys;
 		for (int t = 0; t < nk; t++)
 			keys[t] = idx_row(f->kv, s, slot, t);
-		kcpu_indexer_scores(f->qI + i * hp->idx_H * hp->idx_D, f->wI + i * hp->idx_H, hp->idx_H, hp->idx_D, keys,
-				    nk, bf16, 1.0f / sqrtf((float)hp->idx_D), sc);
-		f->nsel[i] = kcpu_topk(sc, nk, (int)hp->idx_topk, f->sel + i * hp->idx_topk);
+		kcpu_indexer_scores(f->qI + i * hp->idx_H * hp->idx_D, f->wI + i * hp->idx_H, hp->idx_H,
+		                    hp->idx_D, keys, nk, bf16, 1.0f / sqrtf((float)hp->idx_D), sc);
+		f->nsel[i] = kcpu_topk(sc, nk, (int)f->K, f->sel + i * f->K);
 	}
 }
 
@@ -174,6 +179,8 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 	for (int64_t i = 0; i < n; i++)
 		if (b->pos[i] + 1 > max_keys)
 			max_keys = b->pos[i] + 1;
+	if (K > max_keys) /* top-k = min(K, visible keys): no row selects more than max_keys */
+		K = max_keys;
 	int64_t n_out = 0;
 	for (int64_t i = 0; i < n; i++)
 		n_out += b->logits ? b->logits[i] != 0 : i == n - 1;
@@ -183,9 +190,11 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 
 	/* scratch layout (two passes: size, then carve) */
 	struct carve cv = {0};
-	float *h, *a, *cq, *q, *kvl, *qabs, *obar, *o, *part, *qI = NULL, *kI = NULL, *wI = NULL, *t1, *t2, *rl, *wts;
+	float *h, *a, *cq, *q, *kvl, *qabs, *obar, *o, *part, *qI = NULL, *kI = NULL, *wI = NULL, *t1, *t2,
+	                                                      *rl, *wts;
 	float *xs, *ys, *cs, *inv, *lg, *lgg, *dsc = NULL, *tsc, *rscr;
-	int32_t *sel = NULL, *nsel = NULL, *ids, *tok;
+	int32_t *sel = NULL, *nsel = NULL, *ids, *etok, *eoff;
+	float *ewt;
 	const void **tkeys;
 	for (int pass = 0; pass < 2; pass++) {
 		h = take(&cv, (size_t)(n * D) * 4);
@@ -212,7 +221,9 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 		rscr = take(&cv, (size_t)(2 * (E > 0 ? E : 1)) * 4);
 		ids = take(&cv, (size_t)(n * (k > 0 ? k : 1)) * 4);
 		wts = take(&cv, (size_t)(n * (k > 0 ? k : 1)) * 4);
-		tok = take(&cv, (size_t)n * 4);
+		etok = take(&cv, (size_t)(n * (k > 0 ? k : 1)) * 4);
+		ewt = take(&cv, (size_t)(n * (k > 0 ? k : 1)) * 4);
+		eoff = take(&cv, (size_t)(E + 2) * 4);
 		xs = take(&cv, (size_t)(n * D) * 4);
 		ys = take(&cv, (size_t)(n * D) * 4);
 		cs = take(&cv, (size_t)(n * R) * 4);
@@ -236,18 +247,35 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 
 	/* embeddings and RoPE tables */
 	for (int64_t i = 0; i < n; i++)
-		kcpu_dequant_row(m->tok_embd.type, (const char *)m->tok_embd.data + (size_t)b->tokens[i] * m->tok_embd.row_bytes,
-				 h + i * D, D);
+		kcpu_dequant_row(m->tok_embd.type,
+		                 (const char *)m->tok_embd.data +
+		                     (size_t)b->tokens[i] * m->tok_embd.row_bytes,
+		                 h + i * D, D);
 	if (dbg && dbg->hidden_cb)
 		dbg->hidden_cb(dbg->user, -1, (int)n, D, h);
-	kcpu_rope_freqs(inv, R, hp->rope_theta, hp->yarn ? hp->yarn_factor : 1.0f, hp->yarn_orig_ctx, hp->yarn_beta_fast,
-			hp->yarn_beta_slow);
+	kcpu_rope_freqs(inv, R, hp->rope_theta, hp->yarn ? hp->yarn_factor : 1.0f, hp->yarn_orig_ctx,
+	                hp->yarn_beta_fast, hp->yarn_beta_slow);
 	for (int64_t i = 0; i < n; i++)
 		kcpu_rope_cs(inv, R / 2, b->pos[i], cs + i * R);
 
-	struct fwd f = {.m = m, .rk = rk, .b = b, .kv = kv, .q = q, .cs = cs, .qabs = qabs, .obar = obar, .o = o,
-			.qI = qI, .wI = wI, .sel = sel, .nsel = nsel, .dbg_scores = dsc, .max_keys = max_keys,
-			.tkeys = tkeys, .tsc = tsc};
+	struct fwd f = {.m = m,
+	                .rk = rk,
+	                .b = b,
+	                .kv = kv,
+	                .q = q,
+	                .cs = cs,
+	                .qabs = qabs,
+	                .obar = obar,
+	                .o = o,
+	                .qI = qI,
+	                .wI = wI,
+	                .sel = sel,
+	                .K = K,
+	                .nsel = nsel,
+	                .dbg_scores = dsc,
+	                .max_keys = max_keys,
+	                .tkeys = tkeys,
+	                .tsc = tsc};
 	for (int l = 0; l < hp->n_layers; l++) {
 		const struct layer_w *L = &rk->layers[l];
 		f.L = L;
@@ -263,11 +291,13 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 			kcpu_rope(kvl + i * (C + R) + C, R, cs + i * R, hp->rope_main);
 		if (rk->writes_kv)
 			for (int64_t i = 0; i < n; i++)
-				store(lat_row(kv, &b->seqs[b->seq[i]], l, b->pos[i]), kvl + i * (C + R), C + R, bf16);
+				store(lat_row(kv, &b->seqs[b->seq[i]], l, b->pos[i]), kvl + i * (C + R),
+				      C + R, bf16);
 		if (L->has_idx) {
 			kcpu_matmul(rk->pool, &L->idx_q_b, cq, hp->Cq, n, qI, HI * DI);
 			kcpu_matmul(rk->pool, &L->idx_k, a, D, n, kI, DI);
-			kcpu_layernorm(kI, DI, kI, DI, L->idx_knorm_w, L->idx_knorm_b, DI, n, hp->idx_norm_eps);
+			kcpu_layernorm(kI, DI, kI, DI, L->idx_knorm_w, L->idx_knorm_b, DI, n,
+			               hp->idx_norm_eps);
 			kcpu_matmul(rk->pool, &L->idx_proj, a, D, n, wI, HI);
 			float ws = 1.0f / sqrtf((float)HI);
 			for (int64_t i = 0; i < n; i++) {
@@ -279,7 +309,8 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 			}
 			if (rk->writes_kv)
 				for (int64_t i = 0; i < n; i++)
-					store(idx_row(kv, &b->seqs[b->seq[i]], hp->idx_slot[l], b->pos[i]), kI + i * DI, DI, bf16);
+					store(idx_row(kv, &b->seqs[b->seq[i]], hp->idx_slot[l], b->pos[i]),
+					      kI + i * DI, DI, bf16);
 		}
 		if ((rc = tp_barrier(&rk->comm)))
 			return rc;
@@ -287,8 +318,8 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 			kpool_for(rk->pool, n, 1, index_task, &f);
 			if (dbg_idx)
 				for (int64_t i = 0; i < n; i++)
-					dbg->indexer_cb(dbg->user, l, (int)i, b->pos[i], b->pos[i] + 1, dsc + i * max_keys,
-							nsel[i], sel + i * K);
+					dbg->indexer_cb(dbg->user, l, (int)i, b->pos[i], b->pos[i] + 1,
+					                dsc + i * max_keys, nsel[i], sel + i * K);
 		}
 		f.sparse = hp->has_indexer;
 		kpool_for(rk->pool, n * Hl, 1, attn_task, &f);
@@ -307,38 +338,45 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 		} else {
 			kcpu_matmul(rk->pool, &L->gate_inp, a, D, n, rl, E);
 			for (int64_t i = 0; i < n; i++)
-				kcpu_moe_route(rl + i * E, L->exp_bias, (int)E, (int)k, hp->n_group, hp->n_group_used,
-					       hp->gating_func, hp->expert_weights_norm, hp->expert_weights_scale, ids + i * k,
-					       wts + i * k, rscr);
+				kcpu_moe_route(rl + i * E, L->exp_bias, (int)E, (int)k, hp->n_group,
+				               hp->n_group_used, hp->gating_func, hp->expert_weights_norm,
+				               hp->expert_weights_scale, ids + i * k, wts + i * k, rscr);
 			if (dbg && dbg->moe_cb)
 				dbg->moe_cb(dbg->user, l, (int)n, (int)k, ids, wts);
 			memset(part, 0, (size_t)(n * D) * sizeof(float));
+			/* group the (token, weight) pairs by expert (counting sort), then one matmul chain
+			 * per expert over its tokens */
+			memset(eoff, 0, sizeof(int32_t) * (size_t)(E + 1));
+			for (int64_t i = 0; i < n * k; i++)
+				eoff[ids[i] + 1]++;
+			for (int64_t e = 0; e < E; e++)
+				eoff[e + 1] += eoff[e];
+			for (int64_t i = 0; i < n * k; i++) {
+				int32_t at = eoff[ids[i]]++;
+				etok[at] = (int32_t)(i / k);
+				ewt[at] = wts[i];
+			}
+			for (int64_t e = E; e > 0; e--) /* eoff[e] was advanced to the end of e: shift back */
+				eoff[e] = eoff[e - 1];
+			eoff[0] = 0;
 			for (int64_t e = 0; e < E; e++) {
-				int64_t mt = 0;
-				for (int64_t i = 0; i < n; i++)
-					for (int64_t j = 0; j < k; j++)
-						if (ids[i * k + j] == e) {
-							tok[mt] = (int32_t)i;
-							memcpy(xs + mt * D, a + i * D, (size_t)D * sizeof(float));
-							mt++;
-						}
+				int64_t mt = eoff[e + 1] - eoff[e];
 				if (!mt)
 					continue;
-				struct kweight wg = kweight3_at(&L->gate_exps, e), wu = kweight3_at(&L->up_exps, e),
-					       wd = kweight3_at(&L->down_exps, e);
+				const int32_t *et = etok + eoff[e];
+				const float *ew = ewt + eoff[e];
+				for (int64_t j = 0; j < mt; j++)
+					memcpy(xs + j * D, a + (int64_t)et[j] * D, (size_t)D * sizeof(float));
+				struct kweight wg = kweight3_at(&L->gate_exps, e),
+				               wu = kweight3_at(&L->up_exps, e),
+				               wd = kweight3_at(&L->down_exps, e);
 				kcpu_matmul(rk->pool, &wg, xs, D, mt, t1, rk->fel);
 				kcpu_matmul(rk->pool, &wu, xs, D, mt, t2, rk->fel);
 				kcpu_swiglu(t1, t1, t2, mt * rk->fel);
 				kcpu_matmul(rk->pool, &wd, t1, rk->fel, mt, ys, D);
-				for (int64_t j = 0; j < mt; j++) {
-					int64_t i = tok[j];
-					float w = 0;
-					for (int64_t jj = 0; jj < k; jj++)
-						if (ids[i * k + jj] == e)
-							w = wts[i * k + jj];
+				for (int64_t j = 0; j < mt; j++)
 					for (int64_t d = 0; d < D; d++)
-						part[i * D + d] += w * ys[j * D + d];
-				}
+						part[(int64_t)et[j] * D + d] += ew[j] * ys[j * D + d];
 			}
 			if (L->has_shexp) {
 				kcpu_matmul(rk->pool, &L->sh_gate, a, D, n, t1, rk->fsl);
@@ -378,7 +416,8 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 	if (rk->logits) /* rank 0 (or the shard rank) owns the output */
 		for (int r = 0; r < m->T; r++)
 			for (int64_t jj = 0; jj < n_out; jj++)
-				memcpy(rk->logits + jj * hp->vocab + r * rk->vl, lgg + ((size_t)r * (size_t)n_out + (size_t)jj) * (size_t)rk->vl,
+				memcpy(rk->logits + jj * hp->vocab + r * rk->vl,
+				       lgg + ((size_t)r * (size_t)n_out + (size_t)jj) * (size_t)rk->vl,
 				       (size_t)rk->vl * sizeof(float));
 	return 0;
 }

@@ -24,7 +24,7 @@ void model_kv_layout_get(const struct model *m, struct model_kv_layout *L)
 }
 
 int model_kv_init(struct model_kv *kv, const struct model *m, int64_t n_blocks, void *mem, size_t mem_bytes,
-		  struct errbuf *e)
+                  struct errbuf *e)
 {
 	memset(kv, 0, sizeof(*kv));
 	model_kv_layout_get(m, &kv->layout);
@@ -32,12 +32,14 @@ int model_kv_init(struct model_kv *kv, const struct model *m, int64_t n_blocks, 
 		return errbuf_set(e, -EINVAL, "KV pool: %lld blocks out of range", (long long)n_blocks);
 	size_t bb = kv->layout.block_bytes;
 	if ((size_t)n_blocks > SIZE_MAX / bb)
-		return errbuf_set(e, ERR_LIMIT, "KV pool: %lld blocks of %zu bytes overflow", (long long)n_blocks, bb);
+		return errbuf_set(e, ERR_LIMIT, "KV pool: %lld blocks of %zu bytes overflow",
+		                  (long long)n_blocks, bb);
 	size_t need = (size_t)n_blocks * bb;
 	if (mem) {
 		if (mem_bytes < need)
-			return errbuf_set(e, ERR_LIMIT, "KV pool: %zu bytes given, %lld blocks of %zu bytes need %zu",
-					  mem_bytes, (long long)n_blocks, bb, need);
+			return errbuf_set(e, ERR_LIMIT,
+			                  "KV pool: %zu bytes given, %lld blocks of %zu bytes need %zu",
+			                  mem_bytes, (long long)n_blocks, bb, need);
 		kv->base = mem;
 	} else {
 		kv->base = calloc(1, need);
@@ -70,8 +72,9 @@ int model_kv_fingerprint(const struct model *m, char *buf, size_t size)
 	}
 	idx[o] = 0;
 	return snprintf(buf, size, "arch=%s layers=%d block=%d C=%lld R=%lld DI=%lld dtype=%s idx=%s",
-			model_arch_name(hp->arch), hp->n_layers, L.block_tokens, (long long)hp->C, (long long)hp->R,
-			(long long)L.idx_dim, L.dtype == MODEL_KV_BF16 ? "bf16" : "f32", idx);
+	                model_arch_name(hp->arch), hp->n_layers, L.block_tokens, (long long)hp->C,
+	                (long long)hp->R, (long long)L.idx_dim, L.dtype == MODEL_KV_BF16 ? "bf16" : "f32",
+	                idx);
 }
 
 uint64_t model_kv_fingerprint_hash(const struct model *m)

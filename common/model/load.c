@@ -39,7 +39,8 @@ static int bind(const struct gguf_ctx *g, const char *name, struct kweight *w, s
 		return errbuf_set(e, ERR_FORMAT, "tensor %s is missing", name);
 	size_t rb;
 	if (!ktype_row_bytes(t->type, t->ne[0], &rb))
-		return errbuf_set(e, ERR_FORMAT, "tensor %s: bad row size for type %s", name, ktype_name(t->type));
+		return errbuf_set(e, ERR_FORMAT, "tensor %s: bad row size for type %s", name,
+		                  ktype_name(t->type));
 	w->type = t->type;
 	w->n_in = t->ne[0];
 	w->n_out = t->ne[1];
@@ -72,10 +73,11 @@ static int cut_cols(struct kweight *w, int64_t c0, int64_t n, const char *name, 
 {
 	const struct ktype_info *ti = ktype_get(w->type);
 	if (!ti || c0 % ti->blck || n % ti->blck)
-		return errbuf_set(e, ERR_UNSUPPORTED,
-				  "tensor %s: TP=%d would split its rows of %lld %s values into %lld-value shards, not a "
-				  "multiple of the type's block size %d; use a smaller TP degree",
-				  name, T, (long long)w->n_in, ktype_name(w->type), (long long)n, ti ? ti->blck : 0);
+		return errbuf_set(
+		    e, ERR_UNSUPPORTED,
+		    "tensor %s: TP=%d would split its rows of %lld %s values into %lld-value shards, not a "
+		    "multiple of the type's block size %d; use a smaller TP degree",
+		    name, T, (long long)w->n_in, ktype_name(w->type), (long long)n, ti ? ti->blck : 0);
 	w->data = (const char *)w->data + (size_t)(c0 / ti->blck) * (size_t)ti->bytes;
 	w->n_in = n;
 	return 0;
@@ -99,7 +101,8 @@ static int vec(const struct gguf_ctx *g, const char *name, int64_t n, float **ou
 static int split(int64_t n, int T, int r, int64_t *lo, int64_t *cnt, const char *what, struct errbuf *e)
 {
 	if (n % T)
-		return errbuf_set(e, ERR_UNSUPPORTED, "TP=%d does not divide %s (%lld)", T, what, (long long)n);
+		return errbuf_set(e, ERR_UNSUPPORTED, "TP=%d does not divide %s (%lld)", T, what,
+		                  (long long)n);
 	*cnt = n / T;
 	*lo = *cnt * r;
 	return 0;
@@ -117,13 +120,14 @@ static int bind_rank(struct model *m, struct model_rank *rk, struct errbuf *e)
 	if ((rc = split(hp->H, T, r, &rk->h0, &rk->Hl, "the attention head count", e)) ||
 	    (rc = split(hp->vocab, T, r, &rk->v0, &rk->vl, "the vocabulary size", e)))
 		return rc;
-	if (hp->n_dense_lead > 0 && (rc = split(hp->n_ff, T, r, &rk->ff0, &rk->ffl, "feed_forward_length", e)))
+	if (hp->n_dense_lead > 0 &&
+	    (rc = split(hp->n_ff, T, r, &rk->ff0, &rk->ffl, "feed_forward_length", e)))
 		return rc;
 	if (hp->n_dense_lead < hp->n_layers) {
 		if ((rc = split(hp->n_ff_exp, T, r, &rk->fe0, &rk->fel, "expert_feed_forward_length", e)))
 			return rc;
-		if (hp->n_expert_shared > 0 &&
-		    (rc = split(hp->n_ff_exp * hp->n_expert_shared, T, r, &rk->fs0, &rk->fsl, "the shared expert width", e)))
+		if (hp->n_expert_shared > 0 && (rc = split(hp->n_ff_exp * hp->n_expert_shared, T, r, &rk->fs0,
+		                                           &rk->fsl, "the shared expert width", e)))
 			return rc;
 	}
 	struct kweight lm;
@@ -161,7 +165,8 @@ static int bind_rank(struct model *m, struct model_rank *rk, struct errbuf *e)
 			if ((rc = bind(g, NM("blk.%d.indexer.attn_q_b.weight"), &L->idx_q_b, e)) ||
 			    (rc = bind(g, NM("blk.%d.indexer.attn_k.weight"), &L->idx_k, e)) ||
 			    (rc = bind(g, NM("blk.%d.indexer.proj.weight"), &L->idx_proj, e)) ||
-			    (rc = vec(g, NM("blk.%d.indexer.k_norm.weight"), hp->idx_D, &L->idx_knorm_w, e)) ||
+			    (rc =
+			         vec(g, NM("blk.%d.indexer.k_norm.weight"), hp->idx_D, &L->idx_knorm_w, e)) ||
 			    (rc = vec(g, NM("blk.%d.indexer.k_norm.bias"), hp->idx_D, &L->idx_knorm_b, e)))
 				return rc;
 		}
@@ -221,10 +226,17 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
 static size_t vt_size(enum gguf_vtype t)
 {
 	switch (t) {
-	case GGUF_VT_U8: case GGUF_VT_I8: case GGUF_VT_BOOL: return 1;
-	case GGUF_VT_U16: case GGUF_VT_I16: return 2;
-	case GGUF_VT_U32: case GGUF_VT_I32: case GGUF_VT_F32: return 4;
-	case GGUF_VT_U64: case GGUF_VT_I64: case GGUF_VT_F64: return 8;
+	case GGUF_VT_U8:
+	case GGUF_VT_I8:
+	case GGUF_VT_BOOL: return 1;
+	case GGUF_VT_U16:
+	case GGUF_VT_I16: return 2;
+	case GGUF_VT_U32:
+	case GGUF_VT_I32:
+	case GGUF_VT_F32: return 4;
+	case GGUF_VT_U64:
+	case GGUF_VT_I64:
+	case GGUF_VT_F64: return 8;
 	default: return 0;
 	}
 }
@@ -333,6 +345,7 @@ void model_destroy(struct model *m)
 {
 	if (!m)
 		return;
+	model_workers_stop(m);
 	for (int i = 0; m->ranks && i < m->n_ranks_local; i++) {
 		kpool_destroy(m->ranks[i].pool);
 		free_layers(m->ranks[i].layers, m->hp.n_layers);
@@ -382,8 +395,8 @@ int model_load_gguf(struct model **out, struct gguf_ctx *g, const struct model_o
 		goto fail;
 	}
 	if (m->hp.n_nextn > 0 && !o->quiet)
-		LOG_INFO("model", "skipping %d nextn/MTP layer(s) (blk.%d..%d): not part of the main forward", m->hp.n_nextn,
-			 m->hp.n_layers, m->hp.n_layers_file - 1);
+		LOG_INFO("model", "skipping %d nextn/MTP layer(s) (blk.%d..%d): not part of the main forward",
+		         m->hp.n_nextn, m->hp.n_layers, m->hp.n_layers_file - 1);
 	m->identity = identity_hash(g);
 	if ((rc = bind(g, "token_embd.weight", &m->tok_embd, e)) ||
 	    (rc = vec(g, "output_norm.weight", m->hp.D, &m->out_norm, e)))
@@ -421,6 +434,17 @@ int model_load_gguf(struct model **out, struct gguf_ctx *g, const struct model_o
 		}
 		if ((rc = bind_rank(m, rk, e)))
 			goto fail;
+	}
+	if (!o->quiet) {
+		struct model_kv_layout kl;
+		model_kv_layout_get(m, &kl);
+		LOG_INFO("model",
+		         "loaded %s: %d layers, D=%lld H=%lld, %d experts (k=%d), indexer %s; TP=%d%s, %d thread(s); "
+		         "KV %s, %zu bytes per 64-token block",
+		         model_arch_name(m->hp.arch), m->hp.n_layers, (long long)m->hp.D, (long long)m->hp.H,
+		         m->hp.n_expert, m->hp.n_expert_used, m->hp.has_indexer ? "yes" : "no", m->T,
+		         o->rank >= 0 ? " (rank-shard)" : "", o->n_threads, kl.dtype == MODEL_KV_BF16 ? "bf16" : "f32",
+		         kl.block_bytes);
 	}
 	*out = m;
 	return 0;

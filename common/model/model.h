@@ -13,7 +13,9 @@
  *   model_forward(m, &kv, &b, logits_out, NULL, &e);
  *
  * Threading: a struct model is used by one caller thread at a time (model_forward runs its own
- * worker threads: T rank threads each with its own pool). Weights are used straight from the
+ * workers: with TP=T as threads, ranks 1..T-1 are persistent threads started by the first forward,
+ * and every rank has its own kpool). The batch is validated before anything runs; errors name
+ * the bad token / position / block. See docs/MODEL.md for the decisions behind the numerics. Weights are used straight from the
  * GGUF mapping (no copy); the struct gguf_ctx stays open until model_destroy().
  */
 #ifndef TANDEM_MODEL_MODEL_H
@@ -34,7 +36,7 @@ struct gguf_ctx;
 #define MODEL_KV_BLOCK_TOKENS 64
 
 enum model_arch {
-	MODEL_ARCH_GLM_DSA = 0,  /* "glm-dsa" */
+	MODEL_ARCH_GLM_DSA = 0, /* "glm-dsa" */
 	MODEL_ARCH_DEEPSEEK2 = 1, /* "deepseek2" (no indexer) */
 	MODEL_ARCH_DEEPSEEK32 = 2, /* "deepseek32" (indexer on every layer) */
 };
@@ -42,11 +44,11 @@ const char *model_arch_name(enum model_arch a);
 
 enum model_rope_pairing {
 	MODEL_ROPE_INTERLEAVED = 0, /* pairs (2i, 2i+1) */
-	MODEL_ROPE_HALF = 1,        /* pairs (i, i + R/2), NeoX */
+	MODEL_ROPE_HALF = 1, /* pairs (i, i + R/2), NeoX */
 };
 
 enum model_kv_dtype {
-	MODEL_KV_F32 = 0,  /* default: exact against the references */
+	MODEL_KV_F32 = 0, /* default: exact against the references */
 	MODEL_KV_BF16 = 1,
 };
 
@@ -54,63 +56,63 @@ enum model_kv_dtype {
  * MODEL-SPEC.md §0.2. */
 struct model_hparams {
 	enum model_arch arch;
-	int n_layers;        /* main layers = block_count - nextn_predict_layers */
-	int n_layers_file;   /* block_count */
-	int n_nextn;         /* nextn_predict_layers (skipped) */
-	int64_t D;           /* embedding_length */
-	int64_t H;           /* attention.head_count */
-	int64_t Cq;          /* attention.q_lora_rank */
-	int64_t C;           /* attention.kv_lora_rank */
-	int64_t R;           /* rope.dimension_count */
-	int64_t N;           /* key_length_mla - R */
-	int64_t V;           /* value_length_mla */
-	int64_t vocab;       /* rows of token_embd */
+	int n_layers; /* main layers = block_count - nextn_predict_layers */
+	int n_layers_file; /* block_count */
+	int n_nextn; /* nextn_predict_layers (skipped) */
+	int64_t D; /* embedding_length */
+	int64_t H; /* attention.head_count */
+	int64_t Cq; /* attention.q_lora_rank */
+	int64_t C; /* attention.kv_lora_rank */
+	int64_t R; /* rope.dimension_count */
+	int64_t N; /* key_length_mla - R */
+	int64_t V; /* value_length_mla */
+	int64_t vocab; /* rows of token_embd */
 	int64_t n_ctx_train; /* context_length */
-	int64_t n_ff;        /* feed_forward_length (dense MLP) */
-	int64_t n_ff_exp;    /* F: expert_feed_forward_length */
-	int n_dense_lead;    /* leading_dense_block_count */
-	int n_expert;        /* E */
-	int n_expert_used;   /* k */
+	int64_t n_ff; /* feed_forward_length (dense MLP) */
+	int64_t n_ff_exp; /* F: expert_feed_forward_length */
+	int n_dense_lead; /* leading_dense_block_count */
+	int n_expert; /* E */
+	int n_expert_used; /* k */
 	int n_expert_shared;
-	int n_group;         /* expert_group_count (1 = no group limit) */
-	int n_group_used;    /* expert_group_used_count */
-	int gating_func;     /* 1 softmax, 2 sigmoid */
+	int n_group; /* expert_group_count (1 = no group limit) */
+	int n_group_used; /* expert_group_used_count */
+	int gating_func; /* 1 softmax, 2 sigmoid */
 	bool expert_weights_norm;
 	float expert_weights_scale;
-	float rms_eps;       /* attention.layer_norm_rms_epsilon: block and final norms */
-	float latent_eps;    /* q_a_norm / kv_a_norm eps (option; reference = 1e-6, see model_opts) */
-	float idx_norm_eps;  /* indexer k_norm LayerNorm eps, 1e-6 */
+	float rms_eps; /* attention.layer_norm_rms_epsilon: block and final norms */
+	float latent_eps; /* q_a_norm / kv_a_norm eps (option; reference = 1e-6, see model_opts) */
+	float idx_norm_eps; /* indexer k_norm LayerNorm eps, 1e-6 */
 	/* RoPE */
 	float rope_theta;
 	enum model_rope_pairing rope_main, rope_idx;
 	bool yarn;
 	float yarn_factor, yarn_beta_fast, yarn_beta_slow, yarn_mscale_all_dim;
 	int64_t yarn_orig_ctx;
-	float attn_scale;    /* sigma = (N+R)^-0.5 * mscale^2 */
+	float attn_scale; /* sigma = (N+R)^-0.5 * mscale^2 */
 	/* DSA indexer (has_indexer false for deepseek2) */
 	bool has_indexer;
-	int64_t idx_H;       /* HI */
-	int64_t idx_D;       /* DI */
-	int64_t idx_topk;    /* K */
-	int n_idx_full;      /* number of layers with a full indexer (and an indexer key cache) */
-	bool idx_full[MODEL_MAX_LAYERS];   /* layer l computes its own top-k */
-	int idx_src[MODEL_MAX_LAYERS];     /* layer whose top-k layer l uses (l itself if full; -1 = dense) */
-	int idx_slot[MODEL_MAX_LAYERS];    /* index among full layers (KV slot), -1 if not full */
-	bool lm_head_tied;   /* output.weight absent: lm_head = token_embd */
+	int64_t idx_H; /* HI */
+	int64_t idx_D; /* DI */
+	int64_t idx_topk; /* K */
+	int n_idx_full; /* number of layers with a full indexer (and an indexer key cache) */
+	bool idx_full[MODEL_MAX_LAYERS]; /* layer l computes its own top-k */
+	int idx_src[MODEL_MAX_LAYERS]; /* layer whose top-k layer l uses (l itself if full; -1 = dense) */
+	int idx_slot[MODEL_MAX_LAYERS]; /* index among full layers (KV slot), -1 if not full */
+	bool lm_head_tied; /* output.weight absent: lm_head = token_embd */
 };
 
 struct model_opts {
-	int n_threads;       /* total CPU threads, shared among the ranks (>= 1); default 1 */
-	int tp;              /* TP degree T (>= 1); default 1 */
-	int rank;            /* -1 (default): run all T ranks as threads; r >= 0: rank-shard mode
-			      * (only rank r of T, collectives skipped; outputs are that rank's partials) */
+	int n_threads; /* total CPU threads, shared among the ranks (>= 1); default 1 */
+	int tp; /* TP degree T (>= 1); default 1 */
+	int rank; /* -1 (default): run all T ranks as threads; r >= 0: rank-shard mode
+	           * (only rank r of T, collectives skipped; outputs are that rank's partials) */
 	enum model_kv_dtype kv_dtype; /* default MODEL_KV_F32 */
 	/* eps of q_a_norm/kv_a_norm. The references (transformers) use 1e-6 regardless of
 	 * rms_norm_eps; llama.cpp/vLLM use rms_norm_eps (MODEL-SPEC.md §2.2 vs testdata §6.2).
 	 * <= 0 (default) means 1e-6. */
 	float latent_eps;
-	bool strict;         /* unknown tensor names are an error (default: warning) */
-	bool quiet;          /* no INFO lines while loading */
+	bool strict; /* unknown tensor names are an error (default: warning) */
+	bool quiet; /* no INFO lines while loading */
 };
 void model_opts_default(struct model_opts *o);
 
@@ -118,11 +120,11 @@ struct model; /* opaque */
 
 /* Loads and checks the model. On error *out is NULL and e names the problem (missing/extra/
  * mis-shaped tensor, bad key, unsupported arch, TP split not possible for a tensor's block size). */
-int model_load(struct model **out, const char *path, const struct model_opts *o, struct errbuf *e)
-	TD_MUST_CHECK;
+int model_load(struct model **out, const char *path, const struct model_opts *o,
+               struct errbuf *e) TD_MUST_CHECK;
 /* Same from an already open GGUF; the model borrows g (caller closes it after model_destroy). */
-int model_load_gguf(struct model **out, struct gguf_ctx *g, const struct model_opts *o, struct errbuf *e)
-	TD_MUST_CHECK;
+int model_load_gguf(struct model **out, struct gguf_ctx *g, const struct model_opts *o,
+                    struct errbuf *e) TD_MUST_CHECK;
 void model_destroy(struct model *m); /* accepts NULL */
 
 const struct model_hparams *model_hparams(const struct model *m);
@@ -156,15 +158,15 @@ uint64_t model_kv_fingerprint_hash(const struct model *m);
  * which sequence); the model only reads/writes the blocks named in a batch's block tables. */
 struct model_kv_layout {
 	enum model_kv_dtype dtype;
-	size_t elt_bytes;        /* 4 (f32) or 2 (bf16) */
-	int block_tokens;        /* 64 */
+	size_t elt_bytes; /* 4 (f32) or 2 (bf16) */
+	int block_tokens; /* 64 */
 	int n_layers;
-	int n_idx;               /* full indexer layers */
-	int64_t lat_dim;         /* C + R */
-	int64_t idx_dim;         /* DI (0 if no indexer) */
-	size_t lat_layer_bytes;  /* bytes of one layer's latent part of a block */
+	int n_idx; /* full indexer layers */
+	int64_t lat_dim; /* C + R */
+	int64_t idx_dim; /* DI (0 if no indexer) */
+	size_t lat_layer_bytes; /* bytes of one layer's latent part of a block */
 	size_t idx_layer_bytes;
-	size_t idx_offset;       /* where the indexer part starts in a block */
+	size_t idx_offset; /* where the indexer part starts in a block */
 	size_t block_bytes;
 };
 void model_kv_layout_get(const struct model *m, struct model_kv_layout *out);
@@ -172,8 +174,8 @@ void model_kv_layout_get(const struct model *m, struct model_kv_layout *out);
 struct model_kv {
 	struct model_kv_layout layout;
 	int64_t n_blocks;
-	void *base;  /* n_blocks * block_bytes */
-	bool owned;  /* base malloc'd by model_kv_init */
+	void *base; /* n_blocks * block_bytes */
+	bool owned; /* base malloc'd by model_kv_init */
 };
 /* Blocks needed for n_tokens positions; the address of block b of a pool. */
 static inline int64_t model_kv_blocks_for(int64_t n_tokens)
@@ -188,13 +190,13 @@ static inline void *model_kv_block_ptr(const struct model_kv *kv, int64_t b)
 /* mem == NULL: allocate (zeroed). Otherwise mem (mem_bytes >= n_blocks * block_bytes, 64-byte
  * alignment recommended) is borrowed. */
 int model_kv_init(struct model_kv *kv, const struct model *m, int64_t n_blocks, void *mem, size_t mem_bytes,
-		  struct errbuf *e) TD_MUST_CHECK;
+                  struct errbuf *e) TD_MUST_CHECK;
 void model_kv_fini(struct model_kv *kv);
 
 /* ---- batched forward --------------------------------------------------------------------------- */
 struct model_seq {
 	const int32_t *blocks; /* block table: token at position p lives in blocks[p / 64], slot p % 64 */
-	int n_blocks;          /* entries in blocks (capacity n_blocks * 64 positions) */
+	int n_blocks; /* entries in blocks (capacity n_blocks * 64 positions) */
 };
 
 /* A batch: n_tokens tokens, each of sequence seq[i] at position pos[i]. Positions of one sequence
@@ -205,10 +207,10 @@ struct model_seq {
 struct model_batch {
 	int n_tokens;
 	const int32_t *tokens;
-	const int32_t *seq;      /* index into seqs */
+	const int32_t *seq; /* index into seqs */
 	const int32_t *pos;
-	const uint8_t *logits;   /* 1 = output logits for this token; NULL = only the last token */
-	int n_seqs;
+	const uint8_t *logits; /* 1 = output logits for this token; NULL = only the last token */
+	int n_seqs;            /* seqs may list sequences that have no token in this batch */
 	const struct model_seq *seqs;
 };
 
@@ -220,11 +222,12 @@ struct model_debug {
 	void (*hidden_cb)(void *user, int layer, int n_tokens, int64_t D, const float *h);
 	/* per MoE layer: n_tokens x k expert ids (selection order) and final weights (normalised,
 	 * times routed scaling) */
-	void (*moe_cb)(void *user, int layer, int n_tokens, int k, const int32_t *experts, const float *weights);
+	void (*moe_cb)(void *user, int layer, int n_tokens, int k, const int32_t *experts,
+	               const float *weights);
 	/* per full indexer layer and token: scores of keys 0..pos (n_keys = pos + 1), and the
 	 * selected key positions (ascending, n_sel = min(K, n_keys)) */
 	void (*indexer_cb)(void *user, int layer, int token, int32_t pos, int n_keys, const float *scores,
-			   int n_sel, const int32_t *sel);
+	                   int n_sel, const int32_t *sel);
 };
 
 /* Runs the batch; writes logits (float32, vocab wide) for the marked tokens, in token order, to
@@ -232,6 +235,6 @@ struct model_debug {
  * the pool. In rank-shard mode the logits rows hold only this rank's vocab slice (others 0).
  * Errors: bad token id / position / block id / sequence index (ERR_FORMAT-class, nothing computed). */
 int model_forward(struct model *m, struct model_kv *kv, const struct model_batch *b, float *logits,
-		  const struct model_debug *dbg, struct errbuf *e) TD_MUST_CHECK;
+                  const struct model_debug *dbg, struct errbuf *e) TD_MUST_CHECK;
 
 #endif

@@ -9,7 +9,7 @@
 #include "common/model/model_internal.h"
 
 static int check_batch(const struct model *m, const struct model_kv *kv, const struct model_batch *b,
-		       struct errbuf *e)
+                       struct errbuf *e)
 {
 	if (b->n_tokens < 1)
 		return errbuf_set(e, -EINVAL, "batch: no tokens");
@@ -27,19 +27,25 @@ static int check_batch(const struct model *m, const struct model_kv *kv, const s
 			return errbuf_set(e, -EINVAL, "batch: sequence %d has a bad block table", s);
 		for (int i = 0; i < sq->n_blocks; i++)
 			if (sq->blocks[i] < 0 || sq->blocks[i] >= kv->n_blocks)
-				return errbuf_set(e, -EINVAL, "batch: sequence %d block %d = %d outside the pool (%lld blocks)",
-						  s, i, sq->blocks[i], (long long)kv->n_blocks);
+				return errbuf_set(
+				    e, -EINVAL,
+				    "batch: sequence %d block %d = %d outside the pool (%lld blocks)", s, i,
+				    sq->blocks[i], (long long)kv->n_blocks);
 	}
 	for (int i = 0; i < b->n_tokens; i++) {
 		if (b->tokens[i] < 0 || b->tokens[i] >= m->hp.vocab)
-			return errbuf_set(e, -EINVAL, "batch: token %d has id %d outside the vocabulary (%lld)", i,
-					  b->tokens[i], (long long)m->hp.vocab);
+			return errbuf_set(e, -EINVAL,
+			                  "batch: token %d has id %d outside the vocabulary (%lld)", i,
+			                  b->tokens[i], (long long)m->hp.vocab);
 		if (b->seq[i] < 0 || b->seq[i] >= b->n_seqs)
-			return errbuf_set(e, -EINVAL, "batch: token %d names sequence %d of %d", i, b->seq[i], b->n_seqs);
+			return errbuf_set(e, -EINVAL, "batch: token %d names sequence %d of %d", i, b->seq[i],
+			                  b->n_seqs);
 		int64_t cap = (int64_t)b->seqs[b->seq[i]].n_blocks * MODEL_KV_BLOCK_TOKENS;
 		if (b->pos[i] < 0 || b->pos[i] >= cap || b->pos[i] >= INT32_MAX - 1)
-			return errbuf_set(e, -EINVAL, "batch: token %d position %d outside its block table (%lld positions)",
-					  i, b->pos[i], (long long)cap);
+			return errbuf_set(
+			    e, -EINVAL,
+			    "batch: token %d position %d outside its block table (%lld positions)", i,
+			    b->pos[i], (long long)cap);
 	}
 	if (b->n_seqs > (1 << 24))
 		return errbuf_set(e, ERR_LIMIT, "batch: %d sequences is more than 16777216", b->n_seqs);
@@ -51,8 +57,11 @@ static int check_batch(const struct model *m, const struct model_kv *kv, const s
 	int rc = 0;
 	for (int i = 0; i < b->n_tokens && !rc; i++) {
 		if (b->pos[i] <= last[b->seq[i]])
-			rc = errbuf_set(e, -EINVAL, "batch: token %d of sequence %d at position %d does not follow position %d "
-					"(positions of a sequence must increase)", i, b->seq[i], b->pos[i], last[b->seq[i]]);
+			rc = errbuf_set(
+			    e, -EINVAL,
+			    "batch: token %d of sequence %d at position %d does not follow position %d "
+			    "(positions of a sequence must increase)",
+			    i, b->seq[i], b->pos[i], last[b->seq[i]]);
 		last[b->seq[i]] = b->pos[i];
 	}
 	free(last);
@@ -61,20 +70,80 @@ static int check_batch(const struct model *m, const struct model_kv *kv, const s
 	return 0;
 }
 
-struct rank_job {
+struct worker_arg {
 	struct model *m;
-	struct model_rank *rk;
+	int rank;
 };
 
-static void *rank_thread(void *arg)
+/* Rank r's thread: waits for a new generation, runs the rank's forward, reports done. */
+static void *worker_main(void *arg)
 {
-	struct rank_job *j = arg;
-	j->rk->rc = model_rank_forward(j->m, j->rk);
-	return NULL;
+	struct worker_arg wa = *(struct worker_arg *)arg;
+	free(arg);
+	struct rank_workers *w = wa.m->workers;
+	uint64_t seen = 0;
+	for (;;) {
+		pthread_mutex_lock(&w->mu);
+		while (w->gen == seen && !w->quit)
+			pthread_cond_wait(&w->go, &w->mu);
+		if (w->quit) {
+			pthread_mutex_unlock(&w->mu);
+			return NULL;
+		}
+		seen = w->gen;
+		pthread_mutex_unlock(&w->mu);
+		struct model_rank *rk = &wa.m->ranks[wa.rank];
+		rk->rc = model_rank_forward(wa.m, rk);
+		pthread_mutex_lock(&w->mu);
+		w->n_done++;
+		pthread_cond_signal(&w->done);
+		pthread_mutex_unlock(&w->mu);
+	}
+}
+
+static int workers_start(struct model *m, struct errbuf *e)
+{
+	struct rank_workers *w = calloc(1, sizeof(*w));
+	if (!w)
+		return errbuf_set(e, -ENOMEM, "out of memory");
+	pthread_mutex_init(&w->mu, NULL);
+	pthread_cond_init(&w->go, NULL);
+	pthread_cond_init(&w->done, NULL);
+	m->workers = w;
+	for (int r = 1; r < m->n_ranks_local; r++) {
+		struct worker_arg *a = malloc(sizeof(*a));
+		if (a)
+			*a = (struct worker_arg){m, r};
+		if (!a || pthread_create(&w->th[w->n], NULL, worker_main, a) != 0) {
+			free(a);
+			model_workers_stop(m);
+			return errbuf_set(e, -EAGAIN, "cannot start the thread of TP rank %d", r);
+		}
+		w->n++;
+	}
+	return 0;
+}
+
+void model_workers_stop(struct model *m)
+{
+	struct rank_workers *w = m->workers;
+	if (!w)
+		return;
+	pthread_mutex_lock(&w->mu);
+	w->quit = true;
+	pthread_cond_broadcast(&w->go);
+	pthread_mutex_unlock(&w->mu);
+	for (int i = 0; i < w->n; i++)
+		pthread_join(w->th[i], NULL);
+	pthread_mutex_destroy(&w->mu);
+	pthread_cond_destroy(&w->go);
+	pthread_cond_destroy(&w->done);
+	free(w);
+	m->workers = NULL;
 }
 
 int model_forward(struct model *m, struct model_kv *kv, const struct model_batch *b, float *logits,
-		  const struct model_debug *dbg, struct errbuf *e)
+                  const struct model_debug *dbg, struct errbuf *e)
 {
 	int rc = check_batch(m, kv, b, e);
 	if (rc)
@@ -93,22 +162,24 @@ int model_forward(struct model *m, struct model_kv *kv, const struct model_batch
 			return errbuf_set(e, rc, "forward failed: %s", err_name(rc));
 		return 0;
 	}
-	pthread_t th[256];
-	struct rank_job jobs[256];
-	int started = 0;
-	for (int i = 1; i < m->n_ranks_local; i++) {
-		jobs[i] = (struct rank_job){m, &m->ranks[i]};
-		if (pthread_create(&th[i], NULL, rank_thread, &jobs[i]) != 0)
-			break;
-		started++;
-	}
-	/* every rank must join every collective: a rank that could not start would deadlock the rest */
-	TD_ASSERT(started == m->n_ranks_local - 1);
+	if (!m->workers && (rc = workers_start(m, e)))
+		return rc;
+	struct rank_workers *w = m->workers;
+	/* a worker that could not start would leave the others waiting at the first collective */
+	TD_ASSERT(w->n == m->n_ranks_local - 1);
+	pthread_mutex_lock(&w->mu);
+	w->n_done = 0;
+	w->gen++;
+	pthread_cond_broadcast(&w->go);
+	pthread_mutex_unlock(&w->mu);
 	m->ranks[0].rc = model_rank_forward(m, &m->ranks[0]);
-	for (int i = 1; i < m->n_ranks_local; i++)
-		pthread_join(th[i], NULL);
+	pthread_mutex_lock(&w->mu);
+	while (w->n_done < w->n)
+		pthread_cond_wait(&w->done, &w->mu);
+	pthread_mutex_unlock(&w->mu);
 	for (int i = 0; i < m->n_ranks_local; i++)
 		if (m->ranks[i].rc)
-			return errbuf_set(e, m->ranks[i].rc, "forward failed on rank %d: %s", i, err_name(m->ranks[i].rc));
+			return errbuf_set(e, m->ranks[i].rc, "forward failed on rank %d: %s", i,
+			                  err_name(m->ranks[i].rc));
 	return 0;
 }

@@ -148,8 +148,8 @@ static int64_t nucleus(const float *l, const float *pr, int32_t *idx, int64_t V,
 
 /* Temperature / top-k / top-p / min-p draw. Without top-k no sort is needed: top-p selects its
  * set with a weighted quickselect and the draw walks the set in that (deterministic) order. */
-static int32_t draw(const struct sample_params *p, struct sample_rng *rng, struct sample_work *w, const float *l,
-		    int64_t V, float mx)
+static int32_t draw(const struct sample_params *p, struct sample_rng *rng, struct sample_work *w,
+                    const float *l, int64_t V, float mx)
 {
 	float inv_t = 1.0f / p->temperature;
 	float *pr = w->probs;
@@ -205,13 +205,15 @@ static int32_t draw(const struct sample_params *p, struct sample_rng *rng, struc
 	return last;
 }
 
-int sample_token(const struct sample_params *p, struct sample_rng *rng, struct sample_work *w, const float *logits,
-		 int64_t V, const int32_t *history, int64_t n_history, struct sample_result *out, struct errbuf *e)
+int sample_token(const struct sample_params *p, struct sample_rng *rng, struct sample_work *w,
+                 const float *logits, int64_t V, const int32_t *history, int64_t n_history,
+                 struct sample_result *out, struct errbuf *e)
 {
 	memset(out, 0, sizeof(*out));
 	if (V < 1 || V > w->n_vocab)
-		return errbuf_set(e, -EINVAL, "sampling: vocabulary %lld does not fit the work buffers (%lld)", (long long)V,
-				  (long long)w->n_vocab);
+		return errbuf_set(e, -EINVAL,
+		                  "sampling: vocabulary %lld does not fit the work buffers (%lld)",
+		                  (long long)V, (long long)w->n_vocab);
 	if (!(p->temperature >= 0) || !isfinite(p->temperature))
 		return errbuf_set(e, -EINVAL, "sampling: temperature must be >= 0");
 	if (!(p->top_p > 0) || !isfinite(p->top_p))
@@ -229,7 +231,8 @@ int sample_token(const struct sample_params *p, struct sample_rng *rng, struct s
 	for (int64_t i = 0; i < V; i++)
 		if (isnan(l[i]))
 			l[i] = -INFINITY; /* a NaN logit never wins */
-	bool pen = p->repetition_penalty != 1.0f || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
+	bool pen =
+	    p->repetition_penalty != 1.0f || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
 	if (pen && n_history > 0) {
 		for (int64_t i = 0; i < n_history; i++)
 			if (history[i] >= 0 && history[i] < V)

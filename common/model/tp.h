@@ -56,7 +56,7 @@ static inline int tp_broadcast(struct tp_comm *c, void *buf, size_t bytes, int r
  * thread. max_floats bounds the largest collective (ERR_LIMIT beyond it). */
 struct tp_cpu_group;
 int tp_cpu_group_create(struct tp_cpu_group **out, int size, size_t max_floats, struct tp_comm *comms,
-			struct errbuf *e) TD_MUST_CHECK;
+                        struct errbuf *e) TD_MUST_CHECK;
 void tp_cpu_group_destroy(struct tp_cpu_group *g);
 
 /* ---- rank-shard backend (tp_cpu.c) -------------------------------------------------------------

@@ -13,8 +13,8 @@ struct tp_cpu_group {
 	int size;
 	size_t max_floats;
 	pthread_barrier_t bar;
-	const void **ptr;  /* per rank: published buffer */
-	float *scratch;    /* max_floats: reduction result */
+	const void **ptr; /* per rank: published buffer */
+	float *scratch; /* max_floats: reduction result */
 };
 
 static int cpu_barrier(struct tp_comm *c)
@@ -69,14 +69,14 @@ static int cpu_broadcast(struct tp_comm *c, void *buf, size_t bytes, int root)
 }
 
 static const struct tp_ops cpu_ops = {
-	.all_reduce_sum = cpu_all_reduce,
-	.all_gather = cpu_all_gather,
-	.barrier = cpu_barrier,
-	.broadcast = cpu_broadcast,
+    .all_reduce_sum = cpu_all_reduce,
+    .all_gather = cpu_all_gather,
+    .barrier = cpu_barrier,
+    .broadcast = cpu_broadcast,
 };
 
 int tp_cpu_group_create(struct tp_cpu_group **out, int size, size_t max_floats, struct tp_comm *comms,
-			struct errbuf *e)
+                        struct errbuf *e)
 {
 	*out = NULL;
 	if (size < 1 || size > 1024)
@@ -137,10 +137,10 @@ static int shard_bcast(struct tp_comm *c, void *buf, size_t bytes, int root)
 	return 0;
 }
 static const struct tp_ops shard_ops = {
-	.all_reduce_sum = shard_reduce,
-	.all_gather = shard_gather,
-	.barrier = shard_nop,
-	.broadcast = shard_bcast,
+    .all_reduce_sum = shard_reduce,
+    .all_gather = shard_gather,
+    .barrier = shard_nop,
+    .broadcast = shard_bcast,
 };
 
 void tp_shard_comm_init(struct tp_comm *c, int rank, int size)

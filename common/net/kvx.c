@@ -263,6 +263,46 @@ int kvx_region_map(struct kvx *x, void *base, size_t len, struct kvx_region **ou
 	return 0;
 }
 
+int kvx_region_alloc(struct kvx *x, size_t len, void **base, struct kvx_region **out, struct errbuf *e)
+{
+	*out = NULL;
+	*base = NULL;
+	if (!len)
+		return errbuf_set(e, -EINVAL, "UCX: cannot allocate an empty region");
+	struct kvx_region *r = calloc(1, sizeof(*r));
+	if (!r)
+		return errbuf_set(e, -ENOMEM, "out of memory");
+	ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+						 UCP_MEM_MAP_PARAM_FIELD_FLAGS,
+				   .address = NULL,
+				   .length = len,
+				   .flags = UCP_MEM_MAP_ALLOCATE};
+	ucs_status_t st = ucp_mem_map(x->ctx, &mp, &r->memh);
+	if (st != UCS_OK) {
+		free(r);
+		return errbuf_set(e, ERR_UCX, "UCX: cannot allocate and register %zu bytes: %s", len, ucs_status_string(st));
+	}
+	ucp_mem_attr_t attr = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH};
+	st = ucp_mem_query(r->memh, &attr);
+	if (st == UCS_OK && attr.length >= len)
+		st = ucp_rkey_pack(x->ctx, r->memh, &r->rkey_buf, &r->rkey_len);
+	else if (st == UCS_OK)
+		st = UCS_ERR_NO_MEMORY;
+	if (st != UCS_OK) {
+		ucp_mem_unmap(x->ctx, r->memh);
+		free(r);
+		return errbuf_set(e, ERR_UCX, "UCX: allocated region unusable: %s", ucs_status_string(st));
+	}
+	memset(attr.address, 0, len);
+	r->base = (uintptr_t)attr.address;
+	r->len = len;
+	r->next = x->regions;
+	x->regions = r;
+	*base = attr.address;
+	*out = r;
+	return 0;
+}
+
 void kvx_region_rkey(const struct kvx_region *r, const uint8_t **rkey, size_t *len)
 {
 	*rkey = r->rkey_buf;

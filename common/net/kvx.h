@@ -51,6 +51,11 @@ int kvx_arm(struct kvx *x); /* 0 armed, 1 events pending (progress again), <0 er
 int kvx_progress(struct kvx *x);
 
 int kvx_region_map(struct kvx *x, void *base, size_t len, struct kvx_region **out, struct errbuf *e) TD_MUST_CHECK;
+/* Allocates len bytes through UCX and registers them (UCP_MEM_MAP_ALLOCATE). Prefer this for
+ * memory peers write into: UCX can then place it where every transport reaches it directly (a
+ * shared-memory segment on one host: puts become one memcpy instead of messages). *base gets the
+ * address; the memory is zeroed and lives until kvx_region_unmap. */
+int kvx_region_alloc(struct kvx *x, size_t len, void **base, struct kvx_region **out, struct errbuf *e) TD_MUST_CHECK;
 void kvx_region_rkey(const struct kvx_region *r, const uint8_t **rkey, size_t *len);
 void kvx_region_unmap(struct kvx *x, struct kvx_region *r); /* NULL is fine */
 

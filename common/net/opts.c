@@ -199,3 +199,29 @@ int opts_parse(const struct opt *t, int n, int argc, char **argv, const char *us
 	}
 	return 0;
 }
+
+int opts_read_token_file(const char *path, char *buf, size_t cap, struct errbuf *e)
+{
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return errbuf_set(e, -ENOENT, "token file %s: %s", path, strerror(errno));
+	char *line = NULL;
+	size_t n = 0;
+	ssize_t len = getline(&line, &n, f);
+	fclose(f);
+	if (len < 0) {
+		free(line);
+		return errbuf_set(e, -EINVAL, "token file %s: empty", path);
+	}
+	while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+		line[--len] = 0;
+	int rc = 0;
+	if (len == 0)
+		rc = errbuf_set(e, -EINVAL, "token file %s: first line is empty", path);
+	else if ((size_t)len >= cap)
+		rc = errbuf_set(e, -EINVAL, "token file %s: token longer than %zu bytes", path, cap - 1);
+	else
+		memcpy(buf, line, (size_t)len + 1);
+	free(line);
+	return rc;
+}

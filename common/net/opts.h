@@ -29,6 +29,9 @@ struct opt {
 /* Returns 0, 1 when --help was printed (exit 0), or a negative error. */
 int opts_parse(const struct opt *table, int n, int argc, char **argv, const char *usage_line,
 	       struct errbuf *e) TD_MUST_CHECK;
+/* Reads the first line of a secret file (a shared token), without the line end. The file must not be
+ * empty; a line longer than cap - 1 is an error. */
+int opts_read_token_file(const char *path, char *buf, size_t cap, struct errbuf *e) TD_MUST_CHECK;
 void opts_print_help(FILE *f, const struct opt *table, int n, const char *usage_line);
 
 #endif

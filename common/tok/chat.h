@@ -9,11 +9,21 @@
  *                   (`<think>…</think>`) after it; generation prompt `<|assistant|><think>` or,
  *                   with thinking off, `<|assistant|></think>`.
  *   "glm5.2"        GLM-5.2: adds the `<|system|>Reasoning Effort: Max|High|Low` turn and renders
- *                   hidden reasoning as `<think></think>`.
+ *                   hidden reasoning as `<think></think>`; with thinking off the generation prompt
+ *                   is `<|assistant|><think></think>` (inferred from that convention, not verified).
  *   "glm4"          GLM-4 chat: a newline after every role tag (`<|user|>\n…`), generation prompt
  *                   `<|assistant|>\n` (+ `<think>` with thinking on); the tiny test models use it.
- *   "deepseek-v3"   DeepSeek-V3 (2024-12 / 0324): BOS + system prompts, <｜User｜> / <｜Assistant｜>.
+ *   "deepseek-v3"   DeepSeek-V3 (2024-12 / 0324): BOS + system prompts, <｜User｜> / <｜Assistant｜>;
+ *                   tool calls / outputs as the template in deepseek-v3-vocab.gguf intends (its
+ *                   never-reset "first call/output" flags are reset per assistant turn / tool run).
  *   "deepseek-v3.1" DeepSeek-V3.1: as V3 with `<think>` / `</think>` thinking control.
+ *   "deepseek-r1"   DeepSeek-R1: as V3, past answers keep only the text after `</think>`, and the
+ *                   generation prompt is `<｜Assistant｜><think>\n` (it always reasons).
+ *
+ * Unverified against real GGUFs (none is in tests/data): the exact GLM-5 template (MODEL-SPEC §8.1);
+ * detection keys on "[gMASK]<sop>" / "<|assistant|>"+"<|user|>" (GLM; "Reasoning Effort" -> 5.2;
+ * a role interpolated into the tag, "<|{{", plus "|>\n" -> glm4) and "<｜Assistant｜>" (DeepSeek;
+ * "thinking" -> V3.1, else "<think>" / "</think>" -> R1).
  *
  * Special tokens only come from the template: in chat_encode, special-token text inside message
  * content is tokenized as plain text (no prompt injection of `<|user|>`), while the tokens the
@@ -46,6 +56,7 @@ enum chat_format {
 	CHAT_FMT_GLM4,
 	CHAT_FMT_DEEPSEEK_V3,
 	CHAT_FMT_DEEPSEEK_V31,
+	CHAT_FMT_DEEPSEEK_R1,
 	CHAT_FMT_COUNT
 };
 
@@ -64,6 +75,8 @@ struct chat {
 struct chat_opts {
 	int enable_thinking; /* -1: the format's default (GLM5/5.2 on, others off); 0; 1 */
 	const char *reasoning_effort; /* GLM-5.2: "low", "high"; anything else or NULL = max */
+	bool keep_past_reasoning; /* GLM: clear_thinking=false, keep reasoning_content of turns
+	                           * before the last user message too */
 	bool add_generation_prompt;
 	const json_t *tools; /* borrowed OpenAI `tools` array or NULL (GLM formats only) */
 	size_t max_bytes; /* 0 = CHAT_DEFAULT_MAX_BYTES; longer prompts are ERR_LIMIT */
@@ -79,7 +92,8 @@ struct chat_prompt {
 };
 
 const char *chat_format_name(enum chat_format f);
-/* "glm5", "glm5.2", "glm4", "deepseek-v3", "deepseek-v3.1" -> format; ERR_NOTFOUND otherwise. */
+/* "glm5", "glm5.2", "glm4", "deepseek-v3", "deepseek-v3.1", "deepseek-r1" -> format;
+ * ERR_NOTFOUND otherwise. */
 int chat_format_from_name(const char *name, enum chat_format *out);
 /* Recognises a Jinja chat template; ERR_UNSUPPORTED with a message when it is none we know. */
 int chat_format_detect(const char *tmpl, size_t len, enum chat_format *out, struct errbuf *e);

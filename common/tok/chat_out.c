@@ -12,25 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/tok/chat_internal.h"
 #include "common/tok/chat_out.h"
-
-#define DS_CALLS_BEGIN                                                                                       \
-	"<\xef\xbd\x9ctool\xe2\x96\x81"                                                                      \
-	"calls\xe2\x96\x81"                                                                                  \
-	"begin\xef\xbd\x9c>"
-#define DS_CALLS_END                                                                                         \
-	"<\xef\xbd\x9ctool\xe2\x96\x81"                                                                      \
-	"calls\xe2\x96\x81"                                                                                  \
-	"end\xef\xbd\x9c>"
-#define DS_CALL_BEGIN                                                                                        \
-	"<\xef\xbd\x9ctool\xe2\x96\x81"                                                                      \
-	"call\xe2\x96\x81"                                                                                   \
-	"begin\xef\xbd\x9c>"
-#define DS_CALL_END                                                                                          \
-	"<\xef\xbd\x9ctool\xe2\x96\x81"                                                                      \
-	"call\xe2\x96\x81"                                                                                   \
-	"end\xef\xbd\x9c>"
-#define DS_SEP "<\xef\xbd\x9ctool\xe2\x96\x81sep\xef\xbd\x9c>"
 
 enum { PART_NAME, PART_KEY, PART_VAL, PART_BETWEEN };
 
@@ -142,11 +125,13 @@ int chat_out_init(struct chat_out *o, const struct chat *c, const struct chat_op
 		return errbuf_set(e, -ENOMEM, "chat output: out of memory");
 	}
 	call_reset(o);
+	o->tools = opts->tools;
 	/* the prompt ended with <think> exactly when thinking is on for a thinking format */
 	bool think = opts->enable_thinking < 0 ? (c->fmt == CHAT_FMT_GLM5 || c->fmt == CHAT_FMT_GLM52)
 	                                       : opts->enable_thinking == 1;
-	if (think && opts->add_generation_prompt && c->fmt != CHAT_FMT_DEEPSEEK_V3)
-		o->mode = CHAT_OUT_REASONING;
+	if (opts->add_generation_prompt &&
+	    ((think && c->fmt != CHAT_FMT_DEEPSEEK_V3) || c->fmt == CHAT_FMT_DEEPSEEK_R1))
+		o->mode = CHAT_OUT_REASONING; /* R1's prompt always ends with <think>\n */
 	return 0;
 }
 
@@ -165,6 +150,28 @@ void chat_out_fini(struct chat_out *o)
 	memset(o, 0, sizeof(*o));
 }
 
+/* True when the request's tools declare parameter `key` of function `name` as a string (then a
+ * value like 42 stays the string "42"). */
+static bool param_is_string(const json_t *tools, const char *name, size_t name_len, const char *key)
+{
+	size_t i;
+	json_t *tool;
+	json_array_foreach(tools, i, tool)
+	{
+		const json_t *fn = json_object_get(tool, "function");
+		fn = json_is_object(fn) ? fn : tool;
+		const json_t *jn = json_object_get(fn, "name");
+		if (!json_is_string(jn) || json_string_length(jn) != name_len ||
+		    memcmp(json_string_value(jn), name, name_len) != 0)
+			continue;
+		const json_t *ty = json_object_get(
+		    json_object_get(json_object_get(json_object_get(fn, "parameters"), "properties"), key),
+		    "type");
+		return json_is_string(ty) && strcmp(json_string_value(ty), "string") == 0;
+	}
+	return false;
+}
+
 /* GLM: </arg_value> closes one argument. */
 static int glm_arg(struct chat_out *o, struct errbuf *e)
 {
@@ -175,9 +182,17 @@ static int glm_arg(struct chat_out *o, struct errbuf *e)
 		free(v);
 		return errbuf_set(e, -ENOMEM, "chat output: out of memory");
 	}
-	/* keep JSON-typed values (numbers, booleans, null, objects, arrays) typed */
+	/* keep JSON-typed values (numbers, booleans, null, objects, arrays) typed, unless the tool
+	 * declares the parameter a string */
 	json_error_t je;
-	json_t *jv = json_loads(v, JSON_DECODE_ANY, &je);
+	const char *nm = o->name.p ? o->name.p : "";
+	size_t nl = o->name.len;
+	while (nl && strchr(" \t\r\n", nm[0]))
+		nm++, nl--;
+	while (nl && strchr(" \t\r\n", nm[nl - 1]))
+		nl--;
+	json_t *jv =
+	    o->tools && param_is_string(o->tools, nm, nl, k) ? NULL : json_loads(v, JSON_DECODE_ANY, &je);
 	if (!jv || json_is_string(jv)) {
 		json_decref(jv);
 		jv = json_string(v);

@@ -11,9 +11,11 @@
  *
  * GLM tool calls: `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>…</tool_call>`;
  * each V that parses as a JSON number, true/false/null, object or array keeps that type, anything
- * else becomes a JSON string (GLM writes strings raw). DeepSeek V3.1: `<｜tool▁call▁begin｜>NAME
- * <｜tool▁sep｜>ARGS<｜tool▁call▁end｜>`; V3: `…begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```
- * <｜tool▁call▁end｜>`. ARGS is passed through as the arguments string. */
+ * else becomes a JSON string (GLM writes strings raw); a parameter the request's `tools` declare
+ * as "type": "string" always stays a string. opts->tools must outlive the parser. DeepSeek V3.1:
+ * `<｜tool▁call▁begin｜>NAME <｜tool▁sep｜>ARGS<｜tool▁call▁end｜>`; V3:
+ * `…begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n``` <｜tool▁call▁end｜>`. ARGS is passed through as
+ * the arguments string. */
 #ifndef TANDEM_TOK_CHAT_OUT_H
 #define TANDEM_TOK_CHAT_OUT_H
 
@@ -66,6 +68,7 @@ struct chat_out {
 	struct chat_out_buf raw; /* every byte of the call, markers included */
 	struct chat_out_buf fin; /* finish() output */
 	json_t *args; /* GLM: arguments so far */
+	const json_t *tools; /* borrowed from the chat_opts given to init (parameter types) */
 	struct chat_tool_call done;
 	/* marker ids (-1 when the vocab lacks them) */
 	int32_t id_think, id_think_end;

@@ -186,6 +186,11 @@ int tok_encode_spans(const struct tok *t, const char *text, size_t len, unsigned
 		i = seg = best_end;
 	}
 	rc = split(&x, s + seg, len - seg, 0);
+	/* a text that starts with the BOS token itself gets no second one (MODEL-SPEC §7.15) */
+	if (!rc && (flags & TOK_ENCODE_ADD_BOS) && t->add_bos && x.n_ids >= 2 && ids[1] == t->bos) {
+		memmove(ids, ids + 1, (x.n_ids - 1) * sizeof(*ids));
+		x.n_ids--;
+	}
 
 cleanup:
 	*n_ids = rc ? 0 : x.n_ids;

@@ -81,7 +81,7 @@ bool tok_is_eog(const struct tok *t, int32_t id);
 size_t tok_max_token_bytes(const struct tok *t);
 
 /* ---- encode ------------------------------------------------------------------------------- */
-#define TOK_ENCODE_ADD_BOS 1u /* prepend BOS if the vocab says add_bos_token */
+#define TOK_ENCODE_ADD_BOS 1u /* prepend BOS if add_bos_token says so (not if the text starts with BOS) */
 #define TOK_ENCODE_NO_SPECIAL 2u /* special-token text is tokenized as plain text */
 #define TOK_ENCODE_REPLACE_INVALID 4u /* invalid UTF-8 -> U+FFFD instead of ERR_FORMAT */
 

@@ -19,6 +19,12 @@ struct tok_pretok {
 	int n_re;
 };
 
+struct tok_merge_slot {
+	uint64_t key; /* UINT64_MAX: empty */
+	uint32_t rank;
+	int32_t merged;
+};
+
 struct tok {
 	int32_t n_vocab;
 	/* token strings as stored in the vocab, and the bytes each decodes to */
@@ -33,10 +39,9 @@ struct tok {
 	int32_t *str_tab;
 	uint32_t str_mask;
 
-	/* merge pair (left << 32 | right) -> rank and merged id */
-	uint64_t *mg_key; /* UINT64_MAX empty */
-	uint32_t *mg_rank;
-	int32_t *mg_new;
+	/* merge pair (left << 32 | right) -> rank and merged id, one 16-byte slot per entry so a
+	 * lookup touches one cache line */
+	struct tok_merge_slot *mg;
 	uint32_t mg_mask;
 	uint32_t n_merges;
 
@@ -84,17 +89,18 @@ static inline uint32_t tok_hash_u64(uint64_t x)
 static inline bool tok_merge_find(const struct tok *t, int32_t left, int32_t right, uint32_t *rank,
                                   int32_t *merged)
 {
-	if (!t->mg_key)
+	if (!t->mg)
 		return false;
 	uint64_t key = ((uint64_t)(uint32_t)left << 32) | (uint32_t)right;
 	for (uint32_t i = tok_hash_u64(key) & t->mg_mask;; i = (i + 1) & t->mg_mask) {
-		if (t->mg_key[i] == UINT64_MAX)
-			return false;
-		if (t->mg_key[i] == key) {
-			*rank = t->mg_rank[i];
-			*merged = t->mg_new[i];
+		const struct tok_merge_slot *m = &t->mg[i];
+		if (m->key == key) {
+			*rank = m->rank;
+			*merged = m->merged;
 			return true;
 		}
+		if (m->key == UINT64_MAX)
+			return false;
 	}
 }
 

@@ -70,6 +70,10 @@ static int load_tokens(struct tok *t, const struct gguf_ctx *g, struct errbuf *e
 			                  len, TOK_MAX_TOKEN_LEN);
 		total += len;
 	}
+	if (total >= UINT32_MAX)
+		return errbuf_set(e, ERR_FORMAT,
+		                  "tokenizer.ggml.tokens: %llu bytes of token text (max 4 GiB)",
+		                  (unsigned long long)total);
 	t->text_off = malloc(sizeof(uint32_t) * (size_t)n);
 	t->text_len = malloc(sizeof(uint32_t) * (size_t)n);
 	t->text_blob = malloc(total + 1);
@@ -196,12 +200,10 @@ static int merge_insert(struct tok *t, int32_t l, int32_t r, uint32_t rank, int3
 {
 	uint64_t key = ((uint64_t)(uint32_t)l << 32) | (uint32_t)r;
 	for (uint32_t i = tok_hash_u64(key) & t->mg_mask;; i = (i + 1) & t->mg_mask) {
-		if (t->mg_key[i] == key)
+		if (t->mg[i].key == key)
 			return 0; /* a repeated pair keeps its first (lowest) rank */
-		if (t->mg_key[i] == UINT64_MAX) {
-			t->mg_key[i] = key;
-			t->mg_rank[i] = rank;
-			t->mg_new[i] = merged;
+		if (t->mg[i].key == UINT64_MAX) {
+			t->mg[i] = (struct tok_merge_slot){key, rank, merged};
 			return 0;
 		}
 	}
@@ -221,14 +223,13 @@ static int load_merges(struct tok *t, const struct gguf_ctx *g, struct errbuf *e
 		return errbuf_set(e, ERR_FORMAT, "tokenizer.ggml.merges: %llu merges is too many",
 		                  (unsigned long long)a.count);
 	t->n_merges = (uint32_t)a.count;
-	t->mg_mask = pow2_at_least((uint64_t)a.count * 2) - 1;
+	t->mg_mask = pow2_at_least((uint64_t)a.count * 3 / 2 + 1) - 1; /* load <= 2/3 */
 	size_t cap = (size_t)t->mg_mask + 1;
-	t->mg_key = malloc(sizeof(uint64_t) * cap);
-	t->mg_rank = malloc(sizeof(uint32_t) * cap);
-	t->mg_new = malloc(sizeof(int32_t) * cap);
-	if (!t->mg_key || !t->mg_rank || !t->mg_new)
+	t->mg = malloc(sizeof(*t->mg) * cap);
+	if (!t->mg)
 		return errbuf_set(e, -ENOMEM, "tokenizer: out of memory for merges");
-	memset(t->mg_key, 0xff, sizeof(uint64_t) * cap);
+	for (size_t i = 0; i < cap; i++)
+		t->mg[i].key = UINT64_MAX;
 
 	for (uint32_t m = 0; m < t->n_merges; m++) {
 		const char *ls, *rs;
@@ -451,9 +452,7 @@ void tok_destroy(struct tok *t)
 	free(t->dec_len);
 	free(t->types);
 	free(t->str_tab);
-	free(t->mg_key);
-	free(t->mg_rank);
-	free(t->mg_new);
+	free(t->mg);
 	free(t->tr_key);
 	free(t->tr_child);
 	free(t->trie_tok);

@@ -4,8 +4,8 @@
  * the paged cache (fp32 or bf16 rows of DI values). */
 #include "kernels/kernels.h"
 
-void kcpu_indexer_scores(const float *q, const float *w, int64_t HI, int64_t DI, const void *const *keys, int n_keys,
-			 int key_bf16, float scale, float *scores)
+void kcpu_indexer_scores(const float *q, const float *w, int64_t HI, int64_t DI, const void *const *keys,
+                         int n_keys, int key_bf16, float scale, float *scores)
 {
 	for (int t = 0; t < n_keys; t++) {
 		float s = 0;

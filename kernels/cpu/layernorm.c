@@ -4,8 +4,8 @@
 
 #include "kernels/kernels.h"
 
-void kcpu_layernorm(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, const float *b, int64_t n,
-		    int64_t n_rows, float eps)
+void kcpu_layernorm(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, const float *b,
+                    int64_t n, int64_t n_rows, float eps)
 {
 	for (int64_t r = 0; r < n_rows; r++) {
 		const float *xr = x + r * ldx;

@@ -9,8 +9,8 @@
 
 #include "kernels/kernels.h"
 
-void kcpu_moe_route(const float *logits, const float *bias, int E, int k, int n_group, int n_group_used, int gating,
-		    bool norm, float scale, int32_t *ids, float *weights, float *scratch)
+void kcpu_moe_route(const float *logits, const float *bias, int E, int k, int n_group, int n_group_used,
+                    int gating, bool norm, float scale, int32_t *ids, float *weights, float *scratch)
 {
 	float *p = scratch, *sel = scratch + E;
 	if (gating == 1) {

@@ -12,8 +12,9 @@
  *           fails if the generation moved on), run, done += 1, repeat until no chunk is left.
  *
  * A stale worker may read a job slot while the caller rewrites it for a later job, but its CAS
- * then fails (the counter carries the later generation), so it never runs what it read. Several
- * pools may exist at once (one per CPU TP rank); they share nothing. */
+ * then fails (the counter carries the later generation), so it never runs what it read (the
+ * slot's fields are relaxed atomics so that this read is not a data race). Several pools may
+ * exist at once (one per CPU TP rank); they share nothing. */
 #include <errno.h>
 #include <linux/futex.h>
 #include <pthread.h>
@@ -23,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -34,11 +36,22 @@
 
 #include "kernels/kernels.h"
 
-/* How long an idle worker spins before sleeping, in pause iterations (~30-150 cycles each):
- * long enough to bridge the gap between the kpool_for calls of one decode step, short enough
- * not to burn a core between requests. */
-#define SPIN_WORKER 20000
+/* How long an idle worker spins before sleeping: long enough to bridge the gaps between the
+ * kpool_for calls of one decode step (microseconds), short enough not to burn a core between
+ * requests or on an oversubscribed machine. Timed with the clock because the cost of a pause
+ * instruction differs 10x between CPUs (about 10 ns on the test machine). */
+#define SPIN_NS 100000
 #define CHUNKS_PER_THREAD 4
+
+/* A job slot. Its fields are atomics (relaxed) only because a stale worker may read a slot
+ * while the caller rewrites it for a later job; such a worker's CAS then fails, so what it read
+ * is never used, but the read must not be a data race. */
+struct job_slot {
+	_Atomic(kpool_fn) fn;
+	_Atomic(void *) user;
+	_Atomic int64_t n;
+	_Atomic int64_t n_chunks;
+};
 
 struct job {
 	kpool_fn fn;
@@ -56,18 +69,25 @@ struct kpool {
 	int n_threads;
 	pthread_t *threads;
 	struct scratch *scratch; /* per thread, grown by kpool_scratch */
-	struct job jobs[2];
-	_Alignas(64) _Atomic uint64_t ctr;   /* gen << 32 | next chunk */
-	_Alignas(64) _Atomic uint32_t gen;   /* futex word: last published job */
+	struct job_slot jobs[2];
+	_Alignas(64) _Atomic uint64_t ctr; /* gen << 32 | next chunk */
+	_Alignas(64) _Atomic uint32_t gen; /* futex word: last published job */
 	_Atomic int sleepers;
 	_Atomic bool stop;
-	_Alignas(64) _Atomic int64_t done;   /* chunks finished in the current job */
+	_Alignas(64) _Atomic int64_t done; /* chunks finished in the current job */
 };
 
 struct worker_arg {
 	struct kpool *p;
 	int index;
 };
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 
 static long futex(_Atomic uint32_t *addr, int op, uint32_t val)
 {
@@ -91,7 +111,7 @@ static void run_chunks(struct kpool *p, const struct job *j, uint32_t g, int thr
 		if ((uint32_t)(c >> 32) != g || (int64_t)(uint32_t)c >= j->n_chunks)
 			return;
 		if (!atomic_compare_exchange_weak_explicit(&p->ctr, &c, c + 1, memory_order_acq_rel,
-							   memory_order_acquire))
+		                                           memory_order_acquire))
 			continue;
 		int64_t i0, i1;
 		chunk_range(j, (int64_t)(uint32_t)c, &i0, &i1);
@@ -99,6 +119,14 @@ static void run_chunks(struct kpool *p, const struct job *j, uint32_t g, int thr
 		atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
 		c = atomic_load_explicit(&p->ctr, memory_order_acquire);
 	}
+}
+
+static void read_slot(struct job_slot *s, struct job *j)
+{
+	j->fn = atomic_load_explicit(&s->fn, memory_order_relaxed);
+	j->user = atomic_load_explicit(&s->user, memory_order_relaxed);
+	j->n = atomic_load_explicit(&s->n, memory_order_relaxed);
+	j->n_chunks = atomic_load_explicit(&s->n_chunks, memory_order_relaxed);
 }
 
 static void *worker_main(void *argp)
@@ -112,10 +140,11 @@ static void *worker_main(void *argp)
 	for (;;) {
 		uint32_t g;
 		int spins = 0;
+		int64_t spin_start = now_ns();
 		while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen) {
 			if (atomic_load_explicit(&p->stop, memory_order_relaxed))
 				return NULL;
-			if (++spins < SPIN_WORKER) {
+			if ((++spins & 255) != 0 || now_ns() - spin_start < SPIN_NS) {
 				cpu_relax();
 				continue;
 			}
@@ -125,11 +154,13 @@ static void *worker_main(void *argp)
 				futex(&p->gen, FUTEX_WAIT_PRIVATE, seen);
 			atomic_fetch_sub(&p->sleepers, 1);
 			spins = 0;
+			spin_start = now_ns();
 		}
 		if (atomic_load_explicit(&p->stop, memory_order_relaxed))
 			return NULL;
 		seen = g;
-		struct job j = p->jobs[g & 1];
+		struct job j;
+		read_slot(&p->jobs[g & 1], &j);
 		run_chunks(p, &j, g, index);
 	}
 }
@@ -217,18 +248,18 @@ void kpool_for(struct kpool *p, int64_t n, int64_t grain, kpool_fn fn, void *use
 	}
 
 	uint32_t g = atomic_load_explicit(&p->gen, memory_order_relaxed) + 1;
-	struct job *j = &p->jobs[g & 1];
-	j->fn = fn;
-	j->user = user;
-	j->n = n;
-	j->n_chunks = n_chunks;
+	struct job_slot *slot = &p->jobs[g & 1];
+	atomic_store_explicit(&slot->fn, fn, memory_order_relaxed);
+	atomic_store_explicit(&slot->user, user, memory_order_relaxed);
+	atomic_store_explicit(&slot->n, n, memory_order_relaxed);
+	atomic_store_explicit(&slot->n_chunks, n_chunks, memory_order_relaxed);
 	atomic_store_explicit(&p->done, 0, memory_order_relaxed);
 	atomic_store_explicit(&p->ctr, (uint64_t)g << 32, memory_order_release);
 	atomic_store(&p->gen, g); /* seq_cst: ordered before the sleepers check below */
 	if (atomic_load(&p->sleepers) > 0)
 		futex(&p->gen, FUTEX_WAKE_PRIVATE, INT32_MAX);
 
-	struct job mine = *j;
+	struct job mine = {.fn = fn, .user = user, .n = n, .n_chunks = n_chunks};
 	run_chunks(p, &mine, g, 0);
 	int spins = 0;
 	while (atomic_load_explicit(&p->done, memory_order_acquire) < n_chunks) {

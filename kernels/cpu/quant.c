@@ -9,11 +9,11 @@
 #include "kernels/cpu/quant_impl.h"
 
 static const struct quant_ops *const ops_table[KT_COUNT] = {
-	[KT_F32] = &quant_ops_f32,     [KT_F16] = &quant_ops_f16,     [KT_BF16] = &quant_ops_bf16,
-	[KT_Q4_0] = &quant_ops_q4_0,   [KT_Q4_1] = &quant_ops_q4_1,   [KT_Q5_0] = &quant_ops_q5_0,
-	[KT_Q5_1] = &quant_ops_q5_1,   [KT_Q8_0] = &quant_ops_q8_0,   [KT_IQ4_NL] = &quant_ops_iq4_nl,
-	[KT_Q2_K] = &quant_ops_q2_k,   [KT_Q3_K] = &quant_ops_q3_k,   [KT_Q4_K] = &quant_ops_q4_k,
-	[KT_Q5_K] = &quant_ops_q5_k,   [KT_Q6_K] = &quant_ops_q6_k,   [KT_IQ4_XS] = &quant_ops_iq4_xs,
+    [KT_F32] = &quant_ops_f32,   [KT_F16] = &quant_ops_f16,   [KT_BF16] = &quant_ops_bf16,
+    [KT_Q4_0] = &quant_ops_q4_0, [KT_Q4_1] = &quant_ops_q4_1, [KT_Q5_0] = &quant_ops_q5_0,
+    [KT_Q5_1] = &quant_ops_q5_1, [KT_Q8_0] = &quant_ops_q8_0, [KT_IQ4_NL] = &quant_ops_iq4_nl,
+    [KT_Q2_K] = &quant_ops_q2_k, [KT_Q3_K] = &quant_ops_q3_k, [KT_Q4_K] = &quant_ops_q4_k,
+    [KT_Q5_K] = &quant_ops_q5_k, [KT_Q6_K] = &quant_ops_q6_k, [KT_IQ4_XS] = &quant_ops_iq4_xs,
 };
 
 /* Returns the ops of a compute type, aborting (with the caller's file:line) on a type without
@@ -28,7 +28,7 @@ static const struct quant_ops *ops_for(int type, int64_t n, const char *what)
 	}
 	if (n < 0 || n % t->blck != 0) {
 		fprintf(stderr, "%s: n = %lld is not a multiple of the %s block size %d\n", what,
-			(long long)n, t->name, t->blck);
+		        (long long)n, t->name, t->blck);
 		abort();
 	}
 	return ops_table[type];

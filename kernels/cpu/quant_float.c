@@ -38,12 +38,12 @@ static float f32_dot(const void *row, const float *x, int64_t n)
 #endif
 
 const struct quant_ops quant_ops_f32 = {
-	.dequant_ref = f32_dequant,
-	.dequant = f32_dequant,
+    .dequant_ref = f32_dequant,
+    .dequant = f32_dequant,
 #if QUANT_AVX2
-	.dot = f32_dot,
+    .dot = f32_dot,
 #endif
-	.quantize = f32_quantize,
+    .quantize = f32_quantize,
 };
 
 /* ---- F16 ---------------------------------------------------------------------------------- */
@@ -103,12 +103,12 @@ static float f16_dot(const void *row, const float *x, int64_t n)
 #endif
 
 const struct quant_ops quant_ops_f16 = {
-	.dequant_ref = f16_dequant_ref,
+    .dequant_ref = f16_dequant_ref,
 #if QUANT_AVX2
-	.dequant = f16_dequant,
-	.dot = f16_dot,
+    .dequant = f16_dequant,
+    .dot = f16_dot,
 #endif
-	.quantize = f16_quantize,
+    .quantize = f16_quantize,
 };
 
 /* ---- BF16 --------------------------------------------------------------------------------- */
@@ -169,10 +169,10 @@ static float bf16_dot(const void *row, const float *x, int64_t n)
 #endif
 
 const struct quant_ops quant_ops_bf16 = {
-	.dequant_ref = bf16_dequant_ref,
+    .dequant_ref = bf16_dequant_ref,
 #if QUANT_AVX2
-	.dequant = bf16_dequant,
-	.dot = bf16_dot,
+    .dequant = bf16_dequant,
+    .dot = bf16_dot,
 #endif
-	.quantize = bf16_quantize,
+    .quantize = bf16_quantize,
 };

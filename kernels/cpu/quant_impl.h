@@ -32,25 +32,26 @@ struct quant_ops {
 	float (*dot_xq8)(const void *row, const struct quant_xq8 *x, int64_t n);
 };
 
-/* An activation block of the approximate fast path (kcpu_matmul_fast): 32 values quantized to
- * int8 with one fp32 scale, x ~= d * q, plus sum(q) for the weight types that carry mins. */
+/* An activation block of the approximate fast path (kcpu_matmul_fast), like ggml's Q8_K: 256
+ * values quantized to int8 with one fp32 scale, x ~= d * q, plus the sums of each 16 q values
+ * (for the weight types that carry mins or offsets). One scale per 256 lets the K-quant dots
+ * accumulate a whole super-block in integers. */
 struct quant_xq8 {
 	float d;
-	int32_t sum;
-	int8_t q[32];
+	int16_t bsums[16];
+	int8_t q[256];
 };
 
-/* Quantizes n (a multiple of 32) activations into n / 32 blocks (quant_act.c). */
+/* Quantizes n (a multiple of 256) activations into n / 256 blocks (quant_act.c). */
 void quant_xq8_row(const float *x, struct quant_xq8 *out, int64_t n);
 /* Integer dots of a weight row with quantized activations; NULL where a type has none. */
 float quant_dot_xq8(int type, const void *row, const struct quant_xq8 *x, int64_t n);
 bool quant_has_xq8(int type);
 
 extern const struct quant_ops quant_ops_f32, quant_ops_f16, quant_ops_bf16;
-extern const struct quant_ops quant_ops_q4_0, quant_ops_q4_1, quant_ops_q5_0, quant_ops_q5_1,
-	quant_ops_q8_0, quant_ops_iq4_nl;
-extern const struct quant_ops quant_ops_q2_k, quant_ops_q3_k, quant_ops_q4_k, quant_ops_q5_k,
-	quant_ops_q6_k;
+extern const struct quant_ops quant_ops_q4_0, quant_ops_q4_1, quant_ops_q5_0, quant_ops_q5_1, quant_ops_q8_0,
+    quant_ops_iq4_nl;
+extern const struct quant_ops quant_ops_q2_k, quant_ops_q3_k, quant_ops_q4_k, quant_ops_q5_k, quant_ops_q6_k;
 extern const struct quant_ops quant_ops_iq4_xs;
 
 /* The 16 non-uniform 4-bit levels of IQ4_NL / IQ4_XS (MODEL-SPEC.md §5.1). */
@@ -86,9 +87,12 @@ static inline float quant_fp16(const uint8_t *p)
 #endif
 }
 
-/* Round half away from zero, as ggml's nearest_int does for the values quantizers produce. */
+/* Round half away from zero, as ggml's nearest_int does for the values quantizers produce.
+ * NaN gives 0 and huge values saturate (float -> int conversion of those is undefined). */
 static inline int quant_nearest(float v)
 {
+	if (!(v > -1e9f && v < 1e9f))
+		return v >= 1e9f ? 1000000000 : v <= -1e9f ? -1000000000 : 0;
 	return (int)(v >= 0.0f ? v + 0.5f : v - 0.5f);
 }
 

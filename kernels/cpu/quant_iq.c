@@ -123,18 +123,18 @@ static void iq4_xs_dequant(const void *src, float *dst, int64_t n)
 			__m128i v = _mm_loadu_si128((const __m128i *)(b + 8 + 16 * ib));
 			__m256 dl = _mm256_set1_ps(d * (float)(iq4xs_ls(b, ib) - 32));
 			quant_store16_i8(_mm_shuffle_epi8(tab, _mm_and_si128(v, m4)), dst, dl, dl, false);
-			quant_store16_i8(_mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(v, 4), m4)), dst + 16,
-					 dl, dl, false);
+			quant_store16_i8(_mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(v, 4), m4)),
+			                 dst + 16, dl, dl, false);
 		}
 	}
 }
 #endif
 
 const struct quant_ops quant_ops_iq4_xs = {
-	.dequant_ref = iq4_xs_dequant_ref,
+    .dequant_ref = iq4_xs_dequant_ref,
 #if QUANT_AVX2
-	.dequant = iq4_xs_dequant,
-	.dot = iq4_xs_dot,
+    .dequant = iq4_xs_dequant,
+    .dot = iq4_xs_dot,
 #endif
-	.quantize = iq4_xs_quantize,
+    .quantize = iq4_xs_quantize,
 };

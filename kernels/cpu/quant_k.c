@@ -57,8 +57,8 @@ static float signed_absmax(const float *x, int n)
  * Q4_K/Q5_K: 8 x 32, levels 15/31, 6-bit scales). Picks per-sub-block scale and min (min <= 0 so
  * the stored min is non-negative, as ggml does), quantizes those under fp16 super-scales d and
  * dmin, then rounds the elements against the scales actually stored. */
-static void quantize_affine_k(const float *x, int n_sub, int sub_len, int levels, int scale_max,
-			      uint16_t *dh, uint16_t *dminh, int *sc, int *mn, int *q)
+static void quantize_affine_k(const float *x, int n_sub, int sub_len, int levels, int scale_max, uint16_t *dh,
+                              uint16_t *dminh, int *sc, int *mn, int *q)
 {
 	float scale[16], mins[16], max_scale = 0.0f, max_min = 0.0f;
 
@@ -157,7 +157,7 @@ static void q3_k_dequant_ref(const void *src, float *dst, int64_t n)
 					float dl = d * (float)s[is++];
 					for (int l = 0; l < 16; l++) {
 						int v = ((q[16 * h + l] >> (2 * j)) & 3) -
-							((hm[16 * h + l] & m) ? 0 : 4);
+						        ((hm[16 * h + l] & m) ? 0 : 4);
 						*y++ = dl * (float)v;
 					}
 				}
@@ -359,9 +359,9 @@ static void q6_k_quantize(const float *src, void *dst, int64_t n)
 			for (int l = 0; l < 32; l++) {
 				b[64 * c + l] = (uint8_t)((qc[l] & 15) | ((qc[l + 64] & 15) << 4));
 				b[64 * c + l + 32] = (uint8_t)((qc[l + 32] & 15) | ((qc[l + 96] & 15) << 4));
-				b[128 + 32 * c + l] = (uint8_t)((qc[l] >> 4) | ((qc[l + 32] >> 4) << 2) |
-								((qc[l + 64] >> 4) << 4) |
-								((qc[l + 96] >> 4) << 6));
+				b[128 + 32 * c + l] =
+				    (uint8_t)((qc[l] >> 4) | ((qc[l + 32] >> 4) << 2) |
+				              ((qc[l + 64] >> 4) << 4) | ((qc[l + 96] >> 4) << 6));
 			}
 		}
 		quant_wr16(b + 208, dh);
@@ -403,9 +403,10 @@ static float q2_k_dot(const void *row, const float *x, int64_t n)
 				__m256 a1 = quant_fma16_i8(hi128(q), x + 16, _mm256_setzero_ps());
 				acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)(s0 & 15)), a0, acc);
 				acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)(s1 & 15)), a1, acc);
-				accm = _mm256_fmadd_ps(_mm256_set1_ps(min * (float)(s0 >> 4)), quant_sum16(x), accm);
-				accm = _mm256_fmadd_ps(_mm256_set1_ps(min * (float)(s1 >> 4)), quant_sum16(x + 16),
-						       accm);
+				accm = _mm256_fmadd_ps(_mm256_set1_ps(min * (float)(s0 >> 4)), quant_sum16(x),
+				                       accm);
+				accm = _mm256_fmadd_ps(_mm256_set1_ps(min * (float)(s1 >> 4)),
+				                       quant_sum16(x + 16), accm);
 			}
 		}
 	}
@@ -438,7 +439,8 @@ static float q3_k_dot(const void *row, const float *x, int64_t n)
 				__m256 a0 = quant_fma16_i8(lo128(q), x, _mm256_setzero_ps());
 				__m256 a1 = quant_fma16_i8(hi128(q), x + 16, _mm256_setzero_ps());
 				acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)s[8 * c + 2 * j]), a0, acc);
-				acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)s[8 * c + 2 * j + 1]), a1, acc);
+				acc =
+				    _mm256_fmadd_ps(_mm256_set1_ps(d * (float)s[8 * c + 2 * j + 1]), a1, acc);
 			}
 		}
 	}
@@ -469,8 +471,12 @@ static inline float k4_dot(const uint8_t *b, size_t block_bytes, const float *x,
 			if (five) {
 				__m256i u1 = _mm256_set1_epi8((char)(1 << (2 * c)));
 				__m256i u2 = _mm256_set1_epi8((char)(2 << (2 * c)));
-				lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, u1), u1), b16));
-				hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, u2), u2), b16));
+				lo = _mm256_or_si256(
+				    lo,
+				    _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, u1), u1), b16));
+				hi = _mm256_or_si256(
+				    hi,
+				    _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, u2), u2), b16));
 			}
 			int sc0, m0, sc1, m1;
 			scale_min_k4(2 * c, scales, &sc0, &m0);
@@ -496,21 +502,28 @@ static float q5_k_dot(const void *row, const float *x, int64_t n)
 	return k4_dot(row, 176, x, n, true);
 }
 
-/* the four 32-value streams of one 128-element half of a Q6_K block, as q - 32 */
-static inline void q6_vals(const uint8_t *ql, const uint8_t *qh, __m256i *q)
+/* the four unsigned 6-bit streams (0..63) of one 128-element half of a Q6_K block */
+static inline void q6_uvals(const uint8_t *ql, const uint8_t *qh, __m256i *q)
 {
 	const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), m30 = _mm256_set1_epi8(0x30);
-	const __m256i off = _mm256_set1_epi8(32);
 	__m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
 	__m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
 	__m256i h = _mm256_loadu_si256((const __m256i *)qh);
 
 	q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
 	q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-			       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
+	                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
 	q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(h, m30));
 	q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-			       _mm256_and_si256(_mm256_srli_epi16(h, 2), m30));
+	                       _mm256_and_si256(_mm256_srli_epi16(h, 2), m30));
+}
+
+/* the same streams as signed q - 32 */
+static inline void q6_vals(const uint8_t *ql, const uint8_t *qh, __m256i *q)
+{
+	const __m256i off = _mm256_set1_epi8(32);
+
+	q6_uvals(ql, qh, q);
 	for (int k = 0; k < 4; k++)
 		q[k] = _mm256_sub_epi8(q[k], off);
 }
@@ -530,7 +543,8 @@ static float q6_k_dot(const void *row, const float *x, int64_t n)
 				__m256 a0 = quant_fma16_i8(lo128(q[k]), x + 32 * k, _mm256_setzero_ps());
 				__m256 a1 = quant_fma16_i8(hi128(q[k]), x + 32 * k + 16, _mm256_setzero_ps());
 				acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)sc[8 * c + 2 * k]), a0, acc);
-				acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)sc[8 * c + 2 * k + 1]), a1, acc);
+				acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)sc[8 * c + 2 * k + 1]), a1,
+				                      acc);
 			}
 		}
 	}
@@ -538,46 +552,79 @@ static float q6_k_dot(const void *row, const float *x, int64_t n)
 }
 
 /* ---- integer dots with 8-bit activations (fast path) ----------------------------------------
- * Activation blocks are 32 wide, so each Q4_K/Q5_K sub-block meets exactly one: its term is
- * (d*sc*dx) * sum(q*qx) - (dmin*m*dx) * sum(qx). Unsigned 4/5-bit weights go straight into
- * maddubs (at most 31*127*2 per int16 pair, no saturation). */
-static inline __m256i isum_u8i8(__m256i u, __m256i s)
+ * One activation scale per 256 (quant_xq8) matches the super-block, so a whole block is summed in
+ * int32 with the sub-block scales applied by madd, and converted to float once:
+ *   Q4_K/Q5_K: d*dx * sum_j sc_j * sum(q*qx) - dmin*dx * sum_j m_j * (sum of qx in j)
+ *   Q6_K:      d*dx * (sum_s sc_s * sum(q*qx) - 32 * sum_s sc_s * (sum of qx in s))
+ * Weights go into maddubs unsigned (q <= 63: at most 2*63*127 per int16 pair, no saturation);
+ * per-lane int32 sums stay below 2^24. */
+/* The 12 scale bytes of a Q4_K/Q5_K block as 16 int16: [sc0..sc7, m0..m7] (§5.2 unpacking done
+ * on 32-bit words) */
+static inline __m256i k4_scales_mins(const uint8_t *scales)
 {
-	return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+	uint32_t u[4];
+	memcpy(u, scales, 12);
+	const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
+	u[3] = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4); /* mins 4..7 */
+	uint32_t mins_lo = u[1] & m6; /* mins 0..3 */
+	u[1] = (u[2] & m4) | (((u[0] >> 6) & m2) << 4); /* scales 4..7 */
+	u[2] = mins_lo;
+	u[0] &= m6; /* scales 0..3 */
+	return _mm256_cvtepu8_epi16(_mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]));
 }
 
-static inline float k4_dot_xq8(const uint8_t *b, size_t block_bytes, const struct quant_xq8 *x,
-			       int64_t n, bool five)
+/* int16 element j of each 128-bit lane broadcast over the lane */
+static inline __m256i bcast16(__m256i v, int j)
+{
+	return _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)((2 * j) | ((2 * j + 1) << 8))));
+}
+
+static inline float k4_dot_xq8(const uint8_t *b, size_t block_bytes, const struct quant_xq8 *x, int64_t n,
+                               bool five)
 {
 	const __m256i m4 = _mm256_set1_epi8(15), b16 = _mm256_set1_epi8(16);
 	__m256 acc = _mm256_setzero_ps();
-	float mins = 0.0f;
+	__m128 accm = _mm_setzero_ps();
 
-	for (int64_t i = 0; i < n / QK_K; i++, b += block_bytes) {
-		float d = quant_fp16(b), min = quant_fp16(b + 2);
+	for (int64_t i = 0; i < n / QK_K; i++, b += block_bytes, x++) {
 		const uint8_t *ql = b + (five ? 48 : 16);
 		__m256i qh = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
-		for (int c = 0; c < 4; c++, x += 2) {
+		__m256i sm = k4_scales_mins(b + 4);
+		__m256i sc = _mm256_permute2x128_si256(sm, sm, 0x00); /* scales in both lanes */
+		/* mins: sum_j m_j * (bsums[2j] + bsums[2j+1]) */
+		__m256i bs = _mm256_loadu_si256((const __m256i *)x->bsums);
+		__m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+		__m128i prod = _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), pairs);
+		accm = _mm_fmadd_ps(_mm_set1_ps(quant_fp16(b + 2) * x->d), _mm_cvtepi32_ps(prod), accm);
+
+		__m256i sumi = _mm256_setzero_si256();
+		for (int c = 0; c < 4; c++) {
 			__m256i v = _mm256_loadu_si256((const __m256i *)(ql + 32 * c));
 			__m256i lo = _mm256_and_si256(v, m4);
 			__m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
 			if (five) {
 				__m256i u1 = _mm256_set1_epi8((char)(1 << (2 * c)));
 				__m256i u2 = _mm256_set1_epi8((char)(2 << (2 * c)));
-				lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, u1), u1), b16));
-				hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, u2), u2), b16));
+				lo = _mm256_or_si256(
+				    lo,
+				    _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, u1), u1), b16));
+				hi = _mm256_or_si256(
+				    hi,
+				    _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, u2), u2), b16));
 			}
-			int sc0, m0, sc1, m1;
-			scale_min_k4(2 * c, b + 4, &sc0, &m0);
-			scale_min_k4(2 * c + 1, b + 4, &sc1, &m1);
-			__m256 s0 = _mm256_cvtepi32_ps(isum_u8i8(lo, _mm256_loadu_si256((const __m256i *)x[0].q)));
-			__m256 s1 = _mm256_cvtepi32_ps(isum_u8i8(hi, _mm256_loadu_si256((const __m256i *)x[1].q)));
-			acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)sc0 * x[0].d), s0, acc);
-			acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)sc1 * x[1].d), s1, acc);
-			mins += min * ((float)m0 * x[0].d * (float)x[0].sum + (float)m1 * x[1].d * (float)x[1].sum);
+			__m256i pl =
+			    _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(x->q + 64 * c)));
+			__m256i ph = _mm256_maddubs_epi16(
+			    hi, _mm256_loadu_si256((const __m256i *)(x->q + 64 * c + 32)));
+			pl = _mm256_madd_epi16(pl, bcast16(sc, 2 * c));
+			ph = _mm256_madd_epi16(ph, bcast16(sc, 2 * c + 1));
+			sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
 		}
+		acc = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b) * x->d), _mm256_cvtepi32_ps(sumi), acc);
 	}
-	return quant_hsum(acc) - mins;
+	accm = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+	accm = _mm_add_ss(accm, _mm_movehdup_ps(accm));
+	return quant_hsum(acc) - _mm_cvtss_f32(accm);
 }
 
 static float q4_k_dot_xq8(const void *row, const struct quant_xq8 *x, int64_t n)
@@ -590,28 +637,43 @@ static float q5_k_dot_xq8(const void *row, const struct quant_xq8 *x, int64_t n)
 	return k4_dot_xq8(row, 176, x, n, true);
 }
 
-/* Q6_K: signed q - 32 via the sign trick; the two 16-element sub-blocks of each 32-value stream
- * get their int8 scales through one madd with [s0 x 8 | s1 x 8] */
+/* byte shuffles picking Q6_K scales s = 2m (8 times) then 2m + 1 (8 times) */
+static const uint8_t q6_scale_shuffle[8][16] = {
+#define Q6S(m)                                                                                               \
+	{                                                                                                    \
+		2 * m, 2 * m, 2 * m, 2 * m, 2 * m, 2 * m, 2 * m, 2 * m, 2 * m + 1, 2 * m + 1, 2 * m + 1,     \
+		    2 * m + 1, 2 * m + 1, 2 * m + 1, 2 * m + 1, 2 * m + 1                                    \
+	}
+    Q6S(0), Q6S(1), Q6S(2), Q6S(3), Q6S(4), Q6S(5), Q6S(6), Q6S(7),
+#undef Q6S
+};
+
 static float q6_k_dot_xq8(const void *row, const struct quant_xq8 *x, int64_t n)
 {
 	const uint8_t *b = row;
 	__m256 acc = _mm256_setzero_ps();
 	__m256i q[4];
 
-	for (int64_t i = 0; i < n / QK_K; i++, b += 210) {
-		float d = quant_fp16(b + 208);
-		const int8_t *sc = (const int8_t *)(b + 192);
+	for (int64_t i = 0; i < n / QK_K; i++, b += 210, x++) {
+		__m128i sc8 = _mm_loadu_si128((const __m128i *)(b + 192));
+		/* the -32 offset: sum_s sc_s * (sum of qx over the 16 elements of s) */
+		__m256i offv = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8),
+		                                 _mm256_loadu_si256((const __m256i *)x->bsums));
+		__m256i sumi = _mm256_slli_epi32(offv, 5); /* 32 * offset, subtracted below */
+		sumi = _mm256_sub_epi32(_mm256_setzero_si256(), sumi);
 		for (int c = 0; c < 2; c++) {
-			q6_vals(b + 64 * c, b + 128 + 32 * c, q);
-			for (int k = 0; k < 4; k++, x++) {
-				__m256i v = _mm256_loadu_si256((const __m256i *)x->q);
-				__m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q[k], q[k]), _mm256_sign_epi8(v, q[k]));
-				__m256i scv = _mm256_setr_m128i(_mm_set1_epi16(sc[8 * c + 2 * k]),
-								_mm_set1_epi16(sc[8 * c + 2 * k + 1]));
-				__m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, scv));
-				acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), s, acc);
+			q6_uvals(b + 64 * c, b + 128 + 32 * c, q);
+			for (int k = 0; k < 4; k++) {
+				/* scales s = 8c + 2k (first 16 values) and s + 1, as [s x 8 | s+1 x 8] */
+				__m128i sh = _mm_loadu_si128((const __m128i *)q6_scale_shuffle[4 * c + k]);
+				__m256i scv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, sh));
+				__m256i v = _mm256_loadu_si256((const __m256i *)(x->q + 128 * c + 32 * k));
+				sumi = _mm256_add_epi32(
+				    sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], v), scv));
 			}
 		}
+		acc = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b + 208) * x->d), _mm256_cvtepi32_ps(sumi),
+		                      acc);
 	}
 	return quant_hsum(acc);
 }
@@ -627,7 +689,8 @@ static void q4_k_dequant(const void *src, float *dst, int64_t n)
 		float d = quant_fp16(b), min = quant_fp16(b + 2);
 		for (int c = 0; c < 4; c++, dst += 64) {
 			__m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
-			__m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+			__m256i lo = _mm256_and_si256(v, m4),
+			        hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
 			int sc, m;
 			scale_min_k4(2 * c, b + 4, &sc, &m);
 			__m256 d1 = _mm256_set1_ps(d * (float)sc), m1 = _mm256_set1_ps(min * (float)m);
@@ -653,9 +716,9 @@ static void q2_k_dequant(const void *src, float *dst, int64_t n)
 				__m256i q = crumbs(v, j);
 				int s0 = b[8 * c + 2 * j], s1 = b[8 * c + 2 * j + 1];
 				quant_store16_i8(lo128(q), dst, _mm256_set1_ps(d * (float)(s0 & 15)),
-						 _mm256_set1_ps(min * (float)(s0 >> 4)), true);
+				                 _mm256_set1_ps(min * (float)(s0 >> 4)), true);
 				quant_store16_i8(hi128(q), dst + 16, _mm256_set1_ps(d * (float)(s1 & 15)),
-						 _mm256_set1_ps(min * (float)(s1 >> 4)), true);
+				                 _mm256_set1_ps(min * (float)(s1 >> 4)), true);
 			}
 		}
 	}
@@ -693,11 +756,14 @@ static void q5_k_dequant(const void *src, float *dst, int64_t n)
 		__m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
 		for (int c = 0; c < 4; c++, dst += 64) {
 			__m256i v = _mm256_loadu_si256((const __m256i *)(b + 48 + 32 * c));
-			__m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+			__m256i lo = _mm256_and_si256(v, m4),
+			        hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
 			__m256i u1 = _mm256_set1_epi8((char)(1 << (2 * c)));
 			__m256i u2 = _mm256_set1_epi8((char)(2 << (2 * c)));
-			lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, u1), u1), b16));
-			hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, u2), u2), b16));
+			lo = _mm256_or_si256(
+			    lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, u1), u1), b16));
+			hi = _mm256_or_si256(
+			    hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, u2), u2), b16));
 			int sc, m;
 			scale_min_k4(2 * c, b + 4, &sc, &m);
 			__m256 d1 = _mm256_set1_ps(d * (float)sc), m1 = _mm256_set1_ps(min * (float)m);
@@ -739,27 +805,26 @@ static void q6_k_dequant(const void *src, float *dst, int64_t n)
 #define SIMD(f) NULL
 #endif
 
-
 const struct quant_ops quant_ops_q2_k = {.dequant_ref = q2_k_dequant_ref,
-					 .dequant = SIMD(q2_k_dequant),
-					 .dot = SIMD(q2_k_dot),
-					 .quantize = q2_k_quantize};
+                                         .dequant = SIMD(q2_k_dequant),
+                                         .dot = SIMD(q2_k_dot),
+                                         .quantize = q2_k_quantize};
 const struct quant_ops quant_ops_q3_k = {.dequant_ref = q3_k_dequant_ref,
-					 .dequant = SIMD(q3_k_dequant),
-					 .dot = SIMD(q3_k_dot),
-					 .quantize = q3_k_quantize};
+                                         .dequant = SIMD(q3_k_dequant),
+                                         .dot = SIMD(q3_k_dot),
+                                         .quantize = q3_k_quantize};
 const struct quant_ops quant_ops_q4_k = {.dequant_ref = q4_k_dequant_ref,
-					 .dequant = SIMD(q4_k_dequant),
-					 .dot = SIMD(q4_k_dot),
-					 .quantize = q4_k_quantize,
-					 .dot_xq8 = SIMD(q4_k_dot_xq8)};
+                                         .dequant = SIMD(q4_k_dequant),
+                                         .dot = SIMD(q4_k_dot),
+                                         .quantize = q4_k_quantize,
+                                         .dot_xq8 = SIMD(q4_k_dot_xq8)};
 const struct quant_ops quant_ops_q5_k = {.dequant_ref = q5_k_dequant_ref,
-					 .dequant = SIMD(q5_k_dequant),
-					 .dot = SIMD(q5_k_dot),
-					 .quantize = q5_k_quantize,
-					 .dot_xq8 = SIMD(q5_k_dot_xq8)};
+                                         .dequant = SIMD(q5_k_dequant),
+                                         .dot = SIMD(q5_k_dot),
+                                         .quantize = q5_k_quantize,
+                                         .dot_xq8 = SIMD(q5_k_dot_xq8)};
 const struct quant_ops quant_ops_q6_k = {.dequant_ref = q6_k_dequant_ref,
-					 .dequant = SIMD(q6_k_dequant),
-					 .dot = SIMD(q6_k_dot),
-					 .quantize = q6_k_quantize,
-					 .dot_xq8 = SIMD(q6_k_dot_xq8)};
+                                         .dequant = SIMD(q6_k_dequant),
+                                         .dot = SIMD(q6_k_dot),
+                                         .quantize = q6_k_quantize,
+                                         .dot_xq8 = SIMD(q6_k_dot_xq8)};

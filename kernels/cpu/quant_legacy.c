@@ -10,7 +10,7 @@
 #define QK 32
 
 const int8_t quant_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-				       1,    13,   25,  38,  53,  69,  89,  113};
+                                       1,    13,   25,  38,  53,  69,  89,  113};
 
 /* element q values of one block -> nibbles: element j in the low nibble of byte j, element j+16
  * in the high nibble (the layout shared by Q4_0/Q4_1/Q5_x/IQ4_NL) */
@@ -446,22 +446,30 @@ static float iq4_nl_dot(const void *row, const float *x, int64_t n)
 	return quant_hsum(acc);
 }
 
-/* Integer dot with 8-bit activations (fast path): sum over blocks of dw * dx * sum(qw * qx).
- * maddubs needs an unsigned operand: |qw| times qx carrying qw's sign. */
+/* Integer dot with 8-bit activations (fast path): sum over blocks of dw * dx * sum(qw * qx),
+ * eight weight blocks per activation block. maddubs needs an unsigned operand: |qw| times qx
+ * carrying qw's sign. */
 static float q8_0_dot_xq8(const void *row, const struct quant_xq8 *x, int64_t n)
 {
 	const uint8_t *b = row;
 	const __m256i ones = _mm256_set1_epi16(1);
-	__m256 acc = _mm256_setzero_ps();
+	__m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
 
-	for (int64_t i = 0; i < n / QK; i++, b += 34, x++) {
-		__m256i w = _mm256_loadu_si256((const __m256i *)(b + 2));
-		__m256i v = _mm256_loadu_si256((const __m256i *)x->q);
-		__m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(v, w));
-		__m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-		acc = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b) * x->d), s, acc);
+	for (int64_t i = 0; i < n / 256; i++, x++) {
+		for (int k = 0; k < 8; k += 2, b += 68) {
+			__m256i w0 = _mm256_loadu_si256((const __m256i *)(b + 2));
+			__m256i w1 = _mm256_loadu_si256((const __m256i *)(b + 36));
+			__m256i v0 = _mm256_loadu_si256((const __m256i *)(x->q + 32 * k));
+			__m256i v1 = _mm256_loadu_si256((const __m256i *)(x->q + 32 * k + 32));
+			__m256i p0 = _mm256_maddubs_epi16(_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(v0, w0));
+			__m256i p1 = _mm256_maddubs_epi16(_mm256_sign_epi8(w1, w1), _mm256_sign_epi8(v1, w1));
+			acc0 = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b) * x->d),
+			                       _mm256_cvtepi32_ps(_mm256_madd_epi16(p0, ones)), acc0);
+			acc1 = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b + 34) * x->d),
+			                       _mm256_cvtepi32_ps(_mm256_madd_epi16(p1, ones)), acc1);
+		}
 	}
-	return quant_hsum(acc);
+	return quant_hsum(_mm256_add_ps(acc0, acc1));
 }
 
 /* Exact SIMD dequantizers (q * d per lane, as the scalar code) */
@@ -532,15 +540,18 @@ static void iq4_nl_dequant(const void *src, float *dst, int64_t n)
 #define XQ8(f) .dot_xq8 = NULL
 #endif
 
-const struct quant_ops quant_ops_q8_0 = {.dequant_ref = q8_0_dequant_ref, DEQ(q8_0_dequant), DOT(q8_0_dot),
-					 .quantize = q8_0_quantize, XQ8(q8_0_dot_xq8)};
-const struct quant_ops quant_ops_q4_0 = {.dequant_ref = q4_0_dequant_ref, DEQ(q4_0_dequant), DOT(q4_0_dot),
-					 .quantize = q4_0_quantize};
-const struct quant_ops quant_ops_q4_1 = {.dequant_ref = q4_1_dequant_ref, DOT(q4_1_dot),
-					 .quantize = q4_1_quantize};
-const struct quant_ops quant_ops_q5_0 = {.dequant_ref = q5_0_dequant_ref, DEQ(q5_0_dequant), DOT(q5_0_dot),
-					 .quantize = q5_0_quantize};
-const struct quant_ops quant_ops_q5_1 = {.dequant_ref = q5_1_dequant_ref, DOT(q5_1_dot),
-					 .quantize = q5_1_quantize};
-const struct quant_ops quant_ops_iq4_nl = {.dequant_ref = iq4_nl_dequant_ref, DEQ(iq4_nl_dequant), DOT(iq4_nl_dot),
-					   .quantize = iq4_nl_quantize};
+const struct quant_ops quant_ops_q8_0 = {.dequant_ref = q8_0_dequant_ref,
+                                         DEQ(q8_0_dequant),
+                                         DOT(q8_0_dot),
+                                         .quantize = q8_0_quantize,
+                                         XQ8(q8_0_dot_xq8)};
+const struct quant_ops quant_ops_q4_0 = {
+    .dequant_ref = q4_0_dequant_ref, DEQ(q4_0_dequant), DOT(q4_0_dot), .quantize = q4_0_quantize};
+const struct quant_ops quant_ops_q4_1 = {
+    .dequant_ref = q4_1_dequant_ref, DOT(q4_1_dot), .quantize = q4_1_quantize};
+const struct quant_ops quant_ops_q5_0 = {
+    .dequant_ref = q5_0_dequant_ref, DEQ(q5_0_dequant), DOT(q5_0_dot), .quantize = q5_0_quantize};
+const struct quant_ops quant_ops_q5_1 = {
+    .dequant_ref = q5_1_dequant_ref, DOT(q5_1_dot), .quantize = q5_1_quantize};
+const struct quant_ops quant_ops_iq4_nl = {
+    .dequant_ref = iq4_nl_dequant_ref, DEQ(iq4_nl_dequant), DOT(iq4_nl_dot), .quantize = iq4_nl_quantize};

@@ -5,8 +5,8 @@
 
 #include "kernels/kernels.h"
 
-void kcpu_rmsnorm(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int64_t n, int64_t n_rows,
-		  float eps)
+void kcpu_rmsnorm(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int64_t n,
+                  int64_t n_rows, float eps)
 {
 	for (int64_t r = 0; r < n_rows; r++) {
 		const float *xr = x + r * ldx;

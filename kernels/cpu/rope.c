@@ -7,7 +7,7 @@
 #include "kernels/kernels.h"
 
 void kcpu_rope_freqs(float *inv_freq, int64_t R, float theta, float yarn_factor, int64_t yarn_orig_ctx,
-		     float beta_fast, float beta_slow)
+                     float beta_fast, float beta_slow)
 {
 	int64_t half = R / 2;
 	for (int64_t i = 0; i < half; i++)
@@ -15,8 +15,10 @@ void kcpu_rope_freqs(float *inv_freq, int64_t R, float theta, float yarn_factor,
 	if (!(yarn_factor > 1.0f))
 		return;
 	/* correction range: dims whose wavelength fits beta_fast / beta_slow rotations in orig ctx */
-	double lo = floor((double)R * log((double)yarn_orig_ctx / (beta_fast * 2 * M_PI)) / (2 * log((double)theta)));
-	double hi = ceil((double)R * log((double)yarn_orig_ctx / (beta_slow * 2 * M_PI)) / (2 * log((double)theta)));
+	double lo =
+	    floor((double)R * log((double)yarn_orig_ctx / (beta_fast * 2 * M_PI)) / (2 * log((double)theta)));
+	double hi =
+	    ceil((double)R * log((double)yarn_orig_ctx / (beta_slow * 2 * M_PI)) / (2 * log((double)theta)));
 	if (lo < 0)
 		lo = 0;
 	if (hi > (double)(R - 1))
@@ -26,7 +28,8 @@ void kcpu_rope_freqs(float *inv_freq, int64_t R, float theta, float yarn_factor,
 	for (int64_t i = 0; i < half; i++) {
 		float ramp = (float)(((float)i - (float)lo) / (float)(hi - lo));
 		ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
-		float extra = inv_freq[i], inter = 1.0f / (yarn_factor * powf(theta, (float)(2 * i) / (float)R));
+		float extra = inv_freq[i],
+		      inter = 1.0f / (yarn_factor * powf(theta, (float)(2 * i) / (float)R));
 		inv_freq[i] = inter * ramp + extra * (1.0f - ramp);
 	}
 }

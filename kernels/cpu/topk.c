@@ -52,19 +52,33 @@ static void sort_asc(int32_t *v, int n)
 	for (int i = n / 2 - 1; i >= 0; i--)
 		for (int p = i;;) {
 			int l = 2 * p + 1, r = l + 1, m = p;
-			if (l < n && v[l] > v[m]) m = l;
-			if (r < n && v[r] > v[m]) m = r;
-			if (m == p) break;
-			int32_t t = v[p]; v[p] = v[m]; v[m] = t; p = m;
+			if (l < n && v[l] > v[m])
+				m = l;
+			if (r < n && v[r] > v[m])
+				m = r;
+			if (m == p)
+				break;
+			int32_t t = v[p];
+			v[p] = v[m];
+			v[m] = t;
+			p = m;
 		}
 	for (int end = n - 1; end > 0; end--) {
-		int32_t t = v[0]; v[0] = v[end]; v[end] = t;
+		int32_t t = v[0];
+		v[0] = v[end];
+		v[end] = t;
 		for (int p = 0;;) {
 			int l = 2 * p + 1, r = l + 1, m = p;
-			if (l < end && v[l] > v[m]) m = l;
-			if (r < end && v[r] > v[m]) m = r;
-			if (m == p) break;
-			int32_t u = v[p]; v[p] = v[m]; v[m] = u; p = m;
+			if (l < end && v[l] > v[m])
+				m = l;
+			if (r < end && v[r] > v[m])
+				m = r;
+			if (m == p)
+				break;
+			int32_t u = v[p];
+			v[p] = v[m];
+			v[m] = u;
+			p = m;
 		}
 	}
 }

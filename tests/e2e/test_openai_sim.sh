@@ -23,7 +23,18 @@ ROUTER_URL="http://127.0.0.1:$PORT" SMALLQ_URL="http://127.0.0.1:$PORT2" API_KEY
 rc=$?
 [ $rc -eq 0 ] || e2e_fail "node test suite failed ($rc)"
 
-# SIGTERM drains and exits 0
+# SIGTERM drains: an in-flight stream still completes, new requests are refused, exit 0
+curl -sN "http://127.0.0.1:$PORT/v1/completions" -H "Authorization: Bearer e2e-secret-key" \
+	-d '{"model":"sim","prompt":"drain me","max_tokens":400,"temperature":0,"stream":true}' >"$TMP/drain.out" &
+CURL=$!
+sleep 0.1
+kill -TERM "$(pid_of router)"
+sleep 0.05
+code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/health" || true)
+[ "$code" = 000 ] || e2e_fail "router still accepts connections while draining (got $code)"
+wait "$CURL"
+tail -c 200 "$TMP/drain.out" | grep -q 'data: \[DONE\]' || e2e_fail "in-flight stream cut by the drain"
+[ "$(grep -c '"finish_reason":"length"' "$TMP/drain.out")" = 1 ] || e2e_fail "drained stream did not finish normally"
 stop_one router; st=$?
 [ $st -eq 0 ] || e2e_fail "router exit status $st after SIGTERM"
 grep -q "draining" "$TMP/router.log" || e2e_fail "router did not log draining"

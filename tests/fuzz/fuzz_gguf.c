@@ -1,5 +1,7 @@
 /* libFuzzer target for the GGUF reader. Build and run (from the repo root):
- *   clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined -o build/fuzz_gguf tests/fuzz/fuzz_gguf.c $(find common/gguf -name '*.c') common/base/err.c $(ls kernels/cpu/ktype.c 2>/dev/null) && build/fuzz_gguf -max_len=65536 -max_total_time=300 build/fuzz-corpus tests/fuzz/corpus_gguf
+ *   clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined -o build/fuzz_gguf
+ * tests/fuzz/fuzz_gguf.c $(find common/gguf -name '*.c') common/base/err.c $(ls kernels/cpu/ktype.c
+ * 2>/dev/null) && build/fuzz_gguf -max_len=65536 -max_total_time=300 build/fuzz-corpus tests/fuzz/corpus_gguf
  * Each input is opened as an in-memory GGUF image; when it opens, every accessor is exercised on
  * every key and tensor (arrays element by element, nested arrays recursively, the printer), so a
  * file that passes validation but breaks a reader shows up here too. */
@@ -29,9 +31,7 @@ static void walk_arr(const struct gguf_arr *a, int depth)
 			if (depth < 16 && gguf_arr_sub(a, i, &sub) == 0)
 				walk_arr(&sub, depth + 1);
 			break;
-		default:
-			sink += (uint64_t)gguf_arr_int(a, i) + (gguf_arr_float(a, i) > 0);
-			break;
+		default: sink += (uint64_t)gguf_arr_int(a, i) + (gguf_arr_float(a, i) > 0); break;
 		}
 	}
 	/* out-of-range requests must be refused, not read */
@@ -59,8 +59,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			const char *s;
 			size_t len;
 			struct gguf_arr a;
-			sink += (uint64_t)gguf_get_u32(g, key, &u, NULL) + (uint64_t)gguf_get_i64(g, key, &v, NULL);
-			sink += (uint64_t)gguf_get_f32(g, key, &f, NULL) + (uint64_t)gguf_get_bool(g, key, &b, NULL);
+			sink += (uint64_t)gguf_get_u32(g, key, &u, NULL) +
+			        (uint64_t)gguf_get_i64(g, key, &v, NULL);
+			sink += (uint64_t)gguf_get_f32(g, key, &f, NULL) +
+			        (uint64_t)gguf_get_bool(g, key, &b, NULL);
 			if (gguf_get_str(g, key, &s, &len, NULL) == 0 && len)
 				sink += (uint8_t)s[len - 1];
 			free(gguf_get_str_dup(g, key, NULL));

@@ -14,8 +14,13 @@
 
 #define DATA "tests/data"
 
-static const char *const ref_models[] = {"glm-dsa-tiny-BF16", "glm-dsa-tiny-Q8_0", "glm-dsa-tiny-Q6_K",
-					 "glm-dsa-tiny-Q4_K_M", "deepseek2-tiny-BF16", "deepseek2-tiny-Q8_0", NULL};
+static const char *const ref_models[] = {"glm-dsa-tiny-BF16",
+                                         "glm-dsa-tiny-Q8_0",
+                                         "glm-dsa-tiny-Q6_K",
+                                         "glm-dsa-tiny-Q4_K_M",
+                                         "deepseek2-tiny-BF16",
+                                         "deepseek2-tiny-Q8_0",
+                                         NULL};
 
 static int n_fail;
 #define CHECK(cond, ...)                                                                                     \
@@ -113,8 +118,8 @@ struct tseq {
 
 /* Runs tokens[0..n) of sequence s at positions s->len.. in chunks of `chunk` tokens; logits of
  * every token (all=true) or only of the last one into out (rows). */
-static inline int run_seq(struct model *m, struct model_kv *kv, struct tseq *s, const int32_t *tokens, int n, int chunk,
-		   bool all, float *out)
+static inline int run_seq(struct model *m, struct model_kv *kv, struct tseq *s, const int32_t *tokens, int n,
+                          int chunk, bool all, float *out)
 {
 	int64_t V = model_hparams(m)->vocab;
 	if (n < 1 || n > 1 << 20)
@@ -132,8 +137,13 @@ static inline int run_seq(struct model *m, struct model_kv *kv, struct tseq *s, 
 			want[i] = all || c0 + i == n - 1;
 			n_out += want[i];
 		}
-		struct model_batch b = {.n_tokens = cn, .tokens = tokens + c0, .seq = seq, .pos = pos, .logits = want,
-					.n_seqs = 1, .seqs = &ms};
+		struct model_batch b = {.n_tokens = cn,
+		                        .tokens = tokens + c0,
+		                        .seq = seq,
+		                        .pos = pos,
+		                        .logits = want,
+		                        .n_seqs = 1,
+		                        .seqs = &ms};
 		struct errbuf e = {0};
 		float *dst = all ? out + (size_t)c0 * (size_t)V : out;
 		rc = model_forward(m, kv, &b, n_out ? dst : NULL, NULL, &e);

@@ -11,15 +11,15 @@
 
 struct edit {
 	const char *what;
-	const char *drop_tensor;   /* leave out */
-	const char *reshape;       /* swap ne0/ne1 of this 2-D tensor */
-	const char *retype;        /* F32 -> I32 (same bytes) */
+	const char *drop_tensor; /* leave out */
+	const char *reshape; /* swap ne0/ne1 of this 2-D tensor */
+	const char *retype; /* F32 -> I32 (same bytes) */
 	const char *drop_key;
-	const char *arch;          /* replace general.architecture (and rename the arch keys) */
-	const char *add_tensor;    /* extra tensor (copy of output_norm) */
-	bool types_shared0;        /* indexer.types[0] = false */
+	const char *arch; /* replace general.architecture (and rename the arch keys) */
+	const char *add_tensor; /* extra tensor (copy of output_norm) */
+	bool types_shared0; /* indexer.types[0] = false */
 	bool strict;
-	const char *expect;        /* substring of the error; NULL = must load */
+	const char *expect; /* substring of the error; NULL = must load */
 };
 
 static const struct gguf_ctx *src;
@@ -83,22 +83,35 @@ int main(void)
 	}
 	src = g;
 	const struct edit edits[] = {
-		{.what = "unchanged copy", .expect = NULL},
-		{.what = "missing tensor", .drop_tensor = "blk.1.attn_k_b.weight", .expect = "tensor blk.1.attn_k_b.weight is missing"},
-		{.what = "missing indexer tensor", .drop_tensor = "blk.2.indexer.proj.weight",
-		 .expect = "tensor blk.2.indexer.proj.weight is missing"},
-		{.what = "wrong shape", .reshape = "blk.0.attn_q_b.weight",
-		 .expect = "tensor blk.0.attn_q_b.weight: expected ne=[256, 192], file has ne=[192, 256]"},
-		{.what = "wrong type", .retype = "blk.2.ffn_norm.weight", .expect = "tensor blk.2.ffn_norm.weight: type I32"},
-		{.what = "unknown architecture", .arch = "llama", .expect = "unsupported architecture 'llama'"},
-		{.what = "missing key", .drop_key = "glm-dsa.attention.kv_lora_rank",
-		 .expect = "metadata key glm-dsa.attention.kv_lora_rank is missing"},
-		{.what = "legacy kv_b layout", .drop_key = "glm-dsa.attention.key_length_mla",
-		 .add_tensor = "blk.0.attn_kv_b.weight", .expect = "legacy GGUF with blk.N.attn_kv_b"},
-		{.what = "layer 0 shared indexer", .types_shared0 = true, .expect = "layer 0 must have a full indexer"},
-		{.what = "unknown tensor (default)", .add_tensor = "blk.0.attn_q.weight", .expect = NULL},
-		{.what = "unknown tensor (strict)", .add_tensor = "blk.0.attn_q.weight", .strict = true,
-		 .expect = "tensor blk.0.attn_q.weight is not part of architecture glm-dsa"},
+	    {.what = "unchanged copy", .expect = NULL},
+	    {.what = "missing tensor",
+	     .drop_tensor = "blk.1.attn_k_b.weight",
+	     .expect = "tensor blk.1.attn_k_b.weight is missing"},
+	    {.what = "missing indexer tensor",
+	     .drop_tensor = "blk.2.indexer.proj.weight",
+	     .expect = "tensor blk.2.indexer.proj.weight is missing"},
+	    {.what = "wrong shape",
+	     .reshape = "blk.0.attn_q_b.weight",
+	     .expect = "tensor blk.0.attn_q_b.weight: expected ne=[256, 192], file has ne=[192, 256]"},
+	    {.what = "wrong type",
+	     .retype = "blk.2.ffn_norm.weight",
+	     .expect = "tensor blk.2.ffn_norm.weight: type I32"},
+	    {.what = "unknown architecture", .arch = "llama", .expect = "unsupported architecture 'llama'"},
+	    {.what = "missing key",
+	     .drop_key = "glm-dsa.attention.kv_lora_rank",
+	     .expect = "metadata key glm-dsa.attention.kv_lora_rank is missing"},
+	    {.what = "legacy kv_b layout",
+	     .drop_key = "glm-dsa.attention.key_length_mla",
+	     .add_tensor = "blk.0.attn_kv_b.weight",
+	     .expect = "legacy GGUF with blk.N.attn_kv_b"},
+	    {.what = "layer 0 shared indexer",
+	     .types_shared0 = true,
+	     .expect = "layer 0 must have a full indexer"},
+	    {.what = "unknown tensor (default)", .add_tensor = "blk.0.attn_q.weight", .expect = NULL},
+	    {.what = "unknown tensor (strict)",
+	     .add_tensor = "blk.0.attn_q.weight",
+	     .strict = true,
+	     .expect = "tensor blk.0.attn_q.weight is not part of architecture glm-dsa"},
 	};
 	char path[128];
 	snprintf(path, sizeof(path), "/tmp/tandem_badfile.%d.gguf", (int)getpid());
@@ -117,8 +130,9 @@ int main(void)
 		int rc = model_load(&m, path, &o, &e);
 		printf("%-26s -> %s\n", ed->what, rc ? e.msg : "loaded");
 		if (ed->expect)
-			CHECK(rc != 0 && strstr(e.msg, ed->expect), "%s: want error containing '%s', got rc %d '%s'", ed->what,
-			      ed->expect, rc, e.msg);
+			CHECK(rc != 0 && strstr(e.msg, ed->expect),
+			      "%s: want error containing '%s', got rc %d '%s'", ed->what, ed->expect, rc,
+			      e.msg);
 		else
 			CHECK(rc == 0, "%s: should load: %s", ed->what, e.msg);
 		model_destroy(m);
@@ -134,7 +148,8 @@ int main(void)
 			int np = model_arch_check(g2, mf);
 			fclose(mf);
 			printf("model_arch_check on a file with 2 problems -> %d:\n%s", np, buf);
-			CHECK(np == 2 && strstr(buf, "blk.1.attn_v_b.weight is missing") && strstr(buf, "blk.2.attn_kv_a_mqa.weight: expected ne=[256, 288]"),
+			CHECK(np == 2 && strstr(buf, "blk.1.attn_v_b.weight is missing") &&
+			          strstr(buf, "blk.2.attn_kv_a_mqa.weight: expected ne=[256, 288]"),
 			      "arch check found %d problems", np);
 			free(buf);
 			gguf_close(g2);

@@ -7,7 +7,8 @@
 
 int main(void)
 {
-	struct model *m = load_model("glm-dsa-tiny-Q8_0", 1, 2), *other = load_model("deepseek2-tiny-Q8_0", 1, 1);
+	struct model *m = load_model("glm-dsa-tiny-Q8_0", 1, 2),
+	             *other = load_model("deepseek2-tiny-Q8_0", 1, 1);
 	if (!m || !other)
 		return 1;
 	struct model_kv kv, kvo;
@@ -28,22 +29,74 @@ int main(void)
 		bool other_pool, null_pos;
 		const char *expect;
 	} cases[] = {
-		{"token id = vocab", {1, 1024, 3}, {0, 0, 0}, {0, 1, 2}, 3, 1, false, false, "outside the vocabulary"},
-		{"negative token id", {-5, 1, 3}, {0, 0, 0}, {0, 1, 2}, 3, 1, false, false, "outside the vocabulary"},
-		{"sequence index", {1, 2, 3}, {0, 1, 0}, {0, 0, 1}, 3, 1, false, false, "names sequence 1 of 1"},
-		{"position past table", {1, 2, 3}, {0, 0, 0}, {126, 127, 128}, 3, 1, false, false, "outside its block table"},
-		{"negative position", {1, 2, 3}, {0, 0, 0}, {-1, 0, 1}, 3, 1, false, false, "outside its block table"},
-		{"block id outside pool", {1, 2, 3}, {1, 1, 1}, {0, 1, 2}, 3, 2, false, false, "outside the pool"},
-		{"repeated position", {1, 2, 3}, {0, 0, 0}, {0, 1, 1}, 3, 1, false, false, "must increase"},
-		{"decreasing positions", {1, 2, 3}, {0, 0, 0}, {2, 1, 0}, 3, 1, false, false, "must increase"},
-		{"empty batch", {1, 2, 3}, {0, 0, 0}, {0, 1, 2}, 0, 1, false, false, "no tokens"},
-		{"missing positions", {1, 2, 3}, {0, 0, 0}, {0, 1, 2}, 3, 1, false, true, "missing arrays"},
-		{"pool of another model", {1, 2, 3}, {0, 0, 0}, {0, 1, 2}, 3, 1, true, false, "different model layout"},
+	    {"token id = vocab",
+	     {1, 1024, 3},
+	     {0, 0, 0},
+	     {0, 1, 2},
+	     3,
+	     1,
+	     false,
+	     false,
+	     "outside the vocabulary"},
+	    {"negative token id",
+	     {-5, 1, 3},
+	     {0, 0, 0},
+	     {0, 1, 2},
+	     3,
+	     1,
+	     false,
+	     false,
+	     "outside the vocabulary"},
+	    {"sequence index", {1, 2, 3}, {0, 1, 0}, {0, 0, 1}, 3, 1, false, false, "names sequence 1 of 1"},
+	    {"position past table",
+	     {1, 2, 3},
+	     {0, 0, 0},
+	     {126, 127, 128},
+	     3,
+	     1,
+	     false,
+	     false,
+	     "outside its block table"},
+	    {"negative position",
+	     {1, 2, 3},
+	     {0, 0, 0},
+	     {-1, 0, 1},
+	     3,
+	     1,
+	     false,
+	     false,
+	     "outside its block table"},
+	    {"block id outside pool",
+	     {1, 2, 3},
+	     {1, 1, 1},
+	     {0, 1, 2},
+	     3,
+	     2,
+	     false,
+	     false,
+	     "outside the pool"},
+	    {"repeated position", {1, 2, 3}, {0, 0, 0}, {0, 1, 1}, 3, 1, false, false, "must increase"},
+	    {"decreasing positions", {1, 2, 3}, {0, 0, 0}, {2, 1, 0}, 3, 1, false, false, "must increase"},
+	    {"empty batch", {1, 2, 3}, {0, 0, 0}, {0, 1, 2}, 0, 1, false, false, "no tokens"},
+	    {"missing positions", {1, 2, 3}, {0, 0, 0}, {0, 1, 2}, 3, 1, false, true, "missing arrays"},
+	    {"pool of another model",
+	     {1, 2, 3},
+	     {0, 0, 0},
+	     {0, 1, 2},
+	     3,
+	     1,
+	     true,
+	     false,
+	     "different model layout"},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		struct c *c = &cases[i];
-		struct model_batch b = {.n_tokens = c->n, .tokens = c->tok, .seq = c->seq, .pos = c->null_pos ? NULL : c->pos,
-					.n_seqs = c->n_seqs, .seqs = seqs};
+		struct model_batch b = {.n_tokens = c->n,
+		                        .tokens = c->tok,
+		                        .seq = c->seq,
+		                        .pos = c->null_pos ? NULL : c->pos,
+		                        .n_seqs = c->n_seqs,
+		                        .seqs = seqs};
 		memset(&e, 0, sizeof(e));
 		int rc = model_forward(m, c->other_pool ? &kvo : &kv, &b, lg, NULL, &e);
 		printf("%-24s -> %s\n", c->what, rc ? e.msg : "accepted");
@@ -51,7 +104,8 @@ int main(void)
 		CHECK(memcmp(snap, kv.base, bytes) == 0, "%s: the pool was modified", c->what);
 	}
 	int32_t tok[3] = {1, 2, 3}, seq[3] = {0}, pos[3] = {64, 65, 66};
-	struct model_batch ok = {.n_tokens = 3, .tokens = tok, .seq = seq, .pos = pos, .n_seqs = 1, .seqs = seqs};
+	struct model_batch ok = {
+	    .n_tokens = 3, .tokens = tok, .seq = seq, .pos = pos, .n_seqs = 1, .seqs = seqs};
 	CHECK(model_forward(m, &kv, &ok, lg, NULL, &e) == 0, "good batch after bad ones: %s", e.msg);
 	CHECK(memcmp(snap, kv.base, bytes) != 0, "good batch wrote nothing");
 	free(snap);

@@ -41,8 +41,10 @@ int main(void)
 		free(ids);
 	}
 	ids_csv(ids, n, csv, sizeof(csv));
-	snprintf(cmd, sizeof(cmd), "%s logits -m " DATA "/models/%s.gguf --tokens %s --all --threads 2 -o /tmp/tandem_cli_logits.%d.f32 2>&1",
-		 tandem, stem, csv, (int)getpid());
+	snprintf(cmd, sizeof(cmd),
+	         "%s logits -m " DATA
+	         "/models/%s.gguf --tokens %s --all --threads 2 -o /tmp/tandem_cli_logits.%d.f32 2>&1",
+	         tandem, stem, csv, (int)getpid());
 	int rc = run(cmd, out, sizeof(out));
 	CHECK(rc == 0, "logits --all exit %d: %s", rc, out);
 	char path[128];
@@ -65,8 +67,9 @@ int main(void)
 	/* generate --ids: reference continuation of rand5 */
 	int32_t *p5 = ref_prompt(man, 1, &n, &name);
 	ids_csv(p5, n, csv, sizeof(csv));
-	snprintf(cmd, sizeof(cmd), "%s generate -m " DATA "/models/%s.gguf --tokens %s -n 24 --ids --ignore-eos", tandem, stem,
-		 csv);
+	snprintf(cmd, sizeof(cmd),
+	         "%s generate -m " DATA "/models/%s.gguf --tokens %s -n 24 --ids --ignore-eos", tandem, stem,
+	         csv);
 	rc = run(cmd, out, sizeof(out));
 	json_t *cases = json_object_get(json_object_get(man, "npref"), "greedy");
 	char want[1024] = "";
@@ -76,7 +79,8 @@ int main(void)
 			size_t o = 0;
 			for (int j = 0; j < 24; j++)
 				o += (size_t)snprintf(want + o, sizeof(want) - o, "%s%lld", j ? " " : "",
-						      (long long)json_integer_value(json_array_get(json_object_get(c, "new_ids"), (size_t)j)));
+				                      (long long)json_integer_value(json_array_get(
+				                          json_object_get(c, "new_ids"), (size_t)j)));
 			snprintf(want + o, sizeof(want) - o, "\n");
 		}
 	}
@@ -90,8 +94,8 @@ int main(void)
 		fputs("[{\"role\": \"user\", \"content\": \"Hello <|user|> there\"}]", cf);
 		fclose(cf);
 	}
-	snprintf(cmd, sizeof(cmd), "%s generate -m " DATA "/models/%s.gguf --chat %s -n 6 --ids --ignore-eos", tandem, stem,
-		 chatp);
+	snprintf(cmd, sizeof(cmd), "%s generate -m " DATA "/models/%s.gguf --chat %s -n 6 --ids --ignore-eos",
+	         tandem, stem, chatp);
 	rc = run(cmd, out, sizeof(out));
 	int n_ids = 0;
 	for (char *c = out; *c; c++)
@@ -101,16 +105,17 @@ int main(void)
 	remove(chatp);
 	/* errors: exit 2, one line naming the problem */
 	const char *bad[] = {
-		"logits -m " DATA "/models/glm-dsa-tiny-BF16.gguf --tokens 1,x -o /dev/null",
-		"logits -m /nonexistent.gguf --tokens 1 -o /dev/null",
-		"logits -m " DATA "/models/glm-dsa-tiny-BF16.gguf --tokens 4096 -o /dev/null",
-		"logits -m " DATA "/models/glm-dsa-tiny-BF16.gguf --tokens 1 --tp 4 -o /dev/null",
-		"generate -m " DATA "/models/glm-dsa-tiny-BF16.gguf --tokens 1 -n 2 --greedy --temperature 1",
-		"generate -m " DATA "/models/glm-dsa-tiny-BF16.gguf -n 2",
-		"generate -m " DATA "/refs/glm-dsa-tiny-BF16/manifest.json --tokens 1 -n 2",
-		"generate -m " DATA "/models/glm-dsa-tiny-BF16.gguf --chat /nonexistent.json -n 2",
-		"generate -m " DATA "/models/glm-dsa-tiny-BF16.gguf --chat " DATA "/models/glm-dsa-tiny.config.json -n 2",
-		NULL};
+	    "logits -m " DATA "/models/glm-dsa-tiny-BF16.gguf --tokens 1,x -o /dev/null",
+	    "logits -m /nonexistent.gguf --tokens 1 -o /dev/null",
+	    "logits -m " DATA "/models/glm-dsa-tiny-BF16.gguf --tokens 4096 -o /dev/null",
+	    "logits -m " DATA "/models/glm-dsa-tiny-BF16.gguf --tokens 1 --tp 4 -o /dev/null",
+	    "generate -m " DATA "/models/glm-dsa-tiny-BF16.gguf --tokens 1 -n 2 --greedy --temperature 1",
+	    "generate -m " DATA "/models/glm-dsa-tiny-BF16.gguf -n 2",
+	    "generate -m " DATA "/refs/glm-dsa-tiny-BF16/manifest.json --tokens 1 -n 2",
+	    "generate -m " DATA "/models/glm-dsa-tiny-BF16.gguf --chat /nonexistent.json -n 2",
+	    "generate -m " DATA "/models/glm-dsa-tiny-BF16.gguf --chat " DATA
+	    "/models/glm-dsa-tiny.config.json -n 2",
+	    NULL};
 	for (int i = 0; bad[i]; i++) {
 		snprintf(cmd, sizeof(cmd), "%s %s 2>&1 >/dev/null", tandem, bad[i]);
 		rc = run(cmd, out, sizeof(out));

@@ -11,12 +11,12 @@
 struct cap {
 	int64_t D;
 	int n_layers;
-	float *hidden;    /* (n_layers + 2) x P x D */
+	float *hidden; /* (n_layers + 2) x P x D */
 	int32_t *moe_ids; /* n_layers x P x k */
 	float *moe_w;
 	int k;
-	float *scores;    /* n_layers x P x P (-inf above diagonal) */
-	int32_t *sel;     /* n_layers x P x K (-1 padded) */
+	float *scores; /* n_layers x P x P (-inf above diagonal) */
+	int32_t *sel; /* n_layers x P x K (-1 padded) */
 	int K;
 };
 
@@ -33,7 +33,8 @@ static void moe_cb(void *u, int layer, int n, int k, const int32_t *ids, const f
 	memcpy(c->moe_w + (size_t)layer * P * (size_t)k, w, sizeof(float) * (size_t)(n * k));
 }
 
-static void idx_cb(void *u, int layer, int tok, int32_t pos, int n_keys, const float *sc, int n_sel, const int32_t *sel)
+static void idx_cb(void *u, int layer, int tok, int32_t pos, int n_keys, const float *sc, int n_sel,
+                   const int32_t *sel)
 {
 	struct cap *c = u;
 	(void)pos;
@@ -72,8 +73,9 @@ static void test_model(const char *stem)
 		free(ids);
 	}
 	int rows = P;
-	json_t *ft = json_object_get(json_object_get(json_object_get(json_object_get(man, "npref"), "prompts"), "rand64"),
-				     "first_tie_position");
+	json_t *ft = json_object_get(
+	    json_object_get(json_object_get(json_object_get(man, "npref"), "prompts"), "rand64"),
+	    "first_tie_position");
 	if (ft && json_is_integer(ft))
 		rows = (int)json_integer_value(ft);
 	struct cap c = {.D = hp->D, .n_layers = hp->n_layers, .k = hp->n_expert_used, .K = (int)hp->idx_topk};
@@ -90,7 +92,8 @@ static void test_model(const char *stem)
 	for (int i = 0; i < P; i++)
 		pos[i] = i;
 	struct model_seq s = {.blocks = &blk, .n_blocks = 1};
-	struct model_batch b = {.n_tokens = P, .tokens = ids, .seq = seq, .pos = pos, .n_seqs = 1, .seqs = &s};
+	struct model_batch b = {
+	    .n_tokens = P, .tokens = ids, .seq = seq, .pos = pos, .n_seqs = 1, .seqs = &s};
 	float *lg = malloc(sizeof(float) * (size_t)hp->vocab);
 	CHECK(model_forward(m, &kv, &b, lg, &dbg, &e) == 0, "forward: %s", e.msg);
 	size_t nb;
@@ -116,20 +119,25 @@ static void test_model(const char *stem)
 			int sets_ok = 0;
 			for (int r = 0; r < rows; r++)
 				sets_ok += memcmp(c.sel + ((size_t)src * P + (size_t)r) * (size_t)c.K,
-						  rsel + ((size_t)l * P + (size_t)r) * (size_t)c.K, sizeof(int32_t) * (size_t)c.K) == 0;
-			printf("%-20s layer %d indexer (%s, from layer %d): top-k sets equal in %d/%d rows\n", stem, l,
-			       hp->idx_full[l] ? "full" : "shared", src, sets_ok, rows);
+				                  rsel + ((size_t)l * P + (size_t)r) * (size_t)c.K,
+				                  sizeof(int32_t) * (size_t)c.K) == 0;
+			printf("%-20s layer %d indexer (%s, from layer %d): top-k sets equal in %d/%d rows\n",
+			       stem, l, hp->idx_full[l] ? "full" : "shared", src, sets_ok, rows);
 			note(l, sets_ok == rows, "indexer top-k sets differ", stem, sets_ok);
 			if (hp->idx_full[l]) {
 				double sd = 0;
 				int srows = full_i == 0 ? P : rows;
 				for (int r = 0; r < srows; r++)
 					for (int t = 0; t <= r; t++) {
-						double x = fabs((double)c.scores[((size_t)l * P + (size_t)r) * P + (size_t)t] -
-								(double)rsc[((size_t)full_i * P + (size_t)r) * P + (size_t)t]);
+						double x = fabs(
+						    (double)c
+						        .scores[((size_t)l * P + (size_t)r) * P + (size_t)t] -
+						    (double)rsc[((size_t)full_i * P + (size_t)r) * P +
+						                (size_t)t]);
 						sd = x > sd ? x : sd;
 					}
-				printf("%-20s layer %d indexer scores (%d rows): max|d| = %.3g\n", stem, l, srows, sd);
+				printf("%-20s layer %d indexer scores (%d rows): max|d| = %.3g\n", stem, l,
+				       srows, sd);
 				note(l, sd <= 1e-4, "indexer scores differ", stem, sd);
 				full_i++;
 			}
@@ -145,24 +153,30 @@ static void test_model(const char *stem)
 					for (int bb = 0; bb < k; bb++)
 						if (mine[a] == theirs[bb]) {
 							match++;
-							double x = fabs((double)c.moe_w[((size_t)l * P + (size_t)r) * (size_t)k + (size_t)a] -
-									(double)rw[((size_t)moe_i * P + (size_t)r) * (size_t)k + (size_t)bb]);
+							double x =
+							    fabs((double)c.moe_w[((size_t)l * P + (size_t)r) *
+							                             (size_t)k +
+							                         (size_t)a] -
+							         (double)rw[((size_t)moe_i * P + (size_t)r) *
+							                        (size_t)k +
+							                    (size_t)bb]);
 							wd = x > wd ? x : wd;
 						}
 				ids_ok += match == k;
 			}
-			printf("%-20s layer %d MoE: expert sets equal in %d/%d rows, weights max|d| = %.3g\n", stem, l, ids_ok,
-			       rows, wd);
+			printf("%-20s layer %d MoE: expert sets equal in %d/%d rows, weights max|d| = %.3g\n",
+			       stem, l, ids_ok, rows, wd);
 			note(l, ids_ok == rows, "MoE expert choice differs", stem, ids_ok);
 			note(l, wd <= 1e-5, "MoE weights differ", stem, wd);
 			moe_i++;
 		}
-		d = max_abs_diff(c.hidden + (size_t)(l + 1) * HD, rh + (size_t)(l + 1) * HD, (size_t)rows * (size_t)hp->D);
+		d = max_abs_diff(c.hidden + (size_t)(l + 1) * HD, rh + (size_t)(l + 1) * HD,
+		                 (size_t)rows * (size_t)hp->D);
 		printf("%-20s layer %d output (residual stream): max|d| = %.3g\n", stem, l, d);
 		note(l, d <= 1e-4, "output differs", stem, d);
 	}
 	d = max_abs_diff(c.hidden + (size_t)(hp->n_layers + 1) * HD, rh + (size_t)(hp->n_layers + 1) * HD,
-			 (size_t)rows * (size_t)hp->D);
+	                 (size_t)rows * (size_t)hp->D);
 	printf("%-20s final norm: max|d| = %.3g\n", stem, d);
 	note(hp->n_layers, d <= 1e-4, "differs", stem, d);
 	CHECK(first_bad < 0, "first difference: %s", first_what);

@@ -9,7 +9,8 @@
 int main(void)
 {
 	const char *stem = "glm-dsa-tiny-BF16";
-	struct model *a = load_model(stem, 1, 2), *b = load_model(stem, 1, 1), *q = load_model("glm-dsa-tiny-Q8_0", 1, 1);
+	struct model *a = load_model(stem, 1, 2), *b = load_model(stem, 1, 1),
+	             *q = load_model("glm-dsa-tiny-Q8_0", 1, 1);
 	struct model *d = load_model("deepseek2-tiny-BF16", 1, 1);
 	if (!a || !b || !q || !d)
 		return 1;
@@ -18,10 +19,14 @@ int main(void)
 	model_kv_fingerprint(d, fd, sizeof(fd));
 	printf("fingerprint %s: %s (%016llx)\n", stem, fa, (unsigned long long)model_kv_fingerprint_hash(a));
 	printf("fingerprint deepseek2-tiny-BF16: %s\n", fd);
-	CHECK(strcmp(fa, "arch=glm-dsa layers=3 block=64 C=256 R=32 DI=64 dtype=f32 idx=1,0,1") == 0, "glm fingerprint");
-	CHECK(strcmp(fd, "arch=deepseek2 layers=2 block=64 C=128 R=32 DI=0 dtype=f32 idx=0,0") == 0, "ds fingerprint");
-	CHECK(model_kv_fingerprint_hash(a) == model_kv_fingerprint_hash(b), "same model, different fingerprint hash");
-	CHECK(model_kv_fingerprint_hash(a) != model_kv_fingerprint_hash(d), "different models, same fingerprint hash");
+	CHECK(strcmp(fa, "arch=glm-dsa layers=3 block=64 C=256 R=32 DI=64 dtype=f32 idx=1,0,1") == 0,
+	      "glm fingerprint");
+	CHECK(strcmp(fd, "arch=deepseek2 layers=2 block=64 C=128 R=32 DI=0 dtype=f32 idx=0,0") == 0,
+	      "ds fingerprint");
+	CHECK(model_kv_fingerprint_hash(a) == model_kv_fingerprint_hash(b),
+	      "same model, different fingerprint hash");
+	CHECK(model_kv_fingerprint_hash(a) != model_kv_fingerprint_hash(d),
+	      "different models, same fingerprint hash");
 	model_identity_hex(a, ha);
 	model_identity_hex(b, hb);
 	model_identity_hex(q, hq);
@@ -36,10 +41,11 @@ int main(void)
 	unsigned char *mem = calloc(nblk, L.block_bytes);
 	struct model_kv kva, kvb, kvc;
 	struct errbuf e = {0};
-	CHECK(model_kv_init(&kva, a, (int64_t)nblk, mem, nblk * L.block_bytes - 1, &e) != 0, "short memory accepted");
+	CHECK(model_kv_init(&kva, a, (int64_t)nblk, mem, nblk * L.block_bytes - 1, &e) != 0,
+	      "short memory accepted");
 	printf("short pool memory -> %s\n", e.msg);
-	if (model_kv_init(&kva, a, (int64_t)nblk, mem, nblk * L.block_bytes, &e) || model_kv_init(&kvb, b, 8, NULL, 0, &e) ||
-	    model_kv_init(&kvc, a, 8, NULL, 0, &e)) {
+	if (model_kv_init(&kva, a, (int64_t)nblk, mem, nblk * L.block_bytes, &e) ||
+	    model_kv_init(&kvb, b, 8, NULL, 0, &e) || model_kv_init(&kvc, a, 8, NULL, 0, &e)) {
 		printf("kv: %s\n", e.msg);
 		return 1;
 	}
@@ -75,8 +81,8 @@ int main(void)
 	t.blocks[2] = 5;
 	t.len = s.len;
 	for (int i = 0; i < 3; i++)
-		memcpy((char *)kvb.base + (size_t)t.blocks[i] * L.block_bytes, mem + (size_t)s.blocks[i] * L.block_bytes,
-		       L.block_bytes);
+		memcpy((char *)kvb.base + (size_t)t.blocks[i] * L.block_bytes,
+		       mem + (size_t)s.blocks[i] * L.block_bytes, L.block_bytes);
 	double worst = 0;
 	int32_t ta = argmax(l1, V), tb = ta;
 	for (int step = 0; step < 10; step++) {
@@ -99,7 +105,9 @@ int main(void)
 	if (model_load(&h, DATA "/models/glm-dsa-tiny-BF16.gguf", &o, &e) == 0) {
 		char fh[1200];
 		model_kv_fingerprint(h, fh, sizeof(fh));
-		CHECK(strstr(fh, "dtype=bf16") && model_kv_fingerprint_hash(h) != model_kv_fingerprint_hash(a), "bf16 fingerprint");
+		CHECK(strstr(fh, "dtype=bf16") &&
+		          model_kv_fingerprint_hash(h) != model_kv_fingerprint_hash(a),
+		      "bf16 fingerprint");
 		struct model_kv kvh;
 		if (model_kv_init(&kvh, h, 4, NULL, 0, &e) == 0) {
 			struct tseq u, w;
@@ -108,8 +116,8 @@ int main(void)
 			CHECK(run_seq(h, &kvh, &u, ids, 17, 17, false, l2) == 0, "bf16 forward");
 			CHECK(run_seq(a, &kvc, &w, ids, 17, 17, false, l1) == 0, "f32 forward");
 			double x = max_abs_diff(l1, l2, (size_t)V);
-			printf("bf16 KV vs fp32 KV, 17 tokens: max|d| = %.3g (block %zu vs %zu bytes)\n", x, kvh.layout.block_bytes,
-			       L.block_bytes);
+			printf("bf16 KV vs fp32 KV, 17 tokens: max|d| = %.3g (block %zu vs %zu bytes)\n", x,
+			       kvh.layout.block_bytes, L.block_bytes);
 			CHECK(x > 0 && x < 0.1, "bf16 KV logits differ by %g", x);
 			CHECK(kvh.layout.block_bytes * 2 == L.block_bytes, "bf16 block size");
 			model_kv_fini(&kvh);

@@ -48,15 +48,17 @@ static void test_model(const char *stem)
 				double dd = 0;
 				int worst_row = -1;
 				for (int r = 0; r < 64; r++) {
-					double x = max_abs_diff(out + (size_t)r * V, p64 + (size_t)r * V, (size_t)V);
+					double x =
+					    max_abs_diff(out + (size_t)r * V, p64 + (size_t)r * V, (size_t)V);
 					if (x > dd) {
 						dd = x;
 						worst_row = r;
 					}
 				}
-				printf("%-22s rand64 all positions, chunks of %2d: max|d| = %.3g (row %d)\n", stem, chunk, dd,
-				       worst_row);
-				CHECK(dd <= 1e-4, "%s rand64 chunk %d: logits differ by %g at row %d", stem, chunk, dd, worst_row);
+				printf("%-22s rand64 all positions, chunks of %2d: max|d| = %.3g (row %d)\n",
+				       stem, chunk, dd, worst_row);
+				CHECK(dd <= 1e-4, "%s rand64 chunk %d: logits differ by %g at row %d", stem,
+				      chunk, dd, worst_row);
 			}
 		}
 		free(ids);

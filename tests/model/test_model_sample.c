@@ -74,10 +74,12 @@ int main(void)
 	sample_params_default(&p);
 	p.greedy = true;
 	sample_rng_seed(&r, 1);
-	CHECK(sample_token(&p, &r, &w, L, V, NULL, 0, &res, NULL) == 0 && res.token == 0, "greedy picked %d", res.token);
+	CHECK(sample_token(&p, &r, &w, L, V, NULL, 0, &res, NULL) == 0 && res.token == 0, "greedy picked %d",
+	      res.token);
 	p.greedy = false;
 	p.temperature = 0;
-	CHECK(sample_token(&p, &r, &w, L, V, NULL, 0, &res, NULL) == 0 && res.token == 0, "temperature 0 picked %d", res.token);
+	CHECK(sample_token(&p, &r, &w, L, V, NULL, 0, &res, NULL) == 0 && res.token == 0,
+	      "temperature 0 picked %d", res.token);
 
 	/* reproducible per seed, different across seeds */
 	sample_params_default(&p);
@@ -126,8 +128,9 @@ int main(void)
 	int32_t hist[3] = {0, 0, 3};
 	float pl[V];
 	memcpy(pl, L, sizeof(pl));
-	pl[0] = 2.0f / 2.0f - 2 * 0.25f - 0.5f; /* repetition 2 (positive: divide), freq 0.25 x2, presence 0.5 */
-	pl[3] = -1.0f * 2.0f - 0.25f - 0.5f;    /* negative: multiply */
+	pl[0] =
+	    2.0f / 2.0f - 2 * 0.25f - 0.5f; /* repetition 2 (positive: divide), freq 0.25 x2, presence 0.5 */
+	pl[3] = -1.0f * 2.0f - 0.25f - 0.5f; /* negative: multiply */
 	sample_params_default(&p);
 	p.greedy = true;
 	p.repetition_penalty = 2.0f;
@@ -146,8 +149,8 @@ int main(void)
 		if (i)
 			CHECK(res.top_logprobs[i] <= res.top_logprobs[i - 1], "logprobs not descending");
 	}
-	printf("%-34s max |logprob - expected| = %.2g, sum p = %.6f, token %d\n", "penalties + logprobs", worst, tot,
-	       res.token);
+	printf("%-34s max |logprob - expected| = %.2g, sum p = %.6f, token %d\n", "penalties + logprobs",
+	       worst, tot, res.token);
 	CHECK(res.n_top == V && worst < 1e-5 && fabs(tot - 1) < 1e-5, "penalised logprobs wrong");
 	CHECK(res.token == 4, "with id 0 penalised, greedy should pick 4, got %d", res.token);
 	CHECK(fabs(res.logprob - (pl[4] - lse)) < 1e-5, "chosen logprob wrong");
@@ -188,8 +191,8 @@ int main(void)
 			}
 			sample_work_fini(&bw);
 		}
-		printf("%-34s nucleus %d of %d tokens, %d distinct sampled, all inside: %s\n", "top_p=0.5 over 5000", nuc, BV,
-		       distinct, in_nuc_ok ? "yes" : "NO");
+		printf("%-34s nucleus %d of %d tokens, %d distinct sampled, all inside: %s\n",
+		       "top_p=0.5 over 5000", nuc, BV, distinct, in_nuc_ok ? "yes" : "NO");
 		CHECK(in_nuc_ok && nuc > 1000 && distinct > nuc * 3 / 4, "wide top-p wrong");
 		free(bl);
 		free(seen);
@@ -205,7 +208,8 @@ int main(void)
 		for (int i = 0; i < RV; i++)
 			rl[i] = 14.0f * (float)sin(i * 12.9898) * (float)cos(i * 0.7);
 		if (sample_work_init(&rw, RV) == 0) {
-			const char *names[4] = {"T=0.8", "T=0.8 top_p=0.95", "T=0.8 top_k=50", "greedy + 5 logprobs"};
+			const char *names[4] = {"T=0.8", "T=0.8 top_p=0.95", "T=0.8 top_k=50",
+			                        "greedy + 5 logprobs"};
 			for (int c = 0; c < 4; c++) {
 				sample_params_default(&p);
 				p.temperature = 0.8f;
@@ -217,10 +221,13 @@ int main(void)
 				struct timespec t0, t1;
 				clock_gettime(CLOCK_MONOTONIC, &t0);
 				for (int it = 0; it < 20; it++)
-					CHECK(sample_token(&p, &r, &rw, rl, RV, NULL, 0, &res, NULL) == 0, "sample at vocab 154880");
+					CHECK(sample_token(&p, &r, &rw, rl, RV, NULL, 0, &res, NULL) == 0,
+					      "sample at vocab 154880");
 				clock_gettime(CLOCK_MONOTONIC, &t1);
 				printf("vocab 154880, %-22s %.2f ms per token\n", names[c],
-				       ((double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6) / 20);
+				       ((double)(t1.tv_sec - t0.tv_sec) * 1e3 +
+				        (double)(t1.tv_nsec - t0.tv_nsec) / 1e6) /
+				           20);
 			}
 			sample_work_fini(&rw);
 		}
@@ -231,17 +238,21 @@ int main(void)
 	sample_params_default(&p);
 	p.greedy = true;
 	p.no_logprob = true;
-	CHECK(sample_token(&p, &r, &w, L, V, NULL, 0, &res, NULL) == 0 && res.token == 0 && isnan(res.logprob),
+	CHECK(sample_token(&p, &r, &w, L, V, NULL, 0, &res, NULL) == 0 && res.token == 0 &&
+	          isnan(res.logprob),
 	      "no_logprob: token %d logprob %g", res.token, res.logprob);
 	p.no_logprob = false;
-	CHECK(sample_token(&p, &r, &w, L, V, NULL, 0, &res, NULL) == 0 && fabs(res.logprob - (2.0 - log(2 * exp(2.0) + exp(1.5) + exp(0.5) + exp(-1.0) + exp(-3.0)))) < 1e-5,
+	CHECK(sample_token(&p, &r, &w, L, V, NULL, 0, &res, NULL) == 0 &&
+	          fabs(res.logprob -
+	               (2.0 - log(2 * exp(2.0) + exp(1.5) + exp(0.5) + exp(-1.0) + exp(-3.0)))) < 1e-5,
 	      "default computes the logprob: %g", res.logprob);
 
 	/* bad parameters */
 	sample_params_default(&p);
 	p.top_p = 0;
 	struct errbuf e = {0};
-	CHECK(sample_token(&p, &r, &w, L, V, NULL, 0, &res, &e) == -EINVAL && strstr(e.msg, "top_p"), "top_p 0 accepted");
+	CHECK(sample_token(&p, &r, &w, L, V, NULL, 0, &res, &e) == -EINVAL && strstr(e.msg, "top_p"),
+	      "top_p 0 accepted");
 	sample_params_default(&p);
 	p.temperature = -1;
 	CHECK(sample_token(&p, &r, &w, L, V, NULL, 0, &res, &e) == -EINVAL, "negative temperature accepted");

@@ -14,21 +14,38 @@
 #include "kernels/kernels.h"
 #include "tests/model/refs.h"
 
-enum { D = 64, H = 4, NN = 16, R = 8, VV = 16, C = 32, CQ = 48, VOC = 200, FF = 96, E = 8, KE = 2, F = 32, HI = 4,
-       DI = 16, KT = 5, L = 3, T_MAX = 48 };
+enum {
+	D = 64,
+	H = 4,
+	NN = 16,
+	R = 8,
+	VV = 16,
+	C = 32,
+	CQ = 48,
+	VOC = 200,
+	FF = 96,
+	E = 8,
+	KE = 2,
+	F = 32,
+	HI = 4,
+	DI = 16,
+	KT = 5,
+	L = 3,
+	T_MAX = 48
+};
 
 struct variant {
 	const char *arch;
-	bool types_key;   /* glm-dsa.attention.indexer.types = [1,0,1] */
-	bool idx_all;     /* indexer tensors on every layer */
+	bool types_key; /* glm-dsa.attention.indexer.types = [1,0,1] */
+	bool idx_all; /* indexer tensors on every layer */
 	bool indexer;
 	bool yarn;
 	int groups, groups_used;
-	int gating;       /* 1 softmax, 2 sigmoid */
+	int gating; /* 1 softmax, 2 sigmoid */
 	bool bias;
-	int pair_idx;     /* 0 interleaved, 1 half */
-	bool nextn;       /* one MTP layer blk.3.* in the file (must be skipped) */
-	bool tied;        /* no output.weight: lm_head = token_embd */
+	int pair_idx; /* 0 interleaved, 1 half */
+	bool nextn; /* one MTP layer blk.3.* in the file (must be skipped) */
+	bool tied; /* no output.weight: lm_head = token_embd */
 };
 
 /* ---- weights -------------------------------------------------------------------------------- */
@@ -266,7 +283,8 @@ static void swiglu_mlp(const float *g, const float *u, const float *d, int f, co
 
 static void reference(const struct variant *v, const int32_t *tok, int n, double *logits)
 {
-	static double h[T_MAX][D], a[T_MAX][D], cq[T_MAX][CQ], q[T_MAX][H * (NN + R)], c[T_MAX][C], kr[T_MAX][R];
+	static double h[T_MAX][D], a[T_MAX][D], cq[T_MAX][CQ], q[T_MAX][H * (NN + R)], c[T_MAX][C],
+	    kr[T_MAX][R];
 	static double qI[T_MAX][HI * DI], kI[T_MAX][DI], wI[T_MAX][HI];
 	static int sel[T_MAX][T_MAX], nsel[T_MAX];
 	double msc = v->yarn ? 1 + 0.1 * log(4.0) : 1.0, sigma = msc * msc / sqrt(NN + R);
@@ -301,7 +319,8 @@ static void reference(const struct variant *v, const int32_t *tok, int n, double
 				for (int i = 0; i < DI; i++)
 					var += (kI[t][i] - mean) * (kI[t][i] - mean) / DI;
 				for (int i = 0; i < DI; i++)
-					kI[t][i] = (kI[t][i] - mean) / sqrt(var + 1e-6) * w->iknw[i] + w->iknb[i];
+					kI[t][i] =
+					    (kI[t][i] - mean) / sqrt(var + 1e-6) * w->iknw[i] + w->iknb[i];
 				for (int hh = 0; hh < HI; hh++)
 					rope(v, qI[t] + hh * DI, t, v->pair_idx); /* rope part first */
 				rope(v, kI[t], t, v->pair_idx);
@@ -323,8 +342,9 @@ static void reference(const struct variant *v, const int32_t *tok, int n, double
 				for (int t = 0; t <= p; t++)
 					ord[t] = t;
 				for (int i = 1; i <= p; i++) /* insertion sort: score desc, position asc */
-					for (int j = i; j > 0 && (sc[ord[j]] > sc[ord[j - 1]] ||
-								  (sc[ord[j]] == sc[ord[j - 1]] && ord[j] < ord[j - 1]));
+					for (int j = i;
+					     j > 0 && (sc[ord[j]] > sc[ord[j - 1]] ||
+					               (sc[ord[j]] == sc[ord[j - 1]] && ord[j] < ord[j - 1]));
 					     j--) {
 						int x = ord[j];
 						ord[j] = ord[j - 1];
@@ -350,10 +370,12 @@ static void reference(const struct variant *v, const int32_t *tok, int n, double
 				for (int j = 0; j < nk; j++) {
 					int t = keys[j];
 					double dot = 0;
-					for (int nn = 0; nn < NN; nn++) { /* k_n = W_UK c_t, W_UK[n][c] = attn_k_b[h][c][n] */
+					for (int nn = 0; nn < NN;
+					     nn++) { /* k_n = W_UK c_t, W_UK[n][c] = attn_k_b[h][c][n] */
 						double kn = 0;
 						for (int cc = 0; cc < C; cc++)
-							kn += (double)w->kb[(hh * C + cc) * NN + nn] * c[t][cc];
+							kn +=
+							    (double)w->kb[(hh * C + cc) * NN + nn] * c[t][cc];
 						dot += qn[nn] * kn;
 					}
 					for (int i = 0; i < R; i++)
@@ -366,9 +388,11 @@ static void reference(const struct variant *v, const int32_t *tok, int n, double
 				for (int vv = 0; vv < VV; vv++) {
 					double acc = 0;
 					for (int j = 0; j < nk; j++) {
-						double val = 0; /* v = W_UV c_t, W_UV[v][c] = attn_v_b[h][v][c] */
+						double val =
+						    0; /* v = W_UV c_t, W_UV[v][c] = attn_v_b[h][v][c] */
 						for (int cc = 0; cc < C; cc++)
-							val += (double)w->vb[(hh * VV + vv) * C + cc] * c[keys[j]][cc];
+							val += (double)w->vb[(hh * VV + vv) * C + cc] *
+							       c[keys[j]][cc];
 						acc += s[j] / sum * val;
 					}
 					o[hh * VV + vv] = acc;
@@ -439,7 +463,8 @@ static void reference(const struct variant *v, const int32_t *tok, int n, double
 				}
 				for (int i = 0; i < KE; i++) {
 					int e = ids[i];
-					swiglu_mlp(w->ge + (size_t)e * F * D, w->ue + (size_t)e * F * D, w->de + (size_t)e * D * F, F, b, y);
+					swiglu_mlp(w->ge + (size_t)e * F * D, w->ue + (size_t)e * F * D,
+					           w->de + (size_t)e * D * F, F, b, y);
 					for (int d = 0; d < D; d++)
 						acc[d] += wt[i] / ws * 2.5 * y[d];
 				}
@@ -508,8 +533,10 @@ static void test_variant(const struct variant *v)
 			d = fmax(d, fabs(out[i] - ref[i]));
 			mx = fmax(mx, fabs(ref[i]));
 		}
-		printf("%-10s TP=%d: %d positions (chunked prefill + decode) vs naive fp64 reference: max|d| = %.3g "
-		       "(logits up to %.1f)\n", v->arch, T, n, d, mx);
+		printf("%-10s TP=%d: %d positions (chunked prefill + decode) vs naive fp64 reference: max|d| "
+		       "= %.3g "
+		       "(logits up to %.1f)\n",
+		       v->arch, T, n, d, mx);
 		CHECK(d < 1e-4, "%s TP=%d differs from the naive reference by %g", v->arch, T, d);
 		model_kv_fini(&kv);
 		model_destroy(m);
@@ -524,11 +551,31 @@ static void test_variant(const struct variant *v)
 int main(void)
 {
 	const struct variant vs[] = {
-		{.arch = "glm-dsa", .types_key = true, .indexer = true, .groups = 1, .groups_used = 1, .gating = 2, .bias = true,
-		 .pair_idx = 0, .nextn = true},
-		{.arch = "deepseek32", .idx_all = true, .indexer = true, .yarn = true, .groups = 4, .groups_used = 2, .gating = 2,
-		 .bias = true, .pair_idx = 1},
-		{.arch = "deepseek2", .yarn = true, .groups = 1, .groups_used = 1, .gating = 1, .bias = false, .tied = true},
+	    {.arch = "glm-dsa",
+	     .types_key = true,
+	     .indexer = true,
+	     .groups = 1,
+	     .groups_used = 1,
+	     .gating = 2,
+	     .bias = true,
+	     .pair_idx = 0,
+	     .nextn = true},
+	    {.arch = "deepseek32",
+	     .idx_all = true,
+	     .indexer = true,
+	     .yarn = true,
+	     .groups = 4,
+	     .groups_used = 2,
+	     .gating = 2,
+	     .bias = true,
+	     .pair_idx = 1},
+	    {.arch = "deepseek2",
+	     .yarn = true,
+	     .groups = 1,
+	     .groups_used = 1,
+	     .gating = 1,
+	     .bias = false,
+	     .tied = true},
 	};
 	for (size_t i = 0; i < sizeof(vs) / sizeof(vs[0]); i++)
 		test_variant(&vs[i]);

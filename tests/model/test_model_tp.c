@@ -54,13 +54,15 @@ static void test_model(const char *stem)
 			CHECK(!expect_ok, "%s TP=%d: unexpected refusal: %s", stem, T, e.msg);
 			char tag[16];
 			snprintf(tag, sizeof(tag), "TP=%d", T);
-			CHECK(strstr(e.msg, tag) != NULL, "%s: refusal does not name %s: %s", stem, tag, e.msg);
+			CHECK(strstr(e.msg, tag) != NULL, "%s: refusal does not name %s: %s", stem, tag,
+			      e.msg);
 			continue;
 		}
 		CHECK(expect_ok, "%s TP=%d loaded but should have been refused", stem, T);
 		CHECK(forward_all(m, ids, n, out) == 0, "%s TP=%d: forward failed", stem, T);
 		double d = max_abs_diff(ref, out, (size_t)(V * n));
-		printf("%-22s TP=%d vs TP=1, rand64 all positions (chunks of 7): max|d| = %.3g\n", stem, T, d);
+		printf("%-22s TP=%d vs TP=1, rand64 all positions (chunks of 7): max|d| = %.3g\n", stem, T,
+		       d);
 		CHECK(d <= 1e-5, "%s TP=%d: logits differ from TP=1 by %g", stem, T, d);
 		/* greedy decode of 8 steps agrees too */
 		struct model_kv kv1, kv2;
@@ -70,11 +72,13 @@ static void test_model(const char *stem)
 			struct tseq s1, s2;
 			tseq_init(&s1, 0, 2, 1);
 			tseq_init(&s2, 1, 1, 1);
-			float *l1 = malloc(sizeof(float) * (size_t)V), *l2 = malloc(sizeof(float) * (size_t)V);
+			float *l1 = malloc(sizeof(float) * (size_t)V),
+			      *l2 = malloc(sizeof(float) * (size_t)V);
 			int32_t t1 = ids[0], t2 = ids[0];
 			double dd = 0;
 			for (int step = 0; step < 8; step++) {
-				if (run_seq(m1, &kv1, &s1, &t1, 1, 1, false, l1) || run_seq(m, &kv2, &s2, &t2, 1, 1, false, l2)) {
+				if (run_seq(m1, &kv1, &s1, &t1, 1, 1, false, l1) ||
+				    run_seq(m, &kv2, &s2, &t2, 1, 1, false, l2)) {
 					CHECK(0, "decode failed");
 					break;
 				}
@@ -82,7 +86,8 @@ static void test_model(const char *stem)
 				dd = x > dd ? x : dd;
 				t1 = argmax(l1, V);
 				t2 = argmax(l2, V);
-				CHECK(t1 == t2, "%s TP=%d: decode step %d picks %d vs %d", stem, T, step, t2, t1);
+				CHECK(t1 == t2, "%s TP=%d: decode step %d picks %d vs %d", stem, T, step, t2,
+				      t1);
 			}
 			printf("%-22s TP=%d vs TP=1, 8 decode steps: max|d| = %.3g\n", stem, T, dd);
 			CHECK(dd <= 1e-5, "%s TP=%d decode differs by %g", stem, T, dd);
@@ -104,9 +109,11 @@ static void test_model(const char *stem)
 					zeros += v < V / 2 && out[v] == 0.0f;
 					finite += v >= V / 2 && isfinite(out[v]) && out[v] != 0.0f;
 				}
-				printf("%-22s rank-shard 1/2: %d zero (other rank) + %d computed logits of %lld\n", stem, zeros,
-				       finite, (long long)V);
-				CHECK(zeros == V / 2 && finite == V / 2, "%s: shard logits layout wrong", stem);
+				printf("%-22s rank-shard 1/2: %d zero (other rank) + %d computed logits of "
+				       "%lld\n",
+				       stem, zeros, finite, (long long)V);
+				CHECK(zeros == V / 2 && finite == V / 2, "%s: shard logits layout wrong",
+				      stem);
 				model_destroy(m);
 			}
 		}

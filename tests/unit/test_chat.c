@@ -123,6 +123,10 @@ static void test_detect(void)
 	     "Assistant\xef\xbd\x9c>{% if thinking %}<think>{% else %}</think>"
 	     "{% endif %}",
 	     0, CHAT_FMT_DEEPSEEK_V31},
+	    {"{{bos_token}}{% if '</think>' in content %}{% set content = content.split('</think>')[-1] %}{% endif %}"
+	     "{{'<\xef\xbd\x9c"
+	     "Assistant\xef\xbd\x9c><think>\\n'}}",
+	     0, CHAT_FMT_DEEPSEEK_R1},
 	    {"{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>{% endfor %}",
 	     ERR_UNSUPPORTED, 0},
 	};
@@ -193,6 +197,15 @@ static void test_glm(void)
 	          ids[1] == tok_find(t, "<sop>", 5) && ids[n - 1] == tok_find(t, "<think>", 7),
 	      "glm5 encode: %s", e.msg);
 	chat_prompt_fini(&p);
+	/* clear_thinking=false: past reasoning is kept before the last user turn too */
+	o.keep_past_reasoning = true;
+	p = render(&c, conv_basic, &o,
+	           "[gMASK]<sop><|system|>You are a helpful assistant<|user|>Hello<|assistant|><think>greet "
+	           "back</think>"
+	           "Hi there<|user|>How are you?<|assistant|><think>",
+	           "glm5 keep past reasoning");
+	chat_prompt_fini(&p);
+	o.keep_past_reasoning = false;
 	o.enable_thinking = 0;
 	p = render(
 	    &c, conv_basic, &o,
@@ -460,6 +473,16 @@ static void test_deepseek(void)
 	                   "<\xef\xbd\x9ctool\xe2\x96\x81outputs\xe2\x96\x81"
 	                   "end\xef\xbd\x9c>done" DS_EOS DS_USER "ok" DS_ASSISTANT,
 	    "deepseek-v3 tools");
+	chat_prompt_fini(&p);
+
+	/* R1: past answers keep what follows the last </think>; the prompt opens the reasoning */
+	CHECK(chat_init(&c, t, CHAT_FMT_DEEPSEEK_R1, &e) == 0, "init r1: %s", e.msg);
+	p = render(&c,
+	           "[{\"role\":\"user\",\"content\":\"Hello\"},"
+	           "{\"role\":\"assistant\",\"content\":\"<think>a</think>b</think>Hi there\"},"
+	           "{\"role\":\"user\",\"content\":\"How are you?\"}]",
+	           &o, DS_BOS DS_USER "Hello" DS_ASSISTANT "Hi there" DS_EOS DS_USER "How are you?" DS_ASSISTANT "<think>\n",
+	           "deepseek-r1");
 	chat_prompt_fini(&p);
 
 	/* V3.1: history answers get </think> with reasoning removed; thinking control */

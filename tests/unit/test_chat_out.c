@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/gguf/gguf.h"
@@ -176,6 +177,22 @@ static void test_glm(void)
 	      "calls %d: %s %s", r.n_calls, r.names[0], r.args[0]);
 	CHECK(r.stopped && r.all_utf8, "stop %d utf8 %d", r.stopped, r.all_utf8);
 
+	/* with the request's tools: a parameter declared string stays a string */
+	json_error_t je;
+	json_t *tools =
+	    json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":"
+	               "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"},"
+	               "\"zip\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"}}}}}]",
+	               0, &je);
+	struct chat_opts ot = {.enable_thinking = 0, .add_generation_prompt = true, .tools = tools};
+	run(&c, &ot,
+	    "<tool_call>get_weather<arg_key>zip</arg_key><arg_value>75001</arg_value><arg_key>days</arg_key>"
+	    "<arg_value>3</arg_value></tool_call>",
+	    &r);
+	CHECK(r.n_calls == 1 && strcmp(r.args[0], "{\"zip\": \"75001\", \"days\": 3}") == 0, "typed args: %s",
+	      r.args[0]);
+	json_decref(tools);
+
 	/* thinking off: everything is content; two calls; a call without arguments */
 	o.enable_thinking = 0;
 	run(&c, &o,
@@ -227,6 +244,16 @@ static void test_deepseek(void)
 	      "v3 calls %d: '%s' '%s' / '%s' '%s'", r.n_calls, r.names[0], r.args[0], r.names[1], r.args[1]);
 	CHECK(r.stopped && r.all_utf8, "v3 stop");
 
+	/* R1 starts inside the reasoning (its prompt ends with <think>\n) */
+	CHECK(chat_init(&c, t, CHAT_FMT_DEEPSEEK_R1, &e) == 0, "init: %s", e.msg);
+	run(&c, &o, "\nstep 1\n</think>\n\nThe answer is 4." DS_EOS, &r);
+	if (tok_find(t, "</think>", 8) >= 0)
+		CHECK(strcmp(r.reasoning, "\nstep 1\n") == 0 && strcmp(r.content, "\n\nThe answer is 4.") == 0 && r.stopped,
+		      "r1: reasoning '%s' content '%s'", r.reasoning, r.content);
+	else /* a vocab without the marker token: all of it is reasoning text */
+		CHECK(r.n_content == 0 && strstr(r.reasoning, "</think>") && r.stopped, "r1 without marker: '%s'",
+		      r.reasoning);
+
 	CHECK(chat_init(&c, t, CHAT_FMT_DEEPSEEK_V31, &e) == 0, "init: %s", e.msg);
 	run(&c, &o,
 	    "\xe5\xa5\xbd" DS_CALLS_BEGIN DS_CALL_BEGIN "get_weather" DS_SEP
@@ -239,10 +266,100 @@ static void test_deepseek(void)
 	tok_destroy(t);
 }
 
+/* Random ids (biased towards the markers) in every format: every delta and every call is valid
+ * UTF-8 / JSON-safe text and nothing crashes. Seed printed; TANDEM_TEST_SEED reruns one. */
+static void test_random(void)
+{
+	const char *d = getenv("TANDEM_TESTDATA");
+	char path[512];
+	snprintf(path, sizeof(path), "%s/tokenizer/deepseek-v3-vocab.gguf", d ? d : "tests/data");
+	struct errbuf e = {0};
+	struct gguf_ctx *g;
+	struct tok *ds;
+	if (gguf_open(&g, path, &e) || tok_load(&ds, g, &e)) {
+		CHECK(0, "%s: %s", path, e.msg);
+		return;
+	}
+	gguf_close(g);
+	struct tok *glm = glm_vocab();
+	uint64_t seed = getenv("TANDEM_TEST_SEED") ? strtoull(getenv("TANDEM_TEST_SEED"), NULL, 10)
+	                                           : (uint64_t)time(NULL);
+	uint64_t st = seed;
+	int n_calls = 0, n_bad = 0, n_runs = 0;
+	for (int f = 0; f < CHAT_FMT_COUNT; f++) {
+		struct tok *t = f <= CHAT_FMT_GLM4 ? glm : ds;
+		struct chat c;
+		if (chat_init(&c, t, (enum chat_format)f, &e)) {
+			CHECK(0, "init %d: %s", f, e.msg);
+			continue;
+		}
+		struct chat_out o;
+		/* markers of both families plus ordinary ids */
+		int32_t pool[64];
+		int n_pool = 0;
+		static const char *const marks[] = {"<think>",   "</think>",   "<tool_call>", "</tool_call>",
+		                                    "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"};
+		for (int k = 0; k < 8; k++)
+			if (tok_find(t, marks[k], strlen(marks[k])) >= 0)
+				pool[n_pool++] = tok_find(t, marks[k], strlen(marks[k]));
+		const char *dsm[] = {DS_CALLS_BEGIN, DS_CALLS_END, DS_CALL_BEGIN, DS_CALL_END, DS_SEP};
+		for (int k = 0; k < 5; k++)
+			if (tok_find(t, dsm[k], strlen(dsm[k])) >= 0)
+				pool[n_pool++] = tok_find(t, dsm[k], strlen(dsm[k]));
+		for (int run_i = 0; run_i < 50; run_i++, n_runs++) {
+			struct chat_opts opts = {.enable_thinking = run_i % 3 - 1,
+			                         .add_generation_prompt = true};
+			if (chat_out_init(&o, &c, &opts, &e)) {
+				CHECK(0, "init: %s", e.msg);
+				break;
+			}
+			for (int k = 0; k <= 200; k++) {
+				st = st * 6364136223846793005ull + 1442695040888963407ull;
+				uint32_t r = (uint32_t)(st >> 33);
+				int32_t id = r % 4 == 0 && n_pool
+				                 ? pool[(r >> 2) % (uint32_t)n_pool]
+				                 : (int32_t)((r >> 2) % (uint32_t)tok_n_vocab(t));
+				struct chat_delta dl;
+				int rc =
+				    k < 200 ? chat_out_feed(&o, id, &dl, &e) : chat_out_finish(&o, &dl, &e);
+				if (rc) {
+					n_bad++;
+					fprintf(stderr, "random fmt %d run %d step %d: %s\n", f, run_i, k,
+					        e.msg);
+					break;
+				}
+				bool ok = tok_utf8_check(dl.content, dl.content_len) == dl.content_len &&
+				          tok_utf8_check(dl.reasoning, dl.reasoning_len) == dl.reasoning_len;
+				for (size_t q = 0; q < dl.n_calls; q++) {
+					ok = ok &&
+					     tok_utf8_check(dl.calls[q].name, strlen(dl.calls[q].name)) ==
+					         strlen(dl.calls[q].name) &&
+					     tok_utf8_check(dl.calls[q].arguments,
+					                    strlen(dl.calls[q].arguments)) ==
+					         strlen(dl.calls[q].arguments);
+					n_calls++;
+				}
+				if (!ok) {
+					n_bad++;
+					fprintf(stderr, "random fmt %d run %d step %d: invalid UTF-8 out\n",
+					        f, run_i, k);
+				}
+			}
+			chat_out_fini(&o);
+		}
+	}
+	printf("random ids (seed %llu): %d runs over %d formats, %d tool calls parsed, %d bad\n",
+	       (unsigned long long)seed, n_runs, CHAT_FMT_COUNT, n_calls, n_bad);
+	CHECK(n_bad == 0, "random: %d bad (seed %llu)", n_bad, (unsigned long long)seed);
+	tok_destroy(glm);
+	tok_destroy(ds);
+}
+
 int main(void)
 {
 	test_glm();
 	test_deepseek();
+	test_random();
 	printf("chat output: %d checks, %d failed\n", n_checks, n_fail);
 	return n_fail ? 1 : 0;
 }

@@ -5,6 +5,7 @@
  *    127741 merges; string-array access must be O(1));
  *  - writer round trip of every value type, nested arrays, three tensor data sources, alignments;
  *  - split sets opened from any shard. */
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -18,15 +19,15 @@
 
 static int n_fail, n_check;
 
-#define CHECK(cond, ...)                                                                        \
-	do {                                                                                    \
-		n_check++;                                                                      \
-		if (!(cond)) {                                                                  \
-			n_fail++;                                                               \
-			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);         \
-			fprintf(stderr, __VA_ARGS__);                                           \
-			fputc('\n', stderr);                                                    \
-		}                                                                               \
+#define CHECK(cond, ...)                                                                                     \
+	do {                                                                                                 \
+		n_check++;                                                                                   \
+		if (!(cond)) {                                                                               \
+			n_fail++;                                                                            \
+			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                      \
+			fprintf(stderr, __VA_ARGS__);                                                        \
+			fputc('\n', stderr);                                                                 \
+		}                                                                                            \
 	} while (0)
 
 #define DATA "tests/data/"
@@ -66,7 +67,8 @@ static void test_reference_files(void)
 		long long fsize, nt;
 		if (sscanf(line, "== %127s (%lld bytes, %lld tensors)", fname, &fsize, &nt) == 3) {
 			if (g)
-				CHECK(seen == expect_n, "%s: listed %" PRId64 " tensors, expected %" PRId64, cur, seen, expect_n);
+				CHECK(seen == expect_n, "%s: listed %" PRId64 " tensors, expected %" PRId64,
+				      cur, seen, expect_n);
 			gguf_close(g);
 			g = NULL;
 			char path[256];
@@ -78,8 +80,8 @@ static void test_reference_files(void)
 			if (rc)
 				continue;
 			n_files++;
-			CHECK(gguf_n_tensors(g) == nt, "%s: %" PRId64 " tensors, tensors.txt says %lld", fname,
-			      gguf_n_tensors(g), nt);
+			CHECK(gguf_n_tensors(g) == nt, "%s: %" PRId64 " tensors, tensors.txt says %lld",
+			      fname, gguf_n_tensors(g), nt);
 			CHECK(gguf_shard_size(g, 0) == (uint64_t)fsize, "%s: size", fname);
 			CHECK(gguf_version(g) == 3, "version");
 			CHECK(gguf_n_shards(g) == 1, "shards");
@@ -106,15 +108,18 @@ static void test_reference_files(void)
 		}
 		CHECK(t->n_dims == nd, "%s %s: n_dims %d vs %d", cur, name, t->n_dims, nd);
 		for (int d = 0; d < 4; d++)
-			CHECK(t->ne[d] == ne[d], "%s %s: ne[%d] %" PRId64 " vs %" PRId64, cur, name, d, t->ne[d], ne[d]);
+			CHECK(t->ne[d] == ne[d], "%s %s: ne[%d] %" PRId64 " vs %" PRId64, cur, name, d,
+			      t->ne[d], ne[d]);
 		size_t row;
-		CHECK(ktype_row_bytes(t->type, t->ne[0], &row) && t->nbytes == row * (size_t)(ne[1] * ne[2] * ne[3]),
+		CHECK(ktype_row_bytes(t->type, t->ne[0], &row) &&
+		          t->nbytes == row * (size_t)(ne[1] * ne[2] * ne[3]),
 		      "%s %s: nbytes", cur, name);
 		CHECK(t->file_offset % gguf_alignment(g) == 0, "aligned");
 		CHECK(t->file_offset + t->nbytes <= gguf_shard_size(g, 0), "inside file");
 	}
 	if (g)
-		CHECK(seen == expect_n, "%s: listed %" PRId64 " tensors, expected %" PRId64, cur, seen, expect_n);
+		CHECK(seen == expect_n, "%s: listed %" PRId64 " tensors, expected %" PRId64, cur, seen,
+		      expect_n);
 	gguf_close(g);
 	fclose(f);
 	CHECK(n_files == 6, "opened %d of 6 reference models", n_files);
@@ -138,13 +143,15 @@ static void test_tiny_metadata(void)
 	CHECK(gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &u, &e) == 0 && u == 990, "bos");
 	CHECK(gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &u, &e) == 0 && u == 988, "eos");
 	float fv;
-	CHECK(gguf_get_f32(g, "glm-dsa.attention.layer_norm_rms_epsilon", &fv, &e) == 0 && fabsf(fv - 1e-5f) < 1e-9f,
+	CHECK(gguf_get_f32(g, "glm-dsa.attention.layer_norm_rms_epsilon", &fv, &e) == 0 &&
+	          fabsf(fv - 1e-5f) < 1e-9f,
 	      "eps");
 	struct gguf_arr a;
 	rc = gguf_get_arr(g, "glm-dsa.attention.indexer.types", &a, &e);
 	CHECK(rc == 0 && a.count == 3, "indexer.types: %s", e.msg);
 	if (rc == 0 && a.count == 3)
-		CHECK(gguf_arr_int(&a, 0) == 1 && gguf_arr_int(&a, 1) == 0 && gguf_arr_int(&a, 2) == 1, "types values");
+		CHECK(gguf_arr_int(&a, 0) == 1 && gguf_arr_int(&a, 1) == 0 && gguf_arr_int(&a, 2) == 1,
+		      "types values");
 	rc = gguf_get_arr(g, "tokenizer.ggml.tokens", &a, &e);
 	CHECK(rc == 0 && a.type == GGUF_VT_STRING && a.count == 1024, "tokens");
 	size_t len;
@@ -187,7 +194,8 @@ static void test_deepseek_vocab(void)
 	CHECK(gguf_get_arr(g, "tokenizer.ggml.merges", &mer, &e) == 0 && mer.count == 127741, "merges count");
 	size_t len;
 	const char *s = gguf_arr_str(&tok, 0, &len);
-	const char *bos = "<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>";
+	const char *bos = "<\xef\xbd\x9c"
+	                  "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>";
 	CHECK(s && len == strlen(bos) && memcmp(s, bos, len) == 0, "token 0 is BOS");
 	s = gguf_arr_str(&tok, 3, &len);
 	CHECK(s && len == 1 && s[0] == '!', "token 3 is '!'");
@@ -204,9 +212,10 @@ static void test_deepseek_vocab(void)
 	}
 	double t_acc = now_s() - t0;
 	CHECK(sum > 2000000, "sum");
-	CHECK(t_acc < 1.0, "2e6 string-array accesses took %.3f s", t_acc);
-	CHECK(t_open < 2.0, "open took %.3f s", t_open);
-	printf("deepseek-v3 vocab: open %.1f ms, 2e6 random element accesses %.1f ms\n", t_open * 1e3, t_acc * 1e3);
+	CHECK(t_acc < 5.0, "2e6 string-array accesses took %.3f s (an O(n) lookup would take hours)", t_acc);
+	CHECK(t_open < 10.0, "open took %.3f s", t_open);
+	printf("deepseek-v3 vocab: open %.1f ms, 2e6 random element accesses %.1f ms\n", t_open * 1e3,
+	       t_acc * 1e3);
 	uint32_t u;
 	CHECK(gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &u, &e) == 0 && u == 0, "bos 0");
 	CHECK(gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &u, &e) == 0 && u == 1, "eos 1");
@@ -328,13 +337,15 @@ static void roundtrip(size_t alignment)
 	CHECK(gguf_writer_set_arr(w, "a.u64", GGUF_VT_U64, ua, 2) == 0, "arr u64");
 	CHECK(gguf_writer_set_arr(w, "a.bool", GGUF_VT_BOOL, ba, 4) == 0, "arr bool");
 	CHECK(gguf_writer_set_arr(w, "a.empty", GGUF_VT_U32, NULL, 0) == 0, "empty arr");
-	CHECK(gguf_writer_set_arr(w, "a.bad", GGUF_VT_STRING, ia, 1) == -EINVAL, "string via set_arr rejected");
+	CHECK(gguf_writer_set_arr(w, "a.bad", GGUF_VT_STRING, ia, 1) == -EINVAL,
+	      "string via set_arr rejected");
 	const char *strs[4] = {"x", "", "hello world", "\xf0\x9f\x98\x80"};
 	CHECK(gguf_writer_set_arr_str(w, "a.str", strs, 4) == 0, "arr str");
 	uint8_t raw[256];
 	size_t n1 = nested_str_arrays(raw);
 	CHECK(gguf_writer_set_raw(w, "a.nested_str", GGUF_VT_ARRAY, raw, n1) == 0, "nested str");
-	CHECK(gguf_writer_set_raw(w, "a.nested_trunc", GGUF_VT_ARRAY, raw, n1 - 1) == -EINVAL, "truncated raw rejected");
+	CHECK(gguf_writer_set_raw(w, "a.nested_trunc", GGUF_VT_ARRAY, raw, n1 - 1) == -EINVAL,
+	      "truncated raw rejected");
 	size_t n2 = nested_i16(raw);
 	CHECK(gguf_writer_set_raw(w, "a.nested_i16", GGUF_VT_ARRAY, raw, n2) == 0, "nested i16");
 	CHECK(gguf_writer_set_u32(w, "t.u32", 1) == -EEXIST, "duplicate key rejected");
@@ -348,10 +359,12 @@ static void roundtrip(size_t alignment)
 	CHECK(gguf_writer_add_tensor(w, "w.f32", KT_F32, 2, ne0, w0) == 0, "add f32");
 	CHECK(gguf_writer_add_tensor_cb(w, "w.q8", KT_Q8_0, 3, ne1, fill_whole, &fc1) == 0, "add q8");
 	gguf_writer_set_chunk_bytes(w, 100); /* 3 rows of 32 bytes per chunk */
-	CHECK(gguf_writer_add_tensor_chunked(w, "w.bf16", KT_BF16, 4, ne2, fill_chunk, &fc2) == 0, "add bf16");
+	CHECK(gguf_writer_add_tensor_chunked(w, "w.bf16", KT_BF16, 4, ne2, fill_chunk, &fc2) == 0,
+	      "add bf16");
 	CHECK(gguf_writer_add_tensor(w, "w.f32", KT_F32, 2, ne0, w0) == -EEXIST, "duplicate tensor rejected");
 	int64_t bad_ne[1] = {33};
-	CHECK(gguf_writer_add_tensor(w, "w.bad", KT_Q8_0, 1, bad_ne, w0) == -EINVAL, "ne0 not a block multiple");
+	CHECK(gguf_writer_add_tensor(w, "w.bad", KT_Q8_0, 1, bad_ne, w0) == -EINVAL,
+	      "ne0 not a block multiple");
 	/* the rejected calls above were sticky errors: writing must fail and say so */
 	struct errbuf e = {0};
 	int rc = gguf_writer_write(w, path, &e);
@@ -394,7 +407,8 @@ static void roundtrip(size_t alignment)
 	gguf_writer_destroy(w);
 	CHECK(fc1.calls == 1, "whole callback called %d times", fc1.calls);
 	/* 16*3*2*5 = 480 elements, 30 rows of 32 bytes, 3 rows per chunk -> 10 calls in order */
-	CHECK(fc2.calls == 10 && fc2.order_ok, "chunk callback: %d calls, in order %d", fc2.calls, fc2.order_ok);
+	CHECK(fc2.calls == 10 && fc2.order_ok, "chunk callback: %d calls, in order %d", fc2.calls,
+	      fc2.order_ok);
 
 	struct gguf_ctx *g;
 	rc = gguf_open(&g, path, &e);
@@ -421,7 +435,9 @@ static void roundtrip(size_t alignment)
 	CHECK(gguf_get_f32(g, "t.f64", &f, &e) == 0 && f == (float)3.141592653589793, "f64 as f32");
 	CHECK(gguf_get_bool(g, "t.bool", &b, &e) == 0 && b, "bool");
 	CHECK(gguf_get_bool(g, "t.false", &b, &e) == 0 && !b, "false");
-	CHECK(gguf_get_str(g, "t.str", &s, &len, &e) == 0 && len == 12 && memcmp(s, "hello \xe4\xb8\x96", 9) == 0, "str");
+	CHECK(gguf_get_str(g, "t.str", &s, &len, &e) == 0 && len == 12 &&
+	          memcmp(s, "hello \xe4\xb8\x96", 9) == 0,
+	      "str");
 	CHECK(gguf_get_str(g, "t.empty", &s, &len, &e) == 0 && len == 0, "empty str");
 	CHECK(gguf_kv_type(g, gguf_find_key(g, "t.f64")) == GGUF_VT_F64, "kv type");
 	CHECK(gguf_n_kv(g) == 23 + (alignment && alignment != 32), "n_kv %" PRId64, gguf_n_kv(g));
@@ -434,10 +450,12 @@ static void roundtrip(size_t alignment)
 	CHECK(gguf_get_arr(g, "a.f32", &a, &e) == 0 && a.count == 3, "a.f32");
 	for (int i = 0; i < 3; i++)
 		CHECK(gguf_arr_float(&a, (uint64_t)i) == (double)fa[i], "a.f32[%d]", i);
-	CHECK(gguf_get_arr(g, "a.f64", &a, &e) == 0 && gguf_arr_float(&a, 0) == 1e-300 && gguf_arr_float(&a, 1) == -2.5,
+	CHECK(gguf_get_arr(g, "a.f64", &a, &e) == 0 && gguf_arr_float(&a, 0) == 1e-300 &&
+	          gguf_arr_float(&a, 1) == -2.5,
 	      "a.f64");
 	CHECK(gguf_get_arr(g, "a.u64", &a, &e) == 0 && memcmp(a.data, ua, 16) == 0, "a.u64");
-	CHECK(gguf_get_arr(g, "a.bool", &a, &e) == 0 && a.type == GGUF_VT_BOOL && memcmp(a.data, ba, 4) == 0, "a.bool");
+	CHECK(gguf_get_arr(g, "a.bool", &a, &e) == 0 && a.type == GGUF_VT_BOOL && memcmp(a.data, ba, 4) == 0,
+	      "a.bool");
 	CHECK(gguf_get_arr(g, "a.empty", &a, &e) == 0 && a.count == 0 && a.type == GGUF_VT_U32, "a.empty");
 	CHECK(gguf_get_arr(g, "a.str", &a, &e) == 0 && a.type == GGUF_VT_STRING && a.count == 4, "a.str");
 	for (int i = 0; i < 4; i++) {
@@ -445,8 +463,10 @@ static void roundtrip(size_t alignment)
 		CHECK(s && len == strlen(strs[i]) && memcmp(s, strs[i], len) == 0, "a.str[%d]", i);
 	}
 	CHECK(gguf_arr_sub(&a, 0, &sub) != 0, "arr_sub on a string array fails");
-	CHECK(gguf_get_arr(g, "a.nested_str", &a, &e) == 0 && a.type == GGUF_VT_ARRAY && a.count == 3, "nested_str");
-	CHECK(gguf_arr_sub(&a, 0, &sub) == 0 && sub.type == GGUF_VT_STRING && sub.count == 2, "nested_str[0]");
+	CHECK(gguf_get_arr(g, "a.nested_str", &a, &e) == 0 && a.type == GGUF_VT_ARRAY && a.count == 3,
+	      "nested_str");
+	CHECK(gguf_arr_sub(&a, 0, &sub) == 0 && sub.type == GGUF_VT_STRING && sub.count == 2,
+	      "nested_str[0]");
 	s = gguf_arr_str(&sub, 1, &len);
 	CHECK(s && len == 2 && memcmp(s, "bc", 2) == 0, "nested_str[0][1]");
 	CHECK(gguf_arr_sub(&a, 1, &sub) == 0 && sub.count == 0, "nested_str[1] empty");
@@ -456,16 +476,16 @@ static void roundtrip(size_t alignment)
 	CHECK(gguf_get_arr(g, "a.nested_i16", &a, &e) == 0 && a.count == 2, "nested_i16");
 	CHECK(gguf_arr_sub(&a, 0, &sub) == 0 && sub.type == GGUF_VT_ARRAY && sub.count == 2, "nested_i16[0]");
 	CHECK(gguf_arr_sub(&sub, 1, &sub2) == 0 && sub2.type == GGUF_VT_I16 && sub2.count == 1 &&
-		      gguf_arr_int(&sub2, 0) == 3,
+	          gguf_arr_int(&sub2, 0) == 3,
 	      "nested_i16[0][1] = [3]");
 	CHECK(gguf_arr_sub(&a, 1, &sub) == 0 && gguf_arr_sub(&sub, 0, &sub2) == 0 && sub2.count == 3 &&
-		      gguf_arr_int(&sub2, 2) == -6,
+	          gguf_arr_int(&sub2, 2) == -6,
 	      "nested_i16[1][0][2] = -6");
 
 	CHECK(gguf_n_tensors(g) == 3, "3 tensors");
 	const struct gguf_tensor *t = gguf_find_tensor(g, "w.f32");
 	CHECK(t && t->type == KT_F32 && t->n_dims == 2 && t->ne[0] == 5 && t->ne[1] == 3 && t->nbytes == 60 &&
-		      memcmp(t->data, w0, 60) == 0,
+	          memcmp(t->data, w0, 60) == 0,
 	      "w.f32");
 	t = gguf_find_tensor(g, "w.q8");
 	CHECK(t && t->type == KT_Q8_0 && t->n_dims == 3 && t->ne[2] == 2 && t->nbytes == 2 * 14 * 34, "w.q8");
@@ -484,7 +504,8 @@ static void roundtrip(size_t alignment)
 		CHECK(ok, "w.bf16 data");
 	}
 	for (int64_t i = 0; i < gguf_n_tensors(g); i++)
-		CHECK(gguf_tensor(g, i)->file_offset % gguf_alignment(g) == 0, "tensor %" PRId64 " aligned", i);
+		CHECK(gguf_tensor(g, i)->file_offset % gguf_alignment(g) == 0, "tensor %" PRId64 " aligned",
+		      i);
 	CHECK(gguf_tensor(g, 3) == NULL && gguf_tensor(g, -1) == NULL, "tensor index range");
 
 	/* copy_kv: copy every key into a new file, read back identical bytes */
@@ -502,7 +523,7 @@ static void roundtrip(size_t alignment)
 	CHECK(rc == 0, "open copy: %s", e.msg);
 	if (rc == 0) {
 		CHECK(gguf_get_arr(g2, "a.nested_i16", &a, &e) == 0 && gguf_arr_sub(&a, 1, &sub) == 0 &&
-			      gguf_arr_sub(&sub, 0, &sub2) == 0 && gguf_arr_int(&sub2, 1) == 5,
+		          gguf_arr_sub(&sub, 0, &sub2) == 0 && gguf_arr_int(&sub2, 1) == 5,
 		      "copied nested array");
 		CHECK(gguf_get_str(g2, "t.str", &s, &len, &e) == 0 && len == 12, "copied str");
 		gguf_close(g2);
@@ -551,7 +572,8 @@ static void test_split(void)
 		const char *names[3] = {"t.a", "t.b", "t.c"};
 		for (int i = 0; i < 3; i++) {
 			const struct gguf_tensor *t = gguf_find_tensor(g, names[i]);
-			CHECK(t && t->shard == i && ((const float *)t->data)[0] == (float)i, "tensor %s in shard %d", names[i], i);
+			CHECK(t && t->shard == i && ((const float *)t->data)[0] == (float)i,
+			      "tensor %s in shard %d", names[i], i);
 			CHECK(gguf_tensor(g, i) == t, "file order");
 		}
 		char *arch = gguf_get_str_dup(g, "general.architecture", &e);
@@ -560,6 +582,42 @@ static void test_split(void)
 		CHECK(strstr(gguf_shard_path(g, 0), "sp-00001-of-00003.gguf") != NULL, "shard 0 path");
 		gguf_close(g);
 	}
+}
+
+static int fill_fail(void *user, const char *name, uint64_t off, void *dst, size_t n)
+{
+	(void)user, (void)name, (void)dst, (void)n;
+	return off > 0 ? -EIO : 0; /* fails on the second chunk */
+}
+
+/* Write failures: a clear error, and neither the file nor its .tmp left behind. */
+static void test_write_errors(void)
+{
+	char path[512], tmp[530];
+	tmp_path(path, sizeof(path), "fail.gguf");
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	struct gguf_writer *w = gguf_writer_create(0);
+	int64_t ne[2] = {32, 100};
+	gguf_writer_set_chunk_bytes(w, 1000);
+	CHECK(gguf_writer_add_tensor_chunked(w, "t.bad", KT_F32, 2, ne, fill_fail, NULL) == 0, "add");
+	struct errbuf e = {0};
+	int rc = gguf_writer_write(w, path, &e);
+	CHECK(rc == -EIO && strstr(e.msg, "t.bad"), "callback failure: %d %s", rc, e.msg);
+	CHECK(access(path, F_OK) != 0 && access(tmp, F_OK) != 0, "no file left after a failed write");
+	rc = gguf_writer_write(w, "/nonexistent-dir/x.gguf", &e);
+	CHECK(rc == -ENOENT && strstr(e.msg, "/nonexistent-dir/x.gguf.tmp"), "unwritable path: %d %s", rc,
+	      e.msg);
+	gguf_writer_destroy(w);
+	CHECK(gguf_writer_create(3) == NULL, "alignment 3 refused");
+	w = gguf_writer_create(0);
+	CHECK(gguf_writer_set_u32(w, "", 1) == -EINVAL, "empty key refused");
+	char longkey[300];
+	memset(longkey, 'k', sizeof(longkey) - 1);
+	longkey[sizeof(longkey) - 1] = 0;
+	CHECK(gguf_writer_set_u32(w, longkey, 1) == -EINVAL, "key over GGUF_MAX_NAME refused");
+	CHECK(gguf_writer_add_tensor(w, "t", 77, 1, ne, ne) == -EINVAL, "unknown type refused");
+	CHECK(gguf_writer_add_tensor(w, "t", KT_F32, 5, ne, ne) == -EINVAL, "5 dims refused");
+	gguf_writer_destroy(w);
 }
 
 static void test_print(void)
@@ -596,6 +654,7 @@ int main(void)
 	roundtrip(64);
 	roundtrip(1);
 	test_split();
+	test_write_errors();
 	test_print();
 	char cmd[300];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);

@@ -17,15 +17,15 @@
 
 static int n_fail, n_check;
 
-#define CHECK(cond, ...)                                                                        \
-	do {                                                                                    \
-		n_check++;                                                                      \
-		if (!(cond)) {                                                                  \
-			n_fail++;                                                               \
-			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);         \
-			fprintf(stderr, __VA_ARGS__);                                           \
-			fputc('\n', stderr);                                                    \
-		}                                                                               \
+#define CHECK(cond, ...)                                                                                     \
+	do {                                                                                                 \
+		n_check++;                                                                                   \
+		if (!(cond)) {                                                                               \
+			n_fail++;                                                                            \
+			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                      \
+			fprintf(stderr, __VA_ARGS__);                                                        \
+			fputc('\n', stderr);                                                                 \
+		}                                                                                            \
 	} while (0)
 
 static char tmpdir[256];
@@ -163,7 +163,8 @@ static int try_open(const uint8_t *img, size_t n, struct errbuf *e)
 		}
 		for (int64_t i = 0; i < gguf_n_kv(g); i++) {
 			struct gguf_arr a;
-			if (gguf_get_arr(g, gguf_kv_key(g, i), &a, NULL) == 0 && a.type == GGUF_VT_STRING && a.count)
+			if (gguf_get_arr(g, gguf_kv_key(g, i), &a, NULL) == 0 && a.type == GGUF_VT_STRING &&
+			    a.count)
 				sink ^= (uint8_t)gguf_arr_str(&a, a.count - 1, NULL)[0];
 		}
 		(void)sink;
@@ -212,8 +213,8 @@ static void test_real_file(void)
 		if (end > max_end)
 			max_end = end;
 	}
-	printf("reference file: %zu bytes, %zu kvs, %zu tensors, header %zu bytes, data ends at %zu\n", n, L.n_kv,
-	       L.n_t, L.info_end, max_end);
+	printf("reference file: %zu bytes, %zu kvs, %zu tensors, header %zu bytes, data ends at %zu\n", n,
+	       L.n_kv, L.n_t, L.info_end, max_end);
 
 	/* truncation at every byte of the header region, and every 4093rd byte of the data */
 	int bad = 0;
@@ -228,8 +229,9 @@ static void test_real_file(void)
 	bad = 0;
 	for (size_t cut = ds; cut < n; cut += 4093) {
 		int rc = try_open(orig, cut, &e);
-		bool ok = cut < max_end ? rc == ERR_FORMAT && strstr(e.msg, "past the end") && strstr(e.msg, "tensor '")
-					: rc == 0;
+		bool ok = cut < max_end
+		              ? rc == ERR_FORMAT && strstr(e.msg, "past the end") && strstr(e.msg, "tensor '")
+		              : rc == 0;
 		if (!ok && bad++ < 5)
 			CHECK(0, "data cut at %zu: rc %d msg %s", cut, rc, e.msg);
 	}
@@ -249,7 +251,9 @@ static void test_real_file(void)
 	FRESH(), st64(b + 24, 300);
 	expect("key length 300", b, n, ERR_FORMAT, "name length 300");
 	FRESH(), b[24 + 8 + 3] = 0;
-	expect("NUL in key", b, n, ERR_FORMAT, "NUL");
+	expect("NUL in key", b, n, ERR_FORMAT, "control byte 0x00 at 3");
+	FRESH(), b[24 + 8 + 5] = 0x1b;
+	expect("ESC in key", b, n, ERR_FORMAT, "control byte 0x1b at 5");
 
 	int k_tok = kv_index(&L, "tokenizer.ggml.tokens");
 	int k_arch = kv_index(&L, "general.architecture");
@@ -315,7 +319,8 @@ static void test_real_file(void)
 	for (size_t i = 0; i < L.n_t; i++) {
 		if (ld32(orig + L.ti_type_off[i]) == KT_Q8_0 && ld64(orig + L.ti_ne_off[i]) == 256) {
 			FRESH(), st64(b + L.ti_ne_off[i], 255);
-			expect("Q8_0 ne0 = 255", b, n, ERR_FORMAT, "not a multiple of the Q8_0 block size 32");
+			expect("Q8_0 ne0 = 255", b, n, ERR_FORMAT,
+			       "not a multiple of the Q8_0 block size 32");
 			FRESH(), st64(b + L.ti_ne_off[i], 288);
 			expect("Q8_0 ne0 = 288 (bigger than stored)", b, n, ERR_FORMAT, "");
 			break;
@@ -340,6 +345,8 @@ static void test_real_file(void)
 	expect("offset near 2^64", b, n, ERR_FORMAT, "past the end");
 	FRESH(), st64(b + L.ti_off[t0], 0);
 	expect("empty tensor name", b, n, ERR_FORMAT, "name length 0");
+	FRESH(), b[L.ti_off[t0] + 8 + 1] = '\n';
+	expect("newline in tensor name", b, n, ERR_FORMAT, "control byte 0x0a");
 	FRESH(), st64(b + L.ti_off[t0], 1ull << 50);
 	expect("tensor name length 2^50", b, n, ERR_FORMAT, "tensor name");
 	{
@@ -353,7 +360,8 @@ static void test_real_file(void)
 				}
 		CHECK(a >= 0, "two tensor names of equal length");
 		if (a >= 0) {
-			FRESH(), memcpy(b + L.ti_off[c] + 8, orig + L.ti_off[a] + 8, ld64(orig + L.ti_off[a]));
+			FRESH(),
+			    memcpy(b + L.ti_off[c] + 8, orig + L.ti_off[a] + 8, ld64(orig + L.ti_off[a]));
 			expect("duplicate tensor name", b, n, ERR_FORMAT, "duplicate tensor name");
 		}
 	}
@@ -506,8 +514,8 @@ static void test_small_files(void)
 		if (depth <= 8)
 			CHECK(rc == 0, "nesting depth %d: %s", depth, e3.msg);
 		else
-			CHECK(rc == ERR_FORMAT && strstr(e3.msg, "nested deeper"), "nesting depth %d: %d %s", depth, rc,
-			      e3.msg);
+			CHECK(rc == ERR_FORMAT && strstr(e3.msg, "nested deeper"), "nesting depth %d: %d %s",
+			      depth, rc, e3.msg);
 	}
 	{
 		size_t o = 0;
@@ -536,9 +544,9 @@ static void test_small_files(void)
 /* ---- split sets -------------------------------------------------------------------------------- */
 
 struct shard_spec {
-	int no_key;    /* value written as split.no (-1: omit) */
+	int no_key; /* value written as split.no (-1: omit) */
 	int count_key; /* split.count (-1: omit) */
-	int total;     /* split.tensors.count (-1: omit) */
+	int total; /* split.tensors.count (-1: omit) */
 	const char *tensor;
 };
 
@@ -590,7 +598,8 @@ static void test_split_sets(void)
 	char p[512];
 	snprintf(p, sizeof(p), "%s/miss1-00001-of-00003.gguf", tmpdir);
 	unlink(p);
-	expect_file("missing first shard, opened from the second", "miss1", 2, 3, -ENOENT, "miss1-00001-of-00003.gguf");
+	expect_file("missing first shard, opened from the second", "miss1", 2, 3, -ENOENT,
+	            "miss1-00001-of-00003.gguf");
 
 	struct shard_spec c1[3] = {{0, 3, 3, "a"}, {1, 4, 3, "b"}, {2, 3, 3, "c"}};
 	write_set("cnt", 3, c1, 3);
@@ -621,8 +630,12 @@ static void test_split_sets(void)
 	struct gguf_ctx *g = NULL;
 	struct errbuf e = {0};
 	int rc = gguf_open(&g, to, &e);
-	CHECK(rc == ERR_FORMAT && strstr(e.msg, "does not follow"), "split file with a plain name: %d %s", rc, e.msg);
+	CHECK(rc == ERR_FORMAT && strstr(e.msg, "does not follow"), "split file with a plain name: %d %s", rc,
+	      e.msg);
 	gguf_close(g);
+	/* a lone file named as part of a set but without split keys */
+	write_set("lone", 2, (struct shard_spec[]){{-1, -1, -1, "a"}}, 1);
+	expect_file("set name without split keys", "lone", 1, 2, ERR_MISMATCH, "file name says 2 shards");
 	rc = gguf_open(&g, "/nonexistent/x.gguf", &e);
 	CHECK(rc == -ENOENT && strstr(e.msg, "/nonexistent/x.gguf"), "absent file: %d %s", rc, e.msg);
 	rc = gguf_open(&g, tmpdir, &e);

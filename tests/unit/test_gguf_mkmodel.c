@@ -18,19 +18,20 @@
 
 #include "common/gguf/gguf.h"
 #include "common/model/model.h"
+#include "common/tok/tok.h"
 #include "kernels/kernels.h"
 
 static int n_fail, n_check;
 
-#define CHECK(cond, ...)                                                                        \
-	do {                                                                                    \
-		n_check++;                                                                      \
-		if (!(cond)) {                                                                  \
-			n_fail++;                                                               \
-			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);         \
-			fprintf(stderr, __VA_ARGS__);                                           \
-			fputc('\n', stderr);                                                    \
-		}                                                                               \
+#define CHECK(cond, ...)                                                                                     \
+	do {                                                                                                 \
+		n_check++;                                                                                   \
+		if (!(cond)) {                                                                               \
+			n_fail++;                                                                            \
+			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                      \
+			fprintf(stderr, __VA_ARGS__);                                                        \
+			fputc('\n', stderr);                                                                 \
+		}                                                                                            \
 	} while (0)
 
 #define REF "tests/data/models/glm-dsa-tiny-BF16.gguf"
@@ -76,8 +77,8 @@ static int run_tandem(const char *const *args)
 
 static void mk(const char *type, const char *seed, const char *threads, const char *out)
 {
-	const char *args[] = {"mkmodel", "--preset", "tiny", "--type", type, "--seed", seed, "--threads", threads, "-o",
-			      out, NULL};
+	const char *args[] = {"mkmodel", "--preset",  "tiny",  "--type", type, "--seed",
+	                      seed,      "--threads", threads, "-o",     out,  NULL};
 	int rc = run_tandem(args);
 	CHECK(rc == 0, "tandem mkmodel --type %s -o %s exited %d", type, out, rc);
 }
@@ -115,16 +116,18 @@ static bool same_kv(const struct gguf_ctx *a, const struct gguf_ctx *b, const ch
 	if (t == GGUF_VT_STRING) {
 		const char *pa, *pb;
 		size_t la, lb;
-		return gguf_get_str(a, key, &pa, &la, NULL) == 0 && gguf_get_str(b, key, &pb, &lb, NULL) == 0 && la == lb &&
-		       memcmp(pa, pb, la) == 0;
+		return gguf_get_str(a, key, &pa, &la, NULL) == 0 &&
+		       gguf_get_str(b, key, &pb, &lb, NULL) == 0 && la == lb && memcmp(pa, pb, la) == 0;
 	}
 	if (t == GGUF_VT_F32 || t == GGUF_VT_F64) {
 		float fa, fb;
-		return gguf_get_f32(a, key, &fa, NULL) == 0 && gguf_get_f32(b, key, &fb, NULL) == 0 && fa == fb;
+		return gguf_get_f32(a, key, &fa, NULL) == 0 && gguf_get_f32(b, key, &fb, NULL) == 0 &&
+		       fa == fb;
 	}
 	if (t == GGUF_VT_ARRAY) {
 		struct gguf_arr x, y;
-		if (gguf_get_arr(a, key, &x, NULL) || gguf_get_arr(b, key, &y, NULL) || x.type != y.type || x.count != y.count)
+		if (gguf_get_arr(a, key, &x, NULL) || gguf_get_arr(b, key, &y, NULL) || x.type != y.type ||
+		    x.count != y.count)
 			return false;
 		for (uint64_t i = 0; i < x.count; i++) {
 			if (x.type == GGUF_VT_STRING) {
@@ -140,7 +143,8 @@ static bool same_kv(const struct gguf_ctx *a, const struct gguf_ctx *b, const ch
 	}
 	if (t == GGUF_VT_BOOL) {
 		bool va, vb;
-		return gguf_get_bool(a, key, &va, NULL) == 0 && gguf_get_bool(b, key, &vb, NULL) == 0 && va == vb;
+		return gguf_get_bool(a, key, &va, NULL) == 0 && gguf_get_bool(b, key, &vb, NULL) == 0 &&
+		       va == vb;
 	}
 	int64_t ia, ib;
 	return gguf_get_i64(a, key, &ia, NULL) == 0 && gguf_get_i64(b, key, &ib, NULL) == 0 && ia == ib;
@@ -167,9 +171,11 @@ static void check_against_reference(const char *mix, const char *path)
 		CHECK(t, "%s: tensor %s missing", mix, rt->name);
 		if (!t)
 			continue;
-		CHECK(t->n_dims == rt->n_dims && memcmp(t->ne, rt->ne, sizeof(t->ne)) == 0, "%s: %s shape", mix, t->name);
+		CHECK(t->n_dims == rt->n_dims && memcmp(t->ne, rt->ne, sizeof(t->ne)) == 0, "%s: %s shape",
+		      mix, t->name);
 		int want = expected_type(mix, t->name, rt->type);
-		CHECK(t->type == want, "%s: %s has type %s, expected %s", mix, t->name, ktype_name(t->type), ktype_name(want));
+		CHECK(t->type == want, "%s: %s has type %s, expected %s", mix, t->name, ktype_name(t->type),
+		      ktype_name(want));
 	}
 	/* every architecture and tokenizer key of the reference, with the same value */
 	int n_cmp = 0;
@@ -238,8 +244,13 @@ static float *forward(const char *path, int64_t *vocab)
 		want[i] = 1;
 	}
 	struct model_seq s = {.blocks = &block, .n_blocks = 1};
-	struct model_batch b = {.n_tokens = N_TOK, .tokens = tok, .seq = seq, .pos = pos, .logits = want, .n_seqs = 1,
-				.seqs = &s};
+	struct model_batch b = {.n_tokens = N_TOK,
+	                        .tokens = tok,
+	                        .seq = seq,
+	                        .pos = pos,
+	                        .logits = want,
+	                        .n_seqs = 1,
+	                        .seqs = &s};
 	out = malloc(sizeof(float) * (size_t)V * N_TOK);
 	if (model_forward(m, &kv, &b, out, NULL, &e)) {
 		CHECK(0, "%s: forward: %s", path, e.msg);
@@ -309,14 +320,64 @@ static void test_forward(const char *paths[4], const char *mixes[4])
 		qsort(dmax, N_TOK, sizeof(double), cmp_double);
 		qsort(cosv, N_TOK, sizeof(double), cmp_double);
 		double med_d = dmax[N_TOK / 2], med_cos = cosv[N_TOK / 2];
-		printf("%-5s vs f32: median position max|d| = %.4f, median cosine %.6f, worst position max|d| = %.3f, "
+		printf("%-5s vs f32: median position max|d| = %.4f, median cosine %.6f, worst position "
+		       "max|d| = %.3f, "
 		       "argmax agrees at %d/%d\n",
 		       mixes[i], med_d, med_cos, worst, argmax_same, N_TOK);
 		CHECK(med_d < tol[i], "%s vs f32: median max|d| %g over %g", mixes[i], med_d, tol[i]);
-		CHECK(med_cos > min_cos[i], "%s vs f32: median cosine %g below %g", mixes[i], med_cos, min_cos[i]);
+		CHECK(med_cos > min_cos[i], "%s vs f32: median cosine %g below %g", mixes[i], med_cos,
+		      min_cos[i]);
 	}
 	for (int i = 0; i < 4; i++)
 		free(lg[i]);
+}
+
+/* The synthesized vocabularies of glm5 and deepseek3 load in the tokenizer, have the real size
+ * and special ids, merge common words into single tokens and round-trip text. */
+static void test_vocab(const char *preset, const char *out, int32_t vocab, int32_t bos, int32_t eos,
+                       const char *special, int32_t special_id)
+{
+	const char *args[] = {"mkmodel",      "--preset", preset, "--type", "q4_k",
+	                      "--vocab-only", "-o",       out,    NULL};
+	int rc = run_tandem(args);
+	CHECK(rc == 0, "mkmodel --vocab-only %s exited %d", preset, rc);
+	struct gguf_ctx *g;
+	struct errbuf e = {0};
+	if (gguf_open(&g, out, &e)) {
+		CHECK(0, "%s: %s", out, e.msg);
+		return;
+	}
+	struct tok *t;
+	rc = tok_load(&t, g, &e);
+	CHECK(rc == 0, "%s: tok_load: %s", preset, e.msg);
+	if (rc == 0) {
+		CHECK(tok_n_vocab(t) == vocab, "%s: vocab %d", preset, tok_n_vocab(t));
+		CHECK(tok_bos(t) == bos && tok_eos(t) == eos, "%s: bos %d eos %d", preset, tok_bos(t),
+		      tok_eos(t));
+		CHECK(tok_find(t, special, strlen(special)) == special_id, "%s: %s is not %d", preset,
+		      special, special_id);
+		const char *text = "the people of the world will think about the time, and the question.";
+		int32_t ids[128];
+		size_t n = 0;
+		rc = tok_encode(t, text, strlen(text), 0, ids, 128, &n, NULL, &e);
+		CHECK(rc == 0, "%s: encode: %s", preset, e.msg);
+		/* every word of the sentence is in the merge list: one token per word + 2 punctuation */
+		CHECK(rc == 0 && n == 15, "%s: %zu tokens for 13 words and 2 punctuation marks", preset, n);
+		char buf[256];
+		size_t len = 0;
+		rc = tok_decode(t, ids, n, 0, buf, sizeof(buf), &len, &e);
+		CHECK(rc == 0 && len == strlen(text) && memcmp(buf, text, len) == 0, "%s: decode round trip",
+		      preset);
+		const char *odd = "\xe4\xb8\x96 x\x01"; /* 3 + 2 + 1 bytes, no merges apply */
+		rc = tok_encode(t, odd, strlen(odd), 0, ids, 128, &n, NULL, &e);
+		CHECK(rc == 0 && n == strlen(odd),
+		      "%s: bytes not covered by merges encode to byte tokens (%zu)", preset, n);
+		rc = tok_decode(t, ids, n, 0, buf, sizeof(buf), &len, &e);
+		CHECK(rc == 0 && len == strlen(odd) && memcmp(buf, odd, len) == 0, "%s: byte round trip",
+		      preset);
+		tok_destroy(t);
+	}
+	gguf_close(g);
 }
 
 int main(void)
@@ -351,13 +412,19 @@ int main(void)
 
 	test_forward(pp, mixes);
 
+	char pv[512];
+	snprintf(pv, sizeof(pv), "%s/vocab.gguf", tmpdir);
+	test_vocab("glm5", pv, 154880, 154822, 154820, "<|user|>", 154827);
+	test_vocab("deepseek3", pv, 129280, 0, 1, "<\xef\xbd\x9cUser\xef\xbd\x9c>", 128803);
+
 	/* bad command lines: one line, exit 2 */
 	const char *bad1[] = {"mkmodel", "--preset", "tiny", "--type", "q9_9", "-o", p1, NULL};
 	const char *bad2[] = {"mkmodel", "--preset", "huge", "--type", "f32", "-o", p1, NULL};
 	const char *bad3[] = {"mkmodel", "--preset", "tiny", "--type", "f32", NULL};
-	const char *bad4[] = {"mkmodel", "--preset", "tiny", "--type", "f32", "--layers", "0", "-o", p1, NULL};
-	const char *bad5[] = {"mkmodel", "--preset", "tiny", "--type", "f32", "--tokenizer", "/nonexistent.gguf", "-o", p1,
-			      NULL};
+	const char *bad4[] = {"mkmodel",  "--preset", "tiny", "--type", "f32",
+	                      "--layers", "0",        "-o",   p1,       NULL};
+	const char *bad5[] = {"mkmodel",     "--preset",          "tiny", "--type", "f32",
+	                      "--tokenizer", "/nonexistent.gguf", "-o",   p1,       NULL};
 	const char *bad6[] = {"inspect", "/nonexistent.gguf", NULL};
 	CHECK(run_tandem(bad1) == 2, "unknown type");
 	CHECK(run_tandem(bad2) == 2, "unknown preset");

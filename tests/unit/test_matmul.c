@@ -1,9 +1,10 @@
 /* Tests of kcpu_matmul (kernels/cpu/matmul.c) against a naive reference (scalar dequantization
  * of every row, then a double-precision dot per row and token), for every compute type, over
- * shapes that hit both paths (few tokens: fused dots; many: dequantized tiles), row counts that
- * are not multiples of the 4-row kernel, k lengths that leave a partial k block (1280 = 1024 +
- * 256), token counts across the 64-token block, padded strides (ldx > n_in, ldy > n_out; the
- * padding must stay untouched) and 1, 2 and 3 threads. Seeded; the seed is printed. */
+ * shapes that hit all three paths (1 token: fused dots; 2..15: 4x2 tiles; 16+: the 6x16 GEMM
+ * kernel), row counts that are not multiples of the 4- and 6-row kernels, k lengths that leave a
+ * partial k block (1280 = 1024 + 256 = 2 x 512 + 256; 67 for the float types), token counts
+ * across the 16-token blocks and the 64- and 128-token super-blocks, padded strides (ldx > n_in, ldy > n_out;
+ * the padding must stay untouched) and 1, 2 and 3 threads. Seeded; the seed is printed. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -31,17 +32,21 @@ static float rng_gauss(void)
 	return (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
 }
 
-static const int types[] = {KT_F32,  KT_F16,  KT_BF16, KT_Q8_0, KT_Q4_0, KT_Q4_1,   KT_Q5_0, KT_Q5_1,
-			    KT_IQ4_NL, KT_Q2_K, KT_Q3_K, KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_IQ4_XS};
+static const int types[] = {KT_F32,    KT_F16,  KT_BF16, KT_Q8_0, KT_Q4_0, KT_Q4_1, KT_Q5_0,  KT_Q5_1,
+                            KT_IQ4_NL, KT_Q2_K, KT_Q3_K, KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_IQ4_XS};
 
 /* one case: returns the worst error relative to sum |w x| */
+static int64_t row_pad; /* extra bytes between rows (a TP slice keeps the full row as stride) */
+
 static double run_case(struct kpool *p, int type, int64_t n_out, int64_t n_in, int64_t n_tok)
 {
-	size_t rb;
-	if (!ktype_row_bytes(type, n_in, &rb))
+	size_t rb0, rb;
+	if (!ktype_row_bytes(type, n_in, &rb0))
 		return 0.0;
+	rb = rb0 + (size_t)row_pad;
 	int64_t ldx = n_in + 3, ldy = n_out + 5;
 	uint8_t *w = malloc(rb * (size_t)n_out);
+	memset(w, 0x7f, rb * (size_t)n_out); /* padding: garbage that must not be read */
 	float *src = malloc(sizeof(float) * (size_t)n_in);
 	float *deq = malloc(sizeof(float) * (size_t)(n_in * n_out));
 	float *x = malloc(sizeof(float) * (size_t)(ldx * n_tok));
@@ -98,21 +103,24 @@ static double run_case(struct kpool *p, int type, int64_t n_out, int64_t n_in, i
 	return worst;
 }
 
-/* kcpu_matmul_fast: with the activations quantized here independently (per 32: d = max|x|/127,
+/* kcpu_matmul_fast: with the activations quantized here independently (per 256: d = max|x|/127,
  * q = round-to-nearest-even(x * 127 / max|x|)), the result must equal the exact dot of the
  * dequantized weights with d*q to fp32 rounding; also reports the approximation error against
  * the unquantized activations. Unsupported types must give exactly kcpu_matmul's result. */
 static void test_fast(struct kpool *p, int type, int64_t n_out, int64_t n_in, int64_t n_tok,
-		      double *worst_exact, double *worst_approx)
+                      double *worst_exact, double *worst_approx)
 {
 	size_t rb;
 	ktype_row_bytes(type, n_in, &rb);
 	int64_t ldx = n_in + 1, ldy = n_out + 2;
 	uint8_t *w = malloc(rb * (size_t)n_out);
+	memset(w, 0x7f, rb * (size_t)n_out); /* padding: garbage that must not be read */
 	float *src = malloc(sizeof(float) * (size_t)n_in);
 	float *deq = malloc(sizeof(float) * (size_t)(n_in * n_out));
-	float *x = malloc(sizeof(float) * (size_t)(ldx * n_tok)), *xq = malloc(sizeof(float) * (size_t)(n_in * n_tok));
-	float *y = malloc(sizeof(float) * (size_t)(ldy * n_tok)), *y2 = malloc(sizeof(float) * (size_t)(ldy * n_tok));
+	float *x = malloc(sizeof(float) * (size_t)(ldx * n_tok)),
+	      *xq = malloc(sizeof(float) * (size_t)(n_in * n_tok));
+	float *y = malloc(sizeof(float) * (size_t)(ldy * n_tok)),
+	      *y2 = malloc(sizeof(float) * (size_t)(ldy * n_tok));
 
 	for (int64_t r = 0; r < n_out; r++) {
 		for (int64_t i = 0; i < n_in; i++)
@@ -123,13 +131,14 @@ static void test_fast(struct kpool *p, int type, int64_t n_out, int64_t n_in, in
 	for (int64_t t = 0; t < n_tok; t++) {
 		for (int64_t i = 0; i < n_in; i++)
 			x[t * ldx + i] = rng_gauss() * (i % 97 == 0 ? 6.0f : 1.0f);
-		for (int64_t b = 0; b < n_in / 32; b++) {
+		for (int64_t b = 0; b < n_in / 256; b++) {
 			float amax = 0.0f;
-			for (int j = 0; j < 32; j++)
-				amax = fmaxf(amax, fabsf(x[t * ldx + 32 * b + j]));
+			for (int j = 0; j < 256; j++)
+				amax = fmaxf(amax, fabsf(x[t * ldx + 256 * b + j]));
 			float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
-			for (int j = 0; j < 32; j++)
-				xq[t * n_in + 32 * b + j] = d * (float)(int)nearbyintf(x[t * ldx + 32 * b + j] * id);
+			for (int j = 0; j < 256; j++)
+				xq[t * n_in + 256 * b + j] =
+				    d * (float)(int)nearbyintf(x[t * ldx + 256 * b + j] * id);
 		}
 	}
 	struct kweight kw = {.type = type, .n_in = n_in, .n_out = n_out, .row_bytes = rb, .data = w};
@@ -139,7 +148,8 @@ static void test_fast(struct kpool *p, int type, int64_t n_out, int64_t n_in, in
 		for (int64_t t = 0; t < n_tok; t++)
 			for (int64_t r = 0; r < n_out; r++)
 				if (y[t * ldy + r] != y2[t * ldy + r]) {
-					printf("FAIL %s: fast fallback differs from kcpu_matmul\n", ktype_name(type));
+					printf("FAIL %s: fast fallback differs from kcpu_matmul\n",
+					       ktype_name(type));
 					n_fail++;
 					t = n_tok;
 					break;
@@ -161,9 +171,11 @@ static void test_fast(struct kpool *p, int type, int64_t n_out, int64_t n_in, in
 				*worst_approx = fmax(*worst_approx, ea);
 				if (!(ee <= 1e-5) || !(ea <= 2e-2)) {
 					if (n_fail < 20)
-						printf("FAIL fast %s [%" PRId64 "][%" PRId64 "]: %.9g, exact with "
-						       "quantized x %.9g (err %.2e), with x %.9g (err %.2e)\n",
-						       ktype_name(type), t, r, got, e_q, ee, e_x, ea);
+						printf(
+						    "FAIL fast %s [%" PRId64 "][%" PRId64
+						    "]: %.9g, exact with "
+						    "quantized x %.9g (err %.2e), with x %.9g (err %.2e)\n",
+						    ktype_name(type), t, r, got, e_q, ee, e_x, ea);
 					n_fail++;
 				}
 			}
@@ -209,16 +221,39 @@ int main(void)
 				worst = e > worst ? e : worst;
 				e = run_case(p, types[ti], 3, 64, 2);
 				worst = e > worst ? e : worst;
+				e = run_case(p, types[ti], 7, 67, 20); /* GEMM kernel, odd k */
+				worst = e > worst ? e : worst;
+				n_cases += 3;
+			}
+			if (nt == 2) { /* larger cases: several chunks per thread, token blocks and
+				        * super-blocks (130 > 128 tokens) */
+				double e = run_case(p, types[ti], 130, 2048, 66);
+				worst = e > worst ? e : worst;
+				e = run_case(p, types[ti], 13, 512, 130);
+				worst = e > worst ? e : worst;
 				n_cases += 2;
 			}
-			double e = run_case(p, types[ti], 130, 2048, 66);
-			worst = e > worst ? e : worst;
-			n_cases++;
 			if (nt == 2)
 				printf("%-7s worst error %.2e of sum|wx|\n", ktype_name(types[ti]), worst);
 		}
 		kpool_destroy(p);
 	}
+	/* rows at a stride longer than their bytes, all three paths */
+	{
+		struct kpool *p = kpool_create(2);
+		double worst = 0.0;
+		row_pad = 100;
+		for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+			for (int k = 0; k < 3; k++) {
+				double e = run_case(p, types[ti], 9, 512, k == 0 ? 1 : k == 1 ? 5 : 20);
+				worst = e > worst ? e : worst;
+				n_cases++;
+			}
+		row_pad = 0;
+		printf("padded row stride: worst error %.2e of sum|wx|\n", worst);
+		kpool_destroy(p);
+	}
+
 	for (int nt = 1; nt <= 2; nt++) {
 		struct kpool *p = nt == 1 ? NULL : kpool_create(nt);
 		for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
@@ -227,8 +262,9 @@ int main(void)
 			test_fast(p, types[ti], 64, 2048, 2, &we, &wa);
 			test_fast(p, types[ti], 16, 1024, 5, &we, &wa); /* falls back: exact */
 			if (nt == 2 && kcpu_matmul_fast_supported(types[ti]))
-				printf("fast %-7s err vs quantized-x exact %.2e, vs float x %.2e (of sum|wx|)\n",
-				       ktype_name(types[ti]), we, wa);
+				printf(
+				    "fast %-7s err vs quantized-x exact %.2e, vs float x %.2e (of sum|wx|)\n",
+				    ktype_name(types[ti]), we, wa);
 		}
 		kpool_destroy(p);
 	}

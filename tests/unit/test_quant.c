@@ -21,14 +21,14 @@
 
 static int n_fail;
 
-#define CHECK(cond, ...)                                                                        \
-	do {                                                                                    \
-		if (!(cond)) {                                                                  \
-			n_fail++;                                                               \
-			printf("FAIL %s:%d: ", __FILE__, __LINE__);                             \
-			printf(__VA_ARGS__);                                                    \
-			printf("\n");                                                           \
-		}                                                                               \
+#define CHECK(cond, ...)                                                                                     \
+	do {                                                                                                 \
+		if (!(cond)) {                                                                               \
+			n_fail++;                                                                            \
+			printf("FAIL %s:%d: ", __FILE__, __LINE__);                                          \
+			printf(__VA_ARGS__);                                                                 \
+			printf("\n");                                                                        \
+		}                                                                                            \
 	} while (0)
 
 /* ---- seeded random numbers ---------------------------------------------------------------- */
@@ -75,22 +75,17 @@ static void test_type_table(void)
 		int blck, bytes;
 		bool compute;
 	} want[] = {
-		{0, "F32", 1, 4, true},           {1, "F16", 1, 2, true},
-		{2, "Q4_0", 32, 18, true},        {3, "Q4_1", 32, 20, true},
-		{6, "Q5_0", 32, 22, true},        {7, "Q5_1", 32, 24, true},
-		{8, "Q8_0", 32, 34, true},        {9, "Q8_1", 32, 36, false},
-		{10, "Q2_K", 256, 84, true},      {11, "Q3_K", 256, 110, true},
-		{12, "Q4_K", 256, 144, true},     {13, "Q5_K", 256, 176, true},
-		{14, "Q6_K", 256, 210, true},     {15, "Q8_K", 256, 292, false},
-		{16, "IQ2_XXS", 256, 66, false},  {17, "IQ2_XS", 256, 74, false},
-		{18, "IQ3_XXS", 256, 98, false},  {19, "IQ1_S", 256, 50, false},
-		{20, "IQ4_NL", 32, 18, true},     {21, "IQ3_S", 256, 110, false},
-		{22, "IQ2_S", 256, 82, false},    {23, "IQ4_XS", 256, 136, true},
-		{24, "I8", 1, 1, false},          {25, "I16", 1, 2, false},
-		{26, "I32", 1, 4, false},         {27, "I64", 1, 8, false},
-		{28, "F64", 1, 8, false},         {29, "IQ1_M", 256, 56, false},
-		{30, "BF16", 1, 2, true},         {34, "TQ1_0", 256, 54, false},
-		{35, "TQ2_0", 256, 66, false},    {39, "MXFP4", 32, 17, false},
+	    {0, "F32", 1, 4, true},         {1, "F16", 1, 2, true},          {2, "Q4_0", 32, 18, true},
+	    {3, "Q4_1", 32, 20, true},      {6, "Q5_0", 32, 22, true},       {7, "Q5_1", 32, 24, true},
+	    {8, "Q8_0", 32, 34, true},      {9, "Q8_1", 32, 36, false},      {10, "Q2_K", 256, 84, true},
+	    {11, "Q3_K", 256, 110, true},   {12, "Q4_K", 256, 144, true},    {13, "Q5_K", 256, 176, true},
+	    {14, "Q6_K", 256, 210, true},   {15, "Q8_K", 256, 292, false},   {16, "IQ2_XXS", 256, 66, false},
+	    {17, "IQ2_XS", 256, 74, false}, {18, "IQ3_XXS", 256, 98, false}, {19, "IQ1_S", 256, 50, false},
+	    {20, "IQ4_NL", 32, 18, true},   {21, "IQ3_S", 256, 110, false},  {22, "IQ2_S", 256, 82, false},
+	    {23, "IQ4_XS", 256, 136, true}, {24, "I8", 1, 1, false},         {25, "I16", 1, 2, false},
+	    {26, "I32", 1, 4, false},       {27, "I64", 1, 8, false},        {28, "F64", 1, 8, false},
+	    {29, "IQ1_M", 256, 56, false},  {30, "BF16", 1, 2, true},        {34, "TQ1_0", 256, 54, false},
+	    {35, "TQ2_0", 256, 66, false},  {39, "MXFP4", 32, 17, false},
 	};
 	static const int unknown[] = {-1, 4, 5, 31, 32, 33, 36, 37, 38, 40, 41, 1000, -1000};
 	size_t sz;
@@ -108,7 +103,7 @@ static void test_type_table(void)
 		CHECK(strcmp(ktype_name(want[i].id), want[i].name) == 0, "ktype_name(%d)", want[i].id);
 		/* one row of 4096 elements, and a partial block */
 		CHECK(ktype_row_bytes(want[i].id, 4096, &sz) &&
-			      sz == (size_t)(4096 / want[i].blck) * (size_t)want[i].bytes,
+		          sz == (size_t)(4096 / want[i].blck) * (size_t)want[i].bytes,
 		      "row bytes %s", t->name);
 		if (want[i].blck > 1)
 			CHECK(!ktype_row_bytes(want[i].id, want[i].blck + 1, &sz),
@@ -135,7 +130,7 @@ static void test_type_table(void)
 		      "F64 max");
 		CHECK(!ktype_row_bytes(KT_F64, INT64_MAX / 4 + 1, &sz), "F64 overflow not caught");
 		CHECK(ktype_row_bytes(KT_Q8_0, (INT64_MAX / 32) * 32, &sz) &&
-			      sz == (size_t)(INT64_MAX / 32) * 34,
+		          sz == (size_t)(INT64_MAX / 32) * 34,
 		      "Q8_0 top of range");
 	}
 	CHECK(ktype_row_bytes(KT_Q8_0, (int64_t)1 << 40, &sz) && sz == ((size_t)1 << 35) * 34,
@@ -157,12 +152,12 @@ static uint16_t fp16_from_double_ref(float f)
 	if (a >= 65520.0)
 		return sign | 0x7c00;
 	int e;
-	frexp(a, &e);           /* a = m * 2^e, m in [0.5, 1) */
-	int exp = e - 1;        /* a in [2^exp, 2^(exp+1)) */
+	frexp(a, &e); /* a = m * 2^e, m in [0.5, 1) */
+	int exp = e - 1; /* a in [2^exp, 2^(exp+1)) */
 	if (exp < -14)
-		exp = -14;      /* subnormal spacing */
+		exp = -14; /* subnormal spacing */
 	double ulp = ldexp(1.0, exp - 10);
-	double q = a / ulp;     /* exact */
+	double q = a / ulp; /* exact */
 	double r = nearbyint(q); /* ties to even under the default rounding mode */
 	double v = r * ulp;
 	/* encode v */
@@ -257,10 +252,9 @@ struct type_case {
 };
 
 static const struct type_case cases[] = {
-	{KT_F32, 0.0},     {KT_F16, 0.0005},  {KT_BF16, 0.004},  {KT_Q8_0, 0.01},
-	{KT_Q4_0, 0.12},   {KT_Q4_1, 0.11},   {KT_Q5_0, 0.06},   {KT_Q5_1, 0.055},
-	{KT_IQ4_NL, 0.11}, {KT_Q2_K, 0.45},   {KT_Q3_K, 0.22},   {KT_Q4_K, 0.12},
-	{KT_Q5_K, 0.06},   {KT_Q6_K, 0.03},   {KT_IQ4_XS, 0.12},
+    {KT_F32, 0.0},   {KT_F16, 0.0005}, {KT_BF16, 0.004}, {KT_Q8_0, 0.01},   {KT_Q4_0, 0.12},
+    {KT_Q4_1, 0.11}, {KT_Q5_0, 0.06},  {KT_Q5_1, 0.055}, {KT_IQ4_NL, 0.11}, {KT_Q2_K, 0.45},
+    {KT_Q3_K, 0.22}, {KT_Q4_K, 0.12},  {KT_Q5_K, 0.06},  {KT_Q6_K, 0.03},   {KT_IQ4_XS, 0.12},
 };
 
 static void test_type(const struct type_case *c)
@@ -311,8 +305,8 @@ static void test_type(const struct type_case *c)
 				worst_rms = rel;
 			/* outliers make RMS error larger; allow twice the bound there */
 			CHECK(rel <= (rep == 2 ? 2 : 1) * c->rms_bound,
-			      "%s: dequant rms error %.5f > %.5f (n=%lld rep %d)", t->name, rel,
-			      c->rms_bound, (long long)n, rep);
+			      "%s: dequant rms error %.5f > %.5f (n=%lld rep %d)", t->name, rel, c->rms_bound,
+			      (long long)n, rep);
 
 			/* dots against the dequantized row, exact in double */
 			double exact = 0, mag = 0;
@@ -328,8 +322,8 @@ static void test_type(const struct type_case *c)
 			/* fp32 accumulation: relative to sum |w x| (the scale of the rounding errors) */
 			CHECK(e_fast < 1e-5, "%s: dot_row %.9g vs exact %.9g (err %.3g of sum|wx|, n=%lld)",
 			      t->name, d_fast, exact, e_fast, (long long)n);
-			CHECK(e_ref < 1e-5, "%s: dot_row_ref %.9g vs exact %.9g (err %.3g, n=%lld)",
-			      t->name, d_ref, exact, e_ref, (long long)n);
+			CHECK(e_ref < 1e-5, "%s: dot_row_ref %.9g vs exact %.9g (err %.3g, n=%lld)", t->name,
+			      d_ref, exact, e_ref, (long long)n);
 		}
 		free(x);
 		free(y);
@@ -337,19 +331,18 @@ static void test_type(const struct type_case *c)
 		free(a);
 		free(q);
 	}
-	printf("%-7s rms err %.5f (bound %.5f)  dot err %.2e  ref dot err %.2e  (of sum|wx|)\n",
-	       t->name, worst_rms, c->rms_bound, worst_dot, worst_ref);
+	printf("%-7s rms err %.5f (bound %.5f)  dot err %.2e  ref dot err %.2e  (of sum|wx|)\n", t->name,
+	       worst_rms, c->rms_bound, worst_dot, worst_ref);
 }
-
 
 /* ---- hand-built blocks ----------------------------------------------------------------------
  * Blocks with chosen bit patterns; the expected values are worked out here from the formulas in
  * MODEL-SPEC.md §5 (not from the kernels), and must match both decoders bit for bit. */
-#define H_1 0x3c00    /* fp16  1.0 */
+#define H_1 0x3c00 /* fp16  1.0 */
 #define H_HALF 0x3800 /* fp16  0.5 */
-#define H_2 0x4000    /* fp16  2.0 */
-#define H_M1 0xbc00   /* fp16 -1.0 */
-#define H_Q 0x3400    /* fp16  0.25 */
+#define H_2 0x4000 /* fp16  2.0 */
+#define H_M1 0xbc00 /* fp16 -1.0 */
+#define H_Q 0x3400 /* fp16  0.25 */
 
 static const float T4[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
@@ -372,8 +365,8 @@ static void check_hand(int type, const uint8_t *blk, const float *want, int64_t 
 			printf("  %s %s element %lld: ref %.9g simd %.9g want %.9g\n", ktype_name(type), what,
 			       (long long)i, got[i], got2[i], want[i]);
 	}
-	CHECK(bad == 0, "%s hand-built block (%s): %d of %lld values differ", ktype_name(type), what,
-	      bad, (long long)n);
+	CHECK(bad == 0, "%s hand-built block (%s): %d of %lld values differ", ktype_name(type), what, bad,
+	      (long long)n);
 	free(got);
 	free(got2);
 }
@@ -385,8 +378,8 @@ static void test_hand_blocks(void)
 
 	/* F16 / BF16 / F32: specials */
 	static const uint16_t h16[8] = {0x3c00, 0x0001, 0x7bff, 0xfc00, 0x8000, 0x3555, 0x03ff, 0xc000};
-	static const float h16v[8] = {1.0f, 0x1p-24f, 65504.0f, -INFINITY, -0.0f, 0x1.554p-2f,
-				      0x1.ff8p-15f, -2.0f};
+	static const float h16v[8] = {1.0f,  0x1p-24f,    65504.0f,     -INFINITY,
+	                              -0.0f, 0x1.554p-2f, 0x1.ff8p-15f, -2.0f};
 	for (int i = 0; i < 8; i++)
 		put16(b + 2 * i, h16[i]);
 	check_hand(KT_F16, b, h16v, 8, "specials");
@@ -503,8 +496,8 @@ static void test_hand_blocks(void)
 	 * and m = {5,6,7,8,2,4,38,8} (top bits of bytes 0..7 feed sub-blocks 4..7). Nibbles in chunk
 	 * c: low = (l + c) & 15, high = 15 - (l & 15). Q5_K adds qh[l] = l: bit 2c of l for the low
 	 * half, bit 2c+1 for the high half. */
-	static const uint8_t k4s[12] = {0x01, 0xc2, 0x03, 0x44, 0x05, 0x06, 0x87, 0x08,
-					0x21, 0x43, 0x65, 0x87};
+	static const uint8_t k4s[12] = {0x01, 0xc2, 0x03, 0x44, 0x05, 0x06,
+	                                0x87, 0x08, 0x21, 0x43, 0x65, 0x87};
 	static const int k4sc[8] = {1, 2, 3, 4, 1, 51, 5, 23}, k4m[8] = {5, 6, 7, 8, 2, 4, 38, 8};
 	for (int five = 0; five < 2; five++) {
 		uint8_t *qs = b + (five ? 48 : 16);
@@ -570,6 +563,50 @@ static void test_hand_blocks(void)
 	printf("hand-built blocks: 15 types checked bit for bit\n");
 }
 
+/* Degenerate rows: all zeros must come back as exact zeros; constant rows, tiny (subnormal)
+ * and large values must stay finite and within the type's error; NaN inputs must not crash. */
+static void test_degenerate(void)
+{
+	enum { N = 512 };
+	static const int types[] = {KT_F32,    KT_F16,  KT_BF16, KT_Q8_0, KT_Q4_0, KT_Q4_1, KT_Q5_0,  KT_Q5_1,
+	                            KT_IQ4_NL, KT_Q2_K, KT_Q3_K, KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_IQ4_XS};
+	float x[N], y[N];
+	uint8_t q[4 * N];
+
+	for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+		int t = types[ti];
+		const char *nm = ktype_name(t);
+		memset(x, 0, sizeof x);
+		kcpu_quantize_row(t, x, q, N);
+		kcpu_dequant_row(t, q, y, N);
+		int nz = 0;
+		for (int i = 0; i < N; i++)
+			nz += y[i] != 0.0f;
+		CHECK(nz == 0, "%s: zero row dequantizes to %d non-zeros", nm, nz);
+		CHECK(kcpu_dot_row(t, q, x, N) == 0.0f, "%s: zero dot", nm);
+
+		static const float scales[] = {1e-30f, 1e-6f, 1.0f, 1000.0f};
+		for (int k = 0; k < 4; k++) {
+			for (int i = 0; i < N; i++)
+				x[i] = scales[k] * (i % 2 ? 1.0f : 0.75f) * (i % 5 == 0 ? -1.0f : 1.0f);
+			kcpu_quantize_row(t, x, q, N);
+			kcpu_dequant_row(t, q, y, N);
+			/* fp16 block scales cannot represent blocks below ~1e-5 (the scale is max/127 or
+			 * smaller and fp16 ends at 6e-8): such blocks may flush to zero (error = |x|) */
+			float bound = scales[k] < 1e-4f ? 1.0001f * scales[k] : 0.6f * scales[k];
+			int bad = 0;
+			for (int i = 0; i < N; i++)
+				bad += !isfinite(y[i]) || fabsf(y[i] - x[i]) > bound;
+			CHECK(bad == 0, "%s: %d of %d values off for a two-level row of scale %g", nm, bad, N,
+			      (double)scales[k]);
+		}
+		for (int i = 0; i < N; i++)
+			x[i] = i == 3 ? NAN : 0.5f;
+		kcpu_quantize_row(t, x, q, N); /* must not crash; the result is unspecified */
+	}
+	printf("degenerate rows: zeros, two-level rows at 1e-30..1e3, NaN input\n");
+}
+
 int main(void)
 {
 	uint64_t seed = (uint64_t)time(NULL);
@@ -583,6 +620,7 @@ int main(void)
 	test_type_table();
 	test_fp16();
 	test_hand_blocks();
+	test_degenerate();
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
 		test_type(&cases[i]);
 

@@ -18,14 +18,14 @@
 
 static int n_fail;
 
-#define CHECK(cond, ...)                                                                        \
-	do {                                                                                    \
-		if (!(cond)) {                                                                  \
-			n_fail++;                                                               \
-			printf("FAIL %s:%d: ", __FILE__, __LINE__);                             \
-			printf(__VA_ARGS__);                                                    \
-			printf("\n");                                                           \
-		}                                                                               \
+#define CHECK(cond, ...)                                                                                     \
+	do {                                                                                                 \
+		if (!(cond)) {                                                                               \
+			n_fail++;                                                                            \
+			printf("FAIL %s:%d: ", __FILE__, __LINE__);                                          \
+			printf(__VA_ARGS__);                                                                 \
+			printf("\n");                                                                        \
+		}                                                                                            \
 	} while (0)
 
 struct tensor {
@@ -188,8 +188,10 @@ static double rms_bound(int type)
 	switch (type) {
 	case KT_Q8_0: return 0.006;
 	case KT_Q6_K: return 0.02;
-	case KT_Q5_0: case KT_Q5_K: return 0.05;
-	case KT_Q4_K: case KT_Q4_0: return 0.1;
+	case KT_Q5_0:
+	case KT_Q5_K: return 0.05;
+	case KT_Q4_K:
+	case KT_Q4_0: return 0.1;
 	default: return 0.3;
 	}
 }
@@ -239,7 +241,7 @@ static void check_file(const struct file *ref, const char *path, struct stats *s
 				sx += (double)x[k] * x[k];
 				if (t->type == KT_Q8_0) {
 					const uint8_t *blk = t->data + (size_t)(k / t->ne[0]) * rb_q +
-							     (size_t)((k % t->ne[0]) / 32) * 34;
+					                     (size_t)((k % t->ne[0]) / 32) * 34;
 					float d = kfp16_to_f32((uint16_t)(blk[0] | (blk[1] << 8)));
 					if (fabs(e) > 0.57 * d)
 						over++;
@@ -267,8 +269,8 @@ static void check_file(const struct file *ref, const char *path, struct stats *s
 				mag += fabs((double)y[r * t->ne[0] + k] * act[k]);
 			float a = kcpu_dot_row(t->type, row, act, t->ne[0]);
 			float b = kcpu_dot_row_ref(t->type, row, act, t->ne[0]);
-			CHECK(fabs((double)a - b) <= 1e-5 * mag + 1e-30, "%s row %" PRId64 ": dot %.9g ref %.9g",
-			      t->name, r, a, b);
+			CHECK(fabs((double)a - b) <= 1e-5 * mag + 1e-30,
+			      "%s row %" PRId64 ": dot %.9g ref %.9g", t->name, r, a, b);
 		}
 		free(y);
 		free(x);
@@ -286,7 +288,7 @@ int main(void)
 	const char *dir = getenv("TANDEM_TESTDATA");
 	char path[512];
 	static const char *const files[] = {"glm-dsa-tiny-Q8_0.gguf", "glm-dsa-tiny-Q6_K.gguf",
-					    "glm-dsa-tiny-Q4_K_M.gguf"};
+	                                    "glm-dsa-tiny-Q4_K_M.gguf"};
 	struct file ref;
 	struct stats st = {0};
 
@@ -316,7 +318,7 @@ int main(void)
 		if (st.n_by_type[k])
 			printf("  %-6s %3d tensors vs BF16: worst rms error %.5f of rms (bound %.3f)\n",
 			       ktype_name(k), st.n_by_type[k], st.worst_by_type[k], rms_bound(k));
-	printf("%d tensors, worst relative rms error %.5f; %s: %d failures\n", st.n_tensors,
-	       st.worst_rel, n_fail ? "FAIL" : "OK", n_fail);
+	printf("%d tensors, worst relative rms error %.5f; %s: %d failures\n", st.n_tensors, st.worst_rel,
+	       n_fail ? "FAIL" : "OK", n_fail);
 	return n_fail ? 1 : 0;
 }

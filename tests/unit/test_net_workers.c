@@ -1,0 +1,629 @@
+/* The prefill and decode workers as real processes (build/tandem-prefill, build/tandem-decode,
+ * trivial engine, UCX over tcp on lo and over shared memory), driven by this test acting as the
+ * router on a loopback port, message by message:
+ *  - registration: both Hellos carry the same KV layout; decode publishes address + region;
+ *  - a request end to end: KvReserve -> KvReserved -> PrefillRequest (checksums on) ->
+ *    PrefillDone (first token, one CRC per block) -> KvReady -> Tokens... -> Finish(LENGTH); the
+ *    tokens are exactly the trivial engine's chain and decode verified every prompt KV slot;
+ *  - stop token id; cancel mid-decode (blocks back to 0 in heartbeats and on /metrics); pool full
+ *    (NO_CAPACITY) and release; reservation deadline (TIMEOUT, blocks freed); a corrupted checksum
+ *    (Finish ERROR CHECKSUM); invalid prompt tokens (INVALID_REQUEST);
+ *  - router connection lost mid-request: decode frees the blocks and registers again;
+ *  - SIGTERM: both drain and exit 0; no ERROR line in their logs.
+ * Every wait has a deadline. */
+#include <signal.h>
+#include <stdio.h>
+#include <sys/prctl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/base/log.h"
+#include "common/net/conn.h"
+#include "common/net/trivial.h"
+
+static int n_fail;
+#define CHECK(c)                                                                                   \
+	do {                                                                                       \
+		if (!(c)) {                                                                        \
+			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c);      \
+			n_fail++;                                                                  \
+		}                                                                                  \
+	} while (0)
+
+#define QMAX 4096
+
+struct peer {
+	struct conn *c;
+	int role;
+	int closed;
+	struct msg hello; /* kept (owns its buffers) */
+	int have_hello;
+	struct msg q[QMAX];
+	int n_q;
+	struct msg_heartbeat last_hb;
+	int n_hb;
+};
+
+static uv_loop_t *loop;
+static struct peer peers[8];
+static int n_peers;
+static const char *build_dir = "build";
+static char tmpdir[256];
+
+static int on_msg_cb(struct conn *c, struct msg *m, void *ud)
+{
+	struct peer *p = ud;
+	if (m->type == MSG_HELLO) {
+		p->hello = *m;
+		m->owned_pb = NULL; /* keep the buffers */
+		p->have_hello = 1;
+		p->role = m->u.hello.role;
+		struct msg a;
+		msg_init(&a, MSG_HELLO_ACK);
+		a.u.hello_ack.protocol_version = PROTOCOL_VERSION;
+		a.u.hello_ack.worker_id = (uint32_t)(p - peers) + 1;
+		a.u.hello_ack.heartbeat_ms = 100;
+		struct errbuf e;
+		CHECK(conn_send(c, &a, &e) == 0);
+		return 0;
+	}
+	if (m->type == MSG_HEARTBEAT) {
+		p->last_hb = m->u.heartbeat;
+		p->n_hb++;
+		return 0;
+	}
+	if (p->n_q < QMAX) {
+		p->q[p->n_q++] = *m;
+		m->owned_pb = NULL;
+		m->owned_extra = NULL;
+	}
+	return 0;
+}
+
+static void on_close_cb(struct conn *c, int err, const char *why, void *ud)
+{
+	struct peer *p = ud;
+	p->closed = 1;
+	p->c = NULL;
+}
+
+static int accept_cb(struct conn_listener *l, struct conn *c, void *ud)
+{
+	struct peer *p = &peers[n_peers++];
+	memset(p, 0, sizeof(*p));
+	p->c = c;
+	conn_set_ud(c, p);
+	return 0;
+}
+
+static void timeout_cb(uv_timer_t *t) { *(int *)t->data = 1; }
+
+/* the router's side of liveness: a heartbeat to every worker every 100 ms */
+static void heartbeat_cb(uv_timer_t *t)
+{
+	for (int i = 0; i < n_peers; i++)
+		if (peers[i].c && peers[i].have_hello) {
+			struct msg m;
+			msg_init(&m, MSG_HEARTBEAT);
+			struct errbuf e;
+			if (!conn_is_closing(peers[i].c) && conn_send(peers[i].c, &m, &e))
+				fprintf(stderr, "heartbeat not sent: %s\n", e.msg);
+		}
+}
+
+/* runs the loop until pred() or ms pass */
+static int run_until(int (*pred)(void *), void *arg, unsigned ms)
+{
+	int expired = 0;
+	uv_timer_t t;
+	uv_timer_init(loop, &t);
+	t.data = &expired;
+	uv_timer_start(&t, timeout_cb, ms, 0);
+	int ok;
+	/* pred may consume what it finds (find_msg): call it exactly once per round, keep its answer */
+	while (!(ok = pred(arg)) && !expired)
+		uv_run(loop, UV_RUN_ONCE);
+	uv_close((uv_handle_t *)&t, NULL);
+	uv_run(loop, UV_RUN_NOWAIT);
+	return ok;
+}
+
+struct want {
+	struct peer *p;
+	int type;
+	uint64_t rid;
+	struct msg got;
+	int found;
+};
+
+static int find_msg(void *arg)
+{
+	struct want *w = arg;
+	for (int i = 0; i < w->p->n_q; i++) {
+		struct msg *m = &w->p->q[i];
+		uint64_t rid = 0;
+		switch (m->type) {
+		case MSG_KV_RESERVED: rid = m->u.kv_reserved.rid; break;
+		case MSG_PREFILL_DONE: rid = m->u.prefill_done.rid; break;
+		case MSG_TOKENS: rid = m->u.tokens.rid; break;
+		case MSG_FINISH: rid = m->u.finish.rid; break;
+		case MSG_ERROR: rid = m->u.error.rid; break;
+		default: break;
+		}
+		if ((w->type == 0 || m->type == w->type) && (w->rid == 0 || rid == w->rid)) {
+			w->got = *m;
+			memmove(&w->p->q[i], &w->p->q[i + 1], (size_t)(w->p->n_q - i - 1) * sizeof(struct msg));
+			w->p->n_q--;
+			w->found = 1;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* next message from p for rid (any type if type 0); the caller msg_clear()s it */
+static int wait_msg(struct peer *p, int type, uint64_t rid, struct msg *out, unsigned ms)
+{
+	struct want w = {.p = p, .type = type, .rid = rid};
+	run_until(find_msg, &w, ms);
+	if (!w.found) {
+		if (ms > 50)
+			fprintf(stderr, "timed out waiting for %s rid=%llu from %s\n", type ? msg_type_name(type) : "any message",
+				(unsigned long long)rid, msg_role_name(p->role));
+		msg_init(out, MSG_ERROR);
+		return -1;
+	}
+	*out = w.got;
+	return 0;
+}
+
+static void send_to(struct peer *p, struct msg *m)
+{
+	struct errbuf e = {0};
+	if (!p->c || conn_send(p->c, m, &e))
+		fprintf(stderr, "send %s failed: %s\n", msg_type_name(m->type), e.msg);
+}
+
+static pid_t spawn(const char *bin, char *const argv[], const char *log)
+{
+	pid_t pid = fork();
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
+		FILE *f = freopen(log, "w", stderr);
+		FILE *g = freopen("/dev/null", "w", stdout);
+		(void)g;
+		(void)f;
+		setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 1);
+		execv(bin, argv);
+		_exit(127);
+	}
+	return pid;
+}
+
+static int n_registered(void *arg)
+{
+	int want = *(int *)arg, n = 0;
+	for (int i = 0; i < n_peers; i++)
+		n += peers[i].have_hello && !peers[i].closed;
+	return n >= want;
+}
+
+static struct peer *find_role(int role)
+{
+	struct peer *r = NULL;
+	for (int i = 0; i < n_peers; i++)
+		if (peers[i].have_hello && !peers[i].closed && peers[i].role == role)
+			r = &peers[i];
+	return r;
+}
+
+static int new_decode(void *old)
+{
+	struct peer *d = find_role(MSG_ROLE_DECODE);
+	return d && d != old;
+}
+
+/* ---- one request through both workers ---- */
+
+struct req_result {
+	uint32_t tokens[2048];
+	uint32_t n;
+	struct msg finish;
+	int ok;
+};
+
+static void reserve(struct peer *d, uint64_t rid, const uint32_t *prompt, uint32_t n_prompt, uint32_t max_tokens,
+		    const uint32_t *stop_ids, uint32_t n_stop_ids, uint32_t deadline_ms)
+{
+	struct msg m;
+	msg_init(&m, MSG_KV_RESERVE);
+	m.u.kv_reserve.rid = rid;
+	m.u.kv_reserve.n_prompt_tokens = n_prompt;
+	m.u.kv_reserve.max_tokens = max_tokens;
+	m.u.kv_reserve.n_prompt = n_prompt;
+	m.u.kv_reserve.prompt = prompt;
+	m.u.kv_reserve.n_stop_token_ids = n_stop_ids;
+	m.u.kv_reserve.stop_token_ids = stop_ids;
+	m.u.kv_reserve.deadline_ms = deadline_ms;
+	send_to(d, &m);
+}
+
+static void prefill(struct peer *p, struct peer *d, uint64_t rid, const uint32_t *prompt, uint32_t n_prompt,
+		    const struct msg_kv_reserved *kr)
+{
+	struct msg m;
+	msg_init(&m, MSG_PREFILL_REQUEST);
+	struct msg_prefill_request *r = &m.u.prefill_request;
+	r->rid = rid;
+	r->n_tokens = n_prompt;
+	r->tokens = prompt;
+	snprintf(r->target_name, sizeof(r->target_name), "%s", d->hello.u.hello.name);
+	r->target_ucx_address = d->hello.u.hello.ucx_address;
+	r->target_ucx_address_len = d->hello.u.hello.ucx_address_len;
+	r->target_region = d->hello.u.hello.kv_region;
+	r->n_block_ids = kr->n_block_ids;
+	r->block_ids = kr->block_ids;
+	r->checksums = true;
+	r->deadline_ms = 10000;
+	send_to(p, &m);
+}
+
+/* reserve + prefill + ready + collect the stream; returns the Finish in res */
+static void run_request(struct peer *p, struct peer *d, uint64_t rid, const uint32_t *prompt, uint32_t n_prompt,
+			uint32_t max_tokens, const uint32_t *stop_ids, uint32_t n_stop_ids, int corrupt,
+			struct req_result *res)
+{
+	memset(res, 0, sizeof(*res));
+	struct msg m, kr, pd;
+	reserve(d, rid, prompt, n_prompt, max_tokens, stop_ids, n_stop_ids, 0);
+	if (wait_msg(d, MSG_KV_RESERVED, rid, &kr, 5000))
+		return;
+	uint32_t need = (n_prompt + max_tokens + 63) / 64;
+	CHECK(kr.u.kv_reserved.n_block_ids == need);
+	prefill(p, d, rid, prompt, n_prompt, &kr.u.kv_reserved);
+	if (wait_msg(p, 0, rid, &pd, 10000) || pd.type != MSG_PREFILL_DONE) {
+		fprintf(stderr, "rid %llu: prefill answered %s: %s\n", (unsigned long long)rid, msg_type_name(pd.type),
+			pd.type == MSG_ERROR ? pd.u.error.message : "");
+		CHECK(!"prefill failed");
+		msg_clear(&pd);
+		msg_clear(&kr);
+		return;
+	}
+	uint32_t nb = (n_prompt + 63) / 64;
+	CHECK(pd.u.prefill_done.first.id == trivial_first_token(prompt, n_prompt));
+	CHECK(pd.u.prefill_done.n_checksums == nb);
+	CHECK(pd.u.prefill_done.kv_bytes == (uint64_t)nb * TRIVIAL_BLOCK_BYTES);
+	CHECK(pd.u.prefill_done.n_prompt_tokens == n_prompt);
+	msg_init(&m, MSG_KV_READY);
+	m.u.kv_ready.rid = rid;
+	m.u.kv_ready.first = pd.u.prefill_done.first;
+	m.u.kv_ready.n_prompt_tokens = n_prompt;
+	uint32_t sums[4096];
+	memcpy(sums, pd.u.prefill_done.checksums, nb * sizeof(uint32_t));
+	if (corrupt)
+		sums[nb - 1] ^= 1;
+	m.u.kv_ready.n_checksums = nb;
+	m.u.kv_ready.checksums = sums;
+	send_to(d, &m);
+	res->tokens[res->n++] = pd.u.prefill_done.first.id;
+	msg_clear(&pd);
+	msg_clear(&kr);
+	for (;;) {
+		struct msg t;
+		if (wait_msg(d, 0, rid, &t, 20000))
+			return;
+		if (getenv("TW_DEBUG"))
+			fprintf(stderr, "rid %llu: %s n=%zu\n", (unsigned long long)rid, msg_type_name(t.type),
+				t.type == MSG_TOKENS ? t.u.tokens.n_tokens : 0);
+		if (t.type == MSG_TOKENS) {
+			for (size_t i = 0; i < t.u.tokens.n_tokens && res->n < 2048; i++)
+				res->tokens[res->n++] = t.u.tokens.tokens[i].id;
+			msg_clear(&t);
+			continue;
+		}
+		res->finish = t;
+		res->ok = t.type == MSG_FINISH;
+		return;
+	}
+}
+
+static void check_chain(const struct req_result *r, uint32_t n_prompt)
+{
+	for (uint32_t k = 1; k < r->n; k++)
+		if (r->tokens[k] != trivial_next_token(r->tokens[k - 1], n_prompt + k - 1)) {
+			fprintf(stderr, "token %u is %u, expected %u\n", k, r->tokens[k],
+				trivial_next_token(r->tokens[k - 1], n_prompt + k - 1));
+			CHECK(!"token chain differs");
+			return;
+		}
+}
+
+struct hb_want {
+	struct peer *p;
+	uint32_t used;
+	int n_hb_after;
+};
+
+static int hb_used_is(void *arg)
+{
+	struct hb_want *w = arg;
+	return w->p->n_hb > w->n_hb_after && w->p->last_hb.used_blocks == w->used;
+}
+
+static int wait_used_blocks(struct peer *d, uint32_t used, unsigned ms)
+{
+	struct hb_want w = {.p = d, .used = used, .n_hb_after = d->n_hb};
+	return run_until(hb_used_is, &w, ms) ? 0 : -1;
+}
+
+/* GET /metrics from a worker (blocking; the worker serves it on its own loop) */
+static int scrape(int port, char *buf, size_t cap)
+{
+	char cmd[256];
+	snprintf(cmd, sizeof(cmd), "curl -s --max-time 5 http://127.0.0.1:%d/metrics", port);
+	FILE *f = popen(cmd, "r");
+	if (!f)
+		return -1;
+	size_t n = fread(buf, 1, cap - 1, f);
+	buf[n] = 0;
+	return pclose(f) == 0 && n > 0 ? 0 : -1;
+}
+
+static int run_suite(const char *tls, const char *dev, int full)
+{
+	int fails0 = n_fail;
+	struct conn_opts so = {.on_msg_cb = on_msg_cb, .on_close_cb = on_close_cb, .idle_timeout_ms = 10000};
+	struct conn_listener *l;
+	struct errbuf e = {0};
+	n_peers = 0;
+	CHECK(conn_listen(loop, "127.0.0.1:0", &so, accept_cb, NULL, &l, &e) == 0);
+	char router[64], plog[300], dlog[300], bin_p[300], bin_d[300];
+	snprintf(router, sizeof(router), "127.0.0.1:%d", conn_listener_port(l));
+	snprintf(plog, sizeof(plog), "%s/prefill-%s.log", tmpdir, tls);
+	snprintf(dlog, sizeof(dlog), "%s/decode-%s.log", tmpdir, tls);
+	snprintf(bin_p, sizeof(bin_p), "%s/tandem-prefill", build_dir);
+	snprintf(bin_d, sizeof(bin_d), "%s/tandem-decode", build_dir);
+	char *pargv[] = {bin_p, "--engine", "trivial", "--router", router, "--name", "p0", "--ucx-tls", (char *)tls,
+			 "--ucx-net-devices", (char *)dev, "--heartbeat-ms", "100", "--max-tokens-per-step", "100",
+			 "--log-level", "debug", NULL};
+	char *dargv[] = {bin_d, "--engine", "trivial", "--router", router, "--name", "d0", "--ucx-tls", (char *)tls,
+			 "--ucx-net-devices", (char *)dev, "--heartbeat-ms", "100", "--kv-blocks", "40",
+			 "--trivial-step-us", "2000", "--log-level", "debug", NULL};
+	pid_t pp = spawn(bin_p, pargv, plog);
+	pid_t dp = spawn(bin_d, dargv, dlog);
+	int two = 2;
+	CHECK(run_until(n_registered, &two, 15000));
+	struct peer *p = find_role(MSG_ROLE_PREFILL), *d = find_role(MSG_ROLE_DECODE);
+	if (!p || !d) {
+		fprintf(stderr, "workers did not register (logs: %s %s)\n", plog, dlog);
+		kill(pp, SIGKILL);
+		kill(dp, SIGKILL);
+		return 1;
+	}
+	CHECK(msg_kv_layout_compare(&p->hello.u.hello.kv_layout, "prefill", &d->hello.u.hello.kv_layout, "decode", &e) == 0);
+	CHECK(d->hello.u.hello.has_kv_region && d->hello.u.hello.kv_region.n_blocks == 40);
+	CHECK(d->hello.u.hello.n_blocks_total == 40 && d->hello.u.hello.metrics_port > 0);
+	printf("[%s] registered: prefill %s, decode %s (UCX: %s)\n", tls, p->hello.u.hello.name, d->hello.u.hello.name,
+	       d->hello.u.hello.ucx_transports);
+
+	/* 1. end to end, 150-token prompt spanning 3 blocks, 20 tokens */
+	uint32_t prompt[1000];
+	for (int i = 0; i < 1000; i++)
+		prompt[i] = (uint32_t)(i * 7919 % TRIVIAL_VOCAB);
+	static struct req_result r;
+	run_request(p, d, 1, prompt, 150, 20, NULL, 0, 0, &r);
+	CHECK(r.ok && r.finish.u.finish.reason == MSG_FINISH_LENGTH);
+	CHECK(r.n == 20 && r.finish.u.finish.completion_tokens == 20 && r.finish.u.finish.prompt_tokens == 150);
+	if (r.n != 20)
+		for (uint32_t k = 0; k < r.n; k++)
+			fprintf(stderr, "token %u: %u (chain: %u)\n", k, r.tokens[k], k ? trivial_next_token(r.tokens[k - 1], 150 + k - 1) : 0);
+	check_chain(&r, 150);
+	msg_clear(&r.finish);
+	printf("[%s] request 1: %u tokens, finish %s\n", tls, r.n, msg_finish_name(MSG_FINISH_LENGTH));
+
+	/* a batch of requests at once (continuous batching, many sequences in one step) */
+	for (uint64_t rid = 100; rid < 104; rid++)
+		reserve(d, rid, prompt + rid, 70, 10, NULL, 0, 0);
+	int n_ok = 0;
+	for (uint64_t rid = 100; rid < 104; rid++) {
+		struct msg kr;
+		if (wait_msg(d, MSG_KV_RESERVED, rid, &kr, 5000) == 0) {
+			prefill(p, d, rid, prompt + rid, 70, &kr.u.kv_reserved);
+			msg_clear(&kr);
+		}
+	}
+	for (uint64_t rid = 100; rid < 104; rid++) {
+		struct msg pd, m;
+		if (wait_msg(p, MSG_PREFILL_DONE, rid, &pd, 10000))
+			continue;
+		msg_init(&m, MSG_KV_READY);
+		m.u.kv_ready.rid = rid;
+		m.u.kv_ready.first = pd.u.prefill_done.first;
+		m.u.kv_ready.n_prompt_tokens = 70;
+		send_to(d, &m);
+		msg_clear(&pd);
+	}
+	for (uint64_t rid = 100; rid < 104; rid++) {
+		struct msg f;
+		if (wait_msg(d, MSG_FINISH, rid, &f, 10000) == 0) {
+			n_ok += f.u.finish.reason == MSG_FINISH_LENGTH && f.u.finish.completion_tokens == 10;
+			msg_clear(&f);
+		}
+		for (struct msg t; wait_msg(d, MSG_TOKENS, rid, &t, 1) == 0;)
+			msg_clear(&t);
+	}
+	CHECK(n_ok == 4);
+	CHECK(wait_used_blocks(d, 0, 3000) == 0);
+
+	if (full) {
+		/* 2. stop token id: stop at the 5th token */
+		uint32_t t = trivial_first_token(prompt, 80);
+		for (uint32_t k = 1; k < 5; k++)
+			t = trivial_next_token(t, 80 + k - 1);
+		run_request(p, d, 2, prompt, 80, 50, &t, 1, 0, &r);
+		CHECK(r.ok && r.finish.u.finish.reason == MSG_FINISH_STOP && r.n == 5 && r.tokens[4] == t);
+		msg_clear(&r.finish);
+
+		/* 3. corrupted checksum: decode refuses the KV */
+		run_request(p, d, 3, prompt, 100, 10, NULL, 0, 1, &r);
+		CHECK(r.ok && r.finish.u.finish.reason == MSG_FINISH_ERROR && r.finish.u.finish.error_code == MSG_ERR_CHECKSUM);
+		printf("[%s] corrupted KV: %s\n", tls, r.finish.u.finish.error_message);
+		msg_clear(&r.finish);
+		CHECK(wait_used_blocks(d, 0, 3000) == 0);
+
+		/* 4. cancel mid-decode: 1000 tokens at 2 ms/step would take 2 s */
+		struct msg kr, pd, m, f;
+		reserve(d, 4, prompt, 64, 1000, NULL, 0, 0);
+		CHECK(wait_msg(d, MSG_KV_RESERVED, 4, &kr, 5000) == 0);
+		prefill(p, d, 4, prompt, 64, &kr.u.kv_reserved);
+		msg_clear(&kr);
+		CHECK(wait_msg(p, MSG_PREFILL_DONE, 4, &pd, 5000) == 0);
+		msg_init(&m, MSG_KV_READY);
+		m.u.kv_ready.rid = 4;
+		m.u.kv_ready.first = pd.u.prefill_done.first;
+		m.u.kv_ready.n_prompt_tokens = 64;
+		send_to(d, &m);
+		msg_clear(&pd);
+		struct msg tk;
+		CHECK(wait_msg(d, MSG_TOKENS, 4, &tk, 5000) == 0);
+		msg_clear(&tk);
+		CHECK(wait_used_blocks(d, 17, 3000) == 0); /* (64 + 1000) / 64 rounded up */
+		msg_init(&m, MSG_CANCEL);
+		m.u.cancel.rid = 4;
+		m.u.cancel.reason = MSG_ERR_CANCELLED;
+		send_to(d, &m);
+		CHECK(wait_msg(d, MSG_FINISH, 4, &f, 5000) == 0 && f.u.finish.reason == MSG_FINISH_CANCELLED);
+		CHECK(f.u.finish.completion_tokens < 1000);
+		msg_clear(&f);
+		CHECK(wait_used_blocks(d, 0, 3000) == 0);
+		char text[65536];
+		CHECK(scrape((int)d->hello.u.hello.metrics_port, text, sizeof(text)) == 0);
+		CHECK(strstr(text, "tandem_kv_blocks_used{role=\"decode\",worker=\"d0\"} 0\n") != NULL);
+		CHECK(strstr(text, "tandem_decode_requests_total{role=\"decode\",worker=\"d0\",outcome=\"cancelled\"} 1\n") != NULL);
+		CHECK(strstr(text, "tandem_kv_check_failures_total{role=\"decode\",worker=\"d0\"} 1\n") != NULL);
+		while (wait_msg(d, MSG_TOKENS, 4, &tk, 1) == 0)
+			msg_clear(&tk);
+
+		/* 5. pool full: 40 blocks; a request for 41 is invalid, 2 x 20 fit, the next is NO_CAPACITY */
+		reserve(d, 5, prompt, 64, 64 * 40, NULL, 0, 0);
+		CHECK(wait_msg(d, MSG_ERROR, 5, &f, 5000) == 0 && f.u.error.code == MSG_ERR_INVALID_REQUEST);
+		msg_clear(&f);
+		reserve(d, 6, prompt, 64, 64 * 19, NULL, 0, 0);
+		reserve(d, 7, prompt, 64, 64 * 19, NULL, 0, 0);
+		reserve(d, 8, prompt, 10, 10, NULL, 0, 0);
+		CHECK(wait_msg(d, MSG_KV_RESERVED, 6, &f, 5000) == 0);
+		msg_clear(&f);
+		CHECK(wait_msg(d, MSG_KV_RESERVED, 7, &f, 5000) == 0);
+		msg_clear(&f);
+		CHECK(wait_msg(d, MSG_ERROR, 8, &f, 5000) == 0 && f.u.error.code == MSG_ERR_NO_CAPACITY);
+		printf("[%s] pool full: %s\n", tls, f.u.error.message);
+		msg_clear(&f);
+		CHECK(wait_used_blocks(d, 40, 3000) == 0);
+		msg_init(&m, MSG_KV_RELEASE);
+		m.u.kv_release.rid = 6;
+		send_to(d, &m);
+		send_to(d, &m); /* twice: idempotent */
+		m.u.kv_release.rid = 7;
+		send_to(d, &m);
+		CHECK(wait_used_blocks(d, 0, 3000) == 0);
+
+		/* 6. reservation deadline */
+		reserve(d, 9, prompt, 10, 10, NULL, 0, 300);
+		CHECK(wait_msg(d, MSG_KV_RESERVED, 9, &f, 5000) == 0);
+		msg_clear(&f);
+		CHECK(wait_msg(d, MSG_ERROR, 9, &f, 5000) == 0 && f.u.error.code == MSG_ERR_TIMEOUT);
+		msg_clear(&f);
+		CHECK(wait_used_blocks(d, 0, 3000) == 0);
+
+		/* 7. invalid prompt token for prefill */
+		uint32_t bad[3] = {1, 2, 5000};
+		reserve(d, 10, prompt, 3, 5, NULL, 0, 0);
+		CHECK(wait_msg(d, MSG_KV_RESERVED, 10, &kr, 5000) == 0);
+		prefill(p, d, 10, bad, 3, &kr.u.kv_reserved);
+		msg_clear(&kr);
+		CHECK(wait_msg(p, MSG_ERROR, 10, &f, 5000) == 0 && f.u.error.code == MSG_ERR_INVALID_REQUEST);
+		printf("[%s] bad prompt: %s\n", tls, f.u.error.message);
+		msg_clear(&f);
+		msg_init(&m, MSG_KV_RELEASE);
+		m.u.kv_release.rid = 10;
+		send_to(d, &m);
+		CHECK(wait_used_blocks(d, 0, 3000) == 0);
+
+		/* 8. router connection lost mid-request: decode frees and registers again */
+		reserve(d, 11, prompt, 64, 1000, NULL, 0, 0);
+		CHECK(wait_msg(d, MSG_KV_RESERVED, 11, &kr, 5000) == 0);
+		msg_clear(&kr);
+		struct peer *old = d;
+		conn_close(d->c, "test: router drops decode");
+		CHECK(run_until(new_decode, old, 10000));
+		d = find_role(MSG_ROLE_DECODE);
+		CHECK(d != NULL && d != old && d->c != NULL);
+		if (d)
+			CHECK(wait_used_blocks(d, 0, 3000) == 0);
+	}
+
+	/* SIGTERM: drain, Drain messages, exit 0 */
+	kill(pp, SIGTERM);
+	kill(dp, SIGTERM);
+	int sp = -1, sd = -1;
+	for (int i = 0; i < 100 && (sp == -1 || sd == -1); i++) {
+		int st;
+		if (sp == -1 && waitpid(pp, &st, WNOHANG) == pp)
+			sp = st;
+		if (sd == -1 && waitpid(dp, &st, WNOHANG) == dp)
+			sd = st;
+		uv_run(loop, UV_RUN_NOWAIT);
+		usleep(50000);
+	}
+	CHECK(sp == 0 && sd == 0);
+	if (sp == -1)
+		kill(pp, SIGKILL), waitpid(pp, NULL, 0);
+	if (sd == -1)
+		kill(dp, SIGKILL), waitpid(dp, NULL, 0);
+	/* both drained (not killed): they say so in their logs */
+	char cmd[700];
+	snprintf(cmd, sizeof(cmd), "grep -q 'drained' %s && grep -q 'drained' %s", plog, dlog);
+	CHECK(system(cmd) == 0);
+	snprintf(cmd, sizeof(cmd), "grep -h ' ERROR ' %s %s", plog, dlog);
+	int has_error = system(cmd) == 0;
+	CHECK(!has_error);
+	for (int i = 0; i < n_peers; i++) {
+		if (peers[i].c)
+			conn_close(peers[i].c, "done");
+		if (peers[i].have_hello)
+			msg_clear(&peers[i].hello);
+		for (int k = 0; k < peers[i].n_q; k++)
+			msg_clear(&peers[i].q[k]);
+	}
+	conn_listener_close(l);
+	for (int i = 0; i < 20; i++)
+		uv_run(loop, UV_RUN_NOWAIT);
+	printf("[%s] %s\n", tls, n_fail == fails0 ? "ok" : "FAILED");
+	return n_fail != fails0;
+}
+
+int main(void)
+{
+	log_init("test", -1);
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (getenv("BUILD"))
+		build_dir = getenv("BUILD");
+	snprintf(tmpdir, sizeof(tmpdir), "%s/test-logs/net-workers", build_dir);
+	mkdir(tmpdir, 0755);
+	loop = uv_default_loop();
+	uv_timer_t hb;
+	uv_timer_init(loop, &hb);
+	uv_timer_start(&hb, heartbeat_cb, 100, 100);
+	uv_unref((uv_handle_t *)&hb);
+	run_suite("tcp", "lo", 1);
+	run_suite("sm,self", "", 0);
+	if (n_fail) {
+		fprintf(stderr, "test_net_workers: %d checks failed (worker logs in %s)\n", n_fail, tmpdir);
+		return 1;
+	}
+	printf("test_net_workers: all checks passed\n");
+	return 0;
+}
