@@ -11,8 +11,8 @@
  * of all HG heads and accumulates p * c_t. Plain fp32 CUDA-core code (runs on sm_90/100/120).
  *
  * Split-K (flash-decoding): when rows * head groups give fewer blocks than ~4 per SM, the keys are
- * split; each split writes (max, sum, unnormalised acc) to the context workspace and a combine
- * kernel merges them. With one split the kernel normalises and writes out directly (prefill).
+ * split (at least 128 keys per split); each split writes (max, sum, unnormalised acc) to the
+ * context workspace and a combine kernel merges them (a block per row, head and 128 channels). With one split the kernel normalises and writes out directly (prefill).
  *
  * Numerics: fp32 dot (q_c . c + q_r . k_r, then * scale as the CPU op), expf, fp32 sums; agrees with
  * the CPU to ~1e-5 relative. Rows with no keys give 0 (as the CPU op). Bad positions or block ids
@@ -25,6 +25,7 @@
 #define MLA_THREADS 256
 #define MLA_TILE 32
 #define MLA_CMAX 512 /* channels per thread: 2 */
+#define MLA_MIN_TILES 4
 
 struct mla_args {
 	const uint8_t *base;
@@ -236,6 +237,7 @@ __global__ void mla_combine_kernel(const float *__restrict__ pacc, const float *
 				   const float *__restrict__ pl, int nsplit, int C, float *__restrict__ out)
 {
 	const int64_t rh = blockIdx.x;
+	const int c0 = blockIdx.y * blockDim.x; /* a block per (row, head, 128 channels) */
 	const float *m = pm + rh * nsplit, *l = pl + rh * nsplit;
 	float M = -INFINITY;
 	for (int s = 0; s < nsplit; s++)
@@ -246,7 +248,7 @@ __global__ void mla_combine_kernel(const float *__restrict__ pacc, const float *
 		if (l[s] > 0.0f)
 			L += l[s] * expf(m[s] - M);
 	const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-	for (int cc = threadIdx.x; cc < C; cc += blockDim.x) {
+	for (int cc = c0 + threadIdx.x; cc < C && cc < c0 + (int)blockDim.x; cc += blockDim.x) {
 		float v = 0.0f;
 		for (int s = 0; s < nsplit; s++)
 			if (l[s] > 0.0f)
@@ -307,8 +309,8 @@ extern "C" int kcuda_mla_attn(struct kcuda_ctx *c, const struct kcuda_kv_view *k
 	const int64_t max_tiles = (rows->max_keys + MLA_TILE - 1) / MLA_TILE;
 	const int64_t blocks = rows->n_q * n_hg;
 	int64_t want = (4 * (int64_t)c->n_sm + blocks - 1) / blocks;
-	if (want > max_tiles)
-		want = max_tiles;
+	if (want > max_tiles / MLA_MIN_TILES) /* >= 128 keys per split: partials stay small */
+		want = max_tiles / MLA_MIN_TILES;
 	if (want < 1)
 		want = 1;
 	/* partials must fit the workspace */
@@ -346,6 +348,7 @@ extern "C" int kcuda_mla_attn(struct kcuda_ctx *c, const struct kcuda_kv_view *k
 	int rc = kcuda_launch_status("mla_split");
 	if (rc || a.nsplit == 1)
 		return rc;
-	mla_combine_kernel<<<(unsigned)(rows->n_q * H), 128, 0, st>>>(a.pacc, a.pm, a.pl, a.nsplit, a.C, out);
+	dim3 cgrid((unsigned)(rows->n_q * H), (unsigned)((C + 127) / 128));
+	mla_combine_kernel<<<cgrid, 128, 0, st>>>(a.pacc, a.pm, a.pl, a.nsplit, a.C, out);
 	return kcuda_launch_status("mla_combine");
 }
