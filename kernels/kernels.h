@@ -149,8 +149,9 @@ void kcpu_rope_cs(const float *inv_freq, int64_t half, int64_t pos, float *cs);
 void kcpu_rope(float *x, int64_t R, const float *cs, int pairing);
 /* y = SiLU(gate) * up (swiglu.c) */
 void kcpu_swiglu(float *y, const float *gate, const float *up, int64_t n);
-/* dot of fp32 a with a KV-cache row (fp32 or bf16) (mla_attn.c) */
+/* dot of fp32 a with a KV-cache row (fp32 or bf16); out += p * row (kv_row.c) */
 float kcpu_kv_dot(const float *a, const void *row, int bf16, int64_t n);
+void kcpu_kv_axpy(float *out, float p, const void *row, int bf16, int64_t n);
 /* one MLA head, absorbed form: q[C+R], keys[t] -> C+R cache values; out[C] = softmax-weighted
  * sum of the keys' c parts; scores: n_keys scratch (mla_attn.c) */
 void kcpu_mla_attn_head(const float *q, int64_t C, int64_t R, const void *const *keys, int n_keys, int key_bf16,
