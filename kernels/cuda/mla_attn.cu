@@ -12,7 +12,11 @@
  *
  * Split-K (flash-decoding): when rows * head groups give fewer blocks than ~4 per SM, the keys are
  * split (at least 128 keys per split); each split writes (max, sum, unnormalised acc) to the
- * context workspace and a combine kernel merges them (a block per row, head and 128 channels). With one split the kernel normalises and writes out directly (prefill).
+ * context workspace and a combine kernel merges them (a block per row, head and 128 channels).
+ * With one split the kernel normalises and writes out directly (prefill).
+ *
+ * Speed (docs/PERFORMANCE.md, H200): correct but far from the KV-read limit; the tile copy
+ * serialises global-load latency and the score loop is shared-memory bound (fixes listed there).
  *
  * Numerics: fp32 dot (q_c . c + q_r . k_r, then * scale as the CPU op), expf, fp32 sums; agrees with
  * the CPU to ~1e-5 relative. Rows with no keys give 0 (as the CPU op). Bad positions or block ids
