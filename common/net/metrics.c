@@ -12,8 +12,9 @@
 #define HIST_MAX 32
 
 const double metrics_latency_bounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-					 0.25,	 0.5,	1,	2.5,	5,     10,   30,    60};
-const int metrics_n_latency_bounds = (int)(sizeof(metrics_latency_bounds) / sizeof(metrics_latency_bounds[0]));
+                                         0.25,   0.5,   1,      2.5,   5,    10,    30,   60};
+const int metrics_n_latency_bounds =
+    (int)(sizeof(metrics_latency_bounds) / sizeof(metrics_latency_bounds[0]));
 
 struct metric {
 	enum metric_type type;
@@ -49,7 +50,7 @@ static void atomic_add_double(_Atomic uint64_t *a, double v)
 {
 	uint64_t old = atomic_load_explicit(a, memory_order_relaxed);
 	while (!atomic_compare_exchange_weak_explicit(a, &old, d2u(u2d(old) + v), memory_order_relaxed,
-						      memory_order_relaxed))
+	                                              memory_order_relaxed))
 		;
 }
 
@@ -86,13 +87,14 @@ static int valid_name(const char *s)
 	if (!s || !*s || !(((*s | 32) >= 'a' && (*s | 32) <= 'z') || *s == '_' || *s == ':'))
 		return 0;
 	for (; *s; s++)
-		if (!(((*s | 32) >= 'a' && (*s | 32) <= 'z') || (*s >= '0' && *s <= '9') || *s == '_' || *s == ':'))
+		if (!(((*s | 32) >= 'a' && (*s | 32) <= 'z') || (*s >= '0' && *s <= '9') || *s == '_' ||
+		      *s == ':'))
 			return 0;
 	return 1;
 }
 
 static struct metric *add(struct metrics *r, enum metric_type t, const char *name, const char *labels,
-			  const char *help)
+                          const char *help)
 {
 	if (!r || !valid_name(name) || (labels && strpbrk(labels, "{}\n")))
 		return NULL;
@@ -141,7 +143,7 @@ struct metric *metrics_gauge(struct metrics *r, const char *name, const char *la
 }
 
 struct metric *metrics_histogram(struct metrics *r, const char *name, const char *labels, const char *help,
-				 const double *bounds, int n_bounds)
+                                 const double *bounds, int n_bounds)
 {
 	if (n_bounds < 1 || n_bounds > HIST_MAX)
 		return NULL;

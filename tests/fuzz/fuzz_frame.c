@@ -29,7 +29,8 @@ static int fuzz_frame_cb(void *ctx, uint16_t type, const uint8_t *payload, size_
 			struct msg m2;
 			int rc = msg_decode(type, frame + FRAME_HDR_BYTES, flen - FRAME_HDR_BYTES, &m2, &e);
 			if (rc) {
-				fprintf(stderr, "re-encoded %s does not decode: %s\n", msg_type_name(type), e.msg);
+				fprintf(stderr, "re-encoded %s does not decode: %s\n", msg_type_name(type),
+				        e.msg);
 				abort();
 			}
 			msg_clear(&m2);

@@ -18,12 +18,12 @@
 #include "common/net/metrics.h"
 
 static int n_fail;
-#define CHECK(c)                                                                                   \
-	do {                                                                                       \
-		if (!(c)) {                                                                        \
-			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c);      \
-			n_fail++;                                                                  \
-		}                                                                                  \
+#define CHECK(c)                                                                                             \
+	do {                                                                                                 \
+		if (!(c)) {                                                                                  \
+			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c);                \
+			n_fail++;                                                                            \
+		}                                                                                            \
 	} while (0)
 
 static struct metric *counter;
@@ -35,22 +35,21 @@ static void *adder(void *arg)
 	return NULL;
 }
 
-static const char *expected =
-	"# HELP t_requests_total Requests by outcome\n"
-	"# TYPE t_requests_total counter\n"
-	"t_requests_total{role=\"decode\",outcome=\"ok\"} 3\n"
-	"t_requests_total{role=\"decode\",outcome=\"error\"} 1\n"
-	"# HELP t_blocks_used Blocks in use\n"
-	"# TYPE t_blocks_used gauge\n"
-	"t_blocks_used{role=\"decode\"} 17\n"
-	"# HELP t_step_seconds Step time\n"
-	"# TYPE t_step_seconds histogram\n"
-	"t_step_seconds_bucket{role=\"decode\",le=\"0.0005\"} 1\n"
-	"t_step_seconds_bucket{role=\"decode\",le=\"0.01\"} 3\n"
-	"t_step_seconds_bucket{role=\"decode\",le=\"1\"} 3\n"
-	"t_step_seconds_bucket{role=\"decode\",le=\"+Inf\"} 4\n"
-	"t_step_seconds_sum{role=\"decode\"} 5.0103\n"
-	"t_step_seconds_count{role=\"decode\"} 4\n";
+static const char *expected = "# HELP t_requests_total Requests by outcome\n"
+                              "# TYPE t_requests_total counter\n"
+                              "t_requests_total{role=\"decode\",outcome=\"ok\"} 3\n"
+                              "t_requests_total{role=\"decode\",outcome=\"error\"} 1\n"
+                              "# HELP t_blocks_used Blocks in use\n"
+                              "# TYPE t_blocks_used gauge\n"
+                              "t_blocks_used{role=\"decode\"} 17\n"
+                              "# HELP t_step_seconds Step time\n"
+                              "# TYPE t_step_seconds histogram\n"
+                              "t_step_seconds_bucket{role=\"decode\",le=\"0.0005\"} 1\n"
+                              "t_step_seconds_bucket{role=\"decode\",le=\"0.01\"} 3\n"
+                              "t_step_seconds_bucket{role=\"decode\",le=\"1\"} 3\n"
+                              "t_step_seconds_bucket{role=\"decode\",le=\"+Inf\"} 4\n"
+                              "t_step_seconds_sum{role=\"decode\"} 5.0103\n"
+                              "t_step_seconds_count{role=\"decode\"} 4\n";
 
 static void test_registry(void)
 {
@@ -178,7 +177,9 @@ static void test_httpd(void)
 	const char *get = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
 	CHECK(request(get, strlen(get), out, sizeof(out)) == 0);
 	CHECK(strncmp(out, "HTTP/1.1 200 OK\r\n", 17) == 0);
-	CHECK(strstr(out, "\r\n\r\n# HELP t_gauge a gauge\n# TYPE t_gauge gauge\nt_gauge{role=\"test\"} 42\n") != NULL);
+	CHECK(strstr(out,
+	             "\r\n\r\n# HELP t_gauge a gauge\n# TYPE t_gauge gauge\nt_gauge{role=\"test\"} 42\n") !=
+	      NULL);
 	const char *ready = "GET /ready?x=1 HTTP/1.0\r\n\r\n";
 	CHECK(request(ready, strlen(ready), out, sizeof(out)) == 0 && strncmp(out, "HTTP/1.1 503", 12) == 0);
 	const char *nf = "GET /nope HTTP/1.1\r\n\r\n";
