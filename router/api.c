@@ -361,6 +361,8 @@ static int decode(json_t *root, enum api_kind kind, struct api_request *req, str
 		return rc;
 	if ((rc = get_bool(root, "return_tokens_as_token_ids", &req->tokens_as_ids, err)))
 		return rc;
+	if ((rc = get_bool(root, "ignore_eos", &req->ignore_eos, err)))
+		return rc;
 
 	json_t *so = field(root, "stream_options");
 	if (so) {

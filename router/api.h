@@ -55,8 +55,9 @@ struct api_request {
 	bool logprobs; /* completions: logprobs != null; chat: logprobs == true */
 	int top_logprobs; /* number of alternatives per token */
 	bool echo; /* completions: echo the prompt (only accepted as false) */
-	bool
-	    tokens_as_ids; /* return_tokens_as_token_ids (vLLM's extension): logprob tokens as "token_id:N" */
+	/* vLLM extensions: logprob tokens as "token_id:N"; generate max_tokens past end-of-generation */
+	bool tokens_as_ids; /* return_tokens_as_token_ids */
+	bool ignore_eos;
 };
 
 struct api_error {

@@ -473,7 +473,7 @@ static void on_token(void *ud, struct req *r, const struct req_token *t)
 	const char *b;
 	size_t n;
 	size_t before = ch->len;
-	if (codec_is_eog(cl->rt->codec, t->id)) {
+	if (!cl->ar.ignore_eos && codec_is_eog(cl->rt->codec, t->id)) {
 		sched_finish(r, REQ_FINISH_EOS);
 		goto out;
 	}
@@ -586,6 +586,7 @@ static void fill_sampling(const struct api_request *ar, int choice, struct req_s
 	s->presence_penalty = (float)ar->presence_penalty;
 	s->want_logprobs = ar->logprobs;
 	s->n_top_logprobs = ar->top_logprobs;
+	s->ignore_eos = ar->ignore_eos;
 }
 
 void complete_handle(struct router *rt, struct http_conn *c, struct http_request *hr, int kind)

@@ -44,6 +44,7 @@ struct req_sampling {
 	float presence_penalty;
 	int n_top_logprobs; /* 0: none; with want_logprobs, the chosen token's logprob is always sent */
 	bool want_logprobs;
+	bool ignore_eos;
 };
 
 struct req_token {

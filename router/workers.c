@@ -199,6 +199,7 @@ static int op_reserve(struct worker *w, struct req *r, uint32_t n_blocks)
 	m.u.kv_reserve.max_tokens = r->n_max_new;
 	fill_sampling(r, &m.u.kv_reserve.sampling);
 	m.u.kv_reserve.deadline_ms = (uint32_t)ws->cfg.reserve_deadline_ms;
+	m.u.kv_reserve.ignore_eos = r->sampling.ignore_eos;
 	m.u.kv_reserve.n_prompt = r->n_prompt;
 	m.u.kv_reserve.prompt = (const uint32_t *)r->prompt; /* ids are non-negative */
 	int rc = send_msg(rw, &m);

@@ -39,21 +39,6 @@ static void iq4_xs_dequant_ref(const void *src, float *dst, int64_t n)
 	}
 }
 
-static int iq4_nearest(float v)
-{
-	int best = 0;
-	float be = fabsf(v - (float)quant_iq4nl_values[0]);
-
-	for (int k = 1; k < 16; k++) {
-		float e = fabsf(v - (float)quant_iq4nl_values[k]);
-		if (e < be) {
-			be = e;
-			best = k;
-		}
-	}
-	return best;
-}
-
 static void iq4_xs_quantize(const float *src, void *dst, int64_t n)
 {
 	uint8_t *b = dst;
@@ -81,7 +66,7 @@ static void iq4_xs_quantize(const float *src, void *dst, int64_t n)
 			float dl = d * (float)(ls - 32);
 			float idl = dl != 0.0f ? 1.0f / dl : 0.0f;
 			for (int j = 0; j < 32; j++)
-				q[j] = iq4_nearest(x[32 * ib + j] * idl);
+				q[j] = quant_iq4nl_nearest(x[32 * ib + j] * idl);
 			for (int j = 0; j < 16; j++)
 				b[8 + 16 * ib + j] = (uint8_t)(q[j] | (q[j + 16] << 4));
 		}

@@ -251,19 +251,16 @@ static void iq4_nl_dequant_ref(const void *src, float *dst, int64_t n)
 	}
 }
 
-static int iq4nl_nearest(float v)
+int quant_iq4nl_nearest(float v)
 {
-	int best = 0;
-	float be = fabsf(v - (float)quant_iq4nl_values[0]);
-
-	for (int k = 1; k < 16; k++) {
-		float e = fabsf(v - (float)quant_iq4nl_values[k]);
-		if (e < be) {
-			be = e;
-			best = k;
-		}
-	}
-	return best;
+	/* midpoints between neighbouring levels; a 4-step binary search over them */
+	static const float mid[15] = {-115.5f, -93.5f, -74.0f, -57.0f, -42.0f, -28.5f, -16.0f, -4.5f,
+	                              7.0f,    19.0f,  31.5f,  45.5f,  61.0f,  79.0f,  101.0f};
+	int lo = v > mid[7] ? 8 : 0;
+	lo += v > mid[lo + 3] ? 4 : 0;
+	lo += v > mid[lo + 1] ? 2 : 0;
+	lo += v > mid[lo] ? 1 : 0;
+	return lo;
 }
 
 /* Chooses a scale for `len` values on the IQ4_NL grid: tries scales around max/-127, refines each
@@ -272,33 +269,29 @@ static int iq4nl_nearest(float v)
 float quant_iq4nl_fit(const float *x, int len, int *q)
 {
 	float max = signed_absmax(x, len);
-	float best_d = 0.0f, best_err = INFINITY;
+	float best_d = 0.0f, best_gain = -1.0f;
 	int tq[32];
 
 	if (max == 0.0f) {
 		for (int j = 0; j < len; j++)
-			q[j] = iq4nl_nearest(0.0f);
+			q[j] = quant_iq4nl_nearest(0.0f);
 		return 0.0f;
 	}
-	for (int k = -9; k <= 9; k++) {
+	for (int k = -7; k <= 7; k++) {
 		float d = max / ((float)quant_iq4nl_values[0] + 1.5f * (float)k);
 		float id = 1.0f / d, sxt = 0.0f, stt = 0.0f;
 		for (int j = 0; j < len; j++) {
-			tq[j] = iq4nl_nearest(x[j] * id);
+			tq[j] = quant_iq4nl_nearest(x[j] * id);
 			float t = (float)quant_iq4nl_values[tq[j]];
 			sxt += x[j] * t;
 			stt += t * t;
 		}
-		if (stt > 0.0f)
-			d = sxt / stt;
-		float err = 0.0f;
-		for (int j = 0; j < len; j++) {
-			float e = x[j] - d * (float)quant_iq4nl_values[tq[j]];
-			err += e * e;
-		}
-		if (err < best_err) {
-			best_err = err;
-			best_d = d;
+		/* with the least-squares scale d = sxt / stt the squared error is
+		 * sum(x^2) - sxt^2 / stt, so the best assignment maximizes sxt^2 / stt */
+		float gain = stt > 0.0f ? sxt * sxt / stt : 0.0f;
+		if (gain > best_gain) {
+			best_gain = gain;
+			best_d = stt > 0.0f ? sxt / stt : d;
 			memcpy(q, tq, sizeof(int) * (size_t)len);
 		}
 	}
@@ -318,7 +311,7 @@ static void iq4_nl_quantize(const float *src, void *dst, int64_t n)
 
 		/* reassign against the fp16-rounded scale actually stored */
 		for (int j = 0; j < QK; j++)
-			q[j] = iq4nl_nearest(x[j] * id);
+			q[j] = quant_iq4nl_nearest(x[j] * id);
 		quant_wr16(b, dh);
 		pack_nibbles(q, b + 2);
 	}

@@ -178,6 +178,8 @@ static const struct case_ cases[] = {
     {C, "{" P ",\"logprobs\":true}", "logprobs", F_NONE, 0, NULL},
     {C, "{" P ",\"echo\":true}", "echo", F_NONE, 0, NULL},
     {C, "{" P ",\"return_tokens_as_token_ids\":1}", "return_tokens_as_token_ids", F_NONE, 0, NULL},
+    {C, "{" P ",\"ignore_eos\":\"yes\"}", "ignore_eos", F_NONE, 0, NULL},
+    {C, "{" P ",\"ignore_eos\":true}", NULL, F_NONE, 0, NULL},
     /* logprobs: chat bool + top_logprobs 0..20 */
     {T, "{" M ",\"logprobs\":true,\"top_logprobs\":5}", NULL, F_TOPLP, 5, NULL},
     {T, "{" M ",\"logprobs\":true}", NULL, F_LOGPROBS, 1, NULL},

@@ -46,6 +46,7 @@ struct fake {
 	uint64_t last_rid;
 	uint32_t n_gen; /* decode: tokens to send after KvReady (Tokens + Finish) */
 	bool hold; /* decode: send nothing after KvReady (so the test can cancel or drop) */
+	int n_refuse; /* decode: answer this many KvReserves with Error(NO_CAPACITY) */
 };
 
 static const uint8_t fake_ucx_addr[8] = {1, 2, 3, 4, 5, 6, 7, 8};
@@ -72,6 +73,16 @@ static int fake_msg_cb(struct conn *c, struct msg *m, void *ud)
 	case MSG_KV_RESERVE: {
 		f->n_reserve++;
 		f->last_rid = m->u.kv_reserve.rid;
+		if (f->n_refuse > 0) {
+			f->n_refuse--;
+			msg_init(&o, MSG_ERROR);
+			o.u.error.has_rid = true;
+			o.u.error.rid = m->u.kv_reserve.rid;
+			o.u.error.code = MSG_ERR_NO_CAPACITY;
+			snprintf(o.u.error.message, sizeof(o.u.error.message), "no free blocks");
+			fake_send(f, &o);
+			break;
+		}
 		uint32_t need =
 		    (m->u.kv_reserve.n_prompt_tokens + m->u.kv_reserve.max_tokens + f->block_size - 1) /
 		    f->block_size;
@@ -376,6 +387,22 @@ int main(void)
 	CHECK(x->end == REQ_STATE_CANCELLED && dec.n_cancel == 1, "Cancel sent once: %d", dec.n_cancel);
 	req_destroy(r);
 
+	/* decode refuses the reservation (its pool is tighter than the router thought): the request
+	 * waits in the queue until the next heartbeat and then gets its blocks */
+	dec.hold = false;
+	dec.n_refuse = 1;
+	memset(x, 0, sizeof(*x));
+	int reserves_before = dec.n_reserve;
+	r = mkreq(10, 10, 5, x);
+	CHECK(sched_submit(s, r) == 0, "submit refused-then-ok");
+	run_while(not_ended, x, 5000);
+	CHECK(x->end == REQ_STATE_DONE && x->n_tokens == 5, "done after a NO_CAPACITY refusal: %s %s",
+	      req_state_name(x->end), x->msg);
+	CHECK(dec.n_reserve == reserves_before + 2, "asked twice: %d", dec.n_reserve - reserves_before);
+	CHECK(dec.n_release == 0, "no KvRelease for a refused reservation");
+	req_destroy(r);
+	dec.hold = true;
+
 	/* decode connection drops mid-stream: the request fails with 502 */
 	memset(x, 0, sizeof(*x));
 	int ready_before = dec.n_ready;
@@ -395,7 +422,7 @@ int main(void)
 	char *text = NULL;
 	size_t text_len = 0;
 	CHECK(metrics_render(m, &text, &text_len) == 0, "render");
-	CHECK(text && strstr(text, "tandem_router_kv_transferred_bytes_total 12288\n"),
+	CHECK(text && strstr(text, "tandem_router_kv_transferred_bytes_total 16384\n"),
 	      "kv bytes from PrefillDone");
 	CHECK(text && strstr(text, "tandem_router_worker_registrations_refused_total 1\n"),
 	      "one layout refusal");
