@@ -20,6 +20,9 @@
 #include "common/tok/tok.h"
 
 #define BATCH_MAX 1024
+/* Events waiting for the loop thread at most: beyond this the engine waits (a stalled loop thread
+ * must not let the outbox grow without bound). */
+#define OUTBOX_MAX 65536
 
 struct dc_engine {
 	struct dc_engine_opts o;
@@ -103,9 +106,18 @@ static void flush_events(struct dc_engine *g)
 	}
 	memcpy(g->out + g->n_out, g->ev, g->n_ev * sizeof(*g->ev));
 	g->n_out += g->n_ev;
-	pthread_mutex_unlock(&g->mu);
 	g->n_ev = 0;
 	uv_async_send(&g->async);
+	while (g->n_out > OUTBOX_MAX && !g->stop) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += 100 * 1000000L;
+		if (ts.tv_nsec >= 1000000000L)
+			ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+		pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+		atomic_store(&g->alive_ns, uv_hrtime());
+	}
+	pthread_mutex_unlock(&g->mu);
 }
 
 static void async_cb(uv_async_t *a)
@@ -117,6 +129,7 @@ static void async_cb(uv_async_t *a)
 		uint32_t n = g->n_out;
 		g->out = NULL;
 		g->n_out = g->cap_out = 0;
+		pthread_cond_signal(&g->cv); /* an engine waiting for the outbox to drain */
 		pthread_mutex_unlock(&g->mu);
 		if (!n) {
 			free(ev);

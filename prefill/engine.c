@@ -267,14 +267,19 @@ static int step(struct pf_engine *g)
 	uint32_t n = 0, n_rows = 0;
 	uint32_t take[256] = {0};
 	int32_t row_of[256];
-	/* 3. fill the step */
+	/* 3. fill the step. Every active job's block table goes into the batch, also of jobs that get
+	 * no tokens this step (the model checks every table it is given). */
+	for (uint32_t s = 0; s < g->n_active; s++) {
+		g->b_seqs[s].blocks = g->active[s]->local_blocks;
+		g->b_seqs[s].n_blocks = (int)g->active[s]->n_local;
+		row_of[s] = -1;
+	}
 	for (uint32_t s = 0; s < g->n_active && budget > 0; s++) {
 		struct pf_job *j = g->active[s];
 		uint32_t left = j->n_tokens - j->n_done;
 		uint32_t t = left < budget ? left : budget;
 		take[s] = t;
 		budget -= t;
-		row_of[s] = -1;
 		for (uint32_t i = 0; i < t; i++) {
 			g->b_tokens[n] = (int32_t)j->tokens[j->n_done + i];
 			g->b_seq[n] = (int32_t)s;
@@ -286,8 +291,6 @@ static int step(struct pf_engine *g)
 			g->b_logits[n - 1] = 1;
 			row_of[s] = (int32_t)n_rows++;
 		}
-		g->b_seqs[s].blocks = j->local_blocks;
-		g->b_seqs[s].n_blocks = (int)j->n_local;
 	}
 	if (n == 0)
 		return 0;

@@ -25,7 +25,9 @@
 #include <unistd.h>
 
 #include "common/base/log.h"
+#include "common/gguf/gguf.h"
 #include "common/net/conn.h"
+#include "common/tok/tok.h"
 #include "common/net/trivial.h"
 
 static int n_fail;
@@ -797,6 +799,80 @@ static int run_model_suite(const char *tls, const char *dev)
 		       tls, n_prompt[r], n_got[r], same ? "equal to" : "DIFFERENT from");
 		CHECK(same);
 	}
+	/* stop string: text that the greedy continuation of prompt 1 produces at its tokens 4..5;
+	 * decode must finish (STOP, stop_index 0) at the first token whose text completes it */
+	struct gguf_ctx *gg = NULL;
+	struct tok *tk = NULL;
+	CHECK(gguf_open(&gg, model, &e) == 0 && tok_load(&tk, gg, &e) == 0);
+	if (tk && n_got[1] >= 8) {
+		/* the text as decode sees it: the streaming decoder (valid UTF-8, specials skipped) */
+		char text[8192], stop[256];
+		size_t off[65] = {0}, len = 0;
+		struct tok_stream ts;
+		tok_stream_init(&ts, tk, TOK_DECODE_SKIP_SPECIAL);
+		for (uint32_t i = 0; i < n_got[1] && i < 64; i++) {
+			size_t n_out = 0;
+			if (len + tok_stream_max_out(tk) < sizeof(text) &&
+			    tok_stream_feed(&ts, (int32_t)got[1][i], text + len, sizeof(text) - len, &n_out,
+			                    &e) == 0)
+				len += n_out;
+			off[i + 1] = len;
+		}
+		size_t a = off[3], b = off[6];
+		if (b > a && b - a < sizeof(stop)) {
+			memcpy(stop, text + a, b - a);
+			stop[b - a] = 0;
+			/* expected: the first k whose streamed prefix contains the stop text */
+			uint32_t k_exp = 0;
+			for (uint32_t k = 1; k <= n_got[1] && !k_exp; k++)
+				if (memmem(text, off[k], stop, b - a))
+					k_exp = k;
+			CHECK(k_exp > 0);
+			const char *stops[1] = {stop};
+			struct msg m, kr, pd, f;
+			msg_init(&m, MSG_KV_RESERVE);
+			m.u.kv_reserve.rid = 600;
+			m.u.kv_reserve.n_prompt_tokens = n_prompt[1];
+			m.u.kv_reserve.max_tokens = n_gen[1];
+			m.u.kv_reserve.ignore_eos = true;
+			m.u.kv_reserve.n_stop = 1;
+			m.u.kv_reserve.stop = stops;
+			send_to(d, &m);
+			uint32_t n_stream = 1;
+			if (wait_msg(d, MSG_KV_RESERVED, 600, &kr, 5000) == 0) {
+				prefill(p, d, 600, prompts[1], n_prompt[1], &kr.u.kv_reserved);
+				msg_clear(&kr);
+				if (wait_msg(p, MSG_PREFILL_DONE, 600, &pd, 10000) == 0) {
+					msg_init(&m, MSG_KV_READY);
+					m.u.kv_ready.rid = 600;
+					m.u.kv_ready.first = pd.u.prefill_done.first;
+					m.u.kv_ready.n_prompt_tokens = n_prompt[1];
+					send_to(d, &m);
+					msg_clear(&pd);
+					for (;;) {
+						if (wait_msg(d, 0, 600, &f, 10000))
+							break;
+						if (f.type == MSG_TOKENS) {
+							n_stream += (uint32_t)f.u.tokens.n_tokens;
+							msg_clear(&f);
+							continue;
+						}
+						CHECK(f.type == MSG_FINISH &&
+						      f.u.finish.reason == MSG_FINISH_STOP &&
+						      f.u.finish.stop_index == 0 &&
+						      f.u.finish.completion_tokens == k_exp);
+						msg_clear(&f);
+						break;
+					}
+				}
+			}
+			CHECK(n_stream == k_exp);
+			printf("[model %s] stop string \"%s\": finished after %u tokens (expected %u)\n", tls,
+			       stop, n_stream, k_exp);
+		}
+	}
+	tok_destroy(tk);
+	gguf_close(gg);
 	CHECK(wait_used_blocks(d, 0, 3000) == 0);
 	reserve_ignore_eos = false;
 	kill(pp, SIGTERM);
