@@ -221,6 +221,13 @@ int main(int argc, char **argv)
 	sd_notify(0, "READY=1\nSTATUS=serving");
 
 	uv_run(rt->loop, UV_RUN_DEFAULT);
+	/* we are exiting: a late SIGTERM (systemd or a script repeating it) must not turn a clean
+	 * drain into death by signal while the handles close. Stopping the watchers first: libuv
+	 * restores the default disposition when the last watcher of a signal stops. */
+	uv_signal_stop(&a.sigterm);
+	uv_signal_stop(&a.sigint);
+	signal(SIGTERM, SIG_IGN);
+	signal(SIGINT, SIG_IGN);
 
 	/* shut down: close everything still open and let the close callbacks run */
 	http_server_destroy(rt->http);
