@@ -266,12 +266,12 @@ static void connection_cb(uv_stream_t *ls, int status)
 	}
 	if (s->n_conns > s->cfg.n_conns_max || s->draining) {
 		static const char body[] = "{\"error\":{\"message\":\"too many open connections\",\"type\":"
-					   "\"server_error\",\"param\":null,\"code\":\"overloaded\"}}";
+		                           "\"server_error\",\"param\":null,\"code\":\"overloaded\"}}";
 		char busy[512];
 		int n = snprintf(busy, sizeof(busy),
-				 "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-				 "Retry-After: 1\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n%s",
-				 sizeof(body) - 1, body);
+		                 "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+		                 "Retry-After: 1\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n%s",
+		                 sizeof(body) - 1, body);
 		io_write(sc, busy, (size_t)n);
 		conn_close(sc);
 		return;
