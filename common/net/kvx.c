@@ -360,7 +360,7 @@ static void describe_lanes(struct kvx *x, struct kvx_peer *p)
 		return;
 	ucp_ep_print_info(p->ep, f);
 	fclose(f);
-	if (getenv("TANDEM_KVX_DUMP"))
+	if (getenv("TANDEM_KVX_DUMP")) /* debugging aid: UCX's own description of the endpoint */
 		fputs(buf, stderr);
 	size_t n = 0;
 	for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
