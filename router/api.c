@@ -10,6 +10,30 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Messages may quote client input (the JSON parser's "near '...'"): replace every byte that is not
+ * part of a valid UTF-8 sequence with '?' so the error body is always valid JSON. */
+static void scrub_utf8(char *s)
+{
+	unsigned char *u = (unsigned char *)s;
+	while (*u) {
+		size_t need = u[0] < 0x80 ? 1 : (u[0] & 0xE0) == 0xC0 ? 2 : (u[0] & 0xF0) == 0xE0 ? 3 : (u[0] & 0xF8) == 0xF0 ? 4 : 0;
+		bool ok = need > 0;
+		uint32_t cp = need == 1 ? u[0] : need == 2 ? (u[0] & 0x1Fu) : need == 3 ? (u[0] & 0x0Fu) : (u[0] & 0x07u);
+		for (size_t k = 1; ok && k < need; k++) {
+			ok = (u[k] & 0xC0) == 0x80; /* also stops at the NUL */
+			cp = (cp << 6) | (u[k] & 0x3Fu);
+		}
+		static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+		if (ok && need > 1)
+			ok = cp >= min_cp[need] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+		if (!ok) {
+			*u++ = '?';
+			continue;
+		}
+		u += need;
+	}
+}
+
 int api_error_set(struct api_error *err, int status, const char *type, const char *code, const char *param,
                   const char *fmt, ...)
 {
@@ -23,6 +47,8 @@ int api_error_set(struct api_error *err, int status, const char *type, const cha
 	va_start(ap, fmt);
 	vsnprintf(err->message, sizeof(err->message), fmt, ap);
 	va_end(ap);
+	scrub_utf8(err->message);
+	scrub_utf8(err->param);
 	return status;
 }
 
