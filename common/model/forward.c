@@ -93,7 +93,8 @@ struct fwd {
 	int64_t K;
 	int32_t *nsel; /* n */
 	bool sparse; /* attention uses sel */
-	float *dbg_scores; /* n x max_keys, or NULL */
+	float *isc; /* n x max_keys score rows (debug hooks or chunked scoring), or NULL */
+	int64_t chunks_per_tok;
 	int max_keys;
 	/* per thread scratch */
 	const void **tkeys; /* n_threads x max_keys */
@@ -143,25 +144,95 @@ static void attn_task(void *user, int64_t i0, int64_t i1, int thread)
 	}
 }
 
+/* Indexer scores of token i's keys [t0, t1) into sc (the row of all its keys). */
+static void index_scores(struct fwd *f, int64_t i, int t0, int t1, float *sc, const void **keys)
+{
+	const struct model_hparams *hp = &f->m->hp;
+	const struct model_seq *s = &f->b->seqs[f->b->seq[i]];
+	int slot = hp->idx_slot[f->layer];
+	for (int t = t0; t < t1; t++)
+		keys[t - t0] = idx_row(f->kv, s, slot, t);
+	kcpu_indexer_scores(f->qI + i * hp->idx_H * hp->idx_D, f->wI + i * hp->idx_H, hp->idx_H, hp->idx_D,
+	                    keys, t1 - t0, f->kv->layout.dtype == MODEL_KV_BF16,
+	                    1.0f / sqrtf((float)hp->idx_D), sc + t0);
+}
+
+/* many tokens: one task per token (scores into thread scratch, then its top-k) */
 static void index_task(void *user, int64_t i0, int64_t i1, int thread)
 {
 	struct fwd *f = user;
-	const struct model_hparams *hp = &f->m->hp;
-	int slot = hp->idx_slot[f->layer];
-	bool bf16 = f->kv->layout.dtype == MODEL_KV_BF16;
 	const void **keys = f->tkeys + (size_t)thread * (size_t)f->max_keys;
 	for (int64_t i = i0; i < i1; i++) {
-		const struct model_seq *s = &f->b->seqs[f->b->seq[i]];
-		int32_t pos = f->b->pos[i];
-		int nk = pos + 1;
-		float *sc = f->dbg_scores ? f->dbg_scores + i * f->max_keys
-		                          : f->tsc + (size_t)thread * (size_t)f->max_keys;
-		for (int t = 0; t < nk; t++)
-			keys[t] = idx_row(f->kv, s, slot, t);
-		kcpu_indexer_scores(f->qI + i * hp->idx_H * hp->idx_D, f->wI + i * hp->idx_H, hp->idx_H,
-		                    hp->idx_D, keys, nk, bf16, 1.0f / sqrtf((float)hp->idx_D), sc);
+		int nk = f->b->pos[i] + 1;
+		float *sc = f->isc ? f->isc + i * f->max_keys : f->tsc + (size_t)thread * (size_t)f->max_keys;
+		index_scores(f, i, 0, nk, sc, keys);
 		f->nsel[i] = kcpu_topk(sc, nk, (int)f->K, f->sel + i * f->K);
 	}
+}
+
+/* few tokens (decode): the keys of each token are cut into chunks scored in parallel into the
+ * token's row of isc; index_topk_task then selects per token */
+#define INDEX_CHUNK 1024
+static void index_chunk_task(void *user, int64_t c0, int64_t c1, int thread)
+{
+	struct fwd *f = user;
+	const void **keys = f->tkeys + (size_t)thread * (size_t)f->max_keys;
+	for (int64_t c = c0; c < c1; c++) {
+		int64_t i = c / f->chunks_per_tok, ch = c % f->chunks_per_tok;
+		int nk = f->b->pos[i] + 1, t0 = (int)(ch * INDEX_CHUNK);
+		if (t0 < nk)
+			index_scores(f, i, t0, t0 + INDEX_CHUNK < nk ? t0 + INDEX_CHUNK : nk,
+			             f->isc + i * f->max_keys, keys);
+	}
+}
+
+static void index_topk_task(void *user, int64_t i0, int64_t i1, int thread)
+{
+	struct fwd *f = user;
+	(void)thread;
+	for (int64_t i = i0; i < i1; i++)
+		f->nsel[i] =
+		    kcpu_topk(f->isc + i * f->max_keys, f->b->pos[i] + 1, (int)f->K, f->sel + i * f->K);
+}
+
+/* Experts with few tokens each run one per thread (single-thread matmuls on the thread's own
+ * scratch); experts with many tokens run one after another with row-threaded matmuls. Either way
+ * expert e's outputs land in ybuf rows eoff[e] .. eoff[e+1]-1, so the sum is order-independent. */
+#define MOE_SMALL_ROWS 64
+
+struct moe {
+	struct model_rank *rk;
+	const struct layer_w *L;
+	const float *a;
+	int64_t D;
+	const int32_t *etok, *eoff, *list;
+	float *ybuf;
+	float *tscr; /* per thread: rows x (D + 2 fel) */
+	int64_t rows; /* min(MOE_SMALL_ROWS, tokens in the batch) */
+};
+
+static void expert_chain(struct kpool *pool, const struct moe *mo, int64_t e, float *xs, float *t1, float *t2)
+{
+	int64_t D = mo->D, fel = mo->rk->fel, mt = mo->eoff[e + 1] - mo->eoff[e];
+	const int32_t *et = mo->etok + mo->eoff[e];
+	for (int64_t j = 0; j < mt; j++)
+		memcpy(xs + j * D, mo->a + (int64_t)et[j] * D, (size_t)D * sizeof(float));
+	struct kweight wg = kweight3_at(&mo->L->gate_exps, e), wu = kweight3_at(&mo->L->up_exps, e),
+	               wd = kweight3_at(&mo->L->down_exps, e);
+	kcpu_matmul(pool, &wg, xs, D, mt, t1, fel);
+	kcpu_matmul(pool, &wu, xs, D, mt, t2, fel);
+	kcpu_swiglu(t1, t1, t2, mt * fel);
+	kcpu_matmul(pool, &wd, t1, fel, mt, mo->ybuf + (int64_t)mo->eoff[e] * D, D);
+}
+
+static void expert_task(void *user, int64_t i0, int64_t i1, int thread)
+{
+	const struct moe *mo = user;
+	int64_t D = mo->D, fel = mo->rk->fel;
+	float *xs = mo->tscr + (size_t)thread * (size_t)(mo->rows * (D + 2 * fel));
+	float *t1 = xs + mo->rows * D, *t2 = t1 + mo->rows * fel;
+	for (int64_t i = i0; i < i1; i++)
+		expert_chain(mo->rk->inl[thread], mo, mo->list[i], xs, t1, t2);
 }
 
 /* ---- the rank's forward ---------------------------------------------------------------------- */
@@ -188,13 +259,14 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 	fw = fw > rk->fsl ? fw : rk->fsl;
 	bool dbg_idx = dbg && dbg->indexer_cb && hp->has_indexer;
 
+	int64_t mrows = n < MOE_SMALL_ROWS ? n : MOE_SMALL_ROWS; /* an expert has at most n tokens */
 	/* scratch layout (two passes: size, then carve) */
 	struct carve cv = {0};
 	float *h, *a, *cq, *q, *kvl, *qabs, *obar, *o, *part, *qI = NULL, *kI = NULL, *wI = NULL, *t1, *t2,
 	                                                      *rl, *wts;
 	float *xs, *ys, *cs, *inv, *lg, *lgg, *dsc = NULL, *tsc, *rscr;
-	int32_t *sel = NULL, *nsel = NULL, *ids, *etok, *eoff;
-	float *ewt;
+	int32_t *sel = NULL, *nsel = NULL, *ids, *etok, *eoff, *ppos, *elist;
+	float *ewt, *ybuf, *tscr;
 	const void **tkeys;
 	for (int pass = 0; pass < 2; pass++) {
 		h = take(&cv, (size_t)(n * D) * 4);
@@ -212,7 +284,7 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 			wI = take(&cv, (size_t)(n * HI) * 4);
 			sel = take(&cv, (size_t)(n * K) * 4);
 			nsel = take(&cv, (size_t)n * 4);
-			if (dbg_idx)
+			if (dbg_idx || (n < nthr && max_keys > INDEX_CHUNK))
 				dsc = take(&cv, (size_t)n * (size_t)max_keys * 4);
 		}
 		t1 = take(&cv, (size_t)(n * fw) * 4);
@@ -224,6 +296,10 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 		etok = take(&cv, (size_t)(n * (k > 0 ? k : 1)) * 4);
 		ewt = take(&cv, (size_t)(n * (k > 0 ? k : 1)) * 4);
 		eoff = take(&cv, (size_t)(E + 2) * 4);
+		ppos = take(&cv, (size_t)(n * (k > 0 ? k : 1)) * 4);
+		elist = take(&cv, (size_t)(E + 1) * 4);
+		ybuf = take(&cv, (size_t)(n * (k > 0 ? k : 1) * D) * 4);
+		tscr = take(&cv, E > 0 ? (size_t)nthr * (size_t)(mrows * (D + 2 * rk->fel)) * 4 : 0);
 		xs = take(&cv, (size_t)(n * D) * 4);
 		ys = take(&cv, (size_t)(n * D) * 4);
 		cs = take(&cv, (size_t)(n * R) * 4);
@@ -272,7 +348,7 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 	                .sel = sel,
 	                .K = K,
 	                .nsel = nsel,
-	                .dbg_scores = dsc,
+	                .isc = dsc,
 	                .max_keys = max_keys,
 	                .tkeys = tkeys,
 	                .tsc = tsc};
@@ -315,7 +391,13 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 		if ((rc = tp_barrier(&rk->comm)))
 			return rc;
 		if (L->has_idx) {
-			kpool_for(rk->pool, n, 1, index_task, &f);
+			if (dsc && !dbg_idx) { /* few tokens: parallel over key chunks */
+				f.chunks_per_tok = (max_keys + INDEX_CHUNK - 1) / INDEX_CHUNK;
+				kpool_for(rk->pool, n * f.chunks_per_tok, 1, index_chunk_task, &f);
+				kpool_for(rk->pool, n, 1, index_topk_task, &f);
+			} else {
+				kpool_for(rk->pool, n, 1, index_task, &f);
+			}
 			if (dbg_idx)
 				for (int64_t i = 0; i < n; i++)
 					dbg->indexer_cb(dbg->user, l, (int)i, b->pos[i], b->pos[i] + 1,
@@ -344,8 +426,7 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 			if (dbg && dbg->moe_cb)
 				dbg->moe_cb(dbg->user, l, (int)n, (int)k, ids, wts);
 			memset(part, 0, (size_t)(n * D) * sizeof(float));
-			/* group the (token, weight) pairs by expert (counting sort), then one matmul chain
-			 * per expert over its tokens */
+			/* group the (token, weight) pairs by expert (counting sort) */
 			memset(eoff, 0, sizeof(int32_t) * (size_t)(E + 1));
 			for (int64_t i = 0; i < n * k; i++)
 				eoff[ids[i] + 1]++;
@@ -355,29 +436,42 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 				int32_t at = eoff[ids[i]]++;
 				etok[at] = (int32_t)(i / k);
 				ewt[at] = wts[i];
+				ppos[i] = at;
 			}
 			for (int64_t e = E; e > 0; e--) /* eoff[e] was advanced to the end of e: shift back */
 				eoff[e] = eoff[e - 1];
 			eoff[0] = 0;
+			struct moe mo = {.rk = rk,
+			                 .L = L,
+			                 .a = a,
+			                 .D = D,
+			                 .etok = etok,
+			                 .eoff = eoff,
+			                 .list = elist,
+			                 .ybuf = ybuf,
+			                 .tscr = tscr,
+			                 .rows = mrows};
+			int64_t n_small = 0;
 			for (int64_t e = 0; e < E; e++) {
 				int64_t mt = eoff[e + 1] - eoff[e];
-				if (!mt)
-					continue;
-				const int32_t *et = etok + eoff[e];
-				const float *ew = ewt + eoff[e];
-				for (int64_t j = 0; j < mt; j++)
-					memcpy(xs + j * D, a + (int64_t)et[j] * D, (size_t)D * sizeof(float));
-				struct kweight wg = kweight3_at(&L->gate_exps, e),
-				               wu = kweight3_at(&L->up_exps, e),
-				               wd = kweight3_at(&L->down_exps, e);
-				kcpu_matmul(rk->pool, &wg, xs, D, mt, t1, rk->fel);
-				kcpu_matmul(rk->pool, &wu, xs, D, mt, t2, rk->fel);
-				kcpu_swiglu(t1, t1, t2, mt * rk->fel);
-				kcpu_matmul(rk->pool, &wd, t1, rk->fel, mt, ys, D);
-				for (int64_t j = 0; j < mt; j++)
-					for (int64_t d = 0; d < D; d++)
-						part[(int64_t)et[j] * D + d] += ew[j] * ys[j * D + d];
+				if (mt > 0 && mt <= MOE_SMALL_ROWS)
+					elist[n_small++] = (int32_t)e;
 			}
+			if (n_small >= nthr && nthr > 1) /* enough experts to give every thread one */
+				kpool_for(rk->pool, n_small, 1, expert_task, &mo);
+			for (int64_t e = 0; e < E; e++) {
+				int64_t mt = eoff[e + 1] - eoff[e];
+				if (mt > 0 && (mt > MOE_SMALL_ROWS || n_small < nthr || nthr == 1))
+					expert_chain(rk->pool, &mo, e, xs, t1, t2);
+			}
+			for (int64_t i = 0; i < n; i++)
+				for (int64_t j = 0; j < k; j++) {
+					int32_t at = ppos[i * k + j];
+					const float *y = ybuf + (int64_t)at * D;
+					float w = ewt[at];
+					for (int64_t d = 0; d < D; d++)
+						part[i * D + d] += w * y[d];
+				}
 			if (L->has_shexp) {
 				kcpu_matmul(rk->pool, &L->sh_gate, a, D, n, t1, rk->fsl);
 				kcpu_matmul(rk->pool, &L->sh_up, a, D, n, t2, rk->fsl);

@@ -347,6 +347,9 @@ void model_destroy(struct model *m)
 		return;
 	model_workers_stop(m);
 	for (int i = 0; m->ranks && i < m->n_ranks_local; i++) {
+		for (int t = 0; t < m->ranks[i].n_inl; t++)
+			kpool_destroy(m->ranks[i].inl[t]);
+		free(m->ranks[i].inl);
 		kpool_destroy(m->ranks[i].pool);
 		free_layers(m->ranks[i].layers, m->hp.n_layers);
 		free(m->ranks[i].buf.p);
@@ -432,6 +435,17 @@ int model_load_gguf(struct model **out, struct gguf_ctx *g, const struct model_o
 			rc = errbuf_set(e, -ENOMEM, "cannot create a thread pool of %d threads", per_rank);
 			goto fail;
 		}
+		int nthr = kpool_n_threads(rk->pool);
+		rk->inl = calloc((size_t)nthr, sizeof(*rk->inl));
+		if (!rk->inl) {
+			rc = errbuf_set(e, -ENOMEM, "out of memory");
+			goto fail;
+		}
+		for (; rk->n_inl < nthr; rk->n_inl++)
+			if (!(rk->inl[rk->n_inl] = kpool_create(1))) {
+				rc = errbuf_set(e, -ENOMEM, "cannot create a thread pool");
+				goto fail;
+			}
 		if ((rc = bind_rank(m, rk, e)))
 			goto fail;
 	}
@@ -439,12 +453,13 @@ int model_load_gguf(struct model **out, struct gguf_ctx *g, const struct model_o
 		struct model_kv_layout kl;
 		model_kv_layout_get(m, &kl);
 		LOG_INFO("model",
-		         "loaded %s: %d layers, D=%lld H=%lld, %d experts (k=%d), indexer %s; TP=%d%s, %d thread(s); "
+		         "loaded %s: %d layers, D=%lld H=%lld, %d experts (k=%d), indexer %s; TP=%d%s, %d "
+		         "thread(s); "
 		         "KV %s, %zu bytes per 64-token block",
 		         model_arch_name(m->hp.arch), m->hp.n_layers, (long long)m->hp.D, (long long)m->hp.H,
 		         m->hp.n_expert, m->hp.n_expert_used, m->hp.has_indexer ? "yes" : "no", m->T,
-		         o->rank >= 0 ? " (rank-shard)" : "", o->n_threads, kl.dtype == MODEL_KV_BF16 ? "bf16" : "f32",
-		         kl.block_bytes);
+		         o->rank >= 0 ? " (rank-shard)" : "", o->n_threads,
+		         kl.dtype == MODEL_KV_BF16 ? "bf16" : "f32", kl.block_bytes);
 	}
 	*out = m;
 	return 0;

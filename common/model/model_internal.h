@@ -53,6 +53,8 @@ struct model_rank {
 	int rank;
 	struct tp_comm comm;
 	struct kpool *pool;
+	struct kpool **inl; /* one single-thread pool per thread of `pool` (expert-parallel MoE) */
+	int n_inl;
 	bool writes_kv; /* this rank writes the (replicated) KV pool */
 	int64_t h0, Hl; /* first head and head count of this rank */
 	int64_t ff0, ffl; /* dense MLP slice */

@@ -19,7 +19,12 @@ static int check_batch(const struct model *m, const struct model_kv *kv, const s
 		return errbuf_set(e, -EINVAL, "batch: KV pool not initialised");
 	struct model_kv_layout L;
 	model_kv_layout_get(m, &L);
-	if (memcmp(&L, &kv->layout, sizeof(L)) != 0)
+	const struct model_kv_layout *K = &kv->layout; /* field by field: padding bytes may differ */
+	if (L.dtype != K->dtype || L.elt_bytes != K->elt_bytes || L.block_tokens != K->block_tokens ||
+	    L.n_layers != K->n_layers || L.n_idx != K->n_idx || L.lat_dim != K->lat_dim ||
+	    L.idx_dim != K->idx_dim || L.lat_layer_bytes != K->lat_layer_bytes ||
+	    L.idx_layer_bytes != K->idx_layer_bytes || L.idx_offset != K->idx_offset ||
+	    L.block_bytes != K->block_bytes)
 		return errbuf_set(e, ERR_MISMATCH, "batch: KV pool was made for a different model layout");
 	for (int s = 0; s < b->n_seqs; s++) {
 		const struct model_seq *sq = &b->seqs[s];

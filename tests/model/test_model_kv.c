@@ -124,6 +124,37 @@ int main(void)
 		}
 		model_destroy(h);
 	}
+	/* long context on 1 and 2 threads: with few tokens per batch the indexer scores are cut into
+	 * 1024-key chunks across threads; the result must not depend on it */
+	{
+		struct model_kv k1, k2;
+		if (model_kv_init(&k1, b, 32, NULL, 0, &e) == 0 &&
+		    model_kv_init(&k2, a, 32, NULL, 0, &e) == 0) {
+			enum { LONG = 1800 };
+			int32_t *lt = malloc(sizeof(int32_t) * LONG);
+			for (int i = 0; i < LONG; i++)
+				lt[i] = (int32_t)((i * 7919) % 987);
+			struct tseq s1, s2;
+			tseq_init(&s1, 0, 32, 1);
+			tseq_init(&s2, 31, 32, -1);
+			int rc1 = run_seq(b, &k1, &s1, lt, LONG - 4, 512, false, l1);
+			int rc2 = run_seq(a, &k2, &s2, lt, LONG - 4, 512, false, l2);
+			double dl = 0;
+			for (int i = LONG - 4; i < LONG && !rc1 && !rc2; i++) {
+				rc1 = run_seq(b, &k1, &s1, lt + i, 1, 1, false, l1);
+				rc2 = run_seq(a, &k2, &s2, lt + i, 1, 1, false, l2);
+				dl = fmax(dl, max_abs_diff(l1, l2, (size_t)V));
+			}
+			printf(
+			    "context %d, decode on 1 vs 2 threads (chunked indexer scoring): max|d| = %.3g\n",
+			    LONG, dl);
+			CHECK(rc1 == 0 && rc2 == 0 && dl == 0.0,
+			      "long-context decode differs across threads (%g)", dl);
+			free(lt);
+			model_kv_fini(&k1);
+			model_kv_fini(&k2);
+		}
+	}
 	free(l1);
 	free(l2);
 	free(ids);
