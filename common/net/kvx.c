@@ -99,6 +99,8 @@ static void summarize_resources(struct kvx *x)
 		snprintf(x->transports, sizeof(x->transports), "unknown");
 }
 
+static bool is_rdma_name(const char *s);
+
 int kvx_create(struct kvx **out, const struct kvx_opts *o, struct errbuf *e)
 {
 	int rc = 0;
@@ -155,6 +157,10 @@ int kvx_create(struct kvx **out, const struct kvx_opts *o, struct errbuf *e)
 	}
 	ucp_config_release(cfg);
 	summarize_resources(x);
+	if (x->want_rdma && !is_rdma_name(x->transports))
+		LOG_WARN("kvx", "*** RDMA was configured but UCX offers no RDMA transport (only: %s): KV transfers will "
+		                "use a slower one (check UCX_TLS / UCX_NET_DEVICES and the RDMA devices) ***",
+		         x->transports);
 	*out = x;
 	return 0;
 
@@ -360,7 +366,7 @@ static void describe_lanes(struct kvx *x, struct kvx_peer *p)
 		return;
 	ucp_ep_print_info(p->ep, f);
 	fclose(f);
-	if (getenv("TANDEM_KVX_DUMP"))
+	if (getenv("TANDEM_KVX_DUMP")) /* debugging aid: UCX's own description of the endpoint */
 		fputs(buf, stderr);
 	size_t n = 0;
 	for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {

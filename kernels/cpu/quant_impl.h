@@ -123,6 +123,15 @@ static inline float quant_hsum(__m256 v)
 	return _mm_cvtss_f32(lo);
 }
 
+/* Exchanges two accumulators: alternating between them per block gives two independent FMA
+ * chains (the swap itself is free: register renaming). */
+static inline void swap_ps(__m256 *a, __m256 *b)
+{
+	__m256 t = *a;
+	*a = *b;
+	*b = t;
+}
+
 /* 8 signed bytes -> 8 floats */
 static inline __m256 quant_i8x8_ps(const void *p)
 {

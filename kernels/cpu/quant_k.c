@@ -391,6 +391,7 @@ static float q2_k_dot(const void *row, const float *x, int64_t n)
 {
 	const uint8_t *b = row;
 	__m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+	__m256 acc2 = _mm256_setzero_ps(), accm2 = _mm256_setzero_ps();
 
 	for (int64_t i = 0; i < n / QK_K; i++, b += 84) {
 		float d = quant_fp16(b + 80), min = quant_fp16(b + 82);
@@ -402,15 +403,15 @@ static float q2_k_dot(const void *row, const float *x, int64_t n)
 				__m256 a0 = quant_fma16_i8(lo128(q), x, _mm256_setzero_ps());
 				__m256 a1 = quant_fma16_i8(hi128(q), x + 16, _mm256_setzero_ps());
 				acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)(s0 & 15)), a0, acc);
-				acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)(s1 & 15)), a1, acc);
+				acc2 = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)(s1 & 15)), a1, acc2);
 				accm = _mm256_fmadd_ps(_mm256_set1_ps(min * (float)(s0 >> 4)), quant_sum16(x),
 				                       accm);
-				accm = _mm256_fmadd_ps(_mm256_set1_ps(min * (float)(s1 >> 4)),
-				                       quant_sum16(x + 16), accm);
+				accm2 = _mm256_fmadd_ps(_mm256_set1_ps(min * (float)(s1 >> 4)),
+				                        quant_sum16(x + 16), accm2);
 			}
 		}
 	}
-	return quant_hsum(_mm256_sub_ps(acc, accm));
+	return quant_hsum(_mm256_sub_ps(_mm256_add_ps(acc, acc2), _mm256_add_ps(accm, accm2)));
 }
 
 /* signed values of chunk c, 2-bit field j: q2 - (hmask bit ? 0 : 4) */
@@ -425,7 +426,7 @@ static inline __m256i q3_vals(__m256i v, __m256i hm, int c, int j)
 static float q3_k_dot(const void *row, const float *x, int64_t n)
 {
 	const uint8_t *b = row;
-	__m256 acc = _mm256_setzero_ps();
+	__m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
 	int s[16];
 
 	for (int64_t i = 0; i < n / QK_K; i++, b += 110) {
@@ -439,12 +440,12 @@ static float q3_k_dot(const void *row, const float *x, int64_t n)
 				__m256 a0 = quant_fma16_i8(lo128(q), x, _mm256_setzero_ps());
 				__m256 a1 = quant_fma16_i8(hi128(q), x + 16, _mm256_setzero_ps());
 				acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)s[8 * c + 2 * j]), a0, acc);
-				acc =
-				    _mm256_fmadd_ps(_mm256_set1_ps(d * (float)s[8 * c + 2 * j + 1]), a1, acc);
+				acc2 = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)s[8 * c + 2 * j + 1]), a1,
+				                       acc2);
 			}
 		}
 	}
-	return quant_hsum(acc);
+	return quant_hsum(_mm256_add_ps(acc, acc2));
 }
 
 /* 32 unsigned values times x[0..31] */
@@ -477,7 +478,7 @@ static inline float k4_dot_impl(const uint8_t *b, size_t block_bytes, const floa
                                 int64_t n, bool five)
 {
 	const __m256i m4 = _mm256_set1_epi8(15), b16 = _mm256_set1_epi8(16);
-	__m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+	__m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
 
 	for (int64_t i = 0; i < n / QK_K; i++, b += block_bytes) {
 		const uint8_t *ql = b + (five ? 48 : 16);
@@ -509,7 +510,7 @@ static inline float k4_dot_impl(const uint8_t *b, size_t block_bytes, const floa
 			__m256 a0 = fma32(lo, x, _mm256_setzero_ps());
 			__m256 a1 = fma32(hi, x + 32, _mm256_setzero_ps());
 			acc = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(dsc, j0), a0, acc);
-			acc = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(dsc, j1), a1, acc);
+			acc2 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(dsc, j1), a1, acc2);
 			if (!xs) {
 				accm =
 				    _mm256_fmadd_ps(_mm256_permutevar8x32_ps(dmn, j0), quant_sum32(x), accm);
@@ -518,7 +519,7 @@ static inline float k4_dot_impl(const uint8_t *b, size_t block_bytes, const floa
 			}
 		}
 	}
-	return quant_hsum(_mm256_sub_ps(acc, accm));
+	return quant_hsum(_mm256_sub_ps(_mm256_add_ps(acc, acc2), accm));
 }
 
 static float q4_k_dot_xsum(const void *row, const float *x, const float *xs, int64_t n)
@@ -575,7 +576,7 @@ static inline void q6_vals(const uint8_t *ql, const uint8_t *qh, __m256i *q)
 static float q6_k_dot(const void *row, const float *x, int64_t n)
 {
 	const uint8_t *b = row;
-	__m256 acc = _mm256_setzero_ps();
+	__m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
 	__m256i q[4];
 
 	for (int64_t i = 0; i < n / QK_K; i++, b += 210) {
@@ -593,11 +594,12 @@ static float q6_k_dot(const void *row, const float *x, int64_t n)
 				__m256 s0 = _mm256_permutevar8x32_ps(dsc[c], _mm256_set1_epi32(2 * k));
 				__m256 s1 = _mm256_permutevar8x32_ps(dsc[c], _mm256_set1_epi32(2 * k + 1));
 				acc = _mm256_fmadd_ps(s0, a0, acc);
-				acc = _mm256_fmadd_ps(s1, a1, acc);
+				acc2 = _mm256_fmadd_ps(s1, a1, acc2);
+				swap_ps(&acc, &acc2); /* two FMA chains instead of one */
 			}
 		}
 	}
-	return quant_hsum(acc);
+	return quant_hsum(_mm256_add_ps(acc, acc2));
 }
 
 /* ---- integer dots with 8-bit activations (fast path) ----------------------------------------

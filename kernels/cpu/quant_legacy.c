@@ -332,15 +332,17 @@ static inline __m128i expand_bits16(uint32_t b)
 static float q8_0_dot(const void *row, const float *x, int64_t n)
 {
 	const uint8_t *b = row;
-	__m256 acc = _mm256_setzero_ps();
+	__m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
 
 	for (int64_t i = 0; i < n / QK; i++, b += 34, x += QK) {
 		__m256 s = _mm256_setzero_ps();
 		s = quant_fma16_i8(_mm_loadu_si128((const __m128i *)(b + 2)), x, s);
 		s = quant_fma16_i8(_mm_loadu_si128((const __m128i *)(b + 18)), x + 16, s);
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b)), s, acc);
+		/* two accumulators, swapped each block: halves the FMA latency chain */
+		swap_ps(&acc, &acc2);
 	}
-	return quant_hsum(acc);
+	return quant_hsum(_mm256_add_ps(acc, acc2));
 }
 
 /* low / high nibbles of 16 bytes as two vectors of 16 bytes (elements 0..15 and 16..31) */
@@ -356,7 +358,7 @@ static float q4_0_dot(const void *row, const float *x, int64_t n)
 {
 	const uint8_t *b = row;
 	const __m128i off = _mm_set1_epi8(8);
-	__m256 acc = _mm256_setzero_ps();
+	__m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
 
 	for (int64_t i = 0; i < n / QK; i++, b += 18, x += QK) {
 		__m128i lo, hi;
@@ -364,14 +366,17 @@ static float q4_0_dot(const void *row, const float *x, int64_t n)
 		__m256 s = quant_fma16_i8(_mm_sub_epi8(lo, off), x, _mm256_setzero_ps());
 		s = quant_fma16_i8(_mm_sub_epi8(hi, off), x + 16, s);
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b)), s, acc);
+		/* two accumulators, swapped each block: halves the FMA latency chain */
+		swap_ps(&acc, &acc2);
 	}
-	return quant_hsum(acc);
+	return quant_hsum(_mm256_add_ps(acc, acc2));
 }
 
 static float q4_1_dot(const void *row, const float *x, int64_t n)
 {
 	const uint8_t *b = row;
 	__m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+	__m256 acc2 = _mm256_setzero_ps(), accm2 = _mm256_setzero_ps();
 
 	for (int64_t i = 0; i < n / QK; i++, b += 20, x += QK) {
 		__m128i lo, hi;
@@ -380,15 +385,18 @@ static float q4_1_dot(const void *row, const float *x, int64_t n)
 		s = quant_fma16_i8(hi, x + 16, s);
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b)), s, acc);
 		accm = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b + 2)), quant_sum32(x), accm);
+		/* two accumulators, swapped each block: halves the FMA latency chain */
+		swap_ps(&acc, &acc2);
+		swap_ps(&accm, &accm2);
 	}
-	return quant_hsum(_mm256_add_ps(acc, accm));
+	return quant_hsum(_mm256_add_ps(_mm256_add_ps(acc, acc2), _mm256_add_ps(accm, accm2)));
 }
 
 static float q5_0_dot(const void *row, const float *x, int64_t n)
 {
 	const uint8_t *b = row;
 	const __m128i off = _mm_set1_epi8(16);
-	__m256 acc = _mm256_setzero_ps();
+	__m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
 
 	for (int64_t i = 0; i < n / QK; i++, b += 22, x += QK) {
 		uint32_t qh = quant_rd32(b + 2);
@@ -399,8 +407,10 @@ static float q5_0_dot(const void *row, const float *x, int64_t n)
 		__m256 s = quant_fma16_i8(_mm_sub_epi8(lo, off), x, _mm256_setzero_ps());
 		s = quant_fma16_i8(_mm_sub_epi8(hi, off), x + 16, s);
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b)), s, acc);
+		/* two accumulators, swapped each block: halves the FMA latency chain */
+		swap_ps(&acc, &acc2);
 	}
-	return quant_hsum(acc);
+	return quant_hsum(_mm256_add_ps(acc, acc2));
 }
 
 static float q5_1_dot(const void *row, const float *x, int64_t n)
@@ -408,6 +418,7 @@ static float q5_1_dot(const void *row, const float *x, int64_t n)
 	const uint8_t *b = row;
 	const __m128i bit4 = _mm_set1_epi8(16);
 	__m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+	__m256 acc2 = _mm256_setzero_ps(), accm2 = _mm256_setzero_ps();
 
 	for (int64_t i = 0; i < n / QK; i++, b += 24, x += QK) {
 		uint32_t qh = quant_rd32(b + 4);
@@ -419,15 +430,18 @@ static float q5_1_dot(const void *row, const float *x, int64_t n)
 		s = quant_fma16_i8(hi, x + 16, s);
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b)), s, acc);
 		accm = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b + 2)), quant_sum32(x), accm);
+		/* two accumulators, swapped each block: halves the FMA latency chain */
+		swap_ps(&acc, &acc2);
+		swap_ps(&accm, &accm2);
 	}
-	return quant_hsum(_mm256_add_ps(acc, accm));
+	return quant_hsum(_mm256_add_ps(_mm256_add_ps(acc, acc2), _mm256_add_ps(accm, accm2)));
 }
 
 static float iq4_nl_dot(const void *row, const float *x, int64_t n)
 {
 	const uint8_t *b = row;
 	const __m128i tab = _mm_loadu_si128((const __m128i *)quant_iq4nl_values);
-	__m256 acc = _mm256_setzero_ps();
+	__m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
 
 	for (int64_t i = 0; i < n / QK; i++, b += 18, x += QK) {
 		__m128i lo, hi;
@@ -435,8 +449,10 @@ static float iq4_nl_dot(const void *row, const float *x, int64_t n)
 		__m256 s = quant_fma16_i8(_mm_shuffle_epi8(tab, lo), x, _mm256_setzero_ps());
 		s = quant_fma16_i8(_mm_shuffle_epi8(tab, hi), x + 16, s);
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b)), s, acc);
+		/* two accumulators, swapped each block: halves the FMA latency chain */
+		swap_ps(&acc, &acc2);
 	}
-	return quant_hsum(acc);
+	return quant_hsum(_mm256_add_ps(acc, acc2));
 }
 
 /* Integer dot with 8-bit activations (fast path): sum over blocks of dw * dx * sum(qw * qx),

@@ -408,7 +408,8 @@ static int run_suite(const char *tls, const char *dev, int full)
 	                 (char *)dev, "--heartbeat-ms",
 	                 "100",       "--max-tokens-per-step",
 	                 "100",       "--log-level",
-	                 "debug",     NULL};
+	                 "debug",     "--auth-token",
+	                 "s3cret",    NULL};
 	char *dargv[] = {bin_d,       "--engine",
 	                 "trivial",   "--router",
 	                 router,      "--name",
@@ -435,6 +436,8 @@ static int run_suite(const char *tls, const char *dev, int full)
 	                            "decode", &e) == 0);
 	CHECK(d->hello.u.hello.has_kv_region && d->hello.u.hello.kv_region.n_blocks == 40);
 	CHECK(d->hello.u.hello.n_blocks_total == 40 && d->hello.u.hello.metrics_port > 0);
+	CHECK(strcmp(p->hello.u.hello.auth_token, "s3cret") == 0 && d->hello.u.hello.auth_token[0] == 0);
+	CHECK(p->hello.u.hello.protocol_version == PROTOCOL_VERSION && p->hello.u.hello.pid == (uint32_t)pp);
 	printf("[%s] registered: prefill %s, decode %s (UCX: %s)\n", tls, p->hello.u.hello.name,
 	       d->hello.u.hello.name, d->hello.u.hello.ucx_transports);
 
