@@ -195,6 +195,7 @@ int main(int argc, char **argv)
 	    .n_conns_max = rt->cfg.n_conns_max,
 	    .header_timeout_ms = rt->cfg.header_timeout_ms,
 	    .idle_timeout_ms = rt->cfg.idle_timeout_ms,
+	    .n_write_queue_bytes_max = rt->cfg.n_write_queue_bytes_max,
 	    .limits = {.n_header_bytes_max = rt->cfg.n_header_bytes_max,
 	               .n_body_bytes_max = rt->cfg.n_body_bytes_max,
 	               .n_pending_bytes_max = 65536},
