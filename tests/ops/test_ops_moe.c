@@ -34,7 +34,8 @@ static void route_case(const struct rcase *rc_)
 {
 	const int n = 300, E = rc_->E, k = rc_->k;
 	float *lg = malloc(sizeof(float) * (size_t)n * E), *bias = malloc(sizeof(float) * (size_t)E);
-	int32_t *rid = malloc(sizeof(int32_t) * (size_t)n * k), *gid = malloc(sizeof(int32_t) * (size_t)n * k);
+	int32_t *rid = malloc(sizeof(int32_t) * (size_t)n * k),
+	        *gid = malloc(sizeof(int32_t) * (size_t)n * k);
 	float *rw = malloc(sizeof(float) * (size_t)n * k), *gw = malloc(sizeof(float) * (size_t)n * k);
 	float *scr = malloc(sizeof(float) * 2 * (size_t)E);
 	void *d_lg = NULL, *d_b = NULL;
@@ -54,17 +55,19 @@ static void route_case(const struct rcase *rc_)
 		}
 	const float *bp = rc_->bias ? bias : NULL;
 	for (int i = 0; i < n; i++)
-		kcpu_moe_route(lg + (size_t)i * E, bp, E, k, rc_->n_group, rc_->n_used, rc_->gating, rc_->norm, rc_->scale,
-			       rid + (size_t)i * k, rw + (size_t)i * k, scr);
-	if (kcuda_alloc(sizeof(float) * (size_t)n * E, &d_lg) || kcuda_alloc(sizeof(float) * (size_t)E, &d_b) ||
-	    ops_dbuf_init(ctx, &ib, sizeof(int32_t) * (size_t)n * k) || ops_dbuf_init(ctx, &wb, sizeof(float) * (size_t)n * k)) {
+		kcpu_moe_route(lg + (size_t)i * E, bp, E, k, rc_->n_group, rc_->n_used, rc_->gating,
+		               rc_->norm, rc_->scale, rid + (size_t)i * k, rw + (size_t)i * k, scr);
+	if (kcuda_alloc(sizeof(float) * (size_t)n * E, &d_lg) ||
+	    kcuda_alloc(sizeof(float) * (size_t)E, &d_b) ||
+	    ops_dbuf_init(ctx, &ib, sizeof(int32_t) * (size_t)n * k) ||
+	    ops_dbuf_init(ctx, &wb, sizeof(float) * (size_t)n * k)) {
 		OPS_CHECK(0, "%s: device allocation", rc_->name);
 		goto out;
 	}
 	kcuda_upload(ctx, d_lg, lg, sizeof(float) * (size_t)n * E);
 	kcuda_upload(ctx, d_b, bias, sizeof(float) * (size_t)E);
-	int rc = kcuda_moe_route(ctx, d_lg, E, rc_->bias ? d_b : NULL, n, E, k, rc_->n_group, rc_->n_used, rc_->gating,
-				 rc_->norm, rc_->scale, ib.user, wb.user);
+	int rc = kcuda_moe_route(ctx, d_lg, E, rc_->bias ? d_b : NULL, n, E, k, rc_->n_group, rc_->n_used,
+	                         rc_->gating, rc_->norm, rc_->scale, ib.user, wb.user);
 	OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "%s: rc %d", rc_->name, rc);
 	size_t g = ops_dbuf_get(ctx, &ib, gid) + ops_dbuf_get(ctx, &wb, gw);
 	OPS_CHECK(g == 0, "%s: %zu guard bytes damaged", rc_->name, g);
@@ -73,7 +76,8 @@ static void route_case(const struct rcase *rc_)
 	for (int i = 0; i < n * k; i++) {
 		if (gid[i] != rid[i]) {
 			if (bad_ids++ < 3)
-				printf("  %s: token %d slot %d: gpu expert %d, cpu %d\n", rc_->name, i / k, i % k, gid[i], rid[i]);
+				printf("  %s: token %d slot %d: gpu expert %d, cpu %d\n", rc_->name, i / k,
+				       i % k, gid[i], rid[i]);
 			continue;
 		}
 		double rel = fabs((double)gw[i] - rw[i]) / (fabs(rw[i]) > 1e-30 ? fabs(rw[i]) : 1e-30);
@@ -106,12 +110,15 @@ static void ffn_case(int type, int n, double tol)
 	size_t rb_d = 0, rb_f = 0;
 	ktype_row_bytes(type, D, &rb_d);
 	ktype_row_bytes(type, F, &rb_f);
-	uint8_t *hg = malloc(rb_d * (size_t)(E * F)), *hu = malloc(rb_d * (size_t)(E * F)), *hd = malloc(rb_f * (size_t)(E * D));
+	uint8_t *hg = malloc(rb_d * (size_t)(E * F)), *hu = malloc(rb_d * (size_t)(E * F)),
+	        *hd = malloc(rb_f * (size_t)(E * D));
 	float *x = malloc(sizeof(float) * (size_t)(n * D)), *ref = calloc((size_t)(n * D), sizeof(float));
 	float *got = malloc(sizeof(float) * (size_t)(n * D)), *w = malloc(sizeof(float) * (size_t)(n * k));
 	int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n * k));
-	float *t1 = malloc(sizeof(float) * (size_t)F), *t2 = malloc(sizeof(float) * (size_t)F), *y = malloc(sizeof(float) * (size_t)D);
-	struct kweight g = {type, D, E * F, rb_d, hg}, u = {type, D, E * F, rb_d, hu}, dn = {type, F, E * D, rb_f, hd};
+	float *t1 = malloc(sizeof(float) * (size_t)F), *t2 = malloc(sizeof(float) * (size_t)F),
+	      *y = malloc(sizeof(float) * (size_t)D);
+	struct kweight g = {type, D, E * F, rb_d, hg}, u = {type, D, E * F, rb_d, hu},
+	               dn = {type, F, E * D, rb_f, hd};
 	struct kweight dg = {0}, du = {0}, dd = {0};
 	void *d_x = NULL, *d_ids = NULL, *d_w = NULL;
 	struct ops_dbuf ob = {0};
@@ -150,9 +157,11 @@ static void ffn_case(int type, int n, double tol)
 			for (int64_t d = 0; d < D; d++)
 				ref[i * D + d] += w[i * k + j] * y[d];
 		}
-	if (kcuda_weight_upload(ctx, &g, &dg) || kcuda_weight_upload(ctx, &u, &du) || kcuda_weight_upload(ctx, &dn, &dd) ||
-	    kcuda_alloc(sizeof(float) * (size_t)(n * D), &d_x) || kcuda_alloc(sizeof(int32_t) * (size_t)(n * k), &d_ids) ||
-	    kcuda_alloc(sizeof(float) * (size_t)(n * k), &d_w) || ops_dbuf_init(ctx, &ob, sizeof(float) * (size_t)(n * D))) {
+	if (kcuda_weight_upload(ctx, &g, &dg) || kcuda_weight_upload(ctx, &u, &du) ||
+	    kcuda_weight_upload(ctx, &dn, &dd) || kcuda_alloc(sizeof(float) * (size_t)(n * D), &d_x) ||
+	    kcuda_alloc(sizeof(int32_t) * (size_t)(n * k), &d_ids) ||
+	    kcuda_alloc(sizeof(float) * (size_t)(n * k), &d_w) ||
+	    ops_dbuf_init(ctx, &ob, sizeof(float) * (size_t)(n * D))) {
 		OPS_CHECK(0, "moe ffn %s: device allocation", ti->name);
 		goto out;
 	}
@@ -175,8 +184,8 @@ static void ffn_case(int type, int n, double tol)
 		maxerr = e > maxerr ? e : maxerr;
 	}
 	OPS_CHECK(nf == 0, "moe ffn %s n %d: %lld non-finite", ti->name, n, (long long)nf);
-	OPS_CHECK(maxerr <= tol * maxref, "moe ffn %s n %d: max err %.3g, max|ref| %.3g (tol %.0e)", ti->name, n, maxerr,
-		  maxref, tol);
+	OPS_CHECK(maxerr <= tol * maxref, "moe ffn %s n %d: max err %.3g, max|ref| %.3g (tol %.0e)", ti->name,
+	          n, maxerr, maxref, tol);
 	printf("moe ffn %-7s n %3d (%s): max|ref| %.3g max err %.3g (rel %.2g)\n", ti->name, n,
 	       n <= 16 ? "pairs" : "grouped", maxref, maxerr, maxref > 0 ? maxerr / maxref : 0.0);
 	/* an expert id out of range is reported, not read */
@@ -185,8 +194,9 @@ static void ffn_case(int type, int n, double tol)
 		kcuda_upload(ctx, d_ids, &bad, sizeof(int32_t));
 		unsigned nbad = 0;
 		rc = kcuda_moe_ffn(ctx, d_x, D, n, d_ids, d_w, k, &dg, &du, &dd, E, F, ob.user, D);
-		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0 && kcuda_ctx_take_errors(ctx, &nbad) == 0 && nbad > 0,
-			  "moe ffn %s: bad expert id not counted", ti->name);
+		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0 && kcuda_ctx_take_errors(ctx, &nbad) == 0 &&
+		              nbad > 0,
+		          "moe ffn %s: bad expert id not counted", ti->name);
 	}
 out:
 	kcuda_weight_free(&dg);
