@@ -128,7 +128,7 @@ static int idx_fill(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const s
 	    kv->dim != DI || kv->block_tokens < 1 || kv->n_blocks < 0 || rows->n_q < 0 ||
 	    rows->ld_blocks < 1 || rows->max_keys < 0 || rows->sel)
 		return -EINVAL;
-	if (rows->n_q > 65535 || rows->max_keys > INT32_MAX / 2 || HI > 1024 || DI > 1024)
+	if (rows->max_keys > INT32_MAX / 2 || HI > 1024 || DI > 1024)
 		return ERR_LIMIT;
 	const size_t smem =
 	    sizeof(float) * ((size_t)HI * DI + (size_t)IDX_TK * (DI + 1) + (size_t)HI * IDX_TK + HI);
@@ -155,6 +155,20 @@ static int idx_fill(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const s
 	return 0;
 }
 
+/* the arguments for query rows r0.. of a (scores, if set, move along with the rows) */
+static idx_args idx_rows_from(const idx_args &a, int64_t r0)
+{
+	idx_args b = a;
+	b.q = a.q + r0 * a.HI * a.DI;
+	b.w = a.w + r0 * a.HI;
+	b.qseq = a.qseq ? a.qseq + r0 : NULL;
+	b.n_keys = a.n_keys ? a.n_keys + r0 : NULL;
+	b.pos0 = a.pos0 + r0;
+	b.scores = a.scores ? a.scores + r0 * a.ld : NULL;
+	return b;
+}
+
+/* grid (key tiles, rows), rows in launches of at most 65535 (the grid's y limit) */
 static int idx_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q)
 {
 	const size_t smem = sizeof(float) * ((size_t)a.HI * a.DI + (size_t)IDX_TK * (a.DI + 1) +
@@ -164,9 +178,17 @@ static int idx_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q)
 	const int64_t tiles = (a.max_keys + IDX_TK - 1) / IDX_TK;
 	if (tiles == 0 || n_q == 0)
 		return 0;
-	dim3 grid((unsigned)tiles, (unsigned)n_q);
-	indexer_scores_kernel<<<grid, IDX_THREADS, smem, c->stream>>>(a);
-	return kcuda_launch_status("indexer_scores");
+	if (tiles > INT32_MAX)
+		return ERR_LIMIT;
+	for (int64_t r0 = 0; r0 < n_q; r0 += 65535) {
+		const int64_t nr = n_q - r0 < 65535 ? n_q - r0 : 65535;
+		dim3 grid((unsigned)tiles, (unsigned)nr);
+		indexer_scores_kernel<<<grid, IDX_THREADS, smem, c->stream>>>(idx_rows_from(a, r0));
+		int rc = kcuda_launch_status("indexer_scores");
+		if (rc)
+			return rc;
+	}
+	return 0;
 }
 
 extern "C" int kcuda_indexer_scores(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
@@ -200,14 +222,11 @@ extern "C" int kcuda_indexer_topk(struct kcuda_ctx *c, const struct kcuda_kv_vie
 	const int64_t per = (int64_t)(c->ws_bytes / ((size_t)ld * sizeof(float)));
 	if (per < 1)
 		return ERR_LIMIT;
+	a.scores = NULL;
+	a.ld = ld;
 	for (int64_t r0 = 0; r0 < rows->n_q; r0 += per) {
 		const int64_t nr = rows->n_q - r0 < per ? rows->n_q - r0 : per;
-		idx_args b = a;
-		b.q = a.q + r0 * HI * DI;
-		b.w = a.w + r0 * HI;
-		b.qseq = a.qseq ? a.qseq + r0 : NULL;
-		b.n_keys = a.n_keys ? a.n_keys + r0 : NULL;
-		b.pos0 = a.pos0 + r0;
+		idx_args b = idx_rows_from(a, r0);
 		b.scores = (float *)c->ws;
 		b.ld = ld;
 		if ((rc = idx_launch(c, b, nr)))

@@ -368,8 +368,9 @@ int main(void)
 		return 77;
 	}
 	ops_seed_init();
-	/* small workspace: kcuda_indexer_topk must split the rows into chunks */
-	if (kcuda_ctx_create(0, 2u << 20, &ctx)) {
+	/* 1 MiB workspace: kcuda_indexer_topk keeps the scores of 2 rows at 100k positions, and of 81
+	 * rows at 3200, so the T 200 prefill case runs in three workspace chunks */
+	if (kcuda_ctx_create(0, 1u << 20, &ctx)) {
 		printf("FAIL: no CUDA context\n");
 		return 1;
 	}
@@ -382,6 +383,7 @@ int main(void)
 	    {"exact f32 HI32 DI128 ctx 32768", 0, 1, 32, 128, 2048, 1, l_32k, 0, 0},
 	    {"exact bf16 HI64 DI128 ctx 100000", 1, 1, 64, 128, 2048, 1, l_100k, 0, 0},
 	    {"exact f32 prefill start 3000 T 40", 0, 1, 32, 128, 2048, 0, NULL, 3000, 40},
+	    {"exact bf16 prefill start 3000 T 200 (3 chunks)", 1, 1, 32, 128, 2048, 0, NULL, 3000, 200},
 	    {"random f32 HI32 DI128 ctx 1..2049", 0, 0, 32, 128, 2048, 7, l_small, 0, 0},
 	    {"random bf16 HI64 DI128 ctx 32768", 1, 0, 64, 128, 2048, 1, l_32k, 0, 0},
 	    {"random f32 HI32 DI128 ctx 100000", 0, 0, 32, 128, 2048, 1, l_100k, 0, 0},
