@@ -8,6 +8,9 @@
  *    expert's rows, kcpu_swiglu, kcpu_matmul down, weighted sum) for Q8_0, Q4_K, Q6_K, BF16, F32
  *    stacked expert weights: decode path (1, 3, 16 tokens: fp32 throughout, max error <= 1e-4 *
  *    max|ref|) and the grouped prefill path (40 tokens: bf16 tensor-core GEMM, <= 2e-2).
+ * 3. The model's chain kcuda_matmul (F32 router weight) -> kcuda_moe_route against the CPU chain
+ *    (ids equal except near-ties of the selection score, since the logits differ by rounding), and
+ *    argument checks.
  * Guard bytes around the outputs. Exit 77 = no GPU (skip). */
 #include <errno.h>
 
@@ -219,6 +222,120 @@ out:
 	free(y);
 }
 
+/* The model's chain: router logits from kcuda_matmul with the F32 router weight, then
+ * kcuda_moe_route; against kcpu_matmul + kcpu_moe_route. Logits differ by fp32 rounding, so an id may
+ * differ only where the CPU's two candidates are within 1e-5 of each other in selection score. */
+static void route_chain(void)
+{
+	const int n = 64, E = 256, k = 8;
+	const int64_t D = 1024;
+	float *wr = malloc(sizeof(float) * (size_t)(E * D)), *x = malloc(sizeof(float) * (size_t)(n * D));
+	float *lg = malloc(sizeof(float) * (size_t)(n * E)), *bias = malloc(sizeof(float) * (size_t)E);
+	float *rw = malloc(sizeof(float) * (size_t)(n * k)), *gw = malloc(sizeof(float) * (size_t)(n * k));
+	float *scr = malloc(sizeof(float) * 2 * (size_t)E), *sel = malloc(sizeof(float) * (size_t)E);
+	int32_t *rid = malloc(sizeof(int32_t) * (size_t)(n * k)),
+	        *gid = malloc(sizeof(int32_t) * (size_t)(n * k));
+	struct kweight hw = {KT_F32, D, E, (size_t)D * 4, wr}, dw = {0};
+	void *d_x = NULL, *d_lg = NULL, *d_b = NULL, *d_id = NULL, *d_w = NULL;
+	for (int64_t i = 0; i < E * D; i++)
+		wr[i] = ops_rng_unif() * 0.05f;
+	for (int64_t i = 0; i < n * D; i++)
+		x[i] = ops_rng_unif();
+	for (int e = 0; e < E; e++)
+		bias[e] = ops_rng_unif() * 0.1f;
+	kcpu_matmul(NULL, &hw, x, D, n, lg, E);
+	for (int i = 0; i < n; i++)
+		kcpu_moe_route(lg + i * E, bias, E, k, 8, 4, 0, true, 2.5f, rid + i * k, rw + i * k, scr);
+	if (kcuda_weight_upload(ctx, &hw, &dw) || kcuda_alloc(sizeof(float) * (size_t)(n * D), &d_x) ||
+	    kcuda_alloc(sizeof(float) * (size_t)(n * E), &d_lg) ||
+	    kcuda_alloc(sizeof(float) * (size_t)E, &d_b) ||
+	    kcuda_alloc(sizeof(int32_t) * (size_t)(n * k), &d_id) ||
+	    kcuda_alloc(sizeof(float) * (size_t)(n * k), &d_w)) {
+		OPS_CHECK(0, "route chain: device allocation");
+		goto out;
+	}
+	kcuda_upload(ctx, d_x, x, sizeof(float) * (size_t)(n * D));
+	kcuda_upload(ctx, d_b, bias, sizeof(float) * (size_t)E);
+	int rc = kcuda_matmul(ctx, &dw, d_x, D, n, d_lg, E);
+	if (!rc)
+		rc = kcuda_moe_route(ctx, d_lg, E, d_b, n, E, k, 8, 4, 0, true, 2.5f, d_id, d_w);
+	OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "route chain: rc %d", rc);
+	kcuda_download(ctx, gid, d_id, sizeof(int32_t) * (size_t)(n * k));
+	kcuda_download(ctx, gw, d_w, sizeof(float) * (size_t)(n * k));
+	int same = 0, near = 0, bad = 0;
+	for (int i = 0; i < n; i++) {
+		/* CPU selection scores of this token (biased probabilities; group limit ignored here:
+		 * a differing id must at least be a near-tie of the plain biased scores) */
+		for (int e = 0; e < E; e++)
+			sel[e] = 1.0f / (1.0f + expf(-lg[i * E + e])) + bias[e];
+		for (int j = 0; j < k; j++) {
+			const int32_t a = rid[i * k + j], b = gid[i * k + j];
+			if (a == b) {
+				same++;
+				continue;
+			}
+			if (b >= 0 && b < E && fabsf(sel[a] - sel[b]) <= 1e-5f)
+				near++;
+			else
+				bad++;
+		}
+	}
+	OPS_CHECK(bad == 0, "route chain: %d ids differ beyond near-ties", bad);
+	OPS_CHECK(same >= n * k * 9 / 10, "route chain: only %d of %d ids equal", same, n * k);
+	printf("route chain (kcuda_matmul F32 router + route, E 256 g8/4): %d of %d ids equal, %d near-tie "
+	       "swaps\n",
+	       same, n * k, near);
+out:
+	kcuda_weight_free(&dw);
+	kcuda_free(d_x);
+	kcuda_free(d_lg);
+	kcuda_free(d_b);
+	kcuda_free(d_id);
+	kcuda_free(d_w);
+	free(wr);
+	free(x);
+	free(lg);
+	free(bias);
+	free(rw);
+	free(gw);
+	free(scr);
+	free(sel);
+	free(rid);
+	free(gid);
+}
+
+static void test_args(void)
+{
+	float *f = (float *)16;
+	int32_t *ids = (int32_t *)16;
+	OPS_CHECK(kcuda_moe_route(ctx, f, 256, NULL, 1, 256, 300, 1, 1, 0, true, 1.0f, ids, f) == -EINVAL,
+	          "route: k > E accepted");
+	OPS_CHECK(kcuda_moe_route(ctx, f, 100, NULL, 1, 256, 8, 1, 1, 0, true, 1.0f, ids, f) == -EINVAL,
+	          "route: ld < E accepted");
+	OPS_CHECK(kcuda_moe_route(ctx, f, 2048, NULL, 1, 2048, 8, 1, 1, 0, true, 1.0f, ids, f) == ERR_LIMIT,
+	          "route: E > 1024 accepted");
+	OPS_CHECK(kcuda_moe_route(ctx, f, 250, NULL, 1, 250, 8, 8, 4, 0, true, 1.0f, ids, f) == -EINVAL,
+	          "route: E not a multiple of n_group accepted");
+	size_t rb = 0;
+	ktype_row_bytes(KT_Q8_0, 512, &rb);
+	struct kweight g = {KT_Q8_0, 512, 4 * 256, rb, f}, d = {KT_Q8_0, 256, 4 * 512, 0, f};
+	ktype_row_bytes(KT_Q8_0, 256, &d.row_bytes);
+	struct kweight gb = g;
+	gb.n_out = 5 * 256;
+	OPS_CHECK(kcuda_moe_ffn(ctx, f, 512, 1, ids, f, 2, &gb, &g, &d, 4, 256, f, 512) == -EINVAL,
+	          "ffn: gate rows != E*F accepted");
+	gb = g;
+	gb.row_bytes += 2;
+	OPS_CHECK(kcuda_moe_ffn(ctx, f, 512, 1, ids, f, 2, &gb, &gb, &d, 4, 256, f, 512) == -EINVAL,
+	          "ffn: wrong row_bytes accepted");
+	OPS_CHECK(kcuda_moe_ffn(ctx, f, 100, 1, ids, f, 2, &g, &g, &d, 4, 256, f, 512) == -EINVAL,
+	          "ffn: ldx < D accepted");
+	gb = d;
+	gb.type = KT_Q4_K;
+	OPS_CHECK(kcuda_moe_ffn(ctx, f, 512, 1, ids, f, 2, &g, &g, &gb, 4, 256, f, 512) == -EINVAL,
+	          "ffn: mixed types accepted");
+}
+
 int main(void)
 {
 	if (kcuda_device_count() < 1) {
@@ -245,6 +362,8 @@ int main(void)
 		ffn_case(types[t], 16, 1e-4);
 		ffn_case(types[t], 40, 2e-2);
 	}
+	route_chain();
+	test_args();
 	kcuda_ctx_destroy(ctx);
 	printf("%d checks, %d failed\n", ops_n_check, ops_n_fail);
 	return ops_n_fail ? 1 : 0;
