@@ -116,7 +116,8 @@ struct kweight {
 	int type;
 	int64_t n_in;       /* ne0 */
 	int64_t n_out;      /* ne1 (rows) */
-	size_t row_bytes;   /* bytes of one row */
+	size_t row_bytes;   /* bytes from one row to the next (>= the bytes of n_in elements: a TP
+	                     * slice of the input dimension keeps the full row as stride) */
 	const void *data;   /* row r at (const char *)data + r * row_bytes */
 };
 
@@ -127,8 +128,9 @@ void kcpu_matmul(struct kpool *p, const struct kweight *w, const float *x, int64
 /* Approximate fast path, same arguments (opt-in; the reference path never uses it): activations
  * are quantized to int8 per 256 elements (scale max|x|/127, like ggml's Q8_K) and multiplied
  * with integer dots (AVX2 maddubs) for Q8_0, Q4_K, Q5_K and Q6_K weights; about 0.5% of
- * sum|w*x| error per dot (test_matmul prints it). Other types, n_in not a multiple of 256, 4 or more tokens (where the exact
- * tiled path is faster) and builds without AVX2 use kcpu_matmul. Uses the pool's caller scratch (kpool_scratch(p, kpool_n_threads(p), ...)). */
+ * sum|w*x| error per dot (test_matmul prints it). Other types, n_in not a multiple of 256, 4 or
+ * more tokens (where the exact tiled path is faster) and builds without AVX2 use kcpu_matmul.
+ * Uses the pool's caller scratch (kpool_scratch(p, kpool_n_threads(p), ...)). */
 void kcpu_matmul_fast(struct kpool *p, const struct kweight *w, const float *x, int64_t ldx,
 		      int64_t n_tok, float *y, int64_t ldy);
 bool kcpu_matmul_fast_supported(int type); /* true if kcpu_matmul_fast has integer dots for it */
@@ -192,9 +194,10 @@ int kcuda_weight_upload(struct kcuda_ctx *c, const struct kweight *host, struct 
 void kcuda_weight_free(struct kweight *dev);
 
 /* Y[t][r] = dot(W row r, X[t]) as kcpu_matmul, W on the device (kcuda_weight_upload). n_tok <= 8
- * runs the weight-streaming GEMV (fp32 dequantize + fp32 accumulate); larger n_tok dequantizes W to
- * bf16 tiles in the workspace and multiplies with X rounded to bf16 on tensor cores (fp32
- * accumulate). kcuda_matmul_path forces one of the two (tests, benchmarks). */
+ * runs the weight-streaming GEMV (fp32 dequantize + fp32 accumulate, up to 2 tokens per pass over
+ * W); larger n_tok dequantizes W to bf16 tiles in the workspace and multiplies with X rounded to
+ * bf16 through cuBLAS on tensor cores (fp32 accumulate). kcuda_matmul_path forces one of the two
+ * (tests, benchmarks). Uses the context workspace (not reentrant across threads on one context). */
 enum kcuda_mm_path { KCUDA_MM_AUTO = 0, KCUDA_MM_GEMV = 1, KCUDA_MM_GEMM = 2 };
 int kcuda_matmul(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok,
 		 float *y, int64_t ldy);
