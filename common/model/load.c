@@ -353,6 +353,8 @@ void model_destroy(struct model *m)
 		kpool_destroy(m->ranks[i].pool);
 		free_layers(m->ranks[i].layers, m->hp.n_layers);
 		free(m->ranks[i].buf.p);
+		if (m->ranks[i].be.ops)
+			m->ranks[i].be.ops->destroy(m->ranks[i].be.ctx);
 	}
 	free(m->ranks);
 	tp_cpu_group_destroy(m->group);
@@ -448,6 +450,10 @@ int model_load_gguf(struct model **out, struct gguf_ctx *g, const struct model_o
 			}
 		if ((rc = bind_rank(m, rk, e)))
 			goto fail;
+		if ((rc = model_backend_cpu_create(m, rk, &rk->be))) {
+			errbuf_set(e, rc, "cannot create the CPU backend of rank %d", rk->rank);
+			goto fail;
+		}
 	}
 	if (!o->quiet) {
 		struct model_kv_layout kl;
