@@ -3,8 +3,8 @@
  * prefill GEMM per weight type and reports GB/s of weight bytes (and TFLOP/s) as a fraction of the
  * measured ceilings. Timing: CUDA events around batches of launches, warm-up first, median of
  * batches; weights rotate over copies totalling >= 4x L2 so every launch reads HBM, on random data.
- *   bench_cuda_mm [quick|profile]  (quick: fewer types/shapes; profile: Q4_K, Q6_K, Q8_0 GEMV of one
- *                                   big shape at n_tok 1, for ncu) */
+ *   bench_cuda_mm [quick|profile]  (quick: fewer types/shapes; profile: the five GLM-5 types' GEMV
+ *                                   of one big shape at n_tok 1 and 2, for ncu and A/B runs) */
 #include <algorithm>
 #include <stdarg.h>
 #include <cublas_v2.h>
@@ -50,7 +50,8 @@ template <class F> static float time_ms(cudaStream_t s, int warm, int reps, int 
 __global__ void read_kernel(const uint4 *p, size_t n, uint32_t *sink)
 {
 	uint32_t acc = 0;
-	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
 		uint4 v = __ldg(p + i);
 		acc ^= v.x ^ v.y ^ v.z ^ v.w;
 	}
@@ -60,12 +61,14 @@ __global__ void read_kernel(const uint4 *p, size_t n, uint32_t *sink)
 
 __global__ void fill_random(uint32_t *p, size_t n, uint32_t seed)
 {
-	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
 		uint32_t z = (uint32_t)i * 2654435761u ^ seed;
 		z ^= z >> 15;
 		z *= 0x2c1b3c6du;
 		z ^= z >> 12;
-		p[i] = (z & 0x3fff3fffu) | 0x30003000u; /* bf16 pairs of moderate magnitude, also fine as bytes */
+		p[i] = (z & 0x3fff3fffu) |
+		       0x30003000u; /* bf16 pairs of moderate magnitude, also fine as bytes */
 	}
 }
 
@@ -102,8 +105,8 @@ int main(int argc, char **argv)
 	cudaDeviceGetAttribute(&clk, cudaDevAttrClockRate, 0);
 	cudaDeviceGetAttribute(&mclk, cudaDevAttrMemoryClockRate, 0);
 	add("device: %s, sm_%d%d, %d SMs, %.1f GiB, L2 %.0f MiB, max SM clock %d MHz", prop.name, prop.major,
-	    prop.minor, prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0, prop.l2CacheSize / 1048576.0,
-	    clk / 1000);
+	    prop.minor, prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0,
+	    prop.l2CacheSize / 1048576.0, clk / 1000);
 	struct kcuda_ctx *c = NULL;
 	if (kcuda_ctx_create(0, 512u << 20, &c)) {
 		printf("no context\n");
@@ -120,7 +123,8 @@ int main(int argc, char **argv)
 	CK(cudaMalloc(&sink, 4));
 	fill_random<<<4096, 256, 0, s>>>((uint32_t *)A, big / 4, 1);
 	fill_random<<<4096, 256, 0, s>>>((uint32_t *)B, big / 4, 2);
-	float ms = time_ms(s, 2, 7, 1, [&](int) { CK(cudaMemcpyAsync(B, A, big, cudaMemcpyDeviceToDevice, s)); });
+	float ms =
+	    time_ms(s, 2, 7, 1, [&](int) { CK(cudaMemcpyAsync(B, A, big, cudaMemcpyDeviceToDevice, s)); });
 	const double copy_gbs = 2.0 * big / (ms * 1e-3) / 1e9;
 	add("ceiling: d2d copy 2 GiB: %.3f ms -> %.0f GB/s (read+write)", ms, copy_gbs);
 	ms = time_ms(s, 2, 7, 1, [&](int) {
@@ -137,8 +141,9 @@ int main(int argc, char **argv)
 		float *C;
 		CK(cudaMalloc(&C, (size_t)n * n * 4));
 		ms = time_ms(s, 3, 10, 1, [&](int) {
-			cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, A, CUDA_R_16BF, n, B, CUDA_R_16BF, n,
-				     &zero, C, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+			cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, A, CUDA_R_16BF, n, B,
+			             CUDA_R_16BF, n, &zero, C, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+			             CUBLAS_GEMM_DEFAULT);
 		});
 		add("ceiling: cuBLAS bf16 GEMM 8192^3 (fp32 out): %.3f ms -> %.0f TFLOP/s", ms,
 		    2.0 * n * n * n / (ms * 1e-3) / 1e12);
@@ -147,17 +152,19 @@ int main(int argc, char **argv)
 	}
 
 	/* ---- GEMV ---- */
-	const int types_all[] = {KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_Q8_0, KT_BF16, KT_F16,  KT_F32,
-				 KT_Q4_0, KT_Q4_1, KT_Q5_0, KT_Q5_1, KT_Q2_K, KT_Q3_K, KT_IQ4_NL, KT_IQ4_XS};
-	const int types_prof[] = {KT_Q4_K, KT_Q6_K, KT_Q8_0};
+	const int types_all[] = {KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_Q8_0, KT_BF16, KT_F16,    KT_F32,   KT_Q4_0,
+	                         KT_Q4_1, KT_Q5_0, KT_Q5_1, KT_Q2_K, KT_Q3_K, KT_IQ4_NL, KT_IQ4_XS};
+	const int types_prof[] = {KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_Q8_0, KT_BF16};
 	const int *types = profile ? types_prof : types_all;
-	const int n_types = profile ? 3 : (quick ? 5 : (int)(sizeof(types_all) / sizeof(types_all[0])));
+	const int n_types = profile ? 5 : (quick ? 5 : (int)(sizeof(types_all) / sizeof(types_all[0])));
 	struct shp {
 		int64_t n_in, n_out;
 		const char *what;
 	};
-	const shp shapes[] = {{6144, 32768, "6144x32768"}, {6144, 2048, "glm expert 6144x2048"},
-			      {2048, 6144, "glm o_proj/8 2048x6144"}, {7168, 18432, "ds dense 7168x18432"}};
+	const shp shapes[] = {{6144, 32768, "6144x32768"},
+	                      {6144, 2048, "glm expert 6144x2048"},
+	                      {2048, 6144, "glm o_proj/8 2048x6144"},
+	                      {7168, 18432, "ds dense 7168x18432"}};
 	const int toks[] = {1, 2, 4, 8};
 	float *xd, *yd;
 	CK(cudaMalloc(&xd, (size_t)4096 * 16384 * 4));
@@ -181,18 +188,22 @@ int main(int argc, char **argv)
 			const size_t stride = (wbytes + 255) & ~(size_t)255;
 			ncopy = (int)std::min<size_t>(ncopy, big / stride);
 			for (int k = 0; k < ncopy; k++)
-				CK(cudaMemcpy((char *)A + k * stride, hw.data(), wbytes, cudaMemcpyHostToDevice));
+				CK(cudaMemcpy((char *)A + k * stride, hw.data(), wbytes,
+				              cudaMemcpyHostToDevice));
 			for (int nt : toks) {
-				if (profile && nt > 1)
+				if (profile && nt > 2)
 					continue;
 				ms = time_ms(s, 3, 9, ncopy, [&](int i) {
-					struct kweight w = {type, sh.n_in, sh.n_out, rb, (char *)A + (i % ncopy) * stride};
+					struct kweight w = {type, sh.n_in, sh.n_out, rb,
+					                    (char *)A + (i % ncopy) * stride};
 					if (kcuda_matmul(c, &w, xd, sh.n_in, nt, yd, sh.n_out))
 						abort();
 				});
 				const double gbs = wbytes / (ms * 1e-3) / 1e9;
-				add("gemv %-7s %-24s n_tok %d: %8.2f us  %6.0f GB/s  %5.1f%% of read  %5.1f%% of copy", ktype_name(type),
-				    sh.what, nt, ms * 1e3, gbs, 100 * gbs / read_gbs, 100 * gbs / copy_gbs);
+				add("gemv %-7s %-24s n_tok %d: %8.2f us  %6.0f GB/s  %5.1f%% of read  "
+				    "%5.1f%% of copy",
+				    ktype_name(type), sh.what, nt, ms * 1e3, gbs, 100 * gbs / read_gbs,
+				    100 * gbs / copy_gbs);
 			}
 		}
 	}
@@ -216,8 +227,9 @@ int main(int argc, char **argv)
 				if (kcuda_matmul(c, &w, xd, n_in, nt, yd, n_out))
 					abort();
 			});
-			add("gemm %-7s %lldx%lld n_tok %4d: %8.3f ms  %6.1f TFLOP/s", ktype_name(type), (long long)n_in,
-			    (long long)n_out, nt, ms, 2.0 * n_in * n_out * nt / (ms * 1e-3) / 1e12);
+			add("gemm %-7s %lldx%lld n_tok %4d: %8.3f ms  %6.1f TFLOP/s", ktype_name(type),
+			    (long long)n_in, (long long)n_out, nt, ms,
+			    2.0 * n_in * n_out * nt / (ms * 1e-3) / 1e12);
 		}
 	}
 	CK(cudaStreamSynchronize(s));

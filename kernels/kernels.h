@@ -192,9 +192,10 @@ int kcuda_weight_upload(struct kcuda_ctx *c, const struct kweight *host, struct 
 void kcuda_weight_free(struct kweight *dev);
 
 /* Y[t][r] = dot(W row r, X[t]) as kcpu_matmul, W on the device (kcuda_weight_upload). n_tok <= 8
- * runs the weight-streaming GEMV (fp32 dequantize + fp32 accumulate); larger n_tok dequantizes W to
- * bf16 tiles in the workspace and multiplies with X rounded to bf16 on tensor cores (fp32
- * accumulate). kcuda_matmul_path forces one of the two (tests, benchmarks). */
+ * runs the weight-streaming GEMV (fp32 dequantize + fp32 accumulate, up to 2 tokens per pass over
+ * W); larger n_tok dequantizes W to bf16 tiles in the workspace and multiplies with X rounded to
+ * bf16 through cuBLAS on tensor cores (fp32 accumulate). kcuda_matmul_path forces one of the two
+ * (tests, benchmarks). Uses the context workspace (not reentrant across threads on one context). */
 enum kcuda_mm_path { KCUDA_MM_AUTO = 0, KCUDA_MM_GEMV = 1, KCUDA_MM_GEMM = 2 };
 int kcuda_matmul(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok,
 		 float *y, int64_t ldy);

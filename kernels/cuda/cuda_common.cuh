@@ -18,22 +18,22 @@
 struct kcuda_ctx {
 	int device;
 	cudaStream_t stream;
-	void *cublas;     /* cublasHandle_t */
-	void *ws;         /* device workspace (dequantized weight tiles for the prefill GEMM) */
+	void *cublas; /* cublasHandle_t */
+	void *ws; /* device workspace (dequantized weight tiles for the prefill GEMM) */
 	size_t ws_bytes;
 	int n_sm;
 	unsigned *err_dev; /* count of bad inputs seen by kernels (e.g. token ids out of range) */
 };
 
 /* Sticky CUDA errors mean the context is unusable: abort loudly with file:line. */
-#define KCUDA_CHECK(call)                                                                          \
-	do {                                                                                       \
-		cudaError_t e_ = (call);                                                           \
-		if (e_ != cudaSuccess) {                                                           \
-			fprintf(stderr, "%s:%d: CUDA error %s: %s\n", __FILE__, __LINE__, #call,   \
-				cudaGetErrorString(e_));                                           \
-			abort();                                                                   \
-		}                                                                                  \
+#define KCUDA_CHECK(call)                                                                                    \
+	do {                                                                                                 \
+		cudaError_t e_ = (call);                                                                     \
+		if (e_ != cudaSuccess) {                                                                     \
+			fprintf(stderr, "%s:%d: CUDA error %s: %s\n", __FILE__, __LINE__, #call,             \
+			        cudaGetErrorString(e_));                                                     \
+			abort();                                                                             \
+		}                                                                                            \
 	} while (0)
 
 /* After a launch: a launch configuration error is returned as ERR_CUDA (with a message on

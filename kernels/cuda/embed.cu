@@ -9,7 +9,7 @@
 
 template <int T>
 __global__ void embed_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t n_rows, int64_t n_in,
-			     const int32_t *__restrict__ ids, float *y, int64_t ldy, unsigned *err, bool vec)
+                             const int32_t *__restrict__ ids, float *y, int64_t ldy, unsigned *err, bool vec)
 {
 	const int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
 	const int64_t t = blockIdx.y;
@@ -42,20 +42,20 @@ __global__ void embed_kernel(const uint8_t *__restrict__ w, size_t row_bytes, in
 }
 
 template <int T>
-static int embed_type(struct kcuda_ctx *c, const struct kweight *w, const int32_t *ids, int64_t n_tok, float *y,
-		      int64_t ldy)
+static int embed_type(struct kcuda_ctx *c, const struct kweight *w, const int32_t *ids, int64_t n_tok,
+                      float *y, int64_t ldy)
 {
 	const bool vec = (T != KT_F32 && T != KT_F16 && T != KT_BF16) ||
-			 (w->n_in % 16 == 0 && w->row_bytes % 16 == 0 && (uintptr_t)w->data % 16 == 0);
+	                 (w->n_in % 16 == 0 && w->row_bytes % 16 == 0 && (uintptr_t)w->data % 16 == 0);
 	const int64_t n_items = vec ? w->n_in / 16 : w->n_in;
 	dim3 grid((unsigned)((n_items + 127) / 128), (unsigned)n_tok);
-	embed_kernel<T><<<grid, 128, 0, c->stream>>>((const uint8_t *)w->data, w->row_bytes, w->n_out, w->n_in, ids, y,
-						     ldy, c->err_dev, vec);
+	embed_kernel<T><<<grid, 128, 0, c->stream>>>((const uint8_t *)w->data, w->row_bytes, w->n_out,
+	                                             w->n_in, ids, y, ldy, c->err_dev, vec);
 	return kcuda_launch_status("embed");
 }
 
-extern "C" int kcuda_embed(struct kcuda_ctx *c, const struct kweight *w, const int32_t *ids, int64_t n_tok, float *y,
-			   int64_t ldy)
+extern "C" int kcuda_embed(struct kcuda_ctx *c, const struct kweight *w, const int32_t *ids, int64_t n_tok,
+                           float *y, int64_t ldy)
 {
 	size_t rb = 0;
 	if (!c || !w || !w->data || !ids || !y || n_tok < 0 || n_tok > 65535 || ldy < w->n_in ||
@@ -64,12 +64,10 @@ extern "C" int kcuda_embed(struct kcuda_ctx *c, const struct kweight *w, const i
 	if (n_tok == 0)
 		return 0;
 	switch (w->type) {
-#define X(T)                                                                                       \
-	case T:                                                                                    \
-		return embed_type<T>(c, w, ids, n_tok, y, ldy);
+#define X(T)                                                                                                 \
+	case T: return embed_type<T>(c, w, ids, n_tok, y, ldy);
 		KCUDA_FOR_EACH_TYPE(X)
 #undef X
-	default:
-		return ERR_UNSUPPORTED;
+	default: return ERR_UNSUPPORTED;
 	}
 }

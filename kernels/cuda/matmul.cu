@@ -8,7 +8,7 @@
 #define GEMV_MAX_TOK 8
 
 extern "C" int kcuda_matmul_path(struct kcuda_ctx *c, enum kcuda_mm_path path, const struct kweight *w,
-				 const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy)
+                                 const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy)
 {
 	size_t rb = 0;
 	if (!c || !w || !w->data || !x || !y || n_tok < 0 || w->n_in <= 0 || w->n_out <= 0)
@@ -33,9 +33,9 @@ extern "C" int kcuda_matmul_path(struct kcuda_ctx *c, enum kcuda_mm_path path, c
 		if (!is_float && ((uintptr_t)xs % 16 || ldx % 4)) {
 			if ((size_t)nt * (size_t)w->n_in * sizeof(float) > c->ws_bytes)
 				return ERR_LIMIT;
-			if (cudaMemcpy2DAsync(c->ws, (size_t)w->n_in * sizeof(float), xs, (size_t)ldx * sizeof(float),
-					      (size_t)w->n_in * sizeof(float), (size_t)nt, cudaMemcpyDeviceToDevice,
-					      c->stream) != cudaSuccess)
+			if (cudaMemcpy2DAsync(c->ws, (size_t)w->n_in * sizeof(float), xs,
+			                      (size_t)ldx * sizeof(float), (size_t)w->n_in * sizeof(float),
+			                      (size_t)nt, cudaMemcpyDeviceToDevice, c->stream) != cudaSuccess)
 				return kcuda_launch_status("gemv x copy");
 			xs = (const float *)c->ws;
 			lds = w->n_in;
@@ -48,7 +48,7 @@ extern "C" int kcuda_matmul_path(struct kcuda_ctx *c, enum kcuda_mm_path path, c
 }
 
 extern "C" int kcuda_matmul(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx,
-			    int64_t n_tok, float *y, int64_t ldy)
+                            int64_t n_tok, float *y, int64_t ldy)
 {
 	return kcuda_matmul_path(c, KCUDA_MM_AUTO, w, x, ldx, n_tok, y, ldy);
 }

@@ -14,7 +14,7 @@
 /* thread -> (row, piece) of the tile; writes 16 bf16 with two 16-byte stores */
 template <int T>
 __global__ void dequant_pieces(const uint8_t *__restrict__ w, size_t row_bytes, int64_t r0, int64_t n_rows,
-			       int64_t n_pieces, uint16_t *__restrict__ dst)
+                               int64_t n_pieces, uint16_t *__restrict__ dst)
 {
 	const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
 	if (i >= n_rows * n_pieces)
@@ -36,7 +36,7 @@ __global__ void dequant_pieces(const uint8_t *__restrict__ w, size_t row_bytes, 
 /* float weights of any n_in: one thread per element */
 template <int T>
 __global__ void dequant_elems(const uint8_t *__restrict__ w, size_t row_bytes, int64_t r0, int64_t n_rows,
-			      int64_t n_in, uint16_t *__restrict__ dst)
+                              int64_t n_in, uint16_t *__restrict__ dst)
 {
 	const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
 	if (i >= n_rows * n_in)
@@ -55,7 +55,7 @@ __global__ void dequant_elems(const uint8_t *__restrict__ w, size_t row_bytes, i
 }
 
 __global__ void x_to_bf16(const float *__restrict__ x, int64_t ldx, int64_t n_tok, int64_t n_in,
-			  uint16_t *__restrict__ dst)
+                          uint16_t *__restrict__ dst)
 {
 	const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
 	if (i >= n_tok * n_in)
@@ -66,42 +66,41 @@ __global__ void x_to_bf16(const float *__restrict__ x, int64_t ldx, int64_t n_to
 }
 
 template <int T>
-static int dequant_type(struct kcuda_ctx *c, const struct kweight *w, int64_t r0, int64_t n_rows, uint16_t *dst)
+static int dequant_type(struct kcuda_ctx *c, const struct kweight *w, int64_t r0, int64_t n_rows,
+                        uint16_t *dst)
 {
 	const int threads = 256;
-	if ((T == KT_F32 || T == KT_F16 || T == KT_BF16) && (w->n_in % 16 || w->row_bytes % 16 ||
-							    (uintptr_t)w->data % 16)) {
+	if ((T == KT_F32 || T == KT_F16 || T == KT_BF16) &&
+	    (w->n_in % 16 || w->row_bytes % 16 || (uintptr_t)w->data % 16)) {
 		const int64_t n = n_rows * w->n_in;
 		dequant_elems<T><<<(unsigned)((n + threads - 1) / threads), threads, 0, c->stream>>>(
-			(const uint8_t *)w->data, w->row_bytes, r0, n_rows, w->n_in, dst);
+		    (const uint8_t *)w->data, w->row_bytes, r0, n_rows, w->n_in, dst);
 	} else {
 		const int64_t n = n_rows * (w->n_in / 16);
 		dequant_pieces<T><<<(unsigned)((n + threads - 1) / threads), threads, 0, c->stream>>>(
-			(const uint8_t *)w->data, w->row_bytes, r0, n_rows, w->n_in / 16, dst);
+		    (const uint8_t *)w->data, w->row_bytes, r0, n_rows, w->n_in / 16, dst);
 	}
 	return kcuda_launch_status("dequant_bf16");
 }
 
 extern "C" int kcuda_dequant_bf16(struct kcuda_ctx *c, const struct kweight *w, int64_t r0, int64_t n_rows,
-				  uint16_t *dst)
+                                  uint16_t *dst)
 {
 	if (!w || !w->data || r0 < 0 || n_rows < 0 || r0 > w->n_out || n_rows > w->n_out - r0)
 		return -EINVAL;
 	if (n_rows == 0)
 		return 0;
 	switch (w->type) {
-#define X(T)                                                                                       \
-	case T:                                                                                    \
-		return dequant_type<T>(c, w, r0, n_rows, dst);
+#define X(T)                                                                                                 \
+	case T: return dequant_type<T>(c, w, r0, n_rows, dst);
 		KCUDA_FOR_EACH_TYPE(X)
 #undef X
-	default:
-		return ERR_UNSUPPORTED;
+	default: return ERR_UNSUPPORTED;
 	}
 }
 
-int kcuda_gemm_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok,
-		      float *y, int64_t ldy)
+int kcuda_gemm_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx,
+                      int64_t n_tok, float *y, int64_t ldy)
 {
 	const int64_t n_in = w->n_in;
 	const size_t row_b = (size_t)n_in * 2;
@@ -132,20 +131,21 @@ int kcuda_gemm_launch(struct kcuda_ctx *c, const struct kweight *w, const float 
 	for (int64_t t0 = 0; t0 < n_tok; t0 += tok_chunk) {
 		const int64_t nt = n_tok - t0 < tok_chunk ? n_tok - t0 : tok_chunk;
 		const int64_t nx = nt * n_in;
-		x_to_bf16<<<(unsigned)((nx + 255) / 256), 256, 0, c->stream>>>(x + t0 * ldx, ldx, nt, n_in, xb);
+		x_to_bf16<<<(unsigned)((nx + 255) / 256), 256, 0, c->stream>>>(x + t0 * ldx, ldx, nt, n_in,
+		                                                               xb);
 		if ((rc = kcuda_launch_status("x_to_bf16")))
 			return rc;
 		for (int64_t r0 = 0; r0 < w->n_out; r0 += row_chunk) {
 			const int64_t nr = w->n_out - r0 < row_chunk ? w->n_out - r0 : row_chunk;
 			if ((rc = kcuda_dequant_bf16(c, w, r0, nr, wb)))
 				return rc;
-			cublasStatus_t s = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)nt, (int)n_in, &one,
-							wb, CUDA_R_16BF, (int)n_in, xb, CUDA_R_16BF, (int)n_in,
-							&zero, y + t0 * ldy + r0, CUDA_R_32F, (int)ldy,
-							CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+			cublasStatus_t s = cublasGemmEx(
+			    h, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)nt, (int)n_in, &one, wb, CUDA_R_16BF,
+			    (int)n_in, xb, CUDA_R_16BF, (int)n_in, &zero, y + t0 * ldy + r0, CUDA_R_32F,
+			    (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 			if (s != CUBLAS_STATUS_SUCCESS) {
-				fprintf(stderr, "kcuda: cublasGemmEx failed (%d) for %lldx%lldx%lld\n", (int)s,
-					(long long)nr, (long long)nt, (long long)n_in);
+				fprintf(stderr, "kcuda: cublasGemmEx failed (%d) for %lldx%lldx%lld\n",
+				        (int)s, (long long)nr, (long long)nt, (long long)n_in);
 				return ERR_CUDA;
 			}
 		}

@@ -1,8 +1,7 @@
 /* Decode GEMV: Y[t][r] = dot(W row r, X[t]) for n_tok <= 8, streaming W once from HBM.
  *
- * Grid: a block of GEMV_WARPS warps owns GEMV_ROWS consecutive rows (8, or 4 for small matrices so
- * the GPU fills); the warps split each row's 16-element pieces (quant_piece.cuh) between them:
- * warp w, lane l takes pieces
+ * Grid: a block of GEMV_WARPS warps owns GEMV_ROWS consecutive rows; the warps split each row's
+ * 16-element pieces (quant_piece.cuh) between them: warp w, lane l takes pieces
  * (w * 32 + l) + k * 32 * GEMV_WARPS, so every warp-wide load of weights and activations is
  * contiguous. Per piece the raw bytes of all GEMV_ROWS rows are loaded first (many loads in
  * flight per warp), then each row is decoded to (v[16], a, b) and accumulated as
@@ -10,8 +9,9 @@
  * (up to GEMV_MAX_NT) tokens stay in registers across the rows. More tokens take more launches,
  * each re-reading W: for n_tok > 2 this kernel is not the right tool on low-bit types (it is
  * integer-ALU bound already at n_tok = 1; measured in docs/PERFORMANCE.md); a tensor-core
- * version is the next step. Software pipelining (next piece's loads before this piece's decode)
- * and lane-constant offsets were tried and measured slower (docs/PERFORMANCE.md).
+ * version is the next step. Software pipelining (next piece's loads before this piece's decode),
+ * lane-constant offsets, 8 rows per block and register caps (launch bounds) were tried and
+ * measured slower (docs/PERFORMANCE.md).
  * Partial sums: warp shuffle, then shared memory across the warps. fp32 throughout.
  * Assumes n_in % 16 == 0 and activation rows 16-byte aligned (ldx % 4 == 0); float weights with
  * other n_in or alignment use gemv_scalar (correctness path, not speed). */
@@ -19,6 +19,7 @@
 #include "kernels/cuda/quant_piece.cuh"
 
 #define GEMV_WARPS 4
+#define GEMV_ROWS 4 /* measured best against 8, also on big matrices (docs/PERFORMANCE.md) */
 #define GEMV_MAX_NT 2 /* tokens per launch (activations in registers); more take more launches */
 
 __device__ __forceinline__ void ld_x16(const float *x, int64_t p, float *xv)
@@ -31,10 +32,10 @@ __device__ __forceinline__ void ld_x16(const float *x, int64_t p, float *xv)
 	}
 }
 
-template <int T, int NT, int GEMV_ROWS>
+template <int T, int NT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-	gemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t n_out, int64_t n_pieces,
-		    const float *__restrict__ x, int64_t ldx, int n_tok, float *__restrict__ y, int64_t ldy)
+    gemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t n_out, int64_t n_pieces,
+                const float *__restrict__ x, int64_t ldx, int n_tok, float *__restrict__ y, int64_t ldy)
 {
 	static_assert(NT <= GEMV_MAX_NT, "activations are held in registers");
 	__shared__ float part[GEMV_WARPS][GEMV_ROWS][NT];
@@ -117,7 +118,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 /* Element-wise GEMV for float weights of any n_in / alignment: one warp per row. */
 template <int T>
 __global__ void gemv_scalar(const uint8_t *__restrict__ w, size_t row_bytes, int64_t n_out, int64_t n_in,
-			    const float *__restrict__ x, int64_t ldx, int n_tok, float *__restrict__ y, int64_t ldy)
+                            const float *__restrict__ x, int64_t ldx, int n_tok, float *__restrict__ y,
+                            int64_t ldy)
 {
 	const int lane = threadIdx.x & 31;
 	const int64_t row = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
@@ -144,29 +146,24 @@ __global__ void gemv_scalar(const uint8_t *__restrict__ w, size_t row_bytes, int
 
 template <int T, int NT>
 static void launch_nt(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
-		      float *y, int64_t ldy)
+                      float *y, int64_t ldy)
 {
-	/* 8 rows per block where that still gives >= ~8 warps per SM, else 4 (small matrices) */
-	const unsigned g8 = (unsigned)((w->n_out + 7) / 8), g4 = (unsigned)((w->n_out + 3) / 4);
-	if (g8 >= 2u * (unsigned)c->n_sm)
-		gemv_kernel<T, NT, 8><<<g8, GEMV_WARPS * 32, 0, c->stream>>>(
-			(const uint8_t *)w->data, w->row_bytes, w->n_out, w->n_in / 16, x, ldx, n_tok, y, ldy);
-	else
-		gemv_kernel<T, NT, 4><<<g4, GEMV_WARPS * 32, 0, c->stream>>>(
-			(const uint8_t *)w->data, w->row_bytes, w->n_out, w->n_in / 16, x, ldx, n_tok, y, ldy);
+	const unsigned grid = (unsigned)((w->n_out + GEMV_ROWS - 1) / GEMV_ROWS);
+	gemv_kernel<T, NT><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(
+	    (const uint8_t *)w->data, w->row_bytes, w->n_out, w->n_in / 16, x, ldx, n_tok, y, ldy);
 }
 
 template <int T>
 static int launch_type(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
-		       float *y, int64_t ldy)
+                       float *y, int64_t ldy)
 {
 	const bool is_float = T == KT_F32 || T == KT_F16 || T == KT_BF16;
-	if (is_float && (w->n_in % 16 || w->row_bytes % 16 || (uintptr_t)w->data % 16 || ldx % 4 ||
-			 (uintptr_t)x % 16)) {
+	if (is_float &&
+	    (w->n_in % 16 || w->row_bytes % 16 || (uintptr_t)w->data % 16 || ldx % 4 || (uintptr_t)x % 16)) {
 		if constexpr (T == KT_F32 || T == KT_F16 || T == KT_BF16) {
 			const unsigned grid = (unsigned)((w->n_out + GEMV_WARPS - 1) / GEMV_WARPS);
 			gemv_scalar<T><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(
-				(const uint8_t *)w->data, w->row_bytes, w->n_out, w->n_in, x, ldx, n_tok, y, ldy);
+			    (const uint8_t *)w->data, w->row_bytes, w->n_out, w->n_in, x, ldx, n_tok, y, ldy);
 		}
 		return kcuda_launch_status("gemv_scalar");
 	}
@@ -181,15 +178,13 @@ static int launch_type(struct kcuda_ctx *c, const struct kweight *w, const float
 }
 
 int kcuda_gemv_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
-		      float *y, int64_t ldy)
+                      float *y, int64_t ldy)
 {
 	switch (w->type) {
-#define X(T)                                                                                       \
-	case T:                                                                                    \
-		return launch_type<T>(c, w, x, ldx, n_tok, y, ldy);
+#define X(T)                                                                                                 \
+	case T: return launch_type<T>(c, w, x, ldx, n_tok, y, ldy);
 		KCUDA_FOR_EACH_TYPE(X)
 #undef X
-	default:
-		return ERR_UNSUPPORTED;
+	default: return ERR_UNSUPPORTED;
 	}
 }

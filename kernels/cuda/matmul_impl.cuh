@@ -7,8 +7,8 @@
 
 /* n_tok in 1..8; x rows 16-byte aligned with ldx % 4 == 0 unless the type is a float type. */
 int kcuda_gemv_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
-		      float *y, int64_t ldy);
-int kcuda_gemm_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok,
-		      float *y, int64_t ldy);
+                      float *y, int64_t ldy);
+int kcuda_gemm_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx,
+                      int64_t n_tok, float *y, int64_t ldy);
 
 #endif

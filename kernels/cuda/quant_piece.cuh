@@ -77,7 +77,8 @@ template <> struct kq<KT_F32> {
 	{
 #pragma unroll
 		for (int i = 0; i < 4; i++)
-			v[4 * i] = r.f[i].x, v[4 * i + 1] = r.f[i].y, v[4 * i + 2] = r.f[i].z, v[4 * i + 3] = r.f[i].w;
+			v[4 * i] = r.f[i].x, v[4 * i + 1] = r.f[i].y, v[4 * i + 2] = r.f[i].z,
+			      v[4 * i + 3] = r.f[i].w;
 		a = 1.0f, b = 0.0f;
 	}
 };
@@ -224,7 +225,8 @@ template <> struct kq<KT_Q5_0> { /* 22 B: d, qh (u32), qs[16]; w = d (q - 16) */
 		uint32_t pw[4];
 #pragma unroll
 		for (int i = 0; i < 4; i++) {
-			uint32_t q = ((r.w[1 + i] >> (4 * h)) & 0x0f0f0f0fu) | (kc_bits_to_bytes(qh >> (4 * i)) << 4);
+			uint32_t q =
+			    ((r.w[1 + i] >> (4 * h)) & 0x0f0f0f0fu) | (kc_bits_to_bytes(qh >> (4 * i)) << 4);
 			pw[i] = (q << 2) | 0x80808080u;
 		}
 		kc_pv16(pw, v);
@@ -250,7 +252,8 @@ template <> struct kq<KT_Q5_1> { /* 24 B: d, m, qh (u32), qs[16]; w = d q + m */
 		uint32_t pw[4];
 #pragma unroll
 		for (int i = 0; i < 4; i++) {
-			uint32_t q = ((r.w[2 + i] >> (4 * h)) & 0x0f0f0f0fu) | (kc_bits_to_bytes(qh >> (4 * i)) << 4);
+			uint32_t q =
+			    ((r.w[2 + i] >> (4 * h)) & 0x0f0f0f0fu) | (kc_bits_to_bytes(qh >> (4 * i)) << 4);
 			pw[i] = (q << 2) | 0x80808080u;
 		}
 		kc_pv16(pw, v);
@@ -328,7 +331,9 @@ template <> struct kq<KT_Q2_K> { /* 84 B: scales[16], qs[64], d, dmin; w = d sc 
 /* Q3_K 6-bit signed scale k (0..15) from the 12 packed bytes in sw[0..2] */
 __device__ __forceinline__ int kc_q3k_scale(const uint32_t *sw, int k)
 {
-	uint32_t lo = (kc_byte(sw[(k & 7) >> 2], k & 3) >> (4 * (k >> 3))) & 15;
+	/* select, not sw[(k & 7) >> 2]: a dynamic index would put sw in local memory */
+	const uint32_t w01 = ((k & 7) >> 2) ? sw[1] : sw[0];
+	uint32_t lo = (kc_byte(w01, k & 3) >> (4 * (k >> 3))) & 15;
 	uint32_t hi = (kc_byte(sw[2], k & 3) >> (2 * (k >> 2))) & 3;
 	return (int)(lo | (hi << 4)) - 32;
 }
@@ -356,7 +361,8 @@ template <> struct kq<KT_Q3_K> { /* 110 B: hmask[32], qs[64], scales[12], d; w =
 		uint32_t pw[4];
 #pragma unroll
 		for (int i = 0; i < 4; i++) {
-			uint32_t q = ((r.qs[i] >> (2 * j)) & 0x03030303u) | (((r.hm[i] >> hb) & 0x01010101u) << 2);
+			uint32_t q =
+			    ((r.qs[i] >> (2 * j)) & 0x03030303u) | (((r.hm[i] >> hb) & 0x01010101u) << 2);
 			pw[i] = (q << 4) | 0x80808080u;
 		}
 		kc_pv16(pw, v);
@@ -424,12 +430,14 @@ template <> struct kq<KT_Q5_K> { /* 176 B: d, dmin, scales[12], qh[32], qs[128] 
 	__device__ static __forceinline__ void decode(const raw &r, int64_t p, float *v, float &a, float &b)
 	{
 		const int sb = (int)((p & 15) >> 1);
-		const uint32_t w[4] = {r.qs.x, r.qs.y, r.qs.z, r.qs.w}, h[4] = {r.qh.x, r.qh.y, r.qh.z, r.qh.w};
+		const uint32_t w[4] = {r.qs.x, r.qs.y, r.qs.z, r.qs.w},
+		               h[4] = {r.qh.x, r.qh.y, r.qh.z, r.qh.w};
 		const uint32_t sw[3] = {r.hd.y, r.hd.z, r.hd.w};
 		uint32_t pw[4];
 #pragma unroll
 		for (int i = 0; i < 4; i++) {
-			uint32_t q = ((w[i] >> (4 * (sb & 1))) & 0x0f0f0f0fu) | (((h[i] >> sb) & 0x01010101u) << 4);
+			uint32_t q =
+			    ((w[i] >> (4 * (sb & 1))) & 0x0f0f0f0fu) | (((h[i] >> sb) & 0x01010101u) << 4);
 			pw[i] = (q << 2) | 0x80808080u;
 		}
 		kc_pv16(pw, v);
@@ -465,7 +473,8 @@ template <> struct kq<KT_Q6_K> { /* 210 B: ql[128], qh[64], scales[16] (int8), d
 		uint32_t pw[4];
 #pragma unroll
 		for (int i = 0; i < 4; i++) {
-			uint32_t q = ((r.ql[i] >> shl) & 0x0f0f0f0fu) | (((r.qh[i] >> shh) & 0x03030303u) << 4);
+			uint32_t q =
+			    ((r.ql[i] >> shl) & 0x0f0f0f0fu) | (((r.qh[i] >> shh) & 0x03030303u) << 4);
 			pw[i] = (q << 1) | 0x80808080u;
 		}
 		kc_pv16(pw, v);
@@ -494,7 +503,8 @@ template <> struct kq<KT_IQ4_XS> { /* 136 B: d, scales_h (u16), scales_l[4], qs[
 		for (int i = 0; i < 16; i++)
 			v[i] = kc_iq4((kc_byte(r.w[i / 4], i % 4) >> sh) & 15);
 		const uint32_t hi = r.hd[0] >> 16;
-		const int ls = (int)(((kc_byte(r.hd[1], ib >> 1) >> (4 * (ib & 1))) & 15) | (((hi >> (2 * ib)) & 3) << 4));
+		const int ls = (int)(((kc_byte(r.hd[1], ib >> 1) >> (4 * (ib & 1))) & 15) |
+		                     (((hi >> (2 * ib)) & 3) << 4));
 		a = kc_h2f((uint16_t)r.hd[0]) * (float)(ls - 32), b = 0.0f;
 	}
 };
@@ -513,8 +523,9 @@ template <int T> __device__ __forceinline__ void kq_values(const uint8_t *row, i
 }
 
 /* X-macro of the types with a piece dequantizer (the ones kcuda_matmul accepts). */
-#define KCUDA_FOR_EACH_TYPE(X)                                                                     \
-	X(KT_F32) X(KT_F16) X(KT_BF16) X(KT_Q8_0) X(KT_Q4_0) X(KT_Q4_1) X(KT_Q5_0) X(KT_Q5_1)      \
-	X(KT_IQ4_NL) X(KT_Q2_K) X(KT_Q3_K) X(KT_Q4_K) X(KT_Q5_K) X(KT_Q6_K) X(KT_IQ4_XS)
+#define KCUDA_FOR_EACH_TYPE(X)                                                                               \
+	X(KT_F32)                                                                                            \
+	X(KT_F16) X(KT_BF16) X(KT_Q8_0) X(KT_Q4_0) X(KT_Q4_1) X(KT_Q5_0) X(KT_Q5_1) X(KT_IQ4_NL) X(KT_Q2_K)  \
+	    X(KT_Q3_K) X(KT_Q4_K) X(KT_Q5_K) X(KT_Q6_K) X(KT_IQ4_XS)
 
 #endif

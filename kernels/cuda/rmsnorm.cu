@@ -9,8 +9,8 @@
 #define RMS_THREADS 256
 
 __global__ void __launch_bounds__(RMS_THREADS)
-	rmsnorm_kernel(float *y, int64_t ldy, const float *x, int64_t ldx, const float *__restrict__ w, int64_t n,
-		       float eps)
+    rmsnorm_kernel(float *y, int64_t ldy, const float *x, int64_t ldx, const float *__restrict__ w, int64_t n,
+                   float eps)
 {
 	__shared__ float red[RMS_THREADS / 32];
 	const float *xr = x + blockIdx.x * ldx;
@@ -31,8 +31,8 @@ __global__ void __launch_bounds__(RMS_THREADS)
 		yr[i] = w[i] * (xr[i] * inv);
 }
 
-extern "C" int kcuda_rmsnorm(struct kcuda_ctx *c, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
-			     int64_t n, int64_t n_rows, float eps)
+extern "C" int kcuda_rmsnorm(struct kcuda_ctx *c, float *y, int64_t ldy, const float *x, int64_t ldx,
+                             const float *w, int64_t n, int64_t n_rows, float eps)
 {
 	if (!c || !y || !x || !w || n <= 0 || n_rows < 0 || ldx < n || ldy < n || n_rows > INT32_MAX)
 		return -EINVAL;

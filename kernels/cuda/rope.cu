@@ -9,8 +9,8 @@
 #include "kernels/cuda/cuda_common.cuh"
 
 __global__ void rope_kernel(float *x, int64_t ldx, int64_t n_heads, int64_t head_stride, int half,
-			    const float *__restrict__ inv_freq, const int32_t *__restrict__ pos, int pairing,
-			    float mscale, int64_t n)
+                            const float *__restrict__ inv_freq, const int32_t *__restrict__ pos, int pairing,
+                            float mscale, int64_t n)
 {
 	const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
 	if (g >= n)
@@ -30,8 +30,8 @@ __global__ void rope_kernel(float *x, int64_t ldx, int64_t n_heads, int64_t head
 }
 
 extern "C" int kcuda_rope(struct kcuda_ctx *c, float *x, int64_t ldx, int64_t n_tok, int64_t n_heads,
-			  int64_t head_stride, int64_t R, const float *inv_freq, const int32_t *pos, int pairing,
-			  float mscale)
+                          int64_t head_stride, int64_t R, const float *inv_freq, const int32_t *pos,
+                          int pairing, float mscale)
 {
 	if (!c || !x || !inv_freq || !pos || n_tok < 0 || n_heads <= 0 || R <= 0 || R % 2 ||
 	    (n_heads > 1 && head_stride < R) || (pairing != 0 && pairing != 1) ||
@@ -40,7 +40,7 @@ extern "C" int kcuda_rope(struct kcuda_ctx *c, float *x, int64_t ldx, int64_t n_
 	const int64_t n = n_tok * n_heads * (R / 2);
 	if (n == 0)
 		return 0;
-	rope_kernel<<<(unsigned)((n + 255) / 256), 256, 0, c->stream>>>(x, ldx, n_heads, head_stride, (int)(R / 2),
-									 inv_freq, pos, pairing, mscale, n);
+	rope_kernel<<<(unsigned)((n + 255) / 256), 256, 0, c->stream>>>(
+	    x, ldx, n_heads, head_stride, (int)(R / 2), inv_freq, pos, pairing, mscale, n);
 	return kcuda_launch_status("rope");
 }

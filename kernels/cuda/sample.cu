@@ -21,7 +21,7 @@ __device__ __forceinline__ unsigned long long am_pack(float v, int id)
 }
 
 __global__ void __launch_bounds__(ARGMAX_THREADS)
-	argmax_kernel(const float *__restrict__ s, int64_t ld, int n, int32_t *__restrict__ out)
+    argmax_kernel(const float *__restrict__ s, int64_t ld, int n, int32_t *__restrict__ out)
 {
 	__shared__ unsigned long long red[ARGMAX_THREADS / 32];
 	const float *p = s + blockIdx.x * ld;
@@ -46,8 +46,8 @@ __global__ void __launch_bounds__(ARGMAX_THREADS)
 }
 
 __global__ void __launch_bounds__(SAMPLE_MAX_K)
-	sample_topk_kernel(const float *__restrict__ s, int64_t ld, const int32_t *__restrict__ cand, int k,
-			   float inv_temp, const float *__restrict__ u, int32_t *__restrict__ out)
+    sample_topk_kernel(const float *__restrict__ s, int64_t ld, const int32_t *__restrict__ cand, int k,
+                       float inv_temp, const float *__restrict__ u, int32_t *__restrict__ out)
 {
 	__shared__ float prob[SAMPLE_MAX_K];
 	__shared__ int32_t id_by_rank[SAMPLE_MAX_K];
@@ -93,16 +93,17 @@ __global__ void __launch_bounds__(SAMPLE_MAX_K)
 	}
 }
 
-extern "C" int kcuda_sample(struct kcuda_ctx *c, const float *logits, int64_t ld, int64_t n_vocab, int64_t n_rows,
-			    int k, float temperature, const float *u, int32_t *out_ids)
+extern "C" int kcuda_sample(struct kcuda_ctx *c, const float *logits, int64_t ld, int64_t n_vocab,
+                            int64_t n_rows, int k, float temperature, const float *u, int32_t *out_ids)
 {
-	if (!c || !logits || !out_ids || n_vocab <= 0 || n_vocab > INT32_MAX || n_rows < 0 || n_rows > INT32_MAX ||
-	    ld < n_vocab || k < 0 || k > SAMPLE_MAX_K)
+	if (!c || !logits || !out_ids || n_vocab <= 0 || n_vocab > INT32_MAX || n_rows < 0 ||
+	    n_rows > INT32_MAX || ld < n_vocab || k < 0 || k > SAMPLE_MAX_K)
 		return -EINVAL;
 	if (n_rows == 0)
 		return 0;
 	if (temperature <= 0.0f || k == 1) {
-		argmax_kernel<<<(unsigned)n_rows, ARGMAX_THREADS, 0, c->stream>>>(logits, ld, (int)n_vocab, out_ids);
+		argmax_kernel<<<(unsigned)n_rows, ARGMAX_THREADS, 0, c->stream>>>(logits, ld, (int)n_vocab,
+		                                                                  out_ids);
 		return kcuda_launch_status("argmax");
 	}
 	if (!u || k == 0)
@@ -114,7 +115,7 @@ extern "C" int kcuda_sample(struct kcuda_ctx *c, const float *logits, int64_t ld
 	int rc = kcuda_topk(c, logits, ld, n_vocab, n_rows, kk, cand, kk);
 	if (rc)
 		return rc;
-	sample_topk_kernel<<<(unsigned)n_rows, SAMPLE_MAX_K, 0, c->stream>>>(logits, ld, cand, kk, 1.0f / temperature,
-									      u, out_ids);
+	sample_topk_kernel<<<(unsigned)n_rows, SAMPLE_MAX_K, 0, c->stream>>>(logits, ld, cand, kk,
+	                                                                     1.0f / temperature, u, out_ids);
 	return kcuda_launch_status("sample_topk");
 }

@@ -5,8 +5,8 @@
 
 #include "kernels/cuda/cuda_common.cuh"
 
-__global__ void swiglu_kernel(float *y, int64_t ldy, const float *gate, int64_t ldg, const float *up, int64_t ldu,
-			      int64_t n)
+__global__ void swiglu_kernel(float *y, int64_t ldy, const float *gate, int64_t ldg, const float *up,
+                              int64_t ldu, int64_t n)
 {
 	const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
 	if (i >= n)
@@ -17,9 +17,10 @@ __global__ void swiglu_kernel(float *y, int64_t ldy, const float *gate, int64_t 
 }
 
 extern "C" int kcuda_swiglu(struct kcuda_ctx *c, float *y, int64_t ldy, const float *gate, int64_t ldg,
-			    const float *up, int64_t ldu, int64_t n, int64_t n_rows)
+                            const float *up, int64_t ldu, int64_t n, int64_t n_rows)
 {
-	if (!c || !y || !gate || !up || n <= 0 || n_rows < 0 || ldy < n || ldg < n || ldu < n || n_rows > 65535)
+	if (!c || !y || !gate || !up || n <= 0 || n_rows < 0 || ldy < n || ldg < n || ldu < n ||
+	    n_rows > 65535)
 		return -EINVAL;
 	if (n_rows == 0)
 		return 0;

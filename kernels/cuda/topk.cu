@@ -24,7 +24,7 @@ __device__ __forceinline__ uint32_t topk_key(float v)
 }
 
 __global__ void __launch_bounds__(TOPK_THREADS)
-	topk_kernel(const float *__restrict__ s, int64_t ld, int n, int k, int32_t *__restrict__ out, int64_t ldo)
+    topk_kernel(const float *__restrict__ s, int64_t ld, int n, int k, int32_t *__restrict__ out, int64_t ldo)
 {
 	typedef cub::BlockScan<int, TOPK_THREADS> scan_t;
 	__shared__ typename scan_t::TempStorage scan_tmp;
@@ -82,8 +82,8 @@ __global__ void __launch_bounds__(TOPK_THREADS)
 	}
 }
 
-extern "C" int kcuda_topk(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n, int64_t n_rows, int k,
-			  int32_t *out, int64_t ldo)
+extern "C" int kcuda_topk(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n, int64_t n_rows,
+                          int k, int32_t *out, int64_t ldo)
 {
 	if (!c || !scores || !out || n <= 0 || n > INT32_MAX || n_rows < 0 || n_rows > INT32_MAX || k <= 0 ||
 	    ld < n || ldo < (k < n ? k : n))

@@ -18,15 +18,15 @@
 static int ops_n_fail __attribute__((unused));
 static int ops_n_check __attribute__((unused));
 
-#define OPS_CHECK(cond, ...)                                                                       \
-	do {                                                                                       \
-		ops_n_check++;                                                                     \
-		if (!(cond)) {                                                                     \
-			ops_n_fail++;                                                              \
-			printf("FAIL %s:%d: ", __FILE__, __LINE__);                                \
-			printf(__VA_ARGS__);                                                       \
-			printf("\n");                                                              \
-		}                                                                                  \
+#define OPS_CHECK(cond, ...)                                                                                 \
+	do {                                                                                                 \
+		ops_n_check++;                                                                               \
+		if (!(cond)) {                                                                               \
+			ops_n_fail++;                                                                        \
+			printf("FAIL %s:%d: ", __FILE__, __LINE__);                                          \
+			printf(__VA_ARGS__);                                                                 \
+			printf("\n");                                                                        \
+		}                                                                                            \
 	} while (0)
 
 static uint64_t ops_rng_state;
@@ -76,7 +76,8 @@ static inline void ops_fill_weight(int type, int64_t n_in, int64_t n_rows, size_
 				if (type == KT_F32)
 					memcpy(row + 4 * k, &v, 4);
 				else
-					ops_put16(row + 2 * k, type == KT_F16 ? kf32_to_fp16(v) : kf32_to_bf16(v));
+					ops_put16(row + 2 * k,
+					          type == KT_F16 ? kf32_to_fp16(v) : kf32_to_bf16(v));
 			}
 			continue;
 		}
@@ -92,9 +93,7 @@ static inline void ops_fill_weight(int type, int64_t n_in, int64_t n_rows, size_
 			case KT_Q4_0:
 			case KT_Q5_0:
 			case KT_IQ4_NL:
-			case KT_IQ4_XS:
-				ops_put16(p, ops_rand_scale(1));
-				break;
+			case KT_IQ4_XS: ops_put16(p, ops_rand_scale(1)); break;
 			case KT_Q4_1:
 			case KT_Q5_1:
 				ops_put16(p, ops_rand_scale(0));
@@ -104,19 +103,14 @@ static inline void ops_fill_weight(int type, int64_t n_in, int64_t n_rows, size_
 				ops_put16(p + 80, ops_rand_scale(0));
 				ops_put16(p + 82, ops_rand_scale(0));
 				break;
-			case KT_Q3_K:
-				ops_put16(p + 108, ops_rand_scale(1));
-				break;
+			case KT_Q3_K: ops_put16(p + 108, ops_rand_scale(1)); break;
 			case KT_Q4_K:
 			case KT_Q5_K:
 				ops_put16(p, ops_rand_scale(0));
 				ops_put16(p + 2, ops_rand_scale(0));
 				break;
-			case KT_Q6_K:
-				ops_put16(p + 208, ops_rand_scale(1));
-				break;
-			default:
-				break;
+			case KT_Q6_K: ops_put16(p + 208, ops_rand_scale(1)); break;
+			default: break;
 			}
 		}
 	}

@@ -26,12 +26,12 @@ struct shape {
 	const char *what;
 };
 
-static const int types[] = {KT_Q8_0, KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_BF16, KT_F32,  KT_F16,   KT_Q4_0,
-			    KT_Q4_1, KT_Q5_0, KT_Q5_1, KT_Q2_K, KT_Q3_K, KT_IQ4_NL, KT_IQ4_XS};
+static const int types[] = {KT_Q8_0, KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_BF16, KT_F32,    KT_F16,   KT_Q4_0,
+                            KT_Q4_1, KT_Q5_0, KT_Q5_1, KT_Q2_K, KT_Q3_K, KT_IQ4_NL, KT_IQ4_XS};
 
 /* Runs one case; returns 0 if it ran (pass or fail recorded), -1 on setup failure. */
 static int run_case(struct kcuda_ctx *c, int type, int64_t n_in, int64_t n_out, int64_t n_tok,
-		    enum kcuda_mm_path path, int strided, const char *what)
+                    enum kcuda_mm_path path, int strided, const char *what)
 {
 	size_t rb = 0;
 	if (!ktype_row_bytes(type, n_in, &rb))
@@ -59,8 +59,8 @@ static int run_case(struct kcuda_ctx *c, int type, int64_t n_in, int64_t n_out, 
 	if (!rc)
 		rc = kcuda_sync(c);
 	const bool gemm = path == KCUDA_MM_GEMM || (path == KCUDA_MM_AUTO && n_tok > 8);
-	OPS_CHECK(rc == 0, "%s %s n_in=%" PRId64 " n_out=%" PRId64 " n_tok=%" PRId64 ": rc %d", ktype_name(type),
-		  what, n_in, n_out, n_tok, rc);
+	OPS_CHECK(rc == 0, "%s %s n_in=%" PRId64 " n_out=%" PRId64 " n_tok=%" PRId64 ": rc %d",
+	          ktype_name(type), what, n_in, n_out, n_tok, rc);
 	size_t bad = ops_dbuf_get(c, &yb, yh);
 	OPS_CHECK(bad == 0, "%s %s: %zu guard bytes damaged around Y", ktype_name(type), what, bad);
 
@@ -86,10 +86,12 @@ static int run_case(struct kcuda_ctx *c, int type, int64_t n_in, int64_t n_out, 
 					mag += fabs((double)row[k] * x[k]);
 			}
 			const float g = yh[t * ldy + r];
-			const double err = fabs((double)g - ref), tol = 2e-6 * sqrt((double)n_in) * mag + 1e-30;
+			const double err = fabs((double)g - ref),
+			             tol = 2e-6 * sqrt((double)n_in) * mag + 1e-30;
 			if (!isfinite(g) || !(err <= tol)) {
 				if (n_bad++ < 3)
-					printf("  %s %s row %" PRId64 " tok %" PRId64 ": gpu %.9g ref %.9g (|d| %.3g, tol %.3g)\n",
+					printf("  %s %s row %" PRId64 " tok %" PRId64
+					       ": gpu %.9g ref %.9g (|d| %.3g, tol %.3g)\n",
 					       ktype_name(type), what, r, t, g, ref, err, tol);
 			}
 			if (mag > 0 && err / mag > worst)
@@ -99,12 +101,15 @@ static int run_case(struct kcuda_ctx *c, int type, int64_t n_in, int64_t n_out, 
 	for (int64_t t = 0; t < n_tok; t++)
 		for (int64_t r = n_out; r < ldy; r++)
 			n_gap_bad += !ops_is_fill_f32(yh[t * ldy + r]);
-	OPS_CHECK(n_bad == 0, "%s %s n_in=%" PRId64 " n_out=%" PRId64 " n_tok=%" PRId64 " %s: %" PRId64 " wrong outputs",
-		  ktype_name(type), what, n_in, n_out, n_tok, gemm ? "gemm" : "gemv", n_bad);
-	OPS_CHECK(n_gap_bad == 0, "%s %s: %" PRId64 " writes into the ldy gap", ktype_name(type), what, n_gap_bad);
-	printf("%-7s %-5s %-22s n_in %6" PRId64 " n_out %5" PRId64 " n_tok %3" PRId64 "%s  max |err|/sum|wx| %.2e %s\n",
-	       ktype_name(type), gemm ? "gemm" : "gemv", what, n_in, n_out, n_tok, strided ? " strided" : "", worst,
-	       n_bad ? "FAIL" : "ok");
+	OPS_CHECK(n_bad == 0,
+	          "%s %s n_in=%" PRId64 " n_out=%" PRId64 " n_tok=%" PRId64 " %s: %" PRId64 " wrong outputs",
+	          ktype_name(type), what, n_in, n_out, n_tok, gemm ? "gemm" : "gemv", n_bad);
+	OPS_CHECK(n_gap_bad == 0, "%s %s: %" PRId64 " writes into the ldy gap", ktype_name(type), what,
+	          n_gap_bad);
+	printf("%-7s %-5s %-22s n_in %6" PRId64 " n_out %5" PRId64 " n_tok %3" PRId64
+	       "%s  max |err|/sum|wx| %.2e %s\n",
+	       ktype_name(type), gemm ? "gemm" : "gemv", what, n_in, n_out, n_tok, strided ? " strided" : "",
+	       worst, n_bad ? "FAIL" : "ok");
 	ret = 0;
 out:
 	if (ret)
@@ -143,7 +148,8 @@ static void check_bad_args(struct kcuda_ctx *c)
 	bad.type = KT_IQ2_XXS;
 	bad.n_in = 256;
 	bad.row_bytes = 66;
-	OPS_CHECK(kcuda_matmul(c, &bad, x, 256, 1, y, 1) == ERR_UNSUPPORTED, "IQ2_XXS not refused as unsupported");
+	OPS_CHECK(kcuda_matmul(c, &bad, x, 256, 1, y, 1) == ERR_UNSUPPORTED,
+	          "IQ2_XXS not refused as unsupported");
 	struct kweight up = w;
 	up.row_bytes = 60;
 	struct kweight upd = {0};
@@ -173,10 +179,10 @@ int main(void)
 	/* rows sweep on a small n_in, then the real per-rank weight shapes */
 	static const int64_t rows_sweep[] = {1, 31, 32, 33, 4097};
 	static const struct shape real[] = {
-		{6144, 2048, "glm q_a"},         {2048, 2048, "glm q_b/8"},    {6144, 576, "glm kv_a"},
-		{512, 3584, "glm kv_b/8"},       {2048, 6144, "glm o_proj/8"}, {6144, 2048, "glm expert gate"},
-		{256, 6144, "glm expert down/8"}, {6144, 1536, "glm dense up/8"}, {7168, 1536, "ds q_a"},
-		{1536, 3072, "ds q_b/8"},        {2048, 7168, "ds o_proj/8"},  {7168, 2048, "ds expert up"},
+	    {6144, 2048, "glm q_a"},          {2048, 2048, "glm q_b/8"},      {6144, 576, "glm kv_a"},
+	    {512, 3584, "glm kv_b/8"},        {2048, 6144, "glm o_proj/8"},   {6144, 2048, "glm expert gate"},
+	    {256, 6144, "glm expert down/8"}, {6144, 1536, "glm dense up/8"}, {7168, 1536, "ds q_a"},
+	    {1536, 3072, "ds q_b/8"},         {2048, 7168, "ds o_proj/8"},    {7168, 2048, "ds expert up"},
 	};
 	static const int64_t toks_gemv[] = {1, 2, 3, 5, 8};
 	int setup_fail = 0;
@@ -188,8 +194,8 @@ int main(void)
 		for (size_t i = 0; i < sizeof(rows_sweep) / sizeof(rows_sweep[0]); i++) {
 			if (quick && rows_sweep[i] > 64)
 				continue;
-			setup_fail |= run_case(c, type, n_small, rows_sweep[i], 1 + (int64_t)(i % 3), KCUDA_MM_AUTO,
-					       i & 1, "rows sweep");
+			setup_fail |= run_case(c, type, n_small, rows_sweep[i], 1 + (int64_t)(i % 3),
+			                       KCUDA_MM_AUTO, i & 1, "rows sweep");
 		}
 		if (qk == 1) { /* float weights take any n_in: odd lengths use the scalar path */
 			static const int64_t odd[] = {1, 31, 33, 4097};
@@ -199,8 +205,8 @@ int main(void)
 			}
 		}
 		for (size_t t = 0; t < sizeof(toks_gemv) / sizeof(toks_gemv[0]); t++)
-			setup_fail |= run_case(c, type, quick ? n_small : 6144, 67, toks_gemv[t], KCUDA_MM_AUTO, t & 1,
-					       "n_tok sweep");
+			setup_fail |= run_case(c, type, quick ? n_small : 6144, 67, toks_gemv[t],
+			                       KCUDA_MM_AUTO, t & 1, "n_tok sweep");
 		setup_fail |= run_case(c, type, n_small, 45, 33, KCUDA_MM_AUTO, 1, "gemm strided");
 		setup_fail |= run_case(c, type, n_small, 33, 3, KCUDA_MM_GEMM, 0, "gemm forced");
 		if (quick)
@@ -209,9 +215,19 @@ int main(void)
 			if (real[s].n_in % qk)
 				continue;
 			setup_fail |= run_case(c, type, real[s].n_in, real[s].n_out, 1 + (int64_t)(s % 4),
-					       KCUDA_MM_AUTO, 0, real[s].what);
+			                       KCUDA_MM_AUTO, 0, real[s].what);
 		}
 		setup_fail |= run_case(c, type, 6144, 300, 40, KCUDA_MM_AUTO, 0, "gemm 6144");
+	}
+	/* the prefill GEMM's workspace chunking: 256 KiB holds 10 tokens and 11 rows of a 6144-wide
+	 * tile, so this runs 4 token chunks x 10 row chunks */
+	struct kcuda_ctx *small = NULL;
+	if (kcuda_ctx_create(0, 256u << 10, &small)) {
+		OPS_CHECK(0, "small-workspace context");
+	} else {
+		setup_fail |= run_case(small, KT_Q4_K, 6144, 100, 40, KCUDA_MM_AUTO, 1, "gemm small ws");
+		setup_fail |= run_case(small, KT_Q8_0, 6144, 100, 40, KCUDA_MM_AUTO, 0, "gemm small ws");
+		kcuda_ctx_destroy(small);
 	}
 	OPS_CHECK(setup_fail == 0, "some cases failed to set up");
 	kcuda_ctx_destroy(c);

@@ -40,7 +40,8 @@ static void test_rmsnorm(void)
 		for (int64_t i = 0; i < n; i++)
 			w[i] = 1.0f + 0.5f * ops_rng_unif();
 		struct ops_dbuf xb = {0}, wb = {0}, yb = {0};
-		if (up_f32(&xb, x, ldx * rows) || up_f32(&wb, w, n) || ops_dbuf_init(ctx, &yb, sizeof(float) * ldy * rows)) {
+		if (up_f32(&xb, x, ldx * rows) || up_f32(&wb, w, n) ||
+		    ops_dbuf_init(ctx, &yb, sizeof(float) * ldy * rows)) {
 			OPS_CHECK(0, "rmsnorm setup");
 			goto next;
 		}
@@ -64,7 +65,8 @@ static void test_rmsnorm(void)
 		/* in place (y == x) */
 		rc = kcuda_rmsnorm(ctx, xb.user, ldx, xb.user, ldx, wb.user, n, rows, eps);
 		float *x2 = malloc(sizeof(float) * ldx * rows);
-		OPS_CHECK(rc == 0 && kcuda_download(ctx, x2, xb.user, sizeof(float) * ldx * rows) == 0, "rmsnorm in place");
+		OPS_CHECK(rc == 0 && kcuda_download(ctx, x2, xb.user, sizeof(float) * ldx * rows) == 0,
+		          "rmsnorm in place");
 		bad = 0;
 		for (int64_t r = 0; r < rows; r++)
 			for (int64_t i = 0; i < n; i++)
@@ -80,8 +82,10 @@ static void test_rmsnorm(void)
 		free(w);
 		free(y);
 	}
-	OPS_CHECK(kcuda_rmsnorm(ctx, (float *)16, 4, (float *)16, 3, (float *)16, 4, 1, 1e-5f) == -EINVAL, "ldx < n accepted");
-	OPS_CHECK(kcuda_rmsnorm(ctx, (float *)16, 4, (float *)16, 4, (float *)16, 0, 1, 1e-5f) == -EINVAL, "n = 0 accepted");
+	OPS_CHECK(kcuda_rmsnorm(ctx, (float *)16, 4, (float *)16, 3, (float *)16, 4, 1, 1e-5f) == -EINVAL,
+	          "ldx < n accepted");
+	OPS_CHECK(kcuda_rmsnorm(ctx, (float *)16, 4, (float *)16, 4, (float *)16, 0, 1, 1e-5f) == -EINVAL,
+	          "n = 0 accepted");
 }
 
 static void test_swiglu(void)
@@ -97,7 +101,8 @@ static void test_swiglu(void)
 		}
 		g[0] = -100.0f, g[ld * rows - 1] = 100.0f;
 		struct ops_dbuf gb = {0}, ub = {0}, yb = {0};
-		if (up_f32(&gb, g, ld * rows) || up_f32(&ub, u, ld * rows) || ops_dbuf_init(ctx, &yb, sizeof(float) * ld * rows)) {
+		if (up_f32(&gb, g, ld * rows) || up_f32(&ub, u, ld * rows) ||
+		    ops_dbuf_init(ctx, &yb, sizeof(float) * ld * rows)) {
 			OPS_CHECK(0, "swiglu setup");
 			goto next;
 		}
@@ -135,9 +140,9 @@ static void test_rope(void)
 		int R, heads, stride, pairing, yarn;
 		double theta;
 	} cases[] = {
-		{64, 1, 64, 0, 0, 1e6},   {64, 8, 256, 0, 0, 1e6},  {64, 8, 192, 0, 1, 1e4},
-		{64, 4, 192, 1, 1, 1e4},  {64, 32, 128, 0, 0, 1e6}, {64, 64, 128, 1, 0, 1e4},
-		{2, 3, 5, 1, 0, 10000.0}, {128, 2, 130, 0, 0, 8e6},
+	    {64, 1, 64, 0, 0, 1e6},   {64, 8, 256, 0, 0, 1e6},  {64, 8, 192, 0, 1, 1e4},
+	    {64, 4, 192, 1, 1, 1e4},  {64, 32, 128, 0, 0, 1e6}, {64, 64, 128, 1, 0, 1e4},
+	    {2, 3, 5, 1, 0, 10000.0}, {128, 2, 130, 0, 0, 8e6},
 	};
 	for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
 		const struct rcase *rc_ = &cases[ci];
@@ -152,13 +157,14 @@ static void test_rope(void)
 		for (int64_t i = 0; i < ldx * n_tok; i++)
 			x[i] = ops_rng_unif();
 		struct ops_dbuf xb = {0}, fb = {0}, pb = {0};
-		if (up_f32(&xb, x, ldx * n_tok) || up_f32(&fb, f, rc_->R / 2) || ops_dbuf_init(ctx, &pb, sizeof(int32_t) * n_tok) ||
+		if (up_f32(&xb, x, ldx * n_tok) || up_f32(&fb, f, rc_->R / 2) ||
+		    ops_dbuf_init(ctx, &pb, sizeof(int32_t) * n_tok) ||
 		    kcuda_upload(ctx, pb.user, pos, sizeof(int32_t) * n_tok)) {
 			OPS_CHECK(0, "rope setup");
 			goto next;
 		}
-		int rc = kcuda_rope(ctx, xb.user, ldx, n_tok, rc_->heads, rc_->stride, rc_->R, fb.user, pb.user, rc_->pairing,
-				    mscale);
+		int rc = kcuda_rope(ctx, xb.user, ldx, n_tok, rc_->heads, rc_->stride, rc_->R, fb.user,
+		                    pb.user, rc_->pairing, mscale);
 		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "rope rc %d", rc);
 		OPS_CHECK(ops_dbuf_get(ctx, &xb, y) == 0, "rope: guard bytes damaged");
 		int bad = 0;
@@ -172,15 +178,16 @@ static void test_rope(void)
 				kcpu_rope(u, rc_->R, cs, rc_->pairing);
 				for (int i = 0; i < rc_->R; i++)
 					bad += !(fabs(v[i] - u[i]) <= 4e-6);
-				for (int i = rc_->R; i < rc_->stride; i++) /* the rest of the head is untouched */
+				for (int i = rc_->R; i < rc_->stride;
+				     i++) /* the rest of the head is untouched */
 					bad += memcmp(&x0[i], &v[i], 4) != 0;
 			}
 			bad += memcmp(&x[t * ldx + ldx - 1], &y[t * ldx + ldx - 1], 4) != 0;
 		}
-		OPS_CHECK(bad == 0, "rope R=%d heads=%d pairing=%d yarn=%d: %d bad", rc_->R, rc_->heads, rc_->pairing, rc_->yarn,
-			  bad);
-		printf("rope R %3d heads %2d stride %3d pairing %d yarn %d n_tok %2" PRId64 " ok\n", rc_->R, rc_->heads,
-		       rc_->stride, rc_->pairing, rc_->yarn, n_tok);
+		OPS_CHECK(bad == 0, "rope R=%d heads=%d pairing=%d yarn=%d: %d bad", rc_->R, rc_->heads,
+		          rc_->pairing, rc_->yarn, bad);
+		printf("rope R %3d heads %2d stride %3d pairing %d yarn %d n_tok %2" PRId64 " ok\n", rc_->R,
+		       rc_->heads, rc_->stride, rc_->pairing, rc_->yarn, n_tok);
 	next:
 		ops_dbuf_fini(&xb);
 		ops_dbuf_fini(&fb);
@@ -188,15 +195,18 @@ static void test_rope(void)
 		free(x);
 		free(y);
 	}
-	OPS_CHECK(kcuda_rope(ctx, (float *)16, 64, 1, 1, 64, 63, (float *)16, (int32_t *)16, 0, 1.0f) == -EINVAL, "odd R accepted");
-	OPS_CHECK(kcuda_rope(ctx, (float *)16, 64, 1, 1, 64, 64, (float *)16, (int32_t *)16, 2, 1.0f) == -EINVAL,
-		  "pairing 2 accepted");
+	OPS_CHECK(kcuda_rope(ctx, (float *)16, 64, 1, 1, 64, 63, (float *)16, (int32_t *)16, 0, 1.0f) ==
+	              -EINVAL,
+	          "odd R accepted");
+	OPS_CHECK(kcuda_rope(ctx, (float *)16, 64, 1, 1, 64, 64, (float *)16, (int32_t *)16, 2, 1.0f) ==
+	              -EINVAL,
+	          "pairing 2 accepted");
 }
 
 static void test_embed(void)
 {
-	static const int types[] = {KT_Q8_0, KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_BF16, KT_F32, KT_F16, KT_Q4_0,
-				    KT_Q4_1, KT_Q5_0, KT_Q5_1, KT_Q2_K, KT_Q3_K, KT_IQ4_NL, KT_IQ4_XS};
+	static const int types[] = {KT_Q8_0, KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_BF16, KT_F32,    KT_F16,   KT_Q4_0,
+	                            KT_Q4_1, KT_Q5_0, KT_Q5_1, KT_Q2_K, KT_Q3_K, KT_IQ4_NL, KT_IQ4_XS};
 	for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
 		const int type = types[ti];
 		const int64_t qk = ktype_get(type)->blck;
@@ -209,19 +219,23 @@ static void test_embed(void)
 		const int64_t n_tok = 6, ldy = n_in + 5;
 		int32_t ids[6] = {0, 999, 17, -1, 1000, 17};
 		float *y = malloc(sizeof(float) * ldy * n_tok), *ref = malloc(sizeof(float) * n_in);
-		struct kweight w = {.type = type, .n_in = n_in, .n_out = n_rows, .row_bytes = rb, .data = wh}, wd = {0};
+		struct kweight w = {.type = type, .n_in = n_in, .n_out = n_rows, .row_bytes = rb, .data = wh},
+		               wd = {0};
 		struct ops_dbuf ib = {0}, yb = {0};
 		unsigned n_bad = 0;
 		if (kcuda_weight_upload(ctx, &w, &wd) || ops_dbuf_init(ctx, &ib, sizeof(ids)) ||
-		    kcuda_upload(ctx, ib.user, ids, sizeof(ids)) || ops_dbuf_init(ctx, &yb, sizeof(float) * ldy * n_tok)) {
+		    kcuda_upload(ctx, ib.user, ids, sizeof(ids)) ||
+		    ops_dbuf_init(ctx, &yb, sizeof(float) * ldy * n_tok)) {
 			OPS_CHECK(0, "embed setup");
 			goto next;
 		}
 		int rc = kcuda_embed(ctx, &wd, ib.user, n_tok, yb.user, ldy);
 		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "embed rc %d", rc);
 		OPS_CHECK(ops_dbuf_get(ctx, &yb, y) == 0, "embed: guard bytes damaged");
-		OPS_CHECK(kcuda_ctx_take_errors(ctx, &n_bad) == 0 && n_bad == 2, "embed: %u bad ids counted, want 2", n_bad);
-		OPS_CHECK(kcuda_ctx_take_errors(ctx, &n_bad) == 0 && n_bad == 0, "embed: error count not cleared");
+		OPS_CHECK(kcuda_ctx_take_errors(ctx, &n_bad) == 0 && n_bad == 2,
+		          "embed: %u bad ids counted, want 2", n_bad);
+		OPS_CHECK(kcuda_ctx_take_errors(ctx, &n_bad) == 0 && n_bad == 0,
+		          "embed: error count not cleared");
 		int bad = 0;
 		for (int64_t t = 0; t < n_tok; t++) {
 			const float *yr = y + t * ldy;
@@ -239,7 +253,8 @@ static void test_embed(void)
 			for (int64_t i = n_in; i < ldy; i++)
 				bad += !ops_is_fill_f32(yr[i]);
 		}
-		OPS_CHECK(bad == 0, "embed %s n_in=%" PRId64 ": %d bad elements", ktype_name(type), n_in, bad);
+		OPS_CHECK(bad == 0, "embed %s n_in=%" PRId64 ": %d bad elements", ktype_name(type), n_in,
+		          bad);
 		printf("embed %-7s n_in %4" PRId64 " ok\n", ktype_name(type), n_in);
 	next:
 		kcuda_weight_free(&wd);

@@ -58,7 +58,8 @@ static void test_topk(void)
 		float *s = malloc(sizeof(float) * ld * rows);
 		fill_scores(s, ld * rows, ni & 1 ? 4 : 0);
 		struct ops_dbuf sb = {0};
-		if (ops_dbuf_init(ctx, &sb, sizeof(float) * ld * rows) || kcuda_upload(ctx, sb.user, s, sb.bytes)) {
+		if (ops_dbuf_init(ctx, &sb, sizeof(float) * ld * rows) ||
+		    kcuda_upload(ctx, sb.user, s, sb.bytes)) {
 			OPS_CHECK(0, "topk setup");
 			free(s);
 			continue;
@@ -113,8 +114,8 @@ static void test_greedy(void)
 			s[4 * ld + i] = NAN;
 		s[3 * ld + n - 1] = NAN; /* a NaN never beats a number */
 		struct ops_dbuf sb = {0}, ob = {0};
-		if (ops_dbuf_init(ctx, &sb, sizeof(float) * ld * rows) || kcuda_upload(ctx, sb.user, s, sb.bytes) ||
-		    ops_dbuf_init(ctx, &ob, sizeof(out))) {
+		if (ops_dbuf_init(ctx, &sb, sizeof(float) * ld * rows) ||
+		    kcuda_upload(ctx, sb.user, s, sb.bytes) || ops_dbuf_init(ctx, &ob, sizeof(out))) {
 			OPS_CHECK(0, "greedy setup");
 			goto next;
 		}
@@ -124,7 +125,8 @@ static void test_greedy(void)
 		for (int64_t r = 0; r < rows; r++) {
 			int32_t best = 0;
 			kcpu_topk(s + r * ld, (int)n, 1, &best); /* greedy = top-1 of the CPU op */
-			OPS_CHECK(out[r] == best, "greedy n=%" PRId64 " row %" PRId64 ": got %d want %d", n, r, out[r], best);
+			OPS_CHECK(out[r] == best, "greedy n=%" PRId64 " row %" PRId64 ": got %d want %d", n,
+			          r, out[r], best);
 		}
 		printf("greedy n %6" PRId64 " ok\n", n);
 	next:
@@ -183,7 +185,8 @@ static void test_sample_topk(void)
 			}
 			if (abs(want - got) > 1) {
 				bad++;
-				printf("  k %d cand %d (id %d): picked %d times, want %d\n", k, j, idx[j], got, want);
+				printf("  k %d cand %d (id %d): picked %d times, want %d\n", k, j, idx[j],
+				       got, want);
 			}
 		}
 		for (int64_t r = 0; r < rows; r++) { /* every pick is one of the k candidates */
@@ -196,8 +199,10 @@ static void test_sample_topk(void)
 		printf("sample top-k k %2d temp %.2f %s\n", k, temps[ki], bad ? "FAIL" : "ok");
 		free(idx);
 	}
-	OPS_CHECK(kcuda_sample(ctx, sb.user, n, n, 1, 2000, 1.0f, ub.user, ob.user) == -EINVAL, "k > 1024 accepted");
-	OPS_CHECK(kcuda_sample(ctx, sb.user, n, n, 1, 4, 1.0f, NULL, ob.user) == -EINVAL, "sampling without u accepted");
+	OPS_CHECK(kcuda_sample(ctx, sb.user, n, n, 1, 2000, 1.0f, ub.user, ob.user) == -EINVAL,
+	          "k > 1024 accepted");
+	OPS_CHECK(kcuda_sample(ctx, sb.user, n, n, 1, 4, 1.0f, NULL, ob.user) == -EINVAL,
+	          "sampling without u accepted");
 out:
 	ops_dbuf_fini(&sb);
 	ops_dbuf_fini(&ub);
