@@ -227,6 +227,70 @@ int kcuda_topk(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n, 
  * otherwise softmax(logit / temperature) over the top k (k <= 1024) and inverse CDF at u[row]. */
 int kcuda_sample(struct kcuda_ctx *c, const float *logits, int64_t ld, int64_t n_vocab, int64_t n_rows, int k,
 		 float temperature, const float *u, int32_t *out_ids);
+
+/* ---- CUDA attention, DSA indexer and MoE (mla_*.cu, indexer*.cu, topk_idx*.cu, moe*.cu; branch
+ * `cattn`). Batched twins of kcpu_mla_attn_head, kcpu_indexer_scores + kcpu_topk and
+ * kcpu_moe_route + the expert FFN of common/model/forward.c. Bad positions / block ids met inside
+ * a kernel are skipped and counted (kcuda_ctx_take_errors). */
+/* One layer's part of the paged KV pool on the device (common/model/model.h layout): the row of
+ * position p of a sequence with block table tbl is at
+ * base + tbl[p / block_tokens] * block_bytes + offset + (p % block_tokens) * dim * (bf16 ? 2 : 4). */
+struct kcuda_kv_view {
+	const void *base;
+	int64_t n_blocks;   /* blocks in the pool; other block ids are errors */
+	size_t block_bytes;
+	size_t offset;      /* this layer's latent (or indexer) part inside a block */
+	int block_tokens;   /* MODEL_KV_BLOCK_TOKENS (64) */
+	int64_t dim;        /* values per row: C + R (latent) or DI (indexer key) */
+	int bf16;           /* rows are bf16, else fp32 */
+};
+/* Which keys each of n_q query rows sees (all arrays on the device).
+ * Decode: one row per sequence, qseq[i] its block table, n_keys[i] = its length (or top-k count).
+ * Prefill of one sequence: qseq = NULL (table 0), n_keys = NULL (row i sees pos0 + i + 1 keys). */
+struct kcuda_attn_rows {
+	int64_t n_q;
+	const int32_t *qseq;   /* n_q block-table indices, or NULL: all rows use table 0 */
+	const int32_t *blocks; /* block tables, [n_tables][ld_blocks] */
+	int64_t ld_blocks;     /* capacity of one table (positions < ld_blocks * block_tokens) */
+	const int32_t *n_keys; /* n_q key counts, or NULL: pos0 + i + 1 (causal) */
+	int64_t pos0;
+	const int32_t *sel;    /* NULL: keys are positions 0..n_keys-1; else positions sel[i * ld_sel + j] */
+	int64_t ld_sel;
+	int64_t max_keys;      /* host bound of every n_keys (grid sizing); larger counts are clamped + counted */
+};
+/* MLA attention, absorbed form, H heads per query row: q[i][h][C + R] (fp32), out[i][h][C] the
+ * softmax(scale * q . key)-weighted sum of the keys' c parts (the caller applies W_UV). Split over
+ * the keys (flash-decoding, partials in the context workspace) when rows * heads alone do not fill
+ * the GPU. Serves decode (one row per sequence) and prefill (rows = tokens, causal or top-k). */
+int kcuda_mla_attn(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
+		   const float *q, int64_t H, int64_t C, int64_t R, float scale, float *out);
+/* DSA indexer scores (kcpu_indexer_scores order): scores[i * ld + t] = sum_h w[i][h] * ReLU(scale *
+ * q[i][h] . key_t) for t < n_keys[i] (rows->sel must be NULL); other entries untouched. */
+int kcuda_indexer_scores(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
+			 const float *q, const float *w, int64_t HI, int64_t DI, float scale, float *scores,
+			 int64_t ld);
+/* kcpu_topk per row with a per-row length n[i] (or n0 + i + 1 when n is NULL): out[i][0..m) =
+ * the m = min(k, n[i]) best (score desc, position asc, NaN as -inf) in ascending order;
+ * n_out[i] = m (n_out may be NULL). Exact (radix select), any n. */
+int kcuda_topk_idx(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n_rows, const int32_t *n,
+		   int64_t n0, int k, int32_t *out, int64_t ldo, int32_t *n_out);
+/* Indexer scores + top-k for every row, scores kept in the context workspace (rows in chunks that
+ * fit); sel[i][0..nsel[i]) as kcuda_topk_idx. */
+int kcuda_indexer_topk(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
+		       const float *q, const float *w, int64_t HI, int64_t DI, float scale, int k, int32_t *sel,
+		       int64_t ld_sel, int32_t *nsel);
+/* kcpu_moe_route for n tokens (logits[i * ld + e], bias may be NULL; E <= 1024, n_group <= 32):
+ * ids[i][k], weights[i][k] in selection order. */
+int kcuda_moe_route(struct kcuda_ctx *c, const float *logits, int64_t ld, const float *bias, int64_t n, int E,
+		    int k, int n_group, int n_group_used, int gating, bool norm, float scale, int32_t *ids,
+		    float *weights);
+/* Routed experts: out[i] = sum_j weights[i][j] * down_e(SiLU(gate_e x_i) * up_e x_i), e = ids[i][j].
+ * gate/up: device weights of E*F rows of n_in = D (expert e = rows [e F, e F + F)); down: E*D rows
+ * of n_in = F. Up to 16 tokens: all (token, expert) pairs in one launch per stage; more: tokens
+ * grouped by expert (one id download) through kcuda_matmul. out is overwritten. */
+int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
+		  const float *weights, int k, const struct kweight *gate, const struct kweight *up,
+		  const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo);
 #endif
 
 #ifdef __cplusplus

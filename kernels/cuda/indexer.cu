@@ -1,0 +1,218 @@
+/* DSA lightning-indexer scores over the paged indexer-key cache, batched over query rows, and the
+ * indexer's top-k selection (scores + kcuda_topk_idx): the CUDA twin of forward.c's index_task
+ * (kcpu_indexer_scores then kcpu_topk per query over its causal context).
+ *
+ * Grid of the score kernel: (key tile of 64 positions, query row). The row's HI x DI query and HI
+ * weights sit in shared memory; the 64 key rows are copied there as fp32 (row stride DI + 1:
+ * lane = key reads distinct banks). Thread (key t = tid % 64, head group g = tid / 64) computes
+ * d_h = scale * (q_h . k_t) for heads h = g, g + 4, ...; the per-head values go through shared
+ * memory and one thread per key sums w_h * d_h over h = 0..HI-1 IN ORDER with ReLU, as the CPU op
+ * does (separate multiply and add, no FMA contraction), so equal inputs give bit-equal scores
+ * whenever the dot products are exact (e.g. small-integer test data); otherwise ~1e-6 relative.
+ * Plain fp32 CUDA cores (sm_90/100/120). */
+#include <errno.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+#define IDX_THREADS 256
+#define IDX_TK 64 /* keys per block */
+#define IDX_HG (IDX_THREADS / IDX_TK)
+
+struct idx_args {
+	const uint8_t *base;
+	int64_t n_blocks;
+	size_t block_bytes, offset;
+	int bt, bf16;
+	const int32_t *qseq, *blocks, *n_keys;
+	int64_t ld_blocks, pos0, max_keys;
+	const float *q, *w;
+	int HI, DI;
+	float scale;
+	float *scores;
+	int64_t ld;
+	unsigned *err;
+};
+
+__global__ void __launch_bounds__(IDX_THREADS) indexer_scores_kernel(idx_args a)
+{
+	extern __shared__ float sm[];
+	const int HI = a.HI, DI = a.DI, DP = DI + 1;
+	float *q_s = sm;                 /* [HI][DI] */
+	float *k_s = q_s + HI * DI;      /* [TK][DP] */
+	float *d_s = k_s + IDX_TK * DP;  /* [HI][TK] */
+	float *w_s = d_s + HI * IDX_TK;  /* [HI] */
+	const int64_t row = blockIdx.y;
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	int64_t nk = a.n_keys ? (int64_t)a.n_keys[row] : a.pos0 + row + 1;
+	if (nk < 0 || nk > a.max_keys) {
+		if (tid == 0 && blockIdx.x == 0)
+			atomicAdd(a.err, 1u);
+		nk = nk < 0 ? 0 : a.max_keys;
+	}
+	const int64_t t0 = (int64_t)blockIdx.x * IDX_TK;
+	if (t0 >= nk)
+		return;
+	const int tn = (int)min((int64_t)IDX_TK, nk - t0);
+
+	for (int i = tid; i < HI * DI; i += IDX_THREADS)
+		q_s[i] = a.q[row * (int64_t)HI * DI + i];
+	for (int i = tid; i < HI; i += IDX_THREADS)
+		w_s[i] = a.w[row * (int64_t)HI + i];
+	const int32_t tbl = a.qseq ? a.qseq[row] : 0;
+	__shared__ int bad_s[IDX_TK];
+	for (int t = warp; t < IDX_TK; t += IDX_THREADS / 32) {
+		const int64_t p = t0 + t;
+		const uint8_t *rp = NULL;
+		if (t < tn && p < a.ld_blocks * a.bt) {
+			const int64_t blk = a.blocks[(int64_t)tbl * a.ld_blocks + p / a.bt];
+			if (blk >= 0 && blk < a.n_blocks)
+				rp = a.base + (size_t)blk * a.block_bytes + a.offset +
+				     (size_t)(p % a.bt) * (size_t)DI * (a.bf16 ? 2u : 4u);
+		}
+		if (lane == 0) {
+			bad_s[t] = t < tn && !rp;
+			if (t < tn && !rp)
+				atomicAdd(a.err, 1u);
+		}
+		float *dst = k_s + t * DP;
+		if (!rp)
+			for (int i = lane; i < DI; i += 32)
+				dst[i] = 0.0f;
+		else if (a.bf16)
+			for (int i = lane; i < DI; i += 32)
+				dst[i] = kc_bf2f(((const uint16_t *)rp)[i]);
+		else
+			for (int i = lane; i < DI; i += 32)
+				dst[i] = __ldg((const float *)rp + i);
+	}
+	__syncthreads();
+	{
+		const int t = tid % IDX_TK, g = tid / IDX_TK;
+		const float *kr = k_s + t * DP;
+		for (int h0 = g; h0 < HI; h0 += 4 * IDX_HG) {
+			/* 4 heads at a time: h0, h0 + IDX_HG, h0 + 2 IDX_HG, h0 + 3 IDX_HG */
+			float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+			for (int i = 0; i < DI; i++) {
+				const float kv = kr[i];
+#pragma unroll
+				for (int j = 0; j < 4; j++) {
+					const int h = h0 + j * IDX_HG;
+					if (h < HI)
+						d[j] = fmaf(q_s[h * DI + i], kv, d[j]);
+				}
+			}
+#pragma unroll
+			for (int j = 0; j < 4; j++) {
+				const int h = h0 + j * IDX_HG;
+				if (h < HI)
+					d_s[h * IDX_TK + t] = __fmul_rn(d[j], a.scale);
+			}
+		}
+	}
+	__syncthreads();
+	if (tid < tn) {
+		float s = 0.0f;
+		for (int h = 0; h < HI; h++) {
+			const float d = d_s[h * IDX_TK + tid];
+			if (d > 0.0f)
+				s = __fadd_rn(s, __fmul_rn(w_s[h], d));
+		}
+		a.scores[row * a.ld + t0 + tid] = bad_s[tid] ? -INFINITY : s;
+	}
+}
+
+static int idx_fill(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
+		    const float *q, const float *w, int64_t HI, int64_t DI, float scale, idx_args *a)
+{
+	if (!c || !kv || !rows || !q || !w || !kv->base || !rows->blocks || HI < 1 || DI < 1 || kv->dim != DI ||
+	    kv->block_tokens < 1 || kv->n_blocks < 0 || rows->n_q < 0 || rows->ld_blocks < 1 ||
+	    rows->max_keys < 0 || rows->sel)
+		return -EINVAL;
+	if (rows->n_q > 65535 || rows->max_keys > INT32_MAX / 2 || HI > 1024 || DI > 1024)
+		return ERR_LIMIT;
+	const size_t smem = sizeof(float) * ((size_t)HI * DI + (size_t)IDX_TK * (DI + 1) + (size_t)HI * IDX_TK + HI);
+	if (smem > 200 * 1024)
+		return ERR_LIMIT;
+	a->base = (const uint8_t *)kv->base;
+	a->n_blocks = kv->n_blocks;
+	a->block_bytes = kv->block_bytes;
+	a->offset = kv->offset;
+	a->bt = kv->block_tokens;
+	a->bf16 = kv->bf16 ? 1 : 0;
+	a->qseq = rows->qseq;
+	a->blocks = rows->blocks;
+	a->n_keys = rows->n_keys;
+	a->ld_blocks = rows->ld_blocks;
+	a->pos0 = rows->pos0;
+	a->max_keys = rows->max_keys;
+	a->q = q;
+	a->w = w;
+	a->HI = (int)HI;
+	a->DI = (int)DI;
+	a->scale = scale;
+	a->err = c->err_dev;
+	return 0;
+}
+
+static int idx_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q)
+{
+	const size_t smem =
+	    sizeof(float) * ((size_t)a.HI * a.DI + (size_t)IDX_TK * (a.DI + 1) + (size_t)a.HI * IDX_TK + a.HI);
+	KCUDA_CHECK(
+	    cudaFuncSetAttribute(indexer_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+	const int64_t tiles = (a.max_keys + IDX_TK - 1) / IDX_TK;
+	if (tiles == 0 || n_q == 0)
+		return 0;
+	dim3 grid((unsigned)tiles, (unsigned)n_q);
+	indexer_scores_kernel<<<grid, IDX_THREADS, smem, c->stream>>>(a);
+	return kcuda_launch_status("indexer_scores");
+}
+
+extern "C" int kcuda_indexer_scores(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
+				    const struct kcuda_attn_rows *rows, const float *q, const float *w, int64_t HI,
+				    int64_t DI, float scale, float *scores, int64_t ld)
+{
+	idx_args a;
+	int rc = idx_fill(c, kv, rows, q, w, HI, DI, scale, &a);
+	if (rc)
+		return rc;
+	if (!scores || ld < rows->max_keys)
+		return -EINVAL;
+	a.scores = scores;
+	a.ld = ld;
+	return idx_launch(c, a, rows->n_q);
+}
+
+extern "C" int kcuda_indexer_topk(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
+				  const struct kcuda_attn_rows *rows, const float *q, const float *w, int64_t HI,
+				  int64_t DI, float scale, int k, int32_t *sel, int64_t ld_sel, int32_t *nsel)
+{
+	idx_args a;
+	int rc = idx_fill(c, kv, rows, q, w, HI, DI, scale, &a);
+	if (rc)
+		return rc;
+	if (!sel || k < 0 || ld_sel < k)
+		return -EINVAL;
+	/* scores of as many rows as fit the workspace, then their top-k */
+	const int64_t ld = rows->max_keys > 0 ? rows->max_keys : 1;
+	const int64_t per = (int64_t)(c->ws_bytes / ((size_t)ld * sizeof(float)));
+	if (per < 1)
+		return ERR_LIMIT;
+	for (int64_t r0 = 0; r0 < rows->n_q; r0 += per) {
+		const int64_t nr = rows->n_q - r0 < per ? rows->n_q - r0 : per;
+		idx_args b = a;
+		b.q = a.q + r0 * HI * DI;
+		b.w = a.w + r0 * HI;
+		b.qseq = a.qseq ? a.qseq + r0 : NULL;
+		b.n_keys = a.n_keys ? a.n_keys + r0 : NULL;
+		b.pos0 = a.pos0 + r0;
+		b.scores = (float *)c->ws;
+		b.ld = ld;
+		if ((rc = idx_launch(c, b, nr)))
+			return rc;
+		if ((rc = kcuda_topk_idx(c, b.scores, ld, nr, b.n_keys, b.pos0, k, sel + r0 * ld_sel, ld_sel,
+					 nsel ? nsel + r0 : NULL)))
+			return rc;
+	}
+	return 0;
+}

@@ -1,0 +1,274 @@
+/* The routed-expert FFN of a MoE layer on the GPU (common/model/forward.c, FFN of a MoE layer,
+ * without the shared expert, which is a plain kcuda_matmul chain):
+ *   out[i] = sum_j w[i][j] * down_e(SiLU(gate_e x_i) * up_e x_i),  e = ids[i][j].
+ * The stacked expert tensors stay in their GGUF quant types on the device (kcuda_weight_upload of
+ * all E*F rows); expert e's rows are [e F, e F + F) (gate, up) and [e D, e D + D) (down).
+ *
+ * Decode (n <= 16 tokens): every (token, expert) pair in one launch per stage, no host sync:
+ *   gate_up kernel, grid (F / 4, n*k): a warp per (pair, row f) dots the gate and up rows of e with
+ *     x_i (pieces of 16 decoded by the `cuda` helper's kq<T> decoders, quant_piece.cuh) and writes
+ *     h[pair][f] = SiLU(g) * u (kcpu_swiglu's formula);
+ *   down kernel, grid (D / 4, n*k): y[pair][d] = down row (e, d) . h[pair];
+ *   combine kernel: out[i][d] = sum_j w[i][j] y[i k + j][d] in slot order (deterministic).
+ *   h and y live in the context workspace.
+ * Prefill (more tokens): ids are downloaded once, (token, weight) pairs grouped by expert on the
+ * host (counting sort, as the CPU), and each expert with tokens runs gather -> kcuda_matmul
+ * (tensor-core GEMM for > 8 tokens) gate and up -> kcuda_swiglu -> kcuda_matmul down -> scaled
+ * scatter-add into out; experts run one after another on the stream, so the adds do not race.
+ * Scratch for this path is allocated per call (the GEMM owns the workspace). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/quant_piece.cuh"
+
+#define MOE_WARPS 4
+#define MOE_DECODE_MAX 16
+
+template <int T>
+__device__ __forceinline__ float moe_dot(const uint8_t *row, const float *__restrict__ x, int64_t n_in, int lane)
+{
+	float acc = 0.0f;
+	const int64_t np = n_in / 16;
+	for (int64_t p = lane; p < np; p += 32) {
+		float v[16];
+		kq_values<T>(row, p, v);
+#pragma unroll
+		for (int i = 0; i < 16; i++)
+			acc = fmaf(v[i], x[16 * p + i], acc);
+	}
+	return kc_warp_sum(acc);
+}
+
+template <int T>
+__global__ void __launch_bounds__(MOE_WARPS * 32)
+	moe_gate_up_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu, size_t row_bytes, int64_t D,
+			   int64_t F, int64_t E, const float *__restrict__ x, int64_t ldx, const int32_t *__restrict__ ids,
+			   int k, float *__restrict__ h, unsigned *err)
+{
+	const int lane = threadIdx.x & 31;
+	const int64_t f = (int64_t)blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
+	const int64_t pair = blockIdx.y;
+	if (f >= F)
+		return;
+	const int32_t e = ids[pair];
+	if (e < 0 || e >= E) {
+		if (lane == 0) {
+			h[pair * F + f] = NAN;
+			if (f == 0)
+				atomicAdd(err, 1u);
+		}
+		return;
+	}
+	const float *xi = x + (pair / k) * ldx;
+	const size_t r = ((size_t)e * (size_t)F + (size_t)f) * row_bytes;
+	const float g = moe_dot<T>(wg + r, xi, D, lane);
+	const float u = moe_dot<T>(wu + r, xi, D, lane);
+	if (lane == 0)
+		h[pair * F + f] = g / (1.0f + expf(-g)) * u;
+}
+
+template <int T>
+__global__ void __launch_bounds__(MOE_WARPS * 32)
+	moe_down_kernel(const uint8_t *__restrict__ wd, size_t row_bytes, int64_t D, int64_t F, int64_t E,
+			const float *__restrict__ h, const int32_t *__restrict__ ids, float *__restrict__ y)
+{
+	const int lane = threadIdx.x & 31;
+	const int64_t d = (int64_t)blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
+	const int64_t pair = blockIdx.y;
+	if (d >= D)
+		return;
+	const int32_t e = ids[pair];
+	if (e < 0 || e >= E) {
+		if (lane == 0)
+			y[pair * D + d] = NAN;
+		return;
+	}
+	const float v = moe_dot<T>(wd + ((size_t)e * (size_t)D + (size_t)d) * row_bytes, h + pair * F, F, lane);
+	if (lane == 0)
+		y[pair * D + d] = v;
+}
+
+__global__ void moe_combine_kernel(const float *__restrict__ y, const float *__restrict__ w, int k, int64_t D,
+				   float *__restrict__ out, int64_t ldo)
+{
+	const int64_t i = blockIdx.y;
+	const int64_t d = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (d >= D)
+		return;
+	float s = 0.0f;
+	for (int j = 0; j < k; j++)
+		s = fmaf(w[i * k + j], y[(i * k + j) * D + d], s);
+	out[i * ldo + d] = s;
+}
+
+/* prefill helpers: xs[j] = x[tok[j]]; out[tok[j]] += w[j] * ys[j] */
+__global__ void moe_gather_kernel(const float *__restrict__ x, int64_t ldx, const int32_t *__restrict__ tok,
+				  int64_t D, float *__restrict__ xs)
+{
+	const int64_t j = blockIdx.y;
+	for (int64_t d = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; d < D; d += (int64_t)gridDim.x * blockDim.x)
+		xs[j * D + d] = x[(int64_t)tok[j] * ldx + d];
+}
+__global__ void moe_scatter_kernel(const float *__restrict__ ys, const int32_t *__restrict__ tok,
+				   const float *__restrict__ w, int64_t D, float *__restrict__ out, int64_t ldo)
+{
+	const int64_t j = blockIdx.y;
+	for (int64_t d = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; d < D; d += (int64_t)gridDim.x * blockDim.x)
+		out[(int64_t)tok[j] * ldo + d] = fmaf(w[j], ys[j * D + d], out[(int64_t)tok[j] * ldo + d]);
+}
+
+template <int T>
+static int moe_decode_t(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
+			const float *weights, int k, const struct kweight *gate, const struct kweight *up,
+			const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo)
+{
+	const int64_t D = gate->n_in, np = n * k;
+	float *h = (float *)c->ws, *y = h + np * F;
+	dim3 g1((unsigned)((F + MOE_WARPS - 1) / MOE_WARPS), (unsigned)np);
+	moe_gate_up_kernel<T><<<g1, MOE_WARPS * 32, 0, c->stream>>>((const uint8_t *)gate->data,
+								     (const uint8_t *)up->data, gate->row_bytes, D, F,
+								     E, x, ldx, ids, k, h, c->err_dev);
+	int rc = kcuda_launch_status("moe_gate_up");
+	if (rc)
+		return rc;
+	dim3 g2((unsigned)((D + MOE_WARPS - 1) / MOE_WARPS), (unsigned)np);
+	moe_down_kernel<T><<<g2, MOE_WARPS * 32, 0, c->stream>>>((const uint8_t *)down->data, down->row_bytes, D, F,
+								  E, h, ids, y);
+	if ((rc = kcuda_launch_status("moe_down")))
+		return rc;
+	dim3 g3((unsigned)((D + 255) / 256), (unsigned)n);
+	moe_combine_kernel<<<g3, 256, 0, c->stream>>>(y, weights, k, D, out, ldo);
+	return kcuda_launch_status("moe_combine");
+}
+
+static int moe_decode(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
+		      const float *weights, int k, const struct kweight *gate, const struct kweight *up,
+		      const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo)
+{
+	if ((size_t)n * (size_t)k * (size_t)(F + gate->n_in) * sizeof(float) > c->ws_bytes)
+		return ERR_LIMIT;
+	switch (gate->type) {
+#define X(T)                                                                                               \
+	case T:                                                                                            \
+		return moe_decode_t<T>(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
+		KCUDA_FOR_EACH_TYPE(X)
+#undef X
+	default:
+		return ERR_UNSUPPORTED;
+	}
+}
+
+static int moe_grouped(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
+		       const float *weights, int k, const struct kweight *gate, const struct kweight *up,
+		       const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo)
+{
+	const int64_t D = gate->n_in, np = n * k;
+	int rc = 0;
+	int32_t *hid = (int32_t *)malloc((size_t)np * sizeof(int32_t)), *etok = (int32_t *)malloc((size_t)np * 4);
+	float *hw = (float *)malloc((size_t)np * sizeof(float)), *ewt = (float *)malloc((size_t)np * 4);
+	int64_t *eoff = (int64_t *)calloc((size_t)E + 1, sizeof(int64_t));
+	void *dbuf = NULL;
+	const size_t lists = (size_t)np * 8, fl = sizeof(float);
+	const size_t bytes = lists + (size_t)n * fl * (2 * (size_t)D + 2 * (size_t)F) + 256;
+	if (!hid || !etok || !hw || !ewt || !eoff) {
+		rc = -ENOMEM;
+		goto cleanup;
+	}
+	if ((rc = kcuda_download(c, hid, ids, (size_t)np * 4)) || (rc = kcuda_download(c, hw, weights, (size_t)np * 4)))
+		goto cleanup;
+	for (int64_t i = 0; i < np; i++) {
+		if (hid[i] < 0 || hid[i] >= E) {
+			rc = -EINVAL;
+			goto cleanup;
+		}
+		eoff[hid[i] + 1]++;
+	}
+	for (int64_t e = 0; e < E; e++)
+		eoff[e + 1] += eoff[e];
+	{
+		int64_t *at = (int64_t *)malloc((size_t)E * sizeof(int64_t));
+		if (!at) {
+			rc = -ENOMEM;
+			goto cleanup;
+		}
+		memcpy(at, eoff, (size_t)E * sizeof(int64_t));
+		for (int64_t i = 0; i < np; i++) {
+			const int64_t j = at[hid[i]]++;
+			etok[j] = (int32_t)(i / k);
+			ewt[j] = hw[i];
+		}
+		free(at);
+	}
+	if ((rc = kcuda_alloc(bytes, &dbuf)))
+		goto cleanup;
+	{
+		int32_t *d_tok = (int32_t *)dbuf;
+		float *d_w = (float *)(d_tok + np);
+		float *xs = (float *)((char *)dbuf + ((lists + 255) & ~(size_t)255));
+		float *t1 = xs + n * D, *t2 = t1 + n * F, *ys = t2 + n * F;
+		if ((rc = kcuda_upload(c, d_tok, etok, (size_t)np * 4)) || (rc = kcuda_upload(c, d_w, ewt, (size_t)np * 4)))
+			goto cleanup;
+		for (int64_t r = 0; r < n; r++)
+			if ((rc = kcuda_memset(c, out + r * ldo, 0, (size_t)D * fl)))
+				goto cleanup;
+		for (int64_t e = 0; e < E; e++) {
+			const int64_t mt = eoff[e + 1] - eoff[e];
+			if (!mt)
+				continue;
+			struct kweight wg = *gate, wu = *up, wd = *down;
+			wg.n_out = wu.n_out = F;
+			wd.n_out = D;
+			wg.data = (const char *)gate->data + (size_t)e * (size_t)F * gate->row_bytes;
+			wu.data = (const char *)up->data + (size_t)e * (size_t)F * up->row_bytes;
+			wd.data = (const char *)down->data + (size_t)e * (size_t)D * down->row_bytes;
+			dim3 gg((unsigned)((D + 255) / 256 < 64 ? (D + 255) / 256 : 64), (unsigned)mt);
+			moe_gather_kernel<<<gg, 256, 0, c->stream>>>(x, ldx, d_tok + eoff[e], D, xs);
+			if ((rc = kcuda_launch_status("moe_gather")) || (rc = kcuda_matmul(c, &wg, xs, D, mt, t1, F)) ||
+			    (rc = kcuda_matmul(c, &wu, xs, D, mt, t2, F)) ||
+			    (rc = kcuda_swiglu(c, t1, F, t1, F, t2, F, F, mt)) ||
+			    (rc = kcuda_matmul(c, &wd, t1, F, mt, ys, D)))
+				goto cleanup;
+			moe_scatter_kernel<<<gg, 256, 0, c->stream>>>(ys, d_tok + eoff[e], d_w + eoff[e], D, out, ldo);
+			if ((rc = kcuda_launch_status("moe_scatter")))
+				goto cleanup;
+		}
+		rc = kcuda_sync(c); /* before the scratch is freed */
+	}
+cleanup:
+	if (dbuf)
+		kcuda_free(dbuf);
+	free(hid);
+	free(etok);
+	free(hw);
+	free(ewt);
+	free(eoff);
+	return rc;
+}
+
+extern "C" int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
+			     const float *weights, int k, const struct kweight *gate, const struct kweight *up,
+			     const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo)
+{
+	if (!c || !x || !ids || !weights || !gate || !up || !down || !out || n < 0 || k < 1 || E < 1 || F < 1)
+		return -EINVAL;
+	if (!gate->data || !up->data || !down->data)
+		return -EINVAL;
+	const int64_t D = gate->n_in;
+	size_t rb;
+	if (up->n_in != D || up->type != gate->type || down->n_in != F || down->type != gate->type ||
+	    gate->n_out != E * F || up->n_out != E * F || down->n_out != E * D || ldx < D || ldo < D)
+		return -EINVAL;
+	if (!ktype_row_bytes(gate->type, D, &rb) || rb != gate->row_bytes || up->row_bytes != rb ||
+	    !ktype_row_bytes(down->type, F, &rb) || rb != down->row_bytes)
+		return -EINVAL;
+	if (n == 0)
+		return 0;
+	if (n <= MOE_DECODE_MAX && D % 16 == 0 && F % 16 == 0 && gate->row_bytes % 16 == 0 &&
+	    down->row_bytes % 16 == 0)
+		return moe_decode(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
+	if (n <= MOE_DECODE_MAX && D % 16 == 0 && F % 16 == 0 && gate->type != KT_F32 && gate->type != KT_F16 &&
+	    gate->type != KT_BF16)
+		return moe_decode(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
+	return moe_grouped(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
+}

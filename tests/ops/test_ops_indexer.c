@@ -1,0 +1,369 @@
+/* The DSA indexer on the GPU against the CPU ops (kcpu_indexer_scores + kcpu_topk per query, as
+ * forward.c's index_task), over a paged indexer-key pool (fp32 and bf16; scattered blocks; the
+ * indexer part sits after two latent layers in each block).
+ * 1. Exact data: q, k small integers, w multiples of 1/8: every dot product is exact on both sides,
+ *    so scores must be BIT-equal and the top-k selection must equal the CPU's exactly, with heavy
+ *    ties (integer levels, all-zero keys, duplicated keys). Contexts 1, 31, 33, 2048, 2049, 32768,
+ *    100000 with K = 2048 (decode rows), and causal prefill rows (start 3000, T 40).
+ * 2. Random float data: scores within 2e-6 * max|score| of the CPU's; the GPU selection equals
+ *    kcpu_topk over the GPU's own scores exactly; where it differs from the CPU selection, both
+ *    positions lie within the score tolerance of the K-th score (float near-ties only).
+ * 3. kcuda_topk_idx alone: per-row lengths, NaN and -inf, many ties, k > n, against kcpu_topk.
+ * Guard bytes around every output. Exit 77 = no GPU (skip). */
+#include <errno.h>
+
+#include "common/base/err.h"
+#include "tests/ops/ops_util.h"
+
+#ifndef TANDEM_CUDA
+int main(void)
+{
+	printf("SKIP: built without CUDA (make CUDA=1)\n");
+	return 77;
+}
+#else
+
+#define BT 64
+static struct kcuda_ctx *ctx;
+
+struct pool {
+	int bf16;
+	int64_t DI, n_blocks;
+	size_t elt, block_bytes, idx_off;
+	uint8_t *h;
+	void *d;
+};
+
+static void put(struct pool *p, size_t i, float v)
+{
+	if (p->bf16) {
+		uint16_t b = kf32_to_bf16(v);
+		memcpy(p->h + 2 * i, &b, 2);
+	} else {
+		memcpy(p->h + 4 * i, &v, 4);
+	}
+}
+/* exact = 1: integer keys in [-2, 2], 1/16 of the rows all zero, 1/16 copies of an earlier row */
+static int pool_init(struct pool *p, int bf16, int64_t DI, int64_t n_blocks, int exact)
+{
+	const int64_t lat = 40; /* two small latent layers before the indexer slot */
+	p->bf16 = bf16;
+	p->DI = DI;
+	p->n_blocks = n_blocks;
+	p->elt = bf16 ? 2 : 4;
+	p->idx_off = 2 * (size_t)BT * lat * p->elt;
+	p->block_bytes = p->idx_off + (size_t)BT * DI * p->elt;
+	size_t bytes = p->block_bytes * (size_t)n_blocks;
+	p->h = malloc(bytes);
+	if (!p->h || kcuda_alloc(bytes, &p->d))
+		return -1;
+	for (size_t i = 0; i < bytes / p->elt; i++)
+		put(p, i, exact ? (float)((int)(ops_rng_next() % 5) - 2) : ops_rng_unif());
+	if (exact) {
+		const size_t rb = (size_t)DI * p->elt;
+		for (int64_t b = 0; b < n_blocks; b++)
+			for (int t = 0; t < BT; t++) {
+				uint8_t *row = p->h + (size_t)b * p->block_bytes + p->idx_off + (size_t)t * rb;
+				unsigned r = (unsigned)(ops_rng_next() % 16);
+				if (r == 0)
+					memset(row, 0, rb);
+				else if (r == 1 && t > 0)
+					memcpy(row, row - rb, rb);
+			}
+	}
+	return kcuda_upload(ctx, p->d, p->h, bytes);
+}
+static void pool_fini(struct pool *p)
+{
+	free(p->h);
+	kcuda_free(p->d);
+}
+
+struct icase {
+	const char *name;
+	int bf16, exact, HI, DI, K;
+	int n_seq;
+	const int *lens;
+	int start, T; /* prefill rows when T > 0 */
+};
+
+static void run_case(const struct icase *ic)
+{
+	const int64_t HI = ic->HI, DI = ic->DI;
+	const int prefill = ic->T > 0, K = ic->K;
+	const int n_seq = prefill ? 1 : ic->n_seq;
+	int max_len = 0, tot = 0;
+	int *lens = malloc(sizeof(int) * (size_t)n_seq);
+	for (int s = 0; s < n_seq; s++) {
+		lens[s] = prefill ? ic->start + ic->T : ic->lens[s];
+		max_len = lens[s] > max_len ? lens[s] : max_len;
+		tot += (lens[s] + BT - 1) / BT;
+	}
+	const int64_t n_q = prefill ? ic->T : n_seq, n_blocks = tot + 2;
+	const int ld_blocks = (max_len + BT - 1) / BT + 1;
+	struct pool p = {0};
+	int32_t *tbl = malloc(sizeof(int32_t) * (size_t)n_seq * ld_blocks), *perm = malloc(sizeof(int32_t) * (size_t)n_blocks);
+	int32_t *nk = malloc(sizeof(int32_t) * (size_t)n_q), *qseq = malloc(sizeof(int32_t) * (size_t)n_q);
+	float *q = malloc(sizeof(float) * (size_t)(n_q * HI * DI)), *w = malloc(sizeof(float) * (size_t)(n_q * HI));
+	float *ref = malloc(sizeof(float) * (size_t)(n_q * max_len)), *got = malloc(sizeof(float) * (size_t)(n_q * max_len));
+	int32_t *rsel = malloc(sizeof(int32_t) * (size_t)(n_q * K)), *gsel = malloc(sizeof(int32_t) * (size_t)(n_q * K));
+	int32_t *gn = malloc(sizeof(int32_t) * (size_t)n_q);
+	int32_t *tsel = malloc(sizeof(int32_t) * (size_t)K);
+	const void **keys = malloc(sizeof(void *) * (size_t)max_len);
+	void *d_tbl = NULL, *d_nk = NULL, *d_qseq = NULL, *d_q = NULL, *d_w = NULL;
+	struct ops_dbuf sb = {0}, selb = {0}, nb = {0};
+	if (pool_init(&p, ic->bf16, DI, n_blocks, ic->exact)) {
+		OPS_CHECK(0, "%s: pool", ic->name);
+		goto out;
+	}
+	for (int64_t i = 0; i < n_blocks; i++)
+		perm[i] = (int32_t)i;
+	for (int64_t i = n_blocks - 1; i > 0; i--) {
+		int64_t j = (int64_t)(ops_rng_next() % (uint64_t)(i + 1));
+		int32_t t = perm[i];
+		perm[i] = perm[j];
+		perm[j] = t;
+	}
+	int used = 0;
+	for (int s = 0; s < n_seq; s++)
+		for (int b = 0; b < ld_blocks; b++)
+			tbl[s * ld_blocks + b] = b < (lens[s] + BT - 1) / BT ? perm[used++] : -1;
+	const float ws = 1.0f / sqrtf((float)HI);
+	for (int64_t i = 0; i < n_q * HI * DI; i++)
+		q[i] = ic->exact ? (float)((int)(ops_rng_next() % 5) - 2) : ops_rng_unif();
+	for (int64_t i = 0; i < n_q * HI; i++)
+		w[i] = ic->exact ? (float)((int)(ops_rng_next() % 9) - 3) / 8.0f : ops_rng_unif() * ws;
+	for (int64_t i = 0; i < n_q; i++) {
+		qseq[i] = prefill ? 0 : (int32_t)i;
+		nk[i] = prefill ? ic->start + (int32_t)i + 1 : lens[i];
+	}
+	const float scale = 1.0f / sqrtf((float)DI);
+	/* CPU reference (forward.c's index_task) */
+	for (int64_t i = 0; i < n_q; i++) {
+		const int32_t *t = tbl + (size_t)qseq[i] * ld_blocks;
+		for (int j = 0; j < nk[i]; j++)
+			keys[j] = p.h + (size_t)t[j / BT] * p.block_bytes + p.idx_off + (size_t)(j % BT) * (size_t)DI * p.elt;
+		kcpu_indexer_scores(q + i * HI * DI, w + i * HI, HI, DI, keys, nk[i], p.bf16, scale, ref + i * max_len);
+		kcpu_topk(ref + i * max_len, nk[i], K, rsel + i * K);
+	}
+	if (kcuda_alloc(sizeof(int32_t) * (size_t)n_seq * ld_blocks, &d_tbl) || kcuda_alloc(sizeof(int32_t) * (size_t)n_q, &d_nk) ||
+	    kcuda_alloc(sizeof(int32_t) * (size_t)n_q, &d_qseq) || kcuda_alloc(sizeof(float) * (size_t)(n_q * HI * DI), &d_q) ||
+	    kcuda_alloc(sizeof(float) * (size_t)(n_q * HI), &d_w) ||
+	    ops_dbuf_init(ctx, &sb, sizeof(float) * (size_t)(n_q * max_len)) ||
+	    ops_dbuf_init(ctx, &selb, sizeof(int32_t) * (size_t)(n_q * K)) || ops_dbuf_init(ctx, &nb, sizeof(int32_t) * (size_t)n_q)) {
+		OPS_CHECK(0, "%s: device allocation", ic->name);
+		goto out;
+	}
+	kcuda_upload(ctx, d_tbl, tbl, sizeof(int32_t) * (size_t)n_seq * ld_blocks);
+	kcuda_upload(ctx, d_nk, nk, sizeof(int32_t) * (size_t)n_q);
+	kcuda_upload(ctx, d_qseq, qseq, sizeof(int32_t) * (size_t)n_q);
+	kcuda_upload(ctx, d_q, q, sizeof(float) * (size_t)(n_q * HI * DI));
+	kcuda_upload(ctx, d_w, w, sizeof(float) * (size_t)(n_q * HI));
+	struct kcuda_kv_view kv = {.base = p.d, .n_blocks = p.n_blocks, .block_bytes = p.block_bytes, .offset = p.idx_off,
+				   .block_tokens = BT, .dim = DI, .bf16 = p.bf16};
+	struct kcuda_attn_rows rows = {.n_q = n_q, .qseq = prefill ? NULL : d_qseq, .blocks = d_tbl, .ld_blocks = ld_blocks,
+				       .n_keys = prefill ? NULL : d_nk, .pos0 = ic->start, .max_keys = max_len};
+	int rc = kcuda_indexer_scores(ctx, &kv, &rows, d_q, d_w, HI, DI, scale, sb.user, max_len);
+	OPS_CHECK(rc == 0, "%s: scores rc %d", ic->name, rc);
+	rc = kcuda_indexer_topk(ctx, &kv, &rows, d_q, d_w, HI, DI, scale, K, selb.user, K, nb.user);
+	OPS_CHECK(rc == 0, "%s: indexer_topk rc %d", ic->name, rc);
+	OPS_CHECK(kcuda_sync(ctx) == 0, "%s: sync", ic->name);
+	unsigned nbad = 0;
+	OPS_CHECK(kcuda_ctx_take_errors(ctx, &nbad) == 0 && nbad == 0, "%s: %u kernel errors", ic->name, nbad);
+	size_t g1 = ops_dbuf_get(ctx, &sb, got), g2 = ops_dbuf_get(ctx, &selb, gsel), g3 = ops_dbuf_get(ctx, &nb, gn);
+	OPS_CHECK(g1 == 0 && g2 == 0 && g3 == 0, "%s: guard bytes damaged (%zu %zu %zu)", ic->name, g1, g2, g3);
+	int64_t n_scores = 0, n_bitdiff = 0, n_selbad = 0, n_own_bad = 0, n_neartie = 0, n_nonfinite = 0;
+	double maxerr = 0;
+	for (int64_t i = 0; i < n_q; i++) {
+		const float *r = ref + i * max_len, *g = got + i * max_len;
+		double mx = 0;
+		for (int j = 0; j < nk[i]; j++)
+			mx = fabs(r[j]) > mx ? fabs(r[j]) : mx;
+		for (int j = 0; j < nk[i]; j++) {
+			n_scores++;
+			if (!isfinite(g[j])) {
+				n_nonfinite++;
+				continue;
+			}
+			n_bitdiff += memcmp(&r[j], &g[j], 4) != 0;
+			double e = fabs((double)g[j] - r[j]) / (mx > 0 ? mx : 1);
+			maxerr = e > maxerr ? e : maxerr;
+		}
+		const int m = nk[i] < K ? nk[i] : K;
+		if (gn[i] != m) {
+			n_selbad++;
+			continue;
+		}
+		/* the GPU selection is exactly kcpu_topk over the GPU scores */
+		kcpu_topk(g, nk[i], K, tsel);
+		n_own_bad += memcmp(tsel, gsel + i * K, sizeof(int32_t) * (size_t)m) != 0;
+		if (memcmp(rsel + i * K, gsel + i * K, sizeof(int32_t) * (size_t)m) != 0) {
+			if (ic->exact) {
+				n_selbad++;
+				continue;
+			}
+			/* float data: differences only at near-ties of the K-th score */
+			float kth = INFINITY;
+			for (int j = 0; j < m; j++)
+				kth = r[rsel[i * K + j]] < kth ? r[rsel[i * K + j]] : kth;
+			int a = 0, b = 0;
+			while (a < m || b < m) {
+				int32_t x = a < m ? rsel[i * K + a] : INT32_MAX, y = b < m ? gsel[i * K + b] : INT32_MAX;
+				if (x == y) {
+					a++, b++;
+					continue;
+				}
+				int32_t d = x < y ? x : y;
+				if (x < y)
+					a++;
+				else
+					b++;
+				if (fabs((double)r[d] - kth) > 4e-6 * (mx > 0 ? mx : 1))
+					n_selbad++;
+				else
+					n_neartie++;
+			}
+		}
+	}
+	OPS_CHECK(n_nonfinite == 0, "%s: %lld non-finite scores", ic->name, (long long)n_nonfinite);
+	if (ic->exact)
+		OPS_CHECK(n_bitdiff == 0, "%s: %lld of %lld scores not bit-equal on exact data", ic->name, (long long)n_bitdiff,
+			  (long long)n_scores);
+	OPS_CHECK(maxerr <= 2e-6, "%s: max score error %.3g of max|score|", ic->name, maxerr);
+	OPS_CHECK(n_own_bad == 0, "%s: %lld rows where the GPU top-k != kcpu_topk(GPU scores)", ic->name, (long long)n_own_bad);
+	OPS_CHECK(n_selbad == 0, "%s: %lld selection mismatches beyond near-ties", ic->name, (long long)n_selbad);
+	printf("%-46s rows %3lld scores %9lld bit-diff %lld max err %.2g sel near-tie diffs %lld\n", ic->name,
+	       (long long)n_q, (long long)n_scores, (long long)n_bitdiff, maxerr, (long long)n_neartie);
+out:
+	ops_dbuf_fini(&sb);
+	ops_dbuf_fini(&selb);
+	ops_dbuf_fini(&nb);
+	kcuda_free(d_tbl);
+	kcuda_free(d_nk);
+	kcuda_free(d_qseq);
+	kcuda_free(d_q);
+	kcuda_free(d_w);
+	pool_fini(&p);
+	free(lens);
+	free(tbl);
+	free(perm);
+	free(nk);
+	free(qseq);
+	free(q);
+	free(w);
+	free(ref);
+	free(got);
+	free(rsel);
+	free(gsel);
+	free(gn);
+	free(tsel);
+	free(keys);
+}
+
+/* kcuda_topk_idx alone: per-row lengths, ties, NaN, -inf, k > n */
+static void test_topk_rows(void)
+{
+	static const int ns[] = {1, 2, 31, 33, 1000, 2048, 2049, 5000, 32768, 100000};
+	const int n_rows = (int)(sizeof(ns) / sizeof(ns[0])), ld = 100000;
+	static const int ks[] = {1, 7, 2048, 3000};
+	float *s = malloc(sizeof(float) * (size_t)n_rows * ld);
+	int32_t *ref = malloc(sizeof(int32_t) * 3000), *got = malloc(sizeof(int32_t) * (size_t)n_rows * 3000);
+	int32_t n[sizeof(ns) / sizeof(ns[0])], gn[sizeof(ns) / sizeof(ns[0])];
+	void *d_n = NULL;
+	struct ops_dbuf sb = {0}, ob = {0}, nb = {0};
+	for (int r = 0; r < n_rows; r++) {
+		n[r] = ns[r];
+		const int levels = r % 3 == 0 ? 3 : (r % 3 == 1 ? 50 : 0);
+		for (int j = 0; j < ld; j++) {
+			float v = ops_rng_unif();
+			if (levels)
+				v = (float)(int)((v + 1.0f) * 0.5f * levels);
+			unsigned z = (unsigned)(ops_rng_next() % 64);
+			if (z == 0)
+				v = NAN;
+			else if (z == 1)
+				v = -INFINITY;
+			else if (z == 2)
+				v = 0.0f;
+			else if (z == 3)
+				v = -0.0f;
+			s[(size_t)r * ld + j] = v;
+		}
+	}
+	if (kcuda_alloc(sizeof(n), &d_n) || ops_dbuf_init(ctx, &sb, sizeof(float) * (size_t)n_rows * ld) ||
+	    ops_dbuf_init(ctx, &ob, sizeof(int32_t) * (size_t)n_rows * 3000) || ops_dbuf_init(ctx, &nb, sizeof(n))) {
+		OPS_CHECK(0, "topk_idx: device allocation");
+		goto out;
+	}
+	kcuda_upload(ctx, sb.user, s, sizeof(float) * (size_t)n_rows * ld);
+	kcuda_upload(ctx, d_n, n, sizeof(n));
+	for (size_t ki = 0; ki < sizeof(ks) / sizeof(ks[0]); ki++) {
+		const int k = ks[ki];
+		int rc = kcuda_topk_idx(ctx, sb.user, ld, n_rows, d_n, 0, k, ob.user, 3000, nb.user);
+		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "topk_idx k %d: rc %d", k, rc);
+		size_t g = ops_dbuf_get(ctx, &ob, got) + ops_dbuf_get(ctx, &nb, gn);
+		OPS_CHECK(g == 0, "topk_idx k %d: guard bytes damaged", k);
+		for (int r = 0; r < n_rows; r++) {
+			int m = kcpu_topk(s + (size_t)r * ld, n[r], k, ref);
+			OPS_CHECK(gn[r] == m, "topk_idx k %d row n %d: count %d, want %d", k, n[r], gn[r], m);
+			OPS_CHECK(gn[r] == m && memcmp(ref, got + (size_t)r * 3000, sizeof(int32_t) * (size_t)m) == 0,
+				  "topk_idx k %d row n %d: selection differs from kcpu_topk", k, n[r]);
+		}
+	}
+	/* n = NULL: causal rows n0 + i + 1 */
+	int rc = kcuda_topk_idx(ctx, sb.user, ld, n_rows, NULL, 40, 33, ob.user, 3000, nb.user);
+	OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "topk_idx causal rc %d", rc);
+	ops_dbuf_get(ctx, &ob, got);
+	ops_dbuf_get(ctx, &nb, gn);
+	for (int r = 0; r < n_rows; r++) {
+		int m = kcpu_topk(s + (size_t)r * ld, 40 + r + 1, 33, ref);
+		OPS_CHECK(gn[r] == m && memcmp(ref, got + (size_t)r * 3000, sizeof(int32_t) * (size_t)m) == 0,
+			  "topk_idx causal row %d differs", r);
+	}
+	OPS_CHECK(kcuda_topk_idx(ctx, sb.user, ld, 1, d_n, 0, 10, ob.user, 5, nb.user) == -EINVAL, "ldo < k accepted");
+	printf("topk_idx: %d rows x %zu k values against kcpu_topk\n", n_rows, sizeof(ks) / sizeof(ks[0]));
+out:
+	kcuda_free(d_n);
+	ops_dbuf_fini(&sb);
+	ops_dbuf_fini(&ob);
+	ops_dbuf_fini(&nb);
+	free(s);
+	free(ref);
+	free(got);
+}
+
+int main(void)
+{
+	if (kcuda_device_count() < 1) {
+		printf("SKIP: no CUDA device\n");
+		return 77;
+	}
+	ops_seed_init();
+	/* small workspace: kcuda_indexer_topk must split the rows into chunks */
+	if (kcuda_ctx_create(0, 2u << 20, &ctx)) {
+		printf("FAIL: no CUDA context\n");
+		return 1;
+	}
+	static const int l_small[] = {1, 31, 33, 64, 65, 2048, 2049};
+	static const int l_32k[] = {32768};
+	static const int l_100k[] = {100000};
+	const struct icase cases[] = {
+	    {"exact f32 HI32 DI128 ctx 1..2049", 0, 1, 32, 128, 2048, 7, l_small, 0, 0},
+	    {"exact bf16 HI64 DI128 ctx 1..2049", 1, 1, 64, 128, 2048, 7, l_small, 0, 0},
+	    {"exact f32 HI32 DI128 ctx 32768", 0, 1, 32, 128, 2048, 1, l_32k, 0, 0},
+	    {"exact bf16 HI64 DI128 ctx 100000", 1, 1, 64, 128, 2048, 1, l_100k, 0, 0},
+	    {"exact f32 prefill start 3000 T 40", 0, 1, 32, 128, 2048, 0, NULL, 3000, 40},
+	    {"random f32 HI32 DI128 ctx 1..2049", 0, 0, 32, 128, 2048, 7, l_small, 0, 0},
+	    {"random bf16 HI64 DI128 ctx 32768", 1, 0, 64, 128, 2048, 1, l_32k, 0, 0},
+	    {"random f32 HI32 DI128 ctx 100000", 0, 0, 32, 128, 2048, 1, l_100k, 0, 0},
+	    {"random bf16 prefill start 2000 T 70", 1, 0, 64, 128, 2048, 0, NULL, 2000, 70},
+	    {"odd HI5 DI40 K7 ctx 1..2049", 0, 0, 5, 40, 7, 7, l_small, 0, 0},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		run_case(&cases[i]);
+	test_topk_rows();
+	kcuda_ctx_destroy(ctx);
+	printf("%d checks, %d failed\n", ops_n_check, ops_n_fail);
+	return ops_n_fail ? 1 : 0;
+}
+#endif

@@ -1,0 +1,301 @@
+/* kcuda_mla_attn against kcpu_mla_attn_head run per (query row, head) over the same paged KV pool
+ * (the model's block layout: two latent layers and an indexer slot per block, layer 1 used, block
+ * tables shuffled so sequences span non-contiguous blocks; fp32 and bf16 pools).
+ * Decode: B sequences with contexts 1, 31, 33, 2048, 2049, 32768 at H = 8, 16, 64, 128 (C = 512,
+ * R = 64), dense and restricted to 2048 top-k positions; prefill: causal rows at start > 0, dense
+ * and per-row top-k; a small odd shape (C = 64, R = 16, H = 3). Tolerance: max |gpu - cpu| <= 5e-5
+ * * max |cpu| per case (fp32 accumulation on both sides; the printed errors are ~1e-6). Guard bytes
+ * around the output; no NaN/Inf; a bad block id is counted as an error and skipped.
+ * Exit 77 = no GPU (skip). */
+#include <errno.h>
+
+#include "common/base/err.h"
+#include "tests/ops/ops_util.h"
+
+#ifndef TANDEM_CUDA
+int main(void)
+{
+	printf("SKIP: built without CUDA (make CUDA=1)\n");
+	return 77;
+}
+#else
+
+#define BT 64
+static struct kcuda_ctx *ctx;
+
+struct pool {
+	int bf16;
+	int64_t dim, n_blocks;
+	size_t elt, block_bytes, lat_off;
+	uint8_t *h;
+	void *d;
+};
+
+static int pool_init(struct pool *p, int bf16, int64_t dim, int64_t n_blocks)
+{
+	const int64_t DI = 16; /* an indexer slot after the latent layers: exercises the offsets */
+	p->bf16 = bf16;
+	p->dim = dim;
+	p->n_blocks = n_blocks;
+	p->elt = bf16 ? 2 : 4;
+	p->lat_off = (size_t)BT * (size_t)dim * p->elt; /* layer 1 */
+	p->block_bytes = 2 * p->lat_off + (size_t)BT * DI * p->elt;
+	size_t bytes = p->block_bytes * (size_t)n_blocks;
+	p->h = malloc(bytes);
+	if (!p->h || kcuda_alloc(bytes, &p->d))
+		return -1;
+	for (size_t i = 0; i < bytes / p->elt; i++) {
+		float v = ops_rng_unif();
+		if (bf16) {
+			uint16_t b = kf32_to_bf16(v);
+			memcpy(p->h + 2 * i, &b, 2);
+		} else {
+			memcpy(p->h + 4 * i, &v, 4);
+		}
+	}
+	return kcuda_upload(ctx, p->d, p->h, bytes);
+}
+static void pool_fini(struct pool *p)
+{
+	free(p->h);
+	kcuda_free(p->d);
+}
+static const void *pool_row(const struct pool *p, const int32_t *tbl, int64_t pos)
+{
+	return p->h + (size_t)tbl[pos / BT] * p->block_bytes + p->lat_off + (size_t)(pos % BT) * (size_t)p->dim * p->elt;
+}
+static void pool_view(const struct pool *p, struct kcuda_kv_view *v)
+{
+	v->base = p->d;
+	v->n_blocks = p->n_blocks;
+	v->block_bytes = p->block_bytes;
+	v->offset = p->lat_off;
+	v->block_tokens = BT;
+	v->dim = p->dim;
+	v->bf16 = p->bf16;
+}
+
+/* a random ascending subset of min(K, n) positions of 0..n-1 (via kcpu_topk of random scores) */
+static int rand_sel(int n, int K, int32_t *out, float *tmp)
+{
+	for (int i = 0; i < n; i++)
+		tmp[i] = ops_rng_unif();
+	return kcpu_topk(tmp, n, K, out);
+}
+
+struct mcase {
+	const char *name;
+	int bf16, H, C, R;
+	int n_seq;
+	const int *lens;  /* decode: per sequence */
+	int prefill_start, prefill_T; /* prefill: one sequence of length start + T (T > 0) */
+	int K;            /* 0 = dense */
+	float qmul;
+};
+
+static void run_case(const struct mcase *mc)
+{
+	const int64_t H = mc->H, C = mc->C, R = mc->R, dim = C + R;
+	const int prefill = mc->prefill_T > 0;
+	const int n_seq = prefill ? 1 : mc->n_seq;
+	int max_len = 0, tot_blocks = 0;
+	int *lens = malloc(sizeof(int) * (size_t)n_seq);
+	for (int s = 0; s < n_seq; s++) {
+		lens[s] = prefill ? mc->prefill_start + mc->prefill_T : mc->lens[s];
+		max_len = lens[s] > max_len ? lens[s] : max_len;
+		tot_blocks += (lens[s] + BT - 1) / BT;
+	}
+	const int64_t n_q = prefill ? mc->prefill_T : n_seq;
+	const int ld_blocks = (max_len + BT - 1) / BT + 1;
+	const int64_t n_blocks = tot_blocks + 3;
+	struct pool p = {0};
+	int32_t *tbl = malloc(sizeof(int32_t) * (size_t)n_seq * ld_blocks);
+	int32_t *perm = malloc(sizeof(int32_t) * (size_t)n_blocks);
+	const int K = mc->K;
+	const int ld_sel = K > 0 ? K : 1;
+	int32_t *sel = malloc(sizeof(int32_t) * (size_t)n_q * ld_sel), *nk = malloc(sizeof(int32_t) * (size_t)n_q);
+	int32_t *qseq = malloc(sizeof(int32_t) * (size_t)n_q);
+	float *tmp = malloc(sizeof(float) * (size_t)max_len);
+	float *q = malloc(sizeof(float) * (size_t)(n_q * H * dim));
+	float *ref = malloc(sizeof(float) * (size_t)(n_q * H * C)), *got = malloc(sizeof(float) * (size_t)(n_q * H * C));
+	float *sc = malloc(sizeof(float) * (size_t)max_len);
+	const void **keys = malloc(sizeof(void *) * (size_t)max_len);
+	void *d_tbl = NULL, *d_sel = NULL, *d_nk = NULL, *d_qseq = NULL, *d_q = NULL;
+	struct ops_dbuf ob = {0};
+	if (pool_init(&p, mc->bf16, dim, n_blocks)) {
+		OPS_CHECK(0, "%s: pool allocation", mc->name);
+		goto out;
+	}
+	/* shuffled block ids, handed out in order: every sequence spans scattered blocks */
+	for (int64_t i = 0; i < n_blocks; i++)
+		perm[i] = (int32_t)i;
+	for (int64_t i = n_blocks - 1; i > 0; i--) {
+		int64_t j = (int64_t)(ops_rng_next() % (uint64_t)(i + 1));
+		int32_t t = perm[i];
+		perm[i] = perm[j];
+		perm[j] = t;
+	}
+	int used = 0;
+	for (int s = 0; s < n_seq; s++)
+		for (int b = 0; b < ld_blocks; b++)
+			tbl[s * ld_blocks + b] = b < (lens[s] + BT - 1) / BT ? perm[used++] : -1;
+	for (int64_t i = 0; i < n_q * H * dim; i++)
+		q[i] = ops_rng_unif() * mc->qmul;
+	for (int64_t i = 0; i < n_q; i++) {
+		int vis = prefill ? mc->prefill_start + (int)i + 1 : lens[i];
+		qseq[i] = prefill ? 0 : (int32_t)i;
+		nk[i] = K > 0 ? rand_sel(vis, K, sel + i * ld_sel, tmp) : vis;
+	}
+	/* CPU reference */
+	const float scale = 1.0f / sqrtf((float)(dim));
+	for (int64_t i = 0; i < n_q; i++) {
+		const int32_t *t = tbl + (size_t)qseq[i] * ld_blocks;
+		for (int j = 0; j < nk[i]; j++)
+			keys[j] = pool_row(&p, t, K > 0 ? sel[i * ld_sel + j] : j);
+		for (int64_t h = 0; h < H; h++)
+			kcpu_mla_attn_head(q + (i * H + h) * dim, C, R, keys, nk[i], p.bf16, scale, sc,
+					   ref + (i * H + h) * C);
+	}
+	/* GPU */
+	if (kcuda_alloc(sizeof(int32_t) * (size_t)n_seq * ld_blocks, &d_tbl) ||
+	    kcuda_alloc(sizeof(int32_t) * (size_t)n_q * ld_sel, &d_sel) || kcuda_alloc(sizeof(int32_t) * (size_t)n_q, &d_nk) ||
+	    kcuda_alloc(sizeof(int32_t) * (size_t)n_q, &d_qseq) || kcuda_alloc(sizeof(float) * (size_t)(n_q * H * dim), &d_q) ||
+	    ops_dbuf_init(ctx, &ob, sizeof(float) * (size_t)(n_q * H * C))) {
+		OPS_CHECK(0, "%s: device allocation", mc->name);
+		goto out;
+	}
+	kcuda_upload(ctx, d_tbl, tbl, sizeof(int32_t) * (size_t)n_seq * ld_blocks);
+	kcuda_upload(ctx, d_sel, sel, sizeof(int32_t) * (size_t)n_q * ld_sel);
+	kcuda_upload(ctx, d_nk, nk, sizeof(int32_t) * (size_t)n_q);
+	kcuda_upload(ctx, d_qseq, qseq, sizeof(int32_t) * (size_t)n_q);
+	kcuda_upload(ctx, d_q, q, sizeof(float) * (size_t)(n_q * H * dim));
+	struct kcuda_kv_view kv;
+	pool_view(&p, &kv);
+	struct kcuda_attn_rows rows = {
+	    .n_q = n_q,
+	    .qseq = prefill ? NULL : d_qseq,
+	    .blocks = d_tbl,
+	    .ld_blocks = ld_blocks,
+	    .n_keys = prefill && K == 0 ? NULL : d_nk,
+	    .pos0 = prefill ? mc->prefill_start : 0,
+	    .sel = K > 0 ? d_sel : NULL,
+	    .ld_sel = ld_sel,
+	    .max_keys = K > 0 && K < max_len ? K : max_len,
+	};
+	int rc = kcuda_mla_attn(ctx, &kv, &rows, d_q, H, C, R, scale, ob.user);
+	OPS_CHECK(rc == 0, "%s: kcuda_mla_attn rc %d", mc->name, rc);
+	OPS_CHECK(kcuda_sync(ctx) == 0, "%s: sync", mc->name);
+	unsigned nbad = 0;
+	OPS_CHECK(kcuda_ctx_take_errors(ctx, &nbad) == 0 && nbad == 0, "%s: %u kernel errors", mc->name, nbad);
+	size_t gb = ops_dbuf_get(ctx, &ob, got);
+	OPS_CHECK(gb == 0, "%s: %zu guard bytes damaged", mc->name, gb);
+	double maxref = 0, maxerr = 0;
+	int64_t nonfinite = 0, worst = 0;
+	for (int64_t i = 0; i < n_q * H * C; i++) {
+		if (!isfinite(got[i]) || !isfinite(ref[i])) {
+			nonfinite++;
+			continue;
+		}
+		maxref = fabs(ref[i]) > maxref ? fabs(ref[i]) : maxref;
+		double e = fabs((double)got[i] - ref[i]);
+		if (e > maxerr) {
+			maxerr = e;
+			worst = i;
+		}
+	}
+	OPS_CHECK(nonfinite == 0, "%s: %lld non-finite outputs", mc->name, (long long)nonfinite);
+	OPS_CHECK(maxerr <= 5e-5 * maxref, "%s: max err %.3g at %lld (gpu %.8g cpu %.8g), max |ref| %.3g", mc->name,
+		  maxerr, (long long)worst, got[worst], ref[worst], maxref);
+	printf("%-44s rows %5lld H %3lld max|ref| %.3g max err %.3g (rel %.2g)\n", mc->name, (long long)n_q,
+	       (long long)H, maxref, maxerr, maxref > 0 ? maxerr / maxref : 0.0);
+
+	/* hostile input: a block id outside the pool is counted and its keys are skipped */
+	if (!prefill && lens[0] > 0) {
+		int32_t badblk = (int32_t)n_blocks + 7;
+		kcuda_upload(ctx, d_tbl, &badblk, sizeof(int32_t));
+		rc = kcuda_mla_attn(ctx, &kv, &rows, d_q, H, C, R, scale, ob.user);
+		nbad = 0;
+		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0 && kcuda_ctx_take_errors(ctx, &nbad) == 0 && nbad > 0,
+			  "%s: bad block id not reported (rc %d, %u errors)", mc->name, rc, nbad);
+		ops_dbuf_get(ctx, &ob, got);
+		int64_t nf = 0;
+		for (int64_t i = 0; i < n_q * H * C; i++)
+			nf += !isfinite(got[i]);
+		OPS_CHECK(nf == 0, "%s: bad block id gave %lld non-finite outputs", mc->name, (long long)nf);
+	}
+out:
+	ops_dbuf_fini(&ob);
+	kcuda_free(d_tbl);
+	kcuda_free(d_sel);
+	kcuda_free(d_nk);
+	kcuda_free(d_qseq);
+	kcuda_free(d_q);
+	pool_fini(&p);
+	free(lens);
+	free(tbl);
+	free(perm);
+	free(sel);
+	free(nk);
+	free(qseq);
+	free(tmp);
+	free(q);
+	free(ref);
+	free(got);
+	free(sc);
+	free(keys);
+}
+
+static void test_args(void)
+{
+	struct kcuda_kv_view kv = {.base = (void *)16, .n_blocks = 1, .block_bytes = 4096, .block_tokens = BT, .dim = 576};
+	struct kcuda_attn_rows rows = {.n_q = 1, .blocks = (int32_t *)16, .ld_blocks = 1, .max_keys = 1};
+	OPS_CHECK(kcuda_mla_attn(ctx, &kv, &rows, (float *)16, 16, 512, 32, 1.0f, (float *)16) == -EINVAL,
+		  "dim != C + R accepted");
+	OPS_CHECK(kcuda_mla_attn(ctx, &kv, &rows, (float *)16, 16, 1024, -448, 1.0f, (float *)16) == -EINVAL,
+		  "negative R accepted");
+	kv.dim = 1088;
+	OPS_CHECK(kcuda_mla_attn(ctx, &kv, &rows, (float *)16, 16, 1024, 64, 1.0f, (float *)16) == -EINVAL,
+		  "C > 512 accepted");
+	kv.dim = 576;
+	OPS_CHECK(kcuda_mla_attn(ctx, &kv, &rows, NULL, 16, 512, 64, 1.0f, (float *)16) == -EINVAL, "NULL q accepted");
+}
+
+int main(void)
+{
+	if (kcuda_device_count() < 1) {
+		printf("SKIP: no CUDA device\n");
+		return 77;
+	}
+	ops_seed_init();
+	if (kcuda_ctx_create(0, 64u << 20, &ctx)) {
+		printf("FAIL: no CUDA context\n");
+		return 1;
+	}
+	static const int l_small[] = {1, 31, 33, 64, 65};
+	static const int l_mid[] = {2048, 2049, 1};
+	static const int l_long[] = {32768};
+	static const int l_mix[] = {2049, 7, 4100, 1};
+	const struct mcase cases[] = {
+	    {"decode f32 H16 ctx 1/31/33/64/65", 0, 16, 512, 64, 5, l_small, 0, 0, 0, 1.0f},
+	    {"decode bf16 H16 ctx 1/31/33/64/65", 1, 16, 512, 64, 5, l_small, 0, 0, 0, 1.0f},
+	    {"decode f32 H8 ctx 2048/2049/1", 0, 8, 512, 64, 3, l_mid, 0, 0, 0, 3.0f},
+	    {"decode f32 H16 ctx 32768", 0, 16, 512, 64, 1, l_long, 0, 0, 0, 3.0f},
+	    {"decode bf16 H8 ctx 32768", 1, 8, 512, 64, 1, l_long, 0, 0, 0, 1.0f},
+	    {"decode f32 H64 ctx 2048/2049/1", 0, 64, 512, 64, 3, l_mid, 0, 0, 0, 1.0f},
+	    {"decode bf16 H128 ctx 2049/7/4100/1", 1, 128, 512, 64, 4, l_mix, 0, 0, 0, 1.0f},
+	    {"decode sparse K2048 f32 H16 ctx 32768", 0, 16, 512, 64, 1, l_long, 0, 0, 2048, 3.0f},
+	    {"decode sparse K2048 bf16 H8 mix", 1, 8, 512, 64, 4, l_mix, 0, 0, 2048, 1.0f},
+	    {"prefill f32 H16 start 0 T 33", 0, 16, 512, 64, 0, NULL, 0, 33, 0, 1.0f},
+	    {"prefill bf16 H16 start 100 T 64", 1, 16, 512, 64, 0, NULL, 100, 64, 0, 1.0f},
+	    {"prefill sparse K2048 f32 H8 start 2000 T 100", 0, 8, 512, 64, 0, NULL, 2000, 100, 2048, 2.0f},
+	    {"odd C64 R16 H3 decode ctx mix", 0, 3, 64, 16, 4, l_mix, 0, 0, 0, 2.0f},
+	    {"odd C64 R16 H3 prefill start 5 T 31", 1, 3, 64, 16, 0, NULL, 5, 31, 0, 2.0f},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		run_case(&cases[i]);
+	test_args();
+	kcuda_ctx_destroy(ctx);
+	printf("%d checks, %d failed\n", ops_n_check, ops_n_fail);
+	return ops_n_fail ? 1 : 0;
+}
+#endif

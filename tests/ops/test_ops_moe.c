@@ -1,0 +1,242 @@
+/* MoE on the GPU against the CPU:
+ * 1. kcuda_moe_route vs kcpu_moe_route per token: DeepSeek-V3 routing (E 256, k 8, 8 groups / 4
+ *    used, sigmoid, correction bias, norm, scale 2.5), GLM-5 routing (E 256, k 8, one group),
+ *    softmax gating (E 64, k 6) and an odd one (E 20, k 3, 5 groups / 2 used); logits on a coarse
+ *    grid in half of the tokens so experts and groups tie exactly (ties go to the lower id).
+ *    ids must be equal; weights within 1e-6 relative (CUDA expf is not glibc's to the last ulp).
+ * 2. kcuda_moe_ffn vs the CPU chain of forward.c (per token and slot: kcpu_matmul gate / up on the
+ *    expert's rows, kcpu_swiglu, kcpu_matmul down, weighted sum) for Q8_0, Q4_K, Q6_K, BF16, F32
+ *    stacked expert weights: decode path (1, 3, 16 tokens: fp32 throughout, max error <= 1e-4 *
+ *    max|ref|) and the grouped prefill path (40 tokens: bf16 tensor-core GEMM, <= 2e-2).
+ * Guard bytes around the outputs. Exit 77 = no GPU (skip). */
+#include <errno.h>
+
+#include "common/base/err.h"
+#include "tests/ops/ops_util.h"
+
+#ifndef TANDEM_CUDA
+int main(void)
+{
+	printf("SKIP: built without CUDA (make CUDA=1)\n");
+	return 77;
+}
+#else
+
+static struct kcuda_ctx *ctx;
+
+struct rcase {
+	const char *name;
+	int E, k, n_group, n_used, gating, norm, bias;
+	float scale;
+};
+
+static void route_case(const struct rcase *rc_)
+{
+	const int n = 300, E = rc_->E, k = rc_->k;
+	float *lg = malloc(sizeof(float) * (size_t)n * E), *bias = malloc(sizeof(float) * (size_t)E);
+	int32_t *rid = malloc(sizeof(int32_t) * (size_t)n * k), *gid = malloc(sizeof(int32_t) * (size_t)n * k);
+	float *rw = malloc(sizeof(float) * (size_t)n * k), *gw = malloc(sizeof(float) * (size_t)n * k);
+	float *scr = malloc(sizeof(float) * 2 * (size_t)E);
+	void *d_lg = NULL, *d_b = NULL;
+	struct ops_dbuf ib = {0}, wb = {0};
+	for (int e = 0; e < E; e++)
+		bias[e] = ops_rng_unif() * 0.1f;
+	if (E > 8)
+		bias[3] = bias[5]; /* equal biases: exact ties when the logits are equal too */
+	for (int i = 0; i < n; i++)
+		for (int e = 0; e < E; e++) {
+			float v = ops_rng_unif() * 4.0f;
+			if (i % 2) /* coarse grid: many exact ties of experts and of groups */
+				v = (float)(int)(v * 2.0f) / 2.0f;
+			if (i % 7 == 3)
+				v = 0.0f; /* all equal */
+			lg[(size_t)i * E + e] = v;
+		}
+	const float *bp = rc_->bias ? bias : NULL;
+	for (int i = 0; i < n; i++)
+		kcpu_moe_route(lg + (size_t)i * E, bp, E, k, rc_->n_group, rc_->n_used, rc_->gating, rc_->norm, rc_->scale,
+			       rid + (size_t)i * k, rw + (size_t)i * k, scr);
+	if (kcuda_alloc(sizeof(float) * (size_t)n * E, &d_lg) || kcuda_alloc(sizeof(float) * (size_t)E, &d_b) ||
+	    ops_dbuf_init(ctx, &ib, sizeof(int32_t) * (size_t)n * k) || ops_dbuf_init(ctx, &wb, sizeof(float) * (size_t)n * k)) {
+		OPS_CHECK(0, "%s: device allocation", rc_->name);
+		goto out;
+	}
+	kcuda_upload(ctx, d_lg, lg, sizeof(float) * (size_t)n * E);
+	kcuda_upload(ctx, d_b, bias, sizeof(float) * (size_t)E);
+	int rc = kcuda_moe_route(ctx, d_lg, E, rc_->bias ? d_b : NULL, n, E, k, rc_->n_group, rc_->n_used, rc_->gating,
+				 rc_->norm, rc_->scale, ib.user, wb.user);
+	OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "%s: rc %d", rc_->name, rc);
+	size_t g = ops_dbuf_get(ctx, &ib, gid) + ops_dbuf_get(ctx, &wb, gw);
+	OPS_CHECK(g == 0, "%s: %zu guard bytes damaged", rc_->name, g);
+	int bad_ids = 0, bad_w = 0;
+	double maxrel = 0;
+	for (int i = 0; i < n * k; i++) {
+		if (gid[i] != rid[i]) {
+			if (bad_ids++ < 3)
+				printf("  %s: token %d slot %d: gpu expert %d, cpu %d\n", rc_->name, i / k, i % k, gid[i], rid[i]);
+			continue;
+		}
+		double rel = fabs((double)gw[i] - rw[i]) / (fabs(rw[i]) > 1e-30 ? fabs(rw[i]) : 1e-30);
+		if (!isfinite(gw[i]) || rel > 1e-6)
+			bad_w++;
+		maxrel = rel > maxrel ? rel : maxrel;
+	}
+	OPS_CHECK(bad_ids == 0, "%s: %d expert ids differ", rc_->name, bad_ids);
+	OPS_CHECK(bad_w == 0, "%s: %d weights off (max rel %.3g)", rc_->name, bad_w, maxrel);
+	printf("%-40s %d tokens: ids equal, weights max rel err %.2g\n", rc_->name, n, maxrel);
+out:
+	kcuda_free(d_lg);
+	kcuda_free(d_b);
+	ops_dbuf_fini(&ib);
+	ops_dbuf_fini(&wb);
+	free(lg);
+	free(bias);
+	free(rid);
+	free(gid);
+	free(rw);
+	free(gw);
+	free(scr);
+}
+
+static void ffn_case(int type, int n, double tol)
+{
+	const int64_t E = 12, F = 256, D = 512;
+	const int k = 4;
+	const struct ktype_info *ti = ktype_get(type);
+	size_t rb_d = 0, rb_f = 0;
+	ktype_row_bytes(type, D, &rb_d);
+	ktype_row_bytes(type, F, &rb_f);
+	uint8_t *hg = malloc(rb_d * (size_t)(E * F)), *hu = malloc(rb_d * (size_t)(E * F)), *hd = malloc(rb_f * (size_t)(E * D));
+	float *x = malloc(sizeof(float) * (size_t)(n * D)), *ref = calloc((size_t)(n * D), sizeof(float));
+	float *got = malloc(sizeof(float) * (size_t)(n * D)), *w = malloc(sizeof(float) * (size_t)(n * k));
+	int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n * k));
+	float *t1 = malloc(sizeof(float) * (size_t)F), *t2 = malloc(sizeof(float) * (size_t)F), *y = malloc(sizeof(float) * (size_t)D);
+	struct kweight g = {type, D, E * F, rb_d, hg}, u = {type, D, E * F, rb_d, hu}, dn = {type, F, E * D, rb_f, hd};
+	struct kweight dg = {0}, du = {0}, dd = {0};
+	void *d_x = NULL, *d_ids = NULL, *d_w = NULL;
+	struct ops_dbuf ob = {0};
+	ops_fill_weight(type, D, E * F, rb_d, hg);
+	ops_fill_weight(type, D, E * F, rb_d, hu);
+	ops_fill_weight(type, F, E * D, rb_f, hd);
+	for (int64_t i = 0; i < n * D; i++)
+		x[i] = ops_rng_unif();
+	for (int i = 0; i < n; i++)
+		for (int j = 0; j < k; j++) {
+			int32_t e;
+			int dup;
+			do { /* distinct experts per token */
+				e = (int32_t)(ops_rng_next() % (uint64_t)E);
+				dup = 0;
+				for (int jj = 0; jj < j; jj++)
+					dup |= ids[i * k + jj] == e;
+			} while (dup);
+			ids[i * k + j] = e;
+			w[i * k + j] = ops_rng_unif() + 1.5f;
+		}
+	/* CPU: forward.c's expert chain, token by token */
+	for (int i = 0; i < n; i++)
+		for (int j = 0; j < k; j++) {
+			const int32_t e = ids[i * k + j];
+			struct kweight eg = g, eu = u, ed = dn;
+			eg.n_out = eu.n_out = F;
+			ed.n_out = D;
+			eg.data = hg + (size_t)e * F * rb_d;
+			eu.data = hu + (size_t)e * F * rb_d;
+			ed.data = hd + (size_t)e * D * rb_f;
+			kcpu_matmul(NULL, &eg, x + i * D, D, 1, t1, F);
+			kcpu_matmul(NULL, &eu, x + i * D, D, 1, t2, F);
+			kcpu_swiglu(t1, t1, t2, F);
+			kcpu_matmul(NULL, &ed, t1, F, 1, y, D);
+			for (int64_t d = 0; d < D; d++)
+				ref[i * D + d] += w[i * k + j] * y[d];
+		}
+	if (kcuda_weight_upload(ctx, &g, &dg) || kcuda_weight_upload(ctx, &u, &du) || kcuda_weight_upload(ctx, &dn, &dd) ||
+	    kcuda_alloc(sizeof(float) * (size_t)(n * D), &d_x) || kcuda_alloc(sizeof(int32_t) * (size_t)(n * k), &d_ids) ||
+	    kcuda_alloc(sizeof(float) * (size_t)(n * k), &d_w) || ops_dbuf_init(ctx, &ob, sizeof(float) * (size_t)(n * D))) {
+		OPS_CHECK(0, "moe ffn %s: device allocation", ti->name);
+		goto out;
+	}
+	kcuda_upload(ctx, d_x, x, sizeof(float) * (size_t)(n * D));
+	kcuda_upload(ctx, d_ids, ids, sizeof(int32_t) * (size_t)(n * k));
+	kcuda_upload(ctx, d_w, w, sizeof(float) * (size_t)(n * k));
+	int rc = kcuda_moe_ffn(ctx, d_x, D, n, d_ids, d_w, k, &dg, &du, &dd, E, F, ob.user, D);
+	OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "moe ffn %s n %d: rc %d", ti->name, n, rc);
+	size_t gb = ops_dbuf_get(ctx, &ob, got);
+	OPS_CHECK(gb == 0, "moe ffn %s n %d: %zu guard bytes damaged", ti->name, n, gb);
+	double maxref = 0, maxerr = 0;
+	int64_t nf = 0;
+	for (int64_t i = 0; i < n * D; i++) {
+		if (!isfinite(got[i])) {
+			nf++;
+			continue;
+		}
+		maxref = fabs(ref[i]) > maxref ? fabs(ref[i]) : maxref;
+		double e = fabs((double)got[i] - ref[i]);
+		maxerr = e > maxerr ? e : maxerr;
+	}
+	OPS_CHECK(nf == 0, "moe ffn %s n %d: %lld non-finite", ti->name, n, (long long)nf);
+	OPS_CHECK(maxerr <= tol * maxref, "moe ffn %s n %d: max err %.3g, max|ref| %.3g (tol %.0e)", ti->name, n, maxerr,
+		  maxref, tol);
+	printf("moe ffn %-7s n %3d (%s): max|ref| %.3g max err %.3g (rel %.2g)\n", ti->name, n,
+	       n <= 16 ? "pairs" : "grouped", maxref, maxerr, maxref > 0 ? maxerr / maxref : 0.0);
+	/* an expert id out of range is reported, not read */
+	if (n == 3) {
+		int32_t bad = (int32_t)E;
+		kcuda_upload(ctx, d_ids, &bad, sizeof(int32_t));
+		unsigned nbad = 0;
+		rc = kcuda_moe_ffn(ctx, d_x, D, n, d_ids, d_w, k, &dg, &du, &dd, E, F, ob.user, D);
+		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0 && kcuda_ctx_take_errors(ctx, &nbad) == 0 && nbad > 0,
+			  "moe ffn %s: bad expert id not counted", ti->name);
+	}
+out:
+	kcuda_weight_free(&dg);
+	kcuda_weight_free(&du);
+	kcuda_weight_free(&dd);
+	kcuda_free(d_x);
+	kcuda_free(d_ids);
+	kcuda_free(d_w);
+	ops_dbuf_fini(&ob);
+	free(hg);
+	free(hu);
+	free(hd);
+	free(x);
+	free(ref);
+	free(got);
+	free(w);
+	free(ids);
+	free(t1);
+	free(t2);
+	free(y);
+}
+
+int main(void)
+{
+	if (kcuda_device_count() < 1) {
+		printf("SKIP: no CUDA device\n");
+		return 77;
+	}
+	ops_seed_init();
+	if (kcuda_ctx_create(0, 64u << 20, &ctx)) {
+		printf("FAIL: no CUDA context\n");
+		return 1;
+	}
+	const struct rcase rcs[] = {
+	    {"route DeepSeek-V3 E256 k8 g8/4 sigmoid", 256, 8, 8, 4, 0, 1, 1, 2.5f},
+	    {"route GLM-5 E256 k8 g1 sigmoid", 256, 8, 1, 1, 0, 1, 1, 2.5f},
+	    {"route softmax E64 k6 no norm", 64, 6, 1, 1, 1, 0, 0, 1.0f},
+	    {"route odd E20 k3 g5/2 sigmoid", 20, 3, 5, 2, 0, 1, 1, 1.5f},
+	};
+	for (size_t i = 0; i < sizeof(rcs) / sizeof(rcs[0]); i++)
+		route_case(&rcs[i]);
+	static const int types[] = {KT_Q8_0, KT_Q4_K, KT_Q6_K, KT_BF16, KT_F32};
+	for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
+		ffn_case(types[t], 1, 1e-4);
+		ffn_case(types[t], 3, 1e-4);
+		ffn_case(types[t], 16, 1e-4);
+		ffn_case(types[t], 40, 2e-2);
+	}
+	kcuda_ctx_destroy(ctx);
+	printf("%d checks, %d failed\n", ops_n_check, ops_n_fail);
+	return ops_n_fail ? 1 : 0;
+}
+#endif
