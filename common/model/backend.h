@@ -12,6 +12,7 @@
 #ifndef TANDEM_MODEL_BACKEND_H
 #define TANDEM_MODEL_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -25,11 +26,14 @@ struct layer_w;
 
 /* The forward's view of one batch (host side, known before any op runs). */
 struct mbe_step {
-	int64_t n; /* tokens */
-	int max_keys; /* largest pos + 1 of the batch */
+	int64_t n; /* rows computed (>= n_real when the backend pads to a graph bucket) */
+	int64_t n_real; /* tokens of the batch (rows 0 .. n_real-1) */
+	int max_keys; /* largest pos + 1 of the batch (or the backend's context bucket) */
 	int64_t K; /* indexer top-k clamped to max_keys */
-	int64_t n_out; /* tokens with logits */
+	int64_t n_out; /* tokens with logits (rows copied out) */
+	int64_t n_out_pad; /* logits rows computed (>= n_out) */
 	const int32_t *out_rows_host; /* n_out token indices with logits, ascending */
+	bool debug; /* debug hooks read intermediate values: no padding, no graphs */
 };
 
 enum mbe_kv_part {
@@ -37,8 +41,22 @@ enum mbe_kv_part {
 	MBE_KV_INDEXER = 1, /* indexer key of full-indexer slot `index` */
 };
 
+/* The rank's weights as a backend sees them (CPU: the bound views; CUDA: device copies). */
+struct mbe_weights {
+	const struct layer_w *layers; /* n_layers */
+	const struct kweight *lm_head; /* this rank's vocab slice */
+	const float *out_norm; /* D */
+};
+
 struct model_backend_ops {
 	const char *name;
+	const struct mbe_weights *(*weights)(void *ctx);
+	/* KV pool memory of this backend (NULL: host calloc/free) */
+	void *(*kv_alloc)(void *ctx, size_t bytes);
+	void (*kv_free)(void *ctx, void *p);
+	/* Optional: may raise st->n, max_keys (then K = min(top-k, max_keys)) and n_out_pad to fixed
+	 * bucket shapes before anything is sized (NULL: the batch's own shapes). */
+	void (*plan)(void *ctx, const struct model_batch *b, struct mbe_step *st);
 	/* Per forward: makes the batch and KV pool current; returns 0 or an error (limits). */
 	int (*begin)(void *ctx, const struct model_batch *b, struct model_kv *kv, const struct mbe_step *st);
 	/* A workspace of at least `bytes` (valid until the next ws call; NULL when it cannot be had). */
@@ -94,7 +112,19 @@ struct model_backend {
 	void *ctx;
 };
 
+/* forward.c: workspace bytes the forward takes through ws() for a batch of n tokens, max_keys
+ * keys, n_out logits rows (dbg_idx: indexer score rows for the debug hook). */
+size_t model_rank_ws_bytes(const struct model *m, const struct model_rank *rk, int64_t n, int max_keys,
+                           int64_t n_out, bool dbg_idx);
+
 /* backend_cpu.c: the CPU backend of rank rk (kcpu_* ops on the rank's kpool). */
 int model_backend_cpu_create(struct model *m, struct model_rank *rk, struct model_backend *out);
+
+#ifdef TANDEM_CUDA
+/* backend_cuda.c: the CUDA backend of rank rk on device m->opts.device (weights uploaded or, with
+ * opts.synthetic, filled with random values; workspaces sized from the opts limits). */
+int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct model_backend *out,
+                              struct errbuf *e);
+#endif
 
 #endif

@@ -19,6 +19,7 @@ struct be_cpu {
 	struct model_kv *kv;
 	struct mbe_step st;
 	struct rank_buf own; /* internal scratch */
+	struct mbe_weights w;
 	float *qabs, *obar, *tsc, *isc, *inv;
 	const void **tkeys;
 	/* MoE staging */
@@ -506,8 +507,15 @@ static void cpu_destroy(void *ctx)
 	free(c);
 }
 
+static const struct mbe_weights *cpu_weights(void *ctx)
+{
+	struct be_cpu *c = ctx;
+	return &c->w;
+}
+
 static const struct model_backend_ops cpu_ops = {
     .name = "cpu",
+    .weights = cpu_weights,
     .begin = cpu_begin,
     .ws = cpu_ws,
     .embed = cpu_embed,
@@ -539,6 +547,7 @@ int model_backend_cpu_create(struct model *m, struct model_rank *rk, struct mode
 		return -ENOMEM;
 	c->m = m;
 	c->rk = rk;
+	c->w = (struct mbe_weights){.layers = rk->layers, .lm_head = &rk->lm_head, .out_norm = m->out_norm};
 	out->ops = &cpu_ops;
 	out->ctx = c;
 	return 0;

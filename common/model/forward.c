@@ -26,6 +26,59 @@ static void *take(struct carve *c, size_t bytes)
 	return r;
 }
 
+/* The forward's workspace, carved from one block (sizing pass with base NULL). */
+struct fws {
+	float *h, *a, *cq, *q, *kvl, *o, *part, *qI, *kI, *wI, *t1, *t2, *wts, *xs, *cs, *lg, *lgg, *dsc;
+	int32_t *sel, *nsel, *ids;
+};
+
+static size_t ws_layout(const struct model *m, const struct model_rank *rk, int64_t n, int max_keys, int64_t n_out,
+                        bool dbg_idx, void *base, struct fws *w)
+{
+	const struct model_hparams *hp = &m->hp;
+	int64_t D = hp->D, C = hp->C, R = hp->R, NR = hp->N + hp->R, Hl = rk->Hl, V = hp->V;
+	int64_t HI = hp->idx_H, DI = hp->idx_D, K = hp->idx_topk, k = hp->n_expert_used;
+	if (K > max_keys)
+		K = max_keys;
+	int64_t fw = rk->ffl > rk->fsl ? rk->ffl : rk->fsl;
+	struct carve cv = {.p = base};
+	memset(w, 0, sizeof(*w));
+	w->h = take(&cv, (size_t)(n * D) * 4);
+	w->a = take(&cv, (size_t)(n * D) * 4);
+	w->cq = take(&cv, (size_t)(n * hp->Cq) * 4);
+	w->q = take(&cv, (size_t)(n * Hl * NR) * 4);
+	w->kvl = take(&cv, (size_t)(n * (C + R)) * 4);
+	w->o = take(&cv, (size_t)(n * Hl * V) * 4);
+	w->part = take(&cv, (size_t)(n * D) * 4);
+	if (hp->has_indexer) {
+		w->qI = take(&cv, (size_t)(n * HI * DI) * 4);
+		w->kI = take(&cv, (size_t)(n * DI) * 4);
+		w->wI = take(&cv, (size_t)(n * HI) * 4);
+		w->sel = take(&cv, (size_t)(n * K) * 4);
+		w->nsel = take(&cv, (size_t)n * 4);
+		if (dbg_idx)
+			w->dsc = take(&cv, (size_t)n * (size_t)max_keys * 4);
+	}
+	w->t1 = take(&cv, (size_t)(n * fw) * 4);
+	w->t2 = take(&cv, (size_t)(n * fw) * 4);
+	if (hp->n_expert > 0) {
+		w->ids = take(&cv, (size_t)(n * k) * 4);
+		w->wts = take(&cv, (size_t)(n * k) * 4);
+	}
+	w->xs = take(&cv, (size_t)(n_out * D) * 4);
+	w->cs = take(&cv, (size_t)(n * R) * 4);
+	w->lg = take(&cv, (size_t)(n_out * rk->vl) * 4);
+	w->lgg = take(&cv, (size_t)(n_out * rk->vl * m->T) * 4);
+	return cv.off;
+}
+
+size_t model_rank_ws_bytes(const struct model *m, const struct model_rank *rk, int64_t n, int max_keys,
+                           int64_t n_out, bool dbg_idx)
+{
+	struct fws w;
+	return ws_layout(m, rk, n, max_keys, n_out, dbg_idx, NULL, &w);
+}
+
 int model_rank_forward(struct model *m, struct model_rank *rk)
 {
 	const struct model_hparams *hp = &m->hp;
@@ -46,63 +99,51 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 	for (int64_t i = 0; i < n; i++)
 		n_out += b->logits ? b->logits[i] != 0 : i == n - 1;
 	int32_t *out_rows = malloc(sizeof(int32_t) * (size_t)(n_out > 0 ? n_out : 1));
-	struct mbe_step st = {.n = n, .max_keys = max_keys, .K = K, .n_out = n_out, .out_rows_host = out_rows};
+	struct mbe_step st = {.n = n,
+	                      .n_real = n,
+	                      .max_keys = max_keys,
+	                      .K = K,
+	                      .n_out = n_out,
+	                      .n_out_pad = n_out,
+	                      .out_rows_host = out_rows,
+	                      .debug = dbg != NULL};
 	if (out_rows)
 		for (int64_t i = 0, j = 0; i < n; i++)
 			if (b->logits ? b->logits[i] != 0 : i == n - 1)
 				out_rows[j++] = (int32_t)i;
-	int64_t fw = rk->ffl > rk->fsl ? rk->ffl : rk->fsl;
+	/* a backend may compute more rows / keys than the batch has (CUDA graphs: fixed shapes per
+	 * bucket); the real rows come first and only they are copied out */
+	if (be->plan)
+		be->plan(bc, b, &st);
+	n = st.n;
+	max_keys = st.max_keys;
+	K = st.K;
+	int64_t n_out_c = st.n_out_pad;
 	bool dbg_idx = dbg && dbg->indexer_cb && hp->has_indexer;
-	bool any_moe = hp->n_expert > 0;
 
-	/* workspace layout (two passes: size, then carve) */
-	struct carve cv = {0};
-	float *h, *a, *cq, *q, *kvl, *o, *part, *qI = NULL, *kI = NULL, *wI = NULL, *t1, *t2, *wts = NULL;
-	float *xs, *cs, *lg, *lgg, *dsc = NULL;
-	int32_t *sel = NULL, *nsel = NULL, *ids = NULL;
-	for (int pass = 0; pass < 2; pass++) {
-		h = take(&cv, (size_t)(n * D) * 4);
-		a = take(&cv, (size_t)(n * D) * 4);
-		cq = take(&cv, (size_t)(n * hp->Cq) * 4);
-		q = take(&cv, (size_t)(n * Hl * NR) * 4);
-		kvl = take(&cv, (size_t)(n * (C + R)) * 4);
-		o = take(&cv, (size_t)(n * Hl * V) * 4);
-		part = take(&cv, (size_t)(n * D) * 4);
-		if (hp->has_indexer) {
-			qI = take(&cv, (size_t)(n * HI * DI) * 4);
-			kI = take(&cv, (size_t)(n * DI) * 4);
-			wI = take(&cv, (size_t)(n * HI) * 4);
-			sel = take(&cv, (size_t)(n * K) * 4);
-			nsel = take(&cv, (size_t)n * 4);
-			if (dbg_idx)
-				dsc = take(&cv, (size_t)n * (size_t)max_keys * 4);
+	/* workspace: size, agree that every rank has it, carve */
+	struct fws w;
+	size_t ws_bytes = ws_layout(m, rk, n, max_keys, n_out_c, dbg_idx, NULL, &w);
+	void *wsp = be->ws(bc, ws_bytes);
+	{
+		/* every rank must take part in every collective: agree on failure first, so a rank
+		 * that could not get memory does not leave the others waiting at a barrier */
+		float fail = wsp && out_rows && be->begin(bc, b, rk->kv, &st) == 0 ? 0.0f : 1.0f;
+		if ((rc = tp_all_reduce_sum(&rk->comm, &fail, 1))) {
+			free(out_rows);
+			return rc;
 		}
-		t1 = take(&cv, (size_t)(n * fw) * 4);
-		t2 = take(&cv, (size_t)(n * fw) * 4);
-		if (any_moe) {
-			ids = take(&cv, (size_t)(n * k) * 4);
-			wts = take(&cv, (size_t)(n * k) * 4);
-		}
-		xs = take(&cv, (size_t)(n_out * D) * 4);
-		cs = take(&cv, (size_t)(n * R) * 4);
-		lg = take(&cv, (size_t)(n_out * rk->vl) * 4);
-		lgg = take(&cv, (size_t)(n_out * rk->vl * m->T) * 4);
-		if (pass == 0) {
-			cv.p = be->ws(bc, cv.off);
-			cv.off = 0;
-			/* every rank must take part in every collective: agree on failure first, so a rank
-			 * that could not get memory does not leave the others waiting at a barrier */
-			float fail = cv.p && out_rows && be->begin(bc, b, rk->kv, &st) == 0 ? 0.0f : 1.0f;
-			if ((rc = tp_all_reduce_sum(&rk->comm, &fail, 1))) {
-				free(out_rows);
-				return rc;
-			}
-			if (fail != 0.0f) {
-				free(out_rows);
-				return -ENOMEM;
-			}
+		if (fail != 0.0f) {
+			free(out_rows);
+			return wsp && out_rows ? ERR_LIMIT : -ENOMEM;
 		}
 	}
+	ws_layout(m, rk, n, max_keys, n_out_c, dbg_idx, wsp, &w);
+	float *h = w.h, *a = w.a, *cq = w.cq, *q = w.q, *kvl = w.kvl, *o = w.o, *part = w.part, *qI = w.qI,
+	      *kI = w.kI, *wI = w.wI, *t1 = w.t1, *t2 = w.t2, *wts = w.wts, *xs = w.xs, *cs = w.cs, *lg = w.lg,
+	      *lgg = w.lgg, *dsc = w.dsc;
+	int32_t *sel = w.sel, *nsel = w.nsel, *ids = w.ids;
+	const struct mbe_weights *W = be->weights(bc);
 
 	/* embeddings and RoPE tables */
 	be->embed(bc, h, D);
@@ -111,7 +152,7 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 	be->rope_tables(bc, cs, R);
 
 	for (int l = 0; l < hp->n_layers; l++) {
-		const struct layer_w *L = &rk->layers[l];
+		const struct layer_w *L = &W->layers[l];
 		/* --- attention --- */
 		be->rmsnorm(bc, a, D, h, D, L->attn_norm, D, n, hp->rms_eps);
 		be->matmul(bc, &L->q_a, a, D, n, cq, hp->Cq);
@@ -193,26 +234,26 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 
 	/* final norm + lm_head (vocab slice) + gather */
 	if (dbg && dbg->hidden_cb) {
-		be->rmsnorm(bc, a, D, h, D, m->out_norm, D, n, hp->rms_eps);
+		be->rmsnorm(bc, a, D, h, D, W->out_norm, D, n, hp->rms_eps);
 		dbg->hidden_cb(dbg->user, hp->n_layers, (int)n, D, be->host_view(bc, a, (size_t)(n * D) * 4));
 	}
 	rc = 0;
 	if (n_out == 0)
 		goto out;
-	be->gather_rows(bc, a, h, D, out_rows, n_out);
-	be->rmsnorm(bc, xs, D, a, D, m->out_norm, D, n_out, hp->rms_eps);
-	be->matmul(bc, &rk->lm_head, xs, D, n_out, lg, rk->vl);
+	be->gather_rows(bc, a, h, D, out_rows, n_out_c);
+	be->rmsnorm(bc, xs, D, a, D, W->out_norm, D, n_out_c, hp->rms_eps);
+	be->matmul(bc, W->lm_head, xs, D, n_out_c, lg, rk->vl);
 	if (m->T == 1) {
 		rc = be->to_host(bc, rk->logits, lg, (size_t)(n_out * rk->vl) * sizeof(float));
 		goto out;
 	}
-	if ((rc = be->all_gather(bc, lg, (size_t)(n_out * rk->vl), lgg)))
+	if ((rc = be->all_gather(bc, lg, (size_t)(n_out_c * rk->vl), lgg)))
 		goto out;
 	if (rk->logits) /* rank 0 (or the shard rank) owns the output */
 		for (int r = 0; r < m->T && !rc; r++)
 			for (int64_t jj = 0; jj < n_out && !rc; jj++)
 				rc = be->to_host(bc, rk->logits + jj * hp->vocab + r * rk->vl,
-				                 lgg + ((size_t)r * (size_t)n_out + (size_t)jj) * (size_t)rk->vl,
+				                 lgg + ((size_t)r * (size_t)n_out_c + (size_t)jj) * (size_t)rk->vl,
 				                 (size_t)rk->vl * sizeof(float));
 out:
 	free(out_rows);
