@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/base/err.h"
 #include "kernels/kernels.h"
 
 struct model;

@@ -127,7 +127,9 @@ struct model_opts {
 	 * needed" and a positive value is enforced the same way. */
 	int max_tokens, max_seqs, max_ctx;
 	float mem_fraction; /* CUDA: fraction of free device memory the workspaces may use (0 = 0.9) */
-	bool graphs; /* CUDA: replay decode steps from CUDA graphs captured per batch bucket */
+	/* CUDA decode graphs: 0 off, 1 capture per (batch, context) bucket and replay, 2 pad to the
+	 * same buckets but run eagerly (tests compare 1 and 2 bit for bit) */
+	int graphs;
 	bool synthetic; /* CUDA bench: weights are random device memory, not uploaded (bench only) */
 };
 void model_opts_default(struct model_opts *o);

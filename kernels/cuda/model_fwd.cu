@@ -89,7 +89,51 @@ __global__ void fill_kernel(uint16_t *p, size_t n_words, uint64_t seed)
 	}
 }
 
+/* one block of 256 threads per row; statistics in double like kcpu_layernorm (b may be NULL) */
+__global__ void layernorm_kernel(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, const float *b,
+                                 int64_t n, float eps)
+{
+	__shared__ double red[256];
+	const float *xr = x + blockIdx.x * ldx;
+	float *yr = y + blockIdx.x * ldy;
+	double s = 0;
+	for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+		s += xr[i];
+	red[threadIdx.x] = s;
+	__syncthreads();
+	for (int o = 128; o > 0; o >>= 1) {
+		if ((int)threadIdx.x < o)
+			red[threadIdx.x] += red[threadIdx.x + o];
+		__syncthreads();
+	}
+	double mean = red[0] / (double)n;
+	__syncthreads();
+	double v = 0;
+	for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+		v += ((double)xr[i] - mean) * ((double)xr[i] - mean);
+	red[threadIdx.x] = v;
+	__syncthreads();
+	for (int o = 128; o > 0; o >>= 1) {
+		if ((int)threadIdx.x < o)
+			red[threadIdx.x] += red[threadIdx.x + o];
+		__syncthreads();
+	}
+	double inv = 1.0 / sqrt(red[0] / (double)n + (double)eps);
+	__syncthreads(); /* every thread has read red[0] before y (which may alias x) is written */
+	for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+		yr[i] = (float)(((double)xr[i] - mean) * inv) * w[i] + (b ? b[i] : 0.0f);
+}
+
 #define STREAM(c) ((c)->stream)
+
+extern "C" int kfwd_layernorm(struct kcuda_ctx *c, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
+                              const float *b, int64_t n, int64_t n_rows, float eps)
+{
+	if (n <= 0 || n_rows <= 0)
+		return 0;
+	layernorm_kernel<<<(unsigned)n_rows, 256, 0, STREAM(c)>>>(y, ldy, x, ldx, w, b, n, eps);
+	return kcuda_launch_status("kfwd_layernorm");
+}
 
 extern "C" int kfwd_add(struct kcuda_ctx *c, float *y, const float *x, int64_t n)
 {

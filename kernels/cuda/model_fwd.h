@@ -18,6 +18,9 @@ extern "C" {
 
 #if defined(TANDEM_CUDA) || defined(__CUDACC__)
 int kfwd_add(struct kcuda_ctx *c, float *y, const float *x, int64_t n); /* y += x */
+/* kcpu_layernorm twin (statistics in double), one block per row */
+int kfwd_layernorm(struct kcuda_ctx *c, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
+                   const float *b, int64_t n, int64_t n_rows, float eps);
 int kfwd_scale(struct kcuda_ctx *c, float *x, int64_t n, float s);      /* x *= s */
 /* dst[r * ldd + j] = src[r * lds + j], r < rows, j < width */
 int kfwd_copy2d(struct kcuda_ctx *c, float *dst, int64_t ldd, const float *src, int64_t lds, int64_t width,
