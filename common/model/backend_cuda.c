@@ -56,6 +56,7 @@ struct be_cuda {
 	size_t hv_bytes;
 	/* graphs */
 	void *graph[N_BBUCKETS][N_CBUCKETS];
+	bool broken[N_BBUCKETS][N_CBUCKETS]; /* capture failed once: this bucket runs eagerly */
 	int mode; /* 0 eager, 1 capturing, 2 replaying */
 	int gb, gc;
 	/* upload progress */
@@ -300,7 +301,7 @@ static void cu_plan(void *ctx, const struct model_batch *b, struct mbe_step *st)
 	int64_t ck = (int64_t)256 << gc;
 	if (ck > c->max_ctx)
 		ck = c->max_ctx;
-	if (gb >= N_BBUCKETS || gc >= N_CBUCKETS || bn > c->max_tok || st->max_keys > ck)
+	if (gb >= N_BBUCKETS || gc >= N_CBUCKETS || bn > c->max_tok || st->max_keys > ck || c->broken[gb][gc])
 		return;
 	st->n = bn;
 	st->n_out_pad = bn;
@@ -584,10 +585,14 @@ static int cu_to_host(void *ctx, void *dst_host, const void *src, size_t bytes)
 	if (c->mode == 1) { /* end of the captured step: instantiate, then run it */
 		void *ex = NULL;
 		int rc = kfwd_graph_end(c->kc, &ex);
-		if (rc || c->err) {
+		if (rc || c->err) { /* nothing of the step ran: the forward runs it again eagerly */
 			kfwd_graph_destroy(ex);
 			c->mode = 0;
-			return rc ? rc : c->err;
+			c->broken[c->gb][c->gc] = true;
+			LOG_WARN("model", "cuda: decode graph capture failed for batch bucket %d, context bucket %d; "
+			                  "that bucket runs eagerly",
+			         1 << c->gb, 256 << c->gc);
+			return -EAGAIN;
 		}
 		c->graph[c->gb][c->gc] = ex;
 		c->mode = 2;

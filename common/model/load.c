@@ -23,6 +23,10 @@ const struct model_hparams *model_hparams(const struct model *m)
 {
 	return &m->hp;
 }
+void model_set_graphs(struct model *m, int graphs)
+{
+	m->opts.graphs = graphs;
+}
 const struct model_opts *model_get_opts(const struct model *m)
 {
 	return &m->opts;

@@ -146,6 +146,8 @@ int model_load_gguf(struct model **out, struct gguf_ctx *g, const struct model_o
 void model_destroy(struct model *m); /* accepts NULL */
 
 const struct model_hparams *model_hparams(const struct model *m);
+/* CUDA backend: switches decode graphs (model_opts.graphs) between forwards; no-op on the CPU. */
+void model_set_graphs(struct model *m, int graphs);
 const struct model_opts *model_get_opts(const struct model *m);
 struct gguf_ctx *model_gguf(const struct model *m);
 

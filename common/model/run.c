@@ -180,6 +180,8 @@ int model_forward(struct model *m, struct model_kv *kv, const struct model_batch
 	}
 	if (m->n_ranks_local == 1) {
 		rc = model_rank_forward(m, &m->ranks[0]);
+		if (rc == -EAGAIN) /* a CUDA graph capture failed before anything ran: once more, eagerly */
+			rc = model_rank_forward(m, &m->ranks[0]);
 		if (rc)
 			return errbuf_set(e, rc, "forward failed: %s", err_name(rc));
 		return 0;
