@@ -57,6 +57,7 @@ struct be_cuda {
 	/* graphs */
 	void *graph[N_BBUCKETS][N_CBUCKETS];
 	bool broken[N_BBUCKETS][N_CBUCKETS]; /* capture failed once: this bucket runs eagerly */
+	const void *graph_kv; /* the KV pool the graphs were captured with (its address is baked in) */
 	int mode; /* 0 eager, 1 capturing, 2 replaying */
 	int gb, gc;
 	/* upload progress */
@@ -344,6 +345,15 @@ static int cu_begin(void *ctx, const struct model_batch *b, struct model_kv *kv,
 	int rc = kcuda_upload(c->kc, c->d_in, h, bytes);
 	if (rc)
 		return rc;
+	if (c->mode != 0 && c->graph_kv != kv->base) { /* another pool: the graphs point at the old one */
+		for (int i = 0; i < N_BBUCKETS; i++)
+			for (int j = 0; j < N_CBUCKETS; j++) {
+				kfwd_graph_destroy(c->graph[i][j]);
+				c->graph[i][j] = NULL;
+			}
+		c->graph_kv = kv->base;
+		c->mode = 1;
+	}
 	if (c->mode == 1 && kfwd_graph_begin(c->kc))
 		c->mode = 0; /* capture refused: run eagerly */
 	return 0;
