@@ -13,13 +13,13 @@ mkdir -p "$O"
 date -u | tee "$O/gpu-model.log"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.mem --format=csv 2>&1 | tee -a "$O/gpu-model.log"
 echo "== test_gpu_model" | tee -a "$O/gpu-model.log"
-timeout 240 "$B/test_gpu_model" 2>&1 | tee -a "$O/gpu-model.log"
+timeout 200 "$B/test_gpu_model" 2>&1 | tee -a "$O/gpu-model.log"
 echo "test_gpu_model rc=$?" | tee -a "$O/gpu-model.log"
 echo "== bench (tests/data models, prompt 256, gen 64)" | tee -a "$O/gpu-model.log"
 for m in glm-dsa-tiny-BF16 glm-dsa-tiny-Q4_K_M deepseek2-tiny-Q8_0; do
 	for bt in 1 8; do
 		echo "-- $m batch $bt" | tee -a "$O/gpu-model.log"
-		timeout 60 "$B/tandem" bench -m "tests/data/models/$m.gguf" --backend cuda --prompt 256 --gen 64 \
+		timeout 40 "$B/tandem" bench -m "tests/data/models/$m.gguf" --backend cuda --prompt 256 --gen 64 \
 			--batch $bt --reps 3 --threads 4 2>&1 | tee -a "$O/gpu-model.log"
 	done
 done
@@ -28,7 +28,7 @@ if timeout 150 "$B/tandem" mkmodel --preset glm5 --layers 2 --dense 1 --experts 
 	-o /tmp/glm5-2l.gguf >>"$O/gpu-model.log" 2>&1; then
 	for args in "--tp 8 --rank 0 --batch 1" "--tp 8 --rank 0 --batch 16" "--batch 1"; do
 		echo "-- glm5-2l $args" | tee -a "$O/gpu-model.log"
-		timeout 90 "$B/tandem" bench -m /tmp/glm5-2l.gguf --backend cuda --prompt 512 --gen 32 --reps 3 \
+		timeout 60 "$B/tandem" bench -m /tmp/glm5-2l.gguf --backend cuda --prompt 512 --gen 32 --reps 3 \
 			--threads 8 $args 2>&1 | tee -a "$O/gpu-model.log"
 	done
 else

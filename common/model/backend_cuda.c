@@ -162,6 +162,8 @@ static int up_mats(struct upl *u, const struct kweight *h, size_t mat_bytes, int
 	if (!p || kcuda_memset(u->c->kc, p + total, 0, 16))
 		return errbuf_set(u->e, -ENOMEM, "cuda: cannot allocate %zu bytes of weights", total);
 	d->data = p;
+	if (!u->synthetic)
+		kfwd_stage_new_dst(u->sg);
 	int rc = 0;
 	for (int64_t i = 0; i < n_mat && !rc; i++) {
 		const char *src = (const char *)h->data + (size_t)i * mat_bytes;
@@ -199,6 +201,7 @@ static int up_vec(struct upl *u, const float *h, int64_t n, float **d)
 	if (!(*d = dalloc(u->c, bytes)))
 		return errbuf_set(u->e, -ENOMEM, "cuda: out of device memory");
 	/* norm vectors stay real even in synthetic mode (random norms would blow up activations) */
+	kfwd_stage_new_dst(u->sg);
 	int rc = kfwd_stage(u->sg, *d, h, bytes);
 	u->c->up_done += (double)bytes;
 	return rc ? errbuf_set(u->e, rc, "cuda: upload failed") : 0;

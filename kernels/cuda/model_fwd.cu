@@ -199,6 +199,7 @@ extern "C" int kfwd_mem_info(size_t *free_bytes, size_t *total_bytes)
 struct seg {
 	char *dst;
 	size_t off, bytes;
+	unsigned gen; /* destination allocation (kfwd_stage_new_dst) */
 };
 
 struct kfwd_stager {
@@ -210,7 +211,13 @@ struct kfwd_stager {
 	int cur;
 	struct seg *segs;
 	int n_segs, cap_segs;
+	unsigned gen;
 };
+
+extern "C" void kfwd_stage_new_dst(struct kfwd_stager *s)
+{
+	s->gen++;
+}
 
 extern "C" int kfwd_stager_create(size_t buf_bytes, struct kfwd_stager **out)
 {
@@ -240,19 +247,27 @@ static int flush(struct kfwd_stager *s)
 {
 	if (s->fill == 0)
 		return 0;
+	cudaError_t e;
 	for (int i = 0; i < s->n_segs; i++)
-		if (cudaMemcpyAsync(s->segs[i].dst, s->buf[s->cur] + s->segs[i].off, s->segs[i].bytes,
-		                    cudaMemcpyHostToDevice, s->st) != cudaSuccess)
+		if ((e = cudaMemcpyAsync(s->segs[i].dst, s->buf[s->cur] + s->segs[i].off, s->segs[i].bytes,
+		                         cudaMemcpyHostToDevice, s->st)) != cudaSuccess) {
+			fprintf(stderr, "kfwd: staged copy of %zu bytes failed: %s\n", s->segs[i].bytes,
+			        cudaGetErrorString(e));
 			return ERR_CUDA;
-	if (cudaEventRecord(s->done[s->cur], s->st) != cudaSuccess)
+		}
+	if ((e = cudaEventRecord(s->done[s->cur], s->st)) != cudaSuccess) {
+		fprintf(stderr, "kfwd: staging event: %s\n", cudaGetErrorString(e));
 		return ERR_CUDA;
+	}
 	s->busy[s->cur] = true;
 	s->cur ^= 1;
 	s->fill = 0;
 	s->n_segs = 0;
 	if (s->busy[s->cur]) { /* the other buffer's copy must be done before it is refilled */
-		if (cudaEventSynchronize(s->done[s->cur]) != cudaSuccess)
+		if ((e = cudaEventSynchronize(s->done[s->cur])) != cudaSuccess) {
+			fprintf(stderr, "kfwd: staged copy failed: %s\n", cudaGetErrorString(e));
 			return ERR_CUDA;
+		}
 		s->busy[s->cur] = false;
 	}
 	return 0;
@@ -271,10 +286,12 @@ extern "C" int kfwd_stage(struct kfwd_stager *s, void *dst_dev, const void *src,
 		size_t take = s->cap - s->fill < bytes ? s->cap - s->fill : bytes;
 		memcpy(s->buf[s->cur] + s->fill, p, take);
 		struct seg *last = s->n_segs ? &s->segs[s->n_segs - 1] : NULL;
-		if (last && last->dst + last->bytes == d && last->off + last->bytes == s->fill)
+		/* one copy per run of consecutive bytes of ONE allocation: two cudaMalloc blocks may be
+		 * adjacent, but a copy must not span them */
+		if (last && last->gen == s->gen && last->dst + last->bytes == d && last->off + last->bytes == s->fill)
 			last->bytes += take;
 		else
-			s->segs[s->n_segs++] = (struct seg){d, s->fill, take};
+			s->segs[s->n_segs++] = (struct seg){d, s->fill, take, s->gen};
 		s->fill += take;
 		p += take;
 		d += take;
@@ -288,7 +305,12 @@ extern "C" int kfwd_stager_finish(struct kfwd_stager *s)
 	int rc = flush(s);
 	if (rc)
 		return rc;
-	return cudaStreamSynchronize(s->st) == cudaSuccess ? 0 : ERR_CUDA;
+	cudaError_t e = cudaStreamSynchronize(s->st);
+	if (e != cudaSuccess) {
+		fprintf(stderr, "kfwd: staged copies failed: %s\n", cudaGetErrorString(e));
+		return ERR_CUDA;
+	}
+	return 0;
 }
 
 extern "C" void kfwd_stager_destroy(struct kfwd_stager *s)

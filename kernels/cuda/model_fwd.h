@@ -43,10 +43,12 @@ int kfwd_mem_info(size_t *free_bytes, size_t *total_bytes);
 /* Pinned double-buffered staging: stage() copies host bytes into the current pinned buffer and,
  * when it is full, starts its async copy on a copy stream and switches to the other buffer
  * (waiting for that one's previous copy), so the host reads (mmap page-ins) overlap the DMA.
- * Consecutive pieces to consecutive device addresses become one copy. */
+ * Consecutive pieces to consecutive addresses of one allocation become one copy. */
 struct kfwd_stager;
 int kfwd_stager_create(size_t buf_bytes, struct kfwd_stager **out);
 int kfwd_stage(struct kfwd_stager *s, void *dst_dev, const void *src, size_t bytes);
+/* the following pieces go to another allocation (pieces are merged only within one) */
+void kfwd_stage_new_dst(struct kfwd_stager *s);
 int kfwd_stager_finish(struct kfwd_stager *s); /* flush + wait */
 void kfwd_stager_destroy(struct kfwd_stager *s);
 
