@@ -13,8 +13,11 @@ mkdir -p "$O"
 date -u | tee "$O/gpu-model.log"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.mem --format=csv 2>&1 | tee -a "$O/gpu-model.log"
 echo "== test_gpu_model" | tee -a "$O/gpu-model.log"
-timeout 200 "$B/test_gpu_model" 2>&1 | tee -a "$O/gpu-model.log"
-echo "test_gpu_model rc=$?" | tee -a "$O/gpu-model.log"
+timeout 200 "$B/test_gpu_model" >"$O/test_gpu_model.log" 2>&1
+rc=$?
+cat "$O/test_gpu_model.log" >>"$O/gpu-model.log"
+cat "$O/test_gpu_model.log"
+echo "test_gpu_model rc=$rc" | tee -a "$O/gpu-model.log"
 echo "== bench (tests/data models, prompt 256, gen 64)" | tee -a "$O/gpu-model.log"
 for m in glm-dsa-tiny-BF16 glm-dsa-tiny-Q4_K_M deepseek2-tiny-Q8_0; do
 	for bt in 1 8; do
