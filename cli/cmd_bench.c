@@ -74,6 +74,9 @@ struct bench_opts {
 	uint64_t seed;
 	int json;
 	int backend, device, rank, graph; /* cuda: --backend cuda [--device N] [--rank r] [--graph 0|1] */
+	/* --synthetic PRESET: a sparse mkmodel file (shapes and small tensors only); the CUDA backend
+	 * fills the matrices with random device memory */
+	const char *synthetic, *syn_type, *syn_layers, *syn_experts, *syn_topk, *syn_dense;
 };
 
 static int parse_int(const char *cmd, const char *flag, const char *v, int lo, int hi, int *out)
@@ -90,7 +93,10 @@ static void usage(void)
 {
 	printf("usage: tandem bench -m MODEL [--prompt N] [--gen N] [--batch B] [--threads T] [--tp N]\n"
 	       "                    [--reps R] [--ubatch U] [--seed S] [--json]\n"
-	       "                    [--backend cpu|cuda] [--device N] [--rank r] [--graph 0|1]\n"
+	       "                    [--backend cpu|cuda] [--device N] [--rank r] [--graph 0|1] [--ctx N]\n"
+	       "       tandem bench --synthetic glm5|deepseek3|tiny [--layers L] [--experts E] [--top-k K]\n"
+	       "                    [--dense D] [--type q4_k] --backend cuda ... (no file: random weights in\n"
+	       "                    device memory, laid out exactly as loaded ones; rank r's shard only)\n"
 	       "Prefill and decode throughput (median of --reps runs; defaults: prompt 128, gen 32,\n"
 	       "batch 1, threads = online CPUs, tp 1, reps 3, ubatch = prompt, backend cpu).\n"
 	       "cuda: --rank r runs rank r of --tp alone (collectives skipped: one GPU measures one\n"
@@ -146,14 +152,32 @@ static int parse(int argc, char **argv, struct bench_opts *o)
 			rc = parse_int(cmd, a, v, 0, 63, &o->rank), i++;
 		} else if (!strcmp(a, "--graph")) {
 			rc = parse_int(cmd, a, v, 0, 1, &o->graph), i++;
+		} else if (!strcmp(a, "--ctx")) { /* decode at this context: the prompt length */
+			rc = parse_int(cmd, a, v, 1, 1 << 20, &o->prompt), i++;
+		} else if (!strcmp(a, "--synthetic") || !strcmp(a, "--type") || !strcmp(a, "--layers") ||
+		           !strcmp(a, "--experts") || !strcmp(a, "--top-k") || !strcmp(a, "--dense")) {
+			if (!v)
+				return cli_usage_error(cmd, "%s needs a value", a);
+			const char **dst = !strcmp(a, "--synthetic") ? &o->synthetic
+			                   : !strcmp(a, "--type")    ? &o->syn_type
+			                   : !strcmp(a, "--layers")  ? &o->syn_layers
+			                   : !strcmp(a, "--experts") ? &o->syn_experts
+			                   : !strcmp(a, "--top-k")   ? &o->syn_topk
+			                                             : &o->syn_dense;
+			*dst = v;
+			i++;
 		} else {
 			return cli_usage_error(cmd, "unknown option '%s' (see tandem bench --help)", a);
 		}
 		if (rc)
 			return rc;
 	}
-	if (!o->model)
-		return cli_usage_error(cmd, "-m MODEL is required");
+	if (!o->model && !o->synthetic)
+		return cli_usage_error(cmd, "-m MODEL (or --synthetic PRESET) is required");
+	if (o->model && o->synthetic)
+		return cli_usage_error(cmd, "-m and --synthetic exclude each other");
+	if (!o->synthetic && (o->syn_type || o->syn_layers || o->syn_experts || o->syn_topk || o->syn_dense))
+		return cli_usage_error(cmd, "--type/--layers/--experts/--top-k/--dense go with --synthetic");
 	if (o->ubatch == 0 || o->ubatch > o->prompt)
 		o->ubatch = o->prompt;
 	if (o->rank >= o->tp)
@@ -239,12 +263,47 @@ out:
 	return rc;
 }
 
+/* Writes the sparse synthetic model file (tandem mkmodel --sparse) to path. */
+static int make_synthetic(const struct bench_opts *o, const char *path)
+{
+	const char *av[20];
+	int ac = 0;
+	av[ac++] = "mkmodel";
+	av[ac++] = "--preset";
+	av[ac++] = o->synthetic;
+	av[ac++] = "--type";
+	av[ac++] = o->syn_type ? o->syn_type : "q4_k";
+	av[ac++] = "-o";
+	av[ac++] = path;
+	av[ac++] = "--sparse";
+	if (o->syn_layers)
+		av[ac++] = "--layers", av[ac++] = o->syn_layers;
+	if (o->syn_experts)
+		av[ac++] = "--experts", av[ac++] = o->syn_experts;
+	if (o->syn_topk)
+		av[ac++] = "--top-k", av[ac++] = o->syn_topk;
+	if (o->syn_dense)
+		av[ac++] = "--dense", av[ac++] = o->syn_dense;
+	av[ac] = NULL;
+	return cmd_mkmodel(ac, (char **)av);
+}
+
 int cmd_bench(int argc, char **argv)
 {
 	struct bench_opts o;
 	int rc = parse(argc, argv, &o);
 	if (rc)
 		return rc;
+	char synpath[256] = "";
+	if (o.synthetic) {
+		const char *td = getenv("TMPDIR");
+		snprintf(synpath, sizeof(synpath), "%s/tandem-synth-%ld.gguf", td && *td ? td : "/tmp", (long)getpid());
+		if (make_synthetic(&o, synpath)) {
+			fprintf(stderr, "tandem bench: cannot make the synthetic model\n");
+			return 2;
+		}
+		o.model = synpath;
+	}
 	struct errbuf e = {0};
 	struct model_opts mo;
 	model_opts_default(&mo);
@@ -254,6 +313,7 @@ int cmd_bench(int argc, char **argv)
 	mo.rank = o.rank;
 	mo.backend = (enum model_backend_kind)o.backend;
 	mo.device = o.device;
+	mo.synthetic = o.synthetic && o.backend == MODEL_BACKEND_CUDA;
 	if (o.backend == MODEL_BACKEND_CUDA) { /* workspaces sized for exactly this run */
 		mo.max_tokens = o.ubatch > o.batch ? o.ubatch : o.batch;
 		mo.max_seqs = o.batch;
@@ -262,7 +322,10 @@ int cmd_bench(int argc, char **argv)
 	}
 	struct model *m = NULL;
 	double tl0 = now_s();
-	if (model_load(&m, o.model, &mo, &e)) {
+	rc = model_load(&m, o.model, &mo, &e);
+	if (synpath[0]) /* the mapping stays valid; the (sparse) file is not needed on disk */
+		unlink(synpath);
+	if (rc) {
 		fprintf(stderr, "tandem bench: %s\n", e.msg);
 		return 2;
 	}
