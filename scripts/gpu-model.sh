@@ -37,4 +37,9 @@ if timeout 150 "$B/tandem" mkmodel --preset glm5 --layers 2 --dense 1 --experts 
 else
 	echo "mkmodel failed or timed out" | tee -a "$O/gpu-model.log"
 fi
+echo "== synthetic GLM-5 (full 78 layers, q4_k), rank 0 of TP=8: decode batch 1 / 16 at ctx 4096" | tee -a "$O/gpu-model.log"
+for bt in 1 16; do
+	timeout 120 "$B/tandem" bench --synthetic glm5 --tp 8 --rank 0 --backend cuda --ctx 4096 --gen 16 \
+		--batch $bt --ubatch 512 --reps 2 --threads 8 2>&1 | tail -n 6 | tee -a "$O/gpu-model.log"
+done
 date -u | tee -a "$O/gpu-model.log"

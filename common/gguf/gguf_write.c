@@ -369,6 +369,10 @@ static int put_zeros(FILE *f, size_t n)
 
 static int write_tensor_data(struct gguf_writer *w, FILE *f, const struct wtensor *t, struct errbuf *e)
 {
+	if (w->sparse_min && t->nbytes >= w->sparse_min) /* a hole: reads as zeros, takes no disk */
+		return fseeko(f, (off_t)t->nbytes, SEEK_CUR) ? errbuf_set(e, -EIO, "tensor '%s': seek failed",
+		                                                          t->name)
+		                                             : 0;
 	if (t->data)
 		return put(f, t->data, t->nbytes) ? errbuf_set(e, -EIO, "tensor '%s': write failed", t->name)
 		                                  : 0;
@@ -387,10 +391,6 @@ static int write_tensor_data(struct gguf_writer *w, FILE *f, const struct wtenso
 		free(buf);
 		return rc;
 	}
-	if (w->sparse_min && t->nbytes >= w->sparse_min) /* a hole: reads as zeros, takes no disk */
-		return fseeko(f, (off_t)t->nbytes, SEEK_CUR) ? errbuf_set(e, -EIO, "tensor '%s': seek failed",
-		                                                          t->name)
-		                                             : 0;
 	size_t rows_per = w->chunk_bytes / t->row_bytes;
 	if (rows_per == 0)
 		rows_per = 1;
