@@ -551,12 +551,33 @@ static void cu_gather_rows(void *ctx, float *dst, const float *src, int64_t widt
 	CK(kfwd_gather_rows(c->kc, dst, src, width, c->d_rows, n));
 }
 
+/* An op failed while a graph was being captured: end the capture (the stream must leave capture
+ * mode), mark the bucket eager and ask model_forward to run the step again (-EAGAIN). */
+static int capture_failed(struct be_cuda *c)
+{
+	void *ex = NULL;
+	kfwd_graph_end(c->kc, &ex);
+	kfwd_graph_destroy(ex);
+	c->mode = 0;
+	c->broken[c->gb][c->gc] = true;
+	LOG_WARN("model", "cuda: decode graph capture failed for batch bucket %d, context bucket %d (%s); that bucket runs eagerly",
+	         1 << c->gb, 256 << c->gc, err_name(c->err));
+	return -EAGAIN;
+}
+
+static int step_status(struct be_cuda *c)
+{
+	if (c->err && c->mode == 1)
+		return capture_failed(c);
+	return c->err;
+}
+
 static int cu_all_reduce(void *ctx, float *buf, size_t n)
 {
 	struct be_cuda *c = ctx; /* T = 1 or rank-shard mode: nothing to reduce */
 	(void)buf;
 	(void)n;
-	return c->err;
+	return step_status(c);
 }
 
 static int cu_all_gather(void *ctx, const float *send, size_t n, float *recv)
@@ -567,13 +588,13 @@ static int cu_all_gather(void *ctx, const float *send, size_t n, float *recv)
 	int r = c->rk->rank, T = c->m->T;
 	CK(kcuda_memset(c->kc, recv, 0, n * (size_t)T * sizeof(float)));
 	CK(kfwd_copy2d(c->kc, recv + (size_t)r * n, (int64_t)n, send, (int64_t)n, (int64_t)n, 1));
-	return c->err;
+	return step_status(c);
 }
 
 static int cu_barrier(void *ctx)
 {
 	struct be_cuda *c = ctx;
-	return c->err;
+	return step_status(c);
 }
 
 static const void *cu_host_view(void *ctx, const void *p, size_t bytes)
@@ -608,6 +629,7 @@ static int cu_to_host(void *ctx, void *dst_host, const void *src, size_t bytes)
 			LOG_WARN("model", "cuda: decode graph capture failed for batch bucket %d, context bucket %d; "
 			                  "that bucket runs eagerly",
 			         1 << c->gb, 256 << c->gc);
+			c->err = 0;
 			return -EAGAIN;
 		}
 		c->graph[c->gb][c->gc] = ex;
