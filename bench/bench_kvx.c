@@ -63,8 +63,8 @@ static int target(int fd, struct kvx_opts *o)
 	kvx_region_rkey(r, &k, &kl);
 	uint64_t base = (uint64_t)(uintptr_t)pool;
 	uint32_t l32 = (uint32_t)al, k32 = (uint32_t)kl;
-	if (xfer(fd, &l32, 4, 1) || xfer(fd, (void *)a, al, 1) || xfer(fd, &k32, 4, 1) || xfer(fd, (void *)k, kl, 1) ||
-	    xfer(fd, &base, 8, 1))
+	if (xfer(fd, &l32, 4, 1) || xfer(fd, (void *)a, al, 1) || xfer(fd, &k32, 4, 1) ||
+	    xfer(fd, (void *)k, kl, 1) || xfer(fd, &base, 8, 1))
 		return 1;
 	for (;;) {
 		kvx_progress(x);
@@ -86,8 +86,8 @@ static int initiator(int fd, struct kvx_opts *o, size_t total)
 	uint8_t a[4096], k[4096];
 	uint32_t al, kl;
 	uint64_t base;
-	if (xfer(fd, &al, 4, 0) || al > sizeof(a) || xfer(fd, a, al, 0) || xfer(fd, &kl, 4, 0) || kl > sizeof(k) ||
-	    xfer(fd, k, kl, 0) || xfer(fd, &base, 8, 0))
+	if (xfer(fd, &al, 4, 0) || al > sizeof(a) || xfer(fd, a, al, 0) || xfer(fd, &kl, 4, 0) ||
+	    kl > sizeof(k) || xfer(fd, k, kl, 0) || xfer(fd, &base, 8, 0))
 		return 1;
 	struct kvx *x;
 	if (kvx_create(&x, o, &e)) {
@@ -127,7 +127,8 @@ static int initiator(int fd, struct kvx_opts *o, size_t total)
 		for (int round = 0; round < 3; round++) {
 			double t0 = now_s();
 			for (size_t i = 0; i < n; i++) {
-				size_t slot = (i * 7) % n_pool; /* scattered block ids, as a real reservation */
+				size_t slot =
+				    (i * 7) % n_pool; /* scattered block ids, as a real reservation */
 				if (kvx_put(x, p, src + slot * bs, lr, bs, base + slot * bs, &e)) {
 					fprintf(stderr, "put: %s\n", e.msg);
 					return 1;

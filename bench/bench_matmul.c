@@ -248,17 +248,21 @@ static void bench_one(struct kpool *p, int type, struct shape sh, size_t cold_by
  * preemption effects. Also the dequantization cost (kcpu_dequant_row of one row, L1). */
 static void bench_hot(const int *types, int n_types)
 {
-	enum { ROWS = 64, N = 4096 };
-	float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * ROWS),
+	enum { ROWS = 64, N = 4096, TOK = 64 };
+	float *x = malloc(sizeof(float) * N * TOK), *y = malloc(sizeof(float) * ROWS * TOK),
 	      *row = malloc(sizeof(float) * N);
 	uint8_t *w = aligned_alloc(64, (size_t)ROWS * N * 4);
 
-	for (int i = 0; i < N; i++)
+	for (int i = 0; i < N * TOK; i++)
 		x[i] = gauss();
-	printf("\n## Hot kernels, 1 thread (64 x 4096 weight in L2; fastest of 300 calls)\n\n");
+	double peak = fma_peak(NULL, 1);
+	printf("\n## Hot kernels, 1 thread (64 x 4096 weight in L2; fastest of 300 calls; FMA peak %.1f "
+	       "GFLOP/s)\n\n",
+	       peak);
 	printf("| type | GEMV ns/elt | GEMV GB/s equiv. | fast GEMV ns/elt | fast GB/s equiv. | dequant "
-	       "ns/elt |\n");
-	printf("|---|---|---|---|---|---|\n");
+	       "ns/elt | GEMM%d GFLOP/s | %% of FMA peak |\n",
+	       TOK);
+	printf("|---|---|---|---|---|---|---|---|\n");
 	for (int ti = 0; ti < n_types; ti++) {
 		int type = types[ti];
 		size_t rb;
@@ -269,7 +273,7 @@ static void bench_hot(const int *types, int n_types)
 			kcpu_quantize_row(type, row, w + (size_t)r * rb, N);
 		}
 		struct kweight kw = {.type = type, .n_in = N, .n_out = ROWS, .row_bytes = rb, .data = w};
-		double best = 1e30, best_fast = 1e30, best_deq = 1e30;
+		double best = 1e30, best_fast = 1e30, best_deq = 1e30, best_mm = 1e30;
 		for (int k = 0; k < 300; k++) {
 			double t = now_s();
 			kcpu_matmul(NULL, &kw, x, N, 1, y, ROWS);
@@ -283,15 +287,72 @@ static void bench_hot(const int *types, int n_types)
 			kcpu_dequant_row(type, w, row, N);
 			t = now_s() - t;
 			best_deq = t < best_deq ? t : best_deq;
+			if (k % 3 == 0) {
+				t = now_s();
+				kcpu_matmul(NULL, &kw, x, N, TOK, y, ROWS);
+				t = now_s() - t;
+				best_mm = t < best_mm ? t : best_mm;
+			}
 		}
 		double el = (double)ROWS * N, bpe = (double)rb / N;
+		double gf = 2.0 * el * TOK / best_mm / 1e9;
 		char f1[32] = "-", f2[32] = "-";
 		if (kcpu_matmul_fast_supported(type)) {
 			snprintf(f1, sizeof f1, "%.3f", 1e9 * best_fast / el);
 			snprintf(f2, sizeof f2, "%.1f", bpe * el / best_fast / 1e9);
 		}
-		printf("| %s | %.3f | %.1f | %s | %s | %.3f |\n", ktype_name(type), 1e9 * best / el,
-		       bpe * el / best / 1e9, f1, f2, 1e9 * best_deq / N);
+		printf("| %s | %.3f | %.1f | %s | %s | %.3f | %.1f | %.0f%% |\n", ktype_name(type),
+		       1e9 * best / el, bpe * el / best / 1e9, f1, f2, 1e9 * best_deq / N, gf,
+		       100.0 * gf / peak);
+	}
+	free(x);
+	free(y);
+	free(row);
+	free(w);
+}
+
+/* Hot GEMM by token count (one thread, 768 x 2048 weight, L2-resident): shows the three paths
+ * of kcpu_matmul (1 token: fused dots; 2-7: 4x2 dot tiles; 8+: 6x8 / 6x16 FMA kernels). */
+static void bench_hot_tokens(void)
+{
+	static const int types[] = {KT_Q8_0, KT_Q4_K, KT_BF16};
+	static const int toks[] = {1, 2, 4, 7, 8, 15, 16, 32, 64};
+	enum { ROWS = 768, N = 2048, NTOK = sizeof toks / sizeof toks[0] };
+	float *x = malloc(sizeof(float) * N * 64), *y = malloc(sizeof(float) * ROWS * 64),
+	      *row = malloc(sizeof(float) * N);
+	uint8_t *w = aligned_alloc(64, (size_t)ROWS * N * 4);
+
+	for (int i = 0; i < N * 64; i++)
+		x[i] = gauss();
+	printf("\n## Hot GEMM by token count, 1 thread (768 x 2048 weight in L2; fastest of 40 calls; "
+	       "GFLOP/s)\n\n| type |");
+	for (int k = 0; k < NTOK; k++)
+		printf(" %d |", toks[k]);
+	printf("\n|---|");
+	for (int k = 0; k < NTOK; k++)
+		printf("---|");
+	printf("\n");
+	for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+		size_t rb;
+		ktype_row_bytes(types[ti], N, &rb);
+		for (int r = 0; r < ROWS; r++) {
+			for (int i = 0; i < N; i++)
+				row[i] = gauss() * 0.02f;
+			kcpu_quantize_row(types[ti], row, w + (size_t)r * rb, N);
+		}
+		struct kweight kw = {.type = types[ti], .n_in = N, .n_out = ROWS, .row_bytes = rb, .data = w};
+		printf("| %s |", ktype_name(types[ti]));
+		for (int k = 0; k < NTOK; k++) {
+			double best = 1e30;
+			for (int rep = 0; rep < 40; rep++) {
+				double t = now_s();
+				kcpu_matmul(NULL, &kw, x, N, toks[k], y, ROWS);
+				t = now_s() - t;
+				best = t < best ? t : best;
+			}
+			printf(" %.1f |", 2.0 * ROWS * N * toks[k] / best / 1e9);
+		}
+		printf("\n");
 	}
 	free(x);
 	free(y);
@@ -351,6 +412,7 @@ int main(int argc, char **argv)
 	free(list);
 
 	bench_hot(types, n_types);
+	bench_hot_tokens();
 	if (hot_only)
 		return 0;
 

@@ -30,7 +30,7 @@ ID=$(curl -s "http://127.0.0.1:$PORT/v1/models" | sed -n 's/.*"id":"\([^"]*\)".*
 
 one() { # index -> prints completion_tokens
 	curl -sN "http://127.0.0.1:$PORT/v1/completions" -H 'Content-Type: application/json' -d \
-		"{\"model\":\"$ID\",\"prompt\":\"Request $1 says hello to the serving benchmark\",\"max_tokens\":$MAXTOK,\"temperature\":0,\"stream\":true,\"stream_options\":{\"include_usage\":true}}" |
+		"{\"model\":\"$ID\",\"prompt\":\"Request $1 says hello to the serving benchmark\",\"max_tokens\":$MAXTOK,\"temperature\":0,\"ignore_eos\":true,\"stream\":true,\"stream_options\":{\"include_usage\":true}}" |
 		sed -n 's/.*"completion_tokens":\([0-9]*\).*/\1/p'
 }
 export -f one

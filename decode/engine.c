@@ -20,6 +20,9 @@
 #include "common/tok/tok.h"
 
 #define BATCH_MAX 1024
+/* Events waiting for the loop thread at most: beyond this the engine waits (a stalled loop thread
+ * must not let the outbox grow without bound). */
+#define OUTBOX_MAX 65536
 
 struct dc_engine {
 	struct dc_engine_opts o;
@@ -27,10 +30,10 @@ struct dc_engine {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	struct dc_seq *inbox, *inbox_tail; /* mu */
-	struct dc_event *out;              /* mu: events waiting for the loop thread */
-	uint32_t n_out, cap_out;           /* mu */
-	bool stop;                         /* mu */
-	bool poked;                        /* mu */
+	struct dc_event *out; /* mu: events waiting for the loop thread */
+	uint32_t n_out, cap_out; /* mu */
+	bool stop; /* mu */
+	bool poked; /* mu */
 	uv_async_t async;
 	_Atomic uint64_t alive_ns;
 
@@ -38,7 +41,7 @@ struct dc_engine {
 	struct dc_seq *waiting, *waiting_tail;
 	struct dc_seq *run[BATCH_MAX];
 	uint32_t n_run;
-	struct dc_event *ev;               /* this step's events */
+	struct dc_event *ev; /* this step's events */
 	uint32_t n_ev, cap_ev;
 	struct model_kv kv;
 	uint32_t vocab;
@@ -77,12 +80,12 @@ static void emit(struct dc_engine *g, const struct dc_event *ev)
 static void finish(struct dc_engine *g, struct dc_seq *s, int reason, int error_code, int32_t stop_index)
 {
 	struct dc_event ev = {.type = DC_EV_FINISH,
-			      .rid = s->rid,
-			      .reason = reason,
-			      .error_code = error_code,
-			      .stop_index = stop_index,
-			      .completion_tokens = s->n_gen,
-			      .seq = s};
+	                      .rid = s->rid,
+	                      .reason = reason,
+	                      .error_code = error_code,
+	                      .stop_index = stop_index,
+	                      .completion_tokens = s->n_gen,
+	                      .seq = s};
 	emit(g, &ev);
 }
 
@@ -103,9 +106,18 @@ static void flush_events(struct dc_engine *g)
 	}
 	memcpy(g->out + g->n_out, g->ev, g->n_ev * sizeof(*g->ev));
 	g->n_out += g->n_ev;
-	pthread_mutex_unlock(&g->mu);
 	g->n_ev = 0;
 	uv_async_send(&g->async);
+	while (g->n_out > OUTBOX_MAX && !g->stop) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += 100 * 1000000L;
+		if (ts.tv_nsec >= 1000000000L)
+			ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+		pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+		atomic_store(&g->alive_ns, uv_hrtime());
+	}
+	pthread_mutex_unlock(&g->mu);
 }
 
 static void async_cb(uv_async_t *a)
@@ -117,6 +129,7 @@ static void async_cb(uv_async_t *a)
 		uint32_t n = g->n_out;
 		g->out = NULL;
 		g->n_out = g->cap_out = 0;
+		pthread_cond_signal(&g->cv); /* an engine waiting for the outbox to drain */
 		pthread_mutex_unlock(&g->mu);
 		if (!n) {
 			free(ev);
@@ -249,7 +262,8 @@ static void step(struct dc_engine *g)
 	for (uint32_t i = 0; i < g->n_run; i++) {
 		struct dc_seq *s = g->run[i];
 		if (atomic_load(&s->cancelled))
-			finish(g, s, s->cancel_code == MSG_ERR_CANCELLED ? MSG_FINISH_CANCELLED : MSG_FINISH_ERROR,
+			finish(g, s,
+			       s->cancel_code == MSG_ERR_CANCELLED ? MSG_FINISH_CANCELLED : MSG_FINISH_ERROR,
 			       s->cancel_code, -1);
 		else
 			g->run[k++] = s;
@@ -262,7 +276,8 @@ static void step(struct dc_engine *g)
 		if (!g->waiting)
 			g->waiting_tail = NULL;
 		if (atomic_load(&s->cancelled)) {
-			finish(g, s, s->cancel_code == MSG_ERR_CANCELLED ? MSG_FINISH_CANCELLED : MSG_FINISH_ERROR,
+			finish(g, s,
+			       s->cancel_code == MSG_ERR_CANCELLED ? MSG_FINISH_CANCELLED : MSG_FINISH_ERROR,
 			       s->cancel_code, -1);
 			continue;
 		}
@@ -290,12 +305,12 @@ static void step(struct dc_engine *g)
 		if (want)
 			memset(want, all, n);
 		struct model_batch b = {.n_tokens = (int)n,
-					.tokens = g->b_tokens,
-					.seq = g->b_seq,
-					.pos = g->b_pos,
-					.logits = want,
-					.n_seqs = (int)n,
-					.seqs = g->b_seqs};
+		                        .tokens = g->b_tokens,
+		                        .seq = g->b_seq,
+		                        .pos = g->b_pos,
+		                        .logits = want,
+		                        .n_seqs = (int)n,
+		                        .seqs = g->b_seqs};
 		struct errbuf e = {0};
 		int rc = want ? model_forward(g->o.model, &g->kv, &b, g->logits, NULL, &e) : -ENOMEM;
 		free(want);
@@ -308,16 +323,18 @@ static void step(struct dc_engine *g)
 		for (uint32_t i = 0; i < n; i++) {
 			struct dc_seq *s = g->run[i];
 			uint32_t pos = (uint32_t)g->b_pos[i];
-			uint8_t *blocks[1] = {kv_pool_block(g->o.pool, (uint32_t)s->blocks[pos / TRIVIAL_BLOCK_TOKENS])};
+			uint8_t *blocks[1] = {
+			    kv_pool_block(g->o.pool, (uint32_t)s->blocks[pos / TRIVIAL_BLOCK_TOKENS])};
 			uint32_t tok = (uint32_t)s->last;
-			/* trivial_write_kv indexes blocks by pos / 64 from position 0: write the slot directly */
+			/* trivial_write_kv indexes blocks by pos / 64 from position 0: write the slot
+			 * directly */
 			uint8_t *slot = blocks[0] + (size_t)(pos % TRIVIAL_BLOCK_TOKENS) * TRIVIAL_SLOT_BYTES;
 			memcpy(slot, &tok, 4);
 			memcpy(slot + 4, &pos, 4);
 		}
 		if (g->o.trivial_step_us) {
 			struct timespec ts = {.tv_sec = g->o.trivial_step_us / 1000000u,
-					      .tv_nsec = (long)(g->o.trivial_step_us % 1000000u) * 1000};
+			                      .tv_nsec = (long)(g->o.trivial_step_us % 1000000u) * 1000};
 			nanosleep(&ts, NULL);
 		}
 	}
@@ -409,7 +426,7 @@ int dc_engine_create(const struct dc_engine_opts *o, struct dc_engine **out, str
 	if (o->model) {
 		g->vocab = (uint32_t)model_hparams(o->model)->vocab;
 		rc = model_kv_init(&g->kv, o->model, o->pool->n_blocks, o->pool->base,
-				   (size_t)o->pool->n_blocks * o->pool->block_bytes, e);
+		                   (size_t)o->pool->n_blocks * o->pool->block_bytes, e);
 		if (rc)
 			goto fail;
 		if (sample_work_init(&g->sw, g->vocab)) {

@@ -10,7 +10,8 @@ int kv_pool_init(struct kv_pool *p, uint32_t n_blocks, size_t block_bytes, struc
 {
 	memset(p, 0, sizeof(*p));
 	if (!n_blocks || !block_bytes || block_bytes > SIZE_MAX / n_blocks)
-		return errbuf_set(e, -EINVAL, "KV pool: %u blocks of %zu bytes is not a valid size", n_blocks, block_bytes);
+		return errbuf_set(e, -EINVAL, "KV pool: %u blocks of %zu bytes is not a valid size", n_blocks,
+		                  block_bytes);
 	size_t bytes = (size_t)n_blocks * block_bytes;
 	p->fifo = malloc(n_blocks * sizeof(uint32_t));
 	p->allocated = calloc(n_blocks, 1);
@@ -18,7 +19,8 @@ int kv_pool_init(struct kv_pool *p, uint32_t n_blocks, size_t block_bytes, struc
 		free(p->fifo);
 		free(p->allocated);
 		memset(p, 0, sizeof(*p));
-		return errbuf_set(e, -ENOMEM, "KV pool: out of memory for the block table (%u blocks)", n_blocks);
+		return errbuf_set(e, -ENOMEM, "KV pool: out of memory for the block table (%u blocks)",
+		                  n_blocks);
 	}
 	p->block_bytes = block_bytes;
 	p->n_blocks = n_blocks;
@@ -35,13 +37,16 @@ int kv_pool_init(struct kv_pool *p, uint32_t n_blocks, size_t block_bytes, struc
 		p->ucx_owned = 1;
 		return 0;
 	}
-	LOG_WARN("pool", "KV pool: UCX could not allocate %zu bytes (%s); using private memory: KV transfers on this host will be slower",
-		 bytes, e ? e->msg : "");
+	LOG_WARN("pool",
+	         "KV pool: UCX could not allocate %zu bytes (%s); using private memory: KV transfers on this "
+	         "host will be slower",
+	         bytes, e ? e->msg : "");
 	size_t rounded = (bytes + 4095) & ~(size_t)4095;
 	p->base = aligned_alloc(4096, rounded);
 	if (!p->base) {
 		kv_pool_fini(p, x);
-		return errbuf_set(e, -ENOMEM, "KV pool: cannot allocate %zu bytes (%u blocks)", bytes, n_blocks);
+		return errbuf_set(e, -ENOMEM, "KV pool: cannot allocate %zu bytes (%u blocks)", bytes,
+		                  n_blocks);
 	}
 	memset(p->base, 0, rounded); /* touch every page now, not while serving */
 	rc = kvx_region_map(x, p->base, bytes, &p->region, e);

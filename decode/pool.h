@@ -16,17 +16,18 @@
 #include "common/net/kvx.h"
 
 struct kv_pool {
-	uint8_t *base;         /* n_blocks * block_bytes, page aligned, owned (by UCX when ucx_owned) */
+	uint8_t *base; /* n_blocks * block_bytes, page aligned, owned (by UCX when ucx_owned) */
 	int ucx_owned;
 	size_t block_bytes;
 	uint32_t n_blocks;
-	uint32_t *fifo;        /* ring of free block ids */
+	uint32_t *fifo; /* ring of free block ids */
 	uint32_t head, n_free;
-	uint8_t *allocated;    /* per block: 1 while reserved */
+	uint8_t *allocated; /* per block: 1 while reserved */
 	struct kvx_region *region;
 };
 
-int kv_pool_init(struct kv_pool *p, uint32_t n_blocks, size_t block_bytes, struct kvx *x, struct errbuf *e) TD_MUST_CHECK;
+int kv_pool_init(struct kv_pool *p, uint32_t n_blocks, size_t block_bytes, struct kvx *x,
+                 struct errbuf *e) TD_MUST_CHECK;
 void kv_pool_fini(struct kv_pool *p, struct kvx *x);
 /* Takes n blocks (ERR_LIMIT when fewer are free; nothing taken then). */
 int kv_pool_alloc(struct kv_pool *p, uint32_t n, uint32_t *ids) TD_MUST_CHECK;

@@ -13,11 +13,11 @@
 struct stop_matcher {
 	const struct tok *t;
 	struct tok_stream ts;
-	char **stop;     /* borrowed */
+	char **stop; /* borrowed */
 	size_t *stop_len;
 	uint32_t n_stop;
 	size_t max_len;
-	char *buf;       /* tail of the text + room for one token's bytes */
+	char *buf; /* tail of the text + room for one token's bytes */
 	size_t n_buf, cap;
 };
 

@@ -49,10 +49,10 @@ struct dreq {
 	uint32_t *stop_ids;
 	uint32_t n_stop_ids;
 	bool ignore_eos;
-	uint32_t *prompt;      /* optional (trivial KV check) */
-	uint64_t deadline_ms;  /* RESERVED: KvReady must come before this */
+	uint32_t *prompt; /* optional (trivial KV check) */
+	uint64_t deadline_ms; /* RESERVED: KvReady must come before this */
 	uint64_t t_ready_ns;
-	struct dc_seq *seq;    /* RUNNING: owned by the engine until its FINISH event */
+	struct dc_seq *seq; /* RUNNING: owned by the engine until its FINISH event */
 	struct msg_token tokbuf[TOKBUF_MAX];
 	uint32_t n_tokbuf;
 	struct dreq *map_next;
@@ -79,7 +79,7 @@ struct dc_worker {
 	bool draining, stopping;
 	uv_poll_t ucx_poll;
 	bool ucx_poll_on;
-	uv_timer_t tick;       /* reservation deadlines */
+	uv_timer_t tick; /* reservation deadlines */
 	uv_timer_t drain_timer;
 	struct metric *m_blocks_used, *m_blocks_free, *m_reserved;
 	struct metric *m_fin_stop, *m_fin_length, *m_fin_cancelled, *m_fin_error;
@@ -92,7 +92,7 @@ void dc_config_default(struct dc_config *c)
 {
 	memset(c, 0, sizeof(*c));
 	snprintf(c->name, sizeof(c->name), "decode-%d", (int)getpid());
-	snprintf(c->router, sizeof(c->router), "127.0.0.1:7070");
+	snprintf(c->router, sizeof(c->router), "127.0.0.1:9100"); /* the router's default control_addr */
 	snprintf(c->metrics, sizeof(c->metrics), "127.0.0.1:0");
 	snprintf(c->engine, sizeof(c->engine), "model");
 	snprintf(c->kv_dtype, sizeof(c->kv_dtype), "f32");
@@ -108,7 +108,10 @@ void dc_config_default(struct dc_config *c)
 	c->drain_timeout_ms = 30000;
 }
 
-static uint64_t now_ms(void) { return uv_hrtime() / 1000000u; }
+static uint64_t now_ms(void)
+{
+	return uv_hrtime() / 1000000u;
+}
 
 /* ---- requests map ------------------------------------------------------------------------------ */
 
@@ -157,7 +160,8 @@ static void send_msg(struct dc_worker *w, const struct msg *m, uint64_t rid)
 {
 	struct errbuf e;
 	if (session_send(w->sess, m, &e))
-		LOG_DEBUG("decode", "rid=%llu %s not sent: %s", (unsigned long long)rid, msg_type_name(m->type), e.msg);
+		LOG_DEBUG("decode", "rid=%llu %s not sent: %s", (unsigned long long)rid,
+		          msg_type_name(m->type), e.msg);
 }
 
 static void send_error(struct dc_worker *w, uint64_t rid, int code, const char *text)
@@ -172,7 +176,7 @@ static void send_error(struct dc_worker *w, uint64_t rid, int code, const char *
 }
 
 static void send_finish(struct dc_worker *w, const struct dreq *d, int reason, int code, int32_t stop_index,
-			uint32_t completion, const char *text)
+                        uint32_t completion, const char *text)
 {
 	struct msg m;
 	msg_init(&m, MSG_FINISH);
@@ -186,10 +190,10 @@ static void send_finish(struct dc_worker *w, const struct dreq *d, int reason, i
 	if (text)
 		snprintf(f->error_message, sizeof(f->error_message), "%s: %s", w->c->name, text);
 	send_msg(w, &m, d->rid);
-	struct metric *c = reason == MSG_FINISH_STOP	    ? w->m_fin_stop
-			   : reason == MSG_FINISH_LENGTH    ? w->m_fin_length
-			   : reason == MSG_FINISH_CANCELLED ? w->m_fin_cancelled
-							    : w->m_fin_error;
+	struct metric *c = reason == MSG_FINISH_STOP        ? w->m_fin_stop
+	                   : reason == MSG_FINISH_LENGTH    ? w->m_fin_length
+	                   : reason == MSG_FINISH_CANCELLED ? w->m_fin_cancelled
+	                                                    : w->m_fin_error;
 	metrics_add(c, 1);
 }
 
@@ -203,7 +207,7 @@ static void flush_tokens(struct dc_worker *w, struct dreq *d)
 	m.u.tokens.n_tokens = d->n_tokbuf;
 	m.u.tokens.tokens = d->tokbuf;
 	LOG_DEBUG("decode", "rid=%llu sending %u tokens (last %u)", (unsigned long long)d->rid, d->n_tokbuf,
-		  d->tokbuf[d->n_tokbuf - 1].id);
+	          d->tokbuf[d->n_tokbuf - 1].id);
 	send_msg(w, &m, d->rid);
 	d->n_tokbuf = 0;
 }
@@ -220,7 +224,8 @@ static void events_cb(const struct dc_event *ev, uint32_t n, void *ud)
 		TD_ASSERT(d && d->state == DREQ_RUNNING); /* running requests are freed only below */
 		if (ev[i].type == DC_EV_TOKEN) {
 			if (d->t_ready_ns) {
-				metrics_observe(w->m_ttft_decode, (double)(uv_hrtime() - d->t_ready_ns) / 1e9);
+				metrics_observe(w->m_ttft_decode,
+				                (double)(uv_hrtime() - d->t_ready_ns) / 1e9);
 				d->t_ready_ns = 0;
 			}
 			if (d->n_tokbuf == 0) {
@@ -240,13 +245,15 @@ static void events_cb(const struct dc_event *ev, uint32_t n, void *ud)
 		flush_tokens(w, d);
 		const struct dc_event *f = &ev[i];
 		if (f->reason == MSG_FINISH_ERROR)
-			LOG_WARN("decode", "rid=%llu finished with error %s after %u tokens", (unsigned long long)d->rid,
-				 msg_error_name(f->error_code), f->completion_tokens);
+			LOG_WARN("decode", "rid=%llu finished with error %s after %u tokens",
+			         (unsigned long long)d->rid, msg_error_name(f->error_code),
+			         f->completion_tokens);
 		else
-			LOG_INFO("decode", "rid=%llu finished (%s) after %u tokens%s", (unsigned long long)d->rid,
-				 msg_finish_name(f->reason), f->completion_tokens, f->stop_index >= 0 ? " (stop string)" : "");
+			LOG_INFO("decode", "rid=%llu finished (%s) after %u tokens%s",
+			         (unsigned long long)d->rid, msg_finish_name(f->reason), f->completion_tokens,
+			         f->stop_index >= 0 ? " (stop string)" : "");
 		send_finish(w, d, f->reason, f->error_code, f->stop_index, f->completion_tokens,
-			    f->reason == MSG_FINISH_ERROR ? msg_error_name(f->error_code) : NULL);
+		            f->reason == MSG_FINISH_ERROR ? msg_error_name(f->error_code) : NULL);
 		dc_seq_free(f->seq);
 		d->seq = NULL;
 		for (uint32_t k = 0; k < n_touched; k++)
@@ -281,13 +288,14 @@ static void on_kv_reserve(struct dc_worker *w, const struct msg_kv_reserve *r)
 		goto refuse;
 	}
 	if (r->n_prompt_tokens >= w->max_seq_len) {
-		snprintf(why, sizeof(why), "prompt of %u tokens leaves no room in the context of %u", r->n_prompt_tokens,
-			 w->max_seq_len);
+		snprintf(why, sizeof(why), "prompt of %u tokens leaves no room in the context of %u",
+		         r->n_prompt_tokens, w->max_seq_len);
 		goto refuse;
 	}
 	for (size_t i = 0; i < r->n_prompt; i++)
 		if (r->prompt[i] >= w->vocab) {
-			snprintf(why, sizeof(why), "prompt token %zu has id %u outside the vocabulary", i, r->prompt[i]);
+			snprintf(why, sizeof(why), "prompt token %zu has id %u outside the vocabulary", i,
+			         r->prompt[i]);
 			goto refuse;
 		}
 	uint32_t max_tokens = r->max_tokens ? r->max_tokens : (uint32_t)w->c->default_max_tokens;
@@ -297,7 +305,8 @@ static void on_kv_reserve(struct dc_worker *w, const struct msg_kv_reserve *r)
 	uint32_t need = (uint32_t)(((uint64_t)r->n_prompt_tokens + max_tokens + bs - 1) / bs);
 	if (need > w->pool.n_blocks) {
 		code = MSG_ERR_INVALID_REQUEST;
-		snprintf(why, sizeof(why), "request needs %u KV blocks, the whole pool has %u", need, w->pool.n_blocks);
+		snprintf(why, sizeof(why), "request needs %u KV blocks, the whole pool has %u", need,
+		         w->pool.n_blocks);
 		goto refuse;
 	}
 	struct dreq *d = calloc(1, sizeof(*d));
@@ -322,8 +331,8 @@ static void on_kv_reserve(struct dc_worker *w, const struct msg_kv_reserve *r)
 			snprintf(why, sizeof(why), "out of memory");
 		} else {
 			code = MSG_ERR_NO_CAPACITY;
-			snprintf(why, sizeof(why), "KV pool full: request needs %u blocks, %u of %u free", need, w->pool.n_free,
-				 w->pool.n_blocks);
+			snprintf(why, sizeof(why), "KV pool full: request needs %u blocks, %u of %u free",
+			         need, w->pool.n_free, w->pool.n_blocks);
 		}
 		for (uint32_t i = 0; i < d->n_stop; i++)
 			free(d->stop[i]);
@@ -340,7 +349,8 @@ static void on_kv_reserve(struct dc_worker *w, const struct msg_kv_reserve *r)
 	d->n_prompt = r->n_prompt_tokens;
 	d->max_tokens = max_tokens;
 	d->sampling = r->sampling;
-	memcpy(d->stop_ids, r->stop_token_ids, r->n_stop_token_ids * sizeof(uint32_t));
+	if (r->n_stop_token_ids)
+		memcpy(d->stop_ids, r->stop_token_ids, r->n_stop_token_ids * sizeof(uint32_t));
 	d->n_stop_ids = (uint32_t)r->n_stop_token_ids;
 	d->ignore_eos = r->ignore_eos;
 	if (d->prompt)
@@ -355,11 +365,12 @@ static void on_kv_reserve(struct dc_worker *w, const struct msg_kv_reserve *r)
 	m.u.kv_reserved.n_block_ids = d->n_blocks;
 	m.u.kv_reserved.block_ids = d->blocks;
 	send_msg(w, &m, d->rid);
-	LOG_DEBUG("decode", "rid=%llu reserved %u blocks (%u prompt + %u new tokens)", (unsigned long long)d->rid, need,
-		  d->n_prompt, max_tokens);
+	LOG_DEBUG("decode", "rid=%llu reserved %u blocks (%u prompt + %u new tokens)",
+	          (unsigned long long)d->rid, need, d->n_prompt, max_tokens);
 	return;
 refuse:
-	LOG_WARN("decode", "rid=%llu reservation refused (%s): %s", (unsigned long long)r->rid, msg_error_name(code), why);
+	LOG_WARN("decode", "rid=%llu reservation refused (%s): %s", (unsigned long long)r->rid,
+	         msg_error_name(code), why);
 	metrics_add(w->m_refused, 1);
 	send_error(w, r->rid, code, why);
 }
@@ -369,7 +380,8 @@ static void on_kv_ready(struct dc_worker *w, const struct msg_kv_ready *r)
 {
 	struct dreq *d = *map_slot(w, r->rid);
 	if (!d || d->state != DREQ_RESERVED) {
-		send_error(w, r->rid, MSG_ERR_UNKNOWN_REQUEST, d ? "KvReady for a request already running" : "no reservation for this request");
+		send_error(w, r->rid, MSG_ERR_UNKNOWN_REQUEST,
+		           d ? "KvReady for a request already running" : "no reservation for this request");
 		return;
 	}
 	char why[256] = "";
@@ -378,21 +390,24 @@ static void on_kv_ready(struct dc_worker *w, const struct msg_kv_ready *r)
 	uint32_t n_prompt_blocks = (d->n_prompt + bs - 1) / bs;
 	if (r->n_prompt_tokens != d->n_prompt) {
 		code = MSG_ERR_INVALID_REQUEST;
-		snprintf(why, sizeof(why), "KvReady for %u prompt tokens, reservation was for %u", r->n_prompt_tokens, d->n_prompt);
+		snprintf(why, sizeof(why), "KvReady for %u prompt tokens, reservation was for %u",
+		         r->n_prompt_tokens, d->n_prompt);
 	} else if (r->first.id >= w->vocab) {
 		code = MSG_ERR_INVALID_REQUEST;
 		snprintf(why, sizeof(why), "first token id %u outside the vocabulary", r->first.id);
 	} else if (r->n_checksums && w->c->verify_checksums) {
 		if (r->n_checksums != n_prompt_blocks) {
 			code = MSG_ERR_CHECKSUM;
-			snprintf(why, sizeof(why), "%zu block checksums for %u prompt blocks", r->n_checksums, n_prompt_blocks);
+			snprintf(why, sizeof(why), "%zu block checksums for %u prompt blocks", r->n_checksums,
+			         n_prompt_blocks);
 		}
 		for (uint32_t i = 0; !code && i < n_prompt_blocks; i++) {
 			uint32_t c = crc32c(0, kv_pool_block(&w->pool, d->blocks[i]), w->pool.block_bytes);
 			if (c != r->checksums[i]) {
 				code = MSG_ERR_CHECKSUM;
-				snprintf(why, sizeof(why), "KV block %u (pool block %u) checksum %08x, prefill sent %08x", i,
-					 d->blocks[i], c, r->checksums[i]);
+				snprintf(why, sizeof(why),
+				         "KV block %u (pool block %u) checksum %08x, prefill sent %08x", i,
+				         d->blocks[i], c, r->checksums[i]);
 			}
 		}
 	}
@@ -401,7 +416,8 @@ static void on_kv_ready(struct dc_worker *w, const struct msg_kv_ready *r)
 		for (uint32_t p = 0; p < d->n_prompt; p++)
 			if (trivial_check_slot(kv_pool_block(&w->pool, d->blocks[p / bs]), p, d->prompt[p])) {
 				code = MSG_ERR_CHECKSUM;
-				snprintf(why, sizeof(why), "KV of prompt position %u does not hold token %u", p, d->prompt[p]);
+				snprintf(why, sizeof(why), "KV of prompt position %u does not hold token %u",
+				         p, d->prompt[p]);
 				break;
 			}
 	}
@@ -449,7 +465,8 @@ static void on_kv_ready(struct dc_worker *w, const struct msg_kv_ready *r)
 	w->n_reserved--;
 	w->n_running++;
 	update_gauges(w);
-	LOG_DEBUG("decode", "rid=%llu KV ready: decoding from token %u", (unsigned long long)d->rid, r->first.id);
+	LOG_DEBUG("decode", "rid=%llu KV ready: decoding from token %u", (unsigned long long)d->rid,
+	          r->first.id);
 	dc_engine_submit(w->eng, s);
 }
 
@@ -458,8 +475,8 @@ static void cancel_req(struct dc_worker *w, struct dreq *d, int code, bool tell_
 {
 	if (d->state == DREQ_RESERVED) {
 		if (tell_router)
-			send_finish(w, d, code == MSG_ERR_CANCELLED ? MSG_FINISH_CANCELLED : MSG_FINISH_ERROR, code, -1, 0,
-				    code == MSG_ERR_CANCELLED ? NULL : msg_error_name(code));
+			send_finish(w, d, code == MSG_ERR_CANCELLED ? MSG_FINISH_CANCELLED : MSG_FINISH_ERROR,
+			            code, -1, 0, code == MSG_ERR_CANCELLED ? NULL : msg_error_name(code));
 		dreq_free(w, d);
 		return;
 	}
@@ -488,9 +505,7 @@ static int on_msg(void *ud, struct msg *m)
 {
 	struct dc_worker *w = ud;
 	switch (m->type) {
-	case MSG_KV_RESERVE:
-		on_kv_reserve(w, &m->u.kv_reserve);
-		return 0;
+	case MSG_KV_RESERVE: on_kv_reserve(w, &m->u.kv_reserve); return 0;
 	case MSG_KV_READY:
 		/* the prefill's puts have completed remotely; progress UCX anyway so that emulated-RMA
 		 * transports have applied everything before we look at the blocks */
@@ -503,7 +518,7 @@ static int on_msg(void *ud, struct msg *m)
 			metrics_add(w->m_released, 1);
 			if (d->state == DREQ_RUNNING)
 				LOG_WARN("decode", "rid=%llu KvRelease for a running request: cancelling it",
-					 (unsigned long long)d->rid);
+				         (unsigned long long)d->rid);
 			cancel_req(w, d, MSG_ERR_CANCELLED, false);
 		}
 		return 0;
@@ -511,18 +526,17 @@ static int on_msg(void *ud, struct msg *m)
 	case MSG_CANCEL: {
 		struct dreq *d = *map_slot(w, m->u.cancel.rid);
 		if (d) {
-			LOG_INFO("decode", "rid=%llu cancelled by the router (%s)", (unsigned long long)d->rid,
-				 msg_error_name(m->u.cancel.reason));
+			LOG_INFO("decode", "rid=%llu cancelled by the router (%s)",
+			         (unsigned long long)d->rid, msg_error_name(m->u.cancel.reason));
 			cancel_req(w, d, MSG_ERR_CANCELLED, true);
 		}
 		return 0;
 	}
-	case MSG_DRAIN:
-		start_drain(w, m->u.drain.deadline_ms);
-		return 0;
+	case MSG_DRAIN: start_drain(w, m->u.drain.deadline_ms); return 0;
 	case MSG_ERROR:
 		LOG_WARN("decode", "router reports%s%llu: %s (%s)", m->u.error.has_rid ? " rid=" : " ",
-			 (unsigned long long)m->u.error.rid, m->u.error.message, msg_error_name(m->u.error.code));
+		         (unsigned long long)m->u.error.rid, m->u.error.message,
+		         msg_error_name(m->u.error.code));
 		return 0;
 	default:
 		LOG_WARN("decode", "ignoring %s: not a decode message", msg_type_name(m->type));
@@ -542,8 +556,9 @@ static void tick_cb(uv_timer_t *t)
 		while (d) {
 			struct dreq *n = d->map_next;
 			if (d->state == DREQ_RESERVED && now > d->deadline_ms) {
-				LOG_WARN("decode", "rid=%llu reservation expired: KV not ready in time; blocks freed",
-					 (unsigned long long)d->rid);
+				LOG_WARN("decode",
+				         "rid=%llu reservation expired: KV not ready in time; blocks freed",
+				         (unsigned long long)d->rid);
 				metrics_add(w->m_expired, 1);
 				send_error(w, d->rid, MSG_ERR_TIMEOUT, "reservation expired before KvReady");
 				dreq_free(w, d);
@@ -618,8 +633,11 @@ static void write_ready_file(struct dc_worker *w)
 		LOG_WARN("decode", "cannot write ready file %s", tmp);
 		return;
 	}
-	fprintf(f, "{\"pid\": %d, \"metrics_port\": %d, \"name\": \"%s\", \"worker_id\": %u, \"kv_blocks\": %u}\n",
-		(int)getpid(), runtime_metrics_port(w->rt), w->c->name, session_worker_id(w->sess), w->pool.n_blocks);
+	fprintf(
+	    f,
+	    "{\"pid\": %d, \"metrics_port\": %d, \"name\": \"%s\", \"worker_id\": %u, \"kv_blocks\": %u}\n",
+	    (int)getpid(), runtime_metrics_port(w->rt), w->c->name, session_worker_id(w->sess),
+	    w->pool.n_blocks);
 	fclose(f);
 	rename(tmp, w->c->ready_file);
 }
@@ -672,8 +690,8 @@ static void maybe_finish_drain(struct dc_worker *w)
 static void drain_timeout_cb(uv_timer_t *t)
 {
 	struct dc_worker *w = t->data;
-	LOG_WARN("decode", "drain deadline passed with %u running and %u reserved requests: failing them", w->n_running,
-		 w->n_reserved);
+	LOG_WARN("decode", "drain deadline passed with %u running and %u reserved requests: failing them",
+	         w->n_running, w->n_reserved);
 	stop_all(w);
 }
 
@@ -682,9 +700,11 @@ static void start_drain(struct dc_worker *w, uint32_t deadline_ms)
 	if (w->draining)
 		return;
 	w->draining = true;
-	uint32_t ms = deadline_ms && deadline_ms < (uint32_t)w->c->drain_timeout_ms ? deadline_ms
-										     : (uint32_t)w->c->drain_timeout_ms;
-	LOG_INFO("decode", "draining: %u running, %u reserved, deadline %u ms", w->n_running, w->n_reserved, ms);
+	uint32_t ms = deadline_ms && deadline_ms < (uint32_t)w->c->drain_timeout_ms
+	                  ? deadline_ms
+	                  : (uint32_t)w->c->drain_timeout_ms;
+	LOG_INFO("decode", "draining: %u running, %u reserved, deadline %u ms", w->n_running, w->n_reserved,
+	         ms);
 	struct msg m;
 	msg_init(&m, MSG_DRAIN);
 	m.u.drain.deadline_ms = ms;
@@ -695,7 +715,10 @@ static void start_drain(struct dc_worker *w, uint32_t deadline_ms)
 	maybe_finish_drain(w);
 }
 
-static void on_signal(void *ud, int signum) { start_drain(ud, 0); }
+static void on_signal(void *ud, int signum)
+{
+	start_drain(ud, 0);
+}
 
 static bool is_ready(void *ud)
 {
@@ -718,25 +741,38 @@ static void register_metrics(struct dc_worker *w, struct dc_metrics *em)
 	struct metrics *r = w->reg = metrics_create(labels);
 	w->m_blocks_used = metrics_gauge(r, "tandem_kv_blocks_used", NULL, "KV blocks reserved or in use");
 	w->m_blocks_free = metrics_gauge(r, "tandem_kv_blocks_free", NULL, "KV blocks free");
-	w->m_reserved = metrics_gauge(r, "tandem_decode_reserved_requests", NULL, "Requests holding blocks, waiting for their KV");
-	w->m_fin_stop = metrics_counter(r, "tandem_decode_requests_total", "outcome=\"stop\"", "Decoded requests by outcome");
+	w->m_reserved = metrics_gauge(r, "tandem_decode_reserved_requests", NULL,
+	                              "Requests holding blocks, waiting for their KV");
+	w->m_fin_stop = metrics_counter(r, "tandem_decode_requests_total", "outcome=\"stop\"",
+	                                "Decoded requests by outcome");
 	w->m_fin_length = metrics_counter(r, "tandem_decode_requests_total", "outcome=\"length\"", NULL);
-	w->m_fin_cancelled = metrics_counter(r, "tandem_decode_requests_total", "outcome=\"cancelled\"", NULL);
+	w->m_fin_cancelled =
+	    metrics_counter(r, "tandem_decode_requests_total", "outcome=\"cancelled\"", NULL);
 	w->m_fin_error = metrics_counter(r, "tandem_decode_requests_total", "outcome=\"error\"", NULL);
-	w->m_refused = metrics_counter(r, "tandem_kv_reservations_refused_total", NULL, "Reservations refused (pool full, draining, invalid)");
-	w->m_released = metrics_counter(r, "tandem_kv_reservations_released_total", NULL, "Reservations released by the router");
-	w->m_expired = metrics_counter(r, "tandem_kv_reservations_expired_total", NULL, "Reservations freed because KV never became ready");
-	w->m_checksum_bad = metrics_counter(r, "tandem_kv_check_failures_total", NULL, "Received KV that failed its checksum/content check");
-	w->m_kv_rx_bytes = metrics_counter(r, "tandem_kv_received_bytes_total", NULL, "Prompt KV bytes received from prefill workers");
-	w->m_registered = metrics_gauge(r, "tandem_worker_registered", NULL, "1 while registered with the router");
-	w->m_ttft_decode = metrics_histogram(r, "tandem_decode_first_step_seconds", NULL, "KvReady to the first decoded token",
-					     metrics_latency_bounds, metrics_n_latency_bounds);
-	em->tokens = metrics_counter(r, "tandem_decode_tokens_total", NULL, "Tokens generated by decode steps");
-	em->step_seconds = metrics_histogram(r, "tandem_decode_step_seconds", NULL, "Decode step time", metrics_latency_bounds,
-					     metrics_n_latency_bounds);
-	em->running = metrics_gauge(r, "tandem_decode_running_sequences", NULL, "Sequences in the decode batch");
+	w->m_refused = metrics_counter(r, "tandem_kv_reservations_refused_total", NULL,
+	                               "Reservations refused (pool full, draining, invalid)");
+	w->m_released = metrics_counter(r, "tandem_kv_reservations_released_total", NULL,
+	                                "Reservations released by the router");
+	w->m_expired = metrics_counter(r, "tandem_kv_reservations_expired_total", NULL,
+	                               "Reservations freed because KV never became ready");
+	w->m_checksum_bad = metrics_counter(r, "tandem_kv_check_failures_total", NULL,
+	                                    "Received KV that failed its checksum/content check");
+	w->m_kv_rx_bytes = metrics_counter(r, "tandem_kv_received_bytes_total", NULL,
+	                                   "Prompt KV bytes received from prefill workers");
+	w->m_registered =
+	    metrics_gauge(r, "tandem_worker_registered", NULL, "1 while registered with the router");
+	w->m_ttft_decode = metrics_histogram(r, "tandem_decode_first_step_seconds", NULL,
+	                                     "KvReady to the first decoded token", metrics_latency_bounds,
+	                                     metrics_n_latency_bounds);
+	em->tokens =
+	    metrics_counter(r, "tandem_decode_tokens_total", NULL, "Tokens generated by decode steps");
+	em->step_seconds = metrics_histogram(r, "tandem_decode_step_seconds", NULL, "Decode step time",
+	                                     metrics_latency_bounds, metrics_n_latency_bounds);
+	em->running =
+	    metrics_gauge(r, "tandem_decode_running_sequences", NULL, "Sequences in the decode batch");
 	static const double bs[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
-	em->batch_size = metrics_histogram(r, "tandem_decode_batch_size", NULL, "Sequences per decode step", bs, 11);
+	em->batch_size =
+	    metrics_histogram(r, "tandem_decode_batch_size", NULL, "Sequences per decode step", bs, 11);
 }
 
 int dc_worker_run(const struct dc_config *c)
@@ -787,7 +823,9 @@ int dc_worker_run(const struct dc_config *c)
 		l->fingerprint = model_kv_fingerprint_hash(w.model);
 		block_bytes = L.block_bytes;
 		w.vocab = (uint32_t)hp->vocab;
-		w.max_seq_len = (uint32_t)(hp->n_ctx_train > 0 && hp->n_ctx_train < INT32_MAX ? hp->n_ctx_train : INT32_MAX);
+		w.max_seq_len =
+		    (uint32_t)(hp->n_ctx_train > 0 && hp->n_ctx_train < INT32_MAX ? hp->n_ctx_train
+		                                                                  : INT32_MAX);
 		uint64_t h = model_identity_hash(w.model);
 		for (int i = 0; i < 8; i++)
 			w.model_id[i] = (uint8_t)(h >> (56 - 8 * i));
@@ -803,7 +841,8 @@ int dc_worker_run(const struct dc_config *c)
 	}
 	if (c->max_seq_len > 0 && (uint32_t)c->max_seq_len < w.max_seq_len)
 		w.max_seq_len = (uint32_t)c->max_seq_len;
-	struct kvx_opts ko = {.tls = c->ucx_tls, .net_devices = c->ucx_net_devices, .want_rdma = c->ucx_want_rdma};
+	struct kvx_opts ko = {
+	    .tls = c->ucx_tls, .net_devices = c->ucx_net_devices, .want_rdma = c->ucx_want_rdma};
 	if (kvx_create(&w.kvx, &ko, &e)) {
 		LOG_ERROR("decode", "%s", e.msg);
 		goto out_model;
@@ -815,25 +854,25 @@ int dc_worker_run(const struct dc_config *c)
 	}
 	update_gauges(&w);
 	struct dc_engine_opts eo = {.model = w.model,
-				    .tok = w.tok,
-				    .pool = &w.pool,
-				    .max_batch = (uint32_t)c->max_batch,
-				    .max_seq_len = w.max_seq_len,
-				    .trivial_step_us = (uint32_t)c->trivial_step_us,
-				    .metrics = em,
-				    .loop = w.loop,
-				    .events_cb = events_cb,
-				    .ud = &w};
+	                            .tok = w.tok,
+	                            .pool = &w.pool,
+	                            .max_batch = (uint32_t)c->max_batch,
+	                            .max_seq_len = w.max_seq_len,
+	                            .trivial_step_us = (uint32_t)c->trivial_step_us,
+	                            .metrics = em,
+	                            .loop = w.loop,
+	                            .events_cb = events_cb,
+	                            .ud = &w};
 	if (dc_engine_create(&eo, &w.eng, &e)) {
 		LOG_ERROR("decode", "cannot start the engine: %s", e.msg);
 		goto out_pool;
 	}
 	struct runtime_opts ro = {.metrics_addr = c->metrics,
-				  .metrics = w.reg,
-				  .is_ready_cb = is_ready,
-				  .is_healthy_cb = is_healthy,
-				  .on_signal_cb = on_signal,
-				  .ud = &w};
+	                          .metrics = w.reg,
+	                          .is_ready_cb = is_ready,
+	                          .is_healthy_cb = is_healthy,
+	                          .on_signal_cb = on_signal,
+	                          .ud = &w};
 	if (runtime_start(w.loop, &ro, &w.rt, &e)) {
 		LOG_ERROR("decode", "%s", e.msg);
 		dc_engine_destroy(w.eng);
@@ -852,11 +891,11 @@ int dc_worker_run(const struct dc_config *c)
 	}
 	struct session_opts so = {.router_addr = c->router, .heartbeat_ms = (uint32_t)c->heartbeat_ms};
 	struct session_cbs sc = {.fill_hello_cb = fill_hello,
-				 .fill_heartbeat_cb = fill_heartbeat,
-				 .on_registered_cb = on_registered,
-				 .on_msg_cb = on_msg,
-				 .on_lost_cb = on_lost,
-				 .ud = &w};
+	                         .fill_heartbeat_cb = fill_heartbeat,
+	                         .on_registered_cb = on_registered,
+	                         .on_msg_cb = on_msg,
+	                         .on_lost_cb = on_lost,
+	                         .ud = &w};
 	if (session_start(w.loop, &so, &sc, &w.sess, &e)) {
 		LOG_ERROR("decode", "%s", e.msg);
 		w.sess = NULL;
@@ -865,10 +904,12 @@ int dc_worker_run(const struct dc_config *c)
 		uv_run(w.loop, UV_RUN_DEFAULT);
 		goto out_pool;
 	}
-	LOG_INFO("decode", "%s: engine %s, KV pool %u blocks x %zu bytes (%.1f MiB), layout %s fingerprint %016llx, metrics on port %d, router %s",
-		 c->name, c->engine, w.pool.n_blocks, w.pool.block_bytes,
-		 (double)w.pool.n_blocks * (double)w.pool.block_bytes / 1048576.0, w.layout.arch,
-		 (unsigned long long)w.layout.fingerprint, runtime_metrics_port(w.rt), c->router);
+	LOG_INFO("decode",
+	         "%s: engine %s, KV pool %u blocks x %zu bytes (%.1f MiB), layout %s fingerprint %016llx, "
+	         "metrics on port %d, router %s",
+	         c->name, c->engine, w.pool.n_blocks, w.pool.block_bytes,
+	         (double)w.pool.n_blocks * (double)w.pool.block_bytes / 1048576.0, w.layout.arch,
+	         (unsigned long long)w.layout.fingerprint, runtime_metrics_port(w.rt), c->router);
 	uv_run(w.loop, UV_RUN_DEFAULT);
 	w.exit_code = 0;
 out_pool:

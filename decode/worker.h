@@ -25,7 +25,7 @@ struct dc_config {
 	int tp;
 	int kv_blocks;
 	int max_batch;
-	int max_seq_len;      /* 0: the model's context length */
+	int max_seq_len; /* 0: the model's context length */
 	int default_max_tokens;
 	int reserve_timeout_ms;
 	int heartbeat_ms;

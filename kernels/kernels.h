@@ -116,7 +116,8 @@ struct kweight {
 	int type;
 	int64_t n_in;       /* ne0 */
 	int64_t n_out;      /* ne1 (rows) */
-	size_t row_bytes;   /* bytes of one row */
+	size_t row_bytes;   /* bytes from one row to the next (>= the bytes of n_in elements: a TP
+	                     * slice of the input dimension keeps the full row as stride) */
 	const void *data;   /* row r at (const char *)data + r * row_bytes */
 };
 
@@ -127,8 +128,9 @@ void kcpu_matmul(struct kpool *p, const struct kweight *w, const float *x, int64
 /* Approximate fast path, same arguments (opt-in; the reference path never uses it): activations
  * are quantized to int8 per 256 elements (scale max|x|/127, like ggml's Q8_K) and multiplied
  * with integer dots (AVX2 maddubs) for Q8_0, Q4_K, Q5_K and Q6_K weights; about 0.5% of
- * sum|w*x| error per dot (test_matmul prints it). Other types, n_in not a multiple of 256, 4 or more tokens (where the exact
- * tiled path is faster) and builds without AVX2 use kcpu_matmul. Uses the pool's caller scratch (kpool_scratch(p, kpool_n_threads(p), ...)). */
+ * sum|w*x| error per dot (test_matmul prints it). Other types, n_in not a multiple of 256, 4 or
+ * more tokens (where the exact tiled path is faster) and builds without AVX2 use kcpu_matmul.
+ * Uses the pool's caller scratch (kpool_scratch(p, kpool_n_threads(p), ...)). */
 void kcpu_matmul_fast(struct kpool *p, const struct kweight *w, const float *x, int64_t ldx,
 		      int64_t n_tok, float *y, int64_t ldy);
 bool kcpu_matmul_fast_supported(int type); /* true if kcpu_matmul_fast has integer dots for it */

@@ -27,9 +27,9 @@ struct pf_engine {
 	pthread_t thread;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
-	struct pf_job *inbox, *inbox_tail;   /* mu */
+	struct pf_job *inbox, *inbox_tail; /* mu */
 	struct pf_job *outbox, *outbox_tail; /* mu */
-	bool stop;                           /* mu */
+	bool stop; /* mu */
 	uv_async_t async;
 	_Atomic uint64_t alive_ns;
 
@@ -39,8 +39,8 @@ struct pf_engine {
 	uint32_t n_active;
 	int32_t *free_blocks;
 	uint32_t n_free;
-	struct model_kv kv;   /* model engine */
-	uint8_t *pool;        /* trivial engine */
+	struct model_kv kv; /* model engine */
+	uint8_t *pool; /* trivial engine */
 	size_t block_bytes;
 	uint32_t block_tokens;
 	struct kvx_region *local_region;
@@ -70,7 +70,10 @@ void pf_job_free(struct pf_job *j)
 	free(j);
 }
 
-static uint64_t now_ms(void) { return uv_hrtime() / 1000000u; }
+static uint64_t now_ms(void)
+{
+	return uv_hrtime() / 1000000u;
+}
 
 /* ---- queues ---------------------------------------------------------------------------------- */
 
@@ -183,7 +186,8 @@ static void admit(struct pf_engine *g)
 				g->pending = j->next;
 				if (!g->pending)
 					g->pending_tail = NULL;
-				fail_job(g, j, ERR_LIMIT, MSG_ERR_INVALID_REQUEST, "prompt needs more KV blocks than this prefill worker has");
+				fail_job(g, j, ERR_LIMIT, MSG_ERR_INVALID_REQUEST,
+				         "prompt needs more KV blocks than this prefill worker has");
 				continue;
 			}
 			break;
@@ -263,14 +267,19 @@ static int step(struct pf_engine *g)
 	uint32_t n = 0, n_rows = 0;
 	uint32_t take[256] = {0};
 	int32_t row_of[256];
-	/* 3. fill the step */
+	/* 3. fill the step. Every active job's block table goes into the batch, also of jobs that get
+	 * no tokens this step (the model checks every table it is given). */
+	for (uint32_t s = 0; s < g->n_active; s++) {
+		g->b_seqs[s].blocks = g->active[s]->local_blocks;
+		g->b_seqs[s].n_blocks = (int)g->active[s]->n_local;
+		row_of[s] = -1;
+	}
 	for (uint32_t s = 0; s < g->n_active && budget > 0; s++) {
 		struct pf_job *j = g->active[s];
 		uint32_t left = j->n_tokens - j->n_done;
 		uint32_t t = left < budget ? left : budget;
 		take[s] = t;
 		budget -= t;
-		row_of[s] = -1;
 		for (uint32_t i = 0; i < t; i++) {
 			g->b_tokens[n] = (int32_t)j->tokens[j->n_done + i];
 			g->b_seq[n] = (int32_t)s;
@@ -282,8 +291,6 @@ static int step(struct pf_engine *g)
 			g->b_logits[n - 1] = 1;
 			row_of[s] = (int32_t)n_rows++;
 		}
-		g->b_seqs[s].blocks = j->local_blocks;
-		g->b_seqs[s].n_blocks = (int)j->n_local;
 	}
 	if (n == 0)
 		return 0;
@@ -291,16 +298,17 @@ static int step(struct pf_engine *g)
 	/* 4. forward */
 	if (g->o.model) {
 		struct model_batch b = {.n_tokens = (int)n,
-					.tokens = g->b_tokens,
-					.seq = g->b_seq,
-					.pos = g->b_pos,
-					.logits = g->b_logits,
-					.n_seqs = (int)g->n_active,
-					.seqs = g->b_seqs};
+		                        .tokens = g->b_tokens,
+		                        .seq = g->b_seq,
+		                        .pos = g->b_pos,
+		                        .logits = g->b_logits,
+		                        .n_seqs = (int)g->n_active,
+		                        .seqs = g->b_seqs};
 		struct errbuf e = {0};
 		int rc = model_forward(g->o.model, &g->kv, &b, n_rows ? g->logits : NULL, NULL, &e);
 		if (rc) {
-			/* inputs were validated when the request arrived: a failure here fails the step's jobs */
+			/* inputs were validated when the request arrived: a failure here fails the step's
+			 * jobs */
 			LOG_ERROR("engine", "prefill forward failed: %s", e.msg);
 			for (uint32_t s = 0; s < g->n_active; s++)
 				if (take[s])
@@ -321,11 +329,12 @@ static int step(struct pf_engine *g)
 			uint32_t nb = j->n_local < 4096 ? j->n_local : 4096;
 			for (uint32_t i = 0; i < nb; i++)
 				blocks[i] = g->pool + (size_t)j->local_blocks[i] * g->block_bytes;
-			j->hash = trivial_write_kv(blocks, j->tokens + j->n_done, take[s], j->n_done, j->hash);
+			j->hash =
+			    trivial_write_kv(blocks, j->tokens + j->n_done, take[s], j->n_done, j->hash);
 		}
 		if (g->o.trivial_step_us) {
 			struct timespec ts = {.tv_sec = g->o.trivial_step_us / 1000000u,
-					      .tv_nsec = (long)(g->o.trivial_step_us % 1000000u) * 1000};
+			                      .tv_nsec = (long)(g->o.trivial_step_us % 1000000u) * 1000};
 			nanosleep(&ts, NULL);
 		}
 	}
@@ -376,7 +385,8 @@ static void *engine_main(void *arg)
 		}
 		if (stop) {
 			for (uint32_t s = 0; s < g->n_active; s++)
-				fail_job(g, g->active[s], ERR_CANCELLED, MSG_ERR_DRAINING, "prefill worker stopping");
+				fail_job(g, g->active[s], ERR_CANCELLED, MSG_ERR_DRAINING,
+				         "prefill worker stopping");
 			g->n_active = 0;
 			while (g->pending) {
 				struct pf_job *j = g->pending;
@@ -414,7 +424,8 @@ static int layout_from_model(struct pf_engine *g, struct errbuf *e)
 	g->block_bytes = L.block_bytes;
 	g->block_tokens = (uint32_t)L.block_tokens;
 	g->vocab = (uint32_t)hp->vocab;
-	g->max_seq_len = (uint32_t)(hp->n_ctx_train > 0 && hp->n_ctx_train < INT32_MAX ? hp->n_ctx_train : INT32_MAX);
+	g->max_seq_len =
+	    (uint32_t)(hp->n_ctx_train > 0 && hp->n_ctx_train < INT32_MAX ? hp->n_ctx_train : INT32_MAX);
 	int rc = model_kv_init(&g->kv, g->o.model, g->o.n_local_blocks, NULL, 0, e);
 	if (rc)
 		return rc;
@@ -448,7 +459,8 @@ int pf_engine_create(const struct pf_engine_opts *o, struct pf_engine **out, str
 		g->max_seq_len = 4096u * TRIVIAL_BLOCK_TOKENS; /* what one step's block list covers */
 		g->pool = aligned_alloc(64, (size_t)g->o.n_local_blocks * g->block_bytes);
 		if (!g->pool) {
-			rc = errbuf_set(e, -ENOMEM, "out of memory for %u local KV blocks", g->o.n_local_blocks);
+			rc = errbuf_set(e, -ENOMEM, "out of memory for %u local KV blocks",
+			                g->o.n_local_blocks);
 			goto fail;
 		}
 		memset(g->pool, 0, (size_t)g->o.n_local_blocks * g->block_bytes);
@@ -456,7 +468,7 @@ int pf_engine_create(const struct pf_engine_opts *o, struct pf_engine **out, str
 	}
 	/* register the local pool so puts go out without an extra copy */
 	rc = kvx_region_map(o->kvx, (void *)g->push.local_base, (size_t)g->o.n_local_blocks * g->block_bytes,
-			    &g->local_region, e);
+	                    &g->local_region, e);
 	if (rc)
 		goto fail;
 	g->push.kvx = o->kvx;
@@ -540,9 +552,18 @@ void pf_engine_destroy(struct pf_engine *g)
 	uv_close((uv_handle_t *)&g->async, async_closed_cb);
 }
 
-void pf_engine_layout(const struct pf_engine *g, struct msg_kv_layout *l) { *l = g->layout; }
-uint32_t pf_engine_vocab(const struct pf_engine *g) { return g->vocab; }
-uint32_t pf_engine_max_seq_len(const struct pf_engine *g) { return g->max_seq_len; }
+void pf_engine_layout(const struct pf_engine *g, struct msg_kv_layout *l)
+{
+	*l = g->layout;
+}
+uint32_t pf_engine_vocab(const struct pf_engine *g)
+{
+	return g->vocab;
+}
+uint32_t pf_engine_max_seq_len(const struct pf_engine *g)
+{
+	return g->max_seq_len;
+}
 
 double pf_engine_stall_seconds(const struct pf_engine *g)
 {

@@ -36,53 +36,53 @@ struct pf_job {
 	uint8_t *rkey;
 	size_t rkey_len;
 	struct msg_kv_region region; /* region.rkey is NULL: use rkey above */
-	uint32_t *block_ids;         /* owned */
+	uint32_t *block_ids; /* owned */
 	uint32_t n_block_ids;
 	bool want_checksums;
-	uint64_t deadline_ms;        /* uv_hrtime()/1e6 clock */
+	uint64_t deadline_ms; /* uv_hrtime()/1e6 clock */
 	uint64_t t_submit_ns;
-	_Atomic int cancelled;       /* set by the loop thread; read by the engine */
+	_Atomic int cancelled; /* set by the loop thread; read by the engine */
 
 	/* engine-private progress */
-	uint32_t n_done;             /* prompt tokens computed */
+	uint32_t n_done; /* prompt tokens computed */
 	int32_t *local_blocks;
 	uint32_t n_local;
-	uint32_t n_pushed;           /* blocks already put */
-	uint64_t peer_id;            /* kvx peer the blocks went to (0: none yet) */
-	uint64_t hash;               /* trivial engine: running KV hash */
+	uint32_t n_pushed; /* blocks already put */
+	uint64_t peer_id; /* kvx peer the blocks went to (0: none yet) */
+	uint64_t hash; /* trivial engine: running KV hash */
 	uint64_t t_start_ns, t_first_put_ns;
 
 	/* results, valid in done_cb */
-	int status;                  /* 0 or a negative error */
-	int err_code;                /* enum msg_error when status != 0 */
+	int status; /* 0 or a negative error */
+	int err_code; /* enum msg_error when status != 0 */
 	char err_msg[256];
 	struct msg_token first;
-	uint32_t *checksums;         /* owned; n_checksums = blocks pushed, when asked for */
+	uint32_t *checksums; /* owned; n_checksums = blocks pushed, when asked for */
 	uint32_t n_checksums;
 	uint64_t kv_bytes;
 	uint32_t prefill_us, transfer_us;
-	struct pf_job *next;         /* engine queues */
-	struct pf_job *map_next;     /* loop thread: worker.c's rid map */
-	bool cancelled_by_router;    /* loop thread */
+	struct pf_job *next; /* engine queues */
+	struct pf_job *map_next; /* loop thread: worker.c's rid map */
+	bool cancelled_by_router; /* loop thread */
 };
 
 void pf_job_free(struct pf_job *j); /* NULL is fine */
 
 struct pf_metrics {
-	struct metric *tokens;       /* counter: prompt tokens computed */
-	struct metric *kv_bytes;     /* counter: KV bytes written over UCX */
+	struct metric *tokens; /* counter: prompt tokens computed */
+	struct metric *kv_bytes; /* counter: KV bytes written over UCX */
 	struct metric *step_seconds; /* histogram */
 	struct metric *transfer_seconds; /* histogram: first put to flush done, per request */
 };
 
 struct pf_engine_opts {
-	struct model *model;        /* NULL: trivial engine */
-	uint32_t n_local_blocks;    /* local KV pool (blocks of the model's layout) */
+	struct model *model; /* NULL: trivial engine */
+	uint32_t n_local_blocks; /* local KV pool (blocks of the model's layout) */
 	uint32_t max_tokens_per_step;
-	uint32_t max_batch;         /* jobs in one step */
-	uint32_t trivial_step_us;   /* trivial engine: simulated compute per step */
+	uint32_t max_batch; /* jobs in one step */
+	uint32_t trivial_step_us; /* trivial engine: simulated compute per step */
 	uint32_t flush_timeout_ms;
-	struct kvx *kvx;            /* borrowed; used only by the engine thread from now on */
+	struct kvx *kvx; /* borrowed; used only by the engine thread from now on */
 	struct pf_metrics metrics;
 	uv_loop_t *loop;
 	void (*done_cb)(struct pf_job *j, void *ud); /* on the loop thread */

@@ -24,19 +24,21 @@ int pf_push_blocks(const struct pf_push_ctx *c, struct pf_job *j, uint32_t upto)
 {
 	struct errbuf e = {0};
 	if (upto > j->n_local || upto > j->n_block_ids)
-		return fail(j, -EINVAL, MSG_ERR_INVALID_REQUEST, "more KV blocks than the decode worker reserved");
+		return fail(j, -EINVAL, MSG_ERR_INVALID_REQUEST,
+		            "more KV blocks than the decode worker reserved");
 	if (j->n_pushed >= upto)
 		return 0;
 	const struct msg_kv_region *r = &j->region;
 	if ((uint64_t)r->n_segments * r->segment_bytes != c->block_bytes)
 		return fail(j, ERR_MISMATCH, MSG_ERR_LAYOUT_MISMATCH,
-			    "decode worker's KV block size differs from this prefill worker's");
+		            "decode worker's KV block size differs from this prefill worker's");
 	struct kvx_peer *peer;
 	if (j->peer_id) {
 		/* the same endpoint as the earlier blocks, or the transfer is already broken */
 		peer = kvx_peer_by_id(c->kvx, j->peer_id);
 		if (!peer)
-			return fail(j, ERR_UCX, MSG_ERR_TRANSFER, "UCX: connection to the decode worker failed mid-transfer");
+			return fail(j, ERR_UCX, MSG_ERR_TRANSFER,
+			            "UCX: connection to the decode worker failed mid-transfer");
 	} else {
 		int rc = kvx_peer_get(c->kvx, j->ucx_addr, j->ucx_addr_len, j->rkey, j->rkey_len, &peer, &e);
 		if (rc)
@@ -53,9 +55,10 @@ int pf_push_blocks(const struct pf_push_ctx *c, struct pf_job *j, uint32_t upto)
 		const uint8_t *src = c->local_base + (size_t)j->local_blocks[i] * c->block_bytes;
 		uint32_t id = j->block_ids[i];
 		for (uint32_t s = 0; s < r->n_segments; s++) {
-			uint64_t remote = r->base_addr + (uint64_t)s * r->segment_stride + (uint64_t)id * r->block_stride;
+			uint64_t remote =
+			    r->base_addr + (uint64_t)s * r->segment_stride + (uint64_t)id * r->block_stride;
 			int rc = kvx_put(c->kvx, peer, src + (size_t)s * r->segment_bytes, c->local_region,
-					 r->segment_bytes, remote, &e);
+			                 r->segment_bytes, remote, &e);
 			if (rc)
 				return fail(j, rc, MSG_ERR_TRANSFER, e.msg);
 		}
@@ -74,7 +77,8 @@ int pf_push_finish(const struct pf_push_ctx *c, struct pf_job *j)
 		return 0;
 	struct kvx_peer *peer = kvx_peer_by_id(c->kvx, j->peer_id);
 	if (!peer)
-		return fail(j, ERR_UCX, MSG_ERR_TRANSFER, "UCX: connection to the decode worker failed mid-transfer");
+		return fail(j, ERR_UCX, MSG_ERR_TRANSFER,
+		            "UCX: connection to the decode worker failed mid-transfer");
 	uint64_t now = uv_hrtime() / 1000000u;
 	uint32_t timeout = c->flush_timeout_ms;
 	if (j->deadline_ms && j->deadline_ms > now && j->deadline_ms - now < timeout)

@@ -49,7 +49,7 @@ void pf_config_default(struct pf_config *c)
 {
 	memset(c, 0, sizeof(*c));
 	snprintf(c->name, sizeof(c->name), "prefill-%d", (int)getpid());
-	snprintf(c->router, sizeof(c->router), "127.0.0.1:7070");
+	snprintf(c->router, sizeof(c->router), "127.0.0.1:9100"); /* the router's default control_addr */
 	snprintf(c->metrics, sizeof(c->metrics), "127.0.0.1:0");
 	snprintf(c->engine, sizeof(c->engine), "model");
 	snprintf(c->kv_dtype, sizeof(c->kv_dtype), "f32");
@@ -87,7 +87,8 @@ static void send_error(struct pf_worker *w, uint64_t rid, int code, const char *
 	snprintf(m.u.error.message, sizeof(m.u.error.message), "%s: %s", w->c->name, text);
 	struct errbuf e;
 	if (session_send(w->sess, &m, &e))
-		LOG_WARN("prefill", "rid=%llu error not sent to the router: %s", (unsigned long long)rid, e.msg);
+		LOG_WARN("prefill", "rid=%llu error not sent to the router: %s", (unsigned long long)rid,
+		         e.msg);
 }
 
 static void update_gauges(struct pf_worker *w)
@@ -125,13 +126,17 @@ static void job_done_cb(struct pf_job *j, void *ud)
 		d->transfer_us = j->transfer_us;
 		struct errbuf e;
 		if (session_send(w->sess, &m, &e))
-			LOG_WARN("prefill", "rid=%llu PrefillDone not sent: %s", (unsigned long long)j->rid, e.msg);
-		LOG_INFO("prefill", "rid=%llu done: %u prompt tokens, first token %u, %llu KV bytes to %s, prefill %u us, transfer %u us",
-			 (unsigned long long)j->rid, j->n_tokens, j->first.id, (unsigned long long)j->kv_bytes, j->target_name,
-			 j->prefill_us, j->transfer_us);
+			LOG_WARN("prefill", "rid=%llu PrefillDone not sent: %s", (unsigned long long)j->rid,
+			         e.msg);
+		LOG_INFO("prefill",
+		         "rid=%llu done: %u prompt tokens, first token %u, %llu KV bytes to %s, prefill %u "
+		         "us, transfer %u us",
+		         (unsigned long long)j->rid, j->n_tokens, j->first.id,
+		         (unsigned long long)j->kv_bytes, j->target_name, j->prefill_us, j->transfer_us);
 		metrics_add(w->m_req_ok, 1);
 	} else {
-		LOG_WARN("prefill", "rid=%llu failed (%s): %s", (unsigned long long)j->rid, msg_error_name(j->err_code), j->err_msg);
+		LOG_WARN("prefill", "rid=%llu failed (%s): %s", (unsigned long long)j->rid,
+		         msg_error_name(j->err_code), j->err_msg);
 		send_error(w, j->rid, j->err_code, j->err_msg);
 		metrics_add(w->m_req_failed, 1);
 	}
@@ -167,30 +172,33 @@ static void on_prefill_request(struct pf_worker *w, const struct msg_prefill_req
 	}
 	if (r->n_tokens > pf_engine_max_seq_len(w->eng)) {
 		snprintf(why, sizeof(why), "prompt of %zu tokens exceeds the context limit %u", r->n_tokens,
-			 pf_engine_max_seq_len(w->eng));
+		         pf_engine_max_seq_len(w->eng));
 		goto refuse;
 	}
 	for (size_t i = 0; i < r->n_tokens; i++)
 		if (r->tokens[i] >= vocab) {
-			snprintf(why, sizeof(why), "token %zu has id %u outside the vocabulary of %u", i, r->tokens[i], vocab);
+			snprintf(why, sizeof(why), "token %zu has id %u outside the vocabulary of %u", i,
+			         r->tokens[i], vocab);
 			goto refuse;
 		}
 	size_t need = (r->n_tokens + bs - 1) / bs;
 	if (r->n_block_ids < need) {
-		snprintf(why, sizeof(why), "prompt needs %zu KV blocks, decode reserved %zu", need, r->n_block_ids);
+		snprintf(why, sizeof(why), "prompt needs %zu KV blocks, decode reserved %zu", need,
+		         r->n_block_ids);
 		goto refuse;
 	}
 	if ((uint64_t)r->target_region.n_segments * r->target_region.segment_bytes != w->layout.block_bytes) {
 		code = MSG_ERR_LAYOUT_MISMATCH;
-		snprintf(why, sizeof(why), "decode %s has %llu-byte KV blocks, this worker %llu", r->target_name,
-			 (unsigned long long)r->target_region.n_segments * r->target_region.segment_bytes,
-			 (unsigned long long)w->layout.block_bytes);
+		snprintf(why, sizeof(why), "decode %s has %llu-byte KV blocks, this worker %llu",
+		         r->target_name,
+		         (unsigned long long)r->target_region.n_segments * r->target_region.segment_bytes,
+		         (unsigned long long)w->layout.block_bytes);
 		goto refuse;
 	}
 	if (w->queued_tokens + r->n_tokens > (uint64_t)w->c->max_queued_tokens) {
 		code = MSG_ERR_NO_CAPACITY;
-		snprintf(why, sizeof(why), "queue full (%llu tokens queued, limit %d)", (unsigned long long)w->queued_tokens,
-			 w->c->max_queued_tokens);
+		snprintf(why, sizeof(why), "queue full (%llu tokens queued, limit %d)",
+		         (unsigned long long)w->queued_tokens, w->c->max_queued_tokens);
 		goto refuse;
 	}
 	struct pf_job *j = calloc(1, sizeof(*j));
@@ -224,12 +232,13 @@ static void on_prefill_request(struct pf_worker *w, const struct msg_prefill_req
 	w->queued_tokens += j->n_tokens;
 	w->n_inflight++;
 	update_gauges(w);
-	LOG_DEBUG("prefill", "rid=%llu queued: %u tokens -> %s blocks %u..", (unsigned long long)j->rid, j->n_tokens,
-		  j->target_name, j->block_ids[0]);
+	LOG_DEBUG("prefill", "rid=%llu queued: %u tokens -> %s blocks %u..", (unsigned long long)j->rid,
+	          j->n_tokens, j->target_name, j->block_ids[0]);
 	pf_engine_submit(w->eng, j);
 	return;
 refuse:
-	LOG_WARN("prefill", "rid=%llu refused (%s): %s", (unsigned long long)r->rid, msg_error_name(code), why);
+	LOG_WARN("prefill", "rid=%llu refused (%s): %s", (unsigned long long)r->rid, msg_error_name(code),
+	         why);
 	metrics_add(w->m_req_refused, 1);
 	send_error(w, r->rid, code, why);
 }
@@ -249,9 +258,7 @@ static int on_msg(void *ud, struct msg *m)
 {
 	struct pf_worker *w = ud;
 	switch (m->type) {
-	case MSG_PREFILL_REQUEST:
-		on_prefill_request(w, &m->u.prefill_request);
-		return 0;
+	case MSG_PREFILL_REQUEST: on_prefill_request(w, &m->u.prefill_request); return 0;
 	case MSG_CANCEL: {
 		struct pf_job *j = *map_slot(w, m->u.cancel.rid);
 		if (j) {
@@ -260,12 +267,11 @@ static int on_msg(void *ud, struct msg *m)
 		}
 		return 0;
 	}
-	case MSG_DRAIN:
-		start_drain(w, m->u.drain.deadline_ms);
-		return 0;
+	case MSG_DRAIN: start_drain(w, m->u.drain.deadline_ms); return 0;
 	case MSG_ERROR:
 		LOG_WARN("prefill", "router reports%s%llu: %s (%s)", m->u.error.has_rid ? " rid=" : " ",
-			 (unsigned long long)m->u.error.rid, m->u.error.message, msg_error_name(m->u.error.code));
+		         (unsigned long long)m->u.error.rid, m->u.error.message,
+		         msg_error_name(m->u.error.code));
 		return 0;
 	default:
 		/* decode-side messages sent to a prefill worker: a router bug, not worth a disconnect */
@@ -316,8 +322,8 @@ static void write_ready_file(struct pf_worker *w)
 		LOG_WARN("prefill", "cannot write ready file %s", tmp);
 		return;
 	}
-	fprintf(f, "{\"pid\": %d, \"metrics_port\": %d, \"name\": \"%s\", \"worker_id\": %u}\n", (int)getpid(),
-		runtime_metrics_port(w->rt), w->c->name, session_worker_id(w->sess));
+	fprintf(f, "{\"pid\": %d, \"metrics_port\": %d, \"name\": \"%s\", \"worker_id\": %u}\n",
+	        (int)getpid(), runtime_metrics_port(w->rt), w->c->name, session_worker_id(w->sess));
 	fclose(f);
 	rename(tmp, w->c->ready_file);
 }
@@ -365,8 +371,9 @@ static void maybe_finish_drain(struct pf_worker *w)
 static void drain_timeout_cb(uv_timer_t *t)
 {
 	struct pf_worker *w = t->data;
-	LOG_WARN("prefill", "drain deadline passed with %u requests in flight: handing them back to the router",
-		 w->n_inflight);
+	LOG_WARN("prefill",
+	         "drain deadline passed with %u requests in flight: handing them back to the router",
+	         w->n_inflight);
 	stop_all(w); /* the engine fails what is left with DRAINING: the router re-prefills elsewhere */
 }
 
@@ -375,8 +382,9 @@ static void start_drain(struct pf_worker *w, uint32_t deadline_ms)
 	if (w->draining)
 		return;
 	w->draining = true;
-	uint32_t ms = deadline_ms && deadline_ms < (uint32_t)w->c->drain_timeout_ms ? deadline_ms
-										     : (uint32_t)w->c->drain_timeout_ms;
+	uint32_t ms = deadline_ms && deadline_ms < (uint32_t)w->c->drain_timeout_ms
+	                  ? deadline_ms
+	                  : (uint32_t)w->c->drain_timeout_ms;
 	LOG_INFO("prefill", "draining: %u requests in flight, deadline %u ms", w->n_inflight, ms);
 	struct msg m;
 	msg_init(&m, MSG_DRAIN);
@@ -413,13 +421,18 @@ static void register_metrics(struct pf_worker *w)
 	snprintf(labels, sizeof(labels), "role=\"prefill\",worker=\"%s\"", w->c->name);
 	w->reg = metrics_create(labels);
 	struct metrics *r = w->reg;
-	w->m_req_ok = metrics_counter(r, "tandem_prefill_requests_total", "outcome=\"ok\"", "Prefill requests by outcome");
+	w->m_req_ok = metrics_counter(r, "tandem_prefill_requests_total", "outcome=\"ok\"",
+	                              "Prefill requests by outcome");
 	w->m_req_failed = metrics_counter(r, "tandem_prefill_requests_total", "outcome=\"failed\"", NULL);
-	w->m_req_cancelled = metrics_counter(r, "tandem_prefill_requests_total", "outcome=\"cancelled\"", NULL);
+	w->m_req_cancelled =
+	    metrics_counter(r, "tandem_prefill_requests_total", "outcome=\"cancelled\"", NULL);
 	w->m_req_refused = metrics_counter(r, "tandem_prefill_requests_total", "outcome=\"refused\"", NULL);
-	w->m_queue_tokens = metrics_gauge(r, "tandem_prefill_queue_tokens", NULL, "Prompt tokens queued or in progress");
-	w->m_inflight = metrics_gauge(r, "tandem_prefill_requests_in_flight", NULL, "Prefill requests queued or running");
-	w->m_registered = metrics_gauge(r, "tandem_worker_registered", NULL, "1 while registered with the router");
+	w->m_queue_tokens =
+	    metrics_gauge(r, "tandem_prefill_queue_tokens", NULL, "Prompt tokens queued or in progress");
+	w->m_inflight =
+	    metrics_gauge(r, "tandem_prefill_requests_in_flight", NULL, "Prefill requests queued or running");
+	w->m_registered =
+	    metrics_gauge(r, "tandem_worker_registered", NULL, "1 while registered with the router");
 }
 
 int pf_worker_run(const struct pf_config *c)
@@ -456,40 +469,44 @@ int pf_worker_run(const struct pf_config *c)
 		snprintf(w.model_name, sizeof(w.model_name), "trivial");
 		memcpy(w.model_id, "trivial", 8);
 	}
-	struct kvx_opts ko = {.tls = c->ucx_tls, .net_devices = c->ucx_net_devices, .want_rdma = c->ucx_want_rdma};
+	struct kvx_opts ko = {
+	    .tls = c->ucx_tls, .net_devices = c->ucx_net_devices, .want_rdma = c->ucx_want_rdma};
 	if (kvx_create(&w.kvx, &ko, &e)) {
 		LOG_ERROR("prefill", "%s", e.msg);
 		goto out_model;
 	}
 	LOG_INFO("prefill", "UCX transports available: %s", kvx_transports(w.kvx));
 	struct pf_engine_opts eo = {.model = w.model,
-				    .n_local_blocks = (uint32_t)c->local_blocks,
-				    .max_tokens_per_step = (uint32_t)c->max_tokens_per_step,
-				    .max_batch = (uint32_t)c->max_batch,
-				    .trivial_step_us = (uint32_t)c->trivial_step_us,
-				    .flush_timeout_ms = (uint32_t)c->flush_timeout_ms,
-				    .kvx = w.kvx,
-				    .loop = w.loop,
-				    .done_cb = job_done_cb,
-				    .ud = &w};
-	eo.metrics.tokens = metrics_counter(w.reg, "tandem_prefill_tokens_total", NULL, "Prompt tokens prefilled");
-	eo.metrics.kv_bytes = metrics_counter(w.reg, "tandem_kv_transfer_bytes_total", NULL, "KV bytes written to decode workers over UCX");
-	eo.metrics.step_seconds = metrics_histogram(w.reg, "tandem_prefill_step_seconds", NULL, "Prefill step (forward) time",
-						    metrics_latency_bounds, metrics_n_latency_bounds);
+	                            .n_local_blocks = (uint32_t)c->local_blocks,
+	                            .max_tokens_per_step = (uint32_t)c->max_tokens_per_step,
+	                            .max_batch = (uint32_t)c->max_batch,
+	                            .trivial_step_us = (uint32_t)c->trivial_step_us,
+	                            .flush_timeout_ms = (uint32_t)c->flush_timeout_ms,
+	                            .kvx = w.kvx,
+	                            .loop = w.loop,
+	                            .done_cb = job_done_cb,
+	                            .ud = &w};
+	eo.metrics.tokens =
+	    metrics_counter(w.reg, "tandem_prefill_tokens_total", NULL, "Prompt tokens prefilled");
+	eo.metrics.kv_bytes = metrics_counter(w.reg, "tandem_kv_transfer_bytes_total", NULL,
+	                                      "KV bytes written to decode workers over UCX");
+	eo.metrics.step_seconds =
+	    metrics_histogram(w.reg, "tandem_prefill_step_seconds", NULL, "Prefill step (forward) time",
+	                      metrics_latency_bounds, metrics_n_latency_bounds);
 	eo.metrics.transfer_seconds = metrics_histogram(w.reg, "tandem_kv_transfer_seconds", NULL,
-							"Per request: first KV put to remote completion", metrics_latency_bounds,
-							metrics_n_latency_bounds);
+	                                                "Per request: first KV put to remote completion",
+	                                                metrics_latency_bounds, metrics_n_latency_bounds);
 	if (pf_engine_create(&eo, &w.eng, &e)) {
 		LOG_ERROR("prefill", "cannot start the engine: %s", e.msg);
 		goto out_kvx;
 	}
 	pf_engine_layout(w.eng, &w.layout);
 	struct runtime_opts ro = {.metrics_addr = c->metrics,
-				  .metrics = w.reg,
-				  .is_ready_cb = is_ready,
-				  .is_healthy_cb = is_healthy,
-				  .on_signal_cb = on_signal,
-				  .ud = &w};
+	                          .metrics = w.reg,
+	                          .is_ready_cb = is_ready,
+	                          .is_healthy_cb = is_healthy,
+	                          .on_signal_cb = on_signal,
+	                          .ud = &w};
 	if (runtime_start(w.loop, &ro, &w.rt, &e)) {
 		LOG_ERROR("prefill", "%s", e.msg);
 		pf_engine_destroy(w.eng);
@@ -499,11 +516,11 @@ int pf_worker_run(const struct pf_config *c)
 	w.drain_timer.data = &w;
 	struct session_opts so = {.router_addr = c->router, .heartbeat_ms = (uint32_t)c->heartbeat_ms};
 	struct session_cbs sc = {.fill_hello_cb = fill_hello,
-				 .fill_heartbeat_cb = fill_heartbeat,
-				 .on_registered_cb = on_registered,
-				 .on_msg_cb = on_msg,
-				 .on_lost_cb = on_lost,
-				 .ud = &w};
+	                         .fill_heartbeat_cb = fill_heartbeat,
+	                         .on_registered_cb = on_registered,
+	                         .on_msg_cb = on_msg,
+	                         .on_lost_cb = on_lost,
+	                         .ud = &w};
 	if (session_start(w.loop, &so, &sc, &w.sess, &e)) {
 		LOG_ERROR("prefill", "%s", e.msg);
 		w.sess = NULL;
@@ -511,9 +528,11 @@ int pf_worker_run(const struct pf_config *c)
 		pf_engine_destroy(w.eng);
 		goto out_kvx;
 	}
-	LOG_INFO("prefill", "%s: engine %s, KV layout %s fingerprint %016llx (%llu-byte blocks), metrics on port %d, router %s",
-		 c->name, c->engine, w.layout.arch, (unsigned long long)w.layout.fingerprint,
-		 (unsigned long long)w.layout.block_bytes, runtime_metrics_port(w.rt), c->router);
+	LOG_INFO("prefill",
+	         "%s: engine %s, KV layout %s fingerprint %016llx (%llu-byte blocks), metrics on port %d, "
+	         "router %s",
+	         c->name, c->engine, w.layout.arch, (unsigned long long)w.layout.fingerprint,
+	         (unsigned long long)w.layout.block_bytes, runtime_metrics_port(w.rt), c->router);
 	uv_run(w.loop, UV_RUN_DEFAULT);
 	w.exit_code = 0;
 out_kvx:

@@ -12,13 +12,14 @@ struct pf_config {
 	char auth_token_file[1024];
 	char metrics[256];
 	char model[1024];
-	char engine[16];       /* "model" | "trivial" */
-	char kv_dtype[8];      /* "f32" | "bf16" */
+	char engine[16]; /* "model" | "trivial" */
+	char kv_dtype[8]; /* "f32" | "bf16" */
 	char ucx_tls[128];
 	char ucx_net_devices[128];
 	char ready_file[1024];
 	char log_level[8];
 	bool ucx_want_rdma;
+	bool ucx_peer_failure;
 	int threads;
 	int tp;
 	int local_blocks;

@@ -10,8 +10,32 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Messages may quote client input (the JSON parser's "near '...'"): replace every byte that is not
+ * part of a valid UTF-8 sequence with '?' so the error body is always valid JSON. */
+static void scrub_utf8(char *s)
+{
+	unsigned char *u = (unsigned char *)s;
+	while (*u) {
+		size_t need = u[0] < 0x80 ? 1 : (u[0] & 0xE0) == 0xC0 ? 2 : (u[0] & 0xF0) == 0xE0 ? 3 : (u[0] & 0xF8) == 0xF0 ? 4 : 0;
+		bool ok = need > 0;
+		uint32_t cp = need == 1 ? u[0] : need == 2 ? (u[0] & 0x1Fu) : need == 3 ? (u[0] & 0x0Fu) : (u[0] & 0x07u);
+		for (size_t k = 1; ok && k < need; k++) {
+			ok = (u[k] & 0xC0) == 0x80; /* also stops at the NUL */
+			cp = (cp << 6) | (u[k] & 0x3Fu);
+		}
+		static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+		if (ok && need > 1)
+			ok = cp >= min_cp[need] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+		if (!ok) {
+			*u++ = '?';
+			continue;
+		}
+		u += need;
+	}
+}
+
 int api_error_set(struct api_error *err, int status, const char *type, const char *code, const char *param,
-		  const char *fmt, ...)
+                  const char *fmt, ...)
 {
 	if (!err)
 		return status;
@@ -23,15 +47,17 @@ int api_error_set(struct api_error *err, int status, const char *type, const cha
 	va_start(ap, fmt);
 	vsnprintf(err->message, sizeof(err->message), fmt, ap);
 	va_end(ap);
+	scrub_utf8(err->message);
+	scrub_utf8(err->param);
 	return status;
 }
 
 char *api_error_json(const struct api_error *err, size_t *len_out)
 {
 	json_t *e = json_pack("{s:{s:s,s:s,s:o,s:o}}", "error", "message", err->message, "type",
-			      err->type ? err->type : "invalid_request_error", "param",
-			      err->param[0] ? json_string(err->param) : json_null(), "code",
-			      err->code ? json_string(err->code) : json_null());
+	                      err->type ? err->type : "invalid_request_error", "param",
+	                      err->param[0] ? json_string(err->param) : json_null(), "code",
+	                      err->code ? json_string(err->code) : json_null());
 	if (!e)
 		return NULL;
 	char *s = json_dumps(e, JSON_COMPACT);
@@ -92,7 +118,7 @@ static int get_number(json_t *root, const char *key, double lo, double hi, doubl
 }
 
 static int get_int(json_t *root, const char *key, int64_t lo, int64_t hi, int64_t *out, bool *present,
-		   struct api_error *err)
+                   struct api_error *err)
 {
 	json_t *v = field(root, key);
 	if (!v)
@@ -101,14 +127,14 @@ static int get_int(json_t *root, const char *key, int64_t lo, int64_t hi, int64_
 	if (json_is_integer(v)) {
 		x = json_integer_value(v);
 	} else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)) &&
-		   fabs(json_real_value(v)) < 9e15) {
+	           fabs(json_real_value(v)) < 9e15) {
 		x = (int64_t)json_real_value(v); /* 16.0 is accepted as 16, like JSON Schema integers */
 	} else {
 		return bad(err, key, "'%s' must be an integer", key);
 	}
 	if (x < lo || x > hi)
-		return bad(err, key, "'%s' must be between %lld and %lld, got %lld", key, (long long)lo, (long long)hi,
-			   (long long)x);
+		return bad(err, key, "'%s' must be between %lld and %lld, got %lld", key, (long long)lo,
+		           (long long)hi, (long long)x);
 	*out = x;
 	if (present)
 		*present = true;
@@ -151,7 +177,8 @@ static int decode_stop(json_t *root, struct api_request *req, struct api_error *
 	if (!json_is_array(v))
 		return bad(err, "stop", "'stop' must be a string or an array of strings");
 	if (json_array_size(v) > API_MAX_STOP)
-		return bad(err, "stop", "'stop' accepts at most %d strings, got %zu", API_MAX_STOP, json_array_size(v));
+		return bad(err, "stop", "'stop' accepts at most %d strings, got %zu", API_MAX_STOP,
+		           json_array_size(v));
 	size_t i;
 	json_t *s;
 	json_array_foreach(v, i, s)
@@ -174,7 +201,8 @@ static int decode_prompt(json_t *root, struct api_request *req, struct api_error
 	if (json_is_string(v))
 		return dup_string(v, &req->prompt, err, "prompt");
 	if (!json_is_array(v))
-		return bad(err, "prompt", "'prompt' must be a string, an array of token ids, or an array of one string");
+		return bad(err, "prompt",
+		           "'prompt' must be a string, an array of token ids, or an array of one string");
 	size_t n = json_array_size(v);
 	if (n == 0)
 		return bad(err, "prompt", "'prompt' must not be empty");
@@ -182,7 +210,9 @@ static int decode_prompt(json_t *root, struct api_request *req, struct api_error
 	if (json_is_string(first) || json_is_array(first)) {
 		/* batched prompts: we serve one prompt per request (use n for several choices) */
 		if (n != 1)
-			return bad(err, "prompt", "'prompt' with several prompts is not supported; send one request per prompt");
+			return bad(
+			    err, "prompt",
+			    "'prompt' with several prompts is not supported; send one request per prompt");
 		if (json_is_string(first))
 			return dup_string(first, &req->prompt, err, "prompt");
 		v = first;
@@ -191,7 +221,8 @@ static int decode_prompt(json_t *root, struct api_request *req, struct api_error
 			return bad(err, "prompt", "'prompt' must not be empty");
 	}
 	if (n > API_MAX_PROMPT_IDS)
-		return bad(err, "prompt", "'prompt' has %zu token ids, more than the maximum %d", n, API_MAX_PROMPT_IDS);
+		return bad(err, "prompt", "'prompt' has %zu token ids, more than the maximum %d", n,
+		           API_MAX_PROMPT_IDS);
 	req->prompt_ids = malloc(n * sizeof(int32_t));
 	if (!req->prompt_ids)
 		return api_error_set(err, 503, "server_error", NULL, NULL, "out of memory"), -ENOMEM;
@@ -215,17 +246,19 @@ static int decode_content(json_t *c, size_t idx, char **out, struct api_error *e
 	if (json_is_string(c))
 		return dup_string(c, out, err, "messages");
 	if (!json_is_array(c))
-		return bad(err, "messages", "'messages[%zu].content' must be a string or an array of text parts", idx);
+		return bad(err, "messages",
+		           "'messages[%zu].content' must be a string or an array of text parts", idx);
 	size_t total = 0, i;
 	json_t *part;
 	json_array_foreach(c, i, part)
 	{
 		json_t *type = json_object_get(part, "type");
 		json_t *text = json_object_get(part, "text");
-		if (!json_is_object(part) || !json_is_string(type) || strcmp(json_string_value(type), "text") != 0 ||
-		    !json_is_string(text))
-			return bad(err, "messages", "'messages[%zu].content[%zu]' must be {\"type\":\"text\",\"text\":...}",
-				   idx, i);
+		if (!json_is_object(part) || !json_is_string(type) ||
+		    strcmp(json_string_value(type), "text") != 0 || !json_is_string(text))
+			return bad(err, "messages",
+			           "'messages[%zu].content[%zu]' must be {\"type\":\"text\",\"text\":...}",
+			           idx, i);
 		total += json_string_length(text);
 	}
 	char *s = malloc(total + 1);
@@ -259,7 +292,8 @@ static int decode_messages(json_t *root, struct api_request *req, struct api_err
 	if (n == 0)
 		return bad(err, "messages", "'messages' must contain at least one message");
 	if (n > API_MAX_MESSAGES)
-		return bad(err, "messages", "'messages' has %zu entries, more than the maximum %d", n, API_MAX_MESSAGES);
+		return bad(err, "messages", "'messages' has %zu entries, more than the maximum %d", n,
+		           API_MAX_MESSAGES);
 	req->messages = calloc(n, sizeof(*req->messages));
 	if (!req->messages)
 		return -ENOMEM;
@@ -276,8 +310,10 @@ static int decode_messages(json_t *root, struct api_request *req, struct api_err
 			if (strcmp(json_string_value(role), roles[r]) == 0)
 				known = true;
 		if (!known)
-			return bad(err, "messages",
-				   "'messages[%zu].role' must be one of system, user, assistant, tool, developer", i);
+			return bad(
+			    err, "messages",
+			    "'messages[%zu].role' must be one of system, user, assistant, tool, developer",
+			    i);
 		req->n_messages = i + 1;
 		int rc = dup_string(role, &req->messages[i].role, err, "messages");
 		if (rc)
@@ -310,8 +346,8 @@ static int decode(json_t *root, enum api_kind kind, struct api_request *req, str
 	bool has_mct = false, has_mt = false;
 	if ((rc = get_int(root, "max_completion_tokens", 1, INT32_MAX, &i64, &has_mct, err)))
 		return rc;
-	if (!has_mct && (rc = get_int(root, "max_tokens", kind == API_KIND_COMPLETIONS ? 0 : 1, INT32_MAX, &i64,
-				      &has_mt, err)))
+	if (!has_mct && (rc = get_int(root, "max_tokens", kind == API_KIND_COMPLETIONS ? 0 : 1, INT32_MAX,
+	                              &i64, &has_mt, err)))
 		return rc;
 	req->max_tokens = (has_mct || has_mt) ? i64 : -1;
 	if (kind == API_KIND_COMPLETIONS && !has_mct && !has_mt)
@@ -351,16 +387,20 @@ static int decode(json_t *root, enum api_kind kind, struct api_request *req, str
 		return rc;
 	if ((rc = get_bool(root, "return_tokens_as_token_ids", &req->tokens_as_ids, err)))
 		return rc;
+	if ((rc = get_bool(root, "ignore_eos", &req->ignore_eos, err)))
+		return rc;
 
 	json_t *so = field(root, "stream_options");
 	if (so) {
 		if (!json_is_object(so))
 			return bad(err, "stream_options", "'stream_options' must be an object");
 		if (!req->stream)
-			return bad(err, "stream_options", "'stream_options' is only allowed when 'stream' is true");
+			return bad(err, "stream_options",
+			           "'stream_options' is only allowed when 'stream' is true");
 		json_t *iu = field(so, "include_usage");
 		if (iu && !json_is_boolean(iu))
-			return bad(err, "stream_options.include_usage", "'stream_options.include_usage' must be a boolean");
+			return bad(err, "stream_options.include_usage",
+			           "'stream_options.include_usage' must be a boolean");
 		req->include_usage = iu && json_is_true(iu);
 	}
 
@@ -390,7 +430,7 @@ static int decode(json_t *root, enum api_kind kind, struct api_request *req, str
 }
 
 int api_request_decode(enum api_kind kind, const char *body, size_t len, struct api_request *req,
-		       struct api_error *err)
+                       struct api_error *err)
 {
 	memset(req, 0, sizeof(*req));
 	req->kind = kind;
@@ -399,8 +439,8 @@ int api_request_decode(enum api_kind kind, const char *body, size_t len, struct 
 	json_error_t jerr;
 	json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
 	if (!root) {
-		bad(err, NULL, "request body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
-		    jerr.column);
+		bad(err, NULL, "request body is not valid JSON: %s (line %d, column %d)", jerr.text,
+		    jerr.line, jerr.column);
 		return -EINVAL;
 	}
 	if (!json_is_object(root)) {

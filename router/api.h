@@ -22,7 +22,7 @@
 enum api_kind { API_KIND_COMPLETIONS, API_KIND_CHAT };
 
 struct api_message {
-	char *role;    /* system | user | assistant | tool | developer */
+	char *role; /* system | user | assistant | tool | developer */
 	char *content; /* text; array content parts of type "text" are concatenated */
 };
 
@@ -42,39 +42,41 @@ struct api_request {
 	char *stop[API_MAX_STOP];
 	int n_stop;
 	double temperature; /* default 1 */
-	double top_p;       /* default 1 */
-	int32_t top_k;      /* 0: off */
-	double min_p;       /* 0: off */
+	double top_p; /* default 1 */
+	int32_t top_k; /* 0: off */
+	double min_p; /* 0: off */
 	bool has_seed;
 	uint64_t seed;
 	double frequency_penalty;
 	double presence_penalty;
-	int n;              /* choices, default 1 */
+	int n; /* choices, default 1 */
 	bool stream;
 	bool include_usage; /* stream_options.include_usage */
-	bool logprobs;      /* completions: logprobs != null; chat: logprobs == true */
-	int top_logprobs;   /* number of alternatives per token */
-	bool echo;          /* completions: echo the prompt (only accepted as false) */
-	bool tokens_as_ids; /* return_tokens_as_token_ids (vLLM's extension): logprob tokens as "token_id:N" */
+	bool logprobs; /* completions: logprobs != null; chat: logprobs == true */
+	int top_logprobs; /* number of alternatives per token */
+	bool echo; /* completions: echo the prompt (only accepted as false) */
+	/* vLLM extensions: logprob tokens as "token_id:N"; generate max_tokens past end-of-generation */
+	bool tokens_as_ids; /* return_tokens_as_token_ids */
+	bool ignore_eos;
 };
 
 struct api_error {
-	int status;       /* HTTP status */
+	int status; /* HTTP status */
 	const char *type; /* invalid_request_error, authentication_error, server_error, ... */
 	const char *code; /* may be NULL */
-	char param[64];   /* "" for null */
+	char param[64]; /* "" for null */
 	char message[512];
 };
 
 /* Decodes body into req (zeroed first). On failure fills err (status 400) and returns a negative
  * code; req is then already finalized. */
 int api_request_decode(enum api_kind kind, const char *body, size_t len, struct api_request *req,
-		       struct api_error *err) TD_MUST_CHECK;
+                       struct api_error *err) TD_MUST_CHECK;
 void api_request_fini(struct api_request *req);
 
 /* Sets err and returns its status. */
 int api_error_set(struct api_error *err, int status, const char *type, const char *code, const char *param,
-		  const char *fmt, ...) TD_PRINTF(6, 7);
+                  const char *fmt, ...) TD_PRINTF(6, 7);
 /* Renders {"error":{"message","type","param","code"}}; malloc'd, caller frees. */
 char *api_error_json(const struct api_error *err, size_t *len_out);
 

@@ -15,7 +15,10 @@ struct auth {
 	int n_keys;
 };
 
-int auth_n_keys(const struct auth *a) { return a ? a->n_keys : 0; }
+int auth_n_keys(const struct auth *a)
+{
+	return a ? a->n_keys : 0;
+}
 
 void auth_destroy(struct auth *a)
 {
@@ -45,11 +48,12 @@ int auth_load(struct auth **out, const char *path, struct errbuf *e)
 		lineno++;
 		size_t n = strlen(line);
 		if (n == sizeof(line) - 1 && line[n - 1] != '\n') {
-			rc = errbuf_set(e, ERR_FORMAT, "api keys file %s:%d: key longer than %d bytes", path, lineno,
-					AUTH_MAX_KEY_LEN);
+			rc = errbuf_set(e, ERR_FORMAT, "api keys file %s:%d: key longer than %d bytes", path,
+			                lineno, AUTH_MAX_KEY_LEN);
 			goto fail;
 		}
-		while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r' || line[n - 1] == ' ' || line[n - 1] == '\t'))
+		while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r' || line[n - 1] == ' ' ||
+		                 line[n - 1] == '\t'))
 			line[--n] = '\0';
 		char *k = line;
 		while (*k == ' ' || *k == '\t')
@@ -57,7 +61,8 @@ int auth_load(struct auth **out, const char *path, struct errbuf *e)
 		if (*k == '\0' || *k == '#')
 			continue;
 		if (a->n_keys == AUTH_MAX_KEYS) {
-			rc = errbuf_set(e, ERR_LIMIT, "api keys file %s: more than %d keys", path, AUTH_MAX_KEYS);
+			rc = errbuf_set(e, ERR_LIMIT, "api keys file %s: more than %d keys", path,
+			                AUTH_MAX_KEYS);
 			goto fail;
 		}
 		if (!(a->keys[a->n_keys] = strdup(k))) {
@@ -67,7 +72,8 @@ int auth_load(struct auth **out, const char *path, struct errbuf *e)
 		a->n_keys++;
 	}
 	if (a->n_keys == 0) {
-		rc = errbuf_set(e, ERR_FORMAT, "api keys file %s holds no key (refusing to run open by accident)", path);
+		rc = errbuf_set(e, ERR_FORMAT,
+		                "api keys file %s holds no key (refusing to run open by accident)", path);
 		goto fail;
 	}
 	fclose(f);

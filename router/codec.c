@@ -54,8 +54,8 @@ static void read_info(const struct gguf_ctx *g, const char *path, struct codec_m
 		info->n_ctx = ctx;
 }
 
-int codec_create_gguf(struct codec **out, const char *path, const char *chat_format, struct codec_model_info *info,
-		      struct errbuf *e)
+int codec_create_gguf(struct codec **out, const char *path, const char *chat_format,
+                      struct codec_model_info *info, struct errbuf *e)
 {
 	*out = NULL;
 	struct gguf_ctx *g = NULL;
@@ -106,7 +106,7 @@ bool codec_is_eog(const struct codec *c, int32_t id)
 }
 
 int codec_encode(const struct codec *c, const char *text, size_t len, int32_t **ids, uint32_t *n_ids,
-		 struct errbuf *e)
+                 struct errbuf *e)
 {
 	if (len > UINT32_MAX - 2)
 		return errbuf_set(e, ERR_LIMIT, "prompt of %zu bytes is too long", len);
@@ -156,7 +156,7 @@ static int bytes_chat(const struct api_request *req, char **out, struct errbuf *
 }
 
 int codec_chat(const struct codec *c, const struct api_request *req, int32_t **ids, uint32_t *n_ids,
-	       struct errbuf *e)
+               struct errbuf *e)
 {
 	if (c->is_bytes) {
 		char *text = NULL;

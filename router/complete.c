@@ -32,12 +32,12 @@ struct choice {
 	struct req *r;
 	char *text;
 	size_t len, cap;
-	size_t sent;        /* bytes already streamed */
+	size_t sent; /* bytes already streamed */
 	struct lp_entry *lps;
 	size_t n_lps, cap_lps, lps_sent;
 	bool ended;
-	bool stopped;       /* a stop string matched */
-	bool role_sent;     /* chat stream: first delta carries the role */
+	bool stopped; /* a stop string matched */
+	bool role_sent; /* chat stream: first delta carries the role */
 	enum req_state end_state;
 	enum req_finish finish;
 	uint32_t n_tokens;
@@ -54,13 +54,14 @@ struct call {
 	int n_choices;
 	struct choice ch[API_MAX_N];
 	int n_ended;
-	int depth;          /* re-entrancy guard: free only at depth 0 */
-	bool streaming;     /* SSE headers sent */
+	int depth; /* re-entrancy guard: free only at depth 0 */
+	bool streaming; /* SSE headers sent */
 	bool responded;
-	bool failed;        /* an error event/response was sent */
+	bool failed; /* an error event/response was sent */
 	int fail_status;
 	char fail_msg[256];
 	size_t max_stop_len;
+	uint64_t t_start; /* uv_hrtime at arrival */
 };
 
 static void call_maybe_free(struct call *cl);
@@ -75,7 +76,11 @@ static size_t utf8_complete_prefix(const char *s, size_t n)
 	while (i > 0 && k < 4) {
 		unsigned char ch = (unsigned char)s[i - 1];
 		if ((ch & 0xC0) != 0x80) {
-			size_t need = ch < 0x80 ? 1 : (ch & 0xE0) == 0xC0 ? 2 : (ch & 0xF0) == 0xE0 ? 3 : (ch & 0xF8) == 0xF0 ? 4 : 1;
+			size_t need = ch < 0x80             ? 1
+			              : (ch & 0xE0) == 0xC0 ? 2
+			              : (ch & 0xF0) == 0xE0 ? 3
+			              : (ch & 0xF8) == 0xF0 ? 4
+			                                    : 1;
 			return (k + 1 >= need) ? n : i - 1;
 		}
 		i--;
@@ -96,14 +101,20 @@ static json_t *json_text(const char *s, size_t n)
 	size_t w = 0;
 	for (size_t i = 0; i < n;) {
 		unsigned char ch = (unsigned char)s[i];
-		size_t need = ch < 0x80 ? 1 : (ch & 0xE0) == 0xC0 ? 2 : (ch & 0xF0) == 0xE0 ? 3 : (ch & 0xF8) == 0xF0 ? 4 : 0;
+		size_t need = ch < 0x80             ? 1
+		              : (ch & 0xE0) == 0xC0 ? 2
+		              : (ch & 0xF0) == 0xE0 ? 3
+		              : (ch & 0xF8) == 0xF0 ? 4
+		                                    : 0;
 		bool ok = need > 0 && i + need <= n;
 		for (size_t k = 1; ok && k < need; k++)
 			ok = ((unsigned char)s[i + k] & 0xC0) == 0x80;
 		if (ok && need > 1) {
 			/* reject overlong forms, surrogates and code points past U+10FFFF */
 			const unsigned char *u = (const unsigned char *)s + i;
-			uint32_t cp = need == 2 ? (uint32_t)(u[0] & 0x1F) : need == 3 ? (uint32_t)(u[0] & 0x0F) : (uint32_t)(u[0] & 0x07);
+			uint32_t cp = need == 2   ? (uint32_t)(u[0] & 0x1F)
+			              : need == 3 ? (uint32_t)(u[0] & 0x0F)
+			                          : (uint32_t)(u[0] & 0x07);
 			for (size_t k = 1; k < need; k++)
 				cp = (cp << 6) | (u[k] & 0x3F);
 			static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
@@ -172,7 +183,8 @@ static long find_stop(const struct call *cl, const struct choice *ch, size_t fro
 {
 	long best = -1;
 	for (int i = 0; i < cl->ar.n_stop; i++) {
-		const char *p = memmem(ch->text + from, ch->len - from, cl->ar.stop[i], strlen(cl->ar.stop[i]));
+		const char *p =
+		    memmem(ch->text + from, ch->len - from, cl->ar.stop[i], strlen(cl->ar.stop[i]));
 		if (p && (best < 0 || p - ch->text < best))
 			best = p - ch->text;
 	}
@@ -196,7 +208,8 @@ static size_t stop_holdback(const struct call *cl, const struct choice *ch)
 
 /* ---- JSON building --------------------------------------------------------------------------- */
 
-static json_t *logprobs_json(const struct call *cl, const struct choice *ch, size_t from, size_t to, size_t text_base)
+static json_t *logprobs_json(const struct call *cl, const struct choice *ch, size_t from, size_t to,
+                             size_t text_base)
 {
 	const struct codec *cd = cl->rt->codec;
 	if (!cl->ar.logprobs)
@@ -207,12 +220,16 @@ static json_t *logprobs_json(const struct call *cl, const struct choice *ch, siz
 			const struct lp_entry *e = &ch->lps[i];
 			json_t *top = json_array();
 			for (int k = 0; k < e->n_top && k < cl->ar.top_logprobs; k++)
-				json_array_append_new(top, json_pack("{s:o,s:f,s:o}", "token", token_json(cd, e->top_ids[k], cl->ar.tokens_as_ids),
-								     "logprob", (double)e->top_lps[k], "bytes",
-								     token_bytes_json(cd, e->top_ids[k])));
-			json_array_append_new(content, json_pack("{s:o,s:f,s:o,s:o}", "token", token_json(cd, e->id, cl->ar.tokens_as_ids), "logprob",
-								 (double)e->lp, "bytes", token_bytes_json(cd, e->id),
-								 "top_logprobs", top));
+				json_array_append_new(
+				    top, json_pack("{s:o,s:f,s:o}", "token",
+				                   token_json(cd, e->top_ids[k], cl->ar.tokens_as_ids),
+				                   "logprob", (double)e->top_lps[k], "bytes",
+				                   token_bytes_json(cd, e->top_ids[k])));
+			json_array_append_new(content,
+			                      json_pack("{s:o,s:f,s:o,s:o}", "token",
+			                                token_json(cd, e->id, cl->ar.tokens_as_ids),
+			                                "logprob", (double)e->lp, "bytes",
+			                                token_bytes_json(cd, e->id), "top_logprobs", top));
 		}
 		return json_pack("{s:o,s:n}", "content", content, "refusal");
 	}
@@ -231,7 +248,7 @@ static json_t *logprobs_json(const struct call *cl, const struct choice *ch, siz
 		json_array_append_new(offs, json_integer((json_int_t)(text_base + e->text_offset)));
 	}
 	return json_pack("{s:o,s:o,s:o,s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", tops,
-			 "text_offset", offs);
+	                 "text_offset", offs);
 }
 
 static const char *finish_name(const struct choice *ch)
@@ -247,15 +264,15 @@ static json_t *usage_json(const struct call *cl)
 	for (int i = 0; i < cl->n_choices; i++)
 		gen += cl->ch[i].n_tokens;
 	return json_pack("{s:i,s:i,s:i}", "prompt_tokens", (json_int_t)cl->n_prompt, "completion_tokens",
-			 (json_int_t)gen, "total_tokens", (json_int_t)(cl->n_prompt + gen));
+	                 (json_int_t)gen, "total_tokens", (json_int_t)(cl->n_prompt + gen));
 }
 
 static json_t *envelope(const struct call *cl, bool chunk)
 {
 	const char *object = cl->kind == API_KIND_CHAT ? (chunk ? "chat.completion.chunk" : "chat.completion")
-						       : "text_completion";
-	return json_pack("{s:s,s:s,s:I,s:s,s:s}", "id", cl->id, "object", object, "created", (json_int_t)cl->created,
-			 "model", cl->ar.model, "system_fingerprint", "tandem");
+	                                               : "text_completion";
+	return json_pack("{s:s,s:s,s:I,s:s,s:s}", "id", cl->id, "object", object, "created",
+	                 (json_int_t)cl->created, "model", cl->ar.model, "system_fingerprint", "tandem");
 }
 
 /* ---- streaming ------------------------------------------------------------------------------- */
@@ -311,9 +328,11 @@ static void stream_flush(struct call *cl, int i, bool final)
 		else
 			json_decref(txt);
 		ch->role_sent = true;
-		c = json_pack("{s:i,s:o,s:o,s:o}", "index", i, "delta", delta, "logprobs", lp, "finish_reason", fin);
+		c = json_pack("{s:i,s:o,s:o,s:o}", "index", i, "delta", delta, "logprobs", lp,
+		              "finish_reason", fin);
 	} else {
-		c = json_pack("{s:i,s:o,s:o,s:o}", "index", i, "text", txt, "logprobs", lp, "finish_reason", fin);
+		c = json_pack("{s:i,s:o,s:o,s:o}", "index", i, "text", txt, "logprobs", lp, "finish_reason",
+		              fin);
 	}
 	ch->sent = safe;
 	ch->lps_sent = lp_to;
@@ -325,7 +344,8 @@ static void stream_flush(struct call *cl, int i, bool final)
 static void stream_error(struct call *cl, int status, const char *msg)
 {
 	struct api_error err;
-	api_error_set(&err, status, status >= 500 ? "server_error" : "invalid_request_error", NULL, NULL, "%s", msg);
+	api_error_set(&err, status, status >= 500 ? "server_error" : "invalid_request_error", NULL, NULL,
+	              "%s", msg);
 	char *body = api_error_json(&err, NULL);
 	if (body && cl->conn) {
 		size_t n = strlen(body);
@@ -349,7 +369,8 @@ static void respond_json(struct call *cl, int status, json_t *j)
 		if (s)
 			http_respond(cl->conn, status, "application/json", "", s, strlen(s));
 		else
-			router_send_error(cl->rt, cl->conn, 500, "server_error", NULL, NULL, "could not render the response");
+			router_send_error(cl->rt, cl->conn, 500, "server_error", NULL, NULL,
+			                  "could not render the response");
 	}
 	free(s);
 }
@@ -368,11 +389,12 @@ static void finish_nonstream(struct call *cl)
 		json_t *lp = logprobs_json(cl, ch, 0, n_lp, 0);
 		json_t *c;
 		if (cl->kind == API_KIND_CHAT)
-			c = json_pack("{s:i,s:{s:s,s:o,s:n},s:o,s:s}", "index", i, "message", "role", "assistant", "content",
-				      txt, "refusal", "logprobs", lp, "finish_reason", finish_name(ch));
+			c = json_pack("{s:i,s:{s:s,s:o,s:n},s:o,s:s}", "index", i, "message", "role",
+			              "assistant", "content", txt, "refusal", "logprobs", lp, "finish_reason",
+			              finish_name(ch));
 		else
-			c = json_pack("{s:i,s:o,s:o,s:s}", "index", i, "text", txt, "logprobs", lp, "finish_reason",
-				      finish_name(ch));
+			c = json_pack("{s:i,s:o,s:o,s:s}", "index", i, "text", txt, "logprobs", lp,
+			              "finish_reason", finish_name(ch));
 		json_array_append_new(choices, c);
 	}
 	json_object_set_new(env, "choices", choices);
@@ -385,11 +407,24 @@ static void call_try_finish(struct call *cl)
 	if (cl->n_ended < cl->n_choices || cl->responded)
 		return;
 	cl->responded = true;
+	if (log_level_max >= LOG_LVL_INFO) {
+		uint32_t gen = 0;
+		for (int i = 0; i < cl->n_choices; i++)
+			gen += cl->ch[i].n_tokens;
+		LOG_INFO("complete", "rid=%s %s %s%s: %s, %u prompt + %u generated tokens, %.1f ms",
+		         cl->n_choices && cl->ch[0].r ? cl->ch[0].r->rid : "-", cl->id,
+		         cl->kind == API_KIND_CHAT ? "chat" : "completion", cl->streaming ? " (stream)" : "",
+		         !cl->conn    ? "client gone"
+		         : cl->failed ? cl->fail_msg
+		                      : "ok",
+		         cl->n_prompt, gen, (double)(uv_hrtime() - cl->t_start) / 1e6);
+	}
 	if (!cl->conn)
 		return;
 	if (cl->failed && !cl->streaming) {
-		router_send_error(cl->rt, cl->conn, cl->fail_status, cl->fail_status >= 500 ? "server_error" : "invalid_request_error",
-				  NULL, NULL, cl->fail_msg);
+		router_send_error(cl->rt, cl->conn, cl->fail_status,
+		                  cl->fail_status >= 500 ? "server_error" : "invalid_request_error", NULL,
+		                  NULL, cl->fail_msg);
 		return;
 	}
 	if (!cl->streaming) {
@@ -438,7 +473,7 @@ static void on_token(void *ud, struct req *r, const struct req_token *t)
 	const char *b;
 	size_t n;
 	size_t before = ch->len;
-	if (codec_is_eog(cl->rt->codec, t->id)) {
+	if (!cl->ar.ignore_eos && codec_is_eog(cl->rt->codec, t->id)) {
 		sched_finish(r, REQ_FINISH_EOS);
 		goto out;
 	}
@@ -488,7 +523,7 @@ out:
 }
 
 static void on_end(void *ud, struct req *r, enum req_state state, enum req_finish finish, int status,
-		   const char *message)
+                   const char *message)
 {
 	struct call *cl = ud;
 	struct choice *ch = &cl->ch[r->choice];
@@ -527,7 +562,8 @@ static void on_abort(struct http_conn *c, void *ud)
 	if (cl->streaming)
 		metrics_add(cl->rt->rm.streams_active, -1);
 	cl->depth++;
-	LOG_INFO("complete", "rid=%s client disconnected; cancelling %d choice(s)", cl->id, cl->n_choices - cl->n_ended);
+	LOG_INFO("complete", "rid=%s client disconnected (%s); cancelling %d choice(s)",
+	         cl->ch[0].r ? cl->ch[0].r->rid : "-", cl->id, cl->n_choices - cl->n_ended);
 	for (int i = 0; i < cl->n_choices; i++)
 		if (!cl->ch[i].ended && cl->ch[i].r)
 			sched_cancel(cl->ch[i].r);
@@ -550,6 +586,7 @@ static void fill_sampling(const struct api_request *ar, int choice, struct req_s
 	s->presence_penalty = (float)ar->presence_penalty;
 	s->want_logprobs = ar->logprobs;
 	s->n_top_logprobs = ar->top_logprobs;
+	s->ignore_eos = ar->ignore_eos;
 }
 
 void complete_handle(struct router *rt, struct http_conn *c, struct http_request *hr, int kind)
@@ -561,23 +598,25 @@ void complete_handle(struct router *rt, struct http_conn *c, struct http_request
 	}
 	cl->rt = rt;
 	cl->kind = kind;
+	cl->t_start = uv_hrtime();
 	rt->n_calls++;
 	struct api_error aerr;
 	if (api_request_decode((enum api_kind)kind, hr->body, hr->body_len, &cl->ar, &aerr) != 0) {
-		router_send_error(rt, c, aerr.status, aerr.type, aerr.code, aerr.param[0] ? aerr.param : NULL, aerr.message);
+		router_send_error(rt, c, aerr.status, aerr.type, aerr.code, aerr.param[0] ? aerr.param : NULL,
+		                  aerr.message);
 		goto free_call;
 	}
 	if (strcmp(cl->ar.model, rt->cfg.model_name) != 0) {
 		char msg[400];
-		snprintf(msg, sizeof(msg), "The model '%.200s' does not exist; this server serves '%.150s'", cl->ar.model,
-			 rt->cfg.model_name);
+		snprintf(msg, sizeof(msg), "The model '%.200s' does not exist; this server serves '%.150s'",
+		         cl->ar.model, rt->cfg.model_name);
 		router_send_error(rt, c, 404, "invalid_request_error", "model_not_found", "model", msg);
 		goto free_call;
 	}
 	cl->created = (uint64_t)time(NULL);
 	uint64_t seq = ++rt->next_req_id;
 	snprintf(cl->id, sizeof(cl->id), "%s-%llx%08llx", kind == API_KIND_CHAT ? "chatcmpl" : "cmpl",
-		 (unsigned long long)rt->created, (unsigned long long)seq);
+	         (unsigned long long)rt->created, (unsigned long long)seq);
 
 	/* prompt -> ids */
 	struct errbuf e = {0};
@@ -598,13 +637,15 @@ void complete_handle(struct router *rt, struct http_conn *c, struct http_request
 		n_ids = (uint32_t)cl->ar.n_prompt_ids;
 		for (uint32_t i = 0; rc == 0 && i < n_ids; i++)
 			if ((uint32_t)ids[i] >= codec_n_vocab(rt->codec))
-				rc = errbuf_set(&e, -EINVAL, "prompt token id %d is outside the vocabulary (size %u)", ids[i],
-						codec_n_vocab(rt->codec));
+				rc = errbuf_set(&e, -EINVAL,
+				                "prompt token id %d is outside the vocabulary (size %u)",
+				                ids[i], codec_n_vocab(rt->codec));
 	}
 	if (rc != 0) {
 		free(ids);
-		router_send_error(rt, c, rc == -ENOMEM ? 503 : 400, rc == -ENOMEM ? "server_error" : "invalid_request_error",
-				  NULL, "prompt", e.msg);
+		router_send_error(rt, c, rc == -ENOMEM ? 503 : 400,
+		                  rc == -ENOMEM ? "server_error" : "invalid_request_error", NULL, "prompt",
+		                  e.msg);
 		goto free_call;
 	}
 	if (n_ids == 0) {
@@ -616,18 +657,22 @@ void complete_handle(struct router *rt, struct http_conn *c, struct http_request
 	int64_t want = cl->ar.max_tokens;
 	if (n_ids >= n_ctx || (want > 0 && (uint64_t)n_ids + (uint64_t)want > n_ctx)) {
 		char msg[300];
-		snprintf(msg, sizeof(msg),
-			 "This model's maximum context length is %u tokens. However, you requested %llu tokens "
-			 "(%u in the prompt, %lld for the completion). Please reduce the prompt or the completion length.",
-			 n_ctx, (unsigned long long)n_ids + (unsigned long long)(want > 0 ? want : 0), n_ids,
-			 (long long)(want > 0 ? want : 0));
+		snprintf(
+		    msg, sizeof(msg),
+		    "This model's maximum context length is %u tokens. However, you requested %llu tokens "
+		    "(%u in the prompt, %lld for the completion). Please reduce the prompt or the completion "
+		    "length.",
+		    n_ctx, (unsigned long long)n_ids + (unsigned long long)(want > 0 ? want : 0), n_ids,
+		    (long long)(want > 0 ? want : 0));
 		free(ids);
-		router_send_error(rt, c, 400, "invalid_request_error", "context_length_exceeded", "messages", msg);
+		router_send_error(rt, c, 400, "invalid_request_error", "context_length_exceeded", "messages",
+		                  msg);
 		goto free_call;
 	}
 	uint32_t n_new = want > 0 ? (uint32_t)want : n_ctx - n_ids;
 	if (want <= 0 && rt->cfg.n_max_tokens_default && rt->cfg.n_max_tokens_default < n_new)
-		n_new = rt->cfg.n_max_tokens_default; /* KV blocks are reserved up front: do not reserve the whole context */
+		n_new = rt->cfg.n_max_tokens_default; /* KV blocks are reserved up front: do not reserve the
+		                                         whole context */
 	cl->n_prompt = n_ids;
 	for (int i = 0; i < cl->ar.n_stop; i++)
 		if (strlen(cl->ar.stop[i]) > cl->max_stop_len)
@@ -636,15 +681,16 @@ void complete_handle(struct router *rt, struct http_conn *c, struct http_request
 	/* admission is all-or-nothing for the call's choices */
 	if (rt->draining || !sched_is_ready(rt->sched)) {
 		free(ids);
-		router_send_error(rt, c, 503, "server_error", "unavailable",
-				  NULL, rt->draining ? "server is shutting down" : "no prefill/decode workers are ready");
+		router_send_error(rt, c, 503, "server_error", "unavailable", NULL,
+		                  rt->draining ? "server is shutting down"
+		                               : "no prefill/decode workers are ready");
 		goto free_call;
 	}
 	if (sched_n_queued(rt->sched) + (uint32_t)cl->ar.n > rt->cfg.sched.n_queue_max) {
 		free(ids);
 		metrics_add(rt->rm.http_rejected_429, 1);
 		router_send_error(rt, c, 429, "rate_limit_error", "queue_full", NULL,
-				  "the server's request queue is full; retry later");
+		                  "the server's request queue is full; retry later");
 		goto free_call;
 	}
 	cl->n_choices = cl->ar.n;
@@ -660,14 +706,14 @@ void complete_handle(struct router *rt, struct http_conn *c, struct http_request
 		}
 		struct req_sampling sp;
 		fill_sampling(&cl->ar, i, &sp);
-		cl->ch[i].r = req_create(rt->loop, seq * API_MAX_N + (uint64_t)i, p, n_ids, n_new, n_ctx, &sp, &call_sink, cl);
+		cl->ch[i].r = req_create(rt->loop, seq * API_MAX_N + (uint64_t)i, p, n_ids, n_new, n_ctx, &sp,
+		                         &call_sink, cl);
 		if (!cl->ch[i].r) {
 			if (p != ids)
 				free(p);
 			cl->n_choices = i;
 			break;
 		}
-		snprintf(cl->ch[i].r->rid, sizeof(cl->ch[i].r->rid), "%llx.%d", (unsigned long long)seq, i);
 		cl->ch[i].r->choice = i;
 	}
 	if (cl->n_choices < cl->ar.n) {
@@ -697,7 +743,8 @@ void complete_handle(struct router *rt, struct http_conn *c, struct http_request
 			cl->failed = true;
 			cl->fail_status = rc == ERR_LIMIT ? 429 : 503;
 			snprintf(cl->fail_msg, sizeof(cl->fail_msg), "%s",
-				 rc == ERR_LIMIT ? "the server's request queue is full; retry later" : "no workers are ready");
+			         rc == ERR_LIMIT ? "the server's request queue is full; retry later"
+			                         : "no workers are ready");
 			if (cl->streaming)
 				stream_error(cl, cl->fail_status, cl->fail_msg);
 			for (int k = 0; k < i; k++)

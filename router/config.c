@@ -19,46 +19,59 @@ struct key {
 	const char *help;
 };
 
-#define S(f, h) {#f, K_STR, offsetof(struct router_config, f), sizeof(((struct router_config *)0)->f), h}
-#define I(f, t, h) {#f, t, offsetof(struct router_config, f), 0, h}
-#define SC(f, t, n, h) {n, t, offsetof(struct router_config, sched) + offsetof(struct sched_config, f), 0, h}
+#define S(f, h)                                                                                              \
+	{                                                                                                    \
+#f, K_STR, offsetof(struct router_config, f), sizeof(((struct router_config *)0)->f), h      \
+	}
+#define I(f, t, h)                                                                                           \
+	{                                                                                                    \
+#f, t, offsetof(struct router_config, f), 0, h                                               \
+	}
+#define SC(f, t, n, h)                                                                                       \
+	{                                                                                                    \
+		n, t, offsetof(struct router_config, sched) + offsetof(struct sched_config, f), 0, h         \
+	}
 
 static const struct key keys[] = {
-	S(host, "listen address"),
-	I(port, K_INT, "listen port"),
-	S(model_path, "GGUF model file (only its metadata is read: tokenizer, chat template, context length)"),
-	S(model_name, "model id served in the API (default: GGUF file name without .gguf, or 'sim')"),
-	S(chat_format, "chat format (glm5, glm5.2, glm4, deepseek-v3, deepseek-v3.1); empty: detect from the GGUF"),
-	S(api_keys_file, "file with one API key per line; empty: no authentication"),
-	S(engine, "'workers' (prefill/decode processes) or 'sim' (built-in simulator for tests and benchmarks)"),
-	S(control_addr, "control-plane listen address workers dial (host:port or unix:/path)"),
-	S(control_token_file, "file whose first line is the shared token workers must present; empty: none"),
-	I(heartbeat_ms, K_U32, "heartbeat interval; a worker silent for 3 intervals is dropped"),
-	I(n_ctx, K_U32, "context length in tokens (0: from the model)"),
-	I(n_max_tokens_default, K_U32, "max_tokens for chat requests that give none (0: up to the context); "
-				       "blocks are reserved for all of them"),
-	I(n_conns_max, K_INT, "maximum open HTTP connections (beyond: 503)"),
-	I(header_timeout_ms, K_U64, "time allowed to receive a whole request (408 after)"),
-	I(idle_timeout_ms, K_U64, "keep-alive idle timeout"),
-	I(n_body_bytes_max, K_SIZE, "request body limit in bytes (413 beyond)"),
-	I(n_header_bytes_max, K_SIZE, "request line + headers limit in bytes (431 beyond)"),
-	SC(n_queue_max, K_U32, "n_queue_max", "admission queue bound (429 with Retry-After beyond)"),
-	SC(queue_timeout_ms, K_U64, "queue_timeout_ms", "deadline for a queued request to get KV blocks"),
-	SC(reserve_timeout_ms, K_U64, "reserve_timeout_ms", "deadline for a decode worker's reservation answer"),
-	SC(prefill_timeout_ms, K_U64, "prefill_timeout_ms", "deadline for a prefill"),
-	SC(transfer_timeout_ms, K_U64, "transfer_timeout_ms", "deadline for the KV transfer to the decode worker"),
-	SC(token_timeout_ms, K_U64, "token_timeout_ms", "longest allowed gap between two generated tokens"),
-	SC(n_prefill_tries_max, K_INT, "n_prefill_tries_max", "prefill attempts per request (re-prefill after a lost worker)"),
-	SC(retry_after_s, K_U32, "retry_after_s", "Retry-After seconds sent with 429/503"),
-	I(drain_timeout_ms, K_U64, "on SIGTERM: time to finish in-flight requests before exiting"),
-	S(log_level, "error, warn, info or debug"),
-	I(sim_prefill, K_INT, "sim engine: prefill workers"),
-	I(sim_decode, K_INT, "sim engine: decode workers"),
-	I(sim_blocks, K_U32, "sim engine: KV blocks per decode worker"),
-	I(sim_block_size, K_U32, "sim engine: tokens per KV block"),
-	I(sim_step_ms, K_DBL, "sim engine: decode step time in ms"),
-	I(sim_prefill_us_per_token, K_DBL, "sim engine: prefill time per prompt token in us"),
-	I(sim_transfer_ms, K_DBL, "sim engine: KV transfer time in ms"),
+    S(host, "listen address"),
+    I(port, K_INT, "listen port"),
+    S(model_path, "GGUF model file (only its metadata is read: tokenizer, chat template, context length)"),
+    S(model_name, "model id served in the API (default: GGUF file name without .gguf, or 'sim')"),
+    S(chat_format,
+      "chat format (glm5, glm5.2, glm4, deepseek-v3, deepseek-v3.1); empty: detect from the GGUF"),
+    S(api_keys_file, "file with one API key per line; empty: no authentication"),
+    S(engine, "'workers' (prefill/decode processes) or 'sim' (built-in simulator for tests and benchmarks)"),
+    S(control_addr, "control-plane listen address workers dial (host:port or unix:/path)"),
+    S(control_token_file, "file whose first line is the shared token workers must present; empty: none"),
+    I(heartbeat_ms, K_U32, "heartbeat interval; a worker silent for 3 intervals is dropped"),
+    I(n_ctx, K_U32, "context length in tokens (0: from the model)"),
+    I(n_max_tokens_default, K_U32,
+      "max_tokens for chat requests that give none (0: up to the context); "
+      "blocks are reserved for all of them"),
+    I(n_conns_max, K_INT, "maximum open HTTP connections (beyond: 503)"),
+    I(header_timeout_ms, K_U64, "time allowed to receive a whole request (408 after)"),
+    I(idle_timeout_ms, K_U64, "keep-alive idle timeout"),
+    I(n_body_bytes_max, K_SIZE, "request body limit in bytes (413 beyond)"),
+    I(n_header_bytes_max, K_SIZE, "request line + headers limit in bytes (431 beyond)"),
+    SC(n_queue_max, K_U32, "n_queue_max", "admission queue bound (429 with Retry-After beyond)"),
+    SC(queue_timeout_ms, K_U64, "queue_timeout_ms", "deadline for a queued request to get KV blocks"),
+    SC(reserve_timeout_ms, K_U64, "reserve_timeout_ms", "deadline for a decode worker's reservation answer"),
+    SC(prefill_timeout_ms, K_U64, "prefill_timeout_ms", "deadline for a prefill"),
+    SC(transfer_timeout_ms, K_U64, "transfer_timeout_ms",
+       "deadline for the KV transfer to the decode worker"),
+    SC(token_timeout_ms, K_U64, "token_timeout_ms", "longest allowed gap between two generated tokens"),
+    SC(n_prefill_tries_max, K_INT, "n_prefill_tries_max",
+       "prefill attempts per request (re-prefill after a lost worker)"),
+    SC(retry_after_s, K_U32, "retry_after_s", "Retry-After seconds sent with 429/503"),
+    I(drain_timeout_ms, K_U64, "on SIGTERM: time to finish in-flight requests before exiting"),
+    S(log_level, "error, warn, info or debug"),
+    I(sim_prefill, K_INT, "sim engine: prefill workers"),
+    I(sim_decode, K_INT, "sim engine: decode workers"),
+    I(sim_blocks, K_U32, "sim engine: KV blocks per decode worker"),
+    I(sim_block_size, K_U32, "sim engine: tokens per KV block"),
+    I(sim_step_ms, K_DBL, "sim engine: decode step time in ms"),
+    I(sim_prefill_us_per_token, K_DBL, "sim engine: prefill time per prompt token in us"),
+    I(sim_transfer_ms, K_DBL, "sim engine: KV transfer time in ms"),
 };
 #undef S
 #undef I
@@ -101,7 +114,7 @@ void router_config_usage(FILE *f)
 	struct router_config d;
 	router_config_defaults(&d);
 	fprintf(f, "usage: tandem-router [--config FILE.json] [--KEY VALUE ...]\n\n"
-		   "Every key may be set in the JSON config file or as a flag (underscores or dashes).\n\n");
+	           "Every key may be set in the JSON config file or as a flag (underscores or dashes).\n\n");
 	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
 		const struct key *k = &keys[i];
 		const char *p = (const char *)&d + k->off;
@@ -110,7 +123,9 @@ void router_config_usage(FILE *f)
 		case K_STR: snprintf(def, sizeof(def), "\"%s\"", p); break;
 		case K_INT: snprintf(def, sizeof(def), "%d", *(const int *)p); break;
 		case K_U32: snprintf(def, sizeof(def), "%u", *(const uint32_t *)p); break;
-		case K_U64: snprintf(def, sizeof(def), "%llu", (unsigned long long)*(const uint64_t *)p); break;
+		case K_U64:
+			snprintf(def, sizeof(def), "%llu", (unsigned long long)*(const uint64_t *)p);
+			break;
 		case K_SIZE: snprintf(def, sizeof(def), "%zu", *(const size_t *)p); break;
 		case K_DBL: snprintf(def, sizeof(def), "%g", *(const double *)p); break;
 		}
@@ -145,13 +160,15 @@ static int set_from_string(struct router_config *c, const struct key *k, const c
 	switch (k->type) {
 	case K_STR:
 		if (strlen(v) >= k->size)
-			return errbuf_set(e, -EINVAL, "config %s: value longer than %zu bytes", k->name, k->size - 1);
+			return errbuf_set(e, -EINVAL, "config %s: value longer than %zu bytes", k->name,
+			                  k->size - 1);
 		memcpy(p, v, strlen(v) + 1);
 		return 0;
 	case K_DBL: {
 		double d = strtod(v, &end);
 		if (errno || end == v || *end || d < 0)
-			return errbuf_set(e, -EINVAL, "config %s: '%s' is not a non-negative number", k->name, v);
+			return errbuf_set(e, -EINVAL, "config %s: '%s' is not a non-negative number", k->name,
+			                  v);
 		*(double *)p = d;
 		return 0;
 	}
@@ -195,7 +212,8 @@ static int load_file(struct router_config *c, const char *path, struct errbuf *e
 			continue; /* room for comments in JSON */
 		const struct key *k = find_key(name);
 		if (!k) {
-			rc = errbuf_set(e, ERR_FORMAT, "config %s: unknown key '%s' (see --help)", path, name);
+			rc =
+			    errbuf_set(e, ERR_FORMAT, "config %s: unknown key '%s' (see --help)", path, name);
 			goto out;
 		}
 		char buf[1100];
@@ -206,7 +224,8 @@ static int load_file(struct router_config *c, const char *path, struct errbuf *e
 		else if (json_is_real(v))
 			snprintf(buf, sizeof(buf), "%.17g", json_real_value(v));
 		else {
-			rc = errbuf_set(e, ERR_FORMAT, "config %s: key '%s' must be a string or a number", path, name);
+			rc = errbuf_set(e, ERR_FORMAT, "config %s: key '%s' must be a string or a number",
+			                path, name);
 			goto out;
 		}
 		if ((rc = set_from_string(c, k, buf, e)))

@@ -10,8 +10,9 @@
 
 #include "common/base/log.h"
 
-static const char sim_text[] = "lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor "
-			       "incididunt ut labore et dolore magna aliqua. ";
+static const char sim_text[] =
+    "lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor "
+    "incididunt ut labore et dolore magna aliqua. ";
 
 enum sim_phase { SIM_RESERVED, SIM_PREFILL, SIM_TRANSFER, SIM_RUNNING };
 
@@ -103,7 +104,10 @@ static struct simseq *find_seq(struct simw *w, const struct req *r)
 	return NULL;
 }
 
-static void seq_closed_cb(uv_handle_t *h) { free(h->data); }
+static void seq_closed_cb(uv_handle_t *h)
+{
+	free(h->data);
+}
 
 static void seq_free(struct simseq *q)
 {
@@ -164,7 +168,8 @@ static void ensure_stepping(struct simw *w)
 {
 	if (!w->step_running) {
 		w->step_running = true;
-		uv_timer_start(&w->step, step_cb, (uint64_t)w->es->cfg.step_ms, (uint64_t)(w->es->cfg.step_ms > 0 ? w->es->cfg.step_ms : 1));
+		uv_timer_start(&w->step, step_cb, (uint64_t)w->es->cfg.step_ms,
+		               (uint64_t)(w->es->cfg.step_ms > 0 ? w->es->cfg.step_ms : 1));
 	}
 }
 
@@ -255,7 +260,7 @@ static const struct worker_ops sim_ops = {sim_reserve, sim_prefill, sim_release}
 /* ---- lifecycle ------------------------------------------------------------------------------- */
 
 int engine_sim_create(struct engine_sim **out, uv_loop_t *loop, struct sched *s, const struct sim_config *cfg,
-		      struct errbuf *e)
+                      struct errbuf *e)
 {
 	struct engine_sim *es = calloc(1, sizeof(*es));
 	if (!es)
@@ -276,7 +281,7 @@ int engine_sim_create(struct engine_sim **out, uv_loop_t *loop, struct sched *s,
 		w->w.id = i;
 		w->w.role = pre ? WORKER_ROLE_PREFILL : WORKER_ROLE_DECODE;
 		snprintf(w->w.name, sizeof(w->w.name), "sim-%s-%d", pre ? "prefill" : "decode",
-			 pre ? i : i - cfg->n_prefill);
+		         pre ? i : i - cfg->n_prefill);
 		snprintf(w->w.model_id, sizeof(w->w.model_id), "%s", cfg->model_id ? cfg->model_id : "sim");
 		snprintf(w->w.layout.arch, sizeof(w->w.layout.arch), "sim");
 		snprintf(w->w.layout.dtype, sizeof(w->w.layout.dtype), "bf16");

@@ -13,19 +13,19 @@
 struct sim_config {
 	int n_prefill;
 	int n_decode;
-	uint32_t n_blocks;        /* per decode worker */
+	uint32_t n_blocks; /* per decode worker */
 	uint32_t block_size;
-	uint32_t n_running_max;   /* per decode worker; 0: no limit */
+	uint32_t n_running_max; /* per decode worker; 0: no limit */
 	double prefill_us_per_token;
 	double transfer_ms;
-	double step_ms;           /* one decode step for all running sequences */
+	double step_ms; /* one decode step for all running sequences */
 	const char *model_id;
 };
 
 struct engine_sim;
 
 int engine_sim_create(struct engine_sim **out, uv_loop_t *loop, struct sched *s, const struct sim_config *cfg,
-		      struct errbuf *e) TD_MUST_CHECK;
+                      struct errbuf *e) TD_MUST_CHECK;
 /* Simulates the death of a worker (by role and index): its requests are handed to the
  * scheduler's lost-worker path. */
 int engine_sim_kill(struct engine_sim *es, enum worker_role role, int index) TD_MUST_CHECK;

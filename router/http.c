@@ -46,10 +46,10 @@ struct http_conn {
 	struct http_request req;
 	int err_status; /* set by a callback that rejects the request (413/431) */
 	uint64_t n_requests;
-	bool in_message;  /* between message-begin and message-complete */
-	bool complete;    /* a full request was parsed and waits for dispatch */
+	bool in_message; /* between message-begin and message-complete */
+	bool complete; /* a full request was parsed and waits for dispatch */
 	bool keep_alive;
-	bool busy;        /* dispatched, response not finished */
+	bool busy; /* dispatched, response not finished */
 	bool streaming;
 	bool stream_chunked;
 	bool closing;
@@ -88,7 +88,7 @@ const char *http_status_reason(int status)
 }
 
 struct http_conn *http_conn_create(const struct http_limits *lim, const struct http_io *io, void *io_ud,
-				   http_request_cb on_request, void *ud)
+                                   http_request_cb on_request, void *ud)
 {
 	struct http_conn *c = calloc(1, sizeof(*c));
 	if (!c)
@@ -135,8 +135,14 @@ void http_conn_destroy(struct http_conn *c)
 	free(c);
 }
 
-bool http_conn_is_busy(const struct http_conn *c) { return c->busy; }
-bool http_conn_is_closing(const struct http_conn *c) { return c->closing; }
+bool http_conn_is_busy(const struct http_conn *c)
+{
+	return c->busy;
+}
+bool http_conn_is_closing(const struct http_conn *c)
+{
+	return c->closing;
+}
 bool http_conn_is_idle(const struct http_conn *c)
 {
 	return !c->busy && !c->in_message && !c->complete && c->pend_len == 0;
@@ -174,11 +180,11 @@ static void emit(struct http_conn *c, const char *data, size_t len)
 
 /* Writes the status line and common headers into buf; returns the length or 0 if it did not fit. */
 static size_t format_head(struct http_conn *c, char *buf, size_t cap, int status, const char *content_type,
-			  const char *extra, bool close_after)
+                          const char *extra, bool close_after)
 {
-	int n = snprintf(buf, cap, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s%s", status, http_status_reason(status),
-			 content_type ? content_type : "application/json", extra ? extra : "",
-			 close_after ? "Connection: close\r\n" : "");
+	int n = snprintf(buf, cap, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s%s", status,
+	                 http_status_reason(status), content_type ? content_type : "application/json",
+	                 extra ? extra : "", close_after ? "Connection: close\r\n" : "");
 	if (n < 0 || (size_t)n >= cap)
 		return 0;
 	return (size_t)n;
@@ -220,7 +226,7 @@ static void finish_response(struct http_conn *c)
 }
 
 void http_respond(struct http_conn *c, int status, const char *content_type, const char *extra_headers,
-		  const char *body, size_t body_len)
+                  const char *body, size_t body_len)
 {
 	if (c->closing || !c->busy || c->streaming)
 		return;
@@ -229,7 +235,7 @@ void http_respond(struct http_conn *c, int status, const char *content_type, con
 	size_t hn = format_head(c, head, sizeof(head) - 48, status, content_type, extra_headers, close_after);
 	if (hn == 0) {
 		static const char fallback[] = "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n"
-					       "Connection: close\r\n\r\n";
+		                               "Connection: close\r\n\r\n";
 		emit(c, fallback, sizeof(fallback) - 1);
 		c->keep_alive = false;
 		finish_response(c);
@@ -267,7 +273,7 @@ void http_stream_begin(struct http_conn *c, int status, const char *content_type
 		return;
 	}
 	hn += (size_t)snprintf(head + hn, sizeof(head) - hn, "Cache-Control: no-cache\r\n%s\r\n",
-			       c->stream_chunked ? "Transfer-Encoding: chunked\r\n" : "");
+	                       c->stream_chunked ? "Transfer-Encoding: chunked\r\n" : "");
 	c->streaming = true;
 	emit(c, head, hn);
 }
@@ -309,14 +315,14 @@ static void reject(struct http_conn *c, int status, const char *message)
 {
 	char body[512];
 	int bn = snprintf(body, sizeof(body),
-			  "{\"error\":{\"message\":\"%s\",\"type\":\"invalid_request_error\",\"param\":null,"
-			  "\"code\":null}}",
-			  message);
+	                  "{\"error\":{\"message\":\"%s\",\"type\":\"invalid_request_error\",\"param\":null,"
+	                  "\"code\":null}}",
+	                  message);
 	char out[1024];
 	int n = snprintf(out, sizeof(out),
-			 "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-			 "Connection: close\r\n\r\n%s",
-			 status, http_status_reason(status), bn, body);
+	                 "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+	                 "Connection: close\r\n\r\n%s",
+	                 status, http_status_reason(status), bn, body);
 	if (n > 0 && (size_t)n < sizeof(out))
 		emit(c, out, (size_t)n);
 	LOG_DEBUG("http", "rejected request: %d %s", status, message);
@@ -347,7 +353,8 @@ static int span_append(struct http_conn *c, enum span kind, const char *at, size
 		c->span = kind;
 	}
 	/* reserve one byte per possible terminator still to come */
-	size_t room = c->lim.n_header_bytes_max - (c->hlen < c->lim.n_header_bytes_max ? c->hlen : c->lim.n_header_bytes_max);
+	size_t room = c->lim.n_header_bytes_max -
+	              (c->hlen < c->lim.n_header_bytes_max ? c->hlen : c->lim.n_header_bytes_max);
 	if (len > room || c->hlen + len + 2 * HTTP_MAX_HEADERS + 2 > c->hcap) {
 		c->err_status = 431;
 		return HPE_USER;
@@ -539,7 +546,8 @@ static int status_for_parse_error(struct http_conn *c, llhttp_errno_t err, const
 		return 413;
 	}
 	if (c->err_status == 431) {
-		*msg = c->too_many_headers ? "too many request headers" : "request line and headers are too large";
+		*msg = c->too_many_headers ? "too many request headers"
+		                           : "request line and headers are too large";
 		return 431;
 	}
 	if (c->err_status == 503) {

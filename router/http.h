@@ -32,7 +32,7 @@ enum http_method {
 
 struct http_limits {
 	size_t n_header_bytes_max; /* request line + headers; over: 431 */
-	size_t n_body_bytes_max;   /* over: 413 */
+	size_t n_body_bytes_max; /* over: 413 */
 	size_t n_pending_bytes_max; /* pipelined bytes buffered while a request is in flight */
 };
 
@@ -44,7 +44,7 @@ struct http_header {
 struct http_request {
 	enum http_method method;
 	const char *method_name;
-	const char *path;  /* NUL-terminated, query string removed */
+	const char *path; /* NUL-terminated, query string removed */
 	const char *query; /* NUL-terminated, "" if none */
 	struct http_header headers[HTTP_MAX_HEADERS];
 	int n_headers;
@@ -75,7 +75,7 @@ typedef void (*http_request_cb)(struct http_conn *c, struct http_request *r, voi
 typedef void (*http_abort_cb)(struct http_conn *c, void *ud);
 
 struct http_conn *http_conn_create(const struct http_limits *lim, const struct http_io *io, void *io_ud,
-				   http_request_cb on_request, void *ud);
+                                   http_request_cb on_request, void *ud);
 void http_conn_destroy(struct http_conn *c); /* accepts NULL; fires the abort cb if still busy */
 
 /* Feeds received bytes. Protocol errors are answered (400/413/431/505) and the connection closed
@@ -99,7 +99,7 @@ const char *http_request_header(const struct http_request *r, const char *name);
 
 /* A whole response. extra_headers is "" or lines each ending in "\r\n". */
 void http_respond(struct http_conn *c, int status, const char *content_type, const char *extra_headers,
-		  const char *body, size_t body_len);
+                  const char *body, size_t body_len);
 /* Streaming (chunked transfer encoding), used for SSE. */
 void http_stream_begin(struct http_conn *c, int status, const char *content_type, const char *extra_headers);
 void http_stream_write(struct http_conn *c, const char *data, size_t len);

@@ -17,8 +17,8 @@ struct sconn {
 	uv_shutdown_t shut;
 	struct sconn *prev, *next;
 	int n_open_handles;
-	bool too_slow;        /* the client stopped reading: abort at the next loop turn */
-	bool closing;         /* no more HTTP on this connection */
+	bool too_slow; /* the client stopped reading: abort at the next loop turn */
+	bool closing; /* no more HTTP on this connection */
 	bool handles_closing; /* uv_close called on both handles */
 };
 
@@ -75,7 +75,10 @@ static void final_close(struct sconn *sc)
 	uv_close((uv_handle_t *)&sc->tcp, handle_closed_cb);
 }
 
-static void linger_cb(uv_timer_t *t) { final_close(t->data); }
+static void linger_cb(uv_timer_t *t)
+{
+	final_close(t->data);
+}
 
 static void shutdown_cb(uv_shutdown_t *req, int status)
 {
@@ -106,7 +109,10 @@ static void conn_close_mode(struct sconn *sc, bool graceful)
 		final_close(sc);
 }
 
-static void conn_close(struct sconn *sc) { conn_close_mode(sc, true); }
+static void conn_close(struct sconn *sc)
+{
+	conn_close_mode(sc, true);
+}
 
 static void write_cb(uv_write_t *w, int status)
 {
@@ -120,7 +126,8 @@ static void write_cb(uv_write_t *w, int status)
 static void slow_cb(uv_timer_t *t)
 {
 	struct sconn *sc = t->data;
-	LOG_INFO("http", "client is not reading (over %u bytes queued): closing the connection", SCONN_MAX_QUEUED_BYTES);
+	LOG_INFO("http", "client is not reading (over %u bytes queued): closing the connection",
+	         SCONN_MAX_QUEUED_BYTES);
 	if (sc->http)
 		http_conn_eof(sc->http); /* aborts the request in flight, which frees its resources */
 	conn_close_mode(sc, false);
@@ -258,10 +265,11 @@ static void connection_cb(uv_stream_t *ls, int status)
 		return;
 	}
 	if (s->n_conns > s->cfg.n_conns_max || s->draining) {
-		static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-					   "Retry-After: 1\r\nConnection: close\r\nContent-Length: 113\r\n\r\n"
-					   "{\"error\":{\"message\":\"too many open connections\",\"type\":\"server_error\","
-					   "\"param\":null,\"code\":\"overloaded\"}}";
+		static const char busy[] =
+		    "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+		    "Retry-After: 1\r\nConnection: close\r\nContent-Length: 113\r\n\r\n"
+		    "{\"error\":{\"message\":\"too many open connections\",\"type\":\"server_error\","
+		    "\"param\":null,\"code\":\"overloaded\"}}";
 		io_write(sc, busy, sizeof(busy) - 1);
 		conn_close(sc);
 		return;
@@ -277,7 +285,7 @@ static void connection_cb(uv_stream_t *ls, int status)
 }
 
 int http_server_create(struct http_server **out, uv_loop_t *loop, const struct http_server_config *cfg,
-		       http_request_cb on_request, void *ud, struct errbuf *e)
+                       http_request_cb on_request, void *ud, struct errbuf *e)
 {
 	struct http_server *s = calloc(1, sizeof(*s));
 	if (!s)
@@ -292,7 +300,8 @@ int http_server_create(struct http_server **out, uv_loop_t *loop, const struct h
 		rc = uv_ip6_addr(cfg->host, cfg->port, (struct sockaddr_in6 *)&addr);
 	if (rc != 0) {
 		free(s);
-		return errbuf_set(e, -EINVAL, "http: listen address '%s' is not an IPv4 or IPv6 address", cfg->host);
+		return errbuf_set(e, -EINVAL, "http: listen address '%s' is not an IPv4 or IPv6 address",
+		                  cfg->host);
 	}
 	uv_tcp_init(loop, &s->listener);
 	s->listener.data = s;
@@ -321,7 +330,10 @@ int http_server_port(const struct http_server *s)
 	return ntohs(((struct sockaddr_in6 *)&a)->sin6_port);
 }
 
-int http_server_n_conns(const struct http_server *s) { return s->n_conns; }
+int http_server_n_conns(const struct http_server *s)
+{
+	return s->n_conns;
+}
 
 static void listener_closed_cb(uv_handle_t *h)
 {

@@ -11,7 +11,7 @@
 
 struct http_server_config {
 	const char *host;
-	int port;               /* 0: pick a free port (see http_server_port) */
+	int port; /* 0: pick a free port (see http_server_port) */
 	int n_conns_max;
 	uint64_t header_timeout_ms;
 	uint64_t idle_timeout_ms;
@@ -21,7 +21,7 @@ struct http_server_config {
 struct http_server;
 
 int http_server_create(struct http_server **out, uv_loop_t *loop, const struct http_server_config *cfg,
-		       http_request_cb on_request, void *ud, struct errbuf *e) TD_MUST_CHECK;
+                       http_request_cb on_request, void *ud, struct errbuf *e) TD_MUST_CHECK;
 int http_server_port(const struct http_server *s);
 int http_server_n_conns(const struct http_server *s);
 /* Stops accepting; idle connections close now, busy ones after their response. */

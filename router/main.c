@@ -44,7 +44,7 @@ static void drain_check_cb(uv_timer_t *t)
 		return;
 	if (!idle)
 		LOG_WARN("main", "drain timeout after %llu ms: %u request(s) still in flight are cut off",
-			 (unsigned long long)waited_ms, sched_n_active(rt->sched));
+		         (unsigned long long)waited_ms, sched_n_active(rt->sched));
 	else
 		LOG_INFO("main", "drained; exiting");
 	uv_timer_stop(t);
@@ -60,8 +60,8 @@ static void signal_cb(uv_signal_t *s, int signum)
 		uv_stop(rt->loop);
 		return;
 	}
-	LOG_INFO("main", "signal %d: draining (%u request(s) in flight, up to %llu ms)", signum, sched_n_active(rt->sched),
-		 (unsigned long long)rt->cfg.drain_timeout_ms);
+	LOG_INFO("main", "signal %d: draining (%u request(s) in flight, up to %llu ms)", signum,
+	         sched_n_active(rt->sched), (unsigned long long)rt->cfg.drain_timeout_ms);
 	sd_notify(0, "STOPPING=1");
 	rt->draining = true;
 	sched_set_draining(rt->sched);
@@ -103,8 +103,9 @@ static int setup_model(struct router *rt, struct errbuf *e)
 		return 0;
 	}
 	if (rt->cfg.model_path[0] == '\0')
-		return errbuf_set(e, -EINVAL, "--model-path is required (the GGUF whose tokenizer and chat template "
-					      "the router uses), unless --engine sim");
+		return errbuf_set(e, -EINVAL,
+		                  "--model-path is required (the GGUF whose tokenizer and chat template "
+		                  "the router uses), unless --engine sim");
 	struct codec_model_info info;
 	int rc = codec_create_gguf(&rt->codec, rt->cfg.model_path, rt->cfg.chat_format, &info, e);
 	if (rc)
@@ -113,8 +114,8 @@ static int setup_model(struct router *rt, struct errbuf *e)
 		snprintf(rt->cfg.model_name, sizeof(rt->cfg.model_name), "%s", info.name);
 	if (rt->cfg.n_ctx == 0)
 		rt->cfg.n_ctx = info.n_ctx ? info.n_ctx : 4096;
-	LOG_INFO("main", "model %s: arch %s, context %u, vocabulary %u", rt->cfg.model_path, info.arch, rt->cfg.n_ctx,
-		 codec_n_vocab(rt->codec));
+	LOG_INFO("main", "model %s: arch %s, context %u, vocabulary %u", rt->cfg.model_path, info.arch,
+	         rt->cfg.n_ctx, codec_n_vocab(rt->codec));
 	return 0;
 }
 
@@ -133,7 +134,8 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	if (log_parse_level(rt->cfg.log_level) < 0) {
-		fprintf(stderr, "tandem-router: log_level '%s' is not error, warn, info or debug\n", rt->cfg.log_level);
+		fprintf(stderr, "tandem-router: log_level '%s' is not error, warn, info or debug\n",
+		        rt->cfg.log_level);
 		return 2;
 	}
 	if (!getenv("TANDEM_LOG"))
@@ -156,45 +158,46 @@ int main(int argc, char **argv)
 		goto fail;
 	if (strcmp(rt->cfg.engine, "sim") == 0) {
 		struct sim_config sc = {
-			.n_prefill = rt->cfg.sim_prefill,
-			.n_decode = rt->cfg.sim_decode,
-			.n_blocks = rt->cfg.sim_blocks,
-			.block_size = rt->cfg.sim_block_size,
-			.prefill_us_per_token = rt->cfg.sim_prefill_us_per_token,
-			.transfer_ms = rt->cfg.sim_transfer_ms,
-			.step_ms = rt->cfg.sim_step_ms,
-			.model_id = "sim",
+		    .n_prefill = rt->cfg.sim_prefill,
+		    .n_decode = rt->cfg.sim_decode,
+		    .n_blocks = rt->cfg.sim_blocks,
+		    .block_size = rt->cfg.sim_block_size,
+		    .prefill_us_per_token = rt->cfg.sim_prefill_us_per_token,
+		    .transfer_ms = rt->cfg.sim_transfer_ms,
+		    .step_ms = rt->cfg.sim_step_ms,
+		    .model_id = "sim",
 		};
 		if ((rc = engine_sim_create(&rt->sim, rt->loop, rt->sched, &sc, &e)))
 			goto fail;
 	} else if (strcmp(rt->cfg.engine, "workers") == 0) {
 		char token[260] = "";
-		if (rt->cfg.control_token_file[0] && (rc = read_token(rt->cfg.control_token_file, token, sizeof(token), &e)))
+		if (rt->cfg.control_token_file[0] &&
+		    (rc = read_token(rt->cfg.control_token_file, token, sizeof(token), &e)))
 			goto fail;
 		struct workers_config wc = {
-			.listen_addr = rt->cfg.control_addr,
-			.auth_token = token,
-			.heartbeat_ms = rt->cfg.heartbeat_ms,
-			.reserve_deadline_ms = rt->cfg.sched.queue_timeout_ms + rt->cfg.sched.prefill_timeout_ms,
-			.prefill_deadline_ms = rt->cfg.sched.prefill_timeout_ms,
+		    .listen_addr = rt->cfg.control_addr,
+		    .auth_token = token,
+		    .heartbeat_ms = rt->cfg.heartbeat_ms,
+		    .reserve_deadline_ms = rt->cfg.sched.queue_timeout_ms + rt->cfg.sched.prefill_timeout_ms,
+		    .prefill_deadline_ms = rt->cfg.sched.prefill_timeout_ms,
 		};
 		if ((rc = workers_create(&rt->workers, rt->loop, rt->sched, &wc, rt->metrics, &e)))
 			goto fail;
 		LOG_INFO("main", "control plane listening on %s (port %d)%s", rt->cfg.control_addr,
-			 workers_port(rt->workers), token[0] ? ", token required" : "");
+		         workers_port(rt->workers), token[0] ? ", token required" : "");
 	} else {
 		rc = errbuf_set(&e, -EINVAL, "engine '%s' is not 'workers' or 'sim'", rt->cfg.engine);
 		goto fail;
 	}
 	struct http_server_config hc = {
-		.host = rt->cfg.host,
-		.port = rt->cfg.port,
-		.n_conns_max = rt->cfg.n_conns_max,
-		.header_timeout_ms = rt->cfg.header_timeout_ms,
-		.idle_timeout_ms = rt->cfg.idle_timeout_ms,
-		.limits = {.n_header_bytes_max = rt->cfg.n_header_bytes_max,
-			   .n_body_bytes_max = rt->cfg.n_body_bytes_max,
-			   .n_pending_bytes_max = 65536},
+	    .host = rt->cfg.host,
+	    .port = rt->cfg.port,
+	    .n_conns_max = rt->cfg.n_conns_max,
+	    .header_timeout_ms = rt->cfg.header_timeout_ms,
+	    .idle_timeout_ms = rt->cfg.idle_timeout_ms,
+	    .limits = {.n_header_bytes_max = rt->cfg.n_header_bytes_max,
+	               .n_body_bytes_max = rt->cfg.n_body_bytes_max,
+	               .n_pending_bytes_max = 65536},
 	};
 	if ((rc = http_server_create(&rt->http, rt->loop, &hc, router_on_request, rt, &e)))
 		goto fail;
@@ -213,8 +216,8 @@ int main(int argc, char **argv)
 		a.watchdog_on = true;
 	}
 	LOG_INFO("main", "listening on http://%s:%d (model %s, engine %s, context %u, %s)", rt->cfg.host,
-		 http_server_port(rt->http), rt->cfg.model_name, rt->cfg.engine, rt->cfg.n_ctx,
-		 rt->auth ? "API keys required" : "no API keys");
+	         http_server_port(rt->http), rt->cfg.model_name, rt->cfg.engine, rt->cfg.n_ctx,
+	         rt->auth ? "API keys required" : "no API keys");
 	sd_notify(0, "READY=1\nSTATUS=serving");
 
 	uv_run(rt->loop, UV_RUN_DEFAULT);

@@ -9,6 +9,9 @@
  *      |   PREFILLING --sched_on_prefill_done()--> KV_TRANSFERRING
  *      |   PREFILLING --sched_on_worker_lost(prefill)--> KV_RESERVED (re-prefill elsewhere, bounded tries)
  *      |   KV_TRANSFERRING --sched_on_decode_started(first token)--> DECODING
+ *      |   KV_RESERVED / PREFILLING / KV_TRANSFERRING --sched_on_worker_lost_req(decode)--> ADMITTED
+ *      |        (the decode worker died before any token reached the client: cancel the prefill,
+ *      |         place the request again at the head of the queue; bounded by n_prefill_tries_max)
  *      |   DECODING --sched_on_token()* ... sched_on_finished()/sched_finish()--> DONE
  *      |
  *      +--any non-final state--> FAILED     sched_fail(): deadline expired (stage_timeout_cb),
@@ -29,8 +32,8 @@
 #include "common/base/log.h"
 
 static const char *const state_names[REQ_STATE_COUNT] = {
-	"RECEIVED", "ADMITTED", "KV_RESERVED", "PREFILLING", "KV_TRANSFERRING",
-	"DECODING", "DONE",     "FAILED",      "CANCELLED",
+    "RECEIVED", "ADMITTED", "KV_RESERVED", "PREFILLING", "KV_TRANSFERRING",
+    "DECODING", "DONE",     "FAILED",      "CANCELLED",
 };
 
 const char *req_state_name(enum req_state s)
@@ -46,23 +49,25 @@ bool req_state_is_final(enum req_state s)
 /* allowed[from] is the bit set of states reachable in one step */
 #define B(s) (1u << (s))
 static const unsigned allowed[REQ_STATE_COUNT] = {
-	[REQ_STATE_RECEIVED] = B(REQ_STATE_ADMITTED),
-	[REQ_STATE_ADMITTED] = B(REQ_STATE_KV_RESERVED),
-	[REQ_STATE_KV_RESERVED] = B(REQ_STATE_PREFILLING),
-	[REQ_STATE_PREFILLING] = B(REQ_STATE_KV_TRANSFERRING) | B(REQ_STATE_KV_RESERVED),
-	[REQ_STATE_KV_TRANSFERRING] = B(REQ_STATE_DECODING),
-	[REQ_STATE_DECODING] = B(REQ_STATE_DONE),
+    [REQ_STATE_RECEIVED] = B(REQ_STATE_ADMITTED),
+    [REQ_STATE_ADMITTED] = B(REQ_STATE_KV_RESERVED),
+    [REQ_STATE_KV_RESERVED] = B(REQ_STATE_PREFILLING) | B(REQ_STATE_ADMITTED),
+    [REQ_STATE_PREFILLING] = B(REQ_STATE_KV_TRANSFERRING) | B(REQ_STATE_KV_RESERVED) | B(REQ_STATE_ADMITTED),
+    [REQ_STATE_KV_TRANSFERRING] = B(REQ_STATE_DECODING) | B(REQ_STATE_ADMITTED),
+    [REQ_STATE_DECODING] = B(REQ_STATE_DONE),
 };
 #undef B
 
 struct req *req_create(uv_loop_t *loop, uint64_t id, int32_t *prompt, uint32_t n_prompt, uint32_t n_max_new,
-		       uint32_t n_ctx, const struct req_sampling *s, const struct req_sink *sink, void *sink_ud)
+                       uint32_t n_ctx, const struct req_sampling *s, const struct req_sink *sink,
+                       void *sink_ud)
 {
 	struct req *r = calloc(1, sizeof(*r));
 	if (!r)
 		return NULL;
 	r->id = id;
-	snprintf(r->rid, sizeof(r->rid), "%llx", (unsigned long long)id);
+	/* decimal, as the workers print the protocol rid: one grep finds a request in every log */
+	snprintf(r->rid, sizeof(r->rid), "%llu", (unsigned long long)id);
 	r->state = REQ_STATE_RECEIVED;
 	r->prompt = prompt;
 	r->n_prompt = n_prompt;
@@ -104,7 +109,8 @@ void req_transition(struct req *r, enum req_state to, uint64_t deadline_ms, uv_t
 	enum req_state from = r->state;
 	bool ok = req_state_is_final(to) ? !req_state_is_final(from) : (allowed[from] & (1u << to)) != 0;
 	if (!ok) {
-		LOG_ERROR("req", "rid=%s illegal transition %s -> %s", r->rid, req_state_name(from), req_state_name(to));
+		LOG_ERROR("req", "rid=%s illegal transition %s -> %s", r->rid, req_state_name(from),
+		          req_state_name(to));
 		TD_ASSERT(!"illegal request state transition");
 	}
 	r->state = to;

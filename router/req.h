@@ -28,9 +28,9 @@ enum req_state {
 
 enum req_finish {
 	REQ_FINISH_NONE = 0,
-	REQ_FINISH_LENGTH,    /* max_tokens or the context length reached */
-	REQ_FINISH_EOS,       /* the model ended the sequence */
-	REQ_FINISH_STOP,      /* a stop string matched (decided by the caller) */
+	REQ_FINISH_LENGTH, /* max_tokens or the context length reached */
+	REQ_FINISH_EOS, /* the model ended the sequence */
+	REQ_FINISH_STOP, /* a stop string matched (decided by the caller) */
 };
 
 struct req_sampling {
@@ -44,6 +44,7 @@ struct req_sampling {
 	float presence_penalty;
 	int n_top_logprobs; /* 0: none; with want_logprobs, the chosen token's logprob is always sent */
 	bool want_logprobs;
+	bool ignore_eos;
 };
 
 struct req_token {
@@ -60,7 +61,7 @@ struct req_sink {
 	void (*token)(void *ud, struct req *r, const struct req_token *t);
 	/* state is DONE (finish says why), FAILED (status/message say why) or CANCELLED. */
 	void (*end)(void *ud, struct req *r, enum req_state state, enum req_finish finish, int http_status,
-		    const char *message);
+	            const char *message);
 };
 
 struct worker;
@@ -68,31 +69,31 @@ struct sched;
 
 struct req {
 	uint64_t id;
-	char rid[24];           /* printable id for logs: rid=... */
+	char rid[24]; /* printable id for logs: rid=... */
 	enum req_state state;
 	struct sched *sched;
-	int32_t *prompt;        /* owned */
+	int32_t *prompt; /* owned */
 	uint32_t n_prompt;
-	uint32_t n_max_new;     /* tokens to generate at most (already clipped to the context) */
+	uint32_t n_max_new; /* tokens to generate at most (already clipped to the context) */
 	uint32_t n_ctx;
 	struct req_sampling sampling;
 	const struct req_sink *sink;
 	void *sink_ud;
-	int choice;             /* index among the call's choices */
+	int choice; /* index among the call's choices */
 
 	struct worker *prefill; /* borrowed; set while the prefill worker holds something for us */
-	struct worker *decode;  /* borrowed; set while the decode worker holds blocks for us */
+	struct worker *decode; /* borrowed; set while the decode worker holds blocks for us */
 	uint32_t n_blocks;
 	int n_prefill_tries;
 	uint32_t n_generated;
-	bool queued;            /* in the admission queue */
+	bool queued; /* in the admission queue */
 	struct req *qnext, *qprev;
 
 	/* backend state for remote workers (workers.c): the decode reservation's block ids */
-	uint32_t *block_ids;    /* owned */
+	uint32_t *block_ids; /* owned */
 	uint32_t n_block_ids;
-	bool kv_ready_sent;     /* decode runs the sequence: release with Cancel, not KvRelease */
-	bool decode_finished;   /* decode sent Finish: it holds nothing any more */
+	bool kv_ready_sent; /* decode runs the sequence: release with Cancel, not KvRelease */
+	bool decode_finished; /* decode sent Finish: it holds nothing any more */
 	bool in_rid_map;
 
 	/* stage timestamps (ns, uv_hrtime) for metrics */
@@ -106,7 +107,8 @@ struct req {
 
 /* Creates a request in RECEIVED; takes ownership of prompt (malloc'd). */
 struct req *req_create(uv_loop_t *loop, uint64_t id, int32_t *prompt, uint32_t n_prompt, uint32_t n_max_new,
-		       uint32_t n_ctx, const struct req_sampling *s, const struct req_sink *sink, void *sink_ud);
+                       uint32_t n_ctx, const struct req_sampling *s, const struct req_sink *sink,
+                       void *sink_ud);
 /* Frees the request once libuv has closed its timer. The request must have ended (or never been
  * submitted). Accepts NULL. */
 void req_destroy(struct req *r);

@@ -21,15 +21,15 @@ struct router;
 struct router_config {
 	char host[64];
 	int port;
-	char model_path[512];   /* GGUF (metadata only) */
-	char model_name[128];   /* served model id; default: the GGUF file name without .gguf */
-	char chat_format[32];   /* "" = detect from tokenizer.chat_template */
+	char model_path[512]; /* GGUF (metadata only) */
+	char model_name[128]; /* served model id; default: the GGUF file name without .gguf */
+	char chat_format[32]; /* "" = detect from tokenizer.chat_template */
 	char api_keys_file[512];
-	char engine[16];        /* "workers" (real prefill/decode) or "sim" */
-	char control_addr[256];   /* where workers dial in: host:port or unix:/path */
+	char engine[16]; /* "workers" (real prefill/decode) or "sim" */
+	char control_addr[256]; /* where workers dial in: host:port or unix:/path */
 	char control_token_file[512];
 	uint32_t heartbeat_ms;
-	uint32_t n_ctx;         /* context length (0: from the model) */
+	uint32_t n_ctx; /* context length (0: from the model) */
 	uint32_t n_max_tokens_default; /* when a chat request gives no max_tokens (0: up to the context) */
 	int n_conns_max;
 	uint64_t header_timeout_ms, idle_timeout_ms;
@@ -45,7 +45,14 @@ struct router_config {
 };
 
 enum router_endpoint {
-	EP_COMPLETIONS, EP_CHAT, EP_MODELS, EP_HEALTH, EP_READY, EP_METRICS, EP_OTHER, EP_COUNT
+	EP_COMPLETIONS,
+	EP_CHAT,
+	EP_MODELS,
+	EP_HEALTH,
+	EP_READY,
+	EP_METRICS,
+	EP_OTHER,
+	EP_COUNT
 };
 
 struct router_metrics {
@@ -81,7 +88,7 @@ void router_on_request(struct http_conn *c, struct http_request *r, void *ud);
 
 /* Writes an OpenAI-shaped error response. */
 void router_send_error(struct router *rt, struct http_conn *c, int status, const char *type, const char *code,
-		       const char *param, const char *message);
+                       const char *param, const char *message);
 
 /* Completions and chat (complete.c): decodes, tokenizes, submits and streams or collects. */
 void complete_handle(struct router *rt, struct http_conn *c, struct http_request *r, int kind);

@@ -3,6 +3,7 @@
  * runs on the router's single libuv loop, so there is no locking. */
 #include "router/sched.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,37 +34,54 @@ struct sched {
 static void pump(struct sched *s);
 static void stage_timeout_cb(uv_timer_t *t);
 
-static double secs(uint64_t a_ns, uint64_t b_ns) { return b_ns > a_ns ? (double)(b_ns - a_ns) / 1e9 : 0; }
+static double secs(uint64_t a_ns, uint64_t b_ns)
+{
+	return b_ns > a_ns ? (double)(b_ns - a_ns) / 1e9 : 0;
+}
 
 static void register_metrics(struct sched *s, struct metrics *m)
 {
 	struct sched_metrics *x = &s->m;
 	/* inter-token gaps are much shorter than whole stages: finer buckets at the low end */
 	static const double fast[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
-				      0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
+	                              0.05,   0.1,     0.25,   0.5,   1,      2.5,   5};
 	const double *lb = metrics_latency_bounds;
 	int nl = metrics_n_latency_bounds;
-	x->queue_s = metrics_histogram(m, "tandem_router_queue_seconds", NULL, "Time from admission to KV reservation", lb, nl);
-	x->prefill_s = metrics_histogram(m, "tandem_router_prefill_seconds", NULL, "Time from prefill start to prefill done", lb, nl);
-	x->transfer_s = metrics_histogram(m, "tandem_router_kv_transfer_seconds", NULL, "Time from prefill done to the decode worker's first token (KV transfer)", lb, nl);
-	x->ttft_s = metrics_histogram(m, "tandem_router_ttft_seconds", NULL, "Time to first token, from request receipt", lb, nl);
-	x->itl_s = metrics_histogram(m, "tandem_router_inter_token_seconds", NULL, "Time between consecutive tokens",
-				     fast, (int)(sizeof(fast) / sizeof(fast[0])));
-	x->e2e_s = metrics_histogram(m, "tandem_router_e2e_seconds", NULL, "End-to-end request latency", lb, nl);
-	x->prompt_tokens = metrics_counter(m, "tandem_router_prompt_tokens_total", NULL, "Prompt tokens admitted");
+	x->queue_s = metrics_histogram(m, "tandem_router_queue_seconds", NULL,
+	                               "Time from admission to KV reservation", lb, nl);
+	x->prefill_s = metrics_histogram(m, "tandem_router_prefill_seconds", NULL,
+	                                 "Time from prefill start to prefill done", lb, nl);
+	x->transfer_s = metrics_histogram(
+	    m, "tandem_router_kv_transfer_seconds", NULL,
+	    "Time from prefill done to the decode worker's first token (KV transfer)", lb, nl);
+	x->ttft_s = metrics_histogram(m, "tandem_router_ttft_seconds", NULL,
+	                              "Time to first token, from request receipt", lb, nl);
+	x->itl_s =
+	    metrics_histogram(m, "tandem_router_inter_token_seconds", NULL, "Time between consecutive tokens",
+	                      fast, (int)(sizeof(fast) / sizeof(fast[0])));
+	x->e2e_s =
+	    metrics_histogram(m, "tandem_router_e2e_seconds", NULL, "End-to-end request latency", lb, nl);
+	x->prompt_tokens =
+	    metrics_counter(m, "tandem_router_prompt_tokens_total", NULL, "Prompt tokens admitted");
 	x->gen_tokens = metrics_counter(m, "tandem_router_generated_tokens_total", NULL, "Tokens generated");
 	const char *h = "Sequences by outcome";
 	x->req_done = metrics_counter(m, "tandem_router_requests_total", "outcome=\"done\"", h);
 	x->req_failed = metrics_counter(m, "tandem_router_requests_total", "outcome=\"failed\"", h);
 	x->req_cancelled = metrics_counter(m, "tandem_router_requests_total", "outcome=\"cancelled\"", h);
 	x->req_rejected = metrics_counter(m, "tandem_router_requests_total", "outcome=\"rejected\"", h);
-	x->queue_depth = metrics_gauge(m, "tandem_router_queue_depth", NULL, "Requests waiting in the admission queue");
+	x->queue_depth =
+	    metrics_gauge(m, "tandem_router_queue_depth", NULL, "Requests waiting in the admission queue");
 	x->running = metrics_gauge(m, "tandem_router_running_sequences", NULL, "Sequences decoding");
-	x->blocks_used = metrics_gauge(m, "tandem_router_kv_blocks_used", NULL, "KV blocks in use over all decode workers");
-	x->blocks_free = metrics_gauge(m, "tandem_router_kv_blocks_free", NULL, "KV blocks free over all decode workers");
-	x->workers_prefill = metrics_gauge(m, "tandem_router_workers", "role=\"prefill\"", "Live workers by role");
-	x->workers_decode = metrics_gauge(m, "tandem_router_workers", "role=\"decode\"", "Live workers by role");
-	x->prefill_retries = metrics_counter(m, "tandem_router_prefill_retries_total", NULL, "Prefills re-placed after their worker was lost");
+	x->blocks_used = metrics_gauge(m, "tandem_router_kv_blocks_used", NULL,
+	                               "KV blocks in use over all decode workers");
+	x->blocks_free =
+	    metrics_gauge(m, "tandem_router_kv_blocks_free", NULL, "KV blocks free over all decode workers");
+	x->workers_prefill =
+	    metrics_gauge(m, "tandem_router_workers", "role=\"prefill\"", "Live workers by role");
+	x->workers_decode =
+	    metrics_gauge(m, "tandem_router_workers", "role=\"decode\"", "Live workers by role");
+	x->prefill_retries = metrics_counter(m, "tandem_router_prefill_retries_total", NULL,
+	                                     "Prefills re-placed after their worker was lost");
 }
 
 static void update_gauges(struct sched *s)
@@ -90,7 +108,7 @@ static void update_gauges(struct sched *s)
 }
 
 int sched_create(struct sched **out, uv_loop_t *loop, const struct sched_config *cfg, struct metrics *m,
-		 struct errbuf *e)
+                 struct errbuf *e)
 {
 	struct sched *s = calloc(1, sizeof(*s));
 	if (!s)
@@ -105,11 +123,26 @@ int sched_create(struct sched **out, uv_loop_t *loop, const struct sched_config 
 	return 0;
 }
 
-struct worker *sched_workers(struct sched *s) { return s->workers; }
-uint32_t sched_n_queued(const struct sched *s) { return s->n_queued; }
-uint32_t sched_n_active(const struct sched *s) { return s->n_active; }
-uint32_t sched_retry_after(const struct sched *s) { return s->cfg.retry_after_s ? s->cfg.retry_after_s : 1; }
-void sched_set_draining(struct sched *s) { s->draining = true; }
+struct worker *sched_workers(struct sched *s)
+{
+	return s->workers;
+}
+uint32_t sched_n_queued(const struct sched *s)
+{
+	return s->n_queued;
+}
+uint32_t sched_n_active(const struct sched *s)
+{
+	return s->n_active;
+}
+uint32_t sched_retry_after(const struct sched *s)
+{
+	return s->cfg.retry_after_s ? s->cfg.retry_after_s : 1;
+}
+void sched_set_draining(struct sched *s)
+{
+	s->draining = true;
+}
 
 bool sched_is_ready(const struct sched *s)
 {
@@ -134,6 +167,19 @@ static void queue_push(struct sched *s, struct req *r)
 	else
 		s->qhead = r;
 	s->qtail = r;
+	r->queued = true;
+	s->n_queued++;
+}
+
+static void queue_push_front(struct sched *s, struct req *r)
+{
+	r->qprev = NULL;
+	r->qnext = s->qhead;
+	if (s->qhead)
+		s->qhead->qprev = r;
+	else
+		s->qtail = r;
+	s->qhead = r;
 	r->queued = true;
 	s->n_queued++;
 }
@@ -198,7 +244,8 @@ static void end_req(struct req *r, enum req_state to, enum req_finish finish, in
 	if (to == REQ_STATE_DONE) {
 		metrics_add(s->m.req_done, 1);
 		metrics_observe(s->m.e2e_s, secs(r->t_received, now));
-		LOG_DEBUG("sched", "rid=%s done: %u tokens in %.3f s", r->rid, r->n_generated, secs(r->t_received, now));
+		LOG_DEBUG("sched", "rid=%s done: %u tokens in %.3f s", r->rid, r->n_generated,
+		          secs(r->t_received, now));
 	} else if (to == REQ_STATE_FAILED) {
 		metrics_add(s->m.req_failed, 1);
 		LOG_WARN("sched", "rid=%s failed: %s", r->rid, msg ? msg : "");
@@ -374,7 +421,8 @@ void sched_on_reserved(struct req *r, int status, const char *message)
 		d->n_blocks_free += r->n_blocks;
 		if (d->n_blocks_free > d->n_blocks_total)
 			d->n_blocks_free = d->n_blocks_total;
-		LOG_INFO("sched", "rid=%s reservation refused by %s: %s; re-queued", r->rid, d->name, message ? message : "");
+		LOG_INFO("sched", "rid=%s reservation refused by %s: %s; re-queued", r->rid, d->name,
+		         message ? message : "");
 		queue_push(s, r);
 		return;
 	}
@@ -461,8 +509,8 @@ int sched_worker_add(struct sched *s, struct worker *w, struct errbuf *e)
 			continue;
 		if (strcmp(o->model_id, w->model_id) != 0)
 			return errbuf_set(e, ERR_MISMATCH,
-					  "worker %s refused: model identity %s differs from %s's %s", w->name,
-					  w->model_id, o->name, o->model_id);
+			                  "worker %s refused: model identity %s differs from %s's %s",
+			                  w->name, w->model_id, o->name, o->model_id);
 		int rc = kv_layout_compare(&w->layout, w->name, &o->layout, o->name, e);
 		if (rc)
 			return errbuf_prefix(e, "worker %s refused", w->name);
@@ -471,8 +519,8 @@ int sched_worker_add(struct sched *s, struct worker *w, struct errbuf *e)
 	w->next = s->workers;
 	s->workers = w;
 	LOG_INFO("sched", "registered %s worker %s (%u blocks of %u tokens, model %s)",
-		 w->role == WORKER_ROLE_PREFILL ? "prefill" : "decode", w->name, w->n_blocks_total,
-		 w->layout.block_size, w->model_id);
+	         w->role == WORKER_ROLE_PREFILL ? "prefill" : "decode", w->name, w->n_blocks_total,
+	         w->layout.block_size, w->model_id);
 	update_gauges(s);
 	pump(s);
 	return 0;
@@ -528,6 +576,31 @@ void sched_on_worker_lost_req(struct req *r, struct worker *w)
 		if (r->state == REQ_STATE_ADMITTED) {
 			/* reservation was in flight: place again */
 			queue_push(s, r);
+			pump(s);
+			return;
+		}
+		if (r->state != REQ_STATE_DECODING && r->n_prefill_tries < s->cfg.n_prefill_tries_max) {
+			/* nothing was sent to the client yet: drop the prefill (its KV target is gone) and
+			 * place the whole request again, at the head of the queue */
+			if (r->prefill) {
+				struct worker *p = r->prefill;
+				r->prefill = NULL;
+				if (p->n_queued_tokens >= r->n_prompt)
+					p->n_queued_tokens -= r->n_prompt;
+				if (p->alive)
+					p->ops->release(p, r);
+			}
+			LOG_INFO("sched",
+			         "rid=%s decode worker %s lost before decoding; placing the request again",
+			         r->rid, w->name);
+			metrics_add(s->m.prefill_retries, 1);
+			/* a new rid for the new attempt: a late PrefillDone of the cancelled attempt (the
+			 * prefill worker may already have been writing) can then never be mistaken for the
+			 * new one. The attempt number lives in the top bits; the old rid is logged above. */
+			r->id += (uint64_t)1 << 48;
+			snprintf(r->rid, sizeof(r->rid), "%llu", (unsigned long long)r->id);
+			req_transition(r, REQ_STATE_ADMITTED, s->cfg.queue_timeout_ms, stage_timeout_cb);
+			queue_push_front(s, r);
 			pump(s);
 			return;
 		}

@@ -15,20 +15,20 @@
 struct metrics;
 
 struct sched_config {
-	uint32_t n_queue_max;          /* admission queue bound: beyond, 429 */
-	uint64_t queue_timeout_ms;     /* ADMITTED -> KV_RESERVED */
-	uint64_t reserve_timeout_ms;   /* waiting for the decode worker's reservation answer */
-	uint64_t prefill_timeout_ms;   /* PREFILLING -> KV_TRANSFERRING */
-	uint64_t transfer_timeout_ms;  /* KV_TRANSFERRING -> DECODING */
-	uint64_t token_timeout_ms;     /* DECODING: longest gap between tokens */
-	int n_prefill_tries_max;       /* re-prefills after a lost prefill worker */
-	uint32_t retry_after_s;        /* Retry-After for 429 */
+	uint32_t n_queue_max; /* admission queue bound: beyond, 429 */
+	uint64_t queue_timeout_ms; /* ADMITTED -> KV_RESERVED */
+	uint64_t reserve_timeout_ms; /* waiting for the decode worker's reservation answer */
+	uint64_t prefill_timeout_ms; /* PREFILLING -> KV_TRANSFERRING */
+	uint64_t transfer_timeout_ms; /* KV_TRANSFERRING -> DECODING */
+	uint64_t token_timeout_ms; /* DECODING: longest gap between tokens */
+	int n_prefill_tries_max; /* re-prefills after a lost prefill worker */
+	uint32_t retry_after_s; /* Retry-After for 429 */
 };
 
 struct sched;
 
 int sched_create(struct sched **out, uv_loop_t *loop, const struct sched_config *cfg, struct metrics *m,
-		 struct errbuf *e) TD_MUST_CHECK;
+                 struct errbuf *e) TD_MUST_CHECK;
 void sched_destroy(struct sched *s); /* accepts NULL; fails whatever is still in flight */
 
 /* Adds a worker (registration). Refuses one whose model identity or KV layout differs from the

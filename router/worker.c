@@ -6,24 +6,24 @@
 #include <string.h>
 
 int kv_layout_compare(const struct kv_layout *a, const char *a_name, const struct kv_layout *b,
-		      const char *b_name, struct errbuf *e)
+                      const char *b_name, struct errbuf *e)
 {
 	if (strcmp(a->arch, b->arch) != 0)
-		return errbuf_set(e, ERR_MISMATCH, "KV layout differs: arch is %s on %s but %s on %s", a->arch, a_name,
-				  b->arch, b_name);
+		return errbuf_set(e, ERR_MISMATCH, "KV layout differs: arch is %s on %s but %s on %s",
+		                  a->arch, a_name, b->arch, b_name);
 	if (strcmp(a->dtype, b->dtype) != 0)
-		return errbuf_set(e, ERR_MISMATCH, "KV layout differs: dtype is %s on %s but %s on %s", a->dtype,
-				  a_name, b->dtype, b_name);
+		return errbuf_set(e, ERR_MISMATCH, "KV layout differs: dtype is %s on %s but %s on %s",
+		                  a->dtype, a_name, b->dtype, b_name);
 	static const struct {
 		const char *name;
 		size_t off;
 	} fields[] = {
-		{"n_layers", offsetof(struct kv_layout, n_layers)},
-		{"block_size", offsetof(struct kv_layout, block_size)},
-		{"kv_lora_rank", offsetof(struct kv_layout, kv_lora_rank)},
-		{"rope_dim", offsetof(struct kv_layout, rope_dim)},
-		{"indexer_dim", offsetof(struct kv_layout, indexer_dim)},
-		{"n_indexer_layers", offsetof(struct kv_layout, n_indexer_layers)},
+	    {"n_layers", offsetof(struct kv_layout, n_layers)},
+	    {"block_size", offsetof(struct kv_layout, block_size)},
+	    {"kv_lora_rank", offsetof(struct kv_layout, kv_lora_rank)},
+	    {"rope_dim", offsetof(struct kv_layout, rope_dim)},
+	    {"indexer_dim", offsetof(struct kv_layout, indexer_dim)},
+	    {"n_indexer_layers", offsetof(struct kv_layout, n_indexer_layers)},
 	};
 	for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
 		uint32_t va, vb;
@@ -31,7 +31,7 @@ int kv_layout_compare(const struct kv_layout *a, const char *a_name, const struc
 		memcpy(&vb, (const char *)b + fields[i].off, sizeof(vb));
 		if (va != vb)
 			return errbuf_set(e, ERR_MISMATCH, "KV layout differs: %s is %u on %s but %u on %s",
-					  fields[i].name, va, a_name, vb, b_name);
+			                  fields[i].name, va, a_name, vb, b_name);
 	}
 	return 0;
 }

@@ -18,12 +18,12 @@ enum worker_role { WORKER_ROLE_PREFILL = 1, WORKER_ROLE_DECODE = 2 };
 struct kv_layout {
 	char arch[72];
 	uint32_t n_layers;
-	uint32_t block_size;   /* tokens per block */
+	uint32_t block_size; /* tokens per block */
 	uint32_t kv_lora_rank; /* latent dim C */
-	uint32_t rope_dim;     /* R */
-	uint32_t indexer_dim;  /* 0 if the model has no indexer */
+	uint32_t rope_dim; /* R */
+	uint32_t indexer_dim; /* 0 if the model has no indexer */
 	uint32_t n_indexer_layers;
-	char dtype[16];        /* bf16, f32, fp8 ... */
+	char dtype[16]; /* bf16, f32, fp8 ... */
 };
 
 struct req;
@@ -42,7 +42,7 @@ struct worker_ops {
 struct worker {
 	int id;
 	enum worker_role role;
-	char name[MSG_NAME_MAX_ROUTER];   /* worker name (or address), for logs */
+	char name[MSG_NAME_MAX_ROUTER]; /* worker name (or address), for logs */
 	char model_id[80];
 	struct kv_layout layout;
 	uint32_t tp;
@@ -62,6 +62,6 @@ struct worker {
 /* Compares two layouts; on a difference writes a message naming the field and both values and
  * returns ERR_MISMATCH. */
 int kv_layout_compare(const struct kv_layout *a, const char *a_name, const struct kv_layout *b,
-		      const char *b_name, struct errbuf *e) TD_MUST_CHECK;
+                      const char *b_name, struct errbuf *e) TD_MUST_CHECK;
 
 #endif

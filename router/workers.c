@@ -176,7 +176,8 @@ static void fill_sampling(const struct req *r, struct msg_sampling *s)
 	/* without a seed each request still needs one: make it differ per request and run */
 	s->seed = q->has_seed ? q->seed : (uv_hrtime() ^ (r->id * 0x9e3779b97f4a7c15ull));
 	s->logprobs = q->want_logprobs;
-	s->n_logprobs = (uint32_t)(q->n_top_logprobs > MSG_TOP_LOGPROBS_MAX ? MSG_TOP_LOGPROBS_MAX : q->n_top_logprobs);
+	s->n_logprobs =
+	    (uint32_t)(q->n_top_logprobs > MSG_TOP_LOGPROBS_MAX ? MSG_TOP_LOGPROBS_MAX : q->n_top_logprobs);
 }
 
 static int op_reserve(struct worker *w, struct req *r, uint32_t n_blocks)
@@ -198,6 +199,7 @@ static int op_reserve(struct worker *w, struct req *r, uint32_t n_blocks)
 	m.u.kv_reserve.max_tokens = r->n_max_new;
 	fill_sampling(r, &m.u.kv_reserve.sampling);
 	m.u.kv_reserve.deadline_ms = (uint32_t)ws->cfg.reserve_deadline_ms;
+	m.u.kv_reserve.ignore_eos = r->sampling.ignore_eos;
 	m.u.kv_reserve.n_prompt = r->n_prompt;
 	m.u.kv_reserve.prompt = (const uint32_t *)r->prompt; /* ids are non-negative */
 	int rc = send_msg(rw, &m);
@@ -292,10 +294,10 @@ static void kv_layout_from_msg(const struct msg_kv_layout *a, struct kv_layout *
 	o->rope_dim = a->rope_dim;
 	o->indexer_dim = a->indexer_dim;
 	o->n_indexer_layers = a->n_indexer_layers;
-	snprintf(o->dtype, sizeof(o->dtype), "%s",
-		 a->dtype >= 0 && a->dtype <= 4 ? dt[a->dtype] : "?");
+	snprintf(o->dtype, sizeof(o->dtype), "%s", a->dtype >= 0 && a->dtype <= 4 ? dt[a->dtype] : "?");
 	if (a->indexer_dtype != a->dtype && a->indexer_dtype >= 0 && a->indexer_dtype <= 4)
-		snprintf(o->dtype + strlen(o->dtype), sizeof(o->dtype) - strlen(o->dtype), "/%s", dt[a->indexer_dtype]);
+		snprintf(o->dtype + strlen(o->dtype), sizeof(o->dtype) - strlen(o->dtype), "/%s",
+		         dt[a->indexer_dtype]);
 }
 
 static int on_hello(struct rworker *rw, const struct msg_hello *h)
@@ -303,8 +305,9 @@ static int on_hello(struct rworker *rw, const struct msg_hello *h)
 	struct workers *ws = rw->ws;
 	struct errbuf e = {0};
 	if (h->protocol_version != PROTOCOL_VERSION) {
-		conn_close_error(rw->c, MSG_ERR_VERSION, "protocol version %u not supported (router speaks %u)",
-				 h->protocol_version, PROTOCOL_VERSION);
+		conn_close_error(rw->c, MSG_ERR_VERSION,
+		                 "protocol version %u not supported (router speaks %u)", h->protocol_version,
+		                 PROTOCOL_VERSION);
 		return -EPROTO;
 	}
 	if (ws->auth_token[0] && strcmp(ws->auth_token, h->auth_token) != 0) {
@@ -316,13 +319,16 @@ static int on_hello(struct rworker *rw, const struct msg_hello *h)
 		conn_close_error(rw->c, MSG_ERR_PROTOCOL, "role %s cannot register", msg_role_name(h->role));
 		return -EPROTO;
 	}
-	if (h->role == MSG_ROLE_DECODE && (!h->has_kv_region || h->ucx_address_len == 0 || h->n_blocks_total == 0)) {
-		conn_close_error(rw->c, MSG_ERR_PROTOCOL, "decode worker must send its UCX address, KV region and pool size");
+	if (h->role == MSG_ROLE_DECODE &&
+	    (!h->has_kv_region || h->ucx_address_len == 0 || h->n_blocks_total == 0)) {
+		conn_close_error(rw->c, MSG_ERR_PROTOCOL,
+		                 "decode worker must send its UCX address, KV region and pool size");
 		return -EPROTO;
 	}
 	for (struct rworker *o = ws->list; o; o = o->next)
 		if (o != rw && o->registered && strcmp(o->w.name, h->name) == 0) {
-			conn_close_error(rw->c, MSG_ERR_DUPLICATE, "a worker named '%s' is already registered", h->name);
+			conn_close_error(rw->c, MSG_ERR_DUPLICATE,
+			                 "a worker named '%s' is already registered", h->name);
 			return -EEXIST;
 		}
 	struct worker *w = &rw->w;
@@ -366,8 +372,8 @@ static int on_hello(struct rworker *rw, const struct msg_hello *h)
 	}
 	rw->registered = true;
 	LOG_INFO("workers", "%s worker '%s' registered from %s (pid %u, tp %u, model %s, ucx %s)",
-		 msg_role_name(h->role), w->name, conn_peer(rw->c), h->pid, h->tp_degree, h->model_name,
-		 h->ucx_transports[0] ? h->ucx_transports : "-");
+	         msg_role_name(h->role), w->name, conn_peer(rw->c), h->pid, h->tp_degree, h->model_name,
+	         h->ucx_transports[0] ? h->ucx_transports : "-");
 	struct msg ack;
 	msg_init(&ack, MSG_HELLO_ACK);
 	ack.u.hello_ack.protocol_version = PROTOCOL_VERSION;
@@ -396,7 +402,8 @@ static int on_msg_cb(struct conn *c, struct msg *m, void *ud)
 	(void)c;
 	if (!rw->registered) {
 		if (m->type != MSG_HELLO) {
-			conn_close_error(rw->c, MSG_ERR_PROTOCOL, "expected Hello, got %s", msg_type_name(m->type));
+			conn_close_error(rw->c, MSG_ERR_PROTOCOL, "expected Hello, got %s",
+			                 msg_type_name(m->type));
 			return -EPROTO;
 		}
 		return on_hello(rw, &m->u.hello) < 0 ? -EPROTO : 0;
@@ -406,7 +413,8 @@ static int on_msg_cb(struct conn *c, struct msg *m, void *ud)
 	case MSG_HEARTBEAT: {
 		const struct msg_heartbeat *h = &m->u.heartbeat;
 		if (rw->w.role == WORKER_ROLE_DECODE) {
-			rw->w.n_blocks_free = h->free_blocks <= rw->w.n_blocks_total ? h->free_blocks : rw->w.n_blocks_total;
+			rw->w.n_blocks_free =
+			    h->free_blocks <= rw->w.n_blocks_total ? h->free_blocks : rw->w.n_blocks_total;
 			rw->w.n_running = h->running_seqs;
 		} else {
 			rw->w.n_queued_tokens = h->queued_tokens;
@@ -424,7 +432,8 @@ static int on_msg_cb(struct conn *c, struct msg *m, void *ud)
 		sched_worker_load_changed(ws->sched, &rw->w);
 		return 0;
 	case MSG_KV_RESERVED:
-		if (!(r = lookup(rw, m->u.kv_reserved.rid, WORKER_ROLE_DECODE)) || r->state != REQ_STATE_ADMITTED)
+		if (!(r = lookup(rw, m->u.kv_reserved.rid, WORKER_ROLE_DECODE)) ||
+		    r->state != REQ_STATE_ADMITTED)
 			return 0;
 		free(r->block_ids);
 		r->block_ids = malloc((m->u.kv_reserved.n_block_ids + 1) * sizeof(uint32_t));
@@ -432,7 +441,8 @@ static int on_msg_cb(struct conn *c, struct msg *m, void *ud)
 			sched_on_failed(r, 503, "router out of memory");
 			return 0;
 		}
-		memcpy(r->block_ids, m->u.kv_reserved.block_ids, m->u.kv_reserved.n_block_ids * sizeof(uint32_t));
+		memcpy(r->block_ids, m->u.kv_reserved.block_ids,
+		       m->u.kv_reserved.n_block_ids * sizeof(uint32_t));
 		r->n_block_ids = (uint32_t)m->u.kv_reserved.n_block_ids;
 		sched_on_reserved(r, 0, NULL);
 		return 0;
@@ -485,7 +495,8 @@ static int on_msg_cb(struct conn *c, struct msg *m, void *ud)
 		else if (f->reason == MSG_FINISH_LENGTH)
 			sched_on_finished(r, REQ_FINISH_LENGTH);
 		else if (f->reason == MSG_FINISH_ERROR)
-			sched_on_failed(r, status_of(f->error_code), f->error_message[0] ? f->error_message : "decode failed");
+			sched_on_failed(r, status_of(f->error_code),
+			                f->error_message[0] ? f->error_message : "decode failed");
 		else
 			sched_on_failed(r, 502, "decode worker cancelled the request");
 		return 0;
@@ -493,13 +504,15 @@ static int on_msg_cb(struct conn *c, struct msg *m, void *ud)
 	case MSG_ERROR: {
 		const struct msg_error_m *er = &m->u.error;
 		if (!er->has_rid) {
-			LOG_WARN("workers", "worker '%s' reports %s: %s", rw->w.name, msg_error_name(er->code), er->message);
+			LOG_WARN("workers", "worker '%s' reports %s: %s", rw->w.name,
+			         msg_error_name(er->code), er->message);
 			return 0;
 		}
 		r = map_get(ws, er->rid);
 		if (!r || r->ended || (r->decode != &rw->w && r->prefill != &rw->w))
 			return 0;
-		if (r->decode == &rw->w && r->state == REQ_STATE_ADMITTED && er->code == MSG_ERR_NO_CAPACITY) {
+		if (r->decode == &rw->w && r->state == REQ_STATE_ADMITTED &&
+		    er->code == MSG_ERR_NO_CAPACITY) {
 			map_del(ws, r);
 			r->decode_finished = true; /* nothing reserved there: no KvRelease */
 			sched_on_reserved(r, -EAGAIN, er->message);
@@ -511,13 +524,15 @@ static int on_msg_cb(struct conn *c, struct msg *m, void *ud)
 		if (r->decode == &rw->w)
 			r->decode_finished = true; /* the worker dropped it already */
 		char msg[700];
-		snprintf(msg, sizeof(msg), "%s worker '%s': %s", rw->w.role == WORKER_ROLE_PREFILL ? "prefill" : "decode",
-			 rw->w.name, er->message[0] ? er->message : msg_error_name(er->code));
+		snprintf(msg, sizeof(msg), "%s worker '%s': %s",
+		         rw->w.role == WORKER_ROLE_PREFILL ? "prefill" : "decode", rw->w.name,
+		         er->message[0] ? er->message : msg_error_name(er->code));
 		sched_on_failed(r, status_of(er->code), msg);
 		return 0;
 	}
 	default:
-		conn_close_error(rw->c, MSG_ERR_PROTOCOL, "%s is not a message a worker sends", msg_type_name(m->type));
+		conn_close_error(rw->c, MSG_ERR_PROTOCOL, "%s is not a message a worker sends",
+		                 msg_type_name(m->type));
 		return -EPROTO;
 	}
 }
@@ -543,7 +558,8 @@ static void on_close_cb(struct conn *c, int err, const char *why, void *ud)
 		rw->next->prev = rw->prev;
 	if (rw->registered && ws) {
 		char reason[300];
-		snprintf(reason, sizeof(reason), "control connection closed (%s)", why && why[0] ? why : err_name(err));
+		snprintf(reason, sizeof(reason), "control connection closed (%s)",
+		         why && why[0] ? why : err_name(err));
 		sched_worker_lost(ws->sched, &rw->w, reason);
 		/* collect first: the lost-request handling changes the map */
 		size_t n = 0;
@@ -593,7 +609,7 @@ static void hb_cb(uv_timer_t *t)
 }
 
 int workers_create(struct workers **out, uv_loop_t *loop, struct sched *s, const struct workers_config *cfg,
-		   struct metrics *m, struct errbuf *e)
+                   struct metrics *m, struct errbuf *e)
 {
 	struct workers *ws = calloc(1, sizeof(*ws));
 	if (!ws)
@@ -608,16 +624,18 @@ int workers_create(struct workers **out, uv_loop_t *loop, struct sched *s, const
 	ws->cfg.listen_addr = ws->listen_addr;
 	ws->cfg.auth_token = ws->auth_token;
 	if (m) {
-		ws->kv_bytes = metrics_counter(m, "tandem_router_kv_transferred_bytes_total", NULL,
-					       "KV-cache bytes prefill workers reported writing to decode workers");
-		ws->registrations_refused = metrics_counter(m, "tandem_router_worker_registrations_refused_total", NULL,
-							    "Workers refused at registration (model or KV layout mismatch)");
+		ws->kv_bytes =
+		    metrics_counter(m, "tandem_router_kv_transferred_bytes_total", NULL,
+		                    "KV-cache bytes prefill workers reported writing to decode workers");
+		ws->registrations_refused =
+		    metrics_counter(m, "tandem_router_worker_registrations_refused_total", NULL,
+		                    "Workers refused at registration (model or KV layout mismatch)");
 	}
 	struct conn_opts o = {
-		.idle_timeout_ms = 3 * ws->cfg.heartbeat_ms + 500,
-		.on_msg_cb = on_msg_cb,
-		.on_close_cb = on_close_cb,
-		.ud = NULL,
+	    .idle_timeout_ms = 3 * ws->cfg.heartbeat_ms + 500,
+	    .on_msg_cb = on_msg_cb,
+	    .on_close_cb = on_close_cb,
+	    .ud = NULL,
 	};
 	int rc = conn_listen(loop, ws->listen_addr, &o, accept_cb, ws, &ws->listener, e);
 	if (rc) {
@@ -631,7 +649,10 @@ int workers_create(struct workers **out, uv_loop_t *loop, struct sched *s, const
 	return 0;
 }
 
-int workers_port(const struct workers *ws) { return conn_listener_port(ws->listener); }
+int workers_port(const struct workers *ws)
+{
+	return conn_listener_port(ws->listener);
+}
 
 void workers_drain(struct workers *ws)
 {

@@ -13,8 +13,8 @@
 struct metrics;
 
 struct workers_config {
-	const char *listen_addr;  /* "host:port" or "unix:/path" */
-	const char *auth_token;   /* "" or NULL: none required */
+	const char *listen_addr; /* "host:port" or "unix:/path" */
+	const char *auth_token; /* "" or NULL: none required */
 	uint32_t heartbeat_ms;
 	uint64_t reserve_deadline_ms; /* sent in KvReserve: decode frees blocks without KvReady by then */
 	uint64_t prefill_deadline_ms;
@@ -23,7 +23,7 @@ struct workers_config {
 struct workers;
 
 int workers_create(struct workers **out, uv_loop_t *loop, struct sched *s, const struct workers_config *cfg,
-		   struct metrics *m, struct errbuf *e) TD_MUST_CHECK;
+                   struct metrics *m, struct errbuf *e) TD_MUST_CHECK;
 int workers_port(const struct workers *ws); /* bound TCP port (0 for Unix sockets) */
 /* Asks every worker to drain (router shutting down). */
 void workers_drain(struct workers *ws);

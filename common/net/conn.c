@@ -93,7 +93,9 @@ int conn_parse_addr(const char *addr, char *host, size_t host_cap, int *port, bo
 	if (strncmp(addr, "unix:", 5) == 0) {
 		const char *p = addr + 5;
 		if (!*p || strlen(p) >= host_cap || strlen(p) >= 100)
-			return errbuf_set(e, -EINVAL, "address '%s': Unix socket path empty or longer than 100 bytes", addr);
+			return errbuf_set(e, -EINVAL,
+			                  "address '%s': Unix socket path empty or longer than 100 bytes",
+			                  addr);
 		snprintf(host, host_cap, "%s", p);
 		*is_unix = true;
 		return 0;
@@ -241,7 +243,8 @@ void conn_close_error(struct conn *c, int code, const char *fmt, ...)
 		snprintf(m.u.error.message, sizeof(m.u.error.message), "%s", text);
 		struct errbuf eb;
 		if (conn_send(c, &m, &eb) != 0)
-			LOG_DEBUG("conn", "peer %s: could not queue Error before closing: %s", c->peer, eb.msg);
+			LOG_DEBUG("conn", "peer %s: could not queue Error before closing: %s", c->peer,
+			          eb.msg);
 	}
 	/* the close is ours and orderly: flush the Error we just queued */
 	begin_close(c, 0, text);
@@ -258,7 +261,8 @@ static void idle_timer_cb(uv_timer_t *t)
 		return;
 	if (now - c->last_rx_ms >= c->o.idle_timeout_ms) {
 		char why[128];
-		snprintf(why, sizeof(why), "peer %s sent nothing for %u ms (idle timeout)", c->peer, c->o.idle_timeout_ms);
+		snprintf(why, sizeof(why), "peer %s sent nothing for %u ms (idle timeout)", c->peer,
+		         c->o.idle_timeout_ms);
 		begin_close(c, ERR_TIMEOUT, why);
 		return;
 	}
@@ -307,14 +311,16 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 		if (nread == UV_EOF)
 			snprintf(why, sizeof(why), "peer %s closed the connection", c->peer);
 		else
-			snprintf(why, sizeof(why), "read from %s failed: %s", c->peer, uv_strerror((int)nread));
+			snprintf(why, sizeof(why), "read from %s failed: %s", c->peer,
+			         uv_strerror((int)nread));
 		begin_close(c, nread == UV_EOF ? -EPIPE : -EIO, why);
 		return;
 	}
 	c->bytes_in += (uint64_t)nread;
 	c->last_rx_ms = uv_now(c->loop);
 	struct errbuf eb = {0};
-	int rc = frame_reader_feed(&c->reader, (const uint8_t *)buf->base, (size_t)nread, frame_cb_deliver, c, &eb);
+	int rc = frame_reader_feed(&c->reader, (const uint8_t *)buf->base, (size_t)nread, frame_cb_deliver, c,
+	                           &eb);
 	if (rc < 0) {
 		LOG_WARN("conn", "peer %s: %s; closing the connection", c->peer, eb.msg);
 		conn_close_error(c, MSG_ERR_PROTOCOL, "%s", eb.msg);
@@ -386,8 +392,9 @@ int conn_send_take(struct conn *c, uint8_t *frame, size_t len, struct errbuf *e)
 	}
 	if (c->queued_bytes + len > c->o.max_queued_bytes) {
 		free(frame);
-		return errbuf_set(e, ERR_LIMIT, "peer %s is not reading: %zu bytes already queued (limit %zu)", c->peer,
-				  c->queued_bytes, c->o.max_queued_bytes);
+		return errbuf_set(e, ERR_LIMIT,
+		                  "peer %s is not reading: %zu bytes already queued (limit %zu)", c->peer,
+		                  c->queued_bytes, c->o.max_queued_bytes);
 	}
 	struct write_req *w = malloc(sizeof(*w));
 	if (!w) {
@@ -445,7 +452,7 @@ int conn_listener_port(const struct conn_listener *l)
 	if (uv_tcp_getsockname(&l->h.tcp, (struct sockaddr *)&ss, &len))
 		return 0;
 	return ss.ss_family == AF_INET ? ntohs(((struct sockaddr_in *)&ss)->sin_port)
-				       : ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+	                               : ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
 }
 
 static void connection_cb(uv_stream_t *server, int status)
@@ -469,7 +476,7 @@ static void connection_cb(uv_stream_t *server, int status)
 }
 
 int conn_listen(uv_loop_t *loop, const char *addr, const struct conn_opts *opts, conn_accept_cb cb, void *ud,
-		struct conn_listener **out, struct errbuf *e)
+                struct conn_listener **out, struct errbuf *e)
 {
 	char host[256];
 	int port;
@@ -547,7 +554,8 @@ static void connect_cb(uv_connect_t *req, int status)
 		c->o.on_connect_cb(c, 0, c->o.ud);
 }
 
-int conn_connect(uv_loop_t *loop, const char *addr, const struct conn_opts *opts, struct conn **out, struct errbuf *e)
+int conn_connect(uv_loop_t *loop, const char *addr, const struct conn_opts *opts, struct conn **out,
+                 struct errbuf *e)
 {
 	char host[256];
 	int port;
@@ -570,7 +578,8 @@ int conn_connect(uv_loop_t *loop, const char *addr, const struct conn_opts *opts
 		rc = uv_tcp_connect(&c->connect_req, &c->h.tcp, (struct sockaddr *)&ss, connect_cb);
 		if (rc) {
 			begin_close(c, -EIO, "connect failed");
-			return errbuf_set(e, -ECONNREFUSED, "connect to %s failed: %s", addr, uv_strerror(rc));
+			return errbuf_set(e, -ECONNREFUSED, "connect to %s failed: %s", addr,
+			                  uv_strerror(rc));
 		}
 	}
 	uv_timer_start(&c->timer, connect_timeout_cb, c->o.connect_timeout_ms, 0);
@@ -580,10 +589,41 @@ int conn_connect(uv_loop_t *loop, const char *addr, const struct conn_opts *opts
 
 /* ---- accessors ----------------------------------------------------------------------------------- */
 
-void conn_set_ud(struct conn *c, void *ud) { c->o.ud = ud; }
-void *conn_ud(const struct conn *c) { return c->o.ud; }
-bool conn_is_closing(const struct conn *c) { return c->state == CONN_CLOSING; }
-size_t conn_queued_bytes(const struct conn *c) { return c->queued_bytes; }
-const char *conn_peer(const struct conn *c) { return c->peer; }
-uint64_t conn_bytes_in(const struct conn *c) { return c->bytes_in; }
-uint64_t conn_bytes_out(const struct conn *c) { return c->bytes_out; }
+void conn_set_ud(struct conn *c, void *ud)
+{
+	c->o.ud = ud;
+}
+
+void conn_set_idle_timeout(struct conn *c, uint32_t ms)
+{
+	c->o.idle_timeout_ms = ms;
+	if (c->state != CONN_OPEN)
+		return;
+	uv_timer_stop(&c->timer);
+	if (ms)
+		uv_timer_start(&c->timer, idle_timer_cb, ms, 0);
+}
+void *conn_ud(const struct conn *c)
+{
+	return c->o.ud;
+}
+bool conn_is_closing(const struct conn *c)
+{
+	return c->state == CONN_CLOSING;
+}
+size_t conn_queued_bytes(const struct conn *c)
+{
+	return c->queued_bytes;
+}
+const char *conn_peer(const struct conn *c)
+{
+	return c->peer;
+}
+uint64_t conn_bytes_in(const struct conn *c)
+{
+	return c->bytes_in;
+}
+uint64_t conn_bytes_out(const struct conn *c)
+{
+	return c->bytes_out;
+}

@@ -30,9 +30,9 @@
 struct conn;
 
 struct conn_opts {
-	size_t max_frame;          /* largest payload accepted and sent (default FRAME_MAX_DEFAULT) */
-	size_t max_queued_bytes;   /* write-queue bound (default 64 MiB) */
-	uint32_t idle_timeout_ms;  /* 0: none */
+	size_t max_frame; /* largest payload accepted and sent (default FRAME_MAX_DEFAULT) */
+	size_t max_queued_bytes; /* write-queue bound (default 64 MiB) */
+	uint32_t idle_timeout_ms; /* 0: none */
 	uint32_t connect_timeout_ms; /* default 5000 */
 	uint32_t flush_timeout_ms; /* default 1000 */
 	/* Called for each decoded message; m is valid during the call only. Return 0 to go on, or a
@@ -54,7 +54,7 @@ typedef int (*conn_accept_cb)(struct conn_listener *l, struct conn *c, void *ud)
 
 /* Listens on addr. opts are copied into each accepted connection (ud included). */
 int conn_listen(uv_loop_t *loop, const char *addr, const struct conn_opts *opts, conn_accept_cb cb, void *ud,
-		struct conn_listener **out, struct errbuf *e) TD_MUST_CHECK;
+                struct conn_listener **out, struct errbuf *e) TD_MUST_CHECK;
 /* The bound TCP port (after listening on port 0), or 0 for Unix sockets. */
 int conn_listener_port(const struct conn_listener *l);
 /* Closes the listener (asynchronously; frees it; a Unix socket file is removed). NULL is fine. */
@@ -62,7 +62,7 @@ void conn_listener_close(struct conn_listener *l);
 
 /* Starts connecting to addr; the result arrives in opts->on_connect_cb. */
 int conn_connect(uv_loop_t *loop, const char *addr, const struct conn_opts *opts, struct conn **out,
-		 struct errbuf *e) TD_MUST_CHECK;
+                 struct errbuf *e) TD_MUST_CHECK;
 
 /* Encodes and queues m. ERR_LIMIT when the write queue is full, -EPIPE when closing. */
 int conn_send(struct conn *c, const struct msg *m, struct errbuf *e) TD_MUST_CHECK;
@@ -74,6 +74,8 @@ void conn_close_error(struct conn *c, int code, const char *fmt, ...) TD_PRINTF(
 void conn_close(struct conn *c, const char *why);
 
 void conn_set_ud(struct conn *c, void *ud);
+/* Changes the idle timeout of an open connection (0: none), counting from the last byte received. */
+void conn_set_idle_timeout(struct conn *c, uint32_t ms);
 void *conn_ud(const struct conn *c);
 bool conn_is_closing(const struct conn *c);
 size_t conn_queued_bytes(const struct conn *c);
@@ -83,6 +85,6 @@ uint64_t conn_bytes_out(const struct conn *c);
 
 /* Parses "host:port" / "[v6]:port" / "unix:path". host gets the host part (without brackets). */
 int conn_parse_addr(const char *addr, char *host, size_t host_cap, int *port, bool *is_unix,
-		    struct errbuf *e) TD_MUST_CHECK;
+                    struct errbuf *e) TD_MUST_CHECK;
 
 #endif

@@ -22,21 +22,22 @@ void frame_put_header(uint8_t out[FRAME_HDR_BYTES], uint16_t type, uint32_t payl
 }
 
 int frame_parse_header(const uint8_t hdr[FRAME_HDR_BYTES], size_t max_payload, uint16_t *type,
-		       uint32_t *payload_len, struct errbuf *e)
+                       uint32_t *payload_len, struct errbuf *e)
 {
 	uint16_t magic = (uint16_t)((hdr[0] << 8) | hdr[1]);
 	if (magic != FRAME_MAGIC)
 		return errbuf_set(e, ERR_PROTO,
-				  "control frame: bad magic 0x%02x%02x (expected 0x5444 'TD'; is the peer a "
-				  "tandem process speaking the control protocol?)",
-				  hdr[0], hdr[1]);
+		                  "control frame: bad magic 0x%02x%02x (expected 0x5444 'TD'; is the peer a "
+		                  "tandem process speaking the control protocol?)",
+		                  hdr[0], hdr[1]);
 	uint16_t t = (uint16_t)((hdr[2] << 8) | hdr[3]);
 	uint32_t len = ((uint32_t)hdr[4] << 24) | ((uint32_t)hdr[5] << 16) | ((uint32_t)hdr[6] << 8) | hdr[7];
 	if (t == 0)
 		return errbuf_set(e, ERR_PROTO, "control frame: type 0 is not a message type");
 	if (len > max_payload)
-		return errbuf_set(e, ERR_LIMIT, "control frame: type %u payload of %u bytes exceeds the maximum of %zu",
-				  t, len, max_payload);
+		return errbuf_set(e, ERR_LIMIT,
+		                  "control frame: type %u payload of %u bytes exceeds the maximum of %zu", t,
+		                  len, max_payload);
 	*type = t;
 	*payload_len = len;
 	return 0;
@@ -70,10 +71,11 @@ static void reset_frame(struct frame_reader *r)
 }
 
 int frame_reader_feed(struct frame_reader *r, const uint8_t *data, size_t n, frame_cb cb, void *ctx,
-		      struct errbuf *e)
+                      struct errbuf *e)
 {
 	if (r->broken)
-		return errbuf_set(e, ERR_PROTO, "control frame stream already failed; connection must be closed");
+		return errbuf_set(e, ERR_PROTO,
+		                  "control frame stream already failed; connection must be closed");
 	size_t off = 0;
 	while (off < n) {
 		if (!r->have_hdr) {
@@ -112,7 +114,8 @@ int frame_reader_feed(struct frame_reader *r, const uint8_t *data, size_t n, fra
 			uint8_t *nb = realloc(r->buf, r->len);
 			if (!nb) {
 				r->broken = 1;
-				return errbuf_set(e, -ENOMEM, "control frame: cannot allocate %u bytes", r->len);
+				return errbuf_set(e, -ENOMEM, "control frame: cannot allocate %u bytes",
+				                  r->len);
 			}
 			r->buf = nb;
 			r->cap_buf = r->len;

@@ -82,8 +82,10 @@ static void respond(struct hconn *c, struct httpd_response *r, int head_only)
 		hconn_close(c);
 		return;
 	}
-	int n = snprintf(c->out, cap, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
-			 status, reason(status), ct, blen);
+	int n =
+	    snprintf(c->out, cap,
+	             "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
+	             status, reason(status), ct, blen);
 	if (blen && !head_only)
 		memcpy(c->out + n, r->body, blen);
 	free(r->body);
@@ -172,7 +174,8 @@ static void connection_cb(uv_stream_t *server, int status)
 	c->tcp.data = c;
 	c->timer.data = c;
 	c->n_open = 2;
-	if (uv_accept(server, (uv_stream_t *)&c->tcp) || uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb)) {
+	if (uv_accept(server, (uv_stream_t *)&c->tcp) ||
+	    uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb)) {
 		hconn_close(c);
 		return;
 	}
@@ -180,7 +183,7 @@ static void connection_cb(uv_stream_t *server, int status)
 }
 
 int httpd_start(uv_loop_t *loop, const char *addr, httpd_handler_cb cb, void *ud, struct httpd **out,
-		struct errbuf *e)
+                struct errbuf *e)
 {
 	char host[256];
 	int port;
@@ -192,7 +195,8 @@ int httpd_start(uv_loop_t *loop, const char *addr, httpd_handler_cb cb, void *ud
 		return errbuf_set(e, -EINVAL, "metrics address '%s': TCP host:port expected", addr);
 	struct sockaddr_storage ss;
 	memset(&ss, 0, sizeof(ss));
-	if (uv_ip4_addr(host, port, (struct sockaddr_in *)&ss) && uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss))
+	if (uv_ip4_addr(host, port, (struct sockaddr_in *)&ss) &&
+	    uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss))
 		return errbuf_set(e, -EINVAL, "metrics address '%s': numeric IPv4/IPv6 host expected", addr);
 	struct httpd *h = calloc(1, sizeof(*h));
 	if (!h)
@@ -220,7 +224,7 @@ int httpd_port(const struct httpd *h)
 	if (uv_tcp_getsockname(&h->tcp, (struct sockaddr *)&ss, &len))
 		return 0;
 	return ss.ss_family == AF_INET ? ntohs(((struct sockaddr_in *)&ss)->sin_port)
-				       : ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+	                               : ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
 }
 
 static void server_closed_cb(uv_handle_t *hd)

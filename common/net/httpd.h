@@ -12,9 +12,9 @@
 struct httpd;
 
 struct httpd_response {
-	int status;               /* default 200 */
+	int status; /* default 200 */
 	const char *content_type; /* default text/plain; charset=utf-8 */
-	char *body;               /* malloc'd, taken by httpd (may be NULL) */
+	char *body; /* malloc'd, taken by httpd (may be NULL) */
 	size_t len;
 };
 
@@ -23,7 +23,7 @@ typedef void (*httpd_handler_cb)(void *ud, const char *method, const char *path,
 
 /* addr: "host:port" (port 0 = any free port). */
 int httpd_start(uv_loop_t *loop, const char *addr, httpd_handler_cb cb, void *ud, struct httpd **out,
-		struct errbuf *e) TD_MUST_CHECK;
+                struct errbuf *e) TD_MUST_CHECK;
 int httpd_port(const struct httpd *h);
 void httpd_stop(struct httpd *h); /* closes the listener; open connections finish; NULL is fine */
 

@@ -99,6 +99,8 @@ static void summarize_resources(struct kvx *x)
 		snprintf(x->transports, sizeof(x->transports), "unknown");
 }
 
+static bool is_rdma_name(const char *s);
+
 int kvx_create(struct kvx **out, const struct kvx_opts *o, struct errbuf *e)
 {
 	int rc = 0;
@@ -110,29 +112,33 @@ int kvx_create(struct kvx **out, const struct kvx_opts *o, struct errbuf *e)
 		return errbuf_set(e, -ENOMEM, "out of memory");
 	x->efd = -1;
 	x->want_rdma = o && o->want_rdma;
-	x->peer_failure = !(o && o->no_peer_failure);
+	x->peer_failure = o && o->peer_failure;
 	st = ucp_config_read(NULL, NULL, &cfg);
 	if (st != UCS_OK) {
 		rc = errbuf_set(e, ERR_UCX, "UCX: cannot read configuration: %s", ucs_status_string(st));
 		goto fail;
 	}
 	if (o && o->tls && o->tls[0] && (st = ucp_config_modify(cfg, "TLS", o->tls)) != UCS_OK) {
-		rc = errbuf_set(e, ERR_UCX, "UCX: bad transport list '%s': %s", o->tls, ucs_status_string(st));
+		rc =
+		    errbuf_set(e, ERR_UCX, "UCX: bad transport list '%s': %s", o->tls, ucs_status_string(st));
 		goto fail_cfg;
 	}
 	if (o && o->net_devices && o->net_devices[0] &&
 	    (st = ucp_config_modify(cfg, "NET_DEVICES", o->net_devices)) != UCS_OK) {
-		rc = errbuf_set(e, ERR_UCX, "UCX: bad device list '%s': %s", o->net_devices, ucs_status_string(st));
+		rc = errbuf_set(e, ERR_UCX, "UCX: bad device list '%s': %s", o->net_devices,
+		                ucs_status_string(st));
 		goto fail_cfg;
 	}
-	ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP};
+	ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES,
+	                  .features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP};
 	st = ucp_init(&p, cfg, &x->ctx);
 	if (st != UCS_OK) {
 		rc = errbuf_set(e, ERR_UCX, "UCX: ucp_init failed: %s (UCX_TLS=%s)", ucs_status_string(st),
-				o && o->tls ? o->tls : "default");
+		                o && o->tls ? o->tls : "default");
 		goto fail_cfg;
 	}
-	ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE, .thread_mode = UCS_THREAD_MODE_SINGLE};
+	ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+	                          .thread_mode = UCS_THREAD_MODE_SINGLE};
 	st = ucp_worker_create(x->ctx, &wp, &x->worker);
 	if (st != UCS_OK) {
 		rc = errbuf_set(e, ERR_UCX, "UCX: cannot create a worker: %s", ucs_status_string(st));
@@ -140,8 +146,8 @@ int kvx_create(struct kvx **out, const struct kvx_opts *o, struct errbuf *e)
 	}
 	st = ucp_worker_get_address(x->worker, &x->addr, &x->addr_len);
 	if (st != UCS_OK || x->addr_len > ADDR_BLOB_MAX) {
-		rc = errbuf_set(e, ERR_UCX, "UCX: cannot get the worker address (%s, %zu bytes)", ucs_status_string(st),
-				x->addr_len);
+		rc = errbuf_set(e, ERR_UCX, "UCX: cannot get the worker address (%s, %zu bytes)",
+		                ucs_status_string(st), x->addr_len);
 		goto fail_worker;
 	}
 	st = ucp_worker_get_efd(x->worker, &x->efd);
@@ -151,6 +157,10 @@ int kvx_create(struct kvx **out, const struct kvx_opts *o, struct errbuf *e)
 	}
 	ucp_config_release(cfg);
 	summarize_resources(x);
+	if (x->want_rdma && !is_rdma_name(x->transports))
+		LOG_WARN("kvx", "*** RDMA was configured but UCX offers no RDMA transport (only: %s): KV transfers will "
+		                "use a slower one (check UCX_TLS / UCX_NET_DEVICES and the RDMA devices) ***",
+		         x->transports);
 	*out = x;
 	return 0;
 
@@ -177,7 +187,8 @@ static void peer_drop(struct kvx *x, struct kvx_peer *p)
 	if (p->rkey)
 		ucp_rkey_destroy(p->rkey);
 	if (p->ep) {
-		ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
+		ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+		                           .flags = UCP_EP_CLOSE_FLAG_FORCE};
 		void *req = ucp_ep_close_nbx(p->ep, &prm);
 		if (UCS_PTR_IS_PTR(req)) {
 			uint64_t deadline = now_ms() + 1000;
@@ -211,9 +222,18 @@ void kvx_worker_address(const struct kvx *x, const uint8_t **addr, size_t *len)
 	*len = x->addr_len;
 }
 
-const char *kvx_transports(const struct kvx *x) { return x->transports; }
-int kvx_efd(const struct kvx *x) { return x->efd; }
-uint64_t kvx_bytes_put(const struct kvx *x) { return x->bytes_put; }
+const char *kvx_transports(const struct kvx *x)
+{
+	return x->transports;
+}
+int kvx_efd(const struct kvx *x)
+{
+	return x->efd;
+}
+uint64_t kvx_bytes_put(const struct kvx *x)
+{
+	return x->bytes_put;
+}
 
 int kvx_arm(struct kvx *x)
 {
@@ -241,13 +261,15 @@ int kvx_region_map(struct kvx *x, void *base, size_t len, struct kvx_region **ou
 	struct kvx_region *r = calloc(1, sizeof(*r));
 	if (!r)
 		return errbuf_set(e, -ENOMEM, "out of memory");
-	ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
-				   .address = base,
-				   .length = len};
+	ucp_mem_map_params_t mp = {.field_mask =
+	                               UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+	                           .address = base,
+	                           .length = len};
 	ucs_status_t st = ucp_mem_map(x->ctx, &mp, &r->memh);
 	if (st != UCS_OK) {
 		free(r);
-		return errbuf_set(e, ERR_UCX, "UCX: cannot register %zu bytes at %p: %s", len, base, ucs_status_string(st));
+		return errbuf_set(e, ERR_UCX, "UCX: cannot register %zu bytes at %p: %s", len, base,
+		                  ucs_status_string(st));
 	}
 	st = ucp_rkey_pack(x->ctx, r->memh, &r->rkey_buf, &r->rkey_len);
 	if (st != UCS_OK) {
@@ -272,15 +294,17 @@ int kvx_region_alloc(struct kvx *x, size_t len, void **base, struct kvx_region *
 	struct kvx_region *r = calloc(1, sizeof(*r));
 	if (!r)
 		return errbuf_set(e, -ENOMEM, "out of memory");
-	ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-						 UCP_MEM_MAP_PARAM_FIELD_FLAGS,
-				   .address = NULL,
-				   .length = len,
-				   .flags = UCP_MEM_MAP_ALLOCATE};
+	ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+	                                         UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+	                                         UCP_MEM_MAP_PARAM_FIELD_FLAGS,
+	                           .address = NULL,
+	                           .length = len,
+	                           .flags = UCP_MEM_MAP_ALLOCATE};
 	ucs_status_t st = ucp_mem_map(x->ctx, &mp, &r->memh);
 	if (st != UCS_OK) {
 		free(r);
-		return errbuf_set(e, ERR_UCX, "UCX: cannot allocate and register %zu bytes: %s", len, ucs_status_string(st));
+		return errbuf_set(e, ERR_UCX, "UCX: cannot allocate and register %zu bytes: %s", len,
+		                  ucs_status_string(st));
 	}
 	ucp_mem_attr_t attr = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH};
 	st = ucp_mem_query(r->memh, &attr);
@@ -342,7 +366,7 @@ static void describe_lanes(struct kvx *x, struct kvx_peer *p)
 		return;
 	ucp_ep_print_info(p->ep, f);
 	fclose(f);
-	if (getenv("TANDEM_KVX_DUMP"))
+	if (getenv("TANDEM_KVX_DUMP")) /* debugging aid: UCX's own description of the endpoint */
 		fputs(buf, stderr);
 	size_t n = 0;
 	for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
@@ -364,7 +388,8 @@ static void describe_lanes(struct kvx *x, struct kvx_peer *p)
 			continue;
 		if (strstr(p->transports, tl))
 			continue;
-		int w = snprintf(p->transports + n, sizeof(p->transports) - n, "%s%s", n ? " " : "lanes: ", tl);
+		int w =
+		    snprintf(p->transports + n, sizeof(p->transports) - n, "%s%s", n ? " " : "lanes: ", tl);
 		if (w < 0 || (size_t)w >= sizeof(p->transports) - n)
 			break;
 		n += (size_t)w;
@@ -377,17 +402,18 @@ static void describe_lanes(struct kvx *x, struct kvx_peer *p)
 
 static bool is_rdma_name(const char *s)
 {
-	return strstr(s, "rc_") || strstr(s, "ud_") || strstr(s, "dc_") || strstr(s, "rc/") || strstr(s, "ud/") ||
-	       strstr(s, "dc/") || strstr(s, "mlx");
+	return strstr(s, "rc_") || strstr(s, "ud_") || strstr(s, "dc_") || strstr(s, "rc/") ||
+	       strstr(s, "ud/") || strstr(s, "dc/") || strstr(s, "mlx");
 }
 
 int kvx_peer_get(struct kvx *x, const uint8_t *addr, size_t addr_len, const uint8_t *rkey, size_t rkey_len,
-		 struct kvx_peer **out, struct errbuf *e)
+                 struct kvx_peer **out, struct errbuf *e)
 {
 	*out = NULL;
 	if (!addr || !addr_len || addr_len > ADDR_BLOB_MAX || !rkey || !rkey_len || rkey_len > ADDR_BLOB_MAX)
-		return errbuf_set(e, -EINVAL, "UCX: peer address (%zu bytes) or remote key (%zu bytes) missing or too long",
-				  addr_len, rkey_len);
+		return errbuf_set(
+		    e, -EINVAL, "UCX: peer address (%zu bytes) or remote key (%zu bytes) missing or too long",
+		    addr_len, rkey_len);
 	for (struct kvx_peer *p = x->peers; p; p = p->next)
 		if (p->addr_len == addr_len && p->rkey_len == rkey_len && !memcmp(p->addr, addr, addr_len) &&
 		    !memcmp(p->rkey_blob, rkey, rkey_len) && p->failed == UCS_OK) {
@@ -417,14 +443,16 @@ int kvx_peer_get(struct kvx *x, const uint8_t *addr, size_t addr_len, const uint
 	p->rkey_len = rkey_len;
 	/* The address blob comes from a peer (through the router): UCX parses it. It is at least
 	 * length-checked here; UCX rejects malformed addresses with an error status. */
-	/* Peer-failure detection where a network transport exists (a dead decode worker then fails the
-	 * put at once); shared-memory transports have none, and asking for it would exclude them. */
+	/* Peer-failure detection (PEER mode) only when asked for: shared-memory transports have none,
+	 * and asking for it would make UCX exclude them even between two processes on one host. The
+	 * error handler is registered either way: a peer whose tcp connection resets is reported. */
 	bool peer_mode = x->peer_failure && (strstr(x->transports, "tcp") || is_rdma_name(x->transports));
-	ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-					    UCP_EP_PARAM_FIELD_ERR_HANDLER,
-			      .address = (const ucp_address_t *)p->addr,
-			      .err_mode = peer_mode ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE,
-			      .err_handler = {.cb = peer_err_cb, .arg = p}};
+	ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+	                                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+	                                    UCP_EP_PARAM_FIELD_ERR_HANDLER,
+	                      .address = (const ucp_address_t *)p->addr,
+	                      .err_mode = peer_mode ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE,
+	                      .err_handler = {.cb = peer_err_cb, .arg = p}};
 	ucs_status_t st = ucp_ep_create(x->worker, &ep, &p->ep);
 	if (st != UCS_OK && peer_mode) {
 		/* no transport to this peer detects failures: connect without it; the flush deadline
@@ -433,25 +461,30 @@ int kvx_peer_get(struct kvx *x, const uint8_t *addr, size_t addr_len, const uint
 		ep.field_mask &= ~(uint64_t)UCP_EP_PARAM_FIELD_ERR_HANDLER;
 		st = ucp_ep_create(x->worker, &ep, &p->ep);
 		if (st == UCS_OK)
-			LOG_INFO("kvx", "UCX endpoint without peer-failure detection (the transport has none)");
+			LOG_INFO("kvx",
+			         "UCX endpoint without peer-failure detection (the transport has none)");
 	}
 	if (st != UCS_OK) {
 		p->ep = NULL;
-		rc = errbuf_set(e, ERR_UCX, "UCX: cannot create an endpoint to the decode worker: %s", ucs_status_string(st));
+		rc = errbuf_set(e, ERR_UCX, "UCX: cannot create an endpoint to the decode worker: %s",
+		                ucs_status_string(st));
 		goto fail;
 	}
 	st = ucp_ep_rkey_unpack(p->ep, p->rkey_blob, &p->rkey);
 	if (st != UCS_OK) {
 		p->rkey = NULL;
-		rc = errbuf_set(e, ERR_UCX, "UCX: cannot unpack the decode worker's remote key: %s", ucs_status_string(st));
+		rc = errbuf_set(e, ERR_UCX, "UCX: cannot unpack the decode worker's remote key: %s",
+		                ucs_status_string(st));
 		goto fail;
 	}
 	describe_lanes(x, p);
 	LOG_INFO("kvx", "UCX endpoint to decode worker: %s", p->transports);
 	if (x->want_rdma && !is_rdma_name(p->transports))
-		LOG_WARN("kvx", "*** RDMA was configured but the endpoint uses %s: KV transfers fall back to a slower "
-				"transport (check UCX_TLS / UCX_NET_DEVICES and the RDMA devices) ***",
-			 p->transports);
+		LOG_WARN(
+		    "kvx",
+		    "*** RDMA was configured but the endpoint uses %s: KV transfers fall back to a slower "
+		    "transport (check UCX_TLS / UCX_NET_DEVICES and the RDMA devices) ***",
+		    p->transports);
 	p->id = ++x->next_peer_id;
 	p->next = x->peers;
 	x->peers = p;
@@ -462,7 +495,8 @@ fail:
 	if (p->rkey)
 		ucp_rkey_destroy(p->rkey);
 	if (p->ep) {
-		ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
+		ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+		                           .flags = UCP_EP_CLOSE_FLAG_FORCE};
 		void *req = ucp_ep_close_nbx(p->ep, &prm);
 		if (UCS_PTR_IS_PTR(req)) {
 			while (ucp_request_check_status(req) == UCS_INPROGRESS)
@@ -476,8 +510,14 @@ fail:
 	return rc;
 }
 
-const char *kvx_peer_transports(const struct kvx_peer *p) { return p->transports; }
-uint64_t kvx_peer_id(const struct kvx_peer *p) { return p->id; }
+const char *kvx_peer_transports(const struct kvx_peer *p)
+{
+	return p->transports;
+}
+uint64_t kvx_peer_id(const struct kvx_peer *p)
+{
+	return p->id;
+}
 
 struct kvx_peer *kvx_peer_by_id(struct kvx *x, uint64_t id)
 {
@@ -488,7 +528,7 @@ struct kvx_peer *kvx_peer_by_id(struct kvx *x, uint64_t id)
 }
 
 int kvx_put(struct kvx *x, struct kvx_peer *p, const void *local, const struct kvx_region *lr, size_t len,
-	    uint64_t remote_addr, struct errbuf *e)
+            uint64_t remote_addr, struct errbuf *e)
 {
 	if (p->failed != UCS_OK)
 		return errbuf_set(e, ERR_UCX, "UCX: peer already failed: %s", ucs_status_string(p->failed));
@@ -499,7 +539,8 @@ int kvx_put(struct kvx *x, struct kvx_peer *p, const void *local, const struct k
 	}
 	void *req = ucp_put_nbx(p->ep, local, len, remote_addr, p->rkey, &prm);
 	if (UCS_PTR_IS_ERR(req))
-		return errbuf_set(e, ERR_UCX, "UCX: put of %zu bytes failed: %s", len, ucs_status_string(UCS_PTR_STATUS(req)));
+		return errbuf_set(e, ERR_UCX, "UCX: put of %zu bytes failed: %s", len,
+		                  ucs_status_string(UCS_PTR_STATUS(req)));
 	if (req)
 		ucp_request_free(req); /* completes in the background; kvx_flush waits for all of them */
 	x->bytes_put += len;
@@ -516,7 +557,9 @@ int kvx_flush(struct kvx *x, struct kvx_peer *p, uint32_t timeout_ms, struct err
 		goto drop;
 	}
 	if (!req)
-		return p->failed == UCS_OK ? 0 : errbuf_set(e, ERR_UCX, "UCX: peer failed: %s", ucs_status_string(p->failed));
+		return p->failed == UCS_OK
+		           ? 0
+		           : errbuf_set(e, ERR_UCX, "UCX: peer failed: %s", ucs_status_string(p->failed));
 	uint64_t deadline = now_ms() + timeout_ms;
 	ucs_status_t st;
 	while ((st = ucp_request_check_status(req)) == UCS_INPROGRESS) {
@@ -536,14 +579,15 @@ int kvx_flush(struct kvx *x, struct kvx_peer *p, uint32_t timeout_ms, struct err
 		while (ucp_request_check_status(req) == UCS_INPROGRESS)
 			ucp_worker_progress(x->worker);
 		ucp_request_free(req);
-		rc = errbuf_set(e, ERR_TIMEOUT, "UCX: KV transfer not complete after %u ms (decode worker unreachable?)",
-				timeout_ms);
+		rc = errbuf_set(e, ERR_TIMEOUT,
+		                "UCX: KV transfer not complete after %u ms (decode worker unreachable?)",
+		                timeout_ms);
 		goto drop;
 	}
 	ucp_request_free(req);
 	if (st != UCS_OK || p->failed != UCS_OK) {
 		rc = errbuf_set(e, ERR_UCX, "UCX: KV transfer failed: %s",
-				ucs_status_string(st != UCS_OK ? st : p->failed));
+		                ucs_status_string(st != UCS_OK ? st : p->failed));
 		goto drop;
 	}
 	return 0;

@@ -30,11 +30,14 @@ struct kvx_region;
 struct kvx_peer;
 
 struct kvx_opts {
-	const char *tls;         /* UCX_TLS override ("tcp", "sm,self", ...); NULL/"" = UCX default/env */
+	const char *tls; /* UCX_TLS override ("tcp", "sm,self", ...); NULL/"" = UCX default/env */
 	const char *net_devices; /* UCX_NET_DEVICES override ("lo", "mlx5_0:1"); NULL = default/env */
-	bool want_rdma;          /* warn loudly when an endpoint ends up without an RDMA transport */
-	bool no_peer_failure;    /* don't ask UCX for peer-failure detection (lets it pick shm
-				  * transports when tcp is also enabled; the flush deadline remains) */
+	bool want_rdma; /* warn loudly when an endpoint ends up without an RDMA transport */
+	bool peer_failure;       /* ask UCX for peer-failure detection (keepalive, PEER error mode).
+				  * Off by default: UCX then refuses shared-memory transports, so
+				  * same-host transfers would go over tcp (6x slower here). Without it
+				  * a crashed peer is still reported (tcp reset) and every wait has
+				  * the flush deadline. */
 };
 
 int kvx_create(struct kvx **out, const struct kvx_opts *o, struct errbuf *e) TD_MUST_CHECK;
@@ -50,19 +53,21 @@ int kvx_arm(struct kvx *x); /* 0 armed, 1 events pending (progress again), <0 er
 /* Progresses the worker until idle; returns the number of progress calls that did work. */
 int kvx_progress(struct kvx *x);
 
-int kvx_region_map(struct kvx *x, void *base, size_t len, struct kvx_region **out, struct errbuf *e) TD_MUST_CHECK;
+int kvx_region_map(struct kvx *x, void *base, size_t len, struct kvx_region **out,
+                   struct errbuf *e) TD_MUST_CHECK;
 /* Allocates len bytes through UCX and registers them (UCP_MEM_MAP_ALLOCATE). Prefer this for
  * memory peers write into: UCX can then place it where every transport reaches it directly (a
  * shared-memory segment on one host: puts become one memcpy instead of messages). *base gets the
  * address; the memory is zeroed and lives until kvx_region_unmap. */
-int kvx_region_alloc(struct kvx *x, size_t len, void **base, struct kvx_region **out, struct errbuf *e) TD_MUST_CHECK;
+int kvx_region_alloc(struct kvx *x, size_t len, void **base, struct kvx_region **out,
+                     struct errbuf *e) TD_MUST_CHECK;
 void kvx_region_rkey(const struct kvx_region *r, const uint8_t **rkey, size_t *len);
 void kvx_region_unmap(struct kvx *x, struct kvx_region *r); /* NULL is fine */
 
 /* Returns an endpoint to the worker at addr with rkey unpacked; cached by (addr, rkey). The peer
  * belongs to x; it is dropped when a transfer to it fails (the next get reconnects). */
 int kvx_peer_get(struct kvx *x, const uint8_t *addr, size_t addr_len, const uint8_t *rkey, size_t rkey_len,
-		 struct kvx_peer **out, struct errbuf *e) TD_MUST_CHECK;
+                 struct kvx_peer **out, struct errbuf *e) TD_MUST_CHECK;
 /* Peers are identified by a number that is never reused, so a caller can hold on to a peer across
  * calls without holding a pointer that a failure elsewhere may free: kvx_peer_by_id() returns
  * NULL once that peer has been dropped (its earlier puts are then lost). */
@@ -75,7 +80,7 @@ const char *kvx_peer_transports(const struct kvx_peer *p);
  * remote_addr (inside the peer's rkey region). Returns 0 once queued or completed; the data is
  * guaranteed at the target only after kvx_flush() returns 0. */
 int kvx_put(struct kvx *x, struct kvx_peer *p, const void *local, const struct kvx_region *local_region,
-	    size_t len, uint64_t remote_addr, struct errbuf *e) TD_MUST_CHECK;
+            size_t len, uint64_t remote_addr, struct errbuf *e) TD_MUST_CHECK;
 /* Waits (progressing) until every put to p has completed remotely, for at most timeout_ms.
  * ERR_TIMEOUT or ERR_UCX (peer failed) drop the peer. */
 int kvx_flush(struct kvx *x, struct kvx_peer *p, uint32_t timeout_ms, struct errbuf *e) TD_MUST_CHECK;

@@ -12,8 +12,9 @@
 #define HIST_MAX 32
 
 const double metrics_latency_bounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-					 0.25,	 0.5,	1,	2.5,	5,     10,   30,    60};
-const int metrics_n_latency_bounds = (int)(sizeof(metrics_latency_bounds) / sizeof(metrics_latency_bounds[0]));
+                                         0.25,   0.5,   1,      2.5,   5,    10,    30,   60};
+const int metrics_n_latency_bounds =
+    (int)(sizeof(metrics_latency_bounds) / sizeof(metrics_latency_bounds[0]));
 
 struct metric {
 	enum metric_type type;
@@ -49,7 +50,7 @@ static void atomic_add_double(_Atomic uint64_t *a, double v)
 {
 	uint64_t old = atomic_load_explicit(a, memory_order_relaxed);
 	while (!atomic_compare_exchange_weak_explicit(a, &old, d2u(u2d(old) + v), memory_order_relaxed,
-						      memory_order_relaxed))
+	                                              memory_order_relaxed))
 		;
 }
 
@@ -86,13 +87,14 @@ static int valid_name(const char *s)
 	if (!s || !*s || !(((*s | 32) >= 'a' && (*s | 32) <= 'z') || *s == '_' || *s == ':'))
 		return 0;
 	for (; *s; s++)
-		if (!(((*s | 32) >= 'a' && (*s | 32) <= 'z') || (*s >= '0' && *s <= '9') || *s == '_' || *s == ':'))
+		if (!(((*s | 32) >= 'a' && (*s | 32) <= 'z') || (*s >= '0' && *s <= '9') || *s == '_' ||
+		      *s == ':'))
 			return 0;
 	return 1;
 }
 
 static struct metric *add(struct metrics *r, enum metric_type t, const char *name, const char *labels,
-			  const char *help)
+                          const char *help)
 {
 	if (!r || !valid_name(name) || (labels && strpbrk(labels, "{}\n")))
 		return NULL;
@@ -141,7 +143,7 @@ struct metric *metrics_gauge(struct metrics *r, const char *name, const char *la
 }
 
 struct metric *metrics_histogram(struct metrics *r, const char *name, const char *labels, const char *help,
-				 const double *bounds, int n_bounds)
+                                 const double *bounds, int n_bounds)
 {
 	if (n_bounds < 1 || n_bounds > HIST_MAX)
 		return NULL;
@@ -189,6 +191,16 @@ double metrics_value(const struct metric *m)
 	return u2d(atomic_load_explicit(&((struct metric *)m)->value, memory_order_relaxed));
 }
 
+/* shortest text that reads back as the same double (0.0005, not 0.00050000000000000001) */
+static void fmt_double(char *buf, size_t cap, double v)
+{
+	for (int prec = 6; prec <= 17; prec++) {
+		snprintf(buf, cap, "%.*g", prec, v);
+		if (strtod(buf, NULL) == v)
+			return;
+	}
+}
+
 /* writes "{const,labels[,extra]}" (or nothing when all are empty) */
 static void put_labels(FILE *f, const char *c, const char *l, const char *extra)
 {
@@ -221,16 +233,20 @@ int metrics_render(struct metrics *r, char **out, size_t *len)
 		if (m->type != METRIC_HISTOGRAM) {
 			fputs(m->name, f);
 			put_labels(f, r->const_labels, m->labels, NULL);
-			fprintf(f, " %.17g\n", metrics_value(m));
+			char v[40];
+			fmt_double(v, sizeof(v), metrics_value(m));
+			fprintf(f, " %s\n", v);
 			continue;
 		}
 		uint64_t cum = 0;
 		char le[64];
 		for (int b = 0; b <= m->n_bounds; b++) {
 			cum += atomic_load_explicit(&m->buckets[b], memory_order_relaxed);
-			if (b < m->n_bounds)
-				snprintf(le, sizeof(le), "le=\"%.17g\"", m->bounds[b]);
-			else
+			if (b < m->n_bounds) {
+				char v[40];
+				fmt_double(v, sizeof(v), m->bounds[b]);
+				snprintf(le, sizeof(le), "le=\"%s\"", v);
+			} else
 				snprintf(le, sizeof(le), "le=\"+Inf\"");
 			fprintf(f, "%s_bucket", m->name);
 			put_labels(f, r->const_labels, m->labels, le);
@@ -238,7 +254,9 @@ int metrics_render(struct metrics *r, char **out, size_t *len)
 		}
 		fprintf(f, "%s_sum", m->name);
 		put_labels(f, r->const_labels, m->labels, NULL);
-		fprintf(f, " %.17g\n", u2d(atomic_load_explicit(&m->value, memory_order_relaxed)));
+		char v[40];
+		fmt_double(v, sizeof(v), u2d(atomic_load_explicit(&m->value, memory_order_relaxed)));
+		fprintf(f, " %s\n", v);
 		fprintf(f, "%s_count", m->name);
 		put_labels(f, r->const_labels, m->labels, NULL);
 		fprintf(f, " %llu\n", (unsigned long long)cum);

@@ -29,12 +29,12 @@ struct metric *metrics_counter(struct metrics *r, const char *name, const char *
 struct metric *metrics_gauge(struct metrics *r, const char *name, const char *labels, const char *help);
 /* bounds: increasing upper bounds (the +Inf bucket is implicit), at most 32. */
 struct metric *metrics_histogram(struct metrics *r, const char *name, const char *labels, const char *help,
-				 const double *bounds, int n_bounds);
+                                 const double *bounds, int n_bounds);
 
-void metrics_add(struct metric *m, double v);     /* counter (v >= 0) or gauge */
-void metrics_set(struct metric *m, double v);     /* gauge */
+void metrics_add(struct metric *m, double v); /* counter (v >= 0) or gauge */
+void metrics_set(struct metric *m, double v); /* gauge */
 void metrics_observe(struct metric *m, double v); /* histogram */
-double metrics_value(const struct metric *m);     /* counter/gauge value; histogram: count */
+double metrics_value(const struct metric *m); /* counter/gauge value; histogram: count */
 
 /* Renders every metric; *out is malloc'd, NUL-terminated. */
 int metrics_render(struct metrics *r, char **out, size_t *len) TD_MUST_CHECK;

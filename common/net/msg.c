@@ -20,9 +20,10 @@
 
 const char *msg_type_name(int type)
 {
-	static const char *names[] = {"NONE",	     "HELLO",	 "HELLO_ACK",	 "HEARTBEAT",	   "KV_RESERVE",
-				      "KV_RESERVED", "KV_RELEASE", "PREFILL_REQUEST", "PREFILL_DONE", "KV_READY",
-				      "TOKENS",	     "FINISH",	 "CANCEL",	 "DRAIN",	   "ERROR"};
+	static const char *names[] = {"NONE",         "HELLO",       "HELLO_ACK",  "HEARTBEAT",
+	                              "KV_RESERVE",   "KV_RESERVED", "KV_RELEASE", "PREFILL_REQUEST",
+	                              "PREFILL_DONE", "KV_READY",    "TOKENS",     "FINISH",
+	                              "CANCEL",       "DRAIN",       "ERROR"};
 	return type >= 0 && type <= MSG_TYPE_MAX ? names[type] : "UNKNOWN";
 }
 
@@ -34,10 +35,11 @@ const char *msg_role_name(int role)
 
 const char *msg_error_name(int code)
 {
-	static const char *names[] = {"NONE",	     "PROTOCOL",	"VERSION",	    "AUTH",
-				      "LAYOUT_MISMATCH", "MODEL_MISMATCH", "NO_CAPACITY",    "UNKNOWN_REQUEST",
-				      "TIMEOUT",	 "INTERNAL",	"TRANSFER",	    "CANCELLED",
-				      "INVALID_REQUEST", "DRAINING",	"CHECKSUM",	    "DUPLICATE"};
+	static const char *names[] = {
+	    "NONE",           "PROTOCOL",    "VERSION",         "AUTH",     "LAYOUT_MISMATCH",
+	    "MODEL_MISMATCH", "NO_CAPACITY", "UNKNOWN_REQUEST", "TIMEOUT",  "INTERNAL",
+	    "TRANSFER",       "CANCELLED",   "INVALID_REQUEST", "DRAINING", "CHECKSUM",
+	    "DUPLICATE"};
 	return code >= 0 && code <= MSG_ERR_MAX ? names[code] : "UNKNOWN";
 }
 
@@ -106,16 +108,18 @@ static int copy_str(char *dst, size_t cap, const char *src, const char *what, st
 static int check_sampling(const struct msg_sampling *s, struct errbuf *e)
 {
 	if (!isfinite(s->temperature) || s->temperature < 0 || s->temperature > 100)
-		return errbuf_set(e, ERR_PROTO, "sampling.temperature %g out of range [0, 100]", (double)s->temperature);
+		return errbuf_set(e, ERR_PROTO, "sampling.temperature %g out of range [0, 100]",
+		                  (double)s->temperature);
 	if (!isfinite(s->top_p) || s->top_p < 0 || s->top_p > 1)
 		return errbuf_set(e, ERR_PROTO, "sampling.top_p %g out of range [0, 1]", (double)s->top_p);
 	if (!isfinite(s->min_p) || s->min_p < 0 || s->min_p > 1)
 		return errbuf_set(e, ERR_PROTO, "sampling.min_p %g out of range [0, 1]", (double)s->min_p);
-	if (!isfinite(s->presence_penalty) || fabsf(s->presence_penalty) > 2 || !isfinite(s->frequency_penalty) ||
-	    fabsf(s->frequency_penalty) > 2)
+	if (!isfinite(s->presence_penalty) || fabsf(s->presence_penalty) > 2 ||
+	    !isfinite(s->frequency_penalty) || fabsf(s->frequency_penalty) > 2)
 		return errbuf_set(e, ERR_PROTO, "sampling: presence/frequency penalty out of range [-2, 2]");
 	if (s->n_logprobs > MSG_TOP_LOGPROBS_MAX)
-		return errbuf_set(e, ERR_PROTO, "sampling.n_logprobs %u exceeds %d", s->n_logprobs, MSG_TOP_LOGPROBS_MAX);
+		return errbuf_set(e, ERR_PROTO, "sampling.n_logprobs %u exceeds %d", s->n_logprobs,
+		                  MSG_TOP_LOGPROBS_MAX);
 	return 0;
 }
 
@@ -129,14 +133,17 @@ static int check_dtype(int d, const char *what, struct errbuf *e)
 static int check_region(const struct msg_kv_region *r, const char *what, struct errbuf *e)
 {
 	if (r->n_segments == 0 || r->n_segments > 4096)
-		return errbuf_set(e, ERR_PROTO, "%s.n_segments %u out of range [1, 4096]", what, r->n_segments);
+		return errbuf_set(e, ERR_PROTO, "%s.n_segments %u out of range [1, 4096]", what,
+		                  r->n_segments);
 	if (r->segment_bytes == 0 || r->n_blocks == 0)
 		return errbuf_set(e, ERR_PROTO, "%s: segment_bytes and n_blocks must be > 0", what);
 	if (r->rkey_len == 0 || r->rkey_len > MSG_BLOB_MAX)
-		return errbuf_set(e, ERR_PROTO, "%s.rkey: %zu bytes, expected 1..%d", what, r->rkey_len, MSG_BLOB_MAX);
+		return errbuf_set(e, ERR_PROTO, "%s.rkey: %zu bytes, expected 1..%d", what, r->rkey_len,
+		                  MSG_BLOB_MAX);
 	/* the highest byte addressed must not wrap: base + (nseg-1)*sstride + (nblk-1)*bstride + sbytes */
-	unsigned __int128 top = (unsigned __int128)r->base_addr + (unsigned __int128)(r->n_segments - 1) * r->segment_stride +
-				(unsigned __int128)(r->n_blocks - 1) * r->block_stride + r->segment_bytes;
+	unsigned __int128 top = (unsigned __int128)r->base_addr +
+	                        (unsigned __int128)(r->n_segments - 1) * r->segment_stride +
+	                        (unsigned __int128)(r->n_blocks - 1) * r->block_stride + r->segment_bytes;
 	if (top > (unsigned __int128)UINT64_MAX)
 		return errbuf_set(e, ERR_PROTO, "%s: region extends past the 64-bit address space", what);
 	return 0;
@@ -145,7 +152,8 @@ static int check_region(const struct msg_kv_region *r, const char *what, struct 
 static int check_token(const struct msg_token *t, const char *what, struct errbuf *e)
 {
 	if (t->n_top > MSG_TOP_LOGPROBS_MAX)
-		return errbuf_set(e, ERR_PROTO, "%s: %u top logprobs exceed %d", what, t->n_top, MSG_TOP_LOGPROBS_MAX);
+		return errbuf_set(e, ERR_PROTO, "%s: %u top logprobs exceed %d", what, t->n_top,
+		                  MSG_TOP_LOGPROBS_MAX);
 	if (isnan(t->logprob) || t->logprob > 0)
 		return errbuf_set(e, ERR_PROTO, "%s: logprob %g is not <= 0", what, (double)t->logprob);
 	return 0;
@@ -218,7 +226,8 @@ static int layout_from_pb(const Tandem__KvLayout *p, struct msg_kv_layout *l, st
 	l->indexer_dtype = p->has_indexer_dtype ? (int)p->indexer_dtype : 0;
 	l->block_bytes = p->block_bytes;
 	l->fingerprint = p->fingerprint;
-	if ((rc = check_dtype(l->dtype, "kv_layout.dtype", e)) || (rc = check_dtype(l->indexer_dtype, "kv_layout.indexer_dtype", e)))
+	if ((rc = check_dtype(l->dtype, "kv_layout.dtype", e)) ||
+	    (rc = check_dtype(l->indexer_dtype, "kv_layout.indexer_dtype", e)))
 		return rc;
 	return 0;
 }
@@ -235,7 +244,8 @@ static void region_to_pb(const struct msg_kv_region *r, Tandem__KvRegion *p)
 	p->has_rkey = 1, p->rkey.data = (uint8_t *)r->rkey, p->rkey.len = r->rkey_len;
 }
 
-static int region_from_pb(const Tandem__KvRegion *p, struct msg_kv_region *r, const char *what, struct errbuf *e)
+static int region_from_pb(const Tandem__KvRegion *p, struct msg_kv_region *r, const char *what,
+                          struct errbuf *e)
 {
 	memset(r, 0, sizeof(*r));
 	if (!p)
@@ -260,7 +270,8 @@ static void token_to_pb(const struct msg_token *t, Tandem__TokenLogprob *p)
 	p->n_top_logprobs = t->n_top, p->top_logprobs = (float *)t->top_logprobs;
 }
 
-static int token_from_pb(const Tandem__TokenLogprob *p, struct msg_token *t, const char *what, struct errbuf *e)
+static int token_from_pb(const Tandem__TokenLogprob *p, struct msg_token *t, const char *what,
+                         struct errbuf *e)
 {
 	memset(t, 0, sizeof(*t));
 	if (!p)
@@ -269,9 +280,10 @@ static int token_from_pb(const Tandem__TokenLogprob *p, struct msg_token *t, con
 		return errbuf_set(e, ERR_PROTO, "%s: missing token id", what);
 	if (p->n_top_ids != p->n_top_logprobs)
 		return errbuf_set(e, ERR_PROTO, "%s: %zu top ids but %zu top logprobs", what, p->n_top_ids,
-				  p->n_top_logprobs);
+		                  p->n_top_logprobs);
 	if (p->n_top_ids > MSG_TOP_LOGPROBS_MAX)
-		return errbuf_set(e, ERR_PROTO, "%s: %zu top logprobs exceed %d", what, p->n_top_ids, MSG_TOP_LOGPROBS_MAX);
+		return errbuf_set(e, ERR_PROTO, "%s: %zu top logprobs exceed %d", what, p->n_top_ids,
+		                  MSG_TOP_LOGPROBS_MAX);
 	t->id = p->id;
 	t->logprob = p->has_logprob ? p->logprob : 0;
 	t->n_top = (uint32_t)p->n_top_ids;
@@ -285,13 +297,13 @@ static int token_from_pb(const Tandem__TokenLogprob *p, struct msg_token *t, con
 /* ---- encode ------------------------------------------------------------------------------------ */
 
 /* Packs pb into a new frame of the given type. */
-static int pack_frame(int type, const ProtobufCMessage *pb, size_t max_payload, uint8_t **frame, size_t *frame_len,
-		      struct errbuf *e)
+static int pack_frame(int type, const ProtobufCMessage *pb, size_t max_payload, uint8_t **frame,
+                      size_t *frame_len, struct errbuf *e)
 {
 	size_t len = protobuf_c_message_get_packed_size(pb);
 	if (len > max_payload || len > UINT32_MAX)
-		return errbuf_set(e, ERR_LIMIT, "%s message of %zu bytes exceeds the frame maximum of %zu", msg_type_name(type),
-				  len, max_payload);
+		return errbuf_set(e, ERR_LIMIT, "%s message of %zu bytes exceeds the frame maximum of %zu",
+		                  msg_type_name(type), len, max_payload);
 	uint8_t *buf = malloc(FRAME_HDR_BYTES + len + 1);
 	if (!buf)
 		return errbuf_set(e, -ENOMEM, "cannot allocate a %zu-byte frame", len);
@@ -327,7 +339,8 @@ int msg_encode(const struct msg *m, size_t max_payload, uint8_t **frame, size_t 
 		p.has_protocol_version = 1, p.protocol_version = h->protocol_version;
 		p.has_role = 1, p.role = (Tandem__Role)h->role;
 		p.name = (char *)h->name;
-		p.has_model_id = 1, p.model_id.data = (uint8_t *)h->model_id, p.model_id.len = h->model_id_len;
+		p.has_model_id = 1, p.model_id.data = (uint8_t *)h->model_id,
+		p.model_id.len = h->model_id_len;
 		p.model_name = (char *)h->model_name;
 		layout_to_pb(&h->kv_layout, &pl);
 		p.kv_layout = &pl;
@@ -378,8 +391,9 @@ int msg_encode(const struct msg *m, size_t max_payload, uint8_t **frame, size_t 
 		if ((rc = check_rid(r->rid, m->type, e)) || (rc = check_sampling(&r->sampling, e)))
 			return rc;
 		if (r->n_stop > MSG_STOP_MAX || r->n_stop_token_ids > MSG_STOP_IDS_MAX)
-			return errbuf_set(e, ERR_PROTO, "KV_RESERVE: more than %d stop strings or %d stop ids", MSG_STOP_MAX,
-					  MSG_STOP_IDS_MAX);
+			return errbuf_set(e, ERR_PROTO,
+			                  "KV_RESERVE: more than %d stop strings or %d stop ids",
+			                  MSG_STOP_MAX, MSG_STOP_IDS_MAX);
 		for (size_t i = 0; i < r->n_stop; i++)
 			if ((rc = check_str(r->stop[i], MSG_STOP_LEN_MAX, "KV_RESERVE.stop", e)))
 				return rc;
@@ -402,7 +416,8 @@ int msg_encode(const struct msg *m, size_t max_payload, uint8_t **frame, size_t 
 			return rc;
 		tandem__kv_reserved__init(&p);
 		p.has_rid = 1, p.rid = m->u.kv_reserved.rid;
-		p.n_block_ids = m->u.kv_reserved.n_block_ids, p.block_ids = (uint32_t *)m->u.kv_reserved.block_ids;
+		p.n_block_ids = m->u.kv_reserved.n_block_ids,
+		p.block_ids = (uint32_t *)m->u.kv_reserved.block_ids;
 		return pack_frame(m->type, &p.base, max_payload, frame, frame_len, e);
 	}
 	case MSG_KV_RELEASE: {
@@ -447,7 +462,8 @@ int msg_encode(const struct msg *m, size_t max_payload, uint8_t **frame, size_t 
 		const struct msg_prefill_done *d = &m->u.prefill_done;
 		Tandem__PrefillDone p;
 		Tandem__TokenLogprob pt;
-		if ((rc = check_rid(d->rid, m->type, e)) || (rc = check_token(&d->first, "PREFILL_DONE.first", e)))
+		if ((rc = check_rid(d->rid, m->type, e)) ||
+		    (rc = check_token(&d->first, "PREFILL_DONE.first", e)))
 			return rc;
 		tandem__prefill_done__init(&p);
 		p.has_rid = 1, p.rid = d->rid;
@@ -464,7 +480,8 @@ int msg_encode(const struct msg *m, size_t max_payload, uint8_t **frame, size_t 
 		const struct msg_kv_ready *d = &m->u.kv_ready;
 		Tandem__KvReady p;
 		Tandem__TokenLogprob pt;
-		if ((rc = check_rid(d->rid, m->type, e)) || (rc = check_token(&d->first, "KV_READY.first", e)))
+		if ((rc = check_rid(d->rid, m->type, e)) ||
+		    (rc = check_token(&d->first, "KV_READY.first", e)))
 			return rc;
 		tandem__kv_ready__init(&p);
 		p.has_rid = 1, p.rid = d->rid;
@@ -479,7 +496,8 @@ int msg_encode(const struct msg *m, size_t max_payload, uint8_t **frame, size_t 
 		if ((rc = check_rid(t->rid, m->type, e)))
 			return rc;
 		if (t->n_tokens == 0 || t->n_tokens > MSG_TOKENS_PER_MSG_MAX)
-			return errbuf_set(e, ERR_PROTO, "TOKENS: %zu tokens, expected 1..%d", t->n_tokens, MSG_TOKENS_PER_MSG_MAX);
+			return errbuf_set(e, ERR_PROTO, "TOKENS: %zu tokens, expected 1..%d", t->n_tokens,
+			                  MSG_TOKENS_PER_MSG_MAX);
 		Tandem__TokenLogprob *pts = malloc(t->n_tokens * sizeof(*pts));
 		Tandem__TokenLogprob **pp = malloc(t->n_tokens * sizeof(*pp));
 		if (!pts || !pp) {
@@ -544,8 +562,7 @@ int msg_encode(const struct msg *m, size_t max_payload, uint8_t **frame, size_t 
 		p.message = (char *)er->message;
 		return pack_frame(m->type, &p.base, max_payload, frame, frame_len, e);
 	}
-	default:
-		return errbuf_set(e, ERR_PROTO, "cannot encode unknown message type %d", m->type);
+	default: return errbuf_set(e, ERR_PROTO, "cannot encode unknown message type %d", m->type);
 	}
 }
 
@@ -570,11 +587,13 @@ static int decode_hello(const Tandem__Hello *p, struct msg_hello *h, struct errb
 	if ((rc = copy_str(h->name, sizeof(h->name), p->name, "HELLO.name", e)) ||
 	    (rc = copy_str(h->model_name, sizeof(h->model_name), p->model_name, "HELLO.model_name", e)) ||
 	    (rc = copy_str(h->auth_token, sizeof(h->auth_token), p->auth_token, "HELLO.auth_token", e)) ||
-	    (rc = copy_str(h->ucx_transports, sizeof(h->ucx_transports), p->ucx_transports, "HELLO.ucx_transports", e)))
+	    (rc = copy_str(h->ucx_transports, sizeof(h->ucx_transports), p->ucx_transports,
+	                   "HELLO.ucx_transports", e)))
 		return rc;
 	if (p->has_model_id) {
 		if (p->model_id.len > MSG_MODEL_ID_MAX)
-			return errbuf_set(e, ERR_PROTO, "HELLO.model_id: %zu bytes exceed %d", p->model_id.len, MSG_MODEL_ID_MAX);
+			return errbuf_set(e, ERR_PROTO, "HELLO.model_id: %zu bytes exceed %d",
+			                  p->model_id.len, MSG_MODEL_ID_MAX);
 		memcpy(h->model_id, p->model_id.data, p->model_id.len);
 		h->model_id_len = p->model_id.len;
 	}
@@ -587,7 +606,8 @@ static int decode_hello(const Tandem__Hello *p, struct msg_hello *h, struct errb
 	h->max_tokens_per_step = p->max_tokens_per_step;
 	if (p->has_ucx_address) {
 		if (p->ucx_address.len > MSG_BLOB_MAX)
-			return errbuf_set(e, ERR_PROTO, "HELLO.ucx_address: %zu bytes exceed %d", p->ucx_address.len, MSG_BLOB_MAX);
+			return errbuf_set(e, ERR_PROTO, "HELLO.ucx_address: %zu bytes exceed %d",
+			                  p->ucx_address.len, MSG_BLOB_MAX);
 		h->ucx_address = p->ucx_address.data;
 		h->ucx_address_len = p->ucx_address.len;
 	}
@@ -597,7 +617,8 @@ static int decode_hello(const Tandem__Hello *p, struct msg_hello *h, struct errb
 			return rc;
 	}
 	if (h->role == MSG_ROLE_DECODE && (!h->has_kv_region || h->ucx_address_len == 0))
-		return errbuf_set(e, ERR_PROTO, "HELLO: a decode worker must publish its UCX address and KV region");
+		return errbuf_set(e, ERR_PROTO,
+		                  "HELLO: a decode worker must publish its UCX address and KV region");
 	h->metrics_port = p->metrics_port;
 	h->pid = p->pid;
 	return 0;
@@ -634,12 +655,12 @@ int msg_decode(int type, const uint8_t *payload, size_t len, struct msg *m, stru
 	}
 	ProtobufCMessage *pb = protobuf_c_message_unpack(desc, NULL, len, payload);
 	if (!pb)
-		return errbuf_set(e, ERR_PROTO, "%s: malformed protobuf payload (%zu bytes)", msg_type_name(type), len);
+		return errbuf_set(e, ERR_PROTO, "%s: malformed protobuf payload (%zu bytes)",
+		                  msg_type_name(type), len);
 	m->owned_pb = pb;
 
 	switch (type) {
-	case MSG_HELLO:
-		return decode_hello((const Tandem__Hello *)pb, &m->u.hello, e);
+	case MSG_HELLO: return decode_hello((const Tandem__Hello *)pb, &m->u.hello, e);
 	case MSG_HELLO_ACK: {
 		const Tandem__HelloAck *p = (const Tandem__HelloAck *)pb;
 		m->u.hello_ack.protocol_version = p->protocol_version;
@@ -661,10 +682,12 @@ int msg_decode(int type, const uint8_t *payload, size_t len, struct msg *m, stru
 	case MSG_KV_RESERVE: {
 		const Tandem__KvReserve *p = (const Tandem__KvReserve *)pb;
 		struct msg_kv_reserve *r = &m->u.kv_reserve;
-		if ((rc = need_rid(p->has_rid, p->rid, type, e)) || (rc = sampling_from_pb(p->sampling, &r->sampling, e)))
+		if ((rc = need_rid(p->has_rid, p->rid, type, e)) ||
+		    (rc = sampling_from_pb(p->sampling, &r->sampling, e)))
 			return rc;
 		if ((rc = decode_u32_array(p->n_stop, MSG_STOP_MAX, "KV_RESERVE.stop", e)) ||
-		    (rc = decode_u32_array(p->n_stop_token_ids, MSG_STOP_IDS_MAX, "KV_RESERVE.stop_token_ids", e)))
+		    (rc = decode_u32_array(p->n_stop_token_ids, MSG_STOP_IDS_MAX, "KV_RESERVE.stop_token_ids",
+		                           e)))
 			return rc;
 		for (size_t i = 0; i < p->n_stop; i++) {
 			if ((rc = check_str(p->stop[i], MSG_STOP_LEN_MAX, "KV_RESERVE.stop", e)))
@@ -683,8 +706,8 @@ int msg_decode(int type, const uint8_t *payload, size_t len, struct msg *m, stru
 		if (r->n_prompt_tokens == 0)
 			return errbuf_set(e, ERR_PROTO, "KV_RESERVE: n_prompt_tokens is 0");
 		if (r->n_prompt && r->n_prompt != r->n_prompt_tokens)
-			return errbuf_set(e, ERR_PROTO, "KV_RESERVE: %zu prompt ids but n_prompt_tokens %u", r->n_prompt,
-					  r->n_prompt_tokens);
+			return errbuf_set(e, ERR_PROTO, "KV_RESERVE: %zu prompt ids but n_prompt_tokens %u",
+			                  r->n_prompt, r->n_prompt_tokens);
 		return 0;
 	}
 	case MSG_KV_RESERVED: {
@@ -709,24 +732,32 @@ int msg_decode(int type, const uint8_t *payload, size_t len, struct msg *m, stru
 	case MSG_PREFILL_REQUEST: {
 		const Tandem__PrefillRequest *p = (const Tandem__PrefillRequest *)pb;
 		struct msg_prefill_request *r = &m->u.prefill_request;
-		if ((rc = need_rid(p->has_rid, p->rid, type, e)) || (rc = sampling_from_pb(p->sampling, &r->sampling, e)))
+		if ((rc = need_rid(p->has_rid, p->rid, type, e)) ||
+		    (rc = sampling_from_pb(p->sampling, &r->sampling, e)))
 			return rc;
 		if (p->n_tokens == 0)
 			return errbuf_set(e, ERR_PROTO, "PREFILL_REQUEST: empty prompt");
 		if (!p->target)
 			return errbuf_set(e, ERR_PROTO, "PREFILL_REQUEST: missing decode target");
 		const Tandem__DecodeTarget *t = p->target;
-		if ((rc = copy_str(r->target_name, sizeof(r->target_name), t->name, "PREFILL_REQUEST.target.name", e)) ||
-		    (rc = region_from_pb(t->kv_region, &r->target_region, "PREFILL_REQUEST.target.kv_region", e)) ||
-		    (rc = decode_u32_array(t->n_block_ids, BLOCK_IDS_MAX, "PREFILL_REQUEST.target.block_ids", e)))
+		if ((rc = copy_str(r->target_name, sizeof(r->target_name), t->name,
+		                   "PREFILL_REQUEST.target.name", e)) ||
+		    (rc = region_from_pb(t->kv_region, &r->target_region, "PREFILL_REQUEST.target.kv_region",
+		                         e)) ||
+		    (rc = decode_u32_array(t->n_block_ids, BLOCK_IDS_MAX, "PREFILL_REQUEST.target.block_ids",
+		                           e)))
 			return rc;
 		if (!t->has_ucx_address || t->ucx_address.len == 0 || t->ucx_address.len > MSG_BLOB_MAX)
-			return errbuf_set(e, ERR_PROTO, "PREFILL_REQUEST.target.ucx_address: missing or longer than %d bytes",
-					  MSG_BLOB_MAX);
+			return errbuf_set(
+			    e, ERR_PROTO,
+			    "PREFILL_REQUEST.target.ucx_address: missing or longer than %d bytes",
+			    MSG_BLOB_MAX);
 		for (size_t i = 0; i < t->n_block_ids; i++)
 			if (t->block_ids[i] >= r->target_region.n_blocks)
-				return errbuf_set(e, ERR_PROTO, "PREFILL_REQUEST.target.block_ids[%zu] = %u outside the pool of %u blocks",
-						  i, t->block_ids[i], r->target_region.n_blocks);
+				return errbuf_set(e, ERR_PROTO,
+				                  "PREFILL_REQUEST.target.block_ids[%zu] = %u outside the "
+				                  "pool of %u blocks",
+				                  i, t->block_ids[i], r->target_region.n_blocks);
 		r->rid = p->rid;
 		r->n_tokens = p->n_tokens, r->tokens = p->tokens;
 		r->target_ucx_address = t->ucx_address.data, r->target_ucx_address_len = t->ucx_address.len;
@@ -740,7 +771,8 @@ int msg_decode(int type, const uint8_t *payload, size_t len, struct msg *m, stru
 		struct msg_prefill_done *d = &m->u.prefill_done;
 		if ((rc = need_rid(p->has_rid, p->rid, type, e)) ||
 		    (rc = token_from_pb(p->first, &d->first, "PREFILL_DONE.first", e)) ||
-		    (rc = decode_u32_array(p->n_block_checksums, CHECKSUMS_MAX, "PREFILL_DONE.block_checksums", e)))
+		    (rc = decode_u32_array(p->n_block_checksums, CHECKSUMS_MAX,
+		                           "PREFILL_DONE.block_checksums", e)))
 			return rc;
 		d->rid = p->rid;
 		d->n_prompt_tokens = p->n_prompt_tokens;
@@ -755,7 +787,8 @@ int msg_decode(int type, const uint8_t *payload, size_t len, struct msg *m, stru
 		struct msg_kv_ready *d = &m->u.kv_ready;
 		if ((rc = need_rid(p->has_rid, p->rid, type, e)) ||
 		    (rc = token_from_pb(p->first, &d->first, "KV_READY.first", e)) ||
-		    (rc = decode_u32_array(p->n_block_checksums, CHECKSUMS_MAX, "KV_READY.block_checksums", e)))
+		    (rc = decode_u32_array(p->n_block_checksums, CHECKSUMS_MAX, "KV_READY.block_checksums",
+		                           e)))
 			return rc;
 		d->rid = p->rid;
 		d->n_prompt_tokens = p->n_prompt_tokens;
@@ -767,7 +800,8 @@ int msg_decode(int type, const uint8_t *payload, size_t len, struct msg *m, stru
 		if ((rc = need_rid(p->has_rid, p->rid, type, e)))
 			return rc;
 		if (p->n_tokens == 0 || p->n_tokens > MSG_TOKENS_PER_MSG_MAX)
-			return errbuf_set(e, ERR_PROTO, "TOKENS: %zu tokens, expected 1..%d", p->n_tokens, MSG_TOKENS_PER_MSG_MAX);
+			return errbuf_set(e, ERR_PROTO, "TOKENS: %zu tokens, expected 1..%d", p->n_tokens,
+			                  MSG_TOKENS_PER_MSG_MAX);
 		struct msg_token *ts = calloc(p->n_tokens, sizeof(*ts));
 		if (!ts)
 			return errbuf_set(e, -ENOMEM, "TOKENS: out of memory");
@@ -812,9 +846,7 @@ int msg_decode(int type, const uint8_t *payload, size_t len, struct msg *m, stru
 			return errbuf_set(e, ERR_PROTO, "CANCEL: reason %d out of range", m->u.cancel.reason);
 		return 0;
 	}
-	case MSG_DRAIN:
-		m->u.drain.deadline_ms = ((const Tandem__Drain *)pb)->deadline_ms;
-		return 0;
+	case MSG_DRAIN: m->u.drain.deadline_ms = ((const Tandem__Drain *)pb)->deadline_ms; return 0;
 	case MSG_ERROR: {
 		const Tandem__Error *p = (const Tandem__Error *)pb;
 		struct msg_error_m *er = &m->u.error;
@@ -833,29 +865,30 @@ int msg_decode(int type, const uint8_t *payload, size_t len, struct msg *m, stru
 
 /* ---- layouts ------------------------------------------------------------------------------------ */
 
-int msg_kv_layout_compare(const struct msg_kv_layout *a, const char *an, const struct msg_kv_layout *b, const char *bn,
-			  struct errbuf *e)
+int msg_kv_layout_compare(const struct msg_kv_layout *a, const char *an, const struct msg_kv_layout *b,
+                          const char *bn, struct errbuf *e)
 {
 	if (strcmp(a->arch, b->arch) != 0)
-		return errbuf_set(e, ERR_MISMATCH, "KV layout arch: %s '%s', %s '%s'", an, a->arch, bn, b->arch);
-struct {
+		return errbuf_set(e, ERR_MISMATCH, "KV layout arch: %s '%s', %s '%s'", an, a->arch, bn,
+		                  b->arch);
+	struct {
 		const char *name;
 		unsigned long long va, vb;
 	} f[] = {
-		{"n_layers", a->n_layers, b->n_layers},
-		{"block_size", a->block_size, b->block_size},
-		{"latent_dim", a->latent_dim, b->latent_dim},
-		{"rope_dim", a->rope_dim, b->rope_dim},
-		{"n_indexer_layers", a->n_indexer_layers, b->n_indexer_layers},
-		{"indexer_dim", a->indexer_dim, b->indexer_dim},
-		{"dtype", (unsigned long long)a->dtype, (unsigned long long)b->dtype},
-		{"indexer_dtype", (unsigned long long)a->indexer_dtype, (unsigned long long)b->indexer_dtype},
-		{"block_bytes", a->block_bytes, b->block_bytes},
-		{"fingerprint", a->fingerprint, b->fingerprint},
+	    {"n_layers", a->n_layers, b->n_layers},
+	    {"block_size", a->block_size, b->block_size},
+	    {"latent_dim", a->latent_dim, b->latent_dim},
+	    {"rope_dim", a->rope_dim, b->rope_dim},
+	    {"n_indexer_layers", a->n_indexer_layers, b->n_indexer_layers},
+	    {"indexer_dim", a->indexer_dim, b->indexer_dim},
+	    {"dtype", (unsigned long long)a->dtype, (unsigned long long)b->dtype},
+	    {"indexer_dtype", (unsigned long long)a->indexer_dtype, (unsigned long long)b->indexer_dtype},
+	    {"block_bytes", a->block_bytes, b->block_bytes},
+	    {"fingerprint", a->fingerprint, b->fingerprint},
 	};
 	for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
 		if (f[i].va != f[i].vb)
-			return errbuf_set(e, ERR_MISMATCH, "KV layout %s: %s %llu, %s %llu", f[i].name, an, f[i].va, bn,
-					  f[i].vb);
+			return errbuf_set(e, ERR_MISMATCH, "KV layout %s: %s %llu, %s %llu", f[i].name, an,
+			                  f[i].va, bn, f[i].vb);
 	return 0;
 }

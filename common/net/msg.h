@@ -74,10 +74,10 @@ enum msg_finish {
 enum msg_kv_dtype { MSG_KV_NONE = 0, MSG_KV_F32 = 1, MSG_KV_BF16 = 2, MSG_KV_F16 = 3, MSG_KV_FP8_E4M3 = 4 };
 
 /* Limits enforced on decode (and on encode, so we never send what a peer would refuse). */
-#define MSG_NAME_MAX 64          /* worker name, model name, arch, transports: bytes without NUL */
-#define MSG_TOKEN_MAX 256        /* auth token */
-#define MSG_BLOB_MAX 4096        /* UCX worker address, rkey */
-#define MSG_STOP_MAX 16          /* stop strings per request */
+#define MSG_NAME_MAX 64 /* worker name, model name, arch, transports: bytes without NUL */
+#define MSG_TOKEN_MAX 256 /* auth token */
+#define MSG_BLOB_MAX 4096 /* UCX worker address, rkey */
+#define MSG_STOP_MAX 16 /* stop strings per request */
 #define MSG_STOP_LEN_MAX 256
 #define MSG_STOP_IDS_MAX 64
 #define MSG_TOP_LOGPROBS_MAX 20
@@ -254,7 +254,7 @@ struct msg {
 		struct msg_error_m error;
 	} u;
 	/* decode: allocations backing the pointers above (freed by msg_clear) */
-	void *owned_pb;    /* the unpacked protobuf-c message */
+	void *owned_pb; /* the unpacked protobuf-c message */
 	void *owned_extra; /* converted arrays (struct msg_token for Tokens) */
 };
 
@@ -263,7 +263,7 @@ void msg_init(struct msg *m, int type);
 /* Encodes m as one frame (header + payload) into a new malloc'd buffer. ERR_LIMIT when the payload
  * would exceed max_payload, ERR_PROTO when a field is out of range (what the peer would refuse). */
 int msg_encode(const struct msg *m, size_t max_payload, uint8_t **frame, size_t *frame_len,
-	       struct errbuf *e) TD_MUST_CHECK;
+               struct errbuf *e) TD_MUST_CHECK;
 /* Decodes one frame payload of the given type into m (msg_clear() it afterwards, also on error). */
 int msg_decode(int type, const uint8_t *payload, size_t len, struct msg *m, struct errbuf *e) TD_MUST_CHECK;
 void msg_clear(struct msg *m);
@@ -278,6 +278,6 @@ int msg_error_from_err(int err);
 /* Compares two layouts field by field; 0 when equal, else ERR_MISMATCH with e naming the first
  * field that differs and both values ("block_size: prefill 64, decode 32"). */
 int msg_kv_layout_compare(const struct msg_kv_layout *a, const char *a_name, const struct msg_kv_layout *b,
-			  const char *b_name, struct errbuf *e) TD_MUST_CHECK;
+                          const char *b_name, struct errbuf *e) TD_MUST_CHECK;
 
 #endif

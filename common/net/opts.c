@@ -36,7 +36,8 @@ static int set_str(const struct opt *o, const char *v, const char *from, struct 
 static int set_int(const struct opt *o, long long v, const char *from, struct errbuf *e)
 {
 	if ((o->min || o->max) && (v < o->min || v > o->max))
-		return errbuf_set(e, -EINVAL, "%s '%s': %lld outside [%ld, %ld]", from, o->key, v, o->min, o->max);
+		return errbuf_set(e, -EINVAL, "%s '%s': %lld outside [%ld, %ld]", from, o->key, v, o->min,
+		                  o->max);
 	if (v < -2147483647LL || v > 2147483647LL)
 		return errbuf_set(e, -EINVAL, "%s '%s': %lld out of range", from, o->key, v);
 	*(int *)o->ptr = (int)v;
@@ -98,12 +99,14 @@ static int load_json(const struct opt *t, int n, const char *path, struct errbuf
 		}
 		switch (o->type) {
 		case OPT_STR:
-			rc = json_is_string(v) ? set_str(o, json_string_value(v), "config key", e)
-					       : errbuf_set(e, -EINVAL, "config %s: '%s' must be a string", path, key);
+			rc = json_is_string(v)
+			         ? set_str(o, json_string_value(v), "config key", e)
+			         : errbuf_set(e, -EINVAL, "config %s: '%s' must be a string", path, key);
 			break;
 		case OPT_INT:
-			rc = json_is_integer(v) ? set_int(o, json_integer_value(v), "config key", e)
-						: errbuf_set(e, -EINVAL, "config %s: '%s' must be an integer", path, key);
+			rc = json_is_integer(v)
+			         ? set_int(o, json_integer_value(v), "config key", e)
+			         : errbuf_set(e, -EINVAL, "config %s: '%s' must be an integer", path, key);
 			break;
 		case OPT_DOUBLE:
 			if (json_is_number(v))
@@ -115,7 +118,8 @@ static int load_json(const struct opt *t, int n, const char *path, struct errbuf
 			if (json_is_boolean(v))
 				*(bool *)o->ptr = json_is_true(v);
 			else
-				rc = errbuf_set(e, -EINVAL, "config %s: '%s' must be true or false", path, key);
+				rc = errbuf_set(e, -EINVAL, "config %s: '%s' must be true or false", path,
+				                key);
 			break;
 		}
 		if (rc)
@@ -128,7 +132,8 @@ out:
 
 void opts_print_help(FILE *f, const struct opt *t, int n, const char *usage_line)
 {
-	fprintf(f, "usage: %s\n\n  --config FILE             JSON file with any of the keys below\n", usage_line);
+	fprintf(f, "usage: %s\n\n  --%-24s %s\n", usage_line, "config FILE",
+	        "JSON file with any of the keys below");
 	for (int i = 0; i < n; i++) {
 		char flag[128];
 		size_t k = 0;
@@ -144,7 +149,7 @@ void opts_print_help(FILE *f, const struct opt *t, int n, const char *usage_line
 		}
 		fprintf(f, "  --%-24s %s (JSON \"%s\", default %s)\n", flag, t[i].help, t[i].key, def);
 	}
-	fprintf(f, "  --help                    this text\n");
+	fprintf(f, "  --%-24s %s\n", "help", "this text");
 }
 
 int opts_parse(const struct opt *t, int n, int argc, char **argv, const char *usage_line, struct errbuf *e)

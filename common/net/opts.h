@@ -20,15 +20,15 @@ enum opt_type { OPT_STR, OPT_INT, OPT_BOOL, OPT_DOUBLE };
 struct opt {
 	const char *key; /* JSON key, snake_case */
 	enum opt_type type;
-	void *ptr;       /* char[cap] for OPT_STR, int for OPT_INT, bool, double */
-	size_t cap;      /* OPT_STR buffer size */
-	long min, max;   /* OPT_INT range (ignored when min == max == 0) */
+	void *ptr; /* char[cap] for OPT_STR, int for OPT_INT, bool, double */
+	size_t cap; /* OPT_STR buffer size */
+	long min, max; /* OPT_INT range (ignored when min == max == 0) */
 	const char *help;
 };
 
 /* Returns 0, 1 when --help was printed (exit 0), or a negative error. */
 int opts_parse(const struct opt *table, int n, int argc, char **argv, const char *usage_line,
-	       struct errbuf *e) TD_MUST_CHECK;
+               struct errbuf *e) TD_MUST_CHECK;
 /* Reads the first line of a secret file (a shared token), without the line end. The file must not be
  * empty; a line longer than cap - 1 is an error. */
 int opts_read_token_file(const char *path, char *buf, size_t cap, struct errbuf *e) TD_MUST_CHECK;

@@ -103,7 +103,10 @@ int runtime_start(uv_loop_t *loop, const struct runtime_opts *o, struct runtime 
 	return 0;
 }
 
-int runtime_metrics_port(const struct runtime *r) { return r->http ? httpd_port(r->http) : 0; }
+int runtime_metrics_port(const struct runtime *r)
+{
+	return r->http ? httpd_port(r->http) : 0;
+}
 
 void runtime_notify_ready(struct runtime *r)
 {
@@ -113,7 +116,10 @@ void runtime_notify_ready(struct runtime *r)
 	}
 }
 
-void runtime_notify_stopping(struct runtime *r) { sd_notify(0, "STOPPING=1"); }
+void runtime_notify_stopping(struct runtime *r)
+{
+	sd_notify(0, "STOPPING=1");
+}
 
 static void closed_cb(uv_handle_t *h)
 {

@@ -14,15 +14,16 @@
 struct runtime;
 
 struct runtime_opts {
-	const char *metrics_addr;          /* "host:port" ("" = no HTTP port); port 0 = any free port */
-	struct metrics *metrics;           /* borrowed */
-	bool (*is_ready_cb)(void *ud);     /* /ready: registered and taking work */
-	bool (*is_healthy_cb)(void *ud);   /* /health and the watchdog: engine thread alive */
+	const char *metrics_addr; /* "host:port" ("" = no HTTP port); port 0 = any free port */
+	struct metrics *metrics; /* borrowed */
+	bool (*is_ready_cb)(void *ud); /* /ready: registered and taking work */
+	bool (*is_healthy_cb)(void *ud); /* /health and the watchdog: engine thread alive */
 	void (*on_signal_cb)(void *ud, int signum); /* first SIGTERM/SIGINT: start draining */
 	void *ud;
 };
 
-int runtime_start(uv_loop_t *loop, const struct runtime_opts *o, struct runtime **out, struct errbuf *e) TD_MUST_CHECK;
+int runtime_start(uv_loop_t *loop, const struct runtime_opts *o, struct runtime **out,
+                  struct errbuf *e) TD_MUST_CHECK;
 /* The bound metrics port (0 if none). */
 int runtime_metrics_port(const struct runtime *r);
 void runtime_notify_ready(struct runtime *r);

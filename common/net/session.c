@@ -18,12 +18,13 @@ struct session {
 	struct session_cbs cb;
 	enum sess_state state;
 	struct conn *c;
-	uv_timer_t timer;  /* backoff / hello deadline */
-	uv_timer_t hb;     /* heartbeat */
+	uv_timer_t timer; /* backoff / hello deadline */
+	uv_timer_t hb; /* heartbeat */
 	uint32_t backoff_ms;
 	uint32_t heartbeat_ms;
 	uint32_t worker_id;
-	int n_failures;    /* consecutive failed dials: only the first few are logged at WARN */
+	int n_failures; /* consecutive failed dials: only the first few are logged at WARN */
+	int n_refusals; /* Error answers to Hello since the last successful registration */
 	bool free_on_close;
 	int n_handles;
 };
@@ -90,7 +91,8 @@ static void hello_timeout_cb(uv_timer_t *t)
 {
 	struct session *s = t->data;
 	if (s->state == SESS_HELLO_SENT && s->c) {
-		LOG_WARN("session", "router %s did not answer Hello within %u ms", s->addr, s->o.hello_timeout_ms);
+		LOG_WARN("session", "router %s did not answer Hello within %u ms", s->addr,
+		         s->o.hello_timeout_ms);
 		conn_close(s->c, "hello timeout");
 	}
 }
@@ -100,17 +102,24 @@ static int on_msg(struct conn *c, struct msg *m, void *ud)
 	struct session *s = ud;
 	if (s->state == SESS_HELLO_SENT) {
 		if (m->type == MSG_ERROR) {
-			LOG_ERROR("session", "router %s refused registration: %s (%s)", s->addr, m->u.error.message,
-				  msg_error_name(m->u.error.code));
+			/* ERROR the first time; while the refusal repeats (same cause, redialing), only now
+			 * and then */
+			if (s->n_refusals++ % 60 == 0)
+				LOG_ERROR("session",
+				          "router %s refused registration: %s (%s); retrying with backoff "
+				          "(up to %u ms)",
+				          s->addr, m->u.error.message, msg_error_name(m->u.error.code),
+				          s->o.backoff_max_ms);
 			return -1;
 		}
 		if (m->type != MSG_HELLO_ACK) {
-			conn_close_error(c, MSG_ERR_PROTOCOL, "expected HelloAck, got %s", msg_type_name(m->type));
+			conn_close_error(c, MSG_ERR_PROTOCOL, "expected HelloAck, got %s",
+			                 msg_type_name(m->type));
 			return 0;
 		}
 		if (m->u.hello_ack.protocol_version != PROTOCOL_VERSION) {
 			LOG_ERROR("session", "router speaks protocol version %u, this worker %d",
-				  m->u.hello_ack.protocol_version, PROTOCOL_VERSION);
+			          m->u.hello_ack.protocol_version, PROTOCOL_VERSION);
 			return -1;
 		}
 		uv_timer_stop(&s->timer);
@@ -118,10 +127,13 @@ static int on_msg(struct conn *c, struct msg *m, void *ud)
 		s->worker_id = m->u.hello_ack.worker_id;
 		s->backoff_ms = s->o.backoff_min_ms;
 		s->n_failures = 0;
+		s->n_refusals = 0;
 		if (m->u.hello_ack.heartbeat_ms >= 10 && m->u.hello_ack.heartbeat_ms <= 60000)
 			s->heartbeat_ms = m->u.hello_ack.heartbeat_ms;
-		LOG_INFO("session", "registered with router %s as worker %u (heartbeat %u ms)", s->addr, s->worker_id,
-			 s->heartbeat_ms);
+		/* the router's interval rules from now on: 3 missed heartbeats (+1 s slack) = gone */
+		conn_set_idle_timeout(c, 3 * s->heartbeat_ms + 1000);
+		LOG_INFO("session", "registered with router %s as worker %u (heartbeat %u ms)", s->addr,
+		         s->worker_id, s->heartbeat_ms);
 		uv_timer_start(&s->hb, hb_cb, s->heartbeat_ms, s->heartbeat_ms);
 		if (s->cb.on_registered_cb)
 			s->cb.on_registered_cb(s->cb.ud, &m->u.hello_ack);
@@ -133,7 +145,8 @@ static int on_msg(struct conn *c, struct msg *m, void *ud)
 	if (m->type == MSG_HEARTBEAT)
 		return 0; /* receiving it is what matters: it keeps the idle timeout from firing */
 	if (m->type == MSG_HELLO_ACK || m->type == MSG_HELLO) {
-		conn_close_error(c, MSG_ERR_PROTOCOL, "unexpected %s after registration", msg_type_name(m->type));
+		conn_close_error(c, MSG_ERR_PROTOCOL, "unexpected %s after registration",
+		                 msg_type_name(m->type));
 		return 0;
 	}
 	return s->cb.on_msg_cb ? s->cb.on_msg_cb(s->cb.ud, m) : 0;
@@ -152,7 +165,8 @@ static void on_close(struct conn *c, int err, const char *why, void *ud)
 	} else if (s->state != SESS_STOPPED) {
 		s->n_failures++;
 		if (s->n_failures <= 3 || s->n_failures % 50 == 0)
-			LOG_WARN("session", "router %s not reachable (%s); retrying in %u ms", s->addr, why, s->backoff_ms);
+			LOG_WARN("session", "router %s not reachable (%s); retrying in %u ms", s->addr, why,
+			         s->backoff_ms);
 	}
 	if (s->state == SESS_STOPPED) {
 		maybe_free(s);
@@ -184,12 +198,12 @@ static void on_connect(struct conn *c, int status, void *ud)
 static void dial(struct session *s)
 {
 	struct conn_opts co = {.max_frame = s->o.max_frame,
-			       .idle_timeout_ms = 3 * s->heartbeat_ms + 1000,
-			       .connect_timeout_ms = s->o.hello_timeout_ms,
-			       .on_msg_cb = on_msg,
-			       .on_close_cb = on_close,
-			       .on_connect_cb = on_connect,
-			       .ud = s};
+	                       .idle_timeout_ms = 3 * s->heartbeat_ms + 1000,
+	                       .connect_timeout_ms = s->o.hello_timeout_ms,
+	                       .on_msg_cb = on_msg,
+	                       .on_close_cb = on_close,
+	                       .on_connect_cb = on_connect,
+	                       .ud = s};
 	struct errbuf e;
 	s->state = SESS_DIALING;
 	if (conn_connect(s->loop, s->addr, &co, &s->c, &e)) {
@@ -199,8 +213,8 @@ static void dial(struct session *s)
 	}
 }
 
-int session_start(uv_loop_t *loop, const struct session_opts *o, const struct session_cbs *cbs, struct session **out,
-		  struct errbuf *e)
+int session_start(uv_loop_t *loop, const struct session_opts *o, const struct session_cbs *cbs,
+                  struct session **out, struct errbuf *e)
 {
 	char host[256];
 	int port;
@@ -243,11 +257,24 @@ int session_send(struct session *s, const struct msg *m, struct errbuf *e)
 {
 	if (s->state != SESS_REGISTERED || !s->c)
 		return errbuf_set(e, -ENOTCONN, "not registered with the router");
-	return conn_send(s->c, m, e);
+	int rc = conn_send(s->c, m, e);
+	if (rc == ERR_LIMIT) {
+		/* A router that stopped reading: dropping this message (a token, a Finish) would leave the
+		 * request inconsistent, so treat the router as lost instead (on_lost frees everything). */
+		LOG_WARN("session", "router %s is not reading (%s); dropping the connection", s->addr, e ? e->msg : "");
+		conn_close(s->c, "router not reading");
+	}
+	return rc;
 }
 
-bool session_is_registered(const struct session *s) { return s->state == SESS_REGISTERED; }
-uint32_t session_worker_id(const struct session *s) { return s->worker_id; }
+bool session_is_registered(const struct session *s)
+{
+	return s->state == SESS_REGISTERED;
+}
+uint32_t session_worker_id(const struct session *s)
+{
+	return s->worker_id;
+}
 
 void session_stop(struct session *s)
 {

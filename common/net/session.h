@@ -20,16 +20,16 @@
 struct session;
 
 struct session_opts {
-	const char *router_addr;   /* "host:port" or "unix:/path" (copied) */
-	uint32_t heartbeat_ms;     /* default 1000; the router's HelloAck may override */
+	const char *router_addr; /* "host:port" or "unix:/path" (copied) */
+	uint32_t heartbeat_ms; /* default 1000; the router's HelloAck may override */
 	uint32_t hello_timeout_ms; /* default 5000 */
-	uint32_t backoff_min_ms;   /* default 100 */
-	uint32_t backoff_max_ms;   /* default 5000 */
-	size_t max_frame;          /* default FRAME_MAX_DEFAULT */
+	uint32_t backoff_min_ms; /* default 100 */
+	uint32_t backoff_max_ms; /* default 5000 */
+	size_t max_frame; /* default FRAME_MAX_DEFAULT */
 };
 
 struct session_cbs {
-	void (*fill_hello_cb)(void *ud, struct msg_hello *h);      /* at every (re)connect */
+	void (*fill_hello_cb)(void *ud, struct msg_hello *h); /* at every (re)connect */
 	void (*fill_heartbeat_cb)(void *ud, struct msg_heartbeat *hb);
 	void (*on_registered_cb)(void *ud, const struct msg_hello_ack *ack);
 	/* every message after registration except Heartbeat (which the session consumes); return
@@ -40,9 +40,10 @@ struct session_cbs {
 };
 
 int session_start(uv_loop_t *loop, const struct session_opts *o, const struct session_cbs *cbs,
-		  struct session **out, struct errbuf *e) TD_MUST_CHECK;
+                  struct session **out, struct errbuf *e) TD_MUST_CHECK;
 /* -ENOTCONN when not registered (the message is dropped: the router has already failed the
- * request or will when it sees the connection gone). */
+ * request or will when it sees the connection gone). ERR_LIMIT when the router is not reading
+ * (write queue full): the session then drops the connection, as if the router were lost. */
 int session_send(struct session *s, const struct msg *m, struct errbuf *e) TD_MUST_CHECK;
 bool session_is_registered(const struct session *s);
 uint32_t session_worker_id(const struct session *s);

@@ -17,11 +17,12 @@ void trivial_layout(struct msg_kv_layout *l)
 }
 
 uint64_t trivial_write_kv(uint8_t *const *blocks, const uint32_t *tokens, uint32_t n, uint32_t start_pos,
-			  uint64_t hash)
+                          uint64_t hash)
 {
 	for (uint32_t i = 0; i < n; i++) {
 		uint32_t pos = start_pos + i;
-		uint8_t *slot = blocks[pos / TRIVIAL_BLOCK_TOKENS] + (size_t)(pos % TRIVIAL_BLOCK_TOKENS) * TRIVIAL_SLOT_BYTES;
+		uint8_t *slot = blocks[pos / TRIVIAL_BLOCK_TOKENS] +
+		                (size_t)(pos % TRIVIAL_BLOCK_TOKENS) * TRIVIAL_SLOT_BYTES;
 		hash = (hash ^ tokens[i]) * 0x100000001b3ull;
 		memcpy(slot, &tokens[i], 4);
 		memcpy(slot + 4, &pos, 4);

@@ -20,7 +20,7 @@ void trivial_layout(struct msg_kv_layout *l);
 /* Writes the KV slots of tokens[0..n) at positions start_pos.. into the block memory. The
  * running hash chains over all earlier positions, so it takes the hash before start_pos. */
 uint64_t trivial_write_kv(uint8_t *const *blocks, const uint32_t *tokens, uint32_t n, uint32_t start_pos,
-			  uint64_t hash);
+                          uint64_t hash);
 /* Reads back position pos: 0 if the slot holds (token, pos), else -1. */
 int trivial_check_slot(const uint8_t *block, uint32_t pos, uint32_t token);
 uint32_t trivial_first_token(const uint32_t *tokens, uint32_t n);

@@ -6,14 +6,14 @@
  * token; the row is read from memory once and stays in L1 for the other tokens. Memory-bound,
  * so nothing is dequantized to memory.
  *
- * 2..15 tokens: a weight row is dequantized once per (token block, k block) into a per-thread
+ * 2..7 tokens: a weight row is dequantized once per (token block, k block) into a per-thread
  * fp32 tile and reused by every token of the block:
  *   token block of TB tokens  (x slice of TB x KB floats stays in L2)
  *     k block of KB elements  (a multiple of 256, so every block type splits cleanly)
  *       4-row group: dequantize 4 x KB floats (L1), then a 4-row x 2-token dot kernel.
  *
- * 16+ tokens (prefill): the same tiling with a 6-row x 16-token outer-product kernel on X packed
- * as X^T per k block (rows_gemm below), which needs no horizontal sums.
+ * 8+ tokens (prefill): the same tiling with 6-row x 16-token (and 6 x 8 for tails of <= 8)
+ * outer-product kernels on X packed as X^T per k block (rows_gemm below): no horizontal sums.
  *
  * Sums are fp32; their order differs from kcpu_dot_row (k blocks), within fp32 rounding.
  *
@@ -50,11 +50,38 @@ static void rows_dot(void *u, int64_t r0, int64_t r1, int thread)
 	const struct kweight *w = m->w;
 	const char *base = w->data;
 
-	(void)thread;
+	quant_dot_ref_fn ref;
+	quant_dot_fn dot = quant_dot_for(w->type, &ref);
+	quant_dot_xsum_fn dot_xs = quant_dot_xsum_for(w->type);
+	float *xs = NULL;
+
+	/* sums of x per 32 for the types with mins, once per token for this thread's rows */
+	if (dot_xs && w->n_in % 32 == 0 && r1 - r0 > 1)
+		xs = kpool_scratch(m->p, thread, sizeof(float) * (size_t)(m->n_tok * (w->n_in / 32)));
+	if (xs) {
+		int64_t nb = w->n_in / 32;
+		for (int64_t t = 0; t < m->n_tok; t++) {
+			const float *x = m->x + t * m->ldx;
+			for (int64_t j = 0; j < nb; j++) {
+				float sum = 0.0f;
+				for (int k = 0; k < 32; k++)
+					sum += x[32 * j + k];
+				xs[t * nb + j] = sum;
+			}
+		}
+		for (int64_t r = r0; r < r1; r++) {
+			const void *row = base + (size_t)r * w->row_bytes;
+			for (int64_t t = 0; t < m->n_tok; t++)
+				m->y[t * m->ldy + r] = dot_xs(row, m->x + t * m->ldx, xs + t * nb, w->n_in);
+		}
+		return;
+	}
 	for (int64_t r = r0; r < r1; r++) {
 		const void *row = base + (size_t)r * w->row_bytes;
-		for (int64_t t = 0; t < m->n_tok; t++)
-			m->y[t * m->ldy + r] = kcpu_dot_row(w->type, row, m->x + t * m->ldx, w->n_in);
+		for (int64_t t = 0; t < m->n_tok; t++) {
+			const float *x = m->x + t * m->ldx;
+			m->y[t * m->ldy + r] = dot ? dot(row, x, w->n_in) : ref(w->type, row, x, w->n_in);
+		}
 	}
 }
 
@@ -107,6 +134,7 @@ static void rows_tiled(void *u, int64_t r0, int64_t r1, int thread)
 	const struct ktype_info *ti = ktype_get(w->type);
 	const char *base = w->data;
 	float *tile = kpool_scratch(m->p, thread, sizeof(float) * RG * KB);
+	quant_dequant_fn deq = quant_dequant_for(w->type);
 
 	if (!tile) { /* out of memory for a 16 KiB tile: fall back to the allocation-free path */
 		rows_dot(u, r0, r1, thread);
@@ -122,8 +150,7 @@ static void rows_tiled(void *u, int64_t r0, int64_t r1, int thread)
 				for (int i = 0; i < RG; i++) {
 					/* short groups repeat their last row; its results are dropped */
 					int64_t r = g + (i < nr ? i : nr - 1);
-					kcpu_dequant_row(w->type, base + (size_t)r * w->row_bytes + off,
-					                 tile + (size_t)i * KB, kb);
+					deq(base + (size_t)r * w->row_bytes + off, tile + (size_t)i * KB, kb);
 				}
 				for (int64_t t = t0; t < t1; t += 2) {
 					int two = t + 1 < t1;
@@ -150,11 +177,11 @@ static void rows_tiled(void *u, int64_t r0, int64_t r1, int thread)
  * into 12 accumulators (6 rows x 16 tokens), so no horizontal sums and 8 loads per 12 FMAs.
  * Loop nest per thread's rows: token super-block (GT tokens, xt of GK x GT floats in L2)
  *   k block (GK)  -> pack xt
- *     6-row group -> dequantize 6 x GK (L1), then kernel for each 16-token block. */
+ *     6-row group -> dequantize 6 x GK (L1), then the kernel for each 16- (or 8-) token block. */
 #define GR 6 /* rows per kernel */
 #define GK 512 /* k block (multiple of 256) */
 #define GT 128 /* tokens per super-block (multiple of 16) */
-#define GEMM_MIN_TOK 16
+#define GEMM_MIN_TOK 8
 
 static void kernel_6x16(const float *tile, const float *xt, int64_t kb, float *out /* [6][16] */)
 {
@@ -197,6 +224,34 @@ static void kernel_6x16(const float *tile, const float *xt, int64_t kb, float *o
 	_mm256_storeu_ps(out + 88, c51);
 }
 
+/* 6 rows x 8 tokens, for token counts (or tails) of 8 or fewer: 7 loads per 6 FMAs */
+static void kernel_6x8(const float *tile, const float *xt, int64_t kb, float *out /* [6][16] */)
+{
+	__m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;
+
+	for (int64_t k = 0; k < kb; k++) {
+		__m256 x0 = _mm256_loadu_ps(xt + 8 * k);
+		c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(tile + k), x0, c0);
+		c1 = _mm256_fmadd_ps(_mm256_broadcast_ss(tile + GK + k), x0, c1);
+		c2 = _mm256_fmadd_ps(_mm256_broadcast_ss(tile + 2 * GK + k), x0, c2);
+		c3 = _mm256_fmadd_ps(_mm256_broadcast_ss(tile + 3 * GK + k), x0, c3);
+		c4 = _mm256_fmadd_ps(_mm256_broadcast_ss(tile + 4 * GK + k), x0, c4);
+		c5 = _mm256_fmadd_ps(_mm256_broadcast_ss(tile + 5 * GK + k), x0, c5);
+	}
+	_mm256_storeu_ps(out + 0, c0);
+	_mm256_storeu_ps(out + 16, c1);
+	_mm256_storeu_ps(out + 32, c2);
+	_mm256_storeu_ps(out + 48, c3);
+	_mm256_storeu_ps(out + 64, c4);
+	_mm256_storeu_ps(out + 80, c5);
+}
+
+/* width of the token block starting at tb of nt tokens: 16, or 8 for a tail of at most 8 */
+static inline int64_t block_width(int64_t tb, int64_t nt)
+{
+	return nt - tb <= 8 ? 8 : 16;
+}
+
 static void rows_gemm(void *u, int64_t r0, int64_t r1, int thread)
 {
 	const struct mm *m = u;
@@ -204,6 +259,7 @@ static void rows_gemm(void *u, int64_t r0, int64_t r1, int thread)
 	const struct ktype_info *ti = ktype_get(w->type);
 	const char *base = w->data;
 	float *tile = kpool_scratch(m->p, thread, sizeof(float) * (GR * GK + GK * GT));
+	quant_dequant_fn deq = quant_dequant_for(w->type);
 
 	if (!tile) { /* out of memory for the 280 KiB of scratch: the allocation-free path */
 		rows_dot(u, r0, r1, thread);
@@ -214,22 +270,21 @@ static void rows_gemm(void *u, int64_t r0, int64_t r1, int thread)
 
 	for (int64_t t0 = 0; t0 < m->n_tok; t0 += GT) {
 		int64_t nt = m->n_tok - t0 < GT ? m->n_tok - t0 : GT;
-		int64_t nt16 = (nt + 15) / 16 * 16;
 		for (int64_t k0 = 0; k0 < w->n_in; k0 += GK) {
 			int64_t kb = w->n_in - k0 < GK ? w->n_in - k0 : GK;
 			size_t off = (size_t)(k0 / ti->blck) * (size_t)ti->bytes;
-			/* pack: xt[b][k][16] for token block b, zero past the last token */
-			for (int64_t b = 0; b < nt16 / 16; b++) {
-				float *dst = xt + b * 16 * GK;
-				for (int j = 0; j < 16; j++) {
-					int64_t t = b * 16 + j;
-					if (t < nt) {
-						const float *src = m->x + (t0 + t) * m->ldx + k0;
+			/* pack: token block at tb of width bw is xt[tb * GK + k * bw + j], zero past nt */
+			for (int64_t tb = 0; tb < nt; tb += block_width(tb, nt)) {
+				int64_t bw = block_width(tb, nt);
+				float *dst = xt + tb * GK;
+				for (int64_t j = 0; j < bw; j++) {
+					if (tb + j < nt) {
+						const float *src = m->x + (t0 + tb + j) * m->ldx + k0;
 						for (int64_t k = 0; k < kb; k++)
-							dst[16 * k + j] = src[k];
+							dst[bw * k + j] = src[k];
 					} else {
 						for (int64_t k = 0; k < kb; k++)
-							dst[16 * k + j] = 0.0f;
+							dst[bw * k + j] = 0.0f;
 					}
 				}
 			}
@@ -237,14 +292,17 @@ static void rows_gemm(void *u, int64_t r0, int64_t r1, int thread)
 				int nr = r1 - g < GR ? (int)(r1 - g) : GR;
 				for (int i = 0; i < GR; i++) {
 					int64_t r = g + (i < nr ? i : nr - 1);
-					kcpu_dequant_row(w->type, base + (size_t)r * w->row_bytes + off,
-					                 tile + (size_t)i * GK, kb);
+					deq(base + (size_t)r * w->row_bytes + off, tile + (size_t)i * GK, kb);
 				}
-				for (int64_t b = 0; b < nt16 / 16; b++) {
-					kernel_6x16(tile, xt + b * 16 * GK, kb, out);
-					int nj = nt - 16 * b < 16 ? (int)(nt - 16 * b) : 16;
+				for (int64_t tb = 0; tb < nt; tb += block_width(tb, nt)) {
+					int64_t bw = block_width(tb, nt);
+					if (bw == 16)
+						kernel_6x16(tile, xt + tb * GK, kb, out);
+					else
+						kernel_6x8(tile, xt + tb * GK, kb, out);
+					int nj = nt - tb < bw ? (int)(nt - tb) : (int)bw;
 					for (int j = 0; j < nj; j++) {
-						float *yy = m->y + (t0 + 16 * b + j) * m->ldy + g;
+						float *yy = m->y + (t0 + tb + j) * m->ldy + g;
 						for (int i = 0; i < nr; i++)
 							yy[i] = k0 == 0 ? out[16 * i + j]
 							                : yy[i] + out[16 * i + j];
@@ -314,7 +372,6 @@ static void rows_fast(void *u, int64_t r0, int64_t r1, int thread)
 	const char *base = w->data;
 	int64_t nb = w->n_in / 256;
 
-	(void)thread;
 	for (int64_t r = r0; r < r1; r++) {
 		const void *row = base + (size_t)r * w->row_bytes;
 		for (int64_t t = 0; t < m->n_tok; t++)

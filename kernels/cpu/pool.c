@@ -272,15 +272,51 @@ void kpool_for(struct kpool *p, int64_t n, int64_t grain, kpool_fn fn, void *use
 	}
 }
 
+/* Scratch of threads that call kernels without a pool (p == NULL): two buffers per thread, kept
+ * in a thread-specific slot whose destructor frees them when the thread exits. */
+static pthread_key_t solo_key;
+static pthread_once_t solo_once = PTHREAD_ONCE_INIT;
+
+static void solo_free(void *v)
+{
+	struct scratch *s = v;
+
+	free(s[0].p);
+	free(s[1].p);
+	free(s);
+}
+
+static void solo_init(void)
+{
+	if (pthread_key_create(&solo_key, solo_free) != 0)
+		abort(); /* only fails when the process is out of keys: a broken invariant */
+}
+
+static struct scratch *solo_scratch(void)
+{
+	pthread_once(&solo_once, solo_init);
+	struct scratch *s = pthread_getspecific(solo_key);
+	if (!s) {
+		s = calloc(2, sizeof *s);
+		if (s && pthread_setspecific(solo_key, s) != 0) {
+			free(s);
+			s = NULL;
+		}
+	}
+	return s;
+}
+
 void *kpool_scratch(struct kpool *p, int thread, size_t bytes)
 {
-	static _Thread_local struct scratch solo[2]; /* p == NULL: the calling thread's own */
 	int n = p ? p->n_threads : 1;
 
 	if (thread < 0 || thread > n)
 		return NULL;
-	struct scratch *s = p ? &p->scratch[thread] : &solo[thread];
-
+	struct scratch *s = p ? &p->scratch[thread] : solo_scratch();
+	if (!s)
+		return NULL;
+	if (!p)
+		s += thread;
 	if (s->size < bytes) {
 		size_t size = (bytes + 4095) & ~(size_t)4095;
 		void *q = aligned_alloc(64, size);

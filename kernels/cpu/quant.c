@@ -16,8 +16,8 @@ static const struct quant_ops *const ops_table[KT_COUNT] = {
     [KT_Q5_K] = &quant_ops_q5_k, [KT_Q6_K] = &quant_ops_q6_k, [KT_IQ4_XS] = &quant_ops_iq4_xs,
 };
 
-/* Returns the ops of a compute type, aborting (with the caller's file:line) on a type without
- * ops or an n that is not a positive multiple of the block size. */
+/* Returns the ops of a compute type; aborts with a message naming the entry point on a type
+ * without CPU kernels or an n that is not a non-negative multiple of the block size. */
 static const struct quant_ops *ops_for(int type, int64_t n, const char *what)
 {
 	const struct ktype_info *t = ktype_get(type);
@@ -86,4 +86,32 @@ void kcpu_quantize_row(int type, const float *src, void *dst, int64_t n)
 
 	if (n > 0)
 		o->quantize(src, dst, n);
+}
+
+/* Resolved once per matmul so the per-row calls skip the dispatch and argument checks (the
+ * caller checked type and n); rows of a few dozen elements (per-head attn_k_b) make those
+ * checks a visible share otherwise. */
+static float dot_generic_ref(int type, const void *row, const float *x, int64_t n)
+{
+	return kcpu_dot_row_ref(type, row, x, n);
+}
+
+quant_dot_fn quant_dot_for(int type, quant_dot_ref_fn *ref)
+{
+	const struct quant_ops *o = ops_for(type, 0, "quant_dot_for");
+
+	*ref = o->dot ? NULL : dot_generic_ref;
+	return o->dot;
+}
+
+quant_dequant_fn quant_dequant_for(int type)
+{
+	const struct quant_ops *o = ops_for(type, 0, "quant_dequant_for");
+
+	return o->dequant ? o->dequant : o->dequant_ref;
+}
+
+quant_dot_xsum_fn quant_dot_xsum_for(int type)
+{
+	return ops_for(type, 0, "quant_dot_xsum_for")->dot_xsum;
 }

@@ -28,6 +28,9 @@ struct quant_ops {
 	void (*dequant)(const void *src, float *dst, int64_t n);
 	float (*dot)(const void *row, const float *x, int64_t n);
 	void (*quantize)(const float *src, void *dst, int64_t n);
+	/* fp32 dot given xs[j] = sum of x[32j .. 32j+31] (precomputed once per activation row by
+	 * the matmul; types with mins use it instead of summing x per row; NULL: use dot) */
+	float (*dot_xsum)(const void *row, const float *x, const float *xs, int64_t n);
 	/* integer dot with 8-bit activations (fast path only; NULL: not available) */
 	float (*dot_xq8)(const void *row, const struct quant_xq8 *x, int64_t n);
 };
@@ -54,8 +57,21 @@ extern const struct quant_ops quant_ops_q4_0, quant_ops_q4_1, quant_ops_q5_0, qu
 extern const struct quant_ops quant_ops_q2_k, quant_ops_q3_k, quant_ops_q4_k, quant_ops_q5_k, quant_ops_q6_k;
 extern const struct quant_ops quant_ops_iq4_xs;
 
+/* Direct row functions for hot loops (quant.c): quant_dot_for returns the type's fast dot, or
+ * NULL and sets *ref to the generic reference (which takes the type). The caller has checked the
+ * type and that n is a multiple of the block size. */
+typedef float (*quant_dot_fn)(const void *row, const float *x, int64_t n);
+typedef float (*quant_dot_ref_fn)(int type, const void *row, const float *x, int64_t n);
+typedef void (*quant_dequant_fn)(const void *src, float *dst, int64_t n);
+quant_dot_fn quant_dot_for(int type, quant_dot_ref_fn *ref);
+typedef float (*quant_dot_xsum_fn)(const void *row, const float *x, const float *xs, int64_t n);
+quant_dot_xsum_fn quant_dot_xsum_for(int type); /* NULL if the type has none */
+quant_dequant_fn quant_dequant_for(int type);
+
 /* The 16 non-uniform 4-bit levels of IQ4_NL / IQ4_XS (MODEL-SPEC.md §5.1). */
 extern const int8_t quant_iq4nl_values[16];
+/* Index of the level nearest to v (quant_legacy.c). */
+int quant_iq4nl_nearest(float v);
 /* Best scale for len (<= 32) values on that grid; q receives the grid indices (quant_legacy.c). */
 float quant_iq4nl_fit(const float *x, int len, int *q);
 
@@ -105,6 +121,15 @@ static inline float quant_hsum(__m256 v)
 	lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
 	lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
 	return _mm_cvtss_f32(lo);
+}
+
+/* Exchanges two accumulators: alternating between them per block gives two independent FMA
+ * chains (the swap itself is free: register renaming). */
+static inline void swap_ps(__m256 *a, __m256 *b)
+{
+	__m256 t = *a;
+	*a = *b;
+	*b = t;
 }
 
 /* 8 signed bytes -> 8 floats */

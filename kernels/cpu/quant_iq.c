@@ -39,21 +39,6 @@ static void iq4_xs_dequant_ref(const void *src, float *dst, int64_t n)
 	}
 }
 
-static int iq4_nearest(float v)
-{
-	int best = 0;
-	float be = fabsf(v - (float)quant_iq4nl_values[0]);
-
-	for (int k = 1; k < 16; k++) {
-		float e = fabsf(v - (float)quant_iq4nl_values[k]);
-		if (e < be) {
-			be = e;
-			best = k;
-		}
-	}
-	return best;
-}
-
 static void iq4_xs_quantize(const float *src, void *dst, int64_t n)
 {
 	uint8_t *b = dst;
@@ -81,7 +66,7 @@ static void iq4_xs_quantize(const float *src, void *dst, int64_t n)
 			float dl = d * (float)(ls - 32);
 			float idl = dl != 0.0f ? 1.0f / dl : 0.0f;
 			for (int j = 0; j < 32; j++)
-				q[j] = iq4_nearest(x[32 * ib + j] * idl);
+				q[j] = quant_iq4nl_nearest(x[32 * ib + j] * idl);
 			for (int j = 0; j < 16; j++)
 				b[8 + 16 * ib + j] = (uint8_t)(q[j] | (q[j + 16] << 4));
 		}
@@ -95,7 +80,7 @@ static float iq4_xs_dot(const void *row, const float *x, int64_t n)
 	const uint8_t *b = row;
 	const __m128i tab = _mm_loadu_si128((const __m128i *)quant_iq4nl_values);
 	const __m128i m4 = _mm_set1_epi8(15);
-	__m256 acc = _mm256_setzero_ps();
+	__m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
 
 	for (int64_t i = 0; i < n / QK_K; i++, b += 136) {
 		float d = quant_fp16(b);
@@ -106,9 +91,10 @@ static float iq4_xs_dot(const void *row, const float *x, int64_t n)
 			__m256 s = quant_fma16_i8(lo, x, _mm256_setzero_ps());
 			s = quant_fma16_i8(hi, x + 16, s);
 			acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)(iq4xs_ls(b, ib) - 32)), s, acc);
+			swap_ps(&acc, &acc2); /* two FMA chains instead of one */
 		}
 	}
-	return quant_hsum(acc);
+	return quant_hsum(_mm256_add_ps(acc, acc2));
 }
 
 static void iq4_xs_dequant(const void *src, float *dst, int64_t n)

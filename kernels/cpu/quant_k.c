@@ -391,6 +391,7 @@ static float q2_k_dot(const void *row, const float *x, int64_t n)
 {
 	const uint8_t *b = row;
 	__m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+	__m256 acc2 = _mm256_setzero_ps(), accm2 = _mm256_setzero_ps();
 
 	for (int64_t i = 0; i < n / QK_K; i++, b += 84) {
 		float d = quant_fp16(b + 80), min = quant_fp16(b + 82);
@@ -402,15 +403,15 @@ static float q2_k_dot(const void *row, const float *x, int64_t n)
 				__m256 a0 = quant_fma16_i8(lo128(q), x, _mm256_setzero_ps());
 				__m256 a1 = quant_fma16_i8(hi128(q), x + 16, _mm256_setzero_ps());
 				acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)(s0 & 15)), a0, acc);
-				acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)(s1 & 15)), a1, acc);
+				acc2 = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)(s1 & 15)), a1, acc2);
 				accm = _mm256_fmadd_ps(_mm256_set1_ps(min * (float)(s0 >> 4)), quant_sum16(x),
 				                       accm);
-				accm = _mm256_fmadd_ps(_mm256_set1_ps(min * (float)(s1 >> 4)),
-				                       quant_sum16(x + 16), accm);
+				accm2 = _mm256_fmadd_ps(_mm256_set1_ps(min * (float)(s1 >> 4)),
+				                        quant_sum16(x + 16), accm2);
 			}
 		}
 	}
-	return quant_hsum(_mm256_sub_ps(acc, accm));
+	return quant_hsum(_mm256_sub_ps(_mm256_add_ps(acc, acc2), _mm256_add_ps(accm, accm2)));
 }
 
 /* signed values of chunk c, 2-bit field j: q2 - (hmask bit ? 0 : 4) */
@@ -425,7 +426,7 @@ static inline __m256i q3_vals(__m256i v, __m256i hm, int c, int j)
 static float q3_k_dot(const void *row, const float *x, int64_t n)
 {
 	const uint8_t *b = row;
-	__m256 acc = _mm256_setzero_ps();
+	__m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
 	int s[16];
 
 	for (int64_t i = 0; i < n / QK_K; i++, b += 110) {
@@ -439,12 +440,12 @@ static float q3_k_dot(const void *row, const float *x, int64_t n)
 				__m256 a0 = quant_fma16_i8(lo128(q), x, _mm256_setzero_ps());
 				__m256 a1 = quant_fma16_i8(hi128(q), x + 16, _mm256_setzero_ps());
 				acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)s[8 * c + 2 * j]), a0, acc);
-				acc =
-				    _mm256_fmadd_ps(_mm256_set1_ps(d * (float)s[8 * c + 2 * j + 1]), a1, acc);
+				acc2 = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)s[8 * c + 2 * j + 1]), a1,
+				                       acc2);
 			}
 		}
 	}
-	return quant_hsum(acc);
+	return quant_hsum(_mm256_add_ps(acc, acc2));
 }
 
 /* 32 unsigned values times x[0..31] */
@@ -455,15 +456,42 @@ static inline __m256 fma32(__m256i q, const float *x, __m256 acc)
 }
 
 /* Q4_K / Q5_K share the scale layout; qh is NULL for Q4_K */
-static inline float k4_dot(const uint8_t *b, size_t block_bytes, const float *x, int64_t n, bool five)
+/* The 12 scale bytes of a Q4_K/Q5_K block as 16 int16: [sc0..sc7, m0..m7] (§5.2 unpacking done
+ * on 32-bit words) */
+static inline __m256i k4_scales_mins(const uint8_t *scales)
+{
+	uint32_t u[4];
+	memcpy(u, scales, 12);
+	const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
+	u[3] = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4); /* mins 4..7 */
+	uint32_t mins_lo = u[1] & m6; /* mins 0..3 */
+	u[1] = (u[2] & m4) | (((u[0] >> 6) & m2) << 4); /* scales 4..7 */
+	u[2] = mins_lo;
+	u[0] &= m6; /* scales 0..3 */
+	return _mm256_cvtepu8_epi16(_mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]));
+}
+
+/* Q4_K / Q5_K fp32 dot. Scales and mins are unpacked for the whole block at once (as floats
+ * d*sc and dmin*m); xs, when given, holds sum(x) per 32 elements (precomputed once per activation
+ * row by the matmul), which turns the mins into one FMA per block instead of a running sum of x. */
+static inline float k4_dot_impl(const uint8_t *b, size_t block_bytes, const float *x, const float *xs,
+                                int64_t n, bool five)
 {
 	const __m256i m4 = _mm256_set1_epi8(15), b16 = _mm256_set1_epi8(16);
-	__m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+	__m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
 
 	for (int64_t i = 0; i < n / QK_K; i++, b += block_bytes) {
-		float d = quant_fp16(b), min = quant_fp16(b + 2);
-		const uint8_t *scales = b + 4, *ql = b + (five ? 48 : 16);
+		const uint8_t *ql = b + (five ? 48 : 16);
 		__m256i qh = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+		__m256i sm = k4_scales_mins(b + 4);
+		__m256 dsc =
+		    _mm256_mul_ps(_mm256_set1_ps(quant_fp16(b)),
+		                  _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(sm))));
+		__m256 dmn =
+		    _mm256_mul_ps(_mm256_set1_ps(quant_fp16(b + 2)),
+		                  _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(sm, 1))));
+		if (xs)
+			accm = _mm256_fmadd_ps(dmn, _mm256_loadu_ps(xs + 8 * i), accm);
 		for (int c = 0; c < 4; c++, x += 64) {
 			__m256i v = _mm256_loadu_si256((const __m256i *)(ql + 32 * c));
 			__m256i lo = _mm256_and_si256(v, m4);
@@ -478,18 +506,35 @@ static inline float k4_dot(const uint8_t *b, size_t block_bytes, const float *x,
 				    hi,
 				    _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, u2), u2), b16));
 			}
-			int sc0, m0, sc1, m1;
-			scale_min_k4(2 * c, scales, &sc0, &m0);
-			scale_min_k4(2 * c + 1, scales, &sc1, &m1);
+			__m256i j0 = _mm256_set1_epi32(2 * c), j1 = _mm256_set1_epi32(2 * c + 1);
 			__m256 a0 = fma32(lo, x, _mm256_setzero_ps());
 			__m256 a1 = fma32(hi, x + 32, _mm256_setzero_ps());
-			acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)sc0), a0, acc);
-			acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)sc1), a1, acc);
-			accm = _mm256_fmadd_ps(_mm256_set1_ps(min * (float)m0), quant_sum32(x), accm);
-			accm = _mm256_fmadd_ps(_mm256_set1_ps(min * (float)m1), quant_sum32(x + 32), accm);
+			acc = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(dsc, j0), a0, acc);
+			acc2 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(dsc, j1), a1, acc2);
+			if (!xs) {
+				accm =
+				    _mm256_fmadd_ps(_mm256_permutevar8x32_ps(dmn, j0), quant_sum32(x), accm);
+				accm = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(dmn, j1), quant_sum32(x + 32),
+				                       accm);
+			}
 		}
 	}
-	return quant_hsum(_mm256_sub_ps(acc, accm));
+	return quant_hsum(_mm256_sub_ps(_mm256_add_ps(acc, acc2), accm));
+}
+
+static float q4_k_dot_xsum(const void *row, const float *x, const float *xs, int64_t n)
+{
+	return k4_dot_impl(row, 144, x, xs, n, false);
+}
+
+static float q5_k_dot_xsum(const void *row, const float *x, const float *xs, int64_t n)
+{
+	return k4_dot_impl(row, 176, x, xs, n, true);
+}
+
+static inline float k4_dot(const uint8_t *b, size_t block_bytes, const float *x, int64_t n, bool five)
+{
+	return k4_dot_impl(b, block_bytes, x, NULL, n, five);
 }
 
 static float q4_k_dot(const void *row, const float *x, int64_t n)
@@ -531,24 +576,30 @@ static inline void q6_vals(const uint8_t *ql, const uint8_t *qh, __m256i *q)
 static float q6_k_dot(const void *row, const float *x, int64_t n)
 {
 	const uint8_t *b = row;
-	__m256 acc = _mm256_setzero_ps();
+	__m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
 	__m256i q[4];
 
 	for (int64_t i = 0; i < n / QK_K; i++, b += 210) {
-		float d = quant_fp16(b + 208);
-		const int8_t *sc = (const int8_t *)(b + 192);
+		/* the 16 scales as floats d*sc, 8 per half block; lane j broadcast per sub-block */
+		__m256 d = _mm256_set1_ps(quant_fp16(b + 208));
+		__m128i sc8 = _mm_loadu_si128((const __m128i *)(b + 192));
+		__m256 dsc[2] = {
+		    _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8))),
+		    _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))))};
 		for (int c = 0; c < 2; c++, x += 128) {
 			q6_vals(b + 64 * c, b + 128 + 32 * c, q);
 			for (int k = 0; k < 4; k++) {
 				__m256 a0 = quant_fma16_i8(lo128(q[k]), x + 32 * k, _mm256_setzero_ps());
 				__m256 a1 = quant_fma16_i8(hi128(q[k]), x + 32 * k + 16, _mm256_setzero_ps());
-				acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)sc[8 * c + 2 * k]), a0, acc);
-				acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)sc[8 * c + 2 * k + 1]), a1,
-				                      acc);
+				__m256 s0 = _mm256_permutevar8x32_ps(dsc[c], _mm256_set1_epi32(2 * k));
+				__m256 s1 = _mm256_permutevar8x32_ps(dsc[c], _mm256_set1_epi32(2 * k + 1));
+				acc = _mm256_fmadd_ps(s0, a0, acc);
+				acc2 = _mm256_fmadd_ps(s1, a1, acc2);
+				swap_ps(&acc, &acc2); /* two FMA chains instead of one */
 			}
 		}
 	}
-	return quant_hsum(acc);
+	return quant_hsum(_mm256_add_ps(acc, acc2));
 }
 
 /* ---- integer dots with 8-bit activations (fast path) ----------------------------------------
@@ -558,21 +609,6 @@ static float q6_k_dot(const void *row, const float *x, int64_t n)
  *   Q6_K:      d*dx * (sum_s sc_s * sum(q*qx) - 32 * sum_s sc_s * (sum of qx in s))
  * Weights go into maddubs unsigned (q <= 63: at most 2*63*127 per int16 pair, no saturation);
  * per-lane int32 sums stay below 2^24. */
-/* The 12 scale bytes of a Q4_K/Q5_K block as 16 int16: [sc0..sc7, m0..m7] (§5.2 unpacking done
- * on 32-bit words) */
-static inline __m256i k4_scales_mins(const uint8_t *scales)
-{
-	uint32_t u[4];
-	memcpy(u, scales, 12);
-	const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
-	u[3] = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4); /* mins 4..7 */
-	uint32_t mins_lo = u[1] & m6; /* mins 0..3 */
-	u[1] = (u[2] & m4) | (((u[0] >> 6) & m2) << 4); /* scales 4..7 */
-	u[2] = mins_lo;
-	u[0] &= m6; /* scales 0..3 */
-	return _mm256_cvtepu8_epi16(_mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]));
-}
-
 /* int16 element j of each 128-bit lane broadcast over the lane */
 static inline __m256i bcast16(__m256i v, int j)
 {
@@ -816,11 +852,13 @@ const struct quant_ops quant_ops_q3_k = {.dequant_ref = q3_k_dequant_ref,
 const struct quant_ops quant_ops_q4_k = {.dequant_ref = q4_k_dequant_ref,
                                          .dequant = SIMD(q4_k_dequant),
                                          .dot = SIMD(q4_k_dot),
+                                         .dot_xsum = SIMD(q4_k_dot_xsum),
                                          .quantize = q4_k_quantize,
                                          .dot_xq8 = SIMD(q4_k_dot_xq8)};
 const struct quant_ops quant_ops_q5_k = {.dequant_ref = q5_k_dequant_ref,
                                          .dequant = SIMD(q5_k_dequant),
                                          .dot = SIMD(q5_k_dot),
+                                         .dot_xsum = SIMD(q5_k_dot_xsum),
                                          .quantize = q5_k_quantize,
                                          .dot_xq8 = SIMD(q5_k_dot_xq8)};
 const struct quant_ops quant_ops_q6_k = {.dequant_ref = q6_k_dequant_ref,

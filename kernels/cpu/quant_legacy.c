@@ -251,19 +251,16 @@ static void iq4_nl_dequant_ref(const void *src, float *dst, int64_t n)
 	}
 }
 
-static int iq4nl_nearest(float v)
+int quant_iq4nl_nearest(float v)
 {
-	int best = 0;
-	float be = fabsf(v - (float)quant_iq4nl_values[0]);
-
-	for (int k = 1; k < 16; k++) {
-		float e = fabsf(v - (float)quant_iq4nl_values[k]);
-		if (e < be) {
-			be = e;
-			best = k;
-		}
-	}
-	return best;
+	/* midpoints between neighbouring levels; a 4-step binary search over them */
+	static const float mid[15] = {-115.5f, -93.5f, -74.0f, -57.0f, -42.0f, -28.5f, -16.0f, -4.5f,
+	                              7.0f,    19.0f,  31.5f,  45.5f,  61.0f,  79.0f,  101.0f};
+	int lo = v > mid[7] ? 8 : 0;
+	lo += v > mid[lo + 3] ? 4 : 0;
+	lo += v > mid[lo + 1] ? 2 : 0;
+	lo += v > mid[lo] ? 1 : 0;
+	return lo;
 }
 
 /* Chooses a scale for `len` values on the IQ4_NL grid: tries scales around max/-127, refines each
@@ -272,33 +269,29 @@ static int iq4nl_nearest(float v)
 float quant_iq4nl_fit(const float *x, int len, int *q)
 {
 	float max = signed_absmax(x, len);
-	float best_d = 0.0f, best_err = INFINITY;
+	float best_d = 0.0f, best_gain = -1.0f;
 	int tq[32];
 
 	if (max == 0.0f) {
 		for (int j = 0; j < len; j++)
-			q[j] = iq4nl_nearest(0.0f);
+			q[j] = quant_iq4nl_nearest(0.0f);
 		return 0.0f;
 	}
-	for (int k = -9; k <= 9; k++) {
+	for (int k = -7; k <= 7; k++) {
 		float d = max / ((float)quant_iq4nl_values[0] + 1.5f * (float)k);
 		float id = 1.0f / d, sxt = 0.0f, stt = 0.0f;
 		for (int j = 0; j < len; j++) {
-			tq[j] = iq4nl_nearest(x[j] * id);
+			tq[j] = quant_iq4nl_nearest(x[j] * id);
 			float t = (float)quant_iq4nl_values[tq[j]];
 			sxt += x[j] * t;
 			stt += t * t;
 		}
-		if (stt > 0.0f)
-			d = sxt / stt;
-		float err = 0.0f;
-		for (int j = 0; j < len; j++) {
-			float e = x[j] - d * (float)quant_iq4nl_values[tq[j]];
-			err += e * e;
-		}
-		if (err < best_err) {
-			best_err = err;
-			best_d = d;
+		/* with the least-squares scale d = sxt / stt the squared error is
+		 * sum(x^2) - sxt^2 / stt, so the best assignment maximizes sxt^2 / stt */
+		float gain = stt > 0.0f ? sxt * sxt / stt : 0.0f;
+		if (gain > best_gain) {
+			best_gain = gain;
+			best_d = stt > 0.0f ? sxt / stt : d;
 			memcpy(q, tq, sizeof(int) * (size_t)len);
 		}
 	}
@@ -318,7 +311,7 @@ static void iq4_nl_quantize(const float *src, void *dst, int64_t n)
 
 		/* reassign against the fp16-rounded scale actually stored */
 		for (int j = 0; j < QK; j++)
-			q[j] = iq4nl_nearest(x[j] * id);
+			q[j] = quant_iq4nl_nearest(x[j] * id);
 		quant_wr16(b, dh);
 		pack_nibbles(q, b + 2);
 	}
@@ -339,15 +332,17 @@ static inline __m128i expand_bits16(uint32_t b)
 static float q8_0_dot(const void *row, const float *x, int64_t n)
 {
 	const uint8_t *b = row;
-	__m256 acc = _mm256_setzero_ps();
+	__m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
 
 	for (int64_t i = 0; i < n / QK; i++, b += 34, x += QK) {
 		__m256 s = _mm256_setzero_ps();
 		s = quant_fma16_i8(_mm_loadu_si128((const __m128i *)(b + 2)), x, s);
 		s = quant_fma16_i8(_mm_loadu_si128((const __m128i *)(b + 18)), x + 16, s);
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b)), s, acc);
+		/* two accumulators, swapped each block: halves the FMA latency chain */
+		swap_ps(&acc, &acc2);
 	}
-	return quant_hsum(acc);
+	return quant_hsum(_mm256_add_ps(acc, acc2));
 }
 
 /* low / high nibbles of 16 bytes as two vectors of 16 bytes (elements 0..15 and 16..31) */
@@ -363,7 +358,7 @@ static float q4_0_dot(const void *row, const float *x, int64_t n)
 {
 	const uint8_t *b = row;
 	const __m128i off = _mm_set1_epi8(8);
-	__m256 acc = _mm256_setzero_ps();
+	__m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
 
 	for (int64_t i = 0; i < n / QK; i++, b += 18, x += QK) {
 		__m128i lo, hi;
@@ -371,14 +366,17 @@ static float q4_0_dot(const void *row, const float *x, int64_t n)
 		__m256 s = quant_fma16_i8(_mm_sub_epi8(lo, off), x, _mm256_setzero_ps());
 		s = quant_fma16_i8(_mm_sub_epi8(hi, off), x + 16, s);
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b)), s, acc);
+		/* two accumulators, swapped each block: halves the FMA latency chain */
+		swap_ps(&acc, &acc2);
 	}
-	return quant_hsum(acc);
+	return quant_hsum(_mm256_add_ps(acc, acc2));
 }
 
 static float q4_1_dot(const void *row, const float *x, int64_t n)
 {
 	const uint8_t *b = row;
 	__m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+	__m256 acc2 = _mm256_setzero_ps(), accm2 = _mm256_setzero_ps();
 
 	for (int64_t i = 0; i < n / QK; i++, b += 20, x += QK) {
 		__m128i lo, hi;
@@ -387,15 +385,18 @@ static float q4_1_dot(const void *row, const float *x, int64_t n)
 		s = quant_fma16_i8(hi, x + 16, s);
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b)), s, acc);
 		accm = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b + 2)), quant_sum32(x), accm);
+		/* two accumulators, swapped each block: halves the FMA latency chain */
+		swap_ps(&acc, &acc2);
+		swap_ps(&accm, &accm2);
 	}
-	return quant_hsum(_mm256_add_ps(acc, accm));
+	return quant_hsum(_mm256_add_ps(_mm256_add_ps(acc, acc2), _mm256_add_ps(accm, accm2)));
 }
 
 static float q5_0_dot(const void *row, const float *x, int64_t n)
 {
 	const uint8_t *b = row;
 	const __m128i off = _mm_set1_epi8(16);
-	__m256 acc = _mm256_setzero_ps();
+	__m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
 
 	for (int64_t i = 0; i < n / QK; i++, b += 22, x += QK) {
 		uint32_t qh = quant_rd32(b + 2);
@@ -406,8 +407,10 @@ static float q5_0_dot(const void *row, const float *x, int64_t n)
 		__m256 s = quant_fma16_i8(_mm_sub_epi8(lo, off), x, _mm256_setzero_ps());
 		s = quant_fma16_i8(_mm_sub_epi8(hi, off), x + 16, s);
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b)), s, acc);
+		/* two accumulators, swapped each block: halves the FMA latency chain */
+		swap_ps(&acc, &acc2);
 	}
-	return quant_hsum(acc);
+	return quant_hsum(_mm256_add_ps(acc, acc2));
 }
 
 static float q5_1_dot(const void *row, const float *x, int64_t n)
@@ -415,6 +418,7 @@ static float q5_1_dot(const void *row, const float *x, int64_t n)
 	const uint8_t *b = row;
 	const __m128i bit4 = _mm_set1_epi8(16);
 	__m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+	__m256 acc2 = _mm256_setzero_ps(), accm2 = _mm256_setzero_ps();
 
 	for (int64_t i = 0; i < n / QK; i++, b += 24, x += QK) {
 		uint32_t qh = quant_rd32(b + 4);
@@ -426,15 +430,18 @@ static float q5_1_dot(const void *row, const float *x, int64_t n)
 		s = quant_fma16_i8(hi, x + 16, s);
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b)), s, acc);
 		accm = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b + 2)), quant_sum32(x), accm);
+		/* two accumulators, swapped each block: halves the FMA latency chain */
+		swap_ps(&acc, &acc2);
+		swap_ps(&accm, &accm2);
 	}
-	return quant_hsum(_mm256_add_ps(acc, accm));
+	return quant_hsum(_mm256_add_ps(_mm256_add_ps(acc, acc2), _mm256_add_ps(accm, accm2)));
 }
 
 static float iq4_nl_dot(const void *row, const float *x, int64_t n)
 {
 	const uint8_t *b = row;
 	const __m128i tab = _mm_loadu_si128((const __m128i *)quant_iq4nl_values);
-	__m256 acc = _mm256_setzero_ps();
+	__m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
 
 	for (int64_t i = 0; i < n / QK; i++, b += 18, x += QK) {
 		__m128i lo, hi;
@@ -442,8 +449,10 @@ static float iq4_nl_dot(const void *row, const float *x, int64_t n)
 		__m256 s = quant_fma16_i8(_mm_shuffle_epi8(tab, lo), x, _mm256_setzero_ps());
 		s = quant_fma16_i8(_mm_shuffle_epi8(tab, hi), x + 16, s);
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b)), s, acc);
+		/* two accumulators, swapped each block: halves the FMA latency chain */
+		swap_ps(&acc, &acc2);
 	}
-	return quant_hsum(acc);
+	return quant_hsum(_mm256_add_ps(acc, acc2));
 }
 
 /* Integer dot with 8-bit activations (fast path): sum over blocks of dw * dx * sum(qw * qx),

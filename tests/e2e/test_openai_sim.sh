@@ -14,9 +14,36 @@ start router "$REPO/$BUILD/tandem-router" --engine sim --host 127.0.0.1 --port "
 	--api-keys-file "$TMP/keys.txt" --n-body-bytes-max 1048576 --sim-step-ms 1 --sim-decode 2 --sim-prefill 2
 # a second router whose decode pool holds one 400-token request and whose queue holds one more
 start router_smallq "$REPO/$BUILD/tandem-router" --engine sim --host 127.0.0.1 --port "$PORT2" \
-	--n-queue-max 1 --sim-blocks 8 --sim-block-size 64 --sim-step-ms 2
+	--n-queue-max 1 --sim-blocks 8 --sim-block-size 64 --sim-step-ms 2 --header-timeout-ms 300 --idle-timeout-ms 700
 wait_http "http://127.0.0.1:$PORT/ready" 20 || exit 1
 wait_http "http://127.0.0.1:$PORT2/ready" 20 || exit 1
+
+# raw sockets against the second router: header timeout (408), idle keep-alive timeout (quiet
+# close), pipelined requests answered in order on one connection
+python3 - "$PORT2" <<'PY' || e2e_fail "socket-level HTTP checks"
+import socket, sys, time
+port = int(sys.argv[1])
+def conn():
+    s = socket.create_connection(("127.0.0.1", port)); s.settimeout(5); return s
+def read_all(s):
+    out = b""
+    while True:
+        b = s.recv(65536)
+        if not b: return out
+        out += b
+s = conn(); s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n"); t0 = time.time()
+r = read_all(s); dt = time.time() - t0
+assert r.startswith(b"HTTP/1.1 408 "), r[:60]
+assert 0.2 < dt < 2.0, dt
+s = conn(); t0 = time.time(); r = read_all(s); dt = time.time() - t0
+assert r == b"" and 0.5 < dt < 3.0, (r, dt)
+s = conn(); s.sendall(b"GET /health HTTP/1.1\r\n\r\nGET /v1/models HTTP/1.1\r\n\r\nGET /ready HTTP/1.1\r\nConnection: close\r\n\r\n")
+r = read_all(s)
+assert r.count(b"HTTP/1.1 200 OK") == 3, r
+i1, i2, i3 = r.find(b'{"status":"ok"}'), r.find(b'"object":"list"'), r.find(b'{"status":"ready"}')
+assert 0 < i1 < i2 < i3, (i1, i2, i3)
+print("socket checks: 408 after %.2f s header timeout, idle close, 3 pipelined responses in order" % 0.3)
+PY
 
 ROUTER_URL="http://127.0.0.1:$PORT" SMALLQ_URL="http://127.0.0.1:$PORT2" API_KEY=e2e-secret-key \
 	NODE_PATH="$E2E_DIR/node_modules" node --test --test-reporter=spec "$E2E_DIR/openai_sim.test.mjs"

@@ -6,10 +6,9 @@
  * whose body exceeds the limit.
  * Not part of `make all`. Build and run (clang):
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -I. -I/usr/share/include/llhttp \
- *     tests/fuzz/fuzz_http.c router/http.c /usr/share/llhttp/{api,http,llhttp}.c common/base/err.c common/base/log.c \
- *     -o build/fuzz_http
- *   build/fuzz_http -max_total_time=60
- * Without clang: add -DFUZZ_MAIN and use gcc: it runs each file given on the command line. */
+ *     tests/fuzz/fuzz_http.c router/http.c /usr/share/llhttp/{api,http,llhttp}.c common/base/err.c
+ * common/base/log.c \ -o build/fuzz_http build/fuzz_http -max_total_time=60 Without clang: add -DFUZZ_MAIN
+ * and use gcc: it runs each file given on the command line. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -39,10 +38,18 @@ static void fz_write(void *ud, const char *d, size_t n)
 	s->n_out += n;
 }
 
-static void fz_close(void *ud) { ((struct state *)ud)->closed = true; }
-static void fz_reading(void *ud, bool on) { (void)ud; (void)on; }
+static void fz_close(void *ud)
+{
+	((struct state *)ud)->closed = true;
+}
+static void fz_reading(void *ud, bool on)
+{
+	(void)ud;
+	(void)on;
+}
 static const struct http_io io = {fz_write, fz_close, fz_reading};
-static const struct http_limits lim = {.n_header_bytes_max = 2048, .n_body_bytes_max = 4096, .n_pending_bytes_max = 8192};
+static const struct http_limits lim = {
+    .n_header_bytes_max = 2048, .n_body_bytes_max = 4096, .n_pending_bytes_max = 8192};
 
 static void on_abort(struct http_conn *c, void *ud)
 {

@@ -9,14 +9,14 @@
 #include "router/http.h"
 
 static int n_fail;
-#define CHECK(cond, ...)                                                                                   \
-	do {                                                                                               \
-		if (!(cond)) {                                                                             \
-			n_fail++;                                                                          \
-			printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                             \
-			printf(__VA_ARGS__);                                                               \
-			printf("\n");                                                                      \
-		}                                                                                          \
+#define CHECK(cond, ...)                                                                                     \
+	do {                                                                                                 \
+		if (!(cond)) {                                                                               \
+			n_fail++;                                                                            \
+			printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                               \
+			printf(__VA_ARGS__);                                                                 \
+			printf("\n");                                                                        \
+		}                                                                                            \
 	} while (0)
 
 struct sink {
@@ -42,7 +42,10 @@ static void io_close(void *ud)
 	s->closed = true;
 	s->n_closes++;
 }
-static void io_set_reading(void *ud, bool on) { ((struct sink *)ud)->reading = on; }
+static void io_set_reading(void *ud, bool on)
+{
+	((struct sink *)ud)->reading = on;
+}
 static const struct http_io io = {io_write, io_close, io_set_reading};
 
 /* handler modes */
@@ -90,7 +93,8 @@ static void on_request(struct http_conn *c, struct http_request *r, void *ud)
 	http_respond(c, 200, "text/plain", "", body, (size_t)n);
 }
 
-static const struct http_limits lim = {.n_header_bytes_max = 1024, .n_body_bytes_max = 100, .n_pending_bytes_max = 4096};
+static const struct http_limits lim = {
+    .n_header_bytes_max = 1024, .n_body_bytes_max = 100, .n_pending_bytes_max = 4096};
 
 static int count(const char *hay, const char *needle)
 {
@@ -113,39 +117,44 @@ static void setup(struct fixture *f, enum mode m)
 	f->c = http_conn_create(&lim, &io, &f->s, on_request, &f->h);
 }
 
-static void feed_str(struct fixture *f, const char *s) { http_conn_feed(f->c, s, strlen(s)); }
+static void feed_str(struct fixture *f, const char *s)
+{
+	http_conn_feed(f->c, s, strlen(s));
+}
 
 /* Table: one request text in, expected status line, close expected, handler count. */
 struct case_ {
 	const char *name;
 	const char *in;
-	const char *status;  /* expected first status line prefix */
+	const char *status; /* expected first status line prefix */
 	bool closes;
 	int n_requests;
 };
 
 static const struct case_ cases[] = {
-	{"simple get", "GET /health HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 200 OK", false, 1},
-	{"query stripped", "GET /v1/models?x=1 HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 200", false, 1},
-	{"post with body", "POST /v1/completions HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello", "HTTP/1.1 200", false, 1},
-	{"chunked body", "POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
-	 "HTTP/1.1 200", false, 1},
-	{"http/1.0 closes", "GET /a HTTP/1.0\r\n\r\n", "HTTP/1.1 200", true, 1},
-	{"connection close", "GET /a HTTP/1.1\r\nConnection: close\r\n\r\n", "HTTP/1.1 200", true, 1},
-	{"body over limit (content-length)", "POST /a HTTP/1.1\r\nContent-Length: 101\r\n\r\n", "HTTP/1.1 413", true, 0},
-	{"body over limit (chunked)",
-	 "POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
-	 "40\r\n0123456789012345678901234567890123456789012345678901234567890123\r\n"
-	 "40\r\n0123456789012345678901234567890123456789012345678901234567890123\r\n0\r\n\r\n",
-	 "HTTP/1.1 413", true, 0},
-	{"garbage", "\x01\x02 nonsense\r\n\r\n", "HTTP/1.1 400", true, 0},
-	{"bad version", "GET / HTTP/9.9\r\n\r\n", "HTTP/1.1 505", true, 0},
-	{"both content-length and chunked", "POST /a HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
-	 "HTTP/1.1 400", true, 0},
-	{"negative content-length", "POST /a HTTP/1.1\r\nContent-Length: -1\r\n\r\n", "HTTP/1.1 400", true, 0},
-	{"header without colon", "GET / HTTP/1.1\r\nBroken\r\n\r\n", "HTTP/1.1 400", true, 0},
-	{"expect continue", "POST /a HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nok", "HTTP/1.1 100 Continue",
-	 false, 1},
+    {"simple get", "GET /health HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 200 OK", false, 1},
+    {"query stripped", "GET /v1/models?x=1 HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 200", false, 1},
+    {"post with body", "POST /v1/completions HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello", "HTTP/1.1 200",
+     false, 1},
+    {"chunked body", "POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
+     "HTTP/1.1 200", false, 1},
+    {"http/1.0 closes", "GET /a HTTP/1.0\r\n\r\n", "HTTP/1.1 200", true, 1},
+    {"connection close", "GET /a HTTP/1.1\r\nConnection: close\r\n\r\n", "HTTP/1.1 200", true, 1},
+    {"body over limit (content-length)", "POST /a HTTP/1.1\r\nContent-Length: 101\r\n\r\n", "HTTP/1.1 413",
+     true, 0},
+    {"body over limit (chunked)",
+     "POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+     "40\r\n0123456789012345678901234567890123456789012345678901234567890123\r\n"
+     "40\r\n0123456789012345678901234567890123456789012345678901234567890123\r\n0\r\n\r\n",
+     "HTTP/1.1 413", true, 0},
+    {"garbage", "\x01\x02 nonsense\r\n\r\n", "HTTP/1.1 400", true, 0},
+    {"bad version", "GET / HTTP/9.9\r\n\r\n", "HTTP/1.1 505", true, 0},
+    {"both content-length and chunked",
+     "POST /a HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", "HTTP/1.1 400", true, 0},
+    {"negative content-length", "POST /a HTTP/1.1\r\nContent-Length: -1\r\n\r\n", "HTTP/1.1 400", true, 0},
+    {"header without colon", "GET / HTTP/1.1\r\nBroken\r\n\r\n", "HTTP/1.1 400", true, 0},
+    {"expect continue", "POST /a HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nok",
+     "HTTP/1.1 100 Continue", false, 1},
 };
 
 static void test_table(void)
@@ -160,14 +169,15 @@ static void test_table(void)
 					http_conn_feed(f.c, p, 1);
 			else
 				feed_str(&f, k->in);
-			CHECK(strncmp(f.s.out, k->status, strlen(k->status)) == 0, "%s (bytewise=%d): got '%.60s'", k->name,
-			      bytewise, f.s.out);
-			CHECK(f.s.closed == k->closes, "%s (bytewise=%d): closed=%d", k->name, bytewise, f.s.closed);
+			CHECK(strncmp(f.s.out, k->status, strlen(k->status)) == 0,
+			      "%s (bytewise=%d): got '%.60s'", k->name, bytewise, f.s.out);
+			CHECK(f.s.closed == k->closes, "%s (bytewise=%d): closed=%d", k->name, bytewise,
+			      f.s.closed);
 			CHECK(f.h.n_requests == k->n_requests, "%s: %d requests", k->name, f.h.n_requests);
 			if (strstr(k->status, "4") || strstr(k->status, "505"))
 				if (k->n_requests == 0)
-					CHECK(strstr(f.s.out, "\"error\":{\"message\"") != NULL, "%s: OpenAI-shaped error body",
-					      k->name);
+					CHECK(strstr(f.s.out, "\"error\":{\"message\"") != NULL,
+					      "%s: OpenAI-shaped error body", k->name);
 			http_conn_destroy(f.c);
 		}
 	}
@@ -177,7 +187,8 @@ static void test_headers_and_body(void)
 {
 	struct fixture f;
 	setup(&f, ECHO);
-	feed_str(&f, "POST /v1/x?y HTTP/1.1\r\nAuthorization:   Bearer  k1 \r\nX-Empty:\r\nContent-Length: 4\r\n\r\nab\0d");
+	feed_str(&f, "POST /v1/x?y HTTP/1.1\r\nAuthorization:   Bearer  k1 \r\nX-Empty:\r\nContent-Length: "
+	             "4\r\n\r\nab\0d");
 	/* the feed above stops at the NUL in the C literal: send the rest explicitly */
 	http_conn_feed(f.c, "\0d", 2);
 	CHECK(f.h.n_requests == 1, "one request");
@@ -215,9 +226,12 @@ static void test_keepalive_and_pipelining(void)
 {
 	struct fixture f;
 	setup(&f, ECHO);
-	feed_str(&f, "GET /1 HTTP/1.1\r\n\r\nGET /2 HTTP/1.1\r\n\r\nPOST /3 HTTP/1.1\r\nContent-Length: 2\r\n\r\nxy");
+	feed_str(
+	    &f,
+	    "GET /1 HTTP/1.1\r\n\r\nGET /2 HTTP/1.1\r\n\r\nPOST /3 HTTP/1.1\r\nContent-Length: 2\r\n\r\nxy");
 	CHECK(f.h.n_requests == 3, "three pipelined requests: %d", f.h.n_requests);
-	const char *a = strstr(f.s.out, "GET /1"), *b = strstr(f.s.out, "GET /2"), *c = strstr(f.s.out, "POST /3 2");
+	const char *a = strstr(f.s.out, "GET /1"), *b = strstr(f.s.out, "GET /2"),
+	           *c = strstr(f.s.out, "POST /3 2");
 	CHECK(a && b && c && a < b && b < c, "responses in request order: %s", f.s.out);
 	CHECK(!f.s.closed, "keep-alive");
 	CHECK(http_conn_is_idle(f.c), "idle after all answered");
@@ -261,8 +275,8 @@ static void test_stream(void)
 	setup(&f, STREAM);
 	feed_str(&f, "GET /s HTTP/1.1\r\n\r\n");
 	CHECK(strstr(f.s.out, "Transfer-Encoding: chunked\r\n") != NULL, "chunked");
-	CHECK(strstr(f.s.out, "\r\n\r\n9\r\ndata: 1\n\n\r\na\r\ndata: 22\n\n\r\n0\r\n\r\n") != NULL, "chunk framing: %s",
-	      f.s.out);
+	CHECK(strstr(f.s.out, "\r\n\r\n9\r\ndata: 1\n\n\r\na\r\ndata: 22\n\n\r\n0\r\n\r\n") != NULL,
+	      "chunk framing: %s", f.s.out);
 	CHECK(!f.s.closed, "keep-alive after a chunked stream");
 	http_conn_destroy(f.c);
 

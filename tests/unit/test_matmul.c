@@ -201,7 +201,7 @@ int main(void)
 
 	static const int64_t outs[] = {1, 7, 33};
 	static const int64_t ins[] = {256, 1280};
-	static const int64_t toks[] = {1, 2, 3, 4, 5, 17, 70};
+	static const int64_t toks[] = {1, 2, 3, 5, 8, 12, 17, 24, 70};
 	int n_cases = 0;
 
 	for (int nt = 1; nt <= 3; nt++) {

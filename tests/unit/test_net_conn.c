@@ -12,12 +12,12 @@
 #include "common/net/frame.h"
 
 static int n_fail;
-#define CHECK(c)                                                                                   \
-	do {                                                                                       \
-		if (!(c)) {                                                                        \
-			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c);      \
-			n_fail++;                                                                  \
-		}                                                                                  \
+#define CHECK(c)                                                                                             \
+	do {                                                                                                 \
+		if (!(c)) {                                                                                  \
+			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c);                \
+			n_fail++;                                                                            \
+		}                                                                                            \
 	} while (0)
 
 #define N_MSGS 2000
@@ -111,8 +111,9 @@ static void client_connect_cb(struct conn *c, int status, void *ud)
 		return;
 	/* send everything at once: the server sees many frames per read */
 	for (int i = 0; i < N_MSGS; i++) {
-		struct msg_token t[3] = {{.id = (uint32_t)(i + 1) * 3}, {.id = (uint32_t)(i + 1) * 3 + 1},
-					 {.id = (uint32_t)(i + 1) * 3 + 2}};
+		struct msg_token t[3] = {{.id = (uint32_t)(i + 1) * 3},
+		                         {.id = (uint32_t)(i + 1) * 3 + 1},
+		                         {.id = (uint32_t)(i + 1) * 3 + 2}};
 		struct msg m;
 		msg_init(&m, MSG_TOKENS);
 		m.u.tokens.rid = (uint64_t)i + 1;
@@ -148,16 +149,18 @@ static void test_many_frames(uv_loop_t *loop, const char *addr_fmt)
 {
 	struct ctx x = {.loop = loop, .next_rid = 1};
 	struct errbuf e = {0};
-	struct conn_opts so = {.on_msg_cb = server_msg_cb, .on_close_cb = server_close_cb, .ud = &x,
-			       .idle_timeout_ms = 5000};
+	struct conn_opts so = {
+	    .on_msg_cb = server_msg_cb, .on_close_cb = server_close_cb, .ud = &x, .idle_timeout_ms = 5000};
 	CHECK(conn_listen(loop, addr_fmt, &so, accept_cb, &x, &x.l, &e) == 0);
 	char addr[256];
 	if (strncmp(addr_fmt, "unix:", 5) == 0)
 		snprintf(addr, sizeof(addr), "%s", addr_fmt);
 	else
 		snprintf(addr, sizeof(addr), "127.0.0.1:%d", conn_listener_port(x.l));
-	struct conn_opts co = {.on_msg_cb = client_msg_cb, .on_close_cb = client_close_cb,
-			       .on_connect_cb = client_connect_cb, .ud = &x};
+	struct conn_opts co = {.on_msg_cb = client_msg_cb,
+	                       .on_close_cb = client_close_cb,
+	                       .on_connect_cb = client_connect_cb,
+	                       .ud = &x};
 	CHECK(conn_connect(loop, addr, &co, &x.client, &e) == 0);
 	run_until(loop, 20000);
 	CHECK(x.connected == 1);
@@ -234,8 +237,8 @@ static int frame_to_msg_cb(void *ctx, uint16_t type, const uint8_t *p, size_t le
 static void run_raw_peer(uv_loop_t *loop, const char *send, size_t send_len, uint32_t idle_ms, struct ctx *x)
 {
 	struct errbuf e = {0};
-	struct conn_opts so = {.on_msg_cb = server_msg_cb, .on_close_cb = server_close_cb, .ud = x,
-			       .idle_timeout_ms = idle_ms};
+	struct conn_opts so = {
+	    .on_msg_cb = server_msg_cb, .on_close_cb = server_close_cb, .ud = x, .idle_timeout_ms = idle_ms};
 	CHECK(conn_listen(loop, "127.0.0.1:0", &so, accept_cb, x, &x->l, &e) == 0);
 	struct sockaddr_in sa;
 	uv_ip4_addr("127.0.0.1", conn_listener_port(x->l), &sa);
@@ -350,8 +353,11 @@ static void test_slow_peer(uv_loop_t *loop)
 	uv_tcp_getsockname(&sink_server, (struct sockaddr *)&ss, &len);
 	char addr[64];
 	snprintf(addr, sizeof(addr), "127.0.0.1:%d", ntohs(((struct sockaddr_in *)&ss)->sin_port));
-	struct conn_opts co = {.on_close_cb = slow_close_cb, .on_connect_cb = slow_connect_cb, .ud = &x,
-			       .max_queued_bytes = 4u << 20, .flush_timeout_ms = 100};
+	struct conn_opts co = {.on_close_cb = slow_close_cb,
+	                       .on_connect_cb = slow_connect_cb,
+	                       .ud = &x,
+	                       .max_queued_bytes = 4u << 20,
+	                       .flush_timeout_ms = 100};
 	struct errbuf e;
 	struct conn *c;
 	CHECK(conn_connect(loop, addr, &co, &c, &e) == 0);

@@ -8,12 +8,12 @@
 #include "common/net/frame.h"
 
 static int n_fail;
-#define CHECK(c)                                                                                   \
-	do {                                                                                       \
-		if (!(c)) {                                                                        \
-			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c);      \
-			n_fail++;                                                                  \
-		}                                                                                  \
+#define CHECK(c)                                                                                             \
+	do {                                                                                                 \
+		if (!(c)) {                                                                                  \
+			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c);                \
+			n_fail++;                                                                            \
+		}                                                                                            \
 	} while (0)
 
 struct got {

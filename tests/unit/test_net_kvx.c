@@ -21,8 +21,14 @@
 #define N_PUT 40
 #define BLOCK_BYTES (65536 + 24)
 
-static uint8_t pattern(int src, size_t off) { return (uint8_t)(src * 131 + off * 7 + (off >> 9)); }
-static int perm(int i) { return (i * 29 + 5) % N_BLOCKS; } /* 29 is coprime with 48: distinct ids */
+static uint8_t pattern(int src, size_t off)
+{
+	return (uint8_t)(src * 131 + off * 7 + (off >> 9));
+}
+static int perm(int i)
+{
+	return (i * 29 + 5) % N_BLOCKS;
+} /* 29 is coprime with 48: distinct ids */
 
 static int send_blob(int fd, const void *p, uint32_t len)
 {
@@ -72,7 +78,8 @@ static int decode_child(int fd, const char *tls, const char *dev)
 	kvx_worker_address(x, &addr, &addr_len);
 	kvx_region_rkey(r, &rkey, &rkey_len);
 	uint64_t base = (uint64_t)(uintptr_t)pool;
-	if (send_blob(fd, addr, (uint32_t)addr_len) || send_blob(fd, rkey, (uint32_t)rkey_len) || send_blob(fd, &base, 8))
+	if (send_blob(fd, addr, (uint32_t)addr_len) || send_blob(fd, rkey, (uint32_t)rkey_len) ||
+	    send_blob(fd, &base, 8))
 		return 1;
 	/* progress UCX (tcp emulates RMA with messages the target must process) until prefill is done */
 	for (;;) {
@@ -96,7 +103,8 @@ static int decode_child(int fd, const char *tls, const char *dev)
 		const uint8_t *blk = pool + (size_t)b * BLOCK_BYTES;
 		for (size_t k = 0; k < BLOCK_BYTES; k++)
 			if (blk[k] != pattern(i, k)) {
-				fprintf(stderr, "decode: block %d byte %zu: 0x%02x, expected 0x%02x\n", b, k, blk[k], pattern(i, k));
+				fprintf(stderr, "decode: block %d byte %zu: 0x%02x, expected 0x%02x\n", b, k,
+				        blk[k], pattern(i, k));
 				bad++;
 				break;
 			}
@@ -164,7 +172,7 @@ static int prefill_child(int fd, const char *tls, const char *dev, int try_dead_
 	}
 	for (int i = 0; i < N_PUT; i++)
 		if (kvx_put(x, p, src + (size_t)i * BLOCK_BYTES, i % 2 ? lr : NULL, BLOCK_BYTES,
-			    base + (uint64_t)perm(i) * BLOCK_BYTES, &e)) {
+		            base + (uint64_t)perm(i) * BLOCK_BYTES, &e)) {
 			fprintf(stderr, "prefill: %s\n", e.msg);
 			return 1;
 		}
@@ -183,7 +191,8 @@ static int prefill_child(int fd, const char *tls, const char *dev, int try_dead_
 		return 1;
 	}
 	if (try_dead_peer) {
-		/* wait for the decode process to exit (EOF), then write again: must fail, within the deadline */
+		/* wait for the decode process to exit (EOF), then write again: must fail, within the deadline
+		 */
 		char c;
 		while (read(fd, &c, 1) > 0)
 			;
@@ -193,7 +202,8 @@ static int prefill_child(int fd, const char *tls, const char *dev, int try_dead_
 			rc = kvx_put(x, p, src, lr, BLOCK_BYTES, base, &e);
 		if (!rc)
 			rc = kvx_flush(x, p, 2000, &e);
-		printf("prefill: transfer to an exited decode process: %s\n", rc ? e.msg : "succeeded (WRONG)");
+		printf("prefill: transfer to an exited decode process: %s\n",
+		       rc ? e.msg : "succeeded (WRONG)");
 		if (rc == 0)
 			return 1;
 	}

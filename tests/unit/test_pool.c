@@ -135,6 +135,21 @@ static void *pool_thread_main(void *u)
 	return NULL;
 }
 
+/* scratch without a pool: two buffers per thread, distinct, freed at thread exit (the ASan
+ * build's leak check would report them otherwise) */
+static void *solo_thread_main(void *u)
+{
+	int *ok = u;
+	char *a = kpool_scratch(NULL, 0, 1000), *b = kpool_scratch(NULL, 1, 2000);
+	*ok = a && b && a != b && kpool_scratch(NULL, 2, 10) == NULL && kpool_scratch(NULL, -1, 10) == NULL;
+	if (*ok) {
+		memset(a, 1, 1000);
+		memset(b, 2, 2000);
+		*ok = kpool_scratch(NULL, 0, 10) == a; /* kept */
+	}
+	return NULL;
+}
+
 int main(void)
 {
 	int thread_counts[] = {1, 2, 3, 4, 8};
@@ -161,6 +176,13 @@ int main(void)
 		if (s1)
 			memset(s1, 2, 1 << 20);
 		kpool_destroy(p);
+	}
+	for (int k = 0; k < 4; k++) {
+		pthread_t th1;
+		int ok = 0;
+		pthread_create(&th1, NULL, solo_thread_main, &ok);
+		pthread_join(th1, NULL);
+		CHECK(ok, "scratch without a pool");
 	}
 	/* NULL pool runs inline */
 	struct sum s = {0};

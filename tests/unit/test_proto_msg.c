@@ -11,12 +11,12 @@
 #include "common/net/msg.h"
 
 static int n_fail;
-#define CHECK(c)                                                                                   \
-	do {                                                                                       \
-		if (!(c)) {                                                                        \
-			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c);      \
-			n_fail++;                                                                  \
-		}                                                                                  \
+#define CHECK(c)                                                                                             \
+	do {                                                                                                 \
+		if (!(c)) {                                                                                  \
+			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c);                \
+			n_fail++;                                                                            \
+		}                                                                                            \
 	} while (0)
 
 static const uint8_t rkey[5] = {1, 2, 3, 4, 5};
@@ -133,17 +133,20 @@ static void test_request_messages(void)
 	msg_init(&m, MSG_KV_RESERVE);
 	struct msg_kv_reserve *r = &m.u.kv_reserve;
 	r->rid = 77, r->n_prompt_tokens = 300, r->max_tokens = 50;
-	r->sampling.temperature = 0.7f, r->sampling.top_p = 0.9f, r->sampling.top_k = 40, r->sampling.seed = 1ull << 40;
+	r->sampling.temperature = 0.7f, r->sampling.top_p = 0.9f, r->sampling.top_k = 40,
+	r->sampling.seed = 1ull << 40;
 	r->sampling.logprobs = true, r->sampling.n_logprobs = 5;
 	r->n_stop = 2, r->stop = stops, r->n_stop_token_ids = 2, r->stop_token_ids = stop_ids;
 	r->ignore_eos = true, r->deadline_ms = 30000, r->n_prompt = 300, r->prompt = toks;
 	CHECK(round_trip(&m, &d, &e) == 0);
 	const struct msg_kv_reserve *gr = &d.u.kv_reserve;
 	CHECK(gr->rid == 77 && gr->n_prompt_tokens == 300 && gr->max_tokens == 50);
-	CHECK(fabsf(gr->sampling.temperature - 0.7f) < 1e-7f && gr->sampling.top_k == 40 && gr->sampling.seed == 1ull << 40);
+	CHECK(fabsf(gr->sampling.temperature - 0.7f) < 1e-7f && gr->sampling.top_k == 40 &&
+	      gr->sampling.seed == 1ull << 40);
 	CHECK(gr->sampling.logprobs && gr->sampling.n_logprobs == 5);
 	CHECK(gr->n_stop == 2 && strcmp(gr->stop[1], "\n\nUser:") == 0);
-	CHECK(gr->n_stop_token_ids == 2 && gr->stop_token_ids[1] == 8 && gr->ignore_eos && gr->deadline_ms == 30000);
+	CHECK(gr->n_stop_token_ids == 2 && gr->stop_token_ids[1] == 8 && gr->ignore_eos &&
+	      gr->deadline_ms == 30000);
 	CHECK(gr->n_prompt == 300 && gr->prompt[299] == toks[299]);
 	msg_clear(&d);
 	/* out-of-range sampling refused by the encoder too */
@@ -162,7 +165,8 @@ static void test_request_messages(void)
 	msg_init(&m, MSG_KV_RESERVED);
 	m.u.kv_reserved.rid = 5, m.u.kv_reserved.n_block_ids = 5, m.u.kv_reserved.block_ids = blocks;
 	CHECK(round_trip(&m, &d, &e) == 0);
-	CHECK(d.u.kv_reserved.rid == 5 && d.u.kv_reserved.n_block_ids == 5 && d.u.kv_reserved.block_ids[3] == 99);
+	CHECK(d.u.kv_reserved.rid == 5 && d.u.kv_reserved.n_block_ids == 5 &&
+	      d.u.kv_reserved.block_ids[3] == 99);
 	msg_clear(&d);
 
 	/* KvRelease, Cancel, Drain */
@@ -231,7 +235,8 @@ static void test_result_messages(void)
 	const struct msg_prefill_done *g = &d.u.prefill_done;
 	CHECK(g->rid == 11 && g->first.id == 42 && g->first.logprob == -0.5f && g->first.n_top == 3);
 	CHECK(g->first.top_ids[2] == 44 && g->first.top_logprobs[2] == -3.0f);
-	CHECK(g->n_prompt_tokens == 300 && g->kv_bytes == 1ull << 33 && g->n_checksums == 3 && g->checksums[2] == 0xffffffff);
+	CHECK(g->n_prompt_tokens == 300 && g->kv_bytes == 1ull << 33 && g->n_checksums == 3 &&
+	      g->checksums[2] == 0xffffffff);
 	CHECK(g->prefill_us == 1234 && g->transfer_us == 56);
 	msg_clear(&d);
 
@@ -240,7 +245,8 @@ static void test_result_messages(void)
 	fill_token(&m.u.kv_ready.first, 7);
 	m.u.kv_ready.n_prompt_tokens = 3, m.u.kv_ready.n_checksums = 3, m.u.kv_ready.checksums = sums;
 	CHECK(round_trip(&m, &d, &e) == 0);
-	CHECK(d.u.kv_ready.rid == 12 && d.u.kv_ready.first.id == 7 && d.u.kv_ready.checksums[0] == 0x11111111);
+	CHECK(d.u.kv_ready.rid == 12 && d.u.kv_ready.first.id == 7 &&
+	      d.u.kv_ready.checksums[0] == 0x11111111);
 	msg_clear(&d);
 
 	static struct msg_token toks[100];
@@ -250,7 +256,8 @@ static void test_result_messages(void)
 	m.u.tokens.rid = 13, m.u.tokens.n_tokens = 100, m.u.tokens.tokens = toks;
 	CHECK(round_trip(&m, &d, &e) == 0);
 	CHECK(d.u.tokens.rid == 13 && d.u.tokens.n_tokens == 100);
-	CHECK(d.u.tokens.tokens[99].id == 99 && d.u.tokens.tokens[99].logprob == -1.0f && d.u.tokens.tokens[99].top_ids[1] == 100);
+	CHECK(d.u.tokens.tokens[99].id == 99 && d.u.tokens.tokens[99].logprob == -1.0f &&
+	      d.u.tokens.tokens[99].top_ids[1] == 100);
 	msg_clear(&d);
 	toks[50].logprob = 0.5f; /* a positive logprob is nonsense */
 	CHECK(round_trip(&m, &d, &e) == ERR_PROTO && strstr(e.msg, "logprob"));
@@ -263,13 +270,16 @@ static void test_result_messages(void)
 	m.u.finish.rid = 14, m.u.finish.reason = MSG_FINISH_STOP, m.u.finish.prompt_tokens = 9;
 	m.u.finish.completion_tokens = 21, m.u.finish.stop_index = 1;
 	CHECK(round_trip(&m, &d, &e) == 0);
-	CHECK(d.u.finish.rid == 14 && d.u.finish.reason == MSG_FINISH_STOP && d.u.finish.completion_tokens == 21);
+	CHECK(d.u.finish.rid == 14 && d.u.finish.reason == MSG_FINISH_STOP &&
+	      d.u.finish.completion_tokens == 21);
 	CHECK(d.u.finish.stop_index == 1 && d.u.finish.error_code == 0);
 	msg_clear(&d);
-	m.u.finish.reason = MSG_FINISH_ERROR, m.u.finish.error_code = MSG_ERR_CHECKSUM, m.u.finish.stop_index = -1;
+	m.u.finish.reason = MSG_FINISH_ERROR, m.u.finish.error_code = MSG_ERR_CHECKSUM,
+	m.u.finish.stop_index = -1;
 	snprintf(m.u.finish.error_message, sizeof(m.u.finish.error_message), "block 3 checksum");
 	CHECK(round_trip(&m, &d, &e) == 0);
-	CHECK(d.u.finish.error_code == MSG_ERR_CHECKSUM && strcmp(d.u.finish.error_message, "block 3 checksum") == 0);
+	CHECK(d.u.finish.error_code == MSG_ERR_CHECKSUM &&
+	      strcmp(d.u.finish.error_message, "block 3 checksum") == 0);
 	CHECK(d.u.finish.stop_index == -1);
 	msg_clear(&d);
 
@@ -282,15 +292,18 @@ static void test_result_messages(void)
 	msg_clear(&d);
 
 	msg_init(&m, MSG_HEARTBEAT);
-	m.u.heartbeat.queued_tokens = 1ull << 35, m.u.heartbeat.free_blocks = 5, m.u.heartbeat.running_seqs = 6;
+	m.u.heartbeat.queued_tokens = 1ull << 35, m.u.heartbeat.free_blocks = 5,
+	m.u.heartbeat.running_seqs = 6;
 	m.u.heartbeat.queued_requests = 7, m.u.heartbeat.used_blocks = 8, m.u.heartbeat.draining = true;
 	CHECK(round_trip(&m, &d, &e) == 0);
-	CHECK(d.u.heartbeat.queued_tokens == 1ull << 35 && d.u.heartbeat.free_blocks == 5 && d.u.heartbeat.draining);
+	CHECK(d.u.heartbeat.queued_tokens == 1ull << 35 && d.u.heartbeat.free_blocks == 5 &&
+	      d.u.heartbeat.draining);
 	msg_clear(&d);
 
 	msg_init(&m, MSG_HELLO_ACK);
 	m.u.hello_ack.protocol_version = 1, m.u.hello_ack.worker_id = 3, m.u.hello_ack.heartbeat_ms = 500;
-	CHECK(round_trip(&m, &d, &e) == 0 && d.u.hello_ack.worker_id == 3 && d.u.hello_ack.heartbeat_ms == 500);
+	CHECK(round_trip(&m, &d, &e) == 0 && d.u.hello_ack.worker_id == 3 &&
+	      d.u.hello_ack.heartbeat_ms == 500);
 	msg_clear(&d);
 }
 
@@ -299,7 +312,8 @@ static void test_hostile_payloads(void)
 	struct msg d;
 	struct errbuf e = {0};
 	/* unknown type */
-	CHECK(msg_decode(99, (const uint8_t *)"", 0, &d, &e) == ERR_PROTO && strstr(e.msg, "unknown message type 99"));
+	CHECK(msg_decode(99, (const uint8_t *)"", 0, &d, &e) == ERR_PROTO &&
+	      strstr(e.msg, "unknown message type 99"));
 	msg_clear(&d);
 	/* empty payloads of request messages lack the rid */
 	CHECK(msg_decode(MSG_PREFILL_REQUEST, (const uint8_t *)"", 0, &d, &e) == ERR_PROTO);

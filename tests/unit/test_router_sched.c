@@ -13,14 +13,14 @@
 #include "router/sched.h"
 
 static int n_fail;
-#define CHECK(cond, ...)                                                                                   \
-	do {                                                                                               \
-		if (!(cond)) {                                                                             \
-			n_fail++;                                                                          \
-			printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                             \
-			printf(__VA_ARGS__);                                                               \
-			printf("\n");                                                                      \
-		}                                                                                          \
+#define CHECK(cond, ...)                                                                                     \
+	do {                                                                                                 \
+		if (!(cond)) {                                                                               \
+			n_fail++;                                                                            \
+			printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                               \
+			printf(__VA_ARGS__);                                                                 \
+			printf("\n");                                                                        \
+		}                                                                                            \
 	} while (0)
 
 struct rec {
@@ -49,7 +49,8 @@ static void on_token(void *ud, struct req *r, const struct req_token *t)
 	}
 }
 
-static void on_end(void *ud, struct req *r, enum req_state st, enum req_finish fin, int status, const char *msg)
+static void on_end(void *ud, struct req *r, enum req_state st, enum req_finish fin, int status,
+                   const char *msg)
 {
 	struct rec *x = ud;
 	(void)r;
@@ -65,14 +66,14 @@ static const struct req_sink sink = {on_token, on_end};
 static struct sched_config sched_cfg(void)
 {
 	struct sched_config c = {
-		.n_queue_max = 8,
-		.queue_timeout_ms = 5000,
-		.reserve_timeout_ms = 5000,
-		.prefill_timeout_ms = 5000,
-		.transfer_timeout_ms = 5000,
-		.token_timeout_ms = 5000,
-		.n_prefill_tries_max = 3,
-		.retry_after_s = 2,
+	    .n_queue_max = 8,
+	    .queue_timeout_ms = 5000,
+	    .reserve_timeout_ms = 5000,
+	    .prefill_timeout_ms = 5000,
+	    .transfer_timeout_ms = 5000,
+	    .token_timeout_ms = 5000,
+	    .n_prefill_tries_max = 3,
+	    .retry_after_s = 2,
 	};
 	return c;
 }
@@ -131,9 +132,17 @@ static void test_registration(void)
 	struct errbuf e = {0};
 	struct sched_config c = sched_cfg();
 	CHECK(sched_create(&s, &loop, &c, NULL, &e) == 0, "create");
-	struct worker a = {.role = WORKER_ROLE_DECODE, .name = "decode-a", .model_id = "m1",
-			   .layout = {.arch = "glm-dsa", .n_layers = 4, .block_size = 64, .kv_lora_rank = 512,
-				      .rope_dim = 64, .indexer_dim = 128, .n_indexer_layers = 4, .dtype = "bf16"}};
+	struct worker a = {.role = WORKER_ROLE_DECODE,
+	                   .name = "decode-a",
+	                   .model_id = "m1",
+	                   .layout = {.arch = "glm-dsa",
+	                              .n_layers = 4,
+	                              .block_size = 64,
+	                              .kv_lora_rank = 512,
+	                              .rope_dim = 64,
+	                              .indexer_dim = 128,
+	                              .n_indexer_layers = 4,
+	                              .dtype = "bf16"}};
 	struct worker b = a, c2 = a, d = a, f = a;
 	snprintf(b.name, sizeof(b.name), "prefill-b");
 	b.role = WORKER_ROLE_PREFILL;
@@ -149,7 +158,8 @@ static void test_registration(void)
 	CHECK(sched_worker_add(s, &a, &e) == 0, "first worker: %s", e.msg);
 	CHECK(!sched_is_ready(s), "not ready with decode only");
 	CHECK(sched_worker_add(s, &b, &e) == ERR_MISMATCH, "block size mismatch refused");
-	CHECK(strstr(e.msg, "block_size is 32 on prefill-b but 64 on decode-a") != NULL, "message: %s", e.msg);
+	CHECK(strstr(e.msg, "block_size is 32 on prefill-b but 64 on decode-a") != NULL, "message: %s",
+	      e.msg);
 	CHECK(sched_worker_add(s, &c2, &e) == ERR_MISMATCH, "model mismatch refused");
 	CHECK(strstr(e.msg, "model identity m2 differs from decode-a's m1") != NULL, "message: %s", e.msg);
 	CHECK(sched_worker_add(s, &d, &e) == ERR_MISMATCH, "dtype mismatch refused");
@@ -170,16 +180,23 @@ static void test_greedy_and_blocks(void)
 	struct engine_sim *es;
 	struct errbuf e = {0};
 	struct sched_config c = sched_cfg();
-	struct sim_config sc = {.n_prefill = 1, .n_decode = 1, .n_blocks = 10, .block_size = 16, .step_ms = 1,
-				.prefill_us_per_token = 10, .transfer_ms = 1, .model_id = "sim"};
-	CHECK(sched_create(&s, &loop, &c, m, &e) == 0 && engine_sim_create(&es, &loop, s, &sc, &e) == 0, "setup");
+	struct sim_config sc = {.n_prefill = 1,
+	                        .n_decode = 1,
+	                        .n_blocks = 10,
+	                        .block_size = 16,
+	                        .step_ms = 1,
+	                        .prefill_us_per_token = 10,
+	                        .transfer_ms = 1,
+	                        .model_id = "sim"};
+	CHECK(sched_create(&s, &loop, &c, m, &e) == 0 && engine_sim_create(&es, &loop, s, &sc, &e) == 0,
+	      "setup");
 	struct rec *x = calloc(1, sizeof(*x));
 	struct req *r = mkreq(&loop, 1, 20, 12, x);
 	CHECK(sched_submit(s, r) == 0, "submit");
 	CHECK(blocks_free(s) == 8, "2 blocks reserved for 32 tokens at submit: %u free", blocks_free(s));
 	run_until(&loop, &x, 1);
-	CHECK(x->n_ends == 1 && x->end == REQ_STATE_DONE && x->finish == REQ_FINISH_LENGTH, "done: ends=%d state=%s",
-	      x->n_ends, req_state_name(x->end));
+	CHECK(x->n_ends == 1 && x->end == REQ_STATE_DONE && x->finish == REQ_FINISH_LENGTH,
+	      "done: ends=%d state=%s", x->n_ends, req_state_name(x->end));
 	CHECK(x->n_tokens == 12, "12 tokens: %d", x->n_tokens);
 	uint64_t h = engine_sim_prompt_hash(r->prompt, r->n_prompt);
 	for (int i = 0; i < x->n_tokens; i++)
@@ -213,9 +230,16 @@ static void test_cancel_queue_and_fit(void)
 	struct errbuf e = {0};
 	struct sched_config c = sched_cfg();
 	c.n_queue_max = 2;
-	struct sim_config sc = {.n_prefill = 1, .n_decode = 1, .n_blocks = 4, .block_size = 16, .step_ms = 2,
-				.prefill_us_per_token = 10, .transfer_ms = 1, .model_id = "sim"};
-	CHECK(sched_create(&s, &loop, &c, m, &e) == 0 && engine_sim_create(&es, &loop, s, &sc, &e) == 0, "setup");
+	struct sim_config sc = {.n_prefill = 1,
+	                        .n_decode = 1,
+	                        .n_blocks = 4,
+	                        .block_size = 16,
+	                        .step_ms = 2,
+	                        .prefill_us_per_token = 10,
+	                        .transfer_ms = 1,
+	                        .model_id = "sim"};
+	CHECK(sched_create(&s, &loop, &c, m, &e) == 0 && engine_sim_create(&es, &loop, s, &sc, &e) == 0,
+	      "setup");
 
 	/* r1 takes all 4 blocks (64 tokens); r2, r3 wait in the queue; r4 is refused */
 	struct rec *x[5];
@@ -232,19 +256,20 @@ static void test_cancel_queue_and_fit(void)
 	CHECK(sched_submit(s, r[3]) == ERR_LIMIT, "queue full -> ERR_LIMIT (429)");
 	CHECK(sched_retry_after(s) == 2, "retry after");
 	run_until(&loop, x, 3);
-	CHECK(x[0]->end == REQ_STATE_CANCELLED && x[0]->n_ends == 1 && x[0]->n_tokens == 5, "r1 cancelled once after 5 tokens");
+	CHECK(x[0]->end == REQ_STATE_CANCELLED && x[0]->n_ends == 1 && x[0]->n_tokens == 5,
+	      "r1 cancelled once after 5 tokens");
 	CHECK(x[1]->end == REQ_STATE_DONE && x[1]->n_tokens == 48, "r2 done after r1 freed its blocks");
 	CHECK(x[2]->end == REQ_STATE_DONE && x[2]->n_tokens == 48, "r3 done");
-	CHECK(blocks_free(s) == 4 && engine_sim_n_held(es) == 0, "all blocks back: %u, held %u", blocks_free(s),
-	      engine_sim_n_held(es));
+	CHECK(blocks_free(s) == 4 && engine_sim_n_held(es) == 0, "all blocks back: %u, held %u",
+	      blocks_free(s), engine_sim_n_held(es));
 
 	/* a request larger than any decode worker's pool fails with 400 instead of waiting forever */
 	struct rec *big = calloc(1, sizeof(*big));
 	struct req *rb = mkreq(&loop, 99, 100, 100, big);
 	CHECK(sched_submit(s, rb) == 0, "big submit");
 	run_until(&loop, &big, 1);
-	CHECK(big->end == REQ_STATE_FAILED && big->status == 400, "too big: %s %d %s", req_state_name(big->end),
-	      big->status, big->msg);
+	CHECK(big->end == REQ_STATE_FAILED && big->status == 400, "too big: %s %d %s",
+	      req_state_name(big->end), big->status, big->msg);
 	req_destroy(rb);
 	free(big);
 
@@ -279,9 +304,16 @@ static void test_worker_loss(void)
 	struct errbuf e = {0};
 	struct sched_config c = sched_cfg();
 	/* slow prefill (200 us/token x 100 tokens = 20 ms) so it can be killed mid-way */
-	struct sim_config sc = {.n_prefill = 2, .n_decode = 2, .n_blocks = 64, .block_size = 16, .step_ms = 2,
-				.prefill_us_per_token = 200, .transfer_ms = 1, .model_id = "sim"};
-	CHECK(sched_create(&s, &loop, &c, m, &e) == 0 && engine_sim_create(&es, &loop, s, &sc, &e) == 0, "setup");
+	struct sim_config sc = {.n_prefill = 2,
+	                        .n_decode = 2,
+	                        .n_blocks = 64,
+	                        .block_size = 16,
+	                        .step_ms = 2,
+	                        .prefill_us_per_token = 200,
+	                        .transfer_ms = 1,
+	                        .model_id = "sim"};
+	CHECK(sched_create(&s, &loop, &c, m, &e) == 0 && engine_sim_create(&es, &loop, s, &sc, &e) == 0,
+	      "setup");
 
 	struct rec *a = calloc(1, sizeof(*a)), *b = calloc(1, sizeof(*b));
 	struct req *ra = mkreq(&loop, 1, 100, 20, a);
@@ -291,15 +323,45 @@ static void test_worker_loss(void)
 	int victim = strcmp(ra->prefill->name, "sim-prefill-0") == 0 ? 0 : 1;
 	CHECK(engine_sim_kill(es, WORKER_ROLE_PREFILL, victim) == 0, "kill prefill");
 	CHECK(ra->state == REQ_STATE_PREFILLING && ra->prefill && ra->n_prefill_tries == 2,
-	      "re-prefilled on the other worker: %s tries %d", req_state_name(ra->state), ra->n_prefill_tries);
+	      "re-prefilled on the other worker: %s tries %d", req_state_name(ra->state),
+	      ra->n_prefill_tries);
 	run_until(&loop, &a, 1);
-	CHECK(a->end == REQ_STATE_DONE && a->n_tokens == 20, "a completes after re-prefill: %s %d", req_state_name(a->end),
-	      a->n_tokens);
+	CHECK(a->end == REQ_STATE_DONE && a->n_tokens == 20, "a completes after re-prefill: %s %d",
+	      req_state_name(a->end), a->n_tokens);
 	uint64_t h = engine_sim_prompt_hash(ra->prompt, ra->n_prompt);
 	bool same = true;
 	for (int i = 0; i < a->n_tokens; i++)
 		same &= a->tokens[i] == engine_sim_greedy_token(h, (uint32_t)i);
 	CHECK(same, "re-prefilled output is the greedy sequence");
+
+	/* the decode worker dies while the prompt is still being prefilled: nothing reached the client,
+	 * so the request is placed again (on the other decode worker) and completes */
+	struct rec *pd = calloc(1, sizeof(*pd));
+	struct req *rpd = mkreq(&loop, 4, 100, 10, pd);
+	CHECK(sched_submit(s, rpd) == 0, "submit");
+	spin(&loop, 5);
+	CHECK(rpd->state == REQ_STATE_PREFILLING && rpd->decode, "prefilling: %s",
+	      req_state_name(rpd->state));
+	int dvictim = strcmp(rpd->decode->name, "sim-decode-0") == 0 ? 0 : 1;
+	CHECK(engine_sim_kill(es, WORKER_ROLE_DECODE, dvictim) == 0, "kill decode");
+	CHECK(rpd->state == REQ_STATE_ADMITTED && !rpd->prefill, "back to ADMITTED, prefill dropped: %s",
+	      req_state_name(rpd->state));
+	spin(&loop, 5);
+	CHECK(rpd->state != REQ_STATE_ADMITTED && rpd->decode && rpd->n_prefill_tries == 2 &&
+	          strcmp(rpd->decode->name, dvictim ? "sim-decode-0" : "sim-decode-1") == 0,
+	      "placed again on the other decode worker: %s, tries %d", req_state_name(rpd->state),
+	      rpd->n_prefill_tries);
+	run_until(&loop, &pd, 1);
+	CHECK(pd->end == REQ_STATE_DONE && pd->n_tokens == 10, "completes after the decode loss: %s %d",
+	      req_state_name(pd->end), pd->n_tokens);
+	CHECK(engine_sim_n_held(es) == 0, "nothing held");
+	req_destroy(rpd);
+	free(pd);
+	/* a fresh pair of decode workers for the mid-stream case */
+	teardown(&loop, es, s, m);
+	m = metrics_create(NULL);
+	CHECK(sched_create(&s, &loop, &c, m, &e) == 0 && engine_sim_create(&es, &loop, s, &sc, &e) == 0,
+	      "setup 2");
 
 	/* two requests on the two decode workers; decode 0 dies mid-stream */
 	struct rec *c1 = calloc(1, sizeof(*c1)), *c2 = calloc(1, sizeof(*c2));
@@ -315,15 +377,16 @@ static void test_worker_loss(void)
 	struct rec *both[2] = {c1, c2};
 	run_until(&loop, both, 2);
 	CHECK(on0->end == REQ_STATE_FAILED && on0->status == 502 && on0->n_tokens == 10,
-	      "request on the dead decode worker fails: %s %d tokens=%d (%s)", req_state_name(on0->end), on0->status,
-	      on0->n_tokens, on0->msg);
-	CHECK(on1->end == REQ_STATE_DONE && on1->n_tokens == 200, "the other completes: %s %d", req_state_name(on1->end),
-	      on1->n_tokens);
+	      "request on the dead decode worker fails: %s %d tokens=%d (%s)", req_state_name(on0->end),
+	      on0->status, on0->n_tokens, on0->msg);
+	CHECK(on1->end == REQ_STATE_DONE && on1->n_tokens == 200, "the other completes: %s %d",
+	      req_state_name(on1->end), on1->n_tokens);
 	CHECK(engine_sim_n_held(es) == 0, "nothing held");
 	char *text = NULL;
 	size_t text_len = 0;
 	CHECK(metrics_render(m, &text, &text_len) == 0, "render");
-	CHECK(text && strstr(text, "tandem_router_prefill_retries_total 1\n"), "retry counted");
+	CHECK(text && strstr(text, "tandem_router_prefill_retries_total 0\n"),
+	      "no re-placement in the mid-stream case");
 	CHECK(text && strstr(text, "tandem_router_workers{role=\"decode\"} 1\n"), "one decode worker left");
 	free(text);
 
@@ -347,15 +410,23 @@ static void test_deadline(void)
 	struct errbuf e = {0};
 	struct sched_config c = sched_cfg();
 	c.token_timeout_ms = 30;
-	struct sim_config sc = {.n_prefill = 1, .n_decode = 1, .n_blocks = 8, .block_size = 16, .step_ms = 200,
-				.prefill_us_per_token = 1, .transfer_ms = 1, .model_id = "sim"};
-	CHECK(sched_create(&s, &loop, &c, NULL, &e) == 0 && engine_sim_create(&es, &loop, s, &sc, &e) == 0, "setup");
+	struct sim_config sc = {.n_prefill = 1,
+	                        .n_decode = 1,
+	                        .n_blocks = 8,
+	                        .block_size = 16,
+	                        .step_ms = 200,
+	                        .prefill_us_per_token = 1,
+	                        .transfer_ms = 1,
+	                        .model_id = "sim"};
+	CHECK(sched_create(&s, &loop, &c, NULL, &e) == 0 && engine_sim_create(&es, &loop, s, &sc, &e) == 0,
+	      "setup");
 	struct rec *x = calloc(1, sizeof(*x));
 	struct req *r = mkreq(&loop, 1, 10, 5, x);
 	CHECK(sched_submit(s, r) == 0, "submit");
 	run_until(&loop, &x, 1);
 	CHECK(x->end == REQ_STATE_FAILED && x->status == 504 && strstr(x->msg, "DECODING"),
-	      "stalled decode fails with 504 naming the state: %s %d %s", req_state_name(x->end), x->status, x->msg);
+	      "stalled decode fails with 504 naming the state: %s %d %s", req_state_name(x->end), x->status,
+	      x->msg);
 	CHECK(blocks_free(s) == 8 && engine_sim_n_held(es) == 0, "blocks back after the deadline");
 	req_destroy(r);
 	free(x);

@@ -15,14 +15,14 @@
 #include "router/workers.h"
 
 static int n_fail;
-#define CHECK(cond, ...)                                                                                   \
-	do {                                                                                               \
-		if (!(cond)) {                                                                             \
-			n_fail++;                                                                          \
-			printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                             \
-			printf(__VA_ARGS__);                                                               \
-			printf("\n");                                                                      \
-		}                                                                                          \
+#define CHECK(cond, ...)                                                                                     \
+	do {                                                                                                 \
+		if (!(cond)) {                                                                               \
+			n_fail++;                                                                            \
+			printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                               \
+			printf(__VA_ARGS__);                                                                 \
+			printf("\n");                                                                        \
+		}                                                                                            \
 	} while (0)
 
 static uv_loop_t loop;
@@ -45,7 +45,8 @@ struct fake {
 	char last_target[80];
 	uint64_t last_rid;
 	uint32_t n_gen; /* decode: tokens to send after KvReady (Tokens + Finish) */
-	bool hold;      /* decode: send nothing after KvReady (so the test can cancel or drop) */
+	bool hold; /* decode: send nothing after KvReady (so the test can cancel or drop) */
+	int n_refuse; /* decode: answer this many KvReserves with Error(NO_CAPACITY) */
 };
 
 static const uint8_t fake_ucx_addr[8] = {1, 2, 3, 4, 5, 6, 7, 8};
@@ -72,8 +73,19 @@ static int fake_msg_cb(struct conn *c, struct msg *m, void *ud)
 	case MSG_KV_RESERVE: {
 		f->n_reserve++;
 		f->last_rid = m->u.kv_reserve.rid;
-		uint32_t need = (m->u.kv_reserve.n_prompt_tokens + m->u.kv_reserve.max_tokens + f->block_size - 1) /
-				f->block_size;
+		if (f->n_refuse > 0) {
+			f->n_refuse--;
+			msg_init(&o, MSG_ERROR);
+			o.u.error.has_rid = true;
+			o.u.error.rid = m->u.kv_reserve.rid;
+			o.u.error.code = MSG_ERR_NO_CAPACITY;
+			snprintf(o.u.error.message, sizeof(o.u.error.message), "no free blocks");
+			fake_send(f, &o);
+			break;
+		}
+		uint32_t need =
+		    (m->u.kv_reserve.n_prompt_tokens + m->u.kv_reserve.max_tokens + f->block_size - 1) /
+		    f->block_size;
 		uint32_t ids[64];
 		for (uint32_t i = 0; i < need && i < 64; i++)
 			ids[i] = 10 + i;
@@ -101,7 +113,7 @@ static int fake_msg_cb(struct conn *c, struct msg *m, void *ud)
 		memcpy(f->last_blocks, p->block_ids, f->n_last_blocks * sizeof(uint32_t));
 		snprintf(f->last_target, sizeof(f->last_target), "%s", p->target_name);
 		CHECK(p->target_ucx_address_len == sizeof(fake_ucx_addr) &&
-			      memcmp(p->target_ucx_address, fake_ucx_addr, sizeof(fake_ucx_addr)) == 0,
+		          memcmp(p->target_ucx_address, fake_ucx_addr, sizeof(fake_ucx_addr)) == 0,
 		      "decode's UCX address forwarded to prefill");
 		CHECK(p->target_region.rkey_len == sizeof(fake_rkey) && p->target_region.n_blocks == 64,
 		      "decode's KV region forwarded");
@@ -206,7 +218,8 @@ static void hb_cb(uv_timer_t *t)
 		struct msg m;
 		msg_init(&m, MSG_HEARTBEAT);
 		if (f->role == MSG_ROLE_DECODE)
-			m.u.heartbeat.free_blocks = 64 - 4 * (uint32_t)(f->n_reserve - f->n_cancel - f->n_release);
+			m.u.heartbeat.free_blocks =
+			    64 - 4 * (uint32_t)(f->n_reserve - f->n_cancel - f->n_release);
 		struct errbuf e = {0};
 		if (conn_send(f->c, &m, &e) != 0)
 			printf("heartbeat from %s: %s\n", f->name, e.msg);
@@ -218,8 +231,10 @@ static void fake_start(struct fake *f, int port)
 	char addr[64];
 	snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
 	all_fakes[n_fakes++] = f;
-	struct conn_opts o = {.on_msg_cb = fake_msg_cb, .on_close_cb = fake_close_cb, .on_connect_cb = fake_connect_cb,
-			      .ud = f};
+	struct conn_opts o = {.on_msg_cb = fake_msg_cb,
+	                      .on_close_cb = fake_close_cb,
+	                      .on_connect_cb = fake_connect_cb,
+	                      .ud = f};
 	struct errbuf e = {0};
 	CHECK(conn_connect(&loop, addr, &o, &f->c, &e) == 0, "connect: %s", e.msg);
 }
@@ -242,7 +257,8 @@ static void on_token(void *ud, struct req *r, const struct req_token *t)
 		x->tokens[x->n_tokens++] = t->id;
 }
 
-static void on_end(void *ud, struct req *r, enum req_state st, enum req_finish fin, int status, const char *msg)
+static void on_end(void *ud, struct req *r, enum req_state st, enum req_finish fin, int status,
+                   const char *msg)
 {
 	struct rec *x = ud;
 	(void)r;
@@ -262,11 +278,26 @@ static void run_while(bool (*pending)(void *), void *arg, int ms)
 		uv_run(&loop, UV_RUN_ONCE);
 }
 
-static bool not_acked(void *a) { return !((struct fake *)a)->acked && !((struct fake *)a)->closed; }
-static bool not_errored(void *a) { return ((struct fake *)a)->error_code == 0 && !((struct fake *)a)->closed; }
-static bool not_ended(void *a) { return ((struct rec *)a)->n_ends == 0; }
-static bool not_ready(void *a) { return ((struct fake *)a)->n_ready == 0; }
-static bool not_cancelled(void *a) { return ((struct fake *)a)->n_cancel == 0; }
+static bool not_acked(void *a)
+{
+	return !((struct fake *)a)->acked && !((struct fake *)a)->closed;
+}
+static bool not_errored(void *a)
+{
+	return ((struct fake *)a)->error_code == 0 && !((struct fake *)a)->closed;
+}
+static bool not_ended(void *a)
+{
+	return ((struct rec *)a)->n_ends == 0;
+}
+static bool not_ready(void *a)
+{
+	return ((struct fake *)a)->n_ready == 0;
+}
+static bool not_cancelled(void *a)
+{
+	return ((struct fake *)a)->n_cancel == 0;
+}
 
 static struct req *mkreq(uint64_t id, uint32_t n_prompt, uint32_t n_new, struct rec *x)
 {
@@ -284,22 +315,34 @@ int main(void)
 	struct sched *s;
 	struct workers *ws;
 	struct errbuf e = {0};
-	struct sched_config sc = {.n_queue_max = 8, .queue_timeout_ms = 5000, .reserve_timeout_ms = 5000,
-				  .prefill_timeout_ms = 5000, .transfer_timeout_ms = 5000, .token_timeout_ms = 5000,
-				  .n_prefill_tries_max = 2, .retry_after_s = 1};
+	struct sched_config sc = {.n_queue_max = 8,
+	                          .queue_timeout_ms = 5000,
+	                          .reserve_timeout_ms = 5000,
+	                          .prefill_timeout_ms = 5000,
+	                          .transfer_timeout_ms = 5000,
+	                          .token_timeout_ms = 5000,
+	                          .n_prefill_tries_max = 2,
+	                          .retry_after_s = 1};
 	CHECK(sched_create(&s, &loop, &sc, m, &e) == 0, "sched");
-	struct workers_config wc = {.listen_addr = "127.0.0.1:0", .auth_token = "sesame", .heartbeat_ms = 200,
-				    .reserve_deadline_ms = 10000, .prefill_deadline_ms = 5000};
+	struct workers_config wc = {.listen_addr = "127.0.0.1:0",
+	                            .auth_token = "sesame",
+	                            .heartbeat_ms = 200,
+	                            .reserve_deadline_ms = 10000,
+	                            .prefill_deadline_ms = 5000};
 	CHECK(workers_create(&ws, &loop, s, &wc, m, &e) == 0, "workers: %s", e.msg);
 	int port = workers_port(ws);
 	uv_timer_t hb;
 	uv_timer_init(&loop, &hb);
 	uv_timer_start(&hb, hb_cb, 100, 100);
 
-	struct fake dec = {.name = "decode-0", .role = MSG_ROLE_DECODE, .block_size = 16, .token = "sesame", .n_gen = 5};
-	struct fake pre = {.name = "prefill-0", .role = MSG_ROLE_PREFILL, .block_size = 16, .token = "sesame"};
-	struct fake bad = {.name = "decode-bad", .role = MSG_ROLE_DECODE, .block_size = 32, .token = "sesame"};
-	struct fake nokey = {.name = "decode-nokey", .role = MSG_ROLE_DECODE, .block_size = 16, .token = "wrong"};
+	struct fake dec = {
+	    .name = "decode-0", .role = MSG_ROLE_DECODE, .block_size = 16, .token = "sesame", .n_gen = 5};
+	struct fake pre = {
+	    .name = "prefill-0", .role = MSG_ROLE_PREFILL, .block_size = 16, .token = "sesame"};
+	struct fake bad = {
+	    .name = "decode-bad", .role = MSG_ROLE_DECODE, .block_size = 32, .token = "sesame"};
+	struct fake nokey = {
+	    .name = "decode-nokey", .role = MSG_ROLE_DECODE, .block_size = 16, .token = "wrong"};
 	fake_start(&dec, port);
 	fake_start(&pre, port);
 	run_while(not_acked, &dec, 3000);
@@ -310,11 +353,12 @@ int main(void)
 	fake_start(&bad, port);
 	run_while(not_errored, &bad, 3000);
 	CHECK(bad.error_code == MSG_ERR_LAYOUT_MISMATCH, "layout mismatch code: %d", bad.error_code);
-	CHECK(strstr(bad.error_msg, "block_size is 32 on decode-bad but 16 on") != NULL, "message names the field: %s",
-	      bad.error_msg);
+	CHECK(strstr(bad.error_msg, "block_size is 32 on decode-bad but 16 on") != NULL,
+	      "message names the field: %s", bad.error_msg);
 	fake_start(&nokey, port);
 	run_while(not_errored, &nokey, 3000);
-	CHECK(nokey.error_code == MSG_ERR_AUTH, "wrong token refused: %d %s", nokey.error_code, nokey.error_msg);
+	CHECK(nokey.error_code == MSG_ERR_AUTH, "wrong token refused: %d %s", nokey.error_code,
+	      nokey.error_msg);
 
 	/* a request's whole life over the protocol */
 	struct rec *x = calloc(1, sizeof(*x));
@@ -343,6 +387,22 @@ int main(void)
 	CHECK(x->end == REQ_STATE_CANCELLED && dec.n_cancel == 1, "Cancel sent once: %d", dec.n_cancel);
 	req_destroy(r);
 
+	/* decode refuses the reservation (its pool is tighter than the router thought): the request
+	 * waits in the queue until the next heartbeat and then gets its blocks */
+	dec.hold = false;
+	dec.n_refuse = 1;
+	memset(x, 0, sizeof(*x));
+	int reserves_before = dec.n_reserve;
+	r = mkreq(10, 10, 5, x);
+	CHECK(sched_submit(s, r) == 0, "submit refused-then-ok");
+	run_while(not_ended, x, 5000);
+	CHECK(x->end == REQ_STATE_DONE && x->n_tokens == 5, "done after a NO_CAPACITY refusal: %s %s",
+	      req_state_name(x->end), x->msg);
+	CHECK(dec.n_reserve == reserves_before + 2, "asked twice: %d", dec.n_reserve - reserves_before);
+	CHECK(dec.n_release == 0, "no KvRelease for a refused reservation");
+	req_destroy(r);
+	dec.hold = true;
+
 	/* decode connection drops mid-stream: the request fails with 502 */
 	memset(x, 0, sizeof(*x));
 	int ready_before = dec.n_ready;
@@ -353,8 +413,8 @@ int main(void)
 		uv_run(&loop, UV_RUN_ONCE);
 	conn_close(dec.c, "test drops the decode worker");
 	run_while(not_ended, x, 3000);
-	CHECK(x->end == REQ_STATE_FAILED && x->status == 502, "failed with 502: %s %d %s", req_state_name(x->end), x->status,
-	      x->msg);
+	CHECK(x->end == REQ_STATE_FAILED && x->status == 502, "failed with 502: %s %d %s",
+	      req_state_name(x->end), x->status, x->msg);
 	CHECK(!sched_is_ready(s), "no decode worker left");
 	req_destroy(r);
 	free(x);
@@ -362,8 +422,10 @@ int main(void)
 	char *text = NULL;
 	size_t text_len = 0;
 	CHECK(metrics_render(m, &text, &text_len) == 0, "render");
-	CHECK(text && strstr(text, "tandem_router_kv_transferred_bytes_total 12288\n"), "kv bytes from PrefillDone");
-	CHECK(text && strstr(text, "tandem_router_worker_registrations_refused_total 1\n"), "one layout refusal");
+	CHECK(text && strstr(text, "tandem_router_kv_transferred_bytes_total 16384\n"),
+	      "kv bytes from PrefillDone");
+	CHECK(text && strstr(text, "tandem_router_worker_registrations_refused_total 1\n"),
+	      "one layout refusal");
 	free(text);
 
 	if (pre.c)
