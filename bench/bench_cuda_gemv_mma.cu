@@ -1,0 +1,334 @@
+/* Experiment bench: the tensor-core decode GEMV (bench/gemv_mma.cuh) for Q4_K, Q5_K, Q6_K, Q8_0,
+ * first checked against the CPU reference, then timed against kcuda_matmul's GEMV in the same run.
+ *
+ * Check (seeded, seed printed; replay with TANDEM_SEED=...): random weights (ops_fill_weight: every
+ * bit pattern of the packed fields) and activations uniform in [-1, 1), shapes 6144x32768,
+ * 6144x2048, 2048x6144, 16384x6144 (n_in x n_out) and odd n_out (1000, 37, 17), n_tok 1, 2, 3, 4,
+ * 5, 8. Per output, with mag = sum_k |w_k x_k| (w = kcpu_dequant_row, in double):
+ *   |gpu - kcpu_dot_row| <= 2e-6 sqrt(n_in) mag   (the GEMV tolerance of test_ops_matmul: fp32
+ *                                                  summation order, the CPU dot's own error);
+ *   |gpu - exact| <= 2^-16 mag, exact = the double dot of the dequantized weights. What the fp16
+ *     split costs: hi + lo/2048 misses x by <= 2^-22 |x| (+ 2^-36 near fp16 underflow), the
+ *     products are exact, HMMA accumulates in fp32 (alignment/truncation: a few ulp per 16-step
+ *     chain) and the scale/min terms may cancel (Q4_K/Q5_K: d sc q - dmin m), so the bound is
+ *     taken relative to mag with room for that: 2^-16 = 1.5e-5.
+ * Non-finite outputs fail, token rows past n_tok and the guard after Y must keep their fill.
+ * The bench also checks kcuda_matmul at n_tok 8 with the first tolerance (harness sanity).
+ *
+ * Timing: CUDA events around batches of launches, warm-up, median of 9 batches, every launch reads
+ * another copy of the weight (copies totalling >= 4x L2), random data; GB/s counts weight bytes;
+ * the read ceiling is a streaming uint4 read of 2 GiB measured in the same run.
+ *   bench_cuda_gemv_mma [check|time]   (default: both; exit 1 if any check fails, 77 = no GPU) */
+#include <algorithm>
+#include <stdarg.h>
+#include <vector>
+
+#include "bench/gemv_mma.cuh"
+#include "tests/ops/ops_util.h"
+
+#define CK KCUDA_CHECK
+
+static float median(std::vector<float> v)
+{
+	std::sort(v.begin(), v.end());
+	return v[v.size() / 2];
+}
+
+/* ms per call, median over `reps` batches of `batch` calls of fn(i) */
+template <class F> static float time_ms(cudaStream_t s, int warm, int reps, int batch, F fn)
+{
+	cudaEvent_t a, b;
+	CK(cudaEventCreate(&a));
+	CK(cudaEventCreate(&b));
+	for (int i = 0; i < warm * batch; i++)
+		fn(i);
+	std::vector<float> v;
+	int k = 0;
+	for (int r = 0; r < reps; r++) {
+		CK(cudaEventRecord(a, s));
+		for (int i = 0; i < batch; i++)
+			fn(k++);
+		CK(cudaEventRecord(b, s));
+		CK(cudaEventSynchronize(b));
+		float ms;
+		CK(cudaEventElapsedTime(&ms, a, b));
+		v.push_back(ms / batch);
+	}
+	CK(cudaEventDestroy(a));
+	CK(cudaEventDestroy(b));
+	return median(v);
+}
+
+__global__ void read_kernel(const uint4 *p, size_t n, uint32_t *sink)
+{
+	uint32_t acc = 0;
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+		uint4 v = __ldg(p + i);
+		acc ^= v.x ^ v.y ^ v.z ^ v.w;
+	}
+	if (acc == 0x12345678u)
+		*sink = acc; /* practically never: keeps the loads alive */
+}
+
+__global__ void fill_random(uint32_t *p, size_t n, uint32_t seed)
+{
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+		uint32_t z = (uint32_t)i * 2654435761u ^ seed;
+		z ^= z >> 15;
+		z *= 0x2c1b3c6du;
+		z ^= z >> 12;
+		p[i] = z | 0x01000100u; /* never an all-zero word */
+	}
+}
+
+struct shape {
+	int64_t n_in, n_out;
+	const char *what;
+};
+
+static const int types[] = {KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_Q8_0};
+static const shape shapes[] = {{6144, 32768, "6144x32768"},
+                               {6144, 2048, "6144x2048 glm expert"},
+                               {2048, 6144, "2048x6144 glm o/8"},
+                               {16384, 6144, "16384x6144 glm attn_out"},
+                               {6144, 1000, "6144x1000 odd"},
+                               {2048, 37, "2048x37 odd"},
+                               {512, 17, "512x17 odd"}};
+#define MAX_TOK 8
+#define GUARD 4096 /* floats after Y that must keep the fill */
+
+static int n_fail;
+
+static float rand_x(void)
+{
+	float v = ops_rng_unif();
+	return v == 0.f ? 0.5f : v;
+}
+
+/* Runs the mma GEMV (or the baseline when base) for n_tok tokens and checks every output;
+ * returns the number of bad outputs. ref/exact/mag: [MAX_TOK][n_out]. */
+static int64_t check_run(struct kcuda_ctx *c, int n_sm, const struct kweight &wd, const float *xd, int n_tok, bool base,
+                         const std::vector<float> &ref, const std::vector<double> &exact,
+                         const std::vector<double> &mag, float *yd, std::vector<float> &yh, const char *what)
+{
+	const int64_t n_out = wd.n_out, n_in = wd.n_in;
+	cudaStream_t s = (cudaStream_t)kcuda_ctx_stream(c);
+	const size_t ny = (size_t)MAX_TOK * n_out + GUARD;
+	CK(cudaMemsetAsync(yd, 0xA5, ny * sizeof(float), s));
+	int rc = base ? kcuda_matmul(c, &wd, xd, n_in, n_tok, yd, n_out)
+	              : gemv_mma(wd.type, wd.data, wd.row_bytes, n_in, n_out, xd, n_in, n_tok, yd, n_out, s, n_sm);
+	CK(cudaStreamSynchronize(s));
+	CK(cudaGetLastError());
+	if (rc) {
+		printf("FAIL %s %s n_tok %d: rc %d\n", ktype_name(wd.type), what, n_tok, rc);
+		n_fail++;
+		return 1;
+	}
+	CK(cudaMemcpy(yh.data(), yd, ny * sizeof(float), cudaMemcpyDeviceToHost));
+	int64_t n_bad = 0, n_fill_bad = 0;
+	double worst_cpu = 0, worst_exact = 0;
+	const double tol_cpu = 2e-6 * sqrt((double)n_in), tol_exact = ldexp(1.0, -16);
+	for (int t = 0; t < MAX_TOK; t++)
+		for (int64_t r = 0; r < n_out; r++) {
+			const float g = yh[(size_t)t * n_out + r];
+			if (t >= n_tok) {
+				n_fill_bad += !ops_is_fill_f32(g);
+				continue;
+			}
+			const size_t i = (size_t)t * n_out + r;
+			const double m = mag[i] + 1e-30, e_cpu = fabs((double)g - ref[i]), e_ex = fabs((double)g - exact[i]);
+			const bool ok = isfinite(g) && e_cpu <= tol_cpu * m && (base || e_ex <= tol_exact * m);
+			if (!ok && n_bad++ < 3)
+				printf("  %s %s n_tok %d row %lld tok %d: gpu %.9g cpu %.9g exact %.9g (|d| %.3g / %.3g, "
+				       "mag %.3g)\n",
+				       ktype_name(wd.type), what, n_tok, (long long)r, t, g, ref[i], exact[i], e_cpu, e_ex,
+				       m);
+			worst_cpu = std::max(worst_cpu, e_cpu / m);
+			worst_exact = std::max(worst_exact, e_ex / m);
+		}
+	for (size_t i = (size_t)MAX_TOK * n_out; i < ny; i++)
+		n_fill_bad += !ops_is_fill_f32(yh[i]);
+	const bool pass = n_bad == 0 && n_fill_bad == 0;
+	printf("check %-5s %-4s %-24s n_tok %d: max err/mag vs cpu %.2e (tol %.2e), vs exact %.2e (tol %.2e)%s%s\n",
+	       ktype_name(wd.type), base ? "base" : "mma", what, n_tok, worst_cpu, tol_cpu, worst_exact,
+	       base ? 0.0 : tol_exact, n_fill_bad ? " WRITES PAST n_tok/guard" : "", pass ? " ok" : " FAIL");
+	if (!pass)
+		n_fail++;
+	return n_bad + n_fill_bad;
+}
+
+static void check_all(struct kcuda_ctx *c, int n_sm)
+{
+	float *xd, *yd;
+	const int64_t max_in = 16384, max_out = 32768;
+	CK(cudaMalloc(&xd, sizeof(float) * MAX_TOK * max_in));
+	CK(cudaMalloc(&yd, sizeof(float) * ((size_t)MAX_TOK * max_out + GUARD)));
+	std::vector<float> yh((size_t)MAX_TOK * max_out + GUARD);
+	for (int type : types)
+		for (const shape &sh : shapes) {
+			const int64_t n_in = sh.n_in, n_out = sh.n_out;
+			size_t rb;
+			if (!ktype_row_bytes(type, n_in, &rb))
+				abort();
+			std::vector<uint8_t> wh(rb * n_out);
+			ops_fill_weight(type, n_in, n_out, rb, wh.data());
+			std::vector<float> xh((size_t)MAX_TOK * n_in), row(n_in);
+			for (auto &v : xh)
+				v = rand_x();
+			struct kweight w = {type, n_in, n_out, rb, wh.data()}, wd = {};
+			if (kcuda_weight_upload(c, &w, &wd))
+				abort();
+			CK(cudaMemcpy(xd, xh.data(), xh.size() * sizeof(float), cudaMemcpyHostToDevice));
+			const size_t n = (size_t)MAX_TOK * n_out;
+			std::vector<float> ref(n);
+			std::vector<double> exact(n), mag(n);
+			for (int64_t r = 0; r < n_out; r++) {
+				const uint8_t *wr = wh.data() + (size_t)r * rb;
+				kcpu_dequant_row(type, wr, row.data(), n_in);
+				for (int t = 0; t < MAX_TOK; t++) {
+					const float *x = xh.data() + (size_t)t * n_in;
+					double e = 0, m = 0;
+					for (int64_t k = 0; k < n_in; k++) {
+						const double p = (double)row[k] * x[k];
+						e += p;
+						m += fabs(p);
+					}
+					const size_t i = (size_t)t * n_out + r;
+					ref[i] = kcpu_dot_row(type, wr, x, n_in);
+					exact[i] = e;
+					mag[i] = m;
+				}
+			}
+			for (int nt : {1, 2, 3, 4, 5, 8})
+				check_run(c, n_sm, wd, xd, nt, false, ref, exact, mag, yd, yh, sh.what);
+			check_run(c, n_sm, wd, xd, 8, true, ref, exact, mag, yd, yh, sh.what);
+			kcuda_weight_free(&wd);
+		}
+	/* arguments outside the kernel's assumptions are refused, not run */
+	int bad = 0;
+	bad += gemv_mma(KT_Q4_K, xd, 144, 256, 1, xd, 256, 9, yd, 1, 0, n_sm) != -EINVAL;
+	bad += gemv_mma(KT_Q4_K, xd, 144, 256, 1, xd, 256, 0, yd, 1, 0, n_sm) != -EINVAL;
+	bad += gemv_mma(KT_Q8_0, xd, 34 * 4, 128, 1, xd, 128, 1, yd, 1, 0, n_sm) != -EINVAL;
+	bad += gemv_mma(KT_Q6_K, xd, 210, 256, 1, xd, 256, 1, yd, 1, 0, n_sm) != -EINVAL; /* rows 2-byte aligned */
+	bad += gemv_mma(KT_Q4_K, xd, 144, 256, 1, xd + 1, 256, 1, yd, 1, 0, n_sm) != -EINVAL;
+	bad += gemv_mma(KT_BF16, xd, 512, 256, 1, xd, 256, 1, yd, 1, 0, n_sm) != ERR_UNSUPPORTED;
+	printf("check bad arguments: %s\n", bad ? "FAIL" : "ok");
+	n_fail += bad;
+	CK(cudaFree(xd));
+	CK(cudaFree(yd));
+}
+
+/* registers, local memory and occupancy of the instantiations that run */
+template <int T, int R, int NG> static void kernel_info(void)
+{
+	cudaFuncAttributes a;
+	CK(cudaFuncGetAttributes(&a, gemv_mma_kernel<T, R, NG>));
+	int blocks = 0;
+	CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemv_mma_kernel<T, R, NG>, GM_WARPS * 32, 0));
+	printf("kernel %-5s R %d NG %d: %d regs, %zu B local, %zu B shared, %d blocks (%d warps) per SM\n",
+	       ktype_name(T), R, NG, a.numRegs, a.localSizeBytes, a.sharedSizeBytes, blocks, blocks * GM_WARPS);
+}
+template <int T> static void kernel_info_t(void)
+{
+	kernel_info<T, 1, 1>();
+	kernel_info<T, 2, 1>();
+	kernel_info<T, 1, 2>();
+	kernel_info<T, 2, 2>();
+}
+
+static void time_all(struct kcuda_ctx *c, int n_sm, size_t l2)
+{
+	cudaStream_t s = (cudaStream_t)kcuda_ctx_stream(c);
+	const size_t big = (size_t)2 << 30;
+	void *A;
+	uint32_t *sink;
+	CK(cudaMalloc(&A, big));
+	CK(cudaMalloc(&sink, 4));
+	fill_random<<<4096, 256, 0, s>>>((uint32_t *)A, big / 4, 1);
+	float ms = time_ms(s, 2, 7, 1, [&](int) {
+		read_kernel<<<n_sm * 16, 256, 0, s>>>((const uint4 *)A, big / 16, sink);
+	});
+	const double read_gbs = big / (ms * 1e-3) / 1e9;
+	printf("ceiling: read-only stream 2 GiB: %.3f ms -> %.0f GB/s\n", ms, read_gbs);
+
+	float *xd, *yd;
+	CK(cudaMalloc(&xd, sizeof(float) * MAX_TOK * 16384));
+	CK(cudaMalloc(&yd, sizeof(float) * MAX_TOK * 32768));
+	{
+		std::vector<float> xh((size_t)MAX_TOK * 16384);
+		for (auto &v : xh)
+			v = rand_x();
+		CK(cudaMemcpy(xd, xh.data(), xh.size() * sizeof(float), cudaMemcpyHostToDevice));
+	}
+	printf("\n%-5s %-24s %5s | %9s %7s %6s | %9s %7s %6s | %s\n", "type", "shape", "n_tok", "mma us", "GB/s",
+	       "%read", "base us", "GB/s", "%read", "speedup");
+	for (int type : types)
+		for (int si = 0; si < 4; si++) {
+			const shape &sh = shapes[si];
+			size_t rb;
+			ktype_row_bytes(type, sh.n_in, &rb);
+			const size_t wbytes = rb * (size_t)sh.n_out, stride = (wbytes + 255) & ~(size_t)255;
+			const int ncopy = (int)std::min<size_t>(big / stride, 64);
+			if ((size_t)ncopy * wbytes < 4 * l2) {
+				printf("%-5s %-24s: cannot rotate over 4x L2, skipped\n", ktype_name(type), sh.what);
+				continue;
+			}
+			std::vector<uint8_t> hw(wbytes);
+			ops_fill_weight(type, sh.n_in, sh.n_out, rb, hw.data());
+			for (int k = 0; k < ncopy; k++)
+				CK(cudaMemcpy((char *)A + k * stride, hw.data(), wbytes, cudaMemcpyHostToDevice));
+			for (int nt : {1, 2, 4, 8}) {
+				const float ms_mma = time_ms(s, 3, 9, ncopy, [&](int i) {
+					if (gemv_mma(type, (char *)A + (i % ncopy) * stride, rb, sh.n_in, sh.n_out, xd,
+					             sh.n_in, nt, yd, sh.n_out, s, n_sm))
+						abort();
+				});
+				const float ms_base = time_ms(s, 3, 9, ncopy, [&](int i) {
+					struct kweight w = {type, sh.n_in, sh.n_out, rb, (char *)A + (i % ncopy) * stride};
+					if (kcuda_matmul(c, &w, xd, sh.n_in, nt, yd, sh.n_out))
+						abort();
+				});
+				const double g_mma = wbytes / (ms_mma * 1e-3) / 1e9, g_base = wbytes / (ms_base * 1e-3) / 1e9;
+				printf("%-5s %-24s %5d | %9.2f %7.0f %5.1f%% | %9.2f %7.0f %5.1f%% | %.2fx\n",
+				       ktype_name(type), sh.what, nt, ms_mma * 1e3, g_mma, 100 * g_mma / read_gbs,
+				       ms_base * 1e3, g_base, 100 * g_base / read_gbs, ms_base / ms_mma);
+				fflush(stdout);
+			}
+		}
+	CK(cudaFree(A));
+	CK(cudaFree(sink));
+	CK(cudaFree(xd));
+	CK(cudaFree(yd));
+}
+
+int main(int argc, char **argv)
+{
+	const bool do_check = argc < 2 || !strcmp(argv[1], "check");
+	const bool do_time = argc < 2 || !strcmp(argv[1], "time");
+	if (kcuda_device_count() < 1) {
+		printf("SKIP: no CUDA device\n");
+		return 77;
+	}
+	ops_seed_init();
+	cudaDeviceProp prop;
+	CK(cudaGetDeviceProperties(&prop, 0));
+	printf("device: %s, sm_%d%d, %d SMs, L2 %.0f MiB\n", prop.name, prop.major, prop.minor,
+	       prop.multiProcessorCount, prop.l2CacheSize / 1048576.0);
+	struct kcuda_ctx *c = NULL;
+	if (kcuda_ctx_create(0, 64u << 20, &c)) {
+		printf("FAIL: no CUDA context\n");
+		return 1;
+	}
+	const int n_sm = prop.multiProcessorCount;
+	kernel_info_t<KT_Q4_K>();
+	kernel_info_t<KT_Q5_K>();
+	kernel_info_t<KT_Q6_K>();
+	kernel_info_t<KT_Q8_0>();
+	if (do_check)
+		check_all(c, n_sm);
+	if (do_time)
+		time_all(c, n_sm, prop.l2CacheSize);
+	kcuda_ctx_destroy(c);
+	printf("\n%s: %d failed checks\n", n_fail ? "FAIL" : "PASS", n_fail);
+	return n_fail ? 1 : 0;
+}
