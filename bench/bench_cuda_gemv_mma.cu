@@ -18,7 +18,8 @@
  * Timing: CUDA events around batches of launches, warm-up, median of 9 batches, every launch reads
  * another copy of the weight (copies totalling >= 4x L2), random data; GB/s counts weight bytes;
  * the read ceiling is a streaming uint4 read of 2 GiB measured in the same run.
- *   bench_cuda_gemv_mma [check|time]   (default: both; exit 1 if any check fails, 77 = no GPU) */
+ *   bench_cuda_gemv_mma [check|time]   (default: both; exit 1 if any check fails, 77 = no GPU)
+ *   TANDEM_GM_R=1|2 forces the row tiles per warp (default: chosen from n_out). */
 #include <algorithm>
 #include <stdarg.h>
 #include <vector>
@@ -98,6 +99,7 @@ static const shape shapes[] = {{6144, 32768, "6144x32768"},
 #define GUARD 4096 /* floats after Y that must keep the fill */
 
 static int n_fail;
+static int g_r_tiles; /* TANDEM_GM_R=1|2 forces the row tiles per warp (A/B runs); 0 = auto */
 
 static float rand_x(void)
 {
@@ -116,7 +118,7 @@ static int64_t check_run(struct kcuda_ctx *c, int n_sm, const struct kweight &wd
 	const size_t ny = (size_t)MAX_TOK * n_out + GUARD;
 	CK(cudaMemsetAsync(yd, 0xA5, ny * sizeof(float), s));
 	int rc = base ? kcuda_matmul(c, &wd, xd, n_in, n_tok, yd, n_out)
-	              : gemv_mma(wd.type, wd.data, wd.row_bytes, n_in, n_out, xd, n_in, n_tok, yd, n_out, s, n_sm);
+	              : gemv_mma(wd.type, wd.data, wd.row_bytes, n_in, n_out, xd, n_in, n_tok, yd, n_out, s, n_sm, g_r_tiles);
 	CK(cudaStreamSynchronize(s));
 	CK(cudaGetLastError());
 	if (rc) {
@@ -206,12 +208,12 @@ static void check_all(struct kcuda_ctx *c, int n_sm)
 		}
 	/* arguments outside the kernel's assumptions are refused, not run */
 	int bad = 0;
-	bad += gemv_mma(KT_Q4_K, xd, 144, 256, 1, xd, 256, 9, yd, 1, 0, n_sm) != -EINVAL;
-	bad += gemv_mma(KT_Q4_K, xd, 144, 256, 1, xd, 256, 0, yd, 1, 0, n_sm) != -EINVAL;
-	bad += gemv_mma(KT_Q8_0, xd, 34 * 4, 128, 1, xd, 128, 1, yd, 1, 0, n_sm) != -EINVAL;
-	bad += gemv_mma(KT_Q6_K, xd, 210, 256, 1, xd, 256, 1, yd, 1, 0, n_sm) != -EINVAL; /* rows 2-byte aligned */
-	bad += gemv_mma(KT_Q4_K, xd, 144, 256, 1, xd + 1, 256, 1, yd, 1, 0, n_sm) != -EINVAL;
-	bad += gemv_mma(KT_BF16, xd, 512, 256, 1, xd, 256, 1, yd, 1, 0, n_sm) != ERR_UNSUPPORTED;
+	bad += gemv_mma(KT_Q4_K, xd, 144, 256, 1, xd, 256, 9, yd, 1, 0, n_sm, 0) != -EINVAL;
+	bad += gemv_mma(KT_Q4_K, xd, 144, 256, 1, xd, 256, 0, yd, 1, 0, n_sm, 0) != -EINVAL;
+	bad += gemv_mma(KT_Q8_0, xd, 34 * 4, 128, 1, xd, 128, 1, yd, 1, 0, n_sm, 0) != -EINVAL;
+	bad += gemv_mma(KT_Q6_K, xd, 210, 256, 1, xd, 256, 1, yd, 1, 0, n_sm, 0) != -EINVAL; /* rows 2-byte aligned */
+	bad += gemv_mma(KT_Q4_K, xd, 144, 256, 1, xd + 1, 256, 1, yd, 1, 0, n_sm, 0) != -EINVAL;
+	bad += gemv_mma(KT_BF16, xd, 512, 256, 1, xd, 256, 1, yd, 1, 0, n_sm, 0) != ERR_UNSUPPORTED;
 	printf("check bad arguments: %s\n", bad ? "FAIL" : "ok");
 	n_fail += bad;
 	CK(cudaFree(xd));
@@ -280,7 +282,7 @@ static void time_all(struct kcuda_ctx *c, int n_sm, size_t l2)
 			for (int nt : {1, 2, 4, 8}) {
 				const float ms_mma = time_ms(s, 3, 9, ncopy, [&](int i) {
 					if (gemv_mma(type, (char *)A + (i % ncopy) * stride, rb, sh.n_in, sh.n_out, xd,
-					             sh.n_in, nt, yd, sh.n_out, s, n_sm))
+					             sh.n_in, nt, yd, sh.n_out, s, n_sm, g_r_tiles))
 						abort();
 				});
 				const float ms_base = time_ms(s, 3, 9, ncopy, [&](int i) {
@@ -310,6 +312,9 @@ int main(int argc, char **argv)
 		return 77;
 	}
 	ops_seed_init();
+	if (getenv("TANDEM_GM_R"))
+		g_r_tiles = atoi(getenv("TANDEM_GM_R"));
+	printf("row tiles per warp: %s\n", g_r_tiles ? getenv("TANDEM_GM_R") : "auto");
 	cudaDeviceProp prop;
 	CK(cudaGetDeviceProperties(&prop, 0));
 	printf("device: %s, sm_%d%d, %d SMs, L2 %.0f MiB\n", prop.name, prop.major, prop.minor,

@@ -14,8 +14,9 @@
  * 2 tok = fp16(x) ("hi"), column 2 tok + 1 = fp16(2048 (x - hi)) ("lo"). hi + lo / 2048 carries 22
  * bits of x, so a dot costs no more accuracy than fp32 does (tolerance in bench_cuda_gemv_mma.cu);
  * the lo column is free (n_tok 1 would leave 7 of 8 columns empty anyway). Tokens 5-8 take a
- * second mma on the same A. Each warp converts its own X slice in registers; that conversion
- * (~16 instructions per 16 k) is shared by the GM_R row tiles of the warp.
+ * second mma on the same A. Each warp converts its own X slice per unit into fragment order in
+ * shared memory with all lanes busy (gm_stage_x), shared by the R row tiles of the warp; a step
+ * then costs one LDS.64 per lane for B.
  *
  * Fragment layout (PTX ISA, m16n8k16 .f16): lane = 4 g + t. A: a0 = (row g, k 2t..2t+1),
  * a1 = (row g+8, same k), a2 = (row g, k 2t+8..2t+9), a3 = (row g+8, same); B: b0 = (k 2t..2t+1,
@@ -24,7 +25,7 @@
  * four consecutive elements e0(t, step) + {0,1,2,3} of its rows, as k = {2t, 2t+8, 2t+1, 2t+9}, so
  * a quant word's bytes 0,2 and 1,3 each make one half2 register, and B is one float4 of x.
  *
- * Grid: a block (GM_WARPS warps) owns 16 GM_R consecutive rows; its warps split K in units of 256
+ * Grid: a block (GM_WARPS warps) owns 16 R consecutive rows (R = 1 or 2 tiles per warp); its warps split K in units of 256
  * elements (warp w: units w, w + GM_WARPS, ...) and reduce through shared memory. Units:
  *   Q4_K / Q5_K: one super-block; lane t owns chunk t of qs (elements 64t .. 64t+63, sub-blocks
  *     2t and 2t+1): 16-byte loads; scales folded into A; the mins go through a second mma whose A
@@ -87,33 +88,53 @@ template <bool A4> __device__ __forceinline__ uint32_t gm_ldw(const uint8_t *p)
 	return __funnelshift_r(__ldg(b), __ldg(b + 1), 16);
 }
 
-/* B fragment (both k halves) for one step: x[e0 .. e0+3] of this lane's token (zeros past
- * n_tok), hi or lo part by column parity. */
-__device__ __forceinline__ void gm_make_b(const float *xrow, bool lo, int64_t e0, uint32_t &b0, uint32_t &b1)
+/* X staging: at the start of each 256-element unit a warp converts its slice of X for the (up
+ * to 4 NG) tokens into B fragments in shared memory, every lane busy: entry q (0..63) of token tok
+ * is x[tok][4q .. 4q+3], one step's four elements for one lane t; hi goes to column 2 (tok % 4),
+ * lo to the next. The steps then read their fragments with one conflict-free LDS.64 per lane
+ * (sb[k][s][lane]). K45: lane t owns elements 64t + 4s (q = 16t + s); otherwise 16s + 4t
+ * (q = 4s + t). Columns of tokens >= n_tok hold zeros (set once) and are never stored. */
+template <int NG> struct gm_stage {
+	uint2 b[NG][16][32];
+};
+
+template <bool K45, int NG>
+__device__ __forceinline__ void gm_stage_x(gm_stage<NG> &sm, const float *__restrict__ x, int64_t ldx, int n_tok,
+                                           int64_t u, int lane)
 {
-	float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-	if (xrow)
-		v = __ldg((const float4 *)(xrow + e0));
-	__half2 h0 = __floats2half2_rn(v.x, v.z), h1 = __floats2half2_rn(v.y, v.w);
-	if (lo) {
+	__syncwarp(); /* the previous unit's reads are done */
+	const int n_ent = 64 * min(n_tok, 4 * NG);
+	for (int e = lane; e < n_ent; e += 32) {
+		const int tok = e >> 6, q = e & 63;
+		const int st = K45 ? (q & 15) : (q >> 2), t = K45 ? (q >> 4) : (q & 3);
+		const float4 v = __ldg((const float4 *)(x + tok * ldx + 256 * u + 4 * q));
+		const __half2 h0 = __floats2half2_rn(v.x, v.z), h1 = __floats2half2_rn(v.y, v.w);
 		/* x - hi is exact in fp32, so is the scaling by 2^11 */
 		const float2 f0 = __half22float2(h0), f1 = __half22float2(h1);
-		h0 = __floats2half2_rn((v.x - f0.x) * 2048.f, (v.z - f0.y) * 2048.f);
-		h1 = __floats2half2_rn((v.y - f1.x) * 2048.f, (v.w - f1.y) * 2048.f);
+		const __half2 l0 = __floats2half2_rn((v.x - f0.x) * 2048.f, (v.z - f0.y) * 2048.f);
+		const __half2 l1 = __floats2half2_rn((v.y - f1.x) * 2048.f, (v.w - f1.y) * 2048.f);
+		uint2 *row = sm.b[tok >> 2][st];
+		const int g = 2 * (tok & 3);
+		row[4 * g + t] = make_uint2(*(const uint32_t *)&h0, *(const uint32_t *)&h1);
+		row[4 * (g + 1) + t] = make_uint2(*(const uint32_t *)&l0, *(const uint32_t *)&l1);
 	}
-	b0 = *(const uint32_t *)&h0;
-	b1 = *(const uint32_t *)&h1;
+	__syncwarp();
 }
 
-/* Per-lane state shared by the unit bodies: lane coordinates, the token rows this lane's B
- * columns read (NULL past n_tok), and the accumulators acc[r][grp][i] in D layout (i = 0,1: row
+/* Per-lane state shared by the unit bodies: lane coordinates, the warp's staged X, and the
+ * accumulators acc[r][grp][i] in D layout (i = 0,1: row
  * g hi/lo; 2,3: row g+8 hi/lo; the token is 4 grp + t). */
 template <int R, int NG> struct gm_lane {
-	int g, t;
-	bool lo;
-	const float *xrow[NG];
+	int g, t, lane, n_tok;
+	gm_stage<NG> *sm;
+	const float *x;
+	int64_t ldx;
 	float acc[R][NG][4];
 };
+template <int R, int NG> __device__ __forceinline__ uint2 gm_b(const gm_lane<R, NG> &L, int k, int s)
+{
+	return L.sm->b[k][s][L.lane];
+}
 
 /* Loads per row of a tile: r in [0, R), hr 0 = row g, 1 = row g+8 */
 #define GM_FOR_ROWS(R)                                                                                       \
@@ -137,6 +158,7 @@ __device__ __forceinline__ void gm_unit_k45(gm_lane<R, NG> &L, const uint8_t *co
 			hb[r][hr] = __ldg((const uint4 *)(b + 32));
 		}
 	}
+	gm_stage_x<true, NG>(*L.sm, L.x, L.ldx, L.n_tok, u, L.lane); /* while the weights load */
 	/* sub-blocks 2t (low nibbles) and 2t+1 (high nibbles): A multipliers and the mins */
 	uint32_t s_lo[R][2], n_lo[R][2], s_hi[R][2], n_hi[R][2], m_lo[R][2], m_hi[R][2];
 	float dd[R][2], dm[R][2];
@@ -168,14 +190,13 @@ __device__ __forceinline__ void gm_unit_k45(gm_lane<R, NG> &L, const uint8_t *co
 #pragma unroll
 			for (int i = 0; i < 4; i++)
 				dq[r][k][i] = 0.f, dn[r][k][i] = 0.f;
-	const int64_t base = 256 * u + 64 * L.t;
 #pragma unroll
 	for (int i = 0; i < 8; i++) { /* word i of the chunk: step i (low nibbles), 8 + i (high) */
 		uint32_t bl[NG][2], bh[NG][2];
 #pragma unroll
 		for (int k = 0; k < NG; k++) {
-			gm_make_b(L.xrow[k], L.lo, base + 4 * i, bl[k][0], bl[k][1]);
-			gm_make_b(L.xrow[k], L.lo, base + 32 + 4 * i, bh[k][0], bh[k][1]);
+			const uint2 b0 = gm_b(L, k, i), b1 = gm_b(L, k, 8 + i);
+			bl[k][0] = b0.x, bl[k][1] = b0.y, bh[k][0] = b1.x, bh[k][1] = b1.y;
 		}
 #pragma unroll
 		for (int r = 0; r < R; r++) {
@@ -241,15 +262,17 @@ __device__ __forceinline__ void gm_unit_q6k(gm_lane<R, NG> &L, const uint8_t *co
 		}
 		d[r][hr] = kc_h2f(kc_ld16(b + 208));
 	}
-	const int64_t base = 256 * u + 4 * L.t;
+	gm_stage_x<false, NG>(*L.sm, L.x, L.ldx, L.n_tok, u, L.lane);
 #pragma unroll
 	for (int s = 0; s < 16; s++) { /* one 16-element scale group: elements 128n + 32j + 16hh + .. */
 		const int n = s >> 3, j = (s >> 1) & 3, hh = s & 1;
 		const int sl = 4 * (j >> 1), sh = 2 * j, is = 8 * n + 2 * j + hh;
 		uint32_t b[NG][2];
 #pragma unroll
-		for (int k = 0; k < NG; k++)
-			gm_make_b(L.xrow[k], L.lo, base + 128 * n + 32 * j + 16 * hh, b[k][0], b[k][1]);
+		for (int k = 0; k < NG; k++) {
+			const uint2 v2 = gm_b(L, k, s);
+			b[k][0] = v2.x, b[k][1] = v2.y;
+		}
 #pragma unroll
 		for (int r = 0; r < R; r++) {
 			uint32_t v[2][2];
@@ -294,15 +317,17 @@ __device__ __forceinline__ void gm_unit_q80(gm_lane<R, NG> &L, const uint8_t *co
 		for (int bi = 0; bi < 8; bi++)
 			d[r][hr][bi] = kc_h2f(kc_ld16(b + 34 * bi));
 	}
-	const int64_t base = 256 * u + 4 * L.t;
+	gm_stage_x<false, NG>(*L.sm, L.x, L.ldx, L.n_tok, u, L.lane);
 #pragma unroll
 	for (int bi = 0; bi < 8; bi++) {
 		uint32_t b[NG][2][2];
 #pragma unroll
 		for (int k = 0; k < NG; k++)
 #pragma unroll
-			for (int hf = 0; hf < 2; hf++)
-				gm_make_b(L.xrow[k], L.lo, base + 32 * bi + 16 * hf, b[k][hf][0], b[k][hf][1]);
+			for (int hf = 0; hf < 2; hf++) {
+				const uint2 v2 = gm_b(L, k, 2 * bi + hf);
+				b[k][hf][0] = v2.x, b[k][hf][1] = v2.y;
+			}
 #pragma unroll
 		for (int r = 0; r < R; r++) {
 			uint32_t v[2][2][2]; /* [hf][hr][02 / 13] */
@@ -334,14 +359,13 @@ __global__ void __launch_bounds__(GM_WARPS * 32)
                     const float *__restrict__ x, int64_t ldx, int n_tok, float *__restrict__ y, int64_t ldy)
 {
 	__shared__ float part[GM_WARPS][16 * R][4 * NG];
+	__shared__ gm_stage<NG> stage[GM_WARPS];
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 	gm_lane<R, NG> L;
-	L.g = lane >> 2, L.t = lane & 3, L.lo = L.g & 1;
-#pragma unroll
-	for (int k = 0; k < NG; k++) {
-		const int tok = 4 * k + (L.g >> 1);
-		L.xrow[k] = tok < n_tok ? x + tok * ldx : NULL;
-	}
+	L.g = lane >> 2, L.t = lane & 3, L.lane = lane, L.sm = &stage[warp];
+	L.x = x, L.ldx = ldx, L.n_tok = n_tok;
+	for (int i = lane; i < NG * 16 * 32; i += 32)
+		(&stage[warp].b[0][0][0])[i] = make_uint2(0u, 0u);
 #pragma unroll
 	for (int r = 0; r < R; r++)
 #pragma unroll
@@ -399,32 +423,33 @@ static void gm_launch_r(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out
 
 template <int T>
 static void gm_launch_t(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out, const float *x, int64_t ldx,
-                        int n_tok, float *y, int64_t ldy, cudaStream_t s, int n_sm)
+                        int n_tok, float *y, int64_t ldy, cudaStream_t s, int n_sm, int r_tiles)
 {
 	/* two tiles per warp share the X conversion, unless that leaves SMs idle */
-	if ((n_out + 31) / 32 >= 2 * (int64_t)n_sm)
+	if (r_tiles == 2 || (r_tiles == 0 && (n_out + 31) / 32 >= 2 * (int64_t)n_sm))
 		gm_launch_r<T, 2>(w, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s);
 	else
 		gm_launch_r<T, 1>(w, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s);
 }
 
-/* Y[t][r] = dot(W row r, X[t]), t < n_tok <= 8. Returns 0, -EINVAL when the shape or alignment
+/* Y[t][r] = dot(W row r, X[t]), t < n_tok <= 8. r_tiles: row tiles per warp, 1 or 2 (0 = chosen
+ * from n_out and the SM count n_sm; the bench forces it for A/B runs). Returns 0, -EINVAL when the shape or alignment
  * is outside what the kernel assumes (header comment), ERR_UNSUPPORTED for other types, ERR_CUDA
  * when the launch fails. */
 static inline int gemv_mma(int type, const void *w, size_t row_bytes, int64_t n_in, int64_t n_out, const float *x,
-                           int64_t ldx, int n_tok, float *y, int64_t ldy, cudaStream_t s, int n_sm)
+                           int64_t ldx, int n_tok, float *y, int64_t ldy, cudaStream_t s, int n_sm, int r_tiles)
 {
 	size_t rb;
 	if (n_tok < 1 || n_tok > 8 || n_out < 1 || n_in < 256 || n_in % 256 || !ktype_row_bytes(type, n_in, &rb) ||
 	    rb != row_bytes || row_bytes % (type == KT_Q6_K ? 4 : 16) || (uintptr_t)w % 16 || (uintptr_t)x % 16 || ldx % 4 || ldx < n_in ||
-	    ldy < n_out)
+	    ldy < n_out || r_tiles < 0 || r_tiles > 2)
 		return -EINVAL;
 	const uint8_t *wb = (const uint8_t *)w;
 	switch (type) {
-	case KT_Q4_K: gm_launch_t<KT_Q4_K>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm); break;
-	case KT_Q5_K: gm_launch_t<KT_Q5_K>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm); break;
-	case KT_Q6_K: gm_launch_t<KT_Q6_K>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm); break;
-	case KT_Q8_0: gm_launch_t<KT_Q8_0>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm); break;
+	case KT_Q4_K: gm_launch_t<KT_Q4_K>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles); break;
+	case KT_Q5_K: gm_launch_t<KT_Q5_K>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles); break;
+	case KT_Q6_K: gm_launch_t<KT_Q6_K>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles); break;
+	case KT_Q8_0: gm_launch_t<KT_Q8_0>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles); break;
 	default: return ERR_UNSUPPORTED;
 	}
 	return kcuda_launch_status("gemv_mma");
