@@ -18,7 +18,9 @@
  * Timing: CUDA events around batches of launches, warm-up, median of 9 batches, every launch reads
  * another copy of the weight (copies totalling >= 4x L2), random data; GB/s counts weight bytes;
  * the read ceiling is a streaming uint4 read of 2 GiB measured in the same run.
- *   bench_cuda_gemv_mma [check|time]   (default: both; exit 1 if any check fails, 77 = no GPU)
+ *   bench_cuda_gemv_mma [check|time|emu]   (default: check and time; exit 1 if any check fails,
+ *                                           77 = no GPU; emu: host emulation of the kernel's
+ *                                           unit code, no GPU needed, see gm_emulate) 
  *   TANDEM_GM_R=1|2 forces the row tiles per warp (default: chosen from n_out). */
 #include <algorithm>
 #include <stdarg.h>
@@ -303,10 +305,170 @@ static void time_all(struct kcuda_ctx *c, int n_sm, size_t l2)
 	CK(cudaFree(yd));
 }
 
+/* ---- host emulation (runs without a GPU) ---------------------------------------------------
+ * Runs the kernel's unit bodies (gm_unit, the same code the GPU runs) lane by lane on the CPU for
+ * every block of rows, one "warp" doing all units, with mma.sync replayed from the 32 lanes'
+ * recorded fragments in the PTX m16n8k16 layout; then sums hi + lo / 2048 as the kernel does.
+ * Checks the fragment, bit and scale logic, not the hardware's own behaviour. */
+template <int T, int R, int NG>
+static void gm_emulate(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out, const float *x, int64_t ldx,
+                       int n_tok, float *y, int64_t ldy)
+{
+	gm_emu emu;
+	gm_emu_ctx = &emu;
+	struct lane_rows {
+		const uint8_t *p[R][2];
+	};
+	std::vector<gm_lane<R, NG>> L(32);
+	std::vector<lane_rows> rows(32);
+	gm_stage<NG> stage;
+	for (int64_t row0 = 0; row0 < n_out; row0 += 16 * R) {
+		memset(&stage, 0, sizeof(stage));
+		for (int l = 0; l < 32; l++) {
+			gm_lane<R, NG> &a = L[l];
+			a.g = l >> 2, a.t = l & 3, a.lane = l, a.n_tok = n_tok, a.sm = &stage, a.x = x, a.ldx = ldx;
+			memset(a.acc, 0, sizeof(a.acc));
+			for (int r = 0; r < R; r++)
+				for (int hr = 0; hr < 2; hr++)
+					rows[l].p[r][hr] = w + (size_t)std::min(row0 + 16 * r + 8 * hr + a.g, n_out - 1) * rb;
+		}
+		for (int64_t u = 0; u < n_in / 256; u++) {
+			emu.pass = 1;
+			for (int l = 0; l < 32; l++) {
+				gm_lane<R, NG> keep = L[l];
+				emu.lane = l;
+				emu.rec[l].clear();
+				gm_unit<T, R, NG>(L[l], rows[l].p, u);
+				L[l] = keep;
+			}
+			const size_t n_calls = emu.rec[0].size() / 6;
+			for (int l = 0; l < 32; l++)
+				emu.prod[l].assign(4 * n_calls, 0.f);
+			for (size_t c = 0; c < n_calls; c++) {
+				float A[16][16], B[16][8];
+				for (int l = 0; l < 32; l++) {
+					const uint32_t *f = &emu.rec[l][6 * c];
+					const int g = l >> 2, t = l & 3;
+					for (int h = 0; h < 2; h++) {
+						A[g][2 * t + h] = gm_f16(f[0] >> (16 * h));
+						A[g + 8][2 * t + h] = gm_f16(f[1] >> (16 * h));
+						A[g][2 * t + 8 + h] = gm_f16(f[2] >> (16 * h));
+						A[g + 8][2 * t + 8 + h] = gm_f16(f[3] >> (16 * h));
+						B[2 * t + h][g] = gm_f16(f[4] >> (16 * h));
+						B[2 * t + 8 + h][g] = gm_f16(f[5] >> (16 * h));
+					}
+				}
+				for (int l = 0; l < 32; l++) {
+					const int g = l >> 2, t = l & 3;
+					for (int i = 0; i < 4; i++) {
+						const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+						double d = 0;
+						for (int k = 0; k < 16; k++)
+							d += (double)A[row][k] * B[k][col];
+						emu.prod[l][4 * c + i] = (float)d;
+					}
+				}
+			}
+			emu.pass = 2;
+			for (int l = 0; l < 32; l++) {
+				emu.lane = l;
+				emu.call = 0;
+				gm_unit<T, R, NG>(L[l], rows[l].p, u);
+			}
+		}
+		for (int l = 0; l < 32; l++)
+			for (int r = 0; r < R; r++)
+				for (int k = 0; k < NG; k++)
+					for (int hr = 0; hr < 2; hr++) {
+						const int64_t row = row0 + 16 * r + 8 * hr + L[l].g;
+						const int tok = 4 * k + L[l].t;
+						if (row < n_out && tok < n_tok)
+							y[tok * ldy + row] =
+							    fmaf(L[l].acc[r][k][2 * hr + 1], 1.f / 2048.f, L[l].acc[r][k][2 * hr]);
+					}
+	}
+	gm_emu_ctx = NULL;
+}
+
+template <int T>
+static void gm_emulate_t(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out, const float *x, int n_tok,
+                         float *y, int r_tiles)
+{
+	if (r_tiles == 2)
+		n_tok <= 4 ? gm_emulate<T, 2, 1>(w, rb, n_in, n_out, x, n_in, n_tok, y, n_out)
+		           : gm_emulate<T, 2, 2>(w, rb, n_in, n_out, x, n_in, n_tok, y, n_out);
+	else
+		n_tok <= 4 ? gm_emulate<T, 1, 1>(w, rb, n_in, n_out, x, n_in, n_tok, y, n_out)
+		           : gm_emulate<T, 1, 2>(w, rb, n_in, n_out, x, n_in, n_tok, y, n_out);
+}
+
+/* Emulated runs against kcpu_dot_row and the exact dot, same tolerances as on the GPU. */
+static void emulate_all(void)
+{
+	static const shape eshapes[] = {{512, 17, "512x17"}, {2048, 40, "2048x40"}, {6144, 33, "6144x33"}};
+	for (int type : types)
+		for (const shape &sh : eshapes) {
+			const int64_t n_in = sh.n_in, n_out = sh.n_out;
+			size_t rb;
+			if (!ktype_row_bytes(type, n_in, &rb))
+				abort();
+			std::vector<uint8_t> wh(rb * n_out + 16);
+			ops_fill_weight(type, n_in, n_out, rb, wh.data());
+			std::vector<float> xh((size_t)MAX_TOK * n_in), row(n_in), yh((size_t)MAX_TOK * n_out);
+			for (auto &v : xh)
+				v = rand_x();
+			for (int nt : {1, 4, 5, 8})
+				for (int rt : {1, 2}) {
+					switch (type) {
+					case KT_Q4_K: gm_emulate_t<KT_Q4_K>(wh.data(), rb, n_in, n_out, xh.data(), nt, yh.data(), rt); break;
+					case KT_Q5_K: gm_emulate_t<KT_Q5_K>(wh.data(), rb, n_in, n_out, xh.data(), nt, yh.data(), rt); break;
+					case KT_Q6_K: gm_emulate_t<KT_Q6_K>(wh.data(), rb, n_in, n_out, xh.data(), nt, yh.data(), rt); break;
+					default: gm_emulate_t<KT_Q8_0>(wh.data(), rb, n_in, n_out, xh.data(), nt, yh.data(), rt); break;
+					}
+					double worst_cpu = 0, worst_exact = 0;
+					int64_t n_bad = 0;
+					const double tol_cpu = 2e-6 * sqrt((double)n_in), tol_exact = ldexp(1.0, -16);
+					for (int64_t r = 0; r < n_out; r++) {
+						const uint8_t *wr = wh.data() + (size_t)r * rb;
+						kcpu_dequant_row(type, wr, row.data(), n_in);
+						for (int t = 0; t < nt; t++) {
+							const float *x = xh.data() + (size_t)t * n_in;
+							double e = 0, m = 1e-30;
+							for (int64_t k = 0; k < n_in; k++) {
+								e += (double)row[k] * x[k];
+								m += fabs((double)row[k] * x[k]);
+							}
+							const float g = yh[(size_t)t * n_out + r];
+							const double e_cpu = fabs(g - (double)kcpu_dot_row(type, wr, x, n_in)) / m;
+							const double e_ex = fabs(g - e) / m;
+							if (!isfinite(g) || !(e_cpu <= tol_cpu) || !(e_ex <= tol_exact)) {
+								if (n_bad++ < 3)
+									printf("  row %lld tok %d: emu %.9g exact %.9g\n",
+									       (long long)r, t, g, e);
+							}
+							worst_cpu = std::max(worst_cpu, e_cpu);
+							worst_exact = std::max(worst_exact, e_ex);
+						}
+					}
+					printf("emu %-5s %-8s n_tok %d R %d: max err/mag vs cpu %.2e (tol %.2e), vs exact %.2e "
+					       "(tol %.2e) %s\n",
+					       ktype_name(type), sh.what, nt, rt, worst_cpu, tol_cpu, worst_exact, tol_exact,
+					       n_bad ? "FAIL" : "ok");
+					n_fail += n_bad != 0;
+				}
+		}
+}
+
 int main(int argc, char **argv)
 {
 	const bool do_check = argc < 2 || !strcmp(argv[1], "check");
 	const bool do_time = argc < 2 || !strcmp(argv[1], "time");
+	if (argc > 1 && !strcmp(argv[1], "emu")) { /* no GPU needed */
+		ops_seed_init();
+		emulate_all();
+		printf("\n%s: %d failed emulated checks\n", n_fail ? "FAIL" : "PASS", n_fail);
+		return n_fail ? 1 : 0;
+	}
 	if (kcuda_device_count() < 1) {
 		printf("SKIP: no CUDA device\n");
 		return 77;

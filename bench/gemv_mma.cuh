@@ -45,47 +45,142 @@
 #define TANDEM_BENCH_GEMV_MMA_CUH
 
 #include <errno.h>
+#include <vector>
 
 #include "kernels/cuda/quant_piece.cuh"
 
 #define GM_WARPS 4
 
+/* Every helper below also compiles for the host, where bench_cuda_gemv_mma's emulator runs the
+ * unit bodies lane by lane (gm_emu: mma.sync replayed from recorded fragments), so the fragment
+ * and bit logic is tested on a machine without a GPU. */
+#define GM_HD __host__ __device__ __forceinline__
+#ifdef __CUDA_ARCH__
+#define GM_UNROLL _Pragma("unroll")
+#else
+#define GM_UNROLL /* the host compiler does not know the pragma */
+#endif
+
+/* Host emulation of one warp's mma.sync: pass 1 records each lane's fragments per call, the
+ * products are formed from all 32 lanes (PTX layout), pass 2 adds them in call order. */
+struct gm_emu {
+	int pass, lane, call;
+	std::vector<uint32_t> rec[32]; /* a0..a3, b0, b1 per call */
+	std::vector<float> prod[32];   /* d0..d3 per call */
+};
+static gm_emu *gm_emu_ctx;
+
 /* D += A * B, m16n8k16, fp16 inputs, fp32 accumulate */
-__device__ __forceinline__ void gm_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                       uint32_t b0, uint32_t b1)
+GM_HD void gm_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1)
 {
+#ifdef __CUDA_ARCH__
 	asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
 	    "{%0,%1,%2,%3};"
 	    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
 	    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+	gm_emu &e = *gm_emu_ctx;
+	if (e.pass == 1) {
+		const uint32_t r[6] = {a0, a1, a2, a3, b0, b1};
+		e.rec[e.lane].insert(e.rec[e.lane].end(), r, r + 6);
+	} else {
+		const float *p = &e.prod[e.lane][4 * (size_t)e.call++];
+		for (int i = 0; i < 4; i++)
+			d[i] += p[i];
+	}
+#endif
 }
 
-__device__ __forceinline__ uint32_t gm_hfma2(uint32_t a, uint32_t b, uint32_t c)
+template <class V> GM_HD V gm_ldg(const V *p)
 {
+#ifdef __CUDA_ARCH__
+	return __ldg(p);
+#else
+	return *p;
+#endif
+}
+GM_HD float gm_f16(uint32_t h) /* fp16 in the low 16 bits */
+{
+#ifdef __CUDA_ARCH__
+	return __half2float(__ushort_as_half((uint16_t)h));
+#else
+	return kfp16_to_f32((uint16_t)h);
+#endif
+}
+GM_HD uint32_t gm_pack(float lo, float hi) /* half2 bits, round to nearest even */
+{
+#ifdef __CUDA_ARCH__
+	const __half2 h = __floats2half2_rn(lo, hi);
+	return *(const uint32_t *)&h;
+#else
+	return (uint32_t)kf32_to_fp16(lo) | (uint32_t)kf32_to_fp16(hi) << 16;
+#endif
+}
+GM_HD uint32_t gm_hfma2(uint32_t a, uint32_t b, uint32_t c)
+{
+#ifdef __CUDA_ARCH__
 	uint32_t d;
 	asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
 	return d;
+#else /* fused: exact in double for the fp16 operands, one rounding */
+	const double lo = (double)gm_f16(a) * gm_f16(b) + gm_f16(c);
+	const double hi = (double)gm_f16(a >> 16) * gm_f16(b >> 16) + gm_f16(c >> 16);
+	return gm_pack((float)lo, (float)hi);
+#endif
 }
-__device__ __forceinline__ uint32_t gm_hadd2(uint32_t a, uint32_t b)
+GM_HD uint32_t gm_hadd2(uint32_t a, uint32_t b)
 {
+#ifdef __CUDA_ARCH__
 	uint32_t d;
 	asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
 	return d;
+#else
+	return gm_pack(gm_f16(a) + gm_f16(b), gm_f16(a >> 16) + gm_f16(b >> 16));
+#endif
+}
+GM_HD uint32_t gm_perm(uint32_t x, uint32_t y, uint32_t sel)
+{
+#ifdef __CUDA_ARCH__
+	return __byte_perm(x, y, sel);
+#else
+	const uint64_t v = x | (uint64_t)y << 32;
+	uint32_t r = 0;
+	for (int i = 0; i < 4; i++)
+		r |= (uint32_t)((v >> (8 * ((sel >> (4 * i)) & 7))) & 255) << (8 * i);
+	return r;
+#endif
+}
+GM_HD float gm_s8(uint32_t w, int k) /* signed byte k of w */
+{
+#ifdef __CUDA_ARCH__
+	return kc_s8(w, k);
+#else
+	return (float)(int8_t)(w >> (8 * k));
+#endif
+}
+GM_HD void gm_syncwarp(void)
+{
+#ifdef __CUDA_ARCH__
+	__syncwarp();
+#endif
 }
 /* half2 (v, v) of a float that fp16 holds exactly (small integers, their /16 and *1024) */
-__device__ __forceinline__ uint32_t gm_h2(float v)
+GM_HD uint32_t gm_h2(float v)
 {
-	const __half2 h = __float2half2_rn(v);
-	return *(const uint32_t *)&h;
+	return gm_pack(v, v);
 }
 /* 32-bit word at p: plain load when p is 4-byte aligned, else (p = 2 mod 4) two aligned loads
  * and a funnel shift; which one is known at compile time from the block layout. */
-template <bool A4> __device__ __forceinline__ uint32_t gm_ldw(const uint8_t *p)
+template <bool A4> GM_HD uint32_t gm_ldw(const uint8_t *p)
 {
 	if (A4)
-		return __ldg((const uint32_t *)p);
+		return gm_ldg((const uint32_t *)p);
 	const uint32_t *b = (const uint32_t *)(p - 2);
-	return __funnelshift_r(__ldg(b), __ldg(b + 1), 16);
+	return (gm_ldg(b) >> 16) | (gm_ldg(b + 1) << 16); /* one funnel shift (SHF) */
+}
+GM_HD uint32_t gm_u16(const uint8_t *p)
+{
+	return *(const uint16_t *)p;
 }
 
 /* X staging: at the start of each 256-element unit a warp converts its slice of X for the (up
@@ -99,26 +194,29 @@ template <int NG> struct gm_stage {
 };
 
 template <bool K45, int NG>
-__device__ __forceinline__ void gm_stage_x(gm_stage<NG> &sm, const float *__restrict__ x, int64_t ldx, int n_tok,
-                                           int64_t u, int lane)
+GM_HD void gm_stage_x(gm_stage<NG> &sm, const float *__restrict__ x, int64_t ldx, int n_tok, int64_t u, int lane)
 {
-	__syncwarp(); /* the previous unit's reads are done */
-	const int n_ent = 64 * min(n_tok, 4 * NG);
-	for (int e = lane; e < n_ent; e += 32) {
+	gm_syncwarp(); /* the previous unit's reads are done */
+	const int n_ent = 64 * (n_tok < 4 * NG ? n_tok : 4 * NG);
+#ifdef __CUDA_ARCH__
+	const int e0 = lane, de = 32;
+#else /* the emulator runs lanes one after another: each does the whole warp's share */
+	const int e0 = 0, de = 1;
+#endif
+	for (int e = e0; e < n_ent; e += de) {
 		const int tok = e >> 6, q = e & 63;
 		const int st = K45 ? (q & 15) : (q >> 2), t = K45 ? (q >> 4) : (q & 3);
-		const float4 v = __ldg((const float4 *)(x + tok * ldx + 256 * u + 4 * q));
-		const __half2 h0 = __floats2half2_rn(v.x, v.z), h1 = __floats2half2_rn(v.y, v.w);
+		const float4 v = gm_ldg((const float4 *)(x + tok * ldx + 256 * u + 4 * q));
+		const uint32_t h0 = gm_pack(v.x, v.z), h1 = gm_pack(v.y, v.w);
 		/* x - hi is exact in fp32, so is the scaling by 2^11 */
-		const float2 f0 = __half22float2(h0), f1 = __half22float2(h1);
-		const __half2 l0 = __floats2half2_rn((v.x - f0.x) * 2048.f, (v.z - f0.y) * 2048.f);
-		const __half2 l1 = __floats2half2_rn((v.y - f1.x) * 2048.f, (v.w - f1.y) * 2048.f);
+		const uint32_t l0 = gm_pack((v.x - gm_f16(h0)) * 2048.f, (v.z - gm_f16(h0 >> 16)) * 2048.f);
+		const uint32_t l1 = gm_pack((v.y - gm_f16(h1)) * 2048.f, (v.w - gm_f16(h1 >> 16)) * 2048.f);
 		uint2 *row = sm.b[tok >> 2][st];
 		const int g = 2 * (tok & 3);
-		row[4 * g + t] = make_uint2(*(const uint32_t *)&h0, *(const uint32_t *)&h1);
-		row[4 * (g + 1) + t] = make_uint2(*(const uint32_t *)&l0, *(const uint32_t *)&l1);
+		row[4 * g + t] = make_uint2(h0, h1);
+		row[4 * (g + 1) + t] = make_uint2(l0, l1);
 	}
-	__syncwarp();
+	gm_syncwarp();
 }
 
 /* Per-lane state shared by the unit bodies: lane coordinates, the warp's staged X, and the
@@ -131,18 +229,18 @@ template <int R, int NG> struct gm_lane {
 	int64_t ldx;
 	float acc[R][NG][4];
 };
-template <int R, int NG> __device__ __forceinline__ uint2 gm_b(const gm_lane<R, NG> &L, int k, int s)
+template <int R, int NG> GM_HD uint2 gm_b(const gm_lane<R, NG> &L, int k, int s)
 {
 	return L.sm->b[k][s][L.lane];
 }
 
 /* Loads per row of a tile: r in [0, R), hr 0 = row g, 1 = row g+8 */
 #define GM_FOR_ROWS(R)                                                                                       \
-	_Pragma("unroll") for (int r = 0; r < R; r++) _Pragma("unroll") for (int hr = 0; hr < 2; hr++)
+	GM_UNROLL for (int r = 0; r < R; r++) GM_UNROLL for (int hr = 0; hr < 2; hr++)
 
 /* ---- Q4_K / Q5_K: one super-block per unit -------------------------------------------------- */
 template <int T, int R, int NG>
-__device__ __forceinline__ void gm_unit_k45(gm_lane<R, NG> &L, const uint8_t *const (&rows)[R][2], int64_t u)
+GM_HD void gm_unit_k45(gm_lane<R, NG> &L, const uint8_t *const (&rows)[R][2], int64_t u)
 {
 	constexpr bool Q5 = T == KT_Q5_K;
 	constexpr int BYTES = Q5 ? 176 : 144, QS = Q5 ? 48 : 16;
@@ -150,12 +248,12 @@ __device__ __forceinline__ void gm_unit_k45(gm_lane<R, NG> &L, const uint8_t *co
 	GM_FOR_ROWS(R)
 	{
 		const uint8_t *b = rows[r][hr] + (size_t)BYTES * u;
-		hd[r][hr] = __ldg((const uint4 *)b);
-		qa[r][hr] = __ldg((const uint4 *)(b + QS + 32 * L.t));
-		qb[r][hr] = __ldg((const uint4 *)(b + QS + 32 * L.t + 16));
+		hd[r][hr] = gm_ldg((const uint4 *)b);
+		qa[r][hr] = gm_ldg((const uint4 *)(b + QS + 32 * L.t));
+		qb[r][hr] = gm_ldg((const uint4 *)(b + QS + 32 * L.t + 16));
 		if (Q5) {
-			ha[r][hr] = __ldg((const uint4 *)(b + 16));
-			hb[r][hr] = __ldg((const uint4 *)(b + 32));
+			ha[r][hr] = gm_ldg((const uint4 *)(b + 16));
+			hb[r][hr] = gm_ldg((const uint4 *)(b + 32));
 		}
 	}
 	gm_stage_x<true, NG>(*L.sm, L.x, L.ldx, L.n_tok, u, L.lane); /* while the weights load */
@@ -166,10 +264,10 @@ __device__ __forceinline__ void gm_unit_k45(gm_lane<R, NG> &L, const uint8_t *co
 	{
 		const uint4 h = hd[r][hr];
 		int sc[2], mn[2];
-#pragma unroll
+GM_UNROLL
 		for (int e = 0; e < 2; e++) {
 			const int q = 2 * (L.t & 1) + e;
-			const uint32_t A = kc_byte(h.y, q), B = kc_byte(h.z, q), C = kc_byte(h.w, q);
+			const uint32_t A = (h.y >> (8 * q)) & 255, B = (h.z >> (8 * q)) & 255, C = (h.w >> (8 * q)) & 255;
 			sc[e] = (int)(L.t < 2 ? (A & 63) : ((C & 15) | ((A >> 6) << 4)));
 			mn[e] = (int)(L.t < 2 ? (B & 63) : ((C >> 4) | ((B >> 6) << 4)));
 		}
@@ -179,29 +277,28 @@ __device__ __forceinline__ void gm_unit_k45(gm_lane<R, NG> &L, const uint8_t *co
 		n_hi[r][hr] = gm_h2(-64.f * sc[1]);
 		m_lo[r][hr] = gm_h2((float)mn[0]);
 		m_hi[r][hr] = gm_h2((float)mn[1]);
-		const float2 f = __half22float2(*(const __half2 *)&h.x);
-		dd[r][hr] = f.x, dm[r][hr] = f.y;
+		dd[r][hr] = gm_f16(h.x), dm[r][hr] = gm_f16(h.x >> 16);
 	}
 	float dq[R][NG][4], dn[R][NG][4];
-#pragma unroll
+GM_UNROLL
 	for (int r = 0; r < R; r++)
-#pragma unroll
+GM_UNROLL
 		for (int k = 0; k < NG; k++)
-#pragma unroll
+GM_UNROLL
 			for (int i = 0; i < 4; i++)
 				dq[r][k][i] = 0.f, dn[r][k][i] = 0.f;
-#pragma unroll
+GM_UNROLL
 	for (int i = 0; i < 8; i++) { /* word i of the chunk: step i (low nibbles), 8 + i (high) */
 		uint32_t bl[NG][2], bh[NG][2];
-#pragma unroll
+GM_UNROLL
 		for (int k = 0; k < NG; k++) {
 			const uint2 b0 = gm_b(L, k, i), b1 = gm_b(L, k, 8 + i);
 			bl[k][0] = b0.x, bl[k][1] = b0.y, bh[k][0] = b1.x, bh[k][1] = b1.y;
 		}
-#pragma unroll
+GM_UNROLL
 		for (int r = 0; r < R; r++) {
 			uint32_t v[2][4]; /* [hr]: low 02, low 13, high 02, high 13 (1024 + q, 1024 + 16 q) */
-#pragma unroll
+GM_UNROLL
 			for (int hr = 0; hr < 2; hr++) {
 				const uint4 q4 = i < 4 ? qa[r][hr] : qb[r][hr];
 				const uint32_t w = (i & 3) == 0 ? q4.x : (i & 3) == 1 ? q4.y : (i & 3) == 2 ? q4.z : q4.w;
@@ -222,7 +319,7 @@ __device__ __forceinline__ void gm_unit_k45(gm_lane<R, NG> &L, const uint8_t *co
 				v[hr][2] = gm_hfma2(h02, s_hi[r][hr], n_hi[r][hr]);
 				v[hr][3] = gm_hfma2(h13, s_hi[r][hr], n_hi[r][hr]);
 			}
-#pragma unroll
+GM_UNROLL
 			for (int k = 0; k < NG; k++) {
 				gm_mma(dq[r][k], v[0][0], v[1][0], v[0][1], v[1][1], bl[k][0], bl[k][1]);
 				gm_mma(dn[r][k], m_lo[r][0], m_lo[r][1], m_lo[r][0], m_lo[r][1], bl[k][0], bl[k][1]);
@@ -231,11 +328,11 @@ __device__ __forceinline__ void gm_unit_k45(gm_lane<R, NG> &L, const uint8_t *co
 			}
 		}
 	}
-#pragma unroll
+GM_UNROLL
 	for (int r = 0; r < R; r++)
-#pragma unroll
+GM_UNROLL
 		for (int k = 0; k < NG; k++)
-#pragma unroll
+GM_UNROLL
 			for (int i = 0; i < 4; i++) {
 				const int hr = i >> 1;
 				L.acc[r][k][i] = fmaf(dd[r][hr], dq[r][k][i], L.acc[r][k][i]);
@@ -245,39 +342,39 @@ __device__ __forceinline__ void gm_unit_k45(gm_lane<R, NG> &L, const uint8_t *co
 
 /* ---- Q6_K: one super-block per unit; A4: the super-block starts 4-byte aligned ---------------- */
 template <bool A4, int R, int NG>
-__device__ __forceinline__ void gm_unit_q6k(gm_lane<R, NG> &L, const uint8_t *const (&rows)[R][2], int64_t u)
+GM_HD void gm_unit_q6k(gm_lane<R, NG> &L, const uint8_t *const (&rows)[R][2], int64_t u)
 {
 	uint32_t ql[R][2][8], qh[R][2][4], sc[R][2][4];
 	float d[R][2];
 	GM_FOR_ROWS(R)
 	{
 		const uint8_t *b = rows[r][hr] + (size_t)210 * u;
-#pragma unroll
+GM_UNROLL
 		for (int i = 0; i < 8; i++) /* i = 4n + 2 (j & 1) + hh */
 			ql[r][hr][i] = gm_ldw<A4>(b + 64 * (i >> 2) + 32 * ((i >> 1) & 1) + 16 * (i & 1) + 4 * L.t);
-#pragma unroll
+GM_UNROLL
 		for (int i = 0; i < 4; i++) { /* i = 2n + hh */
 			qh[r][hr][i] = gm_ldw<A4>(b + 128 + 32 * (i >> 1) + 16 * (i & 1) + 4 * L.t);
 			sc[r][hr][i] = gm_ldw<A4>(b + 192 + 4 * i);
 		}
-		d[r][hr] = kc_h2f(kc_ld16(b + 208));
+		d[r][hr] = gm_f16(gm_u16(b + 208));
 	}
 	gm_stage_x<false, NG>(*L.sm, L.x, L.ldx, L.n_tok, u, L.lane);
-#pragma unroll
+GM_UNROLL
 	for (int s = 0; s < 16; s++) { /* one 16-element scale group: elements 128n + 32j + 16hh + .. */
 		const int n = s >> 3, j = (s >> 1) & 3, hh = s & 1;
 		const int sl = 4 * (j >> 1), sh = 2 * j, is = 8 * n + 2 * j + hh;
 		uint32_t b[NG][2];
-#pragma unroll
+GM_UNROLL
 		for (int k = 0; k < NG; k++) {
 			const uint2 v2 = gm_b(L, k, s);
 			b[k][0] = v2.x, b[k][1] = v2.y;
 		}
-#pragma unroll
+GM_UNROLL
 		for (int r = 0; r < R; r++) {
 			uint32_t v[2][2];
 			float scale[2];
-#pragma unroll
+GM_UNROLL
 			for (int hr = 0; hr < 2; hr++) {
 				const uint32_t lw = ql[r][hr][4 * n + 2 * (j & 1) + hh] >> sl;
 				const uint32_t hw = qh[r][hr][2 * n + hh] >> sh;
@@ -285,13 +382,13 @@ __device__ __forceinline__ void gm_unit_q6k(gm_lane<R, NG> &L, const uint8_t *co
 				const uint32_t v13 = ((lw >> 8) & 0x000F000Fu) | ((hw >> 4) & 0x00300030u) | 0x64006400u;
 				v[hr][0] = gm_hadd2(v02, 0xE420E420u); /* - 1056: q - 32 */
 				v[hr][1] = gm_hadd2(v13, 0xE420E420u);
-				scale[hr] = d[r][hr] * kc_s8(sc[r][hr][is >> 2], is & 3);
+				scale[hr] = d[r][hr] * gm_s8(sc[r][hr][is >> 2], is & 3);
 			}
-#pragma unroll
+GM_UNROLL
 			for (int k = 0; k < NG; k++) {
 				float D[4] = {0.f, 0.f, 0.f, 0.f};
 				gm_mma(D, v[0][0], v[1][0], v[0][1], v[1][1], b[k][0], b[k][1]);
-#pragma unroll
+GM_UNROLL
 				for (int i = 0; i < 4; i++)
 					L.acc[r][k][i] = fmaf(scale[i >> 1], D[i], L.acc[r][k][i]);
 			}
@@ -301,55 +398,70 @@ __device__ __forceinline__ void gm_unit_q6k(gm_lane<R, NG> &L, const uint8_t *co
 
 /* ---- Q8_0: eight blocks (272 B) per unit -------------------------------------------------------- */
 template <int R, int NG>
-__device__ __forceinline__ void gm_unit_q80(gm_lane<R, NG> &L, const uint8_t *const (&rows)[R][2], int64_t u)
+GM_HD void gm_unit_q80(gm_lane<R, NG> &L, const uint8_t *const (&rows)[R][2], int64_t u)
 {
 	uint32_t qw[R][2][16];
 	float d[R][2][8];
 	GM_FOR_ROWS(R)
 	{
 		const uint8_t *b = rows[r][hr] + (size_t)272 * u;
-#pragma unroll
+GM_UNROLL
 		for (int s = 0; s < 16; s++) {
 			const int bi = s >> 1, off = 34 * bi + 2 + 16 * (s & 1) + 4 * L.t;
 			qw[r][hr][s] = (bi & 1) ? gm_ldw<true>(b + off) : gm_ldw<false>(b + off);
 		}
-#pragma unroll
+GM_UNROLL
 		for (int bi = 0; bi < 8; bi++)
-			d[r][hr][bi] = kc_h2f(kc_ld16(b + 34 * bi));
+			d[r][hr][bi] = gm_f16(gm_u16(b + 34 * bi));
 	}
 	gm_stage_x<false, NG>(*L.sm, L.x, L.ldx, L.n_tok, u, L.lane);
-#pragma unroll
+GM_UNROLL
 	for (int bi = 0; bi < 8; bi++) {
 		uint32_t b[NG][2][2];
-#pragma unroll
+GM_UNROLL
 		for (int k = 0; k < NG; k++)
-#pragma unroll
+GM_UNROLL
 			for (int hf = 0; hf < 2; hf++) {
 				const uint2 v2 = gm_b(L, k, 2 * bi + hf);
 				b[k][hf][0] = v2.x, b[k][hf][1] = v2.y;
 			}
-#pragma unroll
+GM_UNROLL
 		for (int r = 0; r < R; r++) {
 			uint32_t v[2][2][2]; /* [hf][hr][02 / 13] */
-#pragma unroll
+GM_UNROLL
 			for (int hf = 0; hf < 2; hf++)
-#pragma unroll
+GM_UNROLL
 				for (int hr = 0; hr < 2; hr++) {
 					const uint32_t w = qw[r][hr][2 * bi + hf] ^ 0x80808080u; /* int8 + 128 */
-					v[hf][hr][0] = gm_hadd2(__byte_perm(w, 0x64646464u, 0x4240), 0xE480E480u);
-					v[hf][hr][1] = gm_hadd2(__byte_perm(w, 0x64646464u, 0x4341), 0xE480E480u);
+					v[hf][hr][0] = gm_hadd2(gm_perm(w, 0x64646464u, 0x4240), 0xE480E480u);
+					v[hf][hr][1] = gm_hadd2(gm_perm(w, 0x64646464u, 0x4341), 0xE480E480u);
 				}
-#pragma unroll
+GM_UNROLL
 			for (int k = 0; k < NG; k++) {
 				float D[4] = {0.f, 0.f, 0.f, 0.f};
 				gm_mma(D, v[0][0][0], v[0][1][0], v[0][0][1], v[0][1][1], b[k][0][0], b[k][0][1]);
 				gm_mma(D, v[1][0][0], v[1][1][0], v[1][0][1], v[1][1][1], b[k][1][0], b[k][1][1]);
-#pragma unroll
+GM_UNROLL
 				for (int i = 0; i < 4; i++)
 					L.acc[r][k][i] = fmaf(d[r][i >> 1][bi], D[i], L.acc[r][k][i]);
 			}
 		}
 	}
+}
+
+/* One 256-element unit of this warp's K range, all R tiles */
+template <int T, int R, int NG>
+GM_HD void gm_unit(gm_lane<R, NG> &L, const uint8_t *const (&rows)[R][2], int64_t u)
+{
+	if constexpr (T == KT_Q4_K || T == KT_Q5_K)
+		gm_unit_k45<T, R, NG>(L, rows, u);
+	else if constexpr (T == KT_Q6_K) {
+		if (u & 1) /* 210 u = 2 mod 4 */
+			gm_unit_q6k<false, R, NG>(L, rows, u);
+		else
+			gm_unit_q6k<true, R, NG>(L, rows, u);
+	} else
+		gm_unit_q80<R, NG>(L, rows, u);
 }
 
 /* Grid: blockIdx.x = rows [16 R blockIdx.x, 16 R (blockIdx.x + 1)); NG = ceil(n_tok / 4). */
@@ -366,11 +478,11 @@ __global__ void __launch_bounds__(GM_WARPS * 32)
 	L.x = x, L.ldx = ldx, L.n_tok = n_tok;
 	for (int i = lane; i < NG * 16 * 32; i += 32)
 		(&stage[warp].b[0][0][0])[i] = make_uint2(0u, 0u);
-#pragma unroll
+GM_UNROLL
 	for (int r = 0; r < R; r++)
-#pragma unroll
+GM_UNROLL
 		for (int k = 0; k < NG; k++)
-#pragma unroll
+GM_UNROLL
 			for (int i = 0; i < 4; i++)
 				L.acc[r][k][i] = 0.f;
 	const int64_t row0 = (int64_t)blockIdx.x * 16 * R;
@@ -378,23 +490,14 @@ __global__ void __launch_bounds__(GM_WARPS * 32)
 	GM_FOR_ROWS(R)
 	rows[r][hr] = w + (size_t)min(row0 + 16 * r + 8 * hr + L.g, n_out - 1) * row_bytes;
 
-	for (int64_t u = warp; u < n_units; u += GM_WARPS) {
-		if constexpr (T == KT_Q4_K || T == KT_Q5_K)
-			gm_unit_k45<T, R, NG>(L, rows, u);
-		else if constexpr (T == KT_Q6_K) {
-			if (u & 1) /* 210 u = 2 mod 4 */
-				gm_unit_q6k<false, R, NG>(L, rows, u);
-			else
-				gm_unit_q6k<true, R, NG>(L, rows, u);
-		} else
-			gm_unit_q80<R, NG>(L, rows, u);
-	}
+	for (int64_t u = warp; u < n_units; u += GM_WARPS)
+		gm_unit<T, R, NG>(L, rows, u);
 	/* lane holds rows g, g+8 of each tile for token 4k + t */
-#pragma unroll
+GM_UNROLL
 	for (int r = 0; r < R; r++)
-#pragma unroll
+GM_UNROLL
 		for (int k = 0; k < NG; k++)
-#pragma unroll
+GM_UNROLL
 			for (int hr = 0; hr < 2; hr++)
 				part[warp][16 * r + 8 * hr + L.g][4 * k + L.t] =
 				    fmaf(L.acc[r][k][2 * hr + 1], 1.f / 2048.f, L.acc[r][k][2 * hr]);
@@ -402,7 +505,7 @@ __global__ void __launch_bounds__(GM_WARPS * 32)
 	for (int i = threadIdx.x; i < 16 * R * 4 * NG; i += GM_WARPS * 32) {
 		const int rr = i / (4 * NG), tok = i % (4 * NG);
 		float s = 0.f;
-#pragma unroll
+GM_UNROLL
 		for (int k = 0; k < GM_WARPS; k++)
 			s += part[k][rr][tok];
 		if (tok < n_tok && row0 + rr < n_out)
