@@ -466,7 +466,7 @@ GM_HD void gm_unit(gm_lane<R, NG> &L, const uint8_t *const (&rows)[R][2], int64_
 
 /* Grid: blockIdx.x = rows [16 R blockIdx.x, 16 R (blockIdx.x + 1)); NG = ceil(n_tok / 4). */
 template <int T, int R, int NG>
-__global__ void __launch_bounds__(GM_WARPS * 32)
+__global__ void __launch_bounds__(GM_WARPS * 32, 1)
     gemv_mma_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t n_out, int64_t n_units,
                     const float *__restrict__ x, int64_t ldx, int n_tok, float *__restrict__ y, int64_t ldy)
 {
