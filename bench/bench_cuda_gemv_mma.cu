@@ -206,6 +206,30 @@ static void check_all(struct kcuda_ctx *c, int n_sm)
 			for (int nt : {1, 2, 3, 4, 5, 8})
 				check_run(c, n_sm, wd, xd, nt, false, ref, exact, mag, yd, yh, sh.what);
 			check_run(c, n_sm, wd, xd, 8, true, ref, exact, mag, yd, yh, sh.what);
+			/* small and large activations (fp16 hi/lo range) on the small shapes: X scaled by 2^-10
+			 * and 2^8, references scaled exactly (powers of two) except kcpu_dot_row, recomputed */
+			for (const float xs : {0x1p-10f, 0x1p8f}) {
+				if (n_out > 100)
+					break;
+				std::vector<float> xs_h(xh);
+				for (auto &v : xs_h)
+					v *= xs;
+				CK(cudaMemcpy(xd, xs_h.data(), xs_h.size() * sizeof(float), cudaMemcpyHostToDevice));
+				std::vector<float> ref_s(n);
+				std::vector<double> exact_s(n), mag_s(n);
+				for (int64_t r = 0; r < n_out; r++)
+					for (int t = 0; t < MAX_TOK; t++) {
+						const size_t i = (size_t)t * n_out + r;
+						ref_s[i] = kcpu_dot_row(type, wh.data() + (size_t)r * rb,
+						                        xs_h.data() + (size_t)t * n_in, n_in);
+						exact_s[i] = exact[i] * xs;
+						mag_s[i] = mag[i] * xs;
+					}
+				char what[64];
+				snprintf(what, sizeof(what), "%s x*%g", sh.what, xs);
+				for (int nt : {1, 8})
+					check_run(c, n_sm, wd, xd, nt, false, ref_s, exact_s, mag_s, yd, yh, what);
+			}
 			kcuda_weight_free(&wd);
 		}
 	/* arguments outside the kernel's assumptions are refused, not run */
@@ -415,10 +439,13 @@ static void emulate_all(void)
 			std::vector<uint8_t> wh(rb * n_out + 16);
 			ops_fill_weight(type, n_in, n_out, rb, wh.data());
 			std::vector<float> xh((size_t)MAX_TOK * n_in), row(n_in), yh((size_t)MAX_TOK * n_out);
-			for (auto &v : xh)
-				v = rand_x();
+			for (const float xs : {1.f, 0x1p-10f, 0x1p8f}) /* also small and large activations */
 			for (int nt : {1, 4, 5, 8})
 				for (int rt : {1, 2}) {
+					if (xs != 1.f && (rt == 2 || nt == 4))
+						continue;
+					for (auto &v : xh)
+						v = xs * rand_x();
 					switch (type) {
 					case KT_Q4_K: gm_emulate_t<KT_Q4_K>(wh.data(), rb, n_in, n_out, xh.data(), nt, yh.data(), rt); break;
 					case KT_Q5_K: gm_emulate_t<KT_Q5_K>(wh.data(), rb, n_in, n_out, xh.data(), nt, yh.data(), rt); break;
@@ -450,9 +477,9 @@ static void emulate_all(void)
 							worst_exact = std::max(worst_exact, e_ex);
 						}
 					}
-					printf("emu %-5s %-8s n_tok %d R %d: max err/mag vs cpu %.2e (tol %.2e), vs exact %.2e "
-					       "(tol %.2e) %s\n",
-					       ktype_name(type), sh.what, nt, rt, worst_cpu, tol_cpu, worst_exact, tol_exact,
+					printf("emu %-5s %-8s x*%-9g n_tok %d R %d: max err/mag vs cpu %.2e (tol %.2e), vs exact "
+					       "%.2e (tol %.2e) %s\n",
+					       ktype_name(type), sh.what, xs, nt, rt, worst_cpu, tol_cpu, worst_exact, tol_exact,
 					       n_bad ? "FAIL" : "ok");
 					n_fail += n_bad != 0;
 				}
