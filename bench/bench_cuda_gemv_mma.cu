@@ -20,7 +20,7 @@
  * the read ceiling is a streaming uint4 read of 2 GiB measured in the same run.
  *   bench_cuda_gemv_mma [check|time|emu]   (default: check and time; exit 1 if any check fails,
  *                                           77 = no GPU; emu: host emulation of the kernel's
- *                                           unit code, no GPU needed, see gm_emulate) 
+ *                                           unit code, no GPU needed, see gm_emulate)
  *   TANDEM_GM_R=1|2 forces the row tiles per warp (default: chosen from n_out). */
 #include <algorithm>
 #include <stdarg.h>
@@ -65,7 +65,8 @@ template <class F> static float time_ms(cudaStream_t s, int warm, int reps, int 
 __global__ void read_kernel(const uint4 *p, size_t n, uint32_t *sink)
 {
 	uint32_t acc = 0;
-	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
 		uint4 v = __ldg(p + i);
 		acc ^= v.x ^ v.y ^ v.z ^ v.w;
 	}
@@ -75,7 +76,8 @@ __global__ void read_kernel(const uint4 *p, size_t n, uint32_t *sink)
 
 __global__ void fill_random(uint32_t *p, size_t n, uint32_t seed)
 {
-	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
 		uint32_t z = (uint32_t)i * 2654435761u ^ seed;
 		z ^= z >> 15;
 		z *= 0x2c1b3c6du;
@@ -111,8 +113,8 @@ static float rand_x(void)
 
 /* Runs the mma GEMV (or the baseline when base) for n_tok tokens and checks every output;
  * returns the number of bad outputs. ref/exact/mag: [MAX_TOK][n_out]. */
-static int64_t check_run(struct kcuda_ctx *c, int n_sm, const struct kweight &wd, const float *xd, int n_tok, bool base,
-                         const std::vector<float> &ref, const std::vector<double> &exact,
+static int64_t check_run(struct kcuda_ctx *c, int n_sm, const struct kweight &wd, const float *xd, int n_tok,
+                         bool base, const std::vector<float> &ref, const std::vector<double> &exact,
                          const std::vector<double> &mag, float *yd, std::vector<float> &yh, const char *what)
 {
 	const int64_t n_out = wd.n_out, n_in = wd.n_in;
@@ -120,7 +122,8 @@ static int64_t check_run(struct kcuda_ctx *c, int n_sm, const struct kweight &wd
 	const size_t ny = (size_t)MAX_TOK * n_out + GUARD;
 	CK(cudaMemsetAsync(yd, 0xA5, ny * sizeof(float), s));
 	int rc = base ? kcuda_matmul(c, &wd, xd, n_in, n_tok, yd, n_out)
-	              : gemv_mma(wd.type, wd.data, wd.row_bytes, n_in, n_out, xd, n_in, n_tok, yd, n_out, s, n_sm, g_r_tiles);
+	              : gemv_mma(wd.type, wd.data, wd.row_bytes, n_in, n_out, xd, n_in, n_tok, yd, n_out, s,
+	                         n_sm, g_r_tiles);
 	CK(cudaStreamSynchronize(s));
 	CK(cudaGetLastError());
 	if (rc) {
@@ -140,20 +143,24 @@ static int64_t check_run(struct kcuda_ctx *c, int n_sm, const struct kweight &wd
 				continue;
 			}
 			const size_t i = (size_t)t * n_out + r;
-			const double m = mag[i] + 1e-30, e_cpu = fabs((double)g - ref[i]), e_ex = fabs((double)g - exact[i]);
-			const bool ok = isfinite(g) && e_cpu <= tol_cpu * m && (base || e_ex <= tol_exact * m);
+			const double m = mag[i] + 1e-30, e_cpu = fabs((double)g - ref[i]),
+			             e_ex = fabs((double)g - exact[i]);
+			const bool ok =
+			    isfinite(g) && e_cpu <= tol_cpu * m && (base || e_ex <= tol_exact * m);
 			if (!ok && n_bad++ < 3)
-				printf("  %s %s n_tok %d row %lld tok %d: gpu %.9g cpu %.9g exact %.9g (|d| %.3g / %.3g, "
+				printf("  %s %s n_tok %d row %lld tok %d: gpu %.9g cpu %.9g exact %.9g (|d| "
+				       "%.3g / %.3g, "
 				       "mag %.3g)\n",
-				       ktype_name(wd.type), what, n_tok, (long long)r, t, g, ref[i], exact[i], e_cpu, e_ex,
-				       m);
+				       ktype_name(wd.type), what, n_tok, (long long)r, t, g, ref[i], exact[i],
+				       e_cpu, e_ex, m);
 			worst_cpu = std::max(worst_cpu, e_cpu / m);
 			worst_exact = std::max(worst_exact, e_ex / m);
 		}
 	for (size_t i = (size_t)MAX_TOK * n_out; i < ny; i++)
 		n_fill_bad += !ops_is_fill_f32(yh[i]);
 	const bool pass = n_bad == 0 && n_fill_bad == 0;
-	printf("check %-5s %-4s %-24s n_tok %d: max err/mag vs cpu %.2e (tol %.2e), vs exact %.2e (tol %.2e)%s%s\n",
+	printf("check %-5s %-4s %-24s n_tok %d: max err/mag vs cpu %.2e (tol %.2e), vs exact %.2e (tol "
+	       "%.2e)%s%s\n",
 	       ktype_name(wd.type), base ? "base" : "mma", what, n_tok, worst_cpu, tol_cpu, worst_exact,
 	       base ? 0.0 : tol_exact, n_fill_bad ? " WRITES PAST n_tok/guard" : "", pass ? " ok" : " FAIL");
 	if (!pass)
@@ -206,15 +213,17 @@ static void check_all(struct kcuda_ctx *c, int n_sm)
 			for (int nt : {1, 2, 3, 4, 5, 8})
 				check_run(c, n_sm, wd, xd, nt, false, ref, exact, mag, yd, yh, sh.what);
 			check_run(c, n_sm, wd, xd, 8, true, ref, exact, mag, yd, yh, sh.what);
-			/* small and large activations (fp16 hi/lo range) on the small shapes: X scaled by 2^-10
-			 * and 2^8, references scaled exactly (powers of two) except kcpu_dot_row, recomputed */
+			/* small and large activations (fp16 hi/lo range) on the small shapes: X scaled by
+			 * 2^-10 and 2^8, references scaled exactly (powers of two) except kcpu_dot_row,
+			 * recomputed */
 			for (const float xs : {0x1p-10f, 0x1p8f}) {
 				if (n_out > 100)
 					break;
 				std::vector<float> xs_h(xh);
 				for (auto &v : xs_h)
 					v *= xs;
-				CK(cudaMemcpy(xd, xs_h.data(), xs_h.size() * sizeof(float), cudaMemcpyHostToDevice));
+				CK(cudaMemcpy(xd, xs_h.data(), xs_h.size() * sizeof(float),
+				              cudaMemcpyHostToDevice));
 				std::vector<float> ref_s(n);
 				std::vector<double> exact_s(n), mag_s(n);
 				for (int64_t r = 0; r < n_out; r++)
@@ -228,7 +237,8 @@ static void check_all(struct kcuda_ctx *c, int n_sm)
 				char what[64];
 				snprintf(what, sizeof(what), "%s x*%g", sh.what, xs);
 				for (int nt : {1, 8})
-					check_run(c, n_sm, wd, xd, nt, false, ref_s, exact_s, mag_s, yd, yh, what);
+					check_run(c, n_sm, wd, xd, nt, false, ref_s, exact_s, mag_s, yd, yh,
+					          what);
 			}
 			kcuda_weight_free(&wd);
 		}
@@ -237,7 +247,8 @@ static void check_all(struct kcuda_ctx *c, int n_sm)
 	bad += gemv_mma(KT_Q4_K, xd, 144, 256, 1, xd, 256, 9, yd, 1, 0, n_sm, 0) != -EINVAL;
 	bad += gemv_mma(KT_Q4_K, xd, 144, 256, 1, xd, 256, 0, yd, 1, 0, n_sm, 0) != -EINVAL;
 	bad += gemv_mma(KT_Q8_0, xd, 34 * 4, 128, 1, xd, 128, 1, yd, 1, 0, n_sm, 0) != -EINVAL;
-	bad += gemv_mma(KT_Q6_K, xd, 210, 256, 1, xd, 256, 1, yd, 1, 0, n_sm, 0) != -EINVAL; /* rows 2-byte aligned */
+	bad += gemv_mma(KT_Q6_K, xd, 210, 256, 1, xd, 256, 1, yd, 1, 0, n_sm, 0) !=
+	       -EINVAL; /* rows 2-byte aligned */
 	bad += gemv_mma(KT_Q4_K, xd, 144, 256, 1, xd + 1, 256, 1, yd, 1, 0, n_sm, 0) != -EINVAL;
 	bad += gemv_mma(KT_BF16, xd, 512, 256, 1, xd, 256, 1, yd, 1, 0, n_sm, 0) != ERR_UNSUPPORTED;
 	printf("check bad arguments: %s\n", bad ? "FAIL" : "ok");
@@ -252,9 +263,11 @@ template <int T, int R, int NG> static void kernel_info(void)
 	cudaFuncAttributes a;
 	CK(cudaFuncGetAttributes(&a, gemv_mma_kernel<T, R, NG>));
 	int blocks = 0;
-	CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemv_mma_kernel<T, R, NG>, GM_WARPS * 32, 0));
+	CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemv_mma_kernel<T, R, NG>, GM_WARPS * 32,
+	                                                 0));
 	printf("kernel %-5s R %d NG %d: %d regs, %zu B local, %zu B shared, %d blocks (%d warps) per SM\n",
-	       ktype_name(T), R, NG, a.numRegs, a.localSizeBytes, a.sharedSizeBytes, blocks, blocks * GM_WARPS);
+	       ktype_name(T), R, NG, a.numRegs, a.localSizeBytes, a.sharedSizeBytes, blocks,
+	       blocks * GM_WARPS);
 }
 template <int T> static void kernel_info_t(void)
 {
@@ -288,8 +301,8 @@ static void time_all(struct kcuda_ctx *c, int n_sm, size_t l2)
 			v = rand_x();
 		CK(cudaMemcpy(xd, xh.data(), xh.size() * sizeof(float), cudaMemcpyHostToDevice));
 	}
-	printf("\n%-5s %-24s %5s | %9s %7s %6s | %9s %7s %6s | %s\n", "type", "shape", "n_tok", "mma us", "GB/s",
-	       "%read", "base us", "GB/s", "%read", "speedup");
+	printf("\n%-5s %-24s %5s | %9s %7s %6s | %9s %7s %6s | %s\n", "type", "shape", "n_tok", "mma us",
+	       "GB/s", "%read", "base us", "GB/s", "%read", "speedup");
 	for (int type : types)
 		for (int si = 0; si < 4; si++) {
 			const shape &sh = shapes[si];
@@ -298,28 +311,34 @@ static void time_all(struct kcuda_ctx *c, int n_sm, size_t l2)
 			const size_t wbytes = rb * (size_t)sh.n_out, stride = (wbytes + 255) & ~(size_t)255;
 			const int ncopy = (int)std::min<size_t>(big / stride, 64);
 			if ((size_t)ncopy * wbytes < 4 * l2) {
-				printf("%-5s %-24s: cannot rotate over 4x L2, skipped\n", ktype_name(type), sh.what);
+				printf("%-5s %-24s: cannot rotate over 4x L2, skipped\n", ktype_name(type),
+				       sh.what);
 				continue;
 			}
 			std::vector<uint8_t> hw(wbytes);
 			ops_fill_weight(type, sh.n_in, sh.n_out, rb, hw.data());
 			for (int k = 0; k < ncopy; k++)
-				CK(cudaMemcpy((char *)A + k * stride, hw.data(), wbytes, cudaMemcpyHostToDevice));
+				CK(cudaMemcpy((char *)A + k * stride, hw.data(), wbytes,
+				              cudaMemcpyHostToDevice));
 			for (int nt : {1, 2, 4, 8}) {
 				const float ms_mma = time_ms(s, 3, 9, ncopy, [&](int i) {
-					if (gemv_mma(type, (char *)A + (i % ncopy) * stride, rb, sh.n_in, sh.n_out, xd,
-					             sh.n_in, nt, yd, sh.n_out, s, n_sm, g_r_tiles))
+					if (gemv_mma(type, (char *)A + (i % ncopy) * stride, rb, sh.n_in,
+					             sh.n_out, xd, sh.n_in, nt, yd, sh.n_out, s, n_sm,
+					             g_r_tiles))
 						abort();
 				});
 				const float ms_base = time_ms(s, 3, 9, ncopy, [&](int i) {
-					struct kweight w = {type, sh.n_in, sh.n_out, rb, (char *)A + (i % ncopy) * stride};
+					struct kweight w = {type, sh.n_in, sh.n_out, rb,
+					                    (char *)A + (i % ncopy) * stride};
 					if (kcuda_matmul(c, &w, xd, sh.n_in, nt, yd, sh.n_out))
 						abort();
 				});
-				const double g_mma = wbytes / (ms_mma * 1e-3) / 1e9, g_base = wbytes / (ms_base * 1e-3) / 1e9;
+				const double g_mma = wbytes / (ms_mma * 1e-3) / 1e9,
+				             g_base = wbytes / (ms_base * 1e-3) / 1e9;
 				printf("%-5s %-24s %5d | %9.2f %7.0f %5.1f%% | %9.2f %7.0f %5.1f%% | %.2fx\n",
-				       ktype_name(type), sh.what, nt, ms_mma * 1e3, g_mma, 100 * g_mma / read_gbs,
-				       ms_base * 1e3, g_base, 100 * g_base / read_gbs, ms_base / ms_mma);
+				       ktype_name(type), sh.what, nt, ms_mma * 1e3, g_mma,
+				       100 * g_mma / read_gbs, ms_base * 1e3, g_base, 100 * g_base / read_gbs,
+				       ms_base / ms_mma);
 				fflush(stdout);
 			}
 		}
@@ -350,11 +369,14 @@ static void gm_emulate(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out,
 		memset(&stage, 0, sizeof(stage));
 		for (int l = 0; l < 32; l++) {
 			gm_lane<R, NG> &a = L[l];
-			a.g = l >> 2, a.t = l & 3, a.lane = l, a.n_tok = n_tok, a.sm = &stage, a.x = x, a.ldx = ldx;
+			a.g = l >> 2, a.t = l & 3, a.lane = l, a.n_tok = n_tok, a.sm = &stage, a.x = x,
+			a.ldx = ldx;
 			memset(a.acc, 0, sizeof(a.acc));
 			for (int r = 0; r < R; r++)
 				for (int hr = 0; hr < 2; hr++)
-					rows[l].p[r][hr] = w + (size_t)std::min(row0 + 16 * r + 8 * hr + a.g, n_out - 1) * rb;
+					rows[l].p[r][hr] =
+					    w +
+					    (size_t)std::min(row0 + 16 * r + 8 * hr + a.g, n_out - 1) * rb;
 		}
 		for (int64_t u = 0; u < n_in / 256; u++) {
 			emu.pass = 1;
@@ -408,7 +430,8 @@ static void gm_emulate(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out,
 						const int tok = 4 * k + L[l].t;
 						if (row < n_out && tok < n_tok)
 							y[tok * ldy + row] =
-							    fmaf(L[l].acc[r][k][2 * hr + 1], 1.f / 2048.f, L[l].acc[r][k][2 * hr]);
+							    fmaf(L[l].acc[r][k][2 * hr + 1], 1.f / 2048.f,
+							         L[l].acc[r][k][2 * hr]);
 					}
 	}
 	gm_emu_ctx = NULL;
@@ -440,49 +463,70 @@ static void emulate_all(void)
 			ops_fill_weight(type, n_in, n_out, rb, wh.data());
 			std::vector<float> xh((size_t)MAX_TOK * n_in), row(n_in), yh((size_t)MAX_TOK * n_out);
 			for (const float xs : {1.f, 0x1p-10f, 0x1p8f}) /* also small and large activations */
-			for (int nt : {1, 4, 5, 8})
-				for (int rt : {1, 2}) {
-					if (xs != 1.f && (rt == 2 || nt == 4))
-						continue;
-					for (auto &v : xh)
-						v = xs * rand_x();
-					switch (type) {
-					case KT_Q4_K: gm_emulate_t<KT_Q4_K>(wh.data(), rb, n_in, n_out, xh.data(), nt, yh.data(), rt); break;
-					case KT_Q5_K: gm_emulate_t<KT_Q5_K>(wh.data(), rb, n_in, n_out, xh.data(), nt, yh.data(), rt); break;
-					case KT_Q6_K: gm_emulate_t<KT_Q6_K>(wh.data(), rb, n_in, n_out, xh.data(), nt, yh.data(), rt); break;
-					default: gm_emulate_t<KT_Q8_0>(wh.data(), rb, n_in, n_out, xh.data(), nt, yh.data(), rt); break;
-					}
-					double worst_cpu = 0, worst_exact = 0;
-					int64_t n_bad = 0;
-					const double tol_cpu = 2e-6 * sqrt((double)n_in), tol_exact = ldexp(1.0, -16);
-					for (int64_t r = 0; r < n_out; r++) {
-						const uint8_t *wr = wh.data() + (size_t)r * rb;
-						kcpu_dequant_row(type, wr, row.data(), n_in);
-						for (int t = 0; t < nt; t++) {
-							const float *x = xh.data() + (size_t)t * n_in;
-							double e = 0, m = 1e-30;
-							for (int64_t k = 0; k < n_in; k++) {
-								e += (double)row[k] * x[k];
-								m += fabs((double)row[k] * x[k]);
-							}
-							const float g = yh[(size_t)t * n_out + r];
-							const double e_cpu = fabs(g - (double)kcpu_dot_row(type, wr, x, n_in)) / m;
-							const double e_ex = fabs(g - e) / m;
-							if (!isfinite(g) || !(e_cpu <= tol_cpu) || !(e_ex <= tol_exact)) {
-								if (n_bad++ < 3)
-									printf("  row %lld tok %d: emu %.9g exact %.9g\n",
-									       (long long)r, t, g, e);
-							}
-							worst_cpu = std::max(worst_cpu, e_cpu);
-							worst_exact = std::max(worst_exact, e_ex);
+				for (int nt : {1, 4, 5, 8})
+					for (int rt : {1, 2}) {
+						if (xs != 1.f && (rt == 2 || nt == 4))
+							continue;
+						for (auto &v : xh)
+							v = xs * rand_x();
+						switch (type) {
+						case KT_Q4_K:
+							gm_emulate_t<KT_Q4_K>(wh.data(), rb, n_in, n_out,
+							                      xh.data(), nt, yh.data(), rt);
+							break;
+						case KT_Q5_K:
+							gm_emulate_t<KT_Q5_K>(wh.data(), rb, n_in, n_out,
+							                      xh.data(), nt, yh.data(), rt);
+							break;
+						case KT_Q6_K:
+							gm_emulate_t<KT_Q6_K>(wh.data(), rb, n_in, n_out,
+							                      xh.data(), nt, yh.data(), rt);
+							break;
+						default:
+							gm_emulate_t<KT_Q8_0>(wh.data(), rb, n_in, n_out,
+							                      xh.data(), nt, yh.data(), rt);
+							break;
 						}
+						double worst_cpu = 0, worst_exact = 0;
+						int64_t n_bad = 0;
+						const double tol_cpu = 2e-6 * sqrt((double)n_in),
+						             tol_exact = ldexp(1.0, -16);
+						for (int64_t r = 0; r < n_out; r++) {
+							const uint8_t *wr = wh.data() + (size_t)r * rb;
+							kcpu_dequant_row(type, wr, row.data(), n_in);
+							for (int t = 0; t < nt; t++) {
+								const float *x = xh.data() + (size_t)t * n_in;
+								double e = 0, m = 1e-30;
+								for (int64_t k = 0; k < n_in; k++) {
+									e += (double)row[k] * x[k];
+									m += fabs((double)row[k] * x[k]);
+								}
+								const float g = yh[(size_t)t * n_out + r];
+								const double e_cpu =
+								    fabs(g - (double)kcpu_dot_row(type, wr, x,
+								                                  n_in)) /
+								    m;
+								const double e_ex = fabs(g - e) / m;
+								if (!isfinite(g) || !(e_cpu <= tol_cpu) ||
+								    !(e_ex <= tol_exact)) {
+									if (n_bad++ < 3)
+										printf(
+										    "  row %lld tok %d: emu "
+										    "%.9g exact %.9g\n",
+										    (long long)r, t, g, e);
+								}
+								worst_cpu = std::max(worst_cpu, e_cpu);
+								worst_exact = std::max(worst_exact, e_ex);
+							}
+						}
+						printf("emu %-5s %-8s x*%-9g n_tok %d R %d: max err/mag vs "
+						       "cpu %.2e (tol %.2e), vs exact "
+						       "%.2e (tol %.2e) %s\n",
+						       ktype_name(type), sh.what, xs, nt, rt, worst_cpu,
+						       tol_cpu, worst_exact, tol_exact,
+						       n_bad ? "FAIL" : "ok");
+						n_fail += n_bad != 0;
 					}
-					printf("emu %-5s %-8s x*%-9g n_tok %d R %d: max err/mag vs cpu %.2e (tol %.2e), vs exact "
-					       "%.2e (tol %.2e) %s\n",
-					       ktype_name(type), sh.what, xs, nt, rt, worst_cpu, tol_cpu, worst_exact, tol_exact,
-					       n_bad ? "FAIL" : "ok");
-					n_fail += n_bad != 0;
-				}
 		}
 }
 

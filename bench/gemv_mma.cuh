@@ -25,17 +25,15 @@
  * four consecutive elements e0(t, step) + {0,1,2,3} of its rows, as k = {2t, 2t+8, 2t+1, 2t+9}, so
  * a quant word's bytes 0,2 and 1,3 each make one half2 register, and B is one float4 of x.
  *
- * Grid: a block (GM_WARPS warps) owns 16 R consecutive rows (R = 1 or 2 tiles per warp); its warps split K in units of 256
- * elements (warp w: units w, w + GM_WARPS, ...) and reduce through shared memory. Units:
- *   Q4_K / Q5_K: one super-block; lane t owns chunk t of qs (elements 64t .. 64t+63, sub-blocks
- *     2t and 2t+1): 16-byte loads; scales folded into A; the mins go through a second mma whose A
- *     is the sub-block min (sum_k m(k) x_k = sum_sb m_sb sum(x over sb)); d and dmin applied to
- *     the two accumulators once per super-block.
- *   Q6_K: one super-block; step = one 16-element scale group (int8 scales times q - 32 can reach
- *     4096, not exact in fp16), so the scale is applied to the fp32 accumulator per step. Blocks
- *     are 210 B (2-byte aligned): 4-byte loads, funnel-shifted for odd super-blocks.
- *   Q8_0: eight 34-byte blocks (272 B, 16-byte aligned); two steps per block, d per block on the
- *     accumulator; 4-byte loads (odd blocks aligned, even ones funnel-shifted).
+ * Grid: a block (GM_WARPS warps) owns 16 R consecutive rows (R = 1 or 2 tiles per warp); its warps split K in
+ * units of 256 elements (warp w: units w, w + GM_WARPS, ...) and reduce through shared memory. Units: Q4_K /
+ * Q5_K: one super-block; lane t owns chunk t of qs (elements 64t .. 64t+63, sub-blocks 2t and 2t+1): 16-byte
+ * loads; scales folded into A; the mins go through a second mma whose A is the sub-block min (sum_k m(k) x_k
+ * = sum_sb m_sb sum(x over sb)); d and dmin applied to the two accumulators once per super-block. Q6_K: one
+ * super-block; step = one 16-element scale group (int8 scales times q - 32 can reach 4096, not exact in
+ * fp16), so the scale is applied to the fp32 accumulator per step. Blocks are 210 B (2-byte aligned): 4-byte
+ * loads, funnel-shifted for odd super-blocks. Q8_0: eight 34-byte blocks (272 B, 16-byte aligned); two steps
+ * per block, d per block on the accumulator; 4-byte loads (odd blocks aligned, even ones funnel-shifted).
  * Assumes: n_in % 256 == 0 (Q6_K: % 512, so rows start 4-byte aligned), W and X 16-byte aligned,
  * ldx % 4 == 0,
  * |x| < 65504 (fp16 range; larger gives inf/NaN), W buffers padded by 16 bytes as
@@ -66,7 +64,7 @@
 struct gm_emu {
 	int pass, lane, call;
 	std::vector<uint32_t> rec[32]; /* a0..a3, b0, b1 per call */
-	std::vector<float> prod[32];   /* d0..d3 per call */
+	std::vector<float> prod[32]; /* d0..d3 per call */
 };
 static gm_emu *gm_emu_ctx;
 
@@ -194,7 +192,8 @@ template <int NG> struct gm_stage {
 };
 
 template <bool K45, int NG>
-GM_HD void gm_stage_x(gm_stage<NG> &sm, const float *__restrict__ x, int64_t ldx, int n_tok, int64_t u, int lane)
+GM_HD void gm_stage_x(gm_stage<NG> &sm, const float *__restrict__ x, int64_t ldx, int n_tok, int64_t u,
+                      int lane)
 {
 	gm_syncwarp(); /* the previous unit's reads are done */
 	const int n_ent = 64 * (n_tok < 4 * NG ? n_tok : 4 * NG);
@@ -235,8 +234,7 @@ template <int R, int NG> GM_HD uint2 gm_b(const gm_lane<R, NG> &L, int k, int s)
 }
 
 /* Loads per row of a tile: r in [0, R), hr 0 = row g, 1 = row g+8 */
-#define GM_FOR_ROWS(R)                                                                                       \
-	GM_UNROLL for (int r = 0; r < R; r++) GM_UNROLL for (int hr = 0; hr < 2; hr++)
+#define GM_FOR_ROWS(R) GM_UNROLL for (int r = 0; r < R; r++) GM_UNROLL for (int hr = 0; hr < 2; hr++)
 
 /* ---- Q4_K / Q5_K: one super-block per unit -------------------------------------------------- */
 template <int T, int R, int NG>
@@ -264,51 +262,61 @@ GM_HD void gm_unit_k45(gm_lane<R, NG> &L, const uint8_t *const (&rows)[R][2], in
 	{
 		const uint4 h = hd[r][hr];
 		int sc[2], mn[2];
-GM_UNROLL
+		GM_UNROLL
 		for (int e = 0; e < 2; e++) {
 			const int q = 2 * (L.t & 1) + e;
-			const uint32_t A = (h.y >> (8 * q)) & 255, B = (h.z >> (8 * q)) & 255, C = (h.w >> (8 * q)) & 255;
+			const uint32_t A = (h.y >> (8 * q)) & 255, B = (h.z >> (8 * q)) & 255,
+			               C = (h.w >> (8 * q)) & 255;
 			sc[e] = (int)(L.t < 2 ? (A & 63) : ((C & 15) | ((A >> 6) << 4)));
 			mn[e] = (int)(L.t < 2 ? (B & 63) : ((C >> 4) | ((B >> 6) << 4)));
 		}
 		s_lo[r][hr] = gm_h2((float)sc[0]);
 		n_lo[r][hr] = gm_h2(-1024.f * sc[0]); /* (1024 + q) sc - 1024 sc */
-		s_hi[r][hr] = gm_h2(sc[1] / 16.f);    /* (1024 + 16 q) sc / 16 - 64 sc */
+		s_hi[r][hr] = gm_h2(sc[1] / 16.f); /* (1024 + 16 q) sc / 16 - 64 sc */
 		n_hi[r][hr] = gm_h2(-64.f * sc[1]);
 		m_lo[r][hr] = gm_h2((float)mn[0]);
 		m_hi[r][hr] = gm_h2((float)mn[1]);
 		dd[r][hr] = gm_f16(h.x), dm[r][hr] = gm_f16(h.x >> 16);
 	}
 	float dq[R][NG][4], dn[R][NG][4];
-GM_UNROLL
+	GM_UNROLL
 	for (int r = 0; r < R; r++)
-GM_UNROLL
-		for (int k = 0; k < NG; k++)
-GM_UNROLL
-			for (int i = 0; i < 4; i++)
-				dq[r][k][i] = 0.f, dn[r][k][i] = 0.f;
-GM_UNROLL
+		GM_UNROLL
+	for (int k = 0; k < NG; k++)
+		GM_UNROLL
+	for (int i = 0; i < 4; i++)
+		dq[r][k][i] = 0.f, dn[r][k][i] = 0.f;
+	GM_UNROLL
 	for (int i = 0; i < 8; i++) { /* word i of the chunk: step i (low nibbles), 8 + i (high) */
 		uint32_t bl[NG][2], bh[NG][2];
-GM_UNROLL
+		GM_UNROLL
 		for (int k = 0; k < NG; k++) {
 			const uint2 b0 = gm_b(L, k, i), b1 = gm_b(L, k, 8 + i);
 			bl[k][0] = b0.x, bl[k][1] = b0.y, bh[k][0] = b1.x, bh[k][1] = b1.y;
 		}
-GM_UNROLL
+		GM_UNROLL
 		for (int r = 0; r < R; r++) {
 			uint32_t v[2][4]; /* [hr]: low 02, low 13, high 02, high 13 (1024 + q, 1024 + 16 q) */
-GM_UNROLL
+			GM_UNROLL
 			for (int hr = 0; hr < 2; hr++) {
 				const uint4 q4 = i < 4 ? qa[r][hr] : qb[r][hr];
-				const uint32_t w = (i & 3) == 0 ? q4.x : (i & 3) == 1 ? q4.y : (i & 3) == 2 ? q4.z : q4.w;
+				const uint32_t w = (i & 3) == 0   ? q4.x
+				                   : (i & 3) == 1 ? q4.y
+				                   : (i & 3) == 2 ? q4.z
+				                                  : q4.w;
 				const uint32_t w8 = w >> 8;
-				uint32_t l02 = (w & 0x000F000Fu) | 0x64006400u, l13 = (w8 & 0x000F000Fu) | 0x64006400u;
-				uint32_t h02 = (w & 0x00F000F0u) | 0x64006400u, h13 = (w8 & 0x00F000F0u) | 0x64006400u;
+				uint32_t l02 = (w & 0x000F000Fu) | 0x64006400u,
+				         l13 = (w8 & 0x000F000Fu) | 0x64006400u;
+				uint32_t h02 = (w & 0x00F000F0u) | 0x64006400u,
+				         h13 = (w8 & 0x00F000F0u) | 0x64006400u;
 				if (Q5) {
 					const uint4 h4 = i < 4 ? ha[r][hr] : hb[r][hr];
-					const uint32_t hw = (i & 3) == 0 ? h4.x : (i & 3) == 1 ? h4.y : (i & 3) == 2 ? h4.z : h4.w;
-					const uint32_t hs = hw >> (2 * L.t); /* bit 0: low sub-block, bit 1: high */
+					const uint32_t hw = (i & 3) == 0   ? h4.x
+					                    : (i & 3) == 1 ? h4.y
+					                    : (i & 3) == 2 ? h4.z
+					                                   : h4.w;
+					const uint32_t hs =
+					    hw >> (2 * L.t); /* bit 0: low sub-block, bit 1: high */
 					l02 |= (hs << 4) & 0x00100010u;
 					l13 |= (hs >> 4) & 0x00100010u;
 					h02 |= (hs << 7) & 0x01000100u;
@@ -319,25 +327,27 @@ GM_UNROLL
 				v[hr][2] = gm_hfma2(h02, s_hi[r][hr], n_hi[r][hr]);
 				v[hr][3] = gm_hfma2(h13, s_hi[r][hr], n_hi[r][hr]);
 			}
-GM_UNROLL
+			GM_UNROLL
 			for (int k = 0; k < NG; k++) {
 				gm_mma(dq[r][k], v[0][0], v[1][0], v[0][1], v[1][1], bl[k][0], bl[k][1]);
-				gm_mma(dn[r][k], m_lo[r][0], m_lo[r][1], m_lo[r][0], m_lo[r][1], bl[k][0], bl[k][1]);
+				gm_mma(dn[r][k], m_lo[r][0], m_lo[r][1], m_lo[r][0], m_lo[r][1], bl[k][0],
+				       bl[k][1]);
 				gm_mma(dq[r][k], v[0][2], v[1][2], v[0][3], v[1][3], bh[k][0], bh[k][1]);
-				gm_mma(dn[r][k], m_hi[r][0], m_hi[r][1], m_hi[r][0], m_hi[r][1], bh[k][0], bh[k][1]);
+				gm_mma(dn[r][k], m_hi[r][0], m_hi[r][1], m_hi[r][0], m_hi[r][1], bh[k][0],
+				       bh[k][1]);
 			}
 		}
 	}
-GM_UNROLL
+	GM_UNROLL
 	for (int r = 0; r < R; r++)
-GM_UNROLL
-		for (int k = 0; k < NG; k++)
-GM_UNROLL
-			for (int i = 0; i < 4; i++) {
-				const int hr = i >> 1;
-				L.acc[r][k][i] = fmaf(dd[r][hr], dq[r][k][i], L.acc[r][k][i]);
-				L.acc[r][k][i] = fmaf(-dm[r][hr], dn[r][k][i], L.acc[r][k][i]);
-			}
+		GM_UNROLL
+	for (int k = 0; k < NG; k++)
+		GM_UNROLL
+	for (int i = 0; i < 4; i++) {
+		const int hr = i >> 1;
+		L.acc[r][k][i] = fmaf(dd[r][hr], dq[r][k][i], L.acc[r][k][i]);
+		L.acc[r][k][i] = fmaf(-dm[r][hr], dn[r][k][i], L.acc[r][k][i]);
+	}
 }
 
 /* ---- Q6_K: one super-block per unit; A4: the super-block starts 4-byte aligned ---------------- */
@@ -349,10 +359,11 @@ GM_HD void gm_unit_q6k(gm_lane<R, NG> &L, const uint8_t *const (&rows)[R][2], in
 	GM_FOR_ROWS(R)
 	{
 		const uint8_t *b = rows[r][hr] + (size_t)210 * u;
-GM_UNROLL
+		GM_UNROLL
 		for (int i = 0; i < 8; i++) /* i = 4n + 2 (j & 1) + hh */
-			ql[r][hr][i] = gm_ldw<A4>(b + 64 * (i >> 2) + 32 * ((i >> 1) & 1) + 16 * (i & 1) + 4 * L.t);
-GM_UNROLL
+			ql[r][hr][i] =
+			    gm_ldw<A4>(b + 64 * (i >> 2) + 32 * ((i >> 1) & 1) + 16 * (i & 1) + 4 * L.t);
+		GM_UNROLL
 		for (int i = 0; i < 4; i++) { /* i = 2n + hh */
 			qh[r][hr][i] = gm_ldw<A4>(b + 128 + 32 * (i >> 1) + 16 * (i & 1) + 4 * L.t);
 			sc[r][hr][i] = gm_ldw<A4>(b + 192 + 4 * i);
@@ -360,35 +371,37 @@ GM_UNROLL
 		d[r][hr] = gm_f16(gm_u16(b + 208));
 	}
 	gm_stage_x<false, NG>(*L.sm, L.x, L.ldx, L.n_tok, u, L.lane);
-GM_UNROLL
+	GM_UNROLL
 	for (int s = 0; s < 16; s++) { /* one 16-element scale group: elements 128n + 32j + 16hh + .. */
 		const int n = s >> 3, j = (s >> 1) & 3, hh = s & 1;
 		const int sl = 4 * (j >> 1), sh = 2 * j, is = 8 * n + 2 * j + hh;
 		uint32_t b[NG][2];
-GM_UNROLL
+		GM_UNROLL
 		for (int k = 0; k < NG; k++) {
 			const uint2 v2 = gm_b(L, k, s);
 			b[k][0] = v2.x, b[k][1] = v2.y;
 		}
-GM_UNROLL
+		GM_UNROLL
 		for (int r = 0; r < R; r++) {
 			uint32_t v[2][2];
 			float scale[2];
-GM_UNROLL
+			GM_UNROLL
 			for (int hr = 0; hr < 2; hr++) {
 				const uint32_t lw = ql[r][hr][4 * n + 2 * (j & 1) + hh] >> sl;
 				const uint32_t hw = qh[r][hr][2 * n + hh] >> sh;
-				const uint32_t v02 = (lw & 0x000F000Fu) | ((hw << 4) & 0x00300030u) | 0x64006400u;
-				const uint32_t v13 = ((lw >> 8) & 0x000F000Fu) | ((hw >> 4) & 0x00300030u) | 0x64006400u;
+				const uint32_t v02 =
+				    (lw & 0x000F000Fu) | ((hw << 4) & 0x00300030u) | 0x64006400u;
+				const uint32_t v13 =
+				    ((lw >> 8) & 0x000F000Fu) | ((hw >> 4) & 0x00300030u) | 0x64006400u;
 				v[hr][0] = gm_hadd2(v02, 0xE420E420u); /* - 1056: q - 32 */
 				v[hr][1] = gm_hadd2(v13, 0xE420E420u);
 				scale[hr] = d[r][hr] * gm_s8(sc[r][hr][is >> 2], is & 3);
 			}
-GM_UNROLL
+			GM_UNROLL
 			for (int k = 0; k < NG; k++) {
 				float D[4] = {0.f, 0.f, 0.f, 0.f};
 				gm_mma(D, v[0][0], v[1][0], v[0][1], v[1][1], b[k][0], b[k][1]);
-GM_UNROLL
+				GM_UNROLL
 				for (int i = 0; i < 4; i++)
 					L.acc[r][k][i] = fmaf(scale[i >> 1], D[i], L.acc[r][k][i]);
 			}
@@ -405,43 +418,45 @@ GM_HD void gm_unit_q80(gm_lane<R, NG> &L, const uint8_t *const (&rows)[R][2], in
 	GM_FOR_ROWS(R)
 	{
 		const uint8_t *b = rows[r][hr] + (size_t)272 * u;
-GM_UNROLL
+		GM_UNROLL
 		for (int s = 0; s < 16; s++) {
 			const int bi = s >> 1, off = 34 * bi + 2 + 16 * (s & 1) + 4 * L.t;
 			qw[r][hr][s] = (bi & 1) ? gm_ldw<true>(b + off) : gm_ldw<false>(b + off);
 		}
-GM_UNROLL
+		GM_UNROLL
 		for (int bi = 0; bi < 8; bi++)
 			d[r][hr][bi] = gm_f16(gm_u16(b + 34 * bi));
 	}
 	gm_stage_x<false, NG>(*L.sm, L.x, L.ldx, L.n_tok, u, L.lane);
-GM_UNROLL
+	GM_UNROLL
 	for (int bi = 0; bi < 8; bi++) {
 		uint32_t b[NG][2][2];
-GM_UNROLL
+		GM_UNROLL
 		for (int k = 0; k < NG; k++)
-GM_UNROLL
-			for (int hf = 0; hf < 2; hf++) {
-				const uint2 v2 = gm_b(L, k, 2 * bi + hf);
-				b[k][hf][0] = v2.x, b[k][hf][1] = v2.y;
-			}
-GM_UNROLL
+			GM_UNROLL
+		for (int hf = 0; hf < 2; hf++) {
+			const uint2 v2 = gm_b(L, k, 2 * bi + hf);
+			b[k][hf][0] = v2.x, b[k][hf][1] = v2.y;
+		}
+		GM_UNROLL
 		for (int r = 0; r < R; r++) {
 			uint32_t v[2][2][2]; /* [hf][hr][02 / 13] */
-GM_UNROLL
+			GM_UNROLL
 			for (int hf = 0; hf < 2; hf++)
-GM_UNROLL
-				for (int hr = 0; hr < 2; hr++) {
-					const uint32_t w = qw[r][hr][2 * bi + hf] ^ 0x80808080u; /* int8 + 128 */
-					v[hf][hr][0] = gm_hadd2(gm_perm(w, 0x64646464u, 0x4240), 0xE480E480u);
-					v[hf][hr][1] = gm_hadd2(gm_perm(w, 0x64646464u, 0x4341), 0xE480E480u);
-				}
-GM_UNROLL
+				GM_UNROLL
+			for (int hr = 0; hr < 2; hr++) {
+				const uint32_t w = qw[r][hr][2 * bi + hf] ^ 0x80808080u; /* int8 + 128 */
+				v[hf][hr][0] = gm_hadd2(gm_perm(w, 0x64646464u, 0x4240), 0xE480E480u);
+				v[hf][hr][1] = gm_hadd2(gm_perm(w, 0x64646464u, 0x4341), 0xE480E480u);
+			}
+			GM_UNROLL
 			for (int k = 0; k < NG; k++) {
 				float D[4] = {0.f, 0.f, 0.f, 0.f};
-				gm_mma(D, v[0][0][0], v[0][1][0], v[0][0][1], v[0][1][1], b[k][0][0], b[k][0][1]);
-				gm_mma(D, v[1][0][0], v[1][1][0], v[1][0][1], v[1][1][1], b[k][1][0], b[k][1][1]);
-GM_UNROLL
+				gm_mma(D, v[0][0][0], v[0][1][0], v[0][0][1], v[0][1][1], b[k][0][0],
+				       b[k][0][1]);
+				gm_mma(D, v[1][0][0], v[1][1][0], v[1][0][1], v[1][1][1], b[k][1][0],
+				       b[k][1][1]);
+				GM_UNROLL
 				for (int i = 0; i < 4; i++)
 					L.acc[r][k][i] = fmaf(d[r][i >> 1][bi], D[i], L.acc[r][k][i]);
 			}
@@ -478,13 +493,13 @@ __global__ void __launch_bounds__(GM_WARPS * 32, 1)
 	L.x = x, L.ldx = ldx, L.n_tok = n_tok;
 	for (int i = lane; i < NG * 16 * 32; i += 32)
 		(&stage[warp].b[0][0][0])[i] = make_uint2(0u, 0u);
-GM_UNROLL
+	GM_UNROLL
 	for (int r = 0; r < R; r++)
-GM_UNROLL
-		for (int k = 0; k < NG; k++)
-GM_UNROLL
-			for (int i = 0; i < 4; i++)
-				L.acc[r][k][i] = 0.f;
+		GM_UNROLL
+	for (int k = 0; k < NG; k++)
+		GM_UNROLL
+	for (int i = 0; i < 4; i++)
+		L.acc[r][k][i] = 0.f;
 	const int64_t row0 = (int64_t)blockIdx.x * 16 * R;
 	const uint8_t *rows[R][2];
 	GM_FOR_ROWS(R)
@@ -493,19 +508,19 @@ GM_UNROLL
 	for (int64_t u = warp; u < n_units; u += GM_WARPS)
 		gm_unit<T, R, NG>(L, rows, u);
 	/* lane holds rows g, g+8 of each tile for token 4k + t */
-GM_UNROLL
+	GM_UNROLL
 	for (int r = 0; r < R; r++)
-GM_UNROLL
-		for (int k = 0; k < NG; k++)
-GM_UNROLL
-			for (int hr = 0; hr < 2; hr++)
-				part[warp][16 * r + 8 * hr + L.g][4 * k + L.t] =
-				    fmaf(L.acc[r][k][2 * hr + 1], 1.f / 2048.f, L.acc[r][k][2 * hr]);
+		GM_UNROLL
+	for (int k = 0; k < NG; k++)
+		GM_UNROLL
+	for (int hr = 0; hr < 2; hr++)
+		part[warp][16 * r + 8 * hr + L.g][4 * k + L.t] =
+		    fmaf(L.acc[r][k][2 * hr + 1], 1.f / 2048.f, L.acc[r][k][2 * hr]);
 	__syncthreads();
 	for (int i = threadIdx.x; i < 16 * R * 4 * NG; i += GM_WARPS * 32) {
 		const int rr = i / (4 * NG), tok = i % (4 * NG);
 		float s = 0.f;
-GM_UNROLL
+		GM_UNROLL
 		for (int k = 0; k < GM_WARPS; k++)
 			s += part[k][rr][tok];
 		if (tok < n_tok && row0 + rr < n_out)
@@ -519,9 +534,11 @@ static void gm_launch_r(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out
 {
 	const unsigned grid = (unsigned)((n_out + 16 * R - 1) / (16 * R));
 	if (n_tok <= 4)
-		gemv_mma_kernel<T, R, 1><<<grid, GM_WARPS * 32, 0, s>>>(w, rb, n_out, n_in / 256, x, ldx, n_tok, y, ldy);
+		gemv_mma_kernel<T, R, 1>
+		    <<<grid, GM_WARPS * 32, 0, s>>>(w, rb, n_out, n_in / 256, x, ldx, n_tok, y, ldy);
 	else
-		gemv_mma_kernel<T, R, 2><<<grid, GM_WARPS * 32, 0, s>>>(w, rb, n_out, n_in / 256, x, ldx, n_tok, y, ldy);
+		gemv_mma_kernel<T, R, 2>
+		    <<<grid, GM_WARPS * 32, 0, s>>>(w, rb, n_out, n_in / 256, x, ldx, n_tok, y, ldy);
 }
 
 template <int T>
@@ -536,23 +553,33 @@ static void gm_launch_t(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out
 }
 
 /* Y[t][r] = dot(W row r, X[t]), t < n_tok <= 8. r_tiles: row tiles per warp, 1 or 2 (0 = chosen
- * from n_out and the SM count n_sm; the bench forces it for A/B runs). Returns 0, -EINVAL when the shape or alignment
- * is outside what the kernel assumes (header comment), ERR_UNSUPPORTED for other types, ERR_CUDA
+ * from n_out and the SM count n_sm; the bench forces it for A/B runs). Returns 0, -EINVAL when the shape or
+ * alignment is outside what the kernel assumes (header comment), ERR_UNSUPPORTED for other types, ERR_CUDA
  * when the launch fails. */
-static inline int gemv_mma(int type, const void *w, size_t row_bytes, int64_t n_in, int64_t n_out, const float *x,
-                           int64_t ldx, int n_tok, float *y, int64_t ldy, cudaStream_t s, int n_sm, int r_tiles)
+static inline int gemv_mma(int type, const void *w, size_t row_bytes, int64_t n_in, int64_t n_out,
+                           const float *x, int64_t ldx, int n_tok, float *y, int64_t ldy, cudaStream_t s,
+                           int n_sm, int r_tiles)
 {
 	size_t rb;
-	if (n_tok < 1 || n_tok > 8 || n_out < 1 || n_in < 256 || n_in % 256 || !ktype_row_bytes(type, n_in, &rb) ||
-	    rb != row_bytes || row_bytes % (type == KT_Q6_K ? 4 : 16) || (uintptr_t)w % 16 || (uintptr_t)x % 16 || ldx % 4 || ldx < n_in ||
-	    ldy < n_out || r_tiles < 0 || r_tiles > 2)
+	if (n_tok < 1 || n_tok > 8 || n_out < 1 || n_in < 256 || n_in % 256 ||
+	    !ktype_row_bytes(type, n_in, &rb) || rb != row_bytes || row_bytes % (type == KT_Q6_K ? 4 : 16) ||
+	    (uintptr_t)w % 16 || (uintptr_t)x % 16 || ldx % 4 || ldx < n_in || ldy < n_out || r_tiles < 0 ||
+	    r_tiles > 2)
 		return -EINVAL;
 	const uint8_t *wb = (const uint8_t *)w;
 	switch (type) {
-	case KT_Q4_K: gm_launch_t<KT_Q4_K>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles); break;
-	case KT_Q5_K: gm_launch_t<KT_Q5_K>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles); break;
-	case KT_Q6_K: gm_launch_t<KT_Q6_K>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles); break;
-	case KT_Q8_0: gm_launch_t<KT_Q8_0>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles); break;
+	case KT_Q4_K:
+		gm_launch_t<KT_Q4_K>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles);
+		break;
+	case KT_Q5_K:
+		gm_launch_t<KT_Q5_K>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles);
+		break;
+	case KT_Q6_K:
+		gm_launch_t<KT_Q6_K>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles);
+		break;
+	case KT_Q8_0:
+		gm_launch_t<KT_Q8_0>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles);
+		break;
 	default: return ERR_UNSUPPORTED;
 	}
 	return kcuda_launch_status("gemv_mma");
