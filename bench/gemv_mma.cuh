@@ -186,9 +186,11 @@ GM_HD uint32_t gm_u16(const uint8_t *p)
  * is x[tok][4q .. 4q+3], one step's four elements for one lane t; hi goes to column 2 (tok % 4),
  * lo to the next. The steps then read their fragments with one conflict-free LDS.64 per lane
  * (sb[k][s][lane]). K45: lane t owns elements 64t + 4s (q = 16t + s); otherwise 16s + 4t
- * (q = 4s + t). Columns of tokens >= n_tok hold zeros (set once) and are never stored. */
+ * (q = 4s + t). Columns of tokens >= n_tok hold zeros (set once) and are never stored. Steps
+ * are 33 entries apart so the staging stores of consecutive steps (K45: 16 lanes write steps
+ * 0..15 of one column) land in different banks (32 apart: 16-way conflicts; 33: at most 2-4). */
 template <int NG> struct gm_stage {
-	uint2 b[NG][16][32];
+	uint2 b[NG][16][33]; /* 33: a step's 32 entries plus one of padding, see above */
 };
 
 template <bool K45, int NG>
@@ -491,7 +493,7 @@ __global__ void __launch_bounds__(GM_WARPS * 32, 1)
 	gm_lane<R, NG> L;
 	L.g = lane >> 2, L.t = lane & 3, L.lane = lane, L.sm = &stage[warp];
 	L.x = x, L.ldx = ldx, L.n_tok = n_tok;
-	for (int i = lane; i < NG * 16 * 32; i += 32)
+	for (int i = lane; i < NG * 16 * 33; i += 32)
 		(&stage[warp].b[0][0][0])[i] = make_uint2(0u, 0u);
 	GM_UNROLL
 	for (int r = 0; r < R; r++)
