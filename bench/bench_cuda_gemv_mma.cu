@@ -532,8 +532,9 @@ static void emulate_all(void)
 
 int main(int argc, char **argv)
 {
-	const bool do_check = argc < 2 || !strcmp(argv[1], "check");
-	const bool do_time = argc < 2 || !strcmp(argv[1], "time");
+	/* any other argument (gpu-run.sh passes "quick") runs both */
+	const bool do_check = argc < 2 || strcmp(argv[1], "time");
+	const bool do_time = argc < 2 || strcmp(argv[1], "check");
 	if (argc > 1 && !strcmp(argv[1], "emu")) { /* no GPU needed */
 		ops_seed_init();
 		emulate_all();
