@@ -547,8 +547,10 @@ template <int T>
 static void gm_launch_t(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out, const float *x, int64_t ldx,
                         int n_tok, float *y, int64_t ldy, cudaStream_t s, int n_sm, int r_tiles)
 {
-	/* two tiles per warp share the X conversion, unless that leaves SMs idle */
-	if (r_tiles == 2 || (r_tiles == 0 && (n_out + 31) / 32 >= 2 * (int64_t)n_sm))
+	/* two tiles per warp share the X staging, unless that leaves SMs idle; not for Q6_K/Q8_0,
+	 * whose R = 2 instantiations need ~230-250 registers (8 warps/SM against 12-16 at R = 1) */
+	const bool heavy = T == KT_Q6_K || T == KT_Q8_0;
+	if (r_tiles == 2 || (r_tiles == 0 && !heavy && (n_out + 31) / 32 >= 2 * (int64_t)n_sm))
 		gm_launch_r<T, 2>(w, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s);
 	else
 		gm_launch_r<T, 1>(w, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s);
