@@ -36,7 +36,7 @@
  * per block, d per block on the accumulator; 4-byte loads (odd blocks aligned, even ones funnel-shifted).
  * Assumes: n_in % 256 == 0 (Q6_K: % 512, so rows start 4-byte aligned), W and X 16-byte aligned,
  * ldx % 4 == 0,
- * |x| < 65504 (fp16 range; larger gives inf/NaN), W buffers padded by 16 bytes as
+ * 1e-6 < |x| < 65504 for full accuracy (fp16 range; larger gives inf/NaN), W buffers padded by 16 bytes as
  * kcuda_weight_upload does (the funnel loads of the last Q8_0 block read 2 bytes past it).
  * Rows past n_out are clamped for loads and not stored. */
 #ifndef TANDEM_BENCH_GEMV_MMA_CUH
