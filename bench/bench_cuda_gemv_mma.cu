@@ -21,6 +21,7 @@
  *   bench_cuda_gemv_mma [check|time|emu]   (default: check and time; exit 1 if any check fails,
  *                                           77 = no GPU; emu: host emulation of the kernel's
  *                                           unit code, no GPU needed, see gm_emulate)
+ *   bench_cuda_gemv_mma profile: 3 launches per type at 6144x32768, n_tok 1 and 2 (for ncu)
  *   TANDEM_GM_R=1|2 forces the row tiles per warp (default: chosen from n_out). */
 #include <algorithm>
 #include <stdarg.h>
@@ -530,6 +531,40 @@ static void emulate_all(void)
 		}
 }
 
+/* A few launches per type of the big shape at n_tok 1 and 2, nothing else: for ncu
+ * (ncu --kernel-name regex:gemv_mma ... bench_cuda_gemv_mma profile). */
+static void profile_all(struct kcuda_ctx *c, int n_sm)
+{
+	cudaStream_t s = (cudaStream_t)kcuda_ctx_stream(c);
+	const int64_t n_in = 6144, n_out = 32768;
+	float *xd, *yd;
+	CK(cudaMalloc(&xd, sizeof(float) * MAX_TOK * n_in));
+	CK(cudaMalloc(&yd, sizeof(float) * MAX_TOK * n_out));
+	std::vector<float> xh((size_t)MAX_TOK * n_in);
+	for (auto &v : xh)
+		v = rand_x();
+	CK(cudaMemcpy(xd, xh.data(), xh.size() * sizeof(float), cudaMemcpyHostToDevice));
+	for (int type : types) {
+		size_t rb;
+		ktype_row_bytes(type, n_in, &rb);
+		std::vector<uint8_t> wh(rb * n_out);
+		ops_fill_weight(type, n_in, n_out, rb, wh.data());
+		struct kweight w = {type, n_in, n_out, rb, wh.data()}, wd = {};
+		if (kcuda_weight_upload(c, &w, &wd))
+			abort();
+		for (int nt : {1, 2})
+			for (int i = 0; i < 3; i++)
+				if (gemv_mma(type, wd.data, rb, n_in, n_out, xd, n_in, nt, yd, n_out, s, n_sm,
+				             g_r_tiles))
+					abort();
+		CK(cudaStreamSynchronize(s));
+		kcuda_weight_free(&wd);
+	}
+	CK(cudaFree(xd));
+	CK(cudaFree(yd));
+	printf("profile launches done\n");
+}
+
 int main(int argc, char **argv)
 {
 	/* any other argument (gpu-run.sh passes "quick") runs both */
@@ -563,10 +598,14 @@ int main(int argc, char **argv)
 	kernel_info_t<KT_Q5_K>();
 	kernel_info_t<KT_Q6_K>();
 	kernel_info_t<KT_Q8_0>();
-	if (do_check)
-		check_all(c, n_sm);
-	if (do_time)
-		time_all(c, n_sm, prop.l2CacheSize);
+	if (argc > 1 && !strcmp(argv[1], "profile"))
+		profile_all(c, n_sm);
+	else {
+		if (do_check)
+			check_all(c, n_sm);
+		if (do_time)
+			time_all(c, n_sm, prop.l2CacheSize);
+	}
 	kcuda_ctx_destroy(c);
 	printf("\n%s: %d failed checks\n", n_fail ? "FAIL" : "PASS", n_fail);
 	return n_fail ? 1 : 0;
