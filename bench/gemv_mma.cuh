@@ -25,19 +25,22 @@
  * four consecutive elements e0(t, step) + {0,1,2,3} of its rows, as k = {2t, 2t+8, 2t+1, 2t+9}, so
  * a quant word's bytes 0,2 and 1,3 each make one half2 register, and B is one float4 of x.
  *
- * Grid: a block (GM_WARPS warps) owns 16 R consecutive rows (R = 1 or 2 tiles per warp); its warps split K in
- * units of 256 elements (warp w: units w, w + GM_WARPS, ...) and reduce through shared memory. Units: Q4_K /
- * Q5_K: one super-block; lane t owns chunk t of qs (elements 64t .. 64t+63, sub-blocks 2t and 2t+1): 16-byte
- * loads; scales folded into A; the mins go through a second mma whose A is the sub-block min (sum_k m(k) x_k
- * = sum_sb m_sb sum(x over sb)); d and dmin applied to the two accumulators once per super-block. Q6_K: one
- * super-block; step = one 16-element scale group (int8 scales times q - 32 can reach 4096, not exact in
- * fp16), so the scale is applied to the fp32 accumulator per step. Blocks are 210 B (2-byte aligned): 4-byte
- * loads, funnel-shifted for odd super-blocks. Q8_0: eight 34-byte blocks (272 B, 16-byte aligned); two steps
- * per block, d per block on the accumulator; 4-byte loads (odd blocks aligned, even ones funnel-shifted).
+ * Grid: a block (GM_WARPS warps) owns 16 R consecutive rows (R = 1 or 2 tiles per warp); its
+ * warps split K in units of 256 elements (warp w: units w, w + GM_WARPS, ...) and reduce through
+ * shared memory. Units:
+ *   Q4_K / Q5_K: one super-block; lane t owns chunk t of qs (elements 64t .. 64t+63, sub-blocks
+ *     2t and 2t+1): 16-byte loads; scales folded into A; the mins go through a second mma whose A
+ *     is the sub-block min (sum_k m(k) x_k = sum_sb m_sb sum(x over sb)); d and dmin applied to
+ *     the two accumulators once per super-block.
+ *   Q6_K: one super-block; step = one 16-element scale group (int8 scales times q - 32 can reach
+ *     4096, not exact in fp16), so the scale is applied to the fp32 accumulator per step. Blocks
+ *     are 210 B (2-byte aligned): 4-byte loads, funnel-shifted for odd super-blocks.
+ *   Q8_0: eight 34-byte blocks (272 B, 16-byte aligned); two steps per block, d per block on the
+ *     accumulator; 4-byte loads (odd blocks aligned, even ones funnel-shifted).
  * Assumes: n_in % 256 == 0 (Q6_K: % 512, so rows start 4-byte aligned), W and X 16-byte aligned,
- * ldx % 4 == 0,
- * 1e-6 < |x| < 65504 for full accuracy (fp16 range; larger gives inf/NaN), W buffers padded by 16 bytes as
- * kcuda_weight_upload does (the funnel loads of the last Q8_0 block read 2 bytes past it).
+ * ldx % 4 == 0, 1e-6 < |x| < 65504 for full accuracy (fp16 range; larger gives inf/NaN), W
+ * buffers padded by 16 bytes as kcuda_weight_upload does (the funnel loads of the last Q8_0
+ * block read 2 bytes past it).
  * Rows past n_out are clamped for loads and not stored. */
 #ifndef TANDEM_BENCH_GEMV_MMA_CUH
 #define TANDEM_BENCH_GEMV_MMA_CUH
