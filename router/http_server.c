@@ -265,12 +265,14 @@ static void connection_cb(uv_stream_t *ls, int status)
 		return;
 	}
 	if (s->n_conns > s->cfg.n_conns_max || s->draining) {
-		static const char busy[] =
-		    "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-		    "Retry-After: 1\r\nConnection: close\r\nContent-Length: 113\r\n\r\n"
-		    "{\"error\":{\"message\":\"too many open connections\",\"type\":\"server_error\","
-		    "\"param\":null,\"code\":\"overloaded\"}}";
-		io_write(sc, busy, sizeof(busy) - 1);
+		static const char body[] = "{\"error\":{\"message\":\"too many open connections\",\"type\":"
+					   "\"server_error\",\"param\":null,\"code\":\"overloaded\"}}";
+		char busy[512];
+		int n = snprintf(busy, sizeof(busy),
+				 "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+				 "Retry-After: 1\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n%s",
+				 sizeof(body) - 1, body);
+		io_write(sc, busy, (size_t)n);
 		conn_close(sc);
 		return;
 	}

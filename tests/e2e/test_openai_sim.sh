@@ -14,7 +14,7 @@ start router "$REPO/$BUILD/tandem-router" --engine sim --host 127.0.0.1 --port "
 	--api-keys-file "$TMP/keys.txt" --n-body-bytes-max 1048576 --sim-step-ms 1 --sim-decode 2 --sim-prefill 2
 # a second router whose decode pool holds one 400-token request and whose queue holds one more
 start router_smallq "$REPO/$BUILD/tandem-router" --engine sim --host 127.0.0.1 --port "$PORT2" \
-	--n-queue-max 1 --sim-blocks 8 --sim-block-size 64 --sim-step-ms 2 --header-timeout-ms 300 --idle-timeout-ms 700
+	--n-queue-max 1 --sim-blocks 8 --sim-block-size 64 --sim-step-ms 2 --header-timeout-ms 300 --idle-timeout-ms 700 --n-conns-max 8
 wait_http "http://127.0.0.1:$PORT/ready" 20 || exit 1
 wait_http "http://127.0.0.1:$PORT2/ready" 20 || exit 1
 
@@ -42,7 +42,19 @@ r = read_all(s)
 assert r.count(b"HTTP/1.1 200 OK") == 3, r
 i1, i2, i3 = r.find(b'{"status":"ok"}'), r.find(b'"object":"list"'), r.find(b'{"status":"ready"}')
 assert 0 < i1 < i2 < i3, (i1, i2, i3)
-print("socket checks: 408 after %.2f s header timeout, idle close, 3 pipelined responses in order" % 0.3)
+# beyond n_conns_max: 503 with a well-formed OpenAI error, then close
+held = [conn() for _ in range(8)]
+time.sleep(0.1)
+s = conn(); r = read_all(s)
+head, _, body = r.partition(b"\r\n\r\n")
+assert head.startswith(b"HTTP/1.1 503 "), r[:80]
+import json, re
+n = int(re.search(rb"Content-Length: (\d+)", head).group(1))
+assert n == len(body), (n, len(body))
+assert json.loads(body)["error"]["code"] == "overloaded"
+for h in held: h.close()
+time.sleep(0.2)
+print("socket checks: 408 after %.2f s header timeout, idle close, 3 pipelined responses in order, 503 beyond 8 connections" % 0.3)
 PY
 
 ROUTER_URL="http://127.0.0.1:$PORT" SMALLQ_URL="http://127.0.0.1:$PORT2" API_KEY=e2e-secret-key \

@@ -49,8 +49,10 @@ topology() { # tag ucx_tls
 	export UCX_TLS=$2
 	PORT=$(free_port)
 	CPORT=$(free_port)
+	# the control plane requires the shared token (file on both sides, as deployed)
+	echo "control-$tag-$RANDOM$RANDOM" >"$TMP/token-$tag"
 	start "router-$tag" "$REPO/$BUILD/tandem-router" --model-path "$MODEL" --port "$PORT" \
-		--control-addr "127.0.0.1:$CPORT" --heartbeat-ms 500
+		--control-addr "127.0.0.1:$CPORT" --heartbeat-ms 500 --control-token-file "$TMP/token-$tag"
 	wait_http "http://127.0.0.1:$PORT/health" 20 || return 1
 	MPORTS=()
 	DECODE_PIDS=""
@@ -58,11 +60,13 @@ topology() { # tag ucx_tls
 	for i in 0 1; do
 		local mp; mp=$(free_port); MPORTS+=("$mp")
 		start "decode$i-$tag" "$REPO/$BUILD/tandem-decode" --router "127.0.0.1:$CPORT" --model "$MODEL" \
-			--name "decode-$i" --threads 1 --metrics "127.0.0.1:$mp" --heartbeat-ms 500
+			--name "decode-$i" --threads 1 --metrics "127.0.0.1:$mp" --heartbeat-ms 500 \
+			--auth-token-file "$TMP/token-$tag"
 		DECODE_PIDS="$DECODE_PIDS $(pid_of "decode$i-$tag")"
 		mp=$(free_port); MPORTS+=("$mp")
 		start "prefill$i-$tag" "$REPO/$BUILD/tandem-prefill" --router "127.0.0.1:$CPORT" --model "$MODEL" \
-			--name "prefill-$i" --threads 1 --metrics "127.0.0.1:$mp" --heartbeat-ms 500
+			--name "prefill-$i" --threads 1 --metrics "127.0.0.1:$mp" --heartbeat-ms 500 \
+			--auth-token-file "$TMP/token-$tag"
 		PREFILL_PIDS="$PREFILL_PIDS $(pid_of "prefill$i-$tag")"
 	done
 	DECODE_PIDS=${DECODE_PIDS# }
@@ -130,7 +134,7 @@ stop_one prometheus
 # a decode worker with a different KV dtype (bf16; the others use the default f32) is refused at
 # registration with the field named, and says so in its own log
 start decode-bf16 "$REPO/$BUILD/tandem-decode" --router "127.0.0.1:$CPORT" --model "$MODEL" --name decode-bf16 \
-	--threads 1 --kv-dtype bf16 --metrics ""
+	--threads 1 --kv-dtype bf16 --metrics "" --auth-token-file "$TMP/token-tcp"
 for i in $(seq 1 100); do grep -q "decode-bf16 refused" "$TMP/router-tcp.log" && break; sleep 0.1; done
 if grep -q "worker decode-bf16 refused: KV layout differs: dtype is bf16 on decode-bf16 but f32 on" "$TMP/router-tcp.log"; then
 	echo "layout mismatch refused: $(grep -o 'worker decode-bf16 refused.*' "$TMP/router-tcp.log" | head -1)"
