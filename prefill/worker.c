@@ -19,6 +19,8 @@
 #include "prefill/engine.h"
 
 #define MAP_BUCKETS 1024
+/* Longest write window of a job: decode's default quarantine (180 s) is longer by a margin. */
+#define PF_WRITE_WINDOW_MAX_MS 120000u
 
 struct pf_worker {
 	const struct pf_config *c;
@@ -221,7 +223,11 @@ static void on_prefill_request(struct pf_worker *w, const struct msg_prefill_req
 	j->n_block_ids = (uint32_t)need; /* only the prompt's blocks are written */
 	j->block_ids = dup_bytes(r->block_ids, need * sizeof(uint32_t));
 	j->want_checksums = r->checksums;
-	j->deadline_ms = r->deadline_ms ? uv_hrtime() / 1000000u + r->deadline_ms : 0;
+	/* the hard write window (tandem.proto PrefillRequest.deadline_ms): never unbounded, since the
+	 * decode worker reuses quarantined blocks after a deadline that must exceed it */
+	uint32_t window = r->deadline_ms && r->deadline_ms < PF_WRITE_WINDOW_MAX_MS ? r->deadline_ms
+	                                                                            : PF_WRITE_WINDOW_MAX_MS;
+	j->deadline_ms = uv_hrtime() / 1000000u + window;
 	if (!j->tokens || !j->ucx_addr || !j->rkey || !j->block_ids) {
 		pf_job_free(j);
 		code = MSG_ERR_INTERNAL;
