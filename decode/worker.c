@@ -52,7 +52,10 @@
 #define MAP_BUCKETS 4096
 #define TOKBUF_MAX 256
 
-enum dreq_state { DREQ_RESERVED, DREQ_RUNNING };
+/* CHECKING: KvReady arrived; the received KV is being verified on a libuv pool thread (a long
+ * prompt's CRCs must not stall the loop, which streams every other request's tokens). The blocks
+ * are read by that thread until verify_done_cb: a Cancel meanwhile only marks the request. */
+enum dreq_state { DREQ_RESERVED, DREQ_CHECKING, DREQ_RUNNING };
 
 struct dreq {
 	uint64_t rid;
@@ -71,6 +74,17 @@ struct dreq {
 	uint64_t deadline_ms; /* RESERVED: KvReady must come before this */
 	uint64_t t_ready_ns;
 	uint64_t quarantine_until_ms; /* in w->quarantine: free by then even without a fence */
+	/* CHECKING */
+	uv_work_t verify;
+	struct dc_worker *w;
+	uint32_t *sums; /* owned copy of KvReady's checksums (NULL: not verified) */
+	uint32_t n_sums;
+	struct msg_token first;
+	int verify_code; /* result (pool thread) */
+	char verify_why[256];
+	bool cancel_pending; /* loop: Cancel/KvRelease/lost arrived while CHECKING */
+	int cancel_code;
+	bool cancel_tell;
 	struct dc_seq *seq; /* RUNNING: owned by the engine until its FINISH event */
 	struct msg_token tokbuf[TOKBUF_MAX];
 	uint32_t n_tokbuf;
@@ -107,6 +121,7 @@ struct dc_worker {
 	struct metric *m_refused, *m_released, *m_expired, *m_checksum_bad, *m_kv_rx_bytes, *m_registered;
 	struct metric *m_ttft_decode; /* KvReady to first decode token */
 	struct metric *m_quarantined, *m_fenced, *m_quarantine_expired;
+	uint32_t test_verify_delay_us, test_verify_min_tokens; /* TANDEM_TEST_VERIFY_DELAY, tests only */
 	int exit_code;
 };
 
@@ -178,7 +193,7 @@ static void dreq_end(struct dc_worker *w, struct dreq *d, bool maybe_writer)
 	TD_ASSERT(*pp == d);
 	*pp = d->map_next;
 	d->map_next = NULL;
-	bool reserved = d->state == DREQ_RESERVED;
+	bool reserved = d->state != DREQ_RUNNING;
 	if (reserved)
 		w->n_reserved--;
 	else
@@ -188,7 +203,8 @@ static void dreq_end(struct dc_worker *w, struct dreq *d, bool maybe_writer)
 	free(d->stop);
 	free(d->stop_ids);
 	free(d->prompt);
-	d->stop = NULL, d->stop_ids = NULL, d->prompt = NULL, d->n_stop = 0;
+	free(d->sums);
+	d->stop = NULL, d->stop_ids = NULL, d->prompt = NULL, d->n_stop = 0, d->sums = NULL;
 	if (reserved && maybe_writer) {
 		kvx_progress(w->kvx); /* apply puts (and a fence) that have arrived already */
 		if (!is_fenced(w, d)) {
@@ -471,7 +487,74 @@ refuse:
 	send_error(w, r->rid, code, why);
 }
 
-/* KvReady: the prompt's KV is in our blocks; check it when we can, then start decoding */
+/* pool thread: verify the received KV (CRC32C per prompt block; with the trivial engine also the
+ * content of every prompt slot). Reads d's blocks, sums and prompt, which the loop leaves alone
+ * while the request is CHECKING. */
+static void verify_work_cb(uv_work_t *req)
+{
+	struct dreq *d = req->data;
+	struct dc_worker *w = d->w;
+	uint32_t bs = w->layout.block_size;
+	uint32_t n_prompt_blocks = (d->n_prompt + bs - 1) / bs;
+	if (w->test_verify_delay_us && d->n_prompt >= w->test_verify_min_tokens)
+		usleep(w->test_verify_delay_us); /* tests only: a checksum that takes long */
+	d->verify_code = 0;
+	for (uint32_t i = 0; d->sums && i < n_prompt_blocks; i++) {
+		uint32_t c = crc32c(0, kv_pool_block(&w->pool, d->blocks[i]), w->pool.block_bytes);
+		if (c != d->sums[i]) {
+			d->verify_code = MSG_ERR_CHECKSUM;
+			snprintf(d->verify_why, sizeof(d->verify_why),
+			         "KV block %u (pool block %u) checksum %08x, prefill sent %08x", i, d->blocks[i], c,
+			         d->sums[i]);
+			return;
+		}
+	}
+	if (!w->model && d->prompt) {
+		/* trivial engine: the KV of every prompt position must name its token and position */
+		for (uint32_t p = 0; p < d->n_prompt; p++)
+			if (trivial_check_slot(kv_pool_block(&w->pool, d->blocks[p / bs]), p, d->prompt[p])) {
+				d->verify_code = MSG_ERR_CHECKSUM;
+				snprintf(d->verify_why, sizeof(d->verify_why),
+				         "KV of prompt position %u does not hold token %u", p, d->prompt[p]);
+				return;
+			}
+	}
+}
+
+static void start_running(struct dc_worker *w, struct dreq *d);
+
+static void kv_check_failed(struct dc_worker *w, struct dreq *d, int code, const char *why)
+{
+	LOG_WARN("decode", "rid=%llu KV check failed: %s", (unsigned long long)d->rid, why);
+	if (code == MSG_ERR_CHECKSUM)
+		metrics_add(w->m_checksum_bad, 1);
+	send_finish(w, d, MSG_FINISH_ERROR, code, -1, 1, why);
+	dreq_free(w, d); /* KvReady came after PrefillDone: no writer is left */
+}
+
+/* loop: the verification is over */
+static void verify_done_cb(uv_work_t *req, int status)
+{
+	struct dreq *d = req->data;
+	struct dc_worker *w = d->w;
+	if (d->cancel_pending) {
+		int code = d->cancel_code;
+		if (d->cancel_tell)
+			send_finish(w, d, code == MSG_ERR_CANCELLED ? MSG_FINISH_CANCELLED : MSG_FINISH_ERROR,
+			            code, -1, 0, code == MSG_ERR_CANCELLED ? NULL : msg_error_name(code));
+		dreq_free(w, d);
+		return;
+	}
+	if (status || d->verify_code) {
+		kv_check_failed(w, d, status ? MSG_ERR_INTERNAL : d->verify_code,
+		                status ? "KV verification could not run" : d->verify_why);
+		return;
+	}
+	start_running(w, d);
+}
+
+/* KvReady: the prompt's KV is in our blocks; check it off the loop when there is something to
+ * check, then start decoding */
 static void on_kv_ready(struct dc_worker *w, const struct msg_kv_ready *r)
 {
 	struct dreq *d = *map_slot(w, r->rid);
@@ -484,6 +567,7 @@ static void on_kv_ready(struct dc_worker *w, const struct msg_kv_ready *r)
 	int code = 0;
 	uint32_t bs = w->layout.block_size;
 	uint32_t n_prompt_blocks = (d->n_prompt + bs - 1) / bs;
+	bool verify = r->n_checksums && w->c->verify_checksums;
 	if (r->n_prompt_tokens != d->n_prompt) {
 		code = MSG_ERR_INVALID_REQUEST;
 		snprintf(why, sizeof(why), "KvReady for %u prompt tokens, reservation was for %u",
@@ -491,41 +575,40 @@ static void on_kv_ready(struct dc_worker *w, const struct msg_kv_ready *r)
 	} else if (r->first.id >= w->vocab) {
 		code = MSG_ERR_INVALID_REQUEST;
 		snprintf(why, sizeof(why), "first token id %u outside the vocabulary", r->first.id);
-	} else if (r->n_checksums && w->c->verify_checksums) {
-		if (r->n_checksums != n_prompt_blocks) {
-			code = MSG_ERR_CHECKSUM;
-			snprintf(why, sizeof(why), "%zu block checksums for %u prompt blocks", r->n_checksums,
-			         n_prompt_blocks);
-		}
-		for (uint32_t i = 0; !code && i < n_prompt_blocks; i++) {
-			uint32_t c = crc32c(0, kv_pool_block(&w->pool, d->blocks[i]), w->pool.block_bytes);
-			if (c != r->checksums[i]) {
-				code = MSG_ERR_CHECKSUM;
-				snprintf(why, sizeof(why),
-				         "KV block %u (pool block %u) checksum %08x, prefill sent %08x", i,
-				         d->blocks[i], c, r->checksums[i]);
-			}
-		}
-	}
-	if (!code && !w->model && d->prompt) {
-		/* trivial engine: the KV of every prompt position must name its token and position */
-		for (uint32_t p = 0; p < d->n_prompt; p++)
-			if (trivial_check_slot(kv_pool_block(&w->pool, d->blocks[p / bs]), p, d->prompt[p])) {
-				code = MSG_ERR_CHECKSUM;
-				snprintf(why, sizeof(why), "KV of prompt position %u does not hold token %u",
-				         p, d->prompt[p]);
-				break;
-			}
+	} else if (verify && r->n_checksums != n_prompt_blocks) {
+		code = MSG_ERR_CHECKSUM;
+		snprintf(why, sizeof(why), "%zu block checksums for %u prompt blocks", r->n_checksums,
+		         n_prompt_blocks);
+	} else if (verify && !(d->sums = malloc(n_prompt_blocks * sizeof(uint32_t)))) {
+		code = MSG_ERR_INTERNAL;
+		snprintf(why, sizeof(why), "out of memory");
 	}
 	metrics_add(w->m_kv_rx_bytes, (double)n_prompt_blocks * (double)w->pool.block_bytes);
 	if (code) {
-		LOG_WARN("decode", "rid=%llu KV check failed: %s", (unsigned long long)d->rid, why);
-		if (code == MSG_ERR_CHECKSUM)
-			metrics_add(w->m_checksum_bad, 1);
-		send_finish(w, d, MSG_FINISH_ERROR, code, -1, 1, why);
-		dreq_free(w, d);
+		kv_check_failed(w, d, code, why);
 		return;
 	}
+	d->first = r->first;
+	if (d->sums || (!w->model && d->prompt)) {
+		if (d->sums)
+			memcpy(d->sums, r->checksums, n_prompt_blocks * sizeof(uint32_t));
+		d->state = DREQ_CHECKING;
+		d->w = w;
+		d->verify.data = d;
+		if (uv_queue_work(w->loop, &d->verify, verify_work_cb, verify_done_cb) == 0)
+			return;
+		d->state = DREQ_RESERVED;
+		verify_work_cb(&d->verify); /* no pool thread: check here */
+		if (d->verify_code) {
+			kv_check_failed(w, d, d->verify_code, d->verify_why);
+			return;
+		}
+	}
+	start_running(w, d);
+}
+
+static void start_running(struct dc_worker *w, struct dreq *d)
+{
 	struct dc_seq *s = calloc(1, sizeof(*s));
 	if (s) {
 		s->blocks = malloc(d->n_blocks * sizeof(int32_t));
@@ -554,7 +637,7 @@ static void on_kv_ready(struct dc_worker *w, const struct msg_kv_ready *r)
 	memcpy(s->stop_ids, d->stop_ids, d->n_stop_ids * sizeof(uint32_t));
 	s->n_stop_ids = d->n_stop_ids;
 	s->ignore_eos = d->ignore_eos;
-	s->first = r->first;
+	s->first = d->first;
 	d->state = DREQ_RUNNING;
 	d->seq = s;
 	d->t_ready_ns = uv_hrtime();
@@ -562,13 +645,21 @@ static void on_kv_ready(struct dc_worker *w, const struct msg_kv_ready *r)
 	w->n_running++;
 	update_gauges(w);
 	LOG_DEBUG("decode", "rid=%llu KV ready: decoding from token %u", (unsigned long long)d->rid,
-	          r->first.id);
+	          d->first.id);
 	dc_engine_submit(w->eng, s);
 }
 
 /* Cancel / KvRelease / router lost / drain deadline */
 static void cancel_req(struct dc_worker *w, struct dreq *d, int code, bool tell_router, bool maybe_writer)
 {
+	if (d->state == DREQ_CHECKING) { /* a pool thread reads the blocks: verify_done_cb ends it */
+		if (!d->cancel_pending) {
+			d->cancel_pending = true;
+			d->cancel_code = code;
+			d->cancel_tell = tell_router;
+		}
+		return;
+	}
 	if (d->state == DREQ_RESERVED) {
 		if (tell_router)
 			send_finish(w, d, code == MSG_ERR_CANCELLED ? MSG_FINISH_CANCELLED : MSG_FINISH_ERROR,
@@ -943,6 +1034,12 @@ int dc_worker_run(const struct dc_config *c)
 		snprintf(w.model_name, sizeof(w.model_name), "trivial");
 		memcpy(w.model_id, "trivial", 8);
 	}
+	const char *tvd = getenv("TANDEM_TEST_VERIFY_DELAY"); /* "us:min_tokens", tests only */
+	if (tvd && sscanf(tvd, "%u:%u", &w.test_verify_delay_us, &w.test_verify_min_tokens) == 2)
+		LOG_WARN("decode", "TEST: KV verification of prompts of >= %u tokens is slowed by %u us",
+		         w.test_verify_min_tokens, w.test_verify_delay_us);
+	else
+		w.test_verify_delay_us = 0;
 	if (c->max_seq_len > 0 && (uint32_t)c->max_seq_len < w.max_seq_len)
 		w.max_seq_len = (uint32_t)c->max_seq_len;
 	struct kvx_opts ko = {

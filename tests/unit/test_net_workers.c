@@ -780,7 +780,9 @@ static int metric_is(int port, const char *line)
  *  B. cancel in the middle of a slow transfer (Cancel to p0, KvRelease to decode): p0 stops at the
  *     next block and fences; the blocks come back long before the transfer would have ended.
  *  C. p0 killed mid-transfer: no fence ever comes; the blocks come back at the quarantine
- *     deadline (counted), and a new request on them is exact. */
+ *     deadline (counted), and a new request on them is exact.
+ *  D. a slow KV verification (test knob: 1 s) of one request does not stop another request's
+ *     tokens from streaming: the check runs off decode's loop. */
 static int run_late_write_suite(const char *tls, const char *dev)
 {
 	int fails0 = n_fail;
@@ -804,15 +806,17 @@ static int run_late_write_suite(const char *tls, const char *dev)
 	                  "100", "--max-tokens-per-step", "640", "--log-level", "debug", NULL};
 	char *dargv[] = {bin_d, "--engine", "trivial", "--router", router, "--name", "dq",
 	                 "--ucx-tls", (char *)tls, "--ucx-net-devices", (char *)dev, "--heartbeat-ms",
-	                 "100", "--kv-blocks", "30", "--kv-quarantine-ms", "4000", "--log-level", "debug",
-	                 NULL};
+	                 "100", "--kv-blocks", "30", "--kv-quarantine-ms", "4000", "--trivial-step-us", "1000",
+	                 "--log-level", "debug", NULL};
 	setenv("TANDEM_TEST_PUSH_DELAY", "200000:600", 1);
 	pid_t pp0 = spawn(bin_p, p0argv, plog);
 	unsetenv("TANDEM_TEST_PUSH_DELAY");
 	int three = 1;
 	CHECK(run_until(n_registered, &three, 15000)); /* p0 first */
 	pid_t pp1 = spawn(bin_p, p1argv, plog1);
+	setenv("TANDEM_TEST_VERIFY_DELAY", "1000000:700", 1);
 	pid_t dp = spawn(bin_d, dargv, dlog);
+	unsetenv("TANDEM_TEST_VERIFY_DELAY");
 	three = 3;
 	CHECK(run_until(n_registered, &three, 15000));
 	struct peer *slow = NULL, *fast = NULL, *d = find_role(MSG_ROLE_DECODE);
@@ -900,6 +904,59 @@ static int run_late_write_suite(const char *tls, const char *dev)
 	msg_clear(&pd);
 	CHECK(wait_used_blocks(d, 0, 3000) == 0);
 	(void)f;
+
+	/* D: a long prompt's KV verification (slowed to 1 s for prompts of >= 700 tokens in this
+	 * decode worker) runs off the loop: another request keeps streaming tokens meanwhile */
+	static uint32_t pc[700];
+	for (int i = 0; i < 700; i++)
+		pc[i] = (uint32_t)((i * 31 + 5) % TRIVIAL_VOCAB);
+	CHECK(reserve_retry(d, 30, pa, 64, 1088, &kr, 3000) == 0); /* 18 blocks */
+	prefill(fast, d, 30, pa, 64, &kr.u.kv_reserved);
+	msg_clear(&kr);
+	CHECK(wait_msg(fast, MSG_PREFILL_DONE, 30, &pd, 10000) == 0);
+	msg_init(&m, MSG_KV_READY);
+	m.u.kv_ready.rid = 30;
+	m.u.kv_ready.first = pd.u.prefill_done.first;
+	m.u.kv_ready.n_prompt_tokens = 64;
+	send_to(d, &m);
+	msg_clear(&pd);
+	CHECK(wait_msg(d, MSG_TOKENS, 30, &f, 5000) == 0);
+	msg_clear(&f);
+	CHECK(reserve_retry(d, 31, pc, 700, 68, &kr, 3000) == 0); /* 12 blocks */
+	prefill(fast, d, 31, pc, 700, &kr.u.kv_reserved);
+	msg_clear(&kr);
+	CHECK(wait_msg(fast, MSG_PREFILL_DONE, 31, &pd, 10000) == 0);
+	while (wait_msg(d, MSG_TOKENS, 30, &f, 1) == 0) /* what came before the slow check */
+		msg_clear(&f);
+	msg_init(&m, MSG_KV_READY);
+	m.u.kv_ready.rid = 31;
+	m.u.kv_ready.first = pd.u.prefill_done.first;
+	m.u.kv_ready.n_prompt_tokens = 700;
+	m.u.kv_ready.n_checksums = pd.u.prefill_done.n_checksums;
+	m.u.kv_ready.checksums = pd.u.prefill_done.checksums;
+	send_to(d, &m);
+	msg_clear(&pd);
+	sleep_loop(600); /* inside the 1 s verification */
+	uint32_t streamed = 0;
+	int fin31 = 0;
+	for (int i = 0; i < d->n_q; i++) {
+		if (d->q[i].type == MSG_TOKENS && d->q[i].u.tokens.rid == 30)
+			streamed += (uint32_t)d->q[i].u.tokens.n_tokens;
+		if (d->q[i].type == MSG_FINISH && d->q[i].u.finish.rid == 31)
+			fin31 = 1;
+	}
+	printf("[late %s] D: %u tokens of another request streamed during a 1 s KV verification\n", tls,
+	       streamed);
+	CHECK(streamed >= 50 && !fin31);
+	/* then both finish normally: the long prompt's KV passed its checks */
+	CHECK(wait_msg(d, MSG_FINISH, 31, &f, 10000) == 0 && f.u.finish.reason == MSG_FINISH_LENGTH &&
+	      f.u.finish.completion_tokens == 68);
+	msg_clear(&f);
+	CHECK(wait_msg(d, MSG_FINISH, 30, &f, 20000) == 0 && f.u.finish.reason == MSG_FINISH_LENGTH);
+	msg_clear(&f);
+	while (wait_msg(d, MSG_TOKENS, 0, &f, 1) == 0)
+		msg_clear(&f);
+	CHECK(wait_used_blocks(d, 0, 3000) == 0);
 
 	kill(pp1, SIGTERM);
 	kill(dp, SIGTERM);
