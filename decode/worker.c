@@ -219,6 +219,7 @@ static void dreq_end(struct dc_worker *w, struct dreq *d, bool maybe_writer)
 			maybe_finish_drain(w);
 			return;
 		}
+		metrics_add(w->m_fenced, 1);
 	}
 	blocks_return(w, d);
 	update_gauges(w);

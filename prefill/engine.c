@@ -382,7 +382,10 @@ static void *engine_main(void *arg)
 		pthread_mutex_unlock(&g->mu);
 		while (in) {
 			struct pf_job *nx = in->next;
-			push_tail(&g->pending, &g->pending_tail, in);
+			if (in->fence_only)
+				complete(g, in); /* a refused request: only its fence (see engine.h) */
+			else
+				push_tail(&g->pending, &g->pending_tail, in);
 			in = nx;
 		}
 		if (stop) {

@@ -42,6 +42,7 @@ struct pf_job {
 	uint64_t deadline_ms; /* uv_hrtime()/1e6 clock */
 	uint64_t t_submit_ns;
 	_Atomic int cancelled; /* set by the loop thread; read by the engine */
+	_Atomic int no_fence; /* set by the loop thread (router lost): leave without a fence */
 
 	/* engine-private progress */
 	uint32_t n_done; /* prompt tokens computed */
@@ -65,6 +66,10 @@ struct pf_job {
 	struct pf_job *next; /* engine queues */
 	struct pf_job *map_next; /* loop thread: worker.c's rid map */
 	bool cancelled_by_router; /* loop thread */
+	/* A request refused before it reached the engine: the engine only writes its transfer fence
+	 * (the decode worker then frees the reservation at once instead of at its quarantine
+	 * deadline) and hands it back; status/err_code/err_msg hold the refusal. */
+	bool fence_only;
 };
 
 void pf_job_free(struct pf_job *j); /* NULL is fine */

@@ -119,6 +119,8 @@ void pf_push_fence(const struct pf_push_ctx *c, struct pf_job *j)
 {
 	if (!j->region.fence_addr || !j->n_block_ids || !j->block_ids)
 		return; /* the decode worker has no fences (older) */
+	if (atomic_load(&j->no_fence))
+		return;
 	struct errbuf e = {0};
 	struct kvx_peer *peer;
 	if (j->peer_id) {

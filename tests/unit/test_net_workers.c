@@ -386,6 +386,8 @@ static int scrape(int port, char *buf, size_t cap)
 	return pclose(f) == 0 && n > 0 ? 0 : -1;
 }
 
+static int metric_is(int port, const char *line);
+
 static int run_suite(const char *tls, const char *dev, int full)
 {
 	int fails0 = n_fail;
@@ -591,9 +593,15 @@ static int run_suite(const char *tls, const char *dev, int full)
 		msg_clear(&f);
 		msg_init(&m, MSG_KV_RELEASE);
 		m.u.kv_release.rid = 10;
-		m.u.kv_release.no_writer = true; /* the prefill answered (refused) */
+		m.u.kv_release.no_writer = false; /* as the router sends it: the prefill may be writing */
 		send_to(d, &m);
+		/* the refusing prefill fenced the reservation before its Error: freed at once, not after
+		 * the quarantine deadline */
 		CHECK(wait_used_blocks(d, 0, 3000) == 0);
+		CHECK(metric_is((int)d->hello.u.hello.metrics_port,
+		                "tandem_kv_quarantine_fenced_total{role=\"decode\",worker=\"d0\"} 1\n"));
+		CHECK(metric_is((int)d->hello.u.hello.metrics_port,
+		                "tandem_kv_quarantine_expired_total{role=\"decode\",worker=\"d0\"} 1\n"));
 
 		/* 8. router connection lost mid-request: decode frees and registers again */
 		reserve(d, 11, prompt, 64, 1000, NULL, 0, 0);
