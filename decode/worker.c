@@ -399,6 +399,16 @@ static void on_kv_reserve(struct dc_worker *w, const struct msg_kv_reserve *r)
 		snprintf(why, sizeof(why), "request id already holds a reservation here");
 		goto refuse;
 	}
+	if (r->n_prompt_tokens == 0) {
+		snprintf(why, sizeof(why), "empty prompt: there is no KV to decode from");
+		goto refuse;
+	}
+	if (r->n_prompt && r->n_prompt != r->n_prompt_tokens) {
+		/* the KV check reads prompt[p] for every prompt position (msg.c refuses this too) */
+		snprintf(why, sizeof(why), "%zu prompt ids for a prompt of %u tokens", r->n_prompt,
+		         r->n_prompt_tokens);
+		goto refuse;
+	}
 	if (r->n_prompt_tokens >= w->max_seq_len) {
 		snprintf(why, sizeof(why), "prompt of %u tokens leaves no room in the context of %u",
 		         r->n_prompt_tokens, w->max_seq_len);
