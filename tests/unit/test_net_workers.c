@@ -790,7 +790,9 @@ static int metric_is(int port, const char *line)
  *  C. p0 killed mid-transfer: no fence ever comes; the blocks come back at the quarantine
  *     deadline (counted), and a new request on them is exact.
  *  D. a slow KV verification (test knob: 1 s) of one request does not stop another request's
- *     tokens from streaming: the check runs off decode's loop. */
+ *     tokens from streaming: the check runs off decode's loop.
+ *  E. decode killed while a slow prefill writes into it: the prefill answers within its flush
+ *     deadline (no hang) and still drains and exits 0. */
 static int run_late_write_suite(const char *tls, const char *dev)
 {
 	int fails0 = n_fail;
@@ -966,12 +968,51 @@ static int run_late_write_suite(const char *tls, const char *dev)
 		msg_clear(&f);
 	CHECK(wait_used_blocks(d, 0, 3000) == 0);
 
+	/* E: the decode worker dies while a slow prefill (a new one, 200 ms per block) writes into it:
+	 * the prefill answers (Error, or PrefillDone where the shared segment outlives decode) within
+	 * its flush deadline instead of hanging, and still drains and exits cleanly */
+	char plog2[300];
+	snprintf(plog2, sizeof(plog2), "%s/late-prefill2-%s.log", tmpdir, tls);
+	char *p2argv[] = {bin_p, "--engine", "trivial", "--router", router, "--name", "slow2",
+	                  "--ucx-tls", (char *)tls, "--ucx-net-devices", (char *)dev, "--heartbeat-ms",
+	                  "100", "--max-tokens-per-step", "640", "--flush-timeout-ms", "2000", "--log-level",
+	                  "debug", NULL};
+	setenv("TANDEM_TEST_PUSH_DELAY", "200000:600", 1);
+	pid_t pp2 = spawn(bin_p, p2argv, plog2);
+	unsetenv("TANDEM_TEST_PUSH_DELAY");
+	int four = 3; /* p0 is gone (C) */
+	CHECK(run_until(n_registered, &four, 15000));
+	struct peer *slow2 = NULL;
+	for (int i = 0; i < n_peers; i++)
+		if (peers[i].have_hello && !peers[i].closed && strcmp(peers[i].hello.u.hello.name, "slow2") == 0)
+			slow2 = &peers[i];
+	int sd = -1;
+	CHECK(slow2 != NULL);
+	if (slow2) {
+		CHECK(reserve_retry(d, 40, pa, 640, 1280, &kr, 3000) == 0);
+		prefill(slow2, d, 40, pa, 640, &kr.u.kv_reserved);
+		msg_clear(&kr);
+		sleep_loop(500);
+		kill(dp, SIGKILL);
+		waitpid(dp, &sd, 0);
+		sd = 0;
+		uint64_t t1 = uv_hrtime();
+		CHECK(wait_msg(slow2, 0, 40, &f, 8000) == 0);
+		double answered_s = (double)(uv_hrtime() - t1) / 1e9;
+		printf("[late %s] E: decode killed mid-transfer: prefill answered %s (%s) after %.2f s\n", tls,
+		       msg_type_name(f.type), f.type == MSG_ERROR ? f.u.error.message : "", answered_s);
+		CHECK(answered_s < 5.0); /* 8 more blocks at 200 ms + a 2 s flush deadline at most */
+		msg_clear(&f);
+	} else {
+		kill(dp, SIGTERM);
+		waitpid(dp, &sd, 0);
+	}
+	kill(pp2, SIGTERM);
 	kill(pp1, SIGTERM);
-	kill(dp, SIGTERM);
-	int s1 = -1, sd = -1;
+	int s1 = -1, s2 = -1;
 	waitpid(pp1, &s1, 0);
-	waitpid(dp, &sd, 0);
-	CHECK(s1 == 0 && sd == 0);
+	waitpid(pp2, &s2, 0);
+	CHECK(s1 == 0 && s2 == 0 && sd == 0);
 	for (int i = 0; i < n_peers; i++) {
 		if (peers[i].c)
 			conn_close(peers[i].c, "done");
