@@ -16,9 +16,16 @@ static void scrub_utf8(char *s)
 {
 	unsigned char *u = (unsigned char *)s;
 	while (*u) {
-		size_t need = u[0] < 0x80 ? 1 : (u[0] & 0xE0) == 0xC0 ? 2 : (u[0] & 0xF0) == 0xE0 ? 3 : (u[0] & 0xF8) == 0xF0 ? 4 : 0;
+		size_t need = u[0] < 0x80             ? 1
+		              : (u[0] & 0xE0) == 0xC0 ? 2
+		              : (u[0] & 0xF0) == 0xE0 ? 3
+		              : (u[0] & 0xF8) == 0xF0 ? 4
+		                                      : 0;
 		bool ok = need > 0;
-		uint32_t cp = need == 1 ? u[0] : need == 2 ? (u[0] & 0x1Fu) : need == 3 ? (u[0] & 0x0Fu) : (u[0] & 0x07u);
+		uint32_t cp = need == 1   ? u[0]
+		              : need == 2 ? (u[0] & 0x1Fu)
+		              : need == 3 ? (u[0] & 0x0Fu)
+		                          : (u[0] & 0x07u);
 		for (size_t k = 1; ok && k < need; k++) {
 			ok = (u[k] & 0xC0) == 0x80; /* also stops at the NUL */
 			cp = (cp << 6) | (u[k] & 0x3Fu);

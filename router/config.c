@@ -52,6 +52,8 @@ static const struct key keys[] = {
     I(header_timeout_ms, K_U64, "time allowed to receive a whole request (408 after)"),
     I(idle_timeout_ms, K_U64, "keep-alive idle timeout"),
     I(n_body_bytes_max, K_SIZE, "request body limit in bytes (413 beyond)"),
+    I(n_write_queue_bytes_max, K_SIZE,
+      "response bytes queued for a client that does not read, before it is cut off"),
     I(n_header_bytes_max, K_SIZE, "request line + headers limit in bytes (431 beyond)"),
     SC(n_queue_max, K_U32, "n_queue_max", "admission queue bound (429 with Retry-After beyond)"),
     SC(queue_timeout_ms, K_U64, "queue_timeout_ms", "deadline for a queued request to get KV blocks"),
@@ -90,6 +92,7 @@ void router_config_defaults(struct router_config *c)
 	c->idle_timeout_ms = 60000;
 	c->n_body_bytes_max = 8u << 20;
 	c->n_header_bytes_max = 16384;
+	c->n_write_queue_bytes_max = 8u << 20;
 	c->sched.n_queue_max = 1024;
 	c->sched.queue_timeout_ms = 60000;
 	c->sched.reserve_timeout_ms = 5000;

@@ -121,13 +121,12 @@ static void write_cb(uv_write_t *w, int status)
 }
 
 /* A client that stops reading an SSE stream must not make us buffer without bound. */
-#define SCONN_MAX_QUEUED_BYTES (8u << 20)
 
 static void slow_cb(uv_timer_t *t)
 {
 	struct sconn *sc = t->data;
-	LOG_INFO("http", "client is not reading (over %u bytes queued): closing the connection",
-	         SCONN_MAX_QUEUED_BYTES);
+	LOG_INFO("http", "client is not reading (over %zu bytes queued): closing the connection",
+	         sc->srv->cfg.n_write_queue_bytes_max);
 	if (sc->http)
 		http_conn_eof(sc->http); /* aborts the request in flight, which frees its resources */
 	conn_close_mode(sc, false);
@@ -138,7 +137,7 @@ static void io_write(void *ud, const char *data, size_t len)
 	struct sconn *sc = ud;
 	if (sc->closing || sc->too_slow)
 		return;
-	if (sc->tcp.write_queue_size + len > SCONN_MAX_QUEUED_BYTES) {
+	if (sc->tcp.write_queue_size + len > sc->srv->cfg.n_write_queue_bytes_max) {
 		/* not from inside the core's call chain: the abort runs on the next loop turn */
 		sc->too_slow = true;
 		uv_timer_stop(&sc->timer);
@@ -266,12 +265,12 @@ static void connection_cb(uv_stream_t *ls, int status)
 	}
 	if (s->n_conns > s->cfg.n_conns_max || s->draining) {
 		static const char body[] = "{\"error\":{\"message\":\"too many open connections\",\"type\":"
-					   "\"server_error\",\"param\":null,\"code\":\"overloaded\"}}";
+		                           "\"server_error\",\"param\":null,\"code\":\"overloaded\"}}";
 		char busy[512];
 		int n = snprintf(busy, sizeof(busy),
-				 "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-				 "Retry-After: 1\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n%s",
-				 sizeof(body) - 1, body);
+		                 "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+		                 "Retry-After: 1\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n%s",
+		                 sizeof(body) - 1, body);
 		io_write(sc, busy, (size_t)n);
 		conn_close(sc);
 		return;
@@ -294,6 +293,8 @@ int http_server_create(struct http_server **out, uv_loop_t *loop, const struct h
 		return errbuf_set(e, -ENOMEM, "http: out of memory");
 	s->loop = loop;
 	s->cfg = *cfg;
+	if (!s->cfg.n_write_queue_bytes_max)
+		s->cfg.n_write_queue_bytes_max = 8u << 20;
 	s->on_request = on_request;
 	s->ud = ud;
 	struct sockaddr_storage addr;

@@ -15,6 +15,7 @@ struct http_server_config {
 	int n_conns_max;
 	uint64_t header_timeout_ms;
 	uint64_t idle_timeout_ms;
+	size_t n_write_queue_bytes_max; /* a client that lets more pile up is not reading: abort (0: 8 MiB) */
 	struct http_limits limits;
 };
 

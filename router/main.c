@@ -195,6 +195,7 @@ int main(int argc, char **argv)
 	    .n_conns_max = rt->cfg.n_conns_max,
 	    .header_timeout_ms = rt->cfg.header_timeout_ms,
 	    .idle_timeout_ms = rt->cfg.idle_timeout_ms,
+	    .n_write_queue_bytes_max = rt->cfg.n_write_queue_bytes_max,
 	    .limits = {.n_header_bytes_max = rt->cfg.n_header_bytes_max,
 	               .n_body_bytes_max = rt->cfg.n_body_bytes_max,
 	               .n_pending_bytes_max = 65536},
@@ -221,6 +222,13 @@ int main(int argc, char **argv)
 	sd_notify(0, "READY=1\nSTATUS=serving");
 
 	uv_run(rt->loop, UV_RUN_DEFAULT);
+	/* we are exiting: a late SIGTERM (systemd or a script repeating it) must not turn a clean
+	 * drain into death by signal while the handles close. Stopping the watchers first: libuv
+	 * restores the default disposition when the last watcher of a signal stops. */
+	uv_signal_stop(&a.sigterm);
+	uv_signal_stop(&a.sigint);
+	signal(SIGTERM, SIG_IGN);
+	signal(SIGINT, SIG_IGN);
 
 	/* shut down: close everything still open and let the close callbacks run */
 	http_server_destroy(rt->http);

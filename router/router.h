@@ -35,6 +35,7 @@ struct router_config {
 	uint64_t header_timeout_ms, idle_timeout_ms;
 	size_t n_body_bytes_max;
 	size_t n_header_bytes_max;
+	size_t n_write_queue_bytes_max;
 	struct sched_config sched;
 	uint64_t drain_timeout_ms;
 	char log_level[16];

@@ -102,6 +102,6 @@ ensure_openai() {
 		return 0
 	fi
 	command -v npm >/dev/null || { echo "npm not found"; return 1; }
-	(cd "$E2E_DIR" && timeout 300 npm install --no-audit --no-fund --no-package-lock --loglevel=error >"$TMP/npm.log" 2>&1) || {
+	(cd "$E2E_DIR" && timeout 300 npm ci --no-audit --no-fund --loglevel=error >"$TMP/npm.log" 2>&1) || {
 		cat "$TMP/npm.log"; return 1; }
 }

@@ -11,7 +11,8 @@ PORT=$(free_port)
 PORT2=$(free_port)
 echo "e2e-secret-key" >"$TMP/keys.txt"
 start router "$REPO/$BUILD/tandem-router" --engine sim --host 127.0.0.1 --port "$PORT" \
-	--api-keys-file "$TMP/keys.txt" --n-body-bytes-max 1048576 --sim-step-ms 1 --sim-decode 2 --sim-prefill 2
+	--api-keys-file "$TMP/keys.txt" --n-body-bytes-max 1048576 --sim-step-ms 1 --sim-decode 2 --sim-prefill 2 \
+	--n-write-queue-bytes-max 65536
 # a second router whose decode pool holds one 400-token request and whose queue holds one more
 start router_smallq "$REPO/$BUILD/tandem-router" --engine sim --host 127.0.0.1 --port "$PORT2" \
 	--n-queue-max 1 --sim-blocks 8 --sim-block-size 64 --sim-step-ms 2 --header-timeout-ms 300 --idle-timeout-ms 700 --n-conns-max 8
@@ -61,6 +62,31 @@ ROUTER_URL="http://127.0.0.1:$PORT" SMALLQ_URL="http://127.0.0.1:$PORT2" API_KEY
 	NODE_PATH="$E2E_DIR/node_modules" node --test --test-reporter=spec "$E2E_DIR/openai_sim.test.mjs"
 rc=$?
 [ $rc -eq 0 ] || e2e_fail "node test suite failed ($rc)"
+
+# a client that stops reading its stream (tiny receive window, never reads) is cut off once 64 KiB
+# are queued for it beyond the kernel's buffers; its choices are cancelled and their blocks come back
+python3 - "$PORT" <<'PY' || e2e_fail "slow reader not cut off"
+import re, socket, sys, time, urllib.request
+port = int(sys.argv[1])
+def metric(name):
+    t = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port).read().decode()
+    return float(re.search("^" + re.escape(name) + " (.*)$", t, re.M).group(1))
+before = metric('tandem_router_requests_total{outcome="cancelled"}')
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+s.connect(("127.0.0.1", port))
+# 16 choices with 5 logprobs each: ~10 KB per decode step, far more than the kernel's socket buffers
+body = b'{"model":"sim","prompt":"never read","max_tokens":2000,"n":16,"logprobs":5,"temperature":0,"stream":true}'
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer e2e-secret-key\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+t0 = time.time()
+while time.time() - t0 < 8 and metric('tandem_router_requests_total{outcome="cancelled"}') == before:
+    time.sleep(0.1)
+after = metric('tandem_router_requests_total{outcome="cancelled"}')
+used = metric("tandem_router_kv_blocks_used")
+print("slow reader: cancelled after %.1f s, blocks used now %d" % (time.time() - t0, used))
+s.close()
+sys.exit(0 if after >= before + 1 and used == 0 else 1)
+PY
+grep -q "client is not reading" "$TMP/router.log" || e2e_fail "no log line for the slow reader"
 
 # SIGTERM drains: an in-flight stream still completes, new requests are refused, exit 0
 curl -sN "http://127.0.0.1:$PORT/v1/completions" -H "Authorization: Bearer e2e-secret-key" \

@@ -289,7 +289,8 @@ static void test_ids_and_errors(void)
 	/* a parse error quoting invalid UTF-8 from the body still renders as valid JSON (found by
 	 * fuzz_api): the bytes are replaced */
 	const char bad_utf8[] = "{\"mo\":\"\\\xd7\x93\x9e\x93,\"prompt\":[[1,2,3]]}";
-	CHECK(api_request_decode(API_KIND_COMPLETIONS, bad_utf8, sizeof(bad_utf8) - 1, &r, &e) != 0, "invalid");
+	CHECK(api_request_decode(API_KIND_COMPLETIONS, bad_utf8, sizeof(bad_utf8) - 1, &r, &e) != 0,
+	      "invalid");
 	j = api_error_json(&e, NULL);
 	CHECK(e.status == 400 && j != NULL, "error body renders: %s", e.message);
 	free(j);
