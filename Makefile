@@ -114,7 +114,7 @@ ROUTER_LIB_SRC := $(filter-out router/main.c,$(ROUTER_SRC))
 LIBROUTER := $(if $(ROUTER_LIB_SRC),$(BUILD)/librouter.a)
 
 # libtcuda uses the type table in libtmodel, so it links first
-ALL_LIBS := $(LIBROUTER) $(LIBCUDA) $(LIBMODEL) $(LIBNET) $(LIBCORE)
+ALL_LIBS := $(LIBROUTER) $(LIBCUDA) $(LIBMODEL) $(LIBCUDA) $(LIBNET) $(LIBCORE)
 
 .PHONY: all test test-gpu run format format-check clean bench fuzz
 all: $(BINS) $(TEST_BINS) $(BENCH_BINS)

@@ -30,9 +30,12 @@ static int setup_init(struct setup *s, int64_t dim, int elt, int64_t n_pos, int6
 {
 	const int64_t nb = (n_pos + 63) / 64;
 	if (kcuda_alloc((size_t)nb * 64 * (size_t)dim * (size_t)elt, &s->pool) ||
-	    kcuda_alloc(sizeof(int32_t) * (size_t)nb, &s->tbl) || kcuda_alloc(sizeof(float) * (size_t)(H * dim), &s->q) ||
-	    kcuda_alloc(sizeof(float) * (size_t)H, &s->w) || kcuda_alloc(sizeof(float) * (size_t)(H * C + K), &s->out) ||
-	    kcuda_alloc(sizeof(int32_t) * (size_t)(K > 0 ? K : 1), &s->sel) || kcuda_alloc(sizeof(int32_t), &s->nk))
+	    kcuda_alloc(sizeof(int32_t) * (size_t)nb, &s->tbl) ||
+	    kcuda_alloc(sizeof(float) * (size_t)(H * dim), &s->q) ||
+	    kcuda_alloc(sizeof(float) * (size_t)H, &s->w) ||
+	    kcuda_alloc(sizeof(float) * (size_t)(H * C + K), &s->out) ||
+	    kcuda_alloc(sizeof(int32_t) * (size_t)(K > 0 ? K : 1), &s->sel) ||
+	    kcuda_alloc(sizeof(int32_t), &s->nk))
 		return -1;
 	int32_t *t = (int32_t *)malloc(sizeof(int32_t) * (size_t)nb);
 	for (int64_t i = 0; i < nb; i++)
@@ -74,8 +77,15 @@ static void bench_mla(int64_t H, int64_t ctxlen, int bf16, int K)
 		return;
 	}
 	struct kcuda_kv_view kv = {s.pool, (ctxlen + 63) / 64, (size_t)64 * dim * elt, 0, 64, dim, bf16};
-	struct kcuda_attn_rows rows = {1, NULL, (const int32_t *)s.tbl, (ctxlen + 63) / 64, (const int32_t *)s.nk, 0,
-				       K > 0 ? (const int32_t *)s.sel : NULL, K > 0 ? K : 1, K > 0 ? K : ctxlen};
+	struct kcuda_attn_rows rows = {1,
+	                               NULL,
+	                               (const int32_t *)s.tbl,
+	                               (ctxlen + 63) / 64,
+	                               (const int32_t *)s.nk,
+	                               0,
+	                               K > 0 ? (const int32_t *)s.sel : NULL,
+	                               K > 0 ? K : 1,
+	                               K > 0 ? K : ctxlen};
 	int rc = 0;
 	for (int i = 0; i < 5; i++)
 		rc |= kcuda_mla_attn(ctx, &kv, &rows, (const float *)s.q, H, C, R, 0.07f, (float *)s.out);
@@ -86,9 +96,10 @@ static void bench_mla(int64_t H, int64_t ctxlen, int bf16, int K)
 	rc |= kcuda_sync(ctx);
 	double us = (now_s() - t0) / iters * 1e6;
 	double bytes = (double)(K > 0 ? K : ctxlen) * (double)dim * elt;
-	printf("mla decode  B 1 H %3lld ctx %6lld %-10s kv %-4s %9.1f us  %7.1f GB/s of KV (%.1f%% of 4.3 TB/s)%s\n",
-	       (long long)H, (long long)ctxlen, K > 0 ? "top-2048" : "dense", bf16 ? "bf16" : "f32", us, bytes / us * 1e-3,
-	       bytes / us * 1e-3 / 4300 * 100, rc ? " ERROR" : "");
+	printf("mla decode  B 1 H %3lld ctx %6lld %-10s kv %-4s %9.1f us  %7.1f GB/s of KV (%.1f%% of 4.3 "
+	       "TB/s)%s\n",
+	       (long long)H, (long long)ctxlen, K > 0 ? "top-2048" : "dense", bf16 ? "bf16" : "f32", us,
+	       bytes / us * 1e-3, bytes / us * 1e-3 / 4300 * 100, rc ? " ERROR" : "");
 	setup_fini(&s);
 }
 
@@ -110,33 +121,35 @@ static void bench_indexer(int64_t ctxlen, int bf16, int with_topk)
 	int32_t nk = (int32_t)ctxlen;
 	kcuda_upload(ctx, s.nk, &nk, sizeof(int32_t));
 	struct kcuda_kv_view kv = {s.pool, (ctxlen + 63) / 64, (size_t)64 * DI * elt, 0, 64, DI, bf16};
-	struct kcuda_attn_rows rows = {1, NULL, (const int32_t *)s.tbl, (ctxlen + 63) / 64, (const int32_t *)s.nk, 0, NULL,
-				       1, ctxlen};
+	struct kcuda_attn_rows rows = {
+	    1, NULL, (const int32_t *)s.tbl, (ctxlen + 63) / 64, (const int32_t *)s.nk, 0, NULL, 1, ctxlen};
 	int rc = 0;
 	for (int i = 0; i < 5; i++) {
 		if (with_topk)
-			rc |= kcuda_indexer_topk(ctx, &kv, &rows, (const float *)s.q, (const float *)s.w, HI, DI, 0.088f, K,
-						 (int32_t *)s.sel, K, NULL);
+			rc |= kcuda_indexer_topk(ctx, &kv, &rows, (const float *)s.q, (const float *)s.w, HI,
+			                         DI, 0.088f, K, (int32_t *)s.sel, K, NULL);
 		else
-			rc |= kcuda_indexer_scores(ctx, &kv, &rows, (const float *)s.q, (const float *)s.w, HI, DI, 0.088f,
-						   scores, ctxlen);
+			rc |= kcuda_indexer_scores(ctx, &kv, &rows, (const float *)s.q, (const float *)s.w,
+			                           HI, DI, 0.088f, scores, ctxlen);
 	}
 	kcuda_sync(ctx);
 	double t0 = now_s();
 	for (int i = 0; i < iters; i++) {
 		if (with_topk)
-			rc |= kcuda_indexer_topk(ctx, &kv, &rows, (const float *)s.q, (const float *)s.w, HI, DI, 0.088f, K,
-						 (int32_t *)s.sel, K, NULL);
+			rc |= kcuda_indexer_topk(ctx, &kv, &rows, (const float *)s.q, (const float *)s.w, HI,
+			                         DI, 0.088f, K, (int32_t *)s.sel, K, NULL);
 		else
-			rc |= kcuda_indexer_scores(ctx, &kv, &rows, (const float *)s.q, (const float *)s.w, HI, DI, 0.088f,
-						   scores, ctxlen);
+			rc |= kcuda_indexer_scores(ctx, &kv, &rows, (const float *)s.q, (const float *)s.w,
+			                           HI, DI, 0.088f, scores, ctxlen);
 	}
 	rc |= kcuda_sync(ctx);
 	double us = (now_s() - t0) / iters * 1e6;
 	double bytes = (double)ctxlen * DI * elt;
-	printf("indexer     T 1 HI %2lld ctx %6lld %-14s keys %-4s %9.1f us  %7.1f GB/s of keys (%.1f%% of 4.3 TB/s)%s\n",
-	       (long long)HI, (long long)ctxlen, with_topk ? "scores+top2048" : "scores", bf16 ? "bf16" : "f32", us,
-	       bytes / us * 1e-3, bytes / us * 1e-3 / 4300 * 100, rc ? " ERROR" : "");
+	printf("indexer     T 1 HI %2lld ctx %6lld %-14s keys %-4s %9.1f us  %7.1f GB/s of keys (%.1f%% of "
+	       "4.3 TB/s)%s\n",
+	       (long long)HI, (long long)ctxlen, with_topk ? "scores+top2048" : "scores",
+	       bf16 ? "bf16" : "f32", us, bytes / us * 1e-3, bytes / us * 1e-3 / 4300 * 100,
+	       rc ? " ERROR" : "");
 	kcuda_free(scores);
 	setup_fini(&s);
 }

@@ -19,7 +19,11 @@
 #include "cli/cli.h"
 #include "common/base/log.h"
 #include "common/gguf/gguf.h"
+#include "cli/model_args.h"
 #include "common/model/model.h"
+#ifdef TANDEM_CUDA
+#include "kernels/cuda/model_fwd.h"
+#endif
 
 static double now_s(void)
 {
@@ -69,6 +73,10 @@ struct bench_opts {
 	int prompt, gen, batch, threads, tp, reps, ubatch;
 	uint64_t seed;
 	int json;
+	int backend, device, rank, graph; /* cuda: --backend cuda [--device N] [--rank r] [--graph 0|1] */
+	/* --synthetic PRESET: a sparse mkmodel file (shapes and small tensors only); the CUDA backend
+	 * fills the matrices with random device memory */
+	const char *synthetic, *syn_type, *syn_layers, *syn_experts, *syn_topk, *syn_dense;
 };
 
 static int parse_int(const char *cmd, const char *flag, const char *v, int lo, int hi, int *out)
@@ -85,14 +93,22 @@ static void usage(void)
 {
 	printf("usage: tandem bench -m MODEL [--prompt N] [--gen N] [--batch B] [--threads T] [--tp N]\n"
 	       "                    [--reps R] [--ubatch U] [--seed S] [--json]\n"
-	       "CPU prefill and decode throughput (median of --reps runs; defaults: prompt 128, gen 32,\n"
-	       "batch 1, threads = online CPUs, tp 1, reps 3, ubatch = prompt).\n");
+	       "                    [--backend cpu|cuda] [--device N] [--rank r] [--graph 0|1] [--ctx N]\n"
+	       "       tandem bench --synthetic glm5|deepseek3|tiny [--layers L] [--experts E] [--top-k K]\n"
+	       "                    [--dense D] [--type q4_k] --backend cuda ... (no file: random weights in\n"
+	       "                    device memory, laid out exactly as loaded ones; rank r's shard only)\n"
+	       "Prefill and decode throughput (median of --reps runs; defaults: prompt 128, gen 32,\n"
+	       "batch 1, threads = online CPUs, tp 1, reps 3, ubatch = prompt, backend cpu).\n"
+	       "cuda: --rank r runs rank r of --tp alone (collectives skipped: one GPU measures one\n"
+	       "rank's work); --graph 1 (default) also times decode replayed from CUDA graphs against\n"
+	       "eager; prints the weight upload rate and the device-to-device copy bandwidth.\n");
 }
 
 static int parse(int argc, char **argv, struct bench_opts *o)
 {
 	const char *cmd = "bench";
-	*o = (struct bench_opts){.prompt = 128, .gen = 32, .batch = 1, .tp = 1, .reps = 3, .seed = 1};
+	*o = (struct bench_opts){.prompt = 128, .gen = 32, .batch = 1, .tp = 1, .reps = 3, .seed = 1, .rank = -1,
+	                         .graph = 1};
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	o->threads = ncpu > 0 ? (int)ncpu : 1;
 	for (int i = 1; i < argc; i++) {
@@ -126,16 +142,46 @@ static int parse(int argc, char **argv, struct bench_opts *o)
 			o->seed = (uint64_t)s;
 		} else if (!strcmp(a, "--json")) {
 			o->json = 1;
+		} else if (!strcmp(a, "--backend")) {
+			if (!cli_parse_backend(v, &o->backend))
+				return cli_usage_error(cmd, "--backend needs cpu or cuda");
+			i++;
+		} else if (!strcmp(a, "--device")) {
+			rc = parse_int(cmd, a, v, 0, 1023, &o->device), i++;
+		} else if (!strcmp(a, "--rank")) {
+			rc = parse_int(cmd, a, v, 0, 63, &o->rank), i++;
+		} else if (!strcmp(a, "--graph")) {
+			rc = parse_int(cmd, a, v, 0, 1, &o->graph), i++;
+		} else if (!strcmp(a, "--ctx")) { /* decode at this context: the prompt length */
+			rc = parse_int(cmd, a, v, 1, 1 << 20, &o->prompt), i++;
+		} else if (!strcmp(a, "--synthetic") || !strcmp(a, "--type") || !strcmp(a, "--layers") ||
+		           !strcmp(a, "--experts") || !strcmp(a, "--top-k") || !strcmp(a, "--dense")) {
+			if (!v)
+				return cli_usage_error(cmd, "%s needs a value", a);
+			const char **dst = !strcmp(a, "--synthetic") ? &o->synthetic
+			                   : !strcmp(a, "--type")    ? &o->syn_type
+			                   : !strcmp(a, "--layers")  ? &o->syn_layers
+			                   : !strcmp(a, "--experts") ? &o->syn_experts
+			                   : !strcmp(a, "--top-k")   ? &o->syn_topk
+			                                             : &o->syn_dense;
+			*dst = v;
+			i++;
 		} else {
 			return cli_usage_error(cmd, "unknown option '%s' (see tandem bench --help)", a);
 		}
 		if (rc)
 			return rc;
 	}
-	if (!o->model)
-		return cli_usage_error(cmd, "-m MODEL is required");
+	if (!o->model && !o->synthetic)
+		return cli_usage_error(cmd, "-m MODEL (or --synthetic PRESET) is required");
+	if (o->model && o->synthetic)
+		return cli_usage_error(cmd, "-m and --synthetic exclude each other");
+	if (!o->synthetic && (o->syn_type || o->syn_layers || o->syn_experts || o->syn_topk || o->syn_dense))
+		return cli_usage_error(cmd, "--type/--layers/--experts/--top-k/--dense go with --synthetic");
 	if (o->ubatch == 0 || o->ubatch > o->prompt)
 		o->ubatch = o->prompt;
+	if (o->rank >= o->tp)
+		return cli_usage_error(cmd, "--rank %d needs --tp > %d", o->rank, o->rank);
 	return 0;
 }
 
@@ -217,21 +263,69 @@ out:
 	return rc;
 }
 
+/* Writes the sparse synthetic model file (tandem mkmodel --sparse) to path. */
+static int make_synthetic(const struct bench_opts *o, const char *path)
+{
+	const char *av[20];
+	int ac = 0;
+	av[ac++] = "mkmodel";
+	av[ac++] = "--preset";
+	av[ac++] = o->synthetic;
+	av[ac++] = "--type";
+	av[ac++] = o->syn_type ? o->syn_type : "q4_k";
+	av[ac++] = "-o";
+	av[ac++] = path;
+	av[ac++] = "--sparse";
+	if (o->syn_layers)
+		av[ac++] = "--layers", av[ac++] = o->syn_layers;
+	if (o->syn_experts)
+		av[ac++] = "--experts", av[ac++] = o->syn_experts;
+	if (o->syn_topk)
+		av[ac++] = "--top-k", av[ac++] = o->syn_topk;
+	if (o->syn_dense)
+		av[ac++] = "--dense", av[ac++] = o->syn_dense;
+	av[ac] = NULL;
+	return cmd_mkmodel(ac, (char **)av);
+}
+
 int cmd_bench(int argc, char **argv)
 {
 	struct bench_opts o;
 	int rc = parse(argc, argv, &o);
 	if (rc)
 		return rc;
+	char synpath[256] = "";
+	if (o.synthetic) {
+		const char *td = getenv("TMPDIR");
+		snprintf(synpath, sizeof(synpath), "%s/tandem-synth-%ld.gguf", td && *td ? td : "/tmp", (long)getpid());
+		if (make_synthetic(&o, synpath)) {
+			fprintf(stderr, "tandem bench: cannot make the synthetic model\n");
+			return 2;
+		}
+		o.model = synpath;
+	}
 	struct errbuf e = {0};
 	struct model_opts mo;
 	model_opts_default(&mo);
 	mo.n_threads = o.threads;
 	mo.tp = o.tp;
 	mo.quiet = true;
+	mo.rank = o.rank;
+	mo.backend = (enum model_backend_kind)o.backend;
+	mo.device = o.device;
+	mo.synthetic = o.synthetic && o.backend == MODEL_BACKEND_CUDA;
+	if (o.backend == MODEL_BACKEND_CUDA) { /* workspaces sized for exactly this run */
+		mo.max_tokens = o.ubatch > o.batch ? o.ubatch : o.batch;
+		mo.max_seqs = o.batch;
+		mo.max_ctx = o.prompt + o.gen;
+		mo.quiet = o.json != 0; /* the upload progress line goes to stderr */
+	}
 	struct model *m = NULL;
 	double tl0 = now_s();
-	if (model_load(&m, o.model, &mo, &e)) {
+	rc = model_load(&m, o.model, &mo, &e);
+	if (synpath[0]) /* the mapping stays valid; the (sparse) file is not needed on disk */
+		unlink(synpath);
+	if (rc) {
 		fprintf(stderr, "tandem bench: %s\n", e.msg);
 		return 2;
 	}
@@ -263,6 +357,31 @@ int cmd_bench(int argc, char **argv)
 		dc[r] = res.decode_s;
 	}
 	double pf_s = median(pf, o.reps), dc_s = median(dc, o.reps);
+	double dc_graph_s = 0, d2d = 0;
+#ifdef TANDEM_CUDA
+	if (o.backend == MODEL_BACKEND_CUDA && o.graph && o.gen > 0) { /* decode again from graphs */
+		model_set_graphs(m, 1);
+		for (int r = 0; r < o.reps && !rc; r++) {
+			struct run_result res;
+			if (run_once(m, &o, &res, &e)) {
+				fprintf(stderr, "tandem bench (graphs): %s\n", e.msg);
+				rc = 1;
+				goto out;
+			}
+			dc[r] = res.decode_s;
+		}
+		dc_graph_s = median(dc, o.reps);
+		model_set_graphs(m, 0);
+	}
+	if (o.backend == MODEL_BACKEND_CUDA) {
+		struct kcuda_ctx *kc;
+		if (kcuda_ctx_create(o.device, (size_t)1 << 20, &kc) == 0) {
+			if (kfwd_d2d_gbps(kc, (size_t)1 << 30, 10, &d2d))
+				d2d = 0;
+			kcuda_ctx_destroy(kc);
+		}
+	}
+#endif
 	double pf_tps = (double)o.prompt * o.batch / pf_s;
 	double dc_tps = o.gen > 0 ? (double)o.gen * o.batch / dc_s : 0;
 	double step_ms = o.gen > 0 ? 1e3 * dc_s / o.gen : 0;
@@ -279,6 +398,20 @@ int cmd_bench(int argc, char **argv)
 		printf("prefill  %6d tokens/seq  %10.1f tok/s\n", o.prompt, pf_tps);
 		printf("decode   %6d steps       %10.1f tok/s  %8.2f ms/step  %.1f MB weights/step  %.2f GB/s\n",
 		       o.gen, dc_tps, step_ms, bytes_tok / 1e6, gbs);
+		if (o.backend == MODEL_BACKEND_CUDA) {
+			double wbytes = bytes_tok; /* the decode-read estimate; upload moves every weight */
+			printf("cuda     device %d%s: weights loaded in %.2f s; device-to-device copy %.1f GB/s "
+			       "(%.1f GB/s of DRAM traffic)\n",
+			       o.device, o.rank >= 0 ? " (rank-shard)" : "", load_s, d2d, 2 * d2d);
+			if (dc_graph_s > 0) {
+				double gstep = 1e3 * dc_graph_s / o.gen;
+				printf("graphs   %6d steps       %10.1f tok/s  %8.2f ms/step  (eager %.2f ms/step)  %.2f "
+				       "GB/s of weights = %.0f%% of the copy rate\n",
+				       o.gen, (double)o.gen * o.batch / dc_graph_s, gstep, step_ms,
+				       wbytes / (gstep * 1e-3) / 1e9,
+				       d2d > 0 ? 100.0 * wbytes / (gstep * 1e-3) / 1e9 / (2 * d2d) : 0.0);
+			}
+		}
 	}
 out:
 	free(pf);

@@ -34,7 +34,8 @@ static void generate_usage(FILE *f)
 	       "  --seed S                RNG seed (default 0)\n"
 	       "  --ids                   print the new token ids separated by spaces instead of text\n"
 	       "  --ignore-eos            do not stop at end-of-generation tokens\n"
-	       "  --tp N --threads T      tensor-parallel degree (ranks as threads), CPU threads in total\n");
+	       "  --tp N --threads T      tensor-parallel degree (ranks as threads), CPU threads in total\n"
+	       "  --backend cpu|cuda --device N   forward backend (default cpu), CUDA device (default 0)\n");
 }
 
 struct gen_args {
@@ -143,6 +144,17 @@ static int parse(int argc, char **argv, struct gen_args *a)
 			if (!cli_parse_i64(v, 1, 4096, &x))
 				return cli_usage_error("generate", "--threads needs an integer 1..4096");
 			a->mo.n_threads = (int)x;
+		} else if (!strcmp(o, "--backend")) {
+			NEEDV("cpu or cuda");
+			int bk;
+			if (!cli_parse_backend(v, &bk))
+				return cli_usage_error("generate", "--backend needs cpu or cuda");
+			a->mo.backend = (enum model_backend_kind)bk;
+		} else if (!strcmp(o, "--device")) {
+			NEEDV("an integer");
+			if (!cli_parse_i64(v, 0, 1023, &x))
+				return cli_usage_error("generate", "--device needs an integer 0..1023");
+			a->mo.device = (int)x;
 		} else {
 			return cli_usage_error("generate", "unknown option '%s' (see tandem generate --help)",
 			                       o);

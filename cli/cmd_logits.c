@@ -21,6 +21,7 @@ static void logits_usage(FILE *f)
 	       "  --tp N         tensor-parallel degree, ranks run as threads (default 1)\n"
 	       "  --threads T    CPU threads in total (default 1)\n"
 	       "  --kv-bf16      store the KV cache in bf16 (default fp32)\n"
+	       "  --backend B    cpu (default) or cuda;  --device N  CUDA device (default 0)\n"
 	       "  --latent-eps X RMSNorm eps of q_a_norm / kv_a_norm (default 1e-6, as the references;\n"
 	       "                 llama.cpp uses the model's rms_norm_eps)\n");
 }
@@ -66,6 +67,15 @@ int cmd_logits(int argc, char **argv)
 			if (!has || !cli_parse_i64(argv[++i], 1, 4096, &v))
 				return cli_usage_error("logits", "--threads needs an integer 1..4096");
 			o.n_threads = (int)v;
+		} else if (!strcmp(a, "--backend")) {
+			int bk;
+			if (!has || !cli_parse_backend(argv[++i], &bk))
+				return cli_usage_error("logits", "--backend needs cpu or cuda");
+			o.backend = (enum model_backend_kind)bk;
+		} else if (!strcmp(a, "--device")) {
+			if (!has || !cli_parse_i64(argv[++i], 0, 1023, &v))
+				return cli_usage_error("logits", "--device needs an integer 0..1023");
+			o.device = (int)v;
 		} else {
 			return cli_usage_error("logits", "unknown option '%s' (see tandem logits --help)", a);
 		}

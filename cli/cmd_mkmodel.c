@@ -136,6 +136,8 @@ static void usage(FILE *f)
 	    "  --threads N        generator threads (default: online CPUs)\n"
 	    "  --tokenizer FILE   copy the tokenizer.* keys from FILE (tiny default: %s)\n"
 	    "  --vocab-only       metadata and tokenizer only, no tensors (e.g. for the router)\n"
+	    "  --sparse           tensors of 1 MiB or more are left as file holes (zeros, no disk space;\n"
+	    "                     for tandem bench --synthetic, which fills device memory instead)\n"
 	    "  -o OUT.gguf        output file (written as OUT.gguf.tmp, renamed when complete)\n",
 	    TINY_TOKENIZER);
 }
@@ -313,7 +315,7 @@ static void progress_cb(void *user, uint64_t done, uint64_t total)
 int cmd_mkmodel(int argc, char **argv)
 {
 	const char *preset = NULL, *type_s = NULL, *out = NULL, *tokenizer = NULL;
-	bool vocab_only = false;
+	bool vocab_only = false, sparse = false;
 	int64_t layers = -1, dense = -1, experts = -1, topk = -1, nextn = 0, seed = 1, threads = -1;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
@@ -323,6 +325,10 @@ int cmd_mkmodel(int argc, char **argv)
 		}
 		if (strcmp(a, "--vocab-only") == 0) {
 			vocab_only = true;
+			continue;
+		}
+		if (strcmp(a, "--sparse") == 0) {
+			sparse = true;
 			continue;
 		}
 		if (i + 1 >= argc)
@@ -458,7 +464,7 @@ int cmd_mkmodel(int argc, char **argv)
 	char dirbuf[PATH_MAX];
 	snprintf(dirbuf, sizeof(dirbuf), "%s", out);
 	struct statvfs vfs;
-	if (statvfs(dirname(dirbuf), &vfs) == 0) {
+	if (!sparse && statvfs(dirname(dirbuf), &vfs) == 0) {
 		uint64_t avail = (uint64_t)vfs.f_bavail * vfs.f_frsize;
 		if (avail < total + (64u << 20)) {
 			fprintf(stderr, "tandem mkmodel: %s needs %.2f GiB but its file system has %.2f GiB free\n", out,
@@ -470,6 +476,8 @@ int cmd_mkmodel(int argc, char **argv)
 	pr.last = pr.t0;
 	gguf_writer_set_progress(w, progress_cb, &pr);
 	gguf_writer_set_chunk_bytes(w, 16u << 20);
+	if (sparse)
+		gguf_writer_set_sparse(w, (size_t)1 << 20);
 	struct errbuf e = {0};
 	if (gguf_writer_write(w, out, &e)) {
 		fprintf(stderr, "tandem mkmodel: %s\n", e.msg);

@@ -66,3 +66,14 @@ bad:
 	free(v);
 	return false;
 }
+
+bool cli_parse_backend(const char *s, int *out)
+{
+	if (s && !strcmp(s, "cpu"))
+		*out = 0; /* MODEL_BACKEND_CPU */
+	else if (s && !strcmp(s, "cuda"))
+		*out = 1; /* MODEL_BACKEND_CUDA */
+	else
+		return false;
+	return true;
+}

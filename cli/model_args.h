@@ -13,4 +13,7 @@ bool cli_parse_f32(const char *s, float lo, float hi, float *out);
 /* "1,2,3" -> malloc'd ids (each in [0, INT32_MAX]); false on any malformed entry or empty list. */
 bool cli_parse_ids(const char *s, int32_t **ids, size_t *n);
 
+/* "cpu" | "cuda" -> MODEL_BACKEND_CPU / MODEL_BACKEND_CUDA (common/model/model.h) */
+bool cli_parse_backend(const char *s, int *out);
+
 #endif

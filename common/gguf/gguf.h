@@ -147,6 +147,10 @@ int gguf_writer_add_tensor_chunked(struct gguf_writer *w, const char *name, int 
                                    const int64_t *ne, gguf_fill_chunk_cb cb, void *user);
 /* Chunk size for chunked tensors (default 64 MiB). */
 void gguf_writer_set_chunk_bytes(struct gguf_writer *w, size_t chunk_bytes);
+/* Tensors of at least min_bytes are not generated: their data is a file hole (zeros, no disk
+ * space). For synthetic benchmarks whose weights are random device memory (tandem bench
+ * --synthetic); 0 (default) writes everything. */
+void gguf_writer_set_sparse(struct gguf_writer *w, size_t min_bytes);
 /* Progress report after each tensor (bytes written so far, total bytes); NULL to disable. */
 typedef void (*gguf_progress_cb)(void *user, uint64_t done, uint64_t total);
 void gguf_writer_set_progress(struct gguf_writer *w, gguf_progress_cb cb, void *user);

@@ -45,6 +45,7 @@ struct gguf_writer {
 	size_t chunk_bytes;
 	gguf_progress_cb progress;
 	void *progress_user;
+	size_t sparse_min; /* tensors of at least this many bytes are left as file holes (0: none) */
 };
 
 static int sticky(struct gguf_writer *w, int rc)
@@ -86,6 +87,11 @@ void gguf_writer_destroy(struct gguf_writer *w)
 	free(w->kv);
 	free(w->t);
 	free(w);
+}
+
+void gguf_writer_set_sparse(struct gguf_writer *w, size_t min_bytes)
+{
+	w->sparse_min = min_bytes;
 }
 
 void gguf_writer_set_chunk_bytes(struct gguf_writer *w, size_t chunk_bytes)
@@ -363,6 +369,10 @@ static int put_zeros(FILE *f, size_t n)
 
 static int write_tensor_data(struct gguf_writer *w, FILE *f, const struct wtensor *t, struct errbuf *e)
 {
+	if (w->sparse_min && t->nbytes >= w->sparse_min) /* a hole: reads as zeros, takes no disk */
+		return fseeko(f, (off_t)t->nbytes, SEEK_CUR) ? errbuf_set(e, -EIO, "tensor '%s': seek failed",
+		                                                          t->name)
+		                                             : 0;
 	if (t->data)
 		return put(f, t->data, t->nbytes) ? errbuf_set(e, -EIO, "tensor '%s': write failed", t->name)
 		                                  : 0;
@@ -474,6 +484,11 @@ int gguf_writer_write(struct gguf_writer *w, const char *path, struct errbuf *e)
 			w->progress(w->progress_user, done, total);
 	}
 close_f:
+	if (!rc && w->sparse_min) { /* a trailing hole: the file must still reach its full length */
+		off_t end = ftello(f);
+		if (fflush(f) != 0 || end < 0 || ftruncate(fileno(f), end) != 0)
+			rc = errbuf_set(e, -EIO, "%s: cannot extend: %s", tmp, strerror(errno));
+	}
 	if (fclose(f) != 0 && !rc)
 		rc = errbuf_set(e, -EIO, "%s: write failed: %s", tmp, strerror(errno));
 	if (!rc && rename(tmp, path) != 0)

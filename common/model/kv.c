@@ -42,7 +42,15 @@ int model_kv_init(struct model_kv *kv, const struct model *m, int64_t n_blocks, 
 			                  mem_bytes, (long long)n_blocks, bb, need);
 		kv->base = mem;
 	} else {
-		kv->base = calloc(1, need);
+		const struct model_backend *be = &m->ranks[0].be;
+		if (be->ops && be->ops->kv_alloc) {
+			kv->base = be->ops->kv_alloc(be->ctx, need); /* zeroed device memory */
+			kv->on_device = true;
+			kv->be_ops = be->ops;
+			kv->be_ctx = be->ctx;
+		} else {
+			kv->base = calloc(1, need);
+		}
 		if (!kv->base)
 			return errbuf_set(e, -ENOMEM, "KV pool: cannot allocate %zu bytes", need);
 		kv->owned = true;
@@ -53,7 +61,9 @@ int model_kv_init(struct model_kv *kv, const struct model *m, int64_t n_blocks, 
 
 void model_kv_fini(struct model_kv *kv)
 {
-	if (kv->owned)
+	if (kv->owned && kv->be_ops)
+		kv->be_ops->kv_free(kv->be_ctx, kv->base);
+	else if (kv->owned)
 		free(kv->base);
 	memset(kv, 0, sizeof(*kv));
 }

@@ -23,6 +23,10 @@ const struct model_hparams *model_hparams(const struct model *m)
 {
 	return &m->hp;
 }
+void model_set_graphs(struct model *m, int graphs)
+{
+	m->opts.graphs = graphs;
+}
 const struct model_opts *model_get_opts(const struct model *m)
 {
 	return &m->opts;
@@ -353,6 +357,8 @@ void model_destroy(struct model *m)
 		kpool_destroy(m->ranks[i].pool);
 		free_layers(m->ranks[i].layers, m->hp.n_layers);
 		free(m->ranks[i].buf.p);
+		if (m->ranks[i].be.ops)
+			m->ranks[i].be.ops->destroy(m->ranks[i].be.ctx);
 	}
 	free(m->ranks);
 	tp_cpu_group_destroy(m->group);
@@ -379,11 +385,34 @@ int model_load_gguf(struct model **out, struct gguf_ctx *g, const struct model_o
 		return errbuf_set(e, -EINVAL, "thread count %d out of range", o->n_threads);
 	if (o->kv_dtype != MODEL_KV_F32 && o->kv_dtype != MODEL_KV_BF16)
 		return errbuf_set(e, -EINVAL, "unknown KV dtype %d", (int)o->kv_dtype);
+	if (o->max_tokens < 0 || o->max_seqs < 0 || o->max_ctx < 0)
+		return errbuf_set(e, -EINVAL, "negative batch limit (max_tokens / max_seqs / max_ctx)");
+	if (o->backend != MODEL_BACKEND_CPU && o->backend != MODEL_BACKEND_CUDA)
+		return errbuf_set(e, -EINVAL, "unknown backend %d", (int)o->backend);
+	if (o->backend == MODEL_BACKEND_CUDA) {
+#ifndef TANDEM_CUDA
+		return errbuf_set(e, ERR_UNSUPPORTED, "backend cuda: this build has no CUDA (make CUDA=1)");
+#else
+		if (o->tp > 1 && o->rank < 0)
+			return errbuf_set(e, ERR_UNSUPPORTED,
+			                  "backend cuda: TP=%d needs one process per rank (rank-shard mode, "
+			                  "--rank r); NCCL collectives are not built yet",
+			                  o->tp);
+#endif
+	}
 	struct model *m = calloc(1, sizeof(*m));
 	if (!m)
 		return errbuf_set(e, -ENOMEM, "out of memory");
 	m->g = g;
 	m->opts = *o;
+	if (o->backend == MODEL_BACKEND_CUDA) { /* workspaces are sized from these at load */
+		if (m->opts.max_tokens == 0)
+			m->opts.max_tokens = 512;
+		if (m->opts.max_seqs == 0)
+			m->opts.max_seqs = 256;
+		if (m->opts.max_ctx == 0)
+			m->opts.max_ctx = 4096;
+	}
 	if ((rc = model_hparams_read(g, o, &m->hp, e)))
 		goto fail;
 	int n_prob = model_tensors_check(g, &m->hp, o->strict, NULL, e);
@@ -448,6 +477,15 @@ int model_load_gguf(struct model **out, struct gguf_ctx *g, const struct model_o
 			}
 		if ((rc = bind_rank(m, rk, e)))
 			goto fail;
+		if (o->backend == MODEL_BACKEND_CUDA) {
+#ifdef TANDEM_CUDA
+			if ((rc = model_backend_cuda_create(m, rk, &rk->be, e)))
+				goto fail;
+#endif
+		} else if ((rc = model_backend_cpu_create(m, rk, &rk->be))) {
+			errbuf_set(e, rc, "cannot create the CPU backend of rank %d", rk->rank);
+			goto fail;
+		}
 	}
 	if (!o->quiet) {
 		struct model_kv_layout kl;

@@ -31,6 +31,7 @@
 #include "common/model/tp.h"
 
 struct gguf_ctx;
+struct model_backend_ops;
 
 #define MODEL_MAX_LAYERS 512
 #define MODEL_KV_BLOCK_TOKENS 64
@@ -113,6 +114,23 @@ struct model_opts {
 	float latent_eps;
 	bool strict; /* unknown tensor names are an error (default: warning) */
 	bool quiet; /* no INFO lines while loading */
+	/* Backend of the forward (backend.h): MODEL_BACKEND_CPU (default) or MODEL_BACKEND_CUDA
+	 * (builds with TANDEM_CUDA; one rank per process: T = 1 or rank-shard mode). */
+	enum model_backend_kind {
+		MODEL_BACKEND_CPU = 0,
+		MODEL_BACKEND_CUDA = 1,
+	} backend;
+	int device; /* CUDA device id (default 0) */
+	/* Largest batch a forward may get: tokens per forward, sequences per batch, context (positions
+	 * per sequence). The CUDA backend sizes its workspaces from them at load (0 = 512 tokens, 256
+	 * sequences, 4096 positions) and refuses larger batches; on the CPU 0 means "grow scratch as
+	 * needed" and a positive value is enforced the same way. */
+	int max_tokens, max_seqs, max_ctx;
+	float mem_fraction; /* CUDA: fraction of free device memory the workspaces may use (0 = 0.9) */
+	/* CUDA decode graphs: 0 off, 1 capture per (batch, context) bucket and replay, 2 pad to the
+	 * same buckets but run eagerly (tests compare 1 and 2 bit for bit) */
+	int graphs;
+	bool synthetic; /* CUDA bench: weights are random device memory, not uploaded (bench only) */
 };
 void model_opts_default(struct model_opts *o);
 
@@ -128,6 +146,8 @@ int model_load_gguf(struct model **out, struct gguf_ctx *g, const struct model_o
 void model_destroy(struct model *m); /* accepts NULL */
 
 const struct model_hparams *model_hparams(const struct model *m);
+/* CUDA backend: switches decode graphs (model_opts.graphs) between forwards; no-op on the CPU. */
+void model_set_graphs(struct model *m, int graphs);
 const struct model_opts *model_get_opts(const struct model *m);
 struct gguf_ctx *model_gguf(const struct model *m);
 
@@ -174,8 +194,11 @@ void model_kv_layout_get(const struct model *m, struct model_kv_layout *out);
 struct model_kv {
 	struct model_kv_layout layout;
 	int64_t n_blocks;
-	void *base; /* n_blocks * block_bytes */
-	bool owned; /* base malloc'd by model_kv_init */
+	void *base; /* n_blocks * block_bytes (device memory when on_device) */
+	bool owned; /* base allocated by model_kv_init */
+	bool on_device; /* the model's backend is CUDA: base is device memory */
+	const struct model_backend_ops *be_ops; /* allocator of base when on_device */
+	void *be_ctx;
 };
 /* Blocks needed for n_tokens positions; the address of block b of a pool. */
 static inline int64_t model_kv_blocks_for(int64_t n_tokens)
@@ -187,7 +210,7 @@ static inline void *model_kv_block_ptr(const struct model_kv *kv, int64_t b)
 	return (char *)kv->base + (size_t)b * kv->layout.block_bytes;
 }
 
-/* mem == NULL: allocate (zeroed). Otherwise mem (mem_bytes >= n_blocks * block_bytes, 64-byte
+/* mem == NULL: allocate (zeroed; on the device with the CUDA backend). Otherwise mem (mem_bytes >= n_blocks * block_bytes, 64-byte
  * alignment recommended) is borrowed. */
 int model_kv_init(struct model_kv *kv, const struct model *m, int64_t n_blocks, void *mem, size_t mem_bytes,
                   struct errbuf *e) TD_MUST_CHECK;

@@ -5,6 +5,7 @@
 #include <pthread.h>
 
 #include "common/gguf/gguf.h"
+#include "common/model/backend.h"
 #include "common/model/model.h"
 #include "kernels/kernels.h"
 
@@ -63,7 +64,8 @@ struct model_rank {
 	int64_t v0, vl; /* vocab slice of lm_head */
 	struct layer_w *layers; /* n_layers */
 	struct kweight lm_head; /* vocab slice */
-	struct rank_buf buf;
+	struct rank_buf buf; /* the forward's workspace (CPU backend) */
+	struct model_backend be; /* ops the forward runs on (backend.h) */
 	/* per forward call (set by model_forward) */
 	const struct model_batch *b;
 	struct model_kv *kv;

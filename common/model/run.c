@@ -52,6 +52,23 @@ static int check_batch(const struct model *m, const struct model_kv *kv, const s
 			    "batch: token %d position %d outside its block table (%lld positions)", i,
 			    b->pos[i], (long long)cap);
 	}
+	const struct model_opts *o = &m->opts;
+	if (o->max_tokens > 0 && b->n_tokens > o->max_tokens)
+		return errbuf_set(e, ERR_LIMIT, "batch: %d tokens, more than the configured max_tokens %d",
+		                  b->n_tokens, o->max_tokens);
+	if (o->max_seqs > 0 && b->n_seqs > o->max_seqs)
+		return errbuf_set(e, ERR_LIMIT, "batch: %d sequences, more than the configured max_seqs %d",
+		                  b->n_seqs, o->max_seqs);
+	if (o->max_ctx > 0)
+		for (int i = 0; i < b->n_tokens; i++)
+			if (b->pos[i] >= o->max_ctx)
+				return errbuf_set(e, ERR_LIMIT,
+				                  "batch: token %d at position %d, beyond the configured max_ctx %d", i,
+				                  b->pos[i], o->max_ctx);
+	if (kv->on_device != (m->opts.backend == MODEL_BACKEND_CUDA))
+		return errbuf_set(e, ERR_MISMATCH, "batch: KV pool is %s memory, the backend is %s",
+		                  kv->on_device ? "device" : "host",
+		                  m->opts.backend == MODEL_BACKEND_CUDA ? "cuda" : "cpu");
 	if (b->n_seqs > (1 << 24))
 		return errbuf_set(e, ERR_LIMIT, "batch: %d sequences is more than 16777216", b->n_seqs);
 	int32_t *last = malloc(sizeof(int32_t) * (size_t)b->n_seqs);
@@ -163,6 +180,8 @@ int model_forward(struct model *m, struct model_kv *kv, const struct model_batch
 	}
 	if (m->n_ranks_local == 1) {
 		rc = model_rank_forward(m, &m->ranks[0]);
+		if (rc == -EAGAIN) /* a CUDA graph capture failed before anything ran: once more, eagerly */
+			rc = model_rank_forward(m, &m->ranks[0]);
 		if (rc)
 			return errbuf_set(e, rc, "forward failed: %s", err_name(rc));
 		return 0;

@@ -37,10 +37,10 @@ __global__ void __launch_bounds__(IDX_THREADS) indexer_scores_kernel(idx_args a)
 {
 	extern __shared__ float sm[];
 	const int HI = a.HI, DI = a.DI, DP = DI + 1;
-	float *q_s = sm;                 /* [HI][DI] */
-	float *k_s = q_s + HI * DI;      /* [TK][DP] */
-	float *d_s = k_s + IDX_TK * DP;  /* [HI][TK] */
-	float *w_s = d_s + HI * IDX_TK;  /* [HI] */
+	float *q_s = sm; /* [HI][DI] */
+	float *k_s = q_s + HI * DI; /* [TK][DP] */
+	float *d_s = k_s + IDX_TK * DP; /* [HI][TK] */
+	float *w_s = d_s + HI * IDX_TK; /* [HI] */
 	const int64_t row = blockIdx.y;
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	int64_t nk = a.n_keys ? (int64_t)a.n_keys[row] : a.pos0 + row + 1;
@@ -122,15 +122,16 @@ __global__ void __launch_bounds__(IDX_THREADS) indexer_scores_kernel(idx_args a)
 }
 
 static int idx_fill(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
-		    const float *q, const float *w, int64_t HI, int64_t DI, float scale, idx_args *a)
+                    const float *q, const float *w, int64_t HI, int64_t DI, float scale, idx_args *a)
 {
-	if (!c || !kv || !rows || !q || !w || !kv->base || !rows->blocks || HI < 1 || DI < 1 || kv->dim != DI ||
-	    kv->block_tokens < 1 || kv->n_blocks < 0 || rows->n_q < 0 || rows->ld_blocks < 1 ||
-	    rows->max_keys < 0 || rows->sel)
+	if (!c || !kv || !rows || !q || !w || !kv->base || !rows->blocks || HI < 1 || DI < 1 ||
+	    kv->dim != DI || kv->block_tokens < 1 || kv->n_blocks < 0 || rows->n_q < 0 ||
+	    rows->ld_blocks < 1 || rows->max_keys < 0 || rows->sel)
 		return -EINVAL;
-	if (rows->n_q > 65535 || rows->max_keys > INT32_MAX / 2 || HI > 1024 || DI > 1024)
+	if (rows->max_keys > INT32_MAX / 2 || HI > 1024 || DI > 1024)
 		return ERR_LIMIT;
-	const size_t smem = sizeof(float) * ((size_t)HI * DI + (size_t)IDX_TK * (DI + 1) + (size_t)HI * IDX_TK + HI);
+	const size_t smem =
+	    sizeof(float) * ((size_t)HI * DI + (size_t)IDX_TK * (DI + 1) + (size_t)HI * IDX_TK + HI);
 	if (smem > 200 * 1024)
 		return ERR_LIMIT;
 	a->base = (const uint8_t *)kv->base;
@@ -154,23 +155,45 @@ static int idx_fill(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const s
 	return 0;
 }
 
+/* the arguments for query rows r0.. of a (scores, if set, move along with the rows) */
+static idx_args idx_rows_from(const idx_args &a, int64_t r0)
+{
+	idx_args b = a;
+	b.q = a.q + r0 * a.HI * a.DI;
+	b.w = a.w + r0 * a.HI;
+	b.qseq = a.qseq ? a.qseq + r0 : NULL;
+	b.n_keys = a.n_keys ? a.n_keys + r0 : NULL;
+	b.pos0 = a.pos0 + r0;
+	b.scores = a.scores ? a.scores + r0 * a.ld : NULL;
+	return b;
+}
+
+/* grid (key tiles, rows), rows in launches of at most 65535 (the grid's y limit) */
 static int idx_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q)
 {
-	const size_t smem =
-	    sizeof(float) * ((size_t)a.HI * a.DI + (size_t)IDX_TK * (a.DI + 1) + (size_t)a.HI * IDX_TK + a.HI);
-	KCUDA_CHECK(
-	    cudaFuncSetAttribute(indexer_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+	const size_t smem = sizeof(float) * ((size_t)a.HI * a.DI + (size_t)IDX_TK * (a.DI + 1) +
+	                                     (size_t)a.HI * IDX_TK + a.HI);
+	KCUDA_CHECK(cudaFuncSetAttribute(indexer_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+	                                 (int)smem));
 	const int64_t tiles = (a.max_keys + IDX_TK - 1) / IDX_TK;
 	if (tiles == 0 || n_q == 0)
 		return 0;
-	dim3 grid((unsigned)tiles, (unsigned)n_q);
-	indexer_scores_kernel<<<grid, IDX_THREADS, smem, c->stream>>>(a);
-	return kcuda_launch_status("indexer_scores");
+	if (tiles > INT32_MAX)
+		return ERR_LIMIT;
+	for (int64_t r0 = 0; r0 < n_q; r0 += 65535) {
+		const int64_t nr = n_q - r0 < 65535 ? n_q - r0 : 65535;
+		dim3 grid((unsigned)tiles, (unsigned)nr);
+		indexer_scores_kernel<<<grid, IDX_THREADS, smem, c->stream>>>(idx_rows_from(a, r0));
+		int rc = kcuda_launch_status("indexer_scores");
+		if (rc)
+			return rc;
+	}
+	return 0;
 }
 
 extern "C" int kcuda_indexer_scores(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
-				    const struct kcuda_attn_rows *rows, const float *q, const float *w, int64_t HI,
-				    int64_t DI, float scale, float *scores, int64_t ld)
+                                    const struct kcuda_attn_rows *rows, const float *q, const float *w,
+                                    int64_t HI, int64_t DI, float scale, float *scores, int64_t ld)
 {
 	idx_args a;
 	int rc = idx_fill(c, kv, rows, q, w, HI, DI, scale, &a);
@@ -184,8 +207,9 @@ extern "C" int kcuda_indexer_scores(struct kcuda_ctx *c, const struct kcuda_kv_v
 }
 
 extern "C" int kcuda_indexer_topk(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
-				  const struct kcuda_attn_rows *rows, const float *q, const float *w, int64_t HI,
-				  int64_t DI, float scale, int k, int32_t *sel, int64_t ld_sel, int32_t *nsel)
+                                  const struct kcuda_attn_rows *rows, const float *q, const float *w,
+                                  int64_t HI, int64_t DI, float scale, int k, int32_t *sel, int64_t ld_sel,
+                                  int32_t *nsel)
 {
 	idx_args a;
 	int rc = idx_fill(c, kv, rows, q, w, HI, DI, scale, &a);
@@ -198,20 +222,17 @@ extern "C" int kcuda_indexer_topk(struct kcuda_ctx *c, const struct kcuda_kv_vie
 	const int64_t per = (int64_t)(c->ws_bytes / ((size_t)ld * sizeof(float)));
 	if (per < 1)
 		return ERR_LIMIT;
+	a.scores = NULL;
+	a.ld = ld;
 	for (int64_t r0 = 0; r0 < rows->n_q; r0 += per) {
 		const int64_t nr = rows->n_q - r0 < per ? rows->n_q - r0 : per;
-		idx_args b = a;
-		b.q = a.q + r0 * HI * DI;
-		b.w = a.w + r0 * HI;
-		b.qseq = a.qseq ? a.qseq + r0 : NULL;
-		b.n_keys = a.n_keys ? a.n_keys + r0 : NULL;
-		b.pos0 = a.pos0 + r0;
+		idx_args b = idx_rows_from(a, r0);
 		b.scores = (float *)c->ws;
 		b.ld = ld;
 		if ((rc = idx_launch(c, b, nr)))
 			return rc;
 		if ((rc = kcuda_topk_idx(c, b.scores, ld, nr, b.n_keys, b.pos0, k, sel + r0 * ld_sel, ld_sel,
-					 nsel ? nsel + r0 : NULL)))
+		                         nsel ? nsel + r0 : NULL)))
 			return rc;
 	}
 	return 0;

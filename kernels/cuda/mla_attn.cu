@@ -43,8 +43,8 @@ struct mla_args {
 	int H, C, R;
 	float scale;
 	int chunk, nsplit;
-	float *out;               /* direct output (nsplit == 1) */
-	float *pacc, *pm, *pl;    /* partials: [row][h][split][C], [row][h][split] */
+	float *out; /* direct output (nsplit == 1) */
+	float *pacc, *pm, *pl; /* partials: [row][h][split][C], [row][h][split] */
 	unsigned *err;
 };
 
@@ -73,16 +73,15 @@ __device__ __forceinline__ const uint8_t *mla_key_row(const mla_args &a, int64_t
 	       (size_t)(p % a.bt) * (size_t)a.dim * (a.bf16 ? 2u : 4u);
 }
 
-template <int HG>
-__global__ void __launch_bounds__(MLA_THREADS) mla_split_kernel(mla_args a)
+template <int HG> __global__ void __launch_bounds__(MLA_THREADS) mla_split_kernel(mla_args a)
 {
 	extern __shared__ float sm[];
 	const int dim = a.dim, DP = dim + 1, C = a.C;
-	float *q_s = sm;                          /* [HG][dim] */
-	float *kv_s = q_s + HG * dim;             /* [TILE][DP] */
-	float *p_s = kv_s + MLA_TILE * DP;        /* [HG][TILE] */
-	float *corr_s = p_s + HG * MLA_TILE;      /* [HG] */
-	int *ok_s = (int *)(corr_s + HG);         /* [TILE] */
+	float *q_s = sm; /* [HG][dim] */
+	float *kv_s = q_s + HG * dim; /* [TILE][DP] */
+	float *p_s = kv_s + MLA_TILE * DP; /* [HG][TILE] */
+	float *corr_s = p_s + HG * MLA_TILE; /* [HG] */
+	int *ok_s = (int *)(corr_s + HG); /* [TILE] */
 
 	const int64_t row = blockIdx.x;
 	const int split = blockIdx.y, h0 = blockIdx.z * HG;
@@ -238,7 +237,7 @@ __global__ void __launch_bounds__(MLA_THREADS) mla_split_kernel(mla_args a)
 
 /* out[row][h] = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M); one block per (row, head) */
 __global__ void mla_combine_kernel(const float *__restrict__ pacc, const float *__restrict__ pm,
-				   const float *__restrict__ pl, int nsplit, int C, float *__restrict__ out)
+                                   const float *__restrict__ pl, int nsplit, int C, float *__restrict__ out)
 {
 	const int64_t rh = blockIdx.x;
 	const int c0 = blockIdx.y * blockDim.x; /* a block per (row, head, 128 channels) */
@@ -263,13 +262,14 @@ __global__ void mla_combine_kernel(const float *__restrict__ pacc, const float *
 
 static size_t mla_smem(int HG, int dim)
 {
-	return sizeof(float) * ((size_t)HG * dim + (size_t)MLA_TILE * (dim + 1) + (size_t)HG * MLA_TILE + HG) +
+	return sizeof(float) *
+	           ((size_t)HG * dim + (size_t)MLA_TILE * (dim + 1) + (size_t)HG * MLA_TILE + HG) +
 	       sizeof(int) * MLA_TILE;
 }
 
 extern "C" int kcuda_mla_attn(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
-			      const struct kcuda_attn_rows *rows, const float *q, int64_t H, int64_t C, int64_t R,
-			      float scale, float *out)
+                              const struct kcuda_attn_rows *rows, const float *q, int64_t H, int64_t C,
+                              int64_t R, float scale, float *out)
 {
 	if (!c || !kv || !rows || !q || !out || !kv->base || !rows->blocks || H < 1 || C < 1 || R < 0 ||
 	    C > MLA_CMAX || kv->dim != C + R || kv->block_tokens < 1 || kv->n_blocks < 0 || rows->n_q < 0 ||
@@ -341,12 +341,12 @@ extern "C" int kcuda_mla_attn(struct kcuda_ctx *c, const struct kcuda_kv_view *k
 	dim3 grid((unsigned)rows->n_q, (unsigned)a.nsplit, (unsigned)n_hg);
 	cudaStream_t st = c->stream;
 	if (HG == 8) {
-		KCUDA_CHECK(cudaFuncSetAttribute(mla_split_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-						 (int)smem));
+		KCUDA_CHECK(cudaFuncSetAttribute(mla_split_kernel<8>,
+		                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 		mla_split_kernel<8><<<grid, MLA_THREADS, smem, st>>>(a);
 	} else {
-		KCUDA_CHECK(cudaFuncSetAttribute(mla_split_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-						 (int)smem));
+		KCUDA_CHECK(cudaFuncSetAttribute(mla_split_kernel<16>,
+		                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 		mla_split_kernel<16><<<grid, MLA_THREADS, smem, st>>>(a);
 	}
 	int rc = kcuda_launch_status("mla_split");

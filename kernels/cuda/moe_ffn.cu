@@ -26,7 +26,8 @@
 #define MOE_DECODE_MAX 16
 
 template <int T>
-__device__ __forceinline__ float moe_dot(const uint8_t *row, const float *__restrict__ x, int64_t n_in, int lane)
+__device__ __forceinline__ float moe_dot(const uint8_t *row, const float *__restrict__ x, int64_t n_in,
+                                         int lane)
 {
 	float acc = 0.0f;
 	const int64_t np = n_in / 16;
@@ -42,9 +43,9 @@ __device__ __forceinline__ float moe_dot(const uint8_t *row, const float *__rest
 
 template <int T>
 __global__ void __launch_bounds__(MOE_WARPS * 32)
-	moe_gate_up_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu, size_t row_bytes, int64_t D,
-			   int64_t F, int64_t E, const float *__restrict__ x, int64_t ldx, const int32_t *__restrict__ ids,
-			   int k, float *__restrict__ h, unsigned *err)
+    moe_gate_up_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu, size_t row_bytes,
+                       int64_t D, int64_t F, int64_t E, const float *__restrict__ x, int64_t ldx,
+                       const int32_t *__restrict__ ids, int k, float *__restrict__ h, unsigned *err)
 {
 	const int lane = threadIdx.x & 31;
 	const int64_t f = (int64_t)blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
@@ -70,8 +71,8 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
 
 template <int T>
 __global__ void __launch_bounds__(MOE_WARPS * 32)
-	moe_down_kernel(const uint8_t *__restrict__ wd, size_t row_bytes, int64_t D, int64_t F, int64_t E,
-			const float *__restrict__ h, const int32_t *__restrict__ ids, float *__restrict__ y)
+    moe_down_kernel(const uint8_t *__restrict__ wd, size_t row_bytes, int64_t D, int64_t F, int64_t E,
+                    const float *__restrict__ h, const int32_t *__restrict__ ids, float *__restrict__ y)
 {
 	const int lane = threadIdx.x & 31;
 	const int64_t d = (int64_t)blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
@@ -84,13 +85,14 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
 			y[pair * D + d] = NAN;
 		return;
 	}
-	const float v = moe_dot<T>(wd + ((size_t)e * (size_t)D + (size_t)d) * row_bytes, h + pair * F, F, lane);
+	const float v =
+	    moe_dot<T>(wd + ((size_t)e * (size_t)D + (size_t)d) * row_bytes, h + pair * F, F, lane);
 	if (lane == 0)
 		y[pair * D + d] = v;
 }
 
 __global__ void moe_combine_kernel(const float *__restrict__ y, const float *__restrict__ w, int k, int64_t D,
-				   float *__restrict__ out, int64_t ldo)
+                                   float *__restrict__ out, int64_t ldo)
 {
 	const int64_t i = blockIdx.y;
 	const int64_t d = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -104,37 +106,40 @@ __global__ void moe_combine_kernel(const float *__restrict__ y, const float *__r
 
 /* prefill helpers: xs[j] = x[tok[j]]; out[tok[j]] += w[j] * ys[j] */
 __global__ void moe_gather_kernel(const float *__restrict__ x, int64_t ldx, const int32_t *__restrict__ tok,
-				  int64_t D, float *__restrict__ xs)
+                                  int64_t D, float *__restrict__ xs)
 {
 	const int64_t j = blockIdx.y;
-	for (int64_t d = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; d < D; d += (int64_t)gridDim.x * blockDim.x)
+	for (int64_t d = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; d < D;
+	     d += (int64_t)gridDim.x * blockDim.x)
 		xs[j * D + d] = x[(int64_t)tok[j] * ldx + d];
 }
 __global__ void moe_scatter_kernel(const float *__restrict__ ys, const int32_t *__restrict__ tok,
-				   const float *__restrict__ w, int64_t D, float *__restrict__ out, int64_t ldo)
+                                   const float *__restrict__ w, int64_t D, float *__restrict__ out,
+                                   int64_t ldo)
 {
 	const int64_t j = blockIdx.y;
-	for (int64_t d = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; d < D; d += (int64_t)gridDim.x * blockDim.x)
+	for (int64_t d = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; d < D;
+	     d += (int64_t)gridDim.x * blockDim.x)
 		out[(int64_t)tok[j] * ldo + d] = fmaf(w[j], ys[j * D + d], out[(int64_t)tok[j] * ldo + d]);
 }
 
 template <int T>
 static int moe_decode_t(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
-			const float *weights, int k, const struct kweight *gate, const struct kweight *up,
-			const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo)
+                        const float *weights, int k, const struct kweight *gate, const struct kweight *up,
+                        const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo)
 {
 	const int64_t D = gate->n_in, np = n * k;
 	float *h = (float *)c->ws, *y = h + np * F;
 	dim3 g1((unsigned)((F + MOE_WARPS - 1) / MOE_WARPS), (unsigned)np);
-	moe_gate_up_kernel<T><<<g1, MOE_WARPS * 32, 0, c->stream>>>((const uint8_t *)gate->data,
-								     (const uint8_t *)up->data, gate->row_bytes, D, F,
-								     E, x, ldx, ids, k, h, c->err_dev);
+	moe_gate_up_kernel<T>
+	    <<<g1, MOE_WARPS * 32, 0, c->stream>>>((const uint8_t *)gate->data, (const uint8_t *)up->data,
+	                                           gate->row_bytes, D, F, E, x, ldx, ids, k, h, c->err_dev);
 	int rc = kcuda_launch_status("moe_gate_up");
 	if (rc)
 		return rc;
 	dim3 g2((unsigned)((D + MOE_WARPS - 1) / MOE_WARPS), (unsigned)np);
-	moe_down_kernel<T><<<g2, MOE_WARPS * 32, 0, c->stream>>>((const uint8_t *)down->data, down->row_bytes, D, F,
-								  E, h, ids, y);
+	moe_down_kernel<T><<<g2, MOE_WARPS * 32, 0, c->stream>>>((const uint8_t *)down->data, down->row_bytes,
+	                                                         D, F, E, h, ids, y);
 	if ((rc = kcuda_launch_status("moe_down")))
 		return rc;
 	dim3 g3((unsigned)((D + 255) / 256), (unsigned)n);
@@ -143,29 +148,28 @@ static int moe_decode_t(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_
 }
 
 static int moe_decode(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
-		      const float *weights, int k, const struct kweight *gate, const struct kweight *up,
-		      const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo)
+                      const float *weights, int k, const struct kweight *gate, const struct kweight *up,
+                      const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo)
 {
 	if ((size_t)n * (size_t)k * (size_t)(F + gate->n_in) * sizeof(float) > c->ws_bytes)
 		return ERR_LIMIT;
 	switch (gate->type) {
-#define X(T)                                                                                               \
-	case T:                                                                                            \
-		return moe_decode_t<T>(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
+#define X(T)                                                                                                 \
+	case T: return moe_decode_t<T>(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
 		KCUDA_FOR_EACH_TYPE(X)
 #undef X
-	default:
-		return ERR_UNSUPPORTED;
+	default: return ERR_UNSUPPORTED;
 	}
 }
 
 static int moe_grouped(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
-		       const float *weights, int k, const struct kweight *gate, const struct kweight *up,
-		       const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo)
+                       const float *weights, int k, const struct kweight *gate, const struct kweight *up,
+                       const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo)
 {
 	const int64_t D = gate->n_in, np = n * k;
 	int rc = 0;
-	int32_t *hid = (int32_t *)malloc((size_t)np * sizeof(int32_t)), *etok = (int32_t *)malloc((size_t)np * 4);
+	int32_t *hid = (int32_t *)malloc((size_t)np * sizeof(int32_t)),
+	        *etok = (int32_t *)malloc((size_t)np * 4);
 	float *hw = (float *)malloc((size_t)np * sizeof(float)), *ewt = (float *)malloc((size_t)np * 4);
 	int64_t *eoff = (int64_t *)calloc((size_t)E + 1, sizeof(int64_t));
 	void *dbuf = NULL;
@@ -175,7 +179,8 @@ static int moe_grouped(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t
 		rc = -ENOMEM;
 		goto cleanup;
 	}
-	if ((rc = kcuda_download(c, hid, ids, (size_t)np * 4)) || (rc = kcuda_download(c, hw, weights, (size_t)np * 4)))
+	if ((rc = kcuda_download(c, hid, ids, (size_t)np * 4)) ||
+	    (rc = kcuda_download(c, hw, weights, (size_t)np * 4)))
 		goto cleanup;
 	for (int64_t i = 0; i < np; i++) {
 		if (hid[i] < 0 || hid[i] >= E) {
@@ -207,7 +212,8 @@ static int moe_grouped(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t
 		float *d_w = (float *)(d_tok + np);
 		float *xs = (float *)((char *)dbuf + ((lists + 255) & ~(size_t)255));
 		float *t1 = xs + n * D, *t2 = t1 + n * F, *ys = t2 + n * F;
-		if ((rc = kcuda_upload(c, d_tok, etok, (size_t)np * 4)) || (rc = kcuda_upload(c, d_w, ewt, (size_t)np * 4)))
+		if ((rc = kcuda_upload(c, d_tok, etok, (size_t)np * 4)) ||
+		    (rc = kcuda_upload(c, d_w, ewt, (size_t)np * 4)))
 			goto cleanup;
 		for (int64_t r = 0; r < n; r++)
 			if ((rc = kcuda_memset(c, out + r * ldo, 0, (size_t)D * fl)))
@@ -224,12 +230,14 @@ static int moe_grouped(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t
 			wd.data = (const char *)down->data + (size_t)e * (size_t)D * down->row_bytes;
 			dim3 gg((unsigned)((D + 255) / 256 < 64 ? (D + 255) / 256 : 64), (unsigned)mt);
 			moe_gather_kernel<<<gg, 256, 0, c->stream>>>(x, ldx, d_tok + eoff[e], D, xs);
-			if ((rc = kcuda_launch_status("moe_gather")) || (rc = kcuda_matmul(c, &wg, xs, D, mt, t1, F)) ||
+			if ((rc = kcuda_launch_status("moe_gather")) ||
+			    (rc = kcuda_matmul(c, &wg, xs, D, mt, t1, F)) ||
 			    (rc = kcuda_matmul(c, &wu, xs, D, mt, t2, F)) ||
 			    (rc = kcuda_swiglu(c, t1, F, t1, F, t2, F, F, mt)) ||
 			    (rc = kcuda_matmul(c, &wd, t1, F, mt, ys, D)))
 				goto cleanup;
-			moe_scatter_kernel<<<gg, 256, 0, c->stream>>>(ys, d_tok + eoff[e], d_w + eoff[e], D, out, ldo);
+			moe_scatter_kernel<<<gg, 256, 0, c->stream>>>(ys, d_tok + eoff[e], d_w + eoff[e], D,
+			                                              out, ldo);
 			if ((rc = kcuda_launch_status("moe_scatter")))
 				goto cleanup;
 		}
@@ -247,8 +255,9 @@ cleanup:
 }
 
 extern "C" int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
-			     const float *weights, int k, const struct kweight *gate, const struct kweight *up,
-			     const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo)
+                             const float *weights, int k, const struct kweight *gate,
+                             const struct kweight *up, const struct kweight *down, int64_t E, int64_t F,
+                             float *out, int64_t ldo)
 {
 	if (!c || !x || !ids || !weights || !gate || !up || !down || !out || n < 0 || k < 1 || E < 1 || F < 1)
 		return -EINVAL;
@@ -267,8 +276,8 @@ extern "C" int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, i
 	if (n <= MOE_DECODE_MAX && D % 16 == 0 && F % 16 == 0 && gate->row_bytes % 16 == 0 &&
 	    down->row_bytes % 16 == 0)
 		return moe_decode(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
-	if (n <= MOE_DECODE_MAX && D % 16 == 0 && F % 16 == 0 && gate->type != KT_F32 && gate->type != KT_F16 &&
-	    gate->type != KT_BF16)
+	if (n <= MOE_DECODE_MAX && D % 16 == 0 && F % 16 == 0 && gate->type != KT_F32 &&
+	    gate->type != KT_F16 && gate->type != KT_BF16)
 		return moe_decode(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
 	return moe_grouped(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
 }

@@ -41,9 +41,9 @@ __device__ __forceinline__ void route_argmax(float &v, int &i)
 }
 
 __global__ void __launch_bounds__(ROUTE_WARPS * 32)
-	moe_route_kernel(const float *__restrict__ logits, int64_t ld, const float *__restrict__ bias, int64_t n, int E,
-			 int k, int n_group, int n_group_used, int gating, int norm, float scale,
-			 int32_t *__restrict__ ids, float *__restrict__ weights)
+    moe_route_kernel(const float *__restrict__ logits, int64_t ld, const float *__restrict__ bias, int64_t n,
+                     int E, int k, int n_group, int n_group_used, int gating, int norm, float scale,
+                     int32_t *__restrict__ ids, float *__restrict__ weights)
 {
 	__shared__ float p_all[ROUTE_WARPS][ROUTE_EMAX], sel_all[ROUTE_WARPS][ROUTE_EMAX];
 	__shared__ float gs_all[ROUTE_WARPS][32];
@@ -141,9 +141,9 @@ __global__ void __launch_bounds__(ROUTE_WARPS * 32)
 		}
 }
 
-extern "C" int kcuda_moe_route(struct kcuda_ctx *c, const float *logits, int64_t ld, const float *bias, int64_t n,
-			       int E, int k, int n_group, int n_group_used, int gating, bool norm, float scale,
-			       int32_t *ids, float *weights)
+extern "C" int kcuda_moe_route(struct kcuda_ctx *c, const float *logits, int64_t ld, const float *bias,
+                               int64_t n, int E, int k, int n_group, int n_group_used, int gating, bool norm,
+                               float scale, int32_t *ids, float *weights)
 {
 	if (!c || !logits || !ids || !weights || n < 0 || E < 1 || k < 1 || k > E || ld < E || n_group < 0 ||
 	    n_group_used < 0)
@@ -157,8 +157,7 @@ extern "C" int kcuda_moe_route(struct kcuda_ctx *c, const float *logits, int64_t
 	const int64_t nb = (n + ROUTE_WARPS - 1) / ROUTE_WARPS;
 	if (nb > INT32_MAX)
 		return ERR_LIMIT;
-	moe_route_kernel<<<(unsigned)nb, ROUTE_WARPS * 32, 0, c->stream>>>(logits, ld, bias, n, E, k, n_group,
-									   n_group_used, gating, norm ? 1 : 0,
-									   scale, ids, weights);
+	moe_route_kernel<<<(unsigned)nb, ROUTE_WARPS * 32, 0, c->stream>>>(
+	    logits, ld, bias, n, E, k, n_group, n_group_used, gating, norm ? 1 : 0, scale, ids, weights);
 	return kcuda_launch_status("moe_route");
 }

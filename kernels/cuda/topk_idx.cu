@@ -24,8 +24,8 @@ __device__ __forceinline__ uint32_t tki_key(float v)
 }
 
 __global__ void __launch_bounds__(TKI_THREADS)
-	topk_idx_kernel(const float *__restrict__ s, int64_t ld, const int32_t *__restrict__ n_dev, int64_t n0, int k,
-			int32_t *__restrict__ out, int64_t ldo, int32_t *__restrict__ n_out)
+    topk_idx_kernel(const float *__restrict__ s, int64_t ld, const int32_t *__restrict__ n_dev, int64_t n0,
+                    int k, int32_t *__restrict__ out, int64_t ldo, int32_t *__restrict__ n_out)
 {
 	typedef cub::BlockScan<int, TKI_THREADS> scan_t;
 	__shared__ typename scan_t::TempStorage scan_tmp;
@@ -58,7 +58,8 @@ __global__ void __launch_bounds__(TKI_THREADS)
 			}
 			__syncthreads();
 			if (tid < 32) {
-				/* warp 0 scans the 256 bins from the top: lane j holds bins 255-8j .. 248-8j */
+				/* warp 0 scans the 256 bins from the top: lane j holds bins 255-8j .. 248-8j
+				 */
 				unsigned c8[8], tot = 0;
 #pragma unroll
 				for (int q = 0; q < 8; q++) {
@@ -120,7 +121,7 @@ __global__ void __launch_bounds__(TKI_THREADS)
 }
 
 extern "C" int kcuda_topk_idx(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n_rows,
-			      const int32_t *n, int64_t n0, int k, int32_t *out, int64_t ldo, int32_t *n_out)
+                              const int32_t *n, int64_t n0, int k, int32_t *out, int64_t ldo, int32_t *n_out)
 {
 	if (!c || !scores || !out || n_rows < 0 || k < 0 || ldo < k || ld < 1)
 		return -EINVAL;
@@ -128,6 +129,7 @@ extern "C" int kcuda_topk_idx(struct kcuda_ctx *c, const float *scores, int64_t 
 		return 0;
 	if (n_rows > INT32_MAX)
 		return ERR_LIMIT;
-	topk_idx_kernel<<<(unsigned)n_rows, TKI_THREADS, 0, c->stream>>>(scores, ld, n, n0, k, out, ldo, n_out);
+	topk_idx_kernel<<<(unsigned)n_rows, TKI_THREADS, 0, c->stream>>>(scores, ld, n, n0, k, out, ldo,
+	                                                                 n_out);
 	return kcuda_launch_status("topk_idx");
 }

@@ -63,7 +63,8 @@ static int pool_init(struct pool *p, int bf16, int64_t DI, int64_t n_blocks, int
 		const size_t rb = (size_t)DI * p->elt;
 		for (int64_t b = 0; b < n_blocks; b++)
 			for (int t = 0; t < BT; t++) {
-				uint8_t *row = p->h + (size_t)b * p->block_bytes + p->idx_off + (size_t)t * rb;
+				uint8_t *row =
+				    p->h + (size_t)b * p->block_bytes + p->idx_off + (size_t)t * rb;
 				unsigned r = (unsigned)(ops_rng_next() % 16);
 				if (r == 0)
 					memset(row, 0, rb);
@@ -102,11 +103,15 @@ static void run_case(const struct icase *ic)
 	const int64_t n_q = prefill ? ic->T : n_seq, n_blocks = tot + 2;
 	const int ld_blocks = (max_len + BT - 1) / BT + 1;
 	struct pool p = {0};
-	int32_t *tbl = malloc(sizeof(int32_t) * (size_t)n_seq * ld_blocks), *perm = malloc(sizeof(int32_t) * (size_t)n_blocks);
+	int32_t *tbl = malloc(sizeof(int32_t) * (size_t)n_seq * ld_blocks),
+	        *perm = malloc(sizeof(int32_t) * (size_t)n_blocks);
 	int32_t *nk = malloc(sizeof(int32_t) * (size_t)n_q), *qseq = malloc(sizeof(int32_t) * (size_t)n_q);
-	float *q = malloc(sizeof(float) * (size_t)(n_q * HI * DI)), *w = malloc(sizeof(float) * (size_t)(n_q * HI));
-	float *ref = malloc(sizeof(float) * (size_t)(n_q * max_len)), *got = malloc(sizeof(float) * (size_t)(n_q * max_len));
-	int32_t *rsel = malloc(sizeof(int32_t) * (size_t)(n_q * K)), *gsel = malloc(sizeof(int32_t) * (size_t)(n_q * K));
+	float *q = malloc(sizeof(float) * (size_t)(n_q * HI * DI)),
+	      *w = malloc(sizeof(float) * (size_t)(n_q * HI));
+	float *ref = malloc(sizeof(float) * (size_t)(n_q * max_len)),
+	      *got = malloc(sizeof(float) * (size_t)(n_q * max_len));
+	int32_t *rsel = malloc(sizeof(int32_t) * (size_t)(n_q * K)),
+	        *gsel = malloc(sizeof(int32_t) * (size_t)(n_q * K));
 	int32_t *gn = malloc(sizeof(int32_t) * (size_t)n_q);
 	int32_t *tsel = malloc(sizeof(int32_t) * (size_t)K);
 	const void **keys = malloc(sizeof(void *) * (size_t)max_len);
@@ -142,15 +147,20 @@ static void run_case(const struct icase *ic)
 	for (int64_t i = 0; i < n_q; i++) {
 		const int32_t *t = tbl + (size_t)qseq[i] * ld_blocks;
 		for (int j = 0; j < nk[i]; j++)
-			keys[j] = p.h + (size_t)t[j / BT] * p.block_bytes + p.idx_off + (size_t)(j % BT) * (size_t)DI * p.elt;
-		kcpu_indexer_scores(q + i * HI * DI, w + i * HI, HI, DI, keys, nk[i], p.bf16, scale, ref + i * max_len);
+			keys[j] = p.h + (size_t)t[j / BT] * p.block_bytes + p.idx_off +
+			          (size_t)(j % BT) * (size_t)DI * p.elt;
+		kcpu_indexer_scores(q + i * HI * DI, w + i * HI, HI, DI, keys, nk[i], p.bf16, scale,
+		                    ref + i * max_len);
 		kcpu_topk(ref + i * max_len, nk[i], K, rsel + i * K);
 	}
-	if (kcuda_alloc(sizeof(int32_t) * (size_t)n_seq * ld_blocks, &d_tbl) || kcuda_alloc(sizeof(int32_t) * (size_t)n_q, &d_nk) ||
-	    kcuda_alloc(sizeof(int32_t) * (size_t)n_q, &d_qseq) || kcuda_alloc(sizeof(float) * (size_t)(n_q * HI * DI), &d_q) ||
+	if (kcuda_alloc(sizeof(int32_t) * (size_t)n_seq * ld_blocks, &d_tbl) ||
+	    kcuda_alloc(sizeof(int32_t) * (size_t)n_q, &d_nk) ||
+	    kcuda_alloc(sizeof(int32_t) * (size_t)n_q, &d_qseq) ||
+	    kcuda_alloc(sizeof(float) * (size_t)(n_q * HI * DI), &d_q) ||
 	    kcuda_alloc(sizeof(float) * (size_t)(n_q * HI), &d_w) ||
 	    ops_dbuf_init(ctx, &sb, sizeof(float) * (size_t)(n_q * max_len)) ||
-	    ops_dbuf_init(ctx, &selb, sizeof(int32_t) * (size_t)(n_q * K)) || ops_dbuf_init(ctx, &nb, sizeof(int32_t) * (size_t)n_q)) {
+	    ops_dbuf_init(ctx, &selb, sizeof(int32_t) * (size_t)(n_q * K)) ||
+	    ops_dbuf_init(ctx, &nb, sizeof(int32_t) * (size_t)n_q)) {
 		OPS_CHECK(0, "%s: device allocation", ic->name);
 		goto out;
 	}
@@ -159,19 +169,32 @@ static void run_case(const struct icase *ic)
 	kcuda_upload(ctx, d_qseq, qseq, sizeof(int32_t) * (size_t)n_q);
 	kcuda_upload(ctx, d_q, q, sizeof(float) * (size_t)(n_q * HI * DI));
 	kcuda_upload(ctx, d_w, w, sizeof(float) * (size_t)(n_q * HI));
-	struct kcuda_kv_view kv = {.base = p.d, .n_blocks = p.n_blocks, .block_bytes = p.block_bytes, .offset = p.idx_off,
-				   .block_tokens = BT, .dim = DI, .bf16 = p.bf16};
-	struct kcuda_attn_rows rows = {.n_q = n_q, .qseq = prefill ? NULL : d_qseq, .blocks = d_tbl, .ld_blocks = ld_blocks,
-				       .n_keys = prefill ? NULL : d_nk, .pos0 = ic->start, .max_keys = max_len};
+	struct kcuda_kv_view kv = {.base = p.d,
+	                           .n_blocks = p.n_blocks,
+	                           .block_bytes = p.block_bytes,
+	                           .offset = p.idx_off,
+	                           .block_tokens = BT,
+	                           .dim = DI,
+	                           .bf16 = p.bf16};
+	struct kcuda_attn_rows rows = {.n_q = n_q,
+	                               .qseq = prefill ? NULL : d_qseq,
+	                               .blocks = d_tbl,
+	                               .ld_blocks = ld_blocks,
+	                               .n_keys = prefill ? NULL : d_nk,
+	                               .pos0 = ic->start,
+	                               .max_keys = max_len};
 	int rc = kcuda_indexer_scores(ctx, &kv, &rows, d_q, d_w, HI, DI, scale, sb.user, max_len);
 	OPS_CHECK(rc == 0, "%s: scores rc %d", ic->name, rc);
 	rc = kcuda_indexer_topk(ctx, &kv, &rows, d_q, d_w, HI, DI, scale, K, selb.user, K, nb.user);
 	OPS_CHECK(rc == 0, "%s: indexer_topk rc %d", ic->name, rc);
 	OPS_CHECK(kcuda_sync(ctx) == 0, "%s: sync", ic->name);
 	unsigned nbad = 0;
-	OPS_CHECK(kcuda_ctx_take_errors(ctx, &nbad) == 0 && nbad == 0, "%s: %u kernel errors", ic->name, nbad);
-	size_t g1 = ops_dbuf_get(ctx, &sb, got), g2 = ops_dbuf_get(ctx, &selb, gsel), g3 = ops_dbuf_get(ctx, &nb, gn);
-	OPS_CHECK(g1 == 0 && g2 == 0 && g3 == 0, "%s: guard bytes damaged (%zu %zu %zu)", ic->name, g1, g2, g3);
+	OPS_CHECK(kcuda_ctx_take_errors(ctx, &nbad) == 0 && nbad == 0, "%s: %u kernel errors", ic->name,
+	          nbad);
+	size_t g1 = ops_dbuf_get(ctx, &sb, got), g2 = ops_dbuf_get(ctx, &selb, gsel),
+	       g3 = ops_dbuf_get(ctx, &nb, gn);
+	OPS_CHECK(g1 == 0 && g2 == 0 && g3 == 0, "%s: guard bytes damaged (%zu %zu %zu)", ic->name, g1, g2,
+	          g3);
 	int64_t n_scores = 0, n_bitdiff = 0, n_selbad = 0, n_own_bad = 0, n_neartie = 0, n_nonfinite = 0;
 	double maxerr = 0;
 	for (int64_t i = 0; i < n_q; i++) {
@@ -208,7 +231,8 @@ static void run_case(const struct icase *ic)
 				kth = r[rsel[i * K + j]] < kth ? r[rsel[i * K + j]] : kth;
 			int a = 0, b = 0;
 			while (a < m || b < m) {
-				int32_t x = a < m ? rsel[i * K + a] : INT32_MAX, y = b < m ? gsel[i * K + b] : INT32_MAX;
+				int32_t x = a < m ? rsel[i * K + a] : INT32_MAX,
+				        y = b < m ? gsel[i * K + b] : INT32_MAX;
 				if (x == y) {
 					a++, b++;
 					continue;
@@ -227,11 +251,13 @@ static void run_case(const struct icase *ic)
 	}
 	OPS_CHECK(n_nonfinite == 0, "%s: %lld non-finite scores", ic->name, (long long)n_nonfinite);
 	if (ic->exact)
-		OPS_CHECK(n_bitdiff == 0, "%s: %lld of %lld scores not bit-equal on exact data", ic->name, (long long)n_bitdiff,
-			  (long long)n_scores);
+		OPS_CHECK(n_bitdiff == 0, "%s: %lld of %lld scores not bit-equal on exact data", ic->name,
+		          (long long)n_bitdiff, (long long)n_scores);
 	OPS_CHECK(maxerr <= 2e-6, "%s: max score error %.3g of max|score|", ic->name, maxerr);
-	OPS_CHECK(n_own_bad == 0, "%s: %lld rows where the GPU top-k != kcpu_topk(GPU scores)", ic->name, (long long)n_own_bad);
-	OPS_CHECK(n_selbad == 0, "%s: %lld selection mismatches beyond near-ties", ic->name, (long long)n_selbad);
+	OPS_CHECK(n_own_bad == 0, "%s: %lld rows where the GPU top-k != kcpu_topk(GPU scores)", ic->name,
+	          (long long)n_own_bad);
+	OPS_CHECK(n_selbad == 0, "%s: %lld selection mismatches beyond near-ties", ic->name,
+	          (long long)n_selbad);
 	printf("%-46s rows %3lld scores %9lld bit-diff %lld max err %.2g sel near-tie diffs %lld\n", ic->name,
 	       (long long)n_q, (long long)n_scores, (long long)n_bitdiff, maxerr, (long long)n_neartie);
 out:
@@ -291,7 +317,8 @@ static void test_topk_rows(void)
 		}
 	}
 	if (kcuda_alloc(sizeof(n), &d_n) || ops_dbuf_init(ctx, &sb, sizeof(float) * (size_t)n_rows * ld) ||
-	    ops_dbuf_init(ctx, &ob, sizeof(int32_t) * (size_t)n_rows * 3000) || ops_dbuf_init(ctx, &nb, sizeof(n))) {
+	    ops_dbuf_init(ctx, &ob, sizeof(int32_t) * (size_t)n_rows * 3000) ||
+	    ops_dbuf_init(ctx, &nb, sizeof(n))) {
 		OPS_CHECK(0, "topk_idx: device allocation");
 		goto out;
 	}
@@ -306,8 +333,9 @@ static void test_topk_rows(void)
 		for (int r = 0; r < n_rows; r++) {
 			int m = kcpu_topk(s + (size_t)r * ld, n[r], k, ref);
 			OPS_CHECK(gn[r] == m, "topk_idx k %d row n %d: count %d, want %d", k, n[r], gn[r], m);
-			OPS_CHECK(gn[r] == m && memcmp(ref, got + (size_t)r * 3000, sizeof(int32_t) * (size_t)m) == 0,
-				  "topk_idx k %d row n %d: selection differs from kcpu_topk", k, n[r]);
+			OPS_CHECK(gn[r] == m &&
+			              memcmp(ref, got + (size_t)r * 3000, sizeof(int32_t) * (size_t)m) == 0,
+			          "topk_idx k %d row n %d: selection differs from kcpu_topk", k, n[r]);
 		}
 	}
 	/* n = NULL: causal rows n0 + i + 1 */
@@ -318,9 +346,10 @@ static void test_topk_rows(void)
 	for (int r = 0; r < n_rows; r++) {
 		int m = kcpu_topk(s + (size_t)r * ld, 40 + r + 1, 33, ref);
 		OPS_CHECK(gn[r] == m && memcmp(ref, got + (size_t)r * 3000, sizeof(int32_t) * (size_t)m) == 0,
-			  "topk_idx causal row %d differs", r);
+		          "topk_idx causal row %d differs", r);
 	}
-	OPS_CHECK(kcuda_topk_idx(ctx, sb.user, ld, 1, d_n, 0, 10, ob.user, 5, nb.user) == -EINVAL, "ldo < k accepted");
+	OPS_CHECK(kcuda_topk_idx(ctx, sb.user, ld, 1, d_n, 0, 10, ob.user, 5, nb.user) == -EINVAL,
+	          "ldo < k accepted");
 	printf("topk_idx: %d rows x %zu k values against kcpu_topk\n", n_rows, sizeof(ks) / sizeof(ks[0]));
 out:
 	kcuda_free(d_n);
@@ -339,8 +368,9 @@ int main(void)
 		return 77;
 	}
 	ops_seed_init();
-	/* small workspace: kcuda_indexer_topk must split the rows into chunks */
-	if (kcuda_ctx_create(0, 2u << 20, &ctx)) {
+	/* 1 MiB workspace: kcuda_indexer_topk keeps the scores of 2 rows at 100k positions, and of 81
+	 * rows at 3200, so the T 200 prefill case runs in three workspace chunks */
+	if (kcuda_ctx_create(0, 1u << 20, &ctx)) {
 		printf("FAIL: no CUDA context\n");
 		return 1;
 	}
@@ -353,6 +383,7 @@ int main(void)
 	    {"exact f32 HI32 DI128 ctx 32768", 0, 1, 32, 128, 2048, 1, l_32k, 0, 0},
 	    {"exact bf16 HI64 DI128 ctx 100000", 1, 1, 64, 128, 2048, 1, l_100k, 0, 0},
 	    {"exact f32 prefill start 3000 T 40", 0, 1, 32, 128, 2048, 0, NULL, 3000, 40},
+	    {"exact bf16 prefill start 3000 T 200 (3 chunks)", 1, 1, 32, 128, 2048, 0, NULL, 3000, 200},
 	    {"random f32 HI32 DI128 ctx 1..2049", 0, 0, 32, 128, 2048, 7, l_small, 0, 0},
 	    {"random bf16 HI64 DI128 ctx 32768", 1, 0, 64, 128, 2048, 1, l_32k, 0, 0},
 	    {"random f32 HI32 DI128 ctx 100000", 0, 0, 32, 128, 2048, 1, l_100k, 0, 0},

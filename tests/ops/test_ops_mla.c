@@ -62,7 +62,8 @@ static void pool_fini(struct pool *p)
 }
 static const void *pool_row(const struct pool *p, const int32_t *tbl, int64_t pos)
 {
-	return p->h + (size_t)tbl[pos / BT] * p->block_bytes + p->lat_off + (size_t)(pos % BT) * (size_t)p->dim * p->elt;
+	return p->h + (size_t)tbl[pos / BT] * p->block_bytes + p->lat_off +
+	       (size_t)(pos % BT) * (size_t)p->dim * p->elt;
 }
 static void pool_view(const struct pool *p, struct kcuda_kv_view *v)
 {
@@ -87,9 +88,9 @@ struct mcase {
 	const char *name;
 	int bf16, H, C, R;
 	int n_seq;
-	const int *lens;  /* decode: per sequence */
+	const int *lens; /* decode: per sequence */
 	int prefill_start, prefill_T; /* prefill: one sequence of length start + T (T > 0) */
-	int K;            /* 0 = dense */
+	int K; /* 0 = dense */
 	float qmul;
 };
 
@@ -113,11 +114,13 @@ static void run_case(const struct mcase *mc)
 	int32_t *perm = malloc(sizeof(int32_t) * (size_t)n_blocks);
 	const int K = mc->K;
 	const int ld_sel = K > 0 ? K : 1;
-	int32_t *sel = malloc(sizeof(int32_t) * (size_t)n_q * ld_sel), *nk = malloc(sizeof(int32_t) * (size_t)n_q);
+	int32_t *sel = malloc(sizeof(int32_t) * (size_t)n_q * ld_sel),
+	        *nk = malloc(sizeof(int32_t) * (size_t)n_q);
 	int32_t *qseq = malloc(sizeof(int32_t) * (size_t)n_q);
 	float *tmp = malloc(sizeof(float) * (size_t)max_len);
 	float *q = malloc(sizeof(float) * (size_t)(n_q * H * dim));
-	float *ref = malloc(sizeof(float) * (size_t)(n_q * H * C)), *got = malloc(sizeof(float) * (size_t)(n_q * H * C));
+	float *ref = malloc(sizeof(float) * (size_t)(n_q * H * C)),
+	      *got = malloc(sizeof(float) * (size_t)(n_q * H * C));
 	float *sc = malloc(sizeof(float) * (size_t)max_len);
 	const void **keys = malloc(sizeof(void *) * (size_t)max_len);
 	void *d_tbl = NULL, *d_sel = NULL, *d_nk = NULL, *d_qseq = NULL, *d_q = NULL;
@@ -154,12 +157,14 @@ static void run_case(const struct mcase *mc)
 			keys[j] = pool_row(&p, t, K > 0 ? sel[i * ld_sel + j] : j);
 		for (int64_t h = 0; h < H; h++)
 			kcpu_mla_attn_head(q + (i * H + h) * dim, C, R, keys, nk[i], p.bf16, scale, sc,
-					   ref + (i * H + h) * C);
+			                   ref + (i * H + h) * C);
 	}
 	/* GPU */
 	if (kcuda_alloc(sizeof(int32_t) * (size_t)n_seq * ld_blocks, &d_tbl) ||
-	    kcuda_alloc(sizeof(int32_t) * (size_t)n_q * ld_sel, &d_sel) || kcuda_alloc(sizeof(int32_t) * (size_t)n_q, &d_nk) ||
-	    kcuda_alloc(sizeof(int32_t) * (size_t)n_q, &d_qseq) || kcuda_alloc(sizeof(float) * (size_t)(n_q * H * dim), &d_q) ||
+	    kcuda_alloc(sizeof(int32_t) * (size_t)n_q * ld_sel, &d_sel) ||
+	    kcuda_alloc(sizeof(int32_t) * (size_t)n_q, &d_nk) ||
+	    kcuda_alloc(sizeof(int32_t) * (size_t)n_q, &d_qseq) ||
+	    kcuda_alloc(sizeof(float) * (size_t)(n_q * H * dim), &d_q) ||
 	    ops_dbuf_init(ctx, &ob, sizeof(float) * (size_t)(n_q * H * C))) {
 		OPS_CHECK(0, "%s: device allocation", mc->name);
 		goto out;
@@ -186,7 +191,8 @@ static void run_case(const struct mcase *mc)
 	OPS_CHECK(rc == 0, "%s: kcuda_mla_attn rc %d", mc->name, rc);
 	OPS_CHECK(kcuda_sync(ctx) == 0, "%s: sync", mc->name);
 	unsigned nbad = 0;
-	OPS_CHECK(kcuda_ctx_take_errors(ctx, &nbad) == 0 && nbad == 0, "%s: %u kernel errors", mc->name, nbad);
+	OPS_CHECK(kcuda_ctx_take_errors(ctx, &nbad) == 0 && nbad == 0, "%s: %u kernel errors", mc->name,
+	          nbad);
 	size_t gb = ops_dbuf_get(ctx, &ob, got);
 	OPS_CHECK(gb == 0, "%s: %zu guard bytes damaged", mc->name, gb);
 	double maxref = 0, maxerr = 0;
@@ -204,8 +210,8 @@ static void run_case(const struct mcase *mc)
 		}
 	}
 	OPS_CHECK(nonfinite == 0, "%s: %lld non-finite outputs", mc->name, (long long)nonfinite);
-	OPS_CHECK(maxerr <= 5e-5 * maxref, "%s: max err %.3g at %lld (gpu %.8g cpu %.8g), max |ref| %.3g", mc->name,
-		  maxerr, (long long)worst, got[worst], ref[worst], maxref);
+	OPS_CHECK(maxerr <= 5e-5 * maxref, "%s: max err %.3g at %lld (gpu %.8g cpu %.8g), max |ref| %.3g",
+	          mc->name, maxerr, (long long)worst, got[worst], ref[worst], maxref);
 	printf("%-44s rows %5lld H %3lld max|ref| %.3g max err %.3g (rel %.2g)\n", mc->name, (long long)n_q,
 	       (long long)H, maxref, maxerr, maxref > 0 ? maxerr / maxref : 0.0);
 
@@ -215,8 +221,9 @@ static void run_case(const struct mcase *mc)
 		kcuda_upload(ctx, d_tbl, &badblk, sizeof(int32_t));
 		rc = kcuda_mla_attn(ctx, &kv, &rows, d_q, H, C, R, scale, ob.user);
 		nbad = 0;
-		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0 && kcuda_ctx_take_errors(ctx, &nbad) == 0 && nbad > 0,
-			  "%s: bad block id not reported (rc %d, %u errors)", mc->name, rc, nbad);
+		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0 && kcuda_ctx_take_errors(ctx, &nbad) == 0 &&
+		              nbad > 0,
+		          "%s: bad block id not reported (rc %d, %u errors)", mc->name, rc, nbad);
 		ops_dbuf_get(ctx, &ob, got);
 		int64_t nf = 0;
 		for (int64_t i = 0; i < n_q * H * C; i++)
@@ -247,17 +254,19 @@ out:
 
 static void test_args(void)
 {
-	struct kcuda_kv_view kv = {.base = (void *)16, .n_blocks = 1, .block_bytes = 4096, .block_tokens = BT, .dim = 576};
+	struct kcuda_kv_view kv = {
+	    .base = (void *)16, .n_blocks = 1, .block_bytes = 4096, .block_tokens = BT, .dim = 576};
 	struct kcuda_attn_rows rows = {.n_q = 1, .blocks = (int32_t *)16, .ld_blocks = 1, .max_keys = 1};
 	OPS_CHECK(kcuda_mla_attn(ctx, &kv, &rows, (float *)16, 16, 512, 32, 1.0f, (float *)16) == -EINVAL,
-		  "dim != C + R accepted");
+	          "dim != C + R accepted");
 	OPS_CHECK(kcuda_mla_attn(ctx, &kv, &rows, (float *)16, 16, 1024, -448, 1.0f, (float *)16) == -EINVAL,
-		  "negative R accepted");
+	          "negative R accepted");
 	kv.dim = 1088;
 	OPS_CHECK(kcuda_mla_attn(ctx, &kv, &rows, (float *)16, 16, 1024, 64, 1.0f, (float *)16) == -EINVAL,
-		  "C > 512 accepted");
+	          "C > 512 accepted");
 	kv.dim = 576;
-	OPS_CHECK(kcuda_mla_attn(ctx, &kv, &rows, NULL, 16, 512, 64, 1.0f, (float *)16) == -EINVAL, "NULL q accepted");
+	OPS_CHECK(kcuda_mla_attn(ctx, &kv, &rows, NULL, 16, 512, 64, 1.0f, (float *)16) == -EINVAL,
+	          "NULL q accepted");
 }
 
 int main(void)

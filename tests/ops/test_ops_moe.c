@@ -8,6 +8,9 @@
  *    expert's rows, kcpu_swiglu, kcpu_matmul down, weighted sum) for Q8_0, Q4_K, Q6_K, BF16, F32
  *    stacked expert weights: decode path (1, 3, 16 tokens: fp32 throughout, max error <= 1e-4 *
  *    max|ref|) and the grouped prefill path (40 tokens: bf16 tensor-core GEMM, <= 2e-2).
+ * 3. The model's chain kcuda_matmul (F32 router weight) -> kcuda_moe_route against the CPU chain
+ *    (ids equal except near-ties of the selection score, since the logits differ by rounding), and
+ *    argument checks.
  * Guard bytes around the outputs. Exit 77 = no GPU (skip). */
 #include <errno.h>
 
@@ -34,7 +37,8 @@ static void route_case(const struct rcase *rc_)
 {
 	const int n = 300, E = rc_->E, k = rc_->k;
 	float *lg = malloc(sizeof(float) * (size_t)n * E), *bias = malloc(sizeof(float) * (size_t)E);
-	int32_t *rid = malloc(sizeof(int32_t) * (size_t)n * k), *gid = malloc(sizeof(int32_t) * (size_t)n * k);
+	int32_t *rid = malloc(sizeof(int32_t) * (size_t)n * k),
+	        *gid = malloc(sizeof(int32_t) * (size_t)n * k);
 	float *rw = malloc(sizeof(float) * (size_t)n * k), *gw = malloc(sizeof(float) * (size_t)n * k);
 	float *scr = malloc(sizeof(float) * 2 * (size_t)E);
 	void *d_lg = NULL, *d_b = NULL;
@@ -54,17 +58,19 @@ static void route_case(const struct rcase *rc_)
 		}
 	const float *bp = rc_->bias ? bias : NULL;
 	for (int i = 0; i < n; i++)
-		kcpu_moe_route(lg + (size_t)i * E, bp, E, k, rc_->n_group, rc_->n_used, rc_->gating, rc_->norm, rc_->scale,
-			       rid + (size_t)i * k, rw + (size_t)i * k, scr);
-	if (kcuda_alloc(sizeof(float) * (size_t)n * E, &d_lg) || kcuda_alloc(sizeof(float) * (size_t)E, &d_b) ||
-	    ops_dbuf_init(ctx, &ib, sizeof(int32_t) * (size_t)n * k) || ops_dbuf_init(ctx, &wb, sizeof(float) * (size_t)n * k)) {
+		kcpu_moe_route(lg + (size_t)i * E, bp, E, k, rc_->n_group, rc_->n_used, rc_->gating,
+		               rc_->norm, rc_->scale, rid + (size_t)i * k, rw + (size_t)i * k, scr);
+	if (kcuda_alloc(sizeof(float) * (size_t)n * E, &d_lg) ||
+	    kcuda_alloc(sizeof(float) * (size_t)E, &d_b) ||
+	    ops_dbuf_init(ctx, &ib, sizeof(int32_t) * (size_t)n * k) ||
+	    ops_dbuf_init(ctx, &wb, sizeof(float) * (size_t)n * k)) {
 		OPS_CHECK(0, "%s: device allocation", rc_->name);
 		goto out;
 	}
 	kcuda_upload(ctx, d_lg, lg, sizeof(float) * (size_t)n * E);
 	kcuda_upload(ctx, d_b, bias, sizeof(float) * (size_t)E);
-	int rc = kcuda_moe_route(ctx, d_lg, E, rc_->bias ? d_b : NULL, n, E, k, rc_->n_group, rc_->n_used, rc_->gating,
-				 rc_->norm, rc_->scale, ib.user, wb.user);
+	int rc = kcuda_moe_route(ctx, d_lg, E, rc_->bias ? d_b : NULL, n, E, k, rc_->n_group, rc_->n_used,
+	                         rc_->gating, rc_->norm, rc_->scale, ib.user, wb.user);
 	OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "%s: rc %d", rc_->name, rc);
 	size_t g = ops_dbuf_get(ctx, &ib, gid) + ops_dbuf_get(ctx, &wb, gw);
 	OPS_CHECK(g == 0, "%s: %zu guard bytes damaged", rc_->name, g);
@@ -73,7 +79,8 @@ static void route_case(const struct rcase *rc_)
 	for (int i = 0; i < n * k; i++) {
 		if (gid[i] != rid[i]) {
 			if (bad_ids++ < 3)
-				printf("  %s: token %d slot %d: gpu expert %d, cpu %d\n", rc_->name, i / k, i % k, gid[i], rid[i]);
+				printf("  %s: token %d slot %d: gpu expert %d, cpu %d\n", rc_->name, i / k,
+				       i % k, gid[i], rid[i]);
 			continue;
 		}
 		double rel = fabs((double)gw[i] - rw[i]) / (fabs(rw[i]) > 1e-30 ? fabs(rw[i]) : 1e-30);
@@ -106,12 +113,15 @@ static void ffn_case(int type, int n, double tol)
 	size_t rb_d = 0, rb_f = 0;
 	ktype_row_bytes(type, D, &rb_d);
 	ktype_row_bytes(type, F, &rb_f);
-	uint8_t *hg = malloc(rb_d * (size_t)(E * F)), *hu = malloc(rb_d * (size_t)(E * F)), *hd = malloc(rb_f * (size_t)(E * D));
+	uint8_t *hg = malloc(rb_d * (size_t)(E * F)), *hu = malloc(rb_d * (size_t)(E * F)),
+	        *hd = malloc(rb_f * (size_t)(E * D));
 	float *x = malloc(sizeof(float) * (size_t)(n * D)), *ref = calloc((size_t)(n * D), sizeof(float));
 	float *got = malloc(sizeof(float) * (size_t)(n * D)), *w = malloc(sizeof(float) * (size_t)(n * k));
 	int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n * k));
-	float *t1 = malloc(sizeof(float) * (size_t)F), *t2 = malloc(sizeof(float) * (size_t)F), *y = malloc(sizeof(float) * (size_t)D);
-	struct kweight g = {type, D, E * F, rb_d, hg}, u = {type, D, E * F, rb_d, hu}, dn = {type, F, E * D, rb_f, hd};
+	float *t1 = malloc(sizeof(float) * (size_t)F), *t2 = malloc(sizeof(float) * (size_t)F),
+	      *y = malloc(sizeof(float) * (size_t)D);
+	struct kweight g = {type, D, E * F, rb_d, hg}, u = {type, D, E * F, rb_d, hu},
+	               dn = {type, F, E * D, rb_f, hd};
 	struct kweight dg = {0}, du = {0}, dd = {0};
 	void *d_x = NULL, *d_ids = NULL, *d_w = NULL;
 	struct ops_dbuf ob = {0};
@@ -150,9 +160,11 @@ static void ffn_case(int type, int n, double tol)
 			for (int64_t d = 0; d < D; d++)
 				ref[i * D + d] += w[i * k + j] * y[d];
 		}
-	if (kcuda_weight_upload(ctx, &g, &dg) || kcuda_weight_upload(ctx, &u, &du) || kcuda_weight_upload(ctx, &dn, &dd) ||
-	    kcuda_alloc(sizeof(float) * (size_t)(n * D), &d_x) || kcuda_alloc(sizeof(int32_t) * (size_t)(n * k), &d_ids) ||
-	    kcuda_alloc(sizeof(float) * (size_t)(n * k), &d_w) || ops_dbuf_init(ctx, &ob, sizeof(float) * (size_t)(n * D))) {
+	if (kcuda_weight_upload(ctx, &g, &dg) || kcuda_weight_upload(ctx, &u, &du) ||
+	    kcuda_weight_upload(ctx, &dn, &dd) || kcuda_alloc(sizeof(float) * (size_t)(n * D), &d_x) ||
+	    kcuda_alloc(sizeof(int32_t) * (size_t)(n * k), &d_ids) ||
+	    kcuda_alloc(sizeof(float) * (size_t)(n * k), &d_w) ||
+	    ops_dbuf_init(ctx, &ob, sizeof(float) * (size_t)(n * D))) {
 		OPS_CHECK(0, "moe ffn %s: device allocation", ti->name);
 		goto out;
 	}
@@ -175,8 +187,8 @@ static void ffn_case(int type, int n, double tol)
 		maxerr = e > maxerr ? e : maxerr;
 	}
 	OPS_CHECK(nf == 0, "moe ffn %s n %d: %lld non-finite", ti->name, n, (long long)nf);
-	OPS_CHECK(maxerr <= tol * maxref, "moe ffn %s n %d: max err %.3g, max|ref| %.3g (tol %.0e)", ti->name, n, maxerr,
-		  maxref, tol);
+	OPS_CHECK(maxerr <= tol * maxref, "moe ffn %s n %d: max err %.3g, max|ref| %.3g (tol %.0e)", ti->name,
+	          n, maxerr, maxref, tol);
 	printf("moe ffn %-7s n %3d (%s): max|ref| %.3g max err %.3g (rel %.2g)\n", ti->name, n,
 	       n <= 16 ? "pairs" : "grouped", maxref, maxerr, maxref > 0 ? maxerr / maxref : 0.0);
 	/* an expert id out of range is reported, not read */
@@ -185,8 +197,9 @@ static void ffn_case(int type, int n, double tol)
 		kcuda_upload(ctx, d_ids, &bad, sizeof(int32_t));
 		unsigned nbad = 0;
 		rc = kcuda_moe_ffn(ctx, d_x, D, n, d_ids, d_w, k, &dg, &du, &dd, E, F, ob.user, D);
-		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0 && kcuda_ctx_take_errors(ctx, &nbad) == 0 && nbad > 0,
-			  "moe ffn %s: bad expert id not counted", ti->name);
+		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0 && kcuda_ctx_take_errors(ctx, &nbad) == 0 &&
+		              nbad > 0,
+		          "moe ffn %s: bad expert id not counted", ti->name);
 	}
 out:
 	kcuda_weight_free(&dg);
@@ -207,6 +220,120 @@ out:
 	free(t1);
 	free(t2);
 	free(y);
+}
+
+/* The model's chain: router logits from kcuda_matmul with the F32 router weight, then
+ * kcuda_moe_route; against kcpu_matmul + kcpu_moe_route. Logits differ by fp32 rounding, so an id may
+ * differ only where the CPU's two candidates are within 1e-5 of each other in selection score. */
+static void route_chain(void)
+{
+	const int n = 64, E = 256, k = 8;
+	const int64_t D = 1024;
+	float *wr = malloc(sizeof(float) * (size_t)(E * D)), *x = malloc(sizeof(float) * (size_t)(n * D));
+	float *lg = malloc(sizeof(float) * (size_t)(n * E)), *bias = malloc(sizeof(float) * (size_t)E);
+	float *rw = malloc(sizeof(float) * (size_t)(n * k)), *gw = malloc(sizeof(float) * (size_t)(n * k));
+	float *scr = malloc(sizeof(float) * 2 * (size_t)E), *sel = malloc(sizeof(float) * (size_t)E);
+	int32_t *rid = malloc(sizeof(int32_t) * (size_t)(n * k)),
+	        *gid = malloc(sizeof(int32_t) * (size_t)(n * k));
+	struct kweight hw = {KT_F32, D, E, (size_t)D * 4, wr}, dw = {0};
+	void *d_x = NULL, *d_lg = NULL, *d_b = NULL, *d_id = NULL, *d_w = NULL;
+	for (int64_t i = 0; i < E * D; i++)
+		wr[i] = ops_rng_unif() * 0.05f;
+	for (int64_t i = 0; i < n * D; i++)
+		x[i] = ops_rng_unif();
+	for (int e = 0; e < E; e++)
+		bias[e] = ops_rng_unif() * 0.1f;
+	kcpu_matmul(NULL, &hw, x, D, n, lg, E);
+	for (int i = 0; i < n; i++)
+		kcpu_moe_route(lg + i * E, bias, E, k, 8, 4, 0, true, 2.5f, rid + i * k, rw + i * k, scr);
+	if (kcuda_weight_upload(ctx, &hw, &dw) || kcuda_alloc(sizeof(float) * (size_t)(n * D), &d_x) ||
+	    kcuda_alloc(sizeof(float) * (size_t)(n * E), &d_lg) ||
+	    kcuda_alloc(sizeof(float) * (size_t)E, &d_b) ||
+	    kcuda_alloc(sizeof(int32_t) * (size_t)(n * k), &d_id) ||
+	    kcuda_alloc(sizeof(float) * (size_t)(n * k), &d_w)) {
+		OPS_CHECK(0, "route chain: device allocation");
+		goto out;
+	}
+	kcuda_upload(ctx, d_x, x, sizeof(float) * (size_t)(n * D));
+	kcuda_upload(ctx, d_b, bias, sizeof(float) * (size_t)E);
+	int rc = kcuda_matmul(ctx, &dw, d_x, D, n, d_lg, E);
+	if (!rc)
+		rc = kcuda_moe_route(ctx, d_lg, E, d_b, n, E, k, 8, 4, 0, true, 2.5f, d_id, d_w);
+	OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "route chain: rc %d", rc);
+	kcuda_download(ctx, gid, d_id, sizeof(int32_t) * (size_t)(n * k));
+	kcuda_download(ctx, gw, d_w, sizeof(float) * (size_t)(n * k));
+	int same = 0, near = 0, bad = 0;
+	for (int i = 0; i < n; i++) {
+		/* CPU selection scores of this token (biased probabilities; group limit ignored here:
+		 * a differing id must at least be a near-tie of the plain biased scores) */
+		for (int e = 0; e < E; e++)
+			sel[e] = 1.0f / (1.0f + expf(-lg[i * E + e])) + bias[e];
+		for (int j = 0; j < k; j++) {
+			const int32_t a = rid[i * k + j], b = gid[i * k + j];
+			if (a == b) {
+				same++;
+				continue;
+			}
+			if (b >= 0 && b < E && fabsf(sel[a] - sel[b]) <= 1e-5f)
+				near++;
+			else
+				bad++;
+		}
+	}
+	OPS_CHECK(bad == 0, "route chain: %d ids differ beyond near-ties", bad);
+	OPS_CHECK(same >= n * k * 9 / 10, "route chain: only %d of %d ids equal", same, n * k);
+	printf("route chain (kcuda_matmul F32 router + route, E 256 g8/4): %d of %d ids equal, %d near-tie "
+	       "swaps\n",
+	       same, n * k, near);
+out:
+	kcuda_weight_free(&dw);
+	kcuda_free(d_x);
+	kcuda_free(d_lg);
+	kcuda_free(d_b);
+	kcuda_free(d_id);
+	kcuda_free(d_w);
+	free(wr);
+	free(x);
+	free(lg);
+	free(bias);
+	free(rw);
+	free(gw);
+	free(scr);
+	free(sel);
+	free(rid);
+	free(gid);
+}
+
+static void test_args(void)
+{
+	float *f = (float *)16;
+	int32_t *ids = (int32_t *)16;
+	OPS_CHECK(kcuda_moe_route(ctx, f, 256, NULL, 1, 256, 300, 1, 1, 0, true, 1.0f, ids, f) == -EINVAL,
+	          "route: k > E accepted");
+	OPS_CHECK(kcuda_moe_route(ctx, f, 100, NULL, 1, 256, 8, 1, 1, 0, true, 1.0f, ids, f) == -EINVAL,
+	          "route: ld < E accepted");
+	OPS_CHECK(kcuda_moe_route(ctx, f, 2048, NULL, 1, 2048, 8, 1, 1, 0, true, 1.0f, ids, f) == ERR_LIMIT,
+	          "route: E > 1024 accepted");
+	OPS_CHECK(kcuda_moe_route(ctx, f, 250, NULL, 1, 250, 8, 8, 4, 0, true, 1.0f, ids, f) == -EINVAL,
+	          "route: E not a multiple of n_group accepted");
+	size_t rb = 0;
+	ktype_row_bytes(KT_Q8_0, 512, &rb);
+	struct kweight g = {KT_Q8_0, 512, 4 * 256, rb, f}, d = {KT_Q8_0, 256, 4 * 512, 0, f};
+	ktype_row_bytes(KT_Q8_0, 256, &d.row_bytes);
+	struct kweight gb = g;
+	gb.n_out = 5 * 256;
+	OPS_CHECK(kcuda_moe_ffn(ctx, f, 512, 1, ids, f, 2, &gb, &g, &d, 4, 256, f, 512) == -EINVAL,
+	          "ffn: gate rows != E*F accepted");
+	gb = g;
+	gb.row_bytes += 2;
+	OPS_CHECK(kcuda_moe_ffn(ctx, f, 512, 1, ids, f, 2, &gb, &gb, &d, 4, 256, f, 512) == -EINVAL,
+	          "ffn: wrong row_bytes accepted");
+	OPS_CHECK(kcuda_moe_ffn(ctx, f, 100, 1, ids, f, 2, &g, &g, &d, 4, 256, f, 512) == -EINVAL,
+	          "ffn: ldx < D accepted");
+	gb = d;
+	gb.type = KT_Q4_K;
+	OPS_CHECK(kcuda_moe_ffn(ctx, f, 512, 1, ids, f, 2, &g, &g, &gb, 4, 256, f, 512) == -EINVAL,
+	          "ffn: mixed types accepted");
 }
 
 int main(void)
@@ -235,6 +362,8 @@ int main(void)
 		ffn_case(types[t], 16, 1e-4);
 		ffn_case(types[t], 40, 2e-2);
 	}
+	route_chain();
+	test_args();
 	kcuda_ctx_destroy(ctx);
 	printf("%d checks, %d failed\n", ops_n_check, ops_n_fail);
 	return ops_n_fail ? 1 : 0;

@@ -1,0 +1,803 @@
+/* The CUDA backend of the forward's op interface (backend.h), one rank per process (T = 1 or
+ * rank-shard mode). At creation: every weight of the rank is copied from the GGUF mapping to the
+ * device through two pinned staging buffers (host reads overlap the DMA), compacted (a TP column
+ * slice keeps only its columns, an expert slice becomes E x F_rank contiguous rows), with a
+ * progress line (GB done, GB/s, ETA); the forward's workspace, the step inputs and the scratch are
+ * allocated once from the opts limits (max_tokens / max_seqs / max_ctx). Ops are the kcuda_*
+ * kernels (kernels.h) plus kernels/cuda/model_fwd.cu on the context's stream.
+ *
+ * Decode graphs (opts.graphs): a batch of one token per sequence, every token with logits, no
+ * debug hooks, is padded to a batch bucket (1, 2, 4, ... 16: the MoE pair kernel's limit keeps
+ * the step free of host syncs) and a context bucket (powers of two from 256 up to max_ctx); the
+ * first step of a (batch, context) bucket is captured as it runs, later steps only refresh the
+ * static input buffers (token ids, positions, sequence indices, key counts, block tables) and
+ * replay. Padded rows carry position -1 (the KV write skips them) and see one key of table 0. */
+#ifdef TANDEM_CUDA
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/base/log.h"
+#include "common/model/backend.h"
+#include "common/model/model_internal.h"
+#include "kernels/cuda/model_fwd.h"
+
+#define GRAPH_MAX_BATCH 16
+#define N_BBUCKETS 5 /* 1 2 4 8 16 */
+#define N_CBUCKETS 24
+
+struct be_cuda {
+	struct model *m;
+	struct model_rank *rk;
+	struct kcuda_ctx *kc;
+	struct layer_w *dl; /* device copies (kweight data / vectors in device memory) */
+	struct kweight tok_embd, lm_head;
+	float *out_norm;
+	struct mbe_weights w;
+	void **allocs;
+	int n_allocs, cap_allocs;
+	/* limits and step inputs: [tok | pos | seq | nk | rows] (max_tok each) then block tables
+	 * [max_seqs][max_blk] */
+	int64_t max_tok, max_seqs, max_ctx, max_blk;
+	int32_t *d_in, *h_in;
+	int32_t *d_tok, *d_pos, *d_seq, *d_nk, *d_rows, *d_blk;
+	float *d_inv;
+	void *ws;
+	size_t ws_bytes;
+	float *qabs, *obar, *rl, *ys;
+	/* current step */
+	const struct model_batch *b;
+	struct model_kv *kv;
+	struct mbe_step st;
+	int err;
+	void *hv;
+	size_t hv_bytes;
+	/* graphs */
+	void *graph[N_BBUCKETS][N_CBUCKETS];
+	bool broken[N_BBUCKETS][N_CBUCKETS]; /* capture failed once: this bucket runs eagerly */
+	const void *graph_kv; /* the KV pool the graphs were captured with (its address is baked in) */
+	int mode; /* 0 eager, 1 capturing, 2 replaying */
+	int gb, gc;
+	/* upload progress */
+	double up_total, up_done, up_t0, up_last;
+};
+
+#define CK(x)                                                                                               \
+	do {                                                                                                \
+		int rc_ = (x);                                                                              \
+		if (rc_ && !c->err)                                                                         \
+			c->err = rc_;                                                                       \
+	} while (0)
+/* ops record into the graph while capturing and do nothing while replaying */
+#define SKIP_REPLAY(c)                                                                                      \
+	do {                                                                                                \
+		if ((c)->mode == 2)                                                                         \
+			return;                                                                             \
+	} while (0)
+
+static double now_s(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void *dalloc(struct be_cuda *c, size_t bytes)
+{
+	void *p = NULL;
+	if (c->n_allocs == c->cap_allocs) {
+		int cap = c->cap_allocs ? 2 * c->cap_allocs : 256;
+		void **na = realloc(c->allocs, sizeof(void *) * (size_t)cap);
+		if (!na)
+			return NULL;
+		c->allocs = na;
+		c->cap_allocs = cap;
+	}
+	if (kcuda_alloc(bytes ? bytes : 16, &p))
+		return NULL;
+	c->allocs[c->n_allocs++] = p;
+	return p;
+}
+
+/* ---- weight upload ----------------------------------------------------------------------------- */
+struct upl {
+	struct be_cuda *c;
+	struct kfwd_stager *sg;
+	bool count; /* pass 1: only add up the bytes */
+	bool synthetic;
+	uint64_t seed;
+	struct errbuf *e;
+};
+
+static void progress(struct be_cuda *c, bool last)
+{
+	double t = now_s();
+	if (!last && t - c->up_last < 2.0)
+		return;
+	c->up_last = t;
+	double el = t - c->up_t0, rate = el > 0 ? c->up_done / el : 0;
+	double eta = rate > 0 ? (c->up_total - c->up_done) / rate : 0;
+	fprintf(stderr, "\rcuda: weights %.2f / %.2f GB, %.2f GB/s, ETA %.0f s%s", c->up_done / 1e9,
+	        c->up_total / 1e9, rate / 1e9, eta, last ? "\n" : "");
+}
+
+static int up_bytes(struct upl *u, void *dst, const void *src, size_t bytes)
+{
+	struct be_cuda *c = u->c;
+	if (u->count) {
+		c->up_total += (double)bytes;
+		return 0;
+	}
+	int rc;
+	if (u->synthetic)
+		rc = kfwd_fill_random(c->kc, dst, bytes, u->seed++ * 0x9e3779b97f4a7c15ull);
+	else
+		rc = kfwd_stage(u->sg, dst, src, bytes);
+	c->up_done += (double)bytes;
+	if (!c->m->opts.quiet)
+		progress(c, false);
+	return rc;
+}
+
+/* n_mat matrices (stride mat_bytes on the host) of h's shape -> contiguous compact rows */
+static int up_mats(struct upl *u, const struct kweight *h, size_t mat_bytes, int64_t n_mat, struct kweight *d,
+                   size_t *d_mat_bytes)
+{
+	size_t rb;
+	if (!h->data || !ktype_row_bytes(h->type, h->n_in, &rb))
+		return errbuf_set(u->e, ERR_UNSUPPORTED, "cuda: weight of type %s cannot be uploaded",
+		                  ktype_name(h->type));
+	size_t per = rb * (size_t)h->n_out, total = per * (size_t)n_mat;
+	*d = *h;
+	d->row_bytes = rb;
+	if (d_mat_bytes)
+		*d_mat_bytes = per;
+	if (u->count) {
+		u->c->up_total += (double)total;
+		return 0;
+	}
+	char *p = dalloc(u->c, total + 16);
+	if (!p || kcuda_memset(u->c->kc, p + total, 0, 16))
+		return errbuf_set(u->e, -ENOMEM, "cuda: cannot allocate %zu bytes of weights", total);
+	d->data = p;
+	if (!u->synthetic)
+		kfwd_stage_new_dst(u->sg);
+	int rc = 0;
+	for (int64_t i = 0; i < n_mat && !rc; i++) {
+		const char *src = (const char *)h->data + (size_t)i * mat_bytes;
+		if (h->row_bytes == rb || u->synthetic)
+			rc = up_bytes(u, p + (size_t)i * per, src, per);
+		else
+			for (int64_t r = 0; r < h->n_out && !rc; r++)
+				rc = up_bytes(u, p + (size_t)i * per + (size_t)r * rb, src + (size_t)r * h->row_bytes,
+				              rb);
+	}
+	return rc ? errbuf_set(u->e, rc, "cuda: weight upload failed") : 0;
+}
+
+static int up_w(struct upl *u, const struct kweight *h, struct kweight *d)
+{
+	return up_mats(u, h, 0, 1, d, NULL);
+}
+
+static int up_w3(struct upl *u, const struct kweight3 *h, struct kweight3 *d)
+{
+	d->n_mat = h->n_mat;
+	return up_mats(u, &h->w, h->mat_bytes, h->n_mat, &d->w, &d->mat_bytes);
+}
+
+static int up_vec(struct upl *u, const float *h, int64_t n, float **d)
+{
+	*d = NULL;
+	if (!h)
+		return 0;
+	size_t bytes = (size_t)n * sizeof(float);
+	if (u->count) {
+		u->c->up_total += (double)bytes;
+		return 0;
+	}
+	if (!(*d = dalloc(u->c, bytes)))
+		return errbuf_set(u->e, -ENOMEM, "cuda: out of device memory");
+	/* norm vectors stay real even in synthetic mode (random norms would blow up activations) */
+	kfwd_stage_new_dst(u->sg);
+	int rc = kfwd_stage(u->sg, *d, h, bytes);
+	u->c->up_done += (double)bytes;
+	return rc ? errbuf_set(u->e, rc, "cuda: upload failed") : 0;
+}
+
+static int upload_all(struct upl *u)
+{
+	struct be_cuda *c = u->c;
+	struct model *m = c->m;
+	const struct model_hparams *hp = &m->hp;
+	struct model_rank *rk = c->rk;
+	int64_t D = hp->D;
+	int rc;
+	if ((rc = up_w(u, &m->tok_embd, &c->tok_embd)) || (rc = up_w(u, &rk->lm_head, &c->lm_head)) ||
+	    (rc = up_vec(u, m->out_norm, D, &c->out_norm)))
+		return rc;
+	for (int l = 0; l < hp->n_layers; l++) {
+		const struct layer_w *H = &rk->layers[l];
+		struct layer_w *L = &c->dl[l];
+		*L = *H;
+		if ((rc = up_vec(u, H->attn_norm, D, &L->attn_norm)) || (rc = up_vec(u, H->ffn_norm, D, &L->ffn_norm)) ||
+		    (rc = up_vec(u, H->q_a_norm, hp->Cq, &L->q_a_norm)) ||
+		    (rc = up_vec(u, H->kv_a_norm, hp->C, &L->kv_a_norm)) || (rc = up_w(u, &H->q_a, &L->q_a)) ||
+		    (rc = up_w(u, &H->kv_a, &L->kv_a)) || (rc = up_w(u, &H->q_b, &L->q_b)) ||
+		    (rc = up_w3(u, &H->k_b, &L->k_b)) || (rc = up_w3(u, &H->v_b, &L->v_b)) ||
+		    (rc = up_w(u, &H->o, &L->o)))
+			return rc;
+		if (H->has_idx &&
+		    ((rc = up_w(u, &H->idx_q_b, &L->idx_q_b)) || (rc = up_w(u, &H->idx_k, &L->idx_k)) ||
+		     (rc = up_w(u, &H->idx_proj, &L->idx_proj)) ||
+		     (rc = up_vec(u, H->idx_knorm_w, hp->idx_D, &L->idx_knorm_w)) ||
+		     (rc = up_vec(u, H->idx_knorm_b, hp->idx_D, &L->idx_knorm_b))))
+			return rc;
+		if (!H->moe) {
+			if ((rc = up_w(u, &H->ffn_gate, &L->ffn_gate)) || (rc = up_w(u, &H->ffn_up, &L->ffn_up)) ||
+			    (rc = up_w(u, &H->ffn_down, &L->ffn_down)))
+				return rc;
+		} else {
+			if ((rc = up_w(u, &H->gate_inp, &L->gate_inp)) ||
+			    (rc = up_vec(u, H->exp_bias, hp->n_expert, &L->exp_bias)) ||
+			    (rc = up_w3(u, &H->gate_exps, &L->gate_exps)) || (rc = up_w3(u, &H->up_exps, &L->up_exps)) ||
+			    (rc = up_w3(u, &H->down_exps, &L->down_exps)))
+				return rc;
+			if (H->has_shexp &&
+			    ((rc = up_w(u, &H->sh_gate, &L->sh_gate)) || (rc = up_w(u, &H->sh_up, &L->sh_up)) ||
+			     (rc = up_w(u, &H->sh_down, &L->sh_down))))
+				return rc;
+		}
+	}
+	return 0;
+}
+
+/* ---- ops --------------------------------------------------------------------------------------- */
+static const struct mbe_weights *cu_weights(void *ctx)
+{
+	struct be_cuda *c = ctx;
+	return &c->w;
+}
+
+static void *cu_kv_alloc(void *ctx, size_t bytes)
+{
+	struct be_cuda *c = ctx;
+	void *p = NULL;
+	if (kcuda_alloc(bytes, &p))
+		return NULL;
+	if (kcuda_memset(c->kc, p, 0, bytes) || kcuda_sync(c->kc)) {
+		kcuda_free(p);
+		return NULL;
+	}
+	return p;
+}
+
+static void cu_kv_free(void *ctx, void *p)
+{
+	(void)ctx;
+	kcuda_free(p);
+}
+
+static int bucket_of(int64_t v, int64_t lo)
+{
+	int i = 0;
+	for (int64_t b = lo; b < v; b *= 2)
+		i++;
+	return i;
+}
+
+static void cu_plan(void *ctx, const struct model_batch *b, struct mbe_step *st)
+{
+	struct be_cuda *c = ctx;
+	c->mode = 0;
+	if (!c->m->opts.graphs || st->debug || st->n_real > GRAPH_MAX_BATCH || st->n_out != st->n_real ||
+	    b->n_seqs > c->max_seqs)
+		return;
+	for (int64_t i = 0; i < st->n_real; i++) /* decode: one token per sequence */
+		for (int64_t j = 0; j < i; j++)
+			if (b->seq[i] == b->seq[j])
+				return;
+	int gb = bucket_of(st->n_real, 1);
+	int64_t bn = (int64_t)1 << gb;
+	int gc = bucket_of(st->max_keys, 256);
+	int64_t ck = (int64_t)256 << gc;
+	if (ck > c->max_ctx)
+		ck = c->max_ctx;
+	if (gb >= N_BBUCKETS || gc >= N_CBUCKETS || bn > c->max_tok || st->max_keys > ck || c->broken[gb][gc])
+		return;
+	st->n = bn;
+	st->n_out_pad = bn;
+	st->max_keys = (int)ck;
+	st->K = c->m->hp.idx_topk < ck ? c->m->hp.idx_topk : ck;
+	c->gb = gb;
+	c->gc = gc;
+	c->mode = c->m->opts.graphs == 2 ? 0 : c->graph[gb][gc] ? 2 : 1;
+}
+
+static int cu_begin(void *ctx, const struct model_batch *b, struct model_kv *kv, const struct mbe_step *st)
+{
+	struct be_cuda *c = ctx;
+	c->b = b;
+	c->kv = kv;
+	c->st = *st;
+	c->err = 0;
+	if (st->n > c->max_tok || b->n_seqs > c->max_seqs || st->max_keys > c->max_ctx)
+		return ERR_LIMIT;
+	/* table entries beyond max_blk are never used: positions are < max_ctx (checked) */
+	int32_t *h = c->h_in;
+	int64_t T = c->max_tok;
+	for (int64_t i = 0; i < st->n; i++) {
+		bool real = i < st->n_real;
+		h[i] = real ? b->tokens[i] : 0;
+		h[T + i] = real ? b->pos[i] : -1;
+		h[2 * T + i] = real ? b->seq[i] : 0;
+		h[3 * T + i] = real ? b->pos[i] + 1 : 1;
+	}
+	for (int64_t j = 0; j < st->n_out_pad; j++)
+		h[4 * T + j] = j < st->n_out ? st->out_rows_host[j] : (int32_t)j;
+	int32_t *blk = h + 5 * T;
+	for (int s = 0; s < b->n_seqs; s++) {
+		int nb = b->seqs[s].n_blocks < c->max_blk ? b->seqs[s].n_blocks : (int)c->max_blk;
+		memcpy(blk + (int64_t)s * c->max_blk, b->seqs[s].blocks, sizeof(int32_t) * (size_t)nb);
+		for (int64_t j = nb; j < c->max_blk; j++)
+			blk[(int64_t)s * c->max_blk + j] = -1;
+	}
+	size_t bytes = sizeof(int32_t) * (size_t)(5 * T + (int64_t)b->n_seqs * c->max_blk);
+	int rc = kcuda_upload(c->kc, c->d_in, h, bytes);
+	if (rc)
+		return rc;
+	if (c->mode != 0 && c->graph_kv != kv->base) { /* another pool: the graphs point at the old one */
+		for (int i = 0; i < N_BBUCKETS; i++)
+			for (int j = 0; j < N_CBUCKETS; j++) {
+				kfwd_graph_destroy(c->graph[i][j]);
+				c->graph[i][j] = NULL;
+			}
+		c->graph_kv = kv->base;
+		c->mode = 1;
+	}
+	if (c->mode == 1 && kfwd_graph_begin(c->kc))
+		c->mode = 0; /* capture refused: run eagerly */
+	return 0;
+}
+
+static void *cu_ws(void *ctx, size_t bytes)
+{
+	struct be_cuda *c = ctx;
+	return bytes <= c->ws_bytes ? c->ws : NULL;
+}
+
+static void cu_embed(void *ctx, float *h, int64_t D)
+{
+	struct be_cuda *c = ctx;
+	SKIP_REPLAY(c);
+	CK(kcuda_embed(c->kc, &c->tok_embd, c->d_tok, c->st.n, h, D));
+}
+
+static void cu_rope_tables(void *ctx, float *cs, int64_t R)
+{
+	(void)ctx; /* kcuda_rope computes cos/sin from the device positions and inv_freq */
+	(void)cs;
+	(void)R;
+}
+
+static void cu_rmsnorm(void *ctx, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int64_t n,
+                       int64_t n_rows, float eps)
+{
+	struct be_cuda *c = ctx;
+	SKIP_REPLAY(c);
+	CK(kcuda_rmsnorm(c->kc, y, ldy, x, ldx, w, n, n_rows, eps));
+}
+
+static void cu_layernorm(void *ctx, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
+                         const float *bias, int64_t n, int64_t n_rows, float eps)
+{
+	struct be_cuda *c = ctx;
+	SKIP_REPLAY(c);
+	CK(kfwd_layernorm(c->kc, y, ldy, x, ldx, w, bias, n, n_rows, eps));
+}
+
+static void cu_matmul(void *ctx, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok, float *y,
+                      int64_t n_out)
+{
+	struct be_cuda *c = ctx;
+	SKIP_REPLAY(c);
+	CK(kcuda_matmul(c->kc, w, x, ldx, n_tok, y, n_out));
+}
+
+static void cu_rope(void *ctx, float *x, int64_t ldx, int64_t n_rows, int64_t n_heads, int64_t head_stride,
+                    int64_t R, const float *cs, int pairing)
+{
+	struct be_cuda *c = ctx;
+	(void)cs;
+	SKIP_REPLAY(c);
+	CK(kcuda_rope(c->kc, x, ldx, n_rows, n_heads, head_stride, R, c->d_inv, c->d_pos, pairing, 1.0f));
+}
+
+static void cu_scale(void *ctx, float *x, int64_t n, float s)
+{
+	struct be_cuda *c = ctx;
+	SKIP_REPLAY(c);
+	CK(kfwd_scale(c->kc, x, n, s));
+}
+
+static void cu_swiglu(void *ctx, float *y, const float *gate, const float *up, int64_t n)
+{
+	struct be_cuda *c = ctx;
+	SKIP_REPLAY(c);
+	CK(kcuda_swiglu(c->kc, y, n, gate, n, up, n, n, 1));
+}
+
+static void cu_add(void *ctx, float *y, const float *x, int64_t n)
+{
+	struct be_cuda *c = ctx;
+	SKIP_REPLAY(c);
+	CK(kfwd_add(c->kc, y, x, n));
+}
+
+static void cu_kv_write(void *ctx, enum mbe_kv_part part, int index, const float *x, int64_t width)
+{
+	struct be_cuda *c = ctx;
+	SKIP_REPLAY(c);
+	const struct model_kv_layout *L = &c->kv->layout;
+	size_t off = part == MBE_KV_LATENT ? (size_t)index * L->lat_layer_bytes
+	                                   : L->idx_offset + (size_t)index * L->idx_layer_bytes;
+	CK(kfwd_kv_write(c->kc, c->kv->base, L->block_bytes, off, L->block_tokens, width,
+	                 L->dtype == MODEL_KV_BF16, x, c->st.n, c->d_seq, c->d_pos, c->d_blk, c->max_blk));
+}
+
+static struct kcuda_kv_view kv_view(struct be_cuda *c, size_t off, int64_t dim)
+{
+	const struct model_kv_layout *L = &c->kv->layout;
+	return (struct kcuda_kv_view){.base = c->kv->base,
+	                              .n_blocks = c->kv->n_blocks,
+	                              .block_bytes = L->block_bytes,
+	                              .offset = off,
+	                              .block_tokens = L->block_tokens,
+	                              .dim = dim,
+	                              .bf16 = L->dtype == MODEL_KV_BF16};
+}
+
+static void cu_indexer(void *ctx, int layer, const float *qI, const float *wI, int32_t *sel, int32_t *nsel,
+                       float *scores)
+{
+	struct be_cuda *c = ctx;
+	SKIP_REPLAY(c);
+	const struct model_hparams *hp = &c->m->hp;
+	const struct model_kv_layout *L = &c->kv->layout;
+	struct kcuda_kv_view v =
+	    kv_view(c, L->idx_offset + (size_t)hp->idx_slot[layer] * L->idx_layer_bytes, hp->idx_D);
+	struct kcuda_attn_rows rows = {.n_q = c->st.n,
+	                               .qseq = c->d_seq,
+	                               .blocks = c->d_blk,
+	                               .ld_blocks = c->max_blk,
+	                               .n_keys = c->d_nk,
+	                               .max_keys = c->st.max_keys};
+	float sc = 1.0f / sqrtf((float)hp->idx_D);
+	if (scores) {
+		CK(kcuda_indexer_scores(c->kc, &v, &rows, qI, wI, hp->idx_H, hp->idx_D, sc, scores, c->st.max_keys));
+		CK(kcuda_topk_idx(c->kc, scores, c->st.max_keys, c->st.n, c->d_nk, 0, (int)c->st.K, sel, c->st.K,
+		                  nsel));
+	} else {
+		CK(kcuda_indexer_topk(c->kc, &v, &rows, qI, wI, hp->idx_H, hp->idx_D, sc, (int)c->st.K, sel, c->st.K,
+		                      nsel));
+	}
+}
+
+static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const float *q, const float *cs,
+                        const int32_t *sel, const int32_t *nsel, float *o)
+{
+	struct be_cuda *c = ctx;
+	(void)cs;
+	SKIP_REPLAY(c);
+	const struct model_hparams *hp = &c->m->hp;
+	int64_t n = c->st.n, Hl = c->rk->Hl, C = hp->C, R = hp->R, N = hp->N, NR = N + R, V = hp->V;
+	/* absorbed queries: q_abs[i][h][0..C) = W_UK(h) q_nope[i][h]; [C..C+R) = roped q_rope */
+	for (int64_t hh = 0; hh < Hl; hh++) {
+		struct kweight kb = kweight3_at(&L->k_b, hh);
+		CK(kcuda_matmul(c->kc, &kb, q + hh * NR, Hl * NR, n, c->qabs + hh * (C + R), Hl * (C + R)));
+	}
+	CK(kfwd_copy2d(c->kc, c->qabs + C, C + R, q + N, NR, R, n * Hl));
+	CK(kcuda_rope(c->kc, c->qabs + C, Hl * (C + R), n, Hl, C + R, R, c->d_inv, c->d_pos, hp->rope_main, 1.0f));
+	struct kcuda_kv_view v = kv_view(c, (size_t)layer * c->kv->layout.lat_layer_bytes, C + R);
+	struct kcuda_attn_rows rows = {.n_q = n,
+	                               .qseq = c->d_seq,
+	                               .blocks = c->d_blk,
+	                               .ld_blocks = c->max_blk,
+	                               .n_keys = sel ? nsel : c->d_nk,
+	                               .sel = sel,
+	                               .ld_sel = c->st.K,
+	                               .max_keys = sel ? c->st.K : c->st.max_keys};
+	CK(kcuda_mla_attn(c->kc, &v, &rows, c->qabs, Hl, C, R, hp->attn_scale, c->obar));
+	for (int64_t hh = 0; hh < Hl; hh++) {
+		struct kweight vb = kweight3_at(&L->v_b, hh);
+		CK(kcuda_matmul(c->kc, &vb, c->obar + hh * C, Hl * C, n, o + hh * V, Hl * V));
+	}
+}
+
+static void cu_moe(void *ctx, const struct layer_w *L, const float *a, float *part, int32_t *ids, float *wts)
+{
+	struct be_cuda *c = ctx;
+	SKIP_REPLAY(c);
+	const struct model_hparams *hp = &c->m->hp;
+	struct model_rank *rk = c->rk;
+	int64_t n = c->st.n, D = hp->D, E = hp->n_expert;
+	int k = hp->n_expert_used;
+	CK(kcuda_matmul(c->kc, &L->gate_inp, a, D, n, c->rl, E));
+	CK(kcuda_moe_route(c->kc, c->rl, E, L->exp_bias, n, (int)E, k, hp->n_group, hp->n_group_used,
+	                   hp->gating_func, hp->expert_weights_norm, hp->expert_weights_scale, ids, wts));
+	struct kweight g = L->gate_exps.w, u = L->up_exps.w, d = L->down_exps.w;
+	g.n_out *= E; /* compact upload: expert e = rows [e F, e F + F) */
+	u.n_out *= E;
+	d.n_out *= E;
+	CK(kcuda_moe_ffn(c->kc, a, D, n, ids, wts, k, &g, &u, &d, E, rk->fel, part, D));
+	if (L->has_shexp) {
+		float *t1 = c->ys + n * D, *t2 = t1 + n * rk->fsl;
+		CK(kcuda_matmul(c->kc, &L->sh_gate, a, D, n, t1, rk->fsl));
+		CK(kcuda_matmul(c->kc, &L->sh_up, a, D, n, t2, rk->fsl));
+		CK(kcuda_swiglu(c->kc, t1, rk->fsl * n, t1, rk->fsl * n, t2, rk->fsl * n, n * rk->fsl, 1));
+		CK(kcuda_matmul(c->kc, &L->sh_down, t1, rk->fsl, n, c->ys, D));
+		CK(kfwd_add(c->kc, part, c->ys, n * D));
+	}
+}
+
+static void cu_gather_rows(void *ctx, float *dst, const float *src, int64_t width, const int32_t *rows_host,
+                           int64_t n)
+{
+	struct be_cuda *c = ctx;
+	(void)rows_host; /* the same rows are in device memory (begin) */
+	SKIP_REPLAY(c);
+	CK(kfwd_gather_rows(c->kc, dst, src, width, c->d_rows, n));
+}
+
+/* An op failed while a graph was being captured: end the capture (the stream must leave capture
+ * mode), mark the bucket eager and ask model_forward to run the step again (-EAGAIN). */
+static int capture_failed(struct be_cuda *c)
+{
+	void *ex = NULL;
+	kfwd_graph_end(c->kc, &ex);
+	kfwd_graph_destroy(ex);
+	c->mode = 0;
+	c->broken[c->gb][c->gc] = true;
+	LOG_WARN("model", "cuda: decode graph capture failed for batch bucket %d, context bucket %d (%s); that bucket runs eagerly",
+	         1 << c->gb, 256 << c->gc, err_name(c->err));
+	return -EAGAIN;
+}
+
+static int step_status(struct be_cuda *c)
+{
+	if (c->err && c->mode == 1)
+		return capture_failed(c);
+	return c->err;
+}
+
+static int cu_all_reduce(void *ctx, float *buf, size_t n)
+{
+	struct be_cuda *c = ctx; /* T = 1 or rank-shard mode: nothing to reduce */
+	(void)buf;
+	(void)n;
+	return step_status(c);
+}
+
+static int cu_all_gather(void *ctx, const float *send, size_t n, float *recv)
+{
+	struct be_cuda *c = ctx; /* rank-shard mode: own slot, others zero */
+	if (c->mode == 2)
+		return 0;
+	int r = c->rk->rank, T = c->m->T;
+	CK(kcuda_memset(c->kc, recv, 0, n * (size_t)T * sizeof(float)));
+	CK(kfwd_copy2d(c->kc, recv + (size_t)r * n, (int64_t)n, send, (int64_t)n, (int64_t)n, 1));
+	return step_status(c);
+}
+
+static int cu_barrier(void *ctx)
+{
+	struct be_cuda *c = ctx;
+	return step_status(c);
+}
+
+static const void *cu_host_view(void *ctx, const void *p, size_t bytes)
+{
+	struct be_cuda *c = ctx;
+	if (bytes > c->hv_bytes) {
+		free(c->hv);
+		c->hv = malloc(bytes);
+		c->hv_bytes = c->hv ? bytes : 0;
+	}
+	if (!c->hv) { /* debug hooks only: the caller reads `bytes` from the result */
+		fprintf(stderr, "cuda: out of host memory for a %zu-byte debug view\n", bytes);
+		abort();
+	}
+	if (kcuda_download(c->kc, c->hv, p, bytes)) {
+		CK(ERR_CUDA);
+		memset(c->hv, 0, bytes);
+	}
+	return c->hv;
+}
+
+static int cu_to_host(void *ctx, void *dst_host, const void *src, size_t bytes)
+{
+	struct be_cuda *c = ctx;
+	if (c->mode == 1) { /* end of the captured step: instantiate, then run it */
+		void *ex = NULL;
+		int rc = kfwd_graph_end(c->kc, &ex);
+		if (rc || c->err) { /* nothing of the step ran: the forward runs it again eagerly */
+			kfwd_graph_destroy(ex);
+			c->mode = 0;
+			c->broken[c->gb][c->gc] = true;
+			LOG_WARN("model", "cuda: decode graph capture failed for batch bucket %d, context bucket %d; "
+			                  "that bucket runs eagerly",
+			         1 << c->gb, 256 << c->gc);
+			c->err = 0;
+			return -EAGAIN;
+		}
+		c->graph[c->gb][c->gc] = ex;
+		c->mode = 2;
+	}
+	if (c->mode == 2) {
+		CK(kfwd_graph_launch(c->kc, c->graph[c->gb][c->gc]));
+		c->mode = 3; /* launched once for this step; further to_host calls only copy */
+	}
+	if (c->err)
+		return c->err;
+	int rc = kcuda_download(c->kc, dst_host, src, bytes);
+	unsigned bad = 0;
+	if (!rc && !kcuda_ctx_take_errors(c->kc, &bad) && bad)
+		rc = ERR_FORMAT; /* a kernel met an out-of-range id or block (batch was checked on the host) */
+	return rc;
+}
+
+static void cu_destroy(void *ctx)
+{
+	struct be_cuda *c = ctx;
+	if (!c)
+		return;
+	for (int i = 0; i < N_BBUCKETS; i++)
+		for (int j = 0; j < N_CBUCKETS; j++)
+			kfwd_graph_destroy(c->graph[i][j]);
+	for (int i = 0; i < c->n_allocs; i++)
+		kcuda_free(c->allocs[i]);
+	free(c->allocs);
+	free(c->dl);
+	free(c->h_in);
+	free(c->hv);
+	if (c->kc)
+		kcuda_ctx_destroy(c->kc);
+	free(c);
+}
+
+static const struct model_backend_ops cuda_ops = {
+    .name = "cuda",
+    .weights = cu_weights,
+    .kv_alloc = cu_kv_alloc,
+    .kv_free = cu_kv_free,
+    .plan = cu_plan,
+    .begin = cu_begin,
+    .ws = cu_ws,
+    .embed = cu_embed,
+    .rope_tables = cu_rope_tables,
+    .rmsnorm = cu_rmsnorm,
+    .layernorm = cu_layernorm,
+    .matmul = cu_matmul,
+    .rope = cu_rope,
+    .scale = cu_scale,
+    .swiglu = cu_swiglu,
+    .add = cu_add,
+    .kv_write = cu_kv_write,
+    .indexer = cu_indexer,
+    .mla_attn = cu_mla_attn,
+    .moe = cu_moe,
+    .gather_rows = cu_gather_rows,
+    .all_reduce = cu_all_reduce,
+    .all_gather = cu_all_gather,
+    .barrier = cu_barrier,
+    .host_view = cu_host_view,
+    .to_host = cu_to_host,
+    .destroy = cu_destroy,
+};
+
+int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct model_backend *out, struct errbuf *e)
+{
+	const struct model_hparams *hp = &m->hp;
+	const struct model_opts *o = &m->opts;
+	int rc;
+	if (kcuda_device_count() <= o->device || o->device < 0)
+		return errbuf_set(e, ERR_UNSUPPORTED, "backend cuda: no CUDA device %d (%d found)", o->device,
+		                  kcuda_device_count());
+	struct be_cuda *c = calloc(1, sizeof(*c));
+	if (!c)
+		return errbuf_set(e, -ENOMEM, "out of memory");
+	c->m = m;
+	c->rk = rk;
+	c->max_tok = o->max_tokens;
+	c->max_seqs = o->max_seqs;
+	c->max_ctx = o->max_ctx;
+	c->max_blk = (c->max_ctx + MODEL_KV_BLOCK_TOKENS - 1) / MODEL_KV_BLOCK_TOKENS;
+	if ((rc = kcuda_ctx_create(o->device, 0, &c->kc))) {
+		errbuf_set(e, rc, "backend cuda: cannot create a context on device %d", o->device);
+		goto fail;
+	}
+	if (!(c->dl = calloc((size_t)hp->n_layers, sizeof(*c->dl)))) {
+		rc = errbuf_set(e, -ENOMEM, "out of memory");
+		goto fail;
+	}
+	/* weights: count, then stage */
+	struct upl u = {.c = c, .count = true, .synthetic = o->synthetic, .seed = 1, .e = e};
+	if ((rc = upload_all(&u)))
+		goto fail;
+	if ((rc = kfwd_stager_create((size_t)64 << 20, &u.sg))) {
+		errbuf_set(e, rc, "backend cuda: cannot allocate pinned staging buffers");
+		goto fail;
+	}
+	u.count = false;
+	c->up_t0 = now_s();
+	rc = upload_all(&u);
+	if (!rc && (rc = kfwd_stager_finish(u.sg)))
+		errbuf_set(e, rc, "backend cuda: weight upload failed");
+	kfwd_stager_destroy(u.sg);
+	if (!rc)
+		rc = kcuda_sync(c->kc);
+	if (rc)
+		goto fail;
+	if (!o->quiet)
+		progress(c, true);
+	c->w = (struct mbe_weights){.layers = c->dl, .lm_head = &c->lm_head, .out_norm = c->out_norm};
+	/* step inputs, inv_freq, scratch, workspace: from the limits, once */
+	int64_t T = c->max_tok, n_in = 5 * T + c->max_seqs * c->max_blk;
+	float inv[1024];
+	if (hp->R / 2 > 1024) {
+		rc = errbuf_set(e, ERR_UNSUPPORTED, "backend cuda: RoPE dim %lld too large", (long long)hp->R);
+		goto fail;
+	}
+	kcpu_rope_freqs(inv, hp->R, hp->rope_theta, hp->yarn ? hp->yarn_factor : 1.0f, hp->yarn_orig_ctx,
+	                hp->yarn_beta_fast, hp->yarn_beta_slow);
+	int64_t C = hp->C, R = hp->R, D = hp->D, Hl = rk->Hl, E = hp->n_expert > 0 ? hp->n_expert : 1;
+	size_t ws = model_rank_ws_bytes(m, rk, T, (int)c->max_ctx, T, hp->has_indexer);
+	size_t scratch = sizeof(float) * (size_t)(T * Hl * (C + R) + T * Hl * C + T * E + T * D + 2 * T * rk->fsl);
+	size_t fr = 0, tot = 0;
+	float frac = o->mem_fraction > 0 ? o->mem_fraction : 0.9f;
+	if (kfwd_mem_info(&fr, &tot) == 0 && (double)(ws + scratch) > frac * (double)fr) {
+		rc = errbuf_set(e, ERR_LIMIT,
+		                "backend cuda: workspaces for max_tokens %lld / max_ctx %lld need %.2f GB, more than "
+		                "%.0f%% of the %.2f GB free",
+		                (long long)T, (long long)c->max_ctx, (double)(ws + scratch) / 1e9, frac * 100,
+		                (double)fr / 1e9);
+		goto fail;
+	}
+	c->h_in = malloc(sizeof(int32_t) * (size_t)n_in);
+	c->d_in = dalloc(c, sizeof(int32_t) * (size_t)n_in);
+	c->d_inv = dalloc(c, sizeof(float) * (size_t)(R / 2 > 0 ? R / 2 : 1));
+	c->ws = dalloc(c, ws);
+	c->ws_bytes = ws;
+	c->qabs = dalloc(c, sizeof(float) * (size_t)(T * Hl * (C + R)));
+	c->obar = dalloc(c, sizeof(float) * (size_t)(T * Hl * C));
+	c->rl = dalloc(c, sizeof(float) * (size_t)(T * E));
+	c->ys = dalloc(c, sizeof(float) * (size_t)(T * D + 2 * T * rk->fsl));
+	if (!c->h_in || !c->d_in || !c->d_inv || !c->ws || !c->qabs || !c->obar || !c->rl || !c->ys) {
+		rc = errbuf_set(e, -ENOMEM, "backend cuda: cannot allocate the workspaces");
+		goto fail;
+	}
+	c->d_tok = c->d_in;
+	c->d_pos = c->d_in + T;
+	c->d_seq = c->d_in + 2 * T;
+	c->d_nk = c->d_in + 3 * T;
+	c->d_rows = c->d_in + 4 * T;
+	c->d_blk = c->d_in + 5 * T;
+	if ((rc = kcuda_upload(c->kc, c->d_inv, inv, sizeof(float) * (size_t)(R / 2)))) {
+		errbuf_set(e, rc, "backend cuda: upload failed");
+		goto fail;
+	}
+	if (!o->quiet)
+		LOG_INFO("model", "cuda backend on device %d: workspace %.1f MB + %.1f MB for %lld tokens, %lld sequences, "
+		                  "%lld positions%s",
+		         o->device, ws / 1e6, scratch / 1e6, (long long)T, (long long)c->max_seqs,
+		         (long long)c->max_ctx, o->graphs ? "; decode graphs on" : "");
+	out->ops = &cuda_ops;
+	out->ctx = c;
+	return 0;
+fail:
+	cu_destroy(c);
+	return rc;
+}
+#endif

@@ -1,0 +1,266 @@
+/* The CUDA backend against the CPU backend on every tests/data model (SKIPs without CUDA or a GPU).
+ *
+ * Tolerances, from the arithmetic:
+ *  - up to 8 tokens per forward every matmul is the fp32 GEMV (fp32 dequantize, fp32 accumulate)
+ *    and attention / norms are fp32 (statistics in double like the CPU): only the summation order
+ *    differs, ~1e-7 relative per dot, growing through 2-3 layers to ~1e-5 on logits of magnitude
+ *    ~10; TOL_F32 = 2e-4 leaves an order of magnitude.
+ *  - more tokens use the bf16 tensor-core GEMM: activations rounded to bf16 (8-bit mantissa,
+ *    relative error 2^-9 ~ 2e-3 per value), a few % after the layers on logits of ~10: TOL_BF16 =
+ *    1e-1 (and an indexer top-k set may then differ, which the bound also covers on these models).
+ * Checks: rand64 logits at every position (prefill in chunks of 8: fp32 path; in one 64-token batch:
+ * bf16 path); 16-token greedy continuations of the first prompts (prefill in chunks of 8, then
+ * decode) identical to the CPU's up to the first step whose CPU top-1/top-2 margin is below
+ * TOL_F32; decode of 3 sequences replayed from CUDA graphs equal bit for bit to the same padded
+ * shapes run eagerly (graphs = 2), and within TOL_F32 of the CPU. */
+#include "tests/model/refs.h"
+
+#ifndef TANDEM_CUDA
+int main(void)
+{
+	(void)n_fail;
+	printf("SKIP: built without CUDA (make CUDA=1)\n");
+	return 77;
+}
+#else
+#include "kernels/kernels.h"
+
+#define TOL_F32 2e-4
+#define TOL_BF16 1e-1
+
+static struct model *load_cuda(const char *stem, int graphs)
+{
+	char p[512];
+	snprintf(p, sizeof(p), DATA "/models/%s.gguf", stem);
+	struct model_opts o;
+	model_opts_default(&o);
+	o.quiet = true;
+	o.backend = MODEL_BACKEND_CUDA;
+	o.max_tokens = 64;
+	o.max_seqs = 8;
+	o.max_ctx = 512;
+	o.graphs = graphs;
+	struct errbuf e = {0};
+	struct model *m;
+	if (model_load(&m, p, &o, &e)) {
+		fprintf(stderr, "load %s (cuda): %s\n", p, e.msg);
+		return NULL;
+	}
+	return m;
+}
+
+static int find_prompt(json_t *man, const char *want, int32_t **ids, int *n)
+{
+	const char *name;
+	for (size_t i = 0; (*ids = ref_prompt(man, i, n, &name)); i++) {
+		if (strcmp(name, want) == 0)
+			return 0;
+		free(*ids);
+	}
+	return -1;
+}
+
+static double margin12(const float *v, int64_t n)
+{
+	int a = argmax(v, n);
+	double best2 = -INFINITY;
+	for (int64_t i = 0; i < n; i++)
+		if (i != a && v[i] > best2)
+			best2 = v[i];
+	return (double)v[a] - best2;
+}
+
+static void test_logits(const char *stem, struct model *mc, struct model *mg, json_t *man)
+{
+	int64_t V = model_hparams(mc)->vocab;
+	int32_t *ids;
+	int n;
+	if (find_prompt(man, "rand64", &ids, &n)) {
+		CHECK(0, "%s: no rand64 prompt", stem);
+		return;
+	}
+	float *ref = malloc(sizeof(float) * (size_t)V * (size_t)n), *got = malloc(sizeof(float) * (size_t)V * (size_t)n);
+	struct model_kv kc, kg;
+	struct errbuf e = {0};
+	if (model_kv_init(&kc, mc, 4, NULL, 0, &e) || model_kv_init(&kg, mg, 4, NULL, 0, &e)) {
+		CHECK(0, "%s: kv: %s", stem, e.msg);
+		return;
+	}
+	struct tseq s;
+	tseq_init(&s, 0, 2, 1);
+	CHECK(run_seq(mc, &kc, &s, ids, n, n, true, ref) == 0, "%s: cpu forward", stem);
+	for (int chunk = 8; chunk <= 64; chunk += 56) {
+		tseq_init(&s, 2, 2, 1); /* other blocks than the CPU run used: a pool is per backend anyway */
+		int rc = run_seq(mg, &kg, &s, ids, n, chunk, true, got);
+		CHECK(rc == 0, "%s: cuda forward (chunk %d)", stem, chunk);
+		if (rc)
+			continue;
+		double d = max_abs_diff(ref, got, (size_t)V * (size_t)n), tol = chunk <= 8 ? TOL_F32 : TOL_BF16;
+		printf("%-22s rand64 all positions, cuda chunks of %2d (%s) vs cpu: max|d| = %.3g (tolerance %.0e)\n",
+		       stem, chunk, chunk <= 8 ? "fp32 GEMV" : "bf16 GEMM", d, tol);
+		CHECK(d <= tol, "%s chunk %d: cuda logits differ from cpu by %g", stem, chunk, d);
+	}
+	model_kv_fini(&kc);
+	model_kv_fini(&kg);
+	free(ref);
+	free(got);
+	free(ids);
+}
+
+static void test_greedy(const char *stem, struct model *mc, struct model *mg, json_t *man)
+{
+	int64_t V = model_hparams(mc)->vocab;
+	float *lc = malloc(sizeof(float) * (size_t)V), *lg = malloc(sizeof(float) * (size_t)V);
+	const char *name;
+	int32_t *ids;
+	int n;
+	for (size_t pi = 0; pi < 3 && (ids = ref_prompt(man, pi, &n, &name)); pi++) {
+		struct model_kv kc, kg;
+		struct errbuf e = {0};
+		if (model_kv_init(&kc, mc, 4, NULL, 0, &e) || model_kv_init(&kg, mg, 4, NULL, 0, &e)) {
+			CHECK(0, "%s: kv: %s", stem, e.msg);
+			free(ids);
+			break;
+		}
+		struct tseq sc, sg;
+		tseq_init(&sc, 0, 4, 1);
+		tseq_init(&sg, 3, 4, -1); /* scattered, descending block ids */
+		int rc = run_seq(mc, &kc, &sc, ids, n, 8, false, lc) || run_seq(mg, &kg, &sg, ids, n, 8, false, lg);
+		CHECK(rc == 0, "%s %s: prefill", stem, name);
+		int same = 0, steps = 16;
+		bool stop = false;
+		for (int t = 0; t < steps && !rc && !stop; t++) {
+			int a = argmax(lc, V), b = argmax(lg, V);
+			double mg12 = margin12(lc, V);
+			if (a != b) {
+				CHECK(mg12 < TOL_F32, "%s %s step %d: cuda picks %d, cpu %d (cpu margin %g)", stem, name, t,
+				      b, a, mg12);
+				stop = true;
+				break;
+			}
+			same++;
+			if (mg12 < TOL_F32) /* beyond a near tie the continuations may rightly part */
+				break;
+			int32_t tok = a;
+			rc = run_seq(mc, &kc, &sc, &tok, 1, 1, false, lc) || run_seq(mg, &kg, &sg, &tok, 1, 1, false, lg);
+			CHECK(rc == 0, "%s %s: decode step %d", stem, name, t);
+		}
+		printf("%-22s %-14s greedy: %d of %d steps identical to cpu\n", stem, name, same, steps);
+		model_kv_fini(&kc);
+		model_kv_fini(&kg);
+		free(ids);
+	}
+	free(lc);
+	free(lg);
+}
+
+/* 3 sequences (prompts 0..2) prefilled, then decode steps of all three: graphs (1) vs padded eager
+ * (2) bit for bit, and vs the CPU within TOL_F32 */
+static void test_graphs(const char *stem, struct model *mc, json_t *man)
+{
+	struct model *m1 = load_cuda(stem, 1), *m2 = load_cuda(stem, 2);
+	CHECK(m1 && m2, "%s: load with graphs", stem);
+	if (!m1 || !m2) {
+		model_destroy(m1);
+		model_destroy(m2);
+		return;
+	}
+	int64_t V = model_hparams(mc)->vocab;
+	struct model *ms[3] = {mc, m1, m2};
+	struct model_kv kv[3];
+	struct tseq sq[3][3];
+	struct errbuf e = {0};
+	float *lg[3];
+	int32_t next[3];
+	int rc = 0;
+	for (int k = 0; k < 3; k++) {
+		lg[k] = malloc(sizeof(float) * (size_t)V * 3);
+		if (model_kv_init(&kv[k], ms[k], 16, NULL, 0, &e))
+			rc = -1;
+	}
+	for (int j = 0; j < 3 && !rc; j++) {
+		const char *name;
+		int n = 0;
+		int32_t *ids = ref_prompt(man, (size_t)j, &n, &name);
+		if (!ids) {
+			rc = -1;
+			break;
+		}
+		for (int k = 0; k < 3 && !rc; k++) {
+			tseq_init(&sq[k][j], j * 4, 4, 1);
+			rc = run_seq(ms[k], &kv[k], &sq[k][j], ids, n, 8, false, lg[k] + j * V);
+		}
+		next[j] = (int32_t)argmax(lg[0] + j * V, V);
+		free(ids);
+	}
+	CHECK(rc == 0, "%s: graph test prefill", stem);
+	double worst = 0;
+	int steps = 0;
+	bool bit_equal = true;
+	for (int t = 0; t < 12 && !rc; t++) {
+		int32_t seqi[3] = {0, 1, 2}, pos[3];
+		for (int k = 0; k < 3 && !rc; k++) {
+			struct model_seq ms3[3];
+			for (int j = 0; j < 3; j++) {
+				ms3[j] = (struct model_seq){.blocks = sq[k][j].blocks, .n_blocks = sq[k][j].n_blocks};
+				pos[j] = sq[k][j].len;
+			}
+			uint8_t want[3] = {1, 1, 1};
+			struct model_batch b = {.n_tokens = 3,
+			                        .tokens = next,
+			                        .seq = seqi,
+			                        .pos = pos,
+			                        .logits = want,
+			                        .n_seqs = 3,
+			                        .seqs = ms3};
+			rc = model_forward(ms[k], &kv[k], &b, lg[k], NULL, &e);
+			CHECK(rc == 0, "%s: decode step %d on model %d: %s", stem, t, k, e.msg);
+			for (int j = 0; j < 3; j++)
+				sq[k][j].len++;
+		}
+		if (rc)
+			break;
+		if (memcmp(lg[1], lg[2], sizeof(float) * (size_t)V * 3) != 0)
+			bit_equal = false;
+		double d = max_abs_diff(lg[0], lg[1], (size_t)V * 3);
+		worst = d > worst ? d : worst;
+		steps++;
+		for (int j = 0; j < 3; j++)
+			next[j] = (int32_t)argmax(lg[0] + j * V, V);
+	}
+	printf("%-22s decode batch 3 (bucket 4), %d steps: graph replay %s padded eager; vs cpu max|d| = %.3g\n",
+	       stem, steps, bit_equal ? "==" : "!=", worst);
+	CHECK(bit_equal, "%s: graph replay differs from eager", stem);
+	CHECK(worst <= TOL_F32, "%s: graph decode differs from cpu by %g", stem, worst);
+	for (int k = 0; k < 3; k++) {
+		model_kv_fini(&kv[k]);
+		free(lg[k]);
+	}
+	model_destroy(m1);
+	model_destroy(m2);
+}
+
+int main(void)
+{
+	if (kcuda_device_count() < 1) {
+		printf("SKIP: no CUDA device\n");
+		return 77;
+	}
+	for (int i = 0; ref_models[i]; i++) {
+		const char *stem = ref_models[i];
+		struct model *mc = load_model(stem, 1, 2), *mg = load_cuda(stem, 0);
+		CHECK(mc && mg, "%s: load", stem);
+		if (mc && mg) {
+			json_t *man = ref_manifest(stem);
+			test_logits(stem, mc, mg, man);
+			test_greedy(stem, mc, mg, man);
+			test_graphs(stem, mc, man);
+			json_decref(man);
+		}
+		model_destroy(mc);
+		model_destroy(mg);
+	}
+	printf("%s\n", n_fail ? "FAILED" : "all passed");
+	return n_fail ? 1 : 0;
+}
+#endif
