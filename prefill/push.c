@@ -121,6 +121,16 @@ void pf_push_fence(const struct pf_push_ctx *c, struct pf_job *j)
 		return; /* the decode worker has no fences (older) */
 	if (atomic_load(&j->no_fence))
 		return;
+	/* a decode worker that just failed a fence (dead, unreachable) is not tried again for a few
+	 * seconds: a burst of cancelled jobs to it must not stall the engine for 2 s each. Engine
+	 * thread only (one engine per process). */
+	static uint64_t failed_addr_hash, failed_until_ms;
+	uint64_t h = 1469598103934665603ull;
+	for (size_t i = 0; i < j->ucx_addr_len; i++)
+		h = (h ^ j->ucx_addr[i]) * 1099511628211ull;
+	uint64_t now = uv_hrtime() / 1000000u;
+	if (h == failed_addr_hash && now < failed_until_ms)
+		return;
 	struct errbuf e = {0};
 	struct kvx_peer *peer;
 	if (j->peer_id) {
@@ -129,6 +139,8 @@ void pf_push_fence(const struct pf_push_ctx *c, struct pf_job *j)
 			return; /* force-closed after a failure: nothing of ours can land; decode's deadline */
 	} else if (kvx_peer_get(c->kvx, j->ucx_addr, j->ucx_addr_len, j->rkey, j->rkey_len, &peer, &e)) {
 		LOG_DEBUG("prefill", "rid=%llu no fence: %s", (unsigned long long)j->rid, e.msg);
+		failed_addr_hash = h;
+		failed_until_ms = now + 5000;
 		return;
 	}
 	/* the fence slot is never KV data: writing it even after the window cannot hurt another
@@ -137,7 +149,10 @@ void pf_push_fence(const struct pf_push_ctx *c, struct pf_job *j)
 	uint64_t slot = j->region.fence_addr + (uint64_t)j->block_ids[0] * 8u;
 	j->fence_word = j->rid; /* little-endian u64 on both sides (x86-64, aarch64) */
 	if (kvx_put(c->kvx, peer, &j->fence_word, NULL, sizeof(j->fence_word), slot, &e) ||
-	    kvx_flush(c->kvx, peer, c->flush_timeout_ms < 2000 ? c->flush_timeout_ms : 2000, &e))
+	    kvx_flush(c->kvx, peer, c->flush_timeout_ms < 2000 ? c->flush_timeout_ms : 2000, &e)) {
 		LOG_WARN("prefill", "rid=%llu transfer fence not written (decode waits for its deadline): %s",
 		         (unsigned long long)j->rid, e.msg);
+		failed_addr_hash = h;
+		failed_until_ms = uv_hrtime() / 1000000u + 5000;
+	}
 }
