@@ -5,9 +5,15 @@
  *    and attention / norms are fp32 (statistics in double like the CPU): only the summation order
  *    differs, ~1e-7 relative per dot, growing through 2-3 layers to ~1e-5 on logits of magnitude
  *    ~10; TOL_F32 = 2e-4 leaves an order of magnitude.
- *  - more tokens use the bf16 tensor-core GEMM: activations rounded to bf16 (8-bit mantissa,
- *    relative error 2^-9 ~ 2e-3 per value), a few % after the layers on logits of ~10: TOL_BF16 =
- *    1e-1 (and an indexer top-k set may then differ, which the bound also covers on these models).
+ *  - more tokens use the bf16 tensor-core GEMM for the big products (activations and weights
+ *    rounded to bf16: relative error up to 2^-9 each, so ~2^-9 * sqrt(2) per product output as a
+ *    random walk over K terms); the router and the indexer projections stay fp32 (their outputs
+ *    are ranked: MODEL-SPEC.md §2.6/§2.7). The tiny models chain ~16 such products from the
+ *    embedding to the logits (3 layers x q_a, q_b, k_b, v_b, o, gate/up, down, + lm_head), and
+ *    the errors add as a random walk: sqrt(16) * 2^-9 * sqrt(2) ~ 1.1e-2 of the logit scale.
+ *    TOL_BF16_REL = 2e-2 times max|logit| of the CPU reference leaves a factor 2. A selection that
+ *    flips on a near-tie (router top-k or indexer top-k fed by bf16-rounded activations) is not
+ *    covered; the position of the largest difference is printed to find it.
  * Checks: rand64 logits at every position (prefill in chunks of 8: fp32 path; in one 64-token batch:
  * bf16 path); 16-token greedy continuations of the first prompts (prefill in chunks of 8, then
  * decode) identical to the CPU's up to the first step whose CPU top-1/top-2 margin is below
@@ -26,7 +32,7 @@ int main(void)
 #include "kernels/kernels.h"
 
 #define TOL_F32 2e-4
-#define TOL_BF16 1e-1
+#define TOL_BF16_REL 2e-2
 
 static struct model *load_cuda(const char *stem, int graphs)
 {
@@ -95,9 +101,21 @@ static void test_logits(const char *stem, struct model *mc, struct model *mg, js
 		CHECK(rc == 0, "%s: cuda forward (chunk %d)", stem, chunk);
 		if (rc)
 			continue;
-		double d = max_abs_diff(ref, got, (size_t)V * (size_t)n), tol = chunk <= 8 ? TOL_F32 : TOL_BF16;
-		printf("%-22s rand64 all positions, cuda chunks of %2d (%s) vs cpu: max|d| = %.3g (tolerance %.0e)\n",
-		       stem, chunk, chunk <= 8 ? "fp32 GEMV" : "bf16 GEMM", d, tol);
+		double d = max_abs_diff(ref, got, (size_t)V * (size_t)n), scale = 0;
+		int worst = 0, n_over = 0;
+		for (size_t i = 0; i < (size_t)V * (size_t)n; i++)
+			if (fabs(ref[i]) > scale)
+				scale = fabs(ref[i]);
+		double tol = chunk <= 8 ? TOL_F32 : TOL_BF16_REL * scale;
+		for (int p = 0; p < n; p++) {
+			double dp = max_abs_diff(ref + (size_t)p * V, got + (size_t)p * V, (size_t)V);
+			if (dp == d && !worst)
+				worst = p;
+			n_over += dp > tol;
+		}
+		printf("%-22s rand64 all positions, cuda chunks of %2d (%s) vs cpu: max|d| = %.3g at position %d, "
+		       "%d of %d positions over tolerance %.2g (max|logit| %.3g)\n",
+		       stem, chunk, chunk <= 8 ? "fp32 GEMV" : "bf16 GEMM", d, worst, n_over, n, tol, scale);
 		CHECK(d <= tol, "%s chunk %d: cuda logits differ from cpu by %g", stem, chunk, d);
 	}
 	model_kv_fini(&kc);
