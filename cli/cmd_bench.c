@@ -1,7 +1,7 @@
 /* `tandem bench`: prefill and decode throughput of the model core on this machine's CPU backend.
  *
  *   tandem bench -m MODEL [--prompt N] [--gen N] [--batch B] [--threads T] [--tp N] [--reps R]
- *                [--ubatch U] [--seed S] [--json]
+ *                [--ubatch U] [--seed S] [--json] [--fast]
  *
  * Prefill: B sequences of N seeded random prompt tokens each, run in chunks of U tokens (default: the
  * whole prompt in one batch). Decode: then --gen steps, each one token for every one of the B
@@ -100,6 +100,7 @@ struct bench_opts {
 	int prompt, gen, batch, threads, tp, reps, ubatch;
 	uint64_t seed;
 	int json;
+	int fast; /* --fast: CPU approximate matmuls (model_opts.fast_matmul) */
 	int backend, device, rank, graph; /* cuda: --backend cuda [--device N] [--rank r] [--graph 0|1] */
 	/* --synthetic PRESET: a sparse mkmodel file (shapes and small tensors only); the CUDA backend
 	 * fills the matrices with random device memory */
@@ -119,7 +120,7 @@ static int parse_int(const char *cmd, const char *flag, const char *v, int lo, i
 static void usage(void)
 {
 	printf("usage: tandem bench -m MODEL [--prompt N] [--gen N] [--batch B] [--threads T] [--tp N]\n"
-	       "                    [--reps R] [--ubatch U] [--seed S] [--json]\n"
+	       "                    [--reps R] [--ubatch U] [--seed S] [--json] [--fast]\n"
 	       "                    [--backend cpu|cuda] [--device N] [--rank r] [--graph 0|1] [--ctx N]\n"
 	       "       tandem bench --synthetic glm5|deepseek3|tiny [--layers L] [--experts E] [--top-k K]\n"
 	       "                    [--dense D] [--type q4_k] --backend cuda ... (no file: random weights in\n"
@@ -169,6 +170,8 @@ static int parse(int argc, char **argv, struct bench_opts *o)
 			o->seed = (uint64_t)s;
 		} else if (!strcmp(a, "--json")) {
 			o->json = 1;
+		} else if (!strcmp(a, "--fast")) {
+			o->fast = 1;
 		} else if (!strcmp(a, "--backend")) {
 			if (!cli_parse_backend(v, &o->backend))
 				return cli_usage_error(cmd, "--backend needs cpu or cuda");
@@ -339,6 +342,7 @@ int cmd_bench(int argc, char **argv)
 	mo.quiet = true;
 	mo.rank = o.rank;
 	mo.backend = (enum model_backend_kind)o.backend;
+	mo.fast_matmul = o.fast != 0;
 	mo.device = o.device;
 	mo.synthetic = o.synthetic && o.backend == MODEL_BACKEND_CUDA;
 	if (o.backend == MODEL_BACKEND_CUDA) { /* workspaces sized for exactly this run */
@@ -414,11 +418,11 @@ int cmd_bench(int argc, char **argv)
 	double step_ms = o.gen > 0 ? 1e3 * dc_s / o.gen : 0;
 	double gbs = o.gen > 0 ? bytes_tok / (dc_s / o.gen) / 1e9 : 0;
 	if (o.json) {
-		printf("{\"model\":\"%s\",\"arch\":\"%s\",\"layers\":%d,\"threads\":%d,\"tp\":%d,\"batch\":%d,"
+		printf("{\"model\":\"%s\",\"arch\":\"%s\",\"layers\":%d,\"threads\":%d,\"tp\":%d,\"batch\":%d,\"fast\":%d,"
 		       "\"prompt\":%d,\"gen\":%d,\"load_s\":%.3f,\"prefill_tok_s\":%.2f,\"decode_tok_s\":%.2f,"
 		       "\"decode_step_ms\":%.3f,\"decode_weight_bytes\":%.0f,\"decode_gb_s\":%.3f}\n",
-		       o.model, model_arch_name(hp->arch), hp->n_layers, o.threads, o.tp, o.batch, o.prompt, o.gen,
-		       load_s, pf_tps, dc_tps, step_ms, bytes_tok, gbs);
+		       o.model, model_arch_name(hp->arch), hp->n_layers, o.threads, o.tp, o.batch, o.fast, o.prompt,
+		       o.gen, load_s, pf_tps, dc_tps, step_ms, bytes_tok, gbs);
 	} else {
 		printf("model %s (%s, %d layers), threads %d, tp %d, batch %d, load %.2f s\n", o.model,
 		       model_arch_name(hp->arch), hp->n_layers, o.threads, o.tp, o.batch, load_s);

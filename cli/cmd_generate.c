@@ -35,7 +35,8 @@ static void generate_usage(FILE *f)
 	       "  --ids                   print the new token ids separated by spaces instead of text\n"
 	       "  --ignore-eos            do not stop at end-of-generation tokens\n"
 	       "  --tp N --threads T      tensor-parallel degree (ranks as threads), CPU threads in total\n"
-	       "  --backend cpu|cuda --device N   forward backend (default cpu), CUDA device (default 0)\n");
+	       "  --backend cpu|cuda --device N   forward backend (default cpu), CUDA device (default 0)\n"
+	       "  --fast                  CPU: approximate matmuls with int8-quantized activations\n");
 }
 
 struct gen_args {
@@ -150,6 +151,8 @@ static int parse(int argc, char **argv, struct gen_args *a)
 			if (!cli_parse_backend(v, &bk))
 				return cli_usage_error("generate", "--backend needs cpu or cuda");
 			a->mo.backend = (enum model_backend_kind)bk;
+		} else if (!strcmp(o, "--fast")) {
+			a->mo.fast_matmul = true;
 		} else if (!strcmp(o, "--device")) {
 			NEEDV("an integer");
 			if (!cli_parse_i64(v, 0, 1023, &x))

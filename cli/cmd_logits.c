@@ -21,6 +21,7 @@ static void logits_usage(FILE *f)
 	       "  --tp N         tensor-parallel degree, ranks run as threads (default 1)\n"
 	       "  --threads T    CPU threads in total (default 1)\n"
 	       "  --kv-bf16      store the KV cache in bf16 (default fp32)\n"
+	       "  --fast         CPU: approximate matmuls with int8-quantized activations (not the reference)\n"
 	       "  --backend B    cpu (default) or cuda;  --device N  CUDA device (default 0)\n"
 	       "  --latent-eps X RMSNorm eps of q_a_norm / kv_a_norm (default 1e-6, as the references;\n"
 	       "                 llama.cpp uses the model's rms_norm_eps)\n");
@@ -59,6 +60,8 @@ int cmd_logits(int argc, char **argv)
 				return cli_usage_error("logits", "--latent-eps needs a number in [1e-12, 1]");
 		} else if (!strcmp(a, "--kv-bf16")) {
 			o.kv_dtype = MODEL_KV_BF16;
+		} else if (!strcmp(a, "--fast")) {
+			o.fast_matmul = true;
 		} else if (!strcmp(a, "--tp")) {
 			if (!has || !cli_parse_i64(argv[++i], 1, 256, &v))
 				return cli_usage_error("logits", "--tp needs an integer 1..256");

@@ -36,6 +36,9 @@ int main(int argc, char **argv)
 	     "max_tokens when a request gives none"},
 	    {"reserve_timeout_ms", OPT_INT, &c.reserve_timeout_ms, 0, 10, 3600000,
 	     "free a reservation whose KV is not ready by then"},
+	    {"kv_quarantine_ms", OPT_INT, &c.quarantine_ms, 0, 10, 86400000,
+	     "reuse blocks of a reservation released before KvReady after this even without the prefill's "
+	     "fence (must exceed the prefill's write window)"},
 	    {"verify_checksums", OPT_BOOL, &c.verify_checksums, 0, 0, 0,
 	     "check per-block checksums when prefill sends them"},
 	    {"ucx_tls", OPT_STR, c.ucx_tls, sizeof(c.ucx_tls), 0, 0,

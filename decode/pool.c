@@ -12,7 +12,13 @@ int kv_pool_init(struct kv_pool *p, uint32_t n_blocks, size_t block_bytes, struc
 	if (!n_blocks || !block_bytes || block_bytes > SIZE_MAX / n_blocks)
 		return errbuf_set(e, -EINVAL, "KV pool: %u blocks of %zu bytes is not a valid size", n_blocks,
 		                  block_bytes);
-	size_t bytes = (size_t)n_blocks * block_bytes;
+	/* the blocks, then one 8-byte transfer-fence slot per block (see pool.h), in one region */
+	size_t blocks_bytes = (size_t)n_blocks * block_bytes;
+	size_t fence_off = (blocks_bytes + 63) & ~(size_t)63;
+	if (fence_off < blocks_bytes || fence_off > SIZE_MAX - (size_t)n_blocks * 8)
+		return errbuf_set(e, -EINVAL, "KV pool: %u blocks of %zu bytes is too large", n_blocks,
+		                  block_bytes);
+	size_t bytes = fence_off + (size_t)n_blocks * 8;
 	p->fifo = malloc(n_blocks * sizeof(uint32_t));
 	p->allocated = calloc(n_blocks, 1);
 	if (!p->fifo || !p->allocated) {
@@ -24,6 +30,7 @@ int kv_pool_init(struct kv_pool *p, uint32_t n_blocks, size_t block_bytes, struc
 	}
 	p->block_bytes = block_bytes;
 	p->n_blocks = n_blocks;
+	p->fence_off = fence_off;
 	for (uint32_t i = 0; i < n_blocks; i++)
 		p->fifo[i] = i;
 	p->n_free = n_blocks;

@@ -7,9 +7,27 @@
  *   the sequence back with a FINISH event and only then are its blocks freed (the engine may be
  *   reading them until that moment).
  *
- * Invariant: a request's blocks are returned to the pool exactly once, by dreq_free(), which is
- * the only caller of kv_pool_free (the pool aborts on a double free). Every request-related log
- * line carries rid=. */
+ * Invariant: a request's blocks are returned to the pool exactly once, by blocks_return(), the
+ * only caller of kv_pool_free (the pool aborts on a double free). Every request-related log line
+ * carries rid=.
+ *
+ * LATE WRITES (quarantine). A reservation that ends before KvReady (KvRelease, Cancel, its
+ * deadline, the router lost, drain) may still be the target of a prefill's puts: Cancel reaches
+ * prefill and decode independently, a prefill may not have heard of it at all (router gone), and
+ * puts over emulated-RMA transports are applied here whenever UCX is progressed. Reusing those
+ * blocks at once would let a late put overwrite another request's KV. So such blocks go to a
+ * quarantine list, not to the pool, and leave it only when
+ *   - the prefill's fence is in the slot of the reservation's first block (pool.h): a prefill
+ *     writes it after its last put to the request has reached remote completion (flush), so
+ *     seeing it proves that nothing more comes; or
+ *   - the quarantine deadline (--kv-quarantine-ms, default 180 s) has passed. A prefill never
+ *     writes later than its write window (PrefillRequest.deadline_ms after it got the request,
+ *     router default 120 s, prefill cap 120 s) and force-closes its endpoint when the window closes
+ *     with puts unflushed, so the deadline is the bound for a prefill that died or lost every
+ *     path to us. It is the only path that relies on a time bound and is counted and logged.
+ * The router says when no writer can exist (KvRelease.no_writer: PrefillRequest never sent, or
+ * PrefillDone received); then the blocks are freed at once. A reservation freed after KvReady
+ * (decode ran) needs nothing: PrefillDone, hence KvReady, comes only after the prefill's flush. */
 #include "decode/worker.h"
 
 #include <poll.h>
@@ -34,7 +52,10 @@
 #define MAP_BUCKETS 4096
 #define TOKBUF_MAX 256
 
-enum dreq_state { DREQ_RESERVED, DREQ_RUNNING };
+/* CHECKING: KvReady arrived; the received KV is being verified on a libuv pool thread (a long
+ * prompt's CRCs must not stall the loop, which streams every other request's tokens). The blocks
+ * are read by that thread until verify_done_cb: a Cancel meanwhile only marks the request. */
+enum dreq_state { DREQ_RESERVED, DREQ_CHECKING, DREQ_RUNNING };
 
 struct dreq {
 	uint64_t rid;
@@ -52,6 +73,18 @@ struct dreq {
 	uint32_t *prompt; /* optional (trivial KV check) */
 	uint64_t deadline_ms; /* RESERVED: KvReady must come before this */
 	uint64_t t_ready_ns;
+	uint64_t quarantine_until_ms; /* in w->quarantine: free by then even without a fence */
+	/* CHECKING */
+	uv_work_t verify;
+	struct dc_worker *w;
+	uint32_t *sums; /* owned copy of KvReady's checksums (NULL: not verified) */
+	uint32_t n_sums;
+	struct msg_token first;
+	int verify_code; /* result (pool thread) */
+	char verify_why[256];
+	bool cancel_pending; /* loop: Cancel/KvRelease/lost arrived while CHECKING */
+	int cancel_code;
+	bool cancel_tell;
 	struct dc_seq *seq; /* RUNNING: owned by the engine until its FINISH event */
 	struct msg_token tokbuf[TOKBUF_MAX];
 	uint32_t n_tokbuf;
@@ -75,6 +108,8 @@ struct dc_worker {
 	uint32_t max_seq_len;
 	uint32_t vocab;
 	struct dreq *map[MAP_BUCKETS];
+	struct dreq *quarantine; /* released reservations whose blocks a prefill may still write */
+	uint32_t n_quarantined_blocks;
 	uint32_t n_reserved, n_running;
 	bool draining, stopping;
 	uv_poll_t ucx_poll;
@@ -85,6 +120,8 @@ struct dc_worker {
 	struct metric *m_fin_stop, *m_fin_length, *m_fin_cancelled, *m_fin_error;
 	struct metric *m_refused, *m_released, *m_expired, *m_checksum_bad, *m_kv_rx_bytes, *m_registered;
 	struct metric *m_ttft_decode; /* KvReady to first decode token */
+	struct metric *m_quarantined, *m_fenced, *m_quarantine_expired;
+	uint32_t test_verify_delay_us, test_verify_min_tokens; /* TANDEM_TEST_VERIFY_DELAY, tests only */
 	int exit_code;
 };
 
@@ -104,6 +141,7 @@ void dc_config_default(struct dc_config *c)
 	c->max_batch = 64;
 	c->default_max_tokens = 1024;
 	c->reserve_timeout_ms = 60000;
+	c->quarantine_ms = 180000;
 	c->heartbeat_ms = 1000;
 	c->drain_timeout_ms = 30000;
 }
@@ -128,30 +166,104 @@ static void update_gauges(struct dc_worker *w)
 	metrics_set(w->m_blocks_used, w->pool.n_blocks - w->pool.n_free);
 	metrics_set(w->m_blocks_free, w->pool.n_free);
 	metrics_set(w->m_reserved, w->n_reserved);
+	metrics_set(w->m_quarantined, w->n_quarantined_blocks);
 }
 
 static void maybe_finish_drain(struct dc_worker *w);
 
-/* the one place a request's blocks go back to the pool */
-static void dreq_free(struct dc_worker *w, struct dreq *d)
+/* the one place blocks go back to the pool */
+static void blocks_return(struct dc_worker *w, struct dreq *d)
+{
+	kv_pool_free(&w->pool, d->blocks, d->n_blocks);
+	free(d->blocks);
+	free(d);
+}
+
+/* has the prefill fenced this reservation (stopped writing its blocks for good)? */
+static bool is_fenced(const struct dc_worker *w, const struct dreq *d)
+{
+	return d->n_blocks && *kv_pool_fence(&w->pool, d->blocks[0]) == d->rid;
+}
+
+/* Ends a request here. maybe_writer: a prefill may still be putting into its blocks (see the top
+ * of this file); then the blocks go to quarantine unless the fence is already there. */
+static void dreq_end(struct dc_worker *w, struct dreq *d, bool maybe_writer)
 {
 	struct dreq **pp = map_slot(w, d->rid);
 	TD_ASSERT(*pp == d);
 	*pp = d->map_next;
-	if (d->state == DREQ_RESERVED)
+	d->map_next = NULL;
+	bool reserved = d->state != DREQ_RUNNING;
+	if (reserved)
 		w->n_reserved--;
 	else
 		w->n_running--;
-	kv_pool_free(&w->pool, d->blocks, d->n_blocks);
-	free(d->blocks);
 	for (uint32_t i = 0; i < d->n_stop; i++)
 		free(d->stop[i]);
 	free(d->stop);
 	free(d->stop_ids);
 	free(d->prompt);
-	free(d);
+	free(d->sums);
+	d->stop = NULL, d->stop_ids = NULL, d->prompt = NULL, d->n_stop = 0, d->sums = NULL;
+	if (reserved && maybe_writer) {
+		kvx_progress(w->kvx); /* apply puts (and a fence) that have arrived already */
+		if (!is_fenced(w, d)) {
+			d->quarantine_until_ms = now_ms() + (uint64_t)w->c->quarantine_ms;
+			d->map_next = w->quarantine;
+			w->quarantine = d;
+			w->n_quarantined_blocks += d->n_blocks;
+			LOG_INFO("decode",
+			         "rid=%llu %u blocks quarantined until the prefill fences them (at most %d ms)",
+			         (unsigned long long)d->rid, d->n_blocks, w->c->quarantine_ms);
+			update_gauges(w);
+			maybe_finish_drain(w);
+			return;
+		}
+		metrics_add(w->m_fenced, 1);
+	}
+	blocks_return(w, d);
 	update_gauges(w);
 	maybe_finish_drain(w);
+}
+
+static void dreq_free(struct dc_worker *w, struct dreq *d)
+{
+	dreq_end(w, d, false);
+}
+
+/* tick: blocks whose fence has arrived (or whose quarantine deadline passed) go back */
+static void quarantine_scan(struct dc_worker *w, bool all)
+{
+	if (!w->quarantine)
+		return;
+	kvx_progress(w->kvx);
+	uint64_t now = now_ms();
+	bool changed = false;
+	for (struct dreq **pp = &w->quarantine; *pp;) {
+		struct dreq *d = *pp;
+		bool fenced = is_fenced(w, d);
+		if (!fenced && !all && now <= d->quarantine_until_ms) {
+			pp = &d->map_next;
+			continue;
+		}
+		*pp = d->map_next;
+		w->n_quarantined_blocks -= d->n_blocks;
+		if (fenced) {
+			metrics_add(w->m_fenced, 1);
+			LOG_DEBUG("decode", "rid=%llu fenced by the prefill: %u blocks free",
+			          (unsigned long long)d->rid, d->n_blocks);
+		} else if (!all) {
+			metrics_add(w->m_quarantine_expired, 1);
+			LOG_WARN("decode",
+			         "rid=%llu no fence from the prefill within %d ms: its %u blocks are reused "
+			         "(the prefill's write window is over)",
+			         (unsigned long long)d->rid, w->c->quarantine_ms, d->n_blocks);
+		}
+		blocks_return(w, d);
+		changed = true;
+	}
+	if (changed)
+		update_gauges(w);
 }
 
 /* ---- sending ------------------------------------------------------------------------------------ */
@@ -287,6 +399,16 @@ static void on_kv_reserve(struct dc_worker *w, const struct msg_kv_reserve *r)
 		snprintf(why, sizeof(why), "request id already holds a reservation here");
 		goto refuse;
 	}
+	if (r->n_prompt_tokens == 0) {
+		snprintf(why, sizeof(why), "empty prompt: there is no KV to decode from");
+		goto refuse;
+	}
+	if (r->n_prompt && r->n_prompt != r->n_prompt_tokens) {
+		/* the KV check reads prompt[p] for every prompt position (msg.c refuses this too) */
+		snprintf(why, sizeof(why), "%zu prompt ids for a prompt of %u tokens", r->n_prompt,
+		         r->n_prompt_tokens);
+		goto refuse;
+	}
 	if (r->n_prompt_tokens >= w->max_seq_len) {
 		snprintf(why, sizeof(why), "prompt of %u tokens leaves no room in the context of %u",
 		         r->n_prompt_tokens, w->max_seq_len);
@@ -356,6 +478,7 @@ static void on_kv_reserve(struct dc_worker *w, const struct msg_kv_reserve *r)
 	if (d->prompt)
 		memcpy(d->prompt, r->prompt, r->n_prompt * sizeof(uint32_t));
 	d->deadline_ms = now_ms() + (r->deadline_ms ? r->deadline_ms : (uint32_t)w->c->reserve_timeout_ms);
+	*kv_pool_fence(&w->pool, d->blocks[0]) = 0; /* a fence for an earlier user of the block is void */
 	*map_slot(w, d->rid) = d;
 	w->n_reserved++;
 	update_gauges(w);
@@ -375,7 +498,74 @@ refuse:
 	send_error(w, r->rid, code, why);
 }
 
-/* KvReady: the prompt's KV is in our blocks; check it when we can, then start decoding */
+/* pool thread: verify the received KV (CRC32C per prompt block; with the trivial engine also the
+ * content of every prompt slot). Reads d's blocks, sums and prompt, which the loop leaves alone
+ * while the request is CHECKING. */
+static void verify_work_cb(uv_work_t *req)
+{
+	struct dreq *d = req->data;
+	struct dc_worker *w = d->w;
+	uint32_t bs = w->layout.block_size;
+	uint32_t n_prompt_blocks = (d->n_prompt + bs - 1) / bs;
+	if (w->test_verify_delay_us && d->n_prompt >= w->test_verify_min_tokens)
+		usleep(w->test_verify_delay_us); /* tests only: a checksum that takes long */
+	d->verify_code = 0;
+	for (uint32_t i = 0; d->sums && i < n_prompt_blocks; i++) {
+		uint32_t c = crc32c(0, kv_pool_block(&w->pool, d->blocks[i]), w->pool.block_bytes);
+		if (c != d->sums[i]) {
+			d->verify_code = MSG_ERR_CHECKSUM;
+			snprintf(d->verify_why, sizeof(d->verify_why),
+			         "KV block %u (pool block %u) checksum %08x, prefill sent %08x", i, d->blocks[i], c,
+			         d->sums[i]);
+			return;
+		}
+	}
+	if (!w->model && d->prompt) {
+		/* trivial engine: the KV of every prompt position must name its token and position */
+		for (uint32_t p = 0; p < d->n_prompt; p++)
+			if (trivial_check_slot(kv_pool_block(&w->pool, d->blocks[p / bs]), p, d->prompt[p])) {
+				d->verify_code = MSG_ERR_CHECKSUM;
+				snprintf(d->verify_why, sizeof(d->verify_why),
+				         "KV of prompt position %u does not hold token %u", p, d->prompt[p]);
+				return;
+			}
+	}
+}
+
+static void start_running(struct dc_worker *w, struct dreq *d);
+
+static void kv_check_failed(struct dc_worker *w, struct dreq *d, int code, const char *why)
+{
+	LOG_WARN("decode", "rid=%llu KV check failed: %s", (unsigned long long)d->rid, why);
+	if (code == MSG_ERR_CHECKSUM)
+		metrics_add(w->m_checksum_bad, 1);
+	send_finish(w, d, MSG_FINISH_ERROR, code, -1, 1, why);
+	dreq_free(w, d); /* KvReady came after PrefillDone: no writer is left */
+}
+
+/* loop: the verification is over */
+static void verify_done_cb(uv_work_t *req, int status)
+{
+	struct dreq *d = req->data;
+	struct dc_worker *w = d->w;
+	if (d->cancel_pending) {
+		int code = d->cancel_code;
+		if (d->cancel_tell)
+			send_finish(w, d, code == MSG_ERR_CANCELLED ? MSG_FINISH_CANCELLED : MSG_FINISH_ERROR,
+			            code, -1, 0, code == MSG_ERR_CANCELLED ? NULL : msg_error_name(code));
+		dreq_free(w, d);
+		return;
+	}
+	if (status || d->verify_code) {
+		kv_check_failed(w, d, status ? MSG_ERR_INTERNAL : d->verify_code,
+		                status ? "KV verification could not run" : d->verify_why);
+		return;
+	}
+	start_running(w, d);
+}
+
+/* KvReady: the prompt's KV is in our blocks; check it off the loop when there is something to
+ * check, then start decoding */
 static void on_kv_ready(struct dc_worker *w, const struct msg_kv_ready *r)
 {
 	struct dreq *d = *map_slot(w, r->rid);
@@ -388,6 +578,7 @@ static void on_kv_ready(struct dc_worker *w, const struct msg_kv_ready *r)
 	int code = 0;
 	uint32_t bs = w->layout.block_size;
 	uint32_t n_prompt_blocks = (d->n_prompt + bs - 1) / bs;
+	bool verify = r->n_checksums && w->c->verify_checksums;
 	if (r->n_prompt_tokens != d->n_prompt) {
 		code = MSG_ERR_INVALID_REQUEST;
 		snprintf(why, sizeof(why), "KvReady for %u prompt tokens, reservation was for %u",
@@ -395,41 +586,40 @@ static void on_kv_ready(struct dc_worker *w, const struct msg_kv_ready *r)
 	} else if (r->first.id >= w->vocab) {
 		code = MSG_ERR_INVALID_REQUEST;
 		snprintf(why, sizeof(why), "first token id %u outside the vocabulary", r->first.id);
-	} else if (r->n_checksums && w->c->verify_checksums) {
-		if (r->n_checksums != n_prompt_blocks) {
-			code = MSG_ERR_CHECKSUM;
-			snprintf(why, sizeof(why), "%zu block checksums for %u prompt blocks", r->n_checksums,
-			         n_prompt_blocks);
-		}
-		for (uint32_t i = 0; !code && i < n_prompt_blocks; i++) {
-			uint32_t c = crc32c(0, kv_pool_block(&w->pool, d->blocks[i]), w->pool.block_bytes);
-			if (c != r->checksums[i]) {
-				code = MSG_ERR_CHECKSUM;
-				snprintf(why, sizeof(why),
-				         "KV block %u (pool block %u) checksum %08x, prefill sent %08x", i,
-				         d->blocks[i], c, r->checksums[i]);
-			}
-		}
-	}
-	if (!code && !w->model && d->prompt) {
-		/* trivial engine: the KV of every prompt position must name its token and position */
-		for (uint32_t p = 0; p < d->n_prompt; p++)
-			if (trivial_check_slot(kv_pool_block(&w->pool, d->blocks[p / bs]), p, d->prompt[p])) {
-				code = MSG_ERR_CHECKSUM;
-				snprintf(why, sizeof(why), "KV of prompt position %u does not hold token %u",
-				         p, d->prompt[p]);
-				break;
-			}
+	} else if (verify && r->n_checksums != n_prompt_blocks) {
+		code = MSG_ERR_CHECKSUM;
+		snprintf(why, sizeof(why), "%zu block checksums for %u prompt blocks", r->n_checksums,
+		         n_prompt_blocks);
+	} else if (verify && !(d->sums = malloc(n_prompt_blocks * sizeof(uint32_t)))) {
+		code = MSG_ERR_INTERNAL;
+		snprintf(why, sizeof(why), "out of memory");
 	}
 	metrics_add(w->m_kv_rx_bytes, (double)n_prompt_blocks * (double)w->pool.block_bytes);
 	if (code) {
-		LOG_WARN("decode", "rid=%llu KV check failed: %s", (unsigned long long)d->rid, why);
-		if (code == MSG_ERR_CHECKSUM)
-			metrics_add(w->m_checksum_bad, 1);
-		send_finish(w, d, MSG_FINISH_ERROR, code, -1, 1, why);
-		dreq_free(w, d);
+		kv_check_failed(w, d, code, why);
 		return;
 	}
+	d->first = r->first;
+	if (d->sums || (!w->model && d->prompt)) {
+		if (d->sums)
+			memcpy(d->sums, r->checksums, n_prompt_blocks * sizeof(uint32_t));
+		d->state = DREQ_CHECKING;
+		d->w = w;
+		d->verify.data = d;
+		if (uv_queue_work(w->loop, &d->verify, verify_work_cb, verify_done_cb) == 0)
+			return;
+		d->state = DREQ_RESERVED;
+		verify_work_cb(&d->verify); /* no pool thread: check here */
+		if (d->verify_code) {
+			kv_check_failed(w, d, d->verify_code, d->verify_why);
+			return;
+		}
+	}
+	start_running(w, d);
+}
+
+static void start_running(struct dc_worker *w, struct dreq *d)
+{
 	struct dc_seq *s = calloc(1, sizeof(*s));
 	if (s) {
 		s->blocks = malloc(d->n_blocks * sizeof(int32_t));
@@ -458,7 +648,7 @@ static void on_kv_ready(struct dc_worker *w, const struct msg_kv_ready *r)
 	memcpy(s->stop_ids, d->stop_ids, d->n_stop_ids * sizeof(uint32_t));
 	s->n_stop_ids = d->n_stop_ids;
 	s->ignore_eos = d->ignore_eos;
-	s->first = r->first;
+	s->first = d->first;
 	d->state = DREQ_RUNNING;
 	d->seq = s;
 	d->t_ready_ns = uv_hrtime();
@@ -466,18 +656,26 @@ static void on_kv_ready(struct dc_worker *w, const struct msg_kv_ready *r)
 	w->n_running++;
 	update_gauges(w);
 	LOG_DEBUG("decode", "rid=%llu KV ready: decoding from token %u", (unsigned long long)d->rid,
-	          r->first.id);
+	          d->first.id);
 	dc_engine_submit(w->eng, s);
 }
 
 /* Cancel / KvRelease / router lost / drain deadline */
-static void cancel_req(struct dc_worker *w, struct dreq *d, int code, bool tell_router)
+static void cancel_req(struct dc_worker *w, struct dreq *d, int code, bool tell_router, bool maybe_writer)
 {
+	if (d->state == DREQ_CHECKING) { /* a pool thread reads the blocks: verify_done_cb ends it */
+		if (!d->cancel_pending) {
+			d->cancel_pending = true;
+			d->cancel_code = code;
+			d->cancel_tell = tell_router;
+		}
+		return;
+	}
 	if (d->state == DREQ_RESERVED) {
 		if (tell_router)
 			send_finish(w, d, code == MSG_ERR_CANCELLED ? MSG_FINISH_CANCELLED : MSG_FINISH_ERROR,
 			            code, -1, 0, code == MSG_ERR_CANCELLED ? NULL : msg_error_name(code));
-		dreq_free(w, d);
+		dreq_end(w, d, maybe_writer);
 		return;
 	}
 	if (d->seq && !atomic_load(&d->seq->cancelled)) {
@@ -493,7 +691,7 @@ static void cancel_all(struct dc_worker *w, int code, bool tell_router)
 		struct dreq *d = w->map[b];
 		while (d) {
 			struct dreq *n = d->map_next;
-			cancel_req(w, d, code, tell_router);
+			cancel_req(w, d, code, tell_router, true);
 			d = n;
 		}
 	}
@@ -519,7 +717,7 @@ static int on_msg(void *ud, struct msg *m)
 			if (d->state == DREQ_RUNNING)
 				LOG_WARN("decode", "rid=%llu KvRelease for a running request: cancelling it",
 				         (unsigned long long)d->rid);
-			cancel_req(w, d, MSG_ERR_CANCELLED, false);
+			cancel_req(w, d, MSG_ERR_CANCELLED, false, !m->u.kv_release.no_writer);
 		}
 		return 0;
 	}
@@ -528,7 +726,7 @@ static int on_msg(void *ud, struct msg *m)
 		if (d) {
 			LOG_INFO("decode", "rid=%llu cancelled by the router (%s)",
 			         (unsigned long long)d->rid, msg_error_name(m->u.cancel.reason));
-			cancel_req(w, d, MSG_ERR_CANCELLED, true);
+			cancel_req(w, d, MSG_ERR_CANCELLED, true, true);
 		}
 		return 0;
 	}
@@ -550,6 +748,7 @@ static int on_msg(void *ud, struct msg *m)
 static void tick_cb(uv_timer_t *t)
 {
 	struct dc_worker *w = t->data;
+	quarantine_scan(w, false);
 	uint64_t now = now_ms();
 	for (int b = 0; b < MAP_BUCKETS; b++) {
 		struct dreq *d = w->map[b];
@@ -561,7 +760,7 @@ static void tick_cb(uv_timer_t *t)
 				         (unsigned long long)d->rid);
 				metrics_add(w->m_expired, 1);
 				send_error(w, d->rid, MSG_ERR_TIMEOUT, "reservation expired before KvReady");
-				dreq_free(w, d);
+				dreq_end(w, d, true); /* a slow prefill may still be writing */
 			}
 			d = n;
 		}
@@ -606,6 +805,7 @@ static void fill_hello(void *ud, struct msg_hello *h)
 	h->kv_region.segment_bytes = w->pool.block_bytes;
 	h->kv_region.n_blocks = w->pool.n_blocks;
 	kvx_region_rkey(w->pool.region, &h->kv_region.rkey, &h->kv_region.rkey_len);
+	h->kv_region.fence_addr = (uint64_t)(uintptr_t)kv_pool_fence(&w->pool, 0);
 	snprintf(h->auth_token, sizeof(h->auth_token), "%s", w->c->auth_token);
 	h->metrics_port = (uint32_t)runtime_metrics_port(w->rt);
 	snprintf(h->ucx_transports, sizeof(h->ucx_transports), "%s", kvx_transports(w->kvx));
@@ -761,6 +961,12 @@ static void register_metrics(struct dc_worker *w, struct dc_metrics *em)
 	                                   "Prompt KV bytes received from prefill workers");
 	w->m_registered =
 	    metrics_gauge(r, "tandem_worker_registered", NULL, "1 while registered with the router");
+	w->m_quarantined = metrics_gauge(r, "tandem_kv_blocks_quarantined", NULL,
+	                                 "KV blocks of released reservations waiting for the prefill's fence");
+	w->m_fenced = metrics_counter(r, "tandem_kv_quarantine_fenced_total", NULL,
+	                              "Quarantined reservations freed by the prefill's fence");
+	w->m_quarantine_expired = metrics_counter(r, "tandem_kv_quarantine_expired_total", NULL,
+	                                          "Quarantined reservations freed by the deadline, without a fence");
 	w->m_ttft_decode = metrics_histogram(r, "tandem_decode_first_step_seconds", NULL,
 	                                     "KvReady to the first decoded token", metrics_latency_bounds,
 	                                     metrics_n_latency_bounds);
@@ -839,6 +1045,12 @@ int dc_worker_run(const struct dc_config *c)
 		snprintf(w.model_name, sizeof(w.model_name), "trivial");
 		memcpy(w.model_id, "trivial", 8);
 	}
+	const char *tvd = getenv("TANDEM_TEST_VERIFY_DELAY"); /* "us:min_tokens", tests only */
+	if (tvd && sscanf(tvd, "%u:%u", &w.test_verify_delay_us, &w.test_verify_min_tokens) == 2)
+		LOG_WARN("decode", "TEST: KV verification of prompts of >= %u tokens is slowed by %u us",
+		         w.test_verify_min_tokens, w.test_verify_delay_us);
+	else
+		w.test_verify_delay_us = 0;
 	if (c->max_seq_len > 0 && (uint32_t)c->max_seq_len < w.max_seq_len)
 		w.max_seq_len = (uint32_t)c->max_seq_len;
 	struct kvx_opts ko = {
@@ -914,6 +1126,7 @@ int dc_worker_run(const struct dc_config *c)
 	w.exit_code = 0;
 out_pool:
 	uv_run(w.loop, UV_RUN_NOWAIT);
+	quarantine_scan(&w, true); /* exiting: the pool goes away with its blocks */
 	kv_pool_fini(&w.pool, w.kvx);
 out_kvx:
 	kvx_destroy(w.kvx);

@@ -28,6 +28,7 @@ struct dc_config {
 	int max_seq_len; /* 0: the model's context length */
 	int default_max_tokens;
 	int reserve_timeout_ms;
+	int quarantine_ms; /* released-before-KvReady blocks without a prefill fence: reused after this */
 	int heartbeat_ms;
 	int drain_timeout_ms;
 	int trivial_step_us;

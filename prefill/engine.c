@@ -111,6 +111,8 @@ static void complete(struct pf_engine *g, struct pf_job *j)
 		struct pf_job tmp = *j;
 		(void)pf_push_finish(&g->push, &tmp);
 	}
+	/* every put of the job has reached the decode worker (or its endpoint is closed): fence */
+	pf_push_fence(&g->push, j);
 	pthread_mutex_lock(&g->mu);
 	push_tail(&g->outbox, &g->outbox_tail, j);
 	pthread_mutex_unlock(&g->mu);
@@ -380,7 +382,10 @@ static void *engine_main(void *arg)
 		pthread_mutex_unlock(&g->mu);
 		while (in) {
 			struct pf_job *nx = in->next;
-			push_tail(&g->pending, &g->pending_tail, in);
+			if (in->fence_only)
+				complete(g, in); /* a refused request: only its fence (see engine.h) */
+			else
+				push_tail(&g->pending, &g->pending_tail, in);
 			in = nx;
 		}
 		if (stop) {
@@ -472,6 +477,12 @@ int pf_engine_create(const struct pf_engine_opts *o, struct pf_engine **out, str
 	if (rc)
 		goto fail;
 	g->push.kvx = o->kvx;
+	const char *td = getenv("TANDEM_TEST_PUSH_DELAY"); /* test-only, see engine.h */
+	if (td && sscanf(td, "%u:%u", &g->push.test_delay_us, &g->push.test_delay_min_tokens) == 2)
+		LOG_WARN("prefill", "TEST: KV pushes of prompts of >= %u tokens are slowed by %u us per block",
+		         g->push.test_delay_min_tokens, g->push.test_delay_us);
+	else
+		g->push.test_delay_us = 0;
 	g->push.local_region = g->local_region;
 	g->push.block_bytes = g->block_bytes;
 	g->push.flush_timeout_ms = g->o.flush_timeout_ms;

@@ -42,6 +42,7 @@ struct pf_job {
 	uint64_t deadline_ms; /* uv_hrtime()/1e6 clock */
 	uint64_t t_submit_ns;
 	_Atomic int cancelled; /* set by the loop thread; read by the engine */
+	_Atomic int no_fence; /* set by the loop thread (router lost): leave without a fence */
 
 	/* engine-private progress */
 	uint32_t n_done; /* prompt tokens computed */
@@ -51,6 +52,7 @@ struct pf_job {
 	uint64_t peer_id; /* kvx peer the blocks went to (0: none yet) */
 	uint64_t hash; /* trivial engine: running KV hash */
 	uint64_t t_start_ns, t_first_put_ns;
+	uint64_t fence_word; /* source of the fence put (must live until its flush) */
 
 	/* results, valid in done_cb */
 	int status; /* 0 or a negative error */
@@ -64,6 +66,10 @@ struct pf_job {
 	struct pf_job *next; /* engine queues */
 	struct pf_job *map_next; /* loop thread: worker.c's rid map */
 	bool cancelled_by_router; /* loop thread */
+	/* A request refused before it reached the engine: the engine only writes its transfer fence
+	 * (the decode worker then frees the reservation at once instead of at its quarantine
+	 * deadline) and hands it back; status/err_code/err_msg hold the refusal. */
+	bool fence_only;
 };
 
 void pf_job_free(struct pf_job *j); /* NULL is fine */
@@ -109,6 +115,9 @@ struct pf_push_ctx {
 	const uint8_t *local_base;
 	size_t block_bytes;
 	uint32_t flush_timeout_ms;
+	/* test-only (TANDEM_TEST_PUSH_DELAY="us:min_tokens"): sleep us before each block put of jobs
+	 * with at least min_tokens prompt tokens, to make a transfer slow enough to cancel mid-way */
+	uint32_t test_delay_us, test_delay_min_tokens;
 };
 /* Puts local blocks [j->n_pushed, upto) to the job's decode blocks; computes checksums when
  * asked for. Errors set j->status/err_code/err_msg and return it. */
@@ -116,5 +125,11 @@ int pf_push_blocks(const struct pf_push_ctx *c, struct pf_job *j, uint32_t upto)
 /* Waits for remote completion of everything pushed for j (deadline: flush_timeout_ms, or less
  * when the job's deadline is nearer). */
 int pf_push_finish(const struct pf_push_ctx *c, struct pf_job *j);
+/* The job will never write its target again (it is leaving the engine and every put it issued
+ * has been flushed, or its endpoint was force-closed): tell the decode worker so through the
+ * transfer fence (tandem.proto KvRegion.fence_addr), after which decode may reuse the blocks of
+ * a reservation released before KvReady. Best effort: without a fence decode waits for its
+ * quarantine deadline. */
+void pf_push_fence(const struct pf_push_ctx *c, struct pf_job *j);
 
 #endif

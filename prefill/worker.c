@@ -19,6 +19,8 @@
 #include "prefill/engine.h"
 
 #define MAP_BUCKETS 1024
+/* Longest write window of a job: decode's default quarantine (180 s) is longer by a margin. */
+#define PF_WRITE_WINDOW_MAX_MS 120000u
 
 struct pf_worker {
 	const struct pf_config *c;
@@ -103,6 +105,11 @@ static void maybe_finish_drain(struct pf_worker *w);
 static void job_done_cb(struct pf_job *j, void *ud)
 {
 	struct pf_worker *w = ud;
+	if (j->fence_only) {
+		send_error(w, j->rid, j->err_code, j->err_msg);
+		pf_job_free(j);
+		return;
+	}
 	struct pf_job **pp = map_slot(w, j->rid);
 	if (*pp == j)
 		*pp = j->map_next;
@@ -152,6 +159,39 @@ static void *dup_bytes(const void *p, size_t n)
 	if (q && n)
 		memcpy(q, p, n);
 	return q;
+}
+
+/* A refused request still fences its target, so that decode can free the reservation at once
+ * (it cannot tell "never written" from "maybe still being written"): the engine thread, which
+ * owns the UCX endpoints, writes the fence, then job_done_cb sends the Error. Returns false when
+ * that is not possible (no fences on the target, no engine, out of memory): Error at once. */
+static bool fence_refused(struct pf_worker *w, const struct msg_prefill_request *r, int code, const char *why)
+{
+	if (!w->eng || w->stopping || !r->target_region.fence_addr || !r->n_block_ids ||
+	    !r->target_ucx_address_len || !r->target_region.rkey_len)
+		return false;
+	struct pf_job *j = calloc(1, sizeof(*j));
+	if (!j)
+		return false;
+	j->rid = r->rid;
+	j->fence_only = true;
+	j->status = -EINVAL;
+	j->err_code = code;
+	snprintf(j->err_msg, sizeof(j->err_msg), "%s", why);
+	j->ucx_addr = dup_bytes(r->target_ucx_address, r->target_ucx_address_len);
+	j->ucx_addr_len = r->target_ucx_address_len;
+	j->rkey = dup_bytes(r->target_region.rkey, r->target_region.rkey_len);
+	j->rkey_len = r->target_region.rkey_len;
+	j->region = r->target_region;
+	j->region.rkey = NULL;
+	j->n_block_ids = 1;
+	j->block_ids = dup_bytes(r->block_ids, sizeof(uint32_t));
+	if (!j->ucx_addr || !j->rkey || !j->block_ids) {
+		pf_job_free(j);
+		return false;
+	}
+	pf_engine_submit(w->eng, j);
+	return true;
 }
 
 static void on_prefill_request(struct pf_worker *w, const struct msg_prefill_request *r)
@@ -221,7 +261,11 @@ static void on_prefill_request(struct pf_worker *w, const struct msg_prefill_req
 	j->n_block_ids = (uint32_t)need; /* only the prompt's blocks are written */
 	j->block_ids = dup_bytes(r->block_ids, need * sizeof(uint32_t));
 	j->want_checksums = r->checksums;
-	j->deadline_ms = r->deadline_ms ? uv_hrtime() / 1000000u + r->deadline_ms : 0;
+	/* the hard write window (tandem.proto PrefillRequest.deadline_ms): never unbounded, since the
+	 * decode worker reuses quarantined blocks after a deadline that must exceed it */
+	uint32_t window = r->deadline_ms && r->deadline_ms < PF_WRITE_WINDOW_MAX_MS ? r->deadline_ms
+	                                                                            : PF_WRITE_WINDOW_MAX_MS;
+	j->deadline_ms = uv_hrtime() / 1000000u + window;
 	if (!j->tokens || !j->ucx_addr || !j->rkey || !j->block_ids) {
 		pf_job_free(j);
 		code = MSG_ERR_INTERNAL;
@@ -240,14 +284,21 @@ refuse:
 	LOG_WARN("prefill", "rid=%llu refused (%s): %s", (unsigned long long)r->rid, msg_error_name(code),
 	         why);
 	metrics_add(w->m_req_refused, 1);
+	if (code != MSG_ERR_DUPLICATE && fence_refused(w, r, code, why))
+		return; /* the Error follows the fence */
 	send_error(w, r->rid, code, why);
 }
 
+/* Router lost: stop every job, without a fence. The router that placed them may retry a prefill
+ * on the same decode reservation elsewhere (it does when a prefill worker is lost), and a fence
+ * from this stale attempt would then vouch for blocks the new attempt is still writing; without
+ * one, decode waits for its quarantine deadline instead. */
 static void cancel_all(struct pf_worker *w)
 {
 	for (int b = 0; b < MAP_BUCKETS; b++)
 		for (struct pf_job *j = w->map[b]; j; j = j->map_next) {
 			j->cancelled_by_router = true;
+			atomic_store(&j->no_fence, 1);
 			atomic_store(&j->cancelled, 1);
 		}
 }

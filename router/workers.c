@@ -22,6 +22,7 @@
 
 #include "common/base/log.h"
 #include "common/net/conn.h"
+#include "common/net/ctcmp.h"
 #include "common/net/metrics.h"
 #include "common/net/msg.h"
 
@@ -252,6 +253,9 @@ static void op_release(struct worker *w, struct req *r)
 	} else {
 		msg_init(&m, MSG_KV_RELEASE);
 		m.u.kv_release.rid = r->id;
+		/* no PrefillRequest out, or PrefillDone in: nothing can be writing the blocks */
+		m.u.kv_release.no_writer = r->state == REQ_STATE_ADMITTED || r->state == REQ_STATE_KV_RESERVED ||
+		                           r->state == REQ_STATE_KV_TRANSFERRING;
 	}
 	(void)send_msg(rw, &m);
 }
@@ -310,7 +314,7 @@ static int on_hello(struct rworker *rw, const struct msg_hello *h)
 		                 PROTOCOL_VERSION);
 		return -EPROTO;
 	}
-	if (ws->auth_token[0] && strcmp(ws->auth_token, h->auth_token) != 0) {
+	if (ws->auth_token[0] && !ct_str_equal(ws->auth_token, h->auth_token)) {
 		LOG_WARN("workers", "worker at %s refused: wrong or missing control token", conn_peer(rw->c));
 		conn_close_error(rw->c, MSG_ERR_AUTH, "wrong or missing control token");
 		return -EACCES;

@@ -117,6 +117,17 @@ static void cpu_embed(void *ctx, float *h, int64_t D)
 		                 h + i * D, D);
 }
 
+/* Every weight product of the CPU backend goes through here: exact kcpu_matmul, or the opt-in
+ * approximate int8-activation path (model_opts.fast_matmul). */
+static void mm(const struct be_cpu *c, struct kpool *pool, const struct kweight *w, const float *x, int64_t ldx,
+               int64_t n_tok, float *y, int64_t ldy)
+{
+	if (c->m->opts.fast_matmul)
+		kcpu_matmul_fast(pool, w, x, ldx, n_tok, y, ldy);
+	else
+		kcpu_matmul(pool, w, x, ldx, n_tok, y, ldy);
+}
+
 static void cpu_rope_tables(void *ctx, float *cs, int64_t R)
 {
 	struct be_cpu *c = ctx;
@@ -146,7 +157,7 @@ static void cpu_matmul(void *ctx, const struct kweight *w, const float *x, int64
                        int64_t n_out)
 {
 	struct be_cpu *c = ctx;
-	kcpu_matmul(c->rk->pool, w, x, ldx, n_tok, y, n_out);
+	mm(c, c->rk->pool, w, x, ldx, n_tok, y, n_out);
 }
 
 static void cpu_rope(void *ctx, float *x, int64_t ldx, int64_t n_rows, int64_t n_heads, int64_t head_stride,
@@ -374,10 +385,10 @@ static void expert_chain(struct kpool *pool, const struct moe *mo, int64_t e, fl
 		memcpy(xs + j * D, mo->a + (int64_t)et[j] * D, (size_t)D * sizeof(float));
 	struct kweight wg = kweight3_at(&mo->L->gate_exps, e), wu = kweight3_at(&mo->L->up_exps, e),
 	               wd = kweight3_at(&mo->L->down_exps, e);
-	kcpu_matmul(pool, &wg, xs, D, mt, t1, fel);
-	kcpu_matmul(pool, &wu, xs, D, mt, t2, fel);
+	mm(c, pool, &wg, xs, D, mt, t1, fel);
+	mm(c, pool, &wu, xs, D, mt, t2, fel);
 	kcpu_swiglu(t1, t1, t2, mt * fel);
-	kcpu_matmul(pool, &wd, t1, fel, mt, c->ybuf + (int64_t)c->eoff[e] * D, D);
+	mm(c, pool, &wd, t1, fel, mt, c->ybuf + (int64_t)c->eoff[e] * D, D);
 }
 
 static void expert_task(void *user, int64_t i0, int64_t i1, int thread)
@@ -399,7 +410,7 @@ static void cpu_moe(void *ctx, const struct layer_w *L, const float *a, float *p
 	int64_t n = c->st.n, D = hp->D, E = hp->n_expert, k = hp->n_expert_used;
 	int nthr = kpool_n_threads(rk->pool);
 	int32_t *eoff = c->eoff;
-	kcpu_matmul(rk->pool, &L->gate_inp, a, D, n, c->rl, E);
+	kcpu_matmul(rk->pool, &L->gate_inp, a, D, n, c->rl, E); /* router: always exact fp32 */
 	for (int64_t i = 0; i < n; i++)
 		kcpu_moe_route(c->rl + i * E, L->exp_bias, (int)E, (int)k, hp->n_group, hp->n_group_used,
 		               hp->gating_func, hp->expert_weights_norm, hp->expert_weights_scale, ids + i * k,
@@ -443,10 +454,10 @@ static void cpu_moe(void *ctx, const struct layer_w *L, const float *a, float *p
 				part[i * D + d] += w * y[d];
 		}
 	if (L->has_shexp) {
-		kcpu_matmul(rk->pool, &L->sh_gate, a, D, n, c->t1, rk->fsl);
-		kcpu_matmul(rk->pool, &L->sh_up, a, D, n, c->t2, rk->fsl);
+		mm(c, rk->pool, &L->sh_gate, a, D, n, c->t1, rk->fsl);
+		mm(c, rk->pool, &L->sh_up, a, D, n, c->t2, rk->fsl);
 		kcpu_swiglu(c->t1, c->t1, c->t2, n * rk->fsl);
-		kcpu_matmul(rk->pool, &L->sh_down, c->t1, rk->fsl, n, c->ys, D);
+		mm(c, rk->pool, &L->sh_down, c->t1, rk->fsl, n, c->ys, D);
 		for (int64_t i = 0; i < n * D; i++)
 			part[i] += c->ys[i];
 	}

@@ -131,6 +131,10 @@ struct model_opts {
 	 * same buckets but run eagerly (tests compare 1 and 2 bit for bit) */
 	int graphs;
 	bool synthetic; /* CUDA bench: weights are random device memory, not uploaded (bench only) */
+	/* CPU: approximate matmuls (kcpu_matmul_fast: activations quantized to int8 per block, integer
+	 * dots) for Q8_0/Q4_K/Q5_K/Q6_K weights; other types stay exact. Off by default: the reference
+	 * path never quantizes activations. Indexer/router selections may flip near ties. */
+	bool fast_matmul;
 };
 void model_opts_default(struct model_opts *o);
 

@@ -527,6 +527,15 @@ struct kvx_peer *kvx_peer_by_id(struct kvx *x, uint64_t id)
 	return NULL;
 }
 
+void kvx_peer_close(struct kvx *x, uint64_t id)
+{
+	struct kvx_peer *p = kvx_peer_by_id(x, id);
+	if (p) {
+		LOG_WARN("kvx", "force-closing the UCX endpoint to a decode worker (%s)", p->transports);
+		peer_drop(x, p);
+	}
+}
+
 int kvx_put(struct kvx *x, struct kvx_peer *p, const void *local, const struct kvx_region *lr, size_t len,
             uint64_t remote_addr, struct errbuf *e)
 {

@@ -73,6 +73,10 @@ int kvx_peer_get(struct kvx *x, const uint8_t *addr, size_t addr_len, const uint
  * NULL once that peer has been dropped (its earlier puts are then lost). */
 uint64_t kvx_peer_id(const struct kvx_peer *p);
 struct kvx_peer *kvx_peer_by_id(struct kvx *x, uint64_t id);
+/* Force-closes the peer's endpoint and forgets the peer (no-op when id is unknown): nothing
+ * queued or issued on it can land at the target afterwards (the last resort when a transfer's
+ * write window closes with puts that never reached remote completion). */
+void kvx_peer_close(struct kvx *x, uint64_t id);
 /* The transport lanes the endpoint uses ("rma: tcp/lo"), for logs. */
 const char *kvx_peer_transports(const struct kvx_peer *p);
 

@@ -146,6 +146,11 @@ static int check_region(const struct msg_kv_region *r, const char *what, struct 
 	                        (unsigned __int128)(r->n_blocks - 1) * r->block_stride + r->segment_bytes;
 	if (top > (unsigned __int128)UINT64_MAX)
 		return errbuf_set(e, ERR_PROTO, "%s: region extends past the 64-bit address space", what);
+	if (r->fence_addr &&
+	    ((r->fence_addr & 7) ||
+	     (unsigned __int128)r->fence_addr + (unsigned __int128)r->n_blocks * 8 > (unsigned __int128)UINT64_MAX))
+		return errbuf_set(e, ERR_PROTO, "%s.fence_addr %#llx misaligned or past the address space",
+		                  what, (unsigned long long)r->fence_addr);
 	return 0;
 }
 
@@ -242,6 +247,7 @@ static void region_to_pb(const struct msg_kv_region *r, Tandem__KvRegion *p)
 	p->has_segment_bytes = 1, p->segment_bytes = r->segment_bytes;
 	p->has_n_blocks = 1, p->n_blocks = r->n_blocks;
 	p->has_rkey = 1, p->rkey.data = (uint8_t *)r->rkey, p->rkey.len = r->rkey_len;
+	p->has_fence_addr = r->fence_addr != 0, p->fence_addr = r->fence_addr;
 }
 
 static int region_from_pb(const Tandem__KvRegion *p, struct msg_kv_region *r, const char *what,
@@ -258,6 +264,7 @@ static int region_from_pb(const Tandem__KvRegion *p, struct msg_kv_region *r, co
 	r->n_blocks = p->n_blocks;
 	r->rkey = p->has_rkey ? p->rkey.data : NULL;
 	r->rkey_len = p->has_rkey ? p->rkey.len : 0;
+	r->fence_addr = p->has_fence_addr ? p->fence_addr : 0;
 	return check_region(r, what, e);
 }
 
@@ -426,6 +433,7 @@ int msg_encode(const struct msg *m, size_t max_payload, uint8_t **frame, size_t 
 			return rc;
 		tandem__kv_release__init(&p);
 		p.has_rid = 1, p.rid = m->u.kv_release.rid;
+		p.has_no_writer = m->u.kv_release.no_writer, p.no_writer = m->u.kv_release.no_writer;
 		return pack_frame(m->type, &p.base, max_payload, frame, frame_len, e);
 	}
 	case MSG_PREFILL_REQUEST: {
@@ -727,6 +735,7 @@ int msg_decode(int type, const uint8_t *payload, size_t len, struct msg *m, stru
 		if ((rc = need_rid(p->has_rid, p->rid, type, e)))
 			return rc;
 		m->u.kv_release.rid = p->rid;
+		m->u.kv_release.no_writer = p->has_no_writer && p->no_writer;
 		return 0;
 	}
 	case MSG_PREFILL_REQUEST: {

@@ -99,6 +99,7 @@ struct msg_kv_region {
 	uint32_t n_blocks;
 	const uint8_t *rkey; /* borrowed on encode, owned by the msg after decode */
 	size_t rkey_len;
+	uint64_t fence_addr; /* 0: no transfer fences (see tandem.proto KvRegion) */
 };
 
 struct msg_sampling {
@@ -168,6 +169,11 @@ struct msg_kv_reserved {
 
 struct msg_rid {
 	uint64_t rid;
+};
+
+struct msg_kv_release {
+	uint64_t rid;
+	bool no_writer; /* no prefill can be writing: free at once (no quarantine) */
 };
 
 struct msg_prefill_request {
@@ -243,7 +249,7 @@ struct msg {
 		struct msg_heartbeat heartbeat;
 		struct msg_kv_reserve kv_reserve;
 		struct msg_kv_reserved kv_reserved;
-		struct msg_rid kv_release;
+		struct msg_kv_release kv_release;
 		struct msg_prefill_request prefill_request;
 		struct msg_prefill_done prefill_done;
 		struct msg_kv_ready kv_ready;

@@ -386,6 +386,8 @@ static int scrape(int port, char *buf, size_t cap)
 	return pclose(f) == 0 && n > 0 ? 0 : -1;
 }
 
+static int metric_is(int port, const char *line);
+
 static int run_suite(const char *tls, const char *dev, int full)
 {
 	int fails0 = n_fail;
@@ -419,7 +421,8 @@ static int run_suite(const char *tls, const char *dev, int full)
 	                 "100",       "--kv-blocks",
 	                 "40",        "--trivial-step-us",
 	                 "2000",      "--drain-timeout-ms",
-	                 "300",       "--log-level",
+	                 "300",       "--kv-quarantine-ms",
+	                 "1000",      "--log-level",
 	                 "debug",     NULL};
 	pid_t pp = spawn(bin_p, pargv, plog);
 	pid_t dp = spawn(bin_d, dargv, dlog);
@@ -562,6 +565,7 @@ static int run_suite(const char *tls, const char *dev, int full)
 		CHECK(wait_used_blocks(d, 40, 3000) == 0);
 		msg_init(&m, MSG_KV_RELEASE);
 		m.u.kv_release.rid = 6;
+		m.u.kv_release.no_writer = true; /* no PrefillRequest was sent: freed at once */
 		send_to(d, &m);
 		send_to(d, &m); /* twice: idempotent */
 		m.u.kv_release.rid = 7;
@@ -574,6 +578,8 @@ static int run_suite(const char *tls, const char *dev, int full)
 		msg_clear(&f);
 		CHECK(wait_msg(d, MSG_ERROR, 9, &f, 5000) == 0 && f.u.error.code == MSG_ERR_TIMEOUT);
 		msg_clear(&f);
+		/* a prefill might still write the expired reservation: quarantined (1 s in this suite) */
+		CHECK(wait_used_blocks(d, 1, 500) == 0);
 		CHECK(wait_used_blocks(d, 0, 3000) == 0);
 
 		/* 7. invalid prompt token for prefill */
@@ -587,8 +593,15 @@ static int run_suite(const char *tls, const char *dev, int full)
 		msg_clear(&f);
 		msg_init(&m, MSG_KV_RELEASE);
 		m.u.kv_release.rid = 10;
+		m.u.kv_release.no_writer = false; /* as the router sends it: the prefill may be writing */
 		send_to(d, &m);
+		/* the refusing prefill fenced the reservation before its Error: freed at once, not after
+		 * the quarantine deadline */
 		CHECK(wait_used_blocks(d, 0, 3000) == 0);
+		CHECK(metric_is((int)d->hello.u.hello.metrics_port,
+		                "tandem_kv_quarantine_fenced_total{role=\"decode\",worker=\"d0\"} 1\n"));
+		CHECK(metric_is((int)d->hello.u.hello.metrics_port,
+		                "tandem_kv_quarantine_expired_total{role=\"decode\",worker=\"d0\"} 1\n"));
 
 		/* 8. router connection lost mid-request: decode frees and registers again */
 		reserve(d, 11, prompt, 64, 1000, NULL, 0, 0);
@@ -675,6 +688,343 @@ static int run_suite(const char *tls, const char *dev, int full)
 	for (int i = 0; i < 20; i++)
 		uv_run(loop, UV_RUN_NOWAIT);
 	printf("[%s] %s\n", tls, n_fail == fails0 ? "ok" : "FAILED");
+	return n_fail != fails0;
+}
+
+/* ---- late writes: a prefill still writing blocks that decode has released ---- */
+
+static void kv_release(struct peer *d, uint64_t rid, bool no_writer)
+{
+	struct msg m;
+	msg_init(&m, MSG_KV_RELEASE);
+	m.u.kv_release.rid = rid;
+	m.u.kv_release.no_writer = no_writer;
+	send_to(d, &m);
+}
+
+static void sleep_loop(unsigned ms)
+{
+	struct want w = {.p = &peers[0], .type = -1}; /* matches nothing */
+	run_until(find_msg, &w, ms);
+}
+
+/* reserves rid until decode says yes (NO_CAPACITY: retry every 50 ms) or ms pass; returns the
+ * number of NO_CAPACITY refusals, or -1 on timeout / another refusal */
+static int reserve_retry(struct peer *d, uint64_t rid, const uint32_t *prompt, uint32_t n_prompt,
+                         uint32_t max_tokens, struct msg *kr, unsigned ms)
+{
+	int refusals = 0;
+	for (unsigned t = 0; t < ms; t += 50) {
+		reserve(d, rid, prompt, n_prompt, max_tokens, NULL, 0, 0);
+		if (wait_msg(d, 0, rid, kr, 5000))
+			return -1;
+		if (kr->type == MSG_KV_RESERVED)
+			return refusals;
+		int code = kr->type == MSG_ERROR ? kr->u.error.code : -1;
+		msg_clear(kr);
+		if (code != MSG_ERR_NO_CAPACITY)
+			return -1;
+		refusals++;
+		sleep_loop(50);
+	}
+	return -1;
+}
+
+/* KvReady for rid with the PrefillDone's checksums; collects the stream; 1 when it finished with
+ * LENGTH after n_gen tokens that follow the trivial chain (decode checked every prompt KV slot) */
+static int ready_and_decode(struct peer *d, uint64_t rid, const struct msg *pd, uint32_t n_prompt, uint32_t n_gen)
+{
+	struct msg m;
+	msg_init(&m, MSG_KV_READY);
+	m.u.kv_ready.rid = rid;
+	m.u.kv_ready.first = pd->u.prefill_done.first;
+	m.u.kv_ready.n_prompt_tokens = n_prompt;
+	m.u.kv_ready.n_checksums = pd->u.prefill_done.n_checksums;
+	m.u.kv_ready.checksums = pd->u.prefill_done.checksums;
+	send_to(d, &m);
+	static struct req_result r;
+	memset(&r, 0, sizeof(r));
+	r.tokens[r.n++] = pd->u.prefill_done.first.id;
+	for (;;) {
+		struct msg t;
+		if (wait_msg(d, 0, rid, &t, 20000))
+			return 0;
+		if (t.type == MSG_TOKENS) {
+			for (size_t i = 0; i < t.u.tokens.n_tokens && r.n < 2048; i++)
+				r.tokens[r.n++] = t.u.tokens.tokens[i].id;
+			msg_clear(&t);
+			continue;
+		}
+		int ok = t.type == MSG_FINISH && t.u.finish.reason == MSG_FINISH_LENGTH && r.n == n_gen;
+		if (!ok)
+			fprintf(stderr, "rid %llu: %s %s %s after %u tokens\n", (unsigned long long)rid,
+			        msg_type_name(t.type),
+			        t.type == MSG_FINISH ? msg_finish_name(t.u.finish.reason) : "",
+			        t.type == MSG_FINISH ? t.u.finish.error_message : t.u.error.message, r.n);
+		msg_clear(&t);
+		int fails0 = n_fail;
+		check_chain(&r, n_prompt);
+		return ok && n_fail == fails0;
+	}
+}
+
+static int metric_is(int port, const char *line)
+{
+	static char text[262144];
+	int rc = scrape(port, text, sizeof(text));
+	if (rc == 0 && strstr(text, line))
+		return 1;
+	fprintf(stderr, "metric line %s not found (scrape rc %d, %zu bytes):\n%s\n", line, rc, strlen(text),
+	        rc ? "" : text);
+	return 0;
+}
+
+/* Two prefill workers (p0 slowed to 200 ms per KV block for prompts of >= 600 tokens, p1 at full
+ * speed) and a decode worker whose whole pool (30 blocks) one request fills:
+ *  A. decode releases a reservation while p0 is still writing it (its Cancel has not reached p0);
+ *     a new request asks for the blocks at once: it must get NO_CAPACITY until p0's fence, and
+ *     once it runs, its KV (written by p1, checked by decode after p0 has finished) and tokens
+ *     must be exact. Without the quarantine it got the same blocks and p0 overwrote its prompt KV.
+ *  B. cancel in the middle of a slow transfer (Cancel to p0, KvRelease to decode): p0 stops at the
+ *     next block and fences; the blocks come back long before the transfer would have ended.
+ *  C. p0 killed mid-transfer: no fence ever comes; the blocks come back at the quarantine
+ *     deadline (counted), and a new request on them is exact.
+ *  D. a slow KV verification (test knob: 1 s) of one request does not stop another request's
+ *     tokens from streaming: the check runs off decode's loop.
+ *  E. decode killed while a slow prefill writes into it: the prefill answers within its flush
+ *     deadline (no hang) and still drains and exits 0. */
+static int run_late_write_suite(const char *tls, const char *dev)
+{
+	int fails0 = n_fail;
+	struct conn_opts so = {.on_msg_cb = on_msg_cb, .on_close_cb = on_close_cb, .idle_timeout_ms = 10000};
+	struct conn_listener *l;
+	struct errbuf e = {0};
+	n_peers = 0;
+	CHECK(conn_listen(loop, "127.0.0.1:0", &so, accept_cb, NULL, &l, &e) == 0);
+	char router[64], plog[300], plog1[300], dlog[300], bin_p[300], bin_d[300];
+	snprintf(router, sizeof(router), "127.0.0.1:%d", conn_listener_port(l));
+	snprintf(plog, sizeof(plog), "%s/late-prefill0-%s.log", tmpdir, tls);
+	snprintf(plog1, sizeof(plog1), "%s/late-prefill1-%s.log", tmpdir, tls);
+	snprintf(dlog, sizeof(dlog), "%s/late-decode-%s.log", tmpdir, tls);
+	snprintf(bin_p, sizeof(bin_p), "%s/tandem-prefill", build_dir);
+	snprintf(bin_d, sizeof(bin_d), "%s/tandem-decode", build_dir);
+	char *p0argv[] = {bin_p, "--engine", "trivial", "--router", router, "--name", "slow",
+	                  "--ucx-tls", (char *)tls, "--ucx-net-devices", (char *)dev, "--heartbeat-ms",
+	                  "100", "--max-tokens-per-step", "640", "--log-level", "debug", NULL};
+	char *p1argv[] = {bin_p, "--engine", "trivial", "--router", router, "--name", "fast",
+	                  "--ucx-tls", (char *)tls, "--ucx-net-devices", (char *)dev, "--heartbeat-ms",
+	                  "100", "--max-tokens-per-step", "640", "--log-level", "debug", NULL};
+	char *dargv[] = {bin_d, "--engine", "trivial", "--router", router, "--name", "dq",
+	                 "--ucx-tls", (char *)tls, "--ucx-net-devices", (char *)dev, "--heartbeat-ms",
+	                 "100", "--kv-blocks", "30", "--kv-quarantine-ms", "4000", "--trivial-step-us", "1000",
+	                 "--log-level", "debug", NULL};
+	setenv("TANDEM_TEST_PUSH_DELAY", "200000:600", 1);
+	pid_t pp0 = spawn(bin_p, p0argv, plog);
+	unsetenv("TANDEM_TEST_PUSH_DELAY");
+	int three = 1;
+	CHECK(run_until(n_registered, &three, 15000)); /* p0 first */
+	pid_t pp1 = spawn(bin_p, p1argv, plog1);
+	setenv("TANDEM_TEST_VERIFY_DELAY", "1000000:700", 1);
+	pid_t dp = spawn(bin_d, dargv, dlog);
+	unsetenv("TANDEM_TEST_VERIFY_DELAY");
+	three = 3;
+	CHECK(run_until(n_registered, &three, 15000));
+	struct peer *slow = NULL, *fast = NULL, *d = find_role(MSG_ROLE_DECODE);
+	for (int i = 0; i < n_peers; i++)
+		if (peers[i].have_hello && peers[i].role == MSG_ROLE_PREFILL)
+			*(strcmp(peers[i].hello.u.hello.name, "slow") == 0 ? &slow : &fast) = &peers[i];
+	if (!slow || !fast || !d) {
+		fprintf(stderr, "late-write workers did not register (logs: %s %s %s)\n", plog, plog1, dlog);
+		kill(pp0, SIGKILL), kill(pp1, SIGKILL), kill(dp, SIGKILL);
+		waitpid(pp0, NULL, 0), waitpid(pp1, NULL, 0), waitpid(dp, NULL, 0);
+		return 1;
+	}
+	CHECK(d->hello.u.hello.kv_region.fence_addr != 0);
+	int mport = (int)d->hello.u.hello.metrics_port;
+	static uint32_t pa[640], pb[640];
+	for (int i = 0; i < 640; i++) {
+		pa[i] = (uint32_t)(i * 7919 % TRIVIAL_VOCAB);
+		pb[i] = (uint32_t)((i * 104729 + 17) % TRIVIAL_VOCAB);
+	}
+	struct msg kr, pd, pd2, f;
+	/* A: 640 prompt tokens = 10 blocks; 640 + 1280 tokens = the whole pool of 30 */
+	CHECK(reserve_retry(d, 20, pa, 640, 1280, &kr, 3000) == 0);
+	prefill(slow, d, 20, pa, 640, &kr.u.kv_reserved);
+	msg_clear(&kr);
+	sleep_loop(500); /* p0 is at block 1 or 2 of 10 */
+	kv_release(d, 20, false);
+	int refused = reserve_retry(d, 21, pb, 640, 1280, &kr, 8000);
+	printf("[late %s] A: new reservation refused %d times while the slow prefill wrote\n", tls, refused);
+	CHECK(refused > 0);
+	if (refused >= 0) {
+		prefill(fast, d, 21, pb, 640, &kr.u.kv_reserved);
+		msg_clear(&kr);
+		CHECK(wait_msg(fast, MSG_PREFILL_DONE, 21, &pd, 10000) == 0);
+		/* the slow prefill has finished (or it was fenced already): every late put it had is in */
+		CHECK(wait_msg(slow, 0, 20, &pd2, 10000) == 0 && pd2.type == MSG_PREFILL_DONE);
+		msg_clear(&pd2);
+		CHECK(ready_and_decode(d, 21, &pd, 640, 1280));
+		msg_clear(&pd);
+	}
+	CHECK(wait_used_blocks(d, 0, 3000) == 0);
+	CHECK(metric_is(mport, "tandem_kv_quarantine_fenced_total{role=\"decode\",worker=\"dq\"} 1\n"));
+
+	/* B: cancel mid-transfer (2 s of pushing): blocks back after the fence, well before 3 s */
+	CHECK(reserve_retry(d, 22, pa, 640, 1280, &kr, 3000) == 0);
+	prefill(slow, d, 22, pa, 640, &kr.u.kv_reserved);
+	msg_clear(&kr);
+	sleep_loop(500);
+	struct msg m;
+	msg_init(&m, MSG_CANCEL);
+	m.u.cancel.rid = 22;
+	m.u.cancel.reason = MSG_ERR_CANCELLED;
+	send_to(slow, &m);
+	kv_release(d, 22, false);
+	uint64_t t0 = uv_hrtime();
+	CHECK(wait_used_blocks(d, 0, 2000) == 0);
+	double freed_s = (double)(uv_hrtime() - t0) / 1e9;
+	printf("[late %s] B: cancelled mid-transfer, blocks free after %.2f s\n", tls, freed_s);
+	CHECK(freed_s < 1.5);
+	CHECK(metric_is(mport, "tandem_kv_quarantine_fenced_total{role=\"decode\",worker=\"dq\"} 2\n"));
+	CHECK(reserve_retry(d, 23, pb, 640, 1280, &kr, 3000) == 0);
+	prefill(fast, d, 23, pb, 640, &kr.u.kv_reserved);
+	msg_clear(&kr);
+	CHECK(wait_msg(fast, MSG_PREFILL_DONE, 23, &pd, 10000) == 0);
+	CHECK(ready_and_decode(d, 23, &pd, 640, 1280));
+	msg_clear(&pd);
+	CHECK(wait_used_blocks(d, 0, 3000) == 0);
+
+	/* C: the slow prefill dies mid-transfer: no fence; the quarantine deadline (4 s) frees */
+	CHECK(reserve_retry(d, 24, pa, 640, 1280, &kr, 3000) == 0);
+	prefill(slow, d, 24, pa, 640, &kr.u.kv_reserved);
+	msg_clear(&kr);
+	sleep_loop(500);
+	kill(pp0, SIGKILL);
+	waitpid(pp0, NULL, 0);
+	kv_release(d, 24, false);
+	sleep_loop(2000);
+	CHECK(d->last_hb.used_blocks == 30); /* still quarantined */
+	CHECK(wait_used_blocks(d, 0, 5000) == 0);
+	CHECK(metric_is(mport, "tandem_kv_quarantine_expired_total{role=\"decode\",worker=\"dq\"} 1\n"));
+	CHECK(reserve_retry(d, 25, pb, 640, 1280, &kr, 3000) == 0);
+	prefill(fast, d, 25, pb, 640, &kr.u.kv_reserved);
+	msg_clear(&kr);
+	CHECK(wait_msg(fast, MSG_PREFILL_DONE, 25, &pd, 10000) == 0);
+	CHECK(ready_and_decode(d, 25, &pd, 640, 1280));
+	msg_clear(&pd);
+	CHECK(wait_used_blocks(d, 0, 3000) == 0);
+	(void)f;
+
+	/* D: a long prompt's KV verification (slowed to 1 s for prompts of >= 700 tokens in this
+	 * decode worker) runs off the loop: another request keeps streaming tokens meanwhile */
+	static uint32_t pc[700];
+	for (int i = 0; i < 700; i++)
+		pc[i] = (uint32_t)((i * 31 + 5) % TRIVIAL_VOCAB);
+	CHECK(reserve_retry(d, 30, pa, 64, 1088, &kr, 3000) == 0); /* 18 blocks */
+	prefill(fast, d, 30, pa, 64, &kr.u.kv_reserved);
+	msg_clear(&kr);
+	CHECK(wait_msg(fast, MSG_PREFILL_DONE, 30, &pd, 10000) == 0);
+	msg_init(&m, MSG_KV_READY);
+	m.u.kv_ready.rid = 30;
+	m.u.kv_ready.first = pd.u.prefill_done.first;
+	m.u.kv_ready.n_prompt_tokens = 64;
+	send_to(d, &m);
+	msg_clear(&pd);
+	CHECK(wait_msg(d, MSG_TOKENS, 30, &f, 5000) == 0);
+	msg_clear(&f);
+	CHECK(reserve_retry(d, 31, pc, 700, 68, &kr, 3000) == 0); /* 12 blocks */
+	prefill(fast, d, 31, pc, 700, &kr.u.kv_reserved);
+	msg_clear(&kr);
+	CHECK(wait_msg(fast, MSG_PREFILL_DONE, 31, &pd, 10000) == 0);
+	while (wait_msg(d, MSG_TOKENS, 30, &f, 1) == 0) /* what came before the slow check */
+		msg_clear(&f);
+	msg_init(&m, MSG_KV_READY);
+	m.u.kv_ready.rid = 31;
+	m.u.kv_ready.first = pd.u.prefill_done.first;
+	m.u.kv_ready.n_prompt_tokens = 700;
+	m.u.kv_ready.n_checksums = pd.u.prefill_done.n_checksums;
+	m.u.kv_ready.checksums = pd.u.prefill_done.checksums;
+	send_to(d, &m);
+	msg_clear(&pd);
+	sleep_loop(600); /* inside the 1 s verification */
+	uint32_t streamed = 0;
+	int fin31 = 0;
+	for (int i = 0; i < d->n_q; i++) {
+		if (d->q[i].type == MSG_TOKENS && d->q[i].u.tokens.rid == 30)
+			streamed += (uint32_t)d->q[i].u.tokens.n_tokens;
+		if (d->q[i].type == MSG_FINISH && d->q[i].u.finish.rid == 31)
+			fin31 = 1;
+	}
+	printf("[late %s] D: %u tokens of another request streamed during a 1 s KV verification\n", tls,
+	       streamed);
+	CHECK(streamed >= 50 && !fin31);
+	/* then both finish normally: the long prompt's KV passed its checks */
+	CHECK(wait_msg(d, MSG_FINISH, 31, &f, 10000) == 0 && f.u.finish.reason == MSG_FINISH_LENGTH &&
+	      f.u.finish.completion_tokens == 68);
+	msg_clear(&f);
+	CHECK(wait_msg(d, MSG_FINISH, 30, &f, 20000) == 0 && f.u.finish.reason == MSG_FINISH_LENGTH);
+	msg_clear(&f);
+	while (wait_msg(d, MSG_TOKENS, 0, &f, 1) == 0)
+		msg_clear(&f);
+	CHECK(wait_used_blocks(d, 0, 3000) == 0);
+
+	/* E: the decode worker dies while a slow prefill (a new one, 200 ms per block) writes into it:
+	 * the prefill answers (Error, or PrefillDone where the shared segment outlives decode) within
+	 * its flush deadline instead of hanging, and still drains and exits cleanly */
+	char plog2[300];
+	snprintf(plog2, sizeof(plog2), "%s/late-prefill2-%s.log", tmpdir, tls);
+	char *p2argv[] = {bin_p, "--engine", "trivial", "--router", router, "--name", "slow2",
+	                  "--ucx-tls", (char *)tls, "--ucx-net-devices", (char *)dev, "--heartbeat-ms",
+	                  "100", "--max-tokens-per-step", "640", "--flush-timeout-ms", "2000", "--log-level",
+	                  "debug", NULL};
+	setenv("TANDEM_TEST_PUSH_DELAY", "200000:600", 1);
+	pid_t pp2 = spawn(bin_p, p2argv, plog2);
+	unsetenv("TANDEM_TEST_PUSH_DELAY");
+	int four = 3; /* p0 is gone (C) */
+	CHECK(run_until(n_registered, &four, 15000));
+	struct peer *slow2 = NULL;
+	for (int i = 0; i < n_peers; i++)
+		if (peers[i].have_hello && !peers[i].closed && strcmp(peers[i].hello.u.hello.name, "slow2") == 0)
+			slow2 = &peers[i];
+	int sd = -1;
+	CHECK(slow2 != NULL);
+	if (slow2) {
+		CHECK(reserve_retry(d, 40, pa, 640, 1280, &kr, 3000) == 0);
+		prefill(slow2, d, 40, pa, 640, &kr.u.kv_reserved);
+		msg_clear(&kr);
+		sleep_loop(500);
+		kill(dp, SIGKILL);
+		waitpid(dp, &sd, 0);
+		sd = 0;
+		uint64_t t1 = uv_hrtime();
+		CHECK(wait_msg(slow2, 0, 40, &f, 8000) == 0);
+		double answered_s = (double)(uv_hrtime() - t1) / 1e9;
+		printf("[late %s] E: decode killed mid-transfer: prefill answered %s (%s) after %.2f s\n", tls,
+		       msg_type_name(f.type), f.type == MSG_ERROR ? f.u.error.message : "", answered_s);
+		CHECK(answered_s < 5.0); /* 8 more blocks at 200 ms + a 2 s flush deadline at most */
+		msg_clear(&f);
+	} else {
+		kill(dp, SIGTERM);
+		waitpid(dp, &sd, 0);
+	}
+	kill(pp2, SIGTERM);
+	kill(pp1, SIGTERM);
+	int s1 = -1, s2 = -1;
+	waitpid(pp1, &s1, 0);
+	waitpid(pp2, &s2, 0);
+	CHECK(s1 == 0 && s2 == 0 && sd == 0);
+	for (int i = 0; i < n_peers; i++) {
+		if (peers[i].c)
+			conn_close(peers[i].c, "done");
+		if (peers[i].have_hello)
+			msg_clear(&peers[i].hello);
+		for (int k = 0; k < peers[i].n_q; k++)
+			msg_clear(&peers[i].q[k]);
+	}
+	conn_listener_close(l);
+	for (int i = 0; i < 20; i++)
+		uv_run(loop, UV_RUN_NOWAIT);
+	printf("[late %s] %s\n", tls, n_fail == fails0 ? "ok" : "FAILED");
 	return n_fail != fails0;
 }
 
@@ -918,6 +1268,8 @@ int main(void)
 	uv_unref((uv_handle_t *)&hb);
 	run_suite("tcp", "lo", 1);
 	run_suite("sm,self", "", 0);
+	run_late_write_suite("tcp", "lo");
+	run_late_write_suite("sm,self", "");
 	run_model_suite("tcp", "lo");
 	if (n_fail) {
 		fprintf(stderr, "test_net_workers: %d checks failed (worker logs in %s)\n", n_fail, tmpdir);

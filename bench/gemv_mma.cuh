@@ -1,0 +1,595 @@
+/* Experiment: decode GEMV on tensor cores (mma.sync.m16n8k16, fp16 in, fp32 accumulate) for the
+ * GLM-5 quant mix Q4_K / Q5_K / Q6_K / Q8_0. Same semantics as kcuda_matmul's GEMV:
+ * Y[t][r] = dot(W row r, X[t]) for n_tok 1..8, W in the GGUF block layout in device memory, X and Y
+ * fp32. Lives in bench/ until it is measured and promoted (STYLE.md: one kernel per op in the tree).
+ *
+ * Why tensor cores: the fp32 GEMV (kernels/cuda/matmul_gemv.cu) is integer-ALU bound on K-quants
+ * (docs/PERFORMANCE.md). Here the weights become the A operand (16 rows x 16 k) as exact small
+ * integers in fp16, built two per LOP3 by dropping 4-bit fields into the mantissa of 1024.0
+ * ((q & 0x000F000F) | 0x64006400 = 1024 + q in each half) and one fused HFMA2/HADD2 that removes
+ * the 1024 (and, for Q4_K/Q5_K, multiplies by the 6-bit sub-block scale: sc * q <= 1953 is exact).
+ * The tensor core then does the multiply-adds that cost the fp32 kernel most of its instructions.
+ *
+ * Activations: B (16 k x 8 columns) holds up to 4 tokens per mma, each token twice: column
+ * 2 tok = fp16(x) ("hi"), column 2 tok + 1 = fp16(2048 (x - hi)) ("lo"). hi + lo / 2048 carries 22
+ * bits of x, so a dot costs no more accuracy than fp32 does (tolerance in bench_cuda_gemv_mma.cu);
+ * the lo column is free (n_tok 1 would leave 7 of 8 columns empty anyway). Tokens 5-8 take a
+ * second mma on the same A. Each warp converts its own X slice per unit into fragment order in
+ * shared memory with all lanes busy (gm_stage_x), shared by the R row tiles of the warp; a step
+ * then costs one LDS.64 per lane for B.
+ *
+ * Fragment layout (PTX ISA, m16n8k16 .f16): lane = 4 g + t. A: a0 = (row g, k 2t..2t+1),
+ * a1 = (row g+8, same k), a2 = (row g, k 2t+8..2t+9), a3 = (row g+8, same); B: b0 = (k 2t..2t+1,
+ * col g), b1 = (k 2t+8..2t+9, col g); D: d0,d1 = (row g, col 2t, 2t+1), d2,d3 = (row g+8, ...).
+ * The order of k inside one mma is free as long as A and B agree: in every step, lane t supplies
+ * four consecutive elements e0(t, step) + {0,1,2,3} of its rows, as k = {2t, 2t+8, 2t+1, 2t+9}, so
+ * a quant word's bytes 0,2 and 1,3 each make one half2 register, and B is one float4 of x.
+ *
+ * Grid: a block (GM_WARPS warps) owns 16 R consecutive rows (R = 1 or 2 tiles per warp); its
+ * warps split K in units of 256 elements (warp w: units w, w + GM_WARPS, ...) and reduce through
+ * shared memory. Units:
+ *   Q4_K / Q5_K: one super-block; lane t owns chunk t of qs (elements 64t .. 64t+63, sub-blocks
+ *     2t and 2t+1): 16-byte loads; scales folded into A; the mins go through a second mma whose A
+ *     is the sub-block min (sum_k m(k) x_k = sum_sb m_sb sum(x over sb)); d and dmin applied to
+ *     the two accumulators once per super-block.
+ *   Q6_K: one super-block; step = one 16-element scale group (int8 scales times q - 32 can reach
+ *     4096, not exact in fp16), so the scale is applied to the fp32 accumulator per step. Blocks
+ *     are 210 B (2-byte aligned): 4-byte loads, funnel-shifted for odd super-blocks.
+ *   Q8_0: eight 34-byte blocks (272 B, 16-byte aligned); two steps per block, d per block on the
+ *     accumulator; 4-byte loads (odd blocks aligned, even ones funnel-shifted).
+ * Assumes: n_in % 256 == 0 (Q6_K: % 512, so rows start 4-byte aligned), W and X 16-byte aligned,
+ * ldx % 4 == 0, 1e-6 < |x| < 65504 for full accuracy (fp16 range; larger gives inf/NaN), W
+ * buffers padded by 16 bytes as kcuda_weight_upload does (the funnel loads of the last Q8_0
+ * block read 2 bytes past it).
+ * Rows past n_out are clamped for loads and not stored. */
+#ifndef TANDEM_BENCH_GEMV_MMA_CUH
+#define TANDEM_BENCH_GEMV_MMA_CUH
+
+#include <errno.h>
+#include <vector>
+
+#include "kernels/cuda/quant_piece.cuh"
+
+#define GM_WARPS 4
+
+/* Every helper below also compiles for the host, where bench_cuda_gemv_mma's emulator runs the
+ * unit bodies lane by lane (gm_emu: mma.sync replayed from recorded fragments), so the fragment
+ * and bit logic is tested on a machine without a GPU. */
+#define GM_HD __host__ __device__ __forceinline__
+#ifdef __CUDA_ARCH__
+#define GM_UNROLL _Pragma("unroll")
+#else
+#define GM_UNROLL /* the host compiler does not know the pragma */
+#endif
+
+/* Host emulation of one warp's mma.sync: pass 1 records each lane's fragments per call, the
+ * products are formed from all 32 lanes (PTX layout), pass 2 adds them in call order. */
+struct gm_emu {
+	int pass, lane, call;
+	std::vector<uint32_t> rec[32]; /* a0..a3, b0, b1 per call */
+	std::vector<float> prod[32]; /* d0..d3 per call */
+};
+static gm_emu *gm_emu_ctx;
+
+/* D += A * B, m16n8k16, fp16 inputs, fp32 accumulate */
+GM_HD void gm_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1)
+{
+#ifdef __CUDA_ARCH__
+	asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+	    "{%0,%1,%2,%3};"
+	    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+	    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+	gm_emu &e = *gm_emu_ctx;
+	if (e.pass == 1) {
+		const uint32_t r[6] = {a0, a1, a2, a3, b0, b1};
+		e.rec[e.lane].insert(e.rec[e.lane].end(), r, r + 6);
+	} else {
+		const float *p = &e.prod[e.lane][4 * (size_t)e.call++];
+		for (int i = 0; i < 4; i++)
+			d[i] += p[i];
+	}
+#endif
+}
+
+template <class V> GM_HD V gm_ldg(const V *p)
+{
+#ifdef __CUDA_ARCH__
+	return __ldg(p);
+#else
+	return *p;
+#endif
+}
+GM_HD float gm_f16(uint32_t h) /* fp16 in the low 16 bits */
+{
+#ifdef __CUDA_ARCH__
+	return __half2float(__ushort_as_half((uint16_t)h));
+#else
+	return kfp16_to_f32((uint16_t)h);
+#endif
+}
+GM_HD uint32_t gm_pack(float lo, float hi) /* half2 bits, round to nearest even */
+{
+#ifdef __CUDA_ARCH__
+	const __half2 h = __floats2half2_rn(lo, hi);
+	return *(const uint32_t *)&h;
+#else
+	return (uint32_t)kf32_to_fp16(lo) | (uint32_t)kf32_to_fp16(hi) << 16;
+#endif
+}
+GM_HD uint32_t gm_hfma2(uint32_t a, uint32_t b, uint32_t c)
+{
+#ifdef __CUDA_ARCH__
+	uint32_t d;
+	asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+	return d;
+#else /* fused: exact in double for the fp16 operands, one rounding */
+	const double lo = (double)gm_f16(a) * gm_f16(b) + gm_f16(c);
+	const double hi = (double)gm_f16(a >> 16) * gm_f16(b >> 16) + gm_f16(c >> 16);
+	return gm_pack((float)lo, (float)hi);
+#endif
+}
+GM_HD uint32_t gm_hadd2(uint32_t a, uint32_t b)
+{
+#ifdef __CUDA_ARCH__
+	uint32_t d;
+	asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+	return d;
+#else
+	return gm_pack(gm_f16(a) + gm_f16(b), gm_f16(a >> 16) + gm_f16(b >> 16));
+#endif
+}
+GM_HD uint32_t gm_perm(uint32_t x, uint32_t y, uint32_t sel)
+{
+#ifdef __CUDA_ARCH__
+	return __byte_perm(x, y, sel);
+#else
+	const uint64_t v = x | (uint64_t)y << 32;
+	uint32_t r = 0;
+	for (int i = 0; i < 4; i++)
+		r |= (uint32_t)((v >> (8 * ((sel >> (4 * i)) & 7))) & 255) << (8 * i);
+	return r;
+#endif
+}
+GM_HD float gm_s8(uint32_t w, int k) /* signed byte k of w */
+{
+#ifdef __CUDA_ARCH__
+	return kc_s8(w, k);
+#else
+	return (float)(int8_t)(w >> (8 * k));
+#endif
+}
+GM_HD void gm_syncwarp(void)
+{
+#ifdef __CUDA_ARCH__
+	__syncwarp();
+#endif
+}
+/* half2 (v, v) of a float that fp16 holds exactly (small integers, their /16 and *1024) */
+GM_HD uint32_t gm_h2(float v)
+{
+	return gm_pack(v, v);
+}
+/* 32-bit word at p: plain load when p is 4-byte aligned, else (p = 2 mod 4) two aligned loads
+ * and a funnel shift; which one is known at compile time from the block layout. */
+template <bool A4> GM_HD uint32_t gm_ldw(const uint8_t *p)
+{
+	if (A4)
+		return gm_ldg((const uint32_t *)p);
+	const uint32_t *b = (const uint32_t *)(p - 2);
+	return (gm_ldg(b) >> 16) | (gm_ldg(b + 1) << 16); /* one funnel shift (SHF) */
+}
+GM_HD uint32_t gm_u16(const uint8_t *p)
+{
+	return *(const uint16_t *)p;
+}
+
+/* X staging: at the start of each 256-element unit a warp converts its slice of X for the (up
+ * to 4 NG) tokens into B fragments in shared memory, every lane busy: entry q (0..63) of token tok
+ * is x[tok][4q .. 4q+3], one step's four elements for one lane t; hi goes to column 2 (tok % 4),
+ * lo to the next. The steps then read their fragments with one conflict-free LDS.64 per lane
+ * (sb[k][s][lane]). K45: lane t owns elements 64t + 4s (q = 16t + s); otherwise 16s + 4t
+ * (q = 4s + t). Columns of tokens >= n_tok hold zeros (set once) and are never stored. Steps
+ * are 33 entries apart so the staging stores of consecutive steps (K45: 16 lanes write steps
+ * 0..15 of one column) land in different banks (32 apart: 16-way conflicts; 33: at most 2-4). */
+template <int NG> struct gm_stage {
+	uint2 b[NG][16][33]; /* 33: a step's 32 entries plus one of padding, see above */
+};
+
+template <bool K45, int NG>
+GM_HD void gm_stage_x(gm_stage<NG> &sm, const float *__restrict__ x, int64_t ldx, int n_tok, int64_t u,
+                      int lane)
+{
+	gm_syncwarp(); /* the previous unit's reads are done */
+	const int n_ent = 64 * (n_tok < 4 * NG ? n_tok : 4 * NG);
+#ifdef __CUDA_ARCH__
+	const int e0 = lane, de = 32;
+#else /* the emulator runs lanes one after another: each does the whole warp's share */
+	const int e0 = 0, de = 1;
+#endif
+	for (int e = e0; e < n_ent; e += de) {
+		const int tok = e >> 6, q = e & 63;
+		const int st = K45 ? (q & 15) : (q >> 2), t = K45 ? (q >> 4) : (q & 3);
+		const float4 v = gm_ldg((const float4 *)(x + tok * ldx + 256 * u + 4 * q));
+		const uint32_t h0 = gm_pack(v.x, v.z), h1 = gm_pack(v.y, v.w);
+		/* x - hi is exact in fp32, so is the scaling by 2^11 */
+		const uint32_t l0 = gm_pack((v.x - gm_f16(h0)) * 2048.f, (v.z - gm_f16(h0 >> 16)) * 2048.f);
+		const uint32_t l1 = gm_pack((v.y - gm_f16(h1)) * 2048.f, (v.w - gm_f16(h1 >> 16)) * 2048.f);
+		uint2 *row = sm.b[tok >> 2][st];
+		const int g = 2 * (tok & 3);
+		row[4 * g + t] = make_uint2(h0, h1);
+		row[4 * (g + 1) + t] = make_uint2(l0, l1);
+	}
+	gm_syncwarp();
+}
+
+/* Per-lane state shared by the unit bodies: lane coordinates, the warp's staged X, and the
+ * accumulators acc[r][grp][i] in D layout (i = 0,1: row
+ * g hi/lo; 2,3: row g+8 hi/lo; the token is 4 grp + t). */
+template <int R, int NG> struct gm_lane {
+	int g, t, lane, n_tok;
+	gm_stage<NG> *sm;
+	const float *x;
+	int64_t ldx;
+	float acc[R][NG][4];
+};
+template <int R, int NG> GM_HD uint2 gm_b(const gm_lane<R, NG> &L, int k, int s)
+{
+	return L.sm->b[k][s][L.lane];
+}
+
+/* Loads per row of a tile: r in [0, R), hr 0 = row g, 1 = row g+8 */
+#define GM_FOR_ROWS(R) GM_UNROLL for (int r = 0; r < R; r++) GM_UNROLL for (int hr = 0; hr < 2; hr++)
+
+/* ---- Q4_K / Q5_K: one super-block per unit -------------------------------------------------- */
+template <int T, int R, int NG>
+GM_HD void gm_unit_k45(gm_lane<R, NG> &L, const uint8_t *const (&rows)[R][2], int64_t u)
+{
+	constexpr bool Q5 = T == KT_Q5_K;
+	constexpr int BYTES = Q5 ? 176 : 144, QS = Q5 ? 48 : 16;
+	uint4 hd[R][2], qa[R][2], qb[R][2], ha[R][2], hb[R][2];
+	GM_FOR_ROWS(R)
+	{
+		const uint8_t *b = rows[r][hr] + (size_t)BYTES * u;
+		hd[r][hr] = gm_ldg((const uint4 *)b);
+		qa[r][hr] = gm_ldg((const uint4 *)(b + QS + 32 * L.t));
+		qb[r][hr] = gm_ldg((const uint4 *)(b + QS + 32 * L.t + 16));
+		if (Q5) {
+			ha[r][hr] = gm_ldg((const uint4 *)(b + 16));
+			hb[r][hr] = gm_ldg((const uint4 *)(b + 32));
+		}
+	}
+	gm_stage_x<true, NG>(*L.sm, L.x, L.ldx, L.n_tok, u, L.lane); /* while the weights load */
+	/* sub-blocks 2t (low nibbles) and 2t+1 (high nibbles): A multipliers and the mins */
+	uint32_t s_lo[R][2], n_lo[R][2], s_hi[R][2], n_hi[R][2], m_lo[R][2], m_hi[R][2];
+	float dd[R][2], dm[R][2];
+	GM_FOR_ROWS(R)
+	{
+		const uint4 h = hd[r][hr];
+		int sc[2], mn[2];
+		GM_UNROLL
+		for (int e = 0; e < 2; e++) {
+			const int q = 2 * (L.t & 1) + e;
+			const uint32_t A = (h.y >> (8 * q)) & 255, B = (h.z >> (8 * q)) & 255,
+			               C = (h.w >> (8 * q)) & 255;
+			sc[e] = (int)(L.t < 2 ? (A & 63) : ((C & 15) | ((A >> 6) << 4)));
+			mn[e] = (int)(L.t < 2 ? (B & 63) : ((C >> 4) | ((B >> 6) << 4)));
+		}
+		s_lo[r][hr] = gm_h2((float)sc[0]);
+		n_lo[r][hr] = gm_h2(-1024.f * sc[0]); /* (1024 + q) sc - 1024 sc */
+		s_hi[r][hr] = gm_h2(sc[1] / 16.f); /* (1024 + 16 q) sc / 16 - 64 sc */
+		n_hi[r][hr] = gm_h2(-64.f * sc[1]);
+		m_lo[r][hr] = gm_h2((float)mn[0]);
+		m_hi[r][hr] = gm_h2((float)mn[1]);
+		dd[r][hr] = gm_f16(h.x), dm[r][hr] = gm_f16(h.x >> 16);
+	}
+	float dq[R][NG][4], dn[R][NG][4];
+	GM_UNROLL
+	for (int r = 0; r < R; r++)
+		GM_UNROLL
+	for (int k = 0; k < NG; k++)
+		GM_UNROLL
+	for (int i = 0; i < 4; i++)
+		dq[r][k][i] = 0.f, dn[r][k][i] = 0.f;
+	GM_UNROLL
+	for (int i = 0; i < 8; i++) { /* word i of the chunk: step i (low nibbles), 8 + i (high) */
+		uint32_t bl[NG][2], bh[NG][2];
+		GM_UNROLL
+		for (int k = 0; k < NG; k++) {
+			const uint2 b0 = gm_b(L, k, i), b1 = gm_b(L, k, 8 + i);
+			bl[k][0] = b0.x, bl[k][1] = b0.y, bh[k][0] = b1.x, bh[k][1] = b1.y;
+		}
+		GM_UNROLL
+		for (int r = 0; r < R; r++) {
+			uint32_t v[2][4]; /* [hr]: low 02, low 13, high 02, high 13 (1024 + q, 1024 + 16 q) */
+			GM_UNROLL
+			for (int hr = 0; hr < 2; hr++) {
+				const uint4 q4 = i < 4 ? qa[r][hr] : qb[r][hr];
+				const uint32_t w = (i & 3) == 0   ? q4.x
+				                   : (i & 3) == 1 ? q4.y
+				                   : (i & 3) == 2 ? q4.z
+				                                  : q4.w;
+				const uint32_t w8 = w >> 8;
+				uint32_t l02 = (w & 0x000F000Fu) | 0x64006400u,
+				         l13 = (w8 & 0x000F000Fu) | 0x64006400u;
+				uint32_t h02 = (w & 0x00F000F0u) | 0x64006400u,
+				         h13 = (w8 & 0x00F000F0u) | 0x64006400u;
+				if (Q5) {
+					const uint4 h4 = i < 4 ? ha[r][hr] : hb[r][hr];
+					const uint32_t hw = (i & 3) == 0   ? h4.x
+					                    : (i & 3) == 1 ? h4.y
+					                    : (i & 3) == 2 ? h4.z
+					                                   : h4.w;
+					const uint32_t hs =
+					    hw >> (2 * L.t); /* bit 0: low sub-block, bit 1: high */
+					l02 |= (hs << 4) & 0x00100010u;
+					l13 |= (hs >> 4) & 0x00100010u;
+					h02 |= (hs << 7) & 0x01000100u;
+					h13 |= (hs >> 1) & 0x01000100u;
+				}
+				v[hr][0] = gm_hfma2(l02, s_lo[r][hr], n_lo[r][hr]);
+				v[hr][1] = gm_hfma2(l13, s_lo[r][hr], n_lo[r][hr]);
+				v[hr][2] = gm_hfma2(h02, s_hi[r][hr], n_hi[r][hr]);
+				v[hr][3] = gm_hfma2(h13, s_hi[r][hr], n_hi[r][hr]);
+			}
+			GM_UNROLL
+			for (int k = 0; k < NG; k++) {
+				gm_mma(dq[r][k], v[0][0], v[1][0], v[0][1], v[1][1], bl[k][0], bl[k][1]);
+				gm_mma(dn[r][k], m_lo[r][0], m_lo[r][1], m_lo[r][0], m_lo[r][1], bl[k][0],
+				       bl[k][1]);
+				gm_mma(dq[r][k], v[0][2], v[1][2], v[0][3], v[1][3], bh[k][0], bh[k][1]);
+				gm_mma(dn[r][k], m_hi[r][0], m_hi[r][1], m_hi[r][0], m_hi[r][1], bh[k][0],
+				       bh[k][1]);
+			}
+		}
+	}
+	GM_UNROLL
+	for (int r = 0; r < R; r++)
+		GM_UNROLL
+	for (int k = 0; k < NG; k++)
+		GM_UNROLL
+	for (int i = 0; i < 4; i++) {
+		const int hr = i >> 1;
+		L.acc[r][k][i] = fmaf(dd[r][hr], dq[r][k][i], L.acc[r][k][i]);
+		L.acc[r][k][i] = fmaf(-dm[r][hr], dn[r][k][i], L.acc[r][k][i]);
+	}
+}
+
+/* ---- Q6_K: one super-block per unit; A4: the super-block starts 4-byte aligned ---------------- */
+template <bool A4, int R, int NG>
+GM_HD void gm_unit_q6k(gm_lane<R, NG> &L, const uint8_t *const (&rows)[R][2], int64_t u)
+{
+	uint32_t ql[R][2][8], qh[R][2][4], sc[R][2][4];
+	float d[R][2];
+	GM_FOR_ROWS(R)
+	{
+		const uint8_t *b = rows[r][hr] + (size_t)210 * u;
+		GM_UNROLL
+		for (int i = 0; i < 8; i++) /* i = 4n + 2 (j & 1) + hh */
+			ql[r][hr][i] =
+			    gm_ldw<A4>(b + 64 * (i >> 2) + 32 * ((i >> 1) & 1) + 16 * (i & 1) + 4 * L.t);
+		GM_UNROLL
+		for (int i = 0; i < 4; i++) { /* i = 2n + hh */
+			qh[r][hr][i] = gm_ldw<A4>(b + 128 + 32 * (i >> 1) + 16 * (i & 1) + 4 * L.t);
+			sc[r][hr][i] = gm_ldw<A4>(b + 192 + 4 * i);
+		}
+		d[r][hr] = gm_f16(gm_u16(b + 208));
+	}
+	gm_stage_x<false, NG>(*L.sm, L.x, L.ldx, L.n_tok, u, L.lane);
+	GM_UNROLL
+	for (int s = 0; s < 16; s++) { /* one 16-element scale group: elements 128n + 32j + 16hh + .. */
+		const int n = s >> 3, j = (s >> 1) & 3, hh = s & 1;
+		const int sl = 4 * (j >> 1), sh = 2 * j, is = 8 * n + 2 * j + hh;
+		uint32_t b[NG][2];
+		GM_UNROLL
+		for (int k = 0; k < NG; k++) {
+			const uint2 v2 = gm_b(L, k, s);
+			b[k][0] = v2.x, b[k][1] = v2.y;
+		}
+		GM_UNROLL
+		for (int r = 0; r < R; r++) {
+			uint32_t v[2][2];
+			float scale[2];
+			GM_UNROLL
+			for (int hr = 0; hr < 2; hr++) {
+				const uint32_t lw = ql[r][hr][4 * n + 2 * (j & 1) + hh] >> sl;
+				const uint32_t hw = qh[r][hr][2 * n + hh] >> sh;
+				const uint32_t v02 =
+				    (lw & 0x000F000Fu) | ((hw << 4) & 0x00300030u) | 0x64006400u;
+				const uint32_t v13 =
+				    ((lw >> 8) & 0x000F000Fu) | ((hw >> 4) & 0x00300030u) | 0x64006400u;
+				v[hr][0] = gm_hadd2(v02, 0xE420E420u); /* - 1056: q - 32 */
+				v[hr][1] = gm_hadd2(v13, 0xE420E420u);
+				scale[hr] = d[r][hr] * gm_s8(sc[r][hr][is >> 2], is & 3);
+			}
+			GM_UNROLL
+			for (int k = 0; k < NG; k++) {
+				float D[4] = {0.f, 0.f, 0.f, 0.f};
+				gm_mma(D, v[0][0], v[1][0], v[0][1], v[1][1], b[k][0], b[k][1]);
+				GM_UNROLL
+				for (int i = 0; i < 4; i++)
+					L.acc[r][k][i] = fmaf(scale[i >> 1], D[i], L.acc[r][k][i]);
+			}
+		}
+	}
+}
+
+/* ---- Q8_0: eight blocks (272 B) per unit -------------------------------------------------------- */
+template <int R, int NG>
+GM_HD void gm_unit_q80(gm_lane<R, NG> &L, const uint8_t *const (&rows)[R][2], int64_t u)
+{
+	uint32_t qw[R][2][16];
+	float d[R][2][8];
+	GM_FOR_ROWS(R)
+	{
+		const uint8_t *b = rows[r][hr] + (size_t)272 * u;
+		GM_UNROLL
+		for (int s = 0; s < 16; s++) {
+			const int bi = s >> 1, off = 34 * bi + 2 + 16 * (s & 1) + 4 * L.t;
+			qw[r][hr][s] = (bi & 1) ? gm_ldw<true>(b + off) : gm_ldw<false>(b + off);
+		}
+		GM_UNROLL
+		for (int bi = 0; bi < 8; bi++)
+			d[r][hr][bi] = gm_f16(gm_u16(b + 34 * bi));
+	}
+	gm_stage_x<false, NG>(*L.sm, L.x, L.ldx, L.n_tok, u, L.lane);
+	GM_UNROLL
+	for (int bi = 0; bi < 8; bi++) {
+		uint32_t b[NG][2][2];
+		GM_UNROLL
+		for (int k = 0; k < NG; k++)
+			GM_UNROLL
+		for (int hf = 0; hf < 2; hf++) {
+			const uint2 v2 = gm_b(L, k, 2 * bi + hf);
+			b[k][hf][0] = v2.x, b[k][hf][1] = v2.y;
+		}
+		GM_UNROLL
+		for (int r = 0; r < R; r++) {
+			uint32_t v[2][2][2]; /* [hf][hr][02 / 13] */
+			GM_UNROLL
+			for (int hf = 0; hf < 2; hf++)
+				GM_UNROLL
+			for (int hr = 0; hr < 2; hr++) {
+				const uint32_t w = qw[r][hr][2 * bi + hf] ^ 0x80808080u; /* int8 + 128 */
+				v[hf][hr][0] = gm_hadd2(gm_perm(w, 0x64646464u, 0x4240), 0xE480E480u);
+				v[hf][hr][1] = gm_hadd2(gm_perm(w, 0x64646464u, 0x4341), 0xE480E480u);
+			}
+			GM_UNROLL
+			for (int k = 0; k < NG; k++) {
+				float D[4] = {0.f, 0.f, 0.f, 0.f};
+				gm_mma(D, v[0][0][0], v[0][1][0], v[0][0][1], v[0][1][1], b[k][0][0],
+				       b[k][0][1]);
+				gm_mma(D, v[1][0][0], v[1][1][0], v[1][0][1], v[1][1][1], b[k][1][0],
+				       b[k][1][1]);
+				GM_UNROLL
+				for (int i = 0; i < 4; i++)
+					L.acc[r][k][i] = fmaf(d[r][i >> 1][bi], D[i], L.acc[r][k][i]);
+			}
+		}
+	}
+}
+
+/* One 256-element unit of this warp's K range, all R tiles */
+template <int T, int R, int NG>
+GM_HD void gm_unit(gm_lane<R, NG> &L, const uint8_t *const (&rows)[R][2], int64_t u)
+{
+	if constexpr (T == KT_Q4_K || T == KT_Q5_K)
+		gm_unit_k45<T, R, NG>(L, rows, u);
+	else if constexpr (T == KT_Q6_K) {
+		if (u & 1) /* 210 u = 2 mod 4 */
+			gm_unit_q6k<false, R, NG>(L, rows, u);
+		else
+			gm_unit_q6k<true, R, NG>(L, rows, u);
+	} else
+		gm_unit_q80<R, NG>(L, rows, u);
+}
+
+/* Grid: blockIdx.x = rows [16 R blockIdx.x, 16 R (blockIdx.x + 1)); NG = ceil(n_tok / 4). */
+template <int T, int R, int NG>
+__global__ void __launch_bounds__(GM_WARPS * 32, 1)
+    gemv_mma_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t n_out, int64_t n_units,
+                    const float *__restrict__ x, int64_t ldx, int n_tok, float *__restrict__ y, int64_t ldy)
+{
+	__shared__ float part[GM_WARPS][16 * R][4 * NG];
+	__shared__ gm_stage<NG> stage[GM_WARPS];
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	gm_lane<R, NG> L;
+	L.g = lane >> 2, L.t = lane & 3, L.lane = lane, L.sm = &stage[warp];
+	L.x = x, L.ldx = ldx, L.n_tok = n_tok;
+	for (int i = lane; i < NG * 16 * 33; i += 32)
+		(&stage[warp].b[0][0][0])[i] = make_uint2(0u, 0u);
+	GM_UNROLL
+	for (int r = 0; r < R; r++)
+		GM_UNROLL
+	for (int k = 0; k < NG; k++)
+		GM_UNROLL
+	for (int i = 0; i < 4; i++)
+		L.acc[r][k][i] = 0.f;
+	const int64_t row0 = (int64_t)blockIdx.x * 16 * R;
+	const uint8_t *rows[R][2];
+	GM_FOR_ROWS(R)
+	rows[r][hr] = w + (size_t)min(row0 + 16 * r + 8 * hr + L.g, n_out - 1) * row_bytes;
+
+	for (int64_t u = warp; u < n_units; u += GM_WARPS)
+		gm_unit<T, R, NG>(L, rows, u);
+	/* lane holds rows g, g+8 of each tile for token 4k + t */
+	GM_UNROLL
+	for (int r = 0; r < R; r++)
+		GM_UNROLL
+	for (int k = 0; k < NG; k++)
+		GM_UNROLL
+	for (int hr = 0; hr < 2; hr++)
+		part[warp][16 * r + 8 * hr + L.g][4 * k + L.t] =
+		    fmaf(L.acc[r][k][2 * hr + 1], 1.f / 2048.f, L.acc[r][k][2 * hr]);
+	__syncthreads();
+	for (int i = threadIdx.x; i < 16 * R * 4 * NG; i += GM_WARPS * 32) {
+		const int rr = i / (4 * NG), tok = i % (4 * NG);
+		float s = 0.f;
+		GM_UNROLL
+		for (int k = 0; k < GM_WARPS; k++)
+			s += part[k][rr][tok];
+		if (tok < n_tok && row0 + rr < n_out)
+			y[tok * ldy + row0 + rr] = s;
+	}
+}
+
+template <int T, int R>
+static void gm_launch_r(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out, const float *x, int64_t ldx,
+                        int n_tok, float *y, int64_t ldy, cudaStream_t s)
+{
+	const unsigned grid = (unsigned)((n_out + 16 * R - 1) / (16 * R));
+	if (n_tok <= 4)
+		gemv_mma_kernel<T, R, 1>
+		    <<<grid, GM_WARPS * 32, 0, s>>>(w, rb, n_out, n_in / 256, x, ldx, n_tok, y, ldy);
+	else
+		gemv_mma_kernel<T, R, 2>
+		    <<<grid, GM_WARPS * 32, 0, s>>>(w, rb, n_out, n_in / 256, x, ldx, n_tok, y, ldy);
+}
+
+template <int T>
+static void gm_launch_t(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out, const float *x, int64_t ldx,
+                        int n_tok, float *y, int64_t ldy, cudaStream_t s, int n_sm, int r_tiles)
+{
+	/* two tiles per warp share the X staging, unless that leaves SMs idle; not for Q6_K/Q8_0,
+	 * whose R = 2 instantiations need ~230-250 registers (8 warps/SM against 12-16 at R = 1) */
+	const bool heavy = T == KT_Q6_K || T == KT_Q8_0;
+	if (r_tiles == 2 || (r_tiles == 0 && !heavy && (n_out + 31) / 32 >= 2 * (int64_t)n_sm))
+		gm_launch_r<T, 2>(w, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s);
+	else
+		gm_launch_r<T, 1>(w, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s);
+}
+
+/* Y[t][r] = dot(W row r, X[t]), t < n_tok <= 8. r_tiles: row tiles per warp, 1 or 2 (0 = chosen
+ * from n_out and the SM count n_sm; the bench forces it for A/B runs). Returns 0, -EINVAL when the shape or
+ * alignment is outside what the kernel assumes (header comment), ERR_UNSUPPORTED for other types, ERR_CUDA
+ * when the launch fails. */
+static inline int gemv_mma(int type, const void *w, size_t row_bytes, int64_t n_in, int64_t n_out,
+                           const float *x, int64_t ldx, int n_tok, float *y, int64_t ldy, cudaStream_t s,
+                           int n_sm, int r_tiles)
+{
+	size_t rb;
+	if (n_tok < 1 || n_tok > 8 || n_out < 1 || n_in < 256 || n_in % 256 ||
+	    !ktype_row_bytes(type, n_in, &rb) || rb != row_bytes || row_bytes % (type == KT_Q6_K ? 4 : 16) ||
+	    (uintptr_t)w % 16 || (uintptr_t)x % 16 || ldx % 4 || ldx < n_in || ldy < n_out || r_tiles < 0 ||
+	    r_tiles > 2)
+		return -EINVAL;
+	const uint8_t *wb = (const uint8_t *)w;
+	switch (type) {
+	case KT_Q4_K:
+		gm_launch_t<KT_Q4_K>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles);
+		break;
+	case KT_Q5_K:
+		gm_launch_t<KT_Q5_K>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles);
+		break;
+	case KT_Q6_K:
+		gm_launch_t<KT_Q6_K>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles);
+		break;
+	case KT_Q8_0:
+		gm_launch_t<KT_Q8_0>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles);
+		break;
+	default: return ERR_UNSUPPORTED;
+	}
+	return kcuda_launch_status("gemv_mma");
+}
+
+#endif
