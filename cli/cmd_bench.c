@@ -8,8 +8,10 @@
  * sequences (continuous-batching shape). Each measurement is repeated --reps times over a fresh KV
  * cache; the median is reported. The "bytes/token" column is the weight bytes one decode step must
  * read (every matrix except the embedding table, routed experts counted at k/E of their size) and
- * "GB/s" is that over the step time: the roofline at batch 1 is the machine's read bandwidth. */
+ * "GB/s" is that over the step time: the roofline at batch 1 is the machine's read bandwidth. With
+ * --rank r (one rank of --tp run alone) the bytes are that rank's: its shard of the split tensors. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,7 +48,30 @@ static double median(double *v, int n)
 
 /* Weight bytes a decode step reads for one token: all tensors but the embedding table (one row),
  * routed expert tensors (names ending in _exps.weight) at k/E. */
-static double decode_bytes_per_token(const struct model *m)
+/* Tensors split T ways between TP ranks (MODEL-SPEC.md §3.2): q_b (or q), the per-head k_b / v_b,
+ * o_proj, dense and shared FFN, routed experts, lm_head; the rest (q_a, kv_a, norms, indexer,
+ * router) is replicated on every rank. */
+static bool tp_sharded(const char *name)
+{
+	static const char *const blk[] = {"attn_q_b.", "attn_q.", "attn_k_b.", "attn_v_b.", "attn_output.",
+	                                   "ffn_gate.", "ffn_up.", "ffn_down.", "ffn_gate_shexp.", "ffn_up_shexp.",
+	                                   "ffn_down_shexp.", "ffn_gate_exps.", "ffn_up_exps.", "ffn_down_exps."};
+	if (strcmp(name, "output.weight") == 0 || strcmp(name, "token_embd.weight") == 0)
+		return true; /* lm_head (token_embd only counts when tied) */
+	if (strncmp(name, "blk.", 4) != 0)
+		return false;
+	const char *dot = strchr(name + 4, '.');
+	if (!dot)
+		return false;
+	for (size_t i = 0; i < sizeof(blk) / sizeof(blk[0]); i++)
+		if (strncmp(dot + 1, blk[i], strlen(blk[i])) == 0)
+			return true;
+	return false;
+}
+
+/* Weight bytes one decode step reads: the whole model's active bytes (shard_tp 1: every rank runs
+ * in this process), or one rank's (shard_tp = T for --rank r: sharded tensors count 1/T). */
+static double decode_bytes_per_token(const struct model *m, int shard_tp)
 {
 	const struct gguf_ctx *g = model_gguf(m);
 	const struct model_hparams *hp = model_hparams(m);
@@ -63,6 +88,8 @@ static double decode_bytes_per_token(const struct model *m)
 		double b = (double)t->nbytes;
 		if (strstr(t->name, "_exps.weight") && hp->n_expert > 0)
 			b *= (double)hp->n_expert_used / hp->n_expert;
+		if (shard_tp > 1 && tp_sharded(t->name))
+			b /= shard_tp;
 		total += b;
 	}
 	return total;
@@ -335,7 +362,7 @@ int cmd_bench(int argc, char **argv)
 	}
 	double load_s = now_s() - tl0;
 	const struct model_hparams *hp = model_hparams(m);
-	double bytes_tok = decode_bytes_per_token(m);
+	double bytes_tok = decode_bytes_per_token(m, o.rank >= 0 ? o.tp : 1); /* per rank in rank-shard mode */
 	double *pf = calloc((size_t)o.reps, sizeof(double)), *dc = calloc((size_t)o.reps, sizeof(double));
 	if (!pf || !dc) {
 		fprintf(stderr, "tandem bench: out of memory\n");
@@ -400,8 +427,8 @@ int cmd_bench(int argc, char **argv)
 		printf("model %s (%s, %d layers), threads %d, tp %d, batch %d, load %.2f s\n", o.model,
 		       model_arch_name(hp->arch), hp->n_layers, o.threads, o.tp, o.batch, load_s);
 		printf("prefill  %6d tokens/seq  %10.1f tok/s\n", o.prompt, pf_tps);
-		printf("decode   %6d steps       %10.1f tok/s  %8.2f ms/step  %.1f MB weights/step  %.2f GB/s\n",
-		       o.gen, dc_tps, step_ms, bytes_tok / 1e6, gbs);
+		printf("decode   %6d steps       %10.1f tok/s  %8.2f ms/step  %.1f MB weights/step%s  %.2f GB/s\n",
+		       o.gen, dc_tps, step_ms, bytes_tok / 1e6, o.rank >= 0 ? " (this rank)" : "", gbs);
 		if (o.backend == MODEL_BACKEND_CUDA) {
 			double wbytes = bytes_tok; /* the decode-read estimate; upload moves every weight */
 			printf("cuda     device %d%s: weights loaded in %.2f s; device-to-device copy %.1f GB/s "

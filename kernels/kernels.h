@@ -196,9 +196,11 @@ void kcuda_weight_free(struct kweight *dev);
 /* Y[t][r] = dot(W row r, X[t]) as kcpu_matmul, W on the device (kcuda_weight_upload). n_tok <= 8
  * runs the weight-streaming GEMV (fp32 dequantize + fp32 accumulate, up to 2 tokens per pass over
  * W); larger n_tok dequantizes W to bf16 tiles in the workspace and multiplies with X rounded to
- * bf16 through cuBLAS on tensor cores (fp32 accumulate). kcuda_matmul_path forces one of the two
- * (tests, benchmarks). Uses the context workspace (not reentrant across threads on one context). */
-enum kcuda_mm_path { KCUDA_MM_AUTO = 0, KCUDA_MM_GEMV = 1, KCUDA_MM_GEMM = 2 };
+ * bf16 through cuBLAS on tensor cores (fp32 accumulate), except F32 weights, which are never
+ * rounded: they take the fp32 GEMM (KCUDA_MM_F32: W dequantized to fp32 tiles, cuBLAS fp32 without
+ * TF32). kcuda_matmul_path forces one path (tests, benchmarks; KCUDA_MM_F32 for the products whose
+ * outputs feed a selection, MODEL-SPEC.md §2.6/§2.7: GEMV for n_tok <= 8, the fp32 GEMM above). Uses the context workspace (not reentrant across threads on one context). */
+enum kcuda_mm_path { KCUDA_MM_AUTO = 0, KCUDA_MM_GEMV = 1, KCUDA_MM_GEMM = 2, KCUDA_MM_F32 = 3 };
 int kcuda_matmul(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok,
 		 float *y, int64_t ldy);
 int kcuda_matmul_path(struct kcuda_ctx *c, enum kcuda_mm_path path, const struct kweight *w, const float *x,

@@ -14,6 +14,8 @@
  * replay. Padded rows carry position -1 (the KV write skips them) and see one key of table 0. */
 #ifdef TANDEM_CUDA
 #include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -398,12 +400,25 @@ static void cu_layernorm(void *ctx, float *y, int64_t ldy, const float *x, int64
 	CK(kfwd_layernorm(c->kc, y, ldy, x, ldx, w, bias, n, n_rows, eps));
 }
 
+/* The indexer's projections feed its top-k (MODEL-SPEC.md §2.6: weights and scores in fp32); a
+ * bf16 rounding of their inputs flips selections against the CPU, so they never take the bf16 GEMM.
+ * forward.c passes &layers[l].idx_*, i.e. pointers into c->dl. */
+static bool fp32_product(const struct be_cuda *c, const struct kweight *w)
+{
+	uintptr_t p = (uintptr_t)w, b = (uintptr_t)c->dl;
+	size_t n = (size_t)c->m->hp.n_layers;
+	if (!c->dl || p < b || p >= b + n * sizeof(*c->dl))
+		return false;
+	const struct layer_w *L = &c->dl[(p - b) / sizeof(*c->dl)];
+	return w == &L->idx_q_b || w == &L->idx_k || w == &L->idx_proj;
+}
+
 static void cu_matmul(void *ctx, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok, float *y,
                       int64_t n_out)
 {
 	struct be_cuda *c = ctx;
 	SKIP_REPLAY(c);
-	CK(kcuda_matmul(c->kc, w, x, ldx, n_tok, y, n_out));
+	CK(kcuda_matmul_path(c->kc, fp32_product(c, w) ? KCUDA_MM_F32 : KCUDA_MM_AUTO, w, x, ldx, n_tok, y, n_out));
 }
 
 static void cu_rope(void *ctx, float *x, int64_t ldx, int64_t n_rows, int64_t n_heads, int64_t head_stride,
@@ -524,7 +539,8 @@ static void cu_moe(void *ctx, const struct layer_w *L, const float *a, float *pa
 	struct model_rank *rk = c->rk;
 	int64_t n = c->st.n, D = hp->D, E = hp->n_expert;
 	int k = hp->n_expert_used;
-	CK(kcuda_matmul(c->kc, &L->gate_inp, a, D, n, c->rl, E));
+	/* router logits in fp32 whatever the weight type (MODEL-SPEC.md §2.7): never the bf16 GEMM */
+	CK(kcuda_matmul_path(c->kc, KCUDA_MM_F32, &L->gate_inp, a, D, n, c->rl, E));
 	CK(kcuda_moe_route(c->kc, c->rl, E, L->exp_bias, n, (int)E, k, hp->n_group, hp->n_group_used,
 	                   hp->gating_func, hp->expert_weights_norm, hp->expert_weights_scale, ids, wts));
 	struct kweight g = L->gate_exps.w, u = L->up_exps.w, d = L->down_exps.w;

@@ -47,6 +47,21 @@ static inline int kcuda_launch_status(const char *what)
 	return ERR_CUDA;
 }
 
+/* A rejected argument: one line on stderr naming the op and what is wrong, then -EINVAL, so a
+ * failing forward explains itself (the ops have no errbuf; the backend only sees the code). */
+#include <errno.h>
+#include <stdarg.h>
+static inline int __attribute__((format(printf, 2, 3))) kcuda_bad_arg(const char *op, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fprintf(stderr, "kcuda: %s: bad argument: ", op);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+	return -EINVAL;
+}
+
 __device__ __forceinline__ float kc_h2f(uint16_t h)
 {
 	return __half2float(__ushort_as_half(h));

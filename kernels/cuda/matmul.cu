@@ -1,6 +1,8 @@
 /* kcuda_matmul: the op the model calls for every weight product. Checks the arguments (they come
  * from loaded files, so shapes are validated, not trusted), then picks the decode GEMV for
- * n_tok <= 8 or the prefill GEMM (matmul_gemm.cu) for larger batches. */
+ * n_tok <= 8 or the prefill GEMM (matmul_gemm.cu) for larger batches: the bf16 tensor-core one, or
+ * the fp32 one for F32 weights and for KCUDA_MM_F32 (outputs that feed a top-k selection: a bf16
+ * rounding there flips router / indexer choices against the CPU, MODEL-SPEC.md §2.6/§2.7). */
 #include <errno.h>
 
 #include "kernels/cuda/matmul_impl.cuh"
@@ -11,18 +13,29 @@ extern "C" int kcuda_matmul_path(struct kcuda_ctx *c, enum kcuda_mm_path path, c
                                  const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy)
 {
 	size_t rb = 0;
-	if (!c || !w || !w->data || !x || !y || n_tok < 0 || w->n_in <= 0 || w->n_out <= 0)
-		return -EINVAL;
+	if (!c || !w || !w->data || !x || !y)
+		return kcuda_bad_arg("matmul", "null context, weight, weight data, x or y");
+	if (n_tok < 0 || w->n_in <= 0 || w->n_out <= 0)
+		return kcuda_bad_arg("matmul", "n_tok %lld, weight %lld x %lld", (long long)n_tok,
+		                     (long long)w->n_out, (long long)w->n_in);
 	if (!ktype_row_bytes(w->type, w->n_in, &rb) || rb != w->row_bytes)
-		return -EINVAL;
+		return kcuda_bad_arg("matmul", "%s weight with n_in %lld has row_bytes %zu (want %zu)",
+		                     ktype_name(w->type), (long long)w->n_in, w->row_bytes, rb);
 	if (ldx < w->n_in || ldy < w->n_out)
-		return -EINVAL;
+		return kcuda_bad_arg("matmul", "ldx %lld < n_in %lld or ldy %lld < n_out %lld", (long long)ldx,
+		                     (long long)w->n_in, (long long)ldy, (long long)w->n_out);
+	if (path < KCUDA_MM_AUTO || path > KCUDA_MM_F32)
+		return kcuda_bad_arg("matmul", "unknown path %d", (int)path);
 	if (n_tok == 0)
 		return 0;
 	if (path == KCUDA_MM_AUTO)
-		path = n_tok <= GEMV_MAX_TOK ? KCUDA_MM_GEMV : KCUDA_MM_GEMM;
+		path = n_tok <= GEMV_MAX_TOK ? KCUDA_MM_GEMV : w->type == KT_F32 ? KCUDA_MM_F32 : KCUDA_MM_GEMM;
+	if (path == KCUDA_MM_F32 && n_tok <= GEMV_MAX_TOK)
+		path = KCUDA_MM_GEMV; /* the GEMV is fp32 throughout and reads W once per 2 tokens */
 	if (path == KCUDA_MM_GEMM)
 		return kcuda_gemm_launch(c, w, x, ldx, n_tok, y, ldy);
+	if (path == KCUDA_MM_F32)
+		return kcuda_gemm_f32_launch(c, w, x, ldx, n_tok, y, ldy);
 
 	/* the GEMV reads activations as float4: give it an aligned copy when they are not */
 	const bool is_float = w->type == KT_F32 || w->type == KT_F16 || w->type == KT_BF16;

@@ -11,4 +11,8 @@ int kcuda_gemv_launch(struct kcuda_ctx *c, const struct kweight *w, const float 
 int kcuda_gemm_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx,
                       int64_t n_tok, float *y, int64_t ldy);
 
+/* Same product in fp32 throughout (W dequantized to fp32 tiles, cuBLAS without TF32). */
+int kcuda_gemm_f32_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx,
+                          int64_t n_tok, float *y, int64_t ldy);
+
 #endif

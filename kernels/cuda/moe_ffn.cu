@@ -123,43 +123,59 @@ __global__ void moe_scatter_kernel(const float *__restrict__ ys, const int32_t *
 		out[(int64_t)tok[j] * ldo + d] = fmaf(w[j], ys[j * D + d], out[(int64_t)tok[j] * ldo + d]);
 }
 
+/* gate and up share a type (checked); down may differ (llama.cpp's Q4_K_M keeps some ffn_down_exps
+ * in Q6_K): each stage is dispatched on its own weight's type */
 template <int T>
-static int moe_decode_t(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
-                        const float *weights, int k, const struct kweight *gate, const struct kweight *up,
-                        const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo)
+static int moe_gate_up_t(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t np, const int32_t *ids, int k,
+                         const struct kweight *gate, const struct kweight *up, int64_t E, int64_t F, float *h)
 {
-	const int64_t D = gate->n_in, np = n * k;
-	float *h = (float *)c->ws, *y = h + np * F;
 	dim3 g1((unsigned)((F + MOE_WARPS - 1) / MOE_WARPS), (unsigned)np);
-	moe_gate_up_kernel<T>
-	    <<<g1, MOE_WARPS * 32, 0, c->stream>>>((const uint8_t *)gate->data, (const uint8_t *)up->data,
-	                                           gate->row_bytes, D, F, E, x, ldx, ids, k, h, c->err_dev);
-	int rc = kcuda_launch_status("moe_gate_up");
-	if (rc)
-		return rc;
+	moe_gate_up_kernel<T><<<g1, MOE_WARPS * 32, 0, c->stream>>>((const uint8_t *)gate->data,
+	                                                            (const uint8_t *)up->data, gate->row_bytes,
+	                                                            gate->n_in, F, E, x, ldx, ids, k, h, c->err_dev);
+	return kcuda_launch_status("moe_gate_up");
+}
+
+template <int T>
+static int moe_down_t(struct kcuda_ctx *c, int64_t np, const int32_t *ids, const struct kweight *down, int64_t D,
+                      int64_t E, int64_t F, const float *h, float *y)
+{
 	dim3 g2((unsigned)((D + MOE_WARPS - 1) / MOE_WARPS), (unsigned)np);
-	moe_down_kernel<T><<<g2, MOE_WARPS * 32, 0, c->stream>>>((const uint8_t *)down->data, down->row_bytes,
-	                                                         D, F, E, h, ids, y);
-	if ((rc = kcuda_launch_status("moe_down")))
-		return rc;
-	dim3 g3((unsigned)((D + 255) / 256), (unsigned)n);
-	moe_combine_kernel<<<g3, 256, 0, c->stream>>>(y, weights, k, D, out, ldo);
-	return kcuda_launch_status("moe_combine");
+	moe_down_kernel<T><<<g2, MOE_WARPS * 32, 0, c->stream>>>((const uint8_t *)down->data, down->row_bytes, D,
+	                                                         F, E, h, ids, y);
+	return kcuda_launch_status("moe_down");
 }
 
 static int moe_decode(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
                       const float *weights, int k, const struct kweight *gate, const struct kweight *up,
                       const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo)
 {
-	if ((size_t)n * (size_t)k * (size_t)(F + gate->n_in) * sizeof(float) > c->ws_bytes)
+	const int64_t D = gate->n_in, np = n * k;
+	if ((size_t)np * (size_t)(F + D) * sizeof(float) > c->ws_bytes)
 		return ERR_LIMIT;
+	float *h = (float *)c->ws, *y = h + np * F;
+	int rc;
 	switch (gate->type) {
 #define X(T)                                                                                                 \
-	case T: return moe_decode_t<T>(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
+	case T: rc = moe_gate_up_t<T>(c, x, ldx, np, ids, k, gate, up, E, F, h); break;
 		KCUDA_FOR_EACH_TYPE(X)
 #undef X
 	default: return ERR_UNSUPPORTED;
 	}
+	if (rc)
+		return rc;
+	switch (down->type) {
+#define X(T)                                                                                                 \
+	case T: rc = moe_down_t<T>(c, np, ids, down, D, E, F, h, y); break;
+		KCUDA_FOR_EACH_TYPE(X)
+#undef X
+	default: return ERR_UNSUPPORTED;
+	}
+	if (rc)
+		return rc;
+	dim3 g3((unsigned)((D + 255) / 256), (unsigned)n);
+	moe_combine_kernel<<<g3, 256, 0, c->stream>>>(y, weights, k, D, out, ldo);
+	return kcuda_launch_status("moe_combine");
 }
 
 static int moe_grouped(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
@@ -184,7 +200,8 @@ static int moe_grouped(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t
 		goto cleanup;
 	for (int64_t i = 0; i < np; i++) {
 		if (hid[i] < 0 || hid[i] >= E) {
-			rc = -EINVAL;
+			rc = kcuda_bad_arg("moe_ffn", "expert id %d of pair %lld outside 0..%lld", (int)hid[i],
+			                   (long long)i, (long long)E - 1);
 			goto cleanup;
 		}
 		eoff[hid[i] + 1]++;
@@ -259,25 +276,41 @@ extern "C" int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, i
                              const struct kweight *up, const struct kweight *down, int64_t E, int64_t F,
                              float *out, int64_t ldo)
 {
-	if (!c || !x || !ids || !weights || !gate || !up || !down || !out || n < 0 || k < 1 || E < 1 || F < 1)
-		return -EINVAL;
+	if (!c || !x || !ids || !weights || !gate || !up || !down || !out)
+		return kcuda_bad_arg("moe_ffn", "null pointer argument");
+	if (n < 0 || k < 1 || E < 1 || F < 1)
+		return kcuda_bad_arg("moe_ffn", "n %lld, k %d, E %lld, F %lld", (long long)n, k, (long long)E,
+		                     (long long)F);
 	if (!gate->data || !up->data || !down->data)
-		return -EINVAL;
+		return kcuda_bad_arg("moe_ffn", "expert weight without data");
 	const int64_t D = gate->n_in;
 	size_t rb;
-	if (up->n_in != D || up->type != gate->type || down->n_in != F || down->type != gate->type ||
-	    gate->n_out != E * F || up->n_out != E * F || down->n_out != E * D || ldx < D || ldo < D)
-		return -EINVAL;
-	if (!ktype_row_bytes(gate->type, D, &rb) || rb != gate->row_bytes || up->row_bytes != rb ||
-	    !ktype_row_bytes(down->type, F, &rb) || rb != down->row_bytes)
-		return -EINVAL;
+	if (up->type != gate->type)
+		return kcuda_bad_arg("moe_ffn", "gate %s and up %s differ in type (one kernel reads both)",
+		                     ktype_name(gate->type), ktype_name(up->type));
+	if (up->n_in != D || down->n_in != F || gate->n_out != E * F || up->n_out != E * F || down->n_out != E * D)
+		return kcuda_bad_arg("moe_ffn",
+		                     "shapes gate %lldx%lld up %lldx%lld down %lldx%lld for E %lld F %lld D %lld",
+		                     (long long)gate->n_out, (long long)gate->n_in, (long long)up->n_out,
+		                     (long long)up->n_in, (long long)down->n_out, (long long)down->n_in, (long long)E,
+		                     (long long)F, (long long)D);
+	if (ldx < D || ldo < D)
+		return kcuda_bad_arg("moe_ffn", "ldx %lld or ldo %lld < D %lld", (long long)ldx, (long long)ldo,
+		                     (long long)D);
+	if (!ktype_row_bytes(gate->type, D, &rb) || rb != gate->row_bytes || up->row_bytes != rb)
+		return kcuda_bad_arg("moe_ffn", "gate/up %s row_bytes %zu/%zu for n_in %lld", ktype_name(gate->type),
+		                     gate->row_bytes, up->row_bytes, (long long)D);
+	if (!ktype_row_bytes(down->type, F, &rb) || rb != down->row_bytes)
+		return kcuda_bad_arg("moe_ffn", "down %s row_bytes %zu for n_in %lld", ktype_name(down->type),
+		                     down->row_bytes, (long long)F);
 	if (n == 0)
 		return 0;
 	if (n <= MOE_DECODE_MAX && D % 16 == 0 && F % 16 == 0 && gate->row_bytes % 16 == 0 &&
 	    down->row_bytes % 16 == 0)
 		return moe_decode(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
 	if (n <= MOE_DECODE_MAX && D % 16 == 0 && F % 16 == 0 && gate->type != KT_F32 &&
-	    gate->type != KT_F16 && gate->type != KT_BF16)
+	    gate->type != KT_F16 && gate->type != KT_BF16 && down->type != KT_F32 && down->type != KT_F16 &&
+	    down->type != KT_BF16)
 		return moe_decode(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
 	return moe_grouped(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
 }

@@ -5,15 +5,26 @@
  *    and attention / norms are fp32 (statistics in double like the CPU): only the summation order
  *    differs, ~1e-7 relative per dot, growing through 2-3 layers to ~1e-5 on logits of magnitude
  *    ~10; TOL_F32 = 2e-4 leaves an order of magnitude.
- *  - more tokens use the bf16 tensor-core GEMM: activations rounded to bf16 (8-bit mantissa,
- *    relative error 2^-9 ~ 2e-3 per value), a few % after the layers on logits of ~10: TOL_BF16 =
- *    1e-1 (and an indexer top-k set may then differ, which the bound also covers on these models).
+ *  - more tokens use the bf16 tensor-core GEMM for the big products (activations and weights
+ *    rounded to bf16: relative error up to 2^-9 each, so ~2^-9 * sqrt(2) per product output as a
+ *    random walk over K terms); the router and the indexer projections stay fp32 (their outputs
+ *    are ranked: MODEL-SPEC.md §2.6/§2.7). The tiny models chain ~16 such products from the
+ *    embedding to the logits (3 layers x q_a, q_b, k_b, v_b, o, gate/up, down, + lm_head), and
+ *    the errors add as a random walk: sqrt(16) * 2^-9 * sqrt(2) ~ 1.1e-2 of the logit scale.
+ *    TOL_BF16_REL = 2e-2 times max|logit| of the CPU reference leaves a factor 2. A router or
+ *    indexer top-k fed by bf16-rounded activations can still choose differently from the CPU on a
+ *    near-tie, and then that token and the later ones (through the KV cache) differ by whole logits.
+ *    The 64-token forward therefore records every choice (model_debug hooks, sel_diff.h) on both
+ *    backends and holds to the bound every token before the first differing choice; the number of
+ *    differing choices is printed. (A CPU forward with only the dense products' inputs rounded to
+ *    bf16 reproduces the glm-dsa differences of the 2026-11-29 H200 run to 3 digits, from indexer
+ *    flips: docs/PERFORMANCE.md.)
  * Checks: rand64 logits at every position (prefill in chunks of 8: fp32 path; in one 64-token batch:
  * bf16 path); 16-token greedy continuations of the first prompts (prefill in chunks of 8, then
  * decode) identical to the CPU's up to the first step whose CPU top-1/top-2 margin is below
  * TOL_F32; decode of 3 sequences replayed from CUDA graphs equal bit for bit to the same padded
  * shapes run eagerly (graphs = 2), and within TOL_F32 of the CPU. */
-#include "tests/model/refs.h"
+#include "tests/model/sel_diff.h"
 
 #ifndef TANDEM_CUDA
 int main(void)
@@ -26,7 +37,7 @@ int main(void)
 #include "kernels/kernels.h"
 
 #define TOL_F32 2e-4
-#define TOL_BF16 1e-1
+#define TOL_BF16_REL 2e-2
 
 static struct model *load_cuda(const char *stem, int graphs)
 {
@@ -87,19 +98,53 @@ static void test_logits(const char *stem, struct model *mc, struct model *mg, js
 		return;
 	}
 	struct tseq s;
+	struct sel_rec rc_cpu = {0}, rc_gpu = {0};
 	tseq_init(&s, 0, 2, 1);
-	CHECK(run_seq(mc, &kc, &s, ids, n, n, true, ref) == 0, "%s: cpu forward", stem);
+	/* the CPU reference: the whole prompt in one forward, recording choices and hidden states */
+	CHECK(sel_run(mc, &kc, &s, ids, n, ref, &rc_cpu) == 0, "%s: cpu forward", stem);
 	for (int chunk = 8; chunk <= 64; chunk += 56) {
 		tseq_init(&s, 2, 2, 1); /* other blocks than the CPU run used: a pool is per backend anyway */
-		int rc = run_seq(mg, &kg, &s, ids, n, chunk, true, got);
+		int rc = chunk == n ? sel_run(mg, &kg, &s, ids, n, got, &rc_gpu) : run_seq(mg, &kg, &s, ids, n, chunk, true, got);
 		CHECK(rc == 0, "%s: cuda forward (chunk %d)", stem, chunk);
 		if (rc)
 			continue;
-		double d = max_abs_diff(ref, got, (size_t)V * (size_t)n), tol = chunk <= 8 ? TOL_F32 : TOL_BF16;
-		printf("%-22s rand64 all positions, cuda chunks of %2d (%s) vs cpu: max|d| = %.3g (tolerance %.0e)\n",
-		       stem, chunk, chunk <= 8 ? "fp32 GEMV" : "bf16 GEMM", d, tol);
-		CHECK(d <= tol, "%s chunk %d: cuda logits differ from cpu by %g", stem, chunk, d);
+		double d = max_abs_diff(ref, got, (size_t)V * (size_t)n), scale = 0;
+		for (size_t i = 0; i < (size_t)V * (size_t)n; i++)
+			if (fabs(ref[i]) > scale)
+				scale = fabs(ref[i]);
+		double tol = chunk <= 8 ? TOL_F32 : TOL_BF16_REL * scale;
+		/* bf16 path: a token after a differing router / indexer choice is exempt (see the header) */
+		int fl = -1, fk = 0, n_moe = 0, n_idx = 0;
+		int flip = chunk == n ? sel_first_flip(&rc_cpu, &rc_gpu, &fl, &fk, &n_moe, &n_idx) : n;
+		int worst = -1, n_over = 0;
+		double d_before = 0;
+		for (int p = 0; p < n; p++) {
+			double dp = max_abs_diff(ref + (size_t)p * V, got + (size_t)p * V, (size_t)V);
+			n_over += dp > tol;
+			if (p < flip && !(dp <= d_before))
+				d_before = dp, worst = p;
+		}
+		printf("%-22s rand64 all positions, cuda chunks of %2d (%s) vs cpu: max|d| = %.3g, %d of %d positions "
+		       "over tolerance %.2g (max|logit| %.3g)\n",
+		       stem, chunk, chunk <= 8 ? "fp32 GEMV" : "bf16 GEMM", d, n_over, n, tol, scale);
+		if (chunk == n)
+			printf("%-22s   choices differing from cpu: router at %d (layer, token) pairs, indexer at %d; first "
+			       "at token %d (layer %d, %s); max|d| before it %.3g\n",
+			       stem, n_moe, n_idx, flip, fl, fk == 1 ? "router" : fk == 2 ? "indexer" : "none", d_before);
+		if (worst >= 0 && d_before > tol && chunk == n) { /* locate: hidden state per layer at that token */
+			printf("%-22s   token %d, max|d| of the hidden state after layer:", stem, worst);
+			for (int l = 0; l <= rc_cpu.n_layers; l++) {
+				const float *hc = rc_cpu.hid + ((size_t)l * n + (size_t)worst) * rc_cpu.D;
+				const float *hg = rc_gpu.hid + ((size_t)l * n + (size_t)worst) * rc_cpu.D;
+				printf(" %s%d %.3g", l ? "" : "emb ", l - 1, max_abs_diff(hc, hg, (size_t)rc_cpu.D));
+			}
+			printf("\n");
+		}
+		CHECK(d_before <= tol, "%s chunk %d: cuda logits differ from cpu by %g at token %d, before any choice differs",
+		      stem, chunk, d_before, worst);
 	}
+	sel_rec_free(&rc_cpu);
+	sel_rec_free(&rc_gpu);
 	model_kv_fini(&kc);
 	model_kv_fini(&kg);
 	free(ref);

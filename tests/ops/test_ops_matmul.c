@@ -58,7 +58,9 @@ static int run_case(struct kcuda_ctx *c, int type, int64_t n_in, int64_t n_out, 
 	int rc = kcuda_matmul_path(c, path, &wd, xb.user, ldx, n_tok, yb.user, ldy);
 	if (!rc)
 		rc = kcuda_sync(c);
-	const bool gemm = path == KCUDA_MM_GEMM || (path == KCUDA_MM_AUTO && n_tok > 8);
+	/* bf16 rounding of W and X on the GEMM path; F32 weights (AUTO) and KCUDA_MM_F32 stay fp32 */
+	const bool gemm = path == KCUDA_MM_GEMM || (path == KCUDA_MM_AUTO && n_tok > 8 && type != KT_F32);
+	const char *lbl = gemm ? "gemm" : n_tok > 8 ? "f32gm" : "gemv";
 	OPS_CHECK(rc == 0, "%s %s n_in=%" PRId64 " n_out=%" PRId64 " n_tok=%" PRId64 ": rc %d",
 	          ktype_name(type), what, n_in, n_out, n_tok, rc);
 	size_t bad = ops_dbuf_get(c, &yb, yh);
@@ -103,12 +105,12 @@ static int run_case(struct kcuda_ctx *c, int type, int64_t n_in, int64_t n_out, 
 			n_gap_bad += !ops_is_fill_f32(yh[t * ldy + r]);
 	OPS_CHECK(n_bad == 0,
 	          "%s %s n_in=%" PRId64 " n_out=%" PRId64 " n_tok=%" PRId64 " %s: %" PRId64 " wrong outputs",
-	          ktype_name(type), what, n_in, n_out, n_tok, gemm ? "gemm" : "gemv", n_bad);
+	          ktype_name(type), what, n_in, n_out, n_tok, lbl, n_bad);
 	OPS_CHECK(n_gap_bad == 0, "%s %s: %" PRId64 " writes into the ldy gap", ktype_name(type), what,
 	          n_gap_bad);
 	printf("%-7s %-5s %-22s n_in %6" PRId64 " n_out %5" PRId64 " n_tok %3" PRId64
 	       "%s  max |err|/sum|wx| %.2e %s\n",
-	       ktype_name(type), gemm ? "gemm" : "gemv", what, n_in, n_out, n_tok, strided ? " strided" : "",
+	       ktype_name(type), lbl, what, n_in, n_out, n_tok, strided ? " strided" : "",
 	       worst, n_bad ? "FAIL" : "ok");
 	ret = 0;
 out:
@@ -209,6 +211,16 @@ int main(void)
 			                       KCUDA_MM_AUTO, t & 1, "n_tok sweep");
 		setup_fail |= run_case(c, type, n_small, 45, 33, KCUDA_MM_AUTO, 1, "gemm strided");
 		setup_fail |= run_case(c, type, n_small, 33, 3, KCUDA_MM_GEMM, 0, "gemm forced");
+		/* the fp32 GEMM (router, indexer): held to the fp32 tolerance */
+		setup_fail |= run_case(c, type, n_small, 45, 33, KCUDA_MM_F32, 1, "f32 gemm strided");
+		setup_fail |= run_case(c, type, n_small, 45, 5, KCUDA_MM_F32, 0, "f32 path gemv");
+		/* the tiny test models' shapes on the bf16 GEMM (64-token prefill) */
+		static const struct shape tiny[] = {{256, 192, "tiny q_b"}, {64, 256, "tiny k_b"},
+		                                    {128, 64, "tiny ds k_b"}, {256, 64, "tiny idx_k"}};
+		for (size_t s = 0; s < sizeof(tiny) / sizeof(tiny[0]); s++)
+			if (tiny[s].n_in % qk == 0)
+				setup_fail |= run_case(c, type, tiny[s].n_in, tiny[s].n_out, 64, KCUDA_MM_AUTO, 0,
+				                       tiny[s].what);
 		if (quick)
 			continue;
 		for (size_t s = 0; s < sizeof(real) / sizeof(real[0]); s++) {
@@ -227,6 +239,7 @@ int main(void)
 	} else {
 		setup_fail |= run_case(small, KT_Q4_K, 6144, 100, 40, KCUDA_MM_AUTO, 1, "gemm small ws");
 		setup_fail |= run_case(small, KT_Q8_0, 6144, 100, 40, KCUDA_MM_AUTO, 0, "gemm small ws");
+		setup_fail |= run_case(small, KT_Q4_K, 6144, 100, 40, KCUDA_MM_F32, 1, "f32 gemm small ws");
 		kcuda_ctx_destroy(small);
 	}
 	OPS_CHECK(setup_fail == 0, "some cases failed to set up");

@@ -105,14 +105,15 @@ out:
 	free(scr);
 }
 
-static void ffn_case(int type, int n, double tol)
+/* gate / up of `type`, down of `dtype` (Q4_K_M files keep some ffn_down_exps in Q6_K) */
+static void ffn_case(int type, int dtype, int n, double tol)
 {
 	const int64_t E = 12, F = 256, D = 512;
 	const int k = 4;
 	const struct ktype_info *ti = ktype_get(type);
 	size_t rb_d = 0, rb_f = 0;
 	ktype_row_bytes(type, D, &rb_d);
-	ktype_row_bytes(type, F, &rb_f);
+	ktype_row_bytes(dtype, F, &rb_f);
 	uint8_t *hg = malloc(rb_d * (size_t)(E * F)), *hu = malloc(rb_d * (size_t)(E * F)),
 	        *hd = malloc(rb_f * (size_t)(E * D));
 	float *x = malloc(sizeof(float) * (size_t)(n * D)), *ref = calloc((size_t)(n * D), sizeof(float));
@@ -121,13 +122,13 @@ static void ffn_case(int type, int n, double tol)
 	float *t1 = malloc(sizeof(float) * (size_t)F), *t2 = malloc(sizeof(float) * (size_t)F),
 	      *y = malloc(sizeof(float) * (size_t)D);
 	struct kweight g = {type, D, E * F, rb_d, hg}, u = {type, D, E * F, rb_d, hu},
-	               dn = {type, F, E * D, rb_f, hd};
+	               dn = {dtype, F, E * D, rb_f, hd};
 	struct kweight dg = {0}, du = {0}, dd = {0};
 	void *d_x = NULL, *d_ids = NULL, *d_w = NULL;
 	struct ops_dbuf ob = {0};
 	ops_fill_weight(type, D, E * F, rb_d, hg);
 	ops_fill_weight(type, D, E * F, rb_d, hu);
-	ops_fill_weight(type, F, E * D, rb_f, hd);
+	ops_fill_weight(dtype, F, E * D, rb_f, hd);
 	for (int64_t i = 0; i < n * D; i++)
 		x[i] = ops_rng_unif();
 	for (int i = 0; i < n; i++)
@@ -172,7 +173,7 @@ static void ffn_case(int type, int n, double tol)
 	kcuda_upload(ctx, d_ids, ids, sizeof(int32_t) * (size_t)(n * k));
 	kcuda_upload(ctx, d_w, w, sizeof(float) * (size_t)(n * k));
 	int rc = kcuda_moe_ffn(ctx, d_x, D, n, d_ids, d_w, k, &dg, &du, &dd, E, F, ob.user, D);
-	OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "moe ffn %s n %d: rc %d", ti->name, n, rc);
+	OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "moe ffn %s/%s n %d: rc %d", ti->name, ktype_name(dtype), n, rc);
 	size_t gb = ops_dbuf_get(ctx, &ob, got);
 	OPS_CHECK(gb == 0, "moe ffn %s n %d: %zu guard bytes damaged", ti->name, n, gb);
 	double maxref = 0, maxerr = 0;
@@ -189,7 +190,8 @@ static void ffn_case(int type, int n, double tol)
 	OPS_CHECK(nf == 0, "moe ffn %s n %d: %lld non-finite", ti->name, n, (long long)nf);
 	OPS_CHECK(maxerr <= tol * maxref, "moe ffn %s n %d: max err %.3g, max|ref| %.3g (tol %.0e)", ti->name,
 	          n, maxerr, maxref, tol);
-	printf("moe ffn %-7s n %3d (%s): max|ref| %.3g max err %.3g (rel %.2g)\n", ti->name, n,
+	printf("moe ffn %-7s down %-5s n %3d (%s): max|ref| %.3g max err %.3g (rel %.2g)\n", ti->name,
+	       ktype_name(dtype), n,
 	       n <= 16 ? "pairs" : "grouped", maxref, maxerr, maxref > 0 ? maxerr / maxref : 0.0);
 	/* an expert id out of range is reported, not read */
 	if (n == 3) {
@@ -331,9 +333,14 @@ static void test_args(void)
 	OPS_CHECK(kcuda_moe_ffn(ctx, f, 100, 1, ids, f, 2, &g, &g, &d, 4, 256, f, 512) == -EINVAL,
 	          "ffn: ldx < D accepted");
 	gb = d;
-	gb.type = KT_Q4_K;
+	gb.type = KT_Q4_K; /* a down type of its own is fine, but its row_bytes must fit it */
 	OPS_CHECK(kcuda_moe_ffn(ctx, f, 512, 1, ids, f, 2, &g, &g, &gb, 4, 256, f, 512) == -EINVAL,
-	          "ffn: mixed types accepted");
+	          "ffn: down row_bytes of another type accepted");
+	gb = g;
+	gb.type = KT_Q4_0;
+	ktype_row_bytes(KT_Q4_0, 512, &gb.row_bytes);
+	OPS_CHECK(kcuda_moe_ffn(ctx, f, 512, 1, ids, f, 2, &g, &gb, &d, 4, 256, f, 512) == -EINVAL,
+	          "ffn: gate and up of different types accepted");
 }
 
 int main(void)
@@ -357,11 +364,17 @@ int main(void)
 		route_case(&rcs[i]);
 	static const int types[] = {KT_Q8_0, KT_Q4_K, KT_Q6_K, KT_BF16, KT_F32};
 	for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
-		ffn_case(types[t], 1, 1e-4);
-		ffn_case(types[t], 3, 1e-4);
-		ffn_case(types[t], 16, 1e-4);
-		ffn_case(types[t], 40, 2e-2);
+		ffn_case(types[t], types[t], 1, 1e-4);
+		ffn_case(types[t], types[t], 3, 1e-4);
+		ffn_case(types[t], types[t], 16, 1e-4);
+		ffn_case(types[t], types[t], 40, 2e-2);
 	}
+	/* glm-dsa-tiny-Q4_K_M's layer 2: Q4_K gate/up, Q6_K down (failed with -EINVAL before) */
+	ffn_case(KT_Q4_K, KT_Q6_K, 1, 1e-4);
+	ffn_case(KT_Q4_K, KT_Q6_K, 3, 1e-4);
+	ffn_case(KT_Q4_K, KT_Q6_K, 16, 1e-4);
+	ffn_case(KT_Q4_K, KT_Q6_K, 40, 2e-2);
+	ffn_case(KT_Q8_0, KT_BF16, 3, 1e-4); /* a float down type under a quant gate */
 	route_chain();
 	test_args();
 	kcuda_ctx_destroy(ctx);
