@@ -5,7 +5,14 @@
  *
  * Peer life cycle: kvx_peer_get creates (endpoint with peer error handling + unpacked rkey) or
  * finds a cached peer; a failed flush or a peer error marks it failed and kvx_flush drops it
- * (rkey destroyed, endpoint force-closed); the next kvx_peer_get for that address reconnects. */
+ * (endpoint closed, then rkey destroyed); the next kvx_peer_get for that address reconnects.
+ *
+ * A dropped peer's endpoint may outlive it inside UCX: UCX refuses a force close of an endpoint
+ * without peer error handling (the default here), and a plain close of one whose peer died may
+ * never complete. So the error handler gets the kvx, not the peer, and finds the peer by its
+ * endpoint (a dropped peer's struct is freed: writing its `failed` field corrupted the heap), and
+ * the rkey of an endpoint whose close did not complete is kept until kvx_destroy (its stuck puts
+ * still reference it). */
 #include "common/net/kvx.h"
 
 #include <poll.h>
@@ -37,6 +44,7 @@ struct kvx_peer {
 	uint8_t *rkey_blob;
 	size_t rkey_len;
 	ucs_status_t failed; /* set by the error handler */
+	bool peer_mode; /* created with UCP_ERR_HANDLING_MODE_PEER (force close allowed) */
 	uint64_t id;
 	char transports[256];
 	struct kvx_peer *next;
@@ -54,6 +62,9 @@ struct kvx {
 	struct kvx_region *regions;
 	struct kvx_peer *peers;
 	int n_peers;
+	/* rkeys of dropped peers whose endpoint close did not complete (see the header) */
+	ucp_rkey_h *parked;
+	size_t n_parked, cap_parked;
 	uint64_t next_peer_id;
 	uint64_t bytes_put;
 };
@@ -177,6 +188,41 @@ fail:
 	return rc;
 }
 
+static ucp_rkey_h *realloc_rkeys(ucp_rkey_h *a, size_t *cap)
+{
+	size_t n = *cap ? *cap * 2 : 8;
+	ucp_rkey_h *b = realloc(a, n * sizeof(*b));
+	if (b)
+		*cap = n;
+	else
+		free(a);
+	return b;
+}
+
+/* Closes an endpoint: force (pending operations cancelled) where UCX allows it, else a plain
+ * close. Waits up to wait_ms; returns true when the endpoint is gone, false when its close is
+ * still in progress (UCX finishes it in the background; it never calls the error handler of a
+ * closed endpoint). */
+static bool ep_close(struct kvx *x, ucp_ep_h ep, bool force, uint32_t wait_ms)
+{
+	ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+	                           .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0};
+	void *req = ucp_ep_close_nbx(ep, &prm);
+	if (UCS_PTR_IS_ERR(req) && force) {
+		/* refused (no peer error handling on this endpoint): the endpoint is untouched */
+		prm.flags = 0;
+		req = ucp_ep_close_nbx(ep, &prm);
+	}
+	if (!UCS_PTR_IS_PTR(req))
+		return true; /* closed at once, or failed with its resources released (ucp.h) */
+	uint64_t deadline = now_ms() + wait_ms;
+	while (ucp_request_check_status(req) == UCS_INPROGRESS && now_ms() < deadline)
+		ucp_worker_progress(x->worker);
+	bool done = ucp_request_check_status(req) != UCS_INPROGRESS;
+	ucp_request_free(req);
+	return done;
+}
+
 static void peer_drop(struct kvx *x, struct kvx_peer *p)
 {
 	struct kvx_peer **pp = &x->peers;
@@ -184,17 +230,18 @@ static void peer_drop(struct kvx *x, struct kvx_peer *p)
 		pp = &(*pp)->next;
 	if (*pp)
 		*pp = p->next, x->n_peers--;
-	if (p->rkey)
-		ucp_rkey_destroy(p->rkey);
-	if (p->ep) {
-		ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-		                           .flags = UCP_EP_CLOSE_FLAG_FORCE};
-		void *req = ucp_ep_close_nbx(p->ep, &prm);
-		if (UCS_PTR_IS_PTR(req)) {
-			uint64_t deadline = now_ms() + 1000;
-			while (ucp_request_check_status(req) == UCS_INPROGRESS && now_ms() < deadline)
-				ucp_worker_progress(x->worker);
-			ucp_request_free(req);
+	/* the endpoint first: its pending puts reference the rkey */
+	bool closed = !p->ep || ep_close(x, p->ep, p->peer_mode, 1000);
+	if (p->rkey) {
+		if (closed) {
+			ucp_rkey_destroy(p->rkey);
+		} else if (x->n_parked < x->cap_parked ||
+		           (x->parked = realloc_rkeys(x->parked, &x->cap_parked)) != NULL) {
+			x->parked[x->n_parked++] = p->rkey;
+			LOG_WARN("kvx", "UCX endpoint close to a failed decode worker still in progress after "
+			                "1 s: its remote key is kept until exit");
+		} else {
+			x->cap_parked = x->n_parked = 0; /* out of memory: leak the key rather than free it */
 		}
 	}
 	free(p->addr);
@@ -208,6 +255,10 @@ void kvx_destroy(struct kvx *x)
 		return;
 	while (x->peers)
 		peer_drop(x, x->peers);
+	/* the worker still exists here (a pooled rkey goes back to its memory pool) */
+	for (size_t i = 0; i < x->n_parked; i++)
+		ucp_rkey_destroy(x->parked[i]);
+	free(x->parked);
 	while (x->regions)
 		kvx_region_unmap(x, x->regions);
 	ucp_worker_release_address(x->worker, x->addr);
@@ -347,11 +398,18 @@ void kvx_region_unmap(struct kvx *x, struct kvx_region *r)
 	free(r);
 }
 
+/* arg is the kvx: the peer is looked up by its endpoint, since UCX may report an error on the
+ * endpoint of a peer that was already dropped and freed (see the header). */
 static void peer_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
-	struct kvx_peer *p = arg;
-	p->failed = status;
-	LOG_WARN("kvx", "UCX endpoint to peer failed: %s", ucs_status_string(status));
+	struct kvx *x = arg;
+	for (struct kvx_peer *p = x->peers; p; p = p->next)
+		if (p->ep == ep) {
+			p->failed = status;
+			LOG_WARN("kvx", "UCX endpoint to peer failed: %s", ucs_status_string(status));
+			return;
+		}
+	LOG_DEBUG("kvx", "UCX endpoint of a dropped peer failed: %s", ucs_status_string(status));
 }
 
 /* Which transports carry the endpoint's lanes, from ucp_ep_print_info (human-readable UCX output:
@@ -452,8 +510,9 @@ int kvx_peer_get(struct kvx *x, const uint8_t *addr, size_t addr_len, const uint
 	                                    UCP_EP_PARAM_FIELD_ERR_HANDLER,
 	                      .address = (const ucp_address_t *)p->addr,
 	                      .err_mode = peer_mode ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE,
-	                      .err_handler = {.cb = peer_err_cb, .arg = p}};
+	                      .err_handler = {.cb = peer_err_cb, .arg = x}};
 	ucs_status_t st = ucp_ep_create(x->worker, &ep, &p->ep);
+	p->peer_mode = peer_mode && st == UCS_OK;
 	if (st != UCS_OK && peer_mode) {
 		/* no transport to this peer detects failures: connect without it; the flush deadline
 		 * still bounds every wait */
@@ -492,21 +551,8 @@ int kvx_peer_get(struct kvx *x, const uint8_t *addr, size_t addr_len, const uint
 	*out = p;
 	return 0;
 fail:
-	if (p->rkey)
-		ucp_rkey_destroy(p->rkey);
-	if (p->ep) {
-		ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-		                           .flags = UCP_EP_CLOSE_FLAG_FORCE};
-		void *req = ucp_ep_close_nbx(p->ep, &prm);
-		if (UCS_PTR_IS_PTR(req)) {
-			while (ucp_request_check_status(req) == UCS_INPROGRESS)
-				ucp_worker_progress(x->worker);
-			ucp_request_free(req);
-		}
-	}
-	free(p->addr);
-	free(p->rkey_blob);
-	free(p);
+	/* never linked into x->peers; p->rkey is NULL here (unpacking it is the last step) */
+	peer_drop(x, p);
 	return rc;
 }
 
@@ -571,12 +617,14 @@ int kvx_flush(struct kvx *x, struct kvx_peer *p, uint32_t timeout_ms, struct err
 		           : errbuf_set(e, ERR_UCX, "UCX: peer failed: %s", ucs_status_string(p->failed));
 	uint64_t deadline = now_ms() + timeout_ms;
 	ucs_status_t st;
+	/* The deadline is checked on every turn: an endpoint to a stopped or dead peer can keep
+	 * ucp_worker_progress busy (wireup/pending retries), and a check only on idle turns let a
+	 * 1 s flush run until UCX's own endpoint timeout, or for good (shared memory). */
 	while ((st = ucp_request_check_status(req)) == UCS_INPROGRESS) {
+		if (now_ms() >= deadline)
+			break;
 		if (ucp_worker_progress(x->worker))
 			continue;
-		uint64_t t = now_ms();
-		if (t >= deadline)
-			break;
 		/* nothing to do right now: sleep on the event fd until something arrives (or 1 ms) */
 		if (ucp_worker_arm(x->worker) == UCS_OK) {
 			struct pollfd pfd = {.fd = x->efd, .events = POLLIN};
@@ -584,9 +632,8 @@ int kvx_flush(struct kvx *x, struct kvx_peer *p, uint32_t timeout_ms, struct err
 		}
 	}
 	if (st == UCS_INPROGRESS) {
-		ucp_request_cancel(x->worker, req);
-		while (ucp_request_check_status(req) == UCS_INPROGRESS)
-			ucp_worker_progress(x->worker);
+		/* a flush request cannot be cancelled (ucp_request_cancel is for receives): free it
+		 * (UCX releases it when it completes) and drop the peer, which closes the endpoint */
 		ucp_request_free(req);
 		rc = errbuf_set(e, ERR_TIMEOUT,
 		                "UCX: KV transfer not complete after %u ms (decode worker unreachable?)",

@@ -6,8 +6,9 @@
 #  - 64 concurrent streams, the OpenAI API surface, client disconnect freeing KV blocks;
 #  - Prometheus scrapes all three roles and promtool is clean on every exposition;
 #  - a decode worker whose KV layout differs is refused at registration, naming the difference;
-#  - a decode worker killed mid-stream (its streams get an error event, others complete) and a
-#    prefill worker killed with work queued (its requests are re-prefilled on the other), over TCP.
+#  - a decode worker killed mid-stream (its streams get an error event, others complete), then a
+#    prefill worker killed with work queued (its requests are re-prefilled on the other) on the
+#    same workers, over TCP and over shared memory.
 source "$(dirname "$0")/lib.sh"
 ensure_openai || { echo "cannot install the openai npm package"; exit 1; }
 MODEL="$REPO/tests/data/models/glm-dsa-tiny-Q8_0.gguf"
@@ -146,16 +147,18 @@ grep -q "dtype is bf16" "$TMP/decode-bf16.log" || e2e_fail "the refused decode w
 grep -h "decode-bf16" "$TMP/decode-bf16.log" | grep -i "refused\|mismatch\|LAYOUT" | head -2
 stop_one decode-bf16
 
-# a decode worker dies mid-stream (over TCP: with UCX shared memory a prefill worker pushing to a
-# decode worker that was SIGKILLed can stall inside UCX, which is the worker's to fix)
+# a decode worker dies mid-stream, then a prefill worker dies with work queued, on the same
+# workers: the surviving prefill worker keeps serving after its endpoint to the dead decode
+# worker failed (this used to corrupt its heap: garbage block ids in later batches)
 run_node killdecode
+run_node killprefill
 stop_topology tcp
 
-# --- 2. greedy over shared memory, then a prefill worker dies with work queued (fresh workers:
-# the prefill-death check must not depend on what the decode death left behind) ---
+# --- 2. the same over shared memory: greedy, a decode death, then a prefill death ---
 topology sm sm || exit 1
 run_node greedy
 grep -h "lanes" "$TMP"/prefill*-sm.log | head -2
+run_node killdecode
 run_node killprefill
 stop_topology sm
 

@@ -1028,6 +1028,130 @@ static int run_late_write_suite(const char *tls, const char *dev)
 	return n_fail != fails0;
 }
 
+/* A UCX endpoint that outlives its peer entry: the decode worker is stopped (SIGSTOP) while the
+ * prefill pushes to it, so the flush deadline passes and the prefill drops the peer while the
+ * endpoint is still connected; then the decode worker is SIGKILLed and UCX reports the reset on
+ * that endpoint later. UCX refuses to force-close an endpoint without peer error handling, so the
+ * endpoint lived on, and its error handler wrote into the freed peer (heap corruption: later
+ * batches of the prefill worker saw garbage block ids; ASan reports the write). The same prefill
+ * worker must then serve requests to a second decode worker exactly and exit cleanly. */
+static int run_stale_ep_suite(const char *tls, const char *dev)
+{
+	int fails0 = n_fail;
+	struct conn_opts so = {.on_msg_cb = on_msg_cb, .on_close_cb = on_close_cb, .idle_timeout_ms = 10000};
+	struct conn_listener *l;
+	struct errbuf e = {0};
+	n_peers = 0;
+	CHECK(conn_listen(loop, "127.0.0.1:0", &so, accept_cb, NULL, &l, &e) == 0);
+	char router[64], plog[300], dlog[300], dlog2[300], bin_p[300], bin_d[300];
+	snprintf(router, sizeof(router), "127.0.0.1:%d", conn_listener_port(l));
+	snprintf(plog, sizeof(plog), "%s/stale-prefill-%s.log", tmpdir, tls);
+	snprintf(dlog, sizeof(dlog), "%s/stale-decode1-%s.log", tmpdir, tls);
+	snprintf(dlog2, sizeof(dlog2), "%s/stale-decode2-%s.log", tmpdir, tls);
+	snprintf(bin_p, sizeof(bin_p), "%s/tandem-prefill", build_dir);
+	snprintf(bin_d, sizeof(bin_d), "%s/tandem-decode", build_dir);
+	char *pargv[] = {bin_p, "--engine", "trivial", "--router", router, "--name", "sp", "--ucx-tls",
+	                 (char *)tls, "--ucx-net-devices", (char *)dev, "--heartbeat-ms", "100",
+	                 "--max-tokens-per-step", "64", "--flush-timeout-ms", "1000", "--log-level", "debug",
+	                 NULL};
+	char *d1argv[] = {bin_d, "--engine", "trivial", "--router", router, "--name", "sd1", "--ucx-tls",
+	                  (char *)tls, "--ucx-net-devices", (char *)dev, "--heartbeat-ms", "100",
+	                  "--log-level", "debug", NULL};
+	char *d2argv[] = {bin_d, "--engine", "trivial", "--router", router, "--name", "sd2", "--ucx-tls",
+	                  (char *)tls, "--ucx-net-devices", (char *)dev, "--heartbeat-ms", "100",
+	                  "--log-level", "debug", NULL};
+	pid_t pp = spawn(bin_p, pargv, plog);
+	pid_t dp = spawn(bin_d, d1argv, dlog);
+	int two = 2;
+	CHECK(run_until(n_registered, &two, 15000));
+	struct peer *p = find_role(MSG_ROLE_PREFILL), *d = find_role(MSG_ROLE_DECODE);
+	if (!p || !d) {
+		fprintf(stderr, "stale-endpoint workers did not register (logs: %s %s)\n", plog, dlog);
+		kill(pp, SIGKILL), kill(dp, SIGKILL);
+		waitpid(pp, NULL, 0), waitpid(dp, NULL, 0);
+		return 1;
+	}
+	static uint32_t pa[640];
+	for (int i = 0; i < 640; i++)
+		pa[i] = (uint32_t)((i * 31 + 5) % TRIVIAL_VOCAB);
+	struct msg kr, f;
+	/* the decode worker stops answering while the prefill writes 10 blocks into it */
+	reserve(d, 60, pa, 640, 64, NULL, 0, 0);
+	CHECK(wait_msg(d, MSG_KV_RESERVED, 60, &kr, 5000) == 0);
+	kill(dp, SIGSTOP);
+	prefill(p, d, 60, pa, 640, &kr.u.kv_reserved);
+	msg_clear(&kr);
+	uint64_t t0 = uv_hrtime();
+	if (wait_msg(p, 0, 60, &f, 8000) == 0) {
+		double s_answer = (double)(uv_hrtime() - t0) / 1e9;
+		printf("[stale %s] prefill to a stopped decode worker answered %s (%s) after %.2f s\n", tls,
+		       msg_type_name(f.type), f.type == MSG_ERROR ? f.u.error.message : "", s_answer);
+		CHECK(f.type == MSG_ERROR);
+		/* 1 s flush deadline + at most 1 s for the endpoint close; before the fix the flush
+		 * ran until UCX's own endpoint timeout (8 s here) */
+		CHECK(s_answer < 4.0);
+		msg_clear(&f);
+	} else {
+		CHECK(!"prefill to a stopped decode worker did not answer within 8 s");
+	}
+	/* now the connection resets under the dropped endpoint; give UCX time to report it */
+	kill(dp, SIGKILL);
+	waitpid(dp, NULL, 0);
+	sleep_loop(2500);
+	pid_t dp2 = spawn(bin_d, d2argv, dlog2);
+	CHECK(run_until(new_decode, d, 15000));
+	struct peer *d2 = find_role(MSG_ROLE_DECODE);
+	/* several requests at once through the same prefill worker: a batch of many block tables */
+	int n_ok = 0;
+	if (d2 && d2 != d) {
+		static uint32_t pr[8][200];
+		struct msg pd[8];
+		for (int r = 0; r < 8; r++) {
+			for (int i = 0; i < 200; i++)
+				pr[r][i] = (uint32_t)((i * 13 + r * 101 + 1) % TRIVIAL_VOCAB);
+			reserve(d2, 70 + (uint64_t)r, pr[r], 150 + 5 * (uint32_t)r, 8, NULL, 0, 0);
+		}
+		for (int r = 0; r < 8; r++) {
+			CHECK(wait_msg(d2, MSG_KV_RESERVED, 70 + (uint64_t)r, &kr, 5000) == 0);
+			prefill(p, d2, 70 + (uint64_t)r, pr[r], 150 + 5 * (uint32_t)r, &kr.u.kv_reserved);
+			msg_clear(&kr);
+		}
+		for (int r = 0; r < 8; r++) {
+			CHECK(wait_msg(p, 0, 70 + (uint64_t)r, &pd[r], 10000) == 0);
+			if (pd[r].type == MSG_PREFILL_DONE &&
+			    ready_and_decode(d2, 70 + (uint64_t)r, &pd[r], 150 + 5 * (uint32_t)r, 8))
+				n_ok++;
+			else if (pd[r].type == MSG_ERROR)
+				fprintf(stderr, "rid %d: %s\n", 70 + r, pd[r].u.error.message);
+			msg_clear(&pd[r]);
+		}
+	}
+	printf("[stale %s] afterwards %d of 8 requests through the same prefill worker exact\n", tls, n_ok);
+	CHECK(n_ok == 8);
+	kill(pp, SIGTERM);
+	kill(dp2, SIGTERM);
+	int sp = -1, sd = -1;
+	waitpid(pp, &sp, 0);
+	waitpid(dp2, &sd, 0);
+	CHECK(sp == 0 && sd == 0);
+	char cmd[700];
+	snprintf(cmd, sizeof(cmd), "grep -h 'AddressSanitizer\\|outside the pool' %s", plog);
+	CHECK(system(cmd) != 0);
+	for (int i = 0; i < n_peers; i++) {
+		if (peers[i].c)
+			conn_close(peers[i].c, "done");
+		if (peers[i].have_hello)
+			msg_clear(&peers[i].hello);
+		for (int k = 0; k < peers[i].n_q; k++)
+			msg_clear(&peers[i].q[k]);
+	}
+	conn_listener_close(l);
+	for (int i = 0; i < 20; i++)
+		uv_run(loop, UV_RUN_NOWAIT);
+	printf("[stale %s] %s\n", tls, n_fail == fails0 ? "ok" : "FAILED");
+	return n_fail != fails0;
+}
+
 /* ---- the real model: greedy through prefill -> UCX -> decode equals `tandem generate` ---- */
 
 #define N_MODEL_REQS 6
@@ -1270,6 +1394,7 @@ int main(void)
 	run_suite("sm,self", "", 0);
 	run_late_write_suite("tcp", "lo");
 	run_late_write_suite("sm,self", "");
+	run_stale_ep_suite("tcp", "lo");
 	run_model_suite("tcp", "lo");
 	if (n_fail) {
 		fprintf(stderr, "test_net_workers: %d checks failed (worker logs in %s)\n", n_fail, tmpdir);
