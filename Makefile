@@ -9,6 +9,10 @@
 #   tests/unit/test_*.c tests/ops/test_*.c tests/model/test_*.c -> build/tests/<name>
 
 BUILD   ?= build
+# the sanitizer build has its own folder; set before anything derives paths from BUILD
+ifeq ($(SAN),1)
+BUILD   := build-san
+endif
 CC      ?= cc
 SAN     ?= 0
 NATIVE  ?= 0
@@ -38,7 +42,6 @@ ifeq ($(SAN),1)
 SANF    := -fsanitize=address,undefined
 CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 LDFLAGS += -fsanitize=address,undefined
-BUILD   := build-san
 endif
 
 # ---- CUDA (optional) --------------------------------------------------------------------------
