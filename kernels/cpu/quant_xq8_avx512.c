@@ -1,0 +1,171 @@
+/* AVX-512 VNNI versions of the fast path's integer dots (weights x int8 activations, quant_xq8):
+ * Q8_0, Q4_K, Q5_K, Q6_K. Compiled in the baseline x86-64-v3 build through per-function target
+ * attributes, so the binary still runs on AVX2-only CPUs; quant_act.c selects these at run time
+ * only where CPUID reports AVX-512F/BW/VL/VNNI. The integer sums equal the AVX2 dots' (every
+ * product and partial sum is exact in int32); only the fp32 accumulation order differs.
+ * vpdpbusd multiplies unsigned weight bytes by signed activation bytes and sums groups of four
+ * into int32 lanes: one instruction for AVX2's maddubs + madd, with no int16 saturation, which
+ * lets Q8_0 use the offset form (w + 128) * x - 128 * sum(x) on full 512-bit vectors. */
+#include "kernels/cpu/quant_impl.h"
+
+#if QUANT_AVX2 && defined(__GNUC__)
+
+#define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+AVX512_TARGET static inline __m512i load2x256(const void *lo, const void *hi)
+{
+	return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)lo)),
+	                          _mm256_loadu_si256((const __m256i *)hi), 1);
+}
+
+/* index vector [a x8, b x8] for permutexvar */
+AVX512_TARGET static inline __m512i idx2x8(int a, int b)
+{
+	return _mm512_mask_blend_epi32(0xff00, _mm512_set1_epi32(a), _mm512_set1_epi32(b));
+}
+
+/* Q8_0: two weight blocks (34 bytes: fp16 scale, 32 int8) per vector. Weights are biased to
+ * unsigned (w ^ 0x80 = w + 128); the accumulator starts at -16 * (block's activation sum) in
+ * each of the block's 8 lanes, which takes the bias off exactly in int32. */
+AVX512_TARGET float quant_q8_0_dot_xq8_avx512(const void *row, const struct quant_xq8 *x, int64_t n)
+{
+	const uint8_t *b = row;
+	const __m512i bias = _mm512_set1_epi8((char)0x80);
+	__m512 acc = _mm512_setzero_ps();
+
+	for (int64_t i = 0; i < n / 256; i++, x++) {
+		/* -16 * (bsums[2k] + bsums[2k+1]) for the 8 blocks k */
+		__m256i nb = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums),
+		                               _mm256_set1_epi16(-16));
+		__m512i nb2 = _mm512_castsi256_si512(nb);
+		__m512 sb = _mm512_setzero_ps(), sb2 = _mm512_setzero_ps();
+		for (int k = 0; k < 8; k += 2, b += 68) {
+			__m512i w = _mm512_xor_si512(load2x256(b + 2, b + 36), bias);
+			__m512i v = _mm512_loadu_si512((const void *)(x->q + 32 * k));
+			__m512i s = _mm512_dpbusd_epi32(_mm512_permutexvar_epi32(idx2x8(k, k + 1), nb2), w, v);
+			__m512 dv = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(quant_fp16(b)),
+			                                 _mm512_set1_ps(quant_fp16(b + 34)));
+			sb = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(s), sb);
+			__m512 t = sb; /* two FMA chains */
+			sb = sb2;
+			sb2 = t;
+		}
+		acc = _mm512_fmadd_ps(_mm512_set1_ps(x->d), _mm512_add_ps(sb, sb2), acc);
+	}
+	return _mm512_reduce_add_ps(acc);
+}
+
+/* Q4_K / Q5_K. 64 bytes of packed nibbles per vector: the low nibbles of bytes 0..31 are
+ * sub-block 2c, of bytes 32..63 sub-block 2c + 2; the high nibbles 2c + 1 and 2c + 3. Each
+ * 32-lane dpbusd result is scaled per sub-block in int32 (mullo with the permuted 6-bit scales),
+ * the mins term is as in the AVX2 dot. */
+AVX512_TARGET static inline __m256i k4_scales_mins_512(const uint8_t *scales)
+{
+	uint32_t u[4];
+	memcpy(u, scales, 12);
+	const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
+	u[3] = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4);
+	uint32_t mins_lo = u[1] & m6;
+	u[1] = (u[2] & m4) | (((u[0] >> 6) & m2) << 4);
+	u[2] = mins_lo;
+	u[0] &= m6;
+	return _mm256_cvtepu8_epi16(_mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]));
+}
+
+AVX512_TARGET static inline float k4_dot_xq8_512(const uint8_t *b, size_t block_bytes,
+                                                 const struct quant_xq8 *x, int64_t n, bool five)
+{
+	const __m512i m4 = _mm512_set1_epi8(15), b16 = _mm512_set1_epi8(16);
+	__m512 acc = _mm512_setzero_ps();
+	__m128 accm = _mm_setzero_ps();
+
+	for (int64_t i = 0; i < n / 256; i++, b += block_bytes, x++) {
+		const uint8_t *ql = b + (five ? 48 : 16);
+		__m256i sm = k4_scales_mins_512(b + 4);
+		__m512i sc32 = _mm512_cvtepu16_epi32(sm); /* [sc0..sc7, m0..m7] */
+		__m256i bs = _mm256_loadu_si256((const __m256i *)x->bsums);
+		__m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+		__m128i prod = _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), pairs);
+		accm = _mm_fmadd_ps(_mm_set1_ps(quant_fp16(b + 2) * x->d), _mm_cvtepi32_ps(prod), accm);
+
+		__m512i qh = five ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 16)))
+		                  : _mm512_setzero_si512();
+		__m512i sumi = _mm512_setzero_si512();
+		for (int h = 0; h < 2; h++) {
+			/* chunks c = 2h (low 256 bits) and 2h + 1 (high) */
+			__m512i v = _mm512_loadu_si512((const void *)(ql + 64 * h));
+			__m512i lo = _mm512_and_si512(v, m4);
+			__m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+			if (five) {
+				int c0 = 2 * h, c1 = 2 * h + 1;
+				__m512i u1 = _mm512_mask_blend_epi8(0xffffffff00000000ULL,
+				                                    _mm512_set1_epi8((char)(1 << (2 * c0))),
+				                                    _mm512_set1_epi8((char)(1 << (2 * c1))));
+				__m512i u2 = _mm512_add_epi8(u1, u1);
+				lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(qh, u1), b16));
+				hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(qh, u2), b16));
+			}
+			int j = 4 * h; /* sub-blocks j, j+2 (lo) and j+1, j+3 (hi) */
+			__m512i pl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo,
+			                                 load2x256(x->q + 32 * j, x->q + 32 * j + 64));
+			__m512i ph = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi,
+			                                 load2x256(x->q + 32 * j + 32, x->q + 32 * j + 96));
+			pl = _mm512_mullo_epi32(pl, _mm512_permutexvar_epi32(idx2x8(j, j + 2), sc32));
+			ph = _mm512_mullo_epi32(ph, _mm512_permutexvar_epi32(idx2x8(j + 1, j + 3), sc32));
+			sumi = _mm512_add_epi32(sumi, _mm512_add_epi32(pl, ph));
+		}
+		acc = _mm512_fmadd_ps(_mm512_set1_ps(quant_fp16(b) * x->d), _mm512_cvtepi32_ps(sumi), acc);
+	}
+	accm = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+	accm = _mm_add_ss(accm, _mm_movehdup_ps(accm));
+	return _mm512_reduce_add_ps(acc) - _mm_cvtss_f32(accm);
+}
+
+AVX512_TARGET float quant_q4_k_dot_xq8_avx512(const void *row, const struct quant_xq8 *x, int64_t n)
+{
+	return k4_dot_xq8_512(row, 144, x, n, false);
+}
+
+AVX512_TARGET float quant_q5_k_dot_xq8_avx512(const void *row, const struct quant_xq8 *x, int64_t n)
+{
+	return k4_dot_xq8_512(row, 176, x, n, true);
+}
+
+/* Q6_K: both 128-element halves of a block at once (low 256 bits: half 0, high: half 1), so
+ * stream k holds elements 32k.. and 128 + 32k..; its 16 dpbusd lanes cover sub-blocks 2k, 2k+1,
+ * 8+2k, 9+2k (4 lanes each). The -32 offset is sum_s sc_s * (activation sum of s), as in AVX2. */
+AVX512_TARGET float quant_q6_k_dot_xq8_avx512(const void *row, const struct quant_xq8 *x, int64_t n)
+{
+	const uint8_t *b = row;
+	const __m512i m4 = _mm512_set1_epi8(15), m3 = _mm512_set1_epi8(3), m30 = _mm512_set1_epi8(0x30);
+	__m512 acc = _mm512_setzero_ps();
+
+	for (int64_t i = 0; i < n / 256; i++, b += 210, x++) {
+		__m128i sc8 = _mm_loadu_si128((const __m128i *)(b + 192));
+		__m512i sc32 = _mm512_cvtepi8_epi32(sc8);
+		__m256i offv = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8),
+		                                 _mm256_loadu_si256((const __m256i *)x->bsums));
+		__m512i sumi = _mm512_sub_epi32(_mm512_setzero_si512(),
+		                                _mm512_zextsi256_si512(_mm256_slli_epi32(offv, 5)));
+		__m512i l0 = load2x256(b, b + 64), l1 = load2x256(b + 32, b + 96);
+		__m512i hb = load2x256(b + 128, b + 160);
+		__m512i q[4];
+		q[0] = _mm512_or_si512(_mm512_and_si512(l0, m4), _mm512_slli_epi16(_mm512_and_si512(hb, m3), 4));
+		q[1] = _mm512_or_si512(_mm512_and_si512(l1, m4),
+		                       _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2), m3), 4));
+		q[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m4), _mm512_and_si512(hb, m30));
+		q[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m4),
+		                       _mm512_and_si512(_mm512_srli_epi16(hb, 2), m30));
+		for (int k = 0; k < 4; k++) {
+			__m512i v = load2x256(x->q + 32 * k, x->q + 128 + 32 * k);
+			__m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[k], v);
+			__m512i idx = _mm512_setr_epi32(2 * k, 2 * k, 2 * k, 2 * k, 2 * k + 1, 2 * k + 1, 2 * k + 1,
+			                                2 * k + 1, 8 + 2 * k, 8 + 2 * k, 8 + 2 * k, 8 + 2 * k,
+			                                9 + 2 * k, 9 + 2 * k, 9 + 2 * k, 9 + 2 * k);
+			sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(p, _mm512_permutexvar_epi32(idx, sc32)));
+		}
+		acc = _mm512_fmadd_ps(_mm512_set1_ps(quant_fp16(b + 208) * x->d), _mm512_cvtepi32_ps(sumi), acc);
+	}
+	return _mm512_reduce_add_ps(acc);
+}
+#endif
