@@ -7,6 +7,8 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "common/base/err.h"
 #include "kernels/cpu/quant_impl.h"
@@ -54,16 +56,20 @@ static void xq8_set(int isa)
 	atomic_store_explicit(&xq8_isa, QUANT_AVX2 ? isa : 0, memory_order_relaxed);
 }
 
+/* TANDEM_CPU_XQ8=avx2 keeps the AVX2 dots on an AVX-512 CPU (for measurements, or where
+ * 512-bit code lowers the clock); any other value, or none, picks the best the CPU has. */
 static void xq8_init(void)
 {
-	xq8_set(cpu_has_avx512vnni() ? QUANT_XQ8_AVX512 : QUANT_XQ8_AVX2);
+	const char *env = getenv("TANDEM_CPU_XQ8");
+	bool avx2_only = env && !strcmp(env, "avx2");
+	xq8_set(cpu_has_avx512vnni() && !avx2_only ? QUANT_XQ8_AVX512 : QUANT_XQ8_AVX2);
 }
 
 int quant_xq8_select(int isa)
 {
 	pthread_once(&xq8_once, xq8_init);
 	if (isa == QUANT_XQ8_AUTO) {
-		xq8_init();
+		xq8_set(cpu_has_avx512vnni() ? QUANT_XQ8_AVX512 : QUANT_XQ8_AVX2);
 		return 0;
 	}
 	if (!QUANT_AVX2 || (isa != QUANT_XQ8_AVX2 && isa != QUANT_XQ8_AVX512) ||

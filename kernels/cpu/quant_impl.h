@@ -58,6 +58,9 @@ enum { QUANT_XQ8_AUTO = 0, QUANT_XQ8_AVX2 = 1, QUANT_XQ8_AVX512 = 2 };
 int quant_xq8_select(int isa);
 int quant_xq8_selected(void); /* the variant in use (QUANT_XQ8_AVX2 / _AVX512), 0 if none */
 const char *quant_xq8_isa_name(int isa);
+/* software prefetch distance of the AVX-512 dots in bytes (quant_xq8_avx512.c; tunable for
+ * measurements) */
+extern int quant_xq8_pf_dist;
 /* AVX-512 VNNI dots (quant_xq8_avx512.c; only called where the CPU has them) */
 float quant_q8_0_dot_xq8_avx512(const void *row, const struct quant_xq8 *x, int64_t n);
 float quant_q4_k_dot_xq8_avx512(const void *row, const struct quant_xq8 *x, int64_t n);
