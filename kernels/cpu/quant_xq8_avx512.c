@@ -3,9 +3,10 @@
  * attributes, so the binary still runs on AVX2-only CPUs; quant_act.c selects these at run time
  * only where CPUID reports AVX-512F/BW/VL/VNNI. The integer sums equal the AVX2 dots' (every
  * product and partial sum is exact in int32); only the fp32 accumulation order differs.
- * vpdpbusd multiplies unsigned weight bytes by signed activation bytes and sums groups of four
- * into int32 lanes: one instruction for AVX2's maddubs + madd, with no int16 saturation, which
- * lets Q8_0 use the offset form (w + 128) * x - 128 * sum(x) on full 512-bit vectors. */
+ * Q8_0 uses vpdpbusd (unsigned weight bytes x signed activation bytes, groups of four summed
+ * into int32: AVX2's maddubs + madd in one instruction); the K-quants use vpmaddubsw for byte
+ * pairs and vpdpwssd to apply the int16 sub-block scales and accumulate in one instruction.
+ * Each loop also prefetches the weights ahead (see quant_xq8_pf_dist). */
 #include "kernels/cpu/quant_impl.h"
 
 #if QUANT_AVX2 && defined(__GNUC__)
@@ -34,6 +35,12 @@ AVX512_TARGET static inline void pf_block(const uint8_t *b, int bytes)
 AVX512_TARGET static inline __m512i idx2x8(int a, int b)
 {
 	return _mm512_mask_blend_epi32(0xff00, _mm512_set1_epi32(a), _mm512_set1_epi32(b));
+}
+
+/* word index vector [a x16, b x16] for permutexvar_epi16 */
+AVX512_TARGET static inline __m512i idx2x16(int a, int b)
+{
+	return _mm512_mask_blend_epi16(0xffff0000u, _mm512_set1_epi16((short)a), _mm512_set1_epi16((short)b));
 }
 
 /* Q8_0: two weight blocks (34 bytes: fp16 scale, 32 int8) per vector. Weights are biased to
@@ -70,8 +77,8 @@ AVX512_TARGET float quant_q8_0_dot_xq8_avx512(const void *row, const struct quan
 
 /* Q4_K / Q5_K. 64 bytes of packed nibbles per vector: the low nibbles of bytes 0..31 are
  * sub-block 2c, of bytes 32..63 sub-block 2c + 2; the high nibbles 2c + 1 and 2c + 3. Each
- * 32-lane dpbusd result is scaled per sub-block in int32 (mullo with the permuted 6-bit scales),
- * the mins term is as in the AVX2 dot. */
+ * byte-pair product (vpmaddubsw) is scaled per sub-block and accumulated by one vpdpwssd; the
+ * mins term is as in the AVX2 dot. */
 AVX512_TARGET static inline __m256i k4_scales_mins_512(const uint8_t *scales)
 {
 	uint32_t u[4];
@@ -96,7 +103,7 @@ AVX512_TARGET static inline float k4_dot_xq8_512(const uint8_t *b, size_t block_
 		const uint8_t *ql = b + (five ? 48 : 16);
 		pf_block(b, (int)block_bytes);
 		__m256i sm = k4_scales_mins_512(b + 4);
-		__m512i sc32 = _mm512_cvtepu16_epi32(sm); /* [sc0..sc7, m0..m7] */
+		__m512i sc16 = _mm512_castsi256_si512(sm); /* words [sc0..sc7, m0..m7] */
 		__m256i bs = _mm256_loadu_si256((const __m256i *)x->bsums);
 		__m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
 		__m128i prod = _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), pairs);
@@ -120,13 +127,12 @@ AVX512_TARGET static inline float k4_dot_xq8_512(const uint8_t *b, size_t block_
 				hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(qh, u2), b16));
 			}
 			int j = 4 * h; /* sub-blocks j, j+2 (lo) and j+1, j+3 (hi) */
-			__m512i pl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo,
-			                                 load2x256(x->q + 32 * j, x->q + 32 * j + 64));
-			__m512i ph = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi,
-			                                 load2x256(x->q + 32 * j + 32, x->q + 32 * j + 96));
-			pl = _mm512_mullo_epi32(pl, _mm512_permutexvar_epi32(idx2x8(j, j + 2), sc32));
-			ph = _mm512_mullo_epi32(ph, _mm512_permutexvar_epi32(idx2x8(j + 1, j + 3), sc32));
-			sumi = _mm512_add_epi32(sumi, _mm512_add_epi32(pl, ph));
+			/* byte pairs (q <= 31: no int16 saturation), then vpdpwssd applies the
+			 * scales (int16, one per 256-bit half) and accumulates */
+			__m512i pl = _mm512_maddubs_epi16(lo, load2x256(x->q + 32 * j, x->q + 32 * j + 64));
+			__m512i ph = _mm512_maddubs_epi16(hi, load2x256(x->q + 32 * j + 32, x->q + 32 * j + 96));
+			sumi = _mm512_dpwssd_epi32(sumi, pl, _mm512_permutexvar_epi16(idx2x16(j, j + 2), sc16));
+			sumi = _mm512_dpwssd_epi32(sumi, ph, _mm512_permutexvar_epi16(idx2x16(j + 1, j + 3), sc16));
 		}
 		acc = _mm512_fmadd_ps(_mm512_set1_ps(quant_fp16(b) * x->d), _mm512_cvtepi32_ps(sumi), acc);
 	}
@@ -145,19 +151,30 @@ AVX512_TARGET float quant_q5_k_dot_xq8_avx512(const void *row, const struct quan
 	return k4_dot_xq8_512(row, 176, x, n, true);
 }
 
+/* word indices [2k x8, 2k+1 x8, 8+2k x8, 9+2k x8]: the Q6_K scale of each 128-bit lane of
+ * stream k */
+#define Q6I(a) a, a, a, a, a, a, a, a
+#define Q6IDX(k) {Q6I(2 * k), Q6I(2 * k + 1), Q6I(8 + 2 * k), Q6I(9 + 2 * k)}
+static const int16_t q6_sc_idx_tab[4][32] = {Q6IDX(0), Q6IDX(1), Q6IDX(2), Q6IDX(3)};
+#undef Q6IDX
+#undef Q6I
+
 /* Q6_K: both 128-element halves of a block at once (low 256 bits: half 0, high: half 1), so
- * stream k holds elements 32k.. and 128 + 32k..; its 16 dpbusd lanes cover sub-blocks 2k, 2k+1,
- * 8+2k, 9+2k (4 lanes each). The -32 offset is sum_s sc_s * (activation sum of s), as in AVX2. */
+ * stream k holds elements 32k.. and 128 + 32k..; its four 128-bit lanes are sub-blocks 2k,
+ * 2k+1, 8+2k, 9+2k. The -32 offset is sum_s sc_s * (activation sum of s), as in AVX2. */
 AVX512_TARGET float quant_q6_k_dot_xq8_avx512(const void *row, const struct quant_xq8 *x, int64_t n)
 {
 	const uint8_t *b = row;
 	const __m512i m4 = _mm512_set1_epi8(15), m3 = _mm512_set1_epi8(3), m30 = _mm512_set1_epi8(0x30);
 	__m512 acc = _mm512_setzero_ps();
+	__m512i q6_sc_idx[4];
+	for (int k = 0; k < 4; k++)
+		q6_sc_idx[k] = _mm512_loadu_si512((const void *)q6_sc_idx_tab[k]);
 
 	for (int64_t i = 0; i < n / 256; i++, b += 210, x++) {
 		pf_block(b, 210);
 		__m128i sc8 = _mm_loadu_si128((const __m128i *)(b + 192));
-		__m512i sc32 = _mm512_cvtepi8_epi32(sc8);
+		__m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc8));
 		__m256i offv = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8),
 		                                 _mm256_loadu_si256((const __m256i *)x->bsums));
 		__m512i sumi = _mm512_sub_epi32(_mm512_setzero_si512(),
@@ -173,11 +190,11 @@ AVX512_TARGET float quant_q6_k_dot_xq8_avx512(const void *row, const struct quan
 		                       _mm512_and_si512(_mm512_srli_epi16(hb, 2), m30));
 		for (int k = 0; k < 4; k++) {
 			__m512i v = load2x256(x->q + 32 * k, x->q + 128 + 32 * k);
-			__m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[k], v);
-			__m512i idx = _mm512_setr_epi32(2 * k, 2 * k, 2 * k, 2 * k, 2 * k + 1, 2 * k + 1, 2 * k + 1,
-			                                2 * k + 1, 8 + 2 * k, 8 + 2 * k, 8 + 2 * k, 8 + 2 * k,
-			                                9 + 2 * k, 9 + 2 * k, 9 + 2 * k, 9 + 2 * k);
-			sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(p, _mm512_permutexvar_epi32(idx, sc32)));
+			/* pairs (q <= 63: |sum| <= 2 * 63 * 127, no saturation), then one vpdpwssd
+			 * applies the sub-block scales (as int16, one per 128-bit lane) and accumulates */
+			__m512i p = _mm512_maddubs_epi16(q[k], v);
+			__m512i scv = _mm512_permutexvar_epi16(q6_sc_idx[k], sc16);
+			sumi = _mm512_dpwssd_epi32(sumi, p, scv);
 		}
 		acc = _mm512_fmadd_ps(_mm512_set1_ps(quant_fp16(b + 208) * x->d), _mm512_cvtepi32_ps(sumi), acc);
 	}
