@@ -31,48 +31,38 @@ AVX512_TARGET static inline void pf_block(const uint8_t *b, int bytes)
 		_mm_prefetch((const char *)b + quant_xq8_pf_dist + o, _MM_HINT_T0);
 }
 
-/* index vector [a x8, b x8] for permutexvar */
-AVX512_TARGET static inline __m512i idx2x8(int a, int b)
-{
-	return _mm512_mask_blend_epi32(0xff00, _mm512_set1_epi32(a), _mm512_set1_epi32(b));
-}
-
 /* word index vector [a x16, b x16] for permutexvar_epi16 */
 AVX512_TARGET static inline __m512i idx2x16(int a, int b)
 {
 	return _mm512_mask_blend_epi16(0xffff0000u, _mm512_set1_epi16((short)a), _mm512_set1_epi16((short)b));
 }
 
-/* Q8_0: two weight blocks (34 bytes: fp16 scale, 32 int8) per vector. Weights are biased to
- * unsigned (w ^ 0x80 = w + 128); the accumulator starts at -16 * (block's activation sum) in
- * each of the block's 8 lanes, which takes the bias off exactly in int32. */
+/* Q8_0: one 32-byte block per 256-bit vpdpbusd (the 512-bit form needs two loads, an insert
+ * and per-pair scale blends, which measured slower). vpdpbusd wants unsigned weights: |w| times
+ * x carrying w's sign gives the same products, exactly. */
 AVX512_TARGET float quant_q8_0_dot_xq8_avx512(const void *row, const struct quant_xq8 *x, int64_t n)
 {
 	const uint8_t *b = row;
-	const __m512i bias = _mm512_set1_epi8((char)0x80);
-	__m512 acc = _mm512_setzero_ps();
+	__m256 acc = _mm256_setzero_ps();
 
 	for (int64_t i = 0; i < n / 256; i++, x++) {
-		/* -16 * (bsums[2k] + bsums[2k+1]) for the 8 blocks k */
-		__m256i nb = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums),
-		                               _mm256_set1_epi16(-16));
-		__m512i nb2 = _mm512_castsi256_si512(nb);
-		__m512 sb = _mm512_setzero_ps(), sb2 = _mm512_setzero_ps();
+		__m256 sb0 = _mm256_setzero_ps(), sb1 = _mm256_setzero_ps();
 		for (int k = 0; k < 8; k += 2, b += 68) {
 			pf_block(b, 68);
-			__m512i w = _mm512_xor_si512(load2x256(b + 2, b + 36), bias);
-			__m512i v = _mm512_loadu_si512((const void *)(x->q + 32 * k));
-			__m512i s = _mm512_dpbusd_epi32(_mm512_permutexvar_epi32(idx2x8(k, k + 1), nb2), w, v);
-			__m512 dv = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(quant_fp16(b)),
-			                                 _mm512_set1_ps(quant_fp16(b + 34)));
-			sb = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(s), sb);
-			__m512 t = sb; /* two FMA chains */
-			sb = sb2;
-			sb2 = t;
+			__m256i w0 = _mm256_loadu_si256((const __m256i *)(b + 2));
+			__m256i w1 = _mm256_loadu_si256((const __m256i *)(b + 36));
+			__m256i v0 = _mm256_loadu_si256((const __m256i *)(x->q + 32 * k));
+			__m256i v1 = _mm256_loadu_si256((const __m256i *)(x->q + 32 * k + 32));
+			__m256i s0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(w0, w0),
+			                                 _mm256_sign_epi8(v0, w0));
+			__m256i s1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(w1, w1),
+			                                 _mm256_sign_epi8(v1, w1));
+			sb0 = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b)), _mm256_cvtepi32_ps(s0), sb0);
+			sb1 = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b + 34)), _mm256_cvtepi32_ps(s1), sb1);
 		}
-		acc = _mm512_fmadd_ps(_mm512_set1_ps(x->d), _mm512_add_ps(sb, sb2), acc);
+		acc = _mm256_fmadd_ps(_mm256_set1_ps(x->d), _mm256_add_ps(sb0, sb1), acc);
 	}
-	return _mm512_reduce_add_ps(acc);
+	return quant_hsum(acc);
 }
 
 /* Q4_K / Q5_K. 64 bytes of packed nibbles per vector: the low nibbles of bytes 0..31 are
