@@ -20,6 +20,8 @@ static const struct quant_ops *const xq8_ops[KT_COUNT] = {
     [KT_Q6_K] = &quant_ops_q6_k,
 };
 
+int quant_xq8_pf_dist = 1536;
+
 typedef float (*xq8_dot_fn)(const void *row, const struct quant_xq8 *x, int64_t n);
 
 /* The dot per type for the selected variant. Written by quant_xq8_select (tests, between

@@ -19,18 +19,6 @@ AVX512_TARGET static inline __m512i load2x256(const void *lo, const void *hi)
 	                          _mm256_loadu_si256((const __m256i *)hi), 1);
 }
 
-/* Software prefetch distance in bytes. One thread streaming weights from DRAM keeps too few
- * misses in flight when the loop also has real work per byte (Q6_K's lm_head ran at 5.8 GB/s
- * against a 10-12 GB/s plain read); prefetching a few KiB ahead overlaps the two. Prefetches
- * never fault, so running past the end of the matrix is harmless. */
-int quant_xq8_pf_dist = 1536;
-
-AVX512_TARGET static inline void pf_block(const uint8_t *b, int bytes)
-{
-	for (int o = 0; o < bytes; o += 64)
-		_mm_prefetch((const char *)b + quant_xq8_pf_dist + o, _MM_HINT_T0);
-}
-
 /* word index vector [a x16, b x16] for permutexvar_epi16 */
 AVX512_TARGET static inline __m512i idx2x16(int a, int b)
 {
@@ -48,7 +36,7 @@ AVX512_TARGET float quant_q8_0_dot_xq8_avx512(const void *row, const struct quan
 	for (int64_t i = 0; i < n / 256; i++, x++) {
 		__m256 sb0 = _mm256_setzero_ps(), sb1 = _mm256_setzero_ps();
 		for (int k = 0; k < 8; k += 2, b += 68) {
-			pf_block(b, 68);
+			quant_prefetch(b, 68);
 			__m256i w0 = _mm256_loadu_si256((const __m256i *)(b + 2));
 			__m256i w1 = _mm256_loadu_si256((const __m256i *)(b + 36));
 			__m256i v0 = _mm256_loadu_si256((const __m256i *)(x->q + 32 * k));
@@ -91,7 +79,7 @@ AVX512_TARGET static inline float k4_dot_xq8_512(const uint8_t *b, size_t block_
 
 	for (int64_t i = 0; i < n / 256; i++, b += block_bytes, x++) {
 		const uint8_t *ql = b + (five ? 48 : 16);
-		pf_block(b, (int)block_bytes);
+		quant_prefetch(b, (int)block_bytes);
 		__m256i sm = k4_scales_mins_512(b + 4);
 		__m512i sc16 = _mm512_castsi256_si512(sm); /* words [sc0..sc7, m0..m7] */
 		__m256i bs = _mm256_loadu_si256((const __m256i *)x->bsums);
@@ -162,7 +150,7 @@ AVX512_TARGET float quant_q6_k_dot_xq8_avx512(const void *row, const struct quan
 		q6_sc_idx[k] = _mm512_loadu_si512((const void *)q6_sc_idx_tab[k]);
 
 	for (int64_t i = 0; i < n / 256; i++, b += 210, x++) {
-		pf_block(b, 210);
+		quant_prefetch(b, 210);
 		__m128i sc8 = _mm_loadu_si128((const __m128i *)(b + 192));
 		__m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc8));
 		__m256i offv = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8),
