@@ -387,7 +387,9 @@ int main(int argc, char **argv)
 			min_time = 0.15, cold_mib = 256;
 		else if (!strcmp(argv[i], "--xq8") && i + 1 < argc) {
 			const char *v = argv[++i];
-			int isa = !strcmp(v, "avx2") ? QUANT_XQ8_AVX2 : !strcmp(v, "avx512") ? QUANT_XQ8_AVX512 : -1;
+			int isa = !strcmp(v, "avx2")     ? QUANT_XQ8_AVX2
+			          : !strcmp(v, "avx512") ? QUANT_XQ8_AVX512
+			                                 : -1;
 			if (isa < 0 || quant_xq8_select(isa) < 0) {
 				fprintf(stderr, "--xq8 %s: unknown or not supported by this CPU\n", v);
 				return 2;

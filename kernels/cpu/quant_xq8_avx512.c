@@ -46,7 +46,8 @@ AVX512_TARGET float quant_q8_0_dot_xq8_avx512(const void *row, const struct quan
 			__m256i s1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(w1, w1),
 			                                 _mm256_sign_epi8(v1, w1));
 			sb0 = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b)), _mm256_cvtepi32_ps(s0), sb0);
-			sb1 = _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b + 34)), _mm256_cvtepi32_ps(s1), sb1);
+			sb1 =
+			    _mm256_fmadd_ps(_mm256_set1_ps(quant_fp16(b + 34)), _mm256_cvtepi32_ps(s1), sb1);
 		}
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(x->d), _mm256_add_ps(sb0, sb1), acc);
 	}
@@ -101,16 +102,21 @@ AVX512_TARGET static inline float k4_dot_xq8_512(const uint8_t *b, size_t block_
 				                                    _mm512_set1_epi8((char)(1 << (2 * c0))),
 				                                    _mm512_set1_epi8((char)(1 << (2 * c1))));
 				__m512i u2 = _mm512_add_epi8(u1, u1);
-				lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(qh, u1), b16));
-				hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(qh, u2), b16));
+				lo = _mm512_or_si512(
+				    lo, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(qh, u1), b16));
+				hi = _mm512_or_si512(
+				    hi, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(qh, u2), b16));
 			}
 			int j = 4 * h; /* sub-blocks j, j+2 (lo) and j+1, j+3 (hi) */
 			/* byte pairs (q <= 31: no int16 saturation), then vpdpwssd applies the
 			 * scales (int16, one per 256-bit half) and accumulates */
 			__m512i pl = _mm512_maddubs_epi16(lo, load2x256(x->q + 32 * j, x->q + 32 * j + 64));
-			__m512i ph = _mm512_maddubs_epi16(hi, load2x256(x->q + 32 * j + 32, x->q + 32 * j + 96));
-			sumi = _mm512_dpwssd_epi32(sumi, pl, _mm512_permutexvar_epi16(idx2x16(j, j + 2), sc16));
-			sumi = _mm512_dpwssd_epi32(sumi, ph, _mm512_permutexvar_epi16(idx2x16(j + 1, j + 3), sc16));
+			__m512i ph =
+			    _mm512_maddubs_epi16(hi, load2x256(x->q + 32 * j + 32, x->q + 32 * j + 96));
+			sumi =
+			    _mm512_dpwssd_epi32(sumi, pl, _mm512_permutexvar_epi16(idx2x16(j, j + 2), sc16));
+			sumi = _mm512_dpwssd_epi32(sumi, ph,
+			                           _mm512_permutexvar_epi16(idx2x16(j + 1, j + 3), sc16));
 		}
 		acc = _mm512_fmadd_ps(_mm512_set1_ps(quant_fp16(b) * x->d), _mm512_cvtepi32_ps(sumi), acc);
 	}
@@ -132,7 +138,10 @@ AVX512_TARGET float quant_q5_k_dot_xq8_avx512(const void *row, const struct quan
 /* word indices [2k x8, 2k+1 x8, 8+2k x8, 9+2k x8]: the Q6_K scale of each 128-bit lane of
  * stream k */
 #define Q6I(a) a, a, a, a, a, a, a, a
-#define Q6IDX(k) {Q6I(2 * k), Q6I(2 * k + 1), Q6I(8 + 2 * k), Q6I(9 + 2 * k)}
+#define Q6IDX(k)                                                                                             \
+	{                                                                                                    \
+		Q6I(2 * k), Q6I(2 * k + 1), Q6I(8 + 2 * k), Q6I(9 + 2 * k)                                   \
+	}
 static const int16_t q6_sc_idx_tab[4][32] = {Q6IDX(0), Q6IDX(1), Q6IDX(2), Q6IDX(3)};
 #undef Q6IDX
 #undef Q6I
@@ -160,10 +169,12 @@ AVX512_TARGET float quant_q6_k_dot_xq8_avx512(const void *row, const struct quan
 		__m512i l0 = load2x256(b, b + 64), l1 = load2x256(b + 32, b + 96);
 		__m512i hb = load2x256(b + 128, b + 160);
 		__m512i q[4];
-		q[0] = _mm512_or_si512(_mm512_and_si512(l0, m4), _mm512_slli_epi16(_mm512_and_si512(hb, m3), 4));
+		q[0] =
+		    _mm512_or_si512(_mm512_and_si512(l0, m4), _mm512_slli_epi16(_mm512_and_si512(hb, m3), 4));
 		q[1] = _mm512_or_si512(_mm512_and_si512(l1, m4),
 		                       _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2), m3), 4));
-		q[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m4), _mm512_and_si512(hb, m30));
+		q[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m4),
+		                       _mm512_and_si512(hb, m30));
 		q[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m4),
 		                       _mm512_and_si512(_mm512_srli_epi16(hb, 2), m30));
 		for (int k = 0; k < 4; k++) {
@@ -174,7 +185,8 @@ AVX512_TARGET float quant_q6_k_dot_xq8_avx512(const void *row, const struct quan
 			__m512i scv = _mm512_permutexvar_epi16(q6_sc_idx[k], sc16);
 			sumi = _mm512_dpwssd_epi32(sumi, p, scv);
 		}
-		acc = _mm512_fmadd_ps(_mm512_set1_ps(quant_fp16(b + 208) * x->d), _mm512_cvtepi32_ps(sumi), acc);
+		acc = _mm512_fmadd_ps(_mm512_set1_ps(quant_fp16(b + 208) * x->d), _mm512_cvtepi32_ps(sumi),
+		                      acc);
 	}
 	return _mm512_reduce_add_ps(acc);
 }

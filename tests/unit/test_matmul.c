@@ -276,9 +276,10 @@ int main(void)
 				test_fast(p, types[ti], 64, 2048, 2, &we, &wa);
 				test_fast(p, types[ti], 16, 1024, 5, &we, &wa); /* falls back: exact */
 				if (nt == 2 && kcpu_matmul_fast_supported(types[ti]))
-					printf("fast %-10s %-7s err vs quantized-x exact %.2e, vs float x %.2e "
-					       "(of sum|wx|)\n",
-					       quant_xq8_isa_name(isas[ii]), ktype_name(types[ti]), we, wa);
+					printf(
+					    "fast %-10s %-7s err vs quantized-x exact %.2e, vs float x %.2e "
+					    "(of sum|wx|)\n",
+					    quant_xq8_isa_name(isas[ii]), ktype_name(types[ti]), we, wa);
 			}
 			kpool_destroy(p);
 		}
