@@ -12,7 +12,9 @@
  * type has one.
  *
  * Usage: bench_matmul [--types Q4_K,Q8_0,...] [--threads 1,2] [--cold-mib N] [--tok N]
- *                     [--quick] [--hot-only] */
+ *                     [--quick] [--hot-only] [--xq8 avx2|avx512]
+ * --xq8 forces one instruction-set variant of the fast path's integer dots (default: the best the
+ * CPU has, as tandem picks it). */
 #include <immintrin.h>
 #include <inttypes.h>
 #include <math.h>
@@ -21,6 +23,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kernels/cpu/quant_impl.h" /* quant_xq8_select */
 #include "kernels/kernels.h"
 
 static double now_s(void)
@@ -382,10 +385,19 @@ int main(int argc, char **argv)
 			hot_only = 1;
 		else if (!strcmp(argv[i], "--quick"))
 			min_time = 0.15, cold_mib = 256;
-		else {
+		else if (!strcmp(argv[i], "--xq8") && i + 1 < argc) {
+			const char *v = argv[++i];
+			int isa = !strcmp(v, "avx2")     ? QUANT_XQ8_AVX2
+			          : !strcmp(v, "avx512") ? QUANT_XQ8_AVX512
+			                                 : -1;
+			if (isa < 0 || quant_xq8_select(isa) < 0) {
+				fprintf(stderr, "--xq8 %s: unknown or not supported by this CPU\n", v);
+				return 2;
+			}
+		} else {
 			fprintf(stderr,
 			        "usage: %s [--types A,B] [--threads 1,2,..] [--cold-mib N] [--tok N] "
-			        "[--quick] [--hot-only]\n",
+			        "[--quick] [--hot-only] [--xq8 avx2|avx512]\n",
 			        argv[0]);
 			return 2;
 		}
@@ -421,6 +433,7 @@ int main(int argc, char **argv)
 	printf("# bench_matmul: GEMV n_tok=1 over >= %zu MiB of weight copies (DRAM), GEMM n_tok=%d (one "
 	       "copy); fastest call\n",
 	       cold_mib, n_tok);
+	printf("# fast path integer dots: %s\n", quant_xq8_isa_name(quant_xq8_selected()));
 	for (int ni = 0; ni < n_threads; ni++) {
 		int nt = threads[ni];
 		struct kpool *p = kpool_create(nt);

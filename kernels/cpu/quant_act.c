@@ -5,7 +5,12 @@
  * (test_matmul prints it) for integer multiply-adds (AVX2 maddubs). Also the dispatch of the
  * per-type integer dots. */
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include "common/base/err.h"
 #include "kernels/cpu/quant_impl.h"
 
 static const struct quant_ops *const xq8_ops[KT_COUNT] = {
@@ -15,6 +20,78 @@ static const struct quant_ops *const xq8_ops[KT_COUNT] = {
     [KT_Q6_K] = &quant_ops_q6_k,
 };
 
+int quant_xq8_pf_dist = 1536;
+
+typedef float (*xq8_dot_fn)(const void *row, const struct quant_xq8 *x, int64_t n);
+
+/* The dot per type for the selected variant. Written by quant_xq8_select (tests, between
+ * matmuls) and once at first use (pthread_once), read by the matmul workers: atomics with
+ * relaxed order, as any complete table gives correct results. */
+static _Atomic(xq8_dot_fn) xq8_dot[KT_COUNT];
+static atomic_int xq8_isa;
+static pthread_once_t xq8_once = PTHREAD_ONCE_INIT;
+
+static bool cpu_has_avx512vnni(void)
+{
+#if QUANT_AVX2 && defined(__GNUC__)
+	__builtin_cpu_init();
+	return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+	       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+#else
+	return false;
+#endif
+}
+
+static void xq8_set(int isa)
+{
+	for (int t = 0; t < KT_COUNT; t++)
+		atomic_store_explicit(&xq8_dot[t], xq8_ops[t] ? xq8_ops[t]->dot_xq8 : NULL,
+		                      memory_order_relaxed);
+#if QUANT_AVX2 && defined(__GNUC__)
+	if (isa == QUANT_XQ8_AVX512) {
+		atomic_store_explicit(&xq8_dot[KT_Q8_0], quant_q8_0_dot_xq8_avx512, memory_order_relaxed);
+		atomic_store_explicit(&xq8_dot[KT_Q4_K], quant_q4_k_dot_xq8_avx512, memory_order_relaxed);
+		atomic_store_explicit(&xq8_dot[KT_Q5_K], quant_q5_k_dot_xq8_avx512, memory_order_relaxed);
+		atomic_store_explicit(&xq8_dot[KT_Q6_K], quant_q6_k_dot_xq8_avx512, memory_order_relaxed);
+	}
+#endif
+	atomic_store_explicit(&xq8_isa, QUANT_AVX2 ? isa : 0, memory_order_relaxed);
+}
+
+/* TANDEM_CPU_XQ8=avx2 keeps the AVX2 dots on an AVX-512 CPU (for measurements, or where
+ * 512-bit code lowers the clock); any other value, or none, picks the best the CPU has. */
+static void xq8_init(void)
+{
+	const char *env = getenv("TANDEM_CPU_XQ8");
+	bool avx2_only = env && !strcmp(env, "avx2");
+	xq8_set(cpu_has_avx512vnni() && !avx2_only ? QUANT_XQ8_AVX512 : QUANT_XQ8_AVX2);
+}
+
+int quant_xq8_select(int isa)
+{
+	pthread_once(&xq8_once, xq8_init);
+	if (isa == QUANT_XQ8_AUTO) {
+		xq8_set(cpu_has_avx512vnni() ? QUANT_XQ8_AVX512 : QUANT_XQ8_AVX2);
+		return 0;
+	}
+	if (!QUANT_AVX2 || (isa != QUANT_XQ8_AVX2 && isa != QUANT_XQ8_AVX512) ||
+	    (isa == QUANT_XQ8_AVX512 && !cpu_has_avx512vnni()))
+		return ERR_UNSUPPORTED;
+	xq8_set(isa);
+	return 0;
+}
+
+int quant_xq8_selected(void)
+{
+	pthread_once(&xq8_once, xq8_init);
+	return atomic_load_explicit(&xq8_isa, memory_order_relaxed);
+}
+
+const char *quant_xq8_isa_name(int isa)
+{
+	return isa == QUANT_XQ8_AVX512 ? "avx512vnni" : isa == QUANT_XQ8_AVX2 ? "avx2" : "none";
+}
+
 bool quant_has_xq8(int type)
 {
 	return type >= 0 && type < KT_COUNT && xq8_ops[type] && xq8_ops[type]->dot_xq8;
@@ -22,7 +99,8 @@ bool quant_has_xq8(int type)
 
 float quant_dot_xq8(int type, const void *row, const struct quant_xq8 *x, int64_t n)
 {
-	return xq8_ops[type]->dot_xq8(row, x, n);
+	pthread_once(&xq8_once, xq8_init);
+	return atomic_load_explicit(&xq8_dot[type], memory_order_relaxed)(row, x, n);
 }
 
 void quant_xq8_row(const float *x, struct quant_xq8 *out, int64_t n)

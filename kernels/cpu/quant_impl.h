@@ -51,6 +51,19 @@ void quant_xq8_row(const float *x, struct quant_xq8 *out, int64_t n);
 float quant_dot_xq8(int type, const void *row, const struct quant_xq8 *x, int64_t n);
 bool quant_has_xq8(int type);
 
+/* Instruction-set variants of the integer dots, selected once by CPUID (quant_act.c). Tests
+ * force each one through quant_xq8_select; it returns ERR_UNSUPPORTED where the CPU (or build) lacks
+ * the variant and leaves the selection unchanged. QUANT_XQ8_AUTO: the best the CPU has. */
+enum { QUANT_XQ8_AUTO = 0, QUANT_XQ8_AVX2 = 1, QUANT_XQ8_AVX512 = 2 };
+int quant_xq8_select(int isa);
+int quant_xq8_selected(void); /* the variant in use (QUANT_XQ8_AVX2 / _AVX512), 0 if none */
+const char *quant_xq8_isa_name(int isa);
+/* AVX-512 VNNI dots (quant_xq8_avx512.c; only called where the CPU has them) */
+float quant_q8_0_dot_xq8_avx512(const void *row, const struct quant_xq8 *x, int64_t n);
+float quant_q4_k_dot_xq8_avx512(const void *row, const struct quant_xq8 *x, int64_t n);
+float quant_q5_k_dot_xq8_avx512(const void *row, const struct quant_xq8 *x, int64_t n);
+float quant_q6_k_dot_xq8_avx512(const void *row, const struct quant_xq8 *x, int64_t n);
+
 extern const struct quant_ops quant_ops_f32, quant_ops_f16, quant_ops_bf16;
 extern const struct quant_ops quant_ops_q4_0, quant_ops_q4_1, quant_ops_q5_0, quant_ops_q5_1, quant_ops_q8_0,
     quant_ops_iq4_nl;
@@ -113,6 +126,20 @@ static inline int quant_nearest(float v)
 }
 
 #if QUANT_AVX2
+/* Software prefetch distance of the fast path's integer dots, in bytes (quant_act.c; a variable
+ * so measurements can tune it). One thread streaming weights from DRAM keeps too few misses in
+ * flight when the loop also has real work per byte (the Q6_K lm_head dot ran at 5.7 GB/s against
+ * a 10-12 GB/s plain read); prefetching ahead overlaps the two. */
+extern int quant_xq8_pf_dist;
+
+/* prefetches the bytes quant_xq8_pf_dist after [p, p + bytes); prefetches never fault, so
+ * running past the end of the matrix is harmless */
+static inline void quant_prefetch(const void *p, int bytes)
+{
+	for (int o = 0; o < bytes; o += 64)
+		_mm_prefetch((const char *)p + quant_xq8_pf_dist + o, _MM_HINT_T0);
+}
+
 static inline float quant_hsum(__m256 v)
 {
 	__m128 lo = _mm256_castps256_ps128(v);

@@ -624,6 +624,7 @@ static inline float k4_dot_xq8(const uint8_t *b, size_t block_bytes, const struc
 
 	for (int64_t i = 0; i < n / QK_K; i++, b += block_bytes, x++) {
 		const uint8_t *ql = b + (five ? 48 : 16);
+		quant_prefetch(b, (int)block_bytes);
 		__m256i qh = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
 		__m256i sm = k4_scales_mins(b + 4);
 		__m256i sc = _mm256_permute2x128_si256(sm, sm, 0x00); /* scales in both lanes */
@@ -691,6 +692,7 @@ static float q6_k_dot_xq8(const void *row, const struct quant_xq8 *x, int64_t n)
 	__m256i q[4];
 
 	for (int64_t i = 0; i < n / QK_K; i++, b += 210, x++) {
+		quant_prefetch(b, 210);
 		__m128i sc8 = _mm_loadu_si128((const __m128i *)(b + 192));
 		/* the -32 offset: sum_s sc_s * (sum of qx over the 16 elements of s) */
 		__m256i offv = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8),

@@ -466,6 +466,7 @@ static float q8_0_dot_xq8(const void *row, const struct quant_xq8 *x, int64_t n)
 
 	for (int64_t i = 0; i < n / 256; i++, x++) {
 		for (int k = 0; k < 8; k += 2, b += 68) {
+			quant_prefetch(b, 68);
 			__m256i w0 = _mm256_loadu_si256((const __m256i *)(b + 2));
 			__m256i w1 = _mm256_loadu_si256((const __m256i *)(b + 36));
 			__m256i v0 = _mm256_loadu_si256((const __m256i *)(x->q + 32 * k));

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kernels/cpu/quant_impl.h" /* quant_xq8_select: forces each instruction-set variant */
 #include "kernels/kernels.h"
 
 static int n_fail;
@@ -254,20 +255,37 @@ int main(void)
 		kpool_destroy(p);
 	}
 
-	for (int nt = 1; nt <= 2; nt++) {
-		struct kpool *p = nt == 1 ? NULL : kpool_create(nt);
-		for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-			double we = 0, wa = 0;
-			test_fast(p, types[ti], 37, 512, 3, &we, &wa);
-			test_fast(p, types[ti], 64, 2048, 2, &we, &wa);
-			test_fast(p, types[ti], 16, 1024, 5, &we, &wa); /* falls back: exact */
-			if (nt == 2 && kcpu_matmul_fast_supported(types[ti]))
-				printf(
-				    "fast %-7s err vs quantized-x exact %.2e, vs float x %.2e (of sum|wx|)\n",
-				    ktype_name(types[ti]), we, wa);
+	/* every instruction-set variant of the fast path's integer dots, forced in turn */
+	static const int isas[] = {QUANT_XQ8_AVX2, QUANT_XQ8_AVX512};
+	for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
+		if (quant_xq8_select(isas[ii]) < 0) {
+			printf("SKIP fast path %s: not supported by this CPU or build\n",
+			       quant_xq8_isa_name(isas[ii]));
+			continue;
 		}
-		kpool_destroy(p);
+		if (quant_xq8_selected() != isas[ii]) {
+			printf("FAIL: selected %s, asked for %s\n", quant_xq8_isa_name(quant_xq8_selected()),
+			       quant_xq8_isa_name(isas[ii]));
+			n_fail++;
+		}
+		for (int nt = 1; nt <= 2; nt++) {
+			struct kpool *p = nt == 1 ? NULL : kpool_create(nt);
+			for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+				double we = 0, wa = 0;
+				test_fast(p, types[ti], 37, 512, 3, &we, &wa);
+				test_fast(p, types[ti], 64, 2048, 2, &we, &wa);
+				test_fast(p, types[ti], 16, 1024, 5, &we, &wa); /* falls back: exact */
+				if (nt == 2 && kcpu_matmul_fast_supported(types[ti]))
+					printf(
+					    "fast %-10s %-7s err vs quantized-x exact %.2e, vs float x %.2e "
+					    "(of sum|wx|)\n",
+					    quant_xq8_isa_name(isas[ii]), ktype_name(types[ti]), we, wa);
+			}
+			kpool_destroy(p);
+		}
 	}
+	quant_xq8_select(QUANT_XQ8_AUTO);
+	printf("fast path variant in use: %s\n", quant_xq8_isa_name(quant_xq8_selected()));
 	printf("%d cases; %s: %d failures\n", n_cases, n_fail ? "FAIL" : "OK", n_fail);
 	return n_fail ? 1 : 0;
 }
