@@ -53,9 +53,10 @@ static double median(double *v, int n)
  * router) is replicated on every rank. */
 static bool tp_sharded(const char *name)
 {
-	static const char *const blk[] = {"attn_q_b.", "attn_q.", "attn_k_b.", "attn_v_b.", "attn_output.",
-	                                   "ffn_gate.", "ffn_up.", "ffn_down.", "ffn_gate_shexp.", "ffn_up_shexp.",
-	                                   "ffn_down_shexp.", "ffn_gate_exps.", "ffn_up_exps.", "ffn_down_exps."};
+	static const char *const blk[] = {
+	    "attn_q_b.",       "attn_q.",        "attn_k_b.",    "attn_v_b.",       "attn_output.",
+	    "ffn_gate.",       "ffn_up.",        "ffn_down.",    "ffn_gate_shexp.", "ffn_up_shexp.",
+	    "ffn_down_shexp.", "ffn_gate_exps.", "ffn_up_exps.", "ffn_down_exps."};
 	if (strcmp(name, "output.weight") == 0 || strcmp(name, "token_embd.weight") == 0)
 		return true; /* lm_head (token_embd only counts when tied) */
 	if (strncmp(name, "blk.", 4) != 0)
@@ -112,31 +113,33 @@ static int parse_int(const char *cmd, const char *flag, const char *v, int lo, i
 	char *end;
 	long x = v ? strtol(v, &end, 10) : 0;
 	if (!v || *end || x < lo || x > hi)
-		return cli_usage_error(cmd, "%s needs an integer in [%d, %d], got '%s'", flag, lo, hi, v ? v : "");
+		return cli_usage_error(cmd, "%s needs an integer in [%d, %d], got '%s'", flag, lo, hi,
+		                       v ? v : "");
 	*out = (int)x;
 	return 0;
 }
 
 static void usage(void)
 {
-	printf("usage: tandem bench -m MODEL [--prompt N] [--gen N] [--batch B] [--threads T] [--tp N]\n"
-	       "                    [--reps R] [--ubatch U] [--seed S] [--json] [--fast]\n"
-	       "                    [--backend cpu|cuda] [--device N] [--rank r] [--graph 0|1] [--ctx N]\n"
-	       "       tandem bench --synthetic glm5|deepseek3|tiny [--layers L] [--experts E] [--top-k K]\n"
-	       "                    [--dense D] [--type q4_k] --backend cuda ... (no file: random weights in\n"
-	       "                    device memory, laid out exactly as loaded ones; rank r's shard only)\n"
-	       "Prefill and decode throughput (median of --reps runs; defaults: prompt 128, gen 32,\n"
-	       "batch 1, threads = online CPUs, tp 1, reps 3, ubatch = prompt, backend cpu).\n"
-	       "cuda: --rank r runs rank r of --tp alone (collectives skipped: one GPU measures one\n"
-	       "rank's work); --graph 1 (default) also times decode replayed from CUDA graphs against\n"
-	       "eager; prints the weight upload rate and the device-to-device copy bandwidth.\n");
+	printf(
+	    "usage: tandem bench -m MODEL [--prompt N] [--gen N] [--batch B] [--threads T] [--tp N]\n"
+	    "                    [--reps R] [--ubatch U] [--seed S] [--json] [--fast]\n"
+	    "                    [--backend cpu|cuda] [--device N] [--rank r] [--graph 0|1] [--ctx N]\n"
+	    "       tandem bench --synthetic glm5|deepseek3|tiny [--layers L] [--experts E] [--top-k K]\n"
+	    "                    [--dense D] [--type q4_k] --backend cuda ... (no file: random weights in\n"
+	    "                    device memory, laid out exactly as loaded ones; rank r's shard only)\n"
+	    "Prefill and decode throughput (median of --reps runs; defaults: prompt 128, gen 32,\n"
+	    "batch 1, threads = online CPUs, tp 1, reps 3, ubatch = prompt, backend cpu).\n"
+	    "cuda: --rank r runs rank r of --tp alone (collectives skipped: one GPU measures one\n"
+	    "rank's work); --graph 1 (default) also times decode replayed from CUDA graphs against\n"
+	    "eager; prints the weight upload rate and the device-to-device copy bandwidth.\n");
 }
 
 static int parse(int argc, char **argv, struct bench_opts *o)
 {
 	const char *cmd = "bench";
-	*o = (struct bench_opts){.prompt = 128, .gen = 32, .batch = 1, .tp = 1, .reps = 3, .seed = 1, .rank = -1,
-	                         .graph = 1};
+	*o = (struct bench_opts){
+	    .prompt = 128, .gen = 32, .batch = 1, .tp = 1, .reps = 3, .seed = 1, .rank = -1, .graph = 1};
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	o->threads = ncpu > 0 ? (int)ncpu : 1;
 	for (int i = 1; i < argc; i++) {
@@ -257,8 +260,13 @@ static int run_once(struct model *m, const struct bench_opts *o, struct run_resu
 				sq[i] = s;
 				pos[i] = p0 + i;
 			}
-			struct model_batch b = {.n_tokens = n, .tokens = tok, .seq = sq, .pos = pos, .logits = NULL,
-						.n_seqs = o->batch, .seqs = seqs};
+			struct model_batch b = {.n_tokens = n,
+			                        .tokens = tok,
+			                        .seq = sq,
+			                        .pos = pos,
+			                        .logits = NULL,
+			                        .n_seqs = o->batch,
+			                        .seqs = seqs};
 			rc = model_forward(m, &kv, &b, logits, NULL, e);
 		}
 	}
@@ -267,15 +275,20 @@ static int run_once(struct model *m, const struct bench_opts *o, struct run_resu
 		want[i] = 1;
 	for (int step = 0; step < o->gen && !rc; step++) {
 		for (int s = 0; s < o->batch; s++) {
-			/* greedy-free: the next token is a cheap function of the logits so the step depends on
-			 * the previous one like real decoding does */
+			/* greedy-free: the next token is a cheap function of the logits so the step depends
+			 * on the previous one like real decoding does */
 			x ^= x << 13, x ^= x >> 7, x ^= x << 17;
 			tok[s] = (int32_t)(x % (uint64_t)hp->vocab);
 			sq[s] = s;
 			pos[s] = o->prompt + step;
 		}
-		struct model_batch b = {.n_tokens = o->batch, .tokens = tok, .seq = sq, .pos = pos, .logits = want,
-					.n_seqs = o->batch, .seqs = seqs};
+		struct model_batch b = {.n_tokens = o->batch,
+		                        .tokens = tok,
+		                        .seq = sq,
+		                        .pos = pos,
+		                        .logits = want,
+		                        .n_seqs = o->batch,
+		                        .seqs = seqs};
 		rc = model_forward(m, &kv, &b, logits, NULL, e);
 	}
 	double t2 = now_s();
@@ -327,7 +340,8 @@ int cmd_bench(int argc, char **argv)
 	char synpath[256] = "";
 	if (o.synthetic) {
 		const char *td = getenv("TMPDIR");
-		snprintf(synpath, sizeof(synpath), "%s/tandem-synth-%ld.gguf", td && *td ? td : "/tmp", (long)getpid());
+		snprintf(synpath, sizeof(synpath), "%s/tandem-synth-%ld.gguf", td && *td ? td : "/tmp",
+		         (long)getpid());
 		if (make_synthetic(&o, synpath)) {
 			fprintf(stderr, "tandem bench: cannot make the synthetic model\n");
 			return 2;
@@ -362,7 +376,8 @@ int cmd_bench(int argc, char **argv)
 	}
 	double load_s = now_s() - tl0;
 	const struct model_hparams *hp = model_hparams(m);
-	double bytes_tok = decode_bytes_per_token(m, o.rank >= 0 ? o.tp : 1); /* per rank in rank-shard mode */
+	double bytes_tok =
+	    decode_bytes_per_token(m, o.rank >= 0 ? o.tp : 1); /* per rank in rank-shard mode */
 	double *pf = calloc((size_t)o.reps, sizeof(double)), *dc = calloc((size_t)o.reps, sizeof(double));
 	if (!pf || !dc) {
 		fprintf(stderr, "tandem bench: out of memory\n");
@@ -418,25 +433,30 @@ int cmd_bench(int argc, char **argv)
 	double step_ms = o.gen > 0 ? 1e3 * dc_s / o.gen : 0;
 	double gbs = o.gen > 0 ? bytes_tok / (dc_s / o.gen) / 1e9 : 0;
 	if (o.json) {
-		printf("{\"model\":\"%s\",\"arch\":\"%s\",\"layers\":%d,\"threads\":%d,\"tp\":%d,\"batch\":%d,\"fast\":%d,"
-		       "\"prompt\":%d,\"gen\":%d,\"load_s\":%.3f,\"prefill_tok_s\":%.2f,\"decode_tok_s\":%.2f,"
-		       "\"decode_step_ms\":%.3f,\"decode_weight_bytes\":%.0f,\"decode_gb_s\":%.3f}\n",
-		       o.model, model_arch_name(hp->arch), hp->n_layers, o.threads, o.tp, o.batch, o.fast, o.prompt,
-		       o.gen, load_s, pf_tps, dc_tps, step_ms, bytes_tok, gbs);
+		printf(
+		    "{\"model\":\"%s\",\"arch\":\"%s\",\"layers\":%d,\"threads\":%d,\"tp\":%d,\"batch\":%d,"
+		    "\"fast\":%d,"
+		    "\"prompt\":%d,\"gen\":%d,\"load_s\":%.3f,\"prefill_tok_s\":%.2f,\"decode_tok_s\":%.2f,"
+		    "\"decode_step_ms\":%.3f,\"decode_weight_bytes\":%.0f,\"decode_gb_s\":%.3f}\n",
+		    o.model, model_arch_name(hp->arch), hp->n_layers, o.threads, o.tp, o.batch, o.fast,
+		    o.prompt, o.gen, load_s, pf_tps, dc_tps, step_ms, bytes_tok, gbs);
 	} else {
 		printf("model %s (%s, %d layers), threads %d, tp %d, batch %d, load %.2f s\n", o.model,
 		       model_arch_name(hp->arch), hp->n_layers, o.threads, o.tp, o.batch, load_s);
 		printf("prefill  %6d tokens/seq  %10.1f tok/s\n", o.prompt, pf_tps);
-		printf("decode   %6d steps       %10.1f tok/s  %8.2f ms/step  %.1f MB weights/step%s  %.2f GB/s\n",
+		printf("decode   %6d steps       %10.1f tok/s  %8.2f ms/step  %.1f MB weights/step%s  %.2f "
+		       "GB/s\n",
 		       o.gen, dc_tps, step_ms, bytes_tok / 1e6, o.rank >= 0 ? " (this rank)" : "", gbs);
 		if (o.backend == MODEL_BACKEND_CUDA) {
 			double wbytes = bytes_tok; /* the decode-read estimate; upload moves every weight */
-			printf("cuda     device %d%s: weights loaded in %.2f s; device-to-device copy %.1f GB/s "
-			       "(%.1f GB/s of DRAM traffic)\n",
-			       o.device, o.rank >= 0 ? " (rank-shard)" : "", load_s, d2d, 2 * d2d);
+			printf(
+			    "cuda     device %d%s: weights loaded in %.2f s; device-to-device copy %.1f GB/s "
+			    "(%.1f GB/s of DRAM traffic)\n",
+			    o.device, o.rank >= 0 ? " (rank-shard)" : "", load_s, d2d, 2 * d2d);
 			if (dc_graph_s > 0) {
 				double gstep = 1e3 * dc_graph_s / o.gen;
-				printf("graphs   %6d steps       %10.1f tok/s  %8.2f ms/step  (eager %.2f ms/step)  %.2f "
+				printf("graphs   %6d steps       %10.1f tok/s  %8.2f ms/step  (eager %.2f "
+				       "ms/step)  %.2f "
 				       "GB/s of weights = %.0f%% of the copy rate\n",
 				       o.gen, (double)o.gen * o.batch / dc_graph_s, gstep, step_ms,
 				       wbytes / (gstep * 1e-3) / 1e9,

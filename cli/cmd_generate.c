@@ -22,21 +22,21 @@
 
 static void generate_usage(FILE *f)
 {
-	fprintf(
-	    f, "usage: tandem generate -m MODEL.gguf (--tokens 1,2,3 | -p TEXT | --chat FILE.json) -n N "
-	       "[options]\n"
-	       "  --chat-format NAME      glm5, glm5.2, glm4, deepseek-v3, deepseek-v3.1 (default: from the "
-	       "GGUF)\n"
-	       "  --greedy                argmax decoding (the default when no sampling option is given)\n"
-	       "  --temperature X         sample with temperature X (0 = greedy)\n"
-	       "  --top-k K  --top-p P  --min-p M\n"
-	       "  --repetition-penalty R  --frequency-penalty F  --presence-penalty P\n"
-	       "  --seed S                RNG seed (default 0)\n"
-	       "  --ids                   print the new token ids separated by spaces instead of text\n"
-	       "  --ignore-eos            do not stop at end-of-generation tokens\n"
-	       "  --tp N --threads T      tensor-parallel degree (ranks as threads), CPU threads in total\n"
-	       "  --backend cpu|cuda --device N   forward backend (default cpu), CUDA device (default 0)\n"
-	       "  --fast                  CPU: approximate matmuls with int8-quantized activations\n");
+	fprintf(f,
+	        "usage: tandem generate -m MODEL.gguf (--tokens 1,2,3 | -p TEXT | --chat FILE.json) -n N "
+	        "[options]\n"
+	        "  --chat-format NAME      glm5, glm5.2, glm4, deepseek-v3, deepseek-v3.1 (default: from the "
+	        "GGUF)\n"
+	        "  --greedy                argmax decoding (the default when no sampling option is given)\n"
+	        "  --temperature X         sample with temperature X (0 = greedy)\n"
+	        "  --top-k K  --top-p P  --min-p M\n"
+	        "  --repetition-penalty R  --frequency-penalty F  --presence-penalty P\n"
+	        "  --seed S                RNG seed (default 0)\n"
+	        "  --ids                   print the new token ids separated by spaces instead of text\n"
+	        "  --ignore-eos            do not stop at end-of-generation tokens\n"
+	        "  --tp N --threads T      tensor-parallel degree (ranks as threads), CPU threads in total\n"
+	        "  --backend cpu|cuda --device N   forward backend (default cpu), CUDA device (default 0)\n"
+	        "  --fast                  CPU: approximate matmuls with int8-quantized activations\n");
 }
 
 struct gen_args {

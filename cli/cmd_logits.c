@@ -15,16 +15,17 @@
 static void logits_usage(FILE *f)
 {
 	fprintf(
-	    f, "usage: tandem logits -m MODEL.gguf --tokens 1,2,3 [--all] [--tp N] [--threads T] -o OUT.f32\n"
-	       "  writes float32 little-endian logits, one row of vocab values per position\n"
-	       "  --all          every position (default: only the last)\n"
-	       "  --tp N         tensor-parallel degree, ranks run as threads (default 1)\n"
-	       "  --threads T    CPU threads in total (default 1)\n"
-	       "  --kv-bf16      store the KV cache in bf16 (default fp32)\n"
-	       "  --fast         CPU: approximate matmuls with int8-quantized activations (not the reference)\n"
-	       "  --backend B    cpu (default) or cuda;  --device N  CUDA device (default 0)\n"
-	       "  --latent-eps X RMSNorm eps of q_a_norm / kv_a_norm (default 1e-6, as the references;\n"
-	       "                 llama.cpp uses the model's rms_norm_eps)\n");
+	    f,
+	    "usage: tandem logits -m MODEL.gguf --tokens 1,2,3 [--all] [--tp N] [--threads T] -o OUT.f32\n"
+	    "  writes float32 little-endian logits, one row of vocab values per position\n"
+	    "  --all          every position (default: only the last)\n"
+	    "  --tp N         tensor-parallel degree, ranks run as threads (default 1)\n"
+	    "  --threads T    CPU threads in total (default 1)\n"
+	    "  --kv-bf16      store the KV cache in bf16 (default fp32)\n"
+	    "  --fast         CPU: approximate matmuls with int8-quantized activations (not the reference)\n"
+	    "  --backend B    cpu (default) or cuda;  --device N  CUDA device (default 0)\n"
+	    "  --latent-eps X RMSNorm eps of q_a_norm / kv_a_norm (default 1e-6, as the references;\n"
+	    "                 llama.cpp uses the model's rms_norm_eps)\n");
 }
 
 int cmd_logits(int argc, char **argv)

@@ -467,8 +467,9 @@ int cmd_mkmodel(int argc, char **argv)
 	if (!sparse && statvfs(dirname(dirbuf), &vfs) == 0) {
 		uint64_t avail = (uint64_t)vfs.f_bavail * vfs.f_frsize;
 		if (avail < total + (64u << 20)) {
-			fprintf(stderr, "tandem mkmodel: %s needs %.2f GiB but its file system has %.2f GiB free\n", out,
-			        (double)total / (1u << 30), (double)avail / (1u << 30));
+			fprintf(stderr,
+			        "tandem mkmodel: %s needs %.2f GiB but its file system has %.2f GiB free\n",
+			        out, (double)total / (1u << 30), (double)avail / (1u << 30));
 			goto out;
 		}
 	}

@@ -23,13 +23,13 @@ struct subcmd {
 #pragma weak cmd_bench
 
 static const struct subcmd subcmds[] = {
-	{"logits", cmd_logits, "-m MODEL --tokens 1,2,3 [--all] [--tp N] -o OUT   write float32 logits"},
-	{"generate", cmd_generate, "-m MODEL (--tokens ..|-p TEXT|--chat F.json) -n N [...]   generate text"},
-	{"tokenize", cmd_tokenize, "-m MODEL < text   print token ids as a JSON array"},
-	{"inspect", cmd_inspect, "MODEL   metadata, tensor table, architecture and problems"},
-	{"mkmodel", cmd_mkmodel, "--preset NAME [--layers L] [--experts E] --type T -o OUT.gguf"},
-	{"bench", cmd_bench, "decode/prefill benchmarks"},
-	{NULL, NULL, NULL},
+    {"logits", cmd_logits, "-m MODEL --tokens 1,2,3 [--all] [--tp N] -o OUT   write float32 logits"},
+    {"generate", cmd_generate, "-m MODEL (--tokens ..|-p TEXT|--chat F.json) -n N [...]   generate text"},
+    {"tokenize", cmd_tokenize, "-m MODEL < text   print token ids as a JSON array"},
+    {"inspect", cmd_inspect, "MODEL   metadata, tensor table, architecture and problems"},
+    {"mkmodel", cmd_mkmodel, "--preset NAME [--layers L] [--experts E] --type T -o OUT.gguf"},
+    {"bench", cmd_bench, "decode/prefill benchmarks"},
+    {NULL, NULL, NULL},
 };
 
 int cli_usage_error(const char *cmd, const char *fmt, ...)

@@ -212,9 +212,10 @@ static void dreq_end(struct dc_worker *w, struct dreq *d, bool maybe_writer)
 			d->map_next = w->quarantine;
 			w->quarantine = d;
 			w->n_quarantined_blocks += d->n_blocks;
-			LOG_INFO("decode",
-			         "rid=%llu %u blocks quarantined until the prefill fences them (at most %d ms)",
-			         (unsigned long long)d->rid, d->n_blocks, w->c->quarantine_ms);
+			LOG_INFO(
+			    "decode",
+			    "rid=%llu %u blocks quarantined until the prefill fences them (at most %d ms)",
+			    (unsigned long long)d->rid, d->n_blocks, w->c->quarantine_ms);
 			update_gauges(w);
 			maybe_finish_drain(w);
 			return;
@@ -515,8 +516,8 @@ static void verify_work_cb(uv_work_t *req)
 		if (c != d->sums[i]) {
 			d->verify_code = MSG_ERR_CHECKSUM;
 			snprintf(d->verify_why, sizeof(d->verify_why),
-			         "KV block %u (pool block %u) checksum %08x, prefill sent %08x", i, d->blocks[i], c,
-			         d->sums[i]);
+			         "KV block %u (pool block %u) checksum %08x, prefill sent %08x", i,
+			         d->blocks[i], c, d->sums[i]);
 			return;
 		}
 	}
@@ -961,12 +962,14 @@ static void register_metrics(struct dc_worker *w, struct dc_metrics *em)
 	                                   "Prompt KV bytes received from prefill workers");
 	w->m_registered =
 	    metrics_gauge(r, "tandem_worker_registered", NULL, "1 while registered with the router");
-	w->m_quarantined = metrics_gauge(r, "tandem_kv_blocks_quarantined", NULL,
-	                                 "KV blocks of released reservations waiting for the prefill's fence");
+	w->m_quarantined =
+	    metrics_gauge(r, "tandem_kv_blocks_quarantined", NULL,
+	                  "KV blocks of released reservations waiting for the prefill's fence");
 	w->m_fenced = metrics_counter(r, "tandem_kv_quarantine_fenced_total", NULL,
 	                              "Quarantined reservations freed by the prefill's fence");
-	w->m_quarantine_expired = metrics_counter(r, "tandem_kv_quarantine_expired_total", NULL,
-	                                          "Quarantined reservations freed by the deadline, without a fence");
+	w->m_quarantine_expired =
+	    metrics_counter(r, "tandem_kv_quarantine_expired_total", NULL,
+	                    "Quarantined reservations freed by the deadline, without a fence");
 	w->m_ttft_decode = metrics_histogram(r, "tandem_decode_first_step_seconds", NULL,
 	                                     "KvReady to the first decoded token", metrics_latency_bounds,
 	                                     metrics_n_latency_bounds);

@@ -56,10 +56,10 @@ enum ktype {
 };
 
 struct ktype_info {
-	const char *name;  /* "Q4_K"; NULL for ids that are not ggml types */
-	int32_t blck;      /* elements per block */
-	int32_t bytes;     /* bytes per block */
-	bool compute;      /* tandem can dequantize / multiply with it */
+	const char *name; /* "Q4_K"; NULL for ids that are not ggml types */
+	int32_t blck; /* elements per block */
+	int32_t bytes; /* bytes per block */
+	bool compute; /* tandem can dequantize / multiply with it */
 };
 
 /* Info for a type id, or NULL if the id is unknown (out of range or unassigned). Knowing a type's
@@ -114,39 +114,39 @@ void *kpool_scratch(struct kpool *p, int thread, size_t bytes);
 /* ---- matrix products (kernels/cpu/matmul.c) ------------------------------------------------------ */
 struct kweight {
 	int type;
-	int64_t n_in;       /* ne0 */
-	int64_t n_out;      /* ne1 (rows) */
-	size_t row_bytes;   /* bytes from one row to the next (>= the bytes of n_in elements: a TP
-	                     * slice of the input dimension keeps the full row as stride) */
-	const void *data;   /* row r at (const char *)data + r * row_bytes */
+	int64_t n_in; /* ne0 */
+	int64_t n_out; /* ne1 (rows) */
+	size_t row_bytes; /* bytes from one row to the next (>= the bytes of n_in elements: a TP
+	                   * slice of the input dimension keeps the full row as stride) */
+	const void *data; /* row r at (const char *)data + r * row_bytes */
 };
 
 /* Y[t][r] = dot(W row r, X[t]) for t < n_tok, r < n_out. X is n_tok x n_in (row stride ldx
  * floats), Y is n_tok x n_out (row stride ldy floats). Threaded over rows. */
 void kcpu_matmul(struct kpool *p, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok,
-		 float *y, int64_t ldy);
+                 float *y, int64_t ldy);
 /* Approximate fast path, same arguments (opt-in; the reference path never uses it): activations
  * are quantized to int8 per 256 elements (scale max|x|/127, like ggml's Q8_K) and multiplied
  * with integer dots (AVX2 maddubs) for Q8_0, Q4_K, Q5_K and Q6_K weights; about 0.5% of
  * sum|w*x| error per dot (test_matmul prints it). Other types, n_in not a multiple of 256, 4 or
  * more tokens (where the exact tiled path is faster) and builds without AVX2 use kcpu_matmul.
  * Uses the pool's caller scratch (kpool_scratch(p, kpool_n_threads(p), ...)). */
-void kcpu_matmul_fast(struct kpool *p, const struct kweight *w, const float *x, int64_t ldx,
-		      int64_t n_tok, float *y, int64_t ldy);
+void kcpu_matmul_fast(struct kpool *p, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok,
+                      float *y, int64_t ldy);
 bool kcpu_matmul_fast_supported(int type); /* true if kcpu_matmul_fast has integer dots for it */
 
 /* ---- model ops (kernels/cpu, one per file; branch `model`) ---------------------------------------
  * Row ops take row strides in floats; y may alias x where noted in the op's file. */
 /* y = w * x / sqrt(mean(x^2) + eps) per row (rmsnorm.c) */
-void kcpu_rmsnorm(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int64_t n, int64_t n_rows,
-		  float eps);
+void kcpu_rmsnorm(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int64_t n,
+                  int64_t n_rows, float eps);
 /* y = (x - mean) / sqrt(var + eps) * w + b per row (layernorm.c) */
-void kcpu_layernorm(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, const float *b, int64_t n,
-		    int64_t n_rows, float eps);
+void kcpu_layernorm(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, const float *b,
+                    int64_t n, int64_t n_rows, float eps);
 /* RoPE (rope.c). inv_freq[R/2] from theta (YaRN blend if yarn_factor > 1); cs[R] = cos[R/2] then
  * sin[R/2] of one position; kcpu_rope rotates x[R] in place, pairing 0 = interleaved, 1 = half-split. */
 void kcpu_rope_freqs(float *inv_freq, int64_t R, float theta, float yarn_factor, int64_t yarn_orig_ctx,
-		     float beta_fast, float beta_slow);
+                     float beta_fast, float beta_slow);
 void kcpu_rope_cs(const float *inv_freq, int64_t half, int64_t pos, float *cs);
 void kcpu_rope(float *x, int64_t R, const float *cs, int pairing);
 /* y = SiLU(gate) * up (swiglu.c) */
@@ -156,16 +156,16 @@ float kcpu_kv_dot(const float *a, const void *row, int bf16, int64_t n);
 void kcpu_kv_axpy(float *out, float p, const void *row, int bf16, int64_t n);
 /* one MLA head, absorbed form: q[C+R], keys[t] -> C+R cache values; out[C] = softmax-weighted
  * sum of the keys' c parts; scores: n_keys scratch (mla_attn.c) */
-void kcpu_mla_attn_head(const float *q, int64_t C, int64_t R, const void *const *keys, int n_keys, int key_bf16,
-			float scale, float *scores, float *out);
+void kcpu_mla_attn_head(const float *q, int64_t C, int64_t R, const void *const *keys, int n_keys,
+                        int key_bf16, float scale, float *scores, float *out);
 /* DSA indexer scores of one query: scores[t] = sum_h w[h] * ReLU(scale * q_h . k_t) (indexer.c) */
-void kcpu_indexer_scores(const float *q, const float *w, int64_t HI, int64_t DI, const void *const *keys, int n_keys,
-			 int key_bf16, float scale, float *scores);
+void kcpu_indexer_scores(const float *q, const float *w, int64_t HI, int64_t DI, const void *const *keys,
+                         int n_keys, int key_bf16, float scale, float *scores);
 /* indices of the k best scores (score desc, index asc), returned ascending; returns min(k, n) (topk.c) */
 int kcpu_topk(const float *scores, int n, int k, int32_t *out);
 /* MoE routing of one token; scratch 2*E floats (moe_route.c) */
-void kcpu_moe_route(const float *logits, const float *bias, int E, int k, int n_group, int n_group_used, int gating,
-		    bool norm, float scale, int32_t *ids, float *weights, float *scratch);
+void kcpu_moe_route(const float *logits, const float *bias, int E, int k, int n_group, int n_group_used,
+                    int gating, bool norm, float scale, int32_t *ids, float *weights, float *scratch);
 
 /* ---- CUDA ops (kernels/cuda/, one per file; branch `cuda`) -------------------------------------
  * Declared only where CUDA is built (TANDEM_CUDA=1 from the Makefile, or nvcc itself), so the C code
@@ -184,7 +184,7 @@ void *kcuda_ctx_stream(struct kcuda_ctx *c); /* the cudaStream_t */
 int kcuda_sync(struct kcuda_ctx *c);
 int kcuda_alloc(size_t bytes, void **out);
 void kcuda_free(void *p);
-int kcuda_upload(struct kcuda_ctx *c, void *dst_dev, const void *src, size_t bytes);   /* synchronous */
+int kcuda_upload(struct kcuda_ctx *c, void *dst_dev, const void *src, size_t bytes); /* synchronous */
 int kcuda_download(struct kcuda_ctx *c, void *dst, const void *src_dev, size_t bytes); /* synchronous */
 int kcuda_memset(struct kcuda_ctx *c, void *dst_dev, int byte, size_t bytes);
 /* Copies a host weight (GGUF block layout) to the device. The device copy keeps the GGUF layout
@@ -199,38 +199,41 @@ void kcuda_weight_free(struct kweight *dev);
  * bf16 through cuBLAS on tensor cores (fp32 accumulate), except F32 weights, which are never
  * rounded: they take the fp32 GEMM (KCUDA_MM_F32: W dequantized to fp32 tiles, cuBLAS fp32 without
  * TF32). kcuda_matmul_path forces one path (tests, benchmarks; KCUDA_MM_F32 for the products whose
- * outputs feed a selection, MODEL-SPEC.md §2.6/§2.7: GEMV for n_tok <= 8, the fp32 GEMM above). Uses the context workspace (not reentrant across threads on one context). */
+ * outputs feed a selection, MODEL-SPEC.md §2.6/§2.7: GEMV for n_tok <= 8, the fp32 GEMM above). Uses the
+ * context workspace (not reentrant across threads on one context). */
 enum kcuda_mm_path { KCUDA_MM_AUTO = 0, KCUDA_MM_GEMV = 1, KCUDA_MM_GEMM = 2, KCUDA_MM_F32 = 3 };
 int kcuda_matmul(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok,
-		 float *y, int64_t ldy);
+                 float *y, int64_t ldy);
 int kcuda_matmul_path(struct kcuda_ctx *c, enum kcuda_mm_path path, const struct kweight *w, const float *x,
-		      int64_t ldx, int64_t n_tok, float *y, int64_t ldy);
+                      int64_t ldx, int64_t n_tok, float *y, int64_t ldy);
 /* Dequantizes rows [r0, r0 + n_rows) of W to bf16 (row-major, n_in per row) (prefill GEMM, tests). */
-int kcuda_dequant_bf16(struct kcuda_ctx *c, const struct kweight *w, int64_t r0, int64_t n_rows, uint16_t *dst_dev);
+int kcuda_dequant_bf16(struct kcuda_ctx *c, const struct kweight *w, int64_t r0, int64_t n_rows,
+                       uint16_t *dst_dev);
 
 /* Row ops, twins of the kcpu_ row ops (strides in floats; y may alias x). */
-int kcuda_rmsnorm(struct kcuda_ctx *c, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int64_t n,
-		  int64_t n_rows, float eps);
+int kcuda_rmsnorm(struct kcuda_ctx *c, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
+                  int64_t n, int64_t n_rows, float eps);
 int kcuda_swiglu(struct kcuda_ctx *c, float *y, int64_t ldy, const float *gate, int64_t ldg, const float *up,
-		 int64_t ldu, int64_t n, int64_t n_rows);
+                 int64_t ldu, int64_t n, int64_t n_rows);
 /* Rotates x[t * ldx + h * head_stride + 0 .. R) in place for t < n_tok, h < n_heads by pos[t] *
  * inv_freq[i] (inv_freq: R/2 values from kcpu_rope_freqs, uploaded; pos: n_tok ids on the device);
  * pairing 0 = interleaved, 1 = half-split; cos/sin are multiplied by mscale (YaRN magnitude, else 1). */
-int kcuda_rope(struct kcuda_ctx *c, float *x, int64_t ldx, int64_t n_tok, int64_t n_heads, int64_t head_stride,
-	       int64_t R, const float *inv_freq, const int32_t *pos, int pairing, float mscale);
+int kcuda_rope(struct kcuda_ctx *c, float *x, int64_t ldx, int64_t n_tok, int64_t n_heads,
+               int64_t head_stride, int64_t R, const float *inv_freq, const int32_t *pos, int pairing,
+               float mscale);
 /* y[t] = dequantized row ids[t] of the table (ids on the device). Ids out of range give a NaN row
  * and count as errors: kcuda_ctx_take_errors returns (and clears) the count. */
 int kcuda_embed(struct kcuda_ctx *c, const struct kweight *table, const int32_t *ids, int64_t n_tok, float *y,
-		int64_t ldy);
+                int64_t ldy);
 int kcuda_ctx_take_errors(struct kcuda_ctx *c, unsigned *n_bad);
 /* kcpu_topk per row: out[r][0 .. min(k, n)) = indices of the k best (score desc, index asc),
  * ascending; NaN ranks as -inf. */
-int kcuda_topk(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n, int64_t n_rows, int k, int32_t *out,
-	       int64_t ldo);
+int kcuda_topk(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n, int64_t n_rows, int k,
+               int32_t *out, int64_t ldo);
 /* One token id per row: greedy when temperature <= 0 or k == 1 (argmax, ties to the lower id);
  * otherwise softmax(logit / temperature) over the top k (k <= 1024) and inverse CDF at u[row]. */
 int kcuda_sample(struct kcuda_ctx *c, const float *logits, int64_t ld, int64_t n_vocab, int64_t n_rows, int k,
-		 float temperature, const float *u, int32_t *out_ids);
+                 float temperature, const float *u, int32_t *out_ids);
 
 /* ---- CUDA attention, DSA indexer and MoE (mla_*.cu, indexer*.cu, topk_idx*.cu, moe*.cu; branch
  * `cattn`). Batched twins of kcpu_mla_attn_head, kcpu_indexer_scores + kcpu_topk and
@@ -241,60 +244,60 @@ int kcuda_sample(struct kcuda_ctx *c, const float *logits, int64_t ld, int64_t n
  * base + tbl[p / block_tokens] * block_bytes + offset + (p % block_tokens) * dim * (bf16 ? 2 : 4). */
 struct kcuda_kv_view {
 	const void *base;
-	int64_t n_blocks;   /* blocks in the pool; other block ids are errors */
+	int64_t n_blocks; /* blocks in the pool; other block ids are errors */
 	size_t block_bytes;
-	size_t offset;      /* this layer's latent (or indexer) part inside a block */
-	int block_tokens;   /* MODEL_KV_BLOCK_TOKENS (64) */
-	int64_t dim;        /* values per row: C + R (latent) or DI (indexer key) */
-	int bf16;           /* rows are bf16, else fp32 */
+	size_t offset; /* this layer's latent (or indexer) part inside a block */
+	int block_tokens; /* MODEL_KV_BLOCK_TOKENS (64) */
+	int64_t dim; /* values per row: C + R (latent) or DI (indexer key) */
+	int bf16; /* rows are bf16, else fp32 */
 };
 /* Which keys each of n_q query rows sees (all arrays on the device).
  * Decode: one row per sequence, qseq[i] its block table, n_keys[i] = its length (or top-k count).
  * Prefill of one sequence: qseq = NULL (table 0), n_keys = NULL (row i sees pos0 + i + 1 keys). */
 struct kcuda_attn_rows {
 	int64_t n_q;
-	const int32_t *qseq;   /* n_q block-table indices, or NULL: all rows use table 0 */
+	const int32_t *qseq; /* n_q block-table indices, or NULL: all rows use table 0 */
 	const int32_t *blocks; /* block tables, [n_tables][ld_blocks] */
-	int64_t ld_blocks;     /* capacity of one table (positions < ld_blocks * block_tokens) */
+	int64_t ld_blocks; /* capacity of one table (positions < ld_blocks * block_tokens) */
 	const int32_t *n_keys; /* n_q key counts, or NULL: pos0 + i + 1 (causal) */
 	int64_t pos0;
-	const int32_t *sel;    /* NULL: keys are positions 0..n_keys-1; else positions sel[i * ld_sel + j] */
+	const int32_t *sel; /* NULL: keys are positions 0..n_keys-1; else positions sel[i * ld_sel + j] */
 	int64_t ld_sel;
-	int64_t max_keys;      /* host bound of every n_keys (grid sizing); larger counts are clamped + counted */
+	int64_t max_keys; /* host bound of every n_keys (grid sizing); larger counts are clamped + counted */
 };
 /* MLA attention, absorbed form, H heads per query row: q[i][h][C + R] (fp32), out[i][h][C] the
  * softmax(scale * q . key)-weighted sum of the keys' c parts (the caller applies W_UV). Split over
  * the keys (flash-decoding, partials in the context workspace) when rows * heads alone do not fill
  * the GPU. Serves decode (one row per sequence) and prefill (rows = tokens, causal or top-k). */
 int kcuda_mla_attn(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
-		   const float *q, int64_t H, int64_t C, int64_t R, float scale, float *out);
+                   const float *q, int64_t H, int64_t C, int64_t R, float scale, float *out);
 /* DSA indexer scores (kcpu_indexer_scores order): scores[i * ld + t] = sum_h w[i][h] * ReLU(scale *
  * q[i][h] . key_t) for t < n_keys[i] (rows->sel must be NULL); other entries untouched. */
-int kcuda_indexer_scores(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
-			 const float *q, const float *w, int64_t HI, int64_t DI, float scale, float *scores,
-			 int64_t ld);
+int kcuda_indexer_scores(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
+                         const struct kcuda_attn_rows *rows, const float *q, const float *w, int64_t HI,
+                         int64_t DI, float scale, float *scores, int64_t ld);
 /* kcpu_topk per row with a per-row length n[i] (or n0 + i + 1 when n is NULL): out[i][0..m) =
  * the m = min(k, n[i]) best (score desc, position asc, NaN as -inf) in ascending order;
  * n_out[i] = m (n_out may be NULL). Exact (radix select), any n. */
 int kcuda_topk_idx(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n_rows, const int32_t *n,
-		   int64_t n0, int k, int32_t *out, int64_t ldo, int32_t *n_out);
+                   int64_t n0, int k, int32_t *out, int64_t ldo, int32_t *n_out);
 /* Indexer scores + top-k for every row, scores kept in the context workspace (rows in chunks that
  * fit); sel[i][0..nsel[i]) as kcuda_topk_idx. */
-int kcuda_indexer_topk(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
-		       const float *q, const float *w, int64_t HI, int64_t DI, float scale, int k, int32_t *sel,
-		       int64_t ld_sel, int32_t *nsel);
+int kcuda_indexer_topk(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
+                       const struct kcuda_attn_rows *rows, const float *q, const float *w, int64_t HI,
+                       int64_t DI, float scale, int k, int32_t *sel, int64_t ld_sel, int32_t *nsel);
 /* kcpu_moe_route for n tokens (logits[i * ld + e], bias may be NULL; E <= 1024, n_group <= 32):
  * ids[i][k], weights[i][k] in selection order. */
 int kcuda_moe_route(struct kcuda_ctx *c, const float *logits, int64_t ld, const float *bias, int64_t n, int E,
-		    int k, int n_group, int n_group_used, int gating, bool norm, float scale, int32_t *ids,
-		    float *weights);
+                    int k, int n_group, int n_group_used, int gating, bool norm, float scale, int32_t *ids,
+                    float *weights);
 /* Routed experts: out[i] = sum_j weights[i][j] * down_e(SiLU(gate_e x_i) * up_e x_i), e = ids[i][j].
  * gate/up: device weights of E*F rows of n_in = D (expert e = rows [e F, e F + F)); down: E*D rows
  * of n_in = F. Up to 16 tokens: all (token, expert) pairs in one launch per stage; more: tokens
  * grouped by expert (one id download) through kcuda_matmul. out is overwritten. */
 int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
-		  const float *weights, int k, const struct kweight *gate, const struct kweight *up,
-		  const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo);
+                  const float *weights, int k, const struct kweight *gate, const struct kweight *up,
+                  const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo);
 #endif
 
 #ifdef __cplusplus

@@ -479,7 +479,8 @@ int pf_engine_create(const struct pf_engine_opts *o, struct pf_engine **out, str
 	g->push.kvx = o->kvx;
 	const char *td = getenv("TANDEM_TEST_PUSH_DELAY"); /* test-only, see engine.h */
 	if (td && sscanf(td, "%u:%u", &g->push.test_delay_us, &g->push.test_delay_min_tokens) == 2)
-		LOG_WARN("prefill", "TEST: KV pushes of prompts of >= %u tokens are slowed by %u us per block",
+		LOG_WARN("prefill",
+		         "TEST: KV pushes of prompts of >= %u tokens are slowed by %u us per block",
 		         g->push.test_delay_min_tokens, g->push.test_delay_us);
 	else
 		g->push.test_delay_us = 0;

@@ -43,8 +43,9 @@ int main(int argc, char **argv)
 	    {"ucx_want_rdma", OPT_BOOL, &c.ucx_want_rdma, 0, 0, 0,
 	     "warn loudly when KV transfers do not use RDMA"},
 	    {"ucx_peer_failure", OPT_BOOL, &c.ucx_peer_failure, 0, 0, 0,
-     "ask UCX for keepalive-based peer-failure detection on KV endpoints (tcp/rdma only; off by default: it made UCX skip shared memory)"},
-    {"heartbeat_ms", OPT_INT, &c.heartbeat_ms, 0, 10, 60000, "heartbeat interval to the router"},
+	     "ask UCX for keepalive-based peer-failure detection on KV endpoints (tcp/rdma only; off by "
+	     "default: it made UCX skip shared memory)"},
+	    {"heartbeat_ms", OPT_INT, &c.heartbeat_ms, 0, 10, 60000, "heartbeat interval to the router"},
 	    {"flush_timeout_ms", OPT_INT, &c.flush_timeout_ms, 0, 10, 600000,
 	     "deadline for a KV transfer to complete"},
 	    {"drain_timeout_ms", OPT_INT, &c.drain_timeout_ms, 0, 0, 3600000,

@@ -70,7 +70,8 @@ int pf_push_blocks(const struct pf_push_ctx *c, struct pf_job *j, uint32_t upto)
 		if (j->deadline_ms && uv_hrtime() / 1000000u > j->deadline_ms) {
 			j->n_pushed = i;
 			j->n_checksums = j->checksums ? i : 0;
-			return fail(j, ERR_TIMEOUT, MSG_ERR_TIMEOUT, "prefill deadline passed during the KV transfer");
+			return fail(j, ERR_TIMEOUT, MSG_ERR_TIMEOUT,
+			            "prefill deadline passed during the KV transfer");
 		}
 		const uint8_t *src = c->local_base + (size_t)j->local_blocks[i] * c->block_bytes;
 		uint32_t id = j->block_ids[i];
@@ -136,7 +137,8 @@ void pf_push_fence(const struct pf_push_ctx *c, struct pf_job *j)
 	if (j->peer_id) {
 		peer = kvx_peer_by_id(c->kvx, j->peer_id);
 		if (!peer)
-			return; /* force-closed after a failure: nothing of ours can land; decode's deadline */
+			return; /* force-closed after a failure: nothing of ours can land; decode's deadline
+			         */
 	} else if (kvx_peer_get(c->kvx, j->ucx_addr, j->ucx_addr_len, j->rkey, j->rkey_len, &peer, &e)) {
 		LOG_DEBUG("prefill", "rid=%llu no fence: %s", (unsigned long long)j->rid, e.msg);
 		failed_addr_hash = h;

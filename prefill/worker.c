@@ -520,9 +520,10 @@ int pf_worker_run(const struct pf_config *c)
 		snprintf(w.model_name, sizeof(w.model_name), "trivial");
 		memcpy(w.model_id, "trivial", 8);
 	}
-	struct kvx_opts ko = {
-	    .tls = c->ucx_tls, .net_devices = c->ucx_net_devices, .want_rdma = c->ucx_want_rdma,
-	    .peer_failure = c->ucx_peer_failure};
+	struct kvx_opts ko = {.tls = c->ucx_tls,
+	                      .net_devices = c->ucx_net_devices,
+	                      .want_rdma = c->ucx_want_rdma,
+	                      .peer_failure = c->ucx_peer_failure};
 	if (kvx_create(&w.kvx, &ko, &e)) {
 		LOG_ERROR("prefill", "%s", e.msg);
 		goto out_model;

@@ -254,7 +254,8 @@ static void op_release(struct worker *w, struct req *r)
 		msg_init(&m, MSG_KV_RELEASE);
 		m.u.kv_release.rid = r->id;
 		/* no PrefillRequest out, or PrefillDone in: nothing can be writing the blocks */
-		m.u.kv_release.no_writer = r->state == REQ_STATE_ADMITTED || r->state == REQ_STATE_KV_RESERVED ||
+		m.u.kv_release.no_writer = r->state == REQ_STATE_ADMITTED ||
+		                           r->state == REQ_STATE_KV_RESERVED ||
 		                           r->state == REQ_STATE_KV_TRANSFERRING;
 	}
 	(void)send_msg(rw, &m);

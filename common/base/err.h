@@ -14,9 +14,9 @@ enum {
 	ERR_OK = 0,
 	/* errno-style codes are returned negated (-ENOMEM, -EINVAL, -EIO, -ENOENT, -ETIMEDOUT, ...) */
 	ERR_BASE = 1000,
-	ERR_FORMAT = -1001,  /* malformed input file or message */
-	ERR_LIMIT = -1002,   /* a bounded buffer or pool is full / a size exceeds its maximum */
-	ERR_PROTO = -1003,   /* control-protocol violation by a peer */
+	ERR_FORMAT = -1001, /* malformed input file or message */
+	ERR_LIMIT = -1002, /* a bounded buffer or pool is full / a size exceeds its maximum */
+	ERR_PROTO = -1003, /* control-protocol violation by a peer */
 	ERR_UNSUPPORTED = -1004, /* valid input we do not handle (unknown quant type, architecture) */
 	ERR_NOTFOUND = -1005,
 	ERR_CUDA = -1006,

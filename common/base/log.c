@@ -41,12 +41,15 @@ void log_write(int level, const char *module, const char *fmt, ...)
 	gettimeofday(&tv, NULL);
 	gmtime_r(&tv.tv_sec, &tm);
 	int n = snprintf(line, sizeof(line), "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ %s", tm.tm_year + 1900,
-			 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(tv.tv_usec / 1000),
-			 log_role);
+	                 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+	                 (int)(tv.tv_usec / 1000), log_role);
 	if (log_rank >= 0)
 		n += snprintf(line + n, sizeof(line) - (size_t)n, "/%d", log_rank);
 	n += snprintf(line + n, sizeof(line) - (size_t)n, " %d %s %s: ", (int)getpid(),
-		      tags[level < 0 ? 0 : level > 3 ? 3 : level], module);
+	              tags[level < 0   ? 0
+	                   : level > 3 ? 3
+	                               : level],
+	              module);
 	va_list ap;
 	va_start(ap, fmt);
 	if (n < (int)sizeof(line))

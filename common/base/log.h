@@ -13,10 +13,10 @@ void log_init(const char *role, int rank);
 int log_parse_level(const char *s); /* "error|warn|info|debug" -> level, -1 if unknown */
 void log_write(int level, const char *module, const char *fmt, ...) TD_PRINTF(3, 4);
 
-#define LOG_AT(lvl, mod, ...)                                                                   \
-	do {                                                                                    \
-		if ((lvl) <= log_level_max)                                                     \
-			log_write((lvl), (mod), __VA_ARGS__);                                   \
+#define LOG_AT(lvl, mod, ...)                                                                                \
+	do {                                                                                                 \
+		if ((lvl) <= log_level_max)                                                                  \
+			log_write((lvl), (mod), __VA_ARGS__);                                                \
 	} while (0)
 #define LOG_ERROR(mod, ...) LOG_AT(LOG_LVL_ERROR, mod, __VA_ARGS__)
 #define LOG_WARN(mod, ...) LOG_AT(LOG_LVL_WARN, mod, __VA_ARGS__)
@@ -24,10 +24,10 @@ void log_write(int level, const char *module, const char *fmt, ...) TD_PRINTF(3,
 #define LOG_DEBUG(mod, ...) LOG_AT(LOG_LVL_DEBUG, mod, __VA_ARGS__)
 
 /* Broken invariant: print file:line and abort. Always on (not compiled out). */
-#define TD_ASSERT(cond)                                                                         \
-	do {                                                                                    \
-		if (!(cond))                                                                    \
-			td_assert_fail(#cond, __FILE__, __LINE__);                              \
+#define TD_ASSERT(cond)                                                                                      \
+	do {                                                                                                 \
+		if (!(cond))                                                                                 \
+			td_assert_fail(#cond, __FILE__, __LINE__);                                           \
 	} while (0)
 __attribute__((noreturn)) void td_assert_fail(const char *what, const char *file, int line);
 

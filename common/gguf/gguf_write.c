@@ -370,9 +370,9 @@ static int put_zeros(FILE *f, size_t n)
 static int write_tensor_data(struct gguf_writer *w, FILE *f, const struct wtensor *t, struct errbuf *e)
 {
 	if (w->sparse_min && t->nbytes >= w->sparse_min) /* a hole: reads as zeros, takes no disk */
-		return fseeko(f, (off_t)t->nbytes, SEEK_CUR) ? errbuf_set(e, -EIO, "tensor '%s': seek failed",
-		                                                          t->name)
-		                                             : 0;
+		return fseeko(f, (off_t)t->nbytes, SEEK_CUR)
+		           ? errbuf_set(e, -EIO, "tensor '%s': seek failed", t->name)
+		           : 0;
 	if (t->data)
 		return put(f, t->data, t->nbytes) ? errbuf_set(e, -EIO, "tensor '%s': write failed", t->name)
 		                                  : 0;

@@ -66,16 +66,16 @@ struct model_backend_ops {
 	void (*embed)(void *ctx, float *h, int64_t D);
 	/* cs[i] = cos/sin table of token i's position (R values, kcpu_rope_cs layout) */
 	void (*rope_tables)(void *ctx, float *cs, int64_t R);
-	void (*rmsnorm)(void *ctx, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int64_t n,
-	                int64_t n_rows, float eps);
+	void (*rmsnorm)(void *ctx, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
+	                int64_t n, int64_t n_rows, float eps);
 	void (*layernorm)(void *ctx, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
 	                  const float *bias, int64_t n, int64_t n_rows, float eps);
 	/* y[t][r] = dot(W row r, x[t]) for t < n_tok, r < n_out (y rows are n_out wide) */
-	void (*matmul)(void *ctx, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok, float *y,
-	               int64_t n_out);
+	void (*matmul)(void *ctx, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok,
+	               float *y, int64_t n_out);
 	/* rotates x[t * ldx + h * head_stride + 0 .. R) by token t's cs row, t < n_rows, h < n_heads */
-	void (*rope)(void *ctx, float *x, int64_t ldx, int64_t n_rows, int64_t n_heads, int64_t head_stride, int64_t R,
-	             const float *cs, int pairing);
+	void (*rope)(void *ctx, float *x, int64_t ldx, int64_t n_rows, int64_t n_heads, int64_t head_stride,
+	             int64_t R, const float *cs, int pairing);
 	void (*scale)(void *ctx, float *x, int64_t n, float s); /* x *= s */
 	void (*swiglu)(void *ctx, float *y, const float *gate, const float *up, int64_t n);
 	void (*add)(void *ctx, float *y, const float *x, int64_t n); /* y += x */
@@ -92,7 +92,8 @@ struct model_backend_ops {
 	                 const int32_t *sel, const int32_t *nsel, float *o);
 	/* routed (this rank's F slice) + shared experts of a MoE layer: part (n x D) = sum of the
 	 * weighted expert outputs; ids / wts (n x k) receive the routing (debug hooks). */
-	void (*moe)(void *ctx, const struct layer_w *L, const float *a, float *part, int32_t *ids, float *wts);
+	void (*moe)(void *ctx, const struct layer_w *L, const float *a, float *part, int32_t *ids,
+	            float *wts);
 	/* dst row j = src row rows_host[j] (width values), j < n */
 	void (*gather_rows)(void *ctx, float *dst, const float *src, int64_t width, const int32_t *rows_host,
 	                    int64_t n);

@@ -66,7 +66,8 @@ static int cpu_begin(void *ctx, const struct model_batch *b, struct model_kv *kv
 	c->b = b;
 	c->kv = kv;
 	c->st = *st;
-	int64_t n = st->n, D = hp->D, C = hp->C, R = hp->R, Hl = rk->Hl, E = hp->n_expert, k = hp->n_expert_used;
+	int64_t n = st->n, D = hp->D, C = hp->C, R = hp->R, Hl = rk->Hl, E = hp->n_expert,
+	        k = hp->n_expert_used;
 	int nthr = kpool_n_threads(rk->pool);
 	int64_t E1 = E > 0 ? E : 1, k1 = k > 0 ? k : 1;
 	int64_t fw = rk->fel > rk->fsl ? rk->fel : rk->fsl;
@@ -119,8 +120,8 @@ static void cpu_embed(void *ctx, float *h, int64_t D)
 
 /* Every weight product of the CPU backend goes through here: exact kcpu_matmul, or the opt-in
  * approximate int8-activation path (model_opts.fast_matmul). */
-static void mm(const struct be_cpu *c, struct kpool *pool, const struct kweight *w, const float *x, int64_t ldx,
-               int64_t n_tok, float *y, int64_t ldy)
+static void mm(const struct be_cpu *c, struct kpool *pool, const struct kweight *w, const float *x,
+               int64_t ldx, int64_t n_tok, float *y, int64_t ldy)
 {
 	if (c->m->opts.fast_matmul)
 		kcpu_matmul_fast(pool, w, x, ldx, n_tok, y, ldy);
@@ -139,8 +140,8 @@ static void cpu_rope_tables(void *ctx, float *cs, int64_t R)
 		kcpu_rope_cs(inv, R / 2, c->b->pos[i], cs + i * R);
 }
 
-static void cpu_rmsnorm(void *ctx, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int64_t n,
-                        int64_t n_rows, float eps)
+static void cpu_rmsnorm(void *ctx, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
+                        int64_t n, int64_t n_rows, float eps)
 {
 	(void)ctx;
 	kcpu_rmsnorm(y, ldy, x, ldx, w, n, n_rows, eps);
@@ -153,8 +154,8 @@ static void cpu_layernorm(void *ctx, float *y, int64_t ldy, const float *x, int6
 	kcpu_layernorm(y, ldy, x, ldx, w, bias, n, n_rows, eps);
 }
 
-static void cpu_matmul(void *ctx, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok, float *y,
-                       int64_t n_out)
+static void cpu_matmul(void *ctx, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok,
+                       float *y, int64_t n_out)
 {
 	struct be_cpu *c = ctx;
 	mm(c, c->rk->pool, w, x, ldx, n_tok, y, n_out);
@@ -262,7 +263,8 @@ static void attn_task(void *user, int64_t i0, int64_t i1, int thread)
 		/* absorbed query: q_abs[c] = sum_n W_UK[n][c] q_n[n] (attn_k_b row c of this head) */
 		struct kweight kb = kweight3_at(&L->k_b, hh);
 		for (int64_t cc = 0; cc < C; cc++)
-			qa[cc] = kcpu_dot_row(kb.type, (const char *)kb.data + (size_t)cc * kb.row_bytes, qn, N);
+			qa[cc] =
+			    kcpu_dot_row(kb.type, (const char *)kb.data + (size_t)cc * kb.row_bytes, qn, N);
 		memcpy(qa + C, qn + N, (size_t)R * sizeof(float));
 		kcpu_rope(qa + C, R, f->cs + i * R, hp->rope_main);
 		int nk;
@@ -281,7 +283,8 @@ static void attn_task(void *user, int64_t i0, int64_t i1, int thread)
 		struct kweight vb = kweight3_at(&L->v_b, hh);
 		float *oo = f->o + i * Hl * V + hh * V;
 		for (int64_t v = 0; v < V; v++)
-			oo[v] = kcpu_dot_row(vb.type, (const char *)vb.data + (size_t)v * vb.row_bytes, ob, C);
+			oo[v] =
+			    kcpu_dot_row(vb.type, (const char *)vb.data + (size_t)v * vb.row_bytes, ob, C);
 	}
 }
 
@@ -302,9 +305,9 @@ static void index_scores(struct fwd *f, int64_t i, int t0, int t1, float *sc, co
 	int slot = hp->idx_slot[f->layer];
 	for (int t = t0; t < t1; t++)
 		keys[t - t0] = idx_row(c->kv, s, slot, t);
-	kcpu_indexer_scores(f->qI + i * hp->idx_H * hp->idx_D, f->wI + i * hp->idx_H, hp->idx_H, hp->idx_D, keys,
-	                    t1 - t0, c->kv->layout.dtype == MODEL_KV_BF16, 1.0f / sqrtf((float)hp->idx_D),
-	                    sc + t0);
+	kcpu_indexer_scores(f->qI + i * hp->idx_H * hp->idx_D, f->wI + i * hp->idx_H, hp->idx_H, hp->idx_D,
+	                    keys, t1 - t0, c->kv->layout.dtype == MODEL_KV_BF16,
+	                    1.0f / sqrtf((float)hp->idx_D), sc + t0);
 }
 
 /* many tokens: one task per token (scores into thread scratch or isc, then its top-k) */
@@ -413,8 +416,8 @@ static void cpu_moe(void *ctx, const struct layer_w *L, const float *a, float *p
 	kcpu_matmul(rk->pool, &L->gate_inp, a, D, n, c->rl, E); /* router: always exact fp32 */
 	for (int64_t i = 0; i < n; i++)
 		kcpu_moe_route(c->rl + i * E, L->exp_bias, (int)E, (int)k, hp->n_group, hp->n_group_used,
-		               hp->gating_func, hp->expert_weights_norm, hp->expert_weights_scale, ids + i * k,
-		               wts + i * k, c->rscr);
+		               hp->gating_func, hp->expert_weights_norm, hp->expert_weights_scale,
+		               ids + i * k, wts + i * k, c->rscr);
 	memset(part, 0, (size_t)(n * D) * sizeof(float));
 	/* group the (token, weight) pairs by expert (counting sort) */
 	memset(eoff, 0, sizeof(int32_t) * (size_t)(E + 1));

@@ -66,17 +66,17 @@ struct be_cuda {
 	double up_total, up_done, up_t0, up_last;
 };
 
-#define CK(x)                                                                                               \
-	do {                                                                                                \
-		int rc_ = (x);                                                                              \
-		if (rc_ && !c->err)                                                                         \
-			c->err = rc_;                                                                       \
+#define CK(x)                                                                                                \
+	do {                                                                                                 \
+		int rc_ = (x);                                                                               \
+		if (rc_ && !c->err)                                                                          \
+			c->err = rc_;                                                                        \
 	} while (0)
 /* ops record into the graph while capturing and do nothing while replaying */
-#define SKIP_REPLAY(c)                                                                                      \
-	do {                                                                                                \
-		if ((c)->mode == 2)                                                                         \
-			return;                                                                             \
+#define SKIP_REPLAY(c)                                                                                       \
+	do {                                                                                                 \
+		if ((c)->mode == 2)                                                                          \
+			return;                                                                              \
 	} while (0)
 
 static double now_s(void)
@@ -173,8 +173,8 @@ static int up_mats(struct upl *u, const struct kweight *h, size_t mat_bytes, int
 			rc = up_bytes(u, p + (size_t)i * per, src, per);
 		else
 			for (int64_t r = 0; r < h->n_out && !rc; r++)
-				rc = up_bytes(u, p + (size_t)i * per + (size_t)r * rb, src + (size_t)r * h->row_bytes,
-				              rb);
+				rc = up_bytes(u, p + (size_t)i * per + (size_t)r * rb,
+				              src + (size_t)r * h->row_bytes, rb);
 	}
 	return rc ? errbuf_set(u->e, rc, "cuda: weight upload failed") : 0;
 }
@@ -224,12 +224,13 @@ static int upload_all(struct upl *u)
 		const struct layer_w *H = &rk->layers[l];
 		struct layer_w *L = &c->dl[l];
 		*L = *H;
-		if ((rc = up_vec(u, H->attn_norm, D, &L->attn_norm)) || (rc = up_vec(u, H->ffn_norm, D, &L->ffn_norm)) ||
+		if ((rc = up_vec(u, H->attn_norm, D, &L->attn_norm)) ||
+		    (rc = up_vec(u, H->ffn_norm, D, &L->ffn_norm)) ||
 		    (rc = up_vec(u, H->q_a_norm, hp->Cq, &L->q_a_norm)) ||
-		    (rc = up_vec(u, H->kv_a_norm, hp->C, &L->kv_a_norm)) || (rc = up_w(u, &H->q_a, &L->q_a)) ||
-		    (rc = up_w(u, &H->kv_a, &L->kv_a)) || (rc = up_w(u, &H->q_b, &L->q_b)) ||
-		    (rc = up_w3(u, &H->k_b, &L->k_b)) || (rc = up_w3(u, &H->v_b, &L->v_b)) ||
-		    (rc = up_w(u, &H->o, &L->o)))
+		    (rc = up_vec(u, H->kv_a_norm, hp->C, &L->kv_a_norm)) ||
+		    (rc = up_w(u, &H->q_a, &L->q_a)) || (rc = up_w(u, &H->kv_a, &L->kv_a)) ||
+		    (rc = up_w(u, &H->q_b, &L->q_b)) || (rc = up_w3(u, &H->k_b, &L->k_b)) ||
+		    (rc = up_w3(u, &H->v_b, &L->v_b)) || (rc = up_w(u, &H->o, &L->o)))
 			return rc;
 		if (H->has_idx &&
 		    ((rc = up_w(u, &H->idx_q_b, &L->idx_q_b)) || (rc = up_w(u, &H->idx_k, &L->idx_k)) ||
@@ -238,18 +239,20 @@ static int upload_all(struct upl *u)
 		     (rc = up_vec(u, H->idx_knorm_b, hp->idx_D, &L->idx_knorm_b))))
 			return rc;
 		if (!H->moe) {
-			if ((rc = up_w(u, &H->ffn_gate, &L->ffn_gate)) || (rc = up_w(u, &H->ffn_up, &L->ffn_up)) ||
+			if ((rc = up_w(u, &H->ffn_gate, &L->ffn_gate)) ||
+			    (rc = up_w(u, &H->ffn_up, &L->ffn_up)) ||
 			    (rc = up_w(u, &H->ffn_down, &L->ffn_down)))
 				return rc;
 		} else {
 			if ((rc = up_w(u, &H->gate_inp, &L->gate_inp)) ||
 			    (rc = up_vec(u, H->exp_bias, hp->n_expert, &L->exp_bias)) ||
-			    (rc = up_w3(u, &H->gate_exps, &L->gate_exps)) || (rc = up_w3(u, &H->up_exps, &L->up_exps)) ||
+			    (rc = up_w3(u, &H->gate_exps, &L->gate_exps)) ||
+			    (rc = up_w3(u, &H->up_exps, &L->up_exps)) ||
 			    (rc = up_w3(u, &H->down_exps, &L->down_exps)))
 				return rc;
-			if (H->has_shexp &&
-			    ((rc = up_w(u, &H->sh_gate, &L->sh_gate)) || (rc = up_w(u, &H->sh_up, &L->sh_up)) ||
-			     (rc = up_w(u, &H->sh_down, &L->sh_down))))
+			if (H->has_shexp && ((rc = up_w(u, &H->sh_gate, &L->sh_gate)) ||
+			                     (rc = up_w(u, &H->sh_up, &L->sh_up)) ||
+			                     (rc = up_w(u, &H->sh_down, &L->sh_down))))
 				return rc;
 		}
 	}
@@ -384,8 +387,8 @@ static void cu_rope_tables(void *ctx, float *cs, int64_t R)
 	(void)R;
 }
 
-static void cu_rmsnorm(void *ctx, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int64_t n,
-                       int64_t n_rows, float eps)
+static void cu_rmsnorm(void *ctx, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
+                       int64_t n, int64_t n_rows, float eps)
 {
 	struct be_cuda *c = ctx;
 	SKIP_REPLAY(c);
@@ -413,12 +416,13 @@ static bool fp32_product(const struct be_cuda *c, const struct kweight *w)
 	return w == &L->idx_q_b || w == &L->idx_k || w == &L->idx_proj;
 }
 
-static void cu_matmul(void *ctx, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok, float *y,
-                      int64_t n_out)
+static void cu_matmul(void *ctx, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok,
+                      float *y, int64_t n_out)
 {
 	struct be_cuda *c = ctx;
 	SKIP_REPLAY(c);
-	CK(kcuda_matmul_path(c->kc, fp32_product(c, w) ? KCUDA_MM_F32 : KCUDA_MM_AUTO, w, x, ldx, n_tok, y, n_out));
+	CK(kcuda_matmul_path(c->kc, fp32_product(c, w) ? KCUDA_MM_F32 : KCUDA_MM_AUTO, w, x, ldx, n_tok, y,
+	                     n_out));
 }
 
 static void cu_rope(void *ctx, float *x, int64_t ldx, int64_t n_rows, int64_t n_heads, int64_t head_stride,
@@ -491,12 +495,13 @@ static void cu_indexer(void *ctx, int layer, const float *qI, const float *wI, i
 	                               .max_keys = c->st.max_keys};
 	float sc = 1.0f / sqrtf((float)hp->idx_D);
 	if (scores) {
-		CK(kcuda_indexer_scores(c->kc, &v, &rows, qI, wI, hp->idx_H, hp->idx_D, sc, scores, c->st.max_keys));
-		CK(kcuda_topk_idx(c->kc, scores, c->st.max_keys, c->st.n, c->d_nk, 0, (int)c->st.K, sel, c->st.K,
-		                  nsel));
+		CK(kcuda_indexer_scores(c->kc, &v, &rows, qI, wI, hp->idx_H, hp->idx_D, sc, scores,
+		                        c->st.max_keys));
+		CK(kcuda_topk_idx(c->kc, scores, c->st.max_keys, c->st.n, c->d_nk, 0, (int)c->st.K, sel,
+		                  c->st.K, nsel));
 	} else {
-		CK(kcuda_indexer_topk(c->kc, &v, &rows, qI, wI, hp->idx_H, hp->idx_D, sc, (int)c->st.K, sel, c->st.K,
-		                      nsel));
+		CK(kcuda_indexer_topk(c->kc, &v, &rows, qI, wI, hp->idx_H, hp->idx_D, sc, (int)c->st.K, sel,
+		                      c->st.K, nsel));
 	}
 }
 
@@ -514,7 +519,8 @@ static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const flo
 		CK(kcuda_matmul(c->kc, &kb, q + hh * NR, Hl * NR, n, c->qabs + hh * (C + R), Hl * (C + R)));
 	}
 	CK(kfwd_copy2d(c->kc, c->qabs + C, C + R, q + N, NR, R, n * Hl));
-	CK(kcuda_rope(c->kc, c->qabs + C, Hl * (C + R), n, Hl, C + R, R, c->d_inv, c->d_pos, hp->rope_main, 1.0f));
+	CK(kcuda_rope(c->kc, c->qabs + C, Hl * (C + R), n, Hl, C + R, R, c->d_inv, c->d_pos, hp->rope_main,
+	              1.0f));
 	struct kcuda_kv_view v = kv_view(c, (size_t)layer * c->kv->layout.lat_layer_bytes, C + R);
 	struct kcuda_attn_rows rows = {.n_q = n,
 	                               .qseq = c->d_seq,
@@ -576,7 +582,9 @@ static int capture_failed(struct be_cuda *c)
 	kfwd_graph_destroy(ex);
 	c->mode = 0;
 	c->broken[c->gb][c->gc] = true;
-	LOG_WARN("model", "cuda: decode graph capture failed for batch bucket %d, context bucket %d (%s); that bucket runs eagerly",
+	LOG_WARN("model",
+	         "cuda: decode graph capture failed for batch bucket %d, context bucket %d (%s); that bucket "
+	         "runs eagerly",
 	         1 << c->gb, 256 << c->gc, err_name(c->err));
 	return -EAGAIN;
 }
@@ -642,8 +650,9 @@ static int cu_to_host(void *ctx, void *dst_host, const void *src, size_t bytes)
 			kfwd_graph_destroy(ex);
 			c->mode = 0;
 			c->broken[c->gb][c->gc] = true;
-			LOG_WARN("model", "cuda: decode graph capture failed for batch bucket %d, context bucket %d; "
-			                  "that bucket runs eagerly",
+			LOG_WARN("model",
+			         "cuda: decode graph capture failed for batch bucket %d, context bucket %d; "
+			         "that bucket runs eagerly",
 			         1 << c->gb, 256 << c->gc);
 			c->err = 0;
 			return -EAGAIN;
@@ -660,7 +669,8 @@ static int cu_to_host(void *ctx, void *dst_host, const void *src, size_t bytes)
 	int rc = kcuda_download(c->kc, dst_host, src, bytes);
 	unsigned bad = 0;
 	if (!rc && !kcuda_ctx_take_errors(c->kc, &bad) && bad)
-		rc = ERR_FORMAT; /* a kernel met an out-of-range id or block (batch was checked on the host) */
+		rc =
+		    ERR_FORMAT; /* a kernel met an out-of-range id or block (batch was checked on the host) */
 	return rc;
 }
 
@@ -713,7 +723,8 @@ static const struct model_backend_ops cuda_ops = {
     .destroy = cu_destroy,
 };
 
-int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct model_backend *out, struct errbuf *e)
+int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct model_backend *out,
+                              struct errbuf *e)
 {
 	const struct model_hparams *hp = &m->hp;
 	const struct model_opts *o = &m->opts;
@@ -763,22 +774,25 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 	int64_t T = c->max_tok, n_in = 5 * T + c->max_seqs * c->max_blk;
 	float inv[1024];
 	if (hp->R / 2 > 1024) {
-		rc = errbuf_set(e, ERR_UNSUPPORTED, "backend cuda: RoPE dim %lld too large", (long long)hp->R);
+		rc =
+		    errbuf_set(e, ERR_UNSUPPORTED, "backend cuda: RoPE dim %lld too large", (long long)hp->R);
 		goto fail;
 	}
 	kcpu_rope_freqs(inv, hp->R, hp->rope_theta, hp->yarn ? hp->yarn_factor : 1.0f, hp->yarn_orig_ctx,
 	                hp->yarn_beta_fast, hp->yarn_beta_slow);
 	int64_t C = hp->C, R = hp->R, D = hp->D, Hl = rk->Hl, E = hp->n_expert > 0 ? hp->n_expert : 1;
 	size_t ws = model_rank_ws_bytes(m, rk, T, (int)c->max_ctx, T, hp->has_indexer);
-	size_t scratch = sizeof(float) * (size_t)(T * Hl * (C + R) + T * Hl * C + T * E + T * D + 2 * T * rk->fsl);
+	size_t scratch =
+	    sizeof(float) * (size_t)(T * Hl * (C + R) + T * Hl * C + T * E + T * D + 2 * T * rk->fsl);
 	size_t fr = 0, tot = 0;
 	float frac = o->mem_fraction > 0 ? o->mem_fraction : 0.9f;
 	if (kfwd_mem_info(&fr, &tot) == 0 && (double)(ws + scratch) > frac * (double)fr) {
-		rc = errbuf_set(e, ERR_LIMIT,
-		                "backend cuda: workspaces for max_tokens %lld / max_ctx %lld need %.2f GB, more than "
-		                "%.0f%% of the %.2f GB free",
-		                (long long)T, (long long)c->max_ctx, (double)(ws + scratch) / 1e9, frac * 100,
-		                (double)fr / 1e9);
+		rc = errbuf_set(
+		    e, ERR_LIMIT,
+		    "backend cuda: workspaces for max_tokens %lld / max_ctx %lld need %.2f GB, more than "
+		    "%.0f%% of the %.2f GB free",
+		    (long long)T, (long long)c->max_ctx, (double)(ws + scratch) / 1e9, frac * 100,
+		    (double)fr / 1e9);
 		goto fail;
 	}
 	c->h_in = malloc(sizeof(int32_t) * (size_t)n_in);
@@ -805,10 +819,12 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 		goto fail;
 	}
 	if (!o->quiet)
-		LOG_INFO("model", "cuda backend on device %d: workspace %.1f MB + %.1f MB for %lld tokens, %lld sequences, "
-		                  "%lld positions%s",
-		         o->device, ws / 1e6, scratch / 1e6, (long long)T, (long long)c->max_seqs,
-		         (long long)c->max_ctx, o->graphs ? "; decode graphs on" : "");
+		LOG_INFO(
+		    "model",
+		    "cuda backend on device %d: workspace %.1f MB + %.1f MB for %lld tokens, %lld sequences, "
+		    "%lld positions%s",
+		    o->device, ws / 1e6, scratch / 1e6, (long long)T, (long long)c->max_seqs,
+		    (long long)c->max_ctx, o->graphs ? "; decode graphs on" : "");
 	out->ops = &cuda_ops;
 	out->ctx = c;
 	return 0;

@@ -32,8 +32,8 @@ struct fws {
 	int32_t *sel, *nsel, *ids;
 };
 
-static size_t ws_layout(const struct model *m, const struct model_rank *rk, int64_t n, int max_keys, int64_t n_out,
-                        bool dbg_idx, void *base, struct fws *w)
+static size_t ws_layout(const struct model *m, const struct model_rank *rk, int64_t n, int max_keys,
+                        int64_t n_out, bool dbg_idx, void *base, struct fws *w)
 {
 	const struct model_hparams *hp = &m->hp;
 	int64_t D = hp->D, C = hp->C, R = hp->R, NR = hp->N + hp->R, Hl = rk->Hl, V = hp->V;
@@ -140,8 +140,8 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 	}
 	ws_layout(m, rk, n, max_keys, n_out_c, dbg_idx, wsp, &w);
 	float *h = w.h, *a = w.a, *cq = w.cq, *q = w.q, *kvl = w.kvl, *o = w.o, *part = w.part, *qI = w.qI,
-	      *kI = w.kI, *wI = w.wI, *t1 = w.t1, *t2 = w.t2, *wts = w.wts, *xs = w.xs, *cs = w.cs, *lg = w.lg,
-	      *lgg = w.lgg, *dsc = w.dsc;
+	      *kI = w.kI, *wI = w.wI, *t1 = w.t1, *t2 = w.t2, *wts = w.wts, *xs = w.xs, *cs = w.cs,
+	      *lg = w.lg, *lgg = w.lgg, *dsc = w.dsc;
 	int32_t *sel = w.sel, *nsel = w.nsel, *ids = w.ids;
 	const struct mbe_weights *W = be->weights(bc);
 
@@ -166,7 +166,8 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 		if (L->has_idx) {
 			be->matmul(bc, &L->idx_q_b, cq, hp->Cq, n, qI, HI * DI);
 			be->matmul(bc, &L->idx_k, a, D, n, kI, DI);
-			be->layernorm(bc, kI, DI, kI, DI, L->idx_knorm_w, L->idx_knorm_b, DI, n, hp->idx_norm_eps);
+			be->layernorm(bc, kI, DI, kI, DI, L->idx_knorm_w, L->idx_knorm_b, DI, n,
+			              hp->idx_norm_eps);
 			be->matmul(bc, &L->idx_proj, a, D, n, wI, HI);
 			be->rope(bc, qI, HI * DI, n, HI, DI, R, cs, hp->rope_idx);
 			be->scale(bc, wI, n * HI, 1.0f / sqrtf((float)HI));
@@ -189,7 +190,8 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 					goto out;
 				}
 				memcpy(sc_h, hs, (size_t)n * (size_t)max_keys * 4);
-				memcpy(sel_h, be->host_view(bc, sel, (size_t)(n * K) * 4), (size_t)(n * K) * 4);
+				memcpy(sel_h, be->host_view(bc, sel, (size_t)(n * K) * 4),
+				       (size_t)(n * K) * 4);
 				memcpy(sel_h + n * K, be->host_view(bc, nsel, (size_t)n * 4), (size_t)n * 4);
 				for (int64_t i = 0; i < n; i++)
 					dbg->indexer_cb(dbg->user, l, (int)i, b->pos[i], b->pos[i] + 1,
@@ -218,9 +220,11 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 					rc = -ENOMEM;
 					goto out;
 				}
-				memcpy(ids_h, be->host_view(bc, ids, (size_t)(n * k) * 4), (size_t)(n * k) * 4);
+				memcpy(ids_h, be->host_view(bc, ids, (size_t)(n * k) * 4),
+				       (size_t)(n * k) * 4);
 				float *wts_h = (float *)(ids_h + n * k);
-				memcpy(wts_h, be->host_view(bc, wts, (size_t)(n * k) * 4), (size_t)(n * k) * 4);
+				memcpy(wts_h, be->host_view(bc, wts, (size_t)(n * k) * 4),
+				       (size_t)(n * k) * 4);
 				dbg->moe_cb(dbg->user, l, (int)n, (int)k, ids_h, wts_h);
 				free(ids_h);
 			}
@@ -253,7 +257,8 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 		for (int r = 0; r < m->T && !rc; r++)
 			for (int64_t jj = 0; jj < n_out && !rc; jj++)
 				rc = be->to_host(bc, rk->logits + jj * hp->vocab + r * rk->vl,
-				                 lgg + ((size_t)r * (size_t)n_out_c + (size_t)jj) * (size_t)rk->vl,
+				                 lgg + ((size_t)r * (size_t)n_out_c + (size_t)jj) *
+				                           (size_t)rk->vl,
 				                 (size_t)rk->vl * sizeof(float));
 out:
 	free(out_rows);

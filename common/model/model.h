@@ -15,8 +15,8 @@
  * Threading: a struct model is used by one caller thread at a time (model_forward runs its own
  * workers: with TP=T as threads, ranks 1..T-1 are persistent threads started by the first forward,
  * and every rank has its own kpool). The batch is validated before anything runs; errors name
- * the bad token / position / block. See docs/MODEL.md for the decisions behind the numerics. Weights are used straight from the
- * GGUF mapping (no copy); the struct gguf_ctx stays open until model_destroy().
+ * the bad token / position / block. See docs/MODEL.md for the decisions behind the numerics. Weights are used
+ * straight from the GGUF mapping (no copy); the struct gguf_ctx stays open until model_destroy().
  */
 #ifndef TANDEM_MODEL_MODEL_H
 #define TANDEM_MODEL_MODEL_H
@@ -214,8 +214,8 @@ static inline void *model_kv_block_ptr(const struct model_kv *kv, int64_t b)
 	return (char *)kv->base + (size_t)b * kv->layout.block_bytes;
 }
 
-/* mem == NULL: allocate (zeroed; on the device with the CUDA backend). Otherwise mem (mem_bytes >= n_blocks * block_bytes, 64-byte
- * alignment recommended) is borrowed. */
+/* mem == NULL: allocate (zeroed; on the device with the CUDA backend). Otherwise mem (mem_bytes >= n_blocks *
+ * block_bytes, 64-byte alignment recommended) is borrowed. */
 int model_kv_init(struct model_kv *kv, const struct model *m, int64_t n_blocks, void *mem, size_t mem_bytes,
                   struct errbuf *e) TD_MUST_CHECK;
 void model_kv_fini(struct model_kv *kv);
@@ -237,7 +237,7 @@ struct model_batch {
 	const int32_t *seq; /* index into seqs */
 	const int32_t *pos;
 	const uint8_t *logits; /* 1 = output logits for this token; NULL = only the last token */
-	int n_seqs;            /* seqs may list sequences that have no token in this batch */
+	int n_seqs; /* seqs may list sequences that have no token in this batch */
 	const struct model_seq *seqs;
 };
 

@@ -62,9 +62,10 @@ static int check_batch(const struct model *m, const struct model_kv *kv, const s
 	if (o->max_ctx > 0)
 		for (int i = 0; i < b->n_tokens; i++)
 			if (b->pos[i] >= o->max_ctx)
-				return errbuf_set(e, ERR_LIMIT,
-				                  "batch: token %d at position %d, beyond the configured max_ctx %d", i,
-				                  b->pos[i], o->max_ctx);
+				return errbuf_set(
+				    e, ERR_LIMIT,
+				    "batch: token %d at position %d, beyond the configured max_ctx %d", i,
+				    b->pos[i], o->max_ctx);
 	if (kv->on_device != (m->opts.backend == MODEL_BACKEND_CUDA))
 		return errbuf_set(e, ERR_MISMATCH, "batch: KV pool is %s memory, the backend is %s",
 		                  kv->on_device ? "device" : "host",

@@ -169,9 +169,11 @@ int kvx_create(struct kvx **out, const struct kvx_opts *o, struct errbuf *e)
 	ucp_config_release(cfg);
 	summarize_resources(x);
 	if (x->want_rdma && !is_rdma_name(x->transports))
-		LOG_WARN("kvx", "*** RDMA was configured but UCX offers no RDMA transport (only: %s): KV transfers will "
-		                "use a slower one (check UCX_TLS / UCX_NET_DEVICES and the RDMA devices) ***",
-		         x->transports);
+		LOG_WARN(
+		    "kvx",
+		    "*** RDMA was configured but UCX offers no RDMA transport (only: %s): KV transfers will "
+		    "use a slower one (check UCX_TLS / UCX_NET_DEVICES and the RDMA devices) ***",
+		    x->transports);
 	*out = x;
 	return 0;
 
@@ -238,8 +240,9 @@ static void peer_drop(struct kvx *x, struct kvx_peer *p)
 		} else if (x->n_parked < x->cap_parked ||
 		           (x->parked = realloc_rkeys(x->parked, &x->cap_parked)) != NULL) {
 			x->parked[x->n_parked++] = p->rkey;
-			LOG_WARN("kvx", "UCX endpoint close to a failed decode worker still in progress after "
-			                "1 s: its remote key is kept until exit");
+			LOG_WARN("kvx",
+			         "UCX endpoint close to a failed decode worker still in progress after "
+			         "1 s: its remote key is kept until exit");
 		} else {
 			x->cap_parked = x->n_parked = 0; /* out of memory: leak the key rather than free it */
 		}

@@ -33,11 +33,11 @@ struct kvx_opts {
 	const char *tls; /* UCX_TLS override ("tcp", "sm,self", ...); NULL/"" = UCX default/env */
 	const char *net_devices; /* UCX_NET_DEVICES override ("lo", "mlx5_0:1"); NULL = default/env */
 	bool want_rdma; /* warn loudly when an endpoint ends up without an RDMA transport */
-	bool peer_failure;       /* ask UCX for peer-failure detection (keepalive, PEER error mode).
-				  * Off by default: UCX then refuses shared-memory transports, so
-				  * same-host transfers would go over tcp (6x slower here). Without it
-				  * a crashed peer is still reported (tcp reset) and every wait has
-				  * the flush deadline. */
+	bool peer_failure; /* ask UCX for peer-failure detection (keepalive, PEER error mode).
+	                    * Off by default: UCX then refuses shared-memory transports, so
+	                    * same-host transfers would go over tcp (6x slower here). Without it
+	                    * a crashed peer is still reported (tcp reset) and every wait has
+	                    * the flush deadline. */
 };
 
 int kvx_create(struct kvx **out, const struct kvx_opts *o, struct errbuf *e) TD_MUST_CHECK;

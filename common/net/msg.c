@@ -147,8 +147,8 @@ static int check_region(const struct msg_kv_region *r, const char *what, struct 
 	if (top > (unsigned __int128)UINT64_MAX)
 		return errbuf_set(e, ERR_PROTO, "%s: region extends past the 64-bit address space", what);
 	if (r->fence_addr &&
-	    ((r->fence_addr & 7) ||
-	     (unsigned __int128)r->fence_addr + (unsigned __int128)r->n_blocks * 8 > (unsigned __int128)UINT64_MAX))
+	    ((r->fence_addr & 7) || (unsigned __int128)r->fence_addr + (unsigned __int128)r->n_blocks * 8 >
+	                                (unsigned __int128)UINT64_MAX))
 		return errbuf_set(e, ERR_PROTO, "%s.fence_addr %#llx misaligned or past the address space",
 		                  what, (unsigned long long)r->fence_addr);
 	return 0;

@@ -261,7 +261,8 @@ int session_send(struct session *s, const struct msg *m, struct errbuf *e)
 	if (rc == ERR_LIMIT) {
 		/* A router that stopped reading: dropping this message (a token, a Finish) would leave the
 		 * request inconsistent, so treat the router as lost instead (on_lost frees everything). */
-		LOG_WARN("session", "router %s is not reading (%s); dropping the connection", s->addr, e ? e->msg : "");
+		LOG_WARN("session", "router %s is not reading (%s); dropping the connection", s->addr,
+		         e ? e->msg : "");
 		conn_close(s->c, "router not reading");
 	}
 	return rc;

@@ -146,7 +146,8 @@ extern "C" int kcuda_weight_upload(struct kcuda_ctx *c, const struct kweight *h,
 	if (!ti || !ti->compute || h->n_in <= 0 || h->n_out <= 0 || !ktype_row_bytes(h->type, h->n_in, &rb) ||
 	    rb != h->row_bytes)
 		return kcuda_bad_arg("weight_upload", "%s weight %lld x %lld with row_bytes %zu (want %zu)",
-		                     ktype_name(h->type), (long long)h->n_out, (long long)h->n_in, h->row_bytes, rb);
+		                     ktype_name(h->type), (long long)h->n_out, (long long)h->n_in,
+		                     h->row_bytes, rb);
 	if ((size_t)h->n_out > (SIZE_MAX - 16) / rb)
 		return ERR_LIMIT;
 	size_t bytes = rb * (size_t)h->n_out;

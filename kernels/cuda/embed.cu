@@ -60,10 +60,12 @@ extern "C" int kcuda_embed(struct kcuda_ctx *c, const struct kweight *w, const i
 	size_t rb = 0;
 	if (!c || !w || !w->data || !ids || !y || n_tok < 0 || n_tok > 65535 || ldy < w->n_in ||
 	    !ktype_row_bytes(w->type, w->n_in, &rb) || rb != w->row_bytes)
-		return kcuda_bad_arg("embed", "n_tok %lld (max 65535), ldy %lld, %s table n_in %lld row_bytes %zu (want %zu)%s",
-		                     (long long)n_tok, (long long)ldy, w ? ktype_name(w->type) : "-",
-		                     w ? (long long)w->n_in : 0LL, w ? w->row_bytes : 0, rb,
-		                     !c || !w || !w->data || !ids || !y ? ", or a null pointer" : "");
+		return kcuda_bad_arg(
+		    "embed",
+		    "n_tok %lld (max 65535), ldy %lld, %s table n_in %lld row_bytes %zu (want %zu)%s",
+		    (long long)n_tok, (long long)ldy, w ? ktype_name(w->type) : "-",
+		    w ? (long long)w->n_in : 0LL, w ? w->row_bytes : 0, rb,
+		    !c || !w || !w->data || !ids || !y ? ", or a null pointer" : "");
 	if (n_tok == 0)
 		return 0;
 	switch (w->type) {

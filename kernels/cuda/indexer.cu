@@ -127,11 +127,16 @@ static int idx_fill(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const s
 	if (!c || !kv || !rows || !q || !w || !kv->base || !rows->blocks || HI < 1 || DI < 1 ||
 	    kv->dim != DI || kv->block_tokens < 1 || kv->n_blocks < 0 || rows->n_q < 0 ||
 	    rows->ld_blocks < 1 || rows->max_keys < 0 || rows->sel)
-		return kcuda_bad_arg("indexer", "HI %lld DI %lld kv dim %lld block_tokens %d n_q %lld ld_blocks %lld max_keys %lld sel %s%s",
-		                     (long long)HI, (long long)DI, kv ? (long long)kv->dim : -1LL, kv ? (int)kv->block_tokens : -1,
-		                     rows ? (long long)rows->n_q : -1LL, rows ? (long long)rows->ld_blocks : -1LL,
-		                     rows ? (long long)rows->max_keys : -1LL, rows && rows->sel ? "set (not allowed)" : "null",
-		                     !c || !kv || !rows || !q || !w || !kv->base || !rows->blocks ? ", or a null pointer" : "");
+		return kcuda_bad_arg(
+		    "indexer",
+		    "HI %lld DI %lld kv dim %lld block_tokens %d n_q %lld ld_blocks %lld max_keys %lld sel "
+		    "%s%s",
+		    (long long)HI, (long long)DI, kv ? (long long)kv->dim : -1LL,
+		    kv ? (int)kv->block_tokens : -1, rows ? (long long)rows->n_q : -1LL,
+		    rows ? (long long)rows->ld_blocks : -1LL, rows ? (long long)rows->max_keys : -1LL,
+		    rows && rows->sel ? "set (not allowed)" : "null",
+		    !c || !kv || !rows || !q || !w || !kv->base || !rows->blocks ? ", or a null pointer"
+		                                                                 : "");
 	if (rows->max_keys > INT32_MAX / 2 || HI > 1024 || DI > 1024)
 		return ERR_LIMIT;
 	const size_t smem =
@@ -204,8 +209,8 @@ extern "C" int kcuda_indexer_scores(struct kcuda_ctx *c, const struct kcuda_kv_v
 	if (rc)
 		return rc;
 	if (!scores || ld < rows->max_keys)
-		return kcuda_bad_arg("indexer_scores", "scores %p, ld %lld < max_keys %lld", (void *)scores, (long long)ld,
-		                     (long long)rows->max_keys);
+		return kcuda_bad_arg("indexer_scores", "scores %p, ld %lld < max_keys %lld", (void *)scores,
+		                     (long long)ld, (long long)rows->max_keys);
 	a.scores = scores;
 	a.ld = ld;
 	return idx_launch(c, a, rows->n_q);
@@ -221,7 +226,8 @@ extern "C" int kcuda_indexer_topk(struct kcuda_ctx *c, const struct kcuda_kv_vie
 	if (rc)
 		return rc;
 	if (!sel || k < 0 || ld_sel < k)
-		return kcuda_bad_arg("indexer_topk", "sel %p, k %d, ld_sel %lld", (void *)sel, k, (long long)ld_sel);
+		return kcuda_bad_arg("indexer_topk", "sel %p, k %d, ld_sel %lld", (void *)sel, k,
+		                     (long long)ld_sel);
 	/* scores of as many rows as fit the workspace, then their top-k */
 	const int64_t ld = rows->max_keys > 0 ? rows->max_keys : 1;
 	const int64_t per = (int64_t)(c->ws_bytes / ((size_t)ld * sizeof(float)));

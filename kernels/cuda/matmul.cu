@@ -22,14 +22,16 @@ extern "C" int kcuda_matmul_path(struct kcuda_ctx *c, enum kcuda_mm_path path, c
 		return kcuda_bad_arg("matmul", "%s weight with n_in %lld has row_bytes %zu (want %zu)",
 		                     ktype_name(w->type), (long long)w->n_in, w->row_bytes, rb);
 	if (ldx < w->n_in || ldy < w->n_out)
-		return kcuda_bad_arg("matmul", "ldx %lld < n_in %lld or ldy %lld < n_out %lld", (long long)ldx,
-		                     (long long)w->n_in, (long long)ldy, (long long)w->n_out);
+		return kcuda_bad_arg("matmul", "ldx %lld < n_in %lld or ldy %lld < n_out %lld",
+		                     (long long)ldx, (long long)w->n_in, (long long)ldy, (long long)w->n_out);
 	if (path < KCUDA_MM_AUTO || path > KCUDA_MM_F32)
 		return kcuda_bad_arg("matmul", "unknown path %d", (int)path);
 	if (n_tok == 0)
 		return 0;
 	if (path == KCUDA_MM_AUTO)
-		path = n_tok <= GEMV_MAX_TOK ? KCUDA_MM_GEMV : w->type == KT_F32 ? KCUDA_MM_F32 : KCUDA_MM_GEMM;
+		path = n_tok <= GEMV_MAX_TOK ? KCUDA_MM_GEMV
+		       : w->type == KT_F32   ? KCUDA_MM_F32
+		                             : KCUDA_MM_GEMM;
 	if (path == KCUDA_MM_F32 && n_tok <= GEMV_MAX_TOK)
 		path = KCUDA_MM_GEMV; /* the GEMV is fp32 throughout and reads W once per 2 tokens */
 	if (path == KCUDA_MM_GEMM)

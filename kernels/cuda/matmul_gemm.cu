@@ -39,8 +39,8 @@ __global__ void dequant_pieces(const uint8_t *__restrict__ w, size_t row_bytes, 
 
 /* the same into an fp32 tile (fp32 GEMM): four 16-byte stores */
 template <int T>
-__global__ void dequant_pieces_f32(const uint8_t *__restrict__ w, size_t row_bytes, int64_t r0, int64_t n_rows,
-                                   int64_t n_pieces, float *__restrict__ dst)
+__global__ void dequant_pieces_f32(const uint8_t *__restrict__ w, size_t row_bytes, int64_t r0,
+                                   int64_t n_rows, int64_t n_pieces, float *__restrict__ dst)
 {
 	const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
 	if (i >= n_rows * n_pieces)
@@ -121,7 +121,8 @@ extern "C" int kcuda_dequant_bf16(struct kcuda_ctx *c, const struct kweight *w, 
                                   uint16_t *dst)
 {
 	if (!w || !w->data || r0 < 0 || n_rows < 0 || r0 > w->n_out || n_rows > w->n_out - r0)
-		return kcuda_bad_arg("dequant_bf16", "rows [%lld, +%lld) of a weight with %lld rows (or no data)",
+		return kcuda_bad_arg("dequant_bf16",
+		                     "rows [%lld, +%lld) of a weight with %lld rows (or no data)",
 		                     (long long)r0, (long long)n_rows, w ? (long long)w->n_out : -1LL);
 	if (n_rows == 0)
 		return 0;
@@ -190,7 +191,8 @@ int kcuda_gemm_launch(struct kcuda_ctx *c, const struct kweight *w, const float 
 
 /* ---- fp32 GEMM ----------------------------------------------------------------------------------- */
 template <int T>
-static int dequant_f32_type(struct kcuda_ctx *c, const struct kweight *w, int64_t r0, int64_t n_rows, float *dst)
+static int dequant_f32_type(struct kcuda_ctx *c, const struct kweight *w, int64_t r0, int64_t n_rows,
+                            float *dst)
 {
 	const int threads = 256;
 	if constexpr (T == KT_F16 || T == KT_BF16) {
@@ -198,8 +200,9 @@ static int dequant_f32_type(struct kcuda_ctx *c, const struct kweight *w, int64_
 		dequant_elems_f32<T><<<(unsigned)((n + threads - 1) / threads), threads, 0, c->stream>>>(
 		    (const uint8_t *)w->data, w->row_bytes, r0, n_rows, w->n_in, dst);
 	} else if constexpr (T == KT_F32) { /* only when misaligned for cuBLAS: a byte copy */
-		if (cudaMemcpy2DAsync(dst, (size_t)w->n_in * sizeof(float), (const char *)w->data + (size_t)r0 * w->row_bytes,
-		                      w->row_bytes, (size_t)w->n_in * sizeof(float), (size_t)n_rows,
+		if (cudaMemcpy2DAsync(dst, (size_t)w->n_in * sizeof(float),
+		                      (const char *)w->data + (size_t)r0 * w->row_bytes, w->row_bytes,
+		                      (size_t)w->n_in * sizeof(float), (size_t)n_rows,
 		                      cudaMemcpyDeviceToDevice, c->stream) != cudaSuccess)
 			return kcuda_launch_status("f32 tile copy");
 	} else {
@@ -256,13 +259,15 @@ int kcuda_gemm_f32_launch(struct kcuda_ctx *c, const struct kweight *w, const fl
 			wt = (const float *)c->ws;
 			ldw = n_in;
 		}
-		cublasStatus_t s = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)n_tok, (int)n_in, &one, wt,
-		                                CUDA_R_32F, (int)ldw, x, CUDA_R_32F, (int)ldx, &zero, y + r0,
-		                                CUDA_R_32F, (int)ldy, CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT);
-		if (s == CUBLAS_STATUS_NOT_SUPPORTED) /* plain fp32 SGEMM (the handle's default math: no TF32) */
-			s = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)n_tok, (int)n_in, &one, wt, CUDA_R_32F,
-			                 (int)ldw, x, CUDA_R_32F, (int)ldx, &zero, y + r0, CUDA_R_32F, (int)ldy,
-			                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+		cublasStatus_t s =
+		    cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)n_tok, (int)n_in, &one, wt,
+		                 CUDA_R_32F, (int)ldw, x, CUDA_R_32F, (int)ldx, &zero, y + r0, CUDA_R_32F,
+		                 (int)ldy, CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT);
+		if (s ==
+		    CUBLAS_STATUS_NOT_SUPPORTED) /* plain fp32 SGEMM (the handle's default math: no TF32) */
+			s = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)n_tok, (int)n_in, &one,
+			                 wt, CUDA_R_32F, (int)ldw, x, CUDA_R_32F, (int)ldx, &zero, y + r0,
+			                 CUDA_R_32F, (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 		if (s != CUBLAS_STATUS_SUCCESS) {
 			fprintf(stderr, "kcuda: fp32 cublasGemmEx failed (%d) for %lldx%lldx%lld\n", (int)s,
 			        (long long)nr, (long long)n_tok, (long long)n_in);

@@ -274,12 +274,16 @@ extern "C" int kcuda_mla_attn(struct kcuda_ctx *c, const struct kcuda_kv_view *k
 	if (!c || !kv || !rows || !q || !out || !kv->base || !rows->blocks || H < 1 || C < 1 || R < 0 ||
 	    C > MLA_CMAX || kv->dim != C + R || kv->block_tokens < 1 || kv->n_blocks < 0 || rows->n_q < 0 ||
 	    rows->ld_blocks < 1 || rows->max_keys < 0 || (rows->sel && rows->ld_sel < 1))
-		return kcuda_bad_arg("mla_attn", "H %d C %d (max %d) R %d kv dim %lld block_tokens %d n_q %lld ld_blocks %lld max_keys %lld ld_sel %lld%s",
-		                     (int)H, (int)C, (int)MLA_CMAX, (int)R, kv ? (long long)kv->dim : -1LL,
-		                     kv ? (int)kv->block_tokens : -1, rows ? (long long)rows->n_q : -1LL,
-		                     rows ? (long long)rows->ld_blocks : -1LL, rows ? (long long)rows->max_keys : -1LL,
-		                     rows ? (long long)rows->ld_sel : -1LL,
-		                     !c || !kv || !rows || !q || !out || !kv->base || !rows->blocks ? ", or a null pointer" : "");
+		return kcuda_bad_arg(
+		    "mla_attn",
+		    "H %d C %d (max %d) R %d kv dim %lld block_tokens %d n_q %lld ld_blocks %lld max_keys "
+		    "%lld ld_sel %lld%s",
+		    (int)H, (int)C, (int)MLA_CMAX, (int)R, kv ? (long long)kv->dim : -1LL,
+		    kv ? (int)kv->block_tokens : -1, rows ? (long long)rows->n_q : -1LL,
+		    rows ? (long long)rows->ld_blocks : -1LL, rows ? (long long)rows->max_keys : -1LL,
+		    rows ? (long long)rows->ld_sel : -1LL,
+		    !c || !kv || !rows || !q || !out || !kv->base || !rows->blocks ? ", or a null pointer"
+		                                                                   : "");
 	if (rows->n_q == 0)
 		return 0;
 	if (rows->n_q > INT32_MAX || rows->max_keys > INT32_MAX / 2 || H > 65535 * 16)

@@ -19,20 +19,24 @@ static unsigned grid_for(int64_t n)
 
 __global__ void add_kernel(float *y, const float *x, int64_t n)
 {
-	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+	     i += (int64_t)gridDim.x * blockDim.x)
 		y[i] += x[i];
 }
 
 __global__ void scale_kernel(float *x, int64_t n, float s)
 {
-	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+	     i += (int64_t)gridDim.x * blockDim.x)
 		x[i] *= s;
 }
 
-__global__ void copy2d_kernel(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t width, int64_t rows)
+__global__ void copy2d_kernel(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t width,
+                              int64_t rows)
 {
 	int64_t n = width * rows;
-	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+	     i += (int64_t)gridDim.x * blockDim.x) {
 		int64_t r = i / width, j = i % width;
 		dst[r * ldd + j] = src[r * lds + j];
 	}
@@ -57,9 +61,9 @@ __device__ __forceinline__ uint16_t f32_to_bf16_rne(float f)
 	return (uint16_t)(x >> 16);
 }
 
-__global__ void kv_write_kernel(char *base, size_t block_bytes, size_t offset, int block_tokens, int64_t width,
-                                int bf16, const float *x, int64_t n, const int32_t *seq, const int32_t *pos,
-                                const int32_t *blocks, int64_t ld_blocks)
+__global__ void kv_write_kernel(char *base, size_t block_bytes, size_t offset, int block_tokens,
+                                int64_t width, int bf16, const float *x, int64_t n, const int32_t *seq,
+                                const int32_t *pos, const int32_t *blocks, int64_t ld_blocks)
 {
 	int64_t tot = width * n;
 	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < tot;
@@ -80,7 +84,8 @@ __global__ void kv_write_kernel(char *base, size_t block_bytes, size_t offset, i
 
 __global__ void fill_kernel(uint16_t *p, size_t n_words, uint64_t seed)
 {
-	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n_words; i += (size_t)gridDim.x * blockDim.x) {
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n_words;
+	     i += (size_t)gridDim.x * blockDim.x) {
 		uint64_t z = seed + i * 0x9e3779b97f4a7c15ull;
 		z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
 		z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -90,8 +95,8 @@ __global__ void fill_kernel(uint16_t *p, size_t n_words, uint64_t seed)
 }
 
 /* one block of 256 threads per row; statistics in double like kcpu_layernorm (b may be NULL) */
-__global__ void layernorm_kernel(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, const float *b,
-                                 int64_t n, float eps)
+__global__ void layernorm_kernel(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
+                                 const float *b, int64_t n, float eps)
 {
 	__shared__ double red[256];
 	const float *xr = x + blockIdx.x * ldx;
@@ -126,8 +131,8 @@ __global__ void layernorm_kernel(float *y, int64_t ldy, const float *x, int64_t 
 
 #define STREAM(c) ((c)->stream)
 
-extern "C" int kfwd_layernorm(struct kcuda_ctx *c, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
-                              const float *b, int64_t n, int64_t n_rows, float eps)
+extern "C" int kfwd_layernorm(struct kcuda_ctx *c, float *y, int64_t ldy, const float *x, int64_t ldx,
+                              const float *w, const float *b, int64_t n, int64_t n_rows, float eps)
 {
 	if (n <= 0 || n_rows <= 0)
 		return 0;
@@ -169,14 +174,14 @@ extern "C" int kfwd_gather_rows(struct kcuda_ctx *c, float *dst, const float *sr
 	return kcuda_launch_status("kfwd_gather_rows");
 }
 
-extern "C" int kfwd_kv_write(struct kcuda_ctx *c, void *base, size_t block_bytes, size_t offset, int block_tokens,
-                             int64_t width, int bf16, const float *x, int64_t n, const int32_t *seq,
-                             const int32_t *pos, const int32_t *blocks, int64_t ld_blocks)
+extern "C" int kfwd_kv_write(struct kcuda_ctx *c, void *base, size_t block_bytes, size_t offset,
+                             int block_tokens, int64_t width, int bf16, const float *x, int64_t n,
+                             const int32_t *seq, const int32_t *pos, const int32_t *blocks, int64_t ld_blocks)
 {
 	if (width <= 0 || n <= 0)
 		return 0;
-	kv_write_kernel<<<grid_for(width * n), 256, 0, STREAM(c)>>>((char *)base, block_bytes, offset, block_tokens,
-	                                                           width, bf16, x, n, seq, pos, blocks, ld_blocks);
+	kv_write_kernel<<<grid_for(width * n), 256, 0, STREAM(c)>>>(
+	    (char *)base, block_bytes, offset, block_tokens, width, bf16, x, n, seq, pos, blocks, ld_blocks);
 	return kcuda_launch_status("kfwd_kv_write");
 }
 
@@ -185,8 +190,8 @@ extern "C" int kfwd_fill_random(struct kcuda_ctx *c, void *dst, size_t bytes, ui
 	size_t n = bytes / 2;
 	if (n == 0)
 		return 0;
-	fill_kernel<<<grid_for((int64_t)(n < ((size_t)1 << 40) ? n : ((size_t)1 << 40))), 256, 0, STREAM(c)>>>(
-	    (uint16_t *)dst, n, seed);
+	fill_kernel<<<grid_for((int64_t)(n < ((size_t)1 << 40) ? n : ((size_t)1 << 40))), 256, 0,
+	              STREAM(c)>>>((uint16_t *)dst, n, seed);
 	return kcuda_launch_status("kfwd_fill_random");
 }
 
@@ -288,7 +293,8 @@ extern "C" int kfwd_stage(struct kfwd_stager *s, void *dst_dev, const void *src,
 		struct seg *last = s->n_segs ? &s->segs[s->n_segs - 1] : NULL;
 		/* one copy per run of consecutive bytes of ONE allocation: two cudaMalloc blocks may be
 		 * adjacent, but a copy must not span them */
-		if (last && last->gen == s->gen && last->dst + last->bytes == d && last->off + last->bytes == s->fill)
+		if (last && last->gen == s->gen && last->dst + last->bytes == d &&
+		    last->off + last->bytes == s->fill)
 			last->bytes += take;
 		else
 			s->segs[s->n_segs++] = (struct seg){d, s->fill, take, s->gen};
@@ -334,7 +340,8 @@ extern "C" void kfwd_stager_destroy(struct kfwd_stager *s)
 /* ---- graphs ------------------------------------------------------------------------------------ */
 extern "C" int kfwd_graph_begin(struct kcuda_ctx *c)
 {
-	return cudaStreamBeginCapture(STREAM(c), cudaStreamCaptureModeThreadLocal) == cudaSuccess ? 0 : ERR_CUDA;
+	return cudaStreamBeginCapture(STREAM(c), cudaStreamCaptureModeThreadLocal) == cudaSuccess ? 0
+	                                                                                          : ERR_CUDA;
 }
 
 extern "C" int kfwd_graph_end(struct kcuda_ctx *c, void **exec_out)

@@ -21,13 +21,13 @@ int kfwd_add(struct kcuda_ctx *c, float *y, const float *x, int64_t n); /* y += 
 /* kcpu_layernorm twin (statistics in double), one block per row */
 int kfwd_layernorm(struct kcuda_ctx *c, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
                    const float *b, int64_t n, int64_t n_rows, float eps);
-int kfwd_scale(struct kcuda_ctx *c, float *x, int64_t n, float s);      /* x *= s */
+int kfwd_scale(struct kcuda_ctx *c, float *x, int64_t n, float s); /* x *= s */
 /* dst[r * ldd + j] = src[r * lds + j], r < rows, j < width */
 int kfwd_copy2d(struct kcuda_ctx *c, float *dst, int64_t ldd, const float *src, int64_t lds, int64_t width,
                 int64_t rows);
 /* dst row j = src row rows_dev[j] (width floats), j < n */
-int kfwd_gather_rows(struct kcuda_ctx *c, float *dst, const float *src, int64_t width, const int32_t *rows_dev,
-                     int64_t n);
+int kfwd_gather_rows(struct kcuda_ctx *c, float *dst, const float *src, int64_t width,
+                     const int32_t *rows_dev, int64_t n);
 /* Row i of x (width floats) to the pool row of (sequence seq[i], position pos[i]): base +
  * blocks[seq * ld_blocks + pos / block_tokens] * block_bytes + offset + (pos % block_tokens) *
  * width * elt; bf16 rounds to nearest even (kf32_to_bf16). Rows with n_valid_dev[0] <= i are

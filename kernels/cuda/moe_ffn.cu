@@ -126,23 +126,24 @@ __global__ void moe_scatter_kernel(const float *__restrict__ ys, const int32_t *
 /* gate and up share a type (checked); down may differ (llama.cpp's Q4_K_M keeps some ffn_down_exps
  * in Q6_K): each stage is dispatched on its own weight's type */
 template <int T>
-static int moe_gate_up_t(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t np, const int32_t *ids, int k,
-                         const struct kweight *gate, const struct kweight *up, int64_t E, int64_t F, float *h)
+static int moe_gate_up_t(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t np, const int32_t *ids,
+                         int k, const struct kweight *gate, const struct kweight *up, int64_t E, int64_t F,
+                         float *h)
 {
 	dim3 g1((unsigned)((F + MOE_WARPS - 1) / MOE_WARPS), (unsigned)np);
-	moe_gate_up_kernel<T><<<g1, MOE_WARPS * 32, 0, c->stream>>>((const uint8_t *)gate->data,
-	                                                            (const uint8_t *)up->data, gate->row_bytes,
-	                                                            gate->n_in, F, E, x, ldx, ids, k, h, c->err_dev);
+	moe_gate_up_kernel<T><<<g1, MOE_WARPS * 32, 0, c->stream>>>(
+	    (const uint8_t *)gate->data, (const uint8_t *)up->data, gate->row_bytes, gate->n_in, F, E, x, ldx,
+	    ids, k, h, c->err_dev);
 	return kcuda_launch_status("moe_gate_up");
 }
 
 template <int T>
-static int moe_down_t(struct kcuda_ctx *c, int64_t np, const int32_t *ids, const struct kweight *down, int64_t D,
-                      int64_t E, int64_t F, const float *h, float *y)
+static int moe_down_t(struct kcuda_ctx *c, int64_t np, const int32_t *ids, const struct kweight *down,
+                      int64_t D, int64_t E, int64_t F, const float *h, float *y)
 {
 	dim3 g2((unsigned)((D + MOE_WARPS - 1) / MOE_WARPS), (unsigned)np);
-	moe_down_kernel<T><<<g2, MOE_WARPS * 32, 0, c->stream>>>((const uint8_t *)down->data, down->row_bytes, D,
-	                                                         F, E, h, ids, y);
+	moe_down_kernel<T><<<g2, MOE_WARPS * 32, 0, c->stream>>>((const uint8_t *)down->data, down->row_bytes,
+	                                                         D, F, E, h, ids, y);
 	return kcuda_launch_status("moe_down");
 }
 
@@ -200,8 +201,8 @@ static int moe_grouped(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t
 		goto cleanup;
 	for (int64_t i = 0; i < np; i++) {
 		if (hid[i] < 0 || hid[i] >= E) {
-			rc = kcuda_bad_arg("moe_ffn", "expert id %d of pair %lld outside 0..%lld", (int)hid[i],
-			                   (long long)i, (long long)E - 1);
+			rc = kcuda_bad_arg("moe_ffn", "expert id %d of pair %lld outside 0..%lld",
+			                   (int)hid[i], (long long)i, (long long)E - 1);
 			goto cleanup;
 		}
 		eoff[hid[i] + 1]++;
@@ -288,18 +289,18 @@ extern "C" int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, i
 	if (up->type != gate->type)
 		return kcuda_bad_arg("moe_ffn", "gate %s and up %s differ in type (one kernel reads both)",
 		                     ktype_name(gate->type), ktype_name(up->type));
-	if (up->n_in != D || down->n_in != F || gate->n_out != E * F || up->n_out != E * F || down->n_out != E * D)
-		return kcuda_bad_arg("moe_ffn",
-		                     "shapes gate %lldx%lld up %lldx%lld down %lldx%lld for E %lld F %lld D %lld",
-		                     (long long)gate->n_out, (long long)gate->n_in, (long long)up->n_out,
-		                     (long long)up->n_in, (long long)down->n_out, (long long)down->n_in, (long long)E,
-		                     (long long)F, (long long)D);
+	if (up->n_in != D || down->n_in != F || gate->n_out != E * F || up->n_out != E * F ||
+	    down->n_out != E * D)
+		return kcuda_bad_arg(
+		    "moe_ffn", "shapes gate %lldx%lld up %lldx%lld down %lldx%lld for E %lld F %lld D %lld",
+		    (long long)gate->n_out, (long long)gate->n_in, (long long)up->n_out, (long long)up->n_in,
+		    (long long)down->n_out, (long long)down->n_in, (long long)E, (long long)F, (long long)D);
 	if (ldx < D || ldo < D)
-		return kcuda_bad_arg("moe_ffn", "ldx %lld or ldo %lld < D %lld", (long long)ldx, (long long)ldo,
-		                     (long long)D);
+		return kcuda_bad_arg("moe_ffn", "ldx %lld or ldo %lld < D %lld", (long long)ldx,
+		                     (long long)ldo, (long long)D);
 	if (!ktype_row_bytes(gate->type, D, &rb) || rb != gate->row_bytes || up->row_bytes != rb)
-		return kcuda_bad_arg("moe_ffn", "gate/up %s row_bytes %zu/%zu for n_in %lld", ktype_name(gate->type),
-		                     gate->row_bytes, up->row_bytes, (long long)D);
+		return kcuda_bad_arg("moe_ffn", "gate/up %s row_bytes %zu/%zu for n_in %lld",
+		                     ktype_name(gate->type), gate->row_bytes, up->row_bytes, (long long)D);
 	if (!ktype_row_bytes(down->type, F, &rb) || rb != down->row_bytes)
 		return kcuda_bad_arg("moe_ffn", "down %s row_bytes %zu for n_in %lld", ktype_name(down->type),
 		                     down->row_bytes, (long long)F);

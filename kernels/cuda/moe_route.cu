@@ -147,14 +147,14 @@ extern "C" int kcuda_moe_route(struct kcuda_ctx *c, const float *logits, int64_t
 {
 	if (!c || !logits || !ids || !weights || n < 0 || E < 1 || k < 1 || k > E || ld < E || n_group < 0 ||
 	    n_group_used < 0)
-		return kcuda_bad_arg("moe_route", "n %lld E %d k %d ld %lld groups %d/%d%s", (long long)n, E, k,
-		                     (long long)ld, n_group_used, n_group,
+		return kcuda_bad_arg("moe_route", "n %lld E %d k %d ld %lld groups %d/%d%s", (long long)n, E,
+		                     k, (long long)ld, n_group_used, n_group,
 		                     !c || !logits || !ids || !weights ? ", or a null pointer" : "");
 	if (E > ROUTE_EMAX || n_group > 32)
 		return ERR_LIMIT;
 	if (n_group > 1 && n_group_used < n_group && (E % n_group || n_group_used < 1))
-		return kcuda_bad_arg("moe_route", "E %d not split in %d groups, or %d groups used", E, n_group,
-		                     n_group_used);
+		return kcuda_bad_arg("moe_route", "E %d not split in %d groups, or %d groups used", E,
+		                     n_group, n_group_used);
 	if (n == 0)
 		return 0;
 	const int64_t nb = (n + ROUTE_WARPS - 1) / ROUTE_WARPS;

@@ -523,9 +523,10 @@ template <int T> __device__ __forceinline__ void kq_values(const uint8_t *row, i
 }
 
 /* X-macro of the types with a piece dequantizer (the ones kcuda_matmul accepts). */
-#define KCUDA_FOR_EACH_TYPE(X)                                                                               \
-	X(KT_F32)                                                                                            \
-	X(KT_F16) X(KT_BF16) X(KT_Q8_0) X(KT_Q4_0) X(KT_Q4_1) X(KT_Q5_0) X(KT_Q5_1) X(KT_IQ4_NL) X(KT_Q2_K)  \
-	    X(KT_Q3_K) X(KT_Q4_K) X(KT_Q5_K) X(KT_Q6_K) X(KT_IQ4_XS)
+// clang-format off
+#define KCUDA_FOR_EACH_TYPE(X) \
+	X(KT_F32) X(KT_F16) X(KT_BF16) X(KT_Q8_0) X(KT_Q4_0) X(KT_Q4_1) X(KT_Q5_0) X(KT_Q5_1) \
+	X(KT_IQ4_NL) X(KT_Q2_K) X(KT_Q3_K) X(KT_Q4_K) X(KT_Q5_K) X(KT_Q6_K) X(KT_IQ4_XS)
+// clang-format on
 
 #endif

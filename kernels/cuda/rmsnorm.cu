@@ -35,8 +35,9 @@ extern "C" int kcuda_rmsnorm(struct kcuda_ctx *c, float *y, int64_t ldy, const f
                              const float *w, int64_t n, int64_t n_rows, float eps)
 {
 	if (!c || !y || !x || !w || n <= 0 || n_rows < 0 || ldx < n || ldy < n || n_rows > INT32_MAX)
-		return kcuda_bad_arg("rmsnorm", "n %lld rows %lld ldx %lld ldy %lld%s", (long long)n, (long long)n_rows,
-		                     (long long)ldx, (long long)ldy, !c || !y || !x || !w ? ", or a null pointer" : "");
+		return kcuda_bad_arg("rmsnorm", "n %lld rows %lld ldx %lld ldy %lld%s", (long long)n,
+		                     (long long)n_rows, (long long)ldx, (long long)ldy,
+		                     !c || !y || !x || !w ? ", or a null pointer" : "");
 	if (n_rows == 0)
 		return 0;
 	rmsnorm_kernel<<<(unsigned)n_rows, RMS_THREADS, 0, c->stream>>>(y, ldy, x, ldx, w, n, eps);

@@ -37,8 +37,9 @@ extern "C" int kcuda_rope(struct kcuda_ctx *c, float *x, int64_t ldx, int64_t n_
 	    (n_heads > 1 && head_stride < R) || (pairing != 0 && pairing != 1) ||
 	    (n_tok > 1 && ldx < (n_heads - 1) * head_stride + R))
 		return kcuda_bad_arg("rope", "n_tok %lld heads %lld stride %lld R %lld ldx %lld pairing %d%s",
-		                     (long long)n_tok, (long long)n_heads, (long long)head_stride, (long long)R,
-		                     (long long)ldx, pairing, !c || !x || !inv_freq || !pos ? ", or a null pointer" : "");
+		                     (long long)n_tok, (long long)n_heads, (long long)head_stride,
+		                     (long long)R, (long long)ldx, pairing,
+		                     !c || !x || !inv_freq || !pos ? ", or a null pointer" : "");
 	const int64_t n = n_tok * n_heads * (R / 2);
 	if (n == 0)
 		return 0;

@@ -98,8 +98,9 @@ extern "C" int kcuda_sample(struct kcuda_ctx *c, const float *logits, int64_t ld
 {
 	if (!c || !logits || !out_ids || n_vocab <= 0 || n_vocab > INT32_MAX || n_rows < 0 ||
 	    n_rows > INT32_MAX || ld < n_vocab || k < 0 || k > SAMPLE_MAX_K)
-		return kcuda_bad_arg("sample", "n_vocab %lld rows %lld ld %lld k %d (max %d)%s", (long long)n_vocab,
-		                     (long long)n_rows, (long long)ld, k, (int)SAMPLE_MAX_K,
+		return kcuda_bad_arg("sample", "n_vocab %lld rows %lld ld %lld k %d (max %d)%s",
+		                     (long long)n_vocab, (long long)n_rows, (long long)ld, k,
+		                     (int)SAMPLE_MAX_K,
 		                     !c || !logits || !out_ids ? ", or a null pointer" : "");
 	if (n_rows == 0)
 		return 0;
@@ -109,8 +110,8 @@ extern "C" int kcuda_sample(struct kcuda_ctx *c, const float *logits, int64_t ld
 		return kcuda_launch_status("argmax");
 	}
 	if (!u || k == 0)
-		return kcuda_bad_arg("sample", "temperature %g needs k >= 1 (k %d) and uniforms (%s)", (double)temperature,
-		                     k, u ? "given" : "null");
+		return kcuda_bad_arg("sample", "temperature %g needs k >= 1 (k %d) and uniforms (%s)",
+		                     (double)temperature, k, u ? "given" : "null");
 	const int kk = k < n_vocab ? k : (int)n_vocab;
 	if ((size_t)n_rows * (size_t)kk * sizeof(int32_t) > c->ws_bytes)
 		return ERR_LIMIT;

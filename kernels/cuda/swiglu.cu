@@ -21,9 +21,9 @@ extern "C" int kcuda_swiglu(struct kcuda_ctx *c, float *y, int64_t ldy, const fl
 {
 	if (!c || !y || !gate || !up || n <= 0 || n_rows < 0 || ldy < n || ldg < n || ldu < n ||
 	    n_rows > 65535)
-		return kcuda_bad_arg("swiglu", "n %lld rows %lld (max 65535) ldy %lld ldg %lld ldu %lld%s", (long long)n,
-		                     (long long)n_rows, (long long)ldy, (long long)ldg, (long long)ldu,
-		                     !c || !y || !gate || !up ? ", or a null pointer" : "");
+		return kcuda_bad_arg("swiglu", "n %lld rows %lld (max 65535) ldy %lld ldg %lld ldu %lld%s",
+		                     (long long)n, (long long)n_rows, (long long)ldy, (long long)ldg,
+		                     (long long)ldu, !c || !y || !gate || !up ? ", or a null pointer" : "");
 	if (n_rows == 0)
 		return 0;
 	dim3 grid((unsigned)((n + 255) / 256), (unsigned)n_rows);

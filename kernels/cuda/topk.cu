@@ -87,8 +87,9 @@ extern "C" int kcuda_topk(struct kcuda_ctx *c, const float *scores, int64_t ld, 
 {
 	if (!c || !scores || !out || n <= 0 || n > INT32_MAX || n_rows < 0 || n_rows > INT32_MAX || k <= 0 ||
 	    ld < n || ldo < (k < n ? k : n))
-		return kcuda_bad_arg("topk", "n %lld rows %lld k %d ld %lld ldo %lld%s", (long long)n, (long long)n_rows, k,
-		                     (long long)ld, (long long)ldo, !c || !scores || !out ? ", or a null pointer" : "");
+		return kcuda_bad_arg("topk", "n %lld rows %lld k %d ld %lld ldo %lld%s", (long long)n,
+		                     (long long)n_rows, k, (long long)ld, (long long)ldo,
+		                     !c || !scores || !out ? ", or a null pointer" : "");
 	if (n_rows == 0)
 		return 0;
 	const int kk = k < n ? k : (int)n;

@@ -124,8 +124,9 @@ extern "C" int kcuda_topk_idx(struct kcuda_ctx *c, const float *scores, int64_t 
                               const int32_t *n, int64_t n0, int k, int32_t *out, int64_t ldo, int32_t *n_out)
 {
 	if (!c || !scores || !out || n_rows < 0 || k < 0 || ldo < k || ld < 1)
-		return kcuda_bad_arg("topk_idx", "rows %lld k %d ldo %lld ld %lld%s", (long long)n_rows, k, (long long)ldo,
-		                     (long long)ld, !c || !scores || !out ? ", or a null pointer" : "");
+		return kcuda_bad_arg("topk_idx", "rows %lld k %d ldo %lld ld %lld%s", (long long)n_rows, k,
+		                     (long long)ldo, (long long)ld,
+		                     !c || !scores || !out ? ", or a null pointer" : "");
 	if (n_rows == 0)
 		return 0;
 	if (n_rows > INT32_MAX)

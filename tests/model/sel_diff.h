@@ -36,8 +36,8 @@ static void sel_moe_cb(void *user, int layer, int n_tokens, int k, const int32_t
 		qsort(d + (size_t)t * k, (size_t)k, sizeof(int32_t), sel_cmp_i32);
 }
 
-static void sel_idx_cb(void *user, int layer, int token, int32_t pos, int n_keys, const float *scores, int n_sel,
-                       const int32_t *sel)
+static void sel_idx_cb(void *user, int layer, int token, int32_t pos, int n_keys, const float *scores,
+                       int n_sel, const int32_t *sel)
 {
 	struct sel_rec *r = user;
 	(void)pos;
@@ -68,8 +68,8 @@ static void sel_rec_free(struct sel_rec *r)
 
 /* One forward of tokens[0..n) (positions 0..n-1 of a fresh sequence s) with logits of every token into
  * out and the record into r. Returns the forward's status. */
-static int sel_run(struct model *m, struct model_kv *kv, struct tseq *s, const int32_t *tokens, int n, float *out,
-                   struct sel_rec *r)
+static int sel_run(struct model *m, struct model_kv *kv, struct tseq *s, const int32_t *tokens, int n,
+                   float *out, struct sel_rec *r)
 {
 	const struct model_hparams *hp = model_hparams(m);
 	memset(r, 0, sizeof(*r));
@@ -92,9 +92,15 @@ static int sel_run(struct model *m, struct model_kv *kv, struct tseq *s, const i
 	for (int i = 0; i < n; i++)
 		pos[i] = i, want[i] = 1;
 	struct model_seq ms = {.blocks = s->blocks, .n_blocks = s->n_blocks};
-	struct model_batch b = {
-	    .n_tokens = n, .tokens = tokens, .seq = seq, .pos = pos, .logits = want, .n_seqs = 1, .seqs = &ms};
-	struct model_debug dbg = {.user = r, .hidden_cb = sel_hid_cb, .moe_cb = sel_moe_cb, .indexer_cb = sel_idx_cb};
+	struct model_batch b = {.n_tokens = n,
+	                        .tokens = tokens,
+	                        .seq = seq,
+	                        .pos = pos,
+	                        .logits = want,
+	                        .n_seqs = 1,
+	                        .seqs = &ms};
+	struct model_debug dbg = {
+	    .user = r, .hidden_cb = sel_hid_cb, .moe_cb = sel_moe_cb, .indexer_cb = sel_idx_cb};
 	struct errbuf e = {0};
 	rc = model_forward(m, kv, &b, out, &dbg, &e);
 	if (rc)
@@ -109,7 +115,8 @@ out:
 /* Does layer l choose differently for token t in a and b? (1 MoE, 2 indexer, 0 no) */
 static int sel_differs(const struct sel_rec *a, const struct sel_rec *b, int l, int t)
 {
-	size_t om = ((size_t)l * a->n_tok + (size_t)t) * a->k, oi = ((size_t)l * a->n_tok + (size_t)t) * SEL_MAXK;
+	size_t om = ((size_t)l * a->n_tok + (size_t)t) * a->k,
+	       oi = ((size_t)l * a->n_tok + (size_t)t) * SEL_MAXK;
 	if (memcmp(a->moe + om, b->moe + om, sizeof(int32_t) * (size_t)a->k))
 		return 1;
 	if (memcmp(a->isel + oi, b->isel + oi, sizeof(int32_t) * SEL_MAXK))

@@ -90,7 +90,8 @@ static void test_logits(const char *stem, struct model *mc, struct model *mg, js
 		CHECK(0, "%s: no rand64 prompt", stem);
 		return;
 	}
-	float *ref = malloc(sizeof(float) * (size_t)V * (size_t)n), *got = malloc(sizeof(float) * (size_t)V * (size_t)n);
+	float *ref = malloc(sizeof(float) * (size_t)V * (size_t)n),
+	      *got = malloc(sizeof(float) * (size_t)V * (size_t)n);
 	struct model_kv kc, kg;
 	struct errbuf e = {0};
 	if (model_kv_init(&kc, mc, 4, NULL, 0, &e) || model_kv_init(&kg, mg, 4, NULL, 0, &e)) {
@@ -104,7 +105,8 @@ static void test_logits(const char *stem, struct model *mc, struct model *mg, js
 	CHECK(sel_run(mc, &kc, &s, ids, n, ref, &rc_cpu) == 0, "%s: cpu forward", stem);
 	for (int chunk = 8; chunk <= 64; chunk += 56) {
 		tseq_init(&s, 2, 2, 1); /* other blocks than the CPU run used: a pool is per backend anyway */
-		int rc = chunk == n ? sel_run(mg, &kg, &s, ids, n, got, &rc_gpu) : run_seq(mg, &kg, &s, ids, n, chunk, true, got);
+		int rc = chunk == n ? sel_run(mg, &kg, &s, ids, n, got, &rc_gpu)
+		                    : run_seq(mg, &kg, &s, ids, n, chunk, true, got);
 		CHECK(rc == 0, "%s: cuda forward (chunk %d)", stem, chunk);
 		if (rc)
 			continue;
@@ -124,23 +126,32 @@ static void test_logits(const char *stem, struct model *mc, struct model *mg, js
 			if (p < flip && !(dp <= d_before))
 				d_before = dp, worst = p;
 		}
-		printf("%-22s rand64 all positions, cuda chunks of %2d (%s) vs cpu: max|d| = %.3g, %d of %d positions "
+		printf("%-22s rand64 all positions, cuda chunks of %2d (%s) vs cpu: max|d| = %.3g, %d of %d "
+		       "positions "
 		       "over tolerance %.2g (max|logit| %.3g)\n",
 		       stem, chunk, chunk <= 8 ? "fp32 GEMV" : "bf16 GEMM", d, n_over, n, tol, scale);
 		if (chunk == n)
-			printf("%-22s   choices differing from cpu: router at %d (layer, token) pairs, indexer at %d; first "
+			printf("%-22s   choices differing from cpu: router at %d (layer, token) pairs, "
+			       "indexer at %d; first "
 			       "at token %d (layer %d, %s); max|d| before it %.3g\n",
-			       stem, n_moe, n_idx, flip, fl, fk == 1 ? "router" : fk == 2 ? "indexer" : "none", d_before);
-		if (worst >= 0 && d_before > tol && chunk == n) { /* locate: hidden state per layer at that token */
+			       stem, n_moe, n_idx, flip, fl,
+			       fk == 1   ? "router"
+			       : fk == 2 ? "indexer"
+			                 : "none",
+			       d_before);
+		if (worst >= 0 && d_before > tol &&
+		    chunk == n) { /* locate: hidden state per layer at that token */
 			printf("%-22s   token %d, max|d| of the hidden state after layer:", stem, worst);
 			for (int l = 0; l <= rc_cpu.n_layers; l++) {
 				const float *hc = rc_cpu.hid + ((size_t)l * n + (size_t)worst) * rc_cpu.D;
 				const float *hg = rc_gpu.hid + ((size_t)l * n + (size_t)worst) * rc_cpu.D;
-				printf(" %s%d %.3g", l ? "" : "emb ", l - 1, max_abs_diff(hc, hg, (size_t)rc_cpu.D));
+				printf(" %s%d %.3g", l ? "" : "emb ", l - 1,
+				       max_abs_diff(hc, hg, (size_t)rc_cpu.D));
 			}
 			printf("\n");
 		}
-		CHECK(d_before <= tol, "%s chunk %d: cuda logits differ from cpu by %g at token %d, before any choice differs",
+		CHECK(d_before <= tol,
+		      "%s chunk %d: cuda logits differ from cpu by %g at token %d, before any choice differs",
 		      stem, chunk, d_before, worst);
 	}
 	sel_rec_free(&rc_cpu);
@@ -170,7 +181,8 @@ static void test_greedy(const char *stem, struct model *mc, struct model *mg, js
 		struct tseq sc, sg;
 		tseq_init(&sc, 0, 4, 1);
 		tseq_init(&sg, 3, 4, -1); /* scattered, descending block ids */
-		int rc = run_seq(mc, &kc, &sc, ids, n, 8, false, lc) || run_seq(mg, &kg, &sg, ids, n, 8, false, lg);
+		int rc = run_seq(mc, &kc, &sc, ids, n, 8, false, lc) ||
+		         run_seq(mg, &kg, &sg, ids, n, 8, false, lg);
 		CHECK(rc == 0, "%s %s: prefill", stem, name);
 		int same = 0, steps = 16;
 		bool stop = false;
@@ -178,8 +190,8 @@ static void test_greedy(const char *stem, struct model *mc, struct model *mg, js
 			int a = argmax(lc, V), b = argmax(lg, V);
 			double mg12 = margin12(lc, V);
 			if (a != b) {
-				CHECK(mg12 < TOL_F32, "%s %s step %d: cuda picks %d, cpu %d (cpu margin %g)", stem, name, t,
-				      b, a, mg12);
+				CHECK(mg12 < TOL_F32, "%s %s step %d: cuda picks %d, cpu %d (cpu margin %g)",
+				      stem, name, t, b, a, mg12);
 				stop = true;
 				break;
 			}
@@ -187,7 +199,8 @@ static void test_greedy(const char *stem, struct model *mc, struct model *mg, js
 			if (mg12 < TOL_F32) /* beyond a near tie the continuations may rightly part */
 				break;
 			int32_t tok = a;
-			rc = run_seq(mc, &kc, &sc, &tok, 1, 1, false, lc) || run_seq(mg, &kg, &sg, &tok, 1, 1, false, lg);
+			rc = run_seq(mc, &kc, &sc, &tok, 1, 1, false, lc) ||
+			     run_seq(mg, &kg, &sg, &tok, 1, 1, false, lg);
 			CHECK(rc == 0, "%s %s: decode step %d", stem, name, t);
 		}
 		printf("%-22s %-14s greedy: %d of %d steps identical to cpu\n", stem, name, same, steps);
@@ -247,7 +260,8 @@ static void test_graphs(const char *stem, struct model *mc, json_t *man)
 		for (int k = 0; k < 3 && !rc; k++) {
 			struct model_seq ms3[3];
 			for (int j = 0; j < 3; j++) {
-				ms3[j] = (struct model_seq){.blocks = sq[k][j].blocks, .n_blocks = sq[k][j].n_blocks};
+				ms3[j] = (struct model_seq){.blocks = sq[k][j].blocks,
+				                            .n_blocks = sq[k][j].n_blocks};
 				pos[j] = sq[k][j].len;
 			}
 			uint8_t want[3] = {1, 1, 1};
@@ -273,8 +287,9 @@ static void test_graphs(const char *stem, struct model *mc, json_t *man)
 		for (int j = 0; j < 3; j++)
 			next[j] = (int32_t)argmax(lg[0] + j * V, V);
 	}
-	printf("%-22s decode batch 3 (bucket 4), %d steps: graph replay %s padded eager; vs cpu max|d| = %.3g\n",
-	       stem, steps, bit_equal ? "==" : "!=", worst);
+	printf(
+	    "%-22s decode batch 3 (bucket 4), %d steps: graph replay %s padded eager; vs cpu max|d| = %.3g\n",
+	    stem, steps, bit_equal ? "==" : "!=", worst);
 	CHECK(bit_equal, "%s: graph replay differs from eager", stem);
 	CHECK(worst <= TOL_F32, "%s: graph decode differs from cpu by %g", stem, worst);
 	for (int k = 0; k < 3; k++) {

@@ -110,8 +110,8 @@ static int run_case(struct kcuda_ctx *c, int type, int64_t n_in, int64_t n_out, 
 	          n_gap_bad);
 	printf("%-7s %-5s %-22s n_in %6" PRId64 " n_out %5" PRId64 " n_tok %3" PRId64
 	       "%s  max |err|/sum|wx| %.2e %s\n",
-	       ktype_name(type), lbl, what, n_in, n_out, n_tok, strided ? " strided" : "",
-	       worst, n_bad ? "FAIL" : "ok");
+	       ktype_name(type), lbl, what, n_in, n_out, n_tok, strided ? " strided" : "", worst,
+	       n_bad ? "FAIL" : "ok");
 	ret = 0;
 out:
 	if (ret)
@@ -215,12 +215,14 @@ int main(void)
 		setup_fail |= run_case(c, type, n_small, 45, 33, KCUDA_MM_F32, 1, "f32 gemm strided");
 		setup_fail |= run_case(c, type, n_small, 45, 5, KCUDA_MM_F32, 0, "f32 path gemv");
 		/* the tiny test models' shapes on the bf16 GEMM (64-token prefill) */
-		static const struct shape tiny[] = {{256, 192, "tiny q_b"}, {64, 256, "tiny k_b"},
-		                                    {128, 64, "tiny ds k_b"}, {256, 64, "tiny idx_k"}};
+		static const struct shape tiny[] = {{256, 192, "tiny q_b"},
+		                                    {64, 256, "tiny k_b"},
+		                                    {128, 64, "tiny ds k_b"},
+		                                    {256, 64, "tiny idx_k"}};
 		for (size_t s = 0; s < sizeof(tiny) / sizeof(tiny[0]); s++)
 			if (tiny[s].n_in % qk == 0)
-				setup_fail |= run_case(c, type, tiny[s].n_in, tiny[s].n_out, 64, KCUDA_MM_AUTO, 0,
-				                       tiny[s].what);
+				setup_fail |= run_case(c, type, tiny[s].n_in, tiny[s].n_out, 64,
+				                       KCUDA_MM_AUTO, 0, tiny[s].what);
 		if (quick)
 			continue;
 		for (size_t s = 0; s < sizeof(real) / sizeof(real[0]); s++) {

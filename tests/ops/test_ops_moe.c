@@ -173,7 +173,8 @@ static void ffn_case(int type, int dtype, int n, double tol)
 	kcuda_upload(ctx, d_ids, ids, sizeof(int32_t) * (size_t)(n * k));
 	kcuda_upload(ctx, d_w, w, sizeof(float) * (size_t)(n * k));
 	int rc = kcuda_moe_ffn(ctx, d_x, D, n, d_ids, d_w, k, &dg, &du, &dd, E, F, ob.user, D);
-	OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "moe ffn %s/%s n %d: rc %d", ti->name, ktype_name(dtype), n, rc);
+	OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "moe ffn %s/%s n %d: rc %d", ti->name, ktype_name(dtype),
+	          n, rc);
 	size_t gb = ops_dbuf_get(ctx, &ob, got);
 	OPS_CHECK(gb == 0, "moe ffn %s n %d: %zu guard bytes damaged", ti->name, n, gb);
 	double maxref = 0, maxerr = 0;
@@ -191,8 +192,8 @@ static void ffn_case(int type, int dtype, int n, double tol)
 	OPS_CHECK(maxerr <= tol * maxref, "moe ffn %s n %d: max err %.3g, max|ref| %.3g (tol %.0e)", ti->name,
 	          n, maxerr, maxref, tol);
 	printf("moe ffn %-7s down %-5s n %3d (%s): max|ref| %.3g max err %.3g (rel %.2g)\n", ti->name,
-	       ktype_name(dtype), n,
-	       n <= 16 ? "pairs" : "grouped", maxref, maxerr, maxref > 0 ? maxerr / maxref : 0.0);
+	       ktype_name(dtype), n, n <= 16 ? "pairs" : "grouped", maxref, maxerr,
+	       maxref > 0 ? maxerr / maxref : 0.0);
 	/* an expert id out of range is reported, not read */
 	if (n == 3) {
 		int32_t bad = (int32_t)E;

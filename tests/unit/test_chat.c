@@ -123,7 +123,8 @@ static void test_detect(void)
 	     "Assistant\xef\xbd\x9c>{% if thinking %}<think>{% else %}</think>"
 	     "{% endif %}",
 	     0, CHAT_FMT_DEEPSEEK_V31},
-	    {"{{bos_token}}{% if '</think>' in content %}{% set content = content.split('</think>')[-1] %}{% endif %}"
+	    {"{{bos_token}}{% if '</think>' in content %}{% set content = content.split('</think>')[-1] %}{% "
+	     "endif %}"
 	     "{{'<\xef\xbd\x9c"
 	     "Assistant\xef\xbd\x9c><think>\\n'}}",
 	     0, CHAT_FMT_DEEPSEEK_R1},
@@ -481,7 +482,9 @@ static void test_deepseek(void)
 	           "[{\"role\":\"user\",\"content\":\"Hello\"},"
 	           "{\"role\":\"assistant\",\"content\":\"<think>a</think>b</think>Hi there\"},"
 	           "{\"role\":\"user\",\"content\":\"How are you?\"}]",
-	           &o, DS_BOS DS_USER "Hello" DS_ASSISTANT "Hi there" DS_EOS DS_USER "How are you?" DS_ASSISTANT "<think>\n",
+	           &o,
+	           DS_BOS DS_USER "Hello" DS_ASSISTANT "Hi there" DS_EOS DS_USER "How are you?" DS_ASSISTANT
+	                          "<think>\n",
 	           "deepseek-r1");
 	chat_prompt_fini(&p);
 

@@ -248,11 +248,12 @@ static void test_deepseek(void)
 	CHECK(chat_init(&c, t, CHAT_FMT_DEEPSEEK_R1, &e) == 0, "init: %s", e.msg);
 	run(&c, &o, "\nstep 1\n</think>\n\nThe answer is 4." DS_EOS, &r);
 	if (tok_find(t, "</think>", 8) >= 0)
-		CHECK(strcmp(r.reasoning, "\nstep 1\n") == 0 && strcmp(r.content, "\n\nThe answer is 4.") == 0 && r.stopped,
+		CHECK(strcmp(r.reasoning, "\nstep 1\n") == 0 &&
+		          strcmp(r.content, "\n\nThe answer is 4.") == 0 && r.stopped,
 		      "r1: reasoning '%s' content '%s'", r.reasoning, r.content);
 	else /* a vocab without the marker token: all of it is reasoning text */
-		CHECK(r.n_content == 0 && strstr(r.reasoning, "</think>") && r.stopped, "r1 without marker: '%s'",
-		      r.reasoning);
+		CHECK(r.n_content == 0 && strstr(r.reasoning, "</think>") && r.stopped,
+		      "r1 without marker: '%s'", r.reasoning);
 
 	CHECK(chat_init(&c, t, CHAT_FMT_DEEPSEEK_V31, &e) == 0, "init: %s", e.msg);
 	run(&c, &o,

@@ -11,14 +11,14 @@
 #include "kernels/kernels.h"
 
 static int n_fail;
-#define CHECK(c, ...)                                                                                         \
-	do {                                                                                                  \
-		if (!(c)) {                                                                                   \
-			printf("FAIL %s:%d: ", __FILE__, __LINE__);                                           \
-			printf(__VA_ARGS__);                                                                  \
-			printf("\n");                                                                         \
-			n_fail++;                                                                             \
-		}                                                                                             \
+#define CHECK(c, ...)                                                                                        \
+	do {                                                                                                 \
+		if (!(c)) {                                                                                  \
+			printf("FAIL %s:%d: ", __FILE__, __LINE__);                                          \
+			printf(__VA_ARGS__);                                                                 \
+			printf("\n");                                                                        \
+			n_fail++;                                                                            \
+		}                                                                                            \
 	} while (0)
 
 int main(void)
@@ -43,7 +43,8 @@ int main(void)
 	gguf_writer_destroy(w);
 	struct stat st;
 	CHECK(stat(path, &st) == 0, "stat");
-	CHECK(st.st_size > 8 * (1 << 20), "file length %lld covers both 4 MiB tensors", (long long)st.st_size);
+	CHECK(st.st_size > 8 * (1 << 20), "file length %lld covers both 4 MiB tensors",
+	      (long long)st.st_size);
 	printf("sparse file: %lld bytes long, %lld bytes allocated\n", (long long)st.st_size,
 	       (long long)st.st_blocks * 512);
 	CHECK((long long)st.st_blocks * 512 < 2 * (1 << 20), "holes take no disk (%lld bytes allocated)",
@@ -51,7 +52,8 @@ int main(void)
 	struct gguf_ctx *g = NULL;
 	CHECK(gguf_open(&g, path, &e) == 0, "reopen: %s", e.msg);
 	if (g) {
-		const struct gguf_tensor *ts = gguf_find_tensor(g, "small"), *tb = gguf_find_tensor(g, "big2");
+		const struct gguf_tensor *ts = gguf_find_tensor(g, "small"),
+		                         *tb = gguf_find_tensor(g, "big2");
 		CHECK(ts && memcmp(ts->data, small, sizeof(small)) == 0, "small tensor written");
 		bool zero = tb != NULL;
 		for (size_t i = 0; tb && i < tb->nbytes; i++)

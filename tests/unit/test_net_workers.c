@@ -412,18 +412,11 @@ static int run_suite(const char *tls, const char *dev, int full)
 	                 "100",       "--log-level",
 	                 "debug",     "--auth-token",
 	                 "s3cret",    NULL};
-	char *dargv[] = {bin_d,       "--engine",
-	                 "trivial",   "--router",
-	                 router,      "--name",
-	                 "d0",        "--ucx-tls",
-	                 (char *)tls, "--ucx-net-devices",
-	                 (char *)dev, "--heartbeat-ms",
-	                 "100",       "--kv-blocks",
-	                 "40",        "--trivial-step-us",
-	                 "2000",      "--drain-timeout-ms",
-	                 "300",       "--kv-quarantine-ms",
-	                 "1000",      "--log-level",
-	                 "debug",     NULL};
+	char *dargv[] = {
+	    bin_d, "--engine",           "trivial",   "--router",          router,      "--name",
+	    "d0",  "--ucx-tls",          (char *)tls, "--ucx-net-devices", (char *)dev, "--heartbeat-ms",
+	    "100", "--kv-blocks",        "40",        "--trivial-step-us", "2000",      "--drain-timeout-ms",
+	    "300", "--kv-quarantine-ms", "1000",      "--log-level",       "debug",     NULL};
 	pid_t pp = spawn(bin_p, pargv, plog);
 	pid_t dp = spawn(bin_d, dargv, dlog);
 	int two = 2;
@@ -732,7 +725,8 @@ static int reserve_retry(struct peer *d, uint64_t rid, const uint32_t *prompt, u
 
 /* KvReady for rid with the PrefillDone's checksums; collects the stream; 1 when it finished with
  * LENGTH after n_gen tokens that follow the trivial chain (decode checked every prompt KV slot) */
-static int ready_and_decode(struct peer *d, uint64_t rid, const struct msg *pd, uint32_t n_prompt, uint32_t n_gen)
+static int ready_and_decode(struct peer *d, uint64_t rid, const struct msg *pd, uint32_t n_prompt,
+                            uint32_t n_gen)
 {
 	struct msg m;
 	msg_init(&m, MSG_KV_READY);
@@ -808,16 +802,35 @@ static int run_late_write_suite(const char *tls, const char *dev)
 	snprintf(dlog, sizeof(dlog), "%s/late-decode-%s.log", tmpdir, tls);
 	snprintf(bin_p, sizeof(bin_p), "%s/tandem-prefill", build_dir);
 	snprintf(bin_d, sizeof(bin_d), "%s/tandem-decode", build_dir);
-	char *p0argv[] = {bin_p, "--engine", "trivial", "--router", router, "--name", "slow",
-	                  "--ucx-tls", (char *)tls, "--ucx-net-devices", (char *)dev, "--heartbeat-ms",
-	                  "100", "--max-tokens-per-step", "640", "--log-level", "debug", NULL};
-	char *p1argv[] = {bin_p, "--engine", "trivial", "--router", router, "--name", "fast",
-	                  "--ucx-tls", (char *)tls, "--ucx-net-devices", (char *)dev, "--heartbeat-ms",
-	                  "100", "--max-tokens-per-step", "640", "--log-level", "debug", NULL};
-	char *dargv[] = {bin_d, "--engine", "trivial", "--router", router, "--name", "dq",
-	                 "--ucx-tls", (char *)tls, "--ucx-net-devices", (char *)dev, "--heartbeat-ms",
-	                 "100", "--kv-blocks", "30", "--kv-quarantine-ms", "4000", "--trivial-step-us", "1000",
-	                 "--log-level", "debug", NULL};
+	char *p0argv[] = {bin_p,       "--engine",
+	                  "trivial",   "--router",
+	                  router,      "--name",
+	                  "slow",      "--ucx-tls",
+	                  (char *)tls, "--ucx-net-devices",
+	                  (char *)dev, "--heartbeat-ms",
+	                  "100",       "--max-tokens-per-step",
+	                  "640",       "--log-level",
+	                  "debug",     NULL};
+	char *p1argv[] = {bin_p,       "--engine",
+	                  "trivial",   "--router",
+	                  router,      "--name",
+	                  "fast",      "--ucx-tls",
+	                  (char *)tls, "--ucx-net-devices",
+	                  (char *)dev, "--heartbeat-ms",
+	                  "100",       "--max-tokens-per-step",
+	                  "640",       "--log-level",
+	                  "debug",     NULL};
+	char *dargv[] = {bin_d,       "--engine",
+	                 "trivial",   "--router",
+	                 router,      "--name",
+	                 "dq",        "--ucx-tls",
+	                 (char *)tls, "--ucx-net-devices",
+	                 (char *)dev, "--heartbeat-ms",
+	                 "100",       "--kv-blocks",
+	                 "30",        "--kv-quarantine-ms",
+	                 "4000",      "--trivial-step-us",
+	                 "1000",      "--log-level",
+	                 "debug",     NULL};
 	setenv("TANDEM_TEST_PUSH_DELAY", "200000:600", 1);
 	pid_t pp0 = spawn(bin_p, p0argv, plog);
 	unsetenv("TANDEM_TEST_PUSH_DELAY");
@@ -973,10 +986,16 @@ static int run_late_write_suite(const char *tls, const char *dev)
 	 * its flush deadline instead of hanging, and still drains and exits cleanly */
 	char plog2[300];
 	snprintf(plog2, sizeof(plog2), "%s/late-prefill2-%s.log", tmpdir, tls);
-	char *p2argv[] = {bin_p, "--engine", "trivial", "--router", router, "--name", "slow2",
-	                  "--ucx-tls", (char *)tls, "--ucx-net-devices", (char *)dev, "--heartbeat-ms",
-	                  "100", "--max-tokens-per-step", "640", "--flush-timeout-ms", "2000", "--log-level",
-	                  "debug", NULL};
+	char *p2argv[] = {bin_p,       "--engine",
+	                  "trivial",   "--router",
+	                  router,      "--name",
+	                  "slow2",     "--ucx-tls",
+	                  (char *)tls, "--ucx-net-devices",
+	                  (char *)dev, "--heartbeat-ms",
+	                  "100",       "--max-tokens-per-step",
+	                  "640",       "--flush-timeout-ms",
+	                  "2000",      "--log-level",
+	                  "debug",     NULL};
 	setenv("TANDEM_TEST_PUSH_DELAY", "200000:600", 1);
 	pid_t pp2 = spawn(bin_p, p2argv, plog2);
 	unsetenv("TANDEM_TEST_PUSH_DELAY");
@@ -984,7 +1003,8 @@ static int run_late_write_suite(const char *tls, const char *dev)
 	CHECK(run_until(n_registered, &four, 15000));
 	struct peer *slow2 = NULL;
 	for (int i = 0; i < n_peers; i++)
-		if (peers[i].have_hello && !peers[i].closed && strcmp(peers[i].hello.u.hello.name, "slow2") == 0)
+		if (peers[i].have_hello && !peers[i].closed &&
+		    strcmp(peers[i].hello.u.hello.name, "slow2") == 0)
 			slow2 = &peers[i];
 	int sd = -1;
 	CHECK(slow2 != NULL);
@@ -999,8 +1019,8 @@ static int run_late_write_suite(const char *tls, const char *dev)
 		uint64_t t1 = uv_hrtime();
 		CHECK(wait_msg(slow2, 0, 40, &f, 8000) == 0);
 		double answered_s = (double)(uv_hrtime() - t1) / 1e9;
-		printf("[late %s] E: decode killed mid-transfer: prefill answered %s (%s) after %.2f s\n", tls,
-		       msg_type_name(f.type), f.type == MSG_ERROR ? f.u.error.message : "", answered_s);
+		printf("[late %s] E: decode killed mid-transfer: prefill answered %s (%s) after %.2f s\n",
+		       tls, msg_type_name(f.type), f.type == MSG_ERROR ? f.u.error.message : "", answered_s);
 		CHECK(answered_s < 5.0); /* 8 more blocks at 200 ms + a 2 s flush deadline at most */
 		msg_clear(&f);
 	} else {
@@ -1050,16 +1070,32 @@ static int run_stale_ep_suite(const char *tls, const char *dev)
 	snprintf(dlog2, sizeof(dlog2), "%s/stale-decode2-%s.log", tmpdir, tls);
 	snprintf(bin_p, sizeof(bin_p), "%s/tandem-prefill", build_dir);
 	snprintf(bin_d, sizeof(bin_d), "%s/tandem-decode", build_dir);
-	char *pargv[] = {bin_p, "--engine", "trivial", "--router", router, "--name", "sp", "--ucx-tls",
-	                 (char *)tls, "--ucx-net-devices", (char *)dev, "--heartbeat-ms", "100",
-	                 "--max-tokens-per-step", "64", "--flush-timeout-ms", "1000", "--log-level", "debug",
-	                 NULL};
-	char *d1argv[] = {bin_d, "--engine", "trivial", "--router", router, "--name", "sd1", "--ucx-tls",
-	                  (char *)tls, "--ucx-net-devices", (char *)dev, "--heartbeat-ms", "100",
-	                  "--log-level", "debug", NULL};
-	char *d2argv[] = {bin_d, "--engine", "trivial", "--router", router, "--name", "sd2", "--ucx-tls",
-	                  (char *)tls, "--ucx-net-devices", (char *)dev, "--heartbeat-ms", "100",
-	                  "--log-level", "debug", NULL};
+	char *pargv[] = {bin_p,       "--engine",
+	                 "trivial",   "--router",
+	                 router,      "--name",
+	                 "sp",        "--ucx-tls",
+	                 (char *)tls, "--ucx-net-devices",
+	                 (char *)dev, "--heartbeat-ms",
+	                 "100",       "--max-tokens-per-step",
+	                 "64",        "--flush-timeout-ms",
+	                 "1000",      "--log-level",
+	                 "debug",     NULL};
+	char *d1argv[] = {bin_d,       "--engine",
+	                  "trivial",   "--router",
+	                  router,      "--name",
+	                  "sd1",       "--ucx-tls",
+	                  (char *)tls, "--ucx-net-devices",
+	                  (char *)dev, "--heartbeat-ms",
+	                  "100",       "--log-level",
+	                  "debug",     NULL};
+	char *d2argv[] = {bin_d,       "--engine",
+	                  "trivial",   "--router",
+	                  router,      "--name",
+	                  "sd2",       "--ucx-tls",
+	                  (char *)tls, "--ucx-net-devices",
+	                  (char *)dev, "--heartbeat-ms",
+	                  "100",       "--log-level",
+	                  "debug",     NULL};
 	pid_t pp = spawn(bin_p, pargv, plog);
 	pid_t dp = spawn(bin_d, d1argv, dlog);
 	int two = 2;
