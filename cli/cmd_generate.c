@@ -261,7 +261,7 @@ int cmd_generate(int argc, char **argv)
 	char *obuf = NULL;
 	int ret = 2;
 	if (model_load(&m, a.model, &a.mo, &e)) {
-		fprintf(stderr, "tandem generate: %s: %s\n", a.model, e.msg);
+		fprintf(stderr, "tandem generate: %s\n", e.msg);
 		goto out;
 	}
 	if ((a.text || a.chat || !a.ids_only) && tok_load(&t, model_gguf(m), &e)) {

@@ -111,7 +111,7 @@ int cmd_logits(int argc, char **argv)
 	FILE *f = NULL;
 	int ret = 2;
 	if (model_load(&m, model, &o, &e)) {
-		fprintf(stderr, "tandem logits: %s: %s\n", model, e.msg);
+		fprintf(stderr, "tandem logits: %s\n", e.msg);
 		goto out;
 	}
 	int64_t V = model_hparams(m)->vocab;

@@ -1008,7 +1008,7 @@ int dc_worker_run(const struct dc_config *c)
 		mo.tp = c->tp;
 		mo.kv_dtype = strcmp(c->kv_dtype, "bf16") == 0 ? MODEL_KV_BF16 : MODEL_KV_F32;
 		if (model_load(&w.model, c->model, &mo, &e)) {
-			LOG_ERROR("decode", "cannot load model %s: %s", c->model, e.msg);
+			LOG_ERROR("decode", "cannot load model: %s", e.msg);
 			return 2;
 		}
 		if (tok_load(&w.tok, model_gguf(w.model), &e)) {

@@ -508,7 +508,7 @@ int pf_worker_run(const struct pf_config *c)
 		mo.tp = c->tp;
 		mo.kv_dtype = strcmp(c->kv_dtype, "bf16") == 0 ? MODEL_KV_BF16 : MODEL_KV_F32;
 		if (model_load(&w.model, c->model, &mo, &e)) {
-			LOG_ERROR("prefill", "cannot load model %s: %s", c->model, e.msg);
+			LOG_ERROR("prefill", "cannot load model: %s", e.msg);
 			return 2;
 		}
 		uint64_t h = model_identity_hash(w.model);

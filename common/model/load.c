@@ -516,6 +516,7 @@ int model_load(struct model **out, const char *path, const struct model_opts *o,
 	rc = model_load_gguf(out, g, o, e);
 	if (rc) {
 		gguf_close(g);
+		errbuf_prefix(e, "%s", path); /* gguf_open's messages name the file already */
 		return rc;
 	}
 	(*out)->owns_g = true;
