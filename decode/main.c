@@ -59,24 +59,9 @@ int main(int argc, char **argv)
 	struct errbuf e = {0};
 	int rc = opts_parse(table, (int)(sizeof(table) / sizeof(table[0])), argc, argv,
 	                    "tandem-decode [--config decode.json] [--key value ...]", &e);
-	if (rc == 1)
-		return 0;
-	log_init("decode", -1);
-	if (rc) {
-		fprintf(stderr, "tandem-decode: %s\n", e.msg);
-		return 2;
-	}
-	int lvl = log_parse_level(c.log_level);
-	if (lvl < 0) {
-		fprintf(stderr, "tandem-decode: log_level '%s': expected error, warn, info or debug\n",
-		        c.log_level);
-		return 2;
-	}
-	log_level_max = lvl;
-	if (c.auth_token_file[0] &&
-	    opts_read_token_file(c.auth_token_file, c.auth_token, sizeof(c.auth_token), &e)) {
-		fprintf(stderr, "tandem-decode: %s\n", e.msg);
-		return 2;
-	}
+	int code;
+	if (opts_worker_start("tandem-decode", "decode", rc, &e, c.log_level, c.auth_token_file, c.auth_token,
+	                      sizeof(c.auth_token), &code))
+		return code;
 	return dc_worker_run(&c);
 }

@@ -1,6 +1,10 @@
 /* JSON config + flag overrides for the worker processes (see opts.h). */
 #include "common/net/opts.h"
 
+#include <stdio.h>
+
+#include "common/base/log.h"
+
 #include <errno.h>
 #include <jansson.h>
 #include <stdlib.h>
@@ -229,4 +233,32 @@ int opts_read_token_file(const char *path, char *buf, size_t cap, struct errbuf 
 		memcpy(buf, line, (size_t)len + 1);
 	free(line);
 	return rc;
+}
+
+bool opts_worker_start(const char *prog, const char *role, int parse_rc, const struct errbuf *parse_e,
+                       const char *log_level, const char *token_file, char *token, size_t token_size,
+                       int *exit_code)
+{
+	*exit_code = 0;
+	if (parse_rc == 1)
+		return true;
+	log_init(role, -1);
+	*exit_code = 2;
+	if (parse_rc) {
+		fprintf(stderr, "%s: %s\n", prog, parse_e->msg);
+		return true;
+	}
+	int lvl = log_parse_level(log_level);
+	if (lvl < 0) {
+		fprintf(stderr, "%s: log_level '%s': expected error, warn, info or debug\n", prog, log_level);
+		return true;
+	}
+	log_level_max = lvl;
+	struct errbuf e = {0};
+	if (token_file[0] && opts_read_token_file(token_file, token, token_size, &e)) {
+		fprintf(stderr, "%s: %s\n", prog, e.msg);
+		return true;
+	}
+	*exit_code = 0;
+	return false;
 }

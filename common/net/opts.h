@@ -32,6 +32,12 @@ int opts_parse(const struct opt *table, int n, int argc, char **argv, const char
 /* Reads the first line of a secret file (a shared token), without the line end. The file must not be
  * empty; a line longer than cap - 1 is an error. */
 int opts_read_token_file(const char *path, char *buf, size_t cap, struct errbuf *e) TD_MUST_CHECK;
+/* The common start of a worker's main() after opts_parse returned parse_rc: starts logging as `role`,
+ * applies log_level and reads the control token from token_file (if set) into token. Returns true when
+ * main should exit now with *exit_code (0 after --help; 2 after printing "prog: problem"). */
+bool opts_worker_start(const char *prog, const char *role, int parse_rc, const struct errbuf *parse_e,
+                       const char *log_level, const char *token_file, char *token, size_t token_size,
+                       int *exit_code);
 void opts_print_help(FILE *f, const struct opt *table, int n, const char *usage_line);
 
 #endif
