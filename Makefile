@@ -53,9 +53,29 @@ endif
 CUDA_ARCHS ?= 90 100 120
 NVCCFLAGS  := -std=c++17 -O3 -g -lineinfo -Xcompiler -Wall,-Wextra,-Wno-unused-parameter -Werror all-warnings \
               $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) -I. -MMD -MP
-CUDA_HOME  := $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_HOME  := $(patsubst %/bin/nvcc,%,$(or $(realpath $(NVCC)),$(NVCC)))
 ifeq ($(SAN),1)
 CUDA    := 0
+endif
+# Where the CUDA runtime and cuBLAS live differs between toolkit layouts (lib64, lib,
+# targets/<triple>/lib, Debian's multiarch dir): ask nvcc for its library path and search those.
+# nvcc without the libraries (a compile-only toolkit) still compiles every .cu file as a check,
+# but the binaries are linked without the CUDA backend, and the build says so once.
+comma := ,
+CUDA_LINK := 0
+ifeq ($(CUDA),1)
+CUDA_LIBDIRS := $(sort $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib $(CUDA_HOME)/targets/*/lib \
+                  /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu) \
+                  $(patsubst -L%,%,$(subst ",,$(shell $(NVCC) -dryrun -x cu -c /dev/null -o /dev/null 2>&1 | \
+                  sed -n 's/^#[$$] LIBRARIES=//p'))))
+CUDART_LIB := $(firstword $(wildcard $(addsuffix /libcudart_static.a,$(CUDA_LIBDIRS))))
+CUBLAS_DIR := $(patsubst %/,%,$(dir $(firstword $(wildcard $(addsuffix /libcublas.so,$(CUDA_LIBDIRS))))))
+ifneq ($(and $(CUDART_LIB),$(CUBLAS_DIR)),)
+CUDA_LINK := 1
+else
+$(info NOTE: nvcc found ($(NVCC)) but not libcudart_static.a + libcublas.so in: $(CUDA_LIBDIRS))
+$(info NOTE: compiling the CUDA code as a check only; binaries are built without the CUDA backend)
+endif
 endif
 
 # ---- sources ------------------------------------------------------------------------------------
@@ -80,11 +100,14 @@ CUDA_OBJ  := $(patsubst %.cu,$(BUILD)/obj/%.o,$(CUDA_SRC))
 LIBCORE  := $(BUILD)/libtcore.a
 LIBMODEL := $(BUILD)/libtmodel.a
 LIBNET   := $(BUILD)/libtnet.a
-LIBCUDA  := $(if $(filter 1,$(CUDA)),$(if $(CUDA_OBJ),$(BUILD)/libtcuda.a))
-CUDA_LIBS := $(if $(LIBCUDA),-L$(CUDA_HOME)/lib64 -lcudart_static -lcublas -lrt -lstdc++)
-ifeq ($(CUDA),1)
+LIBCUDA  := $(if $(filter 1,$(CUDA_LINK)),$(if $(CUDA_OBJ),$(BUILD)/libtcuda.a))
+CUDA_LIBS := $(if $(LIBCUDA),$(CUDART_LIB) -L$(CUBLAS_DIR) -Wl$(comma)-rpath$(comma)$(CUBLAS_DIR) -lcublas -ldl -lrt -lstdc++)
+ifeq ($(CUDA_LINK),1)
 CFLAGS   += -DTANDEM_CUDA=1
 endif
+# compile-only check of the CUDA code when it cannot be linked
+CUDA_CHECK := $(if $(filter 1,$(CUDA)),$(if $(filter 0,$(CUDA_LINK)),$(BUILD)/libtcuda.a \
+                $(patsubst %.cu,$(BUILD)/obj/%.o,$(wildcard bench/bench_cuda_*.cu))))
 
 CLI_SRC    := $(wildcard cli/*.c)
 ROUTER_SRC := $(wildcard router/*.c)
@@ -108,7 +131,7 @@ FUZZ_SRC  := $(wildcard tests/fuzz/fuzz_*.c)
 BENCH_SRC := $(wildcard bench/bench_*.c)
 BENCH_BINS := $(patsubst %.c,$(BUILD)/bench/%,$(notdir $(BENCH_SRC)))
 # CUDA benchmarks (bench/bench_cuda_*.cu, nvcc) exist only in CUDA builds
-ifeq ($(CUDA),1)
+ifeq ($(CUDA_LINK),1)
 BENCH_BINS += $(patsubst %.cu,$(BUILD)/bench/%,$(notdir $(wildcard bench/bench_cuda_*.cu)))
 endif
 
@@ -120,7 +143,7 @@ LIBROUTER := $(if $(ROUTER_LIB_SRC),$(BUILD)/librouter.a)
 ALL_LIBS := $(LIBROUTER) $(LIBCUDA) $(LIBMODEL) $(LIBCUDA) $(LIBNET) $(LIBCORE)
 
 .PHONY: all test test-gpu run format format-check clean bench fuzz
-all: $(BINS) $(TEST_BINS) $(BENCH_BINS)
+all: $(BINS) $(TEST_BINS) $(BENCH_BINS) $(CUDA_CHECK)
 
 # ---- rules --------------------------------------------------------------------------------------
 $(BUILD)/obj/%.o: %.c | $(PROTO_GEN)
@@ -186,11 +209,11 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(ALL_LIBS)
 
 # ---- running ------------------------------------------------------------------------------------
 test: all
-	$(Q)BUILD=$(BUILD) CUDA=$(CUDA) SAN=$(SAN) tests/run.sh
+	$(Q)BUILD=$(BUILD) CUDA=$(CUDA_LINK) SAN=$(SAN) tests/run.sh
 
 # GPU stages only (on a machine with a GPU): the ops tests and GPU model tests.
 test-gpu: all
-	$(Q)BUILD=$(BUILD) CUDA=$(CUDA) TANDEM_GPU_TESTS=1 tests/run.sh gpu
+	$(Q)BUILD=$(BUILD) CUDA=$(CUDA_LINK) TANDEM_GPU_TESTS=1 tests/run.sh gpu
 
 run: all
 	$(Q)BUILD=$(BUILD) scripts/run-local.sh

@@ -5,6 +5,8 @@ set -u
 BUILD=${BUILD:-build}
 E2E_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$E2E_DIR/../.." && pwd)
+# the tests name binaries as $REPO/$BUILD/...: an absolute BUILD becomes relative to the repo
+case $BUILD in /*) BUILD=$(realpath -m --relative-to="$REPO" "$BUILD") ;; esac
 TMP=$(mktemp -d /tmp/tandem-e2e.XXXXXX)
 PIDS=()
 NAMES=()

@@ -18,13 +18,13 @@ struct sel_rec {
 	float *hid; /* [layer + 1][tok][D]: after each layer (index layer + 1), embeddings at 0 */
 };
 
-static int sel_cmp_i32(const void *a, const void *b)
+static inline int sel_cmp_i32(const void *a, const void *b)
 {
 	int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
 	return (x > y) - (x < y);
 }
 
-static void sel_moe_cb(void *user, int layer, int n_tokens, int k, const int32_t *experts, const float *w)
+static inline void sel_moe_cb(void *user, int layer, int n_tokens, int k, const int32_t *experts, const float *w)
 {
 	struct sel_rec *r = user;
 	(void)w;
@@ -36,7 +36,7 @@ static void sel_moe_cb(void *user, int layer, int n_tokens, int k, const int32_t
 		qsort(d + (size_t)t * k, (size_t)k, sizeof(int32_t), sel_cmp_i32);
 }
 
-static void sel_idx_cb(void *user, int layer, int token, int32_t pos, int n_keys, const float *scores,
+static inline void sel_idx_cb(void *user, int layer, int token, int32_t pos, int n_keys, const float *scores,
                        int n_sel, const int32_t *sel)
 {
 	struct sel_rec *r = user;
@@ -50,7 +50,7 @@ static void sel_idx_cb(void *user, int layer, int token, int32_t pos, int n_keys
 		d[i] = i < n_sel ? sel[i] : -1;
 }
 
-static void sel_hid_cb(void *user, int layer, int n_tokens, int64_t D, const float *h)
+static inline void sel_hid_cb(void *user, int layer, int n_tokens, int64_t D, const float *h)
 {
 	struct sel_rec *r = user;
 	if (layer < -1 || layer >= r->n_layers || n_tokens != r->n_tok || D != r->D || !h)
@@ -58,7 +58,7 @@ static void sel_hid_cb(void *user, int layer, int n_tokens, int64_t D, const flo
 	memcpy(r->hid + (size_t)(layer + 1) * r->n_tok * D, h, sizeof(float) * (size_t)n_tokens * (size_t)D);
 }
 
-static void sel_rec_free(struct sel_rec *r)
+static inline void sel_rec_free(struct sel_rec *r)
 {
 	free(r->moe);
 	free(r->isel);
@@ -68,7 +68,7 @@ static void sel_rec_free(struct sel_rec *r)
 
 /* One forward of tokens[0..n) (positions 0..n-1 of a fresh sequence s) with logits of every token into
  * out and the record into r. Returns the forward's status. */
-static int sel_run(struct model *m, struct model_kv *kv, struct tseq *s, const int32_t *tokens, int n,
+static inline int sel_run(struct model *m, struct model_kv *kv, struct tseq *s, const int32_t *tokens, int n,
                    float *out, struct sel_rec *r)
 {
 	const struct model_hparams *hp = model_hparams(m);
@@ -113,7 +113,7 @@ out:
 }
 
 /* Does layer l choose differently for token t in a and b? (1 MoE, 2 indexer, 0 no) */
-static int sel_differs(const struct sel_rec *a, const struct sel_rec *b, int l, int t)
+static inline int sel_differs(const struct sel_rec *a, const struct sel_rec *b, int l, int t)
 {
 	size_t om = ((size_t)l * a->n_tok + (size_t)t) * a->k,
 	       oi = ((size_t)l * a->n_tok + (size_t)t) * SEL_MAXK;
@@ -126,7 +126,7 @@ static int sel_differs(const struct sel_rec *a, const struct sel_rec *b, int l, 
 
 /* First token (and its layer / kind) at which any layer chose differently; n_tok if none. Also
  * counts the (layer, token) pairs that differ, per kind. */
-static int sel_first_flip(const struct sel_rec *a, const struct sel_rec *b, int *layer, int *kind, int *n_moe,
+static inline int sel_first_flip(const struct sel_rec *a, const struct sel_rec *b, int *layer, int *kind, int *n_moe,
                           int *n_idx)
 {
 	int first = a->n_tok;
