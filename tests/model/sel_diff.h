@@ -24,7 +24,8 @@ static inline int sel_cmp_i32(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-static inline void sel_moe_cb(void *user, int layer, int n_tokens, int k, const int32_t *experts, const float *w)
+static inline void sel_moe_cb(void *user, int layer, int n_tokens, int k, const int32_t *experts,
+                              const float *w)
 {
 	struct sel_rec *r = user;
 	(void)w;
@@ -37,7 +38,7 @@ static inline void sel_moe_cb(void *user, int layer, int n_tokens, int k, const 
 }
 
 static inline void sel_idx_cb(void *user, int layer, int token, int32_t pos, int n_keys, const float *scores,
-                       int n_sel, const int32_t *sel)
+                              int n_sel, const int32_t *sel)
 {
 	struct sel_rec *r = user;
 	(void)pos;
@@ -69,7 +70,7 @@ static inline void sel_rec_free(struct sel_rec *r)
 /* One forward of tokens[0..n) (positions 0..n-1 of a fresh sequence s) with logits of every token into
  * out and the record into r. Returns the forward's status. */
 static inline int sel_run(struct model *m, struct model_kv *kv, struct tseq *s, const int32_t *tokens, int n,
-                   float *out, struct sel_rec *r)
+                          float *out, struct sel_rec *r)
 {
 	const struct model_hparams *hp = model_hparams(m);
 	memset(r, 0, sizeof(*r));
@@ -126,8 +127,8 @@ static inline int sel_differs(const struct sel_rec *a, const struct sel_rec *b, 
 
 /* First token (and its layer / kind) at which any layer chose differently; n_tok if none. Also
  * counts the (layer, token) pairs that differ, per kind. */
-static inline int sel_first_flip(const struct sel_rec *a, const struct sel_rec *b, int *layer, int *kind, int *n_moe,
-                          int *n_idx)
+static inline int sel_first_flip(const struct sel_rec *a, const struct sel_rec *b, int *layer, int *kind,
+                                 int *n_moe, int *n_idx)
 {
 	int first = a->n_tok;
 	*layer = -1, *kind = 0, *n_moe = 0, *n_idx = 0;
