@@ -25,6 +25,7 @@
 #include "common/model/backend.h"
 #include "common/model/model_internal.h"
 #include "kernels/cuda/model_fwd.h"
+#include "kernels/cuda/prof.h"
 
 #define GRAPH_MAX_BATCH 16
 #define N_BBUCKETS 5 /* 1 2 4 8 16 */
@@ -64,6 +65,10 @@ struct be_cuda {
 	int gb, gc;
 	/* upload progress */
 	double up_total, up_done, up_t0, up_last;
+	/* TANDEM_CUDA_PROFILE=1: eager decode steps with events around every op (prof.h) */
+	struct kprof *prof_all;
+	struct kprof *prof; /* prof_all while a profiled step runs, else NULL */
+	bool prof_step;
 };
 
 #define CK(x)                                                                                                \
@@ -78,6 +83,30 @@ struct be_cuda {
 		if ((c)->mode == 2)                                                                          \
 			return;                                                                              \
 	} while (0)
+
+static int prof_on(struct be_cuda *c, const char *name, const char *sub, double bytes)
+{
+	if (c->prof)
+		kprof_push(c->prof, name, sub, bytes);
+	return 1;
+}
+
+static int prof_off(struct be_cuda *c)
+{
+	if (c->prof)
+		kprof_pop(c->prof);
+	return 0;
+}
+
+/* PROF(c, name, sub, bytes) STATEMENT runs the statement once, bracketed by profile events when
+ * this step is profiled (a pointer test otherwise); bytes: what the op reads */
+#define PROF(c, name, sub, bytes)                                                                            \
+	for (int p_once_ = prof_on(c, name, sub, bytes); p_once_; p_once_ = prof_off(c))
+
+static double wbytes(const struct kweight *w)
+{
+	return (double)w->row_bytes * (double)w->n_out;
+}
 
 static double now_s(void)
 {
@@ -297,13 +326,19 @@ static void cu_plan(void *ctx, const struct model_batch *b, struct mbe_step *st)
 {
 	struct be_cuda *c = ctx;
 	c->mode = 0;
-	if (!c->m->opts.graphs || st->debug || st->n_real > GRAPH_MAX_BATCH || st->n_out != st->n_real ||
-	    b->n_seqs > c->max_seqs)
+	c->prof_step = false;
+	if (st->debug || st->n_out != st->n_real || b->n_seqs > c->max_seqs)
 		return;
 	for (int64_t i = 0; i < st->n_real; i++) /* decode: one token per sequence */
 		for (int64_t j = 0; j < i; j++)
 			if (b->seq[i] == b->seq[j])
 				return;
+	if (c->prof_all) { /* profiled decode steps run eagerly with their own shapes */
+		c->prof_step = true;
+		return;
+	}
+	if (!c->m->opts.graphs || st->n_real > GRAPH_MAX_BATCH)
+		return;
 	int gb = bucket_of(st->n_real, 1);
 	int64_t bn = (int64_t)1 << gb;
 	int gc = bucket_of(st->max_keys, 256);
@@ -364,6 +399,17 @@ static int cu_begin(void *ctx, const struct model_batch *b, struct model_kv *kv,
 	}
 	if (c->mode == 1 && kfwd_graph_begin(c->kc))
 		c->mode = 0; /* capture refused: run eagerly */
+	if (c->prof_step) {
+		char shape[64];
+		int ctx_lo = 256;
+		while (ctx_lo * 2 <= st->max_keys)
+			ctx_lo *= 2;
+		snprintf(shape, sizeof(shape), "decode batch %lld, context %d+", (long long)st->n_real,
+		         st->max_keys < 256 ? 1 : ctx_lo);
+		kprof_step_begin(c->prof_all, shape);
+		c->prof = c->prof_all;
+		kprof_active = c->prof;
+	}
 	return 0;
 }
 
@@ -377,6 +423,7 @@ static void cu_embed(void *ctx, float *h, int64_t D)
 {
 	struct be_cuda *c = ctx;
 	SKIP_REPLAY(c);
+	PROF(c, "embed", ktype_name(c->tok_embd.type), (double)c->st.n * (double)c->tok_embd.row_bytes)
 	CK(kcuda_embed(c->kc, &c->tok_embd, c->d_tok, c->st.n, h, D));
 }
 
@@ -392,6 +439,7 @@ static void cu_rmsnorm(void *ctx, float *y, int64_t ldy, const float *x, int64_t
 {
 	struct be_cuda *c = ctx;
 	SKIP_REPLAY(c);
+	PROF(c, "rmsnorm", NULL, 4.0 * (double)(n * n_rows))
 	CK(kcuda_rmsnorm(c->kc, y, ldy, x, ldx, w, n, n_rows, eps));
 }
 
@@ -400,6 +448,7 @@ static void cu_layernorm(void *ctx, float *y, int64_t ldy, const float *x, int64
 {
 	struct be_cuda *c = ctx;
 	SKIP_REPLAY(c);
+	PROF(c, "layernorm", NULL, 4.0 * (double)(n * n_rows))
 	CK(kfwd_layernorm(c->kc, y, ldy, x, ldx, w, bias, n, n_rows, eps));
 }
 
@@ -416,11 +465,34 @@ static bool fp32_product(const struct be_cuda *c, const struct kweight *w)
 	return w == &L->idx_q_b || w == &L->idx_k || w == &L->idx_proj;
 }
 
+/* the profile's row name of a weight product (which field of which layer_w, or the lm_head) */
+static const char *mm_name(const struct be_cuda *c, const struct kweight *w)
+{
+	uintptr_t p = (uintptr_t)w, b = (uintptr_t)c->dl;
+	if (w == &c->lm_head)
+		return "mm.lm_head";
+	if (!c->dl || p < b || p >= b + (size_t)c->m->hp.n_layers * sizeof(*c->dl))
+		return "mm.other";
+	const struct layer_w *L = &c->dl[(p - b) / sizeof(*c->dl)];
+	return w == &L->q_a        ? "mm.q_a"
+	       : w == &L->q_b      ? "mm.q_b"
+	       : w == &L->kv_a     ? "mm.kv_a"
+	       : w == &L->o        ? "mm.o"
+	       : w == &L->idx_q_b  ? "mm.idx_q_b"
+	       : w == &L->idx_k    ? "mm.idx_k"
+	       : w == &L->idx_proj ? "mm.idx_proj"
+	       : w == &L->ffn_gate ? "mm.ffn_gate(dense)"
+	       : w == &L->ffn_up   ? "mm.ffn_up(dense)"
+	       : w == &L->ffn_down ? "mm.ffn_down(dense)"
+	                           : "mm.other";
+}
+
 static void cu_matmul(void *ctx, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok,
                       float *y, int64_t n_out)
 {
 	struct be_cuda *c = ctx;
 	SKIP_REPLAY(c);
+	PROF(c, mm_name(c, w), ktype_name(w->type), wbytes(w))
 	CK(kcuda_matmul_path(c->kc, fp32_product(c, w) ? KCUDA_MM_F32 : KCUDA_MM_AUTO, w, x, ldx, n_tok, y,
 	                     n_out));
 }
@@ -431,6 +503,7 @@ static void cu_rope(void *ctx, float *x, int64_t ldx, int64_t n_rows, int64_t n_
 	struct be_cuda *c = ctx;
 	(void)cs;
 	SKIP_REPLAY(c);
+	PROF(c, "rope", NULL, 4.0 * (double)(n_rows * n_heads * R))
 	CK(kcuda_rope(c->kc, x, ldx, n_rows, n_heads, head_stride, R, c->d_inv, c->d_pos, pairing, 1.0f));
 }
 
@@ -438,6 +511,7 @@ static void cu_scale(void *ctx, float *x, int64_t n, float s)
 {
 	struct be_cuda *c = ctx;
 	SKIP_REPLAY(c);
+	PROF(c, "scale", NULL, 4.0 * (double)n)
 	CK(kfwd_scale(c->kc, x, n, s));
 }
 
@@ -445,6 +519,7 @@ static void cu_swiglu(void *ctx, float *y, const float *gate, const float *up, i
 {
 	struct be_cuda *c = ctx;
 	SKIP_REPLAY(c);
+	PROF(c, "swiglu", NULL, 8.0 * (double)n)
 	CK(kcuda_swiglu(c->kc, y, n, gate, n, up, n, n, 1));
 }
 
@@ -452,6 +527,7 @@ static void cu_add(void *ctx, float *y, const float *x, int64_t n)
 {
 	struct be_cuda *c = ctx;
 	SKIP_REPLAY(c);
+	PROF(c, "add", NULL, 8.0 * (double)n)
 	CK(kfwd_add(c->kc, y, x, n));
 }
 
@@ -462,6 +538,7 @@ static void cu_kv_write(void *ctx, enum mbe_kv_part part, int index, const float
 	const struct model_kv_layout *L = &c->kv->layout;
 	size_t off = part == MBE_KV_LATENT ? (size_t)index * L->lat_layer_bytes
 	                                   : L->idx_offset + (size_t)index * L->idx_layer_bytes;
+	PROF(c, "kv_write", NULL, 4.0 * (double)(width * c->st.n))
 	CK(kfwd_kv_write(c->kc, c->kv->base, L->block_bytes, off, L->block_tokens, width,
 	                 L->dtype == MODEL_KV_BF16, x, c->st.n, c->d_seq, c->d_pos, c->d_blk, c->max_blk));
 }
@@ -494,6 +571,9 @@ static void cu_indexer(void *ctx, int layer, const float *qI, const float *wI, i
 	                               .n_keys = c->d_nk,
 	                               .max_keys = c->st.max_keys};
 	float sc = 1.0f / sqrtf((float)hp->idx_D);
+	PROF(c, "indexer(scores+topk)", NULL,
+	     (double)c->st.n * (double)c->st.max_keys * (double)hp->idx_D *
+	         (L->dtype == MODEL_KV_BF16 ? 2 : 4))
 	if (scores) {
 		CK(kcuda_indexer_scores(c->kc, &v, &rows, qI, wI, hp->idx_H, hp->idx_D, sc, scores,
 		                        c->st.max_keys));
@@ -514,13 +594,17 @@ static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const flo
 	const struct model_hparams *hp = &c->m->hp;
 	int64_t n = c->st.n, Hl = c->rk->Hl, C = hp->C, R = hp->R, N = hp->N, NR = N + R, V = hp->V;
 	/* absorbed queries: q_abs[i][h][0..C) = W_UK(h) q_nope[i][h]; [C..C+R) = roped q_rope */
+	PROF(c, "attn.q_absorb(k_b/head)", ktype_name(L->k_b.w.type), (double)Hl * wbytes(&L->k_b.w))
 	for (int64_t hh = 0; hh < Hl; hh++) {
 		struct kweight kb = kweight3_at(&L->k_b, hh);
 		CK(kcuda_matmul(c->kc, &kb, q + hh * NR, Hl * NR, n, c->qabs + hh * (C + R), Hl * (C + R)));
 	}
-	CK(kfwd_copy2d(c->kc, c->qabs + C, C + R, q + N, NR, R, n * Hl));
-	CK(kcuda_rope(c->kc, c->qabs + C, Hl * (C + R), n, Hl, C + R, R, c->d_inv, c->d_pos, hp->rope_main,
-	              1.0f));
+	PROF(c, "attn.q_rope(copy+rope)", NULL, 8.0 * (double)(n * Hl * R))
+	{
+		CK(kfwd_copy2d(c->kc, c->qabs + C, C + R, q + N, NR, R, n * Hl));
+		CK(kcuda_rope(c->kc, c->qabs + C, Hl * (C + R), n, Hl, C + R, R, c->d_inv, c->d_pos,
+		              hp->rope_main, 1.0f));
+	}
 	struct kcuda_kv_view v = kv_view(c, (size_t)layer * c->kv->layout.lat_layer_bytes, C + R);
 	struct kcuda_attn_rows rows = {.n_q = n,
 	                               .qseq = c->d_seq,
@@ -530,7 +614,11 @@ static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const flo
 	                               .sel = sel,
 	                               .ld_sel = c->st.K,
 	                               .max_keys = sel ? c->st.K : c->st.max_keys};
+	PROF(c, "attn.mla", NULL,
+	     (double)n * (double)rows.max_keys * (double)(C + R) *
+	         (c->kv->layout.dtype == MODEL_KV_BF16 ? 2 : 4))
 	CK(kcuda_mla_attn(c->kc, &v, &rows, c->qabs, Hl, C, R, hp->attn_scale, c->obar));
+	PROF(c, "attn.v_up(v_b/head)", ktype_name(L->v_b.w.type), (double)Hl * wbytes(&L->v_b.w))
 	for (int64_t hh = 0; hh < Hl; hh++) {
 		struct kweight vb = kweight3_at(&L->v_b, hh);
 		CK(kcuda_matmul(c->kc, &vb, c->obar + hh * C, Hl * C, n, o + hh * V, Hl * V));
@@ -546,22 +634,31 @@ static void cu_moe(void *ctx, const struct layer_w *L, const float *a, float *pa
 	int64_t n = c->st.n, D = hp->D, E = hp->n_expert;
 	int k = hp->n_expert_used;
 	/* router logits in fp32 whatever the weight type (MODEL-SPEC.md §2.7): never the bf16 GEMM */
+	PROF(c, "moe.router", ktype_name(L->gate_inp.type), wbytes(&L->gate_inp))
 	CK(kcuda_matmul_path(c->kc, KCUDA_MM_F32, &L->gate_inp, a, D, n, c->rl, E));
+	PROF(c, "moe.route", NULL, 4.0 * (double)(n * E))
 	CK(kcuda_moe_route(c->kc, c->rl, E, L->exp_bias, n, (int)E, k, hp->n_group, hp->n_group_used,
 	                   hp->gating_func, hp->expert_weights_norm, hp->expert_weights_scale, ids, wts));
 	struct kweight g = L->gate_exps.w, u = L->up_exps.w, d = L->down_exps.w;
 	g.n_out *= E; /* compact upload: expert e = rows [e F, e F + F) */
 	u.n_out *= E;
 	d.n_out *= E;
+	/* bytes: the experts the pairs can touch at most (distinct ids are not known on the host) */
+	double n_ex = (double)(n * k < E ? n * k : E);
+	PROF(c, "moe.experts", ktype_name(g.type), n_ex * (wbytes(&g) + wbytes(&u) + wbytes(&d)) / (double)E)
 	CK(kcuda_moe_ffn(c->kc, a, D, n, ids, wts, k, &g, &u, &d, E, rk->fel, part, D));
-	if (L->has_shexp) {
-		float *t1 = c->ys + n * D, *t2 = t1 + n * rk->fsl;
-		CK(kcuda_matmul(c->kc, &L->sh_gate, a, D, n, t1, rk->fsl));
-		CK(kcuda_matmul(c->kc, &L->sh_up, a, D, n, t2, rk->fsl));
-		CK(kcuda_swiglu(c->kc, t1, rk->fsl * n, t1, rk->fsl * n, t2, rk->fsl * n, n * rk->fsl, 1));
-		CK(kcuda_matmul(c->kc, &L->sh_down, t1, rk->fsl, n, c->ys, D));
-		CK(kfwd_add(c->kc, part, c->ys, n * D));
-	}
+	if (L->has_shexp)
+		PROF(c, "moe.shared", ktype_name(L->sh_gate.type),
+		     wbytes(&L->sh_gate) + wbytes(&L->sh_up) + wbytes(&L->sh_down))
+		{
+			float *t1 = c->ys + n * D, *t2 = t1 + n * rk->fsl;
+			CK(kcuda_matmul(c->kc, &L->sh_gate, a, D, n, t1, rk->fsl));
+			CK(kcuda_matmul(c->kc, &L->sh_up, a, D, n, t2, rk->fsl));
+			CK(kcuda_swiglu(c->kc, t1, rk->fsl * n, t1, rk->fsl * n, t2, rk->fsl * n, n * rk->fsl,
+			                1));
+			CK(kcuda_matmul(c->kc, &L->sh_down, t1, rk->fsl, n, c->ys, D));
+			CK(kfwd_add(c->kc, part, c->ys, n * D));
+		}
 }
 
 static void cu_gather_rows(void *ctx, float *dst, const float *src, int64_t width, const int32_t *rows_host,
@@ -570,6 +667,7 @@ static void cu_gather_rows(void *ctx, float *dst, const float *src, int64_t widt
 	struct be_cuda *c = ctx;
 	(void)rows_host; /* the same rows are in device memory (begin) */
 	SKIP_REPLAY(c);
+	PROF(c, "gather_rows", NULL, 4.0 * (double)(width * n))
 	CK(kfwd_gather_rows(c->kc, dst, src, width, c->d_rows, n));
 }
 
@@ -610,8 +708,11 @@ static int cu_all_gather(void *ctx, const float *send, size_t n, float *recv)
 	if (c->mode == 2)
 		return 0;
 	int r = c->rk->rank, T = c->m->T;
-	CK(kcuda_memset(c->kc, recv, 0, n * (size_t)T * sizeof(float)));
-	CK(kfwd_copy2d(c->kc, recv + (size_t)r * n, (int64_t)n, send, (int64_t)n, (int64_t)n, 1));
+	PROF(c, "all_gather(shard: own slot)", NULL, 4.0 * (double)n * T)
+	{
+		CK(kcuda_memset(c->kc, recv, 0, n * (size_t)T * sizeof(float)));
+		CK(kfwd_copy2d(c->kc, recv + (size_t)r * n, (int64_t)n, send, (int64_t)n, (int64_t)n, 1));
+	}
 	return step_status(c);
 }
 
@@ -664,6 +765,12 @@ static int cu_to_host(void *ctx, void *dst_host, const void *src, size_t bytes)
 		CK(kfwd_graph_launch(c->kc, c->graph[c->gb][c->gc]));
 		c->mode = 3; /* launched once for this step; further to_host calls only copy */
 	}
+	if (c->prof) { /* end of a profiled step (the logits are complete) */
+		int prc = kprof_step_end(c->prof);
+		c->prof = NULL;
+		kprof_active = NULL;
+		CK(prc);
+	}
 	if (c->err)
 		return c->err;
 	int rc = kcuda_download(c->kc, dst_host, src, bytes);
@@ -682,6 +789,9 @@ static void cu_destroy(void *ctx)
 	for (int i = 0; i < N_BBUCKETS; i++)
 		for (int j = 0; j < N_CBUCKETS; j++)
 			kfwd_graph_destroy(c->graph[i][j]);
+	if (kprof_active == c->prof_all)
+		kprof_active = NULL;
+	kprof_destroy(c->prof_all); /* prints the last table */
 	for (int i = 0; i < c->n_allocs; i++)
 		kcuda_free(c->allocs[i]);
 	free(c->allocs);
@@ -817,6 +927,16 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 	if ((rc = kcuda_upload(c->kc, c->d_inv, inv, sizeof(float) * (size_t)(R / 2)))) {
 		errbuf_set(e, rc, "backend cuda: upload failed");
 		goto fail;
+	}
+	const char *pe = getenv("TANDEM_CUDA_PROFILE");
+	if (pe && *pe && strcmp(pe, "0") != 0) {
+		if ((rc = kprof_create(c->kc, &c->prof_all))) {
+			errbuf_set(e, rc, "backend cuda: cannot create the profiler");
+			goto fail;
+		}
+		LOG_INFO("model",
+		         "cuda: TANDEM_CUDA_PROFILE set: decode steps run eagerly with an event pair "
+		         "around every op (tables on stdout)");
 	}
 	if (!o->quiet)
 		LOG_INFO(

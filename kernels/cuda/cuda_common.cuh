@@ -36,11 +36,15 @@ struct kcuda_ctx {
 		}                                                                                            \
 	} while (0)
 
+/* launches made through the ops (kernels/cuda/prof.cu reports them per step) */
+extern "C" unsigned long long kcuda_n_launch;
+
 /* After a launch: a launch configuration error is returned as ERR_CUDA (with a message on
  * stderr); the kernels never log. */
 static inline int kcuda_launch_status(const char *what)
 {
 	cudaError_t e = cudaGetLastError();
+	kcuda_n_launch++;
 	if (e == cudaSuccess)
 		return 0;
 	fprintf(stderr, "kcuda: %s launch failed: %s\n", what, cudaGetErrorString(e));

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cuda/prof.h"
 #include "kernels/cuda/quant_piece.cuh"
 
 #define MOE_WARPS 4
@@ -147,6 +148,19 @@ static int moe_down_t(struct kcuda_ctx *c, int64_t np, const int32_t *ids, const
 	return kcuda_launch_status("moe_down");
 }
 
+/* stages of the decode path in the profile (prof.h), nested under the backend's moe.experts */
+static void stage_begin(const char *name, const struct kweight *w, double rows)
+{
+	if (kprof_active)
+		kprof_push(kprof_active, name, w ? ktype_name(w->type) : NULL,
+		           w ? rows * (double)w->row_bytes : 0.0);
+}
+static void stage_end(void)
+{
+	if (kprof_active)
+		kprof_pop(kprof_active);
+}
+
 static int moe_decode(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
                       const float *weights, int k, const struct kweight *gate, const struct kweight *up,
                       const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo)
@@ -155,28 +169,36 @@ static int moe_decode(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t 
 	if ((size_t)np * (size_t)(F + D) * sizeof(float) > c->ws_bytes)
 		return ERR_LIMIT;
 	float *h = (float *)c->ws, *y = h + np * F;
-	int rc;
+	int rc = ERR_UNSUPPORTED;
+	stage_begin("moe.experts/gate_up(pairs)", gate, 2.0 * (double)np * (double)F);
 	switch (gate->type) {
 #define X(T)                                                                                                 \
 	case T: rc = moe_gate_up_t<T>(c, x, ldx, np, ids, k, gate, up, E, F, h); break;
 		KCUDA_FOR_EACH_TYPE(X)
 #undef X
-	default: return ERR_UNSUPPORTED;
+	default: break;
 	}
+	stage_end();
 	if (rc)
 		return rc;
+	rc = ERR_UNSUPPORTED;
+	stage_begin("moe.experts/down(pairs)", down, (double)np * (double)D);
 	switch (down->type) {
 #define X(T)                                                                                                 \
 	case T: rc = moe_down_t<T>(c, np, ids, down, D, E, F, h, y); break;
 		KCUDA_FOR_EACH_TYPE(X)
 #undef X
-	default: return ERR_UNSUPPORTED;
+	default: break;
 	}
+	stage_end();
 	if (rc)
 		return rc;
+	stage_begin("moe.experts/combine", NULL, 0);
 	dim3 g3((unsigned)((D + 255) / 256), (unsigned)n);
 	moe_combine_kernel<<<g3, 256, 0, c->stream>>>(y, weights, k, D, out, ldo);
-	return kcuda_launch_status("moe_combine");
+	rc = kcuda_launch_status("moe_combine");
+	stage_end();
+	return rc;
 }
 
 static int moe_grouped(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,

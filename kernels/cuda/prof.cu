@@ -1,0 +1,262 @@
+/* The eager-step op profiler (prof.h): CUDA event pairs around each op on the context's stream,
+ * summed per (name, sub) after the step. Events are created once and reused step after step (the
+ * pool grows to the largest step seen), so a profiled step allocates nothing on the device. The
+ * event pairs measure GPU time between the two records, which includes the idle time when the
+ * host launches slower than the GPU runs: the launch count per op shows where that can be. */
+#include <string.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/prof.h"
+
+extern "C" {
+unsigned long long kcuda_n_launch = 0;
+struct kprof *kprof_active = NULL;
+}
+
+#define KPROF_DEPTH 8
+#define KPROF_KEYS 256
+
+struct kprof_key {
+	const char *name, *sub;
+	int depth;
+	double ms, bytes;
+	unsigned long long calls, launches;
+};
+
+struct kprof_rec {
+	int key, e0, e1;
+	unsigned long long l0, launches;
+	double bytes;
+};
+
+struct kprof {
+	cudaStream_t st;
+	cudaEvent_t *ev;
+	int n_ev, cap_ev, used_ev;
+	struct kprof_rec *rec;
+	int n_rec, cap_rec;
+	int stack[KPROF_DEPTH], depth;
+	struct kprof_key keys[KPROF_KEYS];
+	int n_keys;
+	char shape[96];
+	int seen; /* steps of this shape, the warm-up included */
+	int steps; /* steps counted */
+	double step_ms;
+	unsigned long long step_launches, l_step0;
+	bool open, broken;
+};
+
+static int ev_take(struct kprof *p)
+{
+	if (p->used_ev == p->n_ev) {
+		if (p->n_ev == p->cap_ev) {
+			int cap = p->cap_ev ? 2 * p->cap_ev : 4096;
+			cudaEvent_t *ne = (cudaEvent_t *)realloc(p->ev, sizeof(cudaEvent_t) * (size_t)cap);
+			if (!ne)
+				return -1;
+			p->ev = ne;
+			p->cap_ev = cap;
+		}
+		if (cudaEventCreate(&p->ev[p->n_ev]) != cudaSuccess)
+			return -1;
+		p->n_ev++;
+	}
+	int i = p->used_ev++;
+	if (cudaEventRecord(p->ev[i], p->st) != cudaSuccess)
+		return -1;
+	return i;
+}
+
+static int key_of(struct kprof *p, const char *name, const char *sub, int depth)
+{
+	for (int i = 0; i < p->n_keys; i++) {
+		const struct kprof_key *k = &p->keys[i];
+		if (k->depth == depth && (k->name == name || !strcmp(k->name, name)) &&
+		    (k->sub == sub || (k->sub && sub && !strcmp(k->sub, sub))))
+			return i;
+	}
+	if (p->n_keys == KPROF_KEYS)
+		return -1;
+	struct kprof_key *k = &p->keys[p->n_keys];
+	memset(k, 0, sizeof(*k));
+	k->name = name;
+	k->sub = sub;
+	k->depth = depth;
+	return p->n_keys++;
+}
+
+extern "C" int kprof_create(struct kcuda_ctx *c, struct kprof **out)
+{
+	*out = NULL;
+	struct kprof *p = (struct kprof *)calloc(1, sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	p->st = c->stream;
+	*out = p;
+	return 0;
+}
+
+extern "C" void kprof_step_begin(struct kprof *p, const char *shape)
+{
+	if (strncmp(p->shape, shape, sizeof(p->shape) - 1) != 0) {
+		kprof_report(p, stdout);
+		snprintf(p->shape, sizeof(p->shape), "%s", shape);
+		p->seen = 0;
+	}
+	p->used_ev = 0;
+	p->n_rec = 0;
+	p->depth = 0;
+	p->broken = false;
+	p->l_step0 = kcuda_n_launch;
+	p->open = ev_take(p) == 0;
+}
+
+extern "C" void kprof_push(struct kprof *p, const char *name, const char *sub, double bytes)
+{
+	if (!p->open || p->broken)
+		return;
+	if (p->depth == KPROF_DEPTH || p->n_rec == INT32_MAX / 2) {
+		p->broken = true;
+		return;
+	}
+	if (p->n_rec == p->cap_rec) {
+		int cap = p->cap_rec ? 2 * p->cap_rec : 4096;
+		struct kprof_rec *nr = (struct kprof_rec *)realloc(p->rec, sizeof(*nr) * (size_t)cap);
+		if (!nr) {
+			p->broken = true;
+			return;
+		}
+		p->rec = nr;
+		p->cap_rec = cap;
+	}
+	int k = key_of(p, name, sub, p->depth);
+	int e = ev_take(p);
+	if (k < 0 || e < 0) {
+		p->broken = true;
+		return;
+	}
+	struct kprof_rec *r = &p->rec[p->n_rec];
+	r->key = k;
+	r->e0 = e;
+	r->e1 = -1;
+	r->l0 = kcuda_n_launch;
+	r->launches = 0;
+	r->bytes = bytes;
+	p->stack[p->depth++] = p->n_rec++;
+}
+
+extern "C" void kprof_pop(struct kprof *p)
+{
+	if (!p->open || p->broken || p->depth == 0)
+		return;
+	struct kprof_rec *r = &p->rec[p->stack[--p->depth]];
+	r->launches = kcuda_n_launch - r->l0;
+	if ((r->e1 = ev_take(p)) < 0)
+		p->broken = true;
+}
+
+extern "C" int kprof_step_end(struct kprof *p)
+{
+	if (!p->open)
+		return 0;
+	p->open = false;
+	int e1 = ev_take(p);
+	if (e1 < 0 || cudaEventSynchronize(p->ev[e1]) != cudaSuccess)
+		return kcuda_launch_status("profile events");
+	if (p->broken || p->depth != 0 || p->seen++ == 0) /* warm-up step of this shape, or unusable */
+		return 0;
+	float ms = 0;
+	cudaEventElapsedTime(&ms, p->ev[0], p->ev[e1]);
+	p->step_ms += ms;
+	p->step_launches += kcuda_n_launch - p->l_step0;
+	p->steps++;
+	for (int i = 0; i < p->n_rec; i++) {
+		const struct kprof_rec *r = &p->rec[i];
+		struct kprof_key *k = &p->keys[r->key];
+		float t = 0;
+		if (r->e1 >= 0)
+			cudaEventElapsedTime(&t, p->ev[r->e0], p->ev[r->e1]);
+		k->ms += t;
+		k->calls++;
+		k->launches += r->launches;
+		k->bytes += r->bytes;
+	}
+	return 0;
+}
+
+/* order of the report: top-level rows by time, each followed by its nested rows by time */
+static int cmp_ms(const void *a, const void *b)
+{
+	const struct kprof_key *x = *(const struct kprof_key *const *)a,
+	                       *y = *(const struct kprof_key *const *)b;
+	return (x->ms < y->ms) - (x->ms > y->ms);
+}
+
+extern "C" void kprof_report(struct kprof *p, FILE *f)
+{
+	if (p->steps > 0) {
+		const double n = p->steps, step_us = 1e3 * p->step_ms / n;
+		const double launches = (double)p->step_launches / n;
+		double top_us = 0;
+		for (int i = 0; i < p->n_keys; i++)
+			if (p->keys[i].depth == 0)
+				top_us += 1e3 * p->keys[i].ms / n;
+		fprintf(
+		    f,
+		    "cuda profile: %s, %d eager steps: %.0f us/step, %.0f kernel launches/step (launch-bound "
+		    "estimate at ~3 us each: %.1f ms)\n",
+		    p->shape, p->steps, step_us, launches, launches * 3e-3);
+		fprintf(f, "  %-28s %-6s %9s %9s %10s %6s %8s\n", "op", "type", "calls/st", "launch/st",
+		        "us/step", "%step", "GB/s");
+		struct kprof_key *ord[KPROF_KEYS];
+		int n_ord = 0;
+		for (int i = 0; i < p->n_keys; i++)
+			ord[n_ord++] = &p->keys[i];
+		qsort(ord, (size_t)n_ord, sizeof(ord[0]), cmp_ms);
+		for (int i = 0; i < n_ord; i++) {
+			const struct kprof_key *k = ord[i];
+			if (k->depth != 0)
+				continue;
+			for (int pass = 0; pass < 2; pass++)
+				for (int j = 0; j < n_ord; j++) {
+					const struct kprof_key *q = ord[j];
+					/* pass 0: the row itself; pass 1: rows nested under a name
+					 * that starts with this row's name */
+					if (pass == 0
+					        ? q != k
+					        : q->depth == 0 || strncmp(q->name, k->name, strlen(k->name)))
+						continue;
+					const double us = 1e3 * q->ms / n;
+					fprintf(f, "  %s%-*s %-6s %9.1f %9.1f %10.1f %5.1f%% %8.1f\n",
+					        q->depth ? "  " : "", q->depth ? 26 : 28, q->name,
+					        q->sub ? q->sub : "-", (double)q->calls / n,
+					        (double)q->launches / n, us, 100.0 * us / step_us,
+					        q->ms > 0 ? q->bytes / (q->ms * 1e-3) / 1e9 : 0.0);
+				}
+		}
+		fprintf(f, "  %-28s %-6s %9s %9s %10.1f %5.1f%%\n", "(between ops: host gaps)", "-", "", "",
+		        step_us - top_us, 100.0 * (step_us - top_us) / step_us);
+		fflush(f);
+	}
+	for (int i = 0; i < p->n_keys; i++) {
+		p->keys[i].ms = p->keys[i].bytes = 0;
+		p->keys[i].calls = p->keys[i].launches = 0;
+	}
+	p->steps = 0;
+	p->step_ms = 0;
+	p->step_launches = 0;
+}
+
+extern "C" void kprof_destroy(struct kprof *p)
+{
+	if (!p)
+		return;
+	kprof_report(p, stdout);
+	if (kprof_active == p)
+		kprof_active = NULL;
+	for (int i = 0; i < p->n_ev; i++)
+		cudaEventDestroy(p->ev[i]);
+	free(p->ev);
+	free(p->rec);
+	free(p);
+}
