@@ -9,7 +9,10 @@
  * cache; the median is reported. The "bytes/token" column is the weight bytes one decode step must
  * read (every matrix except the embedding table, routed experts counted at k/E of their size) and
  * "GB/s" is that over the step time: the roofline at batch 1 is the machine's read bandwidth. With
- * --rank r (one rank of --tp run alone) the bytes are that rank's: its shard of the split tensors. */
+ * --rank r (one rank of --tp run alone) the bytes are that rank's: its shard of the split tensors.
+ * --kv-fill random skips the prefill (random KV at position --ctx); --matrix runs the batch x
+ * context decode table of issue 4 and one long prefill on one weight upload; --profile prints the
+ * CUDA backend's per-op tables (kernels/cuda/prof.h). */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -25,6 +28,7 @@
 #include "common/model/model.h"
 #ifdef TANDEM_CUDA
 #include "kernels/cuda/model_fwd.h"
+#include "kernels/cuda/prof.h"
 #endif
 
 static double now_s(void)
@@ -106,6 +110,12 @@ struct bench_opts {
 	/* --synthetic PRESET: a sparse mkmodel file (shapes and small tensors only); the CUDA backend
 	 * fills the matrices with random device memory */
 	const char *synthetic, *syn_type, *syn_layers, *syn_experts, *syn_topk, *syn_dense;
+	int kv_fill; /* --kv-fill random: no prefill, the KV pool is random and decode starts at --ctx */
+	int kv_bf16; /* --kv-dtype bf16 (default f32; the matrix defaults to bf16) */
+	int kv_dtype_set;
+	int profile; /* --profile: per-op tables of eager decode steps (TANDEM_CUDA_PROFILE) */
+	int matrix; /* --matrix: batch x context decode table + an 8k prefill, one weight upload */
+	int mx_batch[8], n_mx_batch, mx_ctx[8], n_mx_ctx, mx_prefill;
 };
 
 static int parse_int(const char *cmd, const char *flag, const char *v, int lo, int hi, int *out)
@@ -119,12 +129,35 @@ static int parse_int(const char *cmd, const char *flag, const char *v, int lo, i
 	return 0;
 }
 
+/* "1,8,32" -> out[0..n) (at most 8 values in [lo, hi]) */
+static int parse_list(const char *cmd, const char *flag, const char *v, int lo, int hi, int *out, int *n)
+{
+	*n = 0;
+	const char *p = v;
+	while (p && *p) {
+		char *end;
+		long x = strtol(p, &end, 10);
+		if (end == p || x < lo || x > hi || *n == 8 || (*end && *end != ','))
+			return cli_usage_error(
+			    cmd, "%s needs up to 8 comma-separated integers in [%d, %d], got '%s'", flag, lo,
+			    hi, v);
+		out[(*n)++] = (int)x;
+		p = *end ? end + 1 : end;
+	}
+	if (*n == 0)
+		return cli_usage_error(cmd, "%s needs a list of integers", flag);
+	return 0;
+}
+
 static void usage(void)
 {
 	printf(
 	    "usage: tandem bench -m MODEL [--prompt N] [--gen N] [--batch B] [--threads T] [--tp N]\n"
 	    "                    [--reps R] [--ubatch U] [--seed S] [--json] [--fast]\n"
 	    "                    [--backend cpu|cuda] [--device N] [--rank r] [--graph 0|1] [--ctx N]\n"
+	    "                    [--kv-fill random] [--kv-dtype f32|bf16] [--profile]\n"
+	    "                    [--matrix [--matrix-batch 1,8,32,128] [--matrix-ctx 4096,32768]\n"
+	    "                     [--matrix-prefill 8192]]\n"
 	    "       tandem bench --synthetic glm5|deepseek3|tiny [--layers L] [--experts E] [--top-k K]\n"
 	    "                    [--dense D] [--type q4_k] --backend cuda ... (no file: random weights in\n"
 	    "                    device memory, laid out exactly as loaded ones; rank r's shard only)\n"
@@ -132,14 +165,33 @@ static void usage(void)
 	    "batch 1, threads = online CPUs, tp 1, reps 3, ubatch = prompt, backend cpu).\n"
 	    "cuda: --rank r runs rank r of --tp alone (collectives skipped: one GPU measures one\n"
 	    "rank's work); --graph 1 (default) also times decode replayed from CUDA graphs against\n"
-	    "eager; prints the weight upload rate and the device-to-device copy bandwidth.\n");
+	    "eager; prints the weight upload rate and the device-to-device copy bandwidth.\n"
+	    "--kv-fill random: no prefill; every sequence's KV blocks hold random values and decode\n"
+	    "starts at position --ctx (decode at 32k without a 32k prefill).\n"
+	    "--profile: per-op table of eager decode steps (time, calls, launches, GB/s; cuda only).\n"
+	    "--matrix: decode step time eager and graphs for every batch x context of the lists (KV\n"
+	    "random-filled, bf16 unless --kv-dtype; cells whose KV does not fit are skipped with the\n"
+	    "bytes), achieved weight+KV read rate against the copy rate, then a --matrix-prefill\n"
+	    "prompt (ubatch --ubatch, default 2048) against the bf16 tensor-core rate; with --profile\n"
+	    "a profiled pass of every cell follows.\n");
 }
 
 static int parse(int argc, char **argv, struct bench_opts *o)
 {
 	const char *cmd = "bench";
-	*o = (struct bench_opts){
-	    .prompt = 128, .gen = 32, .batch = 1, .tp = 1, .reps = 3, .seed = 1, .rank = -1, .graph = 1};
+	*o = (struct bench_opts){.prompt = 128,
+	                         .gen = 32,
+	                         .batch = 1,
+	                         .tp = 1,
+	                         .reps = 3,
+	                         .seed = 1,
+	                         .rank = -1,
+	                         .graph = 1,
+	                         .mx_batch = {1, 8, 32, 128},
+	                         .n_mx_batch = 4,
+	                         .mx_ctx = {4096, 32768},
+	                         .n_mx_ctx = 2,
+	                         .mx_prefill = 8192};
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	o->threads = ncpu > 0 ? (int)ncpu : 1;
 	for (int i = 1; i < argc; i++) {
@@ -187,6 +239,24 @@ static int parse(int argc, char **argv, struct bench_opts *o)
 			rc = parse_int(cmd, a, v, 0, 1, &o->graph), i++;
 		} else if (!strcmp(a, "--ctx")) { /* decode at this context: the prompt length */
 			rc = parse_int(cmd, a, v, 1, 1 << 20, &o->prompt), i++;
+		} else if (!strcmp(a, "--kv-fill")) {
+			if (!v || strcmp(v, "random"))
+				return cli_usage_error(cmd, "--kv-fill needs 'random'");
+			o->kv_fill = 1, i++;
+		} else if (!strcmp(a, "--kv-dtype")) {
+			if (!v || (strcmp(v, "bf16") && strcmp(v, "f32")))
+				return cli_usage_error(cmd, "--kv-dtype needs bf16 or f32");
+			o->kv_bf16 = !strcmp(v, "bf16"), o->kv_dtype_set = 1, i++;
+		} else if (!strcmp(a, "--profile")) {
+			o->profile = 1;
+		} else if (!strcmp(a, "--matrix")) {
+			o->matrix = 1;
+		} else if (!strcmp(a, "--matrix-batch")) {
+			rc = parse_list(cmd, a, v, 1, 4096, o->mx_batch, &o->n_mx_batch), i++;
+		} else if (!strcmp(a, "--matrix-ctx")) {
+			rc = parse_list(cmd, a, v, 1, 1 << 20, o->mx_ctx, &o->n_mx_ctx), i++;
+		} else if (!strcmp(a, "--matrix-prefill")) {
+			rc = parse_int(cmd, a, v, 0, 1 << 20, &o->mx_prefill), i++;
 		} else if (!strcmp(a, "--synthetic") || !strcmp(a, "--type") || !strcmp(a, "--layers") ||
 		           !strcmp(a, "--experts") || !strcmp(a, "--top-k") || !strcmp(a, "--dense")) {
 			if (!v)
@@ -211,98 +281,184 @@ static int parse(int argc, char **argv, struct bench_opts *o)
 		return cli_usage_error(cmd, "-m and --synthetic exclude each other");
 	if (!o->synthetic && (o->syn_type || o->syn_layers || o->syn_experts || o->syn_topk || o->syn_dense))
 		return cli_usage_error(cmd, "--type/--layers/--experts/--top-k/--dense go with --synthetic");
-	if (o->ubatch == 0 || o->ubatch > o->prompt)
+	if (o->matrix && !o->kv_dtype_set)
+		o->kv_bf16 = 1;
+	if (o->matrix && o->ubatch == 0)
+		o->ubatch = o->mx_prefill < 2048 ? (o->mx_prefill > 0 ? o->mx_prefill : 1) : 2048;
+	if (!o->matrix && (o->ubatch == 0 || o->ubatch > o->prompt))
 		o->ubatch = o->prompt;
 	if (o->rank >= o->tp)
 		return cli_usage_error(cmd, "--rank %d needs --tp > %d", o->rank, o->rank);
 	return 0;
 }
 
+/* The sequences of one run: KV pool, block tables and the step arrays. */
+struct bench_seqs {
+	struct model_kv kv;
+	int32_t *blocks, *tok, *sq, *pos;
+	struct model_seq *seqs;
+	uint8_t *want;
+	float *logits;
+	int batch, nb_seq;
+};
+
+static void seqs_fini(struct bench_seqs *s)
+{
+	free(s->blocks);
+	free(s->seqs);
+	free(s->tok);
+	free(s->sq);
+	free(s->pos);
+	free(s->want);
+	free(s->logits);
+	model_kv_fini(&s->kv);
+	memset(s, 0, sizeof(*s));
+}
+
+/* batch sequences of ctx positions each, n_tok_max tokens per forward at most */
+static int seqs_init(struct bench_seqs *s, struct model *m, int batch, int ctx, int n_tok_max,
+                     struct errbuf *e)
+{
+	const struct model_hparams *hp = model_hparams(m);
+	memset(s, 0, sizeof(*s));
+	s->batch = batch;
+	s->nb_seq = (ctx + MODEL_KV_BLOCK_TOKENS - 1) / MODEL_KV_BLOCK_TOKENS;
+	int rc = model_kv_init(&s->kv, m, (int64_t)s->nb_seq * batch, NULL, 0, e);
+	if (rc)
+		return rc;
+	s->blocks = malloc(sizeof(int32_t) * (size_t)s->nb_seq * (size_t)batch);
+	s->seqs = calloc((size_t)batch, sizeof(*s->seqs));
+	s->tok = malloc(sizeof(int32_t) * (size_t)n_tok_max);
+	s->sq = malloc(sizeof(int32_t) * (size_t)n_tok_max);
+	s->pos = malloc(sizeof(int32_t) * (size_t)n_tok_max);
+	s->want = calloc((size_t)n_tok_max, 1);
+	s->logits = malloc(sizeof(float) * (size_t)hp->vocab * (size_t)batch);
+	if (!s->blocks || !s->seqs || !s->tok || !s->sq || !s->pos || !s->want || !s->logits) {
+		seqs_fini(s);
+		return errbuf_set(e, -ENOMEM, "bench: out of memory");
+	}
+	for (int q = 0; q < batch; q++) {
+		for (int i = 0; i < s->nb_seq; i++)
+			s->blocks[q * s->nb_seq + i] = q * s->nb_seq + i;
+		s->seqs[q] =
+		    (struct model_seq){.blocks = s->blocks + (size_t)q * s->nb_seq, .n_blocks = s->nb_seq};
+	}
+	return 0;
+}
+
+/* Random KV contents (as if a prompt had been prefilled): device memory filled on the GPU
+ * (bf16 / f32 fields finite, |x| < 2), host memory with uniform values in [-1, 1). */
+static int kv_fill_random(struct bench_seqs *s, void *kc, uint64_t seed, struct errbuf *e)
+{
+	size_t bytes = (size_t)s->kv.n_blocks * s->kv.layout.block_bytes;
+	if (s->kv.on_device) {
+#ifdef TANDEM_CUDA
+		if (kc && !kfwd_fill_random(kc, s->kv.base, bytes, seed) && !kcuda_sync(kc))
+			return 0;
+#endif
+		return errbuf_set(e, ERR_CUDA, "bench: cannot fill the %zu-byte device KV pool", bytes);
+	}
+	uint64_t x = seed * 0x9E3779B97F4A7C15ull + 7;
+	if (s->kv.layout.dtype == MODEL_KV_BF16) {
+		uint16_t *p = s->kv.base;
+		for (size_t i = 0; i < bytes / 2; i++) {
+			x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+			float f = (float)(x >> 40) / (float)(1 << 24) * 2.0f - 1.0f;
+			uint32_t u;
+			memcpy(&u, &f, 4);
+			p[i] = (uint16_t)(u >> 16);
+		}
+	} else {
+		float *p = s->kv.base;
+		for (size_t i = 0; i < bytes / 4; i++) {
+			x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+			p[i] = (float)(x >> 40) / (float)(1 << 24) * 2.0f - 1.0f;
+		}
+	}
+	return 0;
+}
+
+/* n decode steps, one token for every sequence at positions pos0, pos0 + 1, ... */
+static int decode_steps(struct model *m, struct bench_seqs *s, int pos0, int n, uint64_t *x, double *secs,
+                        struct errbuf *e)
+{
+	const struct model_hparams *hp = model_hparams(m);
+	int rc = 0;
+	double t0 = now_s();
+	for (int i = 0; i < s->batch; i++)
+		s->want[i] = 1;
+	for (int step = 0; step < n && !rc; step++) {
+		for (int q = 0; q < s->batch; q++) {
+			/* greedy-free: the next token is a cheap function of the logits so the step depends
+			 * on the previous one like real decoding does */
+			*x ^= *x << 13, *x ^= *x >> 7, *x ^= *x << 17;
+			s->tok[q] = (int32_t)(*x % (uint64_t)hp->vocab);
+			s->sq[q] = q;
+			s->pos[q] = pos0 + step;
+		}
+		struct model_batch b = {.n_tokens = s->batch,
+		                        .tokens = s->tok,
+		                        .seq = s->sq,
+		                        .pos = s->pos,
+		                        .logits = s->want,
+		                        .n_seqs = s->batch,
+		                        .seqs = s->seqs};
+		rc = model_forward(m, &s->kv, &b, s->logits, NULL, e);
+	}
+	*secs = now_s() - t0;
+	return rc;
+}
+
+/* a prompt of n random tokens for every sequence, in chunks of ubatch */
+static int prefill(struct model *m, struct bench_seqs *s, int n_prompt, int ubatch, uint64_t *x,
+                   struct errbuf *e)
+{
+	const struct model_hparams *hp = model_hparams(m);
+	int rc = 0;
+	for (int q = 0; q < s->batch && !rc; q++) {
+		for (int p0 = 0; p0 < n_prompt && !rc; p0 += ubatch) {
+			int n = n_prompt - p0 < ubatch ? n_prompt - p0 : ubatch;
+			for (int i = 0; i < n; i++) {
+				*x ^= *x << 13, *x ^= *x >> 7, *x ^= *x << 17;
+				s->tok[i] = (int32_t)(*x % (uint64_t)hp->vocab);
+				s->sq[i] = q;
+				s->pos[i] = p0 + i;
+			}
+			struct model_batch b = {.n_tokens = n,
+			                        .tokens = s->tok,
+			                        .seq = s->sq,
+			                        .pos = s->pos,
+			                        .logits = NULL,
+			                        .n_seqs = s->batch,
+			                        .seqs = s->seqs};
+			rc = model_forward(m, &s->kv, &b, s->logits, NULL, e);
+		}
+	}
+	return rc;
+}
+
 struct run_result {
 	double prefill_s, decode_s;
 };
 
-/* One fresh run: prefill every sequence, then gen decode steps over all of them. */
-static int run_once(struct model *m, const struct bench_opts *o, struct run_result *res, struct errbuf *e)
+/* One fresh run: prefill every sequence (or fill the KV with random values), then gen decode
+ * steps over all of them. */
+static int run_once(struct model *m, const struct bench_opts *o, void *kc, struct run_result *res,
+                    struct errbuf *e)
 {
-	const struct model_hparams *hp = model_hparams(m);
-	int ctx = o->prompt + o->gen;
-	int nb_seq = (ctx + MODEL_KV_BLOCK_TOKENS - 1) / MODEL_KV_BLOCK_TOKENS;
+	struct bench_seqs s;
 	int n_tok_max = o->ubatch > o->batch ? o->ubatch : o->batch;
-	struct model_kv kv = {0};
-	int rc = model_kv_init(&kv, m, (int64_t)nb_seq * o->batch, NULL, 0, e);
+	int rc = seqs_init(&s, m, o->batch, o->prompt + o->gen, n_tok_max, e);
 	if (rc)
 		return rc;
-	int32_t *blocks = malloc(sizeof(int32_t) * (size_t)nb_seq * (size_t)o->batch);
-	struct model_seq *seqs = calloc((size_t)o->batch, sizeof(*seqs));
-	int32_t *tok = malloc(sizeof(int32_t) * (size_t)n_tok_max);
-	int32_t *sq = malloc(sizeof(int32_t) * (size_t)n_tok_max);
-	int32_t *pos = malloc(sizeof(int32_t) * (size_t)n_tok_max);
-	uint8_t *want = calloc((size_t)n_tok_max, 1);
-	float *logits = malloc(sizeof(float) * (size_t)hp->vocab * (size_t)o->batch);
-	if (!blocks || !seqs || !tok || !sq || !pos || !want || !logits) {
-		rc = errbuf_set(e, -ENOMEM, "bench: out of memory");
-		goto out;
-	}
-	for (int s = 0; s < o->batch; s++) {
-		for (int i = 0; i < nb_seq; i++)
-			blocks[s * nb_seq + i] = s * nb_seq + i;
-		seqs[s] = (struct model_seq){.blocks = blocks + (size_t)s * nb_seq, .n_blocks = nb_seq};
-	}
 	uint64_t x = o->seed * 0x9E3779B97F4A7C15ull + 1;
 	double t0 = now_s();
-	for (int s = 0; s < o->batch && !rc; s++) {
-		for (int p0 = 0; p0 < o->prompt && !rc; p0 += o->ubatch) {
-			int n = o->prompt - p0 < o->ubatch ? o->prompt - p0 : o->ubatch;
-			for (int i = 0; i < n; i++) {
-				x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-				tok[i] = (int32_t)(x % (uint64_t)hp->vocab);
-				sq[i] = s;
-				pos[i] = p0 + i;
-			}
-			struct model_batch b = {.n_tokens = n,
-			                        .tokens = tok,
-			                        .seq = sq,
-			                        .pos = pos,
-			                        .logits = NULL,
-			                        .n_seqs = o->batch,
-			                        .seqs = seqs};
-			rc = model_forward(m, &kv, &b, logits, NULL, e);
-		}
-	}
+	rc = o->kv_fill ? kv_fill_random(&s, kc, o->seed, e) : prefill(m, &s, o->prompt, o->ubatch, &x, e);
 	double t1 = now_s();
-	for (int i = 0; i < o->batch; i++)
-		want[i] = 1;
-	for (int step = 0; step < o->gen && !rc; step++) {
-		for (int s = 0; s < o->batch; s++) {
-			/* greedy-free: the next token is a cheap function of the logits so the step depends
-			 * on the previous one like real decoding does */
-			x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-			tok[s] = (int32_t)(x % (uint64_t)hp->vocab);
-			sq[s] = s;
-			pos[s] = o->prompt + step;
-		}
-		struct model_batch b = {.n_tokens = o->batch,
-		                        .tokens = tok,
-		                        .seq = sq,
-		                        .pos = pos,
-		                        .logits = want,
-		                        .n_seqs = o->batch,
-		                        .seqs = seqs};
-		rc = model_forward(m, &kv, &b, logits, NULL, e);
-	}
-	double t2 = now_s();
+	if (!rc)
+		rc = decode_steps(m, &s, o->prompt, o->gen, &x, &res->decode_s, e);
 	res->prefill_s = t1 - t0;
-	res->decode_s = t2 - t1;
-out:
-	free(blocks);
-	free(seqs);
-	free(tok);
-	free(sq);
-	free(pos);
-	free(want);
-	free(logits);
-	model_kv_fini(&kv);
+	seqs_fini(&s);
 	return rc;
 }
 
@@ -331,12 +487,180 @@ static int make_synthetic(const struct bench_opts *o, const char *path)
 	return cmd_mkmodel(ac, (char **)av);
 }
 
+/* Weight bytes and elements one decode step reads, experts apart: experts scale with the
+ * number of distinct experts the batch routes to, the rest is read once per step. */
+struct wsum {
+	double bytes, elems; /* all but routed experts (and the embedding table) */
+	double exp_bytes, exp_elems; /* routed experts, all E of them */
+};
+
+static void weight_sums(const struct model *m, int shard_tp, struct wsum *w)
+{
+	const struct gguf_ctx *g = model_gguf(m);
+	const struct model_hparams *hp = model_hparams(m);
+	memset(w, 0, sizeof(*w));
+	for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
+		const struct gguf_tensor *t = gguf_tensor(g, i);
+		if (strcmp(t->name, "token_embd.weight") == 0 && !hp->lm_head_tied)
+			continue;
+		if (strncmp(t->name, "blk.", 4) == 0 && atoi(t->name + 4) >= hp->n_layers)
+			continue;
+		double b = (double)t->nbytes, n = 1;
+		for (int d = 0; d < t->n_dims && d < GGUF_MAX_DIMS; d++)
+			n *= (double)t->ne[d];
+		if (shard_tp > 1 && tp_sharded(t->name))
+			b /= shard_tp, n /= shard_tp;
+		if (strstr(t->name, "_exps.weight") && hp->n_expert > 0)
+			w->exp_bytes += b, w->exp_elems += n;
+		else
+			w->bytes += b, w->elems += n;
+	}
+}
+
+/* expected share of the E experts a batch of `batch` tokens routes to (uniform routing) */
+static double expert_share(const struct model_hparams *hp, int batch)
+{
+	if (hp->n_expert <= 0)
+		return 0;
+	return 1.0 - pow(1.0 - (double)hp->n_expert_used / hp->n_expert, batch);
+}
+
+/* KV bytes one sequence's decode step reads at context ctx: the latent rows attention reads
+ * (the indexer's top-k, or every position without an indexer) and every indexer key */
+static double kv_read_bytes(const struct model *m, int ctx)
+{
+	const struct model_hparams *hp = model_hparams(m);
+	struct model_kv_layout L;
+	model_kv_layout_get(m, &L);
+	double keys = hp->has_indexer && hp->idx_topk < ctx ? (double)hp->idx_topk : (double)ctx;
+	return (double)L.elt_bytes * ((double)hp->n_layers * keys * (double)L.lat_dim +
+	                              (double)L.n_idx * (double)ctx * (double)L.idx_dim);
+}
+
+/* The issue-4 matrix on one loaded model: decode step time eager and from graphs for every
+ * batch x context (KV random-filled), the read rate against the copy rate, then one prefill. */
+static int run_matrix(struct model *m, const struct bench_opts *o, void *kc, double d2d, double tflops,
+                      struct errbuf *e)
+{
+	const struct model_hparams *hp = model_hparams(m);
+	struct wsum ws;
+	weight_sums(m, o->rank >= 0 ? o->tp : 1, &ws);
+	struct model_kv_layout L;
+	model_kv_layout_get(m, &L);
+	int gen = o->gen > 0 ? o->gen : 1;
+	uint64_t x = o->seed * 0x9E3779B97F4A7C15ull + 1;
+	int rc = 0;
+	printf("matrix   %s, %d layers%s, KV %s (%.1f KB/token), %d decode steps per cell after 1 warm-up; "
+	       "copy rate "
+	       "%.0f GB/s (DRAM %.0f GB/s)\n",
+	       model_arch_name(hp->arch), hp->n_layers, o->rank >= 0 ? ", rank-shard" : "",
+	       L.dtype == MODEL_KV_BF16 ? "bf16" : "f32", (double)L.block_bytes / MODEL_KV_BLOCK_TOKENS / 1e3,
+	       gen, d2d, 2 * d2d);
+	printf("  %5s %6s %10s %10s %9s %10s %10s %9s %7s\n", "batch", "ctx", "eager ms", "graph ms", "tok/s",
+	       "weights MB", "KV MB", "GB/s", "%DRAM");
+	for (int pass = 0; pass < (o->profile ? 2 : 1) && !rc; pass++) {
+#ifdef TANDEM_CUDA
+		kprof_set_enabled(pass == 1);
+#endif
+		if (pass == 1)
+			printf("matrix   profiled pass (eager, events around every op): tables follow\n");
+		for (int ci = 0; ci < o->n_mx_ctx && !rc; ci++)
+			for (int bi = 0; bi < o->n_mx_batch && !rc; bi++) {
+				int B = o->mx_batch[bi], ctx = o->mx_ctx[ci];
+				int steps = pass ? 4 : 2 + 2 * gen;
+				int total = ctx + steps;
+				double need =
+				    (double)B *
+				    (double)((total + MODEL_KV_BLOCK_TOKENS - 1) / MODEL_KV_BLOCK_TOKENS) *
+				    (double)L.block_bytes;
+				size_t fr = 0, tot = 0;
+#ifdef TANDEM_CUDA
+				if (kc && kfwd_mem_info(&fr, &tot))
+					fr = 0;
+#endif
+				if (kc && fr > 0 && need + 2e9 > (double)fr) {
+					if (pass == 0)
+						printf("  %5d %6d  skipped: KV needs %.1f GB (%d seqs x %d "
+						       "positions x %.0f "
+						       "B), %.1f GB free (2 GB kept)\n",
+						       B, ctx, need / 1e9, B, total,
+						       (double)L.block_bytes / MODEL_KV_BLOCK_TOKENS,
+						       (double)fr / 1e9);
+					continue;
+				}
+				struct bench_seqs s;
+				if ((rc = seqs_init(&s, m, B, total, B, e)))
+					break;
+				double t_warm, te = 0, tg = 0;
+				if (!(rc = kv_fill_random(&s, kc, o->seed + (uint64_t)ci * 16 + (uint64_t)bi,
+				                          e)) &&
+				    !(rc = decode_steps(m, &s, ctx, 1, &x, &t_warm, e)))
+					rc = decode_steps(m, &s, ctx + 1, pass ? 3 : gen, &x, &te, e);
+				if (!rc && pass == 0 && o->graph && o->backend == MODEL_BACKEND_CUDA) {
+					model_set_graphs(m, 1);
+					if (!(rc = decode_steps(m, &s, ctx + 1 + gen, 1, &x, &t_warm, e)))
+						rc = decode_steps(m, &s, ctx + 2 + gen, gen, &x, &tg, e);
+					model_set_graphs(m, 0);
+				}
+				seqs_fini(&s);
+				if (rc || pass)
+					break;
+				double best = (tg > 0 ? tg : te) / gen;
+				double wb = ws.bytes + ws.exp_bytes * expert_share(hp, B);
+				double kvb = (double)B * kv_read_bytes(m, ctx);
+				double gbs = (wb + kvb) / best / 1e9;
+				char gcol[32] = "-";
+				if (tg > 0)
+					snprintf(gcol, sizeof(gcol), "%.2f", 1e3 * tg / gen);
+				printf("  %5d %6d %10.2f %10s %9.1f %10.1f %10.1f %9.1f %6.1f%%\n", B, ctx,
+				       1e3 * te / gen, gcol, B / best, wb / 1e6, kvb / 1e6, gbs,
+				       d2d > 0 ? 100 * gbs / (2 * d2d) : 0.0);
+				fflush(stdout);
+			}
+	}
+#ifdef TANDEM_CUDA
+	kprof_set_enabled(0);
+#endif
+	if (rc || o->mx_prefill <= 0)
+		return rc;
+	/* prefill: a warm-up chunk, then the whole prompt */
+	struct bench_seqs s;
+	if ((rc = seqs_init(&s, m, 1, o->mx_prefill, o->ubatch, e)))
+		return rc;
+	double t0 = 0;
+	if (!(rc = prefill(m, &s, o->ubatch < o->mx_prefill ? o->ubatch : o->mx_prefill, o->ubatch, &x, e))) {
+		t0 = now_s();
+		rc = prefill(m, &s, o->mx_prefill, o->ubatch, &x, e);
+		t0 = now_s() - t0;
+	}
+	seqs_fini(&s);
+	if (rc)
+		return rc;
+	double tps = o->mx_prefill / t0;
+	double flop_tok =
+	    2.0 *
+	    (ws.elems + ws.exp_elems * (hp->n_expert > 0 ? (double)hp->n_expert_used / hp->n_expert : 0));
+	printf("prefill  %d tokens (ubatch %d): %.2f s, %.1f tok/s; weight products %.1f TFLOP/s = %.1f%% of "
+	       "the "
+	       "measured bf16 tensor-core rate %.0f TFLOP/s (attention and indexer FLOPs not counted)\n",
+	       o->mx_prefill, o->ubatch, t0, tps, tps * flop_tok / 1e12,
+	       tflops > 0 ? 100 * tps * flop_tok / 1e12 / tflops : 0.0, tflops);
+	return 0;
+}
+
 int cmd_bench(int argc, char **argv)
 {
 	struct bench_opts o;
 	int rc = parse(argc, argv, &o);
 	if (rc)
 		return rc;
+	if (o.profile) {
+		if (o.backend != MODEL_BACKEND_CUDA)
+			return cli_usage_error("bench", "--profile needs --backend cuda");
+		setenv("TANDEM_CUDA_PROFILE", "1", 1); /* the backend creates its profiler at load */
+		if (!o.matrix)
+			o.graph = 0; /* profiled steps run eagerly */
+	}
 	char synpath[256] = "";
 	if (o.synthetic) {
 		const char *td = getenv("TMPDIR");
@@ -359,13 +683,27 @@ int cmd_bench(int argc, char **argv)
 	mo.fast_matmul = o.fast != 0;
 	mo.device = o.device;
 	mo.synthetic = o.synthetic && o.backend == MODEL_BACKEND_CUDA;
+	if (o.kv_bf16)
+		mo.kv_dtype = MODEL_KV_BF16;
+	int max_batch = o.batch, max_ctx = o.prompt + o.gen;
+	if (o.matrix) {
+		max_batch = 1;
+		max_ctx = o.mx_prefill;
+		for (int i = 0; i < o.n_mx_batch; i++)
+			max_batch = o.mx_batch[i] > max_batch ? o.mx_batch[i] : max_batch;
+		for (int i = 0; i < o.n_mx_ctx; i++) {
+			int c = o.mx_ctx[i] + 2 * (o.gen > 0 ? o.gen : 1) + 4;
+			max_ctx = c > max_ctx ? c : max_ctx;
+		}
+	}
 	if (o.backend == MODEL_BACKEND_CUDA) { /* workspaces sized for exactly this run */
-		mo.max_tokens = o.ubatch > o.batch ? o.ubatch : o.batch;
-		mo.max_seqs = o.batch;
-		mo.max_ctx = o.prompt + o.gen;
+		mo.max_tokens = o.ubatch > max_batch ? o.ubatch : max_batch;
+		mo.max_seqs = max_batch;
+		mo.max_ctx = max_ctx;
 		mo.quiet = o.json != 0; /* the upload progress line goes to stderr */
 	}
 	struct model *m = NULL;
+	void *kc = NULL; /* the bench's own CUDA context: KV fill, copy-rate and GEMM probes */
 	double tl0 = now_s();
 	rc = model_load(&m, o.model, &mo, &e);
 	if (synpath[0]) /* the mapping stays valid; the (sparse) file is not needed on disk */
@@ -379,22 +717,53 @@ int cmd_bench(int argc, char **argv)
 	double bytes_tok =
 	    decode_bytes_per_token(m, o.rank >= 0 ? o.tp : 1); /* per rank in rank-shard mode */
 	double *pf = calloc((size_t)o.reps, sizeof(double)), *dc = calloc((size_t)o.reps, sizeof(double));
+	double dc_graph_s = 0, d2d = 0, tflops = 0;
 	if (!pf || !dc) {
 		fprintf(stderr, "tandem bench: out of memory\n");
 		rc = 1;
 		goto out;
 	}
+#ifdef TANDEM_CUDA
+	if (o.backend == MODEL_BACKEND_CUDA) {
+		struct kcuda_ctx *c;
+		if (kcuda_ctx_create(o.device, (size_t)1 << 20, &c) == 0) {
+			kc = c;
+			if (kfwd_d2d_gbps(c, (size_t)1 << 30, 10, &d2d))
+				d2d = 0;
+			if (o.matrix && kfwd_bf16_tflops(c, 8192, 5, &tflops))
+				tflops = 0;
+		}
+		if (!kc && o.kv_fill) {
+			fprintf(stderr, "tandem bench: cannot create a CUDA context for --kv-fill\n");
+			rc = 1;
+			goto out;
+		}
+	}
+#endif
+	if (o.matrix) {
+		printf("model %s (%s, %d layers), tp %d%s, load %.2f s\n", o.model, model_arch_name(hp->arch),
+		       hp->n_layers, o.tp, o.rank >= 0 ? " (rank-shard)" : "", load_s);
+		if (run_matrix(m, &o, kc, d2d, tflops, &e)) {
+			fprintf(stderr, "tandem bench (matrix): %s\n", e.msg);
+			rc = 1;
+		}
+		goto out;
+	}
+#ifdef TANDEM_CUDA
+	if (o.profile)
+		kprof_set_enabled(1);
+#endif
 	struct run_result warm;
 	struct bench_opts ow = o;
 	ow.gen = o.gen > 2 ? 2 : o.gen;
-	if (run_once(m, &ow, &warm, &e)) { /* warm-up: page in the mapping, grow scratch buffers */
+	if (run_once(m, &ow, kc, &warm, &e)) { /* warm-up: page in the mapping, grow scratch buffers */
 		fprintf(stderr, "tandem bench: %s\n", e.msg);
 		rc = 1;
 		goto out;
 	}
 	for (int r = 0; r < o.reps; r++) {
 		struct run_result res;
-		if (run_once(m, &o, &res, &e)) {
+		if (run_once(m, &o, kc, &res, &e)) {
 			fprintf(stderr, "tandem bench: %s\n", e.msg);
 			rc = 1;
 			goto out;
@@ -403,13 +772,12 @@ int cmd_bench(int argc, char **argv)
 		dc[r] = res.decode_s;
 	}
 	double pf_s = median(pf, o.reps), dc_s = median(dc, o.reps);
-	double dc_graph_s = 0, d2d = 0;
 #ifdef TANDEM_CUDA
 	if (o.backend == MODEL_BACKEND_CUDA && o.graph && o.gen > 0) { /* decode again from graphs */
 		model_set_graphs(m, 1);
 		for (int r = 0; r < o.reps && !rc; r++) {
 			struct run_result res;
-			if (run_once(m, &o, &res, &e)) {
+			if (run_once(m, &o, kc, &res, &e)) {
 				fprintf(stderr, "tandem bench (graphs): %s\n", e.msg);
 				rc = 1;
 				goto out;
@@ -419,16 +787,8 @@ int cmd_bench(int argc, char **argv)
 		dc_graph_s = median(dc, o.reps);
 		model_set_graphs(m, 0);
 	}
-	if (o.backend == MODEL_BACKEND_CUDA) {
-		struct kcuda_ctx *kc;
-		if (kcuda_ctx_create(o.device, (size_t)1 << 20, &kc) == 0) {
-			if (kfwd_d2d_gbps(kc, (size_t)1 << 30, 10, &d2d))
-				d2d = 0;
-			kcuda_ctx_destroy(kc);
-		}
-	}
 #endif
-	double pf_tps = (double)o.prompt * o.batch / pf_s;
+	double pf_tps = o.kv_fill ? 0 : (double)o.prompt * o.batch / pf_s;
 	double dc_tps = o.gen > 0 ? (double)o.gen * o.batch / dc_s : 0;
 	double step_ms = o.gen > 0 ? 1e3 * dc_s / o.gen : 0;
 	double gbs = o.gen > 0 ? bytes_tok / (dc_s / o.gen) / 1e9 : 0;
@@ -443,7 +803,10 @@ int cmd_bench(int argc, char **argv)
 	} else {
 		printf("model %s (%s, %d layers), threads %d, tp %d, batch %d, load %.2f s\n", o.model,
 		       model_arch_name(hp->arch), hp->n_layers, o.threads, o.tp, o.batch, load_s);
-		printf("prefill  %6d tokens/seq  %10.1f tok/s\n", o.prompt, pf_tps);
+		if (o.kv_fill)
+			printf("prefill  none: KV random-filled to position %d\n", o.prompt);
+		else
+			printf("prefill  %6d tokens/seq  %10.1f tok/s\n", o.prompt, pf_tps);
 		printf("decode   %6d steps       %10.1f tok/s  %8.2f ms/step  %.1f MB weights/step%s  %.2f "
 		       "GB/s\n",
 		       o.gen, dc_tps, step_ms, bytes_tok / 1e6, o.rank >= 0 ? " (this rank)" : "", gbs);
@@ -468,5 +831,9 @@ out:
 	free(pf);
 	free(dc);
 	model_destroy(m);
+#ifdef TANDEM_CUDA
+	if (kc)
+		kcuda_ctx_destroy(kc);
+#endif
 	return rc;
 }

@@ -333,7 +333,7 @@ static void cu_plan(void *ctx, const struct model_batch *b, struct mbe_step *st)
 		for (int64_t j = 0; j < i; j++)
 			if (b->seq[i] == b->seq[j])
 				return;
-	if (c->prof_all) { /* profiled decode steps run eagerly with their own shapes */
+	if (c->prof_all && kprof_is_enabled()) { /* profiled decode steps run eagerly, own shapes */
 		c->prof_step = true;
 		return;
 	}

@@ -3,6 +3,7 @@
  * pool grows to the largest step seen), so a profiled step allocates nothing on the device. The
  * event pairs measure GPU time between the two records, which includes the idle time when the
  * host launches slower than the GPU runs: the launch count per op shows where that can be. */
+#include <cublas_v2.h>
 #include <string.h>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -11,6 +12,58 @@
 extern "C" {
 unsigned long long kcuda_n_launch = 0;
 struct kprof *kprof_active = NULL;
+}
+static int kprof_on = 1;
+
+extern "C" void kprof_set_enabled(int on)
+{
+	kprof_on = on != 0;
+}
+
+extern "C" int kprof_is_enabled(void)
+{
+	return kprof_on;
+}
+
+extern "C" int kfwd_bf16_tflops(struct kcuda_ctx *c, int n, int reps, double *tflops)
+{
+	void *a = NULL, *b = NULL, *d = NULL;
+	cudaEvent_t e0 = NULL, e1 = NULL;
+	const float one = 1.0f, zero = 0.0f;
+	const size_t nn = (size_t)n * (size_t)n;
+	cublasHandle_t h = (cublasHandle_t)c->cublas;
+	int rc = ERR_CUDA;
+	float ms = 0;
+	*tflops = 0;
+	if (cudaMalloc(&a, nn * 2) != cudaSuccess || cudaMalloc(&b, nn * 2) != cudaSuccess ||
+	    cudaMalloc(&d, nn * 4) != cudaSuccess)
+		goto cleanup;
+	if (cudaMemsetAsync(a, 0, nn * 2, c->stream) != cudaSuccess ||
+	    cudaMemsetAsync(b, 0, nn * 2, c->stream) != cudaSuccess || cudaEventCreate(&e0) != cudaSuccess ||
+	    cudaEventCreate(&e1) != cudaSuccess)
+		goto cleanup;
+	for (int i = 0; i <= reps; i++) {
+		if (i == 1 && cudaEventRecord(e0, c->stream) != cudaSuccess) /* the first one warms up */
+			goto cleanup;
+		if (cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16BF, n, b,
+		                 CUDA_R_16BF, n, &zero, d, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+		                 CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+			goto cleanup;
+	}
+	if (cudaEventRecord(e1, c->stream) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
+	    cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess || ms <= 0)
+		goto cleanup;
+	*tflops = 2.0 * (double)n * (double)n * (double)n * reps / (ms * 1e-3) / 1e12;
+	rc = 0;
+cleanup:
+	if (e0)
+		cudaEventDestroy(e0);
+	if (e1)
+		cudaEventDestroy(e1);
+	cudaFree(a);
+	cudaFree(b);
+	cudaFree(d);
+	return rc;
 }
 
 #define KPROF_DEPTH 8

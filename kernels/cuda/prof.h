@@ -24,6 +24,13 @@ extern unsigned long long kcuda_n_launch;
 /* the profiler the kcuda_* ops may mark their stages in (NULL: none) */
 extern struct kprof *kprof_active;
 
+/* profiling of new steps on (default) or off, for every profiler of the process (the bench
+ * times with it off and profiles with it on, on one loaded model) */
+void kprof_set_enabled(int on);
+int kprof_is_enabled(void);
+/* the cuBLAS bf16 GEMM rate (n x n x n, fp32 accumulate) in TFLOP/s, the tensor-core roofline */
+int kfwd_bf16_tflops(struct kcuda_ctx *c, int n, int reps, double *tflops);
+
 int kprof_create(struct kcuda_ctx *c, struct kprof **out);
 void kprof_destroy(struct kprof *p); /* prints the open table first; NULL ok */
 /* shape label of this step (copied); a different label than the last prints and resets */
