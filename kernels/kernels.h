@@ -293,11 +293,15 @@ int kcuda_moe_route(struct kcuda_ctx *c, const float *logits, int64_t ld, const 
                     float *weights);
 /* Routed experts: out[i] = sum_j weights[i][j] * down_e(SiLU(gate_e x_i) * up_e x_i), e = ids[i][j].
  * gate/up: device weights of E*F rows of n_in = D (expert e = rows [e F, e F + F)); down: E*D rows
- * of n_in = F. Up to 16 tokens: all (token, expert) pairs in one launch per stage; more: tokens
- * grouped by expert (one id download) through kcuda_matmul. out is overwritten. */
+ * of n_in = F. Up to 16 tokens: all (token, expert) pairs in one launch per stage; 17..256: pairs
+ * sorted by expert on the device, each expert row read once per 8 of its pairs (no host sync);
+ * more (or TANDEM_MOE_SORTED=0): tokens grouped by expert (one id download) through kcuda_matmul.
+ * out is overwritten. */
 int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
                   const float *weights, int k, const struct kweight *gate, const struct kweight *up,
                   const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo);
+/* the largest token count kcuda_moe_ffn runs without a host sync (CUDA graphs can hold it) */
+int kcuda_moe_ffn_sync_free_max(void);
 #endif
 
 #ifdef __cplusplus

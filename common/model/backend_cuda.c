@@ -7,9 +7,10 @@
  * kernels (kernels.h) plus kernels/cuda/model_fwd.cu on the context's stream.
  *
  * Decode graphs (opts.graphs): a batch of one token per sequence, every token with logits, no
- * debug hooks, is padded to a batch bucket (1, 2, 4, ... 16: the MoE pair kernel's limit keeps
- * the step free of host syncs) and a context bucket (powers of two from 256 up to max_ctx); the
- * first step of a (batch, context) bucket is captured as it runs, later steps only refresh the
+ * debug hooks, is padded to a batch bucket (1, 2, 4, ... 128, the last one capped at max_tokens,
+ * and at the MoE's sync-free limit: kcuda_moe_ffn_sync_free_max) and a context bucket (powers of
+ * two from 256 up to max_ctx); the first step of a (batch, context) bucket is captured as it runs
+ * (lazily; not when less than GRAPH_MIN_FREE bytes of device memory are free), later steps only refresh the
  * static input buffers (token ids, positions, sequence indices, key counts, block tables) and
  * replay. Padded rows carry position -1 (the KV write skips them) and see one key of table 0. */
 #ifdef TANDEM_CUDA
@@ -27,8 +28,9 @@
 #include "kernels/cuda/model_fwd.h"
 #include "kernels/cuda/prof.h"
 
-#define GRAPH_MAX_BATCH 16
-#define N_BBUCKETS 5 /* 1 2 4 8 16 */
+#define GRAPH_MAX_BATCH 128
+#define N_BBUCKETS 8 /* 1 2 4 ... 128 */
+#define GRAPH_MIN_FREE ((size_t)512 << 20) /* a capture needs room for the graph's own memory */
 #define N_CBUCKETS 24
 
 struct be_cuda {
@@ -337,10 +339,17 @@ static void cu_plan(void *ctx, const struct model_batch *b, struct mbe_step *st)
 		c->prof_step = true;
 		return;
 	}
-	if (!c->m->opts.graphs || st->n_real > GRAPH_MAX_BATCH)
+	int64_t cap = GRAPH_MAX_BATCH; /* largest padded batch */
+	if (c->m->hp.n_expert > 0 && kcuda_moe_ffn_sync_free_max() < cap)
+		cap = kcuda_moe_ffn_sync_free_max();
+	if (cap > c->max_tok)
+		cap = c->max_tok;
+	if (!c->m->opts.graphs || st->n_real > cap)
 		return;
 	int gb = bucket_of(st->n_real, 1);
 	int64_t bn = (int64_t)1 << gb;
+	if (bn > cap)
+		bn = cap; /* the last bucket (fixed for the backend's life: cap does not change) */
 	int gc = bucket_of(st->max_keys, 256);
 	int64_t ck = (int64_t)256 << gc;
 	if (ck > c->max_ctx)
@@ -397,8 +406,20 @@ static int cu_begin(void *ctx, const struct model_batch *b, struct model_kv *kv,
 		c->graph_kv = kv->base;
 		c->mode = 1;
 	}
-	if (c->mode == 1 && kfwd_graph_begin(c->kc))
-		c->mode = 0; /* capture refused: run eagerly */
+	if (c->mode == 1) {
+		size_t fr = 0, tot = 0;
+		if (kfwd_mem_info(&fr, &tot) || fr < GRAPH_MIN_FREE) {
+			c->broken[c->gb][c->gc] = true;
+			LOG_WARN(
+			    "model",
+			    "cuda: %.0f MB of device memory free, not capturing the decode graph of batch "
+			    "bucket %lld, context bucket %d; that bucket runs eagerly",
+			    (double)fr / 1e6, (long long)st->n, st->max_keys);
+			c->mode = 0;
+		} else if (kfwd_graph_begin(c->kc)) {
+			c->mode = 0; /* capture refused: run eagerly */
+		}
+	}
 	if (c->prof_step) {
 		char shape[64];
 		int ctx_lo = 256;

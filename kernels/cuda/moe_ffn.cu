@@ -11,6 +11,18 @@
  *   down kernel, grid (D / 4, n*k): y[pair][d] = down row (e, d) . h[pair];
  *   combine kernel: out[i][d] = sum_j w[i][j] y[i k + j][d] in slot order (deterministic).
  *   h and y live in the context workspace.
+ * Batched decode (16 < n <= 256 tokens, TANDEM_MOE_SORTED unset or not 0): still no host sync, so
+ * CUDA graphs can hold it, and each expert row is read once per 8 of its tokens instead of once
+ * per pair:
+ *   sort kernel (one block): the pairs counted and listed per expert (shared-memory atomics; the
+ *     order inside an expert's list does not matter, every pair's sums are its own), the active
+ *     experts listed;
+ *   gate_up kernel, grid (F / 4, min(n*k, E) active-expert slots): a warp per row f of expert e
+ *     walks the row's pieces once for up to 8 of e's pairs, keeping 8 gate and 8 up sums per lane;
+ *   down kernel, grid (D / 16, slots): a warp per row d (4 rows per warp), the same 8-pair chunks;
+ *   combine kernel as above (NaN for a pair whose id was out of range).
+ *   Every pair's sums are taken in the same lane / piece order as the pair kernels, so the two
+ *   paths give bit-identical outputs (tests/ops/test_ops_moe.c checks it).
  * Prefill (more tokens): ids are downloaded once, (token, weight) pairs grouped by expert on the
  * host (counting sort, as the CPU), and each expert with tokens runs gather -> kcuda_matmul
  * (tensor-core GEMM for > 8 tokens) gate and up -> kcuda_swiglu -> kcuda_matmul down -> scaled
@@ -25,6 +37,9 @@
 
 #define MOE_WARPS 4
 #define MOE_DECODE_MAX 16
+#define MOE_SORTED_MAX 256 /* tokens; the sort kernel's block holds E counters (E <= 1024) */
+#define MOE_TB 8 /* pairs of one expert per pass over a row */
+#define MOE_DOWN_RPW 4 /* down rows per warp */
 
 template <int T>
 __device__ __forceinline__ float moe_dot(const uint8_t *row, const float *__restrict__ x, int64_t n_in,
@@ -102,6 +117,155 @@ __global__ void moe_combine_kernel(const float *__restrict__ y, const float *__r
 	float s = 0.0f;
 	for (int j = 0; j < k; j++)
 		s = fmaf(w[i * k + j], y[(i * k + j) * D + d], s);
+	out[i * ldo + d] = s;
+}
+
+/* meta = [n_act][act: E][off: E + 1][list: np]: active experts, then each expert's pairs */
+__global__ void moe_sort_kernel(const int32_t *__restrict__ ids, int np, int E, int32_t *__restrict__ meta,
+                                unsigned *err)
+{
+	extern __shared__ int cnt_s[]; /* [E] counts, then [E] cursors */
+	int *cur_s = cnt_s + E;
+	int32_t *act = meta + 1, *off = act + E, *list = off + E + 1;
+	for (int e = threadIdx.x; e < E; e += blockDim.x)
+		cnt_s[e] = 0;
+	__syncthreads();
+	for (int i = threadIdx.x; i < np; i += blockDim.x) {
+		const int e = ids[i];
+		if (e >= 0 && e < E)
+			atomicAdd(&cnt_s[e], 1);
+		else
+			atomicAdd(err, 1u);
+	}
+	__syncthreads();
+	if (threadIdx.x == 0) { /* E <= 1024: a serial scan is ~1 us */
+		int s = 0, na = 0;
+		for (int e = 0; e < E; e++) {
+			off[e] = s;
+			cur_s[e] = s;
+			s += cnt_s[e];
+			if (cnt_s[e])
+				act[na++] = e;
+		}
+		off[E] = s;
+		meta[0] = na;
+	}
+	__syncthreads();
+	for (int i = threadIdx.x; i < np; i += blockDim.x) {
+		const int e = ids[i];
+		if (e >= 0 && e < E)
+			list[atomicAdd(&cur_s[e], 1)] = i;
+	}
+}
+
+template <int T>
+__global__ void __launch_bounds__(MOE_WARPS * 32)
+    moe_gate_up_sorted_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
+                              size_t row_bytes, int64_t D, int64_t F, const float *__restrict__ x,
+                              int64_t ldx, int k, const int32_t *__restrict__ meta, int E,
+                              float *__restrict__ h)
+{
+	const int lane = threadIdx.x & 31;
+	const int64_t f = (int64_t)blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
+	const int32_t *act = meta + 1, *off = act + E, *list = off + E + 1;
+	if (f >= F || (int)blockIdx.y >= meta[0])
+		return;
+	const int e = act[blockIdx.y], b = off[e], cnt = off[e + 1] - b;
+	const size_t r = ((size_t)e * (size_t)F + (size_t)f) * row_bytes;
+	const int64_t np16 = D / 16;
+	for (int c0 = 0; c0 < cnt; c0 += MOE_TB) {
+		const int nt = min(MOE_TB, cnt - c0);
+		const float *xs[MOE_TB];
+		float ag[MOE_TB], au[MOE_TB];
+#pragma unroll
+		for (int t = 0; t < MOE_TB; t++) {
+			xs[t] = x + (int64_t)(list[b + c0 + (t < nt ? t : 0)] / k) * ldx;
+			ag[t] = au[t] = 0.0f;
+		}
+		for (int64_t p = lane; p < np16; p += 32) {
+			float vg[16], vu[16];
+			kq_values<T>(wg + r, p, vg);
+			kq_values<T>(wu + r, p, vu);
+#pragma unroll
+			for (int t = 0; t < MOE_TB; t++) {
+				if (t >= nt)
+					break;
+				const float *xp = xs[t] + 16 * p;
+#pragma unroll
+				for (int i = 0; i < 16; i++) {
+					ag[t] = fmaf(vg[i], xp[i], ag[t]);
+					au[t] = fmaf(vu[i], xp[i], au[t]);
+				}
+			}
+		}
+		for (int t = 0; t < nt; t++) {
+			const float g = kc_warp_sum(ag[t]), u = kc_warp_sum(au[t]);
+			if (lane == 0)
+				h[(int64_t)list[b + c0 + t] * F + f] = g / (1.0f + expf(-g)) * u;
+		}
+	}
+}
+
+template <int T>
+__global__ void __launch_bounds__(MOE_WARPS * 32)
+    moe_down_sorted_kernel(const uint8_t *__restrict__ wd, size_t row_bytes, int64_t D, int64_t F,
+                           const float *__restrict__ h, const int32_t *__restrict__ meta, int E,
+                           float *__restrict__ y)
+{
+	const int lane = threadIdx.x & 31;
+	const int32_t *act = meta + 1, *off = act + E, *list = off + E + 1;
+	if ((int)blockIdx.y >= meta[0])
+		return;
+	const int e = act[blockIdx.y], b = off[e], cnt = off[e + 1] - b;
+	const int64_t np16 = F / 16;
+	const int64_t d0 = ((int64_t)blockIdx.x * MOE_WARPS + (threadIdx.x >> 5)) * MOE_DOWN_RPW;
+	for (int64_t d = d0; d < d0 + MOE_DOWN_RPW && d < D; d++) {
+		const uint8_t *row = wd + ((size_t)e * (size_t)D + (size_t)d) * row_bytes;
+		for (int c0 = 0; c0 < cnt; c0 += MOE_TB) {
+			const int nt = min(MOE_TB, cnt - c0);
+			const float *hs[MOE_TB];
+			float acc[MOE_TB];
+#pragma unroll
+			for (int t = 0; t < MOE_TB; t++) {
+				hs[t] = h + (int64_t)list[b + c0 + (t < nt ? t : 0)] * F;
+				acc[t] = 0.0f;
+			}
+			for (int64_t p = lane; p < np16; p += 32) {
+				float v[16];
+				kq_values<T>(row, p, v);
+#pragma unroll
+				for (int t = 0; t < MOE_TB; t++) {
+					if (t >= nt)
+						break;
+					const float *hp = hs[t] + 16 * p;
+#pragma unroll
+					for (int i = 0; i < 16; i++)
+						acc[t] = fmaf(v[i], hp[i], acc[t]);
+				}
+			}
+			for (int t = 0; t < nt; t++) {
+				const float s = kc_warp_sum(acc[t]);
+				if (lane == 0)
+					y[(int64_t)list[b + c0 + t] * D + d] = s;
+			}
+		}
+	}
+}
+
+/* out[i] = sum_j w[i][j] y[i k + j]; a pair with an expert id out of range gives NaN */
+__global__ void moe_combine_ids_kernel(const float *__restrict__ y, const float *__restrict__ w,
+                                       const int32_t *__restrict__ ids, int E, int k, int64_t D,
+                                       float *__restrict__ out, int64_t ldo)
+{
+	const int64_t i = blockIdx.y;
+	const int64_t d = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (d >= D)
+		return;
+	float s = 0.0f;
+	for (int j = 0; j < k; j++) {
+		const int32_t e = ids[i * k + j];
+		s = e >= 0 && e < E ? fmaf(w[i * k + j], y[(i * k + j) * D + d], s) : NAN;
+	}
 	out[i * ldo + d] = s;
 }
 
@@ -199,6 +363,91 @@ static int moe_decode(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t 
 	rc = kcuda_launch_status("moe_combine");
 	stage_end();
 	return rc;
+}
+
+template <int T>
+static int moe_gate_up_sorted_t(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t slots, int k,
+                                const int32_t *meta, int E, const struct kweight *gate,
+                                const struct kweight *up, int64_t F, float *h)
+{
+	dim3 g1((unsigned)((F + MOE_WARPS - 1) / MOE_WARPS), (unsigned)slots);
+	moe_gate_up_sorted_kernel<T>
+	    <<<g1, MOE_WARPS * 32, 0, c->stream>>>((const uint8_t *)gate->data, (const uint8_t *)up->data,
+	                                           gate->row_bytes, gate->n_in, F, x, ldx, k, meta, E, h);
+	return kcuda_launch_status("moe_gate_up_sorted");
+}
+
+template <int T>
+static int moe_down_sorted_t(struct kcuda_ctx *c, int64_t slots, const int32_t *meta, int E,
+                             const struct kweight *down, int64_t D, int64_t F, const float *h, float *y)
+{
+	const int64_t rows_per_block = MOE_WARPS * MOE_DOWN_RPW;
+	dim3 g2((unsigned)((D + rows_per_block - 1) / rows_per_block), (unsigned)slots);
+	moe_down_sorted_kernel<T><<<g2, MOE_WARPS * 32, 0, c->stream>>>((const uint8_t *)down->data,
+	                                                                down->row_bytes, D, F, h, meta, E, y);
+	return kcuda_launch_status("moe_down_sorted");
+}
+
+static int moe_sorted(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
+                      const float *weights, int k, const struct kweight *gate, const struct kweight *up,
+                      const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo)
+{
+	const int64_t D = gate->n_in, np = n * k, slots = np < E ? np : E;
+	const size_t meta_bytes = (((size_t)(1 + E + E + 1 + np) * 4) + 255) & ~(size_t)255;
+	if (meta_bytes + (size_t)np * (size_t)(F + D) * sizeof(float) > c->ws_bytes)
+		return ERR_LIMIT;
+	int32_t *meta = (int32_t *)c->ws;
+	float *h = (float *)((char *)c->ws + meta_bytes), *y = h + np * F;
+	int rc = ERR_UNSUPPORTED;
+	stage_begin("moe.experts/sort", NULL, 0);
+	moe_sort_kernel<<<1, 1024, 2 * (size_t)E * sizeof(int), c->stream>>>(ids, (int)np, (int)E, meta,
+	                                                                     c->err_dev);
+	rc = kcuda_launch_status("moe_sort");
+	stage_end();
+	if (rc)
+		return rc;
+	rc = ERR_UNSUPPORTED;
+	stage_begin("moe.experts/gate_up(sorted)", gate, 2.0 * (double)slots * (double)F);
+	switch (gate->type) {
+#define X(T)                                                                                                 \
+	case T: rc = moe_gate_up_sorted_t<T>(c, x, ldx, slots, k, meta, (int)E, gate, up, F, h); break;
+		KCUDA_FOR_EACH_TYPE(X)
+#undef X
+	default: break;
+	}
+	stage_end();
+	if (rc)
+		return rc;
+	rc = ERR_UNSUPPORTED;
+	stage_begin("moe.experts/down(sorted)", down, (double)slots * (double)D);
+	switch (down->type) {
+#define X(T)                                                                                                 \
+	case T: rc = moe_down_sorted_t<T>(c, slots, meta, (int)E, down, D, F, h, y); break;
+		KCUDA_FOR_EACH_TYPE(X)
+#undef X
+	default: break;
+	}
+	stage_end();
+	if (rc)
+		return rc;
+	stage_begin("moe.experts/combine", NULL, 0);
+	dim3 g3((unsigned)((D + 255) / 256), (unsigned)n);
+	moe_combine_ids_kernel<<<g3, 256, 0, c->stream>>>(y, weights, ids, (int)E, k, D, out, ldo);
+	rc = kcuda_launch_status("moe_combine");
+	stage_end();
+	return rc;
+}
+
+/* TANDEM_MOE_SORTED=0 sends 17..256 tokens back to the grouped path (host sync; no graphs) */
+static bool sorted_on(void)
+{
+	const char *v = getenv("TANDEM_MOE_SORTED");
+	return !v || strcmp(v, "0") != 0;
+}
+
+extern "C" int kcuda_moe_ffn_sync_free_max(void)
+{
+	return sorted_on() ? MOE_SORTED_MAX : MOE_DECODE_MAX;
 }
 
 static int moe_grouped(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
@@ -328,12 +577,14 @@ extern "C" int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, i
 		                     down->row_bytes, (long long)F);
 	if (n == 0)
 		return 0;
-	if (n <= MOE_DECODE_MAX && D % 16 == 0 && F % 16 == 0 && gate->row_bytes % 16 == 0 &&
-	    down->row_bytes % 16 == 0)
+	/* the piece kernels: n_in multiples of 16; float weights also need 16-byte rows */
+	const bool quant = gate->type != KT_F32 && gate->type != KT_F16 && gate->type != KT_BF16 &&
+	                   down->type != KT_F32 && down->type != KT_F16 && down->type != KT_BF16;
+	const bool pieces =
+	    D % 16 == 0 && F % 16 == 0 && (quant || (gate->row_bytes % 16 == 0 && down->row_bytes % 16 == 0));
+	if (n <= MOE_DECODE_MAX && pieces)
 		return moe_decode(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
-	if (n <= MOE_DECODE_MAX && D % 16 == 0 && F % 16 == 0 && gate->type != KT_F32 &&
-	    gate->type != KT_F16 && gate->type != KT_BF16 && down->type != KT_F32 && down->type != KT_F16 &&
-	    down->type != KT_BF16)
-		return moe_decode(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
+	if (n <= MOE_SORTED_MAX && pieces && E <= 1024 && sorted_on())
+		return moe_sorted(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
 	return moe_grouped(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
 }

@@ -7,7 +7,9 @@
  * 2. kcuda_moe_ffn vs the CPU chain of forward.c (per token and slot: kcpu_matmul gate / up on the
  *    expert's rows, kcpu_swiglu, kcpu_matmul down, weighted sum) for Q8_0, Q4_K, Q6_K, BF16, F32
  *    stacked expert weights: decode path (1, 3, 16 tokens: fp32 throughout, max error <= 1e-4 *
- *    max|ref|) and the grouped prefill path (40 tokens: bf16 tensor-core GEMM, <= 2e-2).
+ *    max|ref|), the sorted batched-decode path (40 and 128 tokens: fp32, <= 1e-4, and bit-equal to
+ *    the pair kernels run on the same pairs token by token) and the grouped prefill path
+ *    (TANDEM_MOE_SORTED=0 at 40 tokens, 300 tokens: bf16 tensor-core GEMM, <= 2e-2).
  * 3. The model's chain kcuda_matmul (F32 router weight) -> kcuda_moe_route against the CPU chain
  *    (ids equal except near-ties of the selection score, since the logits differ by rounding), and
  *    argument checks.
@@ -191,11 +193,26 @@ static void ffn_case(int type, int dtype, int n, double tol)
 	OPS_CHECK(nf == 0, "moe ffn %s n %d: %lld non-finite", ti->name, n, (long long)nf);
 	OPS_CHECK(maxerr <= tol * maxref, "moe ffn %s n %d: max err %.3g, max|ref| %.3g (tol %.0e)", ti->name,
 	          n, maxerr, maxref, tol);
+	const char *path = n <= 16                                          ? "pairs"
+	                   : n <= 256 && kcuda_moe_ffn_sync_free_max() > 16 ? "sorted"
+	                                                                    : "grouped";
 	printf("moe ffn %-7s down %-5s n %3d (%s): max|ref| %.3g max err %.3g (rel %.2g)\n", ti->name,
-	       ktype_name(dtype), n, n <= 16 ? "pairs" : "grouped", maxref, maxerr,
-	       maxref > 0 ? maxerr / maxref : 0.0);
+	       ktype_name(dtype), n, path, maxref, maxerr, maxref > 0 ? maxerr / maxref : 0.0);
+	/* the sorted path sums each pair in the pair kernels' order: the same bits, token by token */
+	if (!strcmp(path, "sorted")) {
+		float *one = malloc(sizeof(float) * (size_t)(n * D)); /* row 0 is the token's output */
+		int same = one != NULL;
+		for (int i = 0; i < n && same; i++) {
+			rc = kcuda_moe_ffn(ctx, (float *)d_x + i * D, D, 1, (int32_t *)d_ids + i * k,
+			                   (float *)d_w + i * k, k, &dg, &du, &dd, E, F, ob.user, D);
+			same = rc == 0 && ops_dbuf_get(ctx, &ob, one) == 0 &&
+			       memcmp(one, got + i * D, sizeof(float) * (size_t)D) == 0;
+		}
+		OPS_CHECK(same, "moe ffn %s n %d: sorted path differs from the pair kernels", ti->name, n);
+		free(one);
+	}
 	/* an expert id out of range is reported, not read */
-	if (n == 3) {
+	if (n == 3 || (n == 40 && !strcmp(path, "sorted"))) { /* grouped: refused on the host */
 		int32_t bad = (int32_t)E;
 		kcuda_upload(ctx, d_ids, &bad, sizeof(int32_t));
 		unsigned nbad = 0;
@@ -368,13 +385,20 @@ int main(void)
 		ffn_case(types[t], types[t], 1, 1e-4);
 		ffn_case(types[t], types[t], 3, 1e-4);
 		ffn_case(types[t], types[t], 16, 1e-4);
-		ffn_case(types[t], types[t], 40, 2e-2);
+		ffn_case(types[t], types[t], 40, 1e-4);
+		ffn_case(types[t], types[t], 128, 1e-4);
+		ffn_case(types[t], types[t], 300, 2e-2);
 	}
 	/* glm-dsa-tiny-Q4_K_M's layer 2: Q4_K gate/up, Q6_K down (failed with -EINVAL before) */
 	ffn_case(KT_Q4_K, KT_Q6_K, 1, 1e-4);
 	ffn_case(KT_Q4_K, KT_Q6_K, 3, 1e-4);
 	ffn_case(KT_Q4_K, KT_Q6_K, 16, 1e-4);
+	ffn_case(KT_Q4_K, KT_Q6_K, 40, 1e-4);
+	ffn_case(KT_Q4_K, KT_Q6_K, 128, 1e-4);
+	setenv("TANDEM_MOE_SORTED", "0", 1); /* the grouped path at a batched-decode size */
 	ffn_case(KT_Q4_K, KT_Q6_K, 40, 2e-2);
+	ffn_case(KT_Q8_0, KT_Q8_0, 40, 2e-2);
+	unsetenv("TANDEM_MOE_SORTED");
 	ffn_case(KT_Q8_0, KT_BF16, 3, 1e-4); /* a float down type under a quant gate */
 	route_chain();
 	test_args();
