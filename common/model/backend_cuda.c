@@ -71,6 +71,7 @@ struct be_cuda {
 	struct kprof *prof_all;
 	struct kprof *prof; /* prof_all while a profiled step runs, else NULL */
 	bool prof_step;
+	bool head_gemv; /* k_b / v_b of all heads in one launch (TANDEM_HEAD_GEMV=0: per head) */
 };
 
 #define CK(x)                                                                                                \
@@ -606,6 +607,14 @@ static void cu_indexer(void *ctx, int layer, const float *qI, const float *wI, i
 	}
 }
 
+/* the per-head k_b / v_b products as one launch (head_gemv.cu) for decode-sized batches; prefill
+ * chunks keep one tensor-core GEMM per head; TANDEM_HEAD_GEMV=0 keeps one GEMV per head too */
+#define HEAD_GEMV_MAX_TOK 256
+static bool head_gemv(const struct be_cuda *c, const struct kweight3 *w, int64_t n)
+{
+	return c->head_gemv && n <= HEAD_GEMV_MAX_TOK && kfwd_head_gemv_ok(&w->w, w->mat_bytes);
+}
+
 static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const float *q, const float *cs,
                         const int32_t *sel, const int32_t *nsel, float *o)
 {
@@ -616,10 +625,15 @@ static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const flo
 	int64_t n = c->st.n, Hl = c->rk->Hl, C = hp->C, R = hp->R, N = hp->N, NR = N + R, V = hp->V;
 	/* absorbed queries: q_abs[i][h][0..C) = W_UK(h) q_nope[i][h]; [C..C+R) = roped q_rope */
 	PROF(c, "attn.q_absorb(k_b/head)", ktype_name(L->k_b.w.type), (double)Hl * wbytes(&L->k_b.w))
-	for (int64_t hh = 0; hh < Hl; hh++) {
-		struct kweight kb = kweight3_at(&L->k_b, hh);
-		CK(kcuda_matmul(c->kc, &kb, q + hh * NR, Hl * NR, n, c->qabs + hh * (C + R), Hl * (C + R)));
-	}
+	if (head_gemv(c, &L->k_b, n))
+		CK(kfwd_head_gemv(c->kc, &L->k_b.w, L->k_b.mat_bytes, (int)Hl, q, Hl * NR, NR, n, c->qabs,
+		                  Hl * (C + R), C + R));
+	else
+		for (int64_t hh = 0; hh < Hl; hh++) {
+			struct kweight kb = kweight3_at(&L->k_b, hh);
+			CK(kcuda_matmul(c->kc, &kb, q + hh * NR, Hl * NR, n, c->qabs + hh * (C + R),
+			                Hl * (C + R)));
+		}
 	PROF(c, "attn.q_rope(copy+rope)", NULL, 8.0 * (double)(n * Hl * R))
 	{
 		CK(kfwd_copy2d(c->kc, c->qabs + C, C + R, q + N, NR, R, n * Hl));
@@ -640,10 +654,14 @@ static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const flo
 	         (c->kv->layout.dtype == MODEL_KV_BF16 ? 2 : 4))
 	CK(kcuda_mla_attn(c->kc, &v, &rows, c->qabs, Hl, C, R, hp->attn_scale, c->obar));
 	PROF(c, "attn.v_up(v_b/head)", ktype_name(L->v_b.w.type), (double)Hl * wbytes(&L->v_b.w))
-	for (int64_t hh = 0; hh < Hl; hh++) {
-		struct kweight vb = kweight3_at(&L->v_b, hh);
-		CK(kcuda_matmul(c->kc, &vb, c->obar + hh * C, Hl * C, n, o + hh * V, Hl * V));
-	}
+	if (head_gemv(c, &L->v_b, n))
+		CK(kfwd_head_gemv(c->kc, &L->v_b.w, L->v_b.mat_bytes, (int)Hl, c->obar, Hl * C, C, n, o,
+		                  Hl * V, V));
+	else
+		for (int64_t hh = 0; hh < Hl; hh++) {
+			struct kweight vb = kweight3_at(&L->v_b, hh);
+			CK(kcuda_matmul(c->kc, &vb, c->obar + hh * C, Hl * C, n, o + hh * V, Hl * V));
+		}
 }
 
 static void cu_moe(void *ctx, const struct layer_w *L, const float *a, float *part, int32_t *ids, float *wts)
@@ -949,6 +967,8 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 		errbuf_set(e, rc, "backend cuda: upload failed");
 		goto fail;
 	}
+	const char *hg = getenv("TANDEM_HEAD_GEMV");
+	c->head_gemv = !hg || strcmp(hg, "0") != 0;
 	const char *pe = getenv("TANDEM_CUDA_PROFILE");
 	if (pe && *pe && strcmp(pe, "0") != 0) {
 		if ((rc = kprof_create(c->kc, &c->prof_all))) {
