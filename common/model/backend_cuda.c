@@ -63,6 +63,8 @@ struct be_cuda {
 	void *graph[N_BBUCKETS][N_CBUCKETS];
 	bool broken[N_BBUCKETS][N_CBUCKETS]; /* capture failed once: this bucket runs eagerly */
 	const void *graph_kv; /* the KV pool the graphs were captured with (its address is baked in) */
+	int64_t graph_kv_blocks; /* and its block count (the kernels' bound): a new pool of another size
+	                          * may come back at the same address */
 	int mode; /* 0 eager, 1 capturing, 2 replaying */
 	int gb, gc;
 	/* upload progress */
@@ -398,13 +400,15 @@ static int cu_begin(void *ctx, const struct model_batch *b, struct model_kv *kv,
 	int rc = kcuda_upload(c->kc, c->d_in, h, bytes);
 	if (rc)
 		return rc;
-	if (c->mode != 0 && c->graph_kv != kv->base) { /* another pool: the graphs point at the old one */
+	if (c->mode != 0 && (c->graph_kv != kv->base || c->graph_kv_blocks != kv->n_blocks)) {
+		/* another pool: the graphs point at the old one */
 		for (int i = 0; i < N_BBUCKETS; i++)
 			for (int j = 0; j < N_CBUCKETS; j++) {
 				kfwd_graph_destroy(c->graph[i][j]);
 				c->graph[i][j] = NULL;
 			}
 		c->graph_kv = kv->base;
+		c->graph_kv_blocks = kv->n_blocks;
 		c->mode = 1;
 	}
 	if (c->mode == 1) {
