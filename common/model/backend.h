@@ -127,6 +127,8 @@ int model_backend_cpu_create(struct model *m, struct model_rank *rk, struct mode
  * opts.synthetic, filled with random values; workspaces sized from the opts limits). */
 int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct model_backend *out,
                               struct errbuf *e);
+/* the rank's CUDA context (device, stream): what its NCCL collectives are enqueued on */
+struct kcuda_ctx *model_backend_cuda_kctx(struct model_rank *rk);
 #endif
 
 #endif

@@ -152,6 +152,9 @@ void model_destroy(struct model *m); /* accepts NULL */
 const struct model_hparams *model_hparams(const struct model *m);
 /* CUDA backend: switches decode graphs (model_opts.graphs) between forwards; no-op on the CPU. */
 void model_set_graphs(struct model *m, int graphs);
+/* CUDA TP over GPUs, benchmarks only: off skips the NCCL collectives (the output is then wrong) so
+ * a step's time without them can be measured; on (the default) runs them. */
+void model_set_collectives(struct model *m, bool on);
 const struct model_opts *model_get_opts(const struct model *m);
 struct gguf_ctx *model_gguf(const struct model *m);
 
