@@ -336,7 +336,8 @@ static void *cu_kv_alloc(void *ctx, size_t bytes)
 				slot = i;
 		void *q = slot >= 0 ? dev_zeroed(o, bytes) : NULL;
 		if (!q) {
-			LOG_ERROR("model", "cuda: cannot allocate rank %d's copy of the KV pool (%zu bytes%s)", r,
+			LOG_ERROR("model",
+			          "cuda: cannot allocate rank %d's copy of the KV pool (%zu bytes%s)", r,
 			          bytes, slot < 0 ? "; more than 8 pools" : "");
 			cu_kv_free(c, p);
 			return NULL;
@@ -408,8 +409,9 @@ static int cu_begin(void *ctx, const struct model_batch *b, struct model_kv *kv,
 			if (c->rep[i].of == kv->base)
 				c->kvb = c->rep[i].p;
 		if (!c->kvb) {
-			LOG_ERROR("model", "cuda: rank %d has no copy of this KV pool (it was not made by "
-			                   "model_kv_init of this model)",
+			LOG_ERROR("model",
+			          "cuda: rank %d has no copy of this KV pool (it was not made by "
+			          "model_kv_init of this model)",
 			          c->rk->rank);
 			return ERR_MISMATCH;
 		}
@@ -715,7 +717,8 @@ static int cu_all_gather(void *ctx, const float *send, size_t n, float *recv)
 		if (c->mode != 2 && !c->m->skip_collectives)
 			CK(tp_all_gather(c->nccl, send, n, recv));
 		else if (c->mode != 2) /* collectives skipped (bench): own slot only, as rank-shard mode */
-			CK(kfwd_copy2d(c->kc, recv + (size_t)r * n, (int64_t)n, send, (int64_t)n, (int64_t)n, 1));
+			CK(kfwd_copy2d(c->kc, recv + (size_t)r * n, (int64_t)n, send, (int64_t)n, (int64_t)n,
+			               1));
 		/* the last op of a rank without output (forward.c): its step ends here */
 		return c->rk->logits ? 0 : step_finish(c);
 	}
@@ -776,7 +779,8 @@ static int step_finish(struct be_cuda *c)
 			c->broken[c->gb][c->gc] = true;
 			if (c->rk->rank == 0)
 				LOG_WARN("model",
-				         "cuda: decode graph capture failed on a rank for batch bucket %d, context "
+				         "cuda: decode graph capture failed on a rank for batch bucket %d, "
+				         "context "
 				         "bucket %d; that bucket runs eagerly on every rank",
 				         1 << c->gb, 256 << c->gc);
 			c->err = 0;
@@ -988,8 +992,8 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 		    "model",
 		    "cuda backend on device %d: workspace %.1f MB + %.1f MB for %lld tokens, %lld sequences, "
 		    "%lld positions%s",
-		    dev, ws / 1e6, scratch / 1e6, (long long)T, (long long)c->max_seqs,
-		    (long long)c->max_ctx, o->graphs ? "; decode graphs on" : "");
+		    dev, ws / 1e6, scratch / 1e6, (long long)T, (long long)c->max_seqs, (long long)c->max_ctx,
+		    o->graphs ? "; decode graphs on" : "");
 	out->ops = &cuda_ops;
 	out->ctx = c;
 	return 0;

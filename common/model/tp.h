@@ -81,8 +81,8 @@ int tp_nccl_available(struct errbuf *e) TD_MUST_CHECK;
 int tp_nccl_version(void); /* NCCL_VERSION code of the loaded library, 0 before */
 int tp_nccl_check_devices(int size, int first, int n_visible, struct errbuf *e) TD_MUST_CHECK;
 double tp_nccl_timeout_s(void);
-int tp_nccl_group_create(struct tp_nccl_group **out, int size, struct kcuda_ctx *const *ctxs, struct tp_comm *comms,
-                         struct errbuf *e) TD_MUST_CHECK;
+int tp_nccl_group_create(struct tp_nccl_group **out, int size, struct kcuda_ctx *const *ctxs,
+                         struct tp_comm *comms, struct errbuf *e) TD_MUST_CHECK;
 void tp_nccl_group_destroy(struct tp_nccl_group *g);
 bool tp_is_nccl(const struct tp_comm *c);
 bool tp_nccl_broken(const struct tp_comm *c);

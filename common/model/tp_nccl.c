@@ -63,7 +63,8 @@ struct nccl_lib {
 	int version;
 	int (*get_version)(int *v);
 	int (*get_unique_id)(struct nccl_id *id);
-	int (*comm_init_rank_config)(void **comm, int nranks, struct nccl_id id, int rank, struct nccl_config *cfg);
+	int (*comm_init_rank_config)(void **comm, int nranks, struct nccl_id id, int rank,
+	                             struct nccl_config *cfg);
 	int (*comm_get_async_error)(void *comm, int *res);
 	int (*comm_finalize)(void *comm);
 	int (*comm_destroy)(void *comm);
@@ -132,8 +133,8 @@ int tp_nccl_available(struct errbuf *e)
 		int v = L.version;
 		dlclose(L.so);
 		pthread_mutex_unlock(&nccl_mu);
-		return errbuf_set(e, ERR_NCCL, "NCCL: %s is version %d.%d.%d; tandem needs 2.14 or later", name,
-		                  v / 10000, v / 100 % 100, v % 100);
+		return errbuf_set(e, ERR_NCCL, "NCCL: %s is version %d.%d.%d; tandem needs 2.14 or later",
+		                  name, v / 10000, v / 100 % 100, v % 100);
 	}
 	nccl = L;
 	pthread_mutex_unlock(&nccl_mu);
@@ -161,10 +162,11 @@ int tp_nccl_check_devices(int size, int first, int n_visible, struct errbuf *e)
 		                  "is visible",
 		                  size, size, first, first + size - 1);
 	if ((long)first + size > n_visible)
-		return errbuf_set(e, ERR_UNSUPPORTED,
-		                  "TP=%d on the CUDA backend needs %d GPUs (devices %d..%d, one per rank); %d "
-		                  "visible (check CUDA_VISIBLE_DEVICES, --device and --tp)",
-		                  size, size, first, first + size - 1, n_visible);
+		return errbuf_set(
+		    e, ERR_UNSUPPORTED,
+		    "TP=%d on the CUDA backend needs %d GPUs (devices %d..%d, one per rank); %d "
+		    "visible (check CUDA_VISIBLE_DEVICES, --device and --tp)",
+		    size, size, first, first + size - 1, n_visible);
 	return 0;
 }
 
@@ -176,8 +178,8 @@ double tp_nccl_timeout_s(void)
 		double v = strtod(s, &end);
 		if (*end == 0 && v > 0 && v <= 86400)
 			return v;
-		LOG_WARN("tp", "TANDEM_NCCL_TIMEOUT_S='%s' is not a number of seconds in (0, 86400]; using 120",
-		         s);
+		LOG_WARN("tp",
+		         "TANDEM_NCCL_TIMEOUT_S='%s' is not a number of seconds in (0, 86400]; using 120", s);
 	}
 	return 120.0;
 }
@@ -233,10 +235,11 @@ static int nccl_done(struct nccl_rank *r, int res, const char *what)
 		double t0 = mono_s();
 		do {
 			if (mono_s() - t0 > r->g->timeout_s) {
-				LOG_ERROR("tp",
-				          "NCCL %s on rank %d did not finish enqueuing within %.0f s; communicator "
-				          "aborted",
-				          what, r->rank, r->g->timeout_s);
+				LOG_ERROR(
+				    "tp",
+				    "NCCL %s on rank %d did not finish enqueuing within %.0f s; communicator "
+				    "aborted",
+				    what, r->rank, r->g->timeout_s);
 				abort_rank(r);
 				return ERR_TIMEOUT;
 			}
@@ -280,8 +283,9 @@ static int nccl_barrier(struct tp_comm *c)
 	struct nccl_rank *r = usable(c);
 	if (!r)
 		return ERR_NCCL;
-	return nccl_done(r, nccl.all_reduce(r->scratch, r->scratch, 1, NCCL_FLOAT32, NCCL_SUM, r->comm, r->stream),
-	                 "barrier");
+	return nccl_done(
+	    r, nccl.all_reduce(r->scratch, r->scratch, 1, NCCL_FLOAT32, NCCL_SUM, r->comm, r->stream),
+	    "barrier");
 }
 
 static int nccl_broadcast(struct tp_comm *c, void *buf, size_t bytes, int root)
@@ -291,7 +295,8 @@ static int nccl_broadcast(struct tp_comm *c, void *buf, size_t bytes, int root)
 		return ERR_NCCL;
 	if (root < 0 || root >= c->size)
 		return -EINVAL;
-	return nccl_done(r, nccl.broadcast(buf, buf, bytes, NCCL_UINT8, root, r->comm, r->stream), "broadcast");
+	return nccl_done(r, nccl.broadcast(buf, buf, bytes, NCCL_UINT8, root, r->comm, r->stream),
+	                 "broadcast");
 }
 
 static const struct tp_ops nccl_ops = {
@@ -314,11 +319,12 @@ int tp_nccl_wait(struct tp_comm *c)
 		return ERR_NCCL;
 	int rc = kcuda_ctx_wait(r->kc, r->g->timeout_s);
 	if (rc == -ETIMEDOUT) {
-		LOG_ERROR("tp",
-		          "rank %d (GPU %d): the step's collectives did not finish within %.0f s (a peer rank "
-		          "stopped or failed?); NCCL communicator aborted, the model must be reloaded "
-		          "(TANDEM_NCCL_TIMEOUT_S sets the deadline)",
-		          r->rank, r->device, r->g->timeout_s);
+		LOG_ERROR(
+		    "tp",
+		    "rank %d (GPU %d): the step's collectives did not finish within %.0f s (a peer rank "
+		    "stopped or failed?); NCCL communicator aborted, the model must be reloaded "
+		    "(TANDEM_NCCL_TIMEOUT_S sets the deadline)",
+		    r->rank, r->device, r->g->timeout_s);
 		abort_rank(r);
 		return ERR_TIMEOUT;
 	}
@@ -395,8 +401,8 @@ void tp_nccl_group_destroy(struct tp_nccl_group *g)
 	free(g);
 }
 
-int tp_nccl_group_create(struct tp_nccl_group **out, int size, struct kcuda_ctx *const *ctxs, struct tp_comm *comms,
-                         struct errbuf *e)
+int tp_nccl_group_create(struct tp_nccl_group **out, int size, struct kcuda_ctx *const *ctxs,
+                         struct tp_comm *comms, struct errbuf *e)
 {
 	*out = NULL;
 #ifndef TANDEM_CUDA
@@ -432,10 +438,14 @@ int tp_nccl_group_create(struct tp_nccl_group **out, int size, struct kcuda_ctx 
 		rc = errbuf_set(e, ERR_NCCL, "NCCL: ncclGetUniqueId: %s", nccl.get_error_string(res));
 		goto fail;
 	}
+	/* TANDEM_NCCL_BLOCKING=1: blocking communicators (a fallback should the non-blocking ones
+	 * misbehave; init and enqueueing then have no deadline, the stream waits still do) */
+	const char *blk = getenv("TANDEM_NCCL_BLOCKING");
+	bool blocking = blk && strcmp(blk, "1") == 0;
 	struct nccl_config cfg = {.size = sizeof(cfg),
 	                          .magic = 0xcafebeef,
 	                          .version = NCCL_MIN_VERSION,
-	                          .blocking = 0,
+	                          .blocking = blocking ? 1 : 0,
 	                          .cga_cluster_size = NCCL_UNDEF_INT,
 	                          .min_ctas = NCCL_UNDEF_INT,
 	                          .max_ctas = NCCL_UNDEF_INT,
@@ -467,10 +477,11 @@ int tp_nccl_group_create(struct tp_nccl_group **out, int size, struct kcuda_ctx 
 			if (st == NCCL_IN_PROGRESS && mono_s() - t0 > g->timeout_s) {
 				for (int j = 0; j < size; j++)
 					abort_rank(&g->ranks[j]);
-				rc = errbuf_set(e, ERR_TIMEOUT,
-				                "NCCL: communicator init over %d GPUs did not finish within %.0f s "
-				                "(TANDEM_NCCL_TIMEOUT_S); all communicators aborted",
-				                size, g->timeout_s);
+				rc = errbuf_set(
+				    e, ERR_TIMEOUT,
+				    "NCCL: communicator init over %d GPUs did not finish within %.0f s "
+				    "(TANDEM_NCCL_TIMEOUT_S); all communicators aborted",
+				    size, g->timeout_s);
 				goto fail;
 			}
 			if (st == NCCL_IN_PROGRESS) {
@@ -485,8 +496,8 @@ int tp_nccl_group_create(struct tp_nccl_group **out, int size, struct kcuda_ctx 
 		const char *why = bad_rank >= 0 && g->ranks[bad_rank].comm
 		                      ? nccl_why(first_bad, g->ranks[bad_rank].comm)
 		                      : nccl.get_error_string(first_bad);
-		rc = errbuf_set(e, ERR_NCCL, "NCCL: communicator init over %d GPUs failed (rank %d): %s", size,
-		                bad_rank, why);
+		rc = errbuf_set(e, ERR_NCCL, "NCCL: communicator init over %d GPUs failed (rank %d): %s",
+		                size, bad_rank, why);
 		for (int j = 0; j < size; j++)
 			abort_rank(&g->ranks[j]);
 		goto fail;
@@ -503,9 +514,9 @@ int tp_nccl_group_create(struct tp_nccl_group **out, int size, struct kcuda_ctx 
 		r->scratch = p;
 		comms[i] = (struct tp_comm){.rank = i, .size = size, .ops = &nccl_ops, .impl = r};
 	}
-	LOG_INFO("tp", "NCCL %d.%d.%d: %d ranks as threads, GPUs %d..%d, collective deadline %.0f s",
+	LOG_INFO("tp", "NCCL %d.%d.%d: %d ranks as threads, GPUs %d..%d, %s communicators, deadline %.0f s",
 	         nccl.version / 10000, nccl.version / 100 % 100, nccl.version % 100, size, g->ranks[0].device,
-	         g->ranks[size - 1].device, g->timeout_s);
+	         g->ranks[size - 1].device, blocking ? "blocking" : "non-blocking", g->timeout_s);
 	*out = g;
 	return 0;
 fail:

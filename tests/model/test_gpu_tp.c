@@ -49,7 +49,8 @@ static struct model *load_cuda(const char *stem, int tp, int graphs, bool *refus
 	struct model *m;
 	*refused = false;
 	if (model_load(&m, p, &o, &e)) {
-		if (e.code == ERR_UNSUPPORTED && (strstr(e.msg, "does not divide") || strstr(e.msg, "block size"))) {
+		if (e.code == ERR_UNSUPPORTED &&
+		    (strstr(e.msg, "does not divide") || strstr(e.msg, "block size"))) {
 			*refused = true;
 			printf("%-22s TP=%d refused by the model's dims (expected): %s\n", stem, tp, e.msg);
 		} else {
@@ -141,7 +142,8 @@ static void test_greedy(const char *stem, int T, struct model *m1, struct model 
 		struct tseq s1, st;
 		tseq_init(&s1, 0, 4, 1);
 		tseq_init(&st, 3, 4, -1);
-		int rc = run_seq(m1, &k1, &s1, ids, n, 8, false, l1) || run_seq(mt, &kt, &st, ids, n, 8, false, lt);
+		int rc = run_seq(m1, &k1, &s1, ids, n, 8, false, l1) ||
+		         run_seq(mt, &kt, &st, ids, n, 8, false, lt);
 		CHECK(rc == 0, "%s %s: prefill", stem, name);
 		int same = 0, steps = 16;
 		double worst = 0;
@@ -150,7 +152,8 @@ static void test_greedy(const char *stem, int T, struct model *m1, struct model 
 			double mg = margin12(l1, V), d = max_abs_diff(l1, lt, (size_t)V);
 			worst = d > worst ? d : worst;
 			if (a != b) {
-				CHECK(mg < TOL, "%s %s TP=%d graphs %d step %d: picks %d, TP=1 %d (margin %g)", stem,
+				CHECK(mg < TOL,
+				      "%s %s TP=%d graphs %d step %d: picks %d, TP=1 %d (margin %g)", stem,
 				      name, T, graphs, t, b, a, mg);
 				break;
 			}
@@ -158,13 +161,14 @@ static void test_greedy(const char *stem, int T, struct model *m1, struct model 
 			if (mg < TOL) /* beyond a near tie the continuations may rightly part */
 				break;
 			int32_t tok = a;
-			rc = run_seq(m1, &k1, &s1, &tok, 1, 1, false, l1) || run_seq(mt, &kt, &st, &tok, 1, 1, false, lt);
+			rc = run_seq(m1, &k1, &s1, &tok, 1, 1, false, l1) ||
+			     run_seq(mt, &kt, &st, &tok, 1, 1, false, lt);
 			CHECK(rc == 0, "%s %s: decode step %d", stem, name, t);
 		}
-		printf("%-22s %-14s TP=%d graphs %s greedy: %d of %d steps identical to TP=1, max|d| %.3g\n", stem,
-		       name, T, graphs ? "on " : "off", same, steps, worst);
-		CHECK(worst <= TOL, "%s %s TP=%d graphs %d: logits differ from TP=1 by %g", stem, name, T, graphs,
-		      worst);
+		printf("%-22s %-14s TP=%d graphs %s greedy: %d of %d steps identical to TP=1, max|d| %.3g\n",
+		       stem, name, T, graphs ? "on " : "off", same, steps, worst);
+		CHECK(worst <= TOL, "%s %s TP=%d graphs %d: logits differ from TP=1 by %g", stem, name, T,
+		      graphs, worst);
 		model_kv_fini(&k1);
 		model_kv_fini(&kt);
 		free(ids);
@@ -210,7 +214,8 @@ static void test_batch(const char *stem, int T, struct model *m1, struct model *
 			struct model_seq s3[3];
 			int32_t seqi[3] = {0, 1, 2}, pos[3];
 			for (int j = 0; j < 3; j++) {
-				s3[j] = (struct model_seq){.blocks = sq[k][j].blocks, .n_blocks = sq[k][j].n_blocks};
+				s3[j] = (struct model_seq){.blocks = sq[k][j].blocks,
+				                           .n_blocks = sq[k][j].n_blocks};
 				pos[j] = sq[k][j].len;
 			}
 			uint8_t want[3] = {1, 1, 1};
@@ -234,9 +239,11 @@ static void test_batch(const char *stem, int T, struct model *m1, struct model *
 		for (int j = 0; j < 3; j++)
 			next[j] = (int32_t)argmax(lg[0] + j * V, V);
 	}
-	printf("%-22s TP=%d decode batch 3 (graph bucket 4), %d steps from graphs: vs TP=1 graphs max|d| = %.3g\n",
+	printf("%-22s TP=%d decode batch 3 (graph bucket 4), %d steps from graphs: vs TP=1 graphs max|d| = "
+	       "%.3g\n",
 	       stem, T, steps, worst);
-	CHECK(steps == 8 && worst <= TOL, "%s: TP=%d batch graph decode differs from TP=1 by %g", stem, T, worst);
+	CHECK(steps == 8 && worst <= TOL, "%s: TP=%d batch graph decode differs from TP=1 by %g", stem, T,
+	      worst);
 	for (int k = 0; k < 2; k++) {
 		if (kv[k].base)
 			model_kv_fini(&kv[k]);

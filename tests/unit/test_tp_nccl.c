@@ -41,13 +41,14 @@ static void test_devices(void)
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		struct errbuf e = {0};
 		int rc = tp_nccl_check_devices(cases[i].size, cases[i].first, cases[i].visible, &e);
-		CHECK(rc == cases[i].want, "devices case %zu: rc %d, want %d (%s)", i, rc, cases[i].want, e.msg);
+		CHECK(rc == cases[i].want, "devices case %zu: rc %d, want %d (%s)", i, rc, cases[i].want,
+		      e.msg);
 		if (cases[i].msg1)
-			CHECK(strstr(e.msg, cases[i].msg1), "devices case %zu: message '%s' lacks '%s'", i, e.msg,
-			      cases[i].msg1);
+			CHECK(strstr(e.msg, cases[i].msg1), "devices case %zu: message '%s' lacks '%s'", i,
+			      e.msg, cases[i].msg1);
 		if (cases[i].msg2)
-			CHECK(strstr(e.msg, cases[i].msg2), "devices case %zu: message '%s' lacks '%s'", i, e.msg,
-			      cases[i].msg2);
+			CHECK(strstr(e.msg, cases[i].msg2), "devices case %zu: message '%s' lacks '%s'", i,
+			      e.msg, cases[i].msg2);
 	}
 }
 
@@ -58,7 +59,8 @@ static void test_dlopen(void)
 	int rc = tp_nccl_available(&e);
 	printf("missing library: %s\n", e.msg);
 	CHECK(rc == ERR_NCCL, "missing library: rc %d", rc);
-	CHECK(strstr(e.msg, "/nonexistent/libnccl-for-test.so.2"), "message does not name the file: %s", e.msg);
+	CHECK(strstr(e.msg, "/nonexistent/libnccl-for-test.so.2"), "message does not name the file: %s",
+	      e.msg);
 	CHECK(strstr(e.msg, "--tp > 1") && strstr(e.msg, "TANDEM_NCCL_LIB"),
 	      "message does not say what needs NCCL and how to point at it: %s", e.msg);
 	CHECK(tp_nccl_version() == 0, "a version without a library");
@@ -68,7 +70,8 @@ static void test_dlopen(void)
 	e = (struct errbuf){0};
 	rc = tp_nccl_available(&e);
 	printf("not NCCL: %s\n", e.msg);
-	CHECK(rc == ERR_NCCL && strstr(e.msg, "libm.so.6 has no ncclGetVersion"), "libm: rc %d, %s", rc, e.msg);
+	CHECK(rc == ERR_NCCL && strstr(e.msg, "libm.so.6 has no ncclGetVersion"), "libm: rc %d, %s", rc,
+	      e.msg);
 	unsetenv("TANDEM_NCCL_LIB");
 
 	/* the real one, where installed: the symbols resolve and the version is new enough */
@@ -78,8 +81,9 @@ static void test_dlopen(void)
 		printf("libnccl.so.2 loaded: version %d.%d.%d\n", v / 10000, v / 100 % 100, v % 100);
 		CHECK(v >= 21400, "version code %d below 2.14 was accepted", v);
 	} else {
-		printf("libnccl.so.2 not loadable here (%s): the success path is checked on the GPU machine\n",
-		       e.msg);
+		printf(
+		    "libnccl.so.2 not loadable here (%s): the success path is checked on the GPU machine\n",
+		    e.msg);
 	}
 }
 
