@@ -397,6 +397,13 @@ static int cu_begin(void *ctx, const struct model_batch *b, struct model_kv *kv,
 		kfwd_graph_destroy(ex);
 		c->capture_open = false;
 	}
+	/* a step without output left collectives on the stream, and the upload below syncs it: first a
+	 * wait with the deadline */
+	if (c->nccl && !c->waited) {
+		int rc = tp_nccl_wait(c->nccl);
+		if (rc)
+			return rc;
+	}
 	c->b = b;
 	c->kv = kv;
 	c->st = *st;
