@@ -1008,6 +1008,40 @@ fail:
 	cu_destroy(c);
 	return rc;
 }
+int model_backend_cuda_kv_replicate(struct model *m, const struct model_kv *kv, const int32_t *blocks,
+                                    int n_blocks, struct errbuf *e)
+{
+	struct be_cuda *c0 = m->ranks[0].be.ctx;
+	size_t bb = kv->layout.block_bytes;
+	for (int i = 0; i < n_blocks; i++)
+		if (blocks[i] < 0 || blocks[i] >= kv->n_blocks)
+			return errbuf_set(e, -EINVAL, "KV replicate: block %d outside the pool (%lld blocks)",
+			                  blocks[i], (long long)kv->n_blocks);
+	int rc = 0;
+	for (int r = 1; r < m->n_ranks_local && !rc; r++) {
+		struct be_cuda *o = m->ranks[r].be.ctx;
+		char *dst = NULL;
+		for (int i = 0; i < N_KV_REP && !dst; i++)
+			if (o->rep[i].of == kv->base)
+				dst = o->rep[i].p;
+		if (!dst) {
+			rc = errbuf_set(e, ERR_MISMATCH, "KV replicate: rank %d has no copy of this pool", r);
+			break;
+		}
+		(void)kcuda_device_set(o->device);
+		for (int i = 0; i < n_blocks && !rc; i++)
+			rc = kcuda_copy_peer(o->kc, dst + (size_t)blocks[i] * bb,
+			                     (const char *)kv->base + (size_t)blocks[i] * bb, c0->device, bb);
+		if (!rc)
+			rc = kcuda_ctx_wait(o->kc, tp_nccl_timeout_s());
+		if (rc)
+			errbuf_set(e, rc == -ETIMEDOUT ? ERR_TIMEOUT : rc,
+			           "KV replicate: copy to GPU %d failed or timed out", o->device);
+	}
+	(void)kcuda_device_set(c0->device);
+	return rc == -ETIMEDOUT ? ERR_TIMEOUT : rc;
+}
+
 struct kcuda_ctx *model_backend_cuda_kctx(struct model_rank *rk)
 {
 	struct be_cuda *c = rk->be.ctx;

@@ -222,6 +222,12 @@ static inline void *model_kv_block_ptr(const struct model_kv *kv, int64_t b)
 int model_kv_init(struct model_kv *kv, const struct model *m, int64_t n_blocks, void *mem, size_t mem_bytes,
                   struct errbuf *e) TD_MUST_CHECK;
 void model_kv_fini(struct model_kv *kv);
+/* CUDA TP over GPUs: every GPU holds a copy of the pool and the forward writes all of them, but
+ * blocks written into base from outside (KV received over UCX) land only in rank 0's copy: this
+ * copies those blocks to the other GPUs' copies (peer copies, waited for with the NCCL deadline).
+ * A no-op for every other configuration. Call between forwards, from the thread that runs them. */
+int model_kv_replicate(struct model *m, const struct model_kv *kv, const int32_t *blocks, int n_blocks,
+                       struct errbuf *e) TD_MUST_CHECK;
 
 /* ---- batched forward --------------------------------------------------------------------------- */
 struct model_seq {

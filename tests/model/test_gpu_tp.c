@@ -16,7 +16,8 @@
  * 3 prompts, 16 steps, identical (up to a step whose top-1/top-2 margin is below TOL, as in
  * test_gpu_model), with decode graphs off and on (graphs on: every decode step is replayed from a
  * graph that holds the NCCL all-reduces); a batch of 3 sequences decoded 8 steps from graphs
- * (bucket 4, padded rows) within TOL of TP=1's graphs. */
+ * (bucket 4, padded rows) within TOL of TP=1's graphs; model_kv_replicate (KV set from outside in
+ * rank 0's copy reaches the other GPUs). */
 #include "tests/model/refs.h"
 
 #ifndef TANDEM_CUDA
@@ -251,6 +252,64 @@ static void test_batch(const char *stem, int T, struct model *m1, struct model *
 	}
 }
 
+/* KV received from outside lands in rank 0's copy only (the decode worker writes kv->base);
+ * model_kv_replicate must bring the other GPUs' copies level: a pool filled that way decodes exactly
+ * as the pool the forward filled itself, and the same pool without the call does not. */
+static void test_replicate(const char *stem, int T, struct model *mt, json_t *man)
+{
+	int64_t V = model_hparams(mt)->vocab;
+	const char *name;
+	int n = 0;
+	int32_t *ids = ref_prompt(man, 0, &n, &name);
+	struct kcuda_ctx *kc = NULL;
+	struct model_kv kv[3];
+	struct errbuf e = {0};
+	float *lg[3];
+	int rc = ids && kcuda_ctx_create(0, (size_t)1 << 20, &kc) == 0 ? 0 : -1;
+	for (int k = 0; k < 3; k++) {
+		lg[k] = malloc(sizeof(float) * (size_t)V);
+		if (model_kv_init(&kv[k], mt, 4, NULL, 0, &e))
+			rc = -1;
+	}
+	size_t bytes = (size_t)4 * kv[0].layout.block_bytes;
+	char *host = malloc(bytes);
+	struct tseq sq[3];
+	for (int k = 0; k < 3; k++)
+		tseq_init(&sq[k], 0, 4, 1);
+	/* pool 0: prefilled by the forward; pools 1 and 2: rank 0's copy set from its bytes */
+	rc = rc ? rc : run_seq(mt, &kv[0], &sq[0], ids, n, 8, false, lg[0]);
+	rc = rc ? rc : kcuda_download(kc, host, kv[0].base, bytes);
+	rc = rc ? rc : kcuda_upload(kc, kv[1].base, host, bytes);
+	rc = rc ? rc : kcuda_upload(kc, kv[2].base, host, bytes);
+	int32_t blocks[4] = {0, 1, 2, 3};
+	rc = rc ? rc : model_kv_replicate(mt, &kv[1], blocks, 4, &e);
+	CHECK(rc == 0, "%s TP=%d: replicate setup: %s", stem, T, e.msg);
+	int32_t tok = rc ? 0 : (int32_t)argmax(lg[0], V);
+	for (int k = 0; k < 3 && !rc; k++) {
+		sq[k].len = n;
+		rc = run_seq(mt, &kv[k], &sq[k], &tok, 1, 1, false, lg[k]);
+	}
+	CHECK(rc == 0, "%s TP=%d: replicate decode", stem, T);
+	if (!rc) {
+		double d1 = max_abs_diff(lg[0], lg[1], (size_t)V), d2 = max_abs_diff(lg[0], lg[2], (size_t)V);
+		printf("%-22s TP=%d KV set in rank 0's copy: with model_kv_replicate max|d| = %.3g, without "
+		       "%.3g\n",
+		       stem, T, d1, d2);
+		CHECK(d1 <= TOL, "%s TP=%d: replicated pool decodes differently (%g)", stem, T, d1);
+		CHECK(d2 > 10 * TOL, "%s TP=%d: the other GPUs' copies seem unused (%g without replicate)",
+		      stem, T, d2);
+	}
+	for (int k = 0; k < 3; k++) {
+		if (kv[k].base)
+			model_kv_fini(&kv[k]);
+		free(lg[k]);
+	}
+	free(host);
+	free(ids);
+	if (kc)
+		kcuda_ctx_destroy(kc);
+}
+
 int main(void)
 {
 	int n_gpu = kcuda_device_count();
@@ -279,6 +338,7 @@ int main(void)
 				n_run++;
 				test_logits(stem, T, m1, mt, man);
 				test_greedy(stem, T, m1, mt, 0, man);
+				test_replicate(stem, T, mt, man);
 				model_set_graphs(m1, 1);
 				model_set_graphs(mt, 1);
 				test_greedy(stem, T, m1, mt, 1, man);
