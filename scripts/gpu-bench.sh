@@ -1,37 +1,45 @@
-#!/bin/sh
+#!/usr/bin/env bash
 # The issue-4 bench matrix on one GPU from binaries built elsewhere (builds nothing here):
-#   scripts/gpu-bench.sh [BIN_DIR] [OUT_DIR]
-# BIN_DIR holds tandem, test_ops_moe, test_ops_head_gemv and lib/ (the shared libraries the device
-# lacks); default .carry-backend. Runs, each under its own timeout (a missing test binary is skipped):
-#   1. test_ops_moe (the sorted batched-decode MoE path against the CPU and the pair kernels) and
-#      test_ops_head_gemv (the one-launch k_b / v_b products against the CPU);
+#   scripts/gpu-bench.sh [BIN_DIR] [OUT_DIR]          (BIN_DIR default .carry-backend)
+#   TANDEM=path/to/tandem bash scripts/gpu-bench.sh     (as scripts/gpu-all.sh calls it; the test
+#                                                       binaries are then looked for in its tests/)
+# Runs, each under its own timeout (about 110 s in all on an H200; a missing binary is skipped):
+#   1. test_ops_head_gemv: the one-launch k_b / v_b products against the CPU (test_ops_moe, which
+#      checks the sorted batched-decode MoE path, is run by gpu-all.sh; here when given BIN_DIR);
 #   2. synthetic GLM-5, rank 0 of TP=8: decode batch 1/8/32/128 x context 4k/32k (KV random-filled,
-#      bf16; cells that do not fit are skipped with the bytes), eager vs graphs, read rate vs the
-#      copy rate, an 8k prefill vs the bf16 tensor-core rate, then the per-op profile of every cell;
-#   3. the same matrix for synthetic DeepSeek-V3 (rank 0 of TP=8), without the profile.
-# Logs to OUT_DIR/gpu-bench.log (and one file per step). About 90 s on an H200.
+#      bf16; cells that do not fit are skipped with the bytes), eager vs graphs, weight+KV read rate
+#      vs the copy rate, an 8k prefill vs the bf16 tensor-core rate, then the per-op profile
+#      (eager, events around every op) of every cell;
+#   3. the same matrix for synthetic DeepSeek-V3 (rank 0 of TP=8) with a 2k prefill (its attention
+#      is dense: an 8k one is mostly the MLA prefill kernel), without the profile.
+# Logs to OUT_DIR/gpu-bench.log and one file per step.
 set -u
 B=${1:-.carry-backend}
 O=${2:-${OUT:-/tmp}}
+T=${TANDEM:-$B/tandem}
+TD=$B
+[ -n "${TANDEM:-}" ] && TD=$(dirname "$TANDEM")/tests
 export LD_LIBRARY_PATH="$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 mkdir -p "$O"
 L="$O/gpu-bench.log"
 date -u | tee "$L"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.mem --format=csv 2>&1 | tee -a "$L"
 step() { # name, timeout, command...
-	n=$1 t=$2
+	local n=$1 t=$2
 	shift 2
 	echo "== $n: $*" | tee -a "$L"
-	s=$(date +%s)
-	timeout "$t" "$@" >"$O/$n.log" 2>&1
-	rc=$?
+	local s=$SECONDS
+	timeout -k 3 "$t" "$@" >"$O/$n.log" 2>&1
+	local rc=$?
 	cat "$O/$n.log" >>"$L"
-	tail -n 80 "$O/$n.log"
-	echo "$n rc=$rc ($(($(date +%s) - s)) s)" | tee -a "$L"
+	tail -n 60 "$O/$n.log"
+	echo "$n rc=$rc ($((SECONDS - s)) s)" | tee -a "$L"
 }
-for t in test_ops_moe test_ops_head_gemv; do
-	if [ -x "$B/$t" ]; then step $t 60 "$B/$t"; else echo "$t: not in $B, skipped" | tee -a "$L"; fi
+for t in test_ops_head_gemv test_ops_moe; do
+	[ "$t" = test_ops_moe ] && [ -n "${TANDEM:-}" ] && continue
+	if [ -x "$TD/$t" ]; then step $t 20 env TANDEM_OPS_QUICK=1 "$TD/$t"; else echo "$t: not in $TD, skipped" | tee -a "$L"; fi
 done
-step glm5_matrix 240 "$B/tandem" bench --synthetic glm5 --tp 8 --rank 0 --backend cuda --matrix --gen 8 --profile
-step ds3_matrix 180 "$B/tandem" bench --synthetic deepseek3 --tp 8 --rank 0 --backend cuda --matrix --gen 8
+step glm5_matrix 60 "$T" bench --synthetic glm5 --tp 8 --rank 0 --backend cuda --matrix --gen 6 --profile
+step ds3_matrix 30 "$T" bench --synthetic deepseek3 --tp 8 --rank 0 --backend cuda --matrix --gen 4 \
+	--matrix-prefill 2048
 date -u | tee -a "$L"
