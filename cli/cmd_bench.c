@@ -561,14 +561,19 @@ static int run_matrix(struct model *m, const struct bench_opts *o, void *kc, dou
 	       model_arch_name(hp->arch), hp->n_layers, o->rank >= 0 ? ", rank-shard" : "",
 	       L.dtype == MODEL_KV_BF16 ? "bf16" : "f32", (double)L.block_bytes / MODEL_KV_BLOCK_TOKENS / 1e3,
 	       gen, d2d, 2 * d2d);
-	printf("  %5s %6s %10s %10s %9s %10s %10s %9s %7s\n", "batch", "ctx", "eager ms", "graph ms", "tok/s",
-	       "weights MB", "KV MB", "GB/s", "%DRAM");
-	for (int pass = 0; pass < (o->profile ? 2 : 1) && !rc; pass++) {
+
+	/* pass 1 (--profile) first: the tables matter most when a run is cut short */
+	for (int pass = o->profile ? 1 : 0; pass >= 0 && !rc; pass--) {
 #ifdef TANDEM_CUDA
 		kprof_set_enabled(pass == 1);
 #endif
+		if (pass == 0)
+			printf("  %5s %6s %10s %10s %9s %10s %10s %9s %7s\n", "batch", "ctx", "eager ms",
+			       "graph ms", "tok/s", "weights MB", "KV MB", "GB/s", "%DRAM");
 		if (pass == 1)
-			printf("matrix   profiled pass (eager, events around every op): tables follow\n");
+			printf("matrix   profiled pass (eager, events around every op, 1 warm-up + 3 steps "
+			       "per cell): "
+			       "tables follow\n");
 		for (int ci = 0; ci < o->n_mx_ctx && !rc; ci++)
 			for (int bi = 0; bi < o->n_mx_batch && !rc; bi++) {
 				int B = o->mx_batch[bi], ctx = o->mx_ctx[ci];
@@ -608,8 +613,14 @@ static int run_matrix(struct model *m, const struct bench_opts *o, void *kc, dou
 					model_set_graphs(m, 0);
 				}
 				seqs_fini(&s);
-				if (rc || pass)
+#ifdef TANDEM_CUDA
+				if (pass)
+					kprof_report_open(stdout); /* this cell's table now */
+#endif
+				if (rc)
 					break;
+				if (pass)
+					continue;
 				double best = (tg > 0 ? tg : te) / gen;
 				double wb = ws.bytes + ws.exp_bytes * expert_share(hp, B);
 				double kvb = (double)B * kv_read_bytes(m, ctx);

@@ -14,6 +14,7 @@ unsigned long long kcuda_n_launch = 0;
 struct kprof *kprof_active = NULL;
 }
 static int kprof_on = 1;
+static struct kprof *kprof_last; /* the newest profiler (kprof_report_open) */
 
 extern "C" void kprof_set_enabled(int on)
 {
@@ -145,6 +146,7 @@ extern "C" int kprof_create(struct kcuda_ctx *c, struct kprof **out)
 	if (!p)
 		return -ENOMEM;
 	p->st = c->stream;
+	kprof_last = p;
 	*out = p;
 	return 0;
 }
@@ -300,6 +302,12 @@ extern "C" void kprof_report(struct kprof *p, FILE *f)
 	p->step_launches = 0;
 }
 
+extern "C" void kprof_report_open(FILE *f)
+{
+	if (kprof_last)
+		kprof_report(kprof_last, f);
+}
+
 extern "C" void kprof_destroy(struct kprof *p)
 {
 	if (!p)
@@ -307,6 +315,8 @@ extern "C" void kprof_destroy(struct kprof *p)
 	kprof_report(p, stdout);
 	if (kprof_active == p)
 		kprof_active = NULL;
+	if (kprof_last == p)
+		kprof_last = NULL;
 	for (int i = 0; i < p->n_ev; i++)
 		cudaEventDestroy(p->ev[i]);
 	free(p->ev);

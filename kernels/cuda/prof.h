@@ -40,6 +40,7 @@ void kprof_push(struct kprof *p, const char *name, const char *sub, double bytes
 void kprof_pop(struct kprof *p);
 int kprof_step_end(struct kprof *p); /* waits for the step's events; 0 or ERR_CUDA */
 void kprof_report(struct kprof *p, FILE *f); /* prints the open table, then resets it */
+void kprof_report_open(FILE *f); /* kprof_report of the newest profiler of the process, if any */
 #endif
 
 #ifdef __cplusplus
