@@ -266,7 +266,8 @@ extern "C" void kprof_report(struct kprof *p, FILE *f)
 		struct kprof_key *ord[KPROF_KEYS];
 		int n_ord = 0;
 		for (int i = 0; i < p->n_keys; i++)
-			ord[n_ord++] = &p->keys[i];
+			if (p->keys[i].calls) /* keys of other shapes stay in the list unused */
+				ord[n_ord++] = &p->keys[i];
 		qsort(ord, (size_t)n_ord, sizeof(ord[0]), cmp_ms);
 		for (int i = 0; i < n_ord; i++) {
 			const struct kprof_key *k = ord[i];
