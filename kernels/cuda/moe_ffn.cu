@@ -388,13 +388,20 @@ static int moe_down_sorted_t(struct kcuda_ctx *c, int64_t slots, const int32_t *
 	return kcuda_launch_status("moe_down_sorted");
 }
 
+/* workspace of the sorted path: [meta, 256-aligned][h: np x F][y: np x D] */
+static size_t sorted_ws_bytes(int64_t np, int64_t E, int64_t F, int64_t D)
+{
+	return ((((size_t)(1 + E + E + 1 + np) * 4) + 255) & ~(size_t)255) +
+	       (size_t)np * (size_t)(F + D) * sizeof(float);
+}
+
 static int moe_sorted(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
                       const float *weights, int k, const struct kweight *gate, const struct kweight *up,
                       const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo)
 {
 	const int64_t D = gate->n_in, np = n * k, slots = np < E ? np : E;
 	const size_t meta_bytes = (((size_t)(1 + E + E + 1 + np) * 4) + 255) & ~(size_t)255;
-	if (meta_bytes + (size_t)np * (size_t)(F + D) * sizeof(float) > c->ws_bytes)
+	if (sorted_ws_bytes(np, E, F, D) > c->ws_bytes)
 		return ERR_LIMIT;
 	int32_t *meta = (int32_t *)c->ws;
 	float *h = (float *)((char *)c->ws + meta_bytes), *y = h + np * F;
@@ -584,7 +591,8 @@ extern "C" int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, i
 	    D % 16 == 0 && F % 16 == 0 && (quant || (gate->row_bytes % 16 == 0 && down->row_bytes % 16 == 0));
 	if (n <= MOE_DECODE_MAX && pieces)
 		return moe_decode(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
-	if (n <= MOE_SORTED_MAX && pieces && E <= 1024 && sorted_on())
+	if (n <= MOE_SORTED_MAX && pieces && E <= 1024 && sorted_on() &&
+	    sorted_ws_bytes(n * k, E, F, D) <= c->ws_bytes)
 		return moe_sorted(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
 	return moe_grouped(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
 }
