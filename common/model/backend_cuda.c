@@ -938,6 +938,11 @@ static int step_finish(struct be_cuda *c)
 			return -EAGAIN;
 		}
 		c->graph[c->gb][c->gc] = ex;
+		if (c->rk->rank == (c->m->opts.rank >= 0 ? c->m->opts.rank : 0))
+			LOG_INFO(
+			    "model",
+			    "cuda: decode graph captured for batch bucket %lld, context bucket %d: %zu nodes",
+			    (long long)c->st.n, c->st.max_keys, kfwd_graph_nodes_last);
 		c->mode = 2;
 	}
 	if (c->mode == 1) { /* end of the captured step: instantiate, then run it */
@@ -956,6 +961,11 @@ static int step_finish(struct be_cuda *c)
 			return -EAGAIN;
 		}
 		c->graph[c->gb][c->gc] = ex;
+		if (c->rk->rank == (c->m->opts.rank >= 0 ? c->m->opts.rank : 0))
+			LOG_INFO(
+			    "model",
+			    "cuda: decode graph captured for batch bucket %lld, context bucket %d: %zu nodes",
+			    (long long)c->st.n, c->st.max_keys, kfwd_graph_nodes_last);
 		c->mode = 2;
 	}
 	if (c->mode == 2) {

@@ -344,6 +344,10 @@ extern "C" int kfwd_graph_begin(struct kcuda_ctx *c)
 	                                                                                          : ERR_CUDA;
 }
 
+extern "C" {
+size_t kfwd_graph_nodes_last = 0;
+}
+
 extern "C" int kfwd_graph_end(struct kcuda_ctx *c, void **exec_out)
 {
 	cudaGraph_t g = NULL;
@@ -355,6 +359,8 @@ extern "C" int kfwd_graph_end(struct kcuda_ctx *c, void **exec_out)
 		cudaGetLastError();
 		return ERR_CUDA;
 	}
+	size_t n_nodes = 0;
+	kfwd_graph_nodes_last = cudaGraphGetNodes(g, NULL, &n_nodes) == cudaSuccess ? n_nodes : 0;
 	e = cudaGraphInstantiate(&ex, g, 0);
 	cudaGraphDestroy(g);
 	if (e != cudaSuccess) {

@@ -56,6 +56,7 @@ void kfwd_stager_destroy(struct kfwd_stager *s);
 /* CUDA graphs on the context's stream */
 int kfwd_graph_begin(struct kcuda_ctx *c);
 int kfwd_graph_end(struct kcuda_ctx *c, void **exec_out); /* instantiated cudaGraphExec_t */
+extern size_t kfwd_graph_nodes_last; /* nodes (kernels, copies, memsets) of the last graph ended */
 int kfwd_graph_launch(struct kcuda_ctx *c, void *exec);
 void kfwd_graph_destroy(void *exec);
 /* device-to-device copy bandwidth (GB/s, read + write counted once each as bytes copied) */
