@@ -116,7 +116,8 @@ struct bench_opts {
 	int kv_fill; /* --kv-fill random: no prefill, the KV pool is random and decode starts at --ctx */
 	int kv_bf16; /* --kv-dtype bf16 (default f32; the matrix defaults to bf16) */
 	int kv_dtype_set;
-	int profile; /* --profile: per-op tables of eager decode steps (TANDEM_CUDA_PROFILE) */
+	int profile; /* --profile: per-op tables of eager decode steps (TANDEM_CUDA_PROFILE=1);
+	              * 2 (--profile-graphs): of graph replays (TANDEM_CUDA_PROFILE=graph) */
 	int matrix; /* --matrix: batch x context decode table + an 8k prefill, one weight upload */
 	int mx_batch[8], n_mx_batch, mx_ctx[8], n_mx_ctx, mx_prefill;
 };
@@ -158,7 +159,7 @@ static void usage(void)
 	    "usage: tandem bench -m MODEL [--prompt N] [--gen N] [--batch B] [--threads T] [--tp N]\n"
 	    "                    [--reps R] [--ubatch U] [--seed S] [--json] [--fast]\n"
 	    "                    [--backend cpu|cuda] [--device N] [--rank r] [--graph 0|1] [--ctx N]\n"
-	    "                    [--kv-fill random] [--kv-dtype f32|bf16] [--profile]\n"
+	    "                    [--kv-fill random] [--kv-dtype f32|bf16] [--profile | --profile-graphs]\n"
 	    "                    [--matrix [--matrix-batch 1,8,32,128] [--matrix-ctx 4096,32768]\n"
 	    "                     [--matrix-prefill 8192]]\n"
 	    "       tandem bench --synthetic glm5|deepseek3|tiny [--layers L] [--experts E] [--top-k K]\n"
@@ -174,6 +175,7 @@ static void usage(void)
 	    "--kv-fill random: no prefill; every sequence's KV blocks hold random values and decode\n"
 	    "starts at position --ctx (decode at 32k without a 32k prefill).\n"
 	    "--profile: per-op table of eager decode steps (time, calls, launches, GB/s; cuda only).\n"
+	    "--profile-graphs: the same of decode graph replays (event nodes in the captured graphs).\n"
 	    "--matrix: decode step time eager and graphs for every batch x context of the lists (KV\n"
 	    "random-filled, bf16 unless --kv-dtype; cells whose KV does not fit are skipped with the\n"
 	    "bytes), achieved weight+KV read rate against the copy rate, then a --matrix-prefill\n"
@@ -254,6 +256,8 @@ static int parse(int argc, char **argv, struct bench_opts *o)
 			o->kv_bf16 = !strcmp(v, "bf16"), o->kv_dtype_set = 1, i++;
 		} else if (!strcmp(a, "--profile")) {
 			o->profile = 1;
+		} else if (!strcmp(a, "--profile-graphs")) {
+			o->profile = 2;
 		} else if (!strcmp(a, "--matrix")) {
 			o->matrix = 1;
 		} else if (!strcmp(a, "--matrix-batch")) {
@@ -673,9 +677,14 @@ int cmd_bench(int argc, char **argv)
 	if (o.profile) {
 		if (o.backend != MODEL_BACKEND_CUDA)
 			return cli_usage_error("bench", "--profile needs --backend cuda");
-		setenv("TANDEM_CUDA_PROFILE", "1", 1); /* the backend creates its profiler at load */
-		if (!o.matrix)
+		if (o.profile == 2 && o.matrix)
+			return cli_usage_error("bench", "--profile-graphs goes without --matrix");
+		/* the backend creates its profiler at load */
+		setenv("TANDEM_CUDA_PROFILE", o.profile == 2 ? "graph" : "1", 1);
+		if (!o.matrix && o.profile == 1)
 			o.graph = 0; /* profiled steps run eagerly */
+		if (o.profile == 2)
+			o.graph = 1;
 	}
 	char synpath[256] = "";
 	if (o.synthetic) {

@@ -3,7 +3,7 @@
 #   scripts/gpu-bench.sh [BIN_DIR] [OUT_DIR]          (BIN_DIR default .carry-backend)
 #   TANDEM=path/to/tandem bash scripts/gpu-bench.sh     (as scripts/gpu-all.sh calls it; the test
 #                                                       binaries are then looked for in its tests/)
-# Runs, each under its own timeout (about 110 s in all on an H200; a missing binary is skipped):
+# Runs, each under its own timeout (about 100 s in all on an H200; a missing binary is skipped):
 #   1. test_ops_head_gemv: the one-launch k_b / v_b products against the CPU (test_ops_moe, which
 #      checks the sorted batched-decode MoE path, is run by gpu-all.sh; here when given BIN_DIR);
 #   2. synthetic GLM-5, rank 0 of TP=8: decode batch 1/8/32/128 x context 4k/32k (KV random-filled,
@@ -11,7 +11,9 @@
 #      vs the copy rate, an 8k prefill vs the bf16 tensor-core rate, then the per-op profile
 #      (eager, events around every op) of every cell;
 #   3. the same matrix for synthetic DeepSeek-V3 (rank 0 of TP=8) with a 2k prefill (its attention
-#      is dense: an 8k one is mostly the MLA prefill kernel), without the profile.
+#      is dense: an 8k one is mostly the MLA prefill kernel), without the profile;
+#   4. GLM-5 batch 1 at 4k once more, profiled in graph replay (event nodes captured into the
+#      graph: per-op times without host launch gaps).
 # Logs to OUT_DIR/gpu-bench.log and one file per step.
 set -u
 B=${1:-.carry-backend}
@@ -42,4 +44,6 @@ done
 step glm5_matrix 60 "$T" bench --synthetic glm5 --tp 8 --rank 0 --backend cuda --matrix --gen 6 --profile
 step ds3_matrix 30 "$T" bench --synthetic deepseek3 --tp 8 --rank 0 --backend cuda --matrix --gen 4 \
 	--matrix-prefill 2048
+step glm5_graph_profile 20 "$T" bench --synthetic glm5 --tp 8 --rank 0 --backend cuda --kv-fill random \
+	--ctx 4096 --gen 12 --batch 1 --reps 1 --profile-graphs
 date -u | tee -a "$L"

@@ -98,6 +98,9 @@ struct be_cuda {
 	struct kprof *prof_all;
 	struct kprof *prof; /* prof_all while a profiled step runs, else NULL */
 	bool prof_step;
+	/* TANDEM_CUDA_PROFILE=graph: captures record event nodes (prof.h segments), replays are timed */
+	bool prof_graph, prof_capturing, seg_pending;
+	struct kprof_seg *gseg[N_BBUCKETS][N_CBUCKETS];
 	bool head_gemv; /* k_b / v_b of all heads in one launch (TANDEM_HEAD_GEMV=0: per head) */
 };
 
@@ -404,7 +407,7 @@ static void cu_plan(void *ctx, const struct model_batch *b, struct mbe_step *st)
 		for (int64_t j = 0; j < i; j++)
 			if (b->seq[i] == b->seq[j])
 				return;
-	if (c->prof_all && kprof_is_enabled() && !c->nccl) { /* profiled: eager, own shapes */
+	if (c->prof_all && !c->prof_graph && kprof_is_enabled() && !c->nccl) { /* eager, own shapes */
 		c->prof_step = true;
 		return;
 	}
@@ -503,6 +506,8 @@ static int cu_begin(void *ctx, const struct model_batch *b, struct model_kv *kv,
 			for (int j = 0; j < N_CBUCKETS; j++) {
 				kfwd_graph_destroy(c->graph[i][j]);
 				c->graph[i][j] = NULL;
+				kprof_seg_destroy(c->gseg[i][j]);
+				c->gseg[i][j] = NULL;
 			}
 		c->graph_kv = c->kvb;
 		c->graph_kv_blocks = kv->n_blocks;
@@ -518,10 +523,24 @@ static int cu_begin(void *ctx, const struct model_batch *b, struct model_kv *kv,
 			    "cuda: %.0f MB of device memory free, not capturing the decode graph of batch "
 			    "bucket %lld, context bucket %d; that bucket runs eagerly",
 			    (double)fr / 1e6, (long long)st->n, st->max_keys);
+		bool prof = room && c->prof_graph && !c->nccl && kprof_is_enabled();
+		if (prof) {
+			char shape[96];
+			snprintf(shape, sizeof(shape),
+			         "graph replay: decode batch %lld (bucket %lld), context bucket %d",
+			         (long long)st->n_real, (long long)st->n, st->max_keys);
+			prof = kprof_capture_prepare(c->prof_all, shape) == 0;
+		}
 		if (room && kfwd_graph_begin(c->kc) == 0) {
 			c->capture_open = true;
-		} else if (c->nccl) { /* the other ranks capture: run nothing, fail the step at the agreement
-			               */
+			if (prof) {
+				kprof_capture_begin(c->prof_all);
+				c->prof_capturing = true;
+				c->prof = c->prof_all;
+				kprof_active = c->prof;
+			}
+		} else if (c->nccl) {
+			/* the other ranks capture: run nothing, fail the step at the agreement */
 			c->mode = 2, c->void_step = true;
 		} else {
 			c->broken[c->gb][c->gc] = !room;
@@ -820,8 +839,19 @@ static void cu_gather_rows(void *ctx, float *dst, const float *src, int64_t widt
 
 /* An op failed while a graph was being captured: end the capture (the stream must leave capture
  * mode), mark the bucket eager and ask model_forward to run the step again (-EAGAIN). */
+/* the graph profile's segment of the capture that is ending, or NULL (not profiling graphs) */
+static struct kprof_seg *prof_capture_take(struct be_cuda *c)
+{
+	struct kprof_seg *g = c->prof_capturing ? kprof_capture_end(c->prof_all) : NULL;
+	c->prof_capturing = false;
+	c->prof = NULL;
+	kprof_active = NULL;
+	return g;
+}
+
 static int capture_failed(struct be_cuda *c)
 {
+	kprof_seg_destroy(prof_capture_take(c));
 	void *ex = NULL;
 	kfwd_graph_end(c->kc, &ex);
 	kfwd_graph_destroy(ex);
@@ -947,9 +977,11 @@ static int step_finish(struct be_cuda *c)
 	}
 	if (c->mode == 1) { /* end of the captured step: instantiate, then run it */
 		void *ex = NULL;
+		struct kprof_seg *seg = prof_capture_take(c); /* its last event node goes in first */
 		c->capture_open = false;
 		int rc = kfwd_graph_end(c->kc, &ex);
 		if (rc || c->err) { /* nothing of the step ran: the forward runs it again eagerly */
+			kprof_seg_destroy(seg);
 			kfwd_graph_destroy(ex);
 			c->mode = 0;
 			c->broken[c->gb][c->gc] = true;
@@ -966,11 +998,14 @@ static int step_finish(struct be_cuda *c)
 			    "model",
 			    "cuda: decode graph captured for batch bucket %lld, context bucket %d: %zu nodes",
 			    (long long)c->st.n, c->st.max_keys, kfwd_graph_nodes_last);
+		kprof_seg_destroy(c->gseg[c->gb][c->gc]);
+		c->gseg[c->gb][c->gc] = seg;
 		c->mode = 2;
 	}
 	if (c->mode == 2) {
 		CK(kfwd_graph_launch(c->kc, c->graph[c->gb][c->gc]));
 		c->mode = 3; /* launched once for this step; further to_host calls only copy */
+		c->seg_pending = c->prof_graph && c->gseg[c->gb][c->gc];
 	}
 	if (c->nccl && !c->waited && !c->err) {
 		c->waited = true;
@@ -983,6 +1018,11 @@ static int cu_to_host(void *ctx, void *dst_host, const void *src, size_t bytes)
 {
 	struct be_cuda *c = ctx;
 	int rc = step_finish(c);
+	if (c->seg_pending) { /* a profiled graph replay: collect its event nodes' times */
+		c->seg_pending = false;
+		if (!rc)
+			kprof_seg_collect(c->prof_all, c->gseg[c->gb][c->gc]);
+	}
 	if (c->prof) { /* end of a profiled step (the logits are complete) */
 		int prc = kprof_step_end(c->prof);
 		c->prof = NULL;
@@ -1008,12 +1048,15 @@ static void cu_destroy(void *ctx)
 	(void)kcuda_device_set(c->device);
 	if (c->capture_open) {
 		void *ex = NULL;
+		kprof_seg_destroy(prof_capture_take(c));
 		kfwd_graph_end(c->kc, &ex);
 		kfwd_graph_destroy(ex);
 	}
 	for (int i = 0; i < N_BBUCKETS; i++)
-		for (int j = 0; j < N_CBUCKETS; j++)
+		for (int j = 0; j < N_CBUCKETS; j++) {
 			kfwd_graph_destroy(c->graph[i][j]);
+			kprof_seg_destroy(c->gseg[i][j]);
+		}
 	for (int i = 0; i < N_KV_REP; i++) /* pools still alive at model_destroy */
 		kcuda_free(c->rep[i].p);
 	if (kprof_active == c->prof_all)
@@ -1161,14 +1204,16 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 	const char *hg = getenv("TANDEM_HEAD_GEMV");
 	c->head_gemv = !hg || strcmp(hg, "0") != 0;
 	const char *pe = getenv("TANDEM_CUDA_PROFILE");
+	c->prof_graph = pe && strcmp(pe, "graph") == 0;
 	if (pe && *pe && strcmp(pe, "0") != 0) {
 		if ((rc = kprof_create(c->kc, &c->prof_all))) {
 			errbuf_set(e, rc, "backend cuda: cannot create the profiler");
 			goto fail;
 		}
-		LOG_INFO("model",
-		         "cuda: TANDEM_CUDA_PROFILE set: decode steps run eagerly with an event pair "
-		         "around every op (tables on stdout)");
+		LOG_INFO("model", "cuda: TANDEM_CUDA_PROFILE=%s: %s (tables on stdout)", pe,
+		         c->prof_graph
+		             ? "captured decode graphs hold an event node around every op; replays are timed"
+		             : "decode steps run eagerly with an event pair around every op");
 	}
 	if (!o->quiet)
 		LOG_INFO(

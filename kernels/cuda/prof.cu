@@ -57,6 +57,8 @@ extern "C" int kfwd_bf16_tflops(struct kcuda_ctx *c, int n, int reps, double *tf
 	*tflops = 2.0 * (double)n * (double)n * (double)n * reps / (ms * 1e-3) / 1e12;
 	rc = 0;
 cleanup:
+	if (rc)
+		(void)cudaGetLastError(); /* not sticky: keep it from failing the next op's launch check */
 	if (e0)
 		cudaEventDestroy(e0);
 	if (e1)
@@ -83,10 +85,27 @@ struct kprof_rec {
 	double bytes;
 };
 
-struct kprof {
-	cudaStream_t st;
+/* events reused step after step (eager), or owned by one captured graph (a segment) */
+struct kprof_evset {
 	cudaEvent_t *ev;
 	int n_ev, cap_ev, used_ev;
+};
+
+/* what a captured graph records on every replay: its event nodes and the ops between them */
+struct kprof_seg {
+	struct kprof_evset es;
+	struct kprof_rec *rec;
+	int n_rec;
+	unsigned long long launches;
+	char shape[96];
+};
+
+struct kprof {
+	cudaStream_t st;
+	struct kprof_evset eager, *es; /* es: the set records go to (eager, or the capture's) */
+	struct kprof_seg *cap; /* the segment being captured, or NULL */
+	struct kprof_seg *prep; /* made by kprof_capture_prepare for the next capture */
+	int max_ev; /* most events one step used */
 	struct kprof_rec *rec;
 	int n_rec, cap_rec;
 	int stack[KPROF_DEPTH], depth;
@@ -100,25 +119,44 @@ struct kprof {
 	bool open, broken;
 };
 
+/* the next event of the current set, recorded on the stream (inside a capture: as an event
+ * record node of the graph); -1 on failure (the error is cleared: it must not fail an op) */
 static int ev_take(struct kprof *p)
 {
-	if (p->used_ev == p->n_ev) {
-		if (p->n_ev == p->cap_ev) {
-			int cap = p->cap_ev ? 2 * p->cap_ev : 4096;
-			cudaEvent_t *ne = (cudaEvent_t *)realloc(p->ev, sizeof(cudaEvent_t) * (size_t)cap);
+	struct kprof_evset *s = p->es;
+	if (s->used_ev == s->n_ev && p->cap)
+		return -1; /* no cudaEventCreate inside a capture: the segment's events are made before */
+	if (s->used_ev == s->n_ev) {
+		if (s->n_ev == s->cap_ev) {
+			int cap = s->cap_ev ? 2 * s->cap_ev : 4096;
+			cudaEvent_t *ne = (cudaEvent_t *)realloc(s->ev, sizeof(cudaEvent_t) * (size_t)cap);
 			if (!ne)
 				return -1;
-			p->ev = ne;
-			p->cap_ev = cap;
+			s->ev = ne;
+			s->cap_ev = cap;
 		}
-		if (cudaEventCreate(&p->ev[p->n_ev]) != cudaSuccess)
+		if (cudaEventCreate(&s->ev[s->n_ev]) != cudaSuccess) {
+			(void)cudaGetLastError();
 			return -1;
-		p->n_ev++;
+		}
+		s->n_ev++;
 	}
-	int i = p->used_ev++;
-	if (cudaEventRecord(p->ev[i], p->st) != cudaSuccess)
+	int i = s->used_ev++;
+	cudaError_t e = p->cap ? cudaEventRecordWithFlags(s->ev[i], p->st, cudaEventRecordExternal)
+	                       : cudaEventRecord(s->ev[i], p->st);
+	if (e != cudaSuccess) {
+		(void)cudaGetLastError();
 		return -1;
+	}
 	return i;
+}
+
+static void evset_fini(struct kprof_evset *s)
+{
+	for (int i = 0; i < s->n_ev; i++)
+		cudaEventDestroy(s->ev[i]);
+	free(s->ev);
+	memset(s, 0, sizeof(*s));
 }
 
 static int key_of(struct kprof *p, const char *name, const char *sub, int depth)
@@ -146,19 +184,27 @@ extern "C" int kprof_create(struct kcuda_ctx *c, struct kprof **out)
 	if (!p)
 		return -ENOMEM;
 	p->st = c->stream;
+	p->es = &p->eager;
 	kprof_last = p;
 	*out = p;
 	return 0;
 }
 
-extern "C" void kprof_step_begin(struct kprof *p, const char *shape)
+static void use_shape(struct kprof *p, const char *shape)
 {
 	if (strncmp(p->shape, shape, sizeof(p->shape) - 1) != 0) {
 		kprof_report(p, stdout);
 		snprintf(p->shape, sizeof(p->shape), "%s", shape);
 		p->seen = 0;
 	}
-	p->used_ev = 0;
+}
+
+extern "C" void kprof_step_begin(struct kprof *p, const char *shape)
+{
+	use_shape(p, shape);
+	p->es = &p->eager;
+	p->cap = NULL;
+	p->es->used_ev = 0;
 	p->n_rec = 0;
 	p->depth = 0;
 	p->broken = false;
@@ -210,33 +256,136 @@ extern "C" void kprof_pop(struct kprof *p)
 		p->broken = true;
 }
 
-extern "C" int kprof_step_end(struct kprof *p)
+static float elapsed_ms(cudaEvent_t a, cudaEvent_t b)
 {
-	if (!p->open)
-		return 0;
-	p->open = false;
-	int e1 = ev_take(p);
-	if (e1 < 0 || cudaEventSynchronize(p->ev[e1]) != cudaSuccess)
-		return kcuda_launch_status("profile events");
-	if (p->broken || p->depth != 0 || p->seen++ == 0) /* warm-up step of this shape, or unusable */
-		return 0;
-	float ms = 0;
-	cudaEventElapsedTime(&ms, p->ev[0], p->ev[e1]);
-	p->step_ms += ms;
-	p->step_launches += kcuda_n_launch - p->l_step0;
+	float t = 0;
+	if (cudaEventElapsedTime(&t, a, b) != cudaSuccess) {
+		(void)cudaGetLastError();
+		t = 0;
+	}
+	return t;
+}
+
+/* one completed step's records (events ev[0] .. ev[e_last]) into the open table */
+static void add_step(struct kprof *p, const struct kprof_rec *rec, int n_rec, cudaEvent_t *ev, int e_last,
+                     unsigned long long launches)
+{
+	p->step_ms += elapsed_ms(ev[0], ev[e_last]);
+	p->step_launches += launches;
 	p->steps++;
-	for (int i = 0; i < p->n_rec; i++) {
-		const struct kprof_rec *r = &p->rec[i];
+	for (int i = 0; i < n_rec; i++) {
+		const struct kprof_rec *r = &rec[i];
 		struct kprof_key *k = &p->keys[r->key];
-		float t = 0;
-		if (r->e1 >= 0)
-			cudaEventElapsedTime(&t, p->ev[r->e0], p->ev[r->e1]);
-		k->ms += t;
+		k->ms += r->e1 >= 0 ? elapsed_ms(ev[r->e0], ev[r->e1]) : 0.0f;
 		k->calls++;
 		k->launches += r->launches;
 		k->bytes += r->bytes;
 	}
+}
+
+extern "C" int kprof_step_end(struct kprof *p)
+{
+	if (!p->open || p->cap)
+		return 0;
+	p->open = false;
+	int e1 = ev_take(p);
+	if (p->es->used_ev > p->max_ev)
+		p->max_ev = p->es->used_ev;
+	if (e1 < 0 || cudaEventSynchronize(p->es->ev[e1]) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return 0; /* no profile of this step; the step itself reports its own errors */
+	}
+	if (p->broken || p->depth != 0 || p->seen++ == 0) /* warm-up step of this shape, or unusable */
+		return 0;
+	add_step(p, p->rec, p->n_rec, p->es->ev, e1, kcuda_n_launch - p->l_step0);
 	return 0;
+}
+
+extern "C" int kprof_capture_prepare(struct kprof *p, const char *shape)
+{
+	kprof_seg_destroy(p->prep);
+	p->prep = (struct kprof_seg *)calloc(1, sizeof(*p->prep));
+	if (!p->prep)
+		return -ENOMEM;
+	struct kprof_seg *g = p->prep;
+	snprintf(g->shape, sizeof(g->shape), "%s", shape);
+	/* twice the events of the largest step seen so far, at least 16k: a step records 2 per op */
+	int want = 2 * (p->max_ev > 8192 ? p->max_ev : 8192);
+	g->es.ev = (cudaEvent_t *)malloc(sizeof(cudaEvent_t) * (size_t)want);
+	if (!g->es.ev)
+		return -ENOMEM;
+	g->es.cap_ev = want;
+	for (; g->es.n_ev < want; g->es.n_ev++)
+		if (cudaEventCreate(&g->es.ev[g->es.n_ev]) != cudaSuccess) {
+			(void)cudaGetLastError();
+			kprof_seg_destroy(g);
+			p->prep = NULL;
+			return ERR_CUDA;
+		}
+	return 0;
+}
+
+extern "C" void kprof_capture_begin(struct kprof *p)
+{
+	struct kprof_seg *g = p->prep;
+	p->prep = NULL;
+	p->open = false;
+	if (!g)
+		return;
+	p->cap = g;
+	p->es = &g->es;
+	p->n_rec = 0;
+	p->depth = 0;
+	p->broken = false;
+	p->l_step0 = kcuda_n_launch;
+	p->open = ev_take(p) == 0;
+}
+
+extern "C" struct kprof_seg *kprof_capture_end(struct kprof *p)
+{
+	struct kprof_seg *g = p->cap;
+	int e1 = p->open && g ? ev_take(p) : -1;
+	if (g && g->es.used_ev > p->max_ev)
+		p->max_ev = g->es.used_ev;
+	p->open = false;
+	p->cap = NULL;
+	p->es = &p->eager;
+	if (!g)
+		return NULL;
+	if (e1 < 0 || p->broken || p->depth != 0 ||
+	    !(g->rec = (struct kprof_rec *)malloc(sizeof(*g->rec) * (size_t)(p->n_rec + 1)))) {
+		kprof_seg_destroy(g);
+		return NULL;
+	}
+	memcpy(g->rec, p->rec, sizeof(*g->rec) * (size_t)p->n_rec);
+	g->n_rec = p->n_rec;
+	g->launches = kcuda_n_launch - p->l_step0;
+	return g;
+}
+
+extern "C" int kprof_seg_collect(struct kprof *p, struct kprof_seg *g)
+{
+	if (!g || g->es.used_ev < 1)
+		return 0;
+	const int e_last = g->es.used_ev - 1;
+	if (cudaEventSynchronize(g->es.ev[e_last]) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return 0;
+	}
+	use_shape(p, g->shape);
+	if (p->seen++ == 0) /* the replay right after the capture: warm-up */
+		return 0;
+	add_step(p, g->rec, g->n_rec, g->es.ev, e_last, g->launches);
+	return 0;
+}
+
+extern "C" void kprof_seg_destroy(struct kprof_seg *g)
+{
+	if (!g)
+		return;
+	evset_fini(&g->es);
+	free(g->rec);
+	free(g);
 }
 
 /* order of the report: top-level rows by time, each followed by its nested rows by time */
@@ -318,9 +467,9 @@ extern "C" void kprof_destroy(struct kprof *p)
 		kprof_active = NULL;
 	if (kprof_last == p)
 		kprof_last = NULL;
-	for (int i = 0; i < p->n_ev; i++)
-		cudaEventDestroy(p->ev[i]);
-	free(p->ev);
+	kprof_seg_destroy(p->cap);
+	kprof_seg_destroy(p->prep);
+	evset_fini(&p->eager);
 	free(p->rec);
 	free(p);
 }

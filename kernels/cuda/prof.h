@@ -41,6 +41,18 @@ void kprof_pop(struct kprof *p);
 int kprof_step_end(struct kprof *p); /* waits for the step's events; 0 or ERR_CUDA */
 void kprof_report(struct kprof *p, FILE *f); /* prints the open table, then resets it */
 void kprof_report_open(FILE *f); /* kprof_report of the newest profiler of the process, if any */
+
+/* Graph mode (TANDEM_CUDA_PROFILE=graph): the pushes / pops of a step being captured become event
+ * record nodes of the graph (a segment, owned by the caller with the graph); after each replay of
+ * that graph, kprof_seg_collect adds its times to the table of the segment's shape (the first
+ * replay is a warm-up). The times are then those of graph replay: no host launch gaps. */
+struct kprof_seg;
+/* before the capture begins: the segment and its events (no cudaEventCreate inside a capture) */
+int kprof_capture_prepare(struct kprof *p, const char *shape);
+void kprof_capture_begin(struct kprof *p); /* right after the capture began */
+struct kprof_seg *kprof_capture_end(struct kprof *p); /* right before it ends; NULL: unusable */
+int kprof_seg_collect(struct kprof *p, struct kprof_seg *g); /* after the replay (waits for it) */
+void kprof_seg_destroy(struct kprof_seg *g); /* NULL ok */
 #endif
 
 #ifdef __cplusplus
