@@ -98,6 +98,7 @@ struct be_cuda {
 	struct kprof *prof_all;
 	struct kprof *prof; /* prof_all while a profiled step runs, else NULL */
 	bool prof_step;
+	bool errs_checked; /* this step's kernel error counter was read (to_host) */
 	/* TANDEM_CUDA_PROFILE=graph: captures record event nodes (prof.h segments), replays are timed */
 	bool prof_graph, prof_capturing, seg_pending;
 	struct kprof_seg *gseg[N_BBUCKETS][N_CBUCKETS];
@@ -458,6 +459,7 @@ static int cu_begin(void *ctx, const struct model_batch *b, struct model_kv *kv,
 	c->kv = kv;
 	c->st = *st;
 	c->err = 0;
+	c->errs_checked = false;
 	c->agree_pending = c->void_step = c->waited = false;
 	c->kvb = kv->base;
 	if (c->m->n_ranks_local > 1 && c->rk != &c->m->ranks[0]) {
@@ -1033,10 +1035,14 @@ static int cu_to_host(void *ctx, void *dst_host, const void *src, size_t bytes)
 	if (rc)
 		return rc;
 	rc = kcuda_download(c->kc, dst_host, src, bytes);
-	unsigned bad = 0;
-	if (!rc && !kcuda_ctx_take_errors(c->kc, &bad) && bad)
-		rc =
-		    ERR_FORMAT; /* a kernel met an out-of-range id or block (batch was checked on the host) */
+	/* the device's bad-input counter once per step: the first download waited for the whole step
+	 * (rank-shard mode downloads T x rows pieces; a second sync for each cost ~10 us apiece) */
+	if (!rc && !c->errs_checked) {
+		unsigned bad = 0;
+		c->errs_checked = true;
+		if (!kcuda_ctx_take_errors(c->kc, &bad) && bad)
+			rc = ERR_FORMAT; /* a kernel met a bad id or block (the batch was checked) */
+	}
 	return rc;
 }
 
