@@ -722,7 +722,9 @@ int cmd_bench(int argc, char **argv)
 		}
 	}
 	if (o.backend == MODEL_BACKEND_CUDA) { /* workspaces sized for exactly this run */
-		mo.max_tokens = o.ubatch > max_batch ? o.ubatch : max_batch;
+		/* no prefill with --kv-fill (outside the matrix): the ubatch needs no room */
+		int ub = o.kv_fill && !o.matrix ? 1 : o.ubatch;
+		mo.max_tokens = ub > max_batch ? ub : max_batch;
 		mo.max_seqs = max_batch;
 		mo.max_ctx = max_ctx;
 		mo.quiet = o.json != 0; /* the upload progress line goes to stderr */
