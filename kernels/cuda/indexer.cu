@@ -224,7 +224,8 @@ extern "C" int kcuda_indexer_topk(struct kcuda_ctx *c, const struct kcuda_kv_vie
 	const int64_t ld = rows->max_keys > 0 ? rows->max_keys : 1;
 	const size_t sbytes = ((size_t)ld * sizeof(float) + 255) & ~(size_t)255;
 	const int radix = !kattn_use_ref() && rows->n_q <= 64;
-	const size_t scratch1 = radix ? kcuda_topk_idx_radix_scratch(1, (int64_t)(sbytes / sizeof(float))) : 0;
+	const size_t scratch1 =
+	    radix ? kcuda_topk_idx_radix_scratch(1, (int64_t)(sbytes / sizeof(float))) : 0;
 	int64_t per = (int64_t)(c->ws_bytes / (sbytes + scratch1));
 	if (per < 1)
 		return ERR_LIMIT;
@@ -240,12 +241,13 @@ extern "C" int kcuda_indexer_topk(struct kcuda_ctx *c, const struct kcuda_kv_vie
 			return rc;
 		rc = ERR_UNSUPPORTED;
 		if (radix)
-			rc = kcuda_topk_idx_radix(c, b.scores, b.ld, nr, b.n_keys, b.pos0, k, sel + r0 * ld_sel,
-			                          ld_sel, nsel ? nsel + r0 : NULL, (uint8_t *)c->ws + (size_t)per * sbytes,
+			rc = kcuda_topk_idx_radix(c, b.scores, b.ld, nr, b.n_keys, b.pos0, k,
+			                          sel + r0 * ld_sel, ld_sel, nsel ? nsel + r0 : NULL,
+			                          (uint8_t *)c->ws + (size_t)per * sbytes,
 			                          c->ws_bytes - (size_t)per * sbytes);
 		if (rc == ERR_UNSUPPORTED)
-			rc = kcuda_topk_idx_ref(c, b.scores, b.ld, nr, b.n_keys, b.pos0, k, sel + r0 * ld_sel, ld_sel,
-			                        nsel ? nsel + r0 : NULL);
+			rc = kcuda_topk_idx_ref(c, b.scores, b.ld, nr, b.n_keys, b.pos0, k, sel + r0 * ld_sel,
+			                        ld_sel, nsel ? nsel + r0 : NULL);
 		if (rc)
 			return rc;
 	}

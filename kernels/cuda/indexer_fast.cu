@@ -161,8 +161,10 @@ template <int MW> __global__ void __launch_bounds__(IF_THREADS) indexer_fast_ker
 				if (ks < nks) {
 #pragma unroll
 					for (int j = 0; j < NT; j++) {
-						const uint16_t *kr = kt + (kg * NT * 8 + 8 * j + g) * RS + ks * 16 + 2 * t;
-						const uint32_t b0 = *(const uint32_t *)kr, b1 = *(const uint32_t *)(kr + 8);
+						const uint16_t *kr =
+						    kt + (kg * NT * 8 + 8 * j + g) * RS + ks * 16 + 2 * t;
+						const uint32_t b0 = *(const uint32_t *)kr,
+						               b1 = *(const uint32_t *)(kr + 8);
 						if_mma(acc[j], qf[ks][0], b0, b1);
 						if_mma(acc[j], qf[ks][1], b0, b1);
 						if_mma(acc[j], qf[ks][2], b0, b1);
@@ -208,14 +210,14 @@ int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_
 	const size_t smem = if_smem(a.DI);
 	const int MW = a.HI <= 16 ? 1 : (a.HI <= 32 ? 2 : 4);
 	if (MW == 1)
-		KCUDA_CHECK(cudaFuncSetAttribute(indexer_fast_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-		                                 (int)smem));
+		KCUDA_CHECK(cudaFuncSetAttribute(indexer_fast_kernel<1>,
+		                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 	else if (MW == 2)
-		KCUDA_CHECK(cudaFuncSetAttribute(indexer_fast_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-		                                 (int)smem));
+		KCUDA_CHECK(cudaFuncSetAttribute(indexer_fast_kernel<2>,
+		                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 	else
-		KCUDA_CHECK(cudaFuncSetAttribute(indexer_fast_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-		                                 (int)smem));
+		KCUDA_CHECK(cudaFuncSetAttribute(indexer_fast_kernel<4>,
+		                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 	for (int64_t r0 = 0; r0 < n_q; r0 += 65535) {
 		const int64_t nr = n_q - r0 < 65535 ? n_q - r0 : 65535;
 		idx_args b = a;

@@ -268,8 +268,8 @@ static size_t mla_smem(int HG, int dim)
 }
 
 int kcuda_mla_attn_ref(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
-                              const struct kcuda_attn_rows *rows, const float *q, int64_t H, int64_t C,
-                              int64_t R, float scale, float *out)
+                       const struct kcuda_attn_rows *rows, const float *q, int64_t H, int64_t C, int64_t R,
+                       float scale, float *out)
 {
 	if (!c || !kv || !rows || !q || !out || !kv->base || !rows->blocks || H < 1 || C < 1 || R < 0 ||
 	    C > MLA_CMAX || kv->dim != C + R || kv->block_tokens < 1 || kv->n_blocks < 0 || rows->n_q < 0 ||

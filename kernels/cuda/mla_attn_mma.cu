@@ -213,7 +213,8 @@ __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel(mm_args a)
 #pragma unroll
 				for (int j = 0; j < 4; j++) {
 					const uint16_t *kr = kt + (8 * j + g) * RS + ks * 16 + 2 * t;
-					const uint32_t b0 = *(const uint32_t *)kr, b1 = *(const uint32_t *)(kr + 8);
+					const uint32_t b0 = *(const uint32_t *)kr,
+					               b1 = *(const uint32_t *)(kr + 8);
 					mm_mma(sacc[j], qh[i], b0, b1);
 					mm_mma(sacc[j], ql[i], b0, b1);
 				}
@@ -223,7 +224,8 @@ __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel(mm_args a)
 #pragma unroll
 		for (int j = 0; j < 4; j++) {
 			*(float2 *)(sw + g * MM_TK + 8 * j + 2 * t) = make_float2(sacc[j][0], sacc[j][1]);
-			*(float2 *)(sw + (g + 8) * MM_TK + 8 * j + 2 * t) = make_float2(sacc[j][2], sacc[j][3]);
+			*(float2 *)(sw + (g + 8) * MM_TK + 8 * j + 2 * t) =
+			    make_float2(sacc[j][2], sacc[j][3]);
 		}
 		__syncthreads();
 
@@ -354,9 +356,9 @@ __device__ __forceinline__ float mm_block_reduce(float v, float *red, bool is_ma
 
 /* out[row][h] = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M); block (row x head, 128 channels);
  * the split weights are computed once per block into shared memory */
-__global__ void __launch_bounds__(128) mla_mma_combine(const float *__restrict__ pacc, const float *__restrict__ pm,
-                                                       const float *__restrict__ pl, int nsplit, int C,
-                                                       float *__restrict__ out)
+__global__ void __launch_bounds__(128)
+    mla_mma_combine(const float *__restrict__ pacc, const float *__restrict__ pm,
+                    const float *__restrict__ pl, int nsplit, int C, float *__restrict__ out)
 {
 	extern __shared__ float w_s[]; /* [nsplit] */
 	__shared__ float red[4];
@@ -393,8 +395,9 @@ __global__ void __launch_bounds__(128) mla_mma_combine(const float *__restrict__
 /* Does the tensor-core kernel take this call? Every check of the first kernel's argument
  * validation in positive form (a bad call goes to it and is reported there) plus this kernel's own
  * shape and alignment needs. */
-static bool mm_fits(const struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
-                    const float *q, int64_t H, int64_t C, int64_t R, const float *out)
+static bool mm_fits(const struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
+                    const struct kcuda_attn_rows *rows, const float *q, int64_t H, int64_t C, int64_t R,
+                    const float *out)
 {
 	if (!c || !kv || !rows || !q || !out || !kv->base || !rows->blocks || H < 1 || C < 1 || R < 0 ||
 	    C > 512 || kv->dim != C + R || kv->block_tokens < 1 || kv->n_blocks < 0 || rows->n_q < 1 ||
@@ -464,14 +467,15 @@ extern "C" int kcuda_mla_attn(struct kcuda_ctx *c, const struct kcuda_kv_view *k
 	a.pl = a.pm + n_ps;
 
 	const size_t smem = mm_smem(a.dim);
-	KCUDA_CHECK(cudaFuncSetAttribute(mla_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+	KCUDA_CHECK(
+	    cudaFuncSetAttribute(mla_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 	dim3 grid((unsigned)rows->n_q, (unsigned)a.nsplit, (unsigned)n_hg);
 	mla_mma_kernel<<<grid, MM_THREADS, smem, c->stream>>>(a);
 	int rc = kcuda_launch_status("mla_mma");
 	if (rc || a.nsplit == 1)
 		return rc;
 	dim3 cgrid((unsigned)(rows->n_q * H), (unsigned)((C + 127) / 128));
-	mla_mma_combine<<<cgrid, 128, sizeof(float) * (size_t)a.nsplit, c->stream>>>(a.pacc, a.pm, a.pl, a.nsplit,
-	                                                                               a.C, out);
+	mla_mma_combine<<<cgrid, 128, sizeof(float) * (size_t)a.nsplit, c->stream>>>(a.pacc, a.pm, a.pl,
+	                                                                             a.nsplit, a.C, out);
 	return kcuda_launch_status("mla_mma_combine");
 }

@@ -20,8 +20,9 @@ static inline int kattn_use_ref(void)
 }
 
 /* the first kernels, kept behind the switch (same arguments as the public ops) */
-int kcuda_mla_attn_ref(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
-                       const float *q, int64_t H, int64_t C, int64_t R, float scale, float *out);
+int kcuda_mla_attn_ref(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
+                       const struct kcuda_attn_rows *rows, const float *q, int64_t H, int64_t C, int64_t R,
+                       float scale, float *out);
 int kcuda_topk_idx_ref(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n_rows, const int32_t *n,
                        int64_t n0, int k, int32_t *out, int64_t ldo, int32_t *n_out);
 /* multi-block radix top-k with an explicit scratch area (topk_idx_radix.cu); ERR_UNSUPPORTED when

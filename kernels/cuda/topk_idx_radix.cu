@@ -83,7 +83,8 @@ struct tr_shared {
 /* In hist[0 .. NB) (global), counted from the highest bin down: the bin holding the need-th
  * largest entry and how many of that bin's entries are still needed. Block-wide. */
 template <int NB>
-__device__ void tr_find(tr_shared &sh, const unsigned *hist, unsigned need, unsigned *bin_out, unsigned *need_out)
+__device__ void tr_find(tr_shared &sh, const unsigned *hist, unsigned need, unsigned *bin_out,
+                        unsigned *need_out)
 {
 	constexpr int PER = NB / TR_THREADS;
 	const int tid = threadIdx.x;
@@ -119,7 +120,8 @@ __device__ void tr_find(tr_shared &sh, const unsigned *hist, unsigned need, unsi
 }
 
 /* prefix (the selected high bits, right-aligned to `bits` of the key) after `pass` digits */
-__device__ void tr_select(tr_shared &sh, const unsigned *hs, int pass, int kk, uint32_t *prefix, unsigned *need)
+__device__ void tr_select(tr_shared &sh, const unsigned *hs, int pass, int kk, uint32_t *prefix,
+                          unsigned *need)
 {
 	unsigned b, nd = (unsigned)kk;
 	uint32_t p = 0;
@@ -269,9 +271,9 @@ size_t kcuda_topk_idx_radix_scratch(int64_t n_rows, int64_t max_n)
 	return (size_t)n_rows * (size_t)(TR_HIST + 2 * (nb > 0 ? nb : 1)) * sizeof(unsigned);
 }
 
-int kcuda_topk_idx_radix(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n_rows, const int32_t *n,
-                         int64_t n0, int k, int32_t *out, int64_t ldo, int32_t *n_out, void *scratch,
-                         size_t scratch_bytes)
+int kcuda_topk_idx_radix(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n_rows,
+                         const int32_t *n, int64_t n0, int k, int32_t *out, int64_t ldo, int32_t *n_out,
+                         void *scratch, size_t scratch_bytes)
 {
 	if (!c || !scores || !out || n_rows < 0 || k < 0 || ldo < k || ld < 1)
 		return kcuda_bad_arg("topk_idx", "rows %lld k %d ldo %lld ld %lld%s", (long long)n_rows, k,
@@ -310,8 +312,8 @@ int kcuda_topk_idx_radix(struct kcuda_ctx *c, const float *scores, int64_t ld, i
 	return rc;
 }
 
-extern "C" int kcuda_topk_idx(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n_rows, const int32_t *n,
-                              int64_t n0, int k, int32_t *out, int64_t ldo, int32_t *n_out)
+extern "C" int kcuda_topk_idx(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n_rows,
+                              const int32_t *n, int64_t n0, int k, int32_t *out, int64_t ldo, int32_t *n_out)
 {
 	/* the workspace is the scratch, unless the scores themselves live there */
 	if (!kattn_use_ref() && c && scores && c->ws) {
