@@ -1,14 +1,13 @@
 /* Host emulation of the index math of the fast CUDA attention kernels (no GPU needed, so CI runs
- * it): kernels/cuda/mla_attn_mma.cu and topk_idx_radix.cu re-enacted thread by thread, phase by
- * phase (one phase = the code between two __syncthreads), with the same index expressions, the
- * tensor-core mma.sync m16n8k16 emulated from the PTX fragment layout (groupID = lane / 4,
- * threadID_in_group = lane % 4; A regs {row g | g+8} x {cols 2t | 2t+8}, B regs k {2t | 2t+8} at
- * column g, C {row g | g+8} at cols 2t, 2t+1), and the host-side split policy. Checked against the
- * CPU ops (kcpu_mla_attn_head, kcpu_topk) on random data, with the edge cases the GPU tests have
- * (contexts 1, 31, 33, 64, 65, 2049; top-k lists; a bad block id; heads not a multiple of 16;
- * C 64 / 96; splits with no keys). This checks the fragment/tile/split arithmetic only: races,
- * cp.async ordering and the real mma hardware need the GPU (tests/ops/test_ops_mla,
- * test_ops_indexer). */
+ * it): kernels/cuda/mla_attn_mma.cu, indexer_fast.cu and topk_idx_radix.cu re-enacted thread by thread, phase
+ * by phase (one phase = the code between two __syncthreads), with the same index expressions, the tensor-core
+ * mma.sync m16n8k16 emulated from the PTX fragment layout (groupID = lane / 4, threadID_in_group = lane % 4;
+ * A regs {row g | g+8} x {cols 2t | 2t+8}, B regs k {2t | 2t+8} at column g, C {row g | g+8} at cols 2t,
+ * 2t+1), and the host-side split policy. Checked against the CPU ops (kcpu_mla_attn_head, kcpu_indexer_scores
+ * (bit-equal on integer data), kcpu_topk) on random data, with the edge cases the GPU tests have (contexts 1,
+ * 31, 33, 64, 65, 2049; top-k lists; a bad block id; heads not a multiple of 16; C 64 / 96; splits with no
+ * keys). This checks the fragment/tile/split arithmetic only: races, cp.async ordering and the real mma
+ * hardware need the GPU (tests/ops/test_ops_mla, test_ops_indexer). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -543,6 +542,152 @@ static void mla_case(const char *name, int H, int C, int R, int n_seq, const int
 	free(sc);
 }
 
+/* ---- indexer: indexer_fast_kernel ------------------------------------------------------------ */
+#define IF_TK 64
+#define IF_TILES 4
+#define IF_SP 65
+
+/* the three bf16 parts of (x, y) as the kernel's if_split3 */
+static void split3(float x, float y, uint32_t *p0, uint32_t *p1, uint32_t *p2)
+{
+	*p0 = pack2(x, y);
+	const float rx = x - bf((uint16_t)(*p0 & 0xffff)), ry = y - bf((uint16_t)(*p0 >> 16));
+	*p1 = pack2(rx, ry);
+	*p2 = pack2(rx - bf((uint16_t)(*p1 & 0xffff)), ry - bf((uint16_t)(*p1 >> 16)));
+}
+
+/* one row's scores over keys [0, nk) (positions = key index, rows of DI bf16 at keys[p]) */
+static void emu_indexer_row(const float *q, const float *w, int HI, int DI, const uint16_t *const *keys,
+                            int nk, float scale, float *scores)
+{
+	const int MW = HI <= 16 ? 1 : (HI <= 32 ? 2 : 4), KG = 4 / MW, NT = IF_TK / 8 / KG, RS = DI + 8;
+	const int nks = DI / 16;
+	static uint32_t qf[128][8][3][4];
+	for (int tid = 0; tid < 128; tid++) {
+		const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3, mw = warp % MW;
+		for (int ks = 0; ks < 8; ks++)
+			for (int r = 0; r < 4; r++) {
+				const int h = 16 * mw + g + ((r & 1) ? 8 : 0);
+				const int col = ks * 16 + 2 * t + ((r & 2) ? 8 : 0);
+				float vx = 0, vy = 0;
+				if (ks < nks && h < HI) {
+					vx = q[h * DI + col];
+					vy = q[h * DI + col + 1];
+				}
+				split3(vx, vy, &qf[tid][ks][0][r], &qf[tid][ks][1][r], &qf[tid][ks][2][r]);
+				/* the parts add up to the value exactly */
+				const float sx = bf((uint16_t)(qf[tid][ks][0][r] & 0xffff)) +
+				                 bf((uint16_t)(qf[tid][ks][1][r] & 0xffff)) +
+				                 bf((uint16_t)(qf[tid][ks][2][r] & 0xffff));
+				if (sx != vx) {
+					CHECK(0, "split3(%.9g) = %.9g", vx, sx);
+					return;
+				}
+			}
+	}
+	uint16_t *k_s = calloc((size_t)IF_TK * RS, 2);
+	float *d_s = calloc((size_t)IF_TK * IF_SP, 4);
+	for (int64_t k0 = 0; k0 < nk; k0 += IF_TK * IF_TILES) {
+		const int64_t k1 = nk < k0 + IF_TK * IF_TILES ? nk : k0 + IF_TK * IF_TILES;
+		const int ntiles = (int)((k1 - k0 + IF_TK - 1) / IF_TK);
+		for (int n = 0; n < ntiles; n++) {
+			for (int r = 0; r < IF_TK; r++) {
+				const int64_t p = k0 + (int64_t)n * IF_TK + r;
+				if (p < k1)
+					memcpy(k_s + r * RS, keys[p], (size_t)DI * 2);
+				else
+					memset(k_s + r * RS, 0, (size_t)DI * 2);
+			}
+			for (int warp = 0; warp < 4; warp++) {
+				const int mw = warp % MW, kg = warp / MW;
+				if (16 * mw >= HI)
+					continue;
+				static float acc[8][32][4];
+				memset(acc, 0, sizeof(acc));
+				for (int ks = 0; ks < nks; ks++)
+					for (int j = 0; j < NT; j++) {
+						uint32_t b0[32], b1[32], a3[3][32][4];
+						for (int lane = 0; lane < 32; lane++) {
+							const int g = lane >> 2, t = lane & 3;
+							const uint16_t *kr = k_s +
+							                     (kg * NT * 8 + 8 * j + g) * RS +
+							                     ks * 16 + 2 * t;
+							b0[lane] = (uint32_t)kr[0] | ((uint32_t)kr[1] << 16);
+							b1[lane] = (uint32_t)kr[8] | ((uint32_t)kr[9] << 16);
+							for (int x = 0; x < 3; x++)
+								memcpy(a3[x][lane],
+								       qf[warp * 32 + lane][ks][x], 16);
+						}
+						for (int x = 0; x < 3; x++)
+							emu_mma(acc[j], a3[x], b0, b1);
+					}
+				for (int lane = 0; lane < 32; lane++) {
+					const int g = lane >> 2, t = lane & 3;
+					for (int j = 0; j < NT; j++) {
+						const int key = kg * NT * 8 + 8 * j + 2 * t, h = 16 * mw + g;
+						d_s[key * IF_SP + h] = acc[j][lane][0] * scale;
+						d_s[(key + 1) * IF_SP + h] = acc[j][lane][1] * scale;
+						d_s[key * IF_SP + h + 8] = acc[j][lane][2] * scale;
+						d_s[(key + 1) * IF_SP + h + 8] = acc[j][lane][3] * scale;
+					}
+				}
+			}
+			for (int tid = 0; tid < IF_TK; tid++) {
+				const int64_t p = k0 + (int64_t)n * IF_TK + tid;
+				if (p < k1) {
+					float sc = 0.0f;
+					for (int h = 0; h < HI; h++) {
+						const float d = d_s[tid * IF_SP + h];
+						if (d > 0.0f)
+							sc += w[h] * d;
+					}
+					scores[p] = sc;
+				}
+			}
+		}
+	}
+	free(k_s);
+	free(d_s);
+}
+
+static void indexer_case(const char *name, int HI, int DI, int nk, int exact)
+{
+	uint16_t *kv = malloc(sizeof(uint16_t) * (size_t)nk * DI);
+	const uint16_t **keys = malloc(sizeof(void *) * (size_t)nk);
+	float *q = malloc(sizeof(float) * (size_t)HI * DI), *w = malloc(sizeof(float) * HI);
+	float *ref = malloc(sizeof(float) * (size_t)nk), *got = malloc(sizeof(float) * (size_t)nk);
+	for (int i = 0; i < nk * DI; i++)
+		kv[i] = kf32_to_bf16(exact ? (float)((int)(rnext() % 5) - 2) : runif());
+	for (int i = 0; i < nk; i++)
+		keys[i] = kv + (size_t)i * DI;
+	for (int i = 0; i < HI * DI; i++)
+		q[i] = exact ? (float)((int)(rnext() % 5) - 2) : runif();
+	for (int i = 0; i < HI; i++)
+		w[i] = exact ? (float)((int)(rnext() % 9) - 3) / 8.0f : runif() / sqrtf((float)HI);
+	const float scale = 1.0f / sqrtf((float)DI);
+	kcpu_indexer_scores(q, w, HI, DI, (const void *const *)keys, nk, 1, scale, ref);
+	emu_indexer_row(q, w, HI, DI, keys, nk, scale, got);
+	double mx = 0, maxerr = 0;
+	int bitdiff = 0;
+	for (int i = 0; i < nk; i++)
+		mx = fabs(ref[i]) > mx ? fabs(ref[i]) : mx;
+	for (int i = 0; i < nk; i++) {
+		bitdiff += memcmp(&ref[i], &got[i], 4) != 0;
+		const double e = fabs((double)got[i] - ref[i]) / (mx > 0 ? mx : 1);
+		maxerr = e > maxerr ? e : maxerr;
+	}
+	if (exact)
+		CHECK(bitdiff == 0, "indexer %s: %d of %d scores not bit-equal", name, bitdiff, nk);
+	CHECK(maxerr <= 2e-6, "indexer %s: max err %.3g of max|score|", name, maxerr);
+	printf("indexer emul %-36s keys %6d bit-diff %d max err %.2g\n", name, nk, bitdiff, maxerr);
+	free(kv);
+	free(keys);
+	free(q);
+	free(w);
+	free(ref);
+	free(got);
+}
+
 /* ---- radix top-k: tr_hist_kernel x 3, tr_out_kernel x 2 ----------------------------------------- */
 #define TR_THREADS 256
 #define TR_PER 8
@@ -749,6 +894,12 @@ int main(void)
 	mla_case("H3 C64 R16 ctx 0/40", 3, 64, 16, 2, l_zero, 0, 0, 132, 64u << 20, 2.0f);
 	mla_case("H8 ctx mix, bad block id", 8, 512, 64, 4, l_mid, 0, 1, 132, 64u << 20, 1.0f);
 	mla_case("H16 sparse K2048 of 2049, bad block", 16, 512, 64, 1, l_one, 2048, 1, 132, 64u << 20, 1.0f);
+	indexer_case("exact HI32 DI128", 32, 128, 2049, 1);
+	indexer_case("random HI32 DI128", 32, 128, 1000, 0);
+	indexer_case("exact HI64 DI128", 64, 128, 300, 1);
+	indexer_case("random HI40 DI48", 40, 48, 333, 0);
+	indexer_case("exact HI16 DI64", 16, 64, 65, 1);
+	indexer_case("random HI5 DI16", 5, 16, 31, 0);
 	topk_cases();
 	printf("%d checks, %d failed\n", n_check, n_fail);
 	return n_fail ? 1 : 0;
