@@ -11,7 +11,7 @@
  * the same accumulator, so every product is exact and only the fp32 accumulation order differs
  * from the CPU's: on integer test data the scores are bit-equal, on float data ~1e-7 relative.
  *
- * Grid (key range of 256 positions, query row); 4 warps. The range is walked in tiles of 64 keys:
+ * Grid (key range of 128 positions, query row); 4 warps. The range is walked in tiles of 64 keys:
  * the 64 row addresses are looked up first, the rows copied to shared memory with 16-byte
  * cp.async while the previous tile is scored (double buffer). Warp w takes heads [16 mw, 16 mw + 16)
  * and a share of the keys (with HI <= 16 each warp takes 16 keys, <= 32 32 keys, <= 64 all 64);
@@ -24,7 +24,7 @@
 #define IF_WARPS 4
 #define IF_THREADS (32 * IF_WARPS)
 #define IF_TK 64 /* keys per tile */
-#define IF_TILES 4 /* tiles per block */
+#define IF_TILES 2 /* tiles per block: ~2 blocks per SM at 32k positions, batch 1 */
 #define IF_DMAX 128
 #define IF_HMAX 64
 #define IF_SP (IF_HMAX + 1) /* d row stride (floats) */

@@ -544,7 +544,7 @@ static void mla_case(const char *name, int H, int C, int R, int n_seq, const int
 
 /* ---- indexer: indexer_fast_kernel ------------------------------------------------------------ */
 #define IF_TK 64
-#define IF_TILES 4
+#define IF_TILES 2
 #define IF_SP 65
 
 /* the three bf16 parts of (x, y) as the kernel's if_split3 */
