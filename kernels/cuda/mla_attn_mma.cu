@@ -27,6 +27,8 @@
 #include <errno.h>
 #include <math.h>
 
+#include <type_traits>
+
 #include "kernels/cuda/mla_attn_mode.cuh"
 
 #define MM_WARPS 4
@@ -44,7 +46,7 @@ struct mm_args {
 	int64_t n_blocks;
 	size_t block_bytes, offset;
 	int bt;
-	int dim;
+	int dim, elt; /* elt: bytes per cached value, 2 (bf16) or 4 (fp32) */
 	const int32_t *qseq, *blocks, *n_keys, *sel;
 	int64_t ld_blocks, pos0, ld_sel, max_keys;
 	const float *q;
@@ -90,22 +92,32 @@ __device__ __forceinline__ const uint8_t *mm_key_row(const mm_args &a, int64_t r
 	const int64_t blk = a.blocks[(int64_t)tbl * a.ld_blocks + p / a.bt];
 	if (blk < 0 || blk >= a.n_blocks)
 		return NULL;
-	return a.base + (size_t)blk * a.block_bytes + a.offset + (size_t)(p % a.bt) * (size_t)a.dim * 2u;
+	return a.base + (size_t)blk * a.block_bytes + a.offset +
+	       (size_t)(p % a.bt) * (size_t)a.dim * (size_t)a.elt;
 }
 
-static size_t mm_smem(int dim)
+/* shared row stride in values: a 16-byte multiple whose word stride is 4 mod 32 for bf16 (dim + 8)
+ * and 4 mod 32 floats for fp32 (dim + 4): conflict-free fragment loads (dim a multiple of 16) */
+static __host__ __device__ int mm_rs(int dim, bool f32)
 {
-	const size_t rs = (size_t)dim + 8; /* bf16 per shared row: 16-byte multiple, conflict-free */
-	return 2 * MM_TK * rs * 2 /* kv tiles */ + MM_WARPS * MM_HG * MM_TK * 4 /* partial scores */ +
-	       2 * MM_HG * MM_PS * 2 /* p hi, lo */ + MM_HG * 4 /* corr */ + 2 * MM_HG * 4 /* m, l */ +
+	return f32 ? dim + 4 : dim + 8;
+}
+static size_t mm_smem(int dim, bool f32)
+{
+	return 2 * MM_TK * (size_t)mm_rs(dim, f32) * (f32 ? 4 : 2) /* kv tiles */ +
+	       MM_WARPS * MM_HG * MM_TK * 4 /* partial scores */ + 2 * MM_HG * MM_PS * 2 /* p hi, lo */ +
+	       MM_HG * 4 /* corr */ + 2 * MM_HG * 4 /* m, l */ +
 	       2 * MM_TK * sizeof(void *) /* row addresses */;
 }
 
-__global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel(mm_args a)
+/* F32: the pool holds fp32 values; they are split into bf16 hi + lo as the fragments are read and
+ * multiplied as hi*hi + lo*hi + hi*lo (the lo*lo term is below 2^-16 of the result) */
+template <bool F32> __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel(mm_args a)
 {
+	typedef typename std::conditional<F32, float, uint16_t>::type val_t;
 	extern __shared__ __align__(16) uint8_t mm_sm[];
-	const int dim = a.dim, RS = dim + 8, C = a.C;
-	uint16_t *kv_s = (uint16_t *)mm_sm; /* [2][TK][RS] */
+	const int dim = a.dim, RS = mm_rs(dim, F32), C = a.C;
+	val_t *kv_s = (val_t *)mm_sm; /* [2][TK][RS] */
 	float *sred = (float *)(kv_s + 2 * MM_TK * RS); /* [WARPS][HG][TK] */
 	uint16_t *phi = (uint16_t *)(sred + MM_WARPS * MM_HG * MM_TK); /* [HG][PS] */
 	uint16_t *plo = phi + MM_HG * MM_PS;
@@ -158,16 +170,16 @@ __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel(mm_args a)
 			addr_s[st * MM_TK + lane] = p;
 		}
 	};
-	const int nchunk = dim / 8; /* 16-byte pieces per row */
+	const int nchunk = dim * (int)sizeof(val_t) / 16; /* 16-byte pieces per row */
 	auto issue = [&](int st) {
 		for (int r = warp; r < MM_TK; r += MM_WARPS) {
 			const uint8_t *p = addr_s[st * MM_TK + r];
-			uint16_t *dst = kv_s + (st * MM_TK + r) * RS;
+			uint8_t *dst = (uint8_t *)(kv_s + (st * MM_TK + r) * RS);
 			for (int c = lane; c < nchunk; c += 32) {
 				if (p)
-					katt_cp16(dst + 8 * c, p + 16 * c);
+					katt_cp16(dst + 16 * c, p + 16 * c);
 				else
-					*(uint4 *)(dst + 8 * c) = make_uint4(0, 0, 0, 0);
+					*(uint4 *)(dst + 16 * c) = make_uint4(0, 0, 0, 0);
 			}
 		}
 		katt_cp_commit();
@@ -199,7 +211,7 @@ __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel(mm_args a)
 			katt_cp_wait<0>();
 		}
 		__syncthreads();
-		const uint16_t *kt = kv_s + st * MM_TK * RS;
+		const val_t *kt = kv_s + st * MM_TK * RS;
 
 		/* S = Q K^T, this warp's dim steps, 4 n-tiles of 8 keys */
 		float sacc[4][4];
@@ -212,11 +224,22 @@ __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel(mm_args a)
 			if (ks < nks) {
 #pragma unroll
 				for (int j = 0; j < 4; j++) {
-					const uint16_t *kr = kt + (8 * j + g) * RS + ks * 16 + 2 * t;
-					const uint32_t b0 = *(const uint32_t *)kr,
-					               b1 = *(const uint32_t *)(kr + 8);
-					mm_mma(sacc[j], qh[i], b0, b1);
-					mm_mma(sacc[j], ql[i], b0, b1);
+					const val_t *kr = kt + (8 * j + g) * RS + ks * 16 + 2 * t;
+					if (F32) {
+						const float2 x = *(const float2 *)kr,
+						             y = *(const float2 *)(kr + 8);
+						uint32_t bh0, bl0, bh1, bl1;
+						mm_split2(x.x, x.y, &bh0, &bl0);
+						mm_split2(y.x, y.y, &bh1, &bl1);
+						mm_mma(sacc[j], qh[i], bh0, bh1);
+						mm_mma(sacc[j], ql[i], bh0, bh1);
+						mm_mma(sacc[j], qh[i], bl0, bl1);
+					} else {
+						const uint32_t b0 = *(const uint32_t *)kr,
+						               b1 = *(const uint32_t *)(kr + 8);
+						mm_mma(sacc[j], qh[i], b0, b1);
+						mm_mma(sacc[j], ql[i], b0, b1);
+					}
 				}
 			}
 		}
@@ -286,16 +309,27 @@ __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel(mm_args a)
 				al[2] = *(const uint32_t *)(plo + g * MM_PS + pc + 8);
 				al[3] = *(const uint32_t *)(plo + (g + 8) * MM_PS + pc + 8);
 				/* B = V rows pc, pc + 1 (b0) and pc + 8, pc + 9 (b1), column = channel */
-				const uint16_t *vr = kt + pc * RS + warp * cw + g;
+				const val_t *vr = kt + pc * RS + warp * cw + g;
 #pragma unroll
 				for (int j = 0; j < MM_NTW; j++) {
 					if (j < ntw) {
-						const uint16_t *v = vr + 8 * j;
-						const uint32_t b0 = (uint32_t)v[0] | ((uint32_t)v[RS] << 16);
-						const uint32_t b1 =
-						    (uint32_t)v[8 * RS] | ((uint32_t)v[9 * RS] << 16);
-						mm_mma(oacc[j], ah, b0, b1);
-						mm_mma(oacc[j], al, b0, b1);
+						const val_t *v = vr + 8 * j;
+						if (F32) {
+							uint32_t bh0, bl0, bh1, bl1;
+							mm_split2((float)v[0], (float)v[RS], &bh0, &bl0);
+							mm_split2((float)v[8 * RS], (float)v[9 * RS], &bh1,
+							          &bl1);
+							mm_mma(oacc[j], ah, bh0, bh1);
+							mm_mma(oacc[j], al, bh0, bh1);
+							mm_mma(oacc[j], ah, bl0, bl1);
+						} else {
+							const uint32_t b0 =
+							    (uint32_t)v[0] | ((uint32_t)v[RS] << 16);
+							const uint32_t b1 =
+							    (uint32_t)v[8 * RS] | ((uint32_t)v[9 * RS] << 16);
+							mm_mma(oacc[j], ah, b0, b1);
+							mm_mma(oacc[j], al, b0, b1);
+						}
 					}
 				}
 			}
@@ -405,12 +439,19 @@ static bool mm_fits(const struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
 		return false;
 	if (rows->n_q > INT32_MAX || rows->max_keys > INT32_MAX / 2 || (H + MM_HG - 1) / MM_HG > 65535)
 		return false;
-	if (!kv->bf16 || kv->dim % 16 || kv->dim > MM_DMAX || C % (8 * MM_WARPS))
+	if (kv->dim % 16 || kv->dim > MM_DMAX || C % (8 * MM_WARPS))
 		return false;
 	if (((uintptr_t)kv->base | kv->block_bytes | kv->offset) % 16 || (uintptr_t)q % 8 ||
 	    (uintptr_t)out % 8)
 		return false;
-	return mm_smem((int)kv->dim) <= 200 * 1024;
+	/* fp32 tiles need ~160 KB: Hopper and sm_100 have it, sm_120 (99 KB) takes the first kernel */
+	int max_smem = 0;
+	if (cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device) !=
+	    cudaSuccess) {
+		(void)cudaGetLastError();
+		return false;
+	}
+	return mm_smem((int)kv->dim, !kv->bf16) <= (size_t)max_smem;
 }
 
 extern "C" int kcuda_mla_attn(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
@@ -427,6 +468,7 @@ extern "C" int kcuda_mla_attn(struct kcuda_ctx *c, const struct kcuda_kv_view *k
 	a.offset = kv->offset;
 	a.bt = kv->block_tokens;
 	a.dim = (int)kv->dim;
+	a.elt = kv->bf16 ? 2 : 4;
 	a.qseq = rows->qseq;
 	a.blocks = rows->blocks;
 	a.n_keys = rows->n_keys;
@@ -466,11 +508,17 @@ extern "C" int kcuda_mla_attn(struct kcuda_ctx *c, const struct kcuda_kv_view *k
 	a.pm = ws + n_ps * (size_t)C;
 	a.pl = a.pm + n_ps;
 
-	const size_t smem = mm_smem(a.dim);
-	KCUDA_CHECK(
-	    cudaFuncSetAttribute(mla_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+	const size_t smem = mm_smem(a.dim, !kv->bf16);
 	dim3 grid((unsigned)rows->n_q, (unsigned)a.nsplit, (unsigned)n_hg);
-	mla_mma_kernel<<<grid, MM_THREADS, smem, c->stream>>>(a);
+	if (kv->bf16) {
+		KCUDA_CHECK(cudaFuncSetAttribute(mla_mma_kernel<false>,
+		                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+		mla_mma_kernel<false><<<grid, MM_THREADS, smem, c->stream>>>(a);
+	} else {
+		KCUDA_CHECK(cudaFuncSetAttribute(mla_mma_kernel<true>,
+		                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+		mla_mma_kernel<true><<<grid, MM_THREADS, smem, c->stream>>>(a);
+	}
 	int rc = kcuda_launch_status("mla_mma");
 	if (rc || a.nsplit == 1)
 		return rc;

@@ -104,7 +104,7 @@ struct mm_args {
 	const uint8_t *base;
 	int64_t n_blocks;
 	size_t block_bytes, offset;
-	int bt, dim;
+	int bt, dim, elt; /* elt 2: bf16 pool, 4: fp32 pool */
 	const int32_t *qseq, *blocks, *n_keys, *sel;
 	int64_t ld_blocks, pos0, ld_sel, max_keys;
 	const float *q;
@@ -124,7 +124,21 @@ static const uint8_t *mm_key_row(const struct mm_args *a, int64_t row, int j)
 	const int64_t blk = a->blocks[(int64_t)tbl * a->ld_blocks + p / a->bt];
 	if (blk < 0 || blk >= a->n_blocks)
 		return NULL;
-	return a->base + (size_t)blk * a->block_bytes + a->offset + (size_t)(p % a->bt) * (size_t)a->dim * 2u;
+	return a->base + (size_t)blk * a->block_bytes + a->offset +
+	       (size_t)(p % a->bt) * (size_t)a->dim * (size_t)a->elt;
+}
+
+/* value i of a shared tile row block (bf16 bits or fp32) */
+static float kv_val(const uint8_t *kt, int i, int elt)
+{
+	if (elt == 4) {
+		float v;
+		memcpy(&v, kt + 4 * (size_t)i, 4);
+		return v;
+	}
+	uint16_t h;
+	memcpy(&h, kt + 2 * (size_t)i, 2);
+	return bf(h);
 }
 
 /* per-thread state of one block */
@@ -136,8 +150,8 @@ struct mm_thr {
 
 static void emu_mla_block(struct mm_args *a, int64_t row, int split, int bz)
 {
-	const int dim = a->dim, RS = dim + 8, C = a->C, h0 = bz * MM_HG;
-	uint16_t *kv_s = calloc((size_t)2 * MM_TK * RS, 2);
+	const int dim = a->dim, elt = a->elt, RS = elt == 4 ? dim + 4 : dim + 8, C = a->C, h0 = bz * MM_HG;
+	uint8_t *kv_s = calloc((size_t)2 * MM_TK * RS, (size_t)elt);
 	float sred[MM_WARPS][MM_HG][MM_TK];
 	uint16_t phi[MM_HG * MM_PS], plo[MM_HG * MM_PS];
 	float corr_s[MM_HG], ml_s[2 * MM_HG];
@@ -188,12 +202,12 @@ static void emu_mla_block(struct mm_args *a, int64_t row, int split, int bz)
 	for (int warp = 0; warp < MM_WARPS; warp++)                                                          \
 		for (int r = warp; r < MM_TK; r += MM_WARPS) {                                               \
 			const uint8_t *p = addr_s[(st)*MM_TK + r];                                           \
-			uint16_t *dst = kv_s + ((st)*MM_TK + r) * RS;                                        \
-			for (int c = 0; c < dim / 8; c++) {                                                  \
+			uint8_t *dst = kv_s + (size_t)((st)*MM_TK + r) * RS * elt;                           \
+			for (int c = 0; c < dim * elt / 16; c++) {                                           \
 				if (p)                                                                       \
-					memcpy(dst + 8 * c, p + 16 * c, 16);                                 \
+					memcpy(dst + 16 * c, p + 16 * c, 16);                                \
 				else                                                                         \
-					memset(dst + 8 * c, 0, 16);                                          \
+					memset(dst + 16 * c, 0, 16);                                         \
 			}                                                                                    \
 		}
 	if (ntiles > 0) {
@@ -207,7 +221,7 @@ static void emu_mla_block(struct mm_args *a, int64_t row, int split, int bz)
 			FILL_ADDR(n + 1, st ^ 1);
 			ISSUE(st ^ 1);
 		}
-		const uint16_t *kt = kv_s + st * MM_TK * RS;
+		const uint8_t *kt = kv_s + (size_t)st * MM_TK * RS * elt;
 		/* QK: per warp, registers of all lanes */
 		for (int warp = 0; warp < MM_WARPS; warp++) {
 			static float sacc[4][32][4];
@@ -217,17 +231,21 @@ static void emu_mla_block(struct mm_args *a, int64_t row, int split, int bz)
 				if (ks >= nks)
 					continue;
 				for (int j = 0; j < 4; j++) {
-					uint32_t b0[32], b1[32], ah[32][4], al[32][4];
+					uint32_t b0[32], b1[32], c0[32], c1[32], ah[32][4], al[32][4];
 					for (int lane = 0; lane < 32; lane++) {
 						const int g = lane >> 2, t = lane & 3;
-						const uint16_t *kr = kt + (8 * j + g) * RS + ks * 16 + 2 * t;
-						b0[lane] = (uint32_t)kr[0] | ((uint32_t)kr[1] << 16);
-						b1[lane] = (uint32_t)kr[8] | ((uint32_t)kr[9] << 16);
+						const int kr = (8 * j + g) * RS + ks * 16 + 2 * t;
+						split2(kv_val(kt, kr, elt), kv_val(kt, kr + 1, elt),
+						       &b0[lane], &c0[lane]);
+						split2(kv_val(kt, kr + 8, elt), kv_val(kt, kr + 9, elt),
+						       &b1[lane], &c1[lane]);
 						memcpy(ah[lane], th[warp * 32 + lane].qh[i], 16);
 						memcpy(al[lane], th[warp * 32 + lane].ql[i], 16);
 					}
 					emu_mma(sacc[j], ah, b0, b1);
 					emu_mma(sacc[j], al, b0, b1);
+					if (elt == 4)
+						emu_mma(sacc[j], ah, c0, c1);
 				}
 			}
 			for (int lane = 0; lane < 32; lane++) {
@@ -302,17 +320,21 @@ static void emu_mla_block(struct mm_args *a, int64_t row, int split, int bz)
 					}
 				}
 				for (int j = 0; j < ntw; j++) {
-					uint32_t b0[32], b1[32];
+					uint32_t b0[32], b1[32], c0[32], c1[32];
 					float acc[32][4];
 					for (int lane = 0; lane < 32; lane++) {
 						const int g = lane >> 2, t = lane & 3, pc = kk * 16 + 2 * t;
-						const uint16_t *v = kt + pc * RS + warp * cw + g + 8 * j;
-						b0[lane] = (uint32_t)v[0] | ((uint32_t)v[RS] << 16);
-						b1[lane] = (uint32_t)v[8 * RS] | ((uint32_t)v[9 * RS] << 16);
+						const int v = pc * RS + warp * cw + g + 8 * j;
+						split2(kv_val(kt, v, elt), kv_val(kt, v + RS, elt), &b0[lane],
+						       &c0[lane]);
+						split2(kv_val(kt, v + 8 * RS, elt),
+						       kv_val(kt, v + 9 * RS, elt), &b1[lane], &c1[lane]);
 						memcpy(acc[lane], th[warp * 32 + lane].oacc[j], 16);
 					}
 					emu_mma(acc, ah, b0, b1);
 					emu_mma(acc, al, b0, b1);
+					if (elt == 4)
+						emu_mma(acc, ah, c0, c1);
 					for (int lane = 0; lane < 32; lane++)
 						memcpy(th[warp * 32 + lane].oacc[j], acc[lane], 16);
 				}
@@ -425,21 +447,25 @@ static void emu_mla(struct mm_args *a, int64_t n_q, int n_sm, size_t ws_bytes, f
 }
 
 #define BT 64
-static void mla_case(const char *name, int H, int C, int R, int n_seq, const int *lens, int K, int bad_block,
-                     int n_sm, size_t ws_bytes, float qmul)
+static void mla_case(const char *name, int f32, int H, int C, int R, int n_seq, const int *lens, int K,
+                     int bad_block, int n_sm, size_t ws_bytes, float qmul)
 {
-	const int dim = C + R;
+	const int dim = C + R, elt = f32 ? 4 : 2;
 	int max_len = 0, tot = 0;
 	for (int s = 0; s < n_seq; s++) {
 		max_len = lens[s] > max_len ? lens[s] : max_len;
 		tot += (lens[s] + BT - 1) / BT;
 	}
 	const int ld_blocks = (max_len + BT - 1) / BT + 1, n_blocks = tot + 2;
-	const size_t block_bytes = (size_t)BT * dim * 2 + 64; /* + an unused tail: offsets matter */
+	const size_t block_bytes = (size_t)BT * dim * elt + 64; /* + an unused tail: offsets matter */
 	uint8_t *pool = malloc(block_bytes * (size_t)n_blocks);
-	for (size_t i = 0; i < block_bytes * (size_t)n_blocks / 2; i++) {
-		uint16_t b = kf32_to_bf16(runif());
-		memcpy(pool + 2 * i, &b, 2);
+	for (size_t i = 0; i < block_bytes * (size_t)n_blocks / (size_t)elt; i++) {
+		const float v = runif();
+		const uint16_t b = kf32_to_bf16(v);
+		if (f32)
+			memcpy(pool + 4 * i, &v, 4);
+		else
+			memcpy(pool + 2 * i, &b, 2);
 	}
 	int32_t *tbl = malloc(sizeof(int32_t) * (size_t)(n_seq * ld_blocks)),
 	        *nk = malloc(sizeof(int32_t) * n_seq);
@@ -483,13 +509,13 @@ static void mla_case(const char *name, int H, int C, int R, int n_seq, const int
 				want_err++;
 				continue; /* skipped, as the kernel does */
 			}
-			keys[nv++] = pool + (size_t)blk * block_bytes + 32 + (size_t)(p % BT) * dim * 2;
+			keys[nv++] = pool + (size_t)blk * block_bytes + 32 + (size_t)(p % BT) * dim * elt;
 		}
 		for (int h = 0; h < H; h++) {
 			if (nv == 0)
 				memset(ref + (i * H + h) * C, 0, sizeof(float) * (size_t)C);
 			else
-				kcpu_mla_attn_head(q + (i * H + h) * dim, C, R, keys, nv, 1, scale, sc,
+				kcpu_mla_attn_head(q + (i * H + h) * dim, C, R, keys, nv, !f32, scale, sc,
 				                   ref + (i * H + h) * C);
 		}
 	}
@@ -499,6 +525,7 @@ static void mla_case(const char *name, int H, int C, int R, int n_seq, const int
 	                    .offset = 32,
 	                    .bt = BT,
 	                    .dim = dim,
+	                    .elt = elt,
 	                    .qseq = qseq,
 	                    .blocks = tbl,
 	                    .n_keys = nk,
@@ -886,14 +913,19 @@ int main(void)
 	static const int l_one[] = {2049};
 	static const int l_zero[] = {0, 40};
 	/* n_sm 132 (H200): many splits of one tile; n_sm 2: few splits of many tiles (double buffer) */
-	mla_case("H8 ctx 1/31/33/64/65", 8, 512, 64, 5, l_small, 0, 0, 132, 64u << 20, 1.0f);
-	mla_case("H16 ctx 2049/7/100/1 few splits", 16, 512, 64, 4, l_mid, 0, 0, 2, 64u << 20, 3.0f);
-	mla_case("H8 ctx 2049, 13 splits of 5 tiles", 8, 512, 64, 1, l_one, 0, 0, 8, 64u << 20, 3.0f);
-	mla_case("H8 ctx 2049 one split (prefill-like)", 8, 512, 64, 1, l_one, 0, 0, 1, 1, 3.0f);
-	mla_case("H20 C96 R32 sparse K100 mix", 20, 96, 32, 4, l_mid, 100, 0, 132, 64u << 20, 2.0f);
-	mla_case("H3 C64 R16 ctx 0/40", 3, 64, 16, 2, l_zero, 0, 0, 132, 64u << 20, 2.0f);
-	mla_case("H8 ctx mix, bad block id", 8, 512, 64, 4, l_mid, 0, 1, 132, 64u << 20, 1.0f);
-	mla_case("H16 sparse K2048 of 2049, bad block", 16, 512, 64, 1, l_one, 2048, 1, 132, 64u << 20, 1.0f);
+	mla_case("H8 ctx 1/31/33/64/65", 0, 8, 512, 64, 5, l_small, 0, 0, 132, 64u << 20, 1.0f);
+	mla_case("H16 ctx 2049/7/100/1 few splits", 0, 16, 512, 64, 4, l_mid, 0, 0, 2, 64u << 20, 3.0f);
+	mla_case("H8 ctx 2049, 13 splits of 5 tiles", 0, 8, 512, 64, 1, l_one, 0, 0, 8, 64u << 20, 3.0f);
+	mla_case("H8 ctx 2049 one split (prefill-like)", 0, 8, 512, 64, 1, l_one, 0, 0, 1, 1, 3.0f);
+	mla_case("H20 C96 R32 sparse K100 mix", 0, 20, 96, 32, 4, l_mid, 100, 0, 132, 64u << 20, 2.0f);
+	mla_case("H3 C64 R16 ctx 0/40", 0, 3, 64, 16, 2, l_zero, 0, 0, 132, 64u << 20, 2.0f);
+	mla_case("H8 ctx mix, bad block id", 0, 8, 512, 64, 4, l_mid, 0, 1, 132, 64u << 20, 1.0f);
+	mla_case("f32 H8 ctx 1/31/33/64/65", 1, 8, 512, 64, 5, l_small, 0, 0, 132, 64u << 20, 3.0f);
+	mla_case("f32 H16 ctx 2049, 13 splits", 1, 16, 512, 64, 1, l_one, 0, 0, 8, 64u << 20, 3.0f);
+	mla_case("f32 H20 C96 R32 sparse K100 mix, bad block", 1, 20, 96, 32, 4, l_mid, 100, 1, 132,
+	         64u << 20, 2.0f);
+	mla_case("H16 sparse K2048 of 2049, bad block", 0, 16, 512, 64, 1, l_one, 2048, 1, 132, 64u << 20,
+	         1.0f);
 	indexer_case("exact HI32 DI128", 32, 128, 2049, 1);
 	indexer_case("random HI32 DI128", 32, 128, 1000, 0);
 	indexer_case("exact HI64 DI128", 64, 128, 300, 1);
