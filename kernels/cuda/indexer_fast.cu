@@ -1,15 +1,15 @@
-/* DSA indexer scores on tensor cores: the fast path behind kcuda_indexer_scores / _topk for bf16
- * key pools (indexer.cu keeps the first kernel for fp32 pools, other shapes and
- * TANDEM_CUDA_ATTN=ref). Result as kcpu_indexer_scores: scores[t] = sum over h = 0..HI-1, in order,
- * of w_h * d_h where d_h = scale * (q_h . k_t) > 0 (separate multiply and add, no FMA), -inf for an
- * invalid key (counted as an error).
+/* DSA indexer scores on tensor cores: the fast path behind kcuda_indexer_scores / _topk (indexer.cu
+ * keeps the first kernel for other shapes and TANDEM_CUDA_ATTN=ref). Result as kcpu_indexer_scores: scores[t]
+ * = sum over h = 0..HI-1, in order, of w_h * d_h where d_h = scale * (q_h . k_t) > 0 (separate multiply and
+ * add, no FMA), -inf for an invalid key (counted as an error).
  *
  * Why tensor cores: a key (DI 128 bf16 = 256 B) meets HI = 32 heads: 4096 multiply-adds, 16 per
  * byte: 64 T/s at 4 TB/s, twice what the fp32 cores give. mma.sync m16n8k16 (bf16, fp32
- * accumulate; sm_80+, so sm_90/100/120). The keys are bf16 already; q is split into three bf16
- * parts (hi + mid + lo = the fp32 value: 3 x 8 mantissa bits) multiplied one after the other into
- * the same accumulator, so every product is exact and only the fp32 accumulation order differs
- * from the CPU's: on integer test data the scores are bit-equal, on float data ~1e-7 relative.
+ * accumulate; sm_80+, so sm_90/100/120). q is split into three bf16 parts (hi + mid + lo = the
+ * fp32 value: 3 x 8 mantissa bits) multiplied one after the other into the same accumulator; bf16
+ * keys need nothing more (every product exact), fp32 keys are split the same way and the six part
+ * products above fp32's rounding are summed. Only the fp32 accumulation order differs from the
+ * CPU's: on integer test data the scores are bit-equal, on float data ~1e-7 relative.
  *
  * Grid (key range of 128 positions, query row); 4 warps. The range is walked in tiles of 64 keys:
  * the 64 row addresses are looked up first, the rows copied to shared memory with 16-byte
@@ -18,6 +18,8 @@
  * its q fragments sit in registers for the whole kernel. d_h goes to shared memory as
  * [key][head]; then one thread per key sums over the heads in order, as the CPU. */
 #include <errno.h>
+
+#include <type_traits>
 
 #include "kernels/cuda/mla_attn_mode.cuh"
 
@@ -51,20 +53,29 @@ __device__ __forceinline__ void if_split3(float x, float y, uint32_t *p0, uint32
 	*p2 = *(const uint32_t *)&l;
 }
 
-static size_t if_smem(int DI)
+/* shared key row stride in values (16-byte multiple, conflict-free fragment loads) */
+static __host__ __device__ int if_rs(int DI, bool f32)
 {
-	return 2 * (size_t)IF_TK * ((size_t)DI + 8) * 2 /* key tiles */ + (size_t)IF_TK * IF_SP * 4 /* d */ +
-	       IF_HMAX * 4 /* w */ + 2 * IF_TK * sizeof(void *) /* addresses */;
+	return f32 ? DI + 4 : DI + 8;
+}
+static size_t if_smem(int DI, bool f32)
+{
+	return 2 * (size_t)IF_TK * (size_t)if_rs(DI, f32) * (f32 ? 4 : 2) /* key tiles */ +
+	       (size_t)IF_TK * IF_SP * 4 /* d */ + IF_HMAX * 4 /* w */ +
+	       2 * IF_TK * sizeof(void *) /* addresses */;
 }
 
-/* MW: warps per head tile group (4 / MW key groups); NT: n-tiles (8 keys) per warp = 2 * MW */
-template <int MW> __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
+/* MW: head tiles of 16 (warps per key group; 4 / MW key groups); NT: n-tiles (8 keys) per warp.
+ * F32: fp32 keys, split into three bf16 parts as the fragments are read; the six products whose
+ * parts' weights add up to at most 2^-16 are summed (the rest lie below fp32's rounding). */
+template <int MW, bool F32> __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 {
+	typedef typename std::conditional<F32, float, uint16_t>::type val_t;
 	constexpr int KG = IF_WARPS / MW; /* key groups */
 	constexpr int NT = IF_TK / 8 / KG; /* n-tiles per warp */
 	extern __shared__ __align__(16) uint8_t if_sm[];
-	const int DI = a.DI, HI = a.HI, RS = DI + 8;
-	uint16_t *k_s = (uint16_t *)if_sm; /* [2][TK][RS] */
+	const int DI = a.DI, HI = a.HI, RS = if_rs(DI, F32);
+	val_t *k_s = (val_t *)if_sm; /* [2][TK][RS] */
 	float *d_s = (float *)(k_s + 2 * IF_TK * RS); /* [TK][SP] */
 	float *w_s = d_s + IF_TK * IF_SP; /* [HMAX] */
 	const uint8_t **addr_s = (const uint8_t **)(w_s + IF_HMAX); /* [2][TK] */
@@ -113,7 +124,7 @@ template <int MW> __global__ void __launch_bounds__(IF_THREADS) indexer_fast_ker
 					const int64_t blk = a.blocks[(int64_t)tbl * a.ld_blocks + p / a.bt];
 					if (blk >= 0 && blk < a.n_blocks)
 						rp = a.base + (size_t)blk * a.block_bytes + a.offset +
-						     (size_t)(p % a.bt) * (size_t)DI * 2u;
+						     (size_t)(p % a.bt) * (size_t)DI * sizeof(val_t);
 				}
 				if (!rp)
 					atomicAdd(a.err, 1u);
@@ -121,12 +132,12 @@ template <int MW> __global__ void __launch_bounds__(IF_THREADS) indexer_fast_ker
 			addr_s[st * IF_TK + tid] = rp;
 		}
 	};
-	const int nch = DI / 8; /* 16-byte pieces per row */
+	const int nch = DI * (int)sizeof(val_t) / 16; /* 16-byte pieces per row */
 	auto issue = [&](int st) {
 		for (int i = tid; i < IF_TK * nch; i += IF_THREADS) {
 			const int r = i / nch, cc = i - r * nch;
 			const uint8_t *p = addr_s[st * IF_TK + r];
-			uint16_t *dst = k_s + (st * IF_TK + r) * RS + 8 * cc;
+			uint8_t *dst = (uint8_t *)(k_s + (st * IF_TK + r) * RS) + 16 * cc;
 			if (p)
 				katt_cp16(dst, p + 16 * cc);
 			else
@@ -150,7 +161,7 @@ template <int MW> __global__ void __launch_bounds__(IF_THREADS) indexer_fast_ker
 			katt_cp_wait<0>();
 		}
 		__syncthreads();
-		const uint16_t *kt = k_s + st * IF_TK * RS;
+		const val_t *kt = k_s + st * IF_TK * RS;
 		if (active) {
 			float acc[NT][4];
 #pragma unroll
@@ -161,13 +172,27 @@ template <int MW> __global__ void __launch_bounds__(IF_THREADS) indexer_fast_ker
 				if (ks < nks) {
 #pragma unroll
 					for (int j = 0; j < NT; j++) {
-						const uint16_t *kr =
+						const val_t *kr =
 						    kt + (kg * NT * 8 + 8 * j + g) * RS + ks * 16 + 2 * t;
-						const uint32_t b0 = *(const uint32_t *)kr,
-						               b1 = *(const uint32_t *)(kr + 8);
-						if_mma(acc[j], qf[ks][0], b0, b1);
-						if_mma(acc[j], qf[ks][1], b0, b1);
-						if_mma(acc[j], qf[ks][2], b0, b1);
+						if (F32) {
+							const float2 x = *(const float2 *)kr,
+							             y = *(const float2 *)(kr + 8);
+							uint32_t b0[3], b1[3];
+							if_split3(x.x, x.y, &b0[0], &b0[1], &b0[2]);
+							if_split3(y.x, y.y, &b1[0], &b1[1], &b1[2]);
+							if_mma(acc[j], qf[ks][0], b0[0], b1[0]);
+							if_mma(acc[j], qf[ks][1], b0[0], b1[0]);
+							if_mma(acc[j], qf[ks][0], b0[1], b1[1]);
+							if_mma(acc[j], qf[ks][2], b0[0], b1[0]);
+							if_mma(acc[j], qf[ks][1], b0[1], b1[1]);
+							if_mma(acc[j], qf[ks][0], b0[2], b1[2]);
+						} else {
+							const uint32_t b0 = *(const uint32_t *)kr,
+							               b1 = *(const uint32_t *)(kr + 8);
+							if_mma(acc[j], qf[ks][0], b0, b1);
+							if_mma(acc[j], qf[ks][1], b0, b1);
+							if_mma(acc[j], qf[ks][2], b0, b1);
+						}
 					}
 				}
 			}
@@ -197,27 +222,36 @@ template <int MW> __global__ void __launch_bounds__(IF_THREADS) indexer_fast_ker
 	}
 }
 
+template <int MW, bool F32>
+static int if_launch(struct kcuda_ctx *c, const idx_args &b, dim3 grid, size_t smem)
+{
+	KCUDA_CHECK(cudaFuncSetAttribute(indexer_fast_kernel<MW, F32>,
+	                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+	indexer_fast_kernel<MW, F32><<<grid, IF_THREADS, smem, c->stream>>>(b);
+	return kcuda_launch_status("indexer_fast");
+}
+
 int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q)
 {
-	if (!a.bf16 || a.HI < 1 || a.HI > IF_HMAX || a.DI % 16 || a.DI > IF_DMAX ||
+	if (a.HI < 1 || a.HI > IF_HMAX || a.DI % 16 || a.DI > IF_DMAX ||
 	    ((uintptr_t)a.base | a.block_bytes | a.offset) % 16 || (uintptr_t)a.q % 8)
+		return ERR_UNSUPPORTED;
+	const bool f32 = !a.bf16;
+	const size_t smem = if_smem(a.DI, f32);
+	int max_smem = 0;
+	if (cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device) !=
+	    cudaSuccess) {
+		(void)cudaGetLastError();
+		return ERR_UNSUPPORTED;
+	}
+	if (smem > (size_t)max_smem)
 		return ERR_UNSUPPORTED;
 	const int64_t ranges = (a.max_keys + IF_TK * IF_TILES - 1) / (IF_TK * IF_TILES);
 	if (ranges == 0 || n_q == 0)
 		return 0;
 	if (ranges > INT32_MAX)
 		return ERR_LIMIT;
-	const size_t smem = if_smem(a.DI);
 	const int MW = a.HI <= 16 ? 1 : (a.HI <= 32 ? 2 : 4);
-	if (MW == 1)
-		KCUDA_CHECK(cudaFuncSetAttribute(indexer_fast_kernel<1>,
-		                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-	else if (MW == 2)
-		KCUDA_CHECK(cudaFuncSetAttribute(indexer_fast_kernel<2>,
-		                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-	else
-		KCUDA_CHECK(cudaFuncSetAttribute(indexer_fast_kernel<4>,
-		                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 	for (int64_t r0 = 0; r0 < n_q; r0 += 65535) {
 		const int64_t nr = n_q - r0 < 65535 ? n_q - r0 : 65535;
 		idx_args b = a;
@@ -227,14 +261,17 @@ int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_
 		b.n_keys = a.n_keys ? a.n_keys + r0 : NULL;
 		b.pos0 = a.pos0 + r0;
 		b.scores = a.scores + r0 * a.ld;
-		dim3 grid((unsigned)ranges, (unsigned)nr);
+		const dim3 grid((unsigned)ranges, (unsigned)nr);
+		int rc;
 		if (MW == 1)
-			indexer_fast_kernel<1><<<grid, IF_THREADS, smem, c->stream>>>(b);
+			rc = f32 ? if_launch<1, true>(c, b, grid, smem)
+			         : if_launch<1, false>(c, b, grid, smem);
 		else if (MW == 2)
-			indexer_fast_kernel<2><<<grid, IF_THREADS, smem, c->stream>>>(b);
+			rc = f32 ? if_launch<2, true>(c, b, grid, smem)
+			         : if_launch<2, false>(c, b, grid, smem);
 		else
-			indexer_fast_kernel<4><<<grid, IF_THREADS, smem, c->stream>>>(b);
-		int rc = kcuda_launch_status("indexer_fast");
+			rc = f32 ? if_launch<4, true>(c, b, grid, smem)
+			         : if_launch<4, false>(c, b, grid, smem);
 		if (rc)
 			return rc;
 	}

@@ -9,7 +9,7 @@
  *    kcpu_topk over the GPU's own scores exactly; where it differs from the CPU selection, both
  *    positions lie within the score tolerance of the K-th score (float near-ties only).
  * 3. kcuda_topk_idx alone: per-row lengths, NaN and -inf, many ties, k > n, against kcpu_topk.
- * Everything runs twice: with the fast kernels (tensor-core scores for bf16 keys, multi-block radix
+ * Everything runs twice: with the fast kernels (tensor-core scores, multi-block radix
  * top-k for <= 64 rows) and with TANDEM_CUDA_ATTN=ref (the first kernels), so one GPU run checks
  * both against the CPU.
  * Guard bytes around every output. Exit 77 = no GPU (skip). */

@@ -6,7 +6,7 @@
  * and per-row top-k; a small odd shape (C = 64, R = 16, H = 3). Tolerance: max |gpu - cpu| <= 5e-5
  * * max |cpu| per case (fp32 accumulation on both sides; the printed errors are ~1e-6). Guard bytes
  * around the output; no NaN/Inf; a bad block id is counted as an error and skipped.
- * Every case runs twice: with the fast kernels (tensor cores for bf16 pools, mla_attn_mma.cu) and with
+ * Every case runs twice: with the fast kernels (tensor cores, mla_attn_mma.cu) and with
  * TANDEM_CUDA_ATTN=ref (the first kernel), so one GPU run checks both against the CPU.
  * Exit 77 = no GPU (skip). */
 #include <errno.h>

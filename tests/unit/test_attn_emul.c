@@ -584,10 +584,11 @@ static void split3(float x, float y, uint32_t *p0, uint32_t *p1, uint32_t *p2)
 }
 
 /* one row's scores over keys [0, nk) (positions = key index, rows of DI bf16 at keys[p]) */
-static void emu_indexer_row(const float *q, const float *w, int HI, int DI, const uint16_t *const *keys,
-                            int nk, float scale, float *scores)
+static void emu_indexer_row(const float *q, const float *w, int HI, int DI, int elt,
+                            const uint8_t *const *keys, int nk, float scale, float *scores)
 {
-	const int MW = HI <= 16 ? 1 : (HI <= 32 ? 2 : 4), KG = 4 / MW, NT = IF_TK / 8 / KG, RS = DI + 8;
+	const int MW = HI <= 16 ? 1 : (HI <= 32 ? 2 : 4), KG = 4 / MW, NT = IF_TK / 8 / KG,
+	          RS = elt == 4 ? DI + 4 : DI + 8;
 	const int nks = DI / 16;
 	static uint32_t qf[128][8][3][4];
 	for (int tid = 0; tid < 128; tid++) {
@@ -612,7 +613,7 @@ static void emu_indexer_row(const float *q, const float *w, int HI, int DI, cons
 				}
 			}
 	}
-	uint16_t *k_s = calloc((size_t)IF_TK * RS, 2);
+	uint8_t *k_s = calloc((size_t)IF_TK * RS, (size_t)elt);
 	float *d_s = calloc((size_t)IF_TK * IF_SP, 4);
 	for (int64_t k0 = 0; k0 < nk; k0 += IF_TK * IF_TILES) {
 		const int64_t k1 = nk < k0 + IF_TK * IF_TILES ? nk : k0 + IF_TK * IF_TILES;
@@ -621,9 +622,9 @@ static void emu_indexer_row(const float *q, const float *w, int HI, int DI, cons
 			for (int r = 0; r < IF_TK; r++) {
 				const int64_t p = k0 + (int64_t)n * IF_TK + r;
 				if (p < k1)
-					memcpy(k_s + r * RS, keys[p], (size_t)DI * 2);
+					memcpy(k_s + (size_t)r * RS * elt, keys[p], (size_t)DI * elt);
 				else
-					memset(k_s + r * RS, 0, (size_t)DI * 2);
+					memset(k_s + (size_t)r * RS * elt, 0, (size_t)DI * elt);
 			}
 			for (int warp = 0; warp < 4; warp++) {
 				const int mw = warp % MW, kg = warp / MW;
@@ -633,20 +634,31 @@ static void emu_indexer_row(const float *q, const float *w, int HI, int DI, cons
 				memset(acc, 0, sizeof(acc));
 				for (int ks = 0; ks < nks; ks++)
 					for (int j = 0; j < NT; j++) {
-						uint32_t b0[32], b1[32], a3[3][32][4];
+						uint32_t b0[3][32], b1[3][32], a3[3][32][4];
 						for (int lane = 0; lane < 32; lane++) {
 							const int g = lane >> 2, t = lane & 3;
-							const uint16_t *kr = k_s +
-							                     (kg * NT * 8 + 8 * j + g) * RS +
-							                     ks * 16 + 2 * t;
-							b0[lane] = (uint32_t)kr[0] | ((uint32_t)kr[1] << 16);
-							b1[lane] = (uint32_t)kr[8] | ((uint32_t)kr[9] << 16);
+							const int kr =
+							    (kg * NT * 8 + 8 * j + g) * RS + ks * 16 + 2 * t;
+							split3(kv_val(k_s, kr, elt), kv_val(k_s, kr + 1, elt),
+							       &b0[0][lane], &b0[1][lane], &b0[2][lane]);
+							split3(kv_val(k_s, kr + 8, elt),
+							       kv_val(k_s, kr + 9, elt), &b1[0][lane],
+							       &b1[1][lane], &b1[2][lane]);
 							for (int x = 0; x < 3; x++)
 								memcpy(a3[x][lane],
 								       qf[warp * 32 + lane][ks][x], 16);
 						}
-						for (int x = 0; x < 3; x++)
-							emu_mma(acc[j], a3[x], b0, b1);
+						if (elt == 4) { /* the kernel's six products, in its order */
+							emu_mma(acc[j], a3[0], b0[0], b1[0]);
+							emu_mma(acc[j], a3[1], b0[0], b1[0]);
+							emu_mma(acc[j], a3[0], b0[1], b1[1]);
+							emu_mma(acc[j], a3[2], b0[0], b1[0]);
+							emu_mma(acc[j], a3[1], b0[1], b1[1]);
+							emu_mma(acc[j], a3[0], b0[2], b1[2]);
+						} else {
+							for (int x = 0; x < 3; x++)
+								emu_mma(acc[j], a3[x], b0[0], b1[0]);
+						}
 					}
 				for (int lane = 0; lane < 32; lane++) {
 					const int g = lane >> 2, t = lane & 3;
@@ -677,23 +689,30 @@ static void emu_indexer_row(const float *q, const float *w, int HI, int DI, cons
 	free(d_s);
 }
 
-static void indexer_case(const char *name, int HI, int DI, int nk, int exact)
+static void indexer_case(const char *name, int f32, int HI, int DI, int nk, int exact)
 {
-	uint16_t *kv = malloc(sizeof(uint16_t) * (size_t)nk * DI);
-	const uint16_t **keys = malloc(sizeof(void *) * (size_t)nk);
+	const int elt = f32 ? 4 : 2;
+	uint8_t *kv = malloc((size_t)elt * (size_t)nk * DI);
+	const uint8_t **keys = malloc(sizeof(void *) * (size_t)nk);
 	float *q = malloc(sizeof(float) * (size_t)HI * DI), *w = malloc(sizeof(float) * HI);
 	float *ref = malloc(sizeof(float) * (size_t)nk), *got = malloc(sizeof(float) * (size_t)nk);
-	for (int i = 0; i < nk * DI; i++)
-		kv[i] = kf32_to_bf16(exact ? (float)((int)(rnext() % 5) - 2) : runif());
+	for (int i = 0; i < nk * DI; i++) {
+		const float v = exact ? (float)((int)(rnext() % 5) - 2) : runif();
+		const uint16_t b = kf32_to_bf16(v);
+		if (f32)
+			memcpy(kv + 4 * (size_t)i, &v, 4);
+		else
+			memcpy(kv + 2 * (size_t)i, &b, 2);
+	}
 	for (int i = 0; i < nk; i++)
-		keys[i] = kv + (size_t)i * DI;
+		keys[i] = kv + (size_t)i * DI * elt;
 	for (int i = 0; i < HI * DI; i++)
 		q[i] = exact ? (float)((int)(rnext() % 5) - 2) : runif();
 	for (int i = 0; i < HI; i++)
 		w[i] = exact ? (float)((int)(rnext() % 9) - 3) / 8.0f : runif() / sqrtf((float)HI);
 	const float scale = 1.0f / sqrtf((float)DI);
-	kcpu_indexer_scores(q, w, HI, DI, (const void *const *)keys, nk, 1, scale, ref);
-	emu_indexer_row(q, w, HI, DI, keys, nk, scale, got);
+	kcpu_indexer_scores(q, w, HI, DI, (const void *const *)keys, nk, !f32, scale, ref);
+	emu_indexer_row(q, w, HI, DI, elt, keys, nk, scale, got);
 	double mx = 0, maxerr = 0;
 	int bitdiff = 0;
 	for (int i = 0; i < nk; i++)
@@ -926,12 +945,16 @@ int main(void)
 	         64u << 20, 2.0f);
 	mla_case("H16 sparse K2048 of 2049, bad block", 0, 16, 512, 64, 1, l_one, 2048, 1, 132, 64u << 20,
 	         1.0f);
-	indexer_case("exact HI32 DI128", 32, 128, 2049, 1);
-	indexer_case("random HI32 DI128", 32, 128, 1000, 0);
-	indexer_case("exact HI64 DI128", 64, 128, 300, 1);
-	indexer_case("random HI40 DI48", 40, 48, 333, 0);
-	indexer_case("exact HI16 DI64", 16, 64, 65, 1);
-	indexer_case("random HI5 DI16", 5, 16, 31, 0);
+	indexer_case("exact HI32 DI128", 0, 32, 128, 2049, 1);
+	indexer_case("random HI32 DI128", 0, 32, 128, 1000, 0);
+	indexer_case("exact HI64 DI128", 0, 64, 128, 300, 1);
+	indexer_case("random HI40 DI48", 0, 40, 48, 333, 0);
+	indexer_case("exact HI16 DI64", 0, 16, 64, 65, 1);
+	indexer_case("random HI5 DI16", 0, 5, 16, 31, 0);
+	indexer_case("f32 exact HI32 DI128", 1, 32, 128, 700, 1);
+	indexer_case("f32 random HI32 DI128", 1, 32, 128, 700, 0);
+	indexer_case("f32 random HI64 DI128", 1, 64, 128, 130, 0);
+	indexer_case("f32 exact HI5 DI48", 1, 5, 48, 65, 1);
 	topk_cases();
 	printf("%d checks, %d failed\n", n_check, n_fail);
 	return n_fail ? 1 : 0;
