@@ -484,12 +484,13 @@ extern "C" int kcuda_mla_attn(struct kcuda_ctx *c, const struct kcuda_kv_view *k
 	a.out = out;
 	a.err = c->err_dev;
 
-	/* splits: aim at ~2 resident blocks per SM (shared memory allows 2), each split a whole number of
-	 * 32-key tiles; partials must fit the workspace; at most MM_MAX_SPLIT (the combine's weights) */
+	/* splits: aim at one wave of resident blocks (shared memory allows 2 per SM with bf16 tiles, 1
+	 * with fp32), each split a whole number of 32-key tiles; partials must fit the workspace; at most
+	 * MM_MAX_SPLIT (the combine's weights) */
 	const int n_hg = (int)((H + MM_HG - 1) / MM_HG);
 	const int64_t max_tiles = (rows->max_keys + MM_TK - 1) / MM_TK;
 	const int64_t blocks = rows->n_q * n_hg;
-	int64_t want = (2 * (int64_t)c->n_sm + blocks - 1) / blocks;
+	int64_t want = ((kv->bf16 ? 2 : 1) * (int64_t)c->n_sm + blocks - 1) / blocks;
 	if (want > max_tiles)
 		want = max_tiles;
 	if (want > MM_MAX_SPLIT)

@@ -413,7 +413,7 @@ static void emu_mla(struct mm_args *a, int64_t n_q, int n_sm, size_t ws_bytes, f
 	const int n_hg = (a->H + MM_HG - 1) / MM_HG;
 	const int64_t max_tiles = (a->max_keys + MM_TK - 1) / MM_TK;
 	const int64_t blocks = n_q * n_hg;
-	int64_t want = (2 * (int64_t)n_sm + blocks - 1) / blocks;
+	int64_t want = ((a->elt == 2 ? 2 : 1) * (int64_t)n_sm + blocks - 1) / blocks;
 	if (want > max_tiles)
 		want = max_tiles;
 	if (want > MM_MAX_SPLIT)
