@@ -299,6 +299,14 @@ int kcuda_moe_route(struct kcuda_ctx *c, const float *logits, int64_t ld, const 
 int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
                   const float *weights, int k, const struct kweight *gate, const struct kweight *up,
                   const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo);
+/* Tensor parallelism over the GPUs of one process (kernels/cuda/device.cu): the calling thread's
+ * current device (each TP rank thread binds its own); the context's device; a wait for everything
+ * enqueued on the context's stream so far that gives up after timeout_s (-ETIMEDOUT; 0 done,
+ * ERR_CUDA on a stream error); an asynchronous copy from another device's memory on the stream. */
+int kcuda_device_set(int device);
+int kcuda_ctx_device(const struct kcuda_ctx *c);
+int kcuda_ctx_wait(struct kcuda_ctx *c, double timeout_s);
+int kcuda_copy_peer(struct kcuda_ctx *dst_ctx, void *dst, const void *src, int src_device, size_t bytes);
 #endif
 
 #ifdef __cplusplus

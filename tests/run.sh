@@ -26,6 +26,8 @@ run_one() { # name, command...
 	local rc=$?
 	if [ $rc -eq 0 ]; then
 		pass=$((pass + 1)); printf 'PASS  %-40s %4ds\n' "$name" $((SECONDS - t0))
+	elif [ $rc -eq 77 ]; then # the test says it cannot run here (e.g. a 2-GPU test on one GPU)
+		skip=$((skip + 1)); printf 'SKIP  %-40s *** %s ***\n' "$name" "$(grep -m1 SKIP "$log")"
 	else
 		fail=$((fail + 1)); failed+=("$name")
 		printf 'FAIL  %-40s %4ds (exit %d; log %s)\n' "$name" $((SECONDS - t0)) $rc "$log"
