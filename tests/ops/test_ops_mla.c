@@ -8,6 +8,7 @@
  * around the output; no NaN/Inf; a bad block id is counted as an error and skipped.
  * Every case runs twice: with the fast kernels (tensor cores, mla_attn_mma.cu) and with
  * TANDEM_CUDA_ATTN=ref (the first kernel), so one GPU run checks both against the CPU.
+ * TANDEM_OPS_SMALL=1 keeps the contexts up to ~4k (for compute-sanitizer runs).
  * Exit 77 = no GPU (skip). */
 #include <errno.h>
 
@@ -271,6 +272,15 @@ static void test_args(void)
 	          "NULL q accepted");
 }
 
+/* the longest context of a case */
+static int case_len(const struct mcase *c)
+{
+	int m = c->prefill_T > 0 ? c->prefill_start + c->prefill_T : 0;
+	for (int s = 0; c->lens && s < c->n_seq; s++)
+		m = c->lens[s] > m ? c->lens[s] : m;
+	return m;
+}
+
 int main(void)
 {
 	if (kcuda_device_count() < 1) {
@@ -311,6 +321,8 @@ int main(void)
 	    {"odd C64 R16 H3 decode bf16 ctx mix", 1, 3, 64, 16, 4, l_mix, 0, 0, 0, 2.0f},
 	    {"odd C96 R32 H20 decode bf16 ctx small", 1, 20, 96, 32, 5, l_small, 0, 0, 0, 2.0f},
 	};
+	/* TANDEM_OPS_SMALL=1: contexts up to ~4k only (for compute-sanitizer runs) */
+	const int small = getenv("TANDEM_OPS_SMALL") != NULL;
 	/* every case under both kernel sets: the fast ones (default) and TANDEM_CUDA_ATTN=ref */
 	for (int mode = 0; mode < 2; mode++) {
 		if (mode)
@@ -318,8 +330,13 @@ int main(void)
 		else
 			unsetenv("TANDEM_CUDA_ATTN");
 		printf("-- kernels: %s\n", mode ? "ref (TANDEM_CUDA_ATTN=ref)" : "fast (default)");
-		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+			if (small && case_len(&cases[i]) > 4200) {
+				printf("skipped (TANDEM_OPS_SMALL): %s\n", cases[i].name);
+				continue;
+			}
 			run_case(&cases[i]);
+		}
 		test_args();
 	}
 	unsetenv("TANDEM_CUDA_ATTN");
