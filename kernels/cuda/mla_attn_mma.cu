@@ -388,16 +388,20 @@ __device__ __forceinline__ float mm_block_reduce(float v, float *red, bool is_ma
 	return v;
 }
 
-/* out[row][h] = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M); block (row x head, 128 channels);
- * the split weights are computed once per block into shared memory */
+/* out[row][h] = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M). Block (row x head, 32 channels),
+ * 4 warps: the split weights are computed once per block into shared memory, then warp w sums
+ * splits w, w + 4, ... of its 32 channels (coalesced rows, 4 loads in flight per thread) and the 4
+ * partial sums meet in shared memory. Enough independent loads for the partials (up to ~4 MB at
+ * 32k keys, in L2) to stream rather than wait on one L2 latency per split. */
 __global__ void __launch_bounds__(128)
     mla_mma_combine(const float *__restrict__ pacc, const float *__restrict__ pm,
                     const float *__restrict__ pl, int nsplit, int C, float *__restrict__ out)
 {
 	extern __shared__ float w_s[]; /* [nsplit] */
 	__shared__ float red[4];
+	__shared__ float part[4][32];
 	const int64_t rh = blockIdx.x;
-	const int tid = threadIdx.x;
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const float *m = pm + rh * nsplit, *l = pl + rh * nsplit;
 	float M = -INFINITY;
 	for (int s = tid; s < nsplit; s += blockDim.x)
@@ -413,17 +417,32 @@ __global__ void __launch_bounds__(128)
 	for (int s = tid; s < nsplit; s += blockDim.x)
 		w_s[s] = l[s] > 0.0f ? expf(m[s] - M) * inv : 0.0f;
 	__syncthreads();
-	const int cc = blockIdx.y * blockDim.x + tid;
-	if (cc >= C)
-		return;
-	const float *pa = pacc + rh * (int64_t)nsplit * C + cc;
+	const int cc = blockIdx.y * 32 + lane;
+	const bool in = cc < C;
+	/* splits without keys left their acc unwritten (stale workspace, maybe NaN): their weight is 0
+	 * and the value is not used (select, not multiply) */
+	const float *pa = pacc + rh * (int64_t)nsplit * C + (in ? cc : 0);
 	float v = 0.0f;
-	for (int s = 0; s < nsplit; s++) {
-		const float w = w_s[s];
-		if (w != 0.0f) /* splits without keys left their acc unwritten */
-			v = fmaf(w, pa[(int64_t)s * C], v);
+	int s = warp;
+	for (; s + 12 < nsplit; s += 16) {
+		float x[4], w[4];
+#pragma unroll
+		for (int u = 0; u < 4; u++) {
+			x[u] = pa[(int64_t)(s + 4 * u) * C];
+			w[u] = w_s[s + 4 * u];
+		}
+#pragma unroll
+		for (int u = 0; u < 4; u++)
+			v = w[u] != 0.0f ? fmaf(w[u], x[u], v) : v;
 	}
-	out[rh * C + cc] = v;
+	for (; s < nsplit; s += 4) {
+		const float x = pa[(int64_t)s * C], w = w_s[s];
+		v = w != 0.0f ? fmaf(w, x, v) : v;
+	}
+	part[warp][lane] = v;
+	__syncthreads();
+	if (warp == 0 && in)
+		out[rh * C + cc] = (part[0][lane] + part[1][lane]) + (part[2][lane] + part[3][lane]);
 }
 
 /* Does the tensor-core kernel take this call? Every check of the first kernel's argument
@@ -523,7 +542,7 @@ extern "C" int kcuda_mla_attn(struct kcuda_ctx *c, const struct kcuda_kv_view *k
 	int rc = kcuda_launch_status("mla_mma");
 	if (rc || a.nsplit == 1)
 		return rc;
-	dim3 cgrid((unsigned)(rows->n_q * H), (unsigned)((C + 127) / 128));
+	dim3 cgrid((unsigned)(rows->n_q * H), (unsigned)((C + 31) / 32));
 	mla_mma_combine<<<cgrid, 128, sizeof(float) * (size_t)a.nsplit, c->stream>>>(a.pacc, a.pm, a.pl,
 	                                                                             a.nsplit, a.C, out);
 	return kcuda_launch_status("mla_mma_combine");

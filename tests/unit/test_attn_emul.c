@@ -397,11 +397,15 @@ static void emu_mla_combine(const struct mm_args *a, int64_t n_q, float *out)
 		for (int s = 0; s < ns; s++)
 			w_s[s] = l[s] > 0 ? expf(m[s] - M) * inv : 0.0f;
 		for (int cc = 0; cc < C; cc++) {
-			float v = 0;
-			for (int s = 0; s < ns; s++)
-				if (w_s[s] != 0.0f)
-					v = fmaf(w_s[s], a->pacc[(rh * ns + s) * C + cc], v);
-			out[rh * C + cc] = v;
+			float part[4];
+			for (int warp = 0; warp < 4; warp++) { /* warp w: splits w, w + 4, ... */
+				float v = 0;
+				for (int s = warp; s < ns; s += 4)
+					if (w_s[s] != 0.0f)
+						v = fmaf(w_s[s], a->pacc[(rh * ns + s) * C + cc], v);
+				part[warp] = v;
+			}
+			out[rh * C + cc] = (part[0] + part[1]) + (part[2] + part[3]);
 		}
 	}
 	free(w_s);
