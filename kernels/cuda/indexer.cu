@@ -223,10 +223,11 @@ extern "C" int kcuda_indexer_topk(struct kcuda_ctx *c, const struct kcuda_kv_vie
 	 * (prefill) the one-block-per-row kernel, which needs no scratch. */
 	const int64_t ld = rows->max_keys > 0 ? rows->max_keys : 1;
 	const size_t sbytes = ((size_t)ld * sizeof(float) + 255) & ~(size_t)255;
-	const int radix = !kattn_use_ref() && rows->n_q <= 64;
-	const size_t scratch1 =
-	    radix ? kcuda_topk_idx_radix_scratch(1, (int64_t)(sbytes / sizeof(float))) : 0;
-	int64_t per = (int64_t)(c->ws_bytes / (sbytes + scratch1));
+	int radix = !kattn_use_ref() && rows->n_q <= 64;
+	const size_t scratch1 = kcuda_topk_idx_radix_scratch(1, (int64_t)(sbytes / sizeof(float)));
+	if (radix && c->ws_bytes < sbytes + scratch1)
+		radix = 0; /* no room for the histograms: the ref kernel needs none */
+	int64_t per = (int64_t)(c->ws_bytes / (sbytes + (radix ? scratch1 : 0)));
 	if (per < 1)
 		return ERR_LIMIT;
 	if (per > rows->n_q)
