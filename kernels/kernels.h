@@ -238,7 +238,8 @@ int kcuda_sample(struct kcuda_ctx *c, const float *logits, int64_t ld, int64_t n
 /* ---- CUDA attention, DSA indexer and MoE (mla_*.cu, indexer*.cu, topk_idx*.cu, moe*.cu; branch
  * `cattn`). Batched twins of kcpu_mla_attn_head, kcpu_indexer_scores + kcpu_topk and
  * kcpu_moe_route + the expert FFN of common/model/forward.c. Bad positions / block ids met inside
- * a kernel are skipped and counted (kcuda_ctx_take_errors). */
+ * a kernel are skipped and counted (kcuda_ctx_take_errors). Default: the tensor-core / multi-block
+ * kernels (branch `attn`); TANDEM_CUDA_ATTN=ref selects the first ones (read on every call). */
 /* One layer's part of the paged KV pool on the device (common/model/model.h layout): the row of
  * position p of a sequence with block table tbl is at
  * base + tbl[p / block_tokens] * block_bytes + offset + (p % block_tokens) * dim * (bf16 ? 2 : 4). */
