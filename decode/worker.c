@@ -27,7 +27,16 @@
  *     path to us. It is the only path that relies on a time bound and is counted and logged.
  * The router says when no writer can exist (KvRelease.no_writer: PrefillRequest never sent, or
  * PrefillDone received); then the blocks are freed at once. A reservation freed after KvReady
- * (decode ran) needs nothing: PrefillDone, hence KvReady, comes only after the prefill's flush. */
+ * (decode ran) needs nothing: PrefillDone, hence KvReady, comes only after the prefill's flush.
+ *
+ * STALE FENCES. The router may prefill one reservation more than once (it lost the first prefill
+ * worker and re-prefills elsewhere into the same blocks). The first attempt may still be alive and
+ * fence late, while the second still writes; a fence that only named the rid would then free
+ * blocks with a writer left. So each attempt has its own fence word (common/net/kvfence.h), the
+ * router announces a new attempt here (KvReserve with a larger attempt, before it sends that
+ * PrefillRequest), and only the latest attempt's word counts: an older attempt's word is ignored,
+ * logged once and counted. If the old attempt's late fence overwrites the new one's, the blocks
+ * wait for the quarantine deadline: slower, never unsafe. */
 #include "decode/worker.h"
 
 #include <poll.h>
@@ -40,6 +49,7 @@
 #include "common/gguf/gguf.h"
 #include "common/model/model.h"
 #include "common/net/crc32c.h"
+#include "common/net/kvfence.h"
 #include "common/net/kvx.h"
 #include "common/net/metrics.h"
 #include "common/net/runtime.h"
@@ -74,6 +84,8 @@ struct dreq {
 	uint64_t deadline_ms; /* RESERVED: KvReady must come before this */
 	uint64_t t_ready_ns;
 	uint64_t quarantine_until_ms; /* in w->quarantine: free by then even without a fence */
+	uint32_t attempt; /* the prefill attempt whose fence counts (STALE FENCES above) */
+	bool stale_fence_seen; /* logged once */
 	/* CHECKING */
 	uv_work_t verify;
 	struct dc_worker *w;
@@ -120,7 +132,7 @@ struct dc_worker {
 	struct metric *m_fin_stop, *m_fin_length, *m_fin_cancelled, *m_fin_error;
 	struct metric *m_refused, *m_released, *m_expired, *m_checksum_bad, *m_kv_rx_bytes, *m_registered;
 	struct metric *m_ttft_decode; /* KvReady to first decode token */
-	struct metric *m_quarantined, *m_fenced, *m_quarantine_expired;
+	struct metric *m_quarantined, *m_fenced, *m_quarantine_expired, *m_stale_fences;
 	uint32_t test_verify_delay_us, test_verify_min_tokens; /* TANDEM_TEST_VERIFY_DELAY, tests only */
 	int exit_code;
 };
@@ -179,10 +191,25 @@ static void blocks_return(struct dc_worker *w, struct dreq *d)
 	free(d);
 }
 
-/* has the prefill fenced this reservation (stopped writing its blocks for good)? */
-static bool is_fenced(const struct dc_worker *w, const struct dreq *d)
+/* has the current prefill attempt fenced this reservation (stopped writing its blocks for
+ * good)? A fence of an earlier attempt is ignored (STALE FENCES at the top of this file). */
+static bool is_fenced(struct dc_worker *w, struct dreq *d)
 {
-	return d->n_blocks && *kv_pool_fence(&w->pool, d->blocks[0]) == d->rid;
+	if (!d->n_blocks)
+		return false;
+	uint64_t word = *kv_pool_fence(&w->pool, d->blocks[0]);
+	if (word == kvfence_word(d->rid, d->attempt))
+		return true;
+	uint32_t stale;
+	if (!d->stale_fence_seen && kvfence_is_stale(word, d->rid, d->attempt, &stale)) {
+		d->stale_fence_seen = true;
+		metrics_add(w->m_stale_fences, 1);
+		LOG_WARN("decode",
+		         "rid=%llu ignoring the fence of stale prefill attempt %u: attempt %u may still "
+		         "write these %u blocks",
+		         (unsigned long long)d->rid, stale, d->attempt, d->n_blocks);
+	}
+	return false;
 }
 
 /* Ends a request here. maybe_writer: a prefill may still be putting into its blocks (see the top
@@ -390,12 +417,22 @@ static void on_kv_reserve(struct dc_worker *w, const struct msg_kv_reserve *r)
 {
 	char why[256];
 	int code = MSG_ERR_INVALID_REQUEST;
+	struct dreq *held = *map_slot(w, r->rid);
+	if (held && held->state == DREQ_RESERVED && r->attempt > held->attempt) {
+		/* the router re-prefills into these blocks: from now on only that attempt's fence
+		 * counts (STALE FENCES at the top of this file). Not answered. */
+		LOG_INFO("decode", "rid=%llu prefill attempt %u announced (was %u)",
+		         (unsigned long long)r->rid, r->attempt, held->attempt);
+		held->attempt = r->attempt;
+		held->stale_fence_seen = false;
+		return;
+	}
 	if (w->draining) {
 		code = MSG_ERR_DRAINING;
 		snprintf(why, sizeof(why), "worker is draining");
 		goto refuse;
 	}
-	if (*map_slot(w, r->rid)) {
+	if (held) {
 		code = MSG_ERR_DUPLICATE;
 		snprintf(why, sizeof(why), "request id already holds a reservation here");
 		goto refuse;
@@ -467,6 +504,7 @@ static void on_kv_reserve(struct dc_worker *w, const struct msg_kv_reserve *r)
 		goto refuse;
 	}
 	d->rid = r->rid;
+	d->attempt = r->attempt;
 	d->state = DREQ_RESERVED;
 	d->n_blocks = need;
 	d->n_prompt = r->n_prompt_tokens;
@@ -807,6 +845,7 @@ static void fill_hello(void *ud, struct msg_hello *h)
 	h->kv_region.n_blocks = w->pool.n_blocks;
 	kvx_region_rkey(w->pool.region, &h->kv_region.rkey, &h->kv_region.rkey_len);
 	h->kv_region.fence_addr = (uint64_t)(uintptr_t)kv_pool_fence(&w->pool, 0);
+	h->fence_attempts = true;
 	snprintf(h->auth_token, sizeof(h->auth_token), "%s", w->c->auth_token);
 	h->metrics_port = (uint32_t)runtime_metrics_port(w->rt);
 	snprintf(h->ucx_transports, sizeof(h->ucx_transports), "%s", kvx_transports(w->kvx));
@@ -970,6 +1009,9 @@ static void register_metrics(struct dc_worker *w, struct dc_metrics *em)
 	w->m_quarantine_expired =
 	    metrics_counter(r, "tandem_kv_quarantine_expired_total", NULL,
 	                    "Quarantined reservations freed by the deadline, without a fence");
+	w->m_stale_fences =
+	    metrics_counter(r, "tandem_kv_stale_fences_total", NULL,
+	                    "Fences of an earlier prefill attempt, ignored (a newer attempt writes)");
 	w->m_ttft_decode = metrics_histogram(r, "tandem_decode_first_step_seconds", NULL,
 	                                     "KvReady to the first decoded token", metrics_latency_bounds,
 	                                     metrics_n_latency_bounds);

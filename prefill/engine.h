@@ -43,6 +43,10 @@ struct pf_job {
 	uint64_t t_submit_ns;
 	_Atomic int cancelled; /* set by the loop thread; read by the engine */
 	_Atomic int no_fence; /* set by the loop thread (router lost): leave without a fence */
+	/* PrefillRequest.attempt: the fence carries kvfence_word(rid, fence_attempt); has_attempt
+	 * says the decode target tells attempts apart (tandem.proto KvRegion, PER-ATTEMPT FENCES) */
+	uint32_t fence_attempt;
+	bool has_attempt;
 
 	/* engine-private progress */
 	uint32_t n_done; /* prompt tokens computed */

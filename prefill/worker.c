@@ -174,6 +174,8 @@ static bool fence_refused(struct pf_worker *w, const struct msg_prefill_request 
 	if (!j)
 		return false;
 	j->rid = r->rid;
+	j->fence_attempt = r->attempt;
+	j->has_attempt = r->has_attempt;
 	j->fence_only = true;
 	j->status = -EINVAL;
 	j->err_code = code;
@@ -248,6 +250,8 @@ static void on_prefill_request(struct pf_worker *w, const struct msg_prefill_req
 		goto refuse;
 	}
 	j->rid = r->rid;
+	j->fence_attempt = r->attempt;
+	j->has_attempt = r->has_attempt;
 	j->n_tokens = (uint32_t)r->n_tokens;
 	j->tokens = dup_bytes(r->tokens, r->n_tokens * sizeof(uint32_t));
 	j->sampling = r->sampling;
@@ -289,16 +293,20 @@ refuse:
 	send_error(w, r->rid, code, why);
 }
 
-/* Router lost: stop every job, without a fence. The router that placed them may retry a prefill
- * on the same decode reservation elsewhere (it does when a prefill worker is lost), and a fence
- * from this stale attempt would then vouch for blocks the new attempt is still writing; without
- * one, decode waits for its quarantine deadline instead. */
+/* Router lost: stop every job. The router that placed them may retry a prefill on the same
+ * decode reservation elsewhere (it does when a prefill worker is lost). Where the decode target
+ * tells attempts apart (the job has an attempt), our fence names this attempt only and decode
+ * ignores it once a newer attempt is announced, so we fence as usual and decode gets its blocks
+ * back early if there is no newer attempt. Without attempts a fence from this stale attempt would
+ * vouch for blocks the new attempt is still writing: leave without one, and decode waits for its
+ * quarantine deadline instead. */
 static void cancel_all(struct pf_worker *w)
 {
 	for (int b = 0; b < MAP_BUCKETS; b++)
 		for (struct pf_job *j = w->map[b]; j; j = j->map_next) {
 			j->cancelled_by_router = true;
-			atomic_store(&j->no_fence, 1);
+			if (!j->has_attempt)
+				atomic_store(&j->no_fence, 1);
 			atomic_store(&j->cancelled, 1);
 		}
 }
