@@ -20,11 +20,14 @@
  *   - the prefill's fence is in the slot of the reservation's first block (pool.h): a prefill
  *     writes it after its last put to the request has reached remote completion (flush), so
  *     seeing it proves that nothing more comes; or
- *   - the quarantine deadline (--kv-quarantine-ms, default 180 s) has passed. A prefill never
- *     writes later than its write window (PrefillRequest.deadline_ms after it got the request,
- *     router default 120 s, prefill cap 120 s) and force-closes its endpoint when the window closes
- *     with puts unflushed, so the deadline is the bound for a prefill that died or lost every
- *     path to us. It is the only path that relies on a time bound and is counted and logged.
+ *   - the quarantine deadline has passed: --kv-quarantine-ms (default 180 s), plus however much
+ *     the reservation's prefill window (KvReserve.prefill_window_ms: the router gives a long
+ *     prompt a longer prefill deadline) exceeds 120 s. A prefill never writes later than its
+ *     write window (PrefillRequest.deadline_ms after it got the request: the same window; capped
+ *     at 120 s by a prefill whose target does not announce per-attempt fences, see tandem.proto)
+ *     and force-closes its endpoint when the window closes with puts unflushed, so the deadline
+ *     is the bound for a prefill that died or lost every path to us. It is the only path that
+ *     relies on a time bound and is counted and logged.
  * The router says when no writer can exist (KvRelease.no_writer: PrefillRequest never sent, or
  * PrefillDone received); then the blocks are freed at once. A reservation freed after KvReady
  * (decode ran) needs nothing: PrefillDone, hence KvReady, comes only after the prefill's flush.
@@ -60,6 +63,10 @@
 #include "decode/pool.h"
 
 #define MAP_BUCKETS 4096
+/* The write window the quarantine deadline (--kv-quarantine-ms, default 180 s) is sized for: the
+ * router's default prefill deadline and the cap of a prefill worker that knows no longer ones. */
+#define DC_DEFAULT_WRITE_WINDOW_MS 120000u
+#define DC_WRITE_WINDOW_MAX_MS (6u * 3600u * 1000u) /* the longest any prefill honours */
 #define TOKBUF_MAX 256
 
 /* CHECKING: KvReady arrived; the received KV is being verified on a libuv pool thread (a long
@@ -85,6 +92,7 @@ struct dreq {
 	uint64_t t_ready_ns;
 	uint64_t quarantine_until_ms; /* in w->quarantine: free by then even without a fence */
 	uint32_t attempt; /* the prefill attempt whose fence counts (STALE FENCES above) */
+	uint64_t quarantine_ms; /* quarantine_ms + how much the prefill window exceeds 120 s */
 	bool stale_fence_seen; /* logged once */
 	/* CHECKING */
 	uv_work_t verify;
@@ -235,14 +243,14 @@ static void dreq_end(struct dc_worker *w, struct dreq *d, bool maybe_writer)
 	if (reserved && maybe_writer) {
 		kvx_progress(w->kvx); /* apply puts (and a fence) that have arrived already */
 		if (!is_fenced(w, d)) {
-			d->quarantine_until_ms = now_ms() + (uint64_t)w->c->quarantine_ms;
+			d->quarantine_until_ms = now_ms() + d->quarantine_ms;
 			d->map_next = w->quarantine;
 			w->quarantine = d;
 			w->n_quarantined_blocks += d->n_blocks;
 			LOG_INFO(
 			    "decode",
-			    "rid=%llu %u blocks quarantined until the prefill fences them (at most %d ms)",
-			    (unsigned long long)d->rid, d->n_blocks, w->c->quarantine_ms);
+			    "rid=%llu %u blocks quarantined until the prefill fences them (at most %llu ms)",
+			    (unsigned long long)d->rid, d->n_blocks, (unsigned long long)d->quarantine_ms);
 			update_gauges(w);
 			maybe_finish_drain(w);
 			return;
@@ -282,10 +290,11 @@ static void quarantine_scan(struct dc_worker *w, bool all)
 			          (unsigned long long)d->rid, d->n_blocks);
 		} else if (!all) {
 			metrics_add(w->m_quarantine_expired, 1);
-			LOG_WARN("decode",
-			         "rid=%llu no fence from the prefill within %d ms: its %u blocks are reused "
-			         "(the prefill's write window is over)",
-			         (unsigned long long)d->rid, w->c->quarantine_ms, d->n_blocks);
+			LOG_WARN(
+			    "decode",
+			    "rid=%llu no fence from the prefill within %llu ms: its %u blocks are reused "
+			    "(the prefill's write window is over)",
+			    (unsigned long long)d->rid, (unsigned long long)d->quarantine_ms, d->n_blocks);
 		}
 		blocks_return(w, d);
 		changed = true;
@@ -505,6 +514,13 @@ static void on_kv_reserve(struct dc_worker *w, const struct msg_kv_reserve *r)
 	}
 	d->rid = r->rid;
 	d->attempt = r->attempt;
+	/* --kv-quarantine-ms covers the default 120 s write window; a longer window (a long prompt:
+	 * the router's deadline grows with its length) extends the quarantine by the difference */
+	d->quarantine_ms = (uint64_t)w->c->quarantine_ms;
+	uint32_t window =
+	    r->prefill_window_ms < DC_WRITE_WINDOW_MAX_MS ? r->prefill_window_ms : DC_WRITE_WINDOW_MAX_MS;
+	if (window > DC_DEFAULT_WRITE_WINDOW_MS)
+		d->quarantine_ms += window - DC_DEFAULT_WRITE_WINDOW_MS;
 	d->state = DREQ_RESERVED;
 	d->n_blocks = need;
 	d->n_prompt = r->n_prompt_tokens;

@@ -19,8 +19,13 @@
 #include "prefill/engine.h"
 
 #define MAP_BUCKETS 1024
-/* Longest write window of a job: decode's default quarantine (180 s) is longer by a margin. */
+/* Longest write window of a job whose decode target sizes its quarantine for 120 s only (no
+ * per-attempt fences: an older decode worker): its default quarantine (180 s) is longer by a
+ * margin. A target that announces per-attempt fences quarantines for the request's own window
+ * (tandem.proto KvReserve.prefill_window_ms), so there the router's deadline holds, up to the
+ * router's own maximum (6 h). */
 #define PF_WRITE_WINDOW_MAX_MS 120000u
+#define PF_WRITE_WINDOW_MAX_MS_FENCED (6u * 3600u * 1000u)
 
 struct pf_worker {
 	const struct pf_config *c;
@@ -267,8 +272,8 @@ static void on_prefill_request(struct pf_worker *w, const struct msg_prefill_req
 	j->want_checksums = r->checksums;
 	/* the hard write window (tandem.proto PrefillRequest.deadline_ms): never unbounded, since the
 	 * decode worker reuses quarantined blocks after a deadline that must exceed it */
-	uint32_t window = r->deadline_ms && r->deadline_ms < PF_WRITE_WINDOW_MAX_MS ? r->deadline_ms
-	                                                                            : PF_WRITE_WINDOW_MAX_MS;
+	uint32_t cap = r->has_attempt ? PF_WRITE_WINDOW_MAX_MS_FENCED : PF_WRITE_WINDOW_MAX_MS;
+	uint32_t window = r->deadline_ms && r->deadline_ms < cap ? r->deadline_ms : cap;
 	j->deadline_ms = uv_hrtime() / 1000000u + window;
 	if (!j->tokens || !j->ucx_addr || !j->rkey || !j->block_ids) {
 		pf_job_free(j);

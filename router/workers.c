@@ -182,6 +182,13 @@ static void fill_sampling(const struct req *r, struct msg_sampling *s)
 	    (uint32_t)(q->n_top_logprobs > MSG_TOP_LOGPROBS_MAX ? MSG_TOP_LOGPROBS_MAX : q->n_top_logprobs);
 }
 
+/* the prefill deadline of r, which is also its prefill's hard write window (tandem.proto) */
+static uint32_t prefill_window_ms(const struct workers *ws, const struct req *r)
+{
+	return (uint32_t)sched_prefill_timeout_ms(ws->cfg.prefill_deadline_ms, ws->cfg.prefill_us_per_token,
+	                                          r->n_prompt);
+}
+
 /* KvReserve for r; attempt: the prefill attempt whose fence counts (tandem.proto KvReserve) */
 static void fill_reserve(const struct workers *ws, const struct req *r, uint32_t attempt, struct msg *m)
 {
@@ -190,7 +197,9 @@ static void fill_reserve(const struct workers *ws, const struct req *r, uint32_t
 	m->u.kv_reserve.n_prompt_tokens = r->n_prompt;
 	m->u.kv_reserve.max_tokens = r->n_max_new;
 	fill_sampling(r, &m->u.kv_reserve.sampling);
-	m->u.kv_reserve.deadline_ms = (uint32_t)ws->cfg.reserve_deadline_ms;
+	m->u.kv_reserve.deadline_ms = (uint32_t)sched_prefill_timeout_ms(
+	    ws->cfg.reserve_deadline_ms, ws->cfg.prefill_us_per_token, r->n_prompt);
+	m->u.kv_reserve.prefill_window_ms = prefill_window_ms(ws, r);
 	m->u.kv_reserve.ignore_eos = r->sampling.ignore_eos;
 	m->u.kv_reserve.n_prompt = r->n_prompt;
 	m->u.kv_reserve.prompt = (const uint32_t *)r->prompt; /* ids are non-negative */
@@ -249,7 +258,7 @@ static int op_prefill(struct worker *w, struct req *r)
 	p->target_region = dw->region;
 	p->n_block_ids = r->n_block_ids;
 	p->block_ids = r->block_ids;
-	p->deadline_ms = (uint32_t)rw->ws->cfg.prefill_deadline_ms;
+	p->deadline_ms = prefill_window_ms(rw->ws, r);
 	return send_msg(rw, &m);
 }
 

@@ -417,6 +417,8 @@ int msg_encode(const struct msg *m, size_t max_payload, uint8_t **frame, size_t 
 		p.has_deadline_ms = 1, p.deadline_ms = r->deadline_ms;
 		p.n_prompt = r->n_prompt, p.prompt = (uint32_t *)r->prompt;
 		p.has_attempt = r->attempt != 0, p.attempt = r->attempt;
+		p.has_prefill_window_ms = r->prefill_window_ms != 0,
+		p.prefill_window_ms = r->prefill_window_ms;
 		return pack_frame(m->type, &p.base, max_payload, frame, frame_len, e);
 	}
 	case MSG_KV_RESERVED: {
@@ -716,6 +718,7 @@ int msg_decode(int type, const uint8_t *payload, size_t len, struct msg *m, stru
 		r->deadline_ms = p->deadline_ms;
 		r->n_prompt = p->n_prompt, r->prompt = p->prompt;
 		r->attempt = p->has_attempt ? p->attempt : 0;
+		r->prefill_window_ms = p->has_prefill_window_ms ? p->prefill_window_ms : 0;
 		if (r->n_prompt_tokens == 0)
 			return errbuf_set(e, ERR_PROTO, "KV_RESERVE: n_prompt_tokens is 0");
 		if (r->n_prompt && r->n_prompt != r->n_prompt_tokens)

@@ -161,6 +161,7 @@ struct msg_kv_reserve {
 	size_t n_prompt;
 	const uint32_t *prompt; /* optional */
 	uint32_t attempt; /* prefill attempt whose fence counts; on a held rid: an announcement */
+	uint32_t prefill_window_ms; /* the prefill's write window (0: the default 120 s) */
 };
 
 struct msg_kv_reserved {

@@ -248,6 +248,7 @@ struct req_result {
 
 static bool reserve_ignore_eos;
 static uint32_t reserve_attempt; /* KvReserve.attempt (F: an announcement on a held rid) */
+static uint32_t reserve_window_ms; /* KvReserve.prefill_window_ms (C: a long prompt's window) */
 static int prefill_attempt = -1; /* >= 0: PrefillRequest.attempt (per-attempt fences) */
 
 static void reserve(struct peer *d, uint64_t rid, const uint32_t *prompt, uint32_t n_prompt,
@@ -265,6 +266,7 @@ static void reserve(struct peer *d, uint64_t rid, const uint32_t *prompt, uint32
 	m.u.kv_reserve.stop_token_ids = stop_ids;
 	m.u.kv_reserve.deadline_ms = deadline_ms;
 	m.u.kv_reserve.attempt = reserve_attempt;
+	m.u.kv_reserve.prefill_window_ms = reserve_window_ms;
 	send_to(d, &m);
 }
 
@@ -793,7 +795,9 @@ static int metric_is(int port, const char *line)
  *     and, once it runs, its KV is exact. With a fence that only named the rid, decode freed the
  *     blocks at once and p0's late puts overwrote the new request's prompt KV.
  *  C. p0 killed mid-transfer: no fence ever comes; the blocks come back at the quarantine
- *     deadline (counted), and a new request on them is exact.
+ *     deadline (counted), and a new request on them is exact. The reservation announced a
+ *     prefill window of 122 s (a long prompt), 2 s over the 120 s the quarantine (4 s here) is
+ *     sized for: the blocks stay quarantined for 6 s, not 4.
  *  D. a slow KV verification (test knob: 1 s) of one request does not stop another request's
  *     tokens from streaming: the check runs off decode's loop.
  *  E. decode killed while a slow prefill writes into it: the prefill answers within its flush
@@ -958,16 +962,23 @@ static int run_late_write_suite(const char *tls, const char *dev)
 	CHECK(wait_msg(d, MSG_ERROR, 26, &f, 1) != 0); /* the announcement was not refused */
 
 	/* C: the slow prefill dies mid-transfer: no fence; the quarantine deadline (4 s) frees */
+	reserve_window_ms = 122000;
 	CHECK(reserve_retry(d, 24, pa, 640, 1280, &kr, 3000) == 0);
+	reserve_window_ms = 0;
 	prefill(slow, d, 24, pa, 640, &kr.u.kv_reserved);
 	msg_clear(&kr);
 	sleep_loop(500);
 	kill(pp0, SIGKILL);
 	waitpid(pp0, NULL, 0);
 	kv_release(d, 24, false);
-	sleep_loop(2000);
-	CHECK(d->last_hb.used_blocks == 30); /* still quarantined */
-	CHECK(wait_used_blocks(d, 0, 5000) == 0);
+	uint64_t tq = uv_hrtime();
+	sleep_loop(4500);
+	CHECK(d->last_hb.used_blocks == 30); /* still quarantined: 4 s + the window's extra 2 s */
+	CHECK(wait_used_blocks(d, 0, 4000) == 0);
+	double q_s = (double)(uv_hrtime() - tq) / 1e9;
+	printf("[late %s] C: no fence; blocks back after %.2f s (quarantine 4 s + 2 s of longer window)\n",
+	       tls, q_s);
+	CHECK(q_s > 5.5 && q_s < 7.5);
 	CHECK(metric_is(mport, "tandem_kv_quarantine_expired_total{role=\"decode\",worker=\"dq\"} 1\n"));
 	CHECK(reserve_retry(d, 25, pb, 640, 1280, &kr, 3000) == 0);
 	prefill(fast, d, 25, pb, 640, &kr.u.kv_reserved);
