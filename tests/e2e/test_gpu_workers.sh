@@ -35,14 +35,18 @@ if [ "$CPU_MODE" = 1 ]; then
 	done
 	rm -f "$TMP/bad.err" # its ERROR lines are expected
 fi
+# TANDEM_GPU_TESTS=1 (make test-gpu, the GPU session's script): a missing GPU is a failure, not a SKIP
+skip_or_fail() {
+	if [ "${TANDEM_GPU_TESTS:-0}" = 1 ]; then e2e_fail "$1"; exit 1; fi
+	echo "SKIP  test_gpu_workers  *** $1: the CUDA worker test did not run ***"
+	exit 0
+}
 if [ "$CPU_MODE" != 1 ]; then
 	if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
-		echo "SKIP  test_gpu_workers  *** no GPU here: the CUDA worker test did not run ***"
-		exit 0
+		skip_or_fail "no GPU here"
 	fi
 	if ! "$REPO/$BUILD/tandem" generate -m "$MODEL" --tokens 5,6,7 -n 1 --greedy --ids --backend cuda >/dev/null 2>"$TMP/probe.err"; then
-		echo "SKIP  test_gpu_workers  *** tandem generate --backend cuda fails (CPU-only build?): $(tail -n 1 "$TMP/probe.err") ***"
-		exit 0
+		skip_or_fail "tandem generate --backend cuda fails (CPU-only build?): $(tail -n 1 "$TMP/probe.err")"
 	fi
 fi
 

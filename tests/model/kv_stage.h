@@ -1,4 +1,4 @@
-/* Helpers of the KV staging tests (test_model_kv_stage.c on the CPU, test_gpu_kv_stage.c on the
+/* Helpers of the KV staging tests (test_model_kv_stage.c on the CPU, test_gpu_workers.c on the
  * CUDA backend): a prompt prefilled into one pool, its blocks moved to another pool through a host
  * mirror (model_kv_download / model_kv_upload, what the workers do around the UCX put), then the
  * same decode steps on both sides. */

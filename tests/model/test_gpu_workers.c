@@ -1,4 +1,5 @@
-/* KV staging on the CUDA backend (SKIPs without CUDA or a GPU): the calls the GPU workers make around
+/* The GPU workers' KV staging at model level (SKIPs without CUDA or a GPU; the e2e twin is
+ * tests/e2e/test_gpu_workers.sh): the calls the GPU workers make around
  * the UCX put (model.h: model_kv_upload / model_kv_download / model_kv_wait, model_host_pin,
  * model_thread_attach), on glm-dsa-tiny-Q8_0 (latent and indexer keys in every block), through a
  * page-locked host mirror. Checks:
