@@ -219,6 +219,7 @@ static bool stage_in(struct dc_engine *g, struct dc_seq *s)
 		return false;
 	}
 	g->staged_blocks += nb;
+	metrics_add(g->o.metrics.staged_bytes, (double)nb * (double)g->kv.layout.block_bytes);
 	LOG_DEBUG("engine", "rid=%llu %llu prompt blocks uploaded to the model's KV pool",
 	          (unsigned long long)s->rid, (unsigned long long)nb);
 	return true;

@@ -78,6 +78,7 @@ struct dc_metrics {
 	struct metric *step_seconds; /* histogram */
 	struct metric *running; /* gauge: sequences in the batch */
 	struct metric *batch_size; /* histogram: sequences per step */
+	struct metric *staged_bytes; /* counter: staged KV, prompt bytes copied into the model's pool */
 };
 
 struct dc_engine_opts {

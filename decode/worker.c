@@ -991,7 +991,7 @@ int dc_worker_run(const struct dc_config *c)
 {
 	struct dc_worker w = {.c = c, .exit_code = 1};
 	struct errbuf e = {0};
-	struct dc_metrics em;
+	struct dc_metrics em = {0};
 	w.loop = uv_default_loop();
 	register_metrics(&w, &em);
 	bool trivial = strcmp(c->engine, "trivial") == 0;
@@ -1098,6 +1098,10 @@ int dc_worker_run(const struct dc_config *c)
 			w.pool_pinned = true;
 	}
 	update_gauges(&w);
+	if (w.model && (c->kv_staged || model_kv_on_device(w.model)))
+		em.staged_bytes =
+		    metrics_counter(w.reg, "tandem_decode_kv_staged_bytes_total", NULL,
+		                    "Staged KV: prompt bytes copied from the UCX pool into the model's pool");
 	struct dc_engine_opts eo = {.model = w.model,
 	                            .kv_staged = c->kv_staged,
 	                            .tok = w.tok,

@@ -259,8 +259,10 @@ static int push_upto(struct pf_engine *g, struct pf_job *j, uint32_t upto)
 {
 	if (g->staging && upto > j->n_pushed && upto <= j->n_local) {
 		struct errbuf e = {0};
+		uint64_t t0 = uv_hrtime();
 		int rc = model_kv_download(&g->kv, g->staging, j->local_blocks + j->n_pushed,
 		                           (int)(upto - j->n_pushed), &e);
+		metrics_observe(g->o.metrics.stage_seconds, (double)(uv_hrtime() - t0) / 1e9);
 		if (rc) {
 			LOG_ERROR("engine", "rid=%llu KV download to the staging copy failed: %s",
 			          (unsigned long long)j->rid, e.msg);

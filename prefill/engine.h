@@ -79,6 +79,7 @@ struct pf_metrics {
 	struct metric *kv_bytes; /* counter: KV bytes written over UCX */
 	struct metric *step_seconds; /* histogram */
 	struct metric *transfer_seconds; /* histogram: first put to flush done, per request */
+	struct metric *stage_seconds; /* histogram: staged KV, one device -> host block copy (NULL: none) */
 };
 
 struct pf_engine_opts {

@@ -569,6 +569,12 @@ int pf_worker_run(const struct pf_config *c)
 	eo.metrics.transfer_seconds = metrics_histogram(w.reg, "tandem_kv_transfer_seconds", NULL,
 	                                                "Per request: first KV put to remote completion",
 	                                                metrics_latency_bounds, metrics_n_latency_bounds);
+	if (w.model && (c->kv_staged || model_kv_on_device(w.model)))
+		eo.metrics.stage_seconds =
+		    metrics_histogram(w.reg, "tandem_prefill_kv_stage_seconds", NULL,
+		                      "Staged KV: copy of a step's finished blocks from the model's pool to "
+		                      "the UCX staging copy",
+		                      metrics_latency_bounds, metrics_n_latency_bounds);
 	if (pf_engine_create(&eo, &w.eng, &e)) {
 		LOG_ERROR("prefill", "cannot start the engine: %s", e.msg);
 		goto out_kvx;

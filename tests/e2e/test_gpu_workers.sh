@@ -7,7 +7,7 @@
 #     (every product on the fp32 GEMV path: tests/model/test_gpu_model.c).
 #  B. the mixed pair, prefill cpu + decode cuda (graphs on): == the CPU's `tandem generate` for
 #     every prompt (CPU prefill is the reference; decode steps are fp32 GEMVs).
-# Without a GPU (or a CUDA build) it prints a loud SKIP and exits 0. GPUW_CPU=1 runs the same
+# Without a GPU (or a CUDA build) it prints a loud SKIP and exits 77 (tests/run.sh: skipped). GPUW_CPU=1 runs the same
 # phases on the CPU with the staged KV path forced on (kv_staged: the model's pool apart from the
 # UCX pool, blocks copied by model_kv_upload / model_kv_download): A = both staged, B = staged
 # prefill + unstaged decode; every comparison is then with the CPU's `tandem generate`.
@@ -38,8 +38,9 @@ fi
 # TANDEM_GPU_TESTS=1 (make test-gpu, the GPU session's script): a missing GPU is a failure, not a SKIP
 skip_or_fail() {
 	if [ "${TANDEM_GPU_TESTS:-0}" = 1 ]; then e2e_fail "$1"; exit 1; fi
-	echo "SKIP  test_gpu_workers  *** $1: the CUDA worker test did not run ***"
-	exit 0
+	echo "SKIP  test_gpu_workers.sh  *** $1: the CUDA worker test did not run ***"
+	echo "GPU e2e test not run: $1"
+	exit 77 # tests/run.sh counts it as skipped
 }
 if [ "$CPU_MODE" != 1 ]; then
 	if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
@@ -78,10 +79,12 @@ topology() { # tag, prefill flags, decode flags
 	start "router-$tag" "$REPO/$BUILD/tandem-router" --model-path "$MODEL" --port "$PORT" \
 		--control-addr "127.0.0.1:$CPORT" --heartbeat-ms 500
 	wait_http "http://127.0.0.1:$PORT/health" 20 || return 1
+	DMPORT=$(free_port)
+	PMPORT=$(free_port)
 	start "decode-$tag" "$REPO/$BUILD/tandem-decode" --router "127.0.0.1:$CPORT" --model "$MODEL" \
-		--name "decode-$tag" --threads 2 --metrics "" --heartbeat-ms 500 --kv-blocks 64 --max-batch 8 $3
+		--name "decode-$tag" --threads 2 --metrics "127.0.0.1:$DMPORT" --heartbeat-ms 500 --kv-blocks 64 --max-batch 8 $3
 	start "prefill-$tag" "$REPO/$BUILD/tandem-prefill" --router "127.0.0.1:$CPORT" --model "$MODEL" \
-		--name "prefill-$tag" --threads 2 --metrics "" --heartbeat-ms 500 --local-blocks 16 $2
+		--name "prefill-$tag" --threads 2 --metrics "127.0.0.1:$PMPORT" --heartbeat-ms 500 --local-blocks 16 $2
 	local deadline=$((SECONDS + 40))
 	while [ $SECONDS -lt $deadline ]; do
 		local m; m=$(curl -s "http://127.0.0.1:$PORT/metrics")
@@ -156,6 +159,15 @@ check a-vs-generate-cpu "$TMP/ref-cpu.txt" "$A_STRICT_CPU"
 # all six at once: on the CPU batched decode is exact; on the GPU a batch of several sequences
 # takes other GEMV shapes than batch 1, so that comparison is reported only
 check a-concurrent-vs-generate-cpu "$TMP/ref-cpu.txt" "$A_STRICT_CONC" 1
+# staging metrics: decode copied the prompt blocks of 3 x 6 requests (1,1,1,1,1,3 blocks each) into
+# its model pool; prefill timed its device -> host copies
+bb=$(grep -o 'KV pool 64 blocks x [0-9]* bytes' "$TMP/decode-a.log" | awk '{print $6}')
+staged=$(curl -s "http://127.0.0.1:$DMPORT/metrics" | awk '/^tandem_decode_kv_staged_bytes_total/ {print $2}')
+[ -n "$bb" ] && [ "$staged" = "$((24 * bb))" ] && echo "decode staged $staged bytes = 24 blocks of $bb" ||
+	e2e_fail "tandem_decode_kv_staged_bytes_total is '$staged', expected 24 blocks of '$bb' bytes"
+n_dl=$(curl -s "http://127.0.0.1:$PMPORT/metrics" | awk '/^tandem_prefill_kv_stage_seconds_count/ {print $2}')
+[ "${n_dl:-0}" -ge 18 ] && echo "prefill staged blocks in $n_dl copies" ||
+	e2e_fail "tandem_prefill_kv_stage_seconds_count is '$n_dl', expected >= 18 (one per request at least)"
 stop_topology a
 grep -q "KV staged" "$TMP/decode-a.log" || e2e_fail "decode-a did not stage its KV"
 grep -q "KV staged" "$TMP/prefill-a.log" || e2e_fail "prefill-a did not stage its KV"
