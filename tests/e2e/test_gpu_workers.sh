@@ -38,8 +38,7 @@ fi
 # TANDEM_GPU_TESTS=1 (make test-gpu, the GPU session's script): a missing GPU is a failure, not a SKIP
 skip_or_fail() {
 	if [ "${TANDEM_GPU_TESTS:-0}" = 1 ]; then e2e_fail "$1"; exit 1; fi
-	echo "SKIP  test_gpu_workers.sh  *** $1: the CUDA worker test did not run ***"
-	echo "GPU e2e test not run: $1"
+	echo "SKIP: $1; the CUDA worker e2e test did not run"
 	exit 77 # tests/run.sh counts it as skipped
 }
 if [ "$CPU_MODE" != 1 ]; then
