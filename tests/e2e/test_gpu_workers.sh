@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tandem-prefill and tandem-decode on the CUDA backend (router + 1 prefill + 1 decode, tiny GLM-DSA
-# Q8_0, KV over UCX shared memory staged through pinned host memory), greedy output through the
-# HTTP API compared token for token:
+# Q8_0, KV over UCX (shared memory in A: the decode pool is a page-locked shm segment; tcp in B)
+# staged through pinned host memory), greedy output through the HTTP API compared token for token:
 #  A. prefill cuda + decode cuda (graphs off): == `tandem generate --backend cuda` for every prompt
 #     (same kernels, same shapes); == the CPU's `tandem generate` for the prompts of <= 8 tokens
 #     (every product on the fp32 GEMV path: tests/model/test_gpu_model.c).
@@ -15,7 +15,7 @@ source "$(dirname "$0")/lib.sh"
 MODEL="$REPO/tests/data/models/glm-dsa-tiny-Q8_0.gguf"
 MODEL_ID=glm-dsa-tiny-Q8_0
 CPU_MODE=${GPUW_CPU:-0}
-export UCX_NET_DEVICES=lo UCX_TLS=sm,self UCX_WARN_UNUSED_ENV_VARS=n
+export UCX_NET_DEVICES=lo UCX_WARN_UNUSED_ENV_VARS=n
 for b in tandem tandem-router tandem-prefill tandem-decode; do
 	[ -x "$REPO/$BUILD/$b" ] || { e2e_fail "$BUILD/$b is not built"; exit 1; }
 done
@@ -75,8 +75,9 @@ gen_refs() { # backend out
 gen_refs cpu "$TMP/ref-cpu.txt"
 if [ "$CPU_MODE" = 1 ]; then cp "$TMP/ref-cpu.txt" "$TMP/ref-cuda.txt"; else gen_refs cuda "$TMP/ref-cuda.txt"; fi
 
-topology() { # tag, prefill flags, decode flags
+topology() { # tag, prefill flags, decode flags, UCX transports
 	local tag=$1
+	export UCX_TLS=$4
 	PORT=$(free_port)
 	CPORT=$(free_port)
 	start "router-$tag" "$REPO/$BUILD/tandem-router" --model-path "$MODEL" --port "$PORT" \
@@ -156,7 +157,7 @@ else
 fi
 
 # --- A. both workers on the device (CPU mode: both staged) ---
-topology a "$A_PF" "$A_DC" || exit 1
+topology a "$A_PF" "$A_DC" sm,self || exit 1
 check "a-vs-generate-$REF2" "$TMP/ref-cuda.txt" 100000
 check a-vs-generate-cpu "$TMP/ref-cpu.txt" "$A_STRICT_CPU"
 # all six at once: on the CPU batched decode is exact; on the GPU a batch of several sequences
@@ -178,7 +179,7 @@ grep -h "KV staged\|slower" "$TMP/decode-a.log" "$TMP/prefill-a.log" | sed 's/^/
 
 # --- B. the mixed pair: prefill on the CPU, decode on the device (CPU mode: staged prefill,
 # unstaged decode); the same KV layout fingerprint on both sides ---
-topology b "$B_PF" "$B_DC" || exit 1
+topology b "$B_PF" "$B_DC" tcp || exit 1
 check b-vs-generate-cpu "$TMP/ref-cpu.txt" 100000
 stop_topology b
 grep -h "fingerprint" "$TMP/decode-b.log" | head -1 | sed 's/^/  /'
