@@ -10,7 +10,8 @@
  *    every step's logits within TOL_F32 of decoding on the CPU (the same tokens fed to both; one
  *    token per forward is the fp32 GEMV path, tests/model/test_gpu_model.c);
  *  - GPU prefill -> CPU decode: the prompt prefilled by CUDA in chunks of 8 (fp32 path), downloaded:
- *    its KV within TOL_KV of the CPU's, and CPU decode steps from it within TOL_F32 of the CPU's. */
+ *    its KV within TOL_KV of the CPU's, and CPU decode steps from it within TOL_F32 of the CPU's.
+ * Then it prints (no bound) the measured staging copy rates, pinned and pageable, for the docs. */
 #include "tests/model/kv_stage.h"
 
 #ifndef TANDEM_CUDA
@@ -22,6 +23,7 @@ int main(void)
 }
 #else
 #include <pthread.h>
+#include <time.h>
 
 #include "kernels/kernels.h"
 
@@ -52,6 +54,67 @@ static void *decode_thread(void *arg)
 	else
 		j->rc = ks_decode(j->m, j->kv, &j->s, j->first, j->feed, j->lg);
 	return NULL;
+}
+
+static double now_s(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Measured, printed only: the staging copy rate of a 256-block pool (host mirror page-locked and
+ * not), whole runs (one copy) and every other block (one copy per block). */
+static void bench_staging(struct model *mg, size_t bb)
+{
+	enum { NB = 256 };
+	struct model_kv kv;
+	struct errbuf e = {0};
+	size_t bytes = (size_t)NB * bb, al = (bytes + 4095) & ~(size_t)4095;
+	unsigned char *h = aligned_alloc(4096, al);
+	int32_t all[NB], odd[NB / 2];
+	for (int i = 0; i < NB; i++)
+		all[i] = i;
+	for (int i = 0; i < NB / 2; i++)
+		odd[i] = 2 * i + 1;
+	if (!h || model_kv_init(&kv, mg, NB, NULL, 0, &e)) {
+		CHECK(0, "bench setup: %s", e.msg);
+		free(h);
+		return;
+	}
+	memset(h, 1, al);
+	for (int pin = 1; pin >= 0; pin--) {
+		if (pin && model_host_pin(mg, h, al, &e)) {
+			CHECK(0, "bench pin: %s", e.msg);
+			continue;
+		}
+		for (int scat = 0; scat < 2; scat++) {
+			const int32_t *ids = scat ? odd : all;
+			int n = scat ? NB / 2 : NB, reps = 5;
+			double up = 1e30, dn = 1e30;
+			for (int r = 0; r < reps; r++) {
+				double t0 = now_s();
+				int rc = model_kv_upload(&kv, h, ids, n, &e);
+				rc = rc ? rc : model_kv_wait(&kv, &e);
+				double t1 = now_s();
+				rc = rc ? rc : model_kv_download(&kv, h, ids, n, &e);
+				double t2 = now_s();
+				CHECK(rc == 0, "bench copy: %s", e.msg);
+				up = t1 - t0 < up ? t1 - t0 : up;
+				dn = t2 - t1 < dn ? t2 - t1 : dn;
+			}
+			double gb = (double)n * (double)bb / 1e9;
+			printf("staging %s host, %3d blocks of %zu bytes (%s): host->device %.1f GB/s, "
+			       "device->host %.1f "
+			       "GB/s (best of %d)\n",
+			       pin ? "pinned  " : "pageable", n, bb, scat ? "every other block" : "one run",
+			       gb / up, gb / dn, reps);
+		}
+		if (pin)
+			model_host_unpin(mg, h);
+	}
+	model_kv_fini(&kv);
+	free(h);
 }
 
 int main(void)
@@ -176,6 +239,8 @@ int main(void)
 	printf("cuda prefill -> download -> cpu decode, %d steps: max|d| vs cpu = %.3g (tol %.g)\n", KS_STEPS,
 	       d, TOL_F32);
 	CHECK(d <= TOL_F32, "mixed pairing cuda->cpu differs by %g", d);
+
+	bench_staging(mg, bb);
 
 	if (pinned)
 		model_host_unpin(mg, mirror);
