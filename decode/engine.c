@@ -44,6 +44,9 @@ struct dc_engine {
 	struct dc_event *ev; /* this step's events */
 	uint32_t n_ev, cap_ev;
 	struct model_kv kv;
+	bool staged; /* kv is the model's own pool: prompt blocks are uploaded at join */
+	int attach_rc; /* model_thread_attach of the engine thread (its forwards fail if not 0) */
+	uint64_t staged_blocks; /* blocks uploaded so far (logs) */
 	uint32_t vocab;
 	struct sample_work sw;
 	int32_t *b_tokens, *b_seq, *b_pos;
@@ -200,6 +203,28 @@ static bool check_finish(struct dc_engine *g, struct dc_seq *s, int32_t t)
 	return false;
 }
 
+/* staged KV: the prompt's blocks go from the UCX pool (host) to the model's pool, ordered before
+ * this step's forward (the UCX pool's blocks stay reserved until the sequence is handed back) */
+static bool stage_in(struct dc_engine *g, struct dc_seq *s)
+{
+	uint64_t nb = ((uint64_t)s->n_prompt + MODEL_KV_BLOCK_TOKENS - 1) / MODEL_KV_BLOCK_TOKENS;
+	struct errbuf e = {0};
+	int rc = nb > s->n_blocks ? errbuf_set(&e, -EINVAL, "%llu prompt blocks, %u reserved",
+	                                       (unsigned long long)nb, s->n_blocks)
+	                          : model_kv_upload(&g->kv, g->o.pool->base, s->blocks, (int)nb, &e);
+	if (rc) {
+		LOG_ERROR("engine", "rid=%llu KV upload to the model's pool failed: %s",
+		          (unsigned long long)s->rid, e.msg);
+		finish(g, s, MSG_FINISH_ERROR, MSG_ERR_INTERNAL, -1);
+		return false;
+	}
+	g->staged_blocks += nb;
+	metrics_add(g->o.metrics.staged_bytes, (double)nb * (double)g->kv.layout.block_bytes);
+	LOG_DEBUG("engine", "rid=%llu %llu prompt blocks uploaded to the model's KV pool",
+	          (unsigned long long)s->rid, (unsigned long long)nb);
+	return true;
+}
+
 /* a new sequence: its first token came from prefill; it may already end the request */
 static bool start_seq(struct dc_engine *g, struct dc_seq *s)
 {
@@ -212,7 +237,9 @@ static bool start_seq(struct dc_engine *g, struct dc_seq *s)
 	}
 	s->history[0] = s->last;
 	sample_rng_seed(&s->rng, s->sampling.seed + 1);
-	return !check_finish(g, s, s->last);
+	if (check_finish(g, s, s->last))
+		return false;
+	return !g->staged || stage_in(g, s);
 }
 
 static void sample_next(struct dc_engine *g, struct dc_seq *s, const float *row, struct msg_token *out)
@@ -312,8 +339,15 @@ static void step(struct dc_engine *g)
 		                        .n_seqs = (int)n,
 		                        .seqs = g->b_seqs};
 		struct errbuf e = {0};
-		int rc = want ? model_forward(g->o.model, &g->kv, &b, g->logits, NULL, &e) : -ENOMEM;
+		int rc = !want          ? -ENOMEM
+		         : g->attach_rc ? errbuf_set(&e, g->attach_rc, "engine thread cannot run the model")
+		                        : model_forward(g->o.model, &g->kv, &b, g->logits, NULL, &e);
 		free(want);
+		if (rc && g->staged) { /* uploads of this step may still be in flight: let them land */
+			struct errbuf e2 = {0};
+			if (model_kv_wait(&g->kv, &e2))
+				LOG_ERROR("engine", "after a failed step: %s", e2.msg);
+		}
 		if (rc) {
 			LOG_ERROR("engine", "decode forward of %u sequences failed: %s", n, e.msg);
 			failed = true;
@@ -366,6 +400,11 @@ static void step(struct dc_engine *g)
 static void *engine_main(void *arg)
 {
 	struct dc_engine *g = arg;
+	if (g->o.model) {
+		struct errbuf e = {0};
+		if ((g->attach_rc = model_thread_attach(g->o.model, &e)))
+			LOG_ERROR("engine", "%s: every decode step will fail", e.msg);
+	}
 	for (;;) {
 		atomic_store(&g->alive_ns, uv_hrtime());
 		pthread_mutex_lock(&g->mu);
@@ -425,10 +464,21 @@ int dc_engine_create(const struct dc_engine_opts *o, struct dc_engine **out, str
 	uint32_t nb = g->o.max_batch;
 	if (o->model) {
 		g->vocab = (uint32_t)model_hparams(o->model)->vocab;
-		rc = model_kv_init(&g->kv, o->model, o->pool->n_blocks, o->pool->base,
-		                   (size_t)o->pool->n_blocks * o->pool->block_bytes, e);
+		g->staged = o->kv_staged || model_kv_on_device(o->model);
+		if (g->staged) /* the model's own pool, the same block ids as the UCX pool */
+			rc = model_kv_init(&g->kv, o->model, o->pool->n_blocks, NULL, 0, e);
+		else
+			rc = model_kv_init(&g->kv, o->model, o->pool->n_blocks, o->pool->base,
+			                   (size_t)o->pool->n_blocks * o->pool->block_bytes, e);
 		if (rc)
 			goto fail;
+		if (g->staged)
+			LOG_INFO("engine",
+			         "KV staged: model pool of %u blocks (%.1f MiB) in %s memory, filled from "
+			         "the UCX pool when a sequence joins",
+			         o->pool->n_blocks,
+			         (double)o->pool->n_blocks * (double)o->pool->block_bytes / 1048576.0,
+			         g->kv.on_device ? "device" : "host");
 		if (sample_work_init(&g->sw, g->vocab)) {
 			rc = errbuf_set(e, -ENOMEM, "out of memory (sampling)");
 			goto fail;

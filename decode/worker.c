@@ -118,6 +118,7 @@ struct dc_worker {
 	struct tok *tok;
 	struct kvx *kvx;
 	struct kv_pool pool;
+	bool pool_pinned; /* pool.base page-locked for the model's device (model_host_pin) */
 	struct dc_engine *eng;
 	struct session *sess;
 	struct runtime *rt;
@@ -154,6 +155,8 @@ void dc_config_default(struct dc_config *c)
 	snprintf(c->engine, sizeof(c->engine), "model");
 	snprintf(c->kv_dtype, sizeof(c->kv_dtype), "f32");
 	snprintf(c->log_level, sizeof(c->log_level), "info");
+	snprintf(c->backend, sizeof(c->backend), "cpu");
+	c->graphs = 1;
 	c->verify_checksums = true;
 	c->threads = 1;
 	c->tp = 1;
@@ -1046,7 +1049,7 @@ int dc_worker_run(const struct dc_config *c)
 {
 	struct dc_worker w = {.c = c, .exit_code = 1};
 	struct errbuf e = {0};
-	struct dc_metrics em;
+	struct dc_metrics em = {0};
 	w.loop = uv_default_loop();
 	register_metrics(&w, &em);
 	bool trivial = strcmp(c->engine, "trivial") == 0;
@@ -1065,6 +1068,29 @@ int dc_worker_run(const struct dc_config *c)
 		mo.n_threads = c->threads;
 		mo.tp = c->tp;
 		mo.kv_dtype = strcmp(c->kv_dtype, "bf16") == 0 ? MODEL_KV_BF16 : MODEL_KV_F32;
+		if (strcmp(c->backend, "cpu") != 0 && strcmp(c->backend, "cuda") != 0) {
+			LOG_ERROR("decode", "backend '%s': expected \"cpu\" or \"cuda\"", c->backend);
+			return 2;
+		}
+		if (strcmp(c->backend, "cuda") == 0 && c->tp > 1) {
+			/* KV staged into the device pool lands in one GPU's copy; with TP over GPUs every
+			 * copy must get it (model_kv_replicate after model_kv_upload): not wired yet */
+			LOG_ERROR("decode",
+			          "backend cuda with tp %d: a decode worker runs one GPU (tp 1) for now",
+			          c->tp);
+			return 2;
+		}
+		if (strcmp(c->backend, "cuda") == 0) {
+			/* every device buffer is sized here from the limits, never per request: a step has
+			 * at most max_batch tokens of max_batch sequences, positions below max_seq_len */
+			mo.backend = MODEL_BACKEND_CUDA;
+			mo.device = c->device;
+			mo.graphs = c->graphs;
+			mo.mem_fraction = (float)c->mem_fraction;
+			mo.max_tokens = c->max_batch;
+			mo.max_seqs = c->max_batch;
+			mo.max_ctx = c->max_seq_len > 0 ? c->max_seq_len : 4096;
+		}
 		if (model_load(&w.model, c->model, &mo, &e)) {
 			LOG_ERROR("decode", "cannot load model: %s", e.msg);
 			return 2;
@@ -1114,6 +1140,9 @@ int dc_worker_run(const struct dc_config *c)
 		w.test_verify_delay_us = 0;
 	if (c->max_seq_len > 0 && (uint32_t)c->max_seq_len < w.max_seq_len)
 		w.max_seq_len = (uint32_t)c->max_seq_len;
+	if (w.model && model_get_opts(w.model)->backend == MODEL_BACKEND_CUDA &&
+	    (uint32_t)model_get_opts(w.model)->max_ctx < w.max_seq_len)
+		w.max_seq_len = (uint32_t)model_get_opts(w.model)->max_ctx; /* what the workspaces hold */
 	struct kvx_opts ko = {
 	    .tls = c->ucx_tls, .net_devices = c->ucx_net_devices, .want_rdma = c->ucx_want_rdma};
 	if (kvx_create(&w.kvx, &ko, &e)) {
@@ -1125,8 +1154,22 @@ int dc_worker_run(const struct dc_config *c)
 		LOG_ERROR("decode", "%s", e.msg);
 		goto out_kvx;
 	}
+	if (w.model && model_kv_on_device(w.model)) {
+		/* prefill writes into the UCX pool (host); page-locked, its blocks reach the device pool
+		 * by DMA when a sequence joins */
+		size_t bytes = (size_t)w.pool.n_blocks * w.pool.block_bytes;
+		if (model_host_pin(w.model, w.pool.base, bytes, &e))
+			LOG_WARN("decode", "%s: KV uploads to the device will be slower", e.msg);
+		else
+			w.pool_pinned = true;
+	}
 	update_gauges(&w);
+	if (w.model && (c->kv_staged || model_kv_on_device(w.model)))
+		em.staged_bytes =
+		    metrics_counter(w.reg, "tandem_decode_kv_staged_bytes_total", NULL,
+		                    "Staged KV: prompt bytes copied from the UCX pool into the model's pool");
 	struct dc_engine_opts eo = {.model = w.model,
+	                            .kv_staged = c->kv_staged,
 	                            .tok = w.tok,
 	                            .pool = &w.pool,
 	                            .max_batch = (uint32_t)c->max_batch,
@@ -1177,17 +1220,20 @@ int dc_worker_run(const struct dc_config *c)
 		uv_run(w.loop, UV_RUN_DEFAULT);
 		goto out_pool;
 	}
-	LOG_INFO("decode",
-	         "%s: engine %s, KV pool %u blocks x %zu bytes (%.1f MiB), layout %s fingerprint %016llx, "
-	         "metrics on port %d, router %s",
-	         c->name, c->engine, w.pool.n_blocks, w.pool.block_bytes,
-	         (double)w.pool.n_blocks * (double)w.pool.block_bytes / 1048576.0, w.layout.arch,
-	         (unsigned long long)w.layout.fingerprint, runtime_metrics_port(w.rt), c->router);
+	LOG_INFO(
+	    "decode",
+	    "%s: engine %s (backend %s), KV pool %u blocks x %zu bytes (%.1f MiB), layout %s fingerprint "
+	    "%016llx, metrics on port %d, router %s",
+	    c->name, c->engine, trivial ? "none" : c->backend, w.pool.n_blocks, w.pool.block_bytes,
+	    (double)w.pool.n_blocks * (double)w.pool.block_bytes / 1048576.0, w.layout.arch,
+	    (unsigned long long)w.layout.fingerprint, runtime_metrics_port(w.rt), c->router);
 	uv_run(w.loop, UV_RUN_DEFAULT);
 	w.exit_code = 0;
 out_pool:
 	uv_run(w.loop, UV_RUN_NOWAIT);
 	quarantine_scan(&w, true); /* exiting: the pool goes away with its blocks */
+	if (w.pool_pinned)
+		model_host_unpin(w.model, w.pool.base);
 	kv_pool_fini(&w.pool, w.kvx);
 out_kvx:
 	kvx_destroy(w.kvx);

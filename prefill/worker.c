@@ -61,6 +61,7 @@ void pf_config_default(struct pf_config *c)
 	snprintf(c->engine, sizeof(c->engine), "model");
 	snprintf(c->kv_dtype, sizeof(c->kv_dtype), "f32");
 	snprintf(c->log_level, sizeof(c->log_level), "info");
+	snprintf(c->backend, sizeof(c->backend), "cpu");
 	c->threads = 1;
 	c->tp = 1;
 	c->local_blocks = 256;
@@ -520,6 +521,20 @@ int pf_worker_run(const struct pf_config *c)
 		mo.n_threads = c->threads;
 		mo.tp = c->tp;
 		mo.kv_dtype = strcmp(c->kv_dtype, "bf16") == 0 ? MODEL_KV_BF16 : MODEL_KV_F32;
+		if (strcmp(c->backend, "cpu") != 0 && strcmp(c->backend, "cuda") != 0) {
+			LOG_ERROR("prefill", "backend '%s': expected \"cpu\" or \"cuda\"", c->backend);
+			return 2;
+		}
+		if (strcmp(c->backend, "cuda") == 0) {
+			/* every device buffer is sized here from the limits, never per request: a step has
+			 * at most max_tokens_per_step tokens of max_batch prompts of max_seq_len tokens */
+			mo.backend = MODEL_BACKEND_CUDA;
+			mo.device = c->device;
+			mo.mem_fraction = (float)c->mem_fraction;
+			mo.max_tokens = c->max_tokens_per_step;
+			mo.max_seqs = c->max_batch;
+			mo.max_ctx = c->max_seq_len > 0 ? c->max_seq_len : 4096;
+		}
 		if (model_load(&w.model, c->model, &mo, &e)) {
 			LOG_ERROR("prefill", "cannot load model: %s", e.msg);
 			return 2;
@@ -548,6 +563,11 @@ int pf_worker_run(const struct pf_config *c)
 	                            .max_batch = (uint32_t)c->max_batch,
 	                            .trivial_step_us = (uint32_t)c->trivial_step_us,
 	                            .flush_timeout_ms = (uint32_t)c->flush_timeout_ms,
+	                            .kv_staged = c->kv_staged,
+	                            .max_seq_len =
+	                                w.model && model_get_opts(w.model)->backend == MODEL_BACKEND_CUDA
+	                                    ? (uint32_t)model_get_opts(w.model)->max_ctx
+	                                    : (uint32_t)c->max_seq_len,
 	                            .kvx = w.kvx,
 	                            .loop = w.loop,
 	                            .done_cb = job_done_cb,
@@ -562,6 +582,12 @@ int pf_worker_run(const struct pf_config *c)
 	eo.metrics.transfer_seconds = metrics_histogram(w.reg, "tandem_kv_transfer_seconds", NULL,
 	                                                "Per request: first KV put to remote completion",
 	                                                metrics_latency_bounds, metrics_n_latency_bounds);
+	if (w.model && (c->kv_staged || model_kv_on_device(w.model)))
+		eo.metrics.stage_seconds =
+		    metrics_histogram(w.reg, "tandem_prefill_kv_stage_seconds", NULL,
+		                      "Staged KV: copy of a step's finished blocks from the model's pool to "
+		                      "the UCX staging copy",
+		                      metrics_latency_bounds, metrics_n_latency_bounds);
 	if (pf_engine_create(&eo, &w.eng, &e)) {
 		LOG_ERROR("prefill", "cannot start the engine: %s", e.msg);
 		goto out_kvx;

@@ -14,6 +14,8 @@ struct sel_rec {
 	int n_layers, n_tok, k;
 	int64_t D;
 	int32_t *moe; /* [layer][tok][k], sorted; -1 where the layer has no MoE */
+	int32_t *moe_raw; /* [layer][tok][k] in the router's order, with ... */
+	float *moe_w; /* ... their weights (printed at a differing choice) */
 	int32_t *isel; /* [layer][tok][SEL_MAXK], -1 padded; -2 where the layer has no indexer */
 	float *hid; /* [layer + 1][tok][D]: after each layer (index layer + 1), embeddings at 0 */
 };
@@ -28,11 +30,15 @@ static inline void sel_moe_cb(void *user, int layer, int n_tokens, int k, const 
                               const float *w)
 {
 	struct sel_rec *r = user;
-	(void)w;
 	if (layer < 0 || layer >= r->n_layers || n_tokens != r->n_tok || k != r->k)
 		return;
 	int32_t *d = r->moe + (size_t)layer * r->n_tok * r->k;
 	memcpy(d, experts, sizeof(int32_t) * (size_t)n_tokens * (size_t)k);
+	memcpy(r->moe_raw + (size_t)layer * r->n_tok * r->k, experts,
+	       sizeof(int32_t) * (size_t)n_tokens * (size_t)k);
+	if (w)
+		memcpy(r->moe_w + (size_t)layer * r->n_tok * r->k, w,
+		       sizeof(float) * (size_t)n_tokens * (size_t)k);
 	for (int t = 0; t < n_tokens; t++)
 		qsort(d + (size_t)t * k, (size_t)k, sizeof(int32_t), sel_cmp_i32);
 }
@@ -62,6 +68,8 @@ static inline void sel_hid_cb(void *user, int layer, int n_tokens, int64_t D, co
 static inline void sel_rec_free(struct sel_rec *r)
 {
 	free(r->moe);
+	free(r->moe_raw);
+	free(r->moe_w);
 	free(r->isel);
 	free(r->hid);
 	memset(r, 0, sizeof(*r));
@@ -79,12 +87,14 @@ static inline int sel_run(struct model *m, struct model_kv *kv, struct tseq *s, 
 	r->k = hp->n_expert_used > 0 ? hp->n_expert_used : 1;
 	r->D = hp->D;
 	r->moe = malloc(sizeof(int32_t) * (size_t)r->n_layers * n * r->k);
+	r->moe_raw = calloc((size_t)r->n_layers * n * r->k, sizeof(int32_t));
+	r->moe_w = calloc((size_t)r->n_layers * n * r->k, sizeof(float));
 	r->isel = malloc(sizeof(int32_t) * (size_t)r->n_layers * n * SEL_MAXK);
 	r->hid = calloc((size_t)(r->n_layers + 1) * n * (size_t)r->D, sizeof(float));
 	int32_t *seq = calloc((size_t)n, sizeof(int32_t)), *pos = malloc(sizeof(int32_t) * (size_t)n);
 	uint8_t *want = malloc((size_t)n);
 	int rc = -1;
-	if (!r->moe || !r->isel || !r->hid || !seq || !pos || !want)
+	if (!r->moe || !r->moe_raw || !r->moe_w || !r->isel || !r->hid || !seq || !pos || !want)
 		goto out;
 	for (size_t i = 0; i < (size_t)r->n_layers * n * r->k; i++)
 		r->moe[i] = -1;
@@ -141,6 +151,31 @@ static inline int sel_first_flip(const struct sel_rec *a, const struct sel_rec *
 				first = t, *layer = l, *kind = d;
 		}
 	return first;
+}
+
+/* Prints both records' router choice (ids and weights, router order) of layer l at token t, and how
+ * far apart the layer's input hidden states are there: a near-tie fed by rounding shows a small
+ * input difference; a large one points at an earlier layer. */
+static inline void sel_print_moe(const char *what, const struct sel_rec *a, const struct sel_rec *b, int l,
+                                 int t)
+{
+	size_t o = ((size_t)l * a->n_tok + (size_t)t) * a->k;
+	const struct sel_rec *rs[2] = {a, b};
+	for (int i = 0; i < 2; i++) {
+		printf("%-22s   layer %d token %d router (%s):", what, l, t, i ? "cuda" : "cpu");
+		for (int j = 0; j < a->k; j++)
+			printf(" %d:%.5f", rs[i]->moe_raw[o + j], rs[i]->moe_w[o + j]);
+		printf("\n");
+	}
+	const float *ha = a->hid + ((size_t)l * a->n_tok + (size_t)t) * a->D;
+	const float *hb = b->hid + ((size_t)l * a->n_tok + (size_t)t) * a->D;
+	double d = 0, m = 0;
+	for (int64_t i = 0; i < a->D; i++) {
+		double x = fabs((double)ha[i] - hb[i]);
+		d = x > d ? x : d;
+		m = fabs(ha[i]) > m ? fabs(ha[i]) : m;
+	}
+	printf("%-22s   layer %d input at token %d: max|d| %.3g (max|h| %.3g)\n", what, l, t, d, m);
 }
 
 #endif

@@ -139,6 +139,8 @@ static void test_logits(const char *stem, struct model *mc, struct model *mg, js
 			       : fk == 2 ? "indexer"
 			                 : "none",
 			       d_before);
+		if (chunk == n && fk == 1)
+			sel_print_moe(stem, &rc_cpu, &rc_gpu, fl, flip);
 		if (worst >= 0 && d_before > tol &&
 		    chunk == n) { /* locate: hidden state per layer at that token */
 			printf("%-22s   token %d, max|d| of the hidden state after layer:", stem, worst);

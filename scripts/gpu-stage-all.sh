@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Stages everything one GPU session runs (scripts/gpu-all.sh) into DEST (default .carry-all), for a
+# GPU machine that builds nothing: the CUDA build's binaries, stripped and packed as bins.tar.xz
+# (laid out like a build folder, so the e2e scripts run them with BUILD=DEST/b), the shared
+# libraries the device image lacks, and gpu-all.sh itself. The tree + carry must stay under 64 MiB.
+#   make BUILD=build-cuda CUDA_ARCHS=90 -j2 all && scripts/gpu-stage-all.sh
+set -eu
+cd "$(dirname "$0")/.."
+DEST=${1:-.carry-all}
+BUILD=${BUILD:-build-cuda}
+rm -rf "$DEST"
+mkdir -p "$DEST/lib" "$DEST/stage/tests" "$DEST/stage/bench"
+for f in tandem tandem-router tandem-prefill tandem-decode; do
+	[ -x "$BUILD/$f" ] && strip -o "$DEST/stage/$f" "$BUILD/$f"
+done
+for f in "$BUILD"/tests/test_*; do
+	[ -x "$f" ] && strip -o "$DEST/stage/tests/$(basename "$f")" "$f"
+done
+for f in "$BUILD"/bench/bench_*; do
+	[ -x "$f" ] && strip -o "$DEST/stage/bench/$(basename "$f")" "$f"
+done
+tar -C "$DEST/stage" -cJf "$DEST/bins.tar.xz" .
+rm -rf "$DEST/stage"
+for l in libuv.so.1 libprotobuf-c.so.1 libutf8proc.so.2; do
+	[ -e /usr/lib/x86_64-linux-gnu/$l ] && cp -L /usr/lib/x86_64-linux-gnu/$l "$DEST/lib/"
+done
+cp scripts/gpu-all.sh "$DEST/"
+du -sh "$DEST" "$DEST"/*
