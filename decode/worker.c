@@ -58,6 +58,7 @@
 #include "common/net/runtime.h"
 #include "common/net/session.h"
 #include "common/net/trivial.h"
+#include "common/net/wlife.h"
 #include "common/tok/tok.h"
 #include "decode/engine.h"
 #include "decode/pool.h"
@@ -120,7 +121,6 @@ struct dc_worker {
 	struct kv_pool pool;
 	bool pool_pinned; /* pool.base page-locked for the model's device (model_host_pin) */
 	struct dc_engine *eng;
-	struct session *sess;
 	struct runtime *rt;
 	struct metrics *reg;
 	struct msg_kv_layout layout;
@@ -132,14 +132,13 @@ struct dc_worker {
 	struct dreq *quarantine; /* released reservations whose blocks a prefill may still write */
 	uint32_t n_quarantined_blocks;
 	uint32_t n_reserved, n_running;
-	bool draining, stopping;
+	struct wlife life; /* registration, readiness, drain, stop (common/net/wlife.h) */
 	uv_poll_t ucx_poll;
 	bool ucx_poll_on;
 	uv_timer_t tick; /* reservation deadlines */
-	uv_timer_t drain_timer;
 	struct metric *m_blocks_used, *m_blocks_free, *m_reserved;
 	struct metric *m_fin_stop, *m_fin_length, *m_fin_cancelled, *m_fin_error;
-	struct metric *m_refused, *m_released, *m_expired, *m_checksum_bad, *m_kv_rx_bytes, *m_registered;
+	struct metric *m_refused, *m_released, *m_expired, *m_checksum_bad, *m_kv_rx_bytes;
 	struct metric *m_ttft_decode; /* KvReady to first decode token */
 	struct metric *m_quarantined, *m_fenced, *m_quarantine_expired, *m_stale_fences;
 	uint32_t test_verify_delay_us, test_verify_min_tokens; /* TANDEM_TEST_VERIFY_DELAY, tests only */
@@ -191,8 +190,6 @@ static void update_gauges(struct dc_worker *w)
 	metrics_set(w->m_reserved, w->n_reserved);
 	metrics_set(w->m_quarantined, w->n_quarantined_blocks);
 }
-
-static void maybe_finish_drain(struct dc_worker *w);
 
 /* the one place blocks go back to the pool */
 static void blocks_return(struct dc_worker *w, struct dreq *d)
@@ -255,14 +252,14 @@ static void dreq_end(struct dc_worker *w, struct dreq *d, bool maybe_writer)
 			    "rid=%llu %u blocks quarantined until the prefill fences them (at most %llu ms)",
 			    (unsigned long long)d->rid, d->n_blocks, (unsigned long long)d->quarantine_ms);
 			update_gauges(w);
-			maybe_finish_drain(w);
+			wlife_maybe_finish_drain(&w->life);
 			return;
 		}
 		metrics_add(w->m_fenced, 1);
 	}
 	blocks_return(w, d);
 	update_gauges(w);
-	maybe_finish_drain(w);
+	wlife_maybe_finish_drain(&w->life);
 }
 
 static void dreq_free(struct dc_worker *w, struct dreq *d)
@@ -311,7 +308,7 @@ static void quarantine_scan(struct dc_worker *w, bool all)
 static void send_msg(struct dc_worker *w, const struct msg *m, uint64_t rid)
 {
 	struct errbuf e;
-	if (session_send(w->sess, m, &e))
+	if (session_send(w->life.sess, m, &e))
 		LOG_DEBUG("decode", "rid=%llu %s not sent: %s", (unsigned long long)rid,
 		          msg_type_name(m->type), e.msg);
 }
@@ -439,7 +436,7 @@ static void on_kv_reserve(struct dc_worker *w, const struct msg_kv_reserve *r)
 		held->stale_fence_seen = false;
 		return;
 	}
-	if (w->draining) {
+	if (w->life.draining) {
 		code = MSG_ERR_DRAINING;
 		snprintf(why, sizeof(why), "worker is draining");
 		goto refuse;
@@ -755,8 +752,6 @@ static void cancel_all(struct dc_worker *w, int code, bool tell_router)
 	}
 }
 
-static void start_drain(struct dc_worker *w, uint32_t deadline_ms);
-
 static int on_msg(void *ud, struct msg *m)
 {
 	struct dc_worker *w = ud;
@@ -788,7 +783,6 @@ static int on_msg(void *ud, struct msg *m)
 		}
 		return 0;
 	}
-	case MSG_DRAIN: start_drain(w, m->u.drain.deadline_ms); return 0;
 	case MSG_ERROR:
 		LOG_WARN("decode", "router reports%s%llu: %s (%s)", m->u.error.has_rid ? " rid=" : " ",
 		         (unsigned long long)m->u.error.rid, m->u.error.message,
@@ -878,55 +872,40 @@ static void fill_heartbeat(void *ud, struct msg_heartbeat *hb)
 	hb->used_blocks = w->pool.n_blocks - w->pool.n_free;
 	hb->running_seqs = w->n_running;
 	hb->queued_requests = w->n_reserved;
-	hb->draining = w->draining;
 }
 
-static void write_ready_file(struct dc_worker *w)
-{
-	if (!w->c->ready_file[0])
-		return;
-	char tmp[1100];
-	snprintf(tmp, sizeof(tmp), "%s.tmp", w->c->ready_file);
-	FILE *f = fopen(tmp, "w");
-	if (!f) {
-		LOG_WARN("decode", "cannot write ready file %s", tmp);
-		return;
-	}
-	fprintf(
-	    f,
-	    "{\"pid\": %d, \"metrics_port\": %d, \"name\": \"%s\", \"worker_id\": %u, \"kv_blocks\": %u}\n",
-	    (int)getpid(), runtime_metrics_port(w->rt), w->c->name, session_worker_id(w->sess),
-	    w->pool.n_blocks);
-	fclose(f);
-	rename(tmp, w->c->ready_file);
-}
-
-static void on_registered(void *ud, const struct msg_hello_ack *ack)
+/* the ready file also says how large the pool is (tests size their requests by it) */
+static void ready_extra(void *ud, char *buf, size_t n)
 {
 	struct dc_worker *w = ud;
-	metrics_set(w->m_registered, 1);
-	runtime_notify_ready(w->rt);
-	write_ready_file(w);
+	snprintf(buf, n, ", \"kv_blocks\": %u", w->pool.n_blocks);
 }
 
 static void on_lost(void *ud, const char *why)
 {
 	struct dc_worker *w = ud;
-	metrics_set(w->m_registered, 0);
 	/* the router failed every request it had placed here: free what we hold for them */
 	cancel_all(w, MSG_ERR_CANCELLED, false);
 }
 
 /* ---- drain / stop ---------------------------------------------------------------------------- */
 
-static void stop_all(struct dc_worker *w)
+/* wlife callbacks (common/net/wlife.h) */
+static bool is_idle(void *ud)
 {
-	if (w->stopping)
-		return;
-	w->stopping = true;
-	runtime_notify_stopping(w->rt);
-	uv_timer_stop(&w->drain_timer);
-	uv_close((uv_handle_t *)&w->drain_timer, NULL);
+	struct dc_worker *w = ud;
+	return w->n_reserved == 0 && w->n_running == 0;
+}
+
+static void describe(void *ud, char *buf, size_t n)
+{
+	struct dc_worker *w = ud;
+	snprintf(buf, n, "%u running and %u reserved requests", w->n_running, w->n_reserved);
+}
+
+static void stop_engine(void *ud)
+{
+	struct dc_worker *w = ud;
 	uv_close((uv_handle_t *)&w->tick, NULL);
 	/* running sequences come back as FINISH(ERROR, DRAINING) and are reported and freed */
 	dc_engine_destroy(w->eng);
@@ -934,55 +913,6 @@ static void stop_all(struct dc_worker *w)
 	cancel_all(w, MSG_ERR_DRAINING, true); /* reservations still waiting for KV */
 	if (w->ucx_poll_on)
 		uv_close((uv_handle_t *)&w->ucx_poll, NULL);
-	session_stop(w->sess);
-	runtime_stop(w->rt);
-}
-
-static void maybe_finish_drain(struct dc_worker *w)
-{
-	if (w->draining && !w->stopping && w->n_reserved == 0 && w->n_running == 0) {
-		LOG_INFO("decode", "drained: no requests left; exiting");
-		stop_all(w);
-	}
-}
-
-static void drain_timeout_cb(uv_timer_t *t)
-{
-	struct dc_worker *w = t->data;
-	LOG_WARN("decode", "drain deadline passed with %u running and %u reserved requests: failing them",
-	         w->n_running, w->n_reserved);
-	stop_all(w);
-}
-
-static void start_drain(struct dc_worker *w, uint32_t deadline_ms)
-{
-	if (w->draining)
-		return;
-	w->draining = true;
-	uint32_t ms = deadline_ms && deadline_ms < (uint32_t)w->c->drain_timeout_ms
-	                  ? deadline_ms
-	                  : (uint32_t)w->c->drain_timeout_ms;
-	LOG_INFO("decode", "draining: %u running, %u reserved, deadline %u ms", w->n_running, w->n_reserved,
-	         ms);
-	struct msg m;
-	msg_init(&m, MSG_DRAIN);
-	m.u.drain.deadline_ms = ms;
-	struct errbuf e;
-	if (session_send(w->sess, &m, &e) == 0)
-		session_heartbeat_now(w->sess);
-	uv_timer_start(&w->drain_timer, drain_timeout_cb, ms, 0);
-	maybe_finish_drain(w);
-}
-
-static void on_signal(void *ud, int signum)
-{
-	start_drain(ud, 0);
-}
-
-static bool is_ready(void *ud)
-{
-	struct dc_worker *w = ud;
-	return w->sess && session_is_registered(w->sess) && !w->draining;
 }
 
 static bool is_healthy(void *ud)
@@ -1018,8 +948,14 @@ static void register_metrics(struct dc_worker *w, struct dc_metrics *em)
 	                                    "Received KV that failed its checksum/content check");
 	w->m_kv_rx_bytes = metrics_counter(r, "tandem_kv_received_bytes_total", NULL,
 	                                   "Prompt KV bytes received from prefill workers");
-	w->m_registered =
-	    metrics_gauge(r, "tandem_worker_registered", NULL, "1 while registered with the router");
+	struct wlife_cbs lc = {.is_idle_cb = is_idle,
+	                       .is_healthy_cb = is_healthy,
+	                       .describe_cb = describe,
+	                       .stop_cb = stop_engine,
+	                       .ready_extra_cb = ready_extra,
+	                       .ud = w};
+	wlife_init(&w->life, "decode", w->c->name, w->c->ready_file, (uint32_t)w->c->drain_timeout_ms,
+	           "failing them", r, &lc);
 	w->m_quarantined =
 	    metrics_gauge(r, "tandem_kv_blocks_quarantined", NULL,
 	                  "KV blocks of released reservations waiting for the prefill's fence");
@@ -1185,10 +1121,10 @@ int dc_worker_run(const struct dc_config *c)
 	}
 	struct runtime_opts ro = {.metrics_addr = c->metrics,
 	                          .metrics = w.reg,
-	                          .is_ready_cb = is_ready,
-	                          .is_healthy_cb = is_healthy,
-	                          .on_signal_cb = on_signal,
-	                          .ud = &w};
+	                          .is_ready_cb = wlife_is_ready_cb,
+	                          .is_healthy_cb = wlife_is_healthy_cb,
+	                          .on_signal_cb = wlife_on_signal_cb,
+	                          .ud = &w.life};
 	if (runtime_start(w.loop, &ro, &w.rt, &e)) {
 		LOG_ERROR("decode", "%s", e.msg);
 		dc_engine_destroy(w.eng);
@@ -1197,8 +1133,7 @@ int dc_worker_run(const struct dc_config *c)
 	uv_timer_init(w.loop, &w.tick);
 	w.tick.data = &w;
 	uv_timer_start(&w.tick, tick_cb, 100, 100);
-	uv_timer_init(w.loop, &w.drain_timer);
-	w.drain_timer.data = &w;
+	wlife_start(&w.life, w.loop, w.rt);
 	if (uv_poll_init(w.loop, &w.ucx_poll, kvx_efd(w.kvx)) == 0) {
 		w.ucx_poll.data = &w;
 		uv_poll_start(&w.ucx_poll, UV_READABLE, ucx_poll_cb);
@@ -1208,15 +1143,13 @@ int dc_worker_run(const struct dc_config *c)
 	struct session_opts so = {.router_addr = c->router, .heartbeat_ms = (uint32_t)c->heartbeat_ms};
 	struct session_cbs sc = {.fill_hello_cb = fill_hello,
 	                         .fill_heartbeat_cb = fill_heartbeat,
-	                         .on_registered_cb = on_registered,
 	                         .on_msg_cb = on_msg,
 	                         .on_lost_cb = on_lost,
 	                         .ud = &w};
-	if (session_start(w.loop, &so, &sc, &w.sess, &e)) {
+	if (wlife_start_session(&w.life, w.loop, &so, &sc, &e)) {
 		LOG_ERROR("decode", "%s", e.msg);
-		w.sess = NULL;
-		w.draining = true;
-		stop_all(&w);
+		w.life.draining = true;
+		wlife_stop(&w.life);
 		uv_run(w.loop, UV_RUN_DEFAULT);
 		goto out_pool;
 	}
@@ -1241,7 +1174,6 @@ out_model:
 	tok_destroy(w.tok);
 	model_destroy(w.model);
 	metrics_destroy(w.reg);
-	if (c->ready_file[0])
-		unlink(c->ready_file);
+	wlife_fini(&w.life);
 	return w.exit_code;
 }

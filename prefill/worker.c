@@ -16,6 +16,7 @@
 #include "common/net/metrics.h"
 #include "common/net/runtime.h"
 #include "common/net/session.h"
+#include "common/net/wlife.h"
 #include "prefill/engine.h"
 
 #define MAP_BUCKETS 1024
@@ -33,7 +34,6 @@ struct pf_worker {
 	struct model *model;
 	struct kvx *kvx;
 	struct pf_engine *eng;
-	struct session *sess;
 	struct runtime *rt;
 	struct metrics *reg;
 	struct msg_kv_layout layout;
@@ -42,13 +42,10 @@ struct pf_worker {
 	struct pf_job *map[MAP_BUCKETS];
 	uint64_t queued_tokens;
 	uint32_t n_inflight;
-	bool draining;
-	bool stopping;
-	uv_timer_t drain_timer;
+	struct wlife life; /* registration, readiness, drain, stop (common/net/wlife.h) */
 	uv_timer_t idle_check;
 	struct metric *m_req_ok, *m_req_failed, *m_req_cancelled, *m_req_refused;
 	struct metric *m_queue_tokens, *m_inflight;
-	struct metric *m_registered;
 	int exit_code;
 };
 
@@ -94,7 +91,7 @@ static void send_error(struct pf_worker *w, uint64_t rid, int code, const char *
 	m.u.error.code = code;
 	snprintf(m.u.error.message, sizeof(m.u.error.message), "%s: %s", w->c->name, text);
 	struct errbuf e;
-	if (session_send(w->sess, &m, &e))
+	if (session_send(w->life.sess, &m, &e))
 		LOG_WARN("prefill", "rid=%llu error not sent to the router: %s", (unsigned long long)rid,
 		         e.msg);
 }
@@ -104,8 +101,6 @@ static void update_gauges(struct pf_worker *w)
 	metrics_set(w->m_queue_tokens, (double)w->queued_tokens);
 	metrics_set(w->m_inflight, w->n_inflight);
 }
-
-static void maybe_finish_drain(struct pf_worker *w);
 
 /* engine -> loop: a job is done (or failed, or was cancelled) */
 static void job_done_cb(struct pf_job *j, void *ud)
@@ -138,7 +133,7 @@ static void job_done_cb(struct pf_job *j, void *ud)
 		d->prefill_us = j->prefill_us;
 		d->transfer_us = j->transfer_us;
 		struct errbuf e;
-		if (session_send(w->sess, &m, &e))
+		if (session_send(w->life.sess, &m, &e))
 			LOG_WARN("prefill", "rid=%llu PrefillDone not sent: %s", (unsigned long long)j->rid,
 			         e.msg);
 		LOG_INFO("prefill",
@@ -154,7 +149,7 @@ static void job_done_cb(struct pf_job *j, void *ud)
 		metrics_add(w->m_req_failed, 1);
 	}
 	pf_job_free(j);
-	maybe_finish_drain(w);
+	wlife_maybe_finish_drain(&w->life);
 }
 
 /* ---- requests ----------------------------------------------------------------------------------- */
@@ -173,7 +168,7 @@ static void *dup_bytes(const void *p, size_t n)
  * that is not possible (no fences on the target, no engine, out of memory): Error at once. */
 static bool fence_refused(struct pf_worker *w, const struct msg_prefill_request *r, int code, const char *why)
 {
-	if (!w->eng || w->stopping || !r->target_region.fence_addr || !r->n_block_ids ||
+	if (!w->eng || w->life.stopping || !r->target_region.fence_addr || !r->n_block_ids ||
 	    !r->target_ucx_address_len || !r->target_region.rkey_len)
 		return false;
 	struct pf_job *j = calloc(1, sizeof(*j));
@@ -208,7 +203,7 @@ static void on_prefill_request(struct pf_worker *w, const struct msg_prefill_req
 	int code = MSG_ERR_INVALID_REQUEST;
 	uint32_t vocab = pf_engine_vocab(w->eng);
 	uint32_t bs = w->layout.block_size;
-	if (w->draining) {
+	if (w->life.draining) {
 		code = MSG_ERR_DRAINING;
 		snprintf(why, sizeof(why), "worker is draining");
 		goto refuse;
@@ -317,8 +312,6 @@ static void cancel_all(struct pf_worker *w)
 		}
 }
 
-static void start_drain(struct pf_worker *w, uint32_t deadline_ms);
-
 static int on_msg(void *ud, struct msg *m)
 {
 	struct pf_worker *w = ud;
@@ -332,7 +325,6 @@ static int on_msg(void *ud, struct msg *m)
 		}
 		return 0;
 	}
-	case MSG_DRAIN: start_drain(w, m->u.drain.deadline_ms); return 0;
 	case MSG_ERROR:
 		LOG_WARN("prefill", "router reports%s%llu: %s (%s)", m->u.error.has_rid ? " rid=" : " ",
 		         (unsigned long long)m->u.error.rid, m->u.error.message,
@@ -373,103 +365,36 @@ static void fill_heartbeat(void *ud, struct msg_heartbeat *hb)
 	hb->queued_tokens = w->queued_tokens;
 	hb->running_seqs = w->n_inflight;
 	hb->queued_requests = w->n_inflight;
-	hb->draining = w->draining;
-}
-
-static void write_ready_file(struct pf_worker *w)
-{
-	if (!w->c->ready_file[0])
-		return;
-	char tmp[1100];
-	snprintf(tmp, sizeof(tmp), "%s.tmp", w->c->ready_file);
-	FILE *f = fopen(tmp, "w");
-	if (!f) {
-		LOG_WARN("prefill", "cannot write ready file %s", tmp);
-		return;
-	}
-	fprintf(f, "{\"pid\": %d, \"metrics_port\": %d, \"name\": \"%s\", \"worker_id\": %u}\n",
-	        (int)getpid(), runtime_metrics_port(w->rt), w->c->name, session_worker_id(w->sess));
-	fclose(f);
-	rename(tmp, w->c->ready_file);
-}
-
-static void on_registered(void *ud, const struct msg_hello_ack *ack)
-{
-	struct pf_worker *w = ud;
-	metrics_set(w->m_registered, 1);
-	runtime_notify_ready(w->rt);
-	write_ready_file(w);
 }
 
 static void on_lost(void *ud, const char *why)
 {
 	struct pf_worker *w = ud;
-	metrics_set(w->m_registered, 0);
 	/* the router has failed our requests already: stop working on them */
 	cancel_all(w);
 }
 
 /* ---- drain / stop ------------------------------------------------------------------------------- */
 
-static void stop_all(struct pf_worker *w)
-{
-	if (w->stopping)
-		return;
-	w->stopping = true;
-	runtime_notify_stopping(w->rt);
-	uv_timer_stop(&w->drain_timer);
-	uv_close((uv_handle_t *)&w->drain_timer, NULL);
-	pf_engine_destroy(w->eng); /* returns in-flight jobs through job_done_cb */
-	w->eng = NULL;
-	session_stop(w->sess);
-	runtime_stop(w->rt);
-}
-
-static void maybe_finish_drain(struct pf_worker *w)
-{
-	if (w->draining && !w->stopping && w->n_inflight == 0) {
-		LOG_INFO("prefill", "drained: no requests in flight; exiting");
-		stop_all(w);
-	}
-}
-
-static void drain_timeout_cb(uv_timer_t *t)
-{
-	struct pf_worker *w = t->data;
-	LOG_WARN("prefill",
-	         "drain deadline passed with %u requests in flight: handing them back to the router",
-	         w->n_inflight);
-	stop_all(w); /* the engine fails what is left with DRAINING: the router re-prefills elsewhere */
-}
-
-static void start_drain(struct pf_worker *w, uint32_t deadline_ms)
-{
-	if (w->draining)
-		return;
-	w->draining = true;
-	uint32_t ms = deadline_ms && deadline_ms < (uint32_t)w->c->drain_timeout_ms
-	                  ? deadline_ms
-	                  : (uint32_t)w->c->drain_timeout_ms;
-	LOG_INFO("prefill", "draining: %u requests in flight, deadline %u ms", w->n_inflight, ms);
-	struct msg m;
-	msg_init(&m, MSG_DRAIN);
-	m.u.drain.deadline_ms = ms;
-	struct errbuf e;
-	if (session_send(w->sess, &m, &e) == 0)
-		session_heartbeat_now(w->sess);
-	uv_timer_start(&w->drain_timer, drain_timeout_cb, ms, 0);
-	maybe_finish_drain(w);
-}
-
-static void on_signal(void *ud, int signum)
-{
-	start_drain(ud, 0);
-}
-
-static bool is_ready(void *ud)
+/* wlife callbacks (common/net/wlife.h) */
+static bool is_idle(void *ud)
 {
 	struct pf_worker *w = ud;
-	return w->sess && session_is_registered(w->sess) && !w->draining;
+	return w->n_inflight == 0;
+}
+
+static void describe(void *ud, char *buf, size_t n)
+{
+	struct pf_worker *w = ud;
+	snprintf(buf, n, "%u requests in flight", w->n_inflight);
+}
+
+/* the engine fails what is left with DRAINING: the router re-prefills elsewhere */
+static void stop_engine(void *ud)
+{
+	struct pf_worker *w = ud;
+	pf_engine_destroy(w->eng); /* returns in-flight jobs through job_done_cb */
+	w->eng = NULL;
 }
 
 static bool is_healthy(void *ud)
@@ -496,8 +421,13 @@ static void register_metrics(struct pf_worker *w)
 	    metrics_gauge(r, "tandem_prefill_queue_tokens", NULL, "Prompt tokens queued or in progress");
 	w->m_inflight =
 	    metrics_gauge(r, "tandem_prefill_requests_in_flight", NULL, "Prefill requests queued or running");
-	w->m_registered =
-	    metrics_gauge(r, "tandem_worker_registered", NULL, "1 while registered with the router");
+	struct wlife_cbs lc = {.is_idle_cb = is_idle,
+	                       .is_healthy_cb = is_healthy,
+	                       .describe_cb = describe,
+	                       .stop_cb = stop_engine,
+	                       .ud = w};
+	wlife_init(&w->life, "prefill", w->c->name, w->c->ready_file, (uint32_t)w->c->drain_timeout_ms,
+	           "handing them back to the router", r, &lc);
 }
 
 int pf_worker_run(const struct pf_config *c)
@@ -595,27 +525,24 @@ int pf_worker_run(const struct pf_config *c)
 	pf_engine_layout(w.eng, &w.layout);
 	struct runtime_opts ro = {.metrics_addr = c->metrics,
 	                          .metrics = w.reg,
-	                          .is_ready_cb = is_ready,
-	                          .is_healthy_cb = is_healthy,
-	                          .on_signal_cb = on_signal,
-	                          .ud = &w};
+	                          .is_ready_cb = wlife_is_ready_cb,
+	                          .is_healthy_cb = wlife_is_healthy_cb,
+	                          .on_signal_cb = wlife_on_signal_cb,
+	                          .ud = &w.life};
 	if (runtime_start(w.loop, &ro, &w.rt, &e)) {
 		LOG_ERROR("prefill", "%s", e.msg);
 		pf_engine_destroy(w.eng);
 		goto out_kvx;
 	}
-	uv_timer_init(w.loop, &w.drain_timer);
-	w.drain_timer.data = &w;
+	wlife_start(&w.life, w.loop, w.rt);
 	struct session_opts so = {.router_addr = c->router, .heartbeat_ms = (uint32_t)c->heartbeat_ms};
 	struct session_cbs sc = {.fill_hello_cb = fill_hello,
 	                         .fill_heartbeat_cb = fill_heartbeat,
-	                         .on_registered_cb = on_registered,
 	                         .on_msg_cb = on_msg,
 	                         .on_lost_cb = on_lost,
 	                         .ud = &w};
-	if (session_start(w.loop, &so, &sc, &w.sess, &e)) {
+	if (wlife_start_session(&w.life, w.loop, &so, &sc, &e)) {
 		LOG_ERROR("prefill", "%s", e.msg);
-		w.sess = NULL;
 		runtime_stop(w.rt);
 		pf_engine_destroy(w.eng);
 		goto out_kvx;
@@ -633,7 +560,6 @@ out_kvx:
 out_model:
 	model_destroy(w.model);
 	metrics_destroy(w.reg);
-	if (c->ready_file[0])
-		unlink(c->ready_file);
+	wlife_fini(&w.life);
 	return w.exit_code;
 }
