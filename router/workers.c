@@ -220,7 +220,8 @@ static int op_reserve(struct worker *w, struct req *r, uint32_t n_blocks)
 	r->decode_finished = false;
 	struct msg m;
 	/* the next prefill attempt is the first one into this reservation */
-	fill_reserve(ws, r, rw->fence_attempts ? (uint32_t)r->n_prefill_tries : 0, &m);
+	r->fence_attempt = rw->fence_attempts ? (uint32_t)r->n_prefill_tries : 0;
+	fill_reserve(ws, r, r->fence_attempt, &m);
 	int rc = send_msg(rw, &m);
 	if (rc)
 		map_del(ws, r);
@@ -236,12 +237,14 @@ static int op_prefill(struct worker *w, struct req *r)
 	struct msg m;
 	/* sched counted this attempt already: attempt numbers start at 0 */
 	uint32_t attempt = r->n_prefill_tries > 0 ? (uint32_t)r->n_prefill_tries - 1 : 0;
-	if (dw->fence_attempts && attempt > 0) {
+	if (dw->fence_attempts && attempt > r->fence_attempt) {
 		/* a re-prefill into the same blocks: decode must stop trusting the earlier attempt's
-		 * fence before this attempt can write (tandem.proto KvReserve.attempt) */
+		 * fence before this attempt can write (tandem.proto KvReserve.attempt). A reservation
+		 * made for this attempt (placed again after a lost decode worker) needs no notice. */
 		fill_reserve(rw->ws, r, attempt, &m);
 		if (send_msg(dw, &m))
 			return -EPIPE;
+		r->fence_attempt = attempt;
 		LOG_INFO("workers", "rid=%s prefill attempt %u announced to %s", r->rid, attempt, dw->w.name);
 	}
 	msg_init(&m, MSG_PREFILL_REQUEST);

@@ -497,23 +497,63 @@ int main(void)
 	      "attempt 1 of the same rid on the other prefill worker: %d %d %u", prer.n_prefill,
 	      prer.last_has_attempt, prer.last_attempt);
 	req_destroy(r);
+
+	/* decode-f is lost before decoding (its prefill, prefill-h2, holds): the request is placed
+	 * again on decode-f2 under a new rid whose reservation is made for attempt 1 already, so no
+	 * announcement follows (an equal attempt would be a duplicate reservation), and prefill-h2
+	 * gets attempt 1 */
+	conn_close(prer.c, "test: prefill-r leaves");
+	struct fake preh2 = {.name = "prefill-h2",
+	                     .role = MSG_ROLE_PREFILL,
+	                     .block_size = 16,
+	                     .token = "sesame",
+	                     .hold_prefill = true};
+	struct fake decf2 = {.name = "decode-f2",
+	                     .role = MSG_ROLE_DECODE,
+	                     .block_size = 16,
+	                     .token = "sesame",
+	                     .n_gen = 3,
+	                     .fence_attempts = true};
+	fake_start(&preh2, port);
+	run_while(not_acked, &preh2, 3000);
+	memset(x, 0, sizeof(*x));
+	r = mkreq(12, 40, 3, x);
+	CHECK(sched_submit(s, r) == 0, "submit 5");
+	t0 = uv_hrtime();
+	while (preh2.n_prefill == 0 && uv_hrtime() - t0 < 3000000000ull)
+		uv_run(&loop, UV_RUN_ONCE);
+	CHECK(preh2.n_prefill == 1 && preh2.last_attempt == 0, "attempt 0 on prefill-h2");
+	fake_start(&decf2, port);
+	run_while(not_acked, &decf2, 3000);
+	preh2.hold_prefill = false;
+	conn_close(decf.c, "test: decode-f is lost before decoding");
+	run_while(not_ended, x, 3000);
+	CHECK(x->end == REQ_STATE_DONE && x->n_tokens == 3, "placed again and done: %s %s",
+	      req_state_name(x->end), x->msg);
+	CHECK(decf2.n_reserve == 1 && decf2.n_announce == 0 && decf2.last_attempt == 1,
+	      "reservation made for attempt 1, nothing announced: %d %d %u", decf2.n_reserve,
+	      decf2.n_announce, decf2.last_attempt);
+	CHECK(decf2.error_code == 0, "decode-f2 got no error");
+	CHECK(preh2.n_prefill == 2 && preh2.last_has_attempt && preh2.last_attempt == 1,
+	      "attempt 1 on prefill-h2: %d %u", preh2.n_prefill, preh2.last_attempt);
+	req_destroy(r);
 	free(x);
 
 	char *text = NULL;
 	size_t text_len = 0;
 	CHECK(metrics_render(m, &text, &text_len) == 0, "render");
-	CHECK(text && strstr(text, "tandem_router_kv_transferred_bytes_total 20480\n"),
-	      "kv bytes from PrefillDone (5 of 4096)");
+	CHECK(text && strstr(text, "tandem_router_kv_transferred_bytes_total 24576\n"),
+	      "kv bytes from PrefillDone (6 of 4096)");
 	CHECK(text && strstr(text, "tandem_router_worker_registrations_refused_total 1\n"),
 	      "one layout refusal");
 	free(text);
 
 	if (pre.c)
 		conn_close(pre.c, "test done");
-	if (decf.c)
-		conn_close(decf.c, "test done");
-	if (prer.c)
-		conn_close(prer.c, "test done");
+	if (decf2.c)
+		conn_close(decf2.c, "test done");
+	if (preh2.c)
+		conn_close(preh2.c, "test done");
 	uv_close((uv_handle_t *)&hb, NULL);
 	workers_destroy(ws);
 	sched_destroy(s);
