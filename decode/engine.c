@@ -240,6 +240,8 @@ static int64_t stage_in(struct dc_engine *g, struct dc_seq *s, uint32_t max)
 static void stage_step(struct dc_engine *g)
 {
 	size_t bb = g->kv.layout.block_bytes;
+	if (!g->staging || !bb) /* bb is 0 without a model (trivial engine: never staged) */
+		return;
 	uint64_t budget = g->o.upload_step_bytes ? g->o.upload_step_bytes / bb : UINT64_MAX;
 	bool first = true;
 	while (g->staging) {
