@@ -1,10 +1,13 @@
-/* Timing of the CUDA attention ops at real GLM-5 / DeepSeek shapes: MLA decode (batch 1, C 512,
- * R 64, H 8 / 16 / 64, dense contexts 4096 and 32768, and top-k 2048 of 32768), and the DSA
- * indexer at 32768 and 100000 positions (HI 32, DI 128, K 2048: scores alone and scores + top-k).
- * Prints microseconds per call (mean of 50 after 5 warm-ups, wall clock around a stream sync) and
- * the KV bytes the op must read divided by that time, to compare with the ~4.3 TB/s HBM copy rate
- * of the H200. Pool contents are a constant byte pattern (finite values; timing does not depend on
- * them). Usage: bench_cuda_attn [iterations]. */
+/* Timing of the CUDA attention ops at real GLM-5 / DeepSeek shapes, the fast kernels (default) and
+ * the first ones (TANDEM_CUDA_ATTN=ref) side by side: MLA decode (C 512, R 64, H 8 / 16 / 64,
+ * dense contexts 4096 and 32768, and top-k 2048 of 32768; bf16 and fp32 pools) and the DSA indexer
+ * (HI 32, DI 128, K 2048: scores alone and scores + top-k, 32768 and 100000 positions), each at
+ * batch 1, 8 and 32 (sequences of the same length over their own blocks).
+ * Prints microseconds per call (mean of N after 5 warm-ups, wall clock around a stream sync, so
+ * launch overhead is included), the KV bytes the op must read, GB/s, and that rate as a share of
+ * the device-to-device copy rate measured first (bytes read + written per second by
+ * cudaMemcpyAsync of 1 GiB). Pool contents are a constant byte pattern (finite values; the timing
+ * does not depend on them). Usage: bench_cuda_attn [iterations]. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -20,40 +23,89 @@ static double now_s(void)
 
 static struct kcuda_ctx *ctx;
 static int iters = 50;
+static double copy_gbs = 4300; /* replaced by the measured rate */
+
+static void set_mode(int ref)
+{
+	if (ref)
+		setenv("TANDEM_CUDA_ATTN", "ref", 1);
+	else
+		unsetenv("TANDEM_CUDA_ATTN");
+}
+
+/* device-to-device copy of 1 GiB: (read + written bytes) / s */
+static void measure_copy(void)
+{
+	const size_t n = (size_t)1 << 30;
+	void *a = NULL, *b = NULL;
+	if (kcuda_alloc(n, &a) || kcuda_alloc(n, &b)) {
+		printf("copy rate: allocation failed, using 4300 GB/s\n");
+		kcuda_free(a);
+		return;
+	}
+	cudaStream_t st = (cudaStream_t)kcuda_ctx_stream(ctx);
+	kcuda_memset(ctx, a, 1, n);
+	for (int i = 0; i < 2; i++)
+		cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, st);
+	kcuda_sync(ctx);
+	const int reps = 10;
+	double t0 = now_s();
+	for (int i = 0; i < reps; i++)
+		cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, st);
+	kcuda_sync(ctx);
+	double dt = (now_s() - t0) / reps;
+	copy_gbs = 2.0 * (double)n / dt * 1e-9;
+	printf("device copy: 1 GiB in %.1f us = %.0f GB/s (read + write)\n", dt * 1e6, copy_gbs);
+	kcuda_free(a);
+	kcuda_free(b);
+}
 
 struct setup {
-	void *pool, *tbl, *q, *w, *out, *sel, *nk;
+	void *pool, *tbl, *q, *w, *out, *sel, *nk, *qseq;
 };
 
-/* one sequence of n_pos positions over contiguous blocks of one latent (or indexer) layer */
-static int setup_init(struct setup *s, int64_t dim, int elt, int64_t n_pos, int64_t H, int64_t C, int K)
+/* B sequences of n_pos positions, each over its own contiguous blocks of one latent (or indexer)
+ * layer; K > 0: every sequence reads K spread positions */
+static int setup_init(struct setup *s, int B, int64_t dim, int elt, int64_t n_pos, int64_t H, int64_t C,
+                      int K)
 {
+	memset(s, 0, sizeof(*s));
 	const int64_t nb = (n_pos + 63) / 64;
-	if (kcuda_alloc((size_t)nb * 64 * (size_t)dim * (size_t)elt, &s->pool) ||
-	    kcuda_alloc(sizeof(int32_t) * (size_t)nb, &s->tbl) ||
-	    kcuda_alloc(sizeof(float) * (size_t)(H * dim), &s->q) ||
-	    kcuda_alloc(sizeof(float) * (size_t)H, &s->w) ||
-	    kcuda_alloc(sizeof(float) * (size_t)(H * C + K), &s->out) ||
-	    kcuda_alloc(sizeof(int32_t) * (size_t)(K > 0 ? K : 1), &s->sel) ||
-	    kcuda_alloc(sizeof(int32_t), &s->nk))
+	const size_t pool = (size_t)B * (size_t)nb * 64 * (size_t)dim * (size_t)elt;
+	if (kcuda_alloc(pool, &s->pool) || kcuda_alloc(sizeof(int32_t) * (size_t)(B * nb), &s->tbl) ||
+	    kcuda_alloc(sizeof(float) * (size_t)(B * H * dim), &s->q) ||
+	    kcuda_alloc(sizeof(float) * (size_t)(B * H), &s->w) ||
+	    kcuda_alloc(sizeof(float) * (size_t)(B * H * C + B * K + 1), &s->out) ||
+	    kcuda_alloc(sizeof(int32_t) * (size_t)(B * (K > 0 ? K : 1)), &s->sel) ||
+	    kcuda_alloc(sizeof(int32_t) * (size_t)B, &s->nk) ||
+	    kcuda_alloc(sizeof(int32_t) * (size_t)B, &s->qseq))
 		return -1;
-	int32_t *t = (int32_t *)malloc(sizeof(int32_t) * (size_t)nb);
-	for (int64_t i = 0; i < nb; i++)
+	int32_t *t = (int32_t *)malloc(sizeof(int32_t) * (size_t)(B * nb));
+	for (int64_t i = 0; i < B * nb; i++)
 		t[i] = (int32_t)i;
-	kcuda_upload(ctx, s->tbl, t, sizeof(int32_t) * (size_t)nb);
+	kcuda_upload(ctx, s->tbl, t, sizeof(int32_t) * (size_t)(B * nb));
 	free(t);
-	if (K > 0) { /* every 16th position */
-		int32_t *sl = (int32_t *)malloc(sizeof(int32_t) * (size_t)K);
-		for (int i = 0; i < K; i++)
-			sl[i] = (int32_t)((int64_t)i * n_pos / K);
-		kcuda_upload(ctx, s->sel, sl, sizeof(int32_t) * (size_t)K);
+	if (K > 0) { /* spread positions */
+		int32_t *sl = (int32_t *)malloc(sizeof(int32_t) * (size_t)(B * K));
+		for (int b = 0; b < B; b++)
+			for (int i = 0; i < K; i++)
+				sl[b * K + i] = (int32_t)((int64_t)i * n_pos / K);
+		kcuda_upload(ctx, s->sel, sl, sizeof(int32_t) * (size_t)(B * K));
 		free(sl);
 	}
-	int32_t nk = K > 0 ? K : (int32_t)n_pos;
-	kcuda_upload(ctx, s->nk, &nk, sizeof(int32_t));
-	kcuda_memset(ctx, s->pool, 0x3c, (size_t)nb * 64 * (size_t)dim * (size_t)elt);
-	kcuda_memset(ctx, s->q, 0x3c, sizeof(float) * (size_t)(H * dim));
-	kcuda_memset(ctx, s->w, 0x3c, sizeof(float) * (size_t)H);
+	int32_t *nk = (int32_t *)malloc(sizeof(int32_t) * (size_t)B),
+	        *qs = (int32_t *)malloc(sizeof(int32_t) * (size_t)B);
+	for (int b = 0; b < B; b++) {
+		nk[b] = K > 0 ? K : (int32_t)n_pos;
+		qs[b] = b;
+	}
+	kcuda_upload(ctx, s->nk, nk, sizeof(int32_t) * (size_t)B);
+	kcuda_upload(ctx, s->qseq, qs, sizeof(int32_t) * (size_t)B);
+	free(nk);
+	free(qs);
+	kcuda_memset(ctx, s->pool, 0x3c, pool);
+	kcuda_memset(ctx, s->q, 0x3c, sizeof(float) * (size_t)(B * H * dim));
+	kcuda_memset(ctx, s->w, 0x3c, sizeof(float) * (size_t)(B * H));
 	return 0;
 }
 static void setup_fini(struct setup *s)
@@ -65,91 +117,111 @@ static void setup_fini(struct setup *s)
 	kcuda_free(s->out);
 	kcuda_free(s->sel);
 	kcuda_free(s->nk);
+	kcuda_free(s->qseq);
 }
 
-static void bench_mla(int64_t H, int64_t ctxlen, int bf16, int K)
+static void print_row(const char *what, double bytes, const double *us, int rc)
+{
+	printf(
+	    "%-58s %8.2f MB | fast %8.1f us %7.0f GB/s %5.1f%% | ref %8.1f us %7.0f GB/s %5.1f%% | x%.1f%s\n",
+	    what, bytes * 1e-6, us[0], bytes / us[0] * 1e-3, bytes / us[0] * 1e-3 / copy_gbs * 100, us[1],
+	    bytes / us[1] * 1e-3, bytes / us[1] * 1e-3 / copy_gbs * 100, us[1] / us[0], rc ? " ERROR" : "");
+}
+
+static void bench_mla(int B, int64_t H, int64_t ctxlen, int bf16, int K)
 {
 	const int64_t C = 512, R = 64, dim = C + R;
 	const int elt = bf16 ? 2 : 4;
+	const int64_t nb = (ctxlen + 63) / 64;
 	struct setup s;
-	if (setup_init(&s, dim, elt, ctxlen, H, C, K)) {
+	if (setup_init(&s, B, dim, elt, ctxlen, H, C, K)) {
 		printf("mla: allocation failed\n");
+		setup_fini(&s);
 		return;
 	}
-	struct kcuda_kv_view kv = {s.pool, (ctxlen + 63) / 64, (size_t)64 * dim * elt, 0, 64, dim, bf16};
-	struct kcuda_attn_rows rows = {1,
-	                               NULL,
+	struct kcuda_kv_view kv = {s.pool, B * nb, (size_t)64 * dim * elt, 0, 64, dim, bf16};
+	struct kcuda_attn_rows rows = {B,
+	                               (const int32_t *)s.qseq,
 	                               (const int32_t *)s.tbl,
-	                               (ctxlen + 63) / 64,
+	                               nb,
 	                               (const int32_t *)s.nk,
 	                               0,
 	                               K > 0 ? (const int32_t *)s.sel : NULL,
 	                               K > 0 ? K : 1,
 	                               K > 0 ? K : ctxlen};
 	int rc = 0;
-	for (int i = 0; i < 5; i++)
-		rc |= kcuda_mla_attn(ctx, &kv, &rows, (const float *)s.q, H, C, R, 0.07f, (float *)s.out);
-	kcuda_sync(ctx);
-	double t0 = now_s();
-	for (int i = 0; i < iters; i++)
-		rc |= kcuda_mla_attn(ctx, &kv, &rows, (const float *)s.q, H, C, R, 0.07f, (float *)s.out);
-	rc |= kcuda_sync(ctx);
-	double us = (now_s() - t0) / iters * 1e6;
-	double bytes = (double)(K > 0 ? K : ctxlen) * (double)dim * elt;
-	printf("mla decode  B 1 H %3lld ctx %6lld %-10s kv %-4s %9.1f us  %7.1f GB/s of KV (%.1f%% of 4.3 "
-	       "TB/s)%s\n",
-	       (long long)H, (long long)ctxlen, K > 0 ? "top-2048" : "dense", bf16 ? "bf16" : "f32", us,
-	       bytes / us * 1e-3, bytes / us * 1e-3 / 4300 * 100, rc ? " ERROR" : "");
+	double us[2];
+	for (int mode = 0; mode < 2; mode++) {
+		set_mode(mode);
+		for (int i = 0; i < 5; i++)
+			rc |= kcuda_mla_attn(ctx, &kv, &rows, (const float *)s.q, H, C, R, 0.07f,
+			                     (float *)s.out);
+		rc |= kcuda_sync(ctx);
+		double t0 = now_s();
+		for (int i = 0; i < iters; i++)
+			rc |= kcuda_mla_attn(ctx, &kv, &rows, (const float *)s.q, H, C, R, 0.07f,
+			                     (float *)s.out);
+		rc |= kcuda_sync(ctx);
+		us[mode] = (now_s() - t0) / iters * 1e6;
+	}
+	set_mode(0);
+	const double bytes = (double)B * (double)(K > 0 ? K : ctxlen) * (double)dim * elt;
+	char what[128];
+	snprintf(what, sizeof(what), "mla decode B %2d H %3lld ctx %6lld %-8s kv %s", B, (long long)H,
+	         (long long)ctxlen, K > 0 ? "top-2048" : "dense", bf16 ? "bf16" : "f32 ");
+	print_row(what, bytes, us, rc);
 	setup_fini(&s);
 }
 
-static void bench_indexer(int64_t ctxlen, int bf16, int with_topk)
+static void bench_indexer(int B, int64_t ctxlen, int bf16, int with_topk)
 {
 	const int64_t HI = 32, DI = 128;
 	const int elt = bf16 ? 2 : 4, K = 2048;
+	const int64_t nb = (ctxlen + 63) / 64;
 	struct setup s;
-	if (setup_init(&s, DI, elt, ctxlen, HI, 0, K)) {
-		printf("indexer: allocation failed\n");
-		return;
-	}
 	float *scores = NULL;
-	if (kcuda_alloc(sizeof(float) * (size_t)ctxlen, (void **)&scores)) {
+	if (setup_init(&s, B, DI, elt, ctxlen, HI, 0, K) ||
+	    kcuda_alloc(sizeof(float) * (size_t)(B * ctxlen), (void **)&scores)) {
 		printf("indexer: allocation failed\n");
 		setup_fini(&s);
 		return;
 	}
-	int32_t nk = (int32_t)ctxlen;
-	kcuda_upload(ctx, s.nk, &nk, sizeof(int32_t));
-	struct kcuda_kv_view kv = {s.pool, (ctxlen + 63) / 64, (size_t)64 * DI * elt, 0, 64, DI, bf16};
+	int32_t *nk = (int32_t *)malloc(sizeof(int32_t) * (size_t)B);
+	for (int b = 0; b < B; b++)
+		nk[b] = (int32_t)ctxlen;
+	kcuda_upload(ctx, s.nk, nk, sizeof(int32_t) * (size_t)B);
+	free(nk);
+	struct kcuda_kv_view kv = {s.pool, B * nb, (size_t)64 * DI * elt, 0, 64, DI, bf16};
 	struct kcuda_attn_rows rows = {
-	    1, NULL, (const int32_t *)s.tbl, (ctxlen + 63) / 64, (const int32_t *)s.nk, 0, NULL, 1, ctxlen};
+	    B,     (const int32_t *)s.qseq, (const int32_t *)s.tbl, nb, (const int32_t *)s.nk, 0, NULL, 1,
+	    ctxlen};
 	int rc = 0;
-	for (int i = 0; i < 5; i++) {
-		if (with_topk)
-			rc |= kcuda_indexer_topk(ctx, &kv, &rows, (const float *)s.q, (const float *)s.w, HI,
-			                         DI, 0.088f, K, (int32_t *)s.sel, K, NULL);
-		else
-			rc |= kcuda_indexer_scores(ctx, &kv, &rows, (const float *)s.q, (const float *)s.w,
-			                           HI, DI, 0.088f, scores, ctxlen);
+	double us[2];
+	for (int mode = 0; mode < 2; mode++) {
+		set_mode(mode);
+		for (int i = 0; i < 5 + iters; i++) {
+			if (i == 5) {
+				rc |= kcuda_sync(ctx);
+				us[mode] = now_s();
+			}
+			if (with_topk)
+				rc |= kcuda_indexer_topk(ctx, &kv, &rows, (const float *)s.q,
+				                         (const float *)s.w, HI, DI, 0.088f, K,
+				                         (int32_t *)s.sel, K, NULL);
+			else
+				rc |=
+				    kcuda_indexer_scores(ctx, &kv, &rows, (const float *)s.q,
+				                         (const float *)s.w, HI, DI, 0.088f, scores, ctxlen);
+		}
+		rc |= kcuda_sync(ctx);
+		us[mode] = (now_s() - us[mode]) / iters * 1e6;
 	}
-	kcuda_sync(ctx);
-	double t0 = now_s();
-	for (int i = 0; i < iters; i++) {
-		if (with_topk)
-			rc |= kcuda_indexer_topk(ctx, &kv, &rows, (const float *)s.q, (const float *)s.w, HI,
-			                         DI, 0.088f, K, (int32_t *)s.sel, K, NULL);
-		else
-			rc |= kcuda_indexer_scores(ctx, &kv, &rows, (const float *)s.q, (const float *)s.w,
-			                           HI, DI, 0.088f, scores, ctxlen);
-	}
-	rc |= kcuda_sync(ctx);
-	double us = (now_s() - t0) / iters * 1e6;
-	double bytes = (double)ctxlen * DI * elt;
-	printf("indexer     T 1 HI %2lld ctx %6lld %-14s keys %-4s %9.1f us  %7.1f GB/s of keys (%.1f%% of "
-	       "4.3 TB/s)%s\n",
-	       (long long)HI, (long long)ctxlen, with_topk ? "scores+top2048" : "scores",
-	       bf16 ? "bf16" : "f32", us, bytes / us * 1e-3, bytes / us * 1e-3 / 4300 * 100,
-	       rc ? " ERROR" : "");
+	set_mode(0);
+	const double bytes = (double)B * (double)ctxlen * DI * elt;
+	char what[128];
+	snprintf(what, sizeof(what), "indexer    B %2d HI %2lld ctx %6lld %-14s keys %s", B, (long long)HI,
+	         (long long)ctxlen, with_topk ? "scores+top2048" : "scores", bf16 ? "bf16" : "f32 ");
+	print_row(what, bytes, us, rc);
 	kcuda_free(scores);
 	setup_fini(&s);
 }
@@ -162,21 +234,30 @@ int main(int argc, char **argv)
 		printf("SKIP: no CUDA device\n");
 		return 77;
 	}
-	if (kcuda_ctx_create(0, 256u << 20, &ctx)) {
+	/* 1 GiB workspace: the indexer top-k keeps the scores of 32 rows of 100k there */
+	if (kcuda_ctx_create(0, (size_t)1 << 30, &ctx)) {
 		printf("no CUDA context\n");
 		return 1;
 	}
-	static const int64_t Hs[] = {8, 16, 64};
-	for (int bf = 1; bf >= 0; bf--)
-		for (size_t h = 0; h < 3; h++) {
-			bench_mla(Hs[h], 4096, bf, 0);
-			bench_mla(Hs[h], 32768, bf, 0);
-			bench_mla(Hs[h], 32768, bf, 2048);
-		}
-	for (int bf = 1; bf >= 0; bf--) {
-		bench_indexer(32768, bf, 0);
-		bench_indexer(32768, bf, 1);
-		bench_indexer(100000, bf, 1);
+	measure_copy();
+	printf("fast = default kernels (tensor cores, multi-block top-k); ref = TANDEM_CUDA_ATTN=ref (the "
+	       "first kernels); %% = of the copy rate above\n");
+	static const int Bs[] = {1, 8, 32};
+	for (size_t bi = 0; bi < 3; bi++) {
+		const int B = Bs[bi];
+		bench_mla(B, 8, 4096, 1, 0);
+		bench_mla(B, 8, 32768, 1, 0);
+		bench_mla(B, 8, 32768, 1, 2048);
+		bench_mla(B, 16, 4096, 1, 0);
+		bench_mla(B, 16, 32768, 1, 0);
+		bench_mla(B, 16, 32768, 1, 2048);
+		bench_mla(B, 64, 32768, 1, 0);
+		bench_mla(B, 16, 32768, 0, 0);
+		bench_mla(B, 8, 32768, 0, 0);
+		bench_indexer(B, 32768, 1, 0);
+		bench_indexer(B, 32768, 1, 1);
+		bench_indexer(B, 100000, 1, 1);
+		bench_indexer(B, 32768, 0, 0);
 	}
 	kcuda_ctx_destroy(ctx);
 	return 0;

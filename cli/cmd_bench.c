@@ -9,7 +9,10 @@
  * cache; the median is reported. The "bytes/token" column is the weight bytes one decode step must
  * read (every matrix except the embedding table, routed experts counted at k/E of their size) and
  * "GB/s" is that over the step time: the roofline at batch 1 is the machine's read bandwidth. With
- * --rank r (one rank of --tp run alone) the bytes are that rank's: its shard of the split tensors. */
+ * --rank r (one rank of --tp run alone) the bytes are that rank's: its shard of the split tensors.
+ * --backend cuda --tp T without --rank runs real TP over T GPUs (NCCL, one thread per GPU); the
+ * bytes are then one GPU's, and the decode is timed once more with the collectives skipped (wrong
+ * output, same work otherwise) to give the all-reduce share of a step. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -131,8 +134,10 @@ static void usage(void)
 	    "Prefill and decode throughput (median of --reps runs; defaults: prompt 128, gen 32,\n"
 	    "batch 1, threads = online CPUs, tp 1, reps 3, ubatch = prompt, backend cpu).\n"
 	    "cuda: --rank r runs rank r of --tp alone (collectives skipped: one GPU measures one\n"
-	    "rank's work); --graph 1 (default) also times decode replayed from CUDA graphs against\n"
-	    "eager; prints the weight upload rate and the device-to-device copy bandwidth.\n");
+	    "rank's work); --tp T without --rank runs TP over GPUs --device .. --device+T-1 (NCCL)\n"
+	    "and reports the all-reduce share of a decode step; --graph 1 (default) also times\n"
+	    "decode replayed from CUDA graphs against eager; prints the weight upload rate and the\n"
+	    "device-to-device copy bandwidth.\n");
 }
 
 static int parse(int argc, char **argv, struct bench_opts *o)
@@ -376,8 +381,8 @@ int cmd_bench(int argc, char **argv)
 	}
 	double load_s = now_s() - tl0;
 	const struct model_hparams *hp = model_hparams(m);
-	double bytes_tok =
-	    decode_bytes_per_token(m, o.rank >= 0 ? o.tp : 1); /* per rank in rank-shard mode */
+	bool tp_gpus = o.backend == MODEL_BACKEND_CUDA && o.tp > 1 && o.rank < 0; /* NCCL, one GPU per rank */
+	double bytes_tok = decode_bytes_per_token(m, o.rank >= 0 || tp_gpus ? o.tp : 1); /* per rank / GPU */
 	double *pf = calloc((size_t)o.reps, sizeof(double)), *dc = calloc((size_t)o.reps, sizeof(double));
 	if (!pf || !dc) {
 		fprintf(stderr, "tandem bench: out of memory\n");
@@ -403,7 +408,7 @@ int cmd_bench(int argc, char **argv)
 		dc[r] = res.decode_s;
 	}
 	double pf_s = median(pf, o.reps), dc_s = median(dc, o.reps);
-	double dc_graph_s = 0, d2d = 0;
+	double dc_graph_s = 0, d2d = 0, dc_nocoll_s = 0;
 #ifdef TANDEM_CUDA
 	if (o.backend == MODEL_BACKEND_CUDA && o.graph && o.gen > 0) { /* decode again from graphs */
 		model_set_graphs(m, 1);
@@ -417,6 +422,22 @@ int cmd_bench(int argc, char **argv)
 			dc[r] = res.decode_s;
 		}
 		dc_graph_s = median(dc, o.reps);
+		model_set_graphs(m, 0);
+	}
+	if (tp_gpus && o.gen > 0) { /* the same decode without the collectives: their share of a step */
+		model_set_graphs(m, o.graph);
+		model_set_collectives(m, false);
+		for (int r = 0; r < o.reps && !rc; r++) {
+			struct run_result res;
+			if (run_once(m, &o, &res, &e)) {
+				fprintf(stderr, "tandem bench (collectives skipped): %s\n", e.msg);
+				rc = 1;
+				goto out;
+			}
+			dc[r] = res.decode_s;
+		}
+		dc_nocoll_s = median(dc, o.reps);
+		model_set_collectives(m, true);
 		model_set_graphs(m, 0);
 	}
 	if (o.backend == MODEL_BACKEND_CUDA) {
@@ -446,7 +467,11 @@ int cmd_bench(int argc, char **argv)
 		printf("prefill  %6d tokens/seq  %10.1f tok/s\n", o.prompt, pf_tps);
 		printf("decode   %6d steps       %10.1f tok/s  %8.2f ms/step  %.1f MB weights/step%s  %.2f "
 		       "GB/s\n",
-		       o.gen, dc_tps, step_ms, bytes_tok / 1e6, o.rank >= 0 ? " (this rank)" : "", gbs);
+		       o.gen, dc_tps, step_ms, bytes_tok / 1e6,
+		       o.rank >= 0 ? " (this rank)"
+		       : tp_gpus   ? " (per GPU)"
+		                   : "",
+		       gbs);
 		if (o.backend == MODEL_BACKEND_CUDA) {
 			double wbytes = bytes_tok; /* the decode-read estimate; upload moves every weight */
 			printf(
@@ -461,6 +486,18 @@ int cmd_bench(int argc, char **argv)
 				       o.gen, (double)o.gen * o.batch / dc_graph_s, gstep, step_ms,
 				       wbytes / (gstep * 1e-3) / 1e9,
 				       d2d > 0 ? 100.0 * wbytes / (gstep * 1e-3) / 1e9 / (2 * d2d) : 0.0);
+			}
+			if (dc_nocoll_s > 0) {
+				double with = 1e3 * (o.graph && dc_graph_s > 0 ? dc_graph_s : dc_s) / o.gen;
+				double without = 1e3 * dc_nocoll_s / o.gen;
+				printf("tp       %d GPUs (NCCL %d.%d.%d): %s decode step %.3f ms with the "
+				       "all-reduces, %.3f ms without: all-reduce share %.1f%% (%d "
+				       "all-reduces + 1 "
+				       "all-gather per step)\n",
+				       o.tp, tp_nccl_version() / 10000, tp_nccl_version() / 100 % 100,
+				       tp_nccl_version() % 100, o.graph && dc_graph_s > 0 ? "graph" : "eager",
+				       with, without, with > 0 ? 100.0 * (with - without) / with : 0.0,
+				       2 * hp->n_layers);
 			}
 		}
 	}

@@ -63,6 +63,9 @@ int main(int argc, char **argv)
 	    {"kv_staged", OPT_BOOL, &c.kv_staged, 0, 0, 0,
 	     "keep the model's KV pool apart from the UCX pool and copy prompt blocks at join (always on "
 	     "with cuda; on the CPU it tests that path)"},
+	    {"kv_upload_step_kb", OPT_INT, &c.kv_upload_step_kb, 0, 0, 1 << 30,
+	     "staged KV: KiB of prompt KV copied into the model's pool per decode step at most (bounds the "
+	     "delay a long prompt's upload adds to the running batch; 0: no limit)"},
 	    {"ready_file", OPT_STR, c.ready_file, sizeof(c.ready_file), 0, 0,
 	     "write {pid, metrics_port} here once registered (tests)"},
 	    {"log_level", OPT_STR, c.log_level, sizeof(c.log_level), 0, 0, "error, warn, info or debug"},

@@ -156,6 +156,7 @@ void dc_config_default(struct dc_config *c)
 	snprintf(c->log_level, sizeof(c->log_level), "info");
 	snprintf(c->backend, sizeof(c->backend), "cpu");
 	c->graphs = 1;
+	c->kv_upload_step_kb = 256 * 1024;
 	c->verify_checksums = true;
 	c->threads = 1;
 	c->tp = 1;
@@ -1106,6 +1107,7 @@ int dc_worker_run(const struct dc_config *c)
 		                    "Staged KV: prompt bytes copied from the UCX pool into the model's pool");
 	struct dc_engine_opts eo = {.model = w.model,
 	                            .kv_staged = c->kv_staged,
+	                            .upload_step_bytes = (size_t)c->kv_upload_step_kb * 1024,
 	                            .tok = w.tok,
 	                            .pool = &w.pool,
 	                            .max_batch = (uint32_t)c->max_batch,

@@ -38,6 +38,7 @@ struct dc_config {
 	int graphs; /* CUDA decode graphs: 0 off, 1 on, 2 padded eager (tests) */
 	double mem_fraction; /* CUDA: share of free device memory the workspaces may take (0: 0.9) */
 	bool kv_staged; /* CPU: keep the model's KV pool apart from the UCX pool (tests the CUDA path) */
+	int kv_upload_step_kb; /* staged KV: prompt KV uploaded per decode step at most (0: no limit) */
 };
 
 void dc_config_default(struct dc_config *c);

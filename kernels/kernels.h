@@ -238,7 +238,8 @@ int kcuda_sample(struct kcuda_ctx *c, const float *logits, int64_t ld, int64_t n
 /* ---- CUDA attention, DSA indexer and MoE (mla_*.cu, indexer*.cu, topk_idx*.cu, moe*.cu; branch
  * `cattn`). Batched twins of kcpu_mla_attn_head, kcpu_indexer_scores + kcpu_topk and
  * kcpu_moe_route + the expert FFN of common/model/forward.c. Bad positions / block ids met inside
- * a kernel are skipped and counted (kcuda_ctx_take_errors). */
+ * a kernel are skipped and counted (kcuda_ctx_take_errors). Default: the tensor-core / multi-block
+ * kernels (branch `attn`); TANDEM_CUDA_ATTN=ref selects the first ones (read on every call). */
 /* One layer's part of the paged KV pool on the device (common/model/model.h layout): the row of
  * position p of a sequence with block table tbl is at
  * base + tbl[p / block_tokens] * block_bytes + offset + (p % block_tokens) * dim * (bf16 ? 2 : 4). */
@@ -298,6 +299,14 @@ int kcuda_moe_route(struct kcuda_ctx *c, const float *logits, int64_t ld, const 
 int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
                   const float *weights, int k, const struct kweight *gate, const struct kweight *up,
                   const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo);
+/* Tensor parallelism over the GPUs of one process (kernels/cuda/device.cu): the calling thread's
+ * current device (each TP rank thread binds its own); the context's device; a wait for everything
+ * enqueued on the context's stream so far that gives up after timeout_s (-ETIMEDOUT; 0 done,
+ * ERR_CUDA on a stream error); an asynchronous copy from another device's memory on the stream. */
+int kcuda_device_set(int device);
+int kcuda_ctx_device(const struct kcuda_ctx *c);
+int kcuda_ctx_wait(struct kcuda_ctx *c, double timeout_s);
+int kcuda_copy_peer(struct kcuda_ctx *dst_ctx, void *dst, const void *src, int src_device, size_t bytes);
 #endif
 
 #ifdef __cplusplus

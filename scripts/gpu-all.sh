@@ -18,6 +18,11 @@ if ldd "$B/tandem" | grep -q 'libcublas.*not found'; then
 	export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d
 fi
 export NCCL_NVLS_ENABLE=0
+# TP over GPUs dlopens libnccl.so.2: point at it when the loader's cache does not know it
+if ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2'; then
+	n=$(find / -name 'libnccl.so.2*' -not -path '/proc/*' 2>/dev/null | head -1)
+	[ -n "$n" ] && export TANDEM_NCCL_LIB=$n
+fi
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c GPU)
 T0=$SECONDS
 SUMMARY=()

@@ -137,6 +137,11 @@ int model_backend_cpu_create(struct model *m, struct model_rank *rk, struct mode
  * opts.synthetic, filled with random values; workspaces sized from the opts limits). */
 int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct model_backend *out,
                               struct errbuf *e);
+/* the rank's CUDA context (device, stream): what its NCCL collectives are enqueued on */
+struct kcuda_ctx *model_backend_cuda_kctx(struct model_rank *rk);
+/* model_kv_replicate for TP over GPUs: blocks of rank 0's pool copied to every other GPU's copy */
+int model_backend_cuda_kv_replicate(struct model *m, const struct model_kv *kv, const int32_t *blocks,
+                                    int n_blocks, struct errbuf *e);
 #endif
 
 #endif

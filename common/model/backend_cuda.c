@@ -11,7 +11,17 @@
  * the step free of host syncs) and a context bucket (powers of two from 256 up to max_ctx); the
  * first step of a (batch, context) bucket is captured as it runs, later steps only refresh the
  * static input buffers (token ids, positions, sequence indices, key counts, block tables) and
- * replay. Padded rows carry position -1 (the KV write skips them) and see one key of table 0. */
+ * replay. Padded rows carry position -1 (the KV write skips them) and see one key of table 0.
+ *
+ * TP over GPUs (T > 1, all ranks in this process): rank r runs on its own thread (run.c) and GPU
+ * opts.device + r, binding that device at the start of every step and call from another thread.
+ * Each GPU keeps its own copy of the KV pool (rank 0's kv_alloc makes the others; begin maps the
+ * pool to this rank's copy) and writes it, so no barrier is needed. all_reduce / all_gather are
+ * NCCL collectives (tp_nccl.c) enqueued on the rank's stream and captured into the graphs. Every
+ * rank must issue the same collectives in the same order, so a failing op does not cut the step
+ * short: errors are held until the step ends (step_finish), where the ranks also agree (host-side,
+ * through the CPU group) on whether every capture succeeded before any graph is launched, and the
+ * host waits for the stream against the NCCL deadline. */
 #ifdef TANDEM_CUDA
 #include <math.h>
 #include <stdbool.h>
@@ -28,6 +38,7 @@
 #include "kernels/cuda/model_fwd.h"
 
 #define GRAPH_MAX_BATCH 16
+#define N_KV_REP 8 /* KV pools one model may have at once with TP over GPUs */
 #define N_BBUCKETS 5 /* 1 2 4 8 16 */
 #define N_CBUCKETS 24
 
@@ -35,6 +46,20 @@ struct be_cuda {
 	struct model *m;
 	struct model_rank *rk;
 	struct kcuda_ctx *kc;
+	int device;
+	/* TP over GPUs: this GPU's copies of the KV pools (keyed by rank 0's base), the pool of the
+	 * current step, the rank's NCCL communicator (NULL: T = 1 or rank-shard mode) */
+	struct {
+		const void *of;
+		void *p;
+	} rep[N_KV_REP];
+	void *kvb;
+	struct tp_comm *nccl;
+	bool agree_pending; /* this step was planned as a capture: the ranks agree at its end */
+	bool void_step; /* capture refused on this rank: ops skipped, the agreement fails the step */
+	bool capture_open; /* kfwd_graph_begin without its end yet */
+	bool waited; /* step_finish waited for the stream */
+	bool graph_skip; /* the graphs were captured with the collectives skipped (bench) */
 	struct layer_w *dl; /* device copies (kweight data / vectors in device memory) */
 	struct kweight tok_embd, lm_head;
 	float *out_norm;
@@ -267,11 +292,10 @@ static const struct mbe_weights *cu_weights(void *ctx)
 	return &c->w;
 }
 
-static void *cu_kv_alloc(void *ctx, size_t bytes)
+static void *dev_zeroed(struct be_cuda *c, size_t bytes)
 {
-	struct be_cuda *c = ctx;
 	void *p = NULL;
-	if (kcuda_alloc(bytes, &p))
+	if (kcuda_device_set(c->device) || kcuda_alloc(bytes, &p))
 		return NULL;
 	if (kcuda_memset(c->kc, p, 0, bytes) || kcuda_sync(c->kc)) {
 		kcuda_free(p);
@@ -282,8 +306,48 @@ static void *cu_kv_alloc(void *ctx, size_t bytes)
 
 static void cu_kv_free(void *ctx, void *p)
 {
-	(void)ctx;
+	struct be_cuda *c = ctx;
+	struct model *m = c->m;
+	for (int r = 1; r < m->n_ranks_local && c->rk == &m->ranks[0]; r++) {
+		struct be_cuda *o = m->ranks[r].be.ctx;
+		for (int i = 0; o && i < N_KV_REP; i++)
+			if (o->rep[i].of == p) {
+				(void)kcuda_device_set(o->device);
+				kcuda_free(o->rep[i].p);
+				o->rep[i].of = o->rep[i].p = NULL;
+			}
+	}
+	(void)kcuda_device_set(c->device);
 	kcuda_free(p);
+}
+
+/* kv.c allocates the pool through rank 0; with TP over GPUs every other rank gets its own copy */
+static void *cu_kv_alloc(void *ctx, size_t bytes)
+{
+	struct be_cuda *c = ctx;
+	struct model *m = c->m;
+	void *p = dev_zeroed(c, bytes);
+	if (!p)
+		return NULL;
+	for (int r = 1; r < m->n_ranks_local && c->rk == &m->ranks[0]; r++) {
+		struct be_cuda *o = m->ranks[r].be.ctx;
+		int slot = -1;
+		for (int i = 0; i < N_KV_REP && slot < 0; i++)
+			if (!o->rep[i].of)
+				slot = i;
+		void *q = slot >= 0 ? dev_zeroed(o, bytes) : NULL;
+		if (!q) {
+			LOG_ERROR("model",
+			          "cuda: cannot allocate rank %d's copy of the KV pool (%zu bytes%s)", r,
+			          bytes, slot < 0 ? "; more than 8 pools" : "");
+			cu_kv_free(c, p);
+			return NULL;
+		}
+		o->rep[slot].of = p;
+		o->rep[slot].p = q;
+	}
+	(void)kcuda_device_set(c->device);
+	return p;
 }
 
 static int bucket_of(int64_t v, int64_t lo)
@@ -297,6 +361,8 @@ static int bucket_of(int64_t v, int64_t lo)
 static void cu_plan(void *ctx, const struct model_batch *b, struct mbe_step *st)
 {
 	struct be_cuda *c = ctx;
+	(void)kcuda_device_set(c->device); /* the first call of a step on the rank's thread */
+	c->nccl = c->rk->dcomm.ops ? &c->rk->dcomm : NULL;
 	c->mode = 0;
 	if (!c->m->opts.graphs || st->debug || st->n_real > GRAPH_MAX_BATCH || st->n_out != st->n_real ||
 	    b->n_seqs > c->max_seqs)
@@ -325,10 +391,39 @@ static void cu_plan(void *ctx, const struct model_batch *b, struct mbe_step *st)
 static int cu_begin(void *ctx, const struct model_batch *b, struct model_kv *kv, const struct mbe_step *st)
 {
 	struct be_cuda *c = ctx;
+	(void)kcuda_device_set(c->device);
+	if (c->capture_open) { /* the last step failed on another rank after this one began capturing */
+		void *ex = NULL;
+		kfwd_graph_end(c->kc, &ex);
+		kfwd_graph_destroy(ex);
+		c->capture_open = false;
+	}
+	/* a step without output left collectives on the stream, and the upload below syncs it: first a
+	 * wait with the deadline */
+	if (c->nccl && !c->waited) {
+		int rc = tp_nccl_wait(c->nccl);
+		if (rc)
+			return rc;
+	}
 	c->b = b;
 	c->kv = kv;
 	c->st = *st;
 	c->err = 0;
+	c->agree_pending = c->void_step = c->waited = false;
+	c->kvb = kv->base;
+	if (c->m->n_ranks_local > 1 && c->rk != &c->m->ranks[0]) {
+		c->kvb = NULL;
+		for (int i = 0; i < N_KV_REP && !c->kvb; i++)
+			if (c->rep[i].of == kv->base)
+				c->kvb = c->rep[i].p;
+		if (!c->kvb) {
+			LOG_ERROR("model",
+			          "cuda: rank %d has no copy of this KV pool (it was not made by "
+			          "model_kv_init of this model)",
+			          c->rk->rank);
+			return ERR_MISMATCH;
+		}
+	}
 	if (st->n > c->max_tok || b->n_seqs > c->max_seqs || st->max_keys > c->max_ctx)
 		return ERR_LIMIT;
 	/* table entries beyond max_blk are never used: positions are < max_ctx (checked) */
@@ -354,17 +449,26 @@ static int cu_begin(void *ctx, const struct model_batch *b, struct model_kv *kv,
 	int rc = kcuda_upload(c->kc, c->d_in, h, bytes);
 	if (rc)
 		return rc;
-	if (c->mode != 0 && c->graph_kv != kv->base) { /* another pool: the graphs point at the old one */
+	/* another pool, or the collectives switched on/off (bench): the graphs hold the old ones */
+	if (c->mode != 0 && (c->graph_kv != c->kvb || c->graph_skip != c->m->skip_collectives)) {
 		for (int i = 0; i < N_BBUCKETS; i++)
 			for (int j = 0; j < N_CBUCKETS; j++) {
 				kfwd_graph_destroy(c->graph[i][j]);
 				c->graph[i][j] = NULL;
 			}
-		c->graph_kv = kv->base;
+		c->graph_kv = c->kvb;
+		c->graph_skip = c->m->skip_collectives;
 		c->mode = 1;
 	}
-	if (c->mode == 1 && kfwd_graph_begin(c->kc))
-		c->mode = 0; /* capture refused: run eagerly */
+	if (c->mode == 1) {
+		if (kfwd_graph_begin(c->kc) == 0)
+			c->capture_open = true;
+		else if (c->nccl) /* the other ranks capture: run nothing, fail the step at the agreement */
+			c->mode = 2, c->void_step = true;
+		else
+			c->mode = 0; /* capture refused: run eagerly */
+	}
+	c->agree_pending = c->nccl && (c->mode == 1 || c->void_step);
 	return 0;
 }
 
@@ -463,14 +567,14 @@ static void cu_kv_write(void *ctx, enum mbe_kv_part part, int index, const float
 	const struct model_kv_layout *L = &c->kv->layout;
 	size_t off = part == MBE_KV_LATENT ? (size_t)index * L->lat_layer_bytes
 	                                   : L->idx_offset + (size_t)index * L->idx_layer_bytes;
-	CK(kfwd_kv_write(c->kc, c->kv->base, L->block_bytes, off, L->block_tokens, width,
+	CK(kfwd_kv_write(c->kc, c->kvb, L->block_bytes, off, L->block_tokens, width,
 	                 L->dtype == MODEL_KV_BF16, x, c->st.n, c->d_seq, c->d_pos, c->d_blk, c->max_blk));
 }
 
 static struct kcuda_kv_view kv_view(struct be_cuda *c, size_t off, int64_t dim)
 {
 	const struct model_kv_layout *L = &c->kv->layout;
-	return (struct kcuda_kv_view){.base = c->kv->base,
+	return (struct kcuda_kv_view){.base = c->kvb,
 	                              .n_blocks = c->kv->n_blocks,
 	                              .block_bytes = L->block_bytes,
 	                              .offset = off,
@@ -581,6 +685,7 @@ static int capture_failed(struct be_cuda *c)
 	void *ex = NULL;
 	kfwd_graph_end(c->kc, &ex);
 	kfwd_graph_destroy(ex);
+	c->capture_open = false;
 	c->mode = 0;
 	c->broken[c->gb][c->gc] = true;
 	LOG_WARN("model",
@@ -597,20 +702,36 @@ static int step_status(struct be_cuda *c)
 	return c->err;
 }
 
+static int step_finish(struct be_cuda *c);
+
 static int cu_all_reduce(void *ctx, float *buf, size_t n)
 {
-	struct be_cuda *c = ctx; /* T = 1 or rank-shard mode: nothing to reduce */
-	(void)buf;
+	struct be_cuda *c = ctx;
+	if (c->nccl) { /* errors wait for step_finish: every rank issues every collective */
+		if (c->mode != 2 && !c->m->skip_collectives)
+			CK(tp_all_reduce_sum(c->nccl, buf, n));
+		return 0;
+	}
+	(void)buf; /* T = 1 or rank-shard mode: nothing to reduce */
 	(void)n;
 	return step_status(c);
 }
 
 static int cu_all_gather(void *ctx, const float *send, size_t n, float *recv)
 {
-	struct be_cuda *c = ctx; /* rank-shard mode: own slot, others zero */
-	if (c->mode == 2)
-		return 0;
+	struct be_cuda *c = ctx;
 	int r = c->rk->rank, T = c->m->T;
+	if (c->nccl) {
+		if (c->mode != 2 && !c->m->skip_collectives)
+			CK(tp_all_gather(c->nccl, send, n, recv));
+		else if (c->mode != 2) /* collectives skipped (bench): own slot only, as rank-shard mode */
+			CK(kfwd_copy2d(c->kc, recv + (size_t)r * n, (int64_t)n, send, (int64_t)n, (int64_t)n,
+			               1));
+		/* the last op of a rank without output (forward.c): its step ends here */
+		return c->rk->logits ? 0 : step_finish(c);
+	}
+	if (c->mode == 2) /* rank-shard mode: own slot, others zero */
+		return 0;
 	CK(kcuda_memset(c->kc, recv, 0, n * (size_t)T * sizeof(float)));
 	CK(kfwd_copy2d(c->kc, recv + (size_t)r * n, (int64_t)n, send, (int64_t)n, (int64_t)n, 1));
 	return step_status(c);
@@ -618,8 +739,8 @@ static int cu_all_gather(void *ctx, const float *send, size_t n, float *recv)
 
 static int cu_barrier(void *ctx)
 {
-	struct be_cuda *c = ctx;
-	return step_status(c);
+	struct be_cuda *c = ctx; /* TP over GPUs: each rank reads only the pool copy it wrote */
+	return c->nccl ? 0 : step_status(c);
 }
 
 static const void *cu_host_view(void *ctx, const void *p, size_t bytes)
@@ -634,18 +755,51 @@ static const void *cu_host_view(void *ctx, const void *p, size_t bytes)
 		fprintf(stderr, "cuda: out of host memory for a %zu-byte debug view\n", bytes);
 		abort();
 	}
-	if (kcuda_download(c->kc, c->hv, p, bytes)) {
+	int rc = c->nccl ? tp_nccl_wait(c->nccl) : 0; /* collectives on the stream: a bounded wait */
+	if (rc || kcuda_download(c->kc, c->hv, p, bytes)) {
 		CK(ERR_CUDA);
 		memset(c->hv, 0, bytes);
 	}
 	return c->hv;
 }
 
-static int cu_to_host(void *ctx, void *dst_host, const void *src, size_t bytes)
+/* The end of a step's enqueueing (the first to_host, or all_gather on a rank without output); the
+ * later calls of the step only report. Ends a capture and launches the graph (with NCCL: after
+ * every rank said its capture succeeded; -EAGAIN on all of them otherwise, nothing having run) and,
+ * with NCCL, waits for the stream against the deadline. Returns 0, -EAGAIN or the step's error. */
+static int step_finish(struct be_cuda *c)
 {
-	struct be_cuda *c = ctx;
+	if (c->agree_pending) {
+		c->agree_pending = false;
+		void *ex = NULL;
+		bool bad = c->void_step;
+		if (c->mode == 1) {
+			c->capture_open = false;
+			bad = kfwd_graph_end(c->kc, &ex) || c->err || bad;
+		}
+		float f = bad ? 1.0f : 0.0f;
+		if (tp_all_reduce_sum(&c->rk->comm, &f, 1)) /* host side: the CPU group of the ranks */
+			f = 1.0f;
+		if (f != 0.0f) {
+			kfwd_graph_destroy(ex);
+			c->mode = 0;
+			c->void_step = false;
+			c->broken[c->gb][c->gc] = true;
+			if (c->rk->rank == 0)
+				LOG_WARN("model",
+				         "cuda: decode graph capture failed on a rank for batch bucket %d, "
+				         "context "
+				         "bucket %d; that bucket runs eagerly on every rank",
+				         1 << c->gb, 256 << c->gc);
+			c->err = 0;
+			return -EAGAIN;
+		}
+		c->graph[c->gb][c->gc] = ex;
+		c->mode = 2;
+	}
 	if (c->mode == 1) { /* end of the captured step: instantiate, then run it */
 		void *ex = NULL;
+		c->capture_open = false;
 		int rc = kfwd_graph_end(c->kc, &ex);
 		if (rc || c->err) { /* nothing of the step ran: the forward runs it again eagerly */
 			kfwd_graph_destroy(ex);
@@ -665,9 +819,20 @@ static int cu_to_host(void *ctx, void *dst_host, const void *src, size_t bytes)
 		CK(kfwd_graph_launch(c->kc, c->graph[c->gb][c->gc]));
 		c->mode = 3; /* launched once for this step; further to_host calls only copy */
 	}
-	if (c->err)
-		return c->err;
-	int rc = kcuda_download(c->kc, dst_host, src, bytes);
+	if (c->nccl && !c->waited && !c->err) {
+		c->waited = true;
+		CK(tp_nccl_wait(c->nccl));
+	}
+	return c->err;
+}
+
+static int cu_to_host(void *ctx, void *dst_host, const void *src, size_t bytes)
+{
+	struct be_cuda *c = ctx;
+	int rc = step_finish(c);
+	if (rc)
+		return rc;
+	rc = kcuda_download(c->kc, dst_host, src, bytes);
 	unsigned bad = 0;
 	if (!rc && !kcuda_ctx_take_errors(c->kc, &bad) && bad)
 		rc =
@@ -680,9 +845,17 @@ static void cu_destroy(void *ctx)
 	struct be_cuda *c = ctx;
 	if (!c)
 		return;
+	(void)kcuda_device_set(c->device);
+	if (c->capture_open) {
+		void *ex = NULL;
+		kfwd_graph_end(c->kc, &ex);
+		kfwd_graph_destroy(ex);
+	}
 	for (int i = 0; i < N_BBUCKETS; i++)
 		for (int j = 0; j < N_CBUCKETS; j++)
 			kfwd_graph_destroy(c->graph[i][j]);
+	for (int i = 0; i < N_KV_REP; i++) /* pools still alive at model_destroy */
+		kcuda_free(c->rep[i].p);
 	for (int i = 0; i < c->n_allocs; i++)
 		kcuda_free(c->allocs[i]);
 	free(c->allocs);
@@ -766,20 +939,23 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 	const struct model_hparams *hp = &m->hp;
 	const struct model_opts *o = &m->opts;
 	int rc;
-	if (kcuda_device_count() <= o->device || o->device < 0)
-		return errbuf_set(e, ERR_UNSUPPORTED, "backend cuda: no CUDA device %d (%d found)", o->device,
+	/* TP over GPUs: rank r on device opts.device + r; rank-shard mode: opts.device */
+	int dev = o->device + (o->rank >= 0 ? 0 : rk->rank);
+	if (kcuda_device_count() <= dev || dev < 0)
+		return errbuf_set(e, ERR_UNSUPPORTED, "backend cuda: no CUDA device %d (%d found)", dev,
 		                  kcuda_device_count());
 	struct be_cuda *c = calloc(1, sizeof(*c));
 	if (!c)
 		return errbuf_set(e, -ENOMEM, "out of memory");
 	c->m = m;
 	c->rk = rk;
+	c->device = dev;
 	c->max_tok = o->max_tokens;
 	c->max_seqs = o->max_seqs;
 	c->max_ctx = o->max_ctx;
 	c->max_blk = (c->max_ctx + MODEL_KV_BLOCK_TOKENS - 1) / MODEL_KV_BLOCK_TOKENS;
-	if ((rc = kcuda_ctx_create(o->device, 0, &c->kc))) {
-		errbuf_set(e, rc, "backend cuda: cannot create a context on device %d", o->device);
+	if ((rc = kcuda_ctx_create(dev, 0, &c->kc))) {
+		errbuf_set(e, rc, "backend cuda: cannot create a context on device %d", dev);
 		goto fail;
 	}
 	if (!(c->dl = calloc((size_t)hp->n_layers, sizeof(*c->dl)))) {
@@ -860,13 +1036,52 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 		    "model",
 		    "cuda backend on device %d: workspace %.1f MB + %.1f MB for %lld tokens, %lld sequences, "
 		    "%lld positions%s",
-		    o->device, ws / 1e6, scratch / 1e6, (long long)T, (long long)c->max_seqs,
-		    (long long)c->max_ctx, o->graphs ? "; decode graphs on" : "");
+		    dev, ws / 1e6, scratch / 1e6, (long long)T, (long long)c->max_seqs, (long long)c->max_ctx,
+		    o->graphs ? "; decode graphs on" : "");
 	out->ops = &cuda_ops;
 	out->ctx = c;
 	return 0;
 fail:
 	cu_destroy(c);
 	return rc;
+}
+int model_backend_cuda_kv_replicate(struct model *m, const struct model_kv *kv, const int32_t *blocks,
+                                    int n_blocks, struct errbuf *e)
+{
+	struct be_cuda *c0 = m->ranks[0].be.ctx;
+	size_t bb = kv->layout.block_bytes;
+	for (int i = 0; i < n_blocks; i++)
+		if (blocks[i] < 0 || blocks[i] >= kv->n_blocks)
+			return errbuf_set(e, -EINVAL, "KV replicate: block %d outside the pool (%lld blocks)",
+			                  blocks[i], (long long)kv->n_blocks);
+	int rc = 0;
+	for (int r = 1; r < m->n_ranks_local && !rc; r++) {
+		struct be_cuda *o = m->ranks[r].be.ctx;
+		char *dst = NULL;
+		for (int i = 0; i < N_KV_REP && !dst; i++)
+			if (o->rep[i].of == kv->base)
+				dst = o->rep[i].p;
+		if (!dst) {
+			rc = errbuf_set(e, ERR_MISMATCH, "KV replicate: rank %d has no copy of this pool", r);
+			break;
+		}
+		(void)kcuda_device_set(o->device);
+		for (int i = 0; i < n_blocks && !rc; i++)
+			rc = kcuda_copy_peer(o->kc, dst + (size_t)blocks[i] * bb,
+			                     (const char *)kv->base + (size_t)blocks[i] * bb, c0->device, bb);
+		if (!rc)
+			rc = kcuda_ctx_wait(o->kc, tp_nccl_timeout_s());
+		if (rc)
+			errbuf_set(e, rc == -ETIMEDOUT ? ERR_TIMEOUT : rc,
+			           "KV replicate: copy to GPU %d failed or timed out", o->device);
+	}
+	(void)kcuda_device_set(c0->device);
+	return rc == -ETIMEDOUT ? ERR_TIMEOUT : rc;
+}
+
+struct kcuda_ctx *model_backend_cuda_kctx(struct model_rank *rk)
+{
+	struct be_cuda *c = rk->be.ctx;
+	return c ? c->kc : NULL;
 }
 #endif

@@ -68,6 +68,19 @@ void model_kv_fini(struct model_kv *kv)
 	memset(kv, 0, sizeof(*kv));
 }
 
+int model_kv_replicate(struct model *m, const struct model_kv *kv, const int32_t *blocks, int n_blocks,
+                       struct errbuf *e)
+{
+	if (!kv->on_device || m->n_ranks_local < 2 || n_blocks <= 0)
+		return 0;
+#ifdef TANDEM_CUDA
+	return model_backend_cuda_kv_replicate(m, kv, blocks, n_blocks, e);
+#else
+	(void)blocks;
+	return errbuf_set(e, ERR_UNSUPPORTED, "KV pool on a device in a build without CUDA");
+#endif
+}
+
 int model_kv_fingerprint(const struct model *m, char *buf, size_t size)
 {
 	struct model_kv_layout L;

@@ -27,6 +27,10 @@ void model_set_graphs(struct model *m, int graphs)
 {
 	m->opts.graphs = graphs;
 }
+void model_set_collectives(struct model *m, bool on)
+{
+	m->skip_collectives = !on;
+}
 const struct model_opts *model_get_opts(const struct model *m)
 {
 	return &m->opts;
@@ -361,6 +365,7 @@ void model_destroy(struct model *m)
 			m->ranks[i].be.ops->destroy(m->ranks[i].be.ctx);
 	}
 	free(m->ranks);
+	tp_nccl_group_destroy(m->nccl); /* after the backends: their graphs hold NCCL work */
 	tp_cpu_group_destroy(m->group);
 	free(m->out_norm);
 	if (m->owns_g)
@@ -393,11 +398,13 @@ int model_load_gguf(struct model **out, struct gguf_ctx *g, const struct model_o
 #ifndef TANDEM_CUDA
 		return errbuf_set(e, ERR_UNSUPPORTED, "backend cuda: this build has no CUDA (make CUDA=1)");
 #else
-		if (o->tp > 1 && o->rank < 0)
-			return errbuf_set(e, ERR_UNSUPPORTED,
-			                  "backend cuda: TP=%d needs one process per rank (rank-shard mode, "
-			                  "--rank r); NCCL collectives are not built yet",
-			                  o->tp);
+		/* TP over GPUs (all ranks in this process, one thread and one GPU each, NCCL between
+		 * them): fail before any weight moves when NCCL or the GPUs are missing */
+		if (o->tp > 1 && o->rank < 0) {
+			if ((rc = tp_nccl_check_devices(o->tp, o->device, kcuda_device_count(), e)) ||
+			    (rc = tp_nccl_available(e)))
+				return rc;
+		}
 #endif
 	}
 	struct model *m = calloc(1, sizeof(*m));
@@ -458,7 +465,8 @@ int model_load_gguf(struct model **out, struct gguf_ctx *g, const struct model_o
 			rk->comm = comms[i];
 		else
 			tp_shard_comm_init(&rk->comm, 0, 1);
-		rk->writes_kv = o->rank >= 0 || i == 0;
+		/* CUDA: every GPU holds its own copy of the pool and writes it */
+		rk->writes_kv = o->rank >= 0 || i == 0 || o->backend == MODEL_BACKEND_CUDA;
 		rk->pool = kpool_create(per_rank);
 		if (!rk->pool) {
 			rc = errbuf_set(e, -ENOMEM, "cannot create a thread pool of %d threads", per_rank);
@@ -487,6 +495,17 @@ int model_load_gguf(struct model **out, struct gguf_ctx *g, const struct model_o
 			goto fail;
 		}
 	}
+#ifdef TANDEM_CUDA
+	if (o->backend == MODEL_BACKEND_CUDA && m->n_ranks_local > 1) {
+		struct kcuda_ctx *kcs[256];
+		for (int i = 0; i < m->n_ranks_local; i++)
+			kcs[i] = model_backend_cuda_kctx(&m->ranks[i]);
+		if ((rc = tp_nccl_group_create(&m->nccl, m->n_ranks_local, kcs, comms, e)))
+			goto fail;
+		for (int i = 0; i < m->n_ranks_local; i++)
+			m->ranks[i].dcomm = comms[i];
+	}
+#endif
 	if (!o->quiet) {
 		struct model_kv_layout kl;
 		model_kv_layout_get(m, &kl);

@@ -152,6 +152,9 @@ void model_destroy(struct model *m); /* accepts NULL */
 const struct model_hparams *model_hparams(const struct model *m);
 /* CUDA backend: switches decode graphs (model_opts.graphs) between forwards; no-op on the CPU. */
 void model_set_graphs(struct model *m, int graphs);
+/* CUDA TP over GPUs, benchmarks only: off skips the NCCL collectives (the output is then wrong) so
+ * a step's time without them can be measured; on (the default) runs them. */
+void model_set_collectives(struct model *m, bool on);
 const struct model_opts *model_get_opts(const struct model *m);
 struct gguf_ctx *model_gguf(const struct model *m);
 
@@ -219,6 +222,12 @@ static inline void *model_kv_block_ptr(const struct model_kv *kv, int64_t b)
 int model_kv_init(struct model_kv *kv, const struct model *m, int64_t n_blocks, void *mem, size_t mem_bytes,
                   struct errbuf *e) TD_MUST_CHECK;
 void model_kv_fini(struct model_kv *kv);
+/* CUDA TP over GPUs: every GPU holds a copy of the pool and the forward writes all of them, but
+ * blocks written into base from outside (KV received over UCX) land only in rank 0's copy: this
+ * copies those blocks to the other GPUs' copies (peer copies, waited for with the NCCL deadline).
+ * A no-op for every other configuration. Call between forwards, from the thread that runs them. */
+int model_kv_replicate(struct model *m, const struct model_kv *kv, const int32_t *blocks, int n_blocks,
+                       struct errbuf *e) TD_MUST_CHECK;
 
 /* ---- KV staging (the workers) ------------------------------------------------------------------
  * A worker exchanges blocks over UCX in host memory laid out like the pool: block b at host +

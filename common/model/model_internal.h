@@ -52,7 +52,8 @@ struct rank_buf {
 
 struct model_rank {
 	int rank;
-	struct tp_comm comm;
+	struct tp_comm comm; /* host-side collectives (CPU threads group, or rank-shard no-ops) */
+	struct tp_comm dcomm; /* CUDA TP over GPUs: NCCL on device buffers (ops NULL otherwise) */
 	struct kpool *pool;
 	struct kpool **inl; /* one single-thread pool per thread of `pool` (expert-parallel MoE) */
 	int n_inl;
@@ -94,6 +95,8 @@ struct model {
 	int n_ranks_local; /* T (threads) or 1 (rank-shard mode) */
 	struct model_rank *ranks;
 	struct tp_cpu_group *group;
+	struct tp_nccl_group *nccl; /* CUDA backend, TP > 1, all ranks local (tp_nccl.c) */
+	bool skip_collectives; /* bench only: the CUDA backend skips its NCCL collectives (wrong output) */
 	struct rank_workers *workers; /* NULL until the first TP forward */
 	struct kweight tok_embd; /* full */
 	float *out_norm; /* owned, D */

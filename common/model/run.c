@@ -1,6 +1,7 @@
 /* model_forward: checks a batch against the model and the KV pool (every token id, position,
  * sequence index and block id, since batches come from peers and requests), then runs every local
- * rank's forward: rank 0 on the calling thread, ranks 1..T-1 on their own threads (CPU TP). */
+ * rank's forward: rank 0 on the calling thread, ranks 1..T-1 on their own threads (CPU TP, and
+ * CUDA TP over GPUs, where each rank thread drives its own GPU and NCCL joins them). */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -192,16 +193,25 @@ int model_forward(struct model *m, struct model_kv *kv, const struct model_batch
 	struct rank_workers *w = m->workers;
 	/* a worker that could not start would leave the others waiting at the first collective */
 	TD_ASSERT(w->n == m->n_ranks_local - 1);
-	pthread_mutex_lock(&w->mu);
-	w->n_done = 0;
-	w->gen++;
-	pthread_cond_broadcast(&w->go);
-	pthread_mutex_unlock(&w->mu);
-	m->ranks[0].rc = model_rank_forward(m, &m->ranks[0]);
-	pthread_mutex_lock(&w->mu);
-	while (w->n_done < w->n)
-		pthread_cond_wait(&w->done, &w->mu);
-	pthread_mutex_unlock(&w->mu);
+	/* CUDA TP: when a decode graph capture fails on any rank, every rank agrees on it and returns
+	 * -EAGAIN before anything of the step ran: the step runs once more, eagerly */
+	for (int attempt = 0; attempt < 2; attempt++) {
+		pthread_mutex_lock(&w->mu);
+		w->n_done = 0;
+		w->gen++;
+		pthread_cond_broadcast(&w->go);
+		pthread_mutex_unlock(&w->mu);
+		m->ranks[0].rc = model_rank_forward(m, &m->ranks[0]);
+		pthread_mutex_lock(&w->mu);
+		while (w->n_done < w->n)
+			pthread_cond_wait(&w->done, &w->mu);
+		pthread_mutex_unlock(&w->mu);
+		bool all_again = true;
+		for (int i = 0; i < m->n_ranks_local; i++)
+			all_again = all_again && m->ranks[i].rc == -EAGAIN;
+		if (!all_again)
+			break;
+	}
 	for (int i = 0; i < m->n_ranks_local; i++)
 		if (m->ranks[i].rc)
 			return errbuf_set(e, m->ranks[i].rc, "forward failed on rank %d: %s", i,

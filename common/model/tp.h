@@ -3,12 +3,14 @@
  *   - CPU threads (tp_cpu.c): T ranks in one process, one thread each, shared memory.
  *   - "shard" (rank-shard mode): one rank r of T runs alone and every collective is a no-op
  *     (all_gather only places the local part), for benchmarking one rank's real work.
- *   - NCCL (later, kernels/cuda side) fills the same ops table.
+ *   - NCCL (tp_nccl.c): T ranks as threads of one process, one GPU each; buffers are device
+ *     memory and the ops are enqueued on the rank's stream (asynchronous, graph-capturable).
  * Every rank must call the same collectives in the same order with the same sizes. Sums are done
  * in a fixed rank order, so every rank gets bit-identical results. */
 #ifndef TANDEM_MODEL_TP_H
 #define TANDEM_MODEL_TP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "common/base/err.h"
@@ -63,5 +65,27 @@ void tp_cpu_group_destroy(struct tp_cpu_group *g);
  * Rank `rank` of `size` running alone: reduce/barrier/broadcast do nothing; all_gather copies the
  * local part to its slot and zero-fills the others. */
 void tp_shard_comm_init(struct tp_comm *c, int rank, int size);
+
+/* ---- NCCL backend (tp_nccl.c) ------------------------------------------------------------------
+ * `size` ranks as threads of one process, rank r on the GPU of ctxs[r] (borrowed; its stream is
+ * where rank r's collectives go). Every op takes device memory of the rank's GPU, is enqueued on
+ * its stream and returns before it runs; all_reduce_sum sums fp32 and every rank receives the same
+ * bits. tp_nccl_wait(c) waits for everything on rank c's stream with the deadline
+ * (TANDEM_NCCL_TIMEOUT_S, default 120 s): past it the rank's communicator is aborted and
+ * ERR_TIMEOUT returned; after any abort the group is broken and every op returns ERR_NCCL.
+ * tp_nccl_available loads libnccl.so.2 ($TANDEM_NCCL_LIB overrides the name) and says why not;
+ * tp_nccl_check_devices checks that devices first..first+size-1 exist among n_visible. */
+struct tp_nccl_group;
+struct kcuda_ctx;
+int tp_nccl_available(struct errbuf *e) TD_MUST_CHECK;
+int tp_nccl_version(void); /* NCCL_VERSION code of the loaded library, 0 before */
+int tp_nccl_check_devices(int size, int first, int n_visible, struct errbuf *e) TD_MUST_CHECK;
+double tp_nccl_timeout_s(void);
+int tp_nccl_group_create(struct tp_nccl_group **out, int size, struct kcuda_ctx *const *ctxs,
+                         struct tp_comm *comms, struct errbuf *e) TD_MUST_CHECK;
+void tp_nccl_group_destroy(struct tp_nccl_group *g);
+bool tp_is_nccl(const struct tp_comm *c);
+bool tp_nccl_broken(const struct tp_comm *c);
+int tp_nccl_wait(struct tp_comm *c) TD_MUST_CHECK;
 
 #endif

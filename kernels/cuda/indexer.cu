@@ -12,26 +12,11 @@
  * Plain fp32 CUDA cores (sm_90/100/120). */
 #include <errno.h>
 
-#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/mla_attn_mode.cuh"
 
 #define IDX_THREADS 256
 #define IDX_TK 64 /* keys per block */
 #define IDX_HG (IDX_THREADS / IDX_TK)
-
-struct idx_args {
-	const uint8_t *base;
-	int64_t n_blocks;
-	size_t block_bytes, offset;
-	int bt, bf16;
-	const int32_t *qseq, *blocks, *n_keys;
-	int64_t ld_blocks, pos0, max_keys;
-	const float *q, *w;
-	int HI, DI;
-	float scale;
-	float *scores;
-	int64_t ld;
-	unsigned *err;
-};
 
 __global__ void __launch_bounds__(IDX_THREADS) indexer_scores_kernel(idx_args a)
 {
@@ -180,6 +165,11 @@ static idx_args idx_rows_from(const idx_args &a, int64_t r0)
 /* grid (key tiles, rows), rows in launches of at most 65535 (the grid's y limit) */
 static int idx_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q)
 {
+	if (!kattn_use_ref()) { /* the tensor-core kernel (indexer_fast.cu) where it fits */
+		int rc = kcuda_indexer_fast_launch(c, a, n_q);
+		if (rc != ERR_UNSUPPORTED)
+			return rc;
+	}
 	const size_t smem = sizeof(float) * ((size_t)a.HI * a.DI + (size_t)IDX_TK * (a.DI + 1) +
 	                                     (size_t)a.HI * IDX_TK + a.HI);
 	KCUDA_CHECK(cudaFuncSetAttribute(indexer_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -228,22 +218,38 @@ extern "C" int kcuda_indexer_topk(struct kcuda_ctx *c, const struct kcuda_kv_vie
 	if (!sel || k < 0 || ld_sel < k)
 		return kcuda_bad_arg("indexer_topk", "sel %p, k %d, ld_sel %lld", (void *)sel, k,
 		                     (long long)ld_sel);
-	/* scores of as many rows as fit the workspace, then their top-k */
+	/* scores of as many rows as fit the workspace, then their top-k. Decode-sized batches take the
+	 * multi-block radix top-k, whose histograms go after the scores in the workspace; many rows
+	 * (prefill) the one-block-per-row kernel, which needs no scratch. */
 	const int64_t ld = rows->max_keys > 0 ? rows->max_keys : 1;
-	const int64_t per = (int64_t)(c->ws_bytes / ((size_t)ld * sizeof(float)));
+	const size_t sbytes = ((size_t)ld * sizeof(float) + 255) & ~(size_t)255;
+	int radix = !kattn_use_ref() && rows->n_q <= 64;
+	const size_t scratch1 = kcuda_topk_idx_radix_scratch(1, (int64_t)(sbytes / sizeof(float)));
+	if (radix && c->ws_bytes < sbytes + scratch1)
+		radix = 0; /* no room for the histograms: the ref kernel needs none */
+	int64_t per = (int64_t)(c->ws_bytes / (sbytes + (radix ? scratch1 : 0)));
 	if (per < 1)
 		return ERR_LIMIT;
+	if (per > rows->n_q)
+		per = rows->n_q;
 	a.scores = NULL;
-	a.ld = ld;
+	a.ld = (int64_t)(sbytes / sizeof(float));
 	for (int64_t r0 = 0; r0 < rows->n_q; r0 += per) {
 		const int64_t nr = rows->n_q - r0 < per ? rows->n_q - r0 : per;
 		idx_args b = idx_rows_from(a, r0);
 		b.scores = (float *)c->ws;
-		b.ld = ld;
 		if ((rc = idx_launch(c, b, nr)))
 			return rc;
-		if ((rc = kcuda_topk_idx(c, b.scores, ld, nr, b.n_keys, b.pos0, k, sel + r0 * ld_sel, ld_sel,
-		                         nsel ? nsel + r0 : NULL)))
+		rc = ERR_UNSUPPORTED;
+		if (radix)
+			rc = kcuda_topk_idx_radix(c, b.scores, b.ld, nr, b.n_keys, b.pos0, k,
+			                          sel + r0 * ld_sel, ld_sel, nsel ? nsel + r0 : NULL,
+			                          (uint8_t *)c->ws + (size_t)per * sbytes,
+			                          c->ws_bytes - (size_t)per * sbytes);
+		if (rc == ERR_UNSUPPORTED)
+			rc = kcuda_topk_idx_ref(c, b.scores, b.ld, nr, b.n_keys, b.pos0, k, sel + r0 * ld_sel,
+			                        ld_sel, nsel ? nsel + r0 : NULL);
+		if (rc)
 			return rc;
 	}
 	return 0;

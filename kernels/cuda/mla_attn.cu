@@ -24,7 +24,7 @@
 #include <errno.h>
 #include <math.h>
 
-#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/mla_attn_mode.cuh"
 
 #define MLA_THREADS 256
 #define MLA_TILE 32
@@ -267,9 +267,9 @@ static size_t mla_smem(int HG, int dim)
 	       sizeof(int) * MLA_TILE;
 }
 
-extern "C" int kcuda_mla_attn(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
-                              const struct kcuda_attn_rows *rows, const float *q, int64_t H, int64_t C,
-                              int64_t R, float scale, float *out)
+int kcuda_mla_attn_ref(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
+                       const struct kcuda_attn_rows *rows, const float *q, int64_t H, int64_t C, int64_t R,
+                       float scale, float *out)
 {
 	if (!c || !kv || !rows || !q || !out || !kv->base || !rows->blocks || H < 1 || C < 1 || R < 0 ||
 	    C > MLA_CMAX || kv->dim != C + R || kv->block_tokens < 1 || kv->n_blocks < 0 || rows->n_q < 0 ||

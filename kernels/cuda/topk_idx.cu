@@ -11,7 +11,7 @@
 #include <cub/block/block_scan.cuh>
 #include <errno.h>
 
-#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/mla_attn_mode.cuh"
 
 #define TKI_THREADS 1024
 
@@ -120,8 +120,8 @@ __global__ void __launch_bounds__(TKI_THREADS)
 	}
 }
 
-extern "C" int kcuda_topk_idx(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n_rows,
-                              const int32_t *n, int64_t n0, int k, int32_t *out, int64_t ldo, int32_t *n_out)
+int kcuda_topk_idx_ref(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n_rows, const int32_t *n,
+                       int64_t n0, int k, int32_t *out, int64_t ldo, int32_t *n_out)
 {
 	if (!c || !scores || !out || n_rows < 0 || k < 0 || ldo < k || ld < 1)
 		return kcuda_bad_arg("topk_idx", "rows %lld k %d ldo %lld ld %lld%s", (long long)n_rows, k,

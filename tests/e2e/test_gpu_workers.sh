@@ -147,16 +147,17 @@ stop_topology() {
 }
 
 if [ "$CPU_MODE" = 1 ]; then
-	A_PF="--kv-staged true" A_DC="--kv-staged true"
+	A_PF="--kv-staged true" A_DC="--kv-staged true --kv-upload-step-kb 100"
 	B_PF="--kv-staged true" B_DC=""
 	A_STRICT_CPU=100000 A_STRICT_CONC=100000 REF2=cpu-again
 else
-	A_PF="--backend cuda --max-seq-len 512" A_DC="--backend cuda --graphs 0 --max-seq-len 512"
+	A_PF="--backend cuda --max-seq-len 512" A_DC="--backend cuda --graphs 0 --max-seq-len 512 --kv-upload-step-kb 100"
 	B_PF="" B_DC="--backend cuda --graphs 1 --max-seq-len 512"
 	A_STRICT_CPU=8 A_STRICT_CONC=0 REF2=cuda
 fi
 
-# --- A. both workers on the device (CPU mode: both staged) ---
+# --- A. both workers on the device (CPU mode: both staged); decode uploads one prompt block per
+# step (--kv-upload-step-kb below one block), so sequences join the batch over several steps ---
 topology a "$A_PF" "$A_DC" sm,self || exit 1
 check "a-vs-generate-$REF2" "$TMP/ref-cuda.txt" 100000
 check a-vs-generate-cpu "$TMP/ref-cpu.txt" "$A_STRICT_CPU"

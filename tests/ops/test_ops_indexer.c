@@ -9,6 +9,10 @@
  *    kcpu_topk over the GPU's own scores exactly; where it differs from the CPU selection, both
  *    positions lie within the score tolerance of the K-th score (float near-ties only).
  * 3. kcuda_topk_idx alone: per-row lengths, NaN and -inf, many ties, k > n, against kcpu_topk.
+ * Everything runs twice: with the fast kernels (tensor-core scores, multi-block radix
+ * top-k for <= 64 rows) and with TANDEM_CUDA_ATTN=ref (the first kernels), so one GPU run checks
+ * both against the CPU. TANDEM_OPS_SMALL=1 keeps the contexts up to ~4k and skips part 3 (for
+ * compute-sanitizer runs).
  * Guard bytes around every output. Exit 77 = no GPU (skip). */
 #include <errno.h>
 
@@ -361,6 +365,15 @@ out:
 	free(got);
 }
 
+/* the longest context of a case */
+static int case_len(const struct icase *c)
+{
+	int m = c->T > 0 ? c->start + c->T : 0;
+	for (int s = 0; c->lens && s < c->n_seq; s++)
+		m = c->lens[s] > m ? c->lens[s] : m;
+	return m;
+}
+
 int main(void)
 {
 	if (kcuda_device_count() < 1) {
@@ -389,10 +402,34 @@ int main(void)
 	    {"random f32 HI32 DI128 ctx 100000", 0, 0, 32, 128, 2048, 1, l_100k, 0, 0},
 	    {"random bf16 prefill start 2000 T 70", 1, 0, 64, 128, 2048, 0, NULL, 2000, 70},
 	    {"odd HI5 DI40 K7 ctx 1..2049", 0, 0, 5, 40, 7, 7, l_small, 0, 0},
+	    /* GLM-5's indexer (HI 32, DI 128) on bf16 keys: the tensor-core kernel's main shape */
+	    {"exact bf16 HI32 DI128 ctx 1..2049", 1, 1, 32, 128, 2048, 7, l_small, 0, 0},
+	    {"exact bf16 HI32 DI128 ctx 32768", 1, 1, 32, 128, 2048, 1, l_32k, 0, 0},
+	    {"random bf16 HI32 DI128 ctx 100000", 1, 0, 32, 128, 2048, 1, l_100k, 0, 0},
+	    {"random bf16 HI32 DI128 batch ctx 1..2049", 1, 0, 32, 128, 2048, 7, l_small, 0, 0},
+	    {"exact bf16 HI16 DI64 K100 ctx 1..2049", 1, 1, 16, 64, 100, 7, l_small, 0, 0},
+	    {"random bf16 HI40 DI48 K33 prefill start 500 T 30", 1, 0, 40, 48, 33, 0, NULL, 500, 30},
 	};
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-		run_case(&cases[i]);
-	test_topk_rows();
+	/* TANDEM_OPS_SMALL=1: contexts up to ~4k only (for compute-sanitizer runs) */
+	const int small = getenv("TANDEM_OPS_SMALL") != NULL;
+	/* every case under both kernel sets: the fast ones (default) and TANDEM_CUDA_ATTN=ref */
+	for (int mode = 0; mode < 2; mode++) {
+		if (mode)
+			setenv("TANDEM_CUDA_ATTN", "ref", 1);
+		else
+			unsetenv("TANDEM_CUDA_ATTN");
+		printf("-- kernels: %s\n", mode ? "ref (TANDEM_CUDA_ATTN=ref)" : "fast (default)");
+		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+			if (small && case_len(&cases[i]) > 4200) {
+				printf("skipped (TANDEM_OPS_SMALL): %s\n", cases[i].name);
+				continue;
+			}
+			run_case(&cases[i]);
+		}
+		if (!small)
+			test_topk_rows();
+	}
+	unsetenv("TANDEM_CUDA_ATTN");
 	kcuda_ctx_destroy(ctx);
 	printf("%d checks, %d failed\n", ops_n_check, ops_n_fail);
 	return ops_n_fail ? 1 : 0;

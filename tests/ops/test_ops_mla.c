@@ -6,6 +6,9 @@
  * and per-row top-k; a small odd shape (C = 64, R = 16, H = 3). Tolerance: max |gpu - cpu| <= 5e-5
  * * max |cpu| per case (fp32 accumulation on both sides; the printed errors are ~1e-6). Guard bytes
  * around the output; no NaN/Inf; a bad block id is counted as an error and skipped.
+ * Every case runs twice: with the fast kernels (tensor cores, mla_attn_mma.cu) and with
+ * TANDEM_CUDA_ATTN=ref (the first kernel), so one GPU run checks both against the CPU.
+ * TANDEM_OPS_SMALL=1 keeps the contexts up to ~4k (for compute-sanitizer runs).
  * Exit 77 = no GPU (skip). */
 #include <errno.h>
 
@@ -269,6 +272,15 @@ static void test_args(void)
 	          "NULL q accepted");
 }
 
+/* the longest context of a case */
+static int case_len(const struct mcase *c)
+{
+	int m = c->prefill_T > 0 ? c->prefill_start + c->prefill_T : 0;
+	for (int s = 0; c->lens && s < c->n_seq; s++)
+		m = c->lens[s] > m ? c->lens[s] : m;
+	return m;
+}
+
 int main(void)
 {
 	if (kcuda_device_count() < 1) {
@@ -299,10 +311,35 @@ int main(void)
 	    {"prefill sparse K2048 f32 H8 start 2000 T 100", 0, 8, 512, 64, 0, NULL, 2000, 100, 2048, 2.0f},
 	    {"odd C64 R16 H3 decode ctx mix", 0, 3, 64, 16, 4, l_mix, 0, 0, 0, 2.0f},
 	    {"odd C64 R16 H3 prefill start 5 T 31", 1, 3, 64, 16, 0, NULL, 5, 31, 0, 2.0f},
+	    /* bf16 pools at the tensor-core kernel's shapes: GLM-5 per rank (H 8), DeepSeek-V3 (16, 128) */
+	    {"decode bf16 H8 ctx 2048/2049/1", 1, 8, 512, 64, 3, l_mid, 0, 0, 0, 3.0f},
+	    {"decode bf16 H16 ctx 32768", 1, 16, 512, 64, 1, l_long, 0, 0, 0, 3.0f},
+	    {"decode bf16 H64 ctx 2048/2049/1", 1, 64, 512, 64, 3, l_mid, 0, 0, 0, 1.0f},
+	    {"decode sparse K2048 bf16 H16 ctx 32768", 1, 16, 512, 64, 1, l_long, 0, 0, 2048, 3.0f},
+	    {"decode sparse K2048 bf16 H128 mix", 1, 128, 512, 64, 4, l_mix, 0, 0, 2048, 1.0f},
+	    {"prefill sparse K2048 bf16 H8 start 2000 T 100", 1, 8, 512, 64, 0, NULL, 2000, 100, 2048, 2.0f},
+	    {"odd C64 R16 H3 decode bf16 ctx mix", 1, 3, 64, 16, 4, l_mix, 0, 0, 0, 2.0f},
+	    {"odd C96 R32 H20 decode bf16 ctx small", 1, 20, 96, 32, 5, l_small, 0, 0, 0, 2.0f},
 	};
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-		run_case(&cases[i]);
-	test_args();
+	/* TANDEM_OPS_SMALL=1: contexts up to ~4k only (for compute-sanitizer runs) */
+	const int small = getenv("TANDEM_OPS_SMALL") != NULL;
+	/* every case under both kernel sets: the fast ones (default) and TANDEM_CUDA_ATTN=ref */
+	for (int mode = 0; mode < 2; mode++) {
+		if (mode)
+			setenv("TANDEM_CUDA_ATTN", "ref", 1);
+		else
+			unsetenv("TANDEM_CUDA_ATTN");
+		printf("-- kernels: %s\n", mode ? "ref (TANDEM_CUDA_ATTN=ref)" : "fast (default)");
+		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+			if (small && case_len(&cases[i]) > 4200) {
+				printf("skipped (TANDEM_OPS_SMALL): %s\n", cases[i].name);
+				continue;
+			}
+			run_case(&cases[i]);
+		}
+		test_args();
+	}
+	unsetenv("TANDEM_CUDA_ATTN");
 	kcuda_ctx_destroy(ctx);
 	printf("%d checks, %d failed\n", ops_n_check, ops_n_fail);
 	return ops_n_fail ? 1 : 0;

@@ -1,0 +1,279 @@
+/* DSA indexer scores on tensor cores: the fast path behind kcuda_indexer_scores / _topk (indexer.cu
+ * keeps the first kernel for other shapes and TANDEM_CUDA_ATTN=ref). Result as kcpu_indexer_scores: scores[t]
+ * = sum over h = 0..HI-1, in order, of w_h * d_h where d_h = scale * (q_h . k_t) > 0 (separate multiply and
+ * add, no FMA), -inf for an invalid key (counted as an error).
+ *
+ * Why tensor cores: a key (DI 128 bf16 = 256 B) meets HI = 32 heads: 4096 multiply-adds, 16 per
+ * byte: 64 T/s at 4 TB/s, twice what the fp32 cores give. mma.sync m16n8k16 (bf16, fp32
+ * accumulate; sm_80+, so sm_90/100/120). q is split into three bf16 parts (hi + mid + lo = the
+ * fp32 value: 3 x 8 mantissa bits) multiplied one after the other into the same accumulator; bf16
+ * keys need nothing more (every product exact), fp32 keys are split the same way and the six part
+ * products above fp32's rounding are summed. Only the fp32 accumulation order differs from the
+ * CPU's: on integer test data the scores are bit-equal, on float data ~1e-7 relative.
+ *
+ * Grid (key range of 128 positions, query row); 4 warps. The range is walked in tiles of 64 keys:
+ * the 64 row addresses are looked up first, the rows copied to shared memory with 16-byte
+ * cp.async while the previous tile is scored (double buffer). Warp w takes heads [16 mw, 16 mw + 16)
+ * and a share of the keys (with HI <= 16 each warp takes 16 keys, <= 32 32 keys, <= 64 all 64);
+ * its q fragments sit in registers for the whole kernel. d_h goes to shared memory as
+ * [key][head]; then one thread per key sums over the heads in order, as the CPU. */
+#include <errno.h>
+
+#include <type_traits>
+
+#include "kernels/cuda/mla_attn_mode.cuh"
+
+#define IF_WARPS 4
+#define IF_THREADS (32 * IF_WARPS)
+#define IF_TK 64 /* keys per tile */
+#define IF_TILES 2 /* tiles per block: ~2 blocks per SM at 32k positions, batch 1 */
+#define IF_DMAX 128
+#define IF_HMAX 64
+#define IF_SP (IF_HMAX + 1) /* d row stride (floats) */
+
+__device__ __forceinline__ void if_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+	             "{%8,%9}, {%0,%1,%2,%3};\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* x, y (x at the lower index) -> three bf16x2 whose sum is exactly (x, y) (normal range) */
+__device__ __forceinline__ void if_split3(float x, float y, uint32_t *p0, uint32_t *p1, uint32_t *p2)
+{
+	const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+	const float2 hf = __bfloat1622float2(h);
+	const float rx = x - hf.x, ry = y - hf.y;
+	const __nv_bfloat162 m = __floats2bfloat162_rn(rx, ry);
+	const float2 mf = __bfloat1622float2(m);
+	const __nv_bfloat162 l = __floats2bfloat162_rn(rx - mf.x, ry - mf.y);
+	*p0 = *(const uint32_t *)&h;
+	*p1 = *(const uint32_t *)&m;
+	*p2 = *(const uint32_t *)&l;
+}
+
+/* shared key row stride in values (16-byte multiple, conflict-free fragment loads) */
+static __host__ __device__ int if_rs(int DI, bool f32)
+{
+	return f32 ? DI + 4 : DI + 8;
+}
+static size_t if_smem(int DI, bool f32)
+{
+	return 2 * (size_t)IF_TK * (size_t)if_rs(DI, f32) * (f32 ? 4 : 2) /* key tiles */ +
+	       (size_t)IF_TK * IF_SP * 4 /* d */ + IF_HMAX * 4 /* w */ +
+	       2 * IF_TK * sizeof(void *) /* addresses */;
+}
+
+/* MW: head tiles of 16 (warps per key group; 4 / MW key groups); NT: n-tiles (8 keys) per warp.
+ * F32: fp32 keys, split into three bf16 parts as the fragments are read; the six products whose
+ * parts' weights add up to at most 2^-16 are summed (the rest lie below fp32's rounding). */
+template <int MW, bool F32> __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
+{
+	typedef typename std::conditional<F32, float, uint16_t>::type val_t;
+	constexpr int KG = IF_WARPS / MW; /* key groups */
+	constexpr int NT = IF_TK / 8 / KG; /* n-tiles per warp */
+	extern __shared__ __align__(16) uint8_t if_sm[];
+	const int DI = a.DI, HI = a.HI, RS = if_rs(DI, F32);
+	val_t *k_s = (val_t *)if_sm; /* [2][TK][RS] */
+	float *d_s = (float *)(k_s + 2 * IF_TK * RS); /* [TK][SP] */
+	float *w_s = d_s + IF_TK * IF_SP; /* [HMAX] */
+	const uint8_t **addr_s = (const uint8_t **)(w_s + IF_HMAX); /* [2][TK] */
+
+	const int64_t row = blockIdx.y;
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int g = lane >> 2, t = lane & 3;
+	int64_t nk = a.n_keys ? (int64_t)a.n_keys[row] : a.pos0 + row + 1;
+	if (nk < 0 || nk > a.max_keys) {
+		if (tid == 0 && blockIdx.x == 0)
+			atomicAdd(a.err, 1u);
+		nk = nk < 0 ? 0 : a.max_keys;
+	}
+	const int64_t k0 = (int64_t)blockIdx.x * IF_TK * IF_TILES;
+	if (k0 >= nk)
+		return;
+	const int64_t k1 = min(nk, k0 + IF_TK * IF_TILES);
+	const int ntiles = (int)((k1 - k0 + IF_TK - 1) / IF_TK);
+
+	for (int i = tid; i < IF_HMAX; i += IF_THREADS)
+		w_s[i] = i < HI ? a.w[row * (int64_t)HI + i] : 0.0f;
+	/* q fragments: heads 16 mw + (g, g + 8), dims ks 16 + 2t (+ 8) */
+	const int mw = warp % MW, kg = warp / MW;
+	const int nks = DI / 16;
+	uint32_t qf[IF_DMAX / 16][3][4];
+#pragma unroll
+	for (int ks = 0; ks < IF_DMAX / 16; ks++)
+#pragma unroll
+		for (int r = 0; r < 4; r++) {
+			const int h = 16 * mw + g + ((r & 1) ? 8 : 0);
+			const int col = ks * 16 + 2 * t + ((r & 2) ? 8 : 0);
+			float2 v = make_float2(0.0f, 0.0f);
+			if (ks < nks && h < HI)
+				v = *(const float2 *)(a.q + (row * HI + h) * (int64_t)DI + col);
+			if_split3(v.x, v.y, &qf[ks][0][r], &qf[ks][1][r], &qf[ks][2][r]);
+		}
+	const bool active = 16 * mw < HI;
+
+	const int32_t tbl = a.qseq ? a.qseq[row] : 0;
+	auto fill_addr = [&](int n, int st) {
+		if (tid < IF_TK) {
+			const int64_t p = k0 + (int64_t)n * IF_TK + tid;
+			const uint8_t *rp = NULL;
+			if (p < k1) {
+				if (p < a.ld_blocks * a.bt) {
+					const int64_t blk = a.blocks[(int64_t)tbl * a.ld_blocks + p / a.bt];
+					if (blk >= 0 && blk < a.n_blocks)
+						rp = a.base + (size_t)blk * a.block_bytes + a.offset +
+						     (size_t)(p % a.bt) * (size_t)DI * sizeof(val_t);
+				}
+				if (!rp)
+					atomicAdd(a.err, 1u);
+			}
+			addr_s[st * IF_TK + tid] = rp;
+		}
+	};
+	const int nch = DI * (int)sizeof(val_t) / 16; /* 16-byte pieces per row */
+	auto issue = [&](int st) {
+		for (int i = tid; i < IF_TK * nch; i += IF_THREADS) {
+			const int r = i / nch, cc = i - r * nch;
+			const uint8_t *p = addr_s[st * IF_TK + r];
+			uint8_t *dst = (uint8_t *)(k_s + (st * IF_TK + r) * RS) + 16 * cc;
+			if (p)
+				katt_cp16(dst, p + 16 * cc);
+			else
+				*(uint4 *)dst = make_uint4(0, 0, 0, 0);
+		}
+		katt_cp_commit();
+	};
+
+	fill_addr(0, 0);
+	__syncthreads();
+	issue(0);
+	for (int n = 0; n < ntiles; n++) {
+		const int st = n & 1;
+		if (n + 1 < ntiles)
+			fill_addr(n + 1, st ^ 1);
+		__syncthreads();
+		if (n + 1 < ntiles) {
+			issue(st ^ 1);
+			katt_cp_wait<1>();
+		} else {
+			katt_cp_wait<0>();
+		}
+		__syncthreads();
+		const val_t *kt = k_s + st * IF_TK * RS;
+		if (active) {
+			float acc[NT][4];
+#pragma unroll
+			for (int j = 0; j < NT; j++)
+				acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#pragma unroll
+			for (int ks = 0; ks < IF_DMAX / 16; ks++) {
+				if (ks < nks) {
+#pragma unroll
+					for (int j = 0; j < NT; j++) {
+						const val_t *kr =
+						    kt + (kg * NT * 8 + 8 * j + g) * RS + ks * 16 + 2 * t;
+						if (F32) {
+							const float2 x = *(const float2 *)kr,
+							             y = *(const float2 *)(kr + 8);
+							uint32_t b0[3], b1[3];
+							if_split3(x.x, x.y, &b0[0], &b0[1], &b0[2]);
+							if_split3(y.x, y.y, &b1[0], &b1[1], &b1[2]);
+							if_mma(acc[j], qf[ks][0], b0[0], b1[0]);
+							if_mma(acc[j], qf[ks][1], b0[0], b1[0]);
+							if_mma(acc[j], qf[ks][0], b0[1], b1[1]);
+							if_mma(acc[j], qf[ks][2], b0[0], b1[0]);
+							if_mma(acc[j], qf[ks][1], b0[1], b1[1]);
+							if_mma(acc[j], qf[ks][0], b0[2], b1[2]);
+						} else {
+							const uint32_t b0 = *(const uint32_t *)kr,
+							               b1 = *(const uint32_t *)(kr + 8);
+							if_mma(acc[j], qf[ks][0], b0, b1);
+							if_mma(acc[j], qf[ks][1], b0, b1);
+							if_mma(acc[j], qf[ks][2], b0, b1);
+						}
+					}
+				}
+			}
+#pragma unroll
+			for (int j = 0; j < NT; j++) {
+				const int key = kg * NT * 8 + 8 * j + 2 * t, h = 16 * mw + g;
+				d_s[key * IF_SP + h] = __fmul_rn(acc[j][0], a.scale);
+				d_s[(key + 1) * IF_SP + h] = __fmul_rn(acc[j][1], a.scale);
+				d_s[key * IF_SP + h + 8] = __fmul_rn(acc[j][2], a.scale);
+				d_s[(key + 1) * IF_SP + h + 8] = __fmul_rn(acc[j][3], a.scale);
+			}
+		}
+		__syncthreads();
+		if (tid < IF_TK) {
+			const int64_t p = k0 + (int64_t)n * IF_TK + tid;
+			if (p < k1) {
+				float s = 0.0f;
+				for (int h = 0; h < HI; h++) {
+					const float d = d_s[tid * IF_SP + h];
+					if (d > 0.0f)
+						s = __fadd_rn(s, __fmul_rn(w_s[h], d));
+				}
+				a.scores[row * a.ld + p] = addr_s[st * IF_TK + tid] ? s : -INFINITY;
+			}
+		}
+		__syncthreads(); /* the next iteration refills this stage and d */
+	}
+}
+
+template <int MW, bool F32>
+static int if_launch(struct kcuda_ctx *c, const idx_args &b, dim3 grid, size_t smem)
+{
+	KCUDA_CHECK(cudaFuncSetAttribute(indexer_fast_kernel<MW, F32>,
+	                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+	indexer_fast_kernel<MW, F32><<<grid, IF_THREADS, smem, c->stream>>>(b);
+	return kcuda_launch_status("indexer_fast");
+}
+
+int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q)
+{
+	if (a.HI < 1 || a.HI > IF_HMAX || a.DI % 16 || a.DI > IF_DMAX ||
+	    ((uintptr_t)a.base | a.block_bytes | a.offset) % 16 || (uintptr_t)a.q % 8)
+		return ERR_UNSUPPORTED;
+	const bool f32 = !a.bf16;
+	const size_t smem = if_smem(a.DI, f32);
+	int max_smem = 0;
+	if (cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device) !=
+	    cudaSuccess) {
+		(void)cudaGetLastError();
+		return ERR_UNSUPPORTED;
+	}
+	if (smem > (size_t)max_smem)
+		return ERR_UNSUPPORTED;
+	const int64_t ranges = (a.max_keys + IF_TK * IF_TILES - 1) / (IF_TK * IF_TILES);
+	if (ranges == 0 || n_q == 0)
+		return 0;
+	if (ranges > INT32_MAX)
+		return ERR_LIMIT;
+	const int MW = a.HI <= 16 ? 1 : (a.HI <= 32 ? 2 : 4);
+	for (int64_t r0 = 0; r0 < n_q; r0 += 65535) {
+		const int64_t nr = n_q - r0 < 65535 ? n_q - r0 : 65535;
+		idx_args b = a;
+		b.q = a.q + r0 * a.HI * a.DI;
+		b.w = a.w + r0 * a.HI;
+		b.qseq = a.qseq ? a.qseq + r0 : NULL;
+		b.n_keys = a.n_keys ? a.n_keys + r0 : NULL;
+		b.pos0 = a.pos0 + r0;
+		b.scores = a.scores + r0 * a.ld;
+		const dim3 grid((unsigned)ranges, (unsigned)nr);
+		int rc;
+		if (MW == 1)
+			rc = f32 ? if_launch<1, true>(c, b, grid, smem)
+			         : if_launch<1, false>(c, b, grid, smem);
+		else if (MW == 2)
+			rc = f32 ? if_launch<2, true>(c, b, grid, smem)
+			         : if_launch<2, false>(c, b, grid, smem);
+		else
+			rc = f32 ? if_launch<4, true>(c, b, grid, smem)
+			         : if_launch<4, false>(c, b, grid, smem);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}

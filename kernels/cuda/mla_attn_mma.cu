@@ -1,0 +1,549 @@
+/* MLA attention (absorbed form) over the paged KV cache on tensor cores: the fast path behind
+ * kcuda_mla_attn (the first kernel, mla_attn.cu, stays selectable: TANDEM_CUDA_ATTN=ref, and takes
+ * the shapes this one does not: fp32 pools, dim > 576 or not a multiple of 16, C not a multiple of
+ * 32, misaligned pools).
+ *
+ * Why tensor cores: a key row (576 bf16 = 1152 B) meets H heads for ~2 x 576 + 2 x 512 FLOP each;
+ * at 16 heads that is 30 FLOP per byte, 120 TFLOP/s at 4 TB/s: more than the fp32 CUDA cores give.
+ * mma.sync m16n8k16 (bf16 in, fp32 accumulate; sm_80 and later, so sm_90/100/120) does it at a
+ * small fraction of its rate. To keep the CPU's fp32 accuracy, the fp32 operands (q, and the
+ * softmax weights p) are split into bf16 hi + lo parts and multiplied twice (the keys are bf16
+ * already, so both products are exact up to the fp32 accumulation): ~2^-16 relative operand error
+ * instead of bf16's 2^-8.
+ *
+ * Grid (query row, key split, group of 16 heads); 4 warps. The block walks its key range in tiles
+ * of 32 rows: the 32 row addresses are looked up first (block table, top-k list) by one warp, then
+ * the rows are copied into shared memory with 16-byte cp.async, the next tile in flight while the
+ * current one is scored (double buffer). QK^T: warp w multiplies its quarter of the 36 dim steps
+ * (q fragments held in registers for the whole kernel) for all 32 keys; the 4 partial score tiles
+ * are summed in shared memory, where 8 threads per head do the online softmax (running max / sum
+ * in registers) and write p (bf16 hi/lo) and the rescale factor. PV: warp w owns channels
+ * [w C/4, (w + 1) C/4) of all 16 heads (C/32 n-tiles of 8), fp32 accumulators in registers.
+ * Split-K (flash-decoding) as the first kernel: each split writes (max, sum, unnormalised acc) to
+ * the workspace and a combine kernel merges them (log-sum-exp), weights computed once per block.
+ * With one split (prefill, many rows) the kernel normalises and writes out directly. Invalid keys
+ * (bad position or block id) get score -inf and a zeroed row (no NaN from stale shared memory) and
+ * are counted in the context's error counter, as in the first kernel. */
+#include <errno.h>
+#include <math.h>
+
+#include <type_traits>
+
+#include "kernels/cuda/mla_attn_mode.cuh"
+
+#define MM_WARPS 4
+#define MM_THREADS (32 * MM_WARPS)
+#define MM_HG 16 /* heads per block (one m16 tile) */
+#define MM_TK 32 /* keys per tile */
+#define MM_DMAX 576
+#define MM_KSW (MM_DMAX / 16 / MM_WARPS) /* k-steps of QK^T per warp: 9 */
+#define MM_NTW (512 / 8 / MM_WARPS) /* PV n-tiles per warp at C = 512: 16 */
+#define MM_PS 40 /* p row stride (bf16): 20 words, conflict-free fragment loads */
+#define MM_MAX_SPLIT 1024
+
+struct mm_args {
+	const uint8_t *base;
+	int64_t n_blocks;
+	size_t block_bytes, offset;
+	int bt;
+	int dim, elt; /* elt: bytes per cached value, 2 (bf16) or 4 (fp32) */
+	const int32_t *qseq, *blocks, *n_keys, *sel;
+	int64_t ld_blocks, pos0, ld_sel, max_keys;
+	const float *q;
+	int H, C;
+	float scale;
+	int chunk, nsplit;
+	float *out;
+	float *pacc, *pm, *pl; /* partials: [row][h][split][C], [row][h][split] */
+	unsigned *err;
+};
+
+__device__ __forceinline__ void mm_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+	             "{%8,%9}, {%0,%1,%2,%3};\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* x, y (x at the lower index) -> bf16x2 hi part and the bf16x2 of the remainders */
+__device__ __forceinline__ void mm_split2(float x, float y, uint32_t *hi, uint32_t *lo)
+{
+	const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+	const float2 hf = __bfloat1622float2(h);
+	const __nv_bfloat162 l = __floats2bfloat162_rn(x - hf.x, y - hf.y);
+	*hi = *(const uint32_t *)&h;
+	*lo = *(const uint32_t *)&l;
+}
+__device__ __forceinline__ void mm_split1(float x, uint16_t *hi, uint16_t *lo)
+{
+	const __nv_bfloat16 h = __float2bfloat16_rn(x);
+	const __nv_bfloat16 l = __float2bfloat16_rn(x - __bfloat162float(h));
+	*hi = *(const uint16_t *)&h;
+	*lo = *(const uint16_t *)&l;
+}
+
+__device__ __forceinline__ const uint8_t *mm_key_row(const mm_args &a, int64_t row, int j)
+{
+	const int64_t p = a.sel ? (int64_t)a.sel[row * a.ld_sel + j] : (int64_t)j;
+	if (p < 0 || p >= a.ld_blocks * a.bt)
+		return NULL;
+	const int32_t tbl = a.qseq ? a.qseq[row] : 0;
+	const int64_t blk = a.blocks[(int64_t)tbl * a.ld_blocks + p / a.bt];
+	if (blk < 0 || blk >= a.n_blocks)
+		return NULL;
+	return a.base + (size_t)blk * a.block_bytes + a.offset +
+	       (size_t)(p % a.bt) * (size_t)a.dim * (size_t)a.elt;
+}
+
+/* shared row stride in values: a 16-byte multiple whose word stride is 4 mod 32 for bf16 (dim + 8)
+ * and 4 mod 32 floats for fp32 (dim + 4): conflict-free fragment loads (dim a multiple of 16) */
+static __host__ __device__ int mm_rs(int dim, bool f32)
+{
+	return f32 ? dim + 4 : dim + 8;
+}
+static size_t mm_smem(int dim, bool f32)
+{
+	return 2 * MM_TK * (size_t)mm_rs(dim, f32) * (f32 ? 4 : 2) /* kv tiles */ +
+	       MM_WARPS * MM_HG * MM_TK * 4 /* partial scores */ + 2 * MM_HG * MM_PS * 2 /* p hi, lo */ +
+	       MM_HG * 4 /* corr */ + 2 * MM_HG * 4 /* m, l */ +
+	       2 * MM_TK * sizeof(void *) /* row addresses */;
+}
+
+/* F32: the pool holds fp32 values; they are split into bf16 hi + lo as the fragments are read and
+ * multiplied as hi*hi + lo*hi + hi*lo (the lo*lo term is below 2^-16 of the result) */
+template <bool F32> __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel(mm_args a)
+{
+	typedef typename std::conditional<F32, float, uint16_t>::type val_t;
+	extern __shared__ __align__(16) uint8_t mm_sm[];
+	const int dim = a.dim, RS = mm_rs(dim, F32), C = a.C;
+	val_t *kv_s = (val_t *)mm_sm; /* [2][TK][RS] */
+	float *sred = (float *)(kv_s + 2 * MM_TK * RS); /* [WARPS][HG][TK] */
+	uint16_t *phi = (uint16_t *)(sred + MM_WARPS * MM_HG * MM_TK); /* [HG][PS] */
+	uint16_t *plo = phi + MM_HG * MM_PS;
+	float *corr_s = (float *)(plo + MM_HG * MM_PS); /* [HG] */
+	float *ml_s = corr_s + MM_HG; /* [HG][2] */
+	const uint8_t **addr_s = (const uint8_t **)(ml_s + 2 * MM_HG); /* [2][TK] */
+
+	const int64_t row = blockIdx.x;
+	const int split = blockIdx.y, h0 = blockIdx.z * MM_HG;
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int g = lane >> 2, t = lane & 3; /* mma fragment coordinates */
+
+	int64_t nk64 = a.n_keys ? (int64_t)a.n_keys[row] : a.pos0 + row + 1;
+	if (nk64 < 0 || nk64 > a.max_keys) {
+		if (tid == 0 && split == 0 && blockIdx.z == 0)
+			atomicAdd(a.err, 1u);
+		nk64 = nk64 < 0 ? 0 : a.max_keys;
+	}
+	const int nk = (int)nk64;
+	const int k0 = split * a.chunk, k1 = min(nk, k0 + a.chunk);
+	const int ntiles = k1 > k0 ? (k1 - k0 + MM_TK - 1) / MM_TK : 0;
+
+	/* q fragments (A of QK^T: rows = heads, k = dims) for this warp's dim steps ks = warp + 4 i */
+	const int nks = dim / 16;
+	uint32_t qh[MM_KSW][4], ql[MM_KSW][4];
+#pragma unroll
+	for (int i = 0; i < MM_KSW; i++) {
+		const int ks = warp + MM_WARPS * i;
+#pragma unroll
+		for (int r = 0; r < 4; r++) {
+			const int h = h0 + g + ((r & 1) ? 8 : 0);
+			const int col = ks * 16 + 2 * t + ((r & 2) ? 8 : 0);
+			float2 v = make_float2(0.0f, 0.0f);
+			if (ks < nks && h < a.H)
+				v = *(const float2 *)(a.q + (row * a.H + h) * (int64_t)dim + col);
+			mm_split2(v.x, v.y, &qh[i][r], &ql[i][r]);
+		}
+	}
+
+	/* the addresses of tile n's rows (one warp), then their copy (all threads, one commit group) */
+	auto fill_addr = [&](int n, int st) {
+		if (warp == 0) {
+			const int j = k0 + n * MM_TK + lane;
+			const uint8_t *p = NULL;
+			if (j < k1) {
+				p = mm_key_row(a, row, j);
+				if (!p)
+					atomicAdd(a.err, 1u);
+			}
+			addr_s[st * MM_TK + lane] = p;
+		}
+	};
+	const int nchunk = dim * (int)sizeof(val_t) / 16; /* 16-byte pieces per row */
+	auto issue = [&](int st) {
+		for (int r = warp; r < MM_TK; r += MM_WARPS) {
+			const uint8_t *p = addr_s[st * MM_TK + r];
+			uint8_t *dst = (uint8_t *)(kv_s + (st * MM_TK + r) * RS);
+			for (int c = lane; c < nchunk; c += 32) {
+				if (p)
+					katt_cp16(dst + 16 * c, p + 16 * c);
+				else
+					*(uint4 *)(dst + 16 * c) = make_uint4(0, 0, 0, 0);
+			}
+		}
+		katt_cp_commit();
+	};
+
+	const int cw = C / MM_WARPS, ntw = cw / 8; /* PV channels and n-tiles of this warp */
+	float oacc[MM_NTW][4];
+#pragma unroll
+	for (int j = 0; j < MM_NTW; j++)
+		oacc[j][0] = oacc[j][1] = oacc[j][2] = oacc[j][3] = 0.0f;
+	/* softmax role: 8 threads per head, 4 keys each; running max / sum kept by all 8 */
+	const int sh = tid >> 3, sk = (tid & 7) * 4;
+	float m_run = -INFINITY, l_run = 0.0f;
+
+	if (ntiles > 0) {
+		fill_addr(0, 0);
+		__syncthreads();
+		issue(0);
+	}
+	for (int n = 0; n < ntiles; n++) {
+		const int st = n & 1;
+		if (n + 1 < ntiles)
+			fill_addr(n + 1, st ^ 1);
+		__syncthreads();
+		if (n + 1 < ntiles) {
+			issue(st ^ 1);
+			katt_cp_wait<1>();
+		} else {
+			katt_cp_wait<0>();
+		}
+		__syncthreads();
+		const val_t *kt = kv_s + st * MM_TK * RS;
+
+		/* S = Q K^T, this warp's dim steps, 4 n-tiles of 8 keys */
+		float sacc[4][4];
+#pragma unroll
+		for (int j = 0; j < 4; j++)
+			sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
+#pragma unroll
+		for (int i = 0; i < MM_KSW; i++) {
+			const int ks = warp + MM_WARPS * i;
+			if (ks < nks) {
+#pragma unroll
+				for (int j = 0; j < 4; j++) {
+					const val_t *kr = kt + (8 * j + g) * RS + ks * 16 + 2 * t;
+					if (F32) {
+						const float2 x = *(const float2 *)kr,
+						             y = *(const float2 *)(kr + 8);
+						uint32_t bh0, bl0, bh1, bl1;
+						mm_split2(x.x, x.y, &bh0, &bl0);
+						mm_split2(y.x, y.y, &bh1, &bl1);
+						mm_mma(sacc[j], qh[i], bh0, bh1);
+						mm_mma(sacc[j], ql[i], bh0, bh1);
+						mm_mma(sacc[j], qh[i], bl0, bl1);
+					} else {
+						const uint32_t b0 = *(const uint32_t *)kr,
+						               b1 = *(const uint32_t *)(kr + 8);
+						mm_mma(sacc[j], qh[i], b0, b1);
+						mm_mma(sacc[j], ql[i], b0, b1);
+					}
+				}
+			}
+		}
+		float *sw = sred + warp * MM_HG * MM_TK;
+#pragma unroll
+		for (int j = 0; j < 4; j++) {
+			*(float2 *)(sw + g * MM_TK + 8 * j + 2 * t) = make_float2(sacc[j][0], sacc[j][1]);
+			*(float2 *)(sw + (g + 8) * MM_TK + 8 * j + 2 * t) =
+			    make_float2(sacc[j][2], sacc[j][3]);
+		}
+		__syncthreads();
+
+		/* online softmax of head sh over keys sk .. sk + 3 of the tile */
+		{
+			float s[4], mt = -INFINITY;
+#pragma unroll
+			for (int u = 0; u < 4; u++) {
+				float d = 0.0f;
+#pragma unroll
+				for (int w = 0; w < MM_WARPS; w++)
+					d += sred[(w * MM_HG + sh) * MM_TK + sk + u];
+				s[u] = addr_s[st * MM_TK + sk + u] ? d * a.scale : -INFINITY;
+				mt = fmaxf(mt, s[u]);
+			}
+			mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+			mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+			mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 4));
+			const float mn = fmaxf(m_run, mt);
+			const float corr = mn == -INFINITY ? 1.0f : expf(m_run - mn);
+			float ps = 0.0f;
+#pragma unroll
+			for (int u = 0; u < 4; u++) {
+				const float p = mn == -INFINITY ? 0.0f : expf(s[u] - mn);
+				ps += p;
+				mm_split1(p, &phi[sh * MM_PS + sk + u], &plo[sh * MM_PS + sk + u]);
+			}
+			ps += __shfl_xor_sync(0xffffffffu, ps, 1);
+			ps += __shfl_xor_sync(0xffffffffu, ps, 2);
+			ps += __shfl_xor_sync(0xffffffffu, ps, 4);
+			l_run = l_run * corr + ps;
+			m_run = mn;
+			if ((tid & 7) == 0)
+				corr_s[sh] = corr;
+		}
+		__syncthreads();
+
+		/* O = O * corr + P V over this warp's channels */
+		{
+			const float c0 = corr_s[g], c8 = corr_s[g + 8];
+#pragma unroll
+			for (int j = 0; j < MM_NTW; j++) {
+				oacc[j][0] *= c0;
+				oacc[j][1] *= c0;
+				oacc[j][2] *= c8;
+				oacc[j][3] *= c8;
+			}
+#pragma unroll
+			for (int kk = 0; kk < MM_TK / 16; kk++) {
+				uint32_t ah[4], al[4];
+				const int pc = kk * 16 + 2 * t;
+				ah[0] = *(const uint32_t *)(phi + g * MM_PS + pc);
+				ah[1] = *(const uint32_t *)(phi + (g + 8) * MM_PS + pc);
+				ah[2] = *(const uint32_t *)(phi + g * MM_PS + pc + 8);
+				ah[3] = *(const uint32_t *)(phi + (g + 8) * MM_PS + pc + 8);
+				al[0] = *(const uint32_t *)(plo + g * MM_PS + pc);
+				al[1] = *(const uint32_t *)(plo + (g + 8) * MM_PS + pc);
+				al[2] = *(const uint32_t *)(plo + g * MM_PS + pc + 8);
+				al[3] = *(const uint32_t *)(plo + (g + 8) * MM_PS + pc + 8);
+				/* B = V rows pc, pc + 1 (b0) and pc + 8, pc + 9 (b1), column = channel */
+				const val_t *vr = kt + pc * RS + warp * cw + g;
+#pragma unroll
+				for (int j = 0; j < MM_NTW; j++) {
+					if (j < ntw) {
+						const val_t *v = vr + 8 * j;
+						if (F32) {
+							uint32_t bh0, bl0, bh1, bl1;
+							mm_split2((float)v[0], (float)v[RS], &bh0, &bl0);
+							mm_split2((float)v[8 * RS], (float)v[9 * RS], &bh1,
+							          &bl1);
+							mm_mma(oacc[j], ah, bh0, bh1);
+							mm_mma(oacc[j], al, bh0, bh1);
+							mm_mma(oacc[j], ah, bl0, bl1);
+						} else {
+							const uint32_t b0 =
+							    (uint32_t)v[0] | ((uint32_t)v[RS] << 16);
+							const uint32_t b1 =
+							    (uint32_t)v[8 * RS] | ((uint32_t)v[9 * RS] << 16);
+							mm_mma(oacc[j], ah, b0, b1);
+							mm_mma(oacc[j], al, b0, b1);
+						}
+					}
+				}
+			}
+		}
+		__syncthreads(); /* the next iteration refills this stage, the scores and p */
+	}
+
+	if ((tid & 7) == 0) {
+		ml_s[2 * sh] = m_run;
+		ml_s[2 * sh + 1] = l_run;
+	}
+	__syncthreads();
+#pragma unroll
+	for (int j = 0; j < MM_NTW; j++) {
+		if (j >= ntw)
+			break;
+		const int cc = warp * cw + 8 * j + 2 * t;
+#pragma unroll
+		for (int half = 0; half < 2; half++) {
+			const int hl = g + 8 * half;
+			if (h0 + hl >= a.H)
+				continue;
+			const int64_t rh = row * a.H + h0 + hl;
+			const float l = ml_s[2 * hl + 1];
+			const float v0 = oacc[j][2 * half], v1 = oacc[j][2 * half + 1];
+			if (a.nsplit == 1) {
+				const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+				*(float2 *)(a.out + rh * C + cc) = make_float2(v0 * inv, v1 * inv);
+			} else if (l > 0.0f) {
+				const int64_t ps = rh * a.nsplit + split;
+				*(float2 *)(a.pacc + ps * C + cc) = make_float2(v0, v1);
+			}
+		}
+	}
+	if (a.nsplit > 1 && tid < MM_HG && h0 + tid < a.H) {
+		const int64_t ps = (row * a.H + h0 + tid) * a.nsplit + split;
+		a.pm[ps] = ml_s[2 * tid];
+		a.pl[ps] = ml_s[2 * tid + 1];
+	}
+}
+
+__device__ __forceinline__ float mm_block_reduce(float v, float *red, bool is_max)
+{
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1) {
+		const float u = __shfl_xor_sync(0xffffffffu, v, o);
+		v = is_max ? fmaxf(v, u) : v + u;
+	}
+	if ((threadIdx.x & 31) == 0)
+		red[threadIdx.x >> 5] = v;
+	__syncthreads();
+	v = red[0];
+	for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+		v = is_max ? fmaxf(v, red[w]) : v + red[w];
+	__syncthreads(); /* red is reused by the next call */
+	return v;
+}
+
+/* out[row][h] = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M). Block (row x head, 32 channels),
+ * 4 warps: the split weights are computed once per block into shared memory, then warp w sums
+ * splits w, w + 4, ... of its 32 channels (coalesced rows, 4 loads in flight per thread) and the 4
+ * partial sums meet in shared memory. Enough independent loads for the partials (up to ~4 MB at
+ * 32k keys, in L2) to stream rather than wait on one L2 latency per split. */
+__global__ void __launch_bounds__(128)
+    mla_mma_combine(const float *__restrict__ pacc, const float *__restrict__ pm,
+                    const float *__restrict__ pl, int nsplit, int C, float *__restrict__ out)
+{
+	extern __shared__ float w_s[]; /* [nsplit] */
+	__shared__ float red[4];
+	__shared__ float part[4][32];
+	const int64_t rh = blockIdx.x;
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const float *m = pm + rh * nsplit, *l = pl + rh * nsplit;
+	float M = -INFINITY;
+	for (int s = tid; s < nsplit; s += blockDim.x)
+		if (l[s] > 0.0f)
+			M = fmaxf(M, m[s]);
+	M = mm_block_reduce(M, red, true);
+	float L = 0.0f;
+	for (int s = tid; s < nsplit; s += blockDim.x)
+		if (l[s] > 0.0f)
+			L += l[s] * expf(m[s] - M);
+	L = mm_block_reduce(L, red, false);
+	const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+	for (int s = tid; s < nsplit; s += blockDim.x)
+		w_s[s] = l[s] > 0.0f ? expf(m[s] - M) * inv : 0.0f;
+	__syncthreads();
+	const int cc = blockIdx.y * 32 + lane;
+	const bool in = cc < C;
+	/* splits without keys left their acc unwritten (stale workspace, maybe NaN): their weight is 0
+	 * and the value is not used (select, not multiply) */
+	const float *pa = pacc + rh * (int64_t)nsplit * C + (in ? cc : 0);
+	float v = 0.0f;
+	int s = warp;
+	for (; s + 12 < nsplit; s += 16) {
+		float x[4], w[4];
+#pragma unroll
+		for (int u = 0; u < 4; u++) {
+			x[u] = pa[(int64_t)(s + 4 * u) * C];
+			w[u] = w_s[s + 4 * u];
+		}
+#pragma unroll
+		for (int u = 0; u < 4; u++)
+			v = w[u] != 0.0f ? fmaf(w[u], x[u], v) : v;
+	}
+	for (; s < nsplit; s += 4) {
+		const float x = pa[(int64_t)s * C], w = w_s[s];
+		v = w != 0.0f ? fmaf(w, x, v) : v;
+	}
+	part[warp][lane] = v;
+	__syncthreads();
+	if (warp == 0 && in)
+		out[rh * C + cc] = (part[0][lane] + part[1][lane]) + (part[2][lane] + part[3][lane]);
+}
+
+/* Does the tensor-core kernel take this call? Every check of the first kernel's argument
+ * validation in positive form (a bad call goes to it and is reported there) plus this kernel's own
+ * shape and alignment needs. */
+static bool mm_fits(const struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
+                    const struct kcuda_attn_rows *rows, const float *q, int64_t H, int64_t C, int64_t R,
+                    const float *out)
+{
+	if (!c || !kv || !rows || !q || !out || !kv->base || !rows->blocks || H < 1 || C < 1 || R < 0 ||
+	    C > 512 || kv->dim != C + R || kv->block_tokens < 1 || kv->n_blocks < 0 || rows->n_q < 1 ||
+	    rows->ld_blocks < 1 || rows->max_keys < 0 || (rows->sel && rows->ld_sel < 1))
+		return false;
+	if (rows->n_q > INT32_MAX || rows->max_keys > INT32_MAX / 2 || (H + MM_HG - 1) / MM_HG > 65535)
+		return false;
+	if (kv->dim % 16 || kv->dim > MM_DMAX || C % (8 * MM_WARPS))
+		return false;
+	if (((uintptr_t)kv->base | kv->block_bytes | kv->offset) % 16 || (uintptr_t)q % 8 ||
+	    (uintptr_t)out % 8)
+		return false;
+	/* fp32 tiles need ~160 KB: Hopper and sm_100 have it, sm_120 (99 KB) takes the first kernel */
+	int max_smem = 0;
+	if (cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device) !=
+	    cudaSuccess) {
+		(void)cudaGetLastError();
+		return false;
+	}
+	return mm_smem((int)kv->dim, !kv->bf16) <= (size_t)max_smem;
+}
+
+extern "C" int kcuda_mla_attn(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
+                              const struct kcuda_attn_rows *rows, const float *q, int64_t H, int64_t C,
+                              int64_t R, float scale, float *out)
+{
+	if (kattn_use_ref() || !mm_fits(c, kv, rows, q, H, C, R, out))
+		return kcuda_mla_attn_ref(c, kv, rows, q, H, C, R, scale, out);
+
+	mm_args a;
+	a.base = (const uint8_t *)kv->base;
+	a.n_blocks = kv->n_blocks;
+	a.block_bytes = kv->block_bytes;
+	a.offset = kv->offset;
+	a.bt = kv->block_tokens;
+	a.dim = (int)kv->dim;
+	a.elt = kv->bf16 ? 2 : 4;
+	a.qseq = rows->qseq;
+	a.blocks = rows->blocks;
+	a.n_keys = rows->n_keys;
+	a.sel = rows->sel;
+	a.ld_blocks = rows->ld_blocks;
+	a.pos0 = rows->pos0;
+	a.ld_sel = rows->ld_sel;
+	a.max_keys = rows->max_keys;
+	a.q = q;
+	a.H = (int)H;
+	a.C = (int)C;
+	a.scale = scale;
+	a.out = out;
+	a.err = c->err_dev;
+
+	/* splits: aim at one wave of resident blocks (shared memory allows 2 per SM with bf16 tiles, 1
+	 * with fp32), each split a whole number of 32-key tiles; partials must fit the workspace; at most
+	 * MM_MAX_SPLIT (the combine's weights) */
+	const int n_hg = (int)((H + MM_HG - 1) / MM_HG);
+	const int64_t max_tiles = (rows->max_keys + MM_TK - 1) / MM_TK;
+	const int64_t blocks = rows->n_q * n_hg;
+	int64_t want = ((kv->bf16 ? 2 : 1) * (int64_t)c->n_sm + blocks - 1) / blocks;
+	if (want > max_tiles)
+		want = max_tiles;
+	if (want > MM_MAX_SPLIT)
+		want = MM_MAX_SPLIT;
+	const size_t per_split = (size_t)rows->n_q * (size_t)H * ((size_t)C + 2) * sizeof(float);
+	if (want > 1 && (size_t)want * per_split > c->ws_bytes)
+		want = (int64_t)(c->ws_bytes / per_split);
+	if (want < 1)
+		want = 1;
+	const int64_t tiles_per = max_tiles > 0 ? (max_tiles + want - 1) / want : 1;
+	a.chunk = (int)(tiles_per * MM_TK);
+	a.nsplit = max_tiles > 0 ? (int)((max_tiles + tiles_per - 1) / tiles_per) : 1;
+	float *ws = (float *)c->ws;
+	const size_t n_ps = (size_t)rows->n_q * (size_t)H * (size_t)a.nsplit;
+	a.pacc = ws;
+	a.pm = ws + n_ps * (size_t)C;
+	a.pl = a.pm + n_ps;
+
+	const size_t smem = mm_smem(a.dim, !kv->bf16);
+	dim3 grid((unsigned)rows->n_q, (unsigned)a.nsplit, (unsigned)n_hg);
+	if (kv->bf16) {
+		KCUDA_CHECK(cudaFuncSetAttribute(mla_mma_kernel<false>,
+		                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+		mla_mma_kernel<false><<<grid, MM_THREADS, smem, c->stream>>>(a);
+	} else {
+		KCUDA_CHECK(cudaFuncSetAttribute(mla_mma_kernel<true>,
+		                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+		mla_mma_kernel<true><<<grid, MM_THREADS, smem, c->stream>>>(a);
+	}
+	int rc = kcuda_launch_status("mla_mma");
+	if (rc || a.nsplit == 1)
+		return rc;
+	dim3 cgrid((unsigned)(rows->n_q * H), (unsigned)((C + 31) / 32));
+	mla_mma_combine<<<cgrid, 128, sizeof(float) * (size_t)a.nsplit, c->stream>>>(a.pacc, a.pm, a.pl,
+	                                                                             a.nsplit, a.C, out);
+	return kcuda_launch_status("mla_mma_combine");
+}

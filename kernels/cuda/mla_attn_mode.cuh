@@ -1,0 +1,69 @@
+/* Which attention / indexer kernels the kcuda_mla_attn, kcuda_indexer_* and kcuda_topk_idx entry
+ * points take: the fast ones (mla_attn_mma.cu, indexer_fast.cu, topk_idx_radix.cu; default) or the
+ * first, simple ones (mla_attn.cu, indexer.cu, topk_idx.cu) with TANDEM_CUDA_ATTN=ref. The switch
+ * exists so a failure of a new kernel on a GPU costs nothing (set the variable, rerun), and so the
+ * op tests can check both against the CPU in one run. Read on every call (a getenv, well under a
+ * microsecond next to a launch; under CUDA-graph capture it is read once, at capture), so a test
+ * can flip it between calls. Internal to kernels/cuda. */
+#ifndef TANDEM_KERNELS_CUDA_MLA_ATTN_MODE_CUH
+#define TANDEM_KERNELS_CUDA_MLA_ATTN_MODE_CUH
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+static inline int kattn_use_ref(void)
+{
+	const char *e = getenv("TANDEM_CUDA_ATTN");
+	return e && strcmp(e, "ref") == 0;
+}
+
+/* the first kernels, kept behind the switch (same arguments as the public ops) */
+int kcuda_mla_attn_ref(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
+                       const struct kcuda_attn_rows *rows, const float *q, int64_t H, int64_t C, int64_t R,
+                       float scale, float *out);
+int kcuda_topk_idx_ref(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n_rows, const int32_t *n,
+                       int64_t n0, int k, int32_t *out, int64_t ldo, int32_t *n_out);
+/* multi-block radix top-k with an explicit scratch area (topk_idx_radix.cu); ERR_UNSUPPORTED when
+ * the shape does not suit it (many rows, scratch too small): the caller then takes the ref kernel */
+int kcuda_topk_idx_radix(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n_rows,
+                         const int32_t *n, int64_t n0, int k, int32_t *out, int64_t ldo, int32_t *n_out,
+                         void *scratch, size_t scratch_bytes);
+size_t kcuda_topk_idx_radix_scratch(int64_t n_rows, int64_t max_n);
+
+/* the indexer score kernels' arguments (indexer.cu fills them, both kernels read them) */
+struct idx_args {
+	const uint8_t *base;
+	int64_t n_blocks;
+	size_t block_bytes, offset;
+	int bt, bf16;
+	const int32_t *qseq, *blocks, *n_keys;
+	int64_t ld_blocks, pos0, max_keys;
+	const float *q, *w;
+	int HI, DI;
+	float scale;
+	float *scores;
+	int64_t ld;
+	unsigned *err;
+};
+/* the tensor-core score kernel (indexer_fast.cu) for rows [0, n_q) of a: ERR_UNSUPPORTED when the
+ * shape does not suit it (fp32 keys, HI > 64, DI > 128 or not a multiple of 16, misaligned) */
+int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q);
+
+/* cp.async helpers (sm_80+): 16-byte global -> shared copies that bypass L1 */
+__device__ __forceinline__ void katt_cp16(void *smem, const void *gmem)
+{
+	const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void katt_cp_commit(void)
+{
+	asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void katt_cp_wait(void)
+{
+	asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+#endif

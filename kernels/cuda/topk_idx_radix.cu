@@ -1,0 +1,330 @@
+/* Exact top-k of each row of indexer scores, multi-block: the fast path behind kcuda_topk_idx for
+ * decode-sized batches (the first kernel, topk_idx.cu, one 1024-thread block per row, stays for many
+ * rows and under TANDEM_CUDA_ATTN=ref). Same result as kcpu_topk: score descending, ties to the
+ * LOWER position, NaN as -inf, min(k, n) positions in ascending order.
+ *
+ * Why: one block per row reads a 32k row five times with one SM (~50 us at 32k, ~200 us at 100k).
+ * Here every row is cut into slices of 2048 scores, a block each (grid slices x rows), and the
+ * radix select runs on the order-preserving uint32 key of the score with 11-, 11- and 10-bit digits:
+ *   hist(0)  every block adds its slice's histogram of bits 31..21 to the row's global histogram;
+ *   hist(1)  every block finds the digit d1 holding the k-th best from histogram 0 (a block scan of
+ *            2048 bins, redundantly per block: cheaper than a launch) and histograms bits 20..10 of
+ *            the keys whose top digit is d1; hist(2) likewise for bits 9..0;
+ *   count    every block derives the k-th key T and `need` (how many keys == T belong to the result:
+ *            the lowest-positioned ones) and counts its keys > T and == T;
+ *   write    every block sums the counts of the blocks before it (its output offset and how many
+ *            equal keys lie before it) and writes its taken positions in order (block scans).
+ * Five launches and one memset of the histograms, each a read of the row from L2. Scratch (the
+ * histograms and counts) lives in the caller's area: the context workspace. */
+#include <cub/block/block_scan.cuh>
+#include <errno.h>
+
+#include "kernels/cuda/mla_attn_mode.cuh"
+
+#define TR_THREADS 256
+#define TR_PER 8 /* scores per thread */
+#define TR_SLICE (TR_THREADS * TR_PER)
+#define TR_MAX_ROWS 64 /* more rows: the one-block-per-row kernel already fills the GPU */
+#define TR_H0 2048
+#define TR_H1 2048
+#define TR_H2 1024
+#define TR_HIST (TR_H0 + TR_H1 + TR_H2)
+
+typedef cub::BlockScan<unsigned, TR_THREADS> tr_scan_t;
+
+__device__ __forceinline__ uint32_t tr_key(float v)
+{
+	const uint32_t u = __float_as_uint(v);
+	if (v != v)
+		return 0x007fffffu; /* NaN ranks as -inf (the key of -inf) */
+	return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+struct tr_args {
+	const float *s;
+	int64_t ld;
+	const int32_t *n_dev;
+	int64_t n0;
+	int k;
+	int32_t *out;
+	int64_t ldo;
+	int32_t *n_out;
+	unsigned *scratch; /* per row: TR_HIST bins, then nb (gt, eq) pairs */
+	int nb;
+	unsigned *err;
+};
+
+__device__ __forceinline__ unsigned *tr_row_scratch(const tr_args &a, int64_t row)
+{
+	return a.scratch + row * (int64_t)(TR_HIST + 2 * a.nb);
+}
+
+/* the row's length, clamped to [0, ld] (a longer one is counted as an error by slice 0) */
+__device__ __forceinline__ int tr_row_n(const tr_args &a, int64_t row)
+{
+	int64_t n = a.n_dev ? (int64_t)a.n_dev[row] : a.n0 + row + 1;
+	if (n < 0)
+		n = 0;
+	if (n > a.ld) {
+		if (blockIdx.x == 0 && threadIdx.x == 0)
+			atomicAdd(a.err, 1u);
+		n = a.ld;
+	}
+	return (int)n;
+}
+
+struct tr_shared {
+	typename tr_scan_t::TempStorage scan;
+	unsigned hist[TR_H0];
+	unsigned bin, need;
+	unsigned cnt[2];
+};
+
+/* In hist[0 .. NB) (global), counted from the highest bin down: the bin holding the need-th
+ * largest entry and how many of that bin's entries are still needed. Block-wide. */
+template <int NB>
+__device__ void tr_find(tr_shared &sh, const unsigned *hist, unsigned need, unsigned *bin_out,
+                        unsigned *need_out)
+{
+	constexpr int PER = NB / TR_THREADS;
+	const int tid = threadIdx.x;
+	unsigned c[PER], tot = 0;
+#pragma unroll
+	for (int q = 0; q < PER; q++) {
+		c[q] = hist[NB - 1 - PER * tid - q];
+		tot += c[q];
+	}
+	if (tid == 0) {
+		sh.bin = 0; /* not found (cannot happen with consistent histograms): lowest bin */
+		sh.need = need;
+	}
+	unsigned excl;
+	tr_scan_t(sh.scan).ExclusiveSum(tot, excl);
+	__syncthreads();
+	if (excl < need && excl + tot >= need) {
+		unsigned cum = excl;
+#pragma unroll
+		for (int q = 0; q < PER; q++) {
+			if (cum + c[q] >= need) {
+				sh.bin = (unsigned)(NB - 1 - PER * tid - q);
+				sh.need = need - cum;
+				break;
+			}
+			cum += c[q];
+		}
+	}
+	__syncthreads();
+	*bin_out = sh.bin;
+	*need_out = sh.need;
+	__syncthreads();
+}
+
+/* prefix (the selected high bits, right-aligned to `bits` of the key) after `pass` digits */
+__device__ void tr_select(tr_shared &sh, const unsigned *hs, int pass, int kk, uint32_t *prefix,
+                          unsigned *need)
+{
+	unsigned b, nd = (unsigned)kk;
+	uint32_t p = 0;
+	if (pass >= 1) {
+		tr_find<TR_H0>(sh, hs, nd, &b, &nd);
+		p = b;
+	}
+	if (pass >= 2) {
+		tr_find<TR_H1>(sh, hs + TR_H0, nd, &b, &nd);
+		p = (p << 11) | b;
+	}
+	if (pass >= 3) {
+		tr_find<TR_H2>(sh, hs + TR_H0 + TR_H1, nd, &b, &nd);
+		p = (p << 10) | b;
+	}
+	*prefix = p;
+	*need = nd;
+}
+
+/* pass 0, 1, 2: the slice's histogram of digit `pass` among the keys matching the digits so far */
+__global__ void __launch_bounds__(TR_THREADS) tr_hist_kernel(tr_args a, int pass)
+{
+	__shared__ tr_shared sh;
+	const int64_t row = blockIdx.y;
+	const int n = tr_row_n(a, row);
+	const int kk = a.k < n ? a.k : n;
+	const int i0 = blockIdx.x * TR_SLICE;
+	if (kk <= 0 || kk >= n || i0 >= n)
+		return; /* nothing to select (all or nothing taken), or an empty slice */
+	unsigned *hs = tr_row_scratch(a, row);
+	uint32_t prefix;
+	unsigned need;
+	tr_select(sh, hs, pass, kk, &prefix, &need);
+	const int nbins = pass == 2 ? TR_H2 : TR_H0;
+	const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
+	const int hshift = pass == 0 ? 32 : (pass == 1 ? 21 : 10); /* bits above the digit */
+	for (int i = threadIdx.x; i < nbins; i += TR_THREADS)
+		sh.hist[i] = 0;
+	__syncthreads();
+	const float *p = a.s + row * a.ld;
+	const int i1 = min(n, i0 + TR_SLICE);
+	for (int i = i0 + threadIdx.x; i < i1; i += TR_THREADS) {
+		const uint32_t key = tr_key(p[i]);
+		if (pass == 0 || (key >> hshift) == prefix)
+			atomicAdd(&sh.hist[(key >> shift) & (uint32_t)(nbins - 1)], 1u);
+	}
+	__syncthreads();
+	unsigned *gh = hs + (pass == 0 ? 0 : (pass == 1 ? TR_H0 : TR_H0 + TR_H1));
+	for (int i = threadIdx.x; i < nbins; i += TR_THREADS)
+		if (sh.hist[i])
+			atomicAdd(&gh[i], sh.hist[i]);
+}
+
+/* count (write = 0) or write (write = 1) */
+__global__ void __launch_bounds__(TR_THREADS) tr_out_kernel(tr_args a, int write)
+{
+	__shared__ tr_shared sh;
+	const int64_t row = blockIdx.y;
+	const int tid = threadIdx.x;
+	const int n = tr_row_n(a, row);
+	const int kk = a.k < n ? a.k : n;
+	const int i0 = blockIdx.x * TR_SLICE, i1 = min(n, i0 + TR_SLICE);
+	unsigned *hs = tr_row_scratch(a, row);
+	unsigned *cnt = hs + TR_HIST;
+	int32_t *o = a.out + row * a.ldo;
+	if (write && blockIdx.x == 0 && tid == 0 && a.n_out)
+		a.n_out[row] = kk > 0 ? kk : 0;
+	if (kk <= 0)
+		return;
+	if (kk >= n) { /* every position, in order */
+		if (write)
+			for (int i = i0 + tid; i < i1; i += TR_THREADS)
+				o[i] = i;
+		return;
+	}
+	uint32_t T;
+	unsigned need;
+	tr_select(sh, hs, 3, kk, &T, &need);
+	const float *p = a.s + row * a.ld;
+	/* this thread's TR_PER consecutive scores */
+	const int j0 = i0 + tid * TR_PER;
+	unsigned gt = 0, eq = 0;
+	uint32_t keys[TR_PER];
+#pragma unroll
+	for (int u = 0; u < TR_PER; u++) {
+		keys[u] = j0 + u < i1 ? tr_key(p[j0 + u]) : 0u;
+		gt += j0 + u < i1 && keys[u] > T;
+		eq += j0 + u < i1 && keys[u] == T;
+	}
+	if (!write) {
+		if (tid == 0)
+			sh.cnt[0] = sh.cnt[1] = 0;
+		__syncthreads();
+		if (gt)
+			atomicAdd(&sh.cnt[0], gt);
+		if (eq)
+			atomicAdd(&sh.cnt[1], eq);
+		__syncthreads();
+		if (tid == 0) {
+			cnt[2 * blockIdx.x] = sh.cnt[0];
+			cnt[2 * blockIdx.x + 1] = sh.cnt[1];
+		}
+		return;
+	}
+	/* counts of the slices before this one (at most a few dozen pairs) */
+	if (tid == 0) {
+		unsigned g = 0, e = 0;
+		for (unsigned b = 0; b < blockIdx.x; b++) {
+			g += cnt[2 * b];
+			e += cnt[2 * b + 1];
+		}
+		sh.cnt[0] = g;
+		sh.cnt[1] = e;
+	}
+	__syncthreads();
+	const unsigned gt_before = sh.cnt[0], eq_before = sh.cnt[1];
+	__syncthreads();
+	unsigned eq_rank;
+	tr_scan_t(sh.scan).ExclusiveSum(eq, eq_rank);
+	__syncthreads();
+	eq_rank += eq_before;
+	unsigned take = 0;
+	unsigned takeu[TR_PER];
+#pragma unroll
+	for (int u = 0; u < TR_PER; u++) {
+		const bool in = j0 + u < i1;
+		const bool isgt = in && keys[u] > T, iseq = in && keys[u] == T;
+		takeu[u] = isgt || (iseq && eq_rank < need);
+		eq_rank += iseq;
+		take += takeu[u];
+	}
+	unsigned pos;
+	tr_scan_t(sh.scan).ExclusiveSum(take, pos);
+	pos += gt_before + min(eq_before, need);
+#pragma unroll
+	for (int u = 0; u < TR_PER; u++)
+		if (takeu[u]) {
+			if (pos < (unsigned)kk) /* cannot fail with consistent counts; never write past kk */
+				o[pos] = j0 + u;
+			pos++;
+		}
+}
+
+size_t kcuda_topk_idx_radix_scratch(int64_t n_rows, int64_t max_n)
+{
+	const int64_t nb = (max_n + TR_SLICE - 1) / TR_SLICE;
+	return (size_t)n_rows * (size_t)(TR_HIST + 2 * (nb > 0 ? nb : 1)) * sizeof(unsigned);
+}
+
+int kcuda_topk_idx_radix(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n_rows,
+                         const int32_t *n, int64_t n0, int k, int32_t *out, int64_t ldo, int32_t *n_out,
+                         void *scratch, size_t scratch_bytes)
+{
+	if (!c || !scores || !out || n_rows < 0 || k < 0 || ldo < k || ld < 1)
+		return kcuda_bad_arg("topk_idx", "rows %lld k %d ldo %lld ld %lld%s", (long long)n_rows, k,
+		                     (long long)ldo, (long long)ld,
+		                     !c || !scores || !out ? ", or a null pointer" : "");
+	if (n_rows == 0)
+		return 0;
+	const int64_t nb = (ld + TR_SLICE - 1) / TR_SLICE;
+	const size_t need = kcuda_topk_idx_radix_scratch(n_rows, ld);
+	if (n_rows > TR_MAX_ROWS || nb > 65535 || !scratch || (uintptr_t)scratch % 4 || scratch_bytes < need)
+		return ERR_UNSUPPORTED;
+	tr_args a;
+	a.s = scores;
+	a.ld = ld;
+	a.n_dev = n;
+	a.n0 = n0;
+	a.k = k;
+	a.out = out;
+	a.ldo = ldo;
+	a.n_out = n_out;
+	a.scratch = (unsigned *)scratch;
+	a.nb = (int)nb;
+	a.err = c->err_dev;
+	if (cudaMemsetAsync(scratch, 0, need, c->stream) != cudaSuccess)
+		return kcuda_launch_status("topk_radix memset");
+	dim3 grid((unsigned)nb, (unsigned)n_rows);
+	int rc = 0;
+	for (int pass = 0; pass < 3 && !rc; pass++) {
+		tr_hist_kernel<<<grid, TR_THREADS, 0, c->stream>>>(a, pass);
+		rc = kcuda_launch_status("topk_radix hist");
+	}
+	for (int w = 0; w < 2 && !rc; w++) {
+		tr_out_kernel<<<grid, TR_THREADS, 0, c->stream>>>(a, w);
+		rc = kcuda_launch_status("topk_radix out");
+	}
+	return rc;
+}
+
+extern "C" int kcuda_topk_idx(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n_rows,
+                              const int32_t *n, int64_t n0, int k, int32_t *out, int64_t ldo, int32_t *n_out)
+{
+	/* the workspace is the scratch, unless the scores themselves live there */
+	if (!kattn_use_ref() && c && scores && c->ws) {
+		const uint8_t *s = (const uint8_t *)scores, *w = (const uint8_t *)c->ws;
+		if (s + (size_t)(ld > 0 ? ld : 0) * (size_t)(n_rows > 0 ? n_rows : 0) * sizeof(float) <= w ||
+		    s >= w + c->ws_bytes) {
+			int rc = kcuda_topk_idx_radix(c, scores, ld, n_rows, n, n0, k, out, ldo, n_out, c->ws,
+			                              c->ws_bytes);
+			if (rc != ERR_UNSUPPORTED)
+				return rc;
+		}
+	}
+	return kcuda_topk_idx_ref(c, scores, ld, n_rows, n, n0, k, out, ldo, n_out);
+}
