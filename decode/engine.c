@@ -39,11 +39,16 @@ struct dc_engine {
 
 	/* engine thread only */
 	struct dc_seq *waiting, *waiting_tail;
+	struct dc_seq *staging, *staging_tail; /* staged KV: prompt blocks still to upload */
+	uint32_t n_staging;
 	struct dc_seq *run[BATCH_MAX];
 	uint32_t n_run;
 	struct dc_event *ev; /* this step's events */
 	uint32_t n_ev, cap_ev;
 	struct model_kv kv;
+	bool staged; /* kv is the model's own pool: prompt blocks are uploaded at join */
+	int attach_rc; /* model_thread_attach of the engine thread (its forwards fail if not 0) */
+	uint64_t staged_blocks; /* blocks uploaded so far (logs) */
 	uint32_t vocab;
 	struct sample_work sw;
 	int32_t *b_tokens, *b_seq, *b_pos;
@@ -200,6 +205,78 @@ static bool check_finish(struct dc_engine *g, struct dc_seq *s, int32_t t)
 	return false;
 }
 
+static uint32_t prompt_blocks(const struct dc_seq *s)
+{
+	return (uint32_t)(((uint64_t)s->n_prompt + MODEL_KV_BLOCK_TOKENS - 1) / MODEL_KV_BLOCK_TOKENS);
+}
+
+/* staged KV: up to max more of the prompt's blocks go from the UCX pool (host) to the model's pool,
+ * ordered before this step's forward (the UCX pool's blocks stay reserved until the sequence is
+ * handed back). Returns the number uploaded, or -1 after handing the sequence back (error). */
+static int64_t stage_in(struct dc_engine *g, struct dc_seq *s, uint32_t max)
+{
+	uint32_t nb = prompt_blocks(s), k = nb - s->n_up < max ? nb - s->n_up : max;
+	struct errbuf e = {0};
+	int rc = nb > s->n_blocks ? errbuf_set(&e, -EINVAL, "%u prompt blocks, %u reserved", nb, s->n_blocks)
+	                          : model_kv_upload(&g->kv, g->o.pool->base, s->blocks + s->n_up, (int)k, &e);
+	if (rc) {
+		LOG_ERROR("engine", "rid=%llu KV upload to the model's pool failed: %s",
+		          (unsigned long long)s->rid, e.msg);
+		finish(g, s, MSG_FINISH_ERROR, MSG_ERR_INTERNAL, -1);
+		return -1;
+	}
+	s->n_up += k;
+	g->staged_blocks += k;
+	metrics_add(g->o.metrics.staged_bytes, (double)k * (double)g->kv.layout.block_bytes);
+	if (s->n_up == nb)
+		LOG_DEBUG("engine", "rid=%llu %u prompt blocks uploaded to the model's KV pool",
+		          (unsigned long long)s->rid, nb);
+	return k;
+}
+
+/* staged KV, once per step: uploads the STAGING sequences' blocks in arrival order within the
+ * step's byte budget (the first in line gets at least one block: progress); a sequence whose
+ * blocks are all on their way joins the batch (the forward runs after the copies, same stream). */
+static void stage_step(struct dc_engine *g)
+{
+	size_t bb = g->kv.layout.block_bytes;
+	if (!g->staging || !bb) /* bb is 0 without a model (trivial engine: never staged) */
+		return;
+	uint64_t budget = g->o.upload_step_bytes ? g->o.upload_step_bytes / bb : UINT64_MAX;
+	bool first = true;
+	while (g->staging) {
+		struct dc_seq *s = g->staging;
+		if (atomic_load(&s->cancelled)) {
+			finish(g, s,
+			       s->cancel_code == MSG_ERR_CANCELLED ? MSG_FINISH_CANCELLED : MSG_FINISH_ERROR,
+			       s->cancel_code, -1);
+		} else {
+			uint64_t max = budget == 0 && first ? 1 : budget;
+			if (max == 0)
+				break;
+			int64_t k = stage_in(g, s, max > UINT32_MAX ? UINT32_MAX : (uint32_t)max);
+			first = false;
+			if (k >= 0) {
+				budget -= budget == UINT64_MAX   ? 0
+				          : (uint64_t)k > budget ? budget
+				                                 : (uint64_t)k;
+				if (s->n_up < prompt_blocks(s)) {
+					LOG_DEBUG("engine",
+					          "rid=%llu staging: %u of %u prompt blocks uploaded",
+					          (unsigned long long)s->rid, s->n_up, prompt_blocks(s));
+					break; /* budget spent: the rest next step */
+				}
+				g->run[g->n_run++] = s;
+			}
+		}
+		g->staging = s->next; /* finished (handed back) or running */
+		if (!g->staging)
+			g->staging_tail = NULL;
+		s->next = NULL;
+		g->n_staging--;
+	}
+}
+
 /* a new sequence: its first token came from prefill; it may already end the request */
 static bool start_seq(struct dc_engine *g, struct dc_seq *s)
 {
@@ -269,8 +346,8 @@ static void step(struct dc_engine *g)
 			g->run[k++] = s;
 	}
 	g->n_run = k;
-	/* 1. join */
-	while (g->waiting && g->n_run < g->o.max_batch) {
+	/* 1. join (staged KV: through STAGING, counted in the batch limit) */
+	while (g->waiting && g->n_run + g->n_staging < g->o.max_batch) {
 		struct dc_seq *s = g->waiting;
 		g->waiting = s->next;
 		if (!g->waiting)
@@ -281,9 +358,21 @@ static void step(struct dc_engine *g)
 			       s->cancel_code, -1);
 			continue;
 		}
-		if (start_seq(g, s))
+		if (!start_seq(g, s))
+			continue;
+		if (!g->staged) {
 			g->run[g->n_run++] = s;
+			continue;
+		}
+		s->next = NULL;
+		if (g->staging_tail)
+			g->staging_tail->next = s;
+		else
+			g->staging = s;
+		g->staging_tail = s;
+		g->n_staging++;
 	}
+	stage_step(g);
 	metrics_set(g->o.metrics.running, g->n_run);
 	if (g->n_run == 0)
 		return;
@@ -312,8 +401,15 @@ static void step(struct dc_engine *g)
 		                        .n_seqs = (int)n,
 		                        .seqs = g->b_seqs};
 		struct errbuf e = {0};
-		int rc = want ? model_forward(g->o.model, &g->kv, &b, g->logits, NULL, &e) : -ENOMEM;
+		int rc = !want          ? -ENOMEM
+		         : g->attach_rc ? errbuf_set(&e, g->attach_rc, "engine thread cannot run the model")
+		                        : model_forward(g->o.model, &g->kv, &b, g->logits, NULL, &e);
 		free(want);
+		if (rc && g->staged) { /* uploads of this step may still be in flight: let them land */
+			struct errbuf e2 = {0};
+			if (model_kv_wait(&g->kv, &e2))
+				LOG_ERROR("engine", "after a failed step: %s", e2.msg);
+		}
 		if (rc) {
 			LOG_ERROR("engine", "decode forward of %u sequences failed: %s", n, e.msg);
 			failed = true;
@@ -366,10 +462,15 @@ static void step(struct dc_engine *g)
 static void *engine_main(void *arg)
 {
 	struct dc_engine *g = arg;
+	if (g->o.model) {
+		struct errbuf e = {0};
+		if ((g->attach_rc = model_thread_attach(g->o.model, &e)))
+			LOG_ERROR("engine", "%s: every decode step will fail", e.msg);
+	}
 	for (;;) {
 		atomic_store(&g->alive_ns, uv_hrtime());
 		pthread_mutex_lock(&g->mu);
-		while (!g->stop && !g->inbox && !g->poked && !g->waiting && g->n_run == 0) {
+		while (!g->stop && !g->inbox && !g->poked && !g->waiting && !g->staging && g->n_run == 0) {
 			struct timespec ts;
 			clock_gettime(CLOCK_REALTIME, &ts);
 			ts.tv_nsec += 200 * 1000000L;
@@ -403,6 +504,13 @@ static void *engine_main(void *arg)
 				finish(g, s, MSG_FINISH_ERROR, MSG_ERR_DRAINING, -1);
 			}
 			g->waiting_tail = NULL;
+			while (g->staging) {
+				struct dc_seq *s = g->staging;
+				g->staging = s->next;
+				finish(g, s, MSG_FINISH_ERROR, MSG_ERR_DRAINING, -1);
+			}
+			g->staging_tail = NULL;
+			g->n_staging = 0;
 			flush_events(g);
 			return NULL;
 		}
@@ -425,10 +533,21 @@ int dc_engine_create(const struct dc_engine_opts *o, struct dc_engine **out, str
 	uint32_t nb = g->o.max_batch;
 	if (o->model) {
 		g->vocab = (uint32_t)model_hparams(o->model)->vocab;
-		rc = model_kv_init(&g->kv, o->model, o->pool->n_blocks, o->pool->base,
-		                   (size_t)o->pool->n_blocks * o->pool->block_bytes, e);
+		g->staged = o->kv_staged || model_kv_on_device(o->model);
+		if (g->staged) /* the model's own pool, the same block ids as the UCX pool */
+			rc = model_kv_init(&g->kv, o->model, o->pool->n_blocks, NULL, 0, e);
+		else
+			rc = model_kv_init(&g->kv, o->model, o->pool->n_blocks, o->pool->base,
+			                   (size_t)o->pool->n_blocks * o->pool->block_bytes, e);
 		if (rc)
 			goto fail;
+		if (g->staged)
+			LOG_INFO("engine",
+			         "KV staged: model pool of %u blocks (%.1f MiB) in %s memory, filled from "
+			         "the UCX pool when a sequence joins",
+			         o->pool->n_blocks,
+			         (double)o->pool->n_blocks * (double)o->pool->block_bytes / 1048576.0,
+			         g->kv.on_device ? "device" : "host");
 		if (sample_work_init(&g->sw, g->vocab)) {
 			rc = errbuf_set(e, -ENOMEM, "out of memory (sampling)");
 			goto fail;

@@ -5,11 +5,17 @@
  * max_tokens, context/blocks limit, cancel) and reports each token and each finish to the loop
  * thread through done_cb batches (events in order).
  *
+ * KV staging (CUDA backend, or kv_staged): prefill writes a request's prompt KV into the UCX pool
+ * (host memory, pinned); once taken from the waiting queue the sequence is STAGING: its prompt
+ * blocks are copied into the model's own pool (model_kv_upload, asynchronous on the model's stream,
+ * ordered before the step's forward), at most upload_step_bytes per step, and then it joins the
+ * batch; decoding writes only the model's pool.
+ *
  * Sequence life cycle (one owner at a time):
  *   worker.c builds it at KvReady -> dc_engine_submit (engine owns) -> WAITING (batch full)
- *   -> RUNNING (one token per step) -> finished: DC_EV_FINISH event carries the seq back to the
- *   loop thread, which frees its blocks and the seq. The engine never touches a sequence's blocks
- *   after handing it back. */
+ *   -> [STAGING (staged KV: prompt blocks being uploaded)] -> RUNNING (one token per step) -> finished:
+ * DC_EV_FINISH event carries the seq back to the loop thread, which frees its blocks and the seq. The engine
+ * never touches a sequence's blocks after handing it back. */
 #ifndef TANDEM_DECODE_ENGINE_H
 #define TANDEM_DECODE_ENGINE_H
 
@@ -45,6 +51,7 @@ struct dc_seq {
 	int cancel_code; /* enum msg_error, set with cancelled */
 
 	/* engine-private */
+	uint32_t n_up; /* staged KV: prompt blocks uploaded so far */
 	uint32_t n_gen; /* generated so far, the first token included */
 	int32_t last;
 	int32_t *history; /* generated ids (penalties) */
@@ -73,12 +80,23 @@ struct dc_metrics {
 	struct metric *step_seconds; /* histogram */
 	struct metric *running; /* gauge: sequences in the batch */
 	struct metric *batch_size; /* histogram: sequences per step */
+	struct metric *staged_bytes; /* counter: staged KV, prompt bytes copied into the model's pool */
 };
 
 struct dc_engine_opts {
 	struct model *model; /* NULL: trivial engine */
 	const struct tok *tok; /* EOG ids and stop strings; NULL in trivial mode */
 	struct kv_pool *pool; /* memory only: the engine reads/writes blocks of its sequences */
+	/* The model's KV pool is its own (device memory on the CUDA backend, host memory when forced
+	 * on the CPU backend for tests), not the UCX pool: a sequence's prompt blocks are copied from
+	 * the UCX pool into it (same block ids) when it joins the batch. Forced on when the model's
+	 * pool lives on the device. */
+	bool kv_staged;
+	/* Staged KV: at most this many bytes are uploaded per step (0: no limit), so a long prompt's
+	 * upload delays the running batch's steps by a bounded amount; its sequence joins the batch
+	 * once all its prompt blocks are on their way (the first sequence in line gets at least one
+	 * block per step). */
+	size_t upload_step_bytes;
 	uint32_t max_batch;
 	uint32_t max_seq_len;
 	uint32_t trivial_step_us;

@@ -20,14 +20,26 @@
  *   - the prefill's fence is in the slot of the reservation's first block (pool.h): a prefill
  *     writes it after its last put to the request has reached remote completion (flush), so
  *     seeing it proves that nothing more comes; or
- *   - the quarantine deadline (--kv-quarantine-ms, default 180 s) has passed. A prefill never
- *     writes later than its write window (PrefillRequest.deadline_ms after it got the request,
- *     router default 120 s, prefill cap 120 s) and force-closes its endpoint when the window closes
- *     with puts unflushed, so the deadline is the bound for a prefill that died or lost every
- *     path to us. It is the only path that relies on a time bound and is counted and logged.
+ *   - the quarantine deadline has passed: --kv-quarantine-ms (default 180 s), plus however much
+ *     the reservation's prefill window (KvReserve.prefill_window_ms: the router gives a long
+ *     prompt a longer prefill deadline) exceeds 120 s. A prefill never writes later than its
+ *     write window (PrefillRequest.deadline_ms after it got the request: the same window; capped
+ *     at 120 s by a prefill whose target does not announce per-attempt fences, see tandem.proto)
+ *     and force-closes its endpoint when the window closes with puts unflushed, so the deadline
+ *     is the bound for a prefill that died or lost every path to us. It is the only path that
+ *     relies on a time bound and is counted and logged.
  * The router says when no writer can exist (KvRelease.no_writer: PrefillRequest never sent, or
  * PrefillDone received); then the blocks are freed at once. A reservation freed after KvReady
- * (decode ran) needs nothing: PrefillDone, hence KvReady, comes only after the prefill's flush. */
+ * (decode ran) needs nothing: PrefillDone, hence KvReady, comes only after the prefill's flush.
+ *
+ * STALE FENCES. The router may prefill one reservation more than once (it lost the first prefill
+ * worker and re-prefills elsewhere into the same blocks). The first attempt may still be alive and
+ * fence late, while the second still writes; a fence that only named the rid would then free
+ * blocks with a writer left. So each attempt has its own fence word (common/net/kvfence.h), the
+ * router announces a new attempt here (KvReserve with a larger attempt, before it sends that
+ * PrefillRequest), and only the latest attempt's word counts: an older attempt's word is ignored,
+ * logged once and counted. If the old attempt's late fence overwrites the new one's, the blocks
+ * wait for the quarantine deadline: slower, never unsafe. */
 #include "decode/worker.h"
 
 #include <poll.h>
@@ -40,16 +52,22 @@
 #include "common/gguf/gguf.h"
 #include "common/model/model.h"
 #include "common/net/crc32c.h"
+#include "common/net/kvfence.h"
 #include "common/net/kvx.h"
 #include "common/net/metrics.h"
 #include "common/net/runtime.h"
 #include "common/net/session.h"
 #include "common/net/trivial.h"
+#include "common/net/wlife.h"
 #include "common/tok/tok.h"
 #include "decode/engine.h"
 #include "decode/pool.h"
 
 #define MAP_BUCKETS 4096
+/* The write window the quarantine deadline (--kv-quarantine-ms, default 180 s) is sized for: the
+ * router's default prefill deadline and the cap of a prefill worker that knows no longer ones. */
+#define DC_DEFAULT_WRITE_WINDOW_MS 120000u
+#define DC_WRITE_WINDOW_MAX_MS (6u * 3600u * 1000u) /* the longest any prefill honours */
 #define TOKBUF_MAX 256
 
 /* CHECKING: KvReady arrived; the received KV is being verified on a libuv pool thread (a long
@@ -74,6 +92,9 @@ struct dreq {
 	uint64_t deadline_ms; /* RESERVED: KvReady must come before this */
 	uint64_t t_ready_ns;
 	uint64_t quarantine_until_ms; /* in w->quarantine: free by then even without a fence */
+	uint32_t attempt; /* the prefill attempt whose fence counts (STALE FENCES above) */
+	uint64_t quarantine_ms; /* quarantine_ms + how much the prefill window exceeds 120 s */
+	bool stale_fence_seen; /* logged once */
 	/* CHECKING */
 	uv_work_t verify;
 	struct dc_worker *w;
@@ -98,8 +119,8 @@ struct dc_worker {
 	struct tok *tok;
 	struct kvx *kvx;
 	struct kv_pool pool;
+	bool pool_pinned; /* pool.base page-locked for the model's device (model_host_pin) */
 	struct dc_engine *eng;
-	struct session *sess;
 	struct runtime *rt;
 	struct metrics *reg;
 	struct msg_kv_layout layout;
@@ -111,16 +132,15 @@ struct dc_worker {
 	struct dreq *quarantine; /* released reservations whose blocks a prefill may still write */
 	uint32_t n_quarantined_blocks;
 	uint32_t n_reserved, n_running;
-	bool draining, stopping;
+	struct wlife life; /* registration, readiness, drain, stop (common/net/wlife.h) */
 	uv_poll_t ucx_poll;
 	bool ucx_poll_on;
 	uv_timer_t tick; /* reservation deadlines */
-	uv_timer_t drain_timer;
 	struct metric *m_blocks_used, *m_blocks_free, *m_reserved;
 	struct metric *m_fin_stop, *m_fin_length, *m_fin_cancelled, *m_fin_error;
-	struct metric *m_refused, *m_released, *m_expired, *m_checksum_bad, *m_kv_rx_bytes, *m_registered;
+	struct metric *m_refused, *m_released, *m_expired, *m_checksum_bad, *m_kv_rx_bytes;
 	struct metric *m_ttft_decode; /* KvReady to first decode token */
-	struct metric *m_quarantined, *m_fenced, *m_quarantine_expired;
+	struct metric *m_quarantined, *m_fenced, *m_quarantine_expired, *m_stale_fences;
 	uint32_t test_verify_delay_us, test_verify_min_tokens; /* TANDEM_TEST_VERIFY_DELAY, tests only */
 	int exit_code;
 };
@@ -134,6 +154,9 @@ void dc_config_default(struct dc_config *c)
 	snprintf(c->engine, sizeof(c->engine), "model");
 	snprintf(c->kv_dtype, sizeof(c->kv_dtype), "f32");
 	snprintf(c->log_level, sizeof(c->log_level), "info");
+	snprintf(c->backend, sizeof(c->backend), "cpu");
+	c->graphs = 1;
+	c->kv_upload_step_kb = 256 * 1024;
 	c->verify_checksums = true;
 	c->threads = 1;
 	c->tp = 1;
@@ -169,8 +192,6 @@ static void update_gauges(struct dc_worker *w)
 	metrics_set(w->m_quarantined, w->n_quarantined_blocks);
 }
 
-static void maybe_finish_drain(struct dc_worker *w);
-
 /* the one place blocks go back to the pool */
 static void blocks_return(struct dc_worker *w, struct dreq *d)
 {
@@ -179,10 +200,25 @@ static void blocks_return(struct dc_worker *w, struct dreq *d)
 	free(d);
 }
 
-/* has the prefill fenced this reservation (stopped writing its blocks for good)? */
-static bool is_fenced(const struct dc_worker *w, const struct dreq *d)
+/* has the current prefill attempt fenced this reservation (stopped writing its blocks for
+ * good)? A fence of an earlier attempt is ignored (STALE FENCES at the top of this file). */
+static bool is_fenced(struct dc_worker *w, struct dreq *d)
 {
-	return d->n_blocks && *kv_pool_fence(&w->pool, d->blocks[0]) == d->rid;
+	if (!d->n_blocks)
+		return false;
+	uint64_t word = *kv_pool_fence(&w->pool, d->blocks[0]);
+	if (word == kvfence_word(d->rid, d->attempt))
+		return true;
+	uint32_t stale;
+	if (!d->stale_fence_seen && kvfence_is_stale(word, d->rid, d->attempt, &stale)) {
+		d->stale_fence_seen = true;
+		metrics_add(w->m_stale_fences, 1);
+		LOG_WARN("decode",
+		         "rid=%llu ignoring the fence of stale prefill attempt %u: attempt %u may still "
+		         "write these %u blocks",
+		         (unsigned long long)d->rid, stale, d->attempt, d->n_blocks);
+	}
+	return false;
 }
 
 /* Ends a request here. maybe_writer: a prefill may still be putting into its blocks (see the top
@@ -208,23 +244,23 @@ static void dreq_end(struct dc_worker *w, struct dreq *d, bool maybe_writer)
 	if (reserved && maybe_writer) {
 		kvx_progress(w->kvx); /* apply puts (and a fence) that have arrived already */
 		if (!is_fenced(w, d)) {
-			d->quarantine_until_ms = now_ms() + (uint64_t)w->c->quarantine_ms;
+			d->quarantine_until_ms = now_ms() + d->quarantine_ms;
 			d->map_next = w->quarantine;
 			w->quarantine = d;
 			w->n_quarantined_blocks += d->n_blocks;
 			LOG_INFO(
 			    "decode",
-			    "rid=%llu %u blocks quarantined until the prefill fences them (at most %d ms)",
-			    (unsigned long long)d->rid, d->n_blocks, w->c->quarantine_ms);
+			    "rid=%llu %u blocks quarantined until the prefill fences them (at most %llu ms)",
+			    (unsigned long long)d->rid, d->n_blocks, (unsigned long long)d->quarantine_ms);
 			update_gauges(w);
-			maybe_finish_drain(w);
+			wlife_maybe_finish_drain(&w->life);
 			return;
 		}
 		metrics_add(w->m_fenced, 1);
 	}
 	blocks_return(w, d);
 	update_gauges(w);
-	maybe_finish_drain(w);
+	wlife_maybe_finish_drain(&w->life);
 }
 
 static void dreq_free(struct dc_worker *w, struct dreq *d)
@@ -255,10 +291,11 @@ static void quarantine_scan(struct dc_worker *w, bool all)
 			          (unsigned long long)d->rid, d->n_blocks);
 		} else if (!all) {
 			metrics_add(w->m_quarantine_expired, 1);
-			LOG_WARN("decode",
-			         "rid=%llu no fence from the prefill within %d ms: its %u blocks are reused "
-			         "(the prefill's write window is over)",
-			         (unsigned long long)d->rid, w->c->quarantine_ms, d->n_blocks);
+			LOG_WARN(
+			    "decode",
+			    "rid=%llu no fence from the prefill within %llu ms: its %u blocks are reused "
+			    "(the prefill's write window is over)",
+			    (unsigned long long)d->rid, (unsigned long long)d->quarantine_ms, d->n_blocks);
 		}
 		blocks_return(w, d);
 		changed = true;
@@ -272,7 +309,7 @@ static void quarantine_scan(struct dc_worker *w, bool all)
 static void send_msg(struct dc_worker *w, const struct msg *m, uint64_t rid)
 {
 	struct errbuf e;
-	if (session_send(w->sess, m, &e))
+	if (session_send(w->life.sess, m, &e))
 		LOG_DEBUG("decode", "rid=%llu %s not sent: %s", (unsigned long long)rid,
 		          msg_type_name(m->type), e.msg);
 }
@@ -390,12 +427,22 @@ static void on_kv_reserve(struct dc_worker *w, const struct msg_kv_reserve *r)
 {
 	char why[256];
 	int code = MSG_ERR_INVALID_REQUEST;
-	if (w->draining) {
+	struct dreq *held = *map_slot(w, r->rid);
+	if (held && held->state == DREQ_RESERVED && r->attempt > held->attempt) {
+		/* the router re-prefills into these blocks: from now on only that attempt's fence
+		 * counts (STALE FENCES at the top of this file). Not answered. */
+		LOG_INFO("decode", "rid=%llu prefill attempt %u announced (was %u)",
+		         (unsigned long long)r->rid, r->attempt, held->attempt);
+		held->attempt = r->attempt;
+		held->stale_fence_seen = false;
+		return;
+	}
+	if (w->life.draining) {
 		code = MSG_ERR_DRAINING;
 		snprintf(why, sizeof(why), "worker is draining");
 		goto refuse;
 	}
-	if (*map_slot(w, r->rid)) {
+	if (held) {
 		code = MSG_ERR_DUPLICATE;
 		snprintf(why, sizeof(why), "request id already holds a reservation here");
 		goto refuse;
@@ -467,6 +514,14 @@ static void on_kv_reserve(struct dc_worker *w, const struct msg_kv_reserve *r)
 		goto refuse;
 	}
 	d->rid = r->rid;
+	d->attempt = r->attempt;
+	/* --kv-quarantine-ms covers the default 120 s write window; a longer window (a long prompt:
+	 * the router's deadline grows with its length) extends the quarantine by the difference */
+	d->quarantine_ms = (uint64_t)w->c->quarantine_ms;
+	uint32_t window =
+	    r->prefill_window_ms < DC_WRITE_WINDOW_MAX_MS ? r->prefill_window_ms : DC_WRITE_WINDOW_MAX_MS;
+	if (window > DC_DEFAULT_WRITE_WINDOW_MS)
+		d->quarantine_ms += window - DC_DEFAULT_WRITE_WINDOW_MS;
 	d->state = DREQ_RESERVED;
 	d->n_blocks = need;
 	d->n_prompt = r->n_prompt_tokens;
@@ -698,8 +753,6 @@ static void cancel_all(struct dc_worker *w, int code, bool tell_router)
 	}
 }
 
-static void start_drain(struct dc_worker *w, uint32_t deadline_ms);
-
 static int on_msg(void *ud, struct msg *m)
 {
 	struct dc_worker *w = ud;
@@ -731,7 +784,6 @@ static int on_msg(void *ud, struct msg *m)
 		}
 		return 0;
 	}
-	case MSG_DRAIN: start_drain(w, m->u.drain.deadline_ms); return 0;
 	case MSG_ERROR:
 		LOG_WARN("decode", "router reports%s%llu: %s (%s)", m->u.error.has_rid ? " rid=" : " ",
 		         (unsigned long long)m->u.error.rid, m->u.error.message,
@@ -807,6 +859,7 @@ static void fill_hello(void *ud, struct msg_hello *h)
 	h->kv_region.n_blocks = w->pool.n_blocks;
 	kvx_region_rkey(w->pool.region, &h->kv_region.rkey, &h->kv_region.rkey_len);
 	h->kv_region.fence_addr = (uint64_t)(uintptr_t)kv_pool_fence(&w->pool, 0);
+	h->fence_attempts = true;
 	snprintf(h->auth_token, sizeof(h->auth_token), "%s", w->c->auth_token);
 	h->metrics_port = (uint32_t)runtime_metrics_port(w->rt);
 	snprintf(h->ucx_transports, sizeof(h->ucx_transports), "%s", kvx_transports(w->kvx));
@@ -820,55 +873,40 @@ static void fill_heartbeat(void *ud, struct msg_heartbeat *hb)
 	hb->used_blocks = w->pool.n_blocks - w->pool.n_free;
 	hb->running_seqs = w->n_running;
 	hb->queued_requests = w->n_reserved;
-	hb->draining = w->draining;
 }
 
-static void write_ready_file(struct dc_worker *w)
-{
-	if (!w->c->ready_file[0])
-		return;
-	char tmp[1100];
-	snprintf(tmp, sizeof(tmp), "%s.tmp", w->c->ready_file);
-	FILE *f = fopen(tmp, "w");
-	if (!f) {
-		LOG_WARN("decode", "cannot write ready file %s", tmp);
-		return;
-	}
-	fprintf(
-	    f,
-	    "{\"pid\": %d, \"metrics_port\": %d, \"name\": \"%s\", \"worker_id\": %u, \"kv_blocks\": %u}\n",
-	    (int)getpid(), runtime_metrics_port(w->rt), w->c->name, session_worker_id(w->sess),
-	    w->pool.n_blocks);
-	fclose(f);
-	rename(tmp, w->c->ready_file);
-}
-
-static void on_registered(void *ud, const struct msg_hello_ack *ack)
+/* the ready file also says how large the pool is (tests size their requests by it) */
+static void ready_extra(void *ud, char *buf, size_t n)
 {
 	struct dc_worker *w = ud;
-	metrics_set(w->m_registered, 1);
-	runtime_notify_ready(w->rt);
-	write_ready_file(w);
+	snprintf(buf, n, ", \"kv_blocks\": %u", w->pool.n_blocks);
 }
 
 static void on_lost(void *ud, const char *why)
 {
 	struct dc_worker *w = ud;
-	metrics_set(w->m_registered, 0);
 	/* the router failed every request it had placed here: free what we hold for them */
 	cancel_all(w, MSG_ERR_CANCELLED, false);
 }
 
 /* ---- drain / stop ---------------------------------------------------------------------------- */
 
-static void stop_all(struct dc_worker *w)
+/* wlife callbacks (common/net/wlife.h) */
+static bool is_idle(void *ud)
 {
-	if (w->stopping)
-		return;
-	w->stopping = true;
-	runtime_notify_stopping(w->rt);
-	uv_timer_stop(&w->drain_timer);
-	uv_close((uv_handle_t *)&w->drain_timer, NULL);
+	struct dc_worker *w = ud;
+	return w->n_reserved == 0 && w->n_running == 0;
+}
+
+static void describe(void *ud, char *buf, size_t n)
+{
+	struct dc_worker *w = ud;
+	snprintf(buf, n, "%u running and %u reserved requests", w->n_running, w->n_reserved);
+}
+
+static void stop_engine(void *ud)
+{
+	struct dc_worker *w = ud;
 	uv_close((uv_handle_t *)&w->tick, NULL);
 	/* running sequences come back as FINISH(ERROR, DRAINING) and are reported and freed */
 	dc_engine_destroy(w->eng);
@@ -876,55 +914,6 @@ static void stop_all(struct dc_worker *w)
 	cancel_all(w, MSG_ERR_DRAINING, true); /* reservations still waiting for KV */
 	if (w->ucx_poll_on)
 		uv_close((uv_handle_t *)&w->ucx_poll, NULL);
-	session_stop(w->sess);
-	runtime_stop(w->rt);
-}
-
-static void maybe_finish_drain(struct dc_worker *w)
-{
-	if (w->draining && !w->stopping && w->n_reserved == 0 && w->n_running == 0) {
-		LOG_INFO("decode", "drained: no requests left; exiting");
-		stop_all(w);
-	}
-}
-
-static void drain_timeout_cb(uv_timer_t *t)
-{
-	struct dc_worker *w = t->data;
-	LOG_WARN("decode", "drain deadline passed with %u running and %u reserved requests: failing them",
-	         w->n_running, w->n_reserved);
-	stop_all(w);
-}
-
-static void start_drain(struct dc_worker *w, uint32_t deadline_ms)
-{
-	if (w->draining)
-		return;
-	w->draining = true;
-	uint32_t ms = deadline_ms && deadline_ms < (uint32_t)w->c->drain_timeout_ms
-	                  ? deadline_ms
-	                  : (uint32_t)w->c->drain_timeout_ms;
-	LOG_INFO("decode", "draining: %u running, %u reserved, deadline %u ms", w->n_running, w->n_reserved,
-	         ms);
-	struct msg m;
-	msg_init(&m, MSG_DRAIN);
-	m.u.drain.deadline_ms = ms;
-	struct errbuf e;
-	if (session_send(w->sess, &m, &e) == 0)
-		session_heartbeat_now(w->sess);
-	uv_timer_start(&w->drain_timer, drain_timeout_cb, ms, 0);
-	maybe_finish_drain(w);
-}
-
-static void on_signal(void *ud, int signum)
-{
-	start_drain(ud, 0);
-}
-
-static bool is_ready(void *ud)
-{
-	struct dc_worker *w = ud;
-	return w->sess && session_is_registered(w->sess) && !w->draining;
 }
 
 static bool is_healthy(void *ud)
@@ -960,8 +949,14 @@ static void register_metrics(struct dc_worker *w, struct dc_metrics *em)
 	                                    "Received KV that failed its checksum/content check");
 	w->m_kv_rx_bytes = metrics_counter(r, "tandem_kv_received_bytes_total", NULL,
 	                                   "Prompt KV bytes received from prefill workers");
-	w->m_registered =
-	    metrics_gauge(r, "tandem_worker_registered", NULL, "1 while registered with the router");
+	struct wlife_cbs lc = {.is_idle_cb = is_idle,
+	                       .is_healthy_cb = is_healthy,
+	                       .describe_cb = describe,
+	                       .stop_cb = stop_engine,
+	                       .ready_extra_cb = ready_extra,
+	                       .ud = w};
+	wlife_init(&w->life, "decode", w->c->name, w->c->ready_file, (uint32_t)w->c->drain_timeout_ms,
+	           "failing them", r, &lc);
 	w->m_quarantined =
 	    metrics_gauge(r, "tandem_kv_blocks_quarantined", NULL,
 	                  "KV blocks of released reservations waiting for the prefill's fence");
@@ -970,6 +965,9 @@ static void register_metrics(struct dc_worker *w, struct dc_metrics *em)
 	w->m_quarantine_expired =
 	    metrics_counter(r, "tandem_kv_quarantine_expired_total", NULL,
 	                    "Quarantined reservations freed by the deadline, without a fence");
+	w->m_stale_fences =
+	    metrics_counter(r, "tandem_kv_stale_fences_total", NULL,
+	                    "Fences of an earlier prefill attempt, ignored (a newer attempt writes)");
 	w->m_ttft_decode = metrics_histogram(r, "tandem_decode_first_step_seconds", NULL,
 	                                     "KvReady to the first decoded token", metrics_latency_bounds,
 	                                     metrics_n_latency_bounds);
@@ -988,7 +986,7 @@ int dc_worker_run(const struct dc_config *c)
 {
 	struct dc_worker w = {.c = c, .exit_code = 1};
 	struct errbuf e = {0};
-	struct dc_metrics em;
+	struct dc_metrics em = {0};
 	w.loop = uv_default_loop();
 	register_metrics(&w, &em);
 	bool trivial = strcmp(c->engine, "trivial") == 0;
@@ -1007,6 +1005,29 @@ int dc_worker_run(const struct dc_config *c)
 		mo.n_threads = c->threads;
 		mo.tp = c->tp;
 		mo.kv_dtype = strcmp(c->kv_dtype, "bf16") == 0 ? MODEL_KV_BF16 : MODEL_KV_F32;
+		if (strcmp(c->backend, "cpu") != 0 && strcmp(c->backend, "cuda") != 0) {
+			LOG_ERROR("decode", "backend '%s': expected \"cpu\" or \"cuda\"", c->backend);
+			return 2;
+		}
+		if (strcmp(c->backend, "cuda") == 0 && c->tp > 1) {
+			/* KV staged into the device pool lands in one GPU's copy; with TP over GPUs every
+			 * copy must get it (model_kv_replicate after model_kv_upload): not wired yet */
+			LOG_ERROR("decode",
+			          "backend cuda with tp %d: a decode worker runs one GPU (tp 1) for now",
+			          c->tp);
+			return 2;
+		}
+		if (strcmp(c->backend, "cuda") == 0) {
+			/* every device buffer is sized here from the limits, never per request: a step has
+			 * at most max_batch tokens of max_batch sequences, positions below max_seq_len */
+			mo.backend = MODEL_BACKEND_CUDA;
+			mo.device = c->device;
+			mo.graphs = c->graphs;
+			mo.mem_fraction = (float)c->mem_fraction;
+			mo.max_tokens = c->max_batch;
+			mo.max_seqs = c->max_batch;
+			mo.max_ctx = c->max_seq_len > 0 ? c->max_seq_len : 4096;
+		}
 		if (model_load(&w.model, c->model, &mo, &e)) {
 			LOG_ERROR("decode", "cannot load model: %s", e.msg);
 			return 2;
@@ -1056,6 +1077,9 @@ int dc_worker_run(const struct dc_config *c)
 		w.test_verify_delay_us = 0;
 	if (c->max_seq_len > 0 && (uint32_t)c->max_seq_len < w.max_seq_len)
 		w.max_seq_len = (uint32_t)c->max_seq_len;
+	if (w.model && model_get_opts(w.model)->backend == MODEL_BACKEND_CUDA &&
+	    (uint32_t)model_get_opts(w.model)->max_ctx < w.max_seq_len)
+		w.max_seq_len = (uint32_t)model_get_opts(w.model)->max_ctx; /* what the workspaces hold */
 	struct kvx_opts ko = {
 	    .tls = c->ucx_tls, .net_devices = c->ucx_net_devices, .want_rdma = c->ucx_want_rdma};
 	if (kvx_create(&w.kvx, &ko, &e)) {
@@ -1067,8 +1091,23 @@ int dc_worker_run(const struct dc_config *c)
 		LOG_ERROR("decode", "%s", e.msg);
 		goto out_kvx;
 	}
+	if (w.model && model_kv_on_device(w.model)) {
+		/* prefill writes into the UCX pool (host); page-locked, its blocks reach the device pool
+		 * by DMA when a sequence joins */
+		size_t bytes = (size_t)w.pool.n_blocks * w.pool.block_bytes;
+		if (model_host_pin(w.model, w.pool.base, bytes, &e))
+			LOG_WARN("decode", "%s: KV uploads to the device will be slower", e.msg);
+		else
+			w.pool_pinned = true;
+	}
 	update_gauges(&w);
+	if (w.model && (c->kv_staged || model_kv_on_device(w.model)))
+		em.staged_bytes =
+		    metrics_counter(w.reg, "tandem_decode_kv_staged_bytes_total", NULL,
+		                    "Staged KV: prompt bytes copied from the UCX pool into the model's pool");
 	struct dc_engine_opts eo = {.model = w.model,
+	                            .kv_staged = c->kv_staged,
+	                            .upload_step_bytes = (size_t)c->kv_upload_step_kb * 1024,
 	                            .tok = w.tok,
 	                            .pool = &w.pool,
 	                            .max_batch = (uint32_t)c->max_batch,
@@ -1084,10 +1123,10 @@ int dc_worker_run(const struct dc_config *c)
 	}
 	struct runtime_opts ro = {.metrics_addr = c->metrics,
 	                          .metrics = w.reg,
-	                          .is_ready_cb = is_ready,
-	                          .is_healthy_cb = is_healthy,
-	                          .on_signal_cb = on_signal,
-	                          .ud = &w};
+	                          .is_ready_cb = wlife_is_ready_cb,
+	                          .is_healthy_cb = wlife_is_healthy_cb,
+	                          .on_signal_cb = wlife_on_signal_cb,
+	                          .ud = &w.life};
 	if (runtime_start(w.loop, &ro, &w.rt, &e)) {
 		LOG_ERROR("decode", "%s", e.msg);
 		dc_engine_destroy(w.eng);
@@ -1096,8 +1135,7 @@ int dc_worker_run(const struct dc_config *c)
 	uv_timer_init(w.loop, &w.tick);
 	w.tick.data = &w;
 	uv_timer_start(&w.tick, tick_cb, 100, 100);
-	uv_timer_init(w.loop, &w.drain_timer);
-	w.drain_timer.data = &w;
+	wlife_start(&w.life, w.loop, w.rt);
 	if (uv_poll_init(w.loop, &w.ucx_poll, kvx_efd(w.kvx)) == 0) {
 		w.ucx_poll.data = &w;
 		uv_poll_start(&w.ucx_poll, UV_READABLE, ucx_poll_cb);
@@ -1107,29 +1145,30 @@ int dc_worker_run(const struct dc_config *c)
 	struct session_opts so = {.router_addr = c->router, .heartbeat_ms = (uint32_t)c->heartbeat_ms};
 	struct session_cbs sc = {.fill_hello_cb = fill_hello,
 	                         .fill_heartbeat_cb = fill_heartbeat,
-	                         .on_registered_cb = on_registered,
 	                         .on_msg_cb = on_msg,
 	                         .on_lost_cb = on_lost,
 	                         .ud = &w};
-	if (session_start(w.loop, &so, &sc, &w.sess, &e)) {
+	if (wlife_start_session(&w.life, w.loop, &so, &sc, &e)) {
 		LOG_ERROR("decode", "%s", e.msg);
-		w.sess = NULL;
-		w.draining = true;
-		stop_all(&w);
+		w.life.draining = true;
+		wlife_stop(&w.life);
 		uv_run(w.loop, UV_RUN_DEFAULT);
 		goto out_pool;
 	}
-	LOG_INFO("decode",
-	         "%s: engine %s, KV pool %u blocks x %zu bytes (%.1f MiB), layout %s fingerprint %016llx, "
-	         "metrics on port %d, router %s",
-	         c->name, c->engine, w.pool.n_blocks, w.pool.block_bytes,
-	         (double)w.pool.n_blocks * (double)w.pool.block_bytes / 1048576.0, w.layout.arch,
-	         (unsigned long long)w.layout.fingerprint, runtime_metrics_port(w.rt), c->router);
+	LOG_INFO(
+	    "decode",
+	    "%s: engine %s (backend %s), KV pool %u blocks x %zu bytes (%.1f MiB), layout %s fingerprint "
+	    "%016llx, metrics on port %d, router %s",
+	    c->name, c->engine, trivial ? "none" : c->backend, w.pool.n_blocks, w.pool.block_bytes,
+	    (double)w.pool.n_blocks * (double)w.pool.block_bytes / 1048576.0, w.layout.arch,
+	    (unsigned long long)w.layout.fingerprint, runtime_metrics_port(w.rt), c->router);
 	uv_run(w.loop, UV_RUN_DEFAULT);
 	w.exit_code = 0;
 out_pool:
 	uv_run(w.loop, UV_RUN_NOWAIT);
 	quarantine_scan(&w, true); /* exiting: the pool goes away with its blocks */
+	if (w.pool_pinned)
+		model_host_unpin(w.model, w.pool.base);
 	kv_pool_fini(&w.pool, w.kvx);
 out_kvx:
 	kvx_destroy(w.kvx);
@@ -1137,7 +1176,6 @@ out_model:
 	tok_destroy(w.tok);
 	model_destroy(w.model);
 	metrics_destroy(w.reg);
-	if (c->ready_file[0])
-		unlink(c->ready_file);
+	wlife_fini(&w.life);
 	return w.exit_code;
 }

@@ -32,6 +32,13 @@ struct dc_config {
 	int heartbeat_ms;
 	int drain_timeout_ms;
 	int trivial_step_us;
+	/* compute backend (docs/workers.md, "GPUs") */
+	char backend[8]; /* "cpu" | "cuda" */
+	int device; /* CUDA device */
+	int graphs; /* CUDA decode graphs: 0 off, 1 on, 2 padded eager (tests) */
+	double mem_fraction; /* CUDA: share of free device memory the workspaces may take (0: 0.9) */
+	bool kv_staged; /* CPU: keep the model's KV pool apart from the UCX pool (tests the CUDA path) */
+	int kv_upload_step_kb; /* staged KV: prompt KV uploaded per decode step at most (0: no limit) */
 };
 
 void dc_config_default(struct dc_config *c);

@@ -40,6 +40,10 @@ struct pf_engine {
 	int32_t *free_blocks;
 	uint32_t n_free;
 	struct model_kv kv; /* model engine */
+	uint8_t *staging; /* staged KV: pinned host copy of kv that UCX puts from (owned) */
+	size_t staging_bytes;
+	bool staging_pinned;
+	int attach_rc; /* model_thread_attach of the engine thread (its forwards fail if not 0) */
 	uint8_t *pool; /* trivial engine */
 	size_t block_bytes;
 	uint32_t block_tokens;
@@ -248,11 +252,34 @@ static void sample_first(struct pf_engine *g, struct pf_job *j, const float *row
 	}
 }
 
+/* Puts local blocks up to `upto`. Staged KV: the blocks not yet put are first copied from the
+ * model's pool into the host staging copy (a block is put only once it is complete, so it does not
+ * change after the copy). Returns j->status. */
+static int push_upto(struct pf_engine *g, struct pf_job *j, uint32_t upto)
+{
+	if (g->staging && upto > j->n_pushed && upto <= j->n_local) {
+		struct errbuf e = {0};
+		uint64_t t0 = uv_hrtime();
+		int rc = model_kv_download(&g->kv, g->staging, j->local_blocks + j->n_pushed,
+		                           (int)(upto - j->n_pushed), &e);
+		metrics_observe(g->o.metrics.stage_seconds, (double)(uv_hrtime() - t0) / 1e9);
+		if (rc) {
+			LOG_ERROR("engine", "rid=%llu KV download to the staging copy failed: %s",
+			          (unsigned long long)j->rid, e.msg);
+			j->status = rc;
+			j->err_code = MSG_ERR_INTERNAL;
+			snprintf(j->err_msg, sizeof(j->err_msg), "KV staging: %.200s", e.msg);
+			return rc;
+		}
+	}
+	return pf_push_blocks(&g->push, j, upto);
+}
+
 static void finish_job(struct pf_engine *g, struct pf_job *j, const float *row)
 {
 	sample_first(g, j, row);
 	if (!j->status)
-		pf_push_blocks(&g->push, j, j->n_local);
+		push_upto(g, j, j->n_local);
 	if (!j->status)
 		pf_push_finish(&g->push, j);
 	j->prefill_us = (uint32_t)((uv_hrtime() - j->t_start_ns) / 1000u);
@@ -307,7 +334,9 @@ static int step(struct pf_engine *g)
 		                        .n_seqs = (int)g->n_active,
 		                        .seqs = g->b_seqs};
 		struct errbuf e = {0};
-		int rc = model_forward(g->o.model, &g->kv, &b, n_rows ? g->logits : NULL, NULL, &e);
+		int rc = g->attach_rc
+		             ? errbuf_set(&e, g->attach_rc, "engine thread cannot run the model")
+		             : model_forward(g->o.model, &g->kv, &b, n_rows ? g->logits : NULL, NULL, &e);
 		if (rc) {
 			/* inputs were validated when the request arrived: a failure here fails the step's
 			 * jobs */
@@ -351,7 +380,7 @@ static int step(struct pf_engine *g)
 			finish_job(g, j, row_of[s] >= 0 ? g->logits + (size_t)row_of[s] * g->vocab : NULL);
 			continue;
 		}
-		if (take[s] && pf_push_blocks(&g->push, j, j->n_done / g->block_tokens)) {
+		if (take[s] && push_upto(g, j, j->n_done / g->block_tokens)) {
 			complete(g, j);
 			continue;
 		}
@@ -364,6 +393,11 @@ static int step(struct pf_engine *g)
 static void *engine_main(void *arg)
 {
 	struct pf_engine *g = arg;
+	if (g->o.model) {
+		struct errbuf e = {0};
+		if ((g->attach_rc = model_thread_attach(g->o.model, &e)))
+			LOG_ERROR("engine", "%s: every prefill step will fail", e.msg);
+	}
 	for (;;) {
 		atomic_store(&g->alive_ns, uv_hrtime());
 		pthread_mutex_lock(&g->mu);
@@ -431,10 +465,33 @@ static int layout_from_model(struct pf_engine *g, struct errbuf *e)
 	g->vocab = (uint32_t)hp->vocab;
 	g->max_seq_len =
 	    (uint32_t)(hp->n_ctx_train > 0 && hp->n_ctx_train < INT32_MAX ? hp->n_ctx_train : INT32_MAX);
+	if (g->o.max_seq_len && g->o.max_seq_len < g->max_seq_len)
+		g->max_seq_len = g->o.max_seq_len;
 	int rc = model_kv_init(&g->kv, g->o.model, g->o.n_local_blocks, NULL, 0, e);
 	if (rc)
 		return rc;
 	g->push.local_base = g->kv.base;
+	if (g->o.kv_staged || g->kv.on_device) {
+		/* UCX puts from host memory (Debian's UCX has no CUDA transports): a page-locked host copy
+		 * of the local pool, the same block ids */
+		g->staging_bytes = ((size_t)g->o.n_local_blocks * L.block_bytes + 4095) & ~(size_t)4095;
+		g->staging = aligned_alloc(4096, g->staging_bytes);
+		if (!g->staging)
+			return errbuf_set(e, -ENOMEM, "out of memory for the %zu-byte KV staging copy",
+			                  g->staging_bytes);
+		memset(g->staging, 0, g->staging_bytes); /* touch every page now, not while serving */
+		struct errbuf pe = {0};
+		if (model_host_pin(g->o.model, g->staging, g->staging_bytes, &pe))
+			LOG_WARN("prefill", "%s: KV downloads from the device will be slower", pe.msg);
+		else
+			g->staging_pinned = g->kv.on_device;
+		g->push.local_base = g->staging;
+		LOG_INFO("prefill",
+		         "KV staged: model pool of %u blocks in %s memory, copied to a %.1f MiB %shost "
+		         "staging copy before each put",
+		         g->o.n_local_blocks, g->kv.on_device ? "device" : "host",
+		         g->staging_bytes / 1048576.0, g->staging_pinned ? "pinned " : "");
+	}
 	return sample_work_init(&g->sw, hp->vocab) ? errbuf_set(e, -ENOMEM, "out of memory (sampling)") : 0;
 }
 
@@ -519,6 +576,9 @@ fail:
 		kvx_region_unmap(o->kvx, g->local_region);
 	if (o->model && g->kv.base)
 		model_kv_fini(&g->kv);
+	if (g->staging_pinned)
+		model_host_unpin(o->model, g->staging);
+	free(g->staging);
 	sample_work_fini(&g->sw);
 	free(g->pool);
 	free(g->free_blocks);
@@ -550,6 +610,9 @@ void pf_engine_destroy(struct pf_engine *g)
 	kvx_region_unmap(g->o.kvx, g->local_region);
 	if (g->o.model)
 		model_kv_fini(&g->kv);
+	if (g->staging_pinned)
+		model_host_unpin(g->o.model, g->staging);
+	free(g->staging);
 	sample_work_fini(&g->sw);
 	free(g->pool);
 	free(g->free_blocks);

@@ -43,6 +43,10 @@ struct pf_job {
 	uint64_t t_submit_ns;
 	_Atomic int cancelled; /* set by the loop thread; read by the engine */
 	_Atomic int no_fence; /* set by the loop thread (router lost): leave without a fence */
+	/* PrefillRequest.attempt: the fence carries kvfence_word(rid, fence_attempt); has_attempt
+	 * says the decode target tells attempts apart (tandem.proto KvRegion, PER-ATTEMPT FENCES) */
+	uint32_t fence_attempt;
+	bool has_attempt;
 
 	/* engine-private progress */
 	uint32_t n_done; /* prompt tokens computed */
@@ -79,6 +83,7 @@ struct pf_metrics {
 	struct metric *kv_bytes; /* counter: KV bytes written over UCX */
 	struct metric *step_seconds; /* histogram */
 	struct metric *transfer_seconds; /* histogram: first put to flush done, per request */
+	struct metric *stage_seconds; /* histogram: staged KV, one device -> host block copy (NULL: none) */
 };
 
 struct pf_engine_opts {
@@ -88,6 +93,12 @@ struct pf_engine_opts {
 	uint32_t max_batch; /* jobs in one step */
 	uint32_t trivial_step_us; /* trivial engine: simulated compute per step */
 	uint32_t flush_timeout_ms;
+	/* The model computes into its own pool (device memory on the CUDA backend; host memory when
+	 * forced on the CPU backend for tests) and each block is copied into a pinned, UCX-registered
+	 * host staging copy (same local block ids) just before it is put. Forced on when the model's
+	 * pool lives on the device. */
+	bool kv_staged;
+	uint32_t max_seq_len; /* longest prompt (0: the model's context length) */
 	struct kvx *kvx; /* borrowed; used only by the engine thread from now on */
 	struct pf_metrics metrics;
 	uv_loop_t *loop;

@@ -52,6 +52,16 @@ int main(int argc, char **argv)
 	     "SIGTERM: time to finish in-flight prompts"},
 	    {"trivial_step_us", OPT_INT, &c.trivial_step_us, 0, 0, 10000000,
 	     "trivial engine: simulated compute per step"},
+	    {"backend", OPT_STR, c.backend, sizeof(c.backend), 0, 0, "compute backend: cpu or cuda"},
+	    {"device", OPT_INT, &c.device, 0, 0, 1023, "CUDA device (backend cuda)"},
+	    {"mem_fraction", OPT_DOUBLE, &c.mem_fraction, 0, 0, 0,
+	     "CUDA: share of the free device memory the workspaces may use (0: 0.9)"},
+	    {"max_seq_len", OPT_INT, &c.max_seq_len, 0, 0, 1 << 30,
+	     "longest prompt taken (0: the model's context; with backend cuda 4096 unless set: the device "
+	     "workspaces are sized for it)"},
+	    {"kv_staged", OPT_BOOL, &c.kv_staged, 0, 0, 0,
+	     "compute the KV into a pool apart from the UCX-registered staging copy (always on with cuda; "
+	     "on the CPU it tests that path)"},
 	    {"ready_file", OPT_STR, c.ready_file, sizeof(c.ready_file), 0, 0,
 	     "write {pid, metrics_port} here once registered (tests)"},
 	    {"log_level", OPT_STR, c.log_level, sizeof(c.log_level), 0, 0, "error, warn, info or debug"},

@@ -12,6 +12,7 @@
 
 #include "common/base/log.h"
 #include "common/net/crc32c.h"
+#include "common/net/kvfence.h"
 #include "prefill/engine.h"
 
 static int fail(struct pf_job *j, int status, int code, const char *msg)
@@ -149,7 +150,8 @@ void pf_push_fence(const struct pf_push_ctx *c, struct pf_job *j)
 	 * request (decode zeroes the slot when it hands the block out again, and a stale rid never
 	 * matches the new reservation's) */
 	uint64_t slot = j->region.fence_addr + (uint64_t)j->block_ids[0] * 8u;
-	j->fence_word = j->rid; /* little-endian u64 on both sides (x86-64, aarch64) */
+	/* little-endian u64 on both sides (x86-64, aarch64) */
+	j->fence_word = kvfence_word(j->rid, j->fence_attempt);
 	if (kvx_put(c->kvx, peer, &j->fence_word, NULL, sizeof(j->fence_word), slot, &e) ||
 	    kvx_flush(c->kvx, peer, c->flush_timeout_ms < 2000 ? c->flush_timeout_ms : 2000, &e)) {
 		LOG_WARN("prefill", "rid=%llu transfer fence not written (decode waits for its deadline): %s",

@@ -16,11 +16,17 @@
 #include "common/net/metrics.h"
 #include "common/net/runtime.h"
 #include "common/net/session.h"
+#include "common/net/wlife.h"
 #include "prefill/engine.h"
 
 #define MAP_BUCKETS 1024
-/* Longest write window of a job: decode's default quarantine (180 s) is longer by a margin. */
+/* Longest write window of a job whose decode target sizes its quarantine for 120 s only (no
+ * per-attempt fences: an older decode worker): its default quarantine (180 s) is longer by a
+ * margin. A target that announces per-attempt fences quarantines for the request's own window
+ * (tandem.proto KvReserve.prefill_window_ms), so there the router's deadline holds, up to the
+ * router's own maximum (6 h). */
 #define PF_WRITE_WINDOW_MAX_MS 120000u
+#define PF_WRITE_WINDOW_MAX_MS_FENCED (6u * 3600u * 1000u)
 
 struct pf_worker {
 	const struct pf_config *c;
@@ -28,7 +34,6 @@ struct pf_worker {
 	struct model *model;
 	struct kvx *kvx;
 	struct pf_engine *eng;
-	struct session *sess;
 	struct runtime *rt;
 	struct metrics *reg;
 	struct msg_kv_layout layout;
@@ -37,13 +42,10 @@ struct pf_worker {
 	struct pf_job *map[MAP_BUCKETS];
 	uint64_t queued_tokens;
 	uint32_t n_inflight;
-	bool draining;
-	bool stopping;
-	uv_timer_t drain_timer;
+	struct wlife life; /* registration, readiness, drain, stop (common/net/wlife.h) */
 	uv_timer_t idle_check;
 	struct metric *m_req_ok, *m_req_failed, *m_req_cancelled, *m_req_refused;
 	struct metric *m_queue_tokens, *m_inflight;
-	struct metric *m_registered;
 	int exit_code;
 };
 
@@ -56,6 +58,7 @@ void pf_config_default(struct pf_config *c)
 	snprintf(c->engine, sizeof(c->engine), "model");
 	snprintf(c->kv_dtype, sizeof(c->kv_dtype), "f32");
 	snprintf(c->log_level, sizeof(c->log_level), "info");
+	snprintf(c->backend, sizeof(c->backend), "cpu");
 	c->threads = 1;
 	c->tp = 1;
 	c->local_blocks = 256;
@@ -88,7 +91,7 @@ static void send_error(struct pf_worker *w, uint64_t rid, int code, const char *
 	m.u.error.code = code;
 	snprintf(m.u.error.message, sizeof(m.u.error.message), "%s: %s", w->c->name, text);
 	struct errbuf e;
-	if (session_send(w->sess, &m, &e))
+	if (session_send(w->life.sess, &m, &e))
 		LOG_WARN("prefill", "rid=%llu error not sent to the router: %s", (unsigned long long)rid,
 		         e.msg);
 }
@@ -98,8 +101,6 @@ static void update_gauges(struct pf_worker *w)
 	metrics_set(w->m_queue_tokens, (double)w->queued_tokens);
 	metrics_set(w->m_inflight, w->n_inflight);
 }
-
-static void maybe_finish_drain(struct pf_worker *w);
 
 /* engine -> loop: a job is done (or failed, or was cancelled) */
 static void job_done_cb(struct pf_job *j, void *ud)
@@ -132,7 +133,7 @@ static void job_done_cb(struct pf_job *j, void *ud)
 		d->prefill_us = j->prefill_us;
 		d->transfer_us = j->transfer_us;
 		struct errbuf e;
-		if (session_send(w->sess, &m, &e))
+		if (session_send(w->life.sess, &m, &e))
 			LOG_WARN("prefill", "rid=%llu PrefillDone not sent: %s", (unsigned long long)j->rid,
 			         e.msg);
 		LOG_INFO("prefill",
@@ -148,7 +149,7 @@ static void job_done_cb(struct pf_job *j, void *ud)
 		metrics_add(w->m_req_failed, 1);
 	}
 	pf_job_free(j);
-	maybe_finish_drain(w);
+	wlife_maybe_finish_drain(&w->life);
 }
 
 /* ---- requests ----------------------------------------------------------------------------------- */
@@ -167,13 +168,15 @@ static void *dup_bytes(const void *p, size_t n)
  * that is not possible (no fences on the target, no engine, out of memory): Error at once. */
 static bool fence_refused(struct pf_worker *w, const struct msg_prefill_request *r, int code, const char *why)
 {
-	if (!w->eng || w->stopping || !r->target_region.fence_addr || !r->n_block_ids ||
+	if (!w->eng || w->life.stopping || !r->target_region.fence_addr || !r->n_block_ids ||
 	    !r->target_ucx_address_len || !r->target_region.rkey_len)
 		return false;
 	struct pf_job *j = calloc(1, sizeof(*j));
 	if (!j)
 		return false;
 	j->rid = r->rid;
+	j->fence_attempt = r->attempt;
+	j->has_attempt = r->has_attempt;
 	j->fence_only = true;
 	j->status = -EINVAL;
 	j->err_code = code;
@@ -200,7 +203,7 @@ static void on_prefill_request(struct pf_worker *w, const struct msg_prefill_req
 	int code = MSG_ERR_INVALID_REQUEST;
 	uint32_t vocab = pf_engine_vocab(w->eng);
 	uint32_t bs = w->layout.block_size;
-	if (w->draining) {
+	if (w->life.draining) {
 		code = MSG_ERR_DRAINING;
 		snprintf(why, sizeof(why), "worker is draining");
 		goto refuse;
@@ -248,6 +251,8 @@ static void on_prefill_request(struct pf_worker *w, const struct msg_prefill_req
 		goto refuse;
 	}
 	j->rid = r->rid;
+	j->fence_attempt = r->attempt;
+	j->has_attempt = r->has_attempt;
 	j->n_tokens = (uint32_t)r->n_tokens;
 	j->tokens = dup_bytes(r->tokens, r->n_tokens * sizeof(uint32_t));
 	j->sampling = r->sampling;
@@ -263,8 +268,8 @@ static void on_prefill_request(struct pf_worker *w, const struct msg_prefill_req
 	j->want_checksums = r->checksums;
 	/* the hard write window (tandem.proto PrefillRequest.deadline_ms): never unbounded, since the
 	 * decode worker reuses quarantined blocks after a deadline that must exceed it */
-	uint32_t window = r->deadline_ms && r->deadline_ms < PF_WRITE_WINDOW_MAX_MS ? r->deadline_ms
-	                                                                            : PF_WRITE_WINDOW_MAX_MS;
+	uint32_t cap = r->has_attempt ? PF_WRITE_WINDOW_MAX_MS_FENCED : PF_WRITE_WINDOW_MAX_MS;
+	uint32_t window = r->deadline_ms && r->deadline_ms < cap ? r->deadline_ms : cap;
 	j->deadline_ms = uv_hrtime() / 1000000u + window;
 	if (!j->tokens || !j->ucx_addr || !j->rkey || !j->block_ids) {
 		pf_job_free(j);
@@ -289,21 +294,23 @@ refuse:
 	send_error(w, r->rid, code, why);
 }
 
-/* Router lost: stop every job, without a fence. The router that placed them may retry a prefill
- * on the same decode reservation elsewhere (it does when a prefill worker is lost), and a fence
- * from this stale attempt would then vouch for blocks the new attempt is still writing; without
- * one, decode waits for its quarantine deadline instead. */
+/* Router lost: stop every job. The router that placed them may retry a prefill on the same
+ * decode reservation elsewhere (it does when a prefill worker is lost). Where the decode target
+ * tells attempts apart (the job has an attempt), our fence names this attempt only and decode
+ * ignores it once a newer attempt is announced, so we fence as usual and decode gets its blocks
+ * back early if there is no newer attempt. Without attempts a fence from this stale attempt would
+ * vouch for blocks the new attempt is still writing: leave without one, and decode waits for its
+ * quarantine deadline instead. */
 static void cancel_all(struct pf_worker *w)
 {
 	for (int b = 0; b < MAP_BUCKETS; b++)
 		for (struct pf_job *j = w->map[b]; j; j = j->map_next) {
 			j->cancelled_by_router = true;
-			atomic_store(&j->no_fence, 1);
+			if (!j->has_attempt)
+				atomic_store(&j->no_fence, 1);
 			atomic_store(&j->cancelled, 1);
 		}
 }
-
-static void start_drain(struct pf_worker *w, uint32_t deadline_ms);
 
 static int on_msg(void *ud, struct msg *m)
 {
@@ -318,7 +325,6 @@ static int on_msg(void *ud, struct msg *m)
 		}
 		return 0;
 	}
-	case MSG_DRAIN: start_drain(w, m->u.drain.deadline_ms); return 0;
 	case MSG_ERROR:
 		LOG_WARN("prefill", "router reports%s%llu: %s (%s)", m->u.error.has_rid ? " rid=" : " ",
 		         (unsigned long long)m->u.error.rid, m->u.error.message,
@@ -359,103 +365,36 @@ static void fill_heartbeat(void *ud, struct msg_heartbeat *hb)
 	hb->queued_tokens = w->queued_tokens;
 	hb->running_seqs = w->n_inflight;
 	hb->queued_requests = w->n_inflight;
-	hb->draining = w->draining;
-}
-
-static void write_ready_file(struct pf_worker *w)
-{
-	if (!w->c->ready_file[0])
-		return;
-	char tmp[1100];
-	snprintf(tmp, sizeof(tmp), "%s.tmp", w->c->ready_file);
-	FILE *f = fopen(tmp, "w");
-	if (!f) {
-		LOG_WARN("prefill", "cannot write ready file %s", tmp);
-		return;
-	}
-	fprintf(f, "{\"pid\": %d, \"metrics_port\": %d, \"name\": \"%s\", \"worker_id\": %u}\n",
-	        (int)getpid(), runtime_metrics_port(w->rt), w->c->name, session_worker_id(w->sess));
-	fclose(f);
-	rename(tmp, w->c->ready_file);
-}
-
-static void on_registered(void *ud, const struct msg_hello_ack *ack)
-{
-	struct pf_worker *w = ud;
-	metrics_set(w->m_registered, 1);
-	runtime_notify_ready(w->rt);
-	write_ready_file(w);
 }
 
 static void on_lost(void *ud, const char *why)
 {
 	struct pf_worker *w = ud;
-	metrics_set(w->m_registered, 0);
 	/* the router has failed our requests already: stop working on them */
 	cancel_all(w);
 }
 
 /* ---- drain / stop ------------------------------------------------------------------------------- */
 
-static void stop_all(struct pf_worker *w)
-{
-	if (w->stopping)
-		return;
-	w->stopping = true;
-	runtime_notify_stopping(w->rt);
-	uv_timer_stop(&w->drain_timer);
-	uv_close((uv_handle_t *)&w->drain_timer, NULL);
-	pf_engine_destroy(w->eng); /* returns in-flight jobs through job_done_cb */
-	w->eng = NULL;
-	session_stop(w->sess);
-	runtime_stop(w->rt);
-}
-
-static void maybe_finish_drain(struct pf_worker *w)
-{
-	if (w->draining && !w->stopping && w->n_inflight == 0) {
-		LOG_INFO("prefill", "drained: no requests in flight; exiting");
-		stop_all(w);
-	}
-}
-
-static void drain_timeout_cb(uv_timer_t *t)
-{
-	struct pf_worker *w = t->data;
-	LOG_WARN("prefill",
-	         "drain deadline passed with %u requests in flight: handing them back to the router",
-	         w->n_inflight);
-	stop_all(w); /* the engine fails what is left with DRAINING: the router re-prefills elsewhere */
-}
-
-static void start_drain(struct pf_worker *w, uint32_t deadline_ms)
-{
-	if (w->draining)
-		return;
-	w->draining = true;
-	uint32_t ms = deadline_ms && deadline_ms < (uint32_t)w->c->drain_timeout_ms
-	                  ? deadline_ms
-	                  : (uint32_t)w->c->drain_timeout_ms;
-	LOG_INFO("prefill", "draining: %u requests in flight, deadline %u ms", w->n_inflight, ms);
-	struct msg m;
-	msg_init(&m, MSG_DRAIN);
-	m.u.drain.deadline_ms = ms;
-	struct errbuf e;
-	if (session_send(w->sess, &m, &e) == 0)
-		session_heartbeat_now(w->sess);
-	uv_timer_start(&w->drain_timer, drain_timeout_cb, ms, 0);
-	maybe_finish_drain(w);
-}
-
-static void on_signal(void *ud, int signum)
-{
-	start_drain(ud, 0);
-}
-
-static bool is_ready(void *ud)
+/* wlife callbacks (common/net/wlife.h) */
+static bool is_idle(void *ud)
 {
 	struct pf_worker *w = ud;
-	return w->sess && session_is_registered(w->sess) && !w->draining;
+	return w->n_inflight == 0;
+}
+
+static void describe(void *ud, char *buf, size_t n)
+{
+	struct pf_worker *w = ud;
+	snprintf(buf, n, "%u requests in flight", w->n_inflight);
+}
+
+/* the engine fails what is left with DRAINING: the router re-prefills elsewhere */
+static void stop_engine(void *ud)
+{
+	struct pf_worker *w = ud;
+	pf_engine_destroy(w->eng); /* returns in-flight jobs through job_done_cb */
+	w->eng = NULL;
 }
 
 static bool is_healthy(void *ud)
@@ -482,8 +421,13 @@ static void register_metrics(struct pf_worker *w)
 	    metrics_gauge(r, "tandem_prefill_queue_tokens", NULL, "Prompt tokens queued or in progress");
 	w->m_inflight =
 	    metrics_gauge(r, "tandem_prefill_requests_in_flight", NULL, "Prefill requests queued or running");
-	w->m_registered =
-	    metrics_gauge(r, "tandem_worker_registered", NULL, "1 while registered with the router");
+	struct wlife_cbs lc = {.is_idle_cb = is_idle,
+	                       .is_healthy_cb = is_healthy,
+	                       .describe_cb = describe,
+	                       .stop_cb = stop_engine,
+	                       .ud = w};
+	wlife_init(&w->life, "prefill", w->c->name, w->c->ready_file, (uint32_t)w->c->drain_timeout_ms,
+	           "handing them back to the router", r, &lc);
 }
 
 int pf_worker_run(const struct pf_config *c)
@@ -507,6 +451,20 @@ int pf_worker_run(const struct pf_config *c)
 		mo.n_threads = c->threads;
 		mo.tp = c->tp;
 		mo.kv_dtype = strcmp(c->kv_dtype, "bf16") == 0 ? MODEL_KV_BF16 : MODEL_KV_F32;
+		if (strcmp(c->backend, "cpu") != 0 && strcmp(c->backend, "cuda") != 0) {
+			LOG_ERROR("prefill", "backend '%s': expected \"cpu\" or \"cuda\"", c->backend);
+			return 2;
+		}
+		if (strcmp(c->backend, "cuda") == 0) {
+			/* every device buffer is sized here from the limits, never per request: a step has
+			 * at most max_tokens_per_step tokens of max_batch prompts of max_seq_len tokens */
+			mo.backend = MODEL_BACKEND_CUDA;
+			mo.device = c->device;
+			mo.mem_fraction = (float)c->mem_fraction;
+			mo.max_tokens = c->max_tokens_per_step;
+			mo.max_seqs = c->max_batch;
+			mo.max_ctx = c->max_seq_len > 0 ? c->max_seq_len : 4096;
+		}
 		if (model_load(&w.model, c->model, &mo, &e)) {
 			LOG_ERROR("prefill", "cannot load model: %s", e.msg);
 			return 2;
@@ -535,6 +493,11 @@ int pf_worker_run(const struct pf_config *c)
 	                            .max_batch = (uint32_t)c->max_batch,
 	                            .trivial_step_us = (uint32_t)c->trivial_step_us,
 	                            .flush_timeout_ms = (uint32_t)c->flush_timeout_ms,
+	                            .kv_staged = c->kv_staged,
+	                            .max_seq_len =
+	                                w.model && model_get_opts(w.model)->backend == MODEL_BACKEND_CUDA
+	                                    ? (uint32_t)model_get_opts(w.model)->max_ctx
+	                                    : (uint32_t)c->max_seq_len,
 	                            .kvx = w.kvx,
 	                            .loop = w.loop,
 	                            .done_cb = job_done_cb,
@@ -549,6 +512,12 @@ int pf_worker_run(const struct pf_config *c)
 	eo.metrics.transfer_seconds = metrics_histogram(w.reg, "tandem_kv_transfer_seconds", NULL,
 	                                                "Per request: first KV put to remote completion",
 	                                                metrics_latency_bounds, metrics_n_latency_bounds);
+	if (w.model && (c->kv_staged || model_kv_on_device(w.model)))
+		eo.metrics.stage_seconds =
+		    metrics_histogram(w.reg, "tandem_prefill_kv_stage_seconds", NULL,
+		                      "Staged KV: copy of a step's finished blocks from the model's pool to "
+		                      "the UCX staging copy",
+		                      metrics_latency_bounds, metrics_n_latency_bounds);
 	if (pf_engine_create(&eo, &w.eng, &e)) {
 		LOG_ERROR("prefill", "cannot start the engine: %s", e.msg);
 		goto out_kvx;
@@ -556,27 +525,24 @@ int pf_worker_run(const struct pf_config *c)
 	pf_engine_layout(w.eng, &w.layout);
 	struct runtime_opts ro = {.metrics_addr = c->metrics,
 	                          .metrics = w.reg,
-	                          .is_ready_cb = is_ready,
-	                          .is_healthy_cb = is_healthy,
-	                          .on_signal_cb = on_signal,
-	                          .ud = &w};
+	                          .is_ready_cb = wlife_is_ready_cb,
+	                          .is_healthy_cb = wlife_is_healthy_cb,
+	                          .on_signal_cb = wlife_on_signal_cb,
+	                          .ud = &w.life};
 	if (runtime_start(w.loop, &ro, &w.rt, &e)) {
 		LOG_ERROR("prefill", "%s", e.msg);
 		pf_engine_destroy(w.eng);
 		goto out_kvx;
 	}
-	uv_timer_init(w.loop, &w.drain_timer);
-	w.drain_timer.data = &w;
+	wlife_start(&w.life, w.loop, w.rt);
 	struct session_opts so = {.router_addr = c->router, .heartbeat_ms = (uint32_t)c->heartbeat_ms};
 	struct session_cbs sc = {.fill_hello_cb = fill_hello,
 	                         .fill_heartbeat_cb = fill_heartbeat,
-	                         .on_registered_cb = on_registered,
 	                         .on_msg_cb = on_msg,
 	                         .on_lost_cb = on_lost,
 	                         .ud = &w};
-	if (session_start(w.loop, &so, &sc, &w.sess, &e)) {
+	if (wlife_start_session(&w.life, w.loop, &so, &sc, &e)) {
 		LOG_ERROR("prefill", "%s", e.msg);
-		w.sess = NULL;
 		runtime_stop(w.rt);
 		pf_engine_destroy(w.eng);
 		goto out_kvx;
@@ -594,7 +560,6 @@ out_kvx:
 out_model:
 	model_destroy(w.model);
 	metrics_destroy(w.reg);
-	if (c->ready_file[0])
-		unlink(c->ready_file);
+	wlife_fini(&w.life);
 	return w.exit_code;
 }

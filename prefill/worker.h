@@ -30,6 +30,12 @@ struct pf_config {
 	int flush_timeout_ms;
 	int drain_timeout_ms;
 	int trivial_step_us;
+	/* compute backend (docs/workers.md, "GPUs") */
+	char backend[8]; /* "cpu" | "cuda" */
+	int device; /* CUDA device */
+	double mem_fraction; /* CUDA: share of free device memory the workspaces may take (0: 0.9) */
+	int max_seq_len; /* longest prompt taken (0: the model's context; cuda: 4096) */
+	bool kv_staged; /* CPU: compute into a pool apart from the UCX-registered one (tests the CUDA path) */
 };
 
 void pf_config_default(struct pf_config *c);

@@ -62,6 +62,7 @@ struct call {
 	char fail_msg[256];
 	size_t max_stop_len;
 	uint64_t t_start; /* uv_hrtime at arrival */
+	struct keepalive_entry ka; /* streaming: comments while nothing else is written */
 };
 
 static void call_maybe_free(struct call *cl);
@@ -289,6 +290,7 @@ static void sse_send(struct call *cl, json_t *j)
 		memcpy(buf, "data: ", 6);
 		memcpy(buf + 6, s, n);
 		memcpy(buf + 6 + n, "\n\n", 2);
+		keepalive_touch(&cl->ka);
 		http_stream_write(cl->conn, buf, n + 8);
 		free(buf);
 	}
@@ -437,6 +439,7 @@ static void call_try_finish(struct call *cl)
 		json_object_set_new(env, "usage", usage_json(cl));
 		sse_send(cl, env);
 	}
+	keepalive_remove(&cl->ka);
 	if (!cl->failed)
 		http_stream_write(cl->conn, "data: [DONE]\n\n", 14);
 	http_stream_end(cl->conn);
@@ -445,6 +448,7 @@ static void call_try_finish(struct call *cl)
 
 static void call_free(struct call *cl)
 {
+	keepalive_remove(&cl->ka);
 	for (int i = 0; i < cl->n_choices; i++) {
 		req_destroy(cl->ch[i].r);
 		free(cl->ch[i].text);
@@ -559,6 +563,7 @@ static void on_abort(struct http_conn *c, void *ud)
 	struct call *cl = ud;
 	(void)c;
 	cl->conn = NULL;
+	keepalive_remove(&cl->ka);
 	if (cl->streaming)
 		metrics_add(cl->rt->rm.streams_active, -1);
 	cl->depth++;
@@ -726,6 +731,7 @@ void complete_handle(struct router *rt, struct http_conn *c, struct http_request
 	if (cl->ar.stream) {
 		http_stream_begin(c, 200, "text/event-stream", "");
 		cl->streaming = true;
+		keepalive_add(&rt->keepalive, &cl->ka, c);
 		metrics_add(rt->rm.streams_active, 1);
 	}
 	cl->depth++;

@@ -58,7 +58,12 @@ static const struct key keys[] = {
     SC(n_queue_max, K_U32, "n_queue_max", "admission queue bound (429 with Retry-After beyond)"),
     SC(queue_timeout_ms, K_U64, "queue_timeout_ms", "deadline for a queued request to get KV blocks"),
     SC(reserve_timeout_ms, K_U64, "reserve_timeout_ms", "deadline for a decode worker's reservation answer"),
-    SC(prefill_timeout_ms, K_U64, "prefill_timeout_ms", "deadline for a prefill"),
+    SC(prefill_timeout_ms, K_U64, "prefill_timeout_ms",
+       "deadline for a prefill of any prompt (the base; see prefill_us_per_token)"),
+    SC(prefill_us_per_token, K_U64, "prefill_us_per_token",
+       "prefill time allowed per prompt token, on top of prefill_timeout_ms: a prompt of n tokens "
+       "gets prefill_timeout_ms + n * this / 1000 ms (the workers' write windows, the decode "
+       "reservation and its quarantine follow; at most 6 h)"),
     SC(transfer_timeout_ms, K_U64, "transfer_timeout_ms",
        "deadline for the KV transfer to the decode worker"),
     SC(token_timeout_ms, K_U64, "token_timeout_ms", "longest allowed gap between two generated tokens"),
@@ -66,6 +71,9 @@ static const struct key keys[] = {
        "prefill attempts per request (re-prefill after a lost worker)"),
     SC(retry_after_s, K_U32, "retry_after_s", "Retry-After seconds sent with 429/503"),
     I(drain_timeout_ms, K_U64, "on SIGTERM: time to finish in-flight requests before exiting"),
+    I(sse_keepalive_ms, K_U64,
+      "a streaming response silent this long (a long prefill) gets an SSE comment ': keep-alive' "
+      "so proxies keep the connection; 0: never"),
     S(log_level, "error, warn, info or debug"),
     I(sim_prefill, K_INT, "sim engine: prefill workers"),
     I(sim_decode, K_INT, "sim engine: decode workers"),
@@ -97,11 +105,13 @@ void router_config_defaults(struct router_config *c)
 	c->sched.queue_timeout_ms = 60000;
 	c->sched.reserve_timeout_ms = 5000;
 	c->sched.prefill_timeout_ms = 120000;
+	c->sched.prefill_us_per_token = 1000;
 	c->sched.transfer_timeout_ms = 30000;
 	c->sched.token_timeout_ms = 30000;
 	c->sched.n_prefill_tries_max = 2;
 	c->sched.retry_after_s = 1;
 	c->drain_timeout_ms = 30000;
+	c->sse_keepalive_ms = 15000;
 	snprintf(c->log_level, sizeof(c->log_level), "info");
 	c->sim_prefill = 1;
 	c->sim_decode = 1;

@@ -156,6 +156,7 @@ int main(int argc, char **argv)
 		goto fail;
 	if ((rc = sched_create(&rt->sched, rt->loop, &rt->cfg.sched, rt->metrics, &e)))
 		goto fail;
+	keepalive_init(&rt->keepalive, rt->loop, rt->cfg.sse_keepalive_ms);
 	if (strcmp(rt->cfg.engine, "sim") == 0) {
 		struct sim_config sc = {
 		    .n_prefill = rt->cfg.sim_prefill,
@@ -180,6 +181,7 @@ int main(int argc, char **argv)
 		    .heartbeat_ms = rt->cfg.heartbeat_ms,
 		    .reserve_deadline_ms = rt->cfg.sched.queue_timeout_ms + rt->cfg.sched.prefill_timeout_ms,
 		    .prefill_deadline_ms = rt->cfg.sched.prefill_timeout_ms,
+		    .prefill_us_per_token = rt->cfg.sched.prefill_us_per_token,
 		};
 		if ((rc = workers_create(&rt->workers, rt->loop, rt->sched, &wc, rt->metrics, &e)))
 			goto fail;
@@ -235,6 +237,7 @@ int main(int argc, char **argv)
 	engine_sim_destroy(rt->sim);
 	workers_destroy(rt->workers);
 	sched_destroy(rt->sched);
+	keepalive_fini(&rt->keepalive);
 	uv_walk(rt->loop, close_walk_cb, NULL);
 	uv_run(rt->loop, UV_RUN_DEFAULT);
 	uv_loop_close(rt->loop);

@@ -93,6 +93,7 @@ struct req {
 	uint32_t *block_ids; /* owned */
 	uint32_t n_block_ids;
 	bool kv_ready_sent; /* decode runs the sequence: release with Cancel, not KvRelease */
+	uint32_t fence_attempt; /* the prefill attempt the decode reservation trusts the fence of */
 	bool decode_finished; /* decode sent Finish: it holds nothing any more */
 	bool in_rid_map;
 

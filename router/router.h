@@ -8,6 +8,7 @@
 #include <uv.h>
 
 #include "router/http_server.h"
+#include "router/keepalive.h"
 #include "router/sched.h"
 
 struct codec;
@@ -38,6 +39,7 @@ struct router_config {
 	size_t n_write_queue_bytes_max;
 	struct sched_config sched;
 	uint64_t drain_timeout_ms;
+	uint64_t sse_keepalive_ms; /* streams silent this long get ": keep-alive" (0: never) */
 	char log_level[16];
 	/* simulator */
 	int sim_prefill, sim_decode;
@@ -78,6 +80,7 @@ struct router {
 	struct engine_sim *sim;
 	struct workers *workers;
 	struct auth *auth;
+	struct keepalive keepalive; /* SSE comments for silent streams (keepalive.h) */
 	uint64_t next_req_id;
 	uint64_t created; /* unix seconds at start, for /v1/models */
 	uint32_t n_calls;

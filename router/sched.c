@@ -330,6 +330,18 @@ static struct worker *pick_prefill(struct sched *s)
 	return best;
 }
 
+uint64_t sched_prefill_timeout_ms(uint64_t base_ms, uint64_t us_per_token, uint32_t n_prompt)
+{
+	uint64_t max = SCHED_PREFILL_TIMEOUT_MAX_MS;
+	if (base_ms >= max)
+		return max;
+	/* checked by division first, so the product below cannot wrap */
+	uint64_t room_us = (max - base_ms) * 1000;
+	if (n_prompt && us_per_token > room_us / n_prompt)
+		return max;
+	return base_ms + (uint64_t)n_prompt * us_per_token / 1000;
+}
+
 static void start_prefill(struct sched *s, struct req *r)
 {
 	struct worker *p = pick_prefill(s);
@@ -341,7 +353,10 @@ static void start_prefill(struct sched *s, struct req *r)
 	r->n_prefill_tries++;
 	p->n_queued_tokens += r->n_prompt;
 	r->t_prefill = uv_hrtime();
-	req_transition(r, REQ_STATE_PREFILLING, s->cfg.prefill_timeout_ms, stage_timeout_cb);
+	req_transition(
+	    r, REQ_STATE_PREFILLING,
+	    sched_prefill_timeout_ms(s->cfg.prefill_timeout_ms, s->cfg.prefill_us_per_token, r->n_prompt),
+	    stage_timeout_cb);
 	LOG_DEBUG("sched", "rid=%s prefill on %s (try %d)", r->rid, p->name, r->n_prefill_tries);
 	int rc = p->ops->prefill(p, r);
 	if (rc != 0 && !r->ended) {

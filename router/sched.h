@@ -18,7 +18,8 @@ struct sched_config {
 	uint32_t n_queue_max; /* admission queue bound: beyond, 429 */
 	uint64_t queue_timeout_ms; /* ADMITTED -> KV_RESERVED */
 	uint64_t reserve_timeout_ms; /* waiting for the decode worker's reservation answer */
-	uint64_t prefill_timeout_ms; /* PREFILLING -> KV_TRANSFERRING */
+	uint64_t prefill_timeout_ms; /* PREFILLING -> KV_TRANSFERRING: the base, for any prompt */
+	uint64_t prefill_us_per_token; /* ... plus this per prompt token (sched_prefill_timeout_ms) */
 	uint64_t transfer_timeout_ms; /* KV_TRANSFERRING -> DECODING */
 	uint64_t token_timeout_ms; /* DECODING: longest gap between tokens */
 	int n_prefill_tries_max; /* re-prefills after a lost prefill worker */
@@ -26,6 +27,16 @@ struct sched_config {
 };
 
 struct sched;
+
+/* Longest prefill deadline whatever the prompt: bounds the workers' write windows and decode's
+ * quarantine (tandem.proto KvReserve.prefill_window_ms), and keeps the value in a u32 of ms. */
+#define SCHED_PREFILL_TIMEOUT_MAX_MS (6ull * 3600 * 1000)
+
+/* The prefill deadline of a prompt of n_prompt tokens: base_ms + n_prompt * us_per_token / 1000,
+ * at most SCHED_PREFILL_TIMEOUT_MAX_MS. One setting (the per-token budget) lets long prompts
+ * prefill for longer; the router's stage deadline, the reservation deadline, the prefill's write
+ * window and decode's quarantine all follow from it. */
+uint64_t sched_prefill_timeout_ms(uint64_t base_ms, uint64_t us_per_token, uint32_t n_prompt);
 
 int sched_create(struct sched **out, uv_loop_t *loop, const struct sched_config *cfg, struct metrics *m,
                  struct errbuf *e) TD_MUST_CHECK;

@@ -34,6 +34,7 @@ struct rworker {
 	uint8_t *ucx_address;
 	size_t ucx_address_len;
 	struct msg_kv_region region; /* rkey owned (copied) */
+	bool fence_attempts; /* decode: tells prefill attempts apart (tandem.proto Hello) */
 	struct rworker *prev, *next;
 };
 
@@ -181,6 +182,30 @@ static void fill_sampling(const struct req *r, struct msg_sampling *s)
 	    (uint32_t)(q->n_top_logprobs > MSG_TOP_LOGPROBS_MAX ? MSG_TOP_LOGPROBS_MAX : q->n_top_logprobs);
 }
 
+/* the prefill deadline of r, which is also its prefill's hard write window (tandem.proto) */
+static uint32_t prefill_window_ms(const struct workers *ws, const struct req *r)
+{
+	return (uint32_t)sched_prefill_timeout_ms(ws->cfg.prefill_deadline_ms, ws->cfg.prefill_us_per_token,
+	                                          r->n_prompt);
+}
+
+/* KvReserve for r; attempt: the prefill attempt whose fence counts (tandem.proto KvReserve) */
+static void fill_reserve(const struct workers *ws, const struct req *r, uint32_t attempt, struct msg *m)
+{
+	msg_init(m, MSG_KV_RESERVE);
+	m->u.kv_reserve.rid = r->id;
+	m->u.kv_reserve.n_prompt_tokens = r->n_prompt;
+	m->u.kv_reserve.max_tokens = r->n_max_new;
+	fill_sampling(r, &m->u.kv_reserve.sampling);
+	m->u.kv_reserve.deadline_ms = (uint32_t)sched_prefill_timeout_ms(
+	    ws->cfg.reserve_deadline_ms, ws->cfg.prefill_us_per_token, r->n_prompt);
+	m->u.kv_reserve.prefill_window_ms = prefill_window_ms(ws, r);
+	m->u.kv_reserve.ignore_eos = r->sampling.ignore_eos;
+	m->u.kv_reserve.n_prompt = r->n_prompt;
+	m->u.kv_reserve.prompt = (const uint32_t *)r->prompt; /* ids are non-negative */
+	m->u.kv_reserve.attempt = attempt;
+}
+
 static int op_reserve(struct worker *w, struct req *r, uint32_t n_blocks)
 {
 	struct rworker *rw = w->impl;
@@ -194,15 +219,9 @@ static int op_reserve(struct worker *w, struct req *r, uint32_t n_blocks)
 	r->kv_ready_sent = false;
 	r->decode_finished = false;
 	struct msg m;
-	msg_init(&m, MSG_KV_RESERVE);
-	m.u.kv_reserve.rid = r->id;
-	m.u.kv_reserve.n_prompt_tokens = r->n_prompt;
-	m.u.kv_reserve.max_tokens = r->n_max_new;
-	fill_sampling(r, &m.u.kv_reserve.sampling);
-	m.u.kv_reserve.deadline_ms = (uint32_t)ws->cfg.reserve_deadline_ms;
-	m.u.kv_reserve.ignore_eos = r->sampling.ignore_eos;
-	m.u.kv_reserve.n_prompt = r->n_prompt;
-	m.u.kv_reserve.prompt = (const uint32_t *)r->prompt; /* ids are non-negative */
+	/* the next prefill attempt is the first one into this reservation */
+	r->fence_attempt = rw->fence_attempts ? (uint32_t)r->n_prefill_tries : 0;
+	fill_reserve(ws, r, r->fence_attempt, &m);
 	int rc = send_msg(rw, &m);
 	if (rc)
 		map_del(ws, r);
@@ -216,8 +235,22 @@ static int op_prefill(struct worker *w, struct req *r)
 	if (!dw || !r->block_ids)
 		return -EINVAL;
 	struct msg m;
+	/* sched counted this attempt already: attempt numbers start at 0 */
+	uint32_t attempt = r->n_prefill_tries > 0 ? (uint32_t)r->n_prefill_tries - 1 : 0;
+	if (dw->fence_attempts && attempt > r->fence_attempt) {
+		/* a re-prefill into the same blocks: decode must stop trusting the earlier attempt's
+		 * fence before this attempt can write (tandem.proto KvReserve.attempt). A reservation
+		 * made for this attempt (placed again after a lost decode worker) needs no notice. */
+		fill_reserve(rw->ws, r, attempt, &m);
+		if (send_msg(dw, &m))
+			return -EPIPE;
+		r->fence_attempt = attempt;
+		LOG_INFO("workers", "rid=%s prefill attempt %u announced to %s", r->rid, attempt, dw->w.name);
+	}
 	msg_init(&m, MSG_PREFILL_REQUEST);
 	struct msg_prefill_request *p = &m.u.prefill_request;
+	p->has_attempt = dw->fence_attempts;
+	p->attempt = dw->fence_attempts ? attempt : 0;
 	p->rid = r->id;
 	p->n_tokens = r->n_prompt;
 	p->tokens = (const uint32_t *)r->prompt;
@@ -228,7 +261,7 @@ static int op_prefill(struct worker *w, struct req *r)
 	p->target_region = dw->region;
 	p->n_block_ids = r->n_block_ids;
 	p->block_ids = r->block_ids;
-	p->deadline_ms = (uint32_t)rw->ws->cfg.prefill_deadline_ms;
+	p->deadline_ms = prefill_window_ms(rw->ws, r);
 	return send_msg(rw, &m);
 }
 
@@ -363,6 +396,7 @@ static int on_hello(struct rworker *rw, const struct msg_hello *h)
 		memcpy(rw->ucx_address, h->ucx_address, h->ucx_address_len);
 		rw->ucx_address_len = h->ucx_address_len;
 		rw->region = h->kv_region;
+		rw->fence_attempts = h->fence_attempts;
 		if (rkey)
 			memcpy(rkey, h->kv_region.rkey, h->kv_region.rkey_len);
 		rw->region.rkey = rkey;

@@ -16,8 +16,11 @@ struct workers_config {
 	const char *listen_addr; /* "host:port" or "unix:/path" */
 	const char *auth_token; /* "" or NULL: none required */
 	uint32_t heartbeat_ms;
+	/* Both are bases: a prompt of n tokens adds n * prefill_us_per_token / 1000 ms to each
+	 * (sched_prefill_timeout_ms), so a long prompt gets a longer prefill everywhere at once. */
 	uint64_t reserve_deadline_ms; /* sent in KvReserve: decode frees blocks without KvReady by then */
-	uint64_t prefill_deadline_ms;
+	uint64_t prefill_deadline_ms; /* PrefillRequest.deadline_ms, KvReserve.prefill_window_ms */
+	uint64_t prefill_us_per_token;
 };
 
 struct workers;

@@ -51,7 +51,9 @@ done
 if [ "$MODE" != gpu ]; then
 	for s in tests/unit/test_*.sh tests/model/test_*.sh tests/e2e/test_*.sh; do
 		[ -f "$s" ] || continue
-		run_one "$(basename "$s" .sh)" env BUILD="$BUILD" bash "$s"
+		n=$(basename "$s" .sh)
+		if [ -x "$BUILD/tests/$n" ]; then n="$n.sh"; fi # a binary of the same name has its own log
+		run_one "$n" env BUILD="$BUILD" bash "$s"
 	done
 fi
 

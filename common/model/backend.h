@@ -107,6 +107,16 @@ struct model_backend_ops {
 	/* copies bytes from backend memory to host memory dst (synchronises) */
 	int (*to_host)(void *ctx, void *dst_host, const void *src, size_t bytes);
 	void (*destroy)(void *ctx);
+	/* KV staging for the workers (model_kv_upload / download, model_host_pin, model_thread_attach;
+	 * NULL where the pool is host memory: kv.c copies with memcpy). kv_copy starts a copy of bytes
+	 * between the pool (dev) and host memory, to the pool when upload, in stream order with the
+	 * forward; kv_wait waits for every copy started; host_pin page-locks a host region for fast
+	 * copies; bind_thread makes the calling thread able to run this backend's ops. */
+	int (*kv_copy)(void *ctx, void *dev, void *host, size_t bytes, bool upload);
+	int (*kv_wait)(void *ctx);
+	int (*host_pin)(void *ctx, void *p, size_t bytes);
+	void (*host_unpin)(void *ctx, void *p);
+	int (*bind_thread)(void *ctx);
 };
 
 struct model_backend {

@@ -35,6 +35,7 @@
 #include "common/base/log.h"
 #include "common/model/backend.h"
 #include "common/model/model_internal.h"
+#include "kernels/cuda/kv_stage.h"
 #include "kernels/cuda/model_fwd.h"
 #include "kernels/cuda/prof.h"
 
@@ -1079,6 +1080,37 @@ static void cu_destroy(void *ctx)
 	free(c);
 }
 
+/* ---- KV staging for the workers (model_kv_upload / download, kernels/cuda/kv_stage.cu) ---------- */
+static int cu_kv_copy(void *ctx, void *dev, void *host, size_t bytes, bool upload)
+{
+	struct be_cuda *c = ctx;
+	return upload ? kstage_copy(c->kc, dev, host, bytes, 1) : kstage_copy(c->kc, host, dev, bytes, 0);
+}
+
+static int cu_kv_wait(void *ctx)
+{
+	struct be_cuda *c = ctx;
+	return kcuda_sync(c->kc);
+}
+
+static int cu_host_pin(void *ctx, void *p, size_t bytes)
+{
+	struct be_cuda *c = ctx;
+	return kstage_host_register(c->kc, p, bytes);
+}
+
+static void cu_host_unpin(void *ctx, void *p)
+{
+	(void)ctx;
+	kstage_host_unregister(p);
+}
+
+static int cu_bind_thread(void *ctx)
+{
+	struct be_cuda *c = ctx;
+	return kstage_bind_thread(c->kc);
+}
+
 static const struct model_backend_ops cuda_ops = {
     .name = "cuda",
     .weights = cu_weights,
@@ -1107,6 +1139,11 @@ static const struct model_backend_ops cuda_ops = {
     .host_view = cu_host_view,
     .to_host = cu_to_host,
     .destroy = cu_destroy,
+    .kv_copy = cu_kv_copy,
+    .kv_wait = cu_kv_wait,
+    .host_pin = cu_host_pin,
+    .host_unpin = cu_host_unpin,
+    .bind_thread = cu_bind_thread,
 };
 
 int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct model_backend *out,

@@ -111,3 +111,102 @@ uint64_t model_kv_fingerprint_hash(const struct model *m)
 	}
 	return h;
 }
+
+/* ---- KV staging (model.h) ---------------------------------------------------------------------- */
+
+static int check_ids(const struct model_kv *kv, const int32_t *ids, int n, const char *what, struct errbuf *e)
+{
+	if (n < 0 || (n > 0 && !ids))
+		return errbuf_set(e, -EINVAL, "KV %s: %d blocks", what, n);
+	for (int i = 0; i < n; i++)
+		if (ids[i] < 0 || ids[i] >= kv->n_blocks)
+			return errbuf_set(e, ERR_FORMAT, "KV %s: entry %d names block %d of a pool of %lld",
+			                  what, i, ids[i], (long long)kv->n_blocks);
+	return 0;
+}
+
+/* copies the runs of consecutive ids; upload: host -> pool */
+static int copy_blocks(const struct model_kv *kv, void *host, const int32_t *ids, int n, bool upload,
+                       struct errbuf *e)
+{
+	size_t bb = kv->layout.block_bytes;
+	for (int i = 0; i < n;) {
+		int j = i + 1;
+		while (j < n && ids[j] == ids[j - 1] + 1)
+			j++;
+		size_t off = (size_t)ids[i] * bb, bytes = (size_t)(j - i) * bb;
+		char *dev = (char *)kv->base + off, *h = (char *)host + off;
+		if (kv->on_device && kv->be_ops->kv_copy) {
+			int rc = kv->be_ops->kv_copy(kv->be_ctx, dev, h, bytes, upload);
+			if (rc)
+				return errbuf_set(e, rc, "KV %s of blocks %d..%d failed",
+				                  upload ? "upload" : "download", ids[i], ids[j - 1]);
+		} else if (kv->on_device) {
+			return errbuf_set(e, ERR_UNSUPPORTED, "KV staging: the %s backend cannot copy blocks",
+			                  kv->be_ops->name);
+		} else if (upload) {
+			memcpy(dev, h, bytes);
+		} else {
+			memcpy(h, dev, bytes);
+		}
+		i = j;
+	}
+	return 0;
+}
+
+int model_kv_upload(struct model_kv *kv, const void *host, const int32_t *ids, int n, struct errbuf *e)
+{
+	int rc = check_ids(kv, ids, n, "upload", e);
+	return rc ? rc : copy_blocks(kv, (void *)host, ids, n, true, e);
+}
+
+int model_kv_download(const struct model_kv *kv, void *host, const int32_t *ids, int n, struct errbuf *e)
+{
+	int rc = check_ids(kv, ids, n, "download", e);
+	if (!rc)
+		rc = copy_blocks(kv, host, ids, n, false, e);
+	if (!rc && n > 0)
+		rc = model_kv_wait(kv, e);
+	return rc;
+}
+
+int model_kv_wait(const struct model_kv *kv, struct errbuf *e)
+{
+	if (!kv->on_device || !kv->be_ops->kv_wait)
+		return 0;
+	int rc = kv->be_ops->kv_wait(kv->be_ctx);
+	return rc ? errbuf_set(e, rc, "KV copy failed on the %s backend", kv->be_ops->name) : 0;
+}
+
+bool model_kv_on_device(const struct model *m)
+{
+	const struct model_backend *be = &m->ranks[0].be;
+	return be->ops && be->ops->kv_alloc;
+}
+
+int model_host_pin(struct model *m, void *p, size_t bytes, struct errbuf *e)
+{
+	const struct model_backend *be = &m->ranks[0].be;
+	if (!be->ops || !be->ops->host_pin || !bytes)
+		return 0;
+	int rc = be->ops->host_pin(be->ctx, p, bytes);
+	return rc ? errbuf_set(e, rc, "cannot page-lock %zu bytes of host memory for the %s backend", bytes,
+	                       be->ops->name)
+	          : 0;
+}
+
+void model_host_unpin(struct model *m, void *p)
+{
+	const struct model_backend *be = &m->ranks[0].be;
+	if (be->ops && be->ops->host_unpin && p)
+		be->ops->host_unpin(be->ctx, p);
+}
+
+int model_thread_attach(struct model *m, struct errbuf *e)
+{
+	const struct model_backend *be = &m->ranks[0].be;
+	if (!be->ops || !be->ops->bind_thread)
+		return 0;
+	int rc = be->ops->bind_thread(be->ctx);
+	return rc ? errbuf_set(e, rc, "cannot use device %d from this thread", m->opts.device) : 0;
+}

@@ -229,6 +229,31 @@ void model_kv_fini(struct model_kv *kv);
 int model_kv_replicate(struct model *m, const struct model_kv *kv, const int32_t *blocks, int n_blocks,
                        struct errbuf *e) TD_MUST_CHECK;
 
+/* ---- KV staging (the workers) ------------------------------------------------------------------
+ * A worker exchanges blocks over UCX in host memory laid out like the pool: block b at host +
+ * b * block_bytes (a host mirror of the pool; the same block ids on both sides). These copy whole
+ * blocks between such a mirror and the pool; ids[i] must lie in [0, kv->n_blocks) (else ERR_FORMAT
+ * naming the entry, nothing copied); runs of consecutive ids become one copy.
+ *  - upload (host -> pool): on the CUDA backend asynchronous, in stream order before the next
+ *    model_forward, which therefore sees the blocks; the host blocks must stay unchanged until that
+ *    forward (or model_kv_wait) has returned. CPU pool: memcpy, done on return.
+ *  - download (pool -> host): complete when it returns.
+ * Called from the thread that runs the model's forwards. */
+int model_kv_upload(struct model_kv *kv, const void *host, const int32_t *ids, int n,
+                    struct errbuf *e) TD_MUST_CHECK;
+int model_kv_download(const struct model_kv *kv, void *host, const int32_t *ids, int n,
+                      struct errbuf *e) TD_MUST_CHECK;
+int model_kv_wait(const struct model_kv *kv, struct errbuf *e) TD_MUST_CHECK;
+/* true when model_kv_init(.., mem = NULL, ..) puts the pool in device memory (CUDA backend) */
+bool model_kv_on_device(const struct model *m);
+/* Page-locks a host region for fast copies to and from m's device (cudaHostRegister); 0 when done
+ * or when there is nothing to do (CPU backend). On an error the region still works, unpinned
+ * (slower copies). model_host_unpin undoes a successful pin. */
+int model_host_pin(struct model *m, void *p, size_t bytes, struct errbuf *e) TD_MUST_CHECK;
+void model_host_unpin(struct model *m, void *p);
+/* The calling thread is going to run m's forwards (CUDA: makes m's device current on it). */
+int model_thread_attach(struct model *m, struct errbuf *e) TD_MUST_CHECK;
+
 /* ---- batched forward --------------------------------------------------------------------------- */
 struct model_seq {
 	const int32_t *blocks; /* block table: token at position p lives in blocks[p / 64], slot p % 64 */

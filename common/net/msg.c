@@ -369,6 +369,7 @@ int msg_encode(const struct msg *m, size_t max_payload, uint8_t **frame, size_t 
 		p.has_metrics_port = 1, p.metrics_port = h->metrics_port;
 		p.ucx_transports = (char *)h->ucx_transports;
 		p.has_pid = 1, p.pid = h->pid;
+		p.has_fence_attempts = h->fence_attempts, p.fence_attempts = h->fence_attempts;
 		return pack_frame(m->type, &p.base, max_payload, frame, frame_len, e);
 	}
 	case MSG_HELLO_ACK: {
@@ -415,6 +416,9 @@ int msg_encode(const struct msg *m, size_t max_payload, uint8_t **frame, size_t 
 		p.has_ignore_eos = 1, p.ignore_eos = r->ignore_eos;
 		p.has_deadline_ms = 1, p.deadline_ms = r->deadline_ms;
 		p.n_prompt = r->n_prompt, p.prompt = (uint32_t *)r->prompt;
+		p.has_attempt = r->attempt != 0, p.attempt = r->attempt;
+		p.has_prefill_window_ms = r->prefill_window_ms != 0,
+		p.prefill_window_ms = r->prefill_window_ms;
 		return pack_frame(m->type, &p.base, max_payload, frame, frame_len, e);
 	}
 	case MSG_KV_RESERVED: {
@@ -464,6 +468,7 @@ int msg_encode(const struct msg *m, size_t max_payload, uint8_t **frame, size_t 
 		p.target = &pt;
 		p.has_checksums = 1, p.checksums = r->checksums;
 		p.has_deadline_ms = 1, p.deadline_ms = r->deadline_ms;
+		p.has_attempt = r->has_attempt, p.attempt = r->attempt;
 		return pack_frame(m->type, &p.base, max_payload, frame, frame_len, e);
 	}
 	case MSG_PREFILL_DONE: {
@@ -629,6 +634,7 @@ static int decode_hello(const Tandem__Hello *p, struct msg_hello *h, struct errb
 		                  "HELLO: a decode worker must publish its UCX address and KV region");
 	h->metrics_port = p->metrics_port;
 	h->pid = p->pid;
+	h->fence_attempts = p->has_fence_attempts && p->fence_attempts;
 	return 0;
 }
 
@@ -711,6 +717,8 @@ int msg_decode(int type, const uint8_t *payload, size_t len, struct msg *m, stru
 		r->ignore_eos = p->has_ignore_eos && p->ignore_eos;
 		r->deadline_ms = p->deadline_ms;
 		r->n_prompt = p->n_prompt, r->prompt = p->prompt;
+		r->attempt = p->has_attempt ? p->attempt : 0;
+		r->prefill_window_ms = p->has_prefill_window_ms ? p->prefill_window_ms : 0;
 		if (r->n_prompt_tokens == 0)
 			return errbuf_set(e, ERR_PROTO, "KV_RESERVE: n_prompt_tokens is 0");
 		if (r->n_prompt && r->n_prompt != r->n_prompt_tokens)
@@ -773,6 +781,8 @@ int msg_decode(int type, const uint8_t *payload, size_t len, struct msg *m, stru
 		r->n_block_ids = t->n_block_ids, r->block_ids = t->block_ids;
 		r->checksums = p->has_checksums && p->checksums;
 		r->deadline_ms = p->deadline_ms;
+		r->has_attempt = p->has_attempt;
+		r->attempt = p->has_attempt ? p->attempt : 0;
 		return 0;
 	}
 	case MSG_PREFILL_DONE: {

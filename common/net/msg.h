@@ -135,6 +135,7 @@ struct msg_hello {
 	uint32_t metrics_port;
 	char ucx_transports[MSG_NAME_MAX * 4 + 1];
 	uint32_t pid;
+	bool fence_attempts; /* decode: checks per-attempt fences (tandem.proto Hello) */
 };
 
 struct msg_hello_ack {
@@ -159,6 +160,8 @@ struct msg_kv_reserve {
 	uint32_t deadline_ms;
 	size_t n_prompt;
 	const uint32_t *prompt; /* optional */
+	uint32_t attempt; /* prefill attempt whose fence counts; on a held rid: an announcement */
+	uint32_t prefill_window_ms; /* the prefill's write window (0: the default 120 s) */
 };
 
 struct msg_kv_reserved {
@@ -190,6 +193,8 @@ struct msg_prefill_request {
 	const uint32_t *block_ids;
 	bool checksums;
 	uint32_t deadline_ms;
+	bool has_attempt; /* absent: the target has no per-attempt fences (write the plain rid) */
+	uint32_t attempt;
 };
 
 struct msg_prefill_done {

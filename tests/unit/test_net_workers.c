@@ -247,6 +247,9 @@ struct req_result {
 };
 
 static bool reserve_ignore_eos;
+static uint32_t reserve_attempt; /* KvReserve.attempt (F: an announcement on a held rid) */
+static uint32_t reserve_window_ms; /* KvReserve.prefill_window_ms (C: a long prompt's window) */
+static int prefill_attempt = -1; /* >= 0: PrefillRequest.attempt (per-attempt fences) */
 
 static void reserve(struct peer *d, uint64_t rid, const uint32_t *prompt, uint32_t n_prompt,
                     uint32_t max_tokens, const uint32_t *stop_ids, uint32_t n_stop_ids, uint32_t deadline_ms)
@@ -262,6 +265,8 @@ static void reserve(struct peer *d, uint64_t rid, const uint32_t *prompt, uint32
 	m.u.kv_reserve.n_stop_token_ids = n_stop_ids;
 	m.u.kv_reserve.stop_token_ids = stop_ids;
 	m.u.kv_reserve.deadline_ms = deadline_ms;
+	m.u.kv_reserve.attempt = reserve_attempt;
+	m.u.kv_reserve.prefill_window_ms = reserve_window_ms;
 	send_to(d, &m);
 }
 
@@ -282,6 +287,8 @@ static void prefill(struct peer *p, struct peer *d, uint64_t rid, const uint32_t
 	r->block_ids = kr->block_ids;
 	r->checksums = true;
 	r->deadline_ms = 10000;
+	r->has_attempt = prefill_attempt >= 0;
+	r->attempt = prefill_attempt >= 0 ? (uint32_t)prefill_attempt : 0;
 	send_to(p, &m);
 }
 
@@ -781,8 +788,16 @@ static int metric_is(int port, const char *line)
  *     must be exact. Without the quarantine it got the same blocks and p0 overwrote its prompt KV.
  *  B. cancel in the middle of a slow transfer (Cancel to p0, KvRelease to decode): p0 stops at the
  *     next block and fences; the blocks come back long before the transfer would have ended.
+ *  F. stale fence: attempt 0 of a request (p1) finishes and fences; the router "loses" p1 and
+ *     re-prefills the same reservation on p0 (attempt 1, announced to decode first), then
+ *     releases it while p0 still writes. p1's fence names only attempt 0: decode must ignore it
+ *     (counted) and keep the blocks until p0's fence, so a new request gets NO_CAPACITY meanwhile
+ *     and, once it runs, its KV is exact. With a fence that only named the rid, decode freed the
+ *     blocks at once and p0's late puts overwrote the new request's prompt KV.
  *  C. p0 killed mid-transfer: no fence ever comes; the blocks come back at the quarantine
- *     deadline (counted), and a new request on them is exact.
+ *     deadline (counted), and a new request on them is exact. The reservation announced a
+ *     prefill window of 122 s (a long prompt), 2 s over the 120 s the quarantine (4 s here) is
+ *     sized for: the blocks stay quarantined for 6 s, not 4.
  *  D. a slow KV verification (test knob: 1 s) of one request does not stop another request's
  *     tokens from streaming: the check runs off decode's loop.
  *  E. decode killed while a slow prefill writes into it: the prefill answers within its flush
@@ -853,6 +868,7 @@ static int run_late_write_suite(const char *tls, const char *dev)
 		return 1;
 	}
 	CHECK(d->hello.u.hello.kv_region.fence_addr != 0);
+	CHECK(d->hello.u.hello.fence_attempts);
 	int mport = (int)d->hello.u.hello.metrics_port;
 	static uint32_t pa[640], pb[640];
 	for (int i = 0; i < 640; i++) {
@@ -907,17 +923,62 @@ static int run_late_write_suite(const char *tls, const char *dev)
 	msg_clear(&pd);
 	CHECK(wait_used_blocks(d, 0, 3000) == 0);
 
+	/* F: a stale attempt's fence must not free blocks the current attempt still writes */
+	prefill_attempt = 0;
+	CHECK(reserve_retry(d, 26, pa, 640, 1280, &kr, 3000) == 0);
+	struct msg kr26 = kr;
+	prefill(fast, d, 26, pa, 640, &kr26.u.kv_reserved); /* attempt 0: done and fenced quickly */
+	CHECK(wait_msg(fast, MSG_PREFILL_DONE, 26, &pd2, 10000) == 0);
+	msg_clear(&pd2);
+	sleep_loop(100); /* the fence lands (it follows the PrefillDone's flush) */
+	/* the router lost p1 (as far as it knows) and re-prefills into the same blocks on p0 */
+	reserve_attempt = 1;
+	reserve(d, 26, pa, 640, 1280, NULL, 0, 0); /* announcement: not answered */
+	reserve_attempt = 0;
+	prefill_attempt = 1;
+	prefill(slow, d, 26, pa, 640, &kr26.u.kv_reserved);
+	prefill_attempt = 0;
+	msg_clear(&kr26);
+	sleep_loop(500); /* p0 is at block 1 or 2 of 10 */
+	kv_release(d, 26, false); /* client gone; the router's Cancel has not reached p0 */
+	refused = reserve_retry(d, 27, pb, 640, 1280, &kr, 8000);
+	printf("[late %s] F: new reservation refused %d times while attempt 1 wrote after attempt 0's "
+	       "fence\n",
+	       tls, refused);
+	CHECK(refused > 0);
+	if (refused >= 0) {
+		prefill(fast, d, 27, pb, 640, &kr.u.kv_reserved);
+		msg_clear(&kr);
+		CHECK(wait_msg(fast, MSG_PREFILL_DONE, 27, &pd, 10000) == 0);
+		CHECK(wait_msg(slow, 0, 26, &pd2, 10000) == 0 && pd2.type == MSG_PREFILL_DONE);
+		msg_clear(&pd2);
+		CHECK(ready_and_decode(d, 27, &pd, 640, 1280));
+		msg_clear(&pd);
+	}
+	prefill_attempt = -1;
+	CHECK(wait_used_blocks(d, 0, 3000) == 0);
+	CHECK(metric_is(mport, "tandem_kv_stale_fences_total{role=\"decode\",worker=\"dq\"} 1\n"));
+	CHECK(metric_is(mport, "tandem_kv_quarantine_fenced_total{role=\"decode\",worker=\"dq\"} 3\n"));
+	CHECK(wait_msg(d, MSG_ERROR, 26, &f, 1) != 0); /* the announcement was not refused */
+
 	/* C: the slow prefill dies mid-transfer: no fence; the quarantine deadline (4 s) frees */
+	reserve_window_ms = 122000;
 	CHECK(reserve_retry(d, 24, pa, 640, 1280, &kr, 3000) == 0);
+	reserve_window_ms = 0;
 	prefill(slow, d, 24, pa, 640, &kr.u.kv_reserved);
 	msg_clear(&kr);
 	sleep_loop(500);
 	kill(pp0, SIGKILL);
 	waitpid(pp0, NULL, 0);
 	kv_release(d, 24, false);
-	sleep_loop(2000);
-	CHECK(d->last_hb.used_blocks == 30); /* still quarantined */
-	CHECK(wait_used_blocks(d, 0, 5000) == 0);
+	uint64_t tq = uv_hrtime();
+	sleep_loop(4500);
+	CHECK(d->last_hb.used_blocks == 30); /* still quarantined: 4 s + the window's extra 2 s */
+	CHECK(wait_used_blocks(d, 0, 4000) == 0);
+	double q_s = (double)(uv_hrtime() - tq) / 1e9;
+	printf("[late %s] C: no fence; blocks back after %.2f s (quarantine 4 s + 2 s of longer window)\n",
+	       tls, q_s);
+	CHECK(q_s > 5.5 && q_s < 7.5);
 	CHECK(metric_is(mport, "tandem_kv_quarantine_expired_total{role=\"decode\",worker=\"dq\"} 1\n"));
 	CHECK(reserve_retry(d, 25, pb, 640, 1280, &kr, 3000) == 0);
 	prefill(fast, d, 25, pb, 640, &kr.u.kv_reserved);

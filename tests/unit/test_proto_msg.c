@@ -84,8 +84,10 @@ static void test_hello(void)
 	snprintf(h->auth_token, sizeof(h->auth_token), "s3cret");
 	h->metrics_port = 9101, h->pid = 4242;
 	snprintf(h->ucx_transports, sizeof(h->ucx_transports), "tcp/lo");
+	h->fence_attempts = true;
 	CHECK(round_trip(&m, &d, &e) == 0);
 	const struct msg_hello *g = &d.u.hello;
+	CHECK(g->fence_attempts);
 	CHECK(g->protocol_version == PROTOCOL_VERSION && g->role == MSG_ROLE_DECODE);
 	CHECK(strcmp(g->name, "decode-0") == 0 && strcmp(g->model_name, "glm-dsa-tiny") == 0);
 	CHECK(g->model_id_len == 32 && g->model_id[31] == 0xab);
@@ -148,7 +150,12 @@ static void test_request_messages(void)
 	CHECK(gr->n_stop_token_ids == 2 && gr->stop_token_ids[1] == 8 && gr->ignore_eos &&
 	      gr->deadline_ms == 30000);
 	CHECK(gr->n_prompt == 300 && gr->prompt[299] == toks[299]);
+	CHECK(gr->attempt == 0); /* absent: the first attempt */
 	msg_clear(&d);
+	r->attempt = 3;
+	CHECK(round_trip(&m, &d, &e) == 0 && d.u.kv_reserve.attempt == 3);
+	msg_clear(&d);
+	r->attempt = 0;
 	/* out-of-range sampling refused by the encoder too */
 	r->sampling.top_p = 1.5f;
 	CHECK(round_trip(&m, &d, &e) == ERR_PROTO && strstr(e.msg, "top_p"));
@@ -197,7 +204,18 @@ static void test_request_messages(void)
 	CHECK(strcmp(gp->target_name, "decode-1") == 0 && gp->target_ucx_address_len == 7);
 	check_region(&gp->target_region);
 	CHECK(gp->n_block_ids == 5 && gp->block_ids[4] == 17 && gp->checksums && gp->deadline_ms == 1000);
+	CHECK(!gp->has_attempt && gp->attempt == 0); /* absent: the target has no per-attempt fences */
 	msg_clear(&d);
+	/* attempt 0 present is not the same as absent (the prefill may then fence on router loss) */
+	p->has_attempt = true, p->attempt = 0;
+	CHECK(round_trip(&m, &d, &e) == 0 && d.u.prefill_request.has_attempt &&
+	      d.u.prefill_request.attempt == 0);
+	msg_clear(&d);
+	p->attempt = 2;
+	CHECK(round_trip(&m, &d, &e) == 0 && d.u.prefill_request.has_attempt &&
+	      d.u.prefill_request.attempt == 2);
+	msg_clear(&d);
+	p->has_attempt = false, p->attempt = 0;
 	/* a block id outside the published pool is refused, naming the index */
 	blocks[2] = 100;
 	CHECK(round_trip(&m, &d, &e) == ERR_PROTO && strstr(e.msg, "block_ids[2] = 100"));

@@ -434,6 +434,63 @@ static void test_deadline(void)
 	uv_loop_close(&loop);
 }
 
+/* The prefill deadline grows with the prompt: base + n * us_per_token / 1000, capped, never
+ * wrapping; a 100-token prompt whose (simulated) prefill takes 200 ms fails a fixed 100 ms
+ * deadline in PREFILLING and completes with a 2 ms-per-token budget (300 ms). */
+static void test_prefill_deadline(void)
+{
+	CHECK(sched_prefill_timeout_ms(120000, 0, 100000) == 120000, "no per-token budget");
+	CHECK(sched_prefill_timeout_ms(120000, 1000, 0) == 120000, "empty prompt");
+	CHECK(sched_prefill_timeout_ms(120000, 1000, 100000) == 220000, "100k tokens at 1 ms");
+	CHECK(sched_prefill_timeout_ms(500, 20000, 150) == 3500, "150 tokens at 20 ms");
+	CHECK(sched_prefill_timeout_ms(0, 1, 999) == 0, "sub-ms total rounds down");
+	CHECK(sched_prefill_timeout_ms(120000, UINT64_MAX, UINT32_MAX) == SCHED_PREFILL_TIMEOUT_MAX_MS,
+	      "huge values are capped, not wrapped");
+	CHECK(sched_prefill_timeout_ms(UINT64_MAX, 0, 1) == SCHED_PREFILL_TIMEOUT_MAX_MS, "huge base");
+	CHECK(sched_prefill_timeout_ms(120000, 1000000, 1u << 20) == SCHED_PREFILL_TIMEOUT_MAX_MS,
+	      "1 s per token for 1M tokens is over the cap");
+	CHECK(SCHED_PREFILL_TIMEOUT_MAX_MS <= UINT32_MAX, "fits the protocol's u32 milliseconds");
+
+	for (int budget = 0; budget < 2; budget++) {
+		uv_loop_t loop;
+		uv_loop_init(&loop);
+		struct sched *s;
+		struct engine_sim *es;
+		struct errbuf e = {0};
+		struct sched_config c = sched_cfg();
+		c.prefill_timeout_ms = 100;
+		c.prefill_us_per_token = budget ? 2000 : 0;
+		struct sim_config sc = {.n_prefill = 1,
+		                        .n_decode = 1,
+		                        .n_blocks = 64,
+		                        .block_size = 16,
+		                        .step_ms = 1,
+		                        .prefill_us_per_token = 2000,
+		                        .transfer_ms = 1,
+		                        .model_id = "sim"};
+		CHECK(sched_create(&s, &loop, &c, NULL, &e) == 0 &&
+		          engine_sim_create(&es, &loop, s, &sc, &e) == 0,
+		      "setup");
+		struct rec *x = calloc(1, sizeof(*x));
+		struct req *r = mkreq(&loop, 1, 100, 4, x);
+		CHECK(sched_submit(s, r) == 0, "submit");
+		run_until(&loop, &x, 1);
+		if (budget)
+			CHECK(x->end == REQ_STATE_DONE && x->n_tokens == 4,
+			      "200 ms prefill within 100 ms + 100 x 2 ms: %s %d %s", req_state_name(x->end),
+			      x->status, x->msg);
+		else
+			CHECK(x->end == REQ_STATE_FAILED && x->status == 504 && strstr(x->msg, "PREFILLING"),
+			      "200 ms prefill past a fixed 100 ms: %s %d %s", req_state_name(x->end),
+			      x->status, x->msg);
+		CHECK(blocks_free(s) == 64 && engine_sim_n_held(es) == 0, "blocks back");
+		req_destroy(r);
+		free(x);
+		teardown(&loop, es, s, NULL);
+		uv_loop_close(&loop);
+	}
+}
+
 int main(void)
 {
 	test_registration();
@@ -441,6 +498,7 @@ int main(void)
 	test_cancel_queue_and_fit();
 	test_worker_loss();
 	test_deadline();
+	test_prefill_deadline();
 	printf("test_router_sched: %s (%d failures)\n", n_fail ? "FAIL" : "ok", n_fail);
 	return n_fail ? 1 : 0;
 }

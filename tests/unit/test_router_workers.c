@@ -3,7 +3,11 @@
  * KV-layout difference with the field named, refused for a wrong token), a request's full life
  * (KvReserve -> KvReserved -> PrefillRequest -> PrefillDone -> KvReady -> Tokens -> Finish) with
  * the decode target and block ids forwarded, a cancel that sends Cancel to decode, and a decode
- * connection dropping mid-stream failing only its request. */
+ * connection dropping mid-stream failing only its request. Then per-attempt fences and long
+ * prompts: a decode worker that announces fence_attempts gets the prompt-length deadlines
+ * (reservation, prefill window) in KvReserve; its prefill gets attempt 0 and the same window as
+ * its deadline; when that prefill worker is lost, the router announces attempt 1 to decode (a
+ * KvReserve for the held rid) and re-prefills on the other worker with attempt 1. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +51,11 @@ struct fake {
 	uint32_t n_gen; /* decode: tokens to send after KvReady (Tokens + Finish) */
 	bool hold; /* decode: send nothing after KvReady (so the test can cancel or drop) */
 	int n_refuse; /* decode: answer this many KvReserves with Error(NO_CAPACITY) */
+	bool fence_attempts; /* decode: announce per-attempt fences in Hello */
+	bool hold_prefill; /* prefill: never answer a PrefillRequest */
+	int n_announce; /* decode: KvReserves for an rid it holds (attempt > 0): not answered */
+	uint32_t last_attempt, last_deadline_ms, last_window_ms;
+	bool last_has_attempt;
 };
 
 static const uint8_t fake_ucx_addr[8] = {1, 2, 3, 4, 5, 6, 7, 8};
@@ -71,6 +80,13 @@ static int fake_msg_cb(struct conn *c, struct msg *m, void *ud)
 		snprintf(f->error_msg, sizeof(f->error_msg), "%s", m->u.error.message);
 		break;
 	case MSG_KV_RESERVE: {
+		f->last_attempt = m->u.kv_reserve.attempt;
+		f->last_deadline_ms = m->u.kv_reserve.deadline_ms;
+		f->last_window_ms = m->u.kv_reserve.prefill_window_ms;
+		if (m->u.kv_reserve.attempt > 0 && m->u.kv_reserve.rid == f->last_rid) {
+			f->n_announce++; /* like tandem-decode: a new attempt, no answer */
+			break;
+		}
 		f->n_reserve++;
 		f->last_rid = m->u.kv_reserve.rid;
 		if (f->n_refuse > 0) {
@@ -112,6 +128,12 @@ static int fake_msg_cb(struct conn *c, struct msg *m, void *ud)
 		f->n_last_blocks = p->n_block_ids < 64 ? p->n_block_ids : 64;
 		memcpy(f->last_blocks, p->block_ids, f->n_last_blocks * sizeof(uint32_t));
 		snprintf(f->last_target, sizeof(f->last_target), "%s", p->target_name);
+		f->last_rid = p->rid;
+		f->last_has_attempt = p->has_attempt;
+		f->last_attempt = p->attempt;
+		f->last_deadline_ms = p->deadline_ms;
+		if (f->hold_prefill)
+			break;
 		CHECK(p->target_ucx_address_len == sizeof(fake_ucx_addr) &&
 		          memcmp(p->target_ucx_address, fake_ucx_addr, sizeof(fake_ucx_addr)) == 0,
 		      "decode's UCX address forwarded to prefill");
@@ -186,6 +208,7 @@ static void fake_connect_cb(struct conn *c, int status, void *ud)
 	h->kv_layout.indexer_dtype = MSG_KV_BF16;
 	h->tp_degree = 1;
 	h->pid = 1;
+	h->fence_attempts = f->fence_attempts;
 	if (f->token)
 		snprintf(h->auth_token, sizeof(h->auth_token), "%s", f->token);
 	if (f->role == MSG_ROLE_DECODE) {
@@ -328,7 +351,8 @@ int main(void)
 	                            .auth_token = "sesame",
 	                            .heartbeat_ms = 200,
 	                            .reserve_deadline_ms = 10000,
-	                            .prefill_deadline_ms = 5000};
+	                            .prefill_deadline_ms = 5000,
+	                            .prefill_us_per_token = 250};
 	CHECK(workers_create(&ws, &loop, s, &wc, m, &e) == 0, "workers: %s", e.msg);
 	int port = workers_port(ws);
 	uv_timer_t hb;
@@ -372,6 +396,13 @@ int main(void)
 	CHECK(pre.n_last_blocks == 2 && pre.last_blocks[0] == 10 && pre.last_blocks[1] == 11,
 	      "decode's block ids handed to prefill: %zu", pre.n_last_blocks);
 	CHECK(strcmp(pre.last_target, "decode-0") == 0, "target name");
+	/* 20 prompt tokens at 250 us: 5 ms more for every deadline; an older decode (no per-attempt
+	 * fences): the prefill request carries no attempt */
+	CHECK(dec.last_deadline_ms == 10005 && dec.last_window_ms == 5005 && dec.last_attempt == 0,
+	      "KvReserve deadlines from the prompt length: %u %u %u", dec.last_deadline_ms,
+	      dec.last_window_ms, dec.last_attempt);
+	CHECK(pre.last_deadline_ms == 5005 && !pre.last_has_attempt, "prefill deadline %u, attempt %d",
+	      pre.last_deadline_ms, pre.last_has_attempt);
 	CHECK(dec.n_cancel == 0 && dec.n_release == 0, "a finished request sends no Cancel/KvRelease");
 	req_destroy(r);
 
@@ -417,19 +448,112 @@ int main(void)
 	      req_state_name(x->end), x->status, x->msg);
 	CHECK(!sched_is_ready(s), "no decode worker left");
 	req_destroy(r);
+
+	/* per-attempt fences: prefill-0 leaves; decode-f (fence_attempts) and prefill-h (holds every
+	 * request) register; a request is reserved and sent to prefill-h with attempt 0; prefill-r
+	 * registers and prefill-h is lost: decode-f gets attempt 1 announced, prefill-r attempt 1 */
+	conn_close(pre.c, "test: prefill-0 leaves");
+	struct fake decf = {.name = "decode-f",
+	                    .role = MSG_ROLE_DECODE,
+	                    .block_size = 16,
+	                    .token = "sesame",
+	                    .n_gen = 3,
+	                    .fence_attempts = true};
+	struct fake preh = {.name = "prefill-h",
+	                    .role = MSG_ROLE_PREFILL,
+	                    .block_size = 16,
+	                    .token = "sesame",
+	                    .hold_prefill = true};
+	struct fake prer = {
+	    .name = "prefill-r", .role = MSG_ROLE_PREFILL, .block_size = 16, .token = "sesame"};
+	fake_start(&decf, port);
+	fake_start(&preh, port);
+	run_while(not_acked, &decf, 3000);
+	run_while(not_acked, &preh, 3000);
+	memset(x, 0, sizeof(*x));
+	r = mkreq(11, 40, 3, x);
+	CHECK(sched_submit(s, r) == 0, "submit 4");
+	t0 = uv_hrtime();
+	while (preh.n_prefill == 0 && uv_hrtime() - t0 < 3000000000ull)
+		uv_run(&loop, UV_RUN_ONCE);
+	CHECK(decf.n_reserve == 1 && decf.last_attempt == 0 && decf.last_window_ms == 5010,
+	      "reservation for attempt 0 with a 5010 ms window: %d %u %u", decf.n_reserve, decf.last_attempt,
+	      decf.last_window_ms);
+	CHECK(preh.n_prefill == 1 && preh.last_has_attempt && preh.last_attempt == 0 &&
+	          preh.last_deadline_ms == 5010,
+	      "attempt 0 sent: %d %d %u %u", preh.n_prefill, preh.last_has_attempt, preh.last_attempt,
+	      preh.last_deadline_ms);
+	fake_start(&prer, port);
+	run_while(not_acked, &prer, 3000);
+	conn_close(preh.c, "test: prefill-h is lost");
+	run_while(not_ended, x, 3000);
+	CHECK(x->end == REQ_STATE_DONE && x->n_tokens == 3, "re-prefilled request done: %s %s",
+	      req_state_name(x->end), x->msg);
+	CHECK(decf.n_announce == 1 && decf.last_attempt == 1 && decf.n_reserve == 1,
+	      "attempt 1 announced to decode once, no second reservation: %d %u %d", decf.n_announce,
+	      decf.last_attempt, decf.n_reserve);
+	CHECK(prer.n_prefill == 1 && prer.last_has_attempt && prer.last_attempt == 1 &&
+	          prer.last_rid == preh.last_rid,
+	      "attempt 1 of the same rid on the other prefill worker: %d %d %u", prer.n_prefill,
+	      prer.last_has_attempt, prer.last_attempt);
+	req_destroy(r);
+
+	/* decode-f is lost before decoding (its prefill, prefill-h2, holds): the request is placed
+	 * again on decode-f2 under a new rid whose reservation is made for attempt 1 already, so no
+	 * announcement follows (an equal attempt would be a duplicate reservation), and prefill-h2
+	 * gets attempt 1 */
+	conn_close(prer.c, "test: prefill-r leaves");
+	struct fake preh2 = {.name = "prefill-h2",
+	                     .role = MSG_ROLE_PREFILL,
+	                     .block_size = 16,
+	                     .token = "sesame",
+	                     .hold_prefill = true};
+	struct fake decf2 = {.name = "decode-f2",
+	                     .role = MSG_ROLE_DECODE,
+	                     .block_size = 16,
+	                     .token = "sesame",
+	                     .n_gen = 3,
+	                     .fence_attempts = true};
+	fake_start(&preh2, port);
+	run_while(not_acked, &preh2, 3000);
+	memset(x, 0, sizeof(*x));
+	r = mkreq(12, 40, 3, x);
+	CHECK(sched_submit(s, r) == 0, "submit 5");
+	t0 = uv_hrtime();
+	while (preh2.n_prefill == 0 && uv_hrtime() - t0 < 3000000000ull)
+		uv_run(&loop, UV_RUN_ONCE);
+	CHECK(preh2.n_prefill == 1 && preh2.last_attempt == 0, "attempt 0 on prefill-h2");
+	fake_start(&decf2, port);
+	run_while(not_acked, &decf2, 3000);
+	preh2.hold_prefill = false;
+	conn_close(decf.c, "test: decode-f is lost before decoding");
+	run_while(not_ended, x, 3000);
+	CHECK(x->end == REQ_STATE_DONE && x->n_tokens == 3, "placed again and done: %s %s",
+	      req_state_name(x->end), x->msg);
+	CHECK(decf2.n_reserve == 1 && decf2.n_announce == 0 && decf2.last_attempt == 1,
+	      "reservation made for attempt 1, nothing announced: %d %d %u", decf2.n_reserve,
+	      decf2.n_announce, decf2.last_attempt);
+	CHECK(decf2.error_code == 0, "decode-f2 got no error");
+	CHECK(preh2.n_prefill == 2 && preh2.last_has_attempt && preh2.last_attempt == 1,
+	      "attempt 1 on prefill-h2: %d %u", preh2.n_prefill, preh2.last_attempt);
+	req_destroy(r);
 	free(x);
 
 	char *text = NULL;
 	size_t text_len = 0;
 	CHECK(metrics_render(m, &text, &text_len) == 0, "render");
-	CHECK(text && strstr(text, "tandem_router_kv_transferred_bytes_total 16384\n"),
-	      "kv bytes from PrefillDone");
+	CHECK(text && strstr(text, "tandem_router_kv_transferred_bytes_total 24576\n"),
+	      "kv bytes from PrefillDone (6 of 4096)");
 	CHECK(text && strstr(text, "tandem_router_worker_registrations_refused_total 1\n"),
 	      "one layout refusal");
 	free(text);
 
 	if (pre.c)
 		conn_close(pre.c, "test done");
+	if (decf2.c)
+		conn_close(decf2.c, "test done");
+	if (preh2.c)
+		conn_close(preh2.c, "test done");
 	uv_close((uv_handle_t *)&hb, NULL);
 	workers_destroy(ws);
 	sched_destroy(s);
