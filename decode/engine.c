@@ -47,6 +47,7 @@ struct dc_engine {
 	uint32_t n_ev, cap_ev;
 	struct model_kv kv;
 	bool staged; /* kv is the model's own pool: prompt blocks are uploaded at join */
+	bool tp_copies; /* staged into a pool with a copy per GPU (TP over GPUs): replicate uploads */
 	int attach_rc; /* model_thread_attach of the engine thread (its forwards fail if not 0) */
 	uint64_t staged_blocks; /* blocks uploaded so far (logs) */
 	uint32_t vocab;
@@ -221,6 +222,19 @@ static int64_t stage_in(struct dc_engine *g, struct dc_seq *s, uint32_t max)
 	                          : model_kv_upload(&g->kv, g->o.pool->base, s->blocks + s->n_up, (int)k, &e);
 	if (rc) {
 		LOG_ERROR("engine", "rid=%llu KV upload to the model's pool failed: %s",
+		          (unsigned long long)s->rid, e.msg);
+		finish(g, s, MSG_FINISH_ERROR, MSG_ERR_INTERNAL, -1);
+		return -1;
+	}
+	if (!rc && g->tp_copies && k > 0) {
+		/* TP over GPUs: the upload reached rank 0's copy; the other GPUs' copies take it by peer
+		 * copies on their own streams, so it must have landed first */
+		rc = model_kv_wait(&g->kv, &e);
+		if (!rc)
+			rc = model_kv_replicate(g->o.model, &g->kv, s->blocks + s->n_up, (int)k, &e);
+	}
+	if (rc) {
+		LOG_ERROR("engine", "rid=%llu KV copy to the other GPUs failed: %s",
 		          (unsigned long long)s->rid, e.msg);
 		finish(g, s, MSG_FINISH_ERROR, MSG_ERR_INTERNAL, -1);
 		return -1;
@@ -534,6 +548,8 @@ int dc_engine_create(const struct dc_engine_opts *o, struct dc_engine **out, str
 	if (o->model) {
 		g->vocab = (uint32_t)model_hparams(o->model)->vocab;
 		g->staged = o->kv_staged || model_kv_on_device(o->model);
+		const struct model_opts *mo = model_get_opts(o->model);
+		g->tp_copies = model_kv_on_device(o->model) && mo->tp > 1 && mo->rank < 0;
 		if (g->staged) /* the model's own pool, the same block ids as the UCX pool */
 			rc = model_kv_init(&g->kv, o->model, o->pool->n_blocks, NULL, 0, e);
 		else

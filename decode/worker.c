@@ -1009,14 +1009,6 @@ int dc_worker_run(const struct dc_config *c)
 			LOG_ERROR("decode", "backend '%s': expected \"cpu\" or \"cuda\"", c->backend);
 			return 2;
 		}
-		if (strcmp(c->backend, "cuda") == 0 && c->tp > 1) {
-			/* KV staged into the device pool lands in one GPU's copy; with TP over GPUs every
-			 * copy must get it (model_kv_replicate after model_kv_upload): not wired yet */
-			LOG_ERROR("decode",
-			          "backend cuda with tp %d: a decode worker runs one GPU (tp 1) for now",
-			          c->tp);
-			return 2;
-		}
 		if (strcmp(c->backend, "cuda") == 0) {
 			/* every device buffer is sized here from the limits, never per request: a step has
 			 * at most max_batch tokens of max_batch sequences, positions below max_seq_len */
