@@ -1,4 +1,4 @@
-/* Experiment bench: the tensor-core decode GEMV (bench/gemv_mma.cuh) for Q4_K, Q5_K, Q6_K, Q8_0,
+/* Experiment bench: the tensor-core decode GEMV (kernels/cuda/gemv_mma.cuh) for Q4_K, Q5_K, Q6_K, Q8_0,
  * first checked against the CPU reference, then timed against kcuda_matmul's GEMV in the same run.
  *
  * Check (seeded, seed printed; replay with TANDEM_SEED=...): random weights (ops_fill_weight: every
