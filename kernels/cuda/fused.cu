@@ -6,7 +6,15 @@
  *
  * Grids: one block of FU_THREADS per (row, part); blockIdx.x is the row, blockIdx.y picks the
  * part when a kernel serves two kinds of rows (mla_latent: 0 = c_q, 1 = [c | k_r]; idx_prep:
- * 0 = k_I, 1 = q_I and w_I). Rows are independent, so the parts need no ordering between them. */
+ * 0 = k_I, 1 = q_I and w_I). Rows are independent, so the parts need no ordering between them.
+ *
+ * Latency, not bandwidth, is what these rows cost (a 6144-float row is 24 KB): a loop that loads
+ * one value, uses it and loads the next waits one L2 round trip per iteration (24 of them per
+ * thread for kcuda_rmsnorm's 256 threads on a GLM-5 row, ~10 us measured per call). Rows of up to
+ * FU_PER values per thread are therefore loaded into registers with every load issued before the
+ * first use (fu_load), and add+rmsnorm runs 1024 threads (6 values each for 6144). The sums of
+ * squares are reduced in another order than kcuda_rmsnorm's (fp32 either way; within the ops'
+ * tolerance against the CPU). Longer rows take the plain loops. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,7 +22,9 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/fused.h"
 
-#define FU_THREADS 256 /* the block size of kcuda_rmsnorm / kfwd_layernorm: the same reductions */
+#define FU_THREADS 256 /* the block size of kcuda_rmsnorm / kfwd_layernorm */
+#define FU_WIDE 1024 /* add+rmsnorm: one block per hidden row */
+#define FU_PER 8 /* values per thread held in registers */
 #define FU_DI_MAX 4096 /* indexer key width kept in shared memory */
 
 extern "C" int kfuse_enabled(void)
@@ -59,8 +69,8 @@ __device__ __forceinline__ void fu_kv_put(const kfuse_kv &kv, char *row, int64_t
 		((float *)row)[j] = v;
 }
 
-/* the sum of v over the block (kcuda_rmsnorm's order: warp sums, then the 8 warps in order) */
-__device__ __forceinline__ float fu_block_sum(float v, float *red)
+/* the sum of v over a block of T threads (warp sums, then the T / 32 warps in order); red[T / 32] */
+template <int T> __device__ __forceinline__ float fu_block_sum(float v, float *red)
 {
 	v = kc_warp_sum(v);
 	if ((threadIdx.x & 31) == 0)
@@ -68,9 +78,66 @@ __device__ __forceinline__ float fu_block_sum(float v, float *red)
 	__syncthreads();
 	float tot = 0.0f;
 #pragma unroll
-	for (int k = 0; k < FU_THREADS / 32; k++)
+	for (int k = 0; k < T / 32; k++)
 		tot += red[k];
 	return tot;
+}
+
+/* v[k] = x[i] (+ a[i] when a) for i = threadIdx.x + k T < n, else 0; every load is issued before
+ * any is used; returns this thread's sum of squares (n <= FU_PER * T) */
+template <int T>
+__device__ __forceinline__ float fu_load(float *v, const float *x, const float *a, int64_t n)
+{
+#pragma unroll
+	for (int k = 0; k < FU_PER; k++) {
+		const int64_t i = threadIdx.x + (int64_t)k * T;
+		v[k] = i < n ? x[i] : 0.0f;
+	}
+	if (a) {
+#pragma unroll
+		for (int k = 0; k < FU_PER; k++) {
+			const int64_t i = threadIdx.x + (int64_t)k * T;
+			v[k] += i < n ? a[i] : 0.0f;
+		}
+	}
+	float ss = 0.0f;
+#pragma unroll
+	for (int k = 0; k < FU_PER; k++)
+		ss = fmaf(v[k], v[k], ss);
+	return ss;
+}
+
+/* RMSNorm of the row x (n values, in place when y == x) by a block of T threads; values that go
+ * to the pool row as well when row != NULL (j = index in the row). Every thread of the block
+ * must call it (block-wide sums inside). */
+template <int T>
+__device__ __forceinline__ void fu_rmsnorm_row(float *y, const float *x, const float *__restrict__ w, int64_t n,
+                                               float eps, float *red, const kfuse_kv &kv, char *row)
+{
+	if (n <= (int64_t)FU_PER * T) {
+		float v[FU_PER];
+		const float ss = fu_load<T>(v, x, NULL, n);
+		const float inv = 1.0f / sqrtf(fu_block_sum<T>(ss, red) / (float)n + eps);
+#pragma unroll
+		for (int k = 0; k < FU_PER; k++) {
+			const int64_t i = threadIdx.x + (int64_t)k * T;
+			if (i < n) {
+				const float o = w[i] * (v[k] * inv);
+				y[i] = o;
+				fu_kv_put(kv, row, i, o);
+			}
+		}
+		return;
+	}
+	float ss = 0.0f;
+	for (int64_t i = threadIdx.x; i < n; i += T)
+		ss = fmaf(x[i], x[i], ss);
+	const float inv = 1.0f / sqrtf(fu_block_sum<T>(ss, red) / (float)n + eps);
+	for (int64_t i = threadIdx.x; i < n; i += T) {
+		const float o = w[i] * (x[i] * inv);
+		y[i] = o;
+		fu_kv_put(kv, row, i, o);
+	}
 }
 
 /* the rotation of pair (u0, u1) by angle pos * inv_freq (rope.cu with mscale 1) */
@@ -91,15 +158,33 @@ __device__ __forceinline__ void fu_pair(int pairing, int i, int half, int *i0, i
 }
 
 /* ---- add + RMSNorm ----------------------------------------------------------------------------- */
-__global__ void __launch_bounds__(FU_THREADS)
+__global__ void __launch_bounds__(FU_WIDE)
     add_rmsnorm_kernel(float *h, const float *x, float *y, const float *__restrict__ w, int64_t n, float eps)
 {
-	__shared__ float red[FU_THREADS / 32];
+	__shared__ float red[FU_WIDE / 32];
 	float *hr = h + blockIdx.x * n;
 	const float *xr = x ? x + blockIdx.x * n : NULL;
 	float *yr = y + blockIdx.x * n;
+	if (n <= (int64_t)FU_PER * FU_WIDE) {
+		float v[FU_PER];
+		const float ss = fu_load<FU_WIDE>(v, hr, xr, n);
+#pragma unroll
+		for (int k = 0; k < FU_PER; k++) {
+			const int64_t i = threadIdx.x + (int64_t)k * FU_WIDE;
+			if (xr && i < n)
+				hr[i] = v[k];
+		}
+		const float inv = 1.0f / sqrtf(fu_block_sum<FU_WIDE>(ss, red) / (float)n + eps);
+#pragma unroll
+		for (int k = 0; k < FU_PER; k++) {
+			const int64_t i = threadIdx.x + (int64_t)k * FU_WIDE;
+			if (i < n)
+				yr[i] = w[i] * (v[k] * inv);
+		}
+		return;
+	}
 	float ss = 0.0f;
-	for (int64_t i = threadIdx.x; i < n; i += FU_THREADS) {
+	for (int64_t i = threadIdx.x; i < n; i += FU_WIDE) {
 		float v = hr[i];
 		if (xr) {
 			v += xr[i];
@@ -107,9 +192,8 @@ __global__ void __launch_bounds__(FU_THREADS)
 		}
 		ss = fmaf(v, v, ss);
 	}
-	const float tot = fu_block_sum(ss, red);
-	const float inv = 1.0f / sqrtf(tot / (float)n + eps);
-	for (int64_t i = threadIdx.x; i < n; i += FU_THREADS)
+	const float inv = 1.0f / sqrtf(fu_block_sum<FU_WIDE>(ss, red) / (float)n + eps);
+	for (int64_t i = threadIdx.x; i < n; i += FU_WIDE)
 		yr[i] = w[i] * (hr[i] * inv);
 }
 
@@ -121,7 +205,7 @@ extern "C" int kfuse_add_rmsnorm(struct kcuda_ctx *c, float *h, const float *x, 
 		                     !c || !h || !y || !w ? ", or a null pointer" : ", or y aliases h / x");
 	if (n_rows == 0)
 		return 0;
-	add_rmsnorm_kernel<<<(unsigned)n_rows, FU_THREADS, 0, c->stream>>>(h, x, y, w, n, eps);
+	add_rmsnorm_kernel<<<(unsigned)n_rows, FU_WIDE, 0, c->stream>>>(h, x, y, w, n, eps);
 	return kcuda_launch_status("add_rmsnorm");
 }
 
@@ -132,29 +216,17 @@ __global__ void __launch_bounds__(FU_THREADS)
 {
 	__shared__ float red[FU_THREADS / 32];
 	const int64_t r = blockIdx.x;
-	if (blockIdx.y == 0) { /* c_q row: kcuda_rmsnorm in place */
+	if (blockIdx.y == 0) { /* c_q row: RMSNorm in place */
 		float *xr = cq + r * Cq;
-		float ss = 0.0f;
-		for (int64_t i = threadIdx.x; i < Cq; i += FU_THREADS)
-			ss = fmaf(xr[i], xr[i], ss);
-		const float inv = 1.0f / sqrtf(fu_block_sum(ss, red) / (float)Cq + eps_q);
-		for (int64_t i = threadIdx.x; i < Cq; i += FU_THREADS)
-			xr[i] = wq[i] * (xr[i] * inv);
+		const kfuse_kv none = {};
+		fu_rmsnorm_row<FU_THREADS>(xr, xr, wq, Cq, eps_q, red, none, NULL);
 		return;
 	}
 	/* [c | k_r] row: norm of c, rotation of k_r, each value also to the pool by its thread */
 	float *xr = kvl + r * (C + R);
 	const int32_t p = rp.pos[r];
 	char *row = fu_kv_row(kv, r, p, C + R);
-	float ss = 0.0f;
-	for (int64_t i = threadIdx.x; i < C; i += FU_THREADS)
-		ss = fmaf(xr[i], xr[i], ss);
-	const float inv = 1.0f / sqrtf(fu_block_sum(ss, red) / (float)C + eps_kv);
-	for (int64_t i = threadIdx.x; i < C; i += FU_THREADS) {
-		const float v = wkv[i] * (xr[i] * inv);
-		xr[i] = v;
-		fu_kv_put(kv, row, i, v);
-	}
+	fu_rmsnorm_row<FU_THREADS>(xr, xr, wkv, C, eps_kv, red, kv, row);
 	const int half = (int)(R / 2);
 	float *kr = xr + C;
 	for (int i = threadIdx.x; i < half; i += FU_THREADS) {
@@ -208,6 +280,7 @@ __global__ void __launch_bounds__(FU_THREADS)
 	const int half = (int)(R / 2);
 	if (blockIdx.y == 1) { /* q_I heads and w_I */
 		float *q = qI + r * HI * DI;
+#pragma unroll 4
 		for (int64_t g = threadIdx.x; g < HI * half; g += FU_THREADS) {
 			const int i = (int)(g % half);
 			float *v = q + (g / half) * DI;
