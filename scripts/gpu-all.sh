@@ -61,18 +61,19 @@ cat "$L/machine.log"
 # ---- correctness first; a new path that fails its op test is switched off for the timings ----
 ok() { grep -q "^$1 *rc=0 " <<<"$(printf '%s\n' "${SUMMARY[@]}")"; }
 step test_gpu_model 60 "$B/tests/test_gpu_model"
-for t in mla indexer head_gemv moe; do
+for t in mla indexer head_gemv moe fused; do
 	[ -x "$B/tests/test_ops_$t" ] && step "test_ops_$t" 60 env TANDEM_OPS_QUICK=1 "$B/tests/test_ops_$t"
 done
 if ! ok test_gpu_model; then # which new path: everything old, then only the old attention
-	step test_gpu_model_allref 40 env TANDEM_CUDA_ATTN=ref TANDEM_MOE_SORTED=0 TANDEM_HEAD_GEMV=0 \
+	step test_gpu_model_allref 40 env TANDEM_CUDA_ATTN=ref TANDEM_MOE_SORTED=0 TANDEM_HEAD_GEMV=0 TANDEM_FUSE=0 \
 		"$B/tests/test_gpu_model"
 	step test_gpu_model_attnref 40 env TANDEM_CUDA_ATTN=ref "$B/tests/test_gpu_model"
 fi
 { ok test_ops_mla && ok test_ops_indexer; } || export TANDEM_CUDA_ATTN=ref
 ok test_ops_head_gemv || export TANDEM_HEAD_GEMV=0
 ok test_ops_moe || export TANDEM_MOE_SORTED=0
-echo "switches for the timings: ATTN=${TANDEM_CUDA_ATTN:-new} HEAD_GEMV=${TANDEM_HEAD_GEMV:-1} MOE_SORTED=${TANDEM_MOE_SORTED:-1}" |
+ok test_ops_fused || export TANDEM_FUSE=0
+echo "switches for the timings: ATTN=${TANDEM_CUDA_ATTN:-new} HEAD_GEMV=${TANDEM_HEAD_GEMV:-1} MOE_SORTED=${TANDEM_MOE_SORTED:-1} FUSE=${TANDEM_FUSE:-1}" |
 	tee "$L/switches.log"
 SUMMARY+=("$(cat "$L/switches.log")")
 gpu2 test_gpu_tp 60 "$B/tests/test_gpu_tp"
@@ -92,7 +93,7 @@ for t in matmul rowops sample; do
 	step "test_ops_$t" 40 env TANDEM_OPS_QUICK=1 "$B/tests/test_ops_$t"
 done
 if command -v compute-sanitizer >/dev/null; then
-	for t in mla indexer; do
+	for t in mla indexer fused; do
 		step "memcheck_$t" 60 env TANDEM_OPS_QUICK=1 TANDEM_OPS_SMALL=1 \
 			compute-sanitizer --tool memcheck --error-exitcode 9 "$B/tests/test_ops_$t"
 	done
