@@ -127,8 +127,8 @@ struct model_backend_ops {
 	/* the MLA latents of main layer `layer` (rows st.n): rmsnorm(cq, L->q_a_norm, Cq wide, in
 	 * place); rmsnorm of kvl's first C (L->kv_a_norm, in place; rows C + R wide); rope of kvl's last
 	 * R (rope_main, cs); then kv_write(MBE_KV_LATENT, layer, kvl, C + R) when write */
-	void (*mla_latent)(void *ctx, int layer, const struct layer_w *L, float *cq, float *kvl, const float *cs,
-	                   bool write);
+	void (*mla_latent)(void *ctx, int layer, const struct layer_w *L, float *cq, float *kvl,
+	                   const float *cs, bool write);
 	/* the indexer's inputs of full layer `layer`: layernorm(kI, idx_knorm); rope(qI, HI heads of
 	 * DI, rope_idx); scale(wI, 1 / sqrt(HI)); rope(kI); kv_write(MBE_KV_INDEXER, idx_slot) when
 	 * write */

@@ -535,8 +535,8 @@ static void cpu_add_rmsnorm(void *ctx, float *h, const float *x, float *y, const
 	cpu_rmsnorm(ctx, y, n, h, n, w, n, n_rows, eps);
 }
 
-static void cpu_mla_latent(void *ctx, int layer, const struct layer_w *L, float *cq, float *kvl, const float *cs,
-                           bool write)
+static void cpu_mla_latent(void *ctx, int layer, const struct layer_w *L, float *cq, float *kvl,
+                           const float *cs, bool write)
 {
 	struct be_cpu *c = ctx;
 	const struct model_hparams *hp = &c->m->hp;

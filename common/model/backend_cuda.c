@@ -769,7 +769,8 @@ static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const flo
 	PROF(c, "attn.q_rope(copy+rope)", NULL, 8.0 * (double)(n * Hl * R))
 	if (c->fuse) {
 		struct kfuse_rope rp = {.inv_freq = c->d_inv, .pos = c->d_pos, .pairing = hp->rope_main};
-		CK(kfuse_rope_copy(c->kc, c->qabs + C, Hl * (C + R), C + R, q + N, Hl * NR, NR, n, Hl, R, &rp));
+		CK(kfuse_rope_copy(c->kc, c->qabs + C, Hl * (C + R), C + R, q + N, Hl * NR, NR, n, Hl, R,
+		                   &rp));
 	} else {
 		CK(kfwd_copy2d(c->kc, c->qabs + C, C + R, q + N, NR, R, n * Hl));
 		CK(kcuda_rope(c->kc, c->qabs + C, Hl * (C + R), n, Hl, C + R, R, c->d_inv, c->d_pos,
@@ -1149,8 +1150,8 @@ static void cu_add_rmsnorm(void *ctx, float *h, const float *x, float *y, const 
 	CK(kfuse_add_rmsnorm(c->kc, h, x, y, w, n, n_rows, eps));
 }
 
-static void cu_mla_latent(void *ctx, int layer, const struct layer_w *L, float *cq, float *kvl, const float *cs,
-                          bool write)
+static void cu_mla_latent(void *ctx, int layer, const struct layer_w *L, float *cq, float *kvl,
+                          const float *cs, bool write)
 {
 	struct be_cuda *c = ctx;
 	const struct model_hparams *hp = &c->m->hp;

@@ -85,8 +85,7 @@ template <int T> __device__ __forceinline__ float fu_block_sum(float v, float *r
 
 /* v[k] = x[i] (+ a[i] when a) for i = threadIdx.x + k T < n, else 0; every load is issued before
  * any is used; returns this thread's sum of squares (n <= FU_PER * T) */
-template <int T>
-__device__ __forceinline__ float fu_load(float *v, const float *x, const float *a, int64_t n)
+template <int T> __device__ __forceinline__ float fu_load(float *v, const float *x, const float *a, int64_t n)
 {
 #pragma unroll
 	for (int k = 0; k < FU_PER; k++) {
@@ -111,8 +110,9 @@ __device__ __forceinline__ float fu_load(float *v, const float *x, const float *
  * to the pool row as well when row != NULL (j = index in the row). Every thread of the block
  * must call it (block-wide sums inside). */
 template <int T>
-__device__ __forceinline__ void fu_rmsnorm_row(float *y, const float *x, const float *__restrict__ w, int64_t n,
-                                               float eps, float *red, const kfuse_kv &kv, char *row)
+__device__ __forceinline__ void fu_rmsnorm_row(float *y, const float *x, const float *__restrict__ w,
+                                               int64_t n, float eps, float *red, const kfuse_kv &kv,
+                                               char *row)
 {
 	if (n <= (int64_t)FU_PER * T) {
 		float v[FU_PER];
@@ -262,8 +262,8 @@ extern "C" int kfuse_mla_latent(struct kcuda_ctx *c, float *cq, int64_t Cq, cons
 		                     ", or a null pointer / bad rope or pool description");
 	if (n_rows == 0)
 		return 0;
-	mla_latent_kernel<<<dim3((unsigned)n_rows, 2), FU_THREADS, 0, c->stream>>>(cq, Cq, wq, eps_q, kvl, C, R,
-	                                                                          wkv, eps_kv, *rp, *kv);
+	mla_latent_kernel<<<dim3((unsigned)n_rows, 2), FU_THREADS, 0, c->stream>>>(cq, Cq, wq, eps_q, kvl, C,
+	                                                                           R, wkv, eps_kv, *rp, *kv);
 	return kcuda_launch_status("mla_latent");
 }
 
@@ -349,8 +349,8 @@ extern "C" int kfuse_idx_prep(struct kcuda_ctx *c, float *qI, float *wI, int64_t
 		                     ", or a null pointer / bad rope or pool description / DI > 4096");
 	if (n_rows == 0)
 		return 0;
-	idx_prep_kernel<<<dim3((unsigned)n_rows, 2), FU_THREADS, 0, c->stream>>>(qI, wI, HI, wscale, kI, DI, R,
-	                                                                        kw, kb, eps, *rp, *kv);
+	idx_prep_kernel<<<dim3((unsigned)n_rows, 2), FU_THREADS, 0, c->stream>>>(qI, wI, HI, wscale, kI, DI,
+	                                                                         R, kw, kb, eps, *rp, *kv);
 	return kcuda_launch_status("idx_prep");
 }
 
@@ -385,7 +385,7 @@ extern "C" int kfuse_rope_copy(struct kcuda_ctx *c, float *dst, int64_t ldd, int
 		return 0;
 	if ((n + 255) / 256 > INT32_MAX)
 		return ERR_LIMIT;
-	rope_copy_kernel<<<(unsigned)((n + 255) / 256), 256, 0, c->stream>>>(dst, ldd, dhs, src, lds, shs, n_heads,
-	                                                                     (int)(R / 2), *rp, n);
+	rope_copy_kernel<<<(unsigned)((n + 255) / 256), 256, 0, c->stream>>>(dst, ldd, dhs, src, lds, shs,
+	                                                                     n_heads, (int)(R / 2), *rp, n);
 	return kcuda_launch_status("rope_copy");
 }

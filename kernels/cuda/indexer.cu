@@ -248,8 +248,8 @@ extern "C" int kcuda_indexer_topk(struct kcuda_ctx *c, const struct kcuda_kv_vie
 			return rc;
 		rc = ERR_UNSUPPORTED;
 		if (shortk)
-			rc = kcuda_topk_idx_short(c, b.scores, b.ld, nr, b.n_keys, b.pos0, k, sel + r0 * ld_sel,
-			                          ld_sel, nsel ? nsel + r0 : NULL);
+			rc = kcuda_topk_idx_short(c, b.scores, b.ld, nr, b.n_keys, b.pos0, k,
+			                          sel + r0 * ld_sel, ld_sel, nsel ? nsel + r0 : NULL);
 		else if (radix)
 			rc = kcuda_topk_idx_radix(c, b.scores, b.ld, nr, b.n_keys, b.pos0, k,
 			                          sel + r0 * ld_sel, ld_sel, nsel ? nsel + r0 : NULL,

@@ -345,7 +345,8 @@ typedef cub::BlockScan<int, TS_THREADS> ts_scan_t;
 
 __global__ void __launch_bounds__(TS_THREADS)
     topk_short_kernel(const float *__restrict__ s, int64_t ld, const int32_t *__restrict__ n_dev, int64_t n0,
-                      int k, int32_t *__restrict__ out, int64_t ldo, int32_t *__restrict__ n_out, unsigned *err)
+                      int k, int32_t *__restrict__ out, int64_t ldo, int32_t *__restrict__ n_out,
+                      unsigned *err)
 {
 	__shared__ typename ts_scan_t::TempStorage scan_tmp;
 	__shared__ uint32_t keys[KFUSE_TOPK_SHORT];
@@ -368,6 +369,7 @@ __global__ void __launch_bounds__(TS_THREADS)
 		n_out[row] = kk;
 	if (kk <= 0)
 		return;
+#pragma unroll 4 /* the loads of a thread's keys in flight together */
 	for (int i = tid; i < n; i += TS_THREADS)
 		keys[i] = tr_key(p[i]);
 	__syncthreads();
@@ -460,8 +462,8 @@ extern "C" int kcuda_topk_idx_short(struct kcuda_ctx *c, const float *scores, in
                                     int32_t *n_out)
 {
 	if (!c || !scores || !out || n_rows < 0 || k < 0 || ldo < k || ld < 1)
-		return kcuda_bad_arg("topk_idx_short", "rows %lld k %d ldo %lld ld %lld%s", (long long)n_rows, k,
-		                     (long long)ldo, (long long)ld,
+		return kcuda_bad_arg("topk_idx_short", "rows %lld k %d ldo %lld ld %lld%s", (long long)n_rows,
+		                     k, (long long)ldo, (long long)ld,
 		                     !c || !scores || !out ? ", or a null pointer" : "");
 	if (ld > KFUSE_TOPK_SHORT)
 		return ERR_UNSUPPORTED;
@@ -469,7 +471,7 @@ extern "C" int kcuda_topk_idx_short(struct kcuda_ctx *c, const float *scores, in
 		return 0;
 	if (n_rows > INT32_MAX)
 		return ERR_LIMIT;
-	topk_short_kernel<<<(unsigned)n_rows, TS_THREADS, 0, c->stream>>>(scores, ld, n, n0, k, out, ldo, n_out,
-	                                                                  c->err_dev);
+	topk_short_kernel<<<(unsigned)n_rows, TS_THREADS, 0, c->stream>>>(scores, ld, n, n0, k, out, ldo,
+	                                                                  n_out, c->err_dev);
 	return kcuda_launch_status("topk_idx_short");
 }

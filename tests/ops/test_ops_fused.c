@@ -179,7 +179,8 @@ static void test_add_rmsnorm(void)
 			OPS_CHECK(0, "add_rmsnorm setup");
 			goto next;
 		}
-		int rc = kfuse_add_rmsnorm(ctx, hb.user, with_x ? xb.user : NULL, yb.user, wb.user, n, rows, eps);
+		int rc =
+		    kfuse_add_rmsnorm(ctx, hb.user, with_x ? xb.user : NULL, yb.user, wb.user, n, rows, eps);
 		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "add_rmsnorm rc %d", rc);
 		OPS_CHECK(ops_dbuf_get(ctx, &hb, hg) == 0 && ops_dbuf_get(ctx, &yb, yg) == 0,
 		          "add_rmsnorm: guard bytes damaged");
@@ -193,9 +194,11 @@ static void test_add_rmsnorm(void)
 			bad_h += memcmp(&h[i], &hg[i], 4) != 0; /* one fp32 add: exact */
 			bad_y += !close_to(yg[i], y[i], 4e-6, 3e-7 * fabs(w[i % n]));
 		}
-		OPS_CHECK(bad_h == 0 && bad_y == 0, "add_rmsnorm n=%" PRId64 " rows=%" PRId64 ": %d h, %d y bad", n,
-		          rows, bad_h, bad_y);
-		printf("add_rmsnorm n %5" PRId64 " rows %" PRId64 "%s ok\n", n, rows, with_x ? "" : " (no add)");
+		OPS_CHECK(bad_h == 0 && bad_y == 0,
+		          "add_rmsnorm n=%" PRId64 " rows=%" PRId64 ": %d h, %d y bad", n, rows, bad_h,
+		          bad_y);
+		printf("add_rmsnorm n %5" PRId64 " rows %" PRId64 "%s ok\n", n, rows,
+		       with_x ? "" : " (no add)");
 	next:
 		ops_dbuf_fini(&hb);
 		ops_dbuf_fini(&xb);
@@ -252,8 +255,8 @@ static void test_mla_latent(void)
 		}
 		struct kfuse_rope rp = {.inv_freq = ib.user, .pos = p.pos.user, .pairing = k->pairing};
 		struct kfuse_kv kvd = pool_kv(&p);
-		int rc = kfuse_mla_latent(ctx, cb.user, Cq, wqb.user, 1e-6f, kb.user, C, R, wkb.user, 1e-5f, n, &rp,
-		                          &kvd);
+		int rc = kfuse_mla_latent(ctx, cb.user, Cq, wqb.user, 1e-6f, kb.user, C, R, wkb.user, 1e-5f,
+		                          n, &rp, &kvd);
 		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "mla_latent rc %d", rc);
 		OPS_CHECK(ops_dbuf_get(ctx, &cb, cqg) == 0 && ops_dbuf_get(ctx, &kb, kvg) == 0,
 		          "mla_latent: guard bytes damaged");
@@ -272,10 +275,11 @@ static void test_mla_latent(void)
 			bad += !close_to(kvg[i], kv[i], 8e-6, 8e-6);
 		int bad_pool = pool_check(&p, 8e-6, 8e-6);
 		OPS_CHECK(bad == 0 && bad_pool == 0,
-		          "mla_latent Cq %" PRId64 " C %" PRId64 " rows %d pairing %d bf16 %d: %d bad, %d pool bad", Cq,
-		          C, n, k->pairing, k->bf16, bad, bad_pool);
-		printf("mla_latent Cq %4" PRId64 " C %3" PRId64 " R %2" PRId64 " rows %d pairing %d %s ok\n", Cq, C, R,
-		       n, k->pairing, k->bf16 ? "bf16" : "f32");
+		          "mla_latent Cq %" PRId64 " C %" PRId64
+		          " rows %d pairing %d bf16 %d: %d bad, %d pool bad",
+		          Cq, C, n, k->pairing, k->bf16, bad, bad_pool);
+		printf("mla_latent Cq %4" PRId64 " C %3" PRId64 " R %2" PRId64 " rows %d pairing %d %s ok\n",
+		       Cq, C, R, n, k->pairing, k->bf16 ? "bf16" : "f32");
 	next:
 		pool_fini(&p);
 		ops_dbuf_fini(&cb);
@@ -299,7 +303,10 @@ static void test_idx_prep(void)
 		int64_t HI, DI, R;
 		int rows, pairing, bf16, bias;
 	} cases[] = {
-	    {32, 128, 64, 1, 0, 0, 1}, {64, 128, 64, 4, 1, 1, 1}, {8, 128, 64, 3, 0, 1, 0}, {3, 40, 8, 4, 1, 0, 1},
+	    {32, 128, 64, 1, 0, 0, 1},
+	    {64, 128, 64, 4, 1, 1, 1},
+	    {8, 128, 64, 3, 0, 1, 0},
+	    {3, 40, 8, 4, 1, 0, 1},
 	};
 	for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
 		if (quick && ci >= 2)
@@ -362,10 +369,10 @@ static void test_idx_prep(void)
 			bad_k += !close_to(kg[i], kI[i], 8e-6, 8e-6);
 		int bad_pool = pool_check(&p, 8e-6, 8e-6);
 		OPS_CHECK(bad_q == 0 && bad_w == 0 && bad_k == 0 && bad_pool == 0,
-		          "idx_prep HI %" PRId64 " DI %" PRId64 " rows %d: bad q %d w %d k %d pool %d", HI, DI, n,
-		          bad_q, bad_w, bad_k, bad_pool);
-		printf("idx_prep HI %2" PRId64 " DI %3" PRId64 " R %2" PRId64 " rows %d pairing %d %s%s ok\n", HI, DI, R,
-		       n, k->pairing, k->bf16 ? "bf16" : "f32", k->bias ? "" : " (no bias)");
+		          "idx_prep HI %" PRId64 " DI %" PRId64 " rows %d: bad q %d w %d k %d pool %d", HI,
+		          DI, n, bad_q, bad_w, bad_k, bad_pool);
+		printf("idx_prep HI %2" PRId64 " DI %3" PRId64 " R %2" PRId64 " rows %d pairing %d %s%s ok\n",
+		       HI, DI, R, n, k->pairing, k->bf16 ? "bf16" : "f32", k->bias ? "" : " (no bias)");
 	next:
 		pool_fini(&p);
 		ops_dbuf_fini(&qb);
@@ -399,14 +406,15 @@ static void test_rope_copy(void)
 			for (int64_t i = 0; i < lds * n; i++)
 				src[i] = ops_rng_unif();
 			struct ops_dbuf sb = {0}, db = {0}, ib = {0}, pb = {0};
-			if (up(&sb, src, sizeof(float) * lds * n) || ops_dbuf_init(ctx, &db, sizeof(float) * ldd * n) ||
-			    up(&ib, inv, sizeof(inv)) || up(&pb, pos, sizeof(pos))) {
+			if (up(&sb, src, sizeof(float) * lds * n) ||
+			    ops_dbuf_init(ctx, &db, sizeof(float) * ldd * n) || up(&ib, inv, sizeof(inv)) ||
+			    up(&pb, pos, sizeof(pos))) {
 				OPS_CHECK(0, "rope_copy setup");
 				goto next;
 			}
 			struct kfuse_rope rp = {.inv_freq = ib.user, .pos = pb.user, .pairing = pairing};
-			int rc = kfuse_rope_copy(ctx, (float *)db.user + C, ldd, C + R, (const float *)sb.user + N, lds,
-			                         NR, n, H, R, &rp);
+			int rc = kfuse_rope_copy(ctx, (float *)db.user + C, ldd, C + R,
+			                         (const float *)sb.user + N, lds, NR, n, H, R, &rp);
 			OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "rope_copy rc %d", rc);
 			OPS_CHECK(ops_dbuf_get(ctx, &db, dst) == 0, "rope_copy: guard bytes damaged");
 			int bad = 0;
@@ -423,8 +431,10 @@ static void test_rope_copy(void)
 						bad += !close_to(g[C + i], u[i], 0, 4e-6);
 				}
 			}
-			OPS_CHECK(bad == 0, "rope_copy heads %" PRId64 " pairing %d: %d bad", H, pairing, bad);
-			printf("rope_copy heads %2" PRId64 " rows %" PRId64 " pairing %d ok\n", H, n, pairing);
+			OPS_CHECK(bad == 0, "rope_copy heads %" PRId64 " pairing %d: %d bad", H, pairing,
+			          bad);
+			printf("rope_copy heads %2" PRId64 " rows %" PRId64 " pairing %d ok\n", H, n,
+			       pairing);
 		next:
 			ops_dbuf_fini(&sb);
 			ops_dbuf_fini(&db);
@@ -447,14 +457,16 @@ static void test_topk_short(void)
 		for (int mode = 0; mode < 3; mode++) { /* 0 distinct, 1 many ties, 2 ties + NaN / -inf */
 			const int n = ns[ni];
 			float *s = malloc(sizeof(float) * ld * rows);
-			int32_t nk[3], *ref = malloc(sizeof(int32_t) * K * rows), *sel = malloc(sizeof(int32_t) * K * rows);
+			int32_t nk[3], *ref = malloc(sizeof(int32_t) * K * rows),
+			               *sel = malloc(sizeof(int32_t) * K * rows);
 			int32_t cnt[3], cntg[3];
 			for (int r = 0; r < rows; r++)
 				nk[r] = r == 0 ? n : (r == 1 ? (n + 1) / 2 : (n > 3 ? n - 3 : n));
 			for (int64_t i = 0; i < ld * rows; i++) {
 				float v = ops_rng_unif() * 10.0f;
 				if (mode >= 1)
-					v = floorf(v * 4.0f) / 4.0f; /* ~80 distinct values: long runs of ties */
+					v = floorf(v * 4.0f) /
+					    4.0f; /* ~80 distinct values: long runs of ties */
 				if (mode == 2 && ops_rng_next() % 17 == 0)
 					v = (ops_rng_next() & 1) ? NAN : -INFINITY;
 				s[i] = v;
@@ -466,7 +478,8 @@ static void test_topk_short(void)
 				OPS_CHECK(0, "topk_short setup");
 				goto next;
 			}
-			int rc = kcuda_topk_idx_short(ctx, sb.user, ld, rows, nb.user, 0, K, ob.user, K, cb.user);
+			int rc =
+			    kcuda_topk_idx_short(ctx, sb.user, ld, rows, nb.user, 0, K, ob.user, K, cb.user);
 			OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "topk_short rc %d", rc);
 			OPS_CHECK(ops_dbuf_get(ctx, &ob, sel) == 0 && ops_dbuf_get(ctx, &cb, cntg) == 0,
 			          "topk_short: guard bytes damaged");
@@ -490,8 +503,8 @@ static void test_topk_short(void)
 		printf("topk_short n %4d (and n/2, n-3) k %d, distinct / ties / NaN ok\n", ns[ni], K);
 	}
 	/* rows longer than the short kernel's limit are refused (the caller takes the radix path) */
-	OPS_CHECK(kcuda_topk_idx_short(ctx, (float *)64, KFUSE_TOPK_SHORT + 1, 1, NULL, 0, 8, (int32_t *)64, 8,
-	                               NULL) == ERR_UNSUPPORTED,
+	OPS_CHECK(kcuda_topk_idx_short(ctx, (float *)64, KFUSE_TOPK_SHORT + 1, 1, NULL, 0, 8, (int32_t *)64,
+	                               8, NULL) == ERR_UNSUPPORTED,
 	          "topk_short accepted a row longer than %d", KFUSE_TOPK_SHORT);
 	unsigned nbad = 0;
 	OPS_CHECK(kcuda_ctx_take_errors(ctx, &nbad) == 0 && nbad == 0, "kernels counted %u bad inputs", nbad);
