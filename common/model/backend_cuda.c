@@ -99,6 +99,7 @@ struct be_cuda {
 	struct kprof *prof_all;
 	struct kprof *prof; /* prof_all while a profiled step runs, else NULL */
 	bool prof_step;
+	bool prof_prefill; /* the profiled step is a prompt chunk (its own table) */
 	bool errs_checked; /* this step's kernel error counter was read (to_host) */
 	/* TANDEM_CUDA_PROFILE=graph: captures record event nodes (prof.h segments), replays are timed */
 	bool prof_graph, prof_capturing, seg_pending;
@@ -403,13 +404,21 @@ static void cu_plan(void *ctx, const struct model_batch *b, struct mbe_step *st)
 	c->nccl = c->rk->dcomm.ops ? &c->rk->dcomm : NULL;
 	c->mode = 0;
 	c->prof_step = false;
-	if (st->debug || st->n_out != st->n_real || b->n_seqs > c->max_seqs)
+	/* TANDEM_CUDA_PROFILE=1: eager steps profiled, decode and prompt (prefill) steps alike */
+	const bool prof = c->prof_all && !c->prof_graph && kprof_is_enabled() && !c->nccl && !st->debug;
+	c->prof_prefill = prof;
+	if (st->debug || st->n_out != st->n_real || b->n_seqs > c->max_seqs) {
+		c->prof_step = prof;
 		return;
+	}
 	for (int64_t i = 0; i < st->n_real; i++) /* decode: one token per sequence */
 		for (int64_t j = 0; j < i; j++)
-			if (b->seq[i] == b->seq[j])
+			if (b->seq[i] == b->seq[j]) {
+				c->prof_step = prof;
 				return;
-	if (c->prof_all && !c->prof_graph && kprof_is_enabled() && !c->nccl) { /* eager, own shapes */
+			}
+	c->prof_prefill = false;
+	if (prof) { /* eager, own shapes */
 		c->prof_step = true;
 		return;
 	}
@@ -455,6 +464,11 @@ static int cu_begin(void *ctx, const struct model_batch *b, struct model_kv *kv,
 		int rc = tp_nccl_wait(c->nccl);
 		if (rc)
 			return rc;
+	}
+	if (c->prof) { /* the last profiled step had no output (no to_host): it ends here */
+		(void)kprof_step_end(c->prof);
+		c->prof = NULL;
+		kprof_active = NULL;
 	}
 	c->b = b;
 	c->kv = kv;
@@ -556,8 +570,11 @@ static int cu_begin(void *ctx, const struct model_batch *b, struct model_kv *kv,
 		int ctx_lo = 256;
 		while (ctx_lo * 2 <= st->max_keys)
 			ctx_lo *= 2;
-		snprintf(shape, sizeof(shape), "decode batch %lld, context %d+", (long long)st->n_real,
-		         st->max_keys < 256 ? 1 : ctx_lo);
+		if (c->prof_prefill) /* one table for all chunks of a prompt (contexts averaged) */
+			snprintf(shape, sizeof(shape), "prefill %lld tokens per step", (long long)st->n_real);
+		else
+			snprintf(shape, sizeof(shape), "decode batch %lld, context %d+", (long long)st->n_real,
+			         st->max_keys < 256 ? 1 : ctx_lo);
 		kprof_step_begin(c->prof_all, shape);
 		c->prof = c->prof_all;
 		kprof_active = c->prof;
