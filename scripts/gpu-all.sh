@@ -61,7 +61,7 @@ cat "$L/machine.log"
 # ---- correctness first; a new path that fails its op test is switched off for the timings ----
 ok() { grep -q "^$1 *rc=0 " <<<"$(printf '%s\n' "${SUMMARY[@]}")"; }
 step test_gpu_model 60 "$B/tests/test_gpu_model"
-for t in mla indexer head_gemv moe; do
+for t in mla indexer head_gemv moe prefill_moe; do
 	[ -x "$B/tests/test_ops_$t" ] && step "test_ops_$t" 60 env TANDEM_OPS_QUICK=1 "$B/tests/test_ops_$t"
 done
 if ! ok test_gpu_model; then # which new path: everything old, then only the old attention
@@ -72,7 +72,8 @@ fi
 { ok test_ops_mla && ok test_ops_indexer; } || export TANDEM_CUDA_ATTN=ref
 ok test_ops_head_gemv || export TANDEM_HEAD_GEMV=0
 ok test_ops_moe || export TANDEM_MOE_SORTED=0
-echo "switches for the timings: ATTN=${TANDEM_CUDA_ATTN:-new} HEAD_GEMV=${TANDEM_HEAD_GEMV:-1} MOE_SORTED=${TANDEM_MOE_SORTED:-1}" |
+ok test_ops_prefill_moe || export TANDEM_PREFILL_FAST=0
+echo "switches for the timings: ATTN=${TANDEM_CUDA_ATTN:-new} HEAD_GEMV=${TANDEM_HEAD_GEMV:-1} MOE_SORTED=${TANDEM_MOE_SORTED:-1} PREFILL_FAST=${TANDEM_PREFILL_FAST:-1}" |
 	tee "$L/switches.log"
 SUMMARY+=("$(cat "$L/switches.log")")
 gpu2 test_gpu_tp 60 "$B/tests/test_gpu_tp"

@@ -97,6 +97,7 @@ struct be_cuda {
 	double up_total, up_done, up_t0, up_last;
 	/* TANDEM_CUDA_PROFILE=1: eager decode steps with events around every op (prof.h) */
 	struct kprof *prof_all;
+	struct kprof *prof_pf; /* prompt (prefill) steps: their own tables (TANDEM_CUDA_PROFILE=1) */
 	struct kprof *prof; /* prof_all while a profiled step runs, else NULL */
 	bool prof_step;
 	bool prof_prefill; /* the profiled step is a prompt chunk (its own table) */
@@ -408,13 +409,13 @@ static void cu_plan(void *ctx, const struct model_batch *b, struct mbe_step *st)
 	const bool prof = c->prof_all && !c->prof_graph && kprof_is_enabled() && !c->nccl && !st->debug;
 	c->prof_prefill = prof;
 	if (st->debug || st->n_out != st->n_real || b->n_seqs > c->max_seqs) {
-		c->prof_step = prof;
+		c->prof_step = prof && c->prof_pf;
 		return;
 	}
 	for (int64_t i = 0; i < st->n_real; i++) /* decode: one token per sequence */
 		for (int64_t j = 0; j < i; j++)
 			if (b->seq[i] == b->seq[j]) {
-				c->prof_step = prof;
+				c->prof_step = prof && c->prof_pf;
 				return;
 			}
 	c->prof_prefill = false;
@@ -573,10 +574,10 @@ static int cu_begin(void *ctx, const struct model_batch *b, struct model_kv *kv,
 		if (c->prof_prefill) /* one table for all chunks of a prompt (contexts averaged) */
 			snprintf(shape, sizeof(shape), "prefill %lld tokens per step", (long long)st->n_real);
 		else
-			snprintf(shape, sizeof(shape), "decode batch %lld, context %d+", (long long)st->n_real,
-			         st->max_keys < 256 ? 1 : ctx_lo);
-		kprof_step_begin(c->prof_all, shape);
-		c->prof = c->prof_all;
+			snprintf(shape, sizeof(shape), "decode batch %lld, context %d+",
+			         (long long)st->n_real, st->max_keys < 256 ? 1 : ctx_lo);
+		c->prof = c->prof_prefill ? c->prof_pf : c->prof_all;
+		kprof_step_begin(c->prof, shape);
 		kprof_active = c->prof;
 	}
 	return 0;
@@ -1083,9 +1084,10 @@ static void cu_destroy(void *ctx)
 		}
 	for (int i = 0; i < N_KV_REP; i++) /* pools still alive at model_destroy */
 		kcuda_free(c->rep[i].p);
-	if (kprof_active == c->prof_all)
+	if (kprof_active == c->prof_all || kprof_active == c->prof_pf)
 		kprof_active = NULL;
 	kprof_destroy(c->prof_all); /* prints the last table */
+	kprof_destroy(c->prof_pf);
 	for (int i = 0; i < c->n_allocs; i++)
 		kcuda_free(c->allocs[i]);
 	free(c->allocs);
@@ -1266,14 +1268,15 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 	const char *pe = getenv("TANDEM_CUDA_PROFILE");
 	c->prof_graph = pe && strcmp(pe, "graph") == 0;
 	if (pe && *pe && strcmp(pe, "0") != 0) {
-		if ((rc = kprof_create(c->kc, &c->prof_all))) {
+		if ((rc = kprof_create(c->kc, &c->prof_all)) ||
+		    (!c->prof_graph && (rc = kprof_create(c->kc, &c->prof_pf)))) {
 			errbuf_set(e, rc, "backend cuda: cannot create the profiler");
 			goto fail;
 		}
 		LOG_INFO("model", "cuda: TANDEM_CUDA_PROFILE=%s: %s (tables on stdout)", pe,
 		         c->prof_graph
 		             ? "captured decode graphs hold an event node around every op; replays are timed"
-		             : "decode steps run eagerly with an event pair around every op");
+		             : "decode and prompt steps run eagerly with an event pair around every op");
 	}
 	if (!o->quiet)
 		LOG_INFO(

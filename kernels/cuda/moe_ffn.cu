@@ -598,7 +598,8 @@ extern "C" int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, i
 	    sorted_ws_bytes(n * k, E, F, D) <= c->ws_bytes)
 		return moe_sorted(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
 	if (kcuda_moe_prefill_on()) {
-		const int rc = kcuda_moe_prefill(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
+		const int rc =
+		    kcuda_moe_prefill(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
 		if (rc != ERR_UNSUPPORTED)
 			return rc;
 	}

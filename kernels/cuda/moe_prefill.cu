@@ -133,8 +133,8 @@ __device__ __forceinline__ void mp_load_a(const uint16_t *sA, int kk, int g, int
 
 template <int T>
 __global__ void __launch_bounds__(MP_THREADS)
-    mp_gate_up_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu, size_t row_bytes,
-                      int D, int F, const float *__restrict__ x, int64_t ldx, bool x_vec, int k,
+    mp_gate_up_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu, size_t row_bytes, int D,
+                      int F, const float *__restrict__ x, int64_t ldx, bool x_vec, int k,
                       const int32_t *__restrict__ meta, int E, int np, int max_tiles,
                       uint16_t *__restrict__ h)
 {
@@ -191,7 +191,8 @@ __global__ void __launch_bounds__(MP_THREADS)
 			const int f = f0 + (row & (MP_BN - 1));
 			const int64_t p = k0 / 16 + pp;
 			const bool in = f < F && p < np16;
-			const uint8_t *w = (row < MP_BN ? wg : wu) + (ebase + (size_t)(in ? f : 0)) * row_bytes;
+			const uint8_t *w =
+			    (row < MP_BN ? wg : wu) + (ebase + (size_t)(in ? f : 0)) * row_bytes;
 			mp_piece_to_smem<T>(w, p, in, sB + row * MP_LDS + pp * 16);
 		}
 		__syncthreads();
@@ -205,7 +206,8 @@ __global__ void __launch_bounds__(MP_THREADS)
 				for (int nj = 0; nj < 2; nj++) {
 					const uint16_t *qb =
 					    sB + (gu * MP_BN + warp * 16 + nj * 8 + g) * MP_LDS + kk + 2 * t;
-					const uint32_t b0 = *(const uint32_t *)qb, b1 = *(const uint32_t *)(qb + 8);
+					const uint32_t b0 = *(const uint32_t *)qb,
+					               b1 = *(const uint32_t *)(qb + 8);
 #pragma unroll
 					for (int mi = 0; mi < 4; mi++)
 						mp_mma(acc[gu][mi][nj], a[mi], b0, b1);
@@ -228,7 +230,8 @@ __global__ void __launch_bounds__(MP_THREADS)
 					continue;
 				const float g0 = acc[0][mi][nj][2 * hf], g1 = acc[0][mi][nj][2 * hf + 1];
 				const float u0 = acc[1][mi][nj][2 * hf], u1 = acc[1][mi][nj][2 * hf + 1];
-				const float h0 = g0 / (1.0f + expf(-g0)) * u0, h1 = g1 / (1.0f + expf(-g1)) * u1;
+				const float h0 = g0 / (1.0f + expf(-g0)) * u0,
+				            h1 = g1 / (1.0f + expf(-g1)) * u1;
 				*(uint32_t *)(h + (int64_t)(r0 + row) * F + col) = mp_pack(h0, h1);
 			}
 		}
@@ -385,8 +388,7 @@ static void mp_stage_end(void)
 static bool mp_type_ok(int type)
 {
 	switch (type) {
-#define X(T)                                                                                                 \
-	case T:
+#define X(T) case T:
 		KCUDA_FOR_EACH_TYPE(X)
 #undef X
 		return true;
@@ -437,8 +439,8 @@ static int mp_chunk(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n,
 		switch (gate->type) {
 #define X(T)                                                                                                 \
 	case T:                                                                                              \
-		rc = mp_gate_up_t<T>(c, grid, gate, up, (int)D, (int)F, x, ldx, x_vec, k, meta, (int)E, (int)np, \
-		                     (int)max_tiles, h);                                                         \
+		rc = mp_gate_up_t<T>(c, grid, gate, up, (int)D, (int)F, x, ldx, x_vec, k, meta, (int)E,      \
+		                     (int)np, (int)max_tiles, h);                                            \
 		break;
 			KCUDA_FOR_EACH_TYPE(X)
 #undef X
@@ -456,7 +458,8 @@ static int mp_chunk(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n,
 		switch (down->type) {
 #define X(T)                                                                                                 \
 	case T:                                                                                              \
-		rc = mp_down_t<T>(c, grid, down, (int)D, (int)F, h, meta, (int)E, (int)np, (int)max_tiles, y);   \
+		rc = mp_down_t<T>(c, grid, down, (int)D, (int)F, h, meta, (int)E, (int)np, (int)max_tiles,   \
+		                  y);                                                                        \
 		break;
 			KCUDA_FOR_EACH_TYPE(X)
 #undef X
@@ -486,23 +489,23 @@ extern "C" int kcuda_moe_prefill(struct kcuda_ctx *c, const float *x, int64_t ld
 	/* the piece decoders need n_in % 16; float rows also 16-byte rows and bases */
 	const bool is_float_g = gate->type == KT_F32 || gate->type == KT_F16 || gate->type == KT_BF16;
 	const bool is_float_d = down->type == KT_F32 || down->type == KT_F16 || down->type == KT_BF16;
-	if (!mp_type_ok(gate->type) || !mp_type_ok(down->type) || D % 16 || F % 16 || E > MP_MAX_E || D > INT32_MAX / 2 || F > INT32_MAX / 2 || k > 64 ||
+	if (!mp_type_ok(gate->type) || !mp_type_ok(down->type) || D % 16 || F % 16 || E > MP_MAX_E ||
+	    D > INT32_MAX / 2 || F > INT32_MAX / 2 || k > 64 ||
 	    (is_float_g && (gate->row_bytes % 16 || up->row_bytes % 16 || (uintptr_t)gate->data % 16 ||
 	                    (uintptr_t)up->data % 16)) ||
 	    (is_float_d && (down->row_bytes % 16 || (uintptr_t)down->data % 16)))
 		return ERR_UNSUPPORTED;
 	/* tokens per chunk: the workspace holds the chunk's pairs; the grid's y holds its tiles */
 	int64_t nc = n;
-	while (nc >= MP_MIN_CHUNK &&
-	       (mp_ws_bytes(nc, k, E, F, D) > c->ws_bytes || mp_max_tiles(nc * k, E) > 65535 ||
-	        nc * k > INT32_MAX / 2))
+	while (nc >= MP_MIN_CHUNK && (mp_ws_bytes(nc, k, E, F, D) > c->ws_bytes ||
+	                              mp_max_tiles(nc * k, E) > 65535 || nc * k > INT32_MAX / 2))
 		nc /= 2;
 	if (nc < MP_MIN_CHUNK && nc < n)
 		return ERR_UNSUPPORTED;
 	for (int64_t t0 = 0; t0 < n; t0 += nc) {
 		const int64_t nt = n - t0 < nc ? n - t0 : nc;
-		int rc = mp_chunk(c, x + t0 * ldx, ldx, nt, ids + t0 * k, weights + t0 * k, k, gate, up, down, E,
-		                  F, out + t0 * ldo, ldo);
+		int rc = mp_chunk(c, x + t0 * ldx, ldx, nt, ids + t0 * k, weights + t0 * k, k, gate, up, down,
+		                  E, F, out + t0 * ldo, ldo);
 		if (rc)
 			return rc;
 	}

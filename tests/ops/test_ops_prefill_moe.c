@@ -51,8 +51,8 @@ static double now_s(void)
 }
 
 /* max |a - b| over finite pairs, max |b|, and the count of non-finite a */
-static void cmp(const float *a, const float *b, int64_t n, int64_t D, int64_t lda, int64_t ldb, double *maxerr,
-                double *maxref, int64_t *nonfin)
+static void cmp(const float *a, const float *b, int64_t n, int64_t D, int64_t lda, int64_t ldb,
+                double *maxerr, double *maxref, int64_t *nonfin)
 {
 	*maxerr = *maxref = 0;
 	*nonfin = 0;
@@ -74,8 +74,9 @@ static void cpu_ref(const struct pcase *p, const struct kweight *g, const struct
 {
 	const int64_t E = p->E, F = p->F, D = p->D, ldx = D + p->xpad;
 	const int n = p->n, k = p->k;
-	float *xs = malloc(sizeof(float) * (size_t)n * (size_t)D), *t1 = malloc(sizeof(float) * (size_t)n * F),
-	      *t2 = malloc(sizeof(float) * (size_t)n * F), *ys = malloc(sizeof(float) * (size_t)n * D);
+	float *xs = malloc(sizeof(float) * (size_t)n * (size_t)D),
+	      *t1 = malloc(sizeof(float) * (size_t)n * F), *t2 = malloc(sizeof(float) * (size_t)n * F),
+	      *ys = malloc(sizeof(float) * (size_t)n * D);
 	int *tok = malloc(sizeof(int) * (size_t)n), *slot = malloc(sizeof(int) * (size_t)n);
 	memset(ref, 0, sizeof(float) * (size_t)n * (size_t)D);
 	for (int64_t e = 0; e < E; e++) {
@@ -102,7 +103,8 @@ static void cpu_ref(const struct pcase *p, const struct kweight *g, const struct
 		kcpu_matmul(pool, &ed, t1, F, m, ys, D);
 		for (int r = 0; r < m; r++)
 			for (int64_t d = 0; d < D; d++)
-				ref[(int64_t)tok[r] * D + d] += w[tok[r] * k + slot[r]] * ys[(int64_t)r * D + d];
+				ref[(int64_t)tok[r] * D + d] +=
+				    w[tok[r] * k + slot[r]] * ys[(int64_t)r * D + d];
 	}
 	free(xs);
 	free(t1);
@@ -114,8 +116,8 @@ static void cpu_ref(const struct pcase *p, const struct kweight *g, const struct
 
 /* ms per call of kcuda_moe_ffn (after one warm-up), synchronised */
 static double time_ffn(const float *d_x, int64_t ldx, int n, const int32_t *d_ids, const float *d_w, int k,
-                       const struct kweight *dg, const struct kweight *du, const struct kweight *dd, int64_t E,
-                       int64_t F, float *out, int64_t ldo, int reps)
+                       const struct kweight *dg, const struct kweight *du, const struct kweight *dd,
+                       int64_t E, int64_t F, float *out, int64_t ldo, int reps)
 {
 	if (kcuda_moe_ffn(ctx, d_x, ldx, n, d_ids, d_w, k, dg, du, dd, E, F, out, ldo) || kcuda_sync(ctx))
 		return -1;
@@ -133,13 +135,17 @@ static void prefill_case(const struct pcase *p)
 	const int64_t E = p->E, F = p->F, D = p->D, ldx = D + p->xpad, ldo = D + p->opad;
 	const int n = p->n, k = p->k;
 	size_t rb_d = 0, rb_f = 0;
-	ktype_row_bytes(p->tg, D, &rb_d);
-	ktype_row_bytes(p->td, F, &rb_f);
+	if (!ktype_row_bytes(p->tg, D, &rb_d) || !ktype_row_bytes(p->td, F, &rb_f)) {
+		OPS_CHECK(0, "case %s/%s D %lld F %lld: not whole blocks", ktype_name(p->tg),
+		          ktype_name(p->td), (long long)D, (long long)F);
+		return;
+	}
 	const size_t out_bytes = sizeof(float) * (size_t)n * (size_t)ldo;
 	uint8_t *hg = malloc(rb_d * (size_t)(E * F)), *hu = malloc(rb_d * (size_t)(E * F)),
 	        *hd = malloc(rb_f * (size_t)(E * D));
 	/* one spare float in front so x can be misaligned on the device (xpad odd) */
-	float *x = malloc(sizeof(float) * ((size_t)n * (size_t)ldx + 1)), *w = malloc(sizeof(float) * (size_t)n * k);
+	float *x = malloc(sizeof(float) * ((size_t)n * (size_t)ldx + 1)),
+	      *w = malloc(sizeof(float) * (size_t)n * k);
 	float *ref = malloc(sizeof(float) * (size_t)n * (size_t)D), *got = malloc(out_bytes),
 	      *got2 = malloc(out_bytes), *old = malloc(out_bytes);
 	int32_t *ids = malloc(sizeof(int32_t) * (size_t)n * k);
@@ -179,8 +185,8 @@ static void prefill_case(const struct pcase *p)
 	const size_t xb = sizeof(float) * ((size_t)n * (size_t)ldx + 1);
 	if (kcuda_weight_upload(ctx, &g, &dg) || kcuda_weight_upload(ctx, &u, &du) ||
 	    kcuda_weight_upload(ctx, &dn, &dd) || kcuda_alloc(xb, &d_x) ||
-	    kcuda_alloc(sizeof(int32_t) * (size_t)n * k, &d_ids) || kcuda_alloc(sizeof(float) * (size_t)n * k, &d_w) ||
-	    ops_dbuf_init(ctx, &ob, out_bytes)) {
+	    kcuda_alloc(sizeof(int32_t) * (size_t)n * k, &d_ids) ||
+	    kcuda_alloc(sizeof(float) * (size_t)n * k, &d_w) || ops_dbuf_init(ctx, &ob, out_bytes)) {
 		OPS_CHECK(0, "%s: device allocation", name);
 		goto out;
 	}
@@ -253,14 +259,17 @@ static void prefill_case(const struct pcase *p)
 		const int reps = n >= 2048 ? 3 : 5;
 		double t_old = time_ffn(dx, ldx, n, d_ids, d_w, k, &dg, &du, &dd, E, F, ob.user, ldo, reps);
 		unsetenv("TANDEM_PREFILL_FAST");
-		setenv("TANDEM_MOE_MMA_MIN", "17", 1); /* n <= 256: the new path, not the batched-decode one */
+		setenv("TANDEM_MOE_MMA_MIN", "17",
+		       1); /* n <= 256: the new path, not the batched-decode one */
 		double t_new = time_ffn(dx, ldx, n, d_ids, d_w, k, &dg, &du, &dd, E, F, ob.user, ldo, reps);
 		unsetenv("TANDEM_MOE_MMA_MIN");
 		const double flop = 2.0 * 3.0 * (double)n * k * (double)F * (double)D;
-		printf("%s: TIME new %.3f ms (%.1f TFLOP/s), old (%s) %.3f ms (%.1f TFLOP/s): %.1fx\n", name, t_new,
-		       flop / (t_new * 1e-3) / 1e12, n <= 16 ? "pairs" : n <= 256 ? "sorted" : "per-expert cuBLAS", t_old,
-		       flop / (t_old * 1e-3) / 1e12,
-		       t_new > 0 ? t_old / t_new : 0.0);
+		printf("%s: TIME new %.3f ms (%.1f TFLOP/s), old (%s) %.3f ms (%.1f TFLOP/s): %.1fx\n", name,
+		       t_new, flop / (t_new * 1e-3) / 1e12,
+		       n <= 16    ? "pairs"
+		       : n <= 256 ? "sorted"
+		                  : "per-expert cuBLAS",
+		       t_old, flop / (t_old * 1e-3) / 1e12, t_new > 0 ? t_old / t_new : 0.0);
 		OPS_CHECK(t_new > 0 && t_old > 0, "%s: timing runs failed", name);
 	}
 	unsetenv("TANDEM_PREFILL_FAST");
@@ -271,7 +280,8 @@ static void prefill_case(const struct pcase *p)
 		kcuda_upload(ctx, (int32_t *)d_ids + 5 * k + (k > 1), &bad, sizeof(int32_t));
 		rc = kcuda_moe_prefill(ctx, dx, ldx, n, d_ids, d_w, k, &dg, &du, &dd, E, F, ob.user, ldo);
 		nbad = 0;
-		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0 && kcuda_ctx_take_errors(ctx, &nbad) == 0 && nbad > 0,
+		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0 && kcuda_ctx_take_errors(ctx, &nbad) == 0 &&
+		              nbad > 0,
 		          "%s: bad expert id not counted (rc %d)", name, rc);
 		OPS_CHECK(ops_dbuf_get(ctx, &ob, got2) == 0, "%s: guard bytes (bad id)", name);
 		int64_t nan5 = 0, diff = 0;
@@ -283,8 +293,9 @@ static void prefill_case(const struct pcase *p)
 				else
 					diff += memcmp(&v, &got[i * ldo + d], 4) != 0;
 			}
-		OPS_CHECK(nan5 == D && diff == 0, "%s: bad id: %lld of %lld NaN in its row, %lld changed elsewhere",
-		          name, (long long)nan5, (long long)D, (long long)diff);
+		OPS_CHECK(nan5 == D && diff == 0,
+		          "%s: bad id: %lld of %lld NaN in its row, %lld changed elsewhere", name,
+		          (long long)nan5, (long long)D, (long long)diff);
 	}
 out:
 	kcuda_weight_free(&dg);
@@ -320,17 +331,18 @@ int main(void)
 	}
 	pool = kpool_create(8);
 	/* many types, small shapes */
-	static const int types[][2] = {{KT_Q8_0, KT_Q8_0}, {KT_Q4_K, KT_Q6_K}, {KT_Q4_K, KT_Q4_K}, {KT_Q5_K, KT_Q5_K},
-	                               {KT_Q6_K, KT_Q6_K}, {KT_BF16, KT_BF16}, {KT_F32, KT_F16},  {KT_IQ4_XS, KT_Q8_0},
-	                               {KT_Q2_K, KT_Q3_K}};
+	static const int types[][2] = {{KT_Q8_0, KT_Q8_0}, {KT_Q4_K, KT_Q6_K},   {KT_Q4_K, KT_Q4_K},
+	                               {KT_Q5_K, KT_Q5_K}, {KT_Q6_K, KT_Q6_K},   {KT_BF16, KT_BF16},
+	                               {KT_F32, KT_F16},   {KT_IQ4_XS, KT_Q8_0}, {KT_Q2_K, KT_Q3_K}};
 	for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
 		const struct pcase c = {types[t][0], types[t][1], 12, 256, 512, 4, 64, 0, 0, 1, 0};
 		prefill_case(&c);
 	}
 	const struct pcase cases[] = {
-	    /* odd sizes: D 544 (17 Q8_0 blocks), F 80; ldx, ldo > D; x misaligned; every expert's tiles */
-	    {KT_Q8_0, KT_Q8_0, 5, 80, 544, 3, 70, 3, 5, 1, 0},
-	    {KT_Q8_0, KT_Q8_0, 5, 80, 544, 3, 300, 4, 1, 1, 0},
+	    /* odd sizes: D 544 (17 Q8_0 blocks), F 96 (3); ldx, ldo > D; x misaligned; every expert's tiles
+	     */
+	    {KT_Q8_0, KT_Q8_0, 5, 96, 544, 3, 70, 3, 5, 1, 0},
+	    {KT_Q8_0, KT_Q8_0, 5, 96, 544, 3, 300, 4, 1, 1, 0},
 	    /* E 256, k 8: the sort over many experts (GLM-5 / DeepSeek-V3 routing counts) */
 	    {KT_Q4_K, KT_Q6_K, 256, 256, 512, 8, 512, 0, 0, 1, 0},
 	    /* GLM-5 TP=8 rank slice: D 6144, F 2048 / 8 (32 of the 256 experts, memory of the CPU test) */
