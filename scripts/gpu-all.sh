@@ -76,6 +76,8 @@ ok test_ops_prefill_moe || export TANDEM_PREFILL_FAST=0
 echo "switches for the timings: ATTN=${TANDEM_CUDA_ATTN:-new} HEAD_GEMV=${TANDEM_HEAD_GEMV:-1} MOE_SORTED=${TANDEM_MOE_SORTED:-1} PREFILL_FAST=${TANDEM_PREFILL_FAST:-1}" |
 	tee "$L/switches.log"
 SUMMARY+=("$(cat "$L/switches.log")")
+# the prefill MoE kernels end to end: 64-token batches of the test models through them (bf16 path)
+ok test_ops_prefill_moe && step test_gpu_model_moe_mma 40 env TANDEM_MOE_MMA_MIN=17 "$B/tests/test_gpu_model"
 gpu2 test_gpu_tp 60 "$B/tests/test_gpu_tp"
 step test_gpu_workers 40 "$B/tests/test_gpu_workers"
 step test_gpu_workers_sh 60 env BUILD="$B" TANDEM_GPU_TESTS=1 bash tests/e2e/test_gpu_workers.sh
