@@ -7,7 +7,8 @@
  *    F 256), odd sizes (D, F not multiples of 64; ldx, ldo > D; x not 16-byte aligned), skewed
  *    routing so some experts take several 64-pair tiles; n 64, 512 (2048 outside QUICK mode).
  * 2. Deterministic: a second run gives the same bits; a context with a small workspace (the path
- *    runs the prompt in token chunks) gives the same bits too.
+ *    runs the prompt in token chunks) gives the same bits too. The main context has the model
+ *    backend's 256 MiB workspace (2048 tokens x 8 pairs of GLM-5 run as 2 chunks there too).
  * 3. Through kcuda_moe_ffn (n > 256, or n > 16 with TANDEM_MOE_MMA_MIN=17: the hook in
  *    moe_ffn.cu) the same bits; with TANDEM_PREFILL_FAST=0 the old path (per-expert cuBLAS past
  *    256 tokens, the sorted fp32 path below), within the bf16 tolerance of the new.
@@ -325,7 +326,7 @@ int main(void)
 	}
 	const int quick = getenv("TANDEM_OPS_QUICK") != NULL;
 	ops_seed_init();
-	if (kcuda_ctx_create(0, 1024u << 20, &ctx) || kcuda_ctx_create(0, 16u << 20, &ctx_small)) {
+	if (kcuda_ctx_create(0, 256u << 20, &ctx) || kcuda_ctx_create(0, 16u << 20, &ctx_small)) {
 		printf("FAIL: no CUDA context\n");
 		return 1;
 	}
