@@ -408,7 +408,7 @@ extern "C" int kcuda_moe_prefill_min(void)
 		return INT32_MAX;
 	const char *v = getenv("TANDEM_MOE_MMA_MIN");
 	const long n = v && *v ? strtol(v, NULL, 10) : 257;
-	return n < 17 ? 17 : n > 257 ? 257 : (int)n;
+	return n < 1 ? 1 : n > 257 ? 257 : (int)n;
 }
 
 static int mp_chunk(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,

@@ -13,9 +13,9 @@ extern "C" {
 /* TANDEM_PREFILL_FAST=0 (or TANDEM_MOE_PREFILL=0) turns it off: kcuda_moe_ffn then runs the old
  * per-expert path (host sync, cuBLAS per expert) */
 int kcuda_moe_prefill_on(void);
-/* Token count from which kcuda_moe_ffn takes this path before the batched-decode one: 257 (the
- * prefill sizes) unless TANDEM_MOE_MMA_MIN=n (17..257) says so (it is sync-free, so CUDA graphs
- * can hold it too); INT32_MAX when the path is off. */
+/* Token count from which kcuda_moe_ffn takes this path before the decode ones: 257 (the prefill
+ * sizes) unless TANDEM_MOE_MMA_MIN=n (1..257) says so (it is sync-free, so CUDA graphs can hold it
+ * too); INT32_MAX when the path is off. */
 int kcuda_moe_prefill_min(void);
 /* Arguments already checked by kcuda_moe_ffn (shapes, row bytes, gate type == up type).
  * ERR_UNSUPPORTED: shapes this path does not take (the caller falls back), nothing launched. */

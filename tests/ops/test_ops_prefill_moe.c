@@ -9,11 +9,11 @@
  * 2. Deterministic: a second run gives the same bits; a context with a small workspace (the path
  *    runs the prompt in token chunks) gives the same bits too. The main context has the model
  *    backend's 256 MiB workspace (2048 tokens x 8 pairs of GLM-5 run as 2 chunks there too).
- * 3. Through kcuda_moe_ffn (n > 256, or n > 16 with TANDEM_MOE_MMA_MIN=17: the hook in
+ * 3. Through kcuda_moe_ffn (n > 256, or any n with TANDEM_MOE_MMA_MIN=1: the hook in
  *    moe_ffn.cu) the same bits; with TANDEM_PREFILL_FAST=0 the old path (per-expert cuBLAS past
- *    256 tokens, the sorted fp32 path below), within the bf16 tolerance of the new.
+ *    256 tokens, the sorted fp32 path from 17, the pair kernels below), within the bf16 tolerance.
  * 4. An expert id out of range: counted (kcuda_ctx_take_errors), NaN in that token's row only.
- * 5. Time of new vs old path at the GLM-5 TP=8 and TP=1 expert shapes, 32 .. 2048 tokens
+ * 5. Time of new vs old path at the GLM-5 TP=8 and TP=1 expert shapes, 1 .. 2048 tokens
  *    (printed; no check).
  * Guard bytes around the outputs. TANDEM_OPS_QUICK=1: the small sweep only (a few seconds).
  * Exit 77 = no GPU (skip). */
@@ -241,9 +241,9 @@ static void prefill_case(const struct pcase *p)
 
 	/* 3. through kcuda_moe_ffn: the same bits past the batched-decode sizes (or from
 	 * TANDEM_MOE_MMA_MIN tokens); the old path close */
-	if (n > 16) {
+	{
 		if (n <= 256)
-			setenv("TANDEM_MOE_MMA_MIN", "17", 1);
+			setenv("TANDEM_MOE_MMA_MIN", "1", 1);
 		rc = kcuda_moe_ffn(ctx, dx, ldx, n, d_ids, d_w, k, &dg, &du, &dd, E, F, ob.user, ldo);
 		OPS_CHECK(rc == 0 && ops_dbuf_get(ctx, &ob, got2) == 0 && memcmp(got, got2, out_bytes) == 0,
 		          "%s: kcuda_moe_ffn does not take the prefill path (rc %d)", name, rc);
@@ -260,8 +260,7 @@ static void prefill_case(const struct pcase *p)
 		const int reps = n >= 2048 ? 3 : 5;
 		double t_old = time_ffn(dx, ldx, n, d_ids, d_w, k, &dg, &du, &dd, E, F, ob.user, ldo, reps);
 		unsetenv("TANDEM_PREFILL_FAST");
-		setenv("TANDEM_MOE_MMA_MIN", "17",
-		       1); /* n <= 256: the new path, not the batched-decode one */
+		setenv("TANDEM_MOE_MMA_MIN", "1", 1); /* n <= 256: the new path, not the batched-decode one */
 		double t_new = time_ffn(dx, ldx, n, d_ids, d_w, k, &dg, &du, &dd, E, F, ob.user, ldo, reps);
 		unsetenv("TANDEM_MOE_MMA_MIN");
 		const double flop = 2.0 * 3.0 * (double)n * k * (double)F * (double)D;
@@ -358,9 +357,11 @@ int main(void)
 		    {KT_Q4_K, KT_Q6_K, 32, 256, 7168, 8, 512, 0, 0, 1, 0},
 		    /* all 256 experts of the GLM-5 rank at 2048 tokens: against the old path, timed */
 		    {KT_Q4_K, KT_Q4_K, 256, 256, 6144, 8, 2048, 0, 0, 0, 1},
-		    /* the same at batched-decode sizes: against the sorted path (TANDEM_MOE_MMA_MIN) */
+		    /* the same at decode sizes: against the sorted / pair kernels (TANDEM_MOE_MMA_MIN=1) */
 		    {KT_Q4_K, KT_Q4_K, 256, 256, 6144, 8, 128, 0, 0, 0, 1},
 		    {KT_Q4_K, KT_Q4_K, 256, 256, 6144, 8, 32, 0, 0, 0, 1},
+		    {KT_Q4_K, KT_Q4_K, 256, 256, 6144, 8, 8, 0, 0, 0, 1},
+		    {KT_Q4_K, KT_Q4_K, 256, 256, 6144, 8, 1, 0, 0, 0, 1},
 		    /* GLM-5 TP=1 expert dims (F 2048), 32 experts: against the old path, timed */
 		    {KT_Q4_K, KT_Q4_K, 32, 2048, 6144, 8, 512, 0, 0, 0, 1},
 		};
