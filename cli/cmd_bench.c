@@ -174,13 +174,14 @@ static void usage(void)
 	    "device-to-device copy bandwidth.\n"
 	    "--kv-fill random: no prefill; every sequence's KV blocks hold random values and decode\n"
 	    "starts at position --ctx (decode at 32k without a 32k prefill).\n"
-	    "--profile: per-op table of eager decode steps (time, calls, launches, GB/s; cuda only).\n"
+	    "--profile: per-op tables of eager decode and prefill steps (time, calls, launches, GB/s;\n"
+	    "cuda only).\n"
 	    "--profile-graphs: the same of decode graph replays (event nodes in the captured graphs).\n"
 	    "--matrix: decode step time eager and graphs for every batch x context of the lists (KV\n"
 	    "random-filled, bf16 unless --kv-dtype; cells whose KV does not fit are skipped with the\n"
 	    "bytes), achieved weight+KV read rate against the copy rate, then a --matrix-prefill\n"
 	    "prompt (ubatch --ubatch, default 2048) against the bf16 tensor-core rate; with --profile\n"
-	    "a profiled pass of every cell follows.\n");
+	    "a profiled pass of every cell and of the prompt follows.\n");
 }
 
 static int parse(int argc, char **argv, struct bench_opts *o)
@@ -665,7 +666,24 @@ static int run_matrix(struct model *m, const struct bench_opts *o, void *kc, dou
 	       "measured bf16 tensor-core rate %.0f TFLOP/s (attention and indexer FLOPs not counted)\n",
 	       o->mx_prefill, o->ubatch, t0, tps, tps * flop_tok / 1e12,
 	       tflops > 0 ? 100 * tps * flop_tok / 1e12 / tflops : 0.0, tflops);
-	return 0;
+#ifdef TANDEM_CUDA
+	if (o->profile == 1 && kc) { /* the prompt again, an event pair around every op */
+		printf("prefill  profiled pass (eager, events around every op; a warm-up chunk, then the "
+		       "%d-token prompt in chunks of %d): table follows\n",
+		       o->mx_prefill, o->ubatch);
+		if ((rc = seqs_init(&s, m, 1, o->mx_prefill, o->ubatch, e)))
+			return rc;
+		kprof_set_enabled(1);
+		rc = prefill(m, &s, o->ubatch < o->mx_prefill ? o->ubatch : o->mx_prefill, o->ubatch, &x, e);
+		if (!rc)
+			rc = prefill(m, &s, o->mx_prefill, o->ubatch, &x, e);
+		kprof_set_enabled(0);
+		seqs_fini(&s);
+		kprof_report_open(stdout);
+		fflush(stdout);
+	}
+#endif
+	return rc;
 }
 
 int cmd_bench(int argc, char **argv)

@@ -61,7 +61,7 @@ cat "$L/machine.log"
 # ---- correctness first; a new path that fails its op test is switched off for the timings ----
 ok() { grep -q "^$1 *rc=0 " <<<"$(printf '%s\n' "${SUMMARY[@]}")"; }
 step test_gpu_model 60 "$B/tests/test_gpu_model"
-for t in mla indexer head_gemv moe matmul; do
+for t in mla indexer head_gemv moe matmul prefill_moe; do
 	[ -x "$B/tests/test_ops_$t" ] && step "test_ops_$t" 60 env TANDEM_OPS_QUICK=1 "$B/tests/test_ops_$t"
 done
 if ! ok test_gpu_model; then # which new path: everything old, then only the old attention
@@ -76,12 +76,15 @@ ok test_gpu_model || step test_gpu_model_nofuse 40 env TANDEM_FUSE=0 "$B/tests/t
 ok test_ops_head_gemv || export TANDEM_HEAD_GEMV=0
 { ok test_ops_matmul && ok test_ops_head_gemv; } || export TANDEM_GEMV_MMA=0
 ok test_ops_moe || export TANDEM_MOE_SORTED=0
-echo "switches for the timings: ATTN=${TANDEM_CUDA_ATTN:-new} HEAD_GEMV=${TANDEM_HEAD_GEMV:-1} MOE_SORTED=${TANDEM_MOE_SORTED:-1} GEMV_MMA=${TANDEM_GEMV_MMA:-1}" |
+ok test_ops_prefill_moe || export TANDEM_PREFILL_FAST=0
+echo "switches for the timings: ATTN=${TANDEM_CUDA_ATTN:-new} HEAD_GEMV=${TANDEM_HEAD_GEMV:-1} MOE_SORTED=${TANDEM_MOE_SORTED:-1} GEMV_MMA=${TANDEM_GEMV_MMA:-1} PREFILL_FAST=${TANDEM_PREFILL_FAST:-1}" |
 	tee "$L/switches.log"
 SUMMARY+=("$(cat "$L/switches.log")")
 ok test_ops_fused || export TANDEM_FUSE=0
 echo "fused small ops for the timings: FUSE=${TANDEM_FUSE:-1}" | tee -a "$L/switches.log"
 SUMMARY+=("fused small ops for the timings: FUSE=${TANDEM_FUSE:-1}")
+# the prefill MoE kernels end to end: 64-token batches of the test models through them (bf16 path)
+ok test_ops_prefill_moe && step test_gpu_model_moe_mma 40 env TANDEM_MOE_MMA_MIN=17 "$B/tests/test_gpu_model"
 gpu2 test_gpu_tp 60 "$B/tests/test_gpu_tp"
 step test_gpu_workers 40 "$B/tests/test_gpu_workers"
 step test_gpu_workers_sh 60 env BUILD="$B" TANDEM_GPU_TESTS=1 bash tests/e2e/test_gpu_workers.sh

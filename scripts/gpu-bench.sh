@@ -12,6 +12,7 @@
 #      (eager, events around every op) of every cell;
 #   3. the same matrix for synthetic DeepSeek-V3 (rank 0 of TP=8) with a 2k prefill (its attention
 #      is dense: an 8k one is mostly the MLA prefill kernel), without the profile;
+#   2b. the GLM-5 matrix at 4k with TANDEM_MOE_MMA_MIN=1 (decode MoE through the prefill kernels);
 #   4. GLM-5 batch 1 at 4k once more, profiled in graph replay (event nodes captured into the
 #      graph: per-op times without host launch gaps).
 # Logs to OUT_DIR/gpu-bench.log and one file per step.
@@ -42,6 +43,10 @@ for t in test_ops_head_gemv test_ops_moe; do
 	if [ -x "$TD/$t" ]; then step $t 20 env TANDEM_OPS_QUICK=1 "$TD/$t"; else echo "$t: not in $TD, skipped" | tee -a "$L"; fi
 done
 step glm5_matrix 60 "$T" bench --synthetic glm5 --tp 8 --rank 0 --backend cuda --matrix --gen 6 --profile
+# the grouped tensor-core MoE (kernels/cuda/moe_prefill.cu) for every decode batch too (opt-in):
+# compare its step times and graph times with glm5_matrix's
+step glm5_matrix_moe_mma 40 env TANDEM_MOE_MMA_MIN=1 "$T" bench --synthetic glm5 --tp 8 --rank 0 --backend cuda \
+	--matrix --gen 6 --matrix-ctx 4096 --matrix-prefill 0
 step ds3_matrix 30 "$T" bench --synthetic deepseek3 --tp 8 --rank 0 --backend cuda --matrix --gen 4 \
 	--matrix-prefill 2048
 step glm5_graph_profile 20 "$T" bench --synthetic glm5 --tp 8 --rank 0 --backend cuda --kv-fill random \

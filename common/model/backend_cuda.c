@@ -98,8 +98,10 @@ struct be_cuda {
 	double up_total, up_done, up_t0, up_last;
 	/* TANDEM_CUDA_PROFILE=1: eager decode steps with events around every op (prof.h) */
 	struct kprof *prof_all;
+	struct kprof *prof_pf; /* prompt (prefill) steps: their own tables (TANDEM_CUDA_PROFILE=1) */
 	struct kprof *prof; /* prof_all while a profiled step runs, else NULL */
 	bool prof_step;
+	bool prof_prefill; /* the profiled step is a prompt chunk (its own table) */
 	bool errs_checked; /* this step's kernel error counter was read (to_host) */
 	/* TANDEM_CUDA_PROFILE=graph: captures record event nodes (prof.h segments), replays are timed */
 	bool prof_graph, prof_capturing, seg_pending;
@@ -405,13 +407,21 @@ static void cu_plan(void *ctx, const struct model_batch *b, struct mbe_step *st)
 	c->nccl = c->rk->dcomm.ops ? &c->rk->dcomm : NULL;
 	c->mode = 0;
 	c->prof_step = false;
-	if (st->debug || st->n_out != st->n_real || b->n_seqs > c->max_seqs)
+	/* TANDEM_CUDA_PROFILE=1: eager steps profiled, decode and prompt (prefill) steps alike */
+	const bool prof = c->prof_all && !c->prof_graph && kprof_is_enabled() && !c->nccl && !st->debug;
+	c->prof_prefill = prof;
+	if (st->debug || st->n_out != st->n_real || b->n_seqs > c->max_seqs) {
+		c->prof_step = prof && c->prof_pf;
 		return;
+	}
 	for (int64_t i = 0; i < st->n_real; i++) /* decode: one token per sequence */
 		for (int64_t j = 0; j < i; j++)
-			if (b->seq[i] == b->seq[j])
+			if (b->seq[i] == b->seq[j]) {
+				c->prof_step = prof && c->prof_pf;
 				return;
-	if (c->prof_all && !c->prof_graph && kprof_is_enabled() && !c->nccl) { /* eager, own shapes */
+			}
+	c->prof_prefill = false;
+	if (prof) { /* eager, own shapes */
 		c->prof_step = true;
 		return;
 	}
@@ -457,6 +467,11 @@ static int cu_begin(void *ctx, const struct model_batch *b, struct model_kv *kv,
 		int rc = tp_nccl_wait(c->nccl);
 		if (rc)
 			return rc;
+	}
+	if (c->prof) { /* the last profiled step had no output (no to_host): it ends here */
+		(void)kprof_step_end(c->prof);
+		c->prof = NULL;
+		kprof_active = NULL;
 	}
 	c->b = b;
 	c->kv = kv;
@@ -558,10 +573,13 @@ static int cu_begin(void *ctx, const struct model_batch *b, struct model_kv *kv,
 		int ctx_lo = 256;
 		while (ctx_lo * 2 <= st->max_keys)
 			ctx_lo *= 2;
-		snprintf(shape, sizeof(shape), "decode batch %lld, context %d+", (long long)st->n_real,
-		         st->max_keys < 256 ? 1 : ctx_lo);
-		kprof_step_begin(c->prof_all, shape);
-		c->prof = c->prof_all;
+		if (c->prof_prefill) /* one table for all chunks of a prompt (contexts averaged) */
+			snprintf(shape, sizeof(shape), "prefill %lld tokens per step", (long long)st->n_real);
+		else
+			snprintf(shape, sizeof(shape), "decode batch %lld, context %d+",
+			         (long long)st->n_real, st->max_keys < 256 ? 1 : ctx_lo);
+		c->prof = c->prof_prefill ? c->prof_pf : c->prof_all;
+		kprof_step_begin(c->prof, shape);
 		kprof_active = c->prof;
 	}
 	return 0;
@@ -1072,9 +1090,10 @@ static void cu_destroy(void *ctx)
 		}
 	for (int i = 0; i < N_KV_REP; i++) /* pools still alive at model_destroy */
 		kcuda_free(c->rep[i].p);
-	if (kprof_active == c->prof_all)
+	if (kprof_active == c->prof_all || kprof_active == c->prof_pf)
 		kprof_active = NULL;
 	kprof_destroy(c->prof_all); /* prints the last table */
+	kprof_destroy(c->prof_pf);
 	for (int i = 0; i < c->n_allocs; i++)
 		kcuda_free(c->allocs[i]);
 	free(c->allocs);
@@ -1337,14 +1356,15 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 	const char *pe = getenv("TANDEM_CUDA_PROFILE");
 	c->prof_graph = pe && strcmp(pe, "graph") == 0;
 	if (pe && *pe && strcmp(pe, "0") != 0) {
-		if ((rc = kprof_create(c->kc, &c->prof_all))) {
+		if ((rc = kprof_create(c->kc, &c->prof_all)) ||
+		    (!c->prof_graph && (rc = kprof_create(c->kc, &c->prof_pf)))) {
 			errbuf_set(e, rc, "backend cuda: cannot create the profiler");
 			goto fail;
 		}
 		LOG_INFO("model", "cuda: TANDEM_CUDA_PROFILE=%s: %s (tables on stdout)", pe,
 		         c->prof_graph
 		             ? "captured decode graphs hold an event node around every op; replays are timed"
-		             : "decode steps run eagerly with an event pair around every op");
+		             : "decode and prompt steps run eagerly with an event pair around every op");
 	}
 	if (!o->quiet)
 		LOG_INFO(

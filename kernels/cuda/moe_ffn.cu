@@ -23,8 +23,10 @@
  *   combine kernel as above (NaN for a pair whose id was out of range).
  *   Every pair's sums are taken in the same lane / piece order as the pair kernels, so the two
  *   paths give bit-identical outputs (tests/ops/test_ops_moe.c checks it).
- * Prefill (more tokens): ids are downloaded once, (token, weight) pairs grouped by expert on the
- * host (counting sort, as the CPU), and each expert with tokens runs gather -> kcuda_matmul
+ * Prefill (more tokens; from TANDEM_MOE_MMA_MIN=n tokens on when set, 1..257): moe_prefill.cu
+ * (grouped tensor-core GEMMs, no host sync) unless TANDEM_PREFILL_FAST=0 / TANDEM_MOE_PREFILL=0 or
+ * the shapes do not fit it; otherwise (the old path) ids are downloaded once, (token, weight) pairs grouped
+ * by expert on the host (counting sort, as the CPU), and each expert with tokens runs gather -> kcuda_matmul
  * (tensor-core GEMM for > 8 tokens) gate and up -> kcuda_swiglu -> kcuda_matmul down -> scaled
  * scatter-add into out; experts run one after another on the stream, so the adds do not race.
  * Scratch for this path is allocated per call (the GEMM owns the workspace). */
@@ -32,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cuda/moe_prefill.h"
 #include "kernels/cuda/prof.h"
 #include "kernels/cuda/quant_piece.cuh"
 
@@ -589,10 +592,24 @@ extern "C" int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, i
 	                   down->type != KT_F32 && down->type != KT_F16 && down->type != KT_BF16;
 	const bool pieces =
 	    D % 16 == 0 && F % 16 == 0 && (quant || (gate->row_bytes % 16 == 0 && down->row_bytes % 16 == 0));
+	/* the grouped tensor-core kernels (moe_prefill.cu): prompts, and from TANDEM_MOE_MMA_MIN tokens */
+	const int mma_min = kcuda_moe_prefill_min();
+	if (n >= mma_min) {
+		const int rc =
+		    kcuda_moe_prefill(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
+		if (rc != ERR_UNSUPPORTED)
+			return rc;
+	}
 	if (n <= MOE_DECODE_MAX && pieces)
 		return moe_decode(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
 	if (n <= MOE_SORTED_MAX && pieces && E <= 1024 && sorted_on() &&
 	    sorted_ws_bytes(n * k, E, F, D) <= c->ws_bytes)
 		return moe_sorted(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
+	if (kcuda_moe_prefill_on() && n < mma_min) { /* TANDEM_MOE_SORTED=0: 17..256 tokens */
+		const int rc =
+		    kcuda_moe_prefill(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
+		if (rc != ERR_UNSUPPORTED)
+			return rc;
+	}
 	return moe_grouped(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
 }

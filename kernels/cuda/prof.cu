@@ -14,7 +14,10 @@ unsigned long long kcuda_n_launch = 0;
 struct kprof *kprof_active = NULL;
 }
 static int kprof_on = 1;
-static struct kprof *kprof_last; /* the newest profiler (kprof_report_open) */
+/* the live profilers (kprof_report_open prints each one's open table, in slot order; a backend
+ * keeps one for decode steps and one for prompt steps, so their tables do not reset each other) */
+#define KPROF_LIVE 8
+static struct kprof *kprof_live[KPROF_LIVE];
 
 extern "C" void kprof_set_enabled(int on)
 {
@@ -185,7 +188,11 @@ extern "C" int kprof_create(struct kcuda_ctx *c, struct kprof **out)
 		return -ENOMEM;
 	p->st = c->stream;
 	p->es = &p->eager;
-	kprof_last = p;
+	for (int i = 0; i < KPROF_LIVE; i++)
+		if (!kprof_live[i]) {
+			kprof_live[i] = p;
+			break;
+		}
 	*out = p;
 	return 0;
 }
@@ -454,8 +461,9 @@ extern "C" void kprof_report(struct kprof *p, FILE *f)
 
 extern "C" void kprof_report_open(FILE *f)
 {
-	if (kprof_last)
-		kprof_report(kprof_last, f);
+	for (int i = 0; i < KPROF_LIVE; i++)
+		if (kprof_live[i])
+			kprof_report(kprof_live[i], f);
 }
 
 extern "C" void kprof_destroy(struct kprof *p)
@@ -465,8 +473,9 @@ extern "C" void kprof_destroy(struct kprof *p)
 	kprof_report(p, stdout);
 	if (kprof_active == p)
 		kprof_active = NULL;
-	if (kprof_last == p)
-		kprof_last = NULL;
+	for (int i = 0; i < KPROF_LIVE; i++)
+		if (kprof_live[i] == p)
+			kprof_live[i] = NULL;
 	kprof_seg_destroy(p->cap);
 	kprof_seg_destroy(p->prep);
 	evset_fini(&p->eager);

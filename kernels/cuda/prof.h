@@ -1,4 +1,5 @@
-/* Per-op profile of eager CUDA steps (TANDEM_CUDA_PROFILE=1, `tandem bench --profile`): the model's
+/* Per-op profile of eager CUDA steps (TANDEM_CUDA_PROFILE=1, `tandem bench --profile`; decode steps
+ * and prompt chunks, the latter in a profiler of their own, shape "prefill N tokens per step"): the model's
  * CUDA backend brackets every op with kprof_push / kprof_pop, which record a CUDA event pair on the
  * context's stream; kprof_step_end waits for the step and adds each pair's elapsed time, the call
  * count, the kernel launches (kcuda_n_launch delta) and the bytes the op reads to a table keyed by
@@ -40,7 +41,7 @@ void kprof_push(struct kprof *p, const char *name, const char *sub, double bytes
 void kprof_pop(struct kprof *p);
 int kprof_step_end(struct kprof *p); /* waits for the step's events; 0 or ERR_CUDA */
 void kprof_report(struct kprof *p, FILE *f); /* prints the open table, then resets it */
-void kprof_report_open(FILE *f); /* kprof_report of the newest profiler of the process, if any */
+void kprof_report_open(FILE *f); /* kprof_report of every live profiler of the process (slot order) */
 
 /* Graph mode (TANDEM_CUDA_PROFILE=graph): the pushes / pops of a step being captured become event
  * record nodes of the graph (a segment, owned by the caller with the graph); after each replay of

@@ -1,0 +1,513 @@
+/* Prefill MoE expert FFN on tensor cores, without a host sync and without allocating:
+ *   out[i] = sum_j w[i][j] * down_e(SiLU(gate_e x_i) * up_e x_i),  e = ids[i][j].
+ * It replaces the per-expert path of moe_ffn.cu for prompts (ids downloaded, a cudaMalloc, then
+ * per expert a gather, three dequantize-to-bf16 + cuBLAS products and a scatter: ~8 launches and
+ * 4 small GEMMs per active expert, 256 experts per layer).
+ *   1. sort (one block): the (token, slot) pairs counted per expert (shared atomics), each
+ *      expert's pairs listed contiguously, and a tile table: one entry per 64 pairs of an expert.
+ *   2. gate_up (grid: F / 64 row blocks x tiles): a block multiplies its tile's 64 gathered token
+ *      rows (x rounded to bf16) by 64 gate and 64 up rows of the tile's expert, dequantized piece
+ *      by piece (quant_piece.cuh) into shared memory as bf16, with mma.sync m16n8k16 (fp32
+ *      accumulate; sm_80+, so sm_90/100/120); writes h = SiLU(g) * u as bf16 in sorted order.
+ *   3. down (grid: D / 64 x tiles): h rows by 64 down rows of the expert, the same way; writes
+ *      y[pair] in fp32.
+ *   4. combine: out[i] = sum_j w[i][j] y[i k + j] in slot order (deterministic; NaN for a pair
+ *      whose expert id was out of range, which the sort also counts in the context's error count).
+ * The rounding is that of the old path (x and h rounded to bf16, weights exact in bf16 for the
+ * <= 8-bit quants, fp32 sums), so the result matches the CPU to bf16 level.
+ * Workspace (the context's): [meta][h: pairs x F bf16][y: pairs x D fp32]; prompts whose pairs do
+ * not fit run in token chunks. Each weight row is read once per 64 pairs of its expert. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/moe_prefill.h"
+#include "kernels/cuda/prof.h"
+#include "kernels/cuda/quant_piece.cuh"
+
+#define MP_BM 64 /* pairs per tile (rows of A) */
+#define MP_BN 64 /* weight rows per block */
+#define MP_BK 64 /* K per shared-memory stage */
+#define MP_LDS (MP_BK + 8) /* row stride in bf16: the fragment loads hit 32 distinct banks */
+#define MP_THREADS 128
+#define MP_MAX_E 4096 /* the sort block keeps 2 E counters in shared memory */
+#define MP_MIN_CHUNK 32 /* tokens; below this the workspace is too small to be worth it */
+
+__device__ __forceinline__ void mp_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+	             "{%8,%9}, {%0,%1,%2,%3};\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t mp_pack(float lo, float hi)
+{
+	__nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+	return *(uint32_t *)&b;
+}
+
+/* meta = [n_tiles][off: E + 1][list: np][tile_e: max_tiles][tile_r0: max_tiles] */
+struct mp_view {
+	const int32_t *off, *list, *te, *tr;
+};
+__device__ __forceinline__ mp_view mp_meta(const int32_t *meta, int E, int np, int max_tiles)
+{
+	mp_view v;
+	v.off = meta + 1;
+	v.list = v.off + E + 1;
+	v.te = v.list + np;
+	v.tr = v.te + max_tiles;
+	return v;
+}
+
+__global__ void mp_sort_kernel(const int32_t *__restrict__ ids, int np, int E, int max_tiles,
+                               int32_t *__restrict__ meta, unsigned *err)
+{
+	extern __shared__ int mp_s[]; /* [E] counts, then [E] cursors */
+	int *cnt = mp_s, *cur = mp_s + E;
+	int32_t *off = meta + 1, *list = off + E + 1, *te = list + np, *tr = te + max_tiles;
+	for (int e = threadIdx.x; e < E; e += blockDim.x)
+		cnt[e] = 0;
+	__syncthreads();
+	for (int i = threadIdx.x; i < np; i += blockDim.x) {
+		const int e = ids[i];
+		if (e >= 0 && e < E)
+			atomicAdd(&cnt[e], 1);
+		else
+			atomicAdd(err, 1u);
+	}
+	__syncthreads();
+	if (threadIdx.x == 0) { /* serial: E + np / 64 steps, a few microseconds */
+		int s = 0, nt = 0;
+		for (int e = 0; e < E; e++) {
+			off[e] = s;
+			cur[e] = s;
+			for (int r = 0; r < cnt[e]; r += MP_BM) { /* nt <= np / 64 + E = max_tiles */
+				te[nt] = e;
+				tr[nt] = s + r;
+				nt++;
+			}
+			s += cnt[e];
+		}
+		off[E] = s;
+		meta[0] = nt;
+	}
+	__syncthreads();
+	for (int i = threadIdx.x; i < np; i += blockDim.x) {
+		const int e = ids[i];
+		if (e >= 0 && e < E)
+			list[atomicAdd(&cur[e], 1)] = i;
+	}
+}
+
+/* 16 dequantized values of piece p of `row` (zeros outside the matrix) -> 16 bf16 at dst */
+template <int T>
+__device__ __forceinline__ void mp_piece_to_smem(const uint8_t *row, int64_t p, bool in, uint16_t *dst)
+{
+	float v[16];
+	if (in)
+		kq_values<T>(row, p, v);
+	else
+#pragma unroll
+		for (int i = 0; i < 16; i++)
+			v[i] = 0.0f;
+	uint4 *d = (uint4 *)dst;
+	d[0] = make_uint4(mp_pack(v[0], v[1]), mp_pack(v[2], v[3]), mp_pack(v[4], v[5]), mp_pack(v[6], v[7]));
+	d[1] = make_uint4(mp_pack(v[8], v[9]), mp_pack(v[10], v[11]), mp_pack(v[12], v[13]),
+	                  mp_pack(v[14], v[15]));
+}
+
+/* A fragments of the 64-row tile at column kk, B fragments and the products (one warp) */
+__device__ __forceinline__ void mp_load_a(const uint16_t *sA, int kk, int g, int t, uint32_t a[4][4])
+{
+#pragma unroll
+	for (int mi = 0; mi < 4; mi++) {
+		const uint16_t *p = sA + (mi * 16 + g) * MP_LDS + kk + 2 * t;
+		a[mi][0] = *(const uint32_t *)p;
+		a[mi][1] = *(const uint32_t *)(p + 8 * MP_LDS);
+		a[mi][2] = *(const uint32_t *)(p + 8);
+		a[mi][3] = *(const uint32_t *)(p + 8 * MP_LDS + 8);
+	}
+}
+
+template <int T>
+__global__ void __launch_bounds__(MP_THREADS)
+    mp_gate_up_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu, size_t row_bytes, int D,
+                      int F, const float *__restrict__ x, int64_t ldx, bool x_vec, int k,
+                      const int32_t *__restrict__ meta, int E, int np, int max_tiles,
+                      uint16_t *__restrict__ h)
+{
+	__shared__ __align__(16) uint16_t sA[MP_BM * MP_LDS];
+	__shared__ __align__(16) uint16_t sB[2 * MP_BN * MP_LDS]; /* gate rows, then up rows */
+	const int tile = blockIdx.y;
+	if (tile >= meta[0])
+		return;
+	const mp_view m = mp_meta(meta, E, np, max_tiles);
+	const int e = m.te[tile], r0 = m.tr[tile], rows = min(MP_BM, m.off[e + 1] - r0);
+	const int f0 = blockIdx.x * MP_BN;
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+	const int ar = tid >> 1, ac = (tid & 1) * 32; /* this thread's A row and first column */
+	const float *xr = ar < rows ? x + (int64_t)(m.list[r0 + ar] / k) * ldx : NULL;
+	const size_t ebase = (size_t)e * (size_t)F;
+	const int np16 = D / 16;
+	float acc[2][4][2][4];
+#pragma unroll
+	for (int a = 0; a < 2; a++)
+#pragma unroll
+		for (int b = 0; b < 4; b++)
+#pragma unroll
+			for (int c = 0; c < 2; c++)
+#pragma unroll
+				for (int d = 0; d < 4; d++)
+					acc[a][b][c][d] = 0.0f;
+
+	for (int k0 = 0; k0 < D; k0 += MP_BK) {
+		/* A: 32 columns of one gathered token row, rounded to bf16 */
+		uint4 *sa = (uint4 *)(sA + ar * MP_LDS + ac);
+#pragma unroll
+		for (int c = 0; c < 32; c += 8) {
+			const int col = k0 + ac + c;
+			float v[8];
+			if (xr && x_vec) {
+#pragma unroll
+				for (int q = 0; q < 8; q += 4) {
+					float4 f = col + q < D ? *(const float4 *)(xr + col + q)
+					                       : make_float4(0.f, 0.f, 0.f, 0.f);
+					v[q] = f.x, v[q + 1] = f.y, v[q + 2] = f.z, v[q + 3] = f.w;
+				}
+			} else {
+#pragma unroll
+				for (int q = 0; q < 8; q++)
+					v[q] = xr && col + q < D ? xr[col + q] : 0.0f;
+			}
+			sa[c / 8] = make_uint4(mp_pack(v[0], v[1]), mp_pack(v[2], v[3]), mp_pack(v[4], v[5]),
+			                       mp_pack(v[6], v[7]));
+		}
+		/* B: 128 rows x 4 pieces, 4 pieces per thread (consecutive threads: one row's pieces) */
+#pragma unroll
+		for (int i = 0; i < 4; i++) {
+			const int q = tid + MP_THREADS * i, row = q >> 2, pp = q & 3;
+			const int f = f0 + (row & (MP_BN - 1));
+			const int64_t p = k0 / 16 + pp;
+			const bool in = f < F && p < np16;
+			const uint8_t *w =
+			    (row < MP_BN ? wg : wu) + (ebase + (size_t)(in ? f : 0)) * row_bytes;
+			mp_piece_to_smem<T>(w, p, in, sB + row * MP_LDS + pp * 16);
+		}
+		__syncthreads();
+#pragma unroll
+		for (int kk = 0; kk < MP_BK; kk += 16) {
+			uint32_t a[4][4];
+			mp_load_a(sA, kk, g, t, a);
+#pragma unroll
+			for (int gu = 0; gu < 2; gu++)
+#pragma unroll
+				for (int nj = 0; nj < 2; nj++) {
+					const uint16_t *qb =
+					    sB + (gu * MP_BN + warp * 16 + nj * 8 + g) * MP_LDS + kk + 2 * t;
+					const uint32_t b0 = *(const uint32_t *)qb,
+					               b1 = *(const uint32_t *)(qb + 8);
+#pragma unroll
+					for (int mi = 0; mi < 4; mi++)
+						mp_mma(acc[gu][mi][nj], a[mi], b0, b1);
+				}
+		}
+		__syncthreads();
+	}
+	/* h[r0 + row][f] = SiLU(g) * u (kcpu_swiglu's formula), bf16 pairs */
+#pragma unroll
+	for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+		for (int nj = 0; nj < 2; nj++) {
+			const int col = f0 + warp * 16 + nj * 8 + 2 * t; /* F % 16 == 0: col + 1 < F too */
+			if (col >= F)
+				continue;
+#pragma unroll
+			for (int hf = 0; hf < 2; hf++) {
+				const int row = mi * 16 + g + 8 * hf;
+				if (row >= rows)
+					continue;
+				const float g0 = acc[0][mi][nj][2 * hf], g1 = acc[0][mi][nj][2 * hf + 1];
+				const float u0 = acc[1][mi][nj][2 * hf], u1 = acc[1][mi][nj][2 * hf + 1];
+				const float h0 = g0 / (1.0f + expf(-g0)) * u0,
+				            h1 = g1 / (1.0f + expf(-g1)) * u1;
+				*(uint32_t *)(h + (int64_t)(r0 + row) * F + col) = mp_pack(h0, h1);
+			}
+		}
+}
+
+template <int T>
+__global__ void __launch_bounds__(MP_THREADS)
+    mp_down_kernel(const uint8_t *__restrict__ wd, size_t row_bytes, int D, int F,
+                   const uint16_t *__restrict__ h, const int32_t *__restrict__ meta, int E, int np,
+                   int max_tiles, float *__restrict__ y)
+{
+	__shared__ __align__(16) uint16_t sA[MP_BM * MP_LDS];
+	__shared__ __align__(16) uint16_t sB[MP_BN * MP_LDS];
+	const int tile = blockIdx.y;
+	if (tile >= meta[0])
+		return;
+	const mp_view m = mp_meta(meta, E, np, max_tiles);
+	const int e = m.te[tile], r0 = m.tr[tile], rows = min(MP_BM, m.off[e + 1] - r0);
+	const int d0 = blockIdx.x * MP_BN;
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+	const int ar = tid >> 1, ac = (tid & 1) * 32;
+	const uint16_t *hr = ar < rows ? h + (int64_t)(r0 + ar) * F : NULL;
+	const size_t ebase = (size_t)e * (size_t)D;
+	const int np16 = F / 16;
+	float acc[4][2][4];
+#pragma unroll
+	for (int b = 0; b < 4; b++)
+#pragma unroll
+		for (int c = 0; c < 2; c++)
+#pragma unroll
+			for (int d = 0; d < 4; d++)
+				acc[b][c][d] = 0.0f;
+
+	for (int k0 = 0; k0 < F; k0 += MP_BK) {
+		/* A: 32 bf16 of one h row (rows are F * 2 bytes, F % 16 == 0: 16-byte aligned) */
+		uint4 *sa = (uint4 *)(sA + ar * MP_LDS + ac);
+#pragma unroll
+		for (int c = 0; c < 32; c += 8) {
+			const int col = k0 + ac + c;
+			sa[c / 8] = hr && col < F ? *(const uint4 *)(hr + col) : make_uint4(0u, 0u, 0u, 0u);
+		}
+		/* B: 64 rows x 4 pieces, 2 per thread */
+#pragma unroll
+		for (int i = 0; i < 2; i++) {
+			const int q = tid + MP_THREADS * i, row = q >> 2, pp = q & 3;
+			const int d = d0 + row;
+			const int64_t p = k0 / 16 + pp;
+			const bool in = d < D && p < np16;
+			mp_piece_to_smem<T>(wd + (ebase + (size_t)(in ? d : 0)) * row_bytes, p, in,
+			                    sB + row * MP_LDS + pp * 16);
+		}
+		__syncthreads();
+#pragma unroll
+		for (int kk = 0; kk < MP_BK; kk += 16) {
+			uint32_t a[4][4];
+			mp_load_a(sA, kk, g, t, a);
+#pragma unroll
+			for (int nj = 0; nj < 2; nj++) {
+				const uint16_t *qb = sB + (warp * 16 + nj * 8 + g) * MP_LDS + kk + 2 * t;
+				const uint32_t b0 = *(const uint32_t *)qb, b1 = *(const uint32_t *)(qb + 8);
+#pragma unroll
+				for (int mi = 0; mi < 4; mi++)
+					mp_mma(acc[mi][nj], a[mi], b0, b1);
+			}
+		}
+		__syncthreads();
+	}
+#pragma unroll
+	for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+		for (int nj = 0; nj < 2; nj++) {
+			const int col = d0 + warp * 16 + nj * 8 + 2 * t; /* D % 16 == 0 */
+			if (col >= D)
+				continue;
+#pragma unroll
+			for (int hf = 0; hf < 2; hf++) {
+				const int row = mi * 16 + g + 8 * hf;
+				if (row >= rows)
+					continue;
+				const int64_t pair = m.list[r0 + row];
+				*(float2 *)(y + pair * D + col) =
+				    make_float2(acc[mi][nj][2 * hf], acc[mi][nj][2 * hf + 1]);
+			}
+		}
+}
+
+/* out[i] = sum_j w[i][j] y[i k + j] in slot order; NaN where the expert id was out of range */
+__global__ void mp_combine_kernel(const float *__restrict__ y, const float *__restrict__ w,
+                                  const int32_t *__restrict__ ids, int E, int k, int64_t D,
+                                  float *__restrict__ out, int64_t ldo)
+{
+	const int64_t i = blockIdx.y;
+	const int64_t d = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (d >= D)
+		return;
+	float s = 0.0f;
+	for (int j = 0; j < k; j++) {
+		const int32_t e = ids[i * k + j];
+		s = e >= 0 && e < E ? fmaf(w[i * k + j], y[(i * k + j) * D + d], s) : NAN;
+	}
+	out[i * ldo + d] = s;
+}
+
+template <int T>
+static int mp_gate_up_t(struct kcuda_ctx *c, dim3 grid, const struct kweight *gate, const struct kweight *up,
+                        int D, int F, const float *x, int64_t ldx, bool x_vec, int k, const int32_t *meta,
+                        int E, int np, int max_tiles, uint16_t *h)
+{
+	mp_gate_up_kernel<T><<<grid, MP_THREADS, 0, c->stream>>>(
+	    (const uint8_t *)gate->data, (const uint8_t *)up->data, gate->row_bytes, D, F, x, ldx, x_vec, k,
+	    meta, E, np, max_tiles, h);
+	return kcuda_launch_status("moe_prefill_gate_up");
+}
+
+template <int T>
+static int mp_down_t(struct kcuda_ctx *c, dim3 grid, const struct kweight *down, int D, int F,
+                     const uint16_t *h, const int32_t *meta, int E, int np, int max_tiles, float *y)
+{
+	mp_down_kernel<T><<<grid, MP_THREADS, 0, c->stream>>>((const uint8_t *)down->data, down->row_bytes, D,
+	                                                      F, h, meta, E, np, max_tiles, y);
+	return kcuda_launch_status("moe_prefill_down");
+}
+
+static size_t mp_align(size_t b)
+{
+	return (b + 255) & ~(size_t)255;
+}
+
+static int64_t mp_max_tiles(int64_t np, int64_t E)
+{
+	return np / MP_BM + E;
+}
+
+/* workspace of n tokens: [meta][h][y] */
+static size_t mp_ws_bytes(int64_t n, int k, int64_t E, int64_t F, int64_t D)
+{
+	const int64_t np = n * k;
+	return mp_align((size_t)(1 + E + 1 + np + 2 * mp_max_tiles(np, E)) * 4) +
+	       mp_align((size_t)np * (size_t)F * 2) + (size_t)np * (size_t)D * sizeof(float);
+}
+
+static void mp_stage_begin(const char *name, const struct kweight *w, double rows)
+{
+	if (kprof_active)
+		kprof_push(kprof_active, name, w ? ktype_name(w->type) : NULL,
+		           w ? rows * (double)w->row_bytes : 0.0);
+}
+static void mp_stage_end(void)
+{
+	if (kprof_active)
+		kprof_pop(kprof_active);
+}
+
+static bool mp_type_ok(int type)
+{
+	switch (type) {
+#define X(T) case T:
+		KCUDA_FOR_EACH_TYPE(X)
+#undef X
+		return true;
+	default: return false;
+	}
+}
+
+extern "C" int kcuda_moe_prefill_on(void)
+{
+	const char *a = getenv("TANDEM_PREFILL_FAST"), *b = getenv("TANDEM_MOE_PREFILL");
+	return !(a && strcmp(a, "0") == 0) && !(b && strcmp(b, "0") == 0);
+}
+
+extern "C" int kcuda_moe_prefill_min(void)
+{
+	if (!kcuda_moe_prefill_on())
+		return INT32_MAX;
+	const char *v = getenv("TANDEM_MOE_MMA_MIN");
+	const long n = v && *v ? strtol(v, NULL, 10) : 257;
+	return n < 1 ? 1 : n > 257 ? 257 : (int)n;
+}
+
+static int mp_chunk(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
+                    const float *weights, int k, const struct kweight *gate, const struct kweight *up,
+                    const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo)
+{
+	const int64_t D = gate->n_in, np = n * k, max_tiles = mp_max_tiles(np, E);
+	int32_t *meta = (int32_t *)c->ws;
+	uint16_t *h = (uint16_t *)((char *)c->ws + mp_align((size_t)(1 + E + 1 + np + 2 * max_tiles) * 4));
+	float *y = (float *)((char *)h + mp_align((size_t)np * (size_t)F * 2));
+	const bool x_vec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0;
+	int rc;
+
+	/* expert rows that tiles can touch: at most min(E, pairs) experts */
+	const double ex = (double)(np < E ? np : E);
+	mp_stage_begin("moe.experts/sort(prefill)", NULL, 0);
+	mp_sort_kernel<<<1, 1024, 2 * (size_t)E * sizeof(int), c->stream>>>(ids, (int)np, (int)E,
+	                                                                    (int)max_tiles, meta, c->err_dev);
+	rc = kcuda_launch_status("moe_prefill_sort");
+	mp_stage_end();
+	if (rc)
+		return rc;
+
+	rc = ERR_UNSUPPORTED;
+	mp_stage_begin("moe.experts/gate_up(prefill mma)", gate, 2.0 * ex * (double)F);
+	{
+		dim3 grid((unsigned)((F + MP_BN - 1) / MP_BN), (unsigned)max_tiles);
+		switch (gate->type) {
+#define X(T)                                                                                                 \
+	case T:                                                                                              \
+		rc = mp_gate_up_t<T>(c, grid, gate, up, (int)D, (int)F, x, ldx, x_vec, k, meta, (int)E,      \
+		                     (int)np, (int)max_tiles, h);                                            \
+		break;
+			KCUDA_FOR_EACH_TYPE(X)
+#undef X
+		default: break;
+		}
+	}
+	mp_stage_end();
+	if (rc)
+		return rc;
+
+	rc = ERR_UNSUPPORTED;
+	mp_stage_begin("moe.experts/down(prefill mma)", down, ex * (double)D);
+	{
+		dim3 grid((unsigned)((D + MP_BN - 1) / MP_BN), (unsigned)max_tiles);
+		switch (down->type) {
+#define X(T)                                                                                                 \
+	case T:                                                                                              \
+		rc = mp_down_t<T>(c, grid, down, (int)D, (int)F, h, meta, (int)E, (int)np, (int)max_tiles,   \
+		                  y);                                                                        \
+		break;
+			KCUDA_FOR_EACH_TYPE(X)
+#undef X
+		default: break;
+		}
+	}
+	mp_stage_end();
+	if (rc)
+		return rc;
+
+	mp_stage_begin("moe.experts/combine(prefill)", NULL, 0);
+	dim3 g3((unsigned)((D + 255) / 256), (unsigned)n);
+	mp_combine_kernel<<<g3, 256, 0, c->stream>>>(y, weights, ids, (int)E, k, D, out, ldo);
+	rc = kcuda_launch_status("moe_prefill_combine");
+	mp_stage_end();
+	return rc;
+}
+
+extern "C" int kcuda_moe_prefill(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n,
+                                 const int32_t *ids, const float *weights, int k, const struct kweight *gate,
+                                 const struct kweight *up, const struct kweight *down, int64_t E, int64_t F,
+                                 float *out, int64_t ldo)
+{
+	const int64_t D = gate->n_in;
+	if (n <= 0)
+		return n == 0 ? 0 : ERR_UNSUPPORTED;
+	/* the piece decoders need n_in % 16; float rows also 16-byte rows and bases */
+	const bool is_float_g = gate->type == KT_F32 || gate->type == KT_F16 || gate->type == KT_BF16;
+	const bool is_float_d = down->type == KT_F32 || down->type == KT_F16 || down->type == KT_BF16;
+	if (!mp_type_ok(gate->type) || !mp_type_ok(down->type) || D % 16 || F % 16 || E > MP_MAX_E ||
+	    D > INT32_MAX / 2 || F > INT32_MAX / 2 || k > 64 ||
+	    (is_float_g && (gate->row_bytes % 16 || up->row_bytes % 16 || (uintptr_t)gate->data % 16 ||
+	                    (uintptr_t)up->data % 16)) ||
+	    (is_float_d && (down->row_bytes % 16 || (uintptr_t)down->data % 16)))
+		return ERR_UNSUPPORTED;
+	/* tokens per chunk: the workspace holds the chunk's pairs; the grid's y holds its tiles */
+	int64_t nc = n;
+	while (nc >= MP_MIN_CHUNK && (mp_ws_bytes(nc, k, E, F, D) > c->ws_bytes ||
+	                              mp_max_tiles(nc * k, E) > 65535 || nc * k > INT32_MAX / 2))
+		nc /= 2;
+	if (nc < MP_MIN_CHUNK && nc < n)
+		return ERR_UNSUPPORTED;
+	for (int64_t t0 = 0; t0 < n; t0 += nc) {
+		const int64_t nt = n - t0 < nc ? n - t0 : nc;
+		int rc = mp_chunk(c, x + t0 * ldx, ldx, nt, ids + t0 * k, weights + t0 * k, k, gate, up, down,
+		                  E, F, out + t0 * ldo, ldo);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
