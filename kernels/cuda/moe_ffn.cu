@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cuda/moe_mma.h"
 #include "kernels/cuda/prof.h"
 #include "kernels/cuda/quant_piece.cuh"
 
@@ -589,6 +590,8 @@ extern "C" int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, i
 	                   down->type != KT_F32 && down->type != KT_F16 && down->type != KT_BF16;
 	const bool pieces =
 	    D % 16 == 0 && F % 16 == 0 && (quant || (gate->row_bytes % 16 == 0 && down->row_bytes % 16 == 0));
+	if (moe_mma_fits(c, x, ldx, n, k, gate, up, down, E, F)) /* tensor cores (moe_mma.cu) */
+		return moe_mma_ffn(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
 	if (n <= MOE_DECODE_MAX && pieces)
 		return moe_decode(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
 	if (n <= MOE_SORTED_MAX && pieces && E <= 1024 && sorted_on() &&

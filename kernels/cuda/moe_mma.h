@@ -1,0 +1,25 @@
+/* The tensor-core decode path of kcuda_moe_ffn (moe_mma.cu), internal to kernels/cuda: moe_ffn.cu
+ * asks moe_mma_fits and, when it says yes, hands the whole op to moe_mma_ffn. */
+#ifndef TANDEM_KERNELS_CUDA_MOE_MMA_H
+#define TANDEM_KERNELS_CUDA_MOE_MMA_H
+
+#include "kernels/cuda/cuda_common.cuh"
+
+/* the largest token count of the path (its sort kernel has no host sync) */
+#define MOE_MMA_MAX_TOKENS 256
+
+/* true when moe_mma_ffn takes this call: TANDEM_MOE_FAST unset or not "0", gate/up and down each
+ * Q4_K / Q5_K / Q6_K / Q8_0, D and F multiples of 256, x 16-byte aligned with ldx % 4 == 0,
+ * 1 <= n <= MOE_MMA_MAX_TOKENS, E <= 1024 and the workspace large enough. Arguments already
+ * checked by kcuda_moe_ffn. */
+bool moe_mma_fits(const struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, int k,
+                  const struct kweight *gate, const struct kweight *up, const struct kweight *down, int64_t E,
+                  int64_t F);
+/* kcuda_moe_ffn's contract (kernels.h), no host sync */
+int moe_mma_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
+                const float *weights, int k, const struct kweight *gate, const struct kweight *up,
+                const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo);
+/* TANDEM_MOE_FAST=0 turns the path off (the pair / sorted / grouped kernels of moe_ffn.cu run) */
+bool moe_mma_on(void);
+
+#endif
