@@ -303,6 +303,14 @@ int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, c
                   const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo);
 /* the largest token count kcuda_moe_ffn runs without a host sync (CUDA graphs can hold it) */
 int kcuda_moe_ffn_sync_free_max(void);
+/* kcuda_moe_ffn plus the shared expert (sh_gate / sh_up: F rows of n_in D; sh_down: D rows of n_in F)
+ * added with weight 1, in the same launches (moe_mma.cu), when TANDEM_MOE_FAST is not 0 and the
+ * shared expert has the routed experts' types and F; else ERR_UNSUPPORTED with nothing enqueued,
+ * and the caller runs kcuda_moe_ffn and the shared expert itself. */
+int kcuda_moe_ffn_shexp(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
+                        const float *weights, int k, const struct kweight *gate, const struct kweight *up,
+                        const struct kweight *down, int64_t E, int64_t F, const struct kweight *sh_gate,
+                        const struct kweight *sh_up, const struct kweight *sh_down, float *out, int64_t ldo);
 /* Tensor parallelism over the GPUs of one process (kernels/cuda/device.cu): the calling thread's
  * current device (each TP rank thread binds its own); the context's device; a wait for everything
  * enqueued on the context's stream so far that gives up after timeout_s (-ETIMEDOUT; 0 done,

@@ -551,10 +551,10 @@ cleanup:
 	return rc;
 }
 
-extern "C" int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
-                             const float *weights, int k, const struct kweight *gate,
-                             const struct kweight *up, const struct kweight *down, int64_t E, int64_t F,
-                             float *out, int64_t ldo)
+/* kcuda_moe_ffn's argument checks (kernels.h): 0 or -EINVAL with a line on stderr */
+static int ffn_check(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
+                     const float *weights, int k, const struct kweight *gate, const struct kweight *up,
+                     const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo)
 {
 	if (!c || !x || !ids || !weights || !gate || !up || !down || !out)
 		return kcuda_bad_arg("moe_ffn", "null pointer argument");
@@ -583,6 +583,18 @@ extern "C" int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, i
 	if (!ktype_row_bytes(down->type, F, &rb) || rb != down->row_bytes)
 		return kcuda_bad_arg("moe_ffn", "down %s row_bytes %zu for n_in %lld", ktype_name(down->type),
 		                     down->row_bytes, (long long)F);
+	return 0;
+}
+
+extern "C" int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
+                             const float *weights, int k, const struct kweight *gate,
+                             const struct kweight *up, const struct kweight *down, int64_t E, int64_t F,
+                             float *out, int64_t ldo)
+{
+	int rc = ffn_check(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
+	if (rc)
+		return rc;
+	const int64_t D = gate->n_in;
 	if (n == 0)
 		return 0;
 	/* the piece kernels: n_in multiples of 16; float weights also need 16-byte rows */
@@ -591,11 +603,31 @@ extern "C" int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, i
 	const bool pieces =
 	    D % 16 == 0 && F % 16 == 0 && (quant || (gate->row_bytes % 16 == 0 && down->row_bytes % 16 == 0));
 	if (moe_mma_fits(c, x, ldx, n, k, gate, up, down, E, F)) /* tensor cores (moe_mma.cu) */
-		return moe_mma_ffn(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
+		return moe_mma_ffn(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, NULL, NULL, NULL, out, ldo);
 	if (n <= MOE_DECODE_MAX && pieces)
 		return moe_decode(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
 	if (n <= MOE_SORTED_MAX && pieces && E <= 1024 && sorted_on() &&
 	    sorted_ws_bytes(n * k, E, F, D) <= c->ws_bytes)
 		return moe_sorted(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
 	return moe_grouped(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
+}
+
+extern "C" int kcuda_moe_ffn_shexp(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n,
+                                   const int32_t *ids, const float *weights, int k, const struct kweight *gate,
+                                   const struct kweight *up, const struct kweight *down, int64_t E, int64_t F,
+                                   const struct kweight *sh_gate, const struct kweight *sh_up,
+                                   const struct kweight *sh_down, float *out, int64_t ldo)
+{
+	int rc = ffn_check(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
+	if (rc)
+		return rc;
+	if (!sh_gate || !sh_up || !sh_down)
+		return kcuda_bad_arg("moe_ffn_shexp", "null shared-expert weight");
+	if (n == 0)
+		return 0;
+	if (!moe_mma_fits(c, x, ldx, n, k, gate, up, down, E, F) ||
+	    !moe_mma_fits_shared(gate, down, F, sh_gate, sh_up, sh_down))
+		return ERR_UNSUPPORTED; /* nothing enqueued: the caller runs the two parts itself */
+	return moe_mma_ffn(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, sh_gate, sh_up, sh_down, out,
+	                   ldo);
 }

@@ -121,7 +121,7 @@ __device__ __forceinline__ void mm_stage_x(mm_stage<NG> &sm, const float *const 
 		m = kc_warp_max(m);
 		if (lane == 0) {
 			float s = 1.0f, is = 1.0f;
-			if (m > 0.0f && m <= 3.0e38f) { /* finite, not zero; inf / NaN stay unscaled */
+			if (m > 0.0f && isfinite(m)) { /* inf / NaN stay unscaled */
 				int e2 = 14 - ilogbf(m); /* m 2^e2 in [2^14, 2^15) */
 				e2 = e2 > 120 ? 120 : e2;
 				s = ldexpf(1.0f, e2);
@@ -415,12 +415,13 @@ __device__ __forceinline__ void mm_unit(mm_lane<R, NG> &L, const uint8_t *const 
 		mm_unit_q80<R, NG>(L, rows, u);
 }
 
-/* The chunk's pair numbers and token rows into shared memory (threads 0 .. 4 NG - 1), the warp's
+/* The chunk's pair numbers and token rows into shared memory (threads 0 .. 4 NG - 1; pair p < np_r
+ * is routed pair (p / k, p % k), p >= np_r the shared expert's pair of token p - np_r), the warp's
  * staging area cleared (columns of absent tokens stay zero), the accumulators zeroed. Returns
  * false for a block past the chunk count. */
 template <int R, int NG>
 __device__ __forceinline__ bool mm_prologue(const int4 *__restrict__ chunks, const int32_t *__restrict__ list,
-                                           const float *x, int64_t ldx, int k, mm_stage<NG> &st,
+                                           const float *x, int64_t ldx, int k, int np_r, mm_stage<NG> &st,
                                            const float **xr, int *pr, int4 &ch, mm_lane<R, NG> &L)
 {
 	if ((int)blockIdx.y >= chunks[0].x)
@@ -431,7 +432,7 @@ __device__ __forceinline__ bool mm_prologue(const int4 *__restrict__ chunks, con
 		const int t = threadIdx.x;
 		const int p = list[ch.y + (t < ch.z ? t : 0)];
 		pr[t] = p;
-		xr[t] = x + (int64_t)(p / k) * ldx;
+		xr[t] = x + (int64_t)(p < np_r ? p / k : p - np_r) * ldx; /* routed pair, or shared: token */
 	}
 	for (int i = lane; i < NG * 16 * 33; i += 32)
 		(&st.b[0][0][0])[i] = make_uint2(0u, 0u);
@@ -454,17 +455,18 @@ __device__ __forceinline__ bool mm_prologue(const int4 *__restrict__ chunks, con
 /* Workspace: [chunks: int4, entry 0 = (count, pairs listed)][list: int32 per pair] */
 template <int CH>
 __global__ void __launch_bounds__(1024)
-    moe_mma_sort_kernel(const int32_t *__restrict__ ids, int np, int E, int4 *__restrict__ chunks,
-                        int32_t *__restrict__ list, unsigned *err)
+    moe_mma_sort_kernel(const int32_t *__restrict__ ids, int np_r, int np, int E, int E_cnt,
+                        int4 *__restrict__ chunks, int32_t *__restrict__ list, unsigned *err)
 {
-	extern __shared__ int mm_cnt[]; /* [E] counts, then [E] cursors */
-	int *cur = mm_cnt + E;
-	for (int e = threadIdx.x; e < E; e += blockDim.x)
+	/* pairs np_r .. np - 1 (when E_cnt = E + 1) belong to the shared expert, numbered E */
+	extern __shared__ int mm_cnt[]; /* [E_cnt] counts, then [E_cnt] cursors */
+	int *cur = mm_cnt + E_cnt;
+	for (int e = threadIdx.x; e < E_cnt; e += blockDim.x)
 		mm_cnt[e] = 0;
 	__syncthreads();
 	for (int i = threadIdx.x; i < np; i += blockDim.x) {
-		const int e = ids[i];
-		if (e >= 0 && e < E)
+		const int e = i < np_r ? ids[i] : E;
+		if (e >= 0 && (e < E || i >= np_r))
 			atomicAdd(&mm_cnt[e], 1);
 		else
 			atomicAdd(err, 1u);
@@ -473,9 +475,9 @@ __global__ void __launch_bounds__(1024)
 	if (threadIdx.x < 32) { /* warp 0: exclusive scans of the counts and the chunk counts */
 		const int lane = threadIdx.x;
 		int base_p = 0, base_c = 0;
-		for (int e0 = 0; e0 < E; e0 += 32) {
+		for (int e0 = 0; e0 < E_cnt; e0 += 32) {
 			const int e = e0 + lane;
-			const int c = e < E ? mm_cnt[e] : 0, nc = (c + CH - 1) / CH;
+			const int c = e < E_cnt ? mm_cnt[e] : 0, nc = (c + CH - 1) / CH;
 			int ic = c, inc = nc;
 #pragma unroll
 			for (int o = 1; o < 32; o <<= 1) {
@@ -484,7 +486,7 @@ __global__ void __launch_bounds__(1024)
 					ic += a, inc += b;
 			}
 			const int off = base_p + ic - c, coff = base_c + inc - nc;
-			if (e < E)
+			if (e < E_cnt)
 				cur[e] = off;
 			for (int j = 0; j < nc; j++)
 				chunks[1 + coff + j] = make_int4(e, off + j * CH, min(CH, c - j * CH), 0);
@@ -496,8 +498,8 @@ __global__ void __launch_bounds__(1024)
 	}
 	__syncthreads();
 	for (int i = threadIdx.x; i < np; i += blockDim.x) {
-		const int e = ids[i];
-		if (e >= 0 && e < E)
+		const int e = i < np_r ? ids[i] : E;
+		if (e >= 0 && (e < E || i >= np_r))
 			list[atomicAdd(&cur[e], 1)] = i;
 	}
 }
@@ -506,9 +508,10 @@ __global__ void __launch_bounds__(1024)
  * expert; warp w takes units w, w + 4, ... of D; h[pair][f] = SiLU(g) u (kcpu_swiglu's formula) */
 template <int T, int NG>
 __global__ void __launch_bounds__(MM_WARPS * 32)
-    moe_mma_gate_up_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu, size_t rb,
-                           int64_t F, int64_t n_units, const float *__restrict__ x, int64_t ldx, int k,
-                           const int4 *__restrict__ chunks, const int32_t *__restrict__ list,
+    moe_mma_gate_up_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
+                           const uint8_t *__restrict__ sg, const uint8_t *__restrict__ su, size_t rb,
+                           int64_t E, int64_t F, int64_t n_units, const float *__restrict__ x, int64_t ldx,
+                           int k, int np_r, const int4 *__restrict__ chunks, const int32_t *__restrict__ list,
                            float *__restrict__ h)
 {
 	constexpr int R = 2, NT = 4 * NG;
@@ -519,15 +522,16 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
 	const int warp = threadIdx.x >> 5;
 	int4 ch;
 	mm_lane<R, NG> L;
-	if (!mm_prologue<R, NG>(chunks, list, x, ldx, k, stage[warp], xr, pr, ch, L))
+	if (!mm_prologue<R, NG>(chunks, list, x, ldx, k, np_r, stage[warp], xr, pr, ch, L))
 		return;
 	const int64_t f0 = (int64_t)blockIdx.x * 16;
-	const size_t r0 = (size_t)ch.x * (size_t)F + (size_t)f0;
+	const size_t eo = ch.x < E ? (size_t)ch.x * (size_t)F * rb : 0; /* expert E: the shared one */
+	const uint8_t *bg = (ch.x < E ? wg : sg) + eo, *bu = (ch.x < E ? wu : su) + eo;
 	const uint8_t *rows[R][2];
 #pragma unroll
 	for (int hr = 0; hr < 2; hr++) {
-		rows[0][hr] = wg + (r0 + 8 * hr + L.g) * rb;
-		rows[1][hr] = wu + (r0 + 8 * hr + L.g) * rb;
+		rows[0][hr] = bg + ((size_t)f0 + 8 * hr + L.g) * rb;
+		rows[1][hr] = bu + ((size_t)f0 + 8 * hr + L.g) * rb;
 	}
 	const bool rb4 = rb % 4 == 0;
 	for (int64_t u = warp; u < n_units; u += MM_WARPS)
@@ -559,9 +563,10 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
  * of the chunk's expert (clamped at D for loads, not stored) over all of F; y[pair][d] */
 template <int T, int R, int NG>
 __global__ void __launch_bounds__(MM_WARPS * 32)
-    moe_mma_down_kernel(const uint8_t *__restrict__ wd, size_t rb, int64_t D, int64_t n_units,
-                        const float *__restrict__ h, int64_t F, const int4 *__restrict__ chunks,
-                        const int32_t *__restrict__ list, float *__restrict__ y)
+    moe_mma_down_kernel(const uint8_t *__restrict__ wd, const uint8_t *__restrict__ sd, size_t rb, int64_t E,
+                        int64_t D, int64_t n_units, const float *__restrict__ h, int64_t F,
+                        const int4 *__restrict__ chunks, const int32_t *__restrict__ list,
+                        float *__restrict__ y)
 {
 	constexpr int NT = 4 * NG;
 	__shared__ mm_stage<NG> stage[MM_WARPS];
@@ -570,13 +575,13 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
 	const int warp = threadIdx.x >> 5;
 	int4 ch;
 	mm_lane<R, NG> L;
-	if (!mm_prologue<R, NG>(chunks, list, h, F, 1, stage[warp], xr, pr, ch, L))
+	if (!mm_prologue<R, NG>(chunks, list, h, F, 1, INT32_MAX, stage[warp], xr, pr, ch, L))
 		return;
 	const int64_t row0 = ((int64_t)blockIdx.x * MM_WARPS + warp) * 16 * R;
-	const size_t e0 = (size_t)ch.x * (size_t)D;
+	const uint8_t *bd = ch.x < E ? wd + (size_t)ch.x * (size_t)D * rb : sd; /* E: the shared expert */
 	const uint8_t *rows[R][2];
 	MM_FOR_ROWS(R)
-	rows[r][hr] = wd + (e0 + (size_t)min(row0 + 16 * r + 8 * hr + L.g, D - 1)) * rb;
+	rows[r][hr] = bd + (size_t)min(row0 + 16 * r + 8 * hr + L.g, D - 1) * rb;
 	const bool rb4 = rb % 4 == 0;
 	for (int64_t u = 0; u < n_units; u++)
 		mm_unit<T, R, NG>(L, rows, u, rb4);
@@ -594,10 +599,11 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
 			}
 }
 
-/* out[i] = sum_j w[i][j] y[i k + j] in slot order; a pair with an expert id out of range: NaN */
+/* out[i] = sum_j w[i][j] y[i k + j] in slot order (+ the shared expert's y); a pair with an expert
+ * id out of range: NaN */
 __global__ void moe_mma_combine_kernel(const float *__restrict__ y, const float *__restrict__ w,
                                        const int32_t *__restrict__ ids, int E, int k, int64_t D,
-                                       float *__restrict__ out, int64_t ldo)
+                                       const float *__restrict__ ysh, float *__restrict__ out, int64_t ldo)
 {
 	const int64_t i = blockIdx.y;
 	const int64_t d = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -608,6 +614,8 @@ __global__ void moe_mma_combine_kernel(const float *__restrict__ y, const float 
 		const int32_t e = ids[i * k + j];
 		s = e >= 0 && e < E ? fmaf(w[i * k + j], y[(i * k + j) * D + d], s) : NAN;
 	}
+	if (ysh) /* the shared expert, weight 1, after the routed ones */
+		s += ysh[i * D + d];
 	out[i * ldo + d] = s;
 }
 
@@ -624,6 +632,7 @@ static int64_t mm_max_chunks(int64_t np, int64_t E, int ch)
 	return np / ch + 1 + (np < E ? np : E);
 }
 
+/* np: all pairs (routed and shared), E: experts counting the shared one */
 static size_t mm_meta_bytes(int64_t np, int64_t E)
 {
 	return (((size_t)(mm_max_chunks(np, E, 4) + 1) * 16 + (size_t)np * 4) + 255) & ~(size_t)255;
@@ -648,7 +657,21 @@ bool moe_mma_fits(const struct kcuda_ctx *c, const float *x, int64_t ldx, int64_
 	return moe_mma_on() && mm_type_ok(gate->type) && mm_type_ok(down->type) && D % 256 == 0 &&
 	       F % 256 == 0 && D >= 256 && (uintptr_t)x % 16 == 0 && ldx % 4 == 0 && n >= 1 &&
 	       n <= MOE_MMA_MAX_TOKENS && E <= 1024 && (uintptr_t)gate->data % 16 == 0 &&
-	       (uintptr_t)up->data % 16 == 0 && (uintptr_t)down->data % 16 == 0 && mm_ws_bytes(n * k, E, F, D) <= c->ws_bytes;
+	       (uintptr_t)up->data % 16 == 0 && (uintptr_t)down->data % 16 == 0 &&
+	       mm_ws_bytes(n * (k + 1), E + 1, F, D) <= c->ws_bytes;
+}
+
+bool moe_mma_fits_shared(const struct kweight *gate, const struct kweight *down, int64_t F,
+                         const struct kweight *sh_gate, const struct kweight *sh_up,
+                         const struct kweight *sh_down)
+{
+	return sh_gate && sh_up && sh_down && sh_gate->data && sh_up->data && sh_down->data &&
+	       sh_gate->type == gate->type && sh_up->type == gate->type && sh_down->type == down->type &&
+	       sh_gate->n_in == gate->n_in && sh_up->n_in == gate->n_in && sh_gate->n_out == F &&
+	       sh_up->n_out == F && sh_down->n_in == F && sh_down->n_out == gate->n_in &&
+	       sh_gate->row_bytes == gate->row_bytes && sh_up->row_bytes == gate->row_bytes &&
+	       sh_down->row_bytes == down->row_bytes && (uintptr_t)sh_gate->data % 16 == 0 &&
+	       (uintptr_t)sh_up->data % 16 == 0 && (uintptr_t)sh_down->data % 16 == 0;
 }
 
 static void mm_stage_begin(const char *name, const struct kweight *w, double rows)
@@ -663,46 +686,64 @@ static void mm_stage_end(void)
 		kprof_pop(kprof_active);
 }
 
-template <int T, int NG>
-static int mm_gate_up_t(struct kcuda_ctx *c, const struct kweight *gate, const struct kweight *up, int64_t F,
-                        const float *x, int64_t ldx, int k, int64_t slots, const int4 *chunks,
-                        const int32_t *list, float *h)
+/* what one call needs, gathered for the launch helpers */
+struct mm_args {
+	const struct kweight *gate, *up, *down;
+	const void *sg, *su, *sd; /* shared expert's data, or NULL */
+	const float *x;
+	int64_t ldx, E, F, D, slots;
+	int k, np_r;
+	const int4 *chunks;
+	const int32_t *list;
+	float *h, *y;
+};
+
+template <int T, int NG> static int mm_gate_up_t(struct kcuda_ctx *c, const struct mm_args &a)
 {
-	dim3 grid((unsigned)(F / 16), (unsigned)slots);
+	dim3 grid((unsigned)(a.F / 16), (unsigned)a.slots);
 	moe_mma_gate_up_kernel<T, NG><<<grid, MM_WARPS * 32, 0, c->stream>>>(
-	    (const uint8_t *)gate->data, (const uint8_t *)up->data, gate->row_bytes, F, gate->n_in / 256, x, ldx,
-	    k, chunks, list, h);
+	    (const uint8_t *)a.gate->data, (const uint8_t *)a.up->data, (const uint8_t *)a.sg,
+	    (const uint8_t *)a.su, a.gate->row_bytes, a.E, a.F, a.D / 256, a.x, a.ldx, a.k, a.np_r, a.chunks,
+	    a.list, a.h);
 	return kcuda_launch_status("moe_mma_gate_up");
 }
 
-template <int T, int NG>
-static int mm_down_t(struct kcuda_ctx *c, const struct kweight *down, int64_t D, int64_t F, const float *h,
-                     int64_t slots, const int4 *chunks, const int32_t *list, float *y)
+template <int T, int NG> static int mm_down_t(struct kcuda_ctx *c, const struct mm_args &a)
 {
 	/* two row tiles per warp for the light K-quants; Q6_K / Q8_0 need ~230-250 registers at two
 	 * (bench_cuda_gemv_mma's table), so one */
 	constexpr int R = (T == KT_Q4_K || T == KT_Q5_K) ? 2 : 1;
-	dim3 grid((unsigned)((D + 64 * R - 1) / (64 * R)), (unsigned)slots);
+	dim3 grid((unsigned)((a.D + 64 * R - 1) / (64 * R)), (unsigned)a.slots);
 	moe_mma_down_kernel<T, R, NG><<<grid, MM_WARPS * 32, 0, c->stream>>>(
-	    (const uint8_t *)down->data, down->row_bytes, D, F / 256, h, F, chunks, list, y);
+	    (const uint8_t *)a.down->data, (const uint8_t *)a.sd, a.down->row_bytes, a.E, a.D, a.F / 256, a.h,
+	    a.F, a.chunks, a.list, a.y);
 	return kcuda_launch_status("moe_mma_down");
 }
 
 template <int NG>
 static int mm_run(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
                   const float *weights, int k, const struct kweight *gate, const struct kweight *up,
-                  const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo)
+                  const struct kweight *down, int64_t E, int64_t F, const struct kweight *sh_gate,
+                  const struct kweight *sh_up, const struct kweight *sh_down, float *out, int64_t ldo)
 {
 	constexpr int CH = 4 * NG;
-	const int64_t D = gate->n_in, np = n * k, slots = mm_max_chunks(np, E, CH);
-	const int64_t n_ex = np < E ? np : E;
+	const bool sh = sh_gate != NULL;
+	const int64_t np_r = n * k, np = np_r + (sh ? n : 0), E_cnt = E + (sh ? 1 : 0);
+	struct mm_args a;
+	a.gate = gate, a.up = up, a.down = down;
+	a.sg = sh ? sh_gate->data : NULL, a.su = sh ? sh_up->data : NULL, a.sd = sh ? sh_down->data : NULL;
+	a.x = x, a.ldx = ldx, a.E = E, a.F = F, a.D = gate->n_in, a.k = k, a.np_r = (int)np_r;
+	a.slots = mm_max_chunks(np, E_cnt, CH);
 	int4 *chunks = (int4 *)c->ws;
-	int32_t *list = (int32_t *)(chunks + slots + 1);
-	float *h = (float *)((char *)c->ws + mm_meta_bytes(np, E)), *y = h + np * F;
+	a.chunks = chunks;
+	a.list = (const int32_t *)(chunks + a.slots + 1);
+	a.h = (float *)((char *)c->ws + mm_meta_bytes(np, E_cnt));
+	a.y = a.h + np * F;
+	const int64_t n_ex = (np_r < E ? np_r : E) + (sh ? 1 : 0);
 	int rc = 0;
 	mm_stage_begin("moe.experts/sort", NULL, 0);
-	moe_mma_sort_kernel<CH><<<1, 1024, 2 * (size_t)E * sizeof(int), c->stream>>>(ids, (int)np, (int)E, chunks,
-	                                                                             list, c->err_dev);
+	moe_mma_sort_kernel<CH><<<1, 1024, 2 * (size_t)E_cnt * sizeof(int), c->stream>>>(
+	    ids, (int)np_r, (int)np, (int)E, (int)E_cnt, chunks, (int32_t *)a.list, c->err_dev);
 	rc = kcuda_launch_status("moe_mma_sort");
 	mm_stage_end();
 	if (rc)
@@ -710,29 +751,30 @@ static int mm_run(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, c
 	/* bytes: the experts the pairs can touch at most */
 	mm_stage_begin("moe.experts/gate_up(mma)", gate, 2.0 * (double)n_ex * (double)F);
 	switch (gate->type) {
-	case KT_Q4_K: rc = mm_gate_up_t<KT_Q4_K, NG>(c, gate, up, F, x, ldx, k, slots, chunks, list, h); break;
-	case KT_Q5_K: rc = mm_gate_up_t<KT_Q5_K, NG>(c, gate, up, F, x, ldx, k, slots, chunks, list, h); break;
-	case KT_Q6_K: rc = mm_gate_up_t<KT_Q6_K, NG>(c, gate, up, F, x, ldx, k, slots, chunks, list, h); break;
-	case KT_Q8_0: rc = mm_gate_up_t<KT_Q8_0, NG>(c, gate, up, F, x, ldx, k, slots, chunks, list, h); break;
+	case KT_Q4_K: rc = mm_gate_up_t<KT_Q4_K, NG>(c, a); break;
+	case KT_Q5_K: rc = mm_gate_up_t<KT_Q5_K, NG>(c, a); break;
+	case KT_Q6_K: rc = mm_gate_up_t<KT_Q6_K, NG>(c, a); break;
+	case KT_Q8_0: rc = mm_gate_up_t<KT_Q8_0, NG>(c, a); break;
 	default: rc = ERR_UNSUPPORTED; break;
 	}
 	mm_stage_end();
 	if (rc)
 		return rc;
-	mm_stage_begin("moe.experts/down(mma)", down, (double)n_ex * (double)D);
+	mm_stage_begin("moe.experts/down(mma)", down, (double)n_ex * (double)a.D);
 	switch (down->type) {
-	case KT_Q4_K: rc = mm_down_t<KT_Q4_K, NG>(c, down, D, F, h, slots, chunks, list, y); break;
-	case KT_Q5_K: rc = mm_down_t<KT_Q5_K, NG>(c, down, D, F, h, slots, chunks, list, y); break;
-	case KT_Q6_K: rc = mm_down_t<KT_Q6_K, NG>(c, down, D, F, h, slots, chunks, list, y); break;
-	case KT_Q8_0: rc = mm_down_t<KT_Q8_0, NG>(c, down, D, F, h, slots, chunks, list, y); break;
+	case KT_Q4_K: rc = mm_down_t<KT_Q4_K, NG>(c, a); break;
+	case KT_Q5_K: rc = mm_down_t<KT_Q5_K, NG>(c, a); break;
+	case KT_Q6_K: rc = mm_down_t<KT_Q6_K, NG>(c, a); break;
+	case KT_Q8_0: rc = mm_down_t<KT_Q8_0, NG>(c, a); break;
 	default: rc = ERR_UNSUPPORTED; break;
 	}
 	mm_stage_end();
 	if (rc)
 		return rc;
 	mm_stage_begin("moe.experts/combine", NULL, 0);
-	dim3 g3((unsigned)((D + 255) / 256), (unsigned)n);
-	moe_mma_combine_kernel<<<g3, 256, 0, c->stream>>>(y, weights, ids, (int)E, k, D, out, ldo);
+	dim3 g3((unsigned)((a.D + 255) / 256), (unsigned)n);
+	moe_mma_combine_kernel<<<g3, 256, 0, c->stream>>>(a.y, weights, ids, (int)E, k, a.D,
+	                                                  sh ? a.y + np_r * a.D : NULL, out, ldo);
 	rc = kcuda_launch_status("moe_mma_combine");
 	mm_stage_end();
 	return rc;
@@ -740,11 +782,13 @@ static int mm_run(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, c
 
 int moe_mma_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
                 const float *weights, int k, const struct kweight *gate, const struct kweight *up,
-                const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo)
+                const struct kweight *down, int64_t E, int64_t F, const struct kweight *sh_gate,
+                const struct kweight *sh_up, const struct kweight *sh_down, float *out, int64_t ldo)
 {
 	/* up to 4 tokens no expert has more than 4 of them (ids of one token are distinct): one
 	 * n-tile of 4 tokens; else two (8 tokens per pass over a row) */
 	if (n <= 4)
-		return mm_run<1>(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
-	return mm_run<2>(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
+		return mm_run<1>(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, sh_gate, sh_up, sh_down, out,
+		                 ldo);
+	return mm_run<2>(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, sh_gate, sh_up, sh_down, out, ldo);
 }

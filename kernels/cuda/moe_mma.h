@@ -15,10 +15,17 @@
 bool moe_mma_fits(const struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, int k,
                   const struct kweight *gate, const struct kweight *up, const struct kweight *down, int64_t E,
                   int64_t F);
-/* kcuda_moe_ffn's contract (kernels.h), no host sync */
+/* true when the shared expert can ride in the same launches as expert number E: gate / up / down
+ * of the routed experts' types and row sizes, F rows (one routed expert's shape), 16-byte aligned */
+bool moe_mma_fits_shared(const struct kweight *gate, const struct kweight *down, int64_t F,
+                         const struct kweight *sh_gate, const struct kweight *sh_up,
+                         const struct kweight *sh_down);
+/* kcuda_moe_ffn's contract (kernels.h), no host sync; with sh_gate non-NULL (moe_mma_fits_shared)
+ * the shared expert's output is added with weight 1 (kcuda_moe_ffn_shexp) */
 int moe_mma_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
                 const float *weights, int k, const struct kweight *gate, const struct kweight *up,
-                const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo);
+                const struct kweight *down, int64_t E, int64_t F, const struct kweight *sh_gate,
+                const struct kweight *sh_up, const struct kweight *sh_down, float *out, int64_t ldo);
 /* TANDEM_MOE_FAST=0 turns the path off (the pair / sorted / grouped kernels of moe_ffn.cu run) */
 bool moe_mma_on(void);
 

@@ -129,9 +129,21 @@ struct fdims {
 	const char *name;
 	int64_t E, F, D;
 	int k;
+	int shexp; /* also a shared expert of the routed experts' shape (kcuda_moe_ffn_shexp) */
 };
 
 static struct kpool *pool; /* threads for the CPU reference */
+
+/* kcuda_moe_ffn, or kcuda_moe_ffn_shexp with the case's shared expert */
+static int run_ffn(const struct fdims *fd, void *x, int n, void *ids, void *w, const struct kweight *g,
+                   const struct kweight *u, const struct kweight *d, const struct kweight *sg,
+                   const struct kweight *su, const struct kweight *sd, void *out)
+{
+	if (fd->shexp)
+		return kcuda_moe_ffn_shexp(ctx, x, fd->D, n, ids, w, fd->k, g, u, d, fd->E, fd->F, sg, su, sd, out,
+		                           fd->D);
+	return kcuda_moe_ffn(ctx, x, fd->D, n, ids, w, fd->k, g, u, d, fd->E, fd->F, out, fd->D);
+}
 
 /* gate / up of `type`, down of `dtype` (Q4_K_M files keep some ffn_down_exps in Q6_K) */
 static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double tol)
@@ -152,6 +164,9 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 	float *xs = malloc(sizeof(float) * (size_t)(n * D)), *t1 = malloc(sizeof(float) * (size_t)(n * F)),
 	      *t2 = malloc(sizeof(float) * (size_t)(n * F)), *ys = malloc(sizeof(float) * (size_t)(n * D));
 	float *yp = malloc(sizeof(float) * (size_t)(np * D)); /* per pair, summed in slot order below */
+	uint8_t *sg = NULL, *su = NULL, *sd = NULL;
+	struct kweight hsg = {type, D, F, rb_d, NULL}, hsu = hsg, hsd = {dtype, F, D, rb_f, NULL};
+	struct kweight dsg = {0}, dsu = {0}, dsd = {0};
 	struct kweight g = {type, D, E * F, rb_d, hg}, u = {type, D, E * F, rb_d, hu},
 	               dn = {dtype, F, E * D, rb_f, hd};
 	struct kweight dg = {0}, du = {0}, dd = {0};
@@ -168,6 +183,18 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 	ops_fill_weight(dtype, F, E * D, rb_f, hd);
 	for (int64_t i = 0; i < n * D; i++)
 		x[i] = ops_rng_unif();
+	if (fd->shexp) {
+		hsg.data = sg = malloc(rb_d * (size_t)F);
+		hsu.data = su = malloc(rb_d * (size_t)F);
+		hsd.data = sd = malloc(rb_f * (size_t)D);
+		if (!sg || !su || !sd) {
+			OPS_CHECK(0, "moe ffn %s: host allocation", fd->name);
+			goto out;
+		}
+		ops_fill_weight(type, D, F, rb_d, sg);
+		ops_fill_weight(type, D, F, rb_d, su);
+		ops_fill_weight(dtype, F, D, rb_f, sd);
+	}
 	for (int i = 0; i < n; i++)
 		for (int j = 0; j < k; j++) {
 			int32_t e;
@@ -209,17 +236,34 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 	for (int64_t p = 0; p < np; p++)
 		for (int64_t d = 0; d < D; d++)
 			ref[(p / k) * D + d] += w[p] * yp[p * D + d];
+	if (fd->shexp) { /* the shared expert on all tokens, added with weight 1 (backend_cpu.c) */
+		kcpu_matmul(pool, &hsg, x, D, n, t1, F);
+		kcpu_matmul(pool, &hsu, x, D, n, t2, F);
+		kcpu_swiglu(t1, t1, t2, n * F);
+		kcpu_matmul(pool, &hsd, t1, F, n, ys, D);
+		for (int64_t i = 0; i < n * D; i++)
+			ref[i] += ys[i];
+	}
 	if (kcuda_weight_upload(ctx, &g, &dg) || kcuda_weight_upload(ctx, &u, &du) ||
 	    kcuda_weight_upload(ctx, &dn, &dd) || kcuda_alloc(sizeof(float) * (size_t)(n * D), &d_x) ||
 	    kcuda_alloc(sizeof(int32_t) * (size_t)np, &d_ids) || kcuda_alloc(sizeof(float) * (size_t)np, &d_w) ||
-	    ops_dbuf_init(ctx, &ob, sizeof(float) * (size_t)(n * D))) {
+	    ops_dbuf_init(ctx, &ob, sizeof(float) * (size_t)(n * D)) ||
+	    (fd->shexp && (kcuda_weight_upload(ctx, &hsg, &dsg) || kcuda_weight_upload(ctx, &hsu, &dsu) ||
+	                   kcuda_weight_upload(ctx, &hsd, &dsd)))) {
 		OPS_CHECK(0, "moe ffn %s %s: device allocation", fd->name, ti->name);
 		goto out;
 	}
 	kcuda_upload(ctx, d_x, x, sizeof(float) * (size_t)(n * D));
 	kcuda_upload(ctx, d_ids, ids, sizeof(int32_t) * (size_t)np);
 	kcuda_upload(ctx, d_w, w, sizeof(float) * (size_t)np);
-	int rc = kcuda_moe_ffn(ctx, d_x, D, n, d_ids, d_w, k, &dg, &du, &dd, E, F, ob.user, D);
+	int rc = run_ffn(fd, d_x, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
+	if (fd->shexp && strcmp(path, "mma")) { /* only the tensor-core path takes the shared expert */
+		OPS_CHECK(rc == ERR_UNSUPPORTED, "moe ffn %s %s n %d (%s): shared expert: rc %d, not ERR_UNSUPPORTED",
+		          fd->name, ti->name, n, path, rc);
+		printf("moe ffn %-12s %-5s down %-5s n %3d (%s): shared expert refused (ERR_UNSUPPORTED)\n",
+		       fd->name, ti->name, ktype_name(dtype), n, path);
+		goto out;
+	}
 	OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "moe ffn %s %s/%s n %d: rc %d", fd->name, ti->name,
 	          ktype_name(dtype), n, rc);
 	size_t gb = ops_dbuf_get(ctx, &ob, got);
@@ -239,7 +283,7 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 	OPS_CHECK(maxerr <= tol * maxref, "moe ffn %s %s/%s n %d (%s): max err %.3g, max|ref| %.3g (tol %.0e)",
 	          fd->name, ti->name, ktype_name(dtype), n, path, maxerr, maxref, tol);
 	/* determinism: a second run gives the same bits */
-	rc = kcuda_moe_ffn(ctx, d_x, D, n, d_ids, d_w, k, &dg, &du, &dd, E, F, ob.user, D);
+	rc = run_ffn(fd, d_x, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
 	OPS_CHECK(rc == 0 && ops_dbuf_get(ctx, &ob, again) == 0 &&
 	              memcmp(again, got, sizeof(float) * (size_t)(n * D)) == 0,
 	          "moe ffn %s %s n %d (%s): two runs differ", fd->name, ti->name, n, path);
@@ -252,8 +296,8 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 		float *one = malloc(sizeof(float) * (size_t)D);
 		int same = one != NULL;
 		for (int i = 0; i < n && same; i++) {
-			rc = kcuda_moe_ffn(ctx, (float *)d_x + i * D, D, 1, (int32_t *)d_ids + i * k,
-			                   (float *)d_w + i * k, k, &dg, &du, &dd, E, F, ob.user, D);
+			rc = run_ffn(fd, (float *)d_x + i * D, 1, (int32_t *)d_ids + i * k, (float *)d_w + i * k,
+			             &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
 			same = rc == 0 && ops_dbuf_get(ctx, &ob, got) == 0 &&
 			       memcmp(got, again + i * D, sizeof(float) * (size_t)D) == 0;
 		}
@@ -268,7 +312,7 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 		int32_t bad = (int32_t)E;
 		kcuda_upload(ctx, d_ids, &bad, sizeof(int32_t));
 		unsigned nbad = 0;
-		rc = kcuda_moe_ffn(ctx, d_x, D, n, d_ids, d_w, k, &dg, &du, &dd, E, F, ob.user, D);
+		rc = run_ffn(fd, d_x, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
 		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0 && kcuda_ctx_take_errors(ctx, &nbad) == 0 &&
 		              nbad > 0 && ops_dbuf_get(ctx, &ob, got) == 0 && isnan(got[0]) && isfinite(got[D]),
 		          "moe ffn %s: bad expert id not counted, or token 0 not NaN / token 1 not finite",
@@ -278,10 +322,16 @@ out:
 	kcuda_weight_free(&dg);
 	kcuda_weight_free(&du);
 	kcuda_weight_free(&dd);
+	kcuda_weight_free(&dsg);
+	kcuda_weight_free(&dsu);
+	kcuda_weight_free(&dsd);
 	kcuda_free(d_x);
 	kcuda_free(d_ids);
 	kcuda_free(d_w);
 	ops_dbuf_fini(&ob);
+	free(sg);
+	free(su);
+	free(sd);
 	free(hg);
 	free(hu);
 	free(hd);
@@ -442,9 +492,11 @@ int main(void)
 	/* small: the old sweep; glm5 / ds3: one TP=8 rank of GLM-5 / DeepSeek-V3 (per-rank expert
 	 * slice F 256); e256: their expert count and top-k on a short D, for the large batches;
 	 * glm-tiny / ds-tiny: tests/data's models (ds-tiny's F 128 takes the older kernels) */
-	const struct fdims small = {"small", 12, 256, 512, 4}, glm5 = {"glm5-tp8", 256, 256, 6144, 8},
-	                   ds3 = {"ds3-tp8", 256, 256, 7168, 8}, e256 = {"e256-d512", 256, 256, 512, 8},
-	                   gtiny = {"glm-tiny", 4, 256, 256, 2}, dtiny = {"ds-tiny", 6, 128, 256, 2};
+	const struct fdims small = {"small", 12, 256, 512, 4, 0}, glm5 = {"glm5-tp8", 256, 256, 6144, 8, 0},
+	                   ds3 = {"ds3-tp8", 256, 256, 7168, 8, 0}, e256 = {"e256-d512", 256, 256, 512, 8, 0},
+	                   gtiny = {"glm-tiny", 4, 256, 256, 2, 0}, dtiny = {"ds-tiny", 6, 128, 256, 2, 0},
+	                   glm5s = {"glm5-tp8+sh", 256, 256, 6144, 8, 1}, e256s = {"e256+sh", 256, 256, 512, 8, 1},
+	                   gtinys = {"glm-tiny+sh", 4, 256, 256, 2, 1}, dtinys = {"ds-tiny+sh", 6, 128, 256, 2, 1};
 	static const int types[] = {KT_Q8_0, KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_BF16, KT_F32};
 	static const int small_n[] = {1, 3, 16, 40, 128, 300};
 	for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++)
@@ -469,6 +521,14 @@ int main(void)
 			ffn_case(&ds3, KT_Q4_K, KT_Q6_K, big_n[i], 1e-4);
 		}
 	ffn_case(&glm5, KT_Q5_K, KT_Q8_0, 3, 1e-4);
+	/* the shared expert in the same launches */
+	ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+	ffn_case(&glm5s, KT_Q4_K, KT_Q6_K, 8, 1e-4);
+	for (size_t i = 0; i < sizeof(sweep_n) / sizeof(sweep_n[0]); i++)
+		if (!quick || sweep_n[i] == 3 || sweep_n[i] == 17)
+			ffn_case(&e256s, KT_Q4_K, KT_Q6_K, sweep_n[i], 1e-4);
+	ffn_case(&gtinys, KT_Q4_K, KT_Q6_K, 3, 1e-4);
+	ffn_case(&dtinys, KT_Q4_K, KT_Q6_K, 3, 1e-4); /* F 128: ERR_UNSUPPORTED */
 	ffn_case(&glm5, KT_Q6_K, KT_Q6_K, 3, 1e-4);
 	static const int tiny_n[] = {1, 3, 17, 40};
 	for (size_t i = 0; i < sizeof(tiny_n) / sizeof(tiny_n[0]); i++) {
@@ -485,6 +545,7 @@ int main(void)
 		ffn_case(&small, KT_Q4_K, KT_Q6_K, mix_n[i], 1e-4);
 	ffn_case(&e256, KT_Q4_K, KT_Q6_K, 256, 1e-4);
 	ffn_case(&glm5, KT_Q4_K, KT_Q4_K, 8, 1e-4);
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 3, 1e-4); /* ERR_UNSUPPORTED under the switch */
 	unsetenv("TANDEM_MOE_FAST");
 	ffn_case(&small, KT_Q8_0, KT_BF16, 3, 1e-4); /* a float down type under a quant gate */
 	route_chain();
