@@ -1,7 +1,9 @@
 /* Bench: the MoE decode ops at one TP=8 rank of GLM-5 (256 experts, top-8, D 6144, per-rank expert
  * slice F 256, Q4_K gate / up / down), old kernels (TANDEM_MOE_FAST=0: pairs up to 16 tokens,
  * sorted up to 256) against the tensor-core path (kernels/cuda/moe_mma.cu), batch 1, 8, 32, 128;
- * and kcuda_moe_route (sigmoid, bias, one group) at the same batches.
+ * and kcuda_moe_route (sigmoid, bias, one group) at the same batches. Second table: routed + shared
+ * expert (F 256, the same types), old = kcuda_moe_ffn + the backend's shared chain (3 kcuda_matmul,
+ * kcuda_swiglu, kfwd_add: 5 launches) against kcuda_moe_ffn_shexp (one set of launches).
  *
  * Weights: one expert's rows filled at random (ops_fill_weight) and copied to all 256, so filling
  * is quick; every expert still has its own addresses (nothing is shared through the caches but what
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/model_fwd.h"
 #include "tests/ops/ops_util.h"
 
 #define CK KCUDA_CHECK
@@ -83,7 +86,13 @@ int main(void)
 	struct kweight g = {type, D, E * F, rb_d, hg.data()}, u = {type, D, E * F, rb_d, hu.data()},
 	               dn = {type, F, E * D, rb_f, hd.data()};
 	struct kweight dg = {}, du = {}, dd = {};
-	if (kcuda_weight_upload(c, &g, &dg) || kcuda_weight_upload(c, &u, &du) || kcuda_weight_upload(c, &dn, &dd)) {
+	/* the shared expert: expert 0's rows again (its own copy in device memory) */
+	struct kweight sg = {type, D, F, rb_d, hg.data()}, su = {type, D, F, rb_d, hu.data()},
+	               sd = {type, F, D, rb_f, hd.data()};
+	struct kweight dsg = {}, dsu = {}, dsd = {};
+	if (kcuda_weight_upload(c, &g, &dg) || kcuda_weight_upload(c, &u, &du) || kcuda_weight_upload(c, &dn, &dd) ||
+	    kcuda_weight_upload(c, &sg, &dsg) || kcuda_weight_upload(c, &su, &dsu) ||
+	    kcuda_weight_upload(c, &sd, &dsd)) {
 		printf("FAIL: weight upload\n");
 		return 1;
 	}
@@ -93,6 +102,7 @@ int main(void)
 	printf("  batch  experts hit   old us   new us  speed-up   old GB/s   new GB/s  rel diff   route us\n");
 	static const int batches[] = {1, 8, 32, 128};
 	int fails = 0;
+	std::vector<double> sh_old(4), sh_new(4), sh_diff(4), sh_bytes(4);
 	for (int bi = 0; bi < 4; bi++) {
 		const int n = batches[bi];
 		std::vector<float> x((size_t)(n * D)), w((size_t)(n * k)), lg((size_t)(n * E)), bias((size_t)E);
@@ -151,6 +161,51 @@ int main(void)
 			(void)kcuda_moe_route(c, (const float *)d_lg, E, (const float *)d_b, n, (int)E, k, 1, 1, 0, true,
 			                      2.5f, (int32_t *)d_rid, (float *)d_rw);
 		});
+		/* routed + shared */
+		void *d_t;
+		CK(cudaMalloc(&d_t, (size_t)n * (size_t)(2 * F + D) * 4));
+		float *t1 = (float *)d_t, *t2 = t1 + n * F, *ys = t2 + n * F;
+		setenv("TANDEM_MOE_FAST", "0", 1);
+		const float ts_old = time_us(c->stream, [&] {
+			rc1 |= kcuda_moe_ffn(c, (const float *)d_x, D, n, (const int32_t *)d_ids, (const float *)d_w, k,
+			                     &dg, &du, &dd, E, F, (float *)d_o1, D);
+			rc1 |= kcuda_matmul(c, &dsg, (const float *)d_x, D, n, t1, F);
+			rc1 |= kcuda_matmul(c, &dsu, (const float *)d_x, D, n, t2, F);
+			rc1 |= kcuda_swiglu(c, t1, F * n, t1, F * n, t2, F * n, n * F, 1);
+			rc1 |= kcuda_matmul(c, &dsd, t1, F, n, ys, D);
+			rc1 |= kfwd_add(c, (float *)d_o1, ys, n * D);
+		});
+		unsetenv("TANDEM_MOE_FAST");
+		const float ts_new = time_us(c->stream, [&] {
+			rc2 |= kcuda_moe_ffn_shexp(c, (const float *)d_x, D, n, (const int32_t *)d_ids, (const float *)d_w,
+			                           k, &dg, &du, &dd, E, F, &dsg, &dsu, &dsd, (float *)d_o2, D);
+		});
+		CK(cudaFree(d_t));
+		{
+			std::vector<float> a(x.size()), b(x.size());
+			CK(cudaMemcpy(a.data(), d_o1, a.size() * 4, cudaMemcpyDeviceToHost));
+			CK(cudaMemcpy(b.data(), d_o2, b.size() * 4, cudaMemcpyDeviceToHost));
+			double mx = 0, df = 0;
+			for (size_t i = 0; i < a.size(); i++) {
+				mx = std::max(mx, (double)fabsf(a[i]));
+				df = std::max(df, fabs((double)a[i] - (double)b[i]));
+			}
+			sh_old[(size_t)bi] = ts_old, sh_new[(size_t)bi] = ts_new;
+			sh_diff[(size_t)bi] = mx > 0 ? df / mx : 0;
+			sh_bytes[(size_t)bi] = (n_hit + 1) * expert_bytes;
+			if (rc1 || rc2 || !(sh_diff[(size_t)bi] <= 1e-4)) {
+				printf("FAIL: shared, batch %d: rc %d / %d, paths differ by %.3g of max|out|\n", n, rc1,
+				       rc2, sh_diff[(size_t)bi]);
+				fails++;
+			}
+		}
+		/* the routed-only outputs again, for the first table's comparison */
+		setenv("TANDEM_MOE_FAST", "0", 1);
+		rc1 |= kcuda_moe_ffn(c, (const float *)d_x, D, n, (const int32_t *)d_ids, (const float *)d_w, k, &dg,
+		                     &du, &dd, E, F, (float *)d_o1, D);
+		unsetenv("TANDEM_MOE_FAST");
+		rc2 |= kcuda_moe_ffn(c, (const float *)d_x, D, n, (const int32_t *)d_ids, (const float *)d_w, k, &dg,
+		                     &du, &dd, E, F, (float *)d_o2, D);
 		std::vector<float> o1(x.size()), o2(x.size());
 		CK(cudaMemcpy(o1.data(), d_o1, o1.size() * 4, cudaMemcpyDeviceToHost));
 		CK(cudaMemcpy(o2.data(), d_o2, o2.size() * 4, cudaMemcpyDeviceToHost));
@@ -177,6 +232,16 @@ int main(void)
 		CK(cudaFree(d_rid));
 		CK(cudaFree(d_rw));
 	}
+	printf("  routed + shared expert (old: kcuda_moe_ffn + 5-launch shared chain; new: kcuda_moe_ffn_shexp)\n");
+	printf("  batch   old us   new us  speed-up   old GB/s   new GB/s  rel diff\n");
+	for (int bi = 0; bi < 4; bi++)
+		printf("  %5d  %7.1f  %7.1f  %8.2fx  %9.0f  %9.0f  %8.1e\n", batches[bi], sh_old[(size_t)bi],
+		       sh_new[(size_t)bi], sh_old[(size_t)bi] / sh_new[(size_t)bi],
+		       sh_bytes[(size_t)bi] / (sh_old[(size_t)bi] * 1e3), sh_bytes[(size_t)bi] / (sh_new[(size_t)bi] * 1e3),
+		       sh_diff[(size_t)bi]);
+	kcuda_weight_free(&dsg);
+	kcuda_weight_free(&dsu);
+	kcuda_weight_free(&dsd);
 	kcuda_weight_free(&dg);
 	kcuda_weight_free(&du);
 	kcuda_weight_free(&dd);
