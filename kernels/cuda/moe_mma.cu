@@ -504,19 +504,22 @@ __global__ void __launch_bounds__(1024)
 	}
 }
 
-/* grid (F / 16, chunk slots): rows f0 .. f0 + 15 of gate (tile 0) and up (tile 1) of the chunk's
- * expert; warp w takes units w, w + 4, ... of D; h[pair][f] = SiLU(g) u (kcpu_swiglu's formula) */
+/* grid (F / 16, chunk slots), W = MM_GU_WARPS(NG) warps: rows f0 .. f0 + 15 of gate (tile 0) and
+ * up (tile 1) of the chunk's expert; warp w takes units w, w + W, ... of D; h[pair][f] = SiLU(g) u
+ * (kcpu_swiglu's formula). With one n-tile (<= 4 tokens: batch 1 leaves ~1 block per SM) 8 warps
+ * keep twice the loads in flight; with two, 8 warps' staging would pass 48 KB of shared memory. */
+#define MM_GU_WARPS(NG) ((NG) == 1 ? 8 : 4)
 template <int T, int NG>
-__global__ void __launch_bounds__(MM_WARPS * 32)
+__global__ void __launch_bounds__(MM_GU_WARPS(NG) * 32)
     moe_mma_gate_up_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                            const uint8_t *__restrict__ sg, const uint8_t *__restrict__ su, size_t rb,
                            int64_t E, int64_t F, int64_t n_units, const float *__restrict__ x, int64_t ldx,
                            int k, int np_r, const int4 *__restrict__ chunks, const int32_t *__restrict__ list,
                            float *__restrict__ h)
 {
-	constexpr int R = 2, NT = 4 * NG;
-	__shared__ float part[MM_WARPS][16 * R][NT];
-	__shared__ mm_stage<NG> stage[MM_WARPS];
+	constexpr int R = 2, NT = 4 * NG, W = MM_GU_WARPS(NG);
+	__shared__ float part[W][16 * R][NT];
+	__shared__ mm_stage<NG> stage[W];
 	__shared__ const float *xr[NT];
 	__shared__ int pr[NT];
 	const int warp = threadIdx.x >> 5;
@@ -534,7 +537,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
 		rows[1][hr] = bu + ((size_t)f0 + 8 * hr + L.g) * rb;
 	}
 	const bool rb4 = rb % 4 == 0;
-	for (int64_t u = warp; u < n_units; u += MM_WARPS)
+	for (int64_t u = warp; u < n_units; u += W)
 		mm_unit<T, R, NG>(L, rows, u, rb4);
 #pragma unroll
 	for (int r = 0; r < R; r++)
@@ -545,13 +548,13 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
 				part[warp][16 * r + 8 * hr + L.g][4 * g + L.t] =
 				    fmaf(L.acc[r][g][2 * hr + 1], 1.f / 2048.f, L.acc[r][g][2 * hr]);
 	__syncthreads();
-	for (int i = threadIdx.x; i < 16 * NT; i += MM_WARPS * 32) {
+	for (int i = threadIdx.x; i < 16 * NT; i += W * 32) {
 		const int rr = i / NT, tok = i % NT;
 		if (tok >= ch.z)
 			continue;
 		float gs = 0.f, us = 0.f;
 #pragma unroll
-		for (int w = 0; w < MM_WARPS; w++) {
+		for (int w = 0; w < W; w++) {
 			gs += part[w][rr][tok];
 			us += part[w][16 + rr][tok];
 		}
@@ -701,7 +704,7 @@ struct mm_args {
 template <int T, int NG> static int mm_gate_up_t(struct kcuda_ctx *c, const struct mm_args &a)
 {
 	dim3 grid((unsigned)(a.F / 16), (unsigned)a.slots);
-	moe_mma_gate_up_kernel<T, NG><<<grid, MM_WARPS * 32, 0, c->stream>>>(
+	moe_mma_gate_up_kernel<T, NG><<<grid, MM_GU_WARPS(NG) * 32, 0, c->stream>>>(
 	    (const uint8_t *)a.gate->data, (const uint8_t *)a.up->data, (const uint8_t *)a.sg,
 	    (const uint8_t *)a.su, a.gate->row_bytes, a.E, a.F, a.D / 256, a.x, a.ldx, a.k, a.np_r, a.chunks,
 	    a.list, a.h);
