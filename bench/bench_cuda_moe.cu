@@ -10,7 +10,8 @@
  * the access pattern shares). Expert ids: distinct per token, uniform, seeded (seed printed).
  * GB/s counts the bytes of the experts the batch actually hits (distinct ids x (2 F rows of gate /
  * up + D rows of down)), each read once: the floor the op can reach. Time: CUDA events around 20
- * calls after 3 warm-up calls, median of 5 such batches. Also printed: the largest difference
+ * calls after 3 warm-up calls, median of 5 such batches. NG1 / NG2: the new path with one or two
+ * n-tiles forced (TANDEM_MOE_MMA_NG; "new" picks by n). Also printed: the largest difference
  * between the two paths' outputs relative to max |out| (both are fp32-accurate: ~1e-6).
  *   bench_cuda_moe          exit 77 without a GPU */
 #include <algorithm>
@@ -99,7 +100,7 @@ int main(void)
 	const double expert_bytes = 2.0 * (double)F * (double)rb_d + (double)D * (double)rb_f;
 	printf("moe bench: GLM-5 TP=8 rank slice, E %lld top-%d, D %lld, F %lld, %s (%.2f MB per expert)\n",
 	       (long long)E, k, (long long)D, (long long)F, ktype_name(type), expert_bytes / 1e6);
-	printf("  batch  experts hit   old us   new us  speed-up   old GB/s   new GB/s  rel diff   route us\n");
+	printf("  batch  experts hit   old us   new us  speed-up   old GB/s   new GB/s  rel diff   route us  new NG1 us  new NG2 us\n");
 	static const int batches[] = {1, 8, 32, 128};
 	int fails = 0;
 	std::vector<double> sh_old(4), sh_new(4), sh_diff(4), sh_bytes(4);
@@ -157,6 +158,17 @@ int main(void)
 			rc2 |= kcuda_moe_ffn(c, (const float *)d_x, D, n, (const int32_t *)d_ids, (const float *)d_w, k,
 			                     &dg, &du, &dd, E, F, (float *)d_o2, D);
 		});
+		setenv("TANDEM_MOE_MMA_NG", "1", 1);
+		const float t_ng1 = time_us(c->stream, [&] {
+			rc2 |= kcuda_moe_ffn(c, (const float *)d_x, D, n, (const int32_t *)d_ids, (const float *)d_w, k,
+			                     &dg, &du, &dd, E, F, (float *)d_o2, D);
+		});
+		setenv("TANDEM_MOE_MMA_NG", "2", 1);
+		const float t_ng2 = time_us(c->stream, [&] {
+			rc2 |= kcuda_moe_ffn(c, (const float *)d_x, D, n, (const int32_t *)d_ids, (const float *)d_w, k,
+			                     &dg, &du, &dd, E, F, (float *)d_o2, D);
+		});
+		unsetenv("TANDEM_MOE_MMA_NG");
 		const float t_route = time_us(c->stream, [&] {
 			(void)kcuda_moe_route(c, (const float *)d_lg, E, (const float *)d_b, n, (int)E, k, 1, 1, 0, true,
 			                      2.5f, (int32_t *)d_rid, (float *)d_rw);
@@ -220,8 +232,8 @@ int main(void)
 			fails++;
 		}
 		const double bytes = n_hit * expert_bytes;
-		printf("  %5d  %11d  %7.1f  %7.1f  %8.2fx  %9.0f  %9.0f  %8.1e  %9.1f\n", n, n_hit, t_old, t_new,
-		       t_old / t_new, bytes / (t_old * 1e3), bytes / (t_new * 1e3), rel, t_route);
+		printf("  %5d  %11d  %7.1f  %7.1f  %8.2fx  %9.0f  %9.0f  %8.1e  %9.1f  %10.1f  %10.1f\n", n, n_hit, t_old,
+		       t_new, t_old / t_new, bytes / (t_old * 1e3), bytes / (t_new * 1e3), rel, t_route, t_ng1, t_ng2);
 		CK(cudaFree(d_x));
 		CK(cudaFree(d_w));
 		CK(cudaFree(d_ids));

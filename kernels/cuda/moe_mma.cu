@@ -788,9 +788,13 @@ int moe_mma_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, con
                 const struct kweight *down, int64_t E, int64_t F, const struct kweight *sh_gate,
                 const struct kweight *sh_up, const struct kweight *sh_down, float *out, int64_t ldo)
 {
-	/* up to 4 tokens no expert has more than 4 of them (ids of one token are distinct): one
-	 * n-tile of 4 tokens; else two (8 tokens per pass over a row) */
-	if (n <= 4)
+	/* one n-tile of 4 tokens (8 warps per gate/up block) while experts average at most one pair
+	 * (n k <= E: an expert with more than 4 then costs a second chunk, rare) or no expert can have
+	 * more than 4 (n <= 4: ids of one token are distinct); else two (8 tokens per pass over a row).
+	 * TANDEM_MOE_MMA_NG=1|2 forces it (bench_cuda_moe's A/B). */
+	const char *f = getenv("TANDEM_MOE_MMA_NG");
+	const int ng = f && (f[0] == '1' || f[0] == '2') ? f[0] - '0' : (n <= 4 || n * k <= E ? 1 : 2);
+	if (ng == 1)
 		return mm_run<1>(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, sh_gate, sh_up, sh_down, out,
 		                 ldo);
 	return mm_run<2>(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, sh_gate, sh_up, sh_down, out, ldo);

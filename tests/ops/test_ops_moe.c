@@ -4,12 +4,20 @@
  *    softmax gating (E 64, k 6) and an odd one (E 20, k 3, 5 groups / 2 used); logits on a coarse
  *    grid in half of the tokens so experts and groups tie exactly (ties go to the lower id).
  *    ids must be equal; weights within 1e-6 relative (CUDA expf is not glibc's to the last ulp).
- * 2. kcuda_moe_ffn vs the CPU chain of forward.c (per token and slot: kcpu_matmul gate / up on the
- *    expert's rows, kcpu_swiglu, kcpu_matmul down, weighted sum) for Q8_0, Q4_K, Q6_K, BF16, F32
- *    stacked expert weights: decode path (1, 3, 16 tokens: fp32 throughout, max error <= 1e-4 *
- *    max|ref|), the sorted batched-decode path (40 and 128 tokens: fp32, <= 1e-4, and bit-equal to
- *    the pair kernels run on the same pairs token by token) and the grouped prefill path
- *    (TANDEM_MOE_SORTED=0 at 40 tokens, 300 tokens: bf16 tensor-core GEMM, <= 2e-2).
+ * 2. kcuda_moe_ffn vs the CPU chain of forward.c (per expert: kcpu_matmul gate / up on its tokens,
+ *    kcpu_swiglu, kcpu_matmul down; then the weighted sum in slot order) for Q8_0, Q4_K, Q5_K,
+ *    Q6_K, BF16, F32 stacked expert weights and mixed gate / down types, every path:
+ *    - the tensor-core path (moe_mma.cu: K-quants and Q8_0 at D, F multiples of 256, 1..256
+ *      tokens): batch 1, 2, 3, 8, 16, 17, 40, 128, 256 at 256 experts top-8, one TP=8 rank of
+ *      GLM-5 (D 6144) and DeepSeek-V3 (D 7168) with F 256, glm-dsa-tiny's dims; with the shared
+ *      expert in the same launches (kcuda_moe_ffn_shexp; refused with ERR_UNSUPPORTED where its
+ *      shape does not fit, e.g. ds-tiny's F 128); both n-tile counts forced (TANDEM_MOE_MMA_NG);
+ *      max error <= 1e-4 max|ref| (fp16 hi/lo split of x: ~1e-7 in practice);
+ *    - TANDEM_MOE_FAST=0: the pair kernels (<= 16 tokens) and the sorted kernels (17..256, bit-equal
+ *      to the pair kernels token by token), fp32, <= 1e-4; the grouped prefill path
+ *      (TANDEM_MOE_SORTED=0 at 40 tokens, and 300 tokens: bf16 tensor-core GEMM, <= 2e-2).
+ *    Every case runs twice: the bits must be equal (determinism). An expert id out of range is
+ *    counted and gives NaN for its token only.
  * 3. The model's chain kcuda_matmul (F32 router weight) -> kcuda_moe_route against the CPU chain
  *    (ids equal except near-ties of the selection score, since the logits differ by rounding), and
  *    argument checks.
@@ -528,6 +536,15 @@ int main(void)
 		if (!quick || sweep_n[i] == 3 || sweep_n[i] == 17)
 			ffn_case(&e256s, KT_Q4_K, KT_Q6_K, sweep_n[i], 1e-4);
 	ffn_case(&gtinys, KT_Q4_K, KT_Q6_K, 3, 1e-4);
+	/* the n-tile count forced against its choice: one tile with experts of > 4 pairs (split into
+	 * several chunks), two tiles at 1 and 3 tokens */
+	setenv("TANDEM_MOE_MMA_NG", "1", 1);
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 128, 1e-4);
+	ffn_case(&small, KT_Q8_0, KT_Q5_K, 40, 1e-4);
+	setenv("TANDEM_MOE_MMA_NG", "2", 1);
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 1, 1e-4);
+	ffn_case(&glm5, KT_Q4_K, KT_Q4_K, 3, 1e-4);
+	unsetenv("TANDEM_MOE_MMA_NG");
 	ffn_case(&dtinys, KT_Q4_K, KT_Q6_K, 3, 1e-4); /* F 128: ERR_UNSUPPORTED */
 	ffn_case(&glm5, KT_Q6_K, KT_Q6_K, 3, 1e-4);
 	static const int tiny_n[] = {1, 3, 17, 40};
