@@ -69,12 +69,18 @@ if ! ok test_gpu_model; then # which new path: everything old, then only the old
 		"$B/tests/test_gpu_model"
 	step test_gpu_model_attnref 40 env TANDEM_CUDA_ATTN=ref "$B/tests/test_gpu_model"
 fi
+# fused small ops (issue #4): their op test, and the model without them when it failed
+[ -x "$B/tests/test_ops_fused" ] && step test_ops_fused 60 env TANDEM_OPS_QUICK=1 "$B/tests/test_ops_fused"
+ok test_gpu_model || step test_gpu_model_nofuse 40 env TANDEM_FUSE=0 "$B/tests/test_gpu_model"
 { ok test_ops_mla && ok test_ops_indexer; } || export TANDEM_CUDA_ATTN=ref
 ok test_ops_head_gemv || export TANDEM_HEAD_GEMV=0
 ok test_ops_moe || export TANDEM_MOE_SORTED=0 TANDEM_MOE_FAST=0
 echo "switches for the timings: ATTN=${TANDEM_CUDA_ATTN:-new} HEAD_GEMV=${TANDEM_HEAD_GEMV:-1} MOE_SORTED=${TANDEM_MOE_SORTED:-1} MOE_FAST=${TANDEM_MOE_FAST:-1}" |
 	tee "$L/switches.log"
 SUMMARY+=("$(cat "$L/switches.log")")
+ok test_ops_fused || export TANDEM_FUSE=0
+echo "fused small ops for the timings: FUSE=${TANDEM_FUSE:-1}" | tee -a "$L/switches.log"
+SUMMARY+=("fused small ops for the timings: FUSE=${TANDEM_FUSE:-1}")
 gpu2 test_gpu_tp 60 "$B/tests/test_gpu_tp"
 step test_gpu_workers 40 "$B/tests/test_gpu_workers"
 step test_gpu_workers_sh 60 env BUILD="$B" TANDEM_GPU_TESTS=1 bash tests/e2e/test_gpu_workers.sh
@@ -93,7 +99,7 @@ for t in matmul rowops sample; do
 	step "test_ops_$t" 40 env TANDEM_OPS_QUICK=1 "$B/tests/test_ops_$t"
 done
 if command -v compute-sanitizer >/dev/null; then
-	for t in mla indexer; do
+	for t in mla indexer fused; do
 		step "memcheck_$t" 60 env TANDEM_OPS_QUICK=1 TANDEM_OPS_SMALL=1 \
 			compute-sanitizer --tool memcheck --error-exitcode 9 "$B/tests/test_ops_$t"
 	done

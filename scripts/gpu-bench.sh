@@ -46,4 +46,9 @@ step ds3_matrix 30 "$T" bench --synthetic deepseek3 --tp 8 --rank 0 --backend cu
 	--matrix-prefill 2048
 step glm5_graph_profile 20 "$T" bench --synthetic glm5 --tp 8 --rank 0 --backend cuda --kv-fill random \
 	--ctx 4096 --gen 12 --batch 1 --reps 1 --profile-graphs
+# fused small ops (issue #4) against the parts one by one: graph ms/step and nodes per step, batch 1
+for f in 1 0; do
+	step glm5_b1_fuse$f 20 env TANDEM_FUSE=$f "$T" bench --synthetic glm5 --tp 8 --rank 0 --backend cuda \
+		--kv-fill random --ctx 4096 --gen 12 --batch 1 --reps 1
+done
 date -u | tee -a "$L"

@@ -117,6 +117,23 @@ struct model_backend_ops {
 	int (*host_pin)(void *ctx, void *p, size_t bytes);
 	void (*host_unpin)(void *ctx, void *p);
 	int (*bind_thread)(void *ctx);
+	/* Fused ops (issue #4): each equals the sequence of the ops above that it names, run in that
+	 * order on the same values (the CPU backend runs exactly that sequence, so its numbers do not
+	 * change); a backend may do it in fewer launches. forward.c calls them where it had the
+	 * sequence. */
+	/* add then rmsnorm: h += x (n_rows x n, contiguous), then y = rmsnorm(h) with w (y not h) */
+	void (*add_rmsnorm)(void *ctx, float *h, const float *x, float *y, const float *w, int64_t n,
+	                    int64_t n_rows, float eps);
+	/* the MLA latents of main layer `layer` (rows st.n): rmsnorm(cq, L->q_a_norm, Cq wide, in
+	 * place); rmsnorm of kvl's first C (L->kv_a_norm, in place; rows C + R wide); rope of kvl's last
+	 * R (rope_main, cs); then kv_write(MBE_KV_LATENT, layer, kvl, C + R) when write */
+	void (*mla_latent)(void *ctx, int layer, const struct layer_w *L, float *cq, float *kvl,
+	                   const float *cs, bool write);
+	/* the indexer's inputs of full layer `layer`: layernorm(kI, idx_knorm); rope(qI, HI heads of
+	 * DI, rope_idx); scale(wI, 1 / sqrt(HI)); rope(kI); kv_write(MBE_KV_INDEXER, idx_slot) when
+	 * write */
+	void (*idx_prep)(void *ctx, int layer, const struct layer_w *L, float *qI, float *kI, float *wI,
+	                 const float *cs, bool write);
 };
 
 struct model_backend {

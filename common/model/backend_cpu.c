@@ -527,6 +527,41 @@ static const struct mbe_weights *cpu_weights(void *ctx)
 	return &c->w;
 }
 
+/* ---- fused ops: the sequences themselves (bit-identical to the unfused forward) ---------------- */
+static void cpu_add_rmsnorm(void *ctx, float *h, const float *x, float *y, const float *w, int64_t n,
+                            int64_t n_rows, float eps)
+{
+	cpu_add(ctx, h, x, n * n_rows);
+	cpu_rmsnorm(ctx, y, n, h, n, w, n, n_rows, eps);
+}
+
+static void cpu_mla_latent(void *ctx, int layer, const struct layer_w *L, float *cq, float *kvl,
+                           const float *cs, bool write)
+{
+	struct be_cpu *c = ctx;
+	const struct model_hparams *hp = &c->m->hp;
+	int64_t n = c->st.n, C = hp->C, R = hp->R;
+	cpu_rmsnorm(ctx, cq, hp->Cq, cq, hp->Cq, L->q_a_norm, hp->Cq, n, hp->latent_eps);
+	cpu_rmsnorm(ctx, kvl, C + R, kvl, C + R, L->kv_a_norm, C, n, hp->latent_eps);
+	cpu_rope(ctx, kvl + C, C + R, n, 1, 0, R, cs, hp->rope_main);
+	if (write)
+		cpu_kv_write(ctx, MBE_KV_LATENT, layer, kvl, C + R);
+}
+
+static void cpu_idx_prep(void *ctx, int layer, const struct layer_w *L, float *qI, float *kI, float *wI,
+                         const float *cs, bool write)
+{
+	struct be_cpu *c = ctx;
+	const struct model_hparams *hp = &c->m->hp;
+	int64_t n = c->st.n, HI = hp->idx_H, DI = hp->idx_D, R = hp->R;
+	cpu_layernorm(ctx, kI, DI, kI, DI, L->idx_knorm_w, L->idx_knorm_b, DI, n, hp->idx_norm_eps);
+	cpu_rope(ctx, qI, HI * DI, n, HI, DI, R, cs, hp->rope_idx);
+	cpu_scale(ctx, wI, n * HI, 1.0f / sqrtf((float)HI));
+	cpu_rope(ctx, kI, DI, n, 1, 0, R, cs, hp->rope_idx);
+	if (write)
+		cpu_kv_write(ctx, MBE_KV_INDEXER, hp->idx_slot[layer], kI, DI);
+}
+
 static const struct model_backend_ops cpu_ops = {
     .name = "cpu",
     .weights = cpu_weights,
@@ -552,6 +587,9 @@ static const struct model_backend_ops cpu_ops = {
     .host_view = cpu_host_view,
     .to_host = cpu_to_host,
     .destroy = cpu_destroy,
+    .add_rmsnorm = cpu_add_rmsnorm,
+    .mla_latent = cpu_mla_latent,
+    .idx_prep = cpu_idx_prep,
 };
 
 int model_backend_cpu_create(struct model *m, struct model_rank *rk, struct model_backend *out)

@@ -35,6 +35,7 @@
 #include "common/base/log.h"
 #include "common/model/backend.h"
 #include "common/model/model_internal.h"
+#include "kernels/cuda/fused.h"
 #include "kernels/cuda/kv_stage.h"
 #include "kernels/cuda/model_fwd.h"
 #include "kernels/cuda/prof.h"
@@ -104,6 +105,7 @@ struct be_cuda {
 	bool prof_graph, prof_capturing, seg_pending;
 	struct kprof_seg *gseg[N_BBUCKETS][N_CBUCKETS];
 	bool head_gemv; /* k_b / v_b of all heads in one launch (TANDEM_HEAD_GEMV=0: per head) */
+	bool fuse; /* fused small ops (kernels/cuda/fused.h; TANDEM_FUSE=0: the parts one by one) */
 };
 
 #define CK(x)                                                                                                \
@@ -765,7 +767,11 @@ static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const flo
 			                Hl * (C + R)));
 		}
 	PROF(c, "attn.q_rope(copy+rope)", NULL, 8.0 * (double)(n * Hl * R))
-	{
+	if (c->fuse) {
+		struct kfuse_rope rp = {.inv_freq = c->d_inv, .pos = c->d_pos, .pairing = hp->rope_main};
+		CK(kfuse_rope_copy(c->kc, c->qabs + C, Hl * (C + R), C + R, q + N, Hl * NR, NR, n, Hl, R,
+		                   &rp));
+	} else {
 		CK(kfwd_copy2d(c->kc, c->qabs + C, C + R, q + N, NR, R, n * Hl));
 		CK(kcuda_rope(c->kc, c->qabs + C, Hl * (C + R), n, Hl, C + R, R, c->d_inv, c->d_pos,
 		              hp->rope_main, 1.0f));
@@ -1122,6 +1128,84 @@ static int cu_bind_thread(void *ctx)
 	return kstage_bind_thread(c->kc);
 }
 
+/* ---- fused small ops (kernels/cuda/fused.h): one launch each; c->fuse off: the parts ---------- */
+static struct kfuse_kv fuse_kv(const struct be_cuda *c, enum mbe_kv_part part, int index, bool write)
+{
+	const struct model_kv_layout *L = &c->kv->layout;
+	struct kfuse_kv k = {0};
+	if (!write)
+		return k;
+	k.base = c->kvb;
+	k.block_bytes = L->block_bytes;
+	k.offset = part == MBE_KV_LATENT ? (size_t)index * L->lat_layer_bytes
+	                                 : L->idx_offset + (size_t)index * L->idx_layer_bytes;
+	k.block_tokens = L->block_tokens;
+	k.bf16 = L->dtype == MODEL_KV_BF16;
+	k.seq = c->d_seq;
+	k.blocks = c->d_blk;
+	k.ld_blocks = c->max_blk;
+	return k;
+}
+
+static void cu_add_rmsnorm(void *ctx, float *h, const float *x, float *y, const float *w, int64_t n,
+                           int64_t n_rows, float eps)
+{
+	struct be_cuda *c = ctx;
+	if (!c->fuse) {
+		cu_add(ctx, h, x, n * n_rows);
+		cu_rmsnorm(ctx, y, n, h, n, w, n, n_rows, eps);
+		return;
+	}
+	SKIP_REPLAY(c);
+	PROF(c, "add+rmsnorm", NULL, 12.0 * (double)(n * n_rows))
+	CK(kfuse_add_rmsnorm(c->kc, h, x, y, w, n, n_rows, eps));
+}
+
+static void cu_mla_latent(void *ctx, int layer, const struct layer_w *L, float *cq, float *kvl,
+                          const float *cs, bool write)
+{
+	struct be_cuda *c = ctx;
+	const struct model_hparams *hp = &c->m->hp;
+	int64_t n = c->st.n, C = hp->C, R = hp->R;
+	if (!c->fuse) {
+		cu_rmsnorm(ctx, cq, hp->Cq, cq, hp->Cq, L->q_a_norm, hp->Cq, n, hp->latent_eps);
+		cu_rmsnorm(ctx, kvl, C + R, kvl, C + R, L->kv_a_norm, C, n, hp->latent_eps);
+		cu_rope(ctx, kvl + C, C + R, n, 1, 0, R, cs, hp->rope_main);
+		if (write)
+			cu_kv_write(ctx, MBE_KV_LATENT, layer, kvl, C + R);
+		return;
+	}
+	SKIP_REPLAY(c);
+	struct kfuse_rope rp = {.inv_freq = c->d_inv, .pos = c->d_pos, .pairing = hp->rope_main};
+	struct kfuse_kv kv = fuse_kv(c, MBE_KV_LATENT, layer, write);
+	PROF(c, "mla_latent(norms+rope+kv_write)", NULL, 12.0 * (double)(n * (hp->Cq + C + R)))
+	CK(kfuse_mla_latent(c->kc, cq, hp->Cq, L->q_a_norm, hp->latent_eps, kvl, C, R, L->kv_a_norm,
+	                    hp->latent_eps, n, &rp, &kv));
+}
+
+static void cu_idx_prep(void *ctx, int layer, const struct layer_w *L, float *qI, float *kI, float *wI,
+                        const float *cs, bool write)
+{
+	struct be_cuda *c = ctx;
+	const struct model_hparams *hp = &c->m->hp;
+	int64_t n = c->st.n, HI = hp->idx_H, DI = hp->idx_D, R = hp->R;
+	if (!c->fuse) {
+		cu_layernorm(ctx, kI, DI, kI, DI, L->idx_knorm_w, L->idx_knorm_b, DI, n, hp->idx_norm_eps);
+		cu_rope(ctx, qI, HI * DI, n, HI, DI, R, cs, hp->rope_idx);
+		cu_scale(ctx, wI, n * HI, 1.0f / sqrtf((float)HI));
+		cu_rope(ctx, kI, DI, n, 1, 0, R, cs, hp->rope_idx);
+		if (write)
+			cu_kv_write(ctx, MBE_KV_INDEXER, hp->idx_slot[layer], kI, DI);
+		return;
+	}
+	SKIP_REPLAY(c);
+	struct kfuse_rope rp = {.inv_freq = c->d_inv, .pos = c->d_pos, .pairing = hp->rope_idx};
+	struct kfuse_kv kv = fuse_kv(c, MBE_KV_INDEXER, hp->idx_slot[layer], write);
+	PROF(c, "idx_prep(norm+rope+scale+kv_write)", NULL, 8.0 * (double)(n * (HI * DI + HI + DI)))
+	CK(kfuse_idx_prep(c->kc, qI, wI, HI, 1.0f / sqrtf((float)HI), kI, DI, R, L->idx_knorm_w,
+	                  L->idx_knorm_b, hp->idx_norm_eps, n, &rp, &kv));
+}
+
 static const struct model_backend_ops cuda_ops = {
     .name = "cuda",
     .weights = cu_weights,
@@ -1155,6 +1239,9 @@ static const struct model_backend_ops cuda_ops = {
     .host_pin = cu_host_pin,
     .host_unpin = cu_host_unpin,
     .bind_thread = cu_bind_thread,
+    .add_rmsnorm = cu_add_rmsnorm,
+    .mla_latent = cu_mla_latent,
+    .idx_prep = cu_idx_prep,
 };
 
 int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct model_backend *out,
@@ -1257,6 +1344,7 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 	}
 	const char *hg = getenv("TANDEM_HEAD_GEMV");
 	c->head_gemv = !hg || strcmp(hg, "0") != 0;
+	c->fuse = kfuse_enabled();
 	const char *pe = getenv("TANDEM_CUDA_PROFILE");
 	c->prof_graph = pe && strcmp(pe, "graph") == 0;
 	if (pe && *pe && strcmp(pe, "0") != 0) {

@@ -153,27 +153,22 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 
 	for (int l = 0; l < hp->n_layers; l++) {
 		const struct layer_w *L = &W->layers[l];
-		/* --- attention --- */
-		be->rmsnorm(bc, a, D, h, D, L->attn_norm, D, n, hp->rms_eps);
+		/* --- attention --- (the products of `a` first, then the latents' norms, RoPE and KV
+		 * write in one fused op, then the products of c_q and the indexer's inputs in one: the
+		 * same values as norm-after-each-product, in fewer launches) */
+		if (l == 0) /* later layers: fused into the previous layer's last add */
+			be->rmsnorm(bc, a, D, h, D, L->attn_norm, D, n, hp->rms_eps);
 		be->matmul(bc, &L->q_a, a, D, n, cq, hp->Cq);
-		be->rmsnorm(bc, cq, hp->Cq, cq, hp->Cq, L->q_a_norm, hp->Cq, n, hp->latent_eps);
-		be->matmul(bc, &L->q_b, cq, hp->Cq, n, q, Hl * NR);
 		be->matmul(bc, &L->kv_a, a, D, n, kvl, C + R);
-		be->rmsnorm(bc, kvl, C + R, kvl, C + R, L->kv_a_norm, C, n, hp->latent_eps);
-		be->rope(bc, kvl + C, C + R, n, 1, 0, R, cs, hp->rope_main);
-		if (rk->writes_kv)
-			be->kv_write(bc, MBE_KV_LATENT, l, kvl, C + R);
+		if (L->has_idx) {
+			be->matmul(bc, &L->idx_k, a, D, n, kI, DI);
+			be->matmul(bc, &L->idx_proj, a, D, n, wI, HI);
+		}
+		be->mla_latent(bc, l, L, cq, kvl, cs, rk->writes_kv);
+		be->matmul(bc, &L->q_b, cq, hp->Cq, n, q, Hl * NR);
 		if (L->has_idx) {
 			be->matmul(bc, &L->idx_q_b, cq, hp->Cq, n, qI, HI * DI);
-			be->matmul(bc, &L->idx_k, a, D, n, kI, DI);
-			be->layernorm(bc, kI, DI, kI, DI, L->idx_knorm_w, L->idx_knorm_b, DI, n,
-			              hp->idx_norm_eps);
-			be->matmul(bc, &L->idx_proj, a, D, n, wI, HI);
-			be->rope(bc, qI, HI * DI, n, HI, DI, R, cs, hp->rope_idx);
-			be->scale(bc, wI, n * HI, 1.0f / sqrtf((float)HI));
-			be->rope(bc, kI, DI, n, 1, 0, R, cs, hp->rope_idx);
-			if (rk->writes_kv)
-				be->kv_write(bc, MBE_KV_INDEXER, hp->idx_slot[l], kI, DI);
+			be->idx_prep(bc, l, L, qI, kI, wI, cs, rk->writes_kv);
 		}
 		if ((rc = be->barrier(bc)))
 			goto out;
@@ -204,9 +199,8 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 		be->matmul(bc, &L->o, o, Hl * V, n, part, D);
 		if ((rc = be->all_reduce(bc, part, (size_t)(n * D))))
 			goto out;
-		be->add(bc, h, part, n * D);
 		/* --- FFN --- */
-		be->rmsnorm(bc, a, D, h, D, L->ffn_norm, D, n, hp->rms_eps);
+		be->add_rmsnorm(bc, h, part, a, L->ffn_norm, D, n, hp->rms_eps);
 		if (!L->moe) {
 			be->matmul(bc, &L->ffn_gate, a, D, n, t1, rk->ffl);
 			be->matmul(bc, &L->ffn_up, a, D, n, t2, rk->ffl);
@@ -231,7 +225,10 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 		}
 		if ((rc = be->all_reduce(bc, part, (size_t)(n * D))))
 			goto out;
-		be->add(bc, h, part, n * D);
+		if (l + 1 < hp->n_layers) /* with the next layer's attention norm */
+			be->add_rmsnorm(bc, h, part, a, W->layers[l + 1].attn_norm, D, n, hp->rms_eps);
+		else
+			be->add(bc, h, part, n * D);
 		if (dbg && dbg->hidden_cb)
 			dbg->hidden_cb(dbg->user, l, (int)n, D, be->host_view(bc, h, (size_t)(n * D) * 4));
 	}

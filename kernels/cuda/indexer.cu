@@ -12,6 +12,7 @@
  * Plain fp32 CUDA cores (sm_90/100/120). */
 #include <errno.h>
 
+#include "kernels/cuda/fused.h"
 #include "kernels/cuda/mla_attn_mode.cuh"
 
 #define IDX_THREADS 256
@@ -224,6 +225,11 @@ extern "C" int kcuda_indexer_topk(struct kcuda_ctx *c, const struct kcuda_kv_vie
 	const int64_t ld = rows->max_keys > 0 ? rows->max_keys : 1;
 	const size_t sbytes = ((size_t)ld * sizeof(float) + 255) & ~(size_t)255;
 	int radix = !kattn_use_ref() && rows->n_q <= 64;
+	/* rows that fit one block's shared memory: one launch instead of the radix path's six
+	 * (fused.h; TANDEM_FUSE=0 keeps the radix path) */
+	const int shortk = !kattn_use_ref() && kfuse_enabled() && sbytes <= KFUSE_TOPK_SHORT * sizeof(float);
+	if (shortk)
+		radix = 0;
 	const size_t scratch1 = kcuda_topk_idx_radix_scratch(1, (int64_t)(sbytes / sizeof(float)));
 	if (radix && c->ws_bytes < sbytes + scratch1)
 		radix = 0; /* no room for the histograms: the ref kernel needs none */
@@ -241,7 +247,10 @@ extern "C" int kcuda_indexer_topk(struct kcuda_ctx *c, const struct kcuda_kv_vie
 		if ((rc = idx_launch(c, b, nr)))
 			return rc;
 		rc = ERR_UNSUPPORTED;
-		if (radix)
+		if (shortk)
+			rc = kcuda_topk_idx_short(c, b.scores, b.ld, nr, b.n_keys, b.pos0, k,
+			                          sel + r0 * ld_sel, ld_sel, nsel ? nsel + r0 : NULL);
+		else if (radix)
 			rc = kcuda_topk_idx_radix(c, b.scores, b.ld, nr, b.n_keys, b.pos0, k,
 			                          sel + r0 * ld_sel, ld_sel, nsel ? nsel + r0 : NULL,
 			                          (uint8_t *)c->ws + (size_t)per * sbytes,

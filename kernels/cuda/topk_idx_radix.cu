@@ -19,6 +19,7 @@
 #include <cub/block/block_scan.cuh>
 #include <errno.h>
 
+#include "kernels/cuda/fused.h"
 #include "kernels/cuda/mla_attn_mode.cuh"
 
 #define TR_THREADS 256
@@ -327,4 +328,150 @@ extern "C" int kcuda_topk_idx(struct kcuda_ctx *c, const float *scores, int64_t 
 		}
 	}
 	return kcuda_topk_idx_ref(c, scores, ld, n_rows, n, n0, k, out, ldo, n_out);
+}
+
+/* ---- short rows: one block per row, the row's keys in shared memory ------------------------------
+ * For rows of at most KFUSE_TOPK_SHORT scores (decode up to an 8k context) the five launches and
+ * the memset above cost more than the work (each a dependent graph node of a few microseconds).
+ * One block of TS_THREADS per row loads the row's keys into shared memory once, runs the radix
+ * select of topk_idx.cu on them (four 8-bit digits; same-bin increments of a warp are combined
+ * with __match_any_sync first, since the top digit of similar scores is nearly always one bin),
+ * then each thread takes a contiguous run of positions for the ordered compaction, so two block
+ * scans place every kept position in ascending order. */
+#define TS_THREADS 1024
+#define TS_PER (KFUSE_TOPK_SHORT / TS_THREADS)
+
+typedef cub::BlockScan<int, TS_THREADS> ts_scan_t;
+
+__global__ void __launch_bounds__(TS_THREADS)
+    topk_short_kernel(const float *__restrict__ s, int64_t ld, const int32_t *__restrict__ n_dev, int64_t n0,
+                      int k, int32_t *__restrict__ out, int64_t ldo, int32_t *__restrict__ n_out,
+                      unsigned *err)
+{
+	__shared__ typename ts_scan_t::TempStorage scan_tmp;
+	__shared__ uint32_t keys[KFUSE_TOPK_SHORT];
+	__shared__ unsigned hist[256];
+	__shared__ uint32_t sh_prefix;
+	__shared__ int sh_need;
+	const int64_t row = blockIdx.x;
+	const float *p = s + row * ld;
+	int32_t *o = out + row * ldo;
+	const int tid = threadIdx.x, lane = tid & 31;
+	int64_t n64 = n_dev ? (int64_t)n_dev[row] : n0 + row + 1;
+	if (n64 > ld) { /* longer than the row: counted, clamped (as the radix path) */
+		if (tid == 0)
+			atomicAdd(err, 1u);
+		n64 = ld;
+	}
+	const int n = n64 < 0 ? 0 : (int)n64;
+	const int kk = k < n ? k : n;
+	if (n_out && tid == 0)
+		n_out[row] = kk;
+	if (kk <= 0)
+		return;
+#pragma unroll 4 /* the loads of a thread's keys in flight together */
+	for (int i = tid; i < n; i += TS_THREADS)
+		keys[i] = tr_key(p[i]);
+	__syncthreads();
+
+	uint32_t prefix = 0, mask = 0;
+	int need = kk;
+	if (kk < n) {
+		for (int b = 3; b >= 0; b--) {
+			if (tid < 256)
+				hist[tid] = 0;
+			__syncthreads();
+			for (int base = 0; base < n; base += TS_THREADS) { /* uniform trip count */
+				const int i = base + tid;
+				const uint32_t key = i < n ? keys[i] : 0u;
+				const bool valid = i < n && (key & mask) == prefix;
+				const unsigned d = valid ? (key >> (8 * b)) & 255u : 256u;
+				const unsigned peers = __match_any_sync(0xffffffffu, d);
+				if (valid && __ffs(peers) - 1 == lane)
+					atomicAdd(&hist[d], (unsigned)__popc(peers));
+			}
+			__syncthreads();
+			if (tid < 32) { /* warp 0 scans the bins from the top (as topk_idx.cu) */
+				unsigned c8[8], tot = 0;
+#pragma unroll
+				for (int q = 0; q < 8; q++) {
+					c8[q] = hist[255 - 8 * tid - q];
+					tot += c8[q];
+				}
+				unsigned incl = tot;
+#pragma unroll
+				for (int o2 = 1; o2 < 32; o2 <<= 1) {
+					const unsigned v = __shfl_up_sync(0xffffffffu, incl, o2);
+					if (tid >= o2)
+						incl += v;
+				}
+				const unsigned excl = incl - tot;
+				if (excl < (unsigned)need && incl >= (unsigned)need) {
+					unsigned cum = excl;
+					int bin = 0;
+#pragma unroll
+					for (int q = 0; q < 8; q++) {
+						if (cum + c8[q] >= (unsigned)need) {
+							bin = 255 - 8 * tid - q;
+							break;
+						}
+						cum += c8[q];
+					}
+					sh_prefix = prefix | ((uint32_t)bin << (8 * b));
+					sh_need = need - (int)cum;
+				}
+			}
+			__syncthreads();
+			prefix = sh_prefix;
+			need = sh_need;
+			mask |= 255u << (8 * b);
+		}
+	} else {
+		need = n; /* everything is kept */
+	}
+	/* ordered compaction over contiguous runs: keys > prefix, then the first `need` == prefix */
+	const bool all = kk == n;
+	const int per = (n + TS_THREADS - 1) / TS_THREADS;
+	const int i0 = tid * per < n ? tid * per : n, i1 = i0 + per < n ? i0 + per : n;
+	int n_eq = 0;
+	for (int i = i0; i < i1; i++)
+		n_eq += !all && keys[i] == prefix;
+	int eq_before;
+	ts_scan_t(scan_tmp).ExclusiveSum(n_eq, eq_before);
+	__syncthreads();
+	int n_take = 0;
+	for (int i = i0, e = eq_before; i < i1; i++) {
+		const uint32_t key = keys[i];
+		const bool eq = !all && key == prefix;
+		n_take += all || key > prefix || (eq && e < need);
+		e += eq;
+	}
+	int at;
+	ts_scan_t(scan_tmp).ExclusiveSum(n_take, at);
+	for (int i = i0, e = eq_before; i < i1; i++) {
+		const uint32_t key = keys[i];
+		const bool eq = !all && key == prefix;
+		if (all || key > prefix || (eq && e < need))
+			o[at++] = i;
+		e += eq;
+	}
+}
+
+extern "C" int kcuda_topk_idx_short(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n_rows,
+                                    const int32_t *n, int64_t n0, int k, int32_t *out, int64_t ldo,
+                                    int32_t *n_out)
+{
+	if (!c || !scores || !out || n_rows < 0 || k < 0 || ldo < k || ld < 1)
+		return kcuda_bad_arg("topk_idx_short", "rows %lld k %d ldo %lld ld %lld%s", (long long)n_rows,
+		                     k, (long long)ldo, (long long)ld,
+		                     !c || !scores || !out ? ", or a null pointer" : "");
+	if (ld > KFUSE_TOPK_SHORT)
+		return ERR_UNSUPPORTED;
+	if (n_rows == 0)
+		return 0;
+	if (n_rows > INT32_MAX)
+		return ERR_LIMIT;
+	topk_short_kernel<<<(unsigned)n_rows, TS_THREADS, 0, c->stream>>>(scores, ld, n, n0, k, out, ldo,
+	                                                                  n_out, c->err_dev);
+	return kcuda_launch_status("topk_idx_short");
 }

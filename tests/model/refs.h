@@ -109,6 +109,29 @@ static inline int argmax(const float *v, int64_t n)
 	return (int)b;
 }
 
+/* Top-1 minus top-2 of v[0..n): how far the greedy choice is from flipping. */
+static inline double margin12(const float *v, int64_t n)
+{
+	int a = argmax(v, n);
+	double best2 = -INFINITY;
+	for (int64_t i = 0; i < n; i++)
+		if (i != a && v[i] > best2)
+			best2 = v[i];
+	return (double)v[a] - best2;
+}
+
+/* The manifest's prompt named want: its ids (caller frees) and count; -1 when there is none. */
+static inline int find_prompt(json_t *man, const char *want, int32_t **ids, int *n)
+{
+	const char *name;
+	for (size_t i = 0; (*ids = ref_prompt(man, i, n, &name)); i++) {
+		if (strcmp(name, want) == 0)
+			return 0;
+		free(*ids);
+	}
+	return -1;
+}
+
 /* One sequence in a private KV pool: blocks 0..n_blocks-1 in order (or a scattered table). */
 struct tseq {
 	int32_t blocks[64];

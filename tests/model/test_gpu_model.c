@@ -60,27 +60,6 @@ static struct model *load_cuda(const char *stem, int graphs)
 	return m;
 }
 
-static int find_prompt(json_t *man, const char *want, int32_t **ids, int *n)
-{
-	const char *name;
-	for (size_t i = 0; (*ids = ref_prompt(man, i, n, &name)); i++) {
-		if (strcmp(name, want) == 0)
-			return 0;
-		free(*ids);
-	}
-	return -1;
-}
-
-static double margin12(const float *v, int64_t n)
-{
-	int a = argmax(v, n);
-	double best2 = -INFINITY;
-	for (int64_t i = 0; i < n; i++)
-		if (i != a && v[i] > best2)
-			best2 = v[i];
-	return (double)v[a] - best2;
-}
-
 static void test_logits(const char *stem, struct model *mc, struct model *mg, json_t *man)
 {
 	int64_t V = model_hparams(mc)->vocab;

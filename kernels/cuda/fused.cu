@@ -1,0 +1,391 @@
+/* Fused small ops of the decode step (declared in fused.h): each kernel does, for a batch of
+ * rows, what a short sequence of row ops did in several launches (issue #4: at batch 1 a captured
+ * decode graph was ~3300 dependent nodes, most of them kernels of a few microseconds). The
+ * per-element arithmetic is that of the ops replaced (rmsnorm.cu, rope.cu, model_fwd.cu's
+ * layernorm / scale / kv_write), written out again here so one block can chain them on a row.
+ *
+ * Grids: one block of FU_THREADS per (row, part); blockIdx.x is the row, blockIdx.y picks the
+ * part when a kernel serves two kinds of rows (mla_latent: 0 = c_q, 1 = [c | k_r]; idx_prep:
+ * 0 = k_I, 1 = q_I and w_I). Rows are independent, so the parts need no ordering between them.
+ *
+ * Latency, not bandwidth, is what these rows cost (a 6144-float row is 24 KB): a loop that loads
+ * one value, uses it and loads the next waits one L2 round trip per iteration (24 of them per
+ * thread for kcuda_rmsnorm's 256 threads on a GLM-5 row, ~10 us measured per call). Rows of up to
+ * FU_PER values per thread are therefore loaded into registers with every load issued before the
+ * first use (fu_load), and add+rmsnorm runs 1024 threads (6 values each for 6144). The sums of
+ * squares are reduced in another order than kcuda_rmsnorm's (fp32 either way; within the ops'
+ * tolerance against the CPU). Longer rows take the plain loops. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/fused.h"
+
+#define FU_THREADS 256 /* the block size of kcuda_rmsnorm / kfwd_layernorm */
+#define FU_WIDE 1024 /* add+rmsnorm: one block per hidden row */
+#define FU_PER 8 /* values per thread held in registers */
+#define FU_DI_MAX 4096 /* indexer key width kept in shared memory */
+
+extern "C" int kfuse_enabled(void)
+{
+	static int on = -1;
+	if (on < 0) {
+		const char *e = getenv("TANDEM_FUSE");
+		on = !(e && strcmp(e, "0") == 0);
+	}
+	return on;
+}
+
+/* kf32_to_bf16 on the device (as model_fwd.cu's kv_write: round to nearest even, NaN kept quiet) */
+__device__ __forceinline__ uint16_t fu_bf16(float f)
+{
+	uint32_t x = __float_as_uint(f);
+	if ((x & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)((x >> 16) | 0x40u);
+	x += 0x7fffu + ((x >> 16) & 1u);
+	return (uint16_t)(x >> 16);
+}
+
+/* the pool row of token r at position p (NULL: no pool, a padding row or an unmapped block) */
+__device__ __forceinline__ char *fu_kv_row(const kfuse_kv &kv, int64_t r, int32_t p, int64_t width)
+{
+	if (!kv.base || p < 0)
+		return NULL;
+	const int32_t blk = kv.blocks[(int64_t)kv.seq[r] * kv.ld_blocks + p / kv.block_tokens];
+	if (blk < 0)
+		return NULL;
+	return (char *)kv.base + (size_t)blk * kv.block_bytes + kv.offset +
+	       (size_t)(p % kv.block_tokens) * (size_t)width * (kv.bf16 ? 2 : 4);
+}
+
+__device__ __forceinline__ void fu_kv_put(const kfuse_kv &kv, char *row, int64_t j, float v)
+{
+	if (!row)
+		return;
+	if (kv.bf16)
+		((uint16_t *)row)[j] = fu_bf16(v);
+	else
+		((float *)row)[j] = v;
+}
+
+/* the sum of v over a block of T threads (warp sums, then the T / 32 warps in order); red[T / 32] */
+template <int T> __device__ __forceinline__ float fu_block_sum(float v, float *red)
+{
+	v = kc_warp_sum(v);
+	if ((threadIdx.x & 31) == 0)
+		red[threadIdx.x >> 5] = v;
+	__syncthreads();
+	float tot = 0.0f;
+#pragma unroll
+	for (int k = 0; k < T / 32; k++)
+		tot += red[k];
+	return tot;
+}
+
+/* v[k] = x[i] (+ a[i] when a) for i = threadIdx.x + k T < n, else 0; every load is issued before
+ * any is used; returns this thread's sum of squares (n <= FU_PER * T) */
+template <int T> __device__ __forceinline__ float fu_load(float *v, const float *x, const float *a, int64_t n)
+{
+#pragma unroll
+	for (int k = 0; k < FU_PER; k++) {
+		const int64_t i = threadIdx.x + (int64_t)k * T;
+		v[k] = i < n ? x[i] : 0.0f;
+	}
+	if (a) {
+#pragma unroll
+		for (int k = 0; k < FU_PER; k++) {
+			const int64_t i = threadIdx.x + (int64_t)k * T;
+			v[k] += i < n ? a[i] : 0.0f;
+		}
+	}
+	float ss = 0.0f;
+#pragma unroll
+	for (int k = 0; k < FU_PER; k++)
+		ss = fmaf(v[k], v[k], ss);
+	return ss;
+}
+
+/* RMSNorm of the row x (n values, in place when y == x) by a block of T threads; values that go
+ * to the pool row as well when row != NULL (j = index in the row). Every thread of the block
+ * must call it (block-wide sums inside). */
+template <int T>
+__device__ __forceinline__ void fu_rmsnorm_row(float *y, const float *x, const float *__restrict__ w,
+                                               int64_t n, float eps, float *red, const kfuse_kv &kv,
+                                               char *row)
+{
+	if (n <= (int64_t)FU_PER * T) {
+		float v[FU_PER];
+		const float ss = fu_load<T>(v, x, NULL, n);
+		const float inv = 1.0f / sqrtf(fu_block_sum<T>(ss, red) / (float)n + eps);
+#pragma unroll
+		for (int k = 0; k < FU_PER; k++) {
+			const int64_t i = threadIdx.x + (int64_t)k * T;
+			if (i < n) {
+				const float o = w[i] * (v[k] * inv);
+				y[i] = o;
+				fu_kv_put(kv, row, i, o);
+			}
+		}
+		return;
+	}
+	float ss = 0.0f;
+	for (int64_t i = threadIdx.x; i < n; i += T)
+		ss = fmaf(x[i], x[i], ss);
+	const float inv = 1.0f / sqrtf(fu_block_sum<T>(ss, red) / (float)n + eps);
+	for (int64_t i = threadIdx.x; i < n; i += T) {
+		const float o = w[i] * (x[i] * inv);
+		y[i] = o;
+		fu_kv_put(kv, row, i, o);
+	}
+}
+
+/* the rotation of pair (u0, u1) by angle pos * inv_freq (rope.cu with mscale 1) */
+__device__ __forceinline__ void fu_rot(float u0, float u1, int32_t pos, float inv, float *o0, float *o1)
+{
+	const float a = (float)pos * inv;
+	float s, co;
+	sincosf(a, &s, &co);
+	*o0 = u0 * co - u1 * s;
+	*o1 = u0 * s + u1 * co;
+}
+
+/* element indices of pair i of a rotary part of width 2 * half */
+__device__ __forceinline__ void fu_pair(int pairing, int i, int half, int *i0, int *i1)
+{
+	*i0 = pairing ? i : 2 * i;
+	*i1 = pairing ? i + half : 2 * i + 1;
+}
+
+/* ---- add + RMSNorm ----------------------------------------------------------------------------- */
+__global__ void __launch_bounds__(FU_WIDE)
+    add_rmsnorm_kernel(float *h, const float *x, float *y, const float *__restrict__ w, int64_t n, float eps)
+{
+	__shared__ float red[FU_WIDE / 32];
+	float *hr = h + blockIdx.x * n;
+	const float *xr = x ? x + blockIdx.x * n : NULL;
+	float *yr = y + blockIdx.x * n;
+	if (n <= (int64_t)FU_PER * FU_WIDE) {
+		float v[FU_PER];
+		const float ss = fu_load<FU_WIDE>(v, hr, xr, n);
+#pragma unroll
+		for (int k = 0; k < FU_PER; k++) {
+			const int64_t i = threadIdx.x + (int64_t)k * FU_WIDE;
+			if (xr && i < n)
+				hr[i] = v[k];
+		}
+		const float inv = 1.0f / sqrtf(fu_block_sum<FU_WIDE>(ss, red) / (float)n + eps);
+#pragma unroll
+		for (int k = 0; k < FU_PER; k++) {
+			const int64_t i = threadIdx.x + (int64_t)k * FU_WIDE;
+			if (i < n)
+				yr[i] = w[i] * (v[k] * inv);
+		}
+		return;
+	}
+	float ss = 0.0f;
+	for (int64_t i = threadIdx.x; i < n; i += FU_WIDE) {
+		float v = hr[i];
+		if (xr) {
+			v += xr[i];
+			hr[i] = v;
+		}
+		ss = fmaf(v, v, ss);
+	}
+	const float inv = 1.0f / sqrtf(fu_block_sum<FU_WIDE>(ss, red) / (float)n + eps);
+	for (int64_t i = threadIdx.x; i < n; i += FU_WIDE)
+		yr[i] = w[i] * (hr[i] * inv);
+}
+
+extern "C" int kfuse_add_rmsnorm(struct kcuda_ctx *c, float *h, const float *x, float *y, const float *w,
+                                 int64_t n, int64_t n_rows, float eps)
+{
+	if (!c || !h || !y || !w || n <= 0 || n_rows < 0 || n_rows > INT32_MAX || y == h || y == x)
+		return kcuda_bad_arg("add_rmsnorm", "n %lld rows %lld%s", (long long)n, (long long)n_rows,
+		                     !c || !h || !y || !w ? ", or a null pointer" : ", or y aliases h / x");
+	if (n_rows == 0)
+		return 0;
+	add_rmsnorm_kernel<<<(unsigned)n_rows, FU_WIDE, 0, c->stream>>>(h, x, y, w, n, eps);
+	return kcuda_launch_status("add_rmsnorm");
+}
+
+/* ---- MLA latents: two RMSNorms, RoPE of k_r, the KV write ------------------------------------- */
+__global__ void __launch_bounds__(FU_THREADS)
+    mla_latent_kernel(float *cq, int64_t Cq, const float *__restrict__ wq, float eps_q, float *kvl, int64_t C,
+                      int64_t R, const float *__restrict__ wkv, float eps_kv, kfuse_rope rp, kfuse_kv kv)
+{
+	__shared__ float red[FU_THREADS / 32];
+	const int64_t r = blockIdx.x;
+	if (blockIdx.y == 0) { /* c_q row: RMSNorm in place */
+		float *xr = cq + r * Cq;
+		const kfuse_kv none = {};
+		fu_rmsnorm_row<FU_THREADS>(xr, xr, wq, Cq, eps_q, red, none, NULL);
+		return;
+	}
+	/* [c | k_r] row: norm of c, rotation of k_r, each value also to the pool by its thread */
+	float *xr = kvl + r * (C + R);
+	const int32_t p = rp.pos[r];
+	char *row = fu_kv_row(kv, r, p, C + R);
+	fu_rmsnorm_row<FU_THREADS>(xr, xr, wkv, C, eps_kv, red, kv, row);
+	const int half = (int)(R / 2);
+	float *kr = xr + C;
+	for (int i = threadIdx.x; i < half; i += FU_THREADS) {
+		int i0, i1;
+		float o0, o1;
+		fu_pair(rp.pairing, i, half, &i0, &i1);
+		fu_rot(kr[i0], kr[i1], p, rp.inv_freq[i], &o0, &o1);
+		kr[i0] = o0;
+		kr[i1] = o1;
+		fu_kv_put(kv, row, C + i0, o0);
+		fu_kv_put(kv, row, C + i1, o1);
+	}
+}
+
+static bool fu_rope_ok(const struct kfuse_rope *rp, int64_t R)
+{
+	return rp && rp->inv_freq && rp->pos && (rp->pairing == 0 || rp->pairing == 1) && R > 0 && R % 2 == 0;
+}
+
+static bool fu_kv_ok(const struct kfuse_kv *kv)
+{
+	return kv && (!kv->base || (kv->seq && kv->blocks && kv->block_tokens > 0 && kv->ld_blocks > 0));
+}
+
+extern "C" int kfuse_mla_latent(struct kcuda_ctx *c, float *cq, int64_t Cq, const float *wq, float eps_q,
+                                float *kvl, int64_t C, int64_t R, const float *wkv, float eps_kv,
+                                int64_t n_rows, const struct kfuse_rope *rp, const struct kfuse_kv *kv)
+{
+	if (!c || !cq || !wq || !kvl || !wkv || Cq <= 0 || C <= 0 || n_rows < 0 || n_rows > INT32_MAX ||
+	    !fu_rope_ok(rp, R) || !fu_kv_ok(kv))
+		return kcuda_bad_arg("mla_latent", "Cq %lld C %lld R %lld rows %lld%s", (long long)Cq,
+		                     (long long)C, (long long)R, (long long)n_rows,
+		                     ", or a null pointer / bad rope or pool description");
+	if (n_rows == 0)
+		return 0;
+	mla_latent_kernel<<<dim3((unsigned)n_rows, 2), FU_THREADS, 0, c->stream>>>(cq, Cq, wq, eps_q, kvl, C,
+	                                                                           R, wkv, eps_kv, *rp, *kv);
+	return kcuda_launch_status("mla_latent");
+}
+
+/* ---- indexer inputs: LayerNorm + RoPE + KV write of k_I, RoPE of q_I, scale of w_I ------------- */
+__global__ void __launch_bounds__(FU_THREADS)
+    idx_prep_kernel(float *qI, float *wI, int64_t HI, float wscale, float *kI, int64_t DI, int64_t R,
+                    const float *__restrict__ kw, const float *__restrict__ kb, float eps, kfuse_rope rp,
+                    kfuse_kv kv)
+{
+	__shared__ double red[FU_THREADS];
+	__shared__ float ks[FU_DI_MAX];
+	const int64_t r = blockIdx.x;
+	const int32_t p = rp.pos[r];
+	const int half = (int)(R / 2);
+	if (blockIdx.y == 1) { /* q_I heads and w_I */
+		float *q = qI + r * HI * DI;
+#pragma unroll 4
+		for (int64_t g = threadIdx.x; g < HI * half; g += FU_THREADS) {
+			const int i = (int)(g % half);
+			float *v = q + (g / half) * DI;
+			int i0, i1;
+			fu_pair(rp.pairing, i, half, &i0, &i1);
+			fu_rot(v[i0], v[i1], p, rp.inv_freq[i], &v[i0], &v[i1]);
+		}
+		for (int64_t j = threadIdx.x; j < HI; j += FU_THREADS)
+			wI[r * HI + j] *= wscale;
+		return;
+	}
+	/* k_I: kfwd_layernorm's statistics (double, tree sums over the block) */
+	const float *xr = kI + r * DI;
+	double s = 0;
+	for (int64_t i = threadIdx.x; i < DI; i += FU_THREADS)
+		s += xr[i];
+	red[threadIdx.x] = s;
+	__syncthreads();
+	for (int o = FU_THREADS / 2; o > 0; o >>= 1) {
+		if ((int)threadIdx.x < o)
+			red[threadIdx.x] += red[threadIdx.x + o];
+		__syncthreads();
+	}
+	const double mean = red[0] / (double)DI;
+	__syncthreads();
+	double v2 = 0;
+	for (int64_t i = threadIdx.x; i < DI; i += FU_THREADS)
+		v2 += ((double)xr[i] - mean) * ((double)xr[i] - mean);
+	red[threadIdx.x] = v2;
+	__syncthreads();
+	for (int o = FU_THREADS / 2; o > 0; o >>= 1) {
+		if ((int)threadIdx.x < o)
+			red[threadIdx.x] += red[threadIdx.x + o];
+		__syncthreads();
+	}
+	const double inv = 1.0 / sqrt(red[0] / (double)DI + (double)eps);
+	for (int64_t i = threadIdx.x; i < DI; i += FU_THREADS)
+		ks[i] = (float)(((double)xr[i] - mean) * inv) * kw[i] + (kb ? kb[i] : 0.0f);
+	__syncthreads(); /* the pairs below cross threads */
+	float *yr = kI + r * DI;
+	char *row = fu_kv_row(kv, r, p, DI);
+	for (int i = threadIdx.x; i < half; i += FU_THREADS) {
+		int i0, i1;
+		float o0, o1;
+		fu_pair(rp.pairing, i, half, &i0, &i1);
+		fu_rot(ks[i0], ks[i1], p, rp.inv_freq[i], &o0, &o1);
+		yr[i0] = o0;
+		yr[i1] = o1;
+		fu_kv_put(kv, row, i0, o0);
+		fu_kv_put(kv, row, i1, o1);
+	}
+	for (int64_t j = R + threadIdx.x; j < DI; j += FU_THREADS) {
+		yr[j] = ks[j];
+		fu_kv_put(kv, row, j, ks[j]);
+	}
+}
+
+extern "C" int kfuse_idx_prep(struct kcuda_ctx *c, float *qI, float *wI, int64_t HI, float wscale, float *kI,
+                              int64_t DI, int64_t R, const float *kw, const float *kb, float eps,
+                              int64_t n_rows, const struct kfuse_rope *rp, const struct kfuse_kv *kv)
+{
+	if (!c || !qI || !wI || !kI || !kw || HI <= 0 || DI <= 0 || DI > FU_DI_MAX || R > DI || n_rows < 0 ||
+	    n_rows > INT32_MAX || !fu_rope_ok(rp, R) || !fu_kv_ok(kv))
+		return kcuda_bad_arg("idx_prep", "HI %lld DI %lld R %lld rows %lld%s", (long long)HI,
+		                     (long long)DI, (long long)R, (long long)n_rows,
+		                     ", or a null pointer / bad rope or pool description / DI > 4096");
+	if (n_rows == 0)
+		return 0;
+	idx_prep_kernel<<<dim3((unsigned)n_rows, 2), FU_THREADS, 0, c->stream>>>(qI, wI, HI, wscale, kI, DI,
+	                                                                         R, kw, kb, eps, *rp, *kv);
+	return kcuda_launch_status("idx_prep");
+}
+
+/* ---- copy + RoPE (the absorbed query's rotary part): one thread per (token, head, pair) -------- */
+__global__ void rope_copy_kernel(float *dst, int64_t ldd, int64_t dhs, const float *src, int64_t lds,
+                                 int64_t shs, int64_t n_heads, int half, kfuse_rope rp, int64_t n)
+{
+	const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (g >= n)
+		return;
+	const int i = (int)(g % half);
+	const int64_t h = (g / half) % n_heads, t = g / half / n_heads;
+	const float *s = src + t * lds + h * shs;
+	float *d = dst + t * ldd + h * dhs;
+	int i0, i1;
+	fu_pair(rp.pairing, i, half, &i0, &i1);
+	fu_rot(s[i0], s[i1], rp.pos[t], rp.inv_freq[i], &d[i0], &d[i1]);
+}
+
+extern "C" int kfuse_rope_copy(struct kcuda_ctx *c, float *dst, int64_t ldd, int64_t dhs, const float *src,
+                               int64_t lds, int64_t shs, int64_t n_tok, int64_t n_heads, int64_t R,
+                               const struct kfuse_rope *rp)
+{
+	if (!c || !dst || !src || n_tok < 0 || n_heads <= 0 || !fu_rope_ok(rp, R) ||
+	    (n_heads > 1 && (dhs < R || shs < R)) ||
+	    (n_tok > 1 && (ldd < (n_heads - 1) * dhs + R || lds < (n_heads - 1) * shs + R)))
+		return kcuda_bad_arg("rope_copy", "n_tok %lld heads %lld R %lld ldd %lld lds %lld%s",
+		                     (long long)n_tok, (long long)n_heads, (long long)R, (long long)ldd,
+		                     (long long)lds, ", or a null pointer / bad rope description");
+	const int64_t n = n_tok * n_heads * (R / 2);
+	if (n == 0)
+		return 0;
+	if ((n + 255) / 256 > INT32_MAX)
+		return ERR_LIMIT;
+	rope_copy_kernel<<<(unsigned)((n + 255) / 256), 256, 0, c->stream>>>(dst, ldd, dhs, src, lds, shs,
+	                                                                     n_heads, (int)(R / 2), *rp, n);
+	return kcuda_launch_status("rope_copy");
+}

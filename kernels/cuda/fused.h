@@ -1,0 +1,80 @@
+/* Fused small ops of the decode step (kernels/cuda/fused.cu): sequences of the model's row ops
+ * (add, RMSNorm, LayerNorm, RoPE, scale, KV write) done in one launch each, so a captured decode
+ * graph holds fewer, less dependent nodes (issue #4). Each equals the sequence of the kcuda_ /
+ * kfwd_ ops it replaces, element by element (the same per-element arithmetic; reductions in the
+ * same precision), and the CPU backend runs the sequences themselves (backend_cpu.c).
+ * Positions and table entries come from device memory (captured graphs replay them). Rows with a
+ * negative position (padding of a graph bucket) are not written to the pool. Return 0 or an error. */
+#ifndef TANDEM_KERNELS_CUDA_FUSED_H
+#define TANDEM_KERNELS_CUDA_FUSED_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(TANDEM_CUDA) || defined(__CUDACC__)
+/* Where the rows go in the paged KV pool (kfwd_kv_write's addressing): row i to base +
+ * blocks[seq[i] * ld_blocks + pos[i] / block_tokens] * block_bytes + offset + (pos[i] %
+ * block_tokens) * width * elt. base NULL: nothing is written. */
+struct kfuse_kv {
+	void *base;
+	size_t block_bytes, offset;
+	int block_tokens;
+	int bf16;
+	const int32_t *seq, *blocks;
+	int64_t ld_blocks;
+};
+
+/* RoPE angles: pos[t] * inv_freq[i] (kcuda_rope with mscale 1), pairing 0 interleaved, 1 half */
+struct kfuse_rope {
+	const float *inv_freq;
+	const int32_t *pos;
+	int pairing;
+};
+
+/* h[r] += x[r] (x NULL: nothing added), then y[r] = rmsnorm(h[r]) * w; rows n wide, contiguous.
+ * = kfwd_add + kcuda_rmsnorm. y must not alias h or x. */
+int kfuse_add_rmsnorm(struct kcuda_ctx *c, float *h, const float *x, float *y, const float *w, int64_t n,
+                      int64_t n_rows, float eps);
+
+/* The MLA latents of n_rows tokens, in place: cq[r] (Cq wide) = rmsnorm(cq[r]) * wq (eps_q);
+ * kvl[r][0..C) = rmsnorm(kvl[r][0..C)) * wkv (eps_kv); kvl[r][C..C+R) roped; then kvl[r] (C + R)
+ * written to kv. = kcuda_rmsnorm x 2 + kcuda_rope + kfwd_kv_write. */
+int kfuse_mla_latent(struct kcuda_ctx *c, float *cq, int64_t Cq, const float *wq, float eps_q, float *kvl,
+                     int64_t C, int64_t R, const float *wkv, float eps_kv, int64_t n_rows,
+                     const struct kfuse_rope *rp, const struct kfuse_kv *kv);
+
+/* The indexer's inputs of n_rows tokens, in place: qI[r] (HI heads of DI) roped on the first R of
+ * each head; wI[r] (HI) *= wscale; kI[r] (DI) = layernorm(kI[r]) * kw + kb (kb may be NULL;
+ * statistics in double), its first R roped, then written to kv. = kfwd_layernorm + kcuda_rope x 2
+ * + kfwd_scale + kfwd_kv_write. */
+int kfuse_idx_prep(struct kcuda_ctx *c, float *qI, float *wI, int64_t HI, float wscale, float *kI, int64_t DI,
+                   int64_t R, const float *kw, const float *kb, float eps, int64_t n_rows,
+                   const struct kfuse_rope *rp, const struct kfuse_kv *kv);
+
+/* dst[t * ldd + h * dhs + 0..R) = rope(src[t * lds + h * shs + 0..R)) for t < n_tok, h < n_heads
+ * = kfwd_copy2d + kcuda_rope on dst. */
+int kfuse_rope_copy(struct kcuda_ctx *c, float *dst, int64_t ldd, int64_t dhs, const float *src, int64_t lds,
+                    int64_t shs, int64_t n_tok, int64_t n_heads, int64_t R, const struct kfuse_rope *rp);
+
+/* topk_idx_radix.cu: exact top-k (kcpu_topk's order and ties) of rows of at most KFUSE_TOPK_SHORT
+ * scores, one block per row with the row's keys in shared memory: one launch, no scratch (the
+ * radix path takes 5 launches and a memset). Arguments as kcuda_topk_idx; ERR_UNSUPPORTED when
+ * ld > KFUSE_TOPK_SHORT. */
+#define KFUSE_TOPK_SHORT 8192
+int kcuda_topk_idx_short(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n_rows,
+                         const int32_t *n, int64_t n0, int k, int32_t *out, int64_t ldo, int32_t *n_out);
+
+/* TANDEM_FUSE=0 turns the fused paths off (the parts run one by one); read once. */
+int kfuse_enabled(void);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,534 @@
+/* The fused decode ops (kernels/cuda/fused.h) against the CPU sequences they replace, on seeded
+ * random inputs: kfuse_add_rmsnorm vs add + kcpu_rmsnorm; kfuse_mla_latent vs kcpu_rmsnorm x 2 +
+ * kcpu_rope + the KV write; kfuse_idx_prep vs kcpu_layernorm + kcpu_rope (all heads, and the key)
+ * + scale + the KV write; kfuse_rope_copy vs copy + kcpu_rope; kcuda_topk_idx_short vs kcpu_topk
+ * (exact, with ties, NaN and -inf, lengths 1 .. 8192). The paged pool is a small one with 4-token
+ * blocks scattered over it, fp32 and bf16, padding rows (position -1) that must write nothing;
+ * every byte not written must keep its fill. Guard bytes around every output.
+ * TANDEM_OPS_QUICK=1: fewer cases. Exit 77 = no GPU (skip). */
+#include <errno.h>
+
+#include "common/base/err.h"
+#include "kernels/cuda/fused.h"
+#include "tests/ops/ops_util.h"
+
+#ifndef TANDEM_CUDA
+int main(void)
+{
+	printf("SKIP: built without CUDA (make CUDA=1)\n");
+	return 77;
+}
+#else
+
+static struct kcuda_ctx *ctx;
+static int quick;
+
+static int up(struct ops_dbuf *b, const void *h, size_t bytes)
+{
+	if (ops_dbuf_init(ctx, b, bytes))
+		return -1;
+	return kcuda_upload(ctx, b->user, h, bytes);
+}
+
+static int close_to(float g, float r, double rel, double abs_tol)
+{
+	return isfinite(g) && fabs((double)g - (double)r) <= rel * fabs((double)r) + abs_tol;
+}
+
+/* ---- a small paged pool: NB blocks of BT tokens, 2 sequences of up to LDB blocks ---------------- */
+#define NB 16
+#define BT 4
+#define LDB 4
+#define NSEQ 2
+#define POOL_OFF 64 /* the part's offset inside a block */
+#define NROW_MAX 4
+
+struct pool {
+	int bf16;
+	int64_t width;
+	size_t block_bytes;
+	uint8_t *host; /* the expected pool */
+	uint8_t *written; /* bytes the op must write */
+	struct ops_dbuf dev, seq, pos, blk;
+	int32_t seq_h[NROW_MAX], pos_h[NROW_MAX], blk_h[NSEQ * LDB];
+};
+
+/* rows: (seq 0, pos 5), (seq 1, pos 13), (seq 0, pos 6), padding (pos -1) */
+static int pool_init(struct pool *p, int64_t width, int bf16, int n_rows)
+{
+	static const int32_t seqs[NROW_MAX] = {0, 1, 0, 1}, poss[NROW_MAX] = {5, 13, 6, -1};
+	static const int32_t tbl[NSEQ * LDB] = {9, 3, 14, -1, 7, 0, 11, 2};
+	memset(p, 0, sizeof(*p));
+	p->bf16 = bf16;
+	p->width = width;
+	p->block_bytes = POOL_OFF + (size_t)BT * (size_t)width * (bf16 ? 2 : 4) + 32;
+	size_t bytes = p->block_bytes * NB;
+	p->host = malloc(bytes);
+	p->written = calloc(1, bytes);
+	if (!p->host || !p->written)
+		return -1;
+	memset(p->host, OPS_FILL, bytes);
+	memcpy(p->seq_h, seqs, sizeof(seqs));
+	memcpy(p->pos_h, poss, sizeof(poss));
+	memcpy(p->blk_h, tbl, sizeof(tbl));
+	if (ops_dbuf_init(ctx, &p->dev, bytes) || up(&p->seq, p->seq_h, sizeof(int32_t) * (size_t)n_rows) ||
+	    up(&p->pos, p->pos_h, sizeof(int32_t) * (size_t)n_rows) || up(&p->blk, p->blk_h, sizeof(tbl)))
+		return -1;
+	return 0;
+}
+
+static struct kfuse_kv pool_kv(struct pool *p)
+{
+	return (struct kfuse_kv){.base = p->dev.user,
+	                         .block_bytes = p->block_bytes,
+	                         .offset = POOL_OFF,
+	                         .block_tokens = BT,
+	                         .bf16 = p->bf16,
+	                         .seq = p->seq.user,
+	                         .blocks = p->blk.user,
+	                         .ld_blocks = LDB};
+}
+
+/* the expected write of row r's values x (the CPU backend's kv_write) */
+static void pool_put(struct pool *p, int r, const float *x)
+{
+	int32_t pos = p->pos_h[r];
+	if (pos < 0)
+		return;
+	int32_t blk = p->blk_h[p->seq_h[r] * LDB + pos / BT];
+	size_t elt = p->bf16 ? 2 : 4;
+	size_t off = (size_t)blk * p->block_bytes + POOL_OFF + (size_t)(pos % BT) * (size_t)p->width * elt;
+	for (int64_t j = 0; j < p->width; j++) {
+		if (p->bf16) {
+			uint16_t v = kf32_to_bf16(x[j]);
+			memcpy(p->host + off + (size_t)j * 2, &v, 2);
+		} else {
+			memcpy(p->host + off + (size_t)j * 4, &x[j], 4);
+		}
+	}
+	memset(p->written + off, 1, (size_t)p->width * elt);
+}
+
+/* bytes outside the written rows untouched; written values within tolerance; returns bad count */
+static int pool_check(struct pool *p, double rel, double abs_tol)
+{
+	size_t bytes = p->block_bytes * NB;
+	uint8_t *g = malloc(bytes);
+	int bad = 0;
+	if (!g || ops_dbuf_get(ctx, &p->dev, g) != 0) {
+		free(g);
+		return 1 << 20;
+	}
+	size_t elt = p->bf16 ? 2 : 4;
+	for (size_t i = 0; i < bytes; i += elt) {
+		if (!p->written[i]) {
+			for (size_t k = 0; k < elt; k++)
+				bad += g[i + k] != OPS_FILL;
+			continue;
+		}
+		float gv, rv;
+		if (p->bf16) {
+			uint16_t a, b;
+			memcpy(&a, g + i, 2);
+			memcpy(&b, p->host + i, 2);
+			gv = kbf16_to_f32(a);
+			rv = kbf16_to_f32(b);
+		} else {
+			memcpy(&gv, g + i, 4);
+			memcpy(&rv, p->host + i, 4);
+		}
+		/* bf16: the two may round to neighbours when the fp32 values straddle a tie */
+		bad += !close_to(gv, rv, p->bf16 ? 1.0 / 128 : rel, abs_tol);
+	}
+	free(g);
+	return bad;
+}
+
+static void pool_fini(struct pool *p)
+{
+	free(p->host);
+	free(p->written);
+	ops_dbuf_fini(&p->dev);
+	ops_dbuf_fini(&p->seq);
+	ops_dbuf_fini(&p->pos);
+	ops_dbuf_fini(&p->blk);
+}
+
+/* ---- add + rmsnorm ------------------------------------------------------------------------------ */
+static void test_add_rmsnorm(void)
+{
+	static const int64_t ns[] = {1, 33, 2048, 6144, 7168};
+	for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
+		if (quick && ni % 2)
+			continue;
+		const int64_t n = ns[ni], rows = 1 + (int64_t)(ni % 3);
+		const int with_x = ni != 1;
+		const float eps = 1e-5f;
+		float *h = malloc(sizeof(float) * n * rows), *x = malloc(sizeof(float) * n * rows);
+		float *w = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n * rows);
+		float *hg = malloc(sizeof(float) * n * rows), *yg = malloc(sizeof(float) * n * rows);
+		for (int64_t i = 0; i < n * rows; i++) {
+			h[i] = 10.0f * ops_rng_unif();
+			x[i] = ops_rng_unif();
+		}
+		for (int64_t i = 0; i < n; i++)
+			w[i] = 1.0f + 0.5f * ops_rng_unif();
+		struct ops_dbuf hb = {0}, xb = {0}, wb = {0}, yb = {0};
+		if (up(&hb, h, sizeof(float) * n * rows) || up(&xb, x, sizeof(float) * n * rows) ||
+		    up(&wb, w, sizeof(float) * n) || ops_dbuf_init(ctx, &yb, sizeof(float) * n * rows)) {
+			OPS_CHECK(0, "add_rmsnorm setup");
+			goto next;
+		}
+		int rc =
+		    kfuse_add_rmsnorm(ctx, hb.user, with_x ? xb.user : NULL, yb.user, wb.user, n, rows, eps);
+		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "add_rmsnorm rc %d", rc);
+		OPS_CHECK(ops_dbuf_get(ctx, &hb, hg) == 0 && ops_dbuf_get(ctx, &yb, yg) == 0,
+		          "add_rmsnorm: guard bytes damaged");
+		/* the CPU sequence: add, then rmsnorm */
+		if (with_x)
+			for (int64_t i = 0; i < n * rows; i++)
+				h[i] += x[i];
+		kcpu_rmsnorm(y, n, h, n, w, n, rows, eps);
+		int bad_h = 0, bad_y = 0;
+		for (int64_t i = 0; i < n * rows; i++) {
+			bad_h += memcmp(&h[i], &hg[i], 4) != 0; /* one fp32 add: exact */
+			bad_y += !close_to(yg[i], y[i], 4e-6, 3e-7 * fabs(w[i % n]));
+		}
+		OPS_CHECK(bad_h == 0 && bad_y == 0,
+		          "add_rmsnorm n=%" PRId64 " rows=%" PRId64 ": %d h, %d y bad", n, rows, bad_h,
+		          bad_y);
+		printf("add_rmsnorm n %5" PRId64 " rows %" PRId64 "%s ok\n", n, rows,
+		       with_x ? "" : " (no add)");
+	next:
+		ops_dbuf_fini(&hb);
+		ops_dbuf_fini(&xb);
+		ops_dbuf_fini(&wb);
+		ops_dbuf_fini(&yb);
+		free(h);
+		free(x);
+		free(w);
+		free(y);
+		free(hg);
+		free(yg);
+	}
+	/* y aliasing h is refused */
+	OPS_CHECK(kfuse_add_rmsnorm(ctx, (float *)16, NULL, (float *)16, (float *)32, 4, 1, 1e-6f) == -EINVAL,
+	          "add_rmsnorm with y == h accepted");
+}
+
+/* ---- MLA latents -------------------------------------------------------------------------------- */
+static void test_mla_latent(void)
+{
+	struct lcase {
+		int64_t Cq, C, R;
+		int rows, pairing, bf16;
+	} cases[] = {
+	    {2048, 512, 64, 1, 0, 0}, {1536, 512, 64, 4, 0, 1}, {2048, 512, 64, 3, 1, 0},
+	    {33, 31, 8, 4, 1, 1},     {1536, 512, 64, 4, 0, 0},
+	};
+	for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+		if (quick && ci >= 3)
+			continue;
+		const struct lcase *k = &cases[ci];
+		const int64_t Cq = k->Cq, C = k->C, R = k->R, W = C + R;
+		const int n = k->rows;
+		float inv[64], cs[128];
+		kcpu_rope_freqs(inv, R, 1e4f, ci % 2 ? 40.0f : 1.0f, 4096, 32.0f, 1.0f);
+		float *cq = malloc(sizeof(float) * Cq * n), *kv = malloc(sizeof(float) * W * n);
+		float *wq = malloc(sizeof(float) * Cq), *wk = malloc(sizeof(float) * C);
+		float *cqg = malloc(sizeof(float) * Cq * n), *kvg = malloc(sizeof(float) * W * n);
+		for (int64_t i = 0; i < Cq * n; i++)
+			cq[i] = 3.0f * ops_rng_unif();
+		for (int64_t i = 0; i < W * n; i++)
+			kv[i] = ops_rng_unif();
+		for (int64_t i = 0; i < Cq; i++)
+			wq[i] = 1.0f + 0.5f * ops_rng_unif();
+		for (int64_t i = 0; i < C; i++)
+			wk[i] = 1.0f + 0.5f * ops_rng_unif();
+		struct pool p;
+		struct ops_dbuf cb = {0}, kb = {0}, wqb = {0}, wkb = {0}, ib = {0};
+		if (pool_init(&p, W, k->bf16, n) || up(&cb, cq, sizeof(float) * Cq * n) ||
+		    up(&kb, kv, sizeof(float) * W * n) || up(&wqb, wq, sizeof(float) * Cq) ||
+		    up(&wkb, wk, sizeof(float) * C) || up(&ib, inv, sizeof(float) * (R / 2))) {
+			OPS_CHECK(0, "mla_latent setup");
+			goto next;
+		}
+		struct kfuse_rope rp = {.inv_freq = ib.user, .pos = p.pos.user, .pairing = k->pairing};
+		struct kfuse_kv kvd = pool_kv(&p);
+		int rc = kfuse_mla_latent(ctx, cb.user, Cq, wqb.user, 1e-6f, kb.user, C, R, wkb.user, 1e-5f,
+		                          n, &rp, &kvd);
+		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "mla_latent rc %d", rc);
+		OPS_CHECK(ops_dbuf_get(ctx, &cb, cqg) == 0 && ops_dbuf_get(ctx, &kb, kvg) == 0,
+		          "mla_latent: guard bytes damaged");
+		/* the CPU sequence (backend_cpu.c cpu_mla_latent) */
+		kcpu_rmsnorm(cq, Cq, cq, Cq, wq, Cq, n, 1e-6f);
+		kcpu_rmsnorm(kv, W, kv, W, wk, C, n, 1e-5f);
+		for (int r = 0; r < n; r++) {
+			kcpu_rope_cs(inv, R / 2, p.pos_h[r], cs);
+			kcpu_rope(kv + r * W + C, R, cs, k->pairing);
+			pool_put(&p, r, kv + r * W);
+		}
+		int bad = 0;
+		for (int64_t i = 0; i < Cq * n; i++)
+			bad += !close_to(cqg[i], cq[i], 4e-6, 1e-6);
+		for (int64_t i = 0; i < W * n; i++)
+			bad += !close_to(kvg[i], kv[i], 8e-6, 8e-6);
+		int bad_pool = pool_check(&p, 8e-6, 8e-6);
+		OPS_CHECK(bad == 0 && bad_pool == 0,
+		          "mla_latent Cq %" PRId64 " C %" PRId64
+		          " rows %d pairing %d bf16 %d: %d bad, %d pool bad",
+		          Cq, C, n, k->pairing, k->bf16, bad, bad_pool);
+		printf("mla_latent Cq %4" PRId64 " C %3" PRId64 " R %2" PRId64 " rows %d pairing %d %s ok\n",
+		       Cq, C, R, n, k->pairing, k->bf16 ? "bf16" : "f32");
+	next:
+		pool_fini(&p);
+		ops_dbuf_fini(&cb);
+		ops_dbuf_fini(&kb);
+		ops_dbuf_fini(&wqb);
+		ops_dbuf_fini(&wkb);
+		ops_dbuf_fini(&ib);
+		free(cq);
+		free(kv);
+		free(wq);
+		free(wk);
+		free(cqg);
+		free(kvg);
+	}
+}
+
+/* ---- indexer inputs ----------------------------------------------------------------------------- */
+static void test_idx_prep(void)
+{
+	struct icase {
+		int64_t HI, DI, R;
+		int rows, pairing, bf16, bias;
+	} cases[] = {
+	    {32, 128, 64, 1, 0, 0, 1},
+	    {64, 128, 64, 4, 1, 1, 1},
+	    {8, 128, 64, 3, 0, 1, 0},
+	    {3, 40, 8, 4, 1, 0, 1},
+	};
+	for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+		if (quick && ci >= 2)
+			continue;
+		const struct icase *k = &cases[ci];
+		const int64_t HI = k->HI, DI = k->DI, R = k->R;
+		const int n = k->rows;
+		float inv[64], cs[128];
+		kcpu_rope_freqs(inv, R, 1e4f, 1.0f, 4096, 32.0f, 1.0f);
+		float *q = malloc(sizeof(float) * HI * DI * n), *wI = malloc(sizeof(float) * HI * n);
+		float *kI = malloc(sizeof(float) * DI * n), *kw = malloc(sizeof(float) * DI),
+		      *kbias = malloc(sizeof(float) * DI);
+		float *qg = malloc(sizeof(float) * HI * DI * n), *wg = malloc(sizeof(float) * HI * n),
+		      *kg = malloc(sizeof(float) * DI * n);
+		for (int64_t i = 0; i < HI * DI * n; i++)
+			q[i] = ops_rng_unif();
+		for (int64_t i = 0; i < HI * n; i++)
+			wI[i] = 4.0f * ops_rng_unif();
+		for (int64_t i = 0; i < DI * n; i++)
+			kI[i] = 2.0f * ops_rng_unif() + 0.5f;
+		for (int64_t i = 0; i < DI; i++) {
+			kw[i] = 1.0f + 0.5f * ops_rng_unif();
+			kbias[i] = 0.1f * ops_rng_unif();
+		}
+		const float ws = 1.0f / sqrtf((float)HI);
+		struct pool p;
+		struct ops_dbuf qb = {0}, wb = {0}, kb = {0}, kwb = {0}, kbb = {0}, ib = {0};
+		if (pool_init(&p, DI, k->bf16, n) || up(&qb, q, sizeof(float) * HI * DI * n) ||
+		    up(&wb, wI, sizeof(float) * HI * n) || up(&kb, kI, sizeof(float) * DI * n) ||
+		    up(&kwb, kw, sizeof(float) * DI) || up(&kbb, kbias, sizeof(float) * DI) ||
+		    up(&ib, inv, sizeof(float) * (R / 2))) {
+			OPS_CHECK(0, "idx_prep setup");
+			goto next;
+		}
+		struct kfuse_rope rp = {.inv_freq = ib.user, .pos = p.pos.user, .pairing = k->pairing};
+		struct kfuse_kv kvd = pool_kv(&p);
+		int rc = kfuse_idx_prep(ctx, qb.user, wb.user, HI, ws, kb.user, DI, R, kwb.user,
+		                        k->bias ? kbb.user : NULL, 1e-6f, n, &rp, &kvd);
+		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "idx_prep rc %d", rc);
+		OPS_CHECK(ops_dbuf_get(ctx, &qb, qg) == 0 && ops_dbuf_get(ctx, &wb, wg) == 0 &&
+		              ops_dbuf_get(ctx, &kb, kg) == 0,
+		          "idx_prep: guard bytes damaged");
+		/* the CPU sequence (backend_cpu.c cpu_idx_prep) */
+		kcpu_layernorm(kI, DI, kI, DI, kw, k->bias ? kbias : NULL, DI, n, 1e-6f);
+		for (int r = 0; r < n; r++) {
+			kcpu_rope_cs(inv, R / 2, p.pos_h[r], cs);
+			for (int64_t hh = 0; hh < HI; hh++)
+				kcpu_rope(q + (r * HI + hh) * DI, R, cs, k->pairing);
+			for (int64_t j = 0; j < HI; j++)
+				wI[r * HI + j] *= ws;
+			kcpu_rope(kI + r * DI, R, cs, k->pairing);
+			pool_put(&p, r, kI + r * DI);
+		}
+		int bad_q = 0, bad_w = 0, bad_k = 0;
+		for (int64_t i = 0; i < HI * DI * n; i++)
+			bad_q += !close_to(qg[i], q[i], 4e-6, 4e-6);
+		for (int64_t i = 0; i < HI * n; i++)
+			bad_w += memcmp(&wg[i], &wI[i], 4) != 0; /* one fp32 product: exact */
+		for (int64_t i = 0; i < DI * n; i++)
+			bad_k += !close_to(kg[i], kI[i], 8e-6, 8e-6);
+		int bad_pool = pool_check(&p, 8e-6, 8e-6);
+		OPS_CHECK(bad_q == 0 && bad_w == 0 && bad_k == 0 && bad_pool == 0,
+		          "idx_prep HI %" PRId64 " DI %" PRId64 " rows %d: bad q %d w %d k %d pool %d", HI,
+		          DI, n, bad_q, bad_w, bad_k, bad_pool);
+		printf("idx_prep HI %2" PRId64 " DI %3" PRId64 " R %2" PRId64 " rows %d pairing %d %s%s ok\n",
+		       HI, DI, R, n, k->pairing, k->bf16 ? "bf16" : "f32", k->bias ? "" : " (no bias)");
+	next:
+		pool_fini(&p);
+		ops_dbuf_fini(&qb);
+		ops_dbuf_fini(&wb);
+		ops_dbuf_fini(&kb);
+		ops_dbuf_fini(&kwb);
+		ops_dbuf_fini(&kbb);
+		ops_dbuf_fini(&ib);
+		free(q);
+		free(wI);
+		free(kI);
+		free(kw);
+		free(kbias);
+		free(qg);
+		free(wg);
+		free(kg);
+	}
+}
+
+/* ---- copy + rope (the absorbed query's rotary part) -------------------------------------------- */
+static void test_rope_copy(void)
+{
+	const int64_t N = 192, R = 64, C = 512, NR = N + R;
+	for (int pairing = 0; pairing < 2; pairing++)
+		for (int64_t H = 1; H <= 16; H *= 4) {
+			const int64_t n = 1 + H % 3, lds = H * NR, ldd = H * (C + R);
+			float inv[32], cs[64];
+			kcpu_rope_freqs(inv, R, 1e6f, 1.0f, 4096, 32.0f, 1.0f);
+			int32_t pos[3] = {0, 4095, 77};
+			float *src = malloc(sizeof(float) * lds * n), *dst = malloc(sizeof(float) * ldd * n);
+			for (int64_t i = 0; i < lds * n; i++)
+				src[i] = ops_rng_unif();
+			struct ops_dbuf sb = {0}, db = {0}, ib = {0}, pb = {0};
+			if (up(&sb, src, sizeof(float) * lds * n) ||
+			    ops_dbuf_init(ctx, &db, sizeof(float) * ldd * n) || up(&ib, inv, sizeof(inv)) ||
+			    up(&pb, pos, sizeof(pos))) {
+				OPS_CHECK(0, "rope_copy setup");
+				goto next;
+			}
+			struct kfuse_rope rp = {.inv_freq = ib.user, .pos = pb.user, .pairing = pairing};
+			int rc = kfuse_rope_copy(ctx, (float *)db.user + C, ldd, C + R,
+			                         (const float *)sb.user + N, lds, NR, n, H, R, &rp);
+			OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "rope_copy rc %d", rc);
+			OPS_CHECK(ops_dbuf_get(ctx, &db, dst) == 0, "rope_copy: guard bytes damaged");
+			int bad = 0;
+			for (int64_t t = 0; t < n; t++) {
+				kcpu_rope_cs(inv, R / 2, pos[t], cs);
+				for (int64_t hh = 0; hh < H; hh++) {
+					float u[64];
+					memcpy(u, src + t * lds + hh * NR + N, sizeof(u));
+					kcpu_rope(u, R, cs, pairing);
+					const float *g = dst + t * ldd + hh * (C + R);
+					for (int64_t i = 0; i < C; i++) /* the absorbed part is not touched */
+						bad += !ops_is_fill_f32(g[i]);
+					for (int64_t i = 0; i < R; i++)
+						bad += !close_to(g[C + i], u[i], 0, 4e-6);
+				}
+			}
+			OPS_CHECK(bad == 0, "rope_copy heads %" PRId64 " pairing %d: %d bad", H, pairing,
+			          bad);
+			printf("rope_copy heads %2" PRId64 " rows %" PRId64 " pairing %d ok\n", H, n,
+			       pairing);
+		next:
+			ops_dbuf_fini(&sb);
+			ops_dbuf_fini(&db);
+			ops_dbuf_fini(&ib);
+			ops_dbuf_fini(&pb);
+			free(src);
+			free(dst);
+		}
+}
+
+/* ---- short top-k --------------------------------------------------------------------------------- */
+static void test_topk_short(void)
+{
+	static const int ns[] = {1, 100, 2047, 2048, 2049, 4096, 5000, 8192};
+	const int K = 2048, rows = 3;
+	const int64_t ld = KFUSE_TOPK_SHORT;
+	for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
+		if (quick && (ni % 2) && ni + 1 != sizeof(ns) / sizeof(ns[0]))
+			continue;
+		for (int mode = 0; mode < 3; mode++) { /* 0 distinct, 1 many ties, 2 ties + NaN / -inf */
+			const int n = ns[ni];
+			float *s = malloc(sizeof(float) * ld * rows);
+			int32_t nk[3], *ref = malloc(sizeof(int32_t) * K * rows),
+			               *sel = malloc(sizeof(int32_t) * K * rows);
+			int32_t cnt[3], cntg[3];
+			for (int r = 0; r < rows; r++)
+				nk[r] = r == 0 ? n : (r == 1 ? (n + 1) / 2 : (n > 3 ? n - 3 : n));
+			for (int64_t i = 0; i < ld * rows; i++) {
+				float v = ops_rng_unif() * 10.0f;
+				if (mode >= 1)
+					v = floorf(v * 4.0f) /
+					    4.0f; /* ~80 distinct values: long runs of ties */
+				if (mode == 2 && ops_rng_next() % 17 == 0)
+					v = (ops_rng_next() & 1) ? NAN : -INFINITY;
+				s[i] = v;
+			}
+			struct ops_dbuf sb = {0}, nb = {0}, ob = {0}, cb = {0};
+			if (up(&sb, s, sizeof(float) * ld * rows) || up(&nb, nk, sizeof(nk)) ||
+			    ops_dbuf_init(ctx, &ob, sizeof(int32_t) * K * rows) ||
+			    ops_dbuf_init(ctx, &cb, sizeof(int32_t) * rows)) {
+				OPS_CHECK(0, "topk_short setup");
+				goto next;
+			}
+			int rc =
+			    kcuda_topk_idx_short(ctx, sb.user, ld, rows, nb.user, 0, K, ob.user, K, cb.user);
+			OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "topk_short rc %d", rc);
+			OPS_CHECK(ops_dbuf_get(ctx, &ob, sel) == 0 && ops_dbuf_get(ctx, &cb, cntg) == 0,
+			          "topk_short: guard bytes damaged");
+			int bad = 0;
+			for (int r = 0; r < rows; r++) {
+				cnt[r] = kcpu_topk(s + r * ld, nk[r], K, ref + r * K); /* the CPU op */
+				bad += cnt[r] != cntg[r];
+				for (int j = 0; j < cnt[r] && cnt[r] == cntg[r]; j++)
+					bad += sel[r * K + j] != ref[r * K + j];
+			}
+			OPS_CHECK(bad == 0, "topk_short n=%d mode %d: %d mismatches", n, mode, bad);
+		next:
+			ops_dbuf_fini(&sb);
+			ops_dbuf_fini(&nb);
+			ops_dbuf_fini(&ob);
+			ops_dbuf_fini(&cb);
+			free(s);
+			free(ref);
+			free(sel);
+		}
+		printf("topk_short n %4d (and n/2, n-3) k %d, distinct / ties / NaN ok\n", ns[ni], K);
+	}
+	/* rows longer than the short kernel's limit are refused (the caller takes the radix path) */
+	OPS_CHECK(kcuda_topk_idx_short(ctx, (float *)64, KFUSE_TOPK_SHORT + 1, 1, NULL, 0, 8, (int32_t *)64,
+	                               8, NULL) == ERR_UNSUPPORTED,
+	          "topk_short accepted a row longer than %d", KFUSE_TOPK_SHORT);
+	unsigned nbad = 0;
+	OPS_CHECK(kcuda_ctx_take_errors(ctx, &nbad) == 0 && nbad == 0, "kernels counted %u bad inputs", nbad);
+}
+
+int main(void)
+{
+	if (kcuda_device_count() < 1) {
+		printf("SKIP: no CUDA device\n");
+		return 77;
+	}
+	quick = getenv("TANDEM_OPS_QUICK") != NULL;
+	ops_seed_init();
+	if (kcuda_ctx_create(0, 16u << 20, &ctx)) {
+		printf("FAIL: no CUDA context\n");
+		return 1;
+	}
+	test_add_rmsnorm();
+	test_mla_latent();
+	test_idx_prep();
+	test_rope_copy();
+	test_topk_short();
+	kcuda_ctx_destroy(ctx);
+	printf("%d checks, %d failed\n", ops_n_check, ops_n_fail);
+	return ops_n_fail ? 1 : 0;
+}
+#endif
