@@ -294,7 +294,10 @@ int kcuda_moe_route(struct kcuda_ctx *c, const float *logits, int64_t ld, const 
                     float *weights);
 /* Routed experts: out[i] = sum_j weights[i][j] * down_e(SiLU(gate_e x_i) * up_e x_i), e = ids[i][j].
  * gate/up: device weights of E*F rows of n_in = D (expert e = rows [e F, e F + F)); down: E*D rows
- * of n_in = F. Up to 16 tokens: all (token, expert) pairs in one launch per stage; 17..256: pairs
+ * of n_in = F. Up to 256 tokens with Q4_K/Q5_K/Q6_K/Q8_0 weights and D, F multiples of 256: pairs
+ * sorted by expert on the device, one tensor-core launch for gate+up and one for down, each expert
+ * row read once per chunk of up to 8 of its pairs (moe_mma.cu; TANDEM_MOE_FAST=0 turns it off);
+ * otherwise up to 16 tokens: all (token, expert) pairs in one launch per stage; 17..256: pairs
  * sorted by expert on the device, each expert row read once per 8 of its pairs (no host sync);
  * more (or TANDEM_MOE_SORTED=0): tokens grouped by expert (one id download) through kcuda_matmul.
  * out is overwritten. */
