@@ -3,6 +3,9 @@
  *   out[i] = sum_j w[i][j] * down_e(SiLU(gate_e x_i) * up_e x_i),  e = ids[i][j].
  * The stacked expert tensors stay in their GGUF quant types on the device (kcuda_weight_upload of
  * all E*F rows); expert e's rows are [e F, e F + F) (gate, up) and [e D, e D + D) (down).
+ * Up to 256 tokens of the K-quants and Q8_0 go to the tensor-core path (moe_mma.cu, which also
+ * takes the shared expert: kcuda_moe_ffn_shexp) unless TANDEM_MOE_FAST=0; the kernels below serve
+ * the other types and shapes, and everything under that switch.
  *
  * Decode (n <= 16 tokens): every (token, expert) pair in one launch per stage, no host sync:
  *   gate_up kernel, grid (F / 4, n*k): a warp per (pair, row f) dots the gate and up rows of e with
