@@ -1,4 +1,4 @@
-/* Experiment bench: the tensor-core decode GEMV (bench/gemv_mma.cuh) for Q4_K, Q5_K, Q6_K, Q8_0,
+/* Experiment bench: the tensor-core decode GEMV (kernels/cuda/gemv_mma.cuh) for Q4_K, Q5_K, Q6_K, Q8_0,
  * first checked against the CPU reference, then timed against kcuda_matmul's GEMV in the same run.
  *
  * Check (seeded, seed printed; replay with TANDEM_SEED=...): random weights (ops_fill_weight: every
@@ -22,12 +22,18 @@
  *                                           77 = no GPU; emu: host emulation of the kernel's
  *                                           unit code, no GPU needed, see gm_emulate)
  *   bench_cuda_gemv_mma profile: 3 launches per type at 6144x32768, n_tok 1 and 2 (for ncu)
- *   TANDEM_GM_R=1|2 forces the row tiles per warp (default: chosen from n_out). */
+ *   TANDEM_GM_R=1|2 forces the row tiles per warp (default: chosen from n_out).
+ *   bench_cuda_gemv_mma glm: only the GLM-5 per-rank table (also printed after `time`): kcuda_matmul
+ *     and kfwd_head_gemv on q_a 6144->2048, q_b 2048->8x256, kv_a 6144->576, o 8x256->6144, k_b
+ *     (8 heads 192->512) and v_b (8 heads 512->256), Q8_0 and Q4_K, n_tok 1/8/32/128, new dispatch
+ *     (tensor-core GEMV / tile product) against TANDEM_GEMV_MMA=0 (the dispatch before), same run.
+ * The "base" columns of the main table are kcuda_matmul with TANDEM_GEMV_MMA=0 (the fp32 GEMV). */
 #include <algorithm>
 #include <stdarg.h>
 #include <vector>
 
-#include "bench/gemv_mma.cuh"
+#include "kernels/cuda/gemv_mma.cuh"
+#include "kernels/cuda/model_fwd.h"
 #include "tests/ops/ops_util.h"
 
 #define CK KCUDA_CHECK
@@ -276,6 +282,75 @@ template <int T> static void kernel_info_t(void)
 	kernel_info<T, 2, 1>();
 	kernel_info<T, 1, 2>();
 	kernel_info<T, 2, 2>();
+}
+
+/* GLM-5 per-rank products at decode batch sizes: the dispatch of kcuda_matmul / kfwd_head_gemv with
+ * the tensor-core paths (TANDEM_GEMV_MMA=1) and without (=0), alternating in one run. Weight copies
+ * rotate over >= 4x L2 (in a decode step the other layers evict a layer's weights). */
+static void time_glm(struct kcuda_ctx *c, size_t l2)
+{
+	struct gshape {
+		int64_t n_in, n_out;
+		int H; /* > 0: kfwd_head_gemv with H heads, x head stride xhs */
+		int64_t xhs;
+		const char *what;
+	};
+	static const gshape gs[] = {{6144, 2048, 0, 0, "q_a 6144->2048"},   {2048, 2048, 0, 0, "q_b 2048->8x256"},
+	                            {6144, 576, 0, 0, "kv_a 6144->576"},    {2048, 6144, 0, 0, "o 8x256->6144"},
+	                            {192, 512, 8, 256, "k_b 8 x 192->512"}, {512, 256, 8, 512, "v_b 8 x 512->256"}};
+	cudaStream_t s = (cudaStream_t)kcuda_ctx_stream(c);
+	const size_t big = (size_t)1 << 30;
+	const int max_tok = 128;
+	void *A;
+	float *xd, *yd;
+	CK(cudaMalloc(&A, big));
+	CK(cudaMalloc(&xd, sizeof(float) * max_tok * 8192));
+	CK(cudaMalloc(&yd, sizeof(float) * max_tok * 8192));
+	{
+		std::vector<float> xh((size_t)max_tok * 8192);
+		for (auto &v : xh)
+			v = rand_x();
+		CK(cudaMemcpy(xd, xh.data(), xh.size() * sizeof(float), cudaMemcpyHostToDevice));
+	}
+	printf("\nGLM-5 per-rank products (TP=8), weights rotating over >= 4x L2; new = TANDEM_GEMV_MMA=1, "
+	       "old = 0\n%-5s %-20s %5s | %9s %7s | %9s %7s | %s\n",
+	       "type", "product", "n_tok", "new us", "GB/s", "old us", "GB/s", "speedup");
+	for (int type : {KT_Q8_0, KT_Q4_K})
+		for (const gshape &g : gs) {
+			size_t rb;
+			if (!ktype_row_bytes(type, g.n_in, &rb))
+				continue; /* Q4_K needs n_in % 256: not k_b's 192 */
+			const int H = g.H ? g.H : 1;
+			const size_t mat = rb * (size_t)g.n_out, wbytes = mat * (size_t)H,
+			             stride = (wbytes + 255) & ~(size_t)255;
+			const int ncopy = (int)std::min<size_t>(big / stride, std::max<size_t>(4 * l2 / wbytes + 1, 8));
+			std::vector<uint8_t> hw(wbytes);
+			ops_fill_weight(type, g.n_in, g.n_out * H, rb, hw.data());
+			for (int k = 0; k < ncopy; k++)
+				CK(cudaMemcpy((char *)A + k * stride, hw.data(), wbytes, cudaMemcpyHostToDevice));
+			for (int nt : {1, 8, 32, 128}) {
+				float ms[2];
+				for (int off = 0; off < 2; off++) {
+					setenv("TANDEM_GEMV_MMA", off ? "0" : "1", 1);
+					ms[off] = time_ms(s, 2, 5, ncopy, [&](int i) {
+						struct kweight w = {type, g.n_in, g.n_out, rb, (char *)A + (i % ncopy) * stride};
+						int rc = g.H ? kfwd_head_gemv(c, &w, mat, H, xd, H * g.xhs, g.xhs, nt, yd,
+						                              (int64_t)H * g.n_out, g.n_out)
+						             : kcuda_matmul(c, &w, xd, g.n_in, nt, yd, g.n_out);
+						if (rc)
+							abort();
+					});
+				}
+				printf("%-5s %-20s %5d | %9.2f %7.0f | %9.2f %7.0f | %.2fx\n", ktype_name(type), g.what, nt,
+				       ms[0] * 1e3, wbytes / (ms[0] * 1e-3) / 1e9, ms[1] * 1e3,
+				       wbytes / (ms[1] * 1e-3) / 1e9, ms[1] / ms[0]);
+				fflush(stdout);
+			}
+		}
+	setenv("TANDEM_GEMV_MMA", "0", 1); /* the main table's base */
+	CK(cudaFree(A));
+	CK(cudaFree(xd));
+	CK(cudaFree(yd));
 }
 
 static void time_all(struct kcuda_ctx *c, int n_sm, size_t l2)
@@ -581,6 +656,8 @@ int main(int argc, char **argv)
 		return 77;
 	}
 	ops_seed_init();
+	/* kcuda_matmul is the baseline here: the dispatch without the tensor-core paths */
+	setenv("TANDEM_GEMV_MMA", "0", 1);
 	if (getenv("TANDEM_GM_R"))
 		g_r_tiles = atoi(getenv("TANDEM_GM_R"));
 	printf("row tiles per warp: %s\n", g_r_tiles ? getenv("TANDEM_GM_R") : "auto");
@@ -600,11 +677,15 @@ int main(int argc, char **argv)
 	kernel_info_t<KT_Q8_0>();
 	if (argc > 1 && !strcmp(argv[1], "profile"))
 		profile_all(c, n_sm);
+	else if (argc > 1 && !strcmp(argv[1], "glm"))
+		time_glm(c, prop.l2CacheSize);
 	else {
 		if (do_check)
 			check_all(c, n_sm);
-		if (do_time)
+		if (do_time) {
+			time_glm(c, prop.l2CacheSize);
 			time_all(c, n_sm, prop.l2CacheSize);
+		}
 	}
 	kcuda_ctx_destroy(c);
 	printf("\n%s: %d failed checks\n", n_fail ? "FAIL" : "PASS", n_fail);

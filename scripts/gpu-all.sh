@@ -61,11 +61,12 @@ cat "$L/machine.log"
 # ---- correctness first; a new path that fails its op test is switched off for the timings ----
 ok() { grep -q "^$1 *rc=0 " <<<"$(printf '%s\n' "${SUMMARY[@]}")"; }
 step test_gpu_model 60 "$B/tests/test_gpu_model"
-for t in mla indexer head_gemv moe; do
+for t in mla indexer head_gemv moe matmul; do
 	[ -x "$B/tests/test_ops_$t" ] && step "test_ops_$t" 60 env TANDEM_OPS_QUICK=1 "$B/tests/test_ops_$t"
 done
 if ! ok test_gpu_model; then # which new path: everything old, then only the old attention
 	step test_gpu_model_allref 40 env TANDEM_CUDA_ATTN=ref TANDEM_MOE_SORTED=0 TANDEM_MOE_FAST=0 TANDEM_HEAD_GEMV=0 \
+		TANDEM_GEMV_MMA=0 \
 		"$B/tests/test_gpu_model"
 	step test_gpu_model_attnref 40 env TANDEM_CUDA_ATTN=ref "$B/tests/test_gpu_model"
 fi
@@ -74,8 +75,9 @@ fi
 ok test_gpu_model || step test_gpu_model_nofuse 40 env TANDEM_FUSE=0 "$B/tests/test_gpu_model"
 { ok test_ops_mla && ok test_ops_indexer; } || export TANDEM_CUDA_ATTN=ref
 ok test_ops_head_gemv || export TANDEM_HEAD_GEMV=0
+{ ok test_ops_matmul && ok test_ops_head_gemv; } || export TANDEM_GEMV_MMA=0
 ok test_ops_moe || export TANDEM_MOE_SORTED=0 TANDEM_MOE_FAST=0
-echo "switches for the timings: ATTN=${TANDEM_CUDA_ATTN:-new} HEAD_GEMV=${TANDEM_HEAD_GEMV:-1} MOE_SORTED=${TANDEM_MOE_SORTED:-1} MOE_FAST=${TANDEM_MOE_FAST:-1}" |
+echo "switches for the timings: ATTN=${TANDEM_CUDA_ATTN:-new} HEAD_GEMV=${TANDEM_HEAD_GEMV:-1} MOE_SORTED=${TANDEM_MOE_SORTED:-1} GEMV_MMA=${TANDEM_GEMV_MMA:-1} MOE_FAST=${TANDEM_MOE_FAST:-1}" |
 	tee "$L/switches.log"
 SUMMARY+=("$(cat "$L/switches.log")")
 ok test_ops_fused || export TANDEM_FUSE=0
@@ -95,7 +97,7 @@ gpu2 synth_glm5_tp2 60 "$B/tandem" bench --synthetic glm5 --layers 4 --dense 1 -
 	--ctx 4096 --gen 32 --reps 2
 step bench_cuda_gemv_mma 30 "$B/bench/bench_cuda_gemv_mma"
 [ -x "$B/bench/bench_cuda_moe" ] && step bench_cuda_moe 30 "$B/bench/bench_cuda_moe"
-for t in matmul rowops sample; do
+for t in rowops sample; do
 	step "test_ops_$t" 40 env TANDEM_OPS_QUICK=1 "$B/tests/test_ops_$t"
 done
 if command -v compute-sanitizer >/dev/null; then

@@ -2,13 +2,21 @@
  *   y[t][h * yhs + r] = dot(W_h row r, x[t][h * xhs ..]),  W_h = the h-th of H stacked matrices
  * (attn_k_b: q_nope -> latent, attn_v_b: latent -> value), for n_tok tokens. The same as H calls of
  * kcuda_matmul on kweight3_at(h), which cost H launches of a few microseconds each per layer.
- * Grid (ceil(n_out / 4), H * n_tok): a warp per (row, head, token); lane l sums the 16-element
+ * n_tok >= HG_TILE_MIN_TOK with quantized weights goes to the tile product (below). Here:
+ * grid (ceil(n_out / 4), H * n_tok): a warp per (row, head, token); lane l sums the 16-element
  * pieces l, l + 32, ... (quant_piece.cuh decoders, fp32 fmaf), then a warp sum. The matrices are
  * small (N x C, C x V per head: < 1 MB), so re-reading one per token costs L2, not HBM.
  * Needs n_in % 16 == 0; float types also need 16-byte aligned rows (the piece loads are vectors);
  * kfwd_head_gemv_ok says whether a weight qualifies. */
+#include "kernels/cuda/matmul_impl.cuh"
 #include "kernels/cuda/model_fwd.h"
 #include "kernels/cuda/quant_piece.cuh"
+
+/* From this many tokens on, quantized heads take the tensor-core tile product (matmul_tile.cu: all
+ * heads in one launch, each head's matrix read once per 64 tokens instead of once per token; the
+ * profile of run 1 had this kernel at 3.6-14 GB/s at batch 32/128). One token stays here: a warp
+ * per row already reads each weight once. TANDEM_GEMV_MMA=0 keeps every n_tok here. */
+#define HG_TILE_MIN_TOK 2
 
 #define HG_WARPS 4
 
@@ -77,6 +85,11 @@ extern "C" int kfwd_head_gemv(struct kcuda_ctx *c, const struct kweight *w0, siz
 		                     (long long)ldy, (long long)yhs);
 	if (n_tok == 0)
 		return 0;
+	if (n_tok >= HG_TILE_MIN_TOK && n_tok <= INT32_MAX && kcuda_mm_mma_enabled()) {
+		const int rc = kcuda_mm_tile_launch(c, w0, mat_bytes, H, x, ldx, xhs, (int)n_tok, y, ldy, yhs, false);
+		if (rc != ERR_UNSUPPORTED)
+			return rc;
+	}
 	if ((int64_t)H * n_tok > 65535)
 		return ERR_LIMIT;
 	switch (w0->type) {

@@ -8,6 +8,18 @@
 #include "kernels/cuda/matmul_impl.cuh"
 
 #define GEMV_MAX_TOK 8
+/* Crossover tile product (matmul_tile.cu) -> dequantize to bf16 + cuBLAS, by counting. The tile
+ * kernel reads W about once (~1 byte per weight at Q8_0) and per token spends, per 16 x 16 x 8
+ * MACs of one warp, 2 mma (x as fp16 hi and lo) plus ~8-12 fp32 instructions of per-piece
+ * epilogue: issue-bound at roughly 100-150 TFLOP/s on an H200. The cuBLAS path moves ~5 bytes per
+ * weight (read the quants, write bf16, read bf16: ~12 us for the 12.6 M weights of q_a) and then
+ * runs at ~100 TFLOP/s at 64 tokens, ~450 at 512 (docs/PERFORMANCE.md). q_a (6144 -> 2048) at 128
+ * tokens: tile ~25 us, cuBLAS ~12 + 11 us (measured 34 us for both launches at batch 128); at 256
+ * tokens: ~50 vs ~33 us. So the tile kernel takes n_tok 9..128, cuBLAS above. The fp32 path
+ * (KCUDA_MM_F32: products that feed a selection) would otherwise be cuBLAS SGEMM without TF32
+ * (<= 67 TFLOP/s peak on an H200); the tile kernel is as exact and faster at every n_tok, so it
+ * takes all of them for quantized weights. Measurements should replace these estimates. */
+#define MM_TILE_MAX_TOK 128
 
 extern "C" int kcuda_matmul_path(struct kcuda_ctx *c, enum kcuda_mm_path path, const struct kweight *w,
                                  const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy)
@@ -28,12 +40,24 @@ extern "C" int kcuda_matmul_path(struct kcuda_ctx *c, enum kcuda_mm_path path, c
 		return kcuda_bad_arg("matmul", "unknown path %d", (int)path);
 	if (n_tok == 0)
 		return 0;
+	const enum kcuda_mm_path path_in = path;
 	if (path == KCUDA_MM_AUTO)
 		path = n_tok <= GEMV_MAX_TOK ? KCUDA_MM_GEMV
 		       : w->type == KT_F32   ? KCUDA_MM_F32
 		                             : KCUDA_MM_GEMM;
 	if (path == KCUDA_MM_F32 && n_tok <= GEMV_MAX_TOK)
 		path = KCUDA_MM_GEMV; /* the GEMV is fp32 throughout and reads W once per 2 tokens */
+	/* decode batches: the tensor-core tile product reads W once per 64 tokens and is as exact as
+	 * the fp32 GEMV, so it serves the fp32 path at any n_tok too (crossover above). An explicit
+	 * KCUDA_MM_GEMM stays on cuBLAS (tests, benchmarks). */
+	if ((path == KCUDA_MM_F32 || (path == KCUDA_MM_GEMM && path_in == KCUDA_MM_AUTO &&
+	                              n_tok <= MM_TILE_MAX_TOK)) &&
+	    n_tok <= INT32_MAX && kcuda_mm_mma_enabled()) {
+		int rc = kcuda_mm_tile_launch(c, w, w->row_bytes * (size_t)w->n_out, 1, x, ldx, 0, (int)n_tok, y,
+		                              ldy, 0, true);
+		if (rc != ERR_UNSUPPORTED)
+			return rc;
+	}
 	if (path == KCUDA_MM_GEMM)
 		return kcuda_gemm_launch(c, w, x, ldx, n_tok, y, ldy);
 	if (path == KCUDA_MM_F32)
@@ -55,7 +79,9 @@ extern "C" int kcuda_matmul_path(struct kcuda_ctx *c, enum kcuda_mm_path path, c
 			xs = (const float *)c->ws;
 			lds = w->n_in;
 		}
-		int rc = kcuda_gemv_launch(c, w, xs, lds, nt, y + t0 * ldy, ldy);
+		int rc = is_float ? ERR_UNSUPPORTED : kcuda_gemv_mma_launch(c, w, xs, lds, nt, y + t0 * ldy, ldy);
+		if (rc == ERR_UNSUPPORTED)
+			rc = kcuda_gemv_launch(c, w, xs, lds, nt, y + t0 * ldy, ldy);
 		if (rc)
 			return rc;
 	}

@@ -2,7 +2,8 @@
  * launch) against kcpu_matmul run head by head on the same bytes: GLM-5 per-rank shapes at TP=8
  * (8 heads, k_b 192 -> 512, v_b 512 -> 256), DeepSeek-V3 (16 heads, 128 -> 512, 512 -> 128) and the
  * tiny models' (64 -> 256, 256 -> 128), types Q8_0 (what the files hold), BF16, F16, F32, Q4_K
- * (where n_in allows), 1, 3, 16 and 128 tokens, activations with a head stride larger than n_in
+ * (where n_in allows), 1, 2, 3, 8, 9, 16, 32 and 128 tokens (quantized heads: the tensor-core tile
+ * product from 2 tokens on; again with TANDEM_GEMV_MMA=0 for Q8_0 up to 16 tokens), activations with a head stride larger than n_in
  * (q_nope inside q's N + R) and outputs with one larger than n_out (q_abs's C + R). fp32 on both
  * sides: max error <= 2e-6 sqrt(n_in) x sum|w x| per output (test_ops_matmul's GEMV bound); guard bytes
  * around the output; the rows between heads (q_abs's rope part) untouched; argument checks. Exit 77 = no GPU
@@ -115,15 +116,22 @@ int main(void)
 		return 1;
 	}
 	static const int types[] = {KT_Q8_0, KT_BF16, KT_F16, KT_F32, KT_Q4_K};
-	static const int toks[] = {1, 3, 16, 128};
+	/* quantized heads take the tensor-core tile product from 2 tokens on (head_gemv.cu); the
+	 * second pass (TANDEM_GEMV_MMA=0) checks the warp-per-row kernel at the same counts */
+	static const int toks[] = {1, 2, 3, 8, 9, 16, 32, 128};
+	for (int off = 0; off < 2; off++)
 	for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++)
 		for (size_t k = 0; k < sizeof(toks) / sizeof(toks[0]); k++) {
+			setenv("TANDEM_GEMV_MMA", off ? "0" : "1", 1);
+			if (off && (types[t] != KT_Q8_0 || toks[k] > 16))
+				continue;
 			head_case(types[t], 8, 192, 512, 64, 64, toks[k]); /* GLM-5 k_b: q_nope in q, q_abs */
 			head_case(types[t], 8, 512, 256, 0, 0, toks[k]); /* GLM-5 v_b */
 			head_case(types[t], 16, 128, 512, 64, 64, toks[k]); /* DeepSeek-V3 k_b */
 			head_case(types[t], 16, 512, 128, 0, 0, toks[k]); /* DeepSeek-V3 v_b */
 			head_case(types[t], 4, 64, 256, 32, 32, toks[k]); /* tiny k_b */
 		}
+	unsetenv("TANDEM_GEMV_MMA");
 	float *f = (float *)16;
 	size_t rb = 0;
 	ktype_row_bytes(KT_Q8_0, 192, &rb);

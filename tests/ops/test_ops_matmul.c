@@ -1,6 +1,8 @@
 /* kcuda_matmul (decode GEMV and prefill GEMM) against the CPU ops, for every compute type, on seeded
  * random weights and activations:
- *   - GEMV (n_tok <= 8): against kcpu_dot_row (the CPU op kcpu_matmul uses per row), within fp32
+ *   - GEMV (n_tok <= 8: the tensor-core GEMV or the fp32 one, matmul_mma.cu's table) and the
+ *     tensor-core tile product (n_tok 9..128 automatic, any n_tok on the fp32 path, quantized
+ *     weights; TANDEM_GEMV_MMA=0 turns both off and the sweep runs again that way): against kcpu_dot_row (the CPU op kcpu_matmul uses per row), within fp32
  *     summation-order error: |gpu - cpu| <= 2e-6 * sqrt(n_in) * sum|w x| (+ a denormal floor);
  *   - GEMM (n_tok > 8, or forced): W and X are rounded to bf16 inside the op, so the reference is the
  *     double-precision dot of the bf16-rounded kcpu_dequant_row values and x, same tolerance;
@@ -9,6 +11,8 @@
  * Shapes: rows 1, 31, 32, 33, 4097 and the GLM-5 TP=8 and DeepSeek-V3 per-rank weight shapes.
  * TANDEM_OPS_QUICK=1 runs a smaller sweep (for compute-sanitizer). Exit 77 = no GPU (skip). */
 #include <errno.h>
+#include <stdbool.h>
+#include <string.h>
 
 #include "common/base/err.h"
 #include "tests/ops/ops_util.h"
@@ -28,6 +32,21 @@ struct shape {
 
 static const int types[] = {KT_Q8_0, KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_BF16, KT_F32,    KT_F16,   KT_Q4_0,
                             KT_Q4_1, KT_Q5_0, KT_Q5_1, KT_Q2_K, KT_Q3_K, KT_IQ4_NL, KT_IQ4_XS};
+
+/* The tensor-core paths (TANDEM_GEMV_MMA, on unless set to 0): quantized weights at n_tok 9..128
+ * on the automatic path, and at any n_tok > 8 on the fp32 path, take the tile product
+ * (kernels/cuda/matmul_tile.cu), which is as exact as the fp32 GEMV (weights exact, x as fp16
+ * hi + lo): held to the GEMV tolerance, not the bf16 one. MM_TILE_MAX_TOK of matmul.cu. */
+#define TILE_MAX_TOK 128
+static bool mma_on(void)
+{
+	const char *e = getenv("TANDEM_GEMV_MMA");
+	return !(e && strcmp(e, "0") == 0);
+}
+static bool is_float_type(int type)
+{
+	return type == KT_F32 || type == KT_F16 || type == KT_BF16;
+}
 
 /* Runs one case; returns 0 if it ran (pass or fail recorded), -1 on setup failure. */
 static int run_case(struct kcuda_ctx *c, int type, int64_t n_in, int64_t n_out, int64_t n_tok,
@@ -59,8 +78,11 @@ static int run_case(struct kcuda_ctx *c, int type, int64_t n_in, int64_t n_out, 
 	if (!rc)
 		rc = kcuda_sync(c);
 	/* bf16 rounding of W and X on the GEMM path; F32 weights (AUTO) and KCUDA_MM_F32 stay fp32 */
-	const bool gemm = path == KCUDA_MM_GEMM || (path == KCUDA_MM_AUTO && n_tok > 8 && type != KT_F32);
-	const char *lbl = gemm ? "gemm" : n_tok > 8 ? "f32gm" : "gemv";
+	const bool tile = mma_on() && !is_float_type(type) && n_tok > 8 &&
+	                  (path == KCUDA_MM_F32 || (path == KCUDA_MM_AUTO && n_tok <= TILE_MAX_TOK));
+	const bool gemm =
+	    !tile && (path == KCUDA_MM_GEMM || (path == KCUDA_MM_AUTO && n_tok > 8 && type != KT_F32));
+	const char *lbl = tile ? "tile" : gemm ? "gemm" : n_tok > 8 ? "f32gm" : mma_on() ? "gemv*" : "gemv";
 	OPS_CHECK(rc == 0, "%s %s n_in=%" PRId64 " n_out=%" PRId64 " n_tok=%" PRId64 ": rc %d",
 	          ktype_name(type), what, n_in, n_out, n_tok, rc);
 	size_t bad = ops_dbuf_get(c, &yb, yh);
@@ -186,7 +208,8 @@ int main(void)
 	    {256, 6144, "glm expert down/8"}, {6144, 1536, "glm dense up/8"}, {7168, 1536, "ds q_a"},
 	    {1536, 3072, "ds q_b/8"},         {2048, 7168, "ds o_proj/8"},    {7168, 2048, "ds expert up"},
 	};
-	static const int64_t toks_gemv[] = {1, 2, 3, 5, 8};
+	/* 1..8: the GEMVs (mma or fp32 per matmul_mma.cu's table); 9..128: the tile product */
+	static const int64_t toks_gemv[] = {1, 2, 3, 5, 8, 9, 16, 32, 128};
 	int setup_fail = 0;
 
 	for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
@@ -206,9 +229,29 @@ int main(void)
 				setup_fail |= run_case(c, type, odd[i], 37, 9, KCUDA_MM_AUTO, 0, "odd n_in");
 			}
 		}
-		for (size_t t = 0; t < sizeof(toks_gemv) / sizeof(toks_gemv[0]); t++)
-			setup_fail |= run_case(c, type, quick ? n_small : 6144, 67, toks_gemv[t],
-			                       KCUDA_MM_AUTO, t & 1, "n_tok sweep");
+		/* with the tensor-core paths (default) and without them (TANDEM_GEMV_MMA=0); n_in 1024
+		 * in quick mode still splits K in the tile product (16 chunks -> 2 splits) */
+		for (int off = 0; off < 2; off++) {
+			setenv("TANDEM_GEMV_MMA", off ? "0" : "1", 1);
+			for (size_t t = 0; t < sizeof(toks_gemv) / sizeof(toks_gemv[0]); t++) {
+				if (off && toks_gemv[t] > 32)
+					continue;
+				const int64_t n_in = qk == 1 ? (quick ? 96 : 6144) : (quick ? 1024 : 6144);
+				setup_fail |= run_case(c, type, n_in, 67, toks_gemv[t], KCUDA_MM_AUTO, t & 1,
+				                       off ? "n_tok sweep, mma off" : "n_tok sweep");
+			}
+			/* Q4_K / Q5_K take the mma GEMV at n_tok 1-2 only on wide outputs (>= 2 x SMs
+			 * tiles of 16 rows: 4224 on an H200) */
+			if (!off && (type == KT_Q4_K || type == KT_Q5_K))
+				for (int64_t nt = 1; nt <= 2; nt++)
+					setup_fail |= run_case(c, type, 512, 4500, nt, KCUDA_MM_AUTO, 0, "wide");
+			/* outputs and tokens around the tile edges (rows 64, tokens 64) */
+			if (!off && qk > 1) {
+				setup_fail |= run_case(c, type, 512, 65, 65, KCUDA_MM_AUTO, 1, "tile edges");
+				setup_fail |= run_case(c, type, 256, 64, 64, KCUDA_MM_F32, 0, "tile f32 exact");
+			}
+		}
+		unsetenv("TANDEM_GEMV_MMA");
 		setup_fail |= run_case(c, type, n_small, 45, 33, KCUDA_MM_AUTO, 1, "gemm strided");
 		setup_fail |= run_case(c, type, n_small, 33, 3, KCUDA_MM_GEMM, 0, "gemm forced");
 		/* the fp32 GEMM (router, indexer): held to the fp32 tolerance */
@@ -232,6 +275,8 @@ int main(void)
 			                       KCUDA_MM_AUTO, 0, real[s].what);
 		}
 		setup_fail |= run_case(c, type, 6144, 300, 40, KCUDA_MM_AUTO, 0, "gemm 6144");
+		/* GLM-5 per-rank kv_a at a decode batch of 32 (the tile product, K split) */
+		setup_fail |= run_case(c, type, 6144, 576, 32, KCUDA_MM_AUTO, 0, "glm kv_a batch 32");
 	}
 	/* the prefill GEMM's workspace chunking: 256 KiB holds 10 tokens and 11 rows of a 6144-wide
 	 * tile, so this runs 4 token chunks x 10 row chunks */
@@ -239,9 +284,14 @@ int main(void)
 	if (kcuda_ctx_create(0, 256u << 10, &small)) {
 		OPS_CHECK(0, "small-workspace context");
 	} else {
-		setup_fail |= run_case(small, KT_Q4_K, 6144, 100, 40, KCUDA_MM_AUTO, 1, "gemm small ws");
-		setup_fail |= run_case(small, KT_Q8_0, 6144, 100, 40, KCUDA_MM_AUTO, 0, "gemm small ws");
+		setup_fail |= run_case(small, KT_Q4_K, 6144, 100, 40, KCUDA_MM_GEMM, 1, "gemm small ws");
+		setup_fail |= run_case(small, KT_Q8_0, 6144, 100, 40, KCUDA_MM_GEMM, 0, "gemm small ws");
+		setup_fail |= run_case(small, KT_Q4_K, 6144, 100, 40, KCUDA_MM_F32, 1, "f32 small ws");
+		/* the tile product's K split in a small workspace */
+		setup_fail |= run_case(small, KT_Q8_0, 6144, 100, 40, KCUDA_MM_AUTO, 0, "tile small ws");
+		setenv("TANDEM_GEMV_MMA", "0", 1);
 		setup_fail |= run_case(small, KT_Q4_K, 6144, 100, 40, KCUDA_MM_F32, 1, "f32 gemm small ws");
+		unsetenv("TANDEM_GEMV_MMA");
 		kcuda_ctx_destroy(small);
 	}
 	OPS_CHECK(setup_fail == 0, "some cases failed to set up");

@@ -42,8 +42,8 @@
  * buffers padded by 16 bytes as kcuda_weight_upload does (the funnel loads of the last Q8_0
  * block read 2 bytes past it).
  * Rows past n_out are clamped for loads and not stored. */
-#ifndef TANDEM_BENCH_GEMV_MMA_CUH
-#define TANDEM_BENCH_GEMV_MMA_CUH
+#ifndef TANDEM_KERNELS_CUDA_GEMV_MMA_CUH
+#define TANDEM_KERNELS_CUDA_GEMV_MMA_CUH
 
 #include <errno.h>
 #include <vector>
