@@ -109,8 +109,9 @@ __global__ void __launch_bounds__(ROUTE_WARPS * 32)
 				sel[e] = 0.0f;
 		__syncwarp();
 	}
-	/* top-k: repeated arg-max over the experts not taken yet (flags in shared memory: the
-	 * earlier version re-read the chosen ids from global memory for every candidate, ~20 us) */
+	/* top-k: repeated arg-max over the experts not taken yet (flags in shared memory; the
+	 * earlier version re-read the chosen ids from global memory for every candidate, k^2 E / 64
+	 * dependent loads per lane, and the op measured 23 us per call at batch 1 on the H200) */
 	int32_t *oi = ids + tok * k;
 	float *ow = weights + tok * k;
 	unsigned char *taken = taken_all[wi];
