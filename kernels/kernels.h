@@ -297,7 +297,10 @@ int kcuda_moe_route(struct kcuda_ctx *c, const float *logits, int64_t ld, const 
                     float *weights);
 /* Routed experts: out[i] = sum_j weights[i][j] * down_e(SiLU(gate_e x_i) * up_e x_i), e = ids[i][j].
  * gate/up: device weights of E*F rows of n_in = D (expert e = rows [e F, e F + F)); down: E*D rows
- * of n_in = F. Up to 16 tokens: all (token, expert) pairs in one launch per stage; 17..256: pairs
+ * of n_in = F. Up to 256 tokens with Q4_K/Q5_K/Q6_K/Q8_0 weights and D, F multiples of 256: pairs
+ * sorted by expert on the device, one tensor-core launch for gate+up and one for down, each expert
+ * row read once per chunk of up to 8 of its pairs (moe_mma.cu; TANDEM_MOE_FAST=0 turns it off);
+ * otherwise up to 16 tokens: all (token, expert) pairs in one launch per stage; 17..256: pairs
  * sorted by expert on the device, each expert row read once per 8 of its pairs (no host sync);
  * more (or TANDEM_MOE_SORTED=0): tokens grouped by expert (one id download) through kcuda_matmul.
  * out is overwritten. */
@@ -306,6 +309,14 @@ int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, c
                   const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo);
 /* the largest token count kcuda_moe_ffn runs without a host sync (CUDA graphs can hold it) */
 int kcuda_moe_ffn_sync_free_max(void);
+/* kcuda_moe_ffn plus the shared expert (sh_gate / sh_up: F rows of n_in D; sh_down: D rows of n_in F)
+ * added with weight 1, in the same launches (moe_mma.cu), when TANDEM_MOE_FAST is not 0 and the
+ * shared expert has the routed experts' types and F; else ERR_UNSUPPORTED with nothing enqueued,
+ * and the caller runs kcuda_moe_ffn and the shared expert itself. */
+int kcuda_moe_ffn_shexp(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
+                        const float *weights, int k, const struct kweight *gate, const struct kweight *up,
+                        const struct kweight *down, int64_t E, int64_t F, const struct kweight *sh_gate,
+                        const struct kweight *sh_up, const struct kweight *sh_down, float *out, int64_t ldo);
 /* Tensor parallelism over the GPUs of one process (kernels/cuda/device.cu): the calling thread's
  * current device (each TP rank thread binds its own); the context's device; a wait for everything
  * enqueued on the context's stream so far that gives up after timeout_s (-ETIMEDOUT; 0 done,

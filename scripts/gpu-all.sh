@@ -61,49 +61,49 @@ cat "$L/machine.log"
 # ---- correctness first; a new path that fails its op test is switched off for the timings ----
 ok() { grep -q "^$1 *rc=0 " <<<"$(printf '%s\n' "${SUMMARY[@]}")"; }
 step test_gpu_model 60 "$B/tests/test_gpu_model"
-for t in mla indexer head_gemv moe matmul prefill_moe; do
+for t in matmul head_gemv moe prefill_moe fused mla indexer; do
 	[ -x "$B/tests/test_ops_$t" ] && step "test_ops_$t" 60 env TANDEM_OPS_QUICK=1 "$B/tests/test_ops_$t"
 done
-if ! ok test_gpu_model; then # which new path: everything old, then only the old attention
-	step test_gpu_model_allref 40 env TANDEM_CUDA_ATTN=ref TANDEM_MOE_SORTED=0 TANDEM_HEAD_GEMV=0 TANDEM_GEMV_MMA=0 \
-		"$B/tests/test_gpu_model"
-	step test_gpu_model_attnref 40 env TANDEM_CUDA_ATTN=ref "$B/tests/test_gpu_model"
+ALLREF="TANDEM_CUDA_ATTN=ref TANDEM_MOE_SORTED=0 TANDEM_MOE_FAST=0 TANDEM_HEAD_GEMV=0 TANDEM_GEMV_MMA=0 TANDEM_PREFILL_FAST=0 TANDEM_FUSE=0"
+if ! ok test_gpu_model; then # which new path: everything old, then one old path at a time
+	step test_gpu_model_allref 40 env $ALLREF "$B/tests/test_gpu_model"
+	for v in TANDEM_CUDA_ATTN=ref TANDEM_MOE_FAST=0 TANDEM_GEMV_MMA=0 TANDEM_FUSE=0; do
+		step "test_gpu_model_${v%%=*}" 30 env "$v" "$B/tests/test_gpu_model"
+	done
 fi
-# fused small ops (issue #4): their op test, and the model without them when it failed
-[ -x "$B/tests/test_ops_fused" ] && step test_ops_fused 60 env TANDEM_OPS_QUICK=1 "$B/tests/test_ops_fused"
-ok test_gpu_model || step test_gpu_model_nofuse 40 env TANDEM_FUSE=0 "$B/tests/test_gpu_model"
 { ok test_ops_mla && ok test_ops_indexer; } || export TANDEM_CUDA_ATTN=ref
 ok test_ops_head_gemv || export TANDEM_HEAD_GEMV=0
 { ok test_ops_matmul && ok test_ops_head_gemv; } || export TANDEM_GEMV_MMA=0
-ok test_ops_moe || export TANDEM_MOE_SORTED=0
+ok test_ops_moe || export TANDEM_MOE_SORTED=0 TANDEM_MOE_FAST=0
 ok test_ops_prefill_moe || export TANDEM_PREFILL_FAST=0
-echo "switches for the timings: ATTN=${TANDEM_CUDA_ATTN:-new} HEAD_GEMV=${TANDEM_HEAD_GEMV:-1} MOE_SORTED=${TANDEM_MOE_SORTED:-1} GEMV_MMA=${TANDEM_GEMV_MMA:-1} PREFILL_FAST=${TANDEM_PREFILL_FAST:-1}" |
-	tee "$L/switches.log"
-SUMMARY+=("$(cat "$L/switches.log")")
 ok test_ops_fused || export TANDEM_FUSE=0
-echo "fused small ops for the timings: FUSE=${TANDEM_FUSE:-1}" | tee -a "$L/switches.log"
-SUMMARY+=("fused small ops for the timings: FUSE=${TANDEM_FUSE:-1}")
+sw="switches for the timings: ATTN=${TANDEM_CUDA_ATTN:-new} GEMV_MMA=${TANDEM_GEMV_MMA:-1} HEAD_GEMV=${TANDEM_HEAD_GEMV:-1}"
+sw="$sw MOE_FAST=${TANDEM_MOE_FAST:-1} MOE_SORTED=${TANDEM_MOE_SORTED:-1} PREFILL_FAST=${TANDEM_PREFILL_FAST:-1} FUSE=${TANDEM_FUSE:-1}"
+echo "$sw" | tee "$L/switches.log"
+SUMMARY+=("$sw")
 # the prefill MoE kernels end to end: 64-token batches of the test models through them (bf16 path)
-ok test_ops_prefill_moe && step test_gpu_model_moe_mma 40 env TANDEM_MOE_MMA_MIN=17 "$B/tests/test_gpu_model"
+ok test_ops_prefill_moe && step test_gpu_model_moe_mma 30 env TANDEM_MOE_MMA_MIN=17 "$B/tests/test_gpu_model"
 gpu2 test_gpu_tp 60 "$B/tests/test_gpu_tp"
-step test_gpu_workers 40 "$B/tests/test_gpu_workers"
-step test_gpu_workers_sh 60 env BUILD="$B" TANDEM_GPU_TESTS=1 bash tests/e2e/test_gpu_workers.sh
+step test_gpu_workers_sh 40 env BUILD="$B" TANDEM_GPU_TESTS=1 bash tests/e2e/test_gpu_workers.sh
 
 # ---- timings ----
-step gpu_bench 120 env TANDEM="$B/tandem" OUT="$L/bench" bash scripts/gpu-bench.sh "$C" "$L/bench"
-step bench_cuda_attn 40 "$B/bench/bench_cuda_attn" 20
-step anchor_glm5_4l_tp1 40 "$B/tandem" bench --synthetic glm5 --layers 4 --dense 1 --type q4_k --backend cuda \
+SYN="--synthetic glm5 --tp 8 --rank 0 --backend cuda"
+step glm5_matrix 60 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --gen 6 --profile
+step anchor_glm5_4l_tp1 30 "$B/tandem" bench --synthetic glm5 --layers 4 --dense 1 --type q4_k --backend cuda \
 	--prompt 512 --gen 64 --batch 1 --reps 3 --threads 8
+[ -x "$B/bench/bench_cuda_moe" ] && step bench_cuda_moe 25 "$B/bench/bench_cuda_moe"
+step ds3_matrix 30 "$B/tandem" bench --synthetic deepseek3 --tp 8 --rank 0 --backend cuda --matrix \
+	--matrix-ctx 4096 --gen 4 --matrix-prefill 2048
+step bench_cuda_gemv_glm 20 "$B/bench/bench_cuda_gemv_mma" glm
 gpu2 bench_cuda_allreduce 40 "$B/bench/bench_cuda_allreduce"
 gpu2 synth_glm5_tp2 60 "$B/tandem" bench --synthetic glm5 --layers 4 --dense 1 --tp 2 --backend cuda \
 	--ctx 4096 --gen 32 --reps 2
-step bench_cuda_gemv_mma 30 "$B/bench/bench_cuda_gemv_mma"
-for t in rowops sample; do
-	step "test_ops_$t" 40 env TANDEM_OPS_QUICK=1 "$B/tests/test_ops_$t"
-done
+step glm5_b1_allref 25 env $ALLREF "$B/tandem" bench $SYN --kv-fill random --ctx 4096 --gen 12 --batch 1 --reps 1
+step glm5_matrix_32k 40 "$B/tandem" bench $SYN --matrix --matrix-ctx 32768 --gen 4 --matrix-prefill 0
+step test_gpu_workers 30 "$B/tests/test_gpu_workers"
 if command -v compute-sanitizer >/dev/null; then
-	for t in mla indexer fused; do
-		step "memcheck_$t" 60 env TANDEM_OPS_QUICK=1 TANDEM_OPS_SMALL=1 \
+	for t in fused moe prefill_moe matmul head_gemv; do
+		step "memcheck_$t" 40 env TANDEM_OPS_QUICK=1 TANDEM_OPS_SMALL=1 \
 			compute-sanitizer --tool memcheck --error-exitcode 9 "$B/tests/test_ops_$t"
 	done
 fi

@@ -838,9 +838,20 @@ static void cu_moe(void *ctx, const struct layer_w *L, const float *a, float *pa
 	d.n_out *= E;
 	/* bytes: the experts the pairs can touch at most (distinct ids are not known on the host) */
 	double n_ex = (double)(n * k < E ? n * k : E);
+	/* the shared expert rides in the routed experts' launches when the tensor-core path takes it
+	 * (kcuda_moe_ffn_shexp; ERR_UNSUPPORTED: nothing enqueued, the two run apart as before) */
+	int rc_sh = ERR_UNSUPPORTED;
 	PROF(c, "moe.experts", ktype_name(g.type), n_ex * (wbytes(&g) + wbytes(&u) + wbytes(&d)) / (double)E)
-	CK(kcuda_moe_ffn(c->kc, a, D, n, ids, wts, k, &g, &u, &d, E, rk->fel, part, D));
-	if (L->has_shexp)
+	{
+		if (L->has_shexp)
+			rc_sh = kcuda_moe_ffn_shexp(c->kc, a, D, n, ids, wts, k, &g, &u, &d, E, rk->fel, &L->sh_gate,
+			                            &L->sh_up, &L->sh_down, part, D);
+		if (rc_sh == ERR_UNSUPPORTED)
+			CK(kcuda_moe_ffn(c->kc, a, D, n, ids, wts, k, &g, &u, &d, E, rk->fel, part, D));
+		else
+			CK(rc_sh);
+	}
+	if (L->has_shexp && rc_sh == ERR_UNSUPPORTED)
 		PROF(c, "moe.shared", ktype_name(L->sh_gate.type),
 		     wbytes(&L->sh_gate) + wbytes(&L->sh_up) + wbytes(&L->sh_down))
 		{

@@ -3,6 +3,9 @@
  *   out[i] = sum_j w[i][j] * down_e(SiLU(gate_e x_i) * up_e x_i),  e = ids[i][j].
  * The stacked expert tensors stay in their GGUF quant types on the device (kcuda_weight_upload of
  * all E*F rows); expert e's rows are [e F, e F + F) (gate, up) and [e D, e D + D) (down).
+ * Up to 256 tokens of the K-quants and Q8_0 go to the tensor-core path (moe_mma.cu, which also
+ * takes the shared expert: kcuda_moe_ffn_shexp) unless TANDEM_MOE_FAST=0; the kernels below serve
+ * the other types and shapes, and everything under that switch.
  *
  * Decode (n <= 16 tokens): every (token, expert) pair in one launch per stage, no host sync:
  *   gate_up kernel, grid (F / 4, n*k): a warp per (pair, row f) dots the gate and up rows of e with
@@ -34,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cuda/moe_mma.h"
 #include "kernels/cuda/moe_prefill.h"
 #include "kernels/cuda/prof.h"
 #include "kernels/cuda/quant_piece.cuh"
@@ -553,10 +557,10 @@ cleanup:
 	return rc;
 }
 
-extern "C" int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
-                             const float *weights, int k, const struct kweight *gate,
-                             const struct kweight *up, const struct kweight *down, int64_t E, int64_t F,
-                             float *out, int64_t ldo)
+/* kcuda_moe_ffn's argument checks (kernels.h): 0 or -EINVAL with a line on stderr */
+static int ffn_check(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
+                     const float *weights, int k, const struct kweight *gate, const struct kweight *up,
+                     const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo)
 {
 	if (!c || !x || !ids || !weights || !gate || !up || !down || !out)
 		return kcuda_bad_arg("moe_ffn", "null pointer argument");
@@ -585,6 +589,18 @@ extern "C" int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, i
 	if (!ktype_row_bytes(down->type, F, &rb) || rb != down->row_bytes)
 		return kcuda_bad_arg("moe_ffn", "down %s row_bytes %zu for n_in %lld", ktype_name(down->type),
 		                     down->row_bytes, (long long)F);
+	return 0;
+}
+
+extern "C" int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
+                             const float *weights, int k, const struct kweight *gate,
+                             const struct kweight *up, const struct kweight *down, int64_t E, int64_t F,
+                             float *out, int64_t ldo)
+{
+	int rc = ffn_check(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
+	if (rc)
+		return rc;
+	const int64_t D = gate->n_in;
 	if (n == 0)
 		return 0;
 	/* the piece kernels: n_in multiples of 16; float weights also need 16-byte rows */
@@ -600,6 +616,9 @@ extern "C" int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, i
 		if (rc != ERR_UNSUPPORTED)
 			return rc;
 	}
+	/* decode batches (1..256 tokens) on tensor cores (moe_mma.cu) */
+	if (moe_mma_fits(c, x, ldx, n, k, gate, up, down, E, F))
+		return moe_mma_ffn(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, NULL, NULL, NULL, out, ldo);
 	if (n <= MOE_DECODE_MAX && pieces)
 		return moe_decode(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
 	if (n <= MOE_SORTED_MAX && pieces && E <= 1024 && sorted_on() &&
@@ -612,4 +631,24 @@ extern "C" int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, i
 			return rc;
 	}
 	return moe_grouped(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
+}
+
+extern "C" int kcuda_moe_ffn_shexp(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n,
+                                   const int32_t *ids, const float *weights, int k, const struct kweight *gate,
+                                   const struct kweight *up, const struct kweight *down, int64_t E, int64_t F,
+                                   const struct kweight *sh_gate, const struct kweight *sh_up,
+                                   const struct kweight *sh_down, float *out, int64_t ldo)
+{
+	int rc = ffn_check(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
+	if (rc)
+		return rc;
+	if (!sh_gate || !sh_up || !sh_down)
+		return kcuda_bad_arg("moe_ffn_shexp", "null shared-expert weight");
+	if (n == 0)
+		return 0;
+	if (!moe_mma_fits(c, x, ldx, n, k, gate, up, down, E, F) ||
+	    !moe_mma_fits_shared(gate, down, F, sh_gate, sh_up, sh_down))
+		return ERR_UNSUPPORTED; /* nothing enqueued: the caller runs the two parts itself */
+	return moe_mma_ffn(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, sh_gate, sh_up, sh_down, out,
+	                   ldo);
 }

@@ -4,12 +4,20 @@
  *    softmax gating (E 64, k 6) and an odd one (E 20, k 3, 5 groups / 2 used); logits on a coarse
  *    grid in half of the tokens so experts and groups tie exactly (ties go to the lower id).
  *    ids must be equal; weights within 1e-6 relative (CUDA expf is not glibc's to the last ulp).
- * 2. kcuda_moe_ffn vs the CPU chain of forward.c (per token and slot: kcpu_matmul gate / up on the
- *    expert's rows, kcpu_swiglu, kcpu_matmul down, weighted sum) for Q8_0, Q4_K, Q6_K, BF16, F32
- *    stacked expert weights: decode path (1, 3, 16 tokens: fp32 throughout, max error <= 1e-4 *
- *    max|ref|), the sorted batched-decode path (40 and 128 tokens: fp32, <= 1e-4, and bit-equal to
- *    the pair kernels run on the same pairs token by token) and the grouped prefill path
- *    (TANDEM_MOE_SORTED=0 at 40 tokens, 300 tokens: bf16 tensor-core GEMM, <= 2e-2).
+ * 2. kcuda_moe_ffn vs the CPU chain of forward.c (per expert: kcpu_matmul gate / up on its tokens,
+ *    kcpu_swiglu, kcpu_matmul down; then the weighted sum in slot order) for Q8_0, Q4_K, Q5_K,
+ *    Q6_K, BF16, F32 stacked expert weights and mixed gate / down types, every path:
+ *    - the tensor-core path (moe_mma.cu: K-quants and Q8_0 at D, F multiples of 256, 1..256
+ *      tokens): batch 1, 2, 3, 8, 16, 17, 40, 128, 256 at 256 experts top-8, one TP=8 rank of
+ *      GLM-5 (D 6144) and DeepSeek-V3 (D 7168) with F 256, glm-dsa-tiny's dims; with the shared
+ *      expert in the same launches (kcuda_moe_ffn_shexp; refused with ERR_UNSUPPORTED where its
+ *      shape does not fit, e.g. ds-tiny's F 128); both n-tile counts forced (TANDEM_MOE_MMA_NG);
+ *      max error <= 1e-4 max|ref| (fp16 hi/lo split of x: ~1e-7 in practice);
+ *    - TANDEM_MOE_FAST=0: the pair kernels (<= 16 tokens) and the sorted kernels (17..256, bit-equal
+ *      to the pair kernels token by token), fp32, <= 1e-4; the grouped prefill path
+ *      (TANDEM_MOE_SORTED=0 at 40 tokens, and 300 tokens: bf16 tensor-core GEMM, <= 2e-2).
+ *    Every case runs twice: the bits must be equal (determinism). An expert id out of range is
+ *    counted and gives NaN for its token only.
  * 3. The model's chain kcuda_matmul (F32 router weight) -> kcuda_moe_route against the CPU chain
  *    (ids equal except near-ties of the selection score, since the logits differ by rounding), and
  *    argument checks.
@@ -107,11 +115,50 @@ out:
 	free(scr);
 }
 
-/* gate / up of `type`, down of `dtype` (Q4_K_M files keep some ffn_down_exps in Q6_K) */
-static void ffn_case(int type, int dtype, int n, double tol)
+/* Which kcuda_moe_ffn path a call takes (kernels.h, moe_mma.h): the tensor-core path for the
+ * K-quants and Q8_0 at D, F multiples of 256 up to 256 tokens unless TANDEM_MOE_FAST=0; else the
+ * pair kernels up to 16 tokens, the sorted kernels up to 256 (unless TANDEM_MOE_SORTED=0), grouped. */
+static bool mma_type(int t)
 {
-	const int64_t E = 12, F = 256, D = 512;
-	const int k = 4;
+	return t == KT_Q4_K || t == KT_Q5_K || t == KT_Q6_K || t == KT_Q8_0;
+}
+static const char *ffn_path(int type, int dtype, int n, int64_t D, int64_t F)
+{
+	const char *f = getenv("TANDEM_MOE_FAST");
+	if ((!f || strcmp(f, "0") != 0) && mma_type(type) && mma_type(dtype) && D % 256 == 0 && F % 256 == 0 &&
+	    n <= 256)
+		return "mma";
+	if (n <= 16 && D % 16 == 0 && F % 16 == 0)
+		return "pairs";
+	return n <= 256 && kcuda_moe_ffn_sync_free_max() > 16 ? "sorted" : "grouped";
+}
+
+struct fdims {
+	const char *name;
+	int64_t E, F, D;
+	int k;
+	int shexp; /* also a shared expert of the routed experts' shape (kcuda_moe_ffn_shexp) */
+};
+
+static struct kpool *pool; /* threads for the CPU reference */
+
+/* kcuda_moe_ffn, or kcuda_moe_ffn_shexp with the case's shared expert */
+static int run_ffn(const struct fdims *fd, void *x, int n, void *ids, void *w, const struct kweight *g,
+                   const struct kweight *u, const struct kweight *d, const struct kweight *sg,
+                   const struct kweight *su, const struct kweight *sd, void *out)
+{
+	if (fd->shexp)
+		return kcuda_moe_ffn_shexp(ctx, x, fd->D, n, ids, w, fd->k, g, u, d, fd->E, fd->F, sg, su, sd, out,
+		                           fd->D);
+	return kcuda_moe_ffn(ctx, x, fd->D, n, ids, w, fd->k, g, u, d, fd->E, fd->F, out, fd->D);
+}
+
+/* gate / up of `type`, down of `dtype` (Q4_K_M files keep some ffn_down_exps in Q6_K) */
+static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double tol)
+{
+	const int64_t E = fd->E, F = fd->F, D = fd->D;
+	const int k = fd->k;
+	const int64_t np = (int64_t)n * k;
 	const struct ktype_info *ti = ktype_get(type);
 	size_t rb_d = 0, rb_f = 0;
 	ktype_row_bytes(type, D, &rb_d);
@@ -119,20 +166,43 @@ static void ffn_case(int type, int dtype, int n, double tol)
 	uint8_t *hg = malloc(rb_d * (size_t)(E * F)), *hu = malloc(rb_d * (size_t)(E * F)),
 	        *hd = malloc(rb_f * (size_t)(E * D));
 	float *x = malloc(sizeof(float) * (size_t)(n * D)), *ref = calloc((size_t)(n * D), sizeof(float));
-	float *got = malloc(sizeof(float) * (size_t)(n * D)), *w = malloc(sizeof(float) * (size_t)(n * k));
-	int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n * k));
-	float *t1 = malloc(sizeof(float) * (size_t)F), *t2 = malloc(sizeof(float) * (size_t)F),
-	      *y = malloc(sizeof(float) * (size_t)D);
+	float *got = malloc(sizeof(float) * (size_t)(n * D)), *w = malloc(sizeof(float) * (size_t)np);
+	float *again = malloc(sizeof(float) * (size_t)(n * D));
+	int32_t *ids = malloc(sizeof(int32_t) * (size_t)np), *tok = malloc(sizeof(int32_t) * (size_t)np);
+	float *xs = malloc(sizeof(float) * (size_t)(n * D)), *t1 = malloc(sizeof(float) * (size_t)(n * F)),
+	      *t2 = malloc(sizeof(float) * (size_t)(n * F)), *ys = malloc(sizeof(float) * (size_t)(n * D));
+	float *yp = malloc(sizeof(float) * (size_t)(np * D)); /* per pair, summed in slot order below */
+	uint8_t *sg = NULL, *su = NULL, *sd = NULL;
+	struct kweight hsg = {type, D, F, rb_d, NULL}, hsu = hsg, hsd = {dtype, F, D, rb_f, NULL};
+	struct kweight dsg = {0}, dsu = {0}, dsd = {0};
 	struct kweight g = {type, D, E * F, rb_d, hg}, u = {type, D, E * F, rb_d, hu},
 	               dn = {dtype, F, E * D, rb_f, hd};
 	struct kweight dg = {0}, du = {0}, dd = {0};
 	void *d_x = NULL, *d_ids = NULL, *d_w = NULL;
 	struct ops_dbuf ob = {0};
+	const char *path = ffn_path(type, dtype, n, D, F);
+	if (!hg || !hu || !hd || !x || !ref || !got || !w || !again || !ids || !tok || !xs || !t1 || !t2 ||
+	    !ys || !yp) {
+		OPS_CHECK(0, "moe ffn %s: host allocation", fd->name);
+		goto out;
+	}
 	ops_fill_weight(type, D, E * F, rb_d, hg);
 	ops_fill_weight(type, D, E * F, rb_d, hu);
 	ops_fill_weight(dtype, F, E * D, rb_f, hd);
 	for (int64_t i = 0; i < n * D; i++)
 		x[i] = ops_rng_unif();
+	if (fd->shexp) {
+		hsg.data = sg = malloc(rb_d * (size_t)F);
+		hsu.data = su = malloc(rb_d * (size_t)F);
+		hsd.data = sd = malloc(rb_f * (size_t)D);
+		if (!sg || !su || !sd) {
+			OPS_CHECK(0, "moe ffn %s: host allocation", fd->name);
+			goto out;
+		}
+		ops_fill_weight(type, D, F, rb_d, sg);
+		ops_fill_weight(type, D, F, rb_d, su);
+		ops_fill_weight(dtype, F, D, rb_f, sd);
+	}
 	for (int i = 0; i < n; i++)
 		for (int j = 0; j < k; j++) {
 			int32_t e;
@@ -146,39 +216,66 @@ static void ffn_case(int type, int dtype, int n, double tol)
 			ids[i * k + j] = e;
 			w[i * k + j] = ops_rng_unif() + 1.5f;
 		}
-	/* CPU: forward.c's expert chain, token by token */
-	for (int i = 0; i < n; i++)
-		for (int j = 0; j < k; j++) {
-			const int32_t e = ids[i * k + j];
-			struct kweight eg = g, eu = u, ed = dn;
-			eg.n_out = eu.n_out = F;
-			ed.n_out = D;
-			eg.data = hg + (size_t)e * F * rb_d;
-			eu.data = hu + (size_t)e * F * rb_d;
-			ed.data = hd + (size_t)e * D * rb_f;
-			kcpu_matmul(NULL, &eg, x + i * D, D, 1, t1, F);
-			kcpu_matmul(NULL, &eu, x + i * D, D, 1, t2, F);
-			kcpu_swiglu(t1, t1, t2, F);
-			kcpu_matmul(NULL, &ed, t1, F, 1, y, D);
-			for (int64_t d = 0; d < D; d++)
-				ref[i * D + d] += w[i * k + j] * y[d];
-		}
+	/* CPU: forward.c's expert chain (gate, up, SiLU * up, down) per expert on its tokens, then
+	 * out[i] = sum_j w[i][j] y[i][j] in slot order */
+	for (int64_t e = 0; e < E; e++) {
+		int64_t m = 0;
+		for (int64_t p = 0; p < np; p++)
+			if (ids[p] == e) {
+				tok[m] = (int32_t)p;
+				memcpy(xs + m * D, x + (p / k) * D, sizeof(float) * (size_t)D);
+				m++;
+			}
+		if (!m)
+			continue;
+		struct kweight eg = g, eu = u, ed = dn;
+		eg.n_out = eu.n_out = F;
+		ed.n_out = D;
+		eg.data = hg + (size_t)e * F * rb_d;
+		eu.data = hu + (size_t)e * F * rb_d;
+		ed.data = hd + (size_t)e * D * rb_f;
+		kcpu_matmul(pool, &eg, xs, D, m, t1, F);
+		kcpu_matmul(pool, &eu, xs, D, m, t2, F);
+		kcpu_swiglu(t1, t1, t2, m * F);
+		kcpu_matmul(pool, &ed, t1, F, m, ys, D);
+		for (int64_t r = 0; r < m; r++)
+			memcpy(yp + (int64_t)tok[r] * D, ys + r * D, sizeof(float) * (size_t)D);
+	}
+	for (int64_t p = 0; p < np; p++)
+		for (int64_t d = 0; d < D; d++)
+			ref[(p / k) * D + d] += w[p] * yp[p * D + d];
+	if (fd->shexp) { /* the shared expert on all tokens, added with weight 1 (backend_cpu.c) */
+		kcpu_matmul(pool, &hsg, x, D, n, t1, F);
+		kcpu_matmul(pool, &hsu, x, D, n, t2, F);
+		kcpu_swiglu(t1, t1, t2, n * F);
+		kcpu_matmul(pool, &hsd, t1, F, n, ys, D);
+		for (int64_t i = 0; i < n * D; i++)
+			ref[i] += ys[i];
+	}
 	if (kcuda_weight_upload(ctx, &g, &dg) || kcuda_weight_upload(ctx, &u, &du) ||
 	    kcuda_weight_upload(ctx, &dn, &dd) || kcuda_alloc(sizeof(float) * (size_t)(n * D), &d_x) ||
-	    kcuda_alloc(sizeof(int32_t) * (size_t)(n * k), &d_ids) ||
-	    kcuda_alloc(sizeof(float) * (size_t)(n * k), &d_w) ||
-	    ops_dbuf_init(ctx, &ob, sizeof(float) * (size_t)(n * D))) {
-		OPS_CHECK(0, "moe ffn %s: device allocation", ti->name);
+	    kcuda_alloc(sizeof(int32_t) * (size_t)np, &d_ids) || kcuda_alloc(sizeof(float) * (size_t)np, &d_w) ||
+	    ops_dbuf_init(ctx, &ob, sizeof(float) * (size_t)(n * D)) ||
+	    (fd->shexp && (kcuda_weight_upload(ctx, &hsg, &dsg) || kcuda_weight_upload(ctx, &hsu, &dsu) ||
+	                   kcuda_weight_upload(ctx, &hsd, &dsd)))) {
+		OPS_CHECK(0, "moe ffn %s %s: device allocation", fd->name, ti->name);
 		goto out;
 	}
 	kcuda_upload(ctx, d_x, x, sizeof(float) * (size_t)(n * D));
-	kcuda_upload(ctx, d_ids, ids, sizeof(int32_t) * (size_t)(n * k));
-	kcuda_upload(ctx, d_w, w, sizeof(float) * (size_t)(n * k));
-	int rc = kcuda_moe_ffn(ctx, d_x, D, n, d_ids, d_w, k, &dg, &du, &dd, E, F, ob.user, D);
-	OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "moe ffn %s/%s n %d: rc %d", ti->name, ktype_name(dtype),
-	          n, rc);
+	kcuda_upload(ctx, d_ids, ids, sizeof(int32_t) * (size_t)np);
+	kcuda_upload(ctx, d_w, w, sizeof(float) * (size_t)np);
+	int rc = run_ffn(fd, d_x, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
+	if (fd->shexp && strcmp(path, "mma")) { /* only the tensor-core path takes the shared expert */
+		OPS_CHECK(rc == ERR_UNSUPPORTED, "moe ffn %s %s n %d (%s): shared expert: rc %d, not ERR_UNSUPPORTED",
+		          fd->name, ti->name, n, path, rc);
+		printf("moe ffn %-12s %-5s down %-5s n %3d (%s): shared expert refused (ERR_UNSUPPORTED)\n",
+		       fd->name, ti->name, ktype_name(dtype), n, path);
+		goto out;
+	}
+	OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "moe ffn %s %s/%s n %d: rc %d", fd->name, ti->name,
+	          ktype_name(dtype), n, rc);
 	size_t gb = ops_dbuf_get(ctx, &ob, got);
-	OPS_CHECK(gb == 0, "moe ffn %s n %d: %zu guard bytes damaged", ti->name, n, gb);
+	OPS_CHECK(gb == 0, "moe ffn %s %s n %d: %zu guard bytes damaged", fd->name, ti->name, n, gb);
 	double maxref = 0, maxerr = 0;
 	int64_t nf = 0;
 	for (int64_t i = 0; i < n * D; i++) {
@@ -190,56 +287,74 @@ static void ffn_case(int type, int dtype, int n, double tol)
 		double e = fabs((double)got[i] - ref[i]);
 		maxerr = e > maxerr ? e : maxerr;
 	}
-	OPS_CHECK(nf == 0, "moe ffn %s n %d: %lld non-finite", ti->name, n, (long long)nf);
-	OPS_CHECK(maxerr <= tol * maxref, "moe ffn %s n %d: max err %.3g, max|ref| %.3g (tol %.0e)", ti->name,
-	          n, maxerr, maxref, tol);
-	const char *path = n <= 16                                          ? "pairs"
-	                   : n <= 256 && kcuda_moe_ffn_sync_free_max() > 16 ? "sorted"
-	                                                                    : "grouped";
-	printf("moe ffn %-7s down %-5s n %3d (%s): max|ref| %.3g max err %.3g (rel %.2g)\n", ti->name,
-	       ktype_name(dtype), n, path, maxref, maxerr, maxref > 0 ? maxerr / maxref : 0.0);
-	/* the sorted path sums each pair in the pair kernels' order: the same bits, token by token */
-	if (!strcmp(path, "sorted")) {
-		float *one = malloc(sizeof(float) * (size_t)(n * D)); /* row 0 is the token's output */
+	OPS_CHECK(nf == 0, "moe ffn %s %s n %d: %lld non-finite", fd->name, ti->name, n, (long long)nf);
+	OPS_CHECK(maxerr <= tol * maxref, "moe ffn %s %s/%s n %d (%s): max err %.3g, max|ref| %.3g (tol %.0e)",
+	          fd->name, ti->name, ktype_name(dtype), n, path, maxerr, maxref, tol);
+	/* determinism: a second run gives the same bits */
+	rc = run_ffn(fd, d_x, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
+	OPS_CHECK(rc == 0 && ops_dbuf_get(ctx, &ob, again) == 0 &&
+	              memcmp(again, got, sizeof(float) * (size_t)(n * D)) == 0,
+	          "moe ffn %s %s n %d (%s): two runs differ", fd->name, ti->name, n, path);
+	printf("moe ffn %-12s %-5s down %-5s n %3d (%s): max|ref| %.3g max err %.3g (rel %.2g)\n", fd->name,
+	       ti->name, ktype_name(dtype), n, path, maxref, maxerr, maxref > 0 ? maxerr / maxref : 0.0);
+	/* the sorted path sums each pair in the pair kernels' order: the same bits, token by token;
+	 * the mma path's columns are computed independently: also the same bits token by token
+	 * (reported, not required: it rests on the tensor core's per-column order) */
+	if (!strcmp(path, "sorted") || (!strcmp(path, "mma") && n > 1)) {
+		float *one = malloc(sizeof(float) * (size_t)D);
 		int same = one != NULL;
 		for (int i = 0; i < n && same; i++) {
-			rc = kcuda_moe_ffn(ctx, (float *)d_x + i * D, D, 1, (int32_t *)d_ids + i * k,
-			                   (float *)d_w + i * k, k, &dg, &du, &dd, E, F, ob.user, D);
-			same = rc == 0 && ops_dbuf_get(ctx, &ob, one) == 0 &&
-			       memcmp(one, got + i * D, sizeof(float) * (size_t)D) == 0;
+			rc = run_ffn(fd, (float *)d_x + i * D, 1, (int32_t *)d_ids + i * k, (float *)d_w + i * k,
+			             &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
+			same = rc == 0 && ops_dbuf_get(ctx, &ob, got) == 0 &&
+			       memcmp(got, again + i * D, sizeof(float) * (size_t)D) == 0;
 		}
-		OPS_CHECK(same, "moe ffn %s n %d: sorted path differs from the pair kernels", ti->name, n);
+		if (!strcmp(path, "sorted"))
+			OPS_CHECK(same, "moe ffn %s n %d: sorted path differs from the pair kernels", ti->name, n);
+		else
+			printf("  mma path token by token: %s\n", same ? "same bits" : "differs (not an error)");
 		free(one);
 	}
 	/* an expert id out of range is reported, not read */
-	if (n == 3 || (n == 40 && !strcmp(path, "sorted"))) { /* grouped: refused on the host */
+	if (n == 3 || (n == 40 && strcmp(path, "grouped"))) { /* grouped: refused on the host */
 		int32_t bad = (int32_t)E;
 		kcuda_upload(ctx, d_ids, &bad, sizeof(int32_t));
 		unsigned nbad = 0;
-		rc = kcuda_moe_ffn(ctx, d_x, D, n, d_ids, d_w, k, &dg, &du, &dd, E, F, ob.user, D);
+		rc = run_ffn(fd, d_x, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
 		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0 && kcuda_ctx_take_errors(ctx, &nbad) == 0 &&
-		              nbad > 0,
-		          "moe ffn %s: bad expert id not counted", ti->name);
+		              nbad > 0 && ops_dbuf_get(ctx, &ob, got) == 0 && isnan(got[0]) && isfinite(got[D]),
+		          "moe ffn %s: bad expert id not counted, or token 0 not NaN / token 1 not finite",
+		          ti->name);
 	}
 out:
 	kcuda_weight_free(&dg);
 	kcuda_weight_free(&du);
 	kcuda_weight_free(&dd);
+	kcuda_weight_free(&dsg);
+	kcuda_weight_free(&dsu);
+	kcuda_weight_free(&dsd);
 	kcuda_free(d_x);
 	kcuda_free(d_ids);
 	kcuda_free(d_w);
 	ops_dbuf_fini(&ob);
+	free(sg);
+	free(su);
+	free(sd);
 	free(hg);
 	free(hu);
 	free(hd);
 	free(x);
 	free(ref);
 	free(got);
+	free(again);
 	free(w);
 	free(ids);
+	free(tok);
+	free(xs);
 	free(t1);
 	free(t2);
-	free(y);
+	free(ys);
+	free(yp);
 }
 
 /* The model's chain: router logits from kcuda_matmul with the F32 router weight, then
@@ -380,29 +495,86 @@ int main(void)
 	};
 	for (size_t i = 0; i < sizeof(rcs) / sizeof(rcs[0]); i++)
 		route_case(&rcs[i]);
-	static const int types[] = {KT_Q8_0, KT_Q4_K, KT_Q6_K, KT_BF16, KT_F32};
-	for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
-		ffn_case(types[t], types[t], 1, 1e-4);
-		ffn_case(types[t], types[t], 3, 1e-4);
-		ffn_case(types[t], types[t], 16, 1e-4);
-		ffn_case(types[t], types[t], 40, 1e-4);
-		ffn_case(types[t], types[t], 128, 1e-4);
-		ffn_case(types[t], types[t], 300, 2e-2);
-	}
+	const int quick = getenv("TANDEM_OPS_QUICK") != NULL;
+	pool = kpool_create(8);
+	/* small: the old sweep; glm5 / ds3: one TP=8 rank of GLM-5 / DeepSeek-V3 (per-rank expert
+	 * slice F 256); e256: their expert count and top-k on a short D, for the large batches;
+	 * glm-tiny / ds-tiny: tests/data's models (ds-tiny's F 128 takes the older kernels) */
+	const struct fdims small = {"small", 12, 256, 512, 4, 0}, glm5 = {"glm5-tp8", 256, 256, 6144, 8, 0},
+	                   ds3 = {"ds3-tp8", 256, 256, 7168, 8, 0}, e256 = {"e256-d512", 256, 256, 512, 8, 0},
+	                   gtiny = {"glm-tiny", 4, 256, 256, 2, 0}, dtiny = {"ds-tiny", 6, 128, 256, 2, 0},
+	                   glm5s = {"glm5-tp8+sh", 256, 256, 6144, 8, 1}, e256s = {"e256+sh", 256, 256, 512, 8, 1},
+	                   gtinys = {"glm-tiny+sh", 4, 256, 256, 2, 1}, dtinys = {"ds-tiny+sh", 6, 128, 256, 2, 1};
+	static const int types[] = {KT_Q8_0, KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_BF16, KT_F32};
+	static const int small_n[] = {1, 3, 16, 40, 128, 300};
+	for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++)
+		for (size_t i = 0; i < sizeof(small_n) / sizeof(small_n[0]); i++)
+			if (!quick || small_n[i] == 3 || small_n[i] == 40)
+				ffn_case(&small, types[t], types[t], small_n[i], small_n[i] > 256 ? 2e-2 : 1e-4);
 	/* glm-dsa-tiny-Q4_K_M's layer 2: Q4_K gate/up, Q6_K down (failed with -EINVAL before) */
-	ffn_case(KT_Q4_K, KT_Q6_K, 1, 1e-4);
-	ffn_case(KT_Q4_K, KT_Q6_K, 3, 1e-4);
-	ffn_case(KT_Q4_K, KT_Q6_K, 16, 1e-4);
-	ffn_case(KT_Q4_K, KT_Q6_K, 40, 1e-4);
-	ffn_case(KT_Q4_K, KT_Q6_K, 128, 1e-4);
+	static const int mix_n[] = {1, 3, 16, 40, 128};
+	for (size_t i = 0; i < sizeof(mix_n) / sizeof(mix_n[0]); i++)
+		ffn_case(&small, KT_Q4_K, KT_Q6_K, mix_n[i], 1e-4);
+	/* the batch sweep at 256 experts top-8 */
+	static const int sweep_n[] = {1, 2, 3, 8, 16, 17, 40, 128, 256};
+	for (size_t i = 0; i < sizeof(sweep_n) / sizeof(sweep_n[0]); i++) {
+		ffn_case(&e256, KT_Q4_K, KT_Q6_K, sweep_n[i], 1e-4);
+		if (!quick)
+			ffn_case(&e256, KT_Q8_0, KT_Q4_K, sweep_n[i], 1e-4);
+	}
+	/* the real dims (680-790 MB of experts each: a few such cases in the quick mode) */
+	static const int big_n[] = {1, 2, 8, 17};
+	for (size_t i = 0; i < sizeof(big_n) / sizeof(big_n[0]); i++)
+		if (!quick || big_n[i] == 1 || big_n[i] == 8) {
+			ffn_case(&glm5, KT_Q4_K, KT_Q4_K, big_n[i], 1e-4);
+			if (!quick || big_n[i] == 8)
+				ffn_case(&ds3, KT_Q4_K, KT_Q6_K, big_n[i], 1e-4);
+		}
+	if (!quick) {
+		ffn_case(&glm5, KT_Q5_K, KT_Q8_0, 3, 1e-4);
+		ffn_case(&glm5, KT_Q6_K, KT_Q6_K, 3, 1e-4);
+	}
+	/* the shared expert in the same launches */
+	ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+	ffn_case(&glm5s, KT_Q4_K, KT_Q6_K, 8, 1e-4);
+	for (size_t i = 0; i < sizeof(sweep_n) / sizeof(sweep_n[0]); i++)
+		if (!quick || sweep_n[i] == 3 || sweep_n[i] == 17)
+			ffn_case(&e256s, KT_Q4_K, KT_Q6_K, sweep_n[i], 1e-4);
+	ffn_case(&gtinys, KT_Q4_K, KT_Q6_K, 3, 1e-4);
+	/* the n-tile count forced against its choice: one tile with experts of > 4 pairs (split into
+	 * several chunks), two tiles at 1 and 3 tokens */
+	setenv("TANDEM_MOE_MMA_NG", "1", 1);
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 128, 1e-4);
+	ffn_case(&small, KT_Q8_0, KT_Q5_K, 40, 1e-4);
+	setenv("TANDEM_MOE_MMA_NG", "2", 1);
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 1, 1e-4);
+	if (!quick)
+		ffn_case(&glm5, KT_Q4_K, KT_Q4_K, 3, 1e-4);
+	unsetenv("TANDEM_MOE_MMA_NG");
+	ffn_case(&dtinys, KT_Q4_K, KT_Q6_K, 3, 1e-4); /* F 128: ERR_UNSUPPORTED */
+	static const int tiny_n[] = {1, 3, 17, 40};
+	for (size_t i = 0; i < sizeof(tiny_n) / sizeof(tiny_n[0]); i++) {
+		ffn_case(&gtiny, KT_Q4_K, KT_Q6_K, tiny_n[i], 1e-4);
+		ffn_case(&dtiny, KT_Q4_K, KT_Q6_K, tiny_n[i], 1e-4);
+	}
 	setenv("TANDEM_MOE_SORTED", "0", 1); /* the grouped path at a batched-decode size */
-	ffn_case(KT_Q4_K, KT_Q6_K, 40, 2e-2);
-	ffn_case(KT_Q8_0, KT_Q8_0, 40, 2e-2);
+	setenv("TANDEM_MOE_FAST", "0", 1);
+	ffn_case(&small, KT_Q4_K, KT_Q6_K, 40, 2e-2);
+	ffn_case(&small, KT_Q8_0, KT_Q8_0, 40, 2e-2);
 	unsetenv("TANDEM_MOE_SORTED");
-	ffn_case(KT_Q8_0, KT_BF16, 3, 1e-4); /* a float down type under a quant gate */
+	/* TANDEM_MOE_FAST=0: the pair and sorted kernels on the shapes the mma path now takes */
+	for (size_t i = 0; i < sizeof(mix_n) / sizeof(mix_n[0]); i++)
+		ffn_case(&small, KT_Q4_K, KT_Q6_K, mix_n[i], 1e-4);
+	ffn_case(&e256, KT_Q4_K, KT_Q6_K, 256, 1e-4);
+	if (!quick)
+		ffn_case(&glm5, KT_Q4_K, KT_Q4_K, 8, 1e-4);
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 3, 1e-4); /* ERR_UNSUPPORTED under the switch */
+	unsetenv("TANDEM_MOE_FAST");
+	ffn_case(&small, KT_Q8_0, KT_BF16, 3, 1e-4); /* a float down type under a quant gate */
 	route_chain();
 	test_args();
 	kcuda_ctx_destroy(ctx);
+	kpool_destroy(pool);
 	printf("%d checks, %d failed\n", ops_n_check, ops_n_fail);
 	return ops_n_fail ? 1 : 0;
 }

@@ -1,0 +1,32 @@
+/* The tensor-core decode path of kcuda_moe_ffn (moe_mma.cu), internal to kernels/cuda: moe_ffn.cu
+ * asks moe_mma_fits and, when it says yes, hands the whole op to moe_mma_ffn. */
+#ifndef TANDEM_KERNELS_CUDA_MOE_MMA_H
+#define TANDEM_KERNELS_CUDA_MOE_MMA_H
+
+#include "kernels/cuda/cuda_common.cuh"
+
+/* the largest token count of the path (its sort kernel has no host sync) */
+#define MOE_MMA_MAX_TOKENS 256
+
+/* true when moe_mma_ffn takes this call: TANDEM_MOE_FAST unset or not "0", gate/up and down each
+ * Q4_K / Q5_K / Q6_K / Q8_0, D and F multiples of 256, x 16-byte aligned with ldx % 4 == 0,
+ * 1 <= n <= MOE_MMA_MAX_TOKENS, E <= 1024 and the workspace large enough. Arguments already
+ * checked by kcuda_moe_ffn. */
+bool moe_mma_fits(const struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, int k,
+                  const struct kweight *gate, const struct kweight *up, const struct kweight *down, int64_t E,
+                  int64_t F);
+/* true when the shared expert can ride in the same launches as expert number E: gate / up / down
+ * of the routed experts' types and row sizes, F rows (one routed expert's shape), 16-byte aligned */
+bool moe_mma_fits_shared(const struct kweight *gate, const struct kweight *down, int64_t F,
+                         const struct kweight *sh_gate, const struct kweight *sh_up,
+                         const struct kweight *sh_down);
+/* kcuda_moe_ffn's contract (kernels.h), no host sync; with sh_gate non-NULL (moe_mma_fits_shared)
+ * the shared expert's output is added with weight 1 (kcuda_moe_ffn_shexp) */
+int moe_mma_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
+                const float *weights, int k, const struct kweight *gate, const struct kweight *up,
+                const struct kweight *down, int64_t E, int64_t F, const struct kweight *sh_gate,
+                const struct kweight *sh_up, const struct kweight *sh_down, float *out, int64_t ldo);
+/* TANDEM_MOE_FAST=0 turns the path off (the pair / sorted / grouped kernels of moe_ffn.cu run) */
+bool moe_mma_on(void);
+
+#endif
