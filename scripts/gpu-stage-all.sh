@@ -13,10 +13,10 @@ mkdir -p "$DEST/lib" "$DEST/stage/tests" "$DEST/stage/bench"
 for f in tandem tandem-router tandem-prefill tandem-decode; do
 	[ -x "$BUILD/$f" ] && strip -o "$DEST/stage/$f" "$BUILD/$f"
 done
-for f in "$BUILD"/tests/test_*; do
+for f in "$BUILD"/tests/test_gpu_* "$BUILD"/tests/test_ops_*; do # only what runs on the GPU (size)
 	[ -x "$f" ] && strip -o "$DEST/stage/tests/$(basename "$f")" "$f"
 done
-for f in "$BUILD"/bench/bench_*; do
+for f in "$BUILD"/bench/bench_cuda_*; do
 	[ -x "$f" ] && strip -o "$DEST/stage/bench/$(basename "$f")" "$f"
 done
 tar -C "$DEST/stage" -cJf "$DEST/bins.tar.xz" .

@@ -16,7 +16,10 @@
 __device__ __forceinline__ unsigned long long am_pack(float v, int id)
 {
 	const uint32_t u = __float_as_uint(v);
-	const uint32_t key = (v != v) ? 0x007fffffu : ((u & 0x80000000u) ? ~u : (u | 0x80000000u));
+	/* NaN ranks as -inf; -0 ties with +0 (the CPU's float comparison: the lower id wins) */
+	const uint32_t key = (v != v)      ? 0x007fffffu
+	                     : (v == 0.0f) ? 0x80000000u
+	                                   : ((u & 0x80000000u) ? ~u : (u | 0x80000000u));
 	return ((unsigned long long)key << 32) | (0xffffffffu - (uint32_t)id);
 }
 

@@ -18,6 +18,8 @@
 __device__ __forceinline__ uint32_t topk_key(float v)
 {
 	const uint32_t u = __float_as_uint(v);
+	if (v == 0.0f) /* -0 ties with +0 as in the CPU's float comparison */
+		return 0x80000000u;
 	if (v != v)
 		return 0x007fffffu; /* NaN ranks as -inf */
 	return (u & 0x80000000u) ? ~u : (u | 0x80000000u);

@@ -36,6 +36,8 @@ typedef cub::BlockScan<unsigned, TR_THREADS> tr_scan_t;
 __device__ __forceinline__ uint32_t tr_key(float v)
 {
 	const uint32_t u = __float_as_uint(v);
+	if (v == 0.0f) /* -0 ties with +0 as in the CPU's float comparison (position decides) */
+		return 0x80000000u;
 	if (v != v)
 		return 0x007fffffu; /* NaN ranks as -inf (the key of -inf) */
 	return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
