@@ -125,8 +125,8 @@ static bool mma_type(int t)
 static const char *ffn_path(int type, int dtype, int n, int64_t D, int64_t F)
 {
 	const char *f = getenv("TANDEM_MOE_FAST");
-	if ((!f || strcmp(f, "0") != 0) && mma_type(type) && mma_type(dtype) && D % 256 == 0 && F % 256 == 0 &&
-	    n <= 256)
+	if ((!f || strcmp(f, "0") != 0) && mma_type(type) && mma_type(dtype) && D % 256 == 0 &&
+	    F % 256 == 0 && n <= 256)
 		return "mma";
 	if (n <= 16 && D % 16 == 0 && F % 16 == 0)
 		return "pairs";
@@ -148,8 +148,8 @@ static int run_ffn(const struct fdims *fd, void *x, int n, void *ids, void *w, c
                    const struct kweight *su, const struct kweight *sd, void *out)
 {
 	if (fd->shexp)
-		return kcuda_moe_ffn_shexp(ctx, x, fd->D, n, ids, w, fd->k, g, u, d, fd->E, fd->F, sg, su, sd, out,
-		                           fd->D);
+		return kcuda_moe_ffn_shexp(ctx, x, fd->D, n, ids, w, fd->k, g, u, d, fd->E, fd->F, sg, su, sd,
+		                           out, fd->D);
 	return kcuda_moe_ffn(ctx, x, fd->D, n, ids, w, fd->k, g, u, d, fd->E, fd->F, out, fd->D);
 }
 
@@ -159,10 +159,14 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 	const int64_t E = fd->E, F = fd->F, D = fd->D;
 	const int k = fd->k;
 	const int64_t np = (int64_t)n * k;
-	const struct ktype_info *ti = ktype_get(type);
 	size_t rb_d = 0, rb_f = 0;
-	ktype_row_bytes(type, D, &rb_d);
-	ktype_row_bytes(dtype, F, &rb_f);
+	/* rows a type's blocks do not tile (ds-tiny's F 128 for a K-quant down) fall back to Q8_0, as
+	 * the model files do (mkmodel; llama.cpp's quantizer) */
+	if (!ktype_row_bytes(type, D, &rb_d) || rb_d == 0)
+		type = KT_Q8_0, ktype_row_bytes(type, D, &rb_d);
+	if (!ktype_row_bytes(dtype, F, &rb_f) || rb_f == 0)
+		dtype = KT_Q8_0, ktype_row_bytes(dtype, F, &rb_f);
+	const struct ktype_info *ti = ktype_get(type);
 	uint8_t *hg = malloc(rb_d * (size_t)(E * F)), *hu = malloc(rb_d * (size_t)(E * F)),
 	        *hd = malloc(rb_f * (size_t)(E * D));
 	float *x = malloc(sizeof(float) * (size_t)(n * D)), *ref = calloc((size_t)(n * D), sizeof(float));
@@ -254,7 +258,8 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 	}
 	if (kcuda_weight_upload(ctx, &g, &dg) || kcuda_weight_upload(ctx, &u, &du) ||
 	    kcuda_weight_upload(ctx, &dn, &dd) || kcuda_alloc(sizeof(float) * (size_t)(n * D), &d_x) ||
-	    kcuda_alloc(sizeof(int32_t) * (size_t)np, &d_ids) || kcuda_alloc(sizeof(float) * (size_t)np, &d_w) ||
+	    kcuda_alloc(sizeof(int32_t) * (size_t)np, &d_ids) ||
+	    kcuda_alloc(sizeof(float) * (size_t)np, &d_w) ||
 	    ops_dbuf_init(ctx, &ob, sizeof(float) * (size_t)(n * D)) ||
 	    (fd->shexp && (kcuda_weight_upload(ctx, &hsg, &dsg) || kcuda_weight_upload(ctx, &hsu, &dsu) ||
 	                   kcuda_weight_upload(ctx, &hsd, &dsd)))) {
@@ -266,8 +271,9 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 	kcuda_upload(ctx, d_w, w, sizeof(float) * (size_t)np);
 	int rc = run_ffn(fd, d_x, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
 	if (fd->shexp && strcmp(path, "mma")) { /* only the tensor-core path takes the shared expert */
-		OPS_CHECK(rc == ERR_UNSUPPORTED, "moe ffn %s %s n %d (%s): shared expert: rc %d, not ERR_UNSUPPORTED",
-		          fd->name, ti->name, n, path, rc);
+		OPS_CHECK(rc == ERR_UNSUPPORTED,
+		          "moe ffn %s %s n %d (%s): shared expert: rc %d, not ERR_UNSUPPORTED", fd->name,
+		          ti->name, n, path, rc);
 		printf("moe ffn %-12s %-5s down %-5s n %3d (%s): shared expert refused (ERR_UNSUPPORTED)\n",
 		       fd->name, ti->name, ktype_name(dtype), n, path);
 		goto out;
@@ -288,8 +294,9 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 		maxerr = e > maxerr ? e : maxerr;
 	}
 	OPS_CHECK(nf == 0, "moe ffn %s %s n %d: %lld non-finite", fd->name, ti->name, n, (long long)nf);
-	OPS_CHECK(maxerr <= tol * maxref, "moe ffn %s %s/%s n %d (%s): max err %.3g, max|ref| %.3g (tol %.0e)",
-	          fd->name, ti->name, ktype_name(dtype), n, path, maxerr, maxref, tol);
+	OPS_CHECK(maxerr <= tol * maxref,
+	          "moe ffn %s %s/%s n %d (%s): max err %.3g, max|ref| %.3g (tol %.0e)", fd->name, ti->name,
+	          ktype_name(dtype), n, path, maxerr, maxref, tol);
 	/* determinism: a second run gives the same bits */
 	rc = run_ffn(fd, d_x, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
 	OPS_CHECK(rc == 0 && ops_dbuf_get(ctx, &ob, again) == 0 &&
@@ -304,15 +311,17 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 		float *one = malloc(sizeof(float) * (size_t)D);
 		int same = one != NULL;
 		for (int i = 0; i < n && same; i++) {
-			rc = run_ffn(fd, (float *)d_x + i * D, 1, (int32_t *)d_ids + i * k, (float *)d_w + i * k,
-			             &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
+			rc = run_ffn(fd, (float *)d_x + i * D, 1, (int32_t *)d_ids + i * k,
+			             (float *)d_w + i * k, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
 			same = rc == 0 && ops_dbuf_get(ctx, &ob, got) == 0 &&
 			       memcmp(got, again + i * D, sizeof(float) * (size_t)D) == 0;
 		}
 		if (!strcmp(path, "sorted"))
-			OPS_CHECK(same, "moe ffn %s n %d: sorted path differs from the pair kernels", ti->name, n);
+			OPS_CHECK(same, "moe ffn %s n %d: sorted path differs from the pair kernels",
+			          ti->name, n);
 		else
-			printf("  mma path token by token: %s\n", same ? "same bits" : "differs (not an error)");
+			printf("  mma path token by token: %s\n",
+			       same ? "same bits" : "differs (not an error)");
 		free(one);
 	}
 	/* an expert id out of range is reported, not read */
@@ -322,7 +331,8 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 		unsigned nbad = 0;
 		rc = run_ffn(fd, d_x, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
 		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0 && kcuda_ctx_take_errors(ctx, &nbad) == 0 &&
-		              nbad > 0 && ops_dbuf_get(ctx, &ob, got) == 0 && isnan(got[0]) && isfinite(got[D]),
+		              nbad > 0 && ops_dbuf_get(ctx, &ob, got) == 0 && isnan(got[0]) &&
+		              isfinite(got[D]),
 		          "moe ffn %s: bad expert id not counted, or token 0 not NaN / token 1 not finite",
 		          ti->name);
 	}
@@ -503,14 +513,17 @@ int main(void)
 	const struct fdims small = {"small", 12, 256, 512, 4, 0}, glm5 = {"glm5-tp8", 256, 256, 6144, 8, 0},
 	                   ds3 = {"ds3-tp8", 256, 256, 7168, 8, 0}, e256 = {"e256-d512", 256, 256, 512, 8, 0},
 	                   gtiny = {"glm-tiny", 4, 256, 256, 2, 0}, dtiny = {"ds-tiny", 6, 128, 256, 2, 0},
-	                   glm5s = {"glm5-tp8+sh", 256, 256, 6144, 8, 1}, e256s = {"e256+sh", 256, 256, 512, 8, 1},
-	                   gtinys = {"glm-tiny+sh", 4, 256, 256, 2, 1}, dtinys = {"ds-tiny+sh", 6, 128, 256, 2, 1};
+	                   glm5s = {"glm5-tp8+sh", 256, 256, 6144, 8, 1},
+	                   e256s = {"e256+sh", 256, 256, 512, 8, 1},
+	                   gtinys = {"glm-tiny+sh", 4, 256, 256, 2, 1},
+	                   dtinys = {"ds-tiny+sh", 6, 128, 256, 2, 1};
 	static const int types[] = {KT_Q8_0, KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_BF16, KT_F32};
 	static const int small_n[] = {1, 3, 16, 40, 128, 300};
 	for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++)
 		for (size_t i = 0; i < sizeof(small_n) / sizeof(small_n[0]); i++)
 			if (!quick || small_n[i] == 3 || small_n[i] == 40)
-				ffn_case(&small, types[t], types[t], small_n[i], small_n[i] > 256 ? 2e-2 : 1e-4);
+				ffn_case(&small, types[t], types[t], small_n[i],
+				         small_n[i] > 256 ? 2e-2 : 1e-4);
 	/* glm-dsa-tiny-Q4_K_M's layer 2: Q4_K gate/up, Q6_K down (failed with -EINVAL before) */
 	static const int mix_n[] = {1, 3, 16, 40, 128};
 	for (size_t i = 0; i < sizeof(mix_n) / sizeof(mix_n[0]); i++)
