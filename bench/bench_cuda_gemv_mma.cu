@@ -295,9 +295,10 @@ static void time_glm(struct kcuda_ctx *c, size_t l2)
 		int64_t xhs;
 		const char *what;
 	};
-	static const gshape gs[] = {{6144, 2048, 0, 0, "q_a 6144->2048"},   {2048, 2048, 0, 0, "q_b 2048->8x256"},
-	                            {6144, 576, 0, 0, "kv_a 6144->576"},    {2048, 6144, 0, 0, "o 8x256->6144"},
-	                            {192, 512, 8, 256, "k_b 8 x 192->512"}, {512, 256, 8, 512, "v_b 8 x 512->256"}};
+	static const gshape gs[] = {
+	    {6144, 2048, 0, 0, "q_a 6144->2048"},   {2048, 2048, 0, 0, "q_b 2048->8x256"},
+	    {6144, 576, 0, 0, "kv_a 6144->576"},    {2048, 6144, 0, 0, "o 8x256->6144"},
+	    {192, 512, 8, 256, "k_b 8 x 192->512"}, {512, 256, 8, 512, "v_b 8 x 512->256"}};
 	cudaStream_t s = (cudaStream_t)kcuda_ctx_stream(c);
 	const size_t big = (size_t)1 << 30;
 	const int max_tok = 128;
@@ -323,26 +324,32 @@ static void time_glm(struct kcuda_ctx *c, size_t l2)
 			const int H = g.H ? g.H : 1;
 			const size_t mat = rb * (size_t)g.n_out, wbytes = mat * (size_t)H,
 			             stride = (wbytes + 255) & ~(size_t)255;
-			const int ncopy = (int)std::min<size_t>(big / stride, std::max<size_t>(4 * l2 / wbytes + 1, 8));
+			const int ncopy =
+			    (int)std::min<size_t>(big / stride, std::max<size_t>(4 * l2 / wbytes + 1, 8));
 			std::vector<uint8_t> hw(wbytes);
 			ops_fill_weight(type, g.n_in, g.n_out * H, rb, hw.data());
 			for (int k = 0; k < ncopy; k++)
-				CK(cudaMemcpy((char *)A + k * stride, hw.data(), wbytes, cudaMemcpyHostToDevice));
+				CK(cudaMemcpy((char *)A + k * stride, hw.data(), wbytes,
+				              cudaMemcpyHostToDevice));
 			for (int nt : {1, 8, 32, 128}) {
 				float ms[2];
 				for (int off = 0; off < 2; off++) {
 					setenv("TANDEM_GEMV_MMA", off ? "0" : "1", 1);
 					ms[off] = time_ms(s, 2, 5, ncopy, [&](int i) {
-						struct kweight w = {type, g.n_in, g.n_out, rb, (char *)A + (i % ncopy) * stride};
-						int rc = g.H ? kfwd_head_gemv(c, &w, mat, H, xd, H * g.xhs, g.xhs, nt, yd,
-						                              (int64_t)H * g.n_out, g.n_out)
-						             : kcuda_matmul(c, &w, xd, g.n_in, nt, yd, g.n_out);
+						struct kweight w = {type, g.n_in, g.n_out, rb,
+						                    (char *)A + (i % ncopy) * stride};
+						int rc =
+						    g.H ? kfwd_head_gemv(c, &w, mat, H, xd, H * g.xhs, g.xhs,
+						                         nt, yd, (int64_t)H * g.n_out,
+						                         g.n_out)
+						        : kcuda_matmul(c, &w, xd, g.n_in, nt, yd, g.n_out);
 						if (rc)
 							abort();
 					});
 				}
-				printf("%-5s %-20s %5d | %9.2f %7.0f | %9.2f %7.0f | %.2fx\n", ktype_name(type), g.what, nt,
-				       ms[0] * 1e3, wbytes / (ms[0] * 1e-3) / 1e9, ms[1] * 1e3,
+				printf("%-5s %-20s %5d | %9.2f %7.0f | %9.2f %7.0f | %.2fx\n",
+				       ktype_name(type), g.what, nt, ms[0] * 1e3,
+				       wbytes / (ms[0] * 1e-3) / 1e9, ms[1] * 1e3,
 				       wbytes / (ms[1] * 1e-3) / 1e9, ms[1] / ms[0]);
 				fflush(stdout);
 			}

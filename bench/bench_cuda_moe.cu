@@ -94,22 +94,24 @@ int main(void)
 	struct kweight sg = {type, D, F, rb_d, hg.data()}, su = {type, D, F, rb_d, hu.data()},
 	               sd = {type, F, D, rb_f, hd.data()};
 	struct kweight dsg = {}, dsu = {}, dsd = {};
-	if (kcuda_weight_upload(c, &g, &dg) || kcuda_weight_upload(c, &u, &du) || kcuda_weight_upload(c, &dn, &dd) ||
-	    kcuda_weight_upload(c, &sg, &dsg) || kcuda_weight_upload(c, &su, &dsu) ||
-	    kcuda_weight_upload(c, &sd, &dsd)) {
+	if (kcuda_weight_upload(c, &g, &dg) || kcuda_weight_upload(c, &u, &du) ||
+	    kcuda_weight_upload(c, &dn, &dd) || kcuda_weight_upload(c, &sg, &dsg) ||
+	    kcuda_weight_upload(c, &su, &dsu) || kcuda_weight_upload(c, &sd, &dsd)) {
 		printf("FAIL: weight upload\n");
 		return 1;
 	}
 	const double expert_bytes = 2.0 * (double)F * (double)rb_d + (double)D * (double)rb_f;
 	printf("moe bench: GLM-5 TP=8 rank slice, E %lld top-%d, D %lld, F %lld, %s (%.2f MB per expert)\n",
 	       (long long)E, k, (long long)D, (long long)F, ktype_name(type), expert_bytes / 1e6);
-	printf("  batch  experts hit   old us   new us  speed-up   old GB/s   new GB/s  rel diff   route us  new NG1 us  new NG2 us\n");
+	printf("  batch  experts hit   old us   new us  speed-up   old GB/s   new GB/s  rel diff   route us  "
+	       "new NG1 us  new NG2 us\n");
 	static const int batches[] = {1, 8, 32, 128};
 	int fails = 0;
 	std::vector<double> sh_old(4), sh_new(4), sh_diff(4), sh_bytes(4);
 	for (int bi = 0; bi < 4; bi++) {
 		const int n = batches[bi];
-		std::vector<float> x((size_t)(n * D)), w((size_t)(n * k)), lg((size_t)(n * E)), bias((size_t)E);
+		std::vector<float> x((size_t)(n * D)), w((size_t)(n * k)), lg((size_t)(n * E)),
+		    bias((size_t)E);
 		std::vector<int32_t> ids((size_t)(n * k));
 		std::vector<char> hit((size_t)E, 0);
 		for (auto &v : x)
@@ -153,28 +155,28 @@ int main(void)
 		int rc1 = 0, rc2 = 0;
 		setenv("TANDEM_MOE_FAST", "0", 1);
 		const float t_old = time_us(c->stream, [&] {
-			rc1 |= kcuda_moe_ffn(c, (const float *)d_x, D, n, (const int32_t *)d_ids, (const float *)d_w, k,
-			                     &dg, &du, &dd, E, F, (float *)d_o1, D);
+			rc1 |= kcuda_moe_ffn(c, (const float *)d_x, D, n, (const int32_t *)d_ids,
+			                     (const float *)d_w, k, &dg, &du, &dd, E, F, (float *)d_o1, D);
 		});
 		unsetenv("TANDEM_MOE_FAST");
 		const float t_new = time_us(c->stream, [&] {
-			rc2 |= kcuda_moe_ffn(c, (const float *)d_x, D, n, (const int32_t *)d_ids, (const float *)d_w, k,
-			                     &dg, &du, &dd, E, F, (float *)d_o2, D);
+			rc2 |= kcuda_moe_ffn(c, (const float *)d_x, D, n, (const int32_t *)d_ids,
+			                     (const float *)d_w, k, &dg, &du, &dd, E, F, (float *)d_o2, D);
 		});
 		setenv("TANDEM_MOE_MMA_NG", "1", 1);
 		const float t_ng1 = time_us(c->stream, [&] {
-			rc2 |= kcuda_moe_ffn(c, (const float *)d_x, D, n, (const int32_t *)d_ids, (const float *)d_w, k,
-			                     &dg, &du, &dd, E, F, (float *)d_o2, D);
+			rc2 |= kcuda_moe_ffn(c, (const float *)d_x, D, n, (const int32_t *)d_ids,
+			                     (const float *)d_w, k, &dg, &du, &dd, E, F, (float *)d_o2, D);
 		});
 		setenv("TANDEM_MOE_MMA_NG", "2", 1);
 		const float t_ng2 = time_us(c->stream, [&] {
-			rc2 |= kcuda_moe_ffn(c, (const float *)d_x, D, n, (const int32_t *)d_ids, (const float *)d_w, k,
-			                     &dg, &du, &dd, E, F, (float *)d_o2, D);
+			rc2 |= kcuda_moe_ffn(c, (const float *)d_x, D, n, (const int32_t *)d_ids,
+			                     (const float *)d_w, k, &dg, &du, &dd, E, F, (float *)d_o2, D);
 		});
 		unsetenv("TANDEM_MOE_MMA_NG");
 		const float t_route = time_us(c->stream, [&] {
-			(void)kcuda_moe_route(c, (const float *)d_lg, E, (const float *)d_b, n, (int)E, k, 1, 1, 0, true,
-			                      2.5f, (int32_t *)d_rid, (float *)d_rw);
+			(void)kcuda_moe_route(c, (const float *)d_lg, E, (const float *)d_b, n, (int)E, k, 1,
+			                      1, 0, true, 2.5f, (int32_t *)d_rid, (float *)d_rw);
 		});
 		/* routed + shared */
 		void *d_t;
@@ -182,8 +184,8 @@ int main(void)
 		float *t1 = (float *)d_t, *t2 = t1 + n * F, *ys = t2 + n * F;
 		setenv("TANDEM_MOE_FAST", "0", 1);
 		const float ts_old = time_us(c->stream, [&] {
-			rc1 |= kcuda_moe_ffn(c, (const float *)d_x, D, n, (const int32_t *)d_ids, (const float *)d_w, k,
-			                     &dg, &du, &dd, E, F, (float *)d_o1, D);
+			rc1 |= kcuda_moe_ffn(c, (const float *)d_x, D, n, (const int32_t *)d_ids,
+			                     (const float *)d_w, k, &dg, &du, &dd, E, F, (float *)d_o1, D);
 			rc1 |= kcuda_matmul(c, &dsg, (const float *)d_x, D, n, t1, F);
 			rc1 |= kcuda_matmul(c, &dsu, (const float *)d_x, D, n, t2, F);
 			rc1 |= kcuda_swiglu(c, t1, F * n, t1, F * n, t2, F * n, n * F, 1);
@@ -192,8 +194,9 @@ int main(void)
 		});
 		unsetenv("TANDEM_MOE_FAST");
 		const float ts_new = time_us(c->stream, [&] {
-			rc2 |= kcuda_moe_ffn_shexp(c, (const float *)d_x, D, n, (const int32_t *)d_ids, (const float *)d_w,
-			                           k, &dg, &du, &dd, E, F, &dsg, &dsu, &dsd, (float *)d_o2, D);
+			rc2 |= kcuda_moe_ffn_shexp(c, (const float *)d_x, D, n, (const int32_t *)d_ids,
+			                           (const float *)d_w, k, &dg, &du, &dd, E, F, &dsg, &dsu,
+			                           &dsd, (float *)d_o2, D);
 		});
 		CK(cudaFree(d_t));
 		{
@@ -209,18 +212,19 @@ int main(void)
 			sh_diff[(size_t)bi] = mx > 0 ? df / mx : 0;
 			sh_bytes[(size_t)bi] = (n_hit + 1) * expert_bytes;
 			if (rc1 || rc2 || !(sh_diff[(size_t)bi] <= 1e-4)) {
-				printf("FAIL: shared, batch %d: rc %d / %d, paths differ by %.3g of max|out|\n", n, rc1,
-				       rc2, sh_diff[(size_t)bi]);
+				printf(
+				    "FAIL: shared, batch %d: rc %d / %d, paths differ by %.3g of max|out|\n",
+				    n, rc1, rc2, sh_diff[(size_t)bi]);
 				fails++;
 			}
 		}
 		/* the routed-only outputs again, for the first table's comparison */
 		setenv("TANDEM_MOE_FAST", "0", 1);
-		rc1 |= kcuda_moe_ffn(c, (const float *)d_x, D, n, (const int32_t *)d_ids, (const float *)d_w, k, &dg,
-		                     &du, &dd, E, F, (float *)d_o1, D);
+		rc1 |= kcuda_moe_ffn(c, (const float *)d_x, D, n, (const int32_t *)d_ids, (const float *)d_w,
+		                     k, &dg, &du, &dd, E, F, (float *)d_o1, D);
 		unsetenv("TANDEM_MOE_FAST");
-		rc2 |= kcuda_moe_ffn(c, (const float *)d_x, D, n, (const int32_t *)d_ids, (const float *)d_w, k, &dg,
-		                     &du, &dd, E, F, (float *)d_o2, D);
+		rc2 |= kcuda_moe_ffn(c, (const float *)d_x, D, n, (const int32_t *)d_ids, (const float *)d_w,
+		                     k, &dg, &du, &dd, E, F, (float *)d_o2, D);
 		std::vector<float> o1(x.size()), o2(x.size());
 		CK(cudaMemcpy(o1.data(), d_o1, o1.size() * 4, cudaMemcpyDeviceToHost));
 		CK(cudaMemcpy(o2.data(), d_o2, o2.size() * 4, cudaMemcpyDeviceToHost));
@@ -231,12 +235,14 @@ int main(void)
 		}
 		const double rel = mx > 0 ? df / mx : 0;
 		if (rc1 || rc2 || !(rel <= 1e-4)) {
-			printf("FAIL: batch %d: rc %d / %d, paths differ by %.3g of max|out|\n", n, rc1, rc2, rel);
+			printf("FAIL: batch %d: rc %d / %d, paths differ by %.3g of max|out|\n", n, rc1, rc2,
+			       rel);
 			fails++;
 		}
 		const double bytes = n_hit * expert_bytes;
-		printf("  %5d  %11d  %7.1f  %7.1f  %8.2fx  %9.0f  %9.0f  %8.1e  %9.1f  %10.1f  %10.1f\n", n, n_hit, t_old,
-		       t_new, t_old / t_new, bytes / (t_old * 1e3), bytes / (t_new * 1e3), rel, t_route, t_ng1, t_ng2);
+		printf("  %5d  %11d  %7.1f  %7.1f  %8.2fx  %9.0f  %9.0f  %8.1e  %9.1f  %10.1f  %10.1f\n", n,
+		       n_hit, t_old, t_new, t_old / t_new, bytes / (t_old * 1e3), bytes / (t_new * 1e3), rel,
+		       t_route, t_ng1, t_ng2);
 		CK(cudaFree(d_x));
 		CK(cudaFree(d_w));
 		CK(cudaFree(d_ids));
@@ -247,13 +253,14 @@ int main(void)
 		CK(cudaFree(d_rid));
 		CK(cudaFree(d_rw));
 	}
-	printf("  routed + shared expert (old: kcuda_moe_ffn + 5-launch shared chain; new: kcuda_moe_ffn_shexp)\n");
+	printf("  routed + shared expert (old: kcuda_moe_ffn + 5-launch shared chain; new: "
+	       "kcuda_moe_ffn_shexp)\n");
 	printf("  batch   old us   new us  speed-up   old GB/s   new GB/s  rel diff\n");
 	for (int bi = 0; bi < 4; bi++)
 		printf("  %5d  %7.1f  %7.1f  %8.2fx  %9.0f  %9.0f  %8.1e\n", batches[bi], sh_old[(size_t)bi],
 		       sh_new[(size_t)bi], sh_old[(size_t)bi] / sh_new[(size_t)bi],
-		       sh_bytes[(size_t)bi] / (sh_old[(size_t)bi] * 1e3), sh_bytes[(size_t)bi] / (sh_new[(size_t)bi] * 1e3),
-		       sh_diff[(size_t)bi]);
+		       sh_bytes[(size_t)bi] / (sh_old[(size_t)bi] * 1e3),
+		       sh_bytes[(size_t)bi] / (sh_new[(size_t)bi] * 1e3), sh_diff[(size_t)bi]);
 	kcuda_weight_free(&dsg);
 	kcuda_weight_free(&dsu);
 	kcuda_weight_free(&dsd);

@@ -844,8 +844,8 @@ static void cu_moe(void *ctx, const struct layer_w *L, const float *a, float *pa
 	PROF(c, "moe.experts", ktype_name(g.type), n_ex * (wbytes(&g) + wbytes(&u) + wbytes(&d)) / (double)E)
 	{
 		if (L->has_shexp)
-			rc_sh = kcuda_moe_ffn_shexp(c->kc, a, D, n, ids, wts, k, &g, &u, &d, E, rk->fel, &L->sh_gate,
-			                            &L->sh_up, &L->sh_down, part, D);
+			rc_sh = kcuda_moe_ffn_shexp(c->kc, a, D, n, ids, wts, k, &g, &u, &d, E, rk->fel,
+			                            &L->sh_gate, &L->sh_up, &L->sh_down, part, D);
 		if (rc_sh == ERR_UNSUPPORTED)
 			CK(kcuda_moe_ffn(c->kc, a, D, n, ids, wts, k, &g, &u, &d, E, rk->fel, part, D));
 		else

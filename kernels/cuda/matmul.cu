@@ -50,11 +50,11 @@ extern "C" int kcuda_matmul_path(struct kcuda_ctx *c, enum kcuda_mm_path path, c
 	/* decode batches: the tensor-core tile product reads W once per 64 tokens and is as exact as
 	 * the fp32 GEMV, so it serves the fp32 path at any n_tok too (crossover above). An explicit
 	 * KCUDA_MM_GEMM stays on cuBLAS (tests, benchmarks). */
-	if ((path == KCUDA_MM_F32 || (path == KCUDA_MM_GEMM && path_in == KCUDA_MM_AUTO &&
-	                              n_tok <= MM_TILE_MAX_TOK)) &&
+	if ((path == KCUDA_MM_F32 ||
+	     (path == KCUDA_MM_GEMM && path_in == KCUDA_MM_AUTO && n_tok <= MM_TILE_MAX_TOK)) &&
 	    n_tok <= INT32_MAX && kcuda_mm_mma_enabled()) {
-		int rc = kcuda_mm_tile_launch(c, w, w->row_bytes * (size_t)w->n_out, 1, x, ldx, 0, (int)n_tok, y,
-		                              ldy, 0, true);
+		int rc = kcuda_mm_tile_launch(c, w, w->row_bytes * (size_t)w->n_out, 1, x, ldx, 0, (int)n_tok,
+		                              y, ldy, 0, true);
 		if (rc != ERR_UNSUPPORTED)
 			return rc;
 	}
@@ -79,7 +79,8 @@ extern "C" int kcuda_matmul_path(struct kcuda_ctx *c, enum kcuda_mm_path path, c
 			xs = (const float *)c->ws;
 			lds = w->n_in;
 		}
-		int rc = is_float ? ERR_UNSUPPORTED : kcuda_gemv_mma_launch(c, w, xs, lds, nt, y + t0 * ldy, ldy);
+		int rc =
+		    is_float ? ERR_UNSUPPORTED : kcuda_gemv_mma_launch(c, w, xs, lds, nt, y + t0 * ldy, ldy);
 		if (rc == ERR_UNSUPPORTED)
 			rc = kcuda_gemv_launch(c, w, xs, lds, nt, y + t0 * ldy, ldy);
 		if (rc)

@@ -14,8 +14,8 @@ int kcuda_gemm_launch(struct kcuda_ctx *c, const struct kweight *w, const float 
 /* The tensor-core GEMV (matmul_mma.cu) where its table says it is faster than kcuda_gemv_launch
  * for this type, width and n_tok (1..8); ERR_UNSUPPORTED otherwise (type, shape, alignment, or
  * TANDEM_GEMV_MMA=0): the caller then takes kcuda_gemv_launch. */
-int kcuda_gemv_mma_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
-                          float *y, int64_t ldy);
+int kcuda_gemv_mma_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx,
+                          int n_tok, float *y, int64_t ldy);
 /* false when TANDEM_GEMV_MMA=0 (read on every call) */
 extern "C" bool kcuda_mm_mma_enabled(void);
 
@@ -24,8 +24,9 @@ extern "C" bool kcuda_mm_mma_enabled(void);
  * dot(W_h row r, x[t][h xhs ..]). fp32-class accuracy (exact weights, x in fp16 hi + lo).
  * may_split: K may be split over blocks with partial sums in c->ws (kcuda_matmul only).
  * ERR_UNSUPPORTED for float weight types, n_in % 16 != 0 or grids too large. */
-int kcuda_mm_tile_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H, const float *x,
-                         int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy, int64_t yhs, bool may_split);
+int kcuda_mm_tile_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H,
+                         const float *x, int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy,
+                         int64_t yhs, bool may_split);
 extern "C" bool kcuda_mm_tile_ok(int type, int64_t n_in);
 
 /* Same product in fp32 throughout (W dequantized to fp32 tiles, cuBLAS without TF32). */

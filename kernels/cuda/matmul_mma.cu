@@ -36,8 +36,8 @@ static bool mma_wins(int type, int64_t n_out, int n_tok, int n_sm)
 	}
 }
 
-int kcuda_gemv_mma_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
-                          float *y, int64_t ldy)
+int kcuda_gemv_mma_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx,
+                          int n_tok, float *y, int64_t ldy)
 {
 	if (!kcuda_mm_mma_enabled() || !mma_wins(w->type, w->n_out, n_tok, c->n_sm))
 		return ERR_UNSUPPORTED;

@@ -113,7 +113,8 @@ __global__ void __launch_bounds__(MT_THREADS, 3)
 				if (xvec)
 					xr[j] = __ldg((const float4 *)src);
 				else
-					xr[j] = make_float4(__ldg(src), __ldg(src + 1), __ldg(src + 2), __ldg(src + 3));
+					xr[j] = make_float4(__ldg(src), __ldg(src + 1), __ldg(src + 2),
+					                    __ldg(src + 3));
 			}
 		}
 	};
@@ -129,7 +130,8 @@ __global__ void __launch_bounds__(MT_THREADS, 3)
 				for (int i = 0; i < 16; i++)
 					v[i] = 0.f;
 			}
-			uint4 q0 = make_uint4(mt_h2(v[0], v[1]), mt_h2(v[2], v[3]), mt_h2(v[4], v[5]), mt_h2(v[6], v[7]));
+			uint4 q0 = make_uint4(mt_h2(v[0], v[1]), mt_h2(v[2], v[3]), mt_h2(v[4], v[5]),
+			                      mt_h2(v[6], v[7]));
 			uint4 q1 = make_uint4(mt_h2(v[8], v[9]), mt_h2(v[10], v[11]), mt_h2(v[12], v[13]),
 			                      mt_h2(v[14], v[15]));
 			*(uint4 *)&sm.v[wr + 32 * j][16 * wpc] = q0;
@@ -142,12 +144,13 @@ __global__ void __launch_bounds__(MT_THREADS, 3)
 				break;
 			const int e = tid + MT_THREADS * j, tk = e >> 4, k4 = 4 * (e & 15);
 			const float4 f = xr[j];
-			const __half h0 = __float2half_rn(f.x), h1 = __float2half_rn(f.y), h2 = __float2half_rn(f.z),
-			             h3 = __float2half_rn(f.w);
+			const __half h0 = __float2half_rn(f.x), h1 = __float2half_rn(f.y),
+			             h2 = __float2half_rn(f.z), h3 = __float2half_rn(f.w);
 			const uint2 hi = make_uint2(mt_h2(__half2float(h0), __half2float(h1)),
 			                            mt_h2(__half2float(h2), __half2float(h3)));
-			const uint2 lo = make_uint2(mt_h2((f.x - __half2float(h0)) * 2048.f, (f.y - __half2float(h1)) * 2048.f),
-			                            mt_h2((f.z - __half2float(h2)) * 2048.f, (f.w - __half2float(h3)) * 2048.f));
+			const uint2 lo = make_uint2(
+			    mt_h2((f.x - __half2float(h0)) * 2048.f, (f.y - __half2float(h1)) * 2048.f),
+			    mt_h2((f.z - __half2float(h2)) * 2048.f, (f.w - __half2float(h3)) * 2048.f));
 			*(uint2 *)&sm.xh[tk][k4] = hi;
 			*(uint2 *)&sm.xl[tk][k4] = lo;
 			/* the 4 lanes 4m..4m+3 hold one piece of one token */
@@ -174,8 +177,8 @@ __global__ void __launch_bounds__(MT_THREADS, 3)
 		__syncthreads();
 		if (ch + 1 < c_end)
 			load(ch + 1);
-		/* k order inside an mma: lane t's k = 2t, 2t+1, 2t+8, 2t+9 are elements 4t .. 4t+3 of
-		 * the piece, in A and B alike, so each fragment pair is one 8-byte load */
+			/* k order inside an mma: lane t's k = 2t, 2t+1, 2t+8, 2t+9 are elements 4t .. 4t+3 of
+			 * the piece, in A and B alike, so each fragment pair is one 8-byte load */
 #pragma unroll
 		for (int ks = 0; ks < MT_KC / 16; ks++) {
 			const uint2 A0 = *(const uint2 *)&sm.v[r_lo][16 * ks + 4 * t];
@@ -219,8 +222,8 @@ __global__ void __launch_bounds__(MT_THREADS, 3)
 			if (tok >= n_tok || row >= n_out)
 				continue;
 			if (part)
-				part[((size_t)(s * H + h) * (size_t)n_tok + (size_t)tok) * (size_t)n_out + (size_t)row] =
-				    acc[nt][i];
+				part[((size_t)(s * H + h) * (size_t)n_tok + (size_t)tok) * (size_t)n_out +
+				     (size_t)row] = acc[nt][i];
 			else
 				y[(int64_t)tok * ldy + (int64_t)h * yhs + row] = acc[nt][i];
 		}
@@ -232,7 +235,8 @@ __global__ void mm_tile_reduce(const float *__restrict__ part, int S, int H, int
                                float *__restrict__ y, int64_t ldy, int64_t yhs)
 {
 	const int64_t n = (int64_t)H * n_tok * n_out;
-	for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+	for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (int64_t)gridDim.x * blockDim.x) {
 		const int64_t row = i % n_out, ht = i / n_out;
 		const int tok = (int)(ht % n_tok), h = (int)(ht / n_tok);
 		float acc = 0.f;
@@ -245,9 +249,18 @@ __global__ void mm_tile_reduce(const float *__restrict__ part, int S, int H, int
 extern "C" bool kcuda_mm_tile_ok(int type, int64_t n_in)
 {
 	switch (type) {
-	case KT_Q8_0: case KT_Q4_0: case KT_Q4_1: case KT_Q5_0: case KT_Q5_1: case KT_IQ4_NL:
-	case KT_Q2_K: case KT_Q3_K: case KT_Q4_K: case KT_Q5_K: case KT_Q6_K: case KT_IQ4_XS:
-		return n_in > 0 && n_in % 16 == 0;
+	case KT_Q8_0:
+	case KT_Q4_0:
+	case KT_Q4_1:
+	case KT_Q5_0:
+	case KT_Q5_1:
+	case KT_IQ4_NL:
+	case KT_Q2_K:
+	case KT_Q3_K:
+	case KT_Q4_K:
+	case KT_Q5_K:
+	case KT_Q6_K:
+	case KT_IQ4_XS: return n_in > 0 && n_in % 16 == 0;
 	default: return false; /* float weights are not exact in fp16 */
 	}
 }
@@ -257,13 +270,14 @@ static void mt_launch(struct kcuda_ctx *c, dim3 grid, const struct kweight *w0, 
                       int64_t cps, const float *x, int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy,
                       int64_t yhs, float *part, int xvec)
 {
-	mm_tile_kernel<T><<<grid, MT_THREADS, 0, c->stream>>>((const uint8_t *)w0->data, mat_bytes, w0->row_bytes,
-	                                                      w0->n_out, w0->n_in, S, cps, x, ldx, xhs, n_tok, y,
-	                                                      ldy, yhs, part, xvec);
+	mm_tile_kernel<T><<<grid, MT_THREADS, 0, c->stream>>>((const uint8_t *)w0->data, mat_bytes,
+	                                                      w0->row_bytes, w0->n_out, w0->n_in, S, cps, x,
+	                                                      ldx, xhs, n_tok, y, ldy, yhs, part, xvec);
 }
 
-int kcuda_mm_tile_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H, const float *x,
-                         int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy, int64_t yhs, bool may_split)
+int kcuda_mm_tile_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H,
+                         const float *x, int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy,
+                         int64_t yhs, bool may_split)
 {
 	if (!kcuda_mm_tile_ok(w0->type, w0->n_in) || H < 1 || n_tok < 1)
 		return ERR_UNSUPPORTED;
@@ -283,13 +297,18 @@ int kcuda_mm_tile_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t m
 	const int xvec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0 && xhs % 4 == 0;
 	const dim3 grid((unsigned)ntt, (unsigned)nrt, (unsigned)(H * S));
 	switch (w0->type) {
-#define X(T)                                                                                                 \
-	case T: mt_launch<T>(c, grid, w0, mat_bytes, S, cps, x, ldx, xhs, n_tok, y, ldy, yhs, part, xvec); break;
-		X(KT_Q8_0) X(KT_Q4_0) X(KT_Q4_1) X(KT_Q5_0) X(KT_Q5_1) X(KT_IQ4_NL) X(KT_Q2_K) X(KT_Q3_K)
-		X(KT_Q4_K) X(KT_Q5_K) X(KT_Q6_K) X(KT_IQ4_XS)
+		/* clang-format off */
+#define X(T) \
+	case T: \
+		mt_launch<T>(c, grid, w0, mat_bytes, S, cps, x, ldx, xhs, n_tok, y, ldy, yhs, part, xvec); \
+		break;
+		X(KT_Q8_0) X(KT_Q4_0) X(KT_Q4_1) X(KT_Q5_0) X(KT_Q5_1) X(KT_IQ4_NL)
+		X(KT_Q2_K) X(KT_Q3_K) X(KT_Q4_K) X(KT_Q5_K) X(KT_Q6_K) X(KT_IQ4_XS)
 #undef X
-	default: return ERR_UNSUPPORTED;
+	default:
+		return ERR_UNSUPPORTED;
 	}
+	/* clang-format on */
 	int rc = kcuda_launch_status("mm_tile");
 	if (rc || S == 1)
 		return rc;

@@ -618,7 +618,8 @@ extern "C" int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, i
 	}
 	/* decode batches (1..256 tokens) on tensor cores (moe_mma.cu) */
 	if (moe_mma_fits(c, x, ldx, n, k, gate, up, down, E, F))
-		return moe_mma_ffn(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, NULL, NULL, NULL, out, ldo);
+		return moe_mma_ffn(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, NULL, NULL, NULL, out,
+		                   ldo);
 	if (n <= MOE_DECODE_MAX && pieces)
 		return moe_decode(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
 	if (n <= MOE_SORTED_MAX && pieces && E <= 1024 && sorted_on() &&
@@ -634,8 +635,9 @@ extern "C" int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, i
 }
 
 extern "C" int kcuda_moe_ffn_shexp(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n,
-                                   const int32_t *ids, const float *weights, int k, const struct kweight *gate,
-                                   const struct kweight *up, const struct kweight *down, int64_t E, int64_t F,
+                                   const int32_t *ids, const float *weights, int k,
+                                   const struct kweight *gate, const struct kweight *up,
+                                   const struct kweight *down, int64_t E, int64_t F,
                                    const struct kweight *sh_gate, const struct kweight *sh_up,
                                    const struct kweight *sh_down, float *out, int64_t ldo)
 {

@@ -242,7 +242,8 @@ __device__ __forceinline__ void mm_unit_k45(mm_lane<R, NG> &L, const uint8_t *co
 					                    : (i & 3) == 1 ? h4.y
 					                    : (i & 3) == 2 ? h4.z
 					                                   : h4.w;
-					const uint32_t hs = hw >> (2 * L.t); /* bit 0: low sub-block, bit 1: high */
+					const uint32_t hs =
+					    hw >> (2 * L.t); /* bit 0: low sub-block, bit 1: high */
 					l02 |= (hs << 4) & 0x00100010u;
 					l13 |= (hs >> 4) & 0x00100010u;
 					h02 |= (hs << 7) & 0x01000100u;
@@ -289,7 +290,8 @@ __device__ __forceinline__ void mm_unit_q6k(mm_lane<R, NG> &L, const uint8_t *co
 		const uint8_t *b = rows[r][hr] + (size_t)210 * u;
 #pragma unroll
 		for (int i = 0; i < 8; i++) /* i = 4n + 2 (j & 1) + hh */
-			ql[r][hr][i] = mm_ldw<AM>(b + 64 * (i >> 2) + 32 * ((i >> 1) & 1) + 16 * (i & 1) + 4 * L.t);
+			ql[r][hr][i] =
+			    mm_ldw<AM>(b + 64 * (i >> 2) + 32 * ((i >> 1) & 1) + 16 * (i & 1) + 4 * L.t);
 #pragma unroll
 		for (int i = 0; i < 4; i++) { /* i = 2n + hh */
 			qh[r][hr][i] = mm_ldw<AM>(b + 128 + 32 * (i >> 1) + 16 * (i & 1) + 4 * L.t);
@@ -380,15 +382,20 @@ __device__ __forceinline__ void mm_unit_q80(mm_lane<R, NG> &L, const uint8_t *co
 			for (int hf = 0; hf < 2; hf++)
 #pragma unroll
 				for (int hr = 0; hr < 2; hr++) {
-					const uint32_t w = qw[r][hr][2 * bi + hf] ^ 0x80808080u; /* int8 + 128 */
-					v[hf][hr][0] = mm_hadd2(__byte_perm(w, 0x64646464u, 0x4240), 0xE480E480u);
-					v[hf][hr][1] = mm_hadd2(__byte_perm(w, 0x64646464u, 0x4341), 0xE480E480u);
+					const uint32_t w =
+					    qw[r][hr][2 * bi + hf] ^ 0x80808080u; /* int8 + 128 */
+					v[hf][hr][0] =
+					    mm_hadd2(__byte_perm(w, 0x64646464u, 0x4240), 0xE480E480u);
+					v[hf][hr][1] =
+					    mm_hadd2(__byte_perm(w, 0x64646464u, 0x4341), 0xE480E480u);
 				}
 #pragma unroll
 			for (int k = 0; k < NG; k++) {
 				float D[4] = {0.f, 0.f, 0.f, 0.f};
-				mm_mma(D, v[0][0][0], v[0][1][0], v[0][0][1], v[0][1][1], b[k][0][0], b[k][0][1]);
-				mm_mma(D, v[1][0][0], v[1][1][0], v[1][0][1], v[1][1][1], b[k][1][0], b[k][1][1]);
+				mm_mma(D, v[0][0][0], v[0][1][0], v[0][0][1], v[0][1][1], b[k][0][0],
+				       b[k][0][1]);
+				mm_mma(D, v[1][0][0], v[1][1][0], v[1][0][1], v[1][1][1], b[k][1][0],
+				       b[k][1][1]);
 #pragma unroll
 				for (int i = 0; i < 4; i++)
 					L.acc[r][k][i] = fmaf(d[r][i >> 1][bi] * is[k], D[i], L.acc[r][k][i]);
@@ -421,8 +428,8 @@ __device__ __forceinline__ void mm_unit(mm_lane<R, NG> &L, const uint8_t *const 
  * false for a block past the chunk count. */
 template <int R, int NG>
 __device__ __forceinline__ bool mm_prologue(const int4 *__restrict__ chunks, const int32_t *__restrict__ list,
-                                           const float *x, int64_t ldx, int k, int np_r, mm_stage<NG> &st,
-                                           const float **xr, int *pr, int4 &ch, mm_lane<R, NG> &L)
+                                            const float *x, int64_t ldx, int k, int np_r, mm_stage<NG> &st,
+                                            const float **xr, int *pr, int4 &ch, mm_lane<R, NG> &L)
 {
 	if ((int)blockIdx.y >= chunks[0].x)
 		return false;
@@ -481,7 +488,8 @@ __global__ void __launch_bounds__(1024)
 			int ic = c, inc = nc;
 #pragma unroll
 			for (int o = 1; o < 32; o <<= 1) {
-				const int a = __shfl_up_sync(0xffffffffu, ic, o), b = __shfl_up_sync(0xffffffffu, inc, o);
+				const int a = __shfl_up_sync(0xffffffffu, ic, o),
+				          b = __shfl_up_sync(0xffffffffu, inc, o);
 				if (lane >= o)
 					ic += a, inc += b;
 			}
@@ -795,7 +803,8 @@ int moe_mma_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, con
 	const char *f = getenv("TANDEM_MOE_MMA_NG");
 	const int ng = f && (f[0] == '1' || f[0] == '2') ? f[0] - '0' : (n <= 4 || n * k <= E ? 1 : 2);
 	if (ng == 1)
-		return mm_run<1>(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, sh_gate, sh_up, sh_down, out,
-		                 ldo);
-	return mm_run<2>(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, sh_gate, sh_up, sh_down, out, ldo);
+		return mm_run<1>(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, sh_gate, sh_up, sh_down,
+		                 out, ldo);
+	return mm_run<2>(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, sh_gate, sh_up, sh_down, out,
+	                 ldo);
 }

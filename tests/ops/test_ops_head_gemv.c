@@ -3,11 +3,11 @@
  * (8 heads, k_b 192 -> 512, v_b 512 -> 256), DeepSeek-V3 (16 heads, 128 -> 512, 512 -> 128) and the
  * tiny models' (64 -> 256, 256 -> 128), types Q8_0 (what the files hold), BF16, F16, F32, Q4_K
  * (where n_in allows), 1, 2, 3, 8, 9, 16, 32 and 128 tokens (quantized heads: the tensor-core tile
- * product from 2 tokens on; again with TANDEM_GEMV_MMA=0 for Q8_0 up to 16 tokens), activations with a head stride larger than n_in
- * (q_nope inside q's N + R) and outputs with one larger than n_out (q_abs's C + R). fp32 on both
- * sides: max error <= 2e-6 sqrt(n_in) x sum|w x| per output (test_ops_matmul's GEMV bound); guard bytes
- * around the output; the rows between heads (q_abs's rope part) untouched; argument checks. Exit 77 = no GPU
- * (skip). */
+ * product from 2 tokens on; again with TANDEM_GEMV_MMA=0 for Q8_0 up to 16 tokens), activations with a head
+ * stride larger than n_in (q_nope inside q's N + R) and outputs with one larger than n_out (q_abs's C + R).
+ * fp32 on both sides: max error <= 2e-6 sqrt(n_in) x sum|w x| per output (test_ops_matmul's GEMV bound);
+ * guard bytes around the output; the rows between heads (q_abs's rope part) untouched; argument checks. Exit
+ * 77 = no GPU (skip). */
 #include <errno.h>
 
 #include "common/base/err.h"
@@ -120,17 +120,18 @@ int main(void)
 	 * second pass (TANDEM_GEMV_MMA=0) checks the warp-per-row kernel at the same counts */
 	static const int toks[] = {1, 2, 3, 8, 9, 16, 32, 128};
 	for (int off = 0; off < 2; off++)
-	for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++)
-		for (size_t k = 0; k < sizeof(toks) / sizeof(toks[0]); k++) {
-			setenv("TANDEM_GEMV_MMA", off ? "0" : "1", 1);
-			if (off && (types[t] != KT_Q8_0 || toks[k] > 16))
-				continue;
-			head_case(types[t], 8, 192, 512, 64, 64, toks[k]); /* GLM-5 k_b: q_nope in q, q_abs */
-			head_case(types[t], 8, 512, 256, 0, 0, toks[k]); /* GLM-5 v_b */
-			head_case(types[t], 16, 128, 512, 64, 64, toks[k]); /* DeepSeek-V3 k_b */
-			head_case(types[t], 16, 512, 128, 0, 0, toks[k]); /* DeepSeek-V3 v_b */
-			head_case(types[t], 4, 64, 256, 32, 32, toks[k]); /* tiny k_b */
-		}
+		for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++)
+			for (size_t k = 0; k < sizeof(toks) / sizeof(toks[0]); k++) {
+				setenv("TANDEM_GEMV_MMA", off ? "0" : "1", 1);
+				if (off && (types[t] != KT_Q8_0 || toks[k] > 16))
+					continue;
+				head_case(types[t], 8, 192, 512, 64, 64,
+				          toks[k]); /* GLM-5 k_b: q_nope in q, q_abs */
+				head_case(types[t], 8, 512, 256, 0, 0, toks[k]); /* GLM-5 v_b */
+				head_case(types[t], 16, 128, 512, 64, 64, toks[k]); /* DeepSeek-V3 k_b */
+				head_case(types[t], 16, 512, 128, 0, 0, toks[k]); /* DeepSeek-V3 v_b */
+				head_case(types[t], 4, 64, 256, 32, 32, toks[k]); /* tiny k_b */
+			}
 	unsetenv("TANDEM_GEMV_MMA");
 	float *f = (float *)16;
 	size_t rb = 0;

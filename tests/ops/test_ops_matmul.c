@@ -2,8 +2,9 @@
  * random weights and activations:
  *   - GEMV (n_tok <= 8: the tensor-core GEMV or the fp32 one, matmul_mma.cu's table) and the
  *     tensor-core tile product (n_tok 9..128 automatic, any n_tok on the fp32 path, quantized
- *     weights; TANDEM_GEMV_MMA=0 turns both off and the sweep runs again that way): against kcpu_dot_row (the CPU op kcpu_matmul uses per row), within fp32
- *     summation-order error: |gpu - cpu| <= 2e-6 * sqrt(n_in) * sum|w x| (+ a denormal floor);
+ *     weights; TANDEM_GEMV_MMA=0 turns both off and the sweep runs again that way): against kcpu_dot_row (the
+ * CPU op kcpu_matmul uses per row), within fp32 summation-order error: |gpu - cpu| <= 2e-6 * sqrt(n_in) *
+ * sum|w x| (+ a denormal floor);
  *   - GEMM (n_tok > 8, or forced): W and X are rounded to bf16 inside the op, so the reference is the
  *     double-precision dot of the bf16-rounded kcpu_dequant_row values and x, same tolerance;
  *   - outputs are finite, guard bytes around Y and the gaps of a strided Y (ldy > n_out) untouched,
@@ -244,11 +245,13 @@ int main(void)
 			 * tiles of 16 rows: 4224 on an H200) */
 			if (!off && (type == KT_Q4_K || type == KT_Q5_K))
 				for (int64_t nt = 1; nt <= 2; nt++)
-					setup_fail |= run_case(c, type, 512, 4500, nt, KCUDA_MM_AUTO, 0, "wide");
+					setup_fail |=
+					    run_case(c, type, 512, 4500, nt, KCUDA_MM_AUTO, 0, "wide");
 			/* outputs and tokens around the tile edges (rows 64, tokens 64) */
 			if (!off && qk > 1) {
 				setup_fail |= run_case(c, type, 512, 65, 65, KCUDA_MM_AUTO, 1, "tile edges");
-				setup_fail |= run_case(c, type, 256, 64, 64, KCUDA_MM_F32, 0, "tile f32 exact");
+				setup_fail |=
+				    run_case(c, type, 256, 64, 64, KCUDA_MM_F32, 0, "tile f32 exact");
 			}
 		}
 		unsetenv("TANDEM_GEMV_MMA");
