@@ -186,6 +186,9 @@ int kcuda_alloc(size_t bytes, void **out);
 void kcuda_free(void *p);
 int kcuda_upload(struct kcuda_ctx *c, void *dst_dev, const void *src, size_t bytes); /* synchronous */
 int kcuda_download(struct kcuda_ctx *c, void *dst, const void *src_dev, size_t bytes); /* synchronous */
+/* rows x width bytes from src_dev (rows spitch apart) to dst (dpitch apart), one copy; synchronous */
+int kcuda_download_2d(struct kcuda_ctx *c, void *dst, size_t dpitch, const void *src_dev, size_t spitch,
+                      size_t width, size_t rows);
 int kcuda_memset(struct kcuda_ctx *c, void *dst_dev, int byte, size_t bytes);
 /* Copies a host weight (GGUF block layout) to the device. The device copy keeps the GGUF layout
  * (row r at data + r * row_bytes) and is padded by 16 bytes so the kernels' word loads of

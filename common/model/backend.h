@@ -134,6 +134,11 @@ struct model_backend_ops {
 	 * write */
 	void (*idx_prep)(void *ctx, int layer, const struct layer_w *L, float *qI, float *kI, float *wI,
 	                 const float *cs, bool write);
+	/* Optional: to_host of `rows` pieces of `width` bytes, spitch apart in backend memory, dpitch
+	 * apart in host memory, as one copy (the TP logits gather: one per rank instead of one per row;
+	 * NULL: forward.c calls to_host per row). */
+	int (*to_host_2d)(void *ctx, void *dst_host, size_t dpitch, const void *src, size_t spitch,
+	                  size_t width, size_t rows);
 };
 
 struct model_backend {

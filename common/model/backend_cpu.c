@@ -512,6 +512,15 @@ static int cpu_to_host(void *ctx, void *dst_host, const void *src, size_t bytes)
 	return 0;
 }
 
+static int cpu_to_host_2d(void *ctx, void *dst_host, size_t dpitch, const void *src, size_t spitch,
+                          size_t width, size_t rows)
+{
+	(void)ctx;
+	for (size_t i = 0; i < rows; i++)
+		memcpy((char *)dst_host + i * dpitch, (const char *)src + i * spitch, width);
+	return 0;
+}
+
 static void cpu_destroy(void *ctx)
 {
 	struct be_cpu *c = ctx;
@@ -590,6 +599,7 @@ static const struct model_backend_ops cpu_ops = {
     .add_rmsnorm = cpu_add_rmsnorm,
     .mla_latent = cpu_mla_latent,
     .idx_prep = cpu_idx_prep,
+    .to_host_2d = cpu_to_host_2d,
 };
 
 int model_backend_cpu_create(struct model *m, struct model_rank *rk, struct model_backend *out)

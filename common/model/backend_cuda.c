@@ -1052,7 +1052,9 @@ static int step_finish(struct be_cuda *c)
 	return c->err;
 }
 
-static int cu_to_host(void *ctx, void *dst_host, const void *src, size_t bytes)
+/* to_host of rows x width bytes (rows = 1: one contiguous piece) */
+static int cu_to_host_2d(void *ctx, void *dst_host, size_t dpitch, const void *src, size_t spitch,
+                         size_t width, size_t rows)
 {
 	struct be_cuda *c = ctx;
 	int rc = step_finish(c);
@@ -1070,7 +1072,8 @@ static int cu_to_host(void *ctx, void *dst_host, const void *src, size_t bytes)
 	}
 	if (rc)
 		return rc;
-	rc = kcuda_download(c->kc, dst_host, src, bytes);
+	rc = rows == 1 ? kcuda_download(c->kc, dst_host, src, width)
+	               : kcuda_download_2d(c->kc, dst_host, dpitch, src, spitch, width, rows);
 	/* the device's bad-input counter once per step: the first download waited for the whole step
 	 * (rank-shard mode downloads T x rows pieces; a second sync for each cost ~10 us apiece) */
 	if (!rc && !c->errs_checked) {
@@ -1080,6 +1083,11 @@ static int cu_to_host(void *ctx, void *dst_host, const void *src, size_t bytes)
 			rc = ERR_FORMAT; /* a kernel met a bad id or block (the batch was checked) */
 	}
 	return rc;
+}
+
+static int cu_to_host(void *ctx, void *dst_host, const void *src, size_t bytes)
+{
+	return cu_to_host_2d(ctx, dst_host, bytes, src, bytes, bytes, 1);
 }
 
 static void cu_destroy(void *ctx)
@@ -1261,6 +1269,7 @@ static const struct model_backend_ops cuda_ops = {
     .add_rmsnorm = cu_add_rmsnorm,
     .mla_latent = cu_mla_latent,
     .idx_prep = cu_idx_prep,
+    .to_host_2d = cu_to_host_2d,
 };
 
 int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct model_backend *out,

@@ -131,6 +131,17 @@ extern "C" int kcuda_download(struct kcuda_ctx *c, void *dst, const void *src, s
 	return kcuda_sync(c);
 }
 
+extern "C" int kcuda_download_2d(struct kcuda_ctx *c, void *dst, size_t dpitch, const void *src,
+                                 size_t spitch, size_t width, size_t rows)
+{
+	if (rows == 0 || width == 0)
+		return 0;
+	if (cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToHost, c->stream) !=
+	    cudaSuccess)
+		return kcuda_launch_status("download_2d");
+	return kcuda_sync(c);
+}
+
 extern "C" int kcuda_memset(struct kcuda_ctx *c, void *dst, int byte, size_t bytes)
 {
 	if (cudaMemsetAsync(dst, byte, bytes, c->stream) != cudaSuccess)
