@@ -592,6 +592,8 @@ static int run_matrix(struct model *m, const struct bench_opts *o, void *kc, dou
 #ifdef TANDEM_CUDA
 				if (kc && kfwd_mem_info(&fr, &tot))
 					fr = 0;
+#else
+				(void)tot;
 #endif
 				if (kc && fr > 0 && need + 2e9 > (double)fr) {
 					if (pass == 0)
