@@ -992,13 +992,15 @@ int dc_worker_run(const struct dc_config *c)
 	bool trivial = strcmp(c->engine, "trivial") == 0;
 	if (!trivial && strcmp(c->engine, "model") != 0) {
 		LOG_ERROR("decode", "engine '%s': expected \"model\" or \"trivial\"", c->engine);
-		return 2;
+		w.exit_code = 2;
+		goto out_model;
 	}
 	size_t block_bytes;
 	if (!trivial) {
 		if (!c->model[0]) {
 			LOG_ERROR("decode", "no model given (--model PATH.gguf, or --engine trivial)");
-			return 2;
+			w.exit_code = 2;
+			goto out_model;
 		}
 		struct model_opts mo;
 		model_opts_default(&mo);
@@ -1007,7 +1009,8 @@ int dc_worker_run(const struct dc_config *c)
 		mo.kv_dtype = strcmp(c->kv_dtype, "bf16") == 0 ? MODEL_KV_BF16 : MODEL_KV_F32;
 		if (strcmp(c->backend, "cpu") != 0 && strcmp(c->backend, "cuda") != 0) {
 			LOG_ERROR("decode", "backend '%s': expected \"cpu\" or \"cuda\"", c->backend);
-			return 2;
+			w.exit_code = 2;
+			goto out_model;
 		}
 		if (strcmp(c->backend, "cuda") == 0) {
 			/* every device buffer is sized here from the limits, never per request: a step has
@@ -1022,7 +1025,8 @@ int dc_worker_run(const struct dc_config *c)
 		}
 		if (model_load(&w.model, c->model, &mo, &e)) {
 			LOG_ERROR("decode", "cannot load model: %s", e.msg);
-			return 2;
+			w.exit_code = 2;
+			goto out_model;
 		}
 		if (tok_load(&w.tok, model_gguf(w.model), &e)) {
 			LOG_ERROR("decode", "cannot load the tokenizer of %s: %s", c->model, e.msg);

@@ -439,12 +439,14 @@ int pf_worker_run(const struct pf_config *c)
 	bool trivial = strcmp(c->engine, "trivial") == 0;
 	if (!trivial && strcmp(c->engine, "model") != 0) {
 		LOG_ERROR("prefill", "engine '%s': expected \"model\" or \"trivial\"", c->engine);
-		return 2;
+		w.exit_code = 2;
+		goto out_model;
 	}
 	if (!trivial) {
 		if (!c->model[0]) {
 			LOG_ERROR("prefill", "no model given (--model PATH.gguf, or --engine trivial)");
-			return 2;
+			w.exit_code = 2;
+			goto out_model;
 		}
 		struct model_opts mo;
 		model_opts_default(&mo);
@@ -453,7 +455,8 @@ int pf_worker_run(const struct pf_config *c)
 		mo.kv_dtype = strcmp(c->kv_dtype, "bf16") == 0 ? MODEL_KV_BF16 : MODEL_KV_F32;
 		if (strcmp(c->backend, "cpu") != 0 && strcmp(c->backend, "cuda") != 0) {
 			LOG_ERROR("prefill", "backend '%s': expected \"cpu\" or \"cuda\"", c->backend);
-			return 2;
+			w.exit_code = 2;
+			goto out_model;
 		}
 		if (strcmp(c->backend, "cuda") == 0) {
 			/* every device buffer is sized here from the limits, never per request: a step has
@@ -467,7 +470,8 @@ int pf_worker_run(const struct pf_config *c)
 		}
 		if (model_load(&w.model, c->model, &mo, &e)) {
 			LOG_ERROR("prefill", "cannot load model: %s", e.msg);
-			return 2;
+			w.exit_code = 2;
+			goto out_model;
 		}
 		uint64_t h = model_identity_hash(w.model);
 		for (int i = 0; i < 8; i++)

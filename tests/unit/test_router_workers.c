@@ -229,7 +229,8 @@ static void fake_connect_cb(struct conn *c, int status, void *ud)
 }
 
 /* workers heartbeat like real ones (the router drops a silent worker after 3 intervals) */
-static struct fake *all_fakes[8];
+#define MAX_FAKES 32
+static struct fake *all_fakes[MAX_FAKES];
 static int n_fakes;
 static void hb_cb(uv_timer_t *t)
 {
@@ -253,7 +254,9 @@ static void fake_start(struct fake *f, int port)
 {
 	char addr[64];
 	snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
-	all_fakes[n_fakes++] = f;
+	CHECK(n_fakes < MAX_FAKES, "more than %d fake workers", MAX_FAKES);
+	if (n_fakes < MAX_FAKES)
+		all_fakes[n_fakes++] = f;
 	struct conn_opts o = {.on_msg_cb = fake_msg_cb,
 	                      .on_close_cb = fake_close_cb,
 	                      .on_connect_cb = fake_connect_cb,
