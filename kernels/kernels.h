@@ -206,7 +206,8 @@ void kcuda_weight_free(struct kweight *dev);
  * context workspace (not reentrant across threads on one context). Tensor-core paths (kernels/cuda/
  * matmul_mma.cu, matmul_tile.cu; TANDEM_GEMV_MMA=0 turns them off): K-quant / Q8_0 GEMV for n_tok
  * <= 8 where measured faster, and for quantized weights a tile product as exact as the fp32 GEMV
- * for n_tok 9..128 and for the fp32 path at any n_tok > 8 (instead of bf16 / fp32 cuBLAS). */
+ * for n_tok 9..16 (measured crossover, matmul.cu) and for the fp32 path at any n_tok > 8 (instead of bf16 /
+ * fp32 cuBLAS). */
 enum kcuda_mm_path { KCUDA_MM_AUTO = 0, KCUDA_MM_GEMV = 1, KCUDA_MM_GEMM = 2, KCUDA_MM_F32 = 3 };
 int kcuda_matmul(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok,
                  float *y, int64_t ldy);

@@ -8,7 +8,13 @@
 #include "kernels/cuda/matmul_impl.cuh"
 
 #define GEMV_MAX_TOK 8
-/* Crossover tile product (matmul_tile.cu) -> dequantize to bf16 + cuBLAS, by counting. The tile
+/* Crossover tile product (matmul_tile.cu) -> dequantize to bf16 + cuBLAS. MEASURED on the H200
+ * (2026-11-29 14:32, bench_cuda_gemv_mma glm, GLM-5 per-rank products): the tile kernel's time grows
+ * with n_tok far faster than the estimate below: q_a 6144 -> 2048 Q4_K at 32 / 128 tokens 35.6 / 98.2
+ * us against 24.6 / 30.1 us for dequantize + cuBLAS (q_b, kv_a, o alike: 0.27-0.85x), while at 8
+ * tokens the mma GEMV wins 2x. The crossover lies between 8 and 32 tokens (not measured in
+ * between): the tile kernel keeps 9..16, cuBLAS takes the rest. The estimate that chose 128 was: */
+/* by counting. The tile
  * kernel reads W about once (~1 byte per weight at Q8_0) and per token spends, per 16 x 16 x 8
  * MACs of one warp, 2 mma (x as fp16 hi and lo) plus ~8-12 fp32 instructions of per-piece
  * epilogue: issue-bound at roughly 100-150 TFLOP/s on an H200. The cuBLAS path moves ~5 bytes per
@@ -19,7 +25,7 @@
  * (KCUDA_MM_F32: products that feed a selection) would otherwise be cuBLAS SGEMM without TF32
  * (<= 67 TFLOP/s peak on an H200); the tile kernel is as exact and faster at every n_tok, so it
  * takes all of them for quantized weights. Measurements should replace these estimates. */
-#define MM_TILE_MAX_TOK 128
+#define MM_TILE_MAX_TOK 16
 
 extern "C" int kcuda_matmul_path(struct kcuda_ctx *c, enum kcuda_mm_path path, const struct kweight *w,
                                  const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy)

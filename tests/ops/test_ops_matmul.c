@@ -1,7 +1,7 @@
 /* kcuda_matmul (decode GEMV and prefill GEMM) against the CPU ops, for every compute type, on seeded
  * random weights and activations:
  *   - GEMV (n_tok <= 8: the tensor-core GEMV or the fp32 one, matmul_mma.cu's table) and the
- *     tensor-core tile product (n_tok 9..128 automatic, any n_tok on the fp32 path, quantized
+ *     tensor-core tile product (n_tok 9..16 automatic, any n_tok on the fp32 path, quantized
  *     weights; TANDEM_GEMV_MMA=0 turns both off and the sweep runs again that way): against kcpu_dot_row (the
  * CPU op kcpu_matmul uses per row), within fp32 summation-order error: |gpu - cpu| <= 2e-6 * sqrt(n_in) *
  * sum|w x| (+ a denormal floor);
@@ -34,11 +34,11 @@ struct shape {
 static const int types[] = {KT_Q8_0, KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_BF16, KT_F32,    KT_F16,   KT_Q4_0,
                             KT_Q4_1, KT_Q5_0, KT_Q5_1, KT_Q2_K, KT_Q3_K, KT_IQ4_NL, KT_IQ4_XS};
 
-/* The tensor-core paths (TANDEM_GEMV_MMA, on unless set to 0): quantized weights at n_tok 9..128
+/* The tensor-core paths (TANDEM_GEMV_MMA, on unless set to 0): quantized weights at n_tok 9..16
  * on the automatic path, and at any n_tok > 8 on the fp32 path, take the tile product
  * (kernels/cuda/matmul_tile.cu), which is as exact as the fp32 GEMV (weights exact, x as fp16
  * hi + lo): held to the GEMV tolerance, not the bf16 one. MM_TILE_MAX_TOK of matmul.cu. */
-#define TILE_MAX_TOK 128
+#define TILE_MAX_TOK 16
 static bool mma_on(void)
 {
 	const char *e = getenv("TANDEM_GEMV_MMA");
@@ -209,7 +209,8 @@ int main(void)
 	    {256, 6144, "glm expert down/8"}, {6144, 1536, "glm dense up/8"}, {7168, 1536, "ds q_a"},
 	    {1536, 3072, "ds q_b/8"},         {2048, 7168, "ds o_proj/8"},    {7168, 2048, "ds expert up"},
 	};
-	/* 1..8: the GEMVs (mma or fp32 per matmul_mma.cu's table); 9..128: the tile product */
+	/* 1..8: the GEMVs (mma or fp32 per matmul_mma.cu's table); 9..16: the tile product, above: bf16
+	 * cuBLAS */
 	static const int64_t toks_gemv[] = {1, 2, 3, 5, 8, 9, 16, 32, 128};
 	int setup_fail = 0;
 
