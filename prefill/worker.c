@@ -448,28 +448,19 @@ int pf_worker_run(const struct pf_config *c)
 			w.exit_code = 2;
 			goto out_model;
 		}
-		struct model_opts mo;
-		model_opts_default(&mo);
-		mo.n_threads = c->threads;
-		mo.tp = c->tp;
-		mo.kv_dtype = strcmp(c->kv_dtype, "bf16") == 0 ? MODEL_KV_BF16 : MODEL_KV_F32;
-		if (strcmp(c->backend, "cpu") != 0 && strcmp(c->backend, "cuda") != 0) {
-			LOG_ERROR("prefill", "backend '%s': expected \"cpu\" or \"cuda\"", c->backend);
-			w.exit_code = 2;
-			goto out_model;
-		}
-		if (strcmp(c->backend, "cuda") == 0) {
-			/* every device buffer is sized here from the limits, never per request: a step has
-			 * at most max_tokens_per_step tokens of max_batch prompts of max_seq_len tokens */
-			mo.backend = MODEL_BACKEND_CUDA;
-			mo.device = c->device;
-			mo.mem_fraction = (float)c->mem_fraction;
-			mo.max_tokens = c->max_tokens_per_step;
-			mo.max_seqs = c->max_batch;
-			mo.max_ctx = c->max_seq_len > 0 ? c->max_seq_len : 4096;
-		}
-		if (model_load(&w.model, c->model, &mo, &e)) {
-			LOG_ERROR("prefill", "cannot load model: %s", e.msg);
+		/* every device buffer is sized from the limits, never per request: a step has at most
+		 * max_tokens_per_step tokens of max_batch prompts of max_seq_len tokens */
+		const struct model_worker_opts wo = {.backend = c->backend,
+		                                     .kv_dtype = c->kv_dtype,
+		                                     .threads = c->threads,
+		                                     .tp = c->tp,
+		                                     .device = c->device,
+		                                     .mem_fraction = c->mem_fraction,
+		                                     .max_tokens = c->max_tokens_per_step,
+		                                     .max_seqs = c->max_batch,
+		                                     .max_ctx = c->max_seq_len};
+		if (model_load_worker(&w.model, c->model, &wo, &e)) {
+			LOG_ERROR("prefill", "%s", e.msg);
 			w.exit_code = 2;
 			goto out_model;
 		}

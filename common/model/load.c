@@ -349,6 +349,34 @@ static void free_layers(struct layer_w *L, int n)
 	free(L);
 }
 
+int model_load_worker(struct model **out, const char *path, const struct model_worker_opts *w,
+                      struct errbuf *e)
+{
+	*out = NULL;
+	struct model_opts mo;
+	model_opts_default(&mo);
+	mo.n_threads = w->threads;
+	mo.tp = w->tp;
+	mo.kv_dtype = w->kv_dtype && strcmp(w->kv_dtype, "bf16") == 0 ? MODEL_KV_BF16 : MODEL_KV_F32;
+	if (!w->backend || (strcmp(w->backend, "cpu") != 0 && strcmp(w->backend, "cuda") != 0))
+		return errbuf_set(e, -EINVAL, "backend '%s': expected \"cpu\" or \"cuda\"",
+		                  w->backend ? w->backend : "(none)");
+	if (strcmp(w->backend, "cuda") == 0) {
+		mo.backend = MODEL_BACKEND_CUDA;
+		mo.device = w->device;
+		mo.graphs = w->graphs;
+		mo.mem_fraction = (float)w->mem_fraction;
+		mo.max_tokens = w->max_tokens;
+		mo.max_seqs = w->max_seqs;
+		mo.max_ctx = w->max_ctx > 0 ? w->max_ctx : 4096;
+	}
+	struct errbuf le = {0};
+	int rc = model_load(out, path, &mo, &le);
+	if (rc)
+		return errbuf_set(e, rc, "cannot load model: %s", le.msg);
+	return 0;
+}
+
 void model_destroy(struct model *m)
 {
 	if (!m)

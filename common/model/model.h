@@ -144,6 +144,18 @@ struct model; /* opaque */
  * mis-shaped tensor, bad key, unsupported arch, TP split not possible for a tensor's block size). */
 int model_load(struct model **out, const char *path, const struct model_opts *o,
                struct errbuf *e) TD_MUST_CHECK;
+/* What a worker (tandem-prefill / tandem-decode) loads its model with, from its config: backend "cpu" or
+ * "cuda", kv_dtype "bf16" (anything else: f32); with cuda every device buffer is sized at load from the
+ * limits (max_tokens per step, max_seqs, max_ctx; 0: 4096), never per request. */
+struct model_worker_opts {
+	const char *backend, *kv_dtype;
+	int threads, tp, device, graphs;
+	double mem_fraction;
+	int max_tokens, max_seqs, max_ctx;
+};
+/* model_load with those options; a bad backend name or a failed load is an error in e naming it. */
+int model_load_worker(struct model **out, const char *path, const struct model_worker_opts *w,
+                      struct errbuf *e) TD_MUST_CHECK;
 /* Same from an already open GGUF; the model borrows g (caller closes it after model_destroy). */
 int model_load_gguf(struct model **out, struct gguf_ctx *g, const struct model_opts *o,
                     struct errbuf *e) TD_MUST_CHECK;
