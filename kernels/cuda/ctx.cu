@@ -16,6 +16,17 @@ extern "C" int kcuda_device_count(void)
 	return n;
 }
 
+/* TANDEM_PDL=0: launch every kernel in plain stream order (cuda_common.cuh, klaunch). Read once. */
+extern "C" int kcuda_pdl_enabled(void)
+{
+	static int on = -1;
+	if (on < 0) {
+		const char *e = getenv("TANDEM_PDL");
+		on = !(e && strcmp(e, "0") == 0);
+	}
+	return on;
+}
+
 extern "C" int kcuda_ctx_create(int device, size_t ws_bytes, struct kcuda_ctx **out)
 {
 	*out = NULL;

@@ -51,6 +51,55 @@ static inline int kcuda_launch_status(const char *what)
 	return ERR_CUDA;
 }
 
+/* Programmatic dependent launch (PDL, sm_90 and later: H200, B200, RTX PRO 6000). A kernel launched
+ * with klaunch() may be scheduled while the kernel before it on the stream is still running, so
+ * its launch latency and block ramp-up hide behind that kernel's tail (in a decode graph of ~1900
+ * small kernels that latency is a large part of the step). The price is a rule every such kernel
+ * must keep: KDEP_ENTRY() is its FIRST statement, before any global load or store. griddepcontrol.wait
+ * returns once every grid this one depends on has completed and its memory is visible (so a chain
+ * A -> B -> C is ordered transitively: B only finishes after its own wait saw A finish); then
+ * launch_dependents lets the next PDL kernel start its own launch. A kernel launched with <<< >>>
+ * or by a library (cuBLAS, NCCL) keeps full stream order on both sides, so conversion can be
+ * piecewise. Without the wait a klaunch()ed kernel would race with its predecessor: never launch a
+ * kernel through klaunch() that does not begin with KDEP_ENTRY(). On the host, TANDEM_PDL=0 turns the
+ * attribute off (plain stream order; the device instructions are then no-ops). */
+__device__ __forceinline__ void kdep_entry(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	asm volatile("griddepcontrol.wait;" ::: "memory");
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+#define KDEP_ENTRY() kdep_entry()
+
+extern "C" int kcuda_pdl_enabled(void); /* TANDEM_PDL (default on); ctx.cu */
+
+/* kern<<<grid, block, smem, stream>>>(args...) with the PDL attribute (when enabled); returns the
+ * launch status like kcuda_launch_status(what). */
+template <typename... KArgs, typename... Args>
+static inline int klaunch(const char *what, void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                          cudaStream_t stream, Args... args)
+{
+	cudaLaunchAttribute at[1];
+	at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+	at[0].val.programmaticStreamSerializationAllowed = 1;
+	cudaLaunchConfig_t cfg = {};
+	cfg.gridDim = grid;
+	cfg.blockDim = block;
+	cfg.dynamicSmemBytes = smem;
+	cfg.stream = stream;
+	cfg.attrs = at;
+	cfg.numAttrs = kcuda_pdl_enabled() ? 1 : 0;
+	cudaError_t e = cudaLaunchKernelEx(&cfg, kern, ((KArgs)args)...);
+	kcuda_n_launch++;
+	if (e == cudaSuccess)
+		e = cudaGetLastError();
+	if (e == cudaSuccess)
+		return 0;
+	fprintf(stderr, "kcuda: %s launch failed: %s\n", what, cudaGetErrorString(e));
+	return ERR_CUDA;
+}
+
 /* A rejected argument: one line on stderr naming the op and what is wrong, then -EINVAL, so a
  * failing forward explains itself (the ops have no errbuf; the backend only sees the code). */
 #include <errno.h>

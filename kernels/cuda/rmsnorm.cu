@@ -12,6 +12,7 @@ __global__ void __launch_bounds__(RMS_THREADS)
     rmsnorm_kernel(float *y, int64_t ldy, const float *x, int64_t ldx, const float *__restrict__ w, int64_t n,
                    float eps)
 {
+	KDEP_ENTRY();
 	__shared__ float red[RMS_THREADS / 32];
 	const float *xr = x + blockIdx.x * ldx;
 	float *yr = y + blockIdx.x * ldy;
@@ -40,6 +41,6 @@ extern "C" int kcuda_rmsnorm(struct kcuda_ctx *c, float *y, int64_t ldy, const f
 		                     !c || !y || !x || !w ? ", or a null pointer" : "");
 	if (n_rows == 0)
 		return 0;
-	rmsnorm_kernel<<<(unsigned)n_rows, RMS_THREADS, 0, c->stream>>>(y, ldy, x, ldx, w, n, eps);
-	return kcuda_launch_status("rmsnorm");
+	return klaunch("rmsnorm", rmsnorm_kernel, dim3((unsigned)n_rows), dim3(RMS_THREADS), 0, c->stream, y,
+	               ldy, x, ldx, w, n, eps);
 }
