@@ -23,11 +23,13 @@
  *                                           unit code, no GPU needed, see gm_emulate)
  *   bench_cuda_gemv_mma profile: 3 launches per type at 6144x32768, n_tok 1 and 2 (for ncu)
  *   TANDEM_GM_R=1|2 forces the row tiles per warp (default: chosen from n_out).
- *   bench_cuda_gemv_mma glm: only the GLM-5 per-rank table (also printed after `time`): kcuda_matmul
- *     and kfwd_head_gemv on q_a 6144->2048, q_b 2048->8x256, kv_a 6144->576, o 8x256->6144, k_b
- *     (8 heads 192->512) and v_b (8 heads 512->256), Q8_0 and Q4_K, n_tok 1/8/32/128, new dispatch
- *     (tensor-core GEMV / tile product) against TANDEM_GEMV_MMA=0 (the dispatch before), same run.
- * The "base" columns of the main table are kcuda_matmul with TANDEM_GEMV_MMA=0 (the fp32 GEMV). */
+ *   bench_cuda_gemv_mma glm: only the GLM-5 per-rank decode table (also printed after `time`):
+ *     kcuda_matmul and kfwd_head_gemv on the Q8_0 attention / indexer products, the F32 indexer
+ *     projection and router (fp32 path), the per-head k_b / v_b and Q4_K q_a, n_tok 1/2/4/8/16,
+ *     eager and in CUDA graphs, the default dispatch against TANDEM_GEMV3=0 (the one before
+ *     gemv3), same run (time_glm).
+ * The "base" columns of the main table are kcuda_matmul with TANDEM_GEMV_MMA=0 and TANDEM_GEMV3=0
+ * (the fp32 GEMV). */
 #include <algorithm>
 #include <stdarg.h>
 #include <vector>
@@ -284,24 +286,78 @@ template <int T> static void kernel_info_t(void)
 	kernel_info<T, 2, 2>();
 }
 
-/* GLM-5 per-rank products at decode batch sizes: the dispatch of kcuda_matmul / kfwd_head_gemv with
- * the tensor-core paths (TANDEM_GEMV_MMA=1) and without (=0), alternating in one run. Weight copies
- * rotate over >= 4x L2 (in a decode step the other layers evict a layer's weights). */
+/* GLM-5 per-rank decode products, new dispatch (gemv3 and everything after it) against
+ * TANDEM_GEMV3=0 (the dispatch before it), alternating in one run, at n_tok 1/2/4/8/16:
+ *   eager: CUDA events around batches of launches, every launch on another weight copy (copies
+ *     over >= 4x L2: in a decode step the other layers evict a layer's weights);
+ *   graph: the same launches captured 20 per CUDA graph (the decode step is a graph of small
+ *     kernels back to back), graphs replayed over all copies; run once with TANDEM_PDL=0 and once
+ *     without to see what programmatic dependent launch gives (the switch is read once per
+ *     process).
+ * GB/s counts weight bytes. */
+struct gshape {
+	int type;
+	int64_t n_in, n_out;
+	int H; /* > 0: kfwd_head_gemv with H heads, x head stride xhs */
+	int64_t xhs;
+	enum kcuda_mm_path path;
+	const char *what;
+};
+
+static int glm_call(struct kcuda_ctx *c, const gshape &g, void *wdata, size_t rb, size_t mat, const float *xd,
+                    int nt, float *yd)
+{
+	struct kweight w = {g.type, g.n_in, g.n_out, rb, wdata};
+	if (g.H)
+		return kfwd_head_gemv(c, &w, mat, g.H, xd, g.H * g.xhs, g.xhs, nt, yd, (int64_t)g.H * g.n_out,
+		                      g.n_out);
+	return kcuda_matmul_path(c, g.path, &w, xd, g.n_in, nt, yd, g.n_out);
+}
+
+/* ms per launch: graphs of 20 launches each over all ncopy copies, median of 5 replays of all */
+static float time_graph(struct kcuda_ctx *c, const gshape &g, void *A, size_t stride, int ncopy, size_t rb,
+                        size_t mat, const float *xd, int nt, float *yd)
+{
+	cudaStream_t s = (cudaStream_t)kcuda_ctx_stream(c);
+	const int per = 20, ng = (ncopy + per - 1) / per;
+	std::vector<cudaGraphExec_t> ex(ng);
+	for (int gi = 0; gi < ng; gi++) {
+		cudaGraph_t gr;
+		CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+		for (int i = 0; i < per; i++)
+			if (glm_call(c, g, (char *)A + ((gi * per + i) % ncopy) * stride, rb, mat, xd, nt, yd))
+				abort();
+		CK(cudaStreamEndCapture(s, &gr));
+		CK(cudaGraphInstantiate(&ex[gi], gr, 0));
+		CK(cudaGraphDestroy(gr));
+	}
+	const float ms = time_ms(s, 2, 5, 1, [&](int) {
+		for (int gi = 0; gi < ng; gi++)
+			CK(cudaGraphLaunch(ex[gi], s));
+	});
+	for (auto e : ex)
+		CK(cudaGraphExecDestroy(e));
+	return ms / (ng * per);
+}
+
 static void time_glm(struct kcuda_ctx *c, size_t l2)
 {
-	struct gshape {
-		int64_t n_in, n_out;
-		int H; /* > 0: kfwd_head_gemv with H heads, x head stride xhs */
-		int64_t xhs;
-		const char *what;
-	};
 	static const gshape gs[] = {
-	    {6144, 2048, 0, 0, "q_a 6144->2048"},   {2048, 2048, 0, 0, "q_b 2048->8x256"},
-	    {6144, 576, 0, 0, "kv_a 6144->576"},    {2048, 6144, 0, 0, "o 8x256->6144"},
-	    {192, 512, 8, 256, "k_b 8 x 192->512"}, {512, 256, 8, 512, "v_b 8 x 512->256"}};
+	    {KT_Q8_0, 6144, 2048, 0, 0, KCUDA_MM_AUTO, "q_a 6144->2048"},
+	    {KT_Q8_0, 2048, 2048, 0, 0, KCUDA_MM_AUTO, "q_b 2048->8x256"},
+	    {KT_Q8_0, 2048, 4096, 0, 0, KCUDA_MM_AUTO, "idx_q_b 2048->4096"},
+	    {KT_Q8_0, 6144, 576, 0, 0, KCUDA_MM_AUTO, "kv_a 6144->576"},
+	    {KT_Q8_0, 6144, 128, 0, 0, KCUDA_MM_AUTO, "idx_k 6144->128"},
+	    {KT_Q8_0, 2048, 6144, 0, 0, KCUDA_MM_AUTO, "o 8x256->6144"},
+	    {KT_F32, 6144, 32, 0, 0, KCUDA_MM_F32, "idx_proj F32 ->32"},
+	    {KT_F32, 6144, 256, 0, 0, KCUDA_MM_F32, "router F32 ->256"},
+	    {KT_Q8_0, 192, 512, 8, 256, KCUDA_MM_AUTO, "k_b 8 x 192->512"},
+	    {KT_Q8_0, 512, 256, 8, 512, KCUDA_MM_AUTO, "v_b 8 x 512->256"},
+	    {KT_Q4_K, 6144, 2048, 0, 0, KCUDA_MM_AUTO, "q_a Q4_K"},
+	};
 	cudaStream_t s = (cudaStream_t)kcuda_ctx_stream(c);
 	const size_t big = (size_t)1 << 30;
-	const int max_tok = 128;
+	const int max_tok = 16;
 	void *A;
 	float *xd, *yd;
 	CK(cudaMalloc(&A, big));
@@ -313,48 +369,46 @@ static void time_glm(struct kcuda_ctx *c, size_t l2)
 			v = rand_x();
 		CK(cudaMemcpy(xd, xh.data(), xh.size() * sizeof(float), cudaMemcpyHostToDevice));
 	}
-	printf("\nGLM-5 per-rank products (TP=8), weights rotating over >= 4x L2; new = TANDEM_GEMV_MMA=1, "
-	       "old = 0\n%-5s %-20s %5s | %9s %7s | %9s %7s | %s\n",
-	       "type", "product", "n_tok", "new us", "GB/s", "old us", "GB/s", "speedup");
-	for (int type : {KT_Q8_0, KT_Q4_K})
-		for (const gshape &g : gs) {
-			size_t rb;
-			if (!ktype_row_bytes(type, g.n_in, &rb))
-				continue; /* Q4_K needs n_in % 256: not k_b's 192 */
-			const int H = g.H ? g.H : 1;
-			const size_t mat = rb * (size_t)g.n_out, wbytes = mat * (size_t)H,
-			             stride = (wbytes + 255) & ~(size_t)255;
-			const int ncopy =
-			    (int)std::min<size_t>(big / stride, std::max<size_t>(4 * l2 / wbytes + 1, 8));
-			std::vector<uint8_t> hw(wbytes);
-			ops_fill_weight(type, g.n_in, g.n_out * H, rb, hw.data());
-			for (int k = 0; k < ncopy; k++)
-				CK(cudaMemcpy((char *)A + k * stride, hw.data(), wbytes,
-				              cudaMemcpyHostToDevice));
-			for (int nt : {1, 8, 32, 128}) {
-				float ms[2];
-				for (int off = 0; off < 2; off++) {
-					setenv("TANDEM_GEMV_MMA", off ? "0" : "1", 1);
-					ms[off] = time_ms(s, 2, 5, ncopy, [&](int i) {
-						struct kweight w = {type, g.n_in, g.n_out, rb,
-						                    (char *)A + (i % ncopy) * stride};
-						int rc =
-						    g.H ? kfwd_head_gemv(c, &w, mat, H, xd, H * g.xhs, g.xhs,
-						                         nt, yd, (int64_t)H * g.n_out,
-						                         g.n_out)
-						        : kcuda_matmul(c, &w, xd, g.n_in, nt, yd, g.n_out);
-						if (rc)
-							abort();
-					});
-				}
-				printf("%-5s %-20s %5d | %9.2f %7.0f | %9.2f %7.0f | %.2fx\n",
-				       ktype_name(type), g.what, nt, ms[0] * 1e3,
-				       wbytes / (ms[0] * 1e-3) / 1e9, ms[1] * 1e3,
-				       wbytes / (ms[1] * 1e-3) / 1e9, ms[1] / ms[0]);
-				fflush(stdout);
+	setenv("TANDEM_GEMV_MMA", "1", 1); /* the real dispatch; main's baseline turns it off */
+	const char *pdl = getenv("TANDEM_PDL");
+	printf("\nGLM-5 per-rank decode products (TP=8), weights rotating over >= 4x L2; new = default, "
+	       "old = TANDEM_GEMV3=0; graph: 20 launches per CUDA graph, PDL %s\n"
+	       "%-5s %-20s %5s | %8s %6s | %8s %6s | %6s | %8s %6s | %8s %6s | %6s\n",
+	       pdl && !strcmp(pdl, "0") ? "off" : "on", "type", "product", "n_tok", "new us", "GB/s",
+	       "old us", "GB/s", "speedup", "graph new", "GB/s", "graph old", "GB/s", "speedup");
+	for (const gshape &g : gs) {
+		size_t rb;
+		if (!ktype_row_bytes(g.type, g.n_in, &rb))
+			continue;
+		const int H = g.H ? g.H : 1;
+		const size_t mat = rb * (size_t)g.n_out, wbytes = mat * (size_t)H,
+		             stride = (wbytes + 255) & ~(size_t)255;
+		const int ncopy = (int)std::min<size_t>(big / stride, std::max<size_t>(4 * l2 / wbytes + 1, 20));
+		std::vector<uint8_t> hw(wbytes);
+		ops_fill_weight(g.type, g.n_in, g.n_out * H, rb, hw.data());
+		for (int k = 0; k < ncopy; k++)
+			CK(cudaMemcpy((char *)A + k * stride, hw.data(), wbytes, cudaMemcpyHostToDevice));
+		for (int nt : {1, 2, 4, 8, 16}) {
+			float ms[2], gms[2];
+			for (int off = 0; off < 2; off++) {
+				setenv("TANDEM_GEMV3", off ? "0" : "1", 1);
+				ms[off] = time_ms(s, 2, 5, ncopy, [&](int i) {
+					if (glm_call(c, g, (char *)A + (i % ncopy) * stride, rb, mat, xd, nt, yd))
+						abort();
+				});
+				gms[off] = time_graph(c, g, A, stride, ncopy, rb, mat, xd, nt, yd);
 			}
+			printf("%-5s %-20s %5d | %8.2f %6.0f | %8.2f %6.0f | %5.2fx | %8.2f %6.0f | %8.2f %6.0f | "
+			       "%5.2fx\n",
+			       ktype_name(g.type), g.what, nt, ms[0] * 1e3, wbytes / (ms[0] * 1e-3) / 1e9,
+			       ms[1] * 1e3, wbytes / (ms[1] * 1e-3) / 1e9, ms[1] / ms[0], gms[0] * 1e3,
+			       wbytes / (gms[0] * 1e-3) / 1e9, gms[1] * 1e3, wbytes / (gms[1] * 1e-3) / 1e9,
+			       gms[1] / gms[0]);
+			fflush(stdout);
 		}
-	setenv("TANDEM_GEMV_MMA", "0", 1); /* the main table's base */
+	}
+	setenv("TANDEM_GEMV3", "0", 1); /* back to main's baseline */
+	setenv("TANDEM_GEMV_MMA", "0", 1);
 	CK(cudaFree(A));
 	CK(cudaFree(xd));
 	CK(cudaFree(yd));
@@ -665,6 +719,7 @@ int main(int argc, char **argv)
 	ops_seed_init();
 	/* kcuda_matmul is the baseline here: the dispatch without the tensor-core paths */
 	setenv("TANDEM_GEMV_MMA", "0", 1);
+	setenv("TANDEM_GEMV3", "0", 1);
 	if (getenv("TANDEM_GM_R"))
 		g_r_tiles = atoi(getenv("TANDEM_GM_R"));
 	printf("row tiles per warp: %s\n", g_r_tiles ? getenv("TANDEM_GM_R") : "auto");

@@ -85,8 +85,11 @@ extern "C" int kcuda_matmul_path(struct kcuda_ctx *c, enum kcuda_mm_path path, c
 			xs = (const float *)c->ws;
 			lds = w->n_in;
 		}
-		int rc =
-		    is_float ? ERR_UNSUPPORTED : kcuda_gemv_mma_launch(c, w, xs, lds, nt, y + t0 * ldy, ldy);
+		/* gemv3 (matmul_gemv3.cu: Q8_0 / F32 / F16 / BF16, unless TANDEM_GEMV3=0), then the
+		 * tensor-core GEMV where its table says it wins, then the fp32 GEMV */
+		int rc = kcuda_gemv3_launch(c, w, xs, lds, nt, y + t0 * ldy, ldy);
+		if (rc == ERR_UNSUPPORTED && !is_float)
+			rc = kcuda_gemv_mma_launch(c, w, xs, lds, nt, y + t0 * ldy, ldy);
 		if (rc == ERR_UNSUPPORTED)
 			rc = kcuda_gemv_launch(c, w, xs, lds, nt, y + t0 * ldy, ldy);
 		if (rc)

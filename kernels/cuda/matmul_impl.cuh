@@ -19,6 +19,14 @@ int kcuda_gemv_mma_launch(struct kcuda_ctx *c, const struct kweight *w, const fl
 /* false when TANDEM_GEMV_MMA=0 (read on every call) */
 extern "C" bool kcuda_mm_mma_enabled(void);
 
+/* The memory-bound decode GEMV (matmul_gemv3.cu) for Q8_0 / F32 / F16 / BF16 at n_tok 1..8, fp32
+ * throughout, K split over a thread-block cluster for narrow outputs; ERR_UNSUPPORTED for other
+ * types, shapes (n_in % 256, F32: % 128), unaligned W / X, or TANDEM_GEMV3=0. */
+int kcuda_gemv3_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
+                       float *y, int64_t ldy);
+/* false when TANDEM_GEMV3=0 (read on every call) */
+extern "C" bool kcuda_gemv3_enabled(void);
+
 /* The tensor-core tile product (matmul_tile.cu) for H stacked matrices W_h = w0->data + h mat_bytes
  * (w0 describes one; H = 1 and mat_bytes unused for kcuda_matmul): y[t][h yhs + r] =
  * dot(W_h row r, x[t][h xhs ..]). fp32-class accuracy (exact weights, x in fp16 hi + lo).

@@ -19,6 +19,64 @@
 #include "tests/ops/ops_util.h"
 
 #ifndef TANDEM_CUDA
+/* gemv3 (matmul_gemv3.cu: Q8_0 / F32 / F16 / BF16 at n_tok 1..8, K split over a cluster for
+ * narrow outputs): the GLM-5 TP=8 and DeepSeek-V3 per-rank shapes including the narrow ones
+ * (idx_k 128, idx_proj 32, router 256, kv_a 576), odd n_out, strided X / Y, every n_tok 1..8 and
+ * 16, each run twice (bit-identical), then TANDEM_GEMV3=0 on a few (the old kernels). Types it
+ * does not take (Q4_K) run through the same cases as a fallback check. */
+static int gemv3_sweep(struct kcuda_ctx *c, int quick)
+{
+	static const struct shape full[] = {
+	    {6144, 2048, "glm q_a"},       {2048, 2048, "glm q_b"},        {2048, 4096, "glm idx_q_b"},
+	    {6144, 576, "glm kv_a"},       {6144, 128, "glm idx_k"},       {2048, 6144, "glm o"},
+	    {6144, 32, "glm idx_proj"},    {6144, 256, "glm router"},      {7168, 1536, "ds q_a"},
+	    {1536, 3072, "ds q_b"},        {7168, 576, "ds kv_a"},         {2048, 7168, "ds o"},
+	    {7168, 256, "ds router"},      {1024, 67, "odd n_out 67"},     {256, 1, "one row"},
+	    {768, 37, "odd n_out 37"},     {384, 33, "n_in 384 (F32)"},    {12288, 5, "long K"},
+	};
+	static const struct shape small[] = {
+	    {6144, 128, "glm idx_k"}, {6144, 32, "glm idx_proj"}, {1024, 67, "odd n_out 67"},
+	    {2048, 576, "kv_a-like"}, {256, 1, "one row"},        {384, 33, "n_in 384 (F32)"},
+	};
+	static const int g3types[] = {KT_Q8_0, KT_F32, KT_F16, KT_BF16, KT_Q4_K};
+	const struct shape *sh = quick ? small : full;
+	const size_t n_sh = quick ? sizeof(small) / sizeof(small[0]) : sizeof(full) / sizeof(full[0]);
+	int fail = 0;
+	g_det = 1;
+	for (size_t ti = 0; ti < sizeof(g3types) / sizeof(g3types[0]); ti++) {
+		const int type = g3types[ti];
+		for (size_t s = 0; s < n_sh; s++) {
+			size_t rb;
+			if (!ktype_row_bytes(type, sh[s].n_in, &rb))
+				continue;
+			const bool big = sh[s].n_in * sh[s].n_out > (int64_t)4 << 20;
+			for (int64_t nt = 1; nt <= 16; nt++) {
+				/* every n_tok 1..8 and 16 on the small shapes, 1 and 8 on the big ones
+				 * (the CPU reference is the slow part), 1, 3, 8, 16 in quick mode */
+				if (nt > 8 && (nt != 16 || big))
+					continue;
+				if (big && nt != 1 && nt != 8)
+					continue;
+				if (quick && nt != 1 && nt != 3 && nt != 8 && nt != 16)
+					continue;
+				fail |= run_case(c, type, sh[s].n_in, sh[s].n_out, nt, KCUDA_MM_AUTO,
+				                 (int)((s + (size_t)nt) & 1), sh[s].what);
+			}
+			/* the fp32 path at decode sizes (router, indexer) */
+			if (!big)
+				fail |= run_case(c, type, sh[s].n_in, sh[s].n_out, 2, KCUDA_MM_F32, 0, sh[s].what);
+		}
+		setenv("TANDEM_GEMV3", "0", 1);
+		for (size_t s = 0; s < n_sh && s < 4; s++)
+			for (int64_t nt = 1; nt <= 8; nt += 7)
+				fail |= run_case(c, type, sh[s].n_in, sh[s].n_out, nt, KCUDA_MM_AUTO, 0,
+				                 "gemv3 off");
+		unsetenv("TANDEM_GEMV3");
+	}
+	g_det = 0;
+	return fail;
+}
+
 int main(void)
 {
 	printf("SKIP: built without CUDA (make CUDA=1)\n");
@@ -47,6 +105,19 @@ static bool mma_on(void)
 static bool is_float_type(int type)
 {
 	return type == KT_F32 || type == KT_F16 || type == KT_BF16;
+}
+
+/* when set, run_case runs the product a second time and wants bit-identical outputs */
+static int g_det;
+
+/* whether matmul_gemv3.cu takes this weight at n_tok <= 8 (type, n_in multiple, TANDEM_GEMV3) */
+static bool gemv3_takes(int type, int64_t n_in)
+{
+	const char *e = getenv("TANDEM_GEMV3");
+	if (e && strcmp(e, "0") == 0)
+		return false;
+	const int64_t se = type == KT_F32 ? 128 : 256;
+	return (type == KT_Q8_0 || is_float_type(type)) && n_in >= se && n_in % se == 0;
 }
 
 /* Runs one case; returns 0 if it ran (pass or fail recorded), -1 on setup failure. */
@@ -83,11 +154,24 @@ static int run_case(struct kcuda_ctx *c, int type, int64_t n_in, int64_t n_out, 
 	                  (path == KCUDA_MM_F32 || (path == KCUDA_MM_AUTO && n_tok <= TILE_MAX_TOK));
 	const bool gemm =
 	    !tile && (path == KCUDA_MM_GEMM || (path == KCUDA_MM_AUTO && n_tok > 8 && type != KT_F32));
-	const char *lbl = tile ? "tile" : gemm ? "gemm" : n_tok > 8 ? "f32gm" : mma_on() ? "gemv*" : "gemv";
+	const char *lbl = tile ? "tile" : gemm ? "gemm" : n_tok > 8 ? "f32gm" : gemv3_takes(type, n_in) ? "gemv3"
+	                  : mma_on() ? "gemv*" : "gemv";
 	OPS_CHECK(rc == 0, "%s %s n_in=%" PRId64 " n_out=%" PRId64 " n_tok=%" PRId64 ": rc %d",
 	          ktype_name(type), what, n_in, n_out, n_tok, rc);
 	size_t bad = ops_dbuf_get(c, &yb, yh);
 	OPS_CHECK(bad == 0, "%s %s: %zu guard bytes damaged around Y", ktype_name(type), what, bad);
+	if (g_det && rc == 0) { /* same inputs again: the same bits (fixed reduction order) */
+		float *y2 = malloc(sizeof(float) * (size_t)(ldy * n_tok));
+		int rc2 = y2 ? kcuda_matmul_path(c, path, &wd, xb.user, ldx, n_tok, yb.user, ldy) : -1;
+		if (!rc2)
+			rc2 = kcuda_sync(c);
+		if (!rc2)
+			ops_dbuf_get(c, &yb, y2);
+		OPS_CHECK(rc2 == 0 && memcmp(y2, yh, sizeof(float) * (size_t)(ldy * n_tok)) == 0,
+		          "%s %s n_in=%" PRId64 " n_out=%" PRId64 " n_tok=%" PRId64 ": second run differs",
+		          ktype_name(type), what, n_in, n_out, n_tok);
+		free(y2);
+	}
 
 	double worst = 0;
 	int64_t n_bad = 0, n_gap_bad = 0;
@@ -186,6 +270,64 @@ out:
 	kcuda_free(y);
 }
 
+/* gemv3 (matmul_gemv3.cu: Q8_0 / F32 / F16 / BF16 at n_tok 1..8, K split over a cluster for
+ * narrow outputs): the GLM-5 TP=8 and DeepSeek-V3 per-rank shapes including the narrow ones
+ * (idx_k 128, idx_proj 32, router 256, kv_a 576), odd n_out, strided X / Y, every n_tok 1..8 and
+ * 16, each run twice (bit-identical), then TANDEM_GEMV3=0 on a few (the old kernels). Types it
+ * does not take (Q4_K) run through the same cases as a fallback check. */
+static int gemv3_sweep(struct kcuda_ctx *c, int quick)
+{
+	static const struct shape full[] = {
+	    {6144, 2048, "glm q_a"},       {2048, 2048, "glm q_b"},        {2048, 4096, "glm idx_q_b"},
+	    {6144, 576, "glm kv_a"},       {6144, 128, "glm idx_k"},       {2048, 6144, "glm o"},
+	    {6144, 32, "glm idx_proj"},    {6144, 256, "glm router"},      {7168, 1536, "ds q_a"},
+	    {1536, 3072, "ds q_b"},        {7168, 576, "ds kv_a"},         {2048, 7168, "ds o"},
+	    {7168, 256, "ds router"},      {1024, 67, "odd n_out 67"},     {256, 1, "one row"},
+	    {768, 37, "odd n_out 37"},     {384, 33, "n_in 384 (F32)"},    {12288, 5, "long K"},
+	};
+	static const struct shape small[] = {
+	    {6144, 128, "glm idx_k"}, {6144, 32, "glm idx_proj"}, {1024, 67, "odd n_out 67"},
+	    {2048, 576, "kv_a-like"}, {256, 1, "one row"},        {384, 33, "n_in 384 (F32)"},
+	};
+	static const int g3types[] = {KT_Q8_0, KT_F32, KT_F16, KT_BF16, KT_Q4_K};
+	const struct shape *sh = quick ? small : full;
+	const size_t n_sh = quick ? sizeof(small) / sizeof(small[0]) : sizeof(full) / sizeof(full[0]);
+	int fail = 0;
+	g_det = 1;
+	for (size_t ti = 0; ti < sizeof(g3types) / sizeof(g3types[0]); ti++) {
+		const int type = g3types[ti];
+		for (size_t s = 0; s < n_sh; s++) {
+			size_t rb;
+			if (!ktype_row_bytes(type, sh[s].n_in, &rb))
+				continue;
+			const bool big = sh[s].n_in * sh[s].n_out > (int64_t)4 << 20;
+			for (int64_t nt = 1; nt <= 16; nt++) {
+				/* every n_tok 1..8 and 16 on the small shapes, 1 and 8 on the big ones
+				 * (the CPU reference is the slow part), 1, 3, 8, 16 in quick mode */
+				if (nt > 8 && (nt != 16 || big))
+					continue;
+				if (big && nt != 1 && nt != 8)
+					continue;
+				if (quick && nt != 1 && nt != 3 && nt != 8 && nt != 16)
+					continue;
+				fail |= run_case(c, type, sh[s].n_in, sh[s].n_out, nt, KCUDA_MM_AUTO,
+				                 (int)((s + (size_t)nt) & 1), sh[s].what);
+			}
+			/* the fp32 path at decode sizes (router, indexer) */
+			if (!big)
+				fail |= run_case(c, type, sh[s].n_in, sh[s].n_out, 2, KCUDA_MM_F32, 0, sh[s].what);
+		}
+		setenv("TANDEM_GEMV3", "0", 1);
+		for (size_t s = 0; s < n_sh && s < 4; s++)
+			for (int64_t nt = 1; nt <= 8; nt += 7)
+				fail |= run_case(c, type, sh[s].n_in, sh[s].n_out, nt, KCUDA_MM_AUTO, 0,
+				                 "gemv3 off");
+		unsetenv("TANDEM_GEMV3");
+	}
+	g_det = 0;
+	return fail;
+}
+
 int main(void)
 {
 	if (kcuda_device_count() < 1) {
@@ -200,6 +342,7 @@ int main(void)
 		return 1;
 	}
 	check_bad_args(c);
+	int setup_fail = gemv3_sweep(c, quick);
 
 	/* rows sweep on a small n_in, then the real per-rank weight shapes */
 	static const int64_t rows_sweep[] = {1, 31, 32, 33, 4097};
@@ -212,7 +355,6 @@ int main(void)
 	/* 1..8: the GEMVs (mma or fp32 per matmul_mma.cu's table); 9..16: the tile product, above: bf16
 	 * cuBLAS */
 	static const int64_t toks_gemv[] = {1, 2, 3, 5, 8, 9, 16, 32, 128};
-	int setup_fail = 0;
 
 	for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
 		const int type = types[ti];

@@ -1,0 +1,379 @@
+/* Decode GEMV at the memory limit ("gemv3"): Y[t][r] = dot(W row r, X[t]) for n_tok 1..8 and
+ * Q8_0 / F32 / F16 / BF16 weights, fp32 arithmetic throughout (exact weights, fp32 x, fp32
+ * accumulation: as exact as the fp32 GEMV, so KCUDA_MM_F32 products that feed a top-k take it).
+ *
+ * Why another GEMV: at batch 1 the older kernels reached 0.1-1.4 TB/s of the H200's ~4.3 TB/s
+ * (docs/PERFORMANCE.md) because too few bytes were in flight: by Little's law ~4.3 TB/s x ~0.8 us
+ * = ~3.5 MB, ~26 KB per SM, and narrow products (n_out 32..576) had only a handful of blocks.
+ * Here:
+ *   - every warp owns RT rows and a range of K; it streams its rows through a private ring of
+ *     G3_S shared-memory stages with cp.async (16-byte copies of the raw row bytes, coalesced,
+ *     bypassing L1), so G3_S - 1 slabs of RT rows are always in flight per warp without
+ *     registers; the block layout (34-byte Q8_0 blocks) only matters when reading shared memory;
+ *   - a slab is 32 lanes x EPL elements of one row (Q8_0: 256 elements = 272 bytes, F32: 128
+ *     elements = 512 bytes, F16/BF16: 256 elements = 512 bytes); lane l always owns elements
+ *     EPL l .. EPL l + EPL - 1 of each slab, loads those of X (float4, L1-cached: every warp of
+ *     the SM reads the same X) before waiting for the slab, and reuses them for its RT rows;
+ *   - K is split over the blocks of a thread-block cluster (grid.y = n_split <= 8, sm_90+):
+ *     each block sums its K range, then block 0 of the cluster adds the blocks' partial rows from
+ *     their shared memory (DSMEM) in rank order: deterministic, no workspace, no counters, so
+ *     graph replays need no reset. Narrow outputs get many blocks this way;
+ *   - a block is G3_NW warps with different rows and the same K range (one cluster partial per
+ *     block row tile).
+ * Q8_0 elements become floats with one PRMT + FADD each (the byte goes into the mantissa of
+ * 2^23: exact), not the 16/clock I2F.
+ * Assumes (checked by kcuda_gemv3_launch, which refuses with ERR_UNSUPPORTED otherwise):
+ * n_in % slab elements == 0, W and X 16-byte aligned, ldx % 4 == 0 (all reads stay inside the
+ * rows: no tail padding needed). n_split > 1 only where clusters exist (sm_90+: the host checks).
+ * TANDEM_GEMV3=0 (read on every call) turns it off: kcuda_matmul then dispatches as before. */
+#include <cooperative_groups.h>
+#include <string.h>
+
+#include "kernels/cuda/matmul_impl.cuh"
+
+namespace cg = cooperative_groups;
+
+#define G3_NW 4 /* warps per block */
+#define G3_S 4 /* ring stages per warp: G3_S - 1 slabs in flight */
+#define G3_MAX_SPLIT 8 /* portable cluster size */
+
+/* per-type slab geometry: SE elements, SB bytes per row, EPL elements per lane */
+template <int T> struct g3t;
+template <> struct g3t<KT_Q8_0> {
+	enum { SE = 256, SB = 272, EPL = 8 };
+};
+template <> struct g3t<KT_F32> {
+	enum { SE = 128, SB = 512, EPL = 4 };
+};
+template <> struct g3t<KT_F16> {
+	enum { SE = 256, SB = 512, EPL = 8 };
+};
+template <> struct g3t<KT_BF16> {
+	enum { SE = 256, SB = 512, EPL = 8 };
+};
+
+__device__ __forceinline__ void g3_cp16(void *dst, const void *src)
+{
+	const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void g3_commit(void)
+{
+	asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void g3_wait(void)
+{
+	asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/* float of a signed byte: byte k of q ^ 0x80808080 (q + 128) in the mantissa of 2^23, minus
+ * 2^23 + 128; exact */
+__device__ __forceinline__ float g3_s8f(uint32_t u, int k)
+{
+	return __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540u + (unsigned)k)) - 8388736.0f;
+}
+
+/* One row's slab at p (shared memory) for this lane: w[0..EPL) and the per-lane scale. */
+template <int T> struct g3_row {
+	float v[g3t<T>::EPL];
+	float d;
+};
+template <int T> __device__ __forceinline__ void g3_decode(const uint8_t *p, int lane, g3_row<T> &o)
+{
+	if constexpr (T == KT_Q8_0) {
+		/* lane l: block l / 4 (34 bytes: fp16 d, 32 int8), quarter l % 4: 8 bytes at a
+		 * 2-byte-aligned offset: three aligned words and two funnel shifts */
+		const int bi = lane >> 2, j = lane & 3;
+		const uint8_t *q = p + 34 * bi + 2 + 8 * j;
+		const uint32_t *a = (const uint32_t *)((uintptr_t)q & ~(uintptr_t)3);
+		const uint32_t sh = ((uint32_t)(uintptr_t)q & 2u) * 8u;
+		const uint32_t w0 = a[0], w1 = a[1], w2 = sh ? a[2] : 0u;
+		const uint32_t q0 = __funnelshift_r(w0, w1, sh) ^ 0x80808080u,
+		               q1 = __funnelshift_r(w1, w2, sh) ^ 0x80808080u;
+#pragma unroll
+		for (int k = 0; k < 4; k++) {
+			o.v[k] = g3_s8f(q0, k);
+			o.v[4 + k] = g3_s8f(q1, k);
+		}
+		o.d = __half2float(*(const __half *)(p + 34 * bi));
+	} else if constexpr (T == KT_F32) {
+		const float4 f = *(const float4 *)(p + 16 * lane);
+		o.v[0] = f.x, o.v[1] = f.y, o.v[2] = f.z, o.v[3] = f.w;
+		o.d = 1.0f;
+	} else {
+		const uint4 u = *(const uint4 *)(p + 16 * lane);
+		const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+		for (int k = 0; k < 4; k++) {
+			if constexpr (T == KT_F16) {
+				o.v[2 * k] = kc_h2f((uint16_t)w[k]);
+				o.v[2 * k + 1] = kc_h2f((uint16_t)(w[k] >> 16));
+			} else {
+				o.v[2 * k] = __uint_as_float(w[k] << 16);
+				o.v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+			}
+		}
+		o.d = 1.0f;
+	}
+}
+
+/* grid (row tiles, n_split), block G3_NW warps; cluster (1, n_split, 1) when n_split > 1.
+ * Block (bx, s): rows [G3_NW RT bx, + G3_NW RT), slabs [s sps, min((s + 1) sps, n_slab)). */
+template <int T, int NT, int RT>
+__global__ void __launch_bounds__(G3_NW * 32)
+    gemv3_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int n_out, int n_slab, int sps,
+                 const float *__restrict__ x, int64_t ldx, int n_tok, float *__restrict__ y, int64_t ldy)
+{
+	KDEP_ENTRY();
+	constexpr int SE = g3t<T>::SE, SB = g3t<T>::SB, EPL = g3t<T>::EPL;
+	constexpr int NCH = RT * SB / 16, NCH_L = (NCH + 31) / 32; /* 16-byte copies per slab */
+	constexpr int RING = G3_S * RT * SB + 16; /* + 16: the Q8_0 funnel read of a row's last word */
+	extern __shared__ __align__(16) uint8_t g3_smem[];
+	__shared__ float part[G3_NW * RT][NT];
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const int row0 = (blockIdx.x * G3_NW + warp) * RT;
+	const int slab0 = blockIdx.y * sps;
+	const int nsl = min(sps, n_slab - slab0);
+	uint8_t *ring = g3_smem + warp * RING;
+
+	const uint8_t *rp[RT];
+#pragma unroll
+	for (int r = 0; r < RT; r++)
+		rp[r] = w + (size_t)min(row0 + r, n_out - 1) * row_bytes + (size_t)slab0 * SB;
+	const float *xp = x + (size_t)slab0 * SE + EPL * lane;
+
+	/* slab i of this block's range into stage i % G3_S */
+	auto issue = [&](int i) {
+		uint8_t *dst = ring + (i % G3_S) * (RT * SB);
+#pragma unroll
+		for (int j = 0; j < NCH_L; j++) {
+			const int c = lane + 32 * j;
+			if (NCH % 32 == 0 || c < NCH) {
+				const int r = c / (SB / 16), o = 16 * (c % (SB / 16));
+				const uint8_t *src = rp[0]; /* select, not index: rp stays in registers */
+#pragma unroll
+				for (int k = 1; k < RT; k++)
+					src = r == k ? rp[k] : src;
+				g3_cp16(dst + r * SB + o, src + (size_t)i * SB + o);
+			}
+		}
+	};
+#pragma unroll
+	for (int i = 0; i < G3_S - 1; i++) {
+		if (i < nsl)
+			issue(i);
+		g3_commit(); /* empty groups keep the wait count uniform */
+	}
+
+	float acc[RT][NT];
+#pragma unroll
+	for (int r = 0; r < RT; r++)
+#pragma unroll
+		for (int t = 0; t < NT; t++)
+			acc[r][t] = 0.0f;
+
+	for (int i = 0; i < nsl; i++) {
+		if (i + G3_S - 1 < nsl)
+			issue(i + G3_S - 1);
+		g3_commit();
+		float xv[NT][EPL];
+#pragma unroll
+		for (int t = 0; t < NT; t++) {
+			if (t < n_tok) {
+				const float4 *q = (const float4 *)(xp + t * ldx + (size_t)i * SE);
+#pragma unroll
+				for (int k = 0; k < EPL / 4; k++) {
+					const float4 f = __ldg(q + k);
+					xv[t][4 * k] = f.x, xv[t][4 * k + 1] = f.y;
+					xv[t][4 * k + 2] = f.z, xv[t][4 * k + 3] = f.w;
+				}
+			} else {
+#pragma unroll
+				for (int k = 0; k < EPL; k++)
+					xv[t][k] = 0.0f;
+			}
+		}
+		g3_wait<G3_S - 1>(); /* this lane's copies of slab i are done */
+		__syncwarp(); /* ... and every lane's are visible */
+		const uint8_t *buf = ring + (i % G3_S) * (RT * SB);
+#pragma unroll
+		for (int r = 0; r < RT; r++) {
+			g3_row<T> wr;
+			g3_decode<T>(buf + r * SB, lane, wr);
+#pragma unroll
+			for (int t = 0; t < NT; t++) {
+				float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+				for (int k = 0; k < EPL; k += 2) {
+					s0 = fmaf(wr.v[k], xv[t][k], s0);
+					s1 = fmaf(wr.v[k + 1], xv[t][k + 1], s1);
+				}
+				acc[r][t] = fmaf(wr.d, s0 + s1, acc[r][t]);
+			}
+		}
+		__syncwarp(); /* stage i % G3_S is refilled in the next iteration */
+	}
+	g3_wait<0>(); /* no copy may outlive the block (empty groups only, but keep it clean) */
+
+#pragma unroll
+	for (int r = 0; r < RT; r++)
+#pragma unroll
+		for (int t = 0; t < NT; t++) {
+			const float s = kc_warp_sum(acc[r][t]);
+			if (lane == 0)
+				part[warp * RT + r][t] = s;
+		}
+	const int rb0 = blockIdx.x * G3_NW * RT;
+	if (gridDim.y == 1) {
+		__syncthreads();
+		for (int e = threadIdx.x; e < G3_NW * RT * NT; e += G3_NW * 32) {
+			const int r = e / NT, t = e % NT;
+			if (t < n_tok && rb0 + r < n_out)
+				y[t * ldy + rb0 + r] = part[r][t];
+		}
+		return;
+	}
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	cg::cluster_group cl = cg::this_cluster();
+	cl.sync(); /* every block's partials are written */
+	if (cl.block_rank() == 0) {
+		const int ns = (int)cl.num_blocks();
+		for (int e = threadIdx.x; e < G3_NW * RT * NT; e += G3_NW * 32) {
+			const int r = e / NT, t = e % NT;
+			float s = 0.0f;
+			for (int q = 0; q < ns; q++) /* rank order: deterministic */
+				s += *cl.map_shared_rank(&part[r][t], q);
+			if (t < n_tok && rb0 + r < n_out)
+				y[t * ldy + rb0 + r] = s;
+		}
+	}
+	cl.sync(); /* block 0 has read the others' shared memory before they exit */
+#endif
+}
+
+extern "C" bool kcuda_gemv3_enabled(void)
+{
+	const char *e = getenv("TANDEM_GEMV3");
+	return !(e && strcmp(e, "0") == 0);
+}
+
+static int g3_cc_major(int dev)
+{
+	static int cc[64];
+	if (dev < 0 || dev >= 64)
+		return 0;
+	if (!cc[dev]) {
+		int v = 0;
+		if (cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+			(void)cudaGetLastError();
+			return 0;
+		}
+		cc[dev] = v;
+	}
+	return cc[dev];
+}
+
+template <int T, int NT, int RT>
+static int g3_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
+                     float *y, int64_t ldy, int n_split, int sps, int n_slab)
+{
+	void (*kern)(const uint8_t *, size_t, int, int, int, const float *, int64_t, int, float *, int64_t) =
+	    gemv3_kernel<T, NT, RT>;
+	const int rows_blk = G3_NW * RT;
+	cudaLaunchAttribute at[2];
+	unsigned na = 0;
+	if (kcuda_pdl_enabled()) {
+		at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+		at[na].val.programmaticStreamSerializationAllowed = 1;
+		na++;
+	}
+	if (n_split > 1) {
+		at[na].id = cudaLaunchAttributeClusterDimension;
+		at[na].val.clusterDim.x = 1;
+		at[na].val.clusterDim.y = (unsigned)n_split;
+		at[na].val.clusterDim.z = 1;
+		na++;
+	}
+	cudaLaunchConfig_t cfg = {};
+	cfg.gridDim = dim3((unsigned)((w->n_out + rows_blk - 1) / rows_blk), (unsigned)n_split, 1);
+	cfg.blockDim = dim3(G3_NW * 32, 1, 1);
+	cfg.dynamicSmemBytes = (size_t)G3_NW * (G3_S * RT * g3t<T>::SB + 16);
+	cfg.stream = c->stream;
+	cfg.attrs = at;
+	cfg.numAttrs = na;
+	cudaError_t e = cudaLaunchKernelEx(&cfg, kern, (const uint8_t *)w->data, w->row_bytes, (int)w->n_out,
+	                                   n_slab, sps, x, ldx, n_tok, y, ldy);
+	kcuda_n_launch++;
+	if (e == cudaSuccess)
+		e = cudaGetLastError();
+	if (e == cudaSuccess)
+		return 0;
+	fprintf(stderr, "kcuda: gemv3 launch failed: %s\n", cudaGetErrorString(e));
+	return ERR_CUDA;
+}
+
+template <int T, int RT>
+static int g3_launch_nt(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
+                        float *y, int64_t ldy, int n_split, int sps, int n_slab)
+{
+	if (n_tok == 1)
+		return g3_launch<T, 1, RT>(c, w, x, ldx, n_tok, y, ldy, n_split, sps, n_slab);
+	if (n_tok == 2)
+		return g3_launch<T, 2, RT>(c, w, x, ldx, n_tok, y, ldy, n_split, sps, n_slab);
+	if (n_tok <= 4)
+		return g3_launch<T, 4, RT>(c, w, x, ldx, n_tok, y, ldy, n_split, sps, n_slab);
+	return g3_launch<T, 8, RT>(c, w, x, ldx, n_tok, y, ldy, n_split, sps, n_slab);
+}
+
+/* Grid shape: RT = 4 rows per warp (X reused 4 times) when that still gives >= 2 blocks per SM
+ * with K split up to G3_MAX_SPLIT ways, else 1; then split K until there are ~4 blocks per SM
+ * (each block holds G3_NW (G3_S - 1) RT slabs in flight: Q8_0 RT 4 ~13 KB), at most 8 ways
+ * (portable cluster), every split non-empty. */
+template <int T>
+static int g3_plan_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
+                          float *y, int64_t ldy)
+{
+	const int64_t n_slab = w->n_in / g3t<T>::SE;
+	const int64_t n_sm = c->n_sm > 0 ? c->n_sm : 1;
+	const bool cluster_ok = g3_cc_major(c->device) >= 9;
+	const int64_t max_split = cluster_ok ? (n_slab < G3_MAX_SPLIT ? n_slab : G3_MAX_SPLIT) : 1;
+	const int64_t tiles4 = (w->n_out + 4 * G3_NW - 1) / (4 * G3_NW);
+	const int rt = tiles4 * max_split >= 2 * n_sm ? 4 : 1;
+	const int64_t tiles = (w->n_out + rt * G3_NW - 1) / (rt * G3_NW);
+	int64_t want = (4 * n_sm + tiles - 1) / tiles;
+	if (want > max_split)
+		want = max_split;
+	if (want < 1)
+		want = 1;
+	const int64_t sps = (n_slab + want - 1) / want;
+	const int64_t n_split = (n_slab + sps - 1) / sps;
+	if (tiles > 0x7fffffff || n_slab > 0x7fffffff)
+		return ERR_UNSUPPORTED;
+	if (rt == 4)
+		return g3_launch_nt<T, 4>(c, w, x, ldx, n_tok, y, ldy, (int)n_split, (int)sps, (int)n_slab);
+	return g3_launch_nt<T, 1>(c, w, x, ldx, n_tok, y, ldy, (int)n_split, (int)sps, (int)n_slab);
+}
+
+int kcuda_gemv3_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
+                       float *y, int64_t ldy)
+{
+	if (!kcuda_gemv3_enabled() || n_tok < 1 || n_tok > 8 || w->n_out < 1 || w->n_out > INT32_MAX ||
+	    (uintptr_t)w->data % 16 || (uintptr_t)x % 16 || ldx % 4 || w->row_bytes % 16)
+		return ERR_UNSUPPORTED;
+	int se;
+	switch (w->type) {
+	case KT_Q8_0: se = g3t<KT_Q8_0>::SE; break;
+	case KT_F32: se = g3t<KT_F32>::SE; break;
+	case KT_F16: se = g3t<KT_F16>::SE; break;
+	case KT_BF16: se = g3t<KT_BF16>::SE; break;
+	default: return ERR_UNSUPPORTED;
+	}
+	if (w->n_in < se || w->n_in % se)
+		return ERR_UNSUPPORTED;
+	switch (w->type) {
+	case KT_Q8_0: return g3_plan_launch<KT_Q8_0>(c, w, x, ldx, n_tok, y, ldy);
+	case KT_F32: return g3_plan_launch<KT_F32>(c, w, x, ldx, n_tok, y, ldy);
+	case KT_F16: return g3_plan_launch<KT_F16>(c, w, x, ldx, n_tok, y, ldy);
+	default: return g3_plan_launch<KT_BF16>(c, w, x, ldx, n_tok, y, ldy);
+	}
+}
