@@ -490,6 +490,7 @@ __global__ void __launch_bounds__(GM_WARPS * 32, 1)
     gemv_mma_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t n_out, int64_t n_units,
                     const float *__restrict__ x, int64_t ldx, int n_tok, float *__restrict__ y, int64_t ldy)
 {
+	KDEP_ENTRY();
 	__shared__ float part[GM_WARPS][16 * R][4 * NG];
 	__shared__ gm_stage<NG> stage[GM_WARPS];
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -534,29 +535,27 @@ __global__ void __launch_bounds__(GM_WARPS * 32, 1)
 }
 
 template <int T, int R>
-static void gm_launch_r(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out, const float *x, int64_t ldx,
-                        int n_tok, float *y, int64_t ldy, cudaStream_t s)
+static int gm_launch_r(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out, const float *x, int64_t ldx,
+                       int n_tok, float *y, int64_t ldy, cudaStream_t s)
 {
 	const unsigned grid = (unsigned)((n_out + 16 * R - 1) / (16 * R));
 	if (n_tok <= 4)
-		gemv_mma_kernel<T, R, 1>
-		    <<<grid, GM_WARPS * 32, 0, s>>>(w, rb, n_out, n_in / 256, x, ldx, n_tok, y, ldy);
-	else
-		gemv_mma_kernel<T, R, 2>
-		    <<<grid, GM_WARPS * 32, 0, s>>>(w, rb, n_out, n_in / 256, x, ldx, n_tok, y, ldy);
+		return klaunch("gemv_mma", gemv_mma_kernel<T, R, 1>, dim3(grid), dim3(GM_WARPS * 32), 0, s, w, rb,
+		               n_out, n_in / 256, x, ldx, n_tok, y, ldy);
+	return klaunch("gemv_mma", gemv_mma_kernel<T, R, 2>, dim3(grid), dim3(GM_WARPS * 32), 0, s, w, rb, n_out,
+	               n_in / 256, x, ldx, n_tok, y, ldy);
 }
 
 template <int T>
-static void gm_launch_t(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out, const float *x, int64_t ldx,
+static int gm_launch_t(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out, const float *x, int64_t ldx,
                         int n_tok, float *y, int64_t ldy, cudaStream_t s, int n_sm, int r_tiles)
 {
 	/* two tiles per warp share the X staging, unless that leaves SMs idle; not for Q6_K/Q8_0,
 	 * whose R = 2 instantiations need ~230-250 registers (8 warps/SM against 12-16 at R = 1) */
 	const bool heavy = T == KT_Q6_K || T == KT_Q8_0;
 	if (r_tiles == 2 || (r_tiles == 0 && !heavy && (n_out + 31) / 32 >= 2 * (int64_t)n_sm))
-		gm_launch_r<T, 2>(w, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s);
-	else
-		gm_launch_r<T, 1>(w, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s);
+		return gm_launch_r<T, 2>(w, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s);
+	return gm_launch_r<T, 1>(w, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s);
 }
 
 /* Y[t][r] = dot(W row r, X[t]), t < n_tok <= 8. r_tiles: row tiles per warp, 1 or 2 (0 = chosen
@@ -575,21 +574,12 @@ static inline int gemv_mma(int type, const void *w, size_t row_bytes, int64_t n_
 		return -EINVAL;
 	const uint8_t *wb = (const uint8_t *)w;
 	switch (type) {
-	case KT_Q4_K:
-		gm_launch_t<KT_Q4_K>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles);
-		break;
-	case KT_Q5_K:
-		gm_launch_t<KT_Q5_K>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles);
-		break;
-	case KT_Q6_K:
-		gm_launch_t<KT_Q6_K>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles);
-		break;
-	case KT_Q8_0:
-		gm_launch_t<KT_Q8_0>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles);
-		break;
+	case KT_Q4_K: return gm_launch_t<KT_Q4_K>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles);
+	case KT_Q5_K: return gm_launch_t<KT_Q5_K>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles);
+	case KT_Q6_K: return gm_launch_t<KT_Q6_K>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles);
+	case KT_Q8_0: return gm_launch_t<KT_Q8_0>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles);
 	default: return ERR_UNSUPPORTED;
 	}
-	return kcuda_launch_status("gemv_mma");
 }
 
 #endif

@@ -26,6 +26,7 @@ __global__ void __launch_bounds__(HG_WARPS * 32)
                      int64_t n_in, int H, const float *__restrict__ x, int64_t ldx, int64_t xhs,
                      float *__restrict__ y, int64_t ldy, int64_t yhs)
 {
+	KDEP_ENTRY();
 	const int lane = threadIdx.x & 31;
 	const int64_t r = (int64_t)blockIdx.x * HG_WARPS + (threadIdx.x >> 5);
 	if (r >= n_out)
@@ -60,10 +61,9 @@ static int head_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t mat
                        int64_t ldx, int64_t xhs, int64_t n_tok, float *y, int64_t ldy, int64_t yhs)
 {
 	dim3 grid((unsigned)((w0->n_out + HG_WARPS - 1) / HG_WARPS), (unsigned)(H * n_tok));
-	head_gemv_kernel<T><<<grid, HG_WARPS * 32, 0, c->stream>>>((const uint8_t *)w0->data, mat_bytes,
-	                                                           w0->row_bytes, w0->n_out, w0->n_in, H, x,
-	                                                           ldx, xhs, y, ldy, yhs);
-	return kcuda_launch_status("head_gemv");
+	return klaunch("head_gemv", head_gemv_kernel<T>, grid, dim3(HG_WARPS * 32), 0, c->stream,
+	               (const uint8_t *)w0->data, mat_bytes, w0->row_bytes, w0->n_out, w0->n_in, H, x, ldx, xhs,
+	               y, ldy, yhs);
 }
 
 extern "C" int kfwd_head_gemv(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H,
@@ -85,6 +85,13 @@ extern "C" int kfwd_head_gemv(struct kcuda_ctx *c, const struct kweight *w0, siz
 		                     (long long)ldy, (long long)yhs);
 	if (n_tok == 0)
 		return 0;
+	/* gemv3 (matmul_gemv3.cu) at decode sizes where it takes the type and shape (Q8_0 / float
+	 * types, n_in % 256: v_b 512 -> 256; not k_b's 192 / 128) */
+	if (n_tok <= 8) {
+		const int rc = kcuda_gemv3_heads(c, w0, mat_bytes, H, x, ldx, xhs, (int)n_tok, y, ldy, yhs);
+		if (rc != ERR_UNSUPPORTED)
+			return rc;
+	}
 	if (n_tok >= HG_TILE_MIN_TOK && n_tok <= INT32_MAX && kcuda_mm_mma_enabled()) {
 		const int rc =
 		    kcuda_mm_tile_launch(c, w0, mat_bytes, H, x, ldx, xhs, (int)n_tok, y, ldy, yhs, false);

@@ -37,6 +37,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t n_out, int64_t n_pieces,
                 const float *__restrict__ x, int64_t ldx, int n_tok, float *__restrict__ y, int64_t ldy)
 {
+	KDEP_ENTRY();
 	static_assert(NT <= GEMV_MAX_NT, "activations are held in registers");
 	__shared__ float part[GEMV_WARPS][GEMV_ROWS][NT];
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -121,6 +122,7 @@ __global__ void gemv_scalar(const uint8_t *__restrict__ w, size_t row_bytes, int
                             const float *__restrict__ x, int64_t ldx, int n_tok, float *__restrict__ y,
                             int64_t ldy)
 {
+	KDEP_ENTRY();
 	const int lane = threadIdx.x & 31;
 	const int64_t row = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
 	if (row >= n_out)
@@ -145,12 +147,12 @@ __global__ void gemv_scalar(const uint8_t *__restrict__ w, size_t row_bytes, int
 }
 
 template <int T, int NT>
-static void launch_nt(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
-                      float *y, int64_t ldy)
+static int launch_nt(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
+                     float *y, int64_t ldy)
 {
 	const unsigned grid = (unsigned)((w->n_out + GEMV_ROWS - 1) / GEMV_ROWS);
-	gemv_kernel<T, NT><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(
-	    (const uint8_t *)w->data, w->row_bytes, w->n_out, w->n_in / 16, x, ldx, n_tok, y, ldy);
+	return klaunch("gemv", gemv_kernel<T, NT>, dim3(grid), dim3(GEMV_WARPS * 32), 0, c->stream,
+	               (const uint8_t *)w->data, w->row_bytes, w->n_out, w->n_in / 16, x, ldx, n_tok, y, ldy);
 }
 
 template <int T>
@@ -162,19 +164,20 @@ static int launch_type(struct kcuda_ctx *c, const struct kweight *w, const float
 	    (w->n_in % 16 || w->row_bytes % 16 || (uintptr_t)w->data % 16 || ldx % 4 || (uintptr_t)x % 16)) {
 		if constexpr (T == KT_F32 || T == KT_F16 || T == KT_BF16) {
 			const unsigned grid = (unsigned)((w->n_out + GEMV_WARPS - 1) / GEMV_WARPS);
-			gemv_scalar<T><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(
-			    (const uint8_t *)w->data, w->row_bytes, w->n_out, w->n_in, x, ldx, n_tok, y, ldy);
+			return klaunch("gemv_scalar", gemv_scalar<T>, dim3(grid), dim3(GEMV_WARPS * 32), 0,
+			               c->stream, (const uint8_t *)w->data, w->row_bytes, w->n_out, w->n_in, x,
+			               ldx, n_tok, y, ldy);
 		}
-		return kcuda_launch_status("gemv_scalar");
+		return ERR_UNSUPPORTED;
 	}
 	for (int t0 = 0; t0 < n_tok; t0 += GEMV_MAX_NT) {
 		const int nt = n_tok - t0 < GEMV_MAX_NT ? n_tok - t0 : GEMV_MAX_NT;
-		if (nt == 1)
-			launch_nt<T, 1>(c, w, x + t0 * ldx, ldx, nt, y + t0 * ldy, ldy);
-		else
-			launch_nt<T, 2>(c, w, x + t0 * ldx, ldx, nt, y + t0 * ldy, ldy);
+		const int rc = nt == 1 ? launch_nt<T, 1>(c, w, x + t0 * ldx, ldx, nt, y + t0 * ldy, ldy)
+		                       : launch_nt<T, 2>(c, w, x + t0 * ldx, ldx, nt, y + t0 * ldy, ldy);
+		if (rc)
+			return rc;
 	}
-	return kcuda_launch_status("gemv");
+	return 0;
 }
 
 int kcuda_gemv_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,

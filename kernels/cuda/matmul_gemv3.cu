@@ -117,14 +117,19 @@ template <int T> __device__ __forceinline__ void g3_decode(const uint8_t *p, int
 	}
 }
 
-/* grid (row tiles, n_split), block G3_NW warps; cluster (1, n_split, 1) when n_split > 1.
- * Block (bx, s): rows [G3_NW RT bx, + G3_NW RT), slabs [s sps, min((s + 1) sps, n_slab)). */
+/* grid (row tiles, n_split, H), block G3_NW warps; cluster (1, n_split, 1) when n_split > 1.
+ * Block (bx, s, h): matrix h (W + h mat_bytes, X + h xhs, Y + h yhs), rows [G3_NW RT bx, + G3_NW RT),
+ * slabs [s sps, min((s + 1) sps, n_slab)). */
 template <int T, int NT, int RT>
 __global__ void __launch_bounds__(G3_NW * 32)
-    gemv3_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int n_out, int n_slab, int sps,
-                 const float *__restrict__ x, int64_t ldx, int n_tok, float *__restrict__ y, int64_t ldy)
+    gemv3_kernel(const uint8_t *__restrict__ w, size_t mat_bytes, size_t row_bytes, int n_out, int n_slab,
+                 int sps, const float *__restrict__ x, int64_t ldx, int64_t xhs, int n_tok,
+                 float *__restrict__ y, int64_t ldy, int64_t yhs)
 {
 	KDEP_ENTRY();
+	w += (size_t)blockIdx.z * mat_bytes;
+	x += (int64_t)blockIdx.z * xhs;
+	y += (int64_t)blockIdx.z * yhs;
 	constexpr int SE = g3t<T>::SE, SB = g3t<T>::SB, EPL = g3t<T>::EPL;
 	constexpr int NCH = RT * SB / 16, NCH_L = (NCH + 31) / 32; /* 16-byte copies per slab */
 	constexpr int RING = G3_S * RT * SB + 16; /* + 16: the Q8_0 funnel read of a row's last word */
@@ -273,12 +278,24 @@ static int g3_cc_major(int dev)
 	return cc[dev];
 }
 
+/* the arguments of one launch: H matrices (w0 describes one) */
+struct g3_args {
+	const struct kweight *w;
+	size_t mat_bytes;
+	int H;
+	const float *x;
+	int64_t ldx, xhs;
+	int n_tok;
+	float *y;
+	int64_t ldy, yhs;
+};
+
 template <int T, int NT, int RT>
-static int g3_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
-                     float *y, int64_t ldy, int n_split, int sps, int n_slab)
+static int g3_launch(struct kcuda_ctx *c, const struct g3_args &a, int n_split, int sps, int n_slab)
 {
-	void (*kern)(const uint8_t *, size_t, int, int, int, const float *, int64_t, int, float *, int64_t) =
-	    gemv3_kernel<T, NT, RT>;
+	void (*kern)(const uint8_t *, size_t, size_t, int, int, int, const float *, int64_t, int64_t, int,
+	             float *, int64_t, int64_t) = gemv3_kernel<T, NT, RT>;
+	const struct kweight *w = a.w;
 	const int rows_blk = G3_NW * RT;
 	cudaLaunchAttribute at[2];
 	unsigned na = 0;
@@ -295,14 +312,15 @@ static int g3_launch(struct kcuda_ctx *c, const struct kweight *w, const float *
 		na++;
 	}
 	cudaLaunchConfig_t cfg = {};
-	cfg.gridDim = dim3((unsigned)((w->n_out + rows_blk - 1) / rows_blk), (unsigned)n_split, 1);
+	cfg.gridDim = dim3((unsigned)((w->n_out + rows_blk - 1) / rows_blk), (unsigned)n_split, (unsigned)a.H);
 	cfg.blockDim = dim3(G3_NW * 32, 1, 1);
 	cfg.dynamicSmemBytes = (size_t)G3_NW * (G3_S * RT * g3t<T>::SB + 16);
 	cfg.stream = c->stream;
 	cfg.attrs = at;
 	cfg.numAttrs = na;
-	cudaError_t e = cudaLaunchKernelEx(&cfg, kern, (const uint8_t *)w->data, w->row_bytes, (int)w->n_out,
-	                                   n_slab, sps, x, ldx, n_tok, y, ldy);
+	cudaError_t e = cudaLaunchKernelEx(&cfg, kern, (const uint8_t *)w->data, a.mat_bytes, w->row_bytes,
+	                                   (int)w->n_out, n_slab, sps, a.x, a.ldx, a.xhs, a.n_tok, a.y, a.ldy,
+	                                   a.yhs);
 	kcuda_n_launch++;
 	if (e == cudaSuccess)
 		e = cudaGetLastError();
@@ -313,33 +331,31 @@ static int g3_launch(struct kcuda_ctx *c, const struct kweight *w, const float *
 }
 
 template <int T, int RT>
-static int g3_launch_nt(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
-                        float *y, int64_t ldy, int n_split, int sps, int n_slab)
+static int g3_launch_nt(struct kcuda_ctx *c, const struct g3_args &a, int n_split, int sps, int n_slab)
 {
-	if (n_tok == 1)
-		return g3_launch<T, 1, RT>(c, w, x, ldx, n_tok, y, ldy, n_split, sps, n_slab);
-	if (n_tok == 2)
-		return g3_launch<T, 2, RT>(c, w, x, ldx, n_tok, y, ldy, n_split, sps, n_slab);
-	if (n_tok <= 4)
-		return g3_launch<T, 4, RT>(c, w, x, ldx, n_tok, y, ldy, n_split, sps, n_slab);
-	return g3_launch<T, 8, RT>(c, w, x, ldx, n_tok, y, ldy, n_split, sps, n_slab);
+	if (a.n_tok == 1)
+		return g3_launch<T, 1, RT>(c, a, n_split, sps, n_slab);
+	if (a.n_tok == 2)
+		return g3_launch<T, 2, RT>(c, a, n_split, sps, n_slab);
+	if (a.n_tok <= 4)
+		return g3_launch<T, 4, RT>(c, a, n_split, sps, n_slab);
+	return g3_launch<T, 8, RT>(c, a, n_split, sps, n_slab);
 }
 
 /* Grid shape: RT = 4 rows per warp (X reused 4 times) when that still gives >= 2 blocks per SM
  * with K split up to G3_MAX_SPLIT ways, else 1; then split K until there are ~4 blocks per SM
  * (each block holds G3_NW (G3_S - 1) RT slabs in flight: Q8_0 RT 4 ~13 KB), at most 8 ways
  * (portable cluster), every split non-empty. */
-template <int T>
-static int g3_plan_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
-                          float *y, int64_t ldy)
+template <int T> static int g3_plan_launch(struct kcuda_ctx *c, const struct g3_args &a)
 {
+	const struct kweight *w = a.w;
 	const int64_t n_slab = w->n_in / g3t<T>::SE;
 	const int64_t n_sm = c->n_sm > 0 ? c->n_sm : 1;
 	const bool cluster_ok = g3_cc_major(c->device) >= 9;
 	const int64_t max_split = cluster_ok ? (n_slab < G3_MAX_SPLIT ? n_slab : G3_MAX_SPLIT) : 1;
-	const int64_t tiles4 = (w->n_out + 4 * G3_NW - 1) / (4 * G3_NW);
+	const int64_t tiles4 = (w->n_out + 4 * G3_NW - 1) / (4 * G3_NW) * a.H;
 	const int rt = tiles4 * max_split >= 2 * n_sm ? 4 : 1;
-	const int64_t tiles = (w->n_out + rt * G3_NW - 1) / (rt * G3_NW);
+	const int64_t tiles = (w->n_out + rt * G3_NW - 1) / (rt * G3_NW) * a.H;
 	int64_t want = (4 * n_sm + tiles - 1) / tiles;
 	if (want > max_split)
 		want = max_split;
@@ -350,15 +366,16 @@ static int g3_plan_launch(struct kcuda_ctx *c, const struct kweight *w, const fl
 	if (tiles > 0x7fffffff || n_slab > 0x7fffffff)
 		return ERR_UNSUPPORTED;
 	if (rt == 4)
-		return g3_launch_nt<T, 4>(c, w, x, ldx, n_tok, y, ldy, (int)n_split, (int)sps, (int)n_slab);
-	return g3_launch_nt<T, 1>(c, w, x, ldx, n_tok, y, ldy, (int)n_split, (int)sps, (int)n_slab);
+		return g3_launch_nt<T, 4>(c, a, (int)n_split, (int)sps, (int)n_slab);
+	return g3_launch_nt<T, 1>(c, a, (int)n_split, (int)sps, (int)n_slab);
 }
 
-int kcuda_gemv3_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
-                       float *y, int64_t ldy)
+static int g3_run(struct kcuda_ctx *c, const struct g3_args &a)
 {
-	if (!kcuda_gemv3_enabled() || n_tok < 1 || n_tok > 8 || w->n_out < 1 || w->n_out > INT32_MAX ||
-	    (uintptr_t)w->data % 16 || (uintptr_t)x % 16 || ldx % 4 || w->row_bytes % 16)
+	const struct kweight *w = a.w;
+	if (!kcuda_gemv3_enabled() || a.n_tok < 1 || a.n_tok > 8 || a.H < 1 || a.H > 65535 || w->n_out < 1 ||
+	    w->n_out > INT32_MAX || (uintptr_t)w->data % 16 || (uintptr_t)a.x % 16 || a.ldx % 4 || a.xhs % 4 ||
+	    w->row_bytes % 16 || a.mat_bytes % 16)
 		return ERR_UNSUPPORTED;
 	int se;
 	switch (w->type) {
@@ -371,9 +388,23 @@ int kcuda_gemv3_launch(struct kcuda_ctx *c, const struct kweight *w, const float
 	if (w->n_in < se || w->n_in % se)
 		return ERR_UNSUPPORTED;
 	switch (w->type) {
-	case KT_Q8_0: return g3_plan_launch<KT_Q8_0>(c, w, x, ldx, n_tok, y, ldy);
-	case KT_F32: return g3_plan_launch<KT_F32>(c, w, x, ldx, n_tok, y, ldy);
-	case KT_F16: return g3_plan_launch<KT_F16>(c, w, x, ldx, n_tok, y, ldy);
-	default: return g3_plan_launch<KT_BF16>(c, w, x, ldx, n_tok, y, ldy);
+	case KT_Q8_0: return g3_plan_launch<KT_Q8_0>(c, a);
+	case KT_F32: return g3_plan_launch<KT_F32>(c, a);
+	case KT_F16: return g3_plan_launch<KT_F16>(c, a);
+	default: return g3_plan_launch<KT_BF16>(c, a);
 	}
+}
+
+int kcuda_gemv3_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
+                       float *y, int64_t ldy)
+{
+	const struct g3_args a = {w, w->row_bytes * (size_t)w->n_out, 1, x, ldx, 0, n_tok, y, ldy, 0};
+	return g3_run(c, a);
+}
+
+int kcuda_gemv3_heads(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H, const float *x,
+                      int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy, int64_t yhs)
+{
+	const struct g3_args a = {w0, mat_bytes, H, x, ldx, xhs, n_tok, y, ldy, yhs};
+	return g3_run(c, a);
 }

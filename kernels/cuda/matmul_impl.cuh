@@ -24,6 +24,10 @@ extern "C" bool kcuda_mm_mma_enabled(void);
  * types, shapes (n_in % 256, F32: % 128), unaligned W / X, or TANDEM_GEMV3=0. */
 int kcuda_gemv3_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
                        float *y, int64_t ldy);
+/* The same for H stacked matrices W_h = w0->data + h mat_bytes (kfwd_head_gemv):
+ * y[t][h yhs + r] = dot(W_h row r, x[t][h xhs ..]); also needs mat_bytes % 16 == 0, xhs % 4 == 0. */
+int kcuda_gemv3_heads(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H, const float *x,
+                      int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy, int64_t yhs);
 /* false when TANDEM_GEMV3=0 (read on every call) */
 extern "C" bool kcuda_gemv3_enabled(void);
 

@@ -69,6 +69,7 @@ __global__ void __launch_bounds__(MT_THREADS, 3)
                    int n_tok, float *__restrict__ y, int64_t ldy, int64_t yhs, float *__restrict__ part,
                    int xvec)
 {
+	KDEP_ENTRY();
 	__shared__ __align__(16) mt_smem sm;
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
 	const int tok0 = (int)blockIdx.x * MT_BN;
@@ -234,6 +235,7 @@ __global__ void __launch_bounds__(MT_THREADS, 3)
 __global__ void mm_tile_reduce(const float *__restrict__ part, int S, int H, int n_tok, int64_t n_out,
                                float *__restrict__ y, int64_t ldy, int64_t yhs)
 {
+	KDEP_ENTRY();
 	const int64_t n = (int64_t)H * n_tok * n_out;
 	for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
 	     i += (int64_t)gridDim.x * blockDim.x) {
@@ -266,13 +268,13 @@ extern "C" bool kcuda_mm_tile_ok(int type, int64_t n_in)
 }
 
 template <int T>
-static void mt_launch(struct kcuda_ctx *c, dim3 grid, const struct kweight *w0, size_t mat_bytes, int S,
-                      int64_t cps, const float *x, int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy,
-                      int64_t yhs, float *part, int xvec)
+static int mt_launch(struct kcuda_ctx *c, dim3 grid, const struct kweight *w0, size_t mat_bytes, int S,
+                     int64_t cps, const float *x, int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy,
+                     int64_t yhs, float *part, int xvec)
 {
-	mm_tile_kernel<T><<<grid, MT_THREADS, 0, c->stream>>>((const uint8_t *)w0->data, mat_bytes,
-	                                                      w0->row_bytes, w0->n_out, w0->n_in, S, cps, x,
-	                                                      ldx, xhs, n_tok, y, ldy, yhs, part, xvec);
+	return klaunch("mm_tile", mm_tile_kernel<T>, grid, dim3(MT_THREADS), 0, c->stream,
+	               (const uint8_t *)w0->data, mat_bytes, w0->row_bytes, w0->n_out, w0->n_in, S, cps, x, ldx,
+	               xhs, n_tok, y, ldy, yhs, part, xvec);
 }
 
 int kcuda_mm_tile_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H,
@@ -296,11 +298,12 @@ int kcuda_mm_tile_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t m
 	float *part = S > 1 ? (float *)c->ws : NULL;
 	const int xvec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0 && xhs % 4 == 0;
 	const dim3 grid((unsigned)ntt, (unsigned)nrt, (unsigned)(H * S));
+	int rc;
 	switch (w0->type) {
 		/* clang-format off */
 #define X(T) \
 	case T: \
-		mt_launch<T>(c, grid, w0, mat_bytes, S, cps, x, ldx, xhs, n_tok, y, ldy, yhs, part, xvec); \
+		rc = mt_launch<T>(c, grid, w0, mat_bytes, S, cps, x, ldx, xhs, n_tok, y, ldy, yhs, part, xvec); \
 		break;
 		X(KT_Q8_0) X(KT_Q4_0) X(KT_Q4_1) X(KT_Q5_0) X(KT_Q5_1) X(KT_IQ4_NL)
 		X(KT_Q2_K) X(KT_Q3_K) X(KT_Q4_K) X(KT_Q5_K) X(KT_Q6_K) X(KT_IQ4_XS)
@@ -309,11 +312,10 @@ int kcuda_mm_tile_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t m
 		return ERR_UNSUPPORTED;
 	}
 	/* clang-format on */
-	int rc = kcuda_launch_status("mm_tile");
 	if (rc || S == 1)
 		return rc;
 	const int64_t n = (int64_t)H * n_tok * w0->n_out;
 	const unsigned blocks = (unsigned)min((n + 255) / 256, (int64_t)4 * c->n_sm);
-	mm_tile_reduce<<<blocks, 256, 0, c->stream>>>(part, S, H, n_tok, w0->n_out, y, ldy, yhs);
-	return kcuda_launch_status("mm_tile reduce");
+	return klaunch("mm_tile reduce", mm_tile_reduce, dim3(blocks), dim3(256), 0, c->stream, part, S, H, n_tok,
+	               w0->n_out, y, ldy, yhs);
 }

@@ -2,8 +2,10 @@
  * launch) against kcpu_matmul run head by head on the same bytes: GLM-5 per-rank shapes at TP=8
  * (8 heads, k_b 192 -> 512, v_b 512 -> 256), DeepSeek-V3 (16 heads, 128 -> 512, 512 -> 128) and the
  * tiny models' (64 -> 256, 256 -> 128), types Q8_0 (what the files hold), BF16, F16, F32, Q4_K
- * (where n_in allows), 1, 2, 3, 8, 9, 16, 32 and 128 tokens (quantized heads: the tensor-core tile
- * product from 2 tokens on; again with TANDEM_GEMV_MMA=0 for Q8_0 up to 16 tokens), activations with a head
+ * (where n_in allows), 1, 2, 3, 5, 8, 9, 16, 32 and 128 tokens (gemv3 up to 8 tokens where n_in % 256 == 0,
+ * quantized heads otherwise the tensor-core tile product from 2 tokens on; again with
+ * TANDEM_GEMV_MMA=0 for Q8_0 up to 16 tokens and with TANDEM_GEMV3=0 up to 8), every case run
+ * twice (bit-identical), activations with a head
  * stride larger than n_in (q_nope inside q's N + R) and outputs with one larger than n_out (q_abs's C + R).
  * fp32 on both sides: max error <= 2e-6 sqrt(n_in) x sum|w x| per output (test_ops_matmul's GEMV bound);
  * guard bytes around the output; the rows between heads (q_abs's rope part) untouched; argument checks. Exit
@@ -66,6 +68,17 @@ static void head_case(int type, int H, int64_t n_in, int64_t n_out, int64_t xpad
 	OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "head_gemv %s: rc %d", ktype_name(type), rc);
 	size_t gb = ops_dbuf_get(ctx, &ob, got);
 	OPS_CHECK(gb == 0, "head_gemv %s: %zu guard bytes damaged", ktype_name(type), gb);
+	{ /* a second run gives the same bits (every path reduces in a fixed order) */
+		float *again = malloc(sizeof(float) * (size_t)(n_tok * ldy));
+		int rc2 = again ? kfwd_head_gemv(ctx, &w0, mat, H, d_x, ldx, xhs, n_tok, ob.user, ldy, yhs) : -1;
+		if (!rc2)
+			rc2 = kcuda_sync(ctx);
+		if (!rc2)
+			ops_dbuf_get(ctx, &ob, again);
+		OPS_CHECK(rc2 == 0 && memcmp(again, got, sizeof(float) * (size_t)(n_tok * ldy)) == 0,
+		          "head_gemv %s H %d n_tok %d: second run differs", ktype_name(type), H, n_tok);
+		free(again);
+	}
 	int bad = 0;
 	double worst = 0;
 	const double tol = 2e-6 * sqrt((double)n_in); /* test_ops_matmul's GEMV tolerance */
@@ -118,13 +131,20 @@ int main(void)
 	static const int types[] = {KT_Q8_0, KT_BF16, KT_F16, KT_F32, KT_Q4_K};
 	/* quantized heads take the tensor-core tile product from 2 tokens on (head_gemv.cu); the
 	 * second pass (TANDEM_GEMV_MMA=0) checks the warp-per-row kernel at the same counts */
-	static const int toks[] = {1, 2, 3, 8, 9, 16, 32, 128};
-	for (int off = 0; off < 2; off++)
+	/* n_tok <= 8 with n_in % 256 (v_b) take gemv3 (matmul_gemv3.cu); the third pass
+	 * (TANDEM_GEMV3=0) checks what they took before */
+	static const int toks[] = {1, 2, 3, 5, 8, 9, 16, 32, 128};
+	for (int off = 0; off < 3; off++)
 		for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++)
 			for (size_t k = 0; k < sizeof(toks) / sizeof(toks[0]); k++) {
-				setenv("TANDEM_GEMV_MMA", off ? "0" : "1", 1);
-				if (off && (types[t] != KT_Q8_0 || toks[k] > 16))
+				setenv("TANDEM_GEMV_MMA", off == 1 ? "0" : "1", 1);
+				setenv("TANDEM_GEMV3", off == 2 ? "0" : "1", 1);
+				if (off == 1 && (types[t] != KT_Q8_0 || toks[k] > 16))
 					continue;
+				if (off == 2 && toks[k] > 8)
+					continue;
+				/* GLM-5 v_b with strided heads (x 4 floats apart: aligned; y 3) */
+				head_case(types[t], 8, 512, 256, 4, 3, toks[k]);
 				head_case(types[t], 8, 192, 512, 64, 64,
 				          toks[k]); /* GLM-5 k_b: q_nope in q, q_abs */
 				head_case(types[t], 8, 512, 256, 0, 0, toks[k]); /* GLM-5 v_b */
@@ -133,6 +153,7 @@ int main(void)
 				head_case(types[t], 4, 64, 256, 32, 32, toks[k]); /* tiny k_b */
 			}
 	unsetenv("TANDEM_GEMV_MMA");
+	unsetenv("TANDEM_GEMV3");
 	float *f = (float *)16;
 	size_t rb = 0;
 	ktype_row_bytes(KT_Q8_0, 192, &rb);
