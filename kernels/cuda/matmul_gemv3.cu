@@ -25,7 +25,8 @@
  * Assumes (checked by kcuda_gemv3_launch, which refuses with ERR_UNSUPPORTED otherwise):
  * n_in % slab elements == 0, W and X 16-byte aligned, ldx % 4 == 0 (all reads stay inside the
  * rows: no tail padding needed). n_split > 1 only where clusters exist (sm_90+: the host checks).
- * TANDEM_GEMV3=0 (read on every call) turns it off: kcuda_matmul then dispatches as before. */
+ * TANDEM_GEMV3=0 (read on every call) turns it off: kcuda_matmul then dispatches as before;
+ * TANDEM_GEMV3_SPLIT=0 keeps it but never splits K (no cluster launches). */
 #include <cooperative_groups.h>
 #include <string.h>
 
@@ -84,9 +85,12 @@ template <int T> __device__ __forceinline__ void g3_decode(const uint8_t *p, int
 		/* lane l: block l / 4 (34 bytes: fp16 d, 32 int8), quarter l % 4: 8 bytes at a
 		 * 2-byte-aligned offset: three aligned words and two funnel shifts */
 		const int bi = lane >> 2, j = lane & 3;
+		/* p is 16-byte aligned, so q = p + 34 bi + 2 + 8 j is 2 mod 4 exactly for even bi;
+		 * pointer arithmetic (not an integer mask) keeps the loads LDS */
+		const int mis = (bi & 1) ? 0 : 2;
 		const uint8_t *q = p + 34 * bi + 2 + 8 * j;
-		const uint32_t *a = (const uint32_t *)((uintptr_t)q & ~(uintptr_t)3);
-		const uint32_t sh = ((uint32_t)(uintptr_t)q & 2u) * 8u;
+		const uint32_t *a = (const uint32_t *)(q - mis);
+		const uint32_t sh = 8u * (uint32_t)mis;
 		const uint32_t w0 = a[0], w1 = a[1], w2 = sh ? a[2] : 0u;
 		const uint32_t q0 = __funnelshift_r(w0, w1, sh) ^ 0x80808080u,
 		               q1 = __funnelshift_r(w1, w2, sh) ^ 0x80808080u;
@@ -351,7 +355,8 @@ template <int T> static int g3_plan_launch(struct kcuda_ctx *c, const struct g3_
 	const struct kweight *w = a.w;
 	const int64_t n_slab = w->n_in / g3t<T>::SE;
 	const int64_t n_sm = c->n_sm > 0 ? c->n_sm : 1;
-	const bool cluster_ok = g3_cc_major(c->device) >= 9;
+	const char *e = getenv("TANDEM_GEMV3_SPLIT"); /* 0: no K split (no clusters), for A/B and triage */
+	const bool cluster_ok = g3_cc_major(c->device) >= 9 && !(e && strcmp(e, "0") == 0);
 	const int64_t max_split = cluster_ok ? (n_slab < G3_MAX_SPLIT ? n_slab : G3_MAX_SPLIT) : 1;
 	const int64_t tiles4 = (w->n_out + 4 * G3_NW - 1) / (4 * G3_NW) * a.H;
 	const int rt = tiles4 * max_split >= 2 * n_sm ? 4 : 1;
