@@ -85,10 +85,13 @@ extern "C" int kfwd_head_gemv(struct kcuda_ctx *c, const struct kweight *w0, siz
 		                     (long long)ldy, (long long)yhs);
 	if (n_tok == 0)
 		return 0;
-	/* gemv3 (matmul_gemv3.cu) at decode sizes where it takes the type and shape (Q8_0 / float
-	 * types, n_in % 256: v_b 512 -> 256; not k_b's 192 / 128) */
+	/* decode sizes: gemv3 (matmul_gemv3.cu) where it takes the type and shape (Q8_0 / float
+	 * types, n_in % 256: v_b 512 -> 256), Q8_0 rows of 64..256 (k_b's 192 / 128) in
+	 * head_gemv_q8.cu; TANDEM_GEMV3=0 turns both off */
 	if (n_tok <= 8) {
-		const int rc = kcuda_gemv3_heads(c, w0, mat_bytes, H, x, ldx, xhs, (int)n_tok, y, ldy, yhs);
+		int rc = kcuda_gemv3_heads(c, w0, mat_bytes, H, x, ldx, xhs, (int)n_tok, y, ldy, yhs);
+		if (rc == ERR_UNSUPPORTED) /* Q8_0 k_b: short rows (head_gemv_q8.cu) */
+			rc = kcuda_head_q8_launch(c, w0, mat_bytes, H, x, ldx, xhs, (int)n_tok, y, ldy, yhs);
 		if (rc != ERR_UNSUPPORTED)
 			return rc;
 	}

@@ -2,8 +2,9 @@
  * launch) against kcpu_matmul run head by head on the same bytes: GLM-5 per-rank shapes at TP=8
  * (8 heads, k_b 192 -> 512, v_b 512 -> 256), DeepSeek-V3 (16 heads, 128 -> 512, 512 -> 128) and the
  * tiny models' (64 -> 256, 256 -> 128), types Q8_0 (what the files hold), BF16, F16, F32, Q4_K
- * (where n_in allows), 1, 2, 3, 5, 8, 9, 16, 32 and 128 tokens (gemv3 up to 8 tokens where n_in % 256 == 0,
- * quantized heads otherwise the tensor-core tile product from 2 tokens on; again with
+ * (where n_in allows), 1, 2, 3, 5, 8, 9, 16, 32 and 128 tokens (up to 8 tokens: gemv3 where n_in % 256 == 0,
+ * head_gemv_q8.cu for the Q8_0 k_b rows of 64..256; quantized heads otherwise the tensor-core tile
+ * product from 2 tokens on; again with
  * TANDEM_GEMV_MMA=0 for Q8_0 up to 16 tokens and with TANDEM_GEMV3=0 up to 8), every case run
  * twice (bit-identical), activations with a head
  * stride larger than n_in (q_nope inside q's N + R) and outputs with one larger than n_out (q_abs's C + R).
