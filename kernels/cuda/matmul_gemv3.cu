@@ -7,8 +7,8 @@
  * = ~3.5 MB, ~26 KB per SM, and narrow products (n_out 32..576) had only a handful of blocks.
  * Here:
  *   - every warp owns RT rows and a range of K; it streams its rows through a private ring of
- *     G3_S shared-memory stages with cp.async (16-byte copies of the raw row bytes, coalesced,
- *     bypassing L1), so G3_S - 1 slabs of RT rows are always in flight per warp without
+ *     G3_S(RT) shared-memory stages with cp.async (16-byte copies of the raw row bytes, coalesced,
+ *     bypassing L1), so G3_S(RT) - 1 slabs of RT rows are always in flight per warp without
  *     registers; the block layout (34-byte Q8_0 blocks) only matters when reading shared memory;
  *   - a slab is 32 lanes x EPL elements of one row (Q8_0: 256 elements = 272 bytes, F32: 128
  *     elements = 512 bytes, F16/BF16: 256 elements = 512 bytes); lane l always owns elements
@@ -35,7 +35,9 @@
 namespace cg = cooperative_groups;
 
 #define G3_NW 4 /* warps per block */
-#define G3_S 4 /* ring stages per warp: G3_S - 1 slabs in flight */
+/* ring stages per warp (G3_S - 1 slabs in flight): 4 of 4 rows, 8 of one row (narrow outputs:
+ * their warps then hold a whole split's K range, up to 7 slabs, in flight at once) */
+#define G3_S(RT) ((RT) == 1 ? 8 : 4)
 #define G3_MAX_SPLIT 8 /* portable cluster size */
 
 /* per-type slab geometry: SE elements, SB bytes per row, EPL elements per lane */
@@ -136,7 +138,8 @@ __global__ void __launch_bounds__(G3_NW * 32)
 	y += (int64_t)blockIdx.z * yhs;
 	constexpr int SE = g3t<T>::SE, SB = g3t<T>::SB, EPL = g3t<T>::EPL;
 	constexpr int NCH = RT * SB / 16, NCH_L = (NCH + 31) / 32; /* 16-byte copies per slab */
-	constexpr int RING = G3_S * RT * SB + 16; /* + 16: the Q8_0 funnel read of a row's last word */
+	constexpr int S = G3_S(RT);
+	constexpr int RING = S * RT * SB + 16; /* keeps the rings 16-byte aligned and apart */
 	extern __shared__ __align__(16) uint8_t g3_smem[];
 	__shared__ float part[G3_NW * RT][NT];
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -151,9 +154,9 @@ __global__ void __launch_bounds__(G3_NW * 32)
 		rp[r] = w + (size_t)min(row0 + r, n_out - 1) * row_bytes + (size_t)slab0 * SB;
 	const float *xp = x + (size_t)slab0 * SE + EPL * lane;
 
-	/* slab i of this block's range into stage i % G3_S */
+	/* slab i of this block's range into stage i % S */
 	auto issue = [&](int i) {
-		uint8_t *dst = ring + (i % G3_S) * (RT * SB);
+		uint8_t *dst = ring + (i % S) * (RT * SB);
 #pragma unroll
 		for (int j = 0; j < NCH_L; j++) {
 			const int c = lane + 32 * j;
@@ -168,7 +171,7 @@ __global__ void __launch_bounds__(G3_NW * 32)
 		}
 	};
 #pragma unroll
-	for (int i = 0; i < G3_S - 1; i++) {
+	for (int i = 0; i < S - 1; i++) {
 		if (i < nsl)
 			issue(i);
 		g3_commit(); /* empty groups keep the wait count uniform */
@@ -182,8 +185,8 @@ __global__ void __launch_bounds__(G3_NW * 32)
 			acc[r][t] = 0.0f;
 
 	for (int i = 0; i < nsl; i++) {
-		if (i + G3_S - 1 < nsl)
-			issue(i + G3_S - 1);
+		if (i + S - 1 < nsl)
+			issue(i + S - 1);
 		g3_commit();
 		float xv[NT][EPL];
 #pragma unroll
@@ -202,9 +205,9 @@ __global__ void __launch_bounds__(G3_NW * 32)
 					xv[t][k] = 0.0f;
 			}
 		}
-		g3_wait<G3_S - 1>(); /* this lane's copies of slab i are done */
+		g3_wait<S - 1>(); /* this lane's copies of slab i are done */
 		__syncwarp(); /* ... and every lane's are visible */
-		const uint8_t *buf = ring + (i % G3_S) * (RT * SB);
+		const uint8_t *buf = ring + (i % S) * (RT * SB);
 #pragma unroll
 		for (int r = 0; r < RT; r++) {
 			g3_row<T> wr;
@@ -220,7 +223,7 @@ __global__ void __launch_bounds__(G3_NW * 32)
 				acc[r][t] = fmaf(wr.d, s0 + s1, acc[r][t]);
 			}
 		}
-		__syncwarp(); /* stage i % G3_S is refilled in the next iteration */
+		__syncwarp(); /* stage i % S is refilled in the next iteration */
 	}
 	g3_wait<0>(); /* no copy may outlive the block (empty groups only, but keep it clean) */
 
@@ -318,7 +321,7 @@ static int g3_launch(struct kcuda_ctx *c, const struct g3_args &a, int n_split, 
 	cudaLaunchConfig_t cfg = {};
 	cfg.gridDim = dim3((unsigned)((w->n_out + rows_blk - 1) / rows_blk), (unsigned)n_split, (unsigned)a.H);
 	cfg.blockDim = dim3(G3_NW * 32, 1, 1);
-	cfg.dynamicSmemBytes = (size_t)G3_NW * (G3_S * RT * g3t<T>::SB + 16);
+	cfg.dynamicSmemBytes = (size_t)G3_NW * (G3_S(RT) * RT * g3t<T>::SB + 16);
 	cfg.stream = c->stream;
 	cfg.attrs = at;
 	cfg.numAttrs = na;
