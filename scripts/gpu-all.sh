@@ -61,7 +61,7 @@ cat "$L/machine.log"
 # ---- correctness first; a new path that fails its op test is switched off for the timings ----
 ok() { grep -q "^$1 *rc=0 " <<<"$(printf '%s\n' "${SUMMARY[@]}")"; }
 step test_gpu_model 60 "$B/tests/test_gpu_model"
-for t in matmul head_gemv moe prefill_moe fused mla indexer; do
+for t in matmul head_gemv moe prefill_moe fused mla indexer allreduce; do
 	[ -x "$B/tests/test_ops_$t" ] && step "test_ops_$t" 60 env TANDEM_OPS_QUICK=1 "$B/tests/test_ops_$t"
 done
 ALLREF="TANDEM_CUDA_ATTN=ref TANDEM_MOE_SORTED=0 TANDEM_MOE_FAST=0 TANDEM_HEAD_GEMV=0 TANDEM_GEMV_MMA=0 TANDEM_PREFILL_FAST=0 TANDEM_FUSE=0"
@@ -97,6 +97,8 @@ step ds3_matrix 30 "$B/tandem" bench --synthetic deepseek3 --tp 8 --rank 0 --bac
 	--matrix-ctx 4096 --gen 4 --matrix-prefill 2048
 step bench_cuda_gemv_glm 20 "$B/bench/bench_cuda_gemv_mma" glm
 gpu2 bench_cuda_allreduce 40 "$B/bench/bench_cuda_allreduce"
+gpu2 bench_cuda_allreduce_oneshot 40 env TANDEM_TP_ONESHOT=1 "$B/bench/bench_cuda_allreduce"
+gpu2 test_gpu_tp_oneshot 60 env TANDEM_TP_ONESHOT=1 "$B/tests/test_gpu_tp"
 gpu2 synth_glm5_tp2 60 "$B/tandem" bench --synthetic glm5 --layers 4 --dense 1 --tp 2 --backend cuda \
 	--ctx 4096 --gen 32 --reps 2
 step glm5_b1_allref 25 env $ALLREF "$B/tandem" bench $SYN --kv-fill random --ctx 4096 --gen 12 --batch 1 --reps 1
