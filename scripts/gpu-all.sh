@@ -64,21 +64,22 @@ step test_gpu_model 60 "$B/tests/test_gpu_model"
 for t in matmul head_gemv moe prefill_moe fused mla indexer allreduce; do
 	[ -x "$B/tests/test_ops_$t" ] && step "test_ops_$t" 60 env TANDEM_OPS_QUICK=1 "$B/tests/test_ops_$t"
 done
-ALLREF="TANDEM_CUDA_ATTN=ref TANDEM_MOE_SORTED=0 TANDEM_MOE_FAST=0 TANDEM_HEAD_GEMV=0 TANDEM_GEMV_MMA=0 TANDEM_PREFILL_FAST=0 TANDEM_FUSE=0"
+ALLREF="TANDEM_CUDA_ATTN=ref TANDEM_MOE_SORTED=0 TANDEM_MOE_FAST=0 TANDEM_HEAD_GEMV=0 TANDEM_GEMV_MMA=0 TANDEM_PREFILL_FAST=0 TANDEM_FUSE=0 TANDEM_GEMV3=0"
 if ! ok test_gpu_model; then # which new path: everything old, then one old path at a time
 	step test_gpu_model_allref 40 env $ALLREF "$B/tests/test_gpu_model"
-	for v in TANDEM_CUDA_ATTN=ref TANDEM_MOE_FAST=0 TANDEM_GEMV_MMA=0 TANDEM_FUSE=0; do
+	for v in TANDEM_CUDA_ATTN=ref TANDEM_MOE_FAST=0 TANDEM_GEMV_MMA=0 TANDEM_FUSE=0 TANDEM_GEMV3=0; do
 		step "test_gpu_model_${v%%=*}" 30 env "$v" "$B/tests/test_gpu_model"
 	done
 fi
 { ok test_ops_mla && ok test_ops_indexer; } || export TANDEM_CUDA_ATTN=ref
 ok test_ops_head_gemv || export TANDEM_HEAD_GEMV=0
-{ ok test_ops_matmul && ok test_ops_head_gemv; } || export TANDEM_GEMV_MMA=0
+{ ok test_ops_matmul && ok test_ops_head_gemv; } || export TANDEM_GEMV_MMA=0 TANDEM_GEMV3=0
 ok test_ops_moe || export TANDEM_MOE_SORTED=0 TANDEM_MOE_FAST=0
 ok test_ops_prefill_moe || export TANDEM_PREFILL_FAST=0
 ok test_ops_fused || export TANDEM_FUSE=0
 sw="switches for the timings: ATTN=${TANDEM_CUDA_ATTN:-new} GEMV_MMA=${TANDEM_GEMV_MMA:-1} HEAD_GEMV=${TANDEM_HEAD_GEMV:-1}"
 sw="$sw MOE_FAST=${TANDEM_MOE_FAST:-1} MOE_SORTED=${TANDEM_MOE_SORTED:-1} PREFILL_FAST=${TANDEM_PREFILL_FAST:-1} FUSE=${TANDEM_FUSE:-1}"
+sw="$sw GEMV3=${TANDEM_GEMV3:-1}"
 echo "$sw" | tee "$L/switches.log"
 SUMMARY+=("$sw")
 # the prefill MoE kernels end to end: 64-token batches of the test models through them (bf16 path)
