@@ -26,7 +26,8 @@
  * n_in % slab elements == 0, W and X 16-byte aligned, ldx % 4 == 0 (all reads stay inside the
  * rows: no tail padding needed). n_split > 1 only where clusters exist (sm_90+: the host checks).
  * TANDEM_GEMV3=0 (read on every call) turns it off: kcuda_matmul then dispatches as before;
- * TANDEM_GEMV3_SPLIT=0 keeps it but never splits K (no cluster launches). */
+ * TANDEM_GEMV3_SPLIT=0 keeps it but never splits K (no cluster launches). Q8_0 outputs wider
+ * than G3_Q8_MAX_OUT go to the older kernels (measured faster there) unless TANDEM_GEMV3_WIDE=1. */
 #include <cooperative_groups.h>
 #include <string.h>
 
@@ -378,9 +379,26 @@ template <int T> static int g3_plan_launch(struct kcuda_ctx *c, const struct g3_
 	return g3_launch_nt<T, 1>(c, a, (int)n_split, (int)sps, (int)n_slab);
 }
 
+/* Widest Q8_0 output gemv3 takes. MEASURED (H200, 2026-11-29 16:15, bench_cuda_gemv_mma glm,
+ * gpulogs/run4/bench_gemv.log, cold weights): gemv3 wins on narrow outputs (kv_a 576: 1.07-2.4x,
+ * idx_k 128: 1.2-3.8x, k_b / v_b per head 512 / 256: 1.1-3.2x at n_tok 1..8) and loses on the wide
+ * ones, where the tensor-core GEMV (matmul_mma.cu) reads faster (q_a / q_b 2048: 0.67-0.96x,
+ * idx_q_b 4096: 0.71-1.03x, o 6144: 0.73-1.03x). The crossover lies between 576 and 2048 (not
+ * measured in between): 1024. Float weights have no tensor-core GEMV (the fp32 one is slower than
+ * gemv3 on every measured shape), so they keep gemv3 at any width. TANDEM_GEMV3_WIDE=1 lifts the
+ * limit (benchmarks, tests). */
+#define G3_Q8_MAX_OUT 1024
+static bool g3_wide_ok(void)
+{
+	const char *e = getenv("TANDEM_GEMV3_WIDE");
+	return e && strcmp(e, "1") == 0;
+}
+
 static int g3_run(struct kcuda_ctx *c, const struct g3_args &a)
 {
 	const struct kweight *w = a.w;
+	if (w->type == KT_Q8_0 && w->n_out > G3_Q8_MAX_OUT && !g3_wide_ok())
+		return ERR_UNSUPPORTED;
 	if (!kcuda_gemv3_enabled() || a.n_tok < 1 || a.n_tok > 8 || a.H < 1 || a.H > 65535 || w->n_out < 1 ||
 	    w->n_out > INT32_MAX || (uintptr_t)w->data % 16 || (uintptr_t)a.x % 16 || a.ldx % 4 || a.xhs % 4 ||
 	    w->row_bytes % 16 || a.mat_bytes % 16)

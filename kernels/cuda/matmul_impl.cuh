@@ -21,7 +21,8 @@ extern "C" bool kcuda_mm_mma_enabled(void);
 
 /* The memory-bound decode GEMV (matmul_gemv3.cu) for Q8_0 / F32 / F16 / BF16 at n_tok 1..8, fp32
  * throughout, K split over a thread-block cluster for narrow outputs; ERR_UNSUPPORTED for other
- * types, shapes (n_in % 256, F32: % 128), unaligned W / X, or TANDEM_GEMV3=0. */
+ * types, shapes (n_in % 256, F32: % 128), Q8_0 wider than 1024 rows (unless TANDEM_GEMV3_WIDE=1),
+ * unaligned W / X, or TANDEM_GEMV3=0. */
 int kcuda_gemv3_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
                        float *y, int64_t ldy);
 /* The same for H stacked matrices W_h = w0->data + h mat_bytes (kfwd_head_gemv):

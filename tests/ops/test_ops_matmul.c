@@ -19,64 +19,6 @@
 #include "tests/ops/ops_util.h"
 
 #ifndef TANDEM_CUDA
-/* gemv3 (matmul_gemv3.cu: Q8_0 / F32 / F16 / BF16 at n_tok 1..8, K split over a cluster for
- * narrow outputs): the GLM-5 TP=8 and DeepSeek-V3 per-rank shapes including the narrow ones
- * (idx_k 128, idx_proj 32, router 256, kv_a 576), odd n_out, strided X / Y, every n_tok 1..8 and
- * 16, each run twice (bit-identical), then TANDEM_GEMV3=0 on a few (the old kernels). Types it
- * does not take (Q4_K) run through the same cases as a fallback check. */
-static int gemv3_sweep(struct kcuda_ctx *c, int quick)
-{
-	static const struct shape full[] = {
-	    {6144, 2048, "glm q_a"},       {2048, 2048, "glm q_b"},        {2048, 4096, "glm idx_q_b"},
-	    {6144, 576, "glm kv_a"},       {6144, 128, "glm idx_k"},       {2048, 6144, "glm o"},
-	    {6144, 32, "glm idx_proj"},    {6144, 256, "glm router"},      {7168, 1536, "ds q_a"},
-	    {1536, 3072, "ds q_b"},        {7168, 576, "ds kv_a"},         {2048, 7168, "ds o"},
-	    {7168, 256, "ds router"},      {1024, 67, "odd n_out 67"},     {256, 1, "one row"},
-	    {768, 37, "odd n_out 37"},     {384, 33, "n_in 384 (F32)"},    {12288, 5, "long K"},
-	};
-	static const struct shape small[] = {
-	    {6144, 128, "glm idx_k"}, {6144, 32, "glm idx_proj"}, {1024, 67, "odd n_out 67"},
-	    {2048, 576, "kv_a-like"}, {256, 1, "one row"},        {384, 33, "n_in 384 (F32)"},
-	};
-	static const int g3types[] = {KT_Q8_0, KT_F32, KT_F16, KT_BF16, KT_Q4_K};
-	const struct shape *sh = quick ? small : full;
-	const size_t n_sh = quick ? sizeof(small) / sizeof(small[0]) : sizeof(full) / sizeof(full[0]);
-	int fail = 0;
-	g_det = 1;
-	for (size_t ti = 0; ti < sizeof(g3types) / sizeof(g3types[0]); ti++) {
-		const int type = g3types[ti];
-		for (size_t s = 0; s < n_sh; s++) {
-			size_t rb;
-			if (!ktype_row_bytes(type, sh[s].n_in, &rb))
-				continue;
-			const bool big = sh[s].n_in * sh[s].n_out > (int64_t)4 << 20;
-			for (int64_t nt = 1; nt <= 16; nt++) {
-				/* every n_tok 1..8 and 16 on the small shapes, 1 and 8 on the big ones
-				 * (the CPU reference is the slow part), 1, 3, 8, 16 in quick mode */
-				if (nt > 8 && (nt != 16 || big))
-					continue;
-				if (big && nt != 1 && nt != 8)
-					continue;
-				if (quick && nt != 1 && nt != 3 && nt != 8 && nt != 16)
-					continue;
-				fail |= run_case(c, type, sh[s].n_in, sh[s].n_out, nt, KCUDA_MM_AUTO,
-				                 (int)((s + (size_t)nt) & 1), sh[s].what);
-			}
-			/* the fp32 path at decode sizes (router, indexer) */
-			if (!big)
-				fail |= run_case(c, type, sh[s].n_in, sh[s].n_out, 2, KCUDA_MM_F32, 0, sh[s].what);
-		}
-		setenv("TANDEM_GEMV3", "0", 1);
-		for (size_t s = 0; s < n_sh && s < 4; s++)
-			for (int64_t nt = 1; nt <= 8; nt += 7)
-				fail |= run_case(c, type, sh[s].n_in, sh[s].n_out, nt, KCUDA_MM_AUTO, 0,
-				                 "gemv3 off");
-		unsetenv("TANDEM_GEMV3");
-	}
-	g_det = 0;
-	return fail;
-}
-
 int main(void)
 {
 	printf("SKIP: built without CUDA (make CUDA=1)\n");
@@ -110,11 +52,15 @@ static bool is_float_type(int type)
 /* when set, run_case runs the product a second time and wants bit-identical outputs */
 static int g_det;
 
-/* whether matmul_gemv3.cu takes this weight at n_tok <= 8 (type, n_in multiple, TANDEM_GEMV3) */
-static bool gemv3_takes(int type, int64_t n_in)
+/* whether matmul_gemv3.cu takes this weight at n_tok <= 8 (type, n_in multiple, Q8_0 width,
+ * TANDEM_GEMV3, TANDEM_GEMV3_WIDE) */
+static bool gemv3_takes(int type, int64_t n_in, int64_t n_out)
 {
 	const char *e = getenv("TANDEM_GEMV3");
 	if (e && strcmp(e, "0") == 0)
+		return false;
+	const char *wide = getenv("TANDEM_GEMV3_WIDE");
+	if (type == KT_Q8_0 && n_out > 1024 && !(wide && strcmp(wide, "1") == 0))
 		return false;
 	const int64_t se = type == KT_F32 ? 128 : 256;
 	return (type == KT_Q8_0 || is_float_type(type)) && n_in >= se && n_in % se == 0;
@@ -154,7 +100,7 @@ static int run_case(struct kcuda_ctx *c, int type, int64_t n_in, int64_t n_out, 
 	                  (path == KCUDA_MM_F32 || (path == KCUDA_MM_AUTO && n_tok <= TILE_MAX_TOK));
 	const bool gemm =
 	    !tile && (path == KCUDA_MM_GEMM || (path == KCUDA_MM_AUTO && n_tok > 8 && type != KT_F32));
-	const char *lbl = tile ? "tile" : gemm ? "gemm" : n_tok > 8 ? "f32gm" : gemv3_takes(type, n_in) ? "gemv3"
+	const char *lbl = tile ? "tile" : gemm ? "gemm" : n_tok > 8 ? "f32gm" : gemv3_takes(type, n_in, n_out) ? "gemv3"
 	                  : mma_on() ? "gemv*" : "gemv";
 	OPS_CHECK(rc == 0, "%s %s n_in=%" PRId64 " n_out=%" PRId64 " n_tok=%" PRId64 ": rc %d",
 	          ktype_name(type), what, n_in, n_out, n_tok, rc);
@@ -316,6 +262,19 @@ static int gemv3_sweep(struct kcuda_ctx *c, int quick)
 			/* the fp32 path at decode sizes (router, indexer) */
 			if (!big)
 				fail |= run_case(c, type, sh[s].n_in, sh[s].n_out, 2, KCUDA_MM_F32, 0, sh[s].what);
+		}
+		/* Q8_0 wider than 1024 rows goes to the older kernels by default; gemv3 still
+		 * takes it with TANDEM_GEMV3_WIDE=1 */
+		if (type == KT_Q8_0) {
+			static const struct shape wide[] = {{6144, 2048, "glm q_a wide"},
+			                                    {2048, 6144, "glm o wide"},
+			                                    {1024, 1536, "wide"}};
+			setenv("TANDEM_GEMV3_WIDE", "1", 1);
+			for (size_t s = quick ? 2 : 0; s < 3; s++)
+				for (int64_t nt = 1; nt <= 8; nt += quick ? 7 : 1)
+					fail |= run_case(c, type, wide[s].n_in, wide[s].n_out, nt, KCUDA_MM_AUTO,
+					                 (int)(nt & 1), wide[s].what);
+			unsetenv("TANDEM_GEMV3_WIDE");
 		}
 		setenv("TANDEM_GEMV3", "0", 1);
 		for (size_t s = 0; s < n_sh && s < 4; s++)
