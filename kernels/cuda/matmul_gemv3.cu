@@ -27,7 +27,8 @@
  * rows: no tail padding needed). n_split > 1 only where clusters exist (sm_90+: the host checks).
  * TANDEM_GEMV3=0 (read on every call) turns it off: kcuda_matmul then dispatches as before;
  * TANDEM_GEMV3_SPLIT=0 keeps it but never splits K (no cluster launches). Q8_0 outputs wider
- * than G3_Q8_MAX_OUT go to the older kernels (measured faster there) unless TANDEM_GEMV3_WIDE=1. */
+ * than G3_Q8_MAX_OUT go to the older kernels (measured faster there) unless TANDEM_GEMV_BIG picks
+ * one of the variants here (g3_big_mode). */
 #include <cooperative_groups.h>
 #include <string.h>
 
@@ -354,10 +355,15 @@ static int g3_launch_nt(struct kcuda_ctx *c, const struct g3_args &a, int n_spli
  * with K split up to G3_MAX_SPLIT ways, else 1; then split K until there are ~4 blocks per SM
  * (each block holds G3_NW (G3_S - 1) RT slabs in flight: Q8_0 RT 4 ~13 KB), at most 8 ways
  * (portable cluster), every split non-empty. */
-template <int T> static int g3_plan_launch(struct kcuda_ctx *c, const struct g3_args &a)
+template <int T> static int g3_plan_launch(struct kcuda_ctx *c, const struct g3_args &a, bool one_row)
 {
 	const struct kweight *w = a.w;
 	const int64_t n_slab = w->n_in / g3t<T>::SE;
+	if (one_row) { /* TANDEM_GEMV_BIG=2: one row per warp, whole K, no cluster */
+		if ((w->n_out + G3_NW - 1) / G3_NW * a.H > 0x7fffffff || n_slab > 0x7fffffff)
+			return ERR_UNSUPPORTED;
+		return g3_launch_nt<T, 1>(c, a, 1, (int)n_slab, (int)n_slab);
+	}
 	const int64_t n_sm = c->n_sm > 0 ? c->n_sm : 1;
 	const char *e = getenv("TANDEM_GEMV3_SPLIT"); /* 0: no K split (no clusters), for A/B and triage */
 	const bool cluster_ok = g3_cc_major(c->device) >= 9 && !(e && strcmp(e, "0") == 0);
@@ -379,25 +385,223 @@ template <int T> static int g3_plan_launch(struct kcuda_ctx *c, const struct g3_
 	return g3_launch_nt<T, 1>(c, a, (int)n_split, (int)sps, (int)n_slab);
 }
 
+/* ---- gbig: the wide Q8_0 products through the bulk copy engine (TANDEM_GEMV_BIG=3/4) ----------
+ * Every warp owns RT rows and their whole K range; lane 0 asks the Hopper bulk copy engine
+ * (cp.async.bulk, completion counted in bytes on an mbarrier) for chunks of GB_CS slabs (8 x 272
+ * = 2176 bytes per row) into a ring of GB_S stages, so a warp keeps up to GB_S chunks per row in
+ * flight with one instruction per row and chunk: at 16 one-row warps per SM that is the whole of a
+ * 6144-element row (3 chunks, 6.5 KB) per warp, ~100 KB per SM, where Little's law asks for ~26 KB
+ * (gemv3's cp.async ring spends one instruction per 16 bytes and holds 3-7 slabs). The slabs are
+ * then read exactly like gemv3's (g3_decode, the same fp32 sums: per lane, then warp, no split).
+ * Stage reuse: every lane has read the stage (__syncwarp), lane 0 orders those generic-proxy reads
+ * before the async-proxy write (fence.proxy.async) and refills it; use k of stage s completes
+ * phase k of its mbarrier, waited on with parity k & 1. */
+#define GB_CS 8 /* slabs per chunk */
+#define GB_S 4 /* ring stages per warp */
+
+__device__ __forceinline__ uint32_t gb_saddr(const void *p)
+{
+	return (uint32_t)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ bool gb_try_wait(uint32_t bar, uint32_t parity)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	uint32_t ok;
+	asm volatile("{\n\t.reg .pred p;\n\t"
+	             "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+	             "selp.u32 %0, 1, 0, p;\n\t}"
+	             : "=r"(ok)
+	             : "r"(bar), "r"(parity)
+	             : "memory");
+	return ok != 0;
+#else
+	(void)bar, (void)parity;
+	return true;
+#endif
+}
+
+/* grid n_warps / NW blocks of NW warps; warp (blockIdx.x NW + warp) owns rows [RT that, + RT) */
+template <int NT, int RT, int NW>
+__global__ void __launch_bounds__(NW * 32)
+    gbig_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int n_out, int n_slab,
+                const float *__restrict__ x, int64_t ldx, int n_tok, float *__restrict__ y, int64_t ldy)
+{
+	KDEP_ENTRY();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	constexpr int SE = g3t<KT_Q8_0>::SE, SB = g3t<KT_Q8_0>::SB, EPL = g3t<KT_Q8_0>::EPL;
+	constexpr int RB = GB_CS * SB; /* one row's share of a stage */
+	constexpr int STAGE = RT * RB;
+	extern __shared__ __align__(128) uint8_t gb_smem[];
+	__shared__ __align__(8) uint64_t gb_bar[NW][GB_S];
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const int row0 = (blockIdx.x * NW + warp) * RT;
+	if (row0 >= n_out)
+		return; /* nothing below synchronizes more than this warp */
+	uint8_t *ring = gb_smem + warp * (GB_S * STAGE);
+	uint64_t *bar = gb_bar[warp];
+	const int n_chunk = (n_slab + GB_CS - 1) / GB_CS;
+
+	const uint8_t *rp[RT];
+#pragma unroll
+	for (int r = 0; r < RT; r++)
+		rp[r] = w + (size_t)min(row0 + r, n_out - 1) * row_bytes;
+
+	/* chunk i into stage i % GB_S (lane 0 only) */
+	auto issue = [&](int i) {
+		const int s0 = i * GB_CS;
+		const uint32_t bytes = (uint32_t)(min(GB_CS, n_slab - s0) * SB);
+		const int st = i % GB_S;
+		const uint32_t b = gb_saddr(&bar[st]);
+		asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(RT * bytes)
+		             : "memory");
+#pragma unroll
+		for (int r = 0; r < RT; r++)
+			asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+			             "%2, [%3];" ::"r"(gb_saddr(ring + st * STAGE + r * RB)),
+			             "l"(rp[r] + (size_t)s0 * SB), "r"(bytes), "r"(b)
+			             : "memory");
+	};
+	if (lane == 0) {
+#pragma unroll
+		for (int s = 0; s < GB_S; s++)
+			asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(gb_saddr(&bar[s])) : "memory");
+		/* the initialized barriers are visible to the bulk copy engine (async proxy) */
+		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+		asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+		for (int i = 0; i < GB_S && i < n_chunk; i++)
+			issue(i);
+	}
+	__syncwarp();
+
+	float acc[RT][NT];
+#pragma unroll
+	for (int r = 0; r < RT; r++)
+#pragma unroll
+		for (int t = 0; t < NT; t++)
+			acc[r][t] = 0.0f;
+
+	const float *xp = x + EPL * lane;
+	for (int i = 0; i < n_chunk; i++) {
+		const int st = i % GB_S;
+		const int s0 = i * GB_CS, ns = min(GB_CS, n_slab - s0);
+		while (!gb_try_wait(gb_saddr(&bar[st]), (uint32_t)((i / GB_S) & 1)))
+			;
+		const uint8_t *buf = ring + st * STAGE;
+		for (int sl = 0; sl < ns; sl++) {
+			float xv[NT][EPL];
+#pragma unroll
+			for (int t = 0; t < NT; t++) {
+				if (t < n_tok) {
+					const float4 *q = (const float4 *)(xp + t * ldx + (size_t)(s0 + sl) * SE);
+#pragma unroll
+					for (int k = 0; k < EPL / 4; k++) {
+						const float4 f = __ldg(q + k);
+						xv[t][4 * k] = f.x, xv[t][4 * k + 1] = f.y;
+						xv[t][4 * k + 2] = f.z, xv[t][4 * k + 3] = f.w;
+					}
+				} else {
+#pragma unroll
+					for (int k = 0; k < EPL; k++)
+						xv[t][k] = 0.0f;
+				}
+			}
+#pragma unroll
+			for (int r = 0; r < RT; r++) {
+				g3_row<KT_Q8_0> wr;
+				g3_decode<KT_Q8_0>(buf + r * RB + sl * SB, lane, wr);
+#pragma unroll
+				for (int t = 0; t < NT; t++) {
+					float s0f = 0.0f, s1f = 0.0f;
+#pragma unroll
+					for (int k = 0; k < EPL; k += 2) {
+						s0f = fmaf(wr.v[k], xv[t][k], s0f);
+						s1f = fmaf(wr.v[k + 1], xv[t][k + 1], s1f);
+					}
+					acc[r][t] = fmaf(wr.d, s0f + s1f, acc[r][t]);
+				}
+			}
+		}
+		__syncwarp(); /* every lane is done with stage st */
+		if (lane == 0 && i + GB_S < n_chunk) {
+			asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+			issue(i + GB_S);
+		}
+	}
+
+#pragma unroll
+	for (int r = 0; r < RT; r++)
+#pragma unroll
+		for (int t = 0; t < NT; t++) {
+			const float s = kc_warp_sum(acc[r][t]);
+			if (lane == 0 && t < n_tok && row0 + r < n_out)
+				y[t * ldy + row0 + r] = s;
+		}
+#endif
+}
+
+template <int NT, int RT>
+static int gbig_launch(struct kcuda_ctx *c, const struct g3_args &a, int n_slab)
+{
+	constexpr int NW = 4 / RT; /* 4 row-warps per block: ~35 KB of ring whatever RT */
+	const struct kweight *w = a.w;
+	const int64_t warps = (w->n_out + RT - 1) / RT;
+	const size_t smem = (size_t)NW * GB_S * RT * GB_CS * g3t<KT_Q8_0>::SB;
+	return klaunch("gemv_big", gbig_kernel<NT, RT, NW>, dim3((unsigned)((warps + NW - 1) / NW)),
+	               dim3(NW * 32), smem, c->stream, (const uint8_t *)w->data, w->row_bytes, (int)w->n_out,
+	               n_slab, a.x, a.ldx, a.n_tok, a.y, a.ldy);
+}
+
+/* rows per warp: 1 (TANDEM_GEMV_BIG=3), or by n_tok (4: X reuse for more tokens) */
+static int gbig_launch_nt(struct kcuda_ctx *c, const struct g3_args &a, bool rows_by_tok)
+{
+	const struct kweight *w = a.w;
+	const int64_t n_slab = w->n_in / g3t<KT_Q8_0>::SE;
+	if (a.H != 1 || g3_cc_major(c->device) < 9 || n_slab > 0x7fffffff || w->n_out > 0x7fffffff)
+		return ERR_UNSUPPORTED;
+	const int ns = (int)n_slab;
+	const int rt = !rows_by_tok || a.n_tok == 1 ? 1 : a.n_tok <= 4 ? 2 : 4;
+	if (a.n_tok == 1)
+		return gbig_launch<1, 1>(c, a, ns);
+	if (a.n_tok == 2)
+		return rt == 1 ? gbig_launch<2, 1>(c, a, ns) : gbig_launch<2, 2>(c, a, ns);
+	if (a.n_tok <= 4)
+		return rt == 1 ? gbig_launch<4, 1>(c, a, ns) : gbig_launch<4, 2>(c, a, ns);
+	return rt == 1 ? gbig_launch<8, 1>(c, a, ns) : gbig_launch<8, 4>(c, a, ns);
+}
+
+/* The wide Q8_0 products (n_out > G3_Q8_MAX_OUT: q_a, q_b, idx_q_b, o): which kernel takes them,
+ * TANDEM_GEMV_BIG (read on every call), for one GPU run to pick the winner (bench_cuda_gemv_mma glm
+ * sweeps them):
+ *   0 (default): none here (kcuda_matmul's older kernels: the fp32 GEMV at n_tok 1..2, the
+ *      tensor-core GEMV from 3);
+ *   1: gemv3 with its own plan (4 rows per warp, K split over a cluster of ~5);
+ *   2: gemv3 with one row per warp, whole K, no cluster (8-stage ring: 7 slabs in flight per warp,
+ *      16 warps per SM);
+ *   3: gbig_kernel (below: the Hopper bulk copy engine fills a per-warp ring of 2176-byte chunks
+ *      per row, the whole row in flight at once), one row per warp;
+ *   4: gbig_kernel with 1 / 2 / 4 rows per warp at n_tok 1 / 2..4 / 5..8 (X reuse against warps). */
+static int g3_big_mode(void)
+{
+	const char *e = getenv("TANDEM_GEMV_BIG");
+	const int v = e ? atoi(e) : 0;
+	return v >= 0 && v <= 4 ? v : 0;
+}
+
 /* Widest Q8_0 output gemv3 takes. MEASURED (H200, 2026-11-29 16:15, bench_cuda_gemv_mma glm,
  * gpulogs/run4/bench_gemv.log, cold weights): gemv3 wins on narrow outputs (kv_a 576: 1.07-2.4x,
  * idx_k 128: 1.2-3.8x, k_b / v_b per head 512 / 256: 1.1-3.2x at n_tok 1..8) and loses on the wide
  * ones, where the tensor-core GEMV (matmul_mma.cu) reads faster (q_a / q_b 2048: 0.67-0.96x,
  * idx_q_b 4096: 0.71-1.03x, o 6144: 0.73-1.03x). The crossover lies between 576 and 2048 (not
  * measured in between): 1024. Float weights have no tensor-core GEMV (the fp32 one is slower than
- * gemv3 on every measured shape), so they keep gemv3 at any width. TANDEM_GEMV3_WIDE=1 lifts the
- * limit (benchmarks, tests). */
+ * gemv3 on every measured shape), so they keep gemv3 at any width. TANDEM_GEMV_BIG (above) picks
+ * another kernel for the wide ones. */
 #define G3_Q8_MAX_OUT 1024
-static bool g3_wide_ok(void)
-{
-	const char *e = getenv("TANDEM_GEMV3_WIDE");
-	return e && strcmp(e, "1") == 0;
-}
 
 static int g3_run(struct kcuda_ctx *c, const struct g3_args &a)
 {
 	const struct kweight *w = a.w;
-	if (w->type == KT_Q8_0 && w->n_out > G3_Q8_MAX_OUT && !g3_wide_ok())
+	const int big = w->type == KT_Q8_0 && w->n_out > G3_Q8_MAX_OUT ? g3_big_mode() : 0;
+	if (w->type == KT_Q8_0 && w->n_out > G3_Q8_MAX_OUT && big == 0)
 		return ERR_UNSUPPORTED;
 	if (!kcuda_gemv3_enabled() || a.n_tok < 1 || a.n_tok > 8 || a.H < 1 || a.H > 65535 || w->n_out < 1 ||
 	    w->n_out > INT32_MAX || (uintptr_t)w->data % 16 || (uintptr_t)a.x % 16 || a.ldx % 4 || a.xhs % 4 ||
@@ -414,10 +618,13 @@ static int g3_run(struct kcuda_ctx *c, const struct g3_args &a)
 	if (w->n_in < se || w->n_in % se)
 		return ERR_UNSUPPORTED;
 	switch (w->type) {
-	case KT_Q8_0: return g3_plan_launch<KT_Q8_0>(c, a);
-	case KT_F32: return g3_plan_launch<KT_F32>(c, a);
-	case KT_F16: return g3_plan_launch<KT_F16>(c, a);
-	default: return g3_plan_launch<KT_BF16>(c, a);
+	case KT_Q8_0:
+		if (big == 3 || big == 4)
+			return gbig_launch_nt(c, a, big == 4);
+		return g3_plan_launch<KT_Q8_0>(c, a, big == 2);
+	case KT_F32: return g3_plan_launch<KT_F32>(c, a, false);
+	case KT_F16: return g3_plan_launch<KT_F16>(c, a, false);
+	default: return g3_plan_launch<KT_BF16>(c, a, false);
 	}
 }
 

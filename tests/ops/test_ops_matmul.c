@@ -53,14 +53,14 @@ static bool is_float_type(int type)
 static int g_det;
 
 /* whether matmul_gemv3.cu takes this weight at n_tok <= 8 (type, n_in multiple, Q8_0 width,
- * TANDEM_GEMV3, TANDEM_GEMV3_WIDE) */
+ * TANDEM_GEMV3, TANDEM_GEMV_BIG) */
 static bool gemv3_takes(int type, int64_t n_in, int64_t n_out)
 {
 	const char *e = getenv("TANDEM_GEMV3");
 	if (e && strcmp(e, "0") == 0)
 		return false;
-	const char *wide = getenv("TANDEM_GEMV3_WIDE");
-	if (type == KT_Q8_0 && n_out > 1024 && !(wide && strcmp(wide, "1") == 0))
+	const char *big = getenv("TANDEM_GEMV_BIG");
+	if (type == KT_Q8_0 && n_out > 1024 && !(big && atoi(big) >= 1 && atoi(big) <= 4))
 		return false;
 	const int64_t se = type == KT_F32 ? 128 : 256;
 	return (type == KT_Q8_0 || is_float_type(type)) && n_in >= se && n_in % se == 0;
@@ -263,18 +263,30 @@ static int gemv3_sweep(struct kcuda_ctx *c, int quick)
 			if (!big)
 				fail |= run_case(c, type, sh[s].n_in, sh[s].n_out, 2, KCUDA_MM_F32, 0, sh[s].what);
 		}
-		/* Q8_0 wider than 1024 rows goes to the older kernels by default; gemv3 still
-		 * takes it with TANDEM_GEMV3_WIDE=1 */
+		/* Q8_0 wider than 1024 rows goes to the older kernels by default; TANDEM_GEMV_BIG
+		 * 1..4 puts it on gemv3 (own plan, one row per warp) or gbig (bulk copies, 1 row per
+		 * warp, 1/2/4 rows by n_tok): every variant, every n_tok template (1, 2, 3-4, 5-8),
+		 * n_in 2048 (one chunk per row) and 2560 (10 slabs: a short second chunk) */
 		if (type == KT_Q8_0) {
 			static const struct shape wide[] = {{6144, 2048, "glm q_a wide"},
 			                                    {2048, 6144, "glm o wide"},
-			                                    {1024, 1536, "wide"}};
-			setenv("TANDEM_GEMV3_WIDE", "1", 1);
-			for (size_t s = quick ? 2 : 0; s < 3; s++)
-				for (int64_t nt = 1; nt <= 8; nt += quick ? 7 : 1)
-					fail |= run_case(c, type, wide[s].n_in, wide[s].n_out, nt, KCUDA_MM_AUTO,
-					                 (int)(nt & 1), wide[s].what);
-			unsetenv("TANDEM_GEMV3_WIDE");
+			                                    {2560, 1029, "wide, short chunk"},
+			                                    {2048, 1100, "wide"}};
+			static const char *const big[] = {"1", "2", "3", "4"};
+			for (size_t v = 0; v < 4; v++) {
+				setenv("TANDEM_GEMV_BIG", big[v], 1);
+				char what[64];
+				for (size_t s = quick ? 2 : 0; s < 4; s++) {
+					snprintf(what, sizeof(what), "%s, GEMV_BIG=%s", wide[s].what, big[v]);
+					for (int64_t nt = 1; nt <= 8; nt++) {
+						if ((quick || s < 2) && nt != 1 && nt != 2 && nt != 3 && nt != 8)
+							continue;
+						fail |= run_case(c, type, wide[s].n_in, wide[s].n_out, nt,
+						                 KCUDA_MM_AUTO, (int)((nt + s) & 1), what);
+					}
+				}
+			}
+			unsetenv("TANDEM_GEMV_BIG");
 		}
 		setenv("TANDEM_GEMV3", "0", 1);
 		for (size_t s = 0; s < n_sh && s < 4; s++)
