@@ -27,8 +27,8 @@
  *     kcuda_matmul and kfwd_head_gemv on the Q8_0 attention / indexer products, the F32 indexer
  *     projection and router (fp32 path), the per-head k_b / v_b and Q4_K q_a, n_tok 1/2/4/8/16,
  *     eager and in CUDA graphs, the default dispatch against TANDEM_GEMV3=0 (the one before
- *     gemv3), same run (time_glm); first the wide Q8_0 products under every TANDEM_GEMV_BIG
- *     variant (time_big; `bench_cuda_gemv_mma big` prints only that table).
+ *     gemv3), same run (time_glm).
+ *   bench_cuda_gemv_mma big: the wide Q8_0 products under every TANDEM_GEMV_BIG variant (time_big).
  * The "base" columns of the main table are kcuda_matmul with TANDEM_GEMV_MMA=0 and TANDEM_GEMV3=0
  * (the fp32 GEMV). */
 #include <algorithm>
@@ -814,10 +814,9 @@ int main(int argc, char **argv)
 	kernel_info_t<KT_Q8_0>();
 	if (argc > 1 && !strcmp(argv[1], "profile"))
 		profile_all(c, n_sm);
-	else if (argc > 1 && !strcmp(argv[1], "glm")) {
-		time_big(c, prop.l2CacheSize);
+	else if (argc > 1 && !strcmp(argv[1], "glm"))
 		time_glm(c, prop.l2CacheSize);
-	} else if (argc > 1 && !strcmp(argv[1], "big"))
+	else if (argc > 1 && !strcmp(argv[1], "big"))
 		time_big(c, prop.l2CacheSize);
 	else {
 		if (do_check)

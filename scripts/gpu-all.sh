@@ -96,6 +96,7 @@ step anchor_glm5_4l_tp1 30 "$B/tandem" bench --synthetic glm5 --layers 4 --dense
 [ -x "$B/bench/bench_cuda_moe" ] && step bench_cuda_moe 25 "$B/bench/bench_cuda_moe"
 step ds3_matrix 30 "$B/tandem" bench --synthetic deepseek3 --tp 8 --rank 0 --backend cuda --matrix \
 	--matrix-ctx 4096 --gen 4 --matrix-prefill 2048
+step bench_cuda_gemv_big 25 "$B/bench/bench_cuda_gemv_mma" big
 step bench_cuda_gemv_glm 20 "$B/bench/bench_cuda_gemv_mma" glm
 gpu2 bench_cuda_allreduce 40 "$B/bench/bench_cuda_allreduce"
 gpu2 bench_cuda_allreduce_oneshot 40 env TANDEM_TP_ONESHOT=1 "$B/bench/bench_cuda_allreduce"
