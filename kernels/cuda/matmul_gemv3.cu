@@ -385,17 +385,19 @@ template <int T> static int g3_plan_launch(struct kcuda_ctx *c, const struct g3_
 	return g3_launch_nt<T, 1>(c, a, (int)n_split, (int)sps, (int)n_slab);
 }
 
-/* ---- gbig: the wide Q8_0 products through the bulk copy engine (TANDEM_GEMV_BIG=3/4) ----------
- * Every warp owns RT rows and their whole K range; lane 0 asks the Hopper bulk copy engine
- * (cp.async.bulk, completion counted in bytes on an mbarrier) for chunks of GB_CS slabs (8 x 272
- * = 2176 bytes per row) into a ring of GB_S stages, so a warp keeps up to GB_S chunks per row in
- * flight with one instruction per row and chunk: at 16 one-row warps per SM that is the whole of a
- * 6144-element row (3 chunks, 6.5 KB) per warp, ~100 KB per SM, where Little's law asks for ~26 KB
- * (gemv3's cp.async ring spends one instruction per 16 bytes and holds 3-7 slabs). The slabs are
- * then read exactly like gemv3's (g3_decode, the same fp32 sums: per lane, then warp, no split).
- * Stage reuse: every lane has read the stage (__syncwarp), lane 0 orders those generic-proxy reads
- * before the async-proxy write (fence.proxy.async) and refills it; use k of stage s completes
- * phase k of its mbarrier, waited on with parity k & 1. */
+/* ---- gbig: the wide Q8_0 products through the bulk copy engine (TANDEM_GEMV_BIG=3..6) ----------
+ * Every warp owns tiles of RT rows with their whole K range: tiles gw, gw + GW, ... (gw the warp's
+ * index in the grid, GW the grid's warps: one tile per warp, or a persistent grid of a few blocks
+ * per SM whose warps walk several tiles). Lane 0 asks the Hopper bulk copy engine (cp.async.bulk,
+ * completion counted in bytes on an mbarrier) for chunks of GB_CS slabs (8 x 272 = 2176 bytes per
+ * row) into a ring of GB_S stages; the ring runs on across the warp's tiles, so up to GB_S chunks
+ * per row are always in flight, one instruction per row and chunk: at 16 one-row warps per SM that
+ * is a whole 6144-element row (3 chunks, 6.5 KB) per warp, ~100 KB per SM, where Little's law asks
+ * for ~26 KB (gemv3's cp.async ring spends one instruction per 16 bytes and holds 3-7 slabs). The
+ * slabs are then read exactly like gemv3's (g3_decode, the same fp32 sums per lane, then the warp;
+ * no K split: deterministic). Stage reuse: every lane has read the stage (__syncwarp), lane 0
+ * orders those generic-proxy reads before the async-proxy write (fence.proxy.async) and refills
+ * it; use k of stage s completes phase k of its mbarrier, waited on with parity k & 1. */
 #define GB_CS 8 /* slabs per chunk */
 #define GB_S 4 /* ring stages per warp */
 
@@ -420,7 +422,8 @@ __device__ __forceinline__ bool gb_try_wait(uint32_t bar, uint32_t parity)
 #endif
 }
 
-/* grid n_warps / NW blocks of NW warps; warp (blockIdx.x NW + warp) owns rows [RT that, + RT) */
+/* grid: any number of blocks of NW warps; warp gw = blockIdx.x NW + warp owns row tiles
+ * gw, gw + GW, ... (GW = gridDim.x NW) of RT rows each */
 template <int NT, int RT, int NW>
 __global__ void __launch_bounds__(NW * 32)
     gbig_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int n_out, int n_slab,
@@ -434,32 +437,32 @@ __global__ void __launch_bounds__(NW * 32)
 	extern __shared__ __align__(128) uint8_t gb_smem[];
 	__shared__ __align__(8) uint64_t gb_bar[NW][GB_S];
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-	const int row0 = (blockIdx.x * NW + warp) * RT;
-	if (row0 >= n_out)
+	const int n_tiles = (n_out + RT - 1) / RT;
+	const int gw = blockIdx.x * NW + warp, GW = gridDim.x * NW;
+	if (gw >= n_tiles)
 		return; /* nothing below synchronizes more than this warp */
+	const int n_chunk = (n_slab + GB_CS - 1) / GB_CS;
+	const int n_items = ((n_tiles - 1 - gw) / GW + 1) * n_chunk; /* (tile, chunk) pairs, in order */
 	uint8_t *ring = gb_smem + warp * (GB_S * STAGE);
 	uint64_t *bar = gb_bar[warp];
-	const int n_chunk = (n_slab + GB_CS - 1) / GB_CS;
 
-	const uint8_t *rp[RT];
-#pragma unroll
-	for (int r = 0; r < RT; r++)
-		rp[r] = w + (size_t)min(row0 + r, n_out - 1) * row_bytes;
-
-	/* chunk i into stage i % GB_S (lane 0 only) */
-	auto issue = [&](int i) {
-		const int s0 = i * GB_CS;
+	/* item j (tile gw + (j / n_chunk) GW, chunk j % n_chunk) into stage j % GB_S (lane 0 only) */
+	auto issue = [&](int j) {
+		const int tile = gw + (j / n_chunk) * GW, s0 = (j % n_chunk) * GB_CS;
 		const uint32_t bytes = (uint32_t)(min(GB_CS, n_slab - s0) * SB);
-		const int st = i % GB_S;
+		const int st = j % GB_S;
 		const uint32_t b = gb_saddr(&bar[st]);
 		asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(RT * bytes)
 		             : "memory");
 #pragma unroll
-		for (int r = 0; r < RT; r++)
+		for (int r = 0; r < RT; r++) {
+			const uint8_t *src =
+			    w + (size_t)min(tile * RT + r, n_out - 1) * row_bytes + (size_t)s0 * SB;
 			asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
 			             "%2, [%3];" ::"r"(gb_saddr(ring + st * STAGE + r * RB)),
-			             "l"(rp[r] + (size_t)s0 * SB), "r"(bytes), "r"(b)
+			             "l"(src), "r"(bytes), "r"(b)
 			             : "memory");
+		}
 	};
 	if (lane == 0) {
 #pragma unroll
@@ -468,8 +471,8 @@ __global__ void __launch_bounds__(NW * 32)
 		/* the initialized barriers are visible to the bulk copy engine (async proxy) */
 		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 		asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-		for (int i = 0; i < GB_S && i < n_chunk; i++)
-			issue(i);
+		for (int j = 0; j < GB_S && j < n_items; j++)
+			issue(j);
 	}
 	__syncwarp();
 
@@ -481,10 +484,10 @@ __global__ void __launch_bounds__(NW * 32)
 			acc[r][t] = 0.0f;
 
 	const float *xp = x + EPL * lane;
-	for (int i = 0; i < n_chunk; i++) {
-		const int st = i % GB_S;
-		const int s0 = i * GB_CS, ns = min(GB_CS, n_slab - s0);
-		while (!gb_try_wait(gb_saddr(&bar[st]), (uint32_t)((i / GB_S) & 1)))
+	for (int j = 0; j < n_items; j++) {
+		const int st = j % GB_S, ch = j % n_chunk;
+		const int s0 = ch * GB_CS, ns = min(GB_CS, n_slab - s0);
+		while (!gb_try_wait(gb_saddr(&bar[st]), (uint32_t)((j / GB_S) & 1)))
 			;
 		const uint8_t *buf = ring + st * STAGE;
 		for (int sl = 0; sl < ns; sl++) {
@@ -522,51 +525,74 @@ __global__ void __launch_bounds__(NW * 32)
 			}
 		}
 		__syncwarp(); /* every lane is done with stage st */
-		if (lane == 0 && i + GB_S < n_chunk) {
+		if (lane == 0 && j + GB_S < n_items) {
 			asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-			issue(i + GB_S);
+			issue(j + GB_S);
+		}
+		if (ch == n_chunk - 1) { /* the tile's last chunk: its rows are complete */
+			const int row0 = (gw + (j / n_chunk) * GW) * RT;
+#pragma unroll
+			for (int r = 0; r < RT; r++)
+#pragma unroll
+				for (int t = 0; t < NT; t++) {
+					const float s = kc_warp_sum(acc[r][t]);
+					if (lane == 0 && t < n_tok && row0 + r < n_out)
+						y[t * ldy + row0 + r] = s;
+					acc[r][t] = 0.0f;
+				}
 		}
 	}
-
-#pragma unroll
-	for (int r = 0; r < RT; r++)
-#pragma unroll
-		for (int t = 0; t < NT; t++) {
-			const float s = kc_warp_sum(acc[r][t]);
-			if (lane == 0 && t < n_tok && row0 + r < n_out)
-				y[t * ldy + row0 + r] = s;
-		}
 #endif
 }
 
+/* persistent: as many blocks as fit on the GPU at once (occupancy, at most one tile per warp);
+ * else one tile per warp */
 template <int NT, int RT>
-static int gbig_launch(struct kcuda_ctx *c, const struct g3_args &a, int n_slab)
+static int gbig_launch(struct kcuda_ctx *c, const struct g3_args &a, int n_slab, bool persistent)
 {
 	constexpr int NW = 4 / RT; /* 4 row-warps per block: ~35 KB of ring whatever RT */
 	const struct kweight *w = a.w;
-	const int64_t warps = (w->n_out + RT - 1) / RT;
+	const int64_t tiles = (w->n_out + RT - 1) / RT;
 	const size_t smem = (size_t)NW * GB_S * RT * GB_CS * g3t<KT_Q8_0>::SB;
-	return klaunch("gemv_big", gbig_kernel<NT, RT, NW>, dim3((unsigned)((warps + NW - 1) / NW)),
-	               dim3(NW * 32), smem, c->stream, (const uint8_t *)w->data, w->row_bytes, (int)w->n_out,
-	               n_slab, a.x, a.ldx, a.n_tok, a.y, a.ldy);
+	int64_t blocks = (tiles + NW - 1) / NW;
+	if (persistent) {
+		static int per_sm; /* per instantiation; the same on every device of one kind */
+		if (!per_sm) {
+			int v = 0;
+			if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, gbig_kernel<NT, RT, NW>, NW * 32,
+			                                                  smem) != cudaSuccess ||
+			    v < 1) {
+				(void)cudaGetLastError();
+				v = 1;
+			}
+			per_sm = v;
+		}
+		const int64_t cap = (int64_t)per_sm * (c->n_sm > 0 ? c->n_sm : 1);
+		if (blocks > cap)
+			blocks = cap;
+	}
+	return klaunch("gemv_big", gbig_kernel<NT, RT, NW>, dim3((unsigned)blocks), dim3(NW * 32), smem,
+	               c->stream, (const uint8_t *)w->data, w->row_bytes, (int)w->n_out, n_slab, a.x, a.ldx,
+	               a.n_tok, a.y, a.ldy);
 }
 
-/* rows per warp: 1 (TANDEM_GEMV_BIG=3), or by n_tok (4: X reuse for more tokens) */
-static int gbig_launch_nt(struct kcuda_ctx *c, const struct g3_args &a, bool rows_by_tok)
+/* rows per warp 1, or by n_tok (1 / 2 / 4 at n_tok 1 / 2..4 / 5..8: X reuse against warps) */
+static int gbig_launch_nt(struct kcuda_ctx *c, const struct g3_args &a, bool rows_by_tok, bool persistent)
 {
 	const struct kweight *w = a.w;
 	const int64_t n_slab = w->n_in / g3t<KT_Q8_0>::SE;
-	if (a.H != 1 || g3_cc_major(c->device) < 9 || n_slab > 0x7fffffff || w->n_out > 0x7fffffff)
+	/* one row's item count (tiles x chunks) stays far inside int: n_out, n_slab < 2^31 / 8 */
+	if (a.H != 1 || g3_cc_major(c->device) < 9 || n_slab > (1 << 24) || w->n_out > (1 << 24))
 		return ERR_UNSUPPORTED;
 	const int ns = (int)n_slab;
 	const int rt = !rows_by_tok || a.n_tok == 1 ? 1 : a.n_tok <= 4 ? 2 : 4;
 	if (a.n_tok == 1)
-		return gbig_launch<1, 1>(c, a, ns);
+		return gbig_launch<1, 1>(c, a, ns, persistent);
 	if (a.n_tok == 2)
-		return rt == 1 ? gbig_launch<2, 1>(c, a, ns) : gbig_launch<2, 2>(c, a, ns);
+		return rt == 1 ? gbig_launch<2, 1>(c, a, ns, persistent) : gbig_launch<2, 2>(c, a, ns, persistent);
 	if (a.n_tok <= 4)
-		return rt == 1 ? gbig_launch<4, 1>(c, a, ns) : gbig_launch<4, 2>(c, a, ns);
-	return rt == 1 ? gbig_launch<8, 1>(c, a, ns) : gbig_launch<8, 4>(c, a, ns);
+		return rt == 1 ? gbig_launch<4, 1>(c, a, ns, persistent) : gbig_launch<4, 2>(c, a, ns, persistent);
+	return rt == 1 ? gbig_launch<8, 1>(c, a, ns, persistent) : gbig_launch<8, 4>(c, a, ns, persistent);
 }
 
 /* The wide Q8_0 products (n_out > G3_Q8_MAX_OUT: q_a, q_b, idx_q_b, o): which kernel takes them,
@@ -577,14 +603,17 @@ static int gbig_launch_nt(struct kcuda_ctx *c, const struct g3_args &a, bool row
  *   1: gemv3 with its own plan (4 rows per warp, K split over a cluster of ~5);
  *   2: gemv3 with one row per warp, whole K, no cluster (8-stage ring: 7 slabs in flight per warp,
  *      16 warps per SM);
- *   3: gbig_kernel (below: the Hopper bulk copy engine fills a per-warp ring of 2176-byte chunks
- *      per row, the whole row in flight at once), one row per warp;
- *   4: gbig_kernel with 1 / 2 / 4 rows per warp at n_tok 1 / 2..4 / 5..8 (X reuse against warps). */
+ *   3: gbig_kernel (above: the Hopper bulk copy engine fills a per-warp ring of 2176-byte chunks
+ *      per row, a whole 6144-element row in flight at once), one row per warp;
+ *   4: gbig_kernel with 1 / 2 / 4 rows per warp at n_tok 1 / 2..4 / 5..8 (X reuse against warps);
+ *   5, 6: 3, 4 on a persistent grid (the blocks that fit at once; warps walk several tiles with
+ *      one ring, so no block ends and restarts between tiles). */
+#define G3_BIG_MAX 6
 static int g3_big_mode(void)
 {
 	const char *e = getenv("TANDEM_GEMV_BIG");
 	const int v = e ? atoi(e) : 0;
-	return v >= 0 && v <= 4 ? v : 0;
+	return v >= 0 && v <= G3_BIG_MAX ? v : 0;
 }
 
 /* Widest Q8_0 output gemv3 takes. MEASURED (H200, 2026-11-29 16:15, bench_cuda_gemv_mma glm,
@@ -619,8 +648,8 @@ static int g3_run(struct kcuda_ctx *c, const struct g3_args &a)
 		return ERR_UNSUPPORTED;
 	switch (w->type) {
 	case KT_Q8_0:
-		if (big == 3 || big == 4)
-			return gbig_launch_nt(c, a, big == 4);
+		if (big >= 3)
+			return gbig_launch_nt(c, a, big == 4 || big == 6, big >= 5);
 		return g3_plan_launch<KT_Q8_0>(c, a, big == 2);
 	case KT_F32: return g3_plan_launch<KT_F32>(c, a, false);
 	case KT_F16: return g3_plan_launch<KT_F16>(c, a, false);

@@ -60,7 +60,7 @@ static bool gemv3_takes(int type, int64_t n_in, int64_t n_out)
 	if (e && strcmp(e, "0") == 0)
 		return false;
 	const char *big = getenv("TANDEM_GEMV_BIG");
-	if (type == KT_Q8_0 && n_out > 1024 && !(big && atoi(big) >= 1 && atoi(big) <= 4))
+	if (type == KT_Q8_0 && n_out > 1024 && !(big && atoi(big) >= 1 && atoi(big) <= 6))
 		return false;
 	const int64_t se = type == KT_F32 ? 128 : 256;
 	return (type == KT_Q8_0 || is_float_type(type)) && n_in >= se && n_in % se == 0;
@@ -264,19 +264,24 @@ static int gemv3_sweep(struct kcuda_ctx *c, int quick)
 				fail |= run_case(c, type, sh[s].n_in, sh[s].n_out, 2, KCUDA_MM_F32, 0, sh[s].what);
 		}
 		/* Q8_0 wider than 1024 rows goes to the older kernels by default; TANDEM_GEMV_BIG
-		 * 1..4 puts it on gemv3 (own plan, one row per warp) or gbig (bulk copies, 1 row per
-		 * warp, 1/2/4 rows by n_tok): every variant, every n_tok template (1, 2, 3-4, 5-8),
-		 * n_in 2048 (one chunk per row) and 2560 (10 slabs: a short second chunk) */
+		 * 1..6 puts it on gemv3 (own plan, one row per warp) or gbig (bulk copies, 1 row per
+		 * warp or 1/2/4 rows by n_tok, one tile per warp or a persistent grid): every variant,
+		 * every n_tok template (1, 2, 3-4, 5-8), n_in 2048 (one chunk per row) and 2560 (10
+		 * slabs: a short second chunk), odd n_out */
 		if (type == KT_Q8_0) {
+			/* 2560 x 3300: more row tiles than the persistent grid has warps (6 blocks of
+			 * 4 warps per SM: 3168 on an H200), so warps walk two tiles and the ring runs
+			 * on from one tile's two chunks into the next's */
 			static const struct shape wide[] = {{6144, 2048, "glm q_a wide"},
 			                                    {2048, 6144, "glm o wide"},
 			                                    {2560, 1029, "wide, short chunk"},
-			                                    {2048, 1100, "wide"}};
-			static const char *const big[] = {"1", "2", "3", "4"};
-			for (size_t v = 0; v < 4; v++) {
+			                                    {2048, 1100, "wide"},
+			                                    {2560, 3300, "wide, 2 tiles per warp"}};
+			static const char *const big[] = {"1", "2", "3", "4", "5", "6"};
+			for (size_t v = 0; v < sizeof(big) / sizeof(big[0]); v++) {
 				setenv("TANDEM_GEMV_BIG", big[v], 1);
 				char what[64];
-				for (size_t s = quick ? 2 : 0; s < 4; s++) {
+				for (size_t s = quick ? 2 : 0; s < sizeof(wide) / sizeof(wide[0]); s++) {
 					snprintf(what, sizeof(what), "%s, GEMV_BIG=%s", wide[s].what, big[v]);
 					for (int64_t nt = 1; nt <= 8; nt++) {
 						if ((quick || s < 2) && nt != 1 && nt != 2 && nt != 3 && nt != 8)
