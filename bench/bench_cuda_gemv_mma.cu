@@ -28,7 +28,8 @@
  *     projection and router (fp32 path), the per-head k_b / v_b and Q4_K q_a, n_tok 1/2/4/8/16,
  *     eager and in CUDA graphs, the default dispatch against TANDEM_GEMV3=0 (the one before
  *     gemv3), same run (time_glm).
- *   bench_cuda_gemv_mma big: the wide Q8_0 products under every TANDEM_GEMV_BIG variant (time_big).
+ *   bench_cuda_gemv_mma big: the wide Q8_0 products under every TANDEM_GEMV_BIG variant, then Q4_K
+ *     under TANDEM_GEMV_BIG_K (time_big).
  * The "base" columns of the main table are kcuda_matmul with TANDEM_GEMV_MMA=0 and TANDEM_GEMV3=0
  * (the fp32 GEMV). */
 #include <algorithm>
@@ -484,6 +485,52 @@ static void time_big(struct kcuda_ctx *c, size_t l2)
 		}
 	}
 	unsetenv("TANDEM_GEMV_BIG");
+
+	/* Q4_K (the anchor's type): TANDEM_GEMV_BIG_K 0 old, 1 gbig, 2 gbig persistent */
+	static const gshape gk[] = {
+	    {KT_Q4_K, 6144, 2048, 0, 0, KCUDA_MM_AUTO, "q_a Q4_K"},
+	    {KT_Q4_K, 2048, 2048, 0, 0, KCUDA_MM_AUTO, "q_b Q4_K"},
+	    {KT_Q4_K, 6144, 576, 0, 0, KCUDA_MM_AUTO, "kv_a Q4_K"},
+	    {KT_Q4_K, 2048, 6144, 0, 0, KCUDA_MM_AUTO, "o Q4_K"},
+	};
+	static const char *const kv[] = {"0", "1", "2"};
+	printf("\nQ4_K, TANDEM_GEMV_BIG_K variants (0 old, 1 gbig, 2 gbig persistent); eager | graph of 20, "
+	       "us (GB/s); * = best graph\n%-20s %5s", "product", "n_tok");
+	for (int v = 0; v < 3; v++)
+		printf(" | k%d eager   GB/s  graph   GB/s ", v);
+	printf("\n");
+	for (const gshape &g : gk) {
+		size_t rb;
+		if (!ktype_row_bytes(g.type, g.n_in, &rb))
+			continue;
+		const size_t wbytes = rb * (size_t)g.n_out, stride = (wbytes + 255) & ~(size_t)255;
+		const int ncopy = (int)std::min<size_t>(big / stride, std::max<size_t>(4 * l2 / wbytes + 1, 20));
+		std::vector<uint8_t> hw(wbytes);
+		ops_fill_weight(g.type, g.n_in, g.n_out, rb, hw.data());
+		for (int k = 0; k < ncopy; k++)
+			CK(cudaMemcpy((char *)A + k * stride, hw.data(), wbytes, cudaMemcpyHostToDevice));
+		for (int nt : {1, 2, 4, 8}) {
+			float ms[3], gms[3];
+			int best = 0;
+			for (int v = 0; v < 3; v++) {
+				setenv("TANDEM_GEMV_BIG_K", kv[v], 1);
+				ms[v] = time_ms(s, 2, 5, ncopy, [&](int i) {
+					if (glm_call(c, g, (char *)A + (i % ncopy) * stride, rb, wbytes, xd, nt, yd))
+						abort();
+				});
+				gms[v] = time_graph(c, g, A, stride, ncopy, rb, wbytes, xd, nt, yd);
+				if (gms[v] < gms[best])
+					best = v;
+			}
+			printf("%-20s %5d", g.what, nt);
+			for (int v = 0; v < 3; v++)
+				printf(" | %8.2f %6.0f %6.2f %6.0f%s", ms[v] * 1e3, wbytes / (ms[v] * 1e-3) / 1e9,
+				       gms[v] * 1e3, wbytes / (gms[v] * 1e-3) / 1e9, v == best ? "*" : " ");
+			printf("\n");
+			fflush(stdout);
+		}
+	}
+	unsetenv("TANDEM_GEMV_BIG_K");
 	setenv("TANDEM_GEMV3", "0", 1); /* back to main's baseline */
 	setenv("TANDEM_GEMV_MMA", "0", 1);
 	CK(cudaFree(A));

@@ -56,6 +56,9 @@ template <> struct g3t<KT_F16> {
 template <> struct g3t<KT_BF16> {
 	enum { SE = 256, SB = 512, EPL = 8 };
 };
+template <> struct g3t<KT_Q4_K> { /* gbig only: one 144-byte super-block per slab */
+	enum { SE = 256, SB = 144, EPL = 8 };
+};
 
 __device__ __forceinline__ void g3_cp16(void *dst, const void *src)
 {
@@ -82,10 +85,35 @@ __device__ __forceinline__ float g3_s8f(uint32_t u, int k)
 template <int T> struct g3_row {
 	float v[g3t<T>::EPL];
 	float d;
+	float m; /* Q4_K: the sub-block's dmin * min, subtracted per unit of x */
 };
 template <int T> __device__ __forceinline__ void g3_decode(const uint8_t *p, int lane, g3_row<T> &o)
 {
-	if constexpr (T == KT_Q8_0) {
+	if constexpr (T == KT_Q4_K) {
+		/* lane l: elements 8 l .. 8 l + 7 = sub-block j = l / 4 (64-group l / 8, the high
+		 * nibbles when j is odd), quant bytes 16 + 32 (l / 8) + 8 (l % 4) .. + 7 (8-aligned:
+		 * one LDS.64); value = d sc q - dmin m (MODEL-SPEC, ggml get_scale_min_k4) */
+		const int j = lane >> 2;
+		const uint2 q = *(const uint2 *)(p + 16 + 32 * (lane >> 3) + 8 * (lane & 3));
+		const uint32_t sh = 4u * (uint32_t)(j & 1);
+		const uint32_t lo = (q.x >> sh) & 0x0F0F0F0Fu, hi = (q.y >> sh) & 0x0F0F0F0Fu;
+#pragma unroll
+		for (int k = 0; k < 4; k++) {
+			o.v[k] = (float)((lo >> (8 * k)) & 0xFFu);
+			o.v[4 + k] = (float)((hi >> (8 * k)) & 0xFFu);
+		}
+		const uint8_t *sc = p + 4;
+		int scv, mv;
+		if (j < 4) {
+			scv = sc[j] & 63;
+			mv = sc[j + 4] & 63;
+		} else {
+			scv = (sc[j + 4] & 15) | ((sc[j - 4] >> 6) << 4);
+			mv = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+		}
+		o.d = __half2float(*(const __half *)p) * (float)scv;
+		o.m = __half2float(*(const __half *)(p + 2)) * (float)mv;
+	} else if constexpr (T == KT_Q8_0) {
 		/* lane l: block l / 4 (34 bytes: fp16 d, 32 int8), quarter l % 4: 8 bytes at a
 		 * 2-byte-aligned offset: three aligned words and two funnel shifts */
 		const int bi = lane >> 2, j = lane & 3;
@@ -385,7 +413,9 @@ template <int T> static int g3_plan_launch(struct kcuda_ctx *c, const struct g3_
 	return g3_launch_nt<T, 1>(c, a, (int)n_split, (int)sps, (int)n_slab);
 }
 
-/* ---- gbig: the wide Q8_0 products through the bulk copy engine (TANDEM_GEMV_BIG=3..6) ----------
+/* ---- gbig: the wide Q8_0 products (TANDEM_GEMV_BIG=3..6) and Q4_K (TANDEM_GEMV_BIG_K) through the
+ * bulk copy engine ------------------------------------------------------------------------------
+ * (Q4_K: one 144-byte super-block per slab, 16 per chunk; its decode is in g3_decode.)
  * Every warp owns tiles of RT rows with their whole K range: tiles gw, gw + GW, ... (gw the warp's
  * index in the grid, GW the grid's warps: one tile per warp, or a persistent grid of a few blocks
  * per SM whose warps walk several tiles). Lane 0 asks the Hopper bulk copy engine (cp.async.bulk,
@@ -398,8 +428,11 @@ template <int T> static int g3_plan_launch(struct kcuda_ctx *c, const struct g3_
  * no K split: deterministic). Stage reuse: every lane has read the stage (__syncwarp), lane 0
  * orders those generic-proxy reads before the async-proxy write (fence.proxy.async) and refills
  * it; use k of stage s completes phase k of its mbarrier, waited on with parity k & 1. */
-#define GB_CS 8 /* slabs per chunk */
 #define GB_S 4 /* ring stages per warp */
+/* slabs per chunk: ~2.2 KB per row (Q8_0 8 x 272, Q4_K 16 x 144) */
+template <int T> struct gb_cs {
+	enum { N = T == KT_Q4_K ? 16 : 8 };
+};
 
 __device__ __forceinline__ uint32_t gb_saddr(const void *p)
 {
@@ -424,14 +457,14 @@ __device__ __forceinline__ bool gb_try_wait(uint32_t bar, uint32_t parity)
 
 /* grid: any number of blocks of NW warps; warp gw = blockIdx.x NW + warp owns row tiles
  * gw, gw + GW, ... (GW = gridDim.x NW) of RT rows each */
-template <int NT, int RT, int NW>
+template <int T, int NT, int RT, int NW>
 __global__ void __launch_bounds__(NW * 32)
     gbig_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int n_out, int n_slab,
                 const float *__restrict__ x, int64_t ldx, int n_tok, float *__restrict__ y, int64_t ldy)
 {
 	KDEP_ENTRY();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-	constexpr int SE = g3t<KT_Q8_0>::SE, SB = g3t<KT_Q8_0>::SB, EPL = g3t<KT_Q8_0>::EPL;
+	constexpr int SE = g3t<T>::SE, SB = g3t<T>::SB, EPL = g3t<T>::EPL, GB_CS = gb_cs<T>::N;
 	constexpr int RB = GB_CS * SB; /* one row's share of a stage */
 	constexpr int STAGE = RT * RB;
 	extern __shared__ __align__(128) uint8_t gb_smem[];
@@ -508,10 +541,20 @@ __global__ void __launch_bounds__(NW * 32)
 						xv[t][k] = 0.0f;
 				}
 			}
+			float xs[NT]; /* Q4_K: sum of the lane's x, for the min term */
+#pragma unroll
+			for (int t = 0; t < NT; t++) {
+				xs[t] = 0.0f;
+				if constexpr (T == KT_Q4_K) {
+#pragma unroll
+					for (int k = 0; k < EPL; k++)
+						xs[t] += xv[t][k];
+				}
+			}
 #pragma unroll
 			for (int r = 0; r < RT; r++) {
-				g3_row<KT_Q8_0> wr;
-				g3_decode<KT_Q8_0>(buf + r * RB + sl * SB, lane, wr);
+				g3_row<T> wr;
+				g3_decode<T>(buf + r * RB + sl * SB, lane, wr);
 #pragma unroll
 				for (int t = 0; t < NT; t++) {
 					float s0f = 0.0f, s1f = 0.0f;
@@ -521,6 +564,8 @@ __global__ void __launch_bounds__(NW * 32)
 						s1f = fmaf(wr.v[k + 1], xv[t][k + 1], s1f);
 					}
 					acc[r][t] = fmaf(wr.d, s0f + s1f, acc[r][t]);
+					if constexpr (T == KT_Q4_K)
+						acc[r][t] = fmaf(-wr.m, xs[t], acc[r][t]);
 				}
 			}
 		}
@@ -547,19 +592,19 @@ __global__ void __launch_bounds__(NW * 32)
 
 /* persistent: as many blocks as fit on the GPU at once (occupancy, at most one tile per warp);
  * else one tile per warp */
-template <int NT, int RT>
+template <int T, int NT, int RT>
 static int gbig_launch(struct kcuda_ctx *c, const struct g3_args &a, int n_slab, bool persistent)
 {
 	constexpr int NW = 4 / RT; /* 4 row-warps per block: ~35 KB of ring whatever RT */
 	const struct kweight *w = a.w;
 	const int64_t tiles = (w->n_out + RT - 1) / RT;
-	const size_t smem = (size_t)NW * GB_S * RT * GB_CS * g3t<KT_Q8_0>::SB;
+	const size_t smem = (size_t)NW * GB_S * RT * gb_cs<T>::N * g3t<T>::SB;
 	int64_t blocks = (tiles + NW - 1) / NW;
 	if (persistent) {
 		static int per_sm; /* per instantiation; the same on every device of one kind */
 		if (!per_sm) {
 			int v = 0;
-			if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, gbig_kernel<NT, RT, NW>, NW * 32,
+			if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, gbig_kernel<T, NT, RT, NW>, NW * 32,
 			                                                  smem) != cudaSuccess ||
 			    v < 1) {
 				(void)cudaGetLastError();
@@ -571,28 +616,29 @@ static int gbig_launch(struct kcuda_ctx *c, const struct g3_args &a, int n_slab,
 		if (blocks > cap)
 			blocks = cap;
 	}
-	return klaunch("gemv_big", gbig_kernel<NT, RT, NW>, dim3((unsigned)blocks), dim3(NW * 32), smem,
+	return klaunch("gemv_big", gbig_kernel<T, NT, RT, NW>, dim3((unsigned)blocks), dim3(NW * 32), smem,
 	               c->stream, (const uint8_t *)w->data, w->row_bytes, (int)w->n_out, n_slab, a.x, a.ldx,
 	               a.n_tok, a.y, a.ldy);
 }
 
 /* rows per warp 1, or by n_tok (1 / 2 / 4 at n_tok 1 / 2..4 / 5..8: X reuse against warps) */
+template <int T>
 static int gbig_launch_nt(struct kcuda_ctx *c, const struct g3_args &a, bool rows_by_tok, bool persistent)
 {
 	const struct kweight *w = a.w;
-	const int64_t n_slab = w->n_in / g3t<KT_Q8_0>::SE;
+	const int64_t n_slab = w->n_in / g3t<T>::SE;
 	/* one row's item count (tiles x chunks) stays far inside int: n_out, n_slab < 2^31 / 8 */
 	if (a.H != 1 || g3_cc_major(c->device) < 9 || n_slab > (1 << 24) || w->n_out > (1 << 24))
 		return ERR_UNSUPPORTED;
 	const int ns = (int)n_slab;
 	const int rt = !rows_by_tok || a.n_tok == 1 ? 1 : a.n_tok <= 4 ? 2 : 4;
 	if (a.n_tok == 1)
-		return gbig_launch<1, 1>(c, a, ns, persistent);
+		return gbig_launch<T, 1, 1>(c, a, ns, persistent);
 	if (a.n_tok == 2)
-		return rt == 1 ? gbig_launch<2, 1>(c, a, ns, persistent) : gbig_launch<2, 2>(c, a, ns, persistent);
+		return rt == 1 ? gbig_launch<T, 2, 1>(c, a, ns, persistent) : gbig_launch<T, 2, 2>(c, a, ns, persistent);
 	if (a.n_tok <= 4)
-		return rt == 1 ? gbig_launch<4, 1>(c, a, ns, persistent) : gbig_launch<4, 2>(c, a, ns, persistent);
-	return rt == 1 ? gbig_launch<8, 1>(c, a, ns, persistent) : gbig_launch<8, 4>(c, a, ns, persistent);
+		return rt == 1 ? gbig_launch<T, 4, 1>(c, a, ns, persistent) : gbig_launch<T, 4, 2>(c, a, ns, persistent);
+	return rt == 1 ? gbig_launch<T, 8, 1>(c, a, ns, persistent) : gbig_launch<T, 8, 4>(c, a, ns, persistent);
 }
 
 /* The wide Q8_0 products (n_out > G3_Q8_MAX_OUT: q_a, q_b, idx_q_b, o): which kernel takes them,
@@ -615,6 +661,16 @@ static int g3_big_mode(void)
 	const int v = e ? atoi(e) : 0;
 	return v >= 0 && v <= G3_BIG_MAX ? v : 0;
 }
+/* Q4_K at n_tok 1..8, any width, TANDEM_GEMV_BIG_K (read on every call): 0 (default) the older
+ * kernels; 1 gbig with 1 / 2 / 4 rows per warp at n_tok 1 / 2..4 / 5..8, one tile per warp; 2 the
+ * same on a persistent grid. Weights exact, fp32 sums: d sc sum(q x) - dmin m sum(x) per lane and
+ * sub-block, as the fp32 GEMV (quant_piece.cuh) does. */
+static int g3_big_k_mode(void)
+{
+	const char *e = getenv("TANDEM_GEMV_BIG_K");
+	const int v = e ? atoi(e) : 0;
+	return v >= 0 && v <= 2 ? v : 0;
+}
 
 /* Widest Q8_0 output gemv3 takes. MEASURED (H200, 2026-11-29 16:15, bench_cuda_gemv_mma glm,
  * gpulogs/run4/bench_gemv.log, cold weights): gemv3 wins on narrow outputs (kv_a 576: 1.07-2.4x,
@@ -636,6 +692,12 @@ static int g3_run(struct kcuda_ctx *c, const struct g3_args &a)
 	    w->n_out > INT32_MAX || (uintptr_t)w->data % 16 || (uintptr_t)a.x % 16 || a.ldx % 4 || a.xhs % 4 ||
 	    w->row_bytes % 16 || a.mat_bytes % 16)
 		return ERR_UNSUPPORTED;
+	if (w->type == KT_Q4_K) { /* gbig only, when TANDEM_GEMV_BIG_K asks for it */
+		const int km = g3_big_k_mode();
+		if (km == 0 || w->n_in < 256 || w->n_in % 256)
+			return ERR_UNSUPPORTED;
+		return gbig_launch_nt<KT_Q4_K>(c, a, true, km == 2);
+	}
 	int se;
 	switch (w->type) {
 	case KT_Q8_0: se = g3t<KT_Q8_0>::SE; break;
@@ -649,7 +711,7 @@ static int g3_run(struct kcuda_ctx *c, const struct g3_args &a)
 	switch (w->type) {
 	case KT_Q8_0:
 		if (big >= 3)
-			return gbig_launch_nt(c, a, big == 4 || big == 6, big >= 5);
+			return gbig_launch_nt<KT_Q8_0>(c, a, big == 4 || big == 6, big >= 5);
 		return g3_plan_launch<KT_Q8_0>(c, a, big == 2);
 	case KT_F32: return g3_plan_launch<KT_F32>(c, a, false);
 	case KT_F16: return g3_plan_launch<KT_F16>(c, a, false);

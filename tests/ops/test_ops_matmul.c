@@ -59,9 +59,11 @@ static bool gemv3_takes(int type, int64_t n_in, int64_t n_out)
 	const char *e = getenv("TANDEM_GEMV3");
 	if (e && strcmp(e, "0") == 0)
 		return false;
-	const char *big = getenv("TANDEM_GEMV_BIG");
+	const char *big = getenv("TANDEM_GEMV_BIG"), *bigk = getenv("TANDEM_GEMV_BIG_K");
 	if (type == KT_Q8_0 && n_out > 1024 && !(big && atoi(big) >= 1 && atoi(big) <= 6))
 		return false;
+	if (type == KT_Q4_K) /* gbig when TANDEM_GEMV_BIG_K is 1 or 2 */
+		return bigk && atoi(bigk) >= 1 && atoi(bigk) <= 2 && n_in % 256 == 0;
 	const int64_t se = type == KT_F32 ? 128 : 256;
 	return (type == KT_Q8_0 || is_float_type(type)) && n_in >= se && n_in % se == 0;
 }
@@ -292,6 +294,27 @@ static int gemv3_sweep(struct kcuda_ctx *c, int quick)
 				}
 			}
 			unsetenv("TANDEM_GEMV_BIG");
+		}
+		/* Q4_K through gbig (TANDEM_GEMV_BIG_K=1: a tile per warp, 2: persistent grid): narrow,
+		 * wide, a short second chunk (n_in 2560: 10 of 16 super-blocks), 2 tiles per warp */
+		if (type == KT_Q4_K) {
+			static const struct shape ks[] = {{6144, 2048, "glm q_a Q4_K"},
+			                                  {6144, 576, "kv_a Q4_K"},
+			                                  {2560, 1029, "short chunk Q4_K"},
+			                                  {2560, 3300, "2 tiles per warp Q4_K"}};
+			static const char *const km[] = {"1", "2"};
+			for (size_t v = 0; v < 2; v++) {
+				setenv("TANDEM_GEMV_BIG_K", km[v], 1);
+				char what[64];
+				for (size_t s = quick ? 1 : 0; s < sizeof(ks) / sizeof(ks[0]); s++) {
+					snprintf(what, sizeof(what), "%s, GEMV_BIG_K=%s", ks[s].what, km[v]);
+					for (int64_t nt = 1; nt <= 8; nt++)
+						if (nt == 1 || nt == 2 || nt == 3 || nt == 8)
+							fail |= run_case(c, type, ks[s].n_in, ks[s].n_out, nt,
+							                 KCUDA_MM_AUTO, (int)((nt + s) & 1), what);
+				}
+			}
+			unsetenv("TANDEM_GEMV_BIG_K");
 		}
 		setenv("TANDEM_GEMV3", "0", 1);
 		for (size_t s = 0; s < n_sh && s < 4; s++)
