@@ -62,8 +62,11 @@ cat "$L/machine.log"
 ok() { grep -q "^$1 *rc=0 " <<<"$(printf '%s\n' "${SUMMARY[@]}")"; }
 step test_gpu_model 60 "$B/tests/test_gpu_model"
 for t in matmul head_gemv moe prefill_moe fused mla indexer allreduce; do
-	[ -x "$B/tests/test_ops_$t" ] && step "test_ops_$t" 60 env TANDEM_OPS_QUICK=1 "$B/tests/test_ops_$t"
+	[ -x "$B/tests/test_ops_$t" ] && step "test_ops_$t" 60 env TANDEM_OPS_QUICK=1 TANDEM_OPS_BIG=0 "$B/tests/test_ops_$t"
 done
+# the experimental wide-product GEMVs (TANDEM_GEMV_BIG / _BIG_K, default off) on their own: a failure
+# there switches nothing off
+step test_ops_gemv_big 60 env TANDEM_OPS_QUICK=1 TANDEM_OPS_BIG=only "$B/tests/test_ops_matmul"
 ALLREF="TANDEM_CUDA_ATTN=ref TANDEM_MOE_SORTED=0 TANDEM_MOE_FAST=0 TANDEM_HEAD_GEMV=0 TANDEM_GEMV_MMA=0 TANDEM_PREFILL_FAST=0 TANDEM_FUSE=0 TANDEM_GEMV3=0"
 if ! ok test_gpu_model; then # which new path: everything old, then one old path at a time
 	step test_gpu_model_allref 40 env $ALLREF "$B/tests/test_gpu_model"
@@ -116,7 +119,7 @@ fi
 step test_gpu_workers 30 "$B/tests/test_gpu_workers"
 if command -v compute-sanitizer >/dev/null; then
 	for t in fused moe prefill_moe matmul head_gemv; do
-		step "memcheck_$t" 40 env TANDEM_OPS_QUICK=1 TANDEM_OPS_SMALL=1 \
+		step "memcheck_$t" 40 env TANDEM_OPS_QUICK=1 TANDEM_OPS_SMALL=1 TANDEM_OPS_BIG=0 \
 			compute-sanitizer --tool memcheck --error-exitcode 9 "$B/tests/test_ops_$t"
 	done
 fi
