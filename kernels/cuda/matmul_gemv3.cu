@@ -28,7 +28,8 @@
  * TANDEM_GEMV3=0 (read on every call) turns it off: kcuda_matmul then dispatches as before;
  * TANDEM_GEMV3_SPLIT=0 keeps it but never splits K (no cluster launches). Q8_0 outputs wider
  * than G3_Q8_MAX_OUT go to the older kernels (measured faster there) unless TANDEM_GEMV_BIG picks
- * one of the variants here (g3_big_mode). */
+ * one of the variants here (g3_big_mode), among them gbig (bulk-copy ring; also Q4_K with
+ * TANDEM_GEMV_BIG_K): experiments until a GPU run picks one. */
 #include <cooperative_groups.h>
 #include <string.h>
 
@@ -416,6 +417,16 @@ template <int T> static int g3_plan_launch(struct kcuda_ctx *c, const struct g3_
 /* ---- gbig: the wide Q8_0 products (TANDEM_GEMV_BIG=3..6) and Q4_K (TANDEM_GEMV_BIG_K) through the
  * bulk copy engine ------------------------------------------------------------------------------
  * (Q4_K: one 144-byte super-block per slab, 16 per chunk; its decode is in g3_decode.)
+ * Why (counted, H200, run4 of 2026-11-29; estimates until the variant table is measured): every
+ * launch costs ~2.5-3 us before and after its bytes (launch, first DRAM round trip, drain: idx_k's
+ * 0.8 MB take 3.0 us in a graph), so a 13.4 MB product at 4.27 TB/s should take ~5.6 us; the old
+ * fp32 GEMV takes 7.9: its 15.5 warps per SM hold ~36 KB in flight (enough by Little's law) but each
+ * warp loads, waits, computes three times in a row (3 pieces per lane, no prefetch), so three loaded
+ * round trips of ~1.8 us follow one another. gemv3's plan for q_a (4 rows per warp, K in 5 splits:
+ * 5 slabs per warp, 2 round trips, clusters of 5 blocks) measured 11 us, worse than that count; its
+ * likely costs are 272-byte pieces of 4 rows 6.5 KB apart (poor DRAM page locality, a half sector
+ * fetched twice), the cluster barriers and co-scheduling, and ~5 LDS per row and slab with 2-4-way
+ * bank conflicts on the 34-byte blocks. gbig asks for whole rows in 2.2 KB pieces, all at once. */
  * Every warp owns tiles of RT rows with their whole K range: tiles gw, gw + GW, ... (gw the warp's
  * index in the grid, GW the grid's warps: one tile per warp, or a persistent grid of a few blocks
  * per SM whose warps walk several tiles). Lane 0 asks the Hopper bulk copy engine (cp.async.bulk,
