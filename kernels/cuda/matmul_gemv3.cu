@@ -426,7 +426,7 @@ template <int T> static int g3_plan_launch(struct kcuda_ctx *c, const struct g3_
  * 5 slabs per warp, 2 round trips, clusters of 5 blocks) measured 11 us, worse than that count; its
  * likely costs are 272-byte pieces of 4 rows 6.5 KB apart (poor DRAM page locality, a half sector
  * fetched twice), the cluster barriers and co-scheduling, and ~5 LDS per row and slab with 2-4-way
- * bank conflicts on the 34-byte blocks. gbig asks for whole rows in 2.2 KB pieces, all at once. */
+ * bank conflicts on the 34-byte blocks. gbig asks for whole rows in 2.2 KB pieces, all at once.
  * Every warp owns tiles of RT rows with their whole K range: tiles gw, gw + GW, ... (gw the warp's
  * index in the grid, GW the grid's warps: one tile per warp, or a persistent grid of a few blocks
  * per SM whose warps walk several tiles). Lane 0 asks the Hopper bulk copy engine (cp.async.bulk,
