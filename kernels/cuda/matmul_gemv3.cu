@@ -430,8 +430,8 @@ template <int T> static int g3_plan_launch(struct kcuda_ctx *c, const struct g3_
  * Every warp owns tiles of RT rows with their whole K range: tiles gw, gw + GW, ... (gw the warp's
  * index in the grid, GW the grid's warps: one tile per warp, or a persistent grid of a few blocks
  * per SM whose warps walk several tiles). Lane 0 asks the Hopper bulk copy engine (cp.async.bulk,
- * completion counted in bytes on an mbarrier) for chunks of GB_CS slabs (8 x 272 = 2176 bytes per
- * row) into a ring of GB_S stages; the ring runs on across the warp's tiles, so up to GB_S chunks
+ * completion counted in bytes on an mbarrier) for chunks of gb_cs slabs (Q8_0: 8 x 272 = 2176 bytes
+ * per row) into a ring of GB_S stages; the ring runs on across the warp's tiles, so up to GB_S chunks
  * per row are always in flight, one instruction per row and chunk: at 16 one-row warps per SM that
  * is a whole 6144-element row (3 chunks, 6.5 KB) per warp, ~100 KB per SM, where Little's law asks
  * for ~26 KB (gemv3's cp.async ring spends one instruction per 16 bytes and holds 3-7 slabs). The
