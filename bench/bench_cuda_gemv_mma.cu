@@ -418,7 +418,8 @@ static void time_glm(struct kcuda_ctx *c, size_t l2)
 
 /* The wide Q8_0 products under every TANDEM_GEMV_BIG variant (matmul_gemv3.cu, g3_big_mode:
  * 0 = the older kernels, 1 = gemv3's plan, 2 = gemv3 one row per warp, 3 = gbig one row per warp,
- * 4 = gbig 1/2/4 rows by n_tok, 5 / 6 = 3 / 4 on a persistent grid), n_tok 1/2/4/8, eager and
+ * 4 = gbig 1/2/4 rows by n_tok, 5 / 6 = 3 / 4 on a persistent grid, 7 / 8 = gbig2: K over a
+ * block's 4 warps, rows by n_tok / 4), n_tok 1/2/4/8, eager and
  * graph, same weights rotation as
  * time_glm; one line per product and n_tok, the best variant marked. */
 static void time_big(struct kcuda_ctx *c, size_t l2)
@@ -429,8 +430,8 @@ static void time_big(struct kcuda_ctx *c, size_t l2)
 	    {KT_Q8_0, 2048, 4096, 0, 0, KCUDA_MM_AUTO, "idx_q_b 2048->4096"},
 	    {KT_Q8_0, 2048, 6144, 0, 0, KCUDA_MM_AUTO, "o 2048->6144"},
 	};
-	static const char *const var[] = {"0", "1", "2", "3", "4", "5", "6"};
-	const int n_var = 7;
+	static const char *const var[] = {"0", "1", "2", "3", "4", "5", "6", "7", "8"};
+	const int n_var = 9;
 	cudaStream_t s = (cudaStream_t)kcuda_ctx_stream(c);
 	const size_t big = (size_t)1 << 30;
 	void *A;
@@ -447,8 +448,8 @@ static void time_big(struct kcuda_ctx *c, size_t l2)
 	setenv("TANDEM_GEMV_MMA", "1", 1);
 	setenv("TANDEM_GEMV3", "1", 1);
 	printf("\nWide Q8_0 products, TANDEM_GEMV_BIG variants (0 old, 1 gemv3 plan, 2 gemv3 1 row/warp, "
-	       "3 gbig 1 row/warp, 4 gbig rows by n_tok, 5/6 = 3/4 persistent); eager | graph of 20, us "
-	       "(GB/s); * = best graph\n"
+	       "3 gbig 1 row/warp, 4 gbig rows by n_tok, 5/6 = 3/4 persistent, 7/8 gbig2 K over 4 warps, rows "
+	       "by n_tok / 4); eager | graph of 20, us (GB/s); * = best graph\n"
 	       "%-20s %5s", "product", "n_tok");
 	for (int v = 0; v < n_var; v++)
 		printf(" | v%d eager   GB/s  graph   GB/s ", v);
@@ -464,7 +465,7 @@ static void time_big(struct kcuda_ctx *c, size_t l2)
 		for (int k = 0; k < ncopy; k++)
 			CK(cudaMemcpy((char *)A + k * stride, hw.data(), wbytes, cudaMemcpyHostToDevice));
 		for (int nt : {1, 2, 4, 8}) {
-			float ms[7], gms[7];
+			float ms[9], gms[9];
 			int best = 0;
 			for (int v = 0; v < n_var; v++) {
 				setenv("TANDEM_GEMV_BIG", var[v], 1);

@@ -652,6 +652,167 @@ static int gbig_launch_nt(struct kcuda_ctx *c, const struct g3_args &a, bool row
 	return rt == 1 ? gbig_launch<T, 8, 1>(c, a, ns, persistent) : gbig_launch<T, 8, 4>(c, a, ns, persistent);
 }
 
+/* ---- gbig2: gbig with a tile's K range split over the warps of its block (TANDEM_GEMV_BIG=7/8) --
+ * More tokens want more rows per warp (X reuse: at one row per warp every slab costs NT x 2 float4
+ * loads of X per lane, L1-bound from n_tok 2), but RT rows per warp leave n_out / RT warps: 512 at
+ * q_a's 2048 rows and RT 4, one per SM sub-partition. Here a block of GB2_KW warps owns one tile of
+ * RT rows, warp k takes chunks k, k + GB2_KW, ... of GB2_CS slabs (Q8_0: 2 x 272 bytes per row,
+ * through the same bulk-copy ring as gbig), and the warps' partial rows are added in warp order
+ * through shared memory (deterministic). */
+#define GB2_CS 2 /* slabs per chunk */
+#define GB2_KW 4 /* warps per block (per tile) */
+
+template <int NT, int RT>
+__global__ void __launch_bounds__(GB2_KW * 32)
+    gbig2_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int n_out, int n_slab,
+                 const float *__restrict__ x, int64_t ldx, int n_tok, float *__restrict__ y, int64_t ldy)
+{
+	KDEP_ENTRY();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	constexpr int SE = g3t<KT_Q8_0>::SE, SB = g3t<KT_Q8_0>::SB, EPL = g3t<KT_Q8_0>::EPL;
+	constexpr int RB = GB2_CS * SB; /* one row's share of a stage */
+	constexpr int STAGE = RT * RB;
+	extern __shared__ __align__(128) uint8_t gb2_smem[];
+	__shared__ __align__(8) uint64_t gb2_bar[GB2_KW][GB_S];
+	__shared__ float part[GB2_KW][RT][NT];
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const int row0 = blockIdx.x * RT;
+	const int n_chunk = (n_slab + GB2_CS - 1) / GB2_CS;
+	const int n_items = warp < n_chunk ? (n_chunk - 1 - warp) / GB2_KW + 1 : 0;
+	uint8_t *ring = gb2_smem + warp * (GB_S * STAGE);
+	uint64_t *bar = gb2_bar[warp];
+
+	/* this warp's j-th chunk (warp + j GB2_KW) into stage j % GB_S (lane 0 only) */
+	auto issue = [&](int j) {
+		const int s0 = (warp + j * GB2_KW) * GB2_CS;
+		const uint32_t bytes = (uint32_t)(min(GB2_CS, n_slab - s0) * SB);
+		const int st = j % GB_S;
+		const uint32_t b = gb_saddr(&bar[st]);
+		asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(RT * bytes)
+		             : "memory");
+#pragma unroll
+		for (int r = 0; r < RT; r++) {
+			const uint8_t *src = w + (size_t)min(row0 + r, n_out - 1) * row_bytes + (size_t)s0 * SB;
+			asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+			             "%2, [%3];" ::"r"(gb_saddr(ring + st * STAGE + r * RB)),
+			             "l"(src), "r"(bytes), "r"(b)
+			             : "memory");
+		}
+	};
+	if (lane == 0) {
+#pragma unroll
+		for (int s = 0; s < GB_S; s++)
+			asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(gb_saddr(&bar[s])) : "memory");
+		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+		asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+		for (int j = 0; j < GB_S && j < n_items; j++)
+			issue(j);
+	}
+	__syncwarp();
+
+	float acc[RT][NT];
+#pragma unroll
+	for (int r = 0; r < RT; r++)
+#pragma unroll
+		for (int t = 0; t < NT; t++)
+			acc[r][t] = 0.0f;
+
+	const float *xp = x + EPL * lane;
+	for (int j = 0; j < n_items; j++) {
+		const int st = j % GB_S;
+		const int s0 = (warp + j * GB2_KW) * GB2_CS, ns = min(GB2_CS, n_slab - s0);
+		while (!gb_try_wait(gb_saddr(&bar[st]), (uint32_t)((j / GB_S) & 1)))
+			;
+		const uint8_t *buf = ring + st * STAGE;
+		for (int sl = 0; sl < ns; sl++) {
+			float xv[NT][EPL];
+#pragma unroll
+			for (int t = 0; t < NT; t++) {
+				if (t < n_tok) {
+					const float4 *q = (const float4 *)(xp + t * ldx + (size_t)(s0 + sl) * SE);
+#pragma unroll
+					for (int k = 0; k < EPL / 4; k++) {
+						const float4 f = __ldg(q + k);
+						xv[t][4 * k] = f.x, xv[t][4 * k + 1] = f.y;
+						xv[t][4 * k + 2] = f.z, xv[t][4 * k + 3] = f.w;
+					}
+				} else {
+#pragma unroll
+					for (int k = 0; k < EPL; k++)
+						xv[t][k] = 0.0f;
+				}
+			}
+#pragma unroll
+			for (int r = 0; r < RT; r++) {
+				g3_row<KT_Q8_0> wr;
+				g3_decode<KT_Q8_0>(buf + r * RB + sl * SB, lane, wr);
+#pragma unroll
+				for (int t = 0; t < NT; t++) {
+					float s0f = 0.0f, s1f = 0.0f;
+#pragma unroll
+					for (int k = 0; k < EPL; k += 2) {
+						s0f = fmaf(wr.v[k], xv[t][k], s0f);
+						s1f = fmaf(wr.v[k + 1], xv[t][k + 1], s1f);
+					}
+					acc[r][t] = fmaf(wr.d, s0f + s1f, acc[r][t]);
+				}
+			}
+		}
+		__syncwarp(); /* every lane is done with stage st */
+		if (lane == 0 && j + GB_S < n_items) {
+			asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+			issue(j + GB_S);
+		}
+	}
+
+#pragma unroll
+	for (int r = 0; r < RT; r++)
+#pragma unroll
+		for (int t = 0; t < NT; t++) {
+			const float s = kc_warp_sum(acc[r][t]);
+			if (lane == 0)
+				part[warp][r][t] = s;
+		}
+	__syncthreads();
+	for (int e = threadIdx.x; e < RT * NT; e += GB2_KW * 32) {
+		const int r = e / NT, t = e % NT;
+		float s = 0.0f;
+#pragma unroll
+		for (int k = 0; k < GB2_KW; k++) /* warp order: deterministic */
+			s += part[k][r][t];
+		if (t < n_tok && row0 + r < n_out)
+			y[t * ldy + row0 + r] = s;
+	}
+#endif
+}
+
+template <int NT, int RT> static int gbig2_launch(struct kcuda_ctx *c, const struct g3_args &a, int n_slab)
+{
+	const struct kweight *w = a.w;
+	const size_t smem = (size_t)GB2_KW * GB_S * RT * GB2_CS * g3t<KT_Q8_0>::SB;
+	return klaunch("gemv_big2", gbig2_kernel<NT, RT>, dim3((unsigned)((w->n_out + RT - 1) / RT)),
+	               dim3(GB2_KW * 32), smem, c->stream, (const uint8_t *)w->data, w->row_bytes, (int)w->n_out,
+	               n_slab, a.x, a.ldx, a.n_tok, a.y, a.ldy);
+}
+
+/* rows per tile by n_tok (1 / 2 / 4 at n_tok 1 / 2..4 / 5..8), or 4 at every n_tok */
+static int gbig2_launch_nt(struct kcuda_ctx *c, const struct g3_args &a, bool rows4)
+{
+	const struct kweight *w = a.w;
+	const int64_t n_slab = w->n_in / g3t<KT_Q8_0>::SE;
+	if (a.H != 1 || g3_cc_major(c->device) < 9 || n_slab > (1 << 24) || w->n_out > (1 << 24))
+		return ERR_UNSUPPORTED;
+	const int ns = (int)n_slab;
+	const int rt = rows4 ? 4 : a.n_tok == 1 ? 1 : a.n_tok <= 4 ? 2 : 4;
+	if (a.n_tok == 1)
+		return rt == 1 ? gbig2_launch<1, 1>(c, a, ns) : gbig2_launch<1, 4>(c, a, ns);
+	if (a.n_tok == 2)
+		return rt == 2 ? gbig2_launch<2, 2>(c, a, ns) : gbig2_launch<2, 4>(c, a, ns);
+	if (a.n_tok <= 4)
+		return rt == 2 ? gbig2_launch<4, 2>(c, a, ns) : gbig2_launch<4, 4>(c, a, ns);
+	return gbig2_launch<8, 4>(c, a, ns);
+}
+
 /* The wide Q8_0 products (n_out > G3_Q8_MAX_OUT: q_a, q_b, idx_q_b, o): which kernel takes them,
  * TANDEM_GEMV_BIG (read on every call), for one GPU run to pick the winner (bench_cuda_gemv_mma glm
  * sweeps them):
@@ -664,8 +825,10 @@ static int gbig_launch_nt(struct kcuda_ctx *c, const struct g3_args &a, bool row
  *      per row, a whole 6144-element row in flight at once), one row per warp;
  *   4: gbig_kernel with 1 / 2 / 4 rows per warp at n_tok 1 / 2..4 / 5..8 (X reuse against warps);
  *   5, 6: 3, 4 on a persistent grid (the blocks that fit at once; warps walk several tiles with
- *      one ring, so no block ends and restarts between tiles). */
-#define G3_BIG_MAX 6
+ *      one ring, so no block ends and restarts between tiles);
+ *   7, 8: gbig2 (a tile's K range over the 4 warps of its block, 2-slab chunks), rows per tile
+ *      1 / 2 / 4 by n_tok, or 4 at every n_tok. */
+#define G3_BIG_MAX 8
 static int g3_big_mode(void)
 {
 	const char *e = getenv("TANDEM_GEMV_BIG");
@@ -721,6 +884,8 @@ static int g3_run(struct kcuda_ctx *c, const struct g3_args &a)
 		return ERR_UNSUPPORTED;
 	switch (w->type) {
 	case KT_Q8_0:
+		if (big >= 7)
+			return gbig2_launch_nt(c, a, big == 8);
 		if (big >= 3)
 			return gbig_launch_nt<KT_Q8_0>(c, a, big == 4 || big == 6, big >= 5);
 		return g3_plan_launch<KT_Q8_0>(c, a, big == 2);

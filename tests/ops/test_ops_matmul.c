@@ -61,7 +61,7 @@ static bool gemv3_takes(int type, int64_t n_in, int64_t n_out)
 	if (e && strcmp(e, "0") == 0)
 		return false;
 	const char *big = getenv("TANDEM_GEMV_BIG"), *bigk = getenv("TANDEM_GEMV_BIG_K");
-	if (type == KT_Q8_0 && n_out > 1024 && !(big && atoi(big) >= 1 && atoi(big) <= 6))
+	if (type == KT_Q8_0 && n_out > 1024 && !(big && atoi(big) >= 1 && atoi(big) <= 8))
 		return false;
 	if (type == KT_Q4_K) /* gbig when TANDEM_GEMV_BIG_K is 1 or 2 */
 		return bigk && atoi(bigk) >= 1 && atoi(bigk) <= 2 && n_in % 256 == 0;
@@ -282,9 +282,10 @@ static int gemv3_sweep(struct kcuda_ctx *c, int quick)
  * else (gpu-all.sh runs them as their own step: a failure does not switch the default paths off). */
 static int big_sweep(struct kcuda_ctx *c, int quick)
 {
-	/* Q8_0 wider than 1024 rows goes to the older kernels by default; TANDEM_GEMV_BIG 1..6 puts
-	 * it on gemv3 (own plan, one row per warp) or gbig (bulk copies, 1 row per warp or 1/2/4
-	 * rows by n_tok, one tile per warp or a persistent grid): every variant, every n_tok
+	/* Q8_0 wider than 1024 rows goes to the older kernels by default; TANDEM_GEMV_BIG 1..8 puts
+	 * it on gemv3 (own plan, one row per warp), gbig (bulk copies, 1 row per warp or 1/2/4
+	 * rows by n_tok, one tile per warp or a persistent grid) or gbig2 (K over a block's warps,
+	 * 1/2/4 or 4 rows per tile): every variant, every n_tok
 	 * template (1, 2, 3-4, 5-8), n_in 2048 (one chunk per row) and 2560 (10 slabs: a short
 	 * second chunk), odd n_out. 2560 x 3300 has more row tiles than the persistent grid has
 	 * warps (6 blocks of 4 warps per SM: 3168 on an H200), so warps walk two tiles and the ring
@@ -292,7 +293,7 @@ static int big_sweep(struct kcuda_ctx *c, int quick)
 	static const struct shape wide[] = {{6144, 2048, "glm q_a wide"},      {2048, 6144, "glm o wide"},
 	                                    {2560, 1029, "wide, short chunk"}, {2048, 1100, "wide"},
 	                                    {2560, 3300, "wide, 2 tiles per warp"}};
-	static const char *const big[] = {"1", "2", "3", "4", "5", "6"};
+	static const char *const big[] = {"1", "2", "3", "4", "5", "6", "7", "8"};
 	/* Q4_K through gbig (TANDEM_GEMV_BIG_K=1: a tile per warp, 2: persistent grid): narrow,
 	 * wide, a short second chunk (n_in 2560: 10 of 16 super-blocks), 2 tiles per warp */
 	static const struct shape ks[] = {{6144, 2048, "glm q_a Q4_K"},
