@@ -289,17 +289,21 @@ static int big_sweep(struct kcuda_ctx *c, int quick)
 	 * template (1, 2, 3-4, 5-8), n_in 2048 (one chunk per row) and 2560 (10 slabs: a short
 	 * second chunk), odd n_out. 2560 x 3300 has more row tiles than the persistent grid has
 	 * warps (6 blocks of 4 warps per SM: 3168 on an H200), so warps walk two tiles and the ring
-	 * runs on from one tile's two chunks into the next's. */
+	 * runs on from one tile's two chunks into the next's. n_in 12288 (48 slabs) refills the
+	 * rings: 6 chunks per row in gbig, 6 per warp in gbig2, against 4 stages. */
 	static const struct shape wide[] = {{6144, 2048, "glm q_a wide"},      {2048, 6144, "glm o wide"},
 	                                    {2560, 1029, "wide, short chunk"}, {2048, 1100, "wide"},
-	                                    {2560, 3300, "wide, 2 tiles per warp"}};
+	                                    {2560, 3300, "wide, 2 tiles per warp"},
+	                                    {12288, 1100, "wide, long K (ring refills)"}};
 	static const char *const big[] = {"1", "2", "3", "4", "5", "6", "7", "8"};
 	/* Q4_K through gbig (TANDEM_GEMV_BIG_K=1: a tile per warp, 2: persistent grid): narrow,
-	 * wide, a short second chunk (n_in 2560: 10 of 16 super-blocks), 2 tiles per warp */
+	 * wide, a short second chunk (n_in 2560: 10 of 16 super-blocks), 2 tiles per warp, ring
+	 * refills (n_in 18432: 72 super-blocks = 5 chunks of 16 against 4 stages) */
 	static const struct shape ks[] = {{6144, 2048, "glm q_a Q4_K"},
 	                                  {6144, 576, "kv_a Q4_K"},
 	                                  {2560, 1029, "short chunk Q4_K"},
-	                                  {2560, 3300, "2 tiles per warp Q4_K"}};
+	                                  {2560, 3300, "2 tiles per warp Q4_K"},
+	                                  {18432, 300, "long K Q4_K (ring refills)"}};
 	static const char *const km[] = {"1", "2"};
 	char what[64];
 	int fail = 0;
