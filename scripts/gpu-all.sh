@@ -66,7 +66,7 @@ for t in matmul head_gemv moe prefill_moe fused mla indexer allreduce; do
 done
 # the experimental wide-product GEMVs (TANDEM_GEMV_BIG / _BIG_K, default off) on their own: a failure
 # there switches nothing off
-step test_ops_gemv_big 60 env TANDEM_OPS_QUICK=1 TANDEM_OPS_BIG=only "$B/tests/test_ops_matmul"
+step test_ops_gemv_big 30 env TANDEM_OPS_QUICK=1 TANDEM_OPS_BIG=only "$B/tests/test_ops_matmul"
 ALLREF="TANDEM_CUDA_ATTN=ref TANDEM_MOE_SORTED=0 TANDEM_MOE_FAST=0 TANDEM_HEAD_GEMV=0 TANDEM_GEMV_MMA=0 TANDEM_PREFILL_FAST=0 TANDEM_FUSE=0 TANDEM_GEMV3=0"
 if ! ok test_gpu_model; then # which new path: everything old, then one old path at a time
 	step test_gpu_model_allref 40 env $ALLREF "$B/tests/test_gpu_model"
