@@ -2,7 +2,9 @@
  * slice F 256, Q4_K gate / up / down) at batch 1, 2, 4, 8, 32, 128; each row:
  *   old    TANDEM_MOE_FAST=0 (pair kernels up to 16 tokens, sorted fp32 kernels up to 256);
  *   sorted the tensor-core path with its sort and combine launches (TANDEM_MOE_SMALL=0);
- *   new    the default: the small-batch path (moe_small.cu) up to 8 tokens, else sorted;
+ *   new    the default: the small-batch path (moe_small.cu) up to 8 tokens, else sorted; "new
+ *          s1" / "s3": the small path with gate / up split over D in 1 / 3 blocks forced
+ *          (TANDEM_MOE_SMALL_SPLIT; default 3 at 1-2 tokens, else 1);
  *   route  kcuda_moe_route (sigmoid, bias, one group): the shared-memory kernel
  *          (TANDEM_MOE_ROUTE_FAST=0) and the register kernel.
  * Second table: routed + shared expert (F 256, the same types): old = kcuda_moe_ffn + the backend's
@@ -141,7 +143,7 @@ int main(void)
 	       (long long)E, k, (long long)D, (long long)F, ktype_name(type), expert_bytes / 1e6, N_SETS);
 	printf("  batch  experts hit   old us  sorted us   new us  new/sorted   old GB/s  sorted GB/s   new "
 	       "GB/s  "
-	       "route old us  route new us\n");
+	       "route old us  route new us  new s1 us  new s3 us\n");
 	static const int batches[] = {1, 2, 4, 8, 32, 128};
 	const int n_b = (int)(sizeof(batches) / sizeof(batches[0]));
 	int fails = 0;
@@ -217,6 +219,11 @@ int main(void)
 		const float t_sorted = time_us(c->stream, [&](int it) { rc2 |= routed(it, (float *)d_o2); });
 		path_env(NULL, NULL);
 		const float t_new = time_us(c->stream, [&](int it) { rc3 |= routed(it, (float *)d_o3); });
+		setenv("TANDEM_MOE_SMALL_SPLIT", "1", 1);
+		const float t_s1 = time_us(c->stream, [&](int it) { rc3 |= routed(it, (float *)d_o3); });
+		setenv("TANDEM_MOE_SMALL_SPLIT", "3", 1);
+		const float t_s3 = time_us(c->stream, [&](int it) { rc3 |= routed(it, (float *)d_o3); });
+		unsetenv("TANDEM_MOE_SMALL_SPLIT");
 		setenv("TANDEM_MOE_ROUTE_FAST", "0", 1);
 		const float t_route_old = time_us(c->stream, [&](int) {
 			(void)kcuda_moe_route(c, (const float *)d_lg, E, (const float *)d_b, n, (int)E, k, 1,
@@ -334,9 +341,10 @@ int main(void)
 				       bit_same ? "bit-equal to" : "differs from");
 		}
 		const double bytes = n_hit * expert_bytes;
-		printf("  %5d  %11.1f  %7.1f  %9.1f  %7.1f  %9.2fx  %9.0f  %11.0f  %9.0f  %12.1f  %12.1f\n",
+		printf("  %5d  %11.1f  %7.1f  %9.1f  %7.1f  %9.2fx  %9.0f  %11.0f  %9.0f  %12.1f  %12.1f  "
+		       "%9.1f  %9.1f\n",
 		       n, n_hit, t_old, t_sorted, t_new, t_sorted / t_new, bytes / (t_old * 1e3),
-		       bytes / (t_sorted * 1e3), bytes / (t_new * 1e3), t_route_old, t_route_new);
+		       bytes / (t_sorted * 1e3), bytes / (t_new * 1e3), t_route_old, t_route_new, t_s1, t_s3);
 		CK(cudaFree(d_x));
 		CK(cudaFree(d_w));
 		CK(cudaFree(d_ids));

@@ -60,6 +60,7 @@ __device__ __forceinline__ bool mm_prologue(const int4 *__restrict__ chunks, con
 	if (lane < 4 * NG)
 		st.scl[lane] = st.isc[lane] = 1.0f;
 	L.g = lane >> 2, L.t = lane & 3, L.lane = lane, L.n_tok = ch.z, L.sm = &st, L.xr = xr;
+	L.split = 1, L.hp = NULL, L.hq = NULL, L.hnp = 0, L.hF = 0;
 #pragma unroll
 	for (int r = 0; r < R; r++)
 #pragma unroll

@@ -74,6 +74,13 @@ template <int R, int NG> struct mm_lane {
 	int g, t, lane, n_tok;
 	mm_stage<NG> *sm;
 	const float *const *xr; /* shared: row of each token column */
+	/* split > 1 (moe_small.cu's split gate / up): the token columns are h = SiLU(g) u formed from
+	 * split partial sums hp[((z np + pair) 2 + {0 gate, 1 up}) F + f], pair = hq[column] (shared);
+	 * 1: the rows xr */
+	int split;
+	const float *hp;
+	const int *hq;
+	int64_t hnp, hF;
 	float acc[R][NG][4];
 };
 
@@ -124,6 +131,74 @@ __device__ __forceinline__ void mm_stage_x(mm_stage<NG> &sm, const float *const 
 	__syncwarp();
 }
 
+/* mm_stage_x for split partial sums of gate and up (mm_lane.split > 1): lane l's two float4 of a
+ * token are elements 4 l and 128 + 4 l of the unit (the entries q = l, l + 32 mm_stage_x gives
+ * it), formed in registers as sum_z g_z, sum_z u_z in z order and kcpu_swiglu's formula; the
+ * scale and the packing are mm_stage_x's. */
+template <bool K45, int NG>
+__device__ __forceinline__ void mm_stage_h(mm_stage<NG> &sm, const float *hp, const int *hq, int split,
+                                           int64_t np, int64_t F, int n_tok, int64_t u, int lane)
+{
+	__syncwarp(); /* the previous unit's reads are done */
+	const int nt = n_tok < 4 * NG ? n_tok : 4 * NG;
+	for (int tok = 0; tok < nt; tok++) {
+		float4 v[2];
+#pragma unroll
+		for (int hh = 0; hh < 2; hh++) {
+			float4 gs = make_float4(0.f, 0.f, 0.f, 0.f), us = gs;
+			for (int z = 0; z < split; z++) {
+				const float *b =
+				    hp + ((int64_t)z * np + hq[tok]) * 2 * F + 256 * u + 4 * lane + 128 * hh;
+				const float4 a = __ldg((const float4 *)b), c = __ldg((const float4 *)(b + F));
+				gs.x += a.x, gs.y += a.y, gs.z += a.z, gs.w += a.w;
+				us.x += c.x, us.y += c.y, us.z += c.z, us.w += c.w;
+			}
+			v[hh].x = gs.x / (1.0f + expf(-gs.x)) * us.x;
+			v[hh].y = gs.y / (1.0f + expf(-gs.y)) * us.y;
+			v[hh].z = gs.z / (1.0f + expf(-gs.z)) * us.z;
+			v[hh].w = gs.w / (1.0f + expf(-gs.w)) * us.w;
+		}
+		float m = fmaxf(fmaxf(fabsf(v[0].x), fabsf(v[0].y)), fmaxf(fabsf(v[0].z), fabsf(v[0].w)));
+		m = fmaxf(m, fmaxf(fmaxf(fabsf(v[1].x), fabsf(v[1].y)), fmaxf(fabsf(v[1].z), fabsf(v[1].w))));
+		m = kc_warp_max(m); /* the same in every lane */
+		float s = 1.0f, is = 1.0f;
+		if (m > 0.0f && isfinite(m)) {
+			int e2 = 14 - ilogbf(m);
+			e2 = e2 > 120 ? 120 : e2;
+			s = ldexpf(1.0f, e2);
+			is = ldexpf(1.0f, -e2);
+		}
+		if (lane == 0)
+			sm.scl[tok] = s, sm.isc[tok] = is;
+#pragma unroll
+		for (int hh = 0; hh < 2; hh++) {
+			const int q = lane + 32 * hh;
+			const int st = K45 ? (q & 15) : (q >> 2), t = K45 ? (q >> 4) : (q & 3);
+			float4 w = v[hh];
+			w.x *= s, w.y *= s, w.z *= s, w.w *= s;
+			const uint32_t h0 = mm_pack(w.x, w.z), h1 = mm_pack(w.y, w.w);
+			const uint32_t l0 =
+			    mm_pack((w.x - mm_f16(h0)) * 2048.f, (w.z - mm_f16(h0 >> 16)) * 2048.f);
+			const uint32_t l1 =
+			    mm_pack((w.y - mm_f16(h1)) * 2048.f, (w.w - mm_f16(h1 >> 16)) * 2048.f);
+			uint2 *row = sm.b[tok >> 2][st];
+			const int g = 2 * (tok & 3);
+			row[4 * g + t] = make_uint2(h0, h1);
+			row[4 * (g + 1) + t] = make_uint2(l0, l1);
+		}
+	}
+	__syncwarp();
+}
+
+/* the unit's token columns into the staging area, from rows or from split partial sums */
+template <bool K45, int R, int NG> __device__ __forceinline__ void mm_stage_l(mm_lane<R, NG> &L, int64_t u)
+{
+	if (L.split > 1)
+		mm_stage_h<K45, NG>(*L.sm, L.hp, L.hq, L.split, L.hnp, L.hF, L.n_tok, u, L.lane);
+	else
+		mm_stage_x<K45, NG>(*L.sm, L.xr, L.n_tok, u, L.lane);
+}
+
 template <int R, int NG> __device__ __forceinline__ uint2 mm_b(const mm_lane<R, NG> &L, int k, int s)
 {
 	return L.sm->b[k][s][L.lane];
@@ -154,7 +229,7 @@ __device__ __forceinline__ void mm_unit_k45(mm_lane<R, NG> &L, const uint8_t *co
 			hb[r][hr] = __ldg((const uint4 *)(b + 32));
 		}
 	}
-	mm_stage_x<true, NG>(*L.sm, L.xr, L.n_tok, u, L.lane); /* while the weights load */
+	mm_stage_l<true>(L, u); /* while the weights load */
 	/* sub-blocks 2t (low nibbles) and 2t+1 (high nibbles): A multipliers and the mins */
 	uint32_t s_lo[R][2], n_lo[R][2], s_hi[R][2], n_hi[R][2], m_lo[R][2], m_hi[R][2];
 	float dd[R][2], dm[R][2];
@@ -272,7 +347,7 @@ __device__ __forceinline__ void mm_unit_q6k(mm_lane<R, NG> &L, const uint8_t *co
 		}
 		d[r][hr] = mm_f16(mm_u16(b + 208));
 	}
-	mm_stage_x<false, NG>(*L.sm, L.xr, L.n_tok, u, L.lane);
+	mm_stage_l<false>(L, u);
 	float is[NG];
 #pragma unroll
 	for (int k = 0; k < NG; k++)
@@ -333,7 +408,7 @@ __device__ __forceinline__ void mm_unit_q80(mm_lane<R, NG> &L, const uint8_t *co
 		for (int bi = 0; bi < 8; bi++)
 			d[r][hr][bi] = mm_f16(mm_u16(b + 34 * bi));
 	}
-	mm_stage_x<false, NG>(*L.sm, L.xr, L.n_tok, u, L.lane);
+	mm_stage_l<false>(L, u);
 	float is[NG];
 #pragma unroll
 	for (int k = 0; k < NG; k++)

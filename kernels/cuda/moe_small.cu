@@ -83,6 +83,7 @@ __device__ __forceinline__ void ms_lane_init(mm_stage<1> &st, const float *const
 	if (lane < 4)
 		st.scl[lane] = st.isc[lane] = 1.0f;
 	L.g = lane >> 2, L.t = lane & 3, L.lane = lane, L.n_tok = cnt, L.sm = &st, L.xr = xr;
+	L.split = 1, L.hp = NULL, L.hq = NULL, L.hnp = 0, L.hF = 0;
 #pragma unroll
 	for (int r = 0; r < R; r++)
 #pragma unroll
@@ -99,7 +100,8 @@ __global__ void __launch_bounds__(MS_GU_WARPS * 32)
     moe_small_gate_up_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                              const uint8_t *__restrict__ sg, const uint8_t *__restrict__ su, size_t rb, int E,
                              int64_t F, int64_t n_units, const float *__restrict__ x, int64_t ldx,
-                             const int32_t *__restrict__ ids, int k, int np_r, int np, float *__restrict__ h)
+                             const int32_t *__restrict__ ids, int k, int np_r, int np, float *__restrict__ h,
+                             float *__restrict__ hp)
 {
 	constexpr int R = 2, W = MS_GU_WARPS;
 	__shared__ float part[W][16 * R][4];
@@ -136,7 +138,9 @@ __global__ void __launch_bounds__(MS_GU_WARPS * 32)
 		rows[1][hr] = bu + ((size_t)f0 + 8 * hr + L.g) * rb;
 	}
 	const bool rb4 = rb % 4 == 0;
-	for (int64_t u = warp; u < n_units; u += W)
+	const int S = (int)gridDim.z, z = (int)blockIdx.z; /* split z: units u0 .. u1 - 1 of D */
+	const int64_t u0 = n_units * z / S, u1 = n_units * (z + 1) / S;
+	for (int64_t u = u0 + warp; u < u1; u += W)
 		mm_unit<T, R, 1>(L, rows, u, rb4);
 #pragma unroll
 	for (int r = 0; r < R; r++)
@@ -155,19 +159,26 @@ __global__ void __launch_bounds__(MS_GU_WARPS * 32)
 			gs += part[w][rr][tok];
 			us += part[w][16 + rr][tok];
 		}
-		h[(int64_t)mem[tok] * F + f0 + rr] = gs / (1.0f + expf(-gs)) * us;
+		if (S == 1)
+			h[(int64_t)mem[tok] * F + f0 + rr] = gs / (1.0f + expf(-gs)) * us;
+		else { /* partial sums; the down kernel forms h (mm_stage_h) */
+			float *o = hp + ((int64_t)z * np + mem[tok]) * 2 * F + f0 + rr;
+			o[0] = gs;
+			o[F] = us;
+		}
 	}
 }
 
 /* grid (ceil(D / 16 R)), W warps: output rows row0 .. row0 + 16 R - 1 of every token. Warp w runs
  * the chunks led by pairs w, w + W, ... over all of F (h rows of the chunk's pairs as its token
  * columns) into ys[pair][row]; then the weighted sum per token in slot order. */
-template <int T, int R, int W>
-__global__ void __launch_bounds__(W * 32)
+template <int T, int R, int W, bool SPLIT>
+__global__ void __launch_bounds__(W * 32, (T == KT_Q4_K || T == KT_Q5_K) ? 3 : 4)
     moe_small_down_kernel(const uint8_t *__restrict__ wd, const uint8_t *__restrict__ sd, size_t rb, int E,
                           int64_t D, int64_t n_units, const float *__restrict__ h, int64_t F,
                           const int32_t *__restrict__ ids, const float *__restrict__ wts, int k, int np_r,
-                          int np, int n, float *__restrict__ out, int64_t ldo, unsigned *err)
+                          int np, int n, float *__restrict__ out, int64_t ldo, unsigned *err, int split,
+                          const float *__restrict__ hp)
 {
 	__shared__ mm_stage<1> stage[W];
 	__shared__ float ys[MS_MAX_PAIRS][16 * R];
@@ -191,6 +202,9 @@ __global__ void __launch_bounds__(W * 32)
 			xr[warp][lane] = h + (int64_t)mem[warp][lane < cnt ? lane : 0] * F;
 		mm_lane<R, 1> L;
 		ms_lane_init<R>(stage[warp], xr[warp], cnt, lane, L); /* its __syncwarp publishes xr */
+		if (SPLIT) /* h from the split partial sums of gate and up (a template flag: the other
+		            * instantiation keeps split 1 constant and stays ~80 registers) */
+			L.split = split, L.hp = hp, L.hq = mem[warp], L.hnp = np, L.hF = F;
 		const int e = es[p];
 		const uint8_t *bd = e < E ? wd + (size_t)e * (size_t)D * rb : sd; /* E: the shared expert */
 		const uint8_t *rows[R][2];
@@ -239,11 +253,26 @@ static int ms_max_tokens(void)
 	return MOE_SMALL_DEFAULT_TOKENS;
 }
 
+/* gate / up split over D in this many blocks (1..MS_SPLIT_MAX): at 1-2 tokens the pairs are too
+ * few (9 at batch 1: 144 blocks of 8 warps, each warp walking 3 of the 24 units of D one after the
+ * other) to keep the loads in flight; with 3 splits every warp has one unit and 3x the blocks.
+ * TANDEM_MOE_SMALL_SPLIT=1|2|3 forces it. */
+#define MS_SPLIT_MAX 3
+static int ms_split(int64_t n, int64_t n_units)
+{
+	const char *v = getenv("TANDEM_MOE_SMALL_SPLIT");
+	int s = n <= 2 ? 3 : 1;
+	if (v && v[0] >= '1' && v[0] <= '0' + MS_SPLIT_MAX && !v[1])
+		s = v[0] - '0';
+	return s > n_units ? (int)n_units : s;
+}
+
 bool moe_small_fits(const struct kcuda_ctx *c, int64_t n, int k, bool shared, int64_t F)
 {
 	const int64_t np = n * (k + (shared ? 1 : 0));
+	/* workspace: h [np][F], or the split partial sums [MS_SPLIT_MAX][np][2][F] */
 	return n >= 1 && n <= ms_max_tokens() && np <= MS_MAX_PAIRS &&
-	       (size_t)np * (size_t)F * sizeof(float) <= c->ws_bytes;
+	       (size_t)np * (size_t)F * sizeof(float) * 2 * MS_SPLIT_MAX <= c->ws_bytes;
 }
 
 static void ms_stage_begin(const char *name, const struct kweight *w, double rows)
@@ -258,29 +287,37 @@ static void ms_stage_end(void)
 		kprof_pop(kprof_active);
 }
 
-template <int T>
-static int ms_gate_up_t(struct kcuda_ctx *c, const struct kweight *gate, const struct kweight *up,
-                        const void *sg, const void *su, int E, int64_t F, int64_t D, const float *x,
-                        int64_t ldx, const int32_t *ids, int k, int np_r, int np, float *h)
+/* one call's arguments, for the launch helpers */
+struct ms_args {
+	const struct kweight *gate, *up, *down;
+	const void *sg, *su, *sd; /* the shared expert's data, or NULL */
+	const float *x, *w;
+	const int32_t *ids;
+	int64_t ldx, F, D, ldo;
+	int E, k, np_r, np, n, split;
+	float *h, *hp, *out;
+};
+
+template <int T> static int ms_gate_up_t(struct kcuda_ctx *c, const struct ms_args &a)
 {
 	return klaunch("moe_small_gate_up", moe_small_gate_up_kernel<T>,
-	               dim3((unsigned)(F / 16), (unsigned)np), dim3(MS_GU_WARPS * 32), 0, c->stream,
-	               (const uint8_t *)gate->data, (const uint8_t *)up->data, (const uint8_t *)sg,
-	               (const uint8_t *)su, gate->row_bytes, E, F, D / 256, x, ldx, ids, k, np_r, np, h);
+	               dim3((unsigned)(a.F / 16), (unsigned)a.np, (unsigned)a.split), dim3(MS_GU_WARPS * 32),
+	               0, c->stream, (const uint8_t *)a.gate->data, (const uint8_t *)a.up->data,
+	               (const uint8_t *)a.sg, (const uint8_t *)a.su, a.gate->row_bytes, a.E, a.F, a.D / 256,
+	               a.x, a.ldx, a.ids, a.k, a.np_r, a.np, a.h, a.hp);
 }
 
-template <int T>
-static int ms_down_t(struct kcuda_ctx *c, const struct kweight *down, const void *sd, int E, int64_t F,
-                     int64_t D, const float *h, const int32_t *ids, const float *w, int k, int np_r, int np,
-                     int n, float *out, int64_t ldo)
+template <int T> static int ms_down_t(struct kcuda_ctx *c, const struct ms_args &a)
 {
 	/* one row tile per warp (16 rows per block: D / 16 blocks, ~3 per SM for the light K-quants at
-	 * 6144); Q6_K / Q8_0 need ~130-160 registers, so 4 warps per block for them */
+	 * 6144); Q6_K / Q8_0 need ~110-130 registers, so 4 warps per block for them */
 	constexpr int R = 1, W = (T == KT_Q4_K || T == KT_Q5_K) ? 8 : 4;
-	return klaunch("moe_small_down", moe_small_down_kernel<T, R, W>,
-	               dim3((unsigned)((D + 16 * R - 1) / (16 * R))), dim3(W * 32), 0, c->stream,
-	               (const uint8_t *)down->data, (const uint8_t *)sd, down->row_bytes, E, D, F / 256, h, F,
-	               ids, w, k, np_r, np, n, out, ldo, c->err_dev);
+	auto kern =
+	    a.split > 1 ? moe_small_down_kernel<T, R, W, true> : moe_small_down_kernel<T, R, W, false>;
+	return klaunch("moe_small_down", kern, dim3((unsigned)((a.D + 16 * R - 1) / (16 * R))), dim3(W * 32),
+	               0, c->stream, (const uint8_t *)a.down->data, (const uint8_t *)a.sd, a.down->row_bytes,
+	               a.E, a.D, a.F / 256, (const float *)a.h, a.F, a.ids, a.w, a.k, a.np_r, a.np, a.n,
+	               a.out, a.ldo, c->err_dev, a.split, (const float *)a.hp);
 }
 
 int moe_small_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
@@ -289,50 +326,33 @@ int moe_small_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, c
                   const struct kweight *sh_up, const struct kweight *sh_down, float *out, int64_t ldo)
 {
 	const bool sh = sh_gate != NULL;
-	const int np_r = (int)(n * k), np = np_r + (sh ? (int)n : 0);
-	const int64_t D = gate->n_in;
-	const void *sg = sh ? sh_gate->data : NULL, *su = sh ? sh_up->data : NULL,
-	           *sd = sh ? sh_down->data : NULL;
-	float *h = (float *)c->ws;
-	const int64_t n_ex = (np_r < E ? np_r : E) + (sh ? 1 : 0);
+	struct ms_args a;
+	a.gate = gate, a.up = up, a.down = down;
+	a.sg = sh ? sh_gate->data : NULL, a.su = sh ? sh_up->data : NULL, a.sd = sh ? sh_down->data : NULL;
+	a.x = x, a.w = weights, a.ids = ids, a.ldx = ldx, a.F = F, a.D = gate->n_in, a.ldo = ldo;
+	a.E = (int)E, a.k = k, a.np_r = (int)(n * k), a.np = a.np_r + (sh ? (int)n : 0), a.n = (int)n;
+	a.split = ms_split(n, a.D / 256);
+	a.h = a.hp = (float *)c->ws; /* h (split 1) or the partial sums */
+	a.out = out;
+	const int64_t n_ex = (a.np_r < E ? a.np_r : E) + (sh ? 1 : 0);
 	int rc;
 	ms_stage_begin("moe.experts/gate_up(small)", gate, 2.0 * (double)n_ex * (double)F);
 	switch (gate->type) {
-	case KT_Q4_K:
-		rc = ms_gate_up_t<KT_Q4_K>(c, gate, up, sg, su, (int)E, F, D, x, ldx, ids, k, np_r, np, h);
-		break;
-	case KT_Q5_K:
-		rc = ms_gate_up_t<KT_Q5_K>(c, gate, up, sg, su, (int)E, F, D, x, ldx, ids, k, np_r, np, h);
-		break;
-	case KT_Q6_K:
-		rc = ms_gate_up_t<KT_Q6_K>(c, gate, up, sg, su, (int)E, F, D, x, ldx, ids, k, np_r, np, h);
-		break;
-	case KT_Q8_0:
-		rc = ms_gate_up_t<KT_Q8_0>(c, gate, up, sg, su, (int)E, F, D, x, ldx, ids, k, np_r, np, h);
-		break;
+	case KT_Q4_K: rc = ms_gate_up_t<KT_Q4_K>(c, a); break;
+	case KT_Q5_K: rc = ms_gate_up_t<KT_Q5_K>(c, a); break;
+	case KT_Q6_K: rc = ms_gate_up_t<KT_Q6_K>(c, a); break;
+	case KT_Q8_0: rc = ms_gate_up_t<KT_Q8_0>(c, a); break;
 	default: rc = ERR_UNSUPPORTED; break;
 	}
 	ms_stage_end();
 	if (rc)
 		return rc;
-	ms_stage_begin("moe.experts/down+combine(small)", down, (double)n_ex * (double)D);
+	ms_stage_begin("moe.experts/down+combine(small)", down, (double)n_ex * (double)a.D);
 	switch (down->type) {
-	case KT_Q4_K:
-		rc = ms_down_t<KT_Q4_K>(c, down, sd, (int)E, F, D, h, ids, weights, k, np_r, np, (int)n, out,
-		                        ldo);
-		break;
-	case KT_Q5_K:
-		rc = ms_down_t<KT_Q5_K>(c, down, sd, (int)E, F, D, h, ids, weights, k, np_r, np, (int)n, out,
-		                        ldo);
-		break;
-	case KT_Q6_K:
-		rc = ms_down_t<KT_Q6_K>(c, down, sd, (int)E, F, D, h, ids, weights, k, np_r, np, (int)n, out,
-		                        ldo);
-		break;
-	case KT_Q8_0:
-		rc = ms_down_t<KT_Q8_0>(c, down, sd, (int)E, F, D, h, ids, weights, k, np_r, np, (int)n, out,
-		                        ldo);
-		break;
+	case KT_Q4_K: rc = ms_down_t<KT_Q4_K>(c, a); break;
+	case KT_Q5_K: rc = ms_down_t<KT_Q5_K>(c, a); break;
+	case KT_Q6_K: rc = ms_down_t<KT_Q6_K>(c, a); break;
+	case KT_Q8_0: rc = ms_down_t<KT_Q8_0>(c, a); break;
 	default: rc = ERR_UNSUPPORTED; break;
 	}
 	ms_stage_end();

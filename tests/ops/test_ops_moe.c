@@ -24,7 +24,8 @@
  * 4. The small-batch path (moe_small.cu: 1..8 tokens, no sort, down + combine in one kernel) at
  *    every batch 1..8 and its neighbours 9, 16, 17 (the sorted path), GLM-5 and DS-V3 slices, with
  *    and without the shared expert, Q4_K / Q6_K / Q5_K / Q8_0 mixes, an expert chosen by many
- *    pairs (chunks of 4) and ids repeated inside a token; its threshold moved by
+ *    pairs (chunks of 4) and ids repeated inside a token; gate / up split over D in 1, 2, 3
+ *    blocks (TANDEM_MOE_SMALL_SPLIT); its threshold moved by
  *    TANDEM_MOE_SMALL_MAX and the path switched off (TANDEM_MOE_SMALL=0); bits equal to the sorted
  *    path's one-tile result reported. The route's register kernel and the shared-memory one
  *    (TANDEM_MOE_ROUTE_FAST=0) on every routing case, plus group shapes the register kernel hands
@@ -664,6 +665,17 @@ int main(void)
 	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 7, 1e-4);
 	ffn_case(&e256, KT_Q8_0, KT_Q4_K, 8, 1e-4);
 	id_mode = 0;
+	/* gate / up split over D (3 by default at 1-2 tokens, else 1), forced both ways */
+	setenv("TANDEM_MOE_SMALL_SPLIT", "1", 1);
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 1, 1e-4);
+	ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 2, 1e-4);
+	setenv("TANDEM_MOE_SMALL_SPLIT", "2", 1);
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 5, 1e-4);
+	ffn_case(&e256, KT_Q8_0, KT_Q5_K, 8, 1e-4);
+	setenv("TANDEM_MOE_SMALL_SPLIT", "3", 1);
+	ffn_case(&e256s, KT_Q5_K, KT_Q8_0, 7, 1e-4);
+	ffn_case(&e256s, KT_Q4_K, KT_Q4_K, 3, 1e-4); /* D 512: two units, the split stops at 2 */
+	unsetenv("TANDEM_MOE_SMALL_SPLIT");
 	setenv("TANDEM_MOE_SMALL_MAX", "16", 1); /* the limit moved: 16 tokens of 2 + 1 pairs */
 	ffn_case(&gtinys, KT_Q4_K, KT_Q6_K, 16, 1e-4);
 	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 9, 1e-4); /* 90 pairs: too many, the sorted path */
