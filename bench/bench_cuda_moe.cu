@@ -4,7 +4,9 @@
  *   sorted the tensor-core path with its sort and combine launches (TANDEM_MOE_SMALL=0);
  *   new    the default: the small-batch path (moe_small.cu) up to 8 tokens, else sorted; "new
  *          s1" / "s3": the small path with gate / up split over D in 1 / 3 blocks forced
- *          (TANDEM_MOE_SMALL_SPLIT; default 3 at 1-2 tokens, else 1);
+ *          (TANDEM_MOE_SMALL_SPLIT; default 3 at 1-2 tokens, else 1); the "sweep" lines (batch
+ *          <= 8, routed + shared): every split 1..3 x 8 or 4 warps per gate / up block
+ *          (TANDEM_MOE_SMALL_GUW);
  *   route  kcuda_moe_route (sigmoid, bias, one group): the shared-memory kernel
  *          (TANDEM_MOE_ROUTE_FAST=0) and the register kernel.
  * Second table: routed + shared expert (F 256, the same types): old = kcuda_moe_ffn + the backend's
@@ -267,6 +269,24 @@ int main(void)
 		const float ts_sorted = time_us(c->stream, [&](int it) { rc2 |= shexp(it, (float *)d_o2); });
 		path_env(NULL, NULL);
 		const float ts_new = time_us(c->stream, [&](int it) { rc3 |= shexp(it, (float *)d_o3); });
+		if (n <= 8) { /* the small path's knobs, routed + shared: gate / up split x warps per block */
+			printf("    sweep batch %d + shared, us (GB/s):", n);
+			for (int split = 1; split <= 3; split++)
+				for (int guw = 8; guw >= 4; guw -= 4) {
+					char sv[4], gv[4];
+					snprintf(sv, sizeof(sv), "%d", split);
+					snprintf(gv, sizeof(gv), "%d", guw);
+					setenv("TANDEM_MOE_SMALL_SPLIT", sv, 1);
+					setenv("TANDEM_MOE_SMALL_GUW", gv, 1);
+					const float t = time_us(
+					    c->stream, [&](int it) { rc3 |= shexp(it, (float *)d_o3); });
+					printf("  s%d/w%d %.1f (%.0f)", split, guw, t,
+					       (n_hit + 1) * expert_bytes / (t * 1e3));
+				}
+			printf("\n");
+			unsetenv("TANDEM_MOE_SMALL_SPLIT");
+			unsetenv("TANDEM_MOE_SMALL_GUW");
+		}
 		CK(cudaFree(d_t));
 		sh_old[(size_t)bi] = ts_old, sh_sorted[(size_t)bi] = ts_sorted, sh_new[(size_t)bi] = ts_new;
 		sh_bytes[(size_t)bi] = (n_hit + 1) * expert_bytes;

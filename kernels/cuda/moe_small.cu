@@ -33,7 +33,6 @@
 
 #define MS_CH 4 /* pairs per chunk: one n-tile of 4 token columns (NG = 1) */
 #define MS_MAX_PAIRS 80 /* 8 tokens x (top-8 + the shared expert) = 72 */
-#define MS_GU_WARPS 8
 
 /* expert of pair q (E: the shared expert), -1 for an id out of range */
 __device__ __forceinline__ int ms_expert(const int32_t *__restrict__ ids, int q, int np_r, int E)
@@ -92,18 +91,18 @@ __device__ __forceinline__ void ms_lane_init(mm_stage<1> &st, const float *const
 	__syncwarp();
 }
 
-/* grid (F / 16, np), MS_GU_WARPS warps: block y computes h[q][f0 .. f0 + 15] for the pairs q of the
- * chunk pair y leads (none: exits); warp w takes units w, w + W, ... of D for the 16 rows of gate
- * (tile 0) and up (tile 1) */
-template <int T>
-__global__ void __launch_bounds__(MS_GU_WARPS * 32)
+/* grid (F / 16, np, split), W warps (8, or 4: TANDEM_MOE_SMALL_GUW): block y computes h[q][f0 .. f0 + 15] for
+ * the pairs q of the chunk pair y leads (none: exits); warp w takes units w, w + W, ... of D for the 16 rows
+ * of gate (tile 0) and up (tile 1) */
+template <int T, int W>
+__global__ void __launch_bounds__(W * 32)
     moe_small_gate_up_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                              const uint8_t *__restrict__ sg, const uint8_t *__restrict__ su, size_t rb, int E,
                              int64_t F, int64_t n_units, const float *__restrict__ x, int64_t ldx,
                              const int32_t *__restrict__ ids, int k, int np_r, int np, float *__restrict__ h,
                              float *__restrict__ hp)
 {
-	constexpr int R = 2, W = MS_GU_WARPS;
+	constexpr int R = 2;
 	__shared__ float part[W][16 * R][4];
 	__shared__ mm_stage<1> stage[W];
 	__shared__ const float *xr[4];
@@ -298,26 +297,42 @@ struct ms_args {
 	float *h, *hp, *out;
 };
 
+/* warps per gate / up block: 8 (default), or 4 (TANDEM_MOE_SMALL_GUW=4: twice the blocks; 4 of them
+ * fit an SM where 2 of 8 do, so batch 1's split-3 grid runs in one wave with 2 units per warp) */
+static int ms_gu_warps(void)
+{
+	const char *v = getenv("TANDEM_MOE_SMALL_GUW");
+	return v && strcmp(v, "4") == 0 ? 4 : 8;
+}
+
 template <int T> static int ms_gate_up_t(struct kcuda_ctx *c, const struct ms_args &a)
 {
-	return klaunch("moe_small_gate_up", moe_small_gate_up_kernel<T>,
-	               dim3((unsigned)(a.F / 16), (unsigned)a.np, (unsigned)a.split), dim3(MS_GU_WARPS * 32),
-	               0, c->stream, (const uint8_t *)a.gate->data, (const uint8_t *)a.up->data,
+	const int w = ms_gu_warps();
+	return klaunch("moe_small_gate_up",
+	               w == 4 ? moe_small_gate_up_kernel<T, 4> : moe_small_gate_up_kernel<T, 8>,
+	               dim3((unsigned)(a.F / 16), (unsigned)a.np, (unsigned)a.split), dim3(w * 32), 0,
+	               c->stream, (const uint8_t *)a.gate->data, (const uint8_t *)a.up->data,
 	               (const uint8_t *)a.sg, (const uint8_t *)a.su, a.gate->row_bytes, a.E, a.F, a.D / 256,
 	               a.x, a.ldx, a.ids, a.k, a.np_r, a.np, a.h, a.hp);
 }
 
 template <int T> static int ms_down_t(struct kcuda_ctx *c, const struct ms_args &a)
 {
-	/* one row tile per warp (16 rows per block: D / 16 blocks, ~3 per SM for the light K-quants at
-	 * 6144); Q6_K / Q8_0 need ~110-130 registers, so 4 warps per block for them */
-	constexpr int R = 1, W = (T == KT_Q4_K || T == KT_Q5_K) ? 8 : 4;
+	/* one row tile per warp (16 rows per block: D / 16 blocks, 3 per SM for the light K-quants at
+	 * <= 80 registers: one wave at D 6144); 9 warps where that saves a round of chunks (batch 1 with
+	 * the shared expert: 9 chunks); Q6_K / Q8_0 need ~128 registers, so 4 warps per block for them */
+	constexpr bool LIGHT = T == KT_Q4_K || T == KT_Q5_K;
+	constexpr int R = 1, W = LIGHT ? 8 : 4, W9 = LIGHT ? 9 : 4;
+	const bool w9 = LIGHT && (a.np + 8) / 9 < (a.np + 7) / 8;
 	auto kern =
-	    a.split > 1 ? moe_small_down_kernel<T, R, W, true> : moe_small_down_kernel<T, R, W, false>;
-	return klaunch("moe_small_down", kern, dim3((unsigned)((a.D + 16 * R - 1) / (16 * R))), dim3(W * 32),
-	               0, c->stream, (const uint8_t *)a.down->data, (const uint8_t *)a.sd, a.down->row_bytes,
-	               a.E, a.D, a.F / 256, (const float *)a.h, a.F, a.ids, a.w, a.k, a.np_r, a.np, a.n,
-	               a.out, a.ldo, c->err_dev, a.split, (const float *)a.hp);
+	    a.split > 1
+	        ? (w9 ? moe_small_down_kernel<T, R, W9, true> : moe_small_down_kernel<T, R, W, true>)
+	        : (w9 ? moe_small_down_kernel<T, R, W9, false> : moe_small_down_kernel<T, R, W, false>);
+	return klaunch("moe_small_down", kern, dim3((unsigned)((a.D + 16 * R - 1) / (16 * R))),
+	               dim3((w9 ? W9 : W) * 32), 0, c->stream, (const uint8_t *)a.down->data,
+	               (const uint8_t *)a.sd, a.down->row_bytes, a.E, a.D, a.F / 256, (const float *)a.h, a.F,
+	               a.ids, a.w, a.k, a.np_r, a.np, a.n, a.out, a.ldo, c->err_dev, a.split,
+	               (const float *)a.hp);
 }
 
 int moe_small_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,

@@ -25,7 +25,8 @@
  *    every batch 1..8 and its neighbours 9, 16, 17 (the sorted path), GLM-5 and DS-V3 slices, with
  *    and without the shared expert, Q4_K / Q6_K / Q5_K / Q8_0 mixes, an expert chosen by many
  *    pairs (chunks of 4) and ids repeated inside a token; gate / up split over D in 1, 2, 3
- *    blocks (TANDEM_MOE_SMALL_SPLIT); its threshold moved by
+ *    blocks (TANDEM_MOE_SMALL_SPLIT), 4 warps per gate / up block (TANDEM_MOE_SMALL_GUW); 8 or 9
+ *    warps in the down kernel (9 where np = 9, 17, 18, ...); its threshold moved by
  *    TANDEM_MOE_SMALL_MAX and the path switched off (TANDEM_MOE_SMALL=0); bits equal to the sorted
  *    path's one-tile result reported. The route's register kernel and the shared-memory one
  *    (TANDEM_MOE_ROUTE_FAST=0) on every routing case, plus group shapes the register kernel hands
@@ -672,6 +673,10 @@ int main(void)
 	setenv("TANDEM_MOE_SMALL_SPLIT", "2", 1);
 	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 5, 1e-4);
 	ffn_case(&e256, KT_Q8_0, KT_Q5_K, 8, 1e-4);
+	setenv("TANDEM_MOE_SMALL_GUW", "4", 1); /* 4 warps per gate / up block */
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 1, 1e-4);
+	ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 8, 1e-4);
+	unsetenv("TANDEM_MOE_SMALL_GUW");
 	setenv("TANDEM_MOE_SMALL_SPLIT", "3", 1);
 	ffn_case(&e256s, KT_Q5_K, KT_Q8_0, 7, 1e-4);
 	ffn_case(&e256s, KT_Q4_K, KT_Q4_K, 3, 1e-4); /* D 512: two units, the split stops at 2 */
