@@ -164,7 +164,8 @@ __global__ void __launch_bounds__(ROUTE_WARPS * 32)
  * its top-2 merged by xor shuffles inside the group.
  * Same arithmetic as the CPU (kcpu_moe_route): sigmoid / softmax as the kernel above, the top-k
  * weights summed in double in selection order, ties to the lower id everywhere (contiguous
- * experts per lane: the lower lane holds the lower ids). */
+ * experts per lane: the lower lane holds the lower ids). TANDEM_MOE_ROUTE_FAST=0 or TANDEM_MOE_FAST=0
+ * (the switch of the whole MoE decode path) selects the kernel above. */
 template <int V>
 __global__ void __launch_bounds__(ROUTE_WARPS * 32)
     moe_route_reg_kernel(const float *__restrict__ logits, int64_t ld, const float *__restrict__ bias,
@@ -298,8 +299,8 @@ __global__ void __launch_bounds__(ROUTE_WARPS * 32)
 #define ROUTE_V_MAX 32
 static int route_reg_v(int E, int k, int n_group, int n_group_used)
 {
-	const char *f = getenv("TANDEM_MOE_ROUTE_FAST");
-	if ((f && strcmp(f, "0") == 0) || k > 32 || E > 32 * ROUTE_V_MAX)
+	const char *f = getenv("TANDEM_MOE_ROUTE_FAST"), *m = getenv("TANDEM_MOE_FAST"); /* either 0: old */
+	if ((f && strcmp(f, "0") == 0) || (m && strcmp(m, "0") == 0) || k > 32 || E > 32 * ROUTE_V_MAX)
 		return 0;
 	int V = 1;
 	while (32 * V < E)
