@@ -181,11 +181,13 @@ __global__ void __launch_bounds__(W * 32, (T == KT_Q4_K || T == KT_Q5_K) ? 3 : 4
 {
 	__shared__ mm_stage<1> stage[W];
 	__shared__ float ys[MS_MAX_PAIRS][16 * R];
+	__shared__ float wsh[MS_MAX_PAIRS]; /* the routing weights, loaded with the ids (off the tail) */
 	__shared__ int es[MS_MAX_PAIRS], mem[W][MS_CH];
 	__shared__ const float *xr[W][4];
 	KDEP_ENTRY();
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 	for (int i = threadIdx.x; i < np; i += W * 32) {
+		wsh[i] = i < np_r ? wts[i] : 1.0f;
 		es[i] = ms_expert(ids, i, np_r, E);
 		if (es[i] < 0 && blockIdx.x == 0)
 			atomicAdd(err, 1u);
@@ -229,7 +231,7 @@ __global__ void __launch_bounds__(W * 32, (T == KT_Q4_K || T == KT_Q5_K) ? 3 : 4
 		float s = 0.0f;
 		for (int j = 0; j < k; j++) {
 			const int q = tok * k + j;
-			s = es[q] >= 0 ? fmaf(wts[q], ys[q][rr], s) : NAN;
+			s = es[q] >= 0 ? fmaf(wsh[q], ys[q][rr], s) : NAN;
 		}
 		if (np > np_r) /* the shared expert, weight 1, after the routed ones */
 			s += ys[np_r + tok][rr];
