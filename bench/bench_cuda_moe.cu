@@ -2,10 +2,11 @@
  * slice F 256, Q4_K gate / up / down) at batch 1, 2, 4, 8, 32, 128; each row:
  *   old    TANDEM_MOE_FAST=0 (pair kernels up to 16 tokens, sorted fp32 kernels up to 256);
  *   sorted the tensor-core path with its sort and combine launches (TANDEM_MOE_SMALL=0);
- *   new    the default: the small-batch path (moe_small.cu) up to 8 tokens, else sorted; "new
- *          s1" / "s3": the small path with gate / up split over D in 1 / 3 blocks forced
- *          (TANDEM_MOE_SMALL_SPLIT; default 3 at 1-2 tokens, else 1); the "sweep" lines (batch
- *          <= 8, routed + shared): every split 1..3 x 8 or 4 warps per gate / up block
+ *   new    the default: the small-batch path (moe_small.cu) up to 4 tokens, else sorted; "new
+ *          s1" / "s3": the small path (up to 8 tokens) with gate / up split over D in 1 / 3 blocks
+ *          (TANDEM_MOE_SMALL_SPLIT; default 1); the "sweep" lines (batch
+ *          <= 8, routed + shared, TANDEM_MOE_SMALL_MAX=8): every split 1..3 x 8 or 4 warps per
+ *          gate / up block
  *          (TANDEM_MOE_SMALL_GUW);
  *   route  kcuda_moe_route (sigmoid, bias, one group): the shared-memory kernel
  *          (TANDEM_MOE_ROUTE_FAST=0) and the register kernel.
@@ -202,6 +203,8 @@ int main(void)
 		CK(cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
 		CK(cudaMemcpy(d_lg, lg.data(), lg.size() * 4, cudaMemcpyHostToDevice));
 		CK(cudaMemcpy(d_b, bias.data(), bias.size() * 4, cudaMemcpyHostToDevice));
+		CK(cudaDeviceSynchronize()); /* pageable copies may still be in flight when cudaMemcpy returns
+		                              */
 		const float *xs = (const float *)d_x;
 		const int32_t *id0 = (const int32_t *)d_ids;
 		const float *w0 = (const float *)d_w;
@@ -221,11 +224,13 @@ int main(void)
 		const float t_sorted = time_us(c->stream, [&](int it) { rc2 |= routed(it, (float *)d_o2); });
 		path_env(NULL, NULL);
 		const float t_new = time_us(c->stream, [&](int it) { rc3 |= routed(it, (float *)d_o3); });
+		setenv("TANDEM_MOE_SMALL_MAX", "8", 1); /* s1 / s3 / sweep: the small path up to 8 tokens */
 		setenv("TANDEM_MOE_SMALL_SPLIT", "1", 1);
 		const float t_s1 = time_us(c->stream, [&](int it) { rc3 |= routed(it, (float *)d_o3); });
 		setenv("TANDEM_MOE_SMALL_SPLIT", "3", 1);
 		const float t_s3 = time_us(c->stream, [&](int it) { rc3 |= routed(it, (float *)d_o3); });
 		unsetenv("TANDEM_MOE_SMALL_SPLIT");
+		unsetenv("TANDEM_MOE_SMALL_MAX");
 		setenv("TANDEM_MOE_ROUTE_FAST", "0", 1);
 		const float t_route_old = time_us(c->stream, [&](int) {
 			(void)kcuda_moe_route(c, (const float *)d_lg, E, (const float *)d_b, n, (int)E, k, 1,
@@ -239,6 +244,7 @@ int main(void)
 		{ /* the two route kernels agree */
 			std::vector<int32_t> i1(np), i2(np);
 			std::vector<float> w1(np), w2(np);
+			CK(cudaStreamSynchronize(c->stream));
 			CK(cudaMemcpy(i1.data(), d_rid, np * 4, cudaMemcpyDeviceToHost));
 			CK(cudaMemcpy(i2.data(), d_rid2, np * 4, cudaMemcpyDeviceToHost));
 			CK(cudaMemcpy(w1.data(), d_rw, np * 4, cudaMemcpyDeviceToHost));
@@ -271,6 +277,7 @@ int main(void)
 		const float ts_new = time_us(c->stream, [&](int it) { rc3 |= shexp(it, (float *)d_o3); });
 		if (n <= 8) { /* the small path's knobs, routed + shared: gate / up split x warps per block */
 			printf("    sweep batch %d + shared, us (GB/s):", n);
+			setenv("TANDEM_MOE_SMALL_MAX", "8", 1);
 			for (int split = 1; split <= 3; split++)
 				for (int guw = 8; guw >= 4; guw -= 4) {
 					char sv[4], gv[4];
@@ -286,6 +293,7 @@ int main(void)
 			printf("\n");
 			unsetenv("TANDEM_MOE_SMALL_SPLIT");
 			unsetenv("TANDEM_MOE_SMALL_GUW");
+			unsetenv("TANDEM_MOE_SMALL_MAX");
 		}
 		CK(cudaFree(d_t));
 		sh_old[(size_t)bi] = ts_old, sh_sorted[(size_t)bi] = ts_sorted, sh_new[(size_t)bi] = ts_new;
@@ -337,6 +345,11 @@ int main(void)
 			rc2 |= sh ? shexp(0, (float *)d_o2) : routed(0, (float *)d_o2);
 			path_env(NULL, NULL);
 			rc3 |= sh ? shexp(0, (float *)d_o3) : routed(0, (float *)d_o3);
+			/* the context's stream does not block with the legacy default stream that cudaMemcpy
+			 * uses: without this sync the copies raced the kernels (the 15:31 run's "paths
+			 * differ" FAIL at batch 32 and the 16:15 run's errors of 0.02-0.95 against the CPU
+			 * were that race) */
+			CK(cudaStreamSynchronize(c->stream));
 			CK(cudaMemcpy(o1.data(), d_o1, o1.size() * 4, cudaMemcpyDeviceToHost));
 			CK(cudaMemcpy(o2.data(), d_o2, o2.size() * 4, cudaMemcpyDeviceToHost));
 			CK(cudaMemcpy(o3.data(), d_o3, o3.size() * 4, cudaMemcpyDeviceToHost));

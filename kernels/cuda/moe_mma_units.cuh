@@ -131,6 +131,8 @@ __device__ __forceinline__ void mm_stage_x(mm_stage<NG> &sm, const float *const 
 	__syncwarp();
 }
 
+#define MM_SPLIT_MAX 3 /* moe_small.cu's largest gate / up split */
+
 /* mm_stage_x for split partial sums of gate and up (mm_lane.split > 1): lane l's two float4 of a
  * token are elements 4 l and 128 + 4 l of the unit (the entries q = l, l + 32 mm_stage_x gives
  * it), formed in registers as sum_z g_z, sum_z u_z in z order and kcpu_swiglu's formula; the
@@ -145,14 +147,24 @@ __device__ __forceinline__ void mm_stage_h(mm_stage<NG> &sm, const float *hp, co
 		float4 v[2];
 #pragma unroll
 		for (int hh = 0; hh < 2; hh++) {
+			/* all partial loads first (split <= MM_SPLIT_MAX: one round trip, not split), then
+			 * the sums in z order */
+			float4 pa[MM_SPLIT_MAX], pc[MM_SPLIT_MAX];
+#pragma unroll
+			for (int z = 0; z < MM_SPLIT_MAX; z++)
+				if (z < split) {
+					const float *b = hp + ((int64_t)z * np + hq[tok]) * 2 * F + 256 * u +
+					                 4 * lane + 128 * hh;
+					pa[z] = __ldg((const float4 *)b),
+					pc[z] = __ldg((const float4 *)(b + F));
+				}
 			float4 gs = make_float4(0.f, 0.f, 0.f, 0.f), us = gs;
-			for (int z = 0; z < split; z++) {
-				const float *b =
-				    hp + ((int64_t)z * np + hq[tok]) * 2 * F + 256 * u + 4 * lane + 128 * hh;
-				const float4 a = __ldg((const float4 *)b), c = __ldg((const float4 *)(b + F));
-				gs.x += a.x, gs.y += a.y, gs.z += a.z, gs.w += a.w;
-				us.x += c.x, us.y += c.y, us.z += c.z, us.w += c.w;
-			}
+#pragma unroll
+			for (int z = 0; z < MM_SPLIT_MAX; z++)
+				if (z < split) {
+					gs.x += pa[z].x, gs.y += pa[z].y, gs.z += pa[z].z, gs.w += pa[z].w;
+					us.x += pc[z].x, us.y += pc[z].y, us.z += pc[z].z, us.w += pc[z].w;
+				}
 			v[hh].x = gs.x / (1.0f + expf(-gs.x)) * us.x;
 			v[hh].y = gs.y / (1.0f + expf(-gs.y)) * us.y;
 			v[hh].z = gs.z / (1.0f + expf(-gs.z)) * us.z;

@@ -1,4 +1,4 @@
-/* The small-batch decode path of kcuda_moe_ffn (1..8 tokens by default): the tensor-core units of
+/* The small-batch decode path of kcuda_moe_ffn (1..4 tokens by default): the tensor-core units of
  * moe_mma.cu without its sort and combine launches, two kernels per layer instead of four.
  *
  * Why: at batch 1 the sorted path's one-block sort and its combine cost ~6.6 us each per layer in
@@ -12,7 +12,7 @@
  *     order (so an expert chosen by several tokens is read once per MS_CH of them, and every valid
  *     pair is in exactly one chunk). A warp finds its chunk with two or three ballots.
  * Launches:
- *   gate_up, grid (F / 16, np): block y = pair y; blocks whose pair does not lead exit at once; the
+ *   gate_up, grid (F / 16, np, split): block y = pair y; blocks whose pair does not lead exit at once; the
  *     rest are moe_mma.cu's gate_up block (8 warps, rows f0..f0+15 of gate AND up, D split over
  *     the warps, h[pair][f] = SiLU(g) u);
  *   down + combine, grid (D / 16): a block owns 16 output rows of every token; its warps take the
@@ -254,15 +254,18 @@ static int ms_max_tokens(void)
 	return MOE_SMALL_DEFAULT_TOKENS;
 }
 
-/* gate / up split over D in this many blocks (1..MS_SPLIT_MAX): at 1-2 tokens the pairs are too
- * few (9 at batch 1: 144 blocks of 8 warps, each warp walking 3 of the 24 units of D one after the
- * other) to keep the loads in flight; with 3 splits every warp has one unit and 3x the blocks.
- * TANDEM_MOE_SMALL_SPLIT=1|2|3 forces it. */
-#define MS_SPLIT_MAX 3
+/* gate / up split over D in this many blocks (1..MS_SPLIT_MAX; TANDEM_MOE_SMALL_SPLIT=1|2|3). The
+ * idea: at 1-2 tokens the pairs are few (9 at batch 1: 144 blocks of 8 warps, each warp walking 3
+ * of the 24 units of D one after the other); with 3 splits every warp has one unit. Measured on
+ * the H200 (16:15 run, bench_cuda_moe's sweep, routed + shared): no gain, split 1 was as fast or
+ * faster at every batch 1..8 (batch 1: 25.9 us at 1 split, 29.5 at 3; the down kernel then paid 6
+ * dependent loads per token to form h, now 1), so 1 is the default. */
+#define MS_SPLIT_MAX MM_SPLIT_MAX
 static int ms_split(int64_t n, int64_t n_units)
 {
 	const char *v = getenv("TANDEM_MOE_SMALL_SPLIT");
-	int s = n <= 2 ? 3 : 1;
+	int s = 1;
+	(void)n;
 	if (v && v[0] >= '1' && v[0] <= '0' + MS_SPLIT_MAX && !v[1])
 		s = v[0] - '0';
 	return s > n_units ? (int)n_units : s;

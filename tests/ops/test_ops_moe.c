@@ -21,8 +21,9 @@
  * 3. The model's chain kcuda_matmul (F32 router weight) -> kcuda_moe_route against the CPU chain
  *    (ids equal except near-ties of the selection score, since the logits differ by rounding), and
  *    argument checks.
- * 4. The small-batch path (moe_small.cu: 1..8 tokens, no sort, down + combine in one kernel) at
- *    every batch 1..8 and its neighbours 9, 16, 17 (the sorted path), GLM-5 and DS-V3 slices, with
+ * 4. The small-batch path (moe_small.cu: 1..4 tokens by default, no sort, down + combine in one
+ *    kernel) at every batch 1..8 (limit moved to 8) and the neighbours 9, 16, 17 (the sorted path),
+ *    the default limit's neighbours 4 and 5, GLM-5 and DS-V3 slices, with
  *    and without the shared expert, Q4_K / Q6_K / Q5_K / Q8_0 mixes, an expert chosen by many
  *    pairs (chunks of 4) and ids repeated inside a token; gate / up split over D in 1, 2, 3
  *    blocks (TANDEM_MOE_SMALL_SPLIT), 4 warps per gate / up block (TANDEM_MOE_SMALL_GUW); 8 or 9
@@ -142,7 +143,7 @@ static int small_max(void)
 		const long x = strtol(m, NULL, 10);
 		return x < 0 ? 0 : x > 16 ? 16 : (int)x;
 	}
-	return 8;
+	return 4; /* MOE_SMALL_DEFAULT_TOKENS */
 }
 static const char *ffn_path(int type, int dtype, int n, int k, int shexp, int64_t D, int64_t F)
 {
@@ -198,8 +199,9 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 	float *got = malloc(sizeof(float) * (size_t)(n * D)), *w = malloc(sizeof(float) * (size_t)np);
 	float *again = malloc(sizeof(float) * (size_t)(n * D));
 	int32_t *ids = malloc(sizeof(int32_t) * (size_t)np), *tok = malloc(sizeof(int32_t) * (size_t)np);
-	float *xs = malloc(sizeof(float) * (size_t)(n * D)), *t1 = malloc(sizeof(float) * (size_t)(n * F)),
-	      *t2 = malloc(sizeof(float) * (size_t)(n * F)), *ys = malloc(sizeof(float) * (size_t)(n * D));
+	/* an expert's rows in the CPU chain: up to np of them (ids may repeat inside a token, id_mode 1) */
+	float *xs = malloc(sizeof(float) * (size_t)(np * D)), *t1 = malloc(sizeof(float) * (size_t)(np * F)),
+	      *t2 = malloc(sizeof(float) * (size_t)(np * F)), *ys = malloc(sizeof(float) * (size_t)(np * D));
 	float *yp = malloc(sizeof(float) * (size_t)(np * D)); /* per pair, summed in slot order below */
 	uint8_t *sg = NULL, *su = NULL, *sd = NULL;
 	struct kweight hsg = {type, D, F, rb_d, NULL}, hsu = hsg, hsd = {dtype, F, D, rb_f, NULL};
@@ -642,7 +644,9 @@ int main(void)
 	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 3, 1e-4); /* ERR_UNSUPPORTED under the switch */
 	unsetenv("TANDEM_MOE_FAST");
 	ffn_case(&small, KT_Q8_0, KT_BF16, 3, 1e-4); /* a float down type under a quant gate */
-	/* the small-batch path (moe_small.cu) at every batch up to its limit and the neighbours */
+	/* the small-batch path (moe_small.cu) at every batch up to 8 (its limit moved there: the default
+	 * is 4) and the neighbours */
+	setenv("TANDEM_MOE_SMALL_MAX", "8", 1);
 	static const int sb_n[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17};
 	for (size_t i = 0; i < sizeof(sb_n) / sizeof(sb_n[0]); i++) {
 		ffn_case(&e256s, KT_Q4_K, KT_Q6_K, sb_n[i], 1e-4);
@@ -670,7 +674,7 @@ int main(void)
 	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 7, 1e-4);
 	ffn_case(&e256, KT_Q8_0, KT_Q4_K, 8, 1e-4);
 	id_mode = 0;
-	/* gate / up split over D (3 by default at 1-2 tokens, else 1), forced both ways */
+	/* gate / up split over D (1 by default), forced to 1, 2, 3 */
 	setenv("TANDEM_MOE_SMALL_SPLIT", "1", 1);
 	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 1, 1e-4);
 	if (!quick)
@@ -688,6 +692,9 @@ int main(void)
 	ffn_case(&e256s, KT_Q5_K, KT_Q8_0, 7, 1e-4);
 	ffn_case(&e256s, KT_Q4_K, KT_Q4_K, 3, 1e-4); /* D 512: two units, the split stops at 2 */
 	unsetenv("TANDEM_MOE_SMALL_SPLIT");
+	unsetenv("TANDEM_MOE_SMALL_MAX");
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 4, 1e-4); /* the default limit and its neighbour */
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 5, 1e-4);
 	setenv("TANDEM_MOE_SMALL_MAX", "16", 1); /* the limit moved: 16 tokens of 2 + 1 pairs */
 	ffn_case(&gtinys, KT_Q4_K, KT_Q6_K, 16, 1e-4);
 	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 9, 1e-4); /* 90 pairs: too many, the sorted path */
