@@ -6,7 +6,8 @@
  *          s1" / "s3": the small path (up to 8 tokens) with gate / up split over D in 1 / 3 blocks
  *          (TANDEM_MOE_SMALL_SPLIT; default 1); the "sweep" lines (batch
  *          <= 8, routed + shared, TANDEM_MOE_SMALL_MAX=8): every split 1..3 x 8 or 4 warps per
- *          gate / up block
+ *          gate / up block, with two row tiles (gate, up) per warp or "h": one tile of 8 gate +
+ *          8 up rows (TANDEM_MOE_SMALL_HALF=1)
  *          (TANDEM_MOE_SMALL_GUW);
  *   route  kcuda_moe_route (sigmoid, bias, one group): the shared-memory kernel
  *          (TANDEM_MOE_ROUTE_FAST=0) and the register kernel.
@@ -278,21 +279,25 @@ int main(void)
 		if (n <= 8) { /* the small path's knobs, routed + shared: gate / up split x warps per block */
 			printf("    sweep batch %d + shared, us (GB/s):", n);
 			setenv("TANDEM_MOE_SMALL_MAX", "8", 1);
-			for (int split = 1; split <= 3; split++)
-				for (int guw = 8; guw >= 4; guw -= 4) {
-					char sv[4], gv[4];
-					snprintf(sv, sizeof(sv), "%d", split);
-					snprintf(gv, sizeof(gv), "%d", guw);
-					setenv("TANDEM_MOE_SMALL_SPLIT", sv, 1);
-					setenv("TANDEM_MOE_SMALL_GUW", gv, 1);
-					const float t = time_us(
-					    c->stream, [&](int it) { rc3 |= shexp(it, (float *)d_o3); });
-					printf("  s%d/w%d %.1f (%.0f)", split, guw, t,
-					       (n_hit + 1) * expert_bytes / (t * 1e3));
-				}
+			for (int half = 0; half <= 1; half++)
+				for (int split = 1; split <= 3; split++)
+					for (int guw = 8; guw >= 4; guw -= 4) {
+						char sv[4], gv[4];
+						snprintf(sv, sizeof(sv), "%d", split);
+						snprintf(gv, sizeof(gv), "%d", guw);
+						setenv("TANDEM_MOE_SMALL_SPLIT", sv, 1);
+						setenv("TANDEM_MOE_SMALL_GUW", gv, 1);
+						setenv("TANDEM_MOE_SMALL_HALF", half ? "1" : "0", 1);
+						const float t = time_us(c->stream, [&](int it) {
+							rc3 |= shexp(it, (float *)d_o3);
+						});
+						printf("  %ss%d/w%d %.1f (%.0f)", half ? "h" : "", split, guw,
+						       t, (n_hit + 1) * expert_bytes / (t * 1e3));
+					}
 			printf("\n");
 			unsetenv("TANDEM_MOE_SMALL_SPLIT");
 			unsetenv("TANDEM_MOE_SMALL_GUW");
+			unsetenv("TANDEM_MOE_SMALL_HALF");
 			unsetenv("TANDEM_MOE_SMALL_MAX");
 		}
 		CK(cudaFree(d_t));

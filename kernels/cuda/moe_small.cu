@@ -94,7 +94,7 @@ __device__ __forceinline__ void ms_lane_init(mm_stage<1> &st, const float *const
 /* grid (F / 16, np, split), W warps (8, or 4: TANDEM_MOE_SMALL_GUW): block y computes h[q][f0 .. f0 + 15] for
  * the pairs q of the chunk pair y leads (none: exits); warp w takes units w, w + W, ... of D for the 16 rows
  * of gate (tile 0) and up (tile 1) */
-template <int T, int W>
+template <int T, int W, int R>
 __global__ void __launch_bounds__(W * 32)
     moe_small_gate_up_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                              const uint8_t *__restrict__ sg, const uint8_t *__restrict__ su, size_t rb, int E,
@@ -102,7 +102,10 @@ __global__ void __launch_bounds__(W * 32)
                              const int32_t *__restrict__ ids, int k, int np_r, int np, float *__restrict__ h,
                              float *__restrict__ hp)
 {
-	constexpr int R = 2;
+	/* R 2: rows f0 .. f0 + 15 of gate (tile 0) and up (tile 1); R 1 (TANDEM_MOE_SMALL_HALF=1): ONE
+	 * tile, rows f0 .. f0 + 7 of gate as its upper half and of up as its lower half: half the math
+	 * per unit and ~70 instead of ~117 registers, so twice the blocks and ~28 resident warps per SM */
+	constexpr int NF = 8 * R; /* f rows per block */
 	__shared__ float part[W][16 * R][4];
 	__shared__ mm_stage<1> stage[W];
 	__shared__ const float *xr[4];
@@ -127,14 +130,19 @@ __global__ void __launch_bounds__(W * 32)
 		return;
 	mm_lane<R, 1> L;
 	ms_lane_init<R>(stage[warp], xr, cnt, lane, L);
-	const int64_t f0 = (int64_t)blockIdx.x * 16;
+	const int64_t f0 = (int64_t)blockIdx.x * NF;
 	const size_t eo = e < E ? (size_t)e * (size_t)F * rb : 0; /* expert E: the shared one */
 	const uint8_t *bg = (e < E ? wg : sg) + eo, *bu = (e < E ? wu : su) + eo;
 	const uint8_t *rows[R][2];
+	if (R == 2) {
 #pragma unroll
-	for (int hr = 0; hr < 2; hr++) {
-		rows[0][hr] = bg + ((size_t)f0 + 8 * hr + L.g) * rb;
-		rows[1][hr] = bu + ((size_t)f0 + 8 * hr + L.g) * rb;
+		for (int hr = 0; hr < 2; hr++) {
+			rows[0][hr] = bg + ((size_t)f0 + 8 * hr + L.g) * rb;
+			rows[R - 1][hr] = bu + ((size_t)f0 + 8 * hr + L.g) * rb;
+		}
+	} else {
+		rows[0][0] = bg + ((size_t)f0 + L.g) * rb;
+		rows[0][1] = bu + ((size_t)f0 + L.g) * rb;
 	}
 	const bool rb4 = rb % 4 == 0;
 	const int S = (int)gridDim.z, z = (int)blockIdx.z; /* split z: units u0 .. u1 - 1 of D */
@@ -148,7 +156,7 @@ __global__ void __launch_bounds__(W * 32)
 			part[warp][16 * r + 8 * hr + L.g][L.t] =
 			    fmaf(L.acc[r][0][2 * hr + 1], 1.f / 2048.f, L.acc[r][0][2 * hr]);
 	__syncthreads();
-	for (int i = threadIdx.x; i < 16 * 4; i += W * 32) {
+	for (int i = threadIdx.x; i < NF * 4; i += W * 32) { /* gate row rr at part[.][rr], up at [NF + rr] */
 		const int rr = i / 4, tok = i % 4;
 		if (tok >= cnt)
 			continue;
@@ -156,7 +164,7 @@ __global__ void __launch_bounds__(W * 32)
 #pragma unroll
 		for (int w = 0; w < W; w++) {
 			gs += part[w][rr][tok];
-			us += part[w][16 + rr][tok];
+			us += part[w][NF + rr][tok];
 		}
 		if (S == 1)
 			h[(int64_t)mem[tok] * F + f0 + rr] = gs / (1.0f + expf(-gs)) * us;
@@ -310,11 +318,25 @@ static int ms_gu_warps(void)
 	return v && strcmp(v, "4") == 0 ? 4 : 8;
 }
 
+/* TANDEM_MOE_SMALL_HALF=1: the one-tile gate / up block (8 f rows of gate and of up) */
+static bool ms_half(void)
+{
+	const char *v = getenv("TANDEM_MOE_SMALL_HALF");
+	return v && strcmp(v, "1") == 0;
+}
+
 template <int T> static int ms_gate_up_t(struct kcuda_ctx *c, const struct ms_args &a)
 {
 	const int w = ms_gu_warps();
+	if (ms_half())
+		return klaunch("moe_small_gate_up",
+		               w == 4 ? moe_small_gate_up_kernel<T, 4, 1> : moe_small_gate_up_kernel<T, 8, 1>,
+		               dim3((unsigned)(a.F / 8), (unsigned)a.np, (unsigned)a.split), dim3(w * 32), 0,
+		               c->stream, (const uint8_t *)a.gate->data, (const uint8_t *)a.up->data,
+		               (const uint8_t *)a.sg, (const uint8_t *)a.su, a.gate->row_bytes, a.E, a.F,
+		               a.D / 256, a.x, a.ldx, a.ids, a.k, a.np_r, a.np, a.h, a.hp);
 	return klaunch("moe_small_gate_up",
-	               w == 4 ? moe_small_gate_up_kernel<T, 4> : moe_small_gate_up_kernel<T, 8>,
+	               w == 4 ? moe_small_gate_up_kernel<T, 4, 2> : moe_small_gate_up_kernel<T, 8, 2>,
 	               dim3((unsigned)(a.F / 16), (unsigned)a.np, (unsigned)a.split), dim3(w * 32), 0,
 	               c->stream, (const uint8_t *)a.gate->data, (const uint8_t *)a.up->data,
 	               (const uint8_t *)a.sg, (const uint8_t *)a.su, a.gate->row_bytes, a.E, a.F, a.D / 256,

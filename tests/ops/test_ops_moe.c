@@ -26,7 +26,8 @@
  *    the default limit's neighbours 4 and 5, GLM-5 and DS-V3 slices, with
  *    and without the shared expert, Q4_K / Q6_K / Q5_K / Q8_0 mixes, an expert chosen by many
  *    pairs (chunks of 4) and ids repeated inside a token; gate / up split over D in 1, 2, 3
- *    blocks (TANDEM_MOE_SMALL_SPLIT), 4 warps per gate / up block (TANDEM_MOE_SMALL_GUW); 8 or 9
+ *    blocks (TANDEM_MOE_SMALL_SPLIT), 4 warps per gate / up block (TANDEM_MOE_SMALL_GUW), one
+ *    tile of 8 gate + 8 up rows per warp (TANDEM_MOE_SMALL_HALF); 8 or 9
  *    warps in the down kernel (9 where np = 9, 17, 18, ...); its threshold moved by
  *    TANDEM_MOE_SMALL_MAX and the path switched off (TANDEM_MOE_SMALL=0); bits equal to the sorted
  *    path's one-tile result reported. The route's register kernel and the shared-memory one
@@ -688,6 +689,18 @@ int main(void)
 	if (!quick)
 		ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 8, 1e-4);
 	unsetenv("TANDEM_MOE_SMALL_GUW");
+	setenv("TANDEM_MOE_SMALL_HALF", "1", 1); /* one tile of 8 gate + 8 up rows per warp */
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 1, 1e-4);
+	ffn_case(&e256, KT_Q8_0, KT_Q5_K, 6, 1e-4);
+	ffn_case(&gtinys, KT_Q5_K, KT_Q4_K, 8, 1e-4);
+	setenv("TANDEM_MOE_SMALL_GUW", "4", 1);
+	ffn_case(&e256s, KT_Q6_K, KT_Q8_0, 2, 1e-4);
+	setenv("TANDEM_MOE_SMALL_SPLIT", "3", 1);
+	ffn_case(&e256s, KT_Q4_K, KT_Q4_K, 3, 1e-4);
+	if (!quick)
+		ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+	unsetenv("TANDEM_MOE_SMALL_GUW");
+	unsetenv("TANDEM_MOE_SMALL_HALF");
 	setenv("TANDEM_MOE_SMALL_SPLIT", "3", 1);
 	ffn_case(&e256s, KT_Q5_K, KT_Q8_0, 7, 1e-4);
 	ffn_case(&e256s, KT_Q4_K, KT_Q4_K, 3, 1e-4); /* D 512: two units, the split stops at 2 */
