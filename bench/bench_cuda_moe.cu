@@ -10,7 +10,8 @@
  *          8 up rows (TANDEM_MOE_SMALL_HALF=1)
  *          (TANDEM_MOE_SMALL_GUW);
  *   route  kcuda_moe_route (sigmoid, bias, one group): the shared-memory kernel
- *          (TANDEM_MOE_ROUTE_FAST=0) and the register kernel.
+ *          (TANDEM_MOE_ROUTE_FAST=0), the register kernel, and its redux.sync arg-max variant
+ *          (TANDEM_MOE_ROUTE_FAST=2, "rx").
  * Second table: routed + shared expert (F 256, the same types): old = kcuda_moe_ffn + the backend's
  * 5-launch shared chain, sorted / new = kcuda_moe_ffn_shexp under the switches above.
  *
@@ -147,7 +148,7 @@ int main(void)
 	       (long long)E, k, (long long)D, (long long)F, ktype_name(type), expert_bytes / 1e6, N_SETS);
 	printf("  batch  experts hit   old us  sorted us   new us  new/sorted   old GB/s  sorted GB/s   new "
 	       "GB/s  "
-	       "route old us  route new us  new s1 us  new s3 us\n");
+	       "route old us  route new us  route rx us  new s1 us  new s3 us\n");
 	static const int batches[] = {1, 2, 4, 8, 32, 128};
 	const int n_b = (int)(sizeof(batches) / sizeof(batches[0]));
 	int fails = 0;
@@ -238,11 +239,18 @@ int main(void)
 			                      1, 0, true, 2.5f, (int32_t *)d_rid, (float *)d_rw);
 		});
 		unsetenv("TANDEM_MOE_ROUTE_FAST");
-		const float t_route_new = time_us(c->stream, [&](int) {
-			(void)kcuda_moe_route(c, (const float *)d_lg, E, (const float *)d_b, n, (int)E, k, 1,
-			                      1, 0, true, 2.5f, (int32_t *)d_rid2, (float *)d_rw2);
-		});
-		{ /* the two route kernels agree */
+		float t_route_new = 0.f, t_route_rx = 0.f;
+		for (int rx = 0; rx <= 1; rx++) { /* the register kernel: shuffle arg-max, redux arg-max */
+			if (rx)
+				setenv("TANDEM_MOE_ROUTE_FAST", "2", 1);
+			const float t = time_us(c->stream, [&](int) {
+				(void)kcuda_moe_route(c, (const float *)d_lg, E, (const float *)d_b, n,
+				                      (int)E, k, 1, 1, 0, true, 2.5f, (int32_t *)d_rid2,
+				                      (float *)d_rw2);
+			});
+			unsetenv("TANDEM_MOE_ROUTE_FAST");
+			(rx ? t_route_rx : t_route_new) = t;
+			/* the same ids and weights as the shared-memory kernel */
 			std::vector<int32_t> i1(np), i2(np);
 			std::vector<float> w1(np), w2(np);
 			CK(cudaStreamSynchronize(c->stream));
@@ -251,11 +259,11 @@ int main(void)
 			CK(cudaMemcpy(w1.data(), d_rw, np * 4, cudaMemcpyDeviceToHost));
 			CK(cudaMemcpy(w2.data(), d_rw2, np * 4, cudaMemcpyDeviceToHost));
 			int bad = 0;
-			for (size_t i = 0; i < np; i++)
-				bad += i1[i] != i2[i] || !(fabsf(w1[i] - w2[i]) <= 1e-6f * fabsf(w1[i]));
+			for (size_t q = 0; q < np; q++)
+				bad += i1[q] != i2[q] || !(fabsf(w1[q] - w2[q]) <= 1e-6f * fabsf(w1[q]));
 			if (bad) {
-				printf("FAIL: batch %d: the route kernels differ in %d of %zu slots\n", n,
-				       bad, np);
+				printf("FAIL: batch %d: the route kernels (%s) differ in %d of %zu slots\n",
+				       n, rx ? "redux" : "shuffle", bad, np);
 				fails++;
 			}
 		}
@@ -380,9 +388,11 @@ int main(void)
 		}
 		const double bytes = n_hit * expert_bytes;
 		printf("  %5d  %11.1f  %7.1f  %9.1f  %7.1f  %9.2fx  %9.0f  %11.0f  %9.0f  %12.1f  %12.1f  "
+		       "%11.1f  "
 		       "%9.1f  %9.1f\n",
 		       n, n_hit, t_old, t_sorted, t_new, t_sorted / t_new, bytes / (t_old * 1e3),
-		       bytes / (t_sorted * 1e3), bytes / (t_new * 1e3), t_route_old, t_route_new, t_s1, t_s3);
+		       bytes / (t_sorted * 1e3), bytes / (t_new * 1e3), t_route_old, t_route_new, t_route_rx,
+		       t_s1, t_s3);
 		CK(cudaFree(d_x));
 		CK(cudaFree(d_w));
 		CK(cudaFree(d_ids));

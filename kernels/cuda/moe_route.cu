@@ -161,12 +161,14 @@ __global__ void __launch_bounds__(ROUTE_WARPS * 32)
  * one 5-level arg-max plus one rescan of V registers by the winning lane; lane i keeps result i,
  * and the normalisation needs no memory at all. The group limit works on the same registers: a
  * group is gsz / V consecutive lanes (taken only when that is a power of two and a whole number),
- * its top-2 merged by xor shuffles inside the group.
+ * its top-2 merged by xor shuffles inside the group. RX (TANDEM_MOE_ROUTE_FAST=2): the top-k arg-max
+ * as one redux.sync.max on an order-preserving 32-bit key plus a ballot (lowest lane = lowest id on
+ * ties) instead of 5 shuffle levels.
  * Same arithmetic as the CPU (kcpu_moe_route): sigmoid / softmax as the kernel above, the top-k
  * weights summed in double in selection order, ties to the lower id everywhere (contiguous
  * experts per lane: the lower lane holds the lower ids). TANDEM_MOE_ROUTE_FAST=0 or TANDEM_MOE_FAST=0
  * (the switch of the whole MoE decode path) selects the kernel above. */
-template <int V>
+template <int V, bool RX>
 __global__ void __launch_bounds__(ROUTE_WARPS * 32)
     moe_route_reg_kernel(const float *__restrict__ logits, int64_t ld, const float *__restrict__ bias,
                          int64_t n, int E, int k, int n_group, int n_group_used, int gating, int norm,
@@ -260,9 +262,22 @@ __global__ void __launch_bounds__(ROUTE_WARPS * 32)
 	float my_w = 0.0f;
 	double sum = 0.0;
 	for (int i = 0; i < k; i++) {
-		float v = bv;
 		int id = bi;
-		route_argmax(v, id);
+		if (RX) { /* one redux.sync on an order-preserving key, a ballot for the lowest lane */
+			const float c = bv + 0.0f; /* -0 -> +0: they tie, as under the CPU's > */
+			unsigned key = 0u; /* no candidate (or NaN): lowest */
+			if (bi >= 0 && c == c) {
+				const unsigned u = __float_as_uint(c);
+				key = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+			}
+			const unsigned m = __reduce_max_sync(0xffffffffu, key);
+			const unsigned bal =
+			    __ballot_sync(0xffffffffu, bi >= 0 && key == m); /* k <= E: not 0 */
+			id = __shfl_sync(0xffffffffu, bi, __ffs(bal) - 1);
+		} else {
+			float v = bv;
+			route_argmax(v, id);
+		}
 		float pw = 0.0f;
 		const bool mine = id >= 0 && id / V == lane;
 		if (mine) {
@@ -336,8 +351,12 @@ extern "C" int kcuda_moe_route(struct kcuda_ctx *c, const float *logits, int64_t
 	const int nm = norm ? 1 : 0;
 #define ROUTE_REG(VV)                                                                                        \
 	case VV:                                                                                             \
-		return klaunch("moe_route", moe_route_reg_kernel<VV>, grid, block, 0, c->stream, logits, ld, \
-		               bias, n, E, k, n_group, n_group_used, gating, nm, scale, ids, weights)
+		return klaunch("moe_route",                                                                  \
+		               rx ? moe_route_reg_kernel<VV, true> : moe_route_reg_kernel<VV, false>, grid,  \
+		               block, 0, c->stream, logits, ld, bias, n, E, k, n_group, n_group_used,        \
+		               gating, nm, scale, ids, weights)
+	const char *rf = getenv("TANDEM_MOE_ROUTE_FAST");
+	const bool rx = rf && strcmp(rf, "2") == 0; /* the redux.sync arg-max */
 	switch (route_reg_v(E, k, n_group, n_group_used)) {
 		ROUTE_REG(1);
 		ROUTE_REG(2);

@@ -558,10 +558,13 @@ int main(void)
 	    {"route E160 k6 g8/3 sigmoid", 160, 6, 8, 3, 0, 1, 1, 2.0f},
 	    {"route E256 k1 g8/1 sigmoid", 256, 1, 8, 1, 0, 0, 1, 1.0f},
 	};
-	for (int fast = 1; fast >= 0; fast--) { /* the register kernel, then the shared-memory one */
-		if (!fast)
-			setenv("TANDEM_MOE_ROUTE_FAST", "0", 1);
-		printf("route: %s kernel\n", fast ? "register" : "shared-memory");
+	for (int fast = 2; fast >= 0; fast--) { /* the register kernel (redux arg-max, shuffle arg-max), then
+		                                 * the shared-memory one */
+		if (fast != 1)
+			setenv("TANDEM_MOE_ROUTE_FAST", fast == 2 ? "2" : "0", 1);
+		printf("route: %s kernel\n", fast == 2 ? "register (redux)"
+		                             : fast    ? "register"
+		                                       : "shared-memory");
 		for (size_t i = 0; i < sizeof(rcs) / sizeof(rcs[0]); i++)
 			route_case(&rcs[i]);
 		unsetenv("TANDEM_MOE_ROUTE_FAST");
