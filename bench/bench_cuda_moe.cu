@@ -2,7 +2,7 @@
  * slice F 256, Q4_K gate / up / down) at batch 1, 2, 4, 8, 32, 128; each row:
  *   old    TANDEM_MOE_FAST=0 (pair kernels up to 16 tokens, sorted fp32 kernels up to 256);
  *   sorted the tensor-core path with its sort and combine launches (TANDEM_MOE_SMALL=0);
- *   new    the default: the small-batch path (moe_small.cu) up to 4 tokens, else sorted; "new
+ *   new    the default: the small-batch path (moe_small.cu) up to 8 tokens, else sorted; "new
  *          s1" / "s3": the small path (up to 8 tokens) with gate / up split over D in 1 / 3 blocks
  *          (TANDEM_MOE_SMALL_SPLIT; default 1); the "sweep" lines (batch
  *          <= 8, routed + shared, TANDEM_MOE_SMALL_MAX=8): every split 1..3 x 8 or 4 warps per
@@ -10,8 +10,8 @@
  *          8 up rows (TANDEM_MOE_SMALL_HALF=1)
  *          (TANDEM_MOE_SMALL_GUW);
  *   route  kcuda_moe_route (sigmoid, bias, one group): the shared-memory kernel
- *          (TANDEM_MOE_ROUTE_FAST=0), the register kernel, and its redux.sync arg-max variant
- *          (TANDEM_MOE_ROUTE_FAST=2, "rx").
+ *          (TANDEM_MOE_ROUTE_FAST=0), the register kernel with the shuffle arg-max
+ *          (TANDEM_MOE_ROUTE_FAST=1, "shfl") and with the redux.sync arg-max (the default, "new").
  * Second table: routed + shared expert (F 256, the same types): old = kcuda_moe_ffn + the backend's
  * 5-launch shared chain, sorted / new = kcuda_moe_ffn_shexp under the switches above.
  *
@@ -148,7 +148,7 @@ int main(void)
 	       (long long)E, k, (long long)D, (long long)F, ktype_name(type), expert_bytes / 1e6, N_SETS);
 	printf("  batch  experts hit   old us  sorted us   new us  new/sorted   old GB/s  sorted GB/s   new "
 	       "GB/s  "
-	       "route old us  route new us  route rx us  new s1 us  new s3 us\n");
+	       "route old us  route shfl us  route new us  new s1 us  new s3 us\n");
 	static const int batches[] = {1, 2, 4, 8, 32, 128};
 	const int n_b = (int)(sizeof(batches) / sizeof(batches[0]));
 	int fails = 0;
@@ -239,17 +239,18 @@ int main(void)
 			                      1, 0, true, 2.5f, (int32_t *)d_rid, (float *)d_rw);
 		});
 		unsetenv("TANDEM_MOE_ROUTE_FAST");
-		float t_route_new = 0.f, t_route_rx = 0.f;
-		for (int rx = 0; rx <= 1; rx++) { /* the register kernel: shuffle arg-max, redux arg-max */
-			if (rx)
-				setenv("TANDEM_MOE_ROUTE_FAST", "2", 1);
+		float t_route_shfl = 0.f, t_route_new = 0.f;
+		for (int rx = 0; rx <= 1;
+		     rx++) { /* the register kernel: shuffle arg-max, redux (the default) */
+			if (!rx)
+				setenv("TANDEM_MOE_ROUTE_FAST", "1", 1);
 			const float t = time_us(c->stream, [&](int) {
 				(void)kcuda_moe_route(c, (const float *)d_lg, E, (const float *)d_b, n,
 				                      (int)E, k, 1, 1, 0, true, 2.5f, (int32_t *)d_rid2,
 				                      (float *)d_rw2);
 			});
 			unsetenv("TANDEM_MOE_ROUTE_FAST");
-			(rx ? t_route_rx : t_route_new) = t;
+			(rx ? t_route_new : t_route_shfl) = t;
 			/* the same ids and weights as the shared-memory kernel */
 			std::vector<int32_t> i1(np), i2(np);
 			std::vector<float> w1(np), w2(np);
@@ -373,6 +374,22 @@ int main(void)
 			             e_new = rel_diff(o3.data(), rf.data(), rows, D),
 			             e_old = rel_diff(o3.data(), o1.data(), all, D);
 			const double bit_same = memcmp(o2.data(), o3.data(), o2.size() * 4) == 0;
+			for (int pth = 0; pth < 3; pth++) { /* say where a path's output is not finite */
+				const std::vector<float> &o = pth == 0 ? o1 : pth == 1 ? o2 : o3;
+				size_t nf = 0, first = 0;
+				for (size_t q = 0; q < o.size(); q++)
+					if (!std::isfinite(o[q]) && nf++ == 0)
+						first = q;
+				if (nf)
+					printf("    batch %d%s: the %s path's output has %zu non-finite "
+					       "values, the first at "
+					       "token %zu row %zu\n",
+					       n, sh ? " + shared" : "",
+					       pth == 0   ? "old"
+					       : pth == 1 ? "sorted"
+					                  : "new",
+					       nf, first / (size_t)D, first % (size_t)D);
+			}
 			if (rc1 || rc2 || rc3 || !(e_sorted <= 1e-4) || !(e_new <= 1e-4) ||
 			    !(e_old <= 1e-3)) {
 				printf("FAIL: batch %d%s: rc %d / %d / %d; vs CPU: sorted %.3g, new %.3g "
@@ -387,12 +404,11 @@ int main(void)
 				       bit_same ? "bit-equal to" : "differs from");
 		}
 		const double bytes = n_hit * expert_bytes;
-		printf("  %5d  %11.1f  %7.1f  %9.1f  %7.1f  %9.2fx  %9.0f  %11.0f  %9.0f  %12.1f  %12.1f  "
-		       "%11.1f  "
-		       "%9.1f  %9.1f\n",
+		printf("  %5d  %11.1f  %7.1f  %9.1f  %7.1f  %9.2fx  %9.0f  %11.0f  %9.0f  %12.1f  %13.1f  "
+		       "%12.1f  %9.1f  %9.1f\n",
 		       n, n_hit, t_old, t_sorted, t_new, t_sorted / t_new, bytes / (t_old * 1e3),
-		       bytes / (t_sorted * 1e3), bytes / (t_new * 1e3), t_route_old, t_route_new, t_route_rx,
-		       t_s1, t_s3);
+		       bytes / (t_sorted * 1e3), bytes / (t_new * 1e3), t_route_old, t_route_shfl,
+		       t_route_new, t_s1, t_s3);
 		CK(cudaFree(d_x));
 		CK(cudaFree(d_w));
 		CK(cudaFree(d_ids));

@@ -30,9 +30,10 @@ int moe_mma_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, con
  * tokens (default MOE_SMALL_DEFAULT_TOKENS, at most MOE_SMALL_MAX_TOKENS, and at most 80 (token,
  * expert) pairs counting the shared expert's); TANDEM_MOE_SMALL=0 turns it off. moe_mma_ffn hands
  * such calls to moe_small_ffn (same contract) when moe_small_fits says yes. */
-/* H200, 16:15 run (bench_cuda_moe, routed only): small vs sorted path 25.0 / 27.7 us at batch 1,
- * 32.0 / 36.5 at 2, 55.8 / 57.2 at 4, 101.1 / 96.4 at 8: the limit is 4 tokens */
-#define MOE_SMALL_DEFAULT_TOKENS 4
+/* H200: bench_cuda_moe (routed only, 16:15) small vs sorted path 25.0 / 27.7 us at batch 1, 32.0 /
+ * 36.5 at 2, 55.8 / 57.2 at 4, 101.1 / 96.4 at 8; but the batch-8 decode step (16:55, graphs) 26.43 ms
+ * with the small path against 27.51 with the sorted one: the limit is 8 tokens */
+#define MOE_SMALL_DEFAULT_TOKENS 8
 #define MOE_SMALL_MAX_TOKENS 16
 bool moe_small_fits(const struct kcuda_ctx *c, int64_t n, int k, bool shared, int64_t F);
 int moe_small_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,

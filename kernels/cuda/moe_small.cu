@@ -1,4 +1,4 @@
-/* The small-batch decode path of kcuda_moe_ffn (1..4 tokens by default): the tensor-core units of
+/* The small-batch decode path of kcuda_moe_ffn (1..8 tokens by default): the tensor-core units of
  * moe_mma.cu without its sort and combine launches, two kernels per layer instead of four.
  *
  * Why: at batch 1 the sorted path's one-block sort and its combine cost ~6.6 us each per layer in
@@ -318,17 +318,21 @@ static int ms_gu_warps(void)
 	return v && strcmp(v, "4") == 0 ? 4 : 8;
 }
 
-/* TANDEM_MOE_SMALL_HALF=1: the one-tile gate / up block (8 f rows of gate and of up) */
-static bool ms_half(void)
+/* the one-tile gate / up block (8 f rows of gate and of up): TANDEM_MOE_SMALL_HALF=1 always, 0 never;
+ * by default at 1-2 tokens (H200, 16:55 run, routed + shared: 23.5 against 25.8 us at batch 1, 38.8
+ * against 39.9 at 2, but 68.0 against 65.9 at 4 and 119.6 against 115.4 at 8) */
+static bool ms_half(int n)
 {
 	const char *v = getenv("TANDEM_MOE_SMALL_HALF");
-	return v && strcmp(v, "1") == 0;
+	if (v && (strcmp(v, "1") == 0 || strcmp(v, "0") == 0))
+		return v[0] == '1';
+	return n <= 2;
 }
 
 template <int T> static int ms_gate_up_t(struct kcuda_ctx *c, const struct ms_args &a)
 {
 	const int w = ms_gu_warps();
-	if (ms_half())
+	if (ms_half(a.n))
 		return klaunch("moe_small_gate_up",
 		               w == 4 ? moe_small_gate_up_kernel<T, 4, 1> : moe_small_gate_up_kernel<T, 8, 1>,
 		               dim3((unsigned)(a.F / 8), (unsigned)a.np, (unsigned)a.split), dim3(w * 32), 0,

@@ -21,9 +21,8 @@
  * 3. The model's chain kcuda_matmul (F32 router weight) -> kcuda_moe_route against the CPU chain
  *    (ids equal except near-ties of the selection score, since the logits differ by rounding), and
  *    argument checks.
- * 4. The small-batch path (moe_small.cu: 1..4 tokens by default, no sort, down + combine in one
- *    kernel) at every batch 1..8 (limit moved to 8) and the neighbours 9, 16, 17 (the sorted path),
- *    the default limit's neighbours 4 and 5, GLM-5 and DS-V3 slices, with
+ * 4. The small-batch path (moe_small.cu: 1..8 tokens by default, no sort, down + combine in one
+ *    kernel) at every batch 1..8 and the neighbours 9, 16, 17 (the sorted path), GLM-5 and DS-V3 slices, with
  *    and without the shared expert, Q4_K / Q6_K / Q5_K / Q8_0 mixes, an expert chosen by many
  *    pairs (chunks of 4) and ids repeated inside a token; gate / up split over D in 1, 2, 3
  *    blocks (TANDEM_MOE_SMALL_SPLIT), 4 warps per gate / up block (TANDEM_MOE_SMALL_GUW), one
@@ -144,7 +143,7 @@ static int small_max(void)
 		const long x = strtol(m, NULL, 10);
 		return x < 0 ? 0 : x > 16 ? 16 : (int)x;
 	}
-	return 4; /* MOE_SMALL_DEFAULT_TOKENS */
+	return 8; /* MOE_SMALL_DEFAULT_TOKENS */
 }
 static const char *ffn_path(int type, int dtype, int n, int k, int shexp, int64_t D, int64_t F)
 {
@@ -558,12 +557,12 @@ int main(void)
 	    {"route E160 k6 g8/3 sigmoid", 160, 6, 8, 3, 0, 1, 1, 2.0f},
 	    {"route E256 k1 g8/1 sigmoid", 256, 1, 8, 1, 0, 0, 1, 1.0f},
 	};
-	for (int fast = 2; fast >= 0; fast--) { /* the register kernel (redux arg-max, shuffle arg-max), then
-		                                 * the shared-memory one */
-		if (fast != 1)
-			setenv("TANDEM_MOE_ROUTE_FAST", fast == 2 ? "2" : "0", 1);
+	for (int fast = 2; fast >= 0; fast--) { /* the register kernel (redux arg-max: the default; shuffle
+		                                 * arg-max), then the shared-memory one */
+		if (fast != 2)
+			setenv("TANDEM_MOE_ROUTE_FAST", fast ? "1" : "0", 1);
 		printf("route: %s kernel\n", fast == 2 ? "register (redux)"
-		                             : fast    ? "register"
+		                             : fast    ? "register (shuffle)"
 		                                       : "shared-memory");
 		for (size_t i = 0; i < sizeof(rcs) / sizeof(rcs[0]); i++)
 			route_case(&rcs[i]);
@@ -709,8 +708,11 @@ int main(void)
 	ffn_case(&e256s, KT_Q4_K, KT_Q4_K, 3, 1e-4); /* D 512: two units, the split stops at 2 */
 	unsetenv("TANDEM_MOE_SMALL_SPLIT");
 	unsetenv("TANDEM_MOE_SMALL_MAX");
-	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 4, 1e-4); /* the default limit and its neighbour */
-	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 5, 1e-4);
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 8, 1e-4); /* the default limit and its neighbour */
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 9, 1e-4);
+	setenv("TANDEM_MOE_SMALL_HALF", "0", 1); /* two tiles at 1 token (the default takes one there) */
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 1, 1e-4);
+	unsetenv("TANDEM_MOE_SMALL_HALF");
 	setenv("TANDEM_MOE_SMALL_MAX", "16", 1); /* the limit moved: 16 tokens of 2 + 1 pairs */
 	ffn_case(&gtinys, KT_Q4_K, KT_Q6_K, 16, 1e-4);
 	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 9, 1e-4); /* 90 pairs: too many, the sorted path */
