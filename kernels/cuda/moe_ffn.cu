@@ -70,6 +70,7 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
                        int64_t D, int64_t F, int64_t E, const float *__restrict__ x, int64_t ldx,
                        const int32_t *__restrict__ ids, int k, float *__restrict__ h, unsigned *err)
 {
+	KDEP_ENTRY();
 	const int lane = threadIdx.x & 31;
 	const int64_t f = (int64_t)blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
 	const int64_t pair = blockIdx.y;
@@ -97,6 +98,7 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
     moe_down_kernel(const uint8_t *__restrict__ wd, size_t row_bytes, int64_t D, int64_t F, int64_t E,
                     const float *__restrict__ h, const int32_t *__restrict__ ids, float *__restrict__ y)
 {
+	KDEP_ENTRY();
 	const int lane = threadIdx.x & 31;
 	const int64_t d = (int64_t)blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
 	const int64_t pair = blockIdx.y;
@@ -117,6 +119,7 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
 __global__ void moe_combine_kernel(const float *__restrict__ y, const float *__restrict__ w, int k, int64_t D,
                                    float *__restrict__ out, int64_t ldo)
 {
+	KDEP_ENTRY();
 	const int64_t i = blockIdx.y;
 	const int64_t d = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
 	if (d >= D)
@@ -131,6 +134,7 @@ __global__ void moe_combine_kernel(const float *__restrict__ y, const float *__r
 __global__ void moe_sort_kernel(const int32_t *__restrict__ ids, int np, int E, int32_t *__restrict__ meta,
                                 unsigned *err)
 {
+	KDEP_ENTRY();
 	extern __shared__ int cnt_s[]; /* [E] counts, then [E] cursors */
 	int *cur_s = cnt_s + E;
 	int32_t *act = meta + 1, *off = act + E, *list = off + E + 1;
@@ -172,6 +176,7 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
                               int64_t ldx, int k, const int32_t *__restrict__ meta, int E,
                               float *__restrict__ h)
 {
+	KDEP_ENTRY();
 	const int lane = threadIdx.x & 31;
 	const int64_t f = (int64_t)blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
 	const int32_t *act = meta + 1, *off = act + E, *list = off + E + 1;
@@ -219,6 +224,7 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
                            const float *__restrict__ h, const int32_t *__restrict__ meta, int E,
                            float *__restrict__ y)
 {
+	KDEP_ENTRY();
 	const int lane = threadIdx.x & 31;
 	const int32_t *act = meta + 1, *off = act + E, *list = off + E + 1;
 	if ((int)blockIdx.y >= meta[0])
@@ -264,6 +270,7 @@ __global__ void moe_combine_ids_kernel(const float *__restrict__ y, const float 
                                        const int32_t *__restrict__ ids, int E, int k, int64_t D,
                                        float *__restrict__ out, int64_t ldo)
 {
+	KDEP_ENTRY();
 	const int64_t i = blockIdx.y;
 	const int64_t d = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
 	if (d >= D)
@@ -280,6 +287,7 @@ __global__ void moe_combine_ids_kernel(const float *__restrict__ y, const float 
 __global__ void moe_gather_kernel(const float *__restrict__ x, int64_t ldx, const int32_t *__restrict__ tok,
                                   int64_t D, float *__restrict__ xs)
 {
+	KDEP_ENTRY();
 	const int64_t j = blockIdx.y;
 	for (int64_t d = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; d < D;
 	     d += (int64_t)gridDim.x * blockDim.x)
@@ -289,6 +297,7 @@ __global__ void moe_scatter_kernel(const float *__restrict__ ys, const int32_t *
                                    const float *__restrict__ w, int64_t D, float *__restrict__ out,
                                    int64_t ldo)
 {
+	KDEP_ENTRY();
 	const int64_t j = blockIdx.y;
 	for (int64_t d = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; d < D;
 	     d += (int64_t)gridDim.x * blockDim.x)
@@ -303,10 +312,9 @@ static int moe_gate_up_t(struct kcuda_ctx *c, const float *x, int64_t ldx, int64
                          float *h)
 {
 	dim3 g1((unsigned)((F + MOE_WARPS - 1) / MOE_WARPS), (unsigned)np);
-	moe_gate_up_kernel<T><<<g1, MOE_WARPS * 32, 0, c->stream>>>(
-	    (const uint8_t *)gate->data, (const uint8_t *)up->data, gate->row_bytes, gate->n_in, F, E, x, ldx,
-	    ids, k, h, c->err_dev);
-	return kcuda_launch_status("moe_gate_up");
+	return klaunch("moe_gate_up", moe_gate_up_kernel<T>, dim3(g1), dim3(MOE_WARPS * 32), 0, c->stream,
+	               (const uint8_t *)gate->data, (const uint8_t *)up->data, gate->row_bytes, gate->n_in, F,
+	               E, x, ldx, ids, k, h, c->err_dev);
 }
 
 template <int T>
@@ -314,9 +322,8 @@ static int moe_down_t(struct kcuda_ctx *c, int64_t np, const int32_t *ids, const
                       int64_t D, int64_t E, int64_t F, const float *h, float *y)
 {
 	dim3 g2((unsigned)((D + MOE_WARPS - 1) / MOE_WARPS), (unsigned)np);
-	moe_down_kernel<T><<<g2, MOE_WARPS * 32, 0, c->stream>>>((const uint8_t *)down->data, down->row_bytes,
-	                                                         D, F, E, h, ids, y);
-	return kcuda_launch_status("moe_down");
+	return klaunch("moe_down", moe_down_kernel<T>, dim3(g2), dim3(MOE_WARPS * 32), 0, c->stream,
+	               (const uint8_t *)down->data, down->row_bytes, D, F, E, h, ids, y);
 }
 
 /* stages of the decode path in the profile (prof.h), nested under the backend's moe.experts */
@@ -366,8 +373,8 @@ static int moe_decode(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t 
 		return rc;
 	stage_begin("moe.experts/combine", NULL, 0);
 	dim3 g3((unsigned)((D + 255) / 256), (unsigned)n);
-	moe_combine_kernel<<<g3, 256, 0, c->stream>>>(y, weights, k, D, out, ldo);
-	rc = kcuda_launch_status("moe_combine");
+	rc = klaunch("moe_combine", moe_combine_kernel, dim3(g3), dim3(256), 0, c->stream, y, weights, k, D,
+	             out, ldo);
 	stage_end();
 	return rc;
 }
@@ -378,10 +385,9 @@ static int moe_gate_up_sorted_t(struct kcuda_ctx *c, const float *x, int64_t ldx
                                 const struct kweight *up, int64_t F, float *h)
 {
 	dim3 g1((unsigned)((F + MOE_WARPS - 1) / MOE_WARPS), (unsigned)slots);
-	moe_gate_up_sorted_kernel<T>
-	    <<<g1, MOE_WARPS * 32, 0, c->stream>>>((const uint8_t *)gate->data, (const uint8_t *)up->data,
-	                                           gate->row_bytes, gate->n_in, F, x, ldx, k, meta, E, h);
-	return kcuda_launch_status("moe_gate_up_sorted");
+	return klaunch("moe_gate_up_sorted", moe_gate_up_sorted_kernel<T>, dim3(g1), dim3(MOE_WARPS * 32), 0,
+	               c->stream, (const uint8_t *)gate->data, (const uint8_t *)up->data, gate->row_bytes,
+	               gate->n_in, F, x, ldx, k, meta, E, h);
 }
 
 template <int T>
@@ -390,9 +396,8 @@ static int moe_down_sorted_t(struct kcuda_ctx *c, int64_t slots, const int32_t *
 {
 	const int64_t rows_per_block = MOE_WARPS * MOE_DOWN_RPW;
 	dim3 g2((unsigned)((D + rows_per_block - 1) / rows_per_block), (unsigned)slots);
-	moe_down_sorted_kernel<T><<<g2, MOE_WARPS * 32, 0, c->stream>>>((const uint8_t *)down->data,
-	                                                                down->row_bytes, D, F, h, meta, E, y);
-	return kcuda_launch_status("moe_down_sorted");
+	return klaunch("moe_down_sorted", moe_down_sorted_kernel<T>, dim3(g2), dim3(MOE_WARPS * 32), 0,
+	               c->stream, (const uint8_t *)down->data, down->row_bytes, D, F, h, meta, E, y);
 }
 
 /* workspace of the sorted path: [meta, 256-aligned][h: np x F][y: np x D] */
@@ -414,9 +419,8 @@ static int moe_sorted(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t 
 	float *h = (float *)((char *)c->ws + meta_bytes), *y = h + np * F;
 	int rc = ERR_UNSUPPORTED;
 	stage_begin("moe.experts/sort", NULL, 0);
-	moe_sort_kernel<<<1, 1024, 2 * (size_t)E * sizeof(int), c->stream>>>(ids, (int)np, (int)E, meta,
-	                                                                     c->err_dev);
-	rc = kcuda_launch_status("moe_sort");
+	rc = klaunch("moe_sort", moe_sort_kernel, dim3(1), dim3(1024), 2 * (size_t)E * sizeof(int), c->stream,
+	             ids, (int)np, (int)E, meta, c->err_dev);
 	stage_end();
 	if (rc)
 		return rc;
@@ -446,8 +450,8 @@ static int moe_sorted(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t 
 		return rc;
 	stage_begin("moe.experts/combine", NULL, 0);
 	dim3 g3((unsigned)((D + 255) / 256), (unsigned)n);
-	moe_combine_ids_kernel<<<g3, 256, 0, c->stream>>>(y, weights, ids, (int)E, k, D, out, ldo);
-	rc = kcuda_launch_status("moe_combine");
+	rc = klaunch("moe_combine", moe_combine_ids_kernel, dim3(g3), dim3(256), 0, c->stream, y, weights,
+	             ids, (int)E, k, D, out, ldo);
 	stage_end();
 	return rc;
 }
@@ -532,16 +536,15 @@ static int moe_grouped(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t
 			wu.data = (const char *)up->data + (size_t)e * (size_t)F * up->row_bytes;
 			wd.data = (const char *)down->data + (size_t)e * (size_t)D * down->row_bytes;
 			dim3 gg((unsigned)((D + 255) / 256 < 64 ? (D + 255) / 256 : 64), (unsigned)mt);
-			moe_gather_kernel<<<gg, 256, 0, c->stream>>>(x, ldx, d_tok + eoff[e], D, xs);
-			if ((rc = kcuda_launch_status("moe_gather")) ||
+			if ((rc = klaunch("moe_gather", moe_gather_kernel, dim3(gg), dim3(256), 0, c->stream,
+			                  x, ldx, d_tok + eoff[e], D, xs)) ||
 			    (rc = kcuda_matmul(c, &wg, xs, D, mt, t1, F)) ||
 			    (rc = kcuda_matmul(c, &wu, xs, D, mt, t2, F)) ||
 			    (rc = kcuda_swiglu(c, t1, F, t1, F, t2, F, F, mt)) ||
 			    (rc = kcuda_matmul(c, &wd, t1, F, mt, ys, D)))
 				goto cleanup;
-			moe_scatter_kernel<<<gg, 256, 0, c->stream>>>(ys, d_tok + eoff[e], d_w + eoff[e], D,
-			                                              out, ldo);
-			if ((rc = kcuda_launch_status("moe_scatter")))
+			if ((rc = klaunch("moe_scatter", moe_scatter_kernel, dim3(gg), dim3(256), 0,
+			                  c->stream, ys, d_tok + eoff[e], d_w + eoff[e], D, out, ldo)))
 				goto cleanup;
 		}
 		rc = kcuda_sync(c); /* before the scratch is freed */

@@ -26,6 +26,20 @@ int moe_mma_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, con
                 const float *weights, int k, const struct kweight *gate, const struct kweight *up,
                 const struct kweight *down, int64_t E, int64_t F, const struct kweight *sh_gate,
                 const struct kweight *sh_up, const struct kweight *sh_down, float *out, int64_t ldo);
+/* The small-batch variant (moe_small.cu): no sort and no combine launch, for 1..TANDEM_MOE_SMALL_MAX
+ * tokens (default MOE_SMALL_DEFAULT_TOKENS, at most MOE_SMALL_MAX_TOKENS, and at most 80 (token,
+ * expert) pairs counting the shared expert's); TANDEM_MOE_SMALL=0 turns it off. moe_mma_ffn hands
+ * such calls to moe_small_ffn (same contract) when moe_small_fits says yes. */
+/* H200: bench_cuda_moe (routed only, 16:15) small vs sorted path 25.0 / 27.7 us at batch 1, 32.0 /
+ * 36.5 at 2, 55.8 / 57.2 at 4, 101.1 / 96.4 at 8; but the batch-8 decode step (16:55, graphs) 26.43 ms
+ * with the small path against 27.51 with the sorted one: the limit is 8 tokens */
+#define MOE_SMALL_DEFAULT_TOKENS 8
+#define MOE_SMALL_MAX_TOKENS 16
+bool moe_small_fits(const struct kcuda_ctx *c, int64_t n, int k, bool shared, int64_t F);
+int moe_small_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
+                  const float *weights, int k, const struct kweight *gate, const struct kweight *up,
+                  const struct kweight *down, int64_t E, int64_t F, const struct kweight *sh_gate,
+                  const struct kweight *sh_up, const struct kweight *sh_down, float *out, int64_t ldo);
 /* TANDEM_MOE_FAST=0 turns the path off (the pair / sorted / grouped kernels of moe_ffn.cu run) */
 bool moe_mma_on(void);
 

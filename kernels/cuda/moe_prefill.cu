@@ -64,6 +64,7 @@ __device__ __forceinline__ mp_view mp_meta(const int32_t *meta, int E, int np, i
 __global__ void mp_sort_kernel(const int32_t *__restrict__ ids, int np, int E, int max_tiles,
                                int32_t *__restrict__ meta, unsigned *err)
 {
+	KDEP_ENTRY();
 	extern __shared__ int mp_s[]; /* [E] counts, then [E] cursors */
 	int *cnt = mp_s, *cur = mp_s + E;
 	int32_t *off = meta + 1, *list = off + E + 1, *te = list + np, *tr = te + max_tiles;
@@ -138,6 +139,7 @@ __global__ void __launch_bounds__(MP_THREADS)
                       const int32_t *__restrict__ meta, int E, int np, int max_tiles,
                       uint16_t *__restrict__ h)
 {
+	KDEP_ENTRY();
 	__shared__ __align__(16) uint16_t sA[MP_BM * MP_LDS];
 	__shared__ __align__(16) uint16_t sB[2 * MP_BN * MP_LDS]; /* gate rows, then up rows */
 	const int tile = blockIdx.y;
@@ -243,6 +245,7 @@ __global__ void __launch_bounds__(MP_THREADS)
                    const uint16_t *__restrict__ h, const int32_t *__restrict__ meta, int E, int np,
                    int max_tiles, float *__restrict__ y)
 {
+	KDEP_ENTRY();
 	__shared__ __align__(16) uint16_t sA[MP_BM * MP_LDS];
 	__shared__ __align__(16) uint16_t sB[MP_BN * MP_LDS];
 	const int tile = blockIdx.y;
@@ -323,6 +326,7 @@ __global__ void mp_combine_kernel(const float *__restrict__ y, const float *__re
                                   const int32_t *__restrict__ ids, int E, int k, int64_t D,
                                   float *__restrict__ out, int64_t ldo)
 {
+	KDEP_ENTRY();
 	const int64_t i = blockIdx.y;
 	const int64_t d = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
 	if (d >= D)
@@ -340,19 +344,17 @@ static int mp_gate_up_t(struct kcuda_ctx *c, dim3 grid, const struct kweight *ga
                         int D, int F, const float *x, int64_t ldx, bool x_vec, int k, const int32_t *meta,
                         int E, int np, int max_tiles, uint16_t *h)
 {
-	mp_gate_up_kernel<T><<<grid, MP_THREADS, 0, c->stream>>>(
-	    (const uint8_t *)gate->data, (const uint8_t *)up->data, gate->row_bytes, D, F, x, ldx, x_vec, k,
-	    meta, E, np, max_tiles, h);
-	return kcuda_launch_status("moe_prefill_gate_up");
+	return klaunch("moe_prefill_gate_up", mp_gate_up_kernel<T>, dim3(grid), dim3(MP_THREADS), 0,
+	               c->stream, (const uint8_t *)gate->data, (const uint8_t *)up->data, gate->row_bytes, D,
+	               F, x, ldx, x_vec, k, meta, E, np, max_tiles, h);
 }
 
 template <int T>
 static int mp_down_t(struct kcuda_ctx *c, dim3 grid, const struct kweight *down, int D, int F,
                      const uint16_t *h, const int32_t *meta, int E, int np, int max_tiles, float *y)
 {
-	mp_down_kernel<T><<<grid, MP_THREADS, 0, c->stream>>>((const uint8_t *)down->data, down->row_bytes, D,
-	                                                      F, h, meta, E, np, max_tiles, y);
-	return kcuda_launch_status("moe_prefill_down");
+	return klaunch("moe_prefill_down", mp_down_kernel<T>, dim3(grid), dim3(MP_THREADS), 0, c->stream,
+	               (const uint8_t *)down->data, down->row_bytes, D, F, h, meta, E, np, max_tiles, y);
 }
 
 static size_t mp_align(size_t b)
@@ -425,9 +427,8 @@ static int mp_chunk(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n,
 	/* expert rows that tiles can touch: at most min(E, pairs) experts */
 	const double ex = (double)(np < E ? np : E);
 	mp_stage_begin("moe.experts/sort(prefill)", NULL, 0);
-	mp_sort_kernel<<<1, 1024, 2 * (size_t)E * sizeof(int), c->stream>>>(ids, (int)np, (int)E,
-	                                                                    (int)max_tiles, meta, c->err_dev);
-	rc = kcuda_launch_status("moe_prefill_sort");
+	rc = klaunch("moe_prefill_sort", mp_sort_kernel, dim3(1), dim3(1024), 2 * (size_t)E * sizeof(int),
+	             c->stream, ids, (int)np, (int)E, (int)max_tiles, meta, c->err_dev);
 	mp_stage_end();
 	if (rc)
 		return rc;
@@ -472,8 +473,8 @@ static int mp_chunk(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n,
 
 	mp_stage_begin("moe.experts/combine(prefill)", NULL, 0);
 	dim3 g3((unsigned)((D + 255) / 256), (unsigned)n);
-	mp_combine_kernel<<<g3, 256, 0, c->stream>>>(y, weights, ids, (int)E, k, D, out, ldo);
-	rc = kcuda_launch_status("moe_prefill_combine");
+	rc = klaunch("moe_prefill_combine", mp_combine_kernel, dim3(g3), dim3(256), 0, c->stream, y, weights,
+	             ids, (int)E, k, D, out, ldo);
 	mp_stage_end();
 	return rc;
 }

@@ -21,6 +21,17 @@
  * 3. The model's chain kcuda_matmul (F32 router weight) -> kcuda_moe_route against the CPU chain
  *    (ids equal except near-ties of the selection score, since the logits differ by rounding), and
  *    argument checks.
+ * 4. The small-batch path (moe_small.cu: 1..8 tokens by default, no sort, down + combine in one
+ *    kernel) at every batch 1..8 and the neighbours 9, 16, 17 (the sorted path), GLM-5 and DS-V3 slices, with
+ *    and without the shared expert, Q4_K / Q6_K / Q5_K / Q8_0 mixes, an expert chosen by many
+ *    pairs (chunks of 4) and ids repeated inside a token; gate / up split over D in 1, 2, 3
+ *    blocks (TANDEM_MOE_SMALL_SPLIT), 4 warps per gate / up block (TANDEM_MOE_SMALL_GUW), one
+ *    tile of 8 gate + 8 up rows per warp (TANDEM_MOE_SMALL_HALF); 8 or 9
+ *    warps in the down kernel (9 where np = 9, 17, 18, ...); its threshold moved by
+ *    TANDEM_MOE_SMALL_MAX and the path switched off (TANDEM_MOE_SMALL=0); bits equal to the sorted
+ *    path's one-tile result reported. The route's register kernel and the shared-memory one
+ *    (TANDEM_MOE_ROUTE_FAST=0) on every routing case, plus group shapes the register kernel hands
+ *    back (E 192, 4 groups) and E 512 top-16.
  * Guard bytes around the outputs. Exit 77 = no GPU (skip). */
 #include <errno.h>
 
@@ -122,12 +133,24 @@ static bool mma_type(int t)
 {
 	return t == KT_Q4_K || t == KT_Q5_K || t == KT_Q6_K || t == KT_Q8_0;
 }
-static const char *ffn_path(int type, int dtype, int n, int64_t D, int64_t F)
+/* the small path's token limit under the current switches (moe_mma.h) */
+static int small_max(void)
+{
+	const char *v = getenv("TANDEM_MOE_SMALL"), *m = getenv("TANDEM_MOE_SMALL_MAX");
+	if (v && strcmp(v, "0") == 0)
+		return 0;
+	if (m && *m) {
+		const long x = strtol(m, NULL, 10);
+		return x < 0 ? 0 : x > 16 ? 16 : (int)x;
+	}
+	return 8; /* MOE_SMALL_DEFAULT_TOKENS */
+}
+static const char *ffn_path(int type, int dtype, int n, int k, int shexp, int64_t D, int64_t F)
 {
 	const char *f = getenv("TANDEM_MOE_FAST");
 	if ((!f || strcmp(f, "0") != 0) && mma_type(type) && mma_type(dtype) && D % 256 == 0 &&
 	    F % 256 == 0 && n <= 256)
-		return "mma";
+		return n <= small_max() && n * (k + (shexp ? 1 : 0)) <= 80 ? "small" : "mma";
 	if (n <= 16 && D % 16 == 0 && F % 16 == 0)
 		return "pairs";
 	return n <= 256 && kcuda_moe_ffn_sync_free_max() > 16 ? "sorted" : "grouped";
@@ -141,6 +164,9 @@ struct fdims {
 };
 
 static struct kpool *pool; /* threads for the CPU reference */
+/* expert ids of ffn_case: 0 distinct per token (as the router gives), 1 every pair one of two
+ * experts (ids repeat inside a token: legal input, chunks of 4 on the small path) */
+static int id_mode;
 
 /* kcuda_moe_ffn, or kcuda_moe_ffn_shexp with the case's shared expert */
 static int run_ffn(const struct fdims *fd, void *x, int n, void *ids, void *w, const struct kweight *g,
@@ -173,8 +199,9 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 	float *got = malloc(sizeof(float) * (size_t)(n * D)), *w = malloc(sizeof(float) * (size_t)np);
 	float *again = malloc(sizeof(float) * (size_t)(n * D));
 	int32_t *ids = malloc(sizeof(int32_t) * (size_t)np), *tok = malloc(sizeof(int32_t) * (size_t)np);
-	float *xs = malloc(sizeof(float) * (size_t)(n * D)), *t1 = malloc(sizeof(float) * (size_t)(n * F)),
-	      *t2 = malloc(sizeof(float) * (size_t)(n * F)), *ys = malloc(sizeof(float) * (size_t)(n * D));
+	/* an expert's rows in the CPU chain: up to np of them (ids may repeat inside a token, id_mode 1) */
+	float *xs = malloc(sizeof(float) * (size_t)(np * D)), *t1 = malloc(sizeof(float) * (size_t)(np * F)),
+	      *t2 = malloc(sizeof(float) * (size_t)(np * F)), *ys = malloc(sizeof(float) * (size_t)(np * D));
 	float *yp = malloc(sizeof(float) * (size_t)(np * D)); /* per pair, summed in slot order below */
 	uint8_t *sg = NULL, *su = NULL, *sd = NULL;
 	struct kweight hsg = {type, D, F, rb_d, NULL}, hsu = hsg, hsd = {dtype, F, D, rb_f, NULL};
@@ -184,7 +211,7 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 	struct kweight dg = {0}, du = {0}, dd = {0};
 	void *d_x = NULL, *d_ids = NULL, *d_w = NULL;
 	struct ops_dbuf ob = {0};
-	const char *path = ffn_path(type, dtype, n, D, F);
+	const char *path = ffn_path(type, dtype, n, k, fd->shexp, D, F);
 	if (!hg || !hu || !hd || !x || !ref || !got || !w || !again || !ids || !tok || !xs || !t1 || !t2 ||
 	    !ys || !yp) {
 		OPS_CHECK(0, "moe ffn %s: host allocation", fd->name);
@@ -211,6 +238,11 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 		for (int j = 0; j < k; j++) {
 			int32_t e;
 			int dup;
+			if (id_mode == 1) {
+				ids[i * k + j] = (int32_t)((i + j) % 2 + E / 2);
+				w[i * k + j] = ops_rng_unif() + 1.5f;
+				continue;
+			}
 			do { /* distinct experts per token */
 				e = (int32_t)(ops_rng_next() % (uint64_t)E);
 				dup = 0;
@@ -270,7 +302,8 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 	kcuda_upload(ctx, d_ids, ids, sizeof(int32_t) * (size_t)np);
 	kcuda_upload(ctx, d_w, w, sizeof(float) * (size_t)np);
 	int rc = run_ffn(fd, d_x, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
-	if (fd->shexp && strcmp(path, "mma")) { /* only the tensor-core path takes the shared expert */
+	const int tc = !strcmp(path, "mma") || !strcmp(path, "small"); /* tensor-core paths */
+	if (fd->shexp && !tc) { /* only the tensor-core paths take the shared expert */
 		OPS_CHECK(rc == ERR_UNSUPPORTED,
 		          "moe ffn %s %s n %d (%s): shared expert: rc %d, not ERR_UNSUPPORTED", fd->name,
 		          ti->name, n, path, rc);
@@ -307,7 +340,7 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 	/* the sorted path sums each pair in the pair kernels' order: the same bits, token by token;
 	 * the mma path's columns are computed independently: also the same bits token by token
 	 * (reported, not required: it rests on the tensor core's per-column order) */
-	if (!strcmp(path, "sorted") || (!strcmp(path, "mma") && n > 1)) {
+	if (!strcmp(path, "sorted") || (tc && n > 1)) {
 		float *one = malloc(sizeof(float) * (size_t)D);
 		int same = one != NULL;
 		for (int i = 0; i < n && same; i++) {
@@ -320,12 +353,29 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 			OPS_CHECK(same, "moe ffn %s n %d: sorted path differs from the pair kernels",
 			          ti->name, n);
 		else
-			printf("  mma path token by token: %s\n",
+			printf("  %s path token by token: %s\n", path,
 			       same ? "same bits" : "differs (not an error)");
 		free(one);
 	}
+	/* the small path against the sorted one (one n-tile: the same unit bodies on the same
+	 * columns, so the same bits are expected; reported, not required) */
+	if (!strcmp(path, "small")) {
+		setenv("TANDEM_MOE_SMALL", "0", 1);
+		setenv("TANDEM_MOE_MMA_NG", "1", 1);
+		rc = run_ffn(fd, d_x, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
+		unsetenv("TANDEM_MOE_SMALL");
+		unsetenv("TANDEM_MOE_MMA_NG");
+		const int same = rc == 0 && ops_dbuf_get(ctx, &ob, got) == 0 &&
+		                 memcmp(got, again, sizeof(float) * (size_t)(n * D)) == 0;
+		double mx = 0;
+		for (int64_t i = 0; rc == 0 && i < n * D; i++)
+			mx = fmax(mx, fabs((double)got[i] - again[i]));
+		OPS_CHECK(rc == 0 && mx <= tol * maxref,
+		          "moe ffn %s n %d: small and sorted paths differ by %.3g", ti->name, n, mx);
+		printf("  small vs sorted path: %s (max diff %.3g)\n", same ? "same bits" : "differ", mx);
+	}
 	/* an expert id out of range is reported, not read */
-	if (n == 3 || (n == 40 && strcmp(path, "grouped"))) { /* grouped: refused on the host */
+	if (n == 3 || n == 8 || (n == 40 && strcmp(path, "grouped"))) { /* grouped: refused on the host */
 		int32_t bad = (int32_t)E;
 		kcuda_upload(ctx, d_ids, &bad, sizeof(int32_t));
 		unsigned nbad = 0;
@@ -502,9 +552,22 @@ int main(void)
 	    {"route GLM-5 E256 k8 g1 sigmoid", 256, 8, 1, 1, 0, 1, 1, 2.5f},
 	    {"route softmax E64 k6 no norm", 64, 6, 1, 1, 1, 0, 0, 1.0f},
 	    {"route odd E20 k3 g5/2 sigmoid", 20, 3, 5, 2, 0, 1, 1, 1.5f},
+	    {"route E192 k8 g4/2 (groups of 6 lanes)", 192, 8, 4, 2, 0, 1, 1, 1.0f},
+	    {"route E512 k16 g1 softmax norm", 512, 16, 1, 1, 1, 1, 1, 1.0f},
+	    {"route E160 k6 g8/3 sigmoid", 160, 6, 8, 3, 0, 1, 1, 2.0f},
+	    {"route E256 k1 g8/1 sigmoid", 256, 1, 8, 1, 0, 0, 1, 1.0f},
 	};
-	for (size_t i = 0; i < sizeof(rcs) / sizeof(rcs[0]); i++)
-		route_case(&rcs[i]);
+	for (int fast = 2; fast >= 0; fast--) { /* the register kernel (redux arg-max: the default; shuffle
+		                                 * arg-max), then the shared-memory one */
+		if (fast != 2)
+			setenv("TANDEM_MOE_ROUTE_FAST", fast ? "1" : "0", 1);
+		printf("route: %s kernel\n", fast == 2 ? "register (redux)"
+		                             : fast    ? "register (shuffle)"
+		                                       : "shared-memory");
+		for (size_t i = 0; i < sizeof(rcs) / sizeof(rcs[0]); i++)
+			route_case(&rcs[i]);
+		unsetenv("TANDEM_MOE_ROUTE_FAST");
+	}
 	const int quick = getenv("TANDEM_OPS_QUICK") != NULL;
 	pool = kpool_create(8);
 	/* small: the old sweep; glm5 / ds3: one TP=8 rank of GLM-5 / DeepSeek-V3 (per-rank expert
@@ -584,6 +647,81 @@ int main(void)
 	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 3, 1e-4); /* ERR_UNSUPPORTED under the switch */
 	unsetenv("TANDEM_MOE_FAST");
 	ffn_case(&small, KT_Q8_0, KT_BF16, 3, 1e-4); /* a float down type under a quant gate */
+	/* the small-batch path (moe_small.cu) at every batch up to 8 (its limit moved there: the default
+	 * is 4) and the neighbours */
+	setenv("TANDEM_MOE_SMALL_MAX", "8", 1);
+	static const int sb_n[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17};
+	for (size_t i = 0; i < sizeof(sb_n) / sizeof(sb_n[0]); i++) {
+		ffn_case(&e256s, KT_Q4_K, KT_Q6_K, sb_n[i], 1e-4);
+		if (!quick || sb_n[i] <= 2 || sb_n[i] == 8)
+			ffn_case(&e256, KT_Q8_0, KT_Q5_K, sb_n[i], 1e-4);
+		if (!quick || sb_n[i] == 5)
+			ffn_case(&e256s, KT_Q5_K, KT_Q8_0, sb_n[i], 1e-4);
+	}
+	/* the real dims (680-790 MB of experts per case; glm5-tp8+sh at 1 and 8 tokens above): the
+	 * quick mode adds DS-V3's 28 units of D (an uneven 3-way split), not under TANDEM_OPS_SMALL
+	 * (compute-sanitizer runs) */
+	const int ops_small = getenv("TANDEM_OPS_SMALL") != NULL;
+	const struct fdims ds3s = {"ds3-tp8+sh", 256, 256, 7168, 8, 1};
+	if (!ops_small)
+		ffn_case(&ds3s, KT_Q4_K, KT_Q6_K, 1, 1e-4);
+	if (!quick) {
+		ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 5, 1e-4);
+		ffn_case(&glm5s, KT_Q6_K, KT_Q6_K, 2, 1e-4);
+		ffn_case(&ds3, KT_Q4_K, KT_Q6_K, 4, 1e-4);
+	}
+	ffn_case(&gtinys, KT_Q4_K, KT_Q6_K, 8, 1e-4);
+	ffn_case(&gtiny, KT_Q8_0, KT_Q8_0, 6, 1e-4);
+	id_mode = 1; /* two experts for every pair, repeated inside tokens: chunks of 4 */
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 1, 1e-4);
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 7, 1e-4);
+	ffn_case(&e256, KT_Q8_0, KT_Q4_K, 8, 1e-4);
+	id_mode = 0;
+	/* gate / up split over D (1 by default), forced to 1, 2, 3 */
+	setenv("TANDEM_MOE_SMALL_SPLIT", "1", 1);
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 1, 1e-4);
+	if (!quick)
+		ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 2, 1e-4);
+	setenv("TANDEM_MOE_SMALL_SPLIT", "2", 1);
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 5, 1e-4);
+	ffn_case(&e256, KT_Q8_0, KT_Q5_K, 8, 1e-4);
+	setenv("TANDEM_MOE_SMALL_GUW", "4", 1); /* 4 warps per gate / up block */
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 1, 1e-4);
+	ffn_case(&e256s, KT_Q4_K, KT_Q4_K, 8, 1e-4);
+	if (!quick)
+		ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 8, 1e-4);
+	unsetenv("TANDEM_MOE_SMALL_GUW");
+	setenv("TANDEM_MOE_SMALL_HALF", "1", 1); /* one tile of 8 gate + 8 up rows per warp */
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 1, 1e-4);
+	ffn_case(&e256, KT_Q8_0, KT_Q5_K, 6, 1e-4);
+	ffn_case(&gtinys, KT_Q5_K, KT_Q4_K, 8, 1e-4);
+	setenv("TANDEM_MOE_SMALL_GUW", "4", 1);
+	ffn_case(&e256s, KT_Q6_K, KT_Q8_0, 2, 1e-4);
+	setenv("TANDEM_MOE_SMALL_SPLIT", "3", 1);
+	ffn_case(&e256s, KT_Q4_K, KT_Q4_K, 3, 1e-4);
+	if (!quick)
+		ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+	unsetenv("TANDEM_MOE_SMALL_GUW");
+	unsetenv("TANDEM_MOE_SMALL_HALF");
+	setenv("TANDEM_MOE_SMALL_SPLIT", "3", 1);
+	ffn_case(&e256s, KT_Q5_K, KT_Q8_0, 7, 1e-4);
+	ffn_case(&e256s, KT_Q4_K, KT_Q4_K, 3, 1e-4); /* D 512: two units, the split stops at 2 */
+	unsetenv("TANDEM_MOE_SMALL_SPLIT");
+	unsetenv("TANDEM_MOE_SMALL_MAX");
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 8, 1e-4); /* the default limit and its neighbour */
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 9, 1e-4);
+	setenv("TANDEM_MOE_SMALL_HALF", "0", 1); /* two tiles at 1 token (the default takes one there) */
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 1, 1e-4);
+	unsetenv("TANDEM_MOE_SMALL_HALF");
+	setenv("TANDEM_MOE_SMALL_MAX", "16", 1); /* the limit moved: 16 tokens of 2 + 1 pairs */
+	ffn_case(&gtinys, KT_Q4_K, KT_Q6_K, 16, 1e-4);
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 9, 1e-4); /* 90 pairs: too many, the sorted path */
+	setenv("TANDEM_MOE_SMALL_MAX", "2", 1);
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 3, 1e-4);
+	unsetenv("TANDEM_MOE_SMALL_MAX");
+	setenv("TANDEM_MOE_SMALL", "0", 1);
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 2, 1e-4);
+	unsetenv("TANDEM_MOE_SMALL");
 	route_chain();
 	test_args();
 	kcuda_ctx_destroy(ctx);

@@ -1,0 +1,406 @@
+/* The small-batch decode path of kcuda_moe_ffn (1..8 tokens by default): the tensor-core units of
+ * moe_mma.cu without its sort and combine launches, two kernels per layer instead of four.
+ *
+ * Why: at batch 1 the sorted path's one-block sort and its combine cost ~6.6 us each per layer in
+ * the 15:31 H200 profile (1.0 ms of a 12.7 ms step) for a few hundred bytes of work: a launch, a
+ * dependent global round trip or two, and nothing in flight. Here the (token, slot) pairs are
+ * grouped on the fly, inside the kernels that need them:
+ *   - pair q is routed pair (q / k, q % k) for q < np_r = n k, else the shared expert's pair of
+ *     token q - np_r (expert number E); at most MS_MAX_PAIRS pairs, staged in shared memory;
+ *   - a pair LEADS a chunk when the number of earlier pairs of its expert is a multiple of MS_CH;
+ *     the chunk is that pair and the next pairs of the same expert, up to MS_CH of them in pair
+ *     order (so an expert chosen by several tokens is read once per MS_CH of them, and every valid
+ *     pair is in exactly one chunk). A warp finds its chunk with two or three ballots.
+ * Launches:
+ *   gate_up, grid (F / 16, np, split): block y = pair y; blocks whose pair does not lead exit at once; the
+ *     rest are moe_mma.cu's gate_up block (8 warps, rows f0..f0+15 of gate AND up, D split over
+ *     the warps, h[pair][f] = SiLU(g) u);
+ *   down + combine, grid (D / 16): a block owns 16 output rows of every token; its warps take the
+ *     chunks in turn (warp w: leaders w, w + W, ...; every warp reads all of F, one unit for the
+ *     GLM-5 / DS-V3 rank slice) and leave y[pair][row] in shared memory; then
+ *     out[i][d] = sum_j w[i][j] y[i k + j][d] in slot order (+ the shared expert's y, weight 1)
+ *     with the sorted path's formula: deterministic, no partial buffer in memory, no atomics. A
+ *     pair with an expert id out of range gives NaN for its token and is counted (block 0).
+ * Both kernels start with KDEP_ENTRY and go through klaunch (programmatic dependent launch).
+ * TANDEM_MOE_SMALL=0 turns the path off (the sorted path then takes these batches), and
+ * TANDEM_MOE_SMALL_MAX=n moves its upper token count (<= MOE_SMALL_MAX_TOKENS). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/moe_mma.h"
+#include "kernels/cuda/moe_mma_units.cuh"
+#include "kernels/cuda/prof.h"
+
+#define MS_CH 4 /* pairs per chunk: one n-tile of 4 token columns (NG = 1) */
+#define MS_MAX_PAIRS 80 /* 8 tokens x (top-8 + the shared expert) = 72 */
+
+/* expert of pair q (E: the shared expert), -1 for an id out of range */
+__device__ __forceinline__ int ms_expert(const int32_t *__restrict__ ids, int q, int np_r, int E)
+{
+	if (q >= np_r)
+		return E;
+	const int e = ids[q];
+	return e >= 0 && e < E ? e : -1;
+}
+
+/* Warp-collective: the chunk led by pair p (es: experts of the np pairs, shared memory). Writes
+ * its pairs to members[0 .. count - 1] in pair order and returns count, or 0 when p leads no chunk
+ * (a bad id, or a pair inside another's chunk). */
+__device__ __forceinline__ int ms_chunk(const int *es, int np, int p, int *members, int lane)
+{
+	const int e = es[p];
+	if (e < 0)
+		return 0;
+	int before = 0;
+	for (int q0 = 0; q0 < p; q0 += 32) {
+		const int q = q0 + lane;
+		before += __popc(__ballot_sync(0xffffffffu, q < p && es[q] == e));
+	}
+	if (before % MS_CH)
+		return 0;
+	int cnt = 0;
+	for (int q0 = p; q0 < np && cnt < MS_CH; q0 += 32) {
+		const int q = q0 + lane;
+		const bool m = q < np && es[q] == e;
+		const unsigned b = __ballot_sync(0xffffffffu, m);
+		const int r = cnt + __popc(b & ((1u << lane) - 1u));
+		if (m && r < MS_CH)
+			members[r] = q;
+		cnt += __popc(b);
+	}
+	__syncwarp();
+	return cnt < MS_CH ? cnt : MS_CH;
+}
+
+/* the warp's staging area cleared (absent token columns must be zero), scales 1, accumulators 0 */
+template <int R>
+__device__ __forceinline__ void ms_lane_init(mm_stage<1> &st, const float *const *xr, int cnt, int lane,
+                                             mm_lane<R, 1> &L)
+{
+	for (int i = lane; i < 16 * 33; i += 32)
+		(&st.b[0][0][0])[i] = make_uint2(0u, 0u);
+	if (lane < 4)
+		st.scl[lane] = st.isc[lane] = 1.0f;
+	L.g = lane >> 2, L.t = lane & 3, L.lane = lane, L.n_tok = cnt, L.sm = &st, L.xr = xr;
+	L.split = 1, L.hp = NULL, L.hq = NULL, L.hnp = 0, L.hF = 0;
+#pragma unroll
+	for (int r = 0; r < R; r++)
+#pragma unroll
+		for (int i = 0; i < 4; i++)
+			L.acc[r][0][i] = 0.f;
+	__syncwarp();
+}
+
+/* grid (F / 16, np, split), W warps (8, or 4: TANDEM_MOE_SMALL_GUW): block y computes h[q][f0 .. f0 + 15] for
+ * the pairs q of the chunk pair y leads (none: exits); warp w takes units w, w + W, ... of D for the 16 rows
+ * of gate (tile 0) and up (tile 1) */
+template <int T, int W, int R>
+__global__ void __launch_bounds__(W * 32)
+    moe_small_gate_up_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
+                             const uint8_t *__restrict__ sg, const uint8_t *__restrict__ su, size_t rb, int E,
+                             int64_t F, int64_t n_units, const float *__restrict__ x, int64_t ldx,
+                             const int32_t *__restrict__ ids, int k, int np_r, int np, float *__restrict__ h,
+                             float *__restrict__ hp)
+{
+	/* R 2: rows f0 .. f0 + 15 of gate (tile 0) and up (tile 1); R 1 (TANDEM_MOE_SMALL_HALF=1): ONE
+	 * tile, rows f0 .. f0 + 7 of gate as its upper half and of up as its lower half: half the math
+	 * per unit and ~70 instead of ~117 registers, so twice the blocks and ~28 resident warps per SM */
+	constexpr int NF = 8 * R; /* f rows per block */
+	__shared__ float part[W][16 * R][4];
+	__shared__ mm_stage<1> stage[W];
+	__shared__ const float *xr[4];
+	__shared__ int es[MS_MAX_PAIRS], mem[MS_CH], s_cnt;
+	KDEP_ENTRY();
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, p = (int)blockIdx.y;
+	for (int i = threadIdx.x; i < np; i += W * 32)
+		es[i] = ms_expert(ids, i, np_r, E);
+	__syncthreads();
+	if (warp == 0) {
+		const int cnt = ms_chunk(es, np, p, mem, lane);
+		if (lane == 0)
+			s_cnt = cnt;
+		if (cnt && lane < 4) {
+			const int q = mem[lane < cnt ? lane : 0];
+			xr[lane] = x + (int64_t)(q < np_r ? q / k : q - np_r) * ldx; /* the pair's token */
+		}
+	}
+	__syncthreads();
+	const int cnt = s_cnt, e = es[p];
+	if (!cnt)
+		return;
+	mm_lane<R, 1> L;
+	ms_lane_init<R>(stage[warp], xr, cnt, lane, L);
+	const int64_t f0 = (int64_t)blockIdx.x * NF;
+	const size_t eo = e < E ? (size_t)e * (size_t)F * rb : 0; /* expert E: the shared one */
+	const uint8_t *bg = (e < E ? wg : sg) + eo, *bu = (e < E ? wu : su) + eo;
+	const uint8_t *rows[R][2];
+	if (R == 2) {
+#pragma unroll
+		for (int hr = 0; hr < 2; hr++) {
+			rows[0][hr] = bg + ((size_t)f0 + 8 * hr + L.g) * rb;
+			rows[R - 1][hr] = bu + ((size_t)f0 + 8 * hr + L.g) * rb;
+		}
+	} else {
+		rows[0][0] = bg + ((size_t)f0 + L.g) * rb;
+		rows[0][1] = bu + ((size_t)f0 + L.g) * rb;
+	}
+	const bool rb4 = rb % 4 == 0;
+	const int S = (int)gridDim.z, z = (int)blockIdx.z; /* split z: units u0 .. u1 - 1 of D */
+	const int64_t u0 = n_units * z / S, u1 = n_units * (z + 1) / S;
+	for (int64_t u = u0 + warp; u < u1; u += W)
+		mm_unit<T, R, 1>(L, rows, u, rb4);
+#pragma unroll
+	for (int r = 0; r < R; r++)
+#pragma unroll
+		for (int hr = 0; hr < 2; hr++)
+			part[warp][16 * r + 8 * hr + L.g][L.t] =
+			    fmaf(L.acc[r][0][2 * hr + 1], 1.f / 2048.f, L.acc[r][0][2 * hr]);
+	__syncthreads();
+	for (int i = threadIdx.x; i < NF * 4; i += W * 32) { /* gate row rr at part[.][rr], up at [NF + rr] */
+		const int rr = i / 4, tok = i % 4;
+		if (tok >= cnt)
+			continue;
+		float gs = 0.f, us = 0.f;
+#pragma unroll
+		for (int w = 0; w < W; w++) {
+			gs += part[w][rr][tok];
+			us += part[w][NF + rr][tok];
+		}
+		if (S == 1)
+			h[(int64_t)mem[tok] * F + f0 + rr] = gs / (1.0f + expf(-gs)) * us;
+		else { /* partial sums; the down kernel forms h (mm_stage_h) */
+			float *o = hp + ((int64_t)z * np + mem[tok]) * 2 * F + f0 + rr;
+			o[0] = gs;
+			o[F] = us;
+		}
+	}
+}
+
+/* grid (ceil(D / 16 R)), W warps: output rows row0 .. row0 + 16 R - 1 of every token. Warp w runs
+ * the chunks led by pairs w, w + W, ... over all of F (h rows of the chunk's pairs as its token
+ * columns) into ys[pair][row]; then the weighted sum per token in slot order. */
+template <int T, int R, int W, bool SPLIT>
+__global__ void __launch_bounds__(W * 32, (T == KT_Q4_K || T == KT_Q5_K) ? 3 : 4)
+    moe_small_down_kernel(const uint8_t *__restrict__ wd, const uint8_t *__restrict__ sd, size_t rb, int E,
+                          int64_t D, int64_t n_units, const float *__restrict__ h, int64_t F,
+                          const int32_t *__restrict__ ids, const float *__restrict__ wts, int k, int np_r,
+                          int np, int n, float *__restrict__ out, int64_t ldo, unsigned *err, int split,
+                          const float *__restrict__ hp)
+{
+	__shared__ mm_stage<1> stage[W];
+	__shared__ float ys[MS_MAX_PAIRS][16 * R];
+	__shared__ float wsh[MS_MAX_PAIRS]; /* the routing weights, loaded with the ids (off the tail) */
+	__shared__ int es[MS_MAX_PAIRS], mem[W][MS_CH];
+	__shared__ const float *xr[W][4];
+	KDEP_ENTRY();
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	for (int i = threadIdx.x; i < np; i += W * 32) {
+		wsh[i] = i < np_r ? wts[i] : 1.0f;
+		es[i] = ms_expert(ids, i, np_r, E);
+		if (es[i] < 0 && blockIdx.x == 0)
+			atomicAdd(err, 1u);
+	}
+	__syncthreads();
+	const int64_t row0 = (int64_t)blockIdx.x * 16 * R;
+	const bool rb4 = rb % 4 == 0;
+	for (int p = warp; p < np; p += W) {
+		const int cnt = ms_chunk(es, np, p, mem[warp], lane);
+		if (!cnt)
+			continue;
+		if (lane < 4)
+			xr[warp][lane] = h + (int64_t)mem[warp][lane < cnt ? lane : 0] * F;
+		mm_lane<R, 1> L;
+		ms_lane_init<R>(stage[warp], xr[warp], cnt, lane, L); /* its __syncwarp publishes xr */
+		if (SPLIT) /* h from the split partial sums of gate and up (a template flag: the other
+		            * instantiation keeps split 1 constant and stays ~80 registers) */
+			L.split = split, L.hp = hp, L.hq = mem[warp], L.hnp = np, L.hF = F;
+		const int e = es[p];
+		const uint8_t *bd = e < E ? wd + (size_t)e * (size_t)D * rb : sd; /* E: the shared expert */
+		const uint8_t *rows[R][2];
+		MM_FOR_ROWS(R)
+		rows[r][hr] = bd + (size_t)min(row0 + 16 * r + 8 * hr + L.g, D - 1) * rb;
+		for (int64_t u = 0; u < n_units; u++)
+			mm_unit<T, R, 1>(L, rows, u, rb4);
+#pragma unroll
+		for (int r = 0; r < R; r++)
+#pragma unroll
+			for (int hr = 0; hr < 2; hr++)
+				if (L.t < cnt)
+					ys[mem[warp][L.t]][16 * r + 8 * hr + L.g] =
+					    fmaf(L.acc[r][0][2 * hr + 1], 1.f / 2048.f, L.acc[r][0][2 * hr]);
+		__syncwarp(); /* mem / xr / the staging area are rewritten by the next chunk */
+	}
+	__syncthreads();
+	for (int i = threadIdx.x; i < n * 16 * R; i += W * 32) {
+		const int tok = i / (16 * R), rr = i % (16 * R);
+		const int64_t d = row0 + rr;
+		if (d >= D)
+			continue;
+		float s = 0.0f;
+		for (int j = 0; j < k; j++) {
+			const int q = tok * k + j;
+			s = es[q] >= 0 ? fmaf(wsh[q], ys[q][rr], s) : NAN;
+		}
+		if (np > np_r) /* the shared expert, weight 1, after the routed ones */
+			s += ys[np_r + tok][rr];
+		out[(int64_t)tok * ldo + d] = s;
+	}
+}
+
+/* ---- host ------------------------------------------------------------------------------------- */
+
+static int ms_max_tokens(void)
+{
+	const char *v = getenv("TANDEM_MOE_SMALL");
+	if (v && strcmp(v, "0") == 0)
+		return 0;
+	const char *m = getenv("TANDEM_MOE_SMALL_MAX");
+	if (m && *m) {
+		const long x = strtol(m, NULL, 10);
+		return x < 0 ? 0 : x > MOE_SMALL_MAX_TOKENS ? MOE_SMALL_MAX_TOKENS : (int)x;
+	}
+	return MOE_SMALL_DEFAULT_TOKENS;
+}
+
+/* gate / up split over D in this many blocks (1..MS_SPLIT_MAX; TANDEM_MOE_SMALL_SPLIT=1|2|3). The
+ * idea: at 1-2 tokens the pairs are few (9 at batch 1: 144 blocks of 8 warps, each warp walking 3
+ * of the 24 units of D one after the other); with 3 splits every warp has one unit. Measured on
+ * the H200 (16:15 run, bench_cuda_moe's sweep, routed + shared): no gain, split 1 was as fast or
+ * faster at every batch 1..8 (batch 1: 25.9 us at 1 split, 29.5 at 3; the down kernel then paid 6
+ * dependent loads per token to form h, now 1), so 1 is the default. */
+#define MS_SPLIT_MAX MM_SPLIT_MAX
+static int ms_split(int64_t n, int64_t n_units)
+{
+	const char *v = getenv("TANDEM_MOE_SMALL_SPLIT");
+	int s = 1;
+	(void)n;
+	if (v && v[0] >= '1' && v[0] <= '0' + MS_SPLIT_MAX && !v[1])
+		s = v[0] - '0';
+	return s > n_units ? (int)n_units : s;
+}
+
+bool moe_small_fits(const struct kcuda_ctx *c, int64_t n, int k, bool shared, int64_t F)
+{
+	const int64_t np = n * (k + (shared ? 1 : 0));
+	/* workspace: h [np][F], or the split partial sums [MS_SPLIT_MAX][np][2][F] */
+	return n >= 1 && n <= ms_max_tokens() && np <= MS_MAX_PAIRS &&
+	       (size_t)np * (size_t)F * sizeof(float) * 2 * MS_SPLIT_MAX <= c->ws_bytes;
+}
+
+static void ms_stage_begin(const char *name, const struct kweight *w, double rows)
+{
+	if (kprof_active)
+		kprof_push(kprof_active, name, w ? ktype_name(w->type) : NULL,
+		           w ? rows * (double)w->row_bytes : 0.0);
+}
+static void ms_stage_end(void)
+{
+	if (kprof_active)
+		kprof_pop(kprof_active);
+}
+
+/* one call's arguments, for the launch helpers */
+struct ms_args {
+	const struct kweight *gate, *up, *down;
+	const void *sg, *su, *sd; /* the shared expert's data, or NULL */
+	const float *x, *w;
+	const int32_t *ids;
+	int64_t ldx, F, D, ldo;
+	int E, k, np_r, np, n, split;
+	float *h, *hp, *out;
+};
+
+/* warps per gate / up block: 8 (default), or 4 (TANDEM_MOE_SMALL_GUW=4: twice the blocks; 4 of them
+ * fit an SM where 2 of 8 do, so batch 1's split-3 grid runs in one wave with 2 units per warp) */
+static int ms_gu_warps(void)
+{
+	const char *v = getenv("TANDEM_MOE_SMALL_GUW");
+	return v && strcmp(v, "4") == 0 ? 4 : 8;
+}
+
+/* the one-tile gate / up block (8 f rows of gate and of up): TANDEM_MOE_SMALL_HALF=1 always, 0 never;
+ * by default at 1-2 tokens (H200, 16:55 run, routed + shared: 23.5 against 25.8 us at batch 1, 38.8
+ * against 39.9 at 2, but 68.0 against 65.9 at 4 and 119.6 against 115.4 at 8) */
+static bool ms_half(int n)
+{
+	const char *v = getenv("TANDEM_MOE_SMALL_HALF");
+	if (v && (strcmp(v, "1") == 0 || strcmp(v, "0") == 0))
+		return v[0] == '1';
+	return n <= 2;
+}
+
+template <int T> static int ms_gate_up_t(struct kcuda_ctx *c, const struct ms_args &a)
+{
+	const int w = ms_gu_warps();
+	if (ms_half(a.n))
+		return klaunch("moe_small_gate_up",
+		               w == 4 ? moe_small_gate_up_kernel<T, 4, 1> : moe_small_gate_up_kernel<T, 8, 1>,
+		               dim3((unsigned)(a.F / 8), (unsigned)a.np, (unsigned)a.split), dim3(w * 32), 0,
+		               c->stream, (const uint8_t *)a.gate->data, (const uint8_t *)a.up->data,
+		               (const uint8_t *)a.sg, (const uint8_t *)a.su, a.gate->row_bytes, a.E, a.F,
+		               a.D / 256, a.x, a.ldx, a.ids, a.k, a.np_r, a.np, a.h, a.hp);
+	return klaunch("moe_small_gate_up",
+	               w == 4 ? moe_small_gate_up_kernel<T, 4, 2> : moe_small_gate_up_kernel<T, 8, 2>,
+	               dim3((unsigned)(a.F / 16), (unsigned)a.np, (unsigned)a.split), dim3(w * 32), 0,
+	               c->stream, (const uint8_t *)a.gate->data, (const uint8_t *)a.up->data,
+	               (const uint8_t *)a.sg, (const uint8_t *)a.su, a.gate->row_bytes, a.E, a.F, a.D / 256,
+	               a.x, a.ldx, a.ids, a.k, a.np_r, a.np, a.h, a.hp);
+}
+
+template <int T> static int ms_down_t(struct kcuda_ctx *c, const struct ms_args &a)
+{
+	/* one row tile per warp (16 rows per block: D / 16 blocks, 3 per SM for the light K-quants at
+	 * <= 80 registers: one wave at D 6144); 9 warps where that saves a round of chunks (batch 1 with
+	 * the shared expert: 9 chunks); Q6_K / Q8_0 need ~128 registers, so 4 warps per block for them */
+	constexpr bool LIGHT = T == KT_Q4_K || T == KT_Q5_K;
+	constexpr int R = 1, W = LIGHT ? 8 : 4, W9 = LIGHT ? 9 : 4;
+	const bool w9 = LIGHT && (a.np + 8) / 9 < (a.np + 7) / 8;
+	auto kern =
+	    a.split > 1
+	        ? (w9 ? moe_small_down_kernel<T, R, W9, true> : moe_small_down_kernel<T, R, W, true>)
+	        : (w9 ? moe_small_down_kernel<T, R, W9, false> : moe_small_down_kernel<T, R, W, false>);
+	return klaunch("moe_small_down", kern, dim3((unsigned)((a.D + 16 * R - 1) / (16 * R))),
+	               dim3((w9 ? W9 : W) * 32), 0, c->stream, (const uint8_t *)a.down->data,
+	               (const uint8_t *)a.sd, a.down->row_bytes, a.E, a.D, a.F / 256, (const float *)a.h, a.F,
+	               a.ids, a.w, a.k, a.np_r, a.np, a.n, a.out, a.ldo, c->err_dev, a.split,
+	               (const float *)a.hp);
+}
+
+int moe_small_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
+                  const float *weights, int k, const struct kweight *gate, const struct kweight *up,
+                  const struct kweight *down, int64_t E, int64_t F, const struct kweight *sh_gate,
+                  const struct kweight *sh_up, const struct kweight *sh_down, float *out, int64_t ldo)
+{
+	const bool sh = sh_gate != NULL;
+	struct ms_args a;
+	a.gate = gate, a.up = up, a.down = down;
+	a.sg = sh ? sh_gate->data : NULL, a.su = sh ? sh_up->data : NULL, a.sd = sh ? sh_down->data : NULL;
+	a.x = x, a.w = weights, a.ids = ids, a.ldx = ldx, a.F = F, a.D = gate->n_in, a.ldo = ldo;
+	a.E = (int)E, a.k = k, a.np_r = (int)(n * k), a.np = a.np_r + (sh ? (int)n : 0), a.n = (int)n;
+	a.split = ms_split(n, a.D / 256);
+	a.h = a.hp = (float *)c->ws; /* h (split 1) or the partial sums */
+	a.out = out;
+	const int64_t n_ex = (a.np_r < E ? a.np_r : E) + (sh ? 1 : 0);
+	int rc;
+	ms_stage_begin("moe.experts/gate_up(small)", gate, 2.0 * (double)n_ex * (double)F);
+	switch (gate->type) {
+	case KT_Q4_K: rc = ms_gate_up_t<KT_Q4_K>(c, a); break;
+	case KT_Q5_K: rc = ms_gate_up_t<KT_Q5_K>(c, a); break;
+	case KT_Q6_K: rc = ms_gate_up_t<KT_Q6_K>(c, a); break;
+	case KT_Q8_0: rc = ms_gate_up_t<KT_Q8_0>(c, a); break;
+	default: rc = ERR_UNSUPPORTED; break;
+	}
+	ms_stage_end();
+	if (rc)
+		return rc;
+	ms_stage_begin("moe.experts/down+combine(small)", down, (double)n_ex * (double)a.D);
+	switch (down->type) {
+	case KT_Q4_K: rc = ms_down_t<KT_Q4_K>(c, a); break;
+	case KT_Q5_K: rc = ms_down_t<KT_Q5_K>(c, a); break;
+	case KT_Q6_K: rc = ms_down_t<KT_Q6_K>(c, a); break;
+	case KT_Q8_0: rc = ms_down_t<KT_Q8_0>(c, a); break;
+	default: rc = ERR_UNSUPPORTED; break;
+	}
+	ms_stage_end();
+	return rc;
+}
