@@ -784,16 +784,7 @@ static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const flo
 			CK(kcuda_matmul(c->kc, &kb, q + hh * NR, Hl * NR, n, c->qabs + hh * (C + R),
 			                Hl * (C + R)));
 		}
-	PROF(c, "attn.q_rope(copy+rope)", NULL, 8.0 * (double)(n * Hl * R))
-	if (c->fuse) {
-		struct kfuse_rope rp = {.inv_freq = c->d_inv, .pos = c->d_pos, .pairing = hp->rope_main};
-		CK(kfuse_rope_copy(c->kc, c->qabs + C, Hl * (C + R), C + R, q + N, Hl * NR, NR, n, Hl, R,
-		                   &rp));
-	} else {
-		CK(kfwd_copy2d(c->kc, c->qabs + C, C + R, q + N, NR, R, n * Hl));
-		CK(kcuda_rope(c->kc, c->qabs + C, Hl * (C + R), n, Hl, C + R, R, c->d_inv, c->d_pos,
-		              hp->rope_main, 1.0f));
-	}
+	struct kfuse_rope rp = {.inv_freq = c->d_inv, .pos = c->d_pos, .pairing = hp->rope_main};
 	struct kcuda_kv_view v = kv_view(c, (size_t)layer * c->kv->layout.lat_layer_bytes, C + R);
 	struct kcuda_attn_rows rows = {.n_q = n,
 	                               .qseq = c->d_seq,
@@ -803,10 +794,31 @@ static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const flo
 	                               .sel = sel,
 	                               .ld_sel = c->st.K,
 	                               .max_keys = sel ? c->st.K : c->st.max_keys};
-	PROF(c, "attn.mla", NULL,
-	     (double)n * (double)rows.max_keys * (double)(C + R) *
-	         (c->kv->layout.dtype == MODEL_KV_BF16 ? 2 : 4))
-	CK(kcuda_mla_attn(c->kc, &v, &rows, c->qabs, Hl, C, R, hp->attn_scale, c->obar));
+	const double kv_bytes = (double)n * (double)rows.max_keys * (double)(C + R) *
+	                        (c->kv->layout.dtype == MODEL_KV_BF16 ? 2 : 4);
+	/* fused: q's rotary part is roped inside the attention kernel (one launch less per layer;
+	 * kfuse_mla_attn_rope declines with ERR_UNSUPPORTED under TANDEM_MLA_ROPE=0 or the ref kernels) */
+	int rc = ERR_UNSUPPORTED;
+	if (c->fuse) {
+		PROF(c, "attn.mla", NULL, kv_bytes)
+		rc = kfuse_mla_attn_rope(c->kc, &v, &rows, c->qabs, Hl, C, R, hp->attn_scale, c->obar, q + N,
+		                         Hl * NR, NR, &rp);
+	}
+	if (rc != ERR_UNSUPPORTED) {
+		CK(rc);
+	} else {
+		PROF(c, "attn.q_rope(copy+rope)", NULL, 8.0 * (double)(n * Hl * R))
+		if (c->fuse) {
+			CK(kfuse_rope_copy(c->kc, c->qabs + C, Hl * (C + R), C + R, q + N, Hl * NR, NR, n, Hl,
+			                   R, &rp));
+		} else {
+			CK(kfwd_copy2d(c->kc, c->qabs + C, C + R, q + N, NR, R, n * Hl));
+			CK(kcuda_rope(c->kc, c->qabs + C, Hl * (C + R), n, Hl, C + R, R, c->d_inv, c->d_pos,
+			              hp->rope_main, 1.0f));
+		}
+		PROF(c, "attn.mla", NULL, kv_bytes)
+		CK(kcuda_mla_attn(c->kc, &v, &rows, c->qabs, Hl, C, R, hp->attn_scale, c->obar));
+	}
 	PROF(c, "attn.v_up(v_b/head)", ktype_name(L->v_b.w.type), (double)Hl * wbytes(&L->v_b.w))
 	if (head_gemv(c, &L->v_b, n))
 		CK(kfwd_head_gemv(c->kc, &L->v_b.w, L->v_b.mat_bytes, (int)Hl, c->obar, Hl * C, C, n, o,

@@ -161,6 +161,7 @@ __device__ __forceinline__ void fu_pair(int pairing, int i, int half, int *i0, i
 __global__ void __launch_bounds__(FU_WIDE)
     add_rmsnorm_kernel(float *h, const float *x, float *y, const float *__restrict__ w, int64_t n, float eps)
 {
+	KDEP_ENTRY();
 	__shared__ float red[FU_WIDE / 32];
 	float *hr = h + blockIdx.x * n;
 	const float *xr = x ? x + blockIdx.x * n : NULL;
@@ -205,8 +206,8 @@ extern "C" int kfuse_add_rmsnorm(struct kcuda_ctx *c, float *h, const float *x, 
 		                     !c || !h || !y || !w ? ", or a null pointer" : ", or y aliases h / x");
 	if (n_rows == 0)
 		return 0;
-	add_rmsnorm_kernel<<<(unsigned)n_rows, FU_WIDE, 0, c->stream>>>(h, x, y, w, n, eps);
-	return kcuda_launch_status("add_rmsnorm");
+	return klaunch("add_rmsnorm", add_rmsnorm_kernel, dim3((unsigned)n_rows), dim3(FU_WIDE), 0, c->stream,
+	               h, x, y, w, n, eps);
 }
 
 /* ---- MLA latents: two RMSNorms, RoPE of k_r, the KV write ------------------------------------- */
@@ -214,6 +215,7 @@ __global__ void __launch_bounds__(FU_THREADS)
     mla_latent_kernel(float *cq, int64_t Cq, const float *__restrict__ wq, float eps_q, float *kvl, int64_t C,
                       int64_t R, const float *__restrict__ wkv, float eps_kv, kfuse_rope rp, kfuse_kv kv)
 {
+	KDEP_ENTRY();
 	__shared__ float red[FU_THREADS / 32];
 	const int64_t r = blockIdx.x;
 	if (blockIdx.y == 0) { /* c_q row: RMSNorm in place */
@@ -262,9 +264,8 @@ extern "C" int kfuse_mla_latent(struct kcuda_ctx *c, float *cq, int64_t Cq, cons
 		                     ", or a null pointer / bad rope or pool description");
 	if (n_rows == 0)
 		return 0;
-	mla_latent_kernel<<<dim3((unsigned)n_rows, 2), FU_THREADS, 0, c->stream>>>(cq, Cq, wq, eps_q, kvl, C,
-	                                                                           R, wkv, eps_kv, *rp, *kv);
-	return kcuda_launch_status("mla_latent");
+	return klaunch("mla_latent", mla_latent_kernel, dim3((unsigned)n_rows, 2), dim3(FU_THREADS), 0,
+	               c->stream, cq, Cq, wq, eps_q, kvl, C, R, wkv, eps_kv, *rp, *kv);
 }
 
 /* ---- indexer inputs: LayerNorm + RoPE + KV write of k_I, RoPE of q_I, scale of w_I ------------- */
@@ -273,6 +274,7 @@ __global__ void __launch_bounds__(FU_THREADS)
                     const float *__restrict__ kw, const float *__restrict__ kb, float eps, kfuse_rope rp,
                     kfuse_kv kv)
 {
+	KDEP_ENTRY();
 	__shared__ double red[FU_THREADS];
 	__shared__ float ks[FU_DI_MAX];
 	const int64_t r = blockIdx.x;
@@ -349,15 +351,15 @@ extern "C" int kfuse_idx_prep(struct kcuda_ctx *c, float *qI, float *wI, int64_t
 		                     ", or a null pointer / bad rope or pool description / DI > 4096");
 	if (n_rows == 0)
 		return 0;
-	idx_prep_kernel<<<dim3((unsigned)n_rows, 2), FU_THREADS, 0, c->stream>>>(qI, wI, HI, wscale, kI, DI,
-	                                                                         R, kw, kb, eps, *rp, *kv);
-	return kcuda_launch_status("idx_prep");
+	return klaunch("idx_prep", idx_prep_kernel, dim3((unsigned)n_rows, 2), dim3(FU_THREADS), 0, c->stream,
+	               qI, wI, HI, wscale, kI, DI, R, kw, kb, eps, *rp, *kv);
 }
 
 /* ---- copy + RoPE (the absorbed query's rotary part): one thread per (token, head, pair) -------- */
 __global__ void rope_copy_kernel(float *dst, int64_t ldd, int64_t dhs, const float *src, int64_t lds,
                                  int64_t shs, int64_t n_heads, int half, kfuse_rope rp, int64_t n)
 {
+	KDEP_ENTRY();
 	const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
 	if (g >= n)
 		return;
@@ -385,7 +387,6 @@ extern "C" int kfuse_rope_copy(struct kcuda_ctx *c, float *dst, int64_t ldd, int
 		return 0;
 	if ((n + 255) / 256 > INT32_MAX)
 		return ERR_LIMIT;
-	rope_copy_kernel<<<(unsigned)((n + 255) / 256), 256, 0, c->stream>>>(dst, ldd, dhs, src, lds, shs,
-	                                                                     n_heads, (int)(R / 2), *rp, n);
-	return kcuda_launch_status("rope_copy");
+	return klaunch("rope_copy", rope_copy_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0,
+	               c->stream, dst, ldd, dhs, src, lds, shs, n_heads, (int)(R / 2), *rp, n);
 }

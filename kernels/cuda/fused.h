@@ -62,6 +62,17 @@ int kfuse_idx_prep(struct kcuda_ctx *c, float *qI, float *wI, int64_t HI, float 
 int kfuse_rope_copy(struct kcuda_ctx *c, float *dst, int64_t ldd, int64_t dhs, const float *src, int64_t lds,
                     int64_t shs, int64_t n_tok, int64_t n_heads, int64_t R, const struct kfuse_rope *rp);
 
+/* mla_attn_mma.cu: kcuda_mla_attn with q's rotary part roped inside the attention kernel, so the
+ * absorbed query needs no kfuse_rope_copy first: q[t][h][0..C) is read as kcuda_mla_attn reads it;
+ * dims [C, C+R) come from qr[t * ldqr + h * qrhs + 0..R) (unroped) rotated by rp at rp->pos[t]
+ * (= kfuse_rope_copy into q, then kcuda_mla_attn). ERR_UNSUPPORTED (nothing launched) when the
+ * tensor-core kernel does not take the call, under TANDEM_CUDA_ATTN=ref, or with TANDEM_MLA_ROPE=0:
+ * the caller then runs the two steps. */
+int kfuse_mla_attn_rope(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
+                        const struct kcuda_attn_rows *rows, const float *q, int64_t H, int64_t C, int64_t R,
+                        float scale, float *out, const float *qr, int64_t ldqr, int64_t qrhs,
+                        const struct kfuse_rope *rp);
+
 /* topk_idx_radix.cu: exact top-k (kcpu_topk's order and ties) of rows of at most KFUSE_TOPK_SHORT
  * scores, one block per row with the row's keys in shared memory: one launch, no scratch (the
  * radix path takes 5 launches and a memset). Arguments as kcuda_topk_idx; ERR_UNSUPPORTED when

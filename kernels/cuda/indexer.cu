@@ -21,6 +21,7 @@
 
 __global__ void __launch_bounds__(IDX_THREADS) indexer_scores_kernel(idx_args a)
 {
+	KDEP_ENTRY();
 	extern __shared__ float sm[];
 	const int HI = a.HI, DI = a.DI, DP = DI + 1;
 	float *q_s = sm; /* [HI][DI] */
@@ -35,6 +36,8 @@ __global__ void __launch_bounds__(IDX_THREADS) indexer_scores_kernel(idx_args a)
 			atomicAdd(a.err, 1u);
 		nk = nk < 0 ? 0 : a.max_keys;
 	}
+	if (a.skip_le > 0 && nk <= a.skip_le)
+		return; /* every key is selected: the scores are not read */
 	const int64_t t0 = (int64_t)blockIdx.x * IDX_TK;
 	if (t0 >= nk)
 		return;
@@ -147,6 +150,10 @@ static int idx_fill(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const s
 	a->DI = (int)DI;
 	a->scale = scale;
 	a->err = c->err_dev;
+	a->scores = NULL;
+	a->ld = 0;
+	a->tiles = 0;
+	a->skip_le = 0;
 	return 0;
 }
 
@@ -183,8 +190,8 @@ static int idx_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q)
 	for (int64_t r0 = 0; r0 < n_q; r0 += 65535) {
 		const int64_t nr = n_q - r0 < 65535 ? n_q - r0 : 65535;
 		dim3 grid((unsigned)tiles, (unsigned)nr);
-		indexer_scores_kernel<<<grid, IDX_THREADS, smem, c->stream>>>(idx_rows_from(a, r0));
-		int rc = kcuda_launch_status("indexer_scores");
+		int rc = klaunch("indexer_scores", indexer_scores_kernel, dim3(grid), dim3(IDX_THREADS), smem,
+		                 c->stream, idx_rows_from(a, r0));
 		if (rc)
 			return rc;
 	}
@@ -244,6 +251,9 @@ extern "C" int kcuda_indexer_topk(struct kcuda_ctx *c, const struct kcuda_kv_vie
 		const int64_t nr = rows->n_q - r0 < per ? rows->n_q - r0 : per;
 		idx_args b = idx_rows_from(a, r0);
 		b.scores = (float *)c->ws;
+		/* rows whose keys all make the top-k: the short top-k writes 0..n-1 without reading
+		 * the scores (decode at contexts up to k), so they are not computed */
+		b.skip_le = shortk ? k : 0;
 		if ((rc = idx_launch(c, b, nr)))
 			return rc;
 		rc = ERR_UNSUPPORTED;

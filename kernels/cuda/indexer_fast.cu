@@ -11,7 +11,10 @@
  * products above fp32's rounding are summed. Only the fp32 accumulation order differs from the
  * CPU's: on integer test data the scores are bit-equal, on float data ~1e-7 relative.
  *
- * Grid (key range of 128 positions, query row); 4 warps. The range is walked in tiles of 64 keys:
+ * Grid (key range of a.tiles x 64 positions, query row); 4 warps. At decode batch sizes the range is
+ * one tile (enough blocks to cover the SMs: at batch 1, ctx 4096 two tiles a block left 100 of 132
+ * SMs idle); with many rows or long contexts two (the q fragments, 16 KB from L2 per block, are
+ * loaded half as often). The range is walked in tiles of 64 keys:
  * the 64 row addresses are looked up first, the rows copied to shared memory with 16-byte
  * cp.async while the previous tile is scored (double buffer). Warp w takes heads [16 mw, 16 mw + 16)
  * and a share of the keys (with HI <= 16 each warp takes 16 keys, <= 32 32 keys, <= 64 all 64);
@@ -26,7 +29,6 @@
 #define IF_WARPS 4
 #define IF_THREADS (32 * IF_WARPS)
 #define IF_TK 64 /* keys per tile */
-#define IF_TILES 2 /* tiles per block: ~2 blocks per SM at 32k positions, batch 1 */
 #define IF_DMAX 128
 #define IF_HMAX 64
 #define IF_SP (IF_HMAX + 1) /* d row stride (floats) */
@@ -70,6 +72,7 @@ static size_t if_smem(int DI, bool f32)
  * parts' weights add up to at most 2^-16 are summed (the rest lie below fp32's rounding). */
 template <int MW, bool F32> __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 {
+	KDEP_ENTRY();
 	typedef typename std::conditional<F32, float, uint16_t>::type val_t;
 	constexpr int KG = IF_WARPS / MW; /* key groups */
 	constexpr int NT = IF_TK / 8 / KG; /* n-tiles per warp */
@@ -89,10 +92,12 @@ template <int MW, bool F32> __global__ void __launch_bounds__(IF_THREADS) indexe
 			atomicAdd(a.err, 1u);
 		nk = nk < 0 ? 0 : a.max_keys;
 	}
-	const int64_t k0 = (int64_t)blockIdx.x * IF_TK * IF_TILES;
+	if (a.skip_le > 0 && nk <= a.skip_le)
+		return; /* every key is selected: the scores are not read */
+	const int64_t k0 = (int64_t)blockIdx.x * IF_TK * a.tiles;
 	if (k0 >= nk)
 		return;
-	const int64_t k1 = min(nk, k0 + IF_TK * IF_TILES);
+	const int64_t k1 = min(nk, k0 + IF_TK * a.tiles);
 	const int ntiles = (int)((k1 - k0 + IF_TK - 1) / IF_TK);
 
 	for (int i = tid; i < IF_HMAX; i += IF_THREADS)
@@ -227,8 +232,8 @@ static int if_launch(struct kcuda_ctx *c, const idx_args &b, dim3 grid, size_t s
 {
 	KCUDA_CHECK(cudaFuncSetAttribute(indexer_fast_kernel<MW, F32>,
 	                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-	indexer_fast_kernel<MW, F32><<<grid, IF_THREADS, smem, c->stream>>>(b);
-	return kcuda_launch_status("indexer_fast");
+	return klaunch("indexer_fast", indexer_fast_kernel<MW, F32>, dim3(grid), dim3(IF_THREADS), smem,
+	               c->stream, b);
 }
 
 int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q)
@@ -246,7 +251,13 @@ int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_
 	}
 	if (smem > (size_t)max_smem)
 		return ERR_UNSUPPORTED;
-	const int64_t ranges = (a.max_keys + IF_TK * IF_TILES - 1) / (IF_TK * IF_TILES);
+	/* one tile per block while the tiles of all rows fit two per SM, else two */
+	const int64_t t64 = (a.max_keys + IF_TK - 1) / IF_TK;
+	int tiles = a.tiles > 0 ? a.tiles : (n_q * t64 <= 2 * (int64_t)c->n_sm ? 1 : 2);
+	const char *te = getenv("TANDEM_IDX_TILES"); /* 1 or 2 forces it (bench: the old 2 everywhere) */
+	if (te && (strcmp(te, "1") == 0 || strcmp(te, "2") == 0))
+		tiles = te[0] - '0';
+	const int64_t ranges = (a.max_keys + IF_TK * tiles - 1) / (IF_TK * tiles);
 	if (ranges == 0 || n_q == 0)
 		return 0;
 	if (ranges > INT32_MAX)
@@ -261,6 +272,7 @@ int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_
 		b.n_keys = a.n_keys ? a.n_keys + r0 : NULL;
 		b.pos0 = a.pos0 + r0;
 		b.scores = a.scores + r0 * a.ld;
+		b.tiles = tiles;
 		const dim3 grid((unsigned)ranges, (unsigned)nr);
 		int rc;
 		if (MW == 1)

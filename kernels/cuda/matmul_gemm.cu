@@ -20,6 +20,7 @@ template <int T>
 __global__ void dequant_pieces(const uint8_t *__restrict__ w, size_t row_bytes, int64_t r0, int64_t n_rows,
                                int64_t n_pieces, uint16_t *__restrict__ dst)
 {
+	KDEP_ENTRY();
 	const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
 	if (i >= n_rows * n_pieces)
 		return;
@@ -42,6 +43,7 @@ template <int T>
 __global__ void dequant_pieces_f32(const uint8_t *__restrict__ w, size_t row_bytes, int64_t r0,
                                    int64_t n_rows, int64_t n_pieces, float *__restrict__ dst)
 {
+	KDEP_ENTRY();
 	const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
 	if (i >= n_rows * n_pieces)
 		return;
@@ -59,6 +61,7 @@ template <int T>
 __global__ void dequant_elems_f32(const uint8_t *__restrict__ w, size_t row_bytes, int64_t r0, int64_t n_rows,
                                   int64_t n_in, float *__restrict__ dst)
 {
+	KDEP_ENTRY();
 	const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
 	if (i >= n_rows * n_in)
 		return;
@@ -72,6 +75,7 @@ template <int T>
 __global__ void dequant_elems(const uint8_t *__restrict__ w, size_t row_bytes, int64_t r0, int64_t n_rows,
                               int64_t n_in, uint16_t *__restrict__ dst)
 {
+	KDEP_ENTRY();
 	const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
 	if (i >= n_rows * n_in)
 		return;
@@ -91,6 +95,7 @@ __global__ void dequant_elems(const uint8_t *__restrict__ w, size_t row_bytes, i
 __global__ void x_to_bf16(const float *__restrict__ x, int64_t ldx, int64_t n_tok, int64_t n_in,
                           uint16_t *__restrict__ dst)
 {
+	KDEP_ENTRY();
 	const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
 	if (i >= n_tok * n_in)
 		return;
@@ -107,14 +112,14 @@ static int dequant_type(struct kcuda_ctx *c, const struct kweight *w, int64_t r0
 	if ((T == KT_F32 || T == KT_F16 || T == KT_BF16) &&
 	    (w->n_in % 16 || w->row_bytes % 16 || (uintptr_t)w->data % 16)) {
 		const int64_t n = n_rows * w->n_in;
-		dequant_elems<T><<<(unsigned)((n + threads - 1) / threads), threads, 0, c->stream>>>(
-		    (const uint8_t *)w->data, w->row_bytes, r0, n_rows, w->n_in, dst);
-	} else {
-		const int64_t n = n_rows * (w->n_in / 16);
-		dequant_pieces<T><<<(unsigned)((n + threads - 1) / threads), threads, 0, c->stream>>>(
-		    (const uint8_t *)w->data, w->row_bytes, r0, n_rows, w->n_in / 16, dst);
+		return klaunch("dequant_bf16", dequant_elems<T>,
+		               dim3((unsigned)((n + threads - 1) / threads)), dim3(threads), 0, c->stream,
+		               (const uint8_t *)w->data, w->row_bytes, r0, n_rows, w->n_in, dst);
 	}
-	return kcuda_launch_status("dequant_bf16");
+	const int64_t n = n_rows * (w->n_in / 16);
+	return klaunch("dequant_bf16", dequant_pieces<T>, dim3((unsigned)((n + threads - 1) / threads)),
+	               dim3(threads), 0, c->stream, (const uint8_t *)w->data, w->row_bytes, r0, n_rows,
+	               w->n_in / 16, dst);
 }
 
 extern "C" int kcuda_dequant_bf16(struct kcuda_ctx *c, const struct kweight *w, int64_t r0, int64_t n_rows,
@@ -167,9 +172,8 @@ int kcuda_gemm_launch(struct kcuda_ctx *c, const struct kweight *w, const float 
 	for (int64_t t0 = 0; t0 < n_tok; t0 += tok_chunk) {
 		const int64_t nt = n_tok - t0 < tok_chunk ? n_tok - t0 : tok_chunk;
 		const int64_t nx = nt * n_in;
-		x_to_bf16<<<(unsigned)((nx + 255) / 256), 256, 0, c->stream>>>(x + t0 * ldx, ldx, nt, n_in,
-		                                                               xb);
-		if ((rc = kcuda_launch_status("x_to_bf16")))
+		if ((rc = klaunch("x_to_bf16", x_to_bf16, dim3((unsigned)((nx + 255) / 256)), dim3(256), 0,
+		                  c->stream, x + t0 * ldx, ldx, nt, n_in, xb)))
 			return rc;
 		for (int64_t r0 = 0; r0 < w->n_out; r0 += row_chunk) {
 			const int64_t nr = w->n_out - r0 < row_chunk ? w->n_out - r0 : row_chunk;
@@ -197,8 +201,9 @@ static int dequant_f32_type(struct kcuda_ctx *c, const struct kweight *w, int64_
 	const int threads = 256;
 	if constexpr (T == KT_F16 || T == KT_BF16) {
 		const int64_t n = n_rows * w->n_in;
-		dequant_elems_f32<T><<<(unsigned)((n + threads - 1) / threads), threads, 0, c->stream>>>(
-		    (const uint8_t *)w->data, w->row_bytes, r0, n_rows, w->n_in, dst);
+		return klaunch("dequant_f32", dequant_elems_f32<T>,
+		               dim3((unsigned)((n + threads - 1) / threads)), dim3(threads), 0, c->stream,
+		               (const uint8_t *)w->data, w->row_bytes, r0, n_rows, w->n_in, dst);
 	} else if constexpr (T == KT_F32) { /* only when misaligned for cuBLAS: a byte copy */
 		if (cudaMemcpy2DAsync(dst, (size_t)w->n_in * sizeof(float),
 		                      (const char *)w->data + (size_t)r0 * w->row_bytes, w->row_bytes,
@@ -210,10 +215,11 @@ static int dequant_f32_type(struct kcuda_ctx *c, const struct kweight *w, int64_
 			return kcuda_bad_arg("matmul f32", "%s weight with n_in %lld (not a multiple of 16)",
 			                     ktype_name(w->type), (long long)w->n_in);
 		const int64_t n = n_rows * (w->n_in / 16);
-		dequant_pieces_f32<T><<<(unsigned)((n + threads - 1) / threads), threads, 0, c->stream>>>(
-		    (const uint8_t *)w->data, w->row_bytes, r0, n_rows, w->n_in / 16, dst);
+		return klaunch("dequant_f32", dequant_pieces_f32<T>,
+		               dim3((unsigned)((n + threads - 1) / threads)), dim3(threads), 0, c->stream,
+		               (const uint8_t *)w->data, w->row_bytes, r0, n_rows, w->n_in / 16, dst);
 	}
-	return kcuda_launch_status("dequant_f32");
+	return kcuda_launch_status("dequant_f32"); /* the F32 copy: its status, counted as a launch */
 }
 
 static int dequant_f32(struct kcuda_ctx *c, const struct kweight *w, int64_t r0, int64_t n_rows, float *dst)

@@ -46,6 +46,9 @@ struct idx_args {
 	float *scores;
 	int64_t ld;
 	unsigned *err;
+	int tiles; /* fast kernel: 64-key tiles per block (0: chosen by kcuda_indexer_fast_launch) */
+	int skip_le; /* > 0: rows with at most this many keys are not scored (their top-k keeps every
+	              * key, so kcuda_indexer_topk's short top-k does not read the scores); 0: all */
 };
 /* the tensor-core score kernel (indexer_fast.cu) for rows [0, n_q) of a: ERR_UNSUPPORTED when the
  * shape does not suit it (fp32 keys, HI > 64, DI > 128 or not a multiple of 16, misaligned) */

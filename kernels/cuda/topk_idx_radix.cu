@@ -147,6 +147,7 @@ __device__ void tr_select(tr_shared &sh, const unsigned *hs, int pass, int kk, u
 /* pass 0, 1, 2: the slice's histogram of digit `pass` among the keys matching the digits so far */
 __global__ void __launch_bounds__(TR_THREADS) tr_hist_kernel(tr_args a, int pass)
 {
+	KDEP_ENTRY();
 	__shared__ tr_shared sh;
 	const int64_t row = blockIdx.y;
 	const int n = tr_row_n(a, row);
@@ -181,6 +182,7 @@ __global__ void __launch_bounds__(TR_THREADS) tr_hist_kernel(tr_args a, int pass
 /* count (write = 0) or write (write = 1) */
 __global__ void __launch_bounds__(TR_THREADS) tr_out_kernel(tr_args a, int write)
 {
+	KDEP_ENTRY();
 	__shared__ tr_shared sh;
 	const int64_t row = blockIdx.y;
 	const int tid = threadIdx.x;
@@ -305,12 +307,12 @@ int kcuda_topk_idx_radix(struct kcuda_ctx *c, const float *scores, int64_t ld, i
 	dim3 grid((unsigned)nb, (unsigned)n_rows);
 	int rc = 0;
 	for (int pass = 0; pass < 3 && !rc; pass++) {
-		tr_hist_kernel<<<grid, TR_THREADS, 0, c->stream>>>(a, pass);
-		rc = kcuda_launch_status("topk_radix hist");
+		rc = klaunch("topk_radix hist", tr_hist_kernel, dim3(grid), dim3(TR_THREADS), 0, c->stream, a,
+		             pass);
 	}
 	for (int w = 0; w < 2 && !rc; w++) {
-		tr_out_kernel<<<grid, TR_THREADS, 0, c->stream>>>(a, w);
-		rc = kcuda_launch_status("topk_radix out");
+		rc = klaunch("topk_radix out", tr_out_kernel, dim3(grid), dim3(TR_THREADS), 0, c->stream, a,
+		             w);
 	}
 	return rc;
 }
@@ -350,6 +352,7 @@ __global__ void __launch_bounds__(TS_THREADS)
                       int k, int32_t *__restrict__ out, int64_t ldo, int32_t *__restrict__ n_out,
                       unsigned *err)
 {
+	KDEP_ENTRY();
 	__shared__ typename ts_scan_t::TempStorage scan_tmp;
 	__shared__ uint32_t keys[KFUSE_TOPK_SHORT];
 	__shared__ unsigned hist[256];
@@ -371,6 +374,12 @@ __global__ void __launch_bounds__(TS_THREADS)
 		n_out[row] = kk;
 	if (kk <= 0)
 		return;
+	if (kk == n) { /* every position is kept, in order: the scores are not read (nor computed:
+		        * kcuda_indexer_topk skips those rows) */
+		for (int i = tid; i < n; i += TS_THREADS)
+			o[i] = i;
+		return;
+	}
 #pragma unroll 4 /* the loads of a thread's keys in flight together */
 	for (int i = tid; i < n; i += TS_THREADS)
 		keys[i] = tr_key(p[i]);
@@ -473,7 +482,6 @@ extern "C" int kcuda_topk_idx_short(struct kcuda_ctx *c, const float *scores, in
 		return 0;
 	if (n_rows > INT32_MAX)
 		return ERR_LIMIT;
-	topk_short_kernel<<<(unsigned)n_rows, TS_THREADS, 0, c->stream>>>(scores, ld, n, n0, k, out, ldo,
-	                                                                  n_out, c->err_dev);
-	return kcuda_launch_status("topk_idx_short");
+	return klaunch("topk_idx_short", topk_short_kernel, dim3((unsigned)n_rows), dim3(TS_THREADS), 0,
+	               c->stream, scores, ld, n, n0, k, out, ldo, n_out, c->err_dev);
 }

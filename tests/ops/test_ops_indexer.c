@@ -90,6 +90,7 @@ struct icase {
 	int n_seq;
 	const int *lens;
 	int start, T; /* prefill rows when T > 0 */
+	int bucket; /* > 0: max_keys of the call (a decode graph's context bucket), above every row */
 };
 
 static void run_case(const struct icase *ic)
@@ -104,6 +105,8 @@ static void run_case(const struct icase *ic)
 		max_len = lens[s] > max_len ? lens[s] : max_len;
 		tot += (lens[s] + BT - 1) / BT;
 	}
+	if (ic->bucket > max_len)
+		max_len = ic->bucket;
 	const int64_t n_q = prefill ? ic->T : n_seq, n_blocks = tot + 2;
 	const int ld_blocks = (max_len + BT - 1) / BT + 1;
 	struct pool p = {0};
@@ -428,25 +431,38 @@ int main(void)
 	static const int l_small[] = {1, 31, 33, 64, 65, 2048, 2049};
 	static const int l_32k[] = {32768};
 	static const int l_100k[] = {100000};
+	static const int l_4k[] = {4096};
+	static const int l_mix[] = {1, 2047, 2048, 2049, 3000, 4096, 4097, 8192};
+	static const int l_32k2[] = {30001, 32768};
+	static const int l_12[] = {1, 2, 63, 64, 65, 2047, 2048, 2049, 2050, 4000, 4096, 4097};
 	const struct icase cases[] = {
-	    {"exact f32 HI32 DI128 ctx 1..2049", 0, 1, 32, 128, 2048, 7, l_small, 0, 0},
-	    {"exact bf16 HI64 DI128 ctx 1..2049", 1, 1, 64, 128, 2048, 7, l_small, 0, 0},
-	    {"exact f32 HI32 DI128 ctx 32768", 0, 1, 32, 128, 2048, 1, l_32k, 0, 0},
-	    {"exact bf16 HI64 DI128 ctx 100000", 1, 1, 64, 128, 2048, 1, l_100k, 0, 0},
-	    {"exact f32 prefill start 3000 T 40", 0, 1, 32, 128, 2048, 0, NULL, 3000, 40},
-	    {"exact bf16 prefill start 3000 T 200 (3 chunks)", 1, 1, 32, 128, 2048, 0, NULL, 3000, 200},
-	    {"random f32 HI32 DI128 ctx 1..2049", 0, 0, 32, 128, 2048, 7, l_small, 0, 0},
-	    {"random bf16 HI64 DI128 ctx 32768", 1, 0, 64, 128, 2048, 1, l_32k, 0, 0},
-	    {"random f32 HI32 DI128 ctx 100000", 0, 0, 32, 128, 2048, 1, l_100k, 0, 0},
-	    {"random bf16 prefill start 2000 T 70", 1, 0, 64, 128, 2048, 0, NULL, 2000, 70},
-	    {"odd HI5 DI40 K7 ctx 1..2049", 0, 0, 5, 40, 7, 7, l_small, 0, 0},
+	    {"exact f32 HI32 DI128 ctx 1..2049", 0, 1, 32, 128, 2048, 7, l_small, 0, 0, 0},
+	    {"exact bf16 HI64 DI128 ctx 1..2049", 1, 1, 64, 128, 2048, 7, l_small, 0, 0, 0},
+	    {"exact f32 HI32 DI128 ctx 32768", 0, 1, 32, 128, 2048, 1, l_32k, 0, 0, 0},
+	    {"exact bf16 HI64 DI128 ctx 100000", 1, 1, 64, 128, 2048, 1, l_100k, 0, 0, 0},
+	    {"exact f32 prefill start 3000 T 40", 0, 1, 32, 128, 2048, 0, NULL, 3000, 40, 0},
+	    {"exact bf16 prefill start 3000 T 200 (3 chunks)", 1, 1, 32, 128, 2048, 0, NULL, 3000, 200, 0},
+	    {"random f32 HI32 DI128 ctx 1..2049", 0, 0, 32, 128, 2048, 7, l_small, 0, 0, 0},
+	    {"random bf16 HI64 DI128 ctx 32768", 1, 0, 64, 128, 2048, 1, l_32k, 0, 0, 0},
+	    {"random f32 HI32 DI128 ctx 100000", 0, 0, 32, 128, 2048, 1, l_100k, 0, 0, 0},
+	    {"random bf16 prefill start 2000 T 70", 1, 0, 64, 128, 2048, 0, NULL, 2000, 70, 0},
+	    {"odd HI5 DI40 K7 ctx 1..2049", 0, 0, 5, 40, 7, 7, l_small, 0, 0, 0},
 	    /* GLM-5's indexer (HI 32, DI 128) on bf16 keys: the tensor-core kernel's main shape */
-	    {"exact bf16 HI32 DI128 ctx 1..2049", 1, 1, 32, 128, 2048, 7, l_small, 0, 0},
-	    {"exact bf16 HI32 DI128 ctx 32768", 1, 1, 32, 128, 2048, 1, l_32k, 0, 0},
-	    {"random bf16 HI32 DI128 ctx 100000", 1, 0, 32, 128, 2048, 1, l_100k, 0, 0},
-	    {"random bf16 HI32 DI128 batch ctx 1..2049", 1, 0, 32, 128, 2048, 7, l_small, 0, 0},
-	    {"exact bf16 HI16 DI64 K100 ctx 1..2049", 1, 1, 16, 64, 100, 7, l_small, 0, 0},
-	    {"random bf16 HI40 DI48 K33 prefill start 500 T 30", 1, 0, 40, 48, 33, 0, NULL, 500, 30},
+	    {"exact bf16 HI32 DI128 ctx 1..2049", 1, 1, 32, 128, 2048, 7, l_small, 0, 0, 0},
+	    {"exact bf16 HI32 DI128 ctx 32768", 1, 1, 32, 128, 2048, 1, l_32k, 0, 0, 0},
+	    {"random bf16 HI32 DI128 ctx 100000", 1, 0, 32, 128, 2048, 1, l_100k, 0, 0, 0},
+	    {"random bf16 HI32 DI128 batch ctx 1..2049", 1, 0, 32, 128, 2048, 7, l_small, 0, 0, 0},
+	    {"exact bf16 HI16 DI64 K100 ctx 1..2049", 1, 1, 16, 64, 100, 7, l_small, 0, 0, 0},
+	    {"random bf16 HI40 DI48 K33 prefill start 500 T 30", 1, 0, 40, 48, 33, 0, NULL, 500, 30, 0},
+	    /* decode graphs: max_keys is the context bucket, above the rows' own lengths; rows of at
+	     * most K keys are not scored inside kcuda_indexer_topk (every key is selected) */
+	    {"exact bf16 HI32 DI128 ctx 4096 bucket 8192", 1, 1, 32, 128, 2048, 1, l_4k, 0, 0, 8192},
+	    {"random bf16 HI32 DI128 batch 8 ctx mix bucket 8192", 1, 0, 32, 128, 2048, 8, l_mix, 0, 0, 8192},
+	    {"exact bf16 HI32 DI128 batch 8 ctx mix bucket 8192", 1, 1, 32, 128, 2048, 8, l_mix, 0, 0, 8192},
+	    {"random bf16 HI32 DI128 batch 2 ctx 32768 bucket 32768", 1, 0, 32, 128, 2048, 2, l_32k2, 0, 0,
+	     32768},
+	    {"exact bf16 HI32 DI128 batch 12 ctx 1..4097 bucket 4160", 1, 1, 32, 128, 2048, 12, l_12, 0, 0,
+	     4160},
 	};
 	/* TANDEM_OPS_SMALL=1: contexts up to ~4k only (for compute-sanitizer runs) */
 	const int small = getenv("TANDEM_OPS_SMALL") != NULL;

@@ -13,6 +13,7 @@
 #include <errno.h>
 
 #include "common/base/err.h"
+#include "kernels/cuda/fused.h"
 #include "tests/ops/ops_util.h"
 
 #ifndef TANDEM_CUDA
@@ -217,6 +218,81 @@ static void run_case(const struct mcase *mc)
 	          mc->name, maxerr, (long long)worst, got[worst], ref[worst], maxref);
 	printf("%-44s rows %5lld H %3lld max|ref| %.3g max err %.3g (rel %.2g)\n", mc->name, (long long)n_q,
 	       (long long)H, maxref, maxerr, maxref > 0 ? maxerr / maxref : 0.0);
+
+	/* kfuse_mla_attn_rope: q's rotary part given unroped (here: d_q's own [C, C+R) of each head)
+	 * and roped inside the kernel at per-row positions, against the CPU on the roped q (both
+	 * pairings, large angles). Decode rows only (prefill doubles the CPU time for nothing new).
+	 * The fast kernels must take the GLM-5 / DeepSeek shapes on bf16 pools; ref mode declines. */
+	if (!prefill) {
+		const int pairing = (int)((n_q + H) % 2);
+		float *inv = malloc(sizeof(float) * (size_t)(R / 2)), *cs = malloc(sizeof(float) * (size_t)R);
+		float *q2 = malloc(sizeof(float) * (size_t)(n_q * H * dim));
+		int32_t *pos = malloc(sizeof(int32_t) * (size_t)n_q);
+		void *d_pos = NULL, *d_inv = NULL;
+		if (!inv || !cs || !q2 || !pos || kcuda_alloc(sizeof(int32_t) * (size_t)n_q, &d_pos) ||
+		    kcuda_alloc(sizeof(float) * (size_t)(R / 2), &d_inv)) {
+			OPS_CHECK(0, "%s: rope allocation", mc->name);
+		} else {
+			kcpu_rope_freqs(inv, R, 10000.0f, 1.0f, 0, 0.0f, 0.0f);
+			memcpy(q2, q, sizeof(float) * (size_t)(n_q * H * dim));
+			for (int64_t i = 0; i < n_q; i++) {
+				pos[i] = (int32_t)((i * 7919 + lens[i]) % 60000);
+				kcpu_rope_cs(inv, R / 2, pos[i], cs);
+				for (int64_t h = 0; h < H; h++)
+					kcpu_rope(q2 + (i * H + h) * dim + C, R, cs, pairing);
+			}
+			for (int64_t i = 0; i < n_q; i++) {
+				const int32_t *t = tbl + (size_t)qseq[i] * ld_blocks;
+				for (int j = 0; j < nk[i]; j++)
+					keys[j] = pool_row(&p, t, K > 0 ? sel[i * ld_sel + j] : j);
+				for (int64_t h = 0; h < H; h++)
+					kcpu_mla_attn_head(q2 + (i * H + h) * dim, C, R, keys, nk[i], p.bf16,
+					                   scale, sc, ref + (i * H + h) * C);
+			}
+			kcuda_upload(ctx, d_pos, pos, sizeof(int32_t) * (size_t)n_q);
+			kcuda_upload(ctx, d_inv, inv, sizeof(float) * (size_t)(R / 2));
+			const struct kfuse_rope rp = {.inv_freq = d_inv, .pos = d_pos, .pairing = pairing};
+			const int ref_mode = getenv("TANDEM_CUDA_ATTN") != NULL;
+			rc = kfuse_mla_attn_rope(ctx, &kv, &rows, d_q, H, C, R, scale, ob.user,
+			                         (const float *)d_q + C, H * dim, dim, &rp);
+			if (ref_mode || (mc->bf16 && C == 512 && R == 64))
+				OPS_CHECK(rc == (ref_mode ? ERR_UNSUPPORTED : 0),
+				          "%s: mla_attn_rope rc %d (%s mode)", mc->name, rc,
+				          ref_mode ? "ref" : "fast");
+			if (rc == 0) {
+				OPS_CHECK(kcuda_sync(ctx) == 0, "%s: rope sync", mc->name);
+				nbad = 0;
+				OPS_CHECK(kcuda_ctx_take_errors(ctx, &nbad) == 0 && nbad == 0,
+				          "%s: rope: %u kernel errors", mc->name, nbad);
+				gb = ops_dbuf_get(ctx, &ob, got);
+				OPS_CHECK(gb == 0, "%s: rope: %zu guard bytes damaged", mc->name, gb);
+				double mr = 0, me = 0;
+				int64_t nf = 0;
+				for (int64_t i = 0; i < n_q * H * C; i++) {
+					if (!isfinite(got[i])) {
+						nf++;
+						continue;
+					}
+					mr = fabs(ref[i]) > mr ? fabs(ref[i]) : mr;
+					const double e = fabs((double)got[i] - ref[i]);
+					me = e > me ? e : me;
+				}
+				OPS_CHECK(nf == 0 && me <= 5e-5 * mr,
+				          "%s: rope fused: %lld non-finite, max err %.3g, max |ref| %.3g",
+				          mc->name, (long long)nf, me, mr);
+				printf("%-44s + rope in kernel (pairing %d): max err %.3g (rel %.2g)\n",
+				       mc->name, pairing, me, mr > 0 ? me / mr : 0.0);
+			} else if (rc != ERR_UNSUPPORTED) {
+				OPS_CHECK(0, "%s: mla_attn_rope rc %d", mc->name, rc);
+			}
+		}
+		kcuda_free(d_pos);
+		kcuda_free(d_inv);
+		free(inv);
+		free(cs);
+		free(q2);
+		free(pos);
+	}
 
 	/* hostile input: a block id outside the pool is counted and its keys are skipped. The block
 	 * replaced is the one of row 0's first selected key (sparse rows need not read block 0: a
