@@ -76,10 +76,12 @@ int kfuse_mla_attn_rope(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
 /* topk_idx_radix.cu: exact top-k (kcpu_topk's order and ties) of rows of at most KFUSE_TOPK_SHORT
  * scores, one block per row with the row's keys in shared memory: one launch, no scratch (the
  * radix path takes 5 launches and a memset). Arguments as kcuda_topk_idx; ERR_UNSUPPORTED when
- * ld > KFUSE_TOPK_SHORT. */
-#define KFUSE_TOPK_SHORT 8192
+ * the row does not fit (kcuda_topk_idx_short_fits: ld > KFUSE_TOPK_SHORT, or more than the
+ * device's shared memory per block: sm_120 takes ~24k). */
+#define KFUSE_TOPK_SHORT 32768
 int kcuda_topk_idx_short(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n_rows,
                          const int32_t *n, int64_t n0, int k, int32_t *out, int64_t ldo, int32_t *n_out);
+int kcuda_topk_idx_short_fits(struct kcuda_ctx *c, int64_t ld);
 
 /* TANDEM_FUSE=0 turns the fused paths off (the parts run one by one); read once. */
 int kfuse_enabled(void);

@@ -233,8 +233,15 @@ extern "C" int kcuda_indexer_topk(struct kcuda_ctx *c, const struct kcuda_kv_vie
 	const size_t sbytes = ((size_t)ld * sizeof(float) + 255) & ~(size_t)255;
 	int radix = !kattn_use_ref() && rows->n_q <= 64;
 	/* rows that fit one block's shared memory: one launch instead of the radix path's six
-	 * (fused.h; TANDEM_FUSE=0 keeps the radix path) */
-	const int shortk = !kattn_use_ref() && kfuse_enabled() && sbytes <= KFUSE_TOPK_SHORT * sizeof(float);
+	 * (fused.h; TANDEM_FUSE=0 keeps the radix path; TANDEM_TOPK_SHORT_MAX lowers the longest row
+	 * taken, e.g. 8192 = the limit before 2026-11-29 16:00, for the bench) */
+	int64_t short_max = KFUSE_TOPK_SHORT;
+	const char *sm_env = getenv("TANDEM_TOPK_SHORT_MAX");
+	if (sm_env && atoll(sm_env) >= 0 && atoll(sm_env) < short_max)
+		short_max = atoll(sm_env);
+	const int shortk = !kattn_use_ref() && kfuse_enabled() &&
+	                   sbytes <= (size_t)short_max * sizeof(float) &&
+	                   kcuda_topk_idx_short_fits(c, (int64_t)(sbytes / sizeof(float)));
 	if (shortk)
 		radix = 0;
 	const size_t scratch1 = kcuda_topk_idx_radix_scratch(1, (int64_t)(sbytes / sizeof(float)));

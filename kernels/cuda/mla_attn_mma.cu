@@ -164,32 +164,6 @@ template <bool F32> __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel
 	const int k0 = split * a.chunk, k1 = min(nk, k0 + a.chunk);
 	const int ntiles = k1 > k0 ? (k1 - k0 + MM_TK - 1) / MM_TK : 0;
 
-	/* q fragments (A of QK^T: rows = heads, k = dims) for this warp's dim steps ks = warp + 4 i */
-	const int nks = dim / 16;
-	uint32_t qh[MM_KSW][4], ql[MM_KSW][4];
-#pragma unroll
-	for (int i = 0; i < MM_KSW; i++) {
-		const int ks = warp + MM_WARPS * i;
-#pragma unroll
-		for (int r = 0; r < 4; r++) {
-			const int h = h0 + g + ((r & 1) ? 8 : 0);
-			const int col = ks * 16 + 2 * t + ((r & 2) ? 8 : 0);
-			float2 v = make_float2(0.0f, 0.0f);
-			if (ks < nks && h < a.H) {
-				if (a.qr && col >= C) { /* the rotary part, roped here (col even) */
-					const float *src = a.qr + row * a.ldqr + h * a.qrhs;
-					const int half = (dim - C) / 2;
-					const int32_t ps = a.pos[row];
-					v.x = mm_rope_elem(src, col - C, half, a.pairing, ps, a.inv_freq);
-					v.y = mm_rope_elem(src, col - C + 1, half, a.pairing, ps, a.inv_freq);
-				} else {
-					v = *(const float2 *)(a.q + (row * a.H + h) * (int64_t)dim + col);
-				}
-			}
-			mm_split2(v.x, v.y, &qh[i][r], &ql[i][r]);
-		}
-	}
-
 	/* the addresses of tile n's rows (one warp), then their copy (all threads, one commit group) */
 	auto fill_addr = [&](int n, int st) {
 		if (warp == 0) {
@@ -232,6 +206,33 @@ template <bool F32> __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel
 		__syncthreads();
 		issue(0);
 	}
+	/* q fragments (A of QK^T: rows = heads, k = dims) for this warp's dim steps ks = warp + 4 i,
+	 * loaded while the first tile is in flight (their L2 round trip overlaps the copy's) */
+	const int nks = dim / 16;
+	uint32_t qh[MM_KSW][4], ql[MM_KSW][4];
+#pragma unroll
+	for (int i = 0; i < MM_KSW; i++) {
+		const int ks = warp + MM_WARPS * i;
+#pragma unroll
+		for (int r = 0; r < 4; r++) {
+			const int h = h0 + g + ((r & 1) ? 8 : 0);
+			const int col = ks * 16 + 2 * t + ((r & 2) ? 8 : 0);
+			float2 v = make_float2(0.0f, 0.0f);
+			if (ks < nks && h < a.H) {
+				if (a.qr && col >= C) { /* the rotary part, roped here (col even) */
+					const float *src = a.qr + row * a.ldqr + h * a.qrhs;
+					const int half = (dim - C) / 2;
+					const int32_t ps = a.pos[row];
+					v.x = mm_rope_elem(src, col - C, half, a.pairing, ps, a.inv_freq);
+					v.y = mm_rope_elem(src, col - C + 1, half, a.pairing, ps, a.inv_freq);
+				} else {
+					v = *(const float2 *)(a.q + (row * a.H + h) * (int64_t)dim + col);
+				}
+			}
+			mm_split2(v.x, v.y, &qh[i][r], &ql[i][r]);
+		}
+	}
+
 	for (int n = 0; n < ntiles; n++) {
 		const int st = n & 1;
 		if (n + 1 < ntiles)

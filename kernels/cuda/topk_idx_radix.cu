@@ -335,15 +335,15 @@ extern "C" int kcuda_topk_idx(struct kcuda_ctx *c, const float *scores, int64_t 
 }
 
 /* ---- short rows: one block per row, the row's keys in shared memory ------------------------------
- * For rows of at most KFUSE_TOPK_SHORT scores (decode up to an 8k context) the five launches and
- * the memset above cost more than the work (each a dependent graph node of a few microseconds).
+ * For rows of at most KFUSE_TOPK_SHORT scores (decode up to a 32k context) the five launches and
+ * the memset above cost more than the work (each a dependent graph node of a few microseconds;
+ * the radix path measured 25 us for one row of 32768 on the H200, 13:56 run).
  * One block of TS_THREADS per row loads the row's keys into shared memory once, runs the radix
  * select of topk_idx.cu on them (four 8-bit digits; same-bin increments of a warp are combined
  * with __match_any_sync first, since the top digit of similar scores is nearly always one bin),
  * then each thread takes a contiguous run of positions for the ordered compaction, so two block
  * scans place every kept position in ascending order. */
 #define TS_THREADS 1024
-#define TS_PER (KFUSE_TOPK_SHORT / TS_THREADS)
 
 typedef cub::BlockScan<int, TS_THREADS> ts_scan_t;
 
@@ -354,7 +354,7 @@ __global__ void __launch_bounds__(TS_THREADS)
 {
 	KDEP_ENTRY();
 	__shared__ typename ts_scan_t::TempStorage scan_tmp;
-	__shared__ uint32_t keys[KFUSE_TOPK_SHORT];
+	extern __shared__ uint32_t keys[]; /* [ld]: dynamic, up to 128 KB at KFUSE_TOPK_SHORT */
 	__shared__ unsigned hist[256];
 	__shared__ uint32_t sh_prefix;
 	__shared__ int sh_need;
@@ -476,12 +476,35 @@ extern "C" int kcuda_topk_idx_short(struct kcuda_ctx *c, const float *scores, in
 		return kcuda_bad_arg("topk_idx_short", "rows %lld k %d ldo %lld ld %lld%s", (long long)n_rows,
 		                     k, (long long)ldo, (long long)ld,
 		                     !c || !scores || !out ? ", or a null pointer" : "");
-	if (ld > KFUSE_TOPK_SHORT)
+	if (!kcuda_topk_idx_short_fits(c, ld))
 		return ERR_UNSUPPORTED;
 	if (n_rows == 0)
 		return 0;
 	if (n_rows > INT32_MAX)
 		return ERR_LIMIT;
-	return klaunch("topk_idx_short", topk_short_kernel, dim3((unsigned)n_rows), dim3(TS_THREADS), 0,
+	const size_t smem = (size_t)ld * sizeof(uint32_t);
+	KCUDA_CHECK(
+	    cudaFuncSetAttribute(topk_short_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+	return klaunch("topk_idx_short", topk_short_kernel, dim3((unsigned)n_rows), dim3(TS_THREADS), smem,
 	               c->stream, scores, ld, n, n0, k, out, ldo, n_out, c->err_dev);
+}
+
+extern "C" int kcuda_topk_idx_short_fits(struct kcuda_ctx *c, int64_t ld)
+{
+	if (!c || ld < 1 || ld > KFUSE_TOPK_SHORT)
+		return 0;
+	/* the keys go to dynamic shared memory next to the kernel's static part (scan storage,
+	 * histogram): Hopper / sm_100 take 32768 keys, sm_120 (99 KB) ~24k */
+	int max_smem = 0;
+	if (cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device) !=
+	    cudaSuccess) {
+		(void)cudaGetLastError();
+		return 0;
+	}
+	cudaFuncAttributes fa;
+	if (cudaFuncGetAttributes(&fa, topk_short_kernel) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return 0;
+	}
+	return (size_t)ld * sizeof(uint32_t) + fa.sharedSizeBytes <= (size_t)max_smem;
 }
