@@ -102,23 +102,6 @@ template <int MW, bool F32> __global__ void __launch_bounds__(IF_THREADS) indexe
 
 	for (int i = tid; i < IF_HMAX; i += IF_THREADS)
 		w_s[i] = i < HI ? a.w[row * (int64_t)HI + i] : 0.0f;
-	/* q fragments: heads 16 mw + (g, g + 8), dims ks 16 + 2t (+ 8) */
-	const int mw = warp % MW, kg = warp / MW;
-	const int nks = DI / 16;
-	uint32_t qf[IF_DMAX / 16][3][4];
-#pragma unroll
-	for (int ks = 0; ks < IF_DMAX / 16; ks++)
-#pragma unroll
-		for (int r = 0; r < 4; r++) {
-			const int h = 16 * mw + g + ((r & 1) ? 8 : 0);
-			const int col = ks * 16 + 2 * t + ((r & 2) ? 8 : 0);
-			float2 v = make_float2(0.0f, 0.0f);
-			if (ks < nks && h < HI)
-				v = *(const float2 *)(a.q + (row * HI + h) * (int64_t)DI + col);
-			if_split3(v.x, v.y, &qf[ks][0][r], &qf[ks][1][r], &qf[ks][2][r]);
-		}
-	const bool active = 16 * mw < HI;
-
 	const int32_t tbl = a.qseq ? a.qseq[row] : 0;
 	auto fill_addr = [&](int n, int st) {
 		if (tid < IF_TK) {
@@ -154,6 +137,24 @@ template <int MW, bool F32> __global__ void __launch_bounds__(IF_THREADS) indexe
 	fill_addr(0, 0);
 	__syncthreads();
 	issue(0);
+	/* q fragments: heads 16 mw + (g, g + 8), dims ks 16 + 2t (+ 8); loaded while the first
+	 * tile is in flight (their L2 round trip overlaps the copy's) */
+	const int mw = warp % MW, kg = warp / MW;
+	const int nks = DI / 16;
+	uint32_t qf[IF_DMAX / 16][3][4];
+#pragma unroll
+	for (int ks = 0; ks < IF_DMAX / 16; ks++)
+#pragma unroll
+		for (int r = 0; r < 4; r++) {
+			const int h = 16 * mw + g + ((r & 1) ? 8 : 0);
+			const int col = ks * 16 + 2 * t + ((r & 2) ? 8 : 0);
+			float2 v = make_float2(0.0f, 0.0f);
+			if (ks < nks && h < HI)
+				v = *(const float2 *)(a.q + (row * HI + h) * (int64_t)DI + col);
+			if_split3(v.x, v.y, &qf[ks][0][r], &qf[ks][1][r], &qf[ks][2][r]);
+		}
+	const bool active = 16 * mw < HI;
+
 	for (int n = 0; n < ntiles; n++) {
 		const int st = n & 1;
 		if (n + 1 < ntiles)

@@ -302,6 +302,25 @@ static void run_case(const struct icase *ic)
 	          (long long)n_own_bad);
 	OPS_CHECK(n_selbad == 0, "%s: %lld selection mismatches beyond near-ties", ic->name,
 	          (long long)n_selbad);
+	/* determinism: the top-k again gives the same selection and counts */
+	{
+		int32_t *gsel2 = malloc(sizeof(int32_t) * (size_t)(n_q * K)),
+		        *gn2 = malloc(sizeof(int32_t) * (size_t)n_q);
+		rc = kcuda_indexer_topk(ctx, &kv, &rows, d_q, d_w, HI, DI, scale, K, selb.user, K, nb.user);
+		OPS_CHECK(gsel2 && gn2 && rc == 0 && kcuda_sync(ctx) == 0 &&
+		              ops_dbuf_get(ctx, &selb, gsel2) == 0 && ops_dbuf_get(ctx, &nb, gn2) == 0 &&
+		              memcmp(gn, gn2, sizeof(int32_t) * (size_t)n_q) == 0,
+		          "%s: a second top-k gave other counts (rc %d)", ic->name, rc);
+		int64_t ndiff = 0;
+		for (int64_t i = 0; gsel2 && gn2 && i < n_q; i++)
+			if (gn[i] == gn2[i] && gn[i] >= 0 && gn[i] <= K)
+				ndiff +=
+				    memcmp(gsel + i * K, gsel2 + i * K, sizeof(int32_t) * (size_t)gn[i]) != 0;
+		OPS_CHECK(ndiff == 0, "%s: a second top-k selected otherwise in %lld rows", ic->name,
+		          (long long)ndiff);
+		free(gsel2);
+		free(gn2);
+	}
 	printf("%-46s rows %3lld scores %9lld bit-diff %lld max err %.2g sel near-tie diffs %lld\n", ic->name,
 	       (long long)n_q, (long long)n_scores, (long long)n_bitdiff, maxerr, (long long)n_neartie);
 out:

@@ -218,6 +218,15 @@ static void run_case(const struct mcase *mc)
 	          mc->name, maxerr, (long long)worst, got[worst], ref[worst], maxref);
 	printf("%-44s rows %5lld H %3lld max|ref| %.3g max err %.3g (rel %.2g)\n", mc->name, (long long)n_q,
 	       (long long)H, maxref, maxerr, maxref > 0 ? maxerr / maxref : 0.0);
+	/* determinism: the same call again gives the same bits (fixed split and summation order) */
+	{
+		float *got2 = malloc(sizeof(float) * (size_t)(n_q * H * C));
+		rc = kcuda_mla_attn(ctx, &kv, &rows, d_q, H, C, R, scale, ob.user);
+		OPS_CHECK(got2 && rc == 0 && kcuda_sync(ctx) == 0 && ops_dbuf_get(ctx, &ob, got2) == 0 &&
+		              memcmp(got, got2, sizeof(float) * (size_t)(n_q * H * C)) == 0,
+		          "%s: a second call gave other bits (rc %d)", mc->name, rc);
+		free(got2);
+	}
 
 	/* kfuse_mla_attn_rope: q's rotary part given unroped (here: d_q's own [C, C+R) of each head)
 	 * and roped inside the kernel at per-row positions, against the CPU on the roped q (both
