@@ -329,6 +329,18 @@ int kcuda_device_set(int device);
 int kcuda_ctx_device(const struct kcuda_ctx *c);
 int kcuda_ctx_wait(struct kcuda_ctx *c, double timeout_s);
 int kcuda_copy_peer(struct kcuda_ctx *dst_ctx, void *dst, const void *src, int src_device, size_t bytes);
+/* One-shot all-reduce (kernels/cuda/allreduce.cu): `size` ranks (<= 8; ctxs[r] on any GPUs, the same
+ * GPU too), sums of up to max_floats floats in fixed rank order (every rank gets the same bits), one
+ * kernel per call on the rank's stream, graph-capturable; every wait in it has timeout_s (a timed-out
+ * call leaves wrong output and is counted: kcuda_ar_errors). ERR_UNSUPPORTED (with why) when two GPUs
+ * lack peer access. */
+struct kcuda_ar;
+int kcuda_ar_create(int size, struct kcuda_ctx *const *ctxs, size_t max_floats, double timeout_s,
+                    struct kcuda_ar **out, char *why, size_t why_len);
+void kcuda_ar_destroy(struct kcuda_ar *a);
+size_t kcuda_ar_max_floats(const struct kcuda_ar *a);
+int kcuda_ar_sum(struct kcuda_ar *a, int rank, float *buf, int64_t n);
+unsigned kcuda_ar_errors(struct kcuda_ar *a, int rank);
 #endif
 
 #ifdef __cplusplus

@@ -61,7 +61,7 @@ cat "$L/machine.log"
 # ---- correctness first; a new path that fails its op test is switched off for the timings ----
 ok() { grep -q "^$1 *rc=0 " <<<"$(printf '%s\n' "${SUMMARY[@]}")"; }
 step test_gpu_model 60 "$B/tests/test_gpu_model"
-for t in matmul head_gemv moe prefill_moe fused mla indexer; do
+for t in matmul head_gemv moe prefill_moe fused mla indexer allreduce; do
 	[ -x "$B/tests/test_ops_$t" ] && step "test_ops_$t" 60 env TANDEM_OPS_QUICK=1 "$B/tests/test_ops_$t"
 done
 ALLREF="TANDEM_CUDA_ATTN=ref TANDEM_MOE_SORTED=0 TANDEM_MOE_FAST=0 TANDEM_HEAD_GEMV=0 TANDEM_GEMV_MMA=0 TANDEM_PREFILL_FAST=0 TANDEM_FUSE=0"
@@ -89,6 +89,7 @@ step test_gpu_workers_sh 40 env BUILD="$B" TANDEM_GPU_TESTS=1 bash tests/e2e/tes
 # ---- timings ----
 SYN="--synthetic glm5 --tp 8 --rank 0 --backend cuda"
 step glm5_matrix 60 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --gen 6 --profile
+step glm5_b1_nopdl 25 env TANDEM_PDL=0 "$B/tandem" bench $SYN --kv-fill random --ctx 4096 --gen 12 --batch 1 --reps 1
 step anchor_glm5_4l_tp1 30 "$B/tandem" bench --synthetic glm5 --layers 4 --dense 1 --type q4_k --backend cuda \
 	--prompt 512 --gen 64 --batch 1 --reps 3 --threads 8
 [ -x "$B/bench/bench_cuda_moe" ] && step bench_cuda_moe 25 "$B/bench/bench_cuda_moe"
@@ -96,10 +97,20 @@ step ds3_matrix 30 "$B/tandem" bench --synthetic deepseek3 --tp 8 --rank 0 --bac
 	--matrix-ctx 4096 --gen 4 --matrix-prefill 2048
 step bench_cuda_gemv_glm 20 "$B/bench/bench_cuda_gemv_mma" glm
 gpu2 bench_cuda_allreduce 40 "$B/bench/bench_cuda_allreduce"
+gpu2 bench_cuda_allreduce_oneshot 40 env TANDEM_TP_ONESHOT=1 "$B/bench/bench_cuda_allreduce"
+gpu2 test_gpu_tp_oneshot 60 env TANDEM_TP_ONESHOT=1 "$B/tests/test_gpu_tp"
 gpu2 synth_glm5_tp2 60 "$B/tandem" bench --synthetic glm5 --layers 4 --dense 1 --tp 2 --backend cuda \
 	--ctx 4096 --gen 32 --reps 2
 step glm5_b1_allref 25 env $ALLREF "$B/tandem" bench $SYN --kv-fill random --ctx 4096 --gen 12 --batch 1 --reps 1
 step glm5_matrix_32k 40 "$B/tandem" bench $SYN --matrix --matrix-ctx 32768 --gen 4 --matrix-prefill 0
+# weight upload from a real file (17.3 GiB, the anchor's shape): page cache warm, then cold if allowed
+if [ "${LOAD_REAL:-0}" = 1 ]; then
+	step mkmodel_glm5_4l 120 "$B/tandem" mkmodel --preset glm5 --layers 4 --dense 1 --type q4_k -o /tmp/g4.gguf
+	step load_real_warm 60 "$B/tandem" bench -m /tmp/g4.gguf --backend cuda --prompt 512 --gen 32 --reps 1
+	step load_real_cold 90 bash -c "sync; echo 3 >/proc/sys/vm/drop_caches && $B/tandem bench -m /tmp/g4.gguf \
+		--backend cuda --prompt 512 --gen 32 --reps 1"
+	rm -f /tmp/g4.gguf
+fi
 step test_gpu_workers 30 "$B/tests/test_gpu_workers"
 if command -v compute-sanitizer >/dev/null; then
 	for t in fused moe prefill_moe matmul head_gemv; do

@@ -200,6 +200,7 @@ struct tp_nccl_group {
 	double timeout_s;
 	atomic_int broken; /* a communicator was aborted: every later collective fails */
 	struct nccl_rank *ranks;
+	struct kcuda_ar *ar; /* TANDEM_TP_ONESHOT=1: tandem's one-shot all-reduce for small sums */
 };
 
 static double mono_s(void)
@@ -266,6 +267,10 @@ static int nccl_all_reduce(struct tp_comm *c, float *buf, size_t n)
 	struct nccl_rank *r = usable(c);
 	if (!r)
 		return ERR_NCCL;
+#ifdef TANDEM_CUDA
+	if (r->g->ar && n <= kcuda_ar_max_floats(r->g->ar))
+		return kcuda_ar_sum(r->g->ar, r->rank, buf, (int64_t)n);
+#endif
 	return nccl_done(r, nccl.all_reduce(buf, buf, n, NCCL_FLOAT32, NCCL_SUM, r->comm, r->stream),
 	                 "all-reduce");
 }
@@ -337,6 +342,16 @@ int tp_nccl_wait(struct tp_comm *c)
 		abort_rank(r);
 		return ERR_NCCL;
 	}
+	unsigned ar_err = r->g->ar ? kcuda_ar_errors(r->g->ar, r->rank) : 0;
+	if (ar_err) {
+		LOG_ERROR(
+		    "tp",
+		    "rank %d (GPU %d): %u one-shot all-reduce(s) gave up waiting for a peer within %.0f s; "
+		    "the group is broken, the model must be reloaded",
+		    r->rank, r->device, ar_err, r->g->timeout_s);
+		abort_rank(r);
+		return ERR_TIMEOUT;
+	}
 	return atomic_load(&r->g->broken) ? ERR_NCCL : 0;
 #else
 	(void)c;
@@ -397,6 +412,9 @@ void tp_nccl_group_destroy(struct tp_nccl_group *g)
 	}
 	if (!ok)
 		LOG_WARN("tp", "NCCL communicators aborted at shutdown (they did not finalize cleanly)");
+#ifdef TANDEM_CUDA
+	kcuda_ar_destroy(g->ar);
+#endif
 	free(g->ranks);
 	free(g);
 }
@@ -513,6 +531,25 @@ int tp_nccl_group_create(struct tp_nccl_group **out, int size, struct kcuda_ctx 
 		}
 		r->scratch = p;
 		comms[i] = (struct tp_comm){.rank = i, .size = size, .ops = &nccl_ops, .impl = r};
+	}
+	/* TANDEM_TP_ONESHOT=1: sums of up to 64 K floats (a decode step's, up to ~10 tokens of GLM-5) go
+	 * through tandem's one-shot kernel instead of NCCL when every GPU pair has peer access; NCCL
+	 * keeps the larger ones. Opt-in until measured against NCCL on several GPUs. */
+	const char *os = getenv("TANDEM_TP_ONESHOT");
+	if (os && strcmp(os, "1") == 0) {
+		struct kcuda_ctx *kcs[8];
+		char why[256] = "";
+		int arc = size <= 8 ? 0 : ERR_UNSUPPORTED;
+		for (int i = 0; i < size && !arc; i++)
+			kcs[i] = ctxs[i];
+		if (!arc)
+			arc = kcuda_ar_create(size, kcs, 65536, g->timeout_s, &g->ar, why, sizeof(why));
+		if (arc)
+			LOG_WARN("tp", "TANDEM_TP_ONESHOT=1: not used (%s); NCCL does every all-reduce",
+			         size > 8 ? "more than 8 ranks" : why);
+		else
+			LOG_INFO("tp", "one-shot all-reduce for sums up to %zu floats, NCCL above",
+			         kcuda_ar_max_floats(g->ar));
 	}
 	LOG_INFO("tp", "NCCL %d.%d.%d: %d ranks as threads, GPUs %d..%d, %s communicators, deadline %.0f s",
 	         nccl.version / 10000, nccl.version / 100 % 100, nccl.version % 100, size, g->ranks[0].device,
