@@ -385,6 +385,8 @@ int main(void)
 	static const int l_mid[] = {2048, 2049, 1};
 	static const int l_long[] = {32768};
 	static const int l_mix[] = {2049, 7, 4100, 1};
+	static const int l_12[] = {1, 2, 63, 64, 65, 2047, 2048, 2049, 2050, 4000, 4096, 4097};
+	static const int l_8x4k[] = {4096, 4096, 4095, 4097, 4096, 1, 4096, 4096};
 	const struct mcase cases[] = {
 	    {"decode f32 H16 ctx 1/31/33/64/65", 0, 16, 512, 64, 5, l_small, 0, 0, 0, 1.0f},
 	    {"decode bf16 H16 ctx 1/31/33/64/65", 1, 16, 512, 64, 5, l_small, 0, 0, 0, 1.0f},
@@ -409,6 +411,10 @@ int main(void)
 	    {"prefill sparse K2048 bf16 H8 start 2000 T 100", 1, 8, 512, 64, 0, NULL, 2000, 100, 2048, 2.0f},
 	    {"odd C64 R16 H3 decode bf16 ctx mix", 1, 3, 64, 16, 4, l_mix, 0, 0, 0, 2.0f},
 	    {"odd C96 R32 H20 decode bf16 ctx small", 1, 20, 96, 32, 5, l_small, 0, 0, 0, 2.0f},
+	    /* decode batches of a graph bucket: GLM-5 sparse (H 8) at 12 rows, DeepSeek-V3 dense (H 16) at 8
+	     */
+	    {"decode sparse K2048 bf16 H8 batch 12 ctx 1..4097", 1, 8, 512, 64, 12, l_12, 0, 0, 2048, 2.0f},
+	    {"decode bf16 H16 batch 8 ctx 4096", 1, 16, 512, 64, 8, l_8x4k, 0, 0, 0, 2.0f},
 	};
 	/* TANDEM_OPS_SMALL=1: contexts up to ~4k only (for compute-sanitizer runs) */
 	const int small = getenv("TANDEM_OPS_SMALL") != NULL;
