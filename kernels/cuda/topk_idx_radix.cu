@@ -396,6 +396,10 @@ __global__ void __launch_bounds__(TS_THREADS)
 				const int i = base + tid;
 				const uint32_t key = i < n ? keys[i] : 0u;
 				const bool valid = i < n && (key & mask) == prefix;
+				/* after the first digit few keys still match the prefix: a warp without
+				 * one skips the (slow) match and the atomics (the vote is warp-uniform) */
+				if (!__any_sync(0xffffffffu, valid))
+					continue;
 				const unsigned d = valid ? (key >> (8 * b)) & 255u : 256u;
 				const unsigned peers = __match_any_sync(0xffffffffu, d);
 				if (valid && __ffs(peers) - 1 == lane)
