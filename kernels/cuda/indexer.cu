@@ -154,6 +154,10 @@ static int idx_fill(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const s
 	a->ld = 0;
 	a->tiles = 0;
 	a->skip_le = 0;
+	a->qr_R = 0;
+	a->qr_pairing = 0;
+	a->qr_inv = NULL;
+	a->qr_pos = NULL;
 	return 0;
 }
 
@@ -161,6 +165,7 @@ static int idx_fill(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const s
 static idx_args idx_rows_from(const idx_args &a, int64_t r0)
 {
 	idx_args b = a;
+	b.qr_pos = a.qr_pos ? a.qr_pos + r0 : NULL;
 	b.q = a.q + r0 * a.HI * a.DI;
 	b.w = a.w + r0 * a.HI;
 	b.qseq = a.qseq ? a.qseq + r0 : NULL;
@@ -173,9 +178,9 @@ static idx_args idx_rows_from(const idx_args &a, int64_t r0)
 /* grid (key tiles, rows), rows in launches of at most 65535 (the grid's y limit) */
 static int idx_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q)
 {
-	if (!kattn_use_ref()) { /* the tensor-core kernel (indexer_fast.cu) where it fits */
+	if (!kattn_use_ref() || a.qr_R) { /* the tensor-core kernel (indexer_fast.cu) where it fits */
 		int rc = kcuda_indexer_fast_launch(c, a, n_q);
-		if (rc != ERR_UNSUPPORTED)
+		if (rc != ERR_UNSUPPORTED || a.qr_R) /* only it ropes q: never the other kernel then */
 			return rc;
 	}
 	const size_t smem = sizeof(float) * ((size_t)a.HI * a.DI + (size_t)IDX_TK * (a.DI + 1) +
@@ -214,15 +219,11 @@ extern "C" int kcuda_indexer_scores(struct kcuda_ctx *c, const struct kcuda_kv_v
 	return idx_launch(c, a, rows->n_q);
 }
 
-extern "C" int kcuda_indexer_topk(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
-                                  const struct kcuda_attn_rows *rows, const float *q, const float *w,
-                                  int64_t HI, int64_t DI, float scale, int k, int32_t *sel, int64_t ld_sel,
-                                  int32_t *nsel)
+/* scores + top-k of every row (a filled by idx_fill, maybe with the q rope set) */
+static int idx_topk_run(struct kcuda_ctx *c, idx_args &a, const struct kcuda_attn_rows *rows, int k,
+                        int32_t *sel, int64_t ld_sel, int32_t *nsel)
 {
-	idx_args a;
-	int rc = idx_fill(c, kv, rows, q, w, HI, DI, scale, &a);
-	if (rc)
-		return rc;
+	int rc;
 	if (!sel || k < 0 || ld_sel < k)
 		return kcuda_bad_arg("indexer_topk", "sel %p, k %d, ld_sel %lld", (void *)sel, k,
 		                     (long long)ld_sel);
@@ -279,4 +280,46 @@ extern "C" int kcuda_indexer_topk(struct kcuda_ctx *c, const struct kcuda_kv_vie
 			return rc;
 	}
 	return 0;
+}
+
+extern "C" int kcuda_indexer_topk(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
+                                  const struct kcuda_attn_rows *rows, const float *q, const float *w,
+                                  int64_t HI, int64_t DI, float scale, int k, int32_t *sel, int64_t ld_sel,
+                                  int32_t *nsel)
+{
+	idx_args a;
+	int rc = idx_fill(c, kv, rows, q, w, HI, DI, scale, &a);
+	if (rc)
+		return rc;
+	return idx_topk_run(c, a, rows, k, sel, ld_sel, nsel);
+}
+
+/* TANDEM_IDX_FOLD=0: kfuse_indexer_topk_rope declines (the caller ropes q_I with kcuda_rope) */
+static int idx_fold_enabled(void)
+{
+	const char *e = getenv("TANDEM_IDX_FOLD");
+	return !e || strcmp(e, "0") != 0;
+}
+
+extern "C" int kfuse_indexer_topk_rope(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
+                                       const struct kcuda_attn_rows *rows, const float *q, const float *w,
+                                       int64_t HI, int64_t DI, float scale, int k, int32_t *sel,
+                                       int64_t ld_sel, int32_t *nsel, const struct kfuse_rope *rq, int64_t R)
+{
+	idx_args a;
+	int rc = idx_fill(c, kv, rows, q, w, HI, DI, scale, &a);
+	if (rc)
+		return rc;
+	if (!rq || !rq->inv_freq || !rq->pos || (rq->pairing != 0 && rq->pairing != 1) || R < 2 || R % 2 ||
+	    R > DI)
+		return kcuda_bad_arg("indexer_topk_rope", "R %lld DI %lld, or a bad rope description",
+		                     (long long)R, (long long)DI);
+	a.qr_R = (int)R;
+	a.qr_pairing = rq->pairing;
+	a.qr_inv = rq->inv_freq;
+	a.qr_pos = rq->pos;
+	/* only the tensor-core score kernel ropes on its loads: decline before launching anything */
+	if (!idx_fold_enabled() || kattn_use_ref() || !kcuda_indexer_fast_ok(c, a))
+		return ERR_UNSUPPORTED;
+	return idx_topk_run(c, a, rows, k, sel, ld_sel, nsel);
 }

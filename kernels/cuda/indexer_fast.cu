@@ -55,6 +55,21 @@ __device__ __forceinline__ void if_split3(float x, float y, uint32_t *p0, uint32
 	*p2 = *(const uint32_t *)&l;
 }
 
+/* element e (< 2 * half) of a head's rotary part after RoPE at position pos (src unroped): fused.cu's
+ * fu_rot on the pair holding e (angle pos * inv_freq[pair], precise sincosf) */
+__device__ __forceinline__ float if_rope_elem(const float *src, int e, int half, int pairing, int32_t pos,
+                                              const float *inv_freq)
+{
+	const bool first = pairing ? e < half : (e & 1) == 0;
+	const int i = pairing ? (first ? e : e - half) : e >> 1;
+	const int other = pairing ? (first ? e + half : e - half) : (first ? e + 1 : e - 1);
+	const float ang = (float)pos * inv_freq[i];
+	float sn, co;
+	sincosf(ang, &sn, &co);
+	const float u0 = first ? src[e] : src[other], u1 = first ? src[other] : src[e];
+	return first ? u0 * co - u1 * sn : u0 * sn + u1 * co;
+}
+
 /* shared key row stride in values (16-byte multiple, conflict-free fragment loads) */
 static __host__ __device__ int if_rs(int DI, bool f32)
 {
@@ -149,8 +164,17 @@ template <int MW, bool F32> __global__ void __launch_bounds__(IF_THREADS) indexe
 			const int h = 16 * mw + g + ((r & 1) ? 8 : 0);
 			const int col = ks * 16 + 2 * t + ((r & 2) ? 8 : 0);
 			float2 v = make_float2(0.0f, 0.0f);
-			if (ks < nks && h < HI)
-				v = *(const float2 *)(a.q + (row * HI + h) * (int64_t)DI + col);
+			if (ks < nks && h < HI) {
+				const float *qh = a.q + (row * HI + h) * (int64_t)DI;
+				if (col < a.qr_R) { /* the rotary part, roped here (col even) */
+					const int32_t ps = a.qr_pos[row];
+					v.x = if_rope_elem(qh, col, a.qr_R / 2, a.qr_pairing, ps, a.qr_inv);
+					v.y =
+					    if_rope_elem(qh, col + 1, a.qr_R / 2, a.qr_pairing, ps, a.qr_inv);
+				} else {
+					v = *(const float2 *)(qh + col);
+				}
+			}
 			if_split3(v.x, v.y, &qf[ks][0][r], &qf[ks][1][r], &qf[ks][2][r]);
 		}
 	const bool active = 16 * mw < HI;
@@ -237,21 +261,29 @@ static int if_launch(struct kcuda_ctx *c, const idx_args &b, dim3 grid, size_t s
 	               c->stream, b);
 }
 
-int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q)
+bool kcuda_indexer_fast_ok(struct kcuda_ctx *c, const idx_args &a)
 {
 	if (a.HI < 1 || a.HI > IF_HMAX || a.DI % 16 || a.DI > IF_DMAX ||
 	    ((uintptr_t)a.base | a.block_bytes | a.offset) % 16 || (uintptr_t)a.q % 8)
-		return ERR_UNSUPPORTED;
-	const bool f32 = !a.bf16;
-	const size_t smem = if_smem(a.DI, f32);
+		return false;
+	if (a.qr_R && (a.qr_R < 0 || a.qr_R % 2 || a.qr_R > a.DI || !a.qr_inv || !a.qr_pos ||
+	               (a.qr_pairing != 0 && a.qr_pairing != 1)))
+		return false;
 	int max_smem = 0;
 	if (cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device) !=
 	    cudaSuccess) {
 		(void)cudaGetLastError();
-		return ERR_UNSUPPORTED;
+		return false;
 	}
-	if (smem > (size_t)max_smem)
+	return if_smem(a.DI, !a.bf16) <= (size_t)max_smem;
+}
+
+int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q)
+{
+	if (!kcuda_indexer_fast_ok(c, a))
 		return ERR_UNSUPPORTED;
+	const bool f32 = !a.bf16;
+	const size_t smem = if_smem(a.DI, f32);
 	/* one tile per block while the tiles of all rows fit two per SM, else two */
 	const int64_t t64 = (a.max_keys + IF_TK - 1) / IF_TK;
 	int tiles = a.tiles > 0 ? a.tiles : (n_q * t64 <= 2 * (int64_t)c->n_sm ? 1 : 2);
@@ -273,6 +305,7 @@ int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_
 		b.n_keys = a.n_keys ? a.n_keys + r0 : NULL;
 		b.pos0 = a.pos0 + r0;
 		b.scores = a.scores + r0 * a.ld;
+		b.qr_pos = a.qr_pos ? a.qr_pos + r0 : NULL;
 		b.tiles = tiles;
 		const dim3 grid((unsigned)ranges, (unsigned)nr);
 		int rc;

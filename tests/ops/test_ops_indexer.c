@@ -17,6 +17,7 @@
 #include <errno.h>
 
 #include "common/base/err.h"
+#include "kernels/cuda/fused.h"
 #include "tests/ops/ops_util.h"
 
 #ifndef TANDEM_CUDA
@@ -320,6 +321,109 @@ static void run_case(const struct icase *ic)
 		          (long long)ndiff);
 		free(gsel2);
 		free(gn2);
+	}
+	/* kfuse_indexer_topk_rope: q's first R values per head given unroped and roped by the score
+	 * kernel at per-row positions, against the CPU on the roped q. A wrong pairing, position or
+	 * offset changes most of the selection; the two fp32 ropes differ by an ulp, so positions may
+	 * differ only at near-ties of the K-th score (loose bound) and in at most 1% of a row. Decode
+	 * rows; the fast kernels must take GLM-5's shape, ref mode declines. */
+	if (!prefill) {
+		const int64_t R = DI >= 64 ? 64 : (DI / 2) & ~(int64_t)1;
+		const int pairing = (int)(HI % 2);
+		float inv[64], cs[128];
+		float *qr = malloc(sizeof(float) * (size_t)(n_q * HI * DI)),
+		      *ref2 = malloc(sizeof(float) * (size_t)max_len);
+		int32_t *pos = malloc(sizeof(int32_t) * (size_t)n_q),
+		        *rsel2 = malloc(sizeof(int32_t) * (size_t)K);
+		void *d_pos = NULL, *d_inv = NULL;
+		if (!qr || !ref2 || !pos || !rsel2 || kcuda_alloc(sizeof(int32_t) * (size_t)n_q, &d_pos) ||
+		    kcuda_alloc(sizeof(float) * (size_t)(R / 2), &d_inv)) {
+			OPS_CHECK(0, "%s: rope allocation", ic->name);
+		} else {
+			kcpu_rope_freqs(inv, R, 10000.0f, 1.0f, 0, 0.0f, 0.0f);
+			memcpy(qr, q, sizeof(float) * (size_t)(n_q * HI * DI));
+			for (int64_t i = 0; i < n_q; i++) {
+				pos[i] = (int32_t)((i * 7919 + nk[i]) % 60000);
+				kcpu_rope_cs(inv, R / 2, pos[i], cs);
+				for (int64_t h = 0; h < HI; h++)
+					kcpu_rope(qr + (i * HI + h) * DI, R, cs, pairing);
+			}
+			kcuda_upload(ctx, d_pos, pos, sizeof(int32_t) * (size_t)n_q);
+			kcuda_upload(ctx, d_inv, inv, sizeof(float) * (size_t)(R / 2));
+			const struct kfuse_rope rq = {.inv_freq = d_inv, .pos = d_pos, .pairing = pairing};
+			const int ref_mode = getenv("TANDEM_CUDA_ATTN") != NULL;
+			rc = kfuse_indexer_topk_rope(ctx, &kv, &rows, d_q, d_w, HI, DI, scale, K, selb.user,
+			                             K, nb.user, &rq, R);
+			if (ref_mode || (HI == 32 && DI == 128 && p.bf16))
+				OPS_CHECK(rc == (ref_mode ? ERR_UNSUPPORTED : 0),
+				          "%s: indexer_topk_rope rc %d (%s mode)", ic->name, rc,
+				          ref_mode ? "ref" : "fast");
+			if (rc == 0) {
+				OPS_CHECK(kcuda_sync(ctx) == 0 && ops_dbuf_get(ctx, &selb, gsel) == 0 &&
+				              ops_dbuf_get(ctx, &nb, gn) == 0,
+				          "%s: rope: sync or guard bytes", ic->name);
+				unsigned nb2 = 0;
+				OPS_CHECK(kcuda_ctx_take_errors(ctx, &nb2) == 0 && nb2 == 0,
+				          "%s: rope: %u kernel errors", ic->name, nb2);
+				int64_t n_far = 0, n_many = 0, n_cnt = 0, n_near = 0;
+				for (int64_t i = 0; i < n_q; i++) {
+					const int32_t *t = tbl + (size_t)qseq[i] * ld_blocks;
+					for (int j = 0; j < nk[i]; j++)
+						keys[j] = p.h + (size_t)t[j / BT] * p.block_bytes +
+						          p.idx_off + (size_t)(j % BT) * (size_t)DI * p.elt;
+					kcpu_indexer_scores(qr + i * HI * DI, w + i * HI, HI, DI, keys, nk[i],
+					                    p.bf16, scale, ref2);
+					const int m = kcpu_topk(ref2, nk[i], K, rsel2);
+					if (gn[i] != m) {
+						n_cnt++;
+						continue;
+					}
+					double mx = 0;
+					float kth = INFINITY;
+					for (int j = 0; j < nk[i]; j++)
+						mx = fabs(ref2[j]) > mx ? fabs(ref2[j]) : mx;
+					for (int j = 0; j < m; j++)
+						kth = ref2[rsel2[j]] < kth ? ref2[rsel2[j]] : kth;
+					int a2 = 0, b2 = 0, nd = 0;
+					const int32_t *gs = gsel + i * K;
+					while (a2 < m || b2 < m) {
+						const int32_t x = a2 < m ? rsel2[a2] : INT32_MAX,
+						              y = b2 < m ? gs[b2] : INT32_MAX;
+						if (x == y) {
+							a2++, b2++;
+							continue;
+						}
+						const int32_t d = x < y ? x : y;
+						if (x < y)
+							a2++;
+						else
+							b2++;
+						nd++;
+						if (d < 0 || d >= nk[i] ||
+						    fabs((double)ref2[d] - kth) > 1e-4 * (mx > 0 ? mx : 1))
+							n_far++;
+						else
+							n_near++;
+					}
+					n_many += nd > m / 100 + 2;
+				}
+				OPS_CHECK(n_cnt == 0 && n_far == 0 && n_many == 0,
+				          "%s: rope in the score kernel: %lld count, %lld far, %lld rows "
+				          "with many differences",
+				          ic->name, (long long)n_cnt, (long long)n_far, (long long)n_many);
+				printf("%-46s + q rope in the score kernel (R %lld pairing %d): near-tie "
+				       "diffs %lld\n",
+				       ic->name, (long long)R, pairing, (long long)n_near);
+			} else if (rc != ERR_UNSUPPORTED) {
+				OPS_CHECK(0, "%s: indexer_topk_rope rc %d", ic->name, rc);
+			}
+		}
+		kcuda_free(d_pos);
+		kcuda_free(d_inv);
+		free(qr);
+		free(ref2);
+		free(pos);
+		free(rsel2);
 	}
 	printf("%-46s rows %3lld scores %9lld bit-diff %lld max err %.2g sel near-tie diffs %lld\n", ic->name,
 	       (long long)n_q, (long long)n_scores, (long long)n_bitdiff, maxerr, (long long)n_neartie);
