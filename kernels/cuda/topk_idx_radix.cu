@@ -498,7 +498,12 @@ extern "C" int kcuda_topk_idx_short_fits(struct kcuda_ctx *c, int64_t ld)
 	if (!c || ld < 1 || ld > KFUSE_TOPK_SHORT)
 		return 0;
 	/* the keys go to dynamic shared memory next to the kernel's static part (scan storage,
-	 * histogram): Hopper / sm_100 take 32768 keys, sm_120 (99 KB) ~24k */
+	 * histogram): Hopper / sm_100 take 32768 keys, sm_120 (99 KB) ~24k. The limit per device is
+	 * asked once (a racing first call stores the same value). */
+	static int64_t max_ld[64];
+	const int dev = c->device >= 0 && c->device < 64 ? c->device : -1;
+	if (dev >= 0 && max_ld[dev] > 0)
+		return ld <= max_ld[dev];
 	int max_smem = 0;
 	if (cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device) !=
 	    cudaSuccess) {
@@ -510,5 +515,10 @@ extern "C" int kcuda_topk_idx_short_fits(struct kcuda_ctx *c, int64_t ld)
 		(void)cudaGetLastError();
 		return 0;
 	}
-	return (size_t)ld * sizeof(uint32_t) + fa.sharedSizeBytes <= (size_t)max_smem;
+	const int64_t lim = (int64_t)((size_t)max_smem > fa.sharedSizeBytes
+	                                  ? ((size_t)max_smem - fa.sharedSizeBytes) / sizeof(uint32_t)
+	                                  : 0);
+	if (dev >= 0 && lim > 0)
+		max_ld[dev] = lim;
+	return ld <= lim;
 }
