@@ -415,6 +415,9 @@ int main(void)
 	     */
 	    {"decode sparse K2048 bf16 H8 batch 12 ctx 1..4097", 1, 8, 512, 64, 12, l_12, 0, 0, 2048, 2.0f},
 	    {"decode bf16 H16 batch 8 ctx 4096", 1, 16, 512, 64, 8, l_8x4k, 0, 0, 0, 2.0f},
+	    /* the tiny test GLM's shape (tests/data: C 256, R 32, 2 heads, top-16) */
+	    {"tiny GLM C256 R32 H2 decode sparse K16 f32", 0, 2, 256, 32, 4, l_mix, 0, 0, 16, 2.0f},
+	    {"tiny GLM C256 R32 H2 decode bf16 ctx mix", 1, 2, 256, 32, 4, l_mix, 0, 0, 0, 2.0f},
 	};
 	/* TANDEM_OPS_SMALL=1: contexts up to ~4k only (for compute-sanitizer runs) */
 	const int small = getenv("TANDEM_OPS_SMALL") != NULL;
