@@ -237,16 +237,19 @@ static void bench_indexer(int B, int64_t ctxlen, int bf16, int with_topk)
  * block, the radix top-k above 8192 keys, rope_copy + kcuda_mla_attn); new: the defaults (one
  * tile at small batch, the shared-memory top-k up to 32768 keys, q's rope inside the MLA kernel).
  * PDL is on or off for the whole process (TANDEM_PDL=0): run twice to see its share. */
-static void set_layer_mode(int old)
+static void set_layer_mode(int mode)
 {
-	if (old) {
+	if (mode == 1) { /* old */
 		setenv("TANDEM_IDX_TILES", "2", 1);
 		setenv("TANDEM_TOPK_SHORT_MAX", "8192", 1);
 		setenv("TANDEM_MLA_ROPE", "0", 1);
 	} else {
 		unsetenv("TANDEM_IDX_TILES");
-		unsetenv("TANDEM_TOPK_SHORT_MAX");
 		unsetenv("TANDEM_MLA_ROPE");
+		if (mode == 2) /* new, and the one-block top-k up to 32768 keys */
+			setenv("TANDEM_TOPK_SHORT_MAX", "32768", 1);
+		else
+			unsetenv("TANDEM_TOPK_SHORT_MAX");
 	}
 }
 
@@ -315,9 +318,9 @@ static void bench_layer(int B, int64_t ctxlen, int64_t bucket)
 		                                   K};
 		const struct kfuse_rope rp = {(const float *)d_inv, (const int32_t *)d_pos, 0};
 		cudaStream_t st = (cudaStream_t)kcuda_ctx_stream(ctx);
-		double us[2] = {0, 0};
-		int nodes[2] = {0, 0};
-		for (int old = 1; old >= 0; old--) {
+		double us[3] = {0, 0, 0};
+		int nodes[3] = {0, 0, 0};
+		for (int old = 2; old >= 0; old--) { /* 2: new + short top-k to 32k, 1: old, 0: new */
 			set_layer_mode(old);
 			for (int i = 0; i < 3; i++) /* eager warm-up (attributes, first-launch costs) */
 				rc |= layer_ops(&si, &sm, &kvi, &ri, &kvm, &rm, &rp, B);
@@ -355,10 +358,12 @@ static void bench_layer(int B, int64_t ctxlen, int64_t bucket)
 		}
 		set_layer_mode(0);
 		printf("layer attn (indexer top-k + MLA) B %d ctx %6lld bucket %6lld PDL %s | old %6.1f "
-		       "us/layer "
-		       "(%d nodes/layer) | new %6.1f us/layer (%d nodes/layer) | x%.2f%s\n",
+		       "us/layer (%d "
+		       "nodes/layer) | new %6.1f us/layer (%d nodes/layer) | x%.2f | new + short top-k to "
+		       "32k %6.1f "
+		       "us/layer%s\n",
 		       B, (long long)ctxlen, (long long)bucket, kcuda_pdl_enabled() ? "on " : "off", us[1],
-		       nodes[1] / L, us[0], nodes[0] / L, us[0] > 0 ? us[1] / us[0] : 0.0,
+		       nodes[1] / L, us[0], nodes[0] / L, us[0] > 0 ? us[1] / us[0] : 0.0, us[2],
 		       rc ? " ERROR" : "");
 	}
 out:

@@ -234,12 +234,14 @@ static int idx_topk_run(struct kcuda_ctx *c, idx_args &a, const struct kcuda_att
 	const size_t sbytes = ((size_t)ld * sizeof(float) + 255) & ~(size_t)255;
 	int radix = !kattn_use_ref() && rows->n_q <= 64;
 	/* rows that fit one block's shared memory: one launch instead of the radix path's six
-	 * (fused.h; TANDEM_FUSE=0 keeps the radix path; TANDEM_TOPK_SHORT_MAX lowers the longest row
-	 * taken, e.g. 8192 = the limit before 2026-11-29 16:00, for the bench) */
-	int64_t short_max = KFUSE_TOPK_SHORT;
+	 * (fused.h; TANDEM_FUSE=0 keeps the radix path). Up to KFUSE_TOPK_SHORT_DEFAULT keys by
+	 * default: one block for a 32k row measured ~80 us on the H200 at 16:15 (its histogram atomics
+	 * then all met on one bin; per-warp histograms since), the radix path ~25 us.
+	 * TANDEM_TOPK_SHORT_MAX sets the limit (0 .. KFUSE_TOPK_SHORT) to measure it again. */
+	int64_t short_max = KFUSE_TOPK_SHORT_DEFAULT;
 	const char *sm_env = getenv("TANDEM_TOPK_SHORT_MAX");
-	if (sm_env && atoll(sm_env) >= 0 && atoll(sm_env) < short_max)
-		short_max = atoll(sm_env);
+	if (sm_env && atoll(sm_env) >= 0)
+		short_max = atoll(sm_env) < KFUSE_TOPK_SHORT ? atoll(sm_env) : KFUSE_TOPK_SHORT;
 	const int shortk = !kattn_use_ref() && kfuse_enabled() &&
 	                   sbytes <= (size_t)short_max * sizeof(float) &&
 	                   kcuda_topk_idx_short_fits(c, (int64_t)(sbytes / sizeof(float)));
