@@ -250,6 +250,8 @@ static void set_layer_mode(int mode)
 			setenv("TANDEM_TOPK_SHORT_MAX", "32768", 1);
 		else
 			unsetenv("TANDEM_TOPK_SHORT_MAX");
+		if (mode == 3) /* new, but q's rope in its own launch again */
+			setenv("TANDEM_MLA_ROPE", "0", 1);
 	}
 }
 
@@ -318,13 +320,21 @@ static void bench_layer(int B, int64_t ctxlen, int64_t bucket)
 		                                   K};
 		const struct kfuse_rope rp = {(const float *)d_inv, (const int32_t *)d_pos, 0};
 		cudaStream_t st = (cudaStream_t)kcuda_ctx_stream(ctx);
-		double us[3] = {0, 0, 0};
-		int nodes[3] = {0, 0, 0};
-		for (int old = 2; old >= 0; old--) { /* 2: new + short top-k to 32k, 1: old, 0: new */
+		double us[4] = {0, 0, 0, 0}, eus[4] = {0, 0, 0, 0};
+		int nodes[4] = {0, 0, 0, 0};
+		for (int old = 3; old >= 0; old--) { /* 3: new, rope apart; 2: new + short top-k to 32k;
+			                              * 1: old; 0: new */
 			set_layer_mode(old);
 			for (int i = 0; i < 3; i++) /* eager warm-up (attributes, first-launch costs) */
 				rc |= layer_ops(&si, &sm, &kvi, &ri, &kvm, &rm, &rp, B);
 			rc |= kcuda_sync(ctx);
+			{ /* eager: the 78 layers launched one by one (prefill and eager steps run so) */
+				const double t0 = now_s();
+				for (int l = 0; l < L; l++)
+					rc |= layer_ops(&si, &sm, &kvi, &ri, &kvm, &rm, &rp, B);
+				rc |= kcuda_sync(ctx);
+				eus[old] = (now_s() - t0) / L * 1e6;
+			}
 			cudaGraph_t g = NULL;
 			cudaGraphExec_t ge = NULL;
 			if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
@@ -357,14 +367,16 @@ static void bench_layer(int B, int64_t ctxlen, int64_t bucket)
 			cudaGraphDestroy(g);
 		}
 		set_layer_mode(0);
-		printf("layer attn (indexer top-k + MLA) B %d ctx %6lld bucket %6lld PDL %s | old %6.1f "
-		       "us/layer (%d "
-		       "nodes/layer) | new %6.1f us/layer (%d nodes/layer) | x%.2f | new + short top-k to "
-		       "32k %6.1f "
-		       "us/layer%s\n",
-		       B, (long long)ctxlen, (long long)bucket, kcuda_pdl_enabled() ? "on " : "off", us[1],
-		       nodes[1] / L, us[0], nodes[0] / L, us[0] > 0 ? us[1] / us[0] : 0.0, us[2],
-		       rc ? " ERROR" : "");
+		for (int e = 0; e < 2; e++) {
+			const double *t = e ? us : eus;
+			printf("layer attn %s B %d ctx %6lld bucket %6lld PDL %s | old %6.1f | new %6.1f "
+			       "(x%.2f) | new, "
+			       "rope apart %6.1f | new, short top-k to 32k %6.1f us/layer | nodes/layer old "
+			       "%d new %d%s\n",
+			       e ? "graph" : "eager", B, (long long)ctxlen, (long long)bucket,
+			       kcuda_pdl_enabled() ? "on " : "off", t[1], t[0], t[0] > 0 ? t[1] / t[0] : 0.0,
+			       t[3], t[2], nodes[1] / L, nodes[0] / L, rc ? " ERROR" : "");
+		}
 	}
 out:
 	setup_fini(&si);
