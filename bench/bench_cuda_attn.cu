@@ -245,13 +245,13 @@ static void set_layer_mode(int mode)
 		setenv("TANDEM_MLA_ROPE", "0", 1);
 	} else {
 		unsetenv("TANDEM_IDX_TILES");
-		unsetenv("TANDEM_MLA_ROPE");
+		unsetenv("TANDEM_MLA_ROPE"); /* off by default */
 		if (mode == 2) /* new, and the one-block top-k up to 32768 keys */
 			setenv("TANDEM_TOPK_SHORT_MAX", "32768", 1);
 		else
 			unsetenv("TANDEM_TOPK_SHORT_MAX");
-		if (mode == 3) /* new, but q's rope in its own launch again */
-			setenv("TANDEM_MLA_ROPE", "0", 1);
+		if (mode == 3) /* new, and q's rope inside the MLA kernel (TANDEM_MLA_ROPE=1) */
+			setenv("TANDEM_MLA_ROPE", "1", 1);
 	}
 }
 
@@ -322,7 +322,7 @@ static void bench_layer(int B, int64_t ctxlen, int64_t bucket)
 		cudaStream_t st = (cudaStream_t)kcuda_ctx_stream(ctx);
 		double us[4] = {0, 0, 0, 0}, eus[4] = {0, 0, 0, 0};
 		int nodes[4] = {0, 0, 0, 0};
-		for (int old = 3; old >= 0; old--) { /* 3: new, rope apart; 2: new + short top-k to 32k;
+		for (int old = 3; old >= 0; old--) { /* 3: new + rope in MLA; 2: new + short top-k to 32k;
 			                              * 1: old; 0: new */
 			set_layer_mode(old);
 			for (int i = 0; i < 3; i++) /* eager warm-up (attributes, first-launch costs) */
@@ -371,7 +371,7 @@ static void bench_layer(int B, int64_t ctxlen, int64_t bucket)
 			const double *t = e ? us : eus;
 			printf("layer attn %s B %d ctx %6lld bucket %6lld PDL %s | old %6.1f | new %6.1f "
 			       "(x%.2f) | new, "
-			       "rope apart %6.1f | new, short top-k to 32k %6.1f us/layer | nodes/layer old "
+			       "rope in MLA %6.1f | new, short top-k to 32k %6.1f us/layer | nodes/layer old "
 			       "%d new %d%s\n",
 			       e ? "graph" : "eager", B, (long long)ctxlen, (long long)bucket,
 			       kcuda_pdl_enabled() ? "on " : "off", t[1], t[0], t[0] > 0 ? t[1] / t[0] : 0.0,

@@ -826,8 +826,9 @@ static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const flo
 	                               .max_keys = sel ? c->st.K : c->st.max_keys};
 	const double kv_bytes = (double)n * (double)rows.max_keys * (double)(C + R) *
 	                        (c->kv->layout.dtype == MODEL_KV_BF16 ? 2 : 4);
-	/* fused: q's rotary part is roped inside the attention kernel (one launch less per layer;
-	 * kfuse_mla_attn_rope declines with ERR_UNSUPPORTED under TANDEM_MLA_ROPE=0 or the ref kernels) */
+	/* TANDEM_MLA_ROPE=1: q's rotary part roped inside the attention kernel (one launch less per layer;
+	 * off by default: slower on the H200, see mla_attn_mma.cu); kfuse_mla_attn_rope declines with
+	 * ERR_UNSUPPORTED otherwise, and under the ref kernels */
 	int rc = ERR_UNSUPPORTED;
 	if (c->fuse) {
 		PROF(c, "attn.mla", NULL, kv_bytes)
@@ -1230,11 +1231,13 @@ static void cu_add_rmsnorm(void *ctx, float *h, const float *x, float *y, const 
 	CK(kfuse_add_rmsnorm(c->kc, h, x, y, w, n, n_rows, eps));
 }
 
-/* TANDEM_IDX_FOLD=0 keeps idx_prep as its own launch (read at capture / per eager step) */
+/* TANDEM_IDX_FOLD=1 folds idx_prep into mla_latent + the indexer (read at capture / per eager step).
+ * Off by default: the 16:40 H200 run measured the batch-1 decode step 0.86 ms slower with it (15.99
+ * vs 15.13 ms); kept selectable, its ops are tested (test_ops_fused, test_ops_indexer) */
 static bool idx_fold_on(void)
 {
 	const char *e = getenv("TANDEM_IDX_FOLD");
-	return !e || strcmp(e, "0") != 0;
+	return e && strcmp(e, "1") == 0;
 }
 
 static void cu_mla_latent(void *ctx, int layer, const struct layer_w *L, float *cq, float *kvl,

@@ -312,7 +312,8 @@ __device__ __forceinline__ void fu_idx_key(int64_t r, float *kI, int64_t DI, int
 	}
 	const double inv = 1.0 / sqrt(red[0] / (double)DI + (double)eps);
 	for (int64_t i = threadIdx.x; i < DI; i += FU_THREADS)
-		ks[i] = (float)(((double)xr[i] - mean) * inv) * kw[i] + (kb ? kb[i] : 0.0f);
+		ks[i] = __fadd_rn(__fmul_rn((float)(((double)xr[i] - mean) * inv), kw[i]),
+		                  kb ? kb[i] : 0.0f); /* no FMA: the same bits in every kernel inlining it */
 	__syncthreads(); /* the pairs below cross threads */
 	float *yr = kI + r * DI;
 	char *row = fu_kv_row(kv, r, p, DI);

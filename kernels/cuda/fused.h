@@ -90,7 +90,7 @@ int kfuse_rope_copy(struct kcuda_ctx *c, float *dst, int64_t ldd, int64_t dhs, c
  * dims [C, C+R) come from qr[t * ldqr + h * qrhs + 0..R) (unroped) rotated by rp at rp->pos[t]
  * (= kfuse_rope_copy into q, then kcuda_mla_attn). ERR_UNSUPPORTED (nothing launched) when the
  * tensor-core kernel does not take the call, under TANDEM_CUDA_ATTN=ref, or with TANDEM_MLA_ROPE=0:
- * the caller then runs the two steps. */
+ * the caller then runs the two steps. Off unless TANDEM_MLA_ROPE=1. */
 int kfuse_mla_attn_rope(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
                         const struct kcuda_attn_rows *rows, const float *q, int64_t H, int64_t C, int64_t R,
                         float scale, float *out, const float *qr, int64_t ldqr, int64_t qrhs,
@@ -99,7 +99,7 @@ int kfuse_mla_attn_rope(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
 /* indexer.cu: kcuda_indexer_topk with q unroped in memory: the first R values of each of the HI
  * heads of q are roped by rq at rq->pos[row] as the score kernel loads them (= kcuda_rope on q,
  * then kcuda_indexer_topk). ERR_UNSUPPORTED (nothing launched) where the tensor-core score kernel
- * does not take the call, under TANDEM_CUDA_ATTN=ref, or with TANDEM_IDX_FOLD=0. */
+ * does not take the call, under TANDEM_CUDA_ATTN=ref, and unless TANDEM_IDX_FOLD=1. */
 int kfuse_indexer_topk_rope(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
                             const struct kcuda_attn_rows *rows, const float *q, const float *w, int64_t HI,
                             int64_t DI, float scale, int k, int32_t *sel, int64_t ld_sel, int32_t *nsel,

@@ -298,8 +298,9 @@ static void test_mla_latent(void)
 
 /* ---- mla_latent + the indexer's k_I / w_I in one launch ------------------------------------------
  * kfuse_mla_latent_idx against the two ops it merges (kfuse_mla_latent, then kfuse_idx_prep), both
- * checked against the CPU above: c_q, [c | k_r], k_I, w_I and both pools bit for bit (the same
- * device arithmetic), q_I untouched (its rope is left to the indexer's loads). */
+ * checked against the CPU above: w_I bit for bit, c_q, [c | k_r], k_I and both pools within a few
+ * ulps (the same device arithmetic up to FMA contraction), q_I untouched (its rope is left to the
+ * indexer's loads). */
 static void test_mla_latent_idx(void)
 {
 	struct xcase {
@@ -381,21 +382,50 @@ static void test_mla_latent_idx(void)
 			OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "mla_latent_idx rc %d", rc);
 		}
 		{
+			/* q_I untouched and w_I (one fp32 product) bit for bit; the rest within a few ulps:
+			 * the compiler may contract a product and a sum into an FMA in one kernel and not in
+			 * the other (the 16:40 H200 run: k_I with a bias differed in its last bit) */
 			const size_t sz[5] = {ncq, nkv, nq, nw, nk};
 			for (int j = 0; j < 5; j++) {
 				size_t gb = ops_dbuf_get(ctx, &b[0][j], g1) + ops_dbuf_get(ctx, &b[1][j], g2);
 				bad += gb != 0;
-				if (j == 2) /* q_I: the merged launch leaves it as it was */
+				if (j == 2)
 					bad += memcmp(g2, hq, sizeof(float) * sz[j]) != 0;
-				else
+				else if (j == 3)
 					bad += memcmp(g1, g2, sizeof(float) * sz[j]) != 0;
+				else
+					for (size_t i = 0; i < sz[j]; i++)
+						if (!close_to(g2[i], g1[i], 2e-6, 2e-6)) {
+							bad++;
+							break;
+						}
 			}
 			const size_t pb[2] = {pl[0].block_bytes * NB, pi[0].block_bytes * NB};
 			for (int j = 0; j < 2; j++) {
 				uint8_t *p1 = malloc(pb[j]), *p2 = malloc(pb[j]);
 				struct pool *x = j ? pi : pl;
-				bad += !p1 || !p2 || ops_dbuf_get(ctx, &x[0].dev, p1) != 0 ||
-				       ops_dbuf_get(ctx, &x[1].dev, p2) != 0 || memcmp(p1, p2, pb[j]) != 0;
+				int pbad = !p1 || !p2 || ops_dbuf_get(ctx, &x[0].dev, p1) != 0 ||
+				           ops_dbuf_get(ctx, &x[1].dev, p2) != 0;
+				/* values: bf16 may round to a neighbour when the fp32 values straddle a tie
+				 */
+				const size_t elt = k->bf16 ? 2 : 4;
+				for (size_t i = 0; !pbad && i + elt <= pb[j]; i += elt) {
+					if (!memcmp(p1 + i, p2 + i, elt))
+						continue;
+					float v1, v2;
+					if (k->bf16) {
+						uint16_t a1, a2;
+						memcpy(&a1, p1 + i, 2);
+						memcpy(&a2, p2 + i, 2);
+						v1 = kbf16_to_f32(a1);
+						v2 = kbf16_to_f32(a2);
+					} else {
+						memcpy(&v1, p1 + i, 4);
+						memcpy(&v2, p2 + i, 4);
+					}
+					pbad = !close_to(v2, v1, k->bf16 ? 1.0 / 128 : 2e-6, 2e-6);
+				}
+				bad += pbad;
 				free(p1);
 				free(p2);
 			}
@@ -404,7 +434,7 @@ static void test_mla_latent_idx(void)
 		          "mla_latent_idx Cq %" PRId64 " HI %" PRId64 " DI %" PRId64 ": %d parts differ", Cq,
 		          HI, DI, bad);
 		printf("mla_latent_idx Cq %4" PRId64 " C %3" PRId64 " HI %2" PRId64 " DI %3" PRId64
-		       " rows %d %s: = mla_latent + idx_prep (bits), q_I untouched\n",
+		       " rows %d %s: = mla_latent + idx_prep, q_I untouched\n",
 		       Cq, C, HI, DI, n, k->bf16 ? "bf16" : "f32");
 	next:
 		for (int v = 0; v < 2; v++) {

@@ -545,6 +545,7 @@ int main(void)
 		return 77;
 	}
 	ops_seed_init();
+	setenv("TANDEM_IDX_FOLD", "1", 1); /* the in-kernel q rope is off by default: test it */
 	/* 1 MiB workspace: kcuda_indexer_topk keeps the scores of 2 rows at 100k positions, and of 81
 	 * rows at 3200, so the T 200 prefill case runs in three workspace chunks */
 	if (kcuda_ctx_create(0, 1u << 20, &ctx)) {

@@ -377,6 +377,7 @@ int main(void)
 		return 77;
 	}
 	ops_seed_init();
+	setenv("TANDEM_MLA_ROPE", "1", 1); /* the in-kernel rope is off by default: test it */
 	if (kcuda_ctx_create(0, 64u << 20, &ctx)) {
 		printf("FAIL: no CUDA context\n");
 		return 1;
