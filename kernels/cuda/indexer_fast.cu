@@ -85,7 +85,8 @@ static size_t if_smem(int DI, bool f32)
 /* MW: head tiles of 16 (warps per key group; 4 / MW key groups); NT: n-tiles (8 keys) per warp.
  * F32: fp32 keys, split into three bf16 parts as the fragments are read; the six products whose
  * parts' weights add up to at most 2^-16 are summed (the rest lie below fp32's rounding). */
-template <int MW, bool F32> __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
+template <int MW, bool F32, bool ROPE>
+__global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 {
 	KDEP_ENTRY();
 	typedef typename std::conditional<F32, float, uint16_t>::type val_t;
@@ -117,6 +118,31 @@ template <int MW, bool F32> __global__ void __launch_bounds__(IF_THREADS) indexe
 
 	for (int i = tid; i < IF_HMAX; i += IF_THREADS)
 		w_s[i] = i < HI ? a.w[row * (int64_t)HI + i] : 0.0f;
+	/* q fragments: heads 16 mw + (g, g + 8), dims ks 16 + 2t (+ 8); loaded first (as before
+	 * 16:00: see mla_attn_mma.cu on the 16:40 H200 run) */
+	const int mw = warp % MW, kg = warp / MW;
+	const int nks = DI / 16;
+	uint32_t qf[IF_DMAX / 16][3][4];
+#pragma unroll
+	for (int ks = 0; ks < IF_DMAX / 16; ks++)
+#pragma unroll
+		for (int r = 0; r < 4; r++) {
+			const int h = 16 * mw + g + ((r & 1) ? 8 : 0);
+			const int col = ks * 16 + 2 * t + ((r & 2) ? 8 : 0);
+			float2 v = make_float2(0.0f, 0.0f);
+			if (ks < nks && h < HI) {
+				const float *qh = a.q + (row * HI + h) * (int64_t)DI;
+				if (ROPE && col < a.qr_R) { /* the rotary part, roped here (col even) */
+					const int32_t ps = a.qr_pos[row];
+					v.x = if_rope_elem(qh, col, a.qr_R / 2, a.qr_pairing, ps, a.qr_inv);
+					v.y =
+					    if_rope_elem(qh, col + 1, a.qr_R / 2, a.qr_pairing, ps, a.qr_inv);
+				} else {
+					v = *(const float2 *)(qh + col);
+				}
+			}
+			if_split3(v.x, v.y, &qf[ks][0][r], &qf[ks][1][r], &qf[ks][2][r]);
+		}
 	const int32_t tbl = a.qseq ? a.qseq[row] : 0;
 	auto fill_addr = [&](int n, int st) {
 		if (tid < IF_TK) {
@@ -152,31 +178,6 @@ template <int MW, bool F32> __global__ void __launch_bounds__(IF_THREADS) indexe
 	fill_addr(0, 0);
 	__syncthreads();
 	issue(0);
-	/* q fragments: heads 16 mw + (g, g + 8), dims ks 16 + 2t (+ 8); loaded while the first
-	 * tile is in flight (their L2 round trip overlaps the copy's) */
-	const int mw = warp % MW, kg = warp / MW;
-	const int nks = DI / 16;
-	uint32_t qf[IF_DMAX / 16][3][4];
-#pragma unroll
-	for (int ks = 0; ks < IF_DMAX / 16; ks++)
-#pragma unroll
-		for (int r = 0; r < 4; r++) {
-			const int h = 16 * mw + g + ((r & 1) ? 8 : 0);
-			const int col = ks * 16 + 2 * t + ((r & 2) ? 8 : 0);
-			float2 v = make_float2(0.0f, 0.0f);
-			if (ks < nks && h < HI) {
-				const float *qh = a.q + (row * HI + h) * (int64_t)DI;
-				if (col < a.qr_R) { /* the rotary part, roped here (col even) */
-					const int32_t ps = a.qr_pos[row];
-					v.x = if_rope_elem(qh, col, a.qr_R / 2, a.qr_pairing, ps, a.qr_inv);
-					v.y =
-					    if_rope_elem(qh, col + 1, a.qr_R / 2, a.qr_pairing, ps, a.qr_inv);
-				} else {
-					v = *(const float2 *)(qh + col);
-				}
-			}
-			if_split3(v.x, v.y, &qf[ks][0][r], &qf[ks][1][r], &qf[ks][2][r]);
-		}
 	const bool active = 16 * mw < HI;
 
 	for (int n = 0; n < ntiles; n++) {
@@ -252,13 +253,20 @@ template <int MW, bool F32> __global__ void __launch_bounds__(IF_THREADS) indexe
 	}
 }
 
+template <int MW, bool F32, bool ROPE>
+static int if_launch_r(struct kcuda_ctx *c, const idx_args &b, dim3 grid, size_t smem)
+{
+	KCUDA_CHECK(cudaFuncSetAttribute(indexer_fast_kernel<MW, F32, ROPE>,
+	                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+	return klaunch("indexer_fast", indexer_fast_kernel<MW, F32, ROPE>, dim3(grid), dim3(IF_THREADS), smem,
+	               c->stream, b);
+}
+/* the kernel without q's rope (the default: no rope code in it) or with it on the loads */
 template <int MW, bool F32>
 static int if_launch(struct kcuda_ctx *c, const idx_args &b, dim3 grid, size_t smem)
 {
-	KCUDA_CHECK(cudaFuncSetAttribute(indexer_fast_kernel<MW, F32>,
-	                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-	return klaunch("indexer_fast", indexer_fast_kernel<MW, F32>, dim3(grid), dim3(IF_THREADS), smem,
-	               c->stream, b);
+	return b.qr_R ? if_launch_r<MW, F32, true>(c, b, grid, smem)
+	              : if_launch_r<MW, F32, false>(c, b, grid, smem);
 }
 
 bool kcuda_indexer_fast_ok(struct kcuda_ctx *c, const idx_args &a)

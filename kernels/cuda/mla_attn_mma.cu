@@ -135,7 +135,7 @@ static size_t mm_smem(int dim, bool f32)
 
 /* F32: the pool holds fp32 values; they are split into bf16 hi + lo as the fragments are read and
  * multiplied as hi*hi + lo*hi + hi*lo (the lo*lo term is below 2^-16 of the result) */
-template <bool F32> __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel(mm_args a)
+template <bool F32, bool ROPE> __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel(mm_args a)
 {
 	KDEP_ENTRY();
 	typedef typename std::conditional<F32, float, uint16_t>::type val_t;
@@ -163,6 +163,34 @@ template <bool F32> __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel
 	const int nk = (int)nk64;
 	const int k0 = split * a.chunk, k1 = min(nk, k0 + a.chunk);
 	const int ntiles = k1 > k0 ? (k1 - k0 + MM_TK - 1) / MM_TK : 0;
+
+	/* q fragments (A of QK^T: rows = heads, k = dims) for this warp's dim steps ks = warp + 4 i.
+	 * Loaded first: the 16:40 H200 run had this kernel ~30% slower with them loaded after the
+	 * first tile's copy and the rope code inlined in the default kernel (not isolated which) */
+	const int nks = dim / 16;
+	uint32_t qh[MM_KSW][4], ql[MM_KSW][4];
+#pragma unroll
+	for (int i = 0; i < MM_KSW; i++) {
+		const int ks = warp + MM_WARPS * i;
+#pragma unroll
+		for (int r = 0; r < 4; r++) {
+			const int h = h0 + g + ((r & 1) ? 8 : 0);
+			const int col = ks * 16 + 2 * t + ((r & 2) ? 8 : 0);
+			float2 v = make_float2(0.0f, 0.0f);
+			if (ks < nks && h < a.H) {
+				if (ROPE && col >= C) { /* the rotary part, roped here (col even) */
+					const float *src = a.qr + row * a.ldqr + h * a.qrhs;
+					const int half = (dim - C) / 2;
+					const int32_t ps = a.pos[row];
+					v.x = mm_rope_elem(src, col - C, half, a.pairing, ps, a.inv_freq);
+					v.y = mm_rope_elem(src, col - C + 1, half, a.pairing, ps, a.inv_freq);
+				} else {
+					v = *(const float2 *)(a.q + (row * a.H + h) * (int64_t)dim + col);
+				}
+			}
+			mm_split2(v.x, v.y, &qh[i][r], &ql[i][r]);
+		}
+	}
 
 	/* the addresses of tile n's rows (one warp), then their copy (all threads, one commit group) */
 	auto fill_addr = [&](int n, int st) {
@@ -206,33 +234,6 @@ template <bool F32> __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel
 		__syncthreads();
 		issue(0);
 	}
-	/* q fragments (A of QK^T: rows = heads, k = dims) for this warp's dim steps ks = warp + 4 i,
-	 * loaded while the first tile is in flight (their L2 round trip overlaps the copy's) */
-	const int nks = dim / 16;
-	uint32_t qh[MM_KSW][4], ql[MM_KSW][4];
-#pragma unroll
-	for (int i = 0; i < MM_KSW; i++) {
-		const int ks = warp + MM_WARPS * i;
-#pragma unroll
-		for (int r = 0; r < 4; r++) {
-			const int h = h0 + g + ((r & 1) ? 8 : 0);
-			const int col = ks * 16 + 2 * t + ((r & 2) ? 8 : 0);
-			float2 v = make_float2(0.0f, 0.0f);
-			if (ks < nks && h < a.H) {
-				if (a.qr && col >= C) { /* the rotary part, roped here (col even) */
-					const float *src = a.qr + row * a.ldqr + h * a.qrhs;
-					const int half = (dim - C) / 2;
-					const int32_t ps = a.pos[row];
-					v.x = mm_rope_elem(src, col - C, half, a.pairing, ps, a.inv_freq);
-					v.y = mm_rope_elem(src, col - C + 1, half, a.pairing, ps, a.inv_freq);
-				} else {
-					v = *(const float2 *)(a.q + (row * a.H + h) * (int64_t)dim + col);
-				}
-			}
-			mm_split2(v.x, v.y, &qh[i][r], &ql[i][r]);
-		}
-	}
-
 	for (int n = 0; n < ntiles; n++) {
 		const int st = n & 1;
 		if (n + 1 < ntiles)
@@ -508,6 +509,15 @@ static bool mm_fits(const struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
 	return mm_smem((int)kv->dim, !kv->bf16) <= (size_t)max_smem;
 }
 
+/* the kernel without (ROPE false: the default, no rope code in it) or with q's rope on its loads */
+template <bool F32, bool ROPE>
+static int mm_launch(struct kcuda_ctx *c, const mm_args &a, dim3 grid, size_t smem)
+{
+	KCUDA_CHECK(cudaFuncSetAttribute(mla_mma_kernel<F32, ROPE>,
+	                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+	return klaunch("mla_mma", mla_mma_kernel<F32, ROPE>, grid, dim3(MM_THREADS), smem, c->stream, a);
+}
+
 /* the tensor-core kernel (+ combine) for a call mm_fits() accepted; rq: q's rotary part roped in the
  * kernel (NULL: q holds it) */
 static int mm_run(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
@@ -572,13 +582,10 @@ static int mm_run(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const str
 	dim3 grid((unsigned)rows->n_q, (unsigned)a.nsplit, (unsigned)n_hg);
 	int rc;
 	if (kv->bf16) {
-		KCUDA_CHECK(cudaFuncSetAttribute(mla_mma_kernel<false>,
-		                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-		rc = klaunch("mla_mma", mla_mma_kernel<false>, grid, dim3(MM_THREADS), smem, c->stream, a);
+		rc =
+		    qr ? mm_launch<false, true>(c, a, grid, smem) : mm_launch<false, false>(c, a, grid, smem);
 	} else {
-		KCUDA_CHECK(cudaFuncSetAttribute(mla_mma_kernel<true>,
-		                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-		rc = klaunch("mla_mma", mla_mma_kernel<true>, grid, dim3(MM_THREADS), smem, c->stream, a);
+		rc = qr ? mm_launch<true, true>(c, a, grid, smem) : mm_launch<true, false>(c, a, grid, smem);
 	}
 	if (rc || a.nsplit == 1)
 		return rc;
