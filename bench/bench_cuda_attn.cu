@@ -7,12 +7,16 @@
  * launch overhead is included), the KV bytes the op must read, GB/s, and that rate as a share of
  * the device-to-device copy rate measured first (bytes read + written per second by
  * cudaMemcpyAsync of 1 GiB). Pool contents are a constant byte pattern (finite values; the timing
- * does not depend on them). Usage: bench_cuda_attn [iterations]. */
+ * does not depend on them). First, the attention chain of a GLM-5 decode layer (indexer top-k ->
+ * MLA) in a CUDA graph of 78 layers, old vs new kernels (bench_layer); BENCH_ATTN_LAYER_ONLY=1
+ * stops after it. Usage: bench_cuda_attn [iterations]. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/fused.h"
 
 static double now_s(void)
 {
@@ -226,6 +230,161 @@ static void bench_indexer(int B, int64_t ctxlen, int bf16, int with_topk)
 	setup_fini(&s);
 }
 
+/* The attention half of one GLM-5 decode layer as the decode graph runs it (rank 0 of TP=8: H 8,
+ * C 512, R 64; indexer HI 32, DI 128, top-2048; bf16 pools), 78 layers captured in one CUDA graph
+ * and replayed: kcuda_indexer_topk over a context bucket (max_keys) above the rows' real length,
+ * its selection feeding the MLA. old: what main ran before this branch (2 key tiles per indexer
+ * block, the radix top-k above 8192 keys, rope_copy + kcuda_mla_attn); new: the defaults (one
+ * tile at small batch, the shared-memory top-k up to 32768 keys, q's rope inside the MLA kernel).
+ * PDL is on or off for the whole process (TANDEM_PDL=0): run twice to see its share. */
+static void set_layer_mode(int mode)
+{
+	if (mode == 1) { /* old */
+		setenv("TANDEM_IDX_TILES", "2", 1);
+		setenv("TANDEM_TOPK_SHORT_MAX", "8192", 1);
+		setenv("TANDEM_MLA_ROPE", "0", 1);
+	} else {
+		unsetenv("TANDEM_IDX_TILES");
+		unsetenv("TANDEM_MLA_ROPE"); /* off by default */
+		if (mode == 2) /* new, and the one-block top-k up to 32768 keys */
+			setenv("TANDEM_TOPK_SHORT_MAX", "32768", 1);
+		else
+			unsetenv("TANDEM_TOPK_SHORT_MAX");
+		if (mode == 3) /* new, and q's rope inside the MLA kernel (TANDEM_MLA_ROPE=1) */
+			setenv("TANDEM_MLA_ROPE", "1", 1);
+	}
+}
+
+static int layer_ops(struct setup *si, struct setup *sm, const struct kcuda_kv_view *kvi,
+                     const struct kcuda_attn_rows *ri, const struct kcuda_kv_view *kvm,
+                     const struct kcuda_attn_rows *rm, const struct kfuse_rope *rp, int B)
+{
+	const int64_t HI = 32, DI = 128, H = 8, C = 512, R = 64, dim = C + R;
+	const int K = 2048;
+	float *q = (float *)sm->q;
+	int rc = kcuda_indexer_topk(ctx, kvi, ri, (const float *)si->q, (const float *)si->w, HI, DI, 0.088f,
+	                            K, (int32_t *)sm->sel, K, (int32_t *)sm->nk);
+	if (rc)
+		return rc;
+	rc = kfuse_mla_attn_rope(ctx, kvm, rm, q, H, C, R, 0.07f, (float *)sm->out, q + C, H * dim, dim, rp);
+	if (rc != ERR_UNSUPPORTED)
+		return rc;
+	rc = kfuse_rope_copy(ctx, q + C, H * dim, dim, q + C, H * dim, dim, B, H, R, rp);
+	return rc ? rc : kcuda_mla_attn(ctx, kvm, rm, q, H, C, R, 0.07f, (float *)sm->out);
+}
+
+static void bench_layer(int B, int64_t ctxlen, int64_t bucket)
+{
+	const int64_t HI = 32, DI = 128, H = 8, C = 512, R = 64, dim = C + R;
+	const int K = 2048, L = 78;
+	const int64_t nb = (ctxlen + 63) / 64;
+	struct setup si, sm;
+	void *d_pos = NULL, *d_inv = NULL;
+	int rc = setup_init(&si, B, DI, 2, ctxlen, HI, 0, 0) | setup_init(&sm, B, dim, 2, ctxlen, H, C, K) |
+	         kcuda_alloc(sizeof(int32_t) * (size_t)B, &d_pos) |
+	         kcuda_alloc(sizeof(float) * (size_t)R, &d_inv);
+	if (rc) {
+		printf("layer: allocation failed\n");
+		goto out;
+	}
+	{
+		int32_t pos[256];
+		float inv[64];
+		for (int b = 0; b < B && b < 256; b++)
+			pos[b] = (int32_t)ctxlen - 1;
+		for (int i = 0; i < R / 2; i++)
+			inv[i] = powf(10000.0f, -2.0f * (float)i / (float)R);
+		kcuda_upload(ctx, d_pos, pos, sizeof(int32_t) * (size_t)B);
+		kcuda_upload(ctx, d_inv, inv, sizeof(float) * (size_t)(R / 2));
+	}
+	{
+		const struct kcuda_kv_view kvi = {si.pool, B * nb, (size_t)64 * DI * 2, 0, 64, DI, 1};
+		const struct kcuda_attn_rows ri = {B,
+		                                   (const int32_t *)si.qseq,
+		                                   (const int32_t *)si.tbl,
+		                                   nb,
+		                                   (const int32_t *)si.nk,
+		                                   0,
+		                                   NULL,
+		                                   1,
+		                                   bucket};
+		const struct kcuda_kv_view kvm = {sm.pool, B * nb, (size_t)64 * dim * 2, 0, 64, dim, 1};
+		const struct kcuda_attn_rows rm = {B,
+		                                   (const int32_t *)sm.qseq,
+		                                   (const int32_t *)sm.tbl,
+		                                   nb,
+		                                   (const int32_t *)sm.nk,
+		                                   0,
+		                                   (const int32_t *)sm.sel,
+		                                   K,
+		                                   K};
+		const struct kfuse_rope rp = {(const float *)d_inv, (const int32_t *)d_pos, 0};
+		cudaStream_t st = (cudaStream_t)kcuda_ctx_stream(ctx);
+		double us[4] = {0, 0, 0, 0}, eus[4] = {0, 0, 0, 0};
+		int nodes[4] = {0, 0, 0, 0};
+		for (int old = 3; old >= 0; old--) { /* 3: new + rope in MLA; 2: new + short top-k to 32k;
+			                              * 1: old; 0: new */
+			set_layer_mode(old);
+			for (int i = 0; i < 3; i++) /* eager warm-up (attributes, first-launch costs) */
+				rc |= layer_ops(&si, &sm, &kvi, &ri, &kvm, &rm, &rp, B);
+			rc |= kcuda_sync(ctx);
+			{ /* eager: the 78 layers launched one by one (prefill and eager steps run so) */
+				const double t0 = now_s();
+				for (int l = 0; l < L; l++)
+					rc |= layer_ops(&si, &sm, &kvi, &ri, &kvm, &rm, &rp, B);
+				rc |= kcuda_sync(ctx);
+				eus[old] = (now_s() - t0) / L * 1e6;
+			}
+			cudaGraph_t g = NULL;
+			cudaGraphExec_t ge = NULL;
+			if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+				rc = 1;
+				break;
+			}
+			for (int l = 0; l < L; l++)
+				rc |= layer_ops(&si, &sm, &kvi, &ri, &kvm, &rm, &rp, B);
+			if (cudaStreamEndCapture(st, &g) != cudaSuccess ||
+			    cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) {
+				(void)cudaGetLastError();
+				rc = 1;
+				if (g)
+					cudaGraphDestroy(g);
+				break;
+			}
+			size_t nn = 0;
+			cudaGraphGetNodes(g, NULL, &nn);
+			nodes[old] = (int)nn;
+			for (int i = 0; i < 3; i++)
+				cudaGraphLaunch(ge, st);
+			rc |= kcuda_sync(ctx);
+			const int reps = 20;
+			const double t0 = now_s();
+			for (int i = 0; i < reps; i++)
+				cudaGraphLaunch(ge, st);
+			rc |= kcuda_sync(ctx);
+			us[old] = (now_s() - t0) / reps / L * 1e6;
+			cudaGraphExecDestroy(ge);
+			cudaGraphDestroy(g);
+		}
+		set_layer_mode(0);
+		for (int e = 0; e < 2; e++) {
+			const double *t = e ? us : eus;
+			printf("layer attn %s B %d ctx %6lld bucket %6lld PDL %s | old %6.1f | new %6.1f "
+			       "(x%.2f) | new, "
+			       "rope in MLA %6.1f | new, short top-k to 32k %6.1f us/layer | nodes/layer old "
+			       "%d new %d%s\n",
+			       e ? "graph" : "eager", B, (long long)ctxlen, (long long)bucket,
+			       kcuda_pdl_enabled() ? "on " : "off", t[1], t[0], t[0] > 0 ? t[1] / t[0] : 0.0,
+			       t[3], t[2], nodes[1] / L, nodes[0] / L, rc ? " ERROR" : "");
+		}
+	}
+out:
+	setup_fini(&si);
+	setup_fini(&sm);
+	kcuda_free(d_pos);
+	kcuda_free(d_inv);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1)
@@ -242,6 +401,15 @@ int main(int argc, char **argv)
 	measure_copy();
 	printf("fast = default kernels (tensor cores, multi-block top-k); ref = TANDEM_CUDA_ATTN=ref (the "
 	       "first kernels); %% = of the copy rate above\n");
+	/* the decode graph's attention chain first (GLM-5 rank 0 of TP=8; the 4k point at the
+	 * 8192 bucket the synthetic bench captures, 32k at its own bucket) */
+	bench_layer(1, 4096, 8192);
+	bench_layer(8, 4096, 8192);
+	bench_layer(1, 2048, 2048);
+	bench_layer(1, 32768, 32768);
+	bench_layer(8, 32768, 32768);
+	if (getenv("BENCH_ATTN_LAYER_ONLY"))
+		goto done;
 	static const int Bs[] = {1, 8, 32};
 	for (size_t bi = 0; bi < 3; bi++) {
 		const int B = Bs[bi];
@@ -259,6 +427,7 @@ int main(int argc, char **argv)
 		bench_indexer(B, 100000, 1, 1);
 		bench_indexer(B, 32768, 0, 0);
 	}
+done:
 	kcuda_ctx_destroy(ctx);
 	return 0;
 }

@@ -108,6 +108,14 @@ struct be_cuda {
 	struct kprof_seg *gseg[N_BBUCKETS][N_CBUCKETS];
 	bool head_gemv; /* k_b / v_b of all heads in one launch (TANDEM_HEAD_GEMV=0: per head) */
 	bool fuse; /* fused small ops (kernels/cuda/fused.h; TANDEM_FUSE=0: the parts one by one) */
+	/* idx_prep folded away (TANDEM_IDX_FOLD=0: off): the outputs of the last products (cu_matmul),
+	 * where mla_latent finds k_I and w_I; the layer whose k_I / w_I it did (fold_layer, checked by
+	 * idx_prep) and the layer whose q_I the indexer ropes on its loads (foldq_layer) */
+	const struct kweight *mm_w[4];
+	float *mm_y[4];
+	int mm_at;
+	int fold_layer, foldq_layer;
+	const float *fold_kI, *fold_wI, *fold_qI;
 };
 
 #define CK(x)                                                                                                \
@@ -664,6 +672,9 @@ static void cu_matmul(void *ctx, const struct kweight *w, const float *x, int64_
 {
 	struct be_cuda *c = ctx;
 	SKIP_REPLAY(c);
+	c->mm_w[c->mm_at] = w; /* for cu_mla_latent's fold of the indexer inputs */
+	c->mm_y[c->mm_at] = y;
+	c->mm_at = (c->mm_at + 1) % 4;
 	PROF(c, mm_name(c, w), ktype_name(w->type), wbytes(w))
 	CK(kcuda_matmul_path(c->kc, fp32_product(c, w) ? KCUDA_MM_F32 : KCUDA_MM_AUTO, w, x, ldx, n_tok, y,
 	                     n_out));
@@ -743,9 +754,28 @@ static void cu_indexer(void *ctx, int layer, const float *qI, const float *wI, i
 	                               .n_keys = c->d_nk,
 	                               .max_keys = c->st.max_keys};
 	float sc = 1.0f / sqrtf((float)hp->idx_D);
-	PROF(c, "indexer(scores+topk)", NULL,
-	     (double)c->st.n * (double)c->st.max_keys * (double)hp->idx_D *
-	         (L->dtype == MODEL_KV_BF16 ? 2 : 4))
+	const double kbytes = (double)c->st.n * (double)c->st.max_keys * (double)hp->idx_D *
+	                      (L->dtype == MODEL_KV_BF16 ? 2 : 4);
+	if (c->foldq_layer == layer) { /* idx_prep left q_I unroped (cu_idx_prep) */
+		c->foldq_layer = -1;
+		int rc = ERR_UNSUPPORTED;
+		struct kfuse_rope rq = {.inv_freq = c->d_inv, .pos = c->d_pos, .pairing = hp->rope_idx};
+		if (!scores && qI == c->fold_qI) {
+			PROF(c, "indexer(scores+topk)", NULL, kbytes)
+			rc = kfuse_indexer_topk_rope(c->kc, &v, &rows, qI, wI, hp->idx_H, hp->idx_D, sc,
+			                             (int)c->st.K, sel, c->st.K, nsel, &rq, hp->R);
+		}
+		if (rc != ERR_UNSUPPORTED) {
+			CK(rc);
+			return;
+		}
+		/* declined: idx_prep's q_I rope here (the workspace row is writable; the op takes it
+		 * const because it only reads it otherwise), then the plain path */
+		PROF(c, "idx_prep(q rope)", NULL, 8.0 * (double)(c->st.n * hp->idx_H * hp->R))
+		CK(kcuda_rope(c->kc, (float *)(uintptr_t)qI, hp->idx_H * hp->idx_D, c->st.n, hp->idx_H,
+		              hp->idx_D, hp->R, c->d_inv, c->d_pos, hp->rope_idx, 1.0f));
+	}
+	PROF(c, "indexer(scores+topk)", NULL, kbytes)
 	if (scores) {
 		CK(kcuda_indexer_scores(c->kc, &v, &rows, qI, wI, hp->idx_H, hp->idx_D, sc, scores,
 		                        c->st.max_keys));
@@ -784,16 +814,7 @@ static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const flo
 			CK(kcuda_matmul(c->kc, &kb, q + hh * NR, Hl * NR, n, c->qabs + hh * (C + R),
 			                Hl * (C + R)));
 		}
-	PROF(c, "attn.q_rope(copy+rope)", NULL, 8.0 * (double)(n * Hl * R))
-	if (c->fuse) {
-		struct kfuse_rope rp = {.inv_freq = c->d_inv, .pos = c->d_pos, .pairing = hp->rope_main};
-		CK(kfuse_rope_copy(c->kc, c->qabs + C, Hl * (C + R), C + R, q + N, Hl * NR, NR, n, Hl, R,
-		                   &rp));
-	} else {
-		CK(kfwd_copy2d(c->kc, c->qabs + C, C + R, q + N, NR, R, n * Hl));
-		CK(kcuda_rope(c->kc, c->qabs + C, Hl * (C + R), n, Hl, C + R, R, c->d_inv, c->d_pos,
-		              hp->rope_main, 1.0f));
-	}
+	struct kfuse_rope rp = {.inv_freq = c->d_inv, .pos = c->d_pos, .pairing = hp->rope_main};
 	struct kcuda_kv_view v = kv_view(c, (size_t)layer * c->kv->layout.lat_layer_bytes, C + R);
 	struct kcuda_attn_rows rows = {.n_q = n,
 	                               .qseq = c->d_seq,
@@ -803,10 +824,32 @@ static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const flo
 	                               .sel = sel,
 	                               .ld_sel = c->st.K,
 	                               .max_keys = sel ? c->st.K : c->st.max_keys};
-	PROF(c, "attn.mla", NULL,
-	     (double)n * (double)rows.max_keys * (double)(C + R) *
-	         (c->kv->layout.dtype == MODEL_KV_BF16 ? 2 : 4))
-	CK(kcuda_mla_attn(c->kc, &v, &rows, c->qabs, Hl, C, R, hp->attn_scale, c->obar));
+	const double kv_bytes = (double)n * (double)rows.max_keys * (double)(C + R) *
+	                        (c->kv->layout.dtype == MODEL_KV_BF16 ? 2 : 4);
+	/* TANDEM_MLA_ROPE=1: q's rotary part roped inside the attention kernel (one launch less per layer;
+	 * off by default: slower on the H200, see mla_attn_mma.cu); kfuse_mla_attn_rope declines with
+	 * ERR_UNSUPPORTED otherwise, and under the ref kernels */
+	int rc = ERR_UNSUPPORTED;
+	if (c->fuse) {
+		PROF(c, "attn.mla", NULL, kv_bytes)
+		rc = kfuse_mla_attn_rope(c->kc, &v, &rows, c->qabs, Hl, C, R, hp->attn_scale, c->obar, q + N,
+		                         Hl * NR, NR, &rp);
+	}
+	if (rc != ERR_UNSUPPORTED) {
+		CK(rc);
+	} else {
+		PROF(c, "attn.q_rope(copy+rope)", NULL, 8.0 * (double)(n * Hl * R))
+		if (c->fuse) {
+			CK(kfuse_rope_copy(c->kc, c->qabs + C, Hl * (C + R), C + R, q + N, Hl * NR, NR, n, Hl,
+			                   R, &rp));
+		} else {
+			CK(kfwd_copy2d(c->kc, c->qabs + C, C + R, q + N, NR, R, n * Hl));
+			CK(kcuda_rope(c->kc, c->qabs + C, Hl * (C + R), n, Hl, C + R, R, c->d_inv, c->d_pos,
+			              hp->rope_main, 1.0f));
+		}
+		PROF(c, "attn.mla", NULL, kv_bytes)
+		CK(kcuda_mla_attn(c->kc, &v, &rows, c->qabs, Hl, C, R, hp->attn_scale, c->obar));
+	}
 	PROF(c, "attn.v_up(v_b/head)", ktype_name(L->v_b.w.type), (double)Hl * wbytes(&L->v_b.w))
 	if (head_gemv(c, &L->v_b, n))
 		CK(kfwd_head_gemv(c->kc, &L->v_b.w, L->v_b.mat_bytes, (int)Hl, c->obar, Hl * C, C, n, o,
@@ -1188,12 +1231,22 @@ static void cu_add_rmsnorm(void *ctx, float *h, const float *x, float *y, const 
 	CK(kfuse_add_rmsnorm(c->kc, h, x, y, w, n, n_rows, eps));
 }
 
+/* TANDEM_IDX_FOLD=1 folds idx_prep into mla_latent + the indexer (read at capture / per eager step).
+ * Off by default: the 16:40 H200 run measured the batch-1 decode step 0.86 ms slower with it (15.99
+ * vs 15.13 ms); kept selectable, its ops are tested (test_ops_fused, test_ops_indexer) */
+static bool idx_fold_on(void)
+{
+	const char *e = getenv("TANDEM_IDX_FOLD");
+	return e && strcmp(e, "1") == 0;
+}
+
 static void cu_mla_latent(void *ctx, int layer, const struct layer_w *L, float *cq, float *kvl,
                           const float *cs, bool write)
 {
 	struct be_cuda *c = ctx;
 	const struct model_hparams *hp = &c->m->hp;
 	int64_t n = c->st.n, C = hp->C, R = hp->R;
+	c->fold_layer = -1;
 	if (!c->fuse) {
 		cu_rmsnorm(ctx, cq, hp->Cq, cq, hp->Cq, L->q_a_norm, hp->Cq, n, hp->latent_eps);
 		cu_rmsnorm(ctx, kvl, C + R, kvl, C + R, L->kv_a_norm, C, n, hp->latent_eps);
@@ -1205,6 +1258,44 @@ static void cu_mla_latent(void *ctx, int layer, const struct layer_w *L, float *
 	SKIP_REPLAY(c);
 	struct kfuse_rope rp = {.inv_freq = c->d_inv, .pos = c->d_pos, .pairing = hp->rope_main};
 	struct kfuse_kv kv = fuse_kv(c, MBE_KV_LATENT, layer, write);
+	/* the indexer's k_I and w_I (the products of `a` just issued, found among the last four)
+	 * join this launch; idx_prep then has only q_I's rope left, which the score kernel does */
+	float *kI = NULL, *wI = NULL;
+	if (L->has_idx && !c->st.debug && idx_fold_on())
+		for (int i = 0; i < 4; i++) {
+			if (c->mm_w[i] == &L->idx_k)
+				kI = c->mm_y[i];
+			if (c->mm_w[i] == &L->idx_proj)
+				wI = c->mm_y[i];
+		}
+	for (int i = 0; i < 4; i++)
+		c->mm_w[i] = NULL;
+	if (kI && wI) {
+		struct kfuse_idx_key ik = {
+		    .kI = kI,
+		    .DI = hp->idx_D,
+		    .R = R,
+		    .kw = L->idx_knorm_w,
+		    .kb = L->idx_knorm_b,
+		    .eps = hp->idx_norm_eps,
+		    .wI = wI,
+		    .HI = hp->idx_H,
+		    .wscale = 1.0f / sqrtf((float)hp->idx_H),
+		    .rp = {.inv_freq = c->d_inv, .pos = c->d_pos, .pairing = hp->rope_idx},
+		    .kv = fuse_kv(c, MBE_KV_INDEXER, hp->idx_slot[layer], write)};
+		int rc = 0;
+		PROF(c, "mla_latent+idx_k(norms+rope+kv_write)", NULL,
+		     12.0 * (double)(n * (hp->Cq + C + R + hp->idx_D + hp->idx_H)))
+		rc = kfuse_mla_latent_idx(c->kc, cq, hp->Cq, L->q_a_norm, hp->latent_eps, kvl, C, R,
+		                          L->kv_a_norm, hp->latent_eps, n, &rp, &kv, &ik);
+		CK(rc);
+		if (rc == 0) {
+			c->fold_layer = layer;
+			c->fold_kI = kI;
+			c->fold_wI = wI;
+		}
+		return;
+	}
 	PROF(c, "mla_latent(norms+rope+kv_write)", NULL, 12.0 * (double)(n * (hp->Cq + C + R)))
 	CK(kfuse_mla_latent(c->kc, cq, hp->Cq, L->q_a_norm, hp->latent_eps, kvl, C, R, L->kv_a_norm,
 	                    hp->latent_eps, n, &rp, &kv));
@@ -1216,6 +1307,17 @@ static void cu_idx_prep(void *ctx, int layer, const struct layer_w *L, float *qI
 	struct be_cuda *c = ctx;
 	const struct model_hparams *hp = &c->m->hp;
 	int64_t n = c->st.n, HI = hp->idx_H, DI = hp->idx_D, R = hp->R;
+	c->foldq_layer = -1;
+	if (c->fold_layer == layer && c->mode != 2) { /* k_I, w_I done by cu_mla_latent */
+		c->fold_layer = -1;
+		if (kI != c->fold_kI || wI != c->fold_wI) { /* not the rows it did: never apply twice */
+			CK(-EINVAL);
+			return;
+		}
+		c->foldq_layer = layer; /* q_I: roped by the indexer's loads (cu_indexer) */
+		c->fold_qI = qI;
+		return;
+	}
 	if (!c->fuse) {
 		cu_layernorm(ctx, kI, DI, kI, DI, L->idx_knorm_w, L->idx_knorm_b, DI, n, hp->idx_norm_eps);
 		cu_rope(ctx, qI, HI * DI, n, HI, DI, R, cs, hp->rope_idx);

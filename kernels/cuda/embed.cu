@@ -11,6 +11,7 @@ template <int T>
 __global__ void embed_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t n_rows, int64_t n_in,
                              const int32_t *__restrict__ ids, float *y, int64_t ldy, unsigned *err, bool vec)
 {
+	KDEP_ENTRY();
 	const int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
 	const int64_t t = blockIdx.y;
 	const int32_t id = ids[t];
@@ -49,9 +50,9 @@ static int embed_type(struct kcuda_ctx *c, const struct kweight *w, const int32_
 	                 (w->n_in % 16 == 0 && w->row_bytes % 16 == 0 && (uintptr_t)w->data % 16 == 0);
 	const int64_t n_items = vec ? w->n_in / 16 : w->n_in;
 	dim3 grid((unsigned)((n_items + 127) / 128), (unsigned)n_tok);
-	embed_kernel<T><<<grid, 128, 0, c->stream>>>((const uint8_t *)w->data, w->row_bytes, w->n_out,
-	                                             w->n_in, ids, y, ldy, c->err_dev, vec);
-	return kcuda_launch_status("embed");
+	return klaunch("embed", embed_kernel<T>, dim3(grid), dim3(128), 0, c->stream,
+	               (const uint8_t *)w->data, w->row_bytes, w->n_out, w->n_in, ids, y, ldy, c->err_dev,
+	               vec);
 }
 
 extern "C" int kcuda_embed(struct kcuda_ctx *c, const struct kweight *w, const int32_t *ids, int64_t n_tok,

@@ -161,6 +161,7 @@ __device__ __forceinline__ void fu_pair(int pairing, int i, int half, int *i0, i
 __global__ void __launch_bounds__(FU_WIDE)
     add_rmsnorm_kernel(float *h, const float *x, float *y, const float *__restrict__ w, int64_t n, float eps)
 {
+	KDEP_ENTRY();
 	__shared__ float red[FU_WIDE / 32];
 	float *hr = h + blockIdx.x * n;
 	const float *xr = x ? x + blockIdx.x * n : NULL;
@@ -205,18 +206,19 @@ extern "C" int kfuse_add_rmsnorm(struct kcuda_ctx *c, float *h, const float *x, 
 		                     !c || !h || !y || !w ? ", or a null pointer" : ", or y aliases h / x");
 	if (n_rows == 0)
 		return 0;
-	add_rmsnorm_kernel<<<(unsigned)n_rows, FU_WIDE, 0, c->stream>>>(h, x, y, w, n, eps);
-	return kcuda_launch_status("add_rmsnorm");
+	return klaunch("add_rmsnorm", add_rmsnorm_kernel, dim3((unsigned)n_rows), dim3(FU_WIDE), 0, c->stream,
+	               h, x, y, w, n, eps);
 }
 
 /* ---- MLA latents: two RMSNorms, RoPE of k_r, the KV write ------------------------------------- */
-__global__ void __launch_bounds__(FU_THREADS)
-    mla_latent_kernel(float *cq, int64_t Cq, const float *__restrict__ wq, float eps_q, float *kvl, int64_t C,
-                      int64_t R, const float *__restrict__ wkv, float eps_kv, kfuse_rope rp, kfuse_kv kv)
+/* part 0 (c_q row) or 1 ([c | k_r] row) of mla_latent for row r; every thread of the block calls it */
+__device__ __forceinline__ void fu_latent_part(int part, int64_t r, float *cq, int64_t Cq,
+                                               const float *__restrict__ wq, float eps_q, float *kvl,
+                                               int64_t C, int64_t R, const float *__restrict__ wkv,
+                                               float eps_kv, const kfuse_rope &rp, const kfuse_kv &kv,
+                                               float *red)
 {
-	__shared__ float red[FU_THREADS / 32];
-	const int64_t r = blockIdx.x;
-	if (blockIdx.y == 0) { /* c_q row: RMSNorm in place */
+	if (part == 0) { /* c_q row: RMSNorm in place */
 		float *xr = cq + r * Cq;
 		const kfuse_kv none = {};
 		fu_rmsnorm_row<FU_THREADS>(xr, xr, wq, Cq, eps_q, red, none, NULL);
@@ -241,6 +243,15 @@ __global__ void __launch_bounds__(FU_THREADS)
 	}
 }
 
+__global__ void __launch_bounds__(FU_THREADS)
+    mla_latent_kernel(float *cq, int64_t Cq, const float *__restrict__ wq, float eps_q, float *kvl, int64_t C,
+                      int64_t R, const float *__restrict__ wkv, float eps_kv, kfuse_rope rp, kfuse_kv kv)
+{
+	KDEP_ENTRY();
+	__shared__ float red[FU_THREADS / 32];
+	fu_latent_part((int)blockIdx.y, blockIdx.x, cq, Cq, wq, eps_q, kvl, C, R, wkv, eps_kv, rp, kv, red);
+}
+
 static bool fu_rope_ok(const struct kfuse_rope *rp, int64_t R)
 {
 	return rp && rp->inv_freq && rp->pos && (rp->pairing == 0 || rp->pairing == 1) && R > 0 && R % 2 == 0;
@@ -262,37 +273,20 @@ extern "C" int kfuse_mla_latent(struct kcuda_ctx *c, float *cq, int64_t Cq, cons
 		                     ", or a null pointer / bad rope or pool description");
 	if (n_rows == 0)
 		return 0;
-	mla_latent_kernel<<<dim3((unsigned)n_rows, 2), FU_THREADS, 0, c->stream>>>(cq, Cq, wq, eps_q, kvl, C,
-	                                                                           R, wkv, eps_kv, *rp, *kv);
-	return kcuda_launch_status("mla_latent");
+	return klaunch("mla_latent", mla_latent_kernel, dim3((unsigned)n_rows, 2), dim3(FU_THREADS), 0,
+	               c->stream, cq, Cq, wq, eps_q, kvl, C, R, wkv, eps_kv, *rp, *kv);
 }
 
 /* ---- indexer inputs: LayerNorm + RoPE + KV write of k_I, RoPE of q_I, scale of w_I ------------- */
-__global__ void __launch_bounds__(FU_THREADS)
-    idx_prep_kernel(float *qI, float *wI, int64_t HI, float wscale, float *kI, int64_t DI, int64_t R,
-                    const float *__restrict__ kw, const float *__restrict__ kb, float eps, kfuse_rope rp,
-                    kfuse_kv kv)
+/* k_I of row r: LayerNorm (kfwd_layernorm's statistics: double, tree sums over the block), RoPE
+ * of its first R values, the KV write; red[FU_THREADS], ks[DI] shared; every thread calls it */
+__device__ __forceinline__ void fu_idx_key(int64_t r, float *kI, int64_t DI, int64_t R,
+                                           const float *__restrict__ kw, const float *__restrict__ kb,
+                                           float eps, const kfuse_rope &rp, const kfuse_kv &kv, double *red,
+                                           float *ks)
 {
-	__shared__ double red[FU_THREADS];
-	__shared__ float ks[FU_DI_MAX];
-	const int64_t r = blockIdx.x;
 	const int32_t p = rp.pos[r];
 	const int half = (int)(R / 2);
-	if (blockIdx.y == 1) { /* q_I heads and w_I */
-		float *q = qI + r * HI * DI;
-#pragma unroll 4
-		for (int64_t g = threadIdx.x; g < HI * half; g += FU_THREADS) {
-			const int i = (int)(g % half);
-			float *v = q + (g / half) * DI;
-			int i0, i1;
-			fu_pair(rp.pairing, i, half, &i0, &i1);
-			fu_rot(v[i0], v[i1], p, rp.inv_freq[i], &v[i0], &v[i1]);
-		}
-		for (int64_t j = threadIdx.x; j < HI; j += FU_THREADS)
-			wI[r * HI + j] *= wscale;
-		return;
-	}
-	/* k_I: kfwd_layernorm's statistics (double, tree sums over the block) */
 	const float *xr = kI + r * DI;
 	double s = 0;
 	for (int64_t i = threadIdx.x; i < DI; i += FU_THREADS)
@@ -318,7 +312,8 @@ __global__ void __launch_bounds__(FU_THREADS)
 	}
 	const double inv = 1.0 / sqrt(red[0] / (double)DI + (double)eps);
 	for (int64_t i = threadIdx.x; i < DI; i += FU_THREADS)
-		ks[i] = (float)(((double)xr[i] - mean) * inv) * kw[i] + (kb ? kb[i] : 0.0f);
+		ks[i] = __fadd_rn(__fmul_rn((float)(((double)xr[i] - mean) * inv), kw[i]),
+		                  kb ? kb[i] : 0.0f); /* no FMA: the same bits in every kernel inlining it */
 	__syncthreads(); /* the pairs below cross threads */
 	float *yr = kI + r * DI;
 	char *row = fu_kv_row(kv, r, p, DI);
@@ -338,6 +333,34 @@ __global__ void __launch_bounds__(FU_THREADS)
 	}
 }
 
+__global__ void __launch_bounds__(FU_THREADS)
+    idx_prep_kernel(float *qI, float *wI, int64_t HI, float wscale, float *kI, int64_t DI, int64_t R,
+                    const float *__restrict__ kw, const float *__restrict__ kb, float eps, kfuse_rope rp,
+                    kfuse_kv kv)
+{
+	KDEP_ENTRY();
+	__shared__ double red[FU_THREADS];
+	__shared__ float ks[FU_DI_MAX];
+	const int64_t r = blockIdx.x;
+	const int32_t p = rp.pos[r];
+	const int half = (int)(R / 2);
+	if (blockIdx.y == 1) { /* q_I heads and w_I */
+		float *q = qI + r * HI * DI;
+#pragma unroll 4
+		for (int64_t g = threadIdx.x; g < HI * half; g += FU_THREADS) {
+			const int i = (int)(g % half);
+			float *v = q + (g / half) * DI;
+			int i0, i1;
+			fu_pair(rp.pairing, i, half, &i0, &i1);
+			fu_rot(v[i0], v[i1], p, rp.inv_freq[i], &v[i0], &v[i1]);
+		}
+		for (int64_t j = threadIdx.x; j < HI; j += FU_THREADS)
+			wI[r * HI + j] *= wscale;
+		return;
+	}
+	fu_idx_key(r, kI, DI, R, kw, kb, eps, rp, kv, red, ks);
+}
+
 extern "C" int kfuse_idx_prep(struct kcuda_ctx *c, float *qI, float *wI, int64_t HI, float wscale, float *kI,
                               int64_t DI, int64_t R, const float *kw, const float *kb, float eps,
                               int64_t n_rows, const struct kfuse_rope *rp, const struct kfuse_kv *kv)
@@ -349,15 +372,56 @@ extern "C" int kfuse_idx_prep(struct kcuda_ctx *c, float *qI, float *wI, int64_t
 		                     ", or a null pointer / bad rope or pool description / DI > 4096");
 	if (n_rows == 0)
 		return 0;
-	idx_prep_kernel<<<dim3((unsigned)n_rows, 2), FU_THREADS, 0, c->stream>>>(qI, wI, HI, wscale, kI, DI,
-	                                                                         R, kw, kb, eps, *rp, *kv);
-	return kcuda_launch_status("idx_prep");
+	return klaunch("idx_prep", idx_prep_kernel, dim3((unsigned)n_rows, 2), dim3(FU_THREADS), 0, c->stream,
+	               qI, wI, HI, wscale, kI, DI, R, kw, kb, eps, *rp, *kv);
+}
+
+/* ---- MLA latents + the indexer's key and weights in one launch ---------------------------------
+ * Grid (row, 3): parts 0 and 1 as mla_latent_kernel, part 2 the indexer key (fu_idx_key) and the
+ * row's w_I scale: idx_prep without its q_I rope, which the score kernel then does on its loads
+ * (kfuse_indexer_topk_rope), so the decode step has no idx_prep node. */
+__global__ void __launch_bounds__(FU_THREADS)
+    mla_latent_idx_kernel(float *cq, int64_t Cq, const float *__restrict__ wq, float eps_q, float *kvl,
+                          int64_t C, int64_t R, const float *__restrict__ wkv, float eps_kv, kfuse_rope rp,
+                          kfuse_kv kv, kfuse_idx_key ik)
+{
+	KDEP_ENTRY();
+	__shared__ float red[FU_THREADS / 32];
+	__shared__ double redd[FU_THREADS];
+	__shared__ float ks[FU_DI_MAX];
+	const int64_t r = blockIdx.x;
+	if (blockIdx.y < 2) {
+		fu_latent_part((int)blockIdx.y, r, cq, Cq, wq, eps_q, kvl, C, R, wkv, eps_kv, rp, kv, red);
+		return;
+	}
+	for (int64_t j = threadIdx.x; j < ik.HI; j += FU_THREADS)
+		ik.wI[r * ik.HI + j] *= ik.wscale;
+	fu_idx_key(r, ik.kI, ik.DI, ik.R, ik.kw, ik.kb, ik.eps, ik.rp, ik.kv, redd, ks);
+}
+
+extern "C" int kfuse_mla_latent_idx(struct kcuda_ctx *c, float *cq, int64_t Cq, const float *wq, float eps_q,
+                                    float *kvl, int64_t C, int64_t R, const float *wkv, float eps_kv,
+                                    int64_t n_rows, const struct kfuse_rope *rp, const struct kfuse_kv *kv,
+                                    const struct kfuse_idx_key *ik)
+{
+	if (!c || !cq || !wq || !kvl || !wkv || Cq <= 0 || C <= 0 || n_rows < 0 || n_rows > INT32_MAX ||
+	    !fu_rope_ok(rp, R) || !fu_kv_ok(kv) || !ik || !ik->kI || !ik->wI || !ik->kw || ik->HI < 1 ||
+	    ik->DI < 1 || ik->DI > FU_DI_MAX || ik->R > ik->DI || !fu_rope_ok(&ik->rp, ik->R) ||
+	    !fu_kv_ok(&ik->kv))
+		return kcuda_bad_arg("mla_latent_idx", "Cq %lld C %lld R %lld rows %lld%s", (long long)Cq,
+		                     (long long)C, (long long)R, (long long)n_rows,
+		                     ", or a null pointer / bad rope, pool or indexer description");
+	if (n_rows == 0)
+		return 0;
+	return klaunch("mla_latent_idx", mla_latent_idx_kernel, dim3((unsigned)n_rows, 3), dim3(FU_THREADS),
+	               0, c->stream, cq, Cq, wq, eps_q, kvl, C, R, wkv, eps_kv, *rp, *kv, *ik);
 }
 
 /* ---- copy + RoPE (the absorbed query's rotary part): one thread per (token, head, pair) -------- */
 __global__ void rope_copy_kernel(float *dst, int64_t ldd, int64_t dhs, const float *src, int64_t lds,
                                  int64_t shs, int64_t n_heads, int half, kfuse_rope rp, int64_t n)
 {
+	KDEP_ENTRY();
 	const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
 	if (g >= n)
 		return;
@@ -385,7 +449,6 @@ extern "C" int kfuse_rope_copy(struct kcuda_ctx *c, float *dst, int64_t ldd, int
 		return 0;
 	if ((n + 255) / 256 > INT32_MAX)
 		return ERR_LIMIT;
-	rope_copy_kernel<<<(unsigned)((n + 255) / 256), 256, 0, c->stream>>>(dst, ldd, dhs, src, lds, shs,
-	                                                                     n_heads, (int)(R / 2), *rp, n);
-	return kcuda_launch_status("rope_copy");
+	return klaunch("rope_copy", rope_copy_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0,
+	               c->stream, dst, ldd, dhs, src, lds, shs, n_heads, (int)(R / 2), *rp, n);
 }

@@ -57,18 +57,64 @@ int kfuse_idx_prep(struct kcuda_ctx *c, float *qI, float *wI, int64_t HI, float 
                    int64_t R, const float *kw, const float *kb, float eps, int64_t n_rows,
                    const struct kfuse_rope *rp, const struct kfuse_kv *kv);
 
+/* The indexer's key and weights of the rows (idx_prep's k_I and w_I parts): kI[r] (DI) =
+ * layernorm(kI[r]) * kw + kb (kb may be NULL), its first R roped by rp, written to kv; wI[r] (HI)
+ * *= wscale. */
+struct kfuse_idx_key {
+	float *kI;
+	int64_t DI, R;
+	const float *kw, *kb;
+	float eps;
+	float *wI;
+	int64_t HI;
+	float wscale;
+	struct kfuse_rope rp;
+	struct kfuse_kv kv;
+};
+
+/* kfuse_mla_latent and the k_I / w_I parts of kfuse_idx_prep in one launch (their inputs, the
+ * products of `a`, are ready together); q_I is NOT roped: kfuse_indexer_topk_rope does that on its
+ * loads (or kcuda_rope, where it declines). Each part's values equal those of the two ops. */
+int kfuse_mla_latent_idx(struct kcuda_ctx *c, float *cq, int64_t Cq, const float *wq, float eps_q, float *kvl,
+                         int64_t C, int64_t R, const float *wkv, float eps_kv, int64_t n_rows,
+                         const struct kfuse_rope *rp, const struct kfuse_kv *kv,
+                         const struct kfuse_idx_key *ik);
+
 /* dst[t * ldd + h * dhs + 0..R) = rope(src[t * lds + h * shs + 0..R)) for t < n_tok, h < n_heads
  * = kfwd_copy2d + kcuda_rope on dst. */
 int kfuse_rope_copy(struct kcuda_ctx *c, float *dst, int64_t ldd, int64_t dhs, const float *src, int64_t lds,
                     int64_t shs, int64_t n_tok, int64_t n_heads, int64_t R, const struct kfuse_rope *rp);
 
+/* mla_attn_mma.cu: kcuda_mla_attn with q's rotary part roped inside the attention kernel, so the
+ * absorbed query needs no kfuse_rope_copy first: q[t][h][0..C) is read as kcuda_mla_attn reads it;
+ * dims [C, C+R) come from qr[t * ldqr + h * qrhs + 0..R) (unroped) rotated by rp at rp->pos[t]
+ * (= kfuse_rope_copy into q, then kcuda_mla_attn). ERR_UNSUPPORTED (nothing launched) when the
+ * tensor-core kernel does not take the call, under TANDEM_CUDA_ATTN=ref, or with TANDEM_MLA_ROPE=0:
+ * the caller then runs the two steps. Off unless TANDEM_MLA_ROPE=1. */
+int kfuse_mla_attn_rope(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
+                        const struct kcuda_attn_rows *rows, const float *q, int64_t H, int64_t C, int64_t R,
+                        float scale, float *out, const float *qr, int64_t ldqr, int64_t qrhs,
+                        const struct kfuse_rope *rp);
+
+/* indexer.cu: kcuda_indexer_topk with q unroped in memory: the first R values of each of the HI
+ * heads of q are roped by rq at rq->pos[row] as the score kernel loads them (= kcuda_rope on q,
+ * then kcuda_indexer_topk). ERR_UNSUPPORTED (nothing launched) where the tensor-core score kernel
+ * does not take the call, under TANDEM_CUDA_ATTN=ref, and unless TANDEM_IDX_FOLD=1. */
+int kfuse_indexer_topk_rope(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
+                            const struct kcuda_attn_rows *rows, const float *q, const float *w, int64_t HI,
+                            int64_t DI, float scale, int k, int32_t *sel, int64_t ld_sel, int32_t *nsel,
+                            const struct kfuse_rope *rq, int64_t R);
+
 /* topk_idx_radix.cu: exact top-k (kcpu_topk's order and ties) of rows of at most KFUSE_TOPK_SHORT
  * scores, one block per row with the row's keys in shared memory: one launch, no scratch (the
  * radix path takes 5 launches and a memset). Arguments as kcuda_topk_idx; ERR_UNSUPPORTED when
- * ld > KFUSE_TOPK_SHORT. */
-#define KFUSE_TOPK_SHORT 8192
+ * the row does not fit (kcuda_topk_idx_short_fits: ld > KFUSE_TOPK_SHORT, or more than the
+ * device's shared memory per block: sm_120 takes ~24k). */
+#define KFUSE_TOPK_SHORT 32768
+#define KFUSE_TOPK_SHORT_DEFAULT 8192 /* kcuda_indexer_topk's limit unless TANDEM_TOPK_SHORT_MAX */
 int kcuda_topk_idx_short(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n_rows,
                          const int32_t *n, int64_t n0, int k, int32_t *out, int64_t ldo, int32_t *n_out);
+int kcuda_topk_idx_short_fits(struct kcuda_ctx *c, int64_t ld);
 
 /* TANDEM_FUSE=0 turns the fused paths off (the parts run one by one); read once. */
 int kfuse_enabled(void);

@@ -21,6 +21,7 @@
 
 __global__ void __launch_bounds__(IDX_THREADS) indexer_scores_kernel(idx_args a)
 {
+	KDEP_ENTRY();
 	extern __shared__ float sm[];
 	const int HI = a.HI, DI = a.DI, DP = DI + 1;
 	float *q_s = sm; /* [HI][DI] */
@@ -35,6 +36,8 @@ __global__ void __launch_bounds__(IDX_THREADS) indexer_scores_kernel(idx_args a)
 			atomicAdd(a.err, 1u);
 		nk = nk < 0 ? 0 : a.max_keys;
 	}
+	if (a.skip_le > 0 && nk <= a.skip_le)
+		return; /* every key is selected: the scores are not read */
 	const int64_t t0 = (int64_t)blockIdx.x * IDX_TK;
 	if (t0 >= nk)
 		return;
@@ -147,6 +150,14 @@ static int idx_fill(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const s
 	a->DI = (int)DI;
 	a->scale = scale;
 	a->err = c->err_dev;
+	a->scores = NULL;
+	a->ld = 0;
+	a->tiles = 0;
+	a->skip_le = 0;
+	a->qr_R = 0;
+	a->qr_pairing = 0;
+	a->qr_inv = NULL;
+	a->qr_pos = NULL;
 	return 0;
 }
 
@@ -154,6 +165,7 @@ static int idx_fill(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const s
 static idx_args idx_rows_from(const idx_args &a, int64_t r0)
 {
 	idx_args b = a;
+	b.qr_pos = a.qr_pos ? a.qr_pos + r0 : NULL;
 	b.q = a.q + r0 * a.HI * a.DI;
 	b.w = a.w + r0 * a.HI;
 	b.qseq = a.qseq ? a.qseq + r0 : NULL;
@@ -166,9 +178,9 @@ static idx_args idx_rows_from(const idx_args &a, int64_t r0)
 /* grid (key tiles, rows), rows in launches of at most 65535 (the grid's y limit) */
 static int idx_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q)
 {
-	if (!kattn_use_ref()) { /* the tensor-core kernel (indexer_fast.cu) where it fits */
+	if (!kattn_use_ref() || a.qr_R) { /* the tensor-core kernel (indexer_fast.cu) where it fits */
 		int rc = kcuda_indexer_fast_launch(c, a, n_q);
-		if (rc != ERR_UNSUPPORTED)
+		if (rc != ERR_UNSUPPORTED || a.qr_R) /* only it ropes q: never the other kernel then */
 			return rc;
 	}
 	const size_t smem = sizeof(float) * ((size_t)a.HI * a.DI + (size_t)IDX_TK * (a.DI + 1) +
@@ -183,8 +195,8 @@ static int idx_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q)
 	for (int64_t r0 = 0; r0 < n_q; r0 += 65535) {
 		const int64_t nr = n_q - r0 < 65535 ? n_q - r0 : 65535;
 		dim3 grid((unsigned)tiles, (unsigned)nr);
-		indexer_scores_kernel<<<grid, IDX_THREADS, smem, c->stream>>>(idx_rows_from(a, r0));
-		int rc = kcuda_launch_status("indexer_scores");
+		int rc = klaunch("indexer_scores", indexer_scores_kernel, dim3(grid), dim3(IDX_THREADS), smem,
+		                 c->stream, idx_rows_from(a, r0));
 		if (rc)
 			return rc;
 	}
@@ -207,15 +219,11 @@ extern "C" int kcuda_indexer_scores(struct kcuda_ctx *c, const struct kcuda_kv_v
 	return idx_launch(c, a, rows->n_q);
 }
 
-extern "C" int kcuda_indexer_topk(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
-                                  const struct kcuda_attn_rows *rows, const float *q, const float *w,
-                                  int64_t HI, int64_t DI, float scale, int k, int32_t *sel, int64_t ld_sel,
-                                  int32_t *nsel)
+/* scores + top-k of every row (a filled by idx_fill, maybe with the q rope set) */
+static int idx_topk_run(struct kcuda_ctx *c, idx_args &a, const struct kcuda_attn_rows *rows, int k,
+                        int32_t *sel, int64_t ld_sel, int32_t *nsel)
 {
-	idx_args a;
-	int rc = idx_fill(c, kv, rows, q, w, HI, DI, scale, &a);
-	if (rc)
-		return rc;
+	int rc;
 	if (!sel || k < 0 || ld_sel < k)
 		return kcuda_bad_arg("indexer_topk", "sel %p, k %d, ld_sel %lld", (void *)sel, k,
 		                     (long long)ld_sel);
@@ -226,8 +234,17 @@ extern "C" int kcuda_indexer_topk(struct kcuda_ctx *c, const struct kcuda_kv_vie
 	const size_t sbytes = ((size_t)ld * sizeof(float) + 255) & ~(size_t)255;
 	int radix = !kattn_use_ref() && rows->n_q <= 64;
 	/* rows that fit one block's shared memory: one launch instead of the radix path's six
-	 * (fused.h; TANDEM_FUSE=0 keeps the radix path) */
-	const int shortk = !kattn_use_ref() && kfuse_enabled() && sbytes <= KFUSE_TOPK_SHORT * sizeof(float);
+	 * (fused.h; TANDEM_FUSE=0 keeps the radix path). Up to KFUSE_TOPK_SHORT_DEFAULT keys by
+	 * default: one block for a 32k row measured ~80 us on the H200 at 16:15 (its histogram atomics
+	 * then all met on one bin; per-warp histograms since), the radix path ~25 us.
+	 * TANDEM_TOPK_SHORT_MAX sets the limit (0 .. KFUSE_TOPK_SHORT) to measure it again. */
+	int64_t short_max = KFUSE_TOPK_SHORT_DEFAULT;
+	const char *sm_env = getenv("TANDEM_TOPK_SHORT_MAX");
+	if (sm_env && atoll(sm_env) >= 0)
+		short_max = atoll(sm_env) < KFUSE_TOPK_SHORT ? atoll(sm_env) : KFUSE_TOPK_SHORT;
+	const int shortk = !kattn_use_ref() && kfuse_enabled() &&
+	                   sbytes <= (size_t)short_max * sizeof(float) &&
+	                   kcuda_topk_idx_short_fits(c, (int64_t)(sbytes / sizeof(float)));
 	if (shortk)
 		radix = 0;
 	const size_t scratch1 = kcuda_topk_idx_radix_scratch(1, (int64_t)(sbytes / sizeof(float)));
@@ -244,6 +261,9 @@ extern "C" int kcuda_indexer_topk(struct kcuda_ctx *c, const struct kcuda_kv_vie
 		const int64_t nr = rows->n_q - r0 < per ? rows->n_q - r0 : per;
 		idx_args b = idx_rows_from(a, r0);
 		b.scores = (float *)c->ws;
+		/* rows whose keys all make the top-k: the short top-k writes 0..n-1 without reading
+		 * the scores (decode at contexts up to k), so they are not computed */
+		b.skip_le = shortk ? k : 0;
 		if ((rc = idx_launch(c, b, nr)))
 			return rc;
 		rc = ERR_UNSUPPORTED;
@@ -262,4 +282,47 @@ extern "C" int kcuda_indexer_topk(struct kcuda_ctx *c, const struct kcuda_kv_vie
 			return rc;
 	}
 	return 0;
+}
+
+extern "C" int kcuda_indexer_topk(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
+                                  const struct kcuda_attn_rows *rows, const float *q, const float *w,
+                                  int64_t HI, int64_t DI, float scale, int k, int32_t *sel, int64_t ld_sel,
+                                  int32_t *nsel)
+{
+	idx_args a;
+	int rc = idx_fill(c, kv, rows, q, w, HI, DI, scale, &a);
+	if (rc)
+		return rc;
+	return idx_topk_run(c, a, rows, k, sel, ld_sel, nsel);
+}
+
+/* kfuse_indexer_topk_rope declines unless TANDEM_IDX_FOLD=1 (the caller ropes q_I with kcuda_rope):
+ * off by default, as the backend's fold (the 16:40 H200 run: the fold cost 0.86 ms per batch-1 step) */
+static int idx_fold_enabled(void)
+{
+	const char *e = getenv("TANDEM_IDX_FOLD");
+	return e && strcmp(e, "1") == 0;
+}
+
+extern "C" int kfuse_indexer_topk_rope(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
+                                       const struct kcuda_attn_rows *rows, const float *q, const float *w,
+                                       int64_t HI, int64_t DI, float scale, int k, int32_t *sel,
+                                       int64_t ld_sel, int32_t *nsel, const struct kfuse_rope *rq, int64_t R)
+{
+	idx_args a;
+	int rc = idx_fill(c, kv, rows, q, w, HI, DI, scale, &a);
+	if (rc)
+		return rc;
+	if (!rq || !rq->inv_freq || !rq->pos || (rq->pairing != 0 && rq->pairing != 1) || R < 2 || R % 2 ||
+	    R > DI)
+		return kcuda_bad_arg("indexer_topk_rope", "R %lld DI %lld, or a bad rope description",
+		                     (long long)R, (long long)DI);
+	a.qr_R = (int)R;
+	a.qr_pairing = rq->pairing;
+	a.qr_inv = rq->inv_freq;
+	a.qr_pos = rq->pos;
+	/* only the tensor-core score kernel ropes on its loads: decline before launching anything */
+	if (!idx_fold_enabled() || kattn_use_ref() || !kcuda_indexer_fast_ok(c, a))
+		return ERR_UNSUPPORTED;
+	return idx_topk_run(c, a, rows, k, sel, ld_sel, nsel);
 }

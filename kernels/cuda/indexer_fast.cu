@@ -11,7 +11,10 @@
  * products above fp32's rounding are summed. Only the fp32 accumulation order differs from the
  * CPU's: on integer test data the scores are bit-equal, on float data ~1e-7 relative.
  *
- * Grid (key range of 128 positions, query row); 4 warps. The range is walked in tiles of 64 keys:
+ * Grid (key range of a.tiles x 64 positions, query row); 4 warps. At decode batch sizes the range is
+ * one tile (enough blocks to cover the SMs: at batch 1, ctx 4096 two tiles a block left 100 of 132
+ * SMs idle); with many rows or long contexts two (the q fragments, 16 KB from L2 per block, are
+ * loaded half as often). The range is walked in tiles of 64 keys:
  * the 64 row addresses are looked up first, the rows copied to shared memory with 16-byte
  * cp.async while the previous tile is scored (double buffer). Warp w takes heads [16 mw, 16 mw + 16)
  * and a share of the keys (with HI <= 16 each warp takes 16 keys, <= 32 32 keys, <= 64 all 64);
@@ -26,7 +29,6 @@
 #define IF_WARPS 4
 #define IF_THREADS (32 * IF_WARPS)
 #define IF_TK 64 /* keys per tile */
-#define IF_TILES 2 /* tiles per block: ~2 blocks per SM at 32k positions, batch 1 */
 #define IF_DMAX 128
 #define IF_HMAX 64
 #define IF_SP (IF_HMAX + 1) /* d row stride (floats) */
@@ -53,6 +55,21 @@ __device__ __forceinline__ void if_split3(float x, float y, uint32_t *p0, uint32
 	*p2 = *(const uint32_t *)&l;
 }
 
+/* element e (< 2 * half) of a head's rotary part after RoPE at position pos (src unroped): fused.cu's
+ * fu_rot on the pair holding e (angle pos * inv_freq[pair], precise sincosf) */
+__device__ __forceinline__ float if_rope_elem(const float *src, int e, int half, int pairing, int32_t pos,
+                                              const float *inv_freq)
+{
+	const bool first = pairing ? e < half : (e & 1) == 0;
+	const int i = pairing ? (first ? e : e - half) : e >> 1;
+	const int other = pairing ? (first ? e + half : e - half) : (first ? e + 1 : e - 1);
+	const float ang = (float)pos * inv_freq[i];
+	float sn, co;
+	sincosf(ang, &sn, &co);
+	const float u0 = first ? src[e] : src[other], u1 = first ? src[other] : src[e];
+	return first ? u0 * co - u1 * sn : u0 * sn + u1 * co;
+}
+
 /* shared key row stride in values (16-byte multiple, conflict-free fragment loads) */
 static __host__ __device__ int if_rs(int DI, bool f32)
 {
@@ -68,8 +85,10 @@ static size_t if_smem(int DI, bool f32)
 /* MW: head tiles of 16 (warps per key group; 4 / MW key groups); NT: n-tiles (8 keys) per warp.
  * F32: fp32 keys, split into three bf16 parts as the fragments are read; the six products whose
  * parts' weights add up to at most 2^-16 are summed (the rest lie below fp32's rounding). */
-template <int MW, bool F32> __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
+template <int MW, bool F32, bool ROPE>
+__global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 {
+	KDEP_ENTRY();
 	typedef typename std::conditional<F32, float, uint16_t>::type val_t;
 	constexpr int KG = IF_WARPS / MW; /* key groups */
 	constexpr int NT = IF_TK / 8 / KG; /* n-tiles per warp */
@@ -89,15 +108,18 @@ template <int MW, bool F32> __global__ void __launch_bounds__(IF_THREADS) indexe
 			atomicAdd(a.err, 1u);
 		nk = nk < 0 ? 0 : a.max_keys;
 	}
-	const int64_t k0 = (int64_t)blockIdx.x * IF_TK * IF_TILES;
+	if (a.skip_le > 0 && nk <= a.skip_le)
+		return; /* every key is selected: the scores are not read */
+	const int64_t k0 = (int64_t)blockIdx.x * IF_TK * a.tiles;
 	if (k0 >= nk)
 		return;
-	const int64_t k1 = min(nk, k0 + IF_TK * IF_TILES);
+	const int64_t k1 = min(nk, k0 + IF_TK * a.tiles);
 	const int ntiles = (int)((k1 - k0 + IF_TK - 1) / IF_TK);
 
 	for (int i = tid; i < IF_HMAX; i += IF_THREADS)
 		w_s[i] = i < HI ? a.w[row * (int64_t)HI + i] : 0.0f;
-	/* q fragments: heads 16 mw + (g, g + 8), dims ks 16 + 2t (+ 8) */
+	/* q fragments: heads 16 mw + (g, g + 8), dims ks 16 + 2t (+ 8); loaded first (as before
+	 * 16:00: see mla_attn_mma.cu on the 16:40 H200 run) */
 	const int mw = warp % MW, kg = warp / MW;
 	const int nks = DI / 16;
 	uint32_t qf[IF_DMAX / 16][3][4];
@@ -108,12 +130,19 @@ template <int MW, bool F32> __global__ void __launch_bounds__(IF_THREADS) indexe
 			const int h = 16 * mw + g + ((r & 1) ? 8 : 0);
 			const int col = ks * 16 + 2 * t + ((r & 2) ? 8 : 0);
 			float2 v = make_float2(0.0f, 0.0f);
-			if (ks < nks && h < HI)
-				v = *(const float2 *)(a.q + (row * HI + h) * (int64_t)DI + col);
+			if (ks < nks && h < HI) {
+				const float *qh = a.q + (row * HI + h) * (int64_t)DI;
+				if (ROPE && col < a.qr_R) { /* the rotary part, roped here (col even) */
+					const int32_t ps = a.qr_pos[row];
+					v.x = if_rope_elem(qh, col, a.qr_R / 2, a.qr_pairing, ps, a.qr_inv);
+					v.y =
+					    if_rope_elem(qh, col + 1, a.qr_R / 2, a.qr_pairing, ps, a.qr_inv);
+				} else {
+					v = *(const float2 *)(qh + col);
+				}
+			}
 			if_split3(v.x, v.y, &qf[ks][0][r], &qf[ks][1][r], &qf[ks][2][r]);
 		}
-	const bool active = 16 * mw < HI;
-
 	const int32_t tbl = a.qseq ? a.qseq[row] : 0;
 	auto fill_addr = [&](int n, int st) {
 		if (tid < IF_TK) {
@@ -149,6 +178,8 @@ template <int MW, bool F32> __global__ void __launch_bounds__(IF_THREADS) indexe
 	fill_addr(0, 0);
 	__syncthreads();
 	issue(0);
+	const bool active = 16 * mw < HI;
+
 	for (int n = 0; n < ntiles; n++) {
 		const int st = n & 1;
 		if (n + 1 < ntiles)
@@ -222,31 +253,52 @@ template <int MW, bool F32> __global__ void __launch_bounds__(IF_THREADS) indexe
 	}
 }
 
+template <int MW, bool F32, bool ROPE>
+static int if_launch_r(struct kcuda_ctx *c, const idx_args &b, dim3 grid, size_t smem)
+{
+	KCUDA_CHECK(cudaFuncSetAttribute(indexer_fast_kernel<MW, F32, ROPE>,
+	                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+	return klaunch("indexer_fast", indexer_fast_kernel<MW, F32, ROPE>, dim3(grid), dim3(IF_THREADS), smem,
+	               c->stream, b);
+}
+/* the kernel without q's rope (the default: no rope code in it) or with it on the loads */
 template <int MW, bool F32>
 static int if_launch(struct kcuda_ctx *c, const idx_args &b, dim3 grid, size_t smem)
 {
-	KCUDA_CHECK(cudaFuncSetAttribute(indexer_fast_kernel<MW, F32>,
-	                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-	indexer_fast_kernel<MW, F32><<<grid, IF_THREADS, smem, c->stream>>>(b);
-	return kcuda_launch_status("indexer_fast");
+	return b.qr_R ? if_launch_r<MW, F32, true>(c, b, grid, smem)
+	              : if_launch_r<MW, F32, false>(c, b, grid, smem);
 }
 
-int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q)
+bool kcuda_indexer_fast_ok(struct kcuda_ctx *c, const idx_args &a)
 {
 	if (a.HI < 1 || a.HI > IF_HMAX || a.DI % 16 || a.DI > IF_DMAX ||
 	    ((uintptr_t)a.base | a.block_bytes | a.offset) % 16 || (uintptr_t)a.q % 8)
-		return ERR_UNSUPPORTED;
-	const bool f32 = !a.bf16;
-	const size_t smem = if_smem(a.DI, f32);
+		return false;
+	if (a.qr_R && (a.qr_R < 0 || a.qr_R % 2 || a.qr_R > a.DI || !a.qr_inv || !a.qr_pos ||
+	               (a.qr_pairing != 0 && a.qr_pairing != 1)))
+		return false;
 	int max_smem = 0;
 	if (cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device) !=
 	    cudaSuccess) {
 		(void)cudaGetLastError();
-		return ERR_UNSUPPORTED;
+		return false;
 	}
-	if (smem > (size_t)max_smem)
+	return if_smem(a.DI, !a.bf16) <= (size_t)max_smem;
+}
+
+int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q)
+{
+	if (!kcuda_indexer_fast_ok(c, a))
 		return ERR_UNSUPPORTED;
-	const int64_t ranges = (a.max_keys + IF_TK * IF_TILES - 1) / (IF_TK * IF_TILES);
+	const bool f32 = !a.bf16;
+	const size_t smem = if_smem(a.DI, f32);
+	/* one tile per block while the tiles of all rows fit two per SM, else two */
+	const int64_t t64 = (a.max_keys + IF_TK - 1) / IF_TK;
+	int tiles = a.tiles > 0 ? a.tiles : (n_q * t64 <= 2 * (int64_t)c->n_sm ? 1 : 2);
+	const char *te = getenv("TANDEM_IDX_TILES"); /* 1 or 2 forces it (bench: the old 2 everywhere) */
+	if (te && (strcmp(te, "1") == 0 || strcmp(te, "2") == 0))
+		tiles = te[0] - '0';
+	const int64_t ranges = (a.max_keys + IF_TK * tiles - 1) / (IF_TK * tiles);
 	if (ranges == 0 || n_q == 0)
 		return 0;
 	if (ranges > INT32_MAX)
@@ -261,6 +313,8 @@ int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_
 		b.n_keys = a.n_keys ? a.n_keys + r0 : NULL;
 		b.pos0 = a.pos0 + r0;
 		b.scores = a.scores + r0 * a.ld;
+		b.qr_pos = a.qr_pos ? a.qr_pos + r0 : NULL;
+		b.tiles = tiles;
 		const dim3 grid((unsigned)ranges, (unsigned)nr);
 		int rc;
 		if (MW == 1)

@@ -112,9 +112,9 @@ static int dequant_type(struct kcuda_ctx *c, const struct kweight *w, int64_t r0
 	if ((T == KT_F32 || T == KT_F16 || T == KT_BF16) &&
 	    (w->n_in % 16 || w->row_bytes % 16 || (uintptr_t)w->data % 16)) {
 		const int64_t n = n_rows * w->n_in;
-		return klaunch("dequant_bf16", dequant_elems<T>, dim3((unsigned)((n + threads - 1) / threads)),
-		               dim3(threads), 0, c->stream, (const uint8_t *)w->data, w->row_bytes, r0, n_rows,
-		               w->n_in, dst);
+		return klaunch("dequant_bf16", dequant_elems<T>,
+		               dim3((unsigned)((n + threads - 1) / threads)), dim3(threads), 0, c->stream,
+		               (const uint8_t *)w->data, w->row_bytes, r0, n_rows, w->n_in, dst);
 	}
 	const int64_t n = n_rows * (w->n_in / 16);
 	return klaunch("dequant_bf16", dequant_pieces<T>, dim3((unsigned)((n + threads - 1) / threads)),
@@ -201,24 +201,25 @@ static int dequant_f32_type(struct kcuda_ctx *c, const struct kweight *w, int64_
 	const int threads = 256;
 	if constexpr (T == KT_F16 || T == KT_BF16) {
 		const int64_t n = n_rows * w->n_in;
-		return klaunch("dequant_f32", dequant_elems_f32<T>, dim3((unsigned)((n + threads - 1) / threads)),
-		               dim3(threads), 0, c->stream, (const uint8_t *)w->data, w->row_bytes, r0, n_rows,
-		               w->n_in, dst);
+		return klaunch("dequant_f32", dequant_elems_f32<T>,
+		               dim3((unsigned)((n + threads - 1) / threads)), dim3(threads), 0, c->stream,
+		               (const uint8_t *)w->data, w->row_bytes, r0, n_rows, w->n_in, dst);
 	} else if constexpr (T == KT_F32) { /* only when misaligned for cuBLAS: a byte copy */
-		(void)cudaMemcpy2DAsync(dst, (size_t)w->n_in * sizeof(float),
-		                        (const char *)w->data + (size_t)r0 * w->row_bytes, w->row_bytes,
-		                        (size_t)w->n_in * sizeof(float), (size_t)n_rows, cudaMemcpyDeviceToDevice,
-		                        c->stream);
-		return kcuda_launch_status("f32 tile copy"); /* the copy's error, if any */
+		if (cudaMemcpy2DAsync(dst, (size_t)w->n_in * sizeof(float),
+		                      (const char *)w->data + (size_t)r0 * w->row_bytes, w->row_bytes,
+		                      (size_t)w->n_in * sizeof(float), (size_t)n_rows,
+		                      cudaMemcpyDeviceToDevice, c->stream) != cudaSuccess)
+			return kcuda_launch_status("f32 tile copy");
 	} else {
 		if (w->n_in % 16)
 			return kcuda_bad_arg("matmul f32", "%s weight with n_in %lld (not a multiple of 16)",
 			                     ktype_name(w->type), (long long)w->n_in);
 		const int64_t n = n_rows * (w->n_in / 16);
-		return klaunch("dequant_f32", dequant_pieces_f32<T>, dim3((unsigned)((n + threads - 1) / threads)),
-		               dim3(threads), 0, c->stream, (const uint8_t *)w->data, w->row_bytes, r0, n_rows,
-		               w->n_in / 16, dst);
+		return klaunch("dequant_f32", dequant_pieces_f32<T>,
+		               dim3((unsigned)((n + threads - 1) / threads)), dim3(threads), 0, c->stream,
+		               (const uint8_t *)w->data, w->row_bytes, r0, n_rows, w->n_in / 16, dst);
 	}
+	return kcuda_launch_status("dequant_f32"); /* the F32 copy: its status, counted as a launch */
 }
 
 static int dequant_f32(struct kcuda_ctx *c, const struct kweight *w, int64_t r0, int64_t n_rows, float *dst)

@@ -75,6 +75,7 @@ __device__ __forceinline__ const uint8_t *mla_key_row(const mla_args &a, int64_t
 
 template <int HG> __global__ void __launch_bounds__(MLA_THREADS) mla_split_kernel(mla_args a)
 {
+	KDEP_ENTRY();
 	extern __shared__ float sm[];
 	const int dim = a.dim, DP = dim + 1, C = a.C;
 	float *q_s = sm; /* [HG][dim] */
@@ -239,6 +240,7 @@ template <int HG> __global__ void __launch_bounds__(MLA_THREADS) mla_split_kerne
 __global__ void mla_combine_kernel(const float *__restrict__ pacc, const float *__restrict__ pm,
                                    const float *__restrict__ pl, int nsplit, int C, float *__restrict__ out)
 {
+	KDEP_ENTRY();
 	const int64_t rh = blockIdx.x;
 	const int c0 = blockIdx.y * blockDim.x; /* a block per (row, head, 128 channels) */
 	const float *m = pm + rh * nsplit, *l = pl + rh * nsplit;
@@ -349,19 +351,19 @@ int kcuda_mla_attn_ref(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
 
 	dim3 grid((unsigned)rows->n_q, (unsigned)a.nsplit, (unsigned)n_hg);
 	cudaStream_t st = c->stream;
+	int rc;
 	if (HG == 8) {
 		KCUDA_CHECK(cudaFuncSetAttribute(mla_split_kernel<8>,
 		                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-		mla_split_kernel<8><<<grid, MLA_THREADS, smem, st>>>(a);
+		rc = klaunch("mla_split", mla_split_kernel<8>, grid, dim3(MLA_THREADS), smem, st, a);
 	} else {
 		KCUDA_CHECK(cudaFuncSetAttribute(mla_split_kernel<16>,
 		                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-		mla_split_kernel<16><<<grid, MLA_THREADS, smem, st>>>(a);
+		rc = klaunch("mla_split", mla_split_kernel<16>, grid, dim3(MLA_THREADS), smem, st, a);
 	}
-	int rc = kcuda_launch_status("mla_split");
 	if (rc || a.nsplit == 1)
 		return rc;
 	dim3 cgrid((unsigned)(rows->n_q * H), (unsigned)((C + 127) / 128));
-	mla_combine_kernel<<<cgrid, 128, 0, st>>>(a.pacc, a.pm, a.pl, a.nsplit, a.C, out);
-	return kcuda_launch_status("mla_combine");
+	return klaunch("mla_combine", mla_combine_kernel, cgrid, dim3(128), 0, st, a.pacc, a.pm, a.pl,
+	               a.nsplit, a.C, out);
 }

@@ -29,6 +29,7 @@
 
 #include <type_traits>
 
+#include "kernels/cuda/fused.h"
 #include "kernels/cuda/mla_attn_mode.cuh"
 
 #define MM_WARPS 4
@@ -56,6 +57,13 @@ struct mm_args {
 	float *out;
 	float *pacc, *pm, *pl; /* partials: [row][h][split][C], [row][h][split] */
 	unsigned *err;
+	/* qr set (kfuse_mla_attn_rope): q's dims [C, dim) are not read from q but roped from
+	 * qr[row * ldqr + h * qrhs + 0 .. R) at position pos[row] (rope_copy's arithmetic) */
+	const float *qr;
+	int64_t ldqr, qrhs;
+	const float *inv_freq;
+	const int32_t *pos;
+	int pairing;
 };
 
 __device__ __forceinline__ void mm_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
@@ -81,6 +89,21 @@ __device__ __forceinline__ void mm_split1(float x, uint16_t *hi, uint16_t *lo)
 	const __nv_bfloat16 l = __float2bfloat16_rn(x - __bfloat162float(h));
 	*hi = *(const uint16_t *)&h;
 	*lo = *(const uint16_t *)&l;
+}
+
+/* element e of a rotary part of width 2 * half (src unroped) after RoPE at position pos: fused.cu's
+ * fu_rot on the pair holding e (angle pos * inv_freq[pair], precise sincosf, mscale 1) */
+__device__ __forceinline__ float mm_rope_elem(const float *src, int e, int half, int pairing, int32_t pos,
+                                              const float *inv_freq)
+{
+	const bool first = pairing ? e < half : (e & 1) == 0;
+	const int i = pairing ? (first ? e : e - half) : e >> 1;
+	const int other = pairing ? (first ? e + half : e - half) : (first ? e + 1 : e - 1);
+	const float ang = (float)pos * inv_freq[i];
+	float sn, co;
+	sincosf(ang, &sn, &co);
+	const float u0 = first ? src[e] : src[other], u1 = first ? src[other] : src[e];
+	return first ? u0 * co - u1 * sn : u0 * sn + u1 * co;
 }
 
 __device__ __forceinline__ const uint8_t *mm_key_row(const mm_args &a, int64_t row, int j)
@@ -112,8 +135,9 @@ static size_t mm_smem(int dim, bool f32)
 
 /* F32: the pool holds fp32 values; they are split into bf16 hi + lo as the fragments are read and
  * multiplied as hi*hi + lo*hi + hi*lo (the lo*lo term is below 2^-16 of the result) */
-template <bool F32> __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel(mm_args a)
+template <bool F32, bool ROPE> __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel(mm_args a)
 {
+	KDEP_ENTRY();
 	typedef typename std::conditional<F32, float, uint16_t>::type val_t;
 	extern __shared__ __align__(16) uint8_t mm_sm[];
 	const int dim = a.dim, RS = mm_rs(dim, F32), C = a.C;
@@ -140,7 +164,9 @@ template <bool F32> __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel
 	const int k0 = split * a.chunk, k1 = min(nk, k0 + a.chunk);
 	const int ntiles = k1 > k0 ? (k1 - k0 + MM_TK - 1) / MM_TK : 0;
 
-	/* q fragments (A of QK^T: rows = heads, k = dims) for this warp's dim steps ks = warp + 4 i */
+	/* q fragments (A of QK^T: rows = heads, k = dims) for this warp's dim steps ks = warp + 4 i.
+	 * Loaded first: the 16:40 H200 run had this kernel ~30% slower with them loaded after the
+	 * first tile's copy and the rope code inlined in the default kernel (not isolated which) */
 	const int nks = dim / 16;
 	uint32_t qh[MM_KSW][4], ql[MM_KSW][4];
 #pragma unroll
@@ -151,8 +177,17 @@ template <bool F32> __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel
 			const int h = h0 + g + ((r & 1) ? 8 : 0);
 			const int col = ks * 16 + 2 * t + ((r & 2) ? 8 : 0);
 			float2 v = make_float2(0.0f, 0.0f);
-			if (ks < nks && h < a.H)
-				v = *(const float2 *)(a.q + (row * a.H + h) * (int64_t)dim + col);
+			if (ks < nks && h < a.H) {
+				if (ROPE && col >= C) { /* the rotary part, roped here (col even) */
+					const float *src = a.qr + row * a.ldqr + h * a.qrhs;
+					const int half = (dim - C) / 2;
+					const int32_t ps = a.pos[row];
+					v.x = mm_rope_elem(src, col - C, half, a.pairing, ps, a.inv_freq);
+					v.y = mm_rope_elem(src, col - C + 1, half, a.pairing, ps, a.inv_freq);
+				} else {
+					v = *(const float2 *)(a.q + (row * a.H + h) * (int64_t)dim + col);
+				}
+			}
 			mm_split2(v.x, v.y, &qh[i][r], &ql[i][r]);
 		}
 	}
@@ -397,6 +432,7 @@ __global__ void __launch_bounds__(128)
     mla_mma_combine(const float *__restrict__ pacc, const float *__restrict__ pm,
                     const float *__restrict__ pl, int nsplit, int C, float *__restrict__ out)
 {
+	KDEP_ENTRY();
 	extern __shared__ float w_s[]; /* [nsplit] */
 	__shared__ float red[4];
 	__shared__ float part[4][32];
@@ -473,14 +509,28 @@ static bool mm_fits(const struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
 	return mm_smem((int)kv->dim, !kv->bf16) <= (size_t)max_smem;
 }
 
-extern "C" int kcuda_mla_attn(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
-                              const struct kcuda_attn_rows *rows, const float *q, int64_t H, int64_t C,
-                              int64_t R, float scale, float *out)
+/* the kernel without (ROPE false: the default, no rope code in it) or with q's rope on its loads */
+template <bool F32, bool ROPE>
+static int mm_launch(struct kcuda_ctx *c, const mm_args &a, dim3 grid, size_t smem)
 {
-	if (kattn_use_ref() || !mm_fits(c, kv, rows, q, H, C, R, out))
-		return kcuda_mla_attn_ref(c, kv, rows, q, H, C, R, scale, out);
+	KCUDA_CHECK(cudaFuncSetAttribute(mla_mma_kernel<F32, ROPE>,
+	                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+	return klaunch("mla_mma", mla_mma_kernel<F32, ROPE>, grid, dim3(MM_THREADS), smem, c->stream, a);
+}
 
+/* the tensor-core kernel (+ combine) for a call mm_fits() accepted; rq: q's rotary part roped in the
+ * kernel (NULL: q holds it) */
+static int mm_run(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
+                  const float *q, int64_t H, int64_t C, float scale, float *out, const float *qr,
+                  int64_t ldqr, int64_t qrhs, const struct kfuse_rope *rq)
+{
 	mm_args a;
+	a.qr = qr;
+	a.ldqr = ldqr;
+	a.qrhs = qrhs;
+	a.inv_freq = rq ? rq->inv_freq : NULL;
+	a.pos = rq ? rq->pos : NULL;
+	a.pairing = rq ? rq->pairing : 0;
 	a.base = (const uint8_t *)kv->base;
 	a.n_blocks = kv->n_blocks;
 	a.block_bytes = kv->block_bytes;
@@ -530,20 +580,49 @@ extern "C" int kcuda_mla_attn(struct kcuda_ctx *c, const struct kcuda_kv_view *k
 
 	const size_t smem = mm_smem(a.dim, !kv->bf16);
 	dim3 grid((unsigned)rows->n_q, (unsigned)a.nsplit, (unsigned)n_hg);
+	int rc;
 	if (kv->bf16) {
-		KCUDA_CHECK(cudaFuncSetAttribute(mla_mma_kernel<false>,
-		                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-		mla_mma_kernel<false><<<grid, MM_THREADS, smem, c->stream>>>(a);
+		rc =
+		    qr ? mm_launch<false, true>(c, a, grid, smem) : mm_launch<false, false>(c, a, grid, smem);
 	} else {
-		KCUDA_CHECK(cudaFuncSetAttribute(mla_mma_kernel<true>,
-		                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-		mla_mma_kernel<true><<<grid, MM_THREADS, smem, c->stream>>>(a);
+		rc = qr ? mm_launch<true, true>(c, a, grid, smem) : mm_launch<true, false>(c, a, grid, smem);
 	}
-	int rc = kcuda_launch_status("mla_mma");
 	if (rc || a.nsplit == 1)
 		return rc;
 	dim3 cgrid((unsigned)(rows->n_q * H), (unsigned)((C + 31) / 32));
-	mla_mma_combine<<<cgrid, 128, sizeof(float) * (size_t)a.nsplit, c->stream>>>(a.pacc, a.pm, a.pl,
-	                                                                             a.nsplit, a.C, out);
-	return kcuda_launch_status("mla_mma_combine");
+	return klaunch("mla_mma_combine", mla_mma_combine, cgrid, dim3(128), sizeof(float) * (size_t)a.nsplit,
+	               c->stream, a.pacc, a.pm, a.pl, a.nsplit, a.C, out);
+}
+
+extern "C" int kcuda_mla_attn(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
+                              const struct kcuda_attn_rows *rows, const float *q, int64_t H, int64_t C,
+                              int64_t R, float scale, float *out)
+{
+	if (kattn_use_ref() || !mm_fits(c, kv, rows, q, H, C, R, out))
+		return kcuda_mla_attn_ref(c, kv, rows, q, H, C, R, scale, out);
+	return mm_run(c, kv, rows, q, H, C, scale, out, NULL, 0, 0, NULL);
+}
+
+/* kfuse_mla_attn_rope declines unless TANDEM_MLA_ROPE=1 (the caller then ropes q and calls
+ * kcuda_mla_attn): off by default since the 16:40 H200 run, where the in-kernel rope made the batch-1
+ * decode step 0.58 ms slower (15.99 vs 15.41 ms), though the op is right (test_ops_mla) */
+static int mm_rope_enabled(void)
+{
+	const char *e = getenv("TANDEM_MLA_ROPE");
+	return e && strcmp(e, "1") == 0;
+}
+
+extern "C" int kfuse_mla_attn_rope(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
+                                   const struct kcuda_attn_rows *rows, const float *q, int64_t H, int64_t C,
+                                   int64_t R, float scale, float *out, const float *qr, int64_t ldqr,
+                                   int64_t qrhs, const struct kfuse_rope *rp)
+{
+	if (!qr || !rp || !rp->inv_freq || !rp->pos || (rp->pairing != 0 && rp->pairing != 1) || R < 2 ||
+	    R % 2 || H < 1 || (H > 1 && qrhs < R) || (rows && rows->n_q > 1 && ldqr < (H - 1) * qrhs + R))
+		return kcuda_bad_arg("mla_attn_rope", "R %lld H %lld ldqr %lld qrhs %lld%s", (long long)R,
+		                     (long long)H, (long long)ldqr, (long long)qrhs,
+		                     ", or a null pointer / bad rope description");
+	if (!mm_rope_enabled() || kattn_use_ref() || !mm_fits(c, kv, rows, q, H, C, R, out))
+		return ERR_UNSUPPORTED;
+	return mm_run(c, kv, rows, q, H, C, scale, out, qr, ldqr, qrhs, rp);
 }

@@ -46,7 +46,17 @@ struct idx_args {
 	float *scores;
 	int64_t ld;
 	unsigned *err;
+	int tiles; /* fast kernel: 64-key tiles per block (0: chosen by kcuda_indexer_fast_launch) */
+	int skip_le; /* > 0: rows with at most this many keys are not scored (their top-k keeps every
+	              * key, so kcuda_indexer_topk's short top-k does not read the scores); 0: all */
+	/* qr_R > 0 (fast kernel only, kfuse_indexer_topk_rope): q's first qr_R values of each head are
+	 * roped on load at position qr_pos[row] (q in memory is unroped) */
+	int qr_R, qr_pairing;
+	const float *qr_inv;
+	const int32_t *qr_pos;
 };
+/* does the tensor-core score kernel take these arguments (shape, alignment, shared memory)? */
+bool kcuda_indexer_fast_ok(struct kcuda_ctx *c, const idx_args &a);
 /* the tensor-core score kernel (indexer_fast.cu) for rows [0, n_q) of a: ERR_UNSUPPORTED when the
  * shape does not suit it (fp32 keys, HI > 64, DI > 128 or not a multiple of 16, misaligned) */
 int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q);

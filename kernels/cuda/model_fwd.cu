@@ -19,6 +19,7 @@ static unsigned grid_for(int64_t n)
 
 __global__ void add_kernel(float *y, const float *x, int64_t n)
 {
+	KDEP_ENTRY();
 	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
 	     i += (int64_t)gridDim.x * blockDim.x)
 		y[i] += x[i];
@@ -26,6 +27,7 @@ __global__ void add_kernel(float *y, const float *x, int64_t n)
 
 __global__ void scale_kernel(float *x, int64_t n, float s)
 {
+	KDEP_ENTRY();
 	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
 	     i += (int64_t)gridDim.x * blockDim.x)
 		x[i] *= s;
@@ -34,6 +36,7 @@ __global__ void scale_kernel(float *x, int64_t n, float s)
 __global__ void copy2d_kernel(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t width,
                               int64_t rows)
 {
+	KDEP_ENTRY();
 	int64_t n = width * rows;
 	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
 	     i += (int64_t)gridDim.x * blockDim.x) {
@@ -44,6 +47,7 @@ __global__ void copy2d_kernel(float *dst, int64_t ldd, const float *src, int64_t
 
 __global__ void gather_kernel(float *dst, const float *src, int64_t width, const int32_t *rows, int64_t n)
 {
+	KDEP_ENTRY();
 	int64_t tot = width * n;
 	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < tot;
 	     i += (int64_t)gridDim.x * blockDim.x) {
@@ -65,6 +69,7 @@ __global__ void kv_write_kernel(char *base, size_t block_bytes, size_t offset, i
                                 int64_t width, int bf16, const float *x, int64_t n, const int32_t *seq,
                                 const int32_t *pos, const int32_t *blocks, int64_t ld_blocks)
 {
+	KDEP_ENTRY();
 	int64_t tot = width * n;
 	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < tot;
 	     i += (int64_t)gridDim.x * blockDim.x) {
@@ -84,6 +89,7 @@ __global__ void kv_write_kernel(char *base, size_t block_bytes, size_t offset, i
 
 __global__ void fill_kernel(uint16_t *p, size_t n_words, uint64_t seed)
 {
+	KDEP_ENTRY();
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n_words;
 	     i += (size_t)gridDim.x * blockDim.x) {
 		uint64_t z = seed + i * 0x9e3779b97f4a7c15ull;
@@ -98,6 +104,7 @@ __global__ void fill_kernel(uint16_t *p, size_t n_words, uint64_t seed)
 __global__ void layernorm_kernel(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
                                  const float *b, int64_t n, float eps)
 {
+	KDEP_ENTRY();
 	__shared__ double red[256];
 	const float *xr = x + blockIdx.x * ldx;
 	float *yr = y + blockIdx.x * ldy;
@@ -136,24 +143,22 @@ extern "C" int kfwd_layernorm(struct kcuda_ctx *c, float *y, int64_t ldy, const 
 {
 	if (n <= 0 || n_rows <= 0)
 		return 0;
-	layernorm_kernel<<<(unsigned)n_rows, 256, 0, STREAM(c)>>>(y, ldy, x, ldx, w, b, n, eps);
-	return kcuda_launch_status("kfwd_layernorm");
+	return klaunch("kfwd_layernorm", layernorm_kernel, dim3((unsigned)n_rows), dim3(256), 0, STREAM(c), y,
+	               ldy, x, ldx, w, b, n, eps);
 }
 
 extern "C" int kfwd_add(struct kcuda_ctx *c, float *y, const float *x, int64_t n)
 {
 	if (n <= 0)
 		return 0;
-	add_kernel<<<grid_for(n), 256, 0, STREAM(c)>>>(y, x, n);
-	return kcuda_launch_status("kfwd_add");
+	return klaunch("kfwd_add", add_kernel, dim3(grid_for(n)), dim3(256), 0, STREAM(c), y, x, n);
 }
 
 extern "C" int kfwd_scale(struct kcuda_ctx *c, float *x, int64_t n, float s)
 {
 	if (n <= 0)
 		return 0;
-	scale_kernel<<<grid_for(n), 256, 0, STREAM(c)>>>(x, n, s);
-	return kcuda_launch_status("kfwd_scale");
+	return klaunch("kfwd_scale", scale_kernel, dim3(grid_for(n)), dim3(256), 0, STREAM(c), x, n, s);
 }
 
 extern "C" int kfwd_copy2d(struct kcuda_ctx *c, float *dst, int64_t ldd, const float *src, int64_t lds,
@@ -161,8 +166,8 @@ extern "C" int kfwd_copy2d(struct kcuda_ctx *c, float *dst, int64_t ldd, const f
 {
 	if (width <= 0 || rows <= 0)
 		return 0;
-	copy2d_kernel<<<grid_for(width * rows), 256, 0, STREAM(c)>>>(dst, ldd, src, lds, width, rows);
-	return kcuda_launch_status("kfwd_copy2d");
+	return klaunch("kfwd_copy2d", copy2d_kernel, dim3(grid_for(width * rows)), dim3(256), 0, STREAM(c),
+	               dst, ldd, src, lds, width, rows);
 }
 
 extern "C" int kfwd_gather_rows(struct kcuda_ctx *c, float *dst, const float *src, int64_t width,
@@ -170,8 +175,8 @@ extern "C" int kfwd_gather_rows(struct kcuda_ctx *c, float *dst, const float *sr
 {
 	if (width <= 0 || n <= 0)
 		return 0;
-	gather_kernel<<<grid_for(width * n), 256, 0, STREAM(c)>>>(dst, src, width, rows_dev, n);
-	return kcuda_launch_status("kfwd_gather_rows");
+	return klaunch("kfwd_gather_rows", gather_kernel, dim3(grid_for(width * n)), dim3(256), 0, STREAM(c),
+	               dst, src, width, rows_dev, n);
 }
 
 extern "C" int kfwd_kv_write(struct kcuda_ctx *c, void *base, size_t block_bytes, size_t offset,
@@ -180,9 +185,9 @@ extern "C" int kfwd_kv_write(struct kcuda_ctx *c, void *base, size_t block_bytes
 {
 	if (width <= 0 || n <= 0)
 		return 0;
-	kv_write_kernel<<<grid_for(width * n), 256, 0, STREAM(c)>>>(
-	    (char *)base, block_bytes, offset, block_tokens, width, bf16, x, n, seq, pos, blocks, ld_blocks);
-	return kcuda_launch_status("kfwd_kv_write");
+	return klaunch("kfwd_kv_write", kv_write_kernel, dim3(grid_for(width * n)), dim3(256), 0, STREAM(c),
+	               (char *)base, block_bytes, offset, block_tokens, width, bf16, x, n, seq, pos, blocks,
+	               ld_blocks);
 }
 
 extern "C" int kfwd_fill_random(struct kcuda_ctx *c, void *dst, size_t bytes, uint64_t seed)
@@ -190,9 +195,9 @@ extern "C" int kfwd_fill_random(struct kcuda_ctx *c, void *dst, size_t bytes, ui
 	size_t n = bytes / 2;
 	if (n == 0)
 		return 0;
-	fill_kernel<<<grid_for((int64_t)(n < ((size_t)1 << 40) ? n : ((size_t)1 << 40))), 256, 0,
-	              STREAM(c)>>>((uint16_t *)dst, n, seed);
-	return kcuda_launch_status("kfwd_fill_random");
+	return klaunch("kfwd_fill_random", fill_kernel,
+	               dim3(grid_for((int64_t)(n < ((size_t)1 << 40) ? n : ((size_t)1 << 40)))), dim3(256), 0,
+	               STREAM(c), (uint16_t *)dst, n, seed);
 }
 
 extern "C" int kfwd_mem_info(size_t *free_bytes, size_t *total_bytes)

@@ -12,6 +12,7 @@ __global__ void rope_kernel(float *x, int64_t ldx, int64_t n_heads, int64_t head
                             const float *__restrict__ inv_freq, const int32_t *__restrict__ pos, int pairing,
                             float mscale, int64_t n)
 {
+	KDEP_ENTRY();
 	const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
 	if (g >= n)
 		return;
@@ -43,7 +44,6 @@ extern "C" int kcuda_rope(struct kcuda_ctx *c, float *x, int64_t ldx, int64_t n_
 	const int64_t n = n_tok * n_heads * (R / 2);
 	if (n == 0)
 		return 0;
-	rope_kernel<<<(unsigned)((n + 255) / 256), 256, 0, c->stream>>>(
-	    x, ldx, n_heads, head_stride, (int)(R / 2), inv_freq, pos, pairing, mscale, n);
-	return kcuda_launch_status("rope");
+	return klaunch("rope", rope_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, c->stream, x,
+	               ldx, n_heads, head_stride, (int)(R / 2), inv_freq, pos, pairing, mscale, n);
 }

@@ -26,6 +26,7 @@ __device__ __forceinline__ unsigned long long am_pack(float v, int id)
 __global__ void __launch_bounds__(ARGMAX_THREADS)
     argmax_kernel(const float *__restrict__ s, int64_t ld, int n, int32_t *__restrict__ out)
 {
+	KDEP_ENTRY();
 	__shared__ unsigned long long red[ARGMAX_THREADS / 32];
 	const float *p = s + blockIdx.x * ld;
 	unsigned long long best = 0; /* below every packed (key, id): key >= 0x007fffff */
@@ -52,6 +53,7 @@ __global__ void __launch_bounds__(SAMPLE_MAX_K)
     sample_topk_kernel(const float *__restrict__ s, int64_t ld, const int32_t *__restrict__ cand, int k,
                        float inv_temp, const float *__restrict__ u, int32_t *__restrict__ out)
 {
+	KDEP_ENTRY();
 	__shared__ float prob[SAMPLE_MAX_K];
 	__shared__ int32_t id_by_rank[SAMPLE_MAX_K];
 	__shared__ float vmax;
@@ -108,9 +110,8 @@ extern "C" int kcuda_sample(struct kcuda_ctx *c, const float *logits, int64_t ld
 	if (n_rows == 0)
 		return 0;
 	if (temperature <= 0.0f || k == 1) {
-		argmax_kernel<<<(unsigned)n_rows, ARGMAX_THREADS, 0, c->stream>>>(logits, ld, (int)n_vocab,
-		                                                                  out_ids);
-		return kcuda_launch_status("argmax");
+		return klaunch("argmax", argmax_kernel, dim3((unsigned)n_rows), dim3(ARGMAX_THREADS), 0,
+		               c->stream, logits, ld, (int)n_vocab, out_ids);
 	}
 	if (!u || k == 0)
 		return kcuda_bad_arg("sample", "temperature %g needs k >= 1 (k %d) and uniforms (%s)",
@@ -122,7 +123,6 @@ extern "C" int kcuda_sample(struct kcuda_ctx *c, const float *logits, int64_t ld
 	int rc = kcuda_topk(c, logits, ld, n_vocab, n_rows, kk, cand, kk);
 	if (rc)
 		return rc;
-	sample_topk_kernel<<<(unsigned)n_rows, SAMPLE_MAX_K, 0, c->stream>>>(logits, ld, cand, kk,
-	                                                                     1.0f / temperature, u, out_ids);
-	return kcuda_launch_status("sample_topk");
+	return klaunch("sample_topk", sample_topk_kernel, dim3((unsigned)n_rows), dim3(SAMPLE_MAX_K), 0,
+	               c->stream, logits, ld, cand, kk, 1.0f / temperature, u, out_ids);
 }

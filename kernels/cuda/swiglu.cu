@@ -8,6 +8,7 @@
 __global__ void swiglu_kernel(float *y, int64_t ldy, const float *gate, int64_t ldg, const float *up,
                               int64_t ldu, int64_t n)
 {
+	KDEP_ENTRY();
 	const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
 	if (i >= n)
 		return;
@@ -27,6 +28,6 @@ extern "C" int kcuda_swiglu(struct kcuda_ctx *c, float *y, int64_t ldy, const fl
 	if (n_rows == 0)
 		return 0;
 	dim3 grid((unsigned)((n + 255) / 256), (unsigned)n_rows);
-	swiglu_kernel<<<grid, 256, 0, c->stream>>>(y, ldy, gate, ldg, up, ldu, n);
-	return kcuda_launch_status("swiglu");
+	return klaunch("swiglu", swiglu_kernel, dim3(grid), dim3(256), 0, c->stream, y, ldy, gate, ldg, up,
+	               ldu, n);
 }

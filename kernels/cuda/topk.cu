@@ -28,6 +28,7 @@ __device__ __forceinline__ uint32_t topk_key(float v)
 __global__ void __launch_bounds__(TOPK_THREADS)
     topk_kernel(const float *__restrict__ s, int64_t ld, int n, int k, int32_t *__restrict__ out, int64_t ldo)
 {
+	KDEP_ENTRY();
 	typedef cub::BlockScan<int, TOPK_THREADS> scan_t;
 	__shared__ typename scan_t::TempStorage scan_tmp;
 	__shared__ unsigned hist[256];
@@ -95,6 +96,6 @@ extern "C" int kcuda_topk(struct kcuda_ctx *c, const float *scores, int64_t ld, 
 	if (n_rows == 0)
 		return 0;
 	const int kk = k < n ? k : (int)n;
-	topk_kernel<<<(unsigned)n_rows, TOPK_THREADS, 0, c->stream>>>(scores, ld, (int)n, kk, out, ldo);
-	return kcuda_launch_status("topk");
+	return klaunch("topk", topk_kernel, dim3((unsigned)n_rows), dim3(TOPK_THREADS), 0, c->stream, scores,
+	               ld, (int)n, kk, out, ldo);
 }

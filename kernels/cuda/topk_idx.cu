@@ -29,6 +29,7 @@ __global__ void __launch_bounds__(TKI_THREADS)
     topk_idx_kernel(const float *__restrict__ s, int64_t ld, const int32_t *__restrict__ n_dev, int64_t n0,
                     int k, int32_t *__restrict__ out, int64_t ldo, int32_t *__restrict__ n_out)
 {
+	KDEP_ENTRY();
 	typedef cub::BlockScan<int, TKI_THREADS> scan_t;
 	__shared__ typename scan_t::TempStorage scan_tmp;
 	__shared__ unsigned hist[256];
@@ -133,7 +134,6 @@ int kcuda_topk_idx_ref(struct kcuda_ctx *c, const float *scores, int64_t ld, int
 		return 0;
 	if (n_rows > INT32_MAX)
 		return ERR_LIMIT;
-	topk_idx_kernel<<<(unsigned)n_rows, TKI_THREADS, 0, c->stream>>>(scores, ld, n, n0, k, out, ldo,
-	                                                                 n_out);
-	return kcuda_launch_status("topk_idx");
+	return klaunch("topk_idx", topk_idx_kernel, dim3((unsigned)n_rows), dim3(TKI_THREADS), 0, c->stream,
+	               scores, ld, n, n0, k, out, ldo, n_out);
 }

@@ -147,6 +147,7 @@ __device__ void tr_select(tr_shared &sh, const unsigned *hs, int pass, int kk, u
 /* pass 0, 1, 2: the slice's histogram of digit `pass` among the keys matching the digits so far */
 __global__ void __launch_bounds__(TR_THREADS) tr_hist_kernel(tr_args a, int pass)
 {
+	KDEP_ENTRY();
 	__shared__ tr_shared sh;
 	const int64_t row = blockIdx.y;
 	const int n = tr_row_n(a, row);
@@ -181,6 +182,7 @@ __global__ void __launch_bounds__(TR_THREADS) tr_hist_kernel(tr_args a, int pass
 /* count (write = 0) or write (write = 1) */
 __global__ void __launch_bounds__(TR_THREADS) tr_out_kernel(tr_args a, int write)
 {
+	KDEP_ENTRY();
 	__shared__ tr_shared sh;
 	const int64_t row = blockIdx.y;
 	const int tid = threadIdx.x;
@@ -305,12 +307,12 @@ int kcuda_topk_idx_radix(struct kcuda_ctx *c, const float *scores, int64_t ld, i
 	dim3 grid((unsigned)nb, (unsigned)n_rows);
 	int rc = 0;
 	for (int pass = 0; pass < 3 && !rc; pass++) {
-		tr_hist_kernel<<<grid, TR_THREADS, 0, c->stream>>>(a, pass);
-		rc = kcuda_launch_status("topk_radix hist");
+		rc = klaunch("topk_radix hist", tr_hist_kernel, dim3(grid), dim3(TR_THREADS), 0, c->stream, a,
+		             pass);
 	}
 	for (int w = 0; w < 2 && !rc; w++) {
-		tr_out_kernel<<<grid, TR_THREADS, 0, c->stream>>>(a, w);
-		rc = kcuda_launch_status("topk_radix out");
+		rc = klaunch("topk_radix out", tr_out_kernel, dim3(grid), dim3(TR_THREADS), 0, c->stream, a,
+		             w);
 	}
 	return rc;
 }
@@ -333,15 +335,15 @@ extern "C" int kcuda_topk_idx(struct kcuda_ctx *c, const float *scores, int64_t 
 }
 
 /* ---- short rows: one block per row, the row's keys in shared memory ------------------------------
- * For rows of at most KFUSE_TOPK_SHORT scores (decode up to an 8k context) the five launches and
- * the memset above cost more than the work (each a dependent graph node of a few microseconds).
+ * For rows of at most KFUSE_TOPK_SHORT scores (decode up to a 32k context) the five launches and
+ * the memset above cost more than the work (each a dependent graph node of a few microseconds;
+ * the radix path measured 25 us for one row of 32768 on the H200, 13:56 run).
  * One block of TS_THREADS per row loads the row's keys into shared memory once, runs the radix
  * select of topk_idx.cu on them (four 8-bit digits; same-bin increments of a warp are combined
  * with __match_any_sync first, since the top digit of similar scores is nearly always one bin),
  * then each thread takes a contiguous run of positions for the ordered compaction, so two block
  * scans place every kept position in ascending order. */
 #define TS_THREADS 1024
-#define TS_PER (KFUSE_TOPK_SHORT / TS_THREADS)
 
 typedef cub::BlockScan<int, TS_THREADS> ts_scan_t;
 
@@ -350,9 +352,14 @@ __global__ void __launch_bounds__(TS_THREADS)
                       int k, int32_t *__restrict__ out, int64_t ldo, int32_t *__restrict__ n_out,
                       unsigned *err)
 {
+	KDEP_ENTRY();
 	__shared__ typename ts_scan_t::TempStorage scan_tmp;
-	__shared__ uint32_t keys[KFUSE_TOPK_SHORT];
+	extern __shared__ uint32_t keys[]; /* [ld]: dynamic, up to 128 KB at KFUSE_TOPK_SHORT */
 	__shared__ unsigned hist[256];
+	/* one histogram per warp: the leaders' atomics of different warps never meet on a bin (with
+	 * one shared histogram the top digit of similar scores is one or two bins, and every warp's
+	 * atomic queued on them: the H200 run of 16:15 measured ~80 us for a 32k row) */
+	__shared__ unsigned whist[TS_THREADS / 32][256];
 	__shared__ uint32_t sh_prefix;
 	__shared__ int sh_need;
 	const int64_t row = blockIdx.x;
@@ -371,6 +378,12 @@ __global__ void __launch_bounds__(TS_THREADS)
 		n_out[row] = kk;
 	if (kk <= 0)
 		return;
+	if (kk == n) { /* every position is kept, in order: the scores are not read (nor computed:
+		        * kcuda_indexer_topk skips those rows) */
+		for (int i = tid; i < n; i += TS_THREADS)
+			o[i] = i;
+		return;
+	}
 #pragma unroll 4 /* the loads of a thread's keys in flight together */
 	for (int i = tid; i < n; i += TS_THREADS)
 		keys[i] = tr_key(p[i]);
@@ -380,17 +393,30 @@ __global__ void __launch_bounds__(TS_THREADS)
 	int need = kk;
 	if (kk < n) {
 		for (int b = 3; b >= 0; b--) {
-			if (tid < 256)
-				hist[tid] = 0;
+			for (int j = tid; j < (TS_THREADS / 32) * 256; j += TS_THREADS)
+				(&whist[0][0])[j] = 0;
 			__syncthreads();
+			unsigned *wh = whist[tid >> 5];
 			for (int base = 0; base < n; base += TS_THREADS) { /* uniform trip count */
 				const int i = base + tid;
 				const uint32_t key = i < n ? keys[i] : 0u;
 				const bool valid = i < n && (key & mask) == prefix;
+				/* after the first digit few keys still match the prefix: a warp without
+				 * one skips the (slow) match and the atomics (the vote is warp-uniform) */
+				if (!__any_sync(0xffffffffu, valid))
+					continue;
 				const unsigned d = valid ? (key >> (8 * b)) & 255u : 256u;
 				const unsigned peers = __match_any_sync(0xffffffffu, d);
 				if (valid && __ffs(peers) - 1 == lane)
-					atomicAdd(&hist[d], (unsigned)__popc(peers));
+					atomicAdd(&wh[d], (unsigned)__popc(peers));
+			}
+			__syncthreads();
+			if (tid < 256) { /* the warps' histograms summed per bin */
+				unsigned t = 0;
+#pragma unroll 8
+				for (int w = 0; w < TS_THREADS / 32; w++)
+					t += whist[w][tid];
+				hist[tid] = t;
 			}
 			__syncthreads();
 			if (tid < 32) { /* warp 0 scans the bins from the top (as topk_idx.cu) */
@@ -467,13 +493,45 @@ extern "C" int kcuda_topk_idx_short(struct kcuda_ctx *c, const float *scores, in
 		return kcuda_bad_arg("topk_idx_short", "rows %lld k %d ldo %lld ld %lld%s", (long long)n_rows,
 		                     k, (long long)ldo, (long long)ld,
 		                     !c || !scores || !out ? ", or a null pointer" : "");
-	if (ld > KFUSE_TOPK_SHORT)
+	if (!kcuda_topk_idx_short_fits(c, ld))
 		return ERR_UNSUPPORTED;
 	if (n_rows == 0)
 		return 0;
 	if (n_rows > INT32_MAX)
 		return ERR_LIMIT;
-	topk_short_kernel<<<(unsigned)n_rows, TS_THREADS, 0, c->stream>>>(scores, ld, n, n0, k, out, ldo,
-	                                                                  n_out, c->err_dev);
-	return kcuda_launch_status("topk_idx_short");
+	const size_t smem = (size_t)ld * sizeof(uint32_t);
+	KCUDA_CHECK(
+	    cudaFuncSetAttribute(topk_short_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+	return klaunch("topk_idx_short", topk_short_kernel, dim3((unsigned)n_rows), dim3(TS_THREADS), smem,
+	               c->stream, scores, ld, n, n0, k, out, ldo, n_out, c->err_dev);
+}
+
+extern "C" int kcuda_topk_idx_short_fits(struct kcuda_ctx *c, int64_t ld)
+{
+	if (!c || ld < 1 || ld > KFUSE_TOPK_SHORT)
+		return 0;
+	/* the keys go to dynamic shared memory next to the kernel's static part (scan storage,
+	 * histogram): Hopper / sm_100 take 32768 keys, sm_120 (99 KB) ~24k. The limit per device is
+	 * asked once (a racing first call stores the same value). */
+	static int64_t max_ld[64];
+	const int dev = c->device >= 0 && c->device < 64 ? c->device : -1;
+	if (dev >= 0 && max_ld[dev] > 0)
+		return ld <= max_ld[dev];
+	int max_smem = 0;
+	if (cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device) !=
+	    cudaSuccess) {
+		(void)cudaGetLastError();
+		return 0;
+	}
+	cudaFuncAttributes fa;
+	if (cudaFuncGetAttributes(&fa, topk_short_kernel) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return 0;
+	}
+	const int64_t lim = (int64_t)((size_t)max_smem > fa.sharedSizeBytes
+	                                  ? ((size_t)max_smem - fa.sharedSizeBytes) / sizeof(uint32_t)
+	                                  : 0);
+	if (dev >= 0 && lim > 0)
+		max_ld[dev] = lim;
+	return ld <= lim;
 }

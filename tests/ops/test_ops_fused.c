@@ -296,6 +296,161 @@ static void test_mla_latent(void)
 	}
 }
 
+/* ---- mla_latent + the indexer's k_I / w_I in one launch ------------------------------------------
+ * kfuse_mla_latent_idx against the two ops it merges (kfuse_mla_latent, then kfuse_idx_prep), both
+ * checked against the CPU above: w_I bit for bit, c_q, [c | k_r], k_I and both pools within a few
+ * ulps (the same device arithmetic up to FMA contraction), q_I untouched (its rope is left to the
+ * indexer's loads). */
+static void test_mla_latent_idx(void)
+{
+	struct xcase {
+		int64_t Cq, C, R, HI, DI;
+		int rows, pairing, pairing_i, bf16, bias;
+	} cases[] = {
+	    {2048, 512, 64, 32, 128, 1, 0, 1, 1, 1},
+	    {1536, 512, 64, 64, 128, 4, 1, 0, 0, 0},
+	    {33, 31, 8, 3, 40, 3, 1, 1, 1, 1},
+	};
+	for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+		const struct xcase *k = &cases[ci];
+		const int64_t Cq = k->Cq, C = k->C, R = k->R, W = C + R, HI = k->HI, DI = k->DI;
+		const int n = k->rows;
+		float inv[64];
+		kcpu_rope_freqs(inv, R, 1e4f, 1.0f, 4096, 32.0f, 1.0f);
+		const size_t ncq = (size_t)(Cq * n), nkv = (size_t)(W * n), nq = (size_t)(HI * DI * n),
+		             nw = (size_t)(HI * n), nk = (size_t)(DI * n);
+		const size_t tot = ncq + nkv + nq + nw + nk + (size_t)(Cq + C + 2 * DI);
+		float *h = malloc(sizeof(float) * tot), *g1 = malloc(sizeof(float) * tot),
+		      *g2 = malloc(sizeof(float) * tot);
+		for (size_t i = 0; h && i < tot; i++)
+			h[i] = 2.0f * ops_rng_unif() + (i % 7 == 0 ? 1.0f : 0.0f);
+		const float *hcq = h, *hkv = hcq + ncq, *hq = hkv + nkv, *hw = hq + nq, *hk = hw + nw,
+		            *hwq = hk + nk, *hwk = hwq + Cq, *hkw = hwk + C, *hkb = hkw + DI;
+		struct pool pl[2], pi[2];
+		struct ops_dbuf b[2][5], wb = {0}, ib = {0};
+		memset(pl, 0, sizeof(pl));
+		memset(pi, 0, sizeof(pi));
+		memset(b, 0, sizeof(b));
+		int bad = 0;
+		if (!h || !g1 || !g2 || up(&wb, hwq, sizeof(float) * (size_t)(Cq + C + 2 * DI)) ||
+		    up(&ib, inv, sizeof(float) * (size_t)(R / 2))) {
+			OPS_CHECK(0, "mla_latent_idx setup");
+			goto next;
+		}
+		for (int v = 0; v < 2; v++)
+			if (pool_init(&pl[v], W, k->bf16, n) || pool_init(&pi[v], DI, k->bf16, n) ||
+			    up(&b[v][0], hcq, sizeof(float) * ncq) ||
+			    up(&b[v][1], hkv, sizeof(float) * nkv) || up(&b[v][2], hq, sizeof(float) * nq) ||
+			    up(&b[v][3], hw, sizeof(float) * nw) || up(&b[v][4], hk, sizeof(float) * nk)) {
+				OPS_CHECK(0, "mla_latent_idx setup");
+				goto next;
+			}
+		{
+			const float *dwq = wb.user, *dwk = dwq + Cq, *dkw = dwk + C, *dkb = dkw + DI;
+			(void)hwk;
+			(void)hkw;
+			(void)hkb;
+			const float ws = 1.0f / sqrtf((float)HI);
+			/* 0: the two ops */
+			struct kfuse_rope rp = {
+			    .inv_freq = ib.user, .pos = pl[0].pos.user, .pairing = k->pairing};
+			struct kfuse_rope rpi = {
+			    .inv_freq = ib.user, .pos = pl[0].pos.user, .pairing = k->pairing_i};
+			struct kfuse_kv kvl0 = pool_kv(&pl[0]), kvi0 = pool_kv(&pi[0]);
+			int rc = kfuse_mla_latent(ctx, b[0][0].user, Cq, dwq, 1e-6f, b[0][1].user, C, R, dwk,
+			                          1e-5f, n, &rp, &kvl0);
+			rc |= kfuse_idx_prep(ctx, b[0][2].user, b[0][3].user, HI, ws, b[0][4].user, DI, R,
+			                     dkw, k->bias ? dkb : NULL, 1e-6f, n, &rpi, &kvi0);
+			/* 1: one launch */
+			struct kfuse_rope rp1 = {
+			    .inv_freq = ib.user, .pos = pl[1].pos.user, .pairing = k->pairing};
+			struct kfuse_kv kvl1 = pool_kv(&pl[1]);
+			struct kfuse_idx_key ik = {
+			    .kI = b[1][4].user,
+			    .DI = DI,
+			    .R = R,
+			    .kw = dkw,
+			    .kb = k->bias ? dkb : NULL,
+			    .eps = 1e-6f,
+			    .wI = b[1][3].user,
+			    .HI = HI,
+			    .wscale = ws,
+			    .rp = {.inv_freq = ib.user, .pos = pl[1].pos.user, .pairing = k->pairing_i},
+			    .kv = pool_kv(&pi[1])};
+			rc |= kfuse_mla_latent_idx(ctx, b[1][0].user, Cq, dwq, 1e-6f, b[1][1].user, C, R, dwk,
+			                           1e-5f, n, &rp1, &kvl1, &ik);
+			OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "mla_latent_idx rc %d", rc);
+		}
+		{
+			/* q_I untouched and w_I (one fp32 product) bit for bit; the rest within a few ulps:
+			 * the compiler may contract a product and a sum into an FMA in one kernel and not in
+			 * the other (the 16:40 H200 run: k_I with a bias differed in its last bit) */
+			const size_t sz[5] = {ncq, nkv, nq, nw, nk};
+			for (int j = 0; j < 5; j++) {
+				size_t gb = ops_dbuf_get(ctx, &b[0][j], g1) + ops_dbuf_get(ctx, &b[1][j], g2);
+				bad += gb != 0;
+				if (j == 2)
+					bad += memcmp(g2, hq, sizeof(float) * sz[j]) != 0;
+				else if (j == 3)
+					bad += memcmp(g1, g2, sizeof(float) * sz[j]) != 0;
+				else
+					for (size_t i = 0; i < sz[j]; i++)
+						if (!close_to(g2[i], g1[i], 2e-6, 2e-6)) {
+							bad++;
+							break;
+						}
+			}
+			const size_t pb[2] = {pl[0].block_bytes * NB, pi[0].block_bytes * NB};
+			for (int j = 0; j < 2; j++) {
+				uint8_t *p1 = malloc(pb[j]), *p2 = malloc(pb[j]);
+				struct pool *x = j ? pi : pl;
+				int pbad = !p1 || !p2 || ops_dbuf_get(ctx, &x[0].dev, p1) != 0 ||
+				           ops_dbuf_get(ctx, &x[1].dev, p2) != 0;
+				/* values: bf16 may round to a neighbour when the fp32 values straddle a tie
+				 */
+				const size_t elt = k->bf16 ? 2 : 4;
+				for (size_t i = 0; !pbad && i + elt <= pb[j]; i += elt) {
+					if (!memcmp(p1 + i, p2 + i, elt))
+						continue;
+					float v1, v2;
+					if (k->bf16) {
+						uint16_t a1, a2;
+						memcpy(&a1, p1 + i, 2);
+						memcpy(&a2, p2 + i, 2);
+						v1 = kbf16_to_f32(a1);
+						v2 = kbf16_to_f32(a2);
+					} else {
+						memcpy(&v1, p1 + i, 4);
+						memcpy(&v2, p2 + i, 4);
+					}
+					pbad = !close_to(v2, v1, k->bf16 ? 1.0 / 128 : 2e-6, 2e-6);
+				}
+				bad += pbad;
+				free(p1);
+				free(p2);
+			}
+		}
+		OPS_CHECK(bad == 0,
+		          "mla_latent_idx Cq %" PRId64 " HI %" PRId64 " DI %" PRId64 ": %d parts differ", Cq,
+		          HI, DI, bad);
+		printf("mla_latent_idx Cq %4" PRId64 " C %3" PRId64 " HI %2" PRId64 " DI %3" PRId64
+		       " rows %d %s: = mla_latent + idx_prep, q_I untouched\n",
+		       Cq, C, HI, DI, n, k->bf16 ? "bf16" : "f32");
+	next:
+		for (int v = 0; v < 2; v++) {
+			pool_fini(&pl[v]);
+			pool_fini(&pi[v]);
+			for (int j = 0; j < 5; j++)
+				ops_dbuf_fini(&b[v][j]);
+		}
+		ops_dbuf_fini(&wb);
+		ops_dbuf_fini(&ib);
+		free(h);
+		free(g1);
+		free(g2);
+	}
+}
+
 /* ---- indexer inputs ----------------------------------------------------------------------------- */
 static void test_idx_prep(void)
 {
@@ -448,12 +603,19 @@ static void test_rope_copy(void)
 /* ---- short top-k --------------------------------------------------------------------------------- */
 static void test_topk_short(void)
 {
-	static const int ns[] = {1, 100, 2047, 2048, 2049, 4096, 5000, 8192};
+	/* up to KFUSE_TOPK_SHORT (32768: a decode graph's 32k context bucket); the row stride is the
+	 * longest row rounded up as kcuda_indexer_topk does (the keys' shared memory follows it) */
+	static const int ns[] = {1, 100, 2047, 2048, 2049, 4096, 5000, 8192, 16385, 32768};
 	const int K = 2048, rows = 3;
-	const int64_t ld = KFUSE_TOPK_SHORT;
 	for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
 		if (quick && (ni % 2) && ni + 1 != sizeof(ns) / sizeof(ns[0]))
 			continue;
+		const int64_t ld = (ns[ni] + 63) / 64 * 64;
+		if (!kcuda_topk_idx_short_fits(ctx, ld)) { /* sm_120: ~24k keys of shared memory */
+			printf("topk_short n %d: row does not fit this device's shared memory (radix path)\n",
+			       ns[ni]);
+			continue;
+		}
 		for (int mode = 0; mode < 3; mode++) { /* 0 distinct, 1 many ties, 2 ties + NaN / -inf */
 			const int n = ns[ni];
 			float *s = malloc(sizeof(float) * ld * rows);
@@ -500,7 +662,7 @@ static void test_topk_short(void)
 			free(ref);
 			free(sel);
 		}
-		printf("topk_short n %4d (and n/2, n-3) k %d, distinct / ties / NaN ok\n", ns[ni], K);
+		printf("topk_short n %5d (and n/2, n-3) k %d, distinct / ties / NaN ok\n", ns[ni], K);
 	}
 	/* rows longer than the short kernel's limit are refused (the caller takes the radix path) */
 	OPS_CHECK(kcuda_topk_idx_short(ctx, (float *)64, KFUSE_TOPK_SHORT + 1, 1, NULL, 0, 8, (int32_t *)64,
@@ -525,6 +687,7 @@ int main(void)
 	test_add_rmsnorm();
 	test_mla_latent();
 	test_idx_prep();
+	test_mla_latent_idx();
 	test_rope_copy();
 	test_topk_short();
 	kcuda_ctx_destroy(ctx);

@@ -17,6 +17,7 @@
 #include <errno.h>
 
 #include "common/base/err.h"
+#include "kernels/cuda/fused.h"
 #include "tests/ops/ops_util.h"
 
 #ifndef TANDEM_CUDA
@@ -90,6 +91,7 @@ struct icase {
 	int n_seq;
 	const int *lens;
 	int start, T; /* prefill rows when T > 0 */
+	int bucket; /* > 0: max_keys of the call (a decode graph's context bucket), above every row */
 };
 
 static void run_case(const struct icase *ic)
@@ -104,6 +106,8 @@ static void run_case(const struct icase *ic)
 		max_len = lens[s] > max_len ? lens[s] : max_len;
 		tot += (lens[s] + BT - 1) / BT;
 	}
+	if (ic->bucket > max_len)
+		max_len = ic->bucket;
 	const int64_t n_q = prefill ? ic->T : n_seq, n_blocks = tot + 2;
 	const int ld_blocks = (max_len + BT - 1) / BT + 1;
 	struct pool p = {0};
@@ -299,6 +303,128 @@ static void run_case(const struct icase *ic)
 	          (long long)n_own_bad);
 	OPS_CHECK(n_selbad == 0, "%s: %lld selection mismatches beyond near-ties", ic->name,
 	          (long long)n_selbad);
+	/* determinism: the top-k again gives the same selection and counts */
+	{
+		int32_t *gsel2 = malloc(sizeof(int32_t) * (size_t)(n_q * K)),
+		        *gn2 = malloc(sizeof(int32_t) * (size_t)n_q);
+		rc = kcuda_indexer_topk(ctx, &kv, &rows, d_q, d_w, HI, DI, scale, K, selb.user, K, nb.user);
+		OPS_CHECK(gsel2 && gn2 && rc == 0 && kcuda_sync(ctx) == 0 &&
+		              ops_dbuf_get(ctx, &selb, gsel2) == 0 && ops_dbuf_get(ctx, &nb, gn2) == 0 &&
+		              memcmp(gn, gn2, sizeof(int32_t) * (size_t)n_q) == 0,
+		          "%s: a second top-k gave other counts (rc %d)", ic->name, rc);
+		int64_t ndiff = 0;
+		for (int64_t i = 0; gsel2 && gn2 && i < n_q; i++)
+			if (gn[i] == gn2[i] && gn[i] >= 0 && gn[i] <= K)
+				ndiff +=
+				    memcmp(gsel + i * K, gsel2 + i * K, sizeof(int32_t) * (size_t)gn[i]) != 0;
+		OPS_CHECK(ndiff == 0, "%s: a second top-k selected otherwise in %lld rows", ic->name,
+		          (long long)ndiff);
+		free(gsel2);
+		free(gn2);
+	}
+	/* kfuse_indexer_topk_rope: q's first R values per head given unroped and roped by the score
+	 * kernel at per-row positions, against the CPU on the roped q. A wrong pairing, position or
+	 * offset changes most of the selection; the two fp32 ropes differ by an ulp, so positions may
+	 * differ only at near-ties of the K-th score (loose bound) and in at most 1% of a row. Decode
+	 * rows; the fast kernels must take GLM-5's shape, ref mode declines. */
+	if (!prefill) {
+		const int64_t R = DI >= 128 ? 64 : (DI / 2) & ~(int64_t)1; /* tiny GLM: DI 64, R 32 */
+		const int pairing = (int)(HI % 2);
+		float inv[64], cs[128];
+		float *qr = malloc(sizeof(float) * (size_t)(n_q * HI * DI)),
+		      *ref2 = malloc(sizeof(float) * (size_t)max_len);
+		int32_t *pos = malloc(sizeof(int32_t) * (size_t)n_q),
+		        *rsel2 = malloc(sizeof(int32_t) * (size_t)K);
+		void *d_pos = NULL, *d_inv = NULL;
+		if (!qr || !ref2 || !pos || !rsel2 || kcuda_alloc(sizeof(int32_t) * (size_t)n_q, &d_pos) ||
+		    kcuda_alloc(sizeof(float) * (size_t)(R / 2), &d_inv)) {
+			OPS_CHECK(0, "%s: rope allocation", ic->name);
+		} else {
+			kcpu_rope_freqs(inv, R, 10000.0f, 1.0f, 0, 0.0f, 0.0f);
+			memcpy(qr, q, sizeof(float) * (size_t)(n_q * HI * DI));
+			for (int64_t i = 0; i < n_q; i++) {
+				pos[i] = (int32_t)((i * 7919 + nk[i]) % 60000);
+				kcpu_rope_cs(inv, R / 2, pos[i], cs);
+				for (int64_t h = 0; h < HI; h++)
+					kcpu_rope(qr + (i * HI + h) * DI, R, cs, pairing);
+			}
+			kcuda_upload(ctx, d_pos, pos, sizeof(int32_t) * (size_t)n_q);
+			kcuda_upload(ctx, d_inv, inv, sizeof(float) * (size_t)(R / 2));
+			const struct kfuse_rope rq = {.inv_freq = d_inv, .pos = d_pos, .pairing = pairing};
+			const int ref_mode = getenv("TANDEM_CUDA_ATTN") != NULL;
+			rc = kfuse_indexer_topk_rope(ctx, &kv, &rows, d_q, d_w, HI, DI, scale, K, selb.user,
+			                             K, nb.user, &rq, R);
+			if (ref_mode || (HI == 32 && DI == 128 && p.bf16))
+				OPS_CHECK(rc == (ref_mode ? ERR_UNSUPPORTED : 0),
+				          "%s: indexer_topk_rope rc %d (%s mode)", ic->name, rc,
+				          ref_mode ? "ref" : "fast");
+			if (rc == 0) {
+				OPS_CHECK(kcuda_sync(ctx) == 0 && ops_dbuf_get(ctx, &selb, gsel) == 0 &&
+				              ops_dbuf_get(ctx, &nb, gn) == 0,
+				          "%s: rope: sync or guard bytes", ic->name);
+				unsigned nb2 = 0;
+				OPS_CHECK(kcuda_ctx_take_errors(ctx, &nb2) == 0 && nb2 == 0,
+				          "%s: rope: %u kernel errors", ic->name, nb2);
+				int64_t n_far = 0, n_many = 0, n_cnt = 0, n_near = 0;
+				for (int64_t i = 0; i < n_q; i++) {
+					const int32_t *t = tbl + (size_t)qseq[i] * ld_blocks;
+					for (int j = 0; j < nk[i]; j++)
+						keys[j] = p.h + (size_t)t[j / BT] * p.block_bytes +
+						          p.idx_off + (size_t)(j % BT) * (size_t)DI * p.elt;
+					kcpu_indexer_scores(qr + i * HI * DI, w + i * HI, HI, DI, keys, nk[i],
+					                    p.bf16, scale, ref2);
+					const int m = kcpu_topk(ref2, nk[i], K, rsel2);
+					if (gn[i] != m) {
+						n_cnt++;
+						continue;
+					}
+					double mx = 0;
+					float kth = INFINITY;
+					for (int j = 0; j < nk[i]; j++)
+						mx = fabs(ref2[j]) > mx ? fabs(ref2[j]) : mx;
+					for (int j = 0; j < m; j++)
+						kth = ref2[rsel2[j]] < kth ? ref2[rsel2[j]] : kth;
+					int a2 = 0, b2 = 0, nd = 0;
+					const int32_t *gs = gsel + i * K;
+					while (a2 < m || b2 < m) {
+						const int32_t x = a2 < m ? rsel2[a2] : INT32_MAX,
+						              y = b2 < m ? gs[b2] : INT32_MAX;
+						if (x == y) {
+							a2++, b2++;
+							continue;
+						}
+						const int32_t d = x < y ? x : y;
+						if (x < y)
+							a2++;
+						else
+							b2++;
+						nd++;
+						if (d < 0 || d >= nk[i] ||
+						    fabs((double)ref2[d] - kth) > 1e-4 * (mx > 0 ? mx : 1))
+							n_far++;
+						else
+							n_near++;
+					}
+					n_many += nd > m / 100 + 2;
+				}
+				OPS_CHECK(n_cnt == 0 && n_far == 0 && n_many == 0,
+				          "%s: rope in the score kernel: %lld count, %lld far, %lld rows "
+				          "with many differences",
+				          ic->name, (long long)n_cnt, (long long)n_far, (long long)n_many);
+				printf("%-46s + q rope in the score kernel (R %lld pairing %d): near-tie "
+				       "diffs %lld\n",
+				       ic->name, (long long)R, pairing, (long long)n_near);
+			} else if (rc != ERR_UNSUPPORTED) {
+				OPS_CHECK(0, "%s: indexer_topk_rope rc %d", ic->name, rc);
+			}
+		}
+		kcuda_free(d_pos);
+		kcuda_free(d_inv);
+		free(qr);
+		free(ref2);
+		free(pos);
+		free(rsel2);
+	}
 	printf("%-46s rows %3lld scores %9lld bit-diff %lld max err %.2g sel near-tie diffs %lld\n", ic->name,
 	       (long long)n_q, (long long)n_scores, (long long)n_bitdiff, maxerr, (long long)n_neartie);
 out:
@@ -419,6 +545,7 @@ int main(void)
 		return 77;
 	}
 	ops_seed_init();
+	setenv("TANDEM_IDX_FOLD", "1", 1); /* the in-kernel q rope is off by default: test it */
 	/* 1 MiB workspace: kcuda_indexer_topk keeps the scores of 2 rows at 100k positions, and of 81
 	 * rows at 3200, so the T 200 prefill case runs in three workspace chunks */
 	if (kcuda_ctx_create(0, 1u << 20, &ctx)) {
@@ -428,25 +555,38 @@ int main(void)
 	static const int l_small[] = {1, 31, 33, 64, 65, 2048, 2049};
 	static const int l_32k[] = {32768};
 	static const int l_100k[] = {100000};
+	static const int l_4k[] = {4096};
+	static const int l_mix[] = {1, 2047, 2048, 2049, 3000, 4096, 4097, 8192};
+	static const int l_32k2[] = {30001, 32768};
+	static const int l_12[] = {1, 2, 63, 64, 65, 2047, 2048, 2049, 2050, 4000, 4096, 4097};
 	const struct icase cases[] = {
-	    {"exact f32 HI32 DI128 ctx 1..2049", 0, 1, 32, 128, 2048, 7, l_small, 0, 0},
-	    {"exact bf16 HI64 DI128 ctx 1..2049", 1, 1, 64, 128, 2048, 7, l_small, 0, 0},
-	    {"exact f32 HI32 DI128 ctx 32768", 0, 1, 32, 128, 2048, 1, l_32k, 0, 0},
-	    {"exact bf16 HI64 DI128 ctx 100000", 1, 1, 64, 128, 2048, 1, l_100k, 0, 0},
-	    {"exact f32 prefill start 3000 T 40", 0, 1, 32, 128, 2048, 0, NULL, 3000, 40},
-	    {"exact bf16 prefill start 3000 T 200 (3 chunks)", 1, 1, 32, 128, 2048, 0, NULL, 3000, 200},
-	    {"random f32 HI32 DI128 ctx 1..2049", 0, 0, 32, 128, 2048, 7, l_small, 0, 0},
-	    {"random bf16 HI64 DI128 ctx 32768", 1, 0, 64, 128, 2048, 1, l_32k, 0, 0},
-	    {"random f32 HI32 DI128 ctx 100000", 0, 0, 32, 128, 2048, 1, l_100k, 0, 0},
-	    {"random bf16 prefill start 2000 T 70", 1, 0, 64, 128, 2048, 0, NULL, 2000, 70},
-	    {"odd HI5 DI40 K7 ctx 1..2049", 0, 0, 5, 40, 7, 7, l_small, 0, 0},
+	    {"exact f32 HI32 DI128 ctx 1..2049", 0, 1, 32, 128, 2048, 7, l_small, 0, 0, 0},
+	    {"exact bf16 HI64 DI128 ctx 1..2049", 1, 1, 64, 128, 2048, 7, l_small, 0, 0, 0},
+	    {"exact f32 HI32 DI128 ctx 32768", 0, 1, 32, 128, 2048, 1, l_32k, 0, 0, 0},
+	    {"exact bf16 HI64 DI128 ctx 100000", 1, 1, 64, 128, 2048, 1, l_100k, 0, 0, 0},
+	    {"exact f32 prefill start 3000 T 40", 0, 1, 32, 128, 2048, 0, NULL, 3000, 40, 0},
+	    {"exact bf16 prefill start 3000 T 200 (3 chunks)", 1, 1, 32, 128, 2048, 0, NULL, 3000, 200, 0},
+	    {"random f32 HI32 DI128 ctx 1..2049", 0, 0, 32, 128, 2048, 7, l_small, 0, 0, 0},
+	    {"random bf16 HI64 DI128 ctx 32768", 1, 0, 64, 128, 2048, 1, l_32k, 0, 0, 0},
+	    {"random f32 HI32 DI128 ctx 100000", 0, 0, 32, 128, 2048, 1, l_100k, 0, 0, 0},
+	    {"random bf16 prefill start 2000 T 70", 1, 0, 64, 128, 2048, 0, NULL, 2000, 70, 0},
+	    {"odd HI5 DI40 K7 ctx 1..2049", 0, 0, 5, 40, 7, 7, l_small, 0, 0, 0},
 	    /* GLM-5's indexer (HI 32, DI 128) on bf16 keys: the tensor-core kernel's main shape */
-	    {"exact bf16 HI32 DI128 ctx 1..2049", 1, 1, 32, 128, 2048, 7, l_small, 0, 0},
-	    {"exact bf16 HI32 DI128 ctx 32768", 1, 1, 32, 128, 2048, 1, l_32k, 0, 0},
-	    {"random bf16 HI32 DI128 ctx 100000", 1, 0, 32, 128, 2048, 1, l_100k, 0, 0},
-	    {"random bf16 HI32 DI128 batch ctx 1..2049", 1, 0, 32, 128, 2048, 7, l_small, 0, 0},
-	    {"exact bf16 HI16 DI64 K100 ctx 1..2049", 1, 1, 16, 64, 100, 7, l_small, 0, 0},
-	    {"random bf16 HI40 DI48 K33 prefill start 500 T 30", 1, 0, 40, 48, 33, 0, NULL, 500, 30},
+	    {"exact bf16 HI32 DI128 ctx 1..2049", 1, 1, 32, 128, 2048, 7, l_small, 0, 0, 0},
+	    {"exact bf16 HI32 DI128 ctx 32768", 1, 1, 32, 128, 2048, 1, l_32k, 0, 0, 0},
+	    {"random bf16 HI32 DI128 ctx 100000", 1, 0, 32, 128, 2048, 1, l_100k, 0, 0, 0},
+	    {"random bf16 HI32 DI128 batch ctx 1..2049", 1, 0, 32, 128, 2048, 7, l_small, 0, 0, 0},
+	    {"exact bf16 HI16 DI64 K100 ctx 1..2049", 1, 1, 16, 64, 100, 7, l_small, 0, 0, 0},
+	    {"random bf16 HI40 DI48 K33 prefill start 500 T 30", 1, 0, 40, 48, 33, 0, NULL, 500, 30, 0},
+	    /* decode graphs: max_keys is the context bucket, above the rows' own lengths; rows of at
+	     * most K keys are not scored inside kcuda_indexer_topk (every key is selected) */
+	    {"exact bf16 HI32 DI128 ctx 4096 bucket 8192", 1, 1, 32, 128, 2048, 1, l_4k, 0, 0, 8192},
+	    {"random bf16 HI32 DI128 batch 8 ctx mix bucket 8192", 1, 0, 32, 128, 2048, 8, l_mix, 0, 0, 8192},
+	    {"exact bf16 HI32 DI128 batch 8 ctx mix bucket 8192", 1, 1, 32, 128, 2048, 8, l_mix, 0, 0, 8192},
+	    {"random bf16 HI32 DI128 batch 2 ctx 32768 bucket 32768", 1, 0, 32, 128, 2048, 2, l_32k2, 0, 0,
+	     32768},
+	    {"exact bf16 HI32 DI128 batch 12 ctx 1..4097 bucket 4160", 1, 1, 32, 128, 2048, 12, l_12, 0, 0,
+	     4160},
 	};
 	/* TANDEM_OPS_SMALL=1: contexts up to ~4k only (for compute-sanitizer runs) */
 	const int small = getenv("TANDEM_OPS_SMALL") != NULL;

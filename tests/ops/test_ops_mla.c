@@ -13,6 +13,7 @@
 #include <errno.h>
 
 #include "common/base/err.h"
+#include "kernels/cuda/fused.h"
 #include "tests/ops/ops_util.h"
 
 #ifndef TANDEM_CUDA
@@ -217,6 +218,91 @@ static void run_case(const struct mcase *mc)
 	          mc->name, maxerr, (long long)worst, got[worst], ref[worst], maxref);
 	printf("%-44s rows %5lld H %3lld max|ref| %.3g max err %.3g (rel %.2g)\n", mc->name, (long long)n_q,
 	       (long long)H, maxref, maxerr, maxref > 0 ? maxerr / maxref : 0.0);
+	/* determinism: the same call again gives the same bits (fixed split and summation order) */
+	{
+		float *got2 = malloc(sizeof(float) * (size_t)(n_q * H * C));
+		rc = kcuda_mla_attn(ctx, &kv, &rows, d_q, H, C, R, scale, ob.user);
+		OPS_CHECK(got2 && rc == 0 && kcuda_sync(ctx) == 0 && ops_dbuf_get(ctx, &ob, got2) == 0 &&
+		              memcmp(got, got2, sizeof(float) * (size_t)(n_q * H * C)) == 0,
+		          "%s: a second call gave other bits (rc %d)", mc->name, rc);
+		free(got2);
+	}
+
+	/* kfuse_mla_attn_rope: q's rotary part given unroped (here: d_q's own [C, C+R) of each head)
+	 * and roped inside the kernel at per-row positions, against the CPU on the roped q (both
+	 * pairings, large angles). Decode rows only (prefill doubles the CPU time for nothing new).
+	 * The fast kernels must take the GLM-5 / DeepSeek shapes on bf16 pools; ref mode declines. */
+	if (!prefill) {
+		const int pairing = (int)((n_q + H) % 2);
+		float *inv = malloc(sizeof(float) * (size_t)(R / 2)), *cs = malloc(sizeof(float) * (size_t)R);
+		float *q2 = malloc(sizeof(float) * (size_t)(n_q * H * dim));
+		int32_t *pos = malloc(sizeof(int32_t) * (size_t)n_q);
+		void *d_pos = NULL, *d_inv = NULL;
+		if (!inv || !cs || !q2 || !pos || kcuda_alloc(sizeof(int32_t) * (size_t)n_q, &d_pos) ||
+		    kcuda_alloc(sizeof(float) * (size_t)(R / 2), &d_inv)) {
+			OPS_CHECK(0, "%s: rope allocation", mc->name);
+		} else {
+			kcpu_rope_freqs(inv, R, 10000.0f, 1.0f, 0, 0.0f, 0.0f);
+			memcpy(q2, q, sizeof(float) * (size_t)(n_q * H * dim));
+			for (int64_t i = 0; i < n_q; i++) {
+				pos[i] = (int32_t)((i * 7919 + lens[i]) % 60000);
+				kcpu_rope_cs(inv, R / 2, pos[i], cs);
+				for (int64_t h = 0; h < H; h++)
+					kcpu_rope(q2 + (i * H + h) * dim + C, R, cs, pairing);
+			}
+			kcuda_upload(ctx, d_pos, pos, sizeof(int32_t) * (size_t)n_q);
+			kcuda_upload(ctx, d_inv, inv, sizeof(float) * (size_t)(R / 2));
+			const struct kfuse_rope rp = {.inv_freq = d_inv, .pos = d_pos, .pairing = pairing};
+			const int ref_mode = getenv("TANDEM_CUDA_ATTN") != NULL;
+			rc = kfuse_mla_attn_rope(ctx, &kv, &rows, d_q, H, C, R, scale, ob.user,
+			                         (const float *)d_q + C, H * dim, dim, &rp);
+			if (ref_mode || (mc->bf16 && C == 512 && R == 64))
+				OPS_CHECK(rc == (ref_mode ? ERR_UNSUPPORTED : 0),
+				          "%s: mla_attn_rope rc %d (%s mode)", mc->name, rc,
+				          ref_mode ? "ref" : "fast");
+			if (rc ==
+			    0) { /* the CPU on the roped q (only when the kernel ran: ref mode declines) */
+				for (int64_t i = 0; i < n_q; i++) {
+					const int32_t *t = tbl + (size_t)qseq[i] * ld_blocks;
+					for (int j = 0; j < nk[i]; j++)
+						keys[j] = pool_row(&p, t, K > 0 ? sel[i * ld_sel + j] : j);
+					for (int64_t h = 0; h < H; h++)
+						kcpu_mla_attn_head(q2 + (i * H + h) * dim, C, R, keys, nk[i],
+						                   p.bf16, scale, sc, ref + (i * H + h) * C);
+				}
+				OPS_CHECK(kcuda_sync(ctx) == 0, "%s: rope sync", mc->name);
+				nbad = 0;
+				OPS_CHECK(kcuda_ctx_take_errors(ctx, &nbad) == 0 && nbad == 0,
+				          "%s: rope: %u kernel errors", mc->name, nbad);
+				gb = ops_dbuf_get(ctx, &ob, got);
+				OPS_CHECK(gb == 0, "%s: rope: %zu guard bytes damaged", mc->name, gb);
+				double mr = 0, me = 0;
+				int64_t nf = 0;
+				for (int64_t i = 0; i < n_q * H * C; i++) {
+					if (!isfinite(got[i])) {
+						nf++;
+						continue;
+					}
+					mr = fabs(ref[i]) > mr ? fabs(ref[i]) : mr;
+					const double e = fabs((double)got[i] - ref[i]);
+					me = e > me ? e : me;
+				}
+				OPS_CHECK(nf == 0 && me <= 5e-5 * mr,
+				          "%s: rope fused: %lld non-finite, max err %.3g, max |ref| %.3g",
+				          mc->name, (long long)nf, me, mr);
+				printf("%-44s + rope in kernel (pairing %d): max err %.3g (rel %.2g)\n",
+				       mc->name, pairing, me, mr > 0 ? me / mr : 0.0);
+			} else if (rc != ERR_UNSUPPORTED) {
+				OPS_CHECK(0, "%s: mla_attn_rope rc %d", mc->name, rc);
+			}
+		}
+		kcuda_free(d_pos);
+		kcuda_free(d_inv);
+		free(inv);
+		free(cs);
+		free(q2);
+		free(pos);
+	}
 
 	/* hostile input: a block id outside the pool is counted and its keys are skipped. The block
 	 * replaced is the one of row 0's first selected key (sparse rows need not read block 0: a
@@ -291,6 +377,7 @@ int main(void)
 		return 77;
 	}
 	ops_seed_init();
+	setenv("TANDEM_MLA_ROPE", "1", 1); /* the in-kernel rope is off by default: test it */
 	if (kcuda_ctx_create(0, 64u << 20, &ctx)) {
 		printf("FAIL: no CUDA context\n");
 		return 1;
@@ -299,6 +386,8 @@ int main(void)
 	static const int l_mid[] = {2048, 2049, 1};
 	static const int l_long[] = {32768};
 	static const int l_mix[] = {2049, 7, 4100, 1};
+	static const int l_12[] = {1, 2, 63, 64, 65, 2047, 2048, 2049, 2050, 4000, 4096, 4097};
+	static const int l_8x4k[] = {4096, 4096, 4095, 4097, 4096, 1, 4096, 4096};
 	const struct mcase cases[] = {
 	    {"decode f32 H16 ctx 1/31/33/64/65", 0, 16, 512, 64, 5, l_small, 0, 0, 0, 1.0f},
 	    {"decode bf16 H16 ctx 1/31/33/64/65", 1, 16, 512, 64, 5, l_small, 0, 0, 0, 1.0f},
@@ -323,6 +412,13 @@ int main(void)
 	    {"prefill sparse K2048 bf16 H8 start 2000 T 100", 1, 8, 512, 64, 0, NULL, 2000, 100, 2048, 2.0f},
 	    {"odd C64 R16 H3 decode bf16 ctx mix", 1, 3, 64, 16, 4, l_mix, 0, 0, 0, 2.0f},
 	    {"odd C96 R32 H20 decode bf16 ctx small", 1, 20, 96, 32, 5, l_small, 0, 0, 0, 2.0f},
+	    /* decode batches of a graph bucket: GLM-5 sparse (H 8) at 12 rows, DeepSeek-V3 dense (H 16) at 8
+	     */
+	    {"decode sparse K2048 bf16 H8 batch 12 ctx 1..4097", 1, 8, 512, 64, 12, l_12, 0, 0, 2048, 2.0f},
+	    {"decode bf16 H16 batch 8 ctx 4096", 1, 16, 512, 64, 8, l_8x4k, 0, 0, 0, 2.0f},
+	    /* the tiny test GLM's shape (tests/data: C 256, R 32, 2 heads, top-16) */
+	    {"tiny GLM C256 R32 H2 decode sparse K16 f32", 0, 2, 256, 32, 4, l_mix, 0, 0, 16, 2.0f},
+	    {"tiny GLM C256 R32 H2 decode bf16 ctx mix", 1, 2, 256, 32, 4, l_mix, 0, 0, 0, 2.0f},
 	};
 	/* TANDEM_OPS_SMALL=1: contexts up to ~4k only (for compute-sanitizer runs) */
 	const int small = getenv("TANDEM_OPS_SMALL") != NULL;
