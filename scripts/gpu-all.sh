@@ -61,7 +61,7 @@ cat "$L/machine.log"
 # ---- correctness first; a new path that fails its op test is switched off for the timings ----
 ok() { grep -q "^$1 *rc=0 " <<<"$(printf '%s\n' "${SUMMARY[@]}")"; }
 step test_gpu_model 60 "$B/tests/test_gpu_model"
-for t in matmul head_gemv moe prefill_moe fused mla indexer allreduce; do
+for t in matmul head_gemv moe prefill_moe fused mla indexer allreduce rowops sample; do
 	[ -x "$B/tests/test_ops_$t" ] && step "test_ops_$t" 60 env TANDEM_OPS_QUICK=1 TANDEM_OPS_BIG=0 "$B/tests/test_ops_$t"
 done
 # the experimental wide-product GEMVs (TANDEM_GEMV_BIG / _BIG_K, default off) on their own: a failure
@@ -77,7 +77,7 @@ fi
 { ok test_ops_mla && ok test_ops_indexer; } || export TANDEM_CUDA_ATTN=ref
 ok test_ops_head_gemv || export TANDEM_HEAD_GEMV=0
 { ok test_ops_matmul && ok test_ops_head_gemv; } || export TANDEM_GEMV_MMA=0 TANDEM_GEMV3=0
-ok test_ops_moe || export TANDEM_MOE_SORTED=0 TANDEM_MOE_FAST=0
+ok test_ops_moe || export TANDEM_MOE_SORTED=0 TANDEM_MOE_FAST=0 TANDEM_MOE_SMALL=0
 ok test_ops_prefill_moe || export TANDEM_PREFILL_FAST=0
 ok test_ops_fused || export TANDEM_FUSE=0
 sw="switches for the timings: ATTN=${TANDEM_CUDA_ATTN:-new} GEMV_MMA=${TANDEM_GEMV_MMA:-1} HEAD_GEMV=${TANDEM_HEAD_GEMV:-1}"
@@ -86,6 +86,7 @@ sw="$sw GEMV3=${TANDEM_GEMV3:-1}"
 echo "$sw" | tee "$L/switches.log"
 SUMMARY+=("$sw")
 # the prefill MoE kernels end to end: 64-token batches of the test models through them (bf16 path)
+step test_gpu_model_folds 30 env TANDEM_IDX_FOLD=1 TANDEM_MLA_ROPE=1 "$B/tests/test_gpu_model"
 ok test_ops_prefill_moe && step test_gpu_model_moe_mma 30 env TANDEM_MOE_MMA_MIN=17 "$B/tests/test_gpu_model"
 gpu2 test_gpu_tp 60 "$B/tests/test_gpu_tp"
 step test_gpu_workers_sh 40 env BUILD="$B" TANDEM_GPU_TESTS=1 bash tests/e2e/test_gpu_workers.sh
@@ -93,6 +94,7 @@ step test_gpu_workers_sh 40 env BUILD="$B" TANDEM_GPU_TESTS=1 bash tests/e2e/tes
 # ---- timings ----
 SYN="--synthetic glm5 --tp 8 --rank 0 --backend cuda"
 step glm5_matrix 60 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --gen 6 --profile
+step glm5_matrix_nopdl 40 env TANDEM_PDL=0 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --matrix-batch 1,8 --gen 6 --matrix-prefill 0
 step glm5_b1_nopdl 25 env TANDEM_PDL=0 "$B/tandem" bench $SYN --kv-fill random --ctx 4096 --gen 12 --batch 1 --reps 1
 step anchor_glm5_4l_tp1 30 "$B/tandem" bench --synthetic glm5 --layers 4 --dense 1 --type q4_k --backend cuda \
 	--prompt 512 --gen 64 --batch 1 --reps 3 --threads 8
@@ -101,6 +103,7 @@ step ds3_matrix 30 "$B/tandem" bench --synthetic deepseek3 --tp 8 --rank 0 --bac
 	--matrix-ctx 4096 --gen 4 --matrix-prefill 2048
 step bench_cuda_gemv_big 25 "$B/bench/bench_cuda_gemv_mma" big
 step bench_cuda_gemv_glm 20 "$B/bench/bench_cuda_gemv_mma" glm
+step bench_cuda_attn 30 "$B/bench/bench_cuda_attn"
 gpu2 bench_cuda_allreduce 40 "$B/bench/bench_cuda_allreduce"
 gpu2 bench_cuda_allreduce_oneshot 40 env TANDEM_TP_ONESHOT=1 "$B/bench/bench_cuda_allreduce"
 gpu2 test_gpu_tp_oneshot 60 env TANDEM_TP_ONESHOT=1 "$B/tests/test_gpu_tp"
@@ -118,7 +121,7 @@ if [ "${LOAD_REAL:-0}" = 1 ]; then
 fi
 step test_gpu_workers 30 "$B/tests/test_gpu_workers"
 if command -v compute-sanitizer >/dev/null; then
-	for t in fused moe prefill_moe matmul head_gemv; do
+	for t in fused moe prefill_moe matmul head_gemv mla indexer; do
 		step "memcheck_$t" 40 env TANDEM_OPS_QUICK=1 TANDEM_OPS_SMALL=1 TANDEM_OPS_BIG=0 \
 			compute-sanitizer --tool memcheck --error-exitcode 9 "$B/tests/test_ops_$t"
 	done
