@@ -327,7 +327,8 @@ static float time_graph(struct kcuda_ctx *c, const gshape &g, void *A, size_t st
 		cudaGraph_t gr;
 		CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
 		for (int i = 0; i < per; i++)
-			if (glm_call(c, g, (char *)A + ((gi * per + i) % ncopy) * stride, rb, mat, xd, nt, yd))
+			if (glm_call(c, g, (char *)A + ((gi * per + i) % ncopy) * stride, rb, mat, xd, nt,
+			             yd))
 				abort();
 		CK(cudaStreamEndCapture(s, &gr));
 		CK(cudaGraphInstantiate(&ex[gi], gr, 0));
@@ -385,7 +386,8 @@ static void time_glm(struct kcuda_ctx *c, size_t l2)
 		const int H = g.H ? g.H : 1;
 		const size_t mat = rb * (size_t)g.n_out, wbytes = mat * (size_t)H,
 		             stride = (wbytes + 255) & ~(size_t)255;
-		const int ncopy = (int)std::min<size_t>(big / stride, std::max<size_t>(4 * l2 / wbytes + 1, 20));
+		const int ncopy =
+		    (int)std::min<size_t>(big / stride, std::max<size_t>(4 * l2 / wbytes + 1, 20));
 		std::vector<uint8_t> hw(wbytes);
 		ops_fill_weight(g.type, g.n_in, g.n_out * H, rb, hw.data());
 		for (int k = 0; k < ncopy; k++)
@@ -395,12 +397,14 @@ static void time_glm(struct kcuda_ctx *c, size_t l2)
 			for (int off = 0; off < 2; off++) {
 				setenv("TANDEM_GEMV3", off ? "0" : "1", 1);
 				ms[off] = time_ms(s, 2, 5, ncopy, [&](int i) {
-					if (glm_call(c, g, (char *)A + (i % ncopy) * stride, rb, mat, xd, nt, yd))
+					if (glm_call(c, g, (char *)A + (i % ncopy) * stride, rb, mat, xd, nt,
+					             yd))
 						abort();
 				});
 				gms[off] = time_graph(c, g, A, stride, ncopy, rb, mat, xd, nt, yd);
 			}
-			printf("%-5s %-20s %5d | %8.2f %6.0f | %8.2f %6.0f | %5.2fx | %8.2f %6.0f | %8.2f %6.0f | "
+			printf("%-5s %-20s %5d | %8.2f %6.0f | %8.2f %6.0f | %5.2fx | %8.2f %6.0f | %8.2f "
+			       "%6.0f | "
 			       "%5.2fx\n",
 			       ktype_name(g.type), g.what, nt, ms[0] * 1e3, wbytes / (ms[0] * 1e-3) / 1e9,
 			       ms[1] * 1e3, wbytes / (ms[1] * 1e-3) / 1e9, ms[1] / ms[0], gms[0] * 1e3,
@@ -447,10 +451,12 @@ static void time_big(struct kcuda_ctx *c, size_t l2)
 	}
 	setenv("TANDEM_GEMV_MMA", "1", 1);
 	setenv("TANDEM_GEMV3", "1", 1);
-	printf("\nWide Q8_0 products, TANDEM_GEMV_BIG variants (0 old, 1 gemv3 plan, 2 gemv3 1 row/warp, "
-	       "3 gbig 1 row/warp, 4 gbig rows by n_tok, 5/6 = 3/4 persistent, 7/8 gbig2 K over 4 warps, rows "
-	       "by n_tok / 4); eager | graph of 20, us (GB/s); * = best graph\n"
-	       "%-20s %5s", "product", "n_tok");
+	printf(
+	    "\nWide Q8_0 products, TANDEM_GEMV_BIG variants (0 old, 1 gemv3 plan, 2 gemv3 1 row/warp, "
+	    "3 gbig 1 row/warp, 4 gbig rows by n_tok, 5/6 = 3/4 persistent, 7/8 gbig2 K over 4 warps, rows "
+	    "by n_tok / 4); eager | graph of 20, us (GB/s); * = best graph\n"
+	    "%-20s %5s",
+	    "product", "n_tok");
 	for (int v = 0; v < n_var; v++)
 		printf(" | v%d eager   GB/s  graph   GB/s ", v);
 	printf("\n");
@@ -459,7 +465,8 @@ static void time_big(struct kcuda_ctx *c, size_t l2)
 		if (!ktype_row_bytes(g.type, g.n_in, &rb))
 			continue;
 		const size_t wbytes = rb * (size_t)g.n_out, stride = (wbytes + 255) & ~(size_t)255;
-		const int ncopy = (int)std::min<size_t>(big / stride, std::max<size_t>(4 * l2 / wbytes + 1, 20));
+		const int ncopy =
+		    (int)std::min<size_t>(big / stride, std::max<size_t>(4 * l2 / wbytes + 1, 20));
 		std::vector<uint8_t> hw(wbytes);
 		ops_fill_weight(g.type, g.n_in, g.n_out, rb, hw.data());
 		for (int k = 0; k < ncopy; k++)
@@ -470,7 +477,8 @@ static void time_big(struct kcuda_ctx *c, size_t l2)
 			for (int v = 0; v < n_var; v++) {
 				setenv("TANDEM_GEMV_BIG", var[v], 1);
 				ms[v] = time_ms(s, 2, 5, ncopy, [&](int i) {
-					if (glm_call(c, g, (char *)A + (i % ncopy) * stride, rb, wbytes, xd, nt, yd))
+					if (glm_call(c, g, (char *)A + (i % ncopy) * stride, rb, wbytes, xd,
+					             nt, yd))
 						abort();
 				});
 				gms[v] = time_graph(c, g, A, stride, ncopy, rb, wbytes, xd, nt, yd);
@@ -479,8 +487,9 @@ static void time_big(struct kcuda_ctx *c, size_t l2)
 			}
 			printf("%-20s %5d", g.what, nt);
 			for (int v = 0; v < n_var; v++)
-				printf(" | %8.2f %6.0f %6.2f %6.0f%s", ms[v] * 1e3, wbytes / (ms[v] * 1e-3) / 1e9,
-				       gms[v] * 1e3, wbytes / (gms[v] * 1e-3) / 1e9, v == best ? "*" : " ");
+				printf(" | %8.2f %6.0f %6.2f %6.0f%s", ms[v] * 1e3,
+				       wbytes / (ms[v] * 1e-3) / 1e9, gms[v] * 1e3,
+				       wbytes / (gms[v] * 1e-3) / 1e9, v == best ? "*" : " ");
 			printf("\n");
 			fflush(stdout);
 		}
@@ -496,7 +505,8 @@ static void time_big(struct kcuda_ctx *c, size_t l2)
 	};
 	static const char *const kv[] = {"0", "1", "2"};
 	printf("\nQ4_K, TANDEM_GEMV_BIG_K variants (0 old, 1 gbig, 2 gbig persistent); eager | graph of 20, "
-	       "us (GB/s); * = best graph\n%-20s %5s", "product", "n_tok");
+	       "us (GB/s); * = best graph\n%-20s %5s",
+	       "product", "n_tok");
 	for (int v = 0; v < 3; v++)
 		printf(" | k%d eager   GB/s  graph   GB/s ", v);
 	printf("\n");
@@ -505,7 +515,8 @@ static void time_big(struct kcuda_ctx *c, size_t l2)
 		if (!ktype_row_bytes(g.type, g.n_in, &rb))
 			continue;
 		const size_t wbytes = rb * (size_t)g.n_out, stride = (wbytes + 255) & ~(size_t)255;
-		const int ncopy = (int)std::min<size_t>(big / stride, std::max<size_t>(4 * l2 / wbytes + 1, 20));
+		const int ncopy =
+		    (int)std::min<size_t>(big / stride, std::max<size_t>(4 * l2 / wbytes + 1, 20));
 		std::vector<uint8_t> hw(wbytes);
 		ops_fill_weight(g.type, g.n_in, g.n_out, rb, hw.data());
 		for (int k = 0; k < ncopy; k++)
@@ -516,7 +527,8 @@ static void time_big(struct kcuda_ctx *c, size_t l2)
 			for (int v = 0; v < 3; v++) {
 				setenv("TANDEM_GEMV_BIG_K", kv[v], 1);
 				ms[v] = time_ms(s, 2, 5, ncopy, [&](int i) {
-					if (glm_call(c, g, (char *)A + (i % ncopy) * stride, rb, wbytes, xd, nt, yd))
+					if (glm_call(c, g, (char *)A + (i % ncopy) * stride, rb, wbytes, xd,
+					             nt, yd))
 						abort();
 				});
 				gms[v] = time_graph(c, g, A, stride, ncopy, rb, wbytes, xd, nt, yd);
@@ -525,8 +537,9 @@ static void time_big(struct kcuda_ctx *c, size_t l2)
 			}
 			printf("%-20s %5d", g.what, nt);
 			for (int v = 0; v < 3; v++)
-				printf(" | %8.2f %6.0f %6.2f %6.0f%s", ms[v] * 1e3, wbytes / (ms[v] * 1e-3) / 1e9,
-				       gms[v] * 1e3, wbytes / (gms[v] * 1e-3) / 1e9, v == best ? "*" : " ");
+				printf(" | %8.2f %6.0f %6.2f %6.0f%s", ms[v] * 1e3,
+				       wbytes / (ms[v] * 1e-3) / 1e9, gms[v] * 1e3,
+				       wbytes / (gms[v] * 1e-3) / 1e9, v == best ? "*" : " ");
 			printf("\n");
 			fflush(stdout);
 		}

@@ -540,15 +540,15 @@ static int gm_launch_r(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out,
 {
 	const unsigned grid = (unsigned)((n_out + 16 * R - 1) / (16 * R));
 	if (n_tok <= 4)
-		return klaunch("gemv_mma", gemv_mma_kernel<T, R, 1>, dim3(grid), dim3(GM_WARPS * 32), 0, s, w, rb,
-		               n_out, n_in / 256, x, ldx, n_tok, y, ldy);
-	return klaunch("gemv_mma", gemv_mma_kernel<T, R, 2>, dim3(grid), dim3(GM_WARPS * 32), 0, s, w, rb, n_out,
-	               n_in / 256, x, ldx, n_tok, y, ldy);
+		return klaunch("gemv_mma", gemv_mma_kernel<T, R, 1>, dim3(grid), dim3(GM_WARPS * 32), 0, s, w,
+		               rb, n_out, n_in / 256, x, ldx, n_tok, y, ldy);
+	return klaunch("gemv_mma", gemv_mma_kernel<T, R, 2>, dim3(grid), dim3(GM_WARPS * 32), 0, s, w, rb,
+	               n_out, n_in / 256, x, ldx, n_tok, y, ldy);
 }
 
 template <int T>
 static int gm_launch_t(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out, const float *x, int64_t ldx,
-                        int n_tok, float *y, int64_t ldy, cudaStream_t s, int n_sm, int r_tiles)
+                       int n_tok, float *y, int64_t ldy, cudaStream_t s, int n_sm, int r_tiles)
 {
 	/* two tiles per warp share the X staging, unless that leaves SMs idle; not for Q6_K/Q8_0,
 	 * whose R = 2 instantiations need ~230-250 registers (8 warps/SM against 12-16 at R = 1) */
@@ -574,10 +574,14 @@ static inline int gemv_mma(int type, const void *w, size_t row_bytes, int64_t n_
 		return -EINVAL;
 	const uint8_t *wb = (const uint8_t *)w;
 	switch (type) {
-	case KT_Q4_K: return gm_launch_t<KT_Q4_K>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles);
-	case KT_Q5_K: return gm_launch_t<KT_Q5_K>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles);
-	case KT_Q6_K: return gm_launch_t<KT_Q6_K>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles);
-	case KT_Q8_0: return gm_launch_t<KT_Q8_0>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles);
+	case KT_Q4_K:
+		return gm_launch_t<KT_Q4_K>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles);
+	case KT_Q5_K:
+		return gm_launch_t<KT_Q5_K>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles);
+	case KT_Q6_K:
+		return gm_launch_t<KT_Q6_K>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles);
+	case KT_Q8_0:
+		return gm_launch_t<KT_Q8_0>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles);
 	default: return ERR_UNSUPPORTED;
 	}
 }

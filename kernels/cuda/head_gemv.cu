@@ -62,8 +62,8 @@ static int head_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t mat
 {
 	dim3 grid((unsigned)((w0->n_out + HG_WARPS - 1) / HG_WARPS), (unsigned)(H * n_tok));
 	return klaunch("head_gemv", head_gemv_kernel<T>, grid, dim3(HG_WARPS * 32), 0, c->stream,
-	               (const uint8_t *)w0->data, mat_bytes, w0->row_bytes, w0->n_out, w0->n_in, H, x, ldx, xhs,
-	               y, ldy, yhs);
+	               (const uint8_t *)w0->data, mat_bytes, w0->row_bytes, w0->n_out, w0->n_in, H, x, ldx,
+	               xhs, y, ldy, yhs);
 }
 
 extern "C" int kfwd_head_gemv(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H,

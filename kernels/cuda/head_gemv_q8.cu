@@ -102,12 +102,13 @@ static int hq_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_b
 {
 	const dim3 grid((unsigned)((w0->n_out + HQ_WARPS * HQ_RT - 1) / (HQ_WARPS * HQ_RT)), (unsigned)H);
 	return klaunch("head_gemv_q8", head_q8_kernel<NT>, grid, dim3(HQ_WARPS * 32), 0, c->stream,
-	               (const uint8_t *)w0->data, mat_bytes, w0->row_bytes, (int)w0->n_out, (int)(w0->n_in / 8), x,
-	               ldx, xhs, n_tok, y, ldy, yhs);
+	               (const uint8_t *)w0->data, mat_bytes, w0->row_bytes, (int)w0->n_out,
+	               (int)(w0->n_in / 8), x, ldx, xhs, n_tok, y, ldy, yhs);
 }
 
-int kcuda_head_q8_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H, const float *x,
-                         int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy, int64_t yhs)
+int kcuda_head_q8_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H,
+                         const float *x, int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy,
+                         int64_t yhs)
 {
 	if (!kcuda_gemv3_enabled() || w0->type != KT_Q8_0 || n_tok < 1 || n_tok > 8 || H < 1 || H > 65535 ||
 	    w0->n_in < 64 || w0->n_in > 256 || w0->n_in % 64 || w0->n_out < 1 || w0->n_out > INT32_MAX ||

@@ -165,8 +165,8 @@ static int launch_type(struct kcuda_ctx *c, const struct kweight *w, const float
 		if constexpr (T == KT_F32 || T == KT_F16 || T == KT_BF16) {
 			const unsigned grid = (unsigned)((w->n_out + GEMV_WARPS - 1) / GEMV_WARPS);
 			return klaunch("gemv_scalar", gemv_scalar<T>, dim3(grid), dim3(GEMV_WARPS * 32), 0,
-			               c->stream, (const uint8_t *)w->data, w->row_bytes, w->n_out, w->n_in, x,
-			               ldx, n_tok, y, ldy);
+			               c->stream, (const uint8_t *)w->data, w->row_bytes, w->n_out, w->n_in,
+			               x, ldx, n_tok, y, ldy);
 		}
 		return ERR_UNSUPPORTED;
 	}

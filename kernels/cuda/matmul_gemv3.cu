@@ -350,15 +350,16 @@ static int g3_launch(struct kcuda_ctx *c, const struct g3_args &a, int n_split, 
 		na++;
 	}
 	cudaLaunchConfig_t cfg = {};
-	cfg.gridDim = dim3((unsigned)((w->n_out + rows_blk - 1) / rows_blk), (unsigned)n_split, (unsigned)a.H);
+	cfg.gridDim =
+	    dim3((unsigned)((w->n_out + rows_blk - 1) / rows_blk), (unsigned)n_split, (unsigned)a.H);
 	cfg.blockDim = dim3(G3_NW * 32, 1, 1);
 	cfg.dynamicSmemBytes = (size_t)G3_NW * (G3_S(RT) * RT * g3t<T>::SB + 16);
 	cfg.stream = c->stream;
 	cfg.attrs = at;
 	cfg.numAttrs = na;
-	cudaError_t e = cudaLaunchKernelEx(&cfg, kern, (const uint8_t *)w->data, a.mat_bytes, w->row_bytes,
-	                                   (int)w->n_out, n_slab, sps, a.x, a.ldx, a.xhs, a.n_tok, a.y, a.ldy,
-	                                   a.yhs);
+	cudaError_t e =
+	    cudaLaunchKernelEx(&cfg, kern, (const uint8_t *)w->data, a.mat_bytes, w->row_bytes, (int)w->n_out,
+	                       n_slab, sps, a.x, a.ldx, a.xhs, a.n_tok, a.y, a.ldy, a.yhs);
 	kcuda_n_launch++;
 	if (e == cudaSuccess)
 		e = cudaGetLastError();
@@ -496,22 +497,25 @@ __global__ void __launch_bounds__(NW * 32)
 		const uint32_t bytes = (uint32_t)(min(GB_CS, n_slab - s0) * SB);
 		const int st = j % GB_S;
 		const uint32_t b = gb_saddr(&bar[st]);
-		asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(RT * bytes)
+		asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b),
+		             "r"(RT * bytes)
 		             : "memory");
 #pragma unroll
 		for (int r = 0; r < RT; r++) {
 			const uint8_t *src =
 			    w + (size_t)min(tile * RT + r, n_out - 1) * row_bytes + (size_t)s0 * SB;
-			asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
-			             "%2, [%3];" ::"r"(gb_saddr(ring + st * STAGE + r * RB)),
-			             "l"(src), "r"(bytes), "r"(b)
-			             : "memory");
+			asm volatile(
+			    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+			    "%2, [%3];" ::"r"(gb_saddr(ring + st * STAGE + r * RB)),
+			    "l"(src), "r"(bytes), "r"(b)
+			    : "memory");
 		}
 	};
 	if (lane == 0) {
 #pragma unroll
 		for (int s = 0; s < GB_S; s++)
-			asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(gb_saddr(&bar[s])) : "memory");
+			asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(gb_saddr(&bar[s]))
+			             : "memory");
 		/* the initialized barriers are visible to the bulk copy engine (async proxy) */
 		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 		asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -539,7 +543,8 @@ __global__ void __launch_bounds__(NW * 32)
 #pragma unroll
 			for (int t = 0; t < NT; t++) {
 				if (t < n_tok) {
-					const float4 *q = (const float4 *)(xp + t * ldx + (size_t)(s0 + sl) * SE);
+					const float4 *q =
+					    (const float4 *)(xp + t * ldx + (size_t)(s0 + sl) * SE);
 #pragma unroll
 					for (int k = 0; k < EPL / 4; k++) {
 						const float4 f = __ldg(q + k);
@@ -615,8 +620,8 @@ static int gbig_launch(struct kcuda_ctx *c, const struct g3_args &a, int n_slab,
 		static int per_sm; /* per instantiation; the same on every device of one kind */
 		if (!per_sm) {
 			int v = 0;
-			if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, gbig_kernel<T, NT, RT, NW>, NW * 32,
-			                                                  smem) != cudaSuccess ||
+			if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, gbig_kernel<T, NT, RT, NW>,
+			                                                  NW * 32, smem) != cudaSuccess ||
 			    v < 1) {
 				(void)cudaGetLastError();
 				v = 1;
@@ -646,10 +651,13 @@ static int gbig_launch_nt(struct kcuda_ctx *c, const struct g3_args &a, bool row
 	if (a.n_tok == 1)
 		return gbig_launch<T, 1, 1>(c, a, ns, persistent);
 	if (a.n_tok == 2)
-		return rt == 1 ? gbig_launch<T, 2, 1>(c, a, ns, persistent) : gbig_launch<T, 2, 2>(c, a, ns, persistent);
+		return rt == 1 ? gbig_launch<T, 2, 1>(c, a, ns, persistent)
+		               : gbig_launch<T, 2, 2>(c, a, ns, persistent);
 	if (a.n_tok <= 4)
-		return rt == 1 ? gbig_launch<T, 4, 1>(c, a, ns, persistent) : gbig_launch<T, 4, 2>(c, a, ns, persistent);
-	return rt == 1 ? gbig_launch<T, 8, 1>(c, a, ns, persistent) : gbig_launch<T, 8, 4>(c, a, ns, persistent);
+		return rt == 1 ? gbig_launch<T, 4, 1>(c, a, ns, persistent)
+		               : gbig_launch<T, 4, 2>(c, a, ns, persistent);
+	return rt == 1 ? gbig_launch<T, 8, 1>(c, a, ns, persistent)
+	               : gbig_launch<T, 8, 4>(c, a, ns, persistent);
 }
 
 /* ---- gbig2: gbig with a tile's K range split over the warps of its block (TANDEM_GEMV_BIG=7/8) --
@@ -688,21 +696,25 @@ __global__ void __launch_bounds__(GB2_KW * 32)
 		const uint32_t bytes = (uint32_t)(min(GB2_CS, n_slab - s0) * SB);
 		const int st = j % GB_S;
 		const uint32_t b = gb_saddr(&bar[st]);
-		asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(RT * bytes)
+		asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b),
+		             "r"(RT * bytes)
 		             : "memory");
 #pragma unroll
 		for (int r = 0; r < RT; r++) {
-			const uint8_t *src = w + (size_t)min(row0 + r, n_out - 1) * row_bytes + (size_t)s0 * SB;
-			asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
-			             "%2, [%3];" ::"r"(gb_saddr(ring + st * STAGE + r * RB)),
-			             "l"(src), "r"(bytes), "r"(b)
-			             : "memory");
+			const uint8_t *src =
+			    w + (size_t)min(row0 + r, n_out - 1) * row_bytes + (size_t)s0 * SB;
+			asm volatile(
+			    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+			    "%2, [%3];" ::"r"(gb_saddr(ring + st * STAGE + r * RB)),
+			    "l"(src), "r"(bytes), "r"(b)
+			    : "memory");
 		}
 	};
 	if (lane == 0) {
 #pragma unroll
 		for (int s = 0; s < GB_S; s++)
-			asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(gb_saddr(&bar[s])) : "memory");
+			asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(gb_saddr(&bar[s]))
+			             : "memory");
 		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 		asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 		for (int j = 0; j < GB_S && j < n_items; j++)
@@ -729,7 +741,8 @@ __global__ void __launch_bounds__(GB2_KW * 32)
 #pragma unroll
 			for (int t = 0; t < NT; t++) {
 				if (t < n_tok) {
-					const float4 *q = (const float4 *)(xp + t * ldx + (size_t)(s0 + sl) * SE);
+					const float4 *q =
+					    (const float4 *)(xp + t * ldx + (size_t)(s0 + sl) * SE);
 #pragma unroll
 					for (int k = 0; k < EPL / 4; k++) {
 						const float4 f = __ldg(q + k);
@@ -791,8 +804,8 @@ template <int NT, int RT> static int gbig2_launch(struct kcuda_ctx *c, const str
 	const struct kweight *w = a.w;
 	const size_t smem = (size_t)GB2_KW * GB_S * RT * GB2_CS * g3t<KT_Q8_0>::SB;
 	return klaunch("gemv_big2", gbig2_kernel<NT, RT>, dim3((unsigned)((w->n_out + RT - 1) / RT)),
-	               dim3(GB2_KW * 32), smem, c->stream, (const uint8_t *)w->data, w->row_bytes, (int)w->n_out,
-	               n_slab, a.x, a.ldx, a.n_tok, a.y, a.ldy);
+	               dim3(GB2_KW * 32), smem, c->stream, (const uint8_t *)w->data, w->row_bytes,
+	               (int)w->n_out, n_slab, a.x, a.ldx, a.n_tok, a.y, a.ldy);
 }
 
 /* rows per tile by n_tok (1 / 2 / 4 at n_tok 1 / 2..4 / 5..8), or 4 at every n_tok */
@@ -863,8 +876,8 @@ static int g3_run(struct kcuda_ctx *c, const struct g3_args &a)
 	if (w->type == KT_Q8_0 && w->n_out > G3_Q8_MAX_OUT && big == 0)
 		return ERR_UNSUPPORTED;
 	if (!kcuda_gemv3_enabled() || a.n_tok < 1 || a.n_tok > 8 || a.H < 1 || a.H > 65535 || w->n_out < 1 ||
-	    w->n_out > INT32_MAX || (uintptr_t)w->data % 16 || (uintptr_t)a.x % 16 || a.ldx % 4 || a.xhs % 4 ||
-	    w->row_bytes % 16 || a.mat_bytes % 16)
+	    w->n_out > INT32_MAX || (uintptr_t)w->data % 16 || (uintptr_t)a.x % 16 || a.ldx % 4 ||
+	    a.xhs % 4 || w->row_bytes % 16 || a.mat_bytes % 16)
 		return ERR_UNSUPPORTED;
 	if (w->type == KT_Q4_K) { /* gbig only, when TANDEM_GEMV_BIG_K asks for it */
 		const int km = g3_big_k_mode();

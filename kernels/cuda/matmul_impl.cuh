@@ -31,8 +31,9 @@ int kcuda_gemv3_heads(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_
                       int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy, int64_t yhs);
 /* Per-head Q8_0 products with rows of 64..256 elements (n_in % 64 == 0: k_b) at n_tok 1..8
  * (head_gemv_q8.cu); same alignment needs; ERR_UNSUPPORTED otherwise or with TANDEM_GEMV3=0. */
-int kcuda_head_q8_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H, const float *x,
-                         int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy, int64_t yhs);
+int kcuda_head_q8_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H,
+                         const float *x, int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy,
+                         int64_t yhs);
 /* false when TANDEM_GEMV3=0 (read on every call) */
 extern "C" bool kcuda_gemv3_enabled(void);
 

@@ -273,8 +273,8 @@ static int mt_launch(struct kcuda_ctx *c, dim3 grid, const struct kweight *w0, s
                      int64_t yhs, float *part, int xvec)
 {
 	return klaunch("mm_tile", mm_tile_kernel<T>, grid, dim3(MT_THREADS), 0, c->stream,
-	               (const uint8_t *)w0->data, mat_bytes, w0->row_bytes, w0->n_out, w0->n_in, S, cps, x, ldx,
-	               xhs, n_tok, y, ldy, yhs, part, xvec);
+	               (const uint8_t *)w0->data, mat_bytes, w0->row_bytes, w0->n_out, w0->n_in, S, cps, x,
+	               ldx, xhs, n_tok, y, ldy, yhs, part, xvec);
 }
 
 int kcuda_mm_tile_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H,
@@ -316,6 +316,6 @@ int kcuda_mm_tile_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t m
 		return rc;
 	const int64_t n = (int64_t)H * n_tok * w0->n_out;
 	const unsigned blocks = (unsigned)min((n + 255) / 256, (int64_t)4 * c->n_sm);
-	return klaunch("mm_tile reduce", mm_tile_reduce, dim3(blocks), dim3(256), 0, c->stream, part, S, H, n_tok,
-	               w0->n_out, y, ldy, yhs);
+	return klaunch("mm_tile reduce", mm_tile_reduce, dim3(blocks), dim3(256), 0, c->stream, part, S, H,
+	               n_tok, w0->n_out, y, ldy, yhs);
 }

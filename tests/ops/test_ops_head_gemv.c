@@ -71,7 +71,8 @@ static void head_case(int type, int H, int64_t n_in, int64_t n_out, int64_t xpad
 	OPS_CHECK(gb == 0, "head_gemv %s: %zu guard bytes damaged", ktype_name(type), gb);
 	{ /* a second run gives the same bits (every path reduces in a fixed order) */
 		float *again = malloc(sizeof(float) * (size_t)(n_tok * ldy));
-		int rc2 = again ? kfwd_head_gemv(ctx, &w0, mat, H, d_x, ldx, xhs, n_tok, ob.user, ldy, yhs) : -1;
+		int rc2 =
+		    again ? kfwd_head_gemv(ctx, &w0, mat, H, d_x, ldx, xhs, n_tok, ob.user, ldy, yhs) : -1;
 		if (!rc2)
 			rc2 = kcuda_sync(ctx);
 		if (!rc2)

@@ -103,8 +103,12 @@ static int run_case(struct kcuda_ctx *c, int type, int64_t n_in, int64_t n_out, 
 	                  (path == KCUDA_MM_F32 || (path == KCUDA_MM_AUTO && n_tok <= TILE_MAX_TOK));
 	const bool gemm =
 	    !tile && (path == KCUDA_MM_GEMM || (path == KCUDA_MM_AUTO && n_tok > 8 && type != KT_F32));
-	const char *lbl = tile ? "tile" : gemm ? "gemm" : n_tok > 8 ? "f32gm" : gemv3_takes(type, n_in, n_out) ? "gemv3"
-	                  : mma_on() ? "gemv*" : "gemv";
+	const char *lbl = tile                             ? "tile"
+	                  : gemm                           ? "gemm"
+	                  : n_tok > 8                      ? "f32gm"
+	                  : gemv3_takes(type, n_in, n_out) ? "gemv3"
+	                  : mma_on()                       ? "gemv*"
+	                                                   : "gemv";
 	OPS_CHECK(rc == 0, "%s %s n_in=%" PRId64 " n_out=%" PRId64 " n_tok=%" PRId64 ": rc %d",
 	          ktype_name(type), what, n_in, n_out, n_tok, rc);
 	size_t bad = ops_dbuf_get(c, &yb, yh);
@@ -227,12 +231,12 @@ out:
 static int gemv3_sweep(struct kcuda_ctx *c, int quick)
 {
 	static const struct shape full[] = {
-	    {6144, 2048, "glm q_a"},       {2048, 2048, "glm q_b"},        {2048, 4096, "glm idx_q_b"},
-	    {6144, 576, "glm kv_a"},       {6144, 128, "glm idx_k"},       {2048, 6144, "glm o"},
-	    {6144, 32, "glm idx_proj"},    {6144, 256, "glm router"},      {7168, 1536, "ds q_a"},
-	    {1536, 3072, "ds q_b"},        {7168, 576, "ds kv_a"},         {2048, 7168, "ds o"},
-	    {7168, 256, "ds router"},      {1024, 67, "odd n_out 67"},     {256, 1, "one row"},
-	    {768, 37, "odd n_out 37"},     {384, 33, "n_in 384 (F32)"},    {12288, 5, "long K"},
+	    {6144, 2048, "glm q_a"},    {2048, 2048, "glm q_b"},     {2048, 4096, "glm idx_q_b"},
+	    {6144, 576, "glm kv_a"},    {6144, 128, "glm idx_k"},    {2048, 6144, "glm o"},
+	    {6144, 32, "glm idx_proj"}, {6144, 256, "glm router"},   {7168, 1536, "ds q_a"},
+	    {1536, 3072, "ds q_b"},     {7168, 576, "ds kv_a"},      {2048, 7168, "ds o"},
+	    {7168, 256, "ds router"},   {1024, 67, "odd n_out 67"},  {256, 1, "one row"},
+	    {768, 37, "odd n_out 37"},  {384, 33, "n_in 384 (F32)"}, {12288, 5, "long K"},
 	};
 	static const struct shape small[] = {
 	    {6144, 128, "glm idx_k"}, {6144, 32, "glm idx_proj"}, {1024, 67, "odd n_out 67"},
@@ -264,7 +268,8 @@ static int gemv3_sweep(struct kcuda_ctx *c, int quick)
 			}
 			/* the fp32 path at decode sizes (router, indexer) */
 			if (!big)
-				fail |= run_case(c, type, sh[s].n_in, sh[s].n_out, 2, KCUDA_MM_F32, 0, sh[s].what);
+				fail |= run_case(c, type, sh[s].n_in, sh[s].n_out, 2, KCUDA_MM_F32, 0,
+				                 sh[s].what);
 		}
 		setenv("TANDEM_GEMV3", "0", 1);
 		for (size_t s = 0; s < n_sh && s < 4; s++)
@@ -291,10 +296,10 @@ static int big_sweep(struct kcuda_ctx *c, int quick)
 	 * warps (6 blocks of 4 warps per SM: 3168 on an H200), so warps walk two tiles and the ring
 	 * runs on from one tile's two chunks into the next's. n_in 12288 (48 slabs) refills the
 	 * rings: 6 chunks per row in gbig, 6 per warp in gbig2, against 4 stages. */
-	static const struct shape wide[] = {{6144, 2048, "glm q_a wide"},      {2048, 6144, "glm o wide"},
-	                                    {2560, 1029, "wide, short chunk"}, {2048, 1100, "wide"},
-	                                    {2560, 3300, "wide, 2 tiles per warp"},
-	                                    {12288, 1100, "wide, long K (ring refills)"}};
+	static const struct shape wide[] = {
+	    {6144, 2048, "glm q_a wide"},           {2048, 6144, "glm o wide"},
+	    {2560, 1029, "wide, short chunk"},      {2048, 1100, "wide"},
+	    {2560, 3300, "wide, 2 tiles per warp"}, {12288, 1100, "wide, long K (ring refills)"}};
 	static const char *const big[] = {"1", "2", "3", "4", "5", "6", "7", "8"};
 	/* Q4_K through gbig (TANDEM_GEMV_BIG_K=1: a tile per warp, 2: persistent grid): narrow,
 	 * wide, a short second chunk (n_in 2560: 10 of 16 super-blocks), 2 tiles per warp, ring
@@ -327,8 +332,8 @@ static int big_sweep(struct kcuda_ctx *c, int quick)
 			snprintf(what, sizeof(what), "%s, GEMV_BIG_K=%s", ks[s].what, km[v]);
 			for (int64_t nt = 1; nt <= 8; nt++)
 				if (nt == 1 || nt == 2 || nt == 3 || nt == 8)
-					fail |= run_case(c, KT_Q4_K, ks[s].n_in, ks[s].n_out, nt, KCUDA_MM_AUTO,
-					                 (int)((nt + s) & 1), what);
+					fail |= run_case(c, KT_Q4_K, ks[s].n_in, ks[s].n_out, nt,
+					                 KCUDA_MM_AUTO, (int)((nt + s) & 1), what);
 		}
 	}
 	unsetenv("TANDEM_GEMV_BIG_K");
