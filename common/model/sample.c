@@ -228,9 +228,6 @@ int sample_token(const struct sample_params *p, struct sample_rng *rng, struct s
 		return errbuf_set(e, -EINVAL, "sampling: logprobs must be 0..%d", SAMPLE_MAX_LOGPROBS);
 	float *l = w->logits;
 	memcpy(l, logits, sizeof(float) * (size_t)V);
-	for (int64_t i = 0; i < V; i++)
-		if (isnan(l[i]))
-			l[i] = -INFINITY; /* a NaN logit never wins */
 	bool pen =
 	    p->repetition_penalty != 1.0f || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
 	if (pen && n_history > 0) {
@@ -253,9 +250,18 @@ int sample_token(const struct sample_params *p, struct sample_rng *rng, struct s
 		}
 	}
 	/* log-softmax of the penalised logits */
+	/* NaN or +inf never comes from a healthy forward pass (-inf may be a mask): say so instead of
+	 * sampling from garbage (e.g. an activation outside a kernel's fp16 staging range) */
 	float mx = -INFINITY;
-	for (int64_t i = 0; i < V; i++)
+	for (int64_t i = 0; i < V; i++) {
+		if (!(l[i] < INFINITY))
+			return errbuf_set(
+			    e, ERR_FORMAT,
+			    "sampling: the logit of token %lld is %s: the forward pass produced a "
+			    "non-finite value (numeric overflow)",
+			    (long long)i, isnan(l[i]) ? "NaN" : "+inf");
 		mx = l[i] > mx ? l[i] : mx;
+	}
 	if (!isfinite(mx))
 		return errbuf_set(e, -EINVAL, "sampling: no finite logit");
 	double lse = 0;

@@ -81,6 +81,28 @@ int main(void)
 	CHECK(sample_token(&p, &r, &w, L, V, NULL, 0, &res, NULL) == 0 && res.token == 0,
 	      "temperature 0 picked %d", res.token);
 
+	/* a NaN or +inf logit is an error that says so; -inf (a mask) is not */
+	{
+		float bad[V];
+		struct errbuf eb = {0};
+		memcpy(bad, L, sizeof(bad));
+		bad[3] = NAN;
+		sample_params_default(&p);
+		p.greedy = true;
+		CHECK(sample_token(&p, &r, &w, bad, V, NULL, 0, &res, &eb) == ERR_FORMAT &&
+		          strstr(eb.msg, "token 3 is NaN"),
+		      "NaN logit: %s", eb.msg);
+		bad[3] = INFINITY;
+		p.greedy = false;
+		CHECK(sample_token(&p, &r, &w, bad, V, NULL, 0, &res, &eb) == ERR_FORMAT &&
+		          strstr(eb.msg, "token 3 is +inf"),
+		      "+inf logit: %s", eb.msg);
+		bad[3] = -INFINITY;
+		p.greedy = true;
+		CHECK(sample_token(&p, &r, &w, bad, V, NULL, 0, &res, NULL) == 0 && res.token == 0,
+		      "-inf logit (a mask) refused or wrong pick %d", res.token);
+	}
+
 	/* reproducible per seed, different across seeds */
 	sample_params_default(&p);
 	int seq1[64], seq2[64], seq3[64];
