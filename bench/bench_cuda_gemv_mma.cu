@@ -642,6 +642,8 @@ static void gm_emulate(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out,
 	gm_stage<NG> stage;
 	for (int64_t row0 = 0; row0 < n_out; row0 += 16 * R) {
 		memset(&stage, 0, sizeof(stage));
+		for (float &f : stage.f)
+			f = 1.f;
 		for (int l = 0; l < 32; l++) {
 			gm_lane<R, NG> &a = L[l];
 			a.g = l >> 2, a.t = l & 3, a.lane = l, a.n_tok = n_tok, a.sm = &stage, a.x = x,
@@ -737,7 +739,8 @@ static void emulate_all(void)
 			std::vector<uint8_t> wh(rb * n_out + 16);
 			ops_fill_weight(type, n_in, n_out, rb, wh.data());
 			std::vector<float> xh((size_t)MAX_TOK * n_in), row(n_in), yh((size_t)MAX_TOK * n_out);
-			for (const float xs : {1.f, 0x1p-10f, 0x1p8f}) /* also small and large activations */
+			/* also small and large activations; 1e6: past fp16's range (the per-unit scale) */
+			for (const float xs : {1.f, 0x1p-10f, 0x1p8f, 1e6f})
 				for (int nt : {1, 4, 5, 8})
 					for (int rt : {1, 2}) {
 						if (xs != 1.f && (rt == 2 || nt == 4))

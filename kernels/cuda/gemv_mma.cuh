@@ -38,7 +38,8 @@
  *   Q8_0: eight 34-byte blocks (272 B, 16-byte aligned); two steps per block, d per block on the
  *     accumulator; 4-byte loads (odd blocks aligned, even ones funnel-shifted).
  * Assumes: n_in % 256 == 0 (Q6_K: % 512, so rows start 4-byte aligned), W and X 16-byte aligned,
- * ldx % 4 == 0, 1e-6 < |x| < 65504 for full accuracy (fp16 range; larger gives inf/NaN), W
+ * ldx % 4 == 0, |x| > 1e-6 for full accuracy (a unit with |x| >= 2^15 is staged scaled by a power
+ * of two, gm_xscale), W
  * buffers padded by 16 bytes as kcuda_weight_upload does (the funnel loads of the last Q8_0
  * block read 2 bytes past it).
  * Rows past n_out are clamped for loads and not stored. */
@@ -194,31 +195,68 @@ GM_HD uint32_t gm_u16(const uint8_t *p)
  * 0..15 of one column) land in different banks (32 apart: 16-way conflicts; 33: at most 2-4). */
 template <int NG> struct gm_stage {
 	uint2 b[NG][16][33]; /* 33: a step's 32 entries plus one of padding, see above */
+	float f[4 * NG]; /* per token: the unit was staged times 1 / f (a power of two; 1 nearly always) */
 };
+
+/* fp16 holds |x| < 65504 and the lo part needs headroom: a unit whose largest |x| reaches 2^15 is
+ * staged times 2^(15 - e) (m < 2^e), exactly, and its partial sums are multiplied back by the unit
+ * bodies (sm.f). Below 2^15 the factor is 1 and nothing changes. Inf / NaN stay as they are (the
+ * sampler reports a non-finite logit). */
+GM_HD float gm_xscale(float m)
+{
+	if (!(m >= 32768.f) || !(m <= 3.4e38f))
+		return 1.f;
+	int e;
+	(void)frexpf(m, &e); /* m = f 2^e, 0.5 <= f < 1 */
+	return ldexpf(1.f, 15 - e);
+}
+
+/* one float4 of token tok (elements 4q .. 4q+3 of the unit), times sc, as hi / lo halves */
+template <bool K45, int NG> GM_HD void gm_stage_entry(gm_stage<NG> &sm, float4 v, float sc, int tok, int q)
+{
+	const int st = K45 ? (q & 15) : (q >> 2), t = K45 ? (q >> 4) : (q & 3);
+	v.x *= sc, v.y *= sc, v.z *= sc, v.w *= sc; /* a power of two: exact */
+	const uint32_t h0 = gm_pack(v.x, v.z), h1 = gm_pack(v.y, v.w);
+	/* x - hi is exact in fp32, so is the scaling by 2^11 */
+	const uint32_t l0 = gm_pack((v.x - gm_f16(h0)) * 2048.f, (v.z - gm_f16(h0 >> 16)) * 2048.f);
+	const uint32_t l1 = gm_pack((v.y - gm_f16(h1)) * 2048.f, (v.w - gm_f16(h1 >> 16)) * 2048.f);
+	uint2 *row = sm.b[tok >> 2][st];
+	const int g = 2 * (tok & 3);
+	row[4 * g + t] = make_uint2(h0, h1);
+	row[4 * (g + 1) + t] = make_uint2(l0, l1);
+}
 
 template <bool K45, int NG>
 GM_HD void gm_stage_x(gm_stage<NG> &sm, const float *__restrict__ x, int64_t ldx, int n_tok, int64_t u,
                       int lane)
 {
 	gm_syncwarp(); /* the previous unit's reads are done */
-	const int n_ent = 64 * (n_tok < 4 * NG ? n_tok : 4 * NG);
+	const int nt = n_tok < 4 * NG ? n_tok : 4 * NG;
 #ifdef __CUDA_ARCH__
-	const int e0 = lane, de = 32;
+	const int q0 = lane, dq = 32;
 #else /* the emulator runs lanes one after another: each does the whole warp's share */
-	const int e0 = 0, de = 1;
+	const int q0 = 0, dq = 1;
 #endif
-	for (int e = e0; e < n_ent; e += de) {
-		const int tok = e >> 6, q = e & 63;
-		const int st = K45 ? (q & 15) : (q >> 2), t = K45 ? (q >> 4) : (q & 3);
-		const float4 v = gm_ldg((const float4 *)(x + tok * ldx + 256 * u + 4 * q));
-		const uint32_t h0 = gm_pack(v.x, v.z), h1 = gm_pack(v.y, v.w);
-		/* x - hi is exact in fp32, so is the scaling by 2^11 */
-		const uint32_t l0 = gm_pack((v.x - gm_f16(h0)) * 2048.f, (v.z - gm_f16(h0 >> 16)) * 2048.f);
-		const uint32_t l1 = gm_pack((v.y - gm_f16(h1)) * 2048.f, (v.w - gm_f16(h1 >> 16)) * 2048.f);
-		uint2 *row = sm.b[tok >> 2][st];
-		const int g = 2 * (tok & 3);
-		row[4 * g + t] = make_uint2(h0, h1);
-		row[4 * (g + 1) + t] = make_uint2(l0, l1);
+	GM_UNROLL
+	for (int tok = 0; tok < 4 * NG; tok++) {
+		if (tok >= nt)
+			break;
+		const float *xt = x + tok * ldx + 256 * u;
+		float m = 0.f; /* the token's largest |x| in this unit, over the warp */
+		for (int q = q0; q < 64; q += dq) {
+			const float4 v = gm_ldg((const float4 *)(xt + 4 * q));
+			m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+		}
+#ifdef __CUDA_ARCH__
+		GM_UNROLL
+		for (int o = 16; o > 0; o >>= 1)
+			m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+#endif
+		const float sc = gm_xscale(m);
+		if (q0 == 0)
+			sm.f[tok] = 1.f / sc;
+		for (int q = q0; q < 64; q += dq)
+			gm_stage_entry<K45, NG>(sm, gm_ldg((const float4 *)(xt + 4 * q)), sc, tok, q);
 	}
 	gm_syncwarp();
 }
@@ -350,8 +388,9 @@ GM_HD void gm_unit_k45(gm_lane<R, NG> &L, const uint8_t *const (&rows)[R][2], in
 		GM_UNROLL
 	for (int i = 0; i < 4; i++) {
 		const int hr = i >> 1;
-		L.acc[r][k][i] = fmaf(dd[r][hr], dq[r][k][i], L.acc[r][k][i]);
-		L.acc[r][k][i] = fmaf(-dm[r][hr], dn[r][k][i], L.acc[r][k][i]);
+		const float f = L.sm->f[4 * k + L.t]; /* the unit's x scale back (1 nearly always) */
+		L.acc[r][k][i] = fmaf(dd[r][hr] * f, dq[r][k][i], L.acc[r][k][i]);
+		L.acc[r][k][i] = fmaf(-dm[r][hr] * f, dn[r][k][i], L.acc[r][k][i]);
 	}
 }
 
@@ -406,9 +445,10 @@ GM_HD void gm_unit_q6k(gm_lane<R, NG> &L, const uint8_t *const (&rows)[R][2], in
 			for (int k = 0; k < NG; k++) {
 				float D[4] = {0.f, 0.f, 0.f, 0.f};
 				gm_mma(D, v[0][0], v[1][0], v[0][1], v[1][1], b[k][0], b[k][1]);
+				const float f = L.sm->f[4 * k + L.t];
 				GM_UNROLL
 				for (int i = 0; i < 4; i++)
-					L.acc[r][k][i] = fmaf(scale[i >> 1], D[i], L.acc[r][k][i]);
+					L.acc[r][k][i] = fmaf(scale[i >> 1] * f, D[i], L.acc[r][k][i]);
 			}
 		}
 	}
@@ -461,9 +501,10 @@ GM_HD void gm_unit_q80(gm_lane<R, NG> &L, const uint8_t *const (&rows)[R][2], in
 				       b[k][0][1]);
 				gm_mma(D, v[1][0][0], v[1][1][0], v[1][0][1], v[1][1][1], b[k][1][0],
 				       b[k][1][1]);
+				const float f = L.sm->f[4 * k + L.t];
 				GM_UNROLL
 				for (int i = 0; i < 4; i++)
-					L.acc[r][k][i] = fmaf(d[r][i >> 1][bi], D[i], L.acc[r][k][i]);
+					L.acc[r][k][i] = fmaf(d[r][i >> 1][bi] * f, D[i], L.acc[r][k][i]);
 			}
 		}
 	}
@@ -499,6 +540,8 @@ __global__ void __launch_bounds__(GM_WARPS * 32, 1)
 	L.x = x, L.ldx = ldx, L.n_tok = n_tok;
 	for (int i = lane; i < NG * 16 * 33; i += 32)
 		(&stage[warp].b[0][0][0])[i] = make_uint2(0u, 0u);
+	for (int i = lane; i < 4 * NG; i += 32)
+		stage[warp].f[i] = 1.f; /* tokens >= n_tok: zero columns, factor 1 */
 	GM_UNROLL
 	for (int r = 0; r < R; r++)
 		GM_UNROLL
