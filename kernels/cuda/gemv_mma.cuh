@@ -231,32 +231,45 @@ GM_HD void gm_stage_x(gm_stage<NG> &sm, const float *__restrict__ x, int64_t ldx
                       int lane)
 {
 	gm_syncwarp(); /* the previous unit's reads are done */
-	const int nt = n_tok < 4 * NG ? n_tok : 4 * NG;
+	const int nt = n_tok < 4 * NG ? n_tok : 4 * NG, n_ent = 64 * nt;
 #ifdef __CUDA_ARCH__
-	const int q0 = lane, dq = 32;
+	const int e0 = lane, de = 32;
 #else /* the emulator runs lanes one after another: each does the whole warp's share */
-	const int q0 = 0, dq = 1;
+	const int e0 = 0, de = 1;
 #endif
-	GM_UNROLL
-	for (int tok = 0; tok < 4 * NG; tok++) {
-		if (tok >= nt)
-			break;
-		const float *xt = x + tok * ldx + 256 * u;
-		float m = 0.f; /* the token's largest |x| in this unit, over the warp */
-		for (int q = q0; q < 64; q += dq) {
-			const float4 v = gm_ldg((const float4 *)(xt + 4 * q));
-			m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
-		}
+	/* the common case: every |x| < 2^15, staged as it is (factor 1); loads all in flight */
+	bool big = false;
+	for (int e = e0; e < n_ent; e += de) {
+		const float4 v = gm_ldg((const float4 *)(x + (e >> 6) * ldx + 256 * u + 4 * (e & 63)));
+		big |= !(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))) < 32768.f);
+		gm_stage_entry<K45, NG>(sm, v, 1.f, e >> 6, e & 63);
+	}
+	for (int i = e0; i < nt; i += de)
+		sm.f[i] = 1.f;
 #ifdef __CUDA_ARCH__
-		GM_UNROLL
-		for (int o = 16; o > 0; o >>= 1)
-			m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+	big = __any_sync(0xffffffffu, big);
 #endif
-		const float sc = gm_xscale(m);
-		if (q0 == 0)
-			sm.f[tok] = 1.f / sc;
-		for (int q = q0; q < 64; q += dq)
-			gm_stage_entry<K45, NG>(sm, gm_ldg((const float4 *)(xt + 4 * q)), sc, tok, q);
+	if (big) { /* rare: some token's unit reaches 2^15: stage every token again with its own scale */
+		gm_syncwarp();
+		for (int tok = 0; tok < nt; tok++) {
+			const float *xt = x + tok * ldx + 256 * u;
+			float m = 0.f; /* the token's largest |x| in this unit, over the warp */
+			for (int q = e0; q < 64; q += de) {
+				const float4 v = gm_ldg((const float4 *)(xt + 4 * q));
+				m = fmaxf(
+				    m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+			}
+#ifdef __CUDA_ARCH__
+			GM_UNROLL
+			for (int o = 16; o > 0; o >>= 1)
+				m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+#endif
+			const float sc = gm_xscale(m);
+			if (e0 == 0)
+				sm.f[tok] = 1.f / sc;
+			for (int q = e0; q < 64; q += de)
+				gm_stage_entry<K45, NG>(sm, gm_ldg((const float4 *)(xt + 4 * q)), sc, tok, q);
+		}
 	}
 	gm_syncwarp();
 }
