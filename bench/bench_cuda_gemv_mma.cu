@@ -28,8 +28,6 @@
  *     projection and router (fp32 path), the per-head k_b / v_b and Q4_K q_a, n_tok 1/2/4/8/16,
  *     eager and in CUDA graphs, the default dispatch against TANDEM_GEMV3=0 (the one before
  *     gemv3), same run (time_glm).
- *   bench_cuda_gemv_mma big: the wide Q8_0 products under every TANDEM_GEMV_BIG variant, then Q4_K
- *     under TANDEM_GEMV_BIG_K (time_big).
  * The "base" columns of the main table are kcuda_matmul with TANDEM_GEMV_MMA=0 and TANDEM_GEMV3=0
  * (the fp32 GEMV). */
 #include <algorithm>
@@ -420,138 +418,6 @@ static void time_glm(struct kcuda_ctx *c, size_t l2)
 	CK(cudaFree(yd));
 }
 
-/* The wide Q8_0 products under every TANDEM_GEMV_BIG variant (matmul_gemv3.cu, g3_big_mode:
- * 0 = the older kernels, 1 = gemv3's plan, 2 = gemv3 one row per warp, 3 = gbig one row per warp,
- * 4 = gbig 1/2/4 rows by n_tok, 5 / 6 = 3 / 4 on a persistent grid, 7 / 8 = gbig2: K over a
- * block's 4 warps, rows by n_tok / 4), n_tok 1/2/4/8, eager and
- * graph, same weights rotation as
- * time_glm; one line per product and n_tok, the best variant marked. */
-static void time_big(struct kcuda_ctx *c, size_t l2)
-{
-	static const gshape gs[] = {
-	    {KT_Q8_0, 6144, 2048, 0, 0, KCUDA_MM_AUTO, "q_a 6144->2048"},
-	    {KT_Q8_0, 2048, 2048, 0, 0, KCUDA_MM_AUTO, "q_b 2048->2048"},
-	    {KT_Q8_0, 2048, 4096, 0, 0, KCUDA_MM_AUTO, "idx_q_b 2048->4096"},
-	    {KT_Q8_0, 2048, 6144, 0, 0, KCUDA_MM_AUTO, "o 2048->6144"},
-	};
-	static const char *const var[] = {"0", "1", "2", "3", "4", "5", "6", "7", "8"};
-	const int n_var = 9;
-	cudaStream_t s = (cudaStream_t)kcuda_ctx_stream(c);
-	const size_t big = (size_t)1 << 30;
-	void *A;
-	float *xd, *yd;
-	CK(cudaMalloc(&A, big));
-	CK(cudaMalloc(&xd, sizeof(float) * 8 * 8192));
-	CK(cudaMalloc(&yd, sizeof(float) * 8 * 8192));
-	{
-		std::vector<float> xh((size_t)8 * 8192);
-		for (auto &v : xh)
-			v = rand_x();
-		CK(cudaMemcpy(xd, xh.data(), xh.size() * sizeof(float), cudaMemcpyHostToDevice));
-	}
-	setenv("TANDEM_GEMV_MMA", "1", 1);
-	setenv("TANDEM_GEMV3", "1", 1);
-	printf(
-	    "\nWide Q8_0 products, TANDEM_GEMV_BIG variants (0 old, 1 gemv3 plan, 2 gemv3 1 row/warp, "
-	    "3 gbig 1 row/warp, 4 gbig rows by n_tok, 5/6 = 3/4 persistent, 7/8 gbig2 K over 4 warps, rows "
-	    "by n_tok / 4); eager | graph of 20, us (GB/s); * = best graph\n"
-	    "%-20s %5s",
-	    "product", "n_tok");
-	for (int v = 0; v < n_var; v++)
-		printf(" | v%d eager   GB/s  graph   GB/s ", v);
-	printf("\n");
-	for (const gshape &g : gs) {
-		size_t rb;
-		if (!ktype_row_bytes(g.type, g.n_in, &rb))
-			continue;
-		const size_t wbytes = rb * (size_t)g.n_out, stride = (wbytes + 255) & ~(size_t)255;
-		const int ncopy =
-		    (int)std::min<size_t>(big / stride, std::max<size_t>(4 * l2 / wbytes + 1, 20));
-		std::vector<uint8_t> hw(wbytes);
-		ops_fill_weight(g.type, g.n_in, g.n_out, rb, hw.data());
-		for (int k = 0; k < ncopy; k++)
-			CK(cudaMemcpy((char *)A + k * stride, hw.data(), wbytes, cudaMemcpyHostToDevice));
-		for (int nt : {1, 2, 4, 8}) {
-			float ms[9], gms[9];
-			int best = 0;
-			for (int v = 0; v < n_var; v++) {
-				setenv("TANDEM_GEMV_BIG", var[v], 1);
-				ms[v] = time_ms(s, 2, 5, ncopy, [&](int i) {
-					if (glm_call(c, g, (char *)A + (i % ncopy) * stride, rb, wbytes, xd,
-					             nt, yd))
-						abort();
-				});
-				gms[v] = time_graph(c, g, A, stride, ncopy, rb, wbytes, xd, nt, yd);
-				if (gms[v] < gms[best])
-					best = v;
-			}
-			printf("%-20s %5d", g.what, nt);
-			for (int v = 0; v < n_var; v++)
-				printf(" | %8.2f %6.0f %6.2f %6.0f%s", ms[v] * 1e3,
-				       wbytes / (ms[v] * 1e-3) / 1e9, gms[v] * 1e3,
-				       wbytes / (gms[v] * 1e-3) / 1e9, v == best ? "*" : " ");
-			printf("\n");
-			fflush(stdout);
-		}
-	}
-	unsetenv("TANDEM_GEMV_BIG");
-
-	/* Q4_K (the anchor's type): TANDEM_GEMV_BIG_K 0 old, 1 gbig, 2 gbig persistent */
-	static const gshape gk[] = {
-	    {KT_Q4_K, 6144, 2048, 0, 0, KCUDA_MM_AUTO, "q_a Q4_K"},
-	    {KT_Q4_K, 2048, 2048, 0, 0, KCUDA_MM_AUTO, "q_b Q4_K"},
-	    {KT_Q4_K, 6144, 576, 0, 0, KCUDA_MM_AUTO, "kv_a Q4_K"},
-	    {KT_Q4_K, 2048, 6144, 0, 0, KCUDA_MM_AUTO, "o Q4_K"},
-	};
-	static const char *const kv[] = {"0", "1", "2"};
-	printf("\nQ4_K, TANDEM_GEMV_BIG_K variants (0 old, 1 gbig, 2 gbig persistent); eager | graph of 20, "
-	       "us (GB/s); * = best graph\n%-20s %5s",
-	       "product", "n_tok");
-	for (int v = 0; v < 3; v++)
-		printf(" | k%d eager   GB/s  graph   GB/s ", v);
-	printf("\n");
-	for (const gshape &g : gk) {
-		size_t rb;
-		if (!ktype_row_bytes(g.type, g.n_in, &rb))
-			continue;
-		const size_t wbytes = rb * (size_t)g.n_out, stride = (wbytes + 255) & ~(size_t)255;
-		const int ncopy =
-		    (int)std::min<size_t>(big / stride, std::max<size_t>(4 * l2 / wbytes + 1, 20));
-		std::vector<uint8_t> hw(wbytes);
-		ops_fill_weight(g.type, g.n_in, g.n_out, rb, hw.data());
-		for (int k = 0; k < ncopy; k++)
-			CK(cudaMemcpy((char *)A + k * stride, hw.data(), wbytes, cudaMemcpyHostToDevice));
-		for (int nt : {1, 2, 4, 8}) {
-			float ms[3], gms[3];
-			int best = 0;
-			for (int v = 0; v < 3; v++) {
-				setenv("TANDEM_GEMV_BIG_K", kv[v], 1);
-				ms[v] = time_ms(s, 2, 5, ncopy, [&](int i) {
-					if (glm_call(c, g, (char *)A + (i % ncopy) * stride, rb, wbytes, xd,
-					             nt, yd))
-						abort();
-				});
-				gms[v] = time_graph(c, g, A, stride, ncopy, rb, wbytes, xd, nt, yd);
-				if (gms[v] < gms[best])
-					best = v;
-			}
-			printf("%-20s %5d", g.what, nt);
-			for (int v = 0; v < 3; v++)
-				printf(" | %8.2f %6.0f %6.2f %6.0f%s", ms[v] * 1e3,
-				       wbytes / (ms[v] * 1e-3) / 1e9, gms[v] * 1e3,
-				       wbytes / (gms[v] * 1e-3) / 1e9, v == best ? "*" : " ");
-			printf("\n");
-			fflush(stdout);
-		}
-	}
-	unsetenv("TANDEM_GEMV_BIG_K");
-	setenv("TANDEM_GEMV3", "0", 1); /* back to main's baseline */
-	setenv("TANDEM_GEMV_MMA", "0", 1);
-	CK(cudaFree(A));
-	CK(cudaFree(xd));
-	CK(cudaFree(yd));
-}
-
 static void time_all(struct kcuda_ctx *c, int n_sm, size_t l2)
 {
 	cudaStream_t s = (cudaStream_t)kcuda_ctx_stream(c);
@@ -882,8 +748,6 @@ int main(int argc, char **argv)
 		profile_all(c, n_sm);
 	else if (argc > 1 && !strcmp(argv[1], "glm"))
 		time_glm(c, prop.l2CacheSize);
-	else if (argc > 1 && !strcmp(argv[1], "big"))
-		time_big(c, prop.l2CacheSize);
 	else {
 		if (do_check)
 			check_all(c, n_sm);

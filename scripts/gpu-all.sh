@@ -62,11 +62,8 @@ cat "$L/machine.log"
 ok() { grep -q "^$1 *rc=0 " <<<"$(printf '%s\n' "${SUMMARY[@]}")"; }
 step test_gpu_model 60 "$B/tests/test_gpu_model"
 for t in matmul head_gemv moe prefill_moe fused mla indexer allreduce rowops sample; do
-	[ -x "$B/tests/test_ops_$t" ] && step "test_ops_$t" 60 env TANDEM_OPS_QUICK=1 TANDEM_OPS_BIG=0 "$B/tests/test_ops_$t"
+	[ -x "$B/tests/test_ops_$t" ] && step "test_ops_$t" 60 env TANDEM_OPS_QUICK=1 "$B/tests/test_ops_$t"
 done
-# the experimental wide-product GEMVs (TANDEM_GEMV_BIG / _BIG_K, default off) on their own: a failure
-# there switches nothing off
-step test_ops_gemv_big 30 env TANDEM_OPS_QUICK=1 TANDEM_OPS_BIG=only "$B/tests/test_ops_matmul"
 ALLREF="TANDEM_CUDA_ATTN=ref TANDEM_MOE_SORTED=0 TANDEM_MOE_FAST=0 TANDEM_HEAD_GEMV=0 TANDEM_GEMV_MMA=0 TANDEM_PREFILL_FAST=0 TANDEM_FUSE=0 TANDEM_GEMV3=0"
 if ! ok test_gpu_model; then # which new path: everything old, then one old path at a time
 	step test_gpu_model_allref 40 env $ALLREF "$B/tests/test_gpu_model"
@@ -101,7 +98,6 @@ step anchor_glm5_4l_tp1 30 "$B/tandem" bench --synthetic glm5 --layers 4 --dense
 [ -x "$B/bench/bench_cuda_moe" ] && step bench_cuda_moe 25 "$B/bench/bench_cuda_moe"
 step ds3_matrix 30 "$B/tandem" bench --synthetic deepseek3 --tp 8 --rank 0 --backend cuda --matrix \
 	--matrix-ctx 4096 --gen 4 --matrix-prefill 2048
-step bench_cuda_gemv_big 25 "$B/bench/bench_cuda_gemv_mma" big
 step bench_cuda_gemv_glm 20 "$B/bench/bench_cuda_gemv_mma" glm
 step bench_cuda_attn 30 "$B/bench/bench_cuda_attn"
 gpu2 bench_cuda_allreduce 40 "$B/bench/bench_cuda_allreduce"
@@ -122,7 +118,7 @@ fi
 step test_gpu_workers 30 "$B/tests/test_gpu_workers"
 if command -v compute-sanitizer >/dev/null; then
 	for t in fused moe prefill_moe matmul head_gemv mla indexer; do
-		step "memcheck_$t" 40 env TANDEM_OPS_QUICK=1 TANDEM_OPS_SMALL=1 TANDEM_OPS_BIG=0 \
+		step "memcheck_$t" 40 env TANDEM_OPS_QUICK=1 TANDEM_OPS_SMALL=1 \
 			compute-sanitizer --tool memcheck --error-exitcode 9 "$B/tests/test_ops_$t"
 	done
 fi

@@ -10,8 +10,8 @@
  *   - outputs are finite, guard bytes around Y and the gaps of a strided Y (ldy > n_out) untouched,
  *     strided X (ldx > n_in), bad arguments rejected with -EINVAL / ERR_UNSUPPORTED.
  * Shapes: rows 1, 31, 32, 33, 4097 and the GLM-5 TP=8 and DeepSeek-V3 per-rank weight shapes.
- * TANDEM_OPS_QUICK=1 runs a smaller sweep (for compute-sanitizer). Last, the experimental wide-product
- * kernels (big_sweep: TANDEM_OPS_BIG=0 skips them, =only runs only them). Exit 77 = no GPU (skip). */
+ * TANDEM_OPS_QUICK=1 runs a smaller sweep (for compute-sanitizer). Last, wide products at 1..8 tokens
+ * (wide_sweep). Exit 77 = no GPU (skip). */
 #include <errno.h>
 #include <stdbool.h>
 #include <string.h>
@@ -56,17 +56,14 @@ static int g_det;
 static float g_xscale = 1.0f;
 
 /* whether matmul_gemv3.cu takes this weight at n_tok <= 8 (type, n_in multiple, Q8_0 width,
- * TANDEM_GEMV3, TANDEM_GEMV_BIG) */
+ * TANDEM_GEMV3) */
 static bool gemv3_takes(int type, int64_t n_in, int64_t n_out)
 {
 	const char *e = getenv("TANDEM_GEMV3");
 	if (e && strcmp(e, "0") == 0)
 		return false;
-	const char *big = getenv("TANDEM_GEMV_BIG"), *bigk = getenv("TANDEM_GEMV_BIG_K");
-	if (type == KT_Q8_0 && n_out > 1024 && !(big && atoi(big) >= 1 && atoi(big) <= 8))
+	if (type == KT_Q8_0 && n_out > 1024)
 		return false;
-	if (type == KT_Q4_K) /* gbig when TANDEM_GEMV_BIG_K is 1 or 2 */
-		return bigk && atoi(bigk) >= 1 && atoi(bigk) <= 2 && n_in % 256 == 0;
 	const int64_t se = type == KT_F32 ? 128 : 256;
 	return (type == KT_Q8_0 || is_float_type(type)) && n_in >= se && n_in % se == 0;
 }
@@ -284,61 +281,25 @@ static int gemv3_sweep(struct kcuda_ctx *c, int quick)
 	return fail;
 }
 
-/* The experimental kernels behind TANDEM_GEMV_BIG (wide Q8_0) and TANDEM_GEMV_BIG_K (Q4_K), run last
- * so a fault there cannot hide the results above. TANDEM_OPS_BIG=0 skips them, =only runs nothing
- * else (gpu-all.sh runs them as their own step: a failure does not switch the default paths off). */
-static int big_sweep(struct kcuda_ctx *c, int quick)
+/* Wide products at 1..8 tokens on the default dispatch (Q8_0 wider than 1024 rows and Q4_K take the
+ * tensor-core GEMV): the GLM-5 shapes, odd n_out, n_in with a short last piece, long K; every
+ * n_tok template (1, 2, 3-4, 5-8); a second run must give the same bits. */
+static int wide_sweep(struct kcuda_ctx *c, int quick)
 {
-	/* Q8_0 wider than 1024 rows goes to the older kernels by default; TANDEM_GEMV_BIG 1..8 puts
-	 * it on gemv3 (own plan, one row per warp), gbig (bulk copies, 1 row per warp or 1/2/4
-	 * rows by n_tok, one tile per warp or a persistent grid) or gbig2 (K over a block's warps,
-	 * 1/2/4 or 4 rows per tile): every variant, every n_tok
-	 * template (1, 2, 3-4, 5-8), n_in 2048 (one chunk per row) and 2560 (10 slabs: a short
-	 * second chunk), odd n_out. 2560 x 3300 has more row tiles than the persistent grid has
-	 * warps (6 blocks of 4 warps per SM: 3168 on an H200), so warps walk two tiles and the ring
-	 * runs on from one tile's two chunks into the next's. n_in 12288 (48 slabs) refills the
-	 * rings: 6 chunks per row in gbig, 6 per warp in gbig2, against 4 stages. */
-	static const struct shape wide[] = {
-	    {6144, 2048, "glm q_a wide"},           {2048, 6144, "glm o wide"},
-	    {2560, 1029, "wide, short chunk"},      {2048, 1100, "wide"},
-	    {2560, 3300, "wide, 2 tiles per warp"}, {12288, 1100, "wide, long K (ring refills)"}};
-	static const char *const big[] = {"1", "2", "3", "4", "5", "6", "7", "8"};
-	/* Q4_K through gbig (TANDEM_GEMV_BIG_K=1: a tile per warp, 2: persistent grid): narrow,
-	 * wide, a short second chunk (n_in 2560: 10 of 16 super-blocks), 2 tiles per warp, ring
-	 * refills (n_in 18432: 72 super-blocks = 5 chunks of 16 against 4 stages) */
-	static const struct shape ks[] = {{6144, 2048, "glm q_a Q4_K"},
-	                                  {6144, 576, "kv_a Q4_K"},
-	                                  {2560, 1029, "short chunk Q4_K"},
-	                                  {2560, 3300, "2 tiles per warp Q4_K"},
-	                                  {18432, 300, "long K Q4_K (ring refills)"}};
-	static const char *const km[] = {"1", "2"};
-	char what[64];
+	static const struct shape wide[] = {{6144, 2048, "glm q_a wide"},     {2048, 6144, "glm o wide"},
+	                                    {2560, 1029, "wide, odd n_out"},  {2048, 1100, "wide"},
+	                                    {2560, 3300, "wide, many tiles"}, {12288, 1100, "wide, long K"}};
 	int fail = 0;
 	g_det = 1;
-	for (size_t v = 0; v < sizeof(big) / sizeof(big[0]); v++) {
-		setenv("TANDEM_GEMV_BIG", big[v], 1);
-		for (size_t s = quick ? 2 : 0; s < sizeof(wide) / sizeof(wide[0]); s++) {
-			snprintf(what, sizeof(what), "%s, GEMV_BIG=%s", wide[s].what, big[v]);
+	static const int wtypes[] = {KT_Q8_0, KT_Q4_K};
+	for (size_t ti = 0; ti < 2; ti++)
+		for (size_t s = quick ? 2 : 0; s < sizeof(wide) / sizeof(wide[0]); s++)
 			for (int64_t nt = 1; nt <= 8; nt++) {
 				if ((quick || s < 2) && nt != 1 && nt != 2 && nt != 3 && nt != 8)
 					continue;
-				fail |= run_case(c, KT_Q8_0, wide[s].n_in, wide[s].n_out, nt, KCUDA_MM_AUTO,
-				                 (int)((nt + s) & 1), what);
+				fail |= run_case(c, wtypes[ti], wide[s].n_in, wide[s].n_out, nt,
+				                 KCUDA_MM_AUTO, (int)((nt + s) & 1), wide[s].what);
 			}
-		}
-	}
-	unsetenv("TANDEM_GEMV_BIG");
-	for (size_t v = 0; v < sizeof(km) / sizeof(km[0]); v++) {
-		setenv("TANDEM_GEMV_BIG_K", km[v], 1);
-		for (size_t s = quick ? 1 : 0; s < sizeof(ks) / sizeof(ks[0]); s++) {
-			snprintf(what, sizeof(what), "%s, GEMV_BIG_K=%s", ks[s].what, km[v]);
-			for (int64_t nt = 1; nt <= 8; nt++)
-				if (nt == 1 || nt == 2 || nt == 3 || nt == 8)
-					fail |= run_case(c, KT_Q4_K, ks[s].n_in, ks[s].n_out, nt,
-					                 KCUDA_MM_AUTO, (int)((nt + s) & 1), what);
-		}
-	}
-	unsetenv("TANDEM_GEMV_BIG_K");
 	g_det = 0;
 	return fail;
 }
@@ -355,15 +316,6 @@ int main(void)
 	if (kcuda_ctx_create(0, 64u << 20, &c)) {
 		printf("FAIL: no CUDA context\n");
 		return 1;
-	}
-	const char *ob = getenv("TANDEM_OPS_BIG");
-	const bool big_only = ob && strcmp(ob, "only") == 0, big_off = ob && strcmp(ob, "0") == 0;
-	if (big_only) {
-		const int f = big_sweep(c, quick);
-		OPS_CHECK(f == 0, "some cases failed to set up");
-		kcuda_ctx_destroy(c);
-		printf("%d checks, %d failed\n", ops_n_check, ops_n_fail);
-		return ops_n_fail ? 1 : 0;
 	}
 	check_bad_args(c);
 	int setup_fail = gemv3_sweep(c, quick);
@@ -471,8 +423,7 @@ int main(void)
 		unsetenv("TANDEM_GEMV_MMA");
 		kcuda_ctx_destroy(small);
 	}
-	if (!big_off)
-		setup_fail |= big_sweep(c, quick);
+	setup_fail |= wide_sweep(c, quick);
 	OPS_CHECK(setup_fail == 0, "some cases failed to set up");
 	kcuda_ctx_destroy(c);
 	printf("%d checks, %d failed\n", ops_n_check, ops_n_fail);
