@@ -27,6 +27,16 @@ extern "C" int kcuda_pdl_enabled(void)
 	return on;
 }
 
+extern "C" int kcuda_prefetch_enabled(void)
+{
+	static int on = -1;
+	if (on < 0) {
+		const char *e = getenv("TANDEM_PREFETCH");
+		on = !(e && strcmp(e, "0") == 0);
+	}
+	return on;
+}
+
 extern "C" int kcuda_ctx_create(int device, size_t ws_bytes, struct kcuda_ctx **out)
 {
 	*out = NULL;

@@ -72,6 +72,36 @@ __device__ __forceinline__ void kdep_entry(void)
 }
 #define KDEP_ENTRY() kdep_entry()
 
+/* The one exception to "KDEP_ENTRY() first": model WEIGHTS. They are written once, before the
+ * first forward, and never while a kernel can run, so a kernel may touch them before its
+ * KDEP_ENTRY(): prefetch them into L2 (kdep_prefetch_l2) or start cp.async copies of them into
+ * shared memory. Under PDL the kernel's blocks are resident while the kernel before it still runs
+ * (that one's launch_dependents comes right after its own wait), so this overlaps the next
+ * product's weight stream with the current kernel instead of starting it after the handoff.
+ * Nothing else may be read before KDEP_ENTRY(): activations, KV, routing ids, workspaces are all
+ * written by earlier kernels. kcuda_prefetch_enabled() (TANDEM_PREFETCH, default on) is passed to
+ * the kernels as an argument so A/B runs need no rebuild. */
+extern "C" int kcuda_prefetch_enabled(void); /* ctx.cu */
+
+/* Hint: bring [p, p + bytes) into L2 (this thread issues it; callers spread ranges over threads).
+ * sm_90+ has a bulk prefetch (one instruction per range, done by the copy engine of the SM); it
+ * needs 16-byte alignment, so the range is trimmed inward (at most 15 bytes each end stay out: a
+ * prefetch never reaches outside the buffer). Earlier parts prefetch 128-byte lines. */
+__device__ __forceinline__ void kdep_prefetch_l2(const void *p, size_t bytes)
+{
+	uintptr_t a = ((uintptr_t)p + 15) & ~(uintptr_t)15;
+	const uintptr_t e = ((uintptr_t)p + bytes) & ~(uintptr_t)15;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	for (; a < e; a += 65536) { /* pieces of at most 64 KB */
+		const uint32_t n = (uint32_t)(e - a < 65536 ? e - a : 65536);
+		asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(n) : "memory");
+	}
+#else
+	for (a &= ~(uintptr_t)127; a < e; a += 128)
+		asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+#endif
+}
+
 extern "C" int kcuda_pdl_enabled(void); /* TANDEM_PDL (default on); ctx.cu */
 
 /* kern<<<grid, block, smem, stream>>>(args...) with the PDL attribute (when enabled); returns the

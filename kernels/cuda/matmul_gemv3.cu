@@ -131,9 +131,10 @@ template <int T, int NT, int RT>
 __global__ void __launch_bounds__(G3_NW * 32)
     gemv3_kernel(const uint8_t *__restrict__ w, size_t mat_bytes, size_t row_bytes, int n_out, int n_slab,
                  int sps, const float *__restrict__ x, int64_t ldx, int64_t xhs, int n_tok,
-                 float *__restrict__ y, int64_t ldy, int64_t yhs)
+                 float *__restrict__ y, int64_t ldy, int64_t yhs, int pf)
 {
-	KDEP_ENTRY();
+	if (!pf)
+		KDEP_ENTRY();
 	w += (size_t)blockIdx.z * mat_bytes;
 	x += (int64_t)blockIdx.z * xhs;
 	y += (int64_t)blockIdx.z * yhs;
@@ -154,6 +155,15 @@ __global__ void __launch_bounds__(G3_NW * 32)
 	for (int r = 0; r < RT; r++)
 		rp[r] = w + (size_t)min(row0 + r, n_out - 1) * row_bytes + (size_t)slab0 * SB;
 	const float *xp = x + (size_t)slab0 * SE + EPL * lane;
+	/* weights only until KDEP_ENTRY() (cuda_common.cuh): the slabs past the ring's first S - 1 go
+	 * to L2, the first S - 1 start into the ring, both while the kernel before still runs */
+	if (pf && lane < RT && nsl > S - 1 && row0 + lane < n_out) {
+		const uint8_t *src = rp[0];
+#pragma unroll
+		for (int k = 1; k < RT; k++)
+			src = lane == k ? rp[k] : src;
+		kdep_prefetch_l2(src + (size_t)(S - 1) * SB, (size_t)(nsl - (S - 1)) * SB);
+	}
 
 	/* slab i of this block's range into stage i % S */
 	auto issue = [&](int i) {
@@ -177,6 +187,8 @@ __global__ void __launch_bounds__(G3_NW * 32)
 			issue(i);
 		g3_commit(); /* empty groups keep the wait count uniform */
 	}
+	if (pf)
+		KDEP_ENTRY();
 
 	float acc[RT][NT];
 #pragma unroll
@@ -302,7 +314,7 @@ template <int T, int NT, int RT>
 static int g3_launch(struct kcuda_ctx *c, const struct g3_args &a, int n_split, int sps, int n_slab)
 {
 	void (*kern)(const uint8_t *, size_t, size_t, int, int, int, const float *, int64_t, int64_t, int,
-	             float *, int64_t, int64_t) = gemv3_kernel<T, NT, RT>;
+	             float *, int64_t, int64_t, int) = gemv3_kernel<T, NT, RT>;
 	const struct kweight *w = a.w;
 	const int rows_blk = G3_NW * RT;
 	cudaLaunchAttribute at[2];
@@ -329,7 +341,7 @@ static int g3_launch(struct kcuda_ctx *c, const struct g3_args &a, int n_split, 
 	cfg.numAttrs = na;
 	cudaError_t e =
 	    cudaLaunchKernelEx(&cfg, kern, (const uint8_t *)w->data, a.mat_bytes, w->row_bytes, (int)w->n_out,
-	                       n_slab, sps, a.x, a.ldx, a.xhs, a.n_tok, a.y, a.ldy, a.yhs);
+	                       n_slab, sps, a.x, a.ldx, a.xhs, a.n_tok, a.y, a.ldy, a.yhs, kcuda_prefetch_enabled());
 	kcuda_n_launch++;
 	if (e == cudaSuccess)
 		e = cudaGetLastError();
