@@ -35,11 +35,13 @@ __device__ __forceinline__ void ld_x16(const float *x, int64_t p, float *xv)
 template <int T, int NT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t n_out, int64_t n_pieces,
-                const float *__restrict__ x, int64_t ldx, int n_tok, float *__restrict__ y, int64_t ldy, int pf)
+                const float *__restrict__ x, int64_t ldx, int n_tok, float *__restrict__ y, int64_t ldy,
+                int pf)
 {
 	/* this block's rows into L2 while the kernel before still runs (weights only: cuda_common.cuh) */
 	if (pf && threadIdx.x < GEMV_ROWS && (int64_t)blockIdx.x * GEMV_ROWS + threadIdx.x < n_out)
-		kdep_prefetch_l2(w + (size_t)((int64_t)blockIdx.x * GEMV_ROWS + threadIdx.x) * row_bytes, row_bytes);
+		kdep_prefetch_l2(w + (size_t)((int64_t)blockIdx.x * GEMV_ROWS + threadIdx.x) * row_bytes,
+		                 row_bytes);
 	KDEP_ENTRY();
 	static_assert(NT <= GEMV_MAX_NT, "activations are held in registers");
 	__shared__ float part[GEMV_WARPS][GEMV_ROWS][NT];

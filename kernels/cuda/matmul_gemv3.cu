@@ -339,9 +339,9 @@ static int g3_launch(struct kcuda_ctx *c, const struct g3_args &a, int n_split, 
 	cfg.stream = c->stream;
 	cfg.attrs = at;
 	cfg.numAttrs = na;
-	cudaError_t e =
-	    cudaLaunchKernelEx(&cfg, kern, (const uint8_t *)w->data, a.mat_bytes, w->row_bytes, (int)w->n_out,
-	                       n_slab, sps, a.x, a.ldx, a.xhs, a.n_tok, a.y, a.ldy, a.yhs, kcuda_prefetch_enabled());
+	cudaError_t e = cudaLaunchKernelEx(&cfg, kern, (const uint8_t *)w->data, a.mat_bytes, w->row_bytes,
+	                                   (int)w->n_out, n_slab, sps, a.x, a.ldx, a.xhs, a.n_tok, a.y, a.ldy,
+	                                   a.yhs, kcuda_prefetch_enabled());
 	kcuda_n_launch++;
 	if (e == cudaSuccess)
 		e = cudaGetLastError();
