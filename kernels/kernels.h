@@ -213,6 +213,20 @@ int kcuda_matmul(struct kcuda_ctx *c, const struct kweight *w, const float *x, i
                  float *y, int64_t ldy);
 int kcuda_matmul_path(struct kcuda_ctx *c, enum kcuda_mm_path path, const struct kweight *w, const float *x,
                       int64_t ldx, int64_t n_tok, float *y, int64_t ldy);
+/* Several products of the same x (same n_in) at decode sizes: y_i[t][r] = dot(W_i row r, x[t]) for
+ * t < n_tok, rows ldy_i apart, in ONE launch for the weights it takes (matmul_multi.cu: Q8_0 / F16 /
+ * BF16 with n_in % 256 == 0, F32 with n_in % 128 == 0, fp32 throughout, as exact as the GEMV); the
+ * others go through kcuda_matmul one by one. ERR_UNSUPPORTED (nothing launched: call kcuda_matmul
+ * per weight) for n_tok > 8 (or > TANDEM_MULTI_TOK), x not 16-byte aligned or ldx % 4, or
+ * TANDEM_MULTI=0; -EINVAL for bad arguments. y_i must not overlap x or each other. */
+#define KCUDA_MM_MULTI_MAX 6
+struct kcuda_mm_seg {
+	const struct kweight *w; /* borrowed */
+	float *y;
+	int64_t ldy;
+};
+int kcuda_matmul_multi(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg, const float *x,
+                       int64_t ldx, int64_t n_tok);
 /* Dequantizes rows [r0, r0 + n_rows) of W to bf16 (row-major, n_in per row) (prefill GEMM, tests). */
 int kcuda_dequant_bf16(struct kcuda_ctx *c, const struct kweight *w, int64_t r0, int64_t n_rows,
                        uint16_t *dst_dev);

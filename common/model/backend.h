@@ -139,6 +139,12 @@ struct model_backend_ops {
 	 * NULL: forward.c calls to_host per row). */
 	int (*to_host_2d)(void *ctx, void *dst_host, size_t dpitch, const void *src, size_t spitch,
 	                  size_t width, size_t rows);
+	/* Optional: matmul of n_w weights (same n_in) with the same x, in that order: y[i] rows are
+	 * n_out[i] wide (as matmul). Equals n_w matmul calls (the CPU backend makes them); a backend
+	 * may run them as one launch (CUDA: kcuda_matmul_multi). NULL: forward.c calls matmul per
+	 * weight. n_w <= KCUDA_MM_MULTI_MAX. */
+	void (*matmul_n)(void *ctx, int n_w, const struct kweight *const *w, const float *x, int64_t ldx,
+	                 int64_t n_tok, float *const *y, const int64_t *n_out);
 };
 
 struct model_backend {

@@ -161,6 +161,14 @@ static void cpu_matmul(void *ctx, const struct kweight *w, const float *x, int64
 	mm(c, c->rk->pool, w, x, ldx, n_tok, y, n_out);
 }
 
+/* several products of one x: the same matmul calls in order (identical results) */
+static void cpu_matmul_n(void *ctx, int n_w, const struct kweight *const *w, const float *x, int64_t ldx,
+                         int64_t n_tok, float *const *y, const int64_t *n_out)
+{
+	for (int i = 0; i < n_w; i++)
+		cpu_matmul(ctx, w[i], x, ldx, n_tok, y[i], n_out[i]);
+}
+
 static void cpu_rope(void *ctx, float *x, int64_t ldx, int64_t n_rows, int64_t n_heads, int64_t head_stride,
                      int64_t R, const float *cs, int pairing)
 {
@@ -600,6 +608,7 @@ static const struct model_backend_ops cpu_ops = {
     .mla_latent = cpu_mla_latent,
     .idx_prep = cpu_idx_prep,
     .to_host_2d = cpu_to_host_2d,
+    .matmul_n = cpu_matmul_n,
 };
 
 int model_backend_cpu_create(struct model *m, struct model_rank *rk, struct model_backend *out)

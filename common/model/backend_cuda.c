@@ -680,6 +680,39 @@ static void cu_matmul(void *ctx, const struct kweight *w, const float *x, int64_
 	                     n_out));
 }
 
+/* products of one x in one launch (kcuda_matmul_multi, decode sizes; TANDEM_MULTI=0: off), else
+ * cu_matmul per weight. The outputs are recorded for cu_mla_latent's fold as cu_matmul does. */
+static void cu_matmul_n(void *ctx, int n_w, const struct kweight *const *w, const float *x, int64_t ldx,
+                        int64_t n_tok, float *const *y, const int64_t *n_out)
+{
+	struct be_cuda *c = ctx;
+	SKIP_REPLAY(c);
+	int rc = ERR_UNSUPPORTED;
+	if (n_w >= 2 && n_w <= KCUDA_MM_MULTI_MAX && n_tok <= 8) {
+		struct kcuda_mm_seg seg[KCUDA_MM_MULTI_MAX];
+		double bytes = 0;
+		for (int i = 0; i < n_w; i++) {
+			seg[i] = (struct kcuda_mm_seg){.w = w[i], .y = y[i], .ldy = n_out[i]};
+			bytes += wbytes(w[i]);
+		}
+		PROF(c,
+		     strcmp(mm_name(c, w[0]), "mm.q_a") == 0 ? "mm.multi(q_a,kv_a,...)" : "mm.multi(q_b,...)",
+		     ktype_name(w[0]->type), bytes)
+		rc = kcuda_matmul_multi(c->kc, n_w, seg, x, ldx, n_tok);
+	}
+	if (rc == ERR_UNSUPPORTED) {
+		for (int i = 0; i < n_w; i++)
+			cu_matmul(ctx, w[i], x, ldx, n_tok, y[i], n_out[i]);
+		return;
+	}
+	for (int i = 0; i < n_w; i++) {
+		c->mm_w[c->mm_at] = w[i];
+		c->mm_y[c->mm_at] = y[i];
+		c->mm_at = (c->mm_at + 1) % 4;
+	}
+	CK(rc);
+}
+
 static void cu_rope(void *ctx, float *x, int64_t ldx, int64_t n_rows, int64_t n_heads, int64_t head_stride,
                     int64_t R, const float *cs, int pairing)
 {
@@ -1372,6 +1405,7 @@ static const struct model_backend_ops cuda_ops = {
     .mla_latent = cu_mla_latent,
     .idx_prep = cu_idx_prep,
     .to_host_2d = cu_to_host_2d,
+    .matmul_n = cu_matmul_n,
 };
 
 int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct model_backend *out,

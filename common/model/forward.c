@@ -72,6 +72,19 @@ static size_t ws_layout(const struct model *m, const struct model_rank *rk, int6
 	return cv.off;
 }
 
+/* products of one x (same n_in): one backend call where the backend has matmul_n (CUDA: one
+ * launch), else matmul per weight in order */
+static void matmul_n(const struct model_backend_ops *be, void *bc, int n_w, const struct kweight *const *w,
+                     const float *x, int64_t ldx, int64_t n_tok, float *const *y, const int64_t *n_out)
+{
+	if (be->matmul_n && n_w > 1) {
+		be->matmul_n(bc, n_w, w, x, ldx, n_tok, y, n_out);
+		return;
+	}
+	for (int i = 0; i < n_w; i++)
+		be->matmul(bc, w[i], x, ldx, n_tok, y[i], n_out[i]);
+}
+
 size_t model_rank_ws_bytes(const struct model *m, const struct model_rank *rk, int64_t n, int max_keys,
                            int64_t n_out, bool dbg_idx)
 {
@@ -158,18 +171,21 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 		 * same values as norm-after-each-product, in fewer launches) */
 		if (l == 0) /* later layers: fused into the previous layer's last add */
 			be->rmsnorm(bc, a, D, h, D, L->attn_norm, D, n, hp->rms_eps);
-		be->matmul(bc, &L->q_a, a, D, n, cq, hp->Cq);
-		be->matmul(bc, &L->kv_a, a, D, n, kvl, C + R);
-		if (L->has_idx) {
-			be->matmul(bc, &L->idx_k, a, D, n, kI, DI);
-			be->matmul(bc, &L->idx_proj, a, D, n, wI, HI);
+		{ /* the products of `a`, then those of c_q: one backend call each (matmul_n) */
+			const struct kweight *mw[4] = {&L->q_a, &L->kv_a, &L->idx_k, &L->idx_proj};
+			float *const my[4] = {cq, kvl, kI, wI};
+			const int64_t mo[4] = {hp->Cq, C + R, DI, HI};
+			matmul_n(be, bc, L->has_idx ? 4 : 2, mw, a, D, n, my, mo);
 		}
 		be->mla_latent(bc, l, L, cq, kvl, cs, rk->writes_kv);
-		be->matmul(bc, &L->q_b, cq, hp->Cq, n, q, Hl * NR);
-		if (L->has_idx) {
-			be->matmul(bc, &L->idx_q_b, cq, hp->Cq, n, qI, HI * DI);
-			be->idx_prep(bc, l, L, qI, kI, wI, cs, rk->writes_kv);
+		{
+			const struct kweight *mw[2] = {&L->q_b, &L->idx_q_b};
+			float *const my[2] = {q, qI};
+			const int64_t mo[2] = {Hl * NR, HI * DI};
+			matmul_n(be, bc, L->has_idx ? 2 : 1, mw, cq, hp->Cq, n, my, mo);
 		}
+		if (L->has_idx)
+			be->idx_prep(bc, l, L, qI, kI, wI, cs, rk->writes_kv);
 		if ((rc = be->barrier(bc)))
 			goto out;
 		if (L->has_idx) {

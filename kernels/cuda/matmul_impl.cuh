@@ -51,4 +51,91 @@ extern "C" bool kcuda_mm_tile_ok(int type, int64_t n_in);
 int kcuda_gemm_f32_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx,
                           int64_t n_tok, float *y, int64_t ldy);
 
+/* ---- the 16-byte slab layout shared by gemv3 (matmul_gemv3.cu) and the multi-product GEMV
+ * (matmul_multi.cu): a row is read in slabs of SE elements / SB bytes (16-byte multiples), copied
+ * to shared memory with cp.async, and lane l of a warp decodes elements EPL l .. EPL l + EPL - 1
+ * of a slab (g3_decode). */
+/* per-type slab geometry: SE elements, SB bytes per row, EPL elements per lane */
+template <int T> struct g3t;
+template <> struct g3t<KT_Q8_0> {
+	enum { SE = 256, SB = 272, EPL = 8 };
+};
+template <> struct g3t<KT_F32> {
+	enum { SE = 128, SB = 512, EPL = 4 };
+};
+template <> struct g3t<KT_F16> {
+	enum { SE = 256, SB = 512, EPL = 8 };
+};
+template <> struct g3t<KT_BF16> {
+	enum { SE = 256, SB = 512, EPL = 8 };
+};
+
+__device__ __forceinline__ void g3_cp16(void *dst, const void *src)
+{
+	const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void g3_commit(void)
+{
+	asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void g3_wait(void)
+{
+	asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/* float of a signed byte: byte k of q ^ 0x80808080 (q + 128) in the mantissa of 2^23, minus
+ * 2^23 + 128; exact */
+__device__ __forceinline__ float g3_s8f(uint32_t u, int k)
+{
+	return __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540u + (unsigned)k)) - 8388736.0f;
+}
+
+/* One row's slab at p (shared memory) for this lane: w[0..EPL) and the per-lane scale. */
+template <int T> struct g3_row {
+	float v[g3t<T>::EPL];
+	float d;
+};
+template <int T> __device__ __forceinline__ void g3_decode(const uint8_t *p, int lane, g3_row<T> &o)
+{
+	if constexpr (T == KT_Q8_0) {
+		/* lane l: block l / 4 (34 bytes: fp16 d, 32 int8), quarter l % 4: 8 bytes at a
+		 * 2-byte-aligned offset: three aligned words and two funnel shifts */
+		const int bi = lane >> 2, j = lane & 3;
+		/* p is 16-byte aligned, so q = p + 34 bi + 2 + 8 j is 2 mod 4 exactly for even bi;
+		 * pointer arithmetic (not an integer mask) keeps the loads LDS */
+		const int mis = (bi & 1) ? 0 : 2;
+		const uint8_t *q = p + 34 * bi + 2 + 8 * j;
+		const uint32_t *a = (const uint32_t *)(q - mis);
+		const uint32_t sh = 8u * (uint32_t)mis;
+		const uint32_t w0 = a[0], w1 = a[1], w2 = sh ? a[2] : 0u;
+		const uint32_t q0 = __funnelshift_r(w0, w1, sh) ^ 0x80808080u,
+		               q1 = __funnelshift_r(w1, w2, sh) ^ 0x80808080u;
+#pragma unroll
+		for (int k = 0; k < 4; k++) {
+			o.v[k] = g3_s8f(q0, k);
+			o.v[4 + k] = g3_s8f(q1, k);
+		}
+		o.d = __half2float(*(const __half *)(p + 34 * bi));
+	} else if constexpr (T == KT_F32) {
+		const float4 f = *(const float4 *)(p + 16 * lane);
+		o.v[0] = f.x, o.v[1] = f.y, o.v[2] = f.z, o.v[3] = f.w;
+		o.d = 1.0f;
+	} else {
+		const uint4 u = *(const uint4 *)(p + 16 * lane);
+		const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+		for (int k = 0; k < 4; k++) {
+			if constexpr (T == KT_F16) {
+				o.v[2 * k] = kc_h2f((uint16_t)w[k]);
+				o.v[2 * k + 1] = kc_h2f((uint16_t)(w[k] >> 16));
+			} else {
+				o.v[2 * k] = __uint_as_float(w[k] << 16);
+				o.v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+			}
+		}
+		o.d = 1.0f;
+	}
+}
+
 #endif

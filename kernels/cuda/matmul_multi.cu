@@ -1,0 +1,333 @@
+/* kcuda_matmul_multi: several decode products that read the same activations x in ONE launch
+ * (GLM-5 per layer: q_a, kv_a, idx_k, idx_proj read the normed hidden state; q_b and idx_q_b read
+ * the normed latent c_q). At batch 1 each separate launch costs a fixed ~2.5-3 us of launch,
+ * ramp-up and drain on top of ~1-3 us of reading (docs/PERFORMANCE.md); one launch pays that once
+ * and spreads all the products' bytes over the whole GPU.
+ *
+ * Grid: one block per RB consecutive rows of one product ("segment"); the segments' blocks follow
+ * each other in blockIdx.x (a prefix of their block counts, seg[i].blk0, in the kernel arguments).
+ * A block is MM_NW warps. Per K chunk (all of K for n_in <= 7168) it copies its RB rows' raw bytes
+ * into shared memory with cp.async, ALL of them at once (16-byte copies, up to ~30 KB per block in
+ * flight: the memory-level parallelism one launch needs to approach the read rate), loads its
+ * lanes' x while the copies fly, then decodes from shared memory: warp w takes slabs w, w + MM_NW,
+ * ... of the chunk, lane l the EPL elements EPL l .. of each slab (g3_decode, matmul_impl.cuh),
+ * and reuses its x registers for the RB rows. Tokens go in pairs: the weight tile stays in shared
+ * memory while the next pair's x is loaded, so W is read from HBM once for 1..8 tokens (K chunks
+ * of longer rows are re-read, from L2, per pair).
+ * Rows per block RB: Q8_0 4, F16 / BF16 2, F32 1 (~26-30 KB of weights per block at n_in 6144).
+ * PDL: the block's first chunk is copied BEFORE KDEP_ENTRY() (weights only, cuda_common.cuh), so
+ * the weight stream overlaps the kernel before; x is read and y written only after it.
+ * Sums: per lane over its slabs in order, then the warp (shuffle tree), then the warps in order:
+ * fixed order, so reruns are bit-identical; fp32 throughout (exact weights, fp32 x), as exact as
+ * the single-product GEMVs, but not summed in their order (|difference| within fp32 summation
+ * error, tests/ops/test_ops_multi.c).
+ * Assumes (else that segment goes through kcuda_matmul on its own): Q8_0 / F16 / BF16 with
+ * n_in % 256 == 0, F32 with n_in % 128 == 0, W 16-byte aligned; x 16-byte aligned, ldx % 4 == 0
+ * (else ERR_UNSUPPORTED for the whole call). TANDEM_MULTI=0 (read on every call) turns it off;
+ * TANDEM_MULTI_TOK=n takes only n_tok <= n (default 8). */
+#include <errno.h>
+#include <string.h>
+
+#include "kernels/cuda/matmul_impl.cuh"
+
+#define MM_NW 4 /* warps per block */
+#define MM_MAX_NTP 2 /* tokens per pass (x in registers) */
+
+/* rows per block per type (about the same bytes per block for every type) */
+template <int T> struct mmx {
+	enum { RB = 4 };
+};
+template <> struct mmx<KT_F16> {
+	enum { RB = 2 };
+};
+template <> struct mmx<KT_BF16> {
+	enum { RB = 2 };
+};
+template <> struct mmx<KT_F32> {
+	enum { RB = 1 };
+};
+/* K chunk (elements) held in shared memory at once: 2048 for n_in <= 2048 (fewer x registers),
+ * else 7168 (all of K for GLM-5's 6144 and DeepSeek-V3's 7168) */
+#define MM_CHUNK(SMALL) ((SMALL) ? 2048 : 7168)
+
+struct mm_seg_dev {
+	const uint8_t *w;
+	float *y;
+	int64_t ldy;
+	size_t row_bytes;
+	int n_out;
+	int type;
+	int blk0; /* first block of this segment */
+};
+struct mm_multi_args {
+	struct mm_seg_dev seg[KCUDA_MM_MULTI_MAX];
+	int n_seg;
+	const float *x;
+	int64_t ldx;
+	int n_tok;
+	int n_in;
+	int pf; /* copy the first weight chunk before KDEP_ENTRY (kcuda_prefetch_enabled) */
+};
+
+template <int T, int NTP, bool SMALL>
+__device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, const struct mm_multi_args &a,
+                                        uint8_t *tile, float (*part)[mmx<KT_Q8_0>::RB * MM_MAX_NTP])
+{
+	constexpr int SE = g3t<T>::SE, SB = g3t<T>::SB, EPL = g3t<T>::EPL, RB = mmx<T>::RB;
+	constexpr int CS = MM_CHUNK(SMALL) / SE; /* slabs per chunk */
+	constexpr int KP = CS / MM_NW; /* slabs per warp per chunk */
+	static_assert(CS % MM_NW == 0, "chunks split evenly over the warps");
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int n_slab = a.n_in / SE;
+	const int n_chunk = (n_slab + CS - 1) / CS;
+	const int stride = (n_slab < CS ? n_slab : CS) * SB; /* tile bytes per row */
+	const int row0 = blk * RB;
+	const uint8_t *rp[RB];
+#pragma unroll
+	for (int r = 0; r < RB; r++)
+		rp[r] = sg.w + (size_t)min(row0 + r, sg.n_out - 1) * sg.row_bytes;
+
+	/* chunk ch of the block's rows into the tile (every thread: 16-byte pieces tid, tid + 128, ...) */
+	auto load_chunk = [&](int ch) {
+		const int s0 = ch * CS, nsl = min(CS, n_slab - s0), upr = nsl * (SB / 16);
+#pragma unroll
+		for (int r = 0; r < RB; r++)
+			for (int u = tid; u < upr; u += MM_NW * 32)
+				g3_cp16(tile + r * stride + 16 * u, rp[r] + (size_t)s0 * SB + 16 * (size_t)u);
+		g3_commit();
+	};
+	if (!a.pf)
+		KDEP_ENTRY();
+	load_chunk(0); /* weights: may start before KDEP_ENTRY */
+	if (a.pf) {
+		if (n_chunk > 1 && tid < RB) /* the rest of the rows into L2 */
+			kdep_prefetch_l2(sg.w + (size_t)min(row0 + tid, sg.n_out - 1) * sg.row_bytes +
+			                     (size_t)CS * SB,
+			                 sg.row_bytes - (size_t)CS * SB);
+		KDEP_ENTRY();
+	}
+
+	for (int t0 = 0; t0 < a.n_tok; t0 += NTP) {
+		float acc[RB][NTP];
+#pragma unroll
+		for (int r = 0; r < RB; r++)
+#pragma unroll
+			for (int t = 0; t < NTP; t++)
+				acc[r][t] = 0.0f;
+		for (int ch = 0; ch < n_chunk; ch++) {
+			const int s0 = ch * CS, nsl = min(CS, n_slab - s0);
+			if (n_chunk > 1 && (ch > 0 || t0 > 0)) {
+				__syncthreads(); /* every warp is done with the previous chunk */
+				load_chunk(ch);
+			}
+			/* this lane's x of its slabs, while the copies fly (x: L1 / L2) */
+			float xv[KP][NTP][EPL];
+#pragma unroll
+			for (int k = 0; k < KP; k++) {
+				const int s = warp + MM_NW * k;
+#pragma unroll
+				for (int t = 0; t < NTP; t++) {
+					if (s < nsl && t0 + t < a.n_tok) {
+						const float4 *q =
+						    (const float4 *)(a.x + (int64_t)(t0 + t) * a.ldx +
+						                     (size_t)(s0 + s) * SE + EPL * lane);
+#pragma unroll
+						for (int e = 0; e < EPL / 4; e++) {
+							const float4 f = __ldg(q + e);
+							xv[k][t][4 * e] = f.x, xv[k][t][4 * e + 1] = f.y;
+							xv[k][t][4 * e + 2] = f.z, xv[k][t][4 * e + 3] = f.w;
+						}
+					} else {
+#pragma unroll
+						for (int e = 0; e < EPL; e++)
+							xv[k][t][e] = 0.0f;
+					}
+				}
+			}
+			g3_wait<0>();
+			__syncthreads(); /* every thread's copies are visible */
+#pragma unroll
+			for (int k = 0; k < KP; k++) {
+				const int s = warp + MM_NW * k;
+				if (s >= nsl)
+					break;
+#pragma unroll
+				for (int r = 0; r < RB; r++) {
+					g3_row<T> wr;
+					g3_decode<T>(tile + r * stride + s * SB, lane, wr);
+#pragma unroll
+					for (int t = 0; t < NTP; t++) {
+						float p0 = 0.0f, p1 = 0.0f;
+#pragma unroll
+						for (int e = 0; e < EPL; e += 2) {
+							p0 = fmaf(wr.v[e], xv[k][t][e], p0);
+							p1 = fmaf(wr.v[e + 1], xv[k][t][e + 1], p1);
+						}
+						acc[r][t] = fmaf(wr.d, p0 + p1, acc[r][t]);
+					}
+				}
+			}
+		}
+#pragma unroll
+		for (int r = 0; r < RB; r++)
+#pragma unroll
+			for (int t = 0; t < NTP; t++) {
+				const float v = kc_warp_sum(acc[r][t]);
+				if (lane == 0)
+					part[warp][r * NTP + t] = v;
+			}
+		__syncthreads();
+		if (tid < RB * NTP) {
+			const int r = tid / NTP, t = tid % NTP;
+			float v = 0.0f;
+#pragma unroll
+			for (int w = 0; w < MM_NW; w++) /* warp order: deterministic */
+				v += part[w][r * NTP + t];
+			if (t0 + t < a.n_tok && row0 + r < sg.n_out)
+				sg.y[(int64_t)(t0 + t) * sg.ldy + row0 + r] = v;
+		}
+		__syncthreads(); /* part is rewritten by the next pair */
+	}
+	g3_wait<0>(); /* no copy outlives the block (none is pending here; kept for clarity) */
+}
+
+template <int NTP, bool SMALL>
+__global__ void __launch_bounds__(MM_NW * 32) mm_multi_kernel(const __grid_constant__ struct mm_multi_args a)
+{
+	extern __shared__ __align__(16) uint8_t mm_tile[];
+	__shared__ float part[MM_NW][mmx<KT_Q8_0>::RB * MM_MAX_NTP];
+	int s = 0; /* the segment of this block: kernel arguments only, nothing written by others */
+	for (int i = 1; i < a.n_seg; i++)
+		if ((int)blockIdx.x >= a.seg[i].blk0)
+			s = i;
+	const struct mm_seg_dev &sg = a.seg[s];
+	const int blk = (int)blockIdx.x - sg.blk0;
+	switch (sg.type) {
+	case KT_Q8_0: mm_body<KT_Q8_0, NTP, SMALL>(sg, blk, a, mm_tile, part); break;
+	case KT_F16: mm_body<KT_F16, NTP, SMALL>(sg, blk, a, mm_tile, part); break;
+	case KT_BF16: mm_body<KT_BF16, NTP, SMALL>(sg, blk, a, mm_tile, part); break;
+	default: mm_body<KT_F32, NTP, SMALL>(sg, blk, a, mm_tile, part); break;
+	}
+}
+
+extern "C" bool kcuda_matmul_multi_enabled(void)
+{
+	const char *e = getenv("TANDEM_MULTI");
+	return !(e && strcmp(e, "0") == 0);
+}
+
+static int multi_max_tok(void)
+{
+	const char *e = getenv("TANDEM_MULTI_TOK");
+	const int v = e ? atoi(e) : 8;
+	return v < 0 ? 0 : (v > 8 ? 8 : v);
+}
+
+/* rows per block, slab elements and slab bytes of a type the kernel takes; false otherwise */
+static bool mm_geom(int type, int *rb, int *se, int *sb)
+{
+	switch (type) {
+	case KT_Q8_0: *rb = mmx<KT_Q8_0>::RB, *se = g3t<KT_Q8_0>::SE, *sb = g3t<KT_Q8_0>::SB; return true;
+	case KT_F16: *rb = mmx<KT_F16>::RB, *se = g3t<KT_F16>::SE, *sb = g3t<KT_F16>::SB; return true;
+	case KT_BF16: *rb = mmx<KT_BF16>::RB, *se = g3t<KT_BF16>::SE, *sb = g3t<KT_BF16>::SB; return true;
+	case KT_F32: *rb = mmx<KT_F32>::RB, *se = g3t<KT_F32>::SE, *sb = g3t<KT_F32>::SB; return true;
+	default: return false;
+	}
+}
+
+template <int NTP, bool SMALL>
+static int mm_launch(struct kcuda_ctx *c, const struct mm_multi_args &a, unsigned grid, size_t smem)
+{
+	return klaunch("matmul_multi", mm_multi_kernel<NTP, SMALL>, dim3(grid), dim3(MM_NW * 32), smem,
+	               c->stream, a);
+}
+
+int kcuda_matmul_multi(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg, const float *x,
+                       int64_t ldx, int64_t n_tok)
+{
+	if (!c || !seg || !x)
+		return kcuda_bad_arg("matmul_multi", "null context, segment table or x");
+	if (n_seg < 1 || n_seg > KCUDA_MM_MULTI_MAX)
+		return kcuda_bad_arg("matmul_multi", "%d products (1..%d)", n_seg, KCUDA_MM_MULTI_MAX);
+	if (n_tok < 0)
+		return kcuda_bad_arg("matmul_multi", "n_tok %lld", (long long)n_tok);
+	const int64_t n_in = seg[0].w ? seg[0].w->n_in : 0;
+	for (int i = 0; i < n_seg; i++) {
+		const struct kweight *w = seg[i].w;
+		size_t rb = 0;
+		if (!w || !w->data || !seg[i].y)
+			return kcuda_bad_arg("matmul_multi", "product %d: null weight, weight data or y", i);
+		if (w->n_in != n_in || n_in <= 0 || w->n_out <= 0)
+			return kcuda_bad_arg("matmul_multi",
+			                     "product %d: weight %lld x %lld (the first has n_in %lld)", i,
+			                     (long long)w->n_out, (long long)w->n_in, (long long)n_in);
+		if (!ktype_row_bytes(w->type, w->n_in, &rb) || rb != w->row_bytes)
+			return kcuda_bad_arg(
+			    "matmul_multi",
+			    "product %d: %s weight with n_in %lld has row_bytes %zu (want %zu)", i,
+			    ktype_name(w->type), (long long)w->n_in, w->row_bytes, rb);
+		if (seg[i].ldy < w->n_out)
+			return kcuda_bad_arg("matmul_multi", "product %d: ldy %lld < n_out %lld", i,
+			                     (long long)seg[i].ldy, (long long)w->n_out);
+	}
+	if (ldx < n_in)
+		return kcuda_bad_arg("matmul_multi", "ldx %lld < n_in %lld", (long long)ldx, (long long)n_in);
+	if (n_tok == 0)
+		return 0;
+	if (!kcuda_matmul_multi_enabled() || n_tok > multi_max_tok() || (uintptr_t)x % 16 || ldx % 4 ||
+	    n_in > (1 << 30) || ldx > ((int64_t)1 << 40))
+		return ERR_UNSUPPORTED;
+
+	/* the products the kernel takes go into its table; the others run on their own after it */
+	const bool small = n_in <= MM_CHUNK(true);
+	struct mm_multi_args a;
+	memset(&a, 0, sizeof(a));
+	bool in_table[KCUDA_MM_MULTI_MAX] = {false};
+	int64_t n_blk = 0;
+	size_t smem = 0;
+	for (int i = 0; i < n_seg; i++) {
+		const struct kweight *w = seg[i].w;
+		int rb, se, sb;
+		if (!mm_geom(w->type, &rb, &se, &sb) || n_in % se || (uintptr_t)w->data % 16 ||
+		    w->n_out > INT32_MAX / 2)
+			continue;
+		const int64_t cs = MM_CHUNK(small) / se, nsl = n_in / se < cs ? n_in / se : cs;
+		const size_t tb = (size_t)rb * (size_t)sb * (size_t)nsl;
+		if (tb > smem)
+			smem = tb;
+		struct mm_seg_dev *d = &a.seg[a.n_seg++];
+		d->w = (const uint8_t *)w->data;
+		d->y = seg[i].y;
+		d->ldy = seg[i].ldy;
+		d->row_bytes = w->row_bytes;
+		d->n_out = (int)w->n_out;
+		d->type = w->type;
+		d->blk0 = (int)n_blk;
+		n_blk += (w->n_out + rb - 1) / rb;
+		in_table[i] = true;
+	}
+	if (a.n_seg < 2 || n_blk > INT32_MAX) { /* nothing to share: the usual dispatch */
+		for (int i = 0; i < n_seg; i++) {
+			const int rc = kcuda_matmul(c, seg[i].w, x, ldx, n_tok, seg[i].y, seg[i].ldy);
+			if (rc)
+				return rc;
+		}
+		return 0;
+	}
+	a.x = x;
+	a.ldx = ldx;
+	a.n_tok = (int)n_tok;
+	a.n_in = (int)n_in;
+	a.pf = kcuda_prefetch_enabled();
+	int rc;
+	if (n_tok == 1)
+		rc = small ? mm_launch<1, true>(c, a, (unsigned)n_blk, smem)
+		           : mm_launch<1, false>(c, a, (unsigned)n_blk, smem);
+	else
+		rc = small ? mm_launch<2, true>(c, a, (unsigned)n_blk, smem)
+		           : mm_launch<2, false>(c, a, (unsigned)n_blk, smem);
+	for (int i = 0; i < n_seg && !rc; i++)
+		if (!in_table[i])
+			rc = kcuda_matmul(c, seg[i].w, x, ldx, n_tok, seg[i].y, seg[i].ldy);
+	return rc;
+}

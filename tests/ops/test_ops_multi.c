@@ -1,0 +1,290 @@
+/* kcuda_matmul_multi (kernels/cuda/matmul_multi.cu: several products of one x in one launch)
+ * against the CPU op, on seeded random weights and activations:
+ *   - every output against kcpu_dot_row (the CPU op kcpu_matmul uses per row) within fp32
+ *     summation-order error, |gpu - cpu| <= 2e-6 * sqrt(n_in) * sum|w x| (test_ops_matmul's
+ *     tolerance), finite;
+ *   - against the separate kcuda_matmul launches of the same products, held to the same tolerance
+ *     (the sums are not taken in their order: the largest difference is printed);
+ *   - a second run gives the same bits (fixed reduction order);
+ *   - guard bytes around every y and the gaps of strided y (ldy > n_out) untouched, strided x;
+ *   - segment mixes: the GLM-5 TP=8 per-rank groups {q_a, kv_a, idx_k, idx_proj (F32)} and {q_b,
+ *     idx_q_b}, DeepSeek-V3's {q_a, kv_a}, every type the kernel takes (Q8_0, F16, BF16, F32) in one
+ *     launch, odd n_out (1, 33, 67), long K (several shared-memory chunks), the tiny test models'
+ *     n_in 256, and products it does not take (Q4_K, n_in % 256) mixed in (they run on their own);
+ *   - n_tok 1..8 (1, 2, 3, 8 on the big shapes; 1, 2, 8 in TANDEM_OPS_QUICK=1 mode);
+ *   - refusals: ERR_UNSUPPORTED for n_tok 9, misaligned x and TANDEM_MULTI=0, -EINVAL for bad
+ *     arguments (n_in mismatch, ldy < n_out, ldx < n_in, 0 or too many products).
+ * Exit 77 = no GPU (skip). */
+#include <errno.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "common/base/err.h"
+#include "tests/ops/ops_util.h"
+
+#ifndef TANDEM_CUDA
+int main(void)
+{
+	printf("SKIP: built without CUDA (make CUDA=1)\n");
+	return 77;
+}
+#else
+
+struct mseg {
+	int type;
+	int64_t n_out;
+};
+struct mcase {
+	const char *what;
+	int64_t n_in;
+	int n;
+	struct mseg s[KCUDA_MM_MULTI_MAX];
+	bool big; /* fewer n_tok (the CPU reference is the slow part) */
+};
+
+static const struct mcase cases[] = {
+    {"glm q_a,kv_a,idx_k,idx_proj",
+     6144,
+     4,
+     {{KT_Q8_0, 2048}, {KT_Q8_0, 576}, {KT_Q8_0, 128}, {KT_F32, 32}},
+     true},
+    {"glm q_b,idx_q_b", 2048, 2, {{KT_Q8_0, 2048}, {KT_Q8_0, 4096}}, true},
+    {"ds q_a,kv_a", 7168, 2, {{KT_Q8_0, 1536}, {KT_Q8_0, 576}}, true},
+    {"all four types", 512, 4, {{KT_BF16, 67}, {KT_F16, 33}, {KT_F32, 1}, {KT_Q8_0, 70}}, false},
+    {"six products",
+     1024,
+     6,
+     {{KT_Q8_0, 5}, {KT_F32, 31}, {KT_Q8_0, 1}, {KT_BF16, 9}, {KT_F16, 2}, {KT_Q8_0, 33}},
+     false},
+    {"long K (3 chunks)", 16384, 3, {{KT_Q8_0, 37}, {KT_F32, 9}, {KT_BF16, 11}}, false},
+    {"K 7424 (2 chunks)", 7424, 2, {{KT_Q8_0, 45}, {KT_F16, 6}}, false},
+    {"tiny n_in 256", 256, 4, {{KT_Q8_0, 256}, {KT_Q8_0, 288}, {KT_BF16, 64}, {KT_F32, 4}}, false},
+    {"Q4_K mixed in", 2048, 3, {{KT_Q4_K, 40}, {KT_Q8_0, 50}, {KT_F32, 17}}, false},
+    {"n_in 384: Q8_0 runs alone", 384, 3, {{KT_Q8_0, 20}, {KT_F32, 21}, {KT_F16, 3}}, false},
+    {"one product taken", 512, 2, {{KT_Q4_K, 30}, {KT_F32, 7}}, false},
+};
+
+static double worst_vs_single;
+
+/* Runs one case at n_tok tokens; returns 0 if it ran (pass or fail recorded), -1 on setup failure. */
+static int run_multi(struct kcuda_ctx *c, const struct mcase *mc, int64_t n_tok, int strided)
+{
+	const int n = mc->n;
+	const int64_t n_in = mc->n_in, ldx = strided ? n_in + 4 : n_in;
+	uint8_t *wh[KCUDA_MM_MULTI_MAX] = {0};
+	struct kweight wd[KCUDA_MM_MULTI_MAX];
+	struct ops_dbuf yb[KCUDA_MM_MULTI_MAX], ys[KCUDA_MM_MULTI_MAX], xb = {0};
+	float *yh[KCUDA_MM_MULTI_MAX] = {0}, *y2[KCUDA_MM_MULTI_MAX] = {0}, *y1[KCUDA_MM_MULTI_MAX] = {0};
+	int64_t ldy[KCUDA_MM_MULTI_MAX];
+	struct kcuda_mm_seg seg[KCUDA_MM_MULTI_MAX];
+	float *xh = malloc(sizeof(float) * (size_t)(ldx * n_tok));
+	float *row = malloc(sizeof(float) * (size_t)n_in);
+	int ret = -1;
+	memset(wd, 0, sizeof(wd));
+	memset(yb, 0, sizeof(yb));
+	memset(ys, 0, sizeof(ys));
+	if (!xh || !row)
+		goto out;
+	for (int64_t i = 0; i < ldx * n_tok; i++)
+		xh[i] = ops_rng_unif();
+	if (ops_dbuf_init(c, &xb, sizeof(float) * (size_t)(ldx * n_tok)) ||
+	    kcuda_upload(c, xb.user, xh, xb.bytes))
+		goto out;
+	for (int i = 0; i < n; i++) {
+		size_t rb = 0;
+		const int type = mc->s[i].type;
+		const int64_t n_out = mc->s[i].n_out;
+		if (!ktype_row_bytes(type, n_in, &rb))
+			goto out;
+		ldy[i] = strided ? n_out + 3 : n_out;
+		const size_t yby = sizeof(float) * (size_t)(ldy[i] * n_tok);
+		wh[i] = malloc(rb * (size_t)n_out);
+		yh[i] = malloc(yby);
+		y2[i] = malloc(yby);
+		y1[i] = malloc(yby);
+		if (!wh[i] || !yh[i] || !y2[i] || !y1[i])
+			goto out;
+		ops_fill_weight(type, n_in, n_out, rb, wh[i]);
+		struct kweight w = {
+		    .type = type, .n_in = n_in, .n_out = n_out, .row_bytes = rb, .data = wh[i]};
+		if (kcuda_weight_upload(c, &w, &wd[i]) || ops_dbuf_init(c, &yb[i], yby) ||
+		    ops_dbuf_init(c, &ys[i], yby))
+			goto out;
+		seg[i] = (struct kcuda_mm_seg){.w = &wd[i], .y = yb[i].user, .ldy = ldy[i]};
+	}
+	int rc = kcuda_matmul_multi(c, n, seg, xb.user, ldx, n_tok);
+	if (!rc)
+		rc = kcuda_sync(c);
+	OPS_CHECK(rc == 0, "%s n_tok=%" PRId64 ": rc %d", mc->what, n_tok, rc);
+	for (int i = 0; i < n; i++) {
+		size_t bad = ops_dbuf_get(c, &yb[i], yh[i]);
+		OPS_CHECK(bad == 0, "%s product %d: %zu guard bytes damaged around y", mc->what, i, bad);
+	}
+	/* the same again: the same bits */
+	int rc2 = kcuda_matmul_multi(c, n, seg, xb.user, ldx, n_tok);
+	if (!rc2)
+		rc2 = kcuda_sync(c);
+	for (int i = 0; i < n && !rc2; i++) {
+		ops_dbuf_get(c, &yb[i], y2[i]);
+		OPS_CHECK(memcmp(y2[i], yh[i], sizeof(float) * (size_t)(ldy[i] * n_tok)) == 0,
+		          "%s product %d n_tok=%" PRId64 ": second run differs", mc->what, i, n_tok);
+	}
+	OPS_CHECK(rc2 == 0, "%s: second run rc %d", mc->what, rc2);
+	/* the separate launches of the same products */
+	int rc1 = 0;
+	for (int i = 0; i < n && !rc1; i++)
+		rc1 = kcuda_matmul(c, &wd[i], xb.user, ldx, n_tok, ys[i].user, ldy[i]);
+	if (!rc1)
+		rc1 = kcuda_sync(c);
+	OPS_CHECK(rc1 == 0, "%s: separate launches rc %d", mc->what, rc1);
+	for (int i = 0; i < n && !rc1; i++)
+		ops_dbuf_get(c, &ys[i], y1[i]);
+
+	double worst = 0, worst_s = 0;
+	int64_t n_bad = 0, n_bad_s = 0, n_gap_bad = 0;
+	for (int i = 0; i < n; i++) {
+		const int type = mc->s[i].type;
+		const int64_t n_out = mc->s[i].n_out;
+		const size_t rb = wd[i].row_bytes;
+		for (int64_t r = 0; r < n_out; r++) {
+			kcpu_dequant_row(type, wh[i] + (size_t)r * rb, row, n_in);
+			for (int64_t t = 0; t < n_tok; t++) {
+				const float *x = xh + t * ldx;
+				const double ref = kcpu_dot_row(type, wh[i] + (size_t)r * rb, x, n_in);
+				double mag = 0;
+				for (int64_t k = 0; k < n_in; k++)
+					mag += fabs((double)row[k] * x[k]);
+				const double tol = 2e-6 * sqrt((double)n_in) * mag + 1e-30;
+				const float g = yh[i][t * ldy[i] + r], s = y1[i][t * ldy[i] + r];
+				const double err = fabs((double)g - ref), err_s = fabs((double)g - (double)s);
+				if (!isfinite(g) || !(err <= tol)) {
+					if (n_bad++ < 3)
+						printf("  %s product %d (%s) row %" PRId64 " tok %" PRId64
+						       ": gpu %.9g ref %.9g (|d| %.3g, tol %.3g)\n",
+						       mc->what, i, ktype_name(type), r, t, g, ref, err, tol);
+				}
+				if (!rc1 && !(err_s <= tol)) {
+					if (n_bad_s++ < 3)
+						printf("  %s product %d (%s) row %" PRId64 " tok %" PRId64
+						       ": multi %.9g separate %.9g\n",
+						       mc->what, i, ktype_name(type), r, t, g, s);
+				}
+				if (mag > 0 && err / mag > worst)
+					worst = err / mag;
+				if (mag > 0 && err_s / mag > worst_s)
+					worst_s = err_s / mag;
+			}
+		}
+		for (int64_t t = 0; t < n_tok; t++)
+			for (int64_t r = n_out; r < ldy[i]; r++)
+				n_gap_bad += !ops_is_fill_f32(yh[i][t * ldy[i] + r]);
+	}
+	if (worst_s > worst_vs_single)
+		worst_vs_single = worst_s;
+	OPS_CHECK(n_bad == 0, "%s n_tok=%" PRId64 ": %" PRId64 " wrong outputs", mc->what, n_tok, n_bad);
+	OPS_CHECK(n_bad_s == 0, "%s n_tok=%" PRId64 ": %" PRId64 " outputs away from the separate launches",
+	          mc->what, n_tok, n_bad_s);
+	OPS_CHECK(n_gap_bad == 0, "%s: %" PRId64 " writes into the ldy gaps", mc->what, n_gap_bad);
+	printf("multi %-30s n_in %6" PRId64 " n_tok %" PRId64
+	       "%s  max |err|/sum|wx| %.2e, vs separate %.2e %s\n",
+	       mc->what, n_in, n_tok, strided ? " strided" : "", worst, worst_s,
+	       n_bad || n_bad_s ? "FAIL" : "ok");
+	ret = 0;
+out:
+	if (ret)
+		printf("setup failed for %s\n", mc->what);
+	for (int i = 0; i < n; i++) {
+		kcuda_weight_free(&wd[i]);
+		ops_dbuf_fini(&yb[i]);
+		ops_dbuf_fini(&ys[i]);
+		free(wh[i]);
+		free(yh[i]);
+		free(y2[i]);
+		free(y1[i]);
+	}
+	ops_dbuf_fini(&xb);
+	free(xh);
+	free(row);
+	return ret;
+}
+
+static void check_refusals(struct kcuda_ctx *c)
+{
+	uint8_t wh[34 * 16] = {0}, wf[4 * 512] = {0};
+	struct kweight w = {.type = KT_Q8_0, .n_in = 512, .n_out = 1, .row_bytes = 544, .data = wh};
+	struct kweight f = {.type = KT_F32, .n_in = 512, .n_out = 1, .row_bytes = 2048, .data = wf};
+	struct kweight wd = {0}, fd = {0};
+	float *x = NULL, *y = NULL;
+	if (kcuda_weight_upload(c, &w, &wd) || kcuda_weight_upload(c, &f, &fd) ||
+	    kcuda_alloc(16 * 1024 * sizeof(float), (void **)&x) ||
+	    kcuda_alloc(64 * sizeof(float), (void **)&y)) {
+		OPS_CHECK(0, "refusals setup");
+		goto out;
+	}
+	struct kcuda_mm_seg s[KCUDA_MM_MULTI_MAX + 1];
+	for (int i = 0; i < KCUDA_MM_MULTI_MAX + 1; i++)
+		s[i] = (struct kcuda_mm_seg){.w = i & 1 ? &fd : &wd, .y = y + 8 * i, .ldy = 1};
+	OPS_CHECK(kcuda_matmul_multi(c, 2, s, x, 512, 9) == ERR_UNSUPPORTED, "n_tok 9 not refused");
+	OPS_CHECK(kcuda_matmul_multi(c, 2, s, x + 1, 512, 1) == ERR_UNSUPPORTED, "misaligned x not refused");
+	OPS_CHECK(kcuda_matmul_multi(c, 2, s, x, 514, 1) == ERR_UNSUPPORTED, "ldx %% 4 != 0 not refused");
+	OPS_CHECK(kcuda_matmul_multi(c, 2, s, x, 511, 1) == -EINVAL, "ldx < n_in accepted");
+	OPS_CHECK(kcuda_matmul_multi(c, 0, s, x, 512, 1) == -EINVAL, "no products accepted");
+	OPS_CHECK(kcuda_matmul_multi(c, KCUDA_MM_MULTI_MAX + 1, s, x, 512, 1) == -EINVAL,
+	          "too many products accepted");
+	OPS_CHECK(kcuda_matmul_multi(c, 2, s, x, 512, -1) == -EINVAL, "negative n_tok accepted");
+	OPS_CHECK(kcuda_matmul_multi(c, 2, s, x, 512, 0) == 0, "n_tok 0 is not a no-op");
+	struct kweight other = fd;
+	other.n_in = 256;
+	other.row_bytes = 1024;
+	struct kcuda_mm_seg bad[2] = {s[0], {.w = &other, .y = y, .ldy = 1}};
+	OPS_CHECK(kcuda_matmul_multi(c, 2, bad, x, 512, 1) == -EINVAL, "n_in mismatch accepted");
+	bad[1] = s[1];
+	bad[1].ldy = 0;
+	OPS_CHECK(kcuda_matmul_multi(c, 2, bad, x, 512, 1) == -EINVAL, "ldy < n_out accepted");
+	bad[1] = s[1];
+	bad[1].y = NULL;
+	OPS_CHECK(kcuda_matmul_multi(c, 2, bad, x, 512, 1) == -EINVAL, "null y accepted");
+	setenv("TANDEM_MULTI", "0", 1);
+	OPS_CHECK(kcuda_matmul_multi(c, 2, s, x, 512, 1) == ERR_UNSUPPORTED, "TANDEM_MULTI=0 not honoured");
+	unsetenv("TANDEM_MULTI");
+	setenv("TANDEM_MULTI_TOK", "2", 1);
+	OPS_CHECK(kcuda_matmul_multi(c, 2, s, x, 512, 3) == ERR_UNSUPPORTED,
+	          "TANDEM_MULTI_TOK=2 not honoured");
+	OPS_CHECK(kcuda_matmul_multi(c, 2, s, x, 512, 2) == 0, "TANDEM_MULTI_TOK=2 refuses 2 tokens");
+	unsetenv("TANDEM_MULTI_TOK");
+	OPS_CHECK(kcuda_sync(c) == 0, "refusals: sync");
+out:
+	kcuda_weight_free(&wd);
+	kcuda_weight_free(&fd);
+	kcuda_free(x);
+	kcuda_free(y);
+}
+
+int main(void)
+{
+	if (kcuda_device_count() < 1) {
+		printf("SKIP: no CUDA device\n");
+		return 77;
+	}
+	ops_seed_init();
+	const int quick = getenv("TANDEM_OPS_QUICK") != NULL;
+	struct kcuda_ctx *c = NULL;
+	if (kcuda_ctx_create(0, 64u << 20, &c)) {
+		printf("FAIL: no CUDA context\n");
+		return 1;
+	}
+	check_refusals(c);
+	int setup_fail = 0;
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		for (int64_t nt = 1; nt <= 8; nt++) {
+			if ((quick || cases[i].big) && nt != 1 && nt != 2 && nt != 8 && !(nt == 3 && !quick))
+				continue;
+			setup_fail |= run_multi(c, &cases[i], nt, (int)((i + (size_t)nt) & 1));
+		}
+	OPS_CHECK(setup_fail == 0, "some cases failed to set up");
+	printf("largest |multi - separate| / sum|wx|: %.2e\n", worst_vs_single);
+	kcuda_ctx_destroy(c);
+	printf("%d checks, %d failed\n", ops_n_check, ops_n_fail);
+	return ops_n_fail ? 1 : 0;
+}
+#endif
