@@ -1,7 +1,8 @@
 /* Bench: kcuda_matmul_multi (one launch for several products of the same x, matmul_multi.cu)
  * against the separate kcuda_matmul launches of the same products (the dispatch forward.c had
  * before), on the GLM-5 TP=8 per-rank decode groups {q_a, kv_a, idx_k, idx_proj F32} and {q_b,
- * idx_q_b} and DeepSeek-V3's {q_a, kv_a}, n_tok 1, 2, 4, 8:
+ * idx_q_b} and DeepSeek-V3's {q_a, kv_a}, and single wide Q8_0 products (o, q_a) through the same
+ * kernel (TANDEM_MULTI_WIDE=1) against the default dispatch, n_tok 1, 2, 4, 8:
  *   eager: CUDA events around batches of calls, every call on another copy of the group's weights
  *     (copies over >= 4x L2: in a decode step the other layers evict a layer's weights);
  *   graph: the same calls captured 20 per CUDA graph, the graphs replayed over all copies (the
@@ -81,6 +82,9 @@ static const group groups[] = {
      {{KT_Q8_0, 2048, "q_a"}, {KT_Q8_0, 576, "kv_a"}, {KT_Q8_0, 128, "idx_k"}, {KT_F32, 32, "idx_proj"}}},
     {"glm q_b+idx_q_b", 2048, 2, {{KT_Q8_0, 2048, "q_b"}, {KT_Q8_0, 4096, "idx_q_b"}}},
     {"ds q_a+kv_a", 7168, 2, {{KT_Q8_0, 1536, "q_a"}, {KT_Q8_0, 576, "kv_a"}}},
+    /* single wide products: default dispatch vs TANDEM_MULTI_WIDE=1 (the multi kernel, table of one) */
+    {"glm o alone (MULTI_WIDE)", 2048, 1, {{KT_Q8_0, 6144, "o"}}},
+    {"glm q_a alone (MULTI_WIDE)", 6144, 1, {{KT_Q8_0, 2048, "q_a"}}},
 };
 
 static int n_fail;
@@ -96,7 +100,9 @@ static int call(struct kcuda_ctx *c, const group &g, const std::vector<struct kw
 		wk[i].data = (char *)w[i].data + (size_t)k * stride;
 		seg[i] = {&wk[i], yd[i], g.p[i].n_out};
 	}
-	if (multi)
+	if (g.n == 1) /* a single product: kcuda_matmul with or without TANDEM_MULTI_WIDE */
+		setenv("TANDEM_MULTI_WIDE", multi ? "1" : "0", 1);
+	else if (multi)
 		return kcuda_matmul_multi(c, g.n, seg, xd, g.n_in, nt);
 	for (int i = 0; i < g.n; i++) {
 		const int rc = kcuda_matmul_path(c, g.p[i].type == KT_F32 ? KCUDA_MM_F32 : KCUDA_MM_AUTO,

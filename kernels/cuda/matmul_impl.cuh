@@ -37,6 +37,13 @@ int kcuda_head_q8_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t m
 /* false when TANDEM_GEMV3=0 (read on every call) */
 extern "C" bool kcuda_gemv3_enabled(void);
 
+/* One product through the multi-product kernel (matmul_multi.cu) at n_tok 1..8: Q8_0 / F16 / BF16
+ * with n_in % 256 == 0, F32 with n_in % 128 == 0, W and x 16-byte aligned, ldx % 4 == 0;
+ * ERR_UNSUPPORTED otherwise. kcuda_matmul takes it for wide Q8_0 when TANDEM_MULTI_WIDE=1. */
+int kcuda_gemv_multi1_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx,
+                             int n_tok, float *y, int64_t ldy);
+extern "C" bool kcuda_multi_wide_enabled(void);
+
 /* The tensor-core tile product (matmul_tile.cu) for H stacked matrices W_h = w0->data + h mat_bytes
  * (w0 describes one; H = 1 and mat_bytes unused for kcuda_matmul): y[t][h yhs + r] =
  * dot(W_h row r, x[t][h xhs ..]). fp32-class accuracy (exact weights, x in fp16 hi + lo).

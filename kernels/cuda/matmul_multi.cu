@@ -242,8 +242,37 @@ static int mm_launch(struct kcuda_ctx *c, const struct mm_multi_args &a, unsigne
 	               c->stream, a);
 }
 
+static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg, const float *x, int64_t ldx,
+                  int64_t n_tok, int min_table);
+
 int kcuda_matmul_multi(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg, const float *x,
                        int64_t ldx, int64_t n_tok)
+{
+	return mm_run(c, n_seg, seg, x, ldx, n_tok, 2);
+}
+
+/* TANDEM_MULTI_WIDE=1 (read on every call; default off until measured): kcuda_matmul sends Q8_0
+ * products wider than gemv3 takes (o, q_a, q_b, idx_q_b when not grouped) at n_tok 1..8 through this
+ * kernel as a table of one, instead of gemv_kernel / the tensor-core GEMV */
+extern "C" bool kcuda_multi_wide_enabled(void)
+{
+	const char *e = getenv("TANDEM_MULTI_WIDE");
+	return e && strcmp(e, "1") == 0;
+}
+
+int kcuda_gemv_multi1_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx,
+                             int n_tok, float *y, int64_t ldy)
+{
+	int rb, se, sb;
+	if (!mm_geom(w->type, &rb, &se, &sb) || w->n_in % se || (uintptr_t)w->data % 16 ||
+	    w->n_out > INT32_MAX / 2 || (uintptr_t)x % 16 || ldx % 4 || n_tok < 1 || n_tok > 8)
+		return ERR_UNSUPPORTED;
+	const struct kcuda_mm_seg seg = {w, y, ldy};
+	return mm_run(c, 1, &seg, x, ldx, n_tok, 1);
+}
+
+static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg, const float *x, int64_t ldx,
+                  int64_t n_tok, int min_table)
 {
 	if (!c || !seg || !x)
 		return kcuda_bad_arg("matmul_multi", "null context, segment table or x");
@@ -274,8 +303,8 @@ int kcuda_matmul_multi(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg
 		return kcuda_bad_arg("matmul_multi", "ldx %lld < n_in %lld", (long long)ldx, (long long)n_in);
 	if (n_tok == 0)
 		return 0;
-	if (!kcuda_matmul_multi_enabled() || n_tok > multi_max_tok() || (uintptr_t)x % 16 || ldx % 4 ||
-	    n_in > (1 << 30) || ldx > ((int64_t)1 << 40))
+	if ((min_table > 1 && (!kcuda_matmul_multi_enabled() || n_tok > multi_max_tok())) || n_tok > 8 ||
+	    (uintptr_t)x % 16 || ldx % 4 || n_in > (1 << 30) || ldx > ((int64_t)1 << 40))
 		return ERR_UNSUPPORTED;
 
 	/* the products the kernel takes go into its table; the others run on their own after it */
@@ -306,7 +335,9 @@ int kcuda_matmul_multi(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg
 		n_blk += (w->n_out + rb - 1) / rb;
 		in_table[i] = true;
 	}
-	if (a.n_seg < 2 || n_blk > INT32_MAX) { /* nothing to share: the usual dispatch */
+	if (a.n_seg < min_table || n_blk > INT32_MAX) { /* nothing to share: the usual dispatch */
+		if (min_table < 2)
+			return ERR_UNSUPPORTED;
 		for (int i = 0; i < n_seg; i++) {
 			const int rc = kcuda_matmul(c, seg[i].w, x, ldx, n_tok, seg[i].y, seg[i].ldy);
 			if (rc)

@@ -12,6 +12,8 @@
  *     launch, odd n_out (1, 33, 67), long K (several shared-memory chunks), the tiny test models'
  *     n_in 256, and products it does not take (Q4_K, n_in % 256) mixed in (they run on their own);
  *   - n_tok 1..8 (1, 2, 3, 8 on the big shapes; 1, 2, 8 in TANDEM_OPS_QUICK=1 mode);
+ *   - single wide Q8_0 products through kcuda_matmul with TANDEM_MULTI_WIDE=1 (the kernel with a
+ *     table of one: GLM-5 o and q_a, odd n_out, long K);
  *   - refusals: ERR_UNSUPPORTED for n_tok 9, misaligned x and TANDEM_MULTI=0, -EINVAL for bad
  *     arguments (n_in mismatch, ldy < n_out, ldx < n_in, 0 or too many products).
  * Exit 77 = no GPU (skip). */
@@ -62,6 +64,15 @@ static const struct mcase cases[] = {
     {"Q4_K mixed in", 2048, 3, {{KT_Q4_K, 40}, {KT_Q8_0, 50}, {KT_F32, 17}}, false},
     {"n_in 384: Q8_0 runs alone", 384, 3, {{KT_Q8_0, 20}, {KT_F32, 21}, {KT_F16, 3}}, false},
     {"one product taken", 512, 2, {{KT_Q4_K, 30}, {KT_F32, 7}}, false},
+};
+
+/* single wide Q8_0 products through kcuda_matmul with TANDEM_MULTI_WIDE=1 (the multi kernel as a
+ * table of one) */
+static const struct mcase wide_cases[] = {
+    {"wide o (MULTI_WIDE)", 2048, 1, {{KT_Q8_0, 6144}}, true},
+    {"wide q_a (MULTI_WIDE)", 6144, 1, {{KT_Q8_0, 2048}}, true},
+    {"wide odd n_out (MULTI_WIDE)", 2560, 1, {{KT_Q8_0, 1029}}, false},
+    {"wide long K (MULTI_WIDE)", 12288, 1, {{KT_Q8_0, 1100}}, false},
 };
 
 static double worst_vs_single;
@@ -281,6 +292,16 @@ int main(void)
 				continue;
 			setup_fail |= run_multi(c, &cases[i], nt, (int)((i + (size_t)nt) & 1));
 		}
+	setenv("TANDEM_MULTI_WIDE", "1", 1);
+	for (size_t i = 0; i < sizeof(wide_cases) / sizeof(wide_cases[0]); i++)
+		for (int64_t nt = 1; nt <= 8; nt++) {
+			if (nt != 1 && nt != 2 && nt != 3 && nt != 8)
+				continue;
+			if (quick && i < 2 && nt == 3)
+				continue;
+			setup_fail |= run_multi(c, &wide_cases[i], nt, (int)((i + (size_t)nt) & 1));
+		}
+	unsetenv("TANDEM_MULTI_WIDE");
 	OPS_CHECK(setup_fail == 0, "some cases failed to set up");
 	printf("largest |multi - separate| / sum|wx|: %.2e\n", worst_vs_single);
 	kcuda_ctx_destroy(c);
