@@ -11,9 +11,10 @@
  * flight: the memory-level parallelism one launch needs to approach the read rate), loads its
  * lanes' x while the copies fly, then decodes from shared memory: warp w takes slabs w, w + MM_NW,
  * ... of the chunk, lane l the EPL elements EPL l .. of each slab (g3_decode, matmul_impl.cuh),
- * and reuses its x registers for the RB rows. Tokens go in pairs: the weight tile stays in shared
- * memory while the next pair's x is loaded, so W is read from HBM once for 1..8 tokens (K chunks
- * of longer rows are re-read, from L2, per pair).
+ * and reuses its x registers for the RB rows. All n_tok tokens in one pass (1, 2, 4 or 8 token
+ * slots): each weight is decoded once for all of them and W read from HBM once. For 1-2 tokens
+ * every slab's x is loaded into registers before the wait on the copies; for 3-8 that would not
+ * fit, so x is loaded slab by slab (the first slab's before the wait).
  * Rows per block RB: Q8_0 4, F16 / BF16 2, F32 1 (~26-30 KB of weights per block at n_in 6144).
  * PDL: the block's first chunk is copied BEFORE KDEP_ENTRY() (weights only, cuda_common.cuh), so
  * the weight stream overlaps the kernel before; x is read and y written only after it.
@@ -31,7 +32,7 @@
 #include "kernels/cuda/matmul_impl.cuh"
 
 #define MM_NW 4 /* warps per block */
-#define MM_MAX_NTP 2 /* tokens per pass (x in registers) */
+#define MM_MAX_NTP 8 /* tokens per pass */
 
 /* rows per block per type (about the same bytes per block for every type) */
 template <int T> struct mmx {
@@ -76,6 +77,7 @@ __device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, co
 	constexpr int SE = g3t<T>::SE, SB = g3t<T>::SB, EPL = g3t<T>::EPL, RB = mmx<T>::RB;
 	constexpr int CS = MM_CHUNK(SMALL) / SE; /* slabs per chunk */
 	constexpr int KP = CS / MM_NW; /* slabs per warp per chunk */
+	constexpr bool HOIST = NTP <= 2; /* all of the chunk's x in registers before the wait */
 	static_assert(CS % MM_NW == 0, "chunks split evenly over the warps");
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int n_slab = a.n_in / SE;
@@ -120,11 +122,8 @@ __device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, co
 				__syncthreads(); /* every warp is done with the previous chunk */
 				load_chunk(ch);
 			}
-			/* this lane's x of its slabs, while the copies fly (x: L1 / L2) */
-			float xv[KP][NTP][EPL];
-#pragma unroll
-			for (int k = 0; k < KP; k++) {
-				const int s = warp + MM_NW * k;
+			/* this lane's x of slab s of the chunk for the pass's tokens (zeros past n_tok) */
+			auto load_x = [&](int s, float(&xs)[NTP][EPL]) {
 #pragma unroll
 				for (int t = 0; t < NTP; t++) {
 					if (s < nsl && t0 + t < a.n_tok) {
@@ -134,15 +133,25 @@ __device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, co
 #pragma unroll
 						for (int e = 0; e < EPL / 4; e++) {
 							const float4 f = __ldg(q + e);
-							xv[k][t][4 * e] = f.x, xv[k][t][4 * e + 1] = f.y;
-							xv[k][t][4 * e + 2] = f.z, xv[k][t][4 * e + 3] = f.w;
+							xs[t][4 * e] = f.x, xs[t][4 * e + 1] = f.y;
+							xs[t][4 * e + 2] = f.z, xs[t][4 * e + 3] = f.w;
 						}
 					} else {
 #pragma unroll
 						for (int e = 0; e < EPL; e++)
-							xv[k][t][e] = 0.0f;
+							xs[t][e] = 0.0f;
 					}
 				}
+			};
+			/* 1-2 tokens: every slab's x now, while the copies fly (x: L1 / L2); more tokens
+			 * would not fit in registers: slab by slab below */
+			float xv[HOIST ? KP : 1][NTP][EPL];
+			if constexpr (HOIST) {
+#pragma unroll
+				for (int k = 0; k < KP; k++)
+					load_x(warp + MM_NW * k, xv[k]);
+			} else {
+				load_x(warp, xv[0]); /* the first slab's */
 			}
 			g3_wait<0>();
 			__syncthreads(); /* every thread's copies are visible */
@@ -151,6 +160,9 @@ __device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, co
 				const int s = warp + MM_NW * k;
 				if (s >= nsl)
 					break;
+				const int kx = HOIST ? k : 0;
+				if (!HOIST && k > 0)
+					load_x(s, xv[0]);
 #pragma unroll
 				for (int r = 0; r < RB; r++) {
 					g3_row<T> wr;
@@ -160,8 +172,8 @@ __device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, co
 						float p0 = 0.0f, p1 = 0.0f;
 #pragma unroll
 						for (int e = 0; e < EPL; e += 2) {
-							p0 = fmaf(wr.v[e], xv[k][t][e], p0);
-							p1 = fmaf(wr.v[e + 1], xv[k][t][e + 1], p1);
+							p0 = fmaf(wr.v[e], xv[kx][t][e], p0);
+							p1 = fmaf(wr.v[e + 1], xv[kx][t][e + 1], p1);
 						}
 						acc[r][t] = fmaf(wr.d, p0 + p1, acc[r][t]);
 					}
@@ -186,7 +198,7 @@ __device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, co
 			if (t0 + t < a.n_tok && row0 + r < sg.n_out)
 				sg.y[(int64_t)(t0 + t) * sg.ldy + row0 + r] = v;
 		}
-		__syncthreads(); /* part is rewritten by the next pair */
+		__syncthreads(); /* part is rewritten by a next pass */
 	}
 	g3_wait<0>(); /* no copy outlives the block (none is pending here; kept for clarity) */
 }
@@ -351,12 +363,15 @@ static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg
 	a.n_in = (int)n_in;
 	a.pf = kcuda_prefetch_enabled();
 	int rc;
+	const unsigned g = (unsigned)n_blk;
 	if (n_tok == 1)
-		rc = small ? mm_launch<1, true>(c, a, (unsigned)n_blk, smem)
-		           : mm_launch<1, false>(c, a, (unsigned)n_blk, smem);
+		rc = small ? mm_launch<1, true>(c, a, g, smem) : mm_launch<1, false>(c, a, g, smem);
+	else if (n_tok == 2)
+		rc = small ? mm_launch<2, true>(c, a, g, smem) : mm_launch<2, false>(c, a, g, smem);
+	else if (n_tok <= 4)
+		rc = small ? mm_launch<4, true>(c, a, g, smem) : mm_launch<4, false>(c, a, g, smem);
 	else
-		rc = small ? mm_launch<2, true>(c, a, (unsigned)n_blk, smem)
-		           : mm_launch<2, false>(c, a, (unsigned)n_blk, smem);
+		rc = small ? mm_launch<8, true>(c, a, g, smem) : mm_launch<8, false>(c, a, g, smem);
 	for (int i = 0; i < n_seg && !rc; i++)
 		if (!in_table[i])
 			rc = kcuda_matmul(c, seg[i].w, x, ldx, n_tok, seg[i].y, seg[i].ldy);
