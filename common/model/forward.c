@@ -218,8 +218,10 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 		/* --- FFN --- */
 		be->add_rmsnorm(bc, h, part, a, L->ffn_norm, D, n, hp->rms_eps);
 		if (!L->moe) {
-			be->matmul(bc, &L->ffn_gate, a, D, n, t1, rk->ffl);
-			be->matmul(bc, &L->ffn_up, a, D, n, t2, rk->ffl);
+			const struct kweight *mw[2] = {&L->ffn_gate, &L->ffn_up};
+			float *const my[2] = {t1, t2};
+			const int64_t mo[2] = {rk->ffl, rk->ffl};
+			matmul_n(be, bc, 2, mw, a, D, n, my, mo);
 			be->swiglu(bc, t1, t1, t2, n * rk->ffl);
 			be->matmul(bc, &L->ffn_down, t1, rk->ffl, n, part, D);
 		} else {
