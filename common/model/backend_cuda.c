@@ -695,8 +695,12 @@ static void cu_matmul_n(void *ctx, int n_w, const struct kweight *const *w, cons
 			seg[i] = (struct kcuda_mm_seg){.w = w[i], .y = y[i], .ldy = n_out[i]};
 			bytes += wbytes(w[i]);
 		}
+		const char *first = mm_name(c, w[0]);
 		PROF(c,
-		     strcmp(mm_name(c, w[0]), "mm.q_a") == 0 ? "mm.multi(q_a,kv_a,...)" : "mm.multi(q_b,...)",
+		     !strcmp(first, "mm.q_a")               ? "mm.multi(q_a,kv_a,idx_k,idx_proj)"
+		     : !strcmp(first, "mm.q_b")             ? "mm.multi(q_b,idx_q_b)"
+		     : !strcmp(first, "mm.ffn_gate(dense)") ? "mm.multi(ffn_gate,ffn_up)(dense)"
+		                                            : "mm.multi",
 		     ktype_name(w[0]->type), bytes)
 		rc = kcuda_matmul_multi(c->kc, n_w, seg, x, ldx, n_tok);
 	}
