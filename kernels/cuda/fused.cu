@@ -161,12 +161,22 @@ __device__ __forceinline__ void fu_pair(int pairing, int i, int half, int *i0, i
 __global__ void __launch_bounds__(FU_WIDE)
     add_rmsnorm_kernel(float *h, const float *x, float *y, const float *__restrict__ w, int64_t n, float eps)
 {
+	/* the norm weight before KDEP_ENTRY (a weight: cuda_common.cuh), so its DRAM round trip
+	 * overlaps the kernel before instead of following the block sum */
+	float wv[FU_PER];
+	const bool fits = n <= (int64_t)FU_PER * FU_WIDE;
+	if (fits)
+#pragma unroll
+		for (int k = 0; k < FU_PER; k++) {
+			const int64_t i = threadIdx.x + (int64_t)k * FU_WIDE;
+			wv[k] = i < n ? __ldg(w + i) : 0.0f;
+		}
 	KDEP_ENTRY();
 	__shared__ float red[FU_WIDE / 32];
 	float *hr = h + blockIdx.x * n;
 	const float *xr = x ? x + blockIdx.x * n : NULL;
 	float *yr = y + blockIdx.x * n;
-	if (n <= (int64_t)FU_PER * FU_WIDE) {
+	if (fits) {
 		float v[FU_PER];
 		const float ss = fu_load<FU_WIDE>(v, hr, xr, n);
 #pragma unroll
@@ -180,7 +190,7 @@ __global__ void __launch_bounds__(FU_WIDE)
 		for (int k = 0; k < FU_PER; k++) {
 			const int64_t i = threadIdx.x + (int64_t)k * FU_WIDE;
 			if (i < n)
-				yr[i] = w[i] * (v[k] * inv);
+				yr[i] = wv[k] * (v[k] * inv);
 		}
 		return;
 	}
