@@ -61,13 +61,13 @@ cat "$L/machine.log"
 # ---- correctness first; a new path that fails its op test is switched off for the timings ----
 ok() { grep -q "^$1 *rc=0 " <<<"$(printf '%s\n' "${SUMMARY[@]}")"; }
 step test_gpu_model 60 "$B/tests/test_gpu_model"
-for t in matmul head_gemv moe prefill_moe fused mla indexer allreduce rowops sample; do
+for t in matmul head_gemv moe prefill_moe fused mla indexer allreduce rowops sample multi; do
 	[ -x "$B/tests/test_ops_$t" ] && step "test_ops_$t" 60 env TANDEM_OPS_QUICK=1 "$B/tests/test_ops_$t"
 done
-ALLREF="TANDEM_CUDA_ATTN=ref TANDEM_MOE_SORTED=0 TANDEM_MOE_FAST=0 TANDEM_HEAD_GEMV=0 TANDEM_GEMV_MMA=0 TANDEM_PREFILL_FAST=0 TANDEM_FUSE=0 TANDEM_GEMV3=0"
+ALLREF="TANDEM_CUDA_ATTN=ref TANDEM_MOE_SORTED=0 TANDEM_MOE_FAST=0 TANDEM_HEAD_GEMV=0 TANDEM_GEMV_MMA=0 TANDEM_PREFILL_FAST=0 TANDEM_FUSE=0 TANDEM_GEMV3=0 TANDEM_MULTI=0"
 if ! ok test_gpu_model; then # which new path: everything old, then one old path at a time
 	step test_gpu_model_allref 40 env $ALLREF "$B/tests/test_gpu_model"
-	for v in TANDEM_CUDA_ATTN=ref TANDEM_MOE_FAST=0 TANDEM_GEMV_MMA=0 TANDEM_FUSE=0 TANDEM_GEMV3=0; do
+	for v in TANDEM_CUDA_ATTN=ref TANDEM_MOE_FAST=0 TANDEM_GEMV_MMA=0 TANDEM_FUSE=0 TANDEM_GEMV3=0 TANDEM_MULTI=0; do
 		step "test_gpu_model_${v%%=*}" 30 env "$v" "$B/tests/test_gpu_model"
 	done
 fi
@@ -77,9 +77,11 @@ ok test_ops_head_gemv || export TANDEM_HEAD_GEMV=0
 ok test_ops_moe || export TANDEM_MOE_SORTED=0 TANDEM_MOE_FAST=0 TANDEM_MOE_SMALL=0
 ok test_ops_prefill_moe || export TANDEM_PREFILL_FAST=0
 ok test_ops_fused || export TANDEM_FUSE=0
+ok test_ops_multi || export TANDEM_MULTI=0
 sw="switches for the timings: ATTN=${TANDEM_CUDA_ATTN:-new} GEMV_MMA=${TANDEM_GEMV_MMA:-1} HEAD_GEMV=${TANDEM_HEAD_GEMV:-1}"
 sw="$sw MOE_FAST=${TANDEM_MOE_FAST:-1} MOE_SORTED=${TANDEM_MOE_SORTED:-1} PREFILL_FAST=${TANDEM_PREFILL_FAST:-1} FUSE=${TANDEM_FUSE:-1}"
 sw="$sw GEMV3=${TANDEM_GEMV3:-1}"
+sw="$sw MULTI=${TANDEM_MULTI:-1}"
 echo "$sw" | tee "$L/switches.log"
 SUMMARY+=("$sw")
 # the prefill MoE kernels end to end: 64-token batches of the test models through them (bf16 path)
@@ -92,6 +94,10 @@ step test_gpu_workers_sh 40 env BUILD="$B" TANDEM_GPU_TESTS=1 bash tests/e2e/tes
 SYN="--synthetic glm5 --tp 8 --rank 0 --backend cuda"
 step glm5_matrix 60 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --gen 6 --profile
 step glm5_matrix_nopdl 40 env TANDEM_PDL=0 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --matrix-batch 1,8 --gen 6 --matrix-prefill 0
+# front4: products of one x in one launch (TANDEM_MULTI), single wide Q8_0 through it (TANDEM_MULTI_WIDE)
+step glm5_matrix_nomulti 40 env TANDEM_MULTI=0 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --matrix-batch 1,8 --gen 6 --matrix-prefill 0
+step glm5_matrix_multiwide 40 env TANDEM_MULTI_WIDE=1 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --matrix-batch 1,8 --gen 6 --matrix-prefill 0
+[ -x "$B/bench/bench_cuda_multi" ] && step bench_cuda_multi 20 "$B/bench/bench_cuda_multi"
 step glm5_b1_nopdl 25 env TANDEM_PDL=0 "$B/tandem" bench $SYN --kv-fill random --ctx 4096 --gen 12 --batch 1 --reps 1
 step anchor_glm5_4l_tp1 30 "$B/tandem" bench --synthetic glm5 --layers 4 --dense 1 --type q4_k --backend cuda \
 	--prompt 512 --gen 64 --batch 1 --reps 3 --threads 8
@@ -118,7 +124,7 @@ if [ "${LOAD_REAL:-0}" = 1 ]; then
 fi
 step test_gpu_workers 30 "$B/tests/test_gpu_workers"
 if command -v compute-sanitizer >/dev/null; then
-	for t in fused moe prefill_moe matmul head_gemv mla indexer; do
+	for t in fused moe prefill_moe matmul head_gemv mla indexer multi; do
 		step "memcheck_$t" 40 env TANDEM_OPS_QUICK=1 TANDEM_OPS_SMALL=1 \
 			compute-sanitizer --tool memcheck --error-exitcode 9 "$B/tests/test_ops_$t"
 	done
