@@ -113,9 +113,25 @@ static int call(struct kcuda_ctx *c, const group &g, const std::vector<struct kw
 	return 0;
 }
 
-/* ms per group call: graphs of 20 calls each over all ncopy copies, median of 5 replays of all */
+/* A one-block kernel of ~4 us (the add_rmsnorm / mla_latent before the products in a decode step):
+ * with PDL the products' blocks start beside it and their weight copies overlap it. */
+__global__ void spin_kernel(float *out, long long cycles)
+{
+	KDEP_ENTRY();
+	const long long t0 = clock64();
+	while (clock64() - t0 < cycles) {
+	}
+	if (threadIdx.x == 0)
+		out[0] = 1.0f;
+}
+static float *g_spin_out;
+static long long g_spin_cycles; /* 0: no spin kernel */
+
+/* ms per group call: graphs of 20 calls each over all ncopy copies, median of 5 replays of all;
+ * with g_spin_cycles each call follows a spin kernel. multi: 0 separate, 1 multi, 2 multi with
+ * TANDEM_MULTI_HOIST=1, -1 the spin kernels alone */
 static float time_graph(struct kcuda_ctx *c, const group &g, const std::vector<struct kweight> &w,
-                        size_t stride, int ncopy, const float *xd, int nt, float *const *yd, bool multi)
+                        size_t stride, int ncopy, const float *xd, int nt, float *const *yd, int multi)
 {
 	cudaStream_t s = (cudaStream_t)kcuda_ctx_stream(c);
 	const int per = 20, ng = (ncopy + per - 1) / per;
@@ -123,9 +139,16 @@ static float time_graph(struct kcuda_ctx *c, const group &g, const std::vector<s
 	for (int gi = 0; gi < ng; gi++) {
 		cudaGraph_t gr;
 		CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-		for (int i = 0; i < per; i++)
-			if (call(c, g, w, stride, (gi * per + i) % ncopy, xd, nt, yd, multi))
+		for (int i = 0; i < per; i++) {
+			if (g_spin_cycles &&
+			    klaunch("spin", spin_kernel, dim3(1), dim3(128), 0, s, g_spin_out, g_spin_cycles))
 				abort();
+			if (multi < 0)
+				continue;
+			setenv("TANDEM_MULTI_HOIST", multi == 2 ? "1" : "0", 1);
+			if (call(c, g, w, stride, (gi * per + i) % ncopy, xd, nt, yd, multi > 0))
+				abort();
+		}
 		CK(cudaStreamEndCapture(s, &gr));
 		CK(cudaGraphInstantiate(&ex[gi], gr, 0));
 		CK(cudaGraphDestroy(gr));
@@ -180,13 +203,20 @@ int main(void)
 	const double ceil_gbs = big / (rd_ms * 1e-3) / 1e9;
 	const char *pdl = getenv("TANDEM_PDL"), *pf = getenv("TANDEM_PREFETCH");
 	printf("read ceiling %.0f GB/s (uint4 stream of 1 GiB)\n", ceil_gbs);
+	/* the spin kernel: ~4 us at the SM clock */
+	int khz = 0;
+	if (cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0) != cudaSuccess || khz <= 0)
+		khz = 1980000; /* the H200's boost clock */
+	const long long spin_cycles = (long long)khz * 4 / 1000;
+	CK(cudaMalloc((void **)&g_spin_out, 4));
 	printf(
 	    "\nmulti (one launch) vs separate launches; weights rotating over >= 4x L2; graph: 20 calls per "
-	    "CUDA graph, PDL %s, prefetch %s\n%-28s %5s %8s | %8s %6s | %8s %6s | %6s | %8s %6s | %8s %6s | "
-	    "%6s\n",
+	    "CUDA graph, PDL %s, prefetch %s;\nafter spin: each call after a ~4 us one-block kernel, that "
+	    "kernel's time subtracted; hoist: TANDEM_MULTI_HOIST=1; us per call\n"
+	    "%-28s %5s %7s | %7s %7s %6s | %7s %5s %7s %5s %7s %6s | %7s %7s %7s %6s\n",
 	    pdl && !strcmp(pdl, "0") ? "off" : "on", pf && !strcmp(pf, "0") ? "off" : "on", "group", "n_tok",
-	    "MB", "sep us", "GB/s", "multi us", "GB/s", "speedup", "graph sep", "GB/s", "graph mul", "GB/s",
-	    "speedup");
+	    "MB", "sep", "multi", "speedup", "g.sep", "GB/s", "g.multi", "GB/s", "g.hoist", "speedup",
+	    "spin sep", "multi", "hoist", "speedup");
 	for (const group &g : groups) {
 		std::vector<struct kweight> w(g.n);
 		size_t bytes = 0;
@@ -238,25 +268,36 @@ int main(void)
 					n_fail++;
 				}
 			}
-			float ms[2], gms[2];
-			for (int m = 0; m < 2; m++) {
+			/* graph columns: separate, multi, multi with TANDEM_MULTI_HOIST=1 (single products:
+			 * the same as multi); then each after a ~4 us one-block kernel, minus that kernel */
+			float ms[2], gms[3], sms[3];
+			for (int m = 0; m < 2; m++)
 				ms[m] = time_ms(s, 2, 5, ncopy, [&](int i) {
 					if (call(c, g, w, stride, i % ncopy, xd, nt, m ? yd : ys, m == 1))
 						abort();
 				});
-				gms[m] = time_graph(c, g, w, stride, ncopy, xd, nt, m ? yd : ys, m == 1);
-			}
-			printf("%-28s %5d %8.2f | %8.2f %6.0f | %8.2f %6.0f | %5.2fx | %8.2f %6.0f | %8.2f "
-			       "%6.0f | %5.2fx\n",
-			       g.what, nt, wbytes / 1e6, ms[0] * 1e3, wbytes / (ms[0] * 1e-3) / 1e9,
-			       ms[1] * 1e3, wbytes / (ms[1] * 1e-3) / 1e9, ms[0] / ms[1], gms[0] * 1e3,
-			       wbytes / (gms[0] * 1e-3) / 1e9, gms[1] * 1e3, wbytes / (gms[1] * 1e-3) / 1e9,
-			       gms[0] / gms[1]);
+			g_spin_cycles = 0;
+			for (int m = 0; m < 3; m++)
+				gms[m] = time_graph(c, g, w, stride, ncopy, xd, nt, m ? yd : ys, m);
+			g_spin_cycles = spin_cycles;
+			const float spin = time_graph(c, g, w, stride, ncopy, xd, nt, ys, -1);
+			for (int m = 0; m < 3; m++)
+				sms[m] = time_graph(c, g, w, stride, ncopy, xd, nt, m ? yd : ys, m) - spin;
+			g_spin_cycles = 0;
+			unsetenv("TANDEM_MULTI_HOIST");
+			printf(
+			    "%-28s %5d %7.2f | %7.2f %7.2f %5.2fx | %7.2f %5.0f %7.2f %5.0f %7.2f %5.2fx | "
+			    "%7.2f %7.2f %7.2f %5.2fx\n",
+			    g.what, nt, wbytes / 1e6, ms[0] * 1e3, ms[1] * 1e3, ms[0] / ms[1], gms[0] * 1e3,
+			    wbytes / (gms[0] * 1e-3) / 1e9, gms[1] * 1e3, wbytes / (gms[1] * 1e-3) / 1e9,
+			    gms[2] * 1e3, gms[0] / std::min(gms[1], gms[2]), sms[0] * 1e3, sms[1] * 1e3,
+			    sms[2] * 1e3, sms[0] / std::min(sms[1], sms[2]));
 			fflush(stdout);
 		}
 	}
 	CK(cudaFree(A));
 	CK(cudaFree(sink));
+	CK(cudaFree(g_spin_out));
 	CK(cudaFree(xd));
 	for (int i = 0; i < 4; i++) {
 		CK(cudaFree(yd[i]));

@@ -12,9 +12,9 @@
  * lanes' x while the copies fly, then decodes from shared memory: warp w takes slabs w, w + MM_NW,
  * ... of the chunk, lane l the EPL elements EPL l .. of each slab (g3_decode, matmul_impl.cuh),
  * and reuses its x registers for the RB rows. All n_tok tokens in one pass (1, 2, 4 or 8 token
- * slots): each weight is decoded once for all of them and W read from HBM once. For 1-2 tokens
- * every slab's x is loaded into registers before the wait on the copies; for 3-8 that would not
- * fit, so x is loaded slab by slab (the first slab's before the wait).
+ * slots): each weight is decoded once for all of them and W read from HBM once. x is loaded slab
+ * by slab (the first slab's before the wait on the copies); TANDEM_MULTI_HOIST=1 loads every
+ * slab's x before the wait at 1-2 tokens (multi_hoist).
  * Rows per block RB: Q8_0 4, F16 / BF16 2, F32 1 (~26-30 KB of weights per block at n_in 6144).
  * PDL: the block's first chunk is copied BEFORE KDEP_ENTRY() (weights only, cuda_common.cuh), so
  * the weight stream overlaps the kernel before; x is read and y written only after it.
@@ -70,14 +70,14 @@ struct mm_multi_args {
 	int pf; /* copy the first weight chunk before KDEP_ENTRY (kcuda_prefetch_enabled) */
 };
 
-template <int T, int NTP, bool SMALL>
+template <int T, int NTP, bool SMALL, bool HX>
 __device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, const struct mm_multi_args &a,
                                         uint8_t *tile, float (*part)[mmx<KT_Q8_0>::RB * MM_MAX_NTP])
 {
 	constexpr int SE = g3t<T>::SE, SB = g3t<T>::SB, EPL = g3t<T>::EPL, RB = mmx<T>::RB;
 	constexpr int CS = MM_CHUNK(SMALL) / SE; /* slabs per chunk */
 	constexpr int KP = CS / MM_NW; /* slabs per warp per chunk */
-	constexpr bool HOIST = NTP <= 2; /* all of the chunk's x in registers before the wait */
+	constexpr bool HOIST = HX && NTP <= 2; /* all of the chunk's x in registers before the wait */
 	static_assert(CS % MM_NW == 0, "chunks split evenly over the warps");
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int n_slab = a.n_in / SE;
@@ -143,8 +143,8 @@ __device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, co
 					}
 				}
 			};
-			/* 1-2 tokens: every slab's x now, while the copies fly (x: L1 / L2); more tokens
-			 * would not fit in registers: slab by slab below */
+			/* HOIST (1-2 tokens, TANDEM_MULTI_HOIST=1): every slab's x now, while the copies
+			 * fly (x: L1 / L2); else the first slab's now, the others slab by slab below */
 			float xv[HOIST ? KP : 1][NTP][EPL];
 			if constexpr (HOIST) {
 #pragma unroll
@@ -203,7 +203,7 @@ __device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, co
 	g3_wait<0>(); /* no copy outlives the block (none is pending here; kept for clarity) */
 }
 
-template <int NTP, bool SMALL>
+template <int NTP, bool SMALL, bool HX>
 __global__ void __launch_bounds__(MM_NW * 32) mm_multi_kernel(const __grid_constant__ struct mm_multi_args a)
 {
 	extern __shared__ __align__(16) uint8_t mm_tile[];
@@ -215,10 +215,10 @@ __global__ void __launch_bounds__(MM_NW * 32) mm_multi_kernel(const __grid_const
 	const struct mm_seg_dev &sg = a.seg[s];
 	const int blk = (int)blockIdx.x - sg.blk0;
 	switch (sg.type) {
-	case KT_Q8_0: mm_body<KT_Q8_0, NTP, SMALL>(sg, blk, a, mm_tile, part); break;
-	case KT_F16: mm_body<KT_F16, NTP, SMALL>(sg, blk, a, mm_tile, part); break;
-	case KT_BF16: mm_body<KT_BF16, NTP, SMALL>(sg, blk, a, mm_tile, part); break;
-	default: mm_body<KT_F32, NTP, SMALL>(sg, blk, a, mm_tile, part); break;
+	case KT_Q8_0: mm_body<KT_Q8_0, NTP, SMALL, HX>(sg, blk, a, mm_tile, part); break;
+	case KT_F16: mm_body<KT_F16, NTP, SMALL, HX>(sg, blk, a, mm_tile, part); break;
+	case KT_BF16: mm_body<KT_BF16, NTP, SMALL, HX>(sg, blk, a, mm_tile, part); break;
+	default: mm_body<KT_F32, NTP, SMALL, HX>(sg, blk, a, mm_tile, part); break;
 	}
 }
 
@@ -235,6 +235,18 @@ static int multi_max_tok(void)
 	return v < 0 ? 0 : (v > 8 ? 8 : v);
 }
 
+/* x at 1-2 tokens: by default slab by slab as for 3-8 tokens (n_in 6144, 1 token: 64 registers, 8
+ * blocks = ~210 KB of weight copies in flight per SM, all of GLM-5's q_a + kv_a + idx_k + idx_proj
+ * on 132 SMs, most of it issued under PDL before the kernel before has finished; x then comes
+ * from L1 after the SM's first block). TANDEM_MULTI_HOIST=1 (read on every call) loads all of a
+ * chunk's x before the wait instead (124 registers, 4 blocks per SM; the first version). Which is
+ * faster is not measured yet. */
+static bool multi_hoist(void)
+{
+	const char *e = getenv("TANDEM_MULTI_HOIST");
+	return e && strcmp(e, "1") == 0;
+}
+
 /* rows per block, slab elements and slab bytes of a type the kernel takes; false otherwise */
 static bool mm_geom(int type, int *rb, int *se, int *sb)
 {
@@ -247,10 +259,10 @@ static bool mm_geom(int type, int *rb, int *se, int *sb)
 	}
 }
 
-template <int NTP, bool SMALL>
+template <int NTP, bool SMALL, bool HX = false>
 static int mm_launch(struct kcuda_ctx *c, const struct mm_multi_args &a, unsigned grid, size_t smem)
 {
-	return klaunch("matmul_multi", mm_multi_kernel<NTP, SMALL>, dim3(grid), dim3(MM_NW * 32), smem,
+	return klaunch("matmul_multi", mm_multi_kernel<NTP, SMALL, HX>, dim3(grid), dim3(MM_NW * 32), smem,
 	               c->stream, a);
 }
 
@@ -364,8 +376,15 @@ static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg
 	a.pf = kcuda_prefetch_enabled();
 	int rc;
 	const unsigned g = (unsigned)n_blk;
-	if (n_tok == 1)
+	const bool hx = multi_hoist();
+	if (n_tok == 1 && hx)
+		rc = small ? mm_launch<1, true, true>(c, a, g, smem)
+		           : mm_launch<1, false, true>(c, a, g, smem);
+	else if (n_tok == 1)
 		rc = small ? mm_launch<1, true>(c, a, g, smem) : mm_launch<1, false>(c, a, g, smem);
+	else if (n_tok == 2 && hx)
+		rc = small ? mm_launch<2, true, true>(c, a, g, smem)
+		           : mm_launch<2, false, true>(c, a, g, smem);
 	else if (n_tok == 2)
 		rc = small ? mm_launch<2, true>(c, a, g, smem) : mm_launch<2, false>(c, a, g, smem);
 	else if (n_tok <= 4)

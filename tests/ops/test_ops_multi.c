@@ -16,6 +16,7 @@
  *     table of one: GLM-5 o and q_a, odd n_out, long K);
  *   - refusals: ERR_UNSUPPORTED for n_tok 9, misaligned x and TANDEM_MULTI=0, -EINVAL for bad
  *     arguments (n_in mismatch, ldy < n_out, ldx < n_in, 0 or too many products).
+ * Then the 1-2 token cases again with TANDEM_MULTI_HOIST=1 (x loaded before the wait).
  * TANDEM_OPS_SMALL=1 (for compute-sanitizer) runs the big shapes at one token only.
  * Exit 77 = no GPU (skip). */
 #include <errno.h>
@@ -297,6 +298,13 @@ int main(void)
 				continue;
 			setup_fail |= run_multi(c, &cases[i], nt, (int)((i + (size_t)nt) & 1));
 		}
+	/* x loaded before the wait at 1-2 tokens (TANDEM_MULTI_HOIST=1): the other instantiations */
+	setenv("TANDEM_MULTI_HOIST", "1", 1);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		for (int64_t nt = 1; nt <= 2; nt++)
+			if (!(small && cases[i].big && nt != 1) && !(quick && cases[i].big && nt != 1))
+				setup_fail |= run_multi(c, &cases[i], nt, (int)((i + (size_t)nt) & 1));
+	unsetenv("TANDEM_MULTI_HOIST");
 	setenv("TANDEM_MULTI_WIDE", "1", 1);
 	for (size_t i = 0; i < sizeof(wide_cases) / sizeof(wide_cases[0]); i++)
 		for (int64_t nt = 1; nt <= 8; nt++) {
