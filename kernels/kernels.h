@@ -181,6 +181,10 @@ int kcuda_device_count(void); /* 0 when there is no usable GPU (no driver, no de
 int kcuda_ctx_create(int device, size_t ws_bytes, struct kcuda_ctx **out);
 void kcuda_ctx_destroy(struct kcuda_ctx *c);
 void *kcuda_ctx_stream(struct kcuda_ctx *c); /* the cudaStream_t */
+/* Work enqueued on `to` after this call waits for all work enqueued on `from` before it (an event
+ * recorded on from's stream, waited on by to's). Inside a stream capture this is a graph edge, and
+ * `to` joins the capture. 0 or ERR_CUDA. */
+int kcuda_stream_after(struct kcuda_ctx *to, struct kcuda_ctx *from);
 int kcuda_sync(struct kcuda_ctx *c);
 int kcuda_alloc(size_t bytes, void **out);
 void kcuda_free(void *p);
@@ -227,6 +231,9 @@ struct kcuda_mm_seg {
 };
 int kcuda_matmul_multi(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg, const float *x,
                        int64_t ldx, int64_t n_tok);
+/* whether kcuda_matmul_multi launches for n_tok tokens (TANDEM_MULTI, TANDEM_MULTI_TOK; read on every
+ * call); it still runs alone what its kernel does not take (type, shape, alignment) */
+bool kcuda_matmul_multi_takes(int64_t n_tok);
 /* Dequantizes rows [r0, r0 + n_rows) of W to bf16 (row-major, n_in per row) (prefill GEMM, tests). */
 int kcuda_dequant_bf16(struct kcuda_ctx *c, const struct kweight *w, int64_t r0, int64_t n_rows,
                        uint16_t *dst_dev);

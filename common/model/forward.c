@@ -178,14 +178,35 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 			matmul_n(be, bc, L->has_idx ? 4 : 2, mw, a, D, n, my, mo);
 		}
 		be->mla_latent(bc, l, L, cq, kvl, cs, rk->writes_kv);
-		{
+		/* the query path (q_b, absorb, rope: reads cq, writes q and the backend's absorbed q) is
+		 * independent of the indexer's (reads cq, kI, wI; writes qI, sel, nsel): a side branch
+		 * where the backend can overlap them, joined before the attention. q_b and idx_q_b
+		 * (both read cq) go first as one call when the backend runs that as one launch
+		 * (matmul_n_fused; the CPU backend has no branch: one call in order); else q_b opens the
+		 * branch and idx_q_b stays on the main path. */
+		const bool par =
+		    L->has_idx && be->branch_begin && be->branch_end && be->branch_join && be->mla_q;
+		const bool qb_n =
+		    L->has_idx && be->matmul_n && (!par || (be->matmul_n_fused && be->matmul_n_fused(bc, n)));
+		if (qb_n) {
 			const struct kweight *mw[2] = {&L->q_b, &L->idx_q_b};
 			float *const my[2] = {q, qI};
 			const int64_t mo[2] = {Hl * NR, HI * DI};
-			matmul_n(be, bc, L->has_idx ? 2 : 1, mw, cq, hp->Cq, n, my, mo);
+			matmul_n(be, bc, 2, mw, cq, hp->Cq, n, my, mo);
 		}
-		if (L->has_idx)
+		if (par)
+			be->branch_begin(bc);
+		if (!qb_n)
+			be->matmul(bc, &L->q_b, cq, hp->Cq, n, q, Hl * NR);
+		if (par) {
+			be->mla_q(bc, l, L, q, cs);
+			be->branch_end(bc);
+		}
+		if (L->has_idx) {
+			if (!qb_n)
+				be->matmul(bc, &L->idx_q_b, cq, hp->Cq, n, qI, HI * DI);
 			be->idx_prep(bc, l, L, qI, kI, wI, cs, rk->writes_kv);
+		}
 		if ((rc = be->barrier(bc)))
 			goto out;
 		if (L->has_idx) {
@@ -211,6 +232,8 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 				free(sel_h);
 			}
 		}
+		if (par)
+			be->branch_join(bc);
 		be->mla_attn(bc, l, L, q, cs, hp->has_indexer ? sel : NULL, hp->has_indexer ? nsel : NULL, o);
 		be->matmul(bc, &L->o, o, Hl * V, n, part, D);
 		if ((rc = be->all_reduce(bc, part, (size_t)(n * D))))

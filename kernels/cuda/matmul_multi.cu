@@ -247,6 +247,11 @@ static bool multi_hoist(void)
 	return e && strcmp(e, "1") == 0;
 }
 
+extern "C" bool kcuda_matmul_multi_takes(int64_t n_tok)
+{
+	return kcuda_matmul_multi_enabled() && n_tok >= 1 && n_tok <= 8 && n_tok <= multi_max_tok();
+}
+
 /* rows per block, slab elements and slab bytes of a type the kernel takes; false otherwise */
 static bool mm_geom(int type, int *rb, int *se, int *sb)
 {
