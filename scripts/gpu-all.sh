@@ -95,11 +95,11 @@ SYN="--synthetic glm5 --tp 8 --rank 0 --backend cuda"
 step glm5_matrix 60 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --gen 6 --profile
 step glm5_matrix_nopdl 40 env TANDEM_PDL=0 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --matrix-batch 1,8 --gen 6 --matrix-prefill 0
 # front4: products of one x in one launch (TANDEM_MULTI), single wide Q8_0 through it (TANDEM_MULTI_WIDE),
-# x before the wait (TANDEM_MULTI_HOIST=1), q_b in the query branch instead of fused with idx_q_b (TANDEM_MULTI_QB=0)
+# x before the wait (TANDEM_MULTI_HOIST=1), q_b fused with idx_q_b before the query branch (TANDEM_MULTI_QB=1)
 step glm5_matrix_nomulti 40 env TANDEM_MULTI=0 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --matrix-batch 1,8 --gen 6 --matrix-prefill 0
 step glm5_matrix_multiwide 40 env TANDEM_MULTI_WIDE=1 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --matrix-batch 1,8 --gen 6 --matrix-prefill 0
 step glm5_matrix_multihoist 40 env TANDEM_MULTI_HOIST=1 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --matrix-batch 1,8 --gen 6 --matrix-prefill 0
-step glm5_matrix_multi_noqb 40 env TANDEM_MULTI_QB=0 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --matrix-batch 1,8 --gen 6 --matrix-prefill 0
+step glm5_matrix_multi_qb 40 env TANDEM_MULTI_QB=1 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --matrix-batch 1,8 --gen 6 --matrix-prefill 0
 [ -x "$B/bench/bench_cuda_multi" ] && step bench_cuda_multi 20 "$B/bench/bench_cuda_multi"
 step glm5_b1_nopdl 25 env TANDEM_PDL=0 "$B/tandem" bench $SYN --kv-fill random --ctx 4096 --gen 12 --batch 1 --reps 1
 step anchor_glm5_4l_tp1 30 "$B/tandem" bench --synthetic glm5 --layers 4 --dense 1 --type q4_k --backend cuda \

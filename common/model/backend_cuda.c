@@ -112,7 +112,7 @@ struct be_cuda {
 	bool prof_graph, prof_capturing, seg_pending;
 	struct kprof_seg *gseg[N_BBUCKETS][N_CBUCKETS];
 	bool head_gemv; /* k_b / v_b of all heads in one launch (TANDEM_HEAD_GEMV=0: per head) */
-	bool multi_qb; /* q_b + idx_q_b as one launch before the query branch (TANDEM_MULTI_QB=0: off) */
+	bool multi_qb; /* q_b + idx_q_b as one launch before the query branch (TANDEM_MULTI_QB=1; off) */
 	bool fuse; /* fused small ops (kernels/cuda/fused.h; TANDEM_FUSE=0: the parts one by one) */
 	/* idx_prep folded away (TANDEM_IDX_FOLD=0: off): the outputs of the last products (cu_matmul),
 	 * where mla_latent finds k_I and w_I; the layer whose k_I / w_I it did (fold_layer, checked by
@@ -728,8 +728,9 @@ static void cu_matmul_n(void *ctx, int n_w, const struct kweight *const *w, cons
 	CK(rc);
 }
 
-/* whether cu_matmul_n runs its products as one launch at n_tok tokens (TANDEM_MULTI_QB=0: answer
- * no, so forward.c keeps q_b in the query side branch and idx_q_b alone on the main path) */
+/* whether cu_matmul_n runs its products as one launch at n_tok tokens: only with TANDEM_MULTI_QB=1
+ * (then forward.c fuses q_b with idx_q_b before the query side branch); by default no, so q_b stays
+ * in the branch beside idx_q_b (measured faster at batch 1 and 8, docs/PERFORMANCE.md) */
 static bool cu_matmul_n_fused(void *ctx, int64_t n_tok)
 {
 	struct be_cuda *c = ctx;
@@ -1617,8 +1618,9 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 	}
 	const char *hg = getenv("TANDEM_HEAD_GEMV");
 	c->head_gemv = !hg || strcmp(hg, "0") != 0;
-	const char *mq = getenv("TANDEM_MULTI_QB");
-	c->multi_qb = !mq || strcmp(mq, "0") != 0;
+	const char *mq =
+	    getenv("TANDEM_MULTI_QB"); /* H200 19:30: 15.44 / 24.22 ms (b1 / b8) on, 15.21 / 23.06 off */
+	c->multi_qb = mq && strcmp(mq, "1") == 0;
 	c->fuse = kfuse_enabled();
 	const char *mr = getenv("TANDEM_MLA_ROPE");
 	c->mla_fold = c->fuse && mr && strcmp(mr, "1") == 0;

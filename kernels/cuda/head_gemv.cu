@@ -24,19 +24,16 @@ template <int T>
 __global__ void __launch_bounds__(HG_WARPS * 32)
     head_gemv_kernel(const uint8_t *__restrict__ w, size_t mat_bytes, size_t row_bytes, int64_t n_out,
                      int64_t n_in, int H, const float *__restrict__ x, int64_t ldx, int64_t xhs,
-                     float *__restrict__ y, int64_t ldy, int64_t yhs, int pf)
+                     float *__restrict__ y, int64_t ldy, int64_t yhs)
 {
+	KDEP_ENTRY();
 	const int lane = threadIdx.x & 31;
 	const int64_t r = (int64_t)blockIdx.x * HG_WARPS + (threadIdx.x >> 5);
+	if (r >= n_out)
+		return;
 	const int h = (int)(blockIdx.y % (unsigned)H);
 	const int64_t t = blockIdx.y / (unsigned)H;
 	const uint8_t *row = w + (size_t)h * mat_bytes + (size_t)r * row_bytes;
-	/* this warp's row into L2 while the kernel before still runs (a weight: cuda_common.cuh) */
-	if (pf && lane == 0 && r < n_out)
-		kdep_prefetch_l2(row, row_bytes);
-	KDEP_ENTRY();
-	if (r >= n_out)
-		return;
 	const float *xv = x + t * ldx + (int64_t)h * xhs;
 	float acc = 0.0f;
 	for (int64_t p = lane; p < n_in / 16; p += 32) {
@@ -66,7 +63,7 @@ static int head_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t mat
 	dim3 grid((unsigned)((w0->n_out + HG_WARPS - 1) / HG_WARPS), (unsigned)(H * n_tok));
 	return klaunch("head_gemv", head_gemv_kernel<T>, grid, dim3(HG_WARPS * 32), 0, c->stream,
 	               (const uint8_t *)w0->data, mat_bytes, w0->row_bytes, w0->n_out, w0->n_in, H, x, ldx,
-	               xhs, y, ldy, yhs, kcuda_prefetch_enabled());
+	               xhs, y, ldy, yhs);
 }
 
 extern "C" int kfwd_head_gemv(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H,

@@ -28,10 +28,9 @@ template <int NT>
 __global__ void __launch_bounds__(HQ_WARPS * 32)
     head_q8_kernel(const uint8_t *__restrict__ w, size_t mat_bytes, size_t row_bytes, int n_out, int n_q,
                    const float *__restrict__ x, int64_t ldx, int64_t xhs, int n_tok, float *__restrict__ y,
-                   int64_t ldy, int64_t yhs, int pf)
+                   int64_t ldy, int64_t yhs)
 {
-	if (!pf)
-		KDEP_ENTRY();
+	KDEP_ENTRY();
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 	w += (size_t)blockIdx.y * mat_bytes;
 	x += (int64_t)blockIdx.y * xhs;
@@ -59,10 +58,6 @@ __global__ void __launch_bounds__(HQ_WARPS * 32)
 			d[r] = __half2float(__ldg((const __half *)(rp + 34 * bi)));
 		}
 	}
-	/* the loads above read weights only: with pf they are in flight while the kernel before
-	 * still runs (cuda_common.cuh); x is read after the wait */
-	if (pf)
-		KDEP_ENTRY();
 	float xv[NT][8];
 #pragma unroll
 	for (int t = 0; t < NT; t++) {
@@ -108,7 +103,7 @@ static int hq_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_b
 	const dim3 grid((unsigned)((w0->n_out + HQ_WARPS * HQ_RT - 1) / (HQ_WARPS * HQ_RT)), (unsigned)H);
 	return klaunch("head_gemv_q8", head_q8_kernel<NT>, grid, dim3(HQ_WARPS * 32), 0, c->stream,
 	               (const uint8_t *)w0->data, mat_bytes, w0->row_bytes, (int)w0->n_out,
-	               (int)(w0->n_in / 8), x, ldx, xhs, n_tok, y, ldy, yhs, kcuda_prefetch_enabled());
+	               (int)(w0->n_in / 8), x, ldx, xhs, n_tok, y, ldy, yhs);
 }
 
 int kcuda_head_q8_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H,

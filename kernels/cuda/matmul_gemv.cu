@@ -43,6 +43,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 		kdep_prefetch_l2(w + (size_t)((int64_t)blockIdx.x * GEMV_ROWS + threadIdx.x) * row_bytes,
 		                 row_bytes);
 	KDEP_ENTRY();
+	x = kdep_after(x); /* x only from here on (matmul_impl.cuh) */
 	static_assert(NT <= GEMV_MAX_NT, "activations are held in registers");
 	__shared__ float part[GEMV_WARPS][GEMV_ROWS][NT];
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

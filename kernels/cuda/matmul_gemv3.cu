@@ -108,6 +108,7 @@ __global__ void __launch_bounds__(G3_NW * 32)
 	}
 	if (pf)
 		KDEP_ENTRY();
+	xp = kdep_after(xp); /* x only from here on (matmul_impl.cuh) */
 
 	float acc[RT][NT];
 #pragma unroll

@@ -108,6 +108,7 @@ __device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, co
 			                 sg.row_bytes - (size_t)CS * SB);
 		KDEP_ENTRY();
 	}
+	const float *const xb = kdep_after(a.x); /* x only from here on */
 
 	for (int t0 = 0; t0 < a.n_tok; t0 += NTP) {
 		float acc[RB][NTP];
@@ -128,11 +129,11 @@ __device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, co
 				for (int t = 0; t < NTP; t++) {
 					if (s < nsl && t0 + t < a.n_tok) {
 						const float4 *q =
-						    (const float4 *)(a.x + (int64_t)(t0 + t) * a.ldx +
+						    (const float4 *)(xb + (int64_t)(t0 + t) * a.ldx +
 						                     (size_t)(s0 + s) * SE + EPL * lane);
 #pragma unroll
 						for (int e = 0; e < EPL / 4; e++) {
-							const float4 f = __ldg(q + e);
+							const float4 f = q[e]; /* plain (coherent) load */
 							xs[t][4 * e] = f.x, xs[t][4 * e + 1] = f.y;
 							xs[t][4 * e + 2] = f.z, xs[t][4 * e + 3] = f.w;
 						}

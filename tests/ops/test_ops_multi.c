@@ -14,6 +14,8 @@
  *   - n_tok 1..8 (1, 2, 3, 8 on the big shapes; 1, 2, 8 in TANDEM_OPS_QUICK=1 mode);
  *   - single wide Q8_0 products through kcuda_matmul with TANDEM_MULTI_WIDE=1 (the kernel with a
  *     table of one: GLM-5 o and q_a, odd n_out, long K);
+ *   - PDL ordering: a long producer kernel writes x (last) right before the launch; the outputs must
+ *     be those of the produced x (the kernel copies weights before KDEP_ENTRY, never x);
  *   - refusals: ERR_UNSUPPORTED for n_tok 9, misaligned x and TANDEM_MULTI=0, -EINVAL for bad
  *     arguments (n_in mismatch, ldy < n_out, ldx < n_in, 0 or too many products).
  * Then the 1-2 token cases again with TANDEM_MULTI_HOIST=1 (x loaded before the wait).
@@ -24,6 +26,7 @@
 #include <string.h>
 
 #include "common/base/err.h"
+#include "kernels/cuda/model_fwd.h"
 #include "tests/ops/ops_util.h"
 
 #ifndef TANDEM_CUDA
@@ -221,6 +224,96 @@ out:
 	return ret;
 }
 
+/* PDL ordering: a long producer kernel (kfwd_scale over 128 MB, x at the very end, so x is written
+ * last) right before the multi launch on the same stream. The multi kernel's blocks start beside the
+ * producer's tail under PDL and copy weights before KDEP_ENTRY; reading x before it would see the
+ * unscaled values. Reference: the CPU op on 2 x (exact). */
+static void check_pdl_producer(struct kcuda_ctx *c, int64_t n_tok)
+{
+	const int64_t n_in = 6144, pad = (int64_t)32 << 20;
+	static const struct mseg sg[4] = {{KT_Q8_0, 512}, {KT_Q8_0, 64}, {KT_Q8_0, 32}, {KT_F32, 32}};
+	struct kweight wd[4];
+	uint8_t *wh[4] = {0};
+	float *yd[4] = {0}, *yh[4] = {0};
+	struct kcuda_mm_seg seg[4];
+	float *buf = NULL, *xh = malloc(sizeof(float) * (size_t)(n_in * n_tok));
+	memset(wd, 0, sizeof(wd));
+	int ok = xh != NULL;
+	for (int i = 0; i < 4 && ok; i++) {
+		size_t rb = 0;
+		ok = ktype_row_bytes(sg[i].type, n_in, &rb);
+		wh[i] = ok ? malloc(rb * (size_t)sg[i].n_out) : NULL;
+		yh[i] = malloc(sizeof(float) * (size_t)(sg[i].n_out * n_tok));
+		ok = ok && wh[i] && yh[i];
+		if (!ok)
+			break;
+		ops_fill_weight(sg[i].type, n_in, sg[i].n_out, rb, wh[i]);
+		struct kweight w = {
+		    .type = sg[i].type, .n_in = n_in, .n_out = sg[i].n_out, .row_bytes = rb, .data = wh[i]};
+		ok = !kcuda_weight_upload(c, &w, &wd[i]) &&
+		     !kcuda_alloc(sizeof(float) * (size_t)(sg[i].n_out * n_tok), (void **)&yd[i]);
+		seg[i] = (struct kcuda_mm_seg){.w = &wd[i], .y = yd[i], .ldy = sg[i].n_out};
+	}
+	ok = ok && !kcuda_alloc(sizeof(float) * (size_t)(pad + n_in * n_tok), (void **)&buf);
+	if (!ok) {
+		OPS_CHECK(0, "pdl producer setup");
+		goto out;
+	}
+	for (int64_t i = 0; i < n_in * n_tok; i++)
+		xh[i] = ops_rng_unif();
+	int bad = 0;
+	for (int rep = 0; rep < 3; rep++) {
+		int rc = kcuda_memset(c, buf, 0, sizeof(float) * (size_t)pad);
+		rc = rc ? rc : kcuda_upload(c, buf + pad, xh, sizeof(float) * (size_t)(n_in * n_tok));
+		rc = rc ? rc : kcuda_sync(c);
+		rc = rc ? rc : kfwd_scale(c, buf, pad + n_in * n_tok, 2.0f); /* x written last */
+		rc = rc ? rc : kcuda_matmul_multi(c, 4, seg, buf + pad, n_in, n_tok);
+		rc = rc ? rc : kcuda_sync(c);
+		OPS_CHECK(rc == 0, "pdl producer n_tok %" PRId64 ": rc %d", n_tok, rc);
+		for (int i = 0; i < 4 && !rc; i++) {
+			if (kcuda_download(c, yh[i], yd[i], sizeof(float) * (size_t)(sg[i].n_out * n_tok)))
+				bad++;
+			float *x2 = malloc(sizeof(float) * (size_t)n_in),
+			      *row = malloc(sizeof(float) * (size_t)n_in);
+			for (int64_t r = 0; r < sg[i].n_out && x2 && row; r++) {
+				kcpu_dequant_row(sg[i].type, wh[i] + (size_t)r * wd[i].row_bytes, row, n_in);
+				for (int64_t t = 0; t < n_tok; t++) {
+					double mag = 0;
+					for (int64_t k = 0; k < n_in; k++) {
+						x2[k] = 2.0f * xh[t * n_in + k];
+						mag += fabs((double)row[k] * x2[k]);
+					}
+					const double ref = kcpu_dot_row(
+					    sg[i].type, wh[i] + (size_t)r * wd[i].row_bytes, x2, n_in);
+					const float g = yh[i][t * sg[i].n_out + r];
+					if (!isfinite(g) || !(fabs((double)g - ref) <=
+					                      2e-6 * sqrt((double)n_in) * mag + 1e-30)) {
+						if (bad++ < 3)
+							printf("  pdl producer product %d row %" PRId64
+							       " tok %" PRId64 ": gpu %.9g ref(2x) %.9g\n",
+							       i, r, t, g, ref);
+					}
+				}
+			}
+			free(x2);
+			free(row);
+		}
+	}
+	OPS_CHECK(bad == 0, "pdl producer n_tok %" PRId64 ": %d outputs read x before its producer finished",
+	          n_tok, bad);
+	printf("multi after a PDL producer kernel, n_tok %" PRId64 ", 3 runs: %s\n", n_tok,
+	       bad ? "FAIL" : "ok");
+out:
+	for (int i = 0; i < 4; i++) {
+		kcuda_weight_free(&wd[i]);
+		kcuda_free(yd[i]);
+		free(wh[i]);
+		free(yh[i]);
+	}
+	kcuda_free(buf);
+	free(xh);
+}
+
 static void check_refusals(struct kcuda_ctx *c)
 {
 	uint8_t wh[34 * 16] = {0}, wf[4 * 512] = {0};
@@ -289,6 +382,14 @@ int main(void)
 		return 1;
 	}
 	check_refusals(c);
+	for (int h = 0; h < 2; h++) { /* x slab by slab, then x before the wait (TANDEM_MULTI_HOIST=1) */
+		if (h)
+			setenv("TANDEM_MULTI_HOIST", "1", 1);
+		check_pdl_producer(c, 1);
+		check_pdl_producer(c, 2);
+		check_pdl_producer(c, 8);
+		unsetenv("TANDEM_MULTI_HOIST");
+	}
 	int setup_fail = 0;
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 		for (int64_t nt = 1; nt <= 8; nt++) {
