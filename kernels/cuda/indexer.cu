@@ -245,8 +245,8 @@ static int idx_topk_run(struct kcuda_ctx *c, idx_args &a, const struct kcuda_att
 	const size_t sbytes = ((size_t)ld * sizeof(float) + 255) & ~(size_t)255;
 	/* decode-sized batches: scores and top-k in one launch (indexer_fast.cu + topk_sel.cuh), the
 	 * scores of all rows in the workspace */
-	if (idx_sel_enabled() && !kattn_use_ref() && !a.qr_R && rows->n_q >= 1 &&
-	    rows->n_q <= KSEL_MAX_ROWS && k >= 1 && c->ws_bytes / sbytes >= (size_t)rows->n_q) {
+	if (idx_sel_enabled() && !kattn_use_ref() && rows->n_q >= 1 && rows->n_q <= KSEL_MAX_ROWS && k >= 1 &&
+	    c->ws_bytes / sbytes >= (size_t)rows->n_q) {
 		idx_args b = a;
 		b.scores = (float *)c->ws;
 		b.ld = (int64_t)(sbytes / sizeof(float));

@@ -56,17 +56,16 @@ __device__ __forceinline__ void if_split3(float x, float y, uint32_t *p0, uint32
 	*p2 = *(const uint32_t *)&l;
 }
 
-/* element e (< 2 * half) of a head's rotary part after RoPE at position pos (src unroped): fused.cu's
- * fu_rot on the pair holding e (angle pos * inv_freq[pair], precise sincosf) */
-__device__ __forceinline__ float if_rope_elem(const float *src, int e, int half, int pairing, int32_t pos,
-                                              const float *inv_freq)
+/* element e (< 2 * half) of a head's rotary part after RoPE (src unroped): fused.cu's fu_rot on the
+ * pair holding e, with cs[pair] = (cos, sin) of pos * inv_freq[pair] (precise sincosf), computed
+ * once per block (a sincosf per element made the kernel slow: a stack frame for its slow path) */
+__device__ __forceinline__ float if_rope_elem(const float *src, int e, int half, int pairing,
+                                              const float2 *cs)
 {
 	const bool first = pairing ? e < half : (e & 1) == 0;
 	const int i = pairing ? (first ? e : e - half) : e >> 1;
 	const int other = pairing ? (first ? e + half : e - half) : (first ? e + 1 : e - 1);
-	const float ang = (float)pos * inv_freq[i];
-	float sn, co;
-	sincosf(ang, &sn, &co);
+	const float co = cs[i].x, sn = cs[i].y;
 	const float u0 = first ? src[e] : src[other], u1 = first ? src[other] : src[e];
 	return first ? u0 * co - u1 * sn : u0 * sn + u1 * co;
 }
@@ -136,6 +135,15 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 
 	for (int i = tid; i < IF_HMAX; i += IF_THREADS)
 		w_s[i] = i < HI ? a.w[row * (int64_t)HI + i] : 0.0f;
+	__shared__ float2 rcs_s[IF_DMAX / 2]; /* ROPE: (cos, sin) of the row's angles */
+	if (ROPE) {
+		if (tid < a.qr_R / 2) {
+			float sn, co;
+			sincosf((float)a.qr_pos[row] * a.qr_inv[tid], &sn, &co);
+			rcs_s[tid] = make_float2(co, sn);
+		}
+		__syncthreads();
+	}
 	/* q fragments: heads 16 mw + (g, g + 8), dims ks 16 + 2t (+ 8); loaded first (as before
 	 * 16:00: see mla_attn_mma.cu on the 16:40 H200 run) */
 	const int mw = warp % MW, kg = warp / MW;
@@ -151,10 +159,8 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 			if (ks < nks && h < HI) {
 				const float *qh = a.q + (row * HI + h) * (int64_t)DI;
 				if (ROPE && col < a.qr_R) { /* the rotary part, roped here (col even) */
-					const int32_t ps = a.qr_pos[row];
-					v.x = if_rope_elem(qh, col, a.qr_R / 2, a.qr_pairing, ps, a.qr_inv);
-					v.y =
-					    if_rope_elem(qh, col + 1, a.qr_R / 2, a.qr_pairing, ps, a.qr_inv);
+					v.x = if_rope_elem(qh, col, a.qr_R / 2, a.qr_pairing, rcs_s);
+					v.y = if_rope_elem(qh, col + 1, a.qr_R / 2, a.qr_pairing, rcs_s);
 				} else {
 					v = *(const float2 *)(qh + col);
 				}
@@ -372,9 +378,14 @@ int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_
 	return 0;
 }
 
+/* q's rope on the loads (the TANDEM_IDX_FOLD=1 path) only for HI 17..64 (GLM-5, DeepSeek-V3.2):
+ * other shapes take the separate kernels */
 template <int TK, int MW, bool F32>
 static int if_sel_launch(struct kcuda_ctx *c, const idx_args &b, dim3 grid, size_t smem)
 {
+	if (b.qr_R)
+		return MW == 1 ? ERR_UNSUPPORTED : if_launch_r < TK, MW == 1 ? 2 : MW, F32, true,
+		       true > (c, b, grid, smem);
 	return if_launch_r<TK, MW, F32, false, true>(c, b, grid, smem);
 }
 template <int TK>
@@ -393,8 +404,8 @@ static int if_sel_dispatch(struct kcuda_ctx *c, const idx_args &b, dim3 grid, si
 int kcuda_indexer_sel_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q)
 {
 	if (n_q < 1 || n_q > KSEL_MAX_ROWS || a.sel_k < 1 || !a.sel || a.ld_sel < a.sel_k || !a.zs ||
-	    a.qr_R || a.max_keys < 1 || a.max_keys > KSEL_MAX_KEYS || !a.scores || a.ld < a.max_keys ||
-	    a.ld % 4 || (uintptr_t)a.scores % 16 ||
+	    (a.qr_R && a.HI <= 16) || a.max_keys < 1 || a.max_keys > KSEL_MAX_KEYS || !a.scores ||
+	    a.ld < a.max_keys || a.ld % 4 || (uintptr_t)a.scores % 16 ||
 	    (size_t)n_q * KSEL_ROW_WORDS * sizeof(unsigned) > KCUDA_ZS_BYTES || !kcuda_indexer_fast_ok(c, a))
 		return ERR_UNSUPPORTED;
 	const bool f32 = !a.bf16;
