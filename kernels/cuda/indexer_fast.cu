@@ -107,6 +107,7 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int g = lane >> 2, t = lane & 3;
 	int64_t nk = a.n_keys ? (int64_t)a.n_keys[row] : a.pos0 + row + 1;
+	const int32_t tbl = a.qseq ? a.qseq[row] : 0; /* loaded beside n_keys: one round trip for both */
 	if (nk < 0 || nk > a.max_keys) {
 		if (tid == 0 && blockIdx.x == 0)
 			atomicAdd(a.err, 1u);
@@ -167,7 +168,6 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 			}
 			if_split3(v.x, v.y, &qf[ks][0][r], &qf[ks][1][r], &qf[ks][2][r]);
 		}
-	const int32_t tbl = a.qseq ? a.qseq[row] : 0;
 	auto fill_addr = [&](int n, int st) {
 		if (tid < TK) {
 			const int64_t p = k0 + (int64_t)n * TK + tid;
