@@ -28,7 +28,7 @@ struct kcuda_ctx {
 	 * graph replays need no memset node */
 	unsigned *zs;
 };
-#define KCUDA_ZS_BYTES ((size_t)2 << 20)
+#define KCUDA_ZS_BYTES ((size_t)5 << 20)
 
 /* Sticky CUDA errors mean the context is unusable: abort loudly with file:line. */
 #define KCUDA_CHECK(call)                                                                                    \

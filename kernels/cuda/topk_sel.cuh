@@ -30,7 +30,7 @@
 #define KSEL_BINS0 4096 /* digit 0: key bits 31..20, counted by the score blocks */
 #define KSEL_BINS 1024 /* digits 1 and 2: bits 19..10, 9..0 (tail, shared memory) */
 #define KSEL_ROW_WORDS 4160 /* per row in ctx->zs: the KSEL_BINS0 bins, the ticket, padding */
-#define KSEL_MAX_ROWS 64 /* more rows: the other paths (and the zs area holds 126) */
+#define KSEL_MAX_ROWS 256 /* more rows: the other paths (the zs area holds 315) */
 #define KSEL_MAX_KEYS 131072 /* the tail's bitmasks: 2 x 16 KB of shared memory at this length */
 #define KSEL_CAND_MIN 2048 /* candidates the tail's shared memory holds at least */
 #define KSEL_U 16 /* float4 loads of a warp in flight in the tail's pass over the row */

@@ -16,7 +16,7 @@
  * CPU. The fused path's counters live in the context's zeroed scratch and must be zero again after
  * every launch: each case runs its top-k twice (determinism), and a wrong reset would change the
  * second selection. Cases cover the GLM-5 (HI 32) and DeepSeek-V3.2 (HI 64) indexer at DI 128,
- * contexts 1 .. 131072, batches 1 .. 64 (and 65 and prefill chunks: the old path), 32- and 64-key
+ * contexts 1 .. 131072, batches 1 .. 65 (prefill chunks beyond the workspace: the old path), 32- and 64-key
  * tiles, exact data full of ties (the tail's overflow path) and random data (its candidate path).
  * TANDEM_OPS_SMALL=1 keeps the contexts up to ~4k and skips part 3 (for compute-sanitizer runs);
  * TANDEM_OPS_QUICK=1 runs the default kernels only (a few seconds).
@@ -577,7 +577,7 @@ int main(void)
 	const struct icase cases[] = {
 	    /* the fused scores + top-k (default): GLM-5 at TP=8 (HI 32 DI 128 per rank: the indexer is
 	     * replicated) and DeepSeek-V3.2 (HI 64), f32 and bf16 keys, 32-key tiles (batch 1..2 at 4k)
-	     * and 64-key tiles of two (batch 8, 32k), 128k keys, 64 rows; 65 rows take the old path */
+	     * and 64-key tiles of two (batch 8, 32k), 128k keys, 64 and 65 rows */
 	    {"random f32 HI32 DI128 batch 5 ctx 1..4096", 0, 0, 32, 128, 2048, 5, l_5, 0, 0, 0},
 	    {"exact f32 HI32 DI128 batch 5 ctx 1..4096", 0, 1, 32, 128, 2048, 5, l_5, 0, 0, 0},
 	    {"random bf16 HI32 DI128 ctx 4096", 1, 0, 32, 128, 2048, 1, l_4k, 0, 0, 0},
@@ -588,8 +588,7 @@ int main(void)
 	     0},
 	    {"random bf16 HI32 DI128 ctx 131072", 1, 0, 32, 128, 2048, 1, l_128k, 0, 0, 0},
 	    {"random f32 HI32 DI128 batch 64 ctx 2049..3948", 0, 0, 32, 128, 2048, 64, l_64, 0, 0, 0},
-	    {"exact bf16 HI32 DI128 batch 65 ctx 2049..3948 (old path)", 1, 1, 32, 128, 2048, 65, l_64, 0, 0,
-	     0},
+	    {"exact bf16 HI32 DI128 batch 65 ctx 2049..3948", 1, 1, 32, 128, 2048, 65, l_64, 0, 0, 0},
 	    {"exact f32 HI32 DI128 ctx 1..2049", 0, 1, 32, 128, 2048, 7, l_small, 0, 0, 0},
 	    {"exact bf16 HI64 DI128 ctx 1..2049", 1, 1, 64, 128, 2048, 7, l_small, 0, 0, 0},
 	    {"exact f32 HI32 DI128 ctx 32768", 0, 1, 32, 128, 2048, 1, l_32k, 0, 0, 0},
