@@ -25,6 +25,7 @@
 
 #include "common/base/err.h"
 #include "kernels/cuda/fused.h"
+#include "kernels/cuda/model_fwd.h"
 #include "tests/ops/ops_util.h"
 
 #ifndef TANDEM_CUDA
@@ -326,6 +327,38 @@ static void run_case(const struct icase *ic)
 				    memcmp(gsel + i * K, gsel2 + i * K, sizeof(int32_t) * (size_t)gn[i]) != 0;
 		OPS_CHECK(ndiff == 0, "%s: a second top-k selected otherwise in %lld rows", ic->name,
 		          (long long)ndiff);
+		/* graph replay (decode rows): two top-k calls captured, the graph replayed three times
+		 * into a cleared output: the same selection each time (the fused path's counters are
+		 * reset inside its kernel; nothing in the graph clears them) */
+		if (!prefill && gsel2 && gn2) {
+			void *ex = NULL;
+			int cap = kfwd_graph_begin(ctx) == 0;
+			for (int j = 0; j < 2 && cap; j++)
+				cap = kcuda_indexer_topk(ctx, &kv, &rows, d_q, d_w, HI, DI, scale, K,
+				                         selb.user, K, nb.user) == 0;
+			cap = kfwd_graph_end(ctx, &ex) == 0 && cap;
+			OPS_CHECK(cap, "%s: graph capture of the top-k", ic->name);
+			int64_t gdiff = 0;
+			for (int rep = 0; rep < 3 && cap; rep++) {
+				int ok =
+				    kcuda_memset(ctx, selb.user, 0xff, sizeof(int32_t) * (size_t)(n_q * K)) ==
+				        0 &&
+				    kcuda_memset(ctx, nb.user, 0xff, sizeof(int32_t) * (size_t)n_q) == 0 &&
+				    kfwd_graph_launch(ctx, ex) == 0 && kcuda_sync(ctx) == 0 &&
+				    ops_dbuf_get(ctx, &selb, gsel2) == 0 && ops_dbuf_get(ctx, &nb, gn2) == 0;
+				OPS_CHECK(ok, "%s: graph replay %d: launch, sync or guard bytes", ic->name,
+				          rep);
+				for (int64_t i = 0; ok && i < n_q; i++)
+					gdiff +=
+					    gn[i] != gn2[i] || (gn[i] >= 0 && gn[i] <= K &&
+					                        memcmp(gsel + i * K, gsel2 + i * K,
+					                               sizeof(int32_t) * (size_t)gn[i]) != 0);
+			}
+			OPS_CHECK(gdiff == 0, "%s: graph replays selected otherwise in %lld rows", ic->name,
+			          (long long)gdiff);
+			if (ex)
+				kfwd_graph_destroy(ex);
+		}
 		free(gsel2);
 		free(gn2);
 	}
