@@ -165,6 +165,7 @@ static int idx_fill(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const s
 	a->ld_sel = 0;
 	a->zs = c->zs;
 	a->sel_smem = 0;
+	a->pf = 0;
 	return 0;
 }
 

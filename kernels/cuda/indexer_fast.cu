@@ -91,6 +91,27 @@ static size_t if_smem(int DI, bool f32, int TK = IF_TK)
 template <int TK, int MW, bool F32, bool ROPE, bool SEL>
 __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 {
+	/* a.pf: bring this block's key rows into L2 while the kernel before still runs. The rows are
+	 * older positions (the newest one, written just before, is at most re-fetched: L2 is coherent and
+	 * a prefetch returns no data), found through qseq and the block table, which the host uploads
+	 * before the step's first kernel (plain stream order): read early, they are this step's values,
+	 * and they only direct a hint. Nothing else is touched before KDEP_ENTRY. */
+	if (a.pf && threadIdx.x == 0) {
+		const int64_t p0 = (int64_t)blockIdx.x * TK * a.tiles;
+		const int64_t p1 =
+		    min(min(p0 + (int64_t)TK * a.tiles, a.max_keys), a.ld_blocks * (int64_t)a.bt);
+		const int32_t tb = a.qseq ? a.qseq[blockIdx.y] : 0;
+		const size_t rb = (size_t)a.DI * (F32 ? 4 : 2);
+		for (int64_t p = p0; p < p1;) {
+			const int64_t pe = min(p1, (p / a.bt + 1) * a.bt); /* the rest of p's KV block */
+			const int64_t blk = a.blocks[(int64_t)tb * a.ld_blocks + p / a.bt];
+			if (blk >= 0 && blk < a.n_blocks)
+				kdep_prefetch_l2(a.base + (size_t)blk * a.block_bytes + a.offset +
+				                     (size_t)(p % a.bt) * rb,
+				                 (size_t)(pe - p) * rb);
+			p = pe;
+		}
+	}
 	KDEP_ENTRY();
 	typedef typename std::conditional<F32, float, uint16_t>::type val_t;
 	constexpr int KG = IF_WARPS / MW; /* key groups */
@@ -440,6 +461,7 @@ int kcuda_indexer_sel_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q
 	b.tiles = tiles;
 	b.sel_smem = (int)smem;
 	b.skip_le = 0;
+	b.pf = kcuda_prefetch_enabled();
 	const dim3 grid((unsigned)ranges, (unsigned)n_q);
 	const int MW = a.HI <= 16 ? 1 : (a.HI <= 32 ? 2 : 4);
 	return TK == 32 ? if_sel_dispatch<32>(c, b, grid, smem, MW, f32)

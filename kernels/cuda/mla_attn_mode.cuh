@@ -67,6 +67,7 @@ struct idx_args {
 	int64_t ld_sel;
 	unsigned *zs;
 	int sel_smem; /* the kernel's dynamic shared memory (the tail reuses it) */
+	int pf; /* fused kernel: L2 prefetch of the block's key rows before KDEP_ENTRY */
 };
 /* does the tensor-core score kernel take these arguments (shape, alignment, shared memory)? */
 bool kcuda_indexer_fast_ok(struct kcuda_ctx *c, const idx_args &a);
