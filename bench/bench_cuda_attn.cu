@@ -10,7 +10,7 @@
  * does not depend on them). First, the attention chain of a GLM-5 decode layer (indexer top-k ->
  * MLA) in a CUDA graph of 78 layers, old vs new kernels (bench_layer); BENCH_ATTN_LAYER_ONLY=1
  * stops after it. Before that, the indexer scores + top-k alone in a graph (bench_idx: the fused
- * one-launch top-k vs TANDEM_IDX_TOPK=old at batch 1 / 8 / 32, 4k / 32k / 128k keys; under 20 s;
+ * one-launch top-k (TANDEM_IDX_TOPK=fused) vs the default at batch 1 / 8 / 32, 4k / 32k / 128k keys;
  * BENCH_ATTN_IDX_ONLY=1 stops after it). Usage: bench_cuda_attn [iterations]. */
 #include <math.h>
 #include <stdio.h>
@@ -391,8 +391,8 @@ out:
 
 /* The indexer alone as the decode graph runs it (GLM-5: HI 32, DI 128, top-2048; bf16 or f32 keys):
  * kcuda_indexer_topk over B rows of ctxlen keys (max_keys = bucket), 78 calls captured in one CUDA
- * graph, us per call: old = TANDEM_IDX_TOPK=old (score kernel, then the one-block / radix top-k),
- * new = the default (scores and top-k in one launch), 32k = new with 64-key tiles forced
+ * graph, us per call: old = the default (score kernel, then the one-block / radix top-k),
+ * new = TANDEM_IDX_TOPK=fused (scores and top-k in one launch), new/TK64 = new with 64-key tiles
  * (TANDEM_IDX_TK=64). Also checks that old and new select the same positions. */
 static void bench_idx(int B, int64_t ctxlen, int64_t bucket, int bf16)
 {
@@ -453,9 +453,9 @@ static void bench_idx(int B, int64_t ctxlen, int64_t bucket, int bf16)
 	double us[3] = {0, 0, 0}, eus[3] = {0, 0, 0};
 	for (int mode = 0; mode < 3; mode++) { /* 0 old, 1 new, 2 new with 64-key tiles */
 		if (mode == 0)
-			setenv("TANDEM_IDX_TOPK", "old", 1);
-		else
 			unsetenv("TANDEM_IDX_TOPK");
+		else
+			setenv("TANDEM_IDX_TOPK", "fused", 1);
 		if (mode == 2)
 			setenv("TANDEM_IDX_TK", "64", 1);
 		else

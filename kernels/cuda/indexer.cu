@@ -227,11 +227,12 @@ extern "C" int kcuda_indexer_scores(struct kcuda_ctx *c, const struct kcuda_kv_v
 	return idx_launch(c, a, rows->n_q);
 }
 
-/* TANDEM_IDX_TOPK=old: the score kernel and a separate top-k kernel (as before the fused one) */
+/* TANDEM_IDX_TOPK=fused: scores and top-k in one launch. Off by default: the H200 run of 19:30
+ * measured it slower than the score kernel + a separate top-k (docs/PERFORMANCE.md, idx4) */
 static int idx_sel_enabled(void)
 {
 	const char *e = getenv("TANDEM_IDX_TOPK");
-	return !(e && strcmp(e, "old") == 0);
+	return e && strcmp(e, "fused") == 0;
 }
 
 /* scores + top-k of every row (a filled by idx_fill, maybe with the q rope set) */

@@ -1,8 +1,9 @@
-/* Exact top-k of rows of given scores in ONE launch of many blocks: the default behind
- * kcuda_topk_idx for decode-sized batches (<= KSEL_MAX_ROWS rows of <= KSEL_MAX_KEYS scores;
- * TANDEM_IDX_TOPK=old keeps the radix / one-block kernels of topk_idx_radix.cu). Same result as
+/* Exact top-k of rows of given scores in ONE launch of many blocks, behind kcuda_topk_idx for
+ * decode-sized batches (<= KSEL_MAX_ROWS rows of <= KSEL_MAX_KEYS scores; otherwise, and by
+ * default, the radix / one-block kernels of topk_idx_radix.cu). Same result as
  * kcpu_topk: score descending, ties to the LOWER position, +0 == -0, NaN as -inf, min(k, n)
- * positions in ascending order.
+ * positions in ascending order. Only with TANDEM_IDX_TOPK=fused (measured slower than the other
+ * kernels on the H200 at 19:30: off by default).
  *
  * Grid (slices of KSEL_SLICE positions, rows), KSEL_THREADS threads. Every block counts the top
  * 12 bits of its slice's keys into the row's histogram in ctx->zs and takes a ticket; the row's
@@ -81,11 +82,11 @@ __global__ void __launch_bounds__(KSEL_THREADS)
 		n_out[row] = k;
 }
 
-/* TANDEM_IDX_TOPK=old: the kernels before this one */
+/* TANDEM_IDX_TOPK=fused selects this kernel (off by default, as the fused indexer top-k) */
 static int ksel_enabled(void)
 {
 	const char *e = getenv("TANDEM_IDX_TOPK");
-	return !(e && strcmp(e, "old") == 0);
+	return e && strcmp(e, "fused") == 0;
 }
 
 int kcuda_topk_sel(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n_rows, const int32_t *n,

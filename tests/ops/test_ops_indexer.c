@@ -9,9 +9,9 @@
  *    kcpu_topk over the GPU's own scores exactly; where it differs from the CPU selection, both
  *    positions lie within the score tolerance of the K-th score (float near-ties only).
  * 3. kcuda_topk_idx alone: per-row lengths, NaN and -inf, many ties, k > n, against kcpu_topk.
- Everything runs three times: with the default kernels (<= 64 rows of <= 128k keys: scores and
+ * Everything runs three times: with TANDEM_IDX_TOPK=fused (<= 256 rows of <= 128k keys: scores and
  * top-k in one launch, the selection finished by each row's last block, topk_sel.cuh; kcuda_topk_idx
- * alone: topk_sel.cu), with TANDEM_IDX_TOPK=old (the score kernel, then the one-block / radix
+ * alone: topk_sel.cu), with the default kernels (the score kernel, then the one-block / radix
  * top-k) and with TANDEM_CUDA_ATTN=ref (the first kernels), so one GPU run checks all against the
  * CPU. The fused path's counters live in the context's zeroed scratch and must be zero again after
  * every launch: each case runs its top-k twice (determinism), and a wrong reset would change the
@@ -19,7 +19,7 @@
  * contexts 1 .. 131072, batches 1 .. 65 (prefill chunks beyond the workspace: the old path), 32- and 64-key
  * tiles, exact data full of ties (the tail's overflow path) and random data (its candidate path).
  * TANDEM_OPS_SMALL=1 keeps the contexts up to ~4k and skips part 3 (for compute-sanitizer runs);
- * TANDEM_OPS_QUICK=1 runs the default kernels only (a few seconds).
+ * TANDEM_OPS_QUICK=1 skips the ref kernels.
  * Guard bytes around every output. Exit 77 = no GPU (skip). */
 #include <errno.h>
 
@@ -653,20 +653,20 @@ int main(void)
 	/* TANDEM_OPS_SMALL=1: contexts up to ~4k only (for compute-sanitizer runs) */
 	const int small = getenv("TANDEM_OPS_SMALL") != NULL;
 	const int quick = getenv("TANDEM_OPS_QUICK") != NULL;
-	/* every case under the three kernel sets: default (fused top-k), TANDEM_IDX_TOPK=old (the
-	 * fast score kernel + a separate top-k) and TANDEM_CUDA_ATTN=ref */
-	for (int mode = 0; mode < (quick ? 1 : 3); mode++) {
+	/* every case under the three kernel sets: TANDEM_IDX_TOPK=fused, the default (fast score
+	 * kernel + a separate top-k) and TANDEM_CUDA_ATTN=ref */
+	for (int mode = 0; mode < (quick ? 2 : 3); mode++) {
 		if (mode == 2)
 			setenv("TANDEM_CUDA_ATTN", "ref", 1);
 		else
 			unsetenv("TANDEM_CUDA_ATTN");
-		if (mode == 1)
-			setenv("TANDEM_IDX_TOPK", "old", 1);
+		if (mode == 0)
+			setenv("TANDEM_IDX_TOPK", "fused", 1);
 		else
 			unsetenv("TANDEM_IDX_TOPK");
 		printf("-- kernels: %s\n", mode == 2   ? "ref (TANDEM_CUDA_ATTN=ref)"
-		                           : mode == 1 ? "fast, separate top-k (TANDEM_IDX_TOPK=old)"
-		                                       : "default (fused top-k)");
+		                           : mode == 1 ? "default (fast scores, separate top-k)"
+		                                       : "fused top-k (TANDEM_IDX_TOPK=fused)");
 		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 			if (small && case_len(&cases[i]) > 4200) {
 				printf("skipped (TANDEM_OPS_SMALL): %s\n", cases[i].name);
