@@ -116,25 +116,66 @@ __device__ void ksel_find(ksel_shared<W> &sh, const unsigned (&c)[PER], unsigned
 	__syncthreads(); /* sh is reused next */
 }
 
+/* Every position of row[0..n) once, whole warps: fn(g, p, key[4]) for the 128-position group g, this
+ * lane's positions p .. p + 3 (keys of positions >= n are given as -inf's; fn checks p + c < n);
+ * KSEL_U float4 loads of a warp in flight (the pass is one L2 round trip per W * 4 * KSEL_U keys). */
+template <int W, typename F> __device__ __forceinline__ void ksel_scan_row(const float *row, int n, F &&fn)
+{
+	constexpr int NW = W / 32;
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const int ngroups = (n + 127) >> 7;
+	for (int g0 = warp; g0 < ngroups; g0 += NW * KSEL_U) {
+		float4 v[KSEL_U];
+#pragma unroll
+		for (int u = 0; u < KSEL_U; u++) {
+			const int g = g0 + u * NW, p = g * 128 + 4 * lane;
+			if (g < ngroups && p + 3 < n) {
+				v[u] = __ldcg((const float4 *)(row + p));
+			} else {
+				v[u].x = g < ngroups && p < n ? __ldcg(row + p) : -INFINITY;
+				v[u].y = g < ngroups && p + 1 < n ? __ldcg(row + p + 1) : -INFINITY;
+				v[u].z = g < ngroups && p + 2 < n ? __ldcg(row + p + 2) : -INFINITY;
+				v[u].w = -INFINITY; /* p + 3 >= n here */
+			}
+		}
+#pragma unroll
+		for (int u = 0; u < KSEL_U; u++) {
+			const int g = g0 + u * NW; /* warp-uniform */
+			if (g >= ngroups)
+				break;
+			const uint32_t key[4] = {ksel_key(v[u].x), ksel_key(v[u].y), ksel_key(v[u].z),
+			                         ksel_key(v[u].w)};
+			fn(g, g * 128 + 4 * lane, key);
+		}
+	}
+}
+
 /* The tail, one block of W threads: the kk (0 < kk < n) best of row[0..n) into o[0..kk), ascending.
  * gh: the row's digit-0 histogram (complete: every score block counted), its ticket at
  * gh[KSEL_BINS0]; both are zero again on return. sm: dynamic shared memory of sm_bytes >=
- * ksel_smem_base(n) + 8 (the score kernel's, free now). row is 16-byte aligned. */
+ * ksel_smem_base(n) + 8 (the score kernel's, free now). row is 16-byte aligned.
+ * Pass 1 over the row: bitmask of top digit > b0, candidates (top digit == b0) while they fit,
+ * and the digit-1 histogram of all keys in b0. If the candidates fit (the usual case), digit 2 and
+ * the marking run on them. Otherwise (a narrow or tied score distribution: the bin of 1/8 binade
+ * holds more than the shared memory) pass 2 does the same one digit lower (mask of the top 22
+ * bits > P, candidates == P, digit-2 histogram), and only when even those do not fit (massive
+ * exact ties) pass 3 writes both masks from the row (key > T, key == T). */
 template <int W>
 __device__ void ksel_tail(const float *row, int n, int kk, unsigned *gh, int32_t *o, uint8_t *sm,
                           size_t sm_bytes)
 {
-	constexpr int NW = W / 32;
 	constexpr unsigned FULL = 0xffffffffu;
+	constexpr int PER = KSEL_BINS / W;
 	__shared__ ksel_shared<W> sh;
-	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int tid = threadIdx.x, lane = tid & 31;
 	const int ngroups = (n + 127) >> 7; /* 128 positions: a warp's float4 load, 4 mask words */
 	const int nw = 4 * ngroups;
 	unsigned *hist = (unsigned *)sm; /* [KSEL_BINS] */
 	uint32_t *gtw = hist + KSEL_BINS; /* [nw]: taken for sure (key > T) */
 	uint32_t *eqw = gtw + nw; /* [nw]: key == T */
-	uint2 *cand = (uint2 *)(eqw + nw); /* (position, key) of the keys in bin b0 */
+	uint2 *cand = (uint2 *)(eqw + nw); /* (position, key) of the keys in the threshold bin */
 	const unsigned cap = (unsigned)((sm_bytes - ksel_smem_base(n)) / sizeof(uint2));
+	const unsigned lt = (1u << lane) - 1u;
 
 	/* digit 0 from the global histogram; zeroed behind the read, with the ticket */
 	constexpr int PER0 = KSEL_BINS0 / W;
@@ -159,116 +200,127 @@ __device__ void ksel_tail(const float *row, int n, int kk, unsigned *gh, int32_t
 		if (tid == 0)
 			gh[KSEL_BINS0] = 0;
 	}
+	for (int i = tid; i < KSEL_BINS; i += W)
+		hist[i] = 0;
 	if (tid == 0)
-		sh.n_cand = 0; /* ksel_find's barriers order this before the pass */
+		sh.n_cand = 0; /* ksel_find's barriers order these before pass 1 */
 	unsigned b0, need;
 	ksel_find<W, PER0, KSEL_BINS0>(sh, c0, (unsigned)kk, &b0, &need);
 
-	/* pass over the row: mask of top digit > b0, candidates of top digit == b0 */
-	for (int g0 = warp; g0 < ngroups; g0 += NW * KSEL_U) {
-		float4 v[KSEL_U];
-#pragma unroll
-		for (int u = 0; u < KSEL_U; u++) {
-			const int g = g0 + u * NW, p = g * 128 + 4 * lane;
-			if (g < ngroups && p + 3 < n) {
-				v[u] = __ldcg((const float4 *)(row + p));
-			} else {
-				v[u].x = g < ngroups && p < n ? __ldcg(row + p) : -INFINITY;
-				v[u].y = g < ngroups && p + 1 < n ? __ldcg(row + p + 1) : -INFINITY;
-				v[u].z = g < ngroups && p + 2 < n ? __ldcg(row + p + 2) : -INFINITY;
-				v[u].w = -INFINITY; /* p + 3 >= n here */
-			}
-		}
-#pragma unroll
-		for (int u = 0; u < KSEL_U; u++) {
-			const int g = g0 + u * NW; /* warp-uniform */
-			if (g >= ngroups)
-				break;
-			const int p = g * 128 + 4 * lane;
-			const float vv[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-			unsigned bg[4], bc[4];
-			uint32_t key[4];
+	/* the mask words of group g from the four components' ballots (bit 4 i + c of word w of the
+	 * group = lane 8 w + i's component c) */
+	auto put_words = [&](int g, const unsigned *bg, const unsigned *be) {
+		if (lane < 4) {
+			uint32_t wg = 0, we = 0;
 #pragma unroll
 			for (int c = 0; c < 4; c++) {
-				key[c] = ksel_key(vv[c]);
-				const bool in = p + c < n;
-				bg[c] = __ballot_sync(FULL, in && (key[c] >> 20) > b0);
-				bc[c] = __ballot_sync(FULL, in && (key[c] >> 20) == b0);
+				wg |= ksel_spread4((bg[c] >> (8 * lane)) & 0xffu) << c;
+				we |= ksel_spread4((be[c] >> (8 * lane)) & 0xffu) << c;
 			}
-			if (lane < 4) { /* word 4 g + lane: positions from lanes 8 lane .. 8 lane + 7 */
-				uint32_t wd = 0;
-#pragma unroll
-				for (int c = 0; c < 4; c++)
-					wd |= ksel_spread4((bg[c] >> (8 * lane)) & 0xffu) << c;
-				gtw[4 * g + lane] = wd;
-				eqw[4 * g + lane] = 0;
-			}
-			const unsigned tot = __popc(bc[0]) + __popc(bc[1]) + __popc(bc[2]) + __popc(bc[3]);
-			if (tot) { /* warp-uniform */
-				unsigned base = 0;
-				if (lane == 0)
-					base = atomicAdd(&sh.n_cand, tot);
-				base = __shfl_sync(FULL, base, 0);
-				const unsigned lt = (1u << lane) - 1u;
-#pragma unroll
-				for (int c = 0; c < 4; c++) {
-					if ((bc[c] >> lane) & 1u) {
-						const unsigned at = base + __popc(bc[c] & lt);
-						if (at < cap)
-							cand[at] = make_uint2((unsigned)(p + c), key[c]);
-					}
-					base += __popc(bc[c]);
-				}
-			}
+			gtw[4 * g + lane] = wg;
+			eqw[4 * g + lane] = we;
 		}
+	};
+	/* the flagged keys (bc) into the candidate list (any order), as many as fit */
+	auto append = [&](int p, const uint32_t *key, const unsigned *bc) {
+		const unsigned tot = __popc(bc[0]) + __popc(bc[1]) + __popc(bc[2]) + __popc(bc[3]);
+		if (!tot) /* warp-uniform */
+			return;
+		unsigned base = 0;
+		if (lane == 0)
+			base = atomicAdd(&sh.n_cand, tot);
+		base = __shfl_sync(FULL, base, 0);
+#pragma unroll
+		for (int c = 0; c < 4; c++) {
+			if ((bc[c] >> lane) & 1u) {
+				const unsigned at = base + __popc(bc[c] & lt);
+				if (at < cap)
+					cand[at] = make_uint2((unsigned)(p + c), key[c]);
+			}
+			base += __popc(bc[c]);
+		}
+	};
+	/* the flagged keys' 10-bit digit at `shift` into hist (one atomic per distinct digit per warp) */
+	auto count = [&](const uint32_t *key, const unsigned *bc, int shift) {
+#pragma unroll
+		for (int c = 0; c < 4; c++) {
+			if (!bc[c]) /* warp-uniform */
+				continue;
+			const bool ok = (bc[c] >> lane) & 1u;
+			const unsigned d = ok ? (key[c] >> shift) & (KSEL_BINS - 1) : 0xffffffffu;
+			const unsigned peers = __match_any_sync(FULL, d);
+			if (ok && __ffs(peers) - 1 == lane)
+				atomicAdd(&hist[d], (unsigned)__popc(peers));
+		}
+	};
+	const unsigned none[4] = {0u, 0u, 0u, 0u};
+
+	/* pass 1: top digit > b0 -> mask; == b0 -> candidates and the digit-1 histogram */
+	ksel_scan_row<W>(row, n, [&](int g, int p, const uint32_t *key) {
+		unsigned bg[4], bc[4];
+#pragma unroll
+		for (int c = 0; c < 4; c++) {
+			const bool in = p + c < n;
+			bg[c] = __ballot_sync(FULL, in && (key[c] >> 20) > b0);
+			bc[c] = __ballot_sync(FULL, in && (key[c] >> 20) == b0);
+		}
+		put_words(g, bg, none);
+		append(p, key, bc);
+		count(key, bc, 10);
+	});
+	__syncthreads();
+	unsigned m = sh.n_cand;
+	const bool ovf = m > cap;
+	unsigned c[PER];
+#pragma unroll
+	for (int q = 0; q < PER; q++)
+		c[q] = hist[KSEL_BINS - 1 - PER * tid - q];
+	unsigned b1;
+	ksel_find<W, PER, KSEL_BINS>(sh, c, need, &b1, &need);
+	const uint32_t P = (b0 << 10) | b1; /* the k-th best key's top 22 bits */
+	for (int i = tid; i < KSEL_BINS; i += W)
+		hist[i] = 0;
+	if (ovf && tid == 0)
+		sh.n_cand = 0; /* (every thread read m before ksel_find's barriers) */
+	__syncthreads();
+	if (!ovf) { /* digit 2 among the candidates whose top 22 bits are P */
+		for (unsigned i0 = 0; i0 < m; i0 += W) { /* uniform trip count */
+			const unsigned i = i0 + tid;
+			const uint32_t key = i < m ? cand[i].y : 0u;
+			const bool ok = i < m && (key >> 10) == P;
+			const unsigned d = ok ? key & (KSEL_BINS - 1) : 0xffffffffu;
+			const unsigned peers = __match_any_sync(FULL, d);
+			if (ok && __ffs(peers) - 1 == lane)
+				atomicAdd(&hist[d], (unsigned)__popc(peers));
+		}
+	} else { /* pass 2: top 22 bits > P -> mask; == P -> candidates and the digit-2 histogram */
+		ksel_scan_row<W>(row, n, [&](int g, int p, const uint32_t *key) {
+			unsigned bg[4], bc[4];
+#pragma unroll
+			for (int cc = 0; cc < 4; cc++) {
+				const bool in = p + cc < n;
+				bg[cc] = __ballot_sync(FULL, in && (key[cc] >> 10) > P);
+				bc[cc] = __ballot_sync(FULL, in && (key[cc] >> 10) == P);
+			}
+			put_words(g, bg, none);
+			append(p, key, bc);
+			count(key, bc, 0);
+		});
 	}
 	__syncthreads();
-	const unsigned m = sh.n_cand;
-	const bool ovf = m > cap; /* heavy ties: the candidates are read from the row again */
-
-	/* digits 1 and 2 among the keys whose higher digits match */
-	uint32_t prefix = b0;
-#pragma unroll 1
-	for (int dg = 1; dg <= 2; dg++) {
-		const int shift = dg == 1 ? 10 : 0;
-		for (int i = tid; i < KSEL_BINS; i += W)
-			hist[i] = 0;
-		__syncthreads();
-		const uint32_t pre = prefix;
-		auto add = [&](bool valid,
-		               uint32_t key) { /* whole warps */
-			                       const bool ok = valid && (key >> (shift + 10)) == pre;
-			                       const unsigned d =
-			                           ok ? (key >> shift) & (KSEL_BINS - 1) : 0xffffffffu;
-			                       const unsigned peers = __match_any_sync(FULL, d);
-			                       if (ok && __ffs(peers) - 1 == lane)
-				                       atomicAdd(&hist[d], (unsigned)__popc(peers));
-		};
-		if (!ovf) {
-			for (unsigned i0 = 0; i0 < m; i0 += W) { /* uniform trip count */
-				const unsigned i = i0 + tid;
-				add(i < m, i < m ? cand[i].y : 0u);
-			}
-		} else {
-			for (int i0 = 0; i0 < n; i0 += W) {
-				const int i = i0 + tid;
-				add(i < n, i < n ? ksel_key(__ldcg(row + i)) : 0u);
-			}
-		}
-		__syncthreads();
-		constexpr int PER = KSEL_BINS / W;
-		unsigned c[PER];
+	if (ovf)
+		m = sh.n_cand;
+	const bool ovf2 = ovf && m > cap;
 #pragma unroll
-		for (int q = 0; q < PER; q++)
-			c[q] = hist[KSEL_BINS - 1 - PER * tid - q];
-		unsigned b;
-		ksel_find<W, PER, KSEL_BINS>(sh, c, need, &b, &need);
-		prefix = (prefix << 10) | b;
-	}
-	const uint32_t T = prefix; /* the k-th best key; `need` keys == T are taken (lowest positions) */
+	for (int q = 0; q < PER; q++)
+		c[q] = hist[KSEL_BINS - 1 - PER * tid - q];
+	unsigned b2;
+	ksel_find<W, PER, KSEL_BINS>(sh, c, need, &b2, &need);
+	const uint32_t T =
+	    (P << 10) | b2; /* the k-th best key; `need` keys == T are taken (lowest positions) */
 
-	/* mark: keys > T and == T */
-	if (!ovf) {
+	/* mark: the candidates (every key not yet in the mask that can be taken) > T and == T */
+	if (!ovf2) {
 		for (unsigned i = tid; i < m; i += W) {
 			const uint2 e = cand[i];
 			if (e.y > T)
@@ -276,28 +328,17 @@ __device__ void ksel_tail(const float *row, int n, int kk, unsigned *gh, int32_t
 			else if (e.y == T)
 				atomicOr(&eqw[e.x >> 5], 1u << (e.x & 31));
 		}
-	} else {
-		for (int g = warp; g < ngroups; g += NW) {
-			const int p = g * 128 + 4 * lane;
+	} else { /* pass 3: both masks from the row */
+		ksel_scan_row<W>(row, n, [&](int g, int p, const uint32_t *key) {
 			unsigned bg[4], be[4];
 #pragma unroll
-			for (int c = 0; c < 4; c++) {
-				const bool in = p + c < n;
-				const uint32_t key = in ? ksel_key(__ldcg(row + p + c)) : 0u;
-				bg[c] = __ballot_sync(FULL, in && key > T);
-				be[c] = __ballot_sync(FULL, in && key == T);
+			for (int cc = 0; cc < 4; cc++) {
+				const bool in = p + cc < n;
+				bg[cc] = __ballot_sync(FULL, in && key[cc] > T);
+				be[cc] = __ballot_sync(FULL, in && key[cc] == T);
 			}
-			if (lane < 4) {
-				uint32_t wg = 0, we = 0;
-#pragma unroll
-				for (int c = 0; c < 4; c++) {
-					wg |= ksel_spread4((bg[c] >> (8 * lane)) & 0xffu) << c;
-					we |= ksel_spread4((be[c] >> (8 * lane)) & 0xffu) << c;
-				}
-				gtw[4 * g + lane] = wg;
-				eqw[4 * g + lane] = we;
-			}
-		}
+			put_words(g, bg, be);
+		});
 	}
 	__syncthreads();
 
