@@ -9,7 +9,9 @@
  * cudaMemcpyAsync of 1 GiB). Pool contents are a constant byte pattern (finite values; the timing
  * does not depend on them). First, the attention chain of a GLM-5 decode layer (indexer top-k ->
  * MLA) in a CUDA graph of 78 layers, old vs new kernels (bench_layer); BENCH_ATTN_LAYER_ONLY=1
- * stops after it. Usage: bench_cuda_attn [iterations]. */
+ * stops after it. Before that, the indexer scores + top-k alone in a graph (bench_idx: the fused
+ * one-launch top-k (TANDEM_IDX_TOPK=fused) vs the default at batch 1 / 8 / 32, 4k / 32k / 128k keys;
+ * BENCH_ATTN_IDX_ONLY=1 stops after it). Usage: bench_cuda_attn [iterations]. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -240,10 +242,12 @@ static void bench_indexer(int B, int64_t ctxlen, int bf16, int with_topk)
 static void set_layer_mode(int mode)
 {
 	if (mode == 1) { /* old */
+		setenv("TANDEM_IDX_TOPK", "old", 1);
 		setenv("TANDEM_IDX_TILES", "2", 1);
 		setenv("TANDEM_TOPK_SHORT_MAX", "8192", 1);
 		setenv("TANDEM_MLA_ROPE", "0", 1);
 	} else {
+		unsetenv("TANDEM_IDX_TOPK");
 		unsetenv("TANDEM_IDX_TILES");
 		unsetenv("TANDEM_MLA_ROPE"); /* off by default */
 		if (mode == 2) /* new, and the one-block top-k up to 32768 keys */
@@ -385,6 +389,137 @@ out:
 	kcuda_free(d_inv);
 }
 
+/* The indexer alone as the decode graph runs it (GLM-5: HI 32, DI 128, top-2048; bf16 or f32 keys):
+ * kcuda_indexer_topk over B rows of ctxlen keys (max_keys = bucket), 78 calls captured in one CUDA
+ * graph, us per call: old = the default (score kernel, then the one-block / radix top-k),
+ * new = TANDEM_IDX_TOPK=fused (scores and top-k in one launch), new/TK64 = new with 64-key tiles
+ * (TANDEM_IDX_TK=64). Also checks that old and new select the same positions. */
+static void bench_idx(int B, int64_t ctxlen, int64_t bucket, int bf16)
+{
+	const int64_t HI = 32, DI = 128;
+	const int K = 2048, L = 78, elt = bf16 ? 2 : 4;
+	const int64_t nb = (ctxlen + 63) / 64;
+	struct setup s;
+	int32_t *sel_h[2] = {NULL, NULL};
+	int rc = setup_init(&s, B, DI, elt, ctxlen, HI, 0, 0);
+	if (rc) {
+		printf("idx: allocation failed\n");
+		setup_fini(&s);
+		return;
+	}
+	{ /* distinct scores: q and w from a ramp, keys from a hash (a constant pool ties everything) */
+		const size_t nq = (size_t)(B * HI * DI), nk = (size_t)(B * nb * 64 * DI);
+		float *q = (float *)malloc(sizeof(float) * nq), *w = (float *)malloc(sizeof(float) * B * HI);
+		uint8_t *k = (uint8_t *)malloc(nk * elt);
+		for (size_t i = 0; i < nq; i++)
+			q[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.3f;
+		for (int i = 0; i < B * HI; i++)
+			w[i] = (float)(i % 7 + 1) / 16.0f;
+		for (size_t i = 0; i < nk; i++) {
+			const float v = (float)((i * 2246822519u + 7) % 2001) / 1000.0f - 1.0f;
+			uint32_t u;
+			memcpy(&u, &v, 4);
+			if (bf16) {
+				const uint16_t h = (uint16_t)(u >> 16);
+				memcpy(k + 2 * i, &h, 2);
+			} else {
+				memcpy(k + 4 * i, &u, 4);
+			}
+		}
+		kcuda_upload(ctx, s.q, q, sizeof(float) * nq);
+		kcuda_upload(ctx, s.w, w, sizeof(float) * B * HI);
+		kcuda_upload(ctx, s.pool, k, nk * elt);
+		free(q);
+		free(w);
+		free(k);
+	}
+	{
+		int32_t *nk = (int32_t *)malloc(sizeof(int32_t) * (size_t)B);
+		for (int b = 0; b < B; b++)
+			nk[b] = (int32_t)ctxlen;
+		kcuda_upload(ctx, s.nk, nk, sizeof(int32_t) * (size_t)B);
+		free(nk);
+	}
+	void *d_sel = NULL;
+	if (kcuda_alloc(sizeof(int32_t) * (size_t)(B * K), &d_sel)) {
+		setup_fini(&s);
+		return;
+	}
+	const struct kcuda_kv_view kv = {s.pool, B * nb, (size_t)64 * DI * elt, 0, 64, DI, bf16};
+	const struct kcuda_attn_rows rows = {
+	    B,     (const int32_t *)s.qseq, (const int32_t *)s.tbl, nb, (const int32_t *)s.nk, 0, NULL, 1,
+	    bucket};
+	cudaStream_t st = (cudaStream_t)kcuda_ctx_stream(ctx);
+	double us[3] = {0, 0, 0}, eus[3] = {0, 0, 0};
+	for (int mode = 0; mode < 3; mode++) { /* 0 old, 1 new, 2 new with 64-key tiles */
+		if (mode == 0)
+			unsetenv("TANDEM_IDX_TOPK");
+		else
+			setenv("TANDEM_IDX_TOPK", "fused", 1);
+		if (mode == 2)
+			setenv("TANDEM_IDX_TK", "64", 1);
+		else
+			unsetenv("TANDEM_IDX_TK");
+		auto call = [&]() {
+			return kcuda_indexer_topk(ctx, &kv, &rows, (const float *)s.q, (const float *)s.w, HI,
+			                          DI, 0.088f, K, (int32_t *)d_sel, K, NULL);
+		};
+		for (int i = 0; i < 3; i++)
+			rc |= call();
+		rc |= kcuda_sync(ctx);
+		if (mode < 2) {
+			sel_h[mode] = (int32_t *)malloc(sizeof(int32_t) * (size_t)(B * K));
+			rc |= kcuda_download(ctx, sel_h[mode], d_sel, sizeof(int32_t) * (size_t)(B * K));
+		}
+		double t0 = now_s();
+		for (int l = 0; l < L; l++)
+			rc |= call();
+		rc |= kcuda_sync(ctx);
+		eus[mode] = (now_s() - t0) / L * 1e6;
+		cudaGraph_t g = NULL;
+		cudaGraphExec_t ge = NULL;
+		if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+			rc = 1;
+			break;
+		}
+		for (int l = 0; l < L; l++)
+			rc |= call();
+		if (cudaStreamEndCapture(st, &g) != cudaSuccess ||
+		    cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) {
+			(void)cudaGetLastError();
+			rc = 1;
+			if (g)
+				cudaGraphDestroy(g);
+			break;
+		}
+		for (int i = 0; i < 3; i++)
+			cudaGraphLaunch(ge, st);
+		rc |= kcuda_sync(ctx);
+		const int reps = 20;
+		t0 = now_s();
+		for (int i = 0; i < reps; i++)
+			cudaGraphLaunch(ge, st);
+		rc |= kcuda_sync(ctx);
+		us[mode] = (now_s() - t0) / reps / L * 1e6;
+		cudaGraphExecDestroy(ge);
+		cudaGraphDestroy(g);
+	}
+	unsetenv("TANDEM_IDX_TOPK");
+	unsetenv("TANDEM_IDX_TK");
+	const int same =
+	    sel_h[0] && sel_h[1] && memcmp(sel_h[0], sel_h[1], sizeof(int32_t) * (size_t)(B * K)) == 0;
+	printf("indexer+top-k B %d ctx %6lld bucket %6lld keys %s | graph old %6.1f new %6.1f (x%.2f) "
+	       "new/TK64 %6.1f "
+	       "| eager old %6.1f new %6.1f us/call | selections %s%s\n",
+	       B, (long long)ctxlen, (long long)bucket, bf16 ? "bf16" : "f32 ", us[0], us[1],
+	       us[1] > 0 ? us[0] / us[1] : 0.0, us[2], eus[0], eus[1], same ? "equal" : "DIFFER",
+	       rc ? " ERROR" : "");
+	free(sel_h[0]);
+	free(sel_h[1]);
+	kcuda_free(d_sel);
+	setup_fini(&s);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1)
@@ -401,6 +536,17 @@ int main(int argc, char **argv)
 	measure_copy();
 	printf("fast = default kernels (tensor cores, multi-block top-k); ref = TANDEM_CUDA_ATTN=ref (the "
 	       "first kernels); %% = of the copy rate above\n");
+	/* the indexer alone, old vs new (BENCH_ATTN_IDX_ONLY=1 stops after it) */
+	bench_idx(1, 4096, 4096, 0);
+	bench_idx(1, 4096, 8192, 1);
+	bench_idx(1, 4096, 4096, 1);
+	bench_idx(8, 4096, 4096, 1);
+	bench_idx(1, 32768, 32768, 1);
+	bench_idx(8, 32768, 32768, 1);
+	bench_idx(1, 131072, 131072, 1);
+	bench_idx(32, 4096, 4096, 1);
+	if (getenv("BENCH_ATTN_IDX_ONLY"))
+		goto done;
 	/* the decode graph's attention chain first (GLM-5 rank 0 of TP=8; the 4k point at the
 	 * 8192 bucket the synthetic bench captures, 32k at its own bucket) */
 	bench_layer(1, 4096, 8192);

@@ -65,9 +65,14 @@ extern "C" int kcuda_ctx_create(int device, size_t ws_bytes, struct kcuda_ctx **
 	if (cublasSetStream(h, c->stream) != CUBLAS_STATUS_SUCCESS)
 		goto fail_cublas;
 	c->cublas = h;
+	if (cudaMalloc((void **)&c->zs, KCUDA_ZS_BYTES) != cudaSuccess ||
+	    cudaMemsetAsync(c->zs, 0, KCUDA_ZS_BYTES, c->stream) != cudaSuccess)
+		goto fail_zs;
 	*out = c;
 	return 0;
 
+fail_zs:
+	cudaFree(c->zs);
 fail_cublas:
 	cublasDestroy(h);
 fail_err:
@@ -105,6 +110,7 @@ extern "C" void kcuda_ctx_destroy(struct kcuda_ctx *c)
 	cudaStreamSynchronize(c->stream);
 	if (c->cublas)
 		cublasDestroy((cublasHandle_t)c->cublas);
+	cudaFree(c->zs);
 	cudaFree(c->err_dev);
 	cudaFree(c->ws);
 	cudaStreamDestroy(c->stream);

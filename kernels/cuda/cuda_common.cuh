@@ -23,7 +23,12 @@ struct kcuda_ctx {
 	size_t ws_bytes;
 	int n_sm;
 	unsigned *err_dev; /* count of bad inputs seen by kernels (e.g. token ids out of range) */
+	/* KCUDA_ZS_BYTES zeroed at creation; a kernel that counts across its blocks in it (the
+	 * indexer's fused top-k: per-row histograms and tickets) leaves it zero again when done, so
+	 * graph replays need no memset node */
+	unsigned *zs;
 };
+#define KCUDA_ZS_BYTES ((size_t)5 << 20)
 
 /* Sticky CUDA errors mean the context is unusable: abort loudly with file:line. */
 #define KCUDA_CHECK(call)                                                                                    \

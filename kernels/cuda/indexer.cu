@@ -14,6 +14,7 @@
 
 #include "kernels/cuda/fused.h"
 #include "kernels/cuda/mla_attn_mode.cuh"
+#include "kernels/cuda/topk_sel.cuh"
 
 #define IDX_THREADS 256
 #define IDX_TK 64 /* keys per block */
@@ -158,6 +159,13 @@ static int idx_fill(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const s
 	a->qr_pairing = 0;
 	a->qr_inv = NULL;
 	a->qr_pos = NULL;
+	a->sel_k = 0;
+	a->sel = NULL;
+	a->nsel = NULL;
+	a->ld_sel = 0;
+	a->zs = c->zs;
+	a->sel_smem = 0;
+	a->pf = 0;
 	return 0;
 }
 
@@ -219,6 +227,14 @@ extern "C" int kcuda_indexer_scores(struct kcuda_ctx *c, const struct kcuda_kv_v
 	return idx_launch(c, a, rows->n_q);
 }
 
+/* TANDEM_IDX_TOPK=fused: scores and top-k in one launch. Off by default: the H200 run of 19:30
+ * measured it slower than the score kernel + a separate top-k (docs/PERFORMANCE.md, idx4) */
+static int idx_sel_enabled(void)
+{
+	const char *e = getenv("TANDEM_IDX_TOPK");
+	return e && strcmp(e, "fused") == 0;
+}
+
 /* scores + top-k of every row (a filled by idx_fill, maybe with the q rope set) */
 static int idx_topk_run(struct kcuda_ctx *c, idx_args &a, const struct kcuda_attn_rows *rows, int k,
                         int32_t *sel, int64_t ld_sel, int32_t *nsel)
@@ -227,11 +243,26 @@ static int idx_topk_run(struct kcuda_ctx *c, idx_args &a, const struct kcuda_att
 	if (!sel || k < 0 || ld_sel < k)
 		return kcuda_bad_arg("indexer_topk", "sel %p, k %d, ld_sel %lld", (void *)sel, k,
 		                     (long long)ld_sel);
+	const int64_t ld = rows->max_keys > 0 ? rows->max_keys : 1;
+	const size_t sbytes = ((size_t)ld * sizeof(float) + 255) & ~(size_t)255;
+	/* decode-sized batches: scores and top-k in one launch (indexer_fast.cu + topk_sel.cuh), the
+	 * scores of all rows in the workspace */
+	if (idx_sel_enabled() && !kattn_use_ref() && rows->n_q >= 1 && rows->n_q <= KSEL_MAX_ROWS && k >= 1 &&
+	    c->ws_bytes / sbytes >= (size_t)rows->n_q) {
+		idx_args b = a;
+		b.scores = (float *)c->ws;
+		b.ld = (int64_t)(sbytes / sizeof(float));
+		b.sel_k = k;
+		b.sel = sel;
+		b.ld_sel = ld_sel;
+		b.nsel = nsel;
+		rc = kcuda_indexer_sel_launch(c, b, rows->n_q);
+		if (rc != ERR_UNSUPPORTED)
+			return rc;
+	}
 	/* scores of as many rows as fit the workspace, then their top-k. Decode-sized batches take the
 	 * multi-block radix top-k, whose histograms go after the scores in the workspace; many rows
 	 * (prefill) the one-block-per-row kernel, which needs no scratch. */
-	const int64_t ld = rows->max_keys > 0 ? rows->max_keys : 1;
-	const size_t sbytes = ((size_t)ld * sizeof(float) + 255) & ~(size_t)255;
 	int radix = !kattn_use_ref() && rows->n_q <= 64;
 	/* rows that fit one block's shared memory: one launch instead of the radix path's six
 	 * (fused.h; TANDEM_FUSE=0 keeps the radix path). Up to KFUSE_TOPK_SHORT_DEFAULT keys by

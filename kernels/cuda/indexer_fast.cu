@@ -25,10 +25,11 @@
 #include <type_traits>
 
 #include "kernels/cuda/mla_attn_mode.cuh"
+#include "kernels/cuda/topk_sel.cuh"
 
 #define IF_WARPS 4
 #define IF_THREADS (32 * IF_WARPS)
-#define IF_TK 64 /* keys per tile */
+#define IF_TK 64 /* keys per tile (the kernels without the fused top-k) */
 #define IF_DMAX 128
 #define IF_HMAX 64
 #define IF_SP (IF_HMAX + 1) /* d row stride (floats) */
@@ -55,17 +56,16 @@ __device__ __forceinline__ void if_split3(float x, float y, uint32_t *p0, uint32
 	*p2 = *(const uint32_t *)&l;
 }
 
-/* element e (< 2 * half) of a head's rotary part after RoPE at position pos (src unroped): fused.cu's
- * fu_rot on the pair holding e (angle pos * inv_freq[pair], precise sincosf) */
-__device__ __forceinline__ float if_rope_elem(const float *src, int e, int half, int pairing, int32_t pos,
-                                              const float *inv_freq)
+/* element e (< 2 * half) of a head's rotary part after RoPE (src unroped): fused.cu's fu_rot on the
+ * pair holding e, with cs[pair] = (cos, sin) of pos * inv_freq[pair] (precise sincosf), computed
+ * once per block (a sincosf per element made the kernel slow: a stack frame for its slow path) */
+__device__ __forceinline__ float if_rope_elem(const float *src, int e, int half, int pairing,
+                                              const float2 *cs)
 {
 	const bool first = pairing ? e < half : (e & 1) == 0;
 	const int i = pairing ? (first ? e : e - half) : e >> 1;
 	const int other = pairing ? (first ? e + half : e - half) : (first ? e + 1 : e - 1);
-	const float ang = (float)pos * inv_freq[i];
-	float sn, co;
-	sincosf(ang, &sn, &co);
+	const float co = cs[i].x, sn = cs[i].y;
 	const float u0 = first ? src[e] : src[other], u1 = first ? src[other] : src[e];
 	return first ? u0 * co - u1 * sn : u0 * sn + u1 * co;
 }
@@ -75,49 +75,97 @@ static __host__ __device__ int if_rs(int DI, bool f32)
 {
 	return f32 ? DI + 4 : DI + 8;
 }
-static size_t if_smem(int DI, bool f32)
+static size_t if_smem(int DI, bool f32, int TK = IF_TK)
 {
-	return 2 * (size_t)IF_TK * (size_t)if_rs(DI, f32) * (f32 ? 4 : 2) /* key tiles */ +
-	       (size_t)IF_TK * IF_SP * 4 /* d */ + IF_HMAX * 4 /* w */ +
-	       2 * IF_TK * sizeof(void *) /* addresses */;
+	return 2 * (size_t)TK * (size_t)if_rs(DI, f32) * (f32 ? 4 : 2) /* key tiles */ +
+	       (size_t)TK * IF_SP * 4 /* d */ + IF_HMAX * 4 /* w */ + 2 * TK * sizeof(void *) /* addresses */;
 }
 
-/* MW: head tiles of 16 (warps per key group; 4 / MW key groups); NT: n-tiles (8 keys) per warp.
+/* TK: keys per tile (64; 32 for the fused top-k at small batch: twice the blocks). MW: head tiles
+ * of 16 (warps per key group; 4 / MW key groups); NT: n-tiles (8 keys) per warp.
  * F32: fp32 keys, split into three bf16 parts as the fragments are read; the six products whose
- * parts' weights add up to at most 2^-16 are summed (the rest lie below fp32's rounding). */
-template <int MW, bool F32, bool ROPE>
+ * parts' weights add up to at most 2^-16 are summed (the rest lie below fp32's rounding).
+ * SEL: the top-k is finished here (topk_sel.cuh): rows with n <= sel_k are written as 0..n-1 by
+ * block 0 (nothing scored); otherwise every block counts its keys' top digit into the row's
+ * histogram and the last block of the row (ticket) selects. */
+template <int TK, int MW, bool F32, bool ROPE, bool SEL>
 __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 {
+	/* a.pf: bring this block's key rows into L2 while the kernel before still runs. The rows are
+	 * older positions (the newest one, written just before, is at most re-fetched: L2 is coherent and
+	 * a prefetch returns no data), found through qseq and the block table, which the host uploads
+	 * before the step's first kernel (plain stream order): read early, they are this step's values,
+	 * and they only direct a hint. Nothing else is touched before KDEP_ENTRY. */
+	if (a.pf && threadIdx.x == 0) {
+		const int64_t p0 = (int64_t)blockIdx.x * TK * a.tiles;
+		const int64_t p1 =
+		    min(min(p0 + (int64_t)TK * a.tiles, a.max_keys), a.ld_blocks * (int64_t)a.bt);
+		const int32_t tb = a.qseq ? a.qseq[blockIdx.y] : 0;
+		const size_t rb = (size_t)a.DI * (F32 ? 4 : 2);
+		for (int64_t p = p0; p < p1;) {
+			const int64_t pe = min(p1, (p / a.bt + 1) * a.bt); /* the rest of p's KV block */
+			const int64_t blk = a.blocks[(int64_t)tb * a.ld_blocks + p / a.bt];
+			if (blk >= 0 && blk < a.n_blocks)
+				kdep_prefetch_l2(a.base + (size_t)blk * a.block_bytes + a.offset +
+				                     (size_t)(p % a.bt) * rb,
+				                 (size_t)(pe - p) * rb);
+			p = pe;
+		}
+	}
 	KDEP_ENTRY();
 	typedef typename std::conditional<F32, float, uint16_t>::type val_t;
 	constexpr int KG = IF_WARPS / MW; /* key groups */
-	constexpr int NT = IF_TK / 8 / KG; /* n-tiles per warp */
+	constexpr int NT = TK / 8 / KG; /* n-tiles per warp */
+	static_assert(NT >= 1 && NT * 8 * KG == TK && TK % 32 == 0, "tile shape");
 	extern __shared__ __align__(16) uint8_t if_sm[];
 	const int DI = a.DI, HI = a.HI, RS = if_rs(DI, F32);
 	val_t *k_s = (val_t *)if_sm; /* [2][TK][RS] */
-	float *d_s = (float *)(k_s + 2 * IF_TK * RS); /* [TK][SP] */
-	float *w_s = d_s + IF_TK * IF_SP; /* [HMAX] */
+	float *d_s = (float *)(k_s + 2 * TK * RS); /* [TK][SP] */
+	float *w_s = d_s + TK * IF_SP; /* [HMAX] */
 	const uint8_t **addr_s = (const uint8_t **)(w_s + IF_HMAX); /* [2][TK] */
 
 	const int64_t row = blockIdx.y;
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int g = lane >> 2, t = lane & 3;
 	int64_t nk = a.n_keys ? (int64_t)a.n_keys[row] : a.pos0 + row + 1;
+	const int32_t tbl = a.qseq ? a.qseq[row] : 0; /* loaded beside n_keys: one round trip for both */
 	if (nk < 0 || nk > a.max_keys) {
 		if (tid == 0 && blockIdx.x == 0)
 			atomicAdd(a.err, 1u);
 		nk = nk < 0 ? 0 : a.max_keys;
 	}
-	if (a.skip_le > 0 && nk <= a.skip_le)
+	if (SEL) {
+		if (nk <= a.sel_k) { /* every key is selected, in order: block 0 writes it, no scores */
+			if (blockIdx.x == 0) {
+				int32_t *o = a.sel + row * a.ld_sel;
+				for (int i = tid; i < (int)nk; i += IF_THREADS)
+					o[i] = i;
+				if (tid == 0 && a.nsel)
+					a.nsel[row] = (int32_t)nk;
+			}
+			return;
+		}
+	} else if (a.skip_le > 0 && nk <= a.skip_le) {
 		return; /* every key is selected: the scores are not read */
-	const int64_t k0 = (int64_t)blockIdx.x * IF_TK * a.tiles;
+	}
+	const int64_t k0 = (int64_t)blockIdx.x * TK * a.tiles;
 	if (k0 >= nk)
-		return;
-	const int64_t k1 = min(nk, k0 + IF_TK * a.tiles);
-	const int ntiles = (int)((k1 - k0 + IF_TK - 1) / IF_TK);
+		return; /* (SEL: such blocks take no ticket: the row counts ceil(nk / (TK tiles)) blocks) */
+	const int64_t k1 = min(nk, k0 + TK * a.tiles);
+	const int ntiles = (int)((k1 - k0 + TK - 1) / TK);
+	unsigned *gh = SEL ? a.zs + row * KSEL_ROW_WORDS : NULL; /* the row's digit-0 histogram */
 
 	for (int i = tid; i < IF_HMAX; i += IF_THREADS)
 		w_s[i] = i < HI ? a.w[row * (int64_t)HI + i] : 0.0f;
+	__shared__ float2 rcs_s[IF_DMAX / 2]; /* ROPE: (cos, sin) of the row's angles */
+	if (ROPE) {
+		if (tid < a.qr_R / 2) {
+			float sn, co;
+			sincosf((float)a.qr_pos[row] * a.qr_inv[tid], &sn, &co);
+			rcs_s[tid] = make_float2(co, sn);
+		}
+		__syncthreads();
+	}
 	/* q fragments: heads 16 mw + (g, g + 8), dims ks 16 + 2t (+ 8); loaded first (as before
 	 * 16:00: see mla_attn_mma.cu on the 16:40 H200 run) */
 	const int mw = warp % MW, kg = warp / MW;
@@ -133,20 +181,17 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 			if (ks < nks && h < HI) {
 				const float *qh = a.q + (row * HI + h) * (int64_t)DI;
 				if (ROPE && col < a.qr_R) { /* the rotary part, roped here (col even) */
-					const int32_t ps = a.qr_pos[row];
-					v.x = if_rope_elem(qh, col, a.qr_R / 2, a.qr_pairing, ps, a.qr_inv);
-					v.y =
-					    if_rope_elem(qh, col + 1, a.qr_R / 2, a.qr_pairing, ps, a.qr_inv);
+					v.x = if_rope_elem(qh, col, a.qr_R / 2, a.qr_pairing, rcs_s);
+					v.y = if_rope_elem(qh, col + 1, a.qr_R / 2, a.qr_pairing, rcs_s);
 				} else {
 					v = *(const float2 *)(qh + col);
 				}
 			}
 			if_split3(v.x, v.y, &qf[ks][0][r], &qf[ks][1][r], &qf[ks][2][r]);
 		}
-	const int32_t tbl = a.qseq ? a.qseq[row] : 0;
 	auto fill_addr = [&](int n, int st) {
-		if (tid < IF_TK) {
-			const int64_t p = k0 + (int64_t)n * IF_TK + tid;
+		if (tid < TK) {
+			const int64_t p = k0 + (int64_t)n * TK + tid;
 			const uint8_t *rp = NULL;
 			if (p < k1) {
 				if (p < a.ld_blocks * a.bt) {
@@ -158,15 +203,15 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 				if (!rp)
 					atomicAdd(a.err, 1u);
 			}
-			addr_s[st * IF_TK + tid] = rp;
+			addr_s[st * TK + tid] = rp;
 		}
 	};
 	const int nch = DI * (int)sizeof(val_t) / 16; /* 16-byte pieces per row */
 	auto issue = [&](int st) {
-		for (int i = tid; i < IF_TK * nch; i += IF_THREADS) {
+		for (int i = tid; i < TK * nch; i += IF_THREADS) {
 			const int r = i / nch, cc = i - r * nch;
-			const uint8_t *p = addr_s[st * IF_TK + r];
-			uint8_t *dst = (uint8_t *)(k_s + (st * IF_TK + r) * RS) + 16 * cc;
+			const uint8_t *p = addr_s[st * TK + r];
+			uint8_t *dst = (uint8_t *)(k_s + (st * TK + r) * RS) + 16 * cc;
 			if (p)
 				katt_cp16(dst, p + 16 * cc);
 			else
@@ -192,7 +237,7 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 			katt_cp_wait<0>();
 		}
 		__syncthreads();
-		const val_t *kt = k_s + st * IF_TK * RS;
+		const val_t *kt = k_s + st * TK * RS;
 		if (active) {
 			float acc[NT][4];
 #pragma unroll
@@ -237,8 +282,9 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 			}
 		}
 		__syncthreads();
-		if (tid < IF_TK) {
-			const int64_t p = k0 + (int64_t)n * IF_TK + tid;
+		if (tid < TK) { /* whole warps (TK % 32 == 0) */
+			const int64_t p = k0 + (int64_t)n * TK + tid;
+			float v = -INFINITY;
 			if (p < k1) {
 				float s = 0.0f;
 				for (int h = 0; h < HI; h++) {
@@ -246,27 +292,48 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 					if (d > 0.0f)
 						s = __fadd_rn(s, __fmul_rn(w_s[h], d));
 				}
-				a.scores[row * a.ld + p] = addr_s[st * IF_TK + tid] ? s : -INFINITY;
+				v = addr_s[st * TK + tid] ? s : -INFINITY;
+				a.scores[row * a.ld + p] = v;
 			}
+			if (SEL)
+				ksel_count(gh, p < k1, ksel_key(v));
 		}
 		__syncthreads(); /* the next iteration refills this stage and d */
 	}
+	if (SEL) { /* the last block of the row to get here selects */
+		__shared__ unsigned last_s;
+		__threadfence(); /* this thread's scores and counts, before the ticket */
+		__syncthreads();
+		if (tid == 0) {
+			const int64_t per = (int64_t)TK * a.tiles;
+			const unsigned nblk = (unsigned)((nk + per - 1) / per);
+			last_s = atomicAdd(&gh[KSEL_BINS0], 1u) == nblk - 1;
+		}
+		__syncthreads();
+		if (!last_s)
+			return;
+		__threadfence(); /* the other blocks' scores and counts, after their tickets */
+		ksel_tail<IF_THREADS>(a.scores + row * a.ld, (int)nk, a.sel_k, gh, a.sel + row * a.ld_sel,
+		                      if_sm, (size_t)a.sel_smem);
+		if (tid == 0 && a.nsel)
+			a.nsel[row] = a.sel_k;
+	}
 }
 
-template <int MW, bool F32, bool ROPE>
+template <int TK, int MW, bool F32, bool ROPE, bool SEL>
 static int if_launch_r(struct kcuda_ctx *c, const idx_args &b, dim3 grid, size_t smem)
 {
-	KCUDA_CHECK(cudaFuncSetAttribute(indexer_fast_kernel<MW, F32, ROPE>,
+	KCUDA_CHECK(cudaFuncSetAttribute(indexer_fast_kernel<TK, MW, F32, ROPE, SEL>,
 	                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-	return klaunch("indexer_fast", indexer_fast_kernel<MW, F32, ROPE>, dim3(grid), dim3(IF_THREADS), smem,
-	               c->stream, b);
+	return klaunch(SEL ? "indexer_sel" : "indexer_fast", indexer_fast_kernel<TK, MW, F32, ROPE, SEL>,
+	               dim3(grid), dim3(IF_THREADS), smem, c->stream, b);
 }
 /* the kernel without q's rope (the default: no rope code in it) or with it on the loads */
 template <int MW, bool F32>
 static int if_launch(struct kcuda_ctx *c, const idx_args &b, dim3 grid, size_t smem)
 {
-	return b.qr_R ? if_launch_r<MW, F32, true>(c, b, grid, smem)
-	              : if_launch_r<MW, F32, false>(c, b, grid, smem);
+	return b.qr_R ? if_launch_r<IF_TK, MW, F32, true, false>(c, b, grid, smem)
+	              : if_launch_r<IF_TK, MW, F32, false, false>(c, b, grid, smem);
 }
 
 bool kcuda_indexer_fast_ok(struct kcuda_ctx *c, const idx_args &a)
@@ -330,4 +397,73 @@ int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_
 			return rc;
 	}
 	return 0;
+}
+
+/* q's rope on the loads (the TANDEM_IDX_FOLD=1 path) only for HI 17..64 (GLM-5, DeepSeek-V3.2):
+ * other shapes take the separate kernels */
+template <int TK, int MW, bool F32>
+static int if_sel_launch(struct kcuda_ctx *c, const idx_args &b, dim3 grid, size_t smem)
+{
+	if (b.qr_R)
+		return MW == 1 ? ERR_UNSUPPORTED : if_launch_r < TK, MW == 1 ? 2 : MW, F32, true,
+		       true > (c, b, grid, smem);
+	return if_launch_r<TK, MW, F32, false, true>(c, b, grid, smem);
+}
+template <int TK>
+static int if_sel_dispatch(struct kcuda_ctx *c, const idx_args &b, dim3 grid, size_t smem, int MW, bool f32)
+{
+	if (MW == 1)
+		return f32 ? if_sel_launch<TK, 1, true>(c, b, grid, smem)
+		           : if_sel_launch<TK, 1, false>(c, b, grid, smem);
+	if (MW == 2)
+		return f32 ? if_sel_launch<TK, 2, true>(c, b, grid, smem)
+		           : if_sel_launch<TK, 2, false>(c, b, grid, smem);
+	return f32 ? if_sel_launch<TK, 4, true>(c, b, grid, smem)
+	           : if_sel_launch<TK, 4, false>(c, b, grid, smem);
+}
+
+int kcuda_indexer_sel_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q)
+{
+	if (n_q < 1 || n_q > KSEL_MAX_ROWS || a.sel_k < 1 || !a.sel || a.ld_sel < a.sel_k || !a.zs ||
+	    (a.qr_R && a.HI <= 16) || a.max_keys < 1 || a.max_keys > KSEL_MAX_KEYS || !a.scores ||
+	    a.ld < a.max_keys || a.ld % 4 || (uintptr_t)a.scores % 16 ||
+	    (size_t)n_q * KSEL_ROW_WORDS * sizeof(unsigned) > KCUDA_ZS_BYTES || !kcuda_indexer_fast_ok(c, a))
+		return ERR_UNSUPPORTED;
+	const bool f32 = !a.bf16;
+	/* 32-key tiles while the rows' tiles fit two per SM (batch 1..2 at 4k: ~128 blocks on 132 SMs),
+	 * else 64-key tiles, two per block with many tiles (as kcuda_indexer_fast_launch) */
+	const int64_t t32 = (a.max_keys + 31) / 32, t64 = (a.max_keys + 63) / 64;
+	const int64_t fill = 2 * (int64_t)c->n_sm;
+	int TK = n_q * t32 <= fill ? 32 : 64;
+	const char *tk_env = getenv("TANDEM_IDX_TK"); /* 32 or 64 forces the tile */
+	if (tk_env && (strcmp(tk_env, "32") == 0 || strcmp(tk_env, "64") == 0))
+		TK = atoi(tk_env);
+	int tiles = TK == 32 || n_q * t64 <= fill ? 1 : 2;
+	const char *te = getenv("TANDEM_IDX_TILES");
+	if (te && (strcmp(te, "1") == 0 || strcmp(te, "2") == 0))
+		tiles = te[0] - '0';
+	/* the score tiles' shared memory, or the tail's (bitmasks, candidates) if larger */
+	size_t smem = if_smem(a.DI, f32, TK);
+	const size_t tail = ksel_smem_base(a.max_keys) + (size_t)KSEL_CAND_MIN * sizeof(uint2);
+	if (smem < tail)
+		smem = tail;
+	int max_smem = 0;
+	if (cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device) !=
+	    cudaSuccess) {
+		(void)cudaGetLastError();
+		return ERR_UNSUPPORTED;
+	}
+	if (smem + 4096 > (size_t)max_smem) /* room for the static part (scan storage, ~1.4 KB) */
+		return ERR_UNSUPPORTED;
+	const int64_t per = (int64_t)TK * tiles;
+	const int64_t ranges = (a.max_keys + per - 1) / per;
+	idx_args b = a;
+	b.tiles = tiles;
+	b.sel_smem = (int)smem;
+	b.skip_le = 0;
+	b.pf = kcuda_prefetch_enabled();
+	const dim3 grid((unsigned)ranges, (unsigned)n_q);
+	const int MW = a.HI <= 16 ? 1 : (a.HI <= 32 ? 2 : 4);
+	return TK == 32 ? if_sel_dispatch<32>(c, b, grid, smem, MW, f32)
+	                : if_sel_dispatch<64>(c, b, grid, smem, MW, f32);
 }

@@ -31,6 +31,11 @@ int kcuda_topk_idx_radix(struct kcuda_ctx *c, const float *scores, int64_t ld, i
                          const int32_t *n, int64_t n0, int k, int32_t *out, int64_t ldo, int32_t *n_out,
                          void *scratch, size_t scratch_bytes);
 size_t kcuda_topk_idx_radix_scratch(int64_t n_rows, int64_t max_n);
+/* one-launch top-k of up to KSEL_MAX_ROWS rows of up to KSEL_MAX_KEYS scores (topk_sel.cu, the
+ * default of kcuda_topk_idx there); ERR_UNSUPPORTED (nothing launched) otherwise or with
+ * TANDEM_IDX_TOPK=old / TANDEM_CUDA_ATTN=ref */
+int kcuda_topk_sel(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n_rows, const int32_t *n,
+                   int64_t n0, int k, int32_t *out, int64_t ldo, int32_t *n_out);
 
 /* the indexer score kernels' arguments (indexer.cu fills them, both kernels read them) */
 struct idx_args {
@@ -54,12 +59,26 @@ struct idx_args {
 	int qr_R, qr_pairing;
 	const float *qr_inv;
 	const int32_t *qr_pos;
+	/* the fused top-k (kcuda_indexer_sel_launch; topk_sel.cuh): sel_k > 0 selects min(sel_k, n)
+	 * positions of each row into sel[row * ld_sel ..], nsel[row] = that count (nsel may be NULL);
+	 * zs: the context's zeroed scratch (per-row histograms and tickets) */
+	int sel_k;
+	int32_t *sel, *nsel;
+	int64_t ld_sel;
+	unsigned *zs;
+	int sel_smem; /* the kernel's dynamic shared memory (the tail reuses it) */
+	int pf; /* fused kernel: L2 prefetch of the block's key rows before KDEP_ENTRY */
 };
 /* does the tensor-core score kernel take these arguments (shape, alignment, shared memory)? */
 bool kcuda_indexer_fast_ok(struct kcuda_ctx *c, const idx_args &a);
 /* the tensor-core score kernel (indexer_fast.cu) for rows [0, n_q) of a: ERR_UNSUPPORTED when the
  * shape does not suit it (fp32 keys, HI > 64, DI > 128 or not a multiple of 16, misaligned) */
 int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q);
+/* scores and the exact top-k of rows [0, n_q) in ONE launch (the tensor-core score kernel with the
+ * selection finished by the last block of each row, topk_sel.cuh); a.scores / a.ld: the scores'
+ * rows (16-byte aligned, ld % 4 == 0), a.sel_k ... a.zs set. ERR_UNSUPPORTED (nothing launched)
+ * where it does not apply: then kcuda_indexer_topk's separate kernels run */
+int kcuda_indexer_sel_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q);
 
 /* cp.async helpers (sm_80+): 16-byte global -> shared copies that bypass L1 */
 __device__ __forceinline__ void katt_cp16(void *smem, const void *gmem)

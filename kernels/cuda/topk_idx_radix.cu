@@ -320,6 +320,10 @@ int kcuda_topk_idx_radix(struct kcuda_ctx *c, const float *scores, int64_t ld, i
 extern "C" int kcuda_topk_idx(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n_rows,
                               const int32_t *n, int64_t n0, int k, int32_t *out, int64_t ldo, int32_t *n_out)
 {
+	/* decode-sized batches: one launch (topk_sel.cu) */
+	int rc0 = kcuda_topk_sel(c, scores, ld, n_rows, n, n0, k, out, ldo, n_out);
+	if (rc0 != ERR_UNSUPPORTED)
+		return rc0;
 	/* the workspace is the scratch, unless the scores themselves live there */
 	if (!kattn_use_ref() && c && scores && c->ws) {
 		const uint8_t *s = (const uint8_t *)scores, *w = (const uint8_t *)c->ws;

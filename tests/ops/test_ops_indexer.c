@@ -9,15 +9,23 @@
  *    kcpu_topk over the GPU's own scores exactly; where it differs from the CPU selection, both
  *    positions lie within the score tolerance of the K-th score (float near-ties only).
  * 3. kcuda_topk_idx alone: per-row lengths, NaN and -inf, many ties, k > n, against kcpu_topk.
- * Everything runs twice: with the fast kernels (tensor-core scores, multi-block radix
- * top-k for <= 64 rows) and with TANDEM_CUDA_ATTN=ref (the first kernels), so one GPU run checks
- * both against the CPU. TANDEM_OPS_SMALL=1 keeps the contexts up to ~4k and skips part 3 (for
- * compute-sanitizer runs).
+ * Everything runs three times: with TANDEM_IDX_TOPK=fused (<= 256 rows of <= 128k keys: scores and
+ * top-k in one launch, the selection finished by each row's last block, topk_sel.cuh; kcuda_topk_idx
+ * alone: topk_sel.cu), with the default kernels (the score kernel, then the one-block / radix
+ * top-k) and with TANDEM_CUDA_ATTN=ref (the first kernels), so one GPU run checks all against the
+ * CPU. The fused path's counters live in the context's zeroed scratch and must be zero again after
+ * every launch: each case runs its top-k twice (determinism), and a wrong reset would change the
+ * second selection. Cases cover the GLM-5 (HI 32) and DeepSeek-V3.2 (HI 64) indexer at DI 128,
+ * contexts 1 .. 131072, batches 1 .. 65 (prefill chunks beyond the workspace: the old path), 32- and 64-key
+ * tiles, exact data full of ties (the tail's overflow path) and random data (its candidate path).
+ * TANDEM_OPS_SMALL=1 keeps the contexts up to ~4k and skips part 3 (for compute-sanitizer runs);
+ * TANDEM_OPS_QUICK=1 skips the ref kernels.
  * Guard bytes around every output. Exit 77 = no GPU (skip). */
 #include <errno.h>
 
 #include "common/base/err.h"
 #include "kernels/cuda/fused.h"
+#include "kernels/cuda/model_fwd.h"
 #include "tests/ops/ops_util.h"
 
 #ifndef TANDEM_CUDA
@@ -319,6 +327,38 @@ static void run_case(const struct icase *ic)
 				    memcmp(gsel + i * K, gsel2 + i * K, sizeof(int32_t) * (size_t)gn[i]) != 0;
 		OPS_CHECK(ndiff == 0, "%s: a second top-k selected otherwise in %lld rows", ic->name,
 		          (long long)ndiff);
+		/* graph replay (decode rows): two top-k calls captured, the graph replayed three times
+		 * into a cleared output: the same selection each time (the fused path's counters are
+		 * reset inside its kernel; nothing in the graph clears them) */
+		if (!prefill && gsel2 && gn2) {
+			void *ex = NULL;
+			int cap = kfwd_graph_begin(ctx) == 0;
+			for (int j = 0; j < 2 && cap; j++)
+				cap = kcuda_indexer_topk(ctx, &kv, &rows, d_q, d_w, HI, DI, scale, K,
+				                         selb.user, K, nb.user) == 0;
+			cap = kfwd_graph_end(ctx, &ex) == 0 && cap;
+			OPS_CHECK(cap, "%s: graph capture of the top-k", ic->name);
+			int64_t gdiff = 0;
+			for (int rep = 0; rep < 3 && cap; rep++) {
+				int ok =
+				    kcuda_memset(ctx, selb.user, 0xff, sizeof(int32_t) * (size_t)(n_q * K)) ==
+				        0 &&
+				    kcuda_memset(ctx, nb.user, 0xff, sizeof(int32_t) * (size_t)n_q) == 0 &&
+				    kfwd_graph_launch(ctx, ex) == 0 && kcuda_sync(ctx) == 0 &&
+				    ops_dbuf_get(ctx, &selb, gsel2) == 0 && ops_dbuf_get(ctx, &nb, gn2) == 0;
+				OPS_CHECK(ok, "%s: graph replay %d: launch, sync or guard bytes", ic->name,
+				          rep);
+				for (int64_t i = 0; ok && i < n_q; i++)
+					gdiff +=
+					    gn[i] != gn2[i] || (gn[i] >= 0 && gn[i] <= K &&
+					                        memcmp(gsel + i * K, gsel2 + i * K,
+					                               sizeof(int32_t) * (size_t)gn[i]) != 0);
+			}
+			OPS_CHECK(gdiff == 0, "%s: graph replays selected otherwise in %lld rows", ic->name,
+			          (long long)gdiff);
+			if (ex)
+				kfwd_graph_destroy(ex);
+		}
 		free(gsel2);
 		free(gn2);
 	}
@@ -559,7 +599,29 @@ int main(void)
 	static const int l_mix[] = {1, 2047, 2048, 2049, 3000, 4096, 4097, 8192};
 	static const int l_32k2[] = {30001, 32768};
 	static const int l_12[] = {1, 2, 63, 64, 65, 2047, 2048, 2049, 2050, 4000, 4096, 4097};
+	static const int l_5[] = {1, 2047, 2048, 2049, 4096};
+	static const int l_8x4k[] = {4096, 4096, 4096, 4096, 4096, 4096, 4096, 4096};
+	static const int l_ds[] = {2049, 4096, 16384, 32768};
+	static const int l_128k[] = {131072};
+	static int l_64[65];
+	for (int i = 0; i < 65; i++)
+		l_64[i] =
+		    2049 + (i * 613) % 1900; /* 2049 .. 3948: 64 rows of scores fit the 1 MiB workspace */
 	const struct icase cases[] = {
+	    /* the fused scores + top-k (default): GLM-5 at TP=8 (HI 32 DI 128 per rank: the indexer is
+	     * replicated) and DeepSeek-V3.2 (HI 64), f32 and bf16 keys, 32-key tiles (batch 1..2 at 4k)
+	     * and 64-key tiles of two (batch 8, 32k), 128k keys, 64 and 65 rows */
+	    {"random f32 HI32 DI128 batch 5 ctx 1..4096", 0, 0, 32, 128, 2048, 5, l_5, 0, 0, 0},
+	    {"exact f32 HI32 DI128 batch 5 ctx 1..4096", 0, 1, 32, 128, 2048, 5, l_5, 0, 0, 0},
+	    {"random bf16 HI32 DI128 ctx 4096", 1, 0, 32, 128, 2048, 1, l_4k, 0, 0, 0},
+	    {"random bf16 HI32 DI128 batch 8 ctx 4096", 1, 0, 32, 128, 2048, 8, l_8x4k, 0, 0, 0},
+	    {"random bf16 HI64 DI128 (DS-V3.2) batch 4 ctx 2049..32768", 1, 0, 64, 128, 2048, 4, l_ds, 0, 0,
+	     0},
+	    {"exact bf16 HI64 DI128 (DS-V3.2) batch 4 ctx 2049..32768", 1, 1, 64, 128, 2048, 4, l_ds, 0, 0,
+	     0},
+	    {"random bf16 HI32 DI128 ctx 131072", 1, 0, 32, 128, 2048, 1, l_128k, 0, 0, 0},
+	    {"random f32 HI32 DI128 batch 64 ctx 2049..3948", 0, 0, 32, 128, 2048, 64, l_64, 0, 0, 0},
+	    {"exact bf16 HI32 DI128 batch 65 ctx 2049..3948", 1, 1, 32, 128, 2048, 65, l_64, 0, 0, 0},
 	    {"exact f32 HI32 DI128 ctx 1..2049", 0, 1, 32, 128, 2048, 7, l_small, 0, 0, 0},
 	    {"exact bf16 HI64 DI128 ctx 1..2049", 1, 1, 64, 128, 2048, 7, l_small, 0, 0, 0},
 	    {"exact f32 HI32 DI128 ctx 32768", 0, 1, 32, 128, 2048, 1, l_32k, 0, 0, 0},
@@ -590,13 +652,21 @@ int main(void)
 	};
 	/* TANDEM_OPS_SMALL=1: contexts up to ~4k only (for compute-sanitizer runs) */
 	const int small = getenv("TANDEM_OPS_SMALL") != NULL;
-	/* every case under both kernel sets: the fast ones (default) and TANDEM_CUDA_ATTN=ref */
-	for (int mode = 0; mode < 2; mode++) {
-		if (mode)
+	const int quick = getenv("TANDEM_OPS_QUICK") != NULL;
+	/* every case under the three kernel sets: TANDEM_IDX_TOPK=fused, the default (fast score
+	 * kernel + a separate top-k) and TANDEM_CUDA_ATTN=ref */
+	for (int mode = 0; mode < (quick ? 2 : 3); mode++) {
+		if (mode == 2)
 			setenv("TANDEM_CUDA_ATTN", "ref", 1);
 		else
 			unsetenv("TANDEM_CUDA_ATTN");
-		printf("-- kernels: %s\n", mode ? "ref (TANDEM_CUDA_ATTN=ref)" : "fast (default)");
+		if (mode == 0)
+			setenv("TANDEM_IDX_TOPK", "fused", 1);
+		else
+			unsetenv("TANDEM_IDX_TOPK");
+		printf("-- kernels: %s\n", mode == 2   ? "ref (TANDEM_CUDA_ATTN=ref)"
+		                           : mode == 1 ? "default (fast scores, separate top-k)"
+		                                       : "fused top-k (TANDEM_IDX_TOPK=fused)");
 		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 			if (small && case_len(&cases[i]) > 4200) {
 				printf("skipped (TANDEM_OPS_SMALL): %s\n", cases[i].name);
@@ -608,6 +678,7 @@ int main(void)
 			test_topk_rows();
 	}
 	unsetenv("TANDEM_CUDA_ATTN");
+	unsetenv("TANDEM_IDX_TOPK");
 	kcuda_ctx_destroy(ctx);
 	printf("%d checks, %d failed\n", ops_n_check, ops_n_fail);
 	return ops_n_fail ? 1 : 0;
