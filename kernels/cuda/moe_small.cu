@@ -80,7 +80,7 @@ __device__ __forceinline__ void ms_lane_init(mm_stage<1> &st, const float *const
 	for (int i = lane; i < 16 * 33; i += 32)
 		(&st.b[0][0][0])[i] = make_uint2(0u, 0u);
 	if (lane < 4)
-		st.scl[lane] = st.isc[lane] = 1.0f;
+		st.f[lane] = 1.0f; /* factor 1: no scale */
 	L.g = lane >> 2, L.t = lane & 3, L.lane = lane, L.n_tok = cnt, L.sm = &st, L.xr = xr;
 	L.split = 1, L.hp = NULL, L.hq = NULL, L.hnp = 0, L.hF = 0;
 #pragma unroll

@@ -167,6 +167,9 @@ static struct kpool *pool; /* threads for the CPU reference */
 /* expert ids of ffn_case: 0 distinct per token (as the router gives), 1 every pair one of two
  * experts (ids repeat inside a token: legal input, chunks of 4 on the small path) */
 static int id_mode;
+/* activations uniform in [-g_xscale, g_xscale): 1, or 1e5..1e6 for the fp16 range cases (the
+ * tensor-core units stage x as fp16 hi / lo; a unit reaching 2^15 is staged scaled) */
+static float g_xscale = 1.0f;
 
 /* kcuda_moe_ffn, or kcuda_moe_ffn_shexp with the case's shared expert */
 static int run_ffn(const struct fdims *fd, void *x, int n, void *ids, void *w, const struct kweight *g,
@@ -221,7 +224,7 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 	ops_fill_weight(type, D, E * F, rb_d, hu);
 	ops_fill_weight(dtype, F, E * D, rb_f, hd);
 	for (int64_t i = 0; i < n * D; i++)
-		x[i] = ops_rng_unif();
+		x[i] = g_xscale * ops_rng_unif();
 	if (fd->shexp) {
 		hsg.data = sg = malloc(rb_d * (size_t)F);
 		hsu.data = su = malloc(rb_d * (size_t)F);
@@ -335,8 +338,9 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 	OPS_CHECK(rc == 0 && ops_dbuf_get(ctx, &ob, again) == 0 &&
 	              memcmp(again, got, sizeof(float) * (size_t)(n * D)) == 0,
 	          "moe ffn %s %s n %d (%s): two runs differ", fd->name, ti->name, n, path);
-	printf("moe ffn %-12s %-5s down %-5s n %3d (%s): max|ref| %.3g max err %.3g (rel %.2g)\n", fd->name,
-	       ti->name, ktype_name(dtype), n, path, maxref, maxerr, maxref > 0 ? maxerr / maxref : 0.0);
+	printf("moe ffn %-12s %-5s down %-5s n %3d (%s)%s: max|ref| %.3g max err %.3g (rel %.2g)\n", fd->name,
+	       ti->name, ktype_name(dtype), n, path, g_xscale != 1.0f ? " large x" : "", maxref, maxerr,
+	       maxref > 0 ? maxerr / maxref : 0.0);
 	/* the sorted path sums each pair in the pair kernels' order: the same bits, token by token;
 	 * the mma path's columns are computed independently: also the same bits token by token
 	 * (reported, not required: it rests on the tensor core's per-column order) */
@@ -921,6 +925,27 @@ int main(void)
 	setenv("TANDEM_MOE_SMALL", "0", 1);
 	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 2, 1e-4);
 	unsetenv("TANDEM_MOE_SMALL");
+	/* fp16 range: activations up to 1e5..1e6 (gate / up inputs) and so h = SiLU(g) u far past
+	 * 65504 (down inputs): the small path, the sorted path, the split gate / up (h formed from
+	 * partial sums), GLM-5 / DS-V3 per-rank dims, every expert type of the units */
+	g_xscale = 1e6f;
+	ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+	ffn_case(&e256s, KT_Q6_K, KT_Q8_0, 3, 1e-4);
+	g_xscale = 1e5f;
+	ffn_case(&e256s, KT_Q5_K, KT_Q6_K, 8, 1e-4);
+	ffn_case(&e256s, KT_Q8_0, KT_Q5_K, 17, 1e-4); /* the sorted path */
+	setenv("TANDEM_MOE_SMALL_SPLIT", "3", 1);
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 2, 1e-4);
+	unsetenv("TANDEM_MOE_SMALL_SPLIT");
+	if (!quick) {
+		g_xscale = 3e5f;
+		ffn_case(&ds3s, KT_Q4_K, KT_Q6_K, 4, 1e-4);
+		ffn_case(&glm5s, KT_Q6_K, KT_Q6_K, 8, 1e-4);
+		setenv("TANDEM_MOE_SMALL", "0", 1);
+		ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 2, 1e-4);
+		unsetenv("TANDEM_MOE_SMALL");
+	}
+	g_xscale = 1.0f;
 	route_chain();
 	/* router product + route in one launch: GLM-5 / DS-V3 per-rank shapes, batch 1..8, ties */
 	for (int n = 1; n <= 8; n++) {
