@@ -28,7 +28,9 @@
  * its own experts; the shared expert per layer too), us per layer: old = kcuda_matmul_path(F32
  * router) + kcuda_moe_route + kcuda_moe_ffn_shexp with TANDEM_MOE_ROUTER_FUSED=0 TANDEM_MOE_PF=0;
  * new = kcuda_moe_router_route (router + route in one launch, the chosen experts prefetched into
- * L2) + kcuda_moe_ffn_shexp; "no pf" = new with TANDEM_MOE_PF=0 (the shared expert's prefetch
+ * L2) + kcuda_moe_ffn_shexp; "pf 6" = new without the router kernel's prefetch of the chosen
+ * experts (TANDEM_MOE_PF=6: the expert kernels' own prefetch only); "pf 0" = new with
+ * TANDEM_MOE_PF=0 (no expert prefetch at all; the shared expert's prefetch
  * before the wait stays: TANDEM_PREFETCH is read once per process, run `TANDEM_PREFETCH=0
  * bench_cuda_moe layer` for it). Check: the new chain's output equals the old
  * chain's within 1e-4 of max|out| and the ids are the same (both routes on the same logits up to
@@ -159,20 +161,21 @@ static int layer_bench(struct kcuda_ctx *c, const struct kweight *dg, const stru
 	printf("  layer chain (router + route + routed & shared experts), CUDA graph of %d layers, us per "
 	       "layer:\n",
 	       NL);
-	printf("  batch    old us    new us  no pf us   new/old   router + experts bytes, GB/s at the new "
+	printf("  batch    old us    new us   pf 6 us   pf 0 us   new/old   router + experts bytes, GB/s at "
+	       "the new "
 	       "time\n");
 	static const int lb[] = {1, 2, 4, 8};
 	for (int n : lb) {
-		float t[3] = {0, 0, 0};
+		float t[4] = {0, 0, 0, 0};
 		std::vector<float> outs[2];
 		std::vector<int32_t> idv[2];
-		for (int v = 0; v < 3; v++) {
-			/* v 0 old, 1 new, 2 new without the expert prefetch */
+		for (int v = 0; v < 4; v++) {
+			/* v 0 old, 1 new, 2 new without the router kernel's expert prefetch, 3 without any */
 			if (v == 0) {
 				setenv("TANDEM_MOE_ROUTER_FUSED", "0", 1);
 				setenv("TANDEM_MOE_PF", "0", 1);
-			} else if (v == 2)
-				setenv("TANDEM_MOE_PF", "0", 1);
+			} else if (v >= 2)
+				setenv("TANDEM_MOE_PF", v == 2 ? "6" : "0", 1);
 			float *out = (float *)d_out + (v == 0 ? 0 : NL * nmax * D);
 			int rc = 0;
 			auto chain = [&](void) {
@@ -250,9 +253,10 @@ static int layer_bench(struct kcuda_ctx *c, const struct kweight *dg, const stru
 		}
 		const double bytes =
 		    (double)E * D * 4 + (std::min((double)n * k, (double)E) + 1) * expert_bytes;
-		printf("  %5d  %8.1f  %8.1f  %8.1f  %7.2fx   %.1f MB (at most), %.0f GB/s; new vs old %.2g, "
+		printf("  %5d  %8.1f  %8.1f  %8.1f  %8.1f  %7.2fx   %.1f MB (at most), %.0f GB/s; new vs old "
+		       "%.2g, "
 		       "%d token(s) re-routed\n",
-		       n, t[0], t[1], t[2], t[0] / t[1], bytes / 1e6, bytes / (t[1] * 1e3),
+		       n, t[0], t[1], t[2], t[3], t[0] / t[1], bytes / 1e6, bytes / (t[1] * 1e3),
 		       mx > 0 ? md / mx : 0.0, swaps);
 	}
 	for (auto &r : routers)

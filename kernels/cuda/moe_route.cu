@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/moe_mma.h" /* moe_pf_mask */
 
 #define ROUTE_WARPS 4
 #define ROUTE_EMAX 1024
@@ -403,7 +404,8 @@ extern "C" int kcuda_moe_route(struct kcuda_ctx *c, const float *logits, int64_t
  *     shared expert's weights are prefetched before KDEP_ENTRY (a slice per block).
  * Shapes it takes: n 1..8, E a multiple of RR_ROWS with the register route, D % 16 == 0 and
  * D <= 8192, F32 router rows 16-byte aligned; else ERR_UNSUPPORTED (the two launches as before).
- * TANDEM_MOE_ROUTER_FUSED=0 turns it off; TANDEM_MOE_PF=0 turns the expert prefetch off. */
+ * TANDEM_MOE_ROUTER_FUSED=0 turns it off; the expert prefetch is MOE_PF_ROUTE of TANDEM_MOE_PF
+ * (moe_mma.h). */
 #define RR_ROWS 2
 #define RR_QW 4 /* warps per row */
 #define RR_NV 16 /* float4 of a row quarter per lane: D <= 32 * 4 * RR_QW * RR_NV = 8192 */
@@ -542,7 +544,7 @@ extern "C" int kcuda_moe_router_route(struct kcuda_ctx *c, const struct kweight 
 		/* the chosen experts only while they fit L2 comfortably (batch 8 of GLM-5 would want ~150
 		 * MB: the prefetch would evict itself) */
 		const double routed = (double)n * k * (2.0 * (double)pf->gate_bytes + (double)pf->down_bytes);
-		p.routed = pf->gate && pf->up && pf->down && routed <= 24e6 && !rr_env_off("TANDEM_MOE_PF");
+		p.routed = pf->gate && pf->up && pf->down && routed <= 24e6 && (moe_pf_mask() & MOE_PF_ROUTE);
 		p.gate = (const uint8_t *)pf->gate, p.up = (const uint8_t *)pf->up;
 		p.down = (const uint8_t *)pf->down;
 		p.gate_bytes = pf->gate_bytes, p.down_bytes = pf->down_bytes;

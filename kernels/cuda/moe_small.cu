@@ -370,16 +370,26 @@ static bool ms_half(int n)
 }
 
 /* L2 prefetch in the two kernels (weights only): the shared expert before KDEP_ENTRY unless
- * TANDEM_PREFETCH=0; the routed experts' rows right after the wait unless TANDEM_MOE_PF=0, and a
- * share of each routed expert's down matrix from the gate / up blocks while those are few enough
- * to stay in L2 until the down kernel reads them (<= 16 MB: 1-2 tokens of GLM-5) */
-static void ms_pf_flags(struct ms_args *a, bool sh)
+ * TANDEM_PREFETCH=0; the routed experts' rows right after the wait (MOE_PF_ROWS), and a share of
+ * each routed expert's down matrix from the gate / up blocks (MOE_PF_DOWN) while those are few
+ * enough to stay in L2 until the down kernel reads them (<= 16 MB: 1-2 tokens of GLM-5) */
+int moe_pf_mask(void)
 {
 	const char *v = getenv("TANDEM_MOE_PF");
-	const bool rows = !(v && strcmp(v, "0") == 0);
+	if (!v || !*v)
+		return MOE_PF_ROUTE | MOE_PF_ROWS | MOE_PF_DOWN;
+	const long m = strtol(v, NULL, 10);
+	return (int)(m & (MOE_PF_ROUTE | MOE_PF_ROWS | MOE_PF_DOWN));
+}
+
+static void ms_pf_flags(struct ms_args *a, bool sh)
+{
+	const int m = moe_pf_mask();
+	const bool rows = (m & MOE_PF_ROWS) != 0;
 	const int shf = sh && kcuda_prefetch_enabled() ? MS_PF_SHARED : 0;
 	const double down_bytes = (double)a->D * (double)a->down->row_bytes;
-	a->pf_gu = shf | (rows ? MS_PF_ROWS : 0) | (rows && a->np_r * down_bytes <= 16e6 ? MS_PF_DOWN : 0);
+	a->pf_gu = shf | (rows ? MS_PF_ROWS : 0) |
+	           ((m & MOE_PF_DOWN) && a->np_r * down_bytes <= 16e6 ? MS_PF_DOWN : 0);
 	a->pf_dn = shf | (rows ? MS_PF_ROWS : 0);
 }
 
