@@ -457,26 +457,37 @@ __global__ void __launch_bounds__(RR_ROWS *RR_QW * 32)
 		rr_prefetch_share(pf.sd, pf.sd_bytes);
 	}
 	KDEP_ENTRY();
-	for (int t = 0; t < n; t++) {
-		const float4 *xr = (const float4 *)(x + (int64_t)t * ldx + q0);
-		float4 xv[RR_NV];
+	/* every token's x loads are independent of the sums: one pass over j with all tokens (the
+	 * loop over tokens used to be a dependent L2 round trip per token at batch 8); each token's sum
+	 * runs over j in order, as before */
+	float acc[RR_MAXT];
 #pragma unroll
-		for (int j = 0; j < RR_NV; j++) /* all loads first */
-			xv[j] =
-			    32 * j + lane < qn ? __ldg(xr + 32 * j + lane) : make_float4(0.f, 0.f, 0.f, 0.f);
-		float s = 0.f;
+	for (int t = 0; t < RR_MAXT; t++)
+		acc[t] = 0.f;
 #pragma unroll
-		for (int j = 0; j < RR_NV; j++)
-			if (32 * j < qn) {
-				s = fmaf(w[j].x, xv[j].x, s);
-				s = fmaf(w[j].y, xv[j].y, s);
-				s = fmaf(w[j].z, xv[j].z, s);
-				s = fmaf(w[j].w, xv[j].w, s);
+	for (int j = 0; j < RR_NV; j++) {
+		if (32 * j >= qn) /* warp-uniform: no lane has an element here */
+			break;
+		const bool in = 32 * j + lane < qn;
+#pragma unroll
+		for (int t = 0; t < RR_MAXT; t++)
+			if (t < n) {
+				const float4 xv =
+				    in ? __ldg((const float4 *)(x + (int64_t)t * ldx + q0) + 32 * j + lane)
+				       : make_float4(0.f, 0.f, 0.f, 0.f);
+				acc[t] = fmaf(w[j].x, xv.x, acc[t]);
+				acc[t] = fmaf(w[j].y, xv.y, acc[t]);
+				acc[t] = fmaf(w[j].z, xv.z, acc[t]);
+				acc[t] = fmaf(w[j].w, xv.w, acc[t]);
 			}
-		s = kc_warp_sum(s);
-		if (lane == 0)
-			part[t][rr][q] = s;
 	}
+#pragma unroll
+	for (int t = 0; t < RR_MAXT; t++)
+		if (t < n) {
+			const float s = kc_warp_sum(acc[t]);
+			if (lane == 0)
+				part[t][rr][q] = s;
+		}
 	__syncthreads();
 	if (threadIdx.x < n * RR_ROWS) {
 		const int t = threadIdx.x / RR_ROWS, r = threadIdx.x % RR_ROWS;
