@@ -27,11 +27,10 @@
  * as the backend runs it, in a CUDA graph of 8 layers (8 different F32 routers, so each layer hits
  * its own experts; the shared expert per layer too), us per layer: old = kcuda_matmul_path(F32
  * router) + kcuda_moe_route + kcuda_moe_ffn_shexp with TANDEM_MOE_ROUTER_FUSED=0 TANDEM_MOE_PF=0;
- * new = kcuda_moe_router_route (router + route in one launch, the chosen experts prefetched into
- * L2) + kcuda_moe_ffn_shexp; "pf 6" = new without the router kernel's prefetch of the chosen
- * experts (TANDEM_MOE_PF=6: the expert kernels' own prefetch only); "pf 0" = new with
- * TANDEM_MOE_PF=0 (no expert prefetch at all; the shared expert's prefetch
- * before the wait stays: TANDEM_PREFETCH is read once per process, run `TANDEM_PREFETCH=0
+ * new = the defaults (kcuda_moe_router_route: router + route in one launch at 1..2 tokens, no
+ * expert prefetch); "fused" = the one launch at every batch here (TANDEM_MOE_ROUTER_FUSED=1);
+ * "pf 7" = the defaults plus every expert prefetch (TANDEM_MOE_PF=7; the shared expert's prefetch
+ * before the wait follows TANDEM_PREFETCH, read once per process: run `TANDEM_PREFETCH=0
  * bench_cuda_moe layer` for it). Check: the new chain's output equals the old
  * chain's within 1e-4 of max|out| and the ids are the same (both routes on the same logits up to
  * the router product's rounding: ids compared, a near-tie swap is reported, not failed).
@@ -161,7 +160,7 @@ static int layer_bench(struct kcuda_ctx *c, const struct kweight *dg, const stru
 	printf("  layer chain (router + route + routed & shared experts), CUDA graph of %d layers, us per "
 	       "layer:\n",
 	       NL);
-	printf("  batch    old us    new us   pf 6 us   pf 0 us   new/old   router + experts bytes, GB/s at "
+	printf("  batch    old us    new us  fused us   pf 7 us   new/old   router + experts bytes, GB/s at "
 	       "the new "
 	       "time\n");
 	static const int lb[] = {1, 2, 4, 8};
@@ -170,12 +169,15 @@ static int layer_bench(struct kcuda_ctx *c, const struct kweight *dg, const stru
 		std::vector<float> outs[2];
 		std::vector<int32_t> idv[2];
 		for (int v = 0; v < 4; v++) {
-			/* v 0 old, 1 new, 2 new without the router kernel's expert prefetch, 3 without any */
+			/* v 0 old, 1 new (defaults), 2 the fused launch at every batch, 3 every expert
+			 * prefetch */
 			if (v == 0) {
 				setenv("TANDEM_MOE_ROUTER_FUSED", "0", 1);
 				setenv("TANDEM_MOE_PF", "0", 1);
-			} else if (v >= 2)
-				setenv("TANDEM_MOE_PF", v == 2 ? "6" : "0", 1);
+			} else if (v == 2)
+				setenv("TANDEM_MOE_ROUTER_FUSED", "1", 1);
+			else if (v == 3)
+				setenv("TANDEM_MOE_PF", "7", 1);
 			float *out = (float *)d_out + (v == 0 ? 0 : NL * nmax * D);
 			int rc = 0;
 			auto chain = [&](void) {

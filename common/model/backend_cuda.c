@@ -948,8 +948,8 @@ static void cu_moe(void *ctx, const struct layer_w *L, const float *a, float *pa
 	int64_t n = c->st.n, D = hp->D, E = hp->n_expert;
 	int k = hp->n_expert_used;
 	struct kweight g = L->gate_exps.w, u = L->up_exps.w, d = L->down_exps.w;
-	/* router product + route in one launch at 1..8 tokens, the chosen experts' weights prefetched
-	 * into L2 from there (moe_route.cu; ERR_UNSUPPORTED: the two launches below) */
+	/* router product + route in one launch at 1..2 tokens (moe_route.cu; TANDEM_MOE_PF=1 also
+	 * prefetches the chosen experts' weights from there; ERR_UNSUPPORTED: the two launches below) */
 	const struct kcuda_moe_pf pf = {
 	    .gate = g.data,
 	    .up = u.data,

@@ -402,10 +402,10 @@ extern "C" int kcuda_moe_route(struct kcuda_ctx *c, const float *logits, int64_t
  *   - that warp's lanes then prefetch their experts' gate / up / down rows into L2 (pf.on: only
  *     addresses, results never depend on it), so the expert kernels that follow read L2, and the
  *     shared expert's weights are prefetched before KDEP_ENTRY (a slice per block).
- * Shapes it takes: n 1..8, E a multiple of RR_ROWS with the register route, D % 16 == 0 and
- * D <= 8192, F32 router rows 16-byte aligned; else ERR_UNSUPPORTED (the two launches as before).
- * TANDEM_MOE_ROUTER_FUSED=0 turns it off; the expert prefetch is MOE_PF_ROUTE of TANDEM_MOE_PF
- * (moe_mma.h). */
+ * Shapes it takes: n 1..2 by default, 1..8 with TANDEM_MOE_ROUTER_FUSED=1 (rr_max_tokens), E a multiple of
+ * RR_ROWS with the register route, D % 16 == 0 and D <= 8192, F32 router rows 16-byte aligned; else
+ * ERR_UNSUPPORTED (the two launches as before). TANDEM_MOE_ROUTER_FUSED=0 turns it off; the expert prefetch
+ * is MOE_PF_ROUTE of TANDEM_MOE_PF (moe_mma.h; off by default: measured slower). */
 #define RR_ROWS 2
 #define RR_QW 4 /* warps per row */
 #define RR_NV 16 /* float4 of a row quarter per lane: D <= 32 * 4 * RR_QW * RR_NV = 8192 */
@@ -526,6 +526,16 @@ static bool rr_env_off(const char *name)
 	return v && strcmp(v, "0") == 0;
 }
 
+/* the fused kernel's token limit: by default 2 (H200, 19:30 run, bench_cuda_moe layer chain without
+ * the expert prefetch, us per layer against the two launches: batch 1 29.0 / 30.4, 2 45.9 / 46.6, 4
+ * 75.2 / 72.2, 8 130.2 / 127.3; that build still looped over the tokens with a dependent round trip
+ * each, since changed); TANDEM_MOE_ROUTER_FUSED=1: up to RR_MAXT, 0: never */
+static int rr_max_tokens(void)
+{
+	const char *v = getenv("TANDEM_MOE_ROUTER_FUSED");
+	return v && strcmp(v, "1") == 0 ? RR_MAXT : 2;
+}
+
 extern "C" int kcuda_moe_router_route(struct kcuda_ctx *c, const struct kweight *router, const float *x,
                                       int64_t ldx, int64_t n, float *logits, const float *bias, int E, int k,
                                       int n_group, int n_group_used, int gating, bool norm, float scale,
@@ -536,7 +546,7 @@ extern "C" int kcuda_moe_router_route(struct kcuda_ctx *c, const struct kweight 
 		return kcuda_bad_arg(
 		    "moe_router_route", "n %lld E %d k %d%s", (long long)n, E, k,
 		    !c || !router || !x || !logits || !ids || !weights ? ", or a null pointer" : "");
-	if (rr_env_off("TANDEM_MOE_ROUTER_FUSED") || rr_env_off("TANDEM_MOE_FAST"))
+	if (rr_env_off("TANDEM_MOE_ROUTER_FUSED") || rr_env_off("TANDEM_MOE_FAST") || n > rr_max_tokens())
 		return ERR_UNSUPPORTED;
 	const int64_t D = router->n_in;
 	if (router->type != KT_F32 || !router->data || router->n_out != E || n < 1 || n > RR_MAXT ||

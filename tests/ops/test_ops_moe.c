@@ -674,6 +674,9 @@ static void router_route_refusals(void)
 	OPS_CHECK(kcuda_moe_router_route(ctx, &dw, d_x, D, 9, lo, NULL, E, k, 1, 1, 0, true, 1.f, io, wo,
 	                                 NULL) == ERR_UNSUPPORTED,
 	          "router_route: 9 tokens not refused");
+	OPS_CHECK(kcuda_moe_router_route(ctx, &dw, d_x, D, 3, lo, NULL, E, k, 1, 1, 0, true, 1.f, io, wo,
+	                                 NULL) == ERR_UNSUPPORTED,
+	          "router_route: 3 tokens taken without TANDEM_MOE_ROUTER_FUSED=1");
 	struct kweight odd = dw;
 	odd.n_in = 504; /* D % 16 != 0 */
 	OPS_CHECK(kcuda_moe_router_route(ctx, &odd, d_x, D, 1, lo, NULL, E, k, 1, 1, 0, true, 1.f, io, wo,
@@ -693,7 +696,8 @@ static void router_route_refusals(void)
 	          "router_route: TANDEM_MOE_ROUTER_FUSED=0 not honoured");
 	unsetenv("TANDEM_MOE_ROUTER_FUSED");
 	OPS_CHECK(kcuda_sync(ctx) == 0, "router_route refusals: stream error");
-	printf("router_route: 9 tokens, D 504, BF16 router, TANDEM_MOE_ROUTER_FUSED=0 refused; k > E "
+	printf("router_route: 9 tokens, 3 by default, D 504, BF16 router, TANDEM_MOE_ROUTER_FUSED=0 refused; "
+	       "k > E "
 	       "rejected\n");
 out:
 	kcuda_weight_free(&dw);
@@ -947,7 +951,11 @@ int main(void)
 	}
 	g_xscale = 1.0f;
 	route_chain();
-	/* router product + route in one launch: GLM-5 / DS-V3 per-rank shapes, batch 1..8, ties */
+	/* router product + route in one launch: GLM-5 / DS-V3 per-rank shapes, batch 1..8 (the default
+	 * takes 1..2 tokens, TANDEM_MOE_ROUTER_FUSED=1 up to 8), ties; the expert prefetch on (it is
+	 * off by default) and off */
+	setenv("TANDEM_MOE_ROUTER_FUSED", "1", 1);
+	setenv("TANDEM_MOE_PF", "7", 1);
 	for (int n = 1; n <= 8; n++) {
 		if (quick && n != 1 && n != 3 && n != 8)
 			continue;
@@ -959,6 +967,10 @@ int main(void)
 	router_route_case("router+route softmax E64 k6 D 256", 64, 6, 1, 1, 1, 0, 1.0f, 256, 2, 0);
 	router_route_case("router+route tiny E4 k2 D 256", 4, 2, 1, 1, 0, 1, 1.0f, 256, 5, 0);
 	router_route_case("router+route E512 k16 D 8192", 512, 16, 1, 1, 1, 1, 1.0f, 8192, 3, 0);
+	unsetenv("TANDEM_MOE_PF");
+	router_route_case("router+route GLM-5 no prefetch", 256, 8, 1, 1, 0, 1, 2.5f, 6144, 1, 0);
+	unsetenv("TANDEM_MOE_ROUTER_FUSED");
+	router_route_case("router+route GLM-5 default", 256, 8, 1, 1, 0, 1, 2.5f, 6144, 2, 0);
 	router_route_refusals();
 	test_args();
 	kcuda_ctx_destroy(ctx);
