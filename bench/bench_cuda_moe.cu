@@ -31,14 +31,14 @@
  * expert prefetch); "fused" = the one launch at every batch here (TANDEM_MOE_ROUTER_FUSED=1);
  * "pf 7" = the defaults plus every expert prefetch (TANDEM_MOE_PF=7; the shared expert's prefetch
  * before the wait follows TANDEM_PREFETCH, read once per process: run `TANDEM_PREFETCH=0
- * bench_cuda_moe layer` for it). Check: the new chain's output equals the old
- * chain's within 1e-4 of max|out| and the ids are the same (both routes on the same logits up to
- * the router product's rounding: ids compared, a near-tie swap is reported, not failed).
- * Checks: tokens 0 and n - 1 of the sorted and the new path against a CPU reference (all experts
- * are one expert's copies, so out_i = (sum_j w_ij) FFN(x_i) [+ FFN(x_i)]) within 1e-4 of max|ref|;
- * old vs new within 1e-3 of max|out| (the old kernels' own fp32 error); the route kernels' ids
- * equal and weights within 1e-6.
- *   bench_cuda_moe          exit 77 without a GPU; 1 when a check fails */
+ * bench_cuda_moe layer` for it); "db" = the defaults with TANDEM_MOE_DB=1 (gate / up keep the next
+ * unit's loads in flight), "db w4" the same with 4 warps per gate / up block. Check: the new chain's output
+ * equals the old chain's within 1e-4 of max|out| and the ids are the same (both routes on the same logits up
+ * to the router product's rounding: ids compared, a near-tie swap is reported, not failed). Checks: tokens 0
+ * and n - 1 of the sorted and the new path against a CPU reference (all experts are one expert's copies, so
+ * out_i = (sum_j w_ij) FFN(x_i) [+ FFN(x_i)]) within 1e-4 of max|ref|; old vs new within 1e-3 of max|out|
+ * (the old kernels' own fp32 error); the route kernels' ids equal and weights within 1e-6. bench_cuda_moe
+ * exit 77 without a GPU; 1 when a check fails */
 #include <algorithm>
 #include <vector>
 
@@ -160,15 +160,16 @@ static int layer_bench(struct kcuda_ctx *c, const struct kweight *dg, const stru
 	printf("  layer chain (router + route + routed & shared experts), CUDA graph of %d layers, us per "
 	       "layer:\n",
 	       NL);
-	printf("  batch    old us    new us  fused us   pf 7 us   new/old   router + experts bytes, GB/s at "
+	printf("  batch    old us    new us  fused us   pf 7 us     db us  db w4 us   new/old   router + "
+	       "experts bytes, GB/s at "
 	       "the new "
 	       "time\n");
 	static const int lb[] = {1, 2, 4, 8};
 	for (int n : lb) {
-		float t[4] = {0, 0, 0, 0};
+		float t[6] = {0, 0, 0, 0, 0, 0};
 		std::vector<float> outs[2];
 		std::vector<int32_t> idv[2];
-		for (int v = 0; v < 4; v++) {
+		for (int v = 0; v < 6; v++) {
 			/* v 0 old, 1 new (defaults), 2 the fused launch at every batch, 3 every expert
 			 * prefetch */
 			if (v == 0) {
@@ -178,6 +179,11 @@ static int layer_bench(struct kcuda_ctx *c, const struct kweight *dg, const stru
 				setenv("TANDEM_MOE_ROUTER_FUSED", "1", 1);
 			else if (v == 3)
 				setenv("TANDEM_MOE_PF", "7", 1);
+			else if (v >= 4) {
+				setenv("TANDEM_MOE_DB", "1", 1);
+				if (v == 5)
+					setenv("TANDEM_MOE_SMALL_GUW", "4", 1);
+			}
 			float *out = (float *)d_out + (v == 0 ? 0 : NL * nmax * D);
 			int rc = 0;
 			auto chain = [&](void) {
@@ -221,6 +227,8 @@ static int layer_bench(struct kcuda_ctx *c, const struct kweight *dg, const stru
 			CK(cudaGraphDestroy(gr));
 			unsetenv("TANDEM_MOE_ROUTER_FUSED");
 			unsetenv("TANDEM_MOE_PF");
+			unsetenv("TANDEM_MOE_DB");
+			unsetenv("TANDEM_MOE_SMALL_GUW");
 			if (rc) {
 				printf("FAIL: layer chain batch %d variant %d: rc %d\n", n, v, rc);
 				fails++;
@@ -255,10 +263,11 @@ static int layer_bench(struct kcuda_ctx *c, const struct kweight *dg, const stru
 		}
 		const double bytes =
 		    (double)E * D * 4 + (std::min((double)n * k, (double)E) + 1) * expert_bytes;
-		printf("  %5d  %8.1f  %8.1f  %8.1f  %8.1f  %7.2fx   %.1f MB (at most), %.0f GB/s; new vs old "
+		printf("  %5d  %8.1f  %8.1f  %8.1f  %8.1f  %8.1f  %8.1f  %7.2fx   %.1f MB (at most), %.0f "
+		       "GB/s; new vs old "
 		       "%.2g, "
 		       "%d token(s) re-routed\n",
-		       n, t[0], t[1], t[2], t[3], t[0] / t[1], bytes / 1e6, bytes / (t[1] * 1e3),
+		       n, t[0], t[1], t[2], t[3], t[4], t[5], t[0] / t[1], bytes / 1e6, bytes / (t[1] * 1e3),
 		       mx > 0 ? md / mx : 0.0, swaps);
 	}
 	for (auto &r : routers)

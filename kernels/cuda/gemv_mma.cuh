@@ -341,23 +341,37 @@ template <class LN> GM_HD uint2 gm_b(const LN &L, int k, int s)
 #define GM_FOR_ROWS(R) GM_UNROLL for (int r = 0; r < R; r++) GM_UNROLL for (int hr = 0; hr < 2; hr++)
 
 /* ---- Q4_K / Q5_K: one super-block per unit -------------------------------------------------- */
-template <int T, int R, int NG, class LN>
-GM_HD void gm_unit_k45(LN &L, const uint8_t *const (&rows)[R][2], int64_t u)
+/* the unit's weight words of one lane (a super-block per row: header, its 32 bytes of qs, Q5_K's
+ * high bits), loaded by gm_k45_load and used by gm_k45_math: split so a caller can have the next
+ * unit's loads in flight while it computes this one (moe_small.cu) */
+template <int T, int R> struct gm_k45_w {
+	uint4 hd[R][2], qa[R][2], qb[R][2], ha[R][2], hb[R][2];
+};
+template <int T, int R>
+GM_HD void gm_k45_load(gm_k45_w<T, R> &W, const uint8_t *const (&rows)[R][2], int64_t u, int t)
 {
 	constexpr bool Q5 = T == KT_Q5_K;
 	constexpr int BYTES = Q5 ? 176 : 144, QS = Q5 ? 48 : 16;
-	uint4 hd[R][2], qa[R][2], qb[R][2], ha[R][2], hb[R][2];
 	GM_FOR_ROWS(R)
 	{
 		const uint8_t *b = rows[r][hr] + (size_t)BYTES * u;
-		hd[r][hr] = gm_ldg((const uint4 *)b);
-		qa[r][hr] = gm_ldg((const uint4 *)(b + QS + 32 * L.t));
-		qb[r][hr] = gm_ldg((const uint4 *)(b + QS + 32 * L.t + 16));
+		W.hd[r][hr] = gm_ldg((const uint4 *)b);
+		W.qa[r][hr] = gm_ldg((const uint4 *)(b + QS + 32 * t));
+		W.qb[r][hr] = gm_ldg((const uint4 *)(b + QS + 32 * t + 16));
 		if (Q5) {
-			ha[r][hr] = gm_ldg((const uint4 *)(b + 16));
-			hb[r][hr] = gm_ldg((const uint4 *)(b + 32));
+			W.ha[r][hr] = gm_ldg((const uint4 *)(b + 16));
+			W.hb[r][hr] = gm_ldg((const uint4 *)(b + 32));
 		}
 	}
+}
+template <int T, int R, int NG, class LN> GM_HD void gm_k45_math(LN &L, const gm_k45_w<T, R> &W, int64_t u)
+{
+	constexpr bool Q5 = T == KT_Q5_K;
+	const uint4(&hd)[R][2] = W.hd;
+	const uint4(&qa)[R][2] = W.qa;
+	const uint4(&qb)[R][2] = W.qb;
+	const uint4(&ha)[R][2] = W.ha;
+	const uint4(&hb)[R][2] = W.hb;
 	L.template stage<true>(u); /* while the weights load */
 	/* sub-blocks 2t (low nibbles) and 2t+1 (high nibbles): A multipliers and the mins */
 	uint32_t s_lo[R][2], n_lo[R][2], s_hi[R][2], n_hi[R][2], m_lo[R][2], m_hi[R][2];
@@ -453,6 +467,14 @@ GM_HD void gm_unit_k45(LN &L, const uint8_t *const (&rows)[R][2], int64_t u)
 		L.acc[r][k][i] = fmaf(dd[r][hr] * f, dq[r][k][i], L.acc[r][k][i]);
 		L.acc[r][k][i] = fmaf(-dm[r][hr] * f, dn[r][k][i], L.acc[r][k][i]);
 	}
+}
+
+template <int T, int R, int NG, class LN>
+GM_HD void gm_unit_k45(LN &L, const uint8_t *const (&rows)[R][2], int64_t u)
+{
+	gm_k45_w<T, R> W;
+	gm_k45_load<T, R>(W, rows, u, L.t);
+	gm_k45_math<T, R, NG>(L, W, u);
 }
 
 /* ---- Q6_K: one super-block per unit; AM: the super-block's alignment (gm_ldw) ------------------ */

@@ -114,7 +114,7 @@ __device__ __forceinline__ void ms_prefetch_block(int which, const uint8_t *g, c
 /* grid (F / 16, np, split), W warps (8, or 4: TANDEM_MOE_SMALL_GUW): block y computes h[q][f0 .. f0 + 15] for
  * the pairs q of the chunk pair y leads (none: exits); warp w takes units w, w + W, ... of D for the 16 rows
  * of gate (tile 0) and up (tile 1) */
-template <int T, int W, int R>
+template <int T, int W, int R, bool DB>
 __global__ void __launch_bounds__(W * 32)
     moe_small_gate_up_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                              const uint8_t *__restrict__ sg, const uint8_t *__restrict__ su, size_t rb, int E,
@@ -178,8 +178,26 @@ __global__ void __launch_bounds__(W * 32)
 	}
 	const bool rb4 = rb % 4 == 0;
 	const int64_t u0 = n_units * z / S, u1 = n_units * (z + 1) / S;
-	for (int64_t u = u0 + warp; u < u1; u += W)
-		mm_unit<T, R, 1>(L, rows, u, rb4);
+	if constexpr ((T == KT_Q4_K || T == KT_Q5_K) && DB) {
+		{ /* TANDEM_MOE_DB=1: the next unit's weight words load while this one computes */
+			gm_k45_w<T, R> wa, wb;
+			int64_t u = u0 + warp;
+			if (u < u1)
+				gm_k45_load<T, R>(wa, rows, u, L.t);
+			for (; u < u1; u += 2 * W) { /* two units per trip: no register copies */
+				if (u + W < u1)
+					gm_k45_load<T, R>(wb, rows, u + W, L.t);
+				gm_k45_math<T, R, 1>(L, wa, u);
+				if (u + W >= u1)
+					break;
+				if (u + 2 * W < u1)
+					gm_k45_load<T, R>(wa, rows, u + 2 * W, L.t);
+				gm_k45_math<T, R, 1>(L, wb, u + W);
+			}
+		}
+	} else
+		for (int64_t u = u0 + warp; u < u1; u += W)
+			mm_unit<T, R, 1>(L, rows, u, rb4);
 #pragma unroll
 	for (int r = 0; r < R; r++)
 #pragma unroll
@@ -393,25 +411,41 @@ static void ms_pf_flags(struct ms_args *a, bool sh)
 	a->pf_dn = shf | (rows ? MS_PF_ROWS : 0);
 }
 
-template <int T> static int ms_gate_up_t(struct kcuda_ctx *c, const struct ms_args &a)
+/* TANDEM_MOE_DB=1: gate / up (Q4_K / Q5_K) keep the next unit's weight loads in flight while the
+ * current unit computes (register double buffering); off by default until measured */
+static int ms_db(void)
+{
+	const char *v = getenv("TANDEM_MOE_DB");
+	return v && strcmp(v, "1") == 0;
+}
+
+template <int T, bool DB> static int ms_gate_up_launch(struct kcuda_ctx *c, const struct ms_args &a)
 {
 	const int w = ms_gu_warps();
 	if (ms_half(a.n))
-		return klaunch("moe_small_gate_up",
-		               w == 4 ? moe_small_gate_up_kernel<T, 4, 1> : moe_small_gate_up_kernel<T, 8, 1>,
-		               dim3((unsigned)(a.F / 8), (unsigned)a.np, (unsigned)a.split), dim3(w * 32), 0,
-		               c->stream, (const uint8_t *)a.gate->data, (const uint8_t *)a.up->data,
-		               (const uint8_t *)a.sg, (const uint8_t *)a.su, a.gate->row_bytes, a.E, a.F,
-		               a.D / 256, a.x, a.ldx, a.ids, a.k, a.np_r, a.np, a.h, a.hp,
-		               (const uint8_t *)a.down->data, (const uint8_t *)a.sd,
-		               (size_t)a.D * a.down->row_bytes, a.pf_gu);
+		return klaunch(
+		    "moe_small_gate_up",
+		    w == 4 ? moe_small_gate_up_kernel<T, 4, 1, DB> : moe_small_gate_up_kernel<T, 8, 1, DB>,
+		    dim3((unsigned)(a.F / 8), (unsigned)a.np, (unsigned)a.split), dim3(w * 32), 0, c->stream,
+		    (const uint8_t *)a.gate->data, (const uint8_t *)a.up->data, (const uint8_t *)a.sg,
+		    (const uint8_t *)a.su, a.gate->row_bytes, a.E, a.F, a.D / 256, a.x, a.ldx, a.ids, a.k,
+		    a.np_r, a.np, a.h, a.hp, (const uint8_t *)a.down->data, (const uint8_t *)a.sd,
+		    (size_t)a.D * a.down->row_bytes, a.pf_gu);
 	return klaunch("moe_small_gate_up",
-	               w == 4 ? moe_small_gate_up_kernel<T, 4, 2> : moe_small_gate_up_kernel<T, 8, 2>,
+	               w == 4 ? moe_small_gate_up_kernel<T, 4, 2, DB> : moe_small_gate_up_kernel<T, 8, 2, DB>,
 	               dim3((unsigned)(a.F / 16), (unsigned)a.np, (unsigned)a.split), dim3(w * 32), 0,
 	               c->stream, (const uint8_t *)a.gate->data, (const uint8_t *)a.up->data,
 	               (const uint8_t *)a.sg, (const uint8_t *)a.su, a.gate->row_bytes, a.E, a.F, a.D / 256,
 	               a.x, a.ldx, a.ids, a.k, a.np_r, a.np, a.h, a.hp, (const uint8_t *)a.down->data,
 	               (const uint8_t *)a.sd, (size_t)a.D * a.down->row_bytes, a.pf_gu);
+}
+
+template <int T> static int ms_gate_up_t(struct kcuda_ctx *c, const struct ms_args &a)
+{
+	if constexpr (T == KT_Q4_K || T == KT_Q5_K)
+		if (ms_db())
+			return ms_gate_up_launch<T, true>(c, a);
+	return ms_gate_up_launch<T, false>(c, a);
 }
 
 template <int T> static int ms_down_t(struct kcuda_ctx *c, const struct ms_args &a)

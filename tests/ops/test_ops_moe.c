@@ -950,6 +950,18 @@ int main(void)
 		unsetenv("TANDEM_MOE_SMALL");
 	}
 	g_xscale = 1.0f;
+	/* TANDEM_MOE_DB=1: gate / up with the next unit's loads in flight (Q4_K / Q5_K): 1 unit per warp
+	 * or several, one or two tiles, 8 or 4 warps */
+	setenv("TANDEM_MOE_DB", "1", 1);
+	ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+	ffn_case(&e256s, KT_Q5_K, KT_Q6_K, 3, 1e-4);
+	ffn_case(&e256s, KT_Q4_K, KT_Q8_0, 8, 1e-4);
+	setenv("TANDEM_MOE_SMALL_GUW", "4", 1);
+	ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 2, 1e-4);
+	if (!quick)
+		ffn_case(&ds3s, KT_Q5_K, KT_Q6_K, 5, 1e-4);
+	unsetenv("TANDEM_MOE_SMALL_GUW");
+	unsetenv("TANDEM_MOE_DB");
 	route_chain();
 	/* router product + route in one launch: GLM-5 / DS-V3 per-rank shapes, batch 1..8 (the default
 	 * takes 1..2 tokens, TANDEM_MOE_ROUTER_FUSED=1 up to 8), ties; the expert prefetch on (it is
