@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "kernels/cuda/gemv_mma.cuh"
+#include "kernels/cuda/moe_mma_units.cuh" /* the MoE's lane type (row table) for the emulation */
 #include "kernels/cuda/model_fwd.h"
 #include "tests/ops/ops_util.h"
 
@@ -493,8 +494,21 @@ static void time_all(struct kcuda_ctx *c, int n_sm, size_t l2)
  * Runs the kernel's unit bodies (gm_unit, the same code the GPU runs) lane by lane on the CPU for
  * every block of rows, one "warp" doing all units, with mma.sync replayed from the 32 lanes'
  * recorded fragments in the PTX m16n8k16 layout; then sums hi + lo / 2048 as the kernel does.
- * Checks the fragment, bit and scale logic, not the hardware's own behaviour. */
-template <int T, int R, int NG>
+ * Checks the fragment, bit and scale logic, not the hardware's own behaviour.
+ * LN = mm_lane (moe_mma_units.cuh): the MoE kernels' lane type, token columns gathered through a
+ * row table; here the table lists the tokens in reverse (column c = token n_tok - 1 - c), and
+ * rows whose bytes are not a multiple of 4 (Q6_K at n_in 256) take the run-time alignment path. */
+template <int R, int NG>
+static void emu_lane_init(gm_lane<R, NG> &a, const float *x, int64_t ldx, const float *const *)
+{
+	a.x = x, a.ldx = ldx;
+}
+template <int R, int NG>
+static void emu_lane_init(mm_lane<R, NG> &a, const float *, int64_t, const float *const *xr)
+{
+	a.xr = xr, a.split = 1, a.hp = NULL, a.hq = NULL, a.hnp = 0, a.hF = 0;
+}
+template <int T, int R, int NG, class LN = gm_lane<R, NG>>
 static void gm_emulate(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out, const float *x, int64_t ldx,
                        int n_tok, float *y, int64_t ldy)
 {
@@ -503,7 +517,12 @@ static void gm_emulate(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out,
 	struct lane_rows {
 		const uint8_t *p[R][2];
 	};
-	std::vector<gm_lane<R, NG>> L(32);
+	constexpr bool TABLE = !std::is_same<LN, gm_lane<R, NG>>::value;
+	const float *xr[4 * NG];
+	for (int c = 0; c < 4 * NG; c++) /* the MoE's table: tokens in reverse */
+		xr[c] = x + (int64_t)(c < n_tok ? n_tok - 1 - c : 0) * ldx;
+	const bool rb4 = rb % 4 == 0;
+	std::vector<LN> L(32);
 	std::vector<lane_rows> rows(32);
 	gm_stage<NG> stage;
 	for (int64_t row0 = 0; row0 < n_out; row0 += 16 * R) {
@@ -511,9 +530,9 @@ static void gm_emulate(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out,
 		for (float &f : stage.f)
 			f = 1.f;
 		for (int l = 0; l < 32; l++) {
-			gm_lane<R, NG> &a = L[l];
-			a.g = l >> 2, a.t = l & 3, a.lane = l, a.n_tok = n_tok, a.sm = &stage, a.x = x,
-			a.ldx = ldx;
+			LN &a = L[l];
+			a.g = l >> 2, a.t = l & 3, a.lane = l, a.n_tok = n_tok, a.sm = &stage;
+			emu_lane_init(a, x, ldx, xr);
 			memset(a.acc, 0, sizeof(a.acc));
 			for (int r = 0; r < R; r++)
 				for (int hr = 0; hr < 2; hr++)
@@ -524,10 +543,10 @@ static void gm_emulate(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out,
 		for (int64_t u = 0; u < n_in / 256; u++) {
 			emu.pass = 1;
 			for (int l = 0; l < 32; l++) {
-				gm_lane<R, NG> keep = L[l];
+				LN keep = L[l];
 				emu.lane = l;
 				emu.rec[l].clear();
-				gm_unit<T, R, NG>(L[l], rows[l].p, u);
+				gm_unit<T, R, NG>(L[l], rows[l].p, u, rb4);
 				L[l] = keep;
 			}
 			const size_t n_calls = emu.rec[0].size() / 6;
@@ -562,7 +581,7 @@ static void gm_emulate(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out,
 			for (int l = 0; l < 32; l++) {
 				emu.lane = l;
 				emu.call = 0;
-				gm_unit<T, R, NG>(L[l], rows[l].p, u);
+				gm_unit<T, R, NG>(L[l], rows[l].p, u, rb4);
 			}
 		}
 		for (int l = 0; l < 32; l++)
@@ -570,8 +589,9 @@ static void gm_emulate(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out,
 				for (int k = 0; k < NG; k++)
 					for (int hr = 0; hr < 2; hr++) {
 						const int64_t row = row0 + 16 * r + 8 * hr + L[l].g;
-						const int tok = 4 * k + L[l].t;
-						if (row < n_out && tok < n_tok)
+						const int col = 4 * k + L[l].t;
+						const int tok = TABLE ? n_tok - 1 - col : col;
+						if (row < n_out && col < n_tok)
 							y[tok * ldy + row] =
 							    fmaf(L[l].acc[r][k][2 * hr + 1], 1.f / 2048.f,
 							         L[l].acc[r][k][2 * hr]);
@@ -584,7 +604,10 @@ template <int T>
 static void gm_emulate_t(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out, const float *x, int n_tok,
                          float *y, int r_tiles)
 {
-	if (r_tiles == 2)
+	if (r_tiles == 0) /* the MoE lane (row table), one tile as moe_small.cu's down kernel */
+		n_tok <= 4 ? gm_emulate<T, 1, 1, mm_lane<1, 1>>(w, rb, n_in, n_out, x, n_in, n_tok, y, n_out)
+		           : gm_emulate<T, 1, 2, mm_lane<1, 2>>(w, rb, n_in, n_out, x, n_in, n_tok, y, n_out);
+	else if (r_tiles == 2)
 		n_tok <= 4 ? gm_emulate<T, 2, 1>(w, rb, n_in, n_out, x, n_in, n_tok, y, n_out)
 		           : gm_emulate<T, 2, 2>(w, rb, n_in, n_out, x, n_in, n_tok, y, n_out);
 	else
@@ -595,7 +618,8 @@ static void gm_emulate_t(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_ou
 /* Emulated runs against kcpu_dot_row and the exact dot, same tolerances as on the GPU. */
 static void emulate_all(void)
 {
-	static const shape eshapes[] = {{512, 17, "512x17"}, {2048, 40, "2048x40"}, {6144, 33, "6144x33"}};
+	static const shape eshapes[] = {
+	    {256, 9, "256x9"}, {512, 17, "512x17"}, {2048, 40, "2048x40"}, {6144, 33, "6144x33"}};
 	for (int type : types)
 		for (const shape &sh : eshapes) {
 			const int64_t n_in = sh.n_in, n_out = sh.n_out;
@@ -605,11 +629,15 @@ static void emulate_all(void)
 			std::vector<uint8_t> wh(rb * n_out + 16);
 			ops_fill_weight(type, n_in, n_out, rb, wh.data());
 			std::vector<float> xh((size_t)MAX_TOK * n_in), row(n_in), yh((size_t)MAX_TOK * n_out);
-			/* also small and large activations; 1e6: past fp16's range (the per-unit scale) */
-			for (const float xs : {1.f, 0x1p-10f, 0x1p8f, 1e6f})
+			/* also small and large activations; 1e6: past fp16's range (the per-unit scale);
+			 * 2^15 and 6e4: units around the vote's threshold and values that round to inf;
+			 * rt 0: the MoE lane (row table) */
+			for (const float xs : {1.f, 0x1p-10f, 0x1p8f, 0x1p15f, 6e4f, 1e6f})
 				for (int nt : {1, 4, 5, 8})
-					for (int rt : {1, 2}) {
+					for (int rt : {1, 2, 0}) {
 						if (xs != 1.f && (rt == 2 || nt == 4))
+							continue;
+						if (n_in == 256 && rt != 0) /* the GEMV takes n_in >= 512 */
 							continue;
 						for (auto &v : xh)
 							v = xs * rand_x();
@@ -663,11 +691,14 @@ static void emulate_all(void)
 								worst_exact = std::max(worst_exact, e_ex);
 							}
 						}
-						printf("emu %-5s %-8s x*%-9g n_tok %d R %d: max err/mag vs "
+						printf("emu %-5s %-8s x*%-9g n_tok %d %s: max err/mag vs "
 						       "cpu %.2e (tol %.2e), vs exact "
 						       "%.2e (tol %.2e) %s\n",
-						       ktype_name(type), sh.what, xs, nt, rt, worst_cpu,
-						       tol_cpu, worst_exact, tol_exact,
+						       ktype_name(type), sh.what, xs, nt,
+						       rt == 0   ? "moe"
+						       : rt == 1 ? "R 1"
+						                 : "R 2",
+						       worst_cpu, tol_cpu, worst_exact, tol_exact,
 						       n_bad ? "FAIL" : "ok");
 						n_fail += n_bad != 0;
 					}

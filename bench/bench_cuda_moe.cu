@@ -23,11 +23,22 @@
  * up + D rows of down), + the shared expert in the second table), each read once: the floor the
  * op can reach; the H200's read rate is ~4.5 TB/s (issue #4). Time: CUDA events around 24 calls
  * after 8 warm-up calls, median of 5 such batches.
- * Checks: tokens 0 and n - 1 of the sorted and the new path against a CPU reference (all experts
- * are one expert's copies, so out_i = (sum_j w_ij) FFN(x_i) [+ FFN(x_i)]) within 1e-4 of max|ref|;
- * old vs new within 1e-3 of max|out| (the old kernels' own fp32 error); the route kernels' ids
- * equal and weights within 1e-6.
- *   bench_cuda_moe          exit 77 without a GPU; 1 when a check fails */
+ * Third table ("layer", first; `bench_cuda_moe layer` runs only it): the MoE half of a decode layer
+ * as the backend runs it, in a CUDA graph of 8 layers (8 different F32 routers, so each layer hits
+ * its own experts; the shared expert per layer too), us per layer: old = kcuda_matmul_path(F32
+ * router) + kcuda_moe_route + kcuda_moe_ffn_shexp with TANDEM_MOE_ROUTER_FUSED=0 TANDEM_MOE_PF=0;
+ * new = the defaults (kcuda_moe_router_route: router + route in one launch at 1..2 tokens, no
+ * expert prefetch); "fused" = the one launch at every batch here (TANDEM_MOE_ROUTER_FUSED=1);
+ * "pf 7" = the defaults plus every expert prefetch (TANDEM_MOE_PF=7; the shared expert's prefetch
+ * before the wait follows TANDEM_PREFETCH, read once per process: run `TANDEM_PREFETCH=0
+ * bench_cuda_moe layer` for it); "db" = the defaults with TANDEM_MOE_DB=1 (gate / up keep the next
+ * unit's loads in flight), "db w4" the same with 4 warps per gate / up block. Check: the new chain's output
+ * equals the old chain's within 1e-4 of max|out| and the ids are the same (both routes on the same logits up
+ * to the router product's rounding: ids compared, a near-tie swap is reported, not failed). Checks: tokens 0
+ * and n - 1 of the sorted and the new path against a CPU reference (all experts are one expert's copies, so
+ * out_i = (sum_j w_ij) FFN(x_i) [+ FFN(x_i)]) within 1e-4 of max|ref|; old vs new within 1e-3 of max|out|
+ * (the old kernels' own fp32 error); the route kernels' ids equal and weights within 1e-6. bench_cuda_moe
+ * exit 77 without a GPU; 1 when a check fails */
 #include <algorithm>
 #include <vector>
 
@@ -105,7 +116,172 @@ static double rel_diff(const float *a, const float *b, const std::vector<int64_t
 	return mx > 0 ? df / mx : df;
 }
 
-int main(void)
+/* the layer-chain table (see the header); returns the number of failed checks */
+static int layer_bench(struct kcuda_ctx *c, const struct kweight *dg, const struct kweight *du,
+                       const struct kweight *dd, const struct kweight *dsg, const struct kweight *dsu,
+                       const struct kweight *dsd, int64_t E, int64_t F, int64_t D, int k)
+{
+	const int NL = 8;
+	int fails = 0;
+	std::vector<float> wr((size_t)(E * D));
+	std::vector<struct kweight> routers((size_t)NL);
+	for (int l = 0; l < NL; l++) {
+		for (auto &v : wr)
+			v = ops_rng_unif() * 0.05f;
+		struct kweight hw = {KT_F32, D, E, (size_t)D * 4, wr.data()};
+		routers[(size_t)l] = {};
+		if (kcuda_weight_upload(c, &hw, &routers[(size_t)l])) {
+			printf("FAIL: router upload\n");
+			return 1;
+		}
+	}
+	std::vector<float> bias((size_t)E);
+	for (auto &v : bias)
+		v = ops_rng_unif() * 0.1f;
+	void *d_b, *d_x, *d_lg, *d_ids, *d_w, *d_out;
+	const int nmax = 8;
+	CK(cudaMalloc(&d_b, (size_t)E * 4));
+	CK(cudaMalloc(&d_x, (size_t)(nmax * D) * 4));
+	CK(cudaMalloc(&d_lg, (size_t)(NL * nmax * E) * 4));
+	CK(cudaMalloc(&d_ids, (size_t)(NL * nmax * k) * 4));
+	CK(cudaMalloc(&d_w, (size_t)(NL * nmax * k) * 4));
+	CK(cudaMalloc(&d_out, (size_t)(2 * NL * nmax * D) * 4));
+	CK(cudaMemcpy(d_b, bias.data(), (size_t)E * 4, cudaMemcpyHostToDevice));
+	std::vector<float> x((size_t)(nmax * D));
+	for (auto &v : x)
+		v = ops_rng_unif();
+	CK(cudaMemcpy(d_x, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+	CK(cudaDeviceSynchronize());
+	const struct kcuda_moe_pf pf = {
+	    dg->data,  du->data,  dd->data,  (size_t)F * dg->row_bytes,  (size_t)D * dd->row_bytes,
+	    dsg->data, dsu->data, dsd->data, (size_t)F * dsg->row_bytes, (size_t)D * dsd->row_bytes};
+	const double expert_bytes =
+	    2.0 * (double)F * (double)dg->row_bytes + (double)D * (double)dd->row_bytes;
+	printf("  layer chain (router + route + routed & shared experts), CUDA graph of %d layers, us per "
+	       "layer:\n",
+	       NL);
+	printf("  batch    old us    new us  fused us   pf 7 us     db us  db w4 us   new/old   router + "
+	       "experts bytes, GB/s at "
+	       "the new "
+	       "time\n");
+	static const int lb[] = {1, 2, 4, 8};
+	for (int n : lb) {
+		float t[6] = {0, 0, 0, 0, 0, 0};
+		std::vector<float> outs[2];
+		std::vector<int32_t> idv[2];
+		for (int v = 0; v < 6; v++) {
+			/* v 0 old, 1 new (defaults), 2 the fused launch at every batch, 3 every expert
+			 * prefetch */
+			if (v == 0) {
+				setenv("TANDEM_MOE_ROUTER_FUSED", "0", 1);
+				setenv("TANDEM_MOE_PF", "0", 1);
+			} else if (v == 2)
+				setenv("TANDEM_MOE_ROUTER_FUSED", "1", 1);
+			else if (v == 3)
+				setenv("TANDEM_MOE_PF", "7", 1);
+			else if (v >= 4) {
+				setenv("TANDEM_MOE_DB", "1", 1);
+				if (v == 5)
+					setenv("TANDEM_MOE_SMALL_GUW", "4", 1);
+			}
+			float *out = (float *)d_out + (v == 0 ? 0 : NL * nmax * D);
+			int rc = 0;
+			auto chain = [&](void) {
+				for (int l = 0; l < NL; l++) {
+					float *lg = (float *)d_lg + (size_t)l * nmax * E;
+					int32_t *ids = (int32_t *)d_ids + (size_t)l * nmax * k;
+					float *w = (float *)d_w + (size_t)l * nmax * k;
+					const float *xs = (const float *)d_x;
+					int r = kcuda_moe_router_route(c, &routers[(size_t)l], xs, D, n, lg,
+					                               (const float *)d_b, (int)E, k, 1, 1, 0,
+					                               true, 2.5f, ids, w, &pf);
+					if (r == ERR_UNSUPPORTED) {
+						r = kcuda_matmul_path(c, KCUDA_MM_F32, &routers[(size_t)l],
+						                      xs, D, n, lg, E);
+						r |= kcuda_moe_route(c, lg, E, (const float *)d_b, n, (int)E,
+						                     k, 1, 1, 0, true, 2.5f, ids, w);
+					}
+					rc |= r;
+					rc |=
+					    kcuda_moe_ffn_shexp(c, xs, D, n, ids, w, k, dg, du, dd, E, F, dsg,
+					                        dsu, dsd, out + (size_t)l * nmax * D, D);
+				}
+			};
+			cudaGraph_t gr = NULL;
+			cudaGraphExec_t ge = NULL;
+			CK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+			chain();
+			CK(cudaStreamEndCapture(c->stream, &gr));
+			CK(cudaGraphInstantiate(&ge, gr, 0));
+			t[v] = time_us(c->stream, [&](int) { CK(cudaGraphLaunch(ge, c->stream)); }) / NL;
+			CK(cudaStreamSynchronize(c->stream));
+			if (v < 2) {
+				outs[v].resize((size_t)(NL * nmax * D));
+				idv[v].resize((size_t)(NL * nmax * k));
+				CK(cudaMemcpy(outs[v].data(), out, outs[v].size() * 4,
+				              cudaMemcpyDeviceToHost));
+				CK(cudaMemcpy(idv[v].data(), d_ids, idv[v].size() * 4,
+				              cudaMemcpyDeviceToHost));
+			}
+			CK(cudaGraphExecDestroy(ge));
+			CK(cudaGraphDestroy(gr));
+			unsetenv("TANDEM_MOE_ROUTER_FUSED");
+			unsetenv("TANDEM_MOE_PF");
+			unsetenv("TANDEM_MOE_DB");
+			unsetenv("TANDEM_MOE_SMALL_GUW");
+			if (rc) {
+				printf("FAIL: layer chain batch %d variant %d: rc %d\n", n, v, rc);
+				fails++;
+			}
+		}
+		/* old vs new: ids (a near-tie swap is possible: reported), outputs of the tokens whose ids
+		 * agree */
+		int swaps = 0;
+		double mx = 0, md = 0;
+		for (int l = 0; l < NL; l++)
+			for (int i = 0; i < n; i++) {
+				bool same = true;
+				for (int j = 0; j < k; j++)
+					same &= idv[0][(size_t)((l * nmax + i) * k + j)] ==
+					        idv[1][(size_t)((l * nmax + i) * k + j)];
+				if (!same) {
+					swaps++;
+					continue;
+				}
+				for (int64_t d = 0; d < D; d++) {
+					const size_t q = (size_t)((l * nmax + i) * D + d);
+					mx = std::max(mx, (double)fabsf(outs[0][q]));
+					md = std::max(md, (double)fabsf(outs[0][q] - outs[1][q]));
+				}
+			}
+		if (!(md <= 1e-4 * mx) || swaps > NL * n / 4) {
+			printf("FAIL: layer chain batch %d: new vs old max diff %.3g of max|out| %.3g, %d "
+			       "tokens with "
+			       "other ids\n",
+			       n, md, mx, swaps);
+			fails++;
+		}
+		const double bytes =
+		    (double)E * D * 4 + (std::min((double)n * k, (double)E) + 1) * expert_bytes;
+		printf("  %5d  %8.1f  %8.1f  %8.1f  %8.1f  %8.1f  %8.1f  %7.2fx   %.1f MB (at most), %.0f "
+		       "GB/s; new vs old "
+		       "%.2g, "
+		       "%d token(s) re-routed\n",
+		       n, t[0], t[1], t[2], t[3], t[4], t[5], t[0] / t[1], bytes / 1e6, bytes / (t[1] * 1e3),
+		       mx > 0 ? md / mx : 0.0, swaps);
+	}
+	for (auto &r : routers)
+		kcuda_weight_free(&r);
+	CK(cudaFree(d_b));
+	CK(cudaFree(d_x));
+	CK(cudaFree(d_lg));
+	CK(cudaFree(d_ids));
+	CK(cudaFree(d_w));
+	CK(cudaFree(d_out));
+	return fails;
+}
+
+int main(int argc, char **argv)
 {
 	if (kcuda_device_count() < 1) {
 		printf("SKIP: no CUDA device\n");
@@ -149,9 +325,14 @@ int main(void)
 	printf("  batch  experts hit   old us  sorted us   new us  new/sorted   old GB/s  sorted GB/s   new "
 	       "GB/s  "
 	       "route old us  route shfl us  route new us  new s1 us  new s3 us\n");
+	int fails = layer_bench(c, &dg, &du, &dd, &dsg, &dsu, &dsd, E, F, D, k);
+	if (argc > 1 && !strcmp(argv[1], "layer")) {
+		printf("%s\n", fails ? "FAIL" : "PASS: all checks");
+		kcuda_ctx_destroy(c);
+		return fails ? 1 : 0;
+	}
 	static const int batches[] = {1, 2, 4, 8, 32, 128};
 	const int n_b = (int)(sizeof(batches) / sizeof(batches[0]));
-	int fails = 0;
 	std::vector<double> sh_old(n_b), sh_sorted(n_b), sh_new(n_b), sh_bytes(n_b);
 	for (int bi = 0; bi < n_b; bi++) {
 		const int n = batches[bi];

@@ -320,6 +320,26 @@ int kcuda_indexer_topk(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
 int kcuda_moe_route(struct kcuda_ctx *c, const float *logits, int64_t ld, const float *bias, int64_t n, int E,
                     int k, int n_group, int n_group_used, int gating, bool norm, float scale, int32_t *ids,
                     float *weights);
+/* Addresses of a layer's expert weights for kcuda_moe_router_route's L2 prefetch (device pointers
+ * in kcuda_moe_ffn's layout; one expert's gate (= up) and down bytes; the shared expert's may be NULL).
+ * Only hints: results never depend on them. */
+struct kcuda_moe_pf {
+	const void *gate, *up, *down;
+	size_t gate_bytes, down_bytes;
+	const void *sh_gate, *sh_up, *sh_down;
+	size_t sh_gate_bytes, sh_down_bytes;
+};
+/* The router product logits[i][e] = dot(router row e, x[i]) (F32 weight, E rows of n_in D) and
+ * kcuda_moe_route on it in ONE launch (moe_route.cu), for 1..2 tokens (TANDEM_MOE_ROUTER_FUSED=1:
+ * 1..8); pf (may be NULL): with TANDEM_MOE_PF's bit 1 the chosen experts' weights are prefetched into
+ * L2 as soon as they are known. ERR_UNSUPPORTED with nothing enqueued where it does not apply
+ * (TANDEM_MOE_ROUTER_FUSED=0, other shapes and token counts): the caller then runs
+ * kcuda_matmul_path(KCUDA_MM_F32) and kcuda_moe_route. Launches on one context's stream must not
+ * overlap (a per-context ticket). */
+int kcuda_moe_router_route(struct kcuda_ctx *c, const struct kweight *router, const float *x, int64_t ldx,
+                           int64_t n, float *logits, const float *bias, int E, int k, int n_group,
+                           int n_group_used, int gating, bool norm, float scale, int32_t *ids, float *weights,
+                           const struct kcuda_moe_pf *pf);
 /* Routed experts: out[i] = sum_j weights[i][j] * down_e(SiLU(gate_e x_i) * up_e x_i), e = ids[i][j].
  * gate/up: device weights of E*F rows of n_in = D (expert e = rows [e F, e F + F)); down: E*D rows
  * of n_in = F. Up to 256 tokens with Q4_K/Q5_K/Q6_K/Q8_0 weights and D, F multiples of 256: pairs

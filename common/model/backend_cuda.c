@@ -994,13 +994,37 @@ static void cu_moe(void *ctx, const struct layer_w *L, const float *a, float *pa
 	struct model_rank *rk = c->rk;
 	int64_t n = c->st.n, D = hp->D, E = hp->n_expert;
 	int k = hp->n_expert_used;
-	/* router logits in fp32 whatever the weight type (MODEL-SPEC.md §2.7): never the bf16 GEMM */
-	PROF(c, "moe.router", ktype_name(L->gate_inp.type), wbytes(&L->gate_inp))
-	CK(kcuda_matmul_path(c->kc, KCUDA_MM_F32, &L->gate_inp, a, D, n, c->rl, E));
-	PROF(c, "moe.route", NULL, 4.0 * (double)(n * E))
-	CK(kcuda_moe_route(c->kc, c->rl, E, L->exp_bias, n, (int)E, k, hp->n_group, hp->n_group_used,
-	                   hp->gating_func, hp->expert_weights_norm, hp->expert_weights_scale, ids, wts));
 	struct kweight g = L->gate_exps.w, u = L->up_exps.w, d = L->down_exps.w;
+	/* router product + route in one launch at 1..2 tokens (moe_route.cu; TANDEM_MOE_PF=1 also
+	 * prefetches the chosen experts' weights from there; ERR_UNSUPPORTED: the two launches below) */
+	const struct kcuda_moe_pf pf = {
+	    .gate = g.data,
+	    .up = u.data,
+	    .down = d.data,
+	    .gate_bytes = (size_t)rk->fel * g.row_bytes,
+	    .down_bytes = (size_t)D * d.row_bytes,
+	    .sh_gate = L->has_shexp ? L->sh_gate.data : NULL,
+	    .sh_up = L->has_shexp ? L->sh_up.data : NULL,
+	    .sh_down = L->has_shexp ? L->sh_down.data : NULL,
+	    .sh_gate_bytes = L->has_shexp ? (size_t)L->sh_gate.n_out * L->sh_gate.row_bytes : 0,
+	    .sh_down_bytes = L->has_shexp ? (size_t)L->sh_down.n_out * L->sh_down.row_bytes : 0,
+	};
+	int rc_rr = ERR_UNSUPPORTED;
+	PROF(c, "moe.router+route", ktype_name(L->gate_inp.type), wbytes(&L->gate_inp))
+	rc_rr = kcuda_moe_router_route(c->kc, &L->gate_inp, a, D, n, c->rl, L->exp_bias, (int)E, k,
+	                               hp->n_group, hp->n_group_used, hp->gating_func,
+	                               hp->expert_weights_norm, hp->expert_weights_scale, ids, wts, &pf);
+	if (rc_rr != ERR_UNSUPPORTED) {
+		CK(rc_rr);
+	} else {
+		/* router logits in fp32 whatever the weight type (MODEL-SPEC.md §2.7): never the bf16 GEMM */
+		PROF(c, "moe.router", ktype_name(L->gate_inp.type), wbytes(&L->gate_inp))
+		CK(kcuda_matmul_path(c->kc, KCUDA_MM_F32, &L->gate_inp, a, D, n, c->rl, E));
+		PROF(c, "moe.route", NULL, 4.0 * (double)(n * E))
+		CK(kcuda_moe_route(c->kc, c->rl, E, L->exp_bias, n, (int)E, k, hp->n_group, hp->n_group_used,
+		                   hp->gating_func, hp->expert_weights_norm, hp->expert_weights_scale, ids,
+		                   wts));
+	}
 	g.n_out *= E; /* compact upload: expert e = rows [e F, e F + F) */
 	u.n_out *= E;
 	d.n_out *= E;

@@ -56,9 +56,10 @@ extern "C" int kcuda_ctx_create(int device, size_t ws_bytes, struct kcuda_ctx **
 		goto fail_free;
 	if (cudaMalloc(&c->ws, c->ws_bytes) != cudaSuccess)
 		goto fail_stream;
-	if (cudaMalloc((void **)&c->err_dev, sizeof(unsigned)) != cudaSuccess)
+	/* word 0: the bad-input count; word 1: moe_route.cu's ticket (fused router + route) */
+	if (cudaMalloc((void **)&c->err_dev, 4 * sizeof(unsigned)) != cudaSuccess)
 		goto fail_ws;
-	if (cudaMemsetAsync(c->err_dev, 0, sizeof(unsigned), c->stream) != cudaSuccess)
+	if (cudaMemsetAsync(c->err_dev, 0, 4 * sizeof(unsigned), c->stream) != cudaSuccess)
 		goto fail_err;
 	if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
 		goto fail_err;

@@ -171,14 +171,24 @@ GM_HD uint32_t gm_h2(float v)
 {
 	return gm_pack(v, v);
 }
-/* 32-bit word at p: plain load when p is 4-byte aligned, else (p = 2 mod 4) two aligned loads
- * and a funnel shift; which one is known at compile time from the block layout. */
-template <bool A4> GM_HD uint32_t gm_ldw(const uint8_t *p)
+/* 32-bit word at p. AM 1: p 4-byte aligned (plain load); 0: p = 2 mod 4 (two aligned loads and
+ * a funnel shift), known at compile time from the block layout; 2: either, found at run time
+ * (the MoE's Q6_K rows of 210 bytes, n_in 256, where the lanes of a warp differ) */
+template <int AM> GM_HD uint32_t gm_ldw(const uint8_t *p)
 {
-	if (A4)
+	if (AM == 1)
 		return gm_ldg((const uint32_t *)p);
-	const uint32_t *b = (const uint32_t *)(p - 2);
-	return (gm_ldg(b) >> 16) | (gm_ldg(b + 1) << 16); /* one funnel shift (SHF) */
+	if (AM == 0) {
+		const uint32_t *b = (const uint32_t *)(p - 2);
+		return (gm_ldg(b) >> 16) | (gm_ldg(b + 1) << 16); /* one funnel shift (SHF) */
+	}
+	const uint32_t *b = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
+	const uint32_t sh = ((uint32_t)(uintptr_t)p & 3u) * 8u;
+#ifdef __CUDA_ARCH__
+	return __funnelshift_r(gm_ldg(b), gm_ldg(b + 1), sh);
+#else
+	return sh ? (gm_ldg(b) >> sh) | (gm_ldg(b + 1) << (32 - sh)) : gm_ldg(b);
+#endif
 }
 GM_HD uint32_t gm_u16(const uint8_t *p)
 {
@@ -211,8 +221,37 @@ GM_HD float gm_xscale(float m)
 	return ldexpf(1.f, 15 - e);
 }
 
-/* one float4 of token tok (elements 4q .. 4q+3 of the unit), times sc, as hi / lo halves */
-template <bool K45, int NG> GM_HD void gm_stage_entry(gm_stage<NG> &sm, float4 v, float sc, int tok, int q)
+/* Where token column tok's activations start: rows ldx apart (the GEMV), or a table of row
+ * pointers (the MoE: the tokens routed to one expert are not contiguous) */
+struct gm_rows_strided {
+	const float *x;
+	int64_t ldx;
+	GM_HD const float *operator()(int tok) const
+	{
+		return x + tok * ldx;
+	}
+};
+struct gm_rows_table {
+	const float *const *xr;
+	GM_HD const float *operator()(int tok) const
+	{
+		return xr[tok];
+	}
+};
+
+/* The range vote on the packed halves: bit 15 of a half of the result is set when that half's
+ * |value| field is >= 0x7800, i.e. fp16(x) >= 2^15 in magnitude (or inf / NaN). The packing has
+ * computed the halves anyway; a value that rounds up to 2^15 from below is flagged too, which only
+ * sends the unit to the slow path with factor 1 (the same bits). */
+GM_HD uint32_t gm_big_bits(uint32_t h)
+{
+	return (h & 0x7fff7fffu) + 0x08000800u; /* no carry between the halves: 0x7fff + 0x0800 < 2^16 */
+}
+
+/* one float4 of token tok (elements 4q .. 4q+3 of the unit), times sc, as hi / lo halves; returns
+ * gm_big_bits of the hi halves (OR-ed; & 0x80008000 tests the vote) */
+template <bool K45, int NG>
+GM_HD uint32_t gm_stage_entry(gm_stage<NG> &sm, float4 v, float sc, int tok, int q)
 {
 	const int st = K45 ? (q & 15) : (q >> 2), t = K45 ? (q >> 4) : (q & 3);
 	v.x *= sc, v.y *= sc, v.z *= sc, v.w *= sc; /* a power of two: exact */
@@ -224,11 +263,12 @@ template <bool K45, int NG> GM_HD void gm_stage_entry(gm_stage<NG> &sm, float4 v
 	const int g = 2 * (tok & 3);
 	row[4 * g + t] = make_uint2(h0, h1);
 	row[4 * (g + 1) + t] = make_uint2(l0, l1);
+	return gm_big_bits(h0) | gm_big_bits(h1);
 }
 
-template <bool K45, int NG>
-GM_HD void gm_stage_x(gm_stage<NG> &sm, const float *__restrict__ x, int64_t ldx, int n_tok, int64_t u,
-                      int lane)
+/* the unit's X of every token column into the staging area (xs(tok): the token's row) */
+template <bool K45, int NG, class XS>
+GM_HD void gm_stage_x(gm_stage<NG> &sm, XS xs, int n_tok, int64_t u, int lane)
 {
 	gm_syncwarp(); /* the previous unit's reads are done */
 	const int nt = n_tok < 4 * NG ? n_tok : 4 * NG, n_ent = 64 * nt;
@@ -238,21 +278,21 @@ GM_HD void gm_stage_x(gm_stage<NG> &sm, const float *__restrict__ x, int64_t ldx
 	const int e0 = 0, de = 1;
 #endif
 	/* the common case: every |x| < 2^15, staged as it is (factor 1); loads all in flight */
-	bool big = false;
+	uint32_t vote = 0u;
 	for (int e = e0; e < n_ent; e += de) {
-		const float4 v = gm_ldg((const float4 *)(x + (e >> 6) * ldx + 256 * u + 4 * (e & 63)));
-		big |= !(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))) < 32768.f);
-		gm_stage_entry<K45, NG>(sm, v, 1.f, e >> 6, e & 63);
+		const float4 v = gm_ldg((const float4 *)(xs(e >> 6) + 256 * u + 4 * (e & 63)));
+		vote |= gm_stage_entry<K45, NG>(sm, v, 1.f, e >> 6, e & 63);
 	}
 	for (int i = e0; i < nt; i += de)
 		sm.f[i] = 1.f;
+	bool big = (vote & 0x80008000u) != 0u;
 #ifdef __CUDA_ARCH__
 	big = __any_sync(0xffffffffu, big);
 #endif
 	if (big) { /* rare: some token's unit reaches 2^15: stage every token again with its own scale */
 		gm_syncwarp();
 		for (int tok = 0; tok < nt; tok++) {
-			const float *xt = x + tok * ldx + 256 * u;
+			const float *xt = xs(tok) + 256 * u;
 			float m = 0.f; /* the token's largest |x| in this unit, over the warp */
 			for (int q = e0; q < 64; q += de) {
 				const float4 v = gm_ldg((const float4 *)(xt + 4 * q));
@@ -283,8 +323,16 @@ template <int R, int NG> struct gm_lane {
 	const float *x;
 	int64_t ldx;
 	float acc[R][NG][4];
+	/* unit u's X into the staging area (the unit bodies call this while their weights load; the
+	 * MoE's lane type, moe_mma_units.cuh, has its own) */
+	template <bool K45> GM_HD void stage(int64_t u)
+	{
+		gm_stage_x<K45, NG>(*sm, gm_rows_strided{x, ldx}, n_tok, u, lane);
+	}
 };
-template <int R, int NG> GM_HD uint2 gm_b(const gm_lane<R, NG> &L, int k, int s)
+/* The unit bodies below take any lane type LN with gm_lane's members g, t, lane, sm, acc and a
+ * stage<K45>(u) member. */
+template <class LN> GM_HD uint2 gm_b(const LN &L, int k, int s)
 {
 	return L.sm->b[k][s][L.lane];
 }
@@ -293,24 +341,38 @@ template <int R, int NG> GM_HD uint2 gm_b(const gm_lane<R, NG> &L, int k, int s)
 #define GM_FOR_ROWS(R) GM_UNROLL for (int r = 0; r < R; r++) GM_UNROLL for (int hr = 0; hr < 2; hr++)
 
 /* ---- Q4_K / Q5_K: one super-block per unit -------------------------------------------------- */
-template <int T, int R, int NG>
-GM_HD void gm_unit_k45(gm_lane<R, NG> &L, const uint8_t *const (&rows)[R][2], int64_t u)
+/* the unit's weight words of one lane (a super-block per row: header, its 32 bytes of qs, Q5_K's
+ * high bits), loaded by gm_k45_load and used by gm_k45_math: split so a caller can have the next
+ * unit's loads in flight while it computes this one (moe_small.cu) */
+template <int T, int R> struct gm_k45_w {
+	uint4 hd[R][2], qa[R][2], qb[R][2], ha[R][2], hb[R][2];
+};
+template <int T, int R>
+GM_HD void gm_k45_load(gm_k45_w<T, R> &W, const uint8_t *const (&rows)[R][2], int64_t u, int t)
 {
 	constexpr bool Q5 = T == KT_Q5_K;
 	constexpr int BYTES = Q5 ? 176 : 144, QS = Q5 ? 48 : 16;
-	uint4 hd[R][2], qa[R][2], qb[R][2], ha[R][2], hb[R][2];
 	GM_FOR_ROWS(R)
 	{
 		const uint8_t *b = rows[r][hr] + (size_t)BYTES * u;
-		hd[r][hr] = gm_ldg((const uint4 *)b);
-		qa[r][hr] = gm_ldg((const uint4 *)(b + QS + 32 * L.t));
-		qb[r][hr] = gm_ldg((const uint4 *)(b + QS + 32 * L.t + 16));
+		W.hd[r][hr] = gm_ldg((const uint4 *)b);
+		W.qa[r][hr] = gm_ldg((const uint4 *)(b + QS + 32 * t));
+		W.qb[r][hr] = gm_ldg((const uint4 *)(b + QS + 32 * t + 16));
 		if (Q5) {
-			ha[r][hr] = gm_ldg((const uint4 *)(b + 16));
-			hb[r][hr] = gm_ldg((const uint4 *)(b + 32));
+			W.ha[r][hr] = gm_ldg((const uint4 *)(b + 16));
+			W.hb[r][hr] = gm_ldg((const uint4 *)(b + 32));
 		}
 	}
-	gm_stage_x<true, NG>(*L.sm, L.x, L.ldx, L.n_tok, u, L.lane); /* while the weights load */
+}
+template <int T, int R, int NG, class LN> GM_HD void gm_k45_math(LN &L, const gm_k45_w<T, R> &W, int64_t u)
+{
+	constexpr bool Q5 = T == KT_Q5_K;
+	const uint4(&hd)[R][2] = W.hd;
+	const uint4(&qa)[R][2] = W.qa;
+	const uint4(&qb)[R][2] = W.qb;
+	const uint4(&ha)[R][2] = W.ha;
+	const uint4(&hb)[R][2] = W.hb;
+	L.template stage<true>(u); /* while the weights load */
 	/* sub-blocks 2t (low nibbles) and 2t+1 (high nibbles): A multipliers and the mins */
 	uint32_t s_lo[R][2], n_lo[R][2], s_hi[R][2], n_hi[R][2], m_lo[R][2], m_hi[R][2];
 	float dd[R][2], dm[R][2];
@@ -407,9 +469,17 @@ GM_HD void gm_unit_k45(gm_lane<R, NG> &L, const uint8_t *const (&rows)[R][2], in
 	}
 }
 
-/* ---- Q6_K: one super-block per unit; A4: the super-block starts 4-byte aligned ---------------- */
-template <bool A4, int R, int NG>
-GM_HD void gm_unit_q6k(gm_lane<R, NG> &L, const uint8_t *const (&rows)[R][2], int64_t u)
+template <int T, int R, int NG, class LN>
+GM_HD void gm_unit_k45(LN &L, const uint8_t *const (&rows)[R][2], int64_t u)
+{
+	gm_k45_w<T, R> W;
+	gm_k45_load<T, R>(W, rows, u, L.t);
+	gm_k45_math<T, R, NG>(L, W, u);
+}
+
+/* ---- Q6_K: one super-block per unit; AM: the super-block's alignment (gm_ldw) ------------------ */
+template <int AM, int R, int NG, class LN>
+GM_HD void gm_unit_q6k(LN &L, const uint8_t *const (&rows)[R][2], int64_t u)
 {
 	uint32_t ql[R][2][8], qh[R][2][4], sc[R][2][4];
 	float d[R][2];
@@ -419,15 +489,19 @@ GM_HD void gm_unit_q6k(gm_lane<R, NG> &L, const uint8_t *const (&rows)[R][2], in
 		GM_UNROLL
 		for (int i = 0; i < 8; i++) /* i = 4n + 2 (j & 1) + hh */
 			ql[r][hr][i] =
-			    gm_ldw<A4>(b + 64 * (i >> 2) + 32 * ((i >> 1) & 1) + 16 * (i & 1) + 4 * L.t);
+			    gm_ldw<AM>(b + 64 * (i >> 2) + 32 * ((i >> 1) & 1) + 16 * (i & 1) + 4 * L.t);
 		GM_UNROLL
 		for (int i = 0; i < 4; i++) { /* i = 2n + hh */
-			qh[r][hr][i] = gm_ldw<A4>(b + 128 + 32 * (i >> 1) + 16 * (i & 1) + 4 * L.t);
-			sc[r][hr][i] = gm_ldw<A4>(b + 192 + 4 * i);
+			qh[r][hr][i] = gm_ldw<AM>(b + 128 + 32 * (i >> 1) + 16 * (i & 1) + 4 * L.t);
+			sc[r][hr][i] = gm_ldw<AM>(b + 192 + 4 * i);
 		}
 		d[r][hr] = gm_f16(gm_u16(b + 208));
 	}
-	gm_stage_x<false, NG>(*L.sm, L.x, L.ldx, L.n_tok, u, L.lane);
+	L.template stage<false>(u);
+	float fk[NG]; /* the unit's x scale back per token group (1 nearly always) */
+	GM_UNROLL
+	for (int k = 0; k < NG; k++)
+		fk[k] = L.sm->f[4 * k + L.t];
 	GM_UNROLL
 	for (int s = 0; s < 16; s++) { /* one 16-element scale group: elements 128n + 32j + 16hh + .. */
 		const int n = s >> 3, j = (s >> 1) & 3, hh = s & 1;
@@ -458,18 +532,17 @@ GM_HD void gm_unit_q6k(gm_lane<R, NG> &L, const uint8_t *const (&rows)[R][2], in
 			for (int k = 0; k < NG; k++) {
 				float D[4] = {0.f, 0.f, 0.f, 0.f};
 				gm_mma(D, v[0][0], v[1][0], v[0][1], v[1][1], b[k][0], b[k][1]);
-				const float f = L.sm->f[4 * k + L.t];
 				GM_UNROLL
 				for (int i = 0; i < 4; i++)
-					L.acc[r][k][i] = fmaf(scale[i >> 1] * f, D[i], L.acc[r][k][i]);
+					L.acc[r][k][i] = fmaf(scale[i >> 1] * fk[k], D[i], L.acc[r][k][i]);
 			}
 		}
 	}
 }
 
 /* ---- Q8_0: eight blocks (272 B) per unit -------------------------------------------------------- */
-template <int R, int NG>
-GM_HD void gm_unit_q80(gm_lane<R, NG> &L, const uint8_t *const (&rows)[R][2], int64_t u)
+template <int R, int NG, class LN>
+GM_HD void gm_unit_q80(LN &L, const uint8_t *const (&rows)[R][2], int64_t u)
 {
 	uint32_t qw[R][2][16];
 	float d[R][2][8];
@@ -479,13 +552,17 @@ GM_HD void gm_unit_q80(gm_lane<R, NG> &L, const uint8_t *const (&rows)[R][2], in
 		GM_UNROLL
 		for (int s = 0; s < 16; s++) {
 			const int bi = s >> 1, off = 34 * bi + 2 + 16 * (s & 1) + 4 * L.t;
-			qw[r][hr][s] = (bi & 1) ? gm_ldw<true>(b + off) : gm_ldw<false>(b + off);
+			qw[r][hr][s] = (bi & 1) ? gm_ldw<1>(b + off) : gm_ldw<0>(b + off);
 		}
 		GM_UNROLL
 		for (int bi = 0; bi < 8; bi++)
 			d[r][hr][bi] = gm_f16(gm_u16(b + 34 * bi));
 	}
-	gm_stage_x<false, NG>(*L.sm, L.x, L.ldx, L.n_tok, u, L.lane);
+	L.template stage<false>(u);
+	float fk[NG];
+	GM_UNROLL
+	for (int k = 0; k < NG; k++)
+		fk[k] = L.sm->f[4 * k + L.t];
 	GM_UNROLL
 	for (int bi = 0; bi < 8; bi++) {
 		uint32_t b[NG][2][2];
@@ -514,30 +591,33 @@ GM_HD void gm_unit_q80(gm_lane<R, NG> &L, const uint8_t *const (&rows)[R][2], in
 				       b[k][0][1]);
 				gm_mma(D, v[1][0][0], v[1][1][0], v[1][0][1], v[1][1][1], b[k][1][0],
 				       b[k][1][1]);
-				const float f = L.sm->f[4 * k + L.t];
 				GM_UNROLL
 				for (int i = 0; i < 4; i++)
-					L.acc[r][k][i] = fmaf(d[r][i >> 1][bi] * f, D[i], L.acc[r][k][i]);
+					L.acc[r][k][i] = fmaf(d[r][i >> 1][bi] * fk[k], D[i], L.acc[r][k][i]);
 			}
 		}
 	}
 }
 
-/* One 256-element unit of this warp's K range, all R tiles */
-template <int T, int R, int NG>
-GM_HD void gm_unit(gm_lane<R, NG> &L, const uint8_t *const (&rows)[R][2], int64_t u)
+/* One 256-element unit of this warp's K range, all R tiles (the GEMV and the MoE kernels). rb4:
+ * rows start 4-byte aligned (only Q6_K asks: the MoE's 210-byte rows at n_in 256 do not) */
+template <int T, int R, int NG, class LN>
+GM_HD void gm_unit(LN &L, const uint8_t *const (&rows)[R][2], int64_t u, bool rb4 = true)
 {
 	if constexpr (T == KT_Q4_K || T == KT_Q5_K)
 		gm_unit_k45<T, R, NG>(L, rows, u);
 	else if constexpr (T == KT_Q6_K) {
-		if (u & 1) /* 210 u = 2 mod 4 */
-			gm_unit_q6k<false, R, NG>(L, rows, u);
+		if (!rb4) /* lanes of one warp differ in alignment */
+			gm_unit_q6k<2, R, NG>(L, rows, u);
+		else if (u & 1) /* 210 u = 2 mod 4 */
+			gm_unit_q6k<0, R, NG>(L, rows, u);
 		else
-			gm_unit_q6k<true, R, NG>(L, rows, u);
+			gm_unit_q6k<1, R, NG>(L, rows, u);
 	} else
 		gm_unit_q80<R, NG>(L, rows, u);
 }
 
+#ifndef GEMV_MMA_UNITS_ONLY /* moe_mma_units.cuh takes the unit bodies alone */
 /* Grid: blockIdx.x = rows [16 R blockIdx.x, 16 R (blockIdx.x + 1)); NG = ceil(n_tok / 4). */
 template <int T, int R, int NG>
 __global__ void __launch_bounds__(GM_WARPS * 32, 1)
@@ -641,5 +721,7 @@ static inline int gemv_mma(int type, const void *w, size_t row_bytes, int64_t n_
 	default: return ERR_UNSUPPORTED;
 	}
 }
+
+#endif /* GEMV_MMA_UNITS_ONLY */
 
 #endif

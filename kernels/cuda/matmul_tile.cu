@@ -10,7 +10,12 @@
  * lo = fp16(2048 (x - hi)) (B operands, 22 bits of x: the trick of gemv_mma.cuh), one mma per
  * piece and 8 tokens, and the fp32 epilogue of each piece adds a (D_hi + D_lo / 2048) + b sum(x):
  * the same decomposition as the fp32 GEMV of matmul_gemv.cu, so it is held to the GEMV tolerance.
- * Float weight types (not exact in fp16) do not come here. Assumes |x| < 65504 (fp16 range).
+ * Float weight types (not exact in fp16) do not come here. fp16 range: a piece (16 elements of one
+ * token) whose fp16(x) reaches 2^15 (|x| >= 65504 gave inf) is staged times a power of two that
+ * brings it below 2^15, and the piece's (D_hi + D_lo / 2048) is multiplied back in the epilogue;
+ * found by a warp vote on the packed halves' exponent bits (gemv_mma.cuh's gm_big_bits), and the
+ * block takes the epilogue with the factors only in chunks where some thread saw such a piece
+ * (__syncthreads_or), so below 2^15 the arithmetic and the bits are the same as before.
  *
  * Grid: x = 64-token tiles, y = 64-row tiles, z = H x S (head, K split). A block (4 warps) owns
  * 64 rows x 64 tokens of one head: per 64-element K chunk all 128 threads decode 2 pieces of W
@@ -44,6 +49,7 @@ struct mt_smem {
 	__half xl[MT_BN][MT_LD]; /* fp16(2048 (x - hi)) */
 	float2 ab[MT_KC / 16][MT_BM]; /* w = a v + b, per piece and row */
 	float sx[MT_KC / 16][MT_BN]; /* sum of x over the piece, per piece and token */
+	float xf[MT_KC / 16][MT_BN]; /* the factor undoing the piece's staging scale (1 nearly always) */
 };
 
 /* D = A * B (m16n8k16, fp16 in, fp32 out, zero C) */
@@ -60,6 +66,21 @@ __device__ __forceinline__ uint32_t mt_h2(float lo, float hi)
 {
 	const __half2 h = __floats2half2_rn(lo, hi);
 	return *(const uint32_t *)&h;
+}
+
+/* bit 15 of a half set where that half's |value| field is >= 0x7800 (fp16 >= 2^15, inf, NaN) */
+__device__ __forceinline__ uint32_t mt_big_bits(uint32_t h)
+{
+	return (h & 0x7fff7fffu) + 0x08000800u;
+}
+/* a power of two that brings m (>= 2^15, finite) below 2^15, else 1 (gemv_mma.cuh's gm_xscale) */
+__device__ __forceinline__ float mt_xscale(float m)
+{
+	if (!(m >= 32768.f) || !(m <= 3.4e38f))
+		return 1.f;
+	int e;
+	(void)frexpf(m, &e);
+	return ldexpf(1.f, 15 - e);
 }
 
 template <int T>
@@ -119,6 +140,7 @@ __global__ void __launch_bounds__(MT_THREADS, 3)
 			}
 		}
 	};
+	bool chunk_big = false; /* this thread staged a scaled piece in the current chunk */
 	auto store = [&](int64_t ch) {
 		const int64_t p = 4 * ch + wpc;
 #pragma unroll
@@ -144,22 +166,42 @@ __global__ void __launch_bounds__(MT_THREADS, 3)
 			if (j >= n_nt)
 				break;
 			const int e = tid + MT_THREADS * j, tk = e >> 4, k4 = 4 * (e & 15);
-			const float4 f = xr[j];
-			const __half h0 = __float2half_rn(f.x), h1 = __float2half_rn(f.y),
-			             h2 = __float2half_rn(f.z), h3 = __float2half_rn(f.w);
-			const uint2 hi = make_uint2(mt_h2(__half2float(h0), __half2float(h1)),
-			                            mt_h2(__half2float(h2), __half2float(h3)));
+			float4 f = xr[j];
+			__half h0 = __float2half_rn(f.x), h1 = __float2half_rn(f.y),
+			       h2 = __float2half_rn(f.z), h3 = __float2half_rn(f.w);
+			uint2 hi = make_uint2(mt_h2(__half2float(h0), __half2float(h1)),
+			                      mt_h2(__half2float(h2), __half2float(h3)));
+			/* the 4 lanes 4m..4m+3 hold one piece of one token */
+			float ps = (f.x + f.y) + (f.z + f.w);
+			ps += __shfl_xor_sync(0xffffffffu, ps, 1);
+			ps += __shfl_xor_sync(0xffffffffu, ps, 2);
+			float xf = 1.f;
+			if (__any_sync(0xffffffffu,
+			               ((mt_big_bits(hi.x) | mt_big_bits(hi.y)) & 0x80008000u) != 0u)) {
+				/* rare: the piece's largest |x| over its 4 lanes picks a power of two */
+				float m = fmaxf(fmaxf(fabsf(f.x), fabsf(f.y)), fmaxf(fabsf(f.z), fabsf(f.w)));
+				m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+				m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+				const float sc = mt_xscale(m);
+				if (sc != 1.f) {
+					f.x *= sc, f.y *= sc, f.z *= sc, f.w *= sc; /* exact */
+					h0 = __float2half_rn(f.x), h1 = __float2half_rn(f.y);
+					h2 = __float2half_rn(f.z), h3 = __float2half_rn(f.w);
+					hi = make_uint2(mt_h2(__half2float(h0), __half2float(h1)),
+					                mt_h2(__half2float(h2), __half2float(h3)));
+					xf = 1.f / sc;
+					chunk_big = true;
+				}
+			}
 			const uint2 lo = make_uint2(
 			    mt_h2((f.x - __half2float(h0)) * 2048.f, (f.y - __half2float(h1)) * 2048.f),
 			    mt_h2((f.z - __half2float(h2)) * 2048.f, (f.w - __half2float(h3)) * 2048.f));
 			*(uint2 *)&sm.xh[tk][k4] = hi;
 			*(uint2 *)&sm.xl[tk][k4] = lo;
-			/* the 4 lanes 4m..4m+3 hold one piece of one token */
-			float ps = (f.x + f.y) + (f.z + f.w);
-			ps += __shfl_xor_sync(0xffffffffu, ps, 1);
-			ps += __shfl_xor_sync(0xffffffffu, ps, 2);
-			if ((e & 3) == 0)
-				sm.sx[(e & 15) >> 2][tk] = ps;
+			if ((e & 3) == 0) {
+				sm.sx[(e & 15) >> 2][tk] = ps; /* of the unscaled x (the b term) */
+				sm.xf[(e & 15) >> 2][tk] = xf;
+			}
 		}
 	};
 
@@ -174,8 +216,9 @@ __global__ void __launch_bounds__(MT_THREADS, 3)
 	if (c_begin < c_end)
 		load(c_begin);
 	for (int64_t ch = c_begin; ch < c_end; ch++) {
+		chunk_big = false;
 		store(ch);
-		__syncthreads();
+		const int blk_big = __syncthreads_or(chunk_big); /* the barrier the chunk needs anyway */
 		if (ch + 1 < c_end)
 			load(ch + 1);
 			/* k order inside an mma: lane t's k = 2t, 2t+1, 2t+8, 2t+9 are elements 4t .. 4t+3 of
@@ -203,10 +246,27 @@ __global__ void __launch_bounds__(MT_THREADS, 3)
 					acc[nt][2] = fmaf(ab1.y, sx.x, acc[nt][2]);
 					acc[nt][3] = fmaf(ab1.y, sx.y, acc[nt][3]);
 				}
-				acc[nt][0] = fmaf(ab0.x, fmaf(dl[0], 1.f / 2048.f, dh[0]), acc[nt][0]);
-				acc[nt][1] = fmaf(ab0.x, fmaf(dl[1], 1.f / 2048.f, dh[1]), acc[nt][1]);
-				acc[nt][2] = fmaf(ab1.x, fmaf(dl[2], 1.f / 2048.f, dh[2]), acc[nt][2]);
-				acc[nt][3] = fmaf(ab1.x, fmaf(dl[3], 1.f / 2048.f, dh[3]), acc[nt][3]);
+				if (!blk_big) {
+					acc[nt][0] =
+					    fmaf(ab0.x, fmaf(dl[0], 1.f / 2048.f, dh[0]), acc[nt][0]);
+					acc[nt][1] =
+					    fmaf(ab0.x, fmaf(dl[1], 1.f / 2048.f, dh[1]), acc[nt][1]);
+					acc[nt][2] =
+					    fmaf(ab1.x, fmaf(dl[2], 1.f / 2048.f, dh[2]), acc[nt][2]);
+					acc[nt][3] =
+					    fmaf(ab1.x, fmaf(dl[3], 1.f / 2048.f, dh[3]), acc[nt][3]);
+				} else { /* some piece of the chunk was staged scaled: the factors per token
+					  */
+					const float2 xf = *(const float2 *)&sm.xf[ks][8 * nt + 2 * t];
+					acc[nt][0] =
+					    fmaf(ab0.x * xf.x, fmaf(dl[0], 1.f / 2048.f, dh[0]), acc[nt][0]);
+					acc[nt][1] =
+					    fmaf(ab0.x * xf.y, fmaf(dl[1], 1.f / 2048.f, dh[1]), acc[nt][1]);
+					acc[nt][2] =
+					    fmaf(ab1.x * xf.x, fmaf(dl[2], 1.f / 2048.f, dh[2]), acc[nt][2]);
+					acc[nt][3] =
+					    fmaf(ab1.x * xf.y, fmaf(dl[3], 1.f / 2048.f, dh[3]), acc[nt][3]);
+				}
 			}
 		}
 		__syncthreads();

@@ -1,11 +1,13 @@
 /* The decode path of kcuda_moe_ffn on tensor cores (1..256 tokens, no host sync, so CUDA graphs
  * hold it): each expert's weight rows are read once per chunk of up to 8 of its tokens, and the
  * multiply-adds run as mma.sync m16n8k16 (fp16 in, fp32 accumulate) on quant values decoded in
- * registers: the technique of bench/gemv_mma.cuh (measured 1.3-4x faster than the fp32 GEMV on the
- * H200), whose unit bodies are repeated here with two changes: token columns are gathered through a
- * row-pointer table (the tokens routed to one expert are not contiguous), and each token's staged
- * 256-element slice is scaled by a power of two so its largest |x| lands in [2^14, 2^15) (fp16
- * range; SiLU(g) * u of a test model can pass 65504), undone exactly on the fp32 accumulator.
+ * registers: the technique of gemv_mma.cuh (measured 1.3-4x faster than the fp32 GEMV on the
+ * H200), whose unit bodies run here unchanged (moe_mma_units.cuh) on a lane type whose token
+ * columns are gathered through a row-pointer table (the tokens routed to one expert are not
+ * contiguous). fp16 range: a unit in which some token's |x| reaches 2^15 (SiLU(g) * u of a test
+ * model can pass 65504) is staged again per token times a power of two, undone exactly on the
+ * fp32 accumulator (gemv_mma.cuh's vote; until 2026-11-29 every unit was scaled, at the cost of a
+ * warp max per token and unit).
  *
  * Launches (all on the context's stream):
  *   sort (one block): pairs (token i, slot j) = i k + j counted per expert, listed per expert
@@ -58,7 +60,7 @@ __device__ __forceinline__ bool mm_prologue(const int4 *__restrict__ chunks, con
 	for (int i = lane; i < NG * 16 * 33; i += 32)
 		(&st.b[0][0][0])[i] = make_uint2(0u, 0u);
 	if (lane < 4 * NG)
-		st.scl[lane] = st.isc[lane] = 1.0f;
+		st.f[lane] = 1.0f; /* factor 1: no scale */
 	L.g = lane >> 2, L.t = lane & 3, L.lane = lane, L.n_tok = ch.z, L.sm = &st, L.xr = xr;
 	L.split = 1, L.hp = NULL, L.hq = NULL, L.hnp = 0, L.hF = 0;
 #pragma unroll

@@ -40,6 +40,21 @@ int moe_small_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, c
                   const float *weights, int k, const struct kweight *gate, const struct kweight *up,
                   const struct kweight *down, int64_t E, int64_t F, const struct kweight *sh_gate,
                   const struct kweight *sh_up, const struct kweight *sh_down, float *out, int64_t ldo);
+/* The MoE decode path's L2 prefetch of expert weights, TANDEM_MOE_PF (default 0: off), a sum of:
+ * MOE_PF_ROUTE: the fused router + route kernel prefetches the chosen experts' gate / up / down
+ * (moe_route.cu, at most ~24 MB of them); MOE_PF_ROWS: the small path's gate / up and down blocks
+ * prefetch their rows of their experts right after the wait; MOE_PF_DOWN: the gate / up blocks
+ * prefetch a share of their routed experts' down matrices (<= 16 MB of them). 0: none. The
+ * shared expert's prefetch before KDEP_ENTRY follows TANDEM_PREFETCH instead.
+ * H200, 19:30 run (bench_cuda_moe layer chain, graph, us per layer, batch 1 / 2 / 4 / 8): mask 7
+ * 113.7 / 48.6 / 78.9 / 135.9 against 29.0 / 45.9 / 75.2 / 130.2 with 0; the step at batch 1 15.4
+ * against 8.98 ms. The bulk L2 prefetch goes through the issuing SM's copy engine: from the one last
+ * block of the router kernel its ~21 MB took ~90 us (~250 GB/s), and inside the expert kernels the
+ * blocks' own prefetches lengthened their tails. Hence off. */
+#define MOE_PF_ROUTE 1
+#define MOE_PF_ROWS 2
+#define MOE_PF_DOWN 4
+int moe_pf_mask(void);
 /* TANDEM_MOE_FAST=0 turns the path off (the pair / sorted / grouped kernels of moe_ffn.cu run) */
 bool moe_mma_on(void);
 

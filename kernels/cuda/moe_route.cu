@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/moe_mma.h" /* moe_pf_mask */
 
 #define ROUTE_WARPS 4
 #define ROUTE_EMAX 1024
@@ -168,23 +169,20 @@ __global__ void __launch_bounds__(ROUTE_WARPS * 32)
  * weights summed in double in selection order, ties to the lower id everywhere (contiguous
  * experts per lane: the lower lane holds the lower ids). TANDEM_MOE_ROUTE_FAST=0 or TANDEM_MOE_FAST=0
  * (the switch of the whole MoE decode path) selects the kernel above. */
+/* One token's routing by one warp (the register kernel's body): lg = the token's E logits (read
+ * through L2 with ld.global.cg: the fused router kernel below reads logits other blocks of the same
+ * grid wrote), results to oi[0..k) / ow[0..k); returns this lane's expert (slot lane < k), else -1 */
 template <int V, bool RX>
-__global__ void __launch_bounds__(ROUTE_WARPS * 32)
-    moe_route_reg_kernel(const float *__restrict__ logits, int64_t ld, const float *__restrict__ bias,
-                         int64_t n, int E, int k, int n_group, int n_group_used, int gating, int norm,
-                         float scale, int32_t *__restrict__ ids, float *__restrict__ weights)
+__device__ __forceinline__ int route_reg_token(const float *lg, const float *__restrict__ bias, int E, int k,
+                                               int n_group, int n_group_used, int gating, int norm,
+                                               float scale, int32_t *oi, float *ow)
 {
-	KDEP_ENTRY();
 	const int lane = threadIdx.x & 31;
-	const int64_t tok = (int64_t)blockIdx.x * ROUTE_WARPS + (threadIdx.x >> 5);
-	if (tok >= n)
-		return;
-	const float *lg = logits + tok * ld;
 	const int e0 = lane * V;
 	float p[V], sel[V];
 #pragma unroll
 	for (int j = 0; j < V; j++)
-		p[j] = e0 + j < E ? __ldg(lg + e0 + j) : -INFINITY;
+		p[j] = e0 + j < E ? __ldcg(lg + e0 + j) : -INFINITY;
 	if (gating == 1) {
 		float mx = -INFINITY;
 #pragma unroll
@@ -304,9 +302,24 @@ __global__ void __launch_bounds__(ROUTE_WARPS * 32)
 		float w = my_w;
 		if (norm)
 			w = (float)((double)w / (sum + 1e-20));
-		ids[tok * k + lane] = my_id;
-		weights[tok * k + lane] = w * scale;
+		oi[lane] = my_id;
+		ow[lane] = w * scale;
 	}
+	return lane < k ? my_id : -1;
+}
+
+template <int V, bool RX>
+__global__ void __launch_bounds__(ROUTE_WARPS * 32)
+    moe_route_reg_kernel(const float *__restrict__ logits, int64_t ld, const float *__restrict__ bias,
+                         int64_t n, int E, int k, int n_group, int n_group_used, int gating, int norm,
+                         float scale, int32_t *__restrict__ ids, float *__restrict__ weights)
+{
+	KDEP_ENTRY();
+	const int64_t tok = (int64_t)blockIdx.x * ROUTE_WARPS + (threadIdx.x >> 5);
+	if (tok >= n)
+		return;
+	route_reg_token<V, RX>(logits + tok * ld, bias, E, k, n_group, n_group_used, gating, norm, scale,
+	                       ids + tok * k, weights + tok * k);
 }
 
 /* the register kernel takes E <= 32 V_MAX with k <= 32 (lane i keeps result i) and a group limit
@@ -371,4 +384,216 @@ extern "C" int kcuda_moe_route(struct kcuda_ctx *c, const float *logits, int64_t
 		               bias, n, E, k, n_group, n_group_used, gating, nm, scale, ids, weights);
 	}
 #undef ROUTE_REG
+}
+
+/* ---- router product + route in one launch (kcuda_moe_router_route) ---------------------------- *
+ * Why: at batch 1 the F32 router product (6144 x 256, 6.3 MB) and the route were two launches per
+ * layer, 8.1 + 7.1 us in the 18:14 H200 profile (ncu, one kernel at a time) for ~1.4 us of reading
+ * and ~2k flops: launch, ramp-up and dependent round trips. Here:
+ *   - block b owns router rows 2b, 2b + 1 (RR_ROWS), 4 warps per row, each a quarter of D; a lane
+ *     loads its RR_NV float4 of W into registers BEFORE KDEP_ENTRY (weights are never written while
+ *     kernels run, cuda_common.cuh), so the 6.3 MB stream overlaps the kernel before (add_rmsnorm);
+ *   - after the wait, x (n <= 8 tokens) is read and the dots reduced per warp, then across the
+ *     quarters in a fixed order (deterministic), logits stored;
+ *   - the last block to finish (an atomic ticket, reset by that block for the next launch / graph
+ *     replay; word 1 of the context's err_dev) runs the register route (route_reg_token, same
+ *     arithmetic and ties as kcuda_moe_route) on the logits, one warp per token, reading them
+ *     through L2 (the other blocks' stores were fenced before their tickets);
+ *   - that warp's lanes then prefetch their experts' gate / up / down rows into L2 (pf.on: only
+ *     addresses, results never depend on it), so the expert kernels that follow read L2, and the
+ *     shared expert's weights are prefetched before KDEP_ENTRY (a slice per block).
+ * Shapes it takes: n 1..2 by default, 1..8 with TANDEM_MOE_ROUTER_FUSED=1 (rr_max_tokens), E a multiple of
+ * RR_ROWS with the register route, D % 16 == 0 and D <= 8192, F32 router rows 16-byte aligned; else
+ * ERR_UNSUPPORTED (the two launches as before). TANDEM_MOE_ROUTER_FUSED=0 turns it off; the expert prefetch
+ * is MOE_PF_ROUTE of TANDEM_MOE_PF (moe_mma.h; off by default: measured slower). */
+#define RR_ROWS 2
+#define RR_QW 4 /* warps per row */
+#define RR_NV 16 /* float4 of a row quarter per lane: D <= 32 * 4 * RR_QW * RR_NV = 8192 */
+#define RR_MAXT 8
+
+struct rr_pf {
+	const uint8_t *gate, *up, *down; /* routed experts (expert e at + e * bytes) */
+	size_t gate_bytes, down_bytes;
+	const uint8_t *sg, *su, *sd; /* the shared expert, or NULL */
+	size_t sg_bytes, sd_bytes;
+	int routed; /* prefetch the chosen experts after the route */
+	int shared; /* prefetch the shared expert before KDEP_ENTRY (TANDEM_PREFETCH) */
+};
+
+/* this block's 1 / G share of [p, p + bytes) into L2 (thread 0) */
+__device__ __forceinline__ void rr_prefetch_share(const uint8_t *p, size_t bytes)
+{
+	if (!p || !bytes)
+		return;
+	const size_t G = gridDim.x, b = blockIdx.x;
+	const size_t a0 = bytes * b / G, a1 = bytes * (b + 1) / G;
+	kdep_prefetch_l2(p + a0, a1 - a0);
+}
+
+template <int V, bool RX>
+__global__ void __launch_bounds__(RR_ROWS *RR_QW * 32)
+    moe_router_route_kernel(const float *__restrict__ W, size_t rb, int64_t D, const float *__restrict__ x,
+                            int64_t ldx, int n, float *logits, const float *__restrict__ bias, int E, int k,
+                            int n_group, int n_group_used, int gating, int norm, float scale,
+                            int32_t *__restrict__ ids, float *__restrict__ weights, unsigned *ticket,
+                            rr_pf pf)
+{
+	__shared__ float part[RR_MAXT][RR_ROWS][RR_QW];
+	__shared__ int s_last;
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const int rr = warp / RR_QW, q = warp % RR_QW;
+	const int64_t row = (int64_t)blockIdx.x * RR_ROWS + rr;
+	const int qn = (int)(D / (4 * RR_QW)); /* float4 in a quarter; lane: 32 j + lane < qn */
+	const int64_t q0 = (int64_t)q * (D / RR_QW); /* first element of this warp's quarter */
+	/* the weights: allowed before the wait (never written while kernels run) */
+	float4 w[RR_NV];
+	const float4 *wr = (const float4 *)((const uint8_t *)W + (size_t)row * rb) + q0 / 4;
+#pragma unroll
+	for (int j = 0; j < RR_NV; j++)
+		w[j] = 32 * j + lane < qn ? __ldg(wr + 32 * j + lane) : make_float4(0.f, 0.f, 0.f, 0.f);
+	if (pf.shared && threadIdx.x == 0) {
+		rr_prefetch_share(pf.sg, pf.sg_bytes);
+		rr_prefetch_share(pf.su, pf.sg_bytes);
+		rr_prefetch_share(pf.sd, pf.sd_bytes);
+	}
+	KDEP_ENTRY();
+	/* every token's x loads are independent of the sums: one pass over j with all tokens (the
+	 * loop over tokens used to be a dependent L2 round trip per token at batch 8); each token's sum
+	 * runs over j in order, as before */
+	float acc[RR_MAXT];
+#pragma unroll
+	for (int t = 0; t < RR_MAXT; t++)
+		acc[t] = 0.f;
+#pragma unroll
+	for (int j = 0; j < RR_NV; j++) {
+		if (32 * j >= qn) /* warp-uniform: no lane has an element here */
+			break;
+		const bool in = 32 * j + lane < qn;
+#pragma unroll
+		for (int t = 0; t < RR_MAXT; t++)
+			if (t < n) {
+				const float4 xv =
+				    in ? __ldg((const float4 *)(x + (int64_t)t * ldx + q0) + 32 * j + lane)
+				       : make_float4(0.f, 0.f, 0.f, 0.f);
+				acc[t] = fmaf(w[j].x, xv.x, acc[t]);
+				acc[t] = fmaf(w[j].y, xv.y, acc[t]);
+				acc[t] = fmaf(w[j].z, xv.z, acc[t]);
+				acc[t] = fmaf(w[j].w, xv.w, acc[t]);
+			}
+	}
+#pragma unroll
+	for (int t = 0; t < RR_MAXT; t++)
+		if (t < n) {
+			const float s = kc_warp_sum(acc[t]);
+			if (lane == 0)
+				part[t][rr][q] = s;
+		}
+	__syncthreads();
+	if (threadIdx.x < n * RR_ROWS) {
+		const int t = threadIdx.x / RR_ROWS, r = threadIdx.x % RR_ROWS;
+		const float *pp = part[t][r];
+		logits[(int64_t)t * E + (int64_t)blockIdx.x * RR_ROWS + r] =
+		    (pp[0] + pp[1]) + (pp[2] + pp[3]);
+		__threadfence(); /* the logits before this block's ticket */
+	}
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		__threadfence();
+		s_last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+	}
+	__syncthreads();
+	if (!s_last)
+		return;
+	/* the last block: every other block has stored its logits and taken its ticket */
+	if (threadIdx.x == 0)
+		*ticket = 0u; /* for the next launch (stream order: nothing else touches it meanwhile) */
+	__threadfence();
+	for (int t = warp; t < n; t += RR_ROWS * RR_QW) {
+		const int id =
+		    route_reg_token<V, RX>(logits + (int64_t)t * E, bias, E, k, n_group, n_group_used, gating,
+		                           norm, scale, ids + (int64_t)t * k, weights + (int64_t)t * k);
+		if (pf.routed && id >= 0 && id < E) {
+			kdep_prefetch_l2(pf.gate + (size_t)id * pf.gate_bytes, pf.gate_bytes);
+			kdep_prefetch_l2(pf.up + (size_t)id * pf.gate_bytes, pf.gate_bytes);
+			kdep_prefetch_l2(pf.down + (size_t)id * pf.down_bytes, pf.down_bytes);
+		}
+	}
+}
+
+static bool rr_env_off(const char *name)
+{
+	const char *v = getenv(name);
+	return v && strcmp(v, "0") == 0;
+}
+
+/* the fused kernel's token limit: by default 2 (H200, 19:30 run, bench_cuda_moe layer chain without
+ * the expert prefetch, us per layer against the two launches: batch 1 29.0 / 30.4, 2 45.9 / 46.6, 4
+ * 75.2 / 72.2, 8 130.2 / 127.3; that build still looped over the tokens with a dependent round trip
+ * each, since changed); TANDEM_MOE_ROUTER_FUSED=1: up to RR_MAXT, 0: never */
+static int rr_max_tokens(void)
+{
+	const char *v = getenv("TANDEM_MOE_ROUTER_FUSED");
+	return v && strcmp(v, "1") == 0 ? RR_MAXT : 2;
+}
+
+extern "C" int kcuda_moe_router_route(struct kcuda_ctx *c, const struct kweight *router, const float *x,
+                                      int64_t ldx, int64_t n, float *logits, const float *bias, int E, int k,
+                                      int n_group, int n_group_used, int gating, bool norm, float scale,
+                                      int32_t *ids, float *weights, const struct kcuda_moe_pf *pf)
+{
+	if (!c || !router || !x || !logits || !ids || !weights || n < 0 || E < 1 || k < 1 || k > E ||
+	    n_group < 0 || n_group_used < 0)
+		return kcuda_bad_arg(
+		    "moe_router_route", "n %lld E %d k %d%s", (long long)n, E, k,
+		    !c || !router || !x || !logits || !ids || !weights ? ", or a null pointer" : "");
+	if (rr_env_off("TANDEM_MOE_ROUTER_FUSED") || rr_env_off("TANDEM_MOE_FAST") || n > rr_max_tokens())
+		return ERR_UNSUPPORTED;
+	const int64_t D = router->n_in;
+	if (router->type != KT_F32 || !router->data || router->n_out != E || n < 1 || n > RR_MAXT ||
+	    E % RR_ROWS || D < 16 || D % 16 || D > 32 * 4 * RR_QW * RR_NV ||
+	    router->row_bytes < (size_t)D * 4 || router->row_bytes % 16 || (uintptr_t)router->data % 16 ||
+	    (uintptr_t)x % 16 || ldx % 4 || ldx < D || E > ROUTE_EMAX || n_group > 32)
+		return ERR_UNSUPPORTED;
+	if (n_group > 1 && n_group_used < n_group && (E % n_group || n_group_used < 1))
+		return kcuda_bad_arg("moe_router_route", "E %d not split in %d groups, or %d groups used", E,
+		                     n_group, n_group_used);
+	const int V = route_reg_v(E, k, n_group, n_group_used);
+	if (!V)
+		return ERR_UNSUPPORTED;
+	rr_pf p = {};
+	if (pf) {
+		/* the chosen experts only while they fit L2 comfortably (batch 8 of GLM-5 would want ~150
+		 * MB: the prefetch would evict itself) */
+		const double routed = (double)n * k * (2.0 * (double)pf->gate_bytes + (double)pf->down_bytes);
+		p.routed = pf->gate && pf->up && pf->down && routed <= 24e6 && (moe_pf_mask() & MOE_PF_ROUTE);
+		p.gate = (const uint8_t *)pf->gate, p.up = (const uint8_t *)pf->up;
+		p.down = (const uint8_t *)pf->down;
+		p.gate_bytes = pf->gate_bytes, p.down_bytes = pf->down_bytes;
+		p.shared = pf->sh_gate && pf->sh_up && pf->sh_down && kcuda_prefetch_enabled();
+		p.sg = (const uint8_t *)pf->sh_gate, p.su = (const uint8_t *)pf->sh_up;
+		p.sd = (const uint8_t *)pf->sh_down;
+		p.sg_bytes = pf->sh_gate_bytes, p.sd_bytes = pf->sh_down_bytes;
+	}
+	const char *rf = getenv("TANDEM_MOE_ROUTE_FAST");
+	const bool rx = !(rf && strcmp(rf, "1") == 0);
+	const dim3 grid((unsigned)(E / RR_ROWS)), block(RR_ROWS * RR_QW * 32);
+	const int nm = norm ? 1 : 0, nn = (int)n;
+	unsigned *ticket = c->err_dev + 1; /* ctx.cu: word 1 of err_dev */
+	const float *W = (const float *)router->data;
+#define RR_CASE(VV)                                                                                          \
+	case VV:                                                                                             \
+		return klaunch("moe_router_route",                                                           \
+		               rx ? moe_router_route_kernel<VV, true> : moe_router_route_kernel<VV, false>,  \
+		               grid, block, 0, c->stream, W, router->row_bytes, D, x, ldx, nn, logits, bias, \
+		               E, k, n_group, n_group_used, gating, nm, scale, ids, weights, ticket, p)
+	switch (V) {
+		RR_CASE(1);
+		RR_CASE(2);
+		RR_CASE(4);
+		RR_CASE(8);
+		RR_CASE(16);
+		RR_CASE(32);
+	default: return ERR_UNSUPPORTED;
+	}
+#undef RR_CASE
 }

@@ -80,7 +80,7 @@ __device__ __forceinline__ void ms_lane_init(mm_stage<1> &st, const float *const
 	for (int i = lane; i < 16 * 33; i += 32)
 		(&st.b[0][0][0])[i] = make_uint2(0u, 0u);
 	if (lane < 4)
-		st.scl[lane] = st.isc[lane] = 1.0f;
+		st.f[lane] = 1.0f; /* factor 1: no scale */
 	L.g = lane >> 2, L.t = lane & 3, L.lane = lane, L.n_tok = cnt, L.sm = &st, L.xr = xr;
 	L.split = 1, L.hp = NULL, L.hq = NULL, L.hnp = 0, L.hF = 0;
 #pragma unroll
@@ -91,16 +91,37 @@ __device__ __forceinline__ void ms_lane_init(mm_stage<1> &st, const float *const
 	__syncwarp();
 }
 
+/* L2 prefetch flags of the kernels (weights only; results never depend on them) */
+#define MS_PF_SHARED 1 /* the shared expert's weights before KDEP_ENTRY (TANDEM_PREFETCH) */
+#define MS_PF_ROWS 2 /* after the wait: the block's rows of its routed expert(s) at once */
+#define MS_PF_DOWN 4 /* gate / up: a 1 / gridDim.x share of the routed expert's down matrix */
+
+/* gate / up block's prefetch, thread `which`: 0 its NF gate rows, 1 its NF up rows (whole rows:
+ * split 1 only), 2 its 1 / gridDim.x share of the down matrix dn (down_bytes; split z 0 only) */
+__device__ __forceinline__ void ms_prefetch_block(int which, const uint8_t *g, const uint8_t *u,
+                                                  const uint8_t *dn, int64_t f0, int NF, size_t rb,
+                                                  size_t down_bytes, int S, int z)
+{
+	if (which < 2 && S == 1)
+		kdep_prefetch_l2((which ? u : g) + (size_t)f0 * rb, (size_t)NF * rb);
+	else if (which == 2 && dn && z == 0) {
+		const size_t G = gridDim.x, b = blockIdx.x;
+		const size_t a0 = down_bytes * b / G, a1 = down_bytes * (b + 1) / G;
+		kdep_prefetch_l2(dn + a0, a1 - a0);
+	}
+}
+
 /* grid (F / 16, np, split), W warps (8, or 4: TANDEM_MOE_SMALL_GUW): block y computes h[q][f0 .. f0 + 15] for
  * the pairs q of the chunk pair y leads (none: exits); warp w takes units w, w + W, ... of D for the 16 rows
  * of gate (tile 0) and up (tile 1) */
-template <int T, int W, int R>
+template <int T, int W, int R, bool DB>
 __global__ void __launch_bounds__(W * 32)
     moe_small_gate_up_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                              const uint8_t *__restrict__ sg, const uint8_t *__restrict__ su, size_t rb, int E,
                              int64_t F, int64_t n_units, const float *__restrict__ x, int64_t ldx,
                              const int32_t *__restrict__ ids, int k, int np_r, int np, float *__restrict__ h,
-                             float *__restrict__ hp)
+                             float *__restrict__ hp, const uint8_t *__restrict__ wd,
+                             const uint8_t *__restrict__ sd, size_t down_bytes, int pf)
 {
 	/* R 2: rows f0 .. f0 + 15 of gate (tile 0) and up (tile 1); R 1 (TANDEM_MOE_SMALL_HALF=1): ONE
 	 * tile, rows f0 .. f0 + 7 of gate as its upper half and of up as its lower half: half the math
@@ -110,8 +131,15 @@ __global__ void __launch_bounds__(W * 32)
 	__shared__ mm_stage<1> stage[W];
 	__shared__ const float *xr[4];
 	__shared__ int es[MS_MAX_PAIRS], mem[MS_CH], s_cnt;
-	KDEP_ENTRY();
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, p = (int)blockIdx.y;
+	const int64_t f0 = (int64_t)blockIdx.x * NF;
+	const int S = (int)gridDim.z, z = (int)blockIdx.z; /* split z: units u0 .. u1 - 1 of D */
+	/* The shared expert's weights before the wait (weights only: cuda_common.cuh): a shared pair
+	 * leads its chunk when the number of shared pairs before it is a multiple of MS_CH (routed
+	 * pairs never name expert E), known without the ids */
+	if ((pf & MS_PF_SHARED) && p >= np_r && (p - np_r) % MS_CH == 0 && threadIdx.x < 3)
+		ms_prefetch_block(threadIdx.x, sg, su, sd, f0, NF, rb, down_bytes, S, z);
+	KDEP_ENTRY();
 	for (int i = threadIdx.x; i < np; i += W * 32)
 		es[i] = ms_expert(ids, i, np_r, E);
 	__syncthreads();
@@ -128,11 +156,15 @@ __global__ void __launch_bounds__(W * 32)
 	const int cnt = s_cnt, e = es[p];
 	if (!cnt)
 		return;
-	mm_lane<R, 1> L;
-	ms_lane_init<R>(stage[warp], xr, cnt, lane, L);
-	const int64_t f0 = (int64_t)blockIdx.x * NF;
 	const size_t eo = e < E ? (size_t)e * (size_t)F * rb : 0; /* expert E: the shared one */
 	const uint8_t *bg = (e < E ? wg : sg) + eo, *bu = (e < E ? wu : su) + eo;
+	/* a routed expert's rows of this block (and a share of its down matrix) in flight at once: the
+	 * warps walk their units one after another, each a dependent round trip */
+	if ((pf & MS_PF_ROWS) && e < E && threadIdx.x < 3)
+		ms_prefetch_block(threadIdx.x, bg, bu, (pf & MS_PF_DOWN) ? wd + (size_t)e * down_bytes : NULL,
+		                  f0, NF, rb, down_bytes, S, z);
+	mm_lane<R, 1> L;
+	ms_lane_init<R>(stage[warp], xr, cnt, lane, L);
 	const uint8_t *rows[R][2];
 	if (R == 2) {
 #pragma unroll
@@ -145,10 +177,27 @@ __global__ void __launch_bounds__(W * 32)
 		rows[0][1] = bu + ((size_t)f0 + L.g) * rb;
 	}
 	const bool rb4 = rb % 4 == 0;
-	const int S = (int)gridDim.z, z = (int)blockIdx.z; /* split z: units u0 .. u1 - 1 of D */
 	const int64_t u0 = n_units * z / S, u1 = n_units * (z + 1) / S;
-	for (int64_t u = u0 + warp; u < u1; u += W)
-		mm_unit<T, R, 1>(L, rows, u, rb4);
+	if constexpr ((T == KT_Q4_K || T == KT_Q5_K) && DB) {
+		{ /* TANDEM_MOE_DB=1: the next unit's weight words load while this one computes */
+			gm_k45_w<T, R> wa, wb;
+			int64_t u = u0 + warp;
+			if (u < u1)
+				gm_k45_load<T, R>(wa, rows, u, L.t);
+			for (; u < u1; u += 2 * W) { /* two units per trip: no register copies */
+				if (u + W < u1)
+					gm_k45_load<T, R>(wb, rows, u + W, L.t);
+				gm_k45_math<T, R, 1>(L, wa, u);
+				if (u + W >= u1)
+					break;
+				if (u + 2 * W < u1)
+					gm_k45_load<T, R>(wa, rows, u + 2 * W, L.t);
+				gm_k45_math<T, R, 1>(L, wb, u + W);
+			}
+		}
+	} else
+		for (int64_t u = u0 + warp; u < u1; u += W)
+			mm_unit<T, R, 1>(L, rows, u, rb4);
 #pragma unroll
 	for (int r = 0; r < R; r++)
 #pragma unroll
@@ -185,23 +234,31 @@ __global__ void __launch_bounds__(W * 32, (T == KT_Q4_K || T == KT_Q5_K) ? 3 : 4
                           int64_t D, int64_t n_units, const float *__restrict__ h, int64_t F,
                           const int32_t *__restrict__ ids, const float *__restrict__ wts, int k, int np_r,
                           int np, int n, float *__restrict__ out, int64_t ldo, unsigned *err, int split,
-                          const float *__restrict__ hp)
+                          const float *__restrict__ hp, int pf)
 {
 	__shared__ mm_stage<1> stage[W];
 	__shared__ float ys[MS_MAX_PAIRS][16 * R];
 	__shared__ float wsh[MS_MAX_PAIRS]; /* the routing weights, loaded with the ids (off the tail) */
 	__shared__ int es[MS_MAX_PAIRS], mem[W][MS_CH];
 	__shared__ const float *xr[W][4];
-	KDEP_ENTRY();
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const int64_t row0 = (int64_t)blockIdx.x * 16 * R;
+	const int64_t nrows = D - row0 < 16 * R ? D - row0 : 16 * R; /* this block's rows */
+	if ((pf & MS_PF_SHARED) && np > np_r && threadIdx.x == 0) /* weights: before the wait */
+		kdep_prefetch_l2(sd + (size_t)row0 * rb, (size_t)nrows * rb);
+	KDEP_ENTRY();
 	for (int i = threadIdx.x; i < np; i += W * 32) {
 		wsh[i] = i < np_r ? wts[i] : 1.0f;
 		es[i] = ms_expert(ids, i, np_r, E);
 		if (es[i] < 0 && blockIdx.x == 0)
 			atomicAdd(err, 1u);
+		/* every pair's rows of this block in flight at once (a repeated expert asks twice: cheap);
+		 * the warps then run their chunks one after another from L2 */
+		if ((pf & MS_PF_ROWS) && es[i] >= 0 && es[i] < E)
+			kdep_prefetch_l2(wd + ((size_t)es[i] * (size_t)D + (size_t)row0) * rb,
+			                 (size_t)nrows * rb);
 	}
 	__syncthreads();
-	const int64_t row0 = (int64_t)blockIdx.x * 16 * R;
 	const bool rb4 = rb % 4 == 0;
 	for (int p = warp; p < np; p += W) {
 		const int cnt = ms_chunk(es, np, p, mem[warp], lane);
@@ -307,6 +364,7 @@ struct ms_args {
 	const int32_t *ids;
 	int64_t ldx, F, D, ldo;
 	int E, k, np_r, np, n, split;
+	int pf_gu, pf_dn; /* MS_PF_* of the two kernels */
 	float *h, *hp, *out;
 };
 
@@ -329,22 +387,65 @@ static bool ms_half(int n)
 	return n <= 2;
 }
 
-template <int T> static int ms_gate_up_t(struct kcuda_ctx *c, const struct ms_args &a)
+/* L2 prefetch in the two kernels (weights only): the shared expert before KDEP_ENTRY unless
+ * TANDEM_PREFETCH=0; the routed experts' rows right after the wait (MOE_PF_ROWS), and a share of
+ * each routed expert's down matrix from the gate / up blocks (MOE_PF_DOWN) while those are few
+ * enough to stay in L2 until the down kernel reads them (<= 16 MB: 1-2 tokens of GLM-5) */
+int moe_pf_mask(void)
+{
+	const char *v = getenv("TANDEM_MOE_PF");
+	if (!v || !*v) /* off by default: every part measured slower (moe_mma.h) */
+		return 0;
+	const long m = strtol(v, NULL, 10);
+	return (int)(m & (MOE_PF_ROUTE | MOE_PF_ROWS | MOE_PF_DOWN));
+}
+
+static void ms_pf_flags(struct ms_args *a, bool sh)
+{
+	const int m = moe_pf_mask();
+	const bool rows = (m & MOE_PF_ROWS) != 0;
+	const int shf = sh && kcuda_prefetch_enabled() ? MS_PF_SHARED : 0;
+	const double down_bytes = (double)a->D * (double)a->down->row_bytes;
+	a->pf_gu = shf | (rows ? MS_PF_ROWS : 0) |
+	           ((m & MOE_PF_DOWN) && a->np_r * down_bytes <= 16e6 ? MS_PF_DOWN : 0);
+	a->pf_dn = shf | (rows ? MS_PF_ROWS : 0);
+}
+
+/* TANDEM_MOE_DB=1: gate / up (Q4_K / Q5_K) keep the next unit's weight loads in flight while the
+ * current unit computes (register double buffering); off by default until measured */
+static int ms_db(void)
+{
+	const char *v = getenv("TANDEM_MOE_DB");
+	return v && strcmp(v, "1") == 0;
+}
+
+template <int T, bool DB> static int ms_gate_up_launch(struct kcuda_ctx *c, const struct ms_args &a)
 {
 	const int w = ms_gu_warps();
 	if (ms_half(a.n))
-		return klaunch("moe_small_gate_up",
-		               w == 4 ? moe_small_gate_up_kernel<T, 4, 1> : moe_small_gate_up_kernel<T, 8, 1>,
-		               dim3((unsigned)(a.F / 8), (unsigned)a.np, (unsigned)a.split), dim3(w * 32), 0,
-		               c->stream, (const uint8_t *)a.gate->data, (const uint8_t *)a.up->data,
-		               (const uint8_t *)a.sg, (const uint8_t *)a.su, a.gate->row_bytes, a.E, a.F,
-		               a.D / 256, a.x, a.ldx, a.ids, a.k, a.np_r, a.np, a.h, a.hp);
+		return klaunch(
+		    "moe_small_gate_up",
+		    w == 4 ? moe_small_gate_up_kernel<T, 4, 1, DB> : moe_small_gate_up_kernel<T, 8, 1, DB>,
+		    dim3((unsigned)(a.F / 8), (unsigned)a.np, (unsigned)a.split), dim3(w * 32), 0, c->stream,
+		    (const uint8_t *)a.gate->data, (const uint8_t *)a.up->data, (const uint8_t *)a.sg,
+		    (const uint8_t *)a.su, a.gate->row_bytes, a.E, a.F, a.D / 256, a.x, a.ldx, a.ids, a.k,
+		    a.np_r, a.np, a.h, a.hp, (const uint8_t *)a.down->data, (const uint8_t *)a.sd,
+		    (size_t)a.D * a.down->row_bytes, a.pf_gu);
 	return klaunch("moe_small_gate_up",
-	               w == 4 ? moe_small_gate_up_kernel<T, 4, 2> : moe_small_gate_up_kernel<T, 8, 2>,
+	               w == 4 ? moe_small_gate_up_kernel<T, 4, 2, DB> : moe_small_gate_up_kernel<T, 8, 2, DB>,
 	               dim3((unsigned)(a.F / 16), (unsigned)a.np, (unsigned)a.split), dim3(w * 32), 0,
 	               c->stream, (const uint8_t *)a.gate->data, (const uint8_t *)a.up->data,
 	               (const uint8_t *)a.sg, (const uint8_t *)a.su, a.gate->row_bytes, a.E, a.F, a.D / 256,
-	               a.x, a.ldx, a.ids, a.k, a.np_r, a.np, a.h, a.hp);
+	               a.x, a.ldx, a.ids, a.k, a.np_r, a.np, a.h, a.hp, (const uint8_t *)a.down->data,
+	               (const uint8_t *)a.sd, (size_t)a.D * a.down->row_bytes, a.pf_gu);
+}
+
+template <int T> static int ms_gate_up_t(struct kcuda_ctx *c, const struct ms_args &a)
+{
+	if constexpr (T == KT_Q4_K || T == KT_Q5_K)
+		if (ms_db())
+			return ms_gate_up_launch<T, true>(c, a);
+	return ms_gate_up_launch<T, false>(c, a);
 }
 
 template <int T> static int ms_down_t(struct kcuda_ctx *c, const struct ms_args &a)
@@ -363,7 +464,7 @@ template <int T> static int ms_down_t(struct kcuda_ctx *c, const struct ms_args 
 	               dim3((w9 ? W9 : W) * 32), 0, c->stream, (const uint8_t *)a.down->data,
 	               (const uint8_t *)a.sd, a.down->row_bytes, a.E, a.D, a.F / 256, (const float *)a.h, a.F,
 	               a.ids, a.w, a.k, a.np_r, a.np, a.n, a.out, a.ldo, c->err_dev, a.split,
-	               (const float *)a.hp);
+	               (const float *)a.hp, a.pf_dn);
 }
 
 int moe_small_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
@@ -378,6 +479,7 @@ int moe_small_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, c
 	a.x = x, a.w = weights, a.ids = ids, a.ldx = ldx, a.F = F, a.D = gate->n_in, a.ldo = ldo;
 	a.E = (int)E, a.k = k, a.np_r = (int)(n * k), a.np = a.np_r + (sh ? (int)n : 0), a.n = (int)n;
 	a.split = ms_split(n, a.D / 256);
+	ms_pf_flags(&a, sh);
 	a.h = a.hp = (float *)c->ws; /* h (split 1) or the partial sums */
 	a.out = out;
 	const int64_t n_ex = (a.np_r < E ? a.np_r : E) + (sh ? 1 : 0);

@@ -404,6 +404,9 @@ int main(void)
 			g_xscale = 3e5f;
 			for (int64_t nt = 1; nt <= 8; nt += (nt < 2 ? 1 : 3))
 				setup_fail |= run_case(c, type, 512, 48, nt, KCUDA_MM_AUTO, 0, "large x");
+			/* and on the tile product (9.. tokens; matmul_tile.cu's per-piece scale) */
+			setup_fail |= run_case(c, type, 512, 48, 12, KCUDA_MM_AUTO, 0, "large x tile");
+			setup_fail |= run_case(c, type, 1024, 80, 40, KCUDA_MM_AUTO, 0, "large x tile");
 			g_xscale = 1.0f;
 		}
 	}

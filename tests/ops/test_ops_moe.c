@@ -167,6 +167,9 @@ static struct kpool *pool; /* threads for the CPU reference */
 /* expert ids of ffn_case: 0 distinct per token (as the router gives), 1 every pair one of two
  * experts (ids repeat inside a token: legal input, chunks of 4 on the small path) */
 static int id_mode;
+/* activations uniform in [-g_xscale, g_xscale): 1, or 1e5..1e6 for the fp16 range cases (the
+ * tensor-core units stage x as fp16 hi / lo; a unit reaching 2^15 is staged scaled) */
+static float g_xscale = 1.0f;
 
 /* kcuda_moe_ffn, or kcuda_moe_ffn_shexp with the case's shared expert */
 static int run_ffn(const struct fdims *fd, void *x, int n, void *ids, void *w, const struct kweight *g,
@@ -221,7 +224,7 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 	ops_fill_weight(type, D, E * F, rb_d, hu);
 	ops_fill_weight(dtype, F, E * D, rb_f, hd);
 	for (int64_t i = 0; i < n * D; i++)
-		x[i] = ops_rng_unif();
+		x[i] = g_xscale * ops_rng_unif();
 	if (fd->shexp) {
 		hsg.data = sg = malloc(rb_d * (size_t)F);
 		hsu.data = su = malloc(rb_d * (size_t)F);
@@ -335,8 +338,9 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 	OPS_CHECK(rc == 0 && ops_dbuf_get(ctx, &ob, again) == 0 &&
 	              memcmp(again, got, sizeof(float) * (size_t)(n * D)) == 0,
 	          "moe ffn %s %s n %d (%s): two runs differ", fd->name, ti->name, n, path);
-	printf("moe ffn %-12s %-5s down %-5s n %3d (%s): max|ref| %.3g max err %.3g (rel %.2g)\n", fd->name,
-	       ti->name, ktype_name(dtype), n, path, maxref, maxerr, maxref > 0 ? maxerr / maxref : 0.0);
+	printf("moe ffn %-12s %-5s down %-5s n %3d (%s)%s: max|ref| %.3g max err %.3g (rel %.2g)\n", fd->name,
+	       ti->name, ktype_name(dtype), n, path, g_xscale != 1.0f ? " large x" : "", maxref, maxerr,
+	       maxref > 0 ? maxerr / maxref : 0.0);
 	/* the sorted path sums each pair in the pair kernels' order: the same bits, token by token;
 	 * the mma path's columns are computed independently: also the same bits token by token
 	 * (reported, not required: it rests on the tensor core's per-column order) */
@@ -497,6 +501,209 @@ out:
 	free(sel);
 	free(rid);
 	free(gid);
+}
+
+/* kcuda_moe_router_route (router product + route in one launch, moe_route.cu) against the CPU
+ * chain kcpu_matmul + kcpu_moe_route. Logits within 2e-5 of sum|w x| of the CPU's; the ids and
+ * weights against kcpu_moe_route run on the GPU's own logits (ids equal, ties to the lower id,
+ * weights within 1e-6) and against kcuda_moe_route on them (the same bits); ties: some router rows
+ * are copies of others, so their logits tie exactly. Runs three times (the ticket resets itself):
+ * the same bits. pf: a dummy expert buffer for the prefetch addresses. Guard bytes on all outputs. */
+static void router_route_case(const char *name, int E, int k, int n_group, int n_used, int gating, int norm,
+                              float scale, int64_t D, int n, int ties)
+{
+	float *wr = malloc(sizeof(float) * (size_t)(E * D)), *x = malloc(sizeof(float) * (size_t)(n * D));
+	float *lg = malloc(sizeof(float) * (size_t)(n * E)), *glg = malloc(sizeof(float) * (size_t)(n * E));
+	float *glg2 = malloc(sizeof(float) * (size_t)(n * E)), *bias = malloc(sizeof(float) * (size_t)E);
+	float *rw = malloc(sizeof(float) * (size_t)(n * k)), *gw = malloc(sizeof(float) * (size_t)(n * k));
+	float *gw2 = malloc(sizeof(float) * (size_t)(n * k)), *scr = malloc(sizeof(float) * 2 * (size_t)E);
+	double *sabs = malloc(sizeof(double) * (size_t)(n * E));
+	int32_t *rid = malloc(sizeof(int32_t) * (size_t)(n * k)),
+	        *gid = malloc(sizeof(int32_t) * (size_t)(n * k)),
+	        *gid2 = malloc(sizeof(int32_t) * (size_t)(n * k));
+	struct kweight hw = {KT_F32, D, E, (size_t)D * 4, wr}, dw = {0};
+	void *d_x = NULL, *d_b = NULL, *d_pf = NULL;
+	struct ops_dbuf lb = {0}, ib = {0}, wb = {0}, ib2 = {0}, wb2 = {0};
+	if (!wr || !x || !lg || !glg || !glg2 || !bias || !rw || !gw || !gw2 || !scr || !sabs || !rid ||
+	    !gid || !gid2) {
+		OPS_CHECK(0, "%s: host allocation", name);
+		goto out;
+	}
+	for (int64_t i = 0; i < E * D; i++)
+		wr[i] = ops_rng_unif() * 0.05f;
+	int n_copies = 0;
+	if (ties) /* rows 16 j + 5 = rows 16 j + 3: equal logits, the lower id must win */
+		for (int e = 5; e < E; e += 16, n_copies++)
+			memcpy(wr + (int64_t)e * D, wr + (int64_t)(e - 2) * D, sizeof(float) * (size_t)D);
+	for (int64_t i = 0; i < n * D; i++)
+		x[i] = ops_rng_unif();
+	for (int e = 0; e < E; e++)
+		bias[e] = ties ? 0.0f : ops_rng_unif() * 0.1f; /* equal biases where the rows tie */
+	kcpu_matmul(NULL, &hw, x, D, n, lg, E);
+	for (int i = 0; i < n; i++)
+		for (int e = 0; e < E; e++) {
+			double a = 0;
+			for (int64_t j = 0; j < D; j++)
+				a += fabs((double)wr[(int64_t)e * D + j] * x[(int64_t)i * D + j]);
+			sabs[i * E + e] = a;
+		}
+	const size_t pf_bytes = (size_t)E * 4096 + 3 * 8192;
+	if (kcuda_weight_upload(ctx, &hw, &dw) || kcuda_alloc(sizeof(float) * (size_t)(n * D), &d_x) ||
+	    kcuda_alloc(sizeof(float) * (size_t)E, &d_b) || kcuda_alloc(pf_bytes, &d_pf) ||
+	    ops_dbuf_init(ctx, &lb, sizeof(float) * (size_t)(n * E)) ||
+	    ops_dbuf_init(ctx, &ib, sizeof(int32_t) * (size_t)(n * k)) ||
+	    ops_dbuf_init(ctx, &wb, sizeof(float) * (size_t)(n * k)) ||
+	    ops_dbuf_init(ctx, &ib2, sizeof(int32_t) * (size_t)(n * k)) ||
+	    ops_dbuf_init(ctx, &wb2, sizeof(float) * (size_t)(n * k))) {
+		OPS_CHECK(0, "%s: device allocation", name);
+		goto out;
+	}
+	kcuda_upload(ctx, d_x, x, sizeof(float) * (size_t)(n * D));
+	kcuda_upload(ctx, d_b, bias, sizeof(float) * (size_t)E);
+	uint8_t *pfb = d_pf;
+	const struct kcuda_moe_pf pf = {pfb,
+	                                pfb,
+	                                pfb,
+	                                2048,
+	                                4096,
+	                                pfb + (size_t)E * 4096,
+	                                pfb + (size_t)E * 4096 + 8192,
+	                                pfb + (size_t)E * 4096 + 16384,
+	                                8192,
+	                                8192};
+	int same = 1;
+	for (int run = 0; run < 3; run++) {
+		int rc = kcuda_moe_router_route(ctx, &dw, d_x, D, n, lb.user, d_b, E, k, n_group, n_used,
+		                                gating, norm, scale, ib.user, wb.user, run == 1 ? NULL : &pf);
+		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "%s n %d: rc %d", name, n, rc);
+		if (rc)
+			goto out;
+		size_t g = ops_dbuf_get(ctx, &lb, run ? glg2 : glg) +
+		           ops_dbuf_get(ctx, &ib, run ? gid2 : gid) + ops_dbuf_get(ctx, &wb, run ? gw2 : gw);
+		OPS_CHECK(g == 0, "%s n %d: %zu guard bytes damaged", name, n, g);
+		if (run)
+			same &= !memcmp(glg, glg2, sizeof(float) * (size_t)(n * E)) &&
+			        !memcmp(gid, gid2, sizeof(int32_t) * (size_t)(n * k)) &&
+			        !memcmp(gw, gw2, sizeof(float) * (size_t)(n * k));
+	}
+	OPS_CHECK(same, "%s n %d: three runs differ", name, n);
+	double maxl = 0;
+	int bad_l = 0;
+	for (int i = 0; i < n * E; i++) {
+		const double e = fabs((double)glg[i] - lg[i]) / (sabs[i] > 1e-30 ? sabs[i] : 1e-30);
+		maxl = e > maxl ? e : maxl;
+		bad_l += !(e <= 2e-5);
+	}
+	OPS_CHECK(bad_l == 0, "%s n %d: %d logits off (max %.3g of sum|wx|)", name, n, bad_l, maxl);
+	/* the route on the GPU's logits: the CPU's and the standalone kernel's */
+	int bad_ids = 0, bad_w = 0, tie_pairs = 0;
+	double maxrel = 0;
+	for (int i = 0; i < n; i++) {
+		kcpu_moe_route(glg + i * E, d_b ? bias : NULL, E, k, n_group, n_used, gating, norm, scale,
+		               rid + i * k, rw + i * k, scr);
+		for (int e = 5; ties && e < E; e += 16)
+			for (int j = 0; j < k; j++)
+				tie_pairs += rid[i * k + j] == e - 2; /* the tied copy had to lose */
+	}
+	for (int i = 0; i < n * k; i++) {
+		if (gid[i] != rid[i]) {
+			if (bad_ids++ < 3)
+				printf("  %s: token %d slot %d: gpu expert %d, cpu %d\n", name, i / k, i % k,
+				       gid[i], rid[i]);
+			continue;
+		}
+		const double rel = fabs((double)gw[i] - rw[i]) / (fabs(rw[i]) > 1e-30 ? fabs(rw[i]) : 1e-30);
+		bad_w += !isfinite(gw[i]) || rel > 1e-6;
+		maxrel = rel > maxrel ? rel : maxrel;
+	}
+	OPS_CHECK(bad_ids == 0, "%s n %d: %d ids differ from kcpu_moe_route on the same logits", name, n,
+	          bad_ids);
+	OPS_CHECK(bad_w == 0, "%s n %d: %d weights off (max rel %.3g)", name, n, bad_w, maxrel);
+	int rc = kcuda_moe_route(ctx, lb.user, E, d_b, n, E, k, n_group, n_used, gating, norm, scale,
+	                         ib2.user, wb2.user);
+	OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0 && ops_dbuf_get(ctx, &ib2, gid2) == 0 &&
+	              ops_dbuf_get(ctx, &wb2, gw2) == 0 &&
+	              !memcmp(gid, gid2, sizeof(int32_t) * (size_t)(n * k)) &&
+	              !memcmp(gw, gw2, sizeof(float) * (size_t)(n * k)),
+	          "%s n %d: differs from kcuda_moe_route on its logits", name, n);
+	printf("%-44s n %d D %5lld: logits max err %.2g of sum|wx|, ids equal, weights rel %.2g, %d "
+	       "tied copies chosen (lower id kept)\n",
+	       name, n, (long long)D, maxl, maxrel, tie_pairs);
+	(void)n_copies;
+out:
+	kcuda_weight_free(&dw);
+	kcuda_free(d_x);
+	kcuda_free(d_b);
+	kcuda_free(d_pf);
+	ops_dbuf_fini(&lb);
+	ops_dbuf_fini(&ib);
+	ops_dbuf_fini(&wb);
+	ops_dbuf_fini(&ib2);
+	ops_dbuf_fini(&wb2);
+	free(wr);
+	free(x);
+	free(lg);
+	free(glg);
+	free(glg2);
+	free(bias);
+	free(rw);
+	free(gw);
+	free(gw2);
+	free(scr);
+	free(sabs);
+	free(rid);
+	free(gid);
+	free(gid2);
+}
+
+/* shapes and switches kcuda_moe_router_route hands back (ERR_UNSUPPORTED, nothing enqueued) */
+static void router_route_refusals(void)
+{
+	const int64_t D = 512;
+	const int E = 64, k = 4;
+	float *wr = calloc((size_t)(E * D), sizeof(float));
+	struct kweight hw = {KT_F32, D, E, (size_t)D * 4, wr}, dw = {0};
+	void *d_x = NULL, *d_o = NULL;
+	if (!wr || kcuda_weight_upload(ctx, &hw, &dw) || kcuda_alloc(sizeof(float) * 16 * (size_t)D, &d_x) ||
+	    kcuda_alloc(sizeof(float) * 16 * (size_t)E * 3, &d_o)) {
+		OPS_CHECK(0, "router_route refusals: allocation");
+		goto out;
+	}
+	float *lo = d_o, *wo = lo + 16 * E;
+	int32_t *io = (int32_t *)(wo + 16 * E);
+	OPS_CHECK(kcuda_moe_router_route(ctx, &dw, d_x, D, 9, lo, NULL, E, k, 1, 1, 0, true, 1.f, io, wo,
+	                                 NULL) == ERR_UNSUPPORTED,
+	          "router_route: 9 tokens not refused");
+	OPS_CHECK(kcuda_moe_router_route(ctx, &dw, d_x, D, 3, lo, NULL, E, k, 1, 1, 0, true, 1.f, io, wo,
+	                                 NULL) == ERR_UNSUPPORTED,
+	          "router_route: 3 tokens taken without TANDEM_MOE_ROUTER_FUSED=1");
+	struct kweight odd = dw;
+	odd.n_in = 504; /* D % 16 != 0 */
+	OPS_CHECK(kcuda_moe_router_route(ctx, &odd, d_x, D, 1, lo, NULL, E, k, 1, 1, 0, true, 1.f, io, wo,
+	                                 NULL) == ERR_UNSUPPORTED,
+	          "router_route: D 504 not refused");
+	odd = dw;
+	odd.type = KT_BF16;
+	OPS_CHECK(kcuda_moe_router_route(ctx, &odd, d_x, D, 1, lo, NULL, E, k, 1, 1, 0, true, 1.f, io, wo,
+	                                 NULL) == ERR_UNSUPPORTED,
+	          "router_route: a BF16 router not refused");
+	OPS_CHECK(kcuda_moe_router_route(ctx, &dw, d_x, D, 1, lo, NULL, E, 70, 1, 1, 0, true, 1.f, io, wo,
+	                                 NULL) == -EINVAL,
+	          "router_route: k > E accepted");
+	setenv("TANDEM_MOE_ROUTER_FUSED", "0", 1);
+	OPS_CHECK(kcuda_moe_router_route(ctx, &dw, d_x, D, 1, lo, NULL, E, k, 1, 1, 0, true, 1.f, io, wo,
+	                                 NULL) == ERR_UNSUPPORTED,
+	          "router_route: TANDEM_MOE_ROUTER_FUSED=0 not honoured");
+	unsetenv("TANDEM_MOE_ROUTER_FUSED");
+	OPS_CHECK(kcuda_sync(ctx) == 0, "router_route refusals: stream error");
+	printf("router_route: 9 tokens, 3 by default, D 504, BF16 router, TANDEM_MOE_ROUTER_FUSED=0 refused; "
+	       "k > E "
+	       "rejected\n");
+out:
+	kcuda_weight_free(&dw);
+	kcuda_free(d_x);
+	kcuda_free(d_o);
+	free(wr);
 }
 
 static void test_args(void)
@@ -722,7 +929,61 @@ int main(void)
 	setenv("TANDEM_MOE_SMALL", "0", 1);
 	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 2, 1e-4);
 	unsetenv("TANDEM_MOE_SMALL");
+	/* fp16 range: activations up to 1e5..1e6 (gate / up inputs) and so h = SiLU(g) u far past
+	 * 65504 (down inputs): the small path, the sorted path, the split gate / up (h formed from
+	 * partial sums), GLM-5 / DS-V3 per-rank dims, every expert type of the units */
+	g_xscale = 1e6f;
+	ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+	ffn_case(&e256s, KT_Q6_K, KT_Q8_0, 3, 1e-4);
+	g_xscale = 1e5f;
+	ffn_case(&e256s, KT_Q5_K, KT_Q6_K, 8, 1e-4);
+	ffn_case(&e256s, KT_Q8_0, KT_Q5_K, 17, 1e-4); /* the sorted path */
+	setenv("TANDEM_MOE_SMALL_SPLIT", "3", 1);
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 2, 1e-4);
+	unsetenv("TANDEM_MOE_SMALL_SPLIT");
+	if (!quick) {
+		g_xscale = 3e5f;
+		ffn_case(&ds3s, KT_Q4_K, KT_Q6_K, 4, 1e-4);
+		ffn_case(&glm5s, KT_Q6_K, KT_Q6_K, 8, 1e-4);
+		setenv("TANDEM_MOE_SMALL", "0", 1);
+		ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 2, 1e-4);
+		unsetenv("TANDEM_MOE_SMALL");
+	}
+	g_xscale = 1.0f;
+	/* TANDEM_MOE_DB=1: gate / up with the next unit's loads in flight (Q4_K / Q5_K): 1 unit per warp
+	 * or several, one or two tiles, 8 or 4 warps */
+	setenv("TANDEM_MOE_DB", "1", 1);
+	ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+	ffn_case(&e256s, KT_Q5_K, KT_Q6_K, 3, 1e-4);
+	ffn_case(&e256s, KT_Q4_K, KT_Q8_0, 8, 1e-4);
+	setenv("TANDEM_MOE_SMALL_GUW", "4", 1);
+	ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 2, 1e-4);
+	if (!quick)
+		ffn_case(&ds3s, KT_Q5_K, KT_Q6_K, 5, 1e-4);
+	unsetenv("TANDEM_MOE_SMALL_GUW");
+	unsetenv("TANDEM_MOE_DB");
 	route_chain();
+	/* router product + route in one launch: GLM-5 / DS-V3 per-rank shapes, batch 1..8 (the default
+	 * takes 1..2 tokens, TANDEM_MOE_ROUTER_FUSED=1 up to 8), ties; the expert prefetch on (it is
+	 * off by default) and off */
+	setenv("TANDEM_MOE_ROUTER_FUSED", "1", 1);
+	setenv("TANDEM_MOE_PF", "7", 1);
+	for (int n = 1; n <= 8; n++) {
+		if (quick && n != 1 && n != 3 && n != 8)
+			continue;
+		router_route_case("router+route GLM-5 E256 k8 sigmoid", 256, 8, 1, 1, 0, 1, 2.5f, 6144, n, 0);
+		router_route_case("router+route DS-V3 E256 k8 g8/4", 256, 8, 8, 4, 0, 1, 2.5f, 7168, n, 0);
+	}
+	router_route_case("router+route GLM-5 ties (copied rows)", 256, 8, 1, 1, 0, 1, 2.5f, 6144, 4, 1);
+	router_route_case("router+route DS-V3 ties (copied rows)", 256, 8, 8, 4, 0, 1, 2.5f, 7168, 8, 1);
+	router_route_case("router+route softmax E64 k6 D 256", 64, 6, 1, 1, 1, 0, 1.0f, 256, 2, 0);
+	router_route_case("router+route tiny E4 k2 D 256", 4, 2, 1, 1, 0, 1, 1.0f, 256, 5, 0);
+	router_route_case("router+route E512 k16 D 8192", 512, 16, 1, 1, 1, 1, 1.0f, 8192, 3, 0);
+	unsetenv("TANDEM_MOE_PF");
+	router_route_case("router+route GLM-5 no prefetch", 256, 8, 1, 1, 0, 1, 2.5f, 6144, 1, 0);
+	unsetenv("TANDEM_MOE_ROUTER_FUSED");
+	router_route_case("router+route GLM-5 default", 256, 8, 1, 1, 0, 1, 2.5f, 6144, 2, 0);
+	router_route_refusals();
 	test_args();
 	kcuda_ctx_destroy(ctx);
 	kpool_destroy(pool);
