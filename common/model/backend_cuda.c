@@ -443,7 +443,7 @@ static int upload_threaded(struct upl *u, int n_threads)
 	    .files = files,
 	    .n_files = n_files,
 	    .no_pread = env_int("TANDEM_UPLOAD_PREAD", 1, 0, 1) == 0,
-	    .no_readahead = env_int("TANDEM_UPLOAD_READAHEAD", 1, 0, 1) == 0,
+	    .readahead = env_int("TANDEM_UPLOAD_READAHEAD", 0, 0, 1) == 1,
 	    .progress_cb = up_progress_cb,
 	    .progress_every_s = 0.5,
 	    .name_cb = up_name_cb,

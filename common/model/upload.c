@@ -460,7 +460,7 @@ static void *worker_main(void *arg)
 			break;
 		if (p->bt[b].n == 0)
 			continue;
-		if (!o->no_readahead) /* this thread's next batch, if the claims go round in turn */
+		if (o->readahead) /* this thread's next batch, if the claims go round in turn */
 			readahead_batch(w, b + r->n_threads);
 		if (held[k]) {
 			if ((rc = s->lane_wait(lane, k))) {

@@ -72,7 +72,8 @@ struct upload_opts {
 	const struct upload_file *files;
 	int n_files;
 	bool no_pread; /* copy from the mappings even where a path is given */
-	bool no_readahead; /* no posix_fadvise(WILLNEED) of a thread's next batch (cold files) */
+	bool readahead; /* posix_fadvise(WILLNEED) of a thread's next batch (for cold files; no gain
+	                 * measured on the 2-core VM's disk, and it costs CPU when the file is cached) */
 	/* progress: called from the thread that called upload_run, at most every progress_every_s
 	 * and once at the end with last = true (done == total then, on success) */
 	void (*progress_cb)(void *user, uint64_t done, uint64_t total, bool last);
