@@ -10,7 +10,7 @@
  * with the file on a sample of 64 KiB blocks.
  *
  *   build/bench/bench_upload --file model.gguf [--threads 0,1,2,4,8,16] [--sink host|cuda]
- *       [--read pread|mmap] [--buf-mb 16] [--piece-mb 64] [--slice T --row B] [--cold] [--reps 2]
+ *       [--read pread|mmap] [--buf-mb 8] [--piece-mb 64] [--slice T --row B] [--cold] [--reps 2]
  *       [--readahead 0|1] [--device N]
  *   build/bench/bench_upload --size-mb 2048 ...   (a temporary random file instead) */
 #include <fcntl.h>
@@ -55,7 +55,7 @@ static int usage(void)
 {
 	fprintf(stderr,
 	        "usage: bench_upload (--file PATH | --size-mb N) [--threads 0,1,2,4] [--sink host|cuda] "
-	        "[--read pread|mmap] [--buf-mb 16] [--piece-mb 64] [--slice T --row BYTES] [--cold] "
+	        "[--read pread|mmap] [--buf-mb 8] [--piece-mb 64] [--slice T --row BYTES] [--cold] "
 	        "[--reps 2] [--device 0] [--readahead 0|1]\n");
 	return 2;
 }
@@ -193,7 +193,7 @@ static int check_device(struct kcuda_ctx *kc, const struct args *a, const char *
 int main(int argc, char **argv)
 {
 	struct args a = {
-	    .sink = "host", .read = "pread", .buf_mb = 16, .piece_mb = 64, .reps = 2, .row = 1152};
+	    .sink = "host", .read = "pread", .buf_mb = 8, .piece_mb = 64, .reps = 2, .row = 1152};
 	snprintf(a.threads, sizeof(a.threads), "1,2,4,8,16");
 	for (int i = 1; i < argc; i++) {
 		const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;

@@ -406,7 +406,7 @@ static int upload_threaded(struct upl *u, int n_threads)
 {
 	struct be_cuda *c = u->c;
 	const struct gguf_ctx *g = c->m->g;
-	size_t buf = (size_t)env_int("TANDEM_UPLOAD_BUF_MB", 16, 1, 1024) << 20;
+	size_t buf = (size_t)env_int("TANDEM_UPLOAD_BUF_MB", 8, 1, 1024) << 20;
 	struct upload_file *files = NULL;
 	int n_files = gguf_n_shards(g), rc;
 	if ((rc = upload_plan_create(buf, &u->plan)))
