@@ -250,6 +250,17 @@ static int copy_guarded(char *dst, const char *src, size_t stride, size_t rb, si
 	return 0;
 }
 
+int upload_copy_guarded(void *dst, const void *src, size_t bytes)
+{
+	size_t bad = 0;
+	int rc = guard_install();
+	if (rc)
+		return rc;
+	rc = copy_guarded(dst, src, bytes, bytes, 1, &bad);
+	guard_remove();
+	return rc;
+}
+
 /* ---- run --------------------------------------------------------------------------------------- */
 struct run {
 	const struct upload_plan *p;

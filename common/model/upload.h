@@ -105,6 +105,10 @@ struct upload_host_sink {
 };
 void upload_host_sink_init(struct upload_host_sink *h, struct upload_sink *out);
 
+/* One memcpy from a mapping under the SIGBUS guard: 0, or -EFAULT where the read faulted (the
+ * file was truncated after it was mapped). For the loader's own small reads of the mapping. */
+int upload_copy_guarded(void *dst, const void *src, size_t bytes) TD_MUST_CHECK;
+
 /* Copy threads for one upload when nothing is configured: TANDEM_UPLOAD_THREADS if set (0 = the
  * old single-thread path, the caller decides), else the CPUs this process may run on divided by
  * `sharing` (processes that upload at the same time on this machine), clamped to 1..16. */
