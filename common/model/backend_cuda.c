@@ -189,6 +189,10 @@ struct upl {
 	struct kfwd_stager *sg;
 	struct upload_plan *plan; /* the threaded copier's plan: pass 2 only records the pieces */
 	bool count; /* pass 1: only add up the bytes */
+	bool verify; /* model_backend_cuda_verify_weights: compare the device bytes with the host's */
+	uint64_t v_bytes; /* compared so far */
+	char *v_buf;
+	size_t v_cap;
 	bool synthetic;
 	uint64_t seed;
 	struct errbuf *e;
@@ -224,6 +228,42 @@ static int up_bytes(struct upl *u, void *dst, const void *src, size_t bytes)
 	return rc;
 }
 
+static const char *up_name_cb(void *user, const void *src, size_t *off);
+
+/* verify: n_rows rows of rb bytes at device address dev (contiguous) against the host rows src,
+ * stride apart; ERR_MISMATCH naming the tensor and the first differing byte */
+static int verify_rows(struct upl *u, const char *dev, const char *src, size_t stride, size_t rb,
+                       size_t n_rows)
+{
+	size_t bytes = rb * n_rows;
+	if (bytes > u->v_cap) {
+		char *nb = realloc(u->v_buf, bytes);
+		if (!nb)
+			return errbuf_set(u->e, -ENOMEM, "out of memory");
+		u->v_buf = nb;
+		u->v_cap = bytes;
+	}
+	int rc = kcuda_download(u->c->kc, u->v_buf, dev, bytes);
+	if (rc)
+		return errbuf_set(u->e, rc, "cuda: cannot read the uploaded weights back");
+	for (size_t r = 0; r < n_rows; r++) {
+		const char *a = u->v_buf + r * rb, *b = src + r * stride;
+		if (memcmp(a, b, rb) == 0)
+			continue;
+		size_t j = 0, off = 0;
+		while (a[j] == b[j])
+			j++;
+		const char *nm = up_name_cb(u->c, b + j, &off);
+		return errbuf_set(
+		    u->e, ERR_MISMATCH,
+		    "cuda: uploaded weights differ from the file: tensor %s, its byte %zu (device "
+		    "0x%02x, file 0x%02x)",
+		    nm ? nm : "(a host vector)", off, (unsigned char)a[j], (unsigned char)b[j]);
+	}
+	u->v_bytes += bytes;
+	return 0;
+}
+
 /* n_mat matrices (stride mat_bytes on the host) of h's shape -> contiguous compact rows */
 static int up_mats(struct upl *u, const struct kweight *h, size_t mat_bytes, int64_t n_mat, struct kweight *d,
                    size_t *d_mat_bytes)
@@ -233,6 +273,17 @@ static int up_mats(struct upl *u, const struct kweight *h, size_t mat_bytes, int
 		return errbuf_set(u->e, ERR_UNSUPPORTED, "cuda: weight of type %s cannot be uploaded",
 		                  ktype_name(h->type));
 	size_t per = rb * (size_t)h->n_out, total = per * (size_t)n_mat;
+	if (u->verify) { /* d holds the device copy */
+		int rc = d->row_bytes == rb && d->n_out == h->n_out
+		             ? 0
+		             : errbuf_set(u->e, ERR_MISMATCH,
+		                          "cuda: a device weight's shape differs from the file's");
+		for (int64_t i = 0; i < n_mat && !rc; i++)
+			rc = verify_rows(u, (const char *)d->data + (size_t)i * per,
+			                 (const char *)h->data + (size_t)i * mat_bytes, h->row_bytes, rb,
+			                 (size_t)h->n_out);
+		return rc;
+	}
 	*d = *h;
 	d->row_bytes = rb;
 	if (d_mat_bytes)
@@ -281,6 +332,9 @@ static int up_w3(struct upl *u, const struct kweight3 *h, struct kweight3 *d)
 
 static int up_vec(struct upl *u, const float *h, int64_t n, float **d)
 {
+	if (u->verify)
+		return h ? verify_rows(u, (const char *)*d, (const char *)h, 0, (size_t)n * sizeof(float), 1)
+		         : 0;
 	*d = NULL;
 	if (!h)
 		return 0;
@@ -317,7 +371,8 @@ static int upload_all(struct upl *u)
 	for (int l = 0; l < hp->n_layers; l++) {
 		const struct layer_w *H = &rk->layers[l];
 		struct layer_w *L = &c->dl[l];
-		*L = *H;
+		if (!u->verify) /* the device copy starts as the host's, then every weight is replaced */
+			*L = *H;
 		if ((rc = up_vec(u, H->attn_norm, D, &L->attn_norm)) ||
 		    (rc = up_vec(u, H->ffn_norm, D, &L->ffn_norm)) ||
 		    (rc = up_vec(u, H->q_a_norm, hp->Cq, &L->q_a_norm)) ||
@@ -1680,5 +1735,22 @@ struct kcuda_ctx *model_backend_cuda_kctx(struct model_rank *rk)
 {
 	struct be_cuda *c = rk->be.ctx;
 	return c ? c->kc : NULL;
+}
+
+int model_backend_cuda_verify_weights(struct model_rank *rk, uint64_t *n_bytes, struct errbuf *e)
+{
+	struct be_cuda *c = rk->be.ctx;
+	*n_bytes = 0;
+	if (!c || c->m->opts.synthetic)
+		return errbuf_set(e, -EINVAL,
+		                  "cuda: no uploaded weights to verify (synthetic or no backend)");
+	int rc = kstage_bind_thread(c->kc);
+	if (rc)
+		return errbuf_set(e, rc, "cuda: cannot bind device %d", c->device);
+	struct upl u = {.c = c, .verify = true, .e = e};
+	rc = upload_all(&u);
+	free(u.v_buf);
+	*n_bytes = u.v_bytes;
+	return rc;
 }
 #endif

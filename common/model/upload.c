@@ -190,6 +190,7 @@ int upload_plan_add(struct upload_plan *p, void *dst, const void *src, size_t sr
 /* ---- SIGBUS guard ------------------------------------------------------------------------------ */
 static _Thread_local sigjmp_buf tls_jb;
 static _Thread_local volatile sig_atomic_t tls_armed;
+static _Thread_local void *volatile tls_fault; /* the faulting address (si_addr) */
 static pthread_mutex_t g_sig_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_sig_users;
 static struct sigaction g_old_bus;
@@ -199,6 +200,7 @@ static void bus_handler(int sig, siginfo_t *si, void *uc)
 	(void)uc;
 	if (tls_armed) {
 		tls_armed = 0;
+		tls_fault = si ? si->si_addr : NULL;
 		siglongjmp(tls_jb, 1);
 	}
 	/* not a fault of a guarded copy: the previous disposition takes it (a fault repeats when the
@@ -235,14 +237,17 @@ static void guard_remove(void)
 	pthread_mutex_unlock(&g_sig_mu);
 }
 
-/* n rows of rb bytes, src stride apart -> dst contiguous; -EFAULT (and *bad_row) on a read fault */
-static int copy_guarded(char *dst, const char *src, size_t stride, size_t rb, size_t n, size_t *bad_row)
+/* n rows of rb bytes, src stride apart -> dst contiguous; -EFAULT on a read fault, *fault = the
+ * address that faulted (the start of its row if the kernel did not say) */
+static int copy_guarded(char *dst, const char *src, size_t stride, size_t rb, size_t n, const char **fault)
 {
 	volatile size_t r = 0;
 	if (sigsetjmp(tls_jb, 0)) {
-		*bad_row = r;
+		const char *a = tls_fault, *row = src + r * stride;
+		*fault = a >= row && a < row + rb ? a : row;
 		return -EFAULT;
 	}
+	tls_fault = NULL;
 	tls_armed = 1;
 	for (; r < n; r++)
 		memcpy(dst + r * rb, src + r * stride, rb);
@@ -252,7 +257,7 @@ static int copy_guarded(char *dst, const char *src, size_t stride, size_t rb, si
 
 int upload_copy_guarded(void *dst, const void *src, size_t bytes)
 {
-	size_t bad = 0;
+	const char *bad = NULL;
 	int rc = guard_install();
 	if (rc)
 		return rc;
@@ -376,9 +381,9 @@ static int read_piece(struct worker *w, const struct piece *pc, char *buf)
 		}
 		return 0;
 	}
-	size_t bad = 0;
+	const char *bad = NULL;
 	if (copy_guarded(buf, pc->src, pc->stride, pc->row_bytes, pc->n_rows, &bad)) {
-		const char *nm = tensor_name(r, pc->src + bad * pc->stride, &off);
+		const char *nm = tensor_name(r, bad, &off);
 		return run_fail(
 		    r, -EFAULT,
 		    "weight upload: tensor %s: read fault at its byte %zu (SIGBUS on the mapping: "

@@ -1,18 +1,21 @@
 /* The CUDA backend's threaded weight upload (common/model/upload.c) against the single-thread
  * stager it replaces (TANDEM_UPLOAD_THREADS=0), end to end on every tests/data model: the same
- * forward (16 tokens of rand64, chunks of 8, logits of every position) after a load with 0 (the
+ * device bytes (every weight read back and compared with the file's bytes, a TP slice in its
+ * compacted layout: model_backend_cuda_verify_weights) and the same forward (16 tokens of rand64,
+ * chunks of 8, logits of every position) after a load with 0 (the
  * old path), 1 and 3 copy threads, with 1 MiB buffers (so even the tiny models take many batches,
  * cut inside tensors) and with pread / mapping reads, at TP=1 and as rank 0 and rank 1 of TP=2 in
  * rank-shard mode (o_proj and the expert down projections are then row slices: the compacting
- * path). The weights on the device are the same bytes, so the logits must agree to the last bit
- * (checked within 1e-6 to survive a kernel that is not bit-deterministic; a wrong byte moves
- * logits by far more). Then a copy of a model file truncated after it was opened: the load fails
+ * path). The byte comparison is the upload's check; the logits are the second line (the same bytes
+ * must give the same logits, within 1e-6; a failure there with the bytes verified names a compute
+ * nondeterminism, not the upload). Then a copy of a model file truncated after it was opened: the load fails
  * with a message naming the tensor, and the process survives. SKIPs without CUDA or a GPU. */
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/gguf/gguf.h"
+#include "common/model/model_internal.h"
 #include "tests/model/refs.h"
 
 #ifndef TANDEM_CUDA
@@ -61,6 +64,17 @@ static int forward16(struct model *m, const int32_t *ids, float *out)
 	return rc;
 }
 
+/* every weight byte on the device against the file (the first line: an upload fault shows here,
+ * a compute race does not) */
+static bool weights_ok(struct model *m, const char *stem, const char *what)
+{
+	uint64_t n = 0;
+	struct errbuf e = {0};
+	int rc = model_backend_cuda_verify_weights(&m->ranks[0], &n, &e);
+	CHECK(rc == 0 && n > 0, "%s, %s: device weights differ from the file: %s", stem, what, e.msg);
+	return rc == 0;
+}
+
 static void test_model(const char *stem)
 {
 	char p[512];
@@ -88,6 +102,9 @@ static void test_model(const char *stem)
 			CHECK(T > 1, "%s: TP=1 load failed: %s", stem, e.msg);
 			continue;
 		}
+		char what[96];
+		snprintf(what, sizeof(what), "TP=%d rank %d, old upload", T, rank);
+		weights_ok(m, stem, what);
 		int64_t V = model_hparams(m)->vocab;
 		size_t nl = (size_t)V * N_TOK;
 		float *ref = malloc(sizeof(float) * nl), *out = malloc(sizeof(float) * nl);
@@ -101,15 +118,23 @@ static void test_model(const char *stem)
 				      thr[k], e.msg);
 				continue;
 			}
+			snprintf(what, sizeof(what), "TP=%d rank %d, %s thread(s), %s", T, rank, thr[k],
+			         prd[k][0] == '1' ? "pread" : "mapping");
+			bool wok = weights_ok(m, stem, what);
 			CHECK(forward16(m, ids, out) == 0, "%s: forward failed", stem);
 			double d = max_abs_diff(ref, out, nl);
 			int same = memcmp(ref, out, sizeof(float) * nl) == 0;
-			printf("%-22s TP=%d rank %2d: %s thread(s), %s: logits %s the old upload's (max|d| "
+			printf("%-22s %s: device weights %s the file; logits %s the old upload's (max|d| "
 			       "%.3g)\n",
-			       stem, T, rank, thr[k], prd[k][0] == '1' ? "pread  " : "mapping",
+			       stem, what, wok ? "byte-identical to" : "DIFFER from",
 			       same ? "bit-identical to" : "differ from", d);
-			CHECK(d <= 1e-6, "%s TP=%d rank %d, %s threads: logits differ by %g", stem, T, rank,
-			      thr[k], d);
+			/* the second line: the same bytes must compute the same logits; where they do not
+			 * while the weights are verified, a kernel is not deterministic (not an upload fault)
+			 */
+			CHECK(d <= 1e-6, "%s %s: logits differ by %g%s", stem, what, d,
+			      wok ? " although the device weights equal the file byte for byte: a compute "
+			            "nondeterminism, not the upload"
+			          : "");
 			model_destroy(m);
 		}
 		free(ref);
