@@ -183,6 +183,10 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
                               struct errbuf *e);
 /* the rank's CUDA context (device, stream): what its NCCL collectives are enqueued on */
 struct kcuda_ctx *model_backend_cuda_kctx(struct model_rank *rk);
+/* test hook: every weight byte on rank rk's device compared with the host bytes it was uploaded
+ * from (a TP slice in its compacted layout); 0, or ERR_MISMATCH naming the tensor and the byte.
+ * *n_bytes: bytes compared. */
+int model_backend_cuda_verify_weights(struct model_rank *rk, uint64_t *n_bytes, struct errbuf *e);
 /* model_kv_replicate for TP over GPUs: blocks of rank 0's pool copied to every other GPU's copy */
 int model_backend_cuda_kv_replicate(struct model *m, const struct model_kv *kv, const int32_t *blocks,
                                     int n_blocks, struct errbuf *e);

@@ -1,6 +1,8 @@
 /* The CUDA backend of the forward's op interface (backend.h), one rank per process (T = 1 or
- * rank-shard mode). At creation: every weight of the rank is copied from the GGUF mapping to the
- * device through two pinned staging buffers (host reads overlap the DMA), compacted (a TP column
+ * rank-shard mode). At creation: every weight of the rank is copied from the GGUF file to the
+ * device by several copy threads (upload.c: each reads its batches into its own two pinned staging
+ * buffers and copies them on its own stream; TANDEM_UPLOAD_THREADS=0: one thread copying from the
+ * mapping through two pinned buffers, the first way), compacted (a TP column
  * slice keeps only its columns, an expert slice becomes E x F_rank contiguous rows), with a
  * progress line (GB done, GB/s, ETA); the forward's workspace, the step inputs and the scratch are
  * allocated once from the opts limits (max_tokens / max_seqs / max_ctx). Ops are the kcuda_*
@@ -35,10 +37,12 @@
 #include "common/base/log.h"
 #include "common/model/backend.h"
 #include "common/model/model_internal.h"
+#include "common/model/upload.h"
 #include "kernels/cuda/fused.h"
 #include "kernels/cuda/kv_stage.h"
 #include "kernels/cuda/model_fwd.h"
 #include "kernels/cuda/prof.h"
+#include "kernels/cuda/upload_lane.h"
 
 #define GRAPH_MAX_BATCH 128
 #define N_KV_REP 8 /* KV pools one model may have at once with TP over GPUs */
@@ -189,7 +193,12 @@ static void *dalloc(struct be_cuda *c, size_t bytes)
 struct upl {
 	struct be_cuda *c;
 	struct kfwd_stager *sg;
+	struct upload_plan *plan; /* the threaded copier's plan: pass 2 only records the pieces */
 	bool count; /* pass 1: only add up the bytes */
+	bool verify; /* model_backend_cuda_verify_weights: compare the device bytes with the host's */
+	uint64_t v_bytes; /* compared so far */
+	char *v_buf;
+	size_t v_cap;
 	bool synthetic;
 	uint64_t seed;
 	struct errbuf *e;
@@ -225,6 +234,42 @@ static int up_bytes(struct upl *u, void *dst, const void *src, size_t bytes)
 	return rc;
 }
 
+static const char *up_name_cb(void *user, const void *src, size_t *off);
+
+/* verify: n_rows rows of rb bytes at device address dev (contiguous) against the host rows src,
+ * stride apart; ERR_MISMATCH naming the tensor and the first differing byte */
+static int verify_rows(struct upl *u, const char *dev, const char *src, size_t stride, size_t rb,
+                       size_t n_rows)
+{
+	size_t bytes = rb * n_rows;
+	if (bytes > u->v_cap) {
+		char *nb = realloc(u->v_buf, bytes);
+		if (!nb)
+			return errbuf_set(u->e, -ENOMEM, "out of memory");
+		u->v_buf = nb;
+		u->v_cap = bytes;
+	}
+	int rc = kcuda_download(u->c->kc, u->v_buf, dev, bytes);
+	if (rc)
+		return errbuf_set(u->e, rc, "cuda: cannot read the uploaded weights back");
+	for (size_t r = 0; r < n_rows; r++) {
+		const char *a = u->v_buf + r * rb, *b = src + r * stride;
+		if (memcmp(a, b, rb) == 0)
+			continue;
+		size_t j = 0, off = 0;
+		while (a[j] == b[j])
+			j++;
+		const char *nm = up_name_cb(u->c, b + j, &off);
+		return errbuf_set(
+		    u->e, ERR_MISMATCH,
+		    "cuda: uploaded weights differ from the file: tensor %s, its byte %zu (device "
+		    "0x%02x, file 0x%02x)",
+		    nm ? nm : "(a host vector)", off, (unsigned char)a[j], (unsigned char)b[j]);
+	}
+	u->v_bytes += bytes;
+	return 0;
+}
+
 /* n_mat matrices (stride mat_bytes on the host) of h's shape -> contiguous compact rows */
 static int up_mats(struct upl *u, const struct kweight *h, size_t mat_bytes, int64_t n_mat, struct kweight *d,
                    size_t *d_mat_bytes)
@@ -234,6 +279,17 @@ static int up_mats(struct upl *u, const struct kweight *h, size_t mat_bytes, int
 		return errbuf_set(u->e, ERR_UNSUPPORTED, "cuda: weight of type %s cannot be uploaded",
 		                  ktype_name(h->type));
 	size_t per = rb * (size_t)h->n_out, total = per * (size_t)n_mat;
+	if (u->verify) { /* d holds the device copy */
+		int rc = d->row_bytes == rb && d->n_out == h->n_out
+		             ? 0
+		             : errbuf_set(u->e, ERR_MISMATCH,
+		                          "cuda: a device weight's shape differs from the file's");
+		for (int64_t i = 0; i < n_mat && !rc; i++)
+			rc = verify_rows(u, (const char *)d->data + (size_t)i * per,
+			                 (const char *)h->data + (size_t)i * mat_bytes, h->row_bytes, rb,
+			                 (size_t)h->n_out);
+		return rc;
+	}
 	*d = *h;
 	d->row_bytes = rb;
 	if (d_mat_bytes)
@@ -246,9 +302,17 @@ static int up_mats(struct upl *u, const struct kweight *h, size_t mat_bytes, int
 	if (!p || kcuda_memset(u->c->kc, p + total, 0, 16))
 		return errbuf_set(u->e, -ENOMEM, "cuda: cannot allocate %zu bytes of weights", total);
 	d->data = p;
+	int rc = 0;
+	if (u->plan && !u->synthetic) { /* every matrix as n_out rows of rb, h->row_bytes apart */
+		upload_plan_new_dst(u->plan);
+		for (int64_t i = 0; i < n_mat && !rc; i++)
+			rc = upload_plan_add(u->plan, p + (size_t)i * per,
+			                     (const char *)h->data + (size_t)i * mat_bytes, h->row_bytes, rb,
+			                     (size_t)h->n_out);
+		return rc ? errbuf_set(u->e, rc, "cuda: cannot plan the weight upload") : 0;
+	}
 	if (!u->synthetic)
 		kfwd_stage_new_dst(u->sg);
-	int rc = 0;
 	for (int64_t i = 0; i < n_mat && !rc; i++) {
 		const char *src = (const char *)h->data + (size_t)i * mat_bytes;
 		if (h->row_bytes == rb || u->synthetic)
@@ -274,6 +338,9 @@ static int up_w3(struct upl *u, const struct kweight3 *h, struct kweight3 *d)
 
 static int up_vec(struct upl *u, const float *h, int64_t n, float **d)
 {
+	if (u->verify)
+		return h ? verify_rows(u, (const char *)*d, (const char *)h, 0, (size_t)n * sizeof(float), 1)
+		         : 0;
 	*d = NULL;
 	if (!h)
 		return 0;
@@ -285,6 +352,11 @@ static int up_vec(struct upl *u, const float *h, int64_t n, float **d)
 	if (!(*d = dalloc(u->c, bytes)))
 		return errbuf_set(u->e, -ENOMEM, "cuda: out of device memory");
 	/* norm vectors stay real even in synthetic mode (random norms would blow up activations) */
+	if (u->plan) {
+		upload_plan_new_dst(u->plan);
+		int rc = upload_plan_add(u->plan, *d, h, bytes, bytes, 1);
+		return rc ? errbuf_set(u->e, rc, "cuda: cannot plan the weight upload") : 0;
+	}
 	kfwd_stage_new_dst(u->sg);
 	int rc = kfwd_stage(u->sg, *d, h, bytes);
 	u->c->up_done += (double)bytes;
@@ -305,7 +377,8 @@ static int upload_all(struct upl *u)
 	for (int l = 0; l < hp->n_layers; l++) {
 		const struct layer_w *H = &rk->layers[l];
 		struct layer_w *L = &c->dl[l];
-		*L = *H;
+		if (!u->verify) /* the device copy starts as the host's, then every weight is replaced */
+			*L = *H;
 		if ((rc = up_vec(u, H->attn_norm, D, &L->attn_norm)) ||
 		    (rc = up_vec(u, H->ffn_norm, D, &L->ffn_norm)) ||
 		    (rc = up_vec(u, H->q_a_norm, hp->Cq, &L->q_a_norm)) ||
@@ -339,6 +412,122 @@ static int upload_all(struct upl *u)
 		}
 	}
 	return 0;
+}
+
+/* ---- threaded upload (common/model/upload.c; TANDEM_UPLOAD_THREADS=0: the single stager above) -- */
+static int env_int(const char *name, int dflt, int lo, int hi)
+{
+	const char *s = getenv(name);
+	if (!s || !*s)
+		return dflt;
+	char *end;
+	long v = strtol(s, &end, 10);
+	if (*end || v < lo || v > hi) {
+		LOG_WARN("cuda", "%s=%s is not in %d..%d; using %d", name, s, lo, hi, dflt);
+		return dflt;
+	}
+	return (int)v;
+}
+
+/* copy threads of this rank: in rank-shard mode every GPU of the machine is assumed to have its own
+ * process uploading at the same time; ranks of one process upload one after the other */
+static int upload_threads(const struct model *m)
+{
+	int sharing = m->opts.rank >= 0 ? kcuda_device_count() : 1;
+	return upload_default_threads(sharing > 0 ? sharing : 1);
+}
+
+static void up_progress_cb(void *user, uint64_t done, uint64_t total, bool last)
+{
+	struct be_cuda *c = user;
+	c->up_done = (double)done;
+	c->up_total = (double)total;
+	if (!last && !c->m->opts.quiet) /* the final line is printed once the upload is checked */
+		progress(c, false);
+}
+
+/* the GGUF tensor holding src, for error messages */
+static const char *up_name_cb(void *user, const void *src, size_t *off)
+{
+	struct be_cuda *c = user;
+	const struct gguf_ctx *g = c->m->g;
+	const char *s = src;
+	for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
+		const struct gguf_tensor *t = gguf_tensor(g, i);
+		const char *b = t->data;
+		if (s >= b && s < b + t->nbytes) {
+			*off = (size_t)(s - b);
+			return t->name;
+		}
+	}
+	return NULL;
+}
+
+static int upload_threaded(struct upl *u, int n_threads)
+{
+	struct be_cuda *c = u->c;
+	const struct gguf_ctx *g = c->m->g;
+	size_t buf = (size_t)env_int("TANDEM_UPLOAD_BUF_MB", 8, 1, 1024) << 20;
+	struct upload_file *files = NULL;
+	int n_files = gguf_n_shards(g), rc;
+	if ((rc = upload_plan_create(buf, &u->plan)))
+		return errbuf_set(u->e, rc, "backend cuda: cannot create the upload plan");
+	if ((rc = upload_all(u)))
+		goto destroy_plan;
+	/* each shard's mapping, from any tensor in it: contiguous pieces are read from the file */
+	if (n_files > 0 && !(files = calloc((size_t)n_files, sizeof(*files)))) {
+		rc = errbuf_set(u->e, -ENOMEM, "out of memory");
+		goto destroy_plan;
+	}
+	for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
+		const struct gguf_tensor *t = gguf_tensor(g, i);
+		if (t->shard >= 0 && t->shard < n_files && !files[t->shard].base) {
+			files[t->shard].base = (const char *)t->data - t->file_offset;
+			files[t->shard].size = (size_t)gguf_shard_size(g, t->shard);
+			files[t->shard].path = gguf_shard_path(g, t->shard);
+		}
+	}
+	struct upload_sink sink = {
+	    .lane_create = kupl_lane_create,
+	    .lane_buf = kupl_lane_buf,
+	    .lane_copy = kupl_lane_copy,
+	    .lane_commit = kupl_lane_commit,
+	    .lane_wait = kupl_lane_wait,
+	    .lane_finish = kupl_lane_finish,
+	    .lane_destroy = kupl_lane_destroy,
+	    .ctx = &c->device,
+	};
+	struct upload_opts uo = {
+	    .n_threads = n_threads,
+	    .n_bufs = 2,
+	    .sink = &sink,
+	    .files = files,
+	    .n_files = n_files,
+	    .no_pread = env_int("TANDEM_UPLOAD_PREAD", 1, 0, 1) == 0,
+	    .readahead = env_int("TANDEM_UPLOAD_READAHEAD", 0, 0, 1) == 1,
+	    .progress_cb = up_progress_cb,
+	    .progress_every_s = 0.5,
+	    .name_cb = up_name_cb,
+	    .user = c,
+	};
+	struct upload_stats st;
+	if ((rc = upload_run(u->plan, &uo, &st, u->e)))
+		goto free_files;
+	if (!c->m->opts.quiet)
+		LOG_INFO(
+		    "cuda",
+		    "weights: %.2f GB in %.2f s = %.2f GB/s, %d copy threads, %lld batches of <= %zu MB, "
+		    "%lld copies, %s",
+		    (double)st.bytes / 1e9, st.seconds,
+		    st.seconds > 0 ? (double)st.bytes / st.seconds / 1e9 : 0.0, st.n_threads,
+		    (long long)st.batches, buf >> 20, (long long)st.copies,
+		    uo.no_pread ? "read from the mapping" : "read with pread");
+free_files:
+	free(files);
+destroy_plan:
+	upload_plan_destroy(u->plan);
+	u->plan = NULL;
+	return rc;
 }
 
 /* ---- ops --------------------------------------------------------------------------------------- */
@@ -1575,16 +1764,22 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 	struct upl u = {.c = c, .count = true, .synthetic = o->synthetic, .seed = 1, .e = e};
 	if ((rc = upload_all(&u)))
 		goto fail;
-	if ((rc = kfwd_stager_create((size_t)64 << 20, &u.sg))) {
-		errbuf_set(e, rc, "backend cuda: cannot allocate pinned staging buffers");
-		goto fail;
-	}
 	u.count = false;
 	c->up_t0 = now_s();
-	rc = upload_all(&u);
-	if (!rc && (rc = kfwd_stager_finish(u.sg)))
-		errbuf_set(e, rc, "backend cuda: weight upload failed");
-	kfwd_stager_destroy(u.sg);
+	/* synthetic weights are filled on the device: nothing to copy but the norm vectors */
+	int up_thr = o->synthetic ? 0 : upload_threads(m);
+	if (up_thr > 0) {
+		rc = upload_threaded(&u, up_thr);
+	} else {
+		if ((rc = kfwd_stager_create((size_t)64 << 20, &u.sg))) {
+			errbuf_set(e, rc, "backend cuda: cannot allocate pinned staging buffers");
+			goto fail;
+		}
+		rc = upload_all(&u);
+		if (!rc && (rc = kfwd_stager_finish(u.sg)))
+			errbuf_set(e, rc, "backend cuda: weight upload failed");
+		kfwd_stager_destroy(u.sg);
+	}
 	if (!rc)
 		rc = kcuda_sync(c->kc);
 	if (rc)
@@ -1713,5 +1908,22 @@ struct kcuda_ctx *model_backend_cuda_kctx(struct model_rank *rk)
 {
 	struct be_cuda *c = rk->be.ctx;
 	return c ? c->kc : NULL;
+}
+
+int model_backend_cuda_verify_weights(struct model_rank *rk, uint64_t *n_bytes, struct errbuf *e)
+{
+	struct be_cuda *c = rk->be.ctx;
+	*n_bytes = 0;
+	if (!c || c->m->opts.synthetic)
+		return errbuf_set(e, -EINVAL,
+		                  "cuda: no uploaded weights to verify (synthetic or no backend)");
+	int rc = kstage_bind_thread(c->kc);
+	if (rc)
+		return errbuf_set(e, rc, "cuda: cannot bind device %d", c->device);
+	struct upl u = {.c = c, .verify = true, .e = e};
+	rc = upload_all(&u);
+	free(u.v_buf);
+	*n_bytes = u.v_bytes;
+	return rc;
 }
 #endif

@@ -9,6 +9,7 @@
 
 #include "common/base/log.h"
 #include "common/model/model_internal.h"
+#include "common/model/upload.h"
 
 void model_opts_default(struct model_opts *o)
 {
@@ -100,9 +101,22 @@ static int vec(const struct gguf_ctx *g, const char *name, int64_t n, float **ou
 	if (t->ne[0] != n || t->n_dims != 1)
 		return errbuf_set(e, ERR_FORMAT, "tensor %s: expected ne=[%lld]", name, (long long)n);
 	*out = malloc((size_t)n * sizeof(float));
-	if (!*out)
+	void *raw = malloc(t->nbytes);
+	if (!*out || !raw) {
+		free(raw);
 		return errbuf_set(e, -ENOMEM, "out of memory");
-	kcpu_dequant_row(t->type, t->data, *out, n);
+	}
+	/* the only read of tensor data before the weights are used (or uploaded): a file truncated
+	 * since it was mapped raises SIGBUS here, which becomes an error naming the tensor */
+	if (upload_copy_guarded(raw, t->data, t->nbytes)) {
+		free(raw);
+		return errbuf_set(e, -EFAULT,
+		                  "tensor %s: read fault (SIGBUS) on the mapped file: it was truncated "
+		                  "after it was opened, or its storage failed",
+		                  name);
+	}
+	kcpu_dequant_row(t->type, raw, *out, n);
+	free(raw);
 	return 0;
 }
 
