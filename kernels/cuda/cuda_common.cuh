@@ -23,7 +23,11 @@ struct kcuda_ctx {
 	size_t ws_bytes;
 	int n_sm;
 	unsigned *err_dev; /* count of bad inputs seen by kernels (e.g. token ids out of range) */
+	unsigned *tickets; /* KCUDA_N_TICKETS counters, zero between launches: a kernel whose last
+	                    * block merges the others' partials (mla_attn_dec.cu) counts arrivals here
+	                    * and that last block sets its counter back to 0 */
 };
+#define KCUDA_N_TICKETS 16384
 
 /* Sticky CUDA errors mean the context is unusable: abort loudly with file:line. */
 #define KCUDA_CHECK(call)                                                                                    \

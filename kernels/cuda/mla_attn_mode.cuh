@@ -32,6 +32,12 @@ int kcuda_topk_idx_radix(struct kcuda_ctx *c, const float *scores, int64_t ld, i
                          void *scratch, size_t scratch_bytes);
 size_t kcuda_topk_idx_radix_scratch(int64_t n_rows, int64_t max_n);
 
+/* kcuda_mla_attn's one-launch small-batch kernel (mla_attn_dec.cu) for a call the tensor-core
+ * kernel's checks accepted: ERR_UNSUPPORTED (nothing launched) under TANDEM_MLA_DEC=0, for more
+ * (row, head group) pairs than its limit, or a shape / device it does not take */
+int kmla_dec_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
+                    const float *q, int64_t H, int64_t C, float scale, float *out);
+
 /* the indexer score kernels' arguments (indexer.cu fills them, both kernels read them) */
 struct idx_args {
 	const uint8_t *base;
