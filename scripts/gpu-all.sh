@@ -100,6 +100,7 @@ step ds3_matrix 30 "$B/tandem" bench --synthetic deepseek3 --tp 8 --rank 0 --bac
 	--matrix-ctx 4096 --gen 4 --matrix-prefill 2048
 step bench_cuda_gemv_glm 20 "$B/bench/bench_cuda_gemv_mma" glm
 step bench_cuda_attn 30 "$B/bench/bench_cuda_attn"
+step bench_cuda_pdl 20 "$B/bench/bench_cuda_pdl"
 gpu2 bench_cuda_allreduce 40 "$B/bench/bench_cuda_allreduce"
 gpu2 bench_cuda_allreduce_oneshot 40 env TANDEM_TP_ONESHOT=1 "$B/bench/bench_cuda_allreduce"
 gpu2 test_gpu_tp_oneshot 60 env TANDEM_TP_ONESHOT=1 "$B/tests/test_gpu_tp"
