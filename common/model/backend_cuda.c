@@ -803,18 +803,34 @@ static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const flo
 	SKIP_REPLAY(c);
 	const struct model_hparams *hp = &c->m->hp;
 	int64_t n = c->st.n, Hl = c->rk->Hl, C = hp->C, R = hp->R, N = hp->N, NR = N + R, V = hp->V;
-	/* absorbed queries: q_abs[i][h][0..C) = W_UK(h) q_nope[i][h]; [C..C+R) = roped q_rope */
-	PROF(c, "attn.q_absorb(k_b/head)", ktype_name(L->k_b.w.type), (double)Hl * wbytes(&L->k_b.w))
-	if (head_gemv(c, &L->k_b, n))
-		CK(kfwd_head_gemv(c->kc, &L->k_b.w, L->k_b.mat_bytes, (int)Hl, q, Hl * NR, NR, n, c->qabs,
-		                  Hl * (C + R), C + R));
-	else
-		for (int64_t hh = 0; hh < Hl; hh++) {
-			struct kweight kb = kweight3_at(&L->k_b, hh);
-			CK(kcuda_matmul(c->kc, &kb, q + hh * NR, Hl * NR, n, c->qabs + hh * (C + R),
-			                Hl * (C + R)));
-		}
+	/* absorbed queries: q_abs[i][h][0..C) = W_UK(h) q_nope[i][h]; [C..C+R) = roped q_rope; with
+	 * the fused ops, both in one launch where kfuse_absorb_rope takes k_b (Q8_0, 1..8 tokens;
+	 * TANDEM_ABSORB_ROPE=0: apart) */
 	struct kfuse_rope rp = {.inv_freq = c->d_inv, .pos = c->d_pos, .pairing = hp->rope_main};
+	bool roped = false;
+	if (c->fuse && head_gemv(c, &L->k_b, n)) {
+		int rc = ERR_UNSUPPORTED;
+		PROF(c, "attn.q_absorb+rope(k_b/head)", ktype_name(L->k_b.w.type),
+		     (double)Hl * wbytes(&L->k_b.w))
+		rc = kfuse_absorb_rope(c->kc, &L->k_b.w, L->k_b.mat_bytes, (int)Hl, q, Hl * NR, NR, n,
+		                       c->qabs, Hl * (C + R), C + R, R, &rp);
+		if (rc != ERR_UNSUPPORTED) {
+			CK(rc);
+			roped = true;
+		}
+	}
+	if (!roped) {
+		PROF(c, "attn.q_absorb(k_b/head)", ktype_name(L->k_b.w.type), (double)Hl * wbytes(&L->k_b.w))
+		if (head_gemv(c, &L->k_b, n))
+			CK(kfwd_head_gemv(c->kc, &L->k_b.w, L->k_b.mat_bytes, (int)Hl, q, Hl * NR, NR, n,
+			                  c->qabs, Hl * (C + R), C + R));
+		else
+			for (int64_t hh = 0; hh < Hl; hh++) {
+				struct kweight kb = kweight3_at(&L->k_b, hh);
+				CK(kcuda_matmul(c->kc, &kb, q + hh * NR, Hl * NR, n, c->qabs + hh * (C + R),
+				                Hl * (C + R)));
+			}
+	}
 	struct kcuda_kv_view v = kv_view(c, (size_t)layer * c->kv->layout.lat_layer_bytes, C + R);
 	struct kcuda_attn_rows rows = {.n_q = n,
 	                               .qseq = c->d_seq,
@@ -830,12 +846,17 @@ static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const flo
 	 * off by default: slower on the H200, see mla_attn_mma.cu); kfuse_mla_attn_rope declines with
 	 * ERR_UNSUPPORTED otherwise, and under the ref kernels */
 	int rc = ERR_UNSUPPORTED;
-	if (c->fuse) {
+	if (roped) {
+		PROF(c, "attn.mla", NULL, kv_bytes)
+		CK(kcuda_mla_attn(c->kc, &v, &rows, c->qabs, Hl, C, R, hp->attn_scale, c->obar));
+	} else if (c->fuse) {
 		PROF(c, "attn.mla", NULL, kv_bytes)
 		rc = kfuse_mla_attn_rope(c->kc, &v, &rows, c->qabs, Hl, C, R, hp->attn_scale, c->obar, q + N,
 		                         Hl * NR, NR, &rp);
 	}
-	if (rc != ERR_UNSUPPORTED) {
+	if (roped) {
+		/* done above */
+	} else if (rc != ERR_UNSUPPORTED) {
 		CK(rc);
 	} else {
 		PROF(c, "attn.q_rope(copy+rope)", NULL, 8.0 * (double)(n * Hl * R))
