@@ -114,8 +114,11 @@ struct be_cuda {
 	const struct kweight *mm_w[4];
 	float *mm_y[4];
 	int mm_at;
-	int fold_layer, foldq_layer;
+	int fold_layer, foldq_layer, fold_mode;
 	const float *fold_kI, *fold_wI, *fold_qI;
+	/* TANDEM_IDX_FOLD=2: the layer whose q_abs cu_idx_prep made (kfuse_absorb_rope_idxq), from q */
+	int absorbed_layer;
+	const float *absorbed_q;
 };
 
 #define CK(x)                                                                                                \
@@ -807,8 +810,9 @@ static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const flo
 	 * the fused ops, both in one launch where kfuse_absorb_rope takes k_b (Q8_0, 1..8 tokens;
 	 * TANDEM_ABSORB_ROPE=0: apart) */
 	struct kfuse_rope rp = {.inv_freq = c->d_inv, .pos = c->d_pos, .pairing = hp->rope_main};
-	bool roped = false;
-	if (c->fuse && head_gemv(c, &L->k_b, n)) {
+	bool roped = c->absorbed_layer == layer && c->absorbed_q == q; /* done in cu_idx_prep */
+	c->absorbed_layer = -1;
+	if (!roped && c->fuse && head_gemv(c, &L->k_b, n)) {
 		int rc = ERR_UNSUPPORTED;
 		PROF(c, "attn.q_absorb+rope(k_b/head)", ktype_name(L->k_b.w.type),
 		     (double)Hl * wbytes(&L->k_b.w))
@@ -1254,11 +1258,19 @@ static void cu_add_rmsnorm(void *ctx, float *h, const float *x, float *y, const 
 
 /* TANDEM_IDX_FOLD=1 folds idx_prep into mla_latent + the indexer (read at capture / per eager step).
  * Off by default: the 16:40 H200 run measured the batch-1 decode step 0.86 ms slower with it (15.99
- * vs 15.13 ms); kept selectable, its ops are tested (test_ops_fused, test_ops_indexer) */
-static bool idx_fold_on(void)
+ * vs 15.13 ms); kept selectable, its ops are tested (test_ops_fused, test_ops_indexer).
+ * TANDEM_IDX_FOLD=2 (mla4; decode batches of 1..8 only): k_I and w_I join mla_latent as with 1, but
+ * q_I is roped in the launch of the absorbed query (kfuse_absorb_rope_idxq, issued where idx_prep
+ * was: q comes from q_b, the product before idx_q_b), so the indexer reads a roped q_I as without
+ * the fold and cu_mla_attn finds its q_abs done: idx_prep's and rope_copy's nodes are gone. */
+static int idx_fold_mode(int64_t n)
 {
 	const char *e = getenv("TANDEM_IDX_FOLD");
-	return e && strcmp(e, "1") == 0;
+	if (!e)
+		return 0;
+	if (strcmp(e, "1") == 0)
+		return 1;
+	return strcmp(e, "2") == 0 && n <= 8 ? 2 : 0;
 }
 
 static void cu_mla_latent(void *ctx, int layer, const struct layer_w *L, float *cq, float *kvl,
@@ -1268,6 +1280,7 @@ static void cu_mla_latent(void *ctx, int layer, const struct layer_w *L, float *
 	const struct model_hparams *hp = &c->m->hp;
 	int64_t n = c->st.n, C = hp->C, R = hp->R;
 	c->fold_layer = -1;
+	c->absorbed_layer = -1;
 	if (!c->fuse) {
 		cu_rmsnorm(ctx, cq, hp->Cq, cq, hp->Cq, L->q_a_norm, hp->Cq, n, hp->latent_eps);
 		cu_rmsnorm(ctx, kvl, C + R, kvl, C + R, L->kv_a_norm, C, n, hp->latent_eps);
@@ -1282,7 +1295,8 @@ static void cu_mla_latent(void *ctx, int layer, const struct layer_w *L, float *
 	/* the indexer's k_I and w_I (the products of `a` just issued, found among the last four)
 	 * join this launch; idx_prep then has only q_I's rope left, which the score kernel does */
 	float *kI = NULL, *wI = NULL;
-	if (L->has_idx && !c->st.debug && idx_fold_on())
+	const int fold = L->has_idx && !c->st.debug ? idx_fold_mode(n) : 0;
+	if (fold)
 		for (int i = 0; i < 4; i++) {
 			if (c->mm_w[i] == &L->idx_k)
 				kI = c->mm_y[i];
@@ -1312,6 +1326,7 @@ static void cu_mla_latent(void *ctx, int layer, const struct layer_w *L, float *
 		CK(rc);
 		if (rc == 0) {
 			c->fold_layer = layer;
+			c->fold_mode = fold;
 			c->fold_kI = kI;
 			c->fold_wI = wI;
 		}
@@ -1333,6 +1348,39 @@ static void cu_idx_prep(void *ctx, int layer, const struct layer_w *L, float *qI
 		c->fold_layer = -1;
 		if (kI != c->fold_kI || wI != c->fold_wI) { /* not the rows it did: never apply twice */
 			CK(-EINVAL);
+			return;
+		}
+		if (c->fold_mode == 2) { /* q_I roped with the absorbed query (q from q_b) */
+			const float *q = NULL;
+			for (int i = 0; i < 4; i++)
+				if (c->mm_w[i] == &L->q_b)
+					q = c->mm_y[i];
+			const int64_t Hl = c->rk->Hl, C = hp->C, NR = hp->N + R;
+			struct kfuse_rope rp = {
+			    .inv_freq = c->d_inv, .pos = c->d_pos, .pairing = hp->rope_main};
+			struct kfuse_rope rpi = {
+			    .inv_freq = c->d_inv, .pos = c->d_pos, .pairing = hp->rope_idx};
+			int rc = ERR_UNSUPPORTED;
+			if (q && head_gemv(c, &L->k_b, n)) {
+				PROF(c, "attn.q_absorb+rope+idx_q_rope(k_b/head)", ktype_name(L->k_b.w.type),
+				     (double)Hl * wbytes(&L->k_b.w))
+				rc = kfuse_absorb_rope_idxq(c->kc, &L->k_b.w, L->k_b.mat_bytes, (int)Hl, q,
+				                            Hl * NR, NR, n, c->qabs, Hl * (C + R), C + R, R,
+				                            &rp, qI, HI, DI, R, &rpi);
+			}
+			if (rc == 0) {
+				c->absorbed_layer = layer;
+				c->absorbed_q = q;
+				return;
+			}
+			if (rc != ERR_UNSUPPORTED) {
+				CK(rc);
+				return;
+			}
+			/* declined: idx_prep's q part alone; the absorbed query comes in cu_mla_attn */
+			PROF(c, "idx_prep(q rope)", NULL, 8.0 * (double)(n * HI * R))
+			CK(kcuda_rope(c->kc, qI, HI * DI, n, HI, DI, R, c->d_inv, c->d_pos, hp->rope_idx,
+			              1.0f));
 			return;
 		}
 		c->foldq_layer = layer; /* q_I: roped by the indexer's loads (cu_indexer) */
