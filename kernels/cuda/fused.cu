@@ -413,6 +413,23 @@ extern "C" int kfuse_mla_latent(struct kcuda_ctx *c, float *cq, int64_t Cq, cons
 /* ---- indexer inputs: LayerNorm + RoPE + KV write of k_I, RoPE of q_I, scale of w_I ------------- */
 /* k_I of row r: LayerNorm (kfwd_layernorm's statistics: double, tree sums over the block), RoPE
  * of its first R values, the KV write; red[FU_THREADS], ks[DI] shared; every thread calls it */
+/* the sum of v over the FU_THREADS threads of the block in double: warp sums, then the warps' in
+ * order (every thread gets the same value); red[FU_THREADS / 32] */
+__device__ __forceinline__ double fu_block_sum_d(double v, double *red)
+{
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	if ((threadIdx.x & 31) == 0)
+		red[threadIdx.x >> 5] = v;
+	__syncthreads();
+	double tot = 0;
+#pragma unroll
+	for (int k = 0; k < FU_THREADS / 32; k++)
+		tot += red[k];
+	return tot;
+}
+
 /* k_I's weight-like operands for this thread's first value, loaded BEFORE KDEP_ENTRY (weights and the
  * rope table are never written while kernels run): kw, kb at threadIdx.x (< DI), inv_freq at
  * threadIdx.x (< R / 2) */
@@ -439,29 +456,17 @@ __device__ __forceinline__ void fu_idx_key(int64_t r, float *kI, int64_t DI, int
 	const int half = (int)(R / 2);
 	char *row = fu_kv_row(kv, r, p, DI); /* its table lookup overlaps the sums below */
 	const float *xr = kI + r * DI;
+	/* statistics in double (kfwd_layernorm's precision), each a warp sum then the 8 warps' sums
+	 * in order: one barrier per sum instead of the tree's nine (the row op's latency is its chain
+	 * of barriers); red[0..7] and red[8..15] hold the two sums' parts, so no barrier between */
 	double s = 0;
 	for (int64_t i = threadIdx.x; i < DI; i += FU_THREADS)
 		s += xr[i];
-	red[threadIdx.x] = s;
-	__syncthreads();
-	for (int o = FU_THREADS / 2; o > 0; o >>= 1) {
-		if ((int)threadIdx.x < o)
-			red[threadIdx.x] += red[threadIdx.x + o];
-		__syncthreads();
-	}
-	const double mean = red[0] / (double)DI;
-	__syncthreads();
+	const double mean = fu_block_sum_d(s, red) / (double)DI;
 	double v2 = 0;
 	for (int64_t i = threadIdx.x; i < DI; i += FU_THREADS)
 		v2 += ((double)xr[i] - mean) * ((double)xr[i] - mean);
-	red[threadIdx.x] = v2;
-	__syncthreads();
-	for (int o = FU_THREADS / 2; o > 0; o >>= 1) {
-		if ((int)threadIdx.x < o)
-			red[threadIdx.x] += red[threadIdx.x + o];
-		__syncthreads();
-	}
-	const double inv = 1.0 / sqrt(red[0] / (double)DI + (double)eps);
+	const double inv = 1.0 / sqrt(fu_block_sum_d(v2, red + FU_THREADS / 32) / (double)DI + (double)eps);
 	for (int64_t i = threadIdx.x; i < DI; i += FU_THREADS) {
 		const bool pl = i == (int64_t)threadIdx.x; /* the first value's weights came before KDEP */
 		ks[i] =
