@@ -1259,18 +1259,19 @@ static void cu_add_rmsnorm(void *ctx, float *h, const float *x, float *y, const 
 /* TANDEM_IDX_FOLD=1 folds idx_prep into mla_latent + the indexer (read at capture / per eager step).
  * Off by default: the 16:40 H200 run measured the batch-1 decode step 0.86 ms slower with it (15.99
  * vs 15.13 ms); kept selectable, its ops are tested (test_ops_fused, test_ops_indexer).
- * TANDEM_IDX_FOLD=2 (mla4; decode batches of 1..8 only): k_I and w_I join mla_latent as with 1, but
+ * TANDEM_IDX_FOLD=2, the default since mla4 (decode batches of 1..8 only; =0 turns every fold off):
+ * k_I and w_I join mla_latent as with 1, but
  * q_I is roped in the launch of the absorbed query (kfuse_absorb_rope_idxq, issued where idx_prep
  * was: q comes from q_b, the product before idx_q_b), so the indexer reads a roped q_I as without
  * the fold and cu_mla_attn finds its q_abs done: idx_prep's and rope_copy's nodes are gone. */
 static int idx_fold_mode(int64_t n)
 {
 	const char *e = getenv("TANDEM_IDX_FOLD");
-	if (!e)
-		return 0;
-	if (strcmp(e, "1") == 0)
+	if (e && strcmp(e, "1") == 0)
 		return 1;
-	return strcmp(e, "2") == 0 && n <= 8 ? 2 : 0;
+	if (e && strcmp(e, "0") == 0)
+		return 0;
+	return n <= 8 ? 2 : 0; /* default (unset, "2") */
 }
 
 static void cu_mla_latent(void *ctx, int layer, const struct layer_w *L, float *cq, float *kvl,
