@@ -181,6 +181,10 @@ int kcuda_device_count(void); /* 0 when there is no usable GPU (no driver, no de
 int kcuda_ctx_create(int device, size_t ws_bytes, struct kcuda_ctx **out);
 void kcuda_ctx_destroy(struct kcuda_ctx *c);
 void *kcuda_ctx_stream(struct kcuda_ctx *c); /* the cudaStream_t */
+/* Work enqueued on `to` after this call waits for all work enqueued on `from` before it (an event
+ * recorded on from's stream, waited on by to's). Inside a stream capture this is a graph edge, and
+ * `to` joins the capture. 0 or ERR_CUDA. */
+int kcuda_stream_after(struct kcuda_ctx *to, struct kcuda_ctx *from);
 int kcuda_sync(struct kcuda_ctx *c);
 int kcuda_alloc(size_t bytes, void **out);
 void kcuda_free(void *p);

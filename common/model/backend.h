@@ -134,6 +134,18 @@ struct model_backend_ops {
 	 * write */
 	void (*idx_prep)(void *ctx, int layer, const struct layer_w *L, float *qI, float *kI, float *wI,
 	                 const float *cs, bool write);
+	/* Optional concurrency (NULL: one op after another). The ops called between branch_begin and
+	 * branch_end form a side branch: they may run concurrently with the ops called after
+	 * branch_end, until branch_join, after which everything of the branch is done. The side ops
+	 * must not touch what the concurrent ops read or write (forward.c's contract); a backend may
+	 * also run them in order (branch_begin may decline: then the calls are plain order). */
+	void (*branch_begin)(void *ctx);
+	void (*branch_end)(void *ctx);
+	void (*branch_join)(void *ctx);
+	/* Optional: the absorbed queries of layer `layer` from q (mla_attn's first part: per head
+	 * W_UK(h) q_nope, and the roped q_rope), kept by the backend for that layer's mla_attn, which
+	 * then starts from them. NULL: mla_attn does it. */
+	void (*mla_q)(void *ctx, int layer, const struct layer_w *L, const float *q, const float *cs);
 	/* Optional: to_host of `rows` pieces of `width` bytes, spitch apart in backend memory, dpitch
 	 * apart in host memory, as one copy (the TP logits gather: one per rank instead of one per row;
 	 * NULL: forward.c calls to_host per row). */

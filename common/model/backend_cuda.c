@@ -49,7 +49,12 @@
 struct be_cuda {
 	struct model *m;
 	struct model_rank *rk;
-	struct kcuda_ctx *kc;
+	struct kcuda_ctx *kc; /* where ops launch: kc_main, or kc_side inside a branch */
+	struct kcuda_ctx *kc_main, *kc_side; /* kc_side: the side branch's stream and workspace (NULL: no
+	                                      * branches, TANDEM_PAR=0) */
+	int branch; /* 0 none, 1 ops go to the side stream, 2 side branch not joined yet */
+	int q_layer; /* mla_q ran for this layer: its mla_attn starts from c->qabs (-1: none) */
+	bool mla_fold; /* TANDEM_MLA_ROPE=1 with fused ops: q roped inside the attention kernel */
 	int device;
 	/* TP over GPUs: this GPU's copies of the KV pools (keyed by rank 0's base), the pool of the
 	 * current step, the rank's NCCL communicator (NULL: T = 1 or rank-shard mode) */
@@ -114,11 +119,8 @@ struct be_cuda {
 	const struct kweight *mm_w[4];
 	float *mm_y[4];
 	int mm_at;
-	int fold_layer, foldq_layer, fold_mode;
+	int fold_layer, foldq_layer;
 	const float *fold_kI, *fold_wI, *fold_qI;
-	/* TANDEM_IDX_FOLD=2: the layer whose q_abs cu_idx_prep made (kfuse_absorb_rope_idxq), from q */
-	int absorbed_layer;
-	const float *absorbed_q;
 };
 
 #define CK(x)                                                                                                \
@@ -462,6 +464,8 @@ static void cu_plan(void *ctx, const struct model_batch *b, struct mbe_step *st)
 	c->mode = c->m->opts.graphs == 2 ? 0 : c->graph[gb][gc] ? 2 : 1;
 }
 
+static void cu_branch_join(void *ctx);
+
 static int cu_begin(void *ctx, const struct model_batch *b, struct model_kv *kv, const struct mbe_step *st)
 {
 	struct be_cuda *c = ctx;
@@ -484,6 +488,9 @@ static int cu_begin(void *ctx, const struct model_batch *b, struct model_kv *kv,
 		c->prof = NULL;
 		kprof_active = NULL;
 	}
+	if (c->branch) /* a step that stopped inside a branch: the side's work is done before this one */
+		cu_branch_join(c);
+	c->q_layer = -1;
 	c->b = b;
 	c->kv = kv;
 	c->st = *st;
@@ -798,6 +805,109 @@ static bool head_gemv(const struct be_cuda *c, const struct kweight3 *w, int64_t
 	return c->head_gemv && n <= HEAD_GEMV_MAX_TOK && kfwd_head_gemv_ok(&w->w, w->mat_bytes);
 }
 
+/* ---- side branches (backend.h): the side ops go to kc_side's stream (its own workspace, so
+ * nothing the two streams run at once shares scratch memory); inside a capture the fork and the
+ * join are graph edges. Declined (plain order) while profiling with events (they time one stream)
+ * and without kc_side. */
+static void cu_branch_begin(void *ctx)
+{
+	struct be_cuda *c = ctx;
+	SKIP_REPLAY(c);
+	if (!c->kc_side || c->prof || c->branch)
+		return;
+	CK(kcuda_stream_after(c->kc_side, c->kc_main)); /* the side sees everything before the fork */
+	c->kc = c->kc_side;
+	c->branch = 1;
+}
+
+static void cu_branch_end(void *ctx)
+{
+	struct be_cuda *c = ctx;
+	if (c->branch != 1)
+		return;
+	c->kc = c->kc_main;
+	c->branch = 2;
+}
+
+static void cu_branch_join(void *ctx)
+{
+	struct be_cuda *c = ctx;
+	if (c->branch == 1) /* an unended branch: end it first */
+		cu_branch_end(ctx);
+	if (c->branch != 2)
+		return;
+	CK(kcuda_stream_after(c->kc_main, c->kc_side));
+	c->branch = 0;
+}
+
+/* q's rotary part copied into c->qabs and roped (the unfused path: two launches) */
+static void mla_q_rope(struct be_cuda *c, const float *q)
+{
+	const struct model_hparams *hp = &c->m->hp;
+	int64_t n = c->st.n, Hl = c->rk->Hl, C = hp->C, R = hp->R, NR = hp->N + R;
+	struct kfuse_rope rp = {.inv_freq = c->d_inv, .pos = c->d_pos, .pairing = hp->rope_main};
+	PROF(c, "attn.q_rope(copy+rope)", NULL, 8.0 * (double)(n * Hl * R))
+	if (c->fuse) {
+		CK(kfuse_rope_copy(c->kc, c->qabs + C, Hl * (C + R), C + R, q + hp->N, Hl * NR, NR, n, Hl, R,
+		                   &rp));
+	} else {
+		CK(kfwd_copy2d(c->kc, c->qabs + C, C + R, q + hp->N, NR, R, n * Hl));
+		CK(kcuda_rope(c->kc, c->qabs + C, Hl * (C + R), n, Hl, C + R, R, c->d_inv, c->d_pos,
+		              hp->rope_main, 1.0f));
+	}
+}
+
+/* absorbed queries: q_abs[i][h][0..C) = W_UK(h) q_nope[i][h] */
+static void mla_q_absorb(struct be_cuda *c, const struct layer_w *L, const float *q)
+{
+	const struct model_hparams *hp = &c->m->hp;
+	int64_t n = c->st.n, Hl = c->rk->Hl, C = hp->C, R = hp->R, NR = hp->N + R;
+	PROF(c, "attn.q_absorb(k_b/head)", ktype_name(L->k_b.w.type), (double)Hl * wbytes(&L->k_b.w))
+	if (head_gemv(c, &L->k_b, n))
+		CK(kfwd_head_gemv(c->kc, &L->k_b.w, L->k_b.mat_bytes, (int)Hl, q, Hl * NR, NR, n, c->qabs,
+		                  Hl * (C + R), C + R));
+	else
+		for (int64_t hh = 0; hh < Hl; hh++) {
+			struct kweight kb = kweight3_at(&L->k_b, hh);
+			CK(kcuda_matmul(c->kc, &kb, q + hh * NR, Hl * NR, n, c->qabs + hh * (C + R),
+			                Hl * (C + R)));
+		}
+}
+
+/* absorb and rope in one launch (kfuse_absorb_rope: k_b Q8_0 at 1..8 tokens, the fused ops on,
+ * not TANDEM_MLA_ROPE=1, not TANDEM_ABSORB_ROPE=0); false when it declined (nothing launched) */
+static bool mla_q_fused(struct be_cuda *c, const struct layer_w *L, const float *q)
+{
+	const struct model_hparams *hp = &c->m->hp;
+	int64_t n = c->st.n, Hl = c->rk->Hl, C = hp->C, R = hp->R, NR = hp->N + R;
+	if (!c->fuse || c->mla_fold || !head_gemv(c, &L->k_b, n))
+		return false;
+	struct kfuse_rope rp = {.inv_freq = c->d_inv, .pos = c->d_pos, .pairing = hp->rope_main};
+	int rc = ERR_UNSUPPORTED;
+	PROF(c, "attn.q_absorb+rope(k_b/head)", ktype_name(L->k_b.w.type), (double)Hl * wbytes(&L->k_b.w))
+	rc = kfuse_absorb_rope(c->kc, &L->k_b.w, L->k_b.mat_bytes, (int)Hl, q, Hl * NR, NR, n, c->qabs,
+	                       Hl * (C + R), C + R, R, &rp);
+	if (rc == ERR_UNSUPPORTED)
+		return false;
+	CK(rc);
+	return true;
+}
+
+/* mla_attn's query part ahead of it (backend.h), on the side branch when one is open: absorb and
+ * rope (the in-kernel rope of TANDEM_MLA_ROPE=1 stays in mla_attn) */
+static void cu_mla_q(void *ctx, int layer, const struct layer_w *L, const float *q, const float *cs)
+{
+	struct be_cuda *c = ctx;
+	(void)cs;
+	SKIP_REPLAY(c);
+	if (!mla_q_fused(c, L, q)) {
+		mla_q_absorb(c, L, q);
+		if (!(c->mla_fold))
+			mla_q_rope(c, q);
+	}
+	c->q_layer = layer;
+}
+
 static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const float *q, const float *cs,
                         const int32_t *sel, const int32_t *nsel, float *o)
 {
@@ -806,35 +916,17 @@ static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const flo
 	SKIP_REPLAY(c);
 	const struct model_hparams *hp = &c->m->hp;
 	int64_t n = c->st.n, Hl = c->rk->Hl, C = hp->C, R = hp->R, N = hp->N, NR = N + R, V = hp->V;
-	/* absorbed queries: q_abs[i][h][0..C) = W_UK(h) q_nope[i][h]; [C..C+R) = roped q_rope; with
-	 * the fused ops, both in one launch where kfuse_absorb_rope takes k_b (Q8_0, 1..8 tokens;
-	 * TANDEM_ABSORB_ROPE=0: apart) */
+	const bool q_done = c->q_layer == layer;
+	c->q_layer = -1;
+	/* the rotary part of q_abs is filled: by mla_q (unless the fold leaves it to the kernel), or
+	 * here by the one-launch absorb + rope */
+	bool rope_done = q_done && !c->mla_fold;
+	if (!q_done) {
+		rope_done = mla_q_fused(c, L, q);
+		if (!rope_done)
+			mla_q_absorb(c, L, q);
+	}
 	struct kfuse_rope rp = {.inv_freq = c->d_inv, .pos = c->d_pos, .pairing = hp->rope_main};
-	bool roped = c->absorbed_layer == layer && c->absorbed_q == q; /* done in cu_idx_prep */
-	c->absorbed_layer = -1;
-	if (!roped && c->fuse && head_gemv(c, &L->k_b, n)) {
-		int rc = ERR_UNSUPPORTED;
-		PROF(c, "attn.q_absorb+rope(k_b/head)", ktype_name(L->k_b.w.type),
-		     (double)Hl * wbytes(&L->k_b.w))
-		rc = kfuse_absorb_rope(c->kc, &L->k_b.w, L->k_b.mat_bytes, (int)Hl, q, Hl * NR, NR, n,
-		                       c->qabs, Hl * (C + R), C + R, R, &rp);
-		if (rc != ERR_UNSUPPORTED) {
-			CK(rc);
-			roped = true;
-		}
-	}
-	if (!roped) {
-		PROF(c, "attn.q_absorb(k_b/head)", ktype_name(L->k_b.w.type), (double)Hl * wbytes(&L->k_b.w))
-		if (head_gemv(c, &L->k_b, n))
-			CK(kfwd_head_gemv(c->kc, &L->k_b.w, L->k_b.mat_bytes, (int)Hl, q, Hl * NR, NR, n,
-			                  c->qabs, Hl * (C + R), C + R));
-		else
-			for (int64_t hh = 0; hh < Hl; hh++) {
-				struct kweight kb = kweight3_at(&L->k_b, hh);
-				CK(kcuda_matmul(c->kc, &kb, q + hh * NR, Hl * NR, n, c->qabs + hh * (C + R),
-				                Hl * (C + R)));
-			}
-	}
 	struct kcuda_kv_view v = kv_view(c, (size_t)layer * c->kv->layout.lat_layer_bytes, C + R);
 	struct kcuda_attn_rows rows = {.n_q = n,
 	                               .qseq = c->d_seq,
@@ -850,28 +942,16 @@ static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const flo
 	 * off by default: slower on the H200, see mla_attn_mma.cu); kfuse_mla_attn_rope declines with
 	 * ERR_UNSUPPORTED otherwise, and under the ref kernels */
 	int rc = ERR_UNSUPPORTED;
-	if (roped) {
-		PROF(c, "attn.mla", NULL, kv_bytes)
-		CK(kcuda_mla_attn(c->kc, &v, &rows, c->qabs, Hl, C, R, hp->attn_scale, c->obar));
-	} else if (c->fuse) {
+	if (c->mla_fold) {
 		PROF(c, "attn.mla", NULL, kv_bytes)
 		rc = kfuse_mla_attn_rope(c->kc, &v, &rows, c->qabs, Hl, C, R, hp->attn_scale, c->obar, q + N,
 		                         Hl * NR, NR, &rp);
 	}
-	if (roped) {
-		/* done above */
-	} else if (rc != ERR_UNSUPPORTED) {
+	if (rc != ERR_UNSUPPORTED) {
 		CK(rc);
 	} else {
-		PROF(c, "attn.q_rope(copy+rope)", NULL, 8.0 * (double)(n * Hl * R))
-		if (c->fuse) {
-			CK(kfuse_rope_copy(c->kc, c->qabs + C, Hl * (C + R), C + R, q + N, Hl * NR, NR, n, Hl,
-			                   R, &rp));
-		} else {
-			CK(kfwd_copy2d(c->kc, c->qabs + C, C + R, q + N, NR, R, n * Hl));
-			CK(kcuda_rope(c->kc, c->qabs + C, Hl * (C + R), n, Hl, C + R, R, c->d_inv, c->d_pos,
-			              hp->rope_main, 1.0f));
-		}
+		if (!rope_done) /* not done, or mla_q left the rope to the fold */
+			mla_q_rope(c, q);
 		PROF(c, "attn.mla", NULL, kv_bytes)
 		CK(kcuda_mla_attn(c->kc, &v, &rows, c->qabs, Hl, C, R, hp->attn_scale, c->obar));
 	}
@@ -1148,6 +1228,8 @@ static int cu_to_host_2d(void *ctx, void *dst_host, size_t dpitch, const void *s
 		unsigned bad = 0;
 		c->errs_checked = true;
 		if (!kcuda_ctx_take_errors(c->kc, &bad) && bad)
+			rc = ERR_FORMAT;
+		else if (c->kc_side && !kcuda_ctx_take_errors(c->kc_side, &bad) && bad)
 			rc = ERR_FORMAT; /* a kernel met a bad id or block (the batch was checked) */
 	}
 	return rc;
@@ -1187,7 +1269,11 @@ static void cu_destroy(void *ctx)
 	free(c->dl);
 	free(c->h_in);
 	free(c->hv);
-	if (c->kc)
+	if (c->kc_side)
+		kcuda_ctx_destroy(c->kc_side);
+	if (c->kc_main)
+		kcuda_ctx_destroy(c->kc_main);
+	else if (c->kc)
 		kcuda_ctx_destroy(c->kc);
 	free(c);
 }
@@ -1258,20 +1344,11 @@ static void cu_add_rmsnorm(void *ctx, float *h, const float *x, float *y, const 
 
 /* TANDEM_IDX_FOLD=1 folds idx_prep into mla_latent + the indexer (read at capture / per eager step).
  * Off by default: the 16:40 H200 run measured the batch-1 decode step 0.86 ms slower with it (15.99
- * vs 15.13 ms); kept selectable, its ops are tested (test_ops_fused, test_ops_indexer).
- * TANDEM_IDX_FOLD=2, the default since mla4 (decode batches of 1..8 only; =0 turns every fold off):
- * k_I and w_I join mla_latent as with 1, but
- * q_I is roped in the launch of the absorbed query (kfuse_absorb_rope_idxq, issued where idx_prep
- * was: q comes from q_b, the product before idx_q_b), so the indexer reads a roped q_I as without
- * the fold and cu_mla_attn finds its q_abs done: idx_prep's and rope_copy's nodes are gone. */
-static int idx_fold_mode(int64_t n)
+ * vs 15.13 ms); kept selectable, its ops are tested (test_ops_fused, test_ops_indexer) */
+static bool idx_fold_on(void)
 {
 	const char *e = getenv("TANDEM_IDX_FOLD");
-	if (e && strcmp(e, "1") == 0)
-		return 1;
-	if (e && strcmp(e, "0") == 0)
-		return 0;
-	return n <= 8 ? 2 : 0; /* default (unset, "2") */
+	return e && strcmp(e, "1") == 0;
 }
 
 static void cu_mla_latent(void *ctx, int layer, const struct layer_w *L, float *cq, float *kvl,
@@ -1281,7 +1358,6 @@ static void cu_mla_latent(void *ctx, int layer, const struct layer_w *L, float *
 	const struct model_hparams *hp = &c->m->hp;
 	int64_t n = c->st.n, C = hp->C, R = hp->R;
 	c->fold_layer = -1;
-	c->absorbed_layer = -1;
 	if (!c->fuse) {
 		cu_rmsnorm(ctx, cq, hp->Cq, cq, hp->Cq, L->q_a_norm, hp->Cq, n, hp->latent_eps);
 		cu_rmsnorm(ctx, kvl, C + R, kvl, C + R, L->kv_a_norm, C, n, hp->latent_eps);
@@ -1296,8 +1372,7 @@ static void cu_mla_latent(void *ctx, int layer, const struct layer_w *L, float *
 	/* the indexer's k_I and w_I (the products of `a` just issued, found among the last four)
 	 * join this launch; idx_prep then has only q_I's rope left, which the score kernel does */
 	float *kI = NULL, *wI = NULL;
-	const int fold = L->has_idx && !c->st.debug ? idx_fold_mode(n) : 0;
-	if (fold)
+	if (L->has_idx && !c->st.debug && idx_fold_on())
 		for (int i = 0; i < 4; i++) {
 			if (c->mm_w[i] == &L->idx_k)
 				kI = c->mm_y[i];
@@ -1327,7 +1402,6 @@ static void cu_mla_latent(void *ctx, int layer, const struct layer_w *L, float *
 		CK(rc);
 		if (rc == 0) {
 			c->fold_layer = layer;
-			c->fold_mode = fold;
 			c->fold_kI = kI;
 			c->fold_wI = wI;
 		}
@@ -1349,39 +1423,6 @@ static void cu_idx_prep(void *ctx, int layer, const struct layer_w *L, float *qI
 		c->fold_layer = -1;
 		if (kI != c->fold_kI || wI != c->fold_wI) { /* not the rows it did: never apply twice */
 			CK(-EINVAL);
-			return;
-		}
-		if (c->fold_mode == 2) { /* q_I roped with the absorbed query (q from q_b) */
-			const float *q = NULL;
-			for (int i = 0; i < 4; i++)
-				if (c->mm_w[i] == &L->q_b)
-					q = c->mm_y[i];
-			const int64_t Hl = c->rk->Hl, C = hp->C, NR = hp->N + R;
-			struct kfuse_rope rp = {
-			    .inv_freq = c->d_inv, .pos = c->d_pos, .pairing = hp->rope_main};
-			struct kfuse_rope rpi = {
-			    .inv_freq = c->d_inv, .pos = c->d_pos, .pairing = hp->rope_idx};
-			int rc = ERR_UNSUPPORTED;
-			if (q && head_gemv(c, &L->k_b, n)) {
-				PROF(c, "attn.q_absorb+rope+idx_q_rope(k_b/head)", ktype_name(L->k_b.w.type),
-				     (double)Hl * wbytes(&L->k_b.w))
-				rc = kfuse_absorb_rope_idxq(c->kc, &L->k_b.w, L->k_b.mat_bytes, (int)Hl, q,
-				                            Hl * NR, NR, n, c->qabs, Hl * (C + R), C + R, R,
-				                            &rp, qI, HI, DI, R, &rpi);
-			}
-			if (rc == 0) {
-				c->absorbed_layer = layer;
-				c->absorbed_q = q;
-				return;
-			}
-			if (rc != ERR_UNSUPPORTED) {
-				CK(rc);
-				return;
-			}
-			/* declined: idx_prep's q part alone; the absorbed query comes in cu_mla_attn */
-			PROF(c, "idx_prep(q rope)", NULL, 8.0 * (double)(n * HI * R))
-			CK(kcuda_rope(c->kc, qI, HI * DI, n, HI, DI, R, c->d_inv, c->d_pos, hp->rope_idx,
-			              1.0f));
 			return;
 		}
 		c->foldq_layer = layer; /* q_I: roped by the indexer's loads (cu_indexer) */
@@ -1442,6 +1483,10 @@ static const struct model_backend_ops cuda_ops = {
     .mla_latent = cu_mla_latent,
     .idx_prep = cu_idx_prep,
     .to_host_2d = cu_to_host_2d,
+    .branch_begin = cu_branch_begin,
+    .branch_end = cu_branch_end,
+    .branch_join = cu_branch_join,
+    .mla_q = cu_mla_q,
 };
 
 int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct model_backend *out,
@@ -1467,6 +1512,13 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 	c->max_blk = (c->max_ctx + MODEL_KV_BLOCK_TOKENS - 1) / MODEL_KV_BLOCK_TOKENS;
 	if ((rc = kcuda_ctx_create(dev, 0, &c->kc))) {
 		errbuf_set(e, rc, "backend cuda: cannot create a context on device %d", dev);
+		goto fail;
+	}
+	c->kc_main = c->kc;
+	c->q_layer = -1;
+	const char *pe0 = getenv("TANDEM_PAR");
+	if (!(pe0 && strcmp(pe0, "0") == 0) && (rc = kcuda_ctx_create(dev, 0, &c->kc_side))) {
+		errbuf_set(e, rc, "backend cuda: cannot create the side-branch context on device %d", dev);
 		goto fail;
 	}
 	if (!(c->dl = calloc((size_t)hp->n_layers, sizeof(*c->dl)))) {
@@ -1545,6 +1597,8 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 	const char *hg = getenv("TANDEM_HEAD_GEMV");
 	c->head_gemv = !hg || strcmp(hg, "0") != 0;
 	c->fuse = kfuse_enabled();
+	const char *mr = getenv("TANDEM_MLA_ROPE");
+	c->mla_fold = c->fuse && mr && strcmp(mr, "1") == 0;
 	const char *pe = getenv("TANDEM_CUDA_PROFILE");
 	c->prof_graph = pe && strcmp(pe, "graph") == 0;
 	if (pe && *pe && strcmp(pe, "0") != 0) {

@@ -165,7 +165,18 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 			be->matmul(bc, &L->idx_proj, a, D, n, wI, HI);
 		}
 		be->mla_latent(bc, l, L, cq, kvl, cs, rk->writes_kv);
+		/* the query path (q_b, absorb, rope: reads cq, writes q and the backend's absorbed q) is
+		 * independent of the indexer's (reads cq, kI, wI; writes qI, sel, nsel): a side branch
+		 * where the backend can overlap them, joined before the attention */
+		const bool par =
+		    L->has_idx && be->branch_begin && be->branch_end && be->branch_join && be->mla_q;
+		if (par)
+			be->branch_begin(bc);
 		be->matmul(bc, &L->q_b, cq, hp->Cq, n, q, Hl * NR);
+		if (par) {
+			be->mla_q(bc, l, L, q, cs);
+			be->branch_end(bc);
+		}
 		if (L->has_idx) {
 			be->matmul(bc, &L->idx_q_b, cq, hp->Cq, n, qI, HI * DI);
 			be->idx_prep(bc, l, L, qI, kI, wI, cs, rk->writes_kv);
@@ -195,6 +206,8 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 				free(sel_h);
 			}
 		}
+		if (par)
+			be->branch_join(bc);
 		be->mla_attn(bc, l, L, q, cs, hp->has_indexer ? sel : NULL, hp->has_indexer ? nsel : NULL, o);
 		be->matmul(bc, &L->o, o, Hl * V, n, part, D);
 		if ((rc = be->all_reduce(bc, part, (size_t)(n * D))))

@@ -87,6 +87,22 @@ fail_free:
 	return ERR_CUDA;
 }
 
+extern "C" int kcuda_stream_after(struct kcuda_ctx *to, struct kcuda_ctx *from)
+{
+	cudaEvent_t ev;
+	if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess)
+		return ERR_CUDA;
+	/* the wait takes the event's state at this point: destroying it afterwards is allowed */
+	cudaError_t e = cudaEventRecord(ev, from->stream);
+	if (e == cudaSuccess)
+		e = cudaStreamWaitEvent(to->stream, ev, 0);
+	cudaEventDestroy(ev);
+	if (e == cudaSuccess)
+		return 0;
+	fprintf(stderr, "kcuda: stream dependency: %s\n", cudaGetErrorString(e));
+	return ERR_CUDA;
+}
+
 extern "C" void kcuda_ctx_destroy(struct kcuda_ctx *c)
 {
 	if (!c)

@@ -96,14 +96,6 @@ int kfuse_absorb_rope(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_
                       int64_t ldx, int64_t xhs, int64_t n_tok, float *y, int64_t ldy, int64_t yhs, int64_t R,
                       const struct kfuse_rope *rp);
 
-/* kfuse_absorb_rope and, in the same launch, idx_prep's q part: the indexer's qI (n_tok rows of HI
- * heads of DI) roped in place on the first RI values of each head by rpi (= kfuse_absorb_rope +
- * the q_I rope of kfuse_idx_prep). ERR_UNSUPPORTED as kfuse_absorb_rope, or when H > HI. */
-int kfuse_absorb_rope_idxq(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H,
-                           const float *x, int64_t ldx, int64_t xhs, int64_t n_tok, float *y, int64_t ldy,
-                           int64_t yhs, int64_t R, const struct kfuse_rope *rp, float *qI, int64_t HI,
-                           int64_t DI, int64_t RI, const struct kfuse_rope *rpi);
-
 /* mla_attn_mma.cu: kcuda_mla_attn with q's rotary part roped inside the attention kernel, so the
  * absorbed query needs no kfuse_rope_copy first: q[t][h][0..C) is read as kcuda_mla_attn reads it;
  * dims [C, C+R) come from qr[t * ldqr + h * qrhs + 0..R) (unroped) rotated by rp at rp->pos[t]

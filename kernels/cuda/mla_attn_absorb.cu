@@ -24,24 +24,15 @@ __device__ __forceinline__ float ar_s8f(uint32_t u, int k)
 	return __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540u + (unsigned)k)) - 8388736.0f;
 }
 
-/* kfuse_absorb_rope_idxq's extra part: the indexer's q_I rows roped in place (qI NULL: none) */
-struct kfuse_idx_q {
-	float *qI;
-	int HI, DI, half;
-	kfuse_rope rp;
-};
-
-/* grid (ceil(n_out / (AR_WARPS AR_RT)) + 1 (+ 1 with q_I), H) */
+/* grid (ceil(n_out / (AR_WARPS AR_RT)) + 1, H) */
 template <int NT>
 __global__ void __launch_bounds__(AR_WARPS * 32)
     absorb_rope_kernel(const uint8_t *__restrict__ w, size_t mat_bytes, size_t row_bytes, int n_out, int n_q,
                        int n_in, const float *__restrict__ x, int64_t ldx, int64_t xhs, int n_tok,
-                       float *__restrict__ y, int64_t ldy, int64_t yhs, int half, kfuse_rope rp, int prefetch,
-                       kfuse_idx_q iq)
+                       float *__restrict__ y, int64_t ldy, int64_t yhs, int half, kfuse_rope rp, int prefetch)
 {
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-	const int n_prod = (int)gridDim.x - (iq.qI ? 2 : 1); /* block columns of the product */
-	const bool rope_blk = (int)blockIdx.x >= n_prod;
+	const bool rope_blk = blockIdx.x == gridDim.x - 1;
 	w += (size_t)blockIdx.y * mat_bytes;
 	const int row0 = (blockIdx.x * AR_WARPS + warp) * AR_RT;
 	if (prefetch && !rope_blk && threadIdx.x == 0) { /* weights only: allowed before KDEP_ENTRY */
@@ -49,25 +40,6 @@ __global__ void __launch_bounds__(AR_WARPS * 32)
 		kdep_prefetch_l2(w + (size_t)r0 * row_bytes, (size_t)(r1 - r0) * row_bytes);
 	}
 	KDEP_ENTRY();
-	if ((int)blockIdx.x == n_prod + 1) {
-		/* the indexer's q_I, in place (idx_prep's q part): heads hi = blockIdx.y + k gridDim.y,
-		 * the first 2 half values of each, one thread per (token, head, pair) */
-		const int H = (int)gridDim.y, nh = (iq.HI - (int)blockIdx.y + H - 1) / H;
-		for (int g = threadIdx.x; g < n_tok * nh * iq.half; g += AR_WARPS * 32) {
-			const int i = g % iq.half, k = (g / iq.half) % nh, t = g / iq.half / nh;
-			float *v =
-			    iq.qI + (int64_t)t * iq.HI * iq.DI + (int64_t)((int)blockIdx.y + k * H) * iq.DI;
-			const int i0 = iq.rp.pairing ? i : 2 * i,
-			          i1 = iq.rp.pairing ? i + iq.half : 2 * i + 1;
-			const float ang = (float)iq.rp.pos[t] * iq.rp.inv_freq[i];
-			float sn, co;
-			sincosf(ang, &sn, &co);
-			const float u0 = v[i0], u1 = v[i1];
-			v[i0] = u0 * co - u1 * sn;
-			v[i1] = u0 * sn + u1 * co;
-		}
-		return;
-	}
 	x += (int64_t)blockIdx.y * xhs;
 	y += (int64_t)blockIdx.y * yhs;
 	if (rope_blk) { /* y[t][n_out + ..] = rope(x[t][n_in + ..]), one thread per (token, pair) */
@@ -148,14 +120,13 @@ __global__ void __launch_bounds__(AR_WARPS * 32)
 template <int NT>
 static int ar_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H, const float *x,
                      int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy, int64_t yhs, int64_t R,
-                     const struct kfuse_rope *rp, const kfuse_idx_q &iq)
+                     const struct kfuse_rope *rp)
 {
-	const dim3 grid((unsigned)((w0->n_out + AR_WARPS * AR_RT - 1) / (AR_WARPS * AR_RT) + (iq.qI ? 2 : 1)),
-	                (unsigned)H);
+	const dim3 grid((unsigned)((w0->n_out + AR_WARPS * AR_RT - 1) / (AR_WARPS * AR_RT) + 1), (unsigned)H);
 	return klaunch("absorb_rope", absorb_rope_kernel<NT>, grid, dim3(AR_WARPS * 32), 0, c->stream,
 	               (const uint8_t *)w0->data, mat_bytes, w0->row_bytes, (int)w0->n_out,
 	               (int)(w0->n_in / 8), (int)w0->n_in, x, ldx, xhs, n_tok, y, ldy, yhs, (int)(R / 2), *rp,
-	               kcuda_prefetch_enabled(), iq);
+	               kcuda_prefetch_enabled());
 }
 
 /* TANDEM_ABSORB_ROPE=0: the caller runs the product and the rope apart (read on every call; at
@@ -166,9 +137,9 @@ static bool ar_enabled(void)
 	return !(e && strcmp(e, "0") == 0);
 }
 
-static int ar_run(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H, const float *x,
-                  int64_t ldx, int64_t xhs, int64_t n_tok, float *y, int64_t ldy, int64_t yhs, int64_t R,
-                  const struct kfuse_rope *rp, const kfuse_idx_q &iq)
+extern "C" int kfuse_absorb_rope(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H,
+                                 const float *x, int64_t ldx, int64_t xhs, int64_t n_tok, float *y,
+                                 int64_t ldy, int64_t yhs, int64_t R, const struct kfuse_rope *rp)
 {
 	size_t rb = 0;
 	if (!c || !w0 || !x || !y || !rp || !rp->inv_freq || !rp->pos ||
@@ -192,40 +163,10 @@ static int ar_run(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_byte
 		return ERR_UNSUPPORTED;
 	const int nt = (int)n_tok;
 	if (nt == 1)
-		return ar_launch<1>(c, w0, mat_bytes, H, x, ldx, xhs, nt, y, ldy, yhs, R, rp, iq);
+		return ar_launch<1>(c, w0, mat_bytes, H, x, ldx, xhs, nt, y, ldy, yhs, R, rp);
 	if (nt == 2)
-		return ar_launch<2>(c, w0, mat_bytes, H, x, ldx, xhs, nt, y, ldy, yhs, R, rp, iq);
+		return ar_launch<2>(c, w0, mat_bytes, H, x, ldx, xhs, nt, y, ldy, yhs, R, rp);
 	if (nt <= 4)
-		return ar_launch<4>(c, w0, mat_bytes, H, x, ldx, xhs, nt, y, ldy, yhs, R, rp, iq);
-	return ar_launch<8>(c, w0, mat_bytes, H, x, ldx, xhs, nt, y, ldy, yhs, R, rp, iq);
-}
-
-extern "C" int kfuse_absorb_rope(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H,
-                                 const float *x, int64_t ldx, int64_t xhs, int64_t n_tok, float *y,
-                                 int64_t ldy, int64_t yhs, int64_t R, const struct kfuse_rope *rp)
-{
-	const kfuse_idx_q none = {};
-	return ar_run(c, w0, mat_bytes, H, x, ldx, xhs, n_tok, y, ldy, yhs, R, rp, none);
-}
-
-extern "C" int kfuse_absorb_rope_idxq(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H,
-                                      const float *x, int64_t ldx, int64_t xhs, int64_t n_tok, float *y,
-                                      int64_t ldy, int64_t yhs, int64_t R, const struct kfuse_rope *rp,
-                                      float *qI, int64_t HI, int64_t DI, int64_t RI,
-                                      const struct kfuse_rope *rpi)
-{
-	if (!qI || HI < 1 || HI > 65535 || DI < 1 || RI < 2 || RI % 2 || RI > DI || HI * DI > INT32_MAX ||
-	    !rpi || !rpi->inv_freq || !rpi->pos || (rpi->pairing != 0 && rpi->pairing != 1))
-		return kcuda_bad_arg("absorb_rope_idxq", "HI %lld DI %lld R %lld%s", (long long)HI,
-		                     (long long)DI, (long long)RI,
-		                     ", or a null pointer / bad rope description");
-	if (H > HI) /* every block row must have a q_I head */
-		return ERR_UNSUPPORTED;
-	kfuse_idx_q iq;
-	iq.qI = qI;
-	iq.HI = (int)HI;
-	iq.DI = (int)DI;
-	iq.half = (int)(RI / 2);
-	iq.rp = *rpi;
-	return ar_run(c, w0, mat_bytes, H, x, ldx, xhs, n_tok, y, ldy, yhs, R, rp, iq);
+		return ar_launch<4>(c, w0, mat_bytes, H, x, ldx, xhs, nt, y, ldy, yhs, R, rp);
+	return ar_launch<8>(c, w0, mat_bytes, H, x, ldx, xhs, nt, y, ldy, yhs, R, rp);
 }

@@ -710,52 +710,6 @@ static void test_absorb_rope(void)
 		printf("absorb_rope H %3d %3" PRId64 " -> %3" PRId64 " + rope %2" PRId64
 		       ", %d tokens, pairing %d: worst %.2g of sum|wx|, = head_gemv + rope_copy\n",
 		       H, N, C, R, n, k->pairing, worst);
-		/* with the indexer's q_I roped in the same launch (TANDEM_IDX_FOLD=2): the absorbed query
-		 * bit for bit as above, q_I against kcpu_rope (idx_prep's q part) */
-		{
-			const int64_t HI = ci == 5 ? 5 : 32, DI = ci == 5 ? 24 : 128, RI = ci == 5 ? 16 : 64;
-			const int pi = 1 - k->pairing;
-			float *qi = malloc(sizeof(float) * (size_t)(n * HI * DI)),
-			      *qg = malloc(sizeof(float) * (size_t)(n * HI * DI));
-			struct ops_dbuf qb = {0};
-			for (int64_t i = 0; i < n * HI * DI; i++)
-				qi[i] = ops_rng_unif();
-			if (!qi || !qg || up(&qb, qi, sizeof(float) * (size_t)(n * HI * DI))) {
-				OPS_CHECK(0, "absorb_rope_idxq setup");
-			} else {
-				struct kfuse_rope rpi = {.inv_freq = ib.user, .pos = pb.user, .pairing = pi};
-				rc = kfuse_absorb_rope_idxq(ctx, &w0, mat, H, xb.user, ldx, NR, n, y2b.user,
-				                            ldy, CR, R, &rp, qb.user, HI, DI, RI, &rpi);
-				if (H > HI) {
-					OPS_CHECK(rc == ERR_UNSUPPORTED,
-					          "absorb_rope_idxq H %d > HI %" PRId64 ": rc %d", H, HI, rc);
-				} else {
-					OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0 &&
-					              ops_dbuf_get(ctx, &y2b, got2) == 0 &&
-					              ops_dbuf_get(ctx, &qb, qg) == 0,
-					          "absorb_rope_idxq rc %d (or guard bytes)", rc);
-					int bq = memcmp(got, got2, sizeof(float) * (size_t)(n * ldy)) != 0;
-					float csi[64];
-					for (int t = 0; t < n; t++) {
-						kcpu_rope_cs(inv, RI / 2, pos[t], csi);
-						for (int64_t hh = 0; hh < HI; hh++)
-							kcpu_rope(qi + (t * HI + hh) * DI, RI, csi, pi);
-					}
-					for (int64_t i = 0; i < n * HI * DI; i++)
-						bq += !close_to(qg[i], qi[i], 0, 4e-6);
-					OPS_CHECK(bq == 0,
-					          "absorb_rope_idxq H %d HI %" PRId64 ": %d values off", H,
-					          HI, bq);
-					printf("absorb_rope_idxq H %3d + q_I %2" PRId64 " x %3" PRId64
-					       " rope %2" PRId64
-					       " pairing %d: q_abs = absorb_rope, q_I = kcpu_rope\n",
-					       H, HI, DI, RI, pi);
-				}
-			}
-			ops_dbuf_fini(&qb);
-			free(qi);
-			free(qg);
-		}
 		/* shapes it leaves to the two ops: 9 tokens; rows wider than 256 */
 		rc = kfuse_absorb_rope(ctx, &w0, mat, H, xb.user, ldx, NR, 9, yb.user, ldy, CR, R, &rp);
 		OPS_CHECK(rc == ERR_UNSUPPORTED, "absorb_rope took 9 tokens (rc %d)", rc);
