@@ -632,9 +632,10 @@ static int md_rows_limit(void)
 /* Can the device run 8-block clusters of this kernel with its largest shared-memory size (the
  * tables at MD_TBL_MAX entries)? Asked once per kernel and device (an occupancy query, no launch),
  * so a device or driver without them takes the split kernel instead of failing the call. */
+static int md_ok_state[64][2]; /* per device and kernel (F32): 0 unknown, 1 usable, 2 not */
 template <bool F32> static bool md_cluster_ok(struct kcuda_ctx *c)
 {
-	static int ok[64][2]; /* per device: 0 unknown, 1 yes, 2 no */
+	int(*ok)[2] = md_ok_state;
 	const int dev = c->device >= 0 && c->device < 64 ? c->device : 0;
 	if (ok[dev][F32])
 		return ok[dev][F32] == 1;
@@ -686,9 +687,18 @@ static int md_launch(struct kcuda_ctx *c, const md_args &a, dim3 grid, int cl, s
 	cfg.attrs = at;
 	cfg.numAttrs = kcuda_pdl_enabled() ? 2 : 1;
 	cudaError_t e = cudaLaunchKernelEx(&cfg, mla_dec_kernel<F32>, a);
+	if (e != cudaSuccess) {
+		/* refused at launch (a configuration this device or driver does not take: cluster
+		 * dimension, shared memory): switched off for this kernel and device, the caller runs
+		 * the split kernel; a sticky error fails the next op anyway */
+		(void)cudaGetLastError();
+		fprintf(stderr, "kcuda: mla_dec launch refused (%s): the split kernel is used from now on\n",
+		        cudaGetErrorString(e));
+		md_ok_state[c->device >= 0 && c->device < 64 ? c->device : 0][F32] = 2;
+		return ERR_UNSUPPORTED;
+	}
 	kcuda_n_launch++;
-	if (e == cudaSuccess)
-		e = cudaGetLastError();
+	e = cudaGetLastError();
 	if (e == cudaSuccess)
 		return 0;
 	fprintf(stderr, "kcuda: mla_dec launch failed: %s\n", cudaGetErrorString(e));
