@@ -389,8 +389,8 @@ out:
 }
 
 /* MLA decode, the split kernel + combine launch (TANDEM_MLA_DEC=0) against the one-launch
- * small-batch kernel (mla_attn_dec.cu, the default up to 8 (row, head group) pairs; forced with
- * TANDEM_MLA_DEC=65535 so batch 8 at H 64 is shown too), each as 78 calls in one CUDA graph
+ * small-batch kernel (mla_attn_dec.cu; by default only for one sparse row, here forced with
+ * TANDEM_MLA_DEC=65535 on every shape), each as 78 calls in one CUDA graph
  * (the decode step's form; PDL per TANDEM_PDL) and eagerly (mean of the calls, launch cost
  * included). Shapes: GLM-5 rank 0 of TP=8 (H 8; top-2048 of 4096 / 32768; its dense layers at
  * 4096), DeepSeek-V3 rank 0 (H 16, dense 4096 / 32768), batch 1, 2, 4, 8, bf16 pools, plus an
@@ -483,6 +483,14 @@ static void bench_mla_dec_table(void)
 	printf("MLA decode: split kernel + combine (old, TANDEM_MLA_DEC=0) vs one launch (new), 78 calls per "
 	       "graph, PDL %s\n",
 	       kcuda_pdl_enabled() ? "on" : "off");
+	for (int bf = 1; bf >= 0; bf--) { /* residency: the 19:30 run had 256 blocks cost ~2x 128 */
+		int bps = 0, ncl = 0, regs = 0, smem = 0;
+		if (kmla_dec_occupancy(ctx, bf, &bps, &ncl, &regs, &smem) == 0)
+			printf(
+			    "mla_dec residency (%s pool): %d blocks per SM, %d 8-block clusters at once, %d "
+			    "registers, %d B shared memory per block\n",
+			    bf ? "bf16" : "f32", bps, ncl, regs, smem);
+	}
 	static const int Bs[] = {1, 2, 4, 8};
 	for (int bi = 0; bi < 4; bi++) {
 		bench_mla_dec(Bs[bi], 8, 4096, 1, 2048);

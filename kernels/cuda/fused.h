@@ -96,6 +96,12 @@ int kfuse_absorb_rope(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_
                       int64_t ldx, int64_t xhs, int64_t n_tok, float *y, int64_t ldy, int64_t yhs, int64_t R,
                       const struct kfuse_rope *rp);
 
+/* mla_attn_dec.cu (bench_cuda_attn's report): the one-launch decode kernel's residency on c's
+ * device for a bf16 / fp32 pool (576-wide rows): blocks per SM, 8-block clusters at once,
+ * registers per thread, shared memory per block; ERR_UNSUPPORTED where it cannot run. */
+int kmla_dec_occupancy(struct kcuda_ctx *c, int bf16, int *blocks_per_sm, int *clusters, int *regs,
+                       int *smem);
+
 /* mla_attn_mma.cu: kcuda_mla_attn with q's rotary part roped inside the attention kernel, so the
  * absorbed query needs no kfuse_rope_copy first: q[t][h][0..C) is read as kcuda_mla_attn reads it;
  * dims [C, C+R) come from qr[t * ldqr + h * qrhs + 0..R) (unroped) rotated by rp at rp->pos[t]

@@ -2,7 +2,8 @@
  * kcuda_mla_attn takes when query rows x head groups are few (batch 1..8 at 8 / 16 heads per
  * rank), in ONE launch with every SM busy. TANDEM_MLA_DEC=0 restores the split kernel + combine
  * launch of mla_attn_mma.cu; TANDEM_MLA_DEC=N takes this kernel up to N (row, head group) pairs
- * (default MD_ROWS_DEFAULT).
+ * of any shape; by default only a single sparse row (md_rows_limit: the H200 measured it slower
+ * everywhere else).
  *
  * Why a second kernel: at batch 1 the split kernel ran 64 blocks of one 32-key tile each, then a
  * combine launch; each block is a chain of dependent round trips (top-k list -> block table -> KV
@@ -51,7 +52,6 @@ namespace cg = cooperative_groups;
 #define MD_CL 8 /* largest cluster (the portable limit on sm_90 / 100 / 120) */
 #define MD_NCL_MAX 64 /* clusters per (row, head group): splits <= 512 */
 #define MD_TBL_MAX 2048 /* block-table entries kept in shared memory (8 KB) */
-#define MD_ROWS_DEFAULT 8 /* (row, head group) pairs this kernel takes unless TANDEM_MLA_DEC=N */
 
 struct md_args {
 	const uint8_t *base;
@@ -615,17 +615,20 @@ template <bool F32> __global__ void __launch_bounds__(MD_THREADS) mla_dec_kernel
 #endif
 }
 
-/* TANDEM_MLA_DEC: unset -> MD_ROWS_DEFAULT; "0" -> never; N -> up to N (row, head group) pairs.
- * Read on every call (a getenv; at capture only under graphs), so tests can flip it. */
+/* TANDEM_MLA_DEC: unset -> -1, the default: only one (row, head group) pair of a sparse layer (a
+ * top-k list) whose splits fit one wave of SMs, the one shape where the H200 measured this kernel
+ * no slower (19:30 run: B1 top-2048 13.1 us vs 13.1, in the model's nsys 16.6 vs 14.5 + 4.3 us;
+ * everything wider 0.52-0.67x of the split kernel); "0" -> never; N -> any shape up to N pairs
+ * (A/B). Read on every call (a getenv; at capture only under graphs), so tests can flip it. */
 static int md_rows_limit(void)
 {
 	const char *e = getenv("TANDEM_MLA_DEC");
 	if (!e || !*e)
-		return MD_ROWS_DEFAULT;
+		return -1;
 	char *end = NULL;
 	const long v = strtol(e, &end, 10);
 	if (*end || v < 0)
-		return MD_ROWS_DEFAULT;
+		return -1;
 	return v > 65535 ? 65535 : (int)v;
 }
 
@@ -653,8 +656,12 @@ template <bool F32> static bool md_cluster_ok(struct kcuda_ctx *c)
 	cfg.stream = c->stream;
 	cfg.attrs = at;
 	cfg.numAttrs = 1;
+	/* the largest shared-memory carveout: two blocks per SM need ~95 KB of it (the driver may
+	 * otherwise pick a smaller one, in favour of L1, that holds one) */
 	if (cudaFuncSetAttribute(mla_dec_kernel<F32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
 	                         (int)smem) != cudaSuccess ||
+	    cudaFuncSetAttribute(mla_dec_kernel<F32>, cudaFuncAttributePreferredSharedMemoryCarveout,
+	                         (int)cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
 	    cudaOccupancyMaxActiveClusters(&n, mla_dec_kernel<F32>, &cfg) != cudaSuccess || n < 1) {
 		(void)cudaGetLastError();
 		fprintf(stderr,
@@ -712,7 +719,8 @@ int kmla_dec_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const s
 {
 	const int64_t n_hg = (H + MD_HG - 1) / MD_HG;
 	const int64_t nrh = rows->n_q * n_hg;
-	if (nrh > md_rows_limit() || !c->tickets)
+	const int lim = md_rows_limit();
+	if ((lim < 0 ? nrh > 1 || !rows->sel : nrh > lim) || !c->tickets)
 		return ERR_UNSUPPORTED;
 	if (C % 64 || C > MD_CMAX || kv->dim > MD_DMAX || kv->dim % 16 || (uintptr_t)out % 16 ||
 	    (uintptr_t)q % 8 || rows->max_keys < 1 || rows->max_keys > INT32_MAX / 2)
@@ -757,7 +765,7 @@ int kmla_dec_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const s
 	if (ncl > MD_NCL_MAX || C % cl || (C / cl) % 4)
 		return ERR_UNSUPPORTED;
 	nsplit = ncl * cl;
-	if ((size_t)nrh * (size_t)cl > KCUDA_N_TICKETS || nrh > 65535)
+	if ((size_t)nrh * (size_t)cl > KCUDA_N_TICKETS || nrh > 65535 || (lim < 0 && nsplit > c->n_sm))
 		return ERR_UNSUPPORTED;
 	const size_t n_part = ncl > 1 ? (size_t)rows->n_q * (size_t)H * (size_t)ncl : 0;
 	if (n_part * ((size_t)C + 2 * (size_t)cl) * sizeof(float) > c->ws_bytes)
@@ -794,4 +802,40 @@ int kmla_dec_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const s
 	a.err = c->err_dev;
 	const dim3 grid((unsigned)nsplit, (unsigned)nrh);
 	return f32 ? md_launch<true>(c, a, grid, cl, L.total) : md_launch<false>(c, a, grid, cl, L.total);
+}
+
+/* For bench_cuda_attn: this kernel's residency on the context's device with the bf16 (or fp32)
+ * pool at its GLM-5 size (dim 576, C 512, no table preload): blocks per SM, 8-block clusters at
+ * once, registers per thread, dynamic shared memory per block; ERR_UNSUPPORTED where it cannot
+ * run. */
+extern "C" int kmla_dec_occupancy(struct kcuda_ctx *c, int bf16, int *blocks_per_sm, int *clusters, int *regs,
+                                  int *smem)
+{
+	const bool f32 = !bf16;
+	if (!(f32 ? md_cluster_ok<true>(c) : md_cluster_ok<false>(c)))
+		return ERR_UNSUPPORTED;
+	const size_t sm = md_layout(MD_DMAX, f32, MD_CMAX, 0).total;
+	const void *fn = f32 ? (const void *)mla_dec_kernel<true> : (const void *)mla_dec_kernel<false>;
+	cudaFuncAttributes fa;
+	cudaLaunchAttribute at[1];
+	at[0].id = cudaLaunchAttributeClusterDimension;
+	at[0].val.clusterDim.x = MD_CL;
+	at[0].val.clusterDim.y = 1;
+	at[0].val.clusterDim.z = 1;
+	cudaLaunchConfig_t cfg = {};
+	cfg.gridDim = dim3(MD_CL, 1);
+	cfg.blockDim = dim3(MD_THREADS);
+	cfg.dynamicSmemBytes = sm;
+	cfg.stream = c->stream;
+	cfg.attrs = at;
+	cfg.numAttrs = 1;
+	if (cudaFuncGetAttributes(&fa, fn) != cudaSuccess ||
+	    cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, fn, MD_THREADS, sm) != cudaSuccess ||
+	    cudaOccupancyMaxActiveClusters(clusters, fn, &cfg) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return ERR_UNSUPPORTED;
+	}
+	*regs = fa.numRegs;
+	*smem = (int)sm;
+	return 0;
 }

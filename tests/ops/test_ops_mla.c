@@ -200,12 +200,14 @@ static void run_case(const struct mcase *mc)
 	const unsigned long long l0 = kcuda_n_launch;
 	int rc = kcuda_mla_attn(ctx, &kv, &rows, d_q, H, C, R, scale, ob.user);
 	OPS_CHECK(rc == 0, "%s: kcuda_mla_attn rc %d", mc->name, rc);
-	/* the one-launch kernel must take the GLM-5 / DeepSeek-V3 decode shapes at batch 1..8 by
-	 * default (H 8 / 16: one head group per row; bf16 pools, the decode graph's): one launch, not
-	 * two */
+	/* the one-launch kernel must take the GLM-5 / DeepSeek-V3 decode shapes (H 8 / 16: one head
+	 * group per row; bf16 pools, the decode graph's) at batch 1..8 when forced (TANDEM_MLA_DEC=N),
+	 * and by default the one it is kept for: a single sparse row of up to 2048 selected keys:
+	 * one launch, not two */
 	const char *dec = getenv("TANDEM_MLA_DEC");
+	const int forced = dec && strcmp(dec, "0") != 0;
 	if (!getenv("TANDEM_CUDA_ATTN") && !(dec && strcmp(dec, "0") == 0) && !prefill && mc->bf16 &&
-	    C == 512 && R == 64 && H <= 16 && n_q <= 8)
+	    C == 512 && R == 64 && H <= 16 && (forced ? n_q <= 8 : n_q == 1 && K > 0 && K <= 2048))
 		OPS_CHECK(kcuda_n_launch - l0 == 1, "%s: %llu launches (the one-launch kernel declined)",
 		          mc->name, kcuda_n_launch - l0);
 	OPS_CHECK(kcuda_sync(ctx) == 0, "%s: sync", mc->name);
@@ -461,9 +463,10 @@ int main(void)
 	const int quick = getenv("TANDEM_OPS_QUICK") != NULL;
 	const int small_only = getenv("TANDEM_OPS_SMALL") != NULL;
 	const int small = quick || small_only;
-	/* every case under four kernel sets: the defaults; the split kernel + combine launch
-	 * everywhere (TANDEM_MLA_DEC=0); the one-launch kernel wherever it takes the shape
-	 * (TANDEM_MLA_DEC=65535: batch 12, H 64 / 128 too); the first kernels (TANDEM_CUDA_ATTN=ref) */
+	/* every case under four kernel sets: the defaults (the one-launch kernel for single sparse
+	 * rows only); the split kernel + combine launch everywhere (TANDEM_MLA_DEC=0); the one-launch
+	 * kernel wherever it takes the shape (TANDEM_MLA_DEC=65535: batch 2..12, dense, H 64 / 128,
+	 * prefill rows); the first kernels (TANDEM_CUDA_ATTN=ref) */
 	static const char *const mode_name[4] = {"fast (default)", "split + combine (TANDEM_MLA_DEC=0)",
 	                                         "one launch everywhere (TANDEM_MLA_DEC=65535)",
 	                                         "ref (TANDEM_CUDA_ATTN=ref)"};
