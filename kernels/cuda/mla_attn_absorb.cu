@@ -15,6 +15,7 @@
 
 #include "kernels/cuda/fused.h"
 #include "kernels/cuda/matmul_impl.cuh"
+#include "kernels/cuda/mla_attn_mode.cuh"
 
 #define AR_WARPS 4
 #define AR_RT 2 /* rows per warp */
@@ -28,8 +29,8 @@ __device__ __forceinline__ float ar_s8f(uint32_t u, int k)
 template <int NT>
 __global__ void __launch_bounds__(AR_WARPS * 32)
     absorb_rope_kernel(const uint8_t *__restrict__ w, size_t mat_bytes, size_t row_bytes, int n_out, int n_q,
-                       int n_in, const float *__restrict__ x, int64_t ldx, int64_t xhs, int n_tok,
-                       float *__restrict__ y, int64_t ldy, int64_t yhs, int half, kfuse_rope rp, int prefetch)
+                       int n_in, const float *x, int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy,
+                       int64_t yhs, int half, kfuse_rope rp, int prefetch)
 {
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 	const bool rope_blk = blockIdx.x == gridDim.x - 1;
@@ -40,7 +41,8 @@ __global__ void __launch_bounds__(AR_WARPS * 32)
 		kdep_prefetch_l2(w + (size_t)r0 * row_bytes, (size_t)(r1 - r0) * row_bytes);
 	}
 	KDEP_ENTRY();
-	x += (int64_t)blockIdx.y * xhs;
+	/* q comes from the kernel before (weights alone may be read above): plain, opaque loads */
+	x = katt_after(x) + (int64_t)blockIdx.y * xhs;
 	y += (int64_t)blockIdx.y * yhs;
 	if (rope_blk) { /* y[t][n_out + ..] = rope(x[t][n_in + ..]), one thread per (token, pair) */
 		for (int g = threadIdx.x; g < n_tok * half; g += AR_WARPS * 32) {
