@@ -16,7 +16,7 @@ done
 for f in "$BUILD"/tests/test_gpu_* "$BUILD"/tests/test_ops_*; do # only what runs on the GPU (size)
 	[ -x "$f" ] && strip -o "$DEST/stage/tests/$(basename "$f")" "$f"
 done
-for f in "$BUILD"/bench/bench_cuda_*; do
+for f in "$BUILD"/bench/bench_cuda_* "$BUILD"/bench/bench_upload; do
 	[ -x "$f" ] && strip -o "$DEST/stage/bench/$(basename "$f")" "$f"
 done
 # one big dictionary: the binaries share ~30 MB of identical CUDA code each (37 MB -> 5 MB)
