@@ -202,8 +202,9 @@ static void run_case(const struct mcase *mc)
 	OPS_CHECK(rc == 0, "%s: kcuda_mla_attn rc %d", mc->name, rc);
 	/* the one-launch kernel must take the GLM-5 / DeepSeek-V3 decode shapes (H 8 / 16: one head
 	 * group per row; bf16 pools, the decode graph's) at batch 1..8 when forced (TANDEM_MLA_DEC=N),
-	 * and by default the one it is kept for: a single sparse row of up to 2048 selected keys:
-	 * one launch, not two */
+	 * and by default the one it is kept for: a single sparse row of up to 2048 selected keys
+	 * (128 splits: the default also needs as many SMs; the H200, B200 and RTX PRO 6000 have
+	 * them): one launch, not two */
 	const char *dec = getenv("TANDEM_MLA_DEC");
 	const int forced = dec && strcmp(dec, "0") != 0;
 	if (!getenv("TANDEM_CUDA_ATTN") && !(dec && strcmp(dec, "0") == 0) && !prefill && mc->bf16 &&
