@@ -19,6 +19,7 @@
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/fused.h"
+#include "kernels/cuda/prof.h"
 
 static double now_s(void)
 {
@@ -246,8 +247,10 @@ static void set_layer_mode(int mode)
 		setenv("TANDEM_IDX_TILES", "2", 1);
 		setenv("TANDEM_TOPK_SHORT_MAX", "8192", 1);
 		setenv("TANDEM_MLA_ROPE", "0", 1);
+		setenv("TANDEM_MLA_DEC", "0", 1); /* mla4: the split kernel + combine launch */
 	} else {
 		unsetenv("TANDEM_IDX_TOPK");
+		unsetenv("TANDEM_MLA_DEC");
 		unsetenv("TANDEM_IDX_TILES");
 		unsetenv("TANDEM_MLA_ROPE"); /* off by default */
 		if (mode == 2) /* new, and the one-block top-k up to 32768 keys */
@@ -520,6 +523,123 @@ static void bench_idx(int B, int64_t ctxlen, int64_t bucket, int bf16)
 	setup_fini(&s);
 }
 
+/* MLA decode, the split kernel + combine launch (TANDEM_MLA_DEC=0) against the one-launch
+ * small-batch kernel (mla_attn_dec.cu; by default only for one sparse row, here forced with
+ * TANDEM_MLA_DEC=65535 on every shape), each as 78 calls in one CUDA graph
+ * (the decode step's form; PDL per TANDEM_PDL) and eagerly (mean of the calls, launch cost
+ * included). Shapes: GLM-5 rank 0 of TP=8 (H 8; top-2048 of 4096 / 32768; its dense layers at
+ * 4096), DeepSeek-V3 rank 0 (H 16, dense 4096 / 32768), batch 1, 2, 4, 8, bf16 pools, plus an
+ * fp32 pool and H 64. BENCH_ATTN_MLA_ONLY=1 runs only this table. */
+static double mla_graph_us(const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows, const float *q,
+                           int64_t H, float *out, double *eager_us, int *rc)
+{
+	const int L = 78, reps = 20;
+	cudaStream_t st = (cudaStream_t)kcuda_ctx_stream(ctx);
+	for (int i = 0; i < 3; i++)
+		*rc |= kcuda_mla_attn(ctx, kv, rows, q, H, 512, 64, 0.07f, out);
+	*rc |= kcuda_sync(ctx);
+	double t0 = now_s();
+	for (int i = 0; i < L; i++)
+		*rc |= kcuda_mla_attn(ctx, kv, rows, q, H, 512, 64, 0.07f, out);
+	*rc |= kcuda_sync(ctx);
+	*eager_us = (now_s() - t0) / L * 1e6;
+	cudaGraph_t g = NULL;
+	cudaGraphExec_t ge = NULL;
+	if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+		*rc = 1;
+		return 0;
+	}
+	for (int i = 0; i < L; i++)
+		*rc |= kcuda_mla_attn(ctx, kv, rows, q, H, 512, 64, 0.07f, out);
+	if (cudaStreamEndCapture(st, &g) != cudaSuccess || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) {
+		(void)cudaGetLastError();
+		*rc = 1;
+		if (g)
+			cudaGraphDestroy(g);
+		return 0;
+	}
+	for (int i = 0; i < 3; i++)
+		cudaGraphLaunch(ge, st);
+	*rc |= kcuda_sync(ctx);
+	t0 = now_s();
+	for (int i = 0; i < reps; i++)
+		cudaGraphLaunch(ge, st);
+	*rc |= kcuda_sync(ctx);
+	const double us = (now_s() - t0) / reps / L * 1e6;
+	cudaGraphExecDestroy(ge);
+	cudaGraphDestroy(g);
+	return us;
+}
+
+static void bench_mla_dec(int B, int64_t H, int64_t ctxlen, int bf16, int K)
+{
+	const int64_t C = 512, R = 64, dim = C + R;
+	const int elt = bf16 ? 2 : 4;
+	const int64_t nb = (ctxlen + 63) / 64;
+	struct setup s;
+	if (setup_init(&s, B, dim, elt, ctxlen, H, C, K)) {
+		printf("mla dec: allocation failed\n");
+		setup_fini(&s);
+		return;
+	}
+	struct kcuda_kv_view kv = {s.pool, B * nb, (size_t)64 * dim * elt, 0, 64, dim, bf16};
+	struct kcuda_attn_rows rows = {B,
+	                               (const int32_t *)s.qseq,
+	                               (const int32_t *)s.tbl,
+	                               nb,
+	                               (const int32_t *)s.nk,
+	                               0,
+	                               K > 0 ? (const int32_t *)s.sel : NULL,
+	                               K > 0 ? K : 1,
+	                               K > 0 ? K : ctxlen};
+	int rc = 0;
+	double g[2], e[2];
+	unsigned long long nl[2];
+	for (int mode = 0; mode < 2; mode++) { /* 0 old (split + combine), 1 new */
+		setenv("TANDEM_MLA_DEC", mode ? "65535" : "0", 1);
+		const unsigned long long l0 = kcuda_n_launch;
+		rc |= kcuda_mla_attn(ctx, &kv, &rows, (const float *)s.q, H, C, R, 0.07f, (float *)s.out);
+		nl[mode] = kcuda_n_launch - l0;
+		g[mode] = mla_graph_us(&kv, &rows, (const float *)s.q, H, (float *)s.out, &e[mode], &rc);
+	}
+	unsetenv("TANDEM_MLA_DEC");
+	const double bytes = (double)B * (double)(K > 0 ? K : ctxlen) * (double)dim * elt;
+	printf(
+	    "mla dec B %d H %3lld ctx %6lld %-8s kv %s %6.2f MB | graph old %6.1f new %6.1f us (x%.2f, new "
+	    "%5.0f GB/s %4.1f%%) | eager old %6.1f new %6.1f us | launches old %llu new %llu%s\n",
+	    B, (long long)H, (long long)ctxlen, K > 0 ? "top-2048" : "dense", bf16 ? "bf16" : "f32 ",
+	    bytes * 1e-6, g[0], g[1], g[1] > 0 ? g[0] / g[1] : 0.0, bytes / g[1] * 1e-3,
+	    bytes / g[1] * 1e-3 / copy_gbs * 100, e[0], e[1], nl[0], nl[1], rc ? " ERROR" : "");
+	setup_fini(&s);
+}
+
+static void bench_mla_dec_table(void)
+{
+	printf("MLA decode: split kernel + combine (old, TANDEM_MLA_DEC=0) vs one launch (new), 78 calls per "
+	       "graph, PDL %s\n",
+	       kcuda_pdl_enabled() ? "on" : "off");
+	for (int bf = 1; bf >= 0; bf--) { /* residency: the 19:30 run had 256 blocks cost ~2x 128 */
+		int bps = 0, ncl = 0, regs = 0, smem = 0;
+		if (kmla_dec_occupancy(ctx, bf, &bps, &ncl, &regs, &smem) == 0)
+			printf(
+			    "mla_dec residency (%s pool): %d blocks per SM, %d 8-block clusters at once, %d "
+			    "registers, %d B shared memory per block\n",
+			    bf ? "bf16" : "f32", bps, ncl, regs, smem);
+	}
+	static const int Bs[] = {1, 2, 4, 8};
+	for (int bi = 0; bi < 4; bi++) {
+		bench_mla_dec(Bs[bi], 8, 4096, 1, 2048);
+		bench_mla_dec(Bs[bi], 8, 32768, 1, 2048);
+		bench_mla_dec(Bs[bi], 8, 4096, 1, 0);
+		bench_mla_dec(Bs[bi], 16, 4096, 1, 0);
+	}
+	bench_mla_dec(1, 16, 32768, 1, 0);
+	bench_mla_dec(8, 16, 32768, 1, 0);
+	bench_mla_dec(1, 8, 4096, 0, 2048);
+	bench_mla_dec(1, 64, 32768, 1, 0);
+	bench_mla_dec(8, 64, 4096, 1, 2048);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1)
@@ -534,6 +654,10 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	measure_copy();
+	if (getenv("BENCH_ATTN_MLA_ONLY")) {
+		bench_mla_dec_table();
+		goto done;
+	}
 	printf("fast = default kernels (tensor cores, multi-block top-k); ref = TANDEM_CUDA_ATTN=ref (the "
 	       "first kernels); %% = of the copy rate above\n");
 	/* the indexer alone, old vs new (BENCH_ATTN_IDX_ONLY=1 stops after it) */
@@ -556,6 +680,7 @@ int main(int argc, char **argv)
 	bench_layer(8, 32768, 32768);
 	if (getenv("BENCH_ATTN_LAYER_ONLY"))
 		goto done;
+	bench_mla_dec_table();
 	static const int Bs[] = {1, 8, 32};
 	for (size_t bi = 0; bi < 3; bi++) {
 		const int B = Bs[bi];

@@ -1110,6 +1110,25 @@ static void mla_q_absorb(struct be_cuda *c, const struct layer_w *L, const float
 		}
 }
 
+/* absorb and rope in one launch (kfuse_absorb_rope: k_b Q8_0 at 1..8 tokens, the fused ops on,
+ * not TANDEM_MLA_ROPE=1, not TANDEM_ABSORB_ROPE=0); false when it declined (nothing launched) */
+static bool mla_q_fused(struct be_cuda *c, const struct layer_w *L, const float *q)
+{
+	const struct model_hparams *hp = &c->m->hp;
+	int64_t n = c->st.n, Hl = c->rk->Hl, C = hp->C, R = hp->R, NR = hp->N + R;
+	if (!c->fuse || c->mla_fold || !head_gemv(c, &L->k_b, n))
+		return false;
+	struct kfuse_rope rp = {.inv_freq = c->d_inv, .pos = c->d_pos, .pairing = hp->rope_main};
+	int rc = ERR_UNSUPPORTED;
+	PROF(c, "attn.q_absorb+rope(k_b/head)", ktype_name(L->k_b.w.type), (double)Hl * wbytes(&L->k_b.w))
+	rc = kfuse_absorb_rope(c->kc, &L->k_b.w, L->k_b.mat_bytes, (int)Hl, q, Hl * NR, NR, n, c->qabs,
+	                       Hl * (C + R), C + R, R, &rp);
+	if (rc == ERR_UNSUPPORTED)
+		return false;
+	CK(rc);
+	return true;
+}
+
 /* mla_attn's query part ahead of it (backend.h), on the side branch when one is open: absorb and
  * rope (the in-kernel rope of TANDEM_MLA_ROPE=1 stays in mla_attn) */
 static void cu_mla_q(void *ctx, int layer, const struct layer_w *L, const float *q, const float *cs)
@@ -1117,9 +1136,11 @@ static void cu_mla_q(void *ctx, int layer, const struct layer_w *L, const float 
 	struct be_cuda *c = ctx;
 	(void)cs;
 	SKIP_REPLAY(c);
-	mla_q_absorb(c, L, q);
-	if (!(c->mla_fold))
-		mla_q_rope(c, q);
+	if (!mla_q_fused(c, L, q)) {
+		mla_q_absorb(c, L, q);
+		if (!(c->mla_fold))
+			mla_q_rope(c, q);
+	}
 	c->q_layer = layer;
 }
 
@@ -1133,8 +1154,14 @@ static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const flo
 	int64_t n = c->st.n, Hl = c->rk->Hl, C = hp->C, R = hp->R, N = hp->N, NR = N + R, V = hp->V;
 	const bool q_done = c->q_layer == layer;
 	c->q_layer = -1;
-	if (!q_done)
-		mla_q_absorb(c, L, q);
+	/* the rotary part of q_abs is filled: by mla_q (unless the fold leaves it to the kernel), or
+	 * here by the one-launch absorb + rope */
+	bool rope_done = q_done && !c->mla_fold;
+	if (!q_done) {
+		rope_done = mla_q_fused(c, L, q);
+		if (!rope_done)
+			mla_q_absorb(c, L, q);
+	}
 	struct kfuse_rope rp = {.inv_freq = c->d_inv, .pos = c->d_pos, .pairing = hp->rope_main};
 	struct kcuda_kv_view v = kv_view(c, (size_t)layer * c->kv->layout.lat_layer_bytes, C + R);
 	struct kcuda_attn_rows rows = {.n_q = n,
@@ -1159,7 +1186,7 @@ static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const flo
 	if (rc != ERR_UNSUPPORTED) {
 		CK(rc);
 	} else {
-		if (!q_done || (c->mla_fold)) /* mla_q left the rope to the fold */
+		if (!rope_done) /* not done, or mla_q left the rope to the fold */
 			mla_q_rope(c, q);
 		PROF(c, "attn.mla", NULL, kv_bytes)
 		CK(kcuda_mla_attn(c->kc, &v, &rows, c->qabs, Hl, C, R, hp->attn_scale, c->obar));

@@ -61,6 +61,10 @@ extern "C" int kcuda_ctx_create(int device, size_t ws_bytes, struct kcuda_ctx **
 		goto fail_ws;
 	if (cudaMemsetAsync(c->err_dev, 0, 4 * sizeof(unsigned), c->stream) != cudaSuccess)
 		goto fail_err;
+	if (cudaMalloc((void **)&c->tickets, sizeof(unsigned) * KCUDA_N_TICKETS) != cudaSuccess)
+		goto fail_err;
+	if (cudaMemsetAsync(c->tickets, 0, sizeof(unsigned) * KCUDA_N_TICKETS, c->stream) != cudaSuccess)
+		goto fail_err;
 	if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
 		goto fail_err;
 	if (cublasSetStream(h, c->stream) != CUBLAS_STATUS_SUCCESS)
@@ -77,6 +81,7 @@ fail_zs:
 fail_cublas:
 	cublasDestroy(h);
 fail_err:
+	cudaFree(c->tickets);
 	cudaFree(c->err_dev);
 fail_ws:
 	cudaFree(c->ws);
@@ -112,6 +117,7 @@ extern "C" void kcuda_ctx_destroy(struct kcuda_ctx *c)
 	if (c->cublas)
 		cublasDestroy((cublasHandle_t)c->cublas);
 	cudaFree(c->zs);
+	cudaFree(c->tickets);
 	cudaFree(c->err_dev);
 	cudaFree(c->ws);
 	cudaStreamDestroy(c->stream);

@@ -27,8 +27,12 @@ struct kcuda_ctx {
 	 * indexer's fused top-k: per-row histograms and tickets) leaves it zero again when done, so
 	 * graph replays need no memset node */
 	unsigned *zs;
+	unsigned *tickets; /* KCUDA_N_TICKETS counters, zero between launches: a kernel whose last
+	                    * block merges the others' partials (mla_attn_dec.cu) counts arrivals here
+	                    * and that last block sets its counter back to 0 */
 };
 #define KCUDA_ZS_BYTES ((size_t)5 << 20)
+#define KCUDA_N_TICKETS 16384
 
 /* Sticky CUDA errors mean the context is unusable: abort loudly with file:line. */
 #define KCUDA_CHECK(call)                                                                                    \

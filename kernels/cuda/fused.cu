@@ -112,9 +112,9 @@ template <int T> __device__ __forceinline__ float fu_load(float *v, const float 
 template <int T>
 __device__ __forceinline__ void fu_rmsnorm_row(float *y, const float *x, const float *__restrict__ w,
                                                int64_t n, float eps, float *red, const kfuse_kv &kv,
-                                               char *row)
+                                               char *row, const float *wv = NULL, bool wv_ok = false)
 {
-	if (n <= (int64_t)FU_PER * T) {
+	if (n <= (int64_t)FU_PER * T) { /* wv_ok: wv[k] = w[threadIdx.x + k T], in registers (fu_latent_w) */
 		float v[FU_PER];
 		const float ss = fu_load<T>(v, x, NULL, n);
 		const float inv = 1.0f / sqrtf(fu_block_sum<T>(ss, red) / (float)n + eps);
@@ -122,7 +122,7 @@ __device__ __forceinline__ void fu_rmsnorm_row(float *y, const float *x, const f
 		for (int k = 0; k < FU_PER; k++) {
 			const int64_t i = threadIdx.x + (int64_t)k * T;
 			if (i < n) {
-				const float o = w[i] * (v[k] * inv);
+				const float o = (wv_ok ? wv[k] : w[i]) * (v[k] * inv);
 				y[i] = o;
 				fu_kv_put(kv, row, i, o);
 			}
@@ -299,27 +299,69 @@ extern "C" int kfuse_add_rmsnorm(struct kcuda_ctx *c, float *h, const float *x, 
 }
 
 /* ---- MLA latents: two RMSNorms, RoPE of k_r, the KV write ------------------------------------- */
+/* The weight-like operands of part `part` of mla_latent, loaded BEFORE KDEP_ENTRY (they are never
+ * written while kernels run: cuda_common.cuh), so their DRAM round trip overlaps the kernel before:
+ * the norm weight (wv[k] = w[threadIdx.x + k FU_THREADS], rows up to FU_PER FU_THREADS; longer rows
+ * read it in the loop) and, for part 1, this thread's rotary frequency (inv_freq[threadIdx.x]). */
+struct fu_latent_pre {
+	float wv[FU_PER];
+	float invf;
+	bool wv_ok;
+};
+__device__ __forceinline__ void fu_latent_w(int part, int64_t Cq, const float *__restrict__ wq, int64_t C,
+                                            int64_t R, const float *__restrict__ wkv, const kfuse_rope &rp,
+                                            fu_latent_pre *pre)
+{
+	const float *w = part == 0 ? wq : wkv;
+	const int64_t n = part == 0 ? Cq : C;
+	pre->wv_ok = n <= (int64_t)FU_PER * FU_THREADS;
+#pragma unroll
+	for (int k = 0; k < FU_PER; k++) {
+		const int64_t i = threadIdx.x + (int64_t)k * FU_THREADS;
+		pre->wv[k] = pre->wv_ok && i < n ? __ldg(w + i) : 0.0f;
+	}
+	pre->invf = part == 1 && (int64_t)threadIdx.x < R / 2 ? __ldg(rp.inv_freq + threadIdx.x) : 0.0f;
+}
+
 /* part 0 (c_q row) or 1 ([c | k_r] row) of mla_latent for row r; every thread of the block calls it */
 __device__ __forceinline__ void fu_latent_part(int part, int64_t r, float *cq, int64_t Cq,
                                                const float *__restrict__ wq, float eps_q, float *kvl,
                                                int64_t C, int64_t R, const float *__restrict__ wkv,
                                                float eps_kv, const kfuse_rope &rp, const kfuse_kv &kv,
-                                               float *red)
+                                               float *red, const fu_latent_pre &pre)
 {
 	if (part == 0) { /* c_q row: RMSNorm in place */
 		float *xr = cq + r * Cq;
 		const kfuse_kv none = {};
-		fu_rmsnorm_row<FU_THREADS>(xr, xr, wq, Cq, eps_q, red, none, NULL);
+		fu_rmsnorm_row<FU_THREADS>(xr, xr, wq, Cq, eps_q, red, none, NULL, pre.wv, pre.wv_ok);
 		return;
 	}
-	/* [c | k_r] row: norm of c, rotation of k_r, each value also to the pool by its thread */
+	/* [c | k_r] row: norm of c, rotation of k_r, each value also to the pool by its thread. The
+	 * first pair of each thread is loaded before the norm (its loads beside the row's), so the
+	 * rotation does not wait for another round trip after the block sum */
 	float *xr = kvl + r * (C + R);
+	float *kr = xr + C;
+	const int half = (int)(R / 2);
+	const bool first = (int)threadIdx.x < half;
+	int f0 = 0, f1 = 0;
+	float u0 = 0.0f, u1 = 0.0f;
+	if (first) {
+		fu_pair(rp.pairing, threadIdx.x, half, &f0, &f1);
+		u0 = kr[f0];
+		u1 = kr[f1];
+	}
 	const int32_t p = rp.pos[r];
 	char *row = fu_kv_row(kv, r, p, C + R);
-	fu_rmsnorm_row<FU_THREADS>(xr, xr, wkv, C, eps_kv, red, kv, row);
-	const int half = (int)(R / 2);
-	float *kr = xr + C;
-	for (int i = threadIdx.x; i < half; i += FU_THREADS) {
+	fu_rmsnorm_row<FU_THREADS>(xr, xr, wkv, C, eps_kv, red, kv, row, pre.wv, pre.wv_ok);
+	if (first) {
+		float o0, o1;
+		fu_rot(u0, u1, p, pre.invf, &o0, &o1);
+		kr[f0] = o0;
+		kr[f1] = o1;
+		fu_kv_put(kv, row, C + f0, o0);
+		fu_kv_put(kv, row, C + f1, o1);
+	}
+	for (int i = threadIdx.x + FU_THREADS; i < half; i += FU_THREADS) {
 		int i0, i1;
 		float o0, o1;
 		fu_pair(rp.pairing, i, half, &i0, &i1);
@@ -335,9 +377,12 @@ __global__ void __launch_bounds__(FU_THREADS)
     mla_latent_kernel(float *cq, int64_t Cq, const float *__restrict__ wq, float eps_q, float *kvl, int64_t C,
                       int64_t R, const float *__restrict__ wkv, float eps_kv, kfuse_rope rp, kfuse_kv kv)
 {
+	fu_latent_pre pre;
+	fu_latent_w((int)blockIdx.y, Cq, wq, C, R, wkv, rp, &pre); /* weights: before KDEP_ENTRY */
 	KDEP_ENTRY();
 	__shared__ float red[FU_THREADS / 32];
-	fu_latent_part((int)blockIdx.y, blockIdx.x, cq, Cq, wq, eps_q, kvl, C, R, wkv, eps_kv, rp, kv, red);
+	fu_latent_part((int)blockIdx.y, blockIdx.x, cq, Cq, wq, eps_q, kvl, C, R, wkv, eps_kv, rp, kv, red,
+	               pre);
 }
 
 static bool fu_rope_ok(const struct kfuse_rope *rp, int64_t R)
@@ -368,48 +413,73 @@ extern "C" int kfuse_mla_latent(struct kcuda_ctx *c, float *cq, int64_t Cq, cons
 /* ---- indexer inputs: LayerNorm + RoPE + KV write of k_I, RoPE of q_I, scale of w_I ------------- */
 /* k_I of row r: LayerNorm (kfwd_layernorm's statistics: double, tree sums over the block), RoPE
  * of its first R values, the KV write; red[FU_THREADS], ks[DI] shared; every thread calls it */
+/* the sum of v over the FU_THREADS threads of the block in double: warp sums, then the warps' in
+ * order (every thread gets the same value); red[FU_THREADS / 32] */
+__device__ __forceinline__ double fu_block_sum_d(double v, double *red)
+{
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	if ((threadIdx.x & 31) == 0)
+		red[threadIdx.x >> 5] = v;
+	__syncthreads();
+	double tot = 0;
+#pragma unroll
+	for (int k = 0; k < FU_THREADS / 32; k++)
+		tot += red[k];
+	return tot;
+}
+
+/* k_I's weight-like operands for this thread's first value, loaded BEFORE KDEP_ENTRY (weights and the
+ * rope table are never written while kernels run): kw, kb at threadIdx.x (< DI), inv_freq at
+ * threadIdx.x (< R / 2) */
+struct fu_key_pre {
+	float kw, kb, inv;
+};
+__device__ __forceinline__ fu_key_pre fu_key_w(int64_t DI, int64_t R, const float *__restrict__ kw,
+                                               const float *__restrict__ kb, const kfuse_rope &rp)
+{
+	fu_key_pre k;
+	const int64_t i = threadIdx.x;
+	k.kw = i < DI ? __ldg(kw + i) : 0.0f;
+	k.kb = kb && i < DI ? __ldg(kb + i) : 0.0f;
+	k.inv = i < R / 2 ? __ldg(rp.inv_freq + i) : 0.0f;
+	return k;
+}
+
 __device__ __forceinline__ void fu_idx_key(int64_t r, float *kI, int64_t DI, int64_t R,
                                            const float *__restrict__ kw, const float *__restrict__ kb,
                                            float eps, const kfuse_rope &rp, const kfuse_kv &kv, double *red,
-                                           float *ks)
+                                           float *ks, const fu_key_pre &pre)
 {
 	const int32_t p = rp.pos[r];
 	const int half = (int)(R / 2);
+	char *row = fu_kv_row(kv, r, p, DI); /* its table lookup overlaps the sums below */
 	const float *xr = kI + r * DI;
+	/* statistics in double (kfwd_layernorm's precision), each a warp sum then the 8 warps' sums
+	 * in order: one barrier per sum instead of the tree's nine (the row op's latency is its chain
+	 * of barriers); red[0..7] and red[8..15] hold the two sums' parts, so no barrier between */
 	double s = 0;
 	for (int64_t i = threadIdx.x; i < DI; i += FU_THREADS)
 		s += xr[i];
-	red[threadIdx.x] = s;
-	__syncthreads();
-	for (int o = FU_THREADS / 2; o > 0; o >>= 1) {
-		if ((int)threadIdx.x < o)
-			red[threadIdx.x] += red[threadIdx.x + o];
-		__syncthreads();
-	}
-	const double mean = red[0] / (double)DI;
-	__syncthreads();
+	const double mean = fu_block_sum_d(s, red) / (double)DI;
 	double v2 = 0;
 	for (int64_t i = threadIdx.x; i < DI; i += FU_THREADS)
 		v2 += ((double)xr[i] - mean) * ((double)xr[i] - mean);
-	red[threadIdx.x] = v2;
-	__syncthreads();
-	for (int o = FU_THREADS / 2; o > 0; o >>= 1) {
-		if ((int)threadIdx.x < o)
-			red[threadIdx.x] += red[threadIdx.x + o];
-		__syncthreads();
+	const double inv = 1.0 / sqrt(fu_block_sum_d(v2, red + FU_THREADS / 32) / (double)DI + (double)eps);
+	for (int64_t i = threadIdx.x; i < DI; i += FU_THREADS) {
+		const bool pl = i == (int64_t)threadIdx.x; /* the first value's weights came before KDEP */
+		ks[i] =
+		    __fadd_rn(__fmul_rn((float)(((double)xr[i] - mean) * inv), pl ? pre.kw : kw[i]),
+		              kb ? (pl ? pre.kb : kb[i]) : 0.0f); /* no FMA: the same bits in every kernel */
 	}
-	const double inv = 1.0 / sqrt(red[0] / (double)DI + (double)eps);
-	for (int64_t i = threadIdx.x; i < DI; i += FU_THREADS)
-		ks[i] = __fadd_rn(__fmul_rn((float)(((double)xr[i] - mean) * inv), kw[i]),
-		                  kb ? kb[i] : 0.0f); /* no FMA: the same bits in every kernel inlining it */
 	__syncthreads(); /* the pairs below cross threads */
 	float *yr = kI + r * DI;
-	char *row = fu_kv_row(kv, r, p, DI);
 	for (int i = threadIdx.x; i < half; i += FU_THREADS) {
 		int i0, i1;
 		float o0, o1;
 		fu_pair(rp.pairing, i, half, &i0, &i1);
-		fu_rot(ks[i0], ks[i1], p, rp.inv_freq[i], &o0, &o1);
+		fu_rot(ks[i0], ks[i1], p, i == (int)threadIdx.x ? pre.inv : rp.inv_freq[i], &o0, &o1);
 		yr[i0] = o0;
 		yr[i1] = o1;
 		fu_kv_put(kv, row, i0, o0);
@@ -426,6 +496,7 @@ __global__ void __launch_bounds__(FU_THREADS)
                     const float *__restrict__ kw, const float *__restrict__ kb, float eps, kfuse_rope rp,
                     kfuse_kv kv)
 {
+	const fu_key_pre pre = fu_key_w(DI, R, kw, kb, rp); /* weights: before KDEP_ENTRY */
 	KDEP_ENTRY();
 	__shared__ double red[FU_THREADS];
 	__shared__ float ks[FU_DI_MAX];
@@ -446,7 +517,7 @@ __global__ void __launch_bounds__(FU_THREADS)
 			wI[r * HI + j] *= wscale;
 		return;
 	}
-	fu_idx_key(r, kI, DI, R, kw, kb, eps, rp, kv, red, ks);
+	fu_idx_key(r, kI, DI, R, kw, kb, eps, rp, kv, red, ks, pre);
 }
 
 extern "C" int kfuse_idx_prep(struct kcuda_ctx *c, float *qI, float *wI, int64_t HI, float wscale, float *kI,
@@ -473,18 +544,25 @@ __global__ void __launch_bounds__(FU_THREADS)
                           int64_t C, int64_t R, const float *__restrict__ wkv, float eps_kv, kfuse_rope rp,
                           kfuse_kv kv, kfuse_idx_key ik)
 {
+	fu_latent_pre pre;
+	fu_key_pre kpre = {0.0f, 0.0f, 0.0f};
+	if (blockIdx.y < 2) /* weights: before KDEP_ENTRY */
+		fu_latent_w((int)blockIdx.y, Cq, wq, C, R, wkv, rp, &pre);
+	else
+		kpre = fu_key_w(ik.DI, ik.R, ik.kw, ik.kb, ik.rp);
 	KDEP_ENTRY();
 	__shared__ float red[FU_THREADS / 32];
 	__shared__ double redd[FU_THREADS];
 	__shared__ float ks[FU_DI_MAX];
 	const int64_t r = blockIdx.x;
 	if (blockIdx.y < 2) {
-		fu_latent_part((int)blockIdx.y, r, cq, Cq, wq, eps_q, kvl, C, R, wkv, eps_kv, rp, kv, red);
+		fu_latent_part((int)blockIdx.y, r, cq, Cq, wq, eps_q, kvl, C, R, wkv, eps_kv, rp, kv, red,
+		               pre);
 		return;
 	}
 	for (int64_t j = threadIdx.x; j < ik.HI; j += FU_THREADS)
 		ik.wI[r * ik.HI + j] *= ik.wscale;
-	fu_idx_key(r, ik.kI, ik.DI, ik.R, ik.kw, ik.kb, ik.eps, ik.rp, ik.kv, redd, ks);
+	fu_idx_key(r, ik.kI, ik.DI, ik.R, ik.kw, ik.kb, ik.eps, ik.rp, ik.kv, redd, ks, kpre);
 }
 
 extern "C" int kfuse_mla_latent_idx(struct kcuda_ctx *c, float *cq, int64_t Cq, const float *wq, float eps_q,

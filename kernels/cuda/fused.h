@@ -85,6 +85,23 @@ int kfuse_mla_latent_idx(struct kcuda_ctx *c, float *cq, int64_t Cq, const float
 int kfuse_rope_copy(struct kcuda_ctx *c, float *dst, int64_t ldd, int64_t dhs, const float *src, int64_t lds,
                     int64_t shs, int64_t n_tok, int64_t n_heads, int64_t R, const struct kfuse_rope *rp);
 
+/* mla_attn_absorb.cu: the absorbed MLA query of n_tok tokens in one launch, per head h < H:
+ * y[t][h yhs + r] = dot(W_h row r, x[t][h xhs + 0 .. n_in)) for r < n_out (W_h = w0->data + h
+ * mat_bytes: k_b's W_UK q_nope), and y[t][h yhs + n_out + 0..R) = RoPE of x[t][h xhs + n_in + 0..R)
+ * at rp->pos[t] (q's rotary part) = kfwd_head_gemv + kfuse_rope_copy. ERR_UNSUPPORTED (nothing
+ * launched) unless w0 is Q8_0 with n_in 64..256 (a multiple of 64), 1..8 tokens, aligned as
+ * head_gemv_q8.cu needs, TANDEM_GEMV3 and TANDEM_ABSORB_ROPE not 0: the caller then runs the two
+ * ops. */
+int kfuse_absorb_rope(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H, const float *x,
+                      int64_t ldx, int64_t xhs, int64_t n_tok, float *y, int64_t ldy, int64_t yhs, int64_t R,
+                      const struct kfuse_rope *rp);
+
+/* mla_attn_dec.cu (bench_cuda_attn's report): the one-launch decode kernel's residency on c's
+ * device for a bf16 / fp32 pool (576-wide rows): blocks per SM, 8-block clusters at once,
+ * registers per thread, shared memory per block; ERR_UNSUPPORTED where it cannot run. */
+int kmla_dec_occupancy(struct kcuda_ctx *c, int bf16, int *blocks_per_sm, int *clusters, int *regs,
+                       int *smem);
+
 /* mla_attn_mma.cu: kcuda_mla_attn with q's rotary part roped inside the attention kernel, so the
  * absorbed query needs no kfuse_rope_copy first: q[t][h][0..C) is read as kcuda_mla_attn reads it;
  * dims [C, C+R) come from qr[t * ldqr + h * qrhs + 0..R) (unroped) rotated by rp at rp->pos[t]

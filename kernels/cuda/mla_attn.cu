@@ -237,10 +237,13 @@ template <int HG> __global__ void __launch_bounds__(MLA_THREADS) mla_split_kerne
 }
 
 /* out[row][h] = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M); one block per (row, head) */
-__global__ void mla_combine_kernel(const float *__restrict__ pacc, const float *__restrict__ pm,
-                                   const float *__restrict__ pl, int nsplit, int C, float *__restrict__ out)
+__global__ void mla_combine_kernel(const float *pacc, const float *pm, const float *pl, int nsplit, int C,
+                                   float *out)
 {
 	KDEP_ENTRY();
+	pacc = katt_after(pacc); /* written by the kernel before: no load above the wait */
+	pm = katt_after(pm);
+	pl = katt_after(pl);
 	const int64_t rh = blockIdx.x;
 	const int c0 = blockIdx.y * blockDim.x; /* a block per (row, head, 128 channels) */
 	const float *m = pm + rh * nsplit, *l = pl + rh * nsplit;

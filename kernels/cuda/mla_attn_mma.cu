@@ -429,10 +429,13 @@ __device__ __forceinline__ float mm_block_reduce(float v, float *red, bool is_ma
  * partial sums meet in shared memory. Enough independent loads for the partials (up to ~4 MB at
  * 32k keys, in L2) to stream rather than wait on one L2 latency per split. */
 __global__ void __launch_bounds__(128)
-    mla_mma_combine(const float *__restrict__ pacc, const float *__restrict__ pm,
-                    const float *__restrict__ pl, int nsplit, int C, float *__restrict__ out)
+    mla_mma_combine(const float *pacc, const float *pm, const float *pl, int nsplit, int C, float *out)
 {
 	KDEP_ENTRY();
+	/* the partials come from the kernel before: no load of them above the wait (katt_after) */
+	pacc = katt_after(pacc);
+	pm = katt_after(pm);
+	pl = katt_after(pl);
 	extern __shared__ float w_s[]; /* [nsplit] */
 	__shared__ float red[4];
 	__shared__ float part[4][32];
@@ -600,6 +603,9 @@ extern "C" int kcuda_mla_attn(struct kcuda_ctx *c, const struct kcuda_kv_view *k
 {
 	if (kattn_use_ref() || !mm_fits(c, kv, rows, q, H, C, R, out))
 		return kcuda_mla_attn_ref(c, kv, rows, q, H, C, R, scale, out);
+	const int rc = kmla_dec_launch(c, kv, rows, q, H, C, scale, out); /* one launch: see md_rows_limit */
+	if (rc != ERR_UNSUPPORTED)
+		return rc;
 	return mm_run(c, kv, rows, q, H, C, scale, out, NULL, 0, 0, NULL);
 }
 

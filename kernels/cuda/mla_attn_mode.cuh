@@ -37,6 +37,12 @@ size_t kcuda_topk_idx_radix_scratch(int64_t n_rows, int64_t max_n);
 int kcuda_topk_sel(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n_rows, const int32_t *n,
                    int64_t n0, int k, int32_t *out, int64_t ldo, int32_t *n_out);
 
+/* kcuda_mla_attn's one-launch small-batch kernel (mla_attn_dec.cu) for a call the tensor-core
+ * kernel's checks accepted: ERR_UNSUPPORTED (nothing launched) under TANDEM_MLA_DEC=0, for more
+ * (row, head group) pairs than its limit, or a shape / device it does not take */
+int kmla_dec_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
+                    const float *q, int64_t H, int64_t C, float scale, float *out);
+
 /* the indexer score kernels' arguments (indexer.cu fills them, both kernels read them) */
 struct idx_args {
 	const uint8_t *base;
@@ -79,6 +85,17 @@ int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_
  * rows (16-byte aligned, ld % 4 == 0), a.sel_k ... a.zs set. ERR_UNSUPPORTED (nothing launched)
  * where it does not apply: then kcuda_indexer_topk's separate kernels run */
 int kcuda_indexer_sel_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q);
+
+/* p, made opaque to the compiler after this point, so loads through the result cannot be
+ * scheduled before it: call right after KDEP_ENTRY() on pointers to data an earlier kernel wrote
+ * when they are const (__restrict__ / __ldg loads count as invariant, and the compiler may move
+ * them above griddepcontrol.wait, whose memory clobber does not cover memory it takes for
+ * read-only: front4 found this breaking a model on the H200, 19:30) */
+template <typename T> __device__ __forceinline__ const T *katt_after(const T *p)
+{
+	asm volatile("" : "+l"(p) : : "memory");
+	return p;
+}
 
 /* cp.async helpers (sm_80+): 16-byte global -> shared copies that bypass L1 */
 __device__ __forceinline__ void katt_cp16(void *smem, const void *gmem)

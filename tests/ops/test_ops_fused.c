@@ -1,7 +1,8 @@
 /* The fused decode ops (kernels/cuda/fused.h) against the CPU sequences they replace, on seeded
  * random inputs: kfuse_add_rmsnorm vs add + kcpu_rmsnorm; kfuse_mla_latent vs kcpu_rmsnorm x 2 +
  * kcpu_rope + the KV write; kfuse_idx_prep vs kcpu_layernorm + kcpu_rope (all heads, and the key)
- * + scale + the KV write; kfuse_rope_copy vs copy + kcpu_rope; kcuda_topk_idx_short vs kcpu_topk
+ * + scale + the KV write; kfuse_rope_copy vs copy + kcpu_rope; kfuse_absorb_rope vs kcpu_matmul
+ * per head + kcpu_rope and vs kfwd_head_gemv + kfuse_rope_copy; kcuda_topk_idx_short vs kcpu_topk
  * (exact, with ties, NaN and -inf, lengths 1 .. 8192). The paged pool is a small one with 4-token
  * blocks scattered over it, fp32 and bf16, padding rows (position -1) that must write nothing;
  * every byte not written must keep its fill. Guard bytes around every output.
@@ -10,6 +11,7 @@
 
 #include "common/base/err.h"
 #include "kernels/cuda/fused.h"
+#include "kernels/cuda/model_fwd.h"
 #include "tests/ops/ops_util.h"
 
 #ifndef TANDEM_CUDA
@@ -600,6 +602,139 @@ static void test_rope_copy(void)
 		}
 }
 
+/* ---- absorbed query: k_b product + q rope in one launch ----------------------------------------
+ * kfuse_absorb_rope against the CPU (kcpu_matmul per head, kcpu_rope) and against the two GPU ops
+ * it replaces (kfwd_head_gemv + kfuse_rope_copy): the product part bit for bit (the same kernel
+ * arithmetic), the rotary part within an ulp or two. GLM-5 per rank (H 8, nope 192), DeepSeek-V3
+ * (H 16, nope 128), 1..8 tokens, both pairings; shapes it must decline. */
+static void test_absorb_rope(void)
+{
+	struct acase {
+		int H;
+		int64_t N, C, R;
+		int n, pairing;
+	} cases[] = {
+	    {8, 192, 512, 64, 1, 0},   {8, 192, 512, 64, 8, 1}, {16, 128, 512, 64, 1, 1},
+	    {16, 128, 512, 64, 4, 0},  {8, 192, 512, 64, 3, 0}, {3, 64, 40, 16, 2, 1},
+	    {128, 128, 512, 64, 2, 0},
+	};
+	for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+		if (quick && ci >= 4)
+			continue;
+		const struct acase *k = &cases[ci];
+		const int H = k->H, n = k->n;
+		const int64_t N = k->N, C = k->C, R = k->R, NR = N + R, CR = C + R, ldx = H * NR,
+		              ldy = H * CR;
+		size_t rb = 0;
+		ktype_row_bytes(KT_Q8_0, N, &rb);
+		const size_t mat = rb * (size_t)C;
+		uint8_t *w = malloc(mat * (size_t)H);
+		float *x = malloc(sizeof(float) * (size_t)(n * ldx)),
+		      *ref = malloc(sizeof(float) * (size_t)(n * ldy));
+		float *got = malloc(sizeof(float) * (size_t)(n * ldy)),
+		      *got2 = malloc(sizeof(float) * (size_t)(n * ldy));
+		float *deq = malloc(sizeof(float) * (size_t)N);
+		float inv[64], cs[128];
+		int32_t pos[8];
+		struct kweight dw = {0};
+		struct ops_dbuf xb = {0}, yb = {0}, y2b = {0}, ib = {0}, pb = {0};
+		int bad = 0, bad2 = 0;
+		double worst = 0;
+		ops_fill_weight(KT_Q8_0, N, C * H, rb, w);
+		for (int64_t i = 0; i < n * ldx; i++)
+			x[i] = ops_rng_unif();
+		kcpu_rope_freqs(inv, R, 1e4f, ci % 2 ? 40.0f : 1.0f, 4096, 32.0f, 1.0f);
+		for (int t = 0; t < n; t++)
+			pos[t] = (int32_t)((t * 7919 + 13 * (int)ci) % 60000);
+		struct kweight hw = {KT_Q8_0, N, C * H, rb, w};
+		if (kcuda_weight_upload(ctx, &hw, &dw) || up(&xb, x, sizeof(float) * (size_t)(n * ldx)) ||
+		    ops_dbuf_init(ctx, &yb, sizeof(float) * (size_t)(n * ldy)) ||
+		    ops_dbuf_init(ctx, &y2b, sizeof(float) * (size_t)(n * ldy)) ||
+		    up(&ib, inv, sizeof(float) * (size_t)(R / 2)) ||
+		    up(&pb, pos, sizeof(int32_t) * (size_t)n)) {
+			OPS_CHECK(0, "absorb_rope setup");
+			goto next;
+		}
+		struct kweight w0 = dw;
+		w0.n_out = C;
+		struct kfuse_rope rp = {.inv_freq = ib.user, .pos = pb.user, .pairing = k->pairing};
+		int rc = kfuse_absorb_rope(ctx, &w0, mat, H, xb.user, ldx, NR, n, yb.user, ldy, CR, R, &rp);
+		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "absorb_rope H %d n %d: rc %d", H, n, rc);
+		OPS_CHECK(ops_dbuf_get(ctx, &yb, got) == 0, "absorb_rope: guard bytes damaged");
+		/* the two ops it replaces */
+		rc = kfwd_head_gemv(ctx, &w0, mat, H, xb.user, ldx, NR, n, y2b.user, ldy, CR);
+		rc |= kfuse_rope_copy(ctx, (float *)y2b.user + C, ldy, CR, (const float *)xb.user + N, ldx,
+		                      NR, n, H, R, &rp);
+		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0 && ops_dbuf_get(ctx, &y2b, got2) == 0,
+		          "absorb_rope: the two-op reference failed (rc %d)", rc);
+		/* the CPU */
+		for (int h = 0; h < H; h++) {
+			struct kweight wh = {KT_Q8_0, N, C, rb, w + (size_t)h * mat};
+			kcpu_matmul(NULL, &wh, x + h * NR, ldx, n, ref + h * CR, ldy);
+		}
+		for (int t = 0; t < n; t++) {
+			kcpu_rope_cs(inv, R / 2, pos[t], cs);
+			for (int h = 0; h < H; h++) {
+				float *u = ref + t * ldy + h * CR + C;
+				memcpy(u, x + t * ldx + h * NR + N, sizeof(float) * (size_t)R);
+				kcpu_rope(u, R, cs, k->pairing);
+			}
+		}
+		const double tol = 2e-6 * sqrt((double)N); /* test_ops_head_gemv's tolerance */
+		for (int h = 0; h < H; h++)
+			for (int64_t r = 0; r < C; r++) {
+				kcpu_dequant_row(KT_Q8_0, w + (size_t)h * mat + (size_t)r * rb, deq, N);
+				for (int t = 0; t < n; t++) {
+					double sa = 0;
+					for (int64_t i = 0; i < N; i++)
+						sa += fabs((double)deq[i] * x[t * ldx + h * NR + i]);
+					const size_t o = (size_t)(t * ldy + h * CR + r);
+					const double e = fabs((double)got[o] - ref[o]);
+					bad += !(e <= tol * sa + 1e-30);
+					worst = sa > 0 && e / sa > worst ? e / sa : worst;
+					bad2 += memcmp(&got[o], &got2[o], 4) != 0;
+				}
+			}
+		for (int t = 0; t < n; t++)
+			for (int h = 0; h < H; h++)
+				for (int64_t i = 0; i < R; i++) {
+					const size_t o = (size_t)(t * ldy + h * CR + C + i);
+					bad += !close_to(got[o], ref[o], 0, 4e-6);
+					bad2 += !close_to(got[o], got2[o], 2.5e-7, 1e-7);
+				}
+		OPS_CHECK(bad == 0 && bad2 == 0,
+		          "absorb_rope H %d N %" PRId64
+		          " n %d pairing %d: %d off the CPU (worst %.2g of sum|wx|), "
+		          "%d off the two ops",
+		          H, N, n, k->pairing, bad, worst, bad2);
+		printf("absorb_rope H %3d %3" PRId64 " -> %3" PRId64 " + rope %2" PRId64
+		       ", %d tokens, pairing %d: worst %.2g of sum|wx|, = head_gemv + rope_copy\n",
+		       H, N, C, R, n, k->pairing, worst);
+		/* shapes it leaves to the two ops: 9 tokens; rows wider than 256 */
+		rc = kfuse_absorb_rope(ctx, &w0, mat, H, xb.user, ldx, NR, 9, yb.user, ldy, CR, R, &rp);
+		OPS_CHECK(rc == ERR_UNSUPPORTED, "absorb_rope took 9 tokens (rc %d)", rc);
+	next:
+		kcuda_weight_free(&dw);
+		ops_dbuf_fini(&xb);
+		ops_dbuf_fini(&yb);
+		ops_dbuf_fini(&y2b);
+		ops_dbuf_fini(&ib);
+		ops_dbuf_fini(&pb);
+		free(w);
+		free(x);
+		free(ref);
+		free(got);
+		free(got2);
+		free(deq);
+	}
+	/* a head stride too short for the rotary part is refused */
+	struct kweight bw = {KT_Q8_0, 192, 512, 204, (void *)64};
+	struct kfuse_rope brp = {.inv_freq = (float *)64, .pos = (int32_t *)64, .pairing = 0};
+	OPS_CHECK(kfuse_absorb_rope(ctx, &bw, 204 * 512, 8, (float *)64, 8 * 256, 200, 1, (float *)64,
+	                            8 * 576, 576, 64, &brp) == -EINVAL,
+	          "absorb_rope: x head stride 200 < 192 + 64 accepted");
+}
+
 /* ---- short top-k --------------------------------------------------------------------------------- */
 static void test_topk_short(void)
 {
@@ -689,6 +824,7 @@ int main(void)
 	test_idx_prep();
 	test_mla_latent_idx();
 	test_rope_copy();
+	test_absorb_rope();
 	test_topk_short();
 	kcuda_ctx_destroy(ctx);
 	printf("%d checks, %d failed\n", ops_n_check, ops_n_fail);

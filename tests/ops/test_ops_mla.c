@@ -6,14 +6,20 @@
  * and per-row top-k; a small odd shape (C = 64, R = 16, H = 3). Tolerance: max |gpu - cpu| <= 5e-5
  * * max |cpu| per case (fp32 accumulation on both sides; the printed errors are ~1e-6). Guard bytes
  * around the output; no NaN/Inf; a bad block id is counted as an error and skipped.
- * Every case runs twice: with the fast kernels (tensor cores, mla_attn_mma.cu) and with
- * TANDEM_CUDA_ATTN=ref (the first kernel), so one GPU run checks both against the CPU.
- * TANDEM_OPS_SMALL=1 keeps the contexts up to ~4k (for compute-sanitizer runs).
+ * Every case runs under four kernel sets: the defaults, the split kernel + combine launch
+ * (TANDEM_MLA_DEC=0, mla_attn_mma.cu), the one-launch small-batch kernel wherever it takes the
+ * shape (TANDEM_MLA_DEC=65535, mla_attn_dec.cu) and TANDEM_CUDA_ATTN=ref (the first kernel), so
+ * one GPU run checks all against the CPU; the GLM-5 / DeepSeek-V3 per-rank decode shapes at
+ * batch 1, 2, 4, 8 (and 12) are among the cases; every call is repeated three times and must
+ * give the same bits. TANDEM_OPS_SMALL=1 keeps the contexts up to ~4k (for compute-sanitizer
+ * runs); TANDEM_OPS_QUICK=1 the same plus the sparse 32k cases (unless SMALL is set too), without
+ * the ref kernels and with the split kernel on the GLM-5 / DeepSeek-V3 shapes only.
  * Exit 77 = no GPU (skip). */
 #include <errno.h>
 
 #include "common/base/err.h"
 #include "kernels/cuda/fused.h"
+#include "kernels/cuda/prof.h"
 #include "tests/ops/ops_util.h"
 
 #ifndef TANDEM_CUDA
@@ -191,8 +197,20 @@ static void run_case(const struct mcase *mc)
 	    .ld_sel = ld_sel,
 	    .max_keys = K > 0 && K < max_len ? K : max_len,
 	};
+	const unsigned long long l0 = kcuda_n_launch;
 	int rc = kcuda_mla_attn(ctx, &kv, &rows, d_q, H, C, R, scale, ob.user);
 	OPS_CHECK(rc == 0, "%s: kcuda_mla_attn rc %d", mc->name, rc);
+	/* the one-launch kernel must take the GLM-5 / DeepSeek-V3 decode shapes (H 8 / 16: one head
+	 * group per row; bf16 pools, the decode graph's) at batch 1..8 when forced (TANDEM_MLA_DEC=N),
+	 * and by default the one it is kept for: a single sparse row of up to 2048 selected keys
+	 * (128 splits: the default also needs as many SMs; the H200, B200 and RTX PRO 6000 have
+	 * them): one launch, not two */
+	const char *dec = getenv("TANDEM_MLA_DEC");
+	const int forced = dec && strcmp(dec, "0") != 0;
+	if (!getenv("TANDEM_CUDA_ATTN") && !(dec && strcmp(dec, "0") == 0) && !prefill && mc->bf16 &&
+	    C == 512 && R == 64 && H <= 16 && (forced ? n_q <= 8 : n_q == 1 && K > 0 && K <= 2048))
+		OPS_CHECK(kcuda_n_launch - l0 == 1, "%s: %llu launches (the one-launch kernel declined)",
+		          mc->name, kcuda_n_launch - l0);
 	OPS_CHECK(kcuda_sync(ctx) == 0, "%s: sync", mc->name);
 	unsigned nbad = 0;
 	OPS_CHECK(kcuda_ctx_take_errors(ctx, &nbad) == 0 && nbad == 0, "%s: %u kernel errors", mc->name,
@@ -218,13 +236,15 @@ static void run_case(const struct mcase *mc)
 	          mc->name, maxerr, (long long)worst, got[worst], ref[worst], maxref);
 	printf("%-44s rows %5lld H %3lld max|ref| %.3g max err %.3g (rel %.2g)\n", mc->name, (long long)n_q,
 	       (long long)H, maxref, maxerr, maxref > 0 ? maxerr / maxref : 0.0);
-	/* determinism: the same call again gives the same bits (fixed split and summation order) */
-	{
+	/* determinism: the same call again gives the same bits (fixed split and summation order; the
+	 * one-launch kernel's last-block merge must not depend on which block came last, and must
+	 * leave its tickets at 0 for the next call: three more calls) */
+	for (int rep = 0; rep < 3; rep++) {
 		float *got2 = malloc(sizeof(float) * (size_t)(n_q * H * C));
 		rc = kcuda_mla_attn(ctx, &kv, &rows, d_q, H, C, R, scale, ob.user);
 		OPS_CHECK(got2 && rc == 0 && kcuda_sync(ctx) == 0 && ops_dbuf_get(ctx, &ob, got2) == 0 &&
 		              memcmp(got, got2, sizeof(float) * (size_t)(n_q * H * C)) == 0,
-		          "%s: a second call gave other bits (rc %d)", mc->name, rc);
+		          "%s: call %d gave other bits (rc %d)", mc->name, rep + 2, rc);
 		free(got2);
 	}
 
@@ -388,6 +408,10 @@ int main(void)
 	static const int l_mix[] = {2049, 7, 4100, 1};
 	static const int l_12[] = {1, 2, 63, 64, 65, 2047, 2048, 2049, 2050, 4000, 4096, 4097};
 	static const int l_8x4k[] = {4096, 4096, 4095, 4097, 4096, 1, 4096, 4096};
+	static const int l_4096[] = {4096};
+	static const int l_2049[] = {2049};
+	static const int l_b2[] = {4096, 2049};
+	static const int l_b4[] = {1, 2048, 2049, 4096};
 	const struct mcase cases[] = {
 	    {"decode f32 H16 ctx 1/31/33/64/65", 0, 16, 512, 64, 5, l_small, 0, 0, 0, 1.0f},
 	    {"decode bf16 H16 ctx 1/31/33/64/65", 1, 16, 512, 64, 5, l_small, 0, 0, 0, 1.0f},
@@ -416,29 +440,66 @@ int main(void)
 	     */
 	    {"decode sparse K2048 bf16 H8 batch 12 ctx 1..4097", 1, 8, 512, 64, 12, l_12, 0, 0, 2048, 2.0f},
 	    {"decode bf16 H16 batch 8 ctx 4096", 1, 16, 512, 64, 8, l_8x4k, 0, 0, 0, 2.0f},
+	    /* the decode graph's shapes at batch 1..8: GLM-5 rank 0 of TP=8 (H 8, top-2048 of 4096 /
+	     * 32768, and its dense layers), DeepSeek-V3 rank 0 (H 16, dense), fp32 and bf16 pools */
+	    {"GLM-5 rank sparse K2048 bf16 H8 B1 ctx 4096", 1, 8, 512, 64, 1, l_4096, 0, 0, 2048, 2.0f},
+	    {"GLM-5 rank sparse K2048 f32 H8 B1 ctx 4096", 0, 8, 512, 64, 1, l_4096, 0, 0, 2048, 2.0f},
+	    {"GLM-5 rank sparse K2048 bf16 H8 B1 ctx 32768", 1, 8, 512, 64, 1, l_long, 0, 0, 2048, 2.0f},
+	    {"GLM-5 rank sparse K2048 bf16 H8 B2 ctx 4096/2049", 1, 8, 512, 64, 2, l_b2, 0, 0, 2048, 2.0f},
+	    {"GLM-5 rank sparse K2048 bf16 H8 B4 ctx 1..4096", 1, 8, 512, 64, 4, l_b4, 0, 0, 2048, 2.0f},
+	    {"GLM-5 rank sparse K2048 bf16 H8 B8 ctx 4096", 1, 8, 512, 64, 8, l_8x4k, 0, 0, 2048, 2.0f},
+	    {"GLM-5 rank dense bf16 H8 B1 ctx 4096", 1, 8, 512, 64, 1, l_4096, 0, 0, 0, 2.0f},
+	    {"GLM-5 rank dense bf16 H8 B8 ctx 4096", 1, 8, 512, 64, 8, l_8x4k, 0, 0, 0, 2.0f},
+	    {"DS-V3 rank dense bf16 H16 B1 ctx 4096", 1, 16, 512, 64, 1, l_4096, 0, 0, 0, 2.0f},
+	    {"DS-V3 rank dense f32 H16 B1 ctx 4096", 0, 16, 512, 64, 1, l_4096, 0, 0, 0, 2.0f},
+	    {"DS-V3 rank dense bf16 H16 B4 ctx 1..4096", 1, 16, 512, 64, 4, l_b4, 0, 0, 0, 2.0f},
+	    {"DS-V3 TP1 dense bf16 H128 B1 ctx 2049", 1, 128, 512, 64, 1, l_2049, 0, 0, 0, 1.0f},
 	    /* the tiny test GLM's shape (tests/data: C 256, R 32, 2 heads, top-16) */
 	    {"tiny GLM C256 R32 H2 decode sparse K16 f32", 0, 2, 256, 32, 4, l_mix, 0, 0, 16, 2.0f},
 	    {"tiny GLM C256 R32 H2 decode bf16 ctx mix", 1, 2, 256, 32, 4, l_mix, 0, 0, 0, 2.0f},
 	};
-	/* TANDEM_OPS_SMALL=1: contexts up to ~4k only (for compute-sanitizer runs) */
-	const int small = getenv("TANDEM_OPS_SMALL") != NULL;
-	/* every case under both kernel sets: the fast ones (default) and TANDEM_CUDA_ATTN=ref */
-	for (int mode = 0; mode < 2; mode++) {
-		if (mode)
+	/* TANDEM_OPS_SMALL=1: contexts up to ~4k only (for compute-sanitizer runs); TANDEM_OPS_QUICK=1:
+	 * the same, except the sparse cases (2048 keys read of 32768), and no ref kernels (a few
+	 * seconds) */
+	const int quick = getenv("TANDEM_OPS_QUICK") != NULL;
+	const int small_only = getenv("TANDEM_OPS_SMALL") != NULL;
+	const int small = quick || small_only;
+	/* every case under four kernel sets: the defaults (the one-launch kernel for single sparse
+	 * rows only); the split kernel + combine launch everywhere (TANDEM_MLA_DEC=0); the one-launch
+	 * kernel wherever it takes the shape (TANDEM_MLA_DEC=65535: batch 2..12, dense, H 64 / 128,
+	 * prefill rows); the first kernels (TANDEM_CUDA_ATTN=ref) */
+	static const char *const mode_name[4] = {"fast (default)", "split + combine (TANDEM_MLA_DEC=0)",
+	                                         "one launch everywhere (TANDEM_MLA_DEC=65535)",
+	                                         "ref (TANDEM_CUDA_ATTN=ref)"};
+	for (int mode = 0; mode < 4; mode++) {
+		if (quick && mode == 3)
+			continue;
+		unsetenv("TANDEM_CUDA_ATTN");
+		unsetenv("TANDEM_MLA_DEC");
+		if (mode == 1)
+			setenv("TANDEM_MLA_DEC", "0", 1);
+		if (mode == 2)
+			setenv("TANDEM_MLA_DEC", "65535", 1);
+		if (mode == 3)
 			setenv("TANDEM_CUDA_ATTN", "ref", 1);
-		else
-			unsetenv("TANDEM_CUDA_ATTN");
-		printf("-- kernels: %s\n", mode ? "ref (TANDEM_CUDA_ATTN=ref)" : "fast (default)");
+		printf("-- kernels: %s\n", mode_name[mode]);
 		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-			if (small && case_len(&cases[i]) > 4200) {
-				printf("skipped (TANDEM_OPS_SMALL): %s\n", cases[i].name);
+			if (small && case_len(&cases[i]) > 4200 &&
+			    (small_only || !(quick && cases[i].K > 0))) {
+				printf("skipped (TANDEM_OPS_%s): %s\n", small_only ? "SMALL" : "QUICK",
+				       cases[i].name);
 				continue;
 			}
+			/* QUICK: the split kernel (mode 1) on the model shapes only */
+			if (quick && mode == 1 && strncmp(cases[i].name, "GLM-5", 5) &&
+			    strncmp(cases[i].name, "DS-V3", 5))
+				continue;
 			run_case(&cases[i]);
 		}
 		test_args();
 	}
 	unsetenv("TANDEM_CUDA_ATTN");
+	unsetenv("TANDEM_MLA_DEC");
 	kcuda_ctx_destroy(ctx);
 	printf("%d checks, %d failed\n", ops_n_check, ops_n_fail);
 	return ops_n_fail ? 1 : 0;

@@ -1,0 +1,174 @@
+/* The absorbed MLA query in one launch (kfuse_absorb_rope, fused.h): per head h of n_tok tokens,
+ *   y[t][h yhs + r]           = dot(W_h row r, x[t][h xhs + 0 .. n_in))    r < n_out (W_UK q_nope)
+ *   y[t][h yhs + n_out + 0..R) = RoPE(x[t][h xhs + n_in + 0 .. R))          (q's rotary part)
+ * = kfwd_head_gemv + kfuse_rope_copy, which were two graph nodes per layer (head_q8_kernel 4.2 us
+ * + rope_copy_kernel 3.0 us in the H200 ncu profile of run 10). The product is head_gemv_q8.cu's
+ * kernel (front4's file), copied here with its arithmetic unchanged so the values are the same:
+ * Q8_0 rows of 64..256 elements at 1..8 tokens, a warp per HQ_RT rows, lane l < n_in / 8 owning
+ * elements 8 l .. 8 l + 7 (quarter l % 4 of block l / 4), three aligned loads per row, fp32 and a
+ * warp sum. One more block column (blockIdx.x == gridDim.x - 1) ropes the head's rotary part of
+ * every token, one thread per (token, pair), with fused.cu's rotation (angle pos * inv_freq,
+ * precise sincosf). The weights are not written while kernels run, so each product block asks L2
+ * for its rows before KDEP_ENTRY (kdep_prefetch_l2; TANDEM_PREFETCH=0 turns it off). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/fused.h"
+#include "kernels/cuda/matmul_impl.cuh"
+#include "kernels/cuda/mla_attn_mode.cuh"
+
+#define AR_WARPS 4
+#define AR_RT 2 /* rows per warp */
+
+__device__ __forceinline__ float ar_s8f(uint32_t u, int k)
+{
+	return __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540u + (unsigned)k)) - 8388736.0f;
+}
+
+/* grid (ceil(n_out / (AR_WARPS AR_RT)) + 1, H) */
+template <int NT>
+__global__ void __launch_bounds__(AR_WARPS * 32)
+    absorb_rope_kernel(const uint8_t *__restrict__ w, size_t mat_bytes, size_t row_bytes, int n_out, int n_q,
+                       int n_in, const float *x, int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy,
+                       int64_t yhs, int half, kfuse_rope rp, int prefetch)
+{
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const bool rope_blk = blockIdx.x == gridDim.x - 1;
+	w += (size_t)blockIdx.y * mat_bytes;
+	const int row0 = (blockIdx.x * AR_WARPS + warp) * AR_RT;
+	if (prefetch && !rope_blk && threadIdx.x == 0) { /* weights only: allowed before KDEP_ENTRY */
+		const int r0 = blockIdx.x * AR_WARPS * AR_RT, r1 = min(r0 + AR_WARPS * AR_RT, n_out);
+		kdep_prefetch_l2(w + (size_t)r0 * row_bytes, (size_t)(r1 - r0) * row_bytes);
+	}
+	KDEP_ENTRY();
+	/* q comes from the kernel before (weights alone may be read above): plain, opaque loads */
+	x = katt_after(x) + (int64_t)blockIdx.y * xhs;
+	y += (int64_t)blockIdx.y * yhs;
+	if (rope_blk) { /* y[t][n_out + ..] = rope(x[t][n_in + ..]), one thread per (token, pair) */
+		for (int g = threadIdx.x; g < n_tok * half; g += AR_WARPS * 32) {
+			const int t = g / half, i = g - t * half;
+			const float *s = x + t * ldx + n_in;
+			float *d = y + t * ldy + n_out;
+			const int i0 = rp.pairing ? i : 2 * i, i1 = rp.pairing ? i + half : 2 * i + 1;
+			const float ang = (float)rp.pos[t] * rp.inv_freq[i];
+			float sn, co;
+			sincosf(ang, &sn, &co);
+			const float u0 = s[i0], u1 = s[i1];
+			d[i0] = u0 * co - u1 * sn;
+			d[i1] = u0 * sn + u1 * co;
+		}
+		return;
+	}
+	const bool act = lane < n_q;
+	const int bi = lane >> 2, j = lane & 3;
+	const int mis = (bi & 1) ? 0 : 2; /* the quarter's offset 34 bi + 2 + 8 j mod 4 (rows 4-aligned) */
+
+	uint32_t q0[AR_RT], q1[AR_RT];
+	float d[AR_RT];
+#pragma unroll
+	for (int r = 0; r < AR_RT; r++) {
+		q0[r] = q1[r] = 0u;
+		d[r] = 0.0f;
+		if (act) {
+			const uint8_t *rw = w + (size_t)min(row0 + r, n_out - 1) * row_bytes;
+			const uint8_t *q = rw + 34 * bi + 2 + 8 * j;
+			const uint32_t *a = (const uint32_t *)(q - mis);
+			const uint32_t w0 = __ldg(a), w1 = __ldg(a + 1);
+			/* at 2 mod 4 the last two bytes are the half word at q + 6 */
+			const uint32_t w2 = mis ? (uint32_t)__ldg((const unsigned short *)(q + 6)) : 0u;
+			q0[r] = __funnelshift_r(w0, w1, 8u * (uint32_t)mis) ^ 0x80808080u;
+			q1[r] = __funnelshift_r(w1, w2, 8u * (uint32_t)mis) ^ 0x80808080u;
+			d[r] = __half2float(__ldg((const __half *)(rw + 34 * bi)));
+		}
+	}
+	float xv[NT][8];
+#pragma unroll
+	for (int t = 0; t < NT; t++) {
+		if (act && t < n_tok) {
+			const float4 *p = (const float4 *)(x + t * ldx + 8 * lane);
+			const float4 a = p[0], b = p[1];
+			xv[t][0] = a.x, xv[t][1] = a.y, xv[t][2] = a.z, xv[t][3] = a.w;
+			xv[t][4] = b.x, xv[t][5] = b.y, xv[t][6] = b.z, xv[t][7] = b.w;
+		} else {
+#pragma unroll
+			for (int k = 0; k < 8; k++)
+				xv[t][k] = 0.0f;
+		}
+	}
+#pragma unroll
+	for (int r = 0; r < AR_RT; r++) {
+		float v[8];
+#pragma unroll
+		for (int k = 0; k < 4; k++) {
+			v[k] = ar_s8f(q0[r], k);
+			v[4 + k] = ar_s8f(q1[r], k);
+		}
+#pragma unroll
+		for (int t = 0; t < NT; t++) {
+			float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+			for (int k = 0; k < 8; k += 2) {
+				s0 = fmaf(v[k], xv[t][k], s0);
+				s1 = fmaf(v[k + 1], xv[t][k + 1], s1);
+			}
+			/* inactive lanes: x is 0, the sum is 0 */
+			const float s = kc_warp_sum(d[r] * (s0 + s1));
+			if (lane == 0 && t < n_tok && row0 + r < n_out)
+				y[t * ldy + row0 + r] = s;
+		}
+	}
+}
+
+template <int NT>
+static int ar_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H, const float *x,
+                     int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy, int64_t yhs, int64_t R,
+                     const struct kfuse_rope *rp)
+{
+	const dim3 grid((unsigned)((w0->n_out + AR_WARPS * AR_RT - 1) / (AR_WARPS * AR_RT) + 1), (unsigned)H);
+	return klaunch("absorb_rope", absorb_rope_kernel<NT>, grid, dim3(AR_WARPS * 32), 0, c->stream,
+	               (const uint8_t *)w0->data, mat_bytes, w0->row_bytes, (int)w0->n_out,
+	               (int)(w0->n_in / 8), (int)w0->n_in, x, ldx, xhs, n_tok, y, ldy, yhs, (int)(R / 2), *rp,
+	               kcuda_prefetch_enabled());
+}
+
+/* TANDEM_ABSORB_ROPE=0: the caller runs the product and the rope apart (read on every call; at
+ * capture only under graphs) */
+static bool ar_enabled(void)
+{
+	const char *e = getenv("TANDEM_ABSORB_ROPE");
+	return !(e && strcmp(e, "0") == 0);
+}
+
+extern "C" int kfuse_absorb_rope(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H,
+                                 const float *x, int64_t ldx, int64_t xhs, int64_t n_tok, float *y,
+                                 int64_t ldy, int64_t yhs, int64_t R, const struct kfuse_rope *rp)
+{
+	size_t rb = 0;
+	if (!c || !w0 || !x || !y || !rp || !rp->inv_freq || !rp->pos ||
+	    (rp->pairing != 0 && rp->pairing != 1) || H < 1 || n_tok < 0 || R < 2 || R % 2 || !w0->data ||
+	    w0->n_in < 1 || w0->n_out < 1 || !ktype_row_bytes(w0->type, w0->n_in, &rb) ||
+	    rb != w0->row_bytes || mat_bytes < rb * (size_t)w0->n_out || xhs < w0->n_in + R ||
+	    yhs < w0->n_out + R || ldx < (int64_t)H * xhs - (xhs - w0->n_in - R) ||
+	    ldy < (int64_t)H * yhs - (yhs - w0->n_out - R))
+		return kcuda_bad_arg(
+		    "absorb_rope",
+		    "H %d, n_tok %lld, R %lld, %s %lld x %lld (row_bytes %zu, mat_bytes %zu), "
+		    "ldx %lld xhs %lld ldy %lld yhs %lld%s",
+		    H, (long long)n_tok, (long long)R, w0 ? ktype_name(w0->type) : "-",
+		    w0 ? (long long)w0->n_out : 0LL, w0 ? (long long)w0->n_in : 0LL, w0 ? w0->row_bytes : 0,
+		    mat_bytes, (long long)ldx, (long long)xhs, (long long)ldy, (long long)yhs,
+		    ", or a null pointer / bad rope description");
+	/* the shapes head_gemv_q8.cu takes (k_b: Q8_0, 64..256 wide, 1..8 tokens, aligned) */
+	if (!ar_enabled() || !kcuda_gemv3_enabled() || w0->type != KT_Q8_0 || n_tok < 1 || n_tok > 8 ||
+	    H > 65535 || w0->n_in < 64 || w0->n_in > 256 || w0->n_in % 64 || w0->n_out > INT32_MAX - 64 ||
+	    (uintptr_t)w0->data % 16 || mat_bytes % 16 || (uintptr_t)x % 16 || ldx % 4 || xhs % 4)
+		return ERR_UNSUPPORTED;
+	const int nt = (int)n_tok;
+	if (nt == 1)
+		return ar_launch<1>(c, w0, mat_bytes, H, x, ldx, xhs, nt, y, ldy, yhs, R, rp);
+	if (nt == 2)
+		return ar_launch<2>(c, w0, mat_bytes, H, x, ldx, xhs, nt, y, ldy, yhs, R, rp);
+	if (nt <= 4)
+		return ar_launch<4>(c, w0, mat_bytes, H, x, ldx, xhs, nt, y, ldy, yhs, R, rp);
+	return ar_launch<8>(c, w0, mat_bytes, H, x, ldx, xhs, nt, y, ldy, yhs, R, rp);
+}

@@ -1,0 +1,844 @@
+/* MLA decode at small batch (absorbed form, paged KV, sparse top-k or dense): the kernel that
+ * kcuda_mla_attn takes when query rows x head groups are few (batch 1..8 at 8 / 16 heads per
+ * rank), in ONE launch with every SM busy. TANDEM_MLA_DEC=0 restores the split kernel + combine
+ * launch of mla_attn_mma.cu; TANDEM_MLA_DEC=N takes this kernel up to N (row, head group) pairs
+ * of any shape; by default only a single sparse row (md_rows_limit: the H200 measured it slower
+ * everywhere else).
+ *
+ * Why a second kernel: at batch 1 the split kernel ran 64 blocks of one 32-key tile each, then a
+ * combine launch; each block is a chain of dependent round trips (top-k list -> block table -> KV
+ * rows -> math -> partials) and the combine adds a node and another chain (H200 ncu, run 10: 19.3
+ * + 6.7 us for 2.4 MB). Here:
+ *  - 16-key tiles: 2048 selected keys make 128 blocks (one wave on 132 SMs), each block copying
+ *    ~18 KB instead of ~36 KB;
+ *  - the first tile's top-k entries, the key count, the row's table index and q are all loaded
+ *    at once after KDEP_ENTRY (and, for prefill rows, which share one table, the whole table row
+ *    into shared memory: one round trip less); KV rows then come by 16-byte cp.async (9 per
+ *    thread in flight), the next tile's while the current one is scored;
+ *  - the fragments of K (QK^T) and V (PV) come from shared memory by ldmatrix (x4, and .trans for
+ *    V) for bf16 pools; q and p are split into bf16 hi + lo (fp32-level accuracy, as in
+ *    mla_attn_mma.cu), hi and lo products into separate accumulators (half the mma chain);
+ *  - the splits are combined without a second launch: the blocks of a thread-block cluster (up
+ *    to 8, sm_90+) merge their (max, sum, acc) through distributed shared memory, block r of the
+ *    cluster doing channels [r C / cl, (r + 1) C / cl); with more than one cluster per (row, head
+ *    group), each block writes its cluster's partial slice to the workspace and takes a ticket
+ *    (one counter per (row, head group, slice) in the context's zeroed ticket array); the block
+ *    that draws the last ticket merges the slices of all clusters in cluster order and resets the
+ *    counter to 0 (so the next call, or a graph replay, finds it zero). The merge order is fixed:
+ *    the bits do not depend on which block finishes last.
+ * Invalid keys (bad position or block id) get score -inf and a zeroed row and are counted in the
+ * context's error counter, as in the other kernels. */
+#include <cooperative_groups.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <type_traits>
+
+#include "kernels/cuda/mla_attn_mode.cuh"
+
+namespace cg = cooperative_groups;
+
+#define MD_WARPS 4
+#define MD_THREADS (32 * MD_WARPS)
+#define MD_HG 16 /* heads per block (one m16 tile) */
+#define MD_TK 16 /* keys per tile */
+#define MD_DMAX 576
+#define MD_CMAX 512
+#define MD_KSW (MD_DMAX / 16 / MD_WARPS) /* QK^T k-steps per warp: 9 */
+#define MD_NTW (MD_CMAX / 8 / MD_WARPS) /* PV n-tiles per warp at C = 512: 16 */
+#define MD_PS 24 /* p row stride (bf16): 12 words, conflict-free fragment loads */
+#define MD_CL 8 /* largest cluster (the portable limit on sm_90 / 100 / 120) */
+#define MD_NCL_MAX 64 /* clusters per (row, head group): splits <= 512 */
+#define MD_TBL_MAX 2048 /* block-table entries kept in shared memory (8 KB) */
+
+struct md_args {
+	const uint8_t *base;
+	int64_t n_blocks;
+	size_t block_bytes, offset;
+	int bt, dim, elt; /* elt: bytes per cached value, 2 (bf16) or 4 (fp32) */
+	const int32_t *qseq, *blocks, *n_keys, *sel;
+	int64_t ld_blocks, pos0, ld_sel, max_keys;
+	int tbl_n; /* block-table entries preloaded into shared memory (ld_blocks or 0) */
+	const float *q;
+	int H, C, n_hg;
+	float scale;
+	int chunk; /* keys per split (a multiple of MD_TK) */
+	int ncl; /* clusters per (row, head group); gridDim.x = ncl * cluster size */
+	float *out;
+	float *pacc; /* ncl > 1: [row * H + h][ncl][C] cluster partials */
+	float *pml; /* [row * H + h][ncl][cl][2] their (max, sum), one copy per slice */
+	unsigned *tickets; /* [gridDim.y][cl], zero between calls */
+	unsigned *err;
+};
+
+__device__ __forceinline__ void md_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+	             "{%8,%9}, {%0,%1,%2,%3};\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* four 8x8 b16 matrices from shared memory; lane l gives the address of row l % 8 of matrix l / 8 */
+__device__ __forceinline__ void md_ldm4(uint32_t *r, const void *p)
+{
+	const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+	             : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+	             : "r"(s)
+	             : "memory");
+}
+__device__ __forceinline__ void md_ldm4t(uint32_t *r, const void *p)
+{
+	const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+	             : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+	             : "r"(s)
+	             : "memory");
+}
+/* x, y -> bf16x2 hi part and the bf16x2 of the remainders (x at the lower half) */
+__device__ __forceinline__ void md_split2(float x, float y, uint32_t *hi, uint32_t *lo)
+{
+	const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+	const float2 hf = __bfloat1622float2(h);
+	const __nv_bfloat162 l = __floats2bfloat162_rn(x - hf.x, y - hf.y);
+	*hi = *(const uint32_t *)&h;
+	*lo = *(const uint32_t *)&l;
+}
+__device__ __forceinline__ void md_split1(float x, uint16_t *hi, uint16_t *lo)
+{
+	const __nv_bfloat16 h = __float2bfloat16_rn(x);
+	const __nv_bfloat16 l = __float2bfloat16_rn(x - __bfloat162float(h));
+	*hi = *(const uint16_t *)&h;
+	*lo = *(const uint16_t *)&l;
+}
+
+/* shared row stride in values (16-byte multiple; 4 words mod 32: conflict-free fragment loads
+ * and ldmatrix rows) */
+static __host__ __device__ int md_rs(int dim, bool f32)
+{
+	return f32 ? dim + 4 : dim + 8;
+}
+static __host__ __device__ int md_os(int C) /* stride of the merged-output rows (floats) */
+{
+	return C + 8;
+}
+
+/* the dynamic shared memory carve (byte offsets, 16-aligned) */
+struct md_carve {
+	size_t kv, sred, phi, plo, corr, ml, wts, addr, tbl, total;
+};
+static __host__ __device__ size_t md_take(size_t *at, size_t bytes)
+{
+	const size_t r = *at;
+	*at += (bytes + 15) & ~(size_t)15;
+	return r;
+}
+static __host__ __device__ md_carve md_layout(int dim, bool f32, int C, int tbl_n)
+{
+	md_carve o;
+	size_t at = 0;
+	const size_t kvb = 2 * MD_TK * (size_t)md_rs(dim, f32) * (f32 ? 4 : 2);
+	const size_t ob = MD_HG * (size_t)md_os(C) * 4; /* the merged outputs reuse the KV tiles */
+	o.kv = md_take(&at, kvb > ob ? kvb : ob);
+	o.sred = md_take(&at, MD_WARPS * MD_HG * MD_TK * 4);
+	o.phi = md_take(&at, MD_HG * MD_PS * 2);
+	o.plo = md_take(&at, MD_HG * MD_PS * 2);
+	o.corr = md_take(&at, MD_HG * 4);
+	o.ml = md_take(&at, MD_HG * 2 * 4);
+	o.wts = md_take(&at, MD_HG * (MD_NCL_MAX + 2) * 4);
+	o.addr = md_take(&at, 2 * MD_TK * sizeof(void *));
+	o.tbl = md_take(&at, (size_t)tbl_n * 4);
+	o.total = at;
+	return o;
+}
+
+/* the pool row of position p of table row tbl (tbl_s: that row in shared memory, or NULL) */
+__device__ __forceinline__ const uint8_t *md_key_row(const md_args &a, const int32_t *tbl_s, int32_t tbl,
+                                                     int64_t p)
+{
+	if (p < 0 || p >= a.ld_blocks * a.bt)
+		return NULL;
+	const int64_t bi = p / a.bt;
+	const int64_t blk =
+	    bi < a.tbl_n ? (int64_t)tbl_s[bi] : (int64_t)a.blocks[(int64_t)tbl * a.ld_blocks + bi];
+	if (blk < 0 || blk >= a.n_blocks)
+		return NULL;
+	return a.base + (size_t)blk * a.block_bytes + a.offset +
+	       (size_t)(p % a.bt) * (size_t)a.dim * (size_t)a.elt;
+}
+
+template <bool F32> __global__ void __launch_bounds__(MD_THREADS) mla_dec_kernel(md_args a)
+{
+	KDEP_ENTRY();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	a.q = katt_after(a.q); /* written by the kernels before: no load of them above the wait */
+	a.sel = katt_after(a.sel);
+	a.n_keys = katt_after(a.n_keys);
+	typedef typename std::conditional<F32, float, uint16_t>::type val_t;
+	cg::cluster_group cluster = cg::this_cluster();
+	extern __shared__ __align__(16) uint8_t md_sm[];
+	const int dim = a.dim, RS = md_rs(dim, F32), C = a.C;
+	const md_carve L = md_layout(dim, F32, C, a.tbl_n);
+	val_t *kv_s = (val_t *)(md_sm + L.kv); /* [2][TK][RS] */
+	float *sred = (float *)(md_sm + L.sred); /* [WARPS][HG][TK] */
+	uint16_t *phi = (uint16_t *)(md_sm + L.phi), *plo = (uint16_t *)(md_sm + L.plo); /* [HG][PS] */
+	float *corr_s = (float *)(md_sm + L.corr); /* [HG] */
+	float *ml_s = (float *)(md_sm + L.ml); /* [HG][2]: read by the cluster's other blocks */
+	float *wts_s = (float *)(md_sm + L.wts); /* [HG][NCL_MAX + 2] merge weights, 1 / sum */
+	const uint8_t **addr_s = (const uint8_t **)(md_sm + L.addr); /* [2][TK] */
+	int32_t *tbl_s = (int32_t *)(md_sm + L.tbl);
+	__shared__ int last_s;
+
+	const int cl = (int)cluster.num_blocks(), crank = (int)cluster.block_rank();
+	const int split = blockIdx.x, icl = split / cl;
+	const int64_t row = blockIdx.y / a.n_hg;
+	const int h0 = (int)(blockIdx.y % a.n_hg) * MD_HG;
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int g = lane >> 2, t = lane & 3; /* mma fragment coordinates */
+	const int k0 = split * a.chunk;
+
+	/* every input of the first tile at once: the key count, the table index, this tile's top-k
+	 * entries, q's fragments (below); the block-table lookups wait only for the first two */
+	const int64_t nk_raw = a.n_keys ? (int64_t)a.n_keys[row] : a.pos0 + row + 1;
+	const int32_t tbl = a.qseq ? a.qseq[row] : 0;
+	int32_t sel0 = -1;
+	if (a.sel && warp == 0 && lane < MD_TK && k0 + lane < a.ld_sel && k0 + lane < a.max_keys)
+		sel0 = a.sel[row * a.ld_sel + k0 + lane];
+	int64_t nk64 = nk_raw;
+	if (nk64 < 0 || nk64 > a.max_keys) {
+		if (tid == 0 && split == 0 && h0 == 0)
+			atomicAdd(a.err, 1u);
+		nk64 = nk64 < 0 ? 0 : a.max_keys;
+	}
+	const int nk = (int)nk64;
+	const int k1 = min(nk, k0 + a.chunk);
+	const int ntiles = k1 > k0 ? (k1 - k0 + MD_TK - 1) / MD_TK : 0;
+	/* the addresses of tile n's rows (lanes 0..15 of warp 0); tile 0 uses sel0 */
+	auto fill_addr = [&](int n, int st) {
+		if (warp == 0 && lane < MD_TK) {
+			const int j = k0 + n * MD_TK + lane;
+			const uint8_t *p = NULL;
+			if (j < k1) {
+				int64_t pos = j;
+				if (a.sel)
+					pos = j < a.ld_sel ? (n == 0 ? sel0 : a.sel[row * a.ld_sel + j]) : -1;
+				p = md_key_row(a, tbl_s, tbl, pos);
+				if (!p)
+					atomicAdd(a.err, 1u);
+			}
+			addr_s[st * MD_TK + lane] = p;
+		}
+	};
+	const int nchunk = dim * (int)sizeof(val_t) / 16; /* 16-byte pieces per row */
+	auto issue = [&](int st) {
+		for (int i = tid; i < MD_TK * nchunk; i += MD_THREADS) {
+			const int r = i / nchunk, c = i - r * nchunk;
+			const uint8_t *p = addr_s[st * MD_TK + r];
+			uint8_t *dst = (uint8_t *)(kv_s + (st * MD_TK + r) * RS) + 16 * c;
+			if (p)
+				katt_cp16(dst, p + 16 * c);
+			else
+				*(uint4 *)dst = make_uint4(0, 0, 0, 0);
+		}
+		katt_cp_commit();
+	};
+
+	/* q fragments (A of QK^T: rows = heads, k = dims) for this warp's dim steps ks = warp + 4 i */
+	const int nks = dim / 16;
+	uint32_t qh[MD_KSW][4], ql[MD_KSW][4];
+	{
+		float2 qv[MD_KSW][4];
+#pragma unroll
+		for (int i = 0; i < MD_KSW; i++) {
+			const int ks = warp + MD_WARPS * i;
+#pragma unroll
+			for (int r = 0; r < 4; r++) {
+				const int h = h0 + g + ((r & 1) ? 8 : 0);
+				const int col = ks * 16 + 2 * t + ((r & 2) ? 8 : 0);
+				qv[i][r] = ks < nks && h < a.H
+				               ? *(const float2 *)(a.q + (row * a.H + h) * (int64_t)dim + col)
+				               : make_float2(0.0f, 0.0f);
+			}
+		}
+		/* tile 0's addresses: without a preloaded table (decode) warp 0 looks its rows up now,
+		 * its q loads in flight, while the other warps wait for theirs; with a table (prefill),
+		 * after the barrier below */
+		if (ntiles > 0 && a.tbl_n == 0)
+			fill_addr(0, 0);
+		/* the table row (prefill rows: one table, qseq NULL), loads issued after q's */
+		if (a.tbl_n > 0) {
+			const int32_t *tr = a.blocks + (int64_t)tbl * a.ld_blocks;
+			for (int i = tid; i < a.tbl_n; i += 4 * MD_THREADS) {
+				int32_t v[4];
+#pragma unroll
+				for (int u = 0; u < 4; u++)
+					v[u] = i + u * MD_THREADS < a.tbl_n ? tr[i + u * MD_THREADS] : 0;
+#pragma unroll
+				for (int u = 0; u < 4; u++)
+					if (i + u * MD_THREADS < a.tbl_n)
+						tbl_s[i + u * MD_THREADS] = v[u];
+			}
+		}
+#pragma unroll
+		for (int i = 0; i < MD_KSW; i++)
+#pragma unroll
+			for (int r = 0; r < 4; r++)
+				md_split2(qv[i][r].x, qv[i][r].y, &qh[i][r], &ql[i][r]);
+	}
+	__syncthreads(); /* tbl_s, addr_s */
+	if (ntiles > 0 && a.tbl_n > 0) {
+		fill_addr(0, 0);
+		__syncthreads();
+	}
+	if (ntiles > 0)
+		issue(0);
+
+	const int cw = C / MD_WARPS, ntw = cw / 8; /* PV channels and n-tiles of this warp (ntw even) */
+	float oacc[MD_NTW][4];
+#pragma unroll
+	for (int j = 0; j < MD_NTW; j++)
+		oacc[j][0] = oacc[j][1] = oacc[j][2] = oacc[j][3] = 0.0f;
+	/* softmax role: 8 threads per head, 2 keys each; running max / sum kept by all 8 */
+	const int sh = tid >> 3, sk = (tid & 7) * 2;
+	float m_run = -INFINITY, l_run = 0.0f;
+
+	for (int n = 0; n < ntiles; n++) {
+		const int st = n & 1;
+		if (n + 1 < ntiles)
+			fill_addr(n + 1, st ^ 1);
+		__syncthreads();
+		if (n + 1 < ntiles) {
+			issue(st ^ 1);
+			katt_cp_wait<1>();
+		} else {
+			katt_cp_wait<0>();
+		}
+		__syncthreads();
+		const val_t *kt = kv_s + st * MD_TK * RS;
+
+		/* S = Q K^T over this warp's dim steps: 2 n-tiles of 8 keys, hi and lo apart */
+		float sh_acc[2][4], sl_acc[2][4];
+#pragma unroll
+		for (int j = 0; j < 2; j++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				sh_acc[j][e] = sl_acc[j][e] = 0.0f;
+#pragma unroll
+		for (int i = 0; i < MD_KSW; i++) {
+			const int ks = warp + MD_WARPS * i;
+			if (ks < nks) {
+				if constexpr (F32) {
+#pragma unroll
+					for (int j = 0; j < 2; j++) {
+						const float *kr =
+						    (const float *)kt + (8 * j + g) * RS + ks * 16 + 2 * t;
+						const float2 x = *(const float2 *)kr,
+						             y = *(const float2 *)(kr + 8);
+						uint32_t bh0, bl0, bh1, bl1;
+						md_split2(x.x, x.y, &bh0, &bl0);
+						md_split2(y.x, y.y, &bh1, &bl1);
+						md_mma(sh_acc[j], qh[i], bh0, bh1);
+						md_mma(sl_acc[j], ql[i], bh0, bh1);
+						md_mma(sl_acc[j], qh[i], bl0, bl1);
+					}
+				} else {
+					/* matrices: keys 0-7 x dims +0, +8; keys 8-15 x dims +0, +8 */
+					uint32_t b[4];
+					md_ldm4(b, kt + ((lane >> 4) * 8 + (lane & 7)) * RS + ks * 16 +
+					               ((lane >> 3) & 1) * 8);
+					md_mma(sh_acc[0], qh[i], b[0], b[1]);
+					md_mma(sl_acc[0], ql[i], b[0], b[1]);
+					md_mma(sh_acc[1], qh[i], b[2], b[3]);
+					md_mma(sl_acc[1], ql[i], b[2], b[3]);
+				}
+			}
+		}
+		float *sw = sred + warp * MD_HG * MD_TK;
+#pragma unroll
+		for (int j = 0; j < 2; j++) {
+			*(float2 *)(sw + g * MD_TK + 8 * j + 2 * t) =
+			    make_float2(sh_acc[j][0] + sl_acc[j][0], sh_acc[j][1] + sl_acc[j][1]);
+			*(float2 *)(sw + (g + 8) * MD_TK + 8 * j + 2 * t) =
+			    make_float2(sh_acc[j][2] + sl_acc[j][2], sh_acc[j][3] + sl_acc[j][3]);
+		}
+		__syncthreads();
+
+		/* online softmax of head sh over keys sk, sk + 1 of the tile */
+		{
+			float s[2], mt = -INFINITY;
+#pragma unroll
+			for (int u = 0; u < 2; u++) {
+				float d = 0.0f;
+#pragma unroll
+				for (int w = 0; w < MD_WARPS; w++)
+					d += sred[(w * MD_HG + sh) * MD_TK + sk + u];
+				s[u] = addr_s[st * MD_TK + sk + u] ? d * a.scale : -INFINITY;
+				mt = fmaxf(mt, s[u]);
+			}
+			mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+			mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+			mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 4));
+			const float mn = fmaxf(m_run, mt);
+			const float corr = mn == -INFINITY ? 1.0f : expf(m_run - mn);
+			float ps = 0.0f;
+#pragma unroll
+			for (int u = 0; u < 2; u++) {
+				const float p = mn == -INFINITY ? 0.0f : expf(s[u] - mn);
+				ps += p;
+				md_split1(p, &phi[sh * MD_PS + sk + u], &plo[sh * MD_PS + sk + u]);
+			}
+			ps += __shfl_xor_sync(0xffffffffu, ps, 1);
+			ps += __shfl_xor_sync(0xffffffffu, ps, 2);
+			ps += __shfl_xor_sync(0xffffffffu, ps, 4);
+			l_run = l_run * corr + ps;
+			m_run = mn;
+			if ((tid & 7) == 0)
+				corr_s[sh] = corr;
+		}
+		__syncthreads();
+
+		/* O = O * corr + P V over this warp's channels (one k-step of 16 keys) */
+		{
+			const float c0 = corr_s[g], c8 = corr_s[g + 8];
+#pragma unroll
+			for (int j = 0; j < MD_NTW; j++) {
+				oacc[j][0] *= c0;
+				oacc[j][1] *= c0;
+				oacc[j][2] *= c8;
+				oacc[j][3] *= c8;
+			}
+			uint32_t ah[4], al[4];
+			ah[0] = *(const uint32_t *)(phi + g * MD_PS + 2 * t);
+			ah[1] = *(const uint32_t *)(phi + (g + 8) * MD_PS + 2 * t);
+			ah[2] = *(const uint32_t *)(phi + g * MD_PS + 2 * t + 8);
+			ah[3] = *(const uint32_t *)(phi + (g + 8) * MD_PS + 2 * t + 8);
+			al[0] = *(const uint32_t *)(plo + g * MD_PS + 2 * t);
+			al[1] = *(const uint32_t *)(plo + (g + 8) * MD_PS + 2 * t);
+			al[2] = *(const uint32_t *)(plo + g * MD_PS + 2 * t + 8);
+			al[3] = *(const uint32_t *)(plo + (g + 8) * MD_PS + 2 * t + 8);
+			if constexpr (F32) {
+				/* B = V rows 2t, 2t + 1 (b0) and 2t + 8, 2t + 9 (b1), column = channel */
+				const float *vr = (const float *)kt + 2 * t * RS + warp * cw + g;
+#pragma unroll
+				for (int j = 0; j < MD_NTW; j++) {
+					if (j < ntw) {
+						const float *v = vr + 8 * j;
+						uint32_t bh0, bl0, bh1, bl1;
+						md_split2(v[0], v[RS], &bh0, &bl0);
+						md_split2(v[8 * RS], v[9 * RS], &bh1, &bl1);
+						md_mma(oacc[j], ah, bh0, bh1);
+						md_mma(oacc[j], al, bh0, bh1);
+						md_mma(oacc[j], ah, bl0, bl1);
+					}
+				}
+			} else {
+				/* matrices (transposed): keys 0-7 / 8-15 x channels c, then c + 8 */
+				const val_t *vb = kt + (((lane >> 3) & 1) * 8 + (lane & 7)) * RS + warp * cw +
+				                  (lane >> 4) * 8;
+#pragma unroll
+				for (int j = 0; j < MD_NTW; j += 2) {
+					if (j < ntw) {
+						uint32_t b[4];
+						md_ldm4t(b, vb + 8 * j);
+						md_mma(oacc[j], ah, b[0], b[1]);
+						md_mma(oacc[j], al, b[0], b[1]);
+						md_mma(oacc[j + 1], ah, b[2], b[3]);
+						md_mma(oacc[j + 1], al, b[2], b[3]);
+					}
+				}
+			}
+		}
+		__syncthreads(); /* the next iteration refills this stage, the scores and p */
+	}
+
+	/* ---- this block's (max, sum, acc) to shared memory; the KV tiles are free now ---- */
+	const int OS = md_os(C);
+	float *o_s = (float *)kv_s; /* [HG][OS] */
+	if ((tid & 7) == 0) {
+		ml_s[2 * sh] = m_run;
+		ml_s[2 * sh + 1] = l_run;
+	}
+#pragma unroll
+	for (int j = 0; j < MD_NTW; j++) {
+		if (j < ntw) {
+			const int cc = warp * cw + 8 * j + 2 * t;
+			*(float2 *)(o_s + g * OS + cc) = make_float2(oacc[j][0], oacc[j][1]);
+			*(float2 *)(o_s + (g + 8) * OS + cc) = make_float2(oacc[j][2], oacc[j][3]);
+		}
+	}
+	cluster.sync(); /* every block of the cluster has its o_s / ml_s */
+
+	/* ---- merge the cluster's blocks for this block's channel slice ---- */
+	const int slice = C / cl, c_lo = crank * slice, nu = MD_HG * (slice / 4);
+	const int hv = min(MD_HG, a.H - h0); /* valid heads of this group */
+	float *wm = wts_s; /* [HG][NCL_MAX + 2]: weights, then (max, sum) at [NCL_MAX], [NCL_MAX + 1] */
+	if (tid < hv) {
+		float mp[MD_CL], lp[MD_CL];
+		float M = -INFINITY;
+#pragma unroll
+		for (int p = 0; p < MD_CL; p++) {
+			mp[p] = -INFINITY;
+			lp[p] = 0.0f;
+			if (p < cl) {
+				const float *pm = cluster.map_shared_rank(ml_s, (unsigned)p);
+				mp[p] = pm[2 * tid];
+				lp[p] = pm[2 * tid + 1];
+			}
+		}
+#pragma unroll
+		for (int p = 0; p < MD_CL; p++)
+			if (lp[p] > 0.0f)
+				M = fmaxf(M, mp[p]);
+		float Ls = 0.0f;
+#pragma unroll
+		for (int p = 0; p < MD_CL; p++) {
+			const float w = lp[p] > 0.0f ? expf(mp[p] - M) : 0.0f;
+			Ls += lp[p] * w;
+			if (p < cl)
+				wm[tid * (MD_NCL_MAX + 2) + p] = w;
+		}
+		wm[tid * (MD_NCL_MAX + 2) + MD_NCL_MAX] = M;
+		wm[tid * (MD_NCL_MAX + 2) + MD_NCL_MAX + 1] = Ls;
+	}
+	__syncthreads();
+	const int64_t rh0 = row * a.H + h0;
+	for (int u = tid; u < nu; u += MD_THREADS) {
+		const int h = u / (slice / 4), c = c_lo + (u % (slice / 4)) * 4;
+		if (h >= hv)
+			continue;
+		float4 v[MD_CL];
+#pragma unroll
+		for (int p = 0; p < MD_CL; p++)
+			if (p < cl)
+				v[p] =
+				    *(const float4 *)(cluster.map_shared_rank(o_s, (unsigned)p) + h * OS + c);
+		float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+		for (int p = 0; p < MD_CL; p++) {
+			const float w = p < cl ? wm[h * (MD_NCL_MAX + 2) + p] : 0.0f;
+			if (w != 0.0f) { /* a block without keys: weight 0, value not used */
+				acc.x = fmaf(w, v[p].x, acc.x);
+				acc.y = fmaf(w, v[p].y, acc.y);
+				acc.z = fmaf(w, v[p].z, acc.z);
+				acc.w = fmaf(w, v[p].w, acc.w);
+			}
+		}
+		if (a.ncl == 1) {
+			const float Ls = wm[h * (MD_NCL_MAX + 2) + MD_NCL_MAX + 1];
+			const float inv = Ls > 0.0f ? 1.0f / Ls : 0.0f;
+			*(float4 *)(a.out + (rh0 + h) * C + c) =
+			    make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+		} else {
+			*(float4 *)(a.pacc + ((rh0 + h) * a.ncl + icl) * C + c) = acc;
+		}
+	}
+	if (a.ncl > 1 && tid < hv) {
+		float *d = a.pml + (((rh0 + tid) * a.ncl + icl) * cl + crank) * 2;
+		d[0] = wm[tid * (MD_NCL_MAX + 2) + MD_NCL_MAX];
+		d[1] = wm[tid * (MD_NCL_MAX + 2) + MD_NCL_MAX + 1];
+	}
+	if (a.ncl > 1)
+		__threadfence(); /* the partial slice is visible before this block's ticket */
+	cluster.sync(); /* the other blocks are done reading this block's shared memory */
+	if (a.ncl == 1)
+		return;
+
+	/* ---- last of the ncl blocks of this slice: merge the clusters ---- */
+	if (tid == 0) {
+		unsigned *tk = a.tickets + (size_t)blockIdx.y * cl + crank;
+		const unsigned old = atomicAdd(tk, 1u);
+		last_s = old == (unsigned)(a.ncl - 1);
+		if (last_s)
+			*tk = 0u; /* every block of this slice has drawn: ready for the next call */
+	}
+	__syncthreads();
+	if (!last_s)
+		return;
+	__threadfence();
+	if (tid < hv) {
+		const float *pm = a.pml + ((rh0 + tid) * a.ncl * cl + crank) * 2;
+		float M = -INFINITY;
+		for (int k = 0; k < a.ncl; k++) {
+			const float2 ml = __ldcg((const float2 *)(pm + (size_t)k * cl * 2));
+			if (ml.y > 0.0f)
+				M = fmaxf(M, ml.x);
+		}
+		float Ls = 0.0f;
+		for (int k = 0; k < a.ncl; k++) {
+			const float2 ml = __ldcg((const float2 *)(pm + (size_t)k * cl * 2));
+			const float w = ml.y > 0.0f ? expf(ml.x - M) : 0.0f;
+			Ls += ml.y * w;
+			wm[tid * (MD_NCL_MAX + 2) + k] = w;
+		}
+		wm[tid * (MD_NCL_MAX + 2) + MD_NCL_MAX + 1] = Ls > 0.0f ? 1.0f / Ls : 0.0f;
+	}
+	__syncthreads();
+	for (int u = tid; u < nu; u += MD_THREADS) {
+		const int h = u / (slice / 4), c = c_lo + (u % (slice / 4)) * 4;
+		if (h >= hv)
+			continue;
+		const float4 *src = (const float4 *)(a.pacc + (rh0 + h) * a.ncl * C + c);
+		const float *w = wm + h * (MD_NCL_MAX + 2);
+		float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+		int k = 0;
+		for (; k + 8 <= a.ncl; k += 8) { /* 8 loads in flight */
+			float4 v[8];
+#pragma unroll
+			for (int e = 0; e < 8; e++)
+				v[e] = __ldcg(src + (size_t)(k + e) * (C / 4));
+#pragma unroll
+			for (int e = 0; e < 8; e++) {
+				const float we = w[k + e];
+				if (we != 0.0f) {
+					acc.x = fmaf(we, v[e].x, acc.x);
+					acc.y = fmaf(we, v[e].y, acc.y);
+					acc.z = fmaf(we, v[e].z, acc.z);
+					acc.w = fmaf(we, v[e].w, acc.w);
+				}
+			}
+		}
+		for (; k < a.ncl; k++) {
+			const float4 v = __ldcg(src + (size_t)k * (C / 4));
+			const float we = w[k];
+			if (we != 0.0f) {
+				acc.x = fmaf(we, v.x, acc.x);
+				acc.y = fmaf(we, v.y, acc.y);
+				acc.z = fmaf(we, v.z, acc.z);
+				acc.w = fmaf(we, v.w, acc.w);
+			}
+		}
+		const float inv = w[MD_NCL_MAX + 1];
+		*(float4 *)(a.out + (rh0 + h) * C + c) =
+		    make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+	}
+#else
+	__trap(); /* not launched below sm_90 (kmla_dec_launch checks the device) */
+#endif
+}
+
+/* TANDEM_MLA_DEC: unset -> -1, the default: only one (row, head group) pair of a sparse layer (a
+ * top-k list) whose splits fit one wave of SMs, the one shape where the H200 measured this kernel
+ * no slower (19:30 run: B1 top-2048 13.1 us vs 13.1, in the model's nsys 16.6 vs 14.5 + 4.3 us;
+ * everything wider 0.52-0.67x of the split kernel); "0" -> never; N -> any shape up to N pairs
+ * (A/B). Read on every call (a getenv; at capture only under graphs), so tests can flip it. */
+static int md_rows_limit(void)
+{
+	const char *e = getenv("TANDEM_MLA_DEC");
+	if (!e || !*e)
+		return -1;
+	char *end = NULL;
+	const long v = strtol(e, &end, 10);
+	if (*end || v < 0)
+		return -1;
+	return v > 65535 ? 65535 : (int)v;
+}
+
+/* Can the device run 8-block clusters of this kernel with its largest shared-memory size (the
+ * tables at MD_TBL_MAX entries)? Asked once per kernel and device (an occupancy query, no launch),
+ * so a device or driver without them takes the split kernel instead of failing the call. */
+static int md_ok_state[64][2]; /* per device and kernel (F32): 0 unknown, 1 usable, 2 not */
+template <bool F32> static bool md_cluster_ok(struct kcuda_ctx *c)
+{
+	int(*ok)[2] = md_ok_state;
+	const int dev = c->device >= 0 && c->device < 64 ? c->device : 0;
+	if (ok[dev][F32])
+		return ok[dev][F32] == 1;
+	const size_t smem = md_layout(MD_DMAX, F32, MD_CMAX, MD_TBL_MAX).total;
+	int n = 0;
+	cudaLaunchAttribute at[1];
+	at[0].id = cudaLaunchAttributeClusterDimension;
+	at[0].val.clusterDim.x = MD_CL;
+	at[0].val.clusterDim.y = 1;
+	at[0].val.clusterDim.z = 1;
+	cudaLaunchConfig_t cfg = {};
+	cfg.gridDim = dim3(MD_CL, 1);
+	cfg.blockDim = dim3(MD_THREADS);
+	cfg.dynamicSmemBytes = smem;
+	cfg.stream = c->stream;
+	cfg.attrs = at;
+	cfg.numAttrs = 1;
+	/* the largest shared-memory carveout: two blocks per SM need ~95 KB of it (the driver may
+	 * otherwise pick a smaller one, in favour of L1, that holds one) */
+	if (cudaFuncSetAttribute(mla_dec_kernel<F32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+	                         (int)smem) != cudaSuccess ||
+	    cudaFuncSetAttribute(mla_dec_kernel<F32>, cudaFuncAttributePreferredSharedMemoryCarveout,
+	                         (int)cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
+	    cudaOccupancyMaxActiveClusters(&n, mla_dec_kernel<F32>, &cfg) != cudaSuccess || n < 1) {
+		(void)cudaGetLastError();
+		fprintf(stderr,
+		        "kcuda: mla_dec: no %d-block clusters on device %d (%d): the split kernel is used\n",
+		        MD_CL, c->device, n);
+		ok[dev][F32] = 2;
+		return false;
+	}
+	ok[dev][F32] = 1;
+	return true;
+}
+
+template <bool F32>
+static int md_launch(struct kcuda_ctx *c, const md_args &a, dim3 grid, int cl, size_t smem)
+{
+	KCUDA_CHECK(cudaFuncSetAttribute(mla_dec_kernel<F32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+	                                 (int)smem));
+	cudaLaunchAttribute at[2];
+	at[0].id = cudaLaunchAttributeClusterDimension;
+	at[0].val.clusterDim.x = (unsigned)cl;
+	at[0].val.clusterDim.y = 1;
+	at[0].val.clusterDim.z = 1;
+	at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+	at[1].val.programmaticStreamSerializationAllowed = 1;
+	cudaLaunchConfig_t cfg = {};
+	cfg.gridDim = grid;
+	cfg.blockDim = dim3(MD_THREADS);
+	cfg.dynamicSmemBytes = smem;
+	cfg.stream = c->stream;
+	cfg.attrs = at;
+	cfg.numAttrs = kcuda_pdl_enabled() ? 2 : 1;
+	cudaError_t e = cudaLaunchKernelEx(&cfg, mla_dec_kernel<F32>, a);
+	if (e != cudaSuccess) {
+		/* refused at launch (a configuration this device or driver does not take: cluster
+		 * dimension, shared memory): switched off for this kernel and device, the caller runs
+		 * the split kernel; a sticky error fails the next op anyway */
+		(void)cudaGetLastError();
+		fprintf(stderr, "kcuda: mla_dec launch refused (%s): the split kernel is used from now on\n",
+		        cudaGetErrorString(e));
+		md_ok_state[c->device >= 0 && c->device < 64 ? c->device : 0][F32] = 2;
+		return ERR_UNSUPPORTED;
+	}
+	kcuda_n_launch++;
+	e = cudaGetLastError();
+	if (e == cudaSuccess)
+		return 0;
+	fprintf(stderr, "kcuda: mla_dec launch failed: %s\n", cudaGetErrorString(e));
+	return ERR_CUDA;
+}
+
+/* kcuda_mla_attn's small-batch path for a call mm_fits (mla_attn_mma.cu) accepted; ERR_UNSUPPORTED
+ * (nothing launched) when switched off, too many rows, or the shape / device does not suit it */
+int kmla_dec_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
+                    const float *q, int64_t H, int64_t C, float scale, float *out)
+{
+	const int64_t n_hg = (H + MD_HG - 1) / MD_HG;
+	const int64_t nrh = rows->n_q * n_hg;
+	const int lim = md_rows_limit();
+	if ((lim < 0 ? nrh > 1 || !rows->sel : nrh > lim) || !c->tickets)
+		return ERR_UNSUPPORTED;
+	if (C % 64 || C > MD_CMAX || kv->dim > MD_DMAX || kv->dim % 16 || (uintptr_t)out % 16 ||
+	    (uintptr_t)q % 8 || rows->max_keys < 1 || rows->max_keys > INT32_MAX / 2)
+		return ERR_UNSUPPORTED;
+	int major = 0, max_smem = 0;
+	if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device) != cudaSuccess ||
+	    cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device) !=
+	        cudaSuccess) {
+		(void)cudaGetLastError();
+		return ERR_UNSUPPORTED;
+	}
+	if (major < 9)
+		return ERR_UNSUPPORTED;
+	const bool f32 = !kv->bf16;
+	/* the table row is preloaded only without qseq (prefill: one table): with it, the row's index
+	 * is itself a load, and the preload would cost the round trip it saves */
+	const int tbl_n = !rows->qseq && rows->ld_blocks <= MD_TBL_MAX ? (int)rows->ld_blocks : 0;
+	const md_carve L = md_layout((int)kv->dim, f32, (int)C, tbl_n);
+	if (L.total > (size_t)max_smem ||
+	    md_layout(MD_DMAX, f32, MD_CMAX, MD_TBL_MAX).total > (size_t)max_smem ||
+	    !(f32 ? md_cluster_ok<true>(c) : md_cluster_ok<false>(c)))
+		return ERR_UNSUPPORTED;
+
+	/* splits: about 2 resident blocks per SM in all (~200 registers a thread allow 2), each a whole
+	 * number of 16-key tiles; rounded up to whole clusters (the extra splits have no keys) */
+	const int64_t tiles = (rows->max_keys + MD_TK - 1) / MD_TK;
+	int64_t want = (2 * (int64_t)c->n_sm + nrh - 1) / nrh;
+	if (want > tiles)
+		want = tiles;
+	if (want > (int64_t)MD_NCL_MAX * MD_CL)
+		want = (int64_t)MD_NCL_MAX * MD_CL;
+	if (want < 1)
+		want = 1;
+	const int64_t tiles_per = (tiles + want - 1) / want;
+	int64_t nsplit = (tiles + tiles_per - 1) / tiles_per;
+	/* cluster: all splits when they are at most 8 (a power of two >= nsplit: C / cl channels each),
+	 * else 8 and the ticket merge across clusters */
+	int cl = 1;
+	while (cl < nsplit && cl < MD_CL)
+		cl *= 2;
+	const int64_t ncl = (nsplit + cl - 1) / cl;
+	if (ncl > MD_NCL_MAX || C % cl || (C / cl) % 4)
+		return ERR_UNSUPPORTED;
+	nsplit = ncl * cl;
+	if ((size_t)nrh * (size_t)cl > KCUDA_N_TICKETS || nrh > 65535 || (lim < 0 && nsplit > c->n_sm))
+		return ERR_UNSUPPORTED;
+	const size_t n_part = ncl > 1 ? (size_t)rows->n_q * (size_t)H * (size_t)ncl : 0;
+	if (n_part * ((size_t)C + 2 * (size_t)cl) * sizeof(float) > c->ws_bytes)
+		return ERR_UNSUPPORTED;
+
+	md_args a;
+	a.base = (const uint8_t *)kv->base;
+	a.n_blocks = kv->n_blocks;
+	a.block_bytes = kv->block_bytes;
+	a.offset = kv->offset;
+	a.bt = kv->block_tokens;
+	a.dim = (int)kv->dim;
+	a.elt = kv->bf16 ? 2 : 4;
+	a.qseq = rows->qseq;
+	a.blocks = rows->blocks;
+	a.n_keys = rows->n_keys;
+	a.sel = rows->sel;
+	a.ld_blocks = rows->ld_blocks;
+	a.pos0 = rows->pos0;
+	a.ld_sel = rows->ld_sel;
+	a.max_keys = rows->max_keys;
+	a.tbl_n = tbl_n;
+	a.q = q;
+	a.H = (int)H;
+	a.C = (int)C;
+	a.n_hg = (int)n_hg;
+	a.scale = scale;
+	a.chunk = (int)(tiles_per * MD_TK);
+	a.ncl = (int)ncl;
+	a.out = out;
+	a.pacc = (float *)c->ws;
+	a.pml = a.pacc + n_part * (size_t)C;
+	a.tickets = c->tickets;
+	a.err = c->err_dev;
+	const dim3 grid((unsigned)nsplit, (unsigned)nrh);
+	return f32 ? md_launch<true>(c, a, grid, cl, L.total) : md_launch<false>(c, a, grid, cl, L.total);
+}
+
+/* For bench_cuda_attn: this kernel's residency on the context's device with the bf16 (or fp32)
+ * pool at its GLM-5 size (dim 576, C 512, no table preload): blocks per SM, 8-block clusters at
+ * once, registers per thread, dynamic shared memory per block; ERR_UNSUPPORTED where it cannot
+ * run. */
+extern "C" int kmla_dec_occupancy(struct kcuda_ctx *c, int bf16, int *blocks_per_sm, int *clusters, int *regs,
+                                  int *smem)
+{
+	const bool f32 = !bf16;
+	if (!(f32 ? md_cluster_ok<true>(c) : md_cluster_ok<false>(c)))
+		return ERR_UNSUPPORTED;
+	const size_t sm = md_layout(MD_DMAX, f32, MD_CMAX, 0).total;
+	const void *fn = f32 ? (const void *)mla_dec_kernel<true> : (const void *)mla_dec_kernel<false>;
+	cudaFuncAttributes fa;
+	cudaLaunchAttribute at[1];
+	at[0].id = cudaLaunchAttributeClusterDimension;
+	at[0].val.clusterDim.x = MD_CL;
+	at[0].val.clusterDim.y = 1;
+	at[0].val.clusterDim.z = 1;
+	cudaLaunchConfig_t cfg = {};
+	cfg.gridDim = dim3(MD_CL, 1);
+	cfg.blockDim = dim3(MD_THREADS);
+	cfg.dynamicSmemBytes = sm;
+	cfg.stream = c->stream;
+	cfg.attrs = at;
+	cfg.numAttrs = 1;
+	if (cudaFuncGetAttributes(&fa, fn) != cudaSuccess ||
+	    cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, fn, MD_THREADS, sm) != cudaSuccess ||
+	    cudaOccupancyMaxActiveClusters(clusters, fn, &cfg) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return ERR_UNSUPPORTED;
+	}
+	*regs = fa.numRegs;
+	*smem = (int)sm;
+	return 0;
+}
