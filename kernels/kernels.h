@@ -330,10 +330,10 @@ struct kcuda_moe_pf {
 	size_t sh_gate_bytes, sh_down_bytes;
 };
 /* The router product logits[i][e] = dot(router row e, x[i]) (F32 weight, E rows of n_in D) and
- * kcuda_moe_route on it in ONE launch (moe_route.cu), for 1..2 tokens (TANDEM_MOE_ROUTER_FUSED=1:
- * 1..8); pf (may be NULL): with TANDEM_MOE_PF's bit 1 the chosen experts' weights are prefetched into
- * L2 as soon as they are known. ERR_UNSUPPORTED with nothing enqueued where it does not apply
- * (TANDEM_MOE_ROUTER_FUSED=0, other shapes and token counts): the caller then runs
+ * kcuda_moe_route on it in ONE launch (moe_route.cu); off by default (slower in the decode step on
+ * the H200), TANDEM_MOE_ROUTER_FUSED=2: 1..2 tokens, =1: 1..8; pf (may be NULL): with TANDEM_MOE_PF's bit 1
+ * the chosen experts' weights are prefetched into L2 as soon as they are known. ERR_UNSUPPORTED with nothing
+ * enqueued where it does not apply (by default, other shapes and token counts): the caller then runs
  * kcuda_matmul_path(KCUDA_MM_F32) and kcuda_moe_route. Launches on one context's stream must not
  * overlap (a per-context ticket). */
 int kcuda_moe_router_route(struct kcuda_ctx *c, const struct kweight *router, const float *x, int64_t ldx,

@@ -402,10 +402,10 @@ extern "C" int kcuda_moe_route(struct kcuda_ctx *c, const float *logits, int64_t
  *   - that warp's lanes then prefetch their experts' gate / up / down rows into L2 (pf.on: only
  *     addresses, results never depend on it), so the expert kernels that follow read L2, and the
  *     shared expert's weights are prefetched before KDEP_ENTRY (a slice per block).
- * Shapes it takes: n 1..2 by default, 1..8 with TANDEM_MOE_ROUTER_FUSED=1 (rr_max_tokens), E a multiple of
- * RR_ROWS with the register route, D % 16 == 0 and D <= 8192, F32 router rows 16-byte aligned; else
- * ERR_UNSUPPORTED (the two launches as before). TANDEM_MOE_ROUTER_FUSED=0 turns it off; the expert prefetch
- * is MOE_PF_ROUTE of TANDEM_MOE_PF (moe_mma.h; off by default: measured slower). */
+ * Shapes it takes: none by default; n 1..2 with TANDEM_MOE_ROUTER_FUSED=2, 1..8 with =1 (rr_max_tokens), E a
+ * multiple of RR_ROWS with the register route, D % 16 == 0 and D <= 8192, F32 router rows 16-byte aligned;
+ * else ERR_UNSUPPORTED (the two launches as before). TANDEM_MOE_ROUTER_FUSED=0 turns it off; the expert
+ * prefetch is MOE_PF_ROUTE of TANDEM_MOE_PF (moe_mma.h; off by default: measured slower). */
 #define RR_ROWS 2
 #define RR_QW 4 /* warps per row */
 #define RR_NV 16 /* float4 of a row quarter per lane: D <= 32 * 4 * RR_QW * RR_NV = 8192 */
@@ -532,8 +532,14 @@ static bool rr_env_off(const char *name)
  * each, since changed); TANDEM_MOE_ROUTER_FUSED=1: up to RR_MAXT, 0: never */
 static int rr_max_tokens(void)
 {
+	/* OFF by default since the 20:15 H200 run: in the whole decode step the fused launch cost 14.1 us
+	 * per layer on the critical path (nsys) against 3.4 + 4.3 us for the router product + route, and
+	 * the batch-1 step was 8.35 ms without it, 8.72 ms with it (the bench chain above had favoured it);
+	 * TANDEM_MOE_ROUTER_FUSED=2: up to 2 tokens, =1: up to RR_MAXT */
 	const char *v = getenv("TANDEM_MOE_ROUTER_FUSED");
-	return v && strcmp(v, "1") == 0 ? RR_MAXT : 2;
+	if (v && strcmp(v, "1") == 0)
+		return RR_MAXT;
+	return v && strcmp(v, "2") == 0 ? 2 : 0;
 }
 
 extern "C" int kcuda_moe_router_route(struct kcuda_ctx *c, const struct kweight *router, const float *x,

@@ -677,6 +677,9 @@ static void router_route_refusals(void)
 	OPS_CHECK(kcuda_moe_router_route(ctx, &dw, d_x, D, 3, lo, NULL, E, k, 1, 1, 0, true, 1.f, io, wo,
 	                                 NULL) == ERR_UNSUPPORTED,
 	          "router_route: 3 tokens taken without TANDEM_MOE_ROUTER_FUSED=1");
+	OPS_CHECK(kcuda_moe_router_route(ctx, &dw, d_x, D, 1, lo, NULL, E, k, 1, 1, 0, true, 1.f, io, wo,
+	                                 NULL) == ERR_UNSUPPORTED,
+	          "router_route: taken by default (it is off unless TANDEM_MOE_ROUTER_FUSED is 1 or 2)");
 	struct kweight odd = dw;
 	odd.n_in = 504; /* D % 16 != 0 */
 	OPS_CHECK(kcuda_moe_router_route(ctx, &odd, d_x, D, 1, lo, NULL, E, k, 1, 1, 0, true, 1.f, io, wo,
@@ -696,7 +699,8 @@ static void router_route_refusals(void)
 	          "router_route: TANDEM_MOE_ROUTER_FUSED=0 not honoured");
 	unsetenv("TANDEM_MOE_ROUTER_FUSED");
 	OPS_CHECK(kcuda_sync(ctx) == 0, "router_route refusals: stream error");
-	printf("router_route: 9 tokens, 3 by default, D 504, BF16 router, TANDEM_MOE_ROUTER_FUSED=0 refused; "
+	printf("router_route: 9 tokens, 1 and 3 by default, D 504, BF16 router, TANDEM_MOE_ROUTER_FUSED=0 "
+	       "refused; "
 	       "k > E "
 	       "rejected\n");
 out:
@@ -981,8 +985,9 @@ int main(void)
 	router_route_case("router+route E512 k16 D 8192", 512, 16, 1, 1, 1, 1, 1.0f, 8192, 3, 0);
 	unsetenv("TANDEM_MOE_PF");
 	router_route_case("router+route GLM-5 no prefetch", 256, 8, 1, 1, 0, 1, 2.5f, 6144, 1, 0);
+	setenv("TANDEM_MOE_ROUTER_FUSED", "2", 1);
+	router_route_case("router+route GLM-5 =2 (up to 2 tokens)", 256, 8, 1, 1, 0, 1, 2.5f, 6144, 2, 0);
 	unsetenv("TANDEM_MOE_ROUTER_FUSED");
-	router_route_case("router+route GLM-5 default", 256, 8, 1, 1, 0, 1, 2.5f, 6144, 2, 0);
 	router_route_refusals();
 	test_args();
 	kcuda_ctx_destroy(ctx);
