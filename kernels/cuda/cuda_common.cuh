@@ -92,6 +92,19 @@ __device__ __forceinline__ void kdep_entry(void)
  * the kernels as an argument so A/B runs need no rebuild. */
 extern "C" int kcuda_prefetch_enabled(void); /* ctx.cu */
 
+/* p, made opaque to the compiler from this point on: loads through the result cannot be scheduled
+ * before it. A kernel that touches weights before KDEP_ENTRY() must pass every pointer to data an
+ * earlier kernel writes through this right after KDEP_ENTRY(): __ldg and const __restrict__ loads
+ * are "invariant" to the compiler, which may otherwise move them above griddepcontrol.wait (the
+ * asm's memory clobber does not cover memory it believes read-only) and read the data before the
+ * kernel that writes it has finished. Found on the H200 (2026-11-29 19:30: deepseek2-tiny-Q8_0 logits
+ * off by 16, nondeterministic, with the head GEMVs' weight loads moved before the wait). */
+template <typename T> __device__ __forceinline__ const T *kdep_after(const T *p)
+{
+	asm volatile("" : "+l"(p) : : "memory");
+	return p;
+}
+
 /* Hint: bring [p, p + bytes) into L2 (this thread issues it; callers spread ranges over threads).
  * sm_90+ has a bulk prefetch (one instruction per range, done by the copy engine of the SM); it
  * needs 16-byte alignment, so the range is trimmed inward (at most 15 bytes each end stay out: a

@@ -58,17 +58,6 @@ extern "C" bool kcuda_mm_tile_ok(int type, int64_t n_in);
 int kcuda_gemm_f32_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx,
                           int64_t n_tok, float *y, int64_t ldy);
 
-/* p, made opaque to the compiler AFTER this point: loads through the result cannot be scheduled
- * before it. For the activations of a kernel that does weight work before KDEP_ENTRY(): __ldg and
- * const __restrict__ loads are "invariant" to the compiler, which may otherwise move them above
- * griddepcontrol.wait (the asm's memory clobber does not cover memory it believes read-only) and
- * read x before the kernel that writes it has finished. Call right after KDEP_ENTRY(). */
-template <typename T> __device__ __forceinline__ const T *kdep_after(const T *p)
-{
-	asm volatile("" : "+l"(p) : : "memory");
-	return p;
-}
-
 /* ---- the 16-byte slab layout shared by gemv3 (matmul_gemv3.cu) and the multi-product GEMV
  * (matmul_multi.cu): a row is read in slabs of SE elements / SB bytes (16-byte multiples), copied
  * to shared memory with cp.async, and lane l of a warp decodes elements EPL l .. EPL l + EPL - 1

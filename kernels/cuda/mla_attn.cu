@@ -241,9 +241,9 @@ __global__ void mla_combine_kernel(const float *pacc, const float *pm, const flo
                                    float *out)
 {
 	KDEP_ENTRY();
-	pacc = katt_after(pacc); /* written by the kernel before: no load above the wait */
-	pm = katt_after(pm);
-	pl = katt_after(pl);
+	pacc = kdep_after(pacc); /* written by the kernel before: no load above the wait */
+	pm = kdep_after(pm);
+	pl = kdep_after(pl);
 	const int64_t rh = blockIdx.x;
 	const int c0 = blockIdx.y * blockDim.x; /* a block per (row, head, 128 channels) */
 	const float *m = pm + rh * nsplit, *l = pl + rh * nsplit;

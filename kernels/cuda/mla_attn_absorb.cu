@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(AR_WARPS * 32)
 	}
 	KDEP_ENTRY();
 	/* q comes from the kernel before (weights alone may be read above): plain, opaque loads */
-	x = katt_after(x) + (int64_t)blockIdx.y * xhs;
+	x = kdep_after(x) + (int64_t)blockIdx.y * xhs;
 	y += (int64_t)blockIdx.y * yhs;
 	if (rope_blk) { /* y[t][n_out + ..] = rope(x[t][n_in + ..]), one thread per (token, pair) */
 		for (int g = threadIdx.x; g < n_tok * half; g += AR_WARPS * 32) {

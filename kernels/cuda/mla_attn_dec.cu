@@ -173,9 +173,9 @@ template <bool F32> __global__ void __launch_bounds__(MD_THREADS) mla_dec_kernel
 {
 	KDEP_ENTRY();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-	a.q = katt_after(a.q); /* written by the kernels before: no load of them above the wait */
-	a.sel = katt_after(a.sel);
-	a.n_keys = katt_after(a.n_keys);
+	a.q = kdep_after(a.q); /* written by the kernels before: no load of them above the wait */
+	a.sel = kdep_after(a.sel);
+	a.n_keys = kdep_after(a.n_keys);
 	typedef typename std::conditional<F32, float, uint16_t>::type val_t;
 	cg::cluster_group cluster = cg::this_cluster();
 	extern __shared__ __align__(16) uint8_t md_sm[];

@@ -432,10 +432,10 @@ __global__ void __launch_bounds__(128)
     mla_mma_combine(const float *pacc, const float *pm, const float *pl, int nsplit, int C, float *out)
 {
 	KDEP_ENTRY();
-	/* the partials come from the kernel before: no load of them above the wait (katt_after) */
-	pacc = katt_after(pacc);
-	pm = katt_after(pm);
-	pl = katt_after(pl);
+	/* the partials come from the kernel before: no load of them above the wait (kdep_after) */
+	pacc = kdep_after(pacc);
+	pm = kdep_after(pm);
+	pl = kdep_after(pl);
 	extern __shared__ float w_s[]; /* [nsplit] */
 	__shared__ float red[4];
 	__shared__ float part[4][32];

@@ -86,17 +86,6 @@ int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_
  * where it does not apply: then kcuda_indexer_topk's separate kernels run */
 int kcuda_indexer_sel_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q);
 
-/* p, made opaque to the compiler after this point, so loads through the result cannot be
- * scheduled before it: call right after KDEP_ENTRY() on pointers to data an earlier kernel wrote
- * when they are const (__restrict__ / __ldg loads count as invariant, and the compiler may move
- * them above griddepcontrol.wait, whose memory clobber does not cover memory it takes for
- * read-only: front4 found this breaking a model on the H200, 19:30) */
-template <typename T> __device__ __forceinline__ const T *katt_after(const T *p)
-{
-	asm volatile("" : "+l"(p) : : "memory");
-	return p;
-}
-
 /* cp.async helpers (sm_80+): 16-byte global -> shared copies that bypass L1 */
 __device__ __forceinline__ void katt_cp16(void *smem, const void *gmem)
 {
