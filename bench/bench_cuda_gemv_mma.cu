@@ -37,40 +37,10 @@
 #include "kernels/cuda/gemv_mma.cuh"
 #include "kernels/cuda/moe_mma_units.cuh" /* the MoE's lane type (row table) for the emulation */
 #include "kernels/cuda/model_fwd.h"
+#include "bench/bench_cuda_time.cuh"
 #include "tests/ops/ops_util.h"
 
 #define CK KCUDA_CHECK
-
-static float median(std::vector<float> v)
-{
-	std::sort(v.begin(), v.end());
-	return v[v.size() / 2];
-}
-
-/* ms per call, median over `reps` batches of `batch` calls of fn(i) */
-template <class F> static float time_ms(cudaStream_t s, int warm, int reps, int batch, F fn)
-{
-	cudaEvent_t a, b;
-	CK(cudaEventCreate(&a));
-	CK(cudaEventCreate(&b));
-	for (int i = 0; i < warm * batch; i++)
-		fn(i);
-	std::vector<float> v;
-	int k = 0;
-	for (int r = 0; r < reps; r++) {
-		CK(cudaEventRecord(a, s));
-		for (int i = 0; i < batch; i++)
-			fn(k++);
-		CK(cudaEventRecord(b, s));
-		CK(cudaEventSynchronize(b));
-		float ms;
-		CK(cudaEventElapsedTime(&ms, a, b));
-		v.push_back(ms / batch);
-	}
-	CK(cudaEventDestroy(a));
-	CK(cudaEventDestroy(b));
-	return median(v);
-}
 
 __global__ void read_kernel(const uint4 *p, size_t n, uint32_t *sink)
 {
@@ -333,7 +303,7 @@ static float time_graph(struct kcuda_ctx *c, const gshape &g, void *A, size_t st
 		CK(cudaGraphInstantiate(&ex[gi], gr, 0));
 		CK(cudaGraphDestroy(gr));
 	}
-	const float ms = time_ms(s, 2, 5, 1, [&](int) {
+	const float ms = bench_time_ms(s, 2, 5, 1, [&](int) {
 		for (int gi = 0; gi < ng; gi++)
 			CK(cudaGraphLaunch(ex[gi], s));
 	});
@@ -395,7 +365,7 @@ static void time_glm(struct kcuda_ctx *c, size_t l2)
 			float ms[2], gms[2];
 			for (int off = 0; off < 2; off++) {
 				setenv("TANDEM_GEMV3", off ? "0" : "1", 1);
-				ms[off] = time_ms(s, 2, 5, ncopy, [&](int i) {
+				ms[off] = bench_time_ms(s, 2, 5, ncopy, [&](int i) {
 					if (glm_call(c, g, (char *)A + (i % ncopy) * stride, rb, mat, xd, nt,
 					             yd))
 						abort();
@@ -428,7 +398,7 @@ static void time_all(struct kcuda_ctx *c, int n_sm, size_t l2)
 	CK(cudaMalloc(&A, big));
 	CK(cudaMalloc(&sink, 4));
 	fill_random<<<4096, 256, 0, s>>>((uint32_t *)A, big / 4, 1);
-	float ms = time_ms(s, 2, 7, 1, [&](int) {
+	float ms = bench_time_ms(s, 2, 7, 1, [&](int) {
 		read_kernel<<<n_sm * 16, 256, 0, s>>>((const uint4 *)A, big / 16, sink);
 	});
 	const double read_gbs = big / (ms * 1e-3) / 1e9;
@@ -463,13 +433,13 @@ static void time_all(struct kcuda_ctx *c, int n_sm, size_t l2)
 				CK(cudaMemcpy((char *)A + k * stride, hw.data(), wbytes,
 				              cudaMemcpyHostToDevice));
 			for (int nt : {1, 2, 4, 8}) {
-				const float ms_mma = time_ms(s, 3, 9, ncopy, [&](int i) {
+				const float ms_mma = bench_time_ms(s, 3, 9, ncopy, [&](int i) {
 					if (gemv_mma(type, (char *)A + (i % ncopy) * stride, rb, sh.n_in,
 					             sh.n_out, xd, sh.n_in, nt, yd, sh.n_out, s, n_sm,
 					             g_r_tiles))
 						abort();
 				});
-				const float ms_base = time_ms(s, 3, 9, ncopy, [&](int i) {
+				const float ms_base = bench_time_ms(s, 3, 9, ncopy, [&](int i) {
 					struct kweight w = {type, sh.n_in, sh.n_out, rb,
 					                    (char *)A + (i % ncopy) * stride};
 					if (kcuda_matmul(c, &w, xd, sh.n_in, nt, yd, sh.n_out))

@@ -12,40 +12,10 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "bench/bench_cuda_time.cuh"
 #include "tests/ops/ops_util.h"
 
 #define CK KCUDA_CHECK
-
-static float median(std::vector<float> v)
-{
-	std::sort(v.begin(), v.end());
-	return v[v.size() / 2];
-}
-
-/* ms per op, median over `reps` batches of `batch` calls of fn(i) */
-template <class F> static float time_ms(cudaStream_t s, int warm, int reps, int batch, F fn)
-{
-	cudaEvent_t a, b;
-	CK(cudaEventCreate(&a));
-	CK(cudaEventCreate(&b));
-	for (int i = 0; i < warm; i++)
-		fn(i);
-	std::vector<float> v;
-	int k = 0;
-	for (int r = 0; r < reps; r++) {
-		CK(cudaEventRecord(a, s));
-		for (int i = 0; i < batch; i++)
-			fn(k++);
-		CK(cudaEventRecord(b, s));
-		CK(cudaEventSynchronize(b));
-		float ms;
-		CK(cudaEventElapsedTime(&ms, a, b));
-		v.push_back(ms / batch);
-	}
-	CK(cudaEventDestroy(a));
-	CK(cudaEventDestroy(b));
-	return median(v);
-}
 
 __global__ void read_kernel(const uint4 *p, size_t n, uint32_t *sink)
 {
@@ -123,11 +93,11 @@ int main(int argc, char **argv)
 	CK(cudaMalloc(&sink, 4));
 	fill_random<<<4096, 256, 0, s>>>((uint32_t *)A, big / 4, 1);
 	fill_random<<<4096, 256, 0, s>>>((uint32_t *)B, big / 4, 2);
-	float ms =
-	    time_ms(s, 2, 7, 1, [&](int) { CK(cudaMemcpyAsync(B, A, big, cudaMemcpyDeviceToDevice, s)); });
+	float ms = bench_time_ms(s, 2, 7, 1,
+	                         [&](int) { CK(cudaMemcpyAsync(B, A, big, cudaMemcpyDeviceToDevice, s)); });
 	const double copy_gbs = 2.0 * big / (ms * 1e-3) / 1e9;
 	add("ceiling: d2d copy 2 GiB: %.3f ms -> %.0f GB/s (read+write)", ms, copy_gbs);
-	ms = time_ms(s, 2, 7, 1, [&](int) {
+	ms = bench_time_ms(s, 2, 7, 1, [&](int) {
 		read_kernel<<<prop.multiProcessorCount * 16, 256, 0, s>>>((const uint4 *)A, big / 16, sink);
 	});
 	const double read_gbs = big / (ms * 1e-3) / 1e9;
@@ -140,7 +110,7 @@ int main(int argc, char **argv)
 		const float one = 1, zero = 0;
 		float *C;
 		CK(cudaMalloc(&C, (size_t)n * n * 4));
-		ms = time_ms(s, 3, 10, 1, [&](int) {
+		ms = bench_time_ms(s, 3, 10, 1, [&](int) {
 			cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, A, CUDA_R_16BF, n, B,
 			             CUDA_R_16BF, n, &zero, C, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
 			             CUBLAS_GEMM_DEFAULT);
@@ -193,7 +163,7 @@ int main(int argc, char **argv)
 			for (int nt : toks) {
 				if (profile && nt > 2)
 					continue;
-				ms = time_ms(s, 3, 9, ncopy, [&](int i) {
+				ms = bench_time_ms(s, 3, 9, ncopy, [&](int i) {
 					struct kweight w = {type, sh.n_in, sh.n_out, rb,
 					                    (char *)A + (i % ncopy) * stride};
 					if (kcuda_matmul(c, &w, xd, sh.n_in, nt, yd, sh.n_out))
@@ -223,7 +193,7 @@ int main(int argc, char **argv)
 		for (int nt : {64, 512, 2048}) {
 			if (quick && nt == 64)
 				continue;
-			ms = time_ms(s, 2, 5, 1, [&](int) {
+			ms = bench_time_ms(s, 2, 5, 1, [&](int) {
 				if (kcuda_matmul(c, &w, xd, n_in, nt, yd, n_out))
 					abort();
 			});

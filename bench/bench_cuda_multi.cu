@@ -16,40 +16,10 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "bench/bench_cuda_time.cuh"
 #include "tests/ops/ops_util.h"
 
 #define CK KCUDA_CHECK
-
-static float median(std::vector<float> v)
-{
-	std::sort(v.begin(), v.end());
-	return v[v.size() / 2];
-}
-
-/* ms per call, median over `reps` batches of `batch` calls of fn(i) */
-template <class F> static float time_ms(cudaStream_t s, int warm, int reps, int batch, F fn)
-{
-	cudaEvent_t a, b;
-	CK(cudaEventCreate(&a));
-	CK(cudaEventCreate(&b));
-	for (int i = 0; i < warm * batch; i++)
-		fn(i);
-	std::vector<float> v;
-	int k = 0;
-	for (int r = 0; r < reps; r++) {
-		CK(cudaEventRecord(a, s));
-		for (int i = 0; i < batch; i++)
-			fn(k++);
-		CK(cudaEventRecord(b, s));
-		CK(cudaEventSynchronize(b));
-		float ms;
-		CK(cudaEventElapsedTime(&ms, a, b));
-		v.push_back(ms / batch);
-	}
-	CK(cudaEventDestroy(a));
-	CK(cudaEventDestroy(b));
-	return median(v);
-}
 
 __global__ void read_kernel(const uint4 *p, size_t n, uint32_t *sink)
 {
@@ -153,7 +123,7 @@ static float time_graph(struct kcuda_ctx *c, const group &g, const std::vector<s
 		CK(cudaGraphInstantiate(&ex[gi], gr, 0));
 		CK(cudaGraphDestroy(gr));
 	}
-	const float ms = time_ms(s, 2, 5, 1, [&](int) {
+	const float ms = bench_time_ms(s, 2, 5, 1, [&](int) {
 		for (int gi = 0; gi < ng; gi++)
 			CK(cudaGraphLaunch(ex[gi], s));
 	});
@@ -197,7 +167,7 @@ int main(void)
 		CK(cudaMemcpy(xd, xh.data(), xh.size() * sizeof(float), cudaMemcpyHostToDevice));
 	}
 	CK(cudaMemset(A, 0x11, big));
-	const float rd_ms = time_ms(s, 1, 5, 1, [&](int) {
+	const float rd_ms = bench_time_ms(s, 1, 5, 1, [&](int) {
 		read_kernel<<<4 * prop.multiProcessorCount, 512, 0, s>>>((const uint4 *)A, big / 16, sink);
 	});
 	const double ceil_gbs = big / (rd_ms * 1e-3) / 1e9;
@@ -272,7 +242,7 @@ int main(void)
 			 * the same as multi); then each after a ~4 us one-block kernel, minus that kernel */
 			float ms[2], gms[3], sms[3];
 			for (int m = 0; m < 2; m++)
-				ms[m] = time_ms(s, 2, 5, ncopy, [&](int i) {
+				ms[m] = bench_time_ms(s, 2 * ncopy, 5, ncopy, [&](int i) {
 					if (call(c, g, w, stride, i % ncopy, xd, nt, m ? yd : ys, m == 1))
 						abort();
 				});
