@@ -7,6 +7,13 @@
  *   3. a 5 us one-block kernel followed by a 13.4 MB weight read (the shape of q_a at one token),
  *      with and without the L2 prefetch of the weights before KDEP_ENTRY, against the read time
  *      of the same bytes alone.
+ *   4. the same pair with the read's bytes brought into L2 by a "prefetch lane": a second stream,
+ *      forked before the small kernel, whose kernel only issues L2 prefetches (bulk pieces or
+ *      128-byte lines, several piece sizes and grids), with a 5 and a 10 us small kernel. This is
+ *      the experiment behind trying the lane in the decode step (2026-11-29, H200): an L2-resident
+ *      13.4 MB read took 3.8 us against 5.1 us from HBM here, but the step did not get faster with
+ *      o / v_b / router / shared expert / the next layer's products prefetched that way, because
+ *      the products already prefetch their own weights before griddepcontrol.wait;
  *   bench_cuda_pdl          (about 5 s) */
 #include <algorithm>
 #include <cuda_runtime.h>
@@ -66,13 +73,46 @@ __global__ void read_kernel(const uint4 *w, size_t n16_per_block, int pf, unsign
 		out[blockIdx.x] = s;
 }
 
-template <class F> static float graph_us(cudaStream_t st, int nodes, F add)
+/* the prefetch lane's kernel: one L2 prefetch of `piece` bytes per thread (bulk on sm_90+, else
+ * 128-byte lines; `line` forces lines) over [p, p + bytes) */
+__global__ void lane_kernel(const char *p, size_t bytes, size_t piece, int line)
+{
+	const size_t n = (bytes + piece - 1) / piece;
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		const size_t off = i * piece, nb = bytes - off < piece ? bytes - off : piece;
+		if (line) {
+			for (size_t o = 0; o < nb; o += 128)
+				asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off + o));
+		} else {
+			kdep_prefetch_l2(p + off, nb);
+		}
+	}
+}
+
+struct lane_cfg {
+	size_t piece;
+	int tpb, max_blocks, line;
+};
+
+static void lane_launch(cudaStream_t st, const void *p, size_t bytes, const lane_cfg &cf)
+{
+	const size_t n = (bytes + cf.piece - 1) / cf.piece;
+	size_t blocks = (n + cf.tpb - 1) / cf.tpb;
+	if (blocks > (size_t)cf.max_blocks)
+		blocks = (size_t)cf.max_blocks;
+	lane_kernel<<<(unsigned)blocks, cf.tpb, 0, st>>>((const char *)p, bytes, cf.piece, cf.line);
+	CK(cudaGetLastError());
+}
+
+template <class F, class G> static float graph_us(cudaStream_t st, int nodes, F add, G fin)
 {
 	cudaGraph_t g;
 	cudaGraphExec_t ge;
 	CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
 	for (int i = 0; i < nodes; i++)
 		add();
+	fin();
 	CK(cudaStreamEndCapture(st, &g));
 	CK(cudaGraphInstantiate(&ge, g, 0));
 	cudaEvent_t a, b;
@@ -95,6 +135,11 @@ template <class F> static float graph_us(cudaStream_t st, int nodes, F add)
 	CK(cudaGraphExecDestroy(ge));
 	CK(cudaGraphDestroy(g));
 	return v[v.size() / 2];
+}
+
+template <class F> static float graph_us(cudaStream_t st, int nodes, F add)
+{
+	return graph_us(st, nodes, add, [] {});
 }
 
 int main(void)
@@ -160,6 +205,71 @@ int main(void)
 	printf("%-44s %8.2f\n", "spin + read, read starts after the wait", t_pair[0]);
 	printf("%-44s %8.2f\n", "spin + read, L2 prefetch before the wait", t_pair[1]);
 	printf("prefetch saves %.2f us of %.2f us read time per pair\n", t_pair[0] - t_pair[1], t_read);
+
+	/* the prefetch lane: the read's bytes asked for on a second stream forked before the spin */
+	cudaStream_t st2;
+	cudaEvent_t evf, evj;
+	CK(cudaStreamCreateWithFlags(&st2, cudaStreamNonBlocking));
+	CK(cudaEventCreateWithFlags(&evf, cudaEventDisableTiming));
+	CK(cudaEventCreateWithFlags(&evj, cudaEventDisableTiming));
+	const long long spins[2] = {5000LL, 10000LL};
+	for (int si = 0; si < 2; si++) {
+		const float t_sp =
+		    graph_us(st, M,
+		             [&] { klaunch("spin", spin_kernel, dim3(1), dim3(32), 0, st, spins[si], v); }) /
+		    M;
+		const float t_no =
+		    graph_us(st, M,
+		             [&] {
+			             klaunch("spin", spin_kernel, dim3(1), dim3(32), 0, st, spins[si], v);
+			             klaunch("read", read_kernel, dim3(nb), dim3(256), 0, st,
+			                     (const uint4 *)(w + (k++ % copies) * per * nb), per, 0, out);
+		             }) /
+		    M;
+		printf("spin %5.2f us + read: no prefetch %6.2f us per pair (read part %5.2f)", t_sp, t_no,
+		       t_no - t_sp);
+		printf("\n");
+		/* piece KB, threads per block, max blocks, line prefetches */
+		const lane_cfg cfgs[] = {{16 << 10, 128, 264, 0}, {16 << 10, 32, 132, 0},
+		                         {4 << 10, 32, 132, 0},   {8 << 10, 32, 264, 0},
+		                         {2 << 10, 32, 264, 0},   {4 << 10, 32, 132, 1},
+		                         {1 << 10, 64, 264, 1}};
+		for (const lane_cfg &cf : cfgs) {
+			const float t_ln =
+			    graph_us(
+			        st, M,
+			        [&] {
+				        const uint4 *wr = w + (k++ % copies) * per * nb;
+				        CK(cudaEventRecord(evf, st));
+				        CK(cudaStreamWaitEvent(st2, evf, 0));
+				        lane_launch(st2, wr, per * 16 * nb, cf);
+				        klaunch("spin", spin_kernel, dim3(1), dim3(32), 0, st, spins[si], v);
+				        klaunch("read", read_kernel, dim3(nb), dim3(256), 0, st, wr, per, 0,
+				                out);
+			        },
+			        [&] {
+				        CK(cudaEventRecord(evj, st2));
+				        CK(cudaStreamWaitEvent(st, evj, 0));
+			        }) /
+			    M;
+			printf("  lane piece %2zu KB, %4d threads x <= %3d blocks, %s: %6.2f us per pair "
+			       "(read part %5.2f)\n",
+			       cf.piece >> 10, cf.tpb, cf.max_blocks, cf.line ? "lines" : "bulk ", t_ln,
+			       t_ln - t_sp);
+		}
+		/* the lane alone (no read after it): how long its kernel keeps the lane stream busy */
+		const float t_lo =
+		    graph_us(st, M,
+		             [&] {
+			             const uint4 *wr = w + (k++ % copies) * per * nb;
+			             lane_launch(st, wr, per * 16 * nb, lane_cfg{16 << 10, 32, 132, 0});
+		             }) /
+		    M;
+		printf("  lane kernel alone (16 KB, 32 x 132, bulk): %.2f us\n", t_lo);
+	}
+	CK(cudaEventDestroy(evf));
+	CK(cudaEventDestroy(evj));
+	CK(cudaStreamDestroy(st2));
 	CK(cudaFree(w));
 	CK(cudaFree(out));
 	CK(cudaFree(v));
