@@ -30,6 +30,8 @@ struct kcuda_ctx {
 	unsigned *tickets; /* KCUDA_N_TICKETS counters, zero between launches: a kernel whose last
 	                    * block merges the others' partials (mla_attn_dec.cu) counts arrivals here
 	                    * and that last block sets its counter back to 0 */
+	cudaEvent_t dep_ev; /* recorded on this stream by kcuda_stream_after (one per context, reused:
+	                     * a wait takes the event's state at the time of the wait call) */
 };
 #define KCUDA_ZS_BYTES ((size_t)5 << 20)
 #define KCUDA_N_TICKETS 16384
