@@ -54,8 +54,10 @@ extern "C" int kcuda_ctx_create(int device, size_t ws_bytes, struct kcuda_ctx **
 		goto fail_free;
 	if (cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess)
 		goto fail_free;
-	if (cudaMalloc(&c->ws, c->ws_bytes) != cudaSuccess)
+	if (cudaEventCreateWithFlags(&c->dep_ev, cudaEventDisableTiming) != cudaSuccess)
 		goto fail_stream;
+	if (cudaMalloc(&c->ws, c->ws_bytes) != cudaSuccess)
+		goto fail_event;
 	/* word 0: the bad-input count; word 1: moe_route.cu's ticket (fused router + route) */
 	if (cudaMalloc((void **)&c->err_dev, 4 * sizeof(unsigned)) != cudaSuccess)
 		goto fail_ws;
@@ -85,6 +87,8 @@ fail_err:
 	cudaFree(c->err_dev);
 fail_ws:
 	cudaFree(c->ws);
+fail_event:
+	cudaEventDestroy(c->dep_ev);
 fail_stream:
 	cudaStreamDestroy(c->stream);
 fail_free:
@@ -95,14 +99,11 @@ fail_free:
 
 extern "C" int kcuda_stream_after(struct kcuda_ctx *to, struct kcuda_ctx *from)
 {
-	cudaEvent_t ev;
-	if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess)
-		return ERR_CUDA;
-	/* the wait takes the event's state at this point: destroying it afterwards is allowed */
-	cudaError_t e = cudaEventRecord(ev, from->stream);
+	/* from's own event, recorded again each time (the side-branch fork and join run twice per
+	 * layer: an event created and destroyed per call cost host time in eager steps) */
+	cudaError_t e = cudaEventRecord(from->dep_ev, from->stream);
 	if (e == cudaSuccess)
-		e = cudaStreamWaitEvent(to->stream, ev, 0);
-	cudaEventDestroy(ev);
+		e = cudaStreamWaitEvent(to->stream, from->dep_ev, 0);
 	if (e == cudaSuccess)
 		return 0;
 	fprintf(stderr, "kcuda: stream dependency: %s\n", cudaGetErrorString(e));
@@ -120,6 +121,7 @@ extern "C" void kcuda_ctx_destroy(struct kcuda_ctx *c)
 	cudaFree(c->tickets);
 	cudaFree(c->err_dev);
 	cudaFree(c->ws);
+	cudaEventDestroy(c->dep_ev);
 	cudaStreamDestroy(c->stream);
 	free(c);
 }

@@ -30,6 +30,8 @@ struct kcuda_ctx {
 	unsigned *tickets; /* KCUDA_N_TICKETS counters, zero between launches: a kernel whose last
 	                    * block merges the others' partials (mla_attn_dec.cu) counts arrivals here
 	                    * and that last block sets its counter back to 0 */
+	cudaEvent_t dep_ev; /* recorded on this stream by kcuda_stream_after (one per context, reused:
+	                     * a wait takes the event's state at the time of the wait call) */
 };
 #define KCUDA_ZS_BYTES ((size_t)5 << 20)
 #define KCUDA_N_TICKETS 16384
@@ -88,8 +90,12 @@ __device__ __forceinline__ void kdep_entry(void)
  * (that one's launch_dependents comes right after its own wait), so this overlaps the next
  * product's weight stream with the current kernel instead of starting it after the handoff.
  * Nothing else may be read before KDEP_ENTRY(): activations, KV, routing ids, workspaces are all
- * written by earlier kernels. kcuda_prefetch_enabled() (TANDEM_PREFETCH, default on) is passed to
- * the kernels as an argument so A/B runs need no rebuild. */
+ * written by earlier kernels. One narrower exception, argued where it is used (indexer_fast.cu,
+ * idx_args.early_new): the step inputs the host uploads synchronously before the step's first
+ * kernel (positions, key counts, block tables) and the KV rows of positions that earlier steps
+ * wrote; the rows this step writes are read only after the wait (tests/ops/test_ops_indexer.c
+ * checks it with a late producer, kernels/cuda/pdl_probe.h). kcuda_prefetch_enabled() (TANDEM_PREFETCH,
+ * default on) is passed to the kernels as an argument so A/B runs need no rebuild. */
 extern "C" int kcuda_prefetch_enabled(void); /* ctx.cu */
 
 /* p, made opaque to the compiler from this point on: loads through the result cannot be scheduled
