@@ -1,6 +1,8 @@
 /* Exact top-k of decode rows of indexer scores (up to KTOPK_FAST_MAX per row), one block per row with
- * the row's keys in REGISTERS: the default behind kcuda_topk_idx_short (TANDEM_TOPK=old: the
- * shared-memory radix kernel topk_short_kernel of topk_idx_radix.cu). Same result as kcpu_topk:
+ * the row's keys in REGISTERS (rows above KTOPK_FAST_REG: in shared memory): the default behind
+ * kcuda_topk_idx_short and, for up to 64 rows, kcuda_topk_idx (TANDEM_TOPK=old: the shared-memory
+ * radix kernel topk_short_kernel and the multi-block radix path of topk_idx_radix.cu, as before).
+ * Same result as kcpu_topk:
  * score descending, ties to the LOWER position, NaN as -inf, -0 == +0, min(k, n) positions in
  * ascending order.
  *
@@ -31,6 +33,7 @@
 #include "kernels/cuda/topk_fast.cuh"
 
 #define TF_CAND 32 /* bin sizes warp 0 ranks directly */
+static_assert(KTOPK_FAST_MAX < 65536, "the output scan packs two counts of up to n in one word");
 
 /* order-preserving key: larger score -> larger key; -0 == +0; NaN == -inf (0x007fffff, the smallest
  * key); never 0, which marks a slot past the row's end */
@@ -254,8 +257,11 @@ __global__ void __launch_bounds__(THREADS)
 				const bool in = (uint32_t)lane < nc;
 				const uint32_t ck = in ? sh.cand_key[lane] : 0u,
 				               cp = in ? sh.cand_pos[lane] : 0u;
+				/* all 32 lanes, unrolled (the shuffles overlap): an empty lane's key 0 is
+				 * neither above nor equal to a candidate's */
 				uint32_t rank = 0;
-				for (uint32_t j = 0; j < nc; j++) {
+#pragma unroll
+				for (int j = 0; j < 32; j++) {
 					const uint32_t kj = __shfl_sync(0xffffffffu, ck, j);
 					const uint32_t pj = __shfl_sync(0xffffffffu, cp, j);
 					rank += kj > ck || (kj == ck && pj < cp);
@@ -276,7 +282,7 @@ __global__ void __launch_bounds__(THREADS)
 	}
 
 	/* output: keys > T, then the first need_eq keys == T, in position order. One block scan of
-	 * (gt << 16 | eq): both sums stay below 2^16 (n <= 32768) */
+	 * (gt << 16 | eq): both sums stay below 2^16 (n <= KTOPK_FAST_MAX) */
 	uint32_t gt = 0, eq = 0;
 #pragma unroll
 	for (int u = 0; u < PER; u++) {
