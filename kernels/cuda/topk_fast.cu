@@ -116,8 +116,9 @@ __global__ void __launch_bounds__(THREADS)
 {
 	extern __shared__ uint32_t tf_dyn[]; /* SMEM: THREADS * PER keys */
 	constexpr int NB = 4 * THREADS, NW = THREADS / 32;
-	constexpr int NB_BITS = NB == 1024 ? 10 : (NB == 2048 ? 11 : 12);
-	static_assert(NB == (1 << NB_BITS), "bins");
+	/* the digit's bits: floor(log2(NB)) (640 threads: 2048 of the 2560 bins are used) */
+	constexpr int NB_BITS = NB >= 4096 ? 12 : (NB >= 2048 ? 11 : 10);
+	static_assert((1 << NB_BITS) <= NB && NB < (2 << NB_BITS), "bins");
 	static_assert(PER % 4 == 0, "keys per thread: float4 loads");
 	__shared__ __align__(16) tf_shared<THREADS> sh;
 	const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
@@ -394,7 +395,12 @@ int kcuda_topk_fast(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_
 		return tf_launch<1024, 8, false>(c, scores, ld, n_rows, n, n0, k, out, ldo, n_out);
 	if (ld <= 16384)
 		return tf_launch<1024, 16, false>(c, scores, ld, n_rows, n, n0, k, out, ldo, n_out);
-	if (ld <= KTOPK_FAST_REG && !(se && strcmp(se, "1") == 0 && kcuda_topk_fast_takes(c, KTOPK_FAST_MAX)))
+	const int smem = se && strcmp(se, "1") == 0 && kcuda_topk_fast_takes(c, KTOPK_FAST_MAX);
+	if (ld <= 32768 && !smem)
 		return tf_launch<1024, 32, false>(c, scores, ld, n_rows, n, n0, k, out, ldo, n_out);
+	/* the 32k graphs' stride (32832: max_ctx 32784 rounded to 256 bytes): 640 threads have 96
+	 * registers each, room for 52 keys (768 x 44 spilled at 80) */
+	if (ld <= KTOPK_FAST_REG && !smem)
+		return tf_launch<640, 52, false>(c, scores, ld, n_rows, n, n0, k, out, ldo, n_out);
 	return tf_launch<1024, TF_SMEM_PER, true>(c, scores, ld, n_rows, n, n0, k, out, ldo, n_out);
 }

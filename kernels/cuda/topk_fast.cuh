@@ -8,7 +8,7 @@
 
 struct kcuda_ctx;
 
-#define KTOPK_FAST_REG 32768 /* rows (ld) up to this: 1024 threads x 32 keys in registers */
+#define KTOPK_FAST_REG 33280 /* rows (ld) up to this: keys in registers (640 threads x 52 at most) */
 #define KTOPK_FAST_MAX 49152 /* longer rows: 1024 x 48 keys in 192 KB of shared memory (not sm_120) */
 
 /* 1 when kcuda_topk_fast takes rows of stride ld on c's device: 1 <= ld <= KTOPK_FAST_REG, or up to
