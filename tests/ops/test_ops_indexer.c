@@ -606,9 +606,11 @@ static float fast_val(int mode, int64_t j)
 
 static void test_topk_fast(int quick)
 {
-	/* 32832: the 32k graph's stride (max_ctx 32784 with --matrix-ctx 4096,32768, rounded to 256 B);
-	 * above 32768 the keys live in shared memory (not on sm_120: the old paths) */
-	static const int lds[] = {1, 7, 2048, 2049, 4096, 4097, 4112, 8192, 16384, 32768, 32832, 49152};
+	/* 32832: the 32k graph's stride (max_ctx 32784 with --matrix-ctx 4096,32768, rounded to 256 B; 640
+	 * threads x 52 keys); 33281: the first stride past the registers, whose keys live in shared
+	 * memory (not on sm_120: the old paths) */
+	static const int lds[] = {1,    7,     2048,  2049,  4096,  4097, 4112,
+	                          8192, 16384, 32768, 32832, 33281, 49152};
 	static const char *const shapes[] = {NULL, "256", "512", "1024", "old"};
 	const int K = 2048, n_modes = 10, max_rows = 8;
 	int runs = 0;
