@@ -88,8 +88,12 @@ __device__ __forceinline__ void kdep_entry(void)
  * (that one's launch_dependents comes right after its own wait), so this overlaps the next
  * product's weight stream with the current kernel instead of starting it after the handoff.
  * Nothing else may be read before KDEP_ENTRY(): activations, KV, routing ids, workspaces are all
- * written by earlier kernels. kcuda_prefetch_enabled() (TANDEM_PREFETCH, default on) is passed to
- * the kernels as an argument so A/B runs need no rebuild. */
+ * written by earlier kernels. One narrower exception, argued where it is used (indexer_fast.cu,
+ * idx_args.early_new): the step inputs the host uploads synchronously before the step's first
+ * kernel (positions, key counts, block tables) and the KV rows of positions that earlier steps
+ * wrote; the rows this step writes are read only after the wait (tests/ops/test_ops_indexer.c
+ * checks it with a late producer, kernels/cuda/pdl_probe.h). kcuda_prefetch_enabled() (TANDEM_PREFETCH,
+ * default on) is passed to the kernels as an argument so A/B runs need no rebuild. */
 extern "C" int kcuda_prefetch_enabled(void); /* ctx.cu */
 
 /* p, made opaque to the compiler from this point on: loads through the result cannot be scheduled

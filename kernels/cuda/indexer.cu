@@ -167,6 +167,7 @@ static int idx_fill(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const s
 	a->zs = c->zs;
 	a->sel_smem = 0;
 	a->pf = 0;
+	a->early_new = 0;
 	return 0;
 }
 

@@ -112,7 +112,14 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 			p = pe;
 		}
 	}
-	KDEP_ENTRY();
+	/* early (a.early_new > 0, no fused top-k): the block's old key rows (positions below n_keys -
+	 * early_new: written by earlier steps) are looked up and copied into shared memory before
+	 * KDEP_ENTRY; n_keys, qseq and the block table are step inputs the host uploads (synchronously)
+	 * before the step's first kernel, so reading them early is safe. The new rows, q and w follow
+	 * the wait. */
+	const bool pre = !SEL && a.early_new > 0;
+	if (!pre)
+		KDEP_ENTRY();
 	typedef typename std::conditional<F32, float, uint16_t>::type val_t;
 	constexpr int KG = IF_WARPS / MW; /* key groups */
 	constexpr int NT = TK / 8 / KG; /* n-tiles per warp */
@@ -154,9 +161,57 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 	const int64_t k1 = min(nk, k0 + TK * a.tiles);
 	const int ntiles = (int)((k1 - k0 + TK - 1) / TK);
 	unsigned *gh = SEL ? a.zs + row * KSEL_ROW_WORDS : NULL; /* the row's digit-0 histogram */
+	const int64_t old_end = pre ? nk - a.early_new : 0; /* keys below it: written by earlier steps */
+
+	auto fill_addr = [&](int n, int st) {
+		if (tid < TK) {
+			const int64_t p = k0 + (int64_t)n * TK + tid;
+			const uint8_t *rp = NULL;
+			if (p < k1) {
+				if (p < a.ld_blocks * a.bt) {
+					const int64_t blk = a.blocks[(int64_t)tbl * a.ld_blocks + p / a.bt];
+					if (blk >= 0 && blk < a.n_blocks)
+						rp = a.base + (size_t)blk * a.block_bytes + a.offset +
+						     (size_t)(p % a.bt) * (size_t)DI * sizeof(val_t);
+				}
+				if (!rp)
+					atomicAdd(a.err, 1u);
+			}
+			addr_s[st * TK + tid] = rp;
+		}
+	};
+	const int nch = DI * (int)sizeof(val_t) / 16; /* 16-byte pieces per row */
+	/* the copies of stage st's rows (tile n); part 1: only rows below old_end, 2: only the others,
+	 * 0: all. One cp.async group per call. */
+	auto issue = [&](int n, int st, int part) {
+		for (int i = tid; i < TK * nch; i += IF_THREADS) {
+			const int r = i / nch, cc = i - r * nch;
+			if (part) {
+				const bool old = k0 + (int64_t)n * TK + r < old_end;
+				if (old != (part == 1))
+					continue;
+			}
+			const uint8_t *p = addr_s[st * TK + r];
+			uint8_t *dst = (uint8_t *)(k_s + (st * TK + r) * RS) + 16 * cc;
+			if (p)
+				katt_cp16(dst, p + 16 * cc);
+			else
+				*(uint4 *)dst = make_uint4(0, 0, 0, 0);
+		}
+		katt_cp_commit();
+	};
+	if (pre) {
+		fill_addr(0, 0);
+		__syncthreads();
+		issue(0, 0, 1);
+		KDEP_ENTRY();
+		issue(0, 0, 2);
+	}
+	/* written by the kernels before (idx_prep): read only from here on */
+	const float *qg = kdep_after(a.q), *wg = kdep_after(a.w);
 
 	for (int i = tid; i < IF_HMAX; i += IF_THREADS)
-		w_s[i] = i < HI ? a.w[row * (int64_t)HI + i] : 0.0f;
+		w_s[i] = i < HI ? wg[row * (int64_t)HI + i] : 0.0f;
 	__shared__ float2 rcs_s[IF_DMAX / 2]; /* ROPE: (cos, sin) of the row's angles */
 	if (ROPE) {
 		if (tid < a.qr_R / 2) {
@@ -179,7 +234,7 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 			const int col = ks * 16 + 2 * t + ((r & 2) ? 8 : 0);
 			float2 v = make_float2(0.0f, 0.0f);
 			if (ks < nks && h < HI) {
-				const float *qh = a.q + (row * HI + h) * (int64_t)DI;
+				const float *qh = qg + (row * HI + h) * (int64_t)DI;
 				if (ROPE && col < a.qr_R) { /* the rotary part, roped here (col even) */
 					v.x = if_rope_elem(qh, col, a.qr_R / 2, a.qr_pairing, rcs_s);
 					v.y = if_rope_elem(qh, col + 1, a.qr_R / 2, a.qr_pairing, rcs_s);
@@ -189,40 +244,11 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 			}
 			if_split3(v.x, v.y, &qf[ks][0][r], &qf[ks][1][r], &qf[ks][2][r]);
 		}
-	auto fill_addr = [&](int n, int st) {
-		if (tid < TK) {
-			const int64_t p = k0 + (int64_t)n * TK + tid;
-			const uint8_t *rp = NULL;
-			if (p < k1) {
-				if (p < a.ld_blocks * a.bt) {
-					const int64_t blk = a.blocks[(int64_t)tbl * a.ld_blocks + p / a.bt];
-					if (blk >= 0 && blk < a.n_blocks)
-						rp = a.base + (size_t)blk * a.block_bytes + a.offset +
-						     (size_t)(p % a.bt) * (size_t)DI * sizeof(val_t);
-				}
-				if (!rp)
-					atomicAdd(a.err, 1u);
-			}
-			addr_s[st * TK + tid] = rp;
-		}
-	};
-	const int nch = DI * (int)sizeof(val_t) / 16; /* 16-byte pieces per row */
-	auto issue = [&](int st) {
-		for (int i = tid; i < TK * nch; i += IF_THREADS) {
-			const int r = i / nch, cc = i - r * nch;
-			const uint8_t *p = addr_s[st * TK + r];
-			uint8_t *dst = (uint8_t *)(k_s + (st * TK + r) * RS) + 16 * cc;
-			if (p)
-				katt_cp16(dst, p + 16 * cc);
-			else
-				*(uint4 *)dst = make_uint4(0, 0, 0, 0);
-		}
-		katt_cp_commit();
-	};
-
-	fill_addr(0, 0);
-	__syncthreads();
-	issue(0);
+	if (!pre) {
+		fill_addr(0, 0);
+		__syncthreads();
+		issue(0, 0, 0);
+	}
 	const bool active = 16 * mw < HI;
 
 	for (int n = 0; n < ntiles; n++) {
@@ -231,7 +257,7 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 			fill_addr(n + 1, st ^ 1);
 		__syncthreads();
 		if (n + 1 < ntiles) {
-			issue(st ^ 1);
+			issue(n + 1, st ^ 1, 0);
 			katt_cp_wait<1>();
 		} else {
 			katt_cp_wait<0>();
@@ -329,11 +355,33 @@ static int if_launch_r(struct kcuda_ctx *c, const idx_args &b, dim3 grid, size_t
 	               dim3(grid), dim3(IF_THREADS), smem, c->stream, b);
 }
 /* the kernel without q's rope (the default: no rope code in it) or with it on the loads */
-template <int MW, bool F32>
+template <int TK, int MW, bool F32>
 static int if_launch(struct kcuda_ctx *c, const idx_args &b, dim3 grid, size_t smem)
 {
-	return b.qr_R ? if_launch_r<IF_TK, MW, F32, true, false>(c, b, grid, smem)
-	              : if_launch_r<IF_TK, MW, F32, false, false>(c, b, grid, smem);
+	return b.qr_R ? if_launch_r<TK, MW, F32, true, false>(c, b, grid, smem)
+	              : if_launch_r<TK, MW, F32, false, false>(c, b, grid, smem);
+}
+template <int TK>
+static int if_dispatch(struct kcuda_ctx *c, const idx_args &b, dim3 grid, size_t smem, int MW, bool f32)
+{
+	if (MW == 1)
+		return f32 ? if_launch<TK, 1, true>(c, b, grid, smem)
+		           : if_launch<TK, 1, false>(c, b, grid, smem);
+	if (MW == 2)
+		return f32 ? if_launch<TK, 2, true>(c, b, grid, smem)
+		           : if_launch<TK, 2, false>(c, b, grid, smem);
+	return f32 ? if_launch<TK, 4, true>(c, b, grid, smem) : if_launch<TK, 4, false>(c, b, grid, smem);
+}
+
+/* TANDEM_IDX_EARLY=0: no key-row work before KDEP_ENTRY (idx_args.early_new) */
+static bool if_early_enabled(void)
+{
+	static int v = -1;
+	if (v < 0) {
+		const char *e = getenv("TANDEM_IDX_EARLY");
+		v = !(e && strcmp(e, "0") == 0);
+	}
+	return v != 0;
 }
 
 bool kcuda_indexer_fast_ok(struct kcuda_ctx *c, const idx_args &a)
@@ -358,14 +406,21 @@ int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_
 	if (!kcuda_indexer_fast_ok(c, a))
 		return ERR_UNSUPPORTED;
 	const bool f32 = !a.bf16;
-	const size_t smem = if_smem(a.DI, f32);
-	/* one tile per block while the tiles of all rows fit two per SM, else two */
-	const int64_t t64 = (a.max_keys + IF_TK - 1) / IF_TK;
-	int tiles = a.tiles > 0 ? a.tiles : (n_q * t64 <= 2 * (int64_t)c->n_sm ? 1 : 2);
+	/* 32-key tiles while the rows' tiles of 32 fit two per SM (batch 1 at 4k: 128 blocks on the
+	 * H200's 132 SMs: each block's chain is half as long as with 64), else 64-key tiles; one tile
+	 * per block while the tiles of all rows fit two per SM, else two. TANDEM_IDX_TK=32 / 64 forces
+	 * the tile (64 everywhere before 2026-11-29 session 5). */
+	const int64_t t32 = (a.max_keys + 31) / 32, t64 = (a.max_keys + IF_TK - 1) / IF_TK;
+	int TK = n_q * t32 <= 2 * (int64_t)c->n_sm ? 32 : IF_TK;
+	const char *tk_env = getenv("TANDEM_IDX_TK");
+	if (tk_env && (strcmp(tk_env, "32") == 0 || strcmp(tk_env, "64") == 0))
+		TK = atoi(tk_env);
+	const size_t smem = if_smem(a.DI, f32, TK);
+	int tiles = a.tiles > 0 ? a.tiles : (TK == 32 || n_q * t64 <= 2 * (int64_t)c->n_sm ? 1 : 2);
 	const char *te = getenv("TANDEM_IDX_TILES"); /* 1 or 2 forces it (bench: the old 2 everywhere) */
 	if (te && (strcmp(te, "1") == 0 || strcmp(te, "2") == 0))
 		tiles = te[0] - '0';
-	const int64_t ranges = (a.max_keys + IF_TK * tiles - 1) / (IF_TK * tiles);
+	const int64_t ranges = (a.max_keys + (int64_t)TK * tiles - 1) / ((int64_t)TK * tiles);
 	if (ranges == 0 || n_q == 0)
 		return 0;
 	if (ranges > INT32_MAX)
@@ -382,17 +437,10 @@ int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_
 		b.scores = a.scores + r0 * a.ld;
 		b.qr_pos = a.qr_pos ? a.qr_pos + r0 : NULL;
 		b.tiles = tiles;
+		b.early_new = if_early_enabled() ? n_q : 0;
 		const dim3 grid((unsigned)ranges, (unsigned)nr);
-		int rc;
-		if (MW == 1)
-			rc = f32 ? if_launch<1, true>(c, b, grid, smem)
-			         : if_launch<1, false>(c, b, grid, smem);
-		else if (MW == 2)
-			rc = f32 ? if_launch<2, true>(c, b, grid, smem)
-			         : if_launch<2, false>(c, b, grid, smem);
-		else
-			rc = f32 ? if_launch<4, true>(c, b, grid, smem)
-			         : if_launch<4, false>(c, b, grid, smem);
+		const int rc = TK == 32 ? if_dispatch<32>(c, b, grid, smem, MW, f32)
+		                        : if_dispatch<IF_TK>(c, b, grid, smem, MW, f32);
 		if (rc)
 			return rc;
 	}

@@ -74,6 +74,10 @@ struct idx_args {
 	unsigned *zs;
 	int sel_smem; /* the kernel's dynamic shared memory (the tail reuses it) */
 	int pf; /* fused kernel: L2 prefetch of the block's key rows before KDEP_ENTRY */
+	/* > 0 (score kernel without the fused top-k): the step's query-row count; a row's keys at
+	 * positions < n_keys - early_new were written by earlier steps, so their block-table lookups
+	 * and their copies into shared memory start before KDEP_ENTRY (indexer_fast.cu) */
+	int64_t early_new;
 };
 /* does the tensor-core score kernel take these arguments (shape, alignment, shared memory)? */
 bool kcuda_indexer_fast_ok(struct kcuda_ctx *c, const idx_args &a);

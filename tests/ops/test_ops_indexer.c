@@ -20,12 +20,16 @@
  * tiles, exact data full of ties (the tail's overflow path) and random data (its candidate path).
  * TANDEM_OPS_SMALL=1 keeps the contexts up to ~4k and skips part 3 (for compute-sanitizer runs);
  * TANDEM_OPS_QUICK=1 skips the ref kernels.
+ * 4. PDL ordering of the score kernel's early part (indexer_fast.cu looks up and copies the old key
+ *    rows before KDEP_ENTRY): a producer kernel (pdl_probe.h) writes q, w and each row's newest key
+ *    ~30 us late, right before the launch; the scores must still equal the CPU's bit for bit.
  * Guard bytes around every output. Exit 77 = no GPU (skip). */
 #include <errno.h>
 
 #include "common/base/err.h"
 #include "kernels/cuda/fused.h"
 #include "kernels/cuda/model_fwd.h"
+#include "kernels/cuda/pdl_probe.h"
 #include "tests/ops/ops_util.h"
 
 #ifndef TANDEM_CUDA
@@ -723,6 +727,144 @@ static void test_topk_fast(int quick)
 }
 
 /* the longest context of a case */
+/* Part 4: decode rows whose newest key (position n - 1, "this step's"), q and w are written by the
+ * kernel right before the score kernel, late (after a spin). Exact data: the scores must be
+ * bit-equal to the CPU's. The device starts with the newest keys, q and w replaced by other values,
+ * so a read of any of them before the producer's copies would show. */
+static void check_early_pdl(int bf16, int n_q, const int *lens)
+{
+	const int64_t HI = 32, DI = 128;
+	int max_len = 0, tot = 0;
+	for (int s = 0; s < n_q; s++) {
+		max_len = lens[s] > max_len ? lens[s] : max_len;
+		tot += (lens[s] + BT - 1) / BT;
+	}
+	const int ld_blocks = (max_len + BT - 1) / BT + 1;
+	const int64_t n_blocks = tot + 1;
+	struct pool p = {0};
+	int32_t *tbl = malloc(sizeof(int32_t) * (size_t)n_q * ld_blocks),
+	        *nk = malloc(sizeof(int32_t) * (size_t)n_q), *qseq = malloc(sizeof(int32_t) * (size_t)n_q);
+	float *q = malloc(sizeof(float) * (size_t)(n_q * HI * DI)),
+	      *w = malloc(sizeof(float) * (size_t)(n_q * HI));
+	float *ref = malloc(sizeof(float) * (size_t)(n_q * max_len)),
+	      *got = malloc(sizeof(float) * (size_t)(n_q * max_len));
+	const void **keys = malloc(sizeof(void *) * (size_t)max_len);
+	uint8_t *junk = malloc((size_t)(n_q * HI * DI) * 4);
+	void *d_tbl = NULL, *d_nk = NULL, *d_qseq = NULL, *d_q = NULL, *d_w = NULL, *d_src = NULL;
+	struct ops_dbuf sb = {0};
+	const size_t rb = (size_t)DI * (bf16 ? 2 : 4);
+	int ok = tbl && nk && qseq && q && w && ref && got && keys && junk &&
+	         pool_init(&p, bf16, DI, n_blocks, 1) == 0;
+	if (!ok) {
+		OPS_CHECK(0, "early pdl: setup");
+		goto out;
+	}
+	int used = 0;
+	for (int s = 0; s < n_q; s++)
+		for (int b = 0; b < ld_blocks; b++)
+			tbl[s * ld_blocks + b] =
+			    b < (lens[s] + BT - 1) / BT ? (int32_t)(n_blocks - 1 - used++) : -1;
+	for (int64_t i = 0; i < n_q * HI * DI; i++)
+		q[i] = (float)((int)(ops_rng_next() % 5) - 2);
+	for (int64_t i = 0; i < n_q * HI; i++)
+		w[i] = (float)((int)(ops_rng_next() % 9) - 3) / 8.0f;
+	for (int i = 0; i < n_q; i++) {
+		qseq[i] = i;
+		nk[i] = lens[i];
+	}
+	const float scale = 1.0f / sqrtf((float)DI);
+	for (int i = 0; i < n_q; i++) {
+		const int32_t *t = tbl + (size_t)i * ld_blocks;
+		for (int j = 0; j < nk[i]; j++)
+			keys[j] = p.h + (size_t)t[j / BT] * p.block_bytes + p.idx_off + (size_t)(j % BT) * rb;
+		kcpu_indexer_scores(q + (int64_t)i * HI * DI, w + (int64_t)i * HI, HI, DI, keys, nk[i], bf16,
+		                    scale, ref + (int64_t)i * max_len);
+	}
+	/* device: the right q, w and newest keys in a source area; the live copies hold other values */
+	const size_t qb = (size_t)(n_q * HI * DI) * 4, wb = (size_t)(n_q * HI) * 4;
+	if (kcuda_alloc(sizeof(int32_t) * (size_t)n_q * ld_blocks, &d_tbl) ||
+	    kcuda_alloc(sizeof(int32_t) * (size_t)n_q, &d_nk) ||
+	    kcuda_alloc(sizeof(int32_t) * (size_t)n_q, &d_qseq) || kcuda_alloc(qb, &d_q) ||
+	    kcuda_alloc(wb, &d_w) || kcuda_alloc(qb + wb + (size_t)n_q * rb, &d_src) ||
+	    ops_dbuf_init(ctx, &sb, sizeof(float) * (size_t)(n_q * max_len))) {
+		OPS_CHECK(0, "early pdl: device allocation");
+		goto out;
+	}
+	kcuda_upload(ctx, d_tbl, tbl, sizeof(int32_t) * (size_t)n_q * ld_blocks);
+	kcuda_upload(ctx, d_nk, nk, sizeof(int32_t) * (size_t)n_q);
+	kcuda_upload(ctx, d_qseq, qseq, sizeof(int32_t) * (size_t)n_q);
+	kcuda_upload(ctx, d_src, q, qb);
+	kcuda_upload(ctx, (uint8_t *)d_src + qb, w, wb);
+	for (size_t i = 0; i < qb; i++)
+		junk[i] = (uint8_t)(0x3f + (i & 1)); /* finite values far from the data */
+	kcuda_upload(ctx, d_q, junk, qb);
+	kcuda_upload(ctx, d_w, junk, wb);
+	void *dst[KPROBE_MAX];
+	const void *src[KPROBE_MAX];
+	size_t nbytes[KPROBE_MAX];
+	int n_cp = 0;
+	dst[n_cp] = d_q, src[n_cp] = d_src, nbytes[n_cp++] = qb;
+	dst[n_cp] = d_w, src[n_cp] = (uint8_t *)d_src + qb, nbytes[n_cp++] = wb;
+	for (int i = 0; i < n_q && n_cp < KPROBE_MAX; i++) {
+		const int j = nk[i] - 1;
+		const size_t off = (size_t)tbl[(size_t)i * ld_blocks + j / BT] * p.block_bytes + p.idx_off +
+		                   (size_t)(j % BT) * rb;
+		uint8_t *s_i = (uint8_t *)d_src + qb + wb + (size_t)i * rb;
+		kcuda_upload(ctx, s_i, p.h + off, rb);
+		kcuda_upload(ctx, (uint8_t *)p.d + off, junk, rb);
+		dst[n_cp] = (uint8_t *)p.d + off, src[n_cp] = s_i, nbytes[n_cp++] = rb;
+	}
+	struct kcuda_kv_view kv = {.base = p.d,
+	                           .n_blocks = p.n_blocks,
+	                           .block_bytes = p.block_bytes,
+	                           .offset = p.idx_off,
+	                           .block_tokens = BT,
+	                           .dim = DI,
+	                           .bf16 = bf16};
+	struct kcuda_attn_rows rows = {.n_q = n_q,
+	                               .qseq = d_qseq,
+	                               .blocks = d_tbl,
+	                               .ld_blocks = ld_blocks,
+	                               .n_keys = d_nk,
+	                               .pos0 = 0,
+	                               .max_keys = max_len};
+	int rc = kcuda_pdl_late_copy(ctx, n_cp, dst, src, nbytes, 30.0);
+	OPS_CHECK(rc == 0, "early pdl: producer rc %d", rc);
+	rc = kcuda_indexer_scores(ctx, &kv, &rows, d_q, d_w, HI, DI, scale, sb.user, max_len);
+	OPS_CHECK(rc == 0, "early pdl: scores rc %d", rc);
+	OPS_CHECK(kcuda_sync(ctx) == 0, "early pdl: sync");
+	unsigned nbad = 0;
+	OPS_CHECK(kcuda_ctx_take_errors(ctx, &nbad) == 0 && nbad == 0, "early pdl: %u kernel errors", nbad);
+	OPS_CHECK(ops_dbuf_get(ctx, &sb, got) == 0, "early pdl: guard bytes damaged");
+	int64_t bad = 0;
+	for (int i = 0; i < n_q; i++)
+		for (int j = 0; j < nk[i]; j++)
+			bad += memcmp(&ref[(int64_t)i * max_len + j], &got[(int64_t)i * max_len + j], 4) != 0;
+	OPS_CHECK(bad == 0, "early pdl %s batch %d: %lld scores differ from the CPU", bf16 ? "bf16" : "f32",
+	          n_q, (long long)bad);
+	printf("indexer scores after a late PDL producer (q, w, newest keys), %s keys, batch %d, ctx up to "
+	       "%d: %s\n",
+	       bf16 ? "bf16" : "f32", n_q, max_len, bad ? "DIFFER" : "bit-equal to the CPU");
+out:
+	ops_dbuf_fini(&sb);
+	kcuda_free(d_tbl);
+	kcuda_free(d_nk);
+	kcuda_free(d_qseq);
+	kcuda_free(d_q);
+	kcuda_free(d_w);
+	kcuda_free(d_src);
+	pool_fini(&p);
+	free(tbl);
+	free(nk);
+	free(qseq);
+	free(q);
+	free(w);
+	free(ref);
+	free(got);
+	free(keys);
+	free(junk);
+}
+
 static int case_len(const struct icase *c)
 {
 	int m = c->T > 0 ? c->start + c->T : 0;
@@ -833,6 +975,13 @@ int main(void)
 	}
 	unsetenv("TANDEM_CUDA_ATTN");
 	unsetenv("TANDEM_IDX_TOPK");
+	{ /* part 4 (default kernels) */
+		static const int e1[] = {4096}, e3[] = {33, 2049, 4096}, e2[] = {70, 32768};
+		check_early_pdl(1, 1, e1);
+		check_early_pdl(0, 1, e1);
+		check_early_pdl(1, 3, e3);
+		check_early_pdl(1, 2, e2);
+	}
 	kcuda_ctx_destroy(ctx);
 	printf("%d checks, %d failed\n", ops_n_check, ops_n_fail);
 	return ops_n_fail ? 1 : 0;
