@@ -726,6 +726,74 @@ static void test_topk_fast(int quick)
 	printf("topk_fast: %d (stride, data, shape) runs against kcpu_topk\n", runs);
 }
 
+/* PDL ordering of the decode top-k: a producer kernel (pdl_probe.h) writes the scores and the row
+ * lengths ~30 us late, right before the top-k launch; the live buffers hold other values (all
+ * scores equal, every length 1) until then, so a read before the top-k's KDEP_ENTRY changes the
+ * selection. Each register / shared-memory shape of topk_fast.cu. */
+static void check_topk_pdl(void)
+{
+	static const int lds[] = {2048, 4112, 32768, 32832, 33281};
+	const int K = 2048, rows = 2;
+	for (size_t li = 0; li < sizeof(lds) / sizeof(lds[0]); li++) {
+		const int64_t ld = lds[li];
+		const size_t sb_bytes = sizeof(float) * (size_t)(ld * rows);
+		float *s = malloc(sb_bytes), *junk = malloc(sb_bytes);
+		int32_t nk[2] = {(int32_t)ld, (int32_t)(ld - 5)}, ones[2] = {1, 1}, gn[2];
+		int32_t *got = malloc(sizeof(int32_t) * K * rows), *ref = malloc(sizeof(int32_t) * K);
+		void *d_live = NULL, *d_src = NULL, *d_n = NULL, *d_nsrc = NULL;
+		struct ops_dbuf ob = {0}, cb = {0};
+		if (!s || !junk || !got || !ref || kcuda_alloc(sb_bytes, &d_live) ||
+		    kcuda_alloc(sb_bytes, &d_src) || kcuda_alloc(sizeof(nk), &d_n) ||
+		    kcuda_alloc(sizeof(nk), &d_nsrc) || ops_dbuf_init(ctx, &ob, sizeof(int32_t) * K * rows) ||
+		    ops_dbuf_init(ctx, &cb, sizeof(gn))) {
+			OPS_CHECK(0, "topk pdl: allocation");
+			goto next;
+		}
+		for (int64_t j = 0; j < ld * rows; j++) {
+			s[j] = fast_val(1, j);
+			junk[j] = 0.5f;
+		}
+		kcuda_upload(ctx, d_src, s, sb_bytes);
+		kcuda_upload(ctx, d_live, junk, sb_bytes);
+		kcuda_upload(ctx, d_nsrc, nk, sizeof(nk));
+		kcuda_upload(ctx, d_n, ones, sizeof(ones));
+		void *dst[2] = {d_live, d_n};
+		const void *src[2] = {d_src, d_nsrc};
+		const size_t nbytes[2] = {sb_bytes, sizeof(nk)};
+		if (kcuda_sync(ctx)) {
+			OPS_CHECK(0, "topk pdl: upload");
+			goto next;
+		}
+		int rc = kcuda_pdl_late_copy(ctx, 2, dst, src, nbytes, 30.0);
+		if (!rc)
+			rc = kcuda_topk_idx_short(ctx, d_live, ld, rows, d_n, 0, K, ob.user, K, cb.user);
+		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "topk pdl ld %lld: rc %d", (long long)ld, rc);
+		OPS_CHECK(ops_dbuf_get(ctx, &ob, got) == 0 && ops_dbuf_get(ctx, &cb, gn) == 0,
+		          "topk pdl ld %lld: guard bytes damaged", (long long)ld);
+		for (int r = 0; r < rows; r++) {
+			const int m = kcpu_topk(s + r * ld, nk[r], K, ref);
+			OPS_CHECK(gn[r] == m && memcmp(ref, got + r * K, sizeof(int32_t) * m) == 0,
+			          "topk pdl ld %lld row %d: the top-k read its scores or length before the "
+			          "producer "
+			          "wrote them",
+			          (long long)ld, r);
+		}
+	next:
+		kcuda_free(d_live);
+		kcuda_free(d_src);
+		kcuda_free(d_n);
+		kcuda_free(d_nsrc);
+		ops_dbuf_fini(&ob);
+		ops_dbuf_fini(&cb);
+		free(s);
+		free(junk);
+		free(got);
+		free(ref);
+	}
+	printf("topk_fast: PDL ordering against a late producer, %zu strides\n",
+	       sizeof(lds) / sizeof(lds[0]));
+}
+
 /* the longest context of a case */
 /* Part 4: decode rows whose newest key (position n - 1, "this step's"), q and w are written by the
  * kernel right before the score kernel, late (after a spin). Exact data: the scores must be
@@ -951,6 +1019,7 @@ int main(void)
 	/* every case under the three kernel sets: TANDEM_IDX_TOPK=fused, the default (fast score
 	 * kernel + a separate top-k) and TANDEM_CUDA_ATTN=ref */
 	test_topk_fast(quick || small);
+	check_topk_pdl();
 	for (int mode = 0; mode < (quick ? 2 : 3); mode++) {
 		if (mode == 2)
 			setenv("TANDEM_CUDA_ATTN", "ref", 1);

@@ -4,7 +4,7 @@
 # `bash tests/unit/test_topk_fast_sim.sh big` runs every block shape on every data kind.
 set -u
 BUILD=${BUILD:-build}
-dir=$BUILD/tests/topk_fast_sim.d
+dir=$BUILD/sim/topk_fast
 mkdir -p "$dir"
 src=kernels/cuda/topk_fast.cu
 start=$(grep -n '^#define TF_CAND' $src | cut -d: -f1)
