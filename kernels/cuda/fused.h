@@ -127,7 +127,7 @@ int kfuse_indexer_topk_rope(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
  * radix path takes 5 launches and a memset). Arguments as kcuda_topk_idx; ERR_UNSUPPORTED when
  * the row does not fit (kcuda_topk_idx_short_fits: ld > KFUSE_TOPK_SHORT, or more than the
  * device's shared memory per block: sm_120 takes ~24k). */
-#define KFUSE_TOPK_SHORT 32768
+#define KFUSE_TOPK_SHORT 49152 /* topk_fast.cu's KTOPK_FAST_MAX; the shared-memory kernel: 32768 */
 #define KFUSE_TOPK_SHORT_DEFAULT 8192 /* kcuda_indexer_topk's limit unless TANDEM_TOPK_SHORT_MAX */
 int kcuda_topk_idx_short(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n_rows,
                          const int32_t *n, int64_t n0, int k, int32_t *out, int64_t ldo, int32_t *n_out);

@@ -15,6 +15,7 @@
 #include "kernels/cuda/fused.h"
 #include "kernels/cuda/mla_attn_mode.cuh"
 #include "kernels/cuda/topk_sel.cuh"
+#include "kernels/cuda/topk_fast.cuh"
 
 #define IDX_THREADS 256
 #define IDX_TK 64 /* keys per block */
@@ -271,6 +272,8 @@ static int idx_topk_run(struct kcuda_ctx *c, idx_args &a, const struct kcuda_att
 	 * then all met on one bin; per-warp histograms since), the radix path ~25 us.
 	 * TANDEM_TOPK_SHORT_MAX sets the limit (0 .. KFUSE_TOPK_SHORT) to measure it again. */
 	int64_t short_max = KFUSE_TOPK_SHORT_DEFAULT;
+	if (kcuda_topk_fast_takes(c, 1)) /* topk_fast.cu: any decode length (its own limits) */
+		short_max = KFUSE_TOPK_SHORT;
 	const char *sm_env = getenv("TANDEM_TOPK_SHORT_MAX");
 	if (sm_env && atoll(sm_env) >= 0)
 		short_max = atoll(sm_env) < KFUSE_TOPK_SHORT ? atoll(sm_env) : KFUSE_TOPK_SHORT;

@@ -21,6 +21,7 @@
 
 #include "kernels/cuda/fused.h"
 #include "kernels/cuda/mla_attn_mode.cuh"
+#include "kernels/cuda/topk_fast.cuh"
 
 #define TR_THREADS 256
 #define TR_PER 8 /* scores per thread */
@@ -324,6 +325,12 @@ extern "C" int kcuda_topk_idx(struct kcuda_ctx *c, const float *scores, int64_t 
 	int rc0 = kcuda_topk_sel(c, scores, ld, n_rows, n, n0, k, out, ldo, n_out);
 	if (rc0 != ERR_UNSUPPORTED)
 		return rc0;
+	/* decode-sized batches of rows up to KTOPK_FAST_MAX: one block per row, one launch */
+	if (!kattn_use_ref() && n_rows <= TR_MAX_ROWS && kcuda_topk_fast_takes(c, ld)) {
+		int rc = kcuda_topk_fast(c, scores, ld, n_rows, n, n0, k, out, ldo, n_out);
+		if (rc != ERR_UNSUPPORTED)
+			return rc;
+	}
 	/* the workspace is the scratch, unless the scores themselves live there */
 	if (!kattn_use_ref() && c && scores && c->ws) {
 		const uint8_t *s = (const uint8_t *)scores, *w = (const uint8_t *)c->ws;
@@ -348,6 +355,7 @@ extern "C" int kcuda_topk_idx(struct kcuda_ctx *c, const float *scores, int64_t 
  * then each thread takes a contiguous run of positions for the ordered compaction, so two block
  * scans place every kept position in ascending order. */
 #define TS_THREADS 1024
+static_assert(KTOPK_FAST_MAX <= KFUSE_TOPK_SHORT, "kcuda_topk_idx_short's limit covers topk_fast.cu's");
 
 typedef cub::BlockScan<int, TS_THREADS> ts_scan_t;
 
@@ -497,6 +505,9 @@ extern "C" int kcuda_topk_idx_short(struct kcuda_ctx *c, const float *scores, in
 		return kcuda_bad_arg("topk_idx_short", "rows %lld k %d ldo %lld ld %lld%s", (long long)n_rows,
 		                     k, (long long)ldo, (long long)ld,
 		                     !c || !scores || !out ? ", or a null pointer" : "");
+	/* the keys-in-registers kernel (topk_fast.cu) unless TANDEM_TOPK=old */
+	if (kcuda_topk_fast_takes(c, ld))
+		return kcuda_topk_fast(c, scores, ld, n_rows, n, n0, k, out, ldo, n_out);
 	if (!kcuda_topk_idx_short_fits(c, ld))
 		return ERR_UNSUPPORTED;
 	if (n_rows == 0)
@@ -514,6 +525,8 @@ extern "C" int kcuda_topk_idx_short_fits(struct kcuda_ctx *c, int64_t ld)
 {
 	if (!c || ld < 1 || ld > KFUSE_TOPK_SHORT)
 		return 0;
+	if (kcuda_topk_fast_takes(c, ld)) /* registers, no shared memory for the keys */
+		return 1;
 	/* the keys go to dynamic shared memory next to the kernel's static part (scan storage,
 	 * histogram): Hopper / sm_100 take 32768 keys, sm_120 (99 KB) ~24k. The limit per device is
 	 * asked once (a racing first call stores the same value). */

@@ -573,6 +573,227 @@ out:
 	free(got);
 }
 
+/* The decode top-k (topk_fast.cu: one block per row, keys in registers; kcuda_topk_idx_short and
+ * kcuda_topk_idx for decode-sized batches) against kcpu_topk, under each block shape
+ * (TANDEM_TOPK_THREADS) and the old kernel (TANDEM_TOPK=old). Data modes meant to break a range
+ * digit: distinct, narrow ReLU sums, all equal, two values, +-0 only, NaN / -inf among ties, one
+ * +inf outlier, all NaN, 80 levels, values a few ulps apart. Rows of one batch have different
+ * lengths (1, k-1, k, k+1, 2049, ld, ...); row strides of the GLM-5 decode graphs (4112 = bucket
+ * capped at max_ctx, 8192, 32768, 32832) and odd / unaligned ones. Each selection is made through
+ * both entries (kcuda_topk_idx_short, kcuda_topk_idx) into a cleared output. */
+static float fast_val(int mode, int64_t j)
+{
+	switch (mode) {
+	case 0: return ops_rng_unif() * 10.0f;
+	case 1: { /* an indexer score: weighted sum of 32 ReLU terms */
+		float v = 0.0f;
+		for (int h = 0; h < 32; h++) {
+			const float x = ops_rng_unif();
+			v += (float)(h % 7 + 1) / 16.0f * (x > 0.0f ? x : 0.0f);
+		}
+		return v;
+	}
+	case 2: return 0.375f;
+	case 3: return (ops_rng_next() & 1) ? 1.5f : -2.0f;
+	case 4: return (ops_rng_next() & 1) ? 0.0f : -0.0f;
+	case 5: {
+		const unsigned z = (unsigned)(ops_rng_next() % 8);
+		return z == 0 ? NAN : (z == 1 ? -INFINITY : (float)(int)(z % 3));
+	}
+	case 6: return j == 77 ? INFINITY : 1.0f + 0.01f * ops_rng_unif();
+	case 7: return NAN;
+	case 8: return floorf(ops_rng_unif() * 40.0f) / 4.0f;
+	default: /* a few ulps apart: ties and neighbours in the lowest key bits */
+		return nextafterf(1.0f, 2.0f) + (float)(ops_rng_next() % 5) * 1.1920929e-7f;
+	}
+}
+
+static void test_topk_fast(int quick)
+{
+	/* 32832: the 32k graph's stride (max_ctx 32784 with --matrix-ctx 4096,32768, rounded to 256 B; 640
+	 * threads x 52 keys); 33281: the first stride past the registers, whose keys live in shared
+	 * memory (not on sm_120: the old paths) */
+	static const int lds[] = {1,    7,     2048,  2049,  4096,  4097, 4112,
+	                          8192, 16384, 32768, 32832, 33281, 49152};
+	static const char *const shapes[] = {NULL, "256", "512", "1024", "old"};
+	const int K = 2048, n_modes = 10, max_rows = 8;
+	int runs = 0;
+	for (size_t li = 0; li < sizeof(lds) / sizeof(lds[0]); li++) {
+		const int64_t ld = lds[li];
+		/* one extra float in front: offset 1 makes the rows unaligned for float4 loads */
+		const size_t sbytes = sizeof(float) * (size_t)(ld * max_rows + 1);
+		float *s = malloc(sbytes);
+		int32_t *ref = malloc(sizeof(int32_t) * K), *got = malloc(sizeof(int32_t) * K * max_rows),
+		        *got2 = malloc(sizeof(int32_t) * K * max_rows);
+		int32_t nk[8], gn[8], gn2[8];
+		struct ops_dbuf sb = {0}, nb = {0}, ob = {0}, cb = {0};
+		if (!s || !ref || !got || !got2 || ops_dbuf_init(ctx, &sb, sbytes) ||
+		    ops_dbuf_init(ctx, &nb, sizeof(nk)) ||
+		    ops_dbuf_init(ctx, &ob, sizeof(int32_t) * K * max_rows) ||
+		    ops_dbuf_init(ctx, &cb, sizeof(gn))) {
+			OPS_CHECK(0, "topk_fast: allocation");
+			goto next;
+		}
+		for (int mode = 0; mode < n_modes; mode++) {
+			if (quick && ld > 8192 && mode != 1 && mode != 5 && mode != 9)
+				continue;
+			const int rows = 1 + (int)((li + (size_t)mode) % max_rows);
+			const int off = (mode == 5 || ld == 4097) ? 1 : 0; /* unaligned rows */
+			const int64_t cand[] = {ld, 1, K - 1, K, K + 1, 2049, ld - 3, ld / 2 + 1};
+			for (int r = 0; r < rows; r++) {
+				int64_t v = cand[(r + mode) % 8];
+				nk[r] = (int32_t)(v < 1 ? 1 : (v > ld ? ld : v));
+			}
+			nk[0] = (int32_t)ld; /* the longest row always */
+			for (int64_t j = 0; j < ld * rows + 1; j++)
+				s[j] = fast_val(mode, j % ld);
+			kcuda_upload(ctx, sb.user, s, sbytes);
+			kcuda_upload(ctx, nb.user, nk, sizeof(nk));
+			const float *ds = (const float *)sb.user + off;
+			const float *hs = s + off;
+			for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+				if (shapes[si] && !strcmp(shapes[si], "old"))
+					setenv("TANDEM_TOPK", "old", 1);
+				else if (shapes[si])
+					setenv("TANDEM_TOPK_THREADS", shapes[si], 1);
+				int bad = 0, rc = 0, did0 = 1;
+				for (int rep = 0; rep < 2; rep++) {
+					/* rep 0 through the short entry, rep 1 through kcuda_topk_idx */
+					kcuda_memset(ctx, ob.user, 0xff, sizeof(int32_t) * K * max_rows);
+					kcuda_memset(ctx, cb.user, 0xff, sizeof(gn));
+					rc = rep == 0 ? kcuda_topk_idx_short(ctx, ds, ld, rows, nb.user, 0, K,
+					                                     ob.user, K, cb.user)
+					              : kcuda_topk_idx(ctx, ds, ld, rows, nb.user, 0, K,
+					                               ob.user, K, cb.user);
+					if (rc == ERR_UNSUPPORTED && rep == 0) {
+						did0 = 0; /* the old kernel does not fit this device's shared
+						             memory */
+						continue;
+					}
+					OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "topk_fast ld %lld rc %d",
+					          (long long)ld, rc);
+					OPS_CHECK(ops_dbuf_get(ctx, &ob, rep ? got2 : got) == 0 &&
+					              ops_dbuf_get(ctx, &cb, rep ? gn2 : gn) == 0,
+					          "topk_fast ld %lld: guard bytes damaged", (long long)ld);
+				}
+				for (int r = 0; r < rows; r++) {
+					const int m = kcpu_topk(hs + r * ld, nk[r], K, ref);
+					bad += (did0 && gn[r] != m) || gn2[r] != m;
+					if (did0 && gn[r] == m &&
+					    memcmp(ref, got + r * K, sizeof(int32_t) * m))
+						bad++;
+					if (gn2[r] == m && memcmp(ref, got2 + r * K, sizeof(int32_t) * m))
+						bad++;
+				}
+				OPS_CHECK(bad == 0,
+				          "topk_fast ld %lld mode %d rows %d shape %s: %d rows differ from "
+				          "kcpu_topk",
+				          (long long)ld, mode, rows, shapes[si] ? shapes[si] : "default",
+				          bad);
+				unsetenv("TANDEM_TOPK");
+				unsetenv("TANDEM_TOPK_THREADS");
+				runs++;
+			}
+		}
+		/* n = NULL: causal rows n0 + i + 1 (k 7: a small k against long rows) */
+		if (ld >= 16) {
+			const int rows = ld >= 8 * 40 ? 8 : 1;
+			int rc = kcuda_topk_idx_short(ctx, sb.user, ld, rows, NULL, ld - 9, 7, ob.user, K,
+			                              cb.user);
+			OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "topk_fast causal rc %d", rc);
+			ops_dbuf_get(ctx, &ob, got);
+			ops_dbuf_get(ctx, &cb, gn);
+			for (int r = 0; r < rows; r++) {
+				const int64_t n = ld - 9 + r + 1 < ld ? ld - 9 + r + 1 : ld;
+				const int m = kcpu_topk(s + r * ld, (int)n, 7, ref);
+				OPS_CHECK(gn[r] == m && memcmp(ref, got + r * K, sizeof(int32_t) * m) == 0,
+				          "topk_fast causal ld %lld row %d differs", (long long)ld, r);
+			}
+		}
+	next:
+		ops_dbuf_fini(&sb);
+		ops_dbuf_fini(&nb);
+		ops_dbuf_fini(&ob);
+		ops_dbuf_fini(&cb);
+		free(s);
+		free(ref);
+		free(got);
+		free(got2);
+	}
+	unsigned nbad = 0;
+	OPS_CHECK(kcuda_ctx_take_errors(ctx, &nbad) == 0 && nbad == 0, "top-k kernels counted %u bad inputs",
+	          nbad);
+	printf("topk_fast: %d (stride, data, shape) runs against kcpu_topk\n", runs);
+}
+
+/* PDL ordering of the decode top-k: a producer kernel (pdl_probe.h) writes the scores and the row
+ * lengths ~30 us late, right before the top-k launch; the live buffers hold other values (all
+ * scores equal, every length 1) until then, so a read before the top-k's KDEP_ENTRY changes the
+ * selection. Each register / shared-memory shape of topk_fast.cu. */
+static void check_topk_pdl(void)
+{
+	static const int lds[] = {2048, 4112, 32768, 32832, 33281};
+	const int K = 2048, rows = 2;
+	for (size_t li = 0; li < sizeof(lds) / sizeof(lds[0]); li++) {
+		const int64_t ld = lds[li];
+		const size_t sb_bytes = sizeof(float) * (size_t)(ld * rows);
+		float *s = malloc(sb_bytes), *junk = malloc(sb_bytes);
+		int32_t nk[2] = {(int32_t)ld, (int32_t)(ld - 5)}, ones[2] = {1, 1}, gn[2];
+		int32_t *got = malloc(sizeof(int32_t) * K * rows), *ref = malloc(sizeof(int32_t) * K);
+		void *d_live = NULL, *d_src = NULL, *d_n = NULL, *d_nsrc = NULL;
+		struct ops_dbuf ob = {0}, cb = {0};
+		if (!s || !junk || !got || !ref || kcuda_alloc(sb_bytes, &d_live) ||
+		    kcuda_alloc(sb_bytes, &d_src) || kcuda_alloc(sizeof(nk), &d_n) ||
+		    kcuda_alloc(sizeof(nk), &d_nsrc) || ops_dbuf_init(ctx, &ob, sizeof(int32_t) * K * rows) ||
+		    ops_dbuf_init(ctx, &cb, sizeof(gn))) {
+			OPS_CHECK(0, "topk pdl: allocation");
+			goto next;
+		}
+		for (int64_t j = 0; j < ld * rows; j++) {
+			s[j] = fast_val(1, j);
+			junk[j] = 0.5f;
+		}
+		kcuda_upload(ctx, d_src, s, sb_bytes);
+		kcuda_upload(ctx, d_live, junk, sb_bytes);
+		kcuda_upload(ctx, d_nsrc, nk, sizeof(nk));
+		kcuda_upload(ctx, d_n, ones, sizeof(ones));
+		void *dst[2] = {d_live, d_n};
+		const void *src[2] = {d_src, d_nsrc};
+		const size_t nbytes[2] = {sb_bytes, sizeof(nk)};
+		if (kcuda_sync(ctx)) {
+			OPS_CHECK(0, "topk pdl: upload");
+			goto next;
+		}
+		int rc = kcuda_pdl_late_copy(ctx, 2, dst, src, nbytes, 30.0);
+		if (!rc)
+			rc = kcuda_topk_idx_short(ctx, d_live, ld, rows, d_n, 0, K, ob.user, K, cb.user);
+		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "topk pdl ld %lld: rc %d", (long long)ld, rc);
+		OPS_CHECK(ops_dbuf_get(ctx, &ob, got) == 0 && ops_dbuf_get(ctx, &cb, gn) == 0,
+		          "topk pdl ld %lld: guard bytes damaged", (long long)ld);
+		for (int r = 0; r < rows; r++) {
+			const int m = kcpu_topk(s + r * ld, nk[r], K, ref);
+			OPS_CHECK(gn[r] == m && memcmp(ref, got + r * K, sizeof(int32_t) * m) == 0,
+			          "topk pdl ld %lld row %d: the top-k read its scores or length before the "
+			          "producer "
+			          "wrote them",
+			          (long long)ld, r);
+		}
+	next:
+		kcuda_free(d_live);
+		kcuda_free(d_src);
+		kcuda_free(d_n);
+		kcuda_free(d_nsrc);
+		ops_dbuf_fini(&ob);
+		ops_dbuf_fini(&cb);
+		free(s);
+		free(junk);
+		free(got);
+		free(ref);
+	}
+	printf("topk_fast: PDL ordering against a late producer, %zu strides\n",
+	       sizeof(lds) / sizeof(lds[0]));
+}
+
 /* the longest context of a case */
 /* Part 4: decode rows whose newest key (position n - 1, "this step's"), q and w are written by the
  * kernel right before the score kernel, late (after a spin). Exact data: the scores must be
@@ -797,6 +1018,8 @@ int main(void)
 	const int quick = getenv("TANDEM_OPS_QUICK") != NULL;
 	/* every case under the three kernel sets: TANDEM_IDX_TOPK=fused, the default (fast score
 	 * kernel + a separate top-k) and TANDEM_CUDA_ATTN=ref */
+	test_topk_fast(quick || small);
+	check_topk_pdl();
 	for (int mode = 0; mode < (quick ? 2 : 3); mode++) {
 		if (mode == 2)
 			setenv("TANDEM_CUDA_ATTN", "ref", 1);
