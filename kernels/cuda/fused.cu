@@ -615,14 +615,31 @@ __device__ __forceinline__ void fu_latent_part(int part, int64_t r, float *cq, i
 
 __global__ void __launch_bounds__(FU_THREADS)
     mla_latent_kernel(float *cq, int64_t Cq, const float *__restrict__ wq, float eps_q, float *kvl, int64_t C,
-                      int64_t R, const float *__restrict__ wkv, float eps_kv, kfuse_rope rp, kfuse_kv kv)
+                      int64_t R, const float *__restrict__ wkv, float eps_kv, kfuse_rope rp, kfuse_kv kv,
+                      int early)
 {
 	fu_latent_pre pre;
 	fu_latent_w((int)blockIdx.y, Cq, wq, C, R, wkv, rp, &pre); /* weights: before KDEP_ENTRY */
+	if (early) /* TANDEM_LATENT_EARLY=1 (fu_trigger_early) */
+		fu_trigger_early();
 	KDEP_ENTRY();
+	cq = const_cast<float *>(kdep_after((const float *)cq)); /* no activation load above the wait */
+	kvl = const_cast<float *>(kdep_after((const float *)kvl));
 	__shared__ float red[FU_THREADS / 32];
 	fu_latent_part((int)blockIdx.y, blockIdx.x, cq, Cq, wq, eps_q, kvl, C, R, wkv, eps_kv, rp, kv, red,
 	               pre);
+}
+
+/* TANDEM_LATENT_EARLY=1: mla_latent and idx_prep trigger their dependents before their wait
+ * (fu_trigger_early), as TANDEM_NORM_EARLY=1 does for add_rmsnorm. Read once. */
+static int fu_latent_early(void)
+{
+	static int on = -1;
+	if (on < 0) {
+		const char *e = getenv("TANDEM_LATENT_EARLY");
+		on = e && strcmp(e, "1") == 0;
+	}
+	return on;
 }
 
 static bool fu_rope_ok(const struct kfuse_rope *rp, int64_t R)
@@ -647,7 +664,7 @@ extern "C" int kfuse_mla_latent(struct kcuda_ctx *c, float *cq, int64_t Cq, cons
 	if (n_rows == 0)
 		return 0;
 	return klaunch("mla_latent", mla_latent_kernel, dim3((unsigned)n_rows, 2), dim3(FU_THREADS), 0,
-	               c->stream, cq, Cq, wq, eps_q, kvl, C, R, wkv, eps_kv, *rp, *kv);
+	               c->stream, cq, Cq, wq, eps_q, kvl, C, R, wkv, eps_kv, *rp, *kv, fu_latent_early());
 }
 
 /* ---- indexer inputs: LayerNorm + RoPE + KV write of k_I, RoPE of q_I, scale of w_I ------------- */
@@ -734,10 +751,15 @@ __device__ __forceinline__ void fu_idx_key(int64_t r, float *kI, int64_t DI, int
 __global__ void __launch_bounds__(FU_THREADS)
     idx_prep_kernel(float *qI, float *wI, int64_t HI, float wscale, float *kI, int64_t DI, int64_t R,
                     const float *__restrict__ kw, const float *__restrict__ kb, float eps, kfuse_rope rp,
-                    kfuse_kv kv)
+                    kfuse_kv kv, int early)
 {
 	const fu_key_pre pre = fu_key_w(DI, R, kw, kb, rp); /* weights: before KDEP_ENTRY */
+	if (early) /* TANDEM_LATENT_EARLY=1 (fu_trigger_early) */
+		fu_trigger_early();
 	KDEP_ENTRY();
+	qI = const_cast<float *>(kdep_after((const float *)qI)); /* no activation load above the wait */
+	wI = const_cast<float *>(kdep_after((const float *)wI));
+	kI = const_cast<float *>(kdep_after((const float *)kI));
 	__shared__ double red[FU_THREADS];
 	__shared__ float ks[FU_DI_MAX];
 	const int64_t r = blockIdx.x;
@@ -772,7 +794,7 @@ extern "C" int kfuse_idx_prep(struct kcuda_ctx *c, float *qI, float *wI, int64_t
 	if (n_rows == 0)
 		return 0;
 	return klaunch("idx_prep", idx_prep_kernel, dim3((unsigned)n_rows, 2), dim3(FU_THREADS), 0, c->stream,
-	               qI, wI, HI, wscale, kI, DI, R, kw, kb, eps, *rp, *kv);
+	               qI, wI, HI, wscale, kI, DI, R, kw, kb, eps, *rp, *kv, fu_latent_early());
 }
 
 /* ---- MLA latents + the indexer's key and weights in one launch ---------------------------------
