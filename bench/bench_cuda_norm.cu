@@ -89,9 +89,10 @@ int main(void)
 	       "replays)\n",
 	       prop.name, prop.multiProcessorCount, (long long)D, kcuda_pdl_enabled() ? "on" : "OFF");
 	printf("%-22s %5s %11s %9s %9s %9s\n", "kernel", "rows", "norm chain", "product", "pair", "marginal");
-	static const int kinds[] = {KFUSE_AN_OLD, KFUSE_AN_V4, KFUSE_AN_CL, KFUSE_AN_CL | KFUSE_AN_EARLY};
-	static const char *const names[] = {"old (1024 threads)", "v4 (256 threads)", "cl (cluster)",
-	                                    "cl + early trigger"};
+	static const int kinds[] = {KFUSE_AN_OLD, KFUSE_AN_V4, KFUSE_AN_V4 | KFUSE_AN_EARLY, KFUSE_AN_CL,
+	                            KFUSE_AN_CL | KFUSE_AN_EARLY};
+	static const char *const names[] = {"old (1024 threads)", "v4 (256 threads)", "v4 + early trigger",
+	                                    "cl (cluster)", "cl + early trigger"};
 	const int N = 200, M = 100;
 	for (int rows = 1; rows <= 8; rows += 7) {
 		int k = 0;
@@ -109,7 +110,7 @@ int main(void)
 			printf("product launch failed\n");
 			return 1;
 		}
-		for (int ki = 0; ki < 4; ki++) {
+		for (int ki = 0; ki < 5; ki++) {
 			const int kind = kinds[ki];
 			bool ok = true;
 			const float t_norm =

@@ -208,6 +208,17 @@ __global__ void __launch_bounds__(FU_WIDE)
 		yr[i] = w[i] * (hr[i] * inv);
 }
 
+/* PDL with an early trigger: launch_dependents BEFORE griddepcontrol.wait, so the next kernel's
+ * blocks can become resident and prefetch their weights while the kernel before this one still
+ * runs. Safe: the next kernel's griddepcontrol.wait still waits for THIS grid to complete, which
+ * happens only after this grid's own wait saw its predecessor complete. */
+__device__ __forceinline__ void fu_trigger_early(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 /* add + RMSNorm of a row of n <= AN_T * AN_V * 4 floats, n % 4 == 0, 16-byte aligned rows: a block
  * of only AN_T threads, float4 loads all issued before the first use. Why not add_rmsnorm_kernel's
  * 1024 threads: in the decode graph (nsys, H200, 18:27) this row op cost 4.7 us on the critical
@@ -218,7 +229,7 @@ __global__ void __launch_bounds__(FU_WIDE)
 #define AN_V 8 /* float4 per thread: rows up to 8192 */
 __global__ void __launch_bounds__(AN_T)
     add_rmsnorm_v4_kernel(float *h, const float *x, float *y, const float *__restrict__ w, int64_t n,
-                          float eps)
+                          float eps, int early)
 {
 	const int64_t n4 = n / 4;
 	float4 wv[AN_V];
@@ -227,10 +238,13 @@ __global__ void __launch_bounds__(AN_T)
 		const int64_t i = threadIdx.x + (int64_t)k * AN_T;
 		wv[k] = i < n4 ? __ldg((const float4 *)w + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 	}
+	if (early) /* TANDEM_NORM_EARLY=1 (fu_trigger_early) */
+		fu_trigger_early();
 	KDEP_ENTRY();
 	__shared__ float red[AN_T / 32];
-	float4 *hr = (float4 *)(h + blockIdx.x * n);
-	const float4 *xr = x ? (const float4 *)(x + blockIdx.x * n) : NULL;
+	float4 *hr = (float4 *)const_cast<float *>(kdep_after((const float *)h) + blockIdx.x * n);
+	const float *xa = x ? kdep_after(x) : NULL;
+	const float4 *xr = xa ? (const float4 *)(xa + blockIdx.x * n) : NULL;
 	float4 *yr = (float4 *)(y + blockIdx.x * n);
 	float4 v[AN_V];
 #pragma unroll
@@ -323,17 +337,6 @@ __device__ __forceinline__ void fu_cl_put_d(double *p, unsigned rank, double v)
 		*p = v;
 #endif
 }
-/* PDL with an early trigger: launch_dependents BEFORE griddepcontrol.wait, so the next kernel's
- * blocks can become resident and prefetch their weights while the kernel before this one still
- * runs. Safe: the next kernel's griddepcontrol.wait still waits for THIS grid to complete, which
- * happens only after this grid's own wait saw its predecessor complete. */
-__device__ __forceinline__ void fu_trigger_early(void)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 __device__ __forceinline__ double fu_warp_sum_d(double v)
 {
 #pragma unroll
@@ -440,7 +443,7 @@ static int fu_cc_major(int dev)
 
 /* TANDEM_ADDNORM: unset / "cl" the cluster kernel where it applies, "v4" the 256-thread kernel,
  * "old" always the 1024-thread one (A/B and triage); TANDEM_NORM_EARLY=1 adds the early PDL trigger
- * to the cluster kernel. Read once. */
+ * to the cluster and v4 kernels. Read once. */
 static int an_env_kind(void)
 {
 	static int kind = -1;
@@ -450,7 +453,7 @@ static int an_env_kind(void)
 		kind = e && strcmp(e, "old") == 0  ? KFUSE_AN_OLD
 		       : e && strcmp(e, "v4") == 0 ? KFUSE_AN_V4
 		                                   : KFUSE_AN_CL;
-		if (kind == KFUSE_AN_CL && ee && strcmp(ee, "1") == 0)
+		if (kind != KFUSE_AN_OLD && ee && strcmp(ee, "1") == 0)
 			kind |= KFUSE_AN_EARLY;
 	}
 	return kind;
@@ -515,9 +518,9 @@ extern "C" int kfuse_add_rmsnorm_as(struct kcuda_ctx *c, int kind, float *h, con
 		if (n % 4 || n > (int64_t)AN_T * AN_V * 4 || !al16)
 			return ERR_UNSUPPORTED;
 		return klaunch("add_rmsnorm", add_rmsnorm_v4_kernel, dim3((unsigned)n_rows), dim3(AN_T), 0,
-		               c->stream, h, x, y, w, n, eps);
+		               c->stream, h, x, y, w, n, eps, (kind & KFUSE_AN_EARLY) ? 1 : 0);
 	}
-	if (base != KFUSE_AN_OLD)
+	if (kind != KFUSE_AN_OLD)
 		return kcuda_bad_arg("add_rmsnorm", "kernel kind %d", kind);
 	return klaunch("add_rmsnorm", add_rmsnorm_kernel, dim3((unsigned)n_rows), dim3(FU_WIDE), 0, c->stream,
 	               h, x, y, w, n, eps);
@@ -527,12 +530,12 @@ extern "C" int kfuse_add_rmsnorm_as(struct kcuda_ctx *c, int kind, float *h, con
 extern "C" int kfuse_add_rmsnorm(struct kcuda_ctx *c, float *h, const float *x, float *y, const float *w,
                                  int64_t n, int64_t n_rows, float eps)
 {
-	const int kind = an_env_kind();
+	const int kind = an_env_kind(), early = kind & KFUSE_AN_EARLY;
 	int rc = ERR_UNSUPPORTED;
 	if ((kind & ~KFUSE_AN_EARLY) == KFUSE_AN_CL)
 		rc = kfuse_add_rmsnorm_as(c, kind, h, x, y, w, n, n_rows, eps);
 	if (rc == ERR_UNSUPPORTED && kind != KFUSE_AN_OLD)
-		rc = kfuse_add_rmsnorm_as(c, KFUSE_AN_V4, h, x, y, w, n, n_rows, eps);
+		rc = kfuse_add_rmsnorm_as(c, KFUSE_AN_V4 | early, h, x, y, w, n, n_rows, eps);
 	if (rc == ERR_UNSUPPORTED)
 		rc = kfuse_add_rmsnorm_as(c, KFUSE_AN_OLD, h, x, y, w, n, n_rows, eps);
 	return rc;

@@ -45,7 +45,7 @@ int kfuse_add_rmsnorm(struct kcuda_ctx *c, float *h, const float *x, float *y, c
 /* kfuse_add_rmsnorm by a given kernel (tests, benches): KFUSE_AN_OLD one block of 1024 threads a
  * row; KFUSE_AN_V4 one block of 256 (n % 4 == 0, n <= 8192, 16-byte aligned); KFUSE_AN_CL a cluster
  * of up to 8 blocks a row, the sum of squares in double (sm_90+, n % 4 == 0, n <= 16384, 16-byte
- * aligned, n_rows <= KFUSE_AN_CL_ROWS), | KFUSE_AN_EARLY: its PDL trigger before its wait.
+ * aligned, n_rows <= KFUSE_AN_CL_ROWS); V4 or CL | KFUSE_AN_EARLY: the PDL trigger before the wait.
  * ERR_UNSUPPORTED (nothing launched) where the kernel does not take the shape. kfuse_add_rmsnorm
  * picks by TANDEM_ADDNORM (unset: cl, else v4, else old) and TANDEM_NORM_EARLY=1. */
 #define KFUSE_AN_OLD 1

@@ -419,7 +419,12 @@ out:
 
 static void test_add_rmsnorm_kinds(void)
 {
-	static const int kinds[] = {KFUSE_AN_OLD, KFUSE_AN_V4, KFUSE_AN_CL, KFUSE_AN_CL | KFUSE_AN_EARLY, 0};
+	static const int kinds[] = {KFUSE_AN_OLD,
+	                            KFUSE_AN_V4,
+	                            KFUSE_AN_V4 | KFUSE_AN_EARLY,
+	                            KFUSE_AN_CL,
+	                            KFUSE_AN_CL | KFUSE_AN_EARLY,
+	                            0};
 	static const int64_t ns[] = {6144, 7168, 4096, 6143, 33, 1, 8, 2048, 512, 16384, 16388};
 	static const int64_t rs[] = {1, 2, 3, 4, 5, 6, 7, 8, 64};
 	for (size_t ki = 0; ki < sizeof(kinds) / sizeof(kinds[0]); ki++) {
@@ -449,6 +454,9 @@ static void test_add_rmsnorm_kinds(void)
 	OPS_CHECK(kfuse_add_rmsnorm_as(ctx, 7, (float *)16, NULL, (float *)32, (float *)48, 4, 1, 1e-6f) ==
 	              -EINVAL,
 	          "add_rmsnorm kind 7 accepted");
+	OPS_CHECK(kfuse_add_rmsnorm_as(ctx, KFUSE_AN_OLD | KFUSE_AN_EARLY, (float *)16, NULL, (float *)32,
+	                               (float *)48, 4, 1, 1e-6f) == -EINVAL,
+	          "add_rmsnorm old + early accepted");
 }
 
 /* ---- MLA latents -------------------------------------------------------------------------------- */
