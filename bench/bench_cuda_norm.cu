@@ -66,7 +66,7 @@ int main(void)
 	const cudaStream_t st = c->stream;
 	const int64_t D = 6144;
 	const size_t bytes = (size_t)6144 * 2048 * 34 / 32; /* q_a Q8_0 at one token: 13.4 MB */
-	const int nbk = 512;
+	const int nbk = 1536; /* the o product's grid at one token (gemv_kernel 1536 x 128) */
 	const size_t per = bytes / 16 / nbk;
 	const int copies = 8; /* rotate: 8 x 13.4 MB > L2, every product reads HBM */
 	uint4 *w;
@@ -101,7 +101,7 @@ int main(void)
 		    graph_us(st, M,
 		             [&](int i) {
 			             pok = pok &&
-			                   klaunch("prod", prod_kernel, dim3(nbk), dim3(256), 0, st,
+			                   klaunch("prod", prod_kernel, dim3(nbk), dim3(128), 0, st,
 			                           (const uint4 *)(w + (k++ % copies) * per * nbk), per, 1,
 			                           (const float *)y[i & 1], D * rows, y[(i + 1) & 1]) == 0;
 		             }) /
@@ -125,7 +125,7 @@ int main(void)
 			    graph_us(st, M,
 			             [&](int) {
 				             ok = ok &&
-				                  klaunch("prod", prod_kernel, dim3(nbk), dim3(256), 0, st,
+				                  klaunch("prod", prod_kernel, dim3(nbk), dim3(128), 0, st,
 				                          (const uint4 *)(w + (k++ % copies) * per * nbk),
 				                          per, 1, (const float *)y[0], D * rows, part) == 0;
 				             ok = ok && kfuse_add_rmsnorm_as(c, kind, h, part, y[0], nw, D,
