@@ -208,6 +208,17 @@ __global__ void __launch_bounds__(FU_WIDE)
 		yr[i] = w[i] * (hr[i] * inv);
 }
 
+/* PDL with an early trigger: launch_dependents BEFORE griddepcontrol.wait, so the next kernel's
+ * blocks can become resident and prefetch their weights while the kernel before this one still
+ * runs. Safe: the next kernel's griddepcontrol.wait still waits for THIS grid to complete, which
+ * happens only after this grid's own wait saw its predecessor complete. */
+__device__ __forceinline__ void fu_trigger_early(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 /* add + RMSNorm of a row of n <= AN_T * AN_V * 4 floats, n % 4 == 0, 16-byte aligned rows: a block
  * of only AN_T threads, float4 loads all issued before the first use. Why not add_rmsnorm_kernel's
  * 1024 threads: in the decode graph (nsys, H200, 18:27) this row op cost 4.7 us on the critical
@@ -218,7 +229,7 @@ __global__ void __launch_bounds__(FU_WIDE)
 #define AN_V 8 /* float4 per thread: rows up to 8192 */
 __global__ void __launch_bounds__(AN_T)
     add_rmsnorm_v4_kernel(float *h, const float *x, float *y, const float *__restrict__ w, int64_t n,
-                          float eps)
+                          float eps, int early)
 {
 	const int64_t n4 = n / 4;
 	float4 wv[AN_V];
@@ -227,10 +238,13 @@ __global__ void __launch_bounds__(AN_T)
 		const int64_t i = threadIdx.x + (int64_t)k * AN_T;
 		wv[k] = i < n4 ? __ldg((const float4 *)w + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 	}
+	if (early) /* TANDEM_NORM_EARLY=1 (fu_trigger_early) */
+		fu_trigger_early();
 	KDEP_ENTRY();
 	__shared__ float red[AN_T / 32];
-	float4 *hr = (float4 *)(h + blockIdx.x * n);
-	const float4 *xr = x ? (const float4 *)(x + blockIdx.x * n) : NULL;
+	float4 *hr = (float4 *)const_cast<float *>(kdep_after((const float *)h) + blockIdx.x * n);
+	const float *xa = x ? kdep_after(x) : NULL;
+	const float4 *xr = xa ? (const float4 *)(xa + blockIdx.x * n) : NULL;
 	float4 *yr = (float4 *)(y + blockIdx.x * n);
 	float4 v[AN_V];
 #pragma unroll
@@ -271,19 +285,221 @@ __global__ void __launch_bounds__(AN_T)
 	}
 }
 
-/* TANDEM_ADDNORM=old: always the 1024-thread kernel (A/B and triage) */
-static bool an_v4_enabled(void)
+/* ---- add + RMSNorm over a thread-block cluster ---------------------------------------------------
+ * Why: one block reading 48 KB (h, x) and writing 48 KB (h, y) is limited by one SM's load/store
+ * path and its chain of round trips (4.8 us marginal per call in the 20:15 decode graph, twice a
+ * layer). Here the row is cut into nb <= 8 contiguous slices, one block of AC_T threads each in a
+ * cluster (sm_90+), every thread's float4 loads of its slice issued together (1-2 per thread at
+ * 6144). The sum of squares goes block -> cluster by distributed shared memory: each block PUSHES
+ * its partial into slot [its rank] of every block of the cluster, then one cluster barrier
+ * (arrive.release / wait.acquire); nobody reads remote memory after it, so no second barrier
+ * before exit. The first barrier phase (arrive at entry, wait before the pushes) only proves every
+ * block of the cluster has started, which distributed shared memory requires; it costs nothing on
+ * the path (arrived long before).
+ * Precision: the sum of squares is accumulated in double (per thread, then the warp, the block's
+ * warps and the cluster's blocks, each in a fixed order) and the scale is computed as the CPU op
+ * does, (float)(1 / sqrt(ss / n + eps)) in double, so the only difference to kcpu_rmsnorm is the
+ * double summation order (~1e-16 relative: the scale almost always has the CPU's bits) and no
+ * fp32 overflow of ss for rows of large values. Deterministic: the order depends on n only.
+ * Rows: grid (nb, rows), a cluster per row. */
+#define AC_T 128
+#define AC_V 4 /* float4 per thread: slices up to 2048 floats, rows up to 16384 */
+#define AC_NB 8 /* portable cluster size */
+
+__device__ __forceinline__ void fu_cl_arrive_relaxed(void)
 {
-	static int on = -1;
-	if (on < 0) {
-		const char *e = getenv("TANDEM_ADDNORM");
-		on = !(e && strcmp(e, "old") == 0);
-	}
-	return on;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void fu_cl_arrive_release(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void fu_cl_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+/* *p in the shared memory of block `rank` of this cluster = v */
+__device__ __forceinline__ void fu_cl_put_d(double *p, unsigned rank, double v)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	const uint32_t la = (uint32_t)__cvta_generic_to_shared(p);
+	uint32_t ra;
+	asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(la), "r"(rank));
+	asm volatile("st.shared::cluster.f64 [%0], %1;" ::"r"(ra), "d"(v) : "memory");
+#else
+	if (rank == 0)
+		*p = v;
+#endif
+}
+__device__ __forceinline__ double fu_warp_sum_d(double v)
+{
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
 }
 
-extern "C" int kfuse_add_rmsnorm(struct kcuda_ctx *c, float *h, const float *x, float *y, const float *w,
-                                 int64_t n, int64_t n_rows, float eps)
+__global__ void __launch_bounds__(AC_T)
+    add_rmsnorm_cl_kernel(float *h, const float *x, float *y, const float *__restrict__ w, int64_t n, int s4,
+                          float eps, int early)
+{
+	const int b = (int)blockIdx.x, nb = (int)gridDim.x; /* the cluster is the grid's x extent */
+	const int64_t n4 = n / 4, j0 = (int64_t)b * s4;
+	const int64_t j1 = j0 + s4 < n4 ? j0 + s4 : n4;
+	fu_cl_arrive_relaxed(); /* phase 1: this block has started */
+	float4 wv[AC_V];
+#pragma unroll
+	for (int k = 0; k < AC_V; k++) { /* the weight slice before KDEP_ENTRY (cuda_common.cuh) */
+		const int64_t j = j0 + threadIdx.x + (int64_t)k * AC_T;
+		wv[k] = j < j1 ? __ldg((const float4 *)w + j) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+	}
+	if (early)
+		fu_trigger_early();
+	KDEP_ENTRY();
+	__shared__ double red[AC_T / 32];
+	__shared__ double part[AC_NB];
+	const int64_t row = blockIdx.y;
+	float4 *hr = (float4 *)const_cast<float *>(kdep_after((const float *)h) + row * n);
+	const float *xa = x ? kdep_after(x) : NULL;
+	const float4 *xr = xa ? (const float4 *)(xa + row * n) : NULL;
+	float4 *yr = (float4 *)(y + row * n);
+	float4 v[AC_V], a[AC_V];
+#pragma unroll
+	for (int k = 0; k < AC_V; k++) {
+		const int64_t j = j0 + threadIdx.x + (int64_t)k * AC_T;
+		v[k] = j < j1 ? hr[j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+	}
+	if (xr) {
+#pragma unroll
+		for (int k = 0; k < AC_V; k++) {
+			const int64_t j = j0 + threadIdx.x + (int64_t)k * AC_T;
+			a[k] = j < j1 ? xr[j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+		}
+#pragma unroll
+		for (int k = 0; k < AC_V; k++) {
+			const int64_t j = j0 + threadIdx.x + (int64_t)k * AC_T;
+			v[k].x += a[k].x, v[k].y += a[k].y, v[k].z += a[k].z, v[k].w += a[k].w;
+			if (j < j1)
+				hr[j] = v[k];
+		}
+	}
+	double ss = 0.0;
+#pragma unroll
+	for (int k = 0; k < AC_V; k++) {
+		ss = fma((double)v[k].x, (double)v[k].x, ss);
+		ss = fma((double)v[k].y, (double)v[k].y, ss);
+		ss = fma((double)v[k].z, (double)v[k].z, ss);
+		ss = fma((double)v[k].w, (double)v[k].w, ss);
+	}
+	ss = fu_warp_sum_d(ss);
+	if ((threadIdx.x & 31) == 0)
+		red[threadIdx.x >> 5] = ss;
+	__syncthreads();
+	fu_cl_wait(); /* phase 1 done: every block of the cluster runs, its shared memory exists */
+	if ((int)threadIdx.x < nb) { /* thread q pushes this block's partial to block q */
+		double s = 0.0;
+#pragma unroll
+		for (int k = 0; k < AC_T / 32; k++)
+			s += red[k];
+		fu_cl_put_d(&part[b], threadIdx.x, s);
+	}
+	fu_cl_arrive_release();
+	fu_cl_wait(); /* phase 2: every block's partial is in every block's part[] */
+	double tot = 0.0;
+	for (int q = 0; q < nb; q++) /* rank order: the same total in every block */
+		tot += part[q];
+	const float inv = (float)(1.0 / sqrt(tot / (double)n + (double)eps));
+#pragma unroll
+	for (int k = 0; k < AC_V; k++) {
+		const int64_t j = j0 + threadIdx.x + (int64_t)k * AC_T;
+		if (j < j1)
+			yr[j] = make_float4(wv[k].x * (v[k].x * inv), wv[k].y * (v[k].y * inv),
+			                    wv[k].z * (v[k].z * inv), wv[k].w * (v[k].w * inv));
+	}
+}
+
+/* compute capability major of device dev (0 when unknown), cached */
+static int fu_cc_major(int dev)
+{
+	static int cc[64];
+	if (dev < 0 || dev >= 64)
+		return 0;
+	if (!cc[dev]) {
+		int v = 0;
+		if (cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+			(void)cudaGetLastError();
+			return 0;
+		}
+		cc[dev] = v;
+	}
+	return cc[dev];
+}
+
+/* TANDEM_ADDNORM: unset / "cl" the cluster kernel where it applies, "v4" the 256-thread kernel,
+ * "old" always the 1024-thread one (A/B and triage); TANDEM_NORM_EARLY=1 adds the early PDL trigger
+ * to the cluster and v4 kernels. Read once. */
+static int an_env_kind(void)
+{
+	static int kind = -1;
+	if (kind < 0) {
+		const char *e = getenv("TANDEM_ADDNORM");
+		const char *ee = getenv("TANDEM_NORM_EARLY");
+		kind = e && strcmp(e, "old") == 0  ? KFUSE_AN_OLD
+		       : e && strcmp(e, "v4") == 0 ? KFUSE_AN_V4
+		                                   : KFUSE_AN_CL;
+		if (kind != KFUSE_AN_OLD && ee && strcmp(ee, "1") == 0)
+			kind |= KFUSE_AN_EARLY;
+	}
+	return kind;
+}
+
+static int an_launch_cl(struct kcuda_ctx *c, float *h, const float *x, float *y, const float *w, int64_t n,
+                        int64_t n_rows, float eps, int early)
+{
+	const int64_t n4 = n / 4;
+	int64_t nb = (n4 + AC_T - 1) / AC_T; /* about one float4 per thread, at most 8 blocks */
+	nb = nb < 1 ? 1 : nb > AC_NB ? AC_NB : nb;
+	const int64_t s4 = (n4 + nb - 1) / nb;
+	if (s4 > (int64_t)AC_T * AC_V)
+		return ERR_UNSUPPORTED;
+	cudaLaunchAttribute at[2];
+	unsigned na = 0;
+	if (kcuda_pdl_enabled()) {
+		at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+		at[na].val.programmaticStreamSerializationAllowed = 1;
+		na++;
+	}
+	at[na].id =
+	    cudaLaunchAttributeClusterDimension; /* also at nb = 1: the kernel uses cluster barriers */
+	at[na].val.clusterDim.x = (unsigned)nb;
+	at[na].val.clusterDim.y = 1;
+	at[na].val.clusterDim.z = 1;
+	na++;
+	cudaLaunchConfig_t cfg = {};
+	cfg.gridDim = dim3((unsigned)nb, (unsigned)n_rows, 1);
+	cfg.blockDim = dim3(AC_T, 1, 1);
+	cfg.dynamicSmemBytes = 0;
+	cfg.stream = c->stream;
+	cfg.attrs = at;
+	cfg.numAttrs = na;
+	cudaError_t e = cudaLaunchKernelEx(&cfg, add_rmsnorm_cl_kernel, h, x, y, w, n, (int)s4, eps, early);
+	kcuda_n_launch++;
+	if (e == cudaSuccess)
+		e = cudaGetLastError();
+	if (e == cudaSuccess)
+		return 0;
+	fprintf(stderr, "kcuda: add_rmsnorm (cluster) launch failed: %s\n", cudaGetErrorString(e));
+	return ERR_CUDA;
+}
+
+extern "C" int kfuse_add_rmsnorm_as(struct kcuda_ctx *c, int kind, float *h, const float *x, float *y,
+                                    const float *w, int64_t n, int64_t n_rows, float eps)
 {
 	if (!c || !h || !y || !w || n <= 0 || n_rows < 0 || n_rows > INT32_MAX || y == h || y == x)
 		return kcuda_bad_arg("add_rmsnorm", "n %lld rows %lld%s", (long long)n, (long long)n_rows,
@@ -291,11 +507,38 @@ extern "C" int kfuse_add_rmsnorm(struct kcuda_ctx *c, float *h, const float *x, 
 	if (n_rows == 0)
 		return 0;
 	const bool al16 = ((uintptr_t)h | (uintptr_t)x | (uintptr_t)y | (uintptr_t)w) % 16 == 0;
-	if (an_v4_enabled() && n % 4 == 0 && n <= (int64_t)AN_T * AN_V * 4 && al16)
+	const int base = kind & ~KFUSE_AN_EARLY;
+	if (base == KFUSE_AN_CL) {
+		if (n % 4 || !al16 || n > (int64_t)AC_NB * AC_T * AC_V * 4 || n_rows > KFUSE_AN_CL_ROWS ||
+		    fu_cc_major(c->device) < 9)
+			return ERR_UNSUPPORTED;
+		return an_launch_cl(c, h, x, y, w, n, n_rows, eps, (kind & KFUSE_AN_EARLY) != 0);
+	}
+	if (base == KFUSE_AN_V4) {
+		if (n % 4 || n > (int64_t)AN_T * AN_V * 4 || !al16)
+			return ERR_UNSUPPORTED;
 		return klaunch("add_rmsnorm", add_rmsnorm_v4_kernel, dim3((unsigned)n_rows), dim3(AN_T), 0,
-		               c->stream, h, x, y, w, n, eps);
+		               c->stream, h, x, y, w, n, eps, (kind & KFUSE_AN_EARLY) ? 1 : 0);
+	}
+	if (kind != KFUSE_AN_OLD)
+		return kcuda_bad_arg("add_rmsnorm", "kernel kind %d", kind);
 	return klaunch("add_rmsnorm", add_rmsnorm_kernel, dim3((unsigned)n_rows), dim3(FU_WIDE), 0, c->stream,
 	               h, x, y, w, n, eps);
+}
+
+/* the kernel chosen by TANDEM_ADDNORM, falling back cl -> v4 -> old where a shape does not fit */
+extern "C" int kfuse_add_rmsnorm(struct kcuda_ctx *c, float *h, const float *x, float *y, const float *w,
+                                 int64_t n, int64_t n_rows, float eps)
+{
+	const int kind = an_env_kind(), early = kind & KFUSE_AN_EARLY;
+	int rc = ERR_UNSUPPORTED;
+	if ((kind & ~KFUSE_AN_EARLY) == KFUSE_AN_CL)
+		rc = kfuse_add_rmsnorm_as(c, kind, h, x, y, w, n, n_rows, eps);
+	if (rc == ERR_UNSUPPORTED && kind != KFUSE_AN_OLD)
+		rc = kfuse_add_rmsnorm_as(c, KFUSE_AN_V4 | early, h, x, y, w, n, n_rows, eps);
+	if (rc == ERR_UNSUPPORTED)
+		rc = kfuse_add_rmsnorm_as(c, KFUSE_AN_OLD, h, x, y, w, n, n_rows, eps);
+	return rc;
 }
 
 /* ---- MLA latents: two RMSNorms, RoPE of k_r, the KV write ------------------------------------- */
@@ -375,14 +618,31 @@ __device__ __forceinline__ void fu_latent_part(int part, int64_t r, float *cq, i
 
 __global__ void __launch_bounds__(FU_THREADS)
     mla_latent_kernel(float *cq, int64_t Cq, const float *__restrict__ wq, float eps_q, float *kvl, int64_t C,
-                      int64_t R, const float *__restrict__ wkv, float eps_kv, kfuse_rope rp, kfuse_kv kv)
+                      int64_t R, const float *__restrict__ wkv, float eps_kv, kfuse_rope rp, kfuse_kv kv,
+                      int early)
 {
 	fu_latent_pre pre;
 	fu_latent_w((int)blockIdx.y, Cq, wq, C, R, wkv, rp, &pre); /* weights: before KDEP_ENTRY */
+	if (early) /* TANDEM_LATENT_EARLY=1 (fu_trigger_early) */
+		fu_trigger_early();
 	KDEP_ENTRY();
+	cq = const_cast<float *>(kdep_after((const float *)cq)); /* no activation load above the wait */
+	kvl = const_cast<float *>(kdep_after((const float *)kvl));
 	__shared__ float red[FU_THREADS / 32];
 	fu_latent_part((int)blockIdx.y, blockIdx.x, cq, Cq, wq, eps_q, kvl, C, R, wkv, eps_kv, rp, kv, red,
 	               pre);
+}
+
+/* TANDEM_LATENT_EARLY=1: mla_latent and idx_prep trigger their dependents before their wait
+ * (fu_trigger_early), as TANDEM_NORM_EARLY=1 does for add_rmsnorm. Read once. */
+static int fu_latent_early(void)
+{
+	static int on = -1;
+	if (on < 0) {
+		const char *e = getenv("TANDEM_LATENT_EARLY");
+		on = e && strcmp(e, "1") == 0;
+	}
+	return on;
 }
 
 static bool fu_rope_ok(const struct kfuse_rope *rp, int64_t R)
@@ -407,7 +667,7 @@ extern "C" int kfuse_mla_latent(struct kcuda_ctx *c, float *cq, int64_t Cq, cons
 	if (n_rows == 0)
 		return 0;
 	return klaunch("mla_latent", mla_latent_kernel, dim3((unsigned)n_rows, 2), dim3(FU_THREADS), 0,
-	               c->stream, cq, Cq, wq, eps_q, kvl, C, R, wkv, eps_kv, *rp, *kv);
+	               c->stream, cq, Cq, wq, eps_q, kvl, C, R, wkv, eps_kv, *rp, *kv, fu_latent_early());
 }
 
 /* ---- indexer inputs: LayerNorm + RoPE + KV write of k_I, RoPE of q_I, scale of w_I ------------- */
@@ -494,10 +754,15 @@ __device__ __forceinline__ void fu_idx_key(int64_t r, float *kI, int64_t DI, int
 __global__ void __launch_bounds__(FU_THREADS)
     idx_prep_kernel(float *qI, float *wI, int64_t HI, float wscale, float *kI, int64_t DI, int64_t R,
                     const float *__restrict__ kw, const float *__restrict__ kb, float eps, kfuse_rope rp,
-                    kfuse_kv kv)
+                    kfuse_kv kv, int early)
 {
 	const fu_key_pre pre = fu_key_w(DI, R, kw, kb, rp); /* weights: before KDEP_ENTRY */
+	if (early) /* TANDEM_LATENT_EARLY=1 (fu_trigger_early) */
+		fu_trigger_early();
 	KDEP_ENTRY();
+	qI = const_cast<float *>(kdep_after((const float *)qI)); /* no activation load above the wait */
+	wI = const_cast<float *>(kdep_after((const float *)wI));
+	kI = const_cast<float *>(kdep_after((const float *)kI));
 	__shared__ double red[FU_THREADS];
 	__shared__ float ks[FU_DI_MAX];
 	const int64_t r = blockIdx.x;
@@ -532,7 +797,7 @@ extern "C" int kfuse_idx_prep(struct kcuda_ctx *c, float *qI, float *wI, int64_t
 	if (n_rows == 0)
 		return 0;
 	return klaunch("idx_prep", idx_prep_kernel, dim3((unsigned)n_rows, 2), dim3(FU_THREADS), 0, c->stream,
-	               qI, wI, HI, wscale, kI, DI, R, kw, kb, eps, *rp, *kv);
+	               qI, wI, HI, wscale, kI, DI, R, kw, kb, eps, *rp, *kv, fu_latent_early());
 }
 
 /* ---- MLA latents + the indexer's key and weights in one launch ---------------------------------

@@ -42,6 +42,20 @@ struct kfuse_rope {
 int kfuse_add_rmsnorm(struct kcuda_ctx *c, float *h, const float *x, float *y, const float *w, int64_t n,
                       int64_t n_rows, float eps);
 
+/* kfuse_add_rmsnorm by a given kernel (tests, benches): KFUSE_AN_OLD one block of 1024 threads a
+ * row; KFUSE_AN_V4 one block of 256 (n % 4 == 0, n <= 8192, 16-byte aligned); KFUSE_AN_CL a cluster
+ * of up to 8 blocks a row, the sum of squares in double (sm_90+, n % 4 == 0, n <= 16384, 16-byte
+ * aligned, n_rows <= KFUSE_AN_CL_ROWS); V4 or CL | KFUSE_AN_EARLY: the PDL trigger before the wait.
+ * ERR_UNSUPPORTED (nothing launched) where the kernel does not take the shape. kfuse_add_rmsnorm
+ * picks by TANDEM_ADDNORM (unset: cl, else v4, else old) and TANDEM_NORM_EARLY=1. */
+#define KFUSE_AN_OLD 1
+#define KFUSE_AN_V4 2
+#define KFUSE_AN_CL 3
+#define KFUSE_AN_EARLY 0x10
+#define KFUSE_AN_CL_ROWS 256
+int kfuse_add_rmsnorm_as(struct kcuda_ctx *c, int kind, float *h, const float *x, float *y, const float *w,
+                         int64_t n, int64_t n_rows, float eps);
+
 /* The MLA latents of n_rows tokens, in place: cq[r] (Cq wide) = rmsnorm(cq[r]) * wq (eps_q);
  * kvl[r][0..C) = rmsnorm(kvl[r][0..C)) * wkv (eps_kv); kvl[r][C..C+R) roped; then kvl[r] (C + R)
  * written to kv. = kcuda_rmsnorm x 2 + kcuda_rope + kfwd_kv_write. */

@@ -218,6 +218,247 @@ static void test_add_rmsnorm(void)
 	          "add_rmsnorm with y == h accepted");
 }
 
+/* ---- add + rmsnorm by each kernel (kfuse_add_rmsnorm_as) ----------------------------------------
+ * Every kernel against add + kcpu_rmsnorm (double sums) at the GLM-5 / DeepSeek-V3 / odd widths, 1..8
+ * and 64 rows, with rows of large, huge (cluster kernel only: the fp32 kernels' sum of squares
+ * overflows there), tiny and zero values, a NaN and an Inf (the CPU's results: the NaN row all NaN,
+ * the Inf row NaN at the Inf and zeros elsewhere), guard bytes, h exact (one fp32 add), y within
+ * 5e-7 relative for the cluster kernel (its scale is the CPU's formula in double, only the double
+ * summation order differs) and 4e-6 for the fp32-sum kernels; kernels that must take a shape may not
+ * decline it; two runs give the same bits. */
+enum { AN_NORMAL, AN_LARGE, AN_HUGE, AN_TINY, AN_ZERO, AN_NAN, AN_INF, AN_NMODE };
+static const char *const an_mode_name[AN_NMODE] = {"", " large", " huge", " tiny", " zero", " nan", " inf"};
+
+static int an_fits(int kind, int64_t n, int64_t rows)
+{
+	switch (kind & ~KFUSE_AN_EARLY) {
+	case KFUSE_AN_OLD: return 1;
+	case KFUSE_AN_V4: return n % 4 == 0 && n <= 8192;
+	case KFUSE_AN_CL: return n % 4 == 0 && n <= 16384 && rows <= KFUSE_AN_CL_ROWS;
+	default: return 1; /* 0: the public op (falls back) */
+	}
+}
+
+static int an_same(float g, float r, double rel)
+{
+	if (isnan(r))
+		return isnan(g);
+	if (isinf(r))
+		return g == r;
+	return isfinite(g) && fabs((double)g - (double)r) <= rel * fabs((double)r);
+}
+
+/* one case; returns 0, or 1 when the kernel declined (ERR_UNSUPPORTED) */
+static int an_case(int kind, int64_t n, int64_t rows, int mode, int check_det)
+{
+	const size_t nr = (size_t)(n * rows);
+	float *h = malloc(sizeof(float) * nr), *x = malloc(sizeof(float) * nr),
+	      *w = malloc(sizeof(float) * n);
+	float *y = malloc(sizeof(float) * nr), *hg = malloc(sizeof(float) * nr),
+	      *yg = malloc(sizeof(float) * nr);
+	float *h0 = malloc(sizeof(float) * nr);
+	struct ops_dbuf hb = {0}, xb = {0}, wb = {0}, yb = {0};
+	int declined = 0;
+	if (!h || !x || !w || !y || !hg || !yg || !h0) {
+		OPS_CHECK(0, "add_rmsnorm kinds: out of memory");
+		goto out;
+	}
+	const float mag = mode == AN_LARGE  ? 1e15f
+	                  : mode == AN_HUGE ? 1e19f
+	                  : mode == AN_TINY ? 1e-30f
+	                                    : 1.0f;
+	for (size_t i = 0; i < nr; i++) {
+		h[i] = mode == AN_ZERO ? 0.0f : 10.0f * mag * ops_rng_unif();
+		x[i] = mode == AN_ZERO ? 0.0f : mag * ops_rng_unif();
+	}
+	if (mode == AN_NAN)
+		x[ops_rng_next() % (uint64_t)n] = NAN; /* row 0 */
+	if (mode == AN_INF)
+		h[ops_rng_next() % (uint64_t)n] = -INFINITY;
+	for (int64_t i = 0; i < n; i++)
+		w[i] = 1.0f + 0.5f * ops_rng_unif();
+	memcpy(h0, h, sizeof(float) * nr);
+	if (up(&hb, h, sizeof(float) * nr) || up(&xb, x, sizeof(float) * nr) ||
+	    up(&wb, w, sizeof(float) * n) || ops_dbuf_init(ctx, &yb, sizeof(float) * nr)) {
+		OPS_CHECK(0, "add_rmsnorm kinds setup");
+		goto out;
+	}
+	const float eps = 1e-5f;
+	int rc = kind ? kfuse_add_rmsnorm_as(ctx, kind, hb.user, xb.user, yb.user, wb.user, n, rows, eps)
+	              : kfuse_add_rmsnorm(ctx, hb.user, xb.user, yb.user, wb.user, n, rows, eps);
+	if (rc == ERR_UNSUPPORTED) {
+		declined = 1;
+		OPS_CHECK(!an_fits(kind, n, rows),
+		          "add_rmsnorm kind %#x declined n %" PRId64 " rows %" PRId64, kind, n, rows);
+		goto out;
+	}
+	OPS_CHECK(an_fits(kind, n, rows),
+	          "add_rmsnorm kind %#x took n %" PRId64 " rows %" PRId64 " it should decline", kind, n,
+	          rows);
+	OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "add_rmsnorm kind %#x rc %d", kind, rc);
+	OPS_CHECK(ops_dbuf_get(ctx, &hb, hg) == 0 && ops_dbuf_get(ctx, &yb, yg) == 0,
+	          "add_rmsnorm kind %#x: guard bytes damaged", kind);
+	for (size_t i = 0; i < nr; i++)
+		h[i] += x[i];
+	kcpu_rmsnorm(y, n, h, n, w, n, rows, eps);
+	const int cl = (kind & ~KFUSE_AN_EARLY) == KFUSE_AN_CL;
+	const double rel = cl ? 5e-7 : 4e-6;
+	int bad_h = 0, bad_y = 0;
+	for (size_t i = 0; i < nr; i++) {
+		bad_h += isnan(h[i]) ? !isnan(hg[i]) : memcmp(&h[i], &hg[i], 4) != 0;
+		if (!an_same(yg[i], y[i], rel) && bad_y++ < 3)
+			printf("  kind %#x n %" PRId64 " [%zu]: gpu %.9g cpu %.9g\n", kind, n, i, yg[i],
+			       y[i]);
+	}
+	OPS_CHECK(bad_h == 0 && bad_y == 0,
+	          "add_rmsnorm kind %#x n %" PRId64 " rows %" PRId64 "%s: %d h, %d y bad", kind, n, rows,
+	          an_mode_name[mode], bad_h, bad_y);
+	if (check_det) { /* again from the same h: the same bits */
+		float *y2 = malloc(sizeof(float) * nr);
+		rc = kcuda_upload(ctx, hb.user, h0, sizeof(float) * nr);
+		rc = rc ? rc
+		        : (kind ? kfuse_add_rmsnorm_as(ctx, kind, hb.user, xb.user, yb.user, wb.user, n, rows,
+		                                       eps)
+		                : kfuse_add_rmsnorm(ctx, hb.user, xb.user, yb.user, wb.user, n, rows, eps));
+		OPS_CHECK(y2 && rc == 0 && kcuda_sync(ctx) == 0 && ops_dbuf_get(ctx, &yb, y2) == 0 &&
+		              memcmp(y2, yg, sizeof(float) * nr) == 0,
+		          "add_rmsnorm kind %#x n %" PRId64 " rows %" PRId64 ": two runs differ", kind, n,
+		          rows);
+		free(y2);
+	}
+out:
+	ops_dbuf_fini(&hb);
+	ops_dbuf_fini(&xb);
+	ops_dbuf_fini(&wb);
+	ops_dbuf_fini(&yb);
+	free(h);
+	free(x);
+	free(w);
+	free(y);
+	free(hg);
+	free(yg);
+	free(h0);
+	return declined;
+}
+
+/* PDL ordering: a long producer (kfwd_scale over 128 MB with h and x at its very end) right before
+ * the norm, and a consumer (kfwd_scale of y by 3) right after it: the norm must read the scaled h
+ * and x, and the consumer (launched early by KFUSE_AN_EARLY, while the producer still runs) must
+ * read the norm's y. */
+static void an_pdl(int kind, int64_t n, int64_t rows)
+{
+	const int64_t pad = (int64_t)32 << 20, nr = n * rows;
+	float *buf = NULL, *yd = NULL, *wd = NULL;
+	float *h = malloc(sizeof(float) * nr), *x = malloc(sizeof(float) * nr),
+	      *w = malloc(sizeof(float) * n);
+	float *y = malloc(sizeof(float) * nr), *yg = malloc(sizeof(float) * nr);
+	int bad = 0, rc = -1;
+	if (!h || !x || !w || !y || !yg ||
+	    kcuda_alloc(sizeof(float) * (size_t)(pad + 2 * nr), (void **)&buf) ||
+	    kcuda_alloc(sizeof(float) * (size_t)nr, (void **)&yd) ||
+	    kcuda_alloc(sizeof(float) * (size_t)n, (void **)&wd)) {
+		OPS_CHECK(0, "add_rmsnorm pdl setup");
+		goto out;
+	}
+	for (int64_t i = 0; i < nr; i++) {
+		h[i] = 10.0f * ops_rng_unif();
+		x[i] = ops_rng_unif();
+	}
+	for (int64_t i = 0; i < n; i++)
+		w[i] = 1.0f + 0.5f * ops_rng_unif();
+	for (int64_t i = 0; i < nr; i++) /* the CPU sequence on 2h, 2x (exact doublings) */
+		y[i] = 2.0f * h[i] + 2.0f * x[i];
+	{
+		float *hs = malloc(sizeof(float) * nr);
+		if (!hs) {
+			OPS_CHECK(0, "add_rmsnorm pdl: out of memory");
+			goto out;
+		}
+		memcpy(hs, y, sizeof(float) * nr);
+		kcpu_rmsnorm(y, n, hs, n, w, n, rows, 1e-5f);
+		free(hs);
+	}
+	for (int64_t i = 0; i < nr; i++)
+		y[i] *= 3.0f;
+	rc = kcuda_upload(ctx, wd, w, sizeof(float) * (size_t)n);
+	for (int rep = 0; rep < 3 && !rc; rep++) {
+		rc = kcuda_memset(ctx, buf, 0, sizeof(float) * (size_t)pad);
+		rc = rc ? rc : kcuda_memset(ctx, yd, 0, sizeof(float) * (size_t)nr);
+		rc = rc ? rc : kcuda_upload(ctx, buf + pad, h, sizeof(float) * (size_t)nr);
+		rc = rc ? rc : kcuda_upload(ctx, buf + pad + nr, x, sizeof(float) * (size_t)nr);
+		rc = rc ? rc : kcuda_sync(ctx);
+		rc = rc ? rc : kfwd_scale(ctx, buf, pad + 2 * nr, 2.0f); /* h and x written last */
+		rc = rc ? rc
+		        : kfuse_add_rmsnorm_as(ctx, kind, buf + pad, buf + pad + nr, yd, wd, n, rows, 1e-5f);
+		rc = rc ? rc : kfwd_scale(ctx, yd, nr, 3.0f);
+		rc = rc ? rc : kcuda_sync(ctx);
+		rc = rc ? rc : kcuda_download(ctx, yg, yd, sizeof(float) * (size_t)nr);
+		for (int64_t i = 0; i < nr && !rc; i++)
+			if (!an_same(yg[i], y[i], (kind & ~KFUSE_AN_EARLY) == KFUSE_AN_CL ? 5e-7 : 4e-6) &&
+			    bad++ < 3)
+				printf("  pdl kind %#x [%" PRId64 "]: gpu %.9g cpu %.9g\n", kind, i, yg[i],
+				       y[i]);
+	}
+	OPS_CHECK(rc == 0 && bad == 0,
+	          "add_rmsnorm kind %#x after a PDL producer, n %" PRId64 " rows %" PRId64
+	          ": rc %d, %d values read too early",
+	          kind, n, rows, rc, bad);
+	printf("add_rmsnorm kind %#x between a PDL producer and consumer, n %" PRId64 " rows %" PRId64
+	       ", 3 runs: %s\n",
+	       kind, n, rows, rc || bad ? "FAIL" : "ok");
+out:
+	kcuda_free(buf);
+	kcuda_free(yd);
+	kcuda_free(wd);
+	free(h);
+	free(x);
+	free(w);
+	free(y);
+	free(yg);
+}
+
+static void test_add_rmsnorm_kinds(void)
+{
+	static const int kinds[] = {KFUSE_AN_OLD,
+	                            KFUSE_AN_V4,
+	                            KFUSE_AN_V4 | KFUSE_AN_EARLY,
+	                            KFUSE_AN_CL,
+	                            KFUSE_AN_CL | KFUSE_AN_EARLY,
+	                            0};
+	static const int64_t ns[] = {6144, 7168, 4096, 6143, 33, 1, 8, 2048, 512, 16384, 16388};
+	static const int64_t rs[] = {1, 2, 3, 4, 5, 6, 7, 8, 64};
+	for (size_t ki = 0; ki < sizeof(kinds) / sizeof(kinds[0]); ki++) {
+		const int kind = kinds[ki];
+		int n_run = 0, n_decl = 0;
+		for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++)
+			for (size_t ri = 0; ri < sizeof(rs) / sizeof(rs[0]); ri++) {
+				if (quick && ri != 0 && ri != 7 && ri != 8 && !(ni == 0 && ri == 2))
+					continue;
+				const int d =
+				    an_case(kind, ns[ni], rs[ri], AN_NORMAL, ni == 0 && (ri == 0 || ri == 7));
+				n_decl += d;
+				n_run += !d;
+			}
+		for (int mode = AN_LARGE; mode < AN_NMODE; mode++)
+			for (int ni = 0; ni < 2; ni++) {
+				if (mode == AN_HUGE && (kind & ~KFUSE_AN_EARLY) != KFUSE_AN_CL)
+					continue; /* the fp32-sum kernels overflow there (documented) */
+				n_run += !an_case(kind, ns[ni], ni ? 8 : 1, mode, 0);
+			}
+		printf("add_rmsnorm kind %#x: %d cases run, %d declined as expected\n", kind, n_run, n_decl);
+		if (kind)
+			for (int r = 1; r <= 8; r += 7)
+				an_pdl(kind, 6144, r);
+	}
+	/* the public op refuses a kind it does not know */
+	OPS_CHECK(kfuse_add_rmsnorm_as(ctx, 7, (float *)16, NULL, (float *)32, (float *)48, 4, 1, 1e-6f) ==
+	              -EINVAL,
+	          "add_rmsnorm kind 7 accepted");
+	OPS_CHECK(kfuse_add_rmsnorm_as(ctx, KFUSE_AN_OLD | KFUSE_AN_EARLY, (float *)16, NULL, (float *)32,
+	                               (float *)48, 4, 1, 1e-6f) == -EINVAL,
+	          "add_rmsnorm old + early accepted");
+}
+
 /* ---- MLA latents -------------------------------------------------------------------------------- */
 static void test_mla_latent(void)
 {
@@ -820,6 +1061,7 @@ int main(void)
 		return 1;
 	}
 	test_add_rmsnorm();
+	test_add_rmsnorm_kinds();
 	test_mla_latent();
 	test_idx_prep();
 	test_mla_latent_idx();
