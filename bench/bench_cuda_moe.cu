@@ -38,7 +38,15 @@
  * and n - 1 of the sorted and the new path against a CPU reference (all experts are one expert's copies, so
  * out_i = (sum_j w_ij) FFN(x_i) [+ FFN(x_i)]) within 1e-4 of max|ref|; old vs new within 1e-3 of max|out|
  * (the old kernels' own fp32 error); the route kernels' ids equal and weights within 1e-6. bench_cuda_moe
- * exit 77 without a GPU; 1 when a check fails */
+ * exit 77 without a GPU; 1 when a check fails.
+ * First table ("one"; `bench_cuda_moe one` runs only it): the routed + shared experts alone
+ * (kcuda_moe_ffn_shexp) at batch 1 and 8, a CUDA graph of 16 calls with their own id sets (so the
+ * ~24 MB of a call are not in L2 from the last), PDL as in the model, us per call: old =
+ * moe_small's kernels (TANDEM_MOE_SMALL_V=old), new = the defaults (moe_one.cu's batch-1 kernels at
+ * one token), gu / dn = only that half new, early0 = the defaults with TANDEM_MOE_ONE_EARLY=0; GB/s
+ * of the expert bytes (9 experts at batch 1) and their share of the H200's 4.55 TB/s read rate;
+ * new vs old within 1e-4 of max|out| (the same bits expected). Batch 8 runs the same kernels in
+ * every column (a check that nothing changed there). */
 #include <algorithm>
 #include <vector>
 
@@ -281,6 +289,118 @@ static int layer_bench(struct kcuda_ctx *c, const struct kweight *dg, const stru
 	return fails;
 }
 
+/* the "one" table (see the header): kcuda_moe_ffn_shexp alone in a CUDA graph of NL calls with
+ * their own id sets, under the expert-kernel switches; returns the number of failed checks */
+static int one_bench(struct kcuda_ctx *c, const struct kweight *dg, const struct kweight *du,
+                     const struct kweight *dd, const struct kweight *dsg, const struct kweight *dsu,
+                     const struct kweight *dsd, int64_t E, int64_t F, int64_t D, int k)
+{
+	const int NL = 16, nmax = 8;
+	int fails = 0;
+	std::vector<int32_t> ids((size_t)(NL * nmax * k));
+	std::vector<float> w(ids.size()), x((size_t)(nmax * D));
+	for (int l = 0; l < NL * nmax; l++) /* distinct experts per token */
+		for (int j = 0; j < k; j++) {
+			int32_t e;
+			bool dup;
+			do {
+				e = (int32_t)(ops_rng_next() % (uint64_t)E);
+				dup = false;
+				for (int jj = 0; jj < j; jj++)
+					dup |= ids[(size_t)(l * k + jj)] == e;
+			} while (dup);
+			ids[(size_t)(l * k + j)] = e;
+			w[(size_t)(l * k + j)] = ops_rng_unif() + 1.5f;
+		}
+	for (auto &v : x)
+		v = ops_rng_unif();
+	void *d_x, *d_ids, *d_w, *d_out;
+	CK(cudaMalloc(&d_x, x.size() * 4));
+	CK(cudaMalloc(&d_ids, ids.size() * 4));
+	CK(cudaMalloc(&d_w, w.size() * 4));
+	CK(cudaMalloc(&d_out, (size_t)(NL * nmax * D) * 4));
+	CK(cudaMemcpy(d_x, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(d_w, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+	CK(cudaDeviceSynchronize());
+	const double expert_bytes =
+	    2.0 * (double)F * (double)dg->row_bytes + (double)D * (double)dd->row_bytes;
+	/* v: 0 moe_small's kernels, 1 the defaults (moe_one at 1 token), 2 only gate / up new, 3 only
+	 * down new, 4 the defaults with the down kernel's ids read after its wait */
+	static const char *const vname[] = {"old", "new", "gu", "dn", "early0"};
+	printf(
+	    "  experts alone (routed + shared, kcuda_moe_ffn_shexp), CUDA graph of %d calls with their own "
+	    "experts, us per call:\n",
+	    NL);
+	printf(
+	    "  batch    old us    new us     gu us     dn us early0 us   new/old  expert MB  new GB/s  %% of "
+	    "4.55 TB/s  new vs old\n");
+	static const int nb[] = {1, 8};
+	for (int n : nb) {
+		float t[5];
+		std::vector<float> outs[2];
+		for (int v = 0; v < 5; v++) {
+			if (v == 0)
+				setenv("TANDEM_MOE_SMALL_V", "old", 1);
+			else if (v == 2 || v == 3)
+				setenv("TANDEM_MOE_SMALL_V", vname[v], 1);
+			else if (v == 4)
+				setenv("TANDEM_MOE_ONE_EARLY", "0", 1);
+			int rc = 0;
+			cudaGraph_t gr = NULL;
+			cudaGraphExec_t ge = NULL;
+			CK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+			for (int l = 0; l < NL; l++) {
+				const size_t o = (size_t)(l * nmax * k);
+				rc |= kcuda_moe_ffn_shexp(c, (const float *)d_x, D, n,
+				                          (const int32_t *)d_ids + o, (const float *)d_w + o,
+				                          k, dg, du, dd, E, F, dsg, dsu, dsd,
+				                          (float *)d_out + (size_t)(l * nmax * D), D);
+			}
+			CK(cudaStreamEndCapture(c->stream, &gr));
+			CK(cudaGraphInstantiate(&ge, gr, 0));
+			t[v] = time_us(c->stream, [&](int) { CK(cudaGraphLaunch(ge, c->stream)); }) / NL;
+			CK(cudaStreamSynchronize(c->stream));
+			if (v < 2) {
+				outs[v].resize((size_t)(NL * nmax * D));
+				CK(cudaMemcpy(outs[v].data(), d_out, outs[v].size() * 4,
+				              cudaMemcpyDeviceToHost));
+			}
+			CK(cudaGraphExecDestroy(ge));
+			CK(cudaGraphDestroy(gr));
+			unsetenv("TANDEM_MOE_SMALL_V");
+			unsetenv("TANDEM_MOE_ONE_EARLY");
+			if (rc) {
+				printf("FAIL: experts alone batch %d variant %s: rc %d\n", n, vname[v], rc);
+				fails++;
+			}
+		}
+		double mx = 0, md = 0;
+		bool same = true;
+		for (int l = 0; l < NL; l++)
+			for (int64_t q = 0; q < n * D; q++) {
+				const size_t i = (size_t)(l * nmax * D + q);
+				mx = std::max(mx, (double)fabsf(outs[0][i]));
+				md = std::max(md, (double)fabsf(outs[0][i] - outs[1][i]));
+				same &= memcmp(&outs[0][i], &outs[1][i], 4) == 0;
+			}
+		if (!(md <= 1e-4 * mx)) {
+			printf("FAIL: experts alone batch %d: new vs old max diff %.3g of max|out| %.3g\n", n,
+			       md, mx);
+			fails++;
+		}
+		const double bytes = (std::min((double)n * k, (double)E) + 1) * expert_bytes;
+		printf("  %5d  %8.2f  %8.2f  %8.2f  %8.2f  %8.2f  %7.2fx  %9.1f  %8.0f  %12.1f  %s\n", n,
+		       t[0], t[1], t[2], t[3], t[4], t[0] / t[1], bytes / 1e6, bytes / (t[1] * 1e3),
+		       100.0 * bytes / (t[1] * 1e3) / 4550.0, same ? "same bits" : "differ (within 1e-4)");
+	}
+	CK(cudaFree(d_x));
+	CK(cudaFree(d_ids));
+	CK(cudaFree(d_w));
+	CK(cudaFree(d_out));
+	return fails;
+}
+
 int main(int argc, char **argv)
 {
 	if (kcuda_device_count() < 1) {
@@ -325,7 +445,14 @@ int main(int argc, char **argv)
 	printf("  batch  experts hit   old us  sorted us   new us  new/sorted   old GB/s  sorted GB/s   new "
 	       "GB/s  "
 	       "route old us  route shfl us  route new us  new s1 us  new s3 us\n");
-	int fails = layer_bench(c, &dg, &du, &dd, &dsg, &dsu, &dsd, E, F, D, k);
+	if (argc > 1 && !strcmp(argv[1], "one")) {
+		const int f1 = one_bench(c, &dg, &du, &dd, &dsg, &dsu, &dsd, E, F, D, k);
+		printf("%s\n", f1 ? "FAIL" : "PASS: all checks");
+		kcuda_ctx_destroy(c);
+		return f1 ? 1 : 0;
+	}
+	int fails = one_bench(c, &dg, &du, &dd, &dsg, &dsu, &dsd, E, F, D, k);
+	fails += layer_bench(c, &dg, &du, &dd, &dsg, &dsu, &dsd, E, F, D, k);
 	if (argc > 1 && !strcmp(argv[1], "layer")) {
 		printf("%s\n", fails ? "FAIL" : "PASS: all checks");
 		kcuda_ctx_destroy(c);
