@@ -48,10 +48,12 @@
  * new vs old within 1e-4 of max|out| (the same bits expected). Batch 8 runs the same kernels in
  * every column (a check that nothing changed there). */
 #include <algorithm>
+#include <array>
 #include <vector>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/model_fwd.h"
+#include "kernels/cuda/moe_mma_units.cuh" /* moe_one.cu's unit code, for the host emulation */
 #include "tests/ops/ops_util.h"
 
 #define CK KCUDA_CHECK
@@ -401,8 +403,179 @@ static int one_bench(struct kcuda_ctx *c, const struct kweight *dg, const struct
 	return fails;
 }
 
+/* ---- host emulation (`bench_cuda_moe emu`, no GPU needed) ---------------------------------------
+ * moe_one.cu's unit code (mo_frag_entry, mo_k45_lds, mo_k45_math in moe_mma_units.cuh) run lane by
+ * lane on the CPU with mma.sync replayed from the 32 lanes' recorded fragments (gm_emu, PTX m16n8k16
+ * layout), for 16 rows (row g and g + 8 of the tile) over all units of n_in, one token: against
+ * gemv_mma.cuh's gm_unit on a gm_lane (the unit moe_small's one-tile kernels run) bit for bit, and
+ * against kcpu_dot_row within the GEMV's tolerance. Checks the fragment layout, the shared-memory
+ * slot layout, the scale decode and the fp16 range scaling, not the hardware. Returns the failures. */
+static void emu_replay(gm_emu &emu)
+{
+	const size_t n_calls = emu.rec[0].size() / 6;
+	for (int l = 0; l < 32; l++)
+		emu.prod[l].assign(4 * n_calls, 0.f);
+	for (size_t c = 0; c < n_calls; c++) {
+		float A[16][16], B[16][8];
+		for (int l = 0; l < 32; l++) {
+			const uint32_t *f = &emu.rec[l][6 * c];
+			const int g = l >> 2, t = l & 3;
+			for (int h = 0; h < 2; h++) {
+				A[g][2 * t + h] = gm_f16(f[0] >> (16 * h));
+				A[g + 8][2 * t + h] = gm_f16(f[1] >> (16 * h));
+				A[g][2 * t + 8 + h] = gm_f16(f[2] >> (16 * h));
+				A[g + 8][2 * t + 8 + h] = gm_f16(f[3] >> (16 * h));
+				B[2 * t + h][g] = gm_f16(f[4] >> (16 * h));
+				B[2 * t + 8 + h][g] = gm_f16(f[5] >> (16 * h));
+			}
+		}
+		for (int l = 0; l < 32; l++) {
+			const int g = l >> 2, t = l & 3;
+			for (int i = 0; i < 4; i++) {
+				const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+				double d = 0;
+				for (int k = 0; k < 16; k++)
+					d += (double)A[row][k] * B[k][col];
+				emu.prod[l][4 * c + i] = (float)d;
+			}
+		}
+	}
+}
+
+template <int T> static int emu_case(int64_t n_in, float xscale, int big_unit)
+{
+	constexpr int BYTES = T == KT_Q5_K ? 176 : 144;
+	size_t rb = 0;
+	ktype_row_bytes(T, n_in, &rb);
+	std::vector<uint8_t> w(rb * 16 + 16);
+	std::vector<float> x((size_t)n_in);
+	ops_fill_weight(T, n_in, 16, rb, w.data());
+	for (auto &v : x)
+		v = ops_rng_unif() * xscale;
+	if (big_unit >= 0) /* one unit past the fp16 range, the others not */
+		for (int i = 0; i < 256; i++)
+			x[(size_t)(256 * big_unit + i)] *= 3e5f;
+	gm_emu emu;
+	gm_emu_ctx = &emu;
+	/* old: gm_unit on gm_lane (rows g, g + 8) */
+	std::vector<gm_lane<1, 1>> L(32);
+	gm_stage<1> stage;
+	memset(&stage, 0, sizeof(stage));
+	for (float &f : stage.f)
+		f = 1.f;
+	const uint8_t *rows[32][1][2];
+	for (int l = 0; l < 32; l++) {
+		gm_lane<1, 1> &a = L[(size_t)l];
+		a.g = l >> 2, a.t = l & 3, a.lane = l, a.n_tok = 1, a.sm = &stage, a.x = x.data(),
+		a.ldx = n_in;
+		memset(a.acc, 0, sizeof(a.acc));
+		rows[l][0][0] = w.data() + (size_t)a.g * rb;
+		rows[l][0][1] = w.data() + (size_t)(8 + a.g) * rb;
+	}
+	/* new: mo_k45_math on a slot and the one-token fragments */
+	std::vector<std::array<float, 4>> acc(32, std::array<float, 4>{0.f, 0.f, 0.f, 0.f});
+	std::vector<uint8_t> slot((size_t)(16 * BYTES));
+	uint2 fr[128];
+	for (int64_t u = 0; u < n_in / 256; u++) {
+		emu.pass = 1;
+		for (int l = 0; l < 32; l++) {
+			gm_lane<1, 1> keep = L[(size_t)l];
+			emu.lane = l;
+			emu.rec[l].clear();
+			gm_unit<T, 1, 1>(L[(size_t)l], rows[l], u);
+			L[(size_t)l] = keep;
+		}
+		emu_replay(emu);
+		emu.pass = 2;
+		for (int l = 0; l < 32; l++) {
+			emu.lane = l;
+			emu.call = 0;
+			gm_unit<T, 1, 1>(L[(size_t)l], rows[l], u);
+		}
+		for (int rr = 0; rr < 16; rr++) /* the slot as the kernels' cp.async leave it */
+			memcpy(slot.data() + (size_t)rr * BYTES,
+			       w.data() + (size_t)rr * rb + (size_t)BYTES * u, BYTES);
+		float m = 0.f;
+		for (int i = 0; i < 256; i++)
+			m = fmaxf(m, fabsf(x[(size_t)(256 * u + i)]));
+		const float sc = gm_xscale(m);
+		for (int q = 0; q < 64; q++) {
+			const float *p = &x[(size_t)(256 * u + 4 * q)];
+			mo_frag_entry(fr, make_float4(p[0], p[1], p[2], p[3]), sc, q);
+		}
+		for (int pass = 1; pass <= 2; pass++) {
+			emu.pass = pass;
+			for (int l = 0; l < 32; l++) {
+				emu.lane = l;
+				emu.call = 0;
+				if (pass == 1)
+					emu.rec[l].clear();
+				gm_k45_w<T, 1> W;
+				memset(&W, 0, sizeof(W));
+				mo_k45_lds<T>(W, slot.data(), l >> 2, l & 3);
+				float a4[4];
+				memcpy(a4, acc[(size_t)l].data(), sizeof(a4));
+				mo_k45_math<T>(a4, W, fr, 1.f / sc, l);
+				if (pass == 2)
+					memcpy(acc[(size_t)l].data(), a4, sizeof(a4));
+			}
+			if (pass == 1)
+				emu_replay(emu);
+		}
+	}
+	gm_emu_ctx = NULL;
+	int fails = 0;
+	double worst = 0;
+	for (int l = 0; l < 32; l += 4) /* lanes t = 0: token 0's hi / lo columns */
+		for (int hr = 0; hr < 2; hr++) {
+			const int row = 8 * hr + (l >> 2);
+			const float o = fmaf(L[(size_t)l].acc[0][0][2 * hr + 1], 1.f / 2048.f,
+			                     L[(size_t)l].acc[0][0][2 * hr]);
+			const float n =
+			    fmaf(acc[(size_t)l][2 * hr + 1], 1.f / 2048.f, acc[(size_t)l][2 * hr]);
+			std::vector<float> deq((size_t)n_in);
+			kcpu_dequant_row(T, w.data() + (size_t)row * rb, deq.data(), n_in);
+			double mag = 0;
+			for (int64_t i = 0; i < n_in; i++)
+				mag += fabs((double)deq[(size_t)i] * x[(size_t)i]);
+			const double ref = kcpu_dot_row(T, w.data() + (size_t)row * rb, x.data(), n_in);
+			const double err = fabs((double)n - ref) / (mag > 0 ? mag : 1);
+			worst = std::max(worst, err);
+			if (memcmp(&o, &n, 4) != 0 || !(err <= 2e-6 * sqrt((double)n_in))) {
+				if (fails++ < 3)
+					printf("  emu %s n_in %lld row %d: new %.9g old %.9g cpu %.9g\n",
+					       ktype_name(T), (long long)n_in, row, n, o, ref);
+			}
+		}
+	printf("emu %-5s n_in %5lld x*%-7g%s: batch-1 unit vs gm_unit %s, max err/mag vs CPU %.2g\n",
+	       ktype_name(T), (long long)n_in, xscale, big_unit >= 0 ? " (one unit *3e5)" : "",
+	       fails ? "DIFFER" : "same bits", worst);
+	return fails;
+}
+
+static int emu_all(void)
+{
+	int f = 0;
+	static const int64_t ns[] = {256, 1024, 6144};
+	for (int64_t n : ns) {
+		f += emu_case<KT_Q4_K>(n, 1.f, -1);
+		f += emu_case<KT_Q5_K>(n, 1.f, -1);
+	}
+	f += emu_case<KT_Q4_K>(1024, 1e6f, -1);
+	f += emu_case<KT_Q5_K>(1024, 1e5f, -1);
+	f += emu_case<KT_Q4_K>(1024, 1.f, 2);
+	f += emu_case<KT_Q5_K>(512, 1.f, 0);
+	return f;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc > 1 && !strcmp(argv[1], "emu")) { /* no GPU needed */
+		ops_seed_init();
+		const int f = emu_all();
+		printf("%s: %d failed emulated checks\n", f ? "FAIL" : "PASS", f);
+		return f ? 1 : 0;
+	}
 	if (kcuda_device_count() < 1) {
 		printf("SKIP: no CUDA device\n");
 		return 77;
