@@ -32,7 +32,10 @@
  * "pf 7" = the defaults plus every expert prefetch (TANDEM_MOE_PF=7; the shared expert's prefetch
  * before the wait follows TANDEM_PREFETCH, read once per process: run `TANDEM_PREFETCH=0
  * bench_cuda_moe layer` for it); "db" = the defaults with TANDEM_MOE_DB=1 (gate / up keep the next
- * unit's loads in flight), "db w4" the same with 4 warps per gate / up block. Check: the new chain's output
+ * unit's loads in flight), "db w4" the same with 4 warps per gate / up block; since moe5 "old" also
+ * runs moe_small's expert kernels (TANDEM_MOE_SMALL_V=old), "new" folds the route into the batch-1
+ * expert launches as the backend does (kcuda_moe_route_ffn1), "nofold" is new with
+ * TANDEM_MOE_ONE_ROUTE=0. Check: the new chain's output
  * equals the old chain's within 1e-4 of max|out| and the ids are the same (both routes on the same logits up
  * to the router product's rounding: ids compared, a near-tie swap is reported, not failed). Checks: tokens 0
  * and n - 1 of the sorted and the new path against a CPU reference (all experts are one expert's copies, so
@@ -170,26 +173,31 @@ static int layer_bench(struct kcuda_ctx *c, const struct kweight *dg, const stru
 	printf("  layer chain (router + route + routed & shared experts), CUDA graph of %d layers, us per "
 	       "layer:\n",
 	       NL);
-	printf("  batch    old us    new us  fused us   pf 7 us     db us  db w4 us   new/old   router + "
+	printf("  batch    old us    new us  fused us   pf 7 us     db us  db w4 us nofold us   new/old   "
+	       "router + "
 	       "experts bytes, GB/s at "
 	       "the new "
 	       "time\n");
 	static const int lb[] = {1, 2, 4, 8};
 	for (int n : lb) {
-		float t[6] = {0, 0, 0, 0, 0, 0};
+		float t[7] = {0, 0, 0, 0, 0, 0, 0};
 		std::vector<float> outs[2];
 		std::vector<int32_t> idv[2];
-		for (int v = 0; v < 6; v++) {
+		for (int v = 0; v < 7; v++) {
 			/* v 0 old, 1 new (defaults), 2 the fused launch at every batch, 3 every expert
-			 * prefetch */
+			 * prefetch, 4 / 5 db, 6 the defaults without the route folded into the batch-1 expert
+			 * launches */
 			if (v == 0) {
 				setenv("TANDEM_MOE_ROUTER_FUSED", "0", 1);
 				setenv("TANDEM_MOE_PF", "0", 1);
-			} else if (v == 2)
+				setenv("TANDEM_MOE_SMALL_V", "old", 1); /* before moe5 */
+			} else if (v == 6)
+				setenv("TANDEM_MOE_ONE_ROUTE", "0", 1);
+			else if (v == 2)
 				setenv("TANDEM_MOE_ROUTER_FUSED", "1", 1);
 			else if (v == 3)
 				setenv("TANDEM_MOE_PF", "7", 1);
-			else if (v >= 4) {
+			else if (v == 4 || v == 5) {
 				setenv("TANDEM_MOE_DB", "1", 1);
 				if (v == 5)
 					setenv("TANDEM_MOE_SMALL_GUW", "4", 1);
@@ -205,16 +213,28 @@ static int layer_bench(struct kcuda_ctx *c, const struct kweight *dg, const stru
 					int r = kcuda_moe_router_route(c, &routers[(size_t)l], xs, D, n, lg,
 					                               (const float *)d_b, (int)E, k, 1, 1, 0,
 					                               true, 2.5f, ids, w, &pf);
+					bool done = false; /* the backend's order (cu_moe) */
 					if (r == ERR_UNSUPPORTED) {
 						r = kcuda_matmul_path(c, KCUDA_MM_F32, &routers[(size_t)l],
 						                      xs, D, n, lg, E);
-						r |= kcuda_moe_route(c, lg, E, (const float *)d_b, n, (int)E,
-						                     k, 1, 1, 0, true, 2.5f, ids, w);
+						const int r1 =
+						    n == 1 ? kcuda_moe_route_ffn1(
+						                 c, lg, (const float *)d_b, (int)E, k, 1, 1,
+						                 0, true, 2.5f, ids, w, xs, dg, du, dd, F,
+						                 dsg, dsu, dsd, out + (size_t)l * nmax * D)
+						           : ERR_UNSUPPORTED;
+						if (r1 != ERR_UNSUPPORTED)
+							r |= r1, done = true;
+						else
+							r |= kcuda_moe_route(c, lg, E, (const float *)d_b, n,
+							                     (int)E, k, 1, 1, 0, true, 2.5f,
+							                     ids, w);
 					}
 					rc |= r;
-					rc |=
-					    kcuda_moe_ffn_shexp(c, xs, D, n, ids, w, k, dg, du, dd, E, F, dsg,
-					                        dsu, dsd, out + (size_t)l * nmax * D, D);
+					if (!done)
+						rc |= kcuda_moe_ffn_shexp(c, xs, D, n, ids, w, k, dg, du, dd,
+						                          E, F, dsg, dsu, dsd,
+						                          out + (size_t)l * nmax * D, D);
 				}
 			};
 			cudaGraph_t gr = NULL;
@@ -239,6 +259,8 @@ static int layer_bench(struct kcuda_ctx *c, const struct kweight *dg, const stru
 			unsetenv("TANDEM_MOE_PF");
 			unsetenv("TANDEM_MOE_DB");
 			unsetenv("TANDEM_MOE_SMALL_GUW");
+			unsetenv("TANDEM_MOE_SMALL_V");
+			unsetenv("TANDEM_MOE_ONE_ROUTE");
 			if (rc) {
 				printf("FAIL: layer chain batch %d variant %d: rc %d\n", n, v, rc);
 				fails++;
@@ -273,12 +295,13 @@ static int layer_bench(struct kcuda_ctx *c, const struct kweight *dg, const stru
 		}
 		const double bytes =
 		    (double)E * D * 4 + (std::min((double)n * k, (double)E) + 1) * expert_bytes;
-		printf("  %5d  %8.1f  %8.1f  %8.1f  %8.1f  %8.1f  %8.1f  %7.2fx   %.1f MB (at most), %.0f "
+		printf("  %5d  %8.1f  %8.1f  %8.1f  %8.1f  %8.1f  %8.1f  %8.1f  %7.2fx   %.1f MB (at most), "
+		       "%.0f "
 		       "GB/s; new vs old "
 		       "%.2g, "
 		       "%d token(s) re-routed\n",
-		       n, t[0], t[1], t[2], t[3], t[4], t[5], t[0] / t[1], bytes / 1e6, bytes / (t[1] * 1e3),
-		       mx > 0 ? md / mx : 0.0, swaps);
+		       n, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[0] / t[1], bytes / 1e6,
+		       bytes / (t[1] * 1e3), mx > 0 ? md / mx : 0.0, swaps);
 	}
 	for (auto &r : routers)
 		kcuda_weight_free(&r);

@@ -46,6 +46,13 @@ int moe_small_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, c
  * both new). Same unit arithmetic as moe_small's one-tile kernels, the weights issued up front. */
 #define MOE_ONE_GU 1
 #define MOE_ONE_DN 2
+struct moe_one_route { /* kcuda_moe_route's arguments for one token (kcuda_moe_route_ffn1) */
+	const float *logits, *bias;
+	int n_group, n_group_used, gating, norm;
+	float scale;
+	int32_t *ids;
+	float *weights;
+};
 struct moe_one_args {
 	const struct kweight *gate, *up, *down;
 	const void *sg, *su, *sd; /* the shared expert's data, or NULL */
@@ -54,6 +61,7 @@ struct moe_one_args {
 	int64_t D, F;
 	int E, np_r, np; /* pairs: np_r = k routed, np = k (+ 1 with the shared expert) */
 	float *h, *out; /* h [np][F] (workspace), out [D] */
+	const struct moe_one_route *route; /* non-NULL: the kernels route the token (ids unused) */
 };
 int moe_one_mode(void); /* MOE_ONE_* under TANDEM_MOE_SMALL_V */
 bool moe_one_gate_up_fits(int type, int64_t D, int64_t F, int np);
@@ -79,6 +87,9 @@ int moe_one_down(struct kcuda_ctx *c, const struct moe_one_args *a);
 #define MOE_PF_ROWS 2
 #define MOE_PF_DOWN 4
 int moe_pf_mask(void);
+/* the register route's experts per lane for these routing arguments, 0 where the register kernel
+ * does not take them (moe_route.cu) */
+int moe_route_reg_v(int E, int k, int n_group, int n_group_used);
 /* TANDEM_MOE_FAST=0 turns the path off (the pair / sorted / grouped kernels of moe_ffn.cu run) */
 bool moe_mma_on(void);
 

@@ -31,13 +31,27 @@
 #include <string.h>
 
 #include "kernels/cuda/moe_mma.h"
+#include "kernels/cuda/moe_mma_route.cuh"
 #include "kernels/cuda/moe_mma_units.cuh"
+#include "kernels/cuda/prof.h"
 
 #define MO_W 8 /* warps per gate / up block (units of D: warp w takes w, w + 8, ...) */
 #define MO_UPW_MAX 4 /* units of D per warp: D <= 8192 */
 #define MO_DW 9 /* warps per down block: pairs (8 routed + the shared expert) */
 #define MO_EARLY 1 /* down: ids / weights of the routed experts before the wait */
 #define MO_PF_SH 2 /* the shared expert's weights before the wait (TANDEM_PREFETCH) */
+#define MO_RV 8 /* the route folded in (RT): E in 129..256, V = 8 experts per lane (GLM-5, DS-V3) */
+
+/* RT: the token's route, done by warp 0 of every block from the router logits (route_reg_token:
+ * kcuda_moe_route's device code, so the same ids and weights in every block and as the route
+ * kernel); block (0, 0) of gate / up also stores them to ids / wts (the op's outputs) */
+struct mo_rt {
+	const float *lg, *bias;
+	int k, n_group, n_group_used, gating, norm;
+	float scale;
+	int32_t *ids;
+	float *wts;
+};
 
 /* 16 bytes global -> shared, asynchronous (both 16-byte aligned) */
 __device__ __forceinline__ void mo_cp16(void *dst, const void *src)
@@ -98,12 +112,12 @@ __device__ __forceinline__ float mo_stage_unit(float *buf, int lane)
  * then MO_W x UPW units of x (1 KB each). Block (f0 = 8 blockIdx.x, pair p) writes
  * h[p][f0 .. f0 + 7] = SiLU(gate) up; a pair with an id out of range writes nothing (the down
  * kernel reports it). */
-template <int T, int UPW>
+template <int T, int UPW, bool RT>
 __global__ void __launch_bounds__(MO_W * 32, T == KT_Q4_K ? 3 : 2)
     moe_one_gate_up_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                            const uint8_t *__restrict__ sg, const uint8_t *__restrict__ su, size_t rb, int E,
                            int64_t F, int n_units, const float *x, const int32_t *ids, int np_r,
-                           float *__restrict__ h, int flags)
+                           float *__restrict__ h, int flags, mo_rt rt)
 {
 	constexpr int BYTES = T == KT_Q5_K ? 176 : 144, CH = BYTES / 16, SLOT = 16 * BYTES;
 	extern __shared__ __align__(16) uint8_t mo_smem[];
@@ -157,13 +171,29 @@ __global__ void __launch_bounds__(MO_W * 32, T == KT_Q4_K ? 3 : 2)
 		mo_wait<0>();
 	} else {
 		const uint8_t *bg = sg, *bu = su;
+		issue_x(x); /* x first: it is ready now, the weights need the id */
 		if (!shared) {
-			const int e = ids[p];
-			if (e < 0 || e >= E)
-				return; /* block-uniform; nothing issued */
+			int e;
+			if (RT) { /* the route by warp 0 (the logits are the last launch's output) */
+				__shared__ int s_id[32];
+				__shared__ float s_w[32];
+				if (warp == 0) {
+					route_reg_token<MO_RV, true>(kdep_after(rt.lg), rt.bias, E, rt.k,
+					                             rt.n_group, rt.n_group_used, rt.gating,
+					                             rt.norm, rt.scale, s_id, s_w);
+					if (blockIdx.x == 0 && blockIdx.y == 0 && lane < rt.k)
+						rt.ids[lane] = s_id[lane], rt.wts[lane] = s_w[lane];
+				}
+				__syncthreads();
+				e = s_id[p];
+			} else
+				e = ids[p];
+			if (e < 0 || e >= E) { /* block-uniform */
+				mo_wait<0>();
+				return;
+			}
 			bg = wg + (size_t)e * (size_t)F * rb, bu = wu + (size_t)e * (size_t)F * rb;
 		}
-		issue_x(x); /* x first: it is ready now, the weights need the id */
 		issue_w(bg, bu);
 		mo_wait_rt(UPW - 1); /* x's group is the oldest */
 	}
@@ -220,12 +250,13 @@ __global__ void __launch_bounds__(MO_W * 32, T == KT_Q4_K ? 3 : 2)
  * completed and its memory is flushed) before its launch_dependents, and this grid cannot start
  * before all of them have triggered. The loads go to L2 (ld.global.cg), so no stale L1 line of an
  * earlier layer's ids can answer. Off: TANDEM_MOE_ONE_EARLY=0 (and whenever PDL is off it changes
- * nothing). */
-template <int T>
+ * nothing). RT: the same for the router logits (written by the router product, the launch before
+ * gate / up): warp 0 routes the token itself (route_reg_token, ld.global.cg), no ids are read. */
+template <int T, bool RT>
 __global__ void __launch_bounds__(MO_DW * 32, 3)
     moe_one_down_kernel(const uint8_t *__restrict__ wd, const uint8_t *__restrict__ sd, size_t rb, int E,
                         int64_t D, const float *h, const int32_t *ids, const float *wts, int np_r, int np,
-                        float *__restrict__ out, unsigned *err, int flags)
+                        float *__restrict__ out, unsigned *err, int flags, mo_rt rt)
 {
 	constexpr int BYTES = T == KT_Q5_K ? 176 : 144, CH = BYTES / 16, SLOT = 16 * BYTES;
 	extern __shared__ __align__(16) uint8_t mo_smem[];
@@ -247,43 +278,48 @@ __global__ void __launch_bounds__(MO_DW * 32, 3)
 	};
 	const bool sh = p >= np_r && p < np;
 	bool issued = false;
-	int e = -1;
+	/* the pairs' experts and weights into es / wsh, and this warp's routed rows issued: from ids /
+	 * wts (ld.global.cg before the wait), or (RT) routed by warp 0 from the logits */
+	auto routes = [&](const float *lg, const int32_t *ip, const float *wp, bool cg) {
+		if (RT) {
+			__shared__ int s_id[32];
+			__shared__ float s_w[32];
+			if (warp == 0)
+				route_reg_token<MO_RV, true>(lg, rt.bias, E, rt.k, rt.n_group,
+				                             rt.n_group_used, rt.gating, rt.norm, rt.scale,
+				                             s_id, s_w);
+			__syncthreads();
+			if (threadIdx.x < np) {
+				const int i = threadIdx.x;
+				es[i] = mo_expert(i < np_r ? s_id[i] : E, i < np_r, E);
+				wsh[i] = i < np_r ? s_w[i] : 1.0f;
+			}
+			__syncthreads();
+		} else if (threadIdx.x < np) {
+			const int i = threadIdx.x;
+			es[i] = mo_expert(i < np_r ? (cg ? __ldcg(ip + i) : ip[i]) : E, i < np_r, E);
+			wsh[i] = i < np_r ? (cg ? __ldcg(wp + i) : wp[i]) : 1.0f;
+		}
+		if (p < np_r) {
+			const int e = RT ? es[p] : mo_expert(cg ? __ldcg(ip + p) : ip[p], true, E);
+			if (e >= 0) {
+				issue_w(wd + (size_t)e * (size_t)D * rb);
+				issued = true;
+			}
+		}
+	};
 	if (sh && (flags & MO_PF_SH)) { /* weights: before the wait */
 		issue_w(sd);
 		issued = true;
 	}
-	if (flags & MO_EARLY) { /* see the comment above the kernel */
-		if (p < np_r) {
-			e = __ldcg(ids + p);
-			if (e >= 0 && e < E) {
-				issue_w(wd + (size_t)e * (size_t)D * rb);
-				issued = true;
-			}
-		}
-		if (threadIdx.x < np) {
-			const int i = threadIdx.x;
-			es[i] = mo_expert(i < np_r ? __ldcg(ids + i) : E, i < np_r, E);
-			wsh[i] = i < np_r ? __ldcg(wts + i) : 1.0f;
-		}
-	}
+	if (flags & MO_EARLY) /* see the comment above the kernel */
+		routes(rt.lg, ids, wts, true);
 	KDEP_ENTRY();
 	h = kdep_after(h);
 	ids = kdep_after(ids);
 	wts = kdep_after(wts);
-	if (!(flags & MO_EARLY)) {
-		if (p < np_r) {
-			e = ids[p];
-			if (e >= 0 && e < E) {
-				issue_w(wd + (size_t)e * (size_t)D * rb);
-				issued = true;
-			}
-		}
-		if (threadIdx.x < np) {
-			const int i = threadIdx.x;
-			es[i] = mo_expert(i < np_r ? ids[i] : E, i < np_r, E);
-			wsh[i] = i < np_r ? wts[i] : 1.0f;
-		}
-	}
+	if (!(flags & MO_EARLY))
+		routes(kdep_after(rt.lg), ids, wts, false);
 	if (sh && !issued) {
 		issue_w(sd);
 		issued = true;
@@ -370,9 +406,23 @@ bool moe_one_down_fits(int type, int64_t F, int np)
 	return (type == KT_Q4_K || type == KT_Q5_K) && F == 256 && np >= 1 && np <= MO_DW;
 }
 
-template <int T, int UPW> static int mo_gu_launch(struct kcuda_ctx *c, const struct moe_one_args *a)
+/* the fold-in route's arguments (RT), or an empty one */
+static mo_rt mo_rt_of(const struct moe_one_args *a)
 {
-	auto kern = moe_one_gate_up_kernel<T, UPW>;
+	mo_rt r;
+	memset(&r, 0, sizeof(r));
+	if (a->route) {
+		r.lg = a->route->logits, r.bias = a->route->bias, r.k = a->np_r,
+		r.n_group = a->route->n_group;
+		r.n_group_used = a->route->n_group_used, r.gating = a->route->gating, r.norm = a->route->norm;
+		r.scale = a->route->scale, r.ids = a->route->ids, r.wts = a->route->weights;
+	}
+	return r;
+}
+
+template <int T, int UPW, bool RT> static int mo_gu_launch(struct kcuda_ctx *c, const struct moe_one_args *a)
+{
+	auto kern = moe_one_gate_up_kernel<T, UPW, RT>;
 	const size_t smem = mo_gu_smem(T, UPW);
 	static bool attr_done[16]; /* per instantiation and device (attributes are per device) */
 	const bool once = c->device >= 0 && c->device < 16;
@@ -389,16 +439,16 @@ template <int T, int UPW> static int mo_gu_launch(struct kcuda_ctx *c, const str
 	return klaunch("moe_one_gate_up", kern, dim3((unsigned)(a->F / 8), (unsigned)a->np), dim3(MO_W * 32),
 	               smem, c->stream, (const uint8_t *)a->gate->data, (const uint8_t *)a->up->data,
 	               (const uint8_t *)a->sg, (const uint8_t *)a->su, a->gate->row_bytes, a->E, a->F,
-	               (int)(a->D / 256), a->x, a->ids, a->np_r, a->h, mo_flags(false));
+	               (int)(a->D / 256), a->x, a->ids, a->np_r, a->h, mo_flags(false), mo_rt_of(a));
 }
 
-template <int T> static int mo_gu_t(struct kcuda_ctx *c, const struct moe_one_args *a)
+template <int T, bool RT> static int mo_gu_t(struct kcuda_ctx *c, const struct moe_one_args *a)
 {
 	switch (mo_upw(a->D / 256)) {
-	case 1: return mo_gu_launch<T, 1>(c, a);
-	case 2: return mo_gu_launch<T, 2>(c, a);
-	case 3: return mo_gu_launch<T, 3>(c, a);
-	default: return mo_gu_launch<T, 4>(c, a);
+	case 1: return mo_gu_launch<T, 1, RT>(c, a);
+	case 2: return mo_gu_launch<T, 2, RT>(c, a);
+	case 3: return mo_gu_launch<T, 3, RT>(c, a);
+	default: return mo_gu_launch<T, 4, RT>(c, a);
 	}
 }
 
@@ -406,12 +456,14 @@ int moe_one_gate_up(struct kcuda_ctx *c, const struct moe_one_args *a)
 {
 	if (!moe_one_gate_up_fits(a->gate->type, a->D, a->F, a->np) || a->up->type != a->gate->type)
 		return -EINVAL;
-	return a->gate->type == KT_Q5_K ? mo_gu_t<KT_Q5_K>(c, a) : mo_gu_t<KT_Q4_K>(c, a);
+	if (a->route)
+		return a->gate->type == KT_Q5_K ? mo_gu_t<KT_Q5_K, true>(c, a) : mo_gu_t<KT_Q4_K, true>(c, a);
+	return a->gate->type == KT_Q5_K ? mo_gu_t<KT_Q5_K, false>(c, a) : mo_gu_t<KT_Q4_K, false>(c, a);
 }
 
-template <int T> static int mo_dn_t(struct kcuda_ctx *c, const struct moe_one_args *a)
+template <int T, bool RT> static int mo_dn_t(struct kcuda_ctx *c, const struct moe_one_args *a)
 {
-	auto kern = moe_one_down_kernel<T>;
+	auto kern = moe_one_down_kernel<T, RT>;
 	const size_t smem = (size_t)MO_DW * (16 * (T == KT_Q5_K ? 176 : 144) + 1024);
 	static bool attr_done[16]; /* per instantiation and device (attributes are per device) */
 	const bool once = c->device >= 0 && c->device < 16;
@@ -428,12 +480,74 @@ template <int T> static int mo_dn_t(struct kcuda_ctx *c, const struct moe_one_ar
 	return klaunch("moe_one_down", kern, dim3((unsigned)((a->D + 15) / 16)), dim3(MO_DW * 32), smem,
 	               c->stream, (const uint8_t *)a->down->data, (const uint8_t *)a->sd, a->down->row_bytes,
 	               a->E, a->D, (const float *)a->h, a->ids, a->w, a->np_r, a->np, a->out, c->err_dev,
-	               mo_flags(true));
+	               mo_flags(true), mo_rt_of(a));
 }
 
 int moe_one_down(struct kcuda_ctx *c, const struct moe_one_args *a)
 {
 	if (!moe_one_down_fits(a->down->type, a->F, a->np))
 		return -EINVAL;
-	return a->down->type == KT_Q5_K ? mo_dn_t<KT_Q5_K>(c, a) : mo_dn_t<KT_Q4_K>(c, a);
+	if (a->route)
+		return a->down->type == KT_Q5_K ? mo_dn_t<KT_Q5_K, true>(c, a) : mo_dn_t<KT_Q4_K, true>(c, a);
+	return a->down->type == KT_Q5_K ? mo_dn_t<KT_Q5_K, false>(c, a) : mo_dn_t<KT_Q4_K, false>(c, a);
+}
+
+/* ---- the route folded into the expert launches (kcuda_moe_route_ffn1) -------------------------- */
+
+static bool mo_route_on(void)
+{
+	const char *v = getenv("TANDEM_MOE_ONE_ROUTE");
+	return !(v && strcmp(v, "0") == 0);
+}
+
+extern "C" int kcuda_moe_route_ffn1(struct kcuda_ctx *c, const float *logits, const float *bias, int E, int k,
+                                    int n_group, int n_group_used, int gating, bool norm, float scale,
+                                    int32_t *ids, float *weights, const float *x, const struct kweight *gate,
+                                    const struct kweight *up, const struct kweight *down, int64_t F,
+                                    const struct kweight *sh_gate, const struct kweight *sh_up,
+                                    const struct kweight *sh_down, float *out)
+{
+	if (!c || !logits || !ids || !weights || !x || !gate || !up || !down || !sh_gate || !sh_up ||
+	    !sh_down || !out || E < 1 || k < 1 || k > E || F < 1 || n_group < 0 || n_group_used < 0)
+		return kcuda_bad_arg("moe_route_ffn1", "E %d k %d F %lld groups %d/%d, or a null pointer", E,
+		                     k, (long long)F, n_group_used, n_group);
+	if (!gate->data || !up->data || !down->data || !sh_gate->data || !sh_up->data || !sh_down->data)
+		return kcuda_bad_arg("moe_route_ffn1", "null weight data");
+	const int64_t D = gate->n_in;
+	/* the shapes and switches of every part (moe_mma_fits: TANDEM_MOE_FAST, types, D / F multiples of
+	 * 256, x alignment; moe_small_fits: TANDEM_MOE_SMALL, workspace; the route: the register kernel
+	 * with V = 8, TANDEM_MOE_ROUTE_FAST unset (its redux arg-max), groups that are whole lane runs) */
+	const char *rf = getenv("TANDEM_MOE_ROUTE_FAST");
+	if (!mo_route_on() || moe_one_mode() != (MOE_ONE_GU | MOE_ONE_DN) || (rf && *rf) ||
+	    (n_group > 1 && n_group_used < n_group && (E % n_group || n_group_used < 1)) ||
+	    moe_route_reg_v(E, k, n_group, n_group_used) != MO_RV || k > MO_DW - 1 ||
+	    up->type != gate->type || up->n_in != D || down->n_in != F || gate->n_out != E * F ||
+	    up->n_out != E * F || down->n_out != E * D ||
+	    !moe_mma_fits(c, x, D, 1, k, gate, up, down, E, F) ||
+	    !moe_mma_fits_shared(gate, down, F, sh_gate, sh_up, sh_down) ||
+	    !moe_small_fits(c, 1, k, true, F) || !moe_one_gate_up_fits(gate->type, D, F, k + 1) ||
+	    !moe_one_down_fits(down->type, F, k + 1))
+		return ERR_UNSUPPORTED; /* nothing enqueued: the caller routes and runs the experts */
+	struct moe_one_route r = {logits,       bias,  n_group, n_group_used, gating,
+	                          norm ? 1 : 0, scale, ids,     weights};
+	struct moe_one_args a;
+	a.gate = gate, a.up = up, a.down = down, a.sg = sh_gate->data, a.su = sh_up->data,
+	a.sd = sh_down->data;
+	a.x = x, a.w = weights, a.ids = ids, a.D = D, a.F = F, a.E = E, a.np_r = k, a.np = k + 1;
+	a.h = (float *)c->ws, a.out = out, a.route = &r;
+	if (kprof_active)
+		kprof_push(kprof_active, "moe.experts/gate_up+route(one)", ktype_name(gate->type),
+		           2.0 * (double)(k + 1) * (double)F * (double)gate->row_bytes);
+	int rc = moe_one_gate_up(c, &a);
+	if (kprof_active)
+		kprof_pop(kprof_active);
+	if (rc)
+		return rc;
+	if (kprof_active)
+		kprof_push(kprof_active, "moe.experts/down+route(one)", ktype_name(down->type),
+		           (double)(k + 1) * (double)D * (double)down->row_bytes);
+	rc = moe_one_down(c, &a);
+	if (kprof_active)
+		kprof_pop(kprof_active);
+	return rc;
 }

@@ -490,7 +490,7 @@ int moe_small_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, c
 	struct moe_one_args oa;
 	oa.gate = gate, oa.up = up, oa.down = down, oa.sg = a.sg, oa.su = a.su, oa.sd = a.sd;
 	oa.x = x, oa.w = weights, oa.ids = ids, oa.D = a.D, oa.F = F, oa.E = a.E, oa.np_r = a.np_r;
-	oa.np = a.np, oa.h = a.h, oa.out = out;
+	oa.np = a.np, oa.h = a.h, oa.out = out, oa.route = NULL;
 	int rc;
 	ms_stage_begin("moe.experts/gate_up(small)", gate, 2.0 * (double)n_ex * (double)F);
 	if ((one & MOE_ONE_GU) && up->type == gate->type && moe_one_gate_up_fits(gate->type, a.D, F, a.np))

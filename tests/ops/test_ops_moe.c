@@ -36,7 +36,9 @@
  *    the CPU and against moe_small's kernels (the same bits expected), GLM-5 / DS-V3 slices and
  *    short D, every down type, repeated ids, large x, each half alone, with the switches of their
  *    early loads off; and the decode chain producer -> router -> route -> experts under PDL, the
- *    same bits as the call alone (a read before a producer finished would differ).
+ *    same bits as the call alone (a read before a producer finished would differ), also with the
+ *    route folded into the expert launches (kcuda_moe_route_ffn1: its ids / weights the same bits as
+ *    kcuda_moe_route's on the same logits; GLM-5 and DS-V3 group routing) and its refusals.
  * Guard bytes around the outputs. Exit 77 = no GPU (skip). */
 #include <errno.h>
 
@@ -545,7 +547,7 @@ out:
  * wait: a kernel that read x or the ids before their producers finished would see the old values. Reference:
  * the same expert call on the downloaded x, ids and weights, alone on an idle stream (ffn_case checks it
  * against the CPU): the same bits required. */
-static void one_chain(const struct fdims *fd, int type, int dtype)
+static void one_chain(const struct fdims *fd, int type, int dtype, int n_group, int n_group_used, int fold)
 {
 	const int64_t E = fd->E, F = fd->F, D = fd->D, pad = (int64_t)32 << 20;
 	const int k = fd->k;
@@ -565,12 +567,15 @@ static void one_chain(const struct fdims *fd, int type, int dtype)
 	               hsd = {dtype, F, D, rb_f, sd};
 	struct kweight hw = {KT_F32, D, E, (size_t)D * 4, wr};
 	struct kweight dg = {0}, du = {0}, ddn = {0}, dsg = {0}, dsu = {0}, dsd = {0}, dw = {0};
-	float *buf = NULL, *d_lg = NULL, *d_w = NULL, *d_x2 = NULL, *d_w2 = NULL;
+	float *buf = NULL, *d_lg = NULL, *d_w = NULL, *d_x2 = NULL, *d_w2 = NULL, *d_bias = NULL;
+	float *bias = malloc(sizeof(float) * (size_t)E), *rw2 = malloc(sizeof(float) * (size_t)k);
+	int32_t *rid2 = malloc(sizeof(int32_t) * (size_t)k);
+	int route_diff = 0;
 	int32_t *d_id = NULL, *d_id2 = NULL;
 	struct ops_dbuf ob = {0};
 	int bad = 0, changed = 0;
 	if (!hg || !hu || !hd || !sg || !su || !sd || !wr || !x || !xh || !got || !ref || !gw || !gid ||
-	    !prev) {
+	    !prev || !bias || !rw2 || !rid2) {
 		OPS_CHECK(0, "one chain %s: host allocation", fd->name);
 		goto out;
 	}
@@ -593,10 +598,14 @@ static void one_chain(const struct fdims *fd, int type, int dtype)
 	    kcuda_alloc(sizeof(float) * (size_t)D, (void **)&d_x2) ||
 	    kcuda_alloc(sizeof(int32_t) * (size_t)k, (void **)&d_id2) ||
 	    kcuda_alloc(sizeof(float) * (size_t)k, (void **)&d_w2) ||
+	    kcuda_alloc(sizeof(float) * (size_t)E, (void **)&d_bias) ||
 	    ops_dbuf_init(ctx, &ob, sizeof(float) * (size_t)D)) {
 		OPS_CHECK(0, "one chain %s: device allocation", fd->name);
 		goto out;
 	}
+	for (int64_t e = 0; e < E; e++)
+		bias[e] = ops_rng_unif() * 0.1f;
+	kcuda_upload(ctx, d_bias, bias, sizeof(float) * (size_t)E);
 	for (int rep = 0; rep < 5; rep++) {
 		/* even runs: producer, router, route, experts; odd runs: the producer right before the
 		 * experts (the ids of the run before) */
@@ -609,15 +618,25 @@ static void one_chain(const struct fdims *fd, int type, int dtype)
 			rc = rc ? rc : kcuda_upload(ctx, d_id, prev, sizeof(int32_t) * (size_t)k);
 		rc = rc ? rc : kcuda_sync(ctx);
 		rc = rc ? rc : kfwd_scale(ctx, buf, pad + D, 2.0f); /* x written last */
-		if (route) {
+		if (route)
 			rc = rc ? rc : kcuda_matmul(ctx, &dw, buf + pad, D, 1, d_lg, E);
+		if (route && fold) { /* the route inside the expert launches */
+			const int r1 =
+			    rc ? rc
+			       : kcuda_moe_route_ffn1(ctx, d_lg, d_bias, (int)E, k, n_group, n_group_used, 0,
+			                              true, 2.5f, d_id, d_w, buf + pad, &dg, &du, &ddn, F,
+			                              &dsg, &dsu, &dsd, ob.user);
+			OPS_CHECK(r1 != ERR_UNSUPPORTED, "one chain %s: route_ffn1 refused", fd->name);
+			rc = r1;
+		} else {
+			if (route)
+				rc = rc ? rc
+				        : kcuda_moe_route(ctx, d_lg, E, d_bias, 1, (int)E, k, n_group,
+				                          n_group_used, 0, true, 2.5f, d_id, d_w);
 			rc = rc ? rc
-			        : kcuda_moe_route(ctx, d_lg, E, NULL, 1, (int)E, k, 1, 1, 0, true, 2.5f, d_id,
-			                          d_w);
+			        : kcuda_moe_ffn_shexp(ctx, buf + pad, D, 1, d_id, d_w, k, &dg, &du, &ddn, E,
+			                              F, &dsg, &dsu, &dsd, ob.user, D);
 		}
-		rc = rc ? rc
-		        : kcuda_moe_ffn_shexp(ctx, buf + pad, D, 1, d_id, d_w, k, &dg, &du, &ddn, E, F, &dsg,
-		                              &dsu, &dsd, ob.user, D);
 		rc = rc ? rc : kcuda_sync(ctx);
 		OPS_CHECK(rc == 0, "one chain %s rep %d: rc %d", fd->name, rep, rc);
 		if (rc)
@@ -626,6 +645,15 @@ static void one_chain(const struct fdims *fd, int type, int dtype)
 		kcuda_download(ctx, gid, d_id, sizeof(int32_t) * (size_t)k);
 		kcuda_download(ctx, gw, d_w, sizeof(float) * (size_t)k);
 		changed += route && memcmp(gid, prev, sizeof(int32_t) * (size_t)k) != 0;
+		if (route) { /* the route kernel on the same logits: the same ids and weight bits */
+			rc = kcuda_moe_route(ctx, d_lg, E, d_bias, 1, (int)E, k, n_group, n_group_used, 0,
+			                     true, 2.5f, d_id2, d_w2);
+			rc = rc ? rc : kcuda_sync(ctx);
+			kcuda_download(ctx, rid2, d_id2, sizeof(int32_t) * (size_t)k);
+			kcuda_download(ctx, rw2, d_w2, sizeof(float) * (size_t)k);
+			route_diff += rc != 0 || memcmp(rid2, gid, sizeof(int32_t) * (size_t)k) != 0 ||
+			              memcmp(rw2, gw, sizeof(float) * (size_t)k) != 0;
+		}
 		/* the reference: the same call alone, on the values the chain produced */
 		rc = kcuda_upload(ctx, d_x2, x, sizeof(float) * (size_t)D);
 		rc = rc ? rc : kcuda_upload(ctx, d_id2, gid, sizeof(int32_t) * (size_t)k);
@@ -646,12 +674,16 @@ static void one_chain(const struct fdims *fd, int type, int dtype)
 	OPS_CHECK(bad == 0,
 	          "one chain %s: %d outputs differ from the call alone (a read before its producer?)",
 	          fd->name, bad);
+	OPS_CHECK(route_diff == 0, "one chain %s: %d runs whose ids / weights differ from kcuda_moe_route's",
+	          fd->name, route_diff);
 	OPS_CHECK(changed >= 2, "one chain %s: the ids changed in only %d of 3 routed runs", fd->name,
 	          changed);
 	printf(
-	    "batch-1 chain %s %s/%s (producer, router, route, experts: 3 runs, ids changed in %d; producer, "
-	    "experts: 2 runs): %s\n",
-	    fd->name, ktype_name(type), ktype_name(dtype), changed, bad ? "FAIL" : "same bits as alone");
+	    "batch-1 chain %s %s/%s groups %d/%d%s (producer, router, route, experts: 3 runs, ids changed in "
+	    "%d; producer, experts: 2 runs): %s\n",
+	    fd->name, ktype_name(type), ktype_name(dtype), n_group_used, n_group,
+	    fold ? ", route folded in (kcuda_moe_route_ffn1)" : "", changed,
+	    bad ? "FAIL" : "same bits as alone");
 out:
 	kcuda_weight_free(&dg);
 	kcuda_weight_free(&du);
@@ -667,6 +699,7 @@ out:
 	kcuda_free(d_x2);
 	kcuda_free(d_id2);
 	kcuda_free(d_w2);
+	kcuda_free(d_bias);
 	ops_dbuf_fini(&ob);
 	free(hg);
 	free(hu);
@@ -682,6 +715,62 @@ out:
 	free(gw);
 	free(gid);
 	free(prev);
+	free(bias);
+	free(rw2);
+	free(rid2);
+}
+
+/* kcuda_moe_route_ffn1 declines (ERR_UNSUPPORTED, nothing enqueued) where it does not apply and
+ * rejects null pointers (-EINVAL) */
+static void route_ffn1_refusals(void)
+{
+	const int64_t E = 256, F = 256, D = 512;
+	size_t rb_d = 0, rb_f = 0;
+	ktype_row_bytes(KT_Q4_K, D, &rb_d);
+	ktype_row_bytes(KT_Q4_K, F, &rb_f);
+	/* descriptors only: the refusals are decided before any data is read (device pointers are
+	 * never dereferenced on the host) */
+	void *d_any = NULL;
+	if (kcuda_alloc(64, &d_any)) {
+		OPS_CHECK(0, "route_ffn1 refusals: device allocation");
+		return;
+	}
+	struct kweight g = {KT_Q4_K, D, E * F, rb_d, d_any}, dn = {KT_Q4_K, F, E * D, rb_f, d_any};
+	struct kweight sg = {KT_Q4_K, D, F, rb_d, d_any}, sd = {KT_Q4_K, F, D, rb_f, d_any};
+	struct kweight g6 = g, dq8 = dn;
+	g6.type = KT_Q6_K;
+	ktype_row_bytes(KT_Q6_K, D, &g6.row_bytes);
+	dq8.type = KT_Q8_0;
+	ktype_row_bytes(KT_Q8_0, F, &dq8.row_bytes);
+	float *fp = (float *)d_any;
+	int32_t *ip = (int32_t *)d_any;
+	int rc = kcuda_moe_route_ffn1(ctx, NULL, NULL, (int)E, 8, 1, 1, 0, true, 1.f, ip, fp, fp, &g, &g, &dn,
+	                              F, &sg, &sg, &sd, fp);
+	OPS_CHECK(rc == -EINVAL, "route_ffn1: null logits: rc %d", rc);
+	rc = kcuda_moe_route_ffn1(ctx, fp, NULL, 64, 8, 1, 1, 0, true, 1.f, ip, fp, fp, &g, &g, &dn, F, &sg,
+	                          &sg, &sd, fp); /* E 64: V 2, not the folded route's 8 (and shapes off) */
+	OPS_CHECK(rc == ERR_UNSUPPORTED, "route_ffn1: E 64: rc %d", rc);
+	rc = kcuda_moe_route_ffn1(ctx, fp, NULL, (int)E, 8, 1, 1, 0, true, 1.f, ip, fp, fp, &g6, &g6, &dn, F,
+	                          &sg, &sg, &sd, fp);
+	OPS_CHECK(rc == ERR_UNSUPPORTED, "route_ffn1: Q6_K gate: rc %d", rc);
+	rc = kcuda_moe_route_ffn1(ctx, fp, NULL, (int)E, 8, 1, 1, 0, true, 1.f, ip, fp, fp, &g, &g, &dq8, F,
+	                          &sg, &sg, &sd, fp);
+	OPS_CHECK(rc == ERR_UNSUPPORTED, "route_ffn1: Q8_0 down: rc %d", rc);
+	setenv("TANDEM_MOE_ONE_ROUTE", "0", 1);
+	rc = kcuda_moe_route_ffn1(ctx, fp, NULL, (int)E, 8, 1, 1, 0, true, 1.f, ip, fp, fp, &g, &g, &dn, F,
+	                          &sg, &sg, &sd, fp);
+	OPS_CHECK(rc == ERR_UNSUPPORTED, "route_ffn1: TANDEM_MOE_ONE_ROUTE=0: rc %d", rc);
+	unsetenv("TANDEM_MOE_ONE_ROUTE");
+	setenv("TANDEM_MOE_SMALL_V", "old", 1);
+	rc = kcuda_moe_route_ffn1(ctx, fp, NULL, (int)E, 8, 1, 1, 0, true, 1.f, ip, fp, fp, &g, &g, &dn, F,
+	                          &sg, &sg, &sd, fp);
+	OPS_CHECK(rc == ERR_UNSUPPORTED, "route_ffn1: TANDEM_MOE_SMALL_V=old: rc %d", rc);
+	unsetenv("TANDEM_MOE_SMALL_V");
+	OPS_CHECK(kcuda_sync(ctx) == 0, "route_ffn1 refusals: stream error");
+	printf(
+	    "route_ffn1 refusals: null logits -EINVAL; E 64, Q6_K gate, Q8_0 down, TANDEM_MOE_ONE_ROUTE=0, "
+	    "TANDEM_MOE_SMALL_V=old: ERR_UNSUPPORTED\n");
+	kcuda_free(d_any);
 }
 
 /* kcuda_moe_router_route (router product + route in one launch, moe_route.cu) against the CPU
@@ -1186,14 +1275,23 @@ int main(void)
 	g_xscale = 1.0f;
 	setenv("TANDEM_MOE_ONE_EARLY", "0", 1);
 	ffn_case(&e256s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
-	one_chain(&e256s, KT_Q4_K, KT_Q4_K);
+	one_chain(&e256s, KT_Q4_K, KT_Q4_K, 1, 1, 0);
 	if (!quick)
 		ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
 	unsetenv("TANDEM_MOE_ONE_EARLY");
 	/* (the shared expert's loads after the wait: TANDEM_PREFETCH=0, read once per process, so a
 	 * separate run of this test) */
-	one_chain(&glm5s, KT_Q4_K, KT_Q4_K);
-	one_chain(&e256s, KT_Q5_K, KT_Q5_K);
+	one_chain(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1, 0);
+	one_chain(&e256s, KT_Q5_K, KT_Q5_K, 8, 4, 0);
+	/* the route folded into the expert launches (kcuda_moe_route_ffn1): GLM-5 routing (one group),
+	 * DS-V3 routing (8 groups / 4), Q5_K; with the down kernel's loads after its wait; refusals */
+	one_chain(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1, 1);
+	one_chain(&e256s, KT_Q4_K, KT_Q4_K, 8, 4, 1);
+	one_chain(&e256s, KT_Q5_K, KT_Q5_K, 1, 1, 1);
+	setenv("TANDEM_MOE_ONE_EARLY", "0", 1);
+	one_chain(&e256s, KT_Q4_K, KT_Q4_K, 8, 4, 1);
+	unsetenv("TANDEM_MOE_ONE_EARLY");
+	route_ffn1_refusals();
 	/* router product + route in one launch: GLM-5 / DS-V3 per-rank shapes, batch 1..8 (the default
 	 * takes 1..2 tokens, TANDEM_MOE_ROUTER_FUSED=1 up to 8), ties; the expert prefetch on (it is
 	 * off by default) and off */
