@@ -32,18 +32,31 @@
  * "pf 7" = the defaults plus every expert prefetch (TANDEM_MOE_PF=7; the shared expert's prefetch
  * before the wait follows TANDEM_PREFETCH, read once per process: run `TANDEM_PREFETCH=0
  * bench_cuda_moe layer` for it); "db" = the defaults with TANDEM_MOE_DB=1 (gate / up keep the next
- * unit's loads in flight), "db w4" the same with 4 warps per gate / up block. Check: the new chain's output
+ * unit's loads in flight), "db w4" the same with 4 warps per gate / up block; since moe5 "old" also
+ * runs moe_small's expert kernels (TANDEM_MOE_SMALL_V=old), "new" folds the route into the batch-1
+ * expert launches as the backend does (kcuda_moe_route_ffn1), "nofold" is new with
+ * TANDEM_MOE_ONE_ROUTE=0. Check: the new chain's output
  * equals the old chain's within 1e-4 of max|out| and the ids are the same (both routes on the same logits up
  * to the router product's rounding: ids compared, a near-tie swap is reported, not failed). Checks: tokens 0
  * and n - 1 of the sorted and the new path against a CPU reference (all experts are one expert's copies, so
  * out_i = (sum_j w_ij) FFN(x_i) [+ FFN(x_i)]) within 1e-4 of max|ref|; old vs new within 1e-3 of max|out|
  * (the old kernels' own fp32 error); the route kernels' ids equal and weights within 1e-6. bench_cuda_moe
- * exit 77 without a GPU; 1 when a check fails */
+ * exit 77 without a GPU; 1 when a check fails.
+ * First table ("one"; `bench_cuda_moe one` runs only it): the routed + shared experts alone
+ * (kcuda_moe_ffn_shexp) at batch 1 and 8, a CUDA graph of 16 calls with their own id sets (so the
+ * ~24 MB of a call are not in L2 from the last), PDL as in the model, us per call: old =
+ * moe_small's kernels (TANDEM_MOE_SMALL_V=old), new = the defaults (moe_one.cu's batch-1 kernels at
+ * one token), gu / dn = only that half new, early0 = the defaults with TANDEM_MOE_ONE_EARLY=0; GB/s
+ * of the expert bytes (9 experts at batch 1) and their share of the H200's 4.55 TB/s read rate;
+ * new vs old within 1e-4 of max|out| (the same bits expected). Batch 8 runs the same kernels in
+ * every column (a check that nothing changed there). */
 #include <algorithm>
+#include <array>
 #include <vector>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/model_fwd.h"
+#include "kernels/cuda/moe_mma_units.cuh" /* moe_one.cu's unit code, for the host emulation */
 #include "tests/ops/ops_util.h"
 
 #define CK KCUDA_CHECK
@@ -160,26 +173,31 @@ static int layer_bench(struct kcuda_ctx *c, const struct kweight *dg, const stru
 	printf("  layer chain (router + route + routed & shared experts), CUDA graph of %d layers, us per "
 	       "layer:\n",
 	       NL);
-	printf("  batch    old us    new us  fused us   pf 7 us     db us  db w4 us   new/old   router + "
+	printf("  batch    old us    new us  fused us   pf 7 us     db us  db w4 us nofold us   new/old   "
+	       "router + "
 	       "experts bytes, GB/s at "
 	       "the new "
 	       "time\n");
 	static const int lb[] = {1, 2, 4, 8};
 	for (int n : lb) {
-		float t[6] = {0, 0, 0, 0, 0, 0};
+		float t[7] = {0, 0, 0, 0, 0, 0, 0};
 		std::vector<float> outs[2];
 		std::vector<int32_t> idv[2];
-		for (int v = 0; v < 6; v++) {
+		for (int v = 0; v < 7; v++) {
 			/* v 0 old, 1 new (defaults), 2 the fused launch at every batch, 3 every expert
-			 * prefetch */
+			 * prefetch, 4 / 5 db, 6 the defaults without the route folded into the batch-1 expert
+			 * launches */
 			if (v == 0) {
 				setenv("TANDEM_MOE_ROUTER_FUSED", "0", 1);
 				setenv("TANDEM_MOE_PF", "0", 1);
-			} else if (v == 2)
+				setenv("TANDEM_MOE_SMALL_V", "old", 1); /* before moe5 */
+			} else if (v == 6)
+				setenv("TANDEM_MOE_ONE_ROUTE", "0", 1);
+			else if (v == 2)
 				setenv("TANDEM_MOE_ROUTER_FUSED", "1", 1);
 			else if (v == 3)
 				setenv("TANDEM_MOE_PF", "7", 1);
-			else if (v >= 4) {
+			else if (v == 4 || v == 5) {
 				setenv("TANDEM_MOE_DB", "1", 1);
 				if (v == 5)
 					setenv("TANDEM_MOE_SMALL_GUW", "4", 1);
@@ -195,16 +213,28 @@ static int layer_bench(struct kcuda_ctx *c, const struct kweight *dg, const stru
 					int r = kcuda_moe_router_route(c, &routers[(size_t)l], xs, D, n, lg,
 					                               (const float *)d_b, (int)E, k, 1, 1, 0,
 					                               true, 2.5f, ids, w, &pf);
+					bool done = false; /* the backend's order (cu_moe) */
 					if (r == ERR_UNSUPPORTED) {
 						r = kcuda_matmul_path(c, KCUDA_MM_F32, &routers[(size_t)l],
 						                      xs, D, n, lg, E);
-						r |= kcuda_moe_route(c, lg, E, (const float *)d_b, n, (int)E,
-						                     k, 1, 1, 0, true, 2.5f, ids, w);
+						const int r1 =
+						    n == 1 ? kcuda_moe_route_ffn1(
+						                 c, lg, (const float *)d_b, (int)E, k, 1, 1,
+						                 0, true, 2.5f, ids, w, xs, dg, du, dd, F,
+						                 dsg, dsu, dsd, out + (size_t)l * nmax * D)
+						           : ERR_UNSUPPORTED;
+						if (r1 != ERR_UNSUPPORTED)
+							r |= r1, done = true;
+						else
+							r |= kcuda_moe_route(c, lg, E, (const float *)d_b, n,
+							                     (int)E, k, 1, 1, 0, true, 2.5f,
+							                     ids, w);
 					}
 					rc |= r;
-					rc |=
-					    kcuda_moe_ffn_shexp(c, xs, D, n, ids, w, k, dg, du, dd, E, F, dsg,
-					                        dsu, dsd, out + (size_t)l * nmax * D, D);
+					if (!done)
+						rc |= kcuda_moe_ffn_shexp(c, xs, D, n, ids, w, k, dg, du, dd,
+						                          E, F, dsg, dsu, dsd,
+						                          out + (size_t)l * nmax * D, D);
 				}
 			};
 			cudaGraph_t gr = NULL;
@@ -229,6 +259,8 @@ static int layer_bench(struct kcuda_ctx *c, const struct kweight *dg, const stru
 			unsetenv("TANDEM_MOE_PF");
 			unsetenv("TANDEM_MOE_DB");
 			unsetenv("TANDEM_MOE_SMALL_GUW");
+			unsetenv("TANDEM_MOE_SMALL_V");
+			unsetenv("TANDEM_MOE_ONE_ROUTE");
 			if (rc) {
 				printf("FAIL: layer chain batch %d variant %d: rc %d\n", n, v, rc);
 				fails++;
@@ -263,12 +295,13 @@ static int layer_bench(struct kcuda_ctx *c, const struct kweight *dg, const stru
 		}
 		const double bytes =
 		    (double)E * D * 4 + (std::min((double)n * k, (double)E) + 1) * expert_bytes;
-		printf("  %5d  %8.1f  %8.1f  %8.1f  %8.1f  %8.1f  %8.1f  %7.2fx   %.1f MB (at most), %.0f "
+		printf("  %5d  %8.1f  %8.1f  %8.1f  %8.1f  %8.1f  %8.1f  %8.1f  %7.2fx   %.1f MB (at most), "
+		       "%.0f "
 		       "GB/s; new vs old "
 		       "%.2g, "
 		       "%d token(s) re-routed\n",
-		       n, t[0], t[1], t[2], t[3], t[4], t[5], t[0] / t[1], bytes / 1e6, bytes / (t[1] * 1e3),
-		       mx > 0 ? md / mx : 0.0, swaps);
+		       n, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[0] / t[1], bytes / 1e6,
+		       bytes / (t[1] * 1e3), mx > 0 ? md / mx : 0.0, swaps);
 	}
 	for (auto &r : routers)
 		kcuda_weight_free(&r);
@@ -281,8 +314,291 @@ static int layer_bench(struct kcuda_ctx *c, const struct kweight *dg, const stru
 	return fails;
 }
 
+/* the "one" table (see the header): kcuda_moe_ffn_shexp alone in a CUDA graph of NL calls with
+ * their own id sets, under the expert-kernel switches; returns the number of failed checks */
+static int one_bench(struct kcuda_ctx *c, const struct kweight *dg, const struct kweight *du,
+                     const struct kweight *dd, const struct kweight *dsg, const struct kweight *dsu,
+                     const struct kweight *dsd, int64_t E, int64_t F, int64_t D, int k)
+{
+	const int NL = 16, nmax = 8;
+	int fails = 0;
+	std::vector<int32_t> ids((size_t)(NL * nmax * k));
+	std::vector<float> w(ids.size()), x((size_t)(nmax * D));
+	for (int l = 0; l < NL * nmax; l++) /* distinct experts per token */
+		for (int j = 0; j < k; j++) {
+			int32_t e;
+			bool dup;
+			do {
+				e = (int32_t)(ops_rng_next() % (uint64_t)E);
+				dup = false;
+				for (int jj = 0; jj < j; jj++)
+					dup |= ids[(size_t)(l * k + jj)] == e;
+			} while (dup);
+			ids[(size_t)(l * k + j)] = e;
+			w[(size_t)(l * k + j)] = ops_rng_unif() + 1.5f;
+		}
+	for (auto &v : x)
+		v = ops_rng_unif();
+	void *d_x, *d_ids, *d_w, *d_out;
+	CK(cudaMalloc(&d_x, x.size() * 4));
+	CK(cudaMalloc(&d_ids, ids.size() * 4));
+	CK(cudaMalloc(&d_w, w.size() * 4));
+	CK(cudaMalloc(&d_out, (size_t)(NL * nmax * D) * 4));
+	CK(cudaMemcpy(d_x, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(d_w, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+	CK(cudaDeviceSynchronize());
+	const double expert_bytes =
+	    2.0 * (double)F * (double)dg->row_bytes + (double)D * (double)dd->row_bytes;
+	/* v: 0 moe_small's kernels, 1 the defaults (moe_one at 1 token), 2 only gate / up new, 3 only
+	 * down new, 4 the defaults with the down kernel's ids read after its wait */
+	static const char *const vname[] = {"old", "new", "gu", "dn", "early0"};
+	printf(
+	    "  experts alone (routed + shared, kcuda_moe_ffn_shexp), CUDA graph of %d calls with their own "
+	    "experts, us per call:\n",
+	    NL);
+	printf(
+	    "  batch    old us    new us     gu us     dn us early0 us   new/old  expert MB  new GB/s  %% of "
+	    "4.55 TB/s  new vs old\n");
+	static const int nb[] = {1, 8};
+	for (int n : nb) {
+		float t[5];
+		std::vector<float> outs[2];
+		for (int v = 0; v < 5; v++) {
+			if (v == 0)
+				setenv("TANDEM_MOE_SMALL_V", "old", 1);
+			else if (v == 2 || v == 3)
+				setenv("TANDEM_MOE_SMALL_V", vname[v], 1);
+			else if (v == 4)
+				setenv("TANDEM_MOE_ONE_EARLY", "0", 1);
+			int rc = 0;
+			cudaGraph_t gr = NULL;
+			cudaGraphExec_t ge = NULL;
+			CK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+			for (int l = 0; l < NL; l++) {
+				const size_t o = (size_t)(l * nmax * k);
+				rc |= kcuda_moe_ffn_shexp(c, (const float *)d_x, D, n,
+				                          (const int32_t *)d_ids + o, (const float *)d_w + o,
+				                          k, dg, du, dd, E, F, dsg, dsu, dsd,
+				                          (float *)d_out + (size_t)(l * nmax * D), D);
+			}
+			CK(cudaStreamEndCapture(c->stream, &gr));
+			CK(cudaGraphInstantiate(&ge, gr, 0));
+			t[v] = time_us(c->stream, [&](int) { CK(cudaGraphLaunch(ge, c->stream)); }) / NL;
+			CK(cudaStreamSynchronize(c->stream));
+			if (v < 2) {
+				outs[v].resize((size_t)(NL * nmax * D));
+				CK(cudaMemcpy(outs[v].data(), d_out, outs[v].size() * 4,
+				              cudaMemcpyDeviceToHost));
+			}
+			CK(cudaGraphExecDestroy(ge));
+			CK(cudaGraphDestroy(gr));
+			unsetenv("TANDEM_MOE_SMALL_V");
+			unsetenv("TANDEM_MOE_ONE_EARLY");
+			if (rc) {
+				printf("FAIL: experts alone batch %d variant %s: rc %d\n", n, vname[v], rc);
+				fails++;
+			}
+		}
+		double mx = 0, md = 0;
+		bool same = true;
+		for (int l = 0; l < NL; l++)
+			for (int64_t q = 0; q < n * D; q++) {
+				const size_t i = (size_t)(l * nmax * D + q);
+				mx = std::max(mx, (double)fabsf(outs[0][i]));
+				md = std::max(md, (double)fabsf(outs[0][i] - outs[1][i]));
+				same &= memcmp(&outs[0][i], &outs[1][i], 4) == 0;
+			}
+		if (!(md <= 1e-4 * mx)) {
+			printf("FAIL: experts alone batch %d: new vs old max diff %.3g of max|out| %.3g\n", n,
+			       md, mx);
+			fails++;
+		}
+		const double bytes = (std::min((double)n * k, (double)E) + 1) * expert_bytes;
+		printf("  %5d  %8.2f  %8.2f  %8.2f  %8.2f  %8.2f  %7.2fx  %9.1f  %8.0f  %12.1f  %s\n", n,
+		       t[0], t[1], t[2], t[3], t[4], t[0] / t[1], bytes / 1e6, bytes / (t[1] * 1e3),
+		       100.0 * bytes / (t[1] * 1e3) / 4550.0, same ? "same bits" : "differ (within 1e-4)");
+	}
+	CK(cudaFree(d_x));
+	CK(cudaFree(d_ids));
+	CK(cudaFree(d_w));
+	CK(cudaFree(d_out));
+	return fails;
+}
+
+/* ---- host emulation (`bench_cuda_moe emu`, no GPU needed) ---------------------------------------
+ * moe_one.cu's unit code (mo_frag_entry, mo_k45_lds, mo_k45_math in moe_mma_units.cuh) run lane by
+ * lane on the CPU with mma.sync replayed from the 32 lanes' recorded fragments (gm_emu, PTX m16n8k16
+ * layout), for 16 rows (row g and g + 8 of the tile) over all units of n_in, one token: against
+ * gemv_mma.cuh's gm_unit on a gm_lane (the unit moe_small's one-tile kernels run) bit for bit, and
+ * against kcpu_dot_row within the GEMV's tolerance. Checks the fragment layout, the shared-memory
+ * slot layout, the scale decode and the fp16 range scaling, not the hardware. Returns the failures. */
+static void emu_replay(gm_emu &emu)
+{
+	const size_t n_calls = emu.rec[0].size() / 6;
+	for (int l = 0; l < 32; l++)
+		emu.prod[l].assign(4 * n_calls, 0.f);
+	for (size_t c = 0; c < n_calls; c++) {
+		float A[16][16], B[16][8];
+		for (int l = 0; l < 32; l++) {
+			const uint32_t *f = &emu.rec[l][6 * c];
+			const int g = l >> 2, t = l & 3;
+			for (int h = 0; h < 2; h++) {
+				A[g][2 * t + h] = gm_f16(f[0] >> (16 * h));
+				A[g + 8][2 * t + h] = gm_f16(f[1] >> (16 * h));
+				A[g][2 * t + 8 + h] = gm_f16(f[2] >> (16 * h));
+				A[g + 8][2 * t + 8 + h] = gm_f16(f[3] >> (16 * h));
+				B[2 * t + h][g] = gm_f16(f[4] >> (16 * h));
+				B[2 * t + 8 + h][g] = gm_f16(f[5] >> (16 * h));
+			}
+		}
+		for (int l = 0; l < 32; l++) {
+			const int g = l >> 2, t = l & 3;
+			for (int i = 0; i < 4; i++) {
+				const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+				double d = 0;
+				for (int k = 0; k < 16; k++)
+					d += (double)A[row][k] * B[k][col];
+				emu.prod[l][4 * c + i] = (float)d;
+			}
+		}
+	}
+}
+
+template <int T> static int emu_case(int64_t n_in, float xscale, int big_unit)
+{
+	constexpr int BYTES = T == KT_Q5_K ? 176 : 144;
+	size_t rb = 0;
+	ktype_row_bytes(T, n_in, &rb);
+	std::vector<uint8_t> w(rb * 16 + 16);
+	std::vector<float> x((size_t)n_in);
+	ops_fill_weight(T, n_in, 16, rb, w.data());
+	for (auto &v : x)
+		v = ops_rng_unif() * xscale;
+	if (big_unit >= 0) /* one unit past the fp16 range, the others not */
+		for (int i = 0; i < 256; i++)
+			x[(size_t)(256 * big_unit + i)] *= 3e5f;
+	gm_emu emu;
+	gm_emu_ctx = &emu;
+	/* old: gm_unit on gm_lane (rows g, g + 8) */
+	std::vector<gm_lane<1, 1>> L(32);
+	gm_stage<1> stage;
+	memset(&stage, 0, sizeof(stage));
+	for (float &f : stage.f)
+		f = 1.f;
+	const uint8_t *rows[32][1][2];
+	for (int l = 0; l < 32; l++) {
+		gm_lane<1, 1> &a = L[(size_t)l];
+		a.g = l >> 2, a.t = l & 3, a.lane = l, a.n_tok = 1, a.sm = &stage, a.x = x.data(),
+		a.ldx = n_in;
+		memset(a.acc, 0, sizeof(a.acc));
+		rows[l][0][0] = w.data() + (size_t)a.g * rb;
+		rows[l][0][1] = w.data() + (size_t)(8 + a.g) * rb;
+	}
+	/* new: mo_k45_math on a slot and the one-token fragments */
+	std::vector<std::array<float, 4>> acc(32, std::array<float, 4>{0.f, 0.f, 0.f, 0.f});
+	std::vector<uint8_t> slot((size_t)(16 * BYTES));
+	uint2 fr[128];
+	for (int64_t u = 0; u < n_in / 256; u++) {
+		emu.pass = 1;
+		for (int l = 0; l < 32; l++) {
+			gm_lane<1, 1> keep = L[(size_t)l];
+			emu.lane = l;
+			emu.rec[l].clear();
+			gm_unit<T, 1, 1>(L[(size_t)l], rows[l], u);
+			L[(size_t)l] = keep;
+		}
+		emu_replay(emu);
+		emu.pass = 2;
+		for (int l = 0; l < 32; l++) {
+			emu.lane = l;
+			emu.call = 0;
+			gm_unit<T, 1, 1>(L[(size_t)l], rows[l], u);
+		}
+		for (int rr = 0; rr < 16; rr++) /* the slot as the kernels' cp.async leave it */
+			memcpy(slot.data() + (size_t)rr * BYTES,
+			       w.data() + (size_t)rr * rb + (size_t)BYTES * u, BYTES);
+		float m = 0.f;
+		for (int i = 0; i < 256; i++)
+			m = fmaxf(m, fabsf(x[(size_t)(256 * u + i)]));
+		const float sc = gm_xscale(m);
+		for (int q = 0; q < 64; q++) {
+			const float *p = &x[(size_t)(256 * u + 4 * q)];
+			mo_frag_entry(fr, make_float4(p[0], p[1], p[2], p[3]), sc, q);
+		}
+		for (int pass = 1; pass <= 2; pass++) {
+			emu.pass = pass;
+			for (int l = 0; l < 32; l++) {
+				emu.lane = l;
+				emu.call = 0;
+				if (pass == 1)
+					emu.rec[l].clear();
+				gm_k45_w<T, 1> W;
+				memset(&W, 0, sizeof(W));
+				mo_k45_lds<T>(W, slot.data(), l >> 2, l & 3);
+				float a4[4];
+				memcpy(a4, acc[(size_t)l].data(), sizeof(a4));
+				mo_k45_math<T>(a4, W, fr, 1.f / sc, l);
+				if (pass == 2)
+					memcpy(acc[(size_t)l].data(), a4, sizeof(a4));
+			}
+			if (pass == 1)
+				emu_replay(emu);
+		}
+	}
+	gm_emu_ctx = NULL;
+	int fails = 0;
+	double worst = 0;
+	for (int l = 0; l < 32; l += 4) /* lanes t = 0: token 0's hi / lo columns */
+		for (int hr = 0; hr < 2; hr++) {
+			const int row = 8 * hr + (l >> 2);
+			const float o = fmaf(L[(size_t)l].acc[0][0][2 * hr + 1], 1.f / 2048.f,
+			                     L[(size_t)l].acc[0][0][2 * hr]);
+			const float n =
+			    fmaf(acc[(size_t)l][2 * hr + 1], 1.f / 2048.f, acc[(size_t)l][2 * hr]);
+			std::vector<float> deq((size_t)n_in);
+			kcpu_dequant_row(T, w.data() + (size_t)row * rb, deq.data(), n_in);
+			double mag = 0;
+			for (int64_t i = 0; i < n_in; i++)
+				mag += fabs((double)deq[(size_t)i] * x[(size_t)i]);
+			const double ref = kcpu_dot_row(T, w.data() + (size_t)row * rb, x.data(), n_in);
+			const double err = fabs((double)n - ref) / (mag > 0 ? mag : 1);
+			worst = std::max(worst, err);
+			if (memcmp(&o, &n, 4) != 0 || !(err <= 2e-6 * sqrt((double)n_in))) {
+				if (fails++ < 3)
+					printf("  emu %s n_in %lld row %d: new %.9g old %.9g cpu %.9g\n",
+					       ktype_name(T), (long long)n_in, row, n, o, ref);
+			}
+		}
+	printf("emu %-5s n_in %5lld x*%-7g%s: batch-1 unit vs gm_unit %s, max err/mag vs CPU %.2g\n",
+	       ktype_name(T), (long long)n_in, xscale, big_unit >= 0 ? " (one unit *3e5)" : "",
+	       fails ? "DIFFER" : "same bits", worst);
+	return fails;
+}
+
+static int emu_all(void)
+{
+	int f = 0;
+	static const int64_t ns[] = {256, 1024, 6144};
+	for (int64_t n : ns) {
+		f += emu_case<KT_Q4_K>(n, 1.f, -1);
+		f += emu_case<KT_Q5_K>(n, 1.f, -1);
+	}
+	f += emu_case<KT_Q4_K>(1024, 1e6f, -1);
+	f += emu_case<KT_Q5_K>(1024, 1e5f, -1);
+	f += emu_case<KT_Q4_K>(1024, 1.f, 2);
+	f += emu_case<KT_Q5_K>(512, 1.f, 0);
+	return f;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc > 1 && !strcmp(argv[1], "emu")) { /* no GPU needed */
+		ops_seed_init();
+		const int f = emu_all();
+		printf("%s: %d failed emulated checks\n", f ? "FAIL" : "PASS", f);
+		return f ? 1 : 0;
+	}
 	if (kcuda_device_count() < 1) {
 		printf("SKIP: no CUDA device\n");
 		return 77;
@@ -325,7 +641,14 @@ int main(int argc, char **argv)
 	printf("  batch  experts hit   old us  sorted us   new us  new/sorted   old GB/s  sorted GB/s   new "
 	       "GB/s  "
 	       "route old us  route shfl us  route new us  new s1 us  new s3 us\n");
-	int fails = layer_bench(c, &dg, &du, &dd, &dsg, &dsu, &dsd, E, F, D, k);
+	if (argc > 1 && !strcmp(argv[1], "one")) {
+		const int f1 = one_bench(c, &dg, &du, &dd, &dsg, &dsu, &dsd, E, F, D, k);
+		printf("%s\n", f1 ? "FAIL" : "PASS: all checks");
+		kcuda_ctx_destroy(c);
+		return f1 ? 1 : 0;
+	}
+	int fails = one_bench(c, &dg, &du, &dd, &dsg, &dsu, &dsd, E, F, D, k);
+	fails += layer_bench(c, &dg, &du, &dd, &dsg, &dsu, &dsd, E, F, D, k);
 	if (argc > 1 && !strcmp(argv[1], "layer")) {
 		printf("%s\n", fails ? "FAIL" : "PASS: all checks");
 		kcuda_ctx_destroy(c);

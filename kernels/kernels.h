@@ -362,6 +362,18 @@ int kcuda_moe_ffn_shexp(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_
                         const float *weights, int k, const struct kweight *gate, const struct kweight *up,
                         const struct kweight *down, int64_t E, int64_t F, const struct kweight *sh_gate,
                         const struct kweight *sh_up, const struct kweight *sh_down, float *out, int64_t ldo);
+/* ONE token: kcuda_moe_route(logits, E, bias, 1, E, k, ...) then kcuda_moe_ffn_shexp(x, D, 1, ids,
+ * weights, ...) with the route folded into the two expert launches (kernels/cuda/moe_one.cu): every
+ * block routes the token itself from the logits with the route kernel's device code (the same ids
+ * and weights, which are still stored); D = gate->n_in, out [D]. For the shapes of the batch-1
+ * expert kernels (Q4_K / Q5_K, F 256, E 129..256, k <= 8) with their switches on and
+ * TANDEM_MOE_ONE_ROUTE not 0; else ERR_UNSUPPORTED with nothing enqueued: the caller makes the two
+ * calls. Must follow the launch that writes the logits on the context's stream. */
+int kcuda_moe_route_ffn1(struct kcuda_ctx *c, const float *logits, const float *bias, int E, int k,
+                         int n_group, int n_group_used, int gating, bool norm, float scale, int32_t *ids,
+                         float *weights, const float *x, const struct kweight *gate, const struct kweight *up,
+                         const struct kweight *down, int64_t F, const struct kweight *sh_gate,
+                         const struct kweight *sh_up, const struct kweight *sh_down, float *out);
 /* Tensor parallelism over the GPUs of one process (kernels/cuda/device.cu): the calling thread's
  * current device (each TP rank thread binds its own); the context's device; a wait for everything
  * enqueued on the context's stream so far that gives up after timeout_s (-ETIMEDOUT; 0 done,

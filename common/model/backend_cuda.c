@@ -1230,20 +1230,35 @@ static void cu_moe(void *ctx, const struct layer_w *L, const float *a, float *pa
 	rc_rr = kcuda_moe_router_route(c->kc, &L->gate_inp, a, D, n, c->rl, L->exp_bias, (int)E, k,
 	                               hp->n_group, hp->n_group_used, hp->gating_func,
 	                               hp->expert_weights_norm, hp->expert_weights_scale, ids, wts, &pf);
+	g.n_out *= E; /* compact upload: expert e = rows [e F, e F + F) */
+	u.n_out *= E;
+	d.n_out *= E;
 	if (rc_rr != ERR_UNSUPPORTED) {
 		CK(rc_rr);
 	} else {
 		/* router logits in fp32 whatever the weight type (MODEL-SPEC.md §2.7): never the bf16 GEMM */
 		PROF(c, "moe.router", ktype_name(L->gate_inp.type), wbytes(&L->gate_inp))
 		CK(kcuda_matmul_path(c->kc, KCUDA_MM_F32, &L->gate_inp, a, D, n, c->rl, E));
+		/* one token: the route folded into the expert launches (moe_one.cu; TANDEM_MOE_ONE_ROUTE=0
+		 * off; ERR_UNSUPPORTED with nothing enqueued where it does not apply) */
+		if (n == 1 && L->has_shexp) {
+			int rc1;
+			PROF(c, "moe.route+experts", ktype_name(g.type),
+			     (double)(k + 1) * (wbytes(&g) + wbytes(&u) + wbytes(&d)) / (double)E)
+			rc1 = kcuda_moe_route_ffn1(c->kc, c->rl, L->exp_bias, (int)E, k, hp->n_group,
+			                           hp->n_group_used, hp->gating_func, hp->expert_weights_norm,
+			                           hp->expert_weights_scale, ids, wts, a, &g, &u, &d, rk->fel,
+			                           &L->sh_gate, &L->sh_up, &L->sh_down, part);
+			if (rc1 != ERR_UNSUPPORTED) {
+				CK(rc1);
+				return;
+			}
+		}
 		PROF(c, "moe.route", NULL, 4.0 * (double)(n * E))
 		CK(kcuda_moe_route(c->kc, c->rl, E, L->exp_bias, n, (int)E, k, hp->n_group, hp->n_group_used,
 		                   hp->gating_func, hp->expert_weights_norm, hp->expert_weights_scale, ids,
 		                   wts));
 	}
-	g.n_out *= E; /* compact upload: expert e = rows [e F, e F + F) */
-	u.n_out *= E;
-	d.n_out *= E;
 	/* bytes: the experts the pairs can touch at most (distinct ids are not known on the host) */
 	double n_ex = (double)(n * k < E ? n * k : E);
 	/* the shared expert rides in the routed experts' launches when the tensor-core path takes it

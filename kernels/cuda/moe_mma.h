@@ -40,6 +40,38 @@ int moe_small_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, c
                   const float *weights, int k, const struct kweight *gate, const struct kweight *up,
                   const struct kweight *down, int64_t E, int64_t F, const struct kweight *sh_gate,
                   const struct kweight *sh_up, const struct kweight *sh_down, float *out, int64_t ldo);
+/* The batch-1 expert kernels (moe_one.cu): moe_small_ffn hands a 1-token call to them for Q4_K /
+ * Q5_K experts (gate / up: D <= 8192; down: F 256, <= 9 pairs) unless TANDEM_MOE_SMALL_V says
+ * otherwise: "old" the moe_small kernels, "gu" only gate / up new, "dn" only down new (default:
+ * both new). Same unit arithmetic as moe_small's one-tile kernels, the weights issued up front. */
+#define MOE_ONE_GU 1
+#define MOE_ONE_DN 2
+struct moe_one_route { /* kcuda_moe_route's arguments for one token (kcuda_moe_route_ffn1) */
+	const float *logits, *bias;
+	int n_group, n_group_used, gating, norm;
+	float scale;
+	int32_t *ids;
+	float *weights;
+};
+struct moe_one_args {
+	const struct kweight *gate, *up, *down;
+	const void *sg, *su, *sd; /* the shared expert's data, or NULL */
+	const float *x, *w; /* x: the token (16-byte aligned); w: the k routing weights */
+	const int32_t *ids;
+	int64_t D, F;
+	int E, np_r, np; /* pairs: np_r = k routed, np = k (+ 1 with the shared expert) */
+	float *h, *out; /* h [np][F] (workspace), out [D] */
+	const struct moe_one_route *route; /* non-NULL: the kernels route the token (ids unused) */
+};
+int moe_one_mode(void); /* MOE_ONE_* under TANDEM_MOE_SMALL_V */
+bool moe_one_gate_up_fits(int type, int64_t D, int64_t F, int np);
+bool moe_one_down_fits(int type, int64_t F, int np);
+/* h[p][f] = SiLU(gate_p x) up_p x; -EINVAL when the fits say no */
+int moe_one_gate_up(struct kcuda_ctx *c, const struct moe_one_args *a);
+/* out = sum_j w_j down_{ids j} h_j (+ the shared expert's down h_k); must follow a gate / up launch
+ * (moe_one_down_kernel's comment says why) */
+int moe_one_down(struct kcuda_ctx *c, const struct moe_one_args *a);
+
 /* The MoE decode path's L2 prefetch of expert weights, TANDEM_MOE_PF (default 0: off), a sum of:
  * MOE_PF_ROUTE: the fused router + route kernel prefetches the chosen experts' gate / up / down
  * (moe_route.cu, at most ~24 MB of them); MOE_PF_ROWS: the small path's gate / up and down blocks
@@ -55,6 +87,9 @@ int moe_small_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, c
 #define MOE_PF_ROWS 2
 #define MOE_PF_DOWN 4
 int moe_pf_mask(void);
+/* the register route's experts per lane for these routing arguments, 0 where the register kernel
+ * does not take them (moe_route.cu) */
+int moe_route_reg_v(int E, int k, int n_group, int n_group_used);
 /* TANDEM_MOE_FAST=0 turns the path off (the pair / sorted / grouped kernels of moe_ffn.cu run) */
 bool moe_mma_on(void);
 

@@ -23,7 +23,9 @@
  *     pair with an expert id out of range gives NaN for its token and is counted (block 0).
  * Both kernels start with KDEP_ENTRY and go through klaunch (programmatic dependent launch).
  * TANDEM_MOE_SMALL=0 turns the path off (the sorted path then takes these batches), and
- * TANDEM_MOE_SMALL_MAX=n moves its upper token count (<= MOE_SMALL_MAX_TOKENS). */
+ * TANDEM_MOE_SMALL_MAX=n moves its upper token count (<= MOE_SMALL_MAX_TOKENS). One token with
+ * Q4_K / Q5_K experts goes to moe_one.cu's kernels instead (the same arithmetic, the weights issued
+ * up front; TANDEM_MOE_SMALL_V=old keeps these). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -483,26 +485,38 @@ int moe_small_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, c
 	a.h = a.hp = (float *)c->ws; /* h (split 1) or the partial sums */
 	a.out = out;
 	const int64_t n_ex = (a.np_r < E ? a.np_r : E) + (sh ? 1 : 0);
+	/* one token: moe_one.cu's kernels (h in the same layout, split 1) */
+	const int one = n == 1 && a.split == 1 ? moe_one_mode() : 0;
+	struct moe_one_args oa;
+	oa.gate = gate, oa.up = up, oa.down = down, oa.sg = a.sg, oa.su = a.su, oa.sd = a.sd;
+	oa.x = x, oa.w = weights, oa.ids = ids, oa.D = a.D, oa.F = F, oa.E = a.E, oa.np_r = a.np_r;
+	oa.np = a.np, oa.h = a.h, oa.out = out, oa.route = NULL;
 	int rc;
 	ms_stage_begin("moe.experts/gate_up(small)", gate, 2.0 * (double)n_ex * (double)F);
-	switch (gate->type) {
-	case KT_Q4_K: rc = ms_gate_up_t<KT_Q4_K>(c, a); break;
-	case KT_Q5_K: rc = ms_gate_up_t<KT_Q5_K>(c, a); break;
-	case KT_Q6_K: rc = ms_gate_up_t<KT_Q6_K>(c, a); break;
-	case KT_Q8_0: rc = ms_gate_up_t<KT_Q8_0>(c, a); break;
-	default: rc = ERR_UNSUPPORTED; break;
-	}
+	if ((one & MOE_ONE_GU) && up->type == gate->type && moe_one_gate_up_fits(gate->type, a.D, F, a.np))
+		rc = moe_one_gate_up(c, &oa);
+	else
+		switch (gate->type) {
+		case KT_Q4_K: rc = ms_gate_up_t<KT_Q4_K>(c, a); break;
+		case KT_Q5_K: rc = ms_gate_up_t<KT_Q5_K>(c, a); break;
+		case KT_Q6_K: rc = ms_gate_up_t<KT_Q6_K>(c, a); break;
+		case KT_Q8_0: rc = ms_gate_up_t<KT_Q8_0>(c, a); break;
+		default: rc = ERR_UNSUPPORTED; break;
+		}
 	ms_stage_end();
 	if (rc)
 		return rc;
 	ms_stage_begin("moe.experts/down+combine(small)", down, (double)n_ex * (double)a.D);
-	switch (down->type) {
-	case KT_Q4_K: rc = ms_down_t<KT_Q4_K>(c, a); break;
-	case KT_Q5_K: rc = ms_down_t<KT_Q5_K>(c, a); break;
-	case KT_Q6_K: rc = ms_down_t<KT_Q6_K>(c, a); break;
-	case KT_Q8_0: rc = ms_down_t<KT_Q8_0>(c, a); break;
-	default: rc = ERR_UNSUPPORTED; break;
-	}
+	if ((one & MOE_ONE_DN) && moe_one_down_fits(down->type, F, a.np))
+		rc = moe_one_down(c, &oa);
+	else
+		switch (down->type) {
+		case KT_Q4_K: rc = ms_down_t<KT_Q4_K>(c, a); break;
+		case KT_Q5_K: rc = ms_down_t<KT_Q5_K>(c, a); break;
+		case KT_Q6_K: rc = ms_down_t<KT_Q6_K>(c, a); break;
+		case KT_Q8_0: rc = ms_down_t<KT_Q8_0>(c, a); break;
+		default: rc = ERR_UNSUPPORTED; break;
+		}
 	ms_stage_end();
 	return rc;
 }

@@ -32,10 +32,18 @@
  *    path's one-tile result reported. The route's register kernel and the shared-memory one
  *    (TANDEM_MOE_ROUTE_FAST=0) on every routing case, plus group shapes the register kernel hands
  *    back (E 192, 4 groups) and E 512 top-16.
+ * 5. The batch-1 kernels (moe_one.cu, the default at one token with Q4_K / Q5_K experts): against
+ *    the CPU and against moe_small's kernels (the same bits expected), GLM-5 / DS-V3 slices and
+ *    short D, every down type, repeated ids, large x, each half alone, with the switches of their
+ *    early loads off; and the decode chain producer -> router -> route -> experts under PDL, the
+ *    same bits as the call alone (a read before a producer finished would differ), also with the
+ *    route folded into the expert launches (kcuda_moe_route_ffn1: its ids / weights the same bits as
+ *    kcuda_moe_route's on the same logits; GLM-5 and DS-V3 group routing) and its refusals.
  * Guard bytes around the outputs. Exit 77 = no GPU (skip). */
 #include <errno.h>
 
 #include "common/base/err.h"
+#include "kernels/cuda/model_fwd.h"
 #include "tests/ops/ops_util.h"
 
 #ifndef TANDEM_CUDA
@@ -378,6 +386,34 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 		          "moe ffn %s n %d: small and sorted paths differ by %.3g", ti->name, n, mx);
 		printf("  small vs sorted path: %s (max diff %.3g)\n", same ? "same bits" : "differ", mx);
 	}
+	/* one token: moe_one.cu's kernels against moe_small's (the same unit arithmetic in the same
+	 * order: the same bits expected, reported; within the tolerance required) */
+	if (!strcmp(path, "small") && n == 1 && !getenv("TANDEM_MOE_SMALL_V")) {
+		setenv("TANDEM_MOE_SMALL_V", "old", 1);
+		rc = run_ffn(fd, d_x, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
+		unsetenv("TANDEM_MOE_SMALL_V");
+		const int same = rc == 0 && ops_dbuf_get(ctx, &ob, got) == 0 &&
+		                 memcmp(got, again, sizeof(float) * (size_t)(n * D)) == 0;
+		double mx = 0;
+		for (int64_t i = 0; rc == 0 && i < n * D; i++)
+			mx = fmax(mx, fabs((double)got[i] - again[i]));
+		OPS_CHECK(rc == 0 && mx <= tol * maxref,
+		          "moe ffn %s n 1: batch-1 and moe_small kernels differ by %.3g", ti->name, mx);
+		printf("  batch-1 kernels vs moe_small's: %s (max diff %.3g)\n",
+		       same ? "same bits" : "differ", mx);
+		/* an id out of range in the last slot: counted, the token NaN, nothing read (memcheck) */
+		int32_t bad = (int32_t)E;
+		unsigned nbad = 0;
+		kcuda_ctx_take_errors(ctx, &nbad);
+		nbad = 0;
+		kcuda_upload(ctx, (int32_t *)d_ids + (k - 1), &bad, sizeof(int32_t));
+		rc = run_ffn(fd, d_x, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
+		OPS_CHECK(
+		    rc == 0 && kcuda_sync(ctx) == 0 && kcuda_ctx_take_errors(ctx, &nbad) == 0 && nbad > 0 &&
+		        ops_dbuf_get(ctx, &ob, got) == 0 && isnan(got[0]) && isnan(got[D - 1]),
+		    "moe ffn %s n 1: bad expert id not counted (%u), or the token not NaN", ti->name, nbad);
+		kcuda_upload(ctx, d_ids, ids, sizeof(int32_t) * (size_t)np);
+	}
 	/* an expert id out of range is reported, not read */
 	if (n == 3 || n == 8 || (n == 40 && strcmp(path, "grouped"))) { /* grouped: refused on the host */
 		int32_t bad = (int32_t)E;
@@ -501,6 +537,240 @@ out:
 	free(sel);
 	free(rid);
 	free(gid);
+}
+
+/* The batch-1 kernels (moe_one.cu) in the decode order under PDL: a long producer writes x last
+ * (kfwd_scale over 128 MB ending in x / 2), then the router product, the route (it writes ids and
+ * weights) and the expert launches back to back; three runs with different x, the ids buffer
+ * holding the previous run's ids; and two runs with the producer right before the experts. The down kernel
+ * reads the ids before its own wait (MO_EARLY) and gate / up starts the shared expert's loads before its
+ * wait: a kernel that read x or the ids before their producers finished would see the old values. Reference:
+ * the same expert call on the downloaded x, ids and weights, alone on an idle stream (ffn_case checks it
+ * against the CPU): the same bits required. */
+static void one_chain(const struct fdims *fd, int type, int dtype, int n_group, int n_group_used, int fold)
+{
+	const int64_t E = fd->E, F = fd->F, D = fd->D, pad = (int64_t)32 << 20;
+	const int k = fd->k;
+	size_t rb_d = 0, rb_f = 0;
+	ktype_row_bytes(type, D, &rb_d);
+	ktype_row_bytes(dtype, F, &rb_f);
+	uint8_t *hg = malloc(rb_d * (size_t)(E * F)), *hu = malloc(rb_d * (size_t)(E * F)),
+	        *hd = malloc(rb_f * (size_t)(E * D)), *sg = malloc(rb_d * (size_t)F),
+	        *su = malloc(rb_d * (size_t)F), *sd = malloc(rb_f * (size_t)D);
+	float *wr = malloc(sizeof(float) * (size_t)(E * D)), *x = malloc(sizeof(float) * (size_t)D),
+	      *xh = malloc(sizeof(float) * (size_t)D), *got = malloc(sizeof(float) * (size_t)D),
+	      *ref = malloc(sizeof(float) * (size_t)D), *gw = malloc(sizeof(float) * (size_t)k);
+	int32_t *gid = malloc(sizeof(int32_t) * (size_t)k), *prev = calloc((size_t)k, sizeof(int32_t));
+	struct kweight g = {type, D, E * F, rb_d, hg}, u = {type, D, E * F, rb_d, hu},
+	               dn = {dtype, F, E * D, rb_f, hd};
+	struct kweight hsg = {type, D, F, rb_d, sg}, hsu = {type, D, F, rb_d, su},
+	               hsd = {dtype, F, D, rb_f, sd};
+	struct kweight hw = {KT_F32, D, E, (size_t)D * 4, wr};
+	struct kweight dg = {0}, du = {0}, ddn = {0}, dsg = {0}, dsu = {0}, dsd = {0}, dw = {0};
+	float *buf = NULL, *d_lg = NULL, *d_w = NULL, *d_x2 = NULL, *d_w2 = NULL, *d_bias = NULL;
+	float *bias = malloc(sizeof(float) * (size_t)E), *rw2 = malloc(sizeof(float) * (size_t)k);
+	int32_t *rid2 = malloc(sizeof(int32_t) * (size_t)k);
+	int route_diff = 0;
+	int32_t *d_id = NULL, *d_id2 = NULL;
+	struct ops_dbuf ob = {0};
+	int bad = 0, changed = 0;
+	if (!hg || !hu || !hd || !sg || !su || !sd || !wr || !x || !xh || !got || !ref || !gw || !gid ||
+	    !prev || !bias || !rw2 || !rid2) {
+		OPS_CHECK(0, "one chain %s: host allocation", fd->name);
+		goto out;
+	}
+	ops_fill_weight(type, D, E * F, rb_d, hg);
+	ops_fill_weight(type, D, E * F, rb_d, hu);
+	ops_fill_weight(dtype, F, E * D, rb_f, hd);
+	ops_fill_weight(type, D, F, rb_d, sg);
+	ops_fill_weight(type, D, F, rb_d, su);
+	ops_fill_weight(dtype, F, D, rb_f, sd);
+	for (int64_t i = 0; i < E * D; i++)
+		wr[i] = ops_rng_unif() * 0.05f;
+	if (kcuda_weight_upload(ctx, &g, &dg) || kcuda_weight_upload(ctx, &u, &du) ||
+	    kcuda_weight_upload(ctx, &dn, &ddn) || kcuda_weight_upload(ctx, &hsg, &dsg) ||
+	    kcuda_weight_upload(ctx, &hsu, &dsu) || kcuda_weight_upload(ctx, &hsd, &dsd) ||
+	    kcuda_weight_upload(ctx, &hw, &dw) ||
+	    kcuda_alloc(sizeof(float) * (size_t)(pad + D), (void **)&buf) ||
+	    kcuda_alloc(sizeof(float) * (size_t)E, (void **)&d_lg) ||
+	    kcuda_alloc(sizeof(int32_t) * (size_t)k, (void **)&d_id) ||
+	    kcuda_alloc(sizeof(float) * (size_t)k, (void **)&d_w) ||
+	    kcuda_alloc(sizeof(float) * (size_t)D, (void **)&d_x2) ||
+	    kcuda_alloc(sizeof(int32_t) * (size_t)k, (void **)&d_id2) ||
+	    kcuda_alloc(sizeof(float) * (size_t)k, (void **)&d_w2) ||
+	    kcuda_alloc(sizeof(float) * (size_t)E, (void **)&d_bias) ||
+	    ops_dbuf_init(ctx, &ob, sizeof(float) * (size_t)D)) {
+		OPS_CHECK(0, "one chain %s: device allocation", fd->name);
+		goto out;
+	}
+	for (int64_t e = 0; e < E; e++)
+		bias[e] = ops_rng_unif() * 0.1f;
+	kcuda_upload(ctx, d_bias, bias, sizeof(float) * (size_t)E);
+	for (int rep = 0; rep < 5; rep++) {
+		/* even runs: producer, router, route, experts; odd runs: the producer right before the
+		 * experts (the ids of the run before) */
+		const int route = rep % 2 == 0;
+		for (int64_t i = 0; i < D; i++)
+			x[i] = ops_rng_unif(), xh[i] = 0.5f * x[i]; /* exact: x = 2 (x / 2) */
+		int rc = kcuda_memset(ctx, buf, 0, sizeof(float) * (size_t)pad);
+		rc = rc ? rc : kcuda_upload(ctx, buf + pad, xh, sizeof(float) * (size_t)D);
+		if (route)
+			rc = rc ? rc : kcuda_upload(ctx, d_id, prev, sizeof(int32_t) * (size_t)k);
+		rc = rc ? rc : kcuda_sync(ctx);
+		rc = rc ? rc : kfwd_scale(ctx, buf, pad + D, 2.0f); /* x written last */
+		if (route)
+			rc = rc ? rc : kcuda_matmul(ctx, &dw, buf + pad, D, 1, d_lg, E);
+		if (route && fold) { /* the route inside the expert launches */
+			const int r1 =
+			    rc ? rc
+			       : kcuda_moe_route_ffn1(ctx, d_lg, d_bias, (int)E, k, n_group, n_group_used, 0,
+			                              true, 2.5f, d_id, d_w, buf + pad, &dg, &du, &ddn, F,
+			                              &dsg, &dsu, &dsd, ob.user);
+			OPS_CHECK(r1 != ERR_UNSUPPORTED, "one chain %s: route_ffn1 refused", fd->name);
+			rc = r1;
+		} else {
+			if (route)
+				rc = rc ? rc
+				        : kcuda_moe_route(ctx, d_lg, E, d_bias, 1, (int)E, k, n_group,
+				                          n_group_used, 0, true, 2.5f, d_id, d_w);
+			rc = rc ? rc
+			        : kcuda_moe_ffn_shexp(ctx, buf + pad, D, 1, d_id, d_w, k, &dg, &du, &ddn, E,
+			                              F, &dsg, &dsu, &dsd, ob.user, D);
+		}
+		rc = rc ? rc : kcuda_sync(ctx);
+		OPS_CHECK(rc == 0, "one chain %s rep %d: rc %d", fd->name, rep, rc);
+		if (rc)
+			goto out;
+		size_t gb = ops_dbuf_get(ctx, &ob, got);
+		kcuda_download(ctx, gid, d_id, sizeof(int32_t) * (size_t)k);
+		kcuda_download(ctx, gw, d_w, sizeof(float) * (size_t)k);
+		changed += route && memcmp(gid, prev, sizeof(int32_t) * (size_t)k) != 0;
+		if (route) { /* the route kernel on the same logits: the same ids and weight bits */
+			rc = kcuda_moe_route(ctx, d_lg, E, d_bias, 1, (int)E, k, n_group, n_group_used, 0,
+			                     true, 2.5f, d_id2, d_w2);
+			rc = rc ? rc : kcuda_sync(ctx);
+			kcuda_download(ctx, rid2, d_id2, sizeof(int32_t) * (size_t)k);
+			kcuda_download(ctx, rw2, d_w2, sizeof(float) * (size_t)k);
+			route_diff += rc != 0 || memcmp(rid2, gid, sizeof(int32_t) * (size_t)k) != 0 ||
+			              memcmp(rw2, gw, sizeof(float) * (size_t)k) != 0;
+		}
+		/* the reference: the same call alone, on the values the chain produced */
+		rc = kcuda_upload(ctx, d_x2, x, sizeof(float) * (size_t)D);
+		rc = rc ? rc : kcuda_upload(ctx, d_id2, gid, sizeof(int32_t) * (size_t)k);
+		rc = rc ? rc : kcuda_upload(ctx, d_w2, gw, sizeof(float) * (size_t)k);
+		rc = rc ? rc : kcuda_sync(ctx);
+		rc = rc ? rc
+		        : kcuda_moe_ffn_shexp(ctx, d_x2, D, 1, d_id2, d_w2, k, &dg, &du, &ddn, E, F, &dsg,
+		                              &dsu, &dsd, ob.user, D);
+		rc = rc ? rc : kcuda_sync(ctx);
+		OPS_CHECK(rc == 0 && gb == 0 && ops_dbuf_get(ctx, &ob, ref) == 0,
+		          "one chain %s rep %d: rc %d, guard %zu", fd->name, rep, rc, gb);
+		for (int64_t i = 0; i < D; i++)
+			if (memcmp(&got[i], &ref[i], sizeof(float)) != 0 && bad++ < 3)
+				printf("  one chain %s rep %d row %lld: chain %.9g alone %.9g\n", fd->name,
+				       rep, (long long)i, got[i], ref[i]);
+		memcpy(prev, gid, sizeof(int32_t) * (size_t)k);
+	}
+	OPS_CHECK(bad == 0,
+	          "one chain %s: %d outputs differ from the call alone (a read before its producer?)",
+	          fd->name, bad);
+	OPS_CHECK(route_diff == 0, "one chain %s: %d runs whose ids / weights differ from kcuda_moe_route's",
+	          fd->name, route_diff);
+	OPS_CHECK(changed >= 2, "one chain %s: the ids changed in only %d of 3 routed runs", fd->name,
+	          changed);
+	printf(
+	    "batch-1 chain %s %s/%s groups %d/%d%s (producer, router, route, experts: 3 runs, ids changed in "
+	    "%d; producer, experts: 2 runs): %s\n",
+	    fd->name, ktype_name(type), ktype_name(dtype), n_group_used, n_group,
+	    fold ? ", route folded in (kcuda_moe_route_ffn1)" : "", changed,
+	    bad ? "FAIL" : "same bits as alone");
+out:
+	kcuda_weight_free(&dg);
+	kcuda_weight_free(&du);
+	kcuda_weight_free(&ddn);
+	kcuda_weight_free(&dsg);
+	kcuda_weight_free(&dsu);
+	kcuda_weight_free(&dsd);
+	kcuda_weight_free(&dw);
+	kcuda_free(buf);
+	kcuda_free(d_lg);
+	kcuda_free(d_id);
+	kcuda_free(d_w);
+	kcuda_free(d_x2);
+	kcuda_free(d_id2);
+	kcuda_free(d_w2);
+	kcuda_free(d_bias);
+	ops_dbuf_fini(&ob);
+	free(hg);
+	free(hu);
+	free(hd);
+	free(sg);
+	free(su);
+	free(sd);
+	free(wr);
+	free(x);
+	free(xh);
+	free(got);
+	free(ref);
+	free(gw);
+	free(gid);
+	free(prev);
+	free(bias);
+	free(rw2);
+	free(rid2);
+}
+
+/* kcuda_moe_route_ffn1 declines (ERR_UNSUPPORTED, nothing enqueued) where it does not apply and
+ * rejects null pointers (-EINVAL) */
+static void route_ffn1_refusals(void)
+{
+	const int64_t E = 256, F = 256, D = 512;
+	size_t rb_d = 0, rb_f = 0;
+	ktype_row_bytes(KT_Q4_K, D, &rb_d);
+	ktype_row_bytes(KT_Q4_K, F, &rb_f);
+	/* descriptors only: the refusals are decided before any data is read (device pointers are
+	 * never dereferenced on the host) */
+	void *d_any = NULL;
+	if (kcuda_alloc(64, &d_any)) {
+		OPS_CHECK(0, "route_ffn1 refusals: device allocation");
+		return;
+	}
+	struct kweight g = {KT_Q4_K, D, E * F, rb_d, d_any}, dn = {KT_Q4_K, F, E * D, rb_f, d_any};
+	struct kweight sg = {KT_Q4_K, D, F, rb_d, d_any}, sd = {KT_Q4_K, F, D, rb_f, d_any};
+	struct kweight g6 = g, dq8 = dn;
+	g6.type = KT_Q6_K;
+	ktype_row_bytes(KT_Q6_K, D, &g6.row_bytes);
+	dq8.type = KT_Q8_0;
+	ktype_row_bytes(KT_Q8_0, F, &dq8.row_bytes);
+	float *fp = (float *)d_any;
+	int32_t *ip = (int32_t *)d_any;
+	int rc = kcuda_moe_route_ffn1(ctx, NULL, NULL, (int)E, 8, 1, 1, 0, true, 1.f, ip, fp, fp, &g, &g, &dn,
+	                              F, &sg, &sg, &sd, fp);
+	OPS_CHECK(rc == -EINVAL, "route_ffn1: null logits: rc %d", rc);
+	rc = kcuda_moe_route_ffn1(ctx, fp, NULL, 64, 8, 1, 1, 0, true, 1.f, ip, fp, fp, &g, &g, &dn, F, &sg,
+	                          &sg, &sd, fp); /* E 64: V 2, not the folded route's 8 (and shapes off) */
+	OPS_CHECK(rc == ERR_UNSUPPORTED, "route_ffn1: E 64: rc %d", rc);
+	rc = kcuda_moe_route_ffn1(ctx, fp, NULL, (int)E, 8, 1, 1, 0, true, 1.f, ip, fp, fp, &g6, &g6, &dn, F,
+	                          &sg, &sg, &sd, fp);
+	OPS_CHECK(rc == ERR_UNSUPPORTED, "route_ffn1: Q6_K gate: rc %d", rc);
+	rc = kcuda_moe_route_ffn1(ctx, fp, NULL, (int)E, 8, 1, 1, 0, true, 1.f, ip, fp, fp, &g, &g, &dq8, F,
+	                          &sg, &sg, &sd, fp);
+	OPS_CHECK(rc == ERR_UNSUPPORTED, "route_ffn1: Q8_0 down: rc %d", rc);
+	setenv("TANDEM_MOE_ONE_ROUTE", "0", 1);
+	rc = kcuda_moe_route_ffn1(ctx, fp, NULL, (int)E, 8, 1, 1, 0, true, 1.f, ip, fp, fp, &g, &g, &dn, F,
+	                          &sg, &sg, &sd, fp);
+	OPS_CHECK(rc == ERR_UNSUPPORTED, "route_ffn1: TANDEM_MOE_ONE_ROUTE=0: rc %d", rc);
+	unsetenv("TANDEM_MOE_ONE_ROUTE");
+	setenv("TANDEM_MOE_SMALL_V", "old", 1);
+	rc = kcuda_moe_route_ffn1(ctx, fp, NULL, (int)E, 8, 1, 1, 0, true, 1.f, ip, fp, fp, &g, &g, &dn, F,
+	                          &sg, &sg, &sd, fp);
+	OPS_CHECK(rc == ERR_UNSUPPORTED, "route_ffn1: TANDEM_MOE_SMALL_V=old: rc %d", rc);
+	unsetenv("TANDEM_MOE_SMALL_V");
+	OPS_CHECK(kcuda_sync(ctx) == 0, "route_ffn1 refusals: stream error");
+	printf(
+	    "route_ffn1 refusals: null logits -EINVAL; E 64, Q6_K gate, Q8_0 down, TANDEM_MOE_ONE_ROUTE=0, "
+	    "TANDEM_MOE_SMALL_V=old: ERR_UNSUPPORTED\n");
+	kcuda_free(d_any);
 }
 
 /* kcuda_moe_router_route (router product + route in one launch, moe_route.cu) against the CPU
@@ -967,6 +1237,61 @@ int main(void)
 	unsetenv("TANDEM_MOE_SMALL_GUW");
 	unsetenv("TANDEM_MOE_DB");
 	route_chain();
+	/* the batch-1 kernels (moe_one.cu; the default at one token for Q4_K / Q5_K experts): GLM-5 and
+	 * DS-V3 (28 units of D: 4 per warp, uneven) rank slices, D 256 / 512 (1-2 units: warps without
+	 * work), Q5_K, every down type (Q6_K / Q8_0 take moe_small's down after the new gate / up), no
+	 * shared expert (8 pairs), ids repeated inside the token, large x; each against the CPU, twice
+	 * (same bits) and against moe_small's kernels; then each half alone (TANDEM_MOE_SMALL_V=gu / dn),
+	 * the ids read after the wait (TANDEM_MOE_ONE_EARLY=0), and the decode chain under PDL
+	 * (one_chain) */
+	printf("batch-1 kernels (moe_one.cu)\n");
+	static const char *const one_v[] = {NULL, "gu", "dn"};
+	for (size_t v = 0; v < sizeof(one_v) / sizeof(one_v[0]); v++) {
+		if (one_v[v])
+			setenv("TANDEM_MOE_SMALL_V", one_v[v], 1);
+		if (!quick || !one_v[v])
+			ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+		ffn_case(&e256s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+		ffn_case(&e256s, KT_Q5_K, KT_Q5_K, 1, 1e-4);
+		ffn_case(&gtinys, KT_Q4_K, KT_Q5_K, 1, 1e-4);
+		if (!quick || !one_v[v]) {
+			ffn_case(&e256, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+			ffn_case(&e256s, KT_Q4_K, KT_Q8_0, 1, 1e-4);
+			ffn_case(&e256s, KT_Q5_K, KT_Q6_K, 1, 1e-4);
+			if (!ops_small)
+				ffn_case(&ds3s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+		}
+		unsetenv("TANDEM_MOE_SMALL_V");
+	}
+	id_mode = 1;
+	ffn_case(&e256s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+	ffn_case(&e256s, KT_Q5_K, KT_Q5_K, 1, 1e-4);
+	if (!quick)
+		ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+	id_mode = 0;
+	g_xscale = 1e6f;
+	ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+	ffn_case(&e256s, KT_Q5_K, KT_Q5_K, 1, 1e-4);
+	g_xscale = 1.0f;
+	setenv("TANDEM_MOE_ONE_EARLY", "0", 1);
+	ffn_case(&e256s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+	one_chain(&e256s, KT_Q4_K, KT_Q4_K, 1, 1, 0);
+	if (!quick)
+		ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+	unsetenv("TANDEM_MOE_ONE_EARLY");
+	/* (the shared expert's loads after the wait: TANDEM_PREFETCH=0, read once per process, so a
+	 * separate run of this test) */
+	one_chain(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1, 0);
+	one_chain(&e256s, KT_Q5_K, KT_Q5_K, 8, 4, 0);
+	/* the route folded into the expert launches (kcuda_moe_route_ffn1): GLM-5 routing (one group),
+	 * DS-V3 routing (8 groups / 4), Q5_K; with the down kernel's loads after its wait; refusals */
+	one_chain(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1, 1);
+	one_chain(&e256s, KT_Q4_K, KT_Q4_K, 8, 4, 1);
+	one_chain(&e256s, KT_Q5_K, KT_Q5_K, 1, 1, 1);
+	setenv("TANDEM_MOE_ONE_EARLY", "0", 1);
+	one_chain(&e256s, KT_Q4_K, KT_Q4_K, 8, 4, 1);
+	unsetenv("TANDEM_MOE_ONE_EARLY");
+	route_ffn1_refusals();
 	/* router product + route in one launch: GLM-5 / DS-V3 per-rank shapes, batch 1..8 (the default
 	 * takes 1..2 tokens, TANDEM_MOE_ROUTER_FUSED=1 up to 8), ties; the expert prefetch on (it is
 	 * off by default) and off */
