@@ -34,6 +34,7 @@
 namespace cg = cooperative_groups;
 
 #define M5_TK 16 /* keys per tile */
+#define M5_QV 18 /* q float4 loads in flight a thread (2-warp blocks: all of 8 heads x 576) */
 #define M5_ST 2 /* ring stages per warp */
 #define M5_HMAX 8 /* heads per block: the rows 0-7 (hi) and 8-15 (lo) of the m16 tile */
 #define M5_DMAX 576
@@ -119,7 +120,7 @@ static __host__ __device__ int m5_apw(int tpw)
 
 /* the dynamic shared memory carve (byte offsets, 16-aligned) */
 struct m5_carve {
-	size_t ring, wring, qs, qstage, addr, valid, ml, wts, total;
+	size_t ring, wring, qs, addr, valid, ml, wts, total;
 };
 static __host__ __device__ size_t m5_take(size_t *at, size_t bytes)
 {
@@ -134,7 +135,6 @@ static __host__ __device__ m5_carve m5_layout(int dim, int nw, int tpw)
 	o.wring = ((size_t)M5_ST * M5_TK * m5_rs(dim) * 2 + 15) & ~(size_t)15; /* one warp's ring */
 	o.ring = m5_take(&at, (size_t)nw * o.wring);
 	o.qs = m5_take(&at, (size_t)16 * m5_rs(dim) * 2);
-	o.qstage = m5_take(&at, (size_t)M5_HMAX * dim * 4);
 	o.addr = m5_take(&at, (size_t)nw * m5_apw(tpw) * sizeof(void *));
 	o.valid = m5_take(&at, (size_t)nw * tpw * 4);
 	o.ml = m5_take(&at, (size_t)nw * M5_HMAX * 2 * 4);
@@ -159,7 +159,6 @@ __global__ void __launch_bounds__(32 * M5_WMAX) mla_dec5_kernel(m5_args a)
 	const int g = lane >> 2, t = lane & 3; /* mma fragment coordinates */
 	uint16_t *ring = (uint16_t *)(m5_sm + L.ring + (size_t)warp * L.wring); /* this warp's [ST][TK][RS] */
 	uint16_t *q_s = (uint16_t *)(m5_sm + L.qs); /* [16][RS]: hi rows 0-7, lo rows 8-15 */
-	float *qst = (float *)(m5_sm + L.qstage); /* [8][dim] fp32 q */
 	const uint8_t **addr_w = (const uint8_t **)(m5_sm + L.addr) + (size_t)warp * m5_apw(a.tpw);
 	uint32_t *valid_w = (uint32_t *)(m5_sm + L.valid) + (size_t)warp * a.tpw;
 	float *ml_s = (float *)(m5_sm + L.ml); /* [nw][8][2]: read by the cluster's other blocks */
@@ -172,14 +171,33 @@ __global__ void __launch_bounds__(32 * M5_WMAX) mla_dec5_kernel(m5_args a)
 	const int hv = min(M5_HMAX, H);
 	int nk, kw1, ntw; /* keys of the row, the end of this warp's keys, its tiles */
 
-	/* ---- q (fp32) into the staging area: all its 16-byte pieces in flight at once ---- */
-	{
-		const int n16 = hv * dim / 4;
-		const float *qr = a.q + row * (int64_t)H * dim;
-		for (int i = tid; i < n16; i += nt)
-			katt_cp16(qst + 4 * i, qr + 4 * i);
-		katt_cp_commit();
-	}
+	/* ---- q: its loads first (registers, M5_QV float4 a thread a batch), converted below ---- */
+	const float *qr = a.q + row * (int64_t)H * dim;
+	const int n4 = hv * dim / 4;
+	float4 qv[M5_QV];
+	auto q_load = [&](int b) {
+#pragma unroll
+		for (int u = 0; u < M5_QV; u++) {
+			const int i = (b * M5_QV + u) * nt + tid;
+			qv[u] = i < n4 ? *(const float4 *)(qr + 4 * i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+		}
+	};
+	/* -> bf16 hi (rows 0-7) and lo (rows 8-15) of q_s */
+	auto q_store = [&](int b) {
+#pragma unroll
+		for (int u = 0; u < M5_QV; u++) {
+			const int i = (b * M5_QV + u) * nt + tid;
+			if (i < n4) {
+				const int h = 4 * i / dim, d = 4 * i - h * dim;
+				uint2 hi, lo;
+				m5_split2(qv[u].x, qv[u].y, &hi.x, &lo.x);
+				m5_split2(qv[u].z, qv[u].w, &hi.y, &lo.y);
+				*(uint2 *)(q_s + h * RS + d) = hi;
+				*(uint2 *)(q_s + (h + 8) * RS + d) = lo;
+			}
+		}
+	};
+	q_load(0);
 
 	/* ---- this warp's keys [kw0, kw1): the key count, the table index and the positions (up to
 	 * the host bound, before the count is known) in one batch, then the table entries ---- */
@@ -197,6 +215,18 @@ __global__ void __launch_bounds__(32 * M5_WMAX) mla_dec5_kernel(m5_args a)
 			pos[i] = -1;
 			if (j < kwe)
 				pos[i] = a.sel ? (int64_t)a.sel[row * a.ld_sel + j] : (int64_t)j;
+		}
+		/* q's first batch arrived with the positions' loads in flight; more batches (1-warp
+		 * blocks) follow; heads >= H: zero rows */
+		q_store(0);
+		for (int b = 1; b * M5_QV * nt < n4; b++) {
+			q_load(b);
+			q_store(b);
+		}
+		for (int i = hv * (dim / 8) + tid; i < M5_HMAX * (dim / 8); i += nt) {
+			const int h = i / (dim / 8), d = 8 * (i - h * (dim / 8));
+			*(uint4 *)(q_s + h * RS + d) = make_uint4(0, 0, 0, 0);
+			*(uint4 *)(q_s + (h + 8) * RS + d) = make_uint4(0, 0, 0, 0);
 		}
 		if (nk64 < 0 || nk64 > a.max_keys) {
 			if (tid == 0 && blockIdx.x == 0)
@@ -260,20 +290,7 @@ __global__ void __launch_bounds__(32 * M5_WMAX) mla_dec5_kernel(m5_args a)
 	for (int s = 0; s < M5_ST; s++)
 		issue(s, s);
 
-	/* ---- q -> bf16 hi (rows 0-7) and lo (rows 8-15), heads >= H zero ---- */
-	katt_cp_wait<M5_ST>(); /* this thread's q pieces (the oldest group) */
-	__syncthreads();
-	for (int i = tid; i < M5_HMAX * (dim / 2); i += nt) {
-		const int h = i / (dim / 2), d = 2 * (i - h * (dim / 2));
-		float2 v = make_float2(0.0f, 0.0f);
-		if (h < hv)
-			v = *(const float2 *)(qst + h * dim + d);
-		uint32_t hi, lo;
-		m5_split2(v.x, v.y, &hi, &lo);
-		*(uint32_t *)(q_s + h * RS + d) = hi;
-		*(uint32_t *)(q_s + (h + 8) * RS + d) = lo;
-	}
-	__syncthreads();
+	__syncthreads(); /* q_s complete (the warps' copies are in flight meanwhile) */
 
 	/* ---- the warp's tiles ---- */
 	const int nks = dim / 16, nmt = C / 16;
@@ -291,10 +308,11 @@ __global__ void __launch_bounds__(32 * M5_WMAX) mla_dec5_kernel(m5_args a)
 		__syncwarp(); /* every lane's pieces (and zeroed rows) of tile n are visible */
 		const uint16_t *kt = ring + (size_t)st * M5_TK * RS;
 
-		/* S = [q hi; q lo] K^T: 2 n-tiles of 8 keys, 2 accumulator sets (even / odd steps) */
-		float sa[2][2][4];
+		/* S = [q hi; q lo] K^T: 2 n-tiles of 8 keys, 4 accumulator sets (dim step mod 4: chains
+		 * of 9 mma instead of 36) */
+		float sa[4][2][4];
 #pragma unroll
-		for (int u = 0; u < 2; u++)
+		for (int u = 0; u < 4; u++)
 #pragma unroll
 			for (int j = 0; j < 2; j++)
 				sa[u][j][0] = sa[u][j][1] = sa[u][j][2] = sa[u][j][3] = 0.0f;
@@ -304,8 +322,8 @@ __global__ void __launch_bounds__(32 * M5_WMAX) mla_dec5_kernel(m5_args a)
 				uint32_t qa[4], b[4];
 				m5_ldm4(qa, q_s + qrow * RS + ks * 16 + qcol);
 				m5_ldm4(b, kt + lrow * RS + ks * 16 + lcol);
-				m5_mma(sa[ks & 1][0], qa, b[0], b[1]);
-				m5_mma(sa[ks & 1][1], qa, b[2], b[3]);
+				m5_mma(sa[ks & 3][0], qa, b[0], b[1]);
+				m5_mma(sa[ks & 3][1], qa, b[2], b[3]);
 			}
 		}
 		/* head g, keys 2t, 2t + 1 (n-tile 0) and 8 + 2t, 9 + 2t (n-tile 1): hi row + lo row */
@@ -316,7 +334,8 @@ __global__ void __launch_bounds__(32 * M5_WMAX) mla_dec5_kernel(m5_args a)
 #pragma unroll
 			for (int e = 0; e < 2; e++) {
 				const float d =
-				    (sa[0][j][e] + sa[0][j][2 + e]) + (sa[1][j][e] + sa[1][j][2 + e]);
+				    ((sa[0][j][e] + sa[0][j][2 + e]) + (sa[1][j][e] + sa[1][j][2 + e])) +
+				    ((sa[2][j][e] + sa[2][j][2 + e]) + (sa[3][j][e] + sa[3][j][2 + e]));
 				const int key = 8 * j + 2 * t + e;
 				s[2 * j + e] = (vm >> key) & 1u ? d * a.scale : -INFINITY;
 			}
