@@ -580,11 +580,14 @@ static int m5_warps(int64_t tiles_all, int n_sm)
 }
 
 /* Can the device run 8-block clusters of this kernel with nw warps at its largest shared-memory
- * size? Asked once per device and nw (an occupancy query, no launch). */
+ * size, and how many at once (*maxc)? Asked once per device and nw (an occupancy query, no
+ * launch). */
 static int m5_ok_state[64][3]; /* [device][nw 1, 2, 4]: 0 unknown, 1 usable, 2 not */
-static bool m5_cluster_ok(struct kcuda_ctx *c, int nw)
+static int m5_maxc[64][3]; /* 8-block clusters resident at once */
+static bool m5_cluster_ok(struct kcuda_ctx *c, int nw, int *maxc)
 {
 	const int dev = c->device >= 0 && c->device < 64 ? c->device : 0, k = nw == 4 ? 2 : nw - 1;
+	*maxc = m5_maxc[dev][k];
 	if (m5_ok_state[dev][k])
 		return m5_ok_state[dev][k] == 1;
 	const size_t smem = m5_layout(M5_DMAX, nw, M5_TPW_MAX).total;
@@ -613,6 +616,7 @@ static bool m5_cluster_ok(struct kcuda_ctx *c, int nw)
 		return false;
 	}
 	m5_ok_state[dev][k] = 1;
+	m5_maxc[dev][k] = *maxc = n;
 	return true;
 }
 
@@ -628,19 +632,37 @@ static int m5_plan_of(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const
 	const int64_t nrh = rows->n_q;
 	const int64_t tiles = (rows->max_keys + M5_TK - 1) / M5_TK;
 	const int n_sm = c->n_sm > 0 ? c->n_sm : 1;
-	const int nw = m5_warps(tiles * nrh, n_sm);
 	int64_t bpr = n_sm / nrh; /* blocks per row: one block per SM in all */
 	if (bpr < 1)
 		bpr = 1;
 	const int64_t tpb = (tiles + bpr - 1) / bpr;
-	const int64_t tpw = (tpb + nw - 1) / nw;
+	/* more warps a block where the chosen number would need more than M5_TPW_MAX tiles a warp */
+	int nw = m5_warps(tiles * nrh, n_sm);
+	while (nw < M5_WMAX && (tpb + nw - 1) / nw > M5_TPW_MAX)
+		nw *= 2;
+	int maxc = 0;
+	if (!m5_cluster_ok(c, nw, &maxc))
+		return ERR_UNSUPPORTED;
+	/* tiles a warp: what one block per SM gives, at least TANDEM_MLA_DEC5_TPW (tuning), more
+	 * while the blocks would not all be resident at once (a second wave costs a whole pass) */
+	int64_t tpw = (tpb + nw - 1) / nw;
+	const char *te = getenv("TANDEM_MLA_DEC5_TPW");
+	if (te && atoi(te) > tpw)
+		tpw = atoi(te);
 	if (tpw < 1 || tpw > M5_TPW_MAX)
 		return ERR_UNSUPPORTED;
-	const int64_t nb = (tiles + nw * tpw - 1) / (nw * tpw);
-	int cl = 1;
-	while (cl < nb && cl < M5_CL)
-		cl *= 2;
-	const int64_t ncl = (nb + cl - 1) / cl;
+	int64_t nb, ncl;
+	int cl;
+	for (;;) {
+		nb = (tiles + nw * tpw - 1) / (nw * tpw);
+		cl = 1;
+		while (cl < nb && cl < M5_CL)
+			cl *= 2;
+		ncl = (nb + cl - 1) / cl;
+		if (ncl * cl * nrh <= (int64_t)maxc * M5_CL || tpw >= M5_TPW_MAX)
+			break;
+		tpw++;
+	}
 	if (ncl > M5_NCL_MAX || C % cl || (C / cl) % 4)
 		return ERR_UNSUPPORTED;
 	if ((size_t)nrh * (size_t)cl > KCUDA_N_TICKETS || nrh > 65535)
@@ -678,8 +700,10 @@ int kmla_dec5_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
 	if (major < 9)
 		return ERR_UNSUPPORTED;
 	struct m5_plan pl;
-	if (m5_plan_of(c, kv, rows, H, C, &pl) || pl.smem > (size_t)max_smem ||
-	    m5_layout(M5_DMAX, pl.nw, M5_TPW_MAX).total > (size_t)max_smem || !m5_cluster_ok(c, pl.nw))
+	for (int w = 1; w <= M5_WMAX; w *= 2) /* the occupancy queries ask for this much */
+		if (m5_layout(M5_DMAX, w, M5_TPW_MAX).total > (size_t)max_smem)
+			return ERR_UNSUPPORTED;
+	if (m5_plan_of(c, kv, rows, H, C, &pl) || pl.smem > (size_t)max_smem)
 		return ERR_UNSUPPORTED;
 
 	m5_args a;
@@ -760,7 +784,7 @@ extern "C" int kmla_dec5_plan(struct kcuda_ctx *c, int64_t n_q, int64_t max_keys
 	rows.n_q = n_q;
 	rows.max_keys = max_keys;
 	struct m5_plan pl;
-	if (m5_plan_of(c, &kv, &rows, 8, 512, &pl) || !m5_cluster_ok(c, pl.nw))
+	if (m5_plan_of(c, &kv, &rows, 8, 512, &pl))
 		return ERR_UNSUPPORTED;
 	cudaFuncAttributes fa;
 	int bps = 0;
