@@ -6,15 +6,18 @@
  * and per-row top-k; a small odd shape (C = 64, R = 16, H = 3). Tolerance: max |gpu - cpu| <= 5e-5
  * * max |cpu| per case (fp32 accumulation on both sides; the printed errors are ~1e-6). Guard bytes
  * around the output; no NaN/Inf; a bad block id is counted as an error and skipped.
- * Every case runs under four kernel sets: the defaults, the split kernel + combine launch
- * (TANDEM_MLA_DEC=0, mla_attn_mma.cu), the one-launch small-batch kernel wherever it takes the
- * shape (TANDEM_MLA_DEC=65535, mla_attn_dec.cu) and TANDEM_CUDA_ATTN=ref (the first kernel), so
- * one GPU run checks all against the CPU; the GLM-5 / DeepSeek-V3 per-rank decode shapes at
- * batch 1, 2, 4, 8 (and 12) are among the cases; every call is repeated three times and must
- * give the same bits. TANDEM_OPS_SMALL=1 keeps the contexts up to ~4k (for compute-sanitizer
- * runs); TANDEM_OPS_QUICK=1 the same plus the sparse 32k cases (unless SMALL is set too), without
- * the ref kernels and with the split kernel on the GLM-5 / DeepSeek-V3 shapes only.
- * Exit 77 = no GPU (skip). */
+ * Every case runs under seven kernel sets: the defaults (mla_attn_dec5.cu for up to 8 heads
+ * over bf16 pools at batch 1..8), the split kernel + combine launch (TANDEM_MLA_DEC=0,
+ * mla_attn_mma.cu), mla_attn_dec5.cu wherever it takes the shape with 2-, 1- and 4-warp blocks
+ * (TANDEM_MLA_DEC=65535, TANDEM_MLA_DEC5_W), mla_attn_dec.cu wherever it takes the shape
+ * (TANDEM_MLA_DEC_V=4 TANDEM_MLA_DEC=65535) and TANDEM_CUDA_ATTN=ref (the first kernel), so one
+ * GPU run checks all against the CPU; the GLM-5 / DeepSeek-V3 per-rank decode shapes at batch 1,
+ * 2, 3, 4, 6, 8 (and 12) are among the cases, and which kernel took a call is checked; every
+ * call is repeated three times and must give the same bits. After each kernel set, a PDL check:
+ * the top-k list / key count and q written by the kernels right before the attention launch.
+ * TANDEM_OPS_SMALL=1 keeps the contexts up to ~4k (for compute-sanitizer runs); TANDEM_OPS_QUICK=1 the same
+ * plus the sparse 32k cases (unless SMALL is set too), without the ref kernels and with the split kernel on
+ * the GLM-5 / DeepSeek-V3 shapes only. Exit 77 = no GPU (skip). */
 #include <errno.h>
 
 #include "common/base/err.h"
@@ -213,11 +216,9 @@ static void run_case(const struct mcase *mc)
 		          kmla_dec5_launches - d50);
 	if (!expect_dec5)
 		OPS_CHECK(kmla_dec5_launches == d50, "%s: mla_dec5 ran in a mode that excludes it", mc->name);
-	/* the one-launch kernel must take the GLM-5 / DeepSeek-V3 decode shapes (H 8 / 16: one head
-	 * group per row; bf16 pools, the decode graph's) at batch 1..8 when forced (TANDEM_MLA_DEC=N),
-	 * and by default the one it is kept for: a single sparse row of up to 2048 selected keys
-	 * (128 splits: the default also needs as many SMs; the H200, B200 and RTX PRO 6000 have
-	 * them): one launch, not two */
+	/* with TANDEM_MLA_DEC_V=4, mla_attn_dec.cu's kernel must take the GLM-5 / DeepSeek-V3 decode
+	 * shapes (H 8 / 16: one head group per row; bf16 pools, the decode graph's) at batch 1..8 when
+	 * forced (TANDEM_MLA_DEC=N): one launch, not two */
 	const char *dec = getenv("TANDEM_MLA_DEC");
 	const int forced = dec && strcmp(dec, "0") != 0;
 	if (!expect_dec5 && getenv("TANDEM_MLA_DEC_V") && !getenv("TANDEM_CUDA_ATTN") &&
