@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "kernels/cuda/mla_attn_mode.cuh"
+#include "kernels/cuda/mla_attn_tile.cuh"
 
 namespace cg = cooperative_groups;
 
@@ -66,40 +67,6 @@ struct m5_args {
 	unsigned *tickets; /* [gridDim.y][cl], zero between calls */
 	unsigned *err;
 };
-
-__device__ __forceinline__ void m5_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
-{
-	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-	             "{%8,%9}, {%0,%1,%2,%3};\n"
-	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-/* four 8x8 b16 matrices from shared memory; lane l gives the address of row l % 8 of matrix l / 8 */
-__device__ __forceinline__ void m5_ldm4(uint32_t *r, const void *p)
-{
-	const unsigned s = (unsigned)__cvta_generic_to_shared(p);
-	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-	             : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-	             : "r"(s)
-	             : "memory");
-}
-__device__ __forceinline__ void m5_ldm4t(uint32_t *r, const void *p)
-{
-	const unsigned s = (unsigned)__cvta_generic_to_shared(p);
-	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-	             : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-	             : "r"(s)
-	             : "memory");
-}
-/* x, y -> bf16x2 hi part and the bf16x2 of the remainders (x at the lower half) */
-__device__ __forceinline__ void m5_split2(float x, float y, uint32_t *hi, uint32_t *lo)
-{
-	const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-	const float2 hf = __bfloat1622float2(h);
-	const __nv_bfloat162 l = __floats2bfloat162_rn(x - hf.x, y - hf.y);
-	*hi = *(const uint32_t *)&h;
-	*lo = *(const uint32_t *)&l;
-}
 
 /* shared row stride of KV and q rows (bf16 values): dim + 8, a 16-byte multiple whose word stride
  * is 4 mod 32 (dim a multiple of 16... of 8 words): conflict-free ldmatrix rows */
@@ -190,8 +157,8 @@ __global__ void __launch_bounds__(32 * M5_WMAX) mla_dec5_kernel(m5_args a)
 			if (i < n4) {
 				const int h = 4 * i / dim, d = 4 * i - h * dim;
 				uint2 hi, lo;
-				m5_split2(qv[u].x, qv[u].y, &hi.x, &lo.x);
-				m5_split2(qv[u].z, qv[u].w, &hi.y, &lo.y);
+				katt_split2(qv[u].x, qv[u].y, &hi.x, &lo.x);
+				katt_split2(qv[u].z, qv[u].w, &hi.y, &lo.y);
 				*(uint2 *)(q_s + h * RS + d) = hi;
 				*(uint2 *)(q_s + (h + 8) * RS + d) = lo;
 			}
@@ -320,10 +287,10 @@ __global__ void __launch_bounds__(32 * M5_WMAX) mla_dec5_kernel(m5_args a)
 		for (int ks = 0; ks < M5_KS; ks++) {
 			if (ks < nks) {
 				uint32_t qa[4], b[4];
-				m5_ldm4(qa, q_s + qrow * RS + ks * 16 + qcol);
-				m5_ldm4(b, kt + lrow * RS + ks * 16 + lcol);
-				m5_mma(sa[ks & 3][0], qa, b[0], b[1]);
-				m5_mma(sa[ks & 3][1], qa, b[2], b[3]);
+				katt_ldm4(qa, q_s + qrow * RS + ks * 16 + qcol);
+				katt_ldm4(b, kt + lrow * RS + ks * 16 + lcol);
+				katt_mma(sa[ks & 3][0], qa, b[0], b[1]);
+				katt_mma(sa[ks & 3][1], qa, b[2], b[3]);
 			}
 		}
 		/* head g, keys 2t, 2t + 1 (n-tile 0) and 8 + 2t, 9 + 2t (n-tile 1): hi row + lo row */
@@ -356,8 +323,8 @@ __global__ void __launch_bounds__(32 * M5_WMAX) mla_dec5_kernel(m5_args a)
 		m_run = mn;
 		/* B of O^T += V^T P^T: b0 = p[g][2t, 2t + 1], b1 = p[g][2t + 8, 2t + 9], hi and lo */
 		uint32_t bh0, bl0, bh1, bl1;
-		m5_split2(p[0], p[1], &bh0, &bl0);
-		m5_split2(p[2], p[3], &bh1, &bl1);
+		katt_split2(p[0], p[1], &bh0, &bl0);
+		katt_split2(p[2], p[3], &bh1, &bl1);
 		/* the accumulators' heads are 2t, 2t + 1: their factors from the threads of those rows */
 		const float ca = __shfl_sync(0xffffffffu, corr, 8 * t),
 		            cb = __shfl_sync(0xffffffffu, corr, 8 * t + 4);
@@ -365,13 +332,13 @@ __global__ void __launch_bounds__(32 * M5_WMAX) mla_dec5_kernel(m5_args a)
 		for (int m = 0; m < M5_MT; m++) {
 			if (m < nmt) {
 				uint32_t av[4];
-				m5_ldm4t(av, kt + lrow * RS + m * 16 + lcol);
+				katt_ldm4t(av, kt + lrow * RS + m * 16 + lcol);
 				oacc[m][0] *= ca;
 				oacc[m][1] *= cb;
 				oacc[m][2] *= ca;
 				oacc[m][3] *= cb;
-				m5_mma(oacc[m], av, bh0, bh1);
-				m5_mma(oacc[m], av, bl0, bl1);
+				katt_mma(oacc[m], av, bh0, bh1);
+				katt_mma(oacc[m], av, bl0, bl1);
 			}
 		}
 		__syncwarp(); /* every lane is done with stage st before it is refilled */
