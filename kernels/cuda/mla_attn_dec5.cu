@@ -46,8 +46,7 @@ namespace cg = cooperative_groups;
 #define M5_TPW_MAX 16 /* tiles per warp (addresses in shared memory: 2 KB a warp) */
 #define M5_CL 8 /* largest cluster */
 #define M5_NCL_MAX 64 /* clusters per row */
-#define M5_PMAX (M5_CL * M5_WMAX) /* warp partials per cluster */
-#define M5_WS (M5_NCL_MAX + 2) /* merge weights row: [0, 64) weights, then (max, sum) */
+#define M5_MB 16 /* partials merged a batch (loads in flight a thread) */
 
 struct m5_args {
 	const uint8_t *base;
@@ -87,7 +86,7 @@ static __host__ __device__ int m5_apw(int tpw)
 
 /* the dynamic shared memory carve (byte offsets, 16-aligned) */
 struct m5_carve {
-	size_t ring, wring, qs, addr, valid, ml, wts, total;
+	size_t ring, wring, qs, addr, valid, ml, total;
 };
 static __host__ __device__ size_t m5_take(size_t *at, size_t bytes)
 {
@@ -105,9 +104,39 @@ static __host__ __device__ m5_carve m5_layout(int dim, int nw, int tpw)
 	o.addr = m5_take(&at, (size_t)nw * m5_apw(tpw) * sizeof(void *));
 	o.valid = m5_take(&at, (size_t)nw * tpw * 4);
 	o.ml = m5_take(&at, (size_t)nw * M5_HMAX * 2 * 4);
-	o.wts = m5_take(&at, (size_t)M5_HMAX * M5_WS * 4);
 	o.total = at;
 	return o;
+}
+
+/* (M, Ls, acc) += a batch of M5_MB partials (max, sum) / values, running max (a partial without
+ * keys, sum 0, is skipped: its value is not used) */
+__device__ __forceinline__ void m5_merge(float *M, float *Ls, float4 *acc, const float2 *ml, const float4 *v)
+{
+	float mb = -INFINITY;
+#pragma unroll
+	for (int e = 0; e < M5_MB; e++)
+		if (ml[e].y > 0.0f)
+			mb = fmaxf(mb, ml[e].x);
+	if (mb == -INFINITY)
+		return;
+	const float mn = fmaxf(*M, mb);
+	const float f = *M == -INFINITY ? 0.0f : expf(*M - mn);
+	float4 r = make_float4(acc->x * f, acc->y * f, acc->z * f, acc->w * f);
+	float l = *Ls * f;
+#pragma unroll
+	for (int e = 0; e < M5_MB; e++) {
+		if (ml[e].y > 0.0f) {
+			const float w = expf(ml[e].x - mn);
+			l = fmaf(w, ml[e].y, l);
+			r.x = fmaf(w, v[e].x, r.x);
+			r.y = fmaf(w, v[e].y, r.y);
+			r.z = fmaf(w, v[e].z, r.z);
+			r.w = fmaf(w, v[e].w, r.w);
+		}
+	}
+	*acc = r;
+	*Ls = l;
+	*M = mn;
 }
 
 __global__ void __launch_bounds__(32 * M5_WMAX) mla_dec5_kernel(m5_args a)
@@ -129,7 +158,6 @@ __global__ void __launch_bounds__(32 * M5_WMAX) mla_dec5_kernel(m5_args a)
 	const uint8_t **addr_w = (const uint8_t **)(m5_sm + L.addr) + (size_t)warp * m5_apw(a.tpw);
 	uint32_t *valid_w = (uint32_t *)(m5_sm + L.valid) + (size_t)warp * a.tpw;
 	float *ml_s = (float *)(m5_sm + L.ml); /* [nw][8][2]: read by the cluster's other blocks */
-	float *wm = (float *)(m5_sm + L.wts); /* [8][WS] */
 	__shared__ int last_s;
 
 	const int cl = (int)cluster.num_blocks(), crank = (int)cluster.block_rank();
@@ -366,144 +394,96 @@ __global__ void __launch_bounds__(32 * M5_WMAX) mla_dec5_kernel(m5_args a)
 	}
 	cluster.sync(); /* every warp partial of the cluster is in place */
 
-	/* ---- merge the cluster's warp partials for this block's channel slice ---- */
+	/* ---- merge the cluster's warp partials for this block's channel slice: each thread loads the
+	 * (max, sum) and values of all partials of its 4 channels at once (16 a batch, merged with a
+	 * running max), so one DSMEM round trip and no barrier ---- */
 	const int np = cl * nw; /* partials: block b's warp w is b * nw + w */
 	const int slice = C / cl, c_lo = crank * slice, nu = hv * (slice / 4);
-	if (tid < hv) {
-		float mx[M5_PMAX], lv[M5_PMAX]; /* all the cluster's loads in flight at once */
-#pragma unroll
-		for (int pi = 0; pi < M5_PMAX; pi++) {
-			mx[pi] = -INFINITY;
-			lv[pi] = 0.0f;
-			if (pi < np) {
-				const float *pm = cluster.map_shared_rank(ml_s, (unsigned)(pi / nw));
-				const float2 ml = *(const float2 *)(pm + ((pi % nw) * M5_HMAX + tid) * 2);
-				mx[pi] = ml.x;
-				lv[pi] = ml.y;
-			}
-		}
-		float M = -INFINITY;
-#pragma unroll
-		for (int pi = 0; pi < M5_PMAX; pi++)
-			if (lv[pi] > 0.0f)
-				M = fmaxf(M, mx[pi]);
-		float Ls = 0.0f;
-#pragma unroll
-		for (int pi = 0; pi < M5_PMAX; pi++) {
-			const float w = lv[pi] > 0.0f ? expf(mx[pi] - M) : 0.0f;
-			Ls += lv[pi] * w;
-			if (pi < np)
-				wm[tid * M5_WS + pi] = w;
-		}
-		wm[tid * M5_WS + M5_NCL_MAX] = M;
-		wm[tid * M5_WS + M5_NCL_MAX + 1] = Ls;
-	}
-	__syncthreads();
 	const int64_t rh0 = row * H;
+	const uint8_t *ring0 = m5_sm + L.ring;
 	for (int u = tid; u < nu; u += nt) {
 		const int h = u / (slice / 4), c = c_lo + (u % (slice / 4)) * 4;
-		const float *w = wm + h * M5_WS;
+		float M = -INFINITY, Ls = 0.0f;
 		float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-		for (int p0 = 0; p0 < np; p0 += 16) { /* 16 loads in flight */
-			float4 v[16];
+		for (int p0 = 0; p0 < np; p0 += M5_MB) {
+			float2 ml[M5_MB];
+			float4 v[M5_MB];
 #pragma unroll
-			for (int e = 0; e < 16; e++) {
+			for (int e = 0; e < M5_MB; e++) {
 				const int pi = p0 + e;
+				ml[e] = make_float2(-INFINITY, 0.0f);
 				v[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-				if (pi < np && w[pi] != 0.0f) {
-					const uint8_t *rb = (const uint8_t *)cluster.map_shared_rank(
-					    (float *)(m5_sm + L.ring), (unsigned)(pi / nw));
-					v[e] = *(const float4 *)((const float *)(rb + (size_t)(pi % nw) *
-					                                                  L.wring) +
+				if (pi < np) {
+					const unsigned rk = (unsigned)(pi / nw);
+					const int pw = pi - (int)rk * nw;
+					const float *pm = cluster.map_shared_rank(ml_s, rk);
+					const uint8_t *rb =
+					    (const uint8_t *)cluster.map_shared_rank((void *)ring0, rk);
+					ml[e] = *(const float2 *)(pm + (pw * M5_HMAX + h) * 2);
+					v[e] = *(const float4 *)((const float *)(rb + (size_t)pw * L.wring) +
 					                         h * OS + c);
 				}
 			}
-#pragma unroll
-			for (int e = 0; e < 16; e++) {
-				const int pi = p0 + e;
-				const float we = pi < np ? w[pi] : 0.0f;
-				if (we != 0.0f) { /* a warp without keys: weight 0, value not used */
-					acc.x = fmaf(we, v[e].x, acc.x);
-					acc.y = fmaf(we, v[e].y, acc.y);
-					acc.z = fmaf(we, v[e].z, acc.z);
-					acc.w = fmaf(we, v[e].w, acc.w);
-				}
-			}
+			m5_merge(&M, &Ls, &acc, ml, v);
 		}
 		if (a.ncl == 1) {
-			const float Ls = w[M5_NCL_MAX + 1];
 			const float inv = Ls > 0.0f ? 1.0f / Ls : 0.0f;
 			*(float4 *)(a.out + (rh0 + h) * C + c) =
 			    make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
 		} else {
 			*(float4 *)(a.pacc + ((rh0 + h) * a.ncl + icl) * C + c) = acc;
+			if (c == c_lo) {
+				float *d = a.pml + (((rh0 + h) * a.ncl + icl) * cl + crank) * 2;
+				d[0] = M;
+				d[1] = Ls;
+			}
 		}
 	}
-	if (a.ncl > 1 && tid < hv) {
-		float *d = a.pml + (((rh0 + tid) * a.ncl + icl) * cl + crank) * 2;
-		d[0] = wm[tid * M5_WS + M5_NCL_MAX];
-		d[1] = wm[tid * M5_WS + M5_NCL_MAX + 1];
+	/* the ticket (ncl > 1) is drawn between arriving at the cluster barrier (the other blocks
+	 * may be reading this block's shared memory until it completes) and waiting on it */
+	if (a.ncl > 1) {
+		__threadfence(); /* this thread's partial slice is visible before the block's ticket */
+		__syncthreads();
 	}
-	if (a.ncl > 1)
-		__threadfence(); /* the partial slice is visible before this block's ticket */
-	cluster.sync(); /* the other blocks are done reading this block's shared memory */
-	if (a.ncl == 1)
-		return;
-
-	/* ---- last of the ncl blocks of this slice: merge the clusters in cluster order ---- */
-	if (tid == 0) {
+	asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
+	if (a.ncl > 1 && tid == 0) {
 		unsigned *tk = a.tickets + (size_t)blockIdx.y * cl + crank;
 		const unsigned old = atomicAdd(tk, 1u);
 		last_s = old == (unsigned)(a.ncl - 1);
 		if (last_s)
 			*tk = 0u; /* every block of this slice has drawn: ready for the next call */
 	}
-	__syncthreads();
+	asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
+	if (a.ncl == 1)
+		return;
+	__syncthreads(); /* last_s */
 	if (!last_s)
 		return;
+
+	/* ---- last of the ncl blocks of this slice: merge the clusters in cluster order, each
+	 * thread its 4 channels with all their loads in flight ---- */
 	__threadfence();
-	if (tid < hv) {
-		const float *pm = a.pml + ((rh0 + tid) * a.ncl * cl + crank) * 2;
-		float M = -INFINITY;
-		for (int k = 0; k < a.ncl; k++) {
-			const float2 ml = __ldcg((const float2 *)(pm + (size_t)k * cl * 2));
-			wm[tid * M5_WS + k] = ml.x;
-			if (ml.y > 0.0f)
-				M = fmaxf(M, ml.x);
-		}
-		float Ls = 0.0f;
-		for (int k = 0; k < a.ncl; k++) {
-			const float2 ml = __ldcg((const float2 *)(pm + (size_t)k * cl * 2));
-			const float w = ml.y > 0.0f ? expf(ml.x - M) : 0.0f;
-			Ls += ml.y * w;
-			wm[tid * M5_WS + k] = w;
-		}
-		wm[tid * M5_WS + M5_NCL_MAX + 1] = Ls > 0.0f ? 1.0f / Ls : 0.0f;
-	}
-	__syncthreads();
 	for (int u = tid; u < nu; u += nt) {
 		const int h = u / (slice / 4), c = c_lo + (u % (slice / 4)) * 4;
+		const float *pm = a.pml + ((rh0 + h) * a.ncl * cl + crank) * 2;
 		const float4 *src = (const float4 *)(a.pacc + (rh0 + h) * a.ncl * C + c);
-		const float *w = wm + h * M5_WS;
+		float M = -INFINITY, Ls = 0.0f;
 		float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-		for (int k0 = 0; k0 < a.ncl; k0 += 8) { /* 8 loads in flight */
-			float4 v[8];
+		for (int k0 = 0; k0 < a.ncl; k0 += M5_MB) {
+			float2 ml[M5_MB];
+			float4 v[M5_MB];
 #pragma unroll
-			for (int e = 0; e < 8; e++)
-				v[e] = k0 + e < a.ncl ? __ldcg(src + (size_t)(k0 + e) * (C / 4))
-				                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-			for (int e = 0; e < 8; e++) {
-				const float we = k0 + e < a.ncl ? w[k0 + e] : 0.0f;
-				if (we != 0.0f) {
-					acc.x = fmaf(we, v[e].x, acc.x);
-					acc.y = fmaf(we, v[e].y, acc.y);
-					acc.z = fmaf(we, v[e].z, acc.z);
-					acc.w = fmaf(we, v[e].w, acc.w);
+			for (int e = 0; e < M5_MB; e++) {
+				ml[e] = make_float2(-INFINITY, 0.0f);
+				v[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+				if (k0 + e < a.ncl) {
+					ml[e] = __ldcg((const float2 *)(pm + (size_t)(k0 + e) * cl * 2));
+					v[e] = __ldcg(src + (size_t)(k0 + e) * (C / 4));
 				}
 			}
+			m5_merge(&M, &Ls, &acc, ml, v);
 		}
-		const float inv = w[M5_NCL_MAX + 1];
+		const float inv = Ls > 0.0f ? 1.0f / Ls : 0.0f;
 		*(float4 *)(a.out + (rh0 + h) * C + c) =
 		    make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
 	}
