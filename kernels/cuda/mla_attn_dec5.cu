@@ -146,6 +146,8 @@ __global__ void __launch_bounds__(32 * M5_WMAX) mla_dec5_kernel(m5_args a)
 	a.q = kdep_after(a.q); /* written by the kernels before: no load of them above the wait */
 	a.sel = kdep_after(a.sel);
 	a.n_keys = kdep_after(a.n_keys);
+	a.qseq = kdep_after(a.qseq); /* uploaded before the step, but cheap to keep below it too */
+	a.blocks = kdep_after(a.blocks);
 	cg::cluster_group cluster = cg::this_cluster();
 	extern __shared__ __align__(16) uint8_t m5_sm[];
 	const int dim = a.dim, RS = m5_rs(dim), C = a.C, H = a.H;
