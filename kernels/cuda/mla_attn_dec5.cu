@@ -56,7 +56,7 @@ struct m5_args {
 	const int32_t *qseq, *blocks, *n_keys, *sel;
 	int64_t ld_blocks, pos0, ld_sel, max_keys;
 	const float *q;
-	int H, C;
+	int H, C, n_hg; /* heads, channels, groups of 8 heads (blockIdx.y = row * n_hg + group) */
 	float scale;
 	int tpw; /* tiles per warp; a block's chunk is nw * tpw * 16 keys */
 	int ncl; /* clusters per row; gridDim.x = ncl * cluster size */
@@ -164,12 +164,12 @@ __global__ void __launch_bounds__(32 * M5_WMAX) mla_dec5_kernel(m5_args a)
 
 	const int cl = (int)cluster.num_blocks(), crank = (int)cluster.block_rank();
 	const int icl = (int)blockIdx.x / cl;
-	const int64_t row = blockIdx.y;
-	const int hv = min(M5_HMAX, H);
+	const int64_t row = blockIdx.y / a.n_hg;
+	const int h0 = (int)(blockIdx.y % a.n_hg) * M5_HMAX, hv = min(M5_HMAX, H - h0);
 	int nk, kw1, ntw; /* keys of the row, the end of this warp's keys, its tiles */
 
 	/* ---- q: its loads first (registers, M5_QV float4 a thread a batch), converted below ---- */
-	const float *qr = a.q + row * (int64_t)H * dim;
+	const float *qr = a.q + (row * H + h0) * (int64_t)dim;
 	const int n4 = hv * dim / 4;
 	float4 qv[M5_QV];
 	auto q_load = [&](int b) {
@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(32 * M5_WMAX) mla_dec5_kernel(m5_args a)
 			*(uint4 *)(q_s + (h + 8) * RS + d) = make_uint4(0, 0, 0, 0);
 		}
 		if (nk64 < 0 || nk64 > a.max_keys) {
-			if (tid == 0 && blockIdx.x == 0)
+			if (tid == 0 && blockIdx.x == 0 && h0 == 0) /* once a row */
 				atomicAdd(a.err, 1u);
 			nk64 = nk64 < 0 ? 0 : a.max_keys;
 		}
@@ -401,7 +401,7 @@ __global__ void __launch_bounds__(32 * M5_WMAX) mla_dec5_kernel(m5_args a)
 	 * running max), so one DSMEM round trip and no barrier ---- */
 	const int np = cl * nw; /* partials: block b's warp w is b * nw + w */
 	const int slice = C / cl, c_lo = crank * slice, nu = hv * (slice / 4);
-	const int64_t rh0 = row * H;
+	const int64_t rh0 = row * H + h0; /* this group's first (row, head) */
 	const uint8_t *ring0 = m5_sm + L.ring;
 	for (int u = tid; u < nu; u += nt) {
 		const int h = u / (slice / 4), c = c_lo + (u % (slice / 4)) * 4;
@@ -518,6 +518,13 @@ static int m5_rows_limit(void)
 	return n > 65535 ? 65535 : (int)n;
 }
 
+/* TANDEM_MLA_DEC set to a row limit (A/B, tests): then also more than 8 heads */
+static bool m5_forced(void)
+{
+	const char *e = getenv("TANDEM_MLA_DEC");
+	return e && *e && strcmp(e, "0") != 0;
+}
+
 /* warps per block: TANDEM_MLA_DEC5_W = 1, 2 or 4 (bench sweeps), else 2 while every tile of the
  * call fits one tile per warp of 2-warp blocks on all SMs (more SMs pulling at once), 4 beyond */
 static int m5_warps(int64_t tiles_all, int n_sm)
@@ -578,7 +585,7 @@ struct m5_plan {
 static int m5_plan_of(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
                       int64_t H, int64_t C, struct m5_plan *pl)
 {
-	const int64_t nrh = rows->n_q;
+	const int64_t nrh = rows->n_q * ((H + M5_HMAX - 1) / M5_HMAX); /* (row, head group) pairs */
 	const int64_t tiles = (rows->max_keys + M5_TK - 1) / M5_TK;
 	const int n_sm = c->n_sm > 0 ? c->n_sm : 1;
 	int64_t bpr = n_sm / nrh; /* blocks per row: one block per SM in all */
@@ -616,7 +623,7 @@ static int m5_plan_of(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const
 		return ERR_UNSUPPORTED;
 	if ((size_t)nrh * (size_t)cl > KCUDA_N_TICKETS || nrh > 65535)
 		return ERR_UNSUPPORTED;
-	const size_t n_part = ncl > 1 ? (size_t)nrh * (size_t)H * (size_t)ncl : 0;
+	const size_t n_part = ncl > 1 ? (size_t)rows->n_q * (size_t)H * (size_t)ncl : 0;
 	if (n_part * ((size_t)C + 2 * (size_t)cl) * sizeof(float) > c->ws_bytes)
 		return ERR_UNSUPPORTED;
 	pl->nw = nw;
@@ -634,7 +641,8 @@ int kmla_dec5_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
                      const float *q, int64_t H, int64_t C, float scale, float *out)
 {
 	const int lim = m5_rows_limit();
-	if (rows->n_q > lim || !c->tickets || !kv->bf16 || H > M5_HMAX || H < 1)
+	/* more than 8 heads (groups of 8, each block one group) only when forced (A/B) */
+	if (rows->n_q > lim || !c->tickets || !kv->bf16 || H < 1 || (H > M5_HMAX && !m5_forced()))
 		return ERR_UNSUPPORTED;
 	if (C % 16 || C > M5_CMAX || kv->dim > M5_DMAX || kv->dim % 16 || kv->dim < C ||
 	    (uintptr_t)out % 16 || (uintptr_t)q % 16 || rows->max_keys < 1 || rows->max_keys > INT32_MAX / 2)
@@ -672,6 +680,7 @@ int kmla_dec5_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
 	a.max_keys = rows->max_keys;
 	a.q = q;
 	a.H = (int)H;
+	a.n_hg = (int)((H + M5_HMAX - 1) / M5_HMAX);
 	a.C = (int)C;
 	a.scale = scale;
 	a.tpw = pl.tpw;
@@ -693,7 +702,7 @@ int kmla_dec5_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
 	at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
 	at[1].val.programmaticStreamSerializationAllowed = 1;
 	cudaLaunchConfig_t cfg = {};
-	cfg.gridDim = dim3((unsigned)(pl.ncl * pl.cl), (unsigned)rows->n_q);
+	cfg.gridDim = dim3((unsigned)(pl.ncl * pl.cl), (unsigned)(rows->n_q * a.n_hg));
 	cfg.blockDim = dim3((unsigned)(32 * pl.nw));
 	cfg.dynamicSmemBytes = pl.smem;
 	cfg.stream = c->stream;
