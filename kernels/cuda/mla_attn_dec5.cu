@@ -1,7 +1,8 @@
 /* MLA decode for up to 8 heads per rank (GLM-5 at TP=8) over a bf16 paged pool: one launch whose
  * per-tile work is a chain of a warp's own, without block barriers (issue #4, branch mla5). The
  * default of kcuda_mla_attn for the shapes it takes; TANDEM_MLA_DEC_V=4 takes mla_attn_dec.cu's
- * kernel instead (A/B), TANDEM_MLA_DEC=0 the split kernel + combine of mla_attn_mma.cu.
+ * kernel instead (A/B), TANDEM_MLA_DEC=0 the split kernel + combine of mla_attn_mma.cu. With
+ * TANDEM_MLA_DEC=N (forced, A/B) it also takes more heads, in groups of 8 (a block per group).
  *
  * Why: the kernels before it spent each 16- or 32-key tile in a chain of dependent steps: warp 0's
  * top-k and table loads for the next tile, a barrier, the copy (one tile in flight per block), then
