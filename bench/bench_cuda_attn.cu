@@ -21,6 +21,10 @@
 #include "kernels/cuda/fused.h"
 #include "kernels/cuda/prof.h"
 
+/* mla_attn_dec5.cu: its launch plan for a GLM-5 rank shape, and its launch count */
+extern "C" int kmla_dec5_plan(struct kcuda_ctx *c, int64_t n_q, int64_t max_keys, int out[7]);
+extern "C" unsigned long long kmla_dec5_launches;
+
 static double now_s(void)
 {
 	struct timespec ts;
@@ -593,31 +597,78 @@ static void bench_mla_dec(int B, int64_t H, int64_t ctxlen, int bf16, int K)
 	                               K > 0 ? K : 1,
 	                               K > 0 ? K : ctxlen};
 	int rc = 0;
-	double g[2], e[2];
-	unsigned long long nl[2];
-	for (int mode = 0; mode < 2; mode++) { /* 0 old (split + combine), 1 new */
-		setenv("TANDEM_MLA_DEC", mode ? "65535" : "0", 1);
-		const unsigned long long l0 = kcuda_n_launch;
+	/* 0 old: split + combine; 1 v4: mla_attn_dec.cu everywhere; 2 new: the defaults (dec5 where it
+	 * takes the shape); 3..5 dec5 forced with 1-, 2-, 4-warp blocks (TANDEM_MLA_DEC5_W); 6, 7: 4-warp
+	 * blocks of at least 2 / 4 tiles a warp (TANDEM_MLA_DEC5_TPW: fewer blocks, fewer clusters; at
+	 * B1 top-2048 with 4 one cluster, no ticket merge) */
+	enum { NM = 8 };
+	double g[NM], e[NM];
+	unsigned long long nl[NM];
+	for (int mode = 0; mode < NM; mode++) {
+		unsetenv("TANDEM_MLA_DEC");
+		unsetenv("TANDEM_MLA_DEC_V");
+		unsetenv("TANDEM_MLA_DEC5_W");
+		unsetenv("TANDEM_MLA_DEC5_TPW");
+		if (mode == 0)
+			setenv("TANDEM_MLA_DEC", "0", 1);
+		if (mode == 1)
+			setenv("TANDEM_MLA_DEC_V", "4", 1);
+		if (mode == 1 || mode >= 3)
+			setenv("TANDEM_MLA_DEC", "65535", 1);
+		if (mode >= 3)
+			setenv("TANDEM_MLA_DEC5_W", mode == 3 ? "1" : mode == 4 ? "2" : "4", 1);
+		if (mode >= 6)
+			setenv("TANDEM_MLA_DEC5_TPW", mode == 6 ? "2" : "4", 1);
+		const unsigned long long l0 = kcuda_n_launch, d0 = kmla_dec5_launches;
 		rc |= kcuda_mla_attn(ctx, &kv, &rows, (const float *)s.q, H, C, R, 0.07f, (float *)s.out);
 		nl[mode] = kcuda_n_launch - l0;
-		g[mode] = mla_graph_us(&kv, &rows, (const float *)s.q, H, (float *)s.out, &e[mode], &rc);
+		const int took5 = kmla_dec5_launches != d0;
+		g[mode] = e[mode] = 0;
+		if (mode < 3 || took5) /* forced dec5 rows: only where it took the shape */
+			g[mode] =
+			    mla_graph_us(&kv, &rows, (const float *)s.q, H, (float *)s.out, &e[mode], &rc);
+		if (mode == 2)
+			nl[mode] += took5 ? 100 : 0; /* printed as "5:1": which kernel the default took */
 	}
 	unsetenv("TANDEM_MLA_DEC");
+	unsetenv("TANDEM_MLA_DEC_V");
+	unsetenv("TANDEM_MLA_DEC5_W");
+	unsetenv("TANDEM_MLA_DEC5_TPW");
 	const double bytes = (double)B * (double)(K > 0 ? K : ctxlen) * (double)dim * elt;
-	printf(
-	    "mla dec B %d H %3lld ctx %6lld %-8s kv %s %6.2f MB | graph old %6.1f new %6.1f us (x%.2f, new "
-	    "%5.0f GB/s %4.1f%%) | eager old %6.1f new %6.1f us | launches old %llu new %llu%s\n",
-	    B, (long long)H, (long long)ctxlen, K > 0 ? "top-2048" : "dense", bf16 ? "bf16" : "f32 ",
-	    bytes * 1e-6, g[0], g[1], g[1] > 0 ? g[0] / g[1] : 0.0, bytes / g[1] * 1e-3,
-	    bytes / g[1] * 1e-3 / copy_gbs * 100, e[0], e[1], nl[0], nl[1], rc ? " ERROR" : "");
+	const int d5 = nl[2] >= 100;
+	printf("mla dec B %d H %3lld ctx %6lld %-8s kv %s %6.2f MB | graph old %6.1f v4 %6.1f new %6.1f us "
+	       "(x%.2f vs old, %5.0f GB/s %4.1f%%; new = %s) | new W1 %6.1f W2 %6.1f W4 %6.1f W4T2 %6.1f "
+	       "W4T4 %6.1f | eager old %6.1f "
+	       "v4 %6.1f new %6.1f | launches %llu %llu %llu%s\n",
+	       B, (long long)H, (long long)ctxlen, K > 0 ? "top-2048" : "dense", bf16 ? "bf16" : "f32 ",
+	       bytes * 1e-6, g[0], g[1], g[2], g[2] > 0 ? g[0] / g[2] : 0.0, bytes / g[2] * 1e-3,
+	       bytes / g[2] * 1e-3 / copy_gbs * 100, d5 ? "dec5" : "old kernels", g[3], g[4], g[5], g[6],
+	       g[7], e[0], e[1], e[2], nl[0], nl[1], nl[2] % 100, rc ? " ERROR" : "");
 	setup_fini(&s);
 }
 
 static void bench_mla_dec_table(void)
 {
-	printf("MLA decode: split kernel + combine (old, TANDEM_MLA_DEC=0) vs one launch (new), 78 calls per "
-	       "graph, PDL %s\n",
-	       kcuda_pdl_enabled() ? "on" : "off");
+	printf(
+	    "MLA decode: split kernel + combine (old, TANDEM_MLA_DEC=0) | mla_dec v4 (TANDEM_MLA_DEC_V=4 "
+	    "TANDEM_MLA_DEC=65535) | new (defaults: mla_dec5 where it takes the shape) | dec5 with 1, 2, 4 "
+	    "warps a block, 4 warps of >= 2 / 4 tiles (0.0: declined), us per call, 78 calls per graph, PDL "
+	    "%s\n",
+	    kcuda_pdl_enabled() ? "on" : "off");
+	static const int pB[] = {1, 2, 4, 8, 1, 8};
+	static const int64_t pK[] = {2048, 2048, 2048, 2048, 4096, 32768};
+	for (int i = 0; i < 6; i++) {
+		int pl[7];
+		if (kmla_dec5_plan(ctx, pB[i], pK[i], pl) == 0)
+			printf("mla_dec5 plan B %d keys %5lld: %d warps a block, %d tiles a warp, cluster "
+			       "%d, %d "
+			       "clusters a row (%d blocks), %d blocks per SM, %d registers, %d B shared "
+			       "memory\n",
+			       pB[i], (long long)pK[i], pl[0], pl[1], pl[2], pl[3], pl[2] * pl[3] * pB[i],
+			       pl[4], pl[5], pl[6]);
+		else
+			printf("mla_dec5 plan B %d keys %5lld: declined\n", pB[i], (long long)pK[i]);
+	}
 	for (int bf = 1; bf >= 0; bf--) { /* residency: the 19:30 run had 256 blocks cost ~2x 128 */
 		int bps = 0, ncl = 0, regs = 0, smem = 0;
 		if (kmla_dec_occupancy(ctx, bf, &bps, &ncl, &regs, &smem) == 0)

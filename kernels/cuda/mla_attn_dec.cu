@@ -37,6 +37,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/mla_attn_mode.cuh"
+#include "kernels/cuda/mla_attn_tile.cuh"
 
 namespace cg = cooperative_groups;
 
@@ -72,47 +73,6 @@ struct md_args {
 	unsigned *tickets; /* [gridDim.y][cl], zero between calls */
 	unsigned *err;
 };
-
-__device__ __forceinline__ void md_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
-{
-	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-	             "{%8,%9}, {%0,%1,%2,%3};\n"
-	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-/* four 8x8 b16 matrices from shared memory; lane l gives the address of row l % 8 of matrix l / 8 */
-__device__ __forceinline__ void md_ldm4(uint32_t *r, const void *p)
-{
-	const unsigned s = (unsigned)__cvta_generic_to_shared(p);
-	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-	             : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-	             : "r"(s)
-	             : "memory");
-}
-__device__ __forceinline__ void md_ldm4t(uint32_t *r, const void *p)
-{
-	const unsigned s = (unsigned)__cvta_generic_to_shared(p);
-	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-	             : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-	             : "r"(s)
-	             : "memory");
-}
-/* x, y -> bf16x2 hi part and the bf16x2 of the remainders (x at the lower half) */
-__device__ __forceinline__ void md_split2(float x, float y, uint32_t *hi, uint32_t *lo)
-{
-	const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-	const float2 hf = __bfloat1622float2(h);
-	const __nv_bfloat162 l = __floats2bfloat162_rn(x - hf.x, y - hf.y);
-	*hi = *(const uint32_t *)&h;
-	*lo = *(const uint32_t *)&l;
-}
-__device__ __forceinline__ void md_split1(float x, uint16_t *hi, uint16_t *lo)
-{
-	const __nv_bfloat16 h = __float2bfloat16_rn(x);
-	const __nv_bfloat16 l = __float2bfloat16_rn(x - __bfloat162float(h));
-	*hi = *(const uint16_t *)&h;
-	*lo = *(const uint16_t *)&l;
-}
 
 /* shared row stride in values (16-byte multiple; 4 words mod 32: conflict-free fragment loads
  * and ldmatrix rows) */
@@ -285,7 +245,7 @@ template <bool F32> __global__ void __launch_bounds__(MD_THREADS) mla_dec_kernel
 		for (int i = 0; i < MD_KSW; i++)
 #pragma unroll
 			for (int r = 0; r < 4; r++)
-				md_split2(qv[i][r].x, qv[i][r].y, &qh[i][r], &ql[i][r]);
+				katt_split2(qv[i][r].x, qv[i][r].y, &qh[i][r], &ql[i][r]);
 	}
 	__syncthreads(); /* tbl_s, addr_s */
 	if (ntiles > 0 && a.tbl_n > 0) {
@@ -337,21 +297,21 @@ template <bool F32> __global__ void __launch_bounds__(MD_THREADS) mla_dec_kernel
 						const float2 x = *(const float2 *)kr,
 						             y = *(const float2 *)(kr + 8);
 						uint32_t bh0, bl0, bh1, bl1;
-						md_split2(x.x, x.y, &bh0, &bl0);
-						md_split2(y.x, y.y, &bh1, &bl1);
-						md_mma(sh_acc[j], qh[i], bh0, bh1);
-						md_mma(sl_acc[j], ql[i], bh0, bh1);
-						md_mma(sl_acc[j], qh[i], bl0, bl1);
+						katt_split2(x.x, x.y, &bh0, &bl0);
+						katt_split2(y.x, y.y, &bh1, &bl1);
+						katt_mma(sh_acc[j], qh[i], bh0, bh1);
+						katt_mma(sl_acc[j], ql[i], bh0, bh1);
+						katt_mma(sl_acc[j], qh[i], bl0, bl1);
 					}
 				} else {
 					/* matrices: keys 0-7 x dims +0, +8; keys 8-15 x dims +0, +8 */
 					uint32_t b[4];
-					md_ldm4(b, kt + ((lane >> 4) * 8 + (lane & 7)) * RS + ks * 16 +
-					               ((lane >> 3) & 1) * 8);
-					md_mma(sh_acc[0], qh[i], b[0], b[1]);
-					md_mma(sl_acc[0], ql[i], b[0], b[1]);
-					md_mma(sh_acc[1], qh[i], b[2], b[3]);
-					md_mma(sl_acc[1], ql[i], b[2], b[3]);
+					katt_ldm4(b, kt + ((lane >> 4) * 8 + (lane & 7)) * RS + ks * 16 +
+					                 ((lane >> 3) & 1) * 8);
+					katt_mma(sh_acc[0], qh[i], b[0], b[1]);
+					katt_mma(sl_acc[0], ql[i], b[0], b[1]);
+					katt_mma(sh_acc[1], qh[i], b[2], b[3]);
+					katt_mma(sl_acc[1], ql[i], b[2], b[3]);
 				}
 			}
 		}
@@ -366,37 +326,9 @@ template <bool F32> __global__ void __launch_bounds__(MD_THREADS) mla_dec_kernel
 		__syncthreads();
 
 		/* online softmax of head sh over keys sk, sk + 1 of the tile */
-		{
-			float s[2], mt = -INFINITY;
-#pragma unroll
-			for (int u = 0; u < 2; u++) {
-				float d = 0.0f;
-#pragma unroll
-				for (int w = 0; w < MD_WARPS; w++)
-					d += sred[(w * MD_HG + sh) * MD_TK + sk + u];
-				s[u] = addr_s[st * MD_TK + sk + u] ? d * a.scale : -INFINITY;
-				mt = fmaxf(mt, s[u]);
-			}
-			mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
-			mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
-			mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 4));
-			const float mn = fmaxf(m_run, mt);
-			const float corr = mn == -INFINITY ? 1.0f : expf(m_run - mn);
-			float ps = 0.0f;
-#pragma unroll
-			for (int u = 0; u < 2; u++) {
-				const float p = mn == -INFINITY ? 0.0f : expf(s[u] - mn);
-				ps += p;
-				md_split1(p, &phi[sh * MD_PS + sk + u], &plo[sh * MD_PS + sk + u]);
-			}
-			ps += __shfl_xor_sync(0xffffffffu, ps, 1);
-			ps += __shfl_xor_sync(0xffffffffu, ps, 2);
-			ps += __shfl_xor_sync(0xffffffffu, ps, 4);
-			l_run = l_run * corr + ps;
-			m_run = mn;
-			if ((tid & 7) == 0)
-				corr_s[sh] = corr;
-		}
+		katt_tile_softmax<MD_TK, MD_WARPS, MD_HG>(sred, addr_s + st * MD_TK, a.scale, sh, sk,
+		                                          (tid & 7) == 0, &m_run, &l_run, phi, plo, MD_PS,
+		                                          corr_s);
 		__syncthreads();
 
 		/* O = O * corr + P V over this warp's channels (one k-step of 16 keys) */
@@ -410,14 +342,7 @@ template <bool F32> __global__ void __launch_bounds__(MD_THREADS) mla_dec_kernel
 				oacc[j][3] *= c8;
 			}
 			uint32_t ah[4], al[4];
-			ah[0] = *(const uint32_t *)(phi + g * MD_PS + 2 * t);
-			ah[1] = *(const uint32_t *)(phi + (g + 8) * MD_PS + 2 * t);
-			ah[2] = *(const uint32_t *)(phi + g * MD_PS + 2 * t + 8);
-			ah[3] = *(const uint32_t *)(phi + (g + 8) * MD_PS + 2 * t + 8);
-			al[0] = *(const uint32_t *)(plo + g * MD_PS + 2 * t);
-			al[1] = *(const uint32_t *)(plo + (g + 8) * MD_PS + 2 * t);
-			al[2] = *(const uint32_t *)(plo + g * MD_PS + 2 * t + 8);
-			al[3] = *(const uint32_t *)(plo + (g + 8) * MD_PS + 2 * t + 8);
+			katt_p_frags(phi, plo, MD_PS, g, t, 0, ah, al);
 			if constexpr (F32) {
 				/* B = V rows 2t, 2t + 1 (b0) and 2t + 8, 2t + 9 (b1), column = channel */
 				const float *vr = (const float *)kt + 2 * t * RS + warp * cw + g;
@@ -426,11 +351,11 @@ template <bool F32> __global__ void __launch_bounds__(MD_THREADS) mla_dec_kernel
 					if (j < ntw) {
 						const float *v = vr + 8 * j;
 						uint32_t bh0, bl0, bh1, bl1;
-						md_split2(v[0], v[RS], &bh0, &bl0);
-						md_split2(v[8 * RS], v[9 * RS], &bh1, &bl1);
-						md_mma(oacc[j], ah, bh0, bh1);
-						md_mma(oacc[j], al, bh0, bh1);
-						md_mma(oacc[j], ah, bl0, bl1);
+						katt_split2(v[0], v[RS], &bh0, &bl0);
+						katt_split2(v[8 * RS], v[9 * RS], &bh1, &bl1);
+						katt_mma(oacc[j], ah, bh0, bh1);
+						katt_mma(oacc[j], al, bh0, bh1);
+						katt_mma(oacc[j], ah, bl0, bl1);
 					}
 				}
 			} else {
@@ -441,11 +366,11 @@ template <bool F32> __global__ void __launch_bounds__(MD_THREADS) mla_dec_kernel
 				for (int j = 0; j < MD_NTW; j += 2) {
 					if (j < ntw) {
 						uint32_t b[4];
-						md_ldm4t(b, vb + 8 * j);
-						md_mma(oacc[j], ah, b[0], b[1]);
-						md_mma(oacc[j], al, b[0], b[1]);
-						md_mma(oacc[j + 1], ah, b[2], b[3]);
-						md_mma(oacc[j + 1], al, b[2], b[3]);
+						katt_ldm4t(b, vb + 8 * j);
+						katt_mma(oacc[j], ah, b[0], b[1]);
+						katt_mma(oacc[j], al, b[0], b[1]);
+						katt_mma(oacc[j + 1], ah, b[2], b[3]);
+						katt_mma(oacc[j + 1], al, b[2], b[3]);
 					}
 				}
 			}

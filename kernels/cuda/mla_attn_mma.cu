@@ -31,6 +31,7 @@
 
 #include "kernels/cuda/fused.h"
 #include "kernels/cuda/mla_attn_mode.cuh"
+#include "kernels/cuda/mla_attn_tile.cuh"
 
 #define MM_WARPS 4
 #define MM_THREADS (32 * MM_WARPS)
@@ -65,31 +66,6 @@ struct mm_args {
 	const int32_t *pos;
 	int pairing;
 };
-
-__device__ __forceinline__ void mm_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
-{
-	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-	             "{%8,%9}, {%0,%1,%2,%3};\n"
-	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* x, y (x at the lower index) -> bf16x2 hi part and the bf16x2 of the remainders */
-__device__ __forceinline__ void mm_split2(float x, float y, uint32_t *hi, uint32_t *lo)
-{
-	const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-	const float2 hf = __bfloat1622float2(h);
-	const __nv_bfloat162 l = __floats2bfloat162_rn(x - hf.x, y - hf.y);
-	*hi = *(const uint32_t *)&h;
-	*lo = *(const uint32_t *)&l;
-}
-__device__ __forceinline__ void mm_split1(float x, uint16_t *hi, uint16_t *lo)
-{
-	const __nv_bfloat16 h = __float2bfloat16_rn(x);
-	const __nv_bfloat16 l = __float2bfloat16_rn(x - __bfloat162float(h));
-	*hi = *(const uint16_t *)&h;
-	*lo = *(const uint16_t *)&l;
-}
 
 /* element e of a rotary part of width 2 * half (src unroped) after RoPE at position pos: fused.cu's
  * fu_rot on the pair holding e (angle pos * inv_freq[pair], precise sincosf, mscale 1) */
@@ -188,7 +164,7 @@ template <bool F32, bool ROPE> __global__ void __launch_bounds__(MM_THREADS) mla
 					v = *(const float2 *)(a.q + (row * a.H + h) * (int64_t)dim + col);
 				}
 			}
-			mm_split2(v.x, v.y, &qh[i][r], &ql[i][r]);
+			katt_split2(v.x, v.y, &qh[i][r], &ql[i][r]);
 		}
 	}
 
@@ -264,16 +240,16 @@ template <bool F32, bool ROPE> __global__ void __launch_bounds__(MM_THREADS) mla
 						const float2 x = *(const float2 *)kr,
 						             y = *(const float2 *)(kr + 8);
 						uint32_t bh0, bl0, bh1, bl1;
-						mm_split2(x.x, x.y, &bh0, &bl0);
-						mm_split2(y.x, y.y, &bh1, &bl1);
-						mm_mma(sacc[j], qh[i], bh0, bh1);
-						mm_mma(sacc[j], ql[i], bh0, bh1);
-						mm_mma(sacc[j], qh[i], bl0, bl1);
+						katt_split2(x.x, x.y, &bh0, &bl0);
+						katt_split2(y.x, y.y, &bh1, &bl1);
+						katt_mma(sacc[j], qh[i], bh0, bh1);
+						katt_mma(sacc[j], ql[i], bh0, bh1);
+						katt_mma(sacc[j], qh[i], bl0, bl1);
 					} else {
 						const uint32_t b0 = *(const uint32_t *)kr,
 						               b1 = *(const uint32_t *)(kr + 8);
-						mm_mma(sacc[j], qh[i], b0, b1);
-						mm_mma(sacc[j], ql[i], b0, b1);
+						katt_mma(sacc[j], qh[i], b0, b1);
+						katt_mma(sacc[j], ql[i], b0, b1);
 					}
 				}
 			}
@@ -288,37 +264,9 @@ template <bool F32, bool ROPE> __global__ void __launch_bounds__(MM_THREADS) mla
 		__syncthreads();
 
 		/* online softmax of head sh over keys sk .. sk + 3 of the tile */
-		{
-			float s[4], mt = -INFINITY;
-#pragma unroll
-			for (int u = 0; u < 4; u++) {
-				float d = 0.0f;
-#pragma unroll
-				for (int w = 0; w < MM_WARPS; w++)
-					d += sred[(w * MM_HG + sh) * MM_TK + sk + u];
-				s[u] = addr_s[st * MM_TK + sk + u] ? d * a.scale : -INFINITY;
-				mt = fmaxf(mt, s[u]);
-			}
-			mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
-			mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
-			mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 4));
-			const float mn = fmaxf(m_run, mt);
-			const float corr = mn == -INFINITY ? 1.0f : expf(m_run - mn);
-			float ps = 0.0f;
-#pragma unroll
-			for (int u = 0; u < 4; u++) {
-				const float p = mn == -INFINITY ? 0.0f : expf(s[u] - mn);
-				ps += p;
-				mm_split1(p, &phi[sh * MM_PS + sk + u], &plo[sh * MM_PS + sk + u]);
-			}
-			ps += __shfl_xor_sync(0xffffffffu, ps, 1);
-			ps += __shfl_xor_sync(0xffffffffu, ps, 2);
-			ps += __shfl_xor_sync(0xffffffffu, ps, 4);
-			l_run = l_run * corr + ps;
-			m_run = mn;
-			if ((tid & 7) == 0)
-				corr_s[sh] = corr;
-		}
+		katt_tile_softmax<MM_TK, MM_WARPS, MM_HG>(sred, addr_s + st * MM_TK, a.scale, sh, sk,
+		                                          (tid & 7) == 0, &m_run, &l_run, phi, plo, MM_PS,
+		                                          corr_s);
 		__syncthreads();
 
 		/* O = O * corr + P V over this warp's channels */
@@ -335,14 +283,7 @@ template <bool F32, bool ROPE> __global__ void __launch_bounds__(MM_THREADS) mla
 			for (int kk = 0; kk < MM_TK / 16; kk++) {
 				uint32_t ah[4], al[4];
 				const int pc = kk * 16 + 2 * t;
-				ah[0] = *(const uint32_t *)(phi + g * MM_PS + pc);
-				ah[1] = *(const uint32_t *)(phi + (g + 8) * MM_PS + pc);
-				ah[2] = *(const uint32_t *)(phi + g * MM_PS + pc + 8);
-				ah[3] = *(const uint32_t *)(phi + (g + 8) * MM_PS + pc + 8);
-				al[0] = *(const uint32_t *)(plo + g * MM_PS + pc);
-				al[1] = *(const uint32_t *)(plo + (g + 8) * MM_PS + pc);
-				al[2] = *(const uint32_t *)(plo + g * MM_PS + pc + 8);
-				al[3] = *(const uint32_t *)(plo + (g + 8) * MM_PS + pc + 8);
+				katt_p_frags(phi, plo, MM_PS, g, t, kk, ah, al);
 				/* B = V rows pc, pc + 1 (b0) and pc + 8, pc + 9 (b1), column = channel */
 				const val_t *vr = kt + pc * RS + warp * cw + g;
 #pragma unroll
@@ -351,19 +292,19 @@ template <bool F32, bool ROPE> __global__ void __launch_bounds__(MM_THREADS) mla
 						const val_t *v = vr + 8 * j;
 						if (F32) {
 							uint32_t bh0, bl0, bh1, bl1;
-							mm_split2((float)v[0], (float)v[RS], &bh0, &bl0);
-							mm_split2((float)v[8 * RS], (float)v[9 * RS], &bh1,
-							          &bl1);
-							mm_mma(oacc[j], ah, bh0, bh1);
-							mm_mma(oacc[j], al, bh0, bh1);
-							mm_mma(oacc[j], ah, bl0, bl1);
+							katt_split2((float)v[0], (float)v[RS], &bh0, &bl0);
+							katt_split2((float)v[8 * RS], (float)v[9 * RS], &bh1,
+							            &bl1);
+							katt_mma(oacc[j], ah, bh0, bh1);
+							katt_mma(oacc[j], al, bh0, bh1);
+							katt_mma(oacc[j], ah, bl0, bl1);
 						} else {
 							const uint32_t b0 =
 							    (uint32_t)v[0] | ((uint32_t)v[RS] << 16);
 							const uint32_t b1 =
 							    (uint32_t)v[8 * RS] | ((uint32_t)v[9 * RS] << 16);
-							mm_mma(oacc[j], ah, b0, b1);
-							mm_mma(oacc[j], al, b0, b1);
+							katt_mma(oacc[j], ah, b0, b1);
+							katt_mma(oacc[j], al, b0, b1);
 						}
 					}
 				}
@@ -603,7 +544,10 @@ extern "C" int kcuda_mla_attn(struct kcuda_ctx *c, const struct kcuda_kv_view *k
 {
 	if (kattn_use_ref() || !mm_fits(c, kv, rows, q, H, C, R, out))
 		return kcuda_mla_attn_ref(c, kv, rows, q, H, C, R, scale, out);
-	const int rc = kmla_dec_launch(c, kv, rows, q, H, C, scale, out); /* one launch: see md_rows_limit */
+	int rc = kmla_dec5_launch(c, kv, rows, q, H, C, scale, out); /* one launch: see m5_rows_limit */
+	if (rc != ERR_UNSUPPORTED)
+		return rc;
+	rc = kmla_dec_launch(c, kv, rows, q, H, C, scale, out); /* one launch: see md_rows_limit */
 	if (rc != ERR_UNSUPPORTED)
 		return rc;
 	return mm_run(c, kv, rows, q, H, C, scale, out, NULL, 0, 0, NULL);

@@ -6,19 +6,23 @@
  * and per-row top-k; a small odd shape (C = 64, R = 16, H = 3). Tolerance: max |gpu - cpu| <= 5e-5
  * * max |cpu| per case (fp32 accumulation on both sides; the printed errors are ~1e-6). Guard bytes
  * around the output; no NaN/Inf; a bad block id is counted as an error and skipped.
- * Every case runs under four kernel sets: the defaults, the split kernel + combine launch
- * (TANDEM_MLA_DEC=0, mla_attn_mma.cu), the one-launch small-batch kernel wherever it takes the
- * shape (TANDEM_MLA_DEC=65535, mla_attn_dec.cu) and TANDEM_CUDA_ATTN=ref (the first kernel), so
- * one GPU run checks all against the CPU; the GLM-5 / DeepSeek-V3 per-rank decode shapes at
- * batch 1, 2, 4, 8 (and 12) are among the cases; every call is repeated three times and must
- * give the same bits. TANDEM_OPS_SMALL=1 keeps the contexts up to ~4k (for compute-sanitizer
- * runs); TANDEM_OPS_QUICK=1 the same plus the sparse 32k cases (unless SMALL is set too), without
- * the ref kernels and with the split kernel on the GLM-5 / DeepSeek-V3 shapes only.
- * Exit 77 = no GPU (skip). */
+ * Every case runs under seven kernel sets: the defaults (mla_attn_dec5.cu for up to 8 heads
+ * over bf16 pools at batch 1..8), the split kernel + combine launch (TANDEM_MLA_DEC=0,
+ * mla_attn_mma.cu), mla_attn_dec5.cu wherever it takes the shape with 2-, 1- and 4-warp blocks
+ * (TANDEM_MLA_DEC=65535, TANDEM_MLA_DEC5_W), mla_attn_dec.cu wherever it takes the shape
+ * (TANDEM_MLA_DEC_V=4 TANDEM_MLA_DEC=65535) and TANDEM_CUDA_ATTN=ref (the first kernel), so one
+ * GPU run checks all against the CPU; the GLM-5 / DeepSeek-V3 per-rank decode shapes at batch 1,
+ * 2, 3, 4, 6, 8 (and 12) are among the cases, and which kernel took a call is checked; every
+ * call is repeated three times and must give the same bits. After each kernel set, a PDL check:
+ * the top-k list / key count and q written by the kernels right before the attention launch.
+ * TANDEM_OPS_SMALL=1 keeps the contexts up to ~4k (for compute-sanitizer runs); TANDEM_OPS_QUICK=1 the same
+ * plus the sparse 32k cases (unless SMALL is set too), without the ref kernels and with the split kernel on
+ * the GLM-5 / DeepSeek-V3 shapes only. Exit 77 = no GPU (skip). */
 #include <errno.h>
 
 #include "common/base/err.h"
 #include "kernels/cuda/fused.h"
+#include "kernels/cuda/model_fwd.h"
 #include "kernels/cuda/prof.h"
 #include "tests/ops/ops_util.h"
 
@@ -32,6 +36,10 @@ int main(void)
 
 #define BT 64
 static struct kcuda_ctx *ctx;
+/* launches of the small-head decode kernel (mla_attn_dec5.cu): which kernel took a call */
+extern unsigned long long kmla_dec5_launches;
+/* the mode under test takes the GLM-5 decode shapes with that kernel (set by main) */
+static int expect_dec5;
 
 struct pool {
 	int bf16;
@@ -197,18 +205,25 @@ static void run_case(const struct mcase *mc)
 	    .ld_sel = ld_sel,
 	    .max_keys = K > 0 && K < max_len ? K : max_len,
 	};
-	const unsigned long long l0 = kcuda_n_launch;
+	const unsigned long long l0 = kcuda_n_launch, d50 = kmla_dec5_launches;
 	int rc = kcuda_mla_attn(ctx, &kv, &rows, d_q, H, C, R, scale, ob.user);
 	OPS_CHECK(rc == 0, "%s: kcuda_mla_attn rc %d", mc->name, rc);
-	/* the one-launch kernel must take the GLM-5 / DeepSeek-V3 decode shapes (H 8 / 16: one head
-	 * group per row; bf16 pools, the decode graph's) at batch 1..8 when forced (TANDEM_MLA_DEC=N),
-	 * and by default the one it is kept for: a single sparse row of up to 2048 selected keys
-	 * (128 splits: the default also needs as many SMs; the H200, B200 and RTX PRO 6000 have
-	 * them): one launch, not two */
+	/* the small-head kernel must take the GLM-5 per-rank decode shapes (H 8, bf16 pool) at batch
+	 * 1..8, sparse and dense, in one launch, wherever the mode selects it */
+	if (expect_dec5 && !prefill && mc->bf16 && C == 512 && R == 64 && H <= 8 && n_q <= 8)
+		OPS_CHECK(kcuda_n_launch - l0 == 1 && kmla_dec5_launches - d50 == 1,
+		          "%s: %llu launches, %llu of mla_dec5 (it declined)", mc->name, kcuda_n_launch - l0,
+		          kmla_dec5_launches - d50);
+	if (!expect_dec5)
+		OPS_CHECK(kmla_dec5_launches == d50, "%s: mla_dec5 ran in a mode that excludes it", mc->name);
+	/* with TANDEM_MLA_DEC_V=4, mla_attn_dec.cu's kernel must take the GLM-5 / DeepSeek-V3 decode
+	 * shapes (H 8 / 16: one head group per row; bf16 pools, the decode graph's) at batch 1..8 when
+	 * forced (TANDEM_MLA_DEC=N): one launch, not two */
 	const char *dec = getenv("TANDEM_MLA_DEC");
 	const int forced = dec && strcmp(dec, "0") != 0;
-	if (!getenv("TANDEM_CUDA_ATTN") && !(dec && strcmp(dec, "0") == 0) && !prefill && mc->bf16 &&
-	    C == 512 && R == 64 && H <= 16 && (forced ? n_q <= 8 : n_q == 1 && K > 0 && K <= 2048))
+	if (!expect_dec5 && getenv("TANDEM_MLA_DEC_V") && !getenv("TANDEM_CUDA_ATTN") &&
+	    !(dec && strcmp(dec, "0") == 0) && !prefill && mc->bf16 && C == 512 && R == 64 && H <= 16 &&
+	    (forced ? n_q <= 8 : n_q == 1 && K > 0 && K <= 2048))
 		OPS_CHECK(kcuda_n_launch - l0 == 1, "%s: %llu launches (the one-launch kernel declined)",
 		          mc->name, kcuda_n_launch - l0);
 	OPS_CHECK(kcuda_sync(ctx) == 0, "%s: sync", mc->name);
@@ -381,6 +396,149 @@ static void test_args(void)
 	          "NULL q accepted");
 }
 
+/* PDL ordering: the producers of what the kernel reads run right before it on the same stream: the
+ * top-k (kcuda_topk_idx writing the selected positions and their count) and a long kfwd_scale over
+ * 128 MB whose last elements are q (so q is written last), in both orders. Under PDL the attention
+ * kernel's blocks start beside the producer's tail; a read of q, the list or the count above its
+ * griddepcontrol.wait would see the unscaled q / a stale list. GLM-5 rank shape (H 8, bf16 pool,
+ * top-2048 of 4096), batch rows 1 and 2; reference: the CPU on 2 x q (exact) over kcpu_topk's
+ * selection of the same scores. Three runs each, under the current kernel set. */
+static void check_pdl_producer(int n_q)
+{
+	const int64_t H = 8, C = 512, R = 64, dim = C + R, len = 4096, pad = (int64_t)32 << 20;
+	const int K = 2048, ld_blocks = (int)(len / BT) + 1;
+	const int64_t n_blocks = n_q * ld_blocks + 2;
+	struct pool p = {0};
+	int32_t *tbl = malloc(sizeof(int32_t) * (size_t)(n_q * ld_blocks));
+	int32_t *sel = malloc(sizeof(int32_t) * (size_t)(n_q * K)),
+	        *qseq = malloc(sizeof(int32_t) * (size_t)n_q);
+	float *scores = malloc(sizeof(float) * (size_t)(n_q * len));
+	float *q = malloc(sizeof(float) * (size_t)(n_q * H * dim));
+	float *ref = malloc(sizeof(float) * (size_t)(n_q * H * C)),
+	      *got = malloc(sizeof(float) * (size_t)(n_q * H * C));
+	float *sc = malloc(sizeof(float) * (size_t)len);
+	const void **keys = malloc(sizeof(void *) * (size_t)K);
+	void *d_tbl = NULL, *d_sel = NULL, *d_nk = NULL, *d_qseq = NULL, *d_sc = NULL, *d_len = NULL;
+	float *buf = NULL;
+	struct ops_dbuf ob = {0};
+	int bad = 0;
+	if (!tbl || !sel || !qseq || !scores || !q || !ref || !got || !sc || !keys ||
+	    pool_init(&p, 1, dim, n_blocks) ||
+	    kcuda_alloc(sizeof(int32_t) * (size_t)(n_q * ld_blocks), &d_tbl) ||
+	    kcuda_alloc(sizeof(int32_t) * (size_t)(n_q * K), &d_sel) ||
+	    kcuda_alloc(sizeof(int32_t) * (size_t)n_q, &d_nk) ||
+	    kcuda_alloc(sizeof(int32_t) * (size_t)n_q, &d_qseq) ||
+	    kcuda_alloc(sizeof(int32_t) * (size_t)n_q, &d_len) ||
+	    kcuda_alloc(sizeof(float) * (size_t)(n_q * len), &d_sc) ||
+	    kcuda_alloc(sizeof(float) * (size_t)(pad + n_q * H * dim), (void **)&buf) ||
+	    ops_dbuf_init(ctx, &ob, sizeof(float) * (size_t)(n_q * H * C))) {
+		OPS_CHECK(0, "pdl producer setup");
+		goto out;
+	}
+	for (int64_t i = 0; i < n_q * ld_blocks; i++) /* blocks in reverse order: scattered rows */
+		tbl[i] = (int32_t)(n_blocks - 1 - i);
+	for (int64_t i = 0; i < n_q * len; i++)
+		scores[i] = ops_rng_unif();
+	for (int64_t i = 0; i < n_q * H * dim; i++)
+		q[i] = ops_rng_unif();
+	const float scale = 1.0f / sqrtf((float)dim);
+	for (int i = 0; i < n_q; i++) {
+		qseq[i] = i;
+		OPS_CHECK(kcpu_topk(scores + (int64_t)i * len, (int)len, K, sel + (int64_t)i * K) == K,
+		          "pdl cpu top-k");
+		for (int j = 0; j < K; j++)
+			keys[j] = pool_row(&p, tbl + (int64_t)i * ld_blocks, sel[(int64_t)i * K + j]);
+		for (int64_t h = 0; h < H; h++) {
+			float q2[576];
+			for (int64_t d = 0; d < dim; d++)
+				q2[d] = 2.0f * q[(i * H + h) * dim + d];
+			kcpu_mla_attn_head(q2, C, R, keys, K, 1, scale, sc, ref + (i * H + h) * C);
+		}
+	}
+	kcuda_upload(ctx, d_tbl, tbl, sizeof(int32_t) * (size_t)(n_q * ld_blocks));
+	kcuda_upload(ctx, d_qseq, qseq, sizeof(int32_t) * (size_t)n_q);
+	int32_t lens[8];
+	for (int i = 0; i < n_q; i++)
+		lens[i] = (int32_t)len;
+	kcuda_upload(ctx, d_len, lens, sizeof(int32_t) * (size_t)n_q);
+	kcuda_upload(ctx, d_sc, scores, sizeof(float) * (size_t)(n_q * len));
+	struct kcuda_kv_view kv;
+	pool_view(&p, &kv);
+	const struct kcuda_attn_rows rows = {.n_q = n_q,
+	                                     .qseq = d_qseq,
+	                                     .blocks = d_tbl,
+	                                     .ld_blocks = ld_blocks,
+	                                     .n_keys = d_nk,
+	                                     .sel = d_sel,
+	                                     .ld_sel = K,
+	                                     .max_keys = K};
+	for (int order = 0; order < 2; order++) {
+		for (int rep = 0; rep < 3; rep++) {
+			/* stale list and count: every position 0, count K (wrong keys if read early) */
+			int rc = kcuda_memset(ctx, d_sel, 0, sizeof(int32_t) * (size_t)(n_q * K));
+			int32_t stale[8];
+			for (int i = 0; i < n_q; i++)
+				stale[i] = K;
+			rc = rc ? rc : kcuda_upload(ctx, d_nk, stale, sizeof(int32_t) * (size_t)n_q);
+			rc = rc ? rc : kcuda_memset(ctx, buf, 0, sizeof(float) * (size_t)pad);
+			rc = rc ? rc
+			        : kcuda_upload(ctx, buf + pad, q, sizeof(float) * (size_t)(n_q * H * dim));
+			rc = rc ? rc : kcuda_sync(ctx);
+			if (order == 0) { /* q, then the list right before */
+				rc = rc ? rc : kfwd_scale(ctx, buf, pad + n_q * H * dim, 2.0f);
+				rc = rc ? rc
+				        : kcuda_topk_idx(ctx, d_sc, len, n_q, d_len, 0, K, d_sel, K, d_nk);
+			} else { /* the list, then q right before */
+				rc = rc ? rc
+				        : kcuda_topk_idx(ctx, d_sc, len, n_q, d_len, 0, K, d_sel, K, d_nk);
+				rc = rc ? rc : kfwd_scale(ctx, buf, pad + n_q * H * dim, 2.0f);
+			}
+			rc = rc ? rc : kcuda_mla_attn(ctx, &kv, &rows, buf + pad, H, C, R, scale, ob.user);
+			rc = rc ? rc : kcuda_sync(ctx);
+			OPS_CHECK(rc == 0, "pdl producer B%d order %d: rc %d", n_q, order, rc);
+			if (rc || ops_dbuf_get(ctx, &ob, got)) {
+				bad++;
+				continue;
+			}
+			double mr = 0, me = 0;
+			for (int64_t i = 0; i < n_q * H * C; i++) {
+				mr = fabs(ref[i]) > mr ? fabs(ref[i]) : mr;
+				const double e = isfinite(got[i]) ? fabs((double)got[i] - ref[i]) : INFINITY;
+				me = e > me ? e : me;
+			}
+			if (!(me <= 5e-5 * mr)) {
+				if (bad++ < 3)
+					printf("  pdl producer B%d order %d run %d: max err %.3g, max |ref| "
+					       "%.3g\n",
+					       n_q, order, rep, me, mr);
+			}
+		}
+	}
+	OPS_CHECK(bad == 0, "pdl producer B%d: %d runs read q or the top-k list before the producer finished",
+	          n_q, bad);
+	printf("mla after PDL producers (top-k list, q), B%d, 2 orders x 3 runs: %s\n", n_q,
+	       bad ? "FAIL" : "ok");
+out:
+	ops_dbuf_fini(&ob);
+	kcuda_free(d_tbl);
+	kcuda_free(d_sel);
+	kcuda_free(d_nk);
+	kcuda_free(d_qseq);
+	kcuda_free(d_sc);
+	kcuda_free(d_len);
+	kcuda_free(buf);
+	pool_fini(&p);
+	free(tbl);
+	free(sel);
+	free(qseq);
+	free(scores);
+	free(q);
+	free(ref);
+	free(got);
+	free(sc);
+	free(keys);
+}
+
 /* the longest context of a case */
 static int case_len(const struct mcase *c)
 {
@@ -412,6 +570,8 @@ int main(void)
 	static const int l_2049[] = {2049};
 	static const int l_b2[] = {4096, 2049};
 	static const int l_b4[] = {1, 2048, 2049, 4096};
+	static const int l_b3[] = {2049, 4096, 1};
+	static const int l_b6[] = {4096, 2048, 1, 4097, 4096, 2049};
 	const struct mcase cases[] = {
 	    {"decode f32 H16 ctx 1/31/33/64/65", 0, 16, 512, 64, 5, l_small, 0, 0, 0, 1.0f},
 	    {"decode bf16 H16 ctx 1/31/33/64/65", 1, 16, 512, 64, 5, l_small, 0, 0, 0, 1.0f},
@@ -447,9 +607,12 @@ int main(void)
 	    {"GLM-5 rank sparse K2048 bf16 H8 B1 ctx 32768", 1, 8, 512, 64, 1, l_long, 0, 0, 2048, 2.0f},
 	    {"GLM-5 rank sparse K2048 bf16 H8 B2 ctx 4096/2049", 1, 8, 512, 64, 2, l_b2, 0, 0, 2048, 2.0f},
 	    {"GLM-5 rank sparse K2048 bf16 H8 B4 ctx 1..4096", 1, 8, 512, 64, 4, l_b4, 0, 0, 2048, 2.0f},
+	    {"GLM-5 rank sparse K2048 bf16 H8 B3 ctx 2049/4096/1", 1, 8, 512, 64, 3, l_b3, 0, 0, 2048, 2.0f},
+	    {"GLM-5 rank sparse K2048 bf16 H8 B6 ctx 1..4097", 1, 8, 512, 64, 6, l_b6, 0, 0, 2048, 2.0f},
 	    {"GLM-5 rank sparse K2048 bf16 H8 B8 ctx 4096", 1, 8, 512, 64, 8, l_8x4k, 0, 0, 2048, 2.0f},
 	    {"GLM-5 rank dense bf16 H8 B1 ctx 4096", 1, 8, 512, 64, 1, l_4096, 0, 0, 0, 2.0f},
 	    {"GLM-5 rank dense bf16 H8 B8 ctx 4096", 1, 8, 512, 64, 8, l_8x4k, 0, 0, 0, 2.0f},
+	    {"GLM-5 rank dense bf16 H8 B1 ctx 32768", 1, 8, 512, 64, 1, l_long, 0, 0, 0, 2.0f},
 	    {"DS-V3 rank dense bf16 H16 B1 ctx 4096", 1, 16, 512, 64, 1, l_4096, 0, 0, 0, 2.0f},
 	    {"DS-V3 rank dense f32 H16 B1 ctx 4096", 0, 16, 512, 64, 1, l_4096, 0, 0, 0, 2.0f},
 	    {"DS-V3 rank dense bf16 H16 B4 ctx 1..4096", 1, 16, 512, 64, 4, l_b4, 0, 0, 0, 2.0f},
@@ -464,24 +627,41 @@ int main(void)
 	const int quick = getenv("TANDEM_OPS_QUICK") != NULL;
 	const int small_only = getenv("TANDEM_OPS_SMALL") != NULL;
 	const int small = quick || small_only;
-	/* every case under four kernel sets: the defaults (the one-launch kernel for single sparse
-	 * rows only); the split kernel + combine launch everywhere (TANDEM_MLA_DEC=0); the one-launch
-	 * kernel wherever it takes the shape (TANDEM_MLA_DEC=65535: batch 2..12, dense, H 64 / 128,
+	/* every case under seven kernel sets: the defaults (mla_attn_dec5.cu for up to 8 heads over
+	 * bf16 pools at batch 1..8); the split kernel + combine launch everywhere (TANDEM_MLA_DEC=0);
+	 * dec5 wherever it takes the shape (TANDEM_MLA_DEC=65535: any rows), with 2-, 1- and 4-warp
+	 * blocks (TANDEM_MLA_DEC5_W: other cluster / ticket splits); mla_attn_dec.cu's kernel wherever
+	 * it takes the shape (TANDEM_MLA_DEC_V=4 TANDEM_MLA_DEC=65535: batch 2..12, dense, H 64 / 128,
 	 * prefill rows); the first kernels (TANDEM_CUDA_ATTN=ref) */
-	static const char *const mode_name[4] = {"fast (default)", "split + combine (TANDEM_MLA_DEC=0)",
-	                                         "one launch everywhere (TANDEM_MLA_DEC=65535)",
-	                                         "ref (TANDEM_CUDA_ATTN=ref)"};
-	for (int mode = 0; mode < 4; mode++) {
-		if (quick && mode == 3)
+	enum { M_DEF, M_SPLIT, M_D5, M_D5W1, M_D5W4, M_V4, M_REF, M_N };
+	static const char *const mode_name[M_N] = {
+	    "fast (default)",
+	    "split + combine (TANDEM_MLA_DEC=0)",
+	    "dec5 everywhere (TANDEM_MLA_DEC=65535)",
+	    "dec5 everywhere, 1-warp blocks (TANDEM_MLA_DEC=65535 TANDEM_MLA_DEC5_W=1)",
+	    "dec5 everywhere, 4-warp blocks (TANDEM_MLA_DEC=65535 TANDEM_MLA_DEC5_W=4)",
+	    "mla_dec v4 everywhere (TANDEM_MLA_DEC_V=4 TANDEM_MLA_DEC=65535)",
+	    "ref (TANDEM_CUDA_ATTN=ref)"};
+	for (int mode = 0; mode < M_N; mode++) {
+		if (quick && mode == M_REF)
 			continue;
 		unsetenv("TANDEM_CUDA_ATTN");
 		unsetenv("TANDEM_MLA_DEC");
-		if (mode == 1)
+		unsetenv("TANDEM_MLA_DEC_V");
+		unsetenv("TANDEM_MLA_DEC5_W");
+		if (mode == M_SPLIT)
 			setenv("TANDEM_MLA_DEC", "0", 1);
-		if (mode == 2)
+		if (mode == M_D5 || mode == M_D5W1 || mode == M_D5W4 || mode == M_V4)
 			setenv("TANDEM_MLA_DEC", "65535", 1);
-		if (mode == 3)
+		if (mode == M_D5W1)
+			setenv("TANDEM_MLA_DEC5_W", "1", 1);
+		if (mode == M_D5W4)
+			setenv("TANDEM_MLA_DEC5_W", "4", 1);
+		if (mode == M_V4)
+			setenv("TANDEM_MLA_DEC_V", "4", 1);
+		if (mode == M_REF)
 			setenv("TANDEM_CUDA_ATTN", "ref", 1);
+		expect_dec5 = mode == M_DEF || mode == M_D5 || mode == M_D5W1 || mode == M_D5W4;
 		printf("-- kernels: %s\n", mode_name[mode]);
 		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 			if (small && case_len(&cases[i]) > 4200 &&
@@ -490,16 +670,24 @@ int main(void)
 				       cases[i].name);
 				continue;
 			}
-			/* QUICK: the split kernel (mode 1) on the model shapes only */
-			if (quick && mode == 1 && strncmp(cases[i].name, "GLM-5", 5) &&
-			    strncmp(cases[i].name, "DS-V3", 5))
+			/* QUICK: the split kernel, v4 and dec5's other block sizes on the model shapes only
+			 */
+			if (quick && (mode == M_SPLIT || mode == M_D5W1 || mode == M_D5W4 || mode == M_V4) &&
+			    strncmp(cases[i].name, "GLM-5", 5) && strncmp(cases[i].name, "DS-V3", 5) &&
+			    strncmp(cases[i].name, "tiny", 4))
 				continue;
 			run_case(&cases[i]);
+		}
+		if (mode != M_REF) {
+			check_pdl_producer(1);
+			check_pdl_producer(2);
 		}
 		test_args();
 	}
 	unsetenv("TANDEM_CUDA_ATTN");
 	unsetenv("TANDEM_MLA_DEC");
+	unsetenv("TANDEM_MLA_DEC_V");
+	unsetenv("TANDEM_MLA_DEC5_W");
 	kcuda_ctx_destroy(ctx);
 	printf("%d checks, %d failed\n", ops_n_check, ops_n_fail);
 	return ops_n_fail ? 1 : 0;
