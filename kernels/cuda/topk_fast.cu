@@ -132,23 +132,34 @@ __global__ void __launch_bounds__(THREADS)
 	KDEP_ENTRY();
 	const int64_t row = blockIdx.x;
 	const float *p = s + row * ld;
-	const int base = tid * PER;
+	/* thread t holds positions [t*S, t*S + S): S keys of its PER slots, S the least that covers ld
+	 * (4112 = 4096 + 16 in 1024 x 8: 823 threads of 5 keys, not 513 of 8). The long shapes keep
+	 * S = PER: a run-time S costs them registers (spills at 64 / 96) */
+	const int S = PER >= 16 ? PER : (int)min((int64_t)PER, (ld + THREADS - 1) / THREADS);
+	const int base = tid * S;
 	/* the keys' loads go out with the length's: a row has ld floats, whatever its length */
 	tf_keys<THREADS, PER, SMEM> key;
 	key.init(tf_dyn, tid);
-	if (((uintptr_t)p & 15) == 0 && base + PER <= ld) {
+	if (((uintptr_t)p & 15) == 0 && S % 4 == 0 && base + S <= ld) {
 #pragma unroll
 		for (int u = 0; u < PER; u += 4) {
-			const float4 f = *(const float4 *)(p + base + u);
-			key.set(u, tf_key(f.x));
-			key.set(u + 1, tf_key(f.y));
-			key.set(u + 2, tf_key(f.z));
-			key.set(u + 3, tf_key(f.w));
+			if (u < S) {
+				const float4 f = *(const float4 *)(p + base + u);
+				key.set(u, tf_key(f.x));
+				key.set(u + 1, tf_key(f.y));
+				key.set(u + 2, tf_key(f.z));
+				key.set(u + 3, tf_key(f.w));
+			} else {
+				key.set(u, 0u);
+				key.set(u + 1, 0u);
+				key.set(u + 2, 0u);
+				key.set(u + 3, 0u);
+			}
 		}
 	} else {
 #pragma unroll
 		for (int u = 0; u < PER; u++)
-			key.set(u, base + u < ld ? tf_key(p[base + u]) : 0u);
+			key.set(u, u < S && base + u < ld ? tf_key(p[base + u]) : 0u);
 	}
 	int64_t n64 = n_dev ? (int64_t)n_dev[row] : n0 + row + 1;
 	if (n64 > ld) { /* longer than the row: counted, clamped (as the other top-k kernels) */
@@ -171,7 +182,7 @@ __global__ void __launch_bounds__(THREADS)
 	uint32_t lo_k = 0xffffffffu, hi_k = 0;
 #pragma unroll
 	for (int u = 0; u < PER; u++) {
-		if (base + u >= n)
+		if (u >= S || base + u >= n)
 			key.set(u, 0u); /* past the row's end: below every key, never counted */
 		const uint32_t x = key.get(u);
 		if (x) {
@@ -206,7 +217,7 @@ __global__ void __launch_bounds__(THREADS)
 			atomicAdd(&sh.hist[(x0 - lo) >> sft], 1u);
 		if (tid == 0)
 			sh.s_hi = sh.s_lo = 0xffffffffu;
-		const uint32_t ns = (uint32_t)min(THREADS, (n + PER - 1) / PER); /* threads with a key */
+		const uint32_t ns = (uint32_t)min(THREADS, (n + S - 1) / S); /* threads with a key */
 		const uint32_t r = (uint32_t)(((uint64_t)kk * ns) / (uint32_t)n);
 		const uint32_t m = (uint32_t)(4.0f * sqrtf((float)r) + 8.0f);
 		const uint32_t t_hi = r > m ? r - m : 0u; /* 0: no upper cut */
