@@ -4,7 +4,8 @@
  *   old     what the indexer took before topk_fast.cu: the one-block shared-memory radix kernel
  *           (topk_short_kernel) for strides up to 8192, the 5-launch multi-block radix path above;
  *   short   topk_short_kernel at every stride that fits (TANDEM_TOPK=old, TANDEM_TOPK_SHORT_MAX);
- *   new     topk_fast.cu, default block shape, and each TANDEM_TOPK_THREADS shape (256 / 512 / 1024).
+ *   new     topk_fast.cu, default block shape, and each TANDEM_TOPK_THREADS shape (256 / 512 / 1024);
+ *   sample-flip  topk_fast.cu with TANDEM_TOPK_SAMPLE flipped (on at <= 8192, off above).
  * Shapes: batch 1 and 8; n 4096 (stride 4096), n 4100 at the strides the synthetic bench's graphs
  * use (4112 = the context bucket capped at max_ctx with --matrix-ctx 4096; 8192 with 4096,32768),
  * n 32768; score data: weighted sums of 32 ReLU terms (narrow, as the indexer's) and all equal
@@ -81,14 +82,17 @@ static void bench_shape(int B, int n, int64_t ld, int data, float *d_s, int32_t 
 	kcuda_upload(ctx, d_s, s, sizeof(float) * (size_t)(B * ld));
 	kcuda_upload(ctx, d_n, nk, sizeof(int32_t) * (size_t)B);
 	printf("B %d n %5d ld %5lld %s |", B, n, (long long)ld, data ? "equal" : "relu ");
-	static const char *const names[] = {"old", "short", "new", "256", "512", "1024"};
-	for (int v = 0; v < 6; v++) {
+	static const char *const names[] = {"old", "short", "new", "256", "512", "1024", "sample-flip"};
+	for (int v = 0; v < 7; v++) {
 		unsetenv("TANDEM_TOPK");
 		unsetenv("TANDEM_TOPK_THREADS");
+		unsetenv("TANDEM_TOPK_SAMPLE");
 		if (v < 2)
 			setenv("TANDEM_TOPK", "old", 1);
-		if (v >= 3)
+		if (v >= 3 && v < 6)
 			setenv("TANDEM_TOPK_THREADS", names[v], 1);
+		if (v == 6) /* the sampled range where it is off by default, and off where it is on */
+			setenv("TANDEM_TOPK_SAMPLE", ld > 8192 ? "0" : "1", 1);
 		auto call = [&]() -> int {
 			if (v == 0 && ld > KFUSE_TOPK_SHORT_DEFAULT) /* the radix path (ctx workspace) */
 				return kcuda_topk_idx(ctx, d_s, ld, B, d_n, 0, K, d_o, K, NULL);
@@ -110,6 +114,7 @@ static void bench_shape(int B, int n, int64_t ld, int data, float *d_s, int32_t 
 	}
 	unsetenv("TANDEM_TOPK");
 	unsetenv("TANDEM_TOPK_THREADS");
+	unsetenv("TANDEM_TOPK_SAMPLE");
 	printf("  us/call (graph of %d, PDL)\n", L);
 	free(s);
 	free(got);

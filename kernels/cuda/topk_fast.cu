@@ -54,6 +54,7 @@ template <int THREADS> struct tf_shared {
 	uint32_t n_cand;
 	uint32_t bin, need, cnt; /* the find step's result */
 	uint32_t T, need_eq; /* the candidate rank's result */
+	uint32_t s_hi, s_lo; /* the sample's bins around the k-th key */
 };
 
 /* inclusive warp scan of v */
@@ -112,7 +113,7 @@ template <int THREADS, int PER> struct tf_keys<THREADS, PER, true> {
 template <int THREADS, int PER, bool SMEM>
 __global__ void __launch_bounds__(THREADS)
     topk_fast_kernel(const float *s, int64_t ld, const int32_t *n_dev, int64_t n0, int k, int32_t *out,
-                     int64_t ldo, int32_t *n_out, unsigned *err)
+                     int64_t ldo, int32_t *n_out, unsigned *err, int sample)
 {
 	extern __shared__ uint32_t tf_dyn[]; /* SMEM: THREADS * PER keys */
 	constexpr int NB = 4 * THREADS, NW = THREADS / 32;
@@ -131,23 +132,34 @@ __global__ void __launch_bounds__(THREADS)
 	KDEP_ENTRY();
 	const int64_t row = blockIdx.x;
 	const float *p = s + row * ld;
-	const int base = tid * PER;
+	/* thread t holds positions [t*S, t*S + S): S keys of its PER slots, S the least that covers ld
+	 * (4112 = 4096 + 16 in 1024 x 8: 823 threads of 5 keys, not 513 of 8). The long shapes keep
+	 * S = PER: a run-time S costs them registers (spills at 64 / 96) */
+	const int S = PER >= 16 ? PER : (int)min((int64_t)PER, (ld + THREADS - 1) / THREADS);
+	const int base = tid * S;
 	/* the keys' loads go out with the length's: a row has ld floats, whatever its length */
 	tf_keys<THREADS, PER, SMEM> key;
 	key.init(tf_dyn, tid);
-	if (((uintptr_t)p & 15) == 0 && base + PER <= ld) {
+	if (((uintptr_t)p & 15) == 0 && S % 4 == 0 && base + S <= ld) {
 #pragma unroll
 		for (int u = 0; u < PER; u += 4) {
-			const float4 f = *(const float4 *)(p + base + u);
-			key.set(u, tf_key(f.x));
-			key.set(u + 1, tf_key(f.y));
-			key.set(u + 2, tf_key(f.z));
-			key.set(u + 3, tf_key(f.w));
+			if (u < S) {
+				const float4 f = *(const float4 *)(p + base + u);
+				key.set(u, tf_key(f.x));
+				key.set(u + 1, tf_key(f.y));
+				key.set(u + 2, tf_key(f.z));
+				key.set(u + 3, tf_key(f.w));
+			} else {
+				key.set(u, 0u);
+				key.set(u + 1, 0u);
+				key.set(u + 2, 0u);
+				key.set(u + 3, 0u);
+			}
 		}
 	} else {
 #pragma unroll
 		for (int u = 0; u < PER; u++)
-			key.set(u, base + u < ld ? tf_key(p[base + u]) : 0u);
+			key.set(u, u < S && base + u < ld ? tf_key(p[base + u]) : 0u);
 	}
 	int64_t n64 = n_dev ? (int64_t)n_dev[row] : n0 + row + 1;
 	if (n64 > ld) { /* longer than the row: counted, clamped (as the other top-k kernels) */
@@ -170,7 +182,7 @@ __global__ void __launch_bounds__(THREADS)
 	uint32_t lo_k = 0xffffffffu, hi_k = 0;
 #pragma unroll
 	for (int u = 0; u < PER; u++) {
-		if (base + u >= n)
+		if (u >= S || base + u >= n)
 			key.set(u, 0u); /* past the row's end: below every key, never counted */
 		const uint32_t x = key.get(u);
 		if (x) {
@@ -191,7 +203,75 @@ __global__ void __launch_bounds__(THREADS)
 	/* digits: [lo, lo + wmask] is the range still open, need the keys to take from it */
 	uint32_t lo = kmin, wmask = kmax - kmin, need = (uint32_t)kk;
 	uint32_t T = 0, need_eq = 0;
+	if (sample && wmask != 0) {
+		/* long rows: the histogram's shared atomics dominate (one per key: ~16 us for 32k keys
+		 * on the H200, 22:13 run). Each thread's first key is a sample; the sample's bins around
+		 * rank k * samples / n (+- 4 sigma + 8) bound a range [lo2, hi2]; two counts over all keys
+		 * (keys above it, keys in it) check that the k-th key lies inside, and then only the keys
+		 * in it are histogrammed (most rows: ~1/8 of the keys). Otherwise the full range, as
+		 * without the sample. */
+		const int bits = 32 - __clz(wmask);
+		const int sft = bits > NB_BITS ? bits - NB_BITS : 0;
+		const uint32_t x0 = key.get(0);
+		if (x0)
+			atomicAdd(&sh.hist[(x0 - lo) >> sft], 1u);
+		if (tid == 0)
+			sh.s_hi = sh.s_lo = 0xffffffffu;
+		const uint32_t ns = (uint32_t)min(THREADS, (n + S - 1) / S); /* threads with a key */
+		const uint32_t r = (uint32_t)(((uint64_t)kk * ns) / (uint32_t)n);
+		const uint32_t m = (uint32_t)(4.0f * sqrtf((float)r) + 8.0f);
+		const uint32_t t_hi = r > m ? r - m : 0u; /* 0: no upper cut */
+		const uint32_t t_lo = r + m < ns ? r + m : 0u; /* 0: no lower cut */
+		__syncthreads();
+		const uint4 h = *(const uint4 *)&sh.hist[NB - 4 - 4 * tid];
+		*(uint4 *)&sh.hist[NB - 4 - 4 * tid] = make_uint4(0, 0, 0, 0);
+		const uint32_t c[4] = {h.w, h.z, h.y, h.x};
+		const uint32_t tot = c[0] + c[1] + c[2] + c[3];
+		const uint32_t incl = tf_warp_scan(tot, lane);
+		if (lane == 31)
+			sh.wb[w] = incl;
+		__syncthreads();
+		const uint32_t excl = tf_warps_before(sh, w, lane) + incl - tot;
+		uint32_t cum = excl;
+#pragma unroll
+		for (int q = 0; q < 4; q++) {
+			if (t_hi && cum < t_hi && cum + c[q] >= t_hi)
+				sh.s_hi = (uint32_t)(NB - 1 - 4 * tid - q);
+			if (t_lo && cum < t_lo && cum + c[q] >= t_lo)
+				sh.s_lo = (uint32_t)(NB - 1 - 4 * tid - q);
+			cum += c[q];
+		}
+		__syncthreads();
+		const uint32_t bh = sh.s_hi, bl = sh.s_lo;
+		const uint32_t lo2 = bl != 0xffffffffu ? lo + (bl << sft) : lo;
+		const uint64_t h2 = bh != 0xffffffffu ? (uint64_t)lo + ((uint64_t)(bh + 1) << sft) - 1 : kmax;
+		const uint32_t hi2 = h2 < kmax ? (uint32_t)h2 : kmax;
+		uint32_t above = 0, inr = 0;
+#pragma unroll
+		for (int u = 0; u < PER; u++) {
+			const uint32_t x = key.get(u);
+			above += x > hi2;
+			inr += x >= lo2 && x <= hi2;
+		}
+		/* both counts below 2^16 (n <= KTOPK_FAST_MAX) */
+		const uint32_t wsum = __reduce_add_sync(0xffffffffu, above << 16 | inr);
+		if (lane == 0)
+			sh.wa[w] = wsum;
+		__syncthreads();
+		const uint32_t all = __reduce_add_sync(0xffffffffu, lane < NW ? sh.wa[lane] : 0u);
+		const uint32_t a = all >> 16, in = all & 0xffffu;
+		if (a < need && a + in >= need) {
+			lo = lo2;
+			wmask = hi2 - lo2;
+			need -= a;
+		}
+	}
 	for (;;) {
+		if (wmask == 0) { /* one key value left (all keys equal, or a tied k-th key) */
+			T = lo;
+			need_eq = need;
+			break;
+		}
 		const int bits = wmask ? 32 - __clz(wmask) : 0;
 		const int sft = bits > NB_BITS ? bits - NB_BITS : 0;
 #pragma unroll
@@ -349,14 +429,15 @@ int kcuda_topk_fast_takes(struct kcuda_ctx *c, int64_t ld)
 
 template <int THREADS, int PER, bool SMEM>
 static int tf_launch(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n_rows, const int32_t *n,
-                     int64_t n0, int k, int32_t *out, int64_t ldo, int32_t *n_out)
+                     int64_t n0, int k, int32_t *out, int64_t ldo, int32_t *n_out, int sample)
 {
 	const size_t smem = SMEM ? (size_t)THREADS * PER * sizeof(uint32_t) : 0;
 	if (SMEM)
 		KCUDA_CHECK(cudaFuncSetAttribute(topk_fast_kernel<THREADS, PER, SMEM>,
 		                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 	return klaunch("topk_fast", topk_fast_kernel<THREADS, PER, SMEM>, dim3((unsigned)n_rows),
-	               dim3(THREADS), smem, c->stream, scores, ld, n, n0, k, out, ldo, n_out, c->err_dev);
+	               dim3(THREADS), smem, c->stream, scores, ld, n, n0, k, out, ldo, n_out, c->err_dev,
+	               sample);
 }
 
 int kcuda_topk_fast(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t n_rows, const int32_t *n,
@@ -377,9 +458,12 @@ int kcuda_topk_fast(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_
 	 * shared-memory keys from 16k on (to compare) */
 	const char *te = getenv("TANDEM_TOPK_THREADS"), *se = getenv("TANDEM_TOPK_SMEM");
 	const int want = te ? atoi(te) : 0;
+	/* the sampled range (rows above 8192 by default; TANDEM_TOPK_SAMPLE=0 never, =1 always) */
+	const char *pe = getenv("TANDEM_TOPK_SAMPLE");
+	const int sample = pe && pe[0] ? strcmp(pe, "0") != 0 : ld > 8192;
 #define TF_TRY(T, P)                                                                                         \
 	if (want == (T) && ld <= (int64_t)(T) * (P))                                                         \
-		return tf_launch<T, P, false>(c, scores, ld, n_rows, n, n0, k, out, ldo, n_out);
+		return tf_launch<T, P, false>(c, scores, ld, n_rows, n, n0, k, out, ldo, n_out, sample);
 	TF_TRY(256, 8)
 	TF_TRY(256, 16)
 	TF_TRY(256, 32)
@@ -388,19 +472,19 @@ int kcuda_topk_fast(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_
 	TF_TRY(1024, 4)
 #undef TF_TRY
 	if (ld <= 2048)
-		return tf_launch<256, 8, false>(c, scores, ld, n_rows, n, n0, k, out, ldo, n_out);
-	if (ld <= 4096)
-		return tf_launch<512, 8, false>(c, scores, ld, n_rows, n, n0, k, out, ldo, n_out);
+		return tf_launch<256, 8, false>(c, scores, ld, n_rows, n, n0, k, out, ldo, n_out, sample);
+	if (ld <= 4096) /* 1024 x 4 measured 4.32 us against 512 x 8 4.61 (H200, 22:13) */
+		return tf_launch<1024, 4, false>(c, scores, ld, n_rows, n, n0, k, out, ldo, n_out, sample);
 	if (ld <= 8192)
-		return tf_launch<1024, 8, false>(c, scores, ld, n_rows, n, n0, k, out, ldo, n_out);
+		return tf_launch<1024, 8, false>(c, scores, ld, n_rows, n, n0, k, out, ldo, n_out, sample);
 	if (ld <= 16384)
-		return tf_launch<1024, 16, false>(c, scores, ld, n_rows, n, n0, k, out, ldo, n_out);
+		return tf_launch<1024, 16, false>(c, scores, ld, n_rows, n, n0, k, out, ldo, n_out, sample);
 	const int smem = se && strcmp(se, "1") == 0 && kcuda_topk_fast_takes(c, KTOPK_FAST_MAX);
 	if (ld <= 32768 && !smem)
-		return tf_launch<1024, 32, false>(c, scores, ld, n_rows, n, n0, k, out, ldo, n_out);
+		return tf_launch<1024, 32, false>(c, scores, ld, n_rows, n, n0, k, out, ldo, n_out, sample);
 	/* the 32k graphs' stride (32832: max_ctx 32784 rounded to 256 bytes): 640 threads have 96
 	 * registers each, room for 52 keys (768 x 44 spilled at 80) */
 	if (ld <= KTOPK_FAST_REG && !smem)
-		return tf_launch<640, 52, false>(c, scores, ld, n_rows, n, n0, k, out, ldo, n_out);
-	return tf_launch<1024, TF_SMEM_PER, true>(c, scores, ld, n_rows, n, n0, k, out, ldo, n_out);
+		return tf_launch<640, 52, false>(c, scores, ld, n_rows, n, n0, k, out, ldo, n_out, sample);
+	return tf_launch<1024, TF_SMEM_PER, true>(c, scores, ld, n_rows, n, n0, k, out, ldo, n_out, sample);
 }

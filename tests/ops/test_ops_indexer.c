@@ -615,7 +615,8 @@ static void test_topk_fast(int quick)
 	 * memory (not on sm_120: the old paths) */
 	static const int lds[] = {1,    7,     2048,  2049,  4096,  4097, 4112,
 	                          8192, 16384, 32768, 32832, 33281, 49152};
-	static const char *const shapes[] = {NULL, "256", "512", "1024", "old"};
+	/* s1 / s0: the sampled range on / off (TANDEM_TOPK_SAMPLE; default on above 8192) */
+	static const char *const shapes[] = {NULL, "256", "512", "1024", "s1", "s0", "old"};
 	const int K = 2048, n_modes = 10, max_rows = 8;
 	int runs = 0;
 	for (size_t li = 0; li < sizeof(lds) / sizeof(lds[0]); li++) {
@@ -654,6 +655,8 @@ static void test_topk_fast(int quick)
 			for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
 				if (shapes[si] && !strcmp(shapes[si], "old"))
 					setenv("TANDEM_TOPK", "old", 1);
+				else if (shapes[si] && shapes[si][0] == 's')
+					setenv("TANDEM_TOPK_SAMPLE", shapes[si] + 1, 1);
 				else if (shapes[si])
 					setenv("TANDEM_TOPK_THREADS", shapes[si], 1);
 				int bad = 0, rc = 0, did0 = 1;
@@ -692,6 +695,7 @@ static void test_topk_fast(int quick)
 				          bad);
 				unsetenv("TANDEM_TOPK");
 				unsetenv("TANDEM_TOPK_THREADS");
+				unsetenv("TANDEM_TOPK_SAMPLE");
 				runs++;
 			}
 		}

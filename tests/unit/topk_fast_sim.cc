@@ -144,7 +144,7 @@ static uint32_t sim_dyn[1024 * 48]; /* the shared-memory keys */
 /* one block after the other, THREADS std::threads each */
 template <int T, int P, bool S>
 static void sim_run(const float *s, int64_t ld, int rows, const int32_t *n, int k, int32_t *out,
-                    int32_t *n_out, unsigned *err)
+                    int32_t *n_out, unsigned *err, int sample)
 {
 	for (int b = 0; b < rows; b++) {
 		std::barrier<> bb(T);
@@ -159,7 +159,7 @@ static void sim_run(const float *s, int64_t ld, int rows, const int32_t *n, int 
 			th.emplace_back([=]() {
 				threadIdx.x = (unsigned)t;
 				blockIdx.x = (unsigned)b;
-				topk_fast_kernel<T, P, S>(s, ld, n, 0, k, out, k, n_out, err);
+				topk_fast_kernel<T, P, S>(s, ld, n, 0, k, out, k, n_out, err, sample);
 			});
 		for (auto &x : th)
 			x.join();
@@ -210,7 +210,7 @@ static float val(int mode, int j)
 }
 
 static int n_fail, n_rows;
-template <int T, int P, bool S> static void sim_case(int64_t ld, int mode, int off, int k)
+template <int T, int P, bool S> static void sim_case(int64_t ld, int mode, int off, int k, int sample)
 {
 	const int rows = 3;
 	float *buf = (float *)aligned_alloc(64, sizeof(float) * (size_t)(ld * rows + 16));
@@ -223,7 +223,7 @@ template <int T, int P, bool S> static void sim_case(int64_t ld, int mode, int o
 		n[1] = (int32_t)std::max<int64_t>(1, ld / 2 + 1);
 	std::vector<int32_t> out((size_t)k * rows, -7), n_out(rows, -7);
 	unsigned err = 0;
-	sim_run<T, P, S>(s, ld, rows, n, k, out.data(), n_out.data(), &err);
+	sim_run<T, P, S>(s, ld, rows, n, k, out.data(), n_out.data(), &err, sample);
 	for (int r = 0; r < rows; r++) {
 		const std::vector<int> want = sorted_topk(s + r * ld, n[r], k);
 		const bool ok =
@@ -231,8 +231,8 @@ template <int T, int P, bool S> static void sim_case(int64_t ld, int mode, int o
 		n_rows++;
 		if (!ok) {
 			n_fail++;
-			printf("FAIL block %d x %d%s ld %lld n %d data %d k %d\n", T, P,
-			       S ? " (shared keys)" : "", (long long)ld, n[r], mode, k);
+			printf("FAIL block %d x %d%s ld %lld n %d data %d k %d sample %d\n", T, P,
+			       S ? " (shared keys)" : "", (long long)ld, n[r], mode, k, sample);
 		}
 	}
 	if (err) {
@@ -246,16 +246,19 @@ int main(int argc, char **argv)
 {
 	const int big = argc > 1 && !strcmp(argv[1], "big");
 	for (int mode = 0; mode < 10; mode++) {
-		sim_case<256, 8, false>(2048, mode, mode & 1, 2047 - (mode % 3) * 1000);
-		sim_case<256, 8, false>(2047, mode, 1, 1000);
-		sim_case<256, 8, false>(1000, mode, 0, 2048); /* n <= k: every position */
-		sim_case<256, 8, false>(2048, mode, 0, 1);
-		sim_case<512, 8, false>(4096, mode, 0, 2048);
-		sim_case<256, 16, false>(4096, mode, 0, 7);
+		/* the sampled range on odd data kinds at short rows (on by default above 8192) */
+		const int sm = mode & 1;
+		sim_case<256, 8, false>(2048, mode, mode & 1, 2047 - (mode % 3) * 1000, sm);
+		sim_case<256, 8, false>(2047, mode, 1, 1000, !sm);
+		sim_case<256, 8, false>(1000, mode, 0, 2048, sm); /* n <= k: every position */
+		sim_case<256, 8, false>(2048, mode, 0, 1, sm);
+		sim_case<1024, 4, false>(4096, mode, 0, 2048, sm);
+		sim_case<256, 16, false>(4096, mode, 0, 7, !sm);
+		sim_case<256, 32, false>(8192, mode, 0, 2048, 1);
 		if (big || mode % 3 == 1) {
-			sim_case<1024, 8, false>(4112, mode, 0, 2048);
-			sim_case<640, 52, false>(32832, mode, 0, 2048);
-			sim_case<1024, 48, true>(33281, mode, 1, 2048);
+			sim_case<1024, 8, false>(4112, mode, 0, 2048, 0);
+			sim_case<640, 52, false>(32832, mode, 0, 2048, 1);
+			sim_case<1024, 48, true>(33281, mode, 1, 2048, 1);
 		}
 	}
 	printf("topk_fast on the CPU: %d rows, %d failed\n", n_rows, n_fail);
