@@ -1,8 +1,9 @@
 /* MLA decode for up to 8 heads per rank (GLM-5 at TP=8) over a bf16 paged pool: one launch whose
- * per-tile work is a chain of a warp's own, without block barriers (issue #4, branch mla5). The
- * default of kcuda_mla_attn for the shapes it takes; TANDEM_MLA_DEC_V=4 takes mla_attn_dec.cu's
- * kernel instead (A/B), TANDEM_MLA_DEC=0 the split kernel + combine of mla_attn_mma.cu. With
- * TANDEM_MLA_DEC=N (forced, A/B) it also takes more heads, in groups of 8 (a block per group).
+ * per-tile work is a chain of a warp's own, without block barriers (issue #4, branch mla5).
+ * MEASURED SLOWER (H200, 22:13: ~2x mla_dec and the split kernel at every shape), so it is OFF by
+ * default and taken only with TANDEM_MLA_DEC_V=5 (kcuda_mla_attn then tries it first, before
+ * mla_attn_dec.cu's kernel and the split kernel). With TANDEM_MLA_DEC=N as well it also takes more
+ * heads, in groups of 8 (a block per group).
  *
  * Why: the kernels before it spent each 16- or 32-key tile in a chain of dependent steps: warp 0's
  * top-k and table loads for the next tile, a barrier, the copy (one tile in flight per block), then
@@ -495,9 +496,12 @@ __global__ void __launch_bounds__(32 * M5_WMAX) mla_dec5_kernel(m5_args a)
 #endif
 }
 
-/* TANDEM_MLA_DEC: unset -> up to M5_ROWS_DEFAULT query rows; "0" -> never (the split kernel);
- * N -> up to N rows. TANDEM_MLA_DEC_V=4: never (mla_attn_dec.cu's kernel is taken, for A/B).
- * Read on every call (a getenv; at capture only under graphs), so tests can flip them. */
+/* Off unless TANDEM_MLA_DEC_V=5: the H200 run of 22:13 measured this kernel ~2x slower than
+ * mla_dec and the split kernel at every shape (B1 top-2048 24.4 us vs 12.9 / 13.2 in a graph of 78
+ * calls; each further tile a warp ~6-7 us), so the defaults stay as they were. With
+ * TANDEM_MLA_DEC_V=5: TANDEM_MLA_DEC unset -> up to M5_ROWS_DEFAULT query rows; "0" -> never (the
+ * split kernel); N -> up to N rows. Read on every call (a getenv; at capture only under graphs),
+ * so tests can flip them. */
 #define M5_ROWS_DEFAULT 8
 
 /* launches of this kernel (test_ops_mla checks which kernel took a call) */
@@ -507,7 +511,7 @@ unsigned long long kmla_dec5_launches = 0;
 static int m5_rows_limit(void)
 {
 	const char *v = getenv("TANDEM_MLA_DEC_V");
-	if (v && strcmp(v, "4") == 0)
+	if (!v || strcmp(v, "5") != 0)
 		return 0;
 	const char *e = getenv("TANDEM_MLA_DEC");
 	if (!e || !*e)
