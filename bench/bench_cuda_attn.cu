@@ -601,7 +601,7 @@ static void bench_mla_dec(int B, int64_t H, int64_t ctxlen, int bf16, int K)
 	 * default: measured slower) where it takes the shape; 3..5 dec5 forced with 1-, 2-, 4-warp blocks
 	 * (TANDEM_MLA_DEC5_W); 6, 7: 4-warp blocks of at least 2 / 4 tiles a warp (TANDEM_MLA_DEC5_TPW: fewer
 	 * blocks, fewer clusters; at B1 top-2048 with 4 one cluster, no ticket merge) */
-	enum { NM = 8 };
+	enum { NM = 10 };
 	double g[NM], e[NM];
 	unsigned long long nl[NM];
 	for (int mode = 0; mode < NM; mode++) {
@@ -609,6 +609,7 @@ static void bench_mla_dec(int B, int64_t H, int64_t ctxlen, int bf16, int K)
 		unsetenv("TANDEM_MLA_DEC_V");
 		unsetenv("TANDEM_MLA_DEC5_W");
 		unsetenv("TANDEM_MLA_DEC5_TPW");
+		unsetenv("TANDEM_MLA_DEC5_BULK");
 		if (mode == 0)
 			setenv("TANDEM_MLA_DEC", "0", 1);
 		if (mode == 1)
@@ -617,10 +618,17 @@ static void bench_mla_dec(int B, int64_t H, int64_t ctxlen, int bf16, int K)
 			setenv("TANDEM_MLA_DEC_V", "5", 1);
 		if (mode == 1 || mode >= 3)
 			setenv("TANDEM_MLA_DEC", "65535", 1);
-		if (mode >= 3)
+		if (mode >= 3 && mode <= 7)
 			setenv("TANDEM_MLA_DEC5_W", mode == 3 ? "1" : mode == 4 ? "2" : "4", 1);
-		if (mode >= 6)
+		if (mode == 6 || mode == 7)
 			setenv("TANDEM_MLA_DEC5_TPW", mode == 6 ? "2" : "4", 1);
+		if (mode >= 8) { /* 8: the dec5 plan, 9: 4-warp blocks of >= 2 tiles; rows by bulk copies */
+			setenv("TANDEM_MLA_DEC5_BULK", "1", 1);
+			if (mode == 9) {
+				setenv("TANDEM_MLA_DEC5_W", "4", 1);
+				setenv("TANDEM_MLA_DEC5_TPW", "2", 1);
+			}
+		}
 		const unsigned long long l0 = kcuda_n_launch, d0 = kmla_dec5_launches;
 		rc |= kcuda_mla_attn(ctx, &kv, &rows, (const float *)s.q, H, C, R, 0.07f, (float *)s.out);
 		nl[mode] = kcuda_n_launch - l0;
@@ -636,15 +644,18 @@ static void bench_mla_dec(int B, int64_t H, int64_t ctxlen, int bf16, int K)
 	unsetenv("TANDEM_MLA_DEC_V");
 	unsetenv("TANDEM_MLA_DEC5_W");
 	unsetenv("TANDEM_MLA_DEC5_TPW");
+	unsetenv("TANDEM_MLA_DEC5_BULK");
 	const double bytes = (double)B * (double)(K > 0 ? K : ctxlen) * (double)dim * elt;
 	const int d5 = nl[2] >= 100;
 	printf("mla dec B %d H %3lld ctx %6lld %-8s kv %s %6.2f MB | graph old %6.1f v4 %6.1f dec5 %6.1f us "
 	       "(x%.2f vs old, %5.0f GB/s %4.1f%%; dec5 column = %s) | dec5 W1 %6.1f W2 %6.1f W4 %6.1f W4T2 "
-	       "%6.1f W4T4 %6.1f | eager old %6.1f v4 %6.1f dec5 %6.1f | launches %llu %llu %llu%s\n",
+	       "%6.1f W4T4 %6.1f | bulk %6.1f bulk W4T2 %6.1f | eager old %6.1f v4 %6.1f dec5 %6.1f | "
+	       "launches %llu "
+	       "%llu %llu%s\n",
 	       B, (long long)H, (long long)ctxlen, K > 0 ? "top-2048" : "dense", bf16 ? "bf16" : "f32 ",
 	       bytes * 1e-6, g[0], g[1], g[2], g[2] > 0 ? g[0] / g[2] : 0.0, bytes / g[2] * 1e-3,
 	       bytes / g[2] * 1e-3 / copy_gbs * 100, d5 ? "dec5" : "declined: old kernels", g[3], g[4], g[5],
-	       g[6], g[7], e[0], e[1], e[2], nl[0], nl[1], nl[2] % 100, rc ? " ERROR" : "");
+	       g[6], g[7], g[8], g[9], e[0], e[1], e[2], nl[0], nl[1], nl[2] % 100, rc ? " ERROR" : "");
 	setup_fini(&s);
 }
 

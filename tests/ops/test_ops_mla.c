@@ -629,20 +629,23 @@ int main(void)
 	const int quick = getenv("TANDEM_OPS_QUICK") != NULL;
 	const int small_only = getenv("TANDEM_OPS_SMALL") != NULL;
 	const int small = quick || small_only;
-	/* every case under seven kernel sets: the defaults (mla_attn_dec.cu's kernel for a single
+	/* every case under eight kernel sets: the defaults (mla_attn_dec.cu's kernel for a single
 	 * sparse row, the split kernel elsewhere); the split kernel + combine launch everywhere
 	 * (TANDEM_MLA_DEC=0); mla_attn_dec5.cu wherever it takes the shape (TANDEM_MLA_DEC_V=5
 	 * TANDEM_MLA_DEC=65535: any rows and heads), with 2-, 1- and 4-warp blocks (TANDEM_MLA_DEC5_W:
-	 * other cluster / ticket splits); mla_attn_dec.cu's kernel wherever it takes the shape
+	 * other cluster / ticket splits), and with one cp.async.bulk a row (TANDEM_MLA_DEC5_BULK=1);
+	 * mla_attn_dec.cu's kernel wherever it takes the shape
 	 * (TANDEM_MLA_DEC_V=4 TANDEM_MLA_DEC=65535: batch 2..12, dense, H 64 / 128, prefill rows); the
 	 * first kernels (TANDEM_CUDA_ATTN=ref) */
-	enum { M_DEF, M_SPLIT, M_D5, M_D5W1, M_D5W4, M_V4, M_REF, M_N };
+	enum { M_DEF, M_SPLIT, M_D5, M_D5W1, M_D5W4, M_D5B, M_V4, M_REF, M_N };
 	static const char *const mode_name[M_N] = {
 	    "fast (default)",
 	    "split + combine (TANDEM_MLA_DEC=0)",
 	    "dec5 everywhere (TANDEM_MLA_DEC_V=5 TANDEM_MLA_DEC=65535)",
 	    "dec5 everywhere, 1-warp blocks (TANDEM_MLA_DEC_V=5 TANDEM_MLA_DEC=65535 TANDEM_MLA_DEC5_W=1)",
 	    "dec5 everywhere, 4-warp blocks (TANDEM_MLA_DEC_V=5 TANDEM_MLA_DEC=65535 TANDEM_MLA_DEC5_W=4)",
+	    "dec5 everywhere, bulk row copies (TANDEM_MLA_DEC_V=5 TANDEM_MLA_DEC=65535 "
+	    "TANDEM_MLA_DEC5_BULK=1)",
 	    "mla_dec v4 everywhere (TANDEM_MLA_DEC_V=4 TANDEM_MLA_DEC=65535)",
 	    "ref (TANDEM_CUDA_ATTN=ref)"};
 	for (int mode = 0; mode < M_N; mode++) {
@@ -652,21 +655,24 @@ int main(void)
 		unsetenv("TANDEM_MLA_DEC");
 		unsetenv("TANDEM_MLA_DEC_V");
 		unsetenv("TANDEM_MLA_DEC5_W");
+		unsetenv("TANDEM_MLA_DEC5_BULK");
 		if (mode == M_SPLIT)
 			setenv("TANDEM_MLA_DEC", "0", 1);
-		if (mode == M_D5 || mode == M_D5W1 || mode == M_D5W4 || mode == M_V4)
+		if (mode == M_D5 || mode == M_D5W1 || mode == M_D5W4 || mode == M_D5B || mode == M_V4)
 			setenv("TANDEM_MLA_DEC", "65535", 1);
+		if (mode == M_D5B)
+			setenv("TANDEM_MLA_DEC5_BULK", "1", 1);
 		if (mode == M_D5W1)
 			setenv("TANDEM_MLA_DEC5_W", "1", 1);
 		if (mode == M_D5W4)
 			setenv("TANDEM_MLA_DEC5_W", "4", 1);
 		if (mode == M_V4)
 			setenv("TANDEM_MLA_DEC_V", "4", 1);
-		if (mode == M_D5 || mode == M_D5W1 || mode == M_D5W4)
+		if (mode == M_D5 || mode == M_D5W1 || mode == M_D5W4 || mode == M_D5B)
 			setenv("TANDEM_MLA_DEC_V", "5", 1);
 		if (mode == M_REF)
 			setenv("TANDEM_CUDA_ATTN", "ref", 1);
-		expect_dec5 = mode == M_D5 || mode == M_D5W1 || mode == M_D5W4;
+		expect_dec5 = mode == M_D5 || mode == M_D5W1 || mode == M_D5W4 || mode == M_D5B;
 		printf("-- kernels: %s\n", mode_name[mode]);
 		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 			if (small && case_len(&cases[i]) > 4200 &&
@@ -677,7 +683,9 @@ int main(void)
 			}
 			/* QUICK: the split kernel, v4 and dec5's other block sizes on the model shapes only
 			 */
-			if (quick && (mode == M_SPLIT || mode == M_D5W1 || mode == M_D5W4 || mode == M_V4) &&
+			if (quick &&
+			    (mode == M_SPLIT || mode == M_D5W1 || mode == M_D5W4 || mode == M_D5B ||
+			     mode == M_V4) &&
 			    strncmp(cases[i].name, "GLM-5", 5) && strncmp(cases[i].name, "DS-V3", 5) &&
 			    strncmp(cases[i].name, "tiny", 4))
 				continue;
@@ -693,6 +701,7 @@ int main(void)
 	unsetenv("TANDEM_MLA_DEC");
 	unsetenv("TANDEM_MLA_DEC_V");
 	unsetenv("TANDEM_MLA_DEC5_W");
+	unsetenv("TANDEM_MLA_DEC5_BULK");
 	kcuda_ctx_destroy(ctx);
 	printf("%d checks, %d failed\n", ops_n_check, ops_n_fail);
 	return ops_n_fail ? 1 : 0;
