@@ -597,11 +597,11 @@ static void bench_mla_dec(int B, int64_t H, int64_t ctxlen, int bf16, int K)
 	                               K > 0 ? K : 1,
 	                               K > 0 ? K : ctxlen};
 	int rc = 0;
-	/* 0 old: split + combine; 1 v4: mla_attn_dec.cu everywhere; 2 new: the defaults (dec5 where it
-	 * takes the shape); 3..5 dec5 forced with 1-, 2-, 4-warp blocks (TANDEM_MLA_DEC5_W); 6, 7: 4-warp
-	 * blocks of at least 2 / 4 tiles a warp (TANDEM_MLA_DEC5_TPW: fewer blocks, fewer clusters; at
-	 * B1 top-2048 with 4 one cluster, no ticket merge) */
-	enum { NM = 8 };
+	/* 0 old: split + combine; 1 v4: mla_attn_dec.cu everywhere; 2 dec5 (TANDEM_MLA_DEC_V=5, off by
+	 * default: measured slower) where it takes the shape; 3..5 dec5 forced with 1-, 2-, 4-warp blocks
+	 * (TANDEM_MLA_DEC5_W); 6, 7: 4-warp blocks of at least 2 / 4 tiles a warp (TANDEM_MLA_DEC5_TPW: fewer
+	 * blocks, fewer clusters; at B1 top-2048 with 4 one cluster, no ticket merge) */
+	enum { NM = 10 };
 	double g[NM], e[NM];
 	unsigned long long nl[NM];
 	for (int mode = 0; mode < NM; mode++) {
@@ -609,16 +609,30 @@ static void bench_mla_dec(int B, int64_t H, int64_t ctxlen, int bf16, int K)
 		unsetenv("TANDEM_MLA_DEC_V");
 		unsetenv("TANDEM_MLA_DEC5_W");
 		unsetenv("TANDEM_MLA_DEC5_TPW");
+		unsetenv("TANDEM_MLA_DEC5_BULK");
 		if (mode == 0)
 			setenv("TANDEM_MLA_DEC", "0", 1);
 		if (mode == 1)
 			setenv("TANDEM_MLA_DEC_V", "4", 1);
+		if (mode >= 2)
+			setenv("TANDEM_MLA_DEC_V", "5", 1);
 		if (mode == 1 || mode >= 3)
 			setenv("TANDEM_MLA_DEC", "65535", 1);
-		if (mode >= 3)
+		if (mode >= 3 && mode <= 7)
 			setenv("TANDEM_MLA_DEC5_W", mode == 3 ? "1" : mode == 4 ? "2" : "4", 1);
-		if (mode >= 6)
+		if (mode == 6 || mode == 7)
 			setenv("TANDEM_MLA_DEC5_TPW", mode == 6 ? "2" : "4", 1);
+		if (mode >= 8) { /* 8: the dec5 plan, 9: 4-warp blocks of >= 2 tiles; rows by bulk copies */
+			setenv("TANDEM_MLA_DEC5_BULK", "1", 1);
+			if (mode == 9) {
+				setenv("TANDEM_MLA_DEC5_W", "4", 1);
+				setenv("TANDEM_MLA_DEC5_TPW", "2", 1);
+			}
+		}
+		g[mode] = e[mode] = 0;
+		nl[mode] = 0;
+		if (mode >= 8 && !getenv("BENCH_ATTN_BULK")) /* bulk columns: a separate run (may trap) */
+			continue;
 		const unsigned long long l0 = kcuda_n_launch, d0 = kmla_dec5_launches;
 		rc |= kcuda_mla_attn(ctx, &kv, &rows, (const float *)s.q, H, C, R, 0.07f, (float *)s.out);
 		nl[mode] = kcuda_n_launch - l0;
@@ -628,22 +642,24 @@ static void bench_mla_dec(int B, int64_t H, int64_t ctxlen, int bf16, int K)
 			g[mode] =
 			    mla_graph_us(&kv, &rows, (const float *)s.q, H, (float *)s.out, &e[mode], &rc);
 		if (mode == 2)
-			nl[mode] += took5 ? 100 : 0; /* printed as "5:1": which kernel the default took */
+			nl[mode] += took5 ? 100 : 0; /* which kernel took it */
 	}
 	unsetenv("TANDEM_MLA_DEC");
 	unsetenv("TANDEM_MLA_DEC_V");
 	unsetenv("TANDEM_MLA_DEC5_W");
 	unsetenv("TANDEM_MLA_DEC5_TPW");
+	unsetenv("TANDEM_MLA_DEC5_BULK");
 	const double bytes = (double)B * (double)(K > 0 ? K : ctxlen) * (double)dim * elt;
 	const int d5 = nl[2] >= 100;
-	printf("mla dec B %d H %3lld ctx %6lld %-8s kv %s %6.2f MB | graph old %6.1f v4 %6.1f new %6.1f us "
-	       "(x%.2f vs old, %5.0f GB/s %4.1f%%; new = %s) | new W1 %6.1f W2 %6.1f W4 %6.1f W4T2 %6.1f "
-	       "W4T4 %6.1f | eager old %6.1f "
-	       "v4 %6.1f new %6.1f | launches %llu %llu %llu%s\n",
+	printf("mla dec B %d H %3lld ctx %6lld %-8s kv %s %6.2f MB | graph old %6.1f v4 %6.1f dec5 %6.1f us "
+	       "(x%.2f vs old, %5.0f GB/s %4.1f%%; dec5 column = %s) | dec5 W1 %6.1f W2 %6.1f W4 %6.1f W4T2 "
+	       "%6.1f W4T4 %6.1f | bulk %6.1f bulk W4T2 %6.1f | eager old %6.1f v4 %6.1f dec5 %6.1f | "
+	       "launches %llu "
+	       "%llu %llu%s\n",
 	       B, (long long)H, (long long)ctxlen, K > 0 ? "top-2048" : "dense", bf16 ? "bf16" : "f32 ",
 	       bytes * 1e-6, g[0], g[1], g[2], g[2] > 0 ? g[0] / g[2] : 0.0, bytes / g[2] * 1e-3,
-	       bytes / g[2] * 1e-3 / copy_gbs * 100, d5 ? "dec5" : "old kernels", g[3], g[4], g[5], g[6],
-	       g[7], e[0], e[1], e[2], nl[0], nl[1], nl[2] % 100, rc ? " ERROR" : "");
+	       bytes / g[2] * 1e-3 / copy_gbs * 100, d5 ? "dec5" : "declined: old kernels", g[3], g[4], g[5],
+	       g[6], g[7], g[8], g[9], e[0], e[1], e[2], nl[0], nl[1], nl[2] % 100, rc ? " ERROR" : "");
 	setup_fini(&s);
 }
 
@@ -651,7 +667,7 @@ static void bench_mla_dec_table(void)
 {
 	printf(
 	    "MLA decode: split kernel + combine (old, TANDEM_MLA_DEC=0) | mla_dec v4 (TANDEM_MLA_DEC_V=4 "
-	    "TANDEM_MLA_DEC=65535) | new (defaults: mla_dec5 where it takes the shape) | dec5 with 1, 2, 4 "
+	    "TANDEM_MLA_DEC=65535) | mla_dec5 (TANDEM_MLA_DEC_V=5, off by default) | dec5 with 1, 2, 4 "
 	    "warps a block, 4 warps of >= 2 / 4 tiles (0.0: declined), us per call, 78 calls per graph, PDL "
 	    "%s\n",
 	    kcuda_pdl_enabled() ? "on" : "off");

@@ -1,8 +1,9 @@
 /* MLA decode for up to 8 heads per rank (GLM-5 at TP=8) over a bf16 paged pool: one launch whose
- * per-tile work is a chain of a warp's own, without block barriers (issue #4, branch mla5). The
- * default of kcuda_mla_attn for the shapes it takes; TANDEM_MLA_DEC_V=4 takes mla_attn_dec.cu's
- * kernel instead (A/B), TANDEM_MLA_DEC=0 the split kernel + combine of mla_attn_mma.cu. With
- * TANDEM_MLA_DEC=N (forced, A/B) it also takes more heads, in groups of 8 (a block per group).
+ * per-tile work is a chain of a warp's own, without block barriers (issue #4, branch mla5).
+ * MEASURED SLOWER (H200, 22:13: ~2x mla_dec and the split kernel at every shape), so it is OFF by
+ * default and taken only with TANDEM_MLA_DEC_V=5 (kcuda_mla_attn then tries it first, before
+ * mla_attn_dec.cu's kernel and the split kernel). With TANDEM_MLA_DEC=N as well it also takes more
+ * heads, in groups of 8 (a block per group).
  *
  * Why: the kernels before it spent each 16- or 32-key tile in a chain of dependent steps: warp 0's
  * top-k and table loads for the next tile, a barrier, the copy (one tile in flight per block), then
@@ -61,6 +62,7 @@ struct m5_args {
 	float scale;
 	int tpw; /* tiles per warp; a block's chunk is nw * tpw * 16 keys */
 	int ncl; /* clusters per row; gridDim.x = ncl * cluster size */
+	int bulk; /* rows copied by cp.async.bulk (one request a row, mbarrier completion) */
 	float *out;
 	float *pacc; /* ncl > 1: [row * H + h][ncl][C] cluster partials */
 	float *pml; /* [row * H + h][ncl][cl][2] their (max, sum), one copy per slice */
@@ -87,7 +89,7 @@ static __host__ __device__ int m5_apw(int tpw)
 
 /* the dynamic shared memory carve (byte offsets, 16-aligned) */
 struct m5_carve {
-	size_t ring, wring, qs, addr, valid, ml, total;
+	size_t ring, wring, qs, addr, valid, ml, mbar, total;
 };
 static __host__ __device__ size_t m5_take(size_t *at, size_t bytes)
 {
@@ -105,6 +107,7 @@ static __host__ __device__ m5_carve m5_layout(int dim, int nw, int tpw)
 	o.addr = m5_take(&at, (size_t)nw * m5_apw(tpw) * sizeof(void *));
 	o.valid = m5_take(&at, (size_t)nw * tpw * 4);
 	o.ml = m5_take(&at, (size_t)nw * M5_HMAX * 2 * 4);
+	o.mbar = m5_take(&at, (size_t)nw * M5_ST * 8); /* bulk copies: one mbarrier a (warp, stage) */
 	o.total = at;
 	return o;
 }
@@ -268,7 +271,49 @@ __global__ void __launch_bounds__(32 * M5_WMAX) mla_dec5_kernel(m5_args a)
 
 	/* tile n of this warp into stage st: 16 rows, 16-byte pieces, invalid rows zeroed */
 	const int nchunk = dim / 8;
+	/* TANDEM_MLA_DEC5_BULK=1: a row is one cp.async.bulk (lanes 0-15 one row each) completing on
+	 * the stage's mbarrier (phase k of stage st = its k-th tile) instead of 72 16-byte cp.async */
+	const unsigned mbar0 =
+	    (unsigned)__cvta_generic_to_shared(m5_sm + L.mbar) + (unsigned)(warp * M5_ST * 8);
+	if (a.bulk) {
+		if (lane == 0)
+			for (int st = 0; st < M5_ST; st++)
+				asm volatile(
+				    "mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(mbar0 + 8 * st), "r"(1)
+				    : "memory");
+		asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+		__syncwarp();
+	}
 	auto issue = [&](int n, int st) {
+		if (a.bulk) {
+			if (n < ntw) {
+				uint16_t *dst = ring + (size_t)st * M5_TK * RS;
+				const uint8_t *p = lane < M5_TK ? addr_w[n * M5_TK + lane] : NULL;
+				const unsigned vb = __ballot_sync(0xffffffffu, p != NULL);
+				for (int r = 0; r < M5_TK; r++)
+					if (!((vb >> r) & 1u))
+						for (int c = lane; c < nchunk; c += 32)
+							*(uint4 *)(dst + r * RS + 8 * c) =
+							    make_uint4(0, 0, 0, 0);
+				asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+				__syncwarp();
+				if (lane == 0)
+					asm volatile(
+					    "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
+					        mbar0 + 8 * st),
+					    "r"((unsigned)(__popc(vb) * dim * 2))
+					    : "memory");
+				__syncwarp();
+				if (p)
+					asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::"
+					             "complete_tx::bytes "
+					             "[%0], [%1], %2, [%3];\n" ::"r"(
+					                 (unsigned)__cvta_generic_to_shared(dst + lane * RS)),
+					             "l"(p), "r"(dim * 2), "r"(mbar0 + 8 * st)
+					             : "memory");
+			}
+			return;
+		}
 		if (n < ntw) {
 			uint16_t *dst = ring + (size_t)st * M5_TK * RS;
 #pragma unroll 4
@@ -302,7 +347,21 @@ __global__ void __launch_bounds__(32 * M5_WMAX) mla_dec5_kernel(m5_args a)
 	const int qrow = ((lane >> 3) & 1) * 8 + (lane & 7), qcol = (lane >> 4) << 3;
 	for (int n = 0; n < ntw; n++) {
 		const int st = n % M5_ST;
-		katt_cp_wait<M5_ST - 1>();
+		if (a.bulk) {
+			unsigned ok = 0, spins = 0;
+			while (!ok) {
+				if (++spins > (1u << 22)) /* a lost completion: fail the launch, not hang */
+					__trap();
+				asm volatile("{\n.reg .pred P1;\nmbarrier.try_wait.parity.shared::cta.b64 "
+				             "P1, [%1], %2;\n"
+				             "selp.b32 %0, 1, 0, P1;\n}\n"
+				             : "=r"(ok)
+				             : "r"(mbar0 + 8 * st), "r"((unsigned)((n / M5_ST) & 1))
+				             : "memory");
+			}
+		} else {
+			katt_cp_wait<M5_ST - 1>();
+		}
 		__syncwarp(); /* every lane's pieces (and zeroed rows) of tile n are visible */
 		const uint16_t *kt = ring + (size_t)st * M5_TK * RS;
 
@@ -495,9 +554,12 @@ __global__ void __launch_bounds__(32 * M5_WMAX) mla_dec5_kernel(m5_args a)
 #endif
 }
 
-/* TANDEM_MLA_DEC: unset -> up to M5_ROWS_DEFAULT query rows; "0" -> never (the split kernel);
- * N -> up to N rows. TANDEM_MLA_DEC_V=4: never (mla_attn_dec.cu's kernel is taken, for A/B).
- * Read on every call (a getenv; at capture only under graphs), so tests can flip them. */
+/* Off unless TANDEM_MLA_DEC_V=5: the H200 run of 22:13 measured this kernel ~2x slower than
+ * mla_dec and the split kernel at every shape (B1 top-2048 24.4 us vs 12.9 / 13.2 in a graph of 78
+ * calls; each further tile a warp ~6-7 us), so the defaults stay as they were. With
+ * TANDEM_MLA_DEC_V=5: TANDEM_MLA_DEC unset -> up to M5_ROWS_DEFAULT query rows; "0" -> never (the
+ * split kernel); N -> up to N rows. Read on every call (a getenv; at capture only under graphs),
+ * so tests can flip them. */
 #define M5_ROWS_DEFAULT 8
 
 /* launches of this kernel (test_ops_mla checks which kernel took a call) */
@@ -507,7 +569,7 @@ unsigned long long kmla_dec5_launches = 0;
 static int m5_rows_limit(void)
 {
 	const char *v = getenv("TANDEM_MLA_DEC_V");
-	if (v && strcmp(v, "4") == 0)
+	if (!v || strcmp(v, "5") != 0)
 		return 0;
 	const char *e = getenv("TANDEM_MLA_DEC");
 	if (!e || !*e)
@@ -686,6 +748,10 @@ int kmla_dec5_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
 	a.scale = scale;
 	a.tpw = pl.tpw;
 	a.ncl = pl.ncl;
+	{
+		const char *b = getenv("TANDEM_MLA_DEC5_BULK");
+		a.bulk = b && strcmp(b, "1") == 0;
+	}
 	a.out = out;
 	const size_t n_part = pl.ncl > 1 ? (size_t)rows->n_q * (size_t)H * (size_t)pl.ncl : 0;
 	a.pacc = (float *)c->ws;

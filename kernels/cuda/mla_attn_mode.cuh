@@ -43,9 +43,10 @@ int kcuda_topk_sel(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t
 int kmla_dec_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
                     const float *q, int64_t H, int64_t C, float scale, float *out);
 
-/* kcuda_mla_attn's default for up to 8 heads over a bf16 pool at decode batches (mla_attn_dec5.cu):
- * ERR_UNSUPPORTED (nothing launched) under TANDEM_MLA_DEC=0 or TANDEM_MLA_DEC_V=4, for more rows
- * than its limit, or a shape / device it does not take (the caller then tries kmla_dec_launch) */
+/* the per-warp decode kernel for up to 8 heads over a bf16 pool (mla_attn_dec5.cu; measured slower,
+ * off by default): ERR_UNSUPPORTED (nothing launched) unless TANDEM_MLA_DEC_V=5, under
+ * TANDEM_MLA_DEC=0, for more rows than its limit, or a shape / device it does not take (the caller
+ * then tries kmla_dec_launch) */
 int kmla_dec5_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
                      const float *q, int64_t H, int64_t C, float scale, float *out);
 

@@ -6,10 +6,11 @@
  * and per-row top-k; a small odd shape (C = 64, R = 16, H = 3). Tolerance: max |gpu - cpu| <= 5e-5
  * * max |cpu| per case (fp32 accumulation on both sides; the printed errors are ~1e-6). Guard bytes
  * around the output; no NaN/Inf; a bad block id is counted as an error and skipped.
- * Every case runs under seven kernel sets: the defaults (mla_attn_dec5.cu for up to 8 heads
- * over bf16 pools at batch 1..8), the split kernel + combine launch (TANDEM_MLA_DEC=0,
- * mla_attn_mma.cu), mla_attn_dec5.cu wherever it takes the shape with 2-, 1- and 4-warp blocks
- * (TANDEM_MLA_DEC=65535, TANDEM_MLA_DEC5_W), mla_attn_dec.cu wherever it takes the shape
+ * Every case runs under seven kernel sets: the defaults (mla_attn_dec.cu's kernel for a single
+ * sparse row, the split kernel elsewhere), the split kernel + combine launch (TANDEM_MLA_DEC=0,
+ * mla_attn_mma.cu), mla_attn_dec5.cu (off by default: measured slower) wherever it takes the shape
+ * with 2-, 1- and 4-warp blocks (TANDEM_MLA_DEC_V=5 TANDEM_MLA_DEC=65535, TANDEM_MLA_DEC5_W),
+ * mla_attn_dec.cu wherever it takes the shape
  * (TANDEM_MLA_DEC_V=4 TANDEM_MLA_DEC=65535) and TANDEM_CUDA_ATTN=ref (the first kernel), so one
  * GPU run checks all against the CPU; the GLM-5 / DeepSeek-V3 per-rank decode shapes at batch 1,
  * 2, 3, 4, 6, 8 (and 12) are among the cases, and which kernel took a call is checked; every
@@ -216,13 +217,14 @@ static void run_case(const struct mcase *mc)
 		          kmla_dec5_launches - d50);
 	if (!expect_dec5)
 		OPS_CHECK(kmla_dec5_launches == d50, "%s: mla_dec5 ran in a mode that excludes it", mc->name);
-	/* with TANDEM_MLA_DEC_V=4, mla_attn_dec.cu's kernel must take the GLM-5 / DeepSeek-V3 decode
-	 * shapes (H 8 / 16: one head group per row; bf16 pools, the decode graph's) at batch 1..8 when
-	 * forced (TANDEM_MLA_DEC=N): one launch, not two */
+	/* mla_attn_dec.cu's kernel must take the GLM-5 / DeepSeek-V3 decode shapes (H 8 / 16: one
+	 * head group per row; bf16 pools, the decode graph's) at batch 1..8 when forced
+	 * (TANDEM_MLA_DEC=N), and by default the one it is kept for: a single sparse row of up to 2048
+	 * selected keys: one launch, not two */
 	const char *dec = getenv("TANDEM_MLA_DEC");
 	const int forced = dec && strcmp(dec, "0") != 0;
-	if (!expect_dec5 && getenv("TANDEM_MLA_DEC_V") && !getenv("TANDEM_CUDA_ATTN") &&
-	    !(dec && strcmp(dec, "0") == 0) && !prefill && mc->bf16 && C == 512 && R == 64 && H <= 16 &&
+	if (!expect_dec5 && !getenv("TANDEM_CUDA_ATTN") && !(dec && strcmp(dec, "0") == 0) && !prefill &&
+	    mc->bf16 && C == 512 && R == 64 && H <= 16 &&
 	    (forced ? n_q <= 8 : n_q == 1 && K > 0 && K <= 2048))
 		OPS_CHECK(kcuda_n_launch - l0 == 1, "%s: %llu launches (the one-launch kernel declined)",
 		          mc->name, kcuda_n_launch - l0);
@@ -627,41 +629,54 @@ int main(void)
 	const int quick = getenv("TANDEM_OPS_QUICK") != NULL;
 	const int small_only = getenv("TANDEM_OPS_SMALL") != NULL;
 	const int small = quick || small_only;
-	/* every case under seven kernel sets: the defaults (mla_attn_dec5.cu for up to 8 heads over
-	 * bf16 pools at batch 1..8); the split kernel + combine launch everywhere (TANDEM_MLA_DEC=0);
-	 * dec5 wherever it takes the shape (TANDEM_MLA_DEC=65535: any rows), with 2-, 1- and 4-warp
-	 * blocks (TANDEM_MLA_DEC5_W: other cluster / ticket splits); mla_attn_dec.cu's kernel wherever
-	 * it takes the shape (TANDEM_MLA_DEC_V=4 TANDEM_MLA_DEC=65535: batch 2..12, dense, H 64 / 128,
-	 * prefill rows); the first kernels (TANDEM_CUDA_ATTN=ref) */
-	enum { M_DEF, M_SPLIT, M_D5, M_D5W1, M_D5W4, M_V4, M_REF, M_N };
+	/* every case under eight kernel sets: the defaults (mla_attn_dec.cu's kernel for a single
+	 * sparse row, the split kernel elsewhere); the split kernel + combine launch everywhere
+	 * (TANDEM_MLA_DEC=0); mla_attn_dec5.cu wherever it takes the shape (TANDEM_MLA_DEC_V=5
+	 * TANDEM_MLA_DEC=65535: any rows and heads), with 2-, 1- and 4-warp blocks (TANDEM_MLA_DEC5_W:
+	 * other cluster / ticket splits), and with one cp.async.bulk a row (TANDEM_MLA_DEC5_BULK=1);
+	 * mla_attn_dec.cu's kernel wherever it takes the shape
+	 * (TANDEM_MLA_DEC_V=4 TANDEM_MLA_DEC=65535: batch 2..12, dense, H 64 / 128, prefill rows); the
+	 * first kernels (TANDEM_CUDA_ATTN=ref) */
+	/* the bulk-copy set (TANDEM_OPS_MLA_BULK=1) last: a lost mbarrier completion traps, which ends
+	 * the process's context */
+	enum { M_DEF, M_SPLIT, M_D5, M_D5W1, M_D5W4, M_V4, M_REF, M_D5B, M_N };
 	static const char *const mode_name[M_N] = {
 	    "fast (default)",
 	    "split + combine (TANDEM_MLA_DEC=0)",
-	    "dec5 everywhere (TANDEM_MLA_DEC=65535)",
-	    "dec5 everywhere, 1-warp blocks (TANDEM_MLA_DEC=65535 TANDEM_MLA_DEC5_W=1)",
-	    "dec5 everywhere, 4-warp blocks (TANDEM_MLA_DEC=65535 TANDEM_MLA_DEC5_W=4)",
+	    "dec5 everywhere (TANDEM_MLA_DEC_V=5 TANDEM_MLA_DEC=65535)",
+	    "dec5 everywhere, 1-warp blocks (TANDEM_MLA_DEC_V=5 TANDEM_MLA_DEC=65535 TANDEM_MLA_DEC5_W=1)",
+	    "dec5 everywhere, 4-warp blocks (TANDEM_MLA_DEC_V=5 TANDEM_MLA_DEC=65535 TANDEM_MLA_DEC5_W=4)",
 	    "mla_dec v4 everywhere (TANDEM_MLA_DEC_V=4 TANDEM_MLA_DEC=65535)",
-	    "ref (TANDEM_CUDA_ATTN=ref)"};
+	    "ref (TANDEM_CUDA_ATTN=ref)",
+	    "dec5 everywhere, bulk row copies (TANDEM_MLA_DEC_V=5 TANDEM_MLA_DEC=65535 "
+	    "TANDEM_MLA_DEC5_BULK=1)"};
 	for (int mode = 0; mode < M_N; mode++) {
 		if (quick && mode == M_REF)
+			continue;
+		if (mode == M_D5B && !getenv("TANDEM_OPS_MLA_BULK")) /* the experiment: its own run */
 			continue;
 		unsetenv("TANDEM_CUDA_ATTN");
 		unsetenv("TANDEM_MLA_DEC");
 		unsetenv("TANDEM_MLA_DEC_V");
 		unsetenv("TANDEM_MLA_DEC5_W");
+		unsetenv("TANDEM_MLA_DEC5_BULK");
 		if (mode == M_SPLIT)
 			setenv("TANDEM_MLA_DEC", "0", 1);
-		if (mode == M_D5 || mode == M_D5W1 || mode == M_D5W4 || mode == M_V4)
+		if (mode == M_D5 || mode == M_D5W1 || mode == M_D5W4 || mode == M_D5B || mode == M_V4)
 			setenv("TANDEM_MLA_DEC", "65535", 1);
+		if (mode == M_D5B)
+			setenv("TANDEM_MLA_DEC5_BULK", "1", 1);
 		if (mode == M_D5W1)
 			setenv("TANDEM_MLA_DEC5_W", "1", 1);
 		if (mode == M_D5W4)
 			setenv("TANDEM_MLA_DEC5_W", "4", 1);
 		if (mode == M_V4)
 			setenv("TANDEM_MLA_DEC_V", "4", 1);
+		if (mode == M_D5 || mode == M_D5W1 || mode == M_D5W4 || mode == M_D5B)
+			setenv("TANDEM_MLA_DEC_V", "5", 1);
 		if (mode == M_REF)
 			setenv("TANDEM_CUDA_ATTN", "ref", 1);
-		expect_dec5 = mode == M_DEF || mode == M_D5 || mode == M_D5W1 || mode == M_D5W4;
+		expect_dec5 = mode == M_D5 || mode == M_D5W1 || mode == M_D5W4 || mode == M_D5B;
 		printf("-- kernels: %s\n", mode_name[mode]);
 		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 			if (small && case_len(&cases[i]) > 4200 &&
@@ -672,7 +687,9 @@ int main(void)
 			}
 			/* QUICK: the split kernel, v4 and dec5's other block sizes on the model shapes only
 			 */
-			if (quick && (mode == M_SPLIT || mode == M_D5W1 || mode == M_D5W4 || mode == M_V4) &&
+			if (quick &&
+			    (mode == M_SPLIT || mode == M_D5W1 || mode == M_D5W4 || mode == M_D5B ||
+			     mode == M_V4) &&
 			    strncmp(cases[i].name, "GLM-5", 5) && strncmp(cases[i].name, "DS-V3", 5) &&
 			    strncmp(cases[i].name, "tiny", 4))
 				continue;
@@ -688,6 +705,7 @@ int main(void)
 	unsetenv("TANDEM_MLA_DEC");
 	unsetenv("TANDEM_MLA_DEC_V");
 	unsetenv("TANDEM_MLA_DEC5_W");
+	unsetenv("TANDEM_MLA_DEC5_BULK");
 	kcuda_ctx_destroy(ctx);
 	printf("%d checks, %d failed\n", ops_n_check, ops_n_fail);
 	return ops_n_fail ? 1 : 0;
