@@ -442,21 +442,32 @@ static int fu_cc_major(int dev)
 }
 
 /* TANDEM_ADDNORM: unset / "cl" the cluster kernel where it applies, "v4" the 256-thread kernel,
- * "old" always the 1024-thread one (A/B and triage); TANDEM_NORM_EARLY=1 adds the early PDL trigger
- * to the cluster and v4 kernels. Read once. */
+ * "old" always the 1024-thread one (A/B and triage). Read once. */
 static int an_env_kind(void)
 {
 	static int kind = -1;
 	if (kind < 0) {
 		const char *e = getenv("TANDEM_ADDNORM");
-		const char *ee = getenv("TANDEM_NORM_EARLY");
 		kind = e && strcmp(e, "old") == 0  ? KFUSE_AN_OLD
 		       : e && strcmp(e, "v4") == 0 ? KFUSE_AN_V4
 		                                   : KFUSE_AN_CL;
-		if (kind != KFUSE_AN_OLD && ee && strcmp(ee, "1") == 0)
-			kind |= KFUSE_AN_EARLY;
 	}
 	return kind;
+}
+
+/* The early PDL trigger of the cluster / v4 kernel (fu_trigger_early) for a call of n_rows rows:
+ * TANDEM_NORM_EARLY=1 always, =0 never, unset from 2 rows on. Measured (H200, 22:13, GLM-5 rank 0 of
+ * TP=8, graphs): batch 8 22.76 -> 22.51 ms with it, batch 1 10.04 -> 10.02 (noise), and in
+ * bench_cuda_norm's product + norm pair at one row it costs ~1 us (the next product's blocks,
+ * resident early, slow the 1536-block product before the norm). Read once. */
+static bool an_early(int64_t n_rows)
+{
+	static int mode = -2;
+	if (mode == -2) {
+		const char *e = getenv("TANDEM_NORM_EARLY");
+		mode = e && strcmp(e, "1") == 0 ? 1 : e && strcmp(e, "0") == 0 ? 0 : -1;
+	}
+	return mode == 1 || (mode == -1 && n_rows >= 2);
 }
 
 static int an_launch_cl(struct kcuda_ctx *c, float *h, const float *x, float *y, const float *w, int64_t n,
@@ -530,10 +541,10 @@ extern "C" int kfuse_add_rmsnorm_as(struct kcuda_ctx *c, int kind, float *h, con
 extern "C" int kfuse_add_rmsnorm(struct kcuda_ctx *c, float *h, const float *x, float *y, const float *w,
                                  int64_t n, int64_t n_rows, float eps)
 {
-	const int kind = an_env_kind(), early = kind & KFUSE_AN_EARLY;
+	const int kind = an_env_kind(), early = an_early(n_rows) ? KFUSE_AN_EARLY : 0;
 	int rc = ERR_UNSUPPORTED;
-	if ((kind & ~KFUSE_AN_EARLY) == KFUSE_AN_CL)
-		rc = kfuse_add_rmsnorm_as(c, kind, h, x, y, w, n, n_rows, eps);
+	if (kind == KFUSE_AN_CL)
+		rc = kfuse_add_rmsnorm_as(c, KFUSE_AN_CL | early, h, x, y, w, n, n_rows, eps);
 	if (rc == ERR_UNSUPPORTED && kind != KFUSE_AN_OLD)
 		rc = kfuse_add_rmsnorm_as(c, KFUSE_AN_V4 | early, h, x, y, w, n, n_rows, eps);
 	if (rc == ERR_UNSUPPORTED)
@@ -633,14 +644,18 @@ __global__ void __launch_bounds__(FU_THREADS)
 	               pre);
 }
 
-/* TANDEM_LATENT_EARLY=1: mla_latent and idx_prep trigger their dependents before their wait
- * (fu_trigger_early), as TANDEM_NORM_EARLY=1 does for add_rmsnorm. Read once. */
+/* mla_latent and idx_prep trigger their dependents before their wait (fu_trigger_early) unless
+ * TANDEM_LATENT_EARLY=0. What starts earlier: the products after them (q_b and idx_q_b, 4.5 + 8.9 MB at
+ * GLM-5 rank 0 of TP=8) become resident and prefetch their weights into L2 while the q_a / kv_a /
+ * indexer products before mla_latent still run, instead of only once mla_latent has passed its wait.
+ * Measured (H200, 22:13, GLM-5 rank 0 of TP=8, graphs): batch 1 10.04 -> 9.70 ms, batch 8 22.76 ->
+ * 22.80 (noise), ctx 32k 11.76 -> 11.75. Read once. */
 static int fu_latent_early(void)
 {
 	static int on = -1;
 	if (on < 0) {
 		const char *e = getenv("TANDEM_LATENT_EARLY");
-		on = e && strcmp(e, "1") == 0;
+		on = !(e && strcmp(e, "0") == 0);
 	}
 	return on;
 }

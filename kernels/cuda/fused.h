@@ -47,7 +47,8 @@ int kfuse_add_rmsnorm(struct kcuda_ctx *c, float *h, const float *x, float *y, c
  * of up to 8 blocks a row, the sum of squares in double (sm_90+, n % 4 == 0, n <= 16384, 16-byte
  * aligned, n_rows <= KFUSE_AN_CL_ROWS); V4 or CL | KFUSE_AN_EARLY: the PDL trigger before the wait.
  * ERR_UNSUPPORTED (nothing launched) where the kernel does not take the shape. kfuse_add_rmsnorm
- * picks by TANDEM_ADDNORM (unset: cl, else v4, else old) and TANDEM_NORM_EARLY=1. */
+ * picks by TANDEM_ADDNORM (unset: cl, else v4, else old) and TANDEM_NORM_EARLY (1 always, 0 never,
+ * unset from 2 rows on). */
 #define KFUSE_AN_OLD 1
 #define KFUSE_AN_V4 2
 #define KFUSE_AN_CL 3

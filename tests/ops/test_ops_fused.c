@@ -539,6 +539,80 @@ static void test_mla_latent(void)
 	}
 }
 
+/* PDL ordering of mla_latent (it loads its norm weights before KDEP_ENTRY and, by default, triggers
+ * its dependents before it): its inputs written last by a 128 MB producer (kfwd_scale by 2 of halved
+ * values: exact) right before the launch, a consumer (kfwd_scale by 1) right after; the outputs must
+ * equal, bit for bit, those of the same launch on inputs uploaded directly. */
+static void test_mla_latent_pdl(void)
+{
+	const int64_t Cq = 2048, C = 512, R = 64, W = C + R, pad = (int64_t)32 << 20;
+	const int n = 2;
+	float inv[32];
+	kcpu_rope_freqs(inv, R, 1e4f, 1.0f, 4096, 32.0f, 1.0f);
+	const size_t nin = (size_t)(Cq * n + W * n);
+	float *in = malloc(sizeof(float) * nin), *half = malloc(sizeof(float) * nin);
+	float *ref = malloc(sizeof(float) * nin), *got = malloc(sizeof(float) * nin);
+	float *wq = malloc(sizeof(float) * Cq), *wk = malloc(sizeof(float) * C), *buf = NULL;
+	struct pool p;
+	struct ops_dbuf wqb = {0}, wkb = {0}, ib = {0};
+	int rc = -1, bad = 0;
+	memset(&p, 0, sizeof(p));
+	if (!in || !half || !ref || !got || !wq || !wk) {
+		OPS_CHECK(0, "mla_latent pdl: out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < nin; i++) {
+		in[i] = 2.0f * ops_rng_unif();
+		half[i] = 0.5f * in[i];
+	}
+	for (int64_t i = 0; i < Cq; i++)
+		wq[i] = 1.0f + 0.5f * ops_rng_unif();
+	for (int64_t i = 0; i < C; i++)
+		wk[i] = 1.0f + 0.5f * ops_rng_unif();
+	if (pool_init(&p, W, 1, n) || up(&wqb, wq, sizeof(float) * Cq) || up(&wkb, wk, sizeof(float) * C) ||
+	    up(&ib, inv, sizeof(float) * (R / 2)) ||
+	    kcuda_alloc(sizeof(float) * ((size_t)pad + nin), (void **)&buf)) {
+		OPS_CHECK(0, "mla_latent pdl setup");
+		goto out;
+	}
+	struct kfuse_rope rp = {.inv_freq = ib.user, .pos = p.pos.user, .pairing = 0};
+	struct kfuse_kv kvd = pool_kv(&p);
+	float *cq = buf + pad, *kv = buf + pad + Cq * n;
+	rc = kcuda_upload(ctx, cq, in, sizeof(float) * nin); /* the reference: inputs uploaded */
+	rc =
+	    rc ? rc : kfuse_mla_latent(ctx, cq, Cq, wqb.user, 1e-6f, kv, C, R, wkb.user, 1e-5f, n, &rp, &kvd);
+	rc = rc ? rc : kcuda_sync(ctx);
+	rc = rc ? rc : kcuda_download(ctx, ref, cq, sizeof(float) * nin);
+	for (int rep = 0; rep < 3 && !rc; rep++) {
+		rc = kcuda_memset(ctx, buf, 0, sizeof(float) * (size_t)pad);
+		rc = rc ? rc : kcuda_upload(ctx, cq, half, sizeof(float) * nin);
+		rc = rc ? rc : kcuda_sync(ctx);
+		rc = rc ? rc : kfwd_scale(ctx, buf, pad + (int64_t)nin, 2.0f); /* the inputs written last */
+		rc = rc ? rc
+		        : kfuse_mla_latent(ctx, cq, Cq, wqb.user, 1e-6f, kv, C, R, wkb.user, 1e-5f, n, &rp,
+		                           &kvd);
+		rc = rc ? rc : kfwd_scale(ctx, cq, (int64_t)nin, 1.0f);
+		rc = rc ? rc : kcuda_sync(ctx);
+		rc = rc ? rc : kcuda_download(ctx, got, cq, sizeof(float) * nin);
+		for (size_t i = 0; i < nin && !rc; i++)
+			bad += memcmp(&got[i], &ref[i], 4) != 0;
+	}
+	OPS_CHECK(rc == 0 && bad == 0, "mla_latent after a PDL producer: rc %d, %d values differ", rc, bad);
+	printf("mla_latent between a PDL producer and consumer, 3 runs: %s\n", rc || bad ? "FAIL" : "ok");
+out:
+	pool_fini(&p);
+	ops_dbuf_fini(&wqb);
+	ops_dbuf_fini(&wkb);
+	ops_dbuf_fini(&ib);
+	kcuda_free(buf);
+	free(in);
+	free(half);
+	free(ref);
+	free(got);
+	free(wq);
+	free(wk);
+}
+
 /* ---- mla_latent + the indexer's k_I / w_I in one launch ------------------------------------------
  * kfuse_mla_latent_idx against the two ops it merges (kfuse_mla_latent, then kfuse_idx_prep), both
  * checked against the CPU above: w_I bit for bit, c_q, [c | k_r], k_I and both pools within a few
@@ -1063,6 +1137,7 @@ int main(void)
 	test_add_rmsnorm();
 	test_add_rmsnorm_kinds();
 	test_mla_latent();
+	test_mla_latent_pdl();
 	test_idx_prep();
 	test_mla_latent_idx();
 	test_rope_copy();
