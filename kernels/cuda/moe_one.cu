@@ -25,8 +25,9 @@
  *     out[d] = sum_j w_j y_j[d] in slot order + the shared expert's y (moe_small's formula).
  * The fp16 range: a unit whose largest |x| reaches 2^15 is staged times a power of two and its
  * partial sums multiplied back (gm_xscale; the same factor moe_small's vote gives).
- * Switches (moe_mma.h): TANDEM_MOE_SMALL_V=old (both old kernels), gu (only gate / up new), dn
- * (only down new); TANDEM_MOE_ONE_EARLY=0 (down reads ids only after its wait). */
+ * Switches (moe_mma.h): TANDEM_MOE_SMALL_V=old (both old kernels), new (both new, and the route
+ * folded in: kcuda_moe_route_ffn1), gu (only gate / up new); default: only down new (moe_one_mode
+ * says why); TANDEM_MOE_ONE_EARLY=0 (down reads ids only after its wait). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -359,6 +360,13 @@ __global__ void __launch_bounds__(MO_DW * 32, 3)
 
 /* ---- host ------------------------------------------------------------------------------------- */
 
+/* Default: only the down kernel new. H200, 22:13 run (bench_cuda_moe one, routed + shared, batch 1,
+ * us per call): moe_small's kernels 22.10, both new 24.08, only gate / up new 25.57, only down new
+ * 21.28; the batch-1 step 9.89 ms with the old kernels, 10.04 with both new (+ the route fold), 9.89
+ * with only down new. So the new gate / up body loses ~3 us: with all 16 MB issued at once every
+ * warp's units land near the end of the stream and the ~2 us of unit math per SM runs after it
+ * instead of beside it (moe_small's warps, one unit at a time, overlap one warp's math with the
+ * others' loads). */
 int moe_one_mode(void)
 {
 	const char *v = getenv("TANDEM_MOE_SMALL_V");
@@ -366,9 +374,9 @@ int moe_one_mode(void)
 		return 0;
 	if (v && strcmp(v, "gu") == 0)
 		return MOE_ONE_GU;
-	if (v && strcmp(v, "dn") == 0)
-		return MOE_ONE_DN;
-	return MOE_ONE_GU | MOE_ONE_DN;
+	if (v && strcmp(v, "new") == 0)
+		return MOE_ONE_GU | MOE_ONE_DN;
+	return MOE_ONE_DN;
 }
 
 static int mo_flags(bool down)
