@@ -390,6 +390,16 @@ static int mo_flags(bool down)
 	return f;
 }
 
+/* TANDEM_MOE_ONE_CARVE=0: no shared-memory carveout preference (the driver's choice; read when a
+ * kernel is first launched in the process). Whether the largest carveout (so 3 gate / up blocks of
+ * ~62 KB fit an SM) costs more than it gives next to kernels with another carveout under PDL is not
+ * measured yet. */
+static bool mo_carve(void)
+{
+	const char *v = getenv("TANDEM_MOE_ONE_CARVE");
+	return !(v && strcmp(v, "0") == 0);
+}
+
 static int mo_upw(int64_t n_units)
 {
 	return (int)((n_units + MO_W - 1) / MO_W);
@@ -438,8 +448,8 @@ template <int T, int UPW, bool RT> static int mo_gu_launch(struct kcuda_ctx *c, 
 		/* the largest shared-memory carveout: 3 blocks of ~62 KB per SM (GLM-5) */
 		if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
 		        cudaSuccess ||
-		    cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
-		                         (int)cudaSharedmemCarveoutMaxShared) != cudaSuccess)
+		    (mo_carve() && cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
+		                                        (int)cudaSharedmemCarveoutMaxShared) != cudaSuccess))
 			return kcuda_launch_status("moe_one_gate_up attribute");
 		if (once)
 			attr_done[c->device] = true;
@@ -479,8 +489,8 @@ template <int T, bool RT> static int mo_dn_t(struct kcuda_ctx *c, const struct m
 		/* the same carveout as gate / up, so its blocks can start beside gate / up's (PDL) */
 		if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
 		        cudaSuccess ||
-		    cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
-		                         (int)cudaSharedmemCarveoutMaxShared) != cudaSuccess)
+		    (mo_carve() && cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
+		                                        (int)cudaSharedmemCarveoutMaxShared) != cudaSuccess))
 			return kcuda_launch_status("moe_one_down attribute");
 		if (once)
 			attr_done[c->device] = true;
