@@ -33,9 +33,9 @@
  * before the wait follows TANDEM_PREFETCH, read once per process: run `TANDEM_PREFETCH=0
  * bench_cuda_moe layer` for it); "db" = the defaults with TANDEM_MOE_DB=1 (gate / up keep the next
  * unit's loads in flight), "db w4" the same with 4 warps per gate / up block; since moe5 "old" also
- * runs moe_small's expert kernels (TANDEM_MOE_SMALL_V=old), "new" folds the route into the batch-1
- * expert launches as the backend does (kcuda_moe_route_ffn1), "nofold" is new with
- * TANDEM_MOE_ONE_ROUTE=0. Check: the new chain's output
+ * runs moe_small's expert kernels (TANDEM_MOE_SMALL_V=old), "new" the defaults (moe_one's down kernel
+ * at one token), "fold" both moe_one kernels with the route folded into them as the backend does
+ * under TANDEM_MOE_SMALL_V=new (kcuda_moe_route_ffn1). Check: the new chain's output
  * equals the old chain's within 1e-4 of max|out| and the ids are the same (both routes on the same logits up
  * to the router product's rounding: ids compared, a near-tie swap is reported, not failed). Checks: tokens 0
  * and n - 1 of the sorted and the new path against a CPU reference (all experts are one expert's copies, so
@@ -45,8 +45,9 @@
  * First table ("one"; `bench_cuda_moe one` runs only it): the routed + shared experts alone
  * (kcuda_moe_ffn_shexp) at batch 1 and 8, a CUDA graph of 16 calls with their own id sets (so the
  * ~24 MB of a call are not in L2 from the last), PDL as in the model, us per call: old =
- * moe_small's kernels (TANDEM_MOE_SMALL_V=old), new = the defaults (moe_one.cu's batch-1 kernels at
- * one token), gu / dn = only that half new, early0 = the defaults with TANDEM_MOE_ONE_EARLY=0; GB/s
+ * moe_small's kernels (TANDEM_MOE_SMALL_V=old), new = both of moe_one.cu's batch-1 kernels
+ * (TANDEM_MOE_SMALL_V=new), gu / dn = only that half new (dn: the default), early0 = the default with
+ * TANDEM_MOE_ONE_EARLY=0; GB/s
  * of the expert bytes (9 experts at batch 1) and their share of the H200's 4.55 TB/s read rate;
  * new vs old within 1e-4 of max|out| (the same bits expected). Batch 8 runs the same kernels in
  * every column (a check that nothing changed there). */
@@ -173,7 +174,7 @@ static int layer_bench(struct kcuda_ctx *c, const struct kweight *dg, const stru
 	printf("  layer chain (router + route + routed & shared experts), CUDA graph of %d layers, us per "
 	       "layer:\n",
 	       NL);
-	printf("  batch    old us    new us  fused us   pf 7 us     db us  db w4 us nofold us   new/old   "
+	printf("  batch    old us    new us  fused us   pf 7 us     db us  db w4 us   fold us   new/old   "
 	       "router + "
 	       "experts bytes, GB/s at "
 	       "the new "
@@ -185,14 +186,13 @@ static int layer_bench(struct kcuda_ctx *c, const struct kweight *dg, const stru
 		std::vector<int32_t> idv[2];
 		for (int v = 0; v < 7; v++) {
 			/* v 0 old, 1 new (defaults), 2 the fused launch at every batch, 3 every expert
-			 * prefetch, 4 / 5 db, 6 the defaults without the route folded into the batch-1 expert
-			 * launches */
+			 * prefetch, 4 / 5 db, 6 both batch-1 kernels and the route folded into them */
 			if (v == 0) {
 				setenv("TANDEM_MOE_ROUTER_FUSED", "0", 1);
 				setenv("TANDEM_MOE_PF", "0", 1);
 				setenv("TANDEM_MOE_SMALL_V", "old", 1); /* before moe5 */
 			} else if (v == 6)
-				setenv("TANDEM_MOE_ONE_ROUTE", "0", 1);
+				setenv("TANDEM_MOE_SMALL_V", "new", 1); /* both new + the route fold */
 			else if (v == 2)
 				setenv("TANDEM_MOE_ROUTER_FUSED", "1", 1);
 			else if (v == 3)
@@ -350,8 +350,8 @@ static int one_bench(struct kcuda_ctx *c, const struct kweight *dg, const struct
 	CK(cudaDeviceSynchronize());
 	const double expert_bytes =
 	    2.0 * (double)F * (double)dg->row_bytes + (double)D * (double)dd->row_bytes;
-	/* v: 0 moe_small's kernels, 1 the defaults (moe_one at 1 token), 2 only gate / up new, 3 only
-	 * down new, 4 the defaults with the down kernel's ids read after its wait */
+	/* v: 0 moe_small's kernels, 1 both moe_one kernels at 1 token, 2 only gate / up new, 3 only
+	 * down new (the default), 4 the default with the down kernel's ids read after its wait */
 	static const char *const vname[] = {"old", "new", "gu", "dn", "early0"};
 	printf(
 	    "  experts alone (routed + shared, kcuda_moe_ffn_shexp), CUDA graph of %d calls with their own "
@@ -367,7 +367,7 @@ static int one_bench(struct kcuda_ctx *c, const struct kweight *dg, const struct
 		for (int v = 0; v < 5; v++) {
 			if (v == 0)
 				setenv("TANDEM_MOE_SMALL_V", "old", 1);
-			else if (v == 2 || v == 3)
+			else if (v >= 1 && v <= 3)
 				setenv("TANDEM_MOE_SMALL_V", vname[v], 1);
 			else if (v == 4)
 				setenv("TANDEM_MOE_ONE_EARLY", "0", 1);

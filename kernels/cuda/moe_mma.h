@@ -41,9 +41,10 @@ int moe_small_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, c
                   const struct kweight *down, int64_t E, int64_t F, const struct kweight *sh_gate,
                   const struct kweight *sh_up, const struct kweight *sh_down, float *out, int64_t ldo);
 /* The batch-1 expert kernels (moe_one.cu): moe_small_ffn hands a 1-token call to them for Q4_K /
- * Q5_K experts (gate / up: D <= 8192; down: F 256, <= 9 pairs) unless TANDEM_MOE_SMALL_V says
- * otherwise: "old" the moe_small kernels, "gu" only gate / up new, "dn" only down new (default:
- * both new). Same unit arithmetic as moe_small's one-tile kernels, the weights issued up front. */
+ * Q5_K experts (gate / up: D <= 8192; down: F 256, <= 9 pairs) as TANDEM_MOE_SMALL_V says: "old"
+ * the moe_small kernels, "gu" only gate / up new, "new" both (and kcuda_moe_route_ffn1 folds the
+ * route in), unset / "dn": only down new (the default since the 22:13 H200 run, moe_one.cu). Same
+ * unit arithmetic as moe_small's one-tile kernels, the weights issued up front. */
 #define MOE_ONE_GU 1
 #define MOE_ONE_DN 2
 struct moe_one_route { /* kcuda_moe_route's arguments for one token (kcuda_moe_route_ffn1) */

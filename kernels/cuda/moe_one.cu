@@ -25,8 +25,9 @@
  *     out[d] = sum_j w_j y_j[d] in slot order + the shared expert's y (moe_small's formula).
  * The fp16 range: a unit whose largest |x| reaches 2^15 is staged times a power of two and its
  * partial sums multiplied back (gm_xscale; the same factor moe_small's vote gives).
- * Switches (moe_mma.h): TANDEM_MOE_SMALL_V=old (both old kernels), gu (only gate / up new), dn
- * (only down new); TANDEM_MOE_ONE_EARLY=0 (down reads ids only after its wait). */
+ * Switches (moe_mma.h): TANDEM_MOE_SMALL_V=old (both old kernels), new (both new, and the route
+ * folded in: kcuda_moe_route_ffn1), gu (only gate / up new); default: only down new (moe_one_mode
+ * says why); TANDEM_MOE_ONE_EARLY=1 (down reads ids before its wait; off by default). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -249,8 +250,8 @@ __global__ void __launch_bounds__(MO_W * 32, T == KT_Q4_K ? 3 : 2)
  * whose every block executes griddepcontrol.wait (which returns only once the route grid has
  * completed and its memory is flushed) before its launch_dependents, and this grid cannot start
  * before all of them have triggered. The loads go to L2 (ld.global.cg), so no stale L1 line of an
- * earlier layer's ids can answer. Off: TANDEM_MOE_ONE_EARLY=0 (and whenever PDL is off it changes
- * nothing). RT: the same for the router logits (written by the router product, the launch before
+ * earlier layer's ids can answer. Off by default; on: TANDEM_MOE_ONE_EARLY=1 (whenever PDL is off it
+ * changes nothing). RT: the same for the router logits (written by the router product, the launch before
  * gate / up): warp 0 routes the token itself (route_reg_token, ld.global.cg), no ids are read. */
 template <int T, bool RT>
 __global__ void __launch_bounds__(MO_DW * 32, 3)
@@ -359,6 +360,13 @@ __global__ void __launch_bounds__(MO_DW * 32, 3)
 
 /* ---- host ------------------------------------------------------------------------------------- */
 
+/* Default: only the down kernel new. H200, 22:13 run (bench_cuda_moe one, routed + shared, batch 1,
+ * us per call): moe_small's kernels 22.10, both new 24.08, only gate / up new 25.57, only down new
+ * 21.28; the batch-1 step 9.89 ms with the old kernels, 10.04 with both new (+ the route fold), 9.89
+ * with only down new. So the new gate / up body loses ~3 us: with all 16 MB issued at once every
+ * warp's units land near the end of the stream and the ~2 us of unit math per SM runs after it
+ * instead of beside it (moe_small's warps, one unit at a time, overlap one warp's math with the
+ * others' loads). */
 int moe_one_mode(void)
 {
 	const char *v = getenv("TANDEM_MOE_SMALL_V");
@@ -366,20 +374,35 @@ int moe_one_mode(void)
 		return 0;
 	if (v && strcmp(v, "gu") == 0)
 		return MOE_ONE_GU;
-	if (v && strcmp(v, "dn") == 0)
-		return MOE_ONE_DN;
-	return MOE_ONE_GU | MOE_ONE_DN;
+	if (v && strcmp(v, "new") == 0)
+		return MOE_ONE_GU | MOE_ONE_DN;
+	return MOE_ONE_DN;
 }
 
 static int mo_flags(bool down)
 {
 	int f = kcuda_prefetch_enabled() ? MO_PF_SH : 0;
 	if (down) {
+		/* off by default (lead, session 5): the early ids read relies on the kernel before it
+		 * (gate / up) triggering only after its own wait; a kernel that triggers before its wait
+		 * (fused.cu's early triggers, or the KDEP_EARLY_ALL experiment, which FAILED
+		 * test_gpu_model) would let it read the route's ids before the route finished. The step
+		 * measured no difference with it on. TANDEM_MOE_ONE_EARLY=1 turns it on. */
 		const char *v = getenv("TANDEM_MOE_ONE_EARLY");
-		if (!(v && strcmp(v, "0") == 0))
+		if (v && strcmp(v, "1") == 0)
 			f |= MO_EARLY;
 	}
 	return f;
+}
+
+/* TANDEM_MOE_ONE_CARVE=0: no shared-memory carveout preference (the driver's choice; read when a
+ * kernel is first launched in the process). Whether the largest carveout (so 3 gate / up blocks of
+ * ~62 KB fit an SM) costs more than it gives next to kernels with another carveout under PDL is not
+ * measured yet. */
+static bool mo_carve(void)
+{
+	const char *v = getenv("TANDEM_MOE_ONE_CARVE");
+	return !(v && strcmp(v, "0") == 0);
 }
 
 static int mo_upw(int64_t n_units)
@@ -430,8 +453,8 @@ template <int T, int UPW, bool RT> static int mo_gu_launch(struct kcuda_ctx *c, 
 		/* the largest shared-memory carveout: 3 blocks of ~62 KB per SM (GLM-5) */
 		if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
 		        cudaSuccess ||
-		    cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
-		                         (int)cudaSharedmemCarveoutMaxShared) != cudaSuccess)
+		    (mo_carve() && cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
+		                                        (int)cudaSharedmemCarveoutMaxShared) != cudaSuccess))
 			return kcuda_launch_status("moe_one_gate_up attribute");
 		if (once)
 			attr_done[c->device] = true;
@@ -471,8 +494,8 @@ template <int T, bool RT> static int mo_dn_t(struct kcuda_ctx *c, const struct m
 		/* the same carveout as gate / up, so its blocks can start beside gate / up's (PDL) */
 		if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
 		        cudaSuccess ||
-		    cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
-		                         (int)cudaSharedmemCarveoutMaxShared) != cudaSuccess)
+		    (mo_carve() && cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
+		                                        (int)cudaSharedmemCarveoutMaxShared) != cudaSuccess))
 			return kcuda_launch_status("moe_one_down attribute");
 		if (once)
 			attr_done[c->device] = true;

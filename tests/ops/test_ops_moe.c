@@ -32,7 +32,8 @@
  *    path's one-tile result reported. The route's register kernel and the shared-memory one
  *    (TANDEM_MOE_ROUTE_FAST=0) on every routing case, plus group shapes the register kernel hands
  *    back (E 192, 4 groups) and E 512 top-16.
- * 5. The batch-1 kernels (moe_one.cu, the default at one token with Q4_K / Q5_K experts): against
+ * 5. The batch-1 kernels (moe_one.cu: by default its down kernel at one token with Q4_K / Q5_K
+ *    experts, TANDEM_MOE_SMALL_V=new both): against
  *    the CPU and against moe_small's kernels (the same bits expected), GLM-5 / DS-V3 slices and
  *    short D, every down type, repeated ids, large x, each half alone, with the switches of their
  *    early loads off; and the decode chain producer -> router -> route -> experts under PDL, the
@@ -388,10 +389,17 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 	}
 	/* one token: moe_one.cu's kernels against moe_small's (the same unit arithmetic in the same
 	 * order: the same bits expected, reported; within the tolerance required) */
-	if (!strcmp(path, "small") && n == 1 && !getenv("TANDEM_MOE_SMALL_V")) {
+	const char *one_env = getenv("TANDEM_MOE_SMALL_V");
+	if (!strcmp(path, "small") && n == 1 && !(one_env && !strcmp(one_env, "old"))) {
+		char keep[16] = "";
+		if (one_env)
+			snprintf(keep, sizeof(keep), "%s", one_env);
 		setenv("TANDEM_MOE_SMALL_V", "old", 1);
 		rc = run_ffn(fd, d_x, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
-		unsetenv("TANDEM_MOE_SMALL_V");
+		if (keep[0])
+			setenv("TANDEM_MOE_SMALL_V", keep, 1);
+		else
+			unsetenv("TANDEM_MOE_SMALL_V");
 		const int same = rc == 0 && ops_dbuf_get(ctx, &ob, got) == 0 &&
 		                 memcmp(got, again, sizeof(float) * (size_t)(n * D)) == 0;
 		double mx = 0;
@@ -747,6 +755,7 @@ static void route_ffn1_refusals(void)
 	int rc = kcuda_moe_route_ffn1(ctx, NULL, NULL, (int)E, 8, 1, 1, 0, true, 1.f, ip, fp, fp, &g, &g, &dn,
 	                              F, &sg, &sg, &sd, fp);
 	OPS_CHECK(rc == -EINVAL, "route_ffn1: null logits: rc %d", rc);
+	setenv("TANDEM_MOE_SMALL_V", "new", 1); /* both kernels selected: the shapes decide */
 	rc = kcuda_moe_route_ffn1(ctx, fp, NULL, 64, 8, 1, 1, 0, true, 1.f, ip, fp, fp, &g, &g, &dn, F, &sg,
 	                          &sg, &sd, fp); /* E 64: V 2, not the folded route's 8 (and shapes off) */
 	OPS_CHECK(rc == ERR_UNSUPPORTED, "route_ffn1: E 64: rc %d", rc);
@@ -756,11 +765,17 @@ static void route_ffn1_refusals(void)
 	rc = kcuda_moe_route_ffn1(ctx, fp, NULL, (int)E, 8, 1, 1, 0, true, 1.f, ip, fp, fp, &g, &g, &dq8, F,
 	                          &sg, &sg, &sd, fp);
 	OPS_CHECK(rc == ERR_UNSUPPORTED, "route_ffn1: Q8_0 down: rc %d", rc);
+	unsetenv("TANDEM_MOE_SMALL_V");
+	rc = kcuda_moe_route_ffn1(ctx, fp, NULL, (int)E, 8, 1, 1, 0, true, 1.f, ip, fp, fp, &g, &g, &dn, F,
+	                          &sg, &sg, &sd, fp);
+	OPS_CHECK(rc == ERR_UNSUPPORTED, "route_ffn1: the default (only the new down kernel): rc %d", rc);
+	setenv("TANDEM_MOE_SMALL_V", "new", 1);
 	setenv("TANDEM_MOE_ONE_ROUTE", "0", 1);
 	rc = kcuda_moe_route_ffn1(ctx, fp, NULL, (int)E, 8, 1, 1, 0, true, 1.f, ip, fp, fp, &g, &g, &dn, F,
 	                          &sg, &sg, &sd, fp);
 	OPS_CHECK(rc == ERR_UNSUPPORTED, "route_ffn1: TANDEM_MOE_ONE_ROUTE=0: rc %d", rc);
 	unsetenv("TANDEM_MOE_ONE_ROUTE");
+	unsetenv("TANDEM_MOE_SMALL_V");
 	setenv("TANDEM_MOE_SMALL_V", "old", 1);
 	rc = kcuda_moe_route_ffn1(ctx, fp, NULL, (int)E, 8, 1, 1, 0, true, 1.f, ip, fp, fp, &g, &g, &dn, F,
 	                          &sg, &sg, &sd, fp);
@@ -768,8 +783,8 @@ static void route_ffn1_refusals(void)
 	unsetenv("TANDEM_MOE_SMALL_V");
 	OPS_CHECK(kcuda_sync(ctx) == 0, "route_ffn1 refusals: stream error");
 	printf(
-	    "route_ffn1 refusals: null logits -EINVAL; E 64, Q6_K gate, Q8_0 down, TANDEM_MOE_ONE_ROUTE=0, "
-	    "TANDEM_MOE_SMALL_V=old: ERR_UNSUPPORTED\n");
+	    "route_ffn1 refusals: null logits -EINVAL; E 64, Q6_K gate, Q8_0 down, the default (down only), "
+	    "TANDEM_MOE_ONE_ROUTE=0, TANDEM_MOE_SMALL_V=old: ERR_UNSUPPORTED\n");
 	kcuda_free(d_any);
 }
 
@@ -1237,24 +1252,24 @@ int main(void)
 	unsetenv("TANDEM_MOE_SMALL_GUW");
 	unsetenv("TANDEM_MOE_DB");
 	route_chain();
-	/* the batch-1 kernels (moe_one.cu; the default at one token for Q4_K / Q5_K experts): GLM-5 and
-	 * DS-V3 (28 units of D: 4 per warp, uneven) rank slices, D 256 / 512 (1-2 units: warps without
-	 * work), Q5_K, every down type (Q6_K / Q8_0 take moe_small's down after the new gate / up), no
-	 * shared expert (8 pairs), ids repeated inside the token, large x; each against the CPU, twice
-	 * (same bits) and against moe_small's kernels; then each half alone (TANDEM_MOE_SMALL_V=gu / dn),
-	 * the ids read after the wait (TANDEM_MOE_ONE_EARLY=0), and the decode chain under PDL
-	 * (one_chain) */
+	/* the batch-1 kernels (moe_one.cu; by default only its down kernel, TANDEM_MOE_SMALL_V=new both):
+	 * GLM-5 and DS-V3 (28 units of D: 4 per warp, uneven) rank slices, D 256 / 512 (1-2 units: warps
+	 * without work), Q5_K, every down type (Q6_K / Q8_0 take moe_small's down after the new gate /
+	 * up), no shared expert (8 pairs), ids repeated inside the token, large x; each against the CPU,
+	 * twice (same bits) and against moe_small's kernels; the default (down only), both (new) and gate /
+	 * up alone (gu); the ids read after the wait (TANDEM_MOE_ONE_EARLY=0), and the decode chain under
+	 * PDL (one_chain) */
 	printf("batch-1 kernels (moe_one.cu)\n");
-	static const char *const one_v[] = {NULL, "gu", "dn"};
+	static const char *const one_v[] = {NULL, "new", "gu"};
 	for (size_t v = 0; v < sizeof(one_v) / sizeof(one_v[0]); v++) {
 		if (one_v[v])
 			setenv("TANDEM_MOE_SMALL_V", one_v[v], 1);
-		if (!quick || !one_v[v])
+		if (!quick || v < 2)
 			ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
 		ffn_case(&e256s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
 		ffn_case(&e256s, KT_Q5_K, KT_Q5_K, 1, 1e-4);
 		ffn_case(&gtinys, KT_Q4_K, KT_Q5_K, 1, 1e-4);
-		if (!quick || !one_v[v]) {
+		if (!quick || v < 2) {
 			ffn_case(&e256, KT_Q4_K, KT_Q4_K, 1, 1e-4);
 			ffn_case(&e256s, KT_Q4_K, KT_Q8_0, 1, 1e-4);
 			ffn_case(&e256s, KT_Q5_K, KT_Q6_K, 1, 1e-4);
@@ -1263,34 +1278,42 @@ int main(void)
 		}
 		unsetenv("TANDEM_MOE_SMALL_V");
 	}
-	id_mode = 1;
-	ffn_case(&e256s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
-	ffn_case(&e256s, KT_Q5_K, KT_Q5_K, 1, 1e-4);
-	if (!quick)
+	for (int v = 0; v < 2; v++) { /* the default, then both new */
+		if (v)
+			setenv("TANDEM_MOE_SMALL_V", "new", 1);
+		id_mode = 1;
+		ffn_case(&e256s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+		ffn_case(&e256s, KT_Q5_K, KT_Q5_K, 1, 1e-4);
+		if (!quick)
+			ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+		id_mode = 0;
+		g_xscale = 1e6f;
 		ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
-	id_mode = 0;
-	g_xscale = 1e6f;
-	ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
-	ffn_case(&e256s, KT_Q5_K, KT_Q5_K, 1, 1e-4);
-	g_xscale = 1.0f;
-	setenv("TANDEM_MOE_ONE_EARLY", "0", 1);
-	ffn_case(&e256s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
-	one_chain(&e256s, KT_Q4_K, KT_Q4_K, 1, 1, 0);
-	if (!quick)
-		ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
-	unsetenv("TANDEM_MOE_ONE_EARLY");
-	/* (the shared expert's loads after the wait: TANDEM_PREFETCH=0, read once per process, so a
-	 * separate run of this test) */
-	one_chain(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1, 0);
-	one_chain(&e256s, KT_Q5_K, KT_Q5_K, 8, 4, 0);
-	/* the route folded into the expert launches (kcuda_moe_route_ffn1): GLM-5 routing (one group),
-	 * DS-V3 routing (8 groups / 4), Q5_K; with the down kernel's loads after its wait; refusals */
+		ffn_case(&e256s, KT_Q5_K, KT_Q5_K, 1, 1e-4);
+		g_xscale = 1.0f;
+		setenv("TANDEM_MOE_ONE_EARLY", "0", 1);
+		ffn_case(&e256s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+		one_chain(&e256s, KT_Q4_K, KT_Q4_K, 1, 1, 0);
+		if (!quick)
+			ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+		unsetenv("TANDEM_MOE_ONE_EARLY");
+		/* (the shared expert's loads after the wait: TANDEM_PREFETCH=0, read once per process, so a
+		 * separate run of this test) */
+		one_chain(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1, 0);
+		one_chain(&e256s, KT_Q5_K, KT_Q5_K, 8, 4, 0);
+		unsetenv("TANDEM_MOE_SMALL_V");
+	}
+	/* the route folded into the expert launches (kcuda_moe_route_ffn1, under TANDEM_MOE_SMALL_V=new):
+	 * GLM-5 routing (one group), DS-V3 routing (8 groups / 4), Q5_K; with the down kernel's loads
+	 * after its wait; refusals */
+	setenv("TANDEM_MOE_SMALL_V", "new", 1);
 	one_chain(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1, 1);
 	one_chain(&e256s, KT_Q4_K, KT_Q4_K, 8, 4, 1);
 	one_chain(&e256s, KT_Q5_K, KT_Q5_K, 1, 1, 1);
 	setenv("TANDEM_MOE_ONE_EARLY", "0", 1);
 	one_chain(&e256s, KT_Q4_K, KT_Q4_K, 8, 4, 1);
 	unsetenv("TANDEM_MOE_ONE_EARLY");
+	unsetenv("TANDEM_MOE_SMALL_V");
 	route_ffn1_refusals();
 	/* router product + route in one launch: GLM-5 / DS-V3 per-rank shapes, batch 1..8 (the default
 	 * takes 1..2 tokens, TANDEM_MOE_ROUTER_FUSED=1 up to 8), ties; the expert prefetch on (it is
