@@ -37,7 +37,8 @@ __global__ void probe_kernel(probe_args a)
 extern "C" int kcuda_pdl_late_copy(struct kcuda_ctx *c, int n, void *const *dst, const void *const *src,
                                    const size_t *bytes, double spin_us)
 {
-	if (!c || n < 0 || n > KPROBE_MAX || (n && (!dst || !src || !bytes)) || !(spin_us >= 0 && spin_us < 1e6))
+	if (!c || n < 0 || n > KPROBE_MAX || (n && (!dst || !src || !bytes)) ||
+	    !(spin_us >= 0 && spin_us < 1e6))
 		return -EINVAL;
 	probe_args a = {};
 	for (int i = 0; i < n; i++) {

@@ -17,8 +17,8 @@ struct kcuda_ctx;
 /* one block: spin about spin_us microseconds, then copy src[i] -> dst[i] (bytes[i] each, i < n <=
  * KPROBE_MAX; device pointers, 4-byte multiples and alignment). Launched with the PDL attribute
  * on c's stream. Returns 0, -EINVAL or ERR_CUDA. */
-int kcuda_pdl_late_copy(struct kcuda_ctx *c, int n, void *const *dst, const void *const *src, const size_t *bytes,
-                        double spin_us);
+int kcuda_pdl_late_copy(struct kcuda_ctx *c, int n, void *const *dst, const void *const *src,
+                        const size_t *bytes, double spin_us);
 
 #ifdef __cplusplus
 }

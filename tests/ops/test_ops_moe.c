@@ -1257,8 +1257,8 @@ int main(void)
 	 * without work), Q5_K, every down type (Q6_K / Q8_0 take moe_small's down after the new gate /
 	 * up), no shared expert (8 pairs), ids repeated inside the token, large x; each against the CPU,
 	 * twice (same bits) and against moe_small's kernels; the default (down only), both (new) and gate /
-	 * up alone (gu); the ids read after the wait (TANDEM_MOE_ONE_EARLY=0), and the decode chain under
-	 * PDL (one_chain) */
+	 * up alone (gu); the ids read before the wait (TANDEM_MOE_ONE_EARLY=1, off by default), and the
+	 * decode chain under PDL (one_chain) */
 	printf("batch-1 kernels (moe_one.cu)\n");
 	static const char *const one_v[] = {NULL, "new", "gu"};
 	for (size_t v = 0; v < sizeof(one_v) / sizeof(one_v[0]); v++) {
@@ -1291,7 +1291,7 @@ int main(void)
 		ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
 		ffn_case(&e256s, KT_Q5_K, KT_Q5_K, 1, 1e-4);
 		g_xscale = 1.0f;
-		setenv("TANDEM_MOE_ONE_EARLY", "0", 1);
+		setenv("TANDEM_MOE_ONE_EARLY", "1", 1); /* the non-default: ids read before the wait */
 		ffn_case(&e256s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
 		one_chain(&e256s, KT_Q4_K, KT_Q4_K, 1, 1, 0);
 		if (!quick)
@@ -1310,7 +1310,7 @@ int main(void)
 	one_chain(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1, 1);
 	one_chain(&e256s, KT_Q4_K, KT_Q4_K, 8, 4, 1);
 	one_chain(&e256s, KT_Q5_K, KT_Q5_K, 1, 1, 1);
-	setenv("TANDEM_MOE_ONE_EARLY", "0", 1);
+	setenv("TANDEM_MOE_ONE_EARLY", "1", 1); /* the non-default: ids read before the wait */
 	one_chain(&e256s, KT_Q4_K, KT_Q4_K, 8, 4, 1);
 	unsetenv("TANDEM_MOE_ONE_EARLY");
 	unsetenv("TANDEM_MOE_SMALL_V");
