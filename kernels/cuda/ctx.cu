@@ -27,6 +27,22 @@ extern "C" int kcuda_pdl_enabled(void)
 	return on;
 }
 
+extern "C" int kcuda_cc_major(int dev)
+{
+	static int cc[64]; /* a racing first call stores the same value */
+	if (dev < 0 || dev >= 64)
+		return 0;
+	if (!cc[dev]) {
+		int v = 0;
+		if (cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+			(void)cudaGetLastError();
+			return 0;
+		}
+		cc[dev] = v;
+	}
+	return cc[dev];
+}
+
 extern "C" int kcuda_prefetch_enabled(void)
 {
 	static int on = -1;

@@ -97,6 +97,9 @@ __device__ __forceinline__ void kdep_entry(void)
  * checks it with a late producer, kernels/cuda/pdl_probe.h). kcuda_prefetch_enabled() (TANDEM_PREFETCH,
  * default on) is passed to the kernels as an argument so A/B runs need no rebuild. */
 extern "C" int kcuda_prefetch_enabled(void); /* ctx.cu */
+/* compute capability major of device dev (0 when unknown: a failed query or dev outside 0..63), cached
+ * per device (ctx.cu; clusters and the bulk copies need 9 or more) */
+extern "C" int kcuda_cc_major(int dev);
 
 /* p, made opaque to the compiler from this point on: loads through the result cannot be scheduled
  * before it. A kernel that touches weights before KDEP_ENTRY() must pass every pointer to data an

@@ -424,23 +424,6 @@ __global__ void __launch_bounds__(AC_T)
 	}
 }
 
-/* compute capability major of device dev (0 when unknown), cached */
-static int fu_cc_major(int dev)
-{
-	static int cc[64];
-	if (dev < 0 || dev >= 64)
-		return 0;
-	if (!cc[dev]) {
-		int v = 0;
-		if (cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-			(void)cudaGetLastError();
-			return 0;
-		}
-		cc[dev] = v;
-	}
-	return cc[dev];
-}
-
 /* TANDEM_ADDNORM: unset / "cl" the cluster kernel where it applies, "v4" the 256-thread kernel,
  * "old" always the 1024-thread one (A/B and triage). Read once. */
 static int an_env_kind(void)
@@ -521,7 +504,7 @@ extern "C" int kfuse_add_rmsnorm_as(struct kcuda_ctx *c, int kind, float *h, con
 	const int base = kind & ~KFUSE_AN_EARLY;
 	if (base == KFUSE_AN_CL) {
 		if (n % 4 || !al16 || n > (int64_t)AC_NB * AC_T * AC_V * 4 || n_rows > KFUSE_AN_CL_ROWS ||
-		    fu_cc_major(c->device) < 9)
+		    kcuda_cc_major(c->device) < 9)
 			return ERR_UNSUPPORTED;
 		return an_launch_cl(c, h, x, y, w, n, n_rows, eps, (kind & KFUSE_AN_EARLY) != 0);
 	}

@@ -202,22 +202,6 @@ extern "C" bool kcuda_gemv3_enabled(void)
 	return !(e && strcmp(e, "0") == 0);
 }
 
-static int g3_cc_major(int dev)
-{
-	static int cc[64];
-	if (dev < 0 || dev >= 64)
-		return 0;
-	if (!cc[dev]) {
-		int v = 0;
-		if (cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-			(void)cudaGetLastError();
-			return 0;
-		}
-		cc[dev] = v;
-	}
-	return cc[dev];
-}
-
 /* the arguments of one launch: H matrices (w0 describes one) */
 struct g3_args {
 	const struct kweight *w;
@@ -293,7 +277,7 @@ template <int T> static int g3_plan_launch(struct kcuda_ctx *c, const struct g3_
 	const int64_t n_slab = w->n_in / g3t<T>::SE;
 	const int64_t n_sm = c->n_sm > 0 ? c->n_sm : 1;
 	const char *e = getenv("TANDEM_GEMV3_SPLIT"); /* 0: no K split (no clusters), for A/B and triage */
-	const bool cluster_ok = g3_cc_major(c->device) >= 9 && !(e && strcmp(e, "0") == 0);
+	const bool cluster_ok = kcuda_cc_major(c->device) >= 9 && !(e && strcmp(e, "0") == 0);
 	const int64_t max_split = cluster_ok ? (n_slab < G3_MAX_SPLIT ? n_slab : G3_MAX_SPLIT) : 1;
 	const int64_t tiles4 = (w->n_out + 4 * G3_NW - 1) / (4 * G3_NW) * a.H;
 	const int rt = tiles4 * max_split >= 2 * n_sm ? 4 : 1;
