@@ -519,34 +519,7 @@ static void gm_emulate(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out,
 				gm_unit<T, R, NG>(L[l], rows[l].p, u, rb4);
 				L[l] = keep;
 			}
-			const size_t n_calls = emu.rec[0].size() / 6;
-			for (int l = 0; l < 32; l++)
-				emu.prod[l].assign(4 * n_calls, 0.f);
-			for (size_t c = 0; c < n_calls; c++) {
-				float A[16][16], B[16][8];
-				for (int l = 0; l < 32; l++) {
-					const uint32_t *f = &emu.rec[l][6 * c];
-					const int g = l >> 2, t = l & 3;
-					for (int h = 0; h < 2; h++) {
-						A[g][2 * t + h] = gm_f16(f[0] >> (16 * h));
-						A[g + 8][2 * t + h] = gm_f16(f[1] >> (16 * h));
-						A[g][2 * t + 8 + h] = gm_f16(f[2] >> (16 * h));
-						A[g + 8][2 * t + 8 + h] = gm_f16(f[3] >> (16 * h));
-						B[2 * t + h][g] = gm_f16(f[4] >> (16 * h));
-						B[2 * t + 8 + h][g] = gm_f16(f[5] >> (16 * h));
-					}
-				}
-				for (int l = 0; l < 32; l++) {
-					const int g = l >> 2, t = l & 3;
-					for (int i = 0; i < 4; i++) {
-						const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
-						double d = 0;
-						for (int k = 0; k < 16; k++)
-							d += (double)A[row][k] * B[k][col];
-						emu.prod[l][4 * c + i] = (float)d;
-					}
-				}
-			}
+			gm_emu_replay(emu);
 			emu.pass = 2;
 			for (int l = 0; l < 32; l++) {
 				emu.lane = l;

@@ -432,38 +432,6 @@ static int one_bench(struct kcuda_ctx *c, const struct kweight *dg, const struct
  * gemv_mma.cuh's gm_unit on a gm_lane (the unit moe_small's one-tile kernels run) bit for bit, and
  * against kcpu_dot_row within the GEMV's tolerance. Checks the fragment layout, the shared-memory
  * slot layout, the scale decode and the fp16 range scaling, not the hardware. Returns the failures. */
-static void emu_replay(gm_emu &emu)
-{
-	const size_t n_calls = emu.rec[0].size() / 6;
-	for (int l = 0; l < 32; l++)
-		emu.prod[l].assign(4 * n_calls, 0.f);
-	for (size_t c = 0; c < n_calls; c++) {
-		float A[16][16], B[16][8];
-		for (int l = 0; l < 32; l++) {
-			const uint32_t *f = &emu.rec[l][6 * c];
-			const int g = l >> 2, t = l & 3;
-			for (int h = 0; h < 2; h++) {
-				A[g][2 * t + h] = gm_f16(f[0] >> (16 * h));
-				A[g + 8][2 * t + h] = gm_f16(f[1] >> (16 * h));
-				A[g][2 * t + 8 + h] = gm_f16(f[2] >> (16 * h));
-				A[g + 8][2 * t + 8 + h] = gm_f16(f[3] >> (16 * h));
-				B[2 * t + h][g] = gm_f16(f[4] >> (16 * h));
-				B[2 * t + 8 + h][g] = gm_f16(f[5] >> (16 * h));
-			}
-		}
-		for (int l = 0; l < 32; l++) {
-			const int g = l >> 2, t = l & 3;
-			for (int i = 0; i < 4; i++) {
-				const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
-				double d = 0;
-				for (int k = 0; k < 16; k++)
-					d += (double)A[row][k] * B[k][col];
-				emu.prod[l][4 * c + i] = (float)d;
-			}
-		}
-	}
-}
-
 template <int T> static int emu_case(int64_t n_in, float xscale, int big_unit)
 {
 	constexpr int BYTES = T == KT_Q5_K ? 176 : 144;
@@ -507,7 +475,7 @@ template <int T> static int emu_case(int64_t n_in, float xscale, int big_unit)
 			gm_unit<T, 1, 1>(L[(size_t)l], rows[l], u);
 			L[(size_t)l] = keep;
 		}
-		emu_replay(emu);
+		gm_emu_replay(emu);
 		emu.pass = 2;
 		for (int l = 0; l < 32; l++) {
 			emu.lane = l;
@@ -542,7 +510,7 @@ template <int T> static int emu_case(int64_t n_in, float xscale, int big_unit)
 					memcpy(acc[(size_t)l].data(), a4, sizeof(a4));
 			}
 			if (pass == 1)
-				emu_replay(emu);
+				gm_emu_replay(emu);
 		}
 	}
 	gm_emu_ctx = NULL;

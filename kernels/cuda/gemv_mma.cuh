@@ -109,6 +109,39 @@ GM_HD float gm_f16(uint32_t h) /* fp16 in the low 16 bits */
 	return kfp16_to_f32((uint16_t)h);
 #endif
 }
+/* the emulator's products: from the 32 lanes' recorded fragments of every call (PTX m16n8k16
+ * layout) each lane's d0..d3, in double then rounded once (host only; the benches' emu modes) */
+static inline void gm_emu_replay(gm_emu &emu)
+{
+	const size_t n_calls = emu.rec[0].size() / 6;
+	for (int l = 0; l < 32; l++)
+		emu.prod[l].assign(4 * n_calls, 0.f);
+	for (size_t c = 0; c < n_calls; c++) {
+		float A[16][16], B[16][8];
+		for (int l = 0; l < 32; l++) {
+			const uint32_t *f = &emu.rec[l][6 * c];
+			const int g = l >> 2, t = l & 3;
+			for (int h = 0; h < 2; h++) {
+				A[g][2 * t + h] = gm_f16(f[0] >> (16 * h));
+				A[g + 8][2 * t + h] = gm_f16(f[1] >> (16 * h));
+				A[g][2 * t + 8 + h] = gm_f16(f[2] >> (16 * h));
+				A[g + 8][2 * t + 8 + h] = gm_f16(f[3] >> (16 * h));
+				B[2 * t + h][g] = gm_f16(f[4] >> (16 * h));
+				B[2 * t + 8 + h][g] = gm_f16(f[5] >> (16 * h));
+			}
+		}
+		for (int l = 0; l < 32; l++) {
+			const int g = l >> 2, t = l & 3;
+			for (int i = 0; i < 4; i++) {
+				const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+				double d = 0;
+				for (int k = 0; k < 16; k++)
+					d += (double)A[row][k] * B[k][col];
+				emu.prod[l][4 * c + i] = (float)d;
+			}
+		}
+	}
+}
 GM_HD uint32_t gm_pack(float lo, float hi) /* half2 bits, round to nearest even */
 {
 #ifdef __CUDA_ARCH__
