@@ -46,10 +46,10 @@
  * (kcuda_moe_ffn_shexp) at batch 1 and 8, a CUDA graph of 16 calls with their own id sets (so the
  * ~24 MB of a call are not in L2 from the last), PDL as in the model, us per call: old =
  * moe_small's kernels (TANDEM_MOE_SMALL_V=old), new = both of moe_one.cu's batch-1 kernels
- * (TANDEM_MOE_SMALL_V=new), gu / dn = only that half new (dn: the default), early0 = the column of the early
- * ids read, TANDEM_MOE_ONE_EARLY=1; GB/s of the expert bytes (9 experts at batch 1) and their share of the
- * H200's 4.55 TB/s read rate; new vs old within 1e-4 of max|out| (the same bits expected). Batch 8 runs the
- * same kernels in every column (a check that nothing changed there). */
+ * (TANDEM_MOE_SMALL_V=new), gu / dn = only that half new (the default is old), early0 = dn with
+ * its early ids read (TANDEM_MOE_ONE_EARLY=1); GB/s of the expert bytes (9 experts at batch 1) and their
+ * share of the H200's 4.55 TB/s read rate; new vs old within 1e-4 of max|out| (the same bits expected). Batch
+ * 8 runs the same kernels in every column (a check that nothing changed there). */
 #include <algorithm>
 #include <array>
 #include <vector>
@@ -368,8 +368,10 @@ static int one_bench(struct kcuda_ctx *c, const struct kweight *dg, const struct
 				setenv("TANDEM_MOE_SMALL_V", "old", 1);
 			else if (v >= 1 && v <= 3)
 				setenv("TANDEM_MOE_SMALL_V", vname[v], 1);
-			else if (v == 4)
+			else if (v == 4) {
+				setenv("TANDEM_MOE_SMALL_V", "dn", 1);
 				setenv("TANDEM_MOE_ONE_EARLY", "1", 1);
+			}
 			int rc = 0;
 			cudaGraph_t gr = NULL;
 			cudaGraphExec_t ge = NULL;

@@ -271,9 +271,11 @@ static int idx_topk_run(struct kcuda_ctx *c, idx_args &a, const struct kcuda_att
 	 * default: one block for a 32k row measured ~80 us on the H200 at 16:15 (its histogram atomics
 	 * then all met on one bin; per-warp histograms since), the radix path ~25 us.
 	 * TANDEM_TOPK_SHORT_MAX sets the limit (0 .. KFUSE_TOPK_SHORT) to measure it again. */
+	/* topk_fast.cu takes rows up to KFUSE_TOPK_SHORT, but above 8192 keys the radix path's
+	 * several blocks per row won in the decode step (H200, 2026-11-29 23:00: GLM-5 batch 1 ctx
+	 * 32k 9.63 ms with topk_fast at 32768 keys, 9.07 with the radix path; at 4k topk_fast saves
+	 * 0.52 ms): KFUSE_TOPK_SHORT_DEFAULT stays the limit; TANDEM_TOPK_SHORT_MAX moves it. */
 	int64_t short_max = KFUSE_TOPK_SHORT_DEFAULT;
-	if (kcuda_topk_fast_takes(c, 1)) /* topk_fast.cu: any decode length (its own limits) */
-		short_max = KFUSE_TOPK_SHORT;
 	const char *sm_env = getenv("TANDEM_TOPK_SHORT_MAX");
 	if (sm_env && atoll(sm_env) >= 0)
 		short_max = atoll(sm_env) < KFUSE_TOPK_SHORT ? atoll(sm_env) : KFUSE_TOPK_SHORT;

@@ -32,13 +32,12 @@
  *    path's one-tile result reported. The route's register kernel and the shared-memory one
  *    (TANDEM_MOE_ROUTE_FAST=0) on every routing case, plus group shapes the register kernel hands
  *    back (E 192, 4 groups) and E 512 top-16.
- * 5. The batch-1 kernels (moe_one.cu: by default its down kernel at one token with Q4_K / Q5_K
- *    experts, TANDEM_MOE_SMALL_V=new both): against
- *    the CPU and against moe_small's kernels (the same bits expected), GLM-5 / DS-V3 slices and
- *    short D, every down type, repeated ids, large x, each half alone, with the switches of their
- *    early loads off; and the decode chain producer -> router -> route -> experts under PDL, the
- *    same bits as the call alone (a read before a producer finished would differ), also with the
- *    route folded into the expert launches (kcuda_moe_route_ffn1: its ids / weights the same bits as
+ * 5. The batch-1 kernels (moe_one.cu, behind TANDEM_MOE_SMALL_V=dn / gu / new: its kernels at one token with
+ * Q4_K / Q5_K experts, TANDEM_MOE_SMALL_V=new both): against the CPU and against moe_small's kernels (the
+ * same bits expected), GLM-5 / DS-V3 slices and short D, every down type, repeated ids, large x, each half
+ * alone, with the switches of their early loads off; and the decode chain producer -> router -> route ->
+ * experts under PDL, the same bits as the call alone (a read before a producer finished would differ), also
+ * with the route folded into the expert launches (kcuda_moe_route_ffn1: its ids / weights the same bits as
  *    kcuda_moe_route's on the same logits; GLM-5 and DS-V3 group routing) and its refusals.
  * Guard bytes around the outputs. Exit 77 = no GPU (skip). */
 #include <errno.h>
@@ -1252,7 +1251,7 @@ int main(void)
 	unsetenv("TANDEM_MOE_SMALL_GUW");
 	unsetenv("TANDEM_MOE_DB");
 	route_chain();
-	/* the batch-1 kernels (moe_one.cu; by default only its down kernel, TANDEM_MOE_SMALL_V=new both):
+	/* the batch-1 kernels (moe_one.cu; off by default: TANDEM_MOE_SMALL_V=dn its down kernel, =new both):
 	 * GLM-5 and DS-V3 (28 units of D: 4 per warp, uneven) rank slices, D 256 / 512 (1-2 units: warps
 	 * without work), Q5_K, every down type (Q6_K / Q8_0 take moe_small's down after the new gate /
 	 * up), no shared expert (8 pairs), ids repeated inside the token, large x; each against the CPU,
@@ -1260,7 +1259,7 @@ int main(void)
 	 * up alone (gu); the ids read before the wait (TANDEM_MOE_ONE_EARLY=1, off by default), and the
 	 * decode chain under PDL (one_chain) */
 	printf("batch-1 kernels (moe_one.cu)\n");
-	static const char *const one_v[] = {NULL, "new", "gu"};
+	static const char *const one_v[] = {"dn", "new", "gu"}; /* (the default is the old kernels) */
 	for (size_t v = 0; v < sizeof(one_v) / sizeof(one_v[0]); v++) {
 		if (one_v[v])
 			setenv("TANDEM_MOE_SMALL_V", one_v[v], 1);
@@ -1278,9 +1277,8 @@ int main(void)
 		}
 		unsetenv("TANDEM_MOE_SMALL_V");
 	}
-	for (int v = 0; v < 2; v++) { /* the default, then both new */
-		if (v)
-			setenv("TANDEM_MOE_SMALL_V", "new", 1);
+	for (int v = 0; v < 2; v++) { /* the new down kernel alone, then both new */
+		setenv("TANDEM_MOE_SMALL_V", v ? "new" : "dn", 1);
 		id_mode = 1;
 		ffn_case(&e256s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
 		ffn_case(&e256s, KT_Q5_K, KT_Q5_K, 1, 1e-4);
