@@ -14,14 +14,10 @@
 #include <string.h>
 
 #include "kernels/cuda/matmul_impl.cuh"
+#include "kernels/cuda/q8_warp_rows.cuh"
 
 #define HQ_WARPS 4
 #define HQ_RT 2 /* rows per warp */
-
-__device__ __forceinline__ float hq_s8f(uint32_t u, int k)
-{
-	return __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540u + (unsigned)k)) - 8388736.0f;
-}
 
 /* grid (ceil(n_out / (HQ_WARPS HQ_RT)), H) */
 template <int NT>
@@ -31,69 +27,12 @@ __global__ void __launch_bounds__(HQ_WARPS * 32)
                    int64_t ldy, int64_t yhs)
 {
 	KDEP_ENTRY();
-	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const int warp = threadIdx.x >> 5;
 	w += (size_t)blockIdx.y * mat_bytes;
 	x += (int64_t)blockIdx.y * xhs;
 	y += (int64_t)blockIdx.y * yhs;
 	const int row0 = (blockIdx.x * HQ_WARPS + warp) * HQ_RT;
-	const bool act = lane < n_q;
-	const int bi = lane >> 2, j = lane & 3;
-	const int mis = (bi & 1) ? 0 : 2; /* the quarter's offset 34 bi + 2 + 8 j mod 4 (rows 4-aligned) */
-
-	uint32_t q0[HQ_RT], q1[HQ_RT];
-	float d[HQ_RT];
-#pragma unroll
-	for (int r = 0; r < HQ_RT; r++) {
-		q0[r] = q1[r] = 0u;
-		d[r] = 0.0f;
-		if (act) {
-			const uint8_t *rp = w + (size_t)min(row0 + r, n_out - 1) * row_bytes;
-			const uint8_t *q = rp + 34 * bi + 2 + 8 * j;
-			const uint32_t *a = (const uint32_t *)(q - mis);
-			const uint32_t w0 = __ldg(a), w1 = __ldg(a + 1);
-			/* at 2 mod 4 the last two bytes are the half word at q + 6 */
-			const uint32_t w2 = mis ? (uint32_t)__ldg((const unsigned short *)(q + 6)) : 0u;
-			q0[r] = __funnelshift_r(w0, w1, 8u * (uint32_t)mis) ^ 0x80808080u;
-			q1[r] = __funnelshift_r(w1, w2, 8u * (uint32_t)mis) ^ 0x80808080u;
-			d[r] = __half2float(__ldg((const __half *)(rp + 34 * bi)));
-		}
-	}
-	float xv[NT][8];
-#pragma unroll
-	for (int t = 0; t < NT; t++) {
-		if (act && t < n_tok) {
-			const float4 *p = (const float4 *)(x + t * ldx + 8 * lane);
-			const float4 a = __ldg(p), b = __ldg(p + 1);
-			xv[t][0] = a.x, xv[t][1] = a.y, xv[t][2] = a.z, xv[t][3] = a.w;
-			xv[t][4] = b.x, xv[t][5] = b.y, xv[t][6] = b.z, xv[t][7] = b.w;
-		} else {
-#pragma unroll
-			for (int k = 0; k < 8; k++)
-				xv[t][k] = 0.0f;
-		}
-	}
-#pragma unroll
-	for (int r = 0; r < HQ_RT; r++) {
-		float v[8];
-#pragma unroll
-		for (int k = 0; k < 4; k++) {
-			v[k] = hq_s8f(q0[r], k);
-			v[4 + k] = hq_s8f(q1[r], k);
-		}
-#pragma unroll
-		for (int t = 0; t < NT; t++) {
-			float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-			for (int k = 0; k < 8; k += 2) {
-				s0 = fmaf(v[k], xv[t][k], s0);
-				s1 = fmaf(v[k + 1], xv[t][k + 1], s1);
-			}
-			/* inactive lanes: x is 0, the sum is 0 */
-			const float s = kc_warp_sum(d[r] * (s0 + s1));
-			if (lane == 0 && t < n_tok && row0 + r < n_out)
-				y[t * ldy + row0 + r] = s;
-		}
-	}
+	kq8_warp_rows<HQ_RT, NT>(w, row_bytes, row0, n_out, n_q, kdep_after(x), ldx, n_tok, y, ldy);
 }
 
 template <int NT>

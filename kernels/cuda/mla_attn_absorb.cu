@@ -16,14 +16,10 @@
 #include "kernels/cuda/fused.h"
 #include "kernels/cuda/matmul_impl.cuh"
 #include "kernels/cuda/mla_attn_mode.cuh"
+#include "kernels/cuda/q8_warp_rows.cuh"
 
 #define AR_WARPS 4
 #define AR_RT 2 /* rows per warp */
-
-__device__ __forceinline__ float ar_s8f(uint32_t u, int k)
-{
-	return __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540u + (unsigned)k)) - 8388736.0f;
-}
 
 /* grid (ceil(n_out / (AR_WARPS AR_RT)) + 1, H) */
 template <int NT>
@@ -32,7 +28,7 @@ __global__ void __launch_bounds__(AR_WARPS * 32)
                        int n_in, const float *x, int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy,
                        int64_t yhs, int half, kfuse_rope rp, int prefetch)
 {
-	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const int warp = threadIdx.x >> 5;
 	const bool rope_blk = blockIdx.x == gridDim.x - 1;
 	w += (size_t)blockIdx.y * mat_bytes;
 	const int row0 = (blockIdx.x * AR_WARPS + warp) * AR_RT;
@@ -59,64 +55,7 @@ __global__ void __launch_bounds__(AR_WARPS * 32)
 		}
 		return;
 	}
-	const bool act = lane < n_q;
-	const int bi = lane >> 2, j = lane & 3;
-	const int mis = (bi & 1) ? 0 : 2; /* the quarter's offset 34 bi + 2 + 8 j mod 4 (rows 4-aligned) */
-
-	uint32_t q0[AR_RT], q1[AR_RT];
-	float d[AR_RT];
-#pragma unroll
-	for (int r = 0; r < AR_RT; r++) {
-		q0[r] = q1[r] = 0u;
-		d[r] = 0.0f;
-		if (act) {
-			const uint8_t *rw = w + (size_t)min(row0 + r, n_out - 1) * row_bytes;
-			const uint8_t *q = rw + 34 * bi + 2 + 8 * j;
-			const uint32_t *a = (const uint32_t *)(q - mis);
-			const uint32_t w0 = __ldg(a), w1 = __ldg(a + 1);
-			/* at 2 mod 4 the last two bytes are the half word at q + 6 */
-			const uint32_t w2 = mis ? (uint32_t)__ldg((const unsigned short *)(q + 6)) : 0u;
-			q0[r] = __funnelshift_r(w0, w1, 8u * (uint32_t)mis) ^ 0x80808080u;
-			q1[r] = __funnelshift_r(w1, w2, 8u * (uint32_t)mis) ^ 0x80808080u;
-			d[r] = __half2float(__ldg((const __half *)(rw + 34 * bi)));
-		}
-	}
-	float xv[NT][8];
-#pragma unroll
-	for (int t = 0; t < NT; t++) {
-		if (act && t < n_tok) {
-			const float4 *p = (const float4 *)(x + t * ldx + 8 * lane);
-			const float4 a = p[0], b = p[1];
-			xv[t][0] = a.x, xv[t][1] = a.y, xv[t][2] = a.z, xv[t][3] = a.w;
-			xv[t][4] = b.x, xv[t][5] = b.y, xv[t][6] = b.z, xv[t][7] = b.w;
-		} else {
-#pragma unroll
-			for (int k = 0; k < 8; k++)
-				xv[t][k] = 0.0f;
-		}
-	}
-#pragma unroll
-	for (int r = 0; r < AR_RT; r++) {
-		float v[8];
-#pragma unroll
-		for (int k = 0; k < 4; k++) {
-			v[k] = ar_s8f(q0[r], k);
-			v[4 + k] = ar_s8f(q1[r], k);
-		}
-#pragma unroll
-		for (int t = 0; t < NT; t++) {
-			float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-			for (int k = 0; k < 8; k += 2) {
-				s0 = fmaf(v[k], xv[t][k], s0);
-				s1 = fmaf(v[k + 1], xv[t][k + 1], s1);
-			}
-			/* inactive lanes: x is 0, the sum is 0 */
-			const float s = kc_warp_sum(d[r] * (s0 + s1));
-			if (lane == 0 && t < n_tok && row0 + r < n_out)
-				y[t * ldy + row0 + r] = s;
-		}
-	}
+	kq8_warp_rows<AR_RT, NT>(w, row_bytes, row0, n_out, n_q, x, ldx, n_tok, y, ldy);
 }
 
 template <int NT>
