@@ -23,8 +23,9 @@ __device__ __forceinline__ float kq8w_s8f(uint32_t u, int k)
 }
 
 template <int RT, int NT>
-__device__ __forceinline__ void kq8_warp_rows(const uint8_t *w, size_t row_bytes, int row0, int n_out, int n_q,
-                                              const float *x, int64_t ldx, int n_tok, float *y, int64_t ldy)
+__device__ __forceinline__ void kq8_warp_rows(const uint8_t *w, size_t row_bytes, int row0, int n_out,
+                                              int n_q, const float *x, int64_t ldx, int n_tok, float *y,
+                                              int64_t ldy)
 {
 	const int lane = threadIdx.x & 31;
 	const bool act = lane < n_q;

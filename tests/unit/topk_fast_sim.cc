@@ -160,6 +160,11 @@ static void sim_run(const float *s, int64_t ld, int rows, const int32_t *n, int 
 				threadIdx.x = (unsigned)t;
 				blockIdx.x = (unsigned)b;
 				topk_fast_kernel<T, P, S>(s, ld, n, 0, k, out, k, n_out, err, sample);
+				/* an exited thread no longer takes part in barriers (as on the GPU, where a
+				 * warp that returned early does not hold up the others' __syncthreads): without
+				 * this a warp leaving before the rest hung the simulation (CI, 2026-11-29 23:34) */
+				sim_warps[t >> 5].bar->arrive_and_drop();
+				sim_block_bar->arrive_and_drop();
 			});
 		for (auto &x : th)
 			x.join();
