@@ -24,6 +24,10 @@
 /* mla_attn_dec5.cu: its launch plan for a GLM-5 rank shape, and its launch count */
 extern "C" int kmla_dec5_plan(struct kcuda_ctx *c, int64_t n_q, int64_t max_keys, int out[7]);
 extern "C" unsigned long long kmla_dec5_launches;
+/* mla_attn_dec6.cu: its launch plan for a rank shape, and its launch count */
+extern "C" int kmla_dec6_plan(struct kcuda_ctx *c, int64_t n_q, int64_t H, int64_t max_keys, int64_t ld_blocks,
+                              int bf16, int out[7]);
+extern "C" unsigned long long kmla_dec6_launches;
 
 static double now_s(void)
 {
@@ -601,7 +605,10 @@ static void bench_mla_dec(int B, int64_t H, int64_t ctxlen, int bf16, int K)
 	 * default: measured slower) where it takes the shape; 3..5 dec5 forced with 1-, 2-, 4-warp blocks
 	 * (TANDEM_MLA_DEC5_W); 6, 7: 4-warp blocks of at least 2 / 4 tiles a warp (TANDEM_MLA_DEC5_TPW: fewer
 	 * blocks, fewer clusters; at B1 top-2048 with 4 one cluster, no ticket merge) */
-	enum { NM = 10 };
+	/* 10..13: mla_dec6 (TANDEM_MLA_DEC_V=6, forced on every shape): 16-key tiles, 32-key tiles
+	 * (TANDEM_MLA_DEC6_KB=32), at least 2 tiles a block (TANDEM_MLA_DEC6_T=2), the block table
+	 * after the wait (TANDEM_MLA_DEC6_EARLY=0) */
+	enum { NM = 14 };
 	double g[NM], e[NM];
 	unsigned long long nl[NM];
 	for (int mode = 0; mode < NM; mode++) {
@@ -610,6 +617,28 @@ static void bench_mla_dec(int B, int64_t H, int64_t ctxlen, int bf16, int K)
 		unsetenv("TANDEM_MLA_DEC5_W");
 		unsetenv("TANDEM_MLA_DEC5_TPW");
 		unsetenv("TANDEM_MLA_DEC5_BULK");
+		unsetenv("TANDEM_MLA_DEC6_KB");
+		unsetenv("TANDEM_MLA_DEC6_T");
+		unsetenv("TANDEM_MLA_DEC6_EARLY");
+		if (mode >= 10) {
+			g[mode] = e[mode] = 0;
+			nl[mode] = 0;
+			setenv("TANDEM_MLA_DEC_V", "6", 1);
+			setenv("TANDEM_MLA_DEC", "65535", 1);
+			if (mode == 11)
+				setenv("TANDEM_MLA_DEC6_KB", "32", 1);
+			if (mode == 12)
+				setenv("TANDEM_MLA_DEC6_T", "2", 1);
+			if (mode == 13)
+				setenv("TANDEM_MLA_DEC6_EARLY", "0", 1);
+			const unsigned long long l0 = kcuda_n_launch, d0 = kmla_dec6_launches;
+			rc |= kcuda_mla_attn(ctx, &kv, &rows, (const float *)s.q, H, C, R, 0.07f, (float *)s.out);
+			nl[mode] = kcuda_n_launch - l0;
+			if (kmla_dec6_launches != d0) /* only where it took the shape */
+				g[mode] = mla_graph_us(&kv, &rows, (const float *)s.q, H, (float *)s.out, &e[mode],
+				                       &rc);
+			continue;
+		}
 		if (mode == 0)
 			setenv("TANDEM_MLA_DEC", "0", 1);
 		if (mode == 1)
@@ -649,6 +678,9 @@ static void bench_mla_dec(int B, int64_t H, int64_t ctxlen, int bf16, int K)
 	unsetenv("TANDEM_MLA_DEC5_W");
 	unsetenv("TANDEM_MLA_DEC5_TPW");
 	unsetenv("TANDEM_MLA_DEC5_BULK");
+	unsetenv("TANDEM_MLA_DEC6_KB");
+	unsetenv("TANDEM_MLA_DEC6_T");
+	unsetenv("TANDEM_MLA_DEC6_EARLY");
 	const double bytes = (double)B * (double)(K > 0 ? K : ctxlen) * (double)dim * elt;
 	const int d5 = nl[2] >= 100;
 	printf("mla dec B %d H %3lld ctx %6lld %-8s kv %s %6.2f MB | graph old %6.1f v4 %6.1f dec5 %6.1f us "
@@ -660,6 +692,13 @@ static void bench_mla_dec(int B, int64_t H, int64_t ctxlen, int bf16, int K)
 	       bytes * 1e-6, g[0], g[1], g[2], g[2] > 0 ? g[0] / g[2] : 0.0, bytes / g[2] * 1e-3,
 	       bytes / g[2] * 1e-3 / copy_gbs * 100, d5 ? "dec5" : "declined: old kernels", g[3], g[4], g[5],
 	       g[6], g[7], g[8], g[9], e[0], e[1], e[2], nl[0], nl[1], nl[2] % 100, rc ? " ERROR" : "");
+	const double best_old = g[1] > 0 && g[1] < g[0] ? g[1] : g[0];
+	printf("mla dec6 B %d H %3lld ctx %6lld %-8s kv %s | graph dec6 %6.1f us (x%.2f vs best of old / v4, "
+	       "%5.0f GB/s) | KB32 %6.1f T2 %6.1f table after wait %6.1f | eager dec6 %6.1f KB32 %6.1f | "
+	       "launches %llu (0.0: declined)%s\n",
+	       B, (long long)H, (long long)ctxlen, K > 0 ? "top-2048" : "dense", bf16 ? "bf16" : "f32 ", g[10],
+	       g[10] > 0 ? best_old / g[10] : 0.0, g[10] > 0 ? bytes / g[10] * 1e-3 : 0.0, g[11], g[12], g[13],
+	       e[10], e[11], nl[10], rc ? " ERROR" : "");
 	setup_fini(&s);
 }
 
@@ -684,6 +723,26 @@ static void bench_mla_dec_table(void)
 			       pl[4], pl[5], pl[6]);
 		else
 			printf("mla_dec5 plan B %d keys %5lld: declined\n", pB[i], (long long)pK[i]);
+	}
+	/* mla_dec6's plans (16-key tiles; 32 in brackets) for the table's shapes */
+	static const int qB[] = {1, 2, 4, 8, 1, 8, 1, 1, 8};
+	static const int64_t qH[] = {8, 8, 8, 8, 8, 8, 16, 16, 16};
+	static const int64_t qK[] = {2048, 2048, 2048, 2048, 4096, 4096, 4096, 32768, 32768};
+	for (int i = 0; i < 9; i++) {
+		int pl[7], p32[7];
+		setenv("TANDEM_MLA_DEC6_KB", "32", 1);
+		const int r32 = kmla_dec6_plan(ctx, qB[i], qH[i], qK[i], (qK[i] + 63) / 64 + 1, 1, p32);
+		unsetenv("TANDEM_MLA_DEC6_KB");
+		if (kmla_dec6_plan(ctx, qB[i], qH[i], qK[i], (qK[i] + 63) / 64 + 1, 1, pl) == 0)
+			printf("mla_dec6 plan B %d H %2lld keys %5lld: %d keys a block, %d splits a row-head group, "
+			       "cluster %d, %d clusters, %d blocks per SM, %d registers, %d B shared memory "
+			       "[KB32: %d keys, %d splits, %d clusters, %d blocks per SM, %d B]\n",
+			       qB[i], (long long)qH[i], (long long)qK[i], pl[0], pl[1], pl[2], pl[3], pl[4], pl[5],
+			       pl[6], r32 ? 0 : p32[0], r32 ? 0 : p32[1], r32 ? 0 : p32[3], r32 ? 0 : p32[4],
+			       r32 ? 0 : p32[6]);
+		else
+			printf("mla_dec6 plan B %d H %2lld keys %5lld: declined\n", qB[i], (long long)qH[i],
+			       (long long)qK[i]);
 	}
 	for (int bf = 1; bf >= 0; bf--) { /* residency: the 19:30 run had 256 blocks cost ~2x 128 */
 		int bps = 0, ncl = 0, regs = 0, smem = 0;

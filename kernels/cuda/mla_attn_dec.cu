@@ -25,7 +25,8 @@
  *    (one counter per (row, head group, slice) in the context's zeroed ticket array); the block
  *    that draws the last ticket merges the slices of all clusters in cluster order and resets the
  *    counter to 0 (so the next call, or a graph replay, finds it zero). The merge order is fixed:
- *    the bits do not depend on which block finishes last.
+ *    the bits do not depend on which block finishes last (mla_attn_merge.cuh, shared with
+ *    mla_attn_dec6.cu).
  * Invalid keys (bad position or block id) get score -inf and a zeroed row and are counted in the
  * context's error counter, as in the other kernels. */
 #include <cooperative_groups.h>
@@ -36,6 +37,7 @@
 
 #include <type_traits>
 
+#include "kernels/cuda/mla_attn_merge.cuh"
 #include "kernels/cuda/mla_attn_mode.cuh"
 #include "kernels/cuda/mla_attn_tile.cuh"
 
@@ -151,8 +153,7 @@ template <bool F32> __global__ void __launch_bounds__(MD_THREADS) mla_dec_kernel
 	int32_t *tbl_s = (int32_t *)(md_sm + L.tbl);
 	__shared__ int last_s;
 
-	const int cl = (int)cluster.num_blocks(), crank = (int)cluster.block_rank();
-	const int split = blockIdx.x, icl = split / cl;
+	const int split = blockIdx.x;
 	const int64_t row = blockIdx.y / a.n_hg;
 	const int h0 = (int)(blockIdx.y % a.n_hg) * MD_HG;
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -393,151 +394,9 @@ template <bool F32> __global__ void __launch_bounds__(MD_THREADS) mla_dec_kernel
 			*(float2 *)(o_s + (g + 8) * OS + cc) = make_float2(oacc[j][2], oacc[j][3]);
 		}
 	}
-	cluster.sync(); /* every block of the cluster has its o_s / ml_s */
-
-	/* ---- merge the cluster's blocks for this block's channel slice ---- */
-	const int slice = C / cl, c_lo = crank * slice, nu = MD_HG * (slice / 4);
-	const int hv = min(MD_HG, a.H - h0); /* valid heads of this group */
-	float *wm = wts_s; /* [HG][NCL_MAX + 2]: weights, then (max, sum) at [NCL_MAX], [NCL_MAX + 1] */
-	if (tid < hv) {
-		float mp[MD_CL], lp[MD_CL];
-		float M = -INFINITY;
-#pragma unroll
-		for (int p = 0; p < MD_CL; p++) {
-			mp[p] = -INFINITY;
-			lp[p] = 0.0f;
-			if (p < cl) {
-				const float *pm = cluster.map_shared_rank(ml_s, (unsigned)p);
-				mp[p] = pm[2 * tid];
-				lp[p] = pm[2 * tid + 1];
-			}
-		}
-#pragma unroll
-		for (int p = 0; p < MD_CL; p++)
-			if (lp[p] > 0.0f)
-				M = fmaxf(M, mp[p]);
-		float Ls = 0.0f;
-#pragma unroll
-		for (int p = 0; p < MD_CL; p++) {
-			const float w = lp[p] > 0.0f ? expf(mp[p] - M) : 0.0f;
-			Ls += lp[p] * w;
-			if (p < cl)
-				wm[tid * (MD_NCL_MAX + 2) + p] = w;
-		}
-		wm[tid * (MD_NCL_MAX + 2) + MD_NCL_MAX] = M;
-		wm[tid * (MD_NCL_MAX + 2) + MD_NCL_MAX + 1] = Ls;
-	}
-	__syncthreads();
-	const int64_t rh0 = row * a.H + h0;
-	for (int u = tid; u < nu; u += MD_THREADS) {
-		const int h = u / (slice / 4), c = c_lo + (u % (slice / 4)) * 4;
-		if (h >= hv)
-			continue;
-		float4 v[MD_CL];
-#pragma unroll
-		for (int p = 0; p < MD_CL; p++)
-			if (p < cl)
-				v[p] =
-				    *(const float4 *)(cluster.map_shared_rank(o_s, (unsigned)p) + h * OS + c);
-		float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-		for (int p = 0; p < MD_CL; p++) {
-			const float w = p < cl ? wm[h * (MD_NCL_MAX + 2) + p] : 0.0f;
-			if (w != 0.0f) { /* a block without keys: weight 0, value not used */
-				acc.x = fmaf(w, v[p].x, acc.x);
-				acc.y = fmaf(w, v[p].y, acc.y);
-				acc.z = fmaf(w, v[p].z, acc.z);
-				acc.w = fmaf(w, v[p].w, acc.w);
-			}
-		}
-		if (a.ncl == 1) {
-			const float Ls = wm[h * (MD_NCL_MAX + 2) + MD_NCL_MAX + 1];
-			const float inv = Ls > 0.0f ? 1.0f / Ls : 0.0f;
-			*(float4 *)(a.out + (rh0 + h) * C + c) =
-			    make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
-		} else {
-			*(float4 *)(a.pacc + ((rh0 + h) * a.ncl + icl) * C + c) = acc;
-		}
-	}
-	if (a.ncl > 1 && tid < hv) {
-		float *d = a.pml + (((rh0 + tid) * a.ncl + icl) * cl + crank) * 2;
-		d[0] = wm[tid * (MD_NCL_MAX + 2) + MD_NCL_MAX];
-		d[1] = wm[tid * (MD_NCL_MAX + 2) + MD_NCL_MAX + 1];
-	}
-	if (a.ncl > 1)
-		__threadfence(); /* the partial slice is visible before this block's ticket */
-	cluster.sync(); /* the other blocks are done reading this block's shared memory */
-	if (a.ncl == 1)
-		return;
-
-	/* ---- last of the ncl blocks of this slice: merge the clusters ---- */
-	if (tid == 0) {
-		unsigned *tk = a.tickets + (size_t)blockIdx.y * cl + crank;
-		const unsigned old = atomicAdd(tk, 1u);
-		last_s = old == (unsigned)(a.ncl - 1);
-		if (last_s)
-			*tk = 0u; /* every block of this slice has drawn: ready for the next call */
-	}
-	__syncthreads();
-	if (!last_s)
-		return;
-	__threadfence();
-	if (tid < hv) {
-		const float *pm = a.pml + ((rh0 + tid) * a.ncl * cl + crank) * 2;
-		float M = -INFINITY;
-		for (int k = 0; k < a.ncl; k++) {
-			const float2 ml = __ldcg((const float2 *)(pm + (size_t)k * cl * 2));
-			if (ml.y > 0.0f)
-				M = fmaxf(M, ml.x);
-		}
-		float Ls = 0.0f;
-		for (int k = 0; k < a.ncl; k++) {
-			const float2 ml = __ldcg((const float2 *)(pm + (size_t)k * cl * 2));
-			const float w = ml.y > 0.0f ? expf(ml.x - M) : 0.0f;
-			Ls += ml.y * w;
-			wm[tid * (MD_NCL_MAX + 2) + k] = w;
-		}
-		wm[tid * (MD_NCL_MAX + 2) + MD_NCL_MAX + 1] = Ls > 0.0f ? 1.0f / Ls : 0.0f;
-	}
-	__syncthreads();
-	for (int u = tid; u < nu; u += MD_THREADS) {
-		const int h = u / (slice / 4), c = c_lo + (u % (slice / 4)) * 4;
-		if (h >= hv)
-			continue;
-		const float4 *src = (const float4 *)(a.pacc + (rh0 + h) * a.ncl * C + c);
-		const float *w = wm + h * (MD_NCL_MAX + 2);
-		float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-		int k = 0;
-		for (; k + 8 <= a.ncl; k += 8) { /* 8 loads in flight */
-			float4 v[8];
-#pragma unroll
-			for (int e = 0; e < 8; e++)
-				v[e] = __ldcg(src + (size_t)(k + e) * (C / 4));
-#pragma unroll
-			for (int e = 0; e < 8; e++) {
-				const float we = w[k + e];
-				if (we != 0.0f) {
-					acc.x = fmaf(we, v[e].x, acc.x);
-					acc.y = fmaf(we, v[e].y, acc.y);
-					acc.z = fmaf(we, v[e].z, acc.z);
-					acc.w = fmaf(we, v[e].w, acc.w);
-				}
-			}
-		}
-		for (; k < a.ncl; k++) {
-			const float4 v = __ldcg(src + (size_t)k * (C / 4));
-			const float we = w[k];
-			if (we != 0.0f) {
-				acc.x = fmaf(we, v.x, acc.x);
-				acc.y = fmaf(we, v.y, acc.y);
-				acc.z = fmaf(we, v.z, acc.z);
-				acc.w = fmaf(we, v.w, acc.w);
-			}
-		}
-		const float inv = w[MD_NCL_MAX + 1];
-		*(float4 *)(a.out + (rh0 + h) * C + c) =
-		    make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
-	}
+	const kmla_merge_out mo = {a.out, a.pacc, a.pml, a.tickets, C, a.ncl};
+	kmla_cluster_merge<MD_HG, MD_THREADS, MD_CL, MD_NCL_MAX>(cluster, mo, ml_s, o_s, OS, wts_s, &last_s,
+	                                                        row * a.H + h0, min(MD_HG, a.H - h0));
 #else
 	__trap(); /* not launched below sm_90 (kmla_dec_launch checks the device) */
 #endif

@@ -50,6 +50,13 @@ int kmla_dec_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const s
 int kmla_dec5_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
                      const float *q, int64_t H, int64_t C, float scale, float *out);
 
+/* the short-chain fp32 decode kernel (mla_attn_dec6.cu; not yet measured, off by default):
+ * ERR_UNSUPPORTED (nothing launched) unless TANDEM_MLA_DEC_V=6, under TANDEM_MLA_DEC=0, for more
+ * rows or heads than its limits, or a shape / device it does not take (the caller then tries the
+ * next kernel) */
+int kmla_dec6_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
+                     const float *q, int64_t H, int64_t C, float scale, float *out);
+
 /* the indexer score kernels' arguments (indexer.cu fills them, both kernels read them) */
 struct idx_args {
 	const uint8_t *base;

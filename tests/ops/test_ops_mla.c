@@ -16,6 +16,11 @@
  * 2, 3, 4, 6, 8 (and 12) are among the cases, and which kernel took a call is checked; every
  * call is repeated three times and must give the same bits. After each kernel set, a PDL check:
  * the top-k list / key count and q written by the kernels right before the attention launch.
+ * Then four sets for mla_attn_dec6.cu's fp32 kernel forced on every shape (TANDEM_MLA_DEC_V=6
+ * TANDEM_MLA_DEC=65535; 16- and 32-key tiles, >= 3 tiles a block, the table read after the wait):
+ * it must take every case in one launch; extra cases for it (rows without keys, a single key, fp32
+ * pools at batch 8 and dense 32768, DeepSeek-V3.2's H 16 top-2048), and with a bad block id and a
+ * bad position its output must equal the CPU over the keys left.
  * TANDEM_OPS_SMALL=1 keeps the contexts up to ~4k (for compute-sanitizer runs); TANDEM_OPS_QUICK=1 the same
  * plus the sparse 32k cases (unless SMALL is set too), without the ref kernels and with the split kernel on
  * the GLM-5 / DeepSeek-V3 shapes only. Exit 77 = no GPU (skip). */
@@ -41,6 +46,9 @@ static struct kcuda_ctx *ctx;
 extern unsigned long long kmla_dec5_launches;
 /* the mode under test takes the GLM-5 decode shapes with that kernel (set by main) */
 static int expect_dec5;
+/* launches of the fp32 short-chain kernel (mla_attn_dec6.cu), and whether the mode selects it */
+extern unsigned long long kmla_dec6_launches;
+static int expect_dec6;
 
 struct pool {
 	int bf16;
@@ -206,9 +214,18 @@ static void run_case(const struct mcase *mc)
 	    .ld_sel = ld_sel,
 	    .max_keys = K > 0 && K < max_len ? K : max_len,
 	};
-	const unsigned long long l0 = kcuda_n_launch, d50 = kmla_dec5_launches;
+	const unsigned long long l0 = kcuda_n_launch, d50 = kmla_dec5_launches, d60 = kmla_dec6_launches;
 	int rc = kcuda_mla_attn(ctx, &kv, &rows, d_q, H, C, R, scale, ob.user);
 	OPS_CHECK(rc == 0, "%s: kcuda_mla_attn rc %d", mc->name, rc);
+	/* the fp32 short-chain kernel must take every decode and prefill shape of the cases where the
+	 * mode forces it (TANDEM_MLA_DEC=65535: any rows and heads; fp32 and bf16 pools), in one
+	 * launch; and never run where the mode excludes it */
+	if (expect_dec6)
+		OPS_CHECK(kcuda_n_launch - l0 == 1 && kmla_dec6_launches - d60 == 1,
+		          "%s: %llu launches, %llu of mla_dec6 (it declined)", mc->name, kcuda_n_launch - l0,
+		          kmla_dec6_launches - d60);
+	else
+		OPS_CHECK(kmla_dec6_launches == d60, "%s: mla_dec6 ran in a mode that excludes it", mc->name);
 	/* the small-head kernel must take the GLM-5 per-rank decode shapes (H 8, bf16 pool) at batch
 	 * 1..8, sparse and dense, in one launch, wherever the mode selects it */
 	if (expect_dec5 && !prefill && mc->bf16 && C == 512 && R == 64 && H <= 8 && n_q <= 8)
@@ -223,7 +240,8 @@ static void run_case(const struct mcase *mc)
 	 * selected keys: one launch, not two */
 	const char *dec = getenv("TANDEM_MLA_DEC");
 	const int forced = dec && strcmp(dec, "0") != 0;
-	if (!expect_dec5 && !getenv("TANDEM_CUDA_ATTN") && !(dec && strcmp(dec, "0") == 0) && !prefill &&
+	if (!expect_dec5 && !expect_dec6 && !getenv("TANDEM_CUDA_ATTN") && !(dec && strcmp(dec, "0") == 0) &&
+	    !prefill &&
 	    mc->bf16 && C == 512 && R == 64 && H <= 16 &&
 	    (forced ? n_q <= 8 : n_q == 1 && K > 0 && K <= 2048))
 		OPS_CHECK(kcuda_n_launch - l0 == 1, "%s: %llu launches (the one-launch kernel declined)",
@@ -358,6 +376,44 @@ static void run_case(const struct mcase *mc)
 		for (int64_t i = 0; i < n_q * H * C; i++)
 			nf += !isfinite(got[i]);
 		OPS_CHECK(nf == 0, "%s: bad block id gave %lld non-finite outputs", mc->name, (long long)nf);
+		/* mla_dec6: the value too. The CPU over the keys the kernel can read (row 0's keys of
+		 * the bad block get score -inf); then (sparse) a position outside the table as row 0's
+		 * last entry, likewise counted and skipped */
+		for (int pass = 0; expect_dec6 && pass < (K > 0 ? 2 : 1); pass++) {
+			const int jbad = nk[0] - 1;
+			if (pass == 1) {
+				const int32_t badpos = (int32_t)((int64_t)ld_blocks * BT + 5);
+				kcuda_upload(ctx, (char *)d_sel + sizeof(int32_t) * (size_t)jbad, &badpos,
+				             sizeof(int32_t));
+				rc = kcuda_mla_attn(ctx, &kv, &rows, d_q, H, C, R, scale, ob.user);
+				nbad = 0;
+				OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0 && kcuda_ctx_take_errors(ctx, &nbad) == 0 &&
+				              nbad > 0,
+				          "%s: bad position not reported (rc %d, %u errors)", mc->name, rc, nbad);
+				ops_dbuf_get(ctx, &ob, got);
+			}
+			for (int64_t i = 0; i < n_q; i++) {
+				const int32_t *t = tbl + (size_t)qseq[i] * ld_blocks;
+				int n = 0;
+				for (int j = 0; j < nk[i]; j++) {
+					const int32_t pos = K > 0 ? sel[i * ld_sel + j] : j;
+					if (qseq[i] == 0 && (pos / BT == bi || (pass == 1 && i == 0 && j == jbad)))
+						continue;
+					keys[n++] = pool_row(&p, t, pos);
+				}
+				for (int64_t h = 0; h < H; h++)
+					kcpu_mla_attn_head(q + (i * H + h) * dim, C, R, keys, n, p.bf16, scale, sc,
+					                   ref + (i * H + h) * C);
+			}
+			double mr = 0, me = 0;
+			for (int64_t i = 0; i < n_q * H * C; i++) {
+				mr = fabs(ref[i]) > mr ? fabs(ref[i]) : mr;
+				const double e = isfinite(got[i]) ? fabs((double)got[i] - ref[i]) : INFINITY;
+				me = e > me ? e : me;
+			}
+			OPS_CHECK(me <= 5e-5 * mr, "%s: bad %s: max err %.3g against the CPU without its keys, max |ref| %.3g",
+			          mc->name, pass ? "position" : "block id", me, mr);
+		}
 	}
 out:
 	ops_dbuf_fini(&ob);
@@ -474,6 +530,7 @@ static void check_pdl_producer(int n_q)
 	                                     .sel = d_sel,
 	                                     .ld_sel = K,
 	                                     .max_keys = K};
+	const unsigned long long d60 = kmla_dec6_launches;
 	for (int order = 0; order < 2; order++) {
 		for (int rep = 0; rep < 3; rep++) {
 			/* stale list and count: every position 0, count K (wrong keys if read early) */
@@ -518,6 +575,8 @@ static void check_pdl_producer(int n_q)
 	}
 	OPS_CHECK(bad == 0, "pdl producer B%d: %d runs read q or the top-k list before the producer finished",
 	          n_q, bad);
+	OPS_CHECK(!expect_dec6 || kmla_dec6_launches - d60 == 6, "pdl producer B%d: mla_dec6 ran %llu of 6 times",
+	          n_q, kmla_dec6_launches - d60);
 	printf("mla after PDL producers (top-k list, q), B%d, 2 orders x 3 runs: %s\n", n_q,
 	       bad ? "FAIL" : "ok");
 out:
@@ -574,6 +633,10 @@ int main(void)
 	static const int l_b4[] = {1, 2048, 2049, 4096};
 	static const int l_b3[] = {2049, 4096, 1};
 	static const int l_b6[] = {4096, 2048, 1, 4097, 4096, 2049};
+	static const int l_1[] = {1};
+	static const int l_empty[] = {4096, 0, 2049};
+	static const int l_empty_d[] = {2048, 0, 33};
+	static const int l_ds32[] = {4096, 32768};
 	const struct mcase cases[] = {
 	    {"decode f32 H16 ctx 1/31/33/64/65", 0, 16, 512, 64, 5, l_small, 0, 0, 0, 1.0f},
 	    {"decode bf16 H16 ctx 1/31/33/64/65", 1, 16, 512, 64, 5, l_small, 0, 0, 0, 1.0f},
@@ -619,6 +682,17 @@ int main(void)
 	    {"DS-V3 rank dense f32 H16 B1 ctx 4096", 0, 16, 512, 64, 1, l_4096, 0, 0, 0, 2.0f},
 	    {"DS-V3 rank dense bf16 H16 B4 ctx 1..4096", 1, 16, 512, 64, 4, l_b4, 0, 0, 0, 2.0f},
 	    {"DS-V3 TP1 dense bf16 H128 B1 ctx 2049", 1, 128, 512, 64, 1, l_2049, 0, 0, 0, 1.0f},
+	    /* more of the decode graph's shapes (mla_dec6's coverage): a single key, fp32 pools at batch 8
+	     * and dense 32768, DeepSeek-V3.2's sparse layers (H 16 top-2048); rows without keys ("empty":
+	     * dec6 modes only) */
+	    {"GLM-5 rank sparse K2048 bf16 H8 B1 ctx 1", 1, 8, 512, 64, 1, l_1, 0, 0, 2048, 2.0f},
+	    {"GLM-5 rank sparse K2048 bf16 H8 B1 ctx 2049", 1, 8, 512, 64, 1, l_2049, 0, 0, 2048, 2.0f},
+	    {"GLM-5 rank sparse K2048 f32 H8 B8 ctx 4096", 0, 8, 512, 64, 8, l_8x4k, 0, 0, 2048, 2.0f},
+	    {"GLM-5 rank dense f32 H8 B1 ctx 32768", 0, 8, 512, 64, 1, l_long, 0, 0, 0, 2.0f},
+	    {"GLM-5 rank empty sparse K2048 bf16 H8 B3 ctx 4096/0/2049", 1, 8, 512, 64, 3, l_empty, 0, 0, 2048,
+	     2.0f},
+	    {"GLM-5 rank empty dense bf16 H8 B3 ctx 2048/0/33", 1, 8, 512, 64, 3, l_empty_d, 0, 0, 0, 2.0f},
+	    {"DS-V3.2 rank sparse K2048 bf16 H16 B2 ctx 4096/32768", 1, 16, 512, 64, 2, l_ds32, 0, 0, 2048, 2.0f},
 	    /* the tiny test GLM's shape (tests/data: C 256, R 32, 2 heads, top-16) */
 	    {"tiny GLM C256 R32 H2 decode sparse K16 f32", 0, 2, 256, 32, 4, l_mix, 0, 0, 16, 2.0f},
 	    {"tiny GLM C256 R32 H2 decode bf16 ctx mix", 1, 2, 256, 32, 4, l_mix, 0, 0, 0, 2.0f},
@@ -639,7 +713,11 @@ int main(void)
 	 * first kernels (TANDEM_CUDA_ATTN=ref) */
 	/* the bulk-copy set (TANDEM_OPS_MLA_BULK=1) last: a lost mbarrier completion traps, which ends
 	 * the process's context */
-	enum { M_DEF, M_SPLIT, M_D5, M_D5W1, M_D5W4, M_V4, M_REF, M_D5B, M_N };
+	/* then mla_attn_dec6.cu's fp32 kernel wherever it takes the shape (TANDEM_MLA_DEC_V=6
+	 * TANDEM_MLA_DEC=65535): 16-key tiles, 32-key tiles (TANDEM_MLA_DEC6_KB=32), at least 3 tiles a
+	 * block (TANDEM_MLA_DEC6_T=3: the two-buffer loop), the block table read after KDEP_ENTRY
+	 * (TANDEM_MLA_DEC6_EARLY=0) */
+	enum { M_DEF, M_SPLIT, M_D5, M_D5W1, M_D5W4, M_V4, M_REF, M_D5B, M_D6, M_D6K32, M_D6T3, M_D6LATE, M_N };
 	static const char *const mode_name[M_N] = {
 	    "fast (default)",
 	    "split + combine (TANDEM_MLA_DEC=0)",
@@ -649,7 +727,12 @@ int main(void)
 	    "mla_dec v4 everywhere (TANDEM_MLA_DEC_V=4 TANDEM_MLA_DEC=65535)",
 	    "ref (TANDEM_CUDA_ATTN=ref)",
 	    "dec5 everywhere, bulk row copies (TANDEM_MLA_DEC_V=5 TANDEM_MLA_DEC=65535 "
-	    "TANDEM_MLA_DEC5_BULK=1)"};
+	    "TANDEM_MLA_DEC5_BULK=1)",
+	    "dec6 everywhere (TANDEM_MLA_DEC_V=6 TANDEM_MLA_DEC=65535)",
+	    "dec6 everywhere, 32-key tiles (TANDEM_MLA_DEC_V=6 TANDEM_MLA_DEC=65535 TANDEM_MLA_DEC6_KB=32)",
+	    "dec6 everywhere, >= 3 tiles a block (TANDEM_MLA_DEC_V=6 TANDEM_MLA_DEC=65535 TANDEM_MLA_DEC6_T=3)",
+	    "dec6 everywhere, table after the wait (TANDEM_MLA_DEC_V=6 TANDEM_MLA_DEC=65535 "
+	    "TANDEM_MLA_DEC6_EARLY=0)"};
 	for (int mode = 0; mode < M_N; mode++) {
 		if (quick && mode == M_REF)
 			continue;
@@ -660,6 +743,20 @@ int main(void)
 		unsetenv("TANDEM_MLA_DEC_V");
 		unsetenv("TANDEM_MLA_DEC5_W");
 		unsetenv("TANDEM_MLA_DEC5_BULK");
+		unsetenv("TANDEM_MLA_DEC6_KB");
+		unsetenv("TANDEM_MLA_DEC6_T");
+		unsetenv("TANDEM_MLA_DEC6_EARLY");
+		const int d6 = mode == M_D6 || mode == M_D6K32 || mode == M_D6T3 || mode == M_D6LATE;
+		if (d6) {
+			setenv("TANDEM_MLA_DEC_V", "6", 1);
+			setenv("TANDEM_MLA_DEC", "65535", 1);
+		}
+		if (mode == M_D6K32)
+			setenv("TANDEM_MLA_DEC6_KB", "32", 1);
+		if (mode == M_D6T3)
+			setenv("TANDEM_MLA_DEC6_T", "3", 1);
+		if (mode == M_D6LATE)
+			setenv("TANDEM_MLA_DEC6_EARLY", "0", 1);
 		if (mode == M_SPLIT)
 			setenv("TANDEM_MLA_DEC", "0", 1);
 		if (mode == M_D5 || mode == M_D5W1 || mode == M_D5W4 || mode == M_D5B || mode == M_V4)
@@ -677,10 +774,13 @@ int main(void)
 		if (mode == M_REF)
 			setenv("TANDEM_CUDA_ATTN", "ref", 1);
 		expect_dec5 = mode == M_D5 || mode == M_D5W1 || mode == M_D5W4 || mode == M_D5B;
+		expect_dec6 = d6;
 		printf("-- kernels: %s\n", mode_name[mode]);
 		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+			/* QUICK: the long sparse cases, and for dec6 the long GLM-5 dense ones too */
 			if (small && case_len(&cases[i]) > 4200 &&
-			    (small_only || !(quick && cases[i].K > 0))) {
+			    (small_only ||
+			     !(quick && (cases[i].K > 0 || (d6 && !strncmp(cases[i].name, "GLM-5", 5)))))) {
 				printf("skipped (TANDEM_OPS_%s): %s\n", small_only ? "SMALL" : "QUICK",
 				       cases[i].name);
 				continue;
@@ -689,10 +789,12 @@ int main(void)
 			 */
 			if (quick &&
 			    (mode == M_SPLIT || mode == M_D5W1 || mode == M_D5W4 || mode == M_D5B ||
-			     mode == M_V4) &&
+			     mode == M_V4 || mode == M_D6K32 || mode == M_D6T3 || mode == M_D6LATE) &&
 			    strncmp(cases[i].name, "GLM-5", 5) && strncmp(cases[i].name, "DS-V3", 5) &&
 			    strncmp(cases[i].name, "tiny", 4))
 				continue;
+			if (strstr(cases[i].name, " empty ") && !d6)
+				continue; /* rows without keys: the subject of mla_dec6's coverage only */
 			run_case(&cases[i]);
 		}
 		if (mode != M_REF) {
@@ -706,6 +808,9 @@ int main(void)
 	unsetenv("TANDEM_MLA_DEC_V");
 	unsetenv("TANDEM_MLA_DEC5_W");
 	unsetenv("TANDEM_MLA_DEC5_BULK");
+	unsetenv("TANDEM_MLA_DEC6_KB");
+	unsetenv("TANDEM_MLA_DEC6_T");
+	unsetenv("TANDEM_MLA_DEC6_EARLY");
 	kcuda_ctx_destroy(ctx);
 	printf("%d checks, %d failed\n", ops_n_check, ops_n_fail);
 	return ops_n_fail ? 1 : 0;
