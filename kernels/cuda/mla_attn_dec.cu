@@ -89,7 +89,7 @@ static __host__ __device__ int md_os(int C) /* stride of the merged-output rows 
 
 /* the dynamic shared memory carve (byte offsets, 16-aligned) */
 struct md_carve {
-	size_t kv, sred, phi, plo, corr, ml, wts, addr, tbl, total;
+	size_t kv, sred, phi, plo, corr, ml, addr, tbl, total;
 };
 static __host__ __device__ size_t md_take(size_t *at, size_t bytes)
 {
@@ -109,7 +109,6 @@ static __host__ __device__ md_carve md_layout(int dim, bool f32, int C, int tbl_
 	o.plo = md_take(&at, MD_HG * MD_PS * 2);
 	o.corr = md_take(&at, MD_HG * 4);
 	o.ml = md_take(&at, MD_HG * 2 * 4);
-	o.wts = md_take(&at, MD_HG * (MD_NCL_MAX + 2) * 4);
 	o.addr = md_take(&at, 2 * MD_TK * sizeof(void *));
 	o.tbl = md_take(&at, (size_t)tbl_n * 4);
 	o.total = at;
@@ -148,7 +147,6 @@ template <bool F32> __global__ void __launch_bounds__(MD_THREADS) mla_dec_kernel
 	uint16_t *phi = (uint16_t *)(md_sm + L.phi), *plo = (uint16_t *)(md_sm + L.plo); /* [HG][PS] */
 	float *corr_s = (float *)(md_sm + L.corr); /* [HG] */
 	float *ml_s = (float *)(md_sm + L.ml); /* [HG][2]: read by the cluster's other blocks */
-	float *wts_s = (float *)(md_sm + L.wts); /* [HG][NCL_MAX + 2] merge weights, 1 / sum */
 	const uint8_t **addr_s = (const uint8_t **)(md_sm + L.addr); /* [2][TK] */
 	int32_t *tbl_s = (int32_t *)(md_sm + L.tbl);
 	__shared__ int last_s;
@@ -395,8 +393,8 @@ template <bool F32> __global__ void __launch_bounds__(MD_THREADS) mla_dec_kernel
 		}
 	}
 	const kmla_merge_out mo = {a.out, a.pacc, a.pml, a.tickets, C, a.ncl};
-	kmla_cluster_merge<MD_HG, MD_THREADS, MD_CL, MD_NCL_MAX>(cluster, mo, ml_s, o_s, OS, wts_s, &last_s,
-	                                                        row * a.H + h0, min(MD_HG, a.H - h0));
+	kmla_cluster_merge<MD_HG, MD_THREADS, MD_CL>(cluster, mo, ml_s, o_s, OS, &last_s, row * a.H + h0,
+	                                            min(MD_HG, a.H - h0));
 #else
 	__trap(); /* not launched below sm_90 (kmla_dec_launch checks the device) */
 #endif

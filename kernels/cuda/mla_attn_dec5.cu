@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cuda/mla_attn_merge.cuh"
 #include "kernels/cuda/mla_attn_mode.cuh"
 #include "kernels/cuda/mla_attn_tile.cuh"
 
@@ -110,37 +111,6 @@ static __host__ __device__ m5_carve m5_layout(int dim, int nw, int tpw)
 	o.mbar = m5_take(&at, (size_t)nw * M5_ST * 8); /* bulk copies: one mbarrier a (warp, stage) */
 	o.total = at;
 	return o;
-}
-
-/* (M, Ls, acc) += a batch of M5_MB partials (max, sum) / values, running max (a partial without
- * keys, sum 0, is skipped: its value is not used) */
-__device__ __forceinline__ void m5_merge(float *M, float *Ls, float4 *acc, const float2 *ml, const float4 *v)
-{
-	float mb = -INFINITY;
-#pragma unroll
-	for (int e = 0; e < M5_MB; e++)
-		if (ml[e].y > 0.0f)
-			mb = fmaxf(mb, ml[e].x);
-	if (mb == -INFINITY)
-		return;
-	const float mn = fmaxf(*M, mb);
-	const float f = *M == -INFINITY ? 0.0f : expf(*M - mn);
-	float4 r = make_float4(acc->x * f, acc->y * f, acc->z * f, acc->w * f);
-	float l = *Ls * f;
-#pragma unroll
-	for (int e = 0; e < M5_MB; e++) {
-		if (ml[e].y > 0.0f) {
-			const float w = expf(ml[e].x - mn);
-			l = fmaf(w, ml[e].y, l);
-			r.x = fmaf(w, v[e].x, r.x);
-			r.y = fmaf(w, v[e].y, r.y);
-			r.z = fmaf(w, v[e].z, r.z);
-			r.w = fmaf(w, v[e].w, r.w);
-		}
-	}
-	*acc = r;
-	*Ls = l;
-	*M = mn;
 }
 
 __global__ void __launch_bounds__(32 * M5_WMAX) mla_dec5_kernel(m5_args a)
@@ -486,7 +456,7 @@ __global__ void __launch_bounds__(32 * M5_WMAX) mla_dec5_kernel(m5_args a)
 					                         h * OS + c);
 				}
 			}
-			m5_merge(&M, &Ls, &acc, ml, v);
+			kmla_merge_batch<M5_MB>(&M, &Ls, &acc, ml, v);
 		}
 		if (a.ncl == 1) {
 			const float inv = Ls > 0.0f ? 1.0f / Ls : 0.0f;
@@ -543,7 +513,7 @@ __global__ void __launch_bounds__(32 * M5_WMAX) mla_dec5_kernel(m5_args a)
 					v[e] = __ldcg(src + (size_t)(k0 + e) * (C / 4));
 				}
 			}
-			m5_merge(&M, &Ls, &acc, ml, v);
+			kmla_merge_batch<M5_MB>(&M, &Ls, &acc, ml, v);
 		}
 		const float inv = Ls > 0.0f ? 1.0f / Ls : 0.0f;
 		*(float4 *)(a.out + (rh0 + h) * C + c) =

@@ -79,7 +79,7 @@ struct d6_args {
 
 /* the dynamic shared memory carve (byte offsets, 16-aligned) */
 struct d6_carve {
-	size_t q, kv, red, p, ml, corr, valid, last, addr, wts, tbl, total;
+	size_t q, kv, red, p, ml, corr, valid, last, addr, tbl, total;
 };
 static __host__ __device__ size_t d6_take(size_t *at, size_t bytes)
 {
@@ -109,7 +109,6 @@ static __host__ __device__ d6_carve d6_layout(int row_bytes, int dim, int KB, in
 	o.valid = d6_take(&at, 2 * (size_t)KB * 4);
 	o.last = d6_take(&at, 4);
 	o.addr = d6_take(&at, (size_t)chunk * sizeof(void *));
-	o.wts = d6_take(&at, D6_HG * (D6_NCL_MAX + 2) * 4);
 	o.tbl = d6_take(&at, (size_t)tbl_n * 4);
 	o.total = at;
 	return o;
@@ -177,7 +176,6 @@ template <int KB, bool F32> __global__ void __launch_bounds__(D6_THREADS, 3) mla
 	int *valid_s = (int *)(d6_sm + L.valid); /* [2][KB] */
 	int *last_s = (int *)(d6_sm + L.last); /* the merge's last-ticket flag */
 	const uint8_t **addr_s = (const uint8_t **)(d6_sm + L.addr); /* [chunk] (entries >= KB) */
-	float *wts_s = (float *)(d6_sm + L.wts);
 	int32_t *tbl_s = (int32_t *)(d6_sm + L.tbl);
 
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -408,8 +406,8 @@ template <int KB, bool F32> __global__ void __launch_bounds__(D6_THREADS, 3) mla
 #pragma unroll
 		for (int h = 0; h < D6_HG; h++)
 			*(float2 *)(o_s + h * OS + c2) = make_float2(acc[h][0], acc[h][1]);
-	kmla_cluster_merge<D6_HG, D6_THREADS, D6_CL, D6_NCL_MAX>(cluster, a.mo, ml_s, o_s, OS, wts_s, last_s,
-	                                                        row * a.H + h0, min(D6_HG, a.H - h0));
+	kmla_cluster_merge<D6_HG, D6_THREADS, D6_CL>(cluster, a.mo, ml_s, o_s, OS, last_s, row * a.H + h0,
+	                                            min(D6_HG, a.H - h0));
 #else
 	__trap(); /* not launched below sm_90 (kmla_dec6_launch checks the device) */
 #endif

@@ -43,66 +43,84 @@ __device__ __forceinline__ void kmla_cluster_wait(void)
 }
 #endif
 
+/* (M, Ls, acc) += a batch of MB partials (max, sum) / values with a running max, in order (a
+ * partial without keys, sum 0, is skipped: its value is not read). Also mla_attn_dec5.cu's. */
+template <int MB>
+__device__ __forceinline__ void kmla_merge_batch(float *M, float *Ls, float4 *acc, const float2 *ml, const float4 *v)
+{
+	float mb = -INFINITY;
+#pragma unroll
+	for (int e = 0; e < MB; e++)
+		if (ml[e].y > 0.0f)
+			mb = fmaxf(mb, ml[e].x);
+	if (mb == -INFINITY)
+		return;
+	const float mn = fmaxf(*M, mb);
+	const float f = *M == -INFINITY ? 0.0f : expf(*M - mn);
+	float4 r = make_float4(acc->x * f, acc->y * f, acc->z * f, acc->w * f);
+	float l = *Ls * f;
+#pragma unroll
+	for (int e = 0; e < MB; e++) {
+		if (ml[e].y > 0.0f) {
+			const float w = expf(ml[e].x - mn);
+			l = fmaf(w, ml[e].y, l);
+			r.x = fmaf(w, v[e].x, r.x);
+			r.y = fmaf(w, v[e].y, r.y);
+			r.z = fmaf(w, v[e].z, r.z);
+			r.w = fmaf(w, v[e].w, r.w);
+		}
+	}
+	*acc = r;
+	*Ls = l;
+	*M = mn;
+}
+
 /* Called by every thread of every block of the cluster (no thread may have returned), after the
  * block's (max, sum) of head h are in ml_s[2 h], ml_s[2 h + 1] and its unnormalised accumulator
  * of channel c in o_s[h * OS + c] (h < HG, c < C; a block without keys has sum 0 and its o_s is
- * not read). wm: HG * (NCL_MAX + 2) floats of scratch; last_s: one shared int. rh0 = row * H +
- * first head of the group, hv = the group's valid heads. The grid is (ncl * cl splits, row x head
- * group); C % cl == 0 and (C / cl) % 4 == 0 (the launchers check). NT = threads a block. */
-template <int HG, int NT, int CL, int NCL_MAX>
+ * not read). last_s: one shared int. rh0 = row * H + first head of the group, hv = the group's
+ * valid heads. The grid is (ncl * cl splits, row x head group); C % cl == 0 and (C / cl) % 4 == 0
+ * (the launchers check), OS % 4 == 0. NT = threads a block.
+ * Each thread takes 4 channels of one head of the block's slice and loads everything its sum needs
+ * at once (the cluster's (max, sum) pairs and values; in the last block, MB clusters' partials at a
+ * time): no block barrier between the weights and the sums. */
+template <int HG, int NT, int CL>
 __device__ __forceinline__ void kmla_cluster_merge(cooperative_groups::cluster_group &cluster,
-                                                   const kmla_merge_out &a, float *ml_s, float *o_s,
-                                                   int OS, float *wm, int *last_s, int64_t rh0, int hv)
+                                                   const kmla_merge_out &a, float *ml_s, float *o_s, int OS,
+                                                   int *last_s, int64_t rh0, int hv)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	constexpr int MB = 8; /* clusters' partials a thread loads at once in the last block */
 	cluster.sync(); /* every block of the cluster has its o_s / ml_s */
 	const int cl = (int)cluster.num_blocks(), crank = (int)cluster.block_rank();
 	const int icl = (int)blockIdx.x / cl, tid = (int)threadIdx.x, C = a.C;
 	const int slice = C / cl, c_lo = crank * slice, nu = HG * (slice / 4);
-	/* wm: [HG][NCL_MAX + 2]: weights, then (max, sum) at [NCL_MAX], [NCL_MAX + 1] */
-	if (tid < hv) {
-		float mp[CL], lp[CL];
-		float M = -INFINITY;
-#pragma unroll
-		for (int p = 0; p < CL; p++) {
-			mp[p] = -INFINITY;
-			lp[p] = 0.0f;
-			if (p < cl) {
-				const float *pm = cluster.map_shared_rank(ml_s, (unsigned)p);
-				mp[p] = pm[2 * tid];
-				lp[p] = pm[2 * tid + 1];
-			}
-		}
-#pragma unroll
-		for (int p = 0; p < CL; p++)
-			if (lp[p] > 0.0f)
-				M = fmaxf(M, mp[p]);
-		float Ls = 0.0f;
-#pragma unroll
-		for (int p = 0; p < CL; p++) {
-			const float w = lp[p] > 0.0f ? expf(mp[p] - M) : 0.0f;
-			Ls += lp[p] * w;
-			if (p < cl)
-				wm[tid * (NCL_MAX + 2) + p] = w;
-		}
-		wm[tid * (NCL_MAX + 2) + NCL_MAX] = M;
-		wm[tid * (NCL_MAX + 2) + NCL_MAX + 1] = Ls;
-	}
-	__syncthreads();
 	for (int u = tid; u < nu; u += NT) {
 		const int h = u / (slice / 4), c = c_lo + (u % (slice / 4)) * 4;
 		if (h >= hv)
 			continue;
+		float2 ml[CL];
 		float4 v[CL];
 #pragma unroll
-		for (int p = 0; p < CL; p++)
-			if (p < cl)
+		for (int p = 0; p < CL; p++) {
+			ml[p] = make_float2(-INFINITY, 0.0f);
+			if (p < cl) {
+				ml[p] = *(const float2 *)(cluster.map_shared_rank(ml_s, (unsigned)p) + 2 * h);
 				v[p] = *(const float4 *)(cluster.map_shared_rank(o_s, (unsigned)p) + h * OS + c);
+			}
+		}
+		float M = -INFINITY;
+#pragma unroll
+		for (int p = 0; p < CL; p++)
+			if (ml[p].y > 0.0f)
+				M = fmaxf(M, ml[p].x);
+		float Ls = 0.0f;
 		float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
 		for (int p = 0; p < CL; p++) {
-			const float w = p < cl ? wm[h * (NCL_MAX + 2) + p] : 0.0f;
-			if (w != 0.0f) { /* a block without keys: weight 0, value not used */
+			if (ml[p].y > 0.0f) { /* a block without keys: weight 0, value not read */
+				const float w = expf(ml[p].x - M);
+				Ls += ml[p].y * w;
 				acc.x = fmaf(w, v[p].x, acc.x);
 				acc.y = fmaf(w, v[p].y, acc.y);
 				acc.z = fmaf(w, v[p].z, acc.z);
@@ -110,21 +128,20 @@ __device__ __forceinline__ void kmla_cluster_merge(cooperative_groups::cluster_g
 			}
 		}
 		if (a.ncl == 1) {
-			const float Ls = wm[h * (NCL_MAX + 2) + NCL_MAX + 1];
 			const float inv = Ls > 0.0f ? 1.0f / Ls : 0.0f;
 			*(float4 *)(a.out + (rh0 + h) * C + c) =
 			    make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
 		} else {
 			*(float4 *)(a.pacc + ((rh0 + h) * a.ncl + icl) * C + c) = acc;
+			if (c == c_lo) {
+				float *d = a.pml + (((rh0 + h) * a.ncl + icl) * cl + crank) * 2;
+				d[0] = M;
+				d[1] = Ls;
+			}
 		}
 	}
-	if (a.ncl > 1 && tid < hv) {
-		float *d = a.pml + (((rh0 + tid) * a.ncl + icl) * cl + crank) * 2;
-		d[0] = wm[tid * (NCL_MAX + 2) + NCL_MAX];
-		d[1] = wm[tid * (NCL_MAX + 2) + NCL_MAX + 1];
-	}
 	if (a.ncl > 1) {
-		__threadfence(); /* the partial slice is visible before this block's ticket */
+		__threadfence(); /* this thread's partial slice is visible before the block's ticket */
 		__syncthreads();
 	}
 	/* the ticket is drawn between arriving at the cluster barrier (the other blocks may still be
@@ -147,59 +164,29 @@ __device__ __forceinline__ void kmla_cluster_merge(cooperative_groups::cluster_g
 
 	/* ---- last of the ncl blocks of this slice: merge the clusters in cluster order ---- */
 	__threadfence();
-	if (tid < hv) {
-		const float *pm = a.pml + ((rh0 + tid) * a.ncl * cl + crank) * 2;
-		float M = -INFINITY;
-		for (int k = 0; k < a.ncl; k++) {
-			const float2 ml = __ldcg((const float2 *)(pm + (size_t)k * cl * 2));
-			if (ml.y > 0.0f)
-				M = fmaxf(M, ml.x);
-		}
-		float Ls = 0.0f;
-		for (int k = 0; k < a.ncl; k++) {
-			const float2 ml = __ldcg((const float2 *)(pm + (size_t)k * cl * 2));
-			const float w = ml.y > 0.0f ? expf(ml.x - M) : 0.0f;
-			Ls += ml.y * w;
-			wm[tid * (NCL_MAX + 2) + k] = w;
-		}
-		wm[tid * (NCL_MAX + 2) + NCL_MAX + 1] = Ls > 0.0f ? 1.0f / Ls : 0.0f;
-	}
-	__syncthreads();
 	for (int u = tid; u < nu; u += NT) {
 		const int h = u / (slice / 4), c = c_lo + (u % (slice / 4)) * 4;
 		if (h >= hv)
 			continue;
+		const float *pm = a.pml + ((rh0 + h) * a.ncl * cl + crank) * 2;
 		const float4 *src = (const float4 *)(a.pacc + (rh0 + h) * a.ncl * C + c);
-		const float *w = wm + h * (NCL_MAX + 2);
+		float M = -INFINITY, Ls = 0.0f;
 		float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-		int k = 0;
-		for (; k + 8 <= a.ncl; k += 8) { /* 8 loads in flight */
-			float4 v[8];
+		for (int k0 = 0; k0 < a.ncl; k0 += MB) {
+			float2 ml[MB];
+			float4 v[MB];
 #pragma unroll
-			for (int e = 0; e < 8; e++)
-				v[e] = __ldcg(src + (size_t)(k + e) * (C / 4));
-#pragma unroll
-			for (int e = 0; e < 8; e++) {
-				const float we = w[k + e];
-				if (we != 0.0f) {
-					acc.x = fmaf(we, v[e].x, acc.x);
-					acc.y = fmaf(we, v[e].y, acc.y);
-					acc.z = fmaf(we, v[e].z, acc.z);
-					acc.w = fmaf(we, v[e].w, acc.w);
+			for (int e = 0; e < MB; e++) {
+				ml[e] = make_float2(-INFINITY, 0.0f);
+				v[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+				if (k0 + e < a.ncl) {
+					ml[e] = __ldcg((const float2 *)(pm + (size_t)(k0 + e) * cl * 2));
+					v[e] = __ldcg(src + (size_t)(k0 + e) * (C / 4));
 				}
 			}
+			kmla_merge_batch<MB>(&M, &Ls, &acc, ml, v);
 		}
-		for (; k < a.ncl; k++) {
-			const float4 v = __ldcg(src + (size_t)k * (C / 4));
-			const float we = w[k];
-			if (we != 0.0f) {
-				acc.x = fmaf(we, v.x, acc.x);
-				acc.y = fmaf(we, v.y, acc.y);
-				acc.z = fmaf(we, v.z, acc.z);
-				acc.w = fmaf(we, v.w, acc.w);
-			}
-		}
-		const float inv = w[NCL_MAX + 1];
+		const float inv = Ls > 0.0f ? 1.0f / Ls : 0.0f;
 		*(float4 *)(a.out + (rh0 + h) * C + c) =
 		    make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
 	}
