@@ -59,11 +59,17 @@ namespace cg = cooperative_groups;
 #define D6_ROWS_DEFAULT 8 /* query rows taken without TANDEM_MLA_DEC=N */
 #define D6_HMAX_DEFAULT 16 /* heads taken without TANDEM_MLA_DEC=N (GLM-5 8, DeepSeek-V3 16 a rank) */
 
+/* the dynamic shared memory carve (byte offsets, 16-aligned) */
+struct d6_carve {
+	size_t q, kv, red, p, ml, corr, valid, last, addr, tbl, total;
+};
+
 struct d6_args {
 	const uint8_t *base;
 	int64_t n_blocks;
 	size_t block_bytes, offset;
-	int bt, dim, row_bytes; /* row_bytes: dim x 2 (bf16) or x 4 (fp32), a multiple of 16 */
+	int bt, bt_shift, dim, row_bytes; /* bt_shift: log2(bt) when a power of two, else -1;
+	                                   * row_bytes: dim x 2 (bf16) or x 4 (fp32), a multiple of 16 */
 	const int32_t *qseq, *blocks, *n_keys, *sel;
 	int64_t ld_blocks, pos0, ld_sel, max_keys;
 	int tbl_n; /* table entries in shared memory (0: looked up in global memory) */
@@ -75,11 +81,7 @@ struct d6_args {
 	int stages; /* KV tile buffers: 1 (chunk == KB) or 2 */
 	kmla_merge_out mo;
 	unsigned *err;
-};
-
-/* the dynamic shared memory carve (byte offsets, 16-aligned) */
-struct d6_carve {
-	size_t q, kv, red, p, ml, corr, valid, last, addr, tbl, total;
+	d6_carve L; /* d6_layout of this launch (precomputed: no carve arithmetic in the kernel) */
 };
 static __host__ __device__ size_t d6_take(size_t *at, size_t bytes)
 {
@@ -127,7 +129,7 @@ __device__ __forceinline__ const uint8_t *d6_row(const d6_args &a, const int32_t
 {
 	if (p < 0 || (int64_t)p >= a.ld_blocks * a.bt)
 		return NULL;
-	const int bi = p / a.bt;
+	const int bi = a.bt_shift >= 0 ? p >> a.bt_shift : p / a.bt;
 	const int64_t blk = bi < a.tbl_n ? (int64_t)tbl_s[bi] : (int64_t)a.blocks[(int64_t)tbl * a.ld_blocks + bi];
 	if (blk < 0 || blk >= a.n_blocks)
 		return NULL;
@@ -166,7 +168,7 @@ template <int KB, bool F32> __global__ void __launch_bounds__(D6_THREADS, 3) mla
 	cg::cluster_group cluster = cg::this_cluster();
 	extern __shared__ __align__(16) uint8_t d6_sm[];
 	const int dim = a.dim, C = a.C, RSB = a.row_bytes + 16, NP = a.row_bytes / 16;
-	const d6_carve L = d6_layout(a.row_bytes, dim, KB, a.stages, a.chunk, a.tbl_n, C);
+	const d6_carve &L = a.L;
 	float *q_s = (float *)(d6_sm + L.q); /* [HG][dim] */
 	uint8_t *kv_s = d6_sm + L.kv; /* [stages][KB] rows of RSB bytes */
 	float *red_s = (float *)(d6_sm + L.red); /* [WARPS][HG][KB] partial scores */
@@ -211,13 +213,13 @@ template <int KB, bool F32> __global__ void __launch_bounds__(D6_THREADS, 3) mla
 		const int e = KB + tid + D6_THREADS * i;
 		pos_s[i] = e < a.chunk ? d6_pos(a, row, k0 + e) : -1;
 	}
-	{
-		const int d4 = dim / 4;
-		for (int i = tid; i < D6_HG * d4; i += D6_THREADS) {
-			const int h = i / d4, c = i - h * d4;
+#pragma unroll
+	for (int h = 0; h < D6_HG; h++) {
+		const float *qh = a.q + (row * a.H + h0 + h) * (int64_t)dim;
+		for (int c = tid; c < dim / 4; c += D6_THREADS) {
 			float *dst = q_s + h * dim + 4 * c;
 			if (h0 + h < a.H)
-				katt_cp16(dst, a.q + (row * a.H + h0 + h) * (int64_t)dim + 4 * c);
+				katt_cp16(dst, qh + 4 * c);
 			else
 				*(float4 *)dst = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 		}
@@ -612,6 +614,10 @@ int kmla_dec6_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
 	a.block_bytes = kv->block_bytes;
 	a.offset = kv->offset;
 	a.bt = kv->block_tokens;
+	a.bt_shift = -1;
+	for (int sh = 0; sh < 31; sh++)
+		if (kv->block_tokens == 1 << sh)
+			a.bt_shift = sh;
 	a.dim = (int)kv->dim;
 	a.row_bytes = (int)kv->dim * (kv->bf16 ? 2 : 4);
 	a.qseq = rows->qseq;
@@ -639,6 +645,7 @@ int kmla_dec6_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
 	a.mo.C = (int)C;
 	a.mo.ncl = pl.ncl;
 	a.err = c->err_dev;
+	a.L = d6_layout(a.row_bytes, a.dim, pl.KB, pl.stages, pl.chunk, pl.tbl_n, a.C);
 
 	const d6_kernel_t fn = d6_kernel(pl.KB, pl.f32);
 	KCUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem));

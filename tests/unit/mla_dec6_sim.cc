@@ -420,6 +420,7 @@ static void run(const scase &sc, uint64_t seed)
 	a.block_bytes = block_bytes;
 	a.offset = offset;
 	a.bt = BT;
+	a.bt_shift = sc.KB == 32 ? -1 : 4; /* the 32-key cases take the division path */
 	a.dim = dim;
 	a.row_bytes = (int)row_bytes;
 	a.qseq = sc.prefill ? NULL : qseq.data();
@@ -446,6 +447,7 @@ static void run(const scase &sc, uint64_t seed)
 	a.mo.C = C;
 	a.mo.ncl = sc.ncl;
 	a.err = &err;
+	a.L = L;
 	CHECK((int64_t)nsplit * sc.chunk >= max_keys, "%s: plan covers %d of %lld keys", sc.name, nsplit * sc.chunk,
 	      (long long)max_keys);
 	const sim_kernel fn = sc.bf16 ? (sc.KB == 32 ? mla_dec6_kernel<32, false> : mla_dec6_kernel<16, false>)
