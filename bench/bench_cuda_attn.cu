@@ -25,8 +25,8 @@
 extern "C" int kmla_dec5_plan(struct kcuda_ctx *c, int64_t n_q, int64_t max_keys, int out[7]);
 extern "C" unsigned long long kmla_dec5_launches;
 /* mla_attn_dec6.cu: its launch plan for a rank shape, and its launch count */
-extern "C" int kmla_dec6_plan(struct kcuda_ctx *c, int64_t n_q, int64_t H, int64_t max_keys, int64_t ld_blocks,
-                              int bf16, int out[7]);
+extern "C" int kmla_dec6_plan(struct kcuda_ctx *c, int64_t n_q, int64_t H, int64_t max_keys,
+                              int64_t ld_blocks, int bf16, int out[7]);
 extern "C" unsigned long long kmla_dec6_launches;
 
 static double now_s(void)
@@ -632,11 +632,12 @@ static void bench_mla_dec(int B, int64_t H, int64_t ctxlen, int bf16, int K)
 			if (mode == 13)
 				setenv("TANDEM_MLA_DEC6_EARLY", "0", 1);
 			const unsigned long long l0 = kcuda_n_launch, d0 = kmla_dec6_launches;
-			rc |= kcuda_mla_attn(ctx, &kv, &rows, (const float *)s.q, H, C, R, 0.07f, (float *)s.out);
+			rc |= kcuda_mla_attn(ctx, &kv, &rows, (const float *)s.q, H, C, R, 0.07f,
+			                     (float *)s.out);
 			nl[mode] = kcuda_n_launch - l0;
 			if (kmla_dec6_launches != d0) /* only where it took the shape */
-				g[mode] = mla_graph_us(&kv, &rows, (const float *)s.q, H, (float *)s.out, &e[mode],
-				                       &rc);
+				g[mode] = mla_graph_us(&kv, &rows, (const float *)s.q, H, (float *)s.out,
+				                       &e[mode], &rc);
 			continue;
 		}
 		if (mode == 0)
@@ -696,9 +697,9 @@ static void bench_mla_dec(int B, int64_t H, int64_t ctxlen, int bf16, int K)
 	printf("mla dec6 B %d H %3lld ctx %6lld %-8s kv %s | graph dec6 %6.1f us (x%.2f vs best of old / v4, "
 	       "%5.0f GB/s) | KB32 %6.1f T2 %6.1f table after wait %6.1f | eager dec6 %6.1f KB32 %6.1f | "
 	       "launches %llu (0.0: declined)%s\n",
-	       B, (long long)H, (long long)ctxlen, K > 0 ? "top-2048" : "dense", bf16 ? "bf16" : "f32 ", g[10],
-	       g[10] > 0 ? best_old / g[10] : 0.0, g[10] > 0 ? bytes / g[10] * 1e-3 : 0.0, g[11], g[12], g[13],
-	       e[10], e[11], nl[10], rc ? " ERROR" : "");
+	       B, (long long)H, (long long)ctxlen, K > 0 ? "top-2048" : "dense", bf16 ? "bf16" : "f32 ",
+	       g[10], g[10] > 0 ? best_old / g[10] : 0.0, g[10] > 0 ? bytes / g[10] * 1e-3 : 0.0, g[11],
+	       g[12], g[13], e[10], e[11], nl[10], rc ? " ERROR" : "");
 	setup_fini(&s);
 }
 
@@ -734,12 +735,13 @@ static void bench_mla_dec_table(void)
 		const int r32 = kmla_dec6_plan(ctx, qB[i], qH[i], qK[i], (qK[i] + 63) / 64 + 1, 1, p32);
 		unsetenv("TANDEM_MLA_DEC6_KB");
 		if (kmla_dec6_plan(ctx, qB[i], qH[i], qK[i], (qK[i] + 63) / 64 + 1, 1, pl) == 0)
-			printf("mla_dec6 plan B %d H %2lld keys %5lld: %d keys a block, %d splits a row-head group, "
+			printf("mla_dec6 plan B %d H %2lld keys %5lld: %d keys a block, %d splits a row-head "
+			       "group, "
 			       "cluster %d, %d clusters, %d blocks per SM, %d registers, %d B shared memory "
 			       "[KB32: %d keys, %d splits, %d clusters, %d blocks per SM, %d B]\n",
-			       qB[i], (long long)qH[i], (long long)qK[i], pl[0], pl[1], pl[2], pl[3], pl[4], pl[5],
-			       pl[6], r32 ? 0 : p32[0], r32 ? 0 : p32[1], r32 ? 0 : p32[3], r32 ? 0 : p32[4],
-			       r32 ? 0 : p32[6]);
+			       qB[i], (long long)qH[i], (long long)qK[i], pl[0], pl[1], pl[2], pl[3], pl[4],
+			       pl[5], pl[6], r32 ? 0 : p32[0], r32 ? 0 : p32[1], r32 ? 0 : p32[3],
+			       r32 ? 0 : p32[4], r32 ? 0 : p32[6]);
 		else
 			printf("mla_dec6 plan B %d H %2lld keys %5lld: declined\n", qB[i], (long long)qH[i],
 			       (long long)qK[i]);

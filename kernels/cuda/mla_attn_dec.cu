@@ -394,7 +394,7 @@ template <bool F32> __global__ void __launch_bounds__(MD_THREADS) mla_dec_kernel
 	}
 	const kmla_merge_out mo = {a.out, a.pacc, a.pml, a.tickets, C, a.ncl};
 	kmla_cluster_merge<MD_HG, MD_THREADS, MD_CL>(cluster, mo, ml_s, o_s, OS, &last_s, row * a.H + h0,
-	                                            min(MD_HG, a.H - h0));
+	                                             min(MD_HG, a.H - h0));
 #else
 	__trap(); /* not launched below sm_90 (kmla_dec_launch checks the device) */
 #endif

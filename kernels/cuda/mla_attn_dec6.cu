@@ -93,8 +93,8 @@ static __host__ __device__ int d6_os(int C) /* stride of the merge's output rows
 {
 	return C + 4;
 }
-static __host__ __device__ d6_carve d6_layout(int row_bytes, int dim, int KB, int stages, int chunk, int tbl_n,
-                                              int C)
+static __host__ __device__ d6_carve d6_layout(int row_bytes, int dim, int KB, int stages, int chunk,
+                                              int tbl_n, int C)
 {
 	d6_carve o;
 	size_t at = 0;
@@ -125,15 +125,18 @@ __device__ __forceinline__ int32_t d6_pos(const d6_args &a, int64_t row, int j)
 }
 
 /* the pool row of position p in table tbl (its first tbl_n entries in tbl_s), or NULL */
-__device__ __forceinline__ const uint8_t *d6_row(const d6_args &a, const int32_t *tbl_s, int32_t tbl, int32_t p)
+__device__ __forceinline__ const uint8_t *d6_row(const d6_args &a, const int32_t *tbl_s, int32_t tbl,
+                                                 int32_t p)
 {
 	if (p < 0 || (int64_t)p >= a.ld_blocks * a.bt)
 		return NULL;
 	const int bi = a.bt_shift >= 0 ? p >> a.bt_shift : p / a.bt;
-	const int64_t blk = bi < a.tbl_n ? (int64_t)tbl_s[bi] : (int64_t)a.blocks[(int64_t)tbl * a.ld_blocks + bi];
+	const int64_t blk =
+	    bi < a.tbl_n ? (int64_t)tbl_s[bi] : (int64_t)a.blocks[(int64_t)tbl * a.ld_blocks + bi];
 	if (blk < 0 || blk >= a.n_blocks)
 		return NULL;
-	return a.base + (size_t)blk * a.block_bytes + a.offset + (size_t)(p - bi * a.bt) * (size_t)a.row_bytes;
+	return a.base + (size_t)blk * a.block_bytes + a.offset +
+	       (size_t)(p - bi * a.bt) * (size_t)a.row_bytes;
 }
 
 /* one key row into shared memory by this warp: 16-byte cp.async pieces over the lanes, zeros for
@@ -409,7 +412,7 @@ template <int KB, bool F32> __global__ void __launch_bounds__(D6_THREADS, 3) mla
 		for (int h = 0; h < D6_HG; h++)
 			*(float2 *)(o_s + h * OS + c2) = make_float2(acc[h][0], acc[h][1]);
 	kmla_cluster_merge<D6_HG, D6_THREADS, D6_CL>(cluster, a.mo, ml_s, o_s, OS, last_s, row * a.H + h0,
-	                                            min(D6_HG, a.H - h0));
+	                                             min(D6_HG, a.H - h0));
 #else
 	__trap(); /* not launched below sm_90 (kmla_dec6_launch checks the device) */
 #endif
@@ -506,8 +509,8 @@ static bool d6_cluster_ok(struct kcuda_ctx *c, int KB, bool f32, int max_smem, i
 	    cudaOccupancyMaxActiveClusters(&n, fn, &cfg) != cudaSuccess || n < 1 ||
 	    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, fn, D6_THREADS, big) != cudaSuccess || b < 1) {
 		(void)cudaGetLastError();
-		fprintf(stderr, "kcuda: mla_dec6: no %d-block clusters (KB %d, %s) on device %d (%d)\n", D6_CL,
-		        KB, f32 ? "fp32" : "bf16", c->device, n);
+		fprintf(stderr, "kcuda: mla_dec6: no %d-block clusters (KB %d, %s) on device %d (%d)\n",
+		        D6_CL, KB, f32 ? "fp32" : "bf16", c->device, n);
 		d6_ok_state[dev][k] = 2;
 		return false;
 	}
@@ -584,8 +587,8 @@ static int d6_plan_of(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const
 	pl->nsplit = (int)(ncl * cl);
 	pl->early = d6_early();
 	pl->tbl_n = rows->ld_blocks <= D6_TBL_MAX ? (int)rows->ld_blocks : 0;
-	pl->smem = d6_layout((int)kv->dim * (f32 ? 4 : 2), (int)kv->dim, pl->KB, pl->stages, pl->chunk, pl->tbl_n,
-	                     (int)C)
+	pl->smem = d6_layout((int)kv->dim * (f32 ? 4 : 2), (int)kv->dim, pl->KB, pl->stages, pl->chunk,
+	                     pl->tbl_n, (int)C)
 	               .total;
 	if (pl->smem > (size_t)max_smem)
 		return ERR_UNSUPPORTED;
@@ -670,8 +673,9 @@ int kmla_dec6_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
 		(void)cudaGetLastError();
 		fprintf(stderr, "kcuda: mla_dec6 launch refused (%s): the next kernel is used from now on\n",
 		        cudaGetErrorString(e));
-		d6_ok_state[c->device >= 0 && c->device < 64 ? c->device : 0][pl.f32 ? 2 : pl.KB == 32 ? 1 : 0] =
-		    2;
+		d6_ok_state[c->device >= 0 && c->device < 64 ? c->device : 0][pl.f32        ? 2
+		                                                              : pl.KB == 32 ? 1
+		                                                                            : 0] = 2;
 		return ERR_UNSUPPORTED;
 	}
 	kcuda_n_launch++;
@@ -688,8 +692,8 @@ int kmla_dec6_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
  * TANDEM_MLA_DEC6_KB): out = keys a split, splits a row, cluster size, clusters a row, blocks per
  * SM at that plan's shared memory, registers per thread, shared memory per block;
  * ERR_UNSUPPORTED where the kernel does not take it. */
-extern "C" int kmla_dec6_plan(struct kcuda_ctx *c, int64_t n_q, int64_t H, int64_t max_keys, int64_t ld_blocks,
-                              int bf16, int out[7])
+extern "C" int kmla_dec6_plan(struct kcuda_ctx *c, int64_t n_q, int64_t H, int64_t max_keys,
+                              int64_t ld_blocks, int bf16, int out[7])
 {
 	struct kcuda_kv_view kv;
 	struct kcuda_attn_rows rows;
@@ -707,7 +711,8 @@ extern "C" int kmla_dec6_plan(struct kcuda_ctx *c, int64_t n_q, int64_t H, int64
 	const d6_kernel_t fn = d6_kernel(pl.KB, pl.f32);
 	cudaFuncAttributes fa;
 	int bps = 0;
-	if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem) != cudaSuccess ||
+	if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem) !=
+	        cudaSuccess ||
 	    cudaFuncGetAttributes(&fa, fn) != cudaSuccess ||
 	    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, fn, D6_THREADS, pl.smem) != cudaSuccess) {
 		(void)cudaGetLastError();

@@ -46,7 +46,8 @@ __device__ __forceinline__ void kmla_cluster_wait(void)
 /* (M, Ls, acc) += a batch of MB partials (max, sum) / values with a running max, in order (a
  * partial without keys, sum 0, is skipped: its value is not read). Also mla_attn_dec5.cu's. */
 template <int MB>
-__device__ __forceinline__ void kmla_merge_batch(float *M, float *Ls, float4 *acc, const float2 *ml, const float4 *v)
+__device__ __forceinline__ void kmla_merge_batch(float *M, float *Ls, float4 *acc, const float2 *ml,
+                                                 const float4 *v)
 {
 	float mb = -INFINITY;
 #pragma unroll
@@ -106,7 +107,8 @@ __device__ __forceinline__ void kmla_cluster_merge(cooperative_groups::cluster_g
 			ml[p] = make_float2(-INFINITY, 0.0f);
 			if (p < cl) {
 				ml[p] = *(const float2 *)(cluster.map_shared_rank(ml_s, (unsigned)p) + 2 * h);
-				v[p] = *(const float4 *)(cluster.map_shared_rank(o_s, (unsigned)p) + h * OS + c);
+				v[p] =
+				    *(const float4 *)(cluster.map_shared_rank(o_s, (unsigned)p) + h * OS + c);
 			}
 		}
 		float M = -INFINITY;

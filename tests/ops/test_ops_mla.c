@@ -241,8 +241,7 @@ static void run_case(const struct mcase *mc)
 	const char *dec = getenv("TANDEM_MLA_DEC");
 	const int forced = dec && strcmp(dec, "0") != 0;
 	if (!expect_dec5 && !expect_dec6 && !getenv("TANDEM_CUDA_ATTN") && !(dec && strcmp(dec, "0") == 0) &&
-	    !prefill &&
-	    mc->bf16 && C == 512 && R == 64 && H <= 16 &&
+	    !prefill && mc->bf16 && C == 512 && R == 64 && H <= 16 &&
 	    (forced ? n_q <= 8 : n_q == 1 && K > 0 && K <= 2048))
 		OPS_CHECK(kcuda_n_launch - l0 == 1, "%s: %llu launches (the one-launch kernel declined)",
 		          mc->name, kcuda_n_launch - l0);
@@ -387,9 +386,10 @@ static void run_case(const struct mcase *mc)
 				             sizeof(int32_t));
 				rc = kcuda_mla_attn(ctx, &kv, &rows, d_q, H, C, R, scale, ob.user);
 				nbad = 0;
-				OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0 && kcuda_ctx_take_errors(ctx, &nbad) == 0 &&
-				              nbad > 0,
-				          "%s: bad position not reported (rc %d, %u errors)", mc->name, rc, nbad);
+				OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0 &&
+				              kcuda_ctx_take_errors(ctx, &nbad) == 0 && nbad > 0,
+				          "%s: bad position not reported (rc %d, %u errors)", mc->name, rc,
+				          nbad);
 				ops_dbuf_get(ctx, &ob, got);
 			}
 			for (int64_t i = 0; i < n_q; i++) {
@@ -397,13 +397,14 @@ static void run_case(const struct mcase *mc)
 				int n = 0;
 				for (int j = 0; j < nk[i]; j++) {
 					const int32_t pos = K > 0 ? sel[i * ld_sel + j] : j;
-					if (qseq[i] == 0 && (pos / BT == bi || (pass == 1 && i == 0 && j == jbad)))
+					if (qseq[i] == 0 &&
+					    (pos / BT == bi || (pass == 1 && i == 0 && j == jbad)))
 						continue;
 					keys[n++] = pool_row(&p, t, pos);
 				}
 				for (int64_t h = 0; h < H; h++)
-					kcpu_mla_attn_head(q + (i * H + h) * dim, C, R, keys, n, p.bf16, scale, sc,
-					                   ref + (i * H + h) * C);
+					kcpu_mla_attn_head(q + (i * H + h) * dim, C, R, keys, n, p.bf16,
+					                   scale, sc, ref + (i * H + h) * C);
 			}
 			double mr = 0, me = 0;
 			for (int64_t i = 0; i < n_q * H * C; i++) {
@@ -411,7 +412,8 @@ static void run_case(const struct mcase *mc)
 				const double e = isfinite(got[i]) ? fabs((double)got[i] - ref[i]) : INFINITY;
 				me = e > me ? e : me;
 			}
-			OPS_CHECK(me <= 5e-5 * mr, "%s: bad %s: max err %.3g against the CPU without its keys, max |ref| %.3g",
+			OPS_CHECK(me <= 5e-5 * mr,
+			          "%s: bad %s: max err %.3g against the CPU without its keys, max |ref| %.3g",
 			          mc->name, pass ? "position" : "block id", me, mr);
 		}
 	}
@@ -575,8 +577,8 @@ static void check_pdl_producer(int n_q)
 	}
 	OPS_CHECK(bad == 0, "pdl producer B%d: %d runs read q or the top-k list before the producer finished",
 	          n_q, bad);
-	OPS_CHECK(!expect_dec6 || kmla_dec6_launches - d60 == 6, "pdl producer B%d: mla_dec6 ran %llu of 6 times",
-	          n_q, kmla_dec6_launches - d60);
+	OPS_CHECK(!expect_dec6 || kmla_dec6_launches - d60 == 6,
+	          "pdl producer B%d: mla_dec6 ran %llu of 6 times", n_q, kmla_dec6_launches - d60);
 	printf("mla after PDL producers (top-k list, q), B%d, 2 orders x 3 runs: %s\n", n_q,
 	       bad ? "FAIL" : "ok");
 out:
@@ -689,10 +691,11 @@ int main(void)
 	    {"GLM-5 rank sparse K2048 bf16 H8 B1 ctx 2049", 1, 8, 512, 64, 1, l_2049, 0, 0, 2048, 2.0f},
 	    {"GLM-5 rank sparse K2048 f32 H8 B8 ctx 4096", 0, 8, 512, 64, 8, l_8x4k, 0, 0, 2048, 2.0f},
 	    {"GLM-5 rank dense f32 H8 B1 ctx 32768", 0, 8, 512, 64, 1, l_long, 0, 0, 0, 2.0f},
-	    {"GLM-5 rank empty sparse K2048 bf16 H8 B3 ctx 4096/0/2049", 1, 8, 512, 64, 3, l_empty, 0, 0, 2048,
-	     2.0f},
+	    {"GLM-5 rank empty sparse K2048 bf16 H8 B3 ctx 4096/0/2049", 1, 8, 512, 64, 3, l_empty, 0, 0,
+	     2048, 2.0f},
 	    {"GLM-5 rank empty dense bf16 H8 B3 ctx 2048/0/33", 1, 8, 512, 64, 3, l_empty_d, 0, 0, 0, 2.0f},
-	    {"DS-V3.2 rank sparse K2048 bf16 H16 B2 ctx 4096/32768", 1, 16, 512, 64, 2, l_ds32, 0, 0, 2048, 2.0f},
+	    {"DS-V3.2 rank sparse K2048 bf16 H16 B2 ctx 4096/32768", 1, 16, 512, 64, 2, l_ds32, 0, 0, 2048,
+	     2.0f},
 	    /* the tiny test GLM's shape (tests/data: C 256, R 32, 2 heads, top-16) */
 	    {"tiny GLM C256 R32 H2 decode sparse K16 f32", 0, 2, 256, 32, 4, l_mix, 0, 0, 16, 2.0f},
 	    {"tiny GLM C256 R32 H2 decode bf16 ctx mix", 1, 2, 256, 32, 4, l_mix, 0, 0, 0, 2.0f},
@@ -717,7 +720,21 @@ int main(void)
 	 * TANDEM_MLA_DEC=65535): 16-key tiles, 32-key tiles (TANDEM_MLA_DEC6_KB=32), at least 3 tiles a
 	 * block (TANDEM_MLA_DEC6_T=3: the two-buffer loop), the block table read after KDEP_ENTRY
 	 * (TANDEM_MLA_DEC6_EARLY=0) */
-	enum { M_DEF, M_SPLIT, M_D5, M_D5W1, M_D5W4, M_V4, M_REF, M_D5B, M_D6, M_D6K32, M_D6T3, M_D6LATE, M_N };
+	enum {
+		M_DEF,
+		M_SPLIT,
+		M_D5,
+		M_D5W1,
+		M_D5W4,
+		M_V4,
+		M_REF,
+		M_D5B,
+		M_D6,
+		M_D6K32,
+		M_D6T3,
+		M_D6LATE,
+		M_N
+	};
 	static const char *const mode_name[M_N] = {
 	    "fast (default)",
 	    "split + combine (TANDEM_MLA_DEC=0)",
@@ -730,7 +747,8 @@ int main(void)
 	    "TANDEM_MLA_DEC5_BULK=1)",
 	    "dec6 everywhere (TANDEM_MLA_DEC_V=6 TANDEM_MLA_DEC=65535)",
 	    "dec6 everywhere, 32-key tiles (TANDEM_MLA_DEC_V=6 TANDEM_MLA_DEC=65535 TANDEM_MLA_DEC6_KB=32)",
-	    "dec6 everywhere, >= 3 tiles a block (TANDEM_MLA_DEC_V=6 TANDEM_MLA_DEC=65535 TANDEM_MLA_DEC6_T=3)",
+	    "dec6 everywhere, >= 3 tiles a block (TANDEM_MLA_DEC_V=6 TANDEM_MLA_DEC=65535 "
+	    "TANDEM_MLA_DEC6_T=3)",
 	    "dec6 everywhere, table after the wait (TANDEM_MLA_DEC_V=6 TANDEM_MLA_DEC=65535 "
 	    "TANDEM_MLA_DEC6_EARLY=0)"};
 	for (int mode = 0; mode < M_N; mode++) {

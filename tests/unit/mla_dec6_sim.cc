@@ -224,7 +224,8 @@ static int sim_launch(sim_kernel fn, const d6_args &a, int nsplit, int nrh, int 
 		for (int b = 0; b < cl; b++)
 			for (int t = 0; t < D6_THREADS; t++) {
 				sim_thread_arg &g = args[(size_t)b * D6_THREADS + t];
-				g = {fn, &a, &blocks[b], &cls, (unsigned)t, (unsigned)(icl * cl + b), (unsigned)y};
+				g = {fn,         &a, &blocks[b], &cls, (unsigned)t, (unsigned)(icl * cl + b),
+				     (unsigned)y};
 				if (pthread_create(&th[(size_t)b * D6_THREADS + t], &at, sim_thread, &g)) {
 					fprintf(stderr, "pthread_create failed\n");
 					exit(1);
@@ -384,7 +385,8 @@ static void run(const scase &sc, uint64_t seed)
 					continue;
 				const int p = pos_of(i, j);
 				const int32_t blk = tbl[(size_t)qseq[i] * ld_blocks + p / BT];
-				const uint8_t *r = &pool[(size_t)blk * block_bytes + offset + (size_t)(p % BT) * row_bytes];
+				const uint8_t *r =
+				    &pool[(size_t)blk * block_bytes + offset + (size_t)(p % BT) * row_bytes];
 				double d = 0;
 				for (int e = 0; e < dim; e++)
 					d += (double)qh[e] * key_val(r, sc.bf16, e);
@@ -401,7 +403,8 @@ static void run(const scase &sc, uint64_t seed)
 			}
 			for (size_t t = 0; t < s.size(); t++)
 				for (int c = 0; c < C; c++)
-					ref[((size_t)i * H + h) * C + c] += s[t] / sum * key_val(rows[t], sc.bf16, c);
+					ref[((size_t)i * H + h) * C + c] +=
+					    s[t] / sum * key_val(rows[t], sc.bf16, c);
 		}
 	}
 
@@ -410,7 +413,8 @@ static void run(const scase &sc, uint64_t seed)
 	const int tbl_n = sc.tbl_pre ? ld_blocks : 0;
 	const int stages = sc.chunk > sc.KB ? 2 : 1;
 	const d6_carve L = d6_layout((int)row_bytes, dim, sc.KB, stages, sc.chunk, tbl_n, C);
-	std::vector<float> out((size_t)n_q * H * C + 4, NAN), ws((size_t)n_q * H * sc.ncl * (C + 2 * sc.cl) + 16);
+	std::vector<float> out((size_t)n_q * H * C + 4, NAN),
+	    ws((size_t)n_q * H * sc.ncl * (C + 2 * sc.cl) + 16);
 	std::vector<unsigned> tickets((size_t)nrh * sc.cl, 0);
 	unsigned err = 0;
 	d6_args a;
@@ -448,10 +452,11 @@ static void run(const scase &sc, uint64_t seed)
 	a.mo.ncl = sc.ncl;
 	a.err = &err;
 	a.L = L;
-	CHECK((int64_t)nsplit * sc.chunk >= max_keys, "%s: plan covers %d of %lld keys", sc.name, nsplit * sc.chunk,
-	      (long long)max_keys);
-	const sim_kernel fn = sc.bf16 ? (sc.KB == 32 ? mla_dec6_kernel<32, false> : mla_dec6_kernel<16, false>)
-	                              : mla_dec6_kernel<16, true>;
+	CHECK((int64_t)nsplit * sc.chunk >= max_keys, "%s: plan covers %d of %lld keys", sc.name,
+	      nsplit * sc.chunk, (long long)max_keys);
+	const sim_kernel fn = sc.bf16
+	                          ? (sc.KB == 32 ? mla_dec6_kernel<32, false> : mla_dec6_kernel<16, false>)
+	                          : mla_dec6_kernel<16, true>;
 	sim_launch(fn, a, nsplit, nrh, sc.cl, L.total, false);
 	double mr = 0, me = 0;
 	int64_t nf = 0;
@@ -475,10 +480,11 @@ static void run(const scase &sc, uint64_t seed)
 	std::fill(out.begin(), out.end(), NAN);
 	std::fill(ws.begin(), ws.end(), NAN);
 	sim_launch(fn, a, nsplit, nrh, sc.cl, L.total, true);
-	CHECK(memcmp(out.data(), out1.data(), sizeof(float) * ref.size()) == 0, "%s: other cluster order, other bits",
-	      sc.name);
-	printf("%-58s rows %d H %3d keys %5lld plan %4d keys x %2d x %2d: max err %.3g (rel %.2g), %u errors\n",
-	       sc.name, n_q, H, (long long)max_keys, sc.chunk, sc.cl, sc.ncl, me, mr > 0 ? me / mr : 0.0, err);
+	CHECK(memcmp(out.data(), out1.data(), sizeof(float) * ref.size()) == 0,
+	      "%s: other cluster order, other bits", sc.name);
+	printf(
+	    "%-58s rows %d H %3d keys %5lld plan %4d keys x %2d x %2d: max err %.3g (rel %.2g), %u errors\n",
+	    sc.name, n_q, H, (long long)max_keys, sc.chunk, sc.cl, sc.ncl, me, mr > 0 ? me / mr : 0.0, err);
 }
 
 int main(int argc, char **argv)
@@ -487,22 +493,150 @@ int main(int argc, char **argv)
 	printf("mla_dec6 CPU simulation, seed %#llx\n", (unsigned long long)seed);
 	/* name, bf16, H, C, R, KB, n_q, lens, K, chunk, cl, ncl, tbl_pre, early, prefill, bad blk/pos/nk */
 	const scase cases[] = {
-	    {"GLM-5 shape sparse, 1 tile a block, 2 clusters of 8", 1, 8, 512, 64, 16, 1, {700}, 200, 16, 8, 2, 1,
-	     1, 0, 0, 0, 0},
-	    {"GLM-5 shape sparse fp32, 3 tiles a block, 1 cluster", 0, 8, 512, 64, 16, 1, {400}, 130, 48, 4, 1, 1, 1,
-	     0, 0, 0, 0},
-	    {"DS-V3 shape dense H16 KB32 2 rows, table in global", 1, 16, 512, 64, 32, 2, {100, 37}, 0, 32, 4, 1, 0,
-	     0, 0, 0, 0, 0},
-	    {"small C64 R16 H3 dense, empty row, 2 tiles, 2 x 2", 1, 3, 64, 16, 16, 3, {70, 0, 5}, 0, 32, 2, 2, 1, 1,
-	     0, 0, 0, 0},
-	    {"GLM-5 shape sparse 2 rows, bad block + position", 1, 8, 512, 64, 16, 2, {300, 90}, 64, 16, 2, 2, 1, 1,
-	     0, 1, 1, 0},
-	    {"small C96 R32 H20 sparse fp32, key count > max", 0, 20, 96, 32, 16, 2, {90, 60}, 40, 32, 1, 2, 1, 0, 0,
-	     0, 0, 1},
-	    {"prefill rows C64 R16 H8 causal from 40, KB32 2 tiles", 1, 8, 64, 16, 32, 3, {40}, 0, 64, 1, 1, 1, 1, 1,
-	     0, 0, 0},
-	    {"tiny GLM C256 R32 H2 dense bf16, bad block, 4 tiles", 1, 2, 256, 32, 16, 1, {150}, 0, 64, 2, 2, 0, 1, 0,
-	     1, 0, 0},
+	    {"GLM-5 shape sparse, 1 tile a block, 2 clusters of 8",
+	     1,
+	     8,
+	     512,
+	     64,
+	     16,
+	     1,
+	     {700},
+	     200,
+	     16,
+	     8,
+	     2,
+	     1,
+	     1,
+	     0,
+	     0,
+	     0,
+	     0},
+	    {"GLM-5 shape sparse fp32, 3 tiles a block, 1 cluster",
+	     0,
+	     8,
+	     512,
+	     64,
+	     16,
+	     1,
+	     {400},
+	     130,
+	     48,
+	     4,
+	     1,
+	     1,
+	     1,
+	     0,
+	     0,
+	     0,
+	     0},
+	    {"DS-V3 shape dense H16 KB32 2 rows, table in global",
+	     1,
+	     16,
+	     512,
+	     64,
+	     32,
+	     2,
+	     {100, 37},
+	     0,
+	     32,
+	     4,
+	     1,
+	     0,
+	     0,
+	     0,
+	     0,
+	     0,
+	     0},
+	    {"small C64 R16 H3 dense, empty row, 2 tiles, 2 x 2",
+	     1,
+	     3,
+	     64,
+	     16,
+	     16,
+	     3,
+	     {70, 0, 5},
+	     0,
+	     32,
+	     2,
+	     2,
+	     1,
+	     1,
+	     0,
+	     0,
+	     0,
+	     0},
+	    {"GLM-5 shape sparse 2 rows, bad block + position",
+	     1,
+	     8,
+	     512,
+	     64,
+	     16,
+	     2,
+	     {300, 90},
+	     64,
+	     16,
+	     2,
+	     2,
+	     1,
+	     1,
+	     0,
+	     1,
+	     1,
+	     0},
+	    {"small C96 R32 H20 sparse fp32, key count > max",
+	     0,
+	     20,
+	     96,
+	     32,
+	     16,
+	     2,
+	     {90, 60},
+	     40,
+	     32,
+	     1,
+	     2,
+	     1,
+	     0,
+	     0,
+	     0,
+	     0,
+	     1},
+	    {"prefill rows C64 R16 H8 causal from 40, KB32 2 tiles",
+	     1,
+	     8,
+	     64,
+	     16,
+	     32,
+	     3,
+	     {40},
+	     0,
+	     64,
+	     1,
+	     1,
+	     1,
+	     1,
+	     1,
+	     0,
+	     0,
+	     0},
+	    {"tiny GLM C256 R32 H2 dense bf16, bad block, 4 tiles",
+	     1,
+	     2,
+	     256,
+	     32,
+	     16,
+	     1,
+	     {150},
+	     0,
+	     64,
+	     2,
+	     2,
+	     0,
+	     1,
+	     0,
+	     1,
+	     0,
+	     0},
 	};
 	for (const scase &c : cases)
 		run(c, seed ^ (uint64_t)c.chunk * 0x9e3779b97f4a7c15ull ^ (uint64_t)c.H);
