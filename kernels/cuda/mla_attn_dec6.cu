@@ -526,6 +526,51 @@ struct d6_plan {
 	size_t smem;
 };
 
+/* the splits of a plan for bps blocks per SM: one wave of resident blocks in all, each a whole
+ * number of tiles, at most D6_CHUNK_MAX keys; rounded up to whole clusters (the extra splits have
+ * no keys); pl->KB, f32, nrh, tbl_n set */
+static int d6_plan_splits(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
+                          const struct kcuda_attn_rows *rows, int64_t H, int64_t C, int bps,
+                          struct d6_plan *pl)
+{
+	const int n_sm = c->n_sm > 0 ? c->n_sm : 1;
+	const int64_t tiles = (rows->max_keys + pl->KB - 1) / pl->KB;
+	int64_t want = ((int64_t)bps * n_sm + pl->nrh - 1) / pl->nrh;
+	if (want > tiles)
+		want = tiles;
+	if (want > (int64_t)D6_NCL_MAX * D6_CL)
+		want = (int64_t)D6_NCL_MAX * D6_CL;
+	if (want < 1)
+		want = 1;
+	int64_t tiles_per = (tiles + want - 1) / want;
+	const int tmin = d6_min_tiles();
+	if (tiles_per < tmin)
+		tiles_per = tmin;
+	if (tiles_per * pl->KB > D6_CHUNK_MAX)
+		tiles_per = D6_CHUNK_MAX / pl->KB;
+	const int64_t nsplit = (tiles + tiles_per - 1) / tiles_per;
+	int cl = 1;
+	while (cl < nsplit && cl < D6_CL)
+		cl *= 2;
+	const int64_t ncl = (nsplit + cl - 1) / cl;
+	if (ncl > D6_NCL_MAX || C % cl || (C / cl) % 4)
+		return ERR_UNSUPPORTED;
+	if ((size_t)pl->nrh * (size_t)cl > KCUDA_N_TICKETS)
+		return ERR_UNSUPPORTED;
+	const size_t n_part = ncl > 1 ? (size_t)rows->n_q * (size_t)H * (size_t)ncl : 0;
+	if (n_part * ((size_t)C + 2 * (size_t)cl) * sizeof(float) > c->ws_bytes)
+		return ERR_UNSUPPORTED;
+	pl->chunk = (int)(tiles_per * pl->KB);
+	pl->stages = tiles_per > 1 ? 2 : 1;
+	pl->cl = cl;
+	pl->ncl = (int)ncl;
+	pl->nsplit = (int)(ncl * cl);
+	pl->smem = d6_layout((int)kv->dim * (pl->f32 ? 4 : 2), (int)kv->dim, pl->KB, pl->stages, pl->chunk,
+	                     pl->tbl_n, (int)C)
+	               .total;
+	return 0;
+}
+
 static int d6_plan_of(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
                       int64_t H, int64_t C, struct d6_plan *pl)
 {
@@ -551,47 +596,25 @@ static int d6_plan_of(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const
 	pl->nrh = rows->n_q * n_hg;
 	if (pl->nrh > 65535)
 		return ERR_UNSUPPORTED;
-	/* splits: one wave of resident blocks in all, each a whole number of tiles, at most
-	 * D6_CHUNK_MAX keys; rounded up to whole clusters (the extra splits have no keys) */
-	const int n_sm = c->n_sm > 0 ? c->n_sm : 1;
-	const int64_t tiles = (rows->max_keys + pl->KB - 1) / pl->KB;
-	int64_t want = ((int64_t)pl->bps * n_sm + pl->nrh - 1) / pl->nrh;
-	if (want > tiles)
-		want = tiles;
-	if (want > (int64_t)D6_NCL_MAX * D6_CL)
-		want = (int64_t)D6_NCL_MAX * D6_CL;
-	if (want < 1)
-		want = 1;
-	int64_t tiles_per = (tiles + want - 1) / want;
-	const int tmin = d6_min_tiles();
-	if (tiles_per < tmin)
-		tiles_per = tmin;
-	if (tiles_per * pl->KB > D6_CHUNK_MAX)
-		tiles_per = D6_CHUNK_MAX / pl->KB;
-	int64_t nsplit = (tiles + tiles_per - 1) / tiles_per;
-	int cl = 1;
-	while (cl < nsplit && cl < D6_CL)
-		cl *= 2;
-	const int64_t ncl = (nsplit + cl - 1) / cl;
-	if (ncl > D6_NCL_MAX || C % cl || (C / cl) % 4)
-		return ERR_UNSUPPORTED;
-	if ((size_t)pl->nrh * (size_t)cl > KCUDA_N_TICKETS)
-		return ERR_UNSUPPORTED;
-	const size_t n_part = ncl > 1 ? (size_t)rows->n_q * (size_t)H * (size_t)ncl : 0;
-	if (n_part * ((size_t)C + 2 * (size_t)cl) * sizeof(float) > c->ws_bytes)
-		return ERR_UNSUPPORTED;
-	pl->chunk = (int)(tiles_per * pl->KB);
-	pl->stages = tiles_per > 1 ? 2 : 1;
-	pl->cl = cl;
-	pl->ncl = (int)ncl;
-	pl->nsplit = (int)(ncl * cl);
 	pl->early = d6_early();
 	pl->tbl_n = rows->ld_blocks <= D6_TBL_MAX ? (int)rows->ld_blocks : 0;
-	pl->smem = d6_layout((int)kv->dim * (f32 ? 4 : 2), (int)kv->dim, pl->KB, pl->stages, pl->chunk,
-	                     pl->tbl_n, (int)C)
-	               .total;
-	if (pl->smem > (size_t)max_smem)
+	/* sized for the blocks per SM at the largest shared memory (d6_cluster_ok), then again for
+	 * what fits at the plan's own size when that is more (a second plan is kept only if its own
+	 * size still fits that many) */
+	if (d6_plan_splits(c, kv, rows, H, C, pl->bps, pl) || pl->smem > (size_t)max_smem)
 		return ERR_UNSUPPORTED;
+	const d6_kernel_t fn = d6_kernel(pl->KB, f32);
+	int occ = 0, occ2 = 0;
+	if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, D6_THREADS, pl->smem) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return 0;
+	}
+	struct d6_plan p2 = *pl;
+	if (occ > pl->bps && !d6_plan_splits(c, kv, rows, H, C, occ, &p2) && p2.smem <= (size_t)max_smem &&
+	    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ2, fn, D6_THREADS, p2.smem) == cudaSuccess &&
+	    occ2 >= occ)
+		*pl = p2;
+	(void)cudaGetLastError();
 	return 0;
 }
 
@@ -651,7 +674,8 @@ int kmla_dec6_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
 	a.L = d6_layout(a.row_bytes, a.dim, pl.KB, pl.stages, pl.chunk, pl.tbl_n, a.C);
 
 	const d6_kernel_t fn = d6_kernel(pl.KB, pl.f32);
-	KCUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem));
+	/* the kernel's shared-memory limit stays at the largest plan's (d6_cluster_ok): never lowered,
+	 * so the occupancy the plans are made from, and the plans, are the same on every call */
 	cudaLaunchAttribute at[2];
 	at[0].id = cudaLaunchAttributeClusterDimension;
 	at[0].val.clusterDim.x = (unsigned)pl.cl;
@@ -711,9 +735,7 @@ extern "C" int kmla_dec6_plan(struct kcuda_ctx *c, int64_t n_q, int64_t H, int64
 	const d6_kernel_t fn = d6_kernel(pl.KB, pl.f32);
 	cudaFuncAttributes fa;
 	int bps = 0;
-	if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem) !=
-	        cudaSuccess ||
-	    cudaFuncGetAttributes(&fa, fn) != cudaSuccess ||
+	if (cudaFuncGetAttributes(&fa, fn) != cudaSuccess ||
 	    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, fn, D6_THREADS, pl.smem) != cudaSuccess) {
 		(void)cudaGetLastError();
 		return ERR_UNSUPPORTED;
