@@ -74,6 +74,10 @@ struct d6_args {
 	int64_t ld_blocks, pos0, ld_sel, max_keys;
 	int tbl_n; /* table entries in shared memory (0: looked up in global memory) */
 	int early; /* qseq and the table read before KDEP_ENTRY */
+	/* early > 0, pf_entries > 0: the KV blocks of the row's first pf_entries table entries are
+	 * prefetched into L2 before KDEP_ENTRY (always when pf_all, the dense rows whose keys are
+	 * exactly those; for a top-k list only when the sequence has no more blocks than that) */
+	int pf_entries, pf_all;
 	const float *q;
 	int H, C, n_hg;
 	float scale;
@@ -193,6 +197,18 @@ template <int KB, bool F32> __global__ void __launch_bounds__(D6_THREADS, 3) mla
 	if (a.early) {
 		tbl = d6_table(a, tbl_s, row);
 		__syncthreads(); /* tbl_s */
+		/* L2 prefetch of the row's KV blocks, spread over the blocks of the first head group: a
+		 * hint only (L2 is coherent; nothing is read into the kernel before the wait), so rows
+		 * an earlier kernel still writes are no hazard. A sparse row's selection is not known
+		 * yet: all its blocks, when they are few (the host's pf_entries) */
+		const int n = min(a.pf_entries, a.tbl_n);
+		if (n > 0 && h0 == 0 && (a.pf_all || n >= a.tbl_n || tbl_s[n] < 0)) {
+			const int i = (int)blockIdx.x + tid * (int)gridDim.x;
+			const int32_t blk = i < n ? tbl_s[i] : -1;
+			if (blk >= 0 && blk < a.n_blocks)
+				kdep_prefetch_l2(a.base + (size_t)blk * a.block_bytes + a.offset,
+				                 (size_t)a.bt * (size_t)a.row_bytes);
+		}
 	}
 	KDEP_ENTRY();
 	a.q = kdep_after(a.q); /* written by the kernels before: no load of them above the wait */
@@ -451,6 +467,13 @@ static int d6_kb(bool f32)
 	return !f32 && e && strcmp(e, "32") == 0 ? 32 : 16;
 }
 
+/* TANDEM_MLA_DEC6_PF=0: no L2 prefetch of the rows' KV blocks before KDEP_ENTRY */
+static bool d6_pf(void)
+{
+	const char *e = getenv("TANDEM_MLA_DEC6_PF");
+	return !(e && strcmp(e, "0") == 0);
+}
+
 /* TANDEM_MLA_DEC6_EARLY=0: the block table is read after KDEP_ENTRY */
 static bool d6_early(void)
 {
@@ -656,6 +679,17 @@ int kmla_dec6_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
 	a.max_keys = rows->max_keys;
 	a.tbl_n = pl.tbl_n;
 	a.early = pl.early;
+	/* the L2 prefetch: at most ~16 MB a call; a top-k row only when its sequence is at most twice
+	 * the list (GLM-5 top-2048 at 4096 keys: 4.7 MB a row, read from HBM while the top-k runs) */
+	a.pf_entries = 0;
+	a.pf_all = !rows->sel;
+	if (d6_pf() && pl.early && pl.tbl_n > 0) {
+		const size_t eb = (size_t)kv->block_tokens * (size_t)a.row_bytes;
+		int64_t n = (int64_t)(((size_t)16 << 20) / (eb * (size_t)rows->n_q));
+		if (rows->sel && n > 2 * rows->max_keys / kv->block_tokens)
+			n = 2 * rows->max_keys / kv->block_tokens;
+		a.pf_entries = (int)(n < pl.tbl_n ? n : pl.tbl_n);
+	}
 	a.q = q;
 	a.H = (int)H;
 	a.C = (int)C;

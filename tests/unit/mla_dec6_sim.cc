@@ -85,6 +85,13 @@ template <typename T> static inline const T *kdep_after(const T *p)
 {
 	return p;
 }
+static inline void kdep_prefetch_l2(const void *, size_t)
+{
+}
+struct sim_grid {
+	unsigned x;
+};
+thread_local sim_grid gridDim;
 static inline void katt_cp16(void *dst, const void *src)
 {
 	memcpy(dst, src, 16);
@@ -179,7 +186,7 @@ struct sim_thread_arg {
 	const d6_args *a;
 	sim_block *blk;
 	sim_cluster *cls;
-	unsigned tx, bx, by;
+	unsigned tx, bx, by, gx;
 };
 static void *sim_thread(void *p)
 {
@@ -188,6 +195,7 @@ static void *sim_thread(void *p)
 	threadIdx.y = 0;
 	blockIdx.x = t->bx;
 	blockIdx.y = t->by;
+	gridDim.x = t->gx;
 	sim_blk = t->blk;
 	sim_cls = t->cls;
 	t->fn(*t->a);
@@ -224,8 +232,10 @@ static int sim_launch(sim_kernel fn, const d6_args &a, int nsplit, int nrh, int 
 		for (int b = 0; b < cl; b++)
 			for (int t = 0; t < D6_THREADS; t++) {
 				sim_thread_arg &g = args[(size_t)b * D6_THREADS + t];
-				g = {fn,         &a, &blocks[b], &cls, (unsigned)t, (unsigned)(icl * cl + b),
-				     (unsigned)y};
+				g = {fn,          &a,
+				     &blocks[b],  &cls,
+				     (unsigned)t, (unsigned)(icl * cl + b),
+				     (unsigned)y, (unsigned)nsplit};
 				if (pthread_create(&th[(size_t)b * D6_THREADS + t], &at, sim_thread, &g)) {
 					fprintf(stderr, "pthread_create failed\n");
 					exit(1);
@@ -437,6 +447,8 @@ static void run(const scase &sc, uint64_t seed)
 	a.max_keys = max_keys;
 	a.tbl_n = tbl_n;
 	a.early = sc.early;
+	a.pf_entries = 3; /* the prefetch's indexing runs (the prefetch itself is a no-op here) */
+	a.pf_all = sc.K == 0;
 	a.q = q.data();
 	a.H = H;
 	a.C = C;
