@@ -533,8 +533,8 @@ void sched_on_kv_transfer_failed(struct req *r, const char *message)
 		return;
 	}
 	d->suspect_until_ns = uv_hrtime() + (uint64_t)SCHED_SUSPECT_MS * 1000000u;
-	LOG_WARN("sched", "rid=%s: %s; placing the request again (decode worker %s avoided for %d ms)", r->rid,
-	         message, d->name, SCHED_SUSPECT_MS);
+	LOG_WARN("sched", "rid=%s: %s; placing the request again (decode worker %s avoided for %d ms)",
+	         r->rid, message, d->name, SCHED_SUSPECT_MS);
 	/* both workers let go (the decode worker gets KvRelease if it is still there), then the
 	 * request starts over under a new rid, exactly as for a decode worker lost before decoding */
 	release_all(s, r);
