@@ -1,0 +1,31 @@
+/* The resident-weights decode GEMV (kernels/cuda/matmul_gemv_res.cu) as tests and benchmarks see it;
+ * the model reaches it through kcuda_matmul (TANDEM_GEMV_RES=1). */
+#ifndef TANDEM_KERNELS_CUDA_GEMV_RES_H
+#define TANDEM_KERNELS_CUDA_GEMV_RES_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct kcuda_ctx;
+struct kweight;
+
+/* true when TANDEM_GEMV_RES=1 (read on every call) */
+bool kcuda_gemv_res_enabled(void);
+/* y[t ldy + r] = dot(W row r, x[t ldx ..]) for n_tok 1..2 through the resident-weights kernel only:
+ * 0, -EINVAL for bad arguments (null pointers, row_bytes not matching type and n_in, ldx < n_in,
+ * ldy < n_out), ERR_UNSUPPORTED where the kernel does not apply (switch off, type, shape,
+ * alignment, n_tok) with nothing enqueued; a launch failure gives ERR_CUDA. */
+int kcuda_gemv_res(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok,
+                   float *y, int64_t ldy);
+/* rows per block the kernel would take for w now (TANDEM_GEMV_RES_RB / _BPS applied); 0: not taken */
+int kcuda_gemv_res_rows(const struct kcuda_ctx *c, const struct kweight *w);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
