@@ -1,7 +1,8 @@
 /* Bench: the resident-weights GEMV (matmul_gemv_res.cu, TANDEM_GEMV_RES=1) against the default
  * dispatch (gemv_kernel / gemv3) and matmul_multi.cu's kernel as a table of one (TANDEM_MULTI_WIDE=1),
  * through kcuda_matmul, on the GLM-5 / DeepSeek-V3 TP=8 per-rank products of a batch-1 decode layer
- * (o, idx_q_b, q_b, the F32 router), n_tok 1 and 2. Each call uses another copy of the weights
+ * (o, idx_q_b, q_b, the F32 router; v_b's stacked heads through kfwd_head_gemv, where the old path is
+ * gemv3), n_tok 1 and 2. Each call uses another copy of the weights
  * (copies over >= 4x L2: in a decode step the other layers evict a layer's weights). All columns
  * are us per call inside CUDA graphs of 20 calls (PDL as the process has it: TANDEM_PDL=0 /
  * TANDEM_PREFETCH=0, read once per process, run again to compare):
@@ -20,6 +21,7 @@
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/gemv_res.h"
+#include "kernels/cuda/model_fwd.h"
 #include "bench/bench_cuda_time.cuh"
 #include "tests/ops/ops_util.h"
 
@@ -41,12 +43,14 @@ struct prod {
 	const char *what;
 	int type;
 	int64_t n_in, n_out;
+	int H; /* > 1: H stacked matrices through kfwd_head_gemv (v_b) */
 };
 
 static const prod prods[] = {
-    {"glm o", KT_Q8_0, 2048, 6144},   {"glm idx_q_b", KT_Q8_0, 2048, 4096},
-    {"glm q_b", KT_Q8_0, 2048, 2048}, {"glm router F32", KT_F32, 6144, 256},
-    {"ds o", KT_Q8_0, 2048, 7168},    {"ds q_b", KT_Q8_0, 1536, 3072},
+    {"glm o", KT_Q8_0, 2048, 6144, 1},         {"glm idx_q_b", KT_Q8_0, 2048, 4096, 1},
+    {"glm q_b", KT_Q8_0, 2048, 2048, 1},       {"glm router F32", KT_F32, 6144, 256, 1},
+    {"glm v_b 8 heads", KT_Q8_0, 512, 256, 8}, {"ds o", KT_Q8_0, 2048, 7168, 1},
+    {"ds q_b", KT_Q8_0, 1536, 3072, 1},        {"ds v_b 16 heads", KT_Q8_0, 512, 128, 16},
 };
 
 /* the predecessor kernels: a one-block spin, or one block per SM that also holds shared memory and
@@ -104,6 +108,9 @@ static int call(struct kcuda_ctx *c, const prod &p, const struct kweight &w, siz
 {
 	struct kweight wk = w;
 	wk.data = (char *)w.data + (size_t)k * stride;
+	if (p.H > 1)
+		return kfwd_head_gemv(c, &wk, w.row_bytes * (size_t)p.n_out, p.H, xd, p.H * p.n_in, p.n_in,
+		                      nt, yd, p.H * p.n_out, p.n_out);
 	return kcuda_matmul_path(c, p.type == KT_F32 ? KCUDA_MM_F32 : KCUDA_MM_AUTO, &wk, xd, p.n_in, nt, yd,
 	                         p.n_out);
 }
@@ -205,17 +212,19 @@ int main(void)
 		size_t rb = 0;
 		if (!ktype_row_bytes(p.type, p.n_in, &rb))
 			abort();
-		const size_t mb = rb * (size_t)p.n_out, stride = (mb + 255) & ~(size_t)255;
+		const size_t mb = rb * (size_t)p.n_out * (size_t)p.H, stride = (mb + 255) & ~(size_t)255;
 		const int ncopy =
 		    (int)std::min<size_t>(big / stride, std::max<size_t>(4 * l2 / stride + 1, 20));
 		struct kweight w = {p.type, p.n_in, p.n_out, rb, A};
 		{
 			std::vector<uint8_t> hw(mb);
-			ops_fill_weight(p.type, p.n_in, p.n_out, rb, hw.data());
+			ops_fill_weight(p.type, p.n_in, p.n_out * p.H, rb, hw.data());
 			for (int k = 0; k < ncopy; k++)
 				CK(cudaMemcpy(A + (size_t)k * stride, hw.data(), mb, cudaMemcpyHostToDevice));
 		}
-		const int rows = kcuda_gemv_res_rows(c, &w);
+		struct kweight wr = w;
+		wr.n_out *= p.H; /* the rows-per-block choice counts all heads' rows */
+		const int rows = kcuda_gemv_res_rows(c, &wr);
 		for (int nt : {1, 2}) {
 			/* harness check: res against the default dispatch */
 			set_mode(2);
@@ -225,7 +234,7 @@ int main(void)
 			if (call(c, p, w, stride, 0, xd, nt, ys) || kcuda_sync(c))
 				abort();
 			{
-				const size_t ny = (size_t)nt * (size_t)p.n_out;
+				const size_t ny = (size_t)nt * (size_t)p.n_out * (size_t)p.H;
 				std::vector<float> a(ny), b(ny);
 				CK(cudaMemcpy(a.data(), yd, ny * 4, cudaMemcpyDeviceToHost));
 				CK(cudaMemcpy(b.data(), ys, ny * 4, cudaMemcpyDeviceToHost));

@@ -21,6 +21,12 @@ bool kcuda_gemv_res_enabled(void);
  * alignment, n_tok) with nothing enqueued; a launch failure gives ERR_CUDA. */
 int kcuda_gemv_res(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok,
                    float *y, int64_t ldy);
+/* The same for H stacked matrices W_h = w0->data + h mat_bytes (kfwd_head_gemv's v_b):
+ * y[t ldy + h yhs + r] = dot(W_h row r, x[t ldx + h xhs ..]); arguments as kfwd_head_gemv validates
+ * them (this entry does not: callers must); ERR_UNSUPPORTED where it does not apply, as above. */
+int kcuda_gemv_res_heads(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H,
+                         const float *x, int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy,
+                         int64_t yhs);
 /* rows per block the kernel would take for w now (TANDEM_GEMV_RES_RB / _BPS applied); 0: not taken */
 int kcuda_gemv_res_rows(const struct kcuda_ctx *c, const struct kweight *w);
 

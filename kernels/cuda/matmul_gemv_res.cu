@@ -73,12 +73,14 @@ template <int V> __device__ __forceinline__ void res_warp_reduce(float (&v)[V], 
 	res_reduce_step<V, V, 16>(v, lane);
 }
 
-/* grid: ceil(n_out / RB) blocks of RES_NW warps; block b owns rows [b RB, b RB + RB) (clamped to the
- * last row for the copies; rows past n_out are not written) */
+/* grid (ceil(n_out / RB), H) blocks of RES_NW warps; block (b, h) owns rows [b RB, b RB + RB) of
+ * matrix h (W + h mat_bytes, x + h xhs, y + h yhs; H = 1 for a plain product) (clamped to the last
+ * row for the copies; rows past n_out are not written) */
 template <int T, int NT, int RB>
 __global__ void __launch_bounds__(RES_NW * 32)
-    gemv_res_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int n_out, int n_slab, const float *x,
-                    int64_t ldx, int n_tok, float *y, int64_t ldy, int pf)
+    gemv_res_kernel(const uint8_t *__restrict__ w, size_t mat_bytes, size_t row_bytes, int n_out, int n_slab,
+                    const float *x, int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy, int64_t yhs,
+                    int pf)
 {
 	constexpr int SE = g3t<T>::SE, SB = g3t<T>::SB, EPL = g3t<T>::EPL, KX = RES_KX(NT);
 	constexpr int V = RB * NT;
@@ -90,6 +92,8 @@ __global__ void __launch_bounds__(RES_NW * 32)
 	__shared__ float part[RES_NW][V];
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int row0 = blockIdx.x * RB;
+	w += (size_t)blockIdx.y * mat_bytes;
+	y += (int64_t)blockIdx.y * yhs;
 	const int upr = (int)(row_bytes / 16); /* 16-byte copies per row */
 
 	/* every row of the block into shared memory: weights only, so before the wait when allowed */
@@ -104,7 +108,7 @@ __global__ void __launch_bounds__(RES_NW * 32)
 	g3_commit();
 	if (pf)
 		KDEP_ENTRY();
-	const float *const xb = kdep_after(x); /* x only from here on */
+	const float *const xb = kdep_after(x) + (int64_t)blockIdx.y * xhs; /* x only from here on */
 
 	/* this warp's slabs: warp + RES_NW k, k = 0 .. n_k - 1, in groups of KX */
 	const int n_k = n_slab > warp ? (n_slab - warp + RES_NW - 1) / RES_NW : 0;
@@ -208,10 +212,10 @@ extern "C" bool kcuda_gemv_res_enabled(void)
 	return e && strcmp(e, "1") == 0;
 }
 
-/* rows per block: the fewest (from 1, 2, 4, 8, 16) that keep the grid within bps blocks per SM
- * (one wave beside the kernel before), then halved while a block's rows exceed RES_MAX_SMEM;
- * TANDEM_GEMV_RES_RB forces it (still bounded by RES_MAX_SMEM). 0: no block fits. */
-static int res_rows(int64_t n_out, size_t row_bytes, int n_sm)
+/* rows per block: the fewest (from 1, 2, 4, 8, 16) that keep the grid (all H matrices) within bps
+ * blocks per SM (one wave beside the kernel before), then halved while a block's rows exceed
+ * RES_MAX_SMEM; TANDEM_GEMV_RES_RB forces it (still bounded by RES_MAX_SMEM). 0: no block fits. */
+static int res_rows(int64_t n_out, int64_t H, size_t row_bytes, int n_sm)
 {
 	int rb = env_int("TANDEM_GEMV_RES_RB", 0);
 	if (rb != 1 && rb != 2 && rb != 4 && rb != 8 && rb != 16) {
@@ -219,7 +223,7 @@ static int res_rows(int64_t n_out, size_t row_bytes, int n_sm)
 		bps = bps < 1 ? 1 : (bps > 32 ? 32 : bps);
 		const int64_t max_blk = (int64_t)(n_sm > 0 ? n_sm : 132) * bps;
 		rb = 1;
-		while (rb < RES_MAX_RB && (n_out + rb - 1) / rb > max_blk)
+		while (rb < RES_MAX_RB && H * ((n_out + rb - 1) / rb) > max_blk)
 			rb *= 2;
 	}
 	while (rb > 1 && (size_t)rb * row_bytes > RES_MAX_SMEM)
@@ -227,44 +231,50 @@ static int res_rows(int64_t n_out, size_t row_bytes, int n_sm)
 	return (size_t)rb * row_bytes <= RES_MAX_SMEM ? rb : 0;
 }
 
-template <int T, int NT, int RB>
-static int res_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
-                      float *y, int64_t ldy)
+/* one call: H stacked matrices W_h = w->data + h mat_bytes (H = 1: a plain product) */
+struct res_call {
+	const struct kweight *w;
+	size_t mat_bytes;
+	int H;
+	const float *x;
+	int64_t ldx, xhs;
+	int n_tok;
+	float *y;
+	int64_t ldy, yhs;
+};
+
+template <int T, int NT, int RB> static int res_launch(struct kcuda_ctx *c, const struct res_call &a)
 {
-	const unsigned grid = (unsigned)((w->n_out + RB - 1) / RB);
-	const int n_slab = (int)(w->n_in / g3t<T>::SE);
-	return klaunch("gemv_res", gemv_res_kernel<T, NT, RB>, dim3(grid), dim3(RES_NW * 32),
-	               (size_t)RB * w->row_bytes, c->stream, (const uint8_t *)w->data, w->row_bytes,
-	               (int)w->n_out, n_slab, x, ldx, n_tok, y, ldy, kcuda_prefetch_enabled());
+	const dim3 grid((unsigned)((a.w->n_out + RB - 1) / RB), (unsigned)a.H);
+	const int n_slab = (int)(a.w->n_in / g3t<T>::SE);
+	return klaunch("gemv_res", gemv_res_kernel<T, NT, RB>, grid, dim3(RES_NW * 32),
+	               (size_t)RB * a.w->row_bytes, c->stream, (const uint8_t *)a.w->data, a.mat_bytes,
+	               a.w->row_bytes, (int)a.w->n_out, n_slab, a.x, a.ldx, a.xhs, a.n_tok, a.y, a.ldy, a.yhs,
+	               kcuda_prefetch_enabled());
 }
 
-template <int T, int NT>
-static int res_launch_rb(struct kcuda_ctx *c, int rb, const struct kweight *w, const float *x, int64_t ldx,
-                         int n_tok, float *y, int64_t ldy)
+template <int T, int NT> static int res_launch_rb(struct kcuda_ctx *c, int rb, const struct res_call &a)
 {
 	switch (rb) {
-	case 1: return res_launch<T, NT, 1>(c, w, x, ldx, n_tok, y, ldy);
-	case 2: return res_launch<T, NT, 2>(c, w, x, ldx, n_tok, y, ldy);
-	case 4: return res_launch<T, NT, 4>(c, w, x, ldx, n_tok, y, ldy);
-	case 8: return res_launch<T, NT, 8>(c, w, x, ldx, n_tok, y, ldy);
-	default: return res_launch<T, NT, 16>(c, w, x, ldx, n_tok, y, ldy);
+	case 1: return res_launch<T, NT, 1>(c, a);
+	case 2: return res_launch<T, NT, 2>(c, a);
+	case 4: return res_launch<T, NT, 4>(c, a);
+	case 8: return res_launch<T, NT, 8>(c, a);
+	default: return res_launch<T, NT, 16>(c, a);
 	}
 }
 
-template <int T>
-static int res_launch_t(struct kcuda_ctx *c, int rb, const struct kweight *w, const float *x, int64_t ldx,
-                        int n_tok, float *y, int64_t ldy)
+template <int T> static int res_launch_t(struct kcuda_ctx *c, int rb, const struct res_call &a)
 {
-	return n_tok == 1 ? res_launch_rb<T, 1>(c, rb, w, x, ldx, n_tok, y, ldy)
-	                  : res_launch_rb<T, 2>(c, rb, w, x, ldx, n_tok, y, ldy);
+	return a.n_tok == 1 ? res_launch_rb<T, 1>(c, rb, a) : res_launch_rb<T, 2>(c, rb, a);
 }
 
-/* The caller (kcuda_matmul) has validated w (row_bytes matches type and n_in), ldx >= n_in and
- * ldy >= n_out; the checks here are the kernel's own limits. */
-int kcuda_gemv_res_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx,
-                          int n_tok, float *y, int64_t ldy)
+/* The kernel's own limits (the callers have validated the shapes: row_bytes matches type and
+ * n_in, x / y strides cover the rows and heads); ERR_UNSUPPORTED with nothing enqueued. */
+static int res_run(struct kcuda_ctx *c, const struct res_call &a)
 {
-	if (!kcuda_gemv_res_enabled() || n_tok < 1 || n_tok > 2)
+	const struct kweight *w = a.w;
+	if (!kcuda_gemv_res_enabled() || a.n_tok < 1 || a.n_tok > 2 || a.H < 1 || a.H > 65535)
 		return ERR_UNSUPPORTED;
 	int se, sb;
 	if (w->type == KT_Q8_0)
@@ -273,15 +283,32 @@ int kcuda_gemv_res_launch(struct kcuda_ctx *c, const struct kweight *w, const fl
 		se = g3t<KT_F32>::SE, sb = g3t<KT_F32>::SB;
 	else
 		return ERR_UNSUPPORTED;
+	const int64_t big = (int64_t)1 << 40;
 	if (w->n_in <= 0 || w->n_in % se || w->row_bytes != (size_t)(w->n_in / se) * (size_t)sb ||
-	    w->row_bytes % 16 || (uintptr_t)w->data % 16 || (uintptr_t)x % 16 || ldx % 4 || w->n_out < 1 ||
-	    w->n_out > INT32_MAX / 2 || ldx > ((int64_t)1 << 40) || ldy > ((int64_t)1 << 40))
+	    w->row_bytes % 16 || (uintptr_t)w->data % 16 || a.mat_bytes % 16 || (uintptr_t)a.x % 16 ||
+	    a.ldx % 4 || a.xhs % 4 || w->n_out < 1 || w->n_out > INT32_MAX / 2 || a.ldx > big ||
+	    a.ldy > big || a.xhs < 0 || a.xhs > big || a.yhs < 0 || a.yhs > big ||
+	    a.mat_bytes > ((size_t)1 << 40))
 		return ERR_UNSUPPORTED;
-	const int rb = res_rows(w->n_out, w->row_bytes, c->n_sm);
+	const int rb = res_rows(w->n_out, a.H, w->row_bytes, c->n_sm);
 	if (rb < 1)
 		return ERR_UNSUPPORTED;
-	return w->type == KT_Q8_0 ? res_launch_t<KT_Q8_0>(c, rb, w, x, ldx, n_tok, y, ldy)
-	                          : res_launch_t<KT_F32>(c, rb, w, x, ldx, n_tok, y, ldy);
+	return w->type == KT_Q8_0 ? res_launch_t<KT_Q8_0>(c, rb, a) : res_launch_t<KT_F32>(c, rb, a);
+}
+
+int kcuda_gemv_res_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx,
+                          int n_tok, float *y, int64_t ldy)
+{
+	const struct res_call a = {w, 0, 1, x, ldx, 0, n_tok, y, ldy, 0};
+	return res_run(c, a);
+}
+
+extern "C" int kcuda_gemv_res_heads(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H,
+                                    const float *x, int64_t ldx, int64_t xhs, int n_tok, float *y,
+                                    int64_t ldy, int64_t yhs)
+{
+	const struct res_call a = {w0, mat_bytes, H, x, ldx, xhs, n_tok, y, ldy, yhs};
+	return res_run(c, a);
 }
 
 extern "C" int kcuda_gemv_res(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx,
@@ -305,5 +332,5 @@ extern "C" int kcuda_gemv_res_rows(const struct kcuda_ctx *c, const struct kweig
 {
 	if (!c || !w || (w->type != KT_Q8_0 && w->type != KT_F32) || w->n_out < 1)
 		return 0;
-	return res_rows(w->n_out, w->row_bytes, c->n_sm);
+	return res_rows(w->n_out, 1, w->row_bytes, c->n_sm);
 }

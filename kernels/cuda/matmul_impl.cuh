@@ -50,6 +50,11 @@ extern "C" bool kcuda_multi_wide_enabled(void);
  * the caller. */
 int kcuda_gemv_res_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx,
                           int n_tok, float *y, int64_t ldy);
+/* The same for H stacked matrices as kcuda_gemv3_heads (v_b); also needs mat_bytes % 16 == 0 and
+ * xhs % 4 == 0. */
+extern "C" int kcuda_gemv_res_heads(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H,
+                                    const float *x, int64_t ldx, int64_t xhs, int n_tok, float *y,
+                                    int64_t ldy, int64_t yhs);
 
 /* The tensor-core tile product (matmul_tile.cu) for H stacked matrices W_h = w0->data + h mat_bytes
  * (w0 describes one; H = 1 and mat_bytes unused for kcuda_matmul): y[t][h yhs + r] =

@@ -12,6 +12,8 @@
  *     3072) and router (7168 -> 256), a q_a-like n_in 6144, odd n_out (1, 5, 33, 1029), n_out below
  *     one block, n_in 256 (one slab: three idle warps), long K (rows per block cut by the shared
  *     memory limit), every rows-per-block value (TANDEM_GEMV_RES_RB=1..16);
+ *   - stacked heads (kfwd_head_gemv's v_b: GLM-5 8 x (512 -> 256), DeepSeek-V3 16 x (512 -> 128),
+ *     a strided layout with gaps between heads) through kcuda_gemv_res_heads and kfwd_head_gemv;
  *   - n_tok 1 and 2;
  *   - PDL ordering: kcuda_pdl_late_copy writes x ~30 us late right before the launch; the outputs
  *     must be those of the new x (the kernel copies weights before its wait, never x);
@@ -25,6 +27,7 @@
 
 #include "common/base/err.h"
 #include "kernels/cuda/gemv_res.h"
+#include "kernels/cuda/model_fwd.h"
 #include "kernels/cuda/pdl_probe.h"
 #include "tests/ops/ops_util.h"
 
@@ -199,6 +202,136 @@ out:
 	free(ym);
 	free(row);
 	return ret;
+}
+
+/* H stacked matrices (v_b): kcuda_gemv_res_heads takes them, kfwd_head_gemv with the switch gives the
+ * same bits, the default dispatch and the CPU op agree within tolerance; gaps (yhs > n_out) and guards
+ * untouched. strided: xhs = n_in + 4, yhs = n_out + 1, matrices 64 bytes apart more than their size. */
+static void check_heads(struct kcuda_ctx *c, int H, int64_t n_in, int64_t n_out, int64_t n_tok, int strided)
+{
+	size_t rb = 0;
+	if (!ktype_row_bytes(KT_Q8_0, n_in, &rb)) {
+		OPS_CHECK(0, "heads: row bytes");
+		return;
+	}
+	const size_t mat = rb * (size_t)n_out + (strided ? 64 : 0);
+	const int64_t xhs = strided ? n_in + 4 : n_in, yhs = strided ? n_out + 1 : n_out;
+	const int64_t ldx = H * xhs, ldy = H * yhs;
+	const size_t yby = sizeof(float) * (size_t)(ldy * n_tok);
+	uint8_t *wh = calloc(mat * (size_t)H, 1);
+	float *xh = malloc(sizeof(float) * (size_t)(ldx * n_tok)), *yh = malloc(yby), *ym = malloc(yby),
+	      *yd = malloc(yby), *row = malloc(sizeof(float) * (size_t)n_in);
+	struct kweight wd = {0};
+	struct ops_dbuf xb = {0}, yb = {0}, ys = {0};
+	if (!wh || !xh || !yh || !ym || !yd || !row) {
+		OPS_CHECK(0, "heads setup");
+		goto out;
+	}
+	for (int h = 0; h < H; h++)
+		ops_fill_weight(KT_Q8_0, n_in, n_out, rb, wh + (size_t)h * mat);
+	for (int64_t i = 0; i < ldx * n_tok; i++)
+		xh[i] = ops_rng_unif();
+	/* one kweight over all heads' bytes (rows of the first matrix, data spanning all of them) */
+	struct kweight w = {.type = KT_Q8_0,
+	                    .n_in = n_in,
+	                    .n_out = (int64_t)(mat * (size_t)H / rb),
+	                    .row_bytes = rb,
+	                    .data = wh};
+	if (mat % rb) { /* the strided gap is not whole rows: upload a row more */
+		w.n_out += 1;
+	}
+	uint8_t *wbig = NULL;
+	if ((size_t)w.n_out * rb > mat * (size_t)H) {
+		wbig = calloc((size_t)w.n_out * rb, 1);
+		if (!wbig) {
+			OPS_CHECK(0, "heads setup");
+			goto out;
+		}
+		memcpy(wbig, wh, mat * (size_t)H);
+		w.data = wbig;
+	}
+	int rcu = kcuda_weight_upload(c, &w, &wd);
+	free(wbig);
+	if (rcu || ops_dbuf_init(c, &xb, sizeof(float) * (size_t)(ldx * n_tok)) ||
+	    kcuda_upload(c, xb.user, xh, xb.bytes) || ops_dbuf_init(c, &yb, yby) ||
+	    ops_dbuf_init(c, &ys, yby)) {
+		OPS_CHECK(0, "heads setup (device)");
+		goto out;
+	}
+	struct kweight w0 = wd;
+	w0.n_out = n_out;
+	setenv("TANDEM_GEMV_RES", "1", 1);
+	int rc = kcuda_gemv_res_heads(c, &w0, mat, H, xb.user, ldx, xhs, (int)n_tok, yb.user, ldy, yhs);
+	rc = rc ? rc : kcuda_sync(c);
+	OPS_CHECK(rc == 0, "heads H %d n_tok %" PRId64 ": rc %d (the kernel must take this shape)", H, n_tok,
+	          rc);
+	size_t bad = ops_dbuf_get(c, &yb, yh);
+	OPS_CHECK(bad == 0, "heads: %zu guard bytes damaged around y", bad);
+	int rc2 = kfwd_head_gemv(c, &w0, mat, H, xb.user, ldx, xhs, n_tok, ys.user, ldy, yhs);
+	rc2 = rc2 ? rc2 : kcuda_sync(c);
+	if (!rc2)
+		ops_dbuf_get(c, &ys, ym);
+	OPS_CHECK(rc2 == 0 && memcmp(ym, yh, yby) == 0,
+	          "heads H %d n_tok %" PRId64 ": kfwd_head_gemv with TANDEM_GEMV_RES=1 differs (rc %d)", H,
+	          n_tok, rc2);
+	unsetenv("TANDEM_GEMV_RES");
+	int rc3 = kfwd_head_gemv(c, &w0, mat, H, xb.user, ldx, xhs, n_tok, ys.user, ldy, yhs);
+	rc3 = rc3 ? rc3 : kcuda_sync(c);
+	if (!rc3)
+		ops_dbuf_get(c, &ys, yd);
+	OPS_CHECK(rc3 == 0, "heads: default dispatch rc %d", rc3);
+	int64_t n_bad = 0, n_bad_d = 0, n_gap = 0;
+	double worst = 0;
+	for (int h = 0; h < H; h++)
+		for (int64_t r = 0; r < n_out; r++) {
+			const uint8_t *wr = wh + (size_t)h * mat + (size_t)r * rb;
+			kcpu_dequant_row(KT_Q8_0, wr, row, n_in);
+			for (int64_t t = 0; t < n_tok; t++) {
+				const float *x = xh + t * ldx + h * xhs;
+				const double ref = kcpu_dot_row(KT_Q8_0, wr, x, n_in);
+				double mag = 0;
+				for (int64_t k = 0; k < n_in; k++)
+					mag += fabs((double)row[k] * x[k]);
+				const double tol = 2e-6 * sqrt((double)n_in) * mag + 1e-30;
+				const float g = yh[t * ldy + h * yhs + r], d = yd[t * ldy + h * yhs + r];
+				if (!isfinite(g) || !(fabs((double)g - ref) <= tol)) {
+					if (n_bad++ < 3)
+						printf("  heads h %d row %" PRId64 " tok %" PRId64
+						       ": gpu %.9g ref %.9g\n",
+						       h, r, t, g, ref);
+				}
+				if (!rc3 && !(fabs((double)g - (double)d) <= tol))
+					n_bad_d++;
+				if (mag > 0 && fabs((double)g - ref) / mag > worst)
+					worst = fabs((double)g - ref) / mag;
+			}
+		}
+	for (int64_t t = 0; t < n_tok; t++)
+		for (int h = 0; h < H; h++)
+			for (int64_t r = n_out; r < yhs; r++)
+				n_gap += !ops_is_fill_f32(yh[t * ldy + h * yhs + r]);
+	OPS_CHECK(n_bad == 0, "heads H %d n_tok %" PRId64 ": %" PRId64 " wrong outputs", H, n_tok, n_bad);
+	OPS_CHECK(n_bad_d == 0, "heads H %d n_tok %" PRId64 ": %" PRId64 " outputs away from the default", H,
+	          n_tok, n_bad_d);
+	OPS_CHECK(n_gap == 0, "heads: %" PRId64 " writes into the gaps between heads", n_gap);
+	if (worst > worst_err)
+		worst_err = worst;
+	printf("gemv_res heads %2d x (%" PRId64 " -> %" PRId64 ") n_tok %" PRId64
+	       "%s: max |err|/sum|wx| %.2e %s\n",
+	       H, n_in, n_out, n_tok, strided ? " strided" : "", worst,
+	       n_bad || n_bad_d || n_gap || rc ? "FAIL" : "ok");
+out:
+	unsetenv("TANDEM_GEMV_RES");
+	kcuda_weight_free(&wd);
+	ops_dbuf_fini(&xb);
+	ops_dbuf_fini(&yb);
+	ops_dbuf_fini(&ys);
+	free(wh);
+	free(xh);
+	free(yh);
+	free(ym);
+	free(yd);
+	free(row);
 }
 
 /* PDL ordering: x holds old values; a late producer (kcuda_pdl_late_copy, ~30 us of spin, then the
@@ -381,6 +514,11 @@ int main(void)
 					continue;
 				setup_fail |= run_case(c, &cases[i], nt, s);
 			}
+	for (int64_t nt = 1; nt <= 2; nt++) {
+		check_heads(c, 8, 512, 256, nt, 0); /* GLM-5 v_b per rank */
+		check_heads(c, 16, 512, 128, nt, 1); /* DeepSeek-V3 v_b per rank, strided */
+		check_heads(c, 3, 1024, 37, nt, 1);
+	}
 	static const char *const rbs[] = {"1", "2", "4", "8", "16"};
 	for (size_t r = 0; r < sizeof(rbs) / sizeof(rbs[0]); r++) {
 		setenv("TANDEM_GEMV_RES_RB", rbs[r], 1);

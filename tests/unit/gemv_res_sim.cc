@@ -36,7 +36,7 @@
 	} while (0)
 
 struct sim_dim {
-	unsigned x;
+	unsigned x, y;
 };
 thread_local sim_dim threadIdx, blockIdx;
 struct float4 {
@@ -145,6 +145,14 @@ alignas(16) static uint8_t sim_dyn[48 * 1024];
 static int n_check, n_fail;
 
 /* one block after the other, 128 std::threads each */
+/* the heads: H matrices mat_bytes apart, x and y of head h at h xhs / h yhs (H = 1: a plain product) */
+struct sim_heads {
+	int H;
+	size_t mat_bytes;
+	int64_t xhs, yhs;
+};
+static sim_heads g_heads = {1, 0, 0, 0};
+
 template <int T, int NT, int RB>
 static void sim_run(const uint8_t *w, size_t row_bytes, int n_out, int n_slab, const float *x, int64_t ldx,
                     int n_tok, float *y, int64_t ldy)
@@ -155,7 +163,8 @@ static void sim_run(const uint8_t *w, size_t row_bytes, int n_out, int n_slab, c
 		n_fail++;
 		return;
 	}
-	for (int b = 0; b < nb; b++) {
+	for (int bh = 0; bh < nb * g_heads.H; bh++) {
+		const int b = bh % nb, h = bh / nb;
 		memset(sim_dyn, 0xcd, sizeof(sim_dyn)); /* stale bytes from the last block must not count */
 		std::barrier<> bb(RES_NW * 32);
 		sim_block_bar = &bb;
@@ -169,8 +178,9 @@ static void sim_run(const uint8_t *w, size_t row_bytes, int n_out, int n_slab, c
 			th.emplace_back([=]() {
 				threadIdx.x = (unsigned)t;
 				blockIdx.x = (unsigned)b;
-				gemv_res_kernel<T, NT, RB>(w, row_bytes, n_out, n_slab, x, ldx, n_tok, y, ldy,
-				                           1);
+				blockIdx.y = (unsigned)h;
+				gemv_res_kernel<T, NT, RB>(w, g_heads.mat_bytes, row_bytes, n_out, n_slab, x,
+				                           ldx, g_heads.xhs, n_tok, y, ldy, g_heads.yhs, 1);
 				sim_warps[t >> 5].bar->arrive_and_drop();
 				sim_block_bar->arrive_and_drop();
 			});
@@ -201,37 +211,44 @@ static uint16_t f2h_scale(void) /* a random fp16 scale of magnitude [2^-9, 2^-6)
 	return (uint16_t)(((rng() & 1) << 15) | (e << 10) | m);
 }
 
-static void run_case(int type, int n_in, int n_out, int n_tok, int rb, bool strided)
+/* H = 1: a plain product (x rows ldx apart, y rows ldy apart); H > 1: H matrices with a 32-byte gap
+ * between them, x of head h at h xhs (xhs = n_in + 4), y of head h at h yhs (yhs = n_out + 1) */
+static void run_case(int type, int n_in, int n_out, int n_tok, int rb, bool strided, int H = 1)
 {
 	const bool q8 = type == KT_Q8_0;
 	const int se = q8 ? 256 : 128, sb = q8 ? 272 : 512;
 	const int n_slab = n_in / se;
-	const size_t row_bytes = (size_t)n_slab * sb;
-	const int64_t ldx = strided ? n_in + 4 : n_in, ldy = strided ? n_out + 3 : n_out;
-	std::vector<uint8_t> w(row_bytes * (size_t)n_out + 16);
-	std::vector<double> wf((size_t)n_in * (size_t)n_out);
+	const size_t row_bytes = (size_t)n_slab * sb,
+	             mat_bytes = row_bytes * (size_t)n_out + (H > 1 ? 32 : 0);
+	const int64_t xhs = H > 1 ? n_in + 4 : 0, yhs = H > 1 ? n_out + 1 : 0;
+	const int64_t ldx = (H > 1 ? H * xhs : n_in) + (strided ? 4 : 0);
+	const int64_t ldy = (H > 1 ? H * yhs : n_out) + (strided ? 3 : 0);
+	std::vector<uint8_t> w(mat_bytes * (size_t)H + 16, 0xee);
+	std::vector<double> wf((size_t)H * n_in * (size_t)n_out);
 	std::uniform_real_distribution<float> u(-1, 1);
-	for (int r = 0; r < n_out; r++) {
-		uint8_t *p = w.data() + (size_t)r * row_bytes;
-		if (q8) {
-			for (int b = 0; b < n_in / 32; b++) {
-				const uint16_t d = f2h_scale();
-				memcpy(p + 34 * b, &d, 2);
-				for (int i = 0; i < 32; i++) {
-					const int8_t q = (int8_t)(rng() & 0xff);
-					p[34 * b + 2 + i] = (uint8_t)q;
-					wf[(size_t)r * n_in + 32 * b + i] = (double)sim_h2f(d) * q;
+	for (int h = 0; h < H; h++)
+		for (int r = 0; r < n_out; r++) {
+			uint8_t *p = w.data() + (size_t)h * mat_bytes + (size_t)r * row_bytes;
+			double *f = wf.data() + ((size_t)h * n_out + r) * n_in;
+			if (q8) {
+				for (int b = 0; b < n_in / 32; b++) {
+					const uint16_t d = f2h_scale();
+					memcpy(p + 34 * b, &d, 2);
+					for (int i = 0; i < 32; i++) {
+						const int8_t q = (int8_t)(rng() & 0xff);
+						p[34 * b + 2 + i] = (uint8_t)q;
+						f[32 * b + i] = (double)sim_h2f(d) * q;
+					}
+				}
+			} else {
+				for (int k = 0; k < n_in; k++) {
+					const float v = u(rng);
+					memcpy(p + 4 * k, &v, 4);
+					f[k] = v;
 				}
 			}
-		} else {
-			for (int k = 0; k < n_in; k++) {
-				const float v = u(rng);
-				memcpy(p + 4 * k, &v, 4);
-				wf[(size_t)r * n_in + k] = v;
-			}
 		}
-	}
-	std::vector<float> x((size_t)ldx * n_tok + 4), y((size_t)ldy * n_tok + 64, NAN);
+	std::vector<float> x((size_t)ldx * n_tok + 4), y((size_t)ldy * n_tok + 64);
 	for (auto &v : x)
 		v = u(rng);
 	const float guard = -12345.5f;
@@ -244,6 +261,7 @@ static void run_case(int type, int n_in, int n_out, int n_tok, int rb, bool stri
 		n_fail++;
 		return;
 	}
+	g_heads = {H, mat_bytes, xhs, yhs};
 	if (q8)
 		n_tok == 1 ? sim_rb<KT_Q8_0, 1>(rb, w.data(), row_bytes, n_out, n_slab, x.data(), ldx, n_tok,
 		                                yp, ldy)
@@ -254,29 +272,35 @@ static void run_case(int type, int n_in, int n_out, int n_tok, int rb, bool stri
 		    ? sim_rb<KT_F32, 1>(rb, w.data(), row_bytes, n_out, n_slab, x.data(), ldx, n_tok, yp, ldy)
 		    : sim_rb<KT_F32, 2>(rb, w.data(), row_bytes, n_out, n_slab, x.data(), ldx, n_tok, yp,
 		                        ldy);
+	g_heads = {1, 0, 0, 0};
 	int bad = 0, bad_guard = 0;
 	double worst = 0;
-	for (int t = 0; t < n_tok; t++) {
-		for (int r = 0; r < n_out; r++) {
-			double ref = 0, mag = 0;
-			for (int k = 0; k < n_in; k++) {
-				const double p = wf[(size_t)r * n_in + k] * x[(size_t)t * ldx + k];
-				ref += p;
-				mag += std::fabs(p);
+	std::vector<bool> written((size_t)ldy * n_tok, false);
+	for (int t = 0; t < n_tok; t++)
+		for (int h = 0; h < H; h++)
+			for (int r = 0; r < n_out; r++) {
+				const double *f = wf.data() + ((size_t)h * n_out + r) * n_in;
+				const float *xv = x.data() + (size_t)t * ldx + (size_t)h * xhs;
+				double ref = 0, mag = 0;
+				for (int k = 0; k < n_in; k++) {
+					ref += f[k] * xv[k];
+					mag += std::fabs(f[k] * xv[k]);
+				}
+				const size_t yi = (size_t)t * ldy + (size_t)h * yhs + r;
+				written[yi] = true;
+				const float g = yp[yi];
+				const double err = std::fabs((double)g - ref),
+				             tol = 2e-6 * std::sqrt((double)n_in) * mag + 1e-30;
+				if (!std::isfinite(g) || !(err <= tol)) {
+					if (bad++ < 3)
+						printf("  head %d row %d tok %d: sim %.9g ref %.9g\n", h, r,
+						       t, g, ref);
+				}
+				if (mag > 0)
+					worst = std::max(worst, err / mag);
 			}
-			const float g = yp[(int64_t)t * ldy + r];
-			const double err = std::fabs((double)g - ref),
-			             tol = 2e-6 * std::sqrt((double)n_in) * mag + 1e-30;
-			if (!std::isfinite(g) || !(err <= tol)) {
-				if (bad++ < 3)
-					printf("  row %d tok %d: sim %.9g ref %.9g\n", r, t, g, ref);
-			}
-			if (mag > 0)
-				worst = std::max(worst, err / mag);
-		}
-		for (int64_t r = n_out; r < ldy; r++)
-			bad_guard += yp[(int64_t)t * ldy + r] != guard;
-	}
+	for (size_t i = 0; i < written.size(); i++) /* the gaps: ldy > rows, yhs > n_out */
+		bad_guard += !written[i] && yp[i] != guard;
 	for (int i = 0; i < 32; i++)
 		bad_guard += y[i] != guard;
 	for (size_t i = 32 + (size_t)ldy * n_tok; i < y.size(); i++)
@@ -284,9 +308,10 @@ static void run_case(int type, int n_in, int n_out, int n_tok, int rb, bool stri
 	n_check++;
 	const bool ok = !bad && !bad_guard;
 	n_fail += !ok;
-	printf("%s %-4s n_in %5d n_out %5d n_tok %d rb %2d%s: max |err|/sum|wx| %.2e%s%s\n",
-	       ok ? "ok  " : "FAIL", q8 ? "Q8_0" : "F32", n_in, n_out, n_tok, rb, strided ? " strided" : "",
-	       worst, bad ? " WRONG OUTPUTS" : "", bad_guard ? " GUARD / GAP WRITTEN" : "");
+	printf("%s %-4s n_in %5d n_out %5d n_tok %d rb %2d H %d%s: max |err|/sum|wx| %.2e%s%s\n",
+	       ok ? "ok  " : "FAIL", q8 ? "Q8_0" : "F32", n_in, n_out, n_tok, rb, H,
+	       strided ? " strided" : "", worst, bad ? " WRONG OUTPUTS" : "",
+	       bad_guard ? " GUARD / GAP WRITTEN" : "");
 }
 
 int main(int argc, char **argv)
@@ -315,6 +340,12 @@ int main(int argc, char **argv)
 					continue;
 				run_case(s.type, s.n_in, s.n_out, nt, rb, ((nt + rb) & 1) != 0);
 			}
+	/* stacked heads (v_b: 8 heads of 512 -> 256; smaller here) */
+	for (int nt = 1; nt <= 2; nt++)
+		for (int rb : {1, 4, 16}) {
+			run_case(KT_Q8_0, 512, 21, nt, rb, nt == 2, 3);
+			run_case(KT_F32, 256, 7, nt, rb, nt == 1, 2);
+		}
 	printf("%s: %d cases, %d failed\n", n_fail ? "FAIL" : "PASS", n_check, n_fail);
 	return n_fail ? 1 : 0;
 }
