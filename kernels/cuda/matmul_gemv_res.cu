@@ -73,6 +73,17 @@ template <int V> __device__ __forceinline__ void res_warp_reduce(float (&v)[V], 
 	res_reduce_step<V, V, 16>(v, lane);
 }
 
+/* cp.async.wait_group n for a count known only after unrolling (0..3) */
+__device__ __forceinline__ void res_wait_groups(int n)
+{
+	switch (n) {
+	case 0: g3_wait<0>(); break;
+	case 1: g3_wait<1>(); break;
+	case 2: g3_wait<2>(); break;
+	default: g3_wait<3>(); break;
+	}
+}
+
 /* grid (ceil(n_out / RB), H) blocks of RES_NW warps; block (b, h) owns rows [b RB, b RB + RB) of
  * matrix h (W + h mat_bytes, x + h xhs, y + h yhs; H = 1 for a plain product) (clamped to the last
  * row for the copies; rows past n_out are not written) */
@@ -88,6 +99,10 @@ __global__ void __launch_bounds__(RES_NW * 32)
 	 * while this one is decoded. Q8_0 products at batch 1 have 1-2 groups (n_in 1536..2048), and
 	 * the second buffer costs ~20 registers (115 instead of 96 at RB 16): loaded group by group. */
 	constexpr bool PIPE = T == KT_F32;
+	/* the rows are copied in G commit groups of RG rows: where a warp's x is one group (n_in up to
+	 * 2048 at one token, 1024 at two), row group g is decoded as soon as its copies have landed,
+	 * while later groups are still in flight (weights that did not arrive before the wait) */
+	constexpr int G = RB >= 4 ? 4 : RB, RG = RB / G;
 	extern __shared__ __align__(16) uint8_t res_tile[];
 	__shared__ float part[RES_NW][V];
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -100,12 +115,16 @@ __global__ void __launch_bounds__(RES_NW * 32)
 	if (!pf)
 		KDEP_ENTRY();
 #pragma unroll
-	for (int r = 0; r < RB; r++) {
-		const uint8_t *src = w + (size_t)min(row0 + r, n_out - 1) * row_bytes;
-		for (int u = tid; u < upr; u += RES_NW * 32)
-			g3_cp16(res_tile + (size_t)r * row_bytes + 16 * (size_t)u, src + 16 * (size_t)u);
+	for (int gr = 0; gr < G; gr++) {
+#pragma unroll
+		for (int r = gr * RG; r < gr * RG + RG; r++) {
+			const uint8_t *src = w + (size_t)min(row0 + r, n_out - 1) * row_bytes;
+			for (int u = tid; u < upr; u += RES_NW * 32)
+				g3_cp16(res_tile + (size_t)r * row_bytes + 16 * (size_t)u,
+				        src + 16 * (size_t)u);
+		}
+		g3_commit();
 	}
-	g3_commit();
 	if (pf)
 		KDEP_ENTRY();
 	const float *const xb = kdep_after(x) + (int64_t)blockIdx.y * xhs; /* x only from here on */
@@ -141,47 +160,66 @@ __global__ void __launch_bounds__(RES_NW * 32)
 #pragma unroll
 	for (int i = 0; i < V; i++)
 		acc[i] = 0.0f;
+	/* row r of this warp's slab k (its x in xs[kx]) into acc */
+	auto fma_row = [&](const float(&xs)[KX][NT][EPL], int kx, int k, int r) {
+		g3_row<T> wr;
+		g3_decode<T>(res_tile + (size_t)r * row_bytes + (size_t)(warp + RES_NW * k) * SB, lane, wr);
+#pragma unroll
+		for (int t = 0; t < NT; t++) {
+			float p0 = 0.0f, p1 = 0.0f;
+#pragma unroll
+			for (int e = 0; e < EPL; e += 2) {
+				p0 = fmaf(wr.v[e], xs[kx][t][e], p0);
+				p1 = fmaf(wr.v[e + 1], xs[kx][t][e + 1], p1);
+			}
+			acc[r * NT + t] = fmaf(wr.d, p0 + p1, acc[r * NT + t]);
+		}
+	};
 	float xc[KX][NT][EPL];
 	load_x(0, xc); /* in flight while the copies land */
-	g3_wait<0>();
-	__syncthreads(); /* every thread's copies are visible */
-	const int n_g = (n_k + KX - 1) / KX;
-	for (int g = 0; g < n_g; g++) {
-		float xn[KX][NT][EPL];
-		if (PIPE && g + 1 < n_g)
-			load_x(g + 1, xn);
+	/* x groups of the warp with the most slabs (warp 0): the branch below must be block-uniform */
+	const int n_g = ((n_slab + RES_NW - 1) / RES_NW + KX - 1) / KX;
+	if (n_g <= 1) {
+		/* row group by row group as the copies land; per row the slabs in the same order as below */
 #pragma unroll
-		for (int k = 0; k < KX; k++) {
-			const int kk = g * KX + k;
-			if (kk >= n_k)
-				break;
-			const uint8_t *sp = res_tile + (size_t)(warp + RES_NW * kk) * SB;
+		for (int gr = 0; gr < G; gr++) {
+			res_wait_groups(G - 1 - gr);
+			__syncthreads(); /* every thread's copies of row group gr are visible */
 #pragma unroll
-			for (int r = 0; r < RB; r++) {
-				g3_row<T> wr;
-				g3_decode<T>(sp + (size_t)r * row_bytes, lane, wr);
+			for (int k = 0; k < KX; k++) {
+				if (k >= n_k)
+					break;
 #pragma unroll
-				for (int t = 0; t < NT; t++) {
-					float p0 = 0.0f, p1 = 0.0f;
-#pragma unroll
-					for (int e = 0; e < EPL; e += 2) {
-						p0 = fmaf(wr.v[e], xc[k][t][e], p0);
-						p1 = fmaf(wr.v[e + 1], xc[k][t][e + 1], p1);
-					}
-					acc[r * NT + t] = fmaf(wr.d, p0 + p1, acc[r * NT + t]);
-				}
+				for (int r = gr * RG; r < gr * RG + RG; r++)
+					fma_row(xc, k, k, r);
 			}
 		}
-		if (PIPE && g + 1 < n_g) {
+	} else {
+		g3_wait<0>();
+		__syncthreads(); /* every thread's copies are visible */
+		for (int g = 0; g < n_g; g++) {
+			float xn[KX][NT][EPL];
+			if (PIPE && g + 1 < n_g)
+				load_x(g + 1, xn);
 #pragma unroll
-			for (int k = 0; k < KX; k++)
+			for (int k = 0; k < KX; k++) {
+				if (g * KX + k >= n_k)
+					break;
 #pragma unroll
-				for (int t = 0; t < NT; t++)
+				for (int r = 0; r < RB; r++)
+					fma_row(xc, k, g * KX + k, r);
+			}
+			if (PIPE && g + 1 < n_g) {
 #pragma unroll
-					for (int e = 0; e < EPL; e++)
-						xc[k][t][e] = xn[k][t][e];
-		} else if (g + 1 < n_g) {
-			load_x(g + 1, xc);
+				for (int k = 0; k < KX; k++)
+#pragma unroll
+					for (int t = 0; t < NT; t++)
+#pragma unroll
+						for (int e = 0; e < EPL; e++)
+							xc[k][t][e] = xn[k][t][e];
+			} else if (g + 1 < n_g) {
+				load_x(g + 1, xc);
+			}
 		}
 	}
 	res_warp_reduce<V>(acc, lane);

@@ -1,6 +1,7 @@
 /* matmul_gemv_res.cu's kernel SOURCE run on the CPU (as topk_fast_sim.cc does for the top-k): every
  * CUDA thread a std::thread, __syncthreads a block-wide std::barrier, __shfl_xor_sync an exchange
- * behind a per-warp barrier, the dynamic shared memory a static buffer, cp.async a 16-byte memcpy.
+ * behind a per-warp barrier, the dynamic shared memory a static buffer, cp.async a 16-byte memcpy
+ * deferred until the cp.async.wait_group that covers its commit group.
  * test_gemv_res_sim.sh cuts the kernel's device part (from "#define RES_NW" to the host helpers) and
  * the slab decode of matmul_impl.cuh (g3t, g3_s8f, g3_row, g3_decode; not the cp.async asm) into
  * .inc files and builds this file around them, so CI without a GPU checks the kernel's own
@@ -12,6 +13,7 @@
  * idle warps (one slab), several x groups (Q8_0 group by group, F32 pipelined), strided x and y.
  * It does not check the memory model, PDL or timing: tests/ops/test_ops_gemv_res.c does that. */
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -121,17 +123,31 @@ static inline float __shfl_xor_sync(unsigned, float v, int m)
 
 #include "g3_slab.inc"
 
-/* cp.async as a plain copy (the sim has no asynchrony: the wait and the barrier after it are
- * still executed by the kernel) */
+/* cp.async deferred: each thread's copies are queued per commit group and done only when a
+ * cp.async.wait_group lets them (the oldest groups first), so a wait count that lets the kernel
+ * decode rows whose group has not been waited for reads the stale fill of sim_dyn and fails */
+struct sim_copy {
+	void *dst;
+	const void *src;
+};
+thread_local std::vector<std::vector<sim_copy>> sim_groups; /* committed, oldest first */
+thread_local std::vector<sim_copy> sim_open; /* not yet committed */
 static inline void g3_cp16(void *dst, const void *src)
 {
-	memcpy(dst, src, 16);
+	sim_open.push_back({dst, src});
 }
 static inline void g3_commit(void)
 {
+	sim_groups.push_back(sim_open);
+	sim_open.clear();
 }
 template <int N> static inline void g3_wait(void)
 {
+	while ((int)sim_groups.size() > N) {
+		for (const sim_copy &c : sim_groups.front())
+			memcpy(c.dst, c.src, 16);
+		sim_groups.erase(sim_groups.begin());
+	}
 }
 static inline int kcuda_prefetch_enabled(void)
 {
@@ -143,6 +159,7 @@ alignas(16) static uint8_t sim_dyn[48 * 1024];
 #include "gemv_res_body.inc"
 
 static int n_check, n_fail;
+static std::atomic<int> sim_leaks; /* threads that ended with copies never waited for */
 
 /* one block after the other, 128 std::threads each */
 /* the heads: H matrices mat_bytes apart, x and y of head h at h xhs / h yhs (H = 1: a plain product) */
@@ -181,6 +198,11 @@ static void sim_run(const uint8_t *w, size_t row_bytes, int n_out, int n_slab, c
 				blockIdx.y = (unsigned)h;
 				gemv_res_kernel<T, NT, RB>(w, g_heads.mat_bytes, row_bytes, n_out, n_slab, x,
 				                           ldx, g_heads.xhs, n_tok, y, ldy, g_heads.yhs, 1);
+				if (!sim_groups.empty() || !sim_open.empty()) {
+					sim_leaks++;
+				}
+				sim_groups.clear();
+				sim_open.clear();
 				sim_warps[t >> 5].bar->arrive_and_drop();
 				sim_block_bar->arrive_and_drop();
 			});
@@ -346,6 +368,10 @@ int main(int argc, char **argv)
 			run_case(KT_Q8_0, 512, 21, nt, rb, nt == 2, 3);
 			run_case(KT_F32, 256, 7, nt, rb, nt == 1, 2);
 		}
+	if (sim_leaks) {
+		printf("FAIL: %d threads ended with copies never waited for\n", sim_leaks.load());
+		n_fail++;
+	}
 	printf("%s: %d cases, %d failed\n", n_fail ? "FAIL" : "PASS", n_check, n_fail);
 	return n_fail ? 1 : 0;
 }
