@@ -1,5 +1,6 @@
-/* Bench: the resident-weights GEMV (matmul_gemv_res.cu, TANDEM_GEMV_RES=1) against the default
- * dispatch (gemv_kernel / gemv3) and matmul_multi.cu's kernel as a table of one (TANDEM_MULTI_WIDE=1),
+/* Bench: the resident-weights GEMV (matmul_gemv_res.cu, TANDEM_GEMV_RES=1) against gemv_kernel /
+ * gemv3 (old: TANDEM_MULTI_WIDE=0) and matmul_multi.cu's kernel as a table of one (TANDEM_MULTI_WIDE=1,
+ * main's default since 2026-11-30 00:40),
  * through kcuda_matmul, on the GLM-5 / DeepSeek-V3 TP=8 per-rank products of a batch-1 decode layer
  * (o, idx_q_b, q_b, the F32 router; v_b's stacked heads through kfwd_head_gemv, where the old path is
  * gemv3), n_tok 1 and 2. Each call uses another copy of the weights
@@ -199,14 +200,15 @@ int main(void)
 	if (cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0) != cudaSuccess || khz <= 0)
 		khz = 1980000; /* the H200's boost clock */
 	g_cycles = (long long)khz * 5 / 1000; /* ~5 us */
-	printf("\nus per call in CUDA graphs of 20 (PDL %s, prefetch %s); old = default dispatch, multi = "
-	       "TANDEM_MULTI_WIDE=1, res = TANDEM_GEMV_RES=1 (rows per block in brackets);\nb2b: back to "
-	       "back; spin: after a ~5 us one-block kernel; wide: after a ~5 us kernel of one 80 KB block "
-	       "per SM (predecessor time subtracted); GB/s of res vs the read ceiling\n"
-	       "%-15s %5s %6s %4s | %6s %6s %6s %5s %6s | %6s %6s %6s %6s | %6s %6s %6s %6s\n",
-	       pdl && !strcmp(pdl, "0") ? "off" : "on", pf && !strcmp(pf, "0") ? "off" : "on", "product",
-	       "n_tok", "MB", "rb", "b.old", "b.mul", "b.res", "GB/s", "%ceil", "s.old", "s.mul", "s.res",
-	       "GB/s", "w.old", "w.mul", "w.res", "GB/s");
+	printf(
+	    "\nus per call in CUDA graphs of 20 (PDL %s, prefetch %s); old = TANDEM_MULTI_WIDE=0, multi = "
+	    "TANDEM_MULTI_WIDE=1 (default), res = TANDEM_GEMV_RES=1 (rb: its rows per block);\nb2b: back to "
+	    "back; spin: after a ~5 us one-block kernel; wide: after a ~5 us kernel of one 80 KB block "
+	    "per SM (predecessor time subtracted); GB/s of res vs the read ceiling\n"
+	    "%-15s %5s %6s %4s | %6s %6s %6s %5s %6s | %6s %6s %6s %6s | %6s %6s %6s %6s\n",
+	    pdl && !strcmp(pdl, "0") ? "off" : "on", pf && !strcmp(pf, "0") ? "off" : "on", "product",
+	    "n_tok", "MB", "rb", "b.old", "b.mul", "b.res", "GB/s", "%ceil", "s.old", "s.mul", "s.res",
+	    "GB/s", "w.old", "w.mul", "w.res", "GB/s");
 	int n_fail = 0;
 	for (const prod &p : prods) {
 		size_t rb = 0;

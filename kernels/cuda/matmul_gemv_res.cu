@@ -23,9 +23,9 @@
  * Layout (gemv3's slabs, matmul_impl.cuh): a row is n_slab slabs of SE elements / SB bytes; the tile
  * holds the block's RB rows back to back (row_bytes == n_slab SB apart). Warp w takes slabs
  * w, w + RES_NW, ...; lane l decodes elements EPL l .. EPL l + EPL - 1 of each (g3_decode) for every
- * row and reuses its x registers for the RB rows. x is held for RES_KX(NT) slabs at a time (n_in
- * 2048, one token: all of a warp's x in one group, one exposed L2 round trip); for F32 the next
- * group's x is loaded while the current one is decoded.
+ * row and reuses its x registers for the RB rows. x is held for RES_KX(T, NT) slabs at a time: all of a
+ * warp's x in one group, i.e. one exposed L2 round trip, up to n_in 2048 (Q8_0) / 8192 (F32) at one
+ * token and half that at two; longer rows take a round trip per group.
  * Sums: per lane over its slabs in order; then the warp's RB x NT values by a butterfly (at each step
  * half the values go to the partner lane: fixed order); then the warps in order through shared
  * memory. Reruns are bit-identical; fp32 throughout (exact weights, fp32 x), within fp32 summation
@@ -43,7 +43,9 @@
 #define RES_NW 4 /* warps per block */
 #define RES_MAX_RB 16
 #define RES_MAX_SMEM (48 * 1024) /* dynamic shared memory per block (no opt-in attribute needed) */
-#define RES_KX(NT) (2 / (NT)) /* slabs of x held in registers per group (and as many for the next) */
+/* slabs of x per warp held in registers at once (F32 slabs are half as long, and the F32 products at
+ * batch 1 are few rows: the router's 6144 / 7168 floats fit one group) */
+#define RES_KX(T, NT) (((T) == KT_F32 ? 16 : 2) / (NT))
 
 /* Sums v[0..V) of every lane over the warp: afterwards lane l holds (in v[0]) the warp total of
  * value l / (32 / V) (V a power of two <= 32). Step M (16, 8, ..., 1) while N > 1 values are held:
@@ -93,12 +95,8 @@ __global__ void __launch_bounds__(RES_NW * 32)
                     const float *x, int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy, int64_t yhs,
                     int pf)
 {
-	constexpr int SE = g3t<T>::SE, SB = g3t<T>::SB, EPL = g3t<T>::EPL, KX = RES_KX(NT);
+	constexpr int SE = g3t<T>::SE, SB = g3t<T>::SB, EPL = g3t<T>::EPL, KX = RES_KX(T, NT);
 	constexpr int V = RB * NT;
-	/* F32 rows are long in slabs (the router: 48 slabs, 12 per warp): the next group's x is loaded
-	 * while this one is decoded. Q8_0 products at batch 1 have 1-2 groups (n_in 1536..2048), and
-	 * the second buffer costs ~20 registers (115 instead of 96 at RB 16): loaded group by group. */
-	constexpr bool PIPE = T == KT_F32;
 	/* the rows are copied in G commit groups of RG rows: where a warp's x is one group (n_in up to
 	 * 2048 at one token, 1024 at two), row group g is decoded as soon as its copies have landed,
 	 * while later groups are still in flight (weights that did not arrive before the wait) */
@@ -198,9 +196,6 @@ __global__ void __launch_bounds__(RES_NW * 32)
 		g3_wait<0>();
 		__syncthreads(); /* every thread's copies are visible */
 		for (int g = 0; g < n_g; g++) {
-			float xn[KX][NT][EPL];
-			if (PIPE && g + 1 < n_g)
-				load_x(g + 1, xn);
 #pragma unroll
 			for (int k = 0; k < KX; k++) {
 				if (g * KX + k >= n_k)
@@ -209,17 +204,8 @@ __global__ void __launch_bounds__(RES_NW * 32)
 				for (int r = 0; r < RB; r++)
 					fma_row(xc, k, g * KX + k, r);
 			}
-			if (PIPE && g + 1 < n_g) {
-#pragma unroll
-				for (int k = 0; k < KX; k++)
-#pragma unroll
-					for (int t = 0; t < NT; t++)
-#pragma unroll
-						for (int e = 0; e < EPL; e++)
-							xc[k][t][e] = xn[k][t][e];
-			} else if (g + 1 < n_g) {
+			if (g + 1 < n_g) /* rows longer than one group: the next group's x (L1 / L2) */
 				load_x(g + 1, xc);
-			}
 		}
 	}
 	res_warp_reduce<V>(acc, lane);
