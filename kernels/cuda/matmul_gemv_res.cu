@@ -42,7 +42,9 @@
 
 #define RES_NW 4 /* warps per block */
 #define RES_MAX_RB 16
-#define RES_MAX_SMEM (48 * 1024) /* dynamic shared memory per block (no opt-in attribute needed) */
+/* dynamic shared memory per block: with the static part[] (<= 512 bytes) under the 48 KB a launch
+ * may use without the opt-in attribute */
+#define RES_MAX_SMEM (47 * 1024)
 /* slabs of x per warp held in registers at once (F32 slabs are half as long, and the F32 products at
  * batch 1 are few rows: the router's 6144 / 7168 floats fit one group) */
 #define RES_KX(T, NT) (((T) == KT_F32 ? 16 : 2) / (NT))

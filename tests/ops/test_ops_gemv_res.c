@@ -63,7 +63,7 @@ static const struct rcase cases[] = {
     {"F32 n_in 128, n_out 70", KT_F32, 128, 70, false},
     {"F32 n_out 3", KT_F32, 1024, 3, false},
     {"long K 12288", KT_Q8_0, 12288, 200, false},
-    {"F32 row of 48 KB", KT_F32, 12288, 9, false},
+    {"F32 row of 44 KB", KT_F32, 11264, 9, false},
 };
 
 /* rows-per-block sweep (TANDEM_GEMV_RES_RB) on these */
@@ -454,6 +454,11 @@ static void check_refusals(struct kcuda_ctx *c)
 	OPS_CHECK(kcuda_gemv_res(c, &k4d, x, 256, 1, y, 2) == ERR_UNSUPPORTED, "Q4_K not refused");
 	OPS_CHECK(kcuda_gemv_res(c, &q384d, x, 384, 1, y, 2) == ERR_UNSUPPORTED, "Q8_0 n_in 384 not refused");
 	OPS_CHECK(kcuda_gemv_res(c, &fbd, x, 16384, 1, y, 1) == ERR_UNSUPPORTED, "a 64 KB row not refused");
+	struct kweight f48 = fbd;
+	f48.n_in = 12288;
+	f48.row_bytes = 49152;
+	OPS_CHECK(kcuda_gemv_res_rows(c, &f48) == 0,
+	          "a 48 KB row (over the limit with the static part) taken");
 	OPS_CHECK(kcuda_gemv_res_rows(c, &fbd) == 0, "a 64 KB row gets rows per block");
 	OPS_CHECK(kcuda_gemv_res(c, &qd, x + 1, 1024, 1, y, 1) == ERR_UNSUPPORTED,
 	          "misaligned x not refused");
@@ -471,9 +476,9 @@ static void check_refusals(struct kcuda_ctx *c)
 	OPS_CHECK(kcuda_gemv_res_rows(c, &qd) == 8, "TANDEM_GEMV_RES_RB=8 gives %d",
 	          kcuda_gemv_res_rows(c, &qd));
 	struct kweight f12 = fbd;
-	f12.n_in = 12288;
-	f12.row_bytes = 49152;
-	OPS_CHECK(kcuda_gemv_res_rows(c, &f12) == 1, "a 48 KB row with RB=8 gives %d rows",
+	f12.n_in = 11264;
+	f12.row_bytes = 45056;
+	OPS_CHECK(kcuda_gemv_res_rows(c, &f12) == 1, "a 44 KB row with RB=8 gives %d rows",
 	          kcuda_gemv_res_rows(c, &f12));
 	unsetenv("TANDEM_GEMV_RES_RB");
 	OPS_CHECK(kcuda_sync(c) == 0, "refusals: sync");

@@ -356,7 +356,7 @@ int main(int argc, char **argv)
 			for (int rb : {1, 2, 4, 8, 16}) {
 				if ((size_t)rb * (size_t)(s.n_in / (s.type == KT_Q8_0 ? 256 : 128)) *
 				        (s.type == KT_Q8_0 ? 272 : 512) >
-				    sizeof(sim_dyn))
+				    RES_MAX_SMEM)
 					continue; /* the host never launches it (RES_MAX_SMEM) */
 				if (!big && rb != 1 && rb != 16 && s.n_in > 2048 && nt == 2)
 					continue;
