@@ -77,6 +77,18 @@ template <int V> __device__ __forceinline__ void res_warp_reduce(float (&v)[V], 
 	res_reduce_step<V, V, 16>(v, lane);
 }
 
+/* launch_dependents BEFORE griddepcontrol.wait (as fused.cu's mla_latent): the next kernel's blocks
+ * may become resident and start on their weights while the kernel before this one still runs. Safe
+ * under cuda_common.cuh's rule (a kernel reads only weights, or the step inputs it names, before its
+ * own wait): the next kernel's wait still waits for this grid, which completes only after this
+ * grid's wait saw its predecessor complete. */
+__device__ __forceinline__ void res_trigger_early(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 /* cp.async.wait_group n for a count known only after unrolling (0..3) */
 __device__ __forceinline__ void res_wait_groups(int n)
 {
@@ -95,7 +107,7 @@ template <int T, int NT, int RB>
 __global__ void __launch_bounds__(RES_NW * 32)
     gemv_res_kernel(const uint8_t *__restrict__ w, size_t mat_bytes, size_t row_bytes, int n_out, int n_slab,
                     const float *x, int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy, int64_t yhs,
-                    int pf)
+                    int pf, int early)
 {
 	constexpr int SE = g3t<T>::SE, SB = g3t<T>::SB, EPL = g3t<T>::EPL, KX = RES_KX(T, NT);
 	constexpr int V = RB * NT;
@@ -112,6 +124,8 @@ __global__ void __launch_bounds__(RES_NW * 32)
 	const int upr = (int)(row_bytes / 16); /* 16-byte copies per row */
 
 	/* every row of the block into shared memory: weights only, so before the wait when allowed */
+	if (early) /* TANDEM_GEMV_RES_EARLY (res_early) */
+		res_trigger_early();
 	if (!pf)
 		KDEP_ENTRY();
 #pragma unroll
@@ -232,6 +246,18 @@ static int env_int(const char *name, int dflt)
 	return e && *e ? atoi(e) : dflt;
 }
 
+/* TANDEM_GEMV_RES_EARLY (read on every call): which gemv_res launches trigger the next kernel before
+ * their wait. Default (unset): the stacked heads only, i.e. v_b, whose next kernel is the o product
+ * (weights only before its wait), so o's blocks can start on its 13.4 MB while the MLA decode before
+ * v_b still runs; `1`: every gemv_res launch; `0`: none. 0 / 1 / 2 = none / heads / all. */
+static int res_early(void)
+{
+	const char *e = getenv("TANDEM_GEMV_RES_EARLY");
+	if (!e || !*e)
+		return 1;
+	return strcmp(e, "0") == 0 ? 0 : (strcmp(e, "1") == 0 ? 2 : 1);
+}
+
 extern "C" bool kcuda_gemv_res_enabled(void)
 {
 	const char *e = getenv("TANDEM_GEMV_RES");
@@ -267,6 +293,7 @@ struct res_call {
 	int n_tok;
 	float *y;
 	int64_t ldy, yhs;
+	int early; /* trigger the next kernel before the wait (res_early) */
 };
 
 template <int T, int NT, int RB> static int res_launch(struct kcuda_ctx *c, const struct res_call &a)
@@ -276,7 +303,7 @@ template <int T, int NT, int RB> static int res_launch(struct kcuda_ctx *c, cons
 	return klaunch("gemv_res", gemv_res_kernel<T, NT, RB>, grid, dim3(RES_NW * 32),
 	               (size_t)RB * a.w->row_bytes, c->stream, (const uint8_t *)a.w->data, a.mat_bytes,
 	               a.w->row_bytes, (int)a.w->n_out, n_slab, a.x, a.ldx, a.xhs, a.n_tok, a.y, a.ldy, a.yhs,
-	               kcuda_prefetch_enabled());
+	               kcuda_prefetch_enabled(), a.early);
 }
 
 template <int T, int NT> static int res_launch_rb(struct kcuda_ctx *c, int rb, const struct res_call &a)
@@ -325,7 +352,7 @@ static int res_run(struct kcuda_ctx *c, const struct res_call &a)
 int kcuda_gemv_res_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx,
                           int n_tok, float *y, int64_t ldy)
 {
-	const struct res_call a = {w, 0, 1, x, ldx, 0, n_tok, y, ldy, 0};
+	const struct res_call a = {w, 0, 1, x, ldx, 0, n_tok, y, ldy, 0, res_early() > 1};
 	return res_run(c, a);
 }
 
@@ -333,7 +360,7 @@ extern "C" int kcuda_gemv_res_heads(struct kcuda_ctx *c, const struct kweight *w
                                     const float *x, int64_t ldx, int64_t xhs, int n_tok, float *y,
                                     int64_t ldy, int64_t yhs)
 {
-	const struct res_call a = {w0, mat_bytes, H, x, ldx, xhs, n_tok, y, ldy, yhs};
+	const struct res_call a = {w0, mat_bytes, H, x, ldx, xhs, n_tok, y, ldy, yhs, res_early() > 0};
 	return res_run(c, a);
 }
 

@@ -16,7 +16,9 @@
  *     a strided layout with gaps between heads) through kcuda_gemv_res_heads and kfwd_head_gemv;
  *   - n_tok 1 and 2;
  *   - PDL ordering: kcuda_pdl_late_copy writes x ~30 us late right before the launch; the outputs
- *     must be those of the new x (the kernel copies weights before its wait, never x);
+ *     must be those of the new x (the kernel copies weights before its wait, never x); and the chain
+ *     late producer -> v_b -> o with each TANDEM_GEMV_RES_EARLY setting (v_b triggering o before its
+ *     own wait) bit-equal to the chain in plain order;
  *   - refusals: ERR_UNSUPPORTED with the switch off, n_tok 3, Q4_K, n_in % 256 (Q8_0), misaligned x,
  *     ldx % 4, rows over the shared-memory limit; -EINVAL for null pointers, ldx < n_in, ldy < n_out,
  *     row_bytes not matching.
@@ -426,6 +428,114 @@ out:
 	free(row);
 }
 
+/* The chain of a decode layer with the early trigger (TANDEM_GEMV_RES_EARLY): a late producer writes
+ * v_b's input, v_b (8 stacked heads 512 -> 256, triggering the next kernel before its wait) writes o's
+ * input, o (2048 -> 6144) reads it. o's blocks start while the producer still runs; its result must be
+ * the one of the whole chain run in plain order (bit-equal) and within tolerance of the CPU. */
+static void check_chain(struct kcuda_ctx *c, const char *early)
+{
+	const int H = 8;
+	const int64_t C = 512, V = 256, D = 6144;
+	size_t rbv = 0, rbo = 0;
+	ktype_row_bytes(KT_Q8_0, C, &rbv);
+	ktype_row_bytes(KT_Q8_0, H * V, &rbo);
+	const size_t matv = rbv * (size_t)V;
+	uint8_t *wvh = malloc(matv * H), *woh = malloc(rbo * (size_t)D);
+	float *xo = malloc(sizeof(float) * (size_t)(H * C)), *xn = malloc(sizeof(float) * (size_t)(H * C));
+	float *yr = malloc(sizeof(float) * (size_t)D), *yh = malloc(sizeof(float) * (size_t)D);
+	float *mid = malloc(sizeof(float) * (size_t)(H * V)), *row = malloc(sizeof(float) * (size_t)(H * V));
+	struct kweight wv = {0}, wo = {0};
+	float *xd = NULL, *xnd = NULL, *md = NULL, *yd = NULL;
+	int ok = wvh && woh && xo && xn && yr && yh && mid && row;
+	if (ok) {
+		ops_fill_weight(KT_Q8_0, C, H * V, rbv, wvh);
+		ops_fill_weight(KT_Q8_0, H * V, D, rbo, woh);
+		for (int64_t i = 0; i < H * C; i++) {
+			xo[i] = ops_rng_unif();
+			xn[i] = ops_rng_unif();
+		}
+		struct kweight a = {
+		    .type = KT_Q8_0, .n_in = C, .n_out = H * V, .row_bytes = rbv, .data = wvh};
+		struct kweight b = {
+		    .type = KT_Q8_0, .n_in = H * V, .n_out = D, .row_bytes = rbo, .data = woh};
+		ok = !kcuda_weight_upload(c, &a, &wv) && !kcuda_weight_upload(c, &b, &wo) &&
+		     !kcuda_alloc(sizeof(float) * (size_t)(H * C), (void **)&xd) &&
+		     !kcuda_alloc(sizeof(float) * (size_t)(H * C), (void **)&xnd) &&
+		     !kcuda_alloc(sizeof(float) * (size_t)(H * V), (void **)&md) &&
+		     !kcuda_alloc(sizeof(float) * (size_t)D, (void **)&yd) &&
+		     !kcuda_upload(c, xnd, xn, sizeof(float) * (size_t)(H * C));
+	}
+	if (!ok) {
+		OPS_CHECK(0, "chain setup");
+		goto out;
+	}
+	struct kweight wv0 = wv;
+	wv0.n_out = V;
+	setenv("TANDEM_GEMV_RES", "1", 1);
+	setenv("TANDEM_GEMV_RES_EARLY", early, 1);
+	/* reference: plain order (a sync between the steps) */
+	int rc = kcuda_upload(c, xd, xn, sizeof(float) * (size_t)(H * C));
+	rc = rc ? rc : kcuda_gemv_res_heads(c, &wv0, matv, H, xd, H * C, C, 1, md, H * V, V);
+	rc = rc ? rc : kcuda_sync(c);
+	rc = rc ? rc : kcuda_gemv_res(c, &wo, md, H * V, 1, yd, D);
+	rc = rc ? rc : kcuda_sync(c);
+	rc = rc ? rc : kcuda_download(c, yr, yd, sizeof(float) * (size_t)D);
+	OPS_CHECK(rc == 0, "chain reference rc %d", rc);
+	/* the CPU: v_b per head, then o, each within tolerance of the GPU steps (mid from the GPU) */
+	int64_t bad_cpu = 0;
+	if (!rc)
+		rc = kcuda_download(c, mid, md, sizeof(float) * (size_t)(H * V));
+	for (int64_t r = 0; r < D && !rc; r++) {
+		const uint8_t *wr = woh + (size_t)r * rbo;
+		kcpu_dequant_row(KT_Q8_0, wr, row, H * V);
+		double mag = 0;
+		for (int64_t k = 0; k < H * V; k++)
+			mag += fabs((double)row[k] * mid[k]);
+		const double ref = kcpu_dot_row(KT_Q8_0, wr, mid, H * V);
+		bad_cpu += !(fabs((double)yr[r] - ref) <= 2e-6 * sqrt((double)(H * V)) * mag + 1e-30);
+	}
+	OPS_CHECK(bad_cpu == 0, "chain: %" PRId64 " o outputs away from the CPU op", bad_cpu);
+	int64_t bad = 0;
+	for (int rep = 0; rep < 3 && !rc; rep++) {
+		rc = kcuda_upload(c, xd, xo, sizeof(float) * (size_t)(H * C));
+		rc = rc ? rc : kcuda_memset(c, md, 0, sizeof(float) * (size_t)(H * V));
+		rc = rc ? rc : kcuda_memset(c, yd, 0, sizeof(float) * (size_t)D);
+		rc = rc ? rc : kcuda_sync(c);
+		void *dst[1] = {xd};
+		const void *src[1] = {xnd};
+		const size_t nb[1] = {sizeof(float) * (size_t)(H * C)};
+		rc = rc ? rc : kcuda_pdl_late_copy(c, 1, dst, src, nb, 30.0);
+		rc = rc ? rc : kcuda_gemv_res_heads(c, &wv0, matv, H, xd, H * C, C, 1, md, H * V, V);
+		rc = rc ? rc : kcuda_gemv_res(c, &wo, md, H * V, 1, yd, D);
+		rc = rc ? rc : kcuda_sync(c);
+		rc = rc ? rc : kcuda_download(c, yh, yd, sizeof(float) * (size_t)D);
+		OPS_CHECK(rc == 0, "chain rep %d: rc %d", rep, rc);
+		if (!rc && memcmp(yh, yr, sizeof(float) * (size_t)D) != 0)
+			bad++;
+	}
+	OPS_CHECK(bad == 0, "chain (TANDEM_GEMV_RES_EARLY=%s): %" PRId64 " of 3 runs differ from plain order",
+	          early, bad);
+	printf("gemv_res chain late producer -> v_b (8 heads) -> o, TANDEM_GEMV_RES_EARLY=%s, 3 runs: %s\n",
+	       early, bad || bad_cpu || rc ? "FAIL" : "ok");
+out:
+	unsetenv("TANDEM_GEMV_RES");
+	unsetenv("TANDEM_GEMV_RES_EARLY");
+	kcuda_weight_free(&wv);
+	kcuda_weight_free(&wo);
+	kcuda_free(xd);
+	kcuda_free(xnd);
+	kcuda_free(md);
+	kcuda_free(yd);
+	free(wvh);
+	free(woh);
+	free(xo);
+	free(xn);
+	free(yr);
+	free(yh);
+	free(mid);
+	free(row);
+}
+
 static void check_refusals(struct kcuda_ctx *c)
 {
 	static uint8_t wq[272 * 4], wk[144 * 2], w3[34 * 12 * 2], wf[4 * 16384];
@@ -511,6 +621,9 @@ int main(void)
 	check_pdl_producer(c, KT_Q8_0, 2048, 6144, 1);
 	check_pdl_producer(c, KT_Q8_0, 2048, 4096, 2);
 	check_pdl_producer(c, KT_F32, 6144, 256, 1);
+	check_chain(c, ""); /* default: v_b triggers early */
+	check_chain(c, "1"); /* every launch triggers early */
+	check_chain(c, "0");
 	int setup_fail = 0;
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 		for (int64_t nt = 1; nt <= 2; nt++)

@@ -197,7 +197,8 @@ static void sim_run(const uint8_t *w, size_t row_bytes, int n_out, int n_slab, c
 				blockIdx.x = (unsigned)b;
 				blockIdx.y = (unsigned)h;
 				gemv_res_kernel<T, NT, RB>(w, g_heads.mat_bytes, row_bytes, n_out, n_slab, x,
-				                           ldx, g_heads.xhs, n_tok, y, ldy, g_heads.yhs, 1);
+				                           ldx, g_heads.xhs, n_tok, y, ldy, g_heads.yhs, 1,
+				                           1);
 				if (!sim_groups.empty() || !sim_open.empty()) {
 					sim_leaks++;
 				}
