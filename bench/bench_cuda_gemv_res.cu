@@ -12,7 +12,9 @@
  *           a short kernel), that kernel's time subtracted;
  *   wide:   each after a ~5 us kernel of one 128-thread block per SM holding 80 KB of shared
  *           memory and ~200 registers per thread (mla_dec's footprint before v_b / o), its time
- *           subtracted: shows whether the product's blocks become resident beside a full-width kernel.
+ *           subtracted: shows whether the product's blocks become resident beside a full-width kernel;
+ *   chain:  the wide kernel, then v_b (8 heads) and o as in a decode layer, for gemv3 + gemv_kernel,
+ *           multi1, and gemv_res with each TANDEM_GEMV_RES_EARLY setting.
  * GB/s counts weight bytes; the read ceiling is a streaming uint4 read of 1 GiB in the same run.
  * Before timing, each product's outputs are compared with the default dispatch's (|d| <= 1e-4 of
  * the largest |y|: a harness check; tests/ops/test_ops_gemv_res.c is the real one).
@@ -154,6 +156,52 @@ static float time_graph(struct kcuda_ctx *c, const prod &p, const struct kweight
 	return ms / (ng * per);
 }
 
+/* The decode layer's chain mla_dec -> v_b -> o: the wide ~5 us kernel (mla_dec's footprint), then v_b
+ * (8 stacked heads 512 -> 256 through kfwd_head_gemv) and o (2048 -> 6144 through kcuda_matmul) on
+ * weight copy k; us per chain minus the wide kernel alone. mode as set_mode; early: the value of
+ * TANDEM_GEMV_RES_EARLY ("" = default). */
+static float time_chain(struct kcuda_ctx *c, const struct kweight &wv, const struct kweight &wo,
+                        size_t stride, int ncopy, const float *xd, float *mid, float *yd, int mode,
+                        const char *early)
+{
+	cudaStream_t s = (cudaStream_t)kcuda_ctx_stream(c);
+	const int per = 20, ng = (ncopy + per - 1) / per;
+	std::vector<cudaGraphExec_t> ex(ng);
+	if (mode >= 0)
+		set_mode(mode);
+	setenv("TANDEM_GEMV_RES_EARLY", early, 1);
+	for (int gi = 0; gi < ng; gi++) {
+		cudaGraph_t gr;
+		CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+		for (int i = 0; i < per; i++) {
+			if (klaunch("wide", wide_kernel, dim3(g_n_sm), dim3(128), WIDE_SMEM, s, g_spin_out,
+			            g_cycles))
+				abort();
+			if (mode < 0)
+				continue;
+			const size_t k = (size_t)((gi * per + i) % ncopy);
+			struct kweight v = wv, o = wo;
+			v.data = (char *)wv.data + k * stride;
+			o.data = (char *)wo.data + k * stride;
+			if (kfwd_head_gemv(c, &v, wv.row_bytes * (size_t)wv.n_out, 8, xd, 8 * wv.n_in,
+			                   wv.n_in, 1, mid, 8 * wv.n_out, wv.n_out) ||
+			    kcuda_matmul(c, &o, mid, wo.n_in, 1, yd, wo.n_out))
+				abort();
+		}
+		CK(cudaStreamEndCapture(s, &gr));
+		CK(cudaGraphInstantiate(&ex[gi], gr, 0));
+		CK(cudaGraphDestroy(gr));
+	}
+	const float ms = bench_time_ms(s, 2, 5, 1, [&](int) {
+		for (int gi = 0; gi < ng; gi++)
+			CK(cudaGraphLaunch(ex[gi], s));
+	});
+	for (auto e : ex)
+		CK(cudaGraphExecDestroy(e));
+	unsetenv("TANDEM_GEMV_RES_EARLY");
+	return ms / (ng * per);
+}
+
 int main(void)
 {
 	if (kcuda_device_count() < 1) {
@@ -273,6 +321,42 @@ int main(void)
 			       gbs[1], t[2][0] * 1e3, t[2][1] * 1e3, t[2][2] * 1e3, gbs[2]);
 			fflush(stdout);
 		}
+	}
+	{ /* the chain mla_dec -> v_b -> o (GLM-5 rank 0 of TP=8) */
+		size_t rbv = 0, rbo = 0;
+		if (!ktype_row_bytes(KT_Q8_0, 512, &rbv) || !ktype_row_bytes(KT_Q8_0, 2048, &rbo))
+			abort();
+		const size_t bv = rbv * 8 * 256, bo = rbo * 6144, stride = (bv + bo + 511) & ~(size_t)255;
+		const int ncopy =
+		    (int)std::min<size_t>(big / stride, std::max<size_t>(4 * l2 / stride + 1, 20));
+		struct kweight wv = {KT_Q8_0, 512, 256, rbv, A},
+		               wo = {KT_Q8_0, 2048, 6144, rbo, A + ((bv + 255) & ~(size_t)255)};
+		{
+			std::vector<uint8_t> hv(bv), ho(bo);
+			ops_fill_weight(KT_Q8_0, 512, 8 * 256, rbv, hv.data());
+			ops_fill_weight(KT_Q8_0, 2048, 6144, rbo, ho.data());
+			for (int k = 0; k < ncopy; k++) {
+				CK(cudaMemcpy((char *)wv.data + (size_t)k * stride, hv.data(), bv,
+				              cudaMemcpyHostToDevice));
+				CK(cudaMemcpy((char *)wo.data + (size_t)k * stride, ho.data(), bo,
+				              cudaMemcpyHostToDevice));
+			}
+		}
+		float *mid;
+		CK(cudaMalloc((void **)&mid, sizeof(float) * 2048));
+		const float base = time_chain(c, wv, wo, stride, ncopy, xd, mid, ys, -1, "");
+		const float t_old = time_chain(c, wv, wo, stride, ncopy, xd, mid, ys, 0, "") - base;
+		const float t_mul = time_chain(c, wv, wo, stride, ncopy, xd, mid, ys, 1, "") - base;
+		const float t_res = time_chain(c, wv, wo, stride, ncopy, xd, mid, ys, 2, "") - base;
+		const float t_r0 = time_chain(c, wv, wo, stride, ncopy, xd, mid, ys, 2, "0") - base;
+		const float t_r1 = time_chain(c, wv, wo, stride, ncopy, xd, mid, ys, 2, "1") - base;
+		printf("\nchain wide ~5 us kernel -> v_b (8 heads) -> o, 1 token, %.1f MB, us per chain "
+		       "minus the wide "
+		       "kernel:\n  old (gemv3 + gemv_kernel) %.2f | multi1 (default) %.2f | res %.2f (v_b "
+		       "early) | res "
+		       "EARLY=0 %.2f | res EARLY=1 %.2f\n",
+		       (bv + bo) / 1e6, t_old * 1e3, t_mul * 1e3, t_res * 1e3, t_r0 * 1e3, t_r1 * 1e3);
+		CK(cudaFree(mid));
 	}
 	unsetenv("TANDEM_GEMV_RES");
 	unsetenv("TANDEM_MULTI_WIDE");
