@@ -273,8 +273,8 @@ int main(void)
 				CK(cudaMemcpy(A + (size_t)k * stride, hw.data(), mb, cudaMemcpyHostToDevice));
 		}
 		struct kweight wr = w;
-		wr.n_out *= p.H; /* the rows-per-block choice counts all heads' rows */
-		const int rows = kcuda_gemv_res_rows(c, &wr);
+		wr.n_out = p.n_out; /* one head's rows (H > 1: the stacked matrices' rule) */
+		const int rows = kcuda_gemv_res_rows(c, &wr, p.H);
 		for (int nt : {1, 2}) {
 			/* harness check: res against the default dispatch */
 			set_mode(2);

@@ -27,8 +27,9 @@ int kcuda_gemv_res(struct kcuda_ctx *c, const struct kweight *w, const float *x,
 int kcuda_gemv_res_heads(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H,
                          const float *x, int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy,
                          int64_t yhs);
-/* rows per block the kernel would take for w now (TANDEM_GEMV_RES_RB / _BPS applied); 0: not taken */
-int kcuda_gemv_res_rows(const struct kcuda_ctx *c, const struct kweight *w);
+/* rows per block the kernel would take for w now (H = 1: a product, TANDEM_GEMV_RES_RB / _BPS
+ * applied; H > 1: H stacked matrices of w's shape, _HRB / _HBPS); 0: not taken */
+int kcuda_gemv_res_rows(const struct kcuda_ctx *c, const struct kweight *w, int H);
 
 #ifdef __cplusplus
 }

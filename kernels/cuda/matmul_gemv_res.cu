@@ -266,12 +266,18 @@ extern "C" bool kcuda_gemv_res_enabled(void)
 
 /* rows per block: the fewest (from 1, 2, 4, 8, 16) that keep the grid (all H matrices) within bps
  * blocks per SM (one wave beside the kernel before), then halved while a block's rows exceed
- * RES_MAX_SMEM; TANDEM_GEMV_RES_RB forces it (still bounded by RES_MAX_SMEM). 0: no block fits. */
+ * RES_MAX_SMEM; TANDEM_GEMV_RES_RB (heads: _HRB) forces it (still bounded by RES_MAX_SMEM). 0: no
+ * block fits. */
 static int res_rows(int64_t n_out, int64_t H, size_t row_bytes, int n_sm)
 {
-	int rb = env_int("TANDEM_GEMV_RES_RB", 0);
+	/* stacked heads (v_b) have their own knobs and aim at ONE block per SM: v_b runs beside mla_dec
+	 * (one block of 128 x 222 registers per SM) and, with its early trigger, so do o's blocks; 128
+	 * v_b blocks of 16 rows (95 registers) leave room for two o blocks per SM where 512 blocks of 4
+	 * rows (4 per SM x 48 registers) leave one */
+	const bool heads = H > 1;
+	int rb = env_int(heads ? "TANDEM_GEMV_RES_HRB" : "TANDEM_GEMV_RES_RB", 0);
 	if (rb != 1 && rb != 2 && rb != 4 && rb != 8 && rb != 16) {
-		int bps = env_int("TANDEM_GEMV_RES_BPS", 4);
+		int bps = env_int(heads ? "TANDEM_GEMV_RES_HBPS" : "TANDEM_GEMV_RES_BPS", heads ? 1 : 4);
 		bps = bps < 1 ? 1 : (bps > 32 ? 32 : bps);
 		const int64_t max_blk = (int64_t)(n_sm > 0 ? n_sm : 132) * bps;
 		rb = 1;
@@ -381,9 +387,9 @@ extern "C" int kcuda_gemv_res(struct kcuda_ctx *c, const struct kweight *w, cons
 	return kcuda_gemv_res_launch(c, w, x, ldx, (int)n_tok, y, ldy);
 }
 
-extern "C" int kcuda_gemv_res_rows(const struct kcuda_ctx *c, const struct kweight *w)
+extern "C" int kcuda_gemv_res_rows(const struct kcuda_ctx *c, const struct kweight *w, int H)
 {
 	if (!c || !w || (w->type != KT_Q8_0 && w->type != KT_F32) || w->n_out < 1)
 		return 0;
-	return res_rows(w->n_out, 1, w->row_bytes, c->n_sm);
+	return H < 1 ? 0 : res_rows(w->n_out, H, w->row_bytes, c->n_sm);
 }

@@ -109,7 +109,7 @@ static int run_case(struct kcuda_ctx *c, const struct rcase *rc_, int64_t n_tok,
 		goto out;
 
 	setenv("TANDEM_GEMV_RES", "1", 1);
-	const int rows = kcuda_gemv_res_rows(c, &wd);
+	const int rows = kcuda_gemv_res_rows(c, &wd, 1);
 	int rc = kcuda_gemv_res(c, &wd, xb.user, ldx, n_tok, yb.user, ldy);
 	if (!rc)
 		rc = kcuda_sync(c);
@@ -319,8 +319,8 @@ static void check_heads(struct kcuda_ctx *c, int H, int64_t n_in, int64_t n_out,
 	if (worst > worst_err)
 		worst_err = worst;
 	printf("gemv_res heads %2d x (%" PRId64 " -> %" PRId64 ") n_tok %" PRId64
-	       "%s: max |err|/sum|wx| %.2e %s\n",
-	       H, n_in, n_out, n_tok, strided ? " strided" : "", worst,
+	       "%s rows/block %2d: max |err|/sum|wx| %.2e %s\n",
+	       H, n_in, n_out, n_tok, strided ? " strided" : "", kcuda_gemv_res_rows(c, &w0, H), worst,
 	       n_bad || n_bad_d || n_gap || rc ? "FAIL" : "ok");
 out:
 	unsetenv("TANDEM_GEMV_RES");
@@ -554,8 +554,8 @@ static void check_refusals(struct kcuda_ctx *c)
 	}
 	unsetenv("TANDEM_GEMV_RES");
 	OPS_CHECK(kcuda_gemv_res(c, &qd, x, 1024, 1, y, 1) == ERR_UNSUPPORTED, "switch off not honoured");
-	OPS_CHECK(kcuda_gemv_res_rows(c, &qd) > 0, "rows per block of a Q8_0 product: %d",
-	          kcuda_gemv_res_rows(c, &qd));
+	OPS_CHECK(kcuda_gemv_res_rows(c, &qd, 1) > 0, "rows per block of a Q8_0 product: %d",
+	          kcuda_gemv_res_rows(c, &qd, 1));
 	setenv("TANDEM_GEMV_RES", "1", 1);
 	OPS_CHECK(kcuda_gemv_res_enabled(), "TANDEM_GEMV_RES=1 not seen");
 	OPS_CHECK(kcuda_gemv_res(c, &qd, x, 1024, 1, y, 1) == 0, "a plain Q8_0 product refused");
@@ -567,9 +567,9 @@ static void check_refusals(struct kcuda_ctx *c)
 	struct kweight f48 = fbd;
 	f48.n_in = 12288;
 	f48.row_bytes = 49152;
-	OPS_CHECK(kcuda_gemv_res_rows(c, &f48) == 0,
+	OPS_CHECK(kcuda_gemv_res_rows(c, &f48, 1) == 0,
 	          "a 48 KB row (over the limit with the static part) taken");
-	OPS_CHECK(kcuda_gemv_res_rows(c, &fbd) == 0, "a 64 KB row gets rows per block");
+	OPS_CHECK(kcuda_gemv_res_rows(c, &fbd, 1) == 0, "a 64 KB row gets rows per block");
 	OPS_CHECK(kcuda_gemv_res(c, &qd, x + 1, 1024, 1, y, 1) == ERR_UNSUPPORTED,
 	          "misaligned x not refused");
 	OPS_CHECK(kcuda_gemv_res(c, &qd, x, 1026, 2, y, 1) == ERR_UNSUPPORTED, "ldx %% 4 != 0 not refused");
@@ -583,13 +583,13 @@ static void check_refusals(struct kcuda_ctx *c)
 	OPS_CHECK(kcuda_gemv_res(c, &badrb, x, 1024, 1, y, 1) == -EINVAL, "wrong row_bytes accepted");
 	/* the rows-per-block choice: forced values within the shared-memory limit, halved above it */
 	setenv("TANDEM_GEMV_RES_RB", "8", 1);
-	OPS_CHECK(kcuda_gemv_res_rows(c, &qd) == 8, "TANDEM_GEMV_RES_RB=8 gives %d",
-	          kcuda_gemv_res_rows(c, &qd));
+	OPS_CHECK(kcuda_gemv_res_rows(c, &qd, 1) == 8, "TANDEM_GEMV_RES_RB=8 gives %d",
+	          kcuda_gemv_res_rows(c, &qd, 1));
 	struct kweight f12 = fbd;
 	f12.n_in = 11264;
 	f12.row_bytes = 45056;
-	OPS_CHECK(kcuda_gemv_res_rows(c, &f12) == 1, "a 44 KB row with RB=8 gives %d rows",
-	          kcuda_gemv_res_rows(c, &f12));
+	OPS_CHECK(kcuda_gemv_res_rows(c, &f12, 1) == 1, "a 44 KB row with RB=8 gives %d rows",
+	          kcuda_gemv_res_rows(c, &f12, 1));
 	unsetenv("TANDEM_GEMV_RES_RB");
 	OPS_CHECK(kcuda_sync(c) == 0, "refusals: sync");
 out:
@@ -617,6 +617,9 @@ int main(void)
 	}
 	unsetenv("TANDEM_GEMV_RES_RB");
 	unsetenv("TANDEM_GEMV_RES_BPS");
+	unsetenv("TANDEM_GEMV_RES_HRB");
+	unsetenv("TANDEM_GEMV_RES_HBPS");
+	unsetenv("TANDEM_GEMV_RES_EARLY");
 	check_refusals(c);
 	check_pdl_producer(c, KT_Q8_0, 2048, 6144, 1);
 	check_pdl_producer(c, KT_Q8_0, 2048, 4096, 2);
@@ -636,6 +639,12 @@ int main(void)
 		check_heads(c, 8, 512, 256, nt, 0); /* GLM-5 v_b per rank */
 		check_heads(c, 16, 512, 128, nt, 1); /* DeepSeek-V3 v_b per rank, strided */
 		check_heads(c, 3, 1024, 37, nt, 1);
+		static const char *const hrb[] = {"1", "4"}; /* other rows per block than the default */
+		for (int i = 0; i < 2; i++) {
+			setenv("TANDEM_GEMV_RES_HRB", hrb[i], 1);
+			check_heads(c, 8, 512, 256, nt, i);
+			unsetenv("TANDEM_GEMV_RES_HRB");
+		}
 	}
 	static const char *const rbs[] = {"1", "2", "4", "8", "16"};
 	for (size_t r = 0; r < sizeof(rbs) / sizeof(rbs[0]); r++) {
