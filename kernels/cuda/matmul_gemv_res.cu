@@ -32,9 +32,13 @@
  * error of the CPU op (tests/ops/test_ops_gemv_res.c), not bit-equal to the other GEMVs.
  * Takes: Q8_0 (n_in % 256 == 0) and F32 (n_in % 128 == 0) with W 16-byte aligned, x 16-byte aligned,
  * ldx % 4 == 0, n_tok 1..2, RB rows fitting RES_MAX_SMEM; ERR_UNSUPPORTED otherwise (kcuda_matmul then
- * dispatches as before). Switches (read on every call): TANDEM_GEMV_RES=1 turns it on (off by default
- * until the decode step measures it); TANDEM_GEMV_RES_RB=1|2|4|8|16 forces the rows per block;
- * TANDEM_GEMV_RES_BPS=n sets the blocks per SM the grid aims at (default 4). */
+ * dispatches as before). Also H stacked matrices (kfwd_head_gemv: v_b), grid.y = head.
+ * Rows are copied in up to 4 commit groups and, where a warp's x is one group, decoded group by group
+ * as they land. Switches (read on every call): TANDEM_GEMV_RES=1 turns it on (off by default until the
+ * decode step measures it); TANDEM_GEMV_RES_RB=1|2|4|8|16 forces the rows per block,
+ * TANDEM_GEMV_RES_BPS=n sets the blocks per SM the grid aims at (default 4); the stacked heads have
+ * TANDEM_GEMV_RES_HRB / _HBPS (default 1); TANDEM_GEMV_RES_EARLY: which launches trigger the next
+ * kernel before their wait (res_early). */
 #include <string.h>
 
 #include "kernels/cuda/gemv_res.h"
