@@ -89,7 +89,11 @@ extern "C" int kfwd_head_gemv(struct kcuda_ctx *c, const struct kweight *w0, siz
 	 * types, n_in % 256: v_b 512 -> 256), Q8_0 rows of 64..256 (k_b's 192 / 128) in
 	 * head_gemv_q8.cu; TANDEM_GEMV3=0 turns both off */
 	if (n_tok <= 8) {
-		int rc = kcuda_gemv3_heads(c, w0, mat_bytes, H, x, ldx, xhs, (int)n_tok, y, ldy, yhs);
+		/* TANDEM_GEMV_RES=1: 1-2 tokens with the rows in shared memory before the wait (v_b;
+		 * matmul_gemv_res.cu) */
+		int rc = kcuda_gemv_res_heads(c, w0, mat_bytes, H, x, ldx, xhs, (int)n_tok, y, ldy, yhs);
+		if (rc == ERR_UNSUPPORTED)
+			rc = kcuda_gemv3_heads(c, w0, mat_bytes, H, x, ldx, xhs, (int)n_tok, y, ldy, yhs);
 		if (rc == ERR_UNSUPPORTED) /* Q8_0 k_b: short rows (head_gemv_q8.cu) */
 			rc = kcuda_head_q8_launch(c, w0, mat_bytes, H, x, ldx, xhs, (int)n_tok, y, ldy, yhs);
 		if (rc != ERR_UNSUPPORTED)

@@ -44,6 +44,18 @@ int kcuda_gemv_multi1_launch(struct kcuda_ctx *c, const struct kweight *w, const
                              int n_tok, float *y, int64_t ldy);
 extern "C" bool kcuda_multi_wide_enabled(void);
 
+/* The resident-weights GEMV (matmul_gemv_res.cu): all of a block's rows in shared memory before
+ * the wait; Q8_0 (n_in % 256 == 0) / F32 (n_in % 128 == 0), n_tok 1..2, W and x 16-byte aligned,
+ * ldx % 4 == 0; ERR_UNSUPPORTED otherwise or unless TANDEM_GEMV_RES=1. Arguments validated by
+ * the caller. */
+int kcuda_gemv_res_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx,
+                          int n_tok, float *y, int64_t ldy);
+/* The same for H stacked matrices as kcuda_gemv3_heads (v_b); also needs mat_bytes % 16 == 0 and
+ * xhs % 4 == 0. */
+extern "C" int kcuda_gemv_res_heads(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H,
+                                    const float *x, int64_t ldx, int64_t xhs, int n_tok, float *y,
+                                    int64_t ldy, int64_t yhs);
+
 /* The tensor-core tile product (matmul_tile.cu) for H stacked matrices W_h = w0->data + h mat_bytes
  * (w0 describes one; H = 1 and mat_bytes unused for kcuda_matmul): y[t][h yhs + r] =
  * dot(W_h row r, x[t][h xhs ..]). fp32-class accuracy (exact weights, x in fp16 hi + lo).
