@@ -571,7 +571,8 @@ static int emu_all(void)
  * "db1" TANDEM_MOE_DB=1, "db2" TANDEM_MOE_DB=2 (held to 3 blocks of 8 warps per SM), "w6db"
  * TANDEM_MOE_SMALL_GUW=6 + TANDEM_MOE_DB=1, "w6" TANDEM_MOE_SMALL_GUW=6. Check: every column's ids,
  * weights and outputs the same bits as "old" (the fused logits are gemv3's bits, the gate / up
- * variants moe_small's arithmetic); a difference is printed and failed. Returns the failed checks. */
+ * variants moe_small's arithmetic), except the 6-warp columns' outputs (other per-warp partial sums
+ * of D: within 1e-5 of max|out|); a difference is printed and failed. Returns the failed checks. */
 static int six_bench(struct kcuda_ctx *c, const struct kweight *dg, const struct kweight *du,
                      const struct kweight *dd, const struct kweight *dsg, const struct kweight *dsu,
                      const struct kweight *dsd, int64_t E, int64_t F, int64_t D, int k)
@@ -619,6 +620,7 @@ static int six_bench(struct kcuda_ctx *c, const struct kweight *dg, const struct
 		std::vector<int32_t> ids0((size_t)(NL * nmax * k)), idsv(ids0.size());
 		std::vector<float> w0(ids0.size()), wv(ids0.size());
 		int bad = 0;
+		bool near = false; /* the 6-warp columns: equal within 1e-5, not bit-equal */
 		for (int v = 0; v < NV; v++) { /* 0 r old, 1 r new, 2 old, 3 new, 4.. new + variants */
 			const bool experts = v >= 2;
 			if (v == 0 || v == 2)
@@ -686,10 +688,22 @@ static int six_bench(struct kcuda_ctx *c, const struct kweight *dg, const struct
 					same &= !memcmp(ids0.data() + o, idsv.data() + o,
 					                sizeof(int32_t) * n * k) &&
 					        !memcmp(w0.data() + o, wv.data() + o, sizeof(float) * n * k);
-				if (v > 2)
+				if (v > 2 && v < 6)
 					same &= !memcmp(out0.data() + (size_t)l * nmax * D,
 					                outv.data() + (size_t)l * nmax * D,
 					                sizeof(float) * n * D);
+				else if (v >= 6) { /* 6 warps: other per-warp partial sums of D, other
+					            * rounding: within 1e-5 of max|out| */
+					double mx = 0, md = 0;
+					for (int64_t q = 0; q < (int64_t)n * D; q++) {
+						const size_t i = (size_t)l * nmax * D + (size_t)q;
+						mx = std::max(mx, (double)fabsf(out0[i]));
+						md = std::max(md, (double)fabsf(out0[i] - outv[i]));
+					}
+					same &= md <= 1e-5 * mx;
+					if (md > 0)
+						near = true;
+				}
 			}
 			if (!same) {
 				printf("FAIL: six batch %d %s: ids / weights / outputs differ from \"%s\"\n",
@@ -701,7 +715,10 @@ static int six_bench(struct kcuda_ctx *c, const struct kweight *dg, const struct
 		printf("  %5d", n);
 		for (int v = 0; v < NV; v++)
 			printf(" %8.2f", t[v]);
-		printf("   %8.2fx %7.2fx  %s\n", t[1] / t[0], t[3] / t[2], bad ? "DIFFER" : "same bits");
+		printf("   %8.2fx %7.2fx  %s\n", t[1] / t[0], t[3] / t[2],
+		       bad    ? "DIFFER"
+		       : near ? "same bits (w6 columns within 1e-5)"
+		              : "same bits");
 	}
 	for (auto &r : routers)
 		kcuda_weight_free(&r);
