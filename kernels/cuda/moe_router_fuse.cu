@@ -39,6 +39,187 @@ namespace cg = cooperative_groups;
 #define RF_MAXT 8
 #define RF_EMAX 1024 /* the register route's limit (moe_route.cu's ROUTE_EMAX) */
 
+/* ---- the last block's route: route_reg_token's results with a shorter chain per top-k round --------
+ * route_reg_token (moe_mma_route.cuh) keeps each lane's best untaken expert; after every round the
+ * winning lane rescans its V scores (a dependent chain of ~3 V instructions) and picks the weight out
+ * of its registers (V selects), while the other 31 lanes wait: ~8 x 250 cycles at k 8. Here each lane
+ * sorts its V candidates once (a bitonic network, depth log2(V)(log2(V)+1)/2: 6 levels at V 8, all
+ * lanes at once), so a round is the same arg-max over the lanes' heads plus a shift of the winner's
+ * lists. The order is the route's (larger score, then lower id) and the sums and the normalisation are
+ * route_reg_token's, so ids and weights are its bits; a token with a NaN score anywhere (where the
+ * rescan's order is not a total one) takes route_reg_token itself. TANDEM_MOE_ROUTE_SORT=0: always
+ * route_reg_token. */
+
+/* candidate (v, i) before (w, j): a valid one (id >= 0) before an invalid one, then the larger
+ * score, then the lower id */
+__device__ __forceinline__ bool rf_before(float v, int i, float w, int j)
+{
+	if (j < 0)
+		return i >= 0;
+	if (i < 0)
+		return false;
+	return v > w || (v == w && i < j);
+}
+
+/* order elements a, b (compile-time indices after unrolling) so that a comes first */
+template <int V>
+__device__ __forceinline__ void rf_ce(float (&sv)[V], int (&si)[V], float (&sp)[V], int a, int b)
+{
+	const bool sw = rf_before(sv[b], si[b], sv[a], si[a]);
+	const float v = sv[a], pp = sp[a];
+	const int i = si[a];
+	sv[a] = sw ? sv[b] : sv[a], si[a] = sw ? si[b] : si[a], sp[a] = sw ? sp[b] : sp[a];
+	sv[b] = sw ? v : sv[b], si[b] = sw ? i : si[b], sp[b] = sw ? pp : sp[b];
+}
+
+template <int V, bool RX>
+__device__ __forceinline__ void rf_route_token(const float *lg, const float *__restrict__ bias, int E, int k,
+                                               int n_group, int n_group_used, int gating, int norm,
+                                               float scale, int32_t *oi, float *ow)
+{
+	const int lane = threadIdx.x & 31;
+	const int e0 = lane * V;
+	float p[V], sel[V];
+	/* probabilities, selection scores and the group limit: route_reg_token's code, unchanged */
+#pragma unroll
+	for (int j = 0; j < V; j++)
+		p[j] = e0 + j < E ? __ldcg(lg + e0 + j) : -INFINITY;
+	if (gating == 1) {
+		float mx = -INFINITY;
+#pragma unroll
+		for (int j = 0; j < V; j++)
+			mx = fmaxf(mx, p[j]);
+		mx = kc_warp_max(mx);
+		double sum = 0.0;
+#pragma unroll
+		for (int j = 0; j < V; j++)
+			if (e0 + j < E) {
+				p[j] = expf(p[j] - mx);
+				sum += (double)p[j];
+			}
+#pragma unroll
+		for (int o = 16; o > 0; o >>= 1)
+			sum += __shfl_xor_sync(0xffffffffu, sum, o);
+#pragma unroll
+		for (int j = 0; j < V; j++)
+			p[j] = (float)((double)p[j] / sum);
+	} else {
+#pragma unroll
+		for (int j = 0; j < V; j++)
+			p[j] = 1.0f / (1.0f + expf(-p[j]));
+	}
+#pragma unroll
+	for (int j = 0; j < V; j++)
+		sel[j] = __fadd_rn(p[j], bias && e0 + j < E ? __ldg(bias + e0 + j) : 0.0f);
+	if (n_group > 1 && n_group_used < n_group) {
+		const int L = E / n_group / V, grp = lane / L;
+		float b1 = -INFINITY, b2 = -INFINITY;
+#pragma unroll
+		for (int j = 0; j < V; j++) {
+			const float v = e0 + j < E ? sel[j] : -INFINITY;
+			if (v > b1) {
+				b2 = b1;
+				b1 = v;
+			} else if (v > b2) {
+				b2 = v;
+			}
+		}
+		for (int o = 1; o < L; o <<= 1) {
+			const float c1 = __shfl_xor_sync(0xffffffffu, b1, o),
+			            c2 = __shfl_xor_sync(0xffffffffu, b2, o);
+			const float m2 = fmaxf(fminf(b1, c1), fmaxf(b2, c2));
+			b1 = fmaxf(b1, c1);
+			b2 = m2;
+		}
+		const float gscore = b1 + b2;
+		unsigned keep = 0u;
+		for (int i = 0; i < n_group_used; i++) {
+			const bool cand = grp < n_group && !((keep >> grp) & 1u);
+			float v = cand ? gscore : 0.0f;
+			int id = cand ? grp : -1;
+			route_argmax(v, id);
+			if (id >= 0)
+				keep |= 1u << id;
+		}
+		if (grp >= n_group || !((keep >> grp) & 1u))
+#pragma unroll
+			for (int j = 0; j < V; j++)
+				sel[j] = 0.0f;
+	}
+	bool fin = true;
+	int si[V];
+#pragma unroll
+	for (int j = 0; j < V; j++) {
+		si[j] = e0 + j < E ? e0 + j : -1;
+		fin &= si[j] < 0 || sel[j] == sel[j];
+	}
+	if (!__all_sync(0xffffffffu, fin)) { /* a NaN score: the rescan's own order */
+		route_reg_token<V, RX>(lg, bias, E, k, n_group, n_group_used, gating, norm, scale, oi, ow);
+		return;
+	}
+	/* each lane's candidates in the route's order (bitonic network, indices fixed at compile time) */
+#pragma unroll
+	for (int kk = 2; kk <= V; kk <<= 1)
+#pragma unroll
+		for (int jj = kk >> 1; jj > 0; jj >>= 1)
+#pragma unroll
+			for (int i = 0; i < V; i++) {
+				const int l = i ^ jj;
+				if (l > i) {
+					if ((i & kk) == 0)
+						rf_ce<V>(sel, si, p, i, l);
+					else
+						rf_ce<V>(sel, si, p, l, i);
+				}
+			}
+	int my_id = -1;
+	float my_w = 0.0f;
+	double sum = 0.0;
+	for (int i = 0; i < k; i++) {
+		int id = si[0];
+		if (RX) { /* route_reg_token's redux.sync arg-max over the lanes' heads */
+			const float c = sel[0] + 0.0f; /* -0 -> +0: they tie, as under the CPU's > */
+			unsigned key = 0u;
+			if (si[0] >= 0) {
+				const unsigned u = __float_as_uint(c);
+				key = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+			}
+			const unsigned m = __reduce_max_sync(0xffffffffu, key);
+			const unsigned bal = __ballot_sync(0xffffffffu, si[0] >= 0 && key == m);
+			id = __shfl_sync(0xffffffffu, si[0], __ffs(bal) - 1);
+		} else {
+			float v = sel[0];
+			route_argmax(v, id);
+		}
+		const int src = id >= 0 ? id / V : 0;
+		const float pw0 = __shfl_sync(0xffffffffu, p[0], src);
+		const float pw = id >= 0 ? pw0 : 0.0f;
+		if (id >= 0 && lane == src) { /* the winner drops its head */
+#pragma unroll
+			for (int j = 0; j + 1 < V; j++)
+				sel[j] = sel[j + 1], si[j] = si[j + 1], p[j] = p[j + 1];
+			si[V - 1] = -1;
+		}
+		sum += (double)pw; /* in selection order, as the CPU */
+		if (lane == i)
+			my_id = id, my_w = pw;
+	}
+	if (lane < k) {
+		float w = my_w;
+		if (norm)
+			w = (float)((double)w / (sum + 1e-20));
+		oi[lane] = my_id;
+		ow[lane] = w * scale;
+	}
+}
+
+/* TANDEM_MOE_ROUTE_SORT=0: the last block runs route_reg_token itself */
+static bool rf_sort_on(void)
+{
+	const char *v = getenv("TANDEM_MOE_ROUTE_SORT");
+	return !(v && strcmp(v, "0") == 0);
+}
+
 /* grid (ceil(E / RF_NW), n_split), cluster (1, n_split) when n_split > 1. Block (bx, s): rows
  * RF_NW bx .. + RF_NW - 1, slabs [s sps, min((s + 1) sps, n_slab)). */
 template <int NT, int V, bool RX>
@@ -46,7 +227,8 @@ __global__ void __launch_bounds__(RF_NW * 32)
     moe_router_fuse_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int E, int n_slab, int sps,
                            const float *__restrict__ x, int64_t ldx, int n_tok, float *logits,
                            const float *__restrict__ bias, int k, int n_group, int n_group_used, int gating,
-                           int norm, float scale, int32_t *ids, float *weights, unsigned *ticket, int pf)
+                           int norm, float scale, int32_t *ids, float *weights, unsigned *ticket, int pf,
+                           int rsort)
 {
 	constexpr int SE = g3t<KT_F32>::SE, SB = g3t<KT_F32>::SB, EPL = g3t<KT_F32>::EPL;
 	constexpr int RING = RF_S * SB + 16;
@@ -171,8 +353,14 @@ __global__ void __launch_bounds__(RF_NW * 32)
 		*ticket = 0u; /* for the next launch or graph replay */
 	__threadfence(); /* the other blocks' logits, after their tickets */
 	for (int t = warp; t < n_tok; t += RF_NW)
-		route_reg_token<V, RX>(logits + (int64_t)t * E, bias, E, k, n_group, n_group_used, gating,
-		                       norm, scale, ids + (int64_t)t * k, weights + (int64_t)t * k);
+		if (rsort)
+			rf_route_token<V, RX>(logits + (int64_t)t * E, bias, E, k, n_group, n_group_used,
+			                      gating, norm, scale, ids + (int64_t)t * k,
+			                      weights + (int64_t)t * k);
+		else
+			route_reg_token<V, RX>(logits + (int64_t)t * E, bias, E, k, n_group, n_group_used,
+			                       gating, norm, scale, ids + (int64_t)t * k,
+			                       weights + (int64_t)t * k);
 }
 
 /* TANDEM_MOE_ROUTE_FUSE=0: not taken (the product and the route kernel as two launches) */
@@ -210,10 +398,10 @@ static int rf_launch(struct kcuda_ctx *c, const struct kweight *router, const fl
 	cfg.attrs = at;
 	cfg.numAttrs = na;
 	unsigned *ticket = c->tickets + (KCUDA_N_TICKETS - 1); /* the last counter: ours alone */
-	cudaError_t e = cudaLaunchKernelEx(&cfg, moe_router_fuse_kernel<NT, V, RX>,
-	                                   (const uint8_t *)router->data, router->row_bytes, E, n_slab, sps,
-	                                   x, ldx, n, logits, bias, k, n_group, n_group_used, gating, norm,
-	                                   scale, ids, weights, ticket, kcuda_prefetch_enabled());
+	cudaError_t e = cudaLaunchKernelEx(
+	    &cfg, moe_router_fuse_kernel<NT, V, RX>, (const uint8_t *)router->data, router->row_bytes, E,
+	    n_slab, sps, x, ldx, n, logits, bias, k, n_group, n_group_used, gating, norm, scale, ids, weights,
+	    ticket, kcuda_prefetch_enabled(), rf_sort_on() ? 1 : 0);
 	kcuda_n_launch++;
 	if (e == cudaSuccess)
 		e = cudaGetLastError();

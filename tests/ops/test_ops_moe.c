@@ -44,7 +44,8 @@
  *    the route in the last block): logits the bits of kcuda_matmul_path(KCUDA_MM_F32), ids / weights
  *    the bits of kcuda_moe_route on them and equal to kcpu_moe_route's, batch 1..8, GLM-5 / DS-V3
  *    routing, tied rows, E 4 / 64 / 382, x written by a late PDL producer (kcuda_pdl_late_copy), no
- *    clusters, the shuffle arg-max, three runs bit-equal (the ticket resets); refusals. The gate / up
+ *    clusters, the shuffle arg-max, the last block's sorted route and route_reg_token itself
+ *    (TANDEM_MOE_ROUTE_SORT=0), three runs bit-equal (the ticket resets); refusals. The gate / up
  *    variants TANDEM_MOE_DB=2 and TANDEM_MOE_SMALL_GUW=6 against the CPU (part of 4).
  * Guard bytes around the outputs. Exit 77 = no GPU (skip). */
 #include <errno.h>
@@ -1436,7 +1437,13 @@ int main(void)
 	router_route_case2("fuse6 GLM-5 no clusters, late x", 256, 8, 1, 1, 0, 1, 2.5f, 6144, 3, 0,
 	                   RR_BITS | RR_LATE);
 	unsetenv("TANDEM_GEMV3_SPLIT");
+	setenv("TANDEM_MOE_ROUTE_SORT", "0", 1); /* the last block runs route_reg_token itself */
+	router_route_case2("fuse6 GLM-5 rescan route", 256, 8, 1, 1, 0, 1, 2.5f, 6144, 1, 0, RR_BITS);
+	router_route_case2("fuse6 DS-V3 ties, rescan route", 256, 8, 8, 4, 0, 1, 2.5f, 7168, 3, 1, RR_BITS);
+	unsetenv("TANDEM_MOE_ROUTE_SORT");
 	setenv("TANDEM_MOE_ROUTE_FAST", "1", 1);
+	router_route_case2("fuse6 DS-V3 ties, shuffle arg-max", 256, 8, 8, 4, 0, 1, 2.5f, 7168, 4, 1,
+	                   RR_BITS);
 	router_route_case2("fuse6 GLM-5 shuffle arg-max", 256, 8, 1, 1, 0, 1, 2.5f, 6144, 2, 1, RR_BITS);
 	unsetenv("TANDEM_MOE_ROUTE_FAST");
 	setenv("TANDEM_PREFETCH", "0", 1);
