@@ -569,7 +569,8 @@ static int emu_all(void)
  * kernel: two launches) / the default (moe_router_fuse.cu: one launch); then producer + router + route
  * + experts: "old" (ROUTE_FUSE=0), "new" (defaults), and the new route with the gate / up variants:
  * "db1" TANDEM_MOE_DB=1, "db2" TANDEM_MOE_DB=2 (held to 3 blocks of 8 warps per SM), "w6db"
- * TANDEM_MOE_SMALL_GUW=6 + TANDEM_MOE_DB=1, "w6" TANDEM_MOE_SMALL_GUW=6. Check: every column's ids,
+ * TANDEM_MOE_SMALL_GUW=6 + TANDEM_MOE_DB=1, "w6" TANDEM_MOE_SMALL_GUW=6; "r rescan": router + route
+ * with the last block running route_reg_token (TANDEM_MOE_ROUTE_SORT=0). Check: every column's ids,
  * weights and outputs the same bits as "old" (the fused logits are gemv3's bits, the gate / up
  * variants moe_small's arithmetic), except the 6-warp columns' outputs (other per-warp partial sums
  * of D: within 1e-5 of max|out|); a difference is printed and failed. Returns the failed checks. */
@@ -577,7 +578,7 @@ static int six_bench(struct kcuda_ctx *c, const struct kweight *dg, const struct
                      const struct kweight *dd, const struct kweight *dsg, const struct kweight *dsu,
                      const struct kweight *dsd, int64_t E, int64_t F, int64_t D, int k)
 {
-	const int NL = 8, nmax = 8, NV = 8;
+	const int NL = 8, nmax = 8, NV = 9;
 	int fails = 0;
 	std::vector<float> wr((size_t)(E * D));
 	std::vector<struct kweight> routers((size_t)NL);
@@ -606,7 +607,8 @@ static int six_bench(struct kcuda_ctx *c, const struct kweight *dg, const struct
 	CK(cudaMemcpy(d_b, bias.data(), (size_t)E * 4, cudaMemcpyHostToDevice));
 	CK(cudaMemcpy(d_x, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
 	CK(cudaDeviceSynchronize());
-	static const char *names[NV] = {"r old", "r new", "old", "new", "db1", "db2", "w6db", "w6"};
+	static const char *names[NV] = {"r old", "r new", "old", "new",     "db1",
+	                                "db2",   "w6db",  "w6",  "r rescan"};
 	printf("  six: NL %d layers in a graph with PDL, each producer (kfwd_scale) -> router + route [-> "
 	       "experts], us per layer:\n  batch",
 	       NL);
@@ -622,13 +624,15 @@ static int six_bench(struct kcuda_ctx *c, const struct kweight *dg, const struct
 		int bad = 0;
 		bool near = false; /* the 6-warp columns: equal within 1e-5, not bit-equal */
 		for (int v = 0; v < NV; v++) { /* 0 r old, 1 r new, 2 old, 3 new, 4.. new + variants */
-			const bool experts = v >= 2;
+			const bool experts = v >= 2 && v < 8;
 			if (v == 0 || v == 2)
 				setenv("TANDEM_MOE_ROUTE_FUSE", "0", 1);
 			if (v == 4 || v == 6)
 				setenv("TANDEM_MOE_DB", "1", 1);
 			if (v == 5)
 				setenv("TANDEM_MOE_DB", "2", 1);
+			if (v == 8)
+				setenv("TANDEM_MOE_ROUTE_SORT", "0", 1);
 			if (v == 6 || v == 7)
 				setenv("TANDEM_MOE_SMALL_GUW", "6", 1);
 			int rc = 0;
@@ -664,6 +668,7 @@ static int six_bench(struct kcuda_ctx *c, const struct kweight *dg, const struct
 			CK(cudaStreamSynchronize(c->stream));
 			unsetenv("TANDEM_MOE_ROUTE_FUSE");
 			unsetenv("TANDEM_MOE_DB");
+			unsetenv("TANDEM_MOE_ROUTE_SORT");
 			unsetenv("TANDEM_MOE_SMALL_GUW");
 			CK(cudaGraphExecDestroy(ge));
 			CK(cudaGraphDestroy(gr));
@@ -679,7 +684,7 @@ static int six_bench(struct kcuda_ctx *c, const struct kweight *dg, const struct
 			CK(cudaMemcpy(wrr.data(), d_w, wrr.size() * 4, cudaMemcpyDeviceToHost));
 			if (v == 2)
 				CK(cudaMemcpy(out0.data(), d_out, out0.size() * 4, cudaMemcpyDeviceToHost));
-			else if (v > 2)
+			else if (experts)
 				CK(cudaMemcpy(outv.data(), d_out, outv.size() * 4, cudaMemcpyDeviceToHost));
 			bool same = true;
 			for (int l = 0; l < NL; l++) {
@@ -688,12 +693,12 @@ static int six_bench(struct kcuda_ctx *c, const struct kweight *dg, const struct
 					same &= !memcmp(ids0.data() + o, idsv.data() + o,
 					                sizeof(int32_t) * n * k) &&
 					        !memcmp(w0.data() + o, wv.data() + o, sizeof(float) * n * k);
-				if (v > 2 && v < 6)
+				if (experts && v > 2 && v < 6)
 					same &= !memcmp(out0.data() + (size_t)l * nmax * D,
 					                outv.data() + (size_t)l * nmax * D,
 					                sizeof(float) * n * D);
-				else if (v >= 6) { /* 6 warps: other per-warp partial sums of D, other
-					            * rounding: within 1e-5 of max|out| */
+				else if (experts && v >= 6) { /* 6 warps: other per-warp partial sums of D,
+					                       * other rounding: within 1e-5 of max|out| */
 					double mx = 0, md = 0;
 					for (int64_t q = 0; q < (int64_t)n * D; q++) {
 						const size_t i = (size_t)l * nmax * D + (size_t)q;
