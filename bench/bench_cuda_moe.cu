@@ -27,8 +27,9 @@
  * as the backend runs it, in a CUDA graph of 8 layers (8 different F32 routers, so each layer hits
  * its own experts; the shared expert per layer too), us per layer: old = kcuda_matmul_path(F32
  * router) + kcuda_moe_route + kcuda_moe_ffn_shexp with TANDEM_MOE_ROUTER_FUSED=0 TANDEM_MOE_PF=0;
- * new = the defaults (kcuda_moe_router_route: router + route in one launch at 1..2 tokens, no
- * expert prefetch); "fused" = the one launch at every batch here (TANDEM_MOE_ROUTER_FUSED=1);
+ * new = the defaults (kcuda_moe_router_route: since moe6 gemv3's product with the route in its last
+ * block, moe_router_fuse.cu, 1..8 tokens; no expert prefetch); "fused" = moe4's one launch
+ * (TANDEM_MOE_ROUTER_FUSED=1);
  * "pf 7" = the defaults plus every expert prefetch (TANDEM_MOE_PF=7; the shared expert's prefetch
  * before the wait follows TANDEM_PREFETCH, read once per process: run `TANDEM_PREFETCH=0
  * bench_cuda_moe layer` for it); "db" = the defaults with TANDEM_MOE_DB=1 (gate / up keep the next
@@ -560,6 +561,181 @@ static int emu_all(void)
 	return f;
 }
 
+/* the "six" table (branch moe6; `bench_cuda_moe six` runs only it): NL layers in a CUDA graph with
+ * PDL, each: a small producer kernel that writes x (kfwd_scale by 1: x as it was, but written, so the
+ * router must wait for it, as it waits for add_rmsnorm in the model), then the router product + route
+ * as cu_moe runs them, then (the "+ experts" columns) kcuda_moe_ffn_shexp; us per layer. Columns:
+ * "r old" / "r new": producer + router + route only, TANDEM_MOE_ROUTE_FUSE=0 (gemv3 then the route
+ * kernel: two launches) / the default (moe_router_fuse.cu: one launch); then producer + router + route
+ * + experts: "old" (ROUTE_FUSE=0), "new" (defaults), and the new route with the gate / up variants:
+ * "db1" TANDEM_MOE_DB=1, "db2" TANDEM_MOE_DB=2 (held to 3 blocks of 8 warps per SM), "w6db"
+ * TANDEM_MOE_SMALL_GUW=6 + TANDEM_MOE_DB=1, "w6" TANDEM_MOE_SMALL_GUW=6; "r rescan": router + route
+ * with the last block running route_reg_token (TANDEM_MOE_ROUTE_SORT=0). Check: every column's ids,
+ * weights and outputs the same bits as "old" (the fused logits are gemv3's bits, the gate / up
+ * variants moe_small's arithmetic), except the 6-warp columns' outputs (other per-warp partial sums
+ * of D: within 1e-5 of max|out|); a difference is printed and failed. Returns the failed checks. */
+static int six_bench(struct kcuda_ctx *c, const struct kweight *dg, const struct kweight *du,
+                     const struct kweight *dd, const struct kweight *dsg, const struct kweight *dsu,
+                     const struct kweight *dsd, int64_t E, int64_t F, int64_t D, int k)
+{
+	const int NL = 8, nmax = 8, NV = 9;
+	int fails = 0;
+	std::vector<float> wr((size_t)(E * D));
+	std::vector<struct kweight> routers((size_t)NL);
+	for (int l = 0; l < NL; l++) {
+		for (auto &v : wr)
+			v = ops_rng_unif() * 0.05f;
+		struct kweight hw = {KT_F32, D, E, (size_t)D * 4, wr.data()};
+		routers[(size_t)l] = {};
+		if (kcuda_weight_upload(c, &hw, &routers[(size_t)l])) {
+			printf("FAIL: router upload\n");
+			return 1;
+		}
+	}
+	std::vector<float> bias((size_t)E), x((size_t)(NL * nmax * D));
+	for (auto &v : bias)
+		v = ops_rng_unif() * 0.1f;
+	for (auto &v : x)
+		v = ops_rng_unif();
+	void *d_b, *d_x, *d_lg, *d_ids, *d_w, *d_out;
+	CK(cudaMalloc(&d_b, (size_t)E * 4));
+	CK(cudaMalloc(&d_x, x.size() * 4));
+	CK(cudaMalloc(&d_lg, (size_t)(NL * nmax * E) * 4));
+	CK(cudaMalloc(&d_ids, (size_t)(NL * nmax * k) * 4));
+	CK(cudaMalloc(&d_w, (size_t)(NL * nmax * k) * 4));
+	CK(cudaMalloc(&d_out, (size_t)(NL * nmax * D) * 4));
+	CK(cudaMemcpy(d_b, bias.data(), (size_t)E * 4, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(d_x, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+	CK(cudaDeviceSynchronize());
+	static const char *names[NV] = {"r old", "r new", "old", "new",     "db1",
+	                                "db2",   "w6db",  "w6",  "r rescan"};
+	printf("  six: NL %d layers in a graph with PDL, each producer (kfwd_scale) -> router + route [-> "
+	       "experts], us per layer:\n  batch",
+	       NL);
+	for (int v = 0; v < NV; v++)
+		printf(" %8s", names[v]);
+	printf("   r new/old  new/old  checks\n");
+	static const int bs[] = {1, 2, 8};
+	for (int n : bs) {
+		float t[NV];
+		std::vector<float> out0((size_t)(NL * nmax * D)), outv(out0.size());
+		std::vector<int32_t> ids0((size_t)(NL * nmax * k)), idsv(ids0.size());
+		std::vector<float> w0(ids0.size()), wv(ids0.size());
+		int bad = 0;
+		bool near = false; /* the 6-warp columns: equal within 1e-5, not bit-equal */
+		for (int v = 0; v < NV; v++) { /* 0 r old, 1 r new, 2 old, 3 new, 4.. new + variants */
+			const bool experts = v >= 2 && v < 8;
+			if (v == 0 || v == 2)
+				setenv("TANDEM_MOE_ROUTE_FUSE", "0", 1);
+			if (v == 4 || v == 6)
+				setenv("TANDEM_MOE_DB", "1", 1);
+			if (v == 5)
+				setenv("TANDEM_MOE_DB", "2", 1);
+			if (v == 8)
+				setenv("TANDEM_MOE_ROUTE_SORT", "0", 1);
+			if (v == 6 || v == 7)
+				setenv("TANDEM_MOE_SMALL_GUW", "6", 1);
+			int rc = 0;
+			auto chain = [&](void) {
+				for (int l = 0; l < NL; l++) {
+					float *xs = (float *)d_x + (size_t)l * nmax * D;
+					float *lg = (float *)d_lg + (size_t)l * nmax * E;
+					int32_t *ids = (int32_t *)d_ids + (size_t)l * nmax * k;
+					float *w = (float *)d_w + (size_t)l * nmax * k;
+					rc |= kfwd_scale(c, xs, (int64_t)n * D, 1.0f);
+					int r = kcuda_moe_router_route(c, &routers[(size_t)l], xs, D, n, lg,
+					                               (const float *)d_b, (int)E, k, 1, 1, 0,
+					                               true, 2.5f, ids, w, NULL);
+					if (r == ERR_UNSUPPORTED) /* cu_moe's two launches */
+						r = kcuda_matmul_path(c, KCUDA_MM_F32, &routers[(size_t)l],
+						                      xs, D, n, lg, E) |
+						    kcuda_moe_route(c, lg, E, (const float *)d_b, n, (int)E,
+						                    k, 1, 1, 0, true, 2.5f, ids, w);
+					rc |= r;
+					if (experts)
+						rc |= kcuda_moe_ffn_shexp(
+						    c, xs, D, n, ids, w, k, dg, du, dd, E, F, dsg, dsu, dsd,
+						    (float *)d_out + (size_t)l * nmax * D, D);
+				}
+			};
+			cudaGraph_t gr = NULL;
+			cudaGraphExec_t ge = NULL;
+			CK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+			chain();
+			CK(cudaStreamEndCapture(c->stream, &gr));
+			CK(cudaGraphInstantiate(&ge, gr, 0));
+			t[v] = time_us(c->stream, [&](int) { CK(cudaGraphLaunch(ge, c->stream)); }) / NL;
+			CK(cudaStreamSynchronize(c->stream));
+			unsetenv("TANDEM_MOE_ROUTE_FUSE");
+			unsetenv("TANDEM_MOE_DB");
+			unsetenv("TANDEM_MOE_ROUTE_SORT");
+			unsetenv("TANDEM_MOE_SMALL_GUW");
+			CK(cudaGraphExecDestroy(ge));
+			CK(cudaGraphDestroy(gr));
+			if (rc) {
+				printf("FAIL: six batch %d %s: rc %d\n", n, names[v], rc);
+				fails++;
+				continue;
+			}
+			/* the same bits as "old" (v 2); "r old" / "r new": ids and weights only */
+			std::vector<int32_t> &ir = v == 0 || v == 2 ? ids0 : idsv;
+			std::vector<float> &wrr = v == 0 || v == 2 ? w0 : wv;
+			CK(cudaMemcpy(ir.data(), d_ids, ir.size() * 4, cudaMemcpyDeviceToHost));
+			CK(cudaMemcpy(wrr.data(), d_w, wrr.size() * 4, cudaMemcpyDeviceToHost));
+			if (v == 2)
+				CK(cudaMemcpy(out0.data(), d_out, out0.size() * 4, cudaMemcpyDeviceToHost));
+			else if (experts)
+				CK(cudaMemcpy(outv.data(), d_out, outv.size() * 4, cudaMemcpyDeviceToHost));
+			bool same = true;
+			for (int l = 0; l < NL; l++) {
+				const size_t o = (size_t)l * nmax * k;
+				if (v == 1 || v > 2)
+					same &= !memcmp(ids0.data() + o, idsv.data() + o,
+					                sizeof(int32_t) * n * k) &&
+					        !memcmp(w0.data() + o, wv.data() + o, sizeof(float) * n * k);
+				if (experts && v > 2 && v < 6)
+					same &= !memcmp(out0.data() + (size_t)l * nmax * D,
+					                outv.data() + (size_t)l * nmax * D,
+					                sizeof(float) * n * D);
+				else if (experts && v >= 6) { /* 6 warps: other per-warp partial sums of D,
+					                       * other rounding: within 1e-5 of max|out| */
+					double mx = 0, md = 0;
+					for (int64_t q = 0; q < (int64_t)n * D; q++) {
+						const size_t i = (size_t)l * nmax * D + (size_t)q;
+						mx = std::max(mx, (double)fabsf(out0[i]));
+						md = std::max(md, (double)fabsf(out0[i] - outv[i]));
+					}
+					same &= md <= 1e-5 * mx;
+					if (md > 0)
+						near = true;
+				}
+			}
+			if (!same) {
+				printf("FAIL: six batch %d %s: ids / weights / outputs differ from \"%s\"\n",
+				       n, names[v], v == 1 ? "r old" : "old");
+				fails++;
+				bad++;
+			}
+		}
+		printf("  %5d", n);
+		for (int v = 0; v < NV; v++)
+			printf(" %8.2f", t[v]);
+		printf("   %8.2fx %7.2fx  %s\n", t[1] / t[0], t[3] / t[2],
+		       bad    ? "DIFFER"
+		       : near ? "same bits (w6 columns within 1e-5)"
+		              : "same bits");
+	}
+	for (auto &r : routers)
+		kcuda_weight_free(&r);
+	CK(cudaFree(d_b));
+	CK(cudaFree(d_x));
+	CK(cudaFree(d_lg));
+	CK(cudaFree(d_ids));
+	CK(cudaFree(d_w));
+	CK(cudaFree(d_out));
+	return fails;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1 && !strcmp(argv[1], "emu")) { /* no GPU needed */
@@ -610,13 +786,20 @@ int main(int argc, char **argv)
 	printf("  batch  experts hit   old us  sorted us   new us  new/sorted   old GB/s  sorted GB/s   new "
 	       "GB/s  "
 	       "route old us  route shfl us  route new us  new s1 us  new s3 us\n");
+	if (argc > 1 && !strcmp(argv[1], "six")) {
+		const int f6 = six_bench(c, &dg, &du, &dd, &dsg, &dsu, &dsd, E, F, D, k);
+		printf("%s\n", f6 ? "FAIL" : "PASS: all checks");
+		kcuda_ctx_destroy(c);
+		return f6 ? 1 : 0;
+	}
 	if (argc > 1 && !strcmp(argv[1], "one")) {
 		const int f1 = one_bench(c, &dg, &du, &dd, &dsg, &dsu, &dsd, E, F, D, k);
 		printf("%s\n", f1 ? "FAIL" : "PASS: all checks");
 		kcuda_ctx_destroy(c);
 		return f1 ? 1 : 0;
 	}
-	int fails = one_bench(c, &dg, &du, &dd, &dsg, &dsu, &dsd, E, F, D, k);
+	int fails = six_bench(c, &dg, &du, &dd, &dsg, &dsu, &dsd, E, F, D, k);
+	fails += one_bench(c, &dg, &du, &dd, &dsg, &dsu, &dsd, E, F, D, k);
 	fails += layer_bench(c, &dg, &du, &dd, &dsg, &dsu, &dsd, E, F, D, k);
 	if (argc > 1 && !strcmp(argv[1], "layer")) {
 		printf("%s\n", fails ? "FAIL" : "PASS: all checks");

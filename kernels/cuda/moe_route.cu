@@ -391,7 +391,17 @@ extern "C" int kcuda_moe_router_route(struct kcuda_ctx *c, const struct kweight 
 		return kcuda_bad_arg(
 		    "moe_router_route", "n %lld E %d k %d%s", (long long)n, E, k,
 		    !c || !router || !x || !logits || !ids || !weights ? ", or a null pointer" : "");
-	if (rr_env_off("TANDEM_MOE_ROUTER_FUSED") || rr_env_off("TANDEM_MOE_FAST") || n > rr_max_tokens())
+	if (rr_env_off("TANDEM_MOE_ROUTER_FUSED") || rr_env_off("TANDEM_MOE_FAST"))
+		return ERR_UNSUPPORTED;
+	if (!rr_max_tokens()) { /* moe4's kernel not asked for: moe6's (moe_router_fuse.cu; its own switch) */
+		if (n_group > 1 && n_group_used < n_group && (E % n_group || n_group_used < 1))
+			return kcuda_bad_arg("moe_router_route",
+			                     "E %d not split in %d groups, or %d groups used", E, n_group,
+			                     n_group_used);
+		return moe_router_fuse(c, router, x, ldx, n, logits, bias, E, k, n_group, n_group_used,
+		                       gating, norm, scale, ids, weights);
+	}
+	if (n > rr_max_tokens())
 		return ERR_UNSUPPORTED;
 	const int64_t D = router->n_in;
 	if (router->type != KT_F32 || !router->data || router->n_out != E || n < 1 || n > RR_MAXT ||

@@ -116,14 +116,14 @@ __device__ __forceinline__ void ms_prefetch_block(int which, const uint8_t *g, c
 /* grid (F / 16, np, split), W warps (8, or 4: TANDEM_MOE_SMALL_GUW): block y computes h[q][f0 .. f0 + 15] for
  * the pairs q of the chunk pair y leads (none: exits); warp w takes units w, w + W, ... of D for the 16 rows
  * of gate (tile 0) and up (tile 1) */
-template <int T, int W, int R, bool DB>
-__global__ void __launch_bounds__(W * 32)
-    moe_small_gate_up_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
-                             const uint8_t *__restrict__ sg, const uint8_t *__restrict__ su, size_t rb, int E,
-                             int64_t F, int64_t n_units, const float *__restrict__ x, int64_t ldx,
-                             const int32_t *__restrict__ ids, int k, int np_r, int np, float *__restrict__ h,
-                             float *__restrict__ hp, const uint8_t *__restrict__ wd,
-                             const uint8_t *__restrict__ sd, size_t down_bytes, int pf)
+#define MS_GU_PARAMS                                                                                         \
+	const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu, const uint8_t *__restrict__ sg,      \
+	    const uint8_t *__restrict__ su, size_t rb, int E, int64_t F, int64_t n_units,                    \
+	    const float *__restrict__ x, int64_t ldx, const int32_t *__restrict__ ids, int k, int np_r,      \
+	    int np, float *__restrict__ h, float *__restrict__ hp, const uint8_t *__restrict__ wd,           \
+	    const uint8_t *__restrict__ sd, size_t down_bytes, int pf
+#define MS_GU_ARGS wg, wu, sg, su, rb, E, F, n_units, x, ldx, ids, k, np_r, np, h, hp, wd, sd, down_bytes, pf
+template <int T, int W, int R, bool DB> __device__ __forceinline__ void ms_gate_up_body(MS_GU_PARAMS)
 {
 	/* R 2: rows f0 .. f0 + 15 of gate (tile 0) and up (tile 1); R 1 (TANDEM_MOE_SMALL_HALF=1): ONE
 	 * tile, rows f0 .. f0 + 7 of gate as its upper half and of up as its lower half: half the math
@@ -225,6 +225,23 @@ __global__ void __launch_bounds__(W * 32)
 			o[F] = us;
 		}
 	}
+}
+
+template <int T, int W, int R, bool DB>
+__global__ void __launch_bounds__(W * 32) moe_small_gate_up_kernel(MS_GU_PARAMS)
+{
+	ms_gate_up_body<T, W, R, DB>(MS_GU_ARGS);
+}
+
+/* TANDEM_MOE_DB=2: the double-buffered body held to 24 warps per SM (3 blocks of 8 warps: <= 85
+ * registers, a few spilled). Why: the double-buffered body needs 104 registers, so only 2 blocks of 8
+ * warps fit an SM and batch 1's 288 gate / up blocks (GLM-5 rank slice: 32 x 9) took two waves on
+ * the H200's 132 SMs (264 slots): that, not the double buffering, is the likely reason TANDEM_MOE_DB=1
+ * measured slower (bench_cuda_moe layer, 20:15 run: 41.8 against 35.9 us per layer). Same bits. */
+template <int T, int W, int R>
+__global__ void __launch_bounds__(W * 32, 24 / W) moe_small_gate_up_db2_kernel(MS_GU_PARAMS)
+{
+	ms_gate_up_body<T, W, R, true>(MS_GU_ARGS);
 }
 
 /* grid (ceil(D / 16 R)), W warps: output rows row0 .. row0 + 16 R - 1 of every token. Warp w runs
@@ -375,7 +392,7 @@ struct ms_args {
 static int ms_gu_warps(void)
 {
 	const char *v = getenv("TANDEM_MOE_SMALL_GUW");
-	return v && strcmp(v, "4") == 0 ? 4 : 8;
+	return v && strcmp(v, "4") == 0 ? 4 : v && strcmp(v, "6") == 0 ? 6 : 8;
 }
 
 /* the one-tile gate / up block (8 f rows of gate and of up): TANDEM_MOE_SMALL_HALF=1 always, 0 never;
@@ -414,27 +431,48 @@ static void ms_pf_flags(struct ms_args *a, bool sh)
 }
 
 /* TANDEM_MOE_DB=1: gate / up (Q4_K / Q5_K) keep the next unit's weight loads in flight while the
- * current unit computes (register double buffering); off by default until measured */
+ * current unit computes (register double buffering); =2: the same held to 24 warps per SM
+ * (moe_small_gate_up_db2_kernel); off by default until measured */
 static int ms_db(void)
 {
 	const char *v = getenv("TANDEM_MOE_DB");
-	return v && strcmp(v, "1") == 0;
+	return v && (strcmp(v, "1") == 0 || strcmp(v, "2") == 0) ? v[0] - '0' : 0;
 }
 
-template <int T, bool DB> static int ms_gate_up_launch(struct kcuda_ctx *c, const struct ms_args &a)
+/* the gate / up kernel for W warps (4, 6: one-tile blocks only, else 8), R tiles, DB 0 / 1 / 2 */
+typedef void (*ms_gu_fn)(const uint8_t *, const uint8_t *, const uint8_t *, const uint8_t *, size_t, int,
+                         int64_t, int64_t, const float *, int64_t, const int32_t *, int, int, int, float *,
+                         float *, const uint8_t *, const uint8_t *, size_t, int);
+template <int T, int R, int DB> static ms_gu_fn ms_gu_kernel(int w)
 {
-	const int w = ms_gu_warps();
+	if constexpr (DB == 2) {
+		if constexpr (R == 1)
+			if (w == 6)
+				return moe_small_gate_up_db2_kernel<T, 6, R>;
+		return w == 4 ? moe_small_gate_up_db2_kernel<T, 4, R> : moe_small_gate_up_db2_kernel<T, 8, R>;
+	} else {
+		if constexpr (R == 1)
+			if (w == 6)
+				return moe_small_gate_up_kernel<T, 6, R, DB == 1>;
+		return w == 4 ? moe_small_gate_up_kernel<T, 4, R, DB == 1>
+		              : moe_small_gate_up_kernel<T, 8, R, DB == 1>;
+	}
+}
+
+template <int T, int DB> static int ms_gate_up_launch(struct kcuda_ctx *c, const struct ms_args &a)
+{
+	int w = ms_gu_warps();
 	if (ms_half(a.n))
-		return klaunch(
-		    "moe_small_gate_up",
-		    w == 4 ? moe_small_gate_up_kernel<T, 4, 1, DB> : moe_small_gate_up_kernel<T, 8, 1, DB>,
-		    dim3((unsigned)(a.F / 8), (unsigned)a.np, (unsigned)a.split), dim3(w * 32), 0, c->stream,
-		    (const uint8_t *)a.gate->data, (const uint8_t *)a.up->data, (const uint8_t *)a.sg,
-		    (const uint8_t *)a.su, a.gate->row_bytes, a.E, a.F, a.D / 256, a.x, a.ldx, a.ids, a.k,
-		    a.np_r, a.np, a.h, a.hp, (const uint8_t *)a.down->data, (const uint8_t *)a.sd,
-		    (size_t)a.D * a.down->row_bytes, a.pf_gu);
-	return klaunch("moe_small_gate_up",
-	               w == 4 ? moe_small_gate_up_kernel<T, 4, 2, DB> : moe_small_gate_up_kernel<T, 8, 2, DB>,
+		return klaunch("moe_small_gate_up", ms_gu_kernel<T, 1, DB>(w),
+		               dim3((unsigned)(a.F / 8), (unsigned)a.np, (unsigned)a.split), dim3(w * 32), 0,
+		               c->stream, (const uint8_t *)a.gate->data, (const uint8_t *)a.up->data,
+		               (const uint8_t *)a.sg, (const uint8_t *)a.su, a.gate->row_bytes, a.E, a.F,
+		               a.D / 256, a.x, a.ldx, a.ids, a.k, a.np_r, a.np, a.h, a.hp,
+		               (const uint8_t *)a.down->data, (const uint8_t *)a.sd,
+		               (size_t)a.D * a.down->row_bytes, a.pf_gu);
+	if (w == 6) /* two-tile blocks: 4 or 8 warps */
+		w = 8;
+	return klaunch("moe_small_gate_up", ms_gu_kernel<T, 2, DB>(w),
 	               dim3((unsigned)(a.F / 16), (unsigned)a.np, (unsigned)a.split), dim3(w * 32), 0,
 	               c->stream, (const uint8_t *)a.gate->data, (const uint8_t *)a.up->data,
 	               (const uint8_t *)a.sg, (const uint8_t *)a.su, a.gate->row_bytes, a.E, a.F, a.D / 256,
@@ -444,10 +482,14 @@ template <int T, bool DB> static int ms_gate_up_launch(struct kcuda_ctx *c, cons
 
 template <int T> static int ms_gate_up_t(struct kcuda_ctx *c, const struct ms_args &a)
 {
-	if constexpr (T == KT_Q4_K || T == KT_Q5_K)
-		if (ms_db())
-			return ms_gate_up_launch<T, true>(c, a);
-	return ms_gate_up_launch<T, false>(c, a);
+	if constexpr (T == KT_Q4_K || T == KT_Q5_K) {
+		const int db = ms_db();
+		if (db == 2)
+			return ms_gate_up_launch<T, 2>(c, a);
+		if (db == 1)
+			return ms_gate_up_launch<T, 1>(c, a);
+	}
+	return ms_gate_up_launch<T, 0>(c, a);
 }
 
 template <int T> static int ms_down_t(struct kcuda_ctx *c, const struct ms_args &a)

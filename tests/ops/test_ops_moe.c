@@ -39,11 +39,20 @@
  * experts under PDL, the same bits as the call alone (a read before a producer finished would differ), also
  * with the route folded into the expert launches (kcuda_moe_route_ffn1: its ids / weights the same bits as
  *    kcuda_moe_route's on the same logits; GLM-5 and DS-V3 group routing) and its refusals.
+ * 6. kcuda_moe_router_route (router product + route in one launch): moe4's kernel under
+ *    TANDEM_MOE_ROUTER_FUSED=1|2, and the default since moe6 (moe_router_fuse.cu: gemv3's product,
+ *    the route in the last block): logits the bits of kcuda_matmul_path(KCUDA_MM_F32), ids / weights
+ *    the bits of kcuda_moe_route on them and equal to kcpu_moe_route's, batch 1..8, GLM-5 / DS-V3
+ *    routing, tied rows, E 4 / 64 / 382, x written by a late PDL producer (kcuda_pdl_late_copy), no
+ *    clusters, the shuffle arg-max, the last block's sorted route and route_reg_token itself
+ *    (TANDEM_MOE_ROUTE_SORT=0), three runs bit-equal (the ticket resets); refusals. The gate / up
+ *    variants TANDEM_MOE_DB=2 and TANDEM_MOE_SMALL_GUW=6 against the CPU (part of 4).
  * Guard bytes around the outputs. Exit 77 = no GPU (skip). */
 #include <errno.h>
 
 #include "common/base/err.h"
 #include "kernels/cuda/model_fwd.h"
+#include "kernels/cuda/pdl_probe.h"
 #include "tests/ops/ops_util.h"
 
 #ifndef TANDEM_CUDA
@@ -787,14 +796,25 @@ static void route_ffn1_refusals(void)
 	kcuda_free(d_any);
 }
 
+/* mode bits of router_route_case2: RR_BITS the logits must be the bits of kcuda_matmul_path(KCUDA_MM_F32)
+ * (moe6's kernel runs gemv3's product and plan); RR_LATE x is written by a late PDL producer
+ * (kcuda_pdl_late_copy, ~30 us) launched right before each call, x holding NaN until then: a read of
+ * x before the kernel's griddepcontrol.wait shows as NaN logits */
+#define RR_BITS 1
+#define RR_LATE 2
+static void router_route_case2(const char *name, int E, int k, int n_group, int n_used, int gating, int norm,
+                               float scale, int64_t D, int n, int ties, int mode);
+static void router_route_case(const char *name, int E, int k, int n_group, int n_used, int gating, int norm,
+                              float scale, int64_t D, int n, int ties);
+
 /* kcuda_moe_router_route (router product + route in one launch, moe_route.cu) against the CPU
  * chain kcpu_matmul + kcpu_moe_route. Logits within 2e-5 of sum|w x| of the CPU's; the ids and
  * weights against kcpu_moe_route run on the GPU's own logits (ids equal, ties to the lower id,
  * weights within 1e-6) and against kcuda_moe_route on them (the same bits); ties: some router rows
  * are copies of others, so their logits tie exactly. Runs three times (the ticket resets itself):
  * the same bits. pf: a dummy expert buffer for the prefetch addresses. Guard bytes on all outputs. */
-static void router_route_case(const char *name, int E, int k, int n_group, int n_used, int gating, int norm,
-                              float scale, int64_t D, int n, int ties)
+static void router_route_case2(const char *name, int E, int k, int n_group, int n_used, int gating, int norm,
+                               float scale, int64_t D, int n, int ties, int mode)
 {
 	float *wr = malloc(sizeof(float) * (size_t)(E * D)), *x = malloc(sizeof(float) * (size_t)(n * D));
 	float *lg = malloc(sizeof(float) * (size_t)(n * E)), *glg = malloc(sizeof(float) * (size_t)(n * E));
@@ -806,8 +826,8 @@ static void router_route_case(const char *name, int E, int k, int n_group, int n
 	        *gid = malloc(sizeof(int32_t) * (size_t)(n * k)),
 	        *gid2 = malloc(sizeof(int32_t) * (size_t)(n * k));
 	struct kweight hw = {KT_F32, D, E, (size_t)D * 4, wr}, dw = {0};
-	void *d_x = NULL, *d_b = NULL, *d_pf = NULL;
-	struct ops_dbuf lb = {0}, ib = {0}, wb = {0}, ib2 = {0}, wb2 = {0};
+	void *d_x = NULL, *d_b = NULL, *d_pf = NULL, *d_xs = NULL;
+	struct ops_dbuf lb = {0}, ib = {0}, wb = {0}, ib2 = {0}, wb2 = {0}, lb2 = {0};
 	if (!wr || !x || !lg || !glg || !glg2 || !bias || !rw || !gw || !gw2 || !scr || !sabs || !rid ||
 	    !gid || !gid2) {
 		OPS_CHECK(0, "%s: host allocation", name);
@@ -838,11 +858,14 @@ static void router_route_case(const char *name, int E, int k, int n_group, int n
 	    ops_dbuf_init(ctx, &ib, sizeof(int32_t) * (size_t)(n * k)) ||
 	    ops_dbuf_init(ctx, &wb, sizeof(float) * (size_t)(n * k)) ||
 	    ops_dbuf_init(ctx, &ib2, sizeof(int32_t) * (size_t)(n * k)) ||
-	    ops_dbuf_init(ctx, &wb2, sizeof(float) * (size_t)(n * k))) {
+	    ops_dbuf_init(ctx, &wb2, sizeof(float) * (size_t)(n * k)) ||
+	    ops_dbuf_init(ctx, &lb2, sizeof(float) * (size_t)(n * E)) ||
+	    kcuda_alloc(sizeof(float) * (size_t)(n * D), &d_xs)) {
 		OPS_CHECK(0, "%s: device allocation", name);
 		goto out;
 	}
 	kcuda_upload(ctx, d_x, x, sizeof(float) * (size_t)(n * D));
+	kcuda_upload(ctx, d_xs, x, sizeof(float) * (size_t)(n * D));
 	kcuda_upload(ctx, d_b, bias, sizeof(float) * (size_t)E);
 	uint8_t *pfb = d_pf;
 	const struct kcuda_moe_pf pf = {pfb,
@@ -857,8 +880,21 @@ static void router_route_case(const char *name, int E, int k, int n_group, int n
 	                                8192};
 	int same = 1;
 	for (int run = 0; run < 3; run++) {
-		int rc = kcuda_moe_router_route(ctx, &dw, d_x, D, n, lb.user, d_b, E, k, n_group, n_used,
-		                                gating, norm, scale, ib.user, wb.user, run == 1 ? NULL : &pf);
+		int rc = 0;
+		if (mode & RR_LATE) { /* x = NaN until the late producer copies it (~30 us after its start) */
+			void *dst[1] = {d_x};
+			const void *src[1] = {d_xs};
+			const size_t nb[1] = {sizeof(float) * (size_t)(n * D)};
+			rc = kcuda_memset(ctx, d_x, 0xff, nb[0]);
+			if (!rc)
+				rc = kcuda_sync(ctx);
+			if (!rc)
+				rc = kcuda_pdl_late_copy(ctx, 1, dst, src, nb, 30.0);
+		}
+		if (!rc)
+			rc = kcuda_moe_router_route(ctx, &dw, d_x, D, n, lb.user, d_b, E, k, n_group, n_used,
+			                            gating, norm, scale, ib.user, wb.user,
+			                            run == 1 ? NULL : &pf);
 		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "%s n %d: rc %d", name, n, rc);
 		if (rc)
 			goto out;
@@ -871,6 +907,15 @@ static void router_route_case(const char *name, int E, int k, int n_group, int n
 			        !memcmp(gw, gw2, sizeof(float) * (size_t)(n * k));
 	}
 	OPS_CHECK(same, "%s n %d: three runs differ", name, n);
+	int bits = -1; /* RR_BITS: logits equal to the two-launch path's product (-1: not asked) */
+	if (mode & RR_BITS) {
+		int rc = kcuda_matmul_path(ctx, KCUDA_MM_F32, &dw, d_x, D, n, lb2.user, E);
+		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0 && ops_dbuf_get(ctx, &lb2, glg2) == 0,
+		          "%s n %d: the unfused product failed (rc %d)", name, n, rc);
+		bits = !memcmp(glg, glg2, sizeof(float) * (size_t)(n * E));
+		OPS_CHECK(bits, "%s n %d: logits differ from kcuda_matmul_path(KCUDA_MM_F32)'s bits", name,
+		          n);
+	}
 	double maxl = 0;
 	int bad_l = 0;
 	for (int i = 0; i < n * E; i++) {
@@ -910,15 +955,18 @@ static void router_route_case(const char *name, int E, int k, int n_group, int n
 	              !memcmp(gid, gid2, sizeof(int32_t) * (size_t)(n * k)) &&
 	              !memcmp(gw, gw2, sizeof(float) * (size_t)(n * k)),
 	          "%s n %d: differs from kcuda_moe_route on its logits", name, n);
-	printf("%-44s n %d D %5lld: logits max err %.2g of sum|wx|, ids equal, weights rel %.2g, %d "
-	       "tied copies chosen (lower id kept)\n",
-	       name, n, (long long)D, maxl, maxrel, tie_pairs);
+	printf("%-44s n %d D %5lld: logits max err %.2g of sum|wx|%s, ids equal, weights rel %.2g, %d "
+	       "tied copies chosen (lower id kept)%s\n",
+	       name, n, (long long)D, maxl, bits == 1 ? " (= the product's bits)" : "", maxrel, tie_pairs,
+	       mode & RR_LATE ? ", x from a late PDL producer" : "");
 	(void)n_copies;
 out:
 	kcuda_weight_free(&dw);
 	kcuda_free(d_x);
 	kcuda_free(d_b);
 	kcuda_free(d_pf);
+	kcuda_free(d_xs);
+	ops_dbuf_fini(&lb2);
 	ops_dbuf_fini(&lb);
 	ops_dbuf_fini(&ib);
 	ops_dbuf_fini(&wb);
@@ -940,6 +988,12 @@ out:
 	free(gid2);
 }
 
+static void router_route_case(const char *name, int E, int k, int n_group, int n_used, int gating, int norm,
+                              float scale, int64_t D, int n, int ties)
+{
+	router_route_case2(name, E, k, n_group, n_used, gating, norm, scale, D, n, ties, 0);
+}
+
 /* shapes and switches kcuda_moe_router_route hands back (ERR_UNSUPPORTED, nothing enqueued) */
 static void router_route_refusals(void)
 {
@@ -958,13 +1012,22 @@ static void router_route_refusals(void)
 	OPS_CHECK(kcuda_moe_router_route(ctx, &dw, d_x, D, 9, lo, NULL, E, k, 1, 1, 0, true, 1.f, io, wo,
 	                                 NULL) == ERR_UNSUPPORTED,
 	          "router_route: 9 tokens not refused");
+	setenv("TANDEM_MOE_ROUTER_FUSED", "2", 1); /* moe4's kernel up to 2 tokens */
 	OPS_CHECK(kcuda_moe_router_route(ctx, &dw, d_x, D, 3, lo, NULL, E, k, 1, 1, 0, true, 1.f, io, wo,
 	                                 NULL) == ERR_UNSUPPORTED,
-	          "router_route: 3 tokens taken without TANDEM_MOE_ROUTER_FUSED=1");
+	          "router_route: 3 tokens taken with TANDEM_MOE_ROUTER_FUSED=2");
+	unsetenv("TANDEM_MOE_ROUTER_FUSED");
+	setenv("TANDEM_MOE_ROUTE_FUSE", "0", 1); /* moe6's kernel off: the two launches */
 	OPS_CHECK(kcuda_moe_router_route(ctx, &dw, d_x, D, 1, lo, NULL, E, k, 1, 1, 0, true, 1.f, io, wo,
 	                                 NULL) == ERR_UNSUPPORTED,
-	          "router_route: taken by default (it is off unless TANDEM_MOE_ROUTER_FUSED is 1 or 2)");
+	          "router_route: taken with TANDEM_MOE_ROUTE_FUSE=0");
+	unsetenv("TANDEM_MOE_ROUTE_FUSE");
 	struct kweight odd = dw;
+	odd.n_in = 448; /* D % 128 != 0 (moe6's kernel; moe4's takes D % 16 == 0 only when asked) */
+	OPS_CHECK(kcuda_moe_router_route(ctx, &odd, d_x, D, 1, lo, NULL, E, k, 1, 1, 0, true, 1.f, io, wo,
+	                                 NULL) == ERR_UNSUPPORTED,
+	          "router_route: D 448 not refused");
+	odd = dw;
 	odd.n_in = 504; /* D % 16 != 0 */
 	OPS_CHECK(kcuda_moe_router_route(ctx, &odd, d_x, D, 1, lo, NULL, E, k, 1, 1, 0, true, 1.f, io, wo,
 	                                 NULL) == ERR_UNSUPPORTED,
@@ -983,10 +1046,9 @@ static void router_route_refusals(void)
 	          "router_route: TANDEM_MOE_ROUTER_FUSED=0 not honoured");
 	unsetenv("TANDEM_MOE_ROUTER_FUSED");
 	OPS_CHECK(kcuda_sync(ctx) == 0, "router_route refusals: stream error");
-	printf("router_route: 9 tokens, 1 and 3 by default, D 504, BF16 router, TANDEM_MOE_ROUTER_FUSED=0 "
-	       "refused; "
-	       "k > E "
-	       "rejected\n");
+	printf(
+	    "router_route: 9 tokens, 3 with TANDEM_MOE_ROUTER_FUSED=2, 1 with TANDEM_MOE_ROUTE_FUSE=0, D 448 "
+	    "and 504, BF16 router, TANDEM_MOE_ROUTER_FUSED=0 refused; k > E rejected\n");
 out:
 	kcuda_weight_free(&dw);
 	kcuda_free(d_x);
@@ -1249,7 +1311,25 @@ int main(void)
 	if (!quick)
 		ffn_case(&ds3s, KT_Q5_K, KT_Q6_K, 5, 1e-4);
 	unsetenv("TANDEM_MOE_SMALL_GUW");
+	/* TANDEM_MOE_DB=2 (moe6): the double-buffered body held to 3 blocks of 8 warps per SM (some
+	 * registers spilled); TANDEM_MOE_SMALL_GUW=6: 6 warps per one-tile gate / up block (24 units: 4
+	 * per warp; DS-V3's 28: uneven), with and without double buffering; two-tile blocks (3+ tokens)
+	 * fall back to 8 warps */
+	setenv("TANDEM_MOE_DB", "2", 1);
+	ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+	ffn_case(&e256s, KT_Q5_K, KT_Q6_K, 3, 1e-4);
+	ffn_case(&e256s, KT_Q4_K, KT_Q8_0, 8, 1e-4);
+	setenv("TANDEM_MOE_SMALL_GUW", "6", 1);
+	ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+	ffn_case(&ds3s, KT_Q5_K, KT_Q6_K, 2, 1e-4);
+	setenv("TANDEM_MOE_DB", "1", 1);
+	ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+	ffn_case(&e256s, KT_Q4_K, KT_Q4_K, 5, 1e-4);
 	unsetenv("TANDEM_MOE_DB");
+	ffn_case(&glm5s, KT_Q4_K, KT_Q6_K, 1, 1e-4);
+	if (!quick)
+		ffn_case(&ds3s, KT_Q4_K, KT_Q4_K, 2, 1e-4);
+	unsetenv("TANDEM_MOE_SMALL_GUW");
 	route_chain();
 	/* the batch-1 kernels (moe_one.cu; off by default: TANDEM_MOE_SMALL_V=dn its down kernel, =new both):
 	 * GLM-5 and DS-V3 (28 units of D: 4 per warp, uneven) rank slices, D 256 / 512 (1-2 units: warps
@@ -1334,6 +1414,42 @@ int main(void)
 	setenv("TANDEM_MOE_ROUTER_FUSED", "2", 1);
 	router_route_case("router+route GLM-5 =2 (up to 2 tokens)", 256, 8, 1, 1, 0, 1, 2.5f, 6144, 2, 0);
 	unsetenv("TANDEM_MOE_ROUTER_FUSED");
+	/* moe6's kernel (moe_router_fuse.cu, the default): gemv3's product (the same logits bits as
+	 * kcuda_matmul_path(KCUDA_MM_F32)) with the route in the last block, batch 1..8, ties, other
+	 * shapes, x from a late PDL producer, without clusters (TANDEM_GEMV3_SPLIT=0: one block per row
+	 * tile walks all of K through its ring), the shuffle arg-max, no weight prefetch */
+	for (int n = 1; n <= 8; n++) {
+		if (quick && n != 1 && n != 2 && n != 5 && n != 8)
+			continue;
+		router_route_case2("fuse6 GLM-5 E256 k8 sigmoid", 256, 8, 1, 1, 0, 1, 2.5f, 6144, n, 0,
+		                   RR_BITS);
+		router_route_case2("fuse6 DS-V3 E256 k8 g8/4", 256, 8, 8, 4, 0, 1, 2.5f, 7168, n, 0, RR_BITS);
+	}
+	router_route_case2("fuse6 GLM-5 ties (copied rows)", 256, 8, 1, 1, 0, 1, 2.5f, 6144, 1, 1, RR_BITS);
+	router_route_case2("fuse6 DS-V3 ties (copied rows)", 256, 8, 8, 4, 0, 1, 2.5f, 7168, 6, 1, RR_BITS);
+	router_route_case2("fuse6 softmax E64 k6 D 256", 64, 6, 1, 1, 1, 0, 1.0f, 256, 2, 0, RR_BITS);
+	router_route_case2("fuse6 tiny E4 k2 D 256", 4, 2, 1, 1, 0, 1, 1.0f, 256, 5, 0, RR_BITS);
+	router_route_case2("fuse6 E382 k16 D 8192", 382, 16, 1, 1, 1, 1, 1.0f, 8192, 3, 0, RR_BITS);
+	router_route_case2("fuse6 GLM-5 late x", 256, 8, 1, 1, 0, 1, 2.5f, 6144, 1, 0, RR_BITS | RR_LATE);
+	router_route_case2("fuse6 DS-V3 late x", 256, 8, 8, 4, 0, 1, 2.5f, 7168, 8, 0, RR_BITS | RR_LATE);
+	setenv("TANDEM_GEMV3_SPLIT", "0", 1);
+	router_route_case2("fuse6 GLM-5 no clusters", 256, 8, 1, 1, 0, 1, 2.5f, 6144, 1, 0, RR_BITS);
+	router_route_case2("fuse6 GLM-5 no clusters, late x", 256, 8, 1, 1, 0, 1, 2.5f, 6144, 3, 0,
+	                   RR_BITS | RR_LATE);
+	unsetenv("TANDEM_GEMV3_SPLIT");
+	setenv("TANDEM_MOE_ROUTE_SORT", "0", 1); /* the last block runs route_reg_token itself */
+	router_route_case2("fuse6 GLM-5 rescan route", 256, 8, 1, 1, 0, 1, 2.5f, 6144, 1, 0, RR_BITS);
+	router_route_case2("fuse6 DS-V3 ties, rescan route", 256, 8, 8, 4, 0, 1, 2.5f, 7168, 3, 1, RR_BITS);
+	unsetenv("TANDEM_MOE_ROUTE_SORT");
+	setenv("TANDEM_MOE_ROUTE_FAST", "1", 1);
+	router_route_case2("fuse6 DS-V3 ties, shuffle arg-max", 256, 8, 8, 4, 0, 1, 2.5f, 7168, 4, 1,
+	                   RR_BITS);
+	router_route_case2("fuse6 GLM-5 shuffle arg-max", 256, 8, 1, 1, 0, 1, 2.5f, 6144, 2, 1, RR_BITS);
+	unsetenv("TANDEM_MOE_ROUTE_FAST");
+	setenv("TANDEM_PREFETCH", "0", 1);
+	router_route_case2("fuse6 GLM-5 no prefetch", 256, 8, 1, 1, 0, 1, 2.5f, 6144, 1, 0,
+	                   RR_BITS | RR_LATE);
+	unsetenv("TANDEM_PREFETCH");
 	router_route_refusals();
 	test_args();
 	kcuda_ctx_destroy(ctx);
