@@ -439,15 +439,19 @@ extern "C" {
 unsigned long long kmla_dec6_launches = 0;
 }
 
-/* Off unless TANDEM_MLA_DEC_V=6 (not yet measured on a GPU). Then: TANDEM_MLA_DEC unset -> up to
- * D6_ROWS_DEFAULT query rows of up to D6_HMAX_DEFAULT heads; "0" -> never; N -> up to N rows, any
- * heads (A/B, tests). Read on every call (a getenv; at capture only under graphs), so tests can
- * flip it. */
+/* On with TANDEM_MLA_DEC_V=6, and with TANDEM_MLA_DEC_V unset when kmla_dec6_default_on (0 until
+ * the H200 measures it faster; test_ops_mla reads it to know what the defaults take). Then:
+ * TANDEM_MLA_DEC unset -> up to D6_ROWS_DEFAULT query rows of up to D6_HMAX_DEFAULT heads; "0" ->
+ * never; N -> up to N rows, any heads (A/B, tests). Read on every call (a getenv; at capture only
+ * under graphs), so tests can flip it. */
+extern "C" {
+int kmla_dec6_default_on = 0;
+}
 static int d6_rows_limit(bool *forced)
 {
 	*forced = false;
 	const char *v = getenv("TANDEM_MLA_DEC_V");
-	if (!v || strcmp(v, "6") != 0)
+	if (v && *v ? strcmp(v, "6") != 0 : !kmla_dec6_default_on)
 		return 0;
 	const char *e = getenv("TANDEM_MLA_DEC");
 	if (!e || !*e)

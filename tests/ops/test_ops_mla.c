@@ -46,8 +46,11 @@ static struct kcuda_ctx *ctx;
 extern unsigned long long kmla_dec5_launches;
 /* the mode under test takes the GLM-5 decode shapes with that kernel (set by main) */
 static int expect_dec5;
-/* launches of the fp32 short-chain kernel (mla_attn_dec6.cu), and whether the mode selects it */
+/* launches of the fp32 short-chain kernel (mla_attn_dec6.cu), whether it is the default, and
+ * whether the mode selects it: 1 forced (every case), 2 by the default rules (up to 8 rows of up
+ * to 16 heads) */
 extern unsigned long long kmla_dec6_launches;
+extern int kmla_dec6_default_on;
 static int expect_dec6;
 
 struct pool {
@@ -220,7 +223,8 @@ static void run_case(const struct mcase *mc)
 	/* the fp32 short-chain kernel must take every decode and prefill shape of the cases where the
 	 * mode forces it (TANDEM_MLA_DEC=65535: any rows and heads; fp32 and bf16 pools), in one
 	 * launch; and never run where the mode excludes it */
-	if (expect_dec6)
+	const int want6 = expect_dec6 == 1 || (expect_dec6 == 2 && n_q <= 8 && H <= 16);
+	if (want6)
 		OPS_CHECK(kcuda_n_launch - l0 == 1 && kmla_dec6_launches - d60 == 1,
 		          "%s: %llu launches, %llu of mla_dec6 (it declined)", mc->name, kcuda_n_launch - l0,
 		          kmla_dec6_launches - d60);
@@ -240,7 +244,7 @@ static void run_case(const struct mcase *mc)
 	 * selected keys: one launch, not two */
 	const char *dec = getenv("TANDEM_MLA_DEC");
 	const int forced = dec && strcmp(dec, "0") != 0;
-	if (!expect_dec5 && !expect_dec6 && !getenv("TANDEM_CUDA_ATTN") && !(dec && strcmp(dec, "0") == 0) &&
+	if (!expect_dec5 && !want6 && !getenv("TANDEM_CUDA_ATTN") && !(dec && strcmp(dec, "0") == 0) &&
 	    !prefill && mc->bf16 && C == 512 && R == 64 && H <= 16 &&
 	    (forced ? n_q <= 8 : n_q == 1 && K > 0 && K <= 2048))
 		OPS_CHECK(kcuda_n_launch - l0 == 1, "%s: %llu launches (the one-launch kernel declined)",
@@ -378,7 +382,7 @@ static void run_case(const struct mcase *mc)
 		/* mla_dec6: the value too. The CPU over the keys the kernel can read (row 0's keys of
 		 * the bad block get score -inf); then (sparse) a position outside the table as row 0's
 		 * last entry, likewise counted and skipped */
-		for (int pass = 0; expect_dec6 && pass < (K > 0 ? 2 : 1); pass++) {
+		for (int pass = 0; want6 && pass < (K > 0 ? 2 : 1); pass++) {
 			const int jbad = nk[0] - 1;
 			if (pass == 1) {
 				const int32_t badpos = (int32_t)((int64_t)ld_blocks * BT + 5);
@@ -792,7 +796,7 @@ int main(void)
 		if (mode == M_REF)
 			setenv("TANDEM_CUDA_ATTN", "ref", 1);
 		expect_dec5 = mode == M_D5 || mode == M_D5W1 || mode == M_D5W4 || mode == M_D5B;
-		expect_dec6 = d6;
+		expect_dec6 = d6 ? 1 : mode == M_DEF && kmla_dec6_default_on ? 2 : 0;
 		printf("-- kernels: %s\n", mode_name[mode]);
 		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 			/* QUICK: the long sparse cases, and for dec6 the long GLM-5 dense ones too */
