@@ -191,9 +191,11 @@ static int layer_bench(struct kcuda_ctx *c, const struct kweight *dg, const stru
 				setenv("TANDEM_MOE_ROUTER_FUSED", "0", 1);
 				setenv("TANDEM_MOE_PF", "0", 1);
 				setenv("TANDEM_MOE_SMALL_V", "old", 1); /* before moe5 */
-			} else if (v == 6)
+			} else if (v == 6) {
 				setenv("TANDEM_MOE_SMALL_V", "new", 1); /* both new + the route fold */
-			else if (v == 2)
+				/* the fold needs the route unfused (moe6's fused router comes first) */
+				setenv("TANDEM_MOE_ROUTE_FUSE", "0", 1);
+			} else if (v == 2)
 				setenv("TANDEM_MOE_ROUTER_FUSED", "1", 1);
 			else if (v == 3)
 				setenv("TANDEM_MOE_PF", "7", 1);
@@ -261,6 +263,7 @@ static int layer_bench(struct kcuda_ctx *c, const struct kweight *dg, const stru
 			unsetenv("TANDEM_MOE_SMALL_GUW");
 			unsetenv("TANDEM_MOE_SMALL_V");
 			unsetenv("TANDEM_MOE_ONE_ROUTE");
+			unsetenv("TANDEM_MOE_ROUTE_FUSE");
 			if (rc) {
 				printf("FAIL: layer chain batch %d variant %d: rc %d\n", n, v, rc);
 				fails++;

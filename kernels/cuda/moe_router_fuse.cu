@@ -75,12 +75,13 @@ __device__ __forceinline__ void rf_ce(float (&sv)[V], int (&si)[V], float (&sp)[
 template <int V, bool RX>
 __device__ __forceinline__ void rf_route_token(const float *lg, const float *__restrict__ bias, int E, int k,
                                                int n_group, int n_group_used, int gating, int norm,
-                                               float scale, int32_t *oi, float *ow)
+                                               float scale, int32_t *oi, float *ow, const float (&bj)[V])
 {
 	const int lane = threadIdx.x & 31;
 	const int e0 = lane * V;
 	float p[V], sel[V];
-	/* probabilities, selection scores and the group limit: route_reg_token's code, unchanged */
+	/* probabilities, selection scores and the group limit: route_reg_token's code, unchanged but for
+	 * the bias, loaded by the caller (bj[j]: bias[e0 + j], 0 past E or without a bias) */
 #pragma unroll
 	for (int j = 0; j < V; j++)
 		p[j] = e0 + j < E ? __ldcg(lg + e0 + j) : -INFINITY;
@@ -110,7 +111,7 @@ __device__ __forceinline__ void rf_route_token(const float *lg, const float *__r
 	}
 #pragma unroll
 	for (int j = 0; j < V; j++)
-		sel[j] = __fadd_rn(p[j], bias && e0 + j < E ? __ldg(bias + e0 + j) : 0.0f);
+		sel[j] = __fadd_rn(p[j], bj[j]);
 	if (n_group > 1 && n_group_used < n_group) {
 		const int L = E / n_group / V, grp = lane / L;
 		float b1 = -INFINITY, b2 = -INFINITY;
@@ -268,7 +269,39 @@ __global__ void __launch_bounds__(RF_NW * 32)
 #pragma unroll
 	for (int t = 0; t < NT; t++)
 		acc[t] = 0.0f;
-	for (int i = 0; i < nsl; i++) {
+	/* One token and the usual plan (a block's K range fits the ring: every slab was issued before
+	 * the wait): x of all its slabs in flight at once, one L2 round trip, then the slabs in order.
+	 * gemv3's loop below loads x slab by slab, each load after the previous slab's sums: one
+	 * dependent L2 round trip per slab (6 at GLM-5's plan, 7 at DS-V3's). Same operations in the
+	 * same order as the loop, so the same bits. */
+	bool done = false;
+	if constexpr (NT == 1) {
+		if (nsl <= RF_S - 1) {
+			float4 xq[RF_S - 1];
+#pragma unroll
+			for (int i = 0; i < RF_S - 1; i++)
+				xq[i] = i < nsl ? __ldg((const float4 *)(xp + (size_t)i * SE))
+				                : make_float4(0.f, 0.f, 0.f, 0.f);
+			g3_wait<0>(); /* this lane's copies */
+			__syncwarp(); /* ... and every lane's */
+#pragma unroll
+			for (int i = 0; i < RF_S - 1; i++)
+				if (i < nsl) {
+					g3_row<KT_F32> wr;
+					g3_decode<KT_F32>(ring + i * SB, lane, wr); /* slab i is in stage i */
+					const float xv[EPL] = {xq[i].x, xq[i].y, xq[i].z, xq[i].w};
+					float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+					for (int q = 0; q < EPL; q += 2) {
+						s0 = fmaf(wr.v[q], xv[q], s0);
+						s1 = fmaf(wr.v[q + 1], xv[q + 1], s1);
+					}
+					acc[0] = fmaf(wr.d, s0 + s1, acc[0]);
+				}
+			done = true;
+		}
+	}
+	for (int i = 0; !done && i < nsl; i++) {
 		if (i + RF_S - 1 < nsl)
 			issue(i + RF_S - 1);
 		g3_commit();
@@ -340,6 +373,16 @@ __global__ void __launch_bounds__(RF_NW * 32)
 			return;
 #endif
 	}
+	/* the routing warps' bias (a weight) in flight during the ticket's round trip */
+	float bj[V];
+#pragma unroll
+	for (int j = 0; j < V; j++)
+		bj[j] = 0.0f;
+	if (rsort && bias && warp < n_tok) {
+#pragma unroll
+		for (int j = 0; j < V; j++)
+			bj[j] = lane * V + j < E ? __ldg(bias + lane * V + j) : 0.0f;
+	}
 	/* one block per row tile (the cluster's rank 0) takes a ticket; the last one routes */
 	__syncthreads();
 	if (threadIdx.x == 0) {
@@ -356,7 +399,7 @@ __global__ void __launch_bounds__(RF_NW * 32)
 		if (rsort)
 			rf_route_token<V, RX>(logits + (int64_t)t * E, bias, E, k, n_group, n_group_used,
 			                      gating, norm, scale, ids + (int64_t)t * k,
-			                      weights + (int64_t)t * k);
+			                      weights + (int64_t)t * k, bj);
 		else
 			route_reg_token<V, RX>(logits + (int64_t)t * E, bias, E, k, n_group, n_group_used,
 			                       gating, norm, scale, ids + (int64_t)t * k,
