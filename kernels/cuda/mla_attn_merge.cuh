@@ -166,31 +166,57 @@ __device__ __forceinline__ void kmla_cluster_merge(cooperative_groups::cluster_g
 
 	/* ---- last of the ncl blocks of this slice: merge the clusters in cluster order ---- */
 	__threadfence();
-	for (int u = tid; u < nu; u += NT) {
+	/* two threads a unit when the units fill at most half the block and the partials are more
+	 * than one batch: each merges half of the clusters (one batch in flight where ncl <= 2 MB),
+	 * the pair joined by one shuffle in a fixed order (the first half's state, then the second's) */
+	const int sub = 2 * nu <= NT && a.ncl > MB ? 2 : 1;
+	const int kh = sub == 2 ? (a.ncl + 1) / 2 : a.ncl;
+	for (int u0 = 0; u0 < sub * nu; u0 += NT) { /* the same trip count in every thread */
+		const int t = u0 + tid, u = t / sub, part = t % sub;
 		const int h = u / (slice / 4), c = c_lo + (u % (slice / 4)) * 4;
-		if (h >= hv)
-			continue;
-		const float *pm = a.pml + ((rh0 + h) * a.ncl * cl + crank) * 2;
-		const float4 *src = (const float4 *)(a.pacc + (rh0 + h) * a.ncl * C + c);
+		const bool act = u < nu && h < hv;
+		const int ka = part * kh, kb = min(a.ncl, ka + kh);
 		float M = -INFINITY, Ls = 0.0f;
 		float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-		for (int k0 = 0; k0 < a.ncl; k0 += MB) {
-			float2 ml[MB];
-			float4 v[MB];
+		if (act) {
+			const float *pm = a.pml + ((rh0 + h) * a.ncl * cl + crank) * 2;
+			const float4 *src = (const float4 *)(a.pacc + (rh0 + h) * a.ncl * C + c);
+			for (int k0 = ka; k0 < kb; k0 += MB) {
+				float2 ml[MB];
+				float4 v[MB];
 #pragma unroll
-			for (int e = 0; e < MB; e++) {
-				ml[e] = make_float2(-INFINITY, 0.0f);
-				v[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-				if (k0 + e < a.ncl) {
-					ml[e] = __ldcg((const float2 *)(pm + (size_t)(k0 + e) * cl * 2));
-					v[e] = __ldcg(src + (size_t)(k0 + e) * (C / 4));
+				for (int e = 0; e < MB; e++) {
+					ml[e] = make_float2(-INFINITY, 0.0f);
+					v[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+					if (k0 + e < kb) {
+						ml[e] =
+						    __ldcg((const float2 *)(pm + (size_t)(k0 + e) * cl * 2));
+						v[e] = __ldcg(src + (size_t)(k0 + e) * (C / 4));
+					}
 				}
+				kmla_merge_batch<MB>(&M, &Ls, &acc, ml, v);
 			}
-			kmla_merge_batch<MB>(&M, &Ls, &acc, ml, v);
 		}
-		const float inv = Ls > 0.0f ? 1.0f / Ls : 0.0f;
-		*(float4 *)(a.out + (rh0 + h) * C + c) =
-		    make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+		if (sub == 2) { /* every thread of the block: the pairs are lanes 2i, 2i + 1 */
+			const float M2 = __shfl_xor_sync(0xffffffffu, M, 1),
+			            L2 = __shfl_xor_sync(0xffffffffu, Ls, 1);
+			float4 a2;
+			a2.x = __shfl_xor_sync(0xffffffffu, acc.x, 1);
+			a2.y = __shfl_xor_sync(0xffffffffu, acc.y, 1);
+			a2.z = __shfl_xor_sync(0xffffffffu, acc.z, 1);
+			a2.w = __shfl_xor_sync(0xffffffffu, acc.w, 1);
+			const bool v1 = Ls > 0.0f, v2 = L2 > 0.0f;
+			const float mn = v1 && v2 ? fmaxf(M, M2) : v1 ? M : M2;
+			const float f1 = v1 ? expf(M - mn) : 0.0f, f2 = v2 ? expf(M2 - mn) : 0.0f;
+			Ls = Ls * f1 + L2 * f2;
+			acc = make_float4(fmaf(acc.x, f1, a2.x * f2), fmaf(acc.y, f1, a2.y * f2),
+			                  fmaf(acc.z, f1, a2.z * f2), fmaf(acc.w, f1, a2.w * f2));
+		}
+		if (act && part == 0) {
+			const float inv = Ls > 0.0f ? 1.0f / Ls : 0.0f;
+			*(float4 *)(a.out + (rh0 + h) * C + c) =
+			    make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+		}
 	}
 #endif
 }
