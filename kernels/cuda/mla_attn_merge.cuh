@@ -43,6 +43,25 @@ __device__ __forceinline__ void kmla_cluster_wait(void)
 }
 #endif
 
+/* Phase timestamps for a trace (mla_attn_dec6.cu's trace mode): thread 0 writes %globaltimer (ns)
+ * to tr[ph]; nothing when tr is NULL. The simulation stores the phase number. */
+__device__ __forceinline__ void kmla_trace(unsigned long long *tr, int ph)
+{
+	if (!tr || threadIdx.x != 0)
+		return;
+#ifdef KMLA_SIM
+	tr[ph] = (unsigned long long)ph + 1;
+#elif defined(__CUDA_ARCH__)
+	unsigned long long t;
+	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+	tr[ph] = t;
+#endif
+}
+/* the merge's phases in such a trace */
+#define KMLA_TR_CLUSTER 6 /* the cluster level done (before the ticket) */
+#define KMLA_TR_TICKET 7 /* the ticket drawn, the cluster barrier passed */
+#define KMLA_TR_LAST 8 /* the last block: the cross-cluster merge and its stores done */
+
 /* (M, Ls, acc) += a batch of MB partials (max, sum) / values with a running max, in order (a
  * partial without keys, sum 0, is skipped: its value is not read). Also mla_attn_dec5.cu's. */
 template <int MB>
@@ -86,9 +105,9 @@ __device__ __forceinline__ void kmla_merge_batch(float *M, float *Ls, float4 *ac
  * at once (the cluster's (max, sum) pairs and values; in the last block, MB clusters' partials at a
  * time): no block barrier between the weights and the sums. */
 template <int HG, int NT, int CL>
-__device__ __forceinline__ void kmla_cluster_merge(cooperative_groups::cluster_group &cluster,
-                                                   const kmla_merge_out &a, float *ml_s, float *o_s, int OS,
-                                                   int *last_s, int64_t rh0, int hv)
+__device__ __forceinline__ void
+kmla_cluster_merge(cooperative_groups::cluster_group &cluster, const kmla_merge_out &a, float *ml_s,
+                   float *o_s, int OS, int *last_s, int64_t rh0, int hv, unsigned long long *tr = nullptr)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 	constexpr int MB = 8; /* clusters' partials a thread loads at once in the last block */
@@ -149,6 +168,7 @@ __device__ __forceinline__ void kmla_cluster_merge(cooperative_groups::cluster_g
 	/* the ticket is drawn between arriving at the cluster barrier (the other blocks may still be
 	 * reading this block's shared memory until it completes) and waiting on it, so its atomic's
 	 * round trip overlaps the barrier */
+	kmla_trace(tr, KMLA_TR_CLUSTER);
 	kmla_cluster_arrive();
 	if (a.ncl > 1 && tid == 0) {
 		unsigned *tk = a.tickets + (size_t)blockIdx.y * cl + crank;
@@ -158,6 +178,7 @@ __device__ __forceinline__ void kmla_cluster_merge(cooperative_groups::cluster_g
 			*tk = 0u; /* every block of this slice has drawn: ready for the next call */
 	}
 	kmla_cluster_wait();
+	kmla_trace(tr, KMLA_TR_TICKET);
 	if (a.ncl == 1)
 		return;
 	__syncthreads(); /* last_s */
@@ -218,6 +239,7 @@ __device__ __forceinline__ void kmla_cluster_merge(cooperative_groups::cluster_g
 			    make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
 		}
 	}
+	kmla_trace(tr, KMLA_TR_LAST);
 #endif
 }
 

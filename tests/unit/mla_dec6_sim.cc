@@ -464,6 +464,7 @@ static void run(const scase &sc, uint64_t seed)
 	a.mo.ncl = sc.ncl;
 	a.err = &err;
 	a.L = L;
+	a.trace = NULL;
 	CHECK((int64_t)nsplit * sc.chunk >= max_keys, "%s: plan covers %d of %lld keys", sc.name,
 	      nsplit * sc.chunk, (long long)max_keys);
 	const sim_kernel fn = sc.bf16
