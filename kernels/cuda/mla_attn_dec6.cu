@@ -542,24 +542,13 @@ static bool d6_cluster_ok(struct kcuda_ctx *c, int KB, bool f32, int max_smem, i
 	const int rb = D6_DMAX * (f32 ? 4 : 2);
 	const size_t big = d6_layout(rb, D6_DMAX, KB, 2, D6_CHUNK_MAX, D6_TBL_MAX, D6_CMAX).total;
 	int n = 0, b = 0;
-	cudaLaunchAttribute at[1];
-	at[0].id = cudaLaunchAttributeClusterDimension;
-	at[0].val.clusterDim.x = D6_CL;
-	at[0].val.clusterDim.y = 1;
-	at[0].val.clusterDim.z = 1;
-	cudaLaunchConfig_t cfg = {};
-	cfg.gridDim = dim3(D6_CL, 1);
-	cfg.blockDim = dim3(D6_THREADS);
-	cfg.dynamicSmemBytes = big;
-	cfg.stream = c->stream;
-	cfg.attrs = at;
-	cfg.numAttrs = 1;
 	if (big > (size_t)max_smem ||
 	    cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)big) != cudaSuccess ||
 	    cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout,
 	                         (int)cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
-	    cudaOccupancyMaxActiveClusters(&n, fn, &cfg) != cudaSuccess || n < 1 ||
-	    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, fn, D6_THREADS, big) != cudaSuccess || b < 1) {
+	    kmla_max_clusters((const void *)fn, D6_CL, D6_THREADS, big, c->stream, &n) != cudaSuccess ||
+	    n < 1 || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, fn, D6_THREADS, big) != cudaSuccess ||
+	    b < 1) {
 		(void)cudaGetLastError();
 		fprintf(stderr, "kcuda: mla_dec6: no %d-block clusters (KB %d, %s) on device %d (%d)\n",
 		        D6_CL, KB, f32 ? "fp32" : "bf16", c->device, n);
@@ -740,21 +729,8 @@ int kmla_dec6_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
 	const d6_kernel_t fn = d6_kernel(pl.KB, pl.f32);
 	/* the kernel's shared-memory limit stays at the largest plan's (d6_cluster_ok): never lowered,
 	 * so the occupancy the plans are made from, and the plans, are the same on every call */
-	cudaLaunchAttribute at[2];
-	at[0].id = cudaLaunchAttributeClusterDimension;
-	at[0].val.clusterDim.x = (unsigned)pl.cl;
-	at[0].val.clusterDim.y = 1;
-	at[0].val.clusterDim.z = 1;
-	at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-	at[1].val.programmaticStreamSerializationAllowed = 1;
-	cudaLaunchConfig_t cfg = {};
-	cfg.gridDim = dim3((unsigned)pl.nsplit, (unsigned)pl.nrh);
-	cfg.blockDim = dim3(D6_THREADS);
-	cfg.dynamicSmemBytes = pl.smem;
-	cfg.stream = c->stream;
-	cfg.attrs = at;
-	cfg.numAttrs = kcuda_pdl_enabled() ? 2 : 1;
-	cudaError_t e = cudaLaunchKernelEx(&cfg, fn, a);
+	cudaError_t e = kmla_cluster_launch(fn, dim3((unsigned)pl.nsplit, (unsigned)pl.nrh), D6_THREADS,
+	                                    pl.smem, pl.cl, c->stream, a);
 	if (e != cudaSuccess) {
 		/* refused at launch (cluster dimension, shared memory): off for this device and
 		 * instantiation, the caller takes the next kernel */

@@ -26,6 +26,51 @@ struct kmla_merge_out {
 	int C, ncl;
 };
 
+#ifndef KMLA_SIM
+#include "kernels/cuda/cuda_common.cuh"
+
+/* The host side the one-launch decode kernels share (mla_dec, dec5, dec6): kern over grid in
+ * thread-block clusters of cl blocks along x, with the PDL attribute when enabled */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t kmla_cluster_launch(void (*kern)(KArgs...), dim3 grid, int threads, size_t smem,
+                                              int cl, cudaStream_t st, Args... args)
+{
+	cudaLaunchAttribute at[2];
+	at[0].id = cudaLaunchAttributeClusterDimension;
+	at[0].val.clusterDim.x = (unsigned)cl;
+	at[0].val.clusterDim.y = 1;
+	at[0].val.clusterDim.z = 1;
+	at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+	at[1].val.programmaticStreamSerializationAllowed = 1;
+	cudaLaunchConfig_t cfg = {};
+	cfg.gridDim = grid;
+	cfg.blockDim = dim3((unsigned)threads);
+	cfg.dynamicSmemBytes = smem;
+	cfg.stream = st;
+	cfg.attrs = at;
+	cfg.numAttrs = kcuda_pdl_enabled() ? 2 : 1;
+	return cudaLaunchKernelEx(&cfg, kern, ((KArgs)args)...);
+}
+/* how many clusters of cl blocks of fn (threads, smem a block) can be resident at once (no launch) */
+static inline cudaError_t kmla_max_clusters(const void *fn, int cl, int threads, size_t smem, cudaStream_t st,
+                                            int *n)
+{
+	cudaLaunchAttribute at[1];
+	at[0].id = cudaLaunchAttributeClusterDimension;
+	at[0].val.clusterDim.x = (unsigned)cl;
+	at[0].val.clusterDim.y = 1;
+	at[0].val.clusterDim.z = 1;
+	cudaLaunchConfig_t cfg = {};
+	cfg.gridDim = dim3((unsigned)cl, 1);
+	cfg.blockDim = dim3((unsigned)threads);
+	cfg.dynamicSmemBytes = smem;
+	cfg.stream = st;
+	cfg.attrs = at;
+	cfg.numAttrs = 1;
+	return cudaOccupancyMaxActiveClusters(n, fn, &cfg);
+}
+#endif
+
 /* the two halves of a cluster barrier (tests/unit/mla_dec6_sim.cc, a CPU simulation of
  * mla_attn_dec6.cu, defines KMLA_SIM and its own) */
 #ifndef KMLA_SIM
