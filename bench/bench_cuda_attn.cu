@@ -17,6 +17,9 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/fused.h"
 #include "kernels/cuda/prof.h"
@@ -28,6 +31,7 @@ extern "C" unsigned long long kmla_dec5_launches;
 extern "C" int kmla_dec6_plan(struct kcuda_ctx *c, int64_t n_q, int64_t H, int64_t max_keys,
                               int64_t ld_blocks, int bf16, int out[7]);
 extern "C" unsigned long long kmla_dec6_launches;
+extern "C" void kmla_dec6_set_trace(unsigned long long *buf);
 
 static double now_s(void)
 {
@@ -768,6 +772,137 @@ static void bench_mla_dec_table(void)
 	bench_mla_dec(8, 64, 4096, 1, 2048);
 }
 
+/* BENCH_ATTN_MLA_TRACE=1: where mla_dec6's time goes. Its trace mode stamps %globaltimer (ns) at
+ * each phase of every block (mla_attn_dec6.cu: D6_NTRACE = 10 stamps a block); here calls 39 and
+ * 40 of a graph of 78 (PDL per TANDEM_PDL) are traced, in the 4th replay. Printed per phase: min /
+ * median / max over the blocks of (stamp - the earliest entry of call 40) in us, and when call 39's
+ * last block ended on the same clock. */
+enum { D6_TR = 10 };
+static void trace_row(const char *name, const unsigned long long *t, int nb, int ph, double t0)
+{
+	std::vector<double> v;
+	for (int b = 0; b < nb; b++)
+		if (t[(size_t)b * D6_TR + ph])
+			v.push_back(((double)t[(size_t)b * D6_TR + ph] - t0) * 1e-3);
+	if (v.empty()) {
+		printf("  %-44s (no block)\n", name);
+		return;
+	}
+	std::sort(v.begin(), v.end());
+	printf("  %-44s min %7.2f median %7.2f max %7.2f us (%zu blocks)\n", name, v[0], v[v.size() / 2],
+	       v.back(), v.size());
+}
+
+static void bench_mla_dec6_trace(int B, int KB)
+{
+	const int64_t H = 8, C = 512, R = 64, dim = C + R, ctxlen = 4096;
+	const int K = 2048, L = 78;
+	const int64_t nb = (ctxlen + 63) / 64;
+	struct setup s;
+	unsigned long long *tr[2] = {NULL, NULL};
+	cudaGraph_t g = NULL;
+	cudaGraphExec_t ge = NULL;
+	cudaStream_t st = (cudaStream_t)kcuda_ctx_stream(ctx);
+	int rc = 0, pl[7];
+	setenv("TANDEM_MLA_DEC_V", "6", 1);
+	setenv("TANDEM_MLA_DEC", "65535", 1);
+	setenv("TANDEM_MLA_DEC6_KB", KB == 32 ? "32" : "16", 1);
+	if (setup_init(&s, B, dim, 2, ctxlen, H, C, K) || kmla_dec6_plan(ctx, B, H, K, nb, 1, pl)) {
+		printf("mla dec6 trace: setup or plan failed\n");
+		goto out;
+	}
+	{
+		const int nblk = pl[1] * B; /* one head group */
+		const size_t bytes = sizeof(unsigned long long) * (size_t)nblk * D6_TR;
+		struct kcuda_kv_view kv = {s.pool, B * nb, (size_t)64 * dim * 2, 0, 64, dim, 1};
+		struct kcuda_attn_rows rows = {B,
+		                               (const int32_t *)s.qseq,
+		                               (const int32_t *)s.tbl,
+		                               nb,
+		                               (const int32_t *)s.nk,
+		                               0,
+		                               (const int32_t *)s.sel,
+		                               K,
+		                               K};
+		if (kcuda_alloc(bytes, (void **)&tr[0]) || kcuda_alloc(bytes, (void **)&tr[1])) {
+			printf("mla dec6 trace: allocation failed\n");
+			goto out;
+		}
+		rc |= kcuda_mla_attn(ctx, &kv, &rows, (const float *)s.q, H, C, R, 0.07f, (float *)s.out);
+		rc |= kcuda_sync(ctx);
+		if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+			printf("mla dec6 trace: capture failed\n");
+			goto out;
+		}
+		for (int i = 0; i < L; i++) {
+			kmla_dec6_set_trace(i == L / 2 - 1 ? tr[0] : i == L / 2 ? tr[1] : NULL);
+			rc |= kcuda_mla_attn(ctx, &kv, &rows, (const float *)s.q, H, C, R, 0.07f,
+			                     (float *)s.out);
+		}
+		kmla_dec6_set_trace(NULL);
+		if (cudaStreamEndCapture(st, &g) != cudaSuccess ||
+		    cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) {
+			(void)cudaGetLastError();
+			printf("mla dec6 trace: graph failed\n");
+			goto out;
+		}
+		for (int i = 0; i < 3; i++)
+			cudaGraphLaunch(ge, st);
+		rc |= kcuda_sync(ctx);
+		rc |= kcuda_memset(ctx, tr[0], 0, bytes);
+		rc |= kcuda_memset(ctx, tr[1], 0, bytes);
+		rc |= kcuda_sync(ctx);
+		const double t0w = now_s();
+		cudaGraphLaunch(ge, st);
+		rc |= kcuda_sync(ctx);
+		const double us_call = (now_s() - t0w) / L * 1e6;
+		std::vector<unsigned long long> h0((size_t)nblk * D6_TR), h1((size_t)nblk * D6_TR);
+		rc |= kcuda_download(ctx, h0.data(), tr[0], bytes);
+		rc |= kcuda_download(ctx, h1.data(), tr[1], bytes);
+		double t0 = 0, prev_end = 0;
+		for (int b = 0; b < nblk; b++) {
+			const double e = (double)h1[(size_t)b * D6_TR];
+			if (e > 0 && (t0 == 0 || e < t0))
+				t0 = e;
+			for (int ph = 0; ph < D6_TR; ph++)
+				prev_end = std::max(prev_end, (double)h0[(size_t)b * D6_TR + ph]);
+		}
+		printf("mla dec6 trace B %d H 8 top-2048 of 4096 bf16, KB %d: %d blocks (%d keys a block, "
+		       "cluster %d, %d "
+		       "clusters), call 40 of a graph of 78 (%.1f us a call in this replay, PDL %s); us from "
+		       "the first "
+		       "block's entry:%s\n",
+		       B, KB, nblk, pl[0], pl[2], pl[3], us_call, kcuda_pdl_enabled() ? "on" : "off",
+		       rc ? " ERROR" : "");
+		printf("  %-44s %7.2f us (the last stamp of any block of call 39)\n", "previous call's end",
+		       prev_end > 0 ? (prev_end - t0) * 1e-3 : 0.0);
+		static const char *const names[D6_TR] = {"0 entry",
+		                                         "1 after KDEP_ENTRY (griddepcontrol.wait)",
+		                                         "2 key count + tile-0 top-k landed, copies issued",
+		                                         "3 tile-0 KV rows + q landed (1st barrier)",
+		                                         "4 scores + softmax of the last tile",
+		                                         "5 PV of the last tile",
+		                                         "6 cluster merge (DSMEM) done",
+		                                         "7 ticket drawn, cluster barrier passed",
+		                                         "8 last block: cross-cluster merge stored",
+		                                         "9 (unused)"};
+		for (int ph = 0; ph < 9; ph++)
+			trace_row(names[ph], h1.data(), nblk, ph, t0);
+	}
+out:
+	if (ge)
+		cudaGraphExecDestroy(ge);
+	if (g)
+		cudaGraphDestroy(g);
+	kmla_dec6_set_trace(NULL);
+	kcuda_free(tr[0]);
+	kcuda_free(tr[1]);
+	setup_fini(&s);
+	unsetenv("TANDEM_MLA_DEC_V");
+	unsetenv("TANDEM_MLA_DEC");
+	unsetenv("TANDEM_MLA_DEC6_KB");
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1)
@@ -782,6 +917,12 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	measure_copy();
+	if (getenv("BENCH_ATTN_MLA_TRACE")) {
+		bench_mla_dec6_trace(1, 16);
+		bench_mla_dec6_trace(1, 32);
+		bench_mla_dec6_trace(8, 16);
+		goto done;
+	}
 	if (getenv("BENCH_ATTN_MLA_ONLY")) {
 		bench_mla_dec_table();
 		goto done;

@@ -429,25 +429,15 @@ template <bool F32> static bool md_cluster_ok(struct kcuda_ctx *c)
 		return ok[dev][F32] == 1;
 	const size_t smem = md_layout(MD_DMAX, F32, MD_CMAX, MD_TBL_MAX).total;
 	int n = 0;
-	cudaLaunchAttribute at[1];
-	at[0].id = cudaLaunchAttributeClusterDimension;
-	at[0].val.clusterDim.x = MD_CL;
-	at[0].val.clusterDim.y = 1;
-	at[0].val.clusterDim.z = 1;
-	cudaLaunchConfig_t cfg = {};
-	cfg.gridDim = dim3(MD_CL, 1);
-	cfg.blockDim = dim3(MD_THREADS);
-	cfg.dynamicSmemBytes = smem;
-	cfg.stream = c->stream;
-	cfg.attrs = at;
-	cfg.numAttrs = 1;
 	/* the largest shared-memory carveout: two blocks per SM need ~95 KB of it (the driver may
 	 * otherwise pick a smaller one, in favour of L1, that holds one) */
 	if (cudaFuncSetAttribute(mla_dec_kernel<F32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
 	                         (int)smem) != cudaSuccess ||
 	    cudaFuncSetAttribute(mla_dec_kernel<F32>, cudaFuncAttributePreferredSharedMemoryCarveout,
 	                         (int)cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
-	    cudaOccupancyMaxActiveClusters(&n, mla_dec_kernel<F32>, &cfg) != cudaSuccess || n < 1) {
+	    kmla_max_clusters((const void *)mla_dec_kernel<F32>, MD_CL, MD_THREADS, smem, c->stream, &n) !=
+	        cudaSuccess ||
+	    n < 1) {
 		(void)cudaGetLastError();
 		fprintf(stderr,
 		        "kcuda: mla_dec: no %d-block clusters on device %d (%d): the split kernel is used\n",
@@ -464,21 +454,7 @@ static int md_launch(struct kcuda_ctx *c, const md_args &a, dim3 grid, int cl, s
 {
 	KCUDA_CHECK(cudaFuncSetAttribute(mla_dec_kernel<F32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
 	                                 (int)smem));
-	cudaLaunchAttribute at[2];
-	at[0].id = cudaLaunchAttributeClusterDimension;
-	at[0].val.clusterDim.x = (unsigned)cl;
-	at[0].val.clusterDim.y = 1;
-	at[0].val.clusterDim.z = 1;
-	at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-	at[1].val.programmaticStreamSerializationAllowed = 1;
-	cudaLaunchConfig_t cfg = {};
-	cfg.gridDim = grid;
-	cfg.blockDim = dim3(MD_THREADS);
-	cfg.dynamicSmemBytes = smem;
-	cfg.stream = c->stream;
-	cfg.attrs = at;
-	cfg.numAttrs = kcuda_pdl_enabled() ? 2 : 1;
-	cudaError_t e = cudaLaunchKernelEx(&cfg, mla_dec_kernel<F32>, a);
+	cudaError_t e = kmla_cluster_launch(mla_dec_kernel<F32>, grid, MD_THREADS, smem, cl, c->stream, a);
 	if (e != cudaSuccess) {
 		/* refused at launch (a configuration this device or driver does not take: cluster
 		 * dimension, shared memory): switched off for this kernel and device, the caller runs
@@ -602,21 +578,9 @@ extern "C" int kmla_dec_occupancy(struct kcuda_ctx *c, int bf16, int *blocks_per
 	const size_t sm = md_layout(MD_DMAX, f32, MD_CMAX, 0).total;
 	const void *fn = f32 ? (const void *)mla_dec_kernel<true> : (const void *)mla_dec_kernel<false>;
 	cudaFuncAttributes fa;
-	cudaLaunchAttribute at[1];
-	at[0].id = cudaLaunchAttributeClusterDimension;
-	at[0].val.clusterDim.x = MD_CL;
-	at[0].val.clusterDim.y = 1;
-	at[0].val.clusterDim.z = 1;
-	cudaLaunchConfig_t cfg = {};
-	cfg.gridDim = dim3(MD_CL, 1);
-	cfg.blockDim = dim3(MD_THREADS);
-	cfg.dynamicSmemBytes = sm;
-	cfg.stream = c->stream;
-	cfg.attrs = at;
-	cfg.numAttrs = 1;
 	if (cudaFuncGetAttributes(&fa, fn) != cudaSuccess ||
 	    cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, fn, MD_THREADS, sm) != cudaSuccess ||
-	    cudaOccupancyMaxActiveClusters(clusters, fn, &cfg) != cudaSuccess) {
+	    kmla_max_clusters(fn, MD_CL, MD_THREADS, sm, c->stream, clusters) != cudaSuccess) {
 		(void)cudaGetLastError();
 		return ERR_UNSUPPORTED;
 	}

@@ -581,23 +581,13 @@ static bool m5_cluster_ok(struct kcuda_ctx *c, int nw, int *maxc)
 		return m5_ok_state[dev][k] == 1;
 	const size_t smem = m5_layout(M5_DMAX, nw, M5_TPW_MAX).total;
 	int n = 0;
-	cudaLaunchAttribute at[1];
-	at[0].id = cudaLaunchAttributeClusterDimension;
-	at[0].val.clusterDim.x = M5_CL;
-	at[0].val.clusterDim.y = 1;
-	at[0].val.clusterDim.z = 1;
-	cudaLaunchConfig_t cfg = {};
-	cfg.gridDim = dim3(M5_CL, 1);
-	cfg.blockDim = dim3(32 * nw);
-	cfg.dynamicSmemBytes = smem;
-	cfg.stream = c->stream;
-	cfg.attrs = at;
-	cfg.numAttrs = 1;
 	if (cudaFuncSetAttribute(mla_dec5_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
 	        cudaSuccess ||
 	    cudaFuncSetAttribute(mla_dec5_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
 	                         (int)cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
-	    cudaOccupancyMaxActiveClusters(&n, mla_dec5_kernel, &cfg) != cudaSuccess || n < 1) {
+	    kmla_max_clusters((const void *)mla_dec5_kernel, M5_CL, 32 * nw, smem, c->stream, &n) !=
+	        cudaSuccess ||
+	    n < 1) {
 		(void)cudaGetLastError();
 		fprintf(stderr, "kcuda: mla_dec5: no %d-block clusters of %d warps on device %d (%d)\n",
 		        M5_CL, nw, c->device, n);
@@ -731,21 +721,9 @@ int kmla_dec5_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
 
 	KCUDA_CHECK(
 	    cudaFuncSetAttribute(mla_dec5_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem));
-	cudaLaunchAttribute at[2];
-	at[0].id = cudaLaunchAttributeClusterDimension;
-	at[0].val.clusterDim.x = (unsigned)pl.cl;
-	at[0].val.clusterDim.y = 1;
-	at[0].val.clusterDim.z = 1;
-	at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-	at[1].val.programmaticStreamSerializationAllowed = 1;
-	cudaLaunchConfig_t cfg = {};
-	cfg.gridDim = dim3((unsigned)(pl.ncl * pl.cl), (unsigned)(rows->n_q * a.n_hg));
-	cfg.blockDim = dim3((unsigned)(32 * pl.nw));
-	cfg.dynamicSmemBytes = pl.smem;
-	cfg.stream = c->stream;
-	cfg.attrs = at;
-	cfg.numAttrs = kcuda_pdl_enabled() ? 2 : 1;
-	cudaError_t e = cudaLaunchKernelEx(&cfg, mla_dec5_kernel, a);
+	cudaError_t e = kmla_cluster_launch(mla_dec5_kernel,
+	                                    dim3((unsigned)(pl.ncl * pl.cl), (unsigned)(rows->n_q * a.n_hg)),
+	                                    32 * pl.nw, pl.smem, pl.cl, c->stream, a);
 	if (e != cudaSuccess) {
 		/* refused at launch (cluster dimension, shared memory): off for this device and nw,
 		 * the caller takes the next kernel */

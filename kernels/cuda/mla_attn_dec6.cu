@@ -86,7 +86,15 @@ struct d6_args {
 	kmla_merge_out mo;
 	unsigned *err;
 	d6_carve L; /* d6_layout of this launch (precomputed: no carve arithmetic in the kernel) */
+	/* trace mode (bench_cuda_attn, BENCH_ATTN_MLA_TRACE=1): NULL, or D6_NTRACE %globaltimer
+	 * stamps a block at [(blockIdx.y * gridDim.x + blockIdx.x) * D6_NTRACE + phase] */
+	unsigned long long *trace;
 };
+/* the phases: 0 entry, 1 after KDEP_ENTRY, 2 the key count and first tile's top-k entries landed
+ * (its copies issued), 3 the first tile's rows and q landed (first barrier), 4 the last tile's
+ * scores and softmax done, 5 its PV done, then mla_attn_merge.cuh's KMLA_TR_* (6 cluster level, 7
+ * ticket, 8 last block's cross-cluster merge) */
+#define D6_NTRACE 10
 static __host__ __device__ size_t d6_take(size_t *at, size_t bytes)
 {
 	const size_t r = *at;
@@ -192,6 +200,9 @@ template <int KB, bool F32> __global__ void __launch_bounds__(D6_THREADS, 3) mla
 	const int h0 = (int)(blockIdx.y % a.n_hg) * D6_HG;
 	const int k0 = (int)blockIdx.x * a.chunk;
 
+	unsigned long long *tr =
+	    a.trace ? a.trace + ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * D6_NTRACE : nullptr;
+	kmla_trace(tr, 0);
 	/* step inputs only before the wait (see the file comment) */
 	int32_t tbl = 0;
 	if (a.early) {
@@ -214,6 +225,7 @@ template <int KB, bool F32> __global__ void __launch_bounds__(D6_THREADS, 3) mla
 	a.q = kdep_after(a.q); /* written by the kernels before: no load of them above the wait */
 	a.sel = kdep_after(a.sel);
 	a.n_keys = kdep_after(a.n_keys);
+	kmla_trace(tr, 1);
 	if (!a.early) {
 		tbl = d6_table(a, tbl_s, row);
 		__syncthreads();
@@ -267,6 +279,7 @@ template <int KB, bool F32> __global__ void __launch_bounds__(D6_THREADS, 3) mla
 		}
 	}
 	katt_cp_commit();
+	kmla_trace(tr, 2);
 	/* the later tiles' rows, resolved once (published by the first barrier of the loop) */
 #pragma unroll
 	for (int i = 0; i < D6_SPREAD; i++) {
@@ -294,6 +307,8 @@ template <int KB, bool F32> __global__ void __launch_bounds__(D6_THREADS, 3) mla
 		const int st = a.stages > 1 ? (n & 1) : 0;
 		katt_cp_wait<0>();
 		__syncthreads(); /* tile n landed; tile n - 1's PV done; addr_s, valid_s, ml_s published */
+		if (n == 0)
+			kmla_trace(tr, 3);
 		if (n + 1 < nt) { /* the next tile into the other buffer while this one is scored */
 			const int sn = st ^ 1;
 #pragma unroll
@@ -383,6 +398,8 @@ template <int KB, bool F32> __global__ void __launch_bounds__(D6_THREADS, 3) mla
 			p_s[jk * D6_HG + g] = p;
 		}
 		__syncthreads();
+		if (n == nt - 1)
+			kmla_trace(tr, 4);
 
 		/* acc = acc * corr + P V for channels c2, c2 + 1 */
 		if (c2 < C) {
@@ -421,6 +438,7 @@ template <int KB, bool F32> __global__ void __launch_bounds__(D6_THREADS, 3) mla
 	/* ---- this block's (max, sum, acc) to shared memory, then the merge ---- */
 	katt_cp_wait<0>(); /* q's copy, when the block had no keys */
 	__syncthreads(); /* the KV buffers are free: the accumulators go there */
+	kmla_trace(tr, 5);
 	const int OS = d6_os(C);
 	float *o_s = (float *)kv_s; /* [HG][OS] */
 	if (c2 < C)
@@ -428,7 +446,7 @@ template <int KB, bool F32> __global__ void __launch_bounds__(D6_THREADS, 3) mla
 		for (int h = 0; h < D6_HG; h++)
 			*(float2 *)(o_s + h * OS + c2) = make_float2(acc[h][0], acc[h][1]);
 	kmla_cluster_merge<D6_HG, D6_THREADS, D6_CL>(cluster, a.mo, ml_s, o_s, OS, last_s, row * a.H + h0,
-	                                             min(D6_HG, a.H - h0));
+	                                             min(D6_HG, a.H - h0), tr);
 #else
 	__trap(); /* not launched below sm_90 (kmla_dec6_launch checks the device) */
 #endif
@@ -437,6 +455,13 @@ template <int KB, bool F32> __global__ void __launch_bounds__(D6_THREADS, 3) mla
 /* launches of this kernel (test_ops_mla and bench_cuda_attn check which kernel took a call) */
 extern "C" {
 unsigned long long kmla_dec6_launches = 0;
+}
+/* trace mode: the buffer the next launches stamp (bench_cuda_attn sets it around one call of a
+ * captured graph; NULL: off) */
+static unsigned long long *d6_trace;
+extern "C" void kmla_dec6_set_trace(unsigned long long *buf)
+{
+	d6_trace = buf;
 }
 
 /* On with TANDEM_MLA_DEC_V=6, and with TANDEM_MLA_DEC_V unset when kmla_dec6_default_on (0 until
@@ -517,24 +542,13 @@ static bool d6_cluster_ok(struct kcuda_ctx *c, int KB, bool f32, int max_smem, i
 	const int rb = D6_DMAX * (f32 ? 4 : 2);
 	const size_t big = d6_layout(rb, D6_DMAX, KB, 2, D6_CHUNK_MAX, D6_TBL_MAX, D6_CMAX).total;
 	int n = 0, b = 0;
-	cudaLaunchAttribute at[1];
-	at[0].id = cudaLaunchAttributeClusterDimension;
-	at[0].val.clusterDim.x = D6_CL;
-	at[0].val.clusterDim.y = 1;
-	at[0].val.clusterDim.z = 1;
-	cudaLaunchConfig_t cfg = {};
-	cfg.gridDim = dim3(D6_CL, 1);
-	cfg.blockDim = dim3(D6_THREADS);
-	cfg.dynamicSmemBytes = big;
-	cfg.stream = c->stream;
-	cfg.attrs = at;
-	cfg.numAttrs = 1;
 	if (big > (size_t)max_smem ||
 	    cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)big) != cudaSuccess ||
 	    cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout,
 	                         (int)cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
-	    cudaOccupancyMaxActiveClusters(&n, fn, &cfg) != cudaSuccess || n < 1 ||
-	    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, fn, D6_THREADS, big) != cudaSuccess || b < 1) {
+	    kmla_max_clusters((const void *)fn, D6_CL, D6_THREADS, big, c->stream, &n) != cudaSuccess ||
+	    n < 1 || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, fn, D6_THREADS, big) != cudaSuccess ||
+	    b < 1) {
 		(void)cudaGetLastError();
 		fprintf(stderr, "kcuda: mla_dec6: no %d-block clusters (KB %d, %s) on device %d (%d)\n",
 		        D6_CL, KB, f32 ? "fp32" : "bf16", c->device, n);
@@ -710,25 +724,13 @@ int kmla_dec6_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
 	a.mo.ncl = pl.ncl;
 	a.err = c->err_dev;
 	a.L = d6_layout(a.row_bytes, a.dim, pl.KB, pl.stages, pl.chunk, pl.tbl_n, a.C);
+	a.trace = d6_trace;
 
 	const d6_kernel_t fn = d6_kernel(pl.KB, pl.f32);
 	/* the kernel's shared-memory limit stays at the largest plan's (d6_cluster_ok): never lowered,
 	 * so the occupancy the plans are made from, and the plans, are the same on every call */
-	cudaLaunchAttribute at[2];
-	at[0].id = cudaLaunchAttributeClusterDimension;
-	at[0].val.clusterDim.x = (unsigned)pl.cl;
-	at[0].val.clusterDim.y = 1;
-	at[0].val.clusterDim.z = 1;
-	at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-	at[1].val.programmaticStreamSerializationAllowed = 1;
-	cudaLaunchConfig_t cfg = {};
-	cfg.gridDim = dim3((unsigned)pl.nsplit, (unsigned)pl.nrh);
-	cfg.blockDim = dim3(D6_THREADS);
-	cfg.dynamicSmemBytes = pl.smem;
-	cfg.stream = c->stream;
-	cfg.attrs = at;
-	cfg.numAttrs = kcuda_pdl_enabled() ? 2 : 1;
-	cudaError_t e = cudaLaunchKernelEx(&cfg, fn, a);
+	cudaError_t e = kmla_cluster_launch(fn, dim3((unsigned)pl.nsplit, (unsigned)pl.nrh), D6_THREADS,
+	                                    pl.smem, pl.cl, c->stream, a);
 	if (e != cudaSuccess) {
 		/* refused at launch (cluster dimension, shared memory): off for this device and
 		 * instantiation, the caller takes the next kernel */

@@ -26,6 +26,51 @@ struct kmla_merge_out {
 	int C, ncl;
 };
 
+#ifndef KMLA_SIM
+#include "kernels/cuda/cuda_common.cuh"
+
+/* The host side the one-launch decode kernels share (mla_dec, dec5, dec6): kern over grid in
+ * thread-block clusters of cl blocks along x, with the PDL attribute when enabled */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t kmla_cluster_launch(void (*kern)(KArgs...), dim3 grid, int threads, size_t smem,
+                                              int cl, cudaStream_t st, Args... args)
+{
+	cudaLaunchAttribute at[2];
+	at[0].id = cudaLaunchAttributeClusterDimension;
+	at[0].val.clusterDim.x = (unsigned)cl;
+	at[0].val.clusterDim.y = 1;
+	at[0].val.clusterDim.z = 1;
+	at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+	at[1].val.programmaticStreamSerializationAllowed = 1;
+	cudaLaunchConfig_t cfg = {};
+	cfg.gridDim = grid;
+	cfg.blockDim = dim3((unsigned)threads);
+	cfg.dynamicSmemBytes = smem;
+	cfg.stream = st;
+	cfg.attrs = at;
+	cfg.numAttrs = kcuda_pdl_enabled() ? 2 : 1;
+	return cudaLaunchKernelEx(&cfg, kern, ((KArgs)args)...);
+}
+/* how many clusters of cl blocks of fn (threads, smem a block) can be resident at once (no launch) */
+static inline cudaError_t kmla_max_clusters(const void *fn, int cl, int threads, size_t smem, cudaStream_t st,
+                                            int *n)
+{
+	cudaLaunchAttribute at[1];
+	at[0].id = cudaLaunchAttributeClusterDimension;
+	at[0].val.clusterDim.x = (unsigned)cl;
+	at[0].val.clusterDim.y = 1;
+	at[0].val.clusterDim.z = 1;
+	cudaLaunchConfig_t cfg = {};
+	cfg.gridDim = dim3((unsigned)cl, 1);
+	cfg.blockDim = dim3((unsigned)threads);
+	cfg.dynamicSmemBytes = smem;
+	cfg.stream = st;
+	cfg.attrs = at;
+	cfg.numAttrs = 1;
+	return cudaOccupancyMaxActiveClusters(n, fn, &cfg);
+}
+#endif
+
 /* the two halves of a cluster barrier (tests/unit/mla_dec6_sim.cc, a CPU simulation of
  * mla_attn_dec6.cu, defines KMLA_SIM and its own) */
 #ifndef KMLA_SIM
@@ -42,6 +87,25 @@ __device__ __forceinline__ void kmla_cluster_wait(void)
 #endif
 }
 #endif
+
+/* Phase timestamps for a trace (mla_attn_dec6.cu's trace mode): thread 0 writes %globaltimer (ns)
+ * to tr[ph]; nothing when tr is NULL. The simulation stores the phase number. */
+__device__ __forceinline__ void kmla_trace(unsigned long long *tr, int ph)
+{
+	if (!tr || threadIdx.x != 0)
+		return;
+#ifdef KMLA_SIM
+	tr[ph] = (unsigned long long)ph + 1;
+#elif defined(__CUDA_ARCH__)
+	unsigned long long t;
+	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+	tr[ph] = t;
+#endif
+}
+/* the merge's phases in such a trace */
+#define KMLA_TR_CLUSTER 6 /* the cluster level done (before the ticket) */
+#define KMLA_TR_TICKET 7 /* the ticket drawn, the cluster barrier passed */
+#define KMLA_TR_LAST 8 /* the last block: the cross-cluster merge and its stores done */
 
 /* (M, Ls, acc) += a batch of MB partials (max, sum) / values with a running max, in order (a
  * partial without keys, sum 0, is skipped: its value is not read). Also mla_attn_dec5.cu's. */
@@ -86,9 +150,9 @@ __device__ __forceinline__ void kmla_merge_batch(float *M, float *Ls, float4 *ac
  * at once (the cluster's (max, sum) pairs and values; in the last block, MB clusters' partials at a
  * time): no block barrier between the weights and the sums. */
 template <int HG, int NT, int CL>
-__device__ __forceinline__ void kmla_cluster_merge(cooperative_groups::cluster_group &cluster,
-                                                   const kmla_merge_out &a, float *ml_s, float *o_s, int OS,
-                                                   int *last_s, int64_t rh0, int hv)
+__device__ __forceinline__ void
+kmla_cluster_merge(cooperative_groups::cluster_group &cluster, const kmla_merge_out &a, float *ml_s,
+                   float *o_s, int OS, int *last_s, int64_t rh0, int hv, unsigned long long *tr = nullptr)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 	constexpr int MB = 8; /* clusters' partials a thread loads at once in the last block */
@@ -149,6 +213,7 @@ __device__ __forceinline__ void kmla_cluster_merge(cooperative_groups::cluster_g
 	/* the ticket is drawn between arriving at the cluster barrier (the other blocks may still be
 	 * reading this block's shared memory until it completes) and waiting on it, so its atomic's
 	 * round trip overlaps the barrier */
+	kmla_trace(tr, KMLA_TR_CLUSTER);
 	kmla_cluster_arrive();
 	if (a.ncl > 1 && tid == 0) {
 		unsigned *tk = a.tickets + (size_t)blockIdx.y * cl + crank;
@@ -158,6 +223,7 @@ __device__ __forceinline__ void kmla_cluster_merge(cooperative_groups::cluster_g
 			*tk = 0u; /* every block of this slice has drawn: ready for the next call */
 	}
 	kmla_cluster_wait();
+	kmla_trace(tr, KMLA_TR_TICKET);
 	if (a.ncl == 1)
 		return;
 	__syncthreads(); /* last_s */
@@ -166,32 +232,59 @@ __device__ __forceinline__ void kmla_cluster_merge(cooperative_groups::cluster_g
 
 	/* ---- last of the ncl blocks of this slice: merge the clusters in cluster order ---- */
 	__threadfence();
-	for (int u = tid; u < nu; u += NT) {
+	/* two threads a unit when the units fill at most half the block and the partials are more
+	 * than one batch: each merges half of the clusters (one batch in flight where ncl <= 2 MB),
+	 * the pair joined by one shuffle in a fixed order (the first half's state, then the second's) */
+	const int sub = 2 * nu <= NT && a.ncl > MB ? 2 : 1;
+	const int kh = sub == 2 ? (a.ncl + 1) / 2 : a.ncl;
+	for (int u0 = 0; u0 < sub * nu; u0 += NT) { /* the same trip count in every thread */
+		const int t = u0 + tid, u = t / sub, part = t % sub;
 		const int h = u / (slice / 4), c = c_lo + (u % (slice / 4)) * 4;
-		if (h >= hv)
-			continue;
-		const float *pm = a.pml + ((rh0 + h) * a.ncl * cl + crank) * 2;
-		const float4 *src = (const float4 *)(a.pacc + (rh0 + h) * a.ncl * C + c);
+		const bool act = u < nu && h < hv;
+		const int ka = part * kh, kb = min(a.ncl, ka + kh);
 		float M = -INFINITY, Ls = 0.0f;
 		float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-		for (int k0 = 0; k0 < a.ncl; k0 += MB) {
-			float2 ml[MB];
-			float4 v[MB];
+		if (act) {
+			const float *pm = a.pml + ((rh0 + h) * a.ncl * cl + crank) * 2;
+			const float4 *src = (const float4 *)(a.pacc + (rh0 + h) * a.ncl * C + c);
+			for (int k0 = ka; k0 < kb; k0 += MB) {
+				float2 ml[MB];
+				float4 v[MB];
 #pragma unroll
-			for (int e = 0; e < MB; e++) {
-				ml[e] = make_float2(-INFINITY, 0.0f);
-				v[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-				if (k0 + e < a.ncl) {
-					ml[e] = __ldcg((const float2 *)(pm + (size_t)(k0 + e) * cl * 2));
-					v[e] = __ldcg(src + (size_t)(k0 + e) * (C / 4));
+				for (int e = 0; e < MB; e++) {
+					ml[e] = make_float2(-INFINITY, 0.0f);
+					v[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+					if (k0 + e < kb) {
+						ml[e] =
+						    __ldcg((const float2 *)(pm + (size_t)(k0 + e) * cl * 2));
+						v[e] = __ldcg(src + (size_t)(k0 + e) * (C / 4));
+					}
 				}
+				kmla_merge_batch<MB>(&M, &Ls, &acc, ml, v);
 			}
-			kmla_merge_batch<MB>(&M, &Ls, &acc, ml, v);
 		}
-		const float inv = Ls > 0.0f ? 1.0f / Ls : 0.0f;
-		*(float4 *)(a.out + (rh0 + h) * C + c) =
-		    make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+		if (sub == 2) { /* every thread of the block: the pairs are lanes 2i, 2i + 1 */
+			const float M2 = __shfl_xor_sync(0xffffffffu, M, 1),
+			            L2 = __shfl_xor_sync(0xffffffffu, Ls, 1);
+			float4 a2;
+			a2.x = __shfl_xor_sync(0xffffffffu, acc.x, 1);
+			a2.y = __shfl_xor_sync(0xffffffffu, acc.y, 1);
+			a2.z = __shfl_xor_sync(0xffffffffu, acc.z, 1);
+			a2.w = __shfl_xor_sync(0xffffffffu, acc.w, 1);
+			const bool v1 = Ls > 0.0f, v2 = L2 > 0.0f;
+			const float mn = v1 && v2 ? fmaxf(M, M2) : v1 ? M : M2;
+			const float f1 = v1 ? expf(M - mn) : 0.0f, f2 = v2 ? expf(M2 - mn) : 0.0f;
+			Ls = Ls * f1 + L2 * f2;
+			acc = make_float4(fmaf(acc.x, f1, a2.x * f2), fmaf(acc.y, f1, a2.y * f2),
+			                  fmaf(acc.z, f1, a2.z * f2), fmaf(acc.w, f1, a2.w * f2));
+		}
+		if (act && part == 0) {
+			const float inv = Ls > 0.0f ? 1.0f / Ls : 0.0f;
+			*(float4 *)(a.out + (rh0 + h) * C + c) =
+			    make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+		}
 	}
+	kmla_trace(tr, KMLA_TR_LAST);
 #endif
 }
 
