@@ -281,13 +281,15 @@ int kcuda_matmul_multi(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg
 	return mm_run(c, n_seg, seg, x, ldx, n_tok, 2);
 }
 
-/* TANDEM_MULTI_WIDE=1 (read on every call; default off until measured): kcuda_matmul sends Q8_0
- * products wider than gemv3 takes (o, q_a, q_b, idx_q_b when not grouped) at n_tok 1..8 through this
- * kernel as a table of one, instead of gemv_kernel / the tensor-core GEMV */
+/* TANDEM_MULTI_WIDE (read on every call; default on since the H200 step A/B of 2026-11-30 00:25:
+ * synthetic GLM-5 rank 0 of TP=8, ctx 4096, batch 1 7.39 / 7.50 -> 7.31 / 7.41 ms, batch 8 20.02 /
+ * 20.16 -> 19.54 / 19.68 ms): kcuda_matmul sends Q8_0 products wider than gemv3 takes (o, q_a, q_b,
+ * idx_q_b when not grouped) at n_tok 1..8 through this kernel as a table of one, instead of
+ * gemv_kernel / the tensor-core GEMV; TANDEM_MULTI_WIDE=0 restores those */
 extern "C" bool kcuda_multi_wide_enabled(void)
 {
 	const char *e = getenv("TANDEM_MULTI_WIDE");
-	return e && strcmp(e, "1") == 0;
+	return !(e && strcmp(e, "0") == 0);
 }
 
 int kcuda_gemv_multi1_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx,

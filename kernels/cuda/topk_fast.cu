@@ -363,7 +363,13 @@ __global__ void __launch_bounds__(THREADS)
 	}
 
 	/* output: keys > T, then the first need_eq keys == T, in position order. One block scan of
-	 * (gt << 16 | eq): both sums stay below 2^16 (n <= KTOPK_FAST_MAX) */
+	 * (gt << 16 | eq): both sums stay below 2^16 (n <= KTOPK_FAST_MAX). The barrier first: a row
+	 * whose keys are all equal (wmask 0 at once) reaches this scan with no barrier since the
+	 * kmin / kmax reads of sh.wb above, and a warp's scan total must not overwrite sh.wb[w] while a
+	 * slower warp still reads it (racecheck on the H200, 2026-11-30: a slow warp then saw another
+	 * kmax, took the histogram loop alone and waited at its barrier; the CPU simulation hung the
+	 * same way once in CI) */
+	__syncthreads();
 	uint32_t gt = 0, eq = 0;
 #pragma unroll
 	for (int u = 0; u < PER; u++) {

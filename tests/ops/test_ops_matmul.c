@@ -281,9 +281,10 @@ static int gemv3_sweep(struct kcuda_ctx *c, int quick)
 	return fail;
 }
 
-/* Wide products at 1..8 tokens on the default dispatch (Q8_0 wider than 1024 rows and Q4_K take the
- * tensor-core GEMV): the GLM-5 shapes, odd n_out, n_in with a short last piece, long K; every
- * n_tok template (1, 2, 3-4, 5-8); a second run must give the same bits. */
+/* Wide products at 1..8 tokens on the default dispatch (Q8_0 wider than 1024 rows takes
+ * matmul_multi.cu's kernel, and again with TANDEM_MULTI_WIDE=0 the tensor-core GEMV / gemv_kernel;
+ * Q4_K the tensor-core GEMV): the GLM-5 shapes, odd n_out, n_in with a short last piece, long K;
+ * every n_tok template (1, 2, 3-4, 5-8); a second run must give the same bits. */
 static int wide_sweep(struct kcuda_ctx *c, int quick)
 {
 	static const struct shape wide[] = {{6144, 2048, "glm q_a wide"},     {2048, 6144, "glm o wide"},
@@ -291,15 +292,22 @@ static int wide_sweep(struct kcuda_ctx *c, int quick)
 	                                    {2560, 3300, "wide, many tiles"}, {12288, 1100, "wide, long K"}};
 	int fail = 0;
 	g_det = 1;
-	static const int wtypes[] = {KT_Q8_0, KT_Q4_K};
-	for (size_t ti = 0; ti < 2; ti++)
+	static const int wtypes[] = {KT_Q8_0, KT_Q8_0, KT_Q4_K};
+	for (size_t ti = 0; ti < 3; ti++) {
+		if (ti == 1)
+			setenv("TANDEM_MULTI_WIDE", "0", 1);
+		else
+			unsetenv("TANDEM_MULTI_WIDE");
 		for (size_t s = quick ? 2 : 0; s < sizeof(wide) / sizeof(wide[0]); s++)
 			for (int64_t nt = 1; nt <= 8; nt++) {
 				if ((quick || s < 2) && nt != 1 && nt != 2 && nt != 3 && nt != 8)
 					continue;
 				fail |= run_case(c, wtypes[ti], wide[s].n_in, wide[s].n_out, nt,
-				                 KCUDA_MM_AUTO, (int)((nt + s) & 1), wide[s].what);
+				                 KCUDA_MM_AUTO, (int)((nt + s) & 1),
+				                 ti == 1 ? "wide, TANDEM_MULTI_WIDE=0" : wide[s].what);
 			}
+	}
+	unsetenv("TANDEM_MULTI_WIDE");
 	g_det = 0;
 	return fail;
 }

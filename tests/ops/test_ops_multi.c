@@ -415,7 +415,7 @@ int main(void)
 				continue;
 			setup_fail |= run_multi(c, &wide_cases[i], nt, (int)((i + (size_t)nt) & 1));
 		}
-	unsetenv("TANDEM_MULTI_WIDE");
+	unsetenv("TANDEM_MULTI_WIDE"); /* the default: on */
 	OPS_CHECK(setup_fail == 0, "some cases failed to set up");
 	printf("largest |multi - separate| / sum|wx|: %.2e\n", worst_vs_single);
 	kcuda_ctx_destroy(c);
