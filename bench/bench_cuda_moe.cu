@@ -27,9 +27,9 @@
  * as the backend runs it, in a CUDA graph of 8 layers (8 different F32 routers, so each layer hits
  * its own experts; the shared expert per layer too), us per layer: old = kcuda_matmul_path(F32
  * router) + kcuda_moe_route + kcuda_moe_ffn_shexp with TANDEM_MOE_ROUTER_FUSED=0 TANDEM_MOE_PF=0;
- * new = the defaults (kcuda_moe_router_route: since moe6 gemv3's product with the route in its last
- * block, moe_router_fuse.cu, 1..8 tokens; no expert prefetch); "fused" = moe4's one launch
- * (TANDEM_MOE_ROUTER_FUSED=1);
+ * new = the defaults (router product and route as two launches: moe6's fused launch,
+ * TANDEM_MOE_ROUTE_FUSE=1, measured no gain in the step; no expert prefetch); "fused" = moe4's one
+ * launch (TANDEM_MOE_ROUTER_FUSED=1);
  * "pf 7" = the defaults plus every expert prefetch (TANDEM_MOE_PF=7; the shared expert's prefetch
  * before the wait follows TANDEM_PREFETCH, read once per process: run `TANDEM_PREFETCH=0
  * bench_cuda_moe layer` for it); "db" = the defaults with TANDEM_MOE_DB=1 (gate / up keep the next
@@ -569,8 +569,8 @@ static int emu_all(void)
  * router must wait for it, as it waits for add_rmsnorm in the model), then the router product + route
  * as cu_moe runs them, then (the "+ experts" columns) kcuda_moe_ffn_shexp; us per layer. Columns:
  * "r old" / "r new": producer + router + route only, TANDEM_MOE_ROUTE_FUSE=0 (gemv3 then the route
- * kernel: two launches) / the default (moe_router_fuse.cu: one launch); then producer + router + route
- * + experts: "old" (ROUTE_FUSE=0), "new" (defaults), and the new route with the gate / up variants:
+ * kernel: two launches, the default) / =1 (moe_router_fuse.cu: one launch); then producer + router +
+ * route + experts: "old" (ROUTE_FUSE=0), "new" (=1), and the new route with the gate / up variants:
  * "db1" TANDEM_MOE_DB=1, "db2" TANDEM_MOE_DB=2 (held to 3 blocks of 8 warps per SM), "w6db"
  * TANDEM_MOE_SMALL_GUW=6 + TANDEM_MOE_DB=1, "w6" TANDEM_MOE_SMALL_GUW=6; "r rescan": router + route
  * with the last block running route_reg_token (TANDEM_MOE_ROUTE_SORT=0). Check: every column's ids,
@@ -628,8 +628,8 @@ static int six_bench(struct kcuda_ctx *c, const struct kweight *dg, const struct
 		bool near = false; /* the 6-warp columns: equal within 1e-5, not bit-equal */
 		for (int v = 0; v < NV; v++) { /* 0 r old, 1 r new, 2 old, 3 new, 4.. new + variants */
 			const bool experts = v >= 2 && v < 8;
-			if (v == 0 || v == 2)
-				setenv("TANDEM_MOE_ROUTE_FUSE", "0", 1);
+			/* the fused launch is off by default since the 01:12 run: on in every "new" column */
+			setenv("TANDEM_MOE_ROUTE_FUSE", v == 0 || v == 2 ? "0" : "1", 1);
 			if (v == 4 || v == 6)
 				setenv("TANDEM_MOE_DB", "1", 1);
 			if (v == 5)

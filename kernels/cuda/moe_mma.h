@@ -93,7 +93,8 @@ int moe_pf_mask(void);
 int moe_route_reg_v(int E, int k, int n_group, int n_group_used);
 /* The router product + route of 1..8 tokens in one launch, gemv3's product with the route in the
  * last block (moe_router_fuse.cu): kcuda_moe_router_route's contract; ERR_UNSUPPORTED with nothing
- * enqueued where it does not apply or with TANDEM_MOE_ROUTE_FUSE=0 (moe_router_fuse_on) */
+ * enqueued where it does not apply or unless TANDEM_MOE_ROUTE_FUSE=1 (moe_router_fuse_on: off by
+ * default, no gain in the H200 step) */
 int moe_router_fuse(struct kcuda_ctx *c, const struct kweight *router, const float *x, int64_t ldx, int64_t n,
                     float *logits, const float *bias, int E, int k, int n_group, int n_group_used, int gating,
                     bool norm, float scale, int32_t *ids, float *weights);

@@ -393,7 +393,8 @@ extern "C" int kcuda_moe_router_route(struct kcuda_ctx *c, const struct kweight 
 		    !c || !router || !x || !logits || !ids || !weights ? ", or a null pointer" : "");
 	if (rr_env_off("TANDEM_MOE_ROUTER_FUSED") || rr_env_off("TANDEM_MOE_FAST"))
 		return ERR_UNSUPPORTED;
-	if (!rr_max_tokens()) { /* moe4's kernel not asked for: moe6's (moe_router_fuse.cu; its own switch) */
+	if (!rr_max_tokens()) { /* moe4's kernel not asked for: moe6's (moe_router_fuse.cu) under its own
+		                 * switch, TANDEM_MOE_ROUTE_FUSE=1 (off by default) */
 		if (n_group > 1 && n_group_used < n_group && (E % n_group || n_group_used < 1))
 			return kcuda_bad_arg("moe_router_route",
 			                     "E %d not split in %d groups, or %d groups used", E, n_group,

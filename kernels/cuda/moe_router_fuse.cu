@@ -1,9 +1,9 @@
-/* The router product and the route of 1..8 tokens in ONE launch (kcuda_moe_router_route's default
- * since branch moe6): the F32 router GEMV with gemv3's layout (matmul_gemv3.cu: one row per warp, a
- * cp.async ring of 512-byte slabs filled BEFORE griddepcontrol.wait, K split over a thread-block
- * cluster and summed by the cluster's rank 0 in rank order), then the route of every token by the
- * LAST block to finish (a ticket counter, set back to 0 by that block), with the route kernel's own
- * device code (route_reg_token, moe_mma_route.cuh).
+/* The router product and the route of 1..8 tokens in ONE launch (kcuda_moe_router_route under
+ * TANDEM_MOE_ROUTE_FUSE=1; branch moe6, off by default after the H200 run, see moe_router_fuse_on): the F32
+ * router GEMV with gemv3's layout (matmul_gemv3.cu: one row per warp, a cp.async ring of 512-byte slabs
+ * filled BEFORE griddepcontrol.wait, K split over a thread-block cluster and summed by the cluster's rank 0
+ * in rank order), then the route of every token by the LAST block to finish (a ticket counter, set back to 0
+ * by that block), with the route kernel's own device code (route_reg_token, moe_mma_route.cuh).
  *
  * Why: in the batch-1 decode graph (H200, nsys 22:57, /work/gpulogs/run16) the router product
  * (gemv3, 3.3 us per layer on the critical path) was followed by the one-block route kernel (4.5
@@ -14,7 +14,7 @@
  * product (128 blocks of 2 rows in registers) and measured SLOWER in the step (14.1 us per layer
  * against 3.4 + 4.3); this one keeps the product that measured 3.3 us (same slab plan, so the same
  * logits bits as kcuda_matmul_path(KCUDA_MM_F32) where gemv3 picks one row per warp) and adds only
- * the tail.
+ * the tail. MEASURED (H200, 01:12): no gain in the step, so OFF by default (moe_router_fuse_on).
  *
  * Bits: logits as gemv3 (same per-lane order, same warp sum, same rank-order cluster sum, same
  * split plan: E <= ~520 rows on 132 SMs); ids / weights as kcuda_moe_route on those logits (same
@@ -22,8 +22,8 @@
  * logit fences before its block's ticket; the last block fences after it and reads the logits
  * through L2 (__ldcg in route_reg_token). The ticket is the context's last ticket counter (zero
  * between launches; nothing else on the stream runs this kernel concurrently: under PDL a launch two
- * kernels later starts only after this grid has completed). TANDEM_MOE_ROUTE_FUSE=0: not taken
- * (the caller runs the product and kcuda_moe_route as two launches). */
+ * kernels later starts only after this grid has completed). TANDEM_MOE_ROUTE_FUSE=1: taken; unset
+ * or 0: not (the caller runs the product and kcuda_moe_route as two launches). */
 #include <cooperative_groups.h>
 #include <string.h>
 
@@ -406,11 +406,14 @@ __global__ void __launch_bounds__(RF_NW * 32)
 			                       weights + (int64_t)t * k);
 }
 
-/* TANDEM_MOE_ROUTE_FUSE=0: not taken (the product and the route kernel as two launches) */
+/* OFF by default since the H200 run of 01:12 (2026-11-30): bench_cuda_moe six at batch 1, router + route
+ * behind a producer, 9.31 us per layer against 9.72 for the two launches, but the decode step 7.50 / 7.42
+ * ms with it against 7.38 without (batch 8: 19.71 / 19.48 against 19.57): no gain. TANDEM_MOE_ROUTE_FUSE=1
+ * takes it (the product and the route kernel as two launches otherwise). */
 bool moe_router_fuse_on(void)
 {
 	const char *v = getenv("TANDEM_MOE_ROUTE_FUSE");
-	return !(v && strcmp(v, "0") == 0);
+	return v && strcmp(v, "1") == 0;
 }
 
 template <int NT, int V, bool RX>

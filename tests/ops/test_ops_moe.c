@@ -40,14 +40,14 @@
  * with the route folded into the expert launches (kcuda_moe_route_ffn1: its ids / weights the same bits as
  *    kcuda_moe_route's on the same logits; GLM-5 and DS-V3 group routing) and its refusals.
  * 6. kcuda_moe_router_route (router product + route in one launch): moe4's kernel under
- *    TANDEM_MOE_ROUTER_FUSED=1|2, and the default since moe6 (moe_router_fuse.cu: gemv3's product,
- *    the route in the last block): logits the bits of kcuda_matmul_path(KCUDA_MM_F32), ids / weights
- *    the bits of kcuda_moe_route on them and equal to kcpu_moe_route's, batch 1..8, GLM-5 / DS-V3
- *    routing, tied rows, E 4 / 64 / 382, x written by a late PDL producer (kcuda_pdl_late_copy), no
- *    clusters, the shuffle arg-max, the last block's sorted route and route_reg_token itself
- *    (TANDEM_MOE_ROUTE_SORT=0), three runs bit-equal (the ticket resets); refusals. The gate / up
- *    variants TANDEM_MOE_DB=2 and TANDEM_MOE_SMALL_GUW=6 against the CPU (part of 4).
- * Guard bytes around the outputs. Exit 77 = no GPU (skip). */
+ *    TANDEM_MOE_ROUTER_FUSED=1|2, and moe6's under TANDEM_MOE_ROUTE_FUSE=1 (moe_router_fuse.cu: gemv3's
+ *    product, the route in the last block; off by default): logits the bits of
+ * kcuda_matmul_path(KCUDA_MM_F32), ids / weights the bits of kcuda_moe_route on them and equal to
+ * kcpu_moe_route's, batch 1..8, GLM-5 / DS-V3 routing, tied rows, E 4 / 64 / 382, x written by a late PDL
+ * producer (kcuda_pdl_late_copy), no clusters, the shuffle arg-max, the last block's sorted route and
+ * route_reg_token itself (TANDEM_MOE_ROUTE_SORT=0), three runs bit-equal (the ticket resets); refusals. The
+ * gate / up variants TANDEM_MOE_DB=2 and TANDEM_MOE_SMALL_GUW=6 against the CPU (part of 4). Guard bytes
+ * around the outputs. Exit 77 = no GPU (skip). */
 #include <errno.h>
 
 #include "common/base/err.h"
@@ -1009,24 +1009,30 @@ static void router_route_refusals(void)
 	}
 	float *lo = d_o, *wo = lo + 16 * E;
 	int32_t *io = (int32_t *)(wo + 16 * E);
+	setenv("TANDEM_MOE_ROUTE_FUSE", "1", 1);
 	OPS_CHECK(kcuda_moe_router_route(ctx, &dw, d_x, D, 9, lo, NULL, E, k, 1, 1, 0, true, 1.f, io, wo,
 	                                 NULL) == ERR_UNSUPPORTED,
 	          "router_route: 9 tokens not refused");
+	unsetenv("TANDEM_MOE_ROUTE_FUSE");
 	setenv("TANDEM_MOE_ROUTER_FUSED", "2", 1); /* moe4's kernel up to 2 tokens */
 	OPS_CHECK(kcuda_moe_router_route(ctx, &dw, d_x, D, 3, lo, NULL, E, k, 1, 1, 0, true, 1.f, io, wo,
 	                                 NULL) == ERR_UNSUPPORTED,
 	          "router_route: 3 tokens taken with TANDEM_MOE_ROUTER_FUSED=2");
 	unsetenv("TANDEM_MOE_ROUTER_FUSED");
+	OPS_CHECK(kcuda_moe_router_route(ctx, &dw, d_x, D, 1, lo, NULL, E, k, 1, 1, 0, true, 1.f, io, wo,
+	                                 NULL) == ERR_UNSUPPORTED,
+	          "router_route: taken by default (moe6's kernel is off unless TANDEM_MOE_ROUTE_FUSE=1)");
 	setenv("TANDEM_MOE_ROUTE_FUSE", "0", 1); /* moe6's kernel off: the two launches */
 	OPS_CHECK(kcuda_moe_router_route(ctx, &dw, d_x, D, 1, lo, NULL, E, k, 1, 1, 0, true, 1.f, io, wo,
 	                                 NULL) == ERR_UNSUPPORTED,
 	          "router_route: taken with TANDEM_MOE_ROUTE_FUSE=0");
-	unsetenv("TANDEM_MOE_ROUTE_FUSE");
+	setenv("TANDEM_MOE_ROUTE_FUSE", "1", 1); /* on: the shape refusals below are moe6's */
 	struct kweight odd = dw;
 	odd.n_in = 448; /* D % 128 != 0 (moe6's kernel; moe4's takes D % 16 == 0 only when asked) */
 	OPS_CHECK(kcuda_moe_router_route(ctx, &odd, d_x, D, 1, lo, NULL, E, k, 1, 1, 0, true, 1.f, io, wo,
 	                                 NULL) == ERR_UNSUPPORTED,
 	          "router_route: D 448 not refused");
+	unsetenv("TANDEM_MOE_ROUTE_FUSE");
 	odd = dw;
 	odd.n_in = 504; /* D % 16 != 0 */
 	OPS_CHECK(kcuda_moe_router_route(ctx, &odd, d_x, D, 1, lo, NULL, E, k, 1, 1, 0, true, 1.f, io, wo,
@@ -1046,9 +1052,9 @@ static void router_route_refusals(void)
 	          "router_route: TANDEM_MOE_ROUTER_FUSED=0 not honoured");
 	unsetenv("TANDEM_MOE_ROUTER_FUSED");
 	OPS_CHECK(kcuda_sync(ctx) == 0, "router_route refusals: stream error");
-	printf(
-	    "router_route: 9 tokens, 3 with TANDEM_MOE_ROUTER_FUSED=2, 1 with TANDEM_MOE_ROUTE_FUSE=0, D 448 "
-	    "and 504, BF16 router, TANDEM_MOE_ROUTER_FUSED=0 refused; k > E rejected\n");
+	printf("router_route: 9 tokens, 3 with TANDEM_MOE_ROUTER_FUSED=2, 1 by default and with "
+	       "TANDEM_MOE_ROUTE_FUSE=0, D 448 "
+	       "and 504, BF16 router, TANDEM_MOE_ROUTER_FUSED=0 refused; k > E rejected\n");
 out:
 	kcuda_weight_free(&dw);
 	kcuda_free(d_x);
@@ -1418,6 +1424,7 @@ int main(void)
 	 * kcuda_matmul_path(KCUDA_MM_F32)) with the route in the last block, batch 1..8, ties, other
 	 * shapes, x from a late PDL producer, without clusters (TANDEM_GEMV3_SPLIT=0: one block per row
 	 * tile walks all of K through its ring), the shuffle arg-max, no weight prefetch */
+	setenv("TANDEM_MOE_ROUTE_FUSE", "1", 1); /* off by default (no gain in the H200 step) */
 	for (int n = 1; n <= 8; n++) {
 		if (quick && n != 1 && n != 2 && n != 5 && n != 8)
 			continue;
@@ -1450,6 +1457,7 @@ int main(void)
 	router_route_case2("fuse6 GLM-5 no prefetch", 256, 8, 1, 1, 0, 1, 2.5f, 6144, 1, 0,
 	                   RR_BITS | RR_LATE);
 	unsetenv("TANDEM_PREFETCH");
+	unsetenv("TANDEM_MOE_ROUTE_FUSE");
 	router_route_refusals();
 	test_args();
 	kcuda_ctx_destroy(ctx);
