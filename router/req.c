@@ -12,6 +12,9 @@
  *      |   KV_RESERVED / PREFILLING / KV_TRANSFERRING --sched_on_worker_lost_req(decode)--> ADMITTED
  *      |        (the decode worker died before any token reached the client: cancel the prefill,
  *      |         place the request again at the head of the queue; bounded by n_prefill_tries_max)
+ *      |   PREFILLING / KV_TRANSFERRING --sched_on_kv_transfer_failed()--> ADMITTED
+ *      |        (the prefill worker's KV push to the decode worker failed: the same, and placement
+ *      |         avoids that decode worker for SCHED_SUSPECT_MS)
  *      |   DECODING --sched_on_token()* ... sched_on_finished()/sched_finish()--> DONE
  *      |
  *      +--any non-final state--> FAILED     sched_fail(): deadline expired (stage_timeout_cb),

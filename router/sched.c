@@ -298,10 +298,13 @@ static uint32_t blocks_needed(const struct req *r, uint32_t block_size)
 	return (uint32_t)((tokens + block_size - 1) / block_size);
 }
 
-/* Most free blocks wins; ties go to fewer running sequences. */
+/* A worker not under suspicion wins over one that is (a recent KV push to it failed); then most
+ * free blocks; ties go to fewer running sequences. */
 static struct worker *pick_decode(struct sched *s, const struct req *r, bool *fits_anywhere)
 {
 	struct worker *best = NULL;
+	bool best_suspect = false;
+	const uint64_t now = uv_hrtime();
 	*fits_anywhere = false;
 	for (struct worker *w = s->workers; w; w = w->next) {
 		if (!w->alive || w->draining || w->role != WORKER_ROLE_DECODE)
@@ -313,9 +316,12 @@ static struct worker *pick_decode(struct sched *s, const struct req *r, bool *fi
 			continue;
 		if (w->n_running_max && w->n_running >= w->n_running_max)
 			continue;
-		if (!best || w->n_blocks_free > best->n_blocks_free ||
-		    (w->n_blocks_free == best->n_blocks_free && w->n_running < best->n_running))
-			best = w;
+		const bool suspect = w->suspect_until_ns > now;
+		if (!best || (best_suspect && !suspect) ||
+		    (suspect == best_suspect &&
+		     (w->n_blocks_free > best->n_blocks_free ||
+		      (w->n_blocks_free == best->n_blocks_free && w->n_running < best->n_running))))
+			best = w, best_suspect = suspect;
 	}
 	return best;
 }
@@ -513,6 +519,31 @@ void sched_on_failed(struct req *r, int http_status, const char *message)
 {
 	if (!r->ended)
 		fail(r, http_status, message);
+}
+
+void sched_on_kv_transfer_failed(struct req *r, const char *message)
+{
+	if (r->ended)
+		return;
+	struct sched *s = r->sched;
+	struct worker *d = r->decode;
+	if ((r->state != REQ_STATE_PREFILLING && r->state != REQ_STATE_KV_TRANSFERRING) || !d ||
+	    r->n_prefill_tries >= s->cfg.n_prefill_tries_max) {
+		fail(r, 502, message);
+		return;
+	}
+	d->suspect_until_ns = uv_hrtime() + (uint64_t)SCHED_SUSPECT_MS * 1000000u;
+	LOG_WARN("sched", "rid=%s: %s; placing the request again (decode worker %s avoided for %d ms)",
+	         r->rid, message, d->name, SCHED_SUSPECT_MS);
+	/* both workers let go (the decode worker gets KvRelease if it is still there), then the
+	 * request starts over under a new rid, exactly as for a decode worker lost before decoding */
+	release_all(s, r);
+	metrics_add(s->m.prefill_retries, 1);
+	r->id += (uint64_t)1 << 48;
+	snprintf(r->rid, sizeof(r->rid), "%llu", (unsigned long long)r->id);
+	req_transition(r, REQ_STATE_ADMITTED, s->cfg.queue_timeout_ms, stage_timeout_cb);
+	queue_push_front(s, r);
+	pump(s);
 }
 
 /* ---- workers --------------------------------------------------------------------------------- */

@@ -69,6 +69,13 @@ void sched_on_decode_started(struct req *r, const struct req_token *first);
 void sched_on_token(struct req *r, const struct req_token *t);
 void sched_on_finished(struct req *r, enum req_finish finish);
 void sched_on_failed(struct req *r, int http_status, const char *message);
+/* r's prefill worker could not push its KV to r's decode worker (MSG_ERR_TRANSFER). Before any
+ * token reached the client the whole request is placed again at the head of the queue (bounded by
+ * n_prefill_tries_max, as for a decode worker lost before decoding), and placement avoids that
+ * decode worker for SCHED_SUSPECT_MS (it is usually dying, its control connection not yet closed);
+ * otherwise r fails with `message`. */
+void sched_on_kv_transfer_failed(struct req *r, const char *message);
+#define SCHED_SUSPECT_MS 2000
 
 uint32_t sched_n_queued(const struct sched *s);
 uint32_t sched_n_active(const struct sched *s); /* requests not yet ended */

@@ -50,6 +50,9 @@ struct worker {
 	void *impl;
 	bool alive;
 	bool draining; /* alive but takes no new work (it sent Drain) */
+	/* decode: a prefill worker's KV push to it failed; placement prefers other decode workers
+	 * until this time (uv_hrtime ns), then trusts it again (sched_on_kv_transfer_failed) */
+	uint64_t suspect_until_ns;
 	/* load, from heartbeats and updated locally between them */
 	uint64_t n_queued_tokens;
 	uint32_t n_blocks_total;

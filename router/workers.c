@@ -566,7 +566,10 @@ static int on_msg_cb(struct conn *c, struct msg *m, void *ud)
 		snprintf(msg, sizeof(msg), "%s worker '%s': %s",
 		         rw->w.role == WORKER_ROLE_PREFILL ? "prefill" : "decode", rw->w.name,
 		         er->message[0] ? er->message : msg_error_name(er->code));
-		sched_on_failed(r, status_of(er->code), msg);
+		if (rw->w.role == WORKER_ROLE_PREFILL && er->code == MSG_ERR_TRANSFER && r->prefill == &rw->w)
+			sched_on_kv_transfer_failed(r, msg); /* the decode side broke: place it again */
+		else
+			sched_on_failed(r, status_of(er->code), msg);
 		return 0;
 	}
 	default:

@@ -53,6 +53,7 @@ struct fake {
 	int n_refuse; /* decode: answer this many KvReserves with Error(NO_CAPACITY) */
 	bool fence_attempts; /* decode: announce per-attempt fences in Hello */
 	bool hold_prefill; /* prefill: never answer a PrefillRequest */
+	int n_fail_transfer; /* prefill: answer this many PrefillRequests with Error(TRANSFER) */
 	int n_announce; /* decode: KvReserves for an rid it holds (attempt > 0): not answered */
 	uint32_t last_attempt, last_deadline_ms, last_window_ms;
 	bool last_has_attempt;
@@ -134,6 +135,17 @@ static int fake_msg_cb(struct conn *c, struct msg *m, void *ud)
 		f->last_deadline_ms = p->deadline_ms;
 		if (f->hold_prefill)
 			break;
+		if (f->n_fail_transfer > 0) { /* the push to the decode worker broke */
+			f->n_fail_transfer--;
+			msg_init(&o, MSG_ERROR);
+			o.u.error.has_rid = true;
+			o.u.error.rid = p->rid;
+			o.u.error.code = MSG_ERR_TRANSFER;
+			snprintf(o.u.error.message, sizeof(o.u.error.message),
+			         "UCX: KV transfer failed: Connection reset by remote peer");
+			fake_send(f, &o);
+			break;
+		}
 		CHECK(p->target_ucx_address_len == sizeof(fake_ucx_addr) &&
 		          memcmp(p->target_ucx_address, fake_ucx_addr, sizeof(fake_ucx_addr)) == 0,
 		      "decode's UCX address forwarded to prefill");
@@ -550,6 +562,42 @@ int main(void)
 	CHECK(text && strstr(text, "tandem_router_worker_registrations_refused_total 1\n"),
 	      "one layout refusal");
 	free(text);
+
+	/* prefill-h2's KV push to the chosen decode worker fails (as when that worker is being killed
+	 * and its control connection has not closed yet): nothing reached the client, so the request
+	 * is placed again, on the OTHER decode worker (the failed one is avoided for a while), and
+	 * completes; the first worker's reservation is released. Failing more often than
+	 * n_prefill_tries_max allows ends the request with the transfer error. */
+	struct fake decg = {
+	    .name = "decode-g", .role = MSG_ROLE_DECODE, .block_size = 16, .token = "sesame", .n_gen = 3};
+	fake_start(&decg, port);
+	run_while(not_acked, &decg, 3000);
+	x = calloc(1, sizeof(*x));
+	CHECK(x != NULL, "alloc");
+	int f2_res = decf2.n_reserve, f2_rel = decf2.n_release, g_res = decg.n_reserve;
+	preh2.n_fail_transfer = 1;
+	r = mkreq(13, 40, 3, x);
+	CHECK(sched_submit(s, r) == 0, "submit 6");
+	run_while(not_ended, x, 3000);
+	CHECK(x->end == REQ_STATE_DONE && x->n_tokens == 3, "placed again after a failed KV push: %s %d %s",
+	      req_state_name(x->end), x->status, x->msg);
+	const int f2_new = decf2.n_reserve - f2_res, g_new = decg.n_reserve - g_res;
+	CHECK(f2_new == 1 && g_new == 1, "one reservation on each decode worker: %d %d", f2_new, g_new);
+	CHECK(decf2.n_release + decg.n_release - f2_rel == 1, "the broken attempt's reservation released");
+	req_destroy(r);
+	memset(x, 0, sizeof(*x));
+	preh2.n_fail_transfer = 5;
+	r = mkreq(14, 40, 3, x);
+	CHECK(sched_submit(s, r) == 0, "submit 7");
+	run_while(not_ended, x, 3000);
+	CHECK(x->end == REQ_STATE_FAILED && x->status == 502 && strstr(x->msg, "KV transfer failed"),
+	      "failed with the transfer error once the tries are spent: %s %d %s", req_state_name(x->end),
+	      x->status, x->msg);
+	preh2.n_fail_transfer = 0;
+	req_destroy(r);
+	free(x);
+	if (decg.c)
+		conn_close(decg.c, "test done");
 
 	if (pre.c)
 		conn_close(pre.c, "test done");
