@@ -135,6 +135,23 @@ __device__ __forceinline__ void kdep_prefetch_l2(const void *p, size_t bytes)
 
 extern "C" int kcuda_pdl_enabled(void); /* TANDEM_PDL (default on); ctx.cu */
 
+/* TANDEM_CARVEOUT=N (0..100, read once per translation unit; unset: -1, nothing done): klaunch sets
+ * every kernel's preferred shared-memory carveout to N percent before launching it. An experiment
+ * (gemv6, 2026-11-30): a block under PDL can only join an SM whose current L1 / shared split has room
+ * for it, and each kernel's split follows its own needs (mla_dec's ~85 KB: the 100 KB split, leaving
+ * ~15 KB), so a 35 KB gemv_res block cannot become resident beside it; with one split for all kernels
+ * (100: the most shared memory) it can. */
+static inline int kcuda_carveout_pref(void)
+{
+	static int v = -2;
+	if (v == -2) {
+		const char *e = getenv("TANDEM_CARVEOUT");
+		v = e && *e ? atoi(e) : -1;
+		v = v < -1 ? -1 : (v > 100 ? 100 : v);
+	}
+	return v;
+}
+
 /* kern<<<grid, block, smem, stream>>>(args...) with the PDL attribute (when enabled); returns the
  * launch status like kcuda_launch_status(what). */
 template <typename... KArgs, typename... Args>
@@ -151,6 +168,11 @@ static inline int klaunch(const char *what, void (*kern)(KArgs...), dim3 grid, d
 	cfg.stream = stream;
 	cfg.attrs = at;
 	cfg.numAttrs = kcuda_pdl_enabled() ? 1 : 0;
+	const int co = kcuda_carveout_pref();
+	if (co >= 0 &&
+	    cudaFuncSetAttribute((const void *)kern, cudaFuncAttributePreferredSharedMemoryCarveout, co) !=
+	        cudaSuccess)
+		(void)cudaGetLastError(); /* a hint: a refusal only leaves the default split */
 	cudaError_t e = cudaLaunchKernelEx(&cfg, kern, ((KArgs)args)...);
 	kcuda_n_launch++;
 	if (e == cudaSuccess)

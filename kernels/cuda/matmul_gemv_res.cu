@@ -39,6 +39,7 @@
  * TANDEM_GEMV_RES_BPS=n sets the blocks per SM the grid aims at (default 4); the stacked heads have
  * TANDEM_GEMV_RES_HRB / _HBPS (default 1); TANDEM_GEMV_RES_EARLY: which launches trigger the next
  * kernel before their wait (res_early). */
+#include <stdio.h>
 #include <string.h>
 
 #include "kernels/cuda/gemv_res.h"
@@ -244,6 +245,52 @@ __global__ void __launch_bounds__(RES_NW * 32)
 	}
 }
 
+/* TANDEM_GEMV_RES_ONLY (read on every call; unset or empty: every product the kernel takes): a
+ * comma-separated list of the products it may take, for step A/B runs that isolate one product. Names
+ * (the per-rank shapes of GLM-5 / DeepSeek-V3 at TP=8, n_in x n_out): o = 2048x6144 or 2048x7168,
+ * q_b = 2048x2048 or 1536x3072, idx_q_b = 2048x4096, router = any F32 product, v_b = any stacked heads
+ * (kfwd_head_gemv); or an exact shape "NxM" of a single product. */
+static bool res_tok_is(const char *t, size_t n, const char *name)
+{
+	return strlen(name) == n && strncmp(t, name, n) == 0;
+}
+static bool res_selected(const struct kweight *w, int H)
+{
+	const char *e = getenv("TANDEM_GEMV_RES_ONLY");
+	if (!e || !*e)
+		return true;
+	const long long ni = (long long)w->n_in, no = (long long)w->n_out;
+	for (const char *t = e; *t;) {
+		const char *end = strchr(t, ',');
+		const size_t n = end ? (size_t)(end - t) : strlen(t);
+		bool hit;
+		if (H > 1)
+			hit = res_tok_is(t, n, "v_b") || res_tok_is(t, n, "heads");
+		else if (w->type == KT_F32)
+			hit = res_tok_is(t, n, "router") || res_tok_is(t, n, "f32");
+		else {
+			hit = (res_tok_is(t, n, "o") && ni == 2048 && (no == 6144 || no == 7168)) ||
+			      (res_tok_is(t, n, "q_b") &&
+			       ((ni == 2048 && no == 2048) || (ni == 1536 && no == 3072))) ||
+			      (res_tok_is(t, n, "idx_q_b") && ni == 2048 && no == 4096);
+			char shape[64];
+			if (!hit && n < sizeof(shape)) {
+				long long a = 0, b = 0;
+				char tail = 0;
+				memcpy(shape, t, n);
+				shape[n] = 0;
+				hit = sscanf(shape, "%lldx%lld%c", &a, &b, &tail) == 2 && a == ni && b == no;
+			}
+		}
+		if (hit)
+			return true;
+		if (!end)
+			break;
+		t = end + 1;
+	}
+	return false;
+}
+
 static int env_int(const char *name, int dflt)
 {
 	const char *e = getenv(name);
@@ -337,7 +384,8 @@ template <int T> static int res_launch_t(struct kcuda_ctx *c, int rb, const stru
 static int res_run(struct kcuda_ctx *c, const struct res_call &a)
 {
 	const struct kweight *w = a.w;
-	if (!kcuda_gemv_res_enabled() || a.n_tok < 1 || a.n_tok > 2 || a.H < 1 || a.H > 65535)
+	if (!kcuda_gemv_res_enabled() || a.n_tok < 1 || a.n_tok > 2 || a.H < 1 || a.H > 65535 ||
+	    !res_selected(w, a.H))
 		return ERR_UNSUPPORTED;
 	int se, sb;
 	if (w->type == KT_Q8_0)

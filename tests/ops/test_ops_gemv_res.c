@@ -538,16 +538,17 @@ out:
 
 static void check_refusals(struct kcuda_ctx *c)
 {
-	static uint8_t wq[272 * 4], wk[144 * 2], w3[34 * 12 * 2], wf[4 * 16384];
+	static uint8_t wq[272 * 4], wq2[272 * 8], wk[144 * 2], w3[34 * 12 * 2], wf[4 * 16384];
 	struct kweight q = {.type = KT_Q8_0, .n_in = 1024, .n_out = 1, .row_bytes = 1088, .data = wq};
+	struct kweight q2 = {.type = KT_Q8_0, .n_in = 1024, .n_out = 2, .row_bytes = 1088, .data = wq2};
 	struct kweight k4 = {.type = KT_Q4_K, .n_in = 256, .n_out = 2, .row_bytes = 144, .data = wk};
 	struct kweight q384 = {.type = KT_Q8_0, .n_in = 384, .n_out = 2, .row_bytes = 408, .data = w3};
 	struct kweight fbig = {.type = KT_F32, .n_in = 16384, .n_out = 1, .row_bytes = 65536, .data = wf};
-	struct kweight qd = {0}, k4d = {0}, q384d = {0}, fbd = {0};
+	struct kweight qd = {0}, q2d = {0}, k4d = {0}, q384d = {0}, fbd = {0};
 	float *x = NULL, *y = NULL;
-	if (kcuda_weight_upload(c, &q, &qd) || kcuda_weight_upload(c, &k4, &k4d) ||
-	    kcuda_weight_upload(c, &q384, &q384d) || kcuda_weight_upload(c, &fbig, &fbd) ||
-	    kcuda_alloc(3 * 16384 * sizeof(float) + 64, (void **)&x) ||
+	if (kcuda_weight_upload(c, &q, &qd) || kcuda_weight_upload(c, &q2, &q2d) ||
+	    kcuda_weight_upload(c, &k4, &k4d) || kcuda_weight_upload(c, &q384, &q384d) ||
+	    kcuda_weight_upload(c, &fbig, &fbd) || kcuda_alloc(3 * 16384 * sizeof(float) + 64, (void **)&x) ||
 	    kcuda_alloc(64 * sizeof(float), (void **)&y)) {
 		OPS_CHECK(0, "refusals setup");
 		goto out;
@@ -581,6 +582,23 @@ static void check_refusals(struct kcuda_ctx *c)
 	struct kweight badrb = qd;
 	badrb.row_bytes = 1090;
 	OPS_CHECK(kcuda_gemv_res(c, &badrb, x, 1024, 1, y, 1) == -EINVAL, "wrong row_bytes accepted");
+	/* TANDEM_GEMV_RES_ONLY: named products and exact shapes */
+	setenv("TANDEM_GEMV_RES_ONLY", "o,idx_q_b", 1);
+	OPS_CHECK(kcuda_gemv_res(c, &qd, x, 1024, 1, y, 1) == ERR_UNSUPPORTED, "_ONLY=o,idx_q_b took 1024x1");
+	setenv("TANDEM_GEMV_RES_ONLY", "o,1024x1", 1);
+	OPS_CHECK(kcuda_gemv_res(c, &qd, x, 1024, 1, y, 1) == 0, "_ONLY=o,1024x1 refused 1024x1");
+	setenv("TANDEM_GEMV_RES_ONLY", "1024x10", 1);
+	OPS_CHECK(kcuda_gemv_res(c, &qd, x, 1024, 1, y, 1) == ERR_UNSUPPORTED, "_ONLY=1024x10 took 1024x1");
+	setenv("TANDEM_GEMV_RES_ONLY", "v_b", 1);
+	OPS_CHECK(kcuda_gemv_res(c, &qd, x, 1024, 1, y, 1) == ERR_UNSUPPORTED, "_ONLY=v_b took a product");
+	struct kweight h0 = q2d; /* two stacked 1-row matrices */
+	h0.n_out = 1;
+	OPS_CHECK(kcuda_gemv_res_heads(c, &h0, 1088, 2, x, 2048, 1024, 1, y, 2, 1) == 0,
+	          "_ONLY=v_b refused heads");
+	setenv("TANDEM_GEMV_RES_ONLY", "router", 1);
+	OPS_CHECK(kcuda_gemv_res_heads(c, &h0, 1088, 2, x, 2048, 1024, 1, y, 2, 1) == ERR_UNSUPPORTED,
+	          "_ONLY=router took heads");
+	unsetenv("TANDEM_GEMV_RES_ONLY");
 	/* the rows-per-block choice: forced values within the shared-memory limit, halved above it */
 	setenv("TANDEM_GEMV_RES_RB", "8", 1);
 	OPS_CHECK(kcuda_gemv_res_rows(c, &qd, 1) == 8, "TANDEM_GEMV_RES_RB=8 gives %d",
@@ -595,6 +613,7 @@ static void check_refusals(struct kcuda_ctx *c)
 out:
 	unsetenv("TANDEM_GEMV_RES");
 	kcuda_weight_free(&qd);
+	kcuda_weight_free(&q2d);
 	kcuda_weight_free(&k4d);
 	kcuda_weight_free(&q384d);
 	kcuda_weight_free(&fbd);
@@ -620,6 +639,7 @@ int main(void)
 	unsetenv("TANDEM_GEMV_RES_HRB");
 	unsetenv("TANDEM_GEMV_RES_HBPS");
 	unsetenv("TANDEM_GEMV_RES_EARLY");
+	unsetenv("TANDEM_GEMV_RES_ONLY");
 	check_refusals(c);
 	check_pdl_producer(c, KT_Q8_0, 2048, 6144, 1);
 	check_pdl_producer(c, KT_Q8_0, 2048, 4096, 2);
