@@ -1,5 +1,6 @@
 /* The resident-weights decode GEMV (kernels/cuda/matmul_gemv_res.cu) as tests and benchmarks see it;
- * the model reaches it through kcuda_matmul (TANDEM_GEMV_RES=1). */
+ * the model reaches it through kcuda_matmul and kfwd_head_gemv (TANDEM_GEMV_RES: unset = single
+ * products up to TANDEM_GEMV_RES_AUTO_MB MB, 1 = all it takes, 0 = none; matmul_gemv_res.cu). */
 #ifndef TANDEM_KERNELS_CUDA_GEMV_RES_H
 #define TANDEM_KERNELS_CUDA_GEMV_RES_H
 
@@ -13,7 +14,7 @@ extern "C" {
 struct kcuda_ctx;
 struct kweight;
 
-/* true when TANDEM_GEMV_RES=1 (read on every call) */
+/* false only under TANDEM_GEMV_RES=0 (read on every call) */
 bool kcuda_gemv_res_enabled(void);
 /* y[t ldy + r] = dot(W row r, x[t ldx ..]) for n_tok 1..2 through the resident-weights kernel only:
  * 0, -EINVAL for bad arguments (null pointers, row_bytes not matching type and n_in, ldx < n_in,

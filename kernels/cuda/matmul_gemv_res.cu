@@ -309,10 +309,34 @@ static int res_early(void)
 	return strcmp(e, "0") == 0 ? 0 : (strcmp(e, "1") == 0 ? 2 : 1);
 }
 
-extern "C" bool kcuda_gemv_res_enabled(void)
+/* TANDEM_GEMV_RES (read on every call): `1` every product the kernel takes, `0` none; unset (auto):
+ * single products (no stacked heads) of at most TANDEM_GEMV_RES_AUTO_MB (default 8) MB of weights.
+ * Why auto takes only those: the H200 step A/B of 2026-11-30 (synthetic GLM-5 rank 0 of TP=8, ctx 4096,
+ * graphs, product by product with TANDEM_GEMV_RES_ONLY) measured q_b (4.5 MB) -0.13..-0.2 ms and the
+ * F32 router (6.3 MB) -0.15 ms at batch 1, both together 7.45 / 7.44 -> 7.26 / 7.20 ms (ctx 32k 8.96 ->
+ * 8.70), batch 8 unchanged; but o (13.4 MB) +0.3, idx_q_b (8.9 MB) +0.2 and the stacked v_b +0.2: the
+ * large grids' blocks sit resident on registers and shared memory the kernels beside them need. */
+static int res_mode(void) /* 0 off, 1 all, 2 auto */
 {
 	const char *e = getenv("TANDEM_GEMV_RES");
-	return e && strcmp(e, "1") == 0;
+	if (e && strcmp(e, "0") == 0)
+		return 0;
+	return e && strcmp(e, "1") == 0 ? 1 : 2;
+}
+
+extern "C" bool kcuda_gemv_res_enabled(void)
+{
+	return res_mode() != 0;
+}
+
+/* auto mode: whether this call is one it takes (see res_mode) */
+static bool res_auto_takes(const struct kweight *w, int H)
+{
+	if (H != 1)
+		return false;
+	const char *e = getenv("TANDEM_GEMV_RES_AUTO_MB");
+	const double mb = e && *e ? atof(e) : 8.0;
+	return (double)w->row_bytes * (double)w->n_out <= mb * 1e6;
 }
 
 /* rows per block: the fewest (from 1, 2, 4, 8, 16) that keep the grid (all H matrices) within bps
@@ -384,8 +408,9 @@ template <int T> static int res_launch_t(struct kcuda_ctx *c, int rb, const stru
 static int res_run(struct kcuda_ctx *c, const struct res_call &a)
 {
 	const struct kweight *w = a.w;
-	if (!kcuda_gemv_res_enabled() || a.n_tok < 1 || a.n_tok > 2 || a.H < 1 || a.H > 65535 ||
-	    !res_selected(w, a.H))
+	const int mode = res_mode();
+	if (mode == 0 || a.n_tok < 1 || a.n_tok > 2 || a.H < 1 || a.H > 65535 || !res_selected(w, a.H) ||
+	    (mode == 2 && !res_auto_takes(w, (int)a.H)))
 		return ERR_UNSUPPORTED;
 	int se, sb;
 	if (w->type == KT_Q8_0)

@@ -2,7 +2,7 @@
  * CPU op, on seeded random weights and activations:
  *   - every output against kcpu_dot_row (the CPU op kcpu_matmul uses per row) within fp32
  *     summation-order error, |gpu - cpu| <= 2e-6 * sqrt(n_in) * sum|w x| (test_ops_matmul's
- *     tolerance), finite; and against the default dispatch (TANDEM_GEMV_RES unset) to the same
+ *     tolerance), finite; and against the dispatch without it (TANDEM_GEMV_RES=0) to the same
  *     tolerance;
  *   - the kernel is really taken (kcuda_gemv_res returns 0, not ERR_UNSUPPORTED) and kcuda_matmul with
  *     TANDEM_GEMV_RES=1 gives the same bits (the dispatch takes it); a second run gives the same bits;
@@ -133,7 +133,7 @@ static int run_case(struct kcuda_ctx *c, const struct rcase *rc_, int64_t n_tok,
 	          "%s n_tok=%" PRId64 ": kcuda_matmul with TANDEM_GEMV_RES=1 differs from the kernel (rc %d)",
 	          rc_->what, n_tok, rc3);
 	/* the default dispatch (another kernel) */
-	unsetenv("TANDEM_GEMV_RES");
+	setenv("TANDEM_GEMV_RES", "0", 1);
 	int rc4 = kcuda_matmul_path(c, rc_->type == KT_F32 ? KCUDA_MM_F32 : KCUDA_MM_AUTO, &wd, xb.user, ldx,
 	                            n_tok, ys.user, ldy);
 	rc4 = rc4 ? rc4 : kcuda_sync(c);
@@ -191,7 +191,7 @@ static int run_case(struct kcuda_ctx *c, const struct rcase *rc_, int64_t n_tok,
 out:
 	if (ret)
 		printf("setup failed for %s\n", rc_->what);
-	unsetenv("TANDEM_GEMV_RES");
+	setenv("TANDEM_GEMV_RES", "0", 1);
 	kcuda_weight_free(&wd);
 	ops_dbuf_fini(&xb);
 	ops_dbuf_fini(&yb);
@@ -276,7 +276,7 @@ static void check_heads(struct kcuda_ctx *c, int H, int64_t n_in, int64_t n_out,
 	OPS_CHECK(rc2 == 0 && memcmp(ym, yh, yby) == 0,
 	          "heads H %d n_tok %" PRId64 ": kfwd_head_gemv with TANDEM_GEMV_RES=1 differs (rc %d)", H,
 	          n_tok, rc2);
-	unsetenv("TANDEM_GEMV_RES");
+	setenv("TANDEM_GEMV_RES", "0", 1);
 	int rc3 = kfwd_head_gemv(c, &w0, mat, H, xb.user, ldx, xhs, n_tok, ys.user, ldy, yhs);
 	rc3 = rc3 ? rc3 : kcuda_sync(c);
 	if (!rc3)
@@ -323,7 +323,7 @@ static void check_heads(struct kcuda_ctx *c, int H, int64_t n_in, int64_t n_out,
 	       H, n_in, n_out, n_tok, strided ? " strided" : "", kcuda_gemv_res_rows(c, &w0, H), worst,
 	       n_bad || n_bad_d || n_gap || rc ? "FAIL" : "ok");
 out:
-	unsetenv("TANDEM_GEMV_RES");
+	setenv("TANDEM_GEMV_RES", "0", 1);
 	kcuda_weight_free(&wd);
 	ops_dbuf_fini(&xb);
 	ops_dbuf_fini(&yb);
@@ -415,7 +415,7 @@ static void check_pdl_producer(struct kcuda_ctx *c, int type, int64_t n_in, int6
 	       ", 3 runs: %s\n",
 	       ktype_name(type), n_in, n_out, n_tok, bad || bad_cpu || rc ? "FAIL" : "ok");
 out:
-	unsetenv("TANDEM_GEMV_RES");
+	setenv("TANDEM_GEMV_RES", "0", 1);
 	kcuda_weight_free(&wd);
 	kcuda_free(xd);
 	kcuda_free(xnd);
@@ -518,7 +518,7 @@ static void check_chain(struct kcuda_ctx *c, const char *early)
 	printf("gemv_res chain late producer -> v_b (8 heads) -> o, TANDEM_GEMV_RES_EARLY=%s, 3 runs: %s\n",
 	       early, bad || bad_cpu || rc ? "FAIL" : "ok");
 out:
-	unsetenv("TANDEM_GEMV_RES");
+	setenv("TANDEM_GEMV_RES", "0", 1);
 	unsetenv("TANDEM_GEMV_RES_EARLY");
 	kcuda_weight_free(&wv);
 	kcuda_weight_free(&wo);
@@ -553,8 +553,14 @@ static void check_refusals(struct kcuda_ctx *c)
 		OPS_CHECK(0, "refusals setup");
 		goto out;
 	}
-	unsetenv("TANDEM_GEMV_RES");
+	setenv("TANDEM_GEMV_RES", "0", 1);
 	OPS_CHECK(kcuda_gemv_res(c, &qd, x, 1024, 1, y, 1) == ERR_UNSUPPORTED, "switch off not honoured");
+	unsetenv("TANDEM_GEMV_RES"); /* auto: single products up to TANDEM_GEMV_RES_AUTO_MB */
+	OPS_CHECK(kcuda_gemv_res(c, &qd, x, 1024, 1, y, 1) == 0, "auto mode refused a small product");
+	setenv("TANDEM_GEMV_RES_AUTO_MB", "0.000001", 1);
+	OPS_CHECK(kcuda_gemv_res(c, &qd, x, 1024, 1, y, 1) == ERR_UNSUPPORTED,
+	          "auto mode took a product over TANDEM_GEMV_RES_AUTO_MB");
+	unsetenv("TANDEM_GEMV_RES_AUTO_MB");
 	OPS_CHECK(kcuda_gemv_res_rows(c, &qd, 1) > 0, "rows per block of a Q8_0 product: %d",
 	          kcuda_gemv_res_rows(c, &qd, 1));
 	setenv("TANDEM_GEMV_RES", "1", 1);
@@ -611,7 +617,7 @@ static void check_refusals(struct kcuda_ctx *c)
 	unsetenv("TANDEM_GEMV_RES_RB");
 	OPS_CHECK(kcuda_sync(c) == 0, "refusals: sync");
 out:
-	unsetenv("TANDEM_GEMV_RES");
+	setenv("TANDEM_GEMV_RES", "0", 1);
 	kcuda_weight_free(&qd);
 	kcuda_weight_free(&q2d);
 	kcuda_weight_free(&k4d);

@@ -320,6 +320,9 @@ int main(void)
 	}
 	ops_seed_init();
 	const int quick = getenv("TANDEM_OPS_QUICK") != NULL;
+	/* the resident-weights GEMV (taken by default for small 1-2 token products) has its own test,
+	 * test_ops_gemv_res; here the kernels behind it: gemv3, multi1, the tensor-core GEMV, gemv */
+	setenv("TANDEM_GEMV_RES", "0", 1);
 	struct kcuda_ctx *c = NULL;
 	if (kcuda_ctx_create(0, 64u << 20, &c)) {
 		printf("FAIL: no CUDA context\n");
