@@ -34,8 +34,9 @@
  * ldx % 4 == 0, n_tok 1..2, RB rows fitting RES_MAX_SMEM; ERR_UNSUPPORTED otherwise (kcuda_matmul then
  * dispatches as before). Also H stacked matrices (kfwd_head_gemv: v_b), grid.y = head.
  * Rows are copied in up to 4 commit groups and, where a warp's x is one group, decoded group by group
- * as they land. Switches (read on every call): TANDEM_GEMV_RES=1 turns it on (off by default until the
- * decode step measures it); TANDEM_GEMV_RES_RB=1|2|4|8|16 forces the rows per block,
+ * as they land. Switches (read on every call): TANDEM_GEMV_RES unset takes single products of at
+ * most TANDEM_GEMV_RES_AUTO_MB (8) MB, =1 everything it can, =0 nothing (res_mode says why);
+ * TANDEM_GEMV_RES_RB=1|2|4|8|16 forces the rows per block,
  * TANDEM_GEMV_RES_BPS=n sets the blocks per SM the grid aims at (default 4); the stacked heads have
  * TANDEM_GEMV_RES_HRB / _HBPS (default 1); TANDEM_GEMV_RES_EARLY: which launches trigger the next
  * kernel before their wait (res_early). */
