@@ -29,17 +29,16 @@ __device__ __forceinline__ void route_argmax(float &v, int &i)
 	}
 }
 
-/* One token's routing by one warp (the register kernel's body): lg = the token's E logits (read
- * through L2 with ld.global.cg: the fused router kernel below reads logits other blocks of the same
- * grid wrote), results to oi[0..k) / ow[0..k); returns this lane's expert (slot lane < k), else -1 */
-template <int V, bool RX>
-__device__ __forceinline__ int route_reg_token(const float *lg, const float *__restrict__ bias, int E, int k,
-                                               int n_group, int n_group_used, int gating, int norm,
-                                               float scale, int32_t *oi, float *ow)
+/* One warp's part of a token's route before the top-k, lane l holding experts l V .. l V + V - 1:
+ * p = the gating probabilities of the E logits lg (read through L2 with ld.global.cg), sel = p + the
+ * correction bias bj (the caller's load: bias[e0 + j], 0 past E or without a bias), zeroed outside the
+ * n_group_used best groups. route_reg_token and moe_router_fuse.cu's route share it (same bits). */
+template <int V>
+__device__ __forceinline__ void route_scores(const float *lg, const float (&bj)[V], int E, int n_group,
+                                             int n_group_used, int gating, float (&p)[V], float (&sel)[V])
 {
 	const int lane = threadIdx.x & 31;
 	const int e0 = lane * V;
-	float p[V], sel[V];
 #pragma unroll
 	for (int j = 0; j < V; j++)
 		p[j] = e0 + j < E ? __ldcg(lg + e0 + j) : -INFINITY;
@@ -69,7 +68,7 @@ __device__ __forceinline__ int route_reg_token(const float *lg, const float *__r
 	}
 #pragma unroll
 	for (int j = 0; j < V; j++)
-		sel[j] = __fadd_rn(p[j], bias && e0 + j < E ? __ldg(bias + e0 + j) : 0.0f);
+		sel[j] = __fadd_rn(p[j], bj[j]);
 	if (n_group > 1 && n_group_used < n_group) {
 		/* the host checked: gsz = E / n_group is a multiple of V, L = gsz / V a power of two */
 		const int L = E / n_group / V, grp = lane / L;
@@ -106,6 +105,23 @@ __device__ __forceinline__ int route_reg_token(const float *lg, const float *__r
 			for (int j = 0; j < V; j++)
 				sel[j] = 0.0f;
 	}
+}
+
+/* One token's routing by one warp (the register kernel's body): lg = the token's E logits (read
+ * through L2 with ld.global.cg: the fused router kernel below reads logits other blocks of the same
+ * grid wrote), results to oi[0..k) / ow[0..k); returns this lane's expert (slot lane < k), else -1 */
+template <int V, bool RX>
+__device__ __forceinline__ int route_reg_token(const float *lg, const float *__restrict__ bias, int E, int k,
+                                               int n_group, int n_group_used, int gating, int norm,
+                                               float scale, int32_t *oi, float *ow)
+{
+	const int lane = threadIdx.x & 31;
+	const int e0 = lane * V;
+	float p[V], sel[V], bj[V];
+#pragma unroll
+	for (int j = 0; j < V; j++)
+		bj[j] = bias && e0 + j < E ? __ldg(bias + e0 + j) : 0.0f;
+	route_scores<V>(lg, bj, E, n_group, n_group_used, gating, p, sel);
 	/* top-k: each lane's best untaken expert (first in id order, then strictly larger) */
 	unsigned taken = 0u;
 	float bv = 0.0f;

@@ -80,73 +80,8 @@ __device__ __forceinline__ void rf_route_token(const float *lg, const float *__r
 	const int lane = threadIdx.x & 31;
 	const int e0 = lane * V;
 	float p[V], sel[V];
-	/* probabilities, selection scores and the group limit: route_reg_token's code, unchanged but for
-	 * the bias, loaded by the caller (bj[j]: bias[e0 + j], 0 past E or without a bias) */
-#pragma unroll
-	for (int j = 0; j < V; j++)
-		p[j] = e0 + j < E ? __ldcg(lg + e0 + j) : -INFINITY;
-	if (gating == 1) {
-		float mx = -INFINITY;
-#pragma unroll
-		for (int j = 0; j < V; j++)
-			mx = fmaxf(mx, p[j]);
-		mx = kc_warp_max(mx);
-		double sum = 0.0;
-#pragma unroll
-		for (int j = 0; j < V; j++)
-			if (e0 + j < E) {
-				p[j] = expf(p[j] - mx);
-				sum += (double)p[j];
-			}
-#pragma unroll
-		for (int o = 16; o > 0; o >>= 1)
-			sum += __shfl_xor_sync(0xffffffffu, sum, o);
-#pragma unroll
-		for (int j = 0; j < V; j++)
-			p[j] = (float)((double)p[j] / sum);
-	} else {
-#pragma unroll
-		for (int j = 0; j < V; j++)
-			p[j] = 1.0f / (1.0f + expf(-p[j]));
-	}
-#pragma unroll
-	for (int j = 0; j < V; j++)
-		sel[j] = __fadd_rn(p[j], bj[j]);
-	if (n_group > 1 && n_group_used < n_group) {
-		const int L = E / n_group / V, grp = lane / L;
-		float b1 = -INFINITY, b2 = -INFINITY;
-#pragma unroll
-		for (int j = 0; j < V; j++) {
-			const float v = e0 + j < E ? sel[j] : -INFINITY;
-			if (v > b1) {
-				b2 = b1;
-				b1 = v;
-			} else if (v > b2) {
-				b2 = v;
-			}
-		}
-		for (int o = 1; o < L; o <<= 1) {
-			const float c1 = __shfl_xor_sync(0xffffffffu, b1, o),
-			            c2 = __shfl_xor_sync(0xffffffffu, b2, o);
-			const float m2 = fmaxf(fminf(b1, c1), fmaxf(b2, c2));
-			b1 = fmaxf(b1, c1);
-			b2 = m2;
-		}
-		const float gscore = b1 + b2;
-		unsigned keep = 0u;
-		for (int i = 0; i < n_group_used; i++) {
-			const bool cand = grp < n_group && !((keep >> grp) & 1u);
-			float v = cand ? gscore : 0.0f;
-			int id = cand ? grp : -1;
-			route_argmax(v, id);
-			if (id >= 0)
-				keep |= 1u << id;
-		}
-		if (grp >= n_group || !((keep >> grp) & 1u))
-#pragma unroll
-			for (int j = 0; j < V; j++)
-				sel[j] = 0.0f;
-	}
+	/* probabilities, selection scores and the group limit: route_reg_token's own code */
+	route_scores<V>(lg, bj, E, n_group, n_group_used, gating, p, sel);
 	bool fin = true;
 	int si[V];
 #pragma unroll
