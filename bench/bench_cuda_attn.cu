@@ -24,9 +24,6 @@
 #include "kernels/cuda/fused.h"
 #include "kernels/cuda/prof.h"
 
-/* mla_attn_dec5.cu: its launch plan for a GLM-5 rank shape, and its launch count */
-extern "C" int kmla_dec5_plan(struct kcuda_ctx *c, int64_t n_q, int64_t max_keys, int out[7]);
-extern "C" unsigned long long kmla_dec5_launches;
 /* mla_attn_dec6.cu: its launch plan for a rank shape, and its launch count */
 extern "C" int kmla_dec6_plan(struct kcuda_ctx *c, int64_t n_q, int64_t H, int64_t max_keys,
                               int64_t ld_blocks, int bf16, int out[7]);
@@ -605,35 +602,29 @@ static void bench_mla_dec(int B, int64_t H, int64_t ctxlen, int bf16, int K)
 	                               K > 0 ? K : 1,
 	                               K > 0 ? K : ctxlen};
 	int rc = 0;
-	/* 0 old: split + combine; 1 v4: mla_attn_dec.cu everywhere; 2 dec5 (TANDEM_MLA_DEC_V=5, off by
-	 * default: measured slower) where it takes the shape; 3..5 dec5 forced with 1-, 2-, 4-warp blocks
-	 * (TANDEM_MLA_DEC5_W); 6, 7: 4-warp blocks of at least 2 / 4 tiles a warp (TANDEM_MLA_DEC5_TPW: fewer
-	 * blocks, fewer clusters; at B1 top-2048 with 4 one cluster, no ticket merge) */
-	/* 10..13: mla_dec6 (TANDEM_MLA_DEC_V=6, forced on every shape): 16-key tiles, 32-key tiles
+	/* 0 old: split + combine; 1 v4: mla_attn_dec.cu everywhere */
+	/* 2..5: mla_dec6 (TANDEM_MLA_DEC_V=6, forced on every shape): 16-key tiles, 32-key tiles
 	 * (TANDEM_MLA_DEC6_KB=32), at least 2 tiles a block (TANDEM_MLA_DEC6_T=2), the block table
 	 * after the wait (TANDEM_MLA_DEC6_EARLY=0) */
-	enum { NM = 14 };
+	enum { NM = 6 };
 	double g[NM], e[NM];
 	unsigned long long nl[NM];
 	for (int mode = 0; mode < NM; mode++) {
 		unsetenv("TANDEM_MLA_DEC");
 		unsetenv("TANDEM_MLA_DEC_V");
-		unsetenv("TANDEM_MLA_DEC5_W");
-		unsetenv("TANDEM_MLA_DEC5_TPW");
-		unsetenv("TANDEM_MLA_DEC5_BULK");
 		unsetenv("TANDEM_MLA_DEC6_KB");
 		unsetenv("TANDEM_MLA_DEC6_T");
 		unsetenv("TANDEM_MLA_DEC6_EARLY");
-		if (mode >= 10) {
-			g[mode] = e[mode] = 0;
-			nl[mode] = 0;
+		g[mode] = e[mode] = 0;
+		nl[mode] = 0;
+		if (mode >= 2) {
 			setenv("TANDEM_MLA_DEC_V", "6", 1);
 			setenv("TANDEM_MLA_DEC", "65535", 1);
-			if (mode == 11)
+			if (mode == 3)
 				setenv("TANDEM_MLA_DEC6_KB", "32", 1);
-			if (mode == 12)
+			if (mode == 4)
 				setenv("TANDEM_MLA_DEC6_T", "2", 1);
-			if (mode == 13)
+			if (mode == 5)
 				setenv("TANDEM_MLA_DEC6_EARLY", "0", 1);
 			const unsigned long long l0 = kcuda_n_launch, d0 = kmla_dec6_launches;
 			rc |= kcuda_mla_attn(ctx, &kv, &rows, (const float *)s.q, H, C, R, 0.07f,
@@ -646,89 +637,42 @@ static void bench_mla_dec(int B, int64_t H, int64_t ctxlen, int bf16, int K)
 		}
 		if (mode == 0)
 			setenv("TANDEM_MLA_DEC", "0", 1);
-		if (mode == 1)
+		if (mode == 1) {
 			setenv("TANDEM_MLA_DEC_V", "4", 1);
-		if (mode >= 2)
-			setenv("TANDEM_MLA_DEC_V", "5", 1);
-		if (mode == 1 || mode >= 3)
 			setenv("TANDEM_MLA_DEC", "65535", 1);
-		if (mode >= 3 && mode <= 7)
-			setenv("TANDEM_MLA_DEC5_W", mode == 3 ? "1" : mode == 4 ? "2" : "4", 1);
-		if (mode == 6 || mode == 7)
-			setenv("TANDEM_MLA_DEC5_TPW", mode == 6 ? "2" : "4", 1);
-		if (mode >= 8) { /* 8: the dec5 plan, 9: 4-warp blocks of >= 2 tiles; rows by bulk copies */
-			setenv("TANDEM_MLA_DEC5_BULK", "1", 1);
-			if (mode == 9) {
-				setenv("TANDEM_MLA_DEC5_W", "4", 1);
-				setenv("TANDEM_MLA_DEC5_TPW", "2", 1);
-			}
 		}
-		g[mode] = e[mode] = 0;
-		nl[mode] = 0;
-		if (mode >= 8 && !getenv("BENCH_ATTN_BULK")) /* bulk columns: a separate run (may trap) */
-			continue;
-		const unsigned long long l0 = kcuda_n_launch, d0 = kmla_dec5_launches;
+		const unsigned long long l0 = kcuda_n_launch;
 		rc |= kcuda_mla_attn(ctx, &kv, &rows, (const float *)s.q, H, C, R, 0.07f, (float *)s.out);
 		nl[mode] = kcuda_n_launch - l0;
-		const int took5 = kmla_dec5_launches != d0;
-		g[mode] = e[mode] = 0;
-		if (mode < 3 || took5) /* forced dec5 rows: only where it took the shape */
-			g[mode] =
-			    mla_graph_us(&kv, &rows, (const float *)s.q, H, (float *)s.out, &e[mode], &rc);
-		if (mode == 2)
-			nl[mode] += took5 ? 100 : 0; /* which kernel took it */
+		g[mode] = mla_graph_us(&kv, &rows, (const float *)s.q, H, (float *)s.out, &e[mode], &rc);
 	}
 	unsetenv("TANDEM_MLA_DEC");
 	unsetenv("TANDEM_MLA_DEC_V");
-	unsetenv("TANDEM_MLA_DEC5_W");
-	unsetenv("TANDEM_MLA_DEC5_TPW");
-	unsetenv("TANDEM_MLA_DEC5_BULK");
 	unsetenv("TANDEM_MLA_DEC6_KB");
 	unsetenv("TANDEM_MLA_DEC6_T");
 	unsetenv("TANDEM_MLA_DEC6_EARLY");
 	const double bytes = (double)B * (double)(K > 0 ? K : ctxlen) * (double)dim * elt;
-	const int d5 = nl[2] >= 100;
-	printf("mla dec B %d H %3lld ctx %6lld %-8s kv %s %6.2f MB | graph old %6.1f v4 %6.1f dec5 %6.1f us "
-	       "(x%.2f vs old, %5.0f GB/s %4.1f%%; dec5 column = %s) | dec5 W1 %6.1f W2 %6.1f W4 %6.1f W4T2 "
-	       "%6.1f W4T4 %6.1f | bulk %6.1f bulk W4T2 %6.1f | eager old %6.1f v4 %6.1f dec5 %6.1f | "
-	       "launches %llu "
-	       "%llu %llu%s\n",
+	printf("mla dec B %d H %3lld ctx %6lld %-8s kv %s %6.2f MB | graph old %6.1f v4 %6.1f us "
+	       "(x%.2f vs old, %5.0f GB/s %4.1f%%) | eager old %6.1f v4 %6.1f | launches %llu %llu%s\n",
 	       B, (long long)H, (long long)ctxlen, K > 0 ? "top-2048" : "dense", bf16 ? "bf16" : "f32 ",
-	       bytes * 1e-6, g[0], g[1], g[2], g[2] > 0 ? g[0] / g[2] : 0.0, bytes / g[2] * 1e-3,
-	       bytes / g[2] * 1e-3 / copy_gbs * 100, d5 ? "dec5" : "declined: old kernels", g[3], g[4], g[5],
-	       g[6], g[7], g[8], g[9], e[0], e[1], e[2], nl[0], nl[1], nl[2] % 100, rc ? " ERROR" : "");
+	       bytes * 1e-6, g[0], g[1], g[1] > 0 ? g[0] / g[1] : 0.0, g[1] > 0 ? bytes / g[1] * 1e-3 : 0.0,
+	       g[1] > 0 ? bytes / g[1] * 1e-3 / copy_gbs * 100 : 0.0, e[0], e[1], nl[0], nl[1],
+	       rc ? " ERROR" : "");
 	const double best_old = g[1] > 0 && g[1] < g[0] ? g[1] : g[0];
 	printf("mla dec6 B %d H %3lld ctx %6lld %-8s kv %s | graph dec6 %6.1f us (x%.2f vs best of old / v4, "
 	       "%5.0f GB/s) | KB32 %6.1f T2 %6.1f table after wait %6.1f | eager dec6 %6.1f KB32 %6.1f | "
 	       "launches %llu (0.0: declined)%s\n",
-	       B, (long long)H, (long long)ctxlen, K > 0 ? "top-2048" : "dense", bf16 ? "bf16" : "f32 ",
-	       g[10], g[10] > 0 ? best_old / g[10] : 0.0, g[10] > 0 ? bytes / g[10] * 1e-3 : 0.0, g[11],
-	       g[12], g[13], e[10], e[11], nl[10], rc ? " ERROR" : "");
+	       B, (long long)H, (long long)ctxlen, K > 0 ? "top-2048" : "dense", bf16 ? "bf16" : "f32 ", g[2],
+	       g[2] > 0 ? best_old / g[2] : 0.0, g[2] > 0 ? bytes / g[2] * 1e-3 : 0.0, g[3], g[4], g[5], e[2],
+	       e[3], nl[2], rc ? " ERROR" : "");
 	setup_fini(&s);
 }
 
 static void bench_mla_dec_table(void)
 {
-	printf(
-	    "MLA decode: split kernel + combine (old, TANDEM_MLA_DEC=0) | mla_dec v4 (TANDEM_MLA_DEC_V=4 "
-	    "TANDEM_MLA_DEC=65535) | mla_dec5 (TANDEM_MLA_DEC_V=5, off by default) | dec5 with 1, 2, 4 "
-	    "warps a block, 4 warps of >= 2 / 4 tiles (0.0: declined), us per call, 78 calls per graph, PDL "
-	    "%s\n",
-	    kcuda_pdl_enabled() ? "on" : "off");
-	static const int pB[] = {1, 2, 4, 8, 1, 8};
-	static const int64_t pK[] = {2048, 2048, 2048, 2048, 4096, 32768};
-	for (int i = 0; i < 6; i++) {
-		int pl[7];
-		if (kmla_dec5_plan(ctx, pB[i], pK[i], pl) == 0)
-			printf("mla_dec5 plan B %d keys %5lld: %d warps a block, %d tiles a warp, cluster "
-			       "%d, %d "
-			       "clusters a row (%d blocks), %d blocks per SM, %d registers, %d B shared "
-			       "memory\n",
-			       pB[i], (long long)pK[i], pl[0], pl[1], pl[2], pl[3], pl[2] * pl[3] * pB[i],
-			       pl[4], pl[5], pl[6]);
-		else
-			printf("mla_dec5 plan B %d keys %5lld: declined\n", pB[i], (long long)pK[i]);
-	}
+	printf("MLA decode: split kernel + combine (old, TANDEM_MLA_DEC=0) | mla_dec v4 (TANDEM_MLA_DEC_V=4 "
+	       "TANDEM_MLA_DEC=65535), us per call, 78 calls per graph, PDL %s\n",
+	       kcuda_pdl_enabled() ? "on" : "off");
 	/* mla_dec6's plans (16-key tiles; 32 in brackets) for the table's shapes */
 	static const int qB[] = {1, 2, 4, 8, 1, 8, 1, 1, 8};
 	static const int64_t qH[] = {8, 8, 8, 8, 8, 8, 16, 16, 16};

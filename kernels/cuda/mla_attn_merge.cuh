@@ -108,7 +108,7 @@ __device__ __forceinline__ void kmla_trace(unsigned long long *tr, int ph)
 #define KMLA_TR_LAST 8 /* the last block: the cross-cluster merge and its stores done */
 
 /* (M, Ls, acc) += a batch of MB partials (max, sum) / values with a running max, in order (a
- * partial without keys, sum 0, is skipped: its value is not read). Also mla_attn_dec5.cu's. */
+ * partial without keys, sum 0, is skipped: its value is not read). */
 template <int MB>
 __device__ __forceinline__ void kmla_merge_batch(float *M, float *Ls, float4 *acc, const float2 *ml,
                                                  const float4 *v)

@@ -547,9 +547,6 @@ extern "C" int kcuda_mla_attn(struct kcuda_ctx *c, const struct kcuda_kv_view *k
 	int rc = kmla_dec6_launch(c, kv, rows, q, H, C, scale, out); /* TANDEM_MLA_DEC_V=6 only */
 	if (rc != ERR_UNSUPPORTED)
 		return rc;
-	rc = kmla_dec5_launch(c, kv, rows, q, H, C, scale, out); /* TANDEM_MLA_DEC_V=5 only */
-	if (rc != ERR_UNSUPPORTED)
-		return rc;
 	rc = kmla_dec_launch(c, kv, rows, q, H, C, scale, out); /* one launch: see md_rows_limit */
 	if (rc != ERR_UNSUPPORTED)
 		return rc;

@@ -43,13 +43,6 @@ int kcuda_topk_sel(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t
 int kmla_dec_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
                     const float *q, int64_t H, int64_t C, float scale, float *out);
 
-/* the per-warp decode kernel for up to 8 heads over a bf16 pool (mla_attn_dec5.cu; measured slower,
- * off by default): ERR_UNSUPPORTED (nothing launched) unless TANDEM_MLA_DEC_V=5, under
- * TANDEM_MLA_DEC=0, for more rows than its limit, or a shape / device it does not take (the caller
- * then tries kmla_dec_launch) */
-int kmla_dec5_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
-                     const float *q, int64_t H, int64_t C, float scale, float *out);
-
 /* the short-chain fp32 decode kernel (mla_attn_dec6.cu; not yet measured, off by default):
  * ERR_UNSUPPORTED (nothing launched) unless TANDEM_MLA_DEC_V=6, under TANDEM_MLA_DEC=0, for more
  * rows or heads than its limits, or a shape / device it does not take (the caller then tries the

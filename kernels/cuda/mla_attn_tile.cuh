@@ -1,8 +1,8 @@
 /* The pieces the tensor-core MLA kernels share (mla_attn_mma.cu: split kernel; mla_attn_dec.cu:
- * one-launch kernel; mla_attn_dec5.cu: per-warp kernel): the bf16 mma and ldmatrix wrappers, the
- * fp32 -> bf16 hi + lo split that keeps their products at fp32-level accuracy, and the block-wide
- * online softmax of one key tile with its P fragments (the split and one-launch kernels' tile body
- * was the same code twice). Internal to kernels/cuda. */
+ * one-launch kernel): the bf16 mma and ldmatrix wrappers, the fp32 -> bf16 hi + lo split that keeps
+ * their products at fp32-level accuracy, and the block-wide online softmax of one key tile with its
+ * P fragments (the split and one-launch kernels' tile body was the same code twice). Internal to
+ * kernels/cuda. */
 #ifndef TANDEM_KERNELS_CUDA_MLA_ATTN_TILE_CUH
 #define TANDEM_KERNELS_CUDA_MLA_ATTN_TILE_CUH
 

@@ -6,11 +6,9 @@
  * and per-row top-k; a small odd shape (C = 64, R = 16, H = 3). Tolerance: max |gpu - cpu| <= 5e-5
  * * max |cpu| per case (fp32 accumulation on both sides; the printed errors are ~1e-6). Guard bytes
  * around the output; no NaN/Inf; a bad block id is counted as an error and skipped.
- * Every case runs under seven kernel sets: the defaults (mla_attn_dec.cu's kernel for a single
+ * Every case runs under four kernel sets: the defaults (mla_attn_dec.cu's kernel for a single
  * sparse row, the split kernel elsewhere), the split kernel + combine launch (TANDEM_MLA_DEC=0,
- * mla_attn_mma.cu), mla_attn_dec5.cu (off by default: measured slower) wherever it takes the shape
- * with 2-, 1- and 4-warp blocks (TANDEM_MLA_DEC_V=5 TANDEM_MLA_DEC=65535, TANDEM_MLA_DEC5_W),
- * mla_attn_dec.cu wherever it takes the shape
+ * mla_attn_mma.cu), mla_attn_dec.cu wherever it takes the shape
  * (TANDEM_MLA_DEC_V=4 TANDEM_MLA_DEC=65535) and TANDEM_CUDA_ATTN=ref (the first kernel), so one
  * GPU run checks all against the CPU; the GLM-5 / DeepSeek-V3 per-rank decode shapes at batch 1,
  * 2, 3, 4, 6, 8 (and 12) are among the cases, and which kernel took a call is checked; every
@@ -42,10 +40,6 @@ int main(void)
 
 #define BT 64
 static struct kcuda_ctx *ctx;
-/* launches of the small-head decode kernel (mla_attn_dec5.cu): which kernel took a call */
-extern unsigned long long kmla_dec5_launches;
-/* the mode under test takes the GLM-5 decode shapes with that kernel (set by main) */
-static int expect_dec5;
 /* launches of the fp32 short-chain kernel (mla_attn_dec6.cu), whether it is the default, and
  * whether the mode selects it: 1 forced (every case), 2 by the default rules (up to 8 rows of up
  * to 16 heads) */
@@ -217,7 +211,7 @@ static void run_case(const struct mcase *mc)
 	    .ld_sel = ld_sel,
 	    .max_keys = K > 0 && K < max_len ? K : max_len,
 	};
-	const unsigned long long l0 = kcuda_n_launch, d50 = kmla_dec5_launches, d60 = kmla_dec6_launches;
+	const unsigned long long l0 = kcuda_n_launch, d60 = kmla_dec6_launches;
 	int rc = kcuda_mla_attn(ctx, &kv, &rows, d_q, H, C, R, scale, ob.user);
 	OPS_CHECK(rc == 0, "%s: kcuda_mla_attn rc %d", mc->name, rc);
 	/* the fp32 short-chain kernel must take every decode and prefill shape of the cases where the
@@ -230,22 +224,14 @@ static void run_case(const struct mcase *mc)
 		          kmla_dec6_launches - d60);
 	else
 		OPS_CHECK(kmla_dec6_launches == d60, "%s: mla_dec6 ran in a mode that excludes it", mc->name);
-	/* the small-head kernel must take the GLM-5 per-rank decode shapes (H 8, bf16 pool) at batch
-	 * 1..8, sparse and dense, in one launch, wherever the mode selects it */
-	if (expect_dec5 && !prefill && mc->bf16 && C == 512 && R == 64 && H <= 8 && n_q <= 8)
-		OPS_CHECK(kcuda_n_launch - l0 == 1 && kmla_dec5_launches - d50 == 1,
-		          "%s: %llu launches, %llu of mla_dec5 (it declined)", mc->name, kcuda_n_launch - l0,
-		          kmla_dec5_launches - d50);
-	if (!expect_dec5)
-		OPS_CHECK(kmla_dec5_launches == d50, "%s: mla_dec5 ran in a mode that excludes it", mc->name);
 	/* mla_attn_dec.cu's kernel must take the GLM-5 / DeepSeek-V3 decode shapes (H 8 / 16: one
 	 * head group per row; bf16 pools, the decode graph's) at batch 1..8 when forced
 	 * (TANDEM_MLA_DEC=N), and by default the one it is kept for: a single sparse row of up to 2048
 	 * selected keys: one launch, not two */
 	const char *dec = getenv("TANDEM_MLA_DEC");
 	const int forced = dec && strcmp(dec, "0") != 0;
-	if (!expect_dec5 && !want6 && !getenv("TANDEM_CUDA_ATTN") && !(dec && strcmp(dec, "0") == 0) &&
-	    !prefill && mc->bf16 && C == 512 && R == 64 && H <= 16 &&
+	if (!want6 && !getenv("TANDEM_CUDA_ATTN") && !(dec && strcmp(dec, "0") == 0) && !prefill &&
+	    mc->bf16 && C == 512 && R == 64 && H <= 16 &&
 	    (forced ? n_q <= 8 : n_q == 1 && K > 0 && K <= 2048))
 		OPS_CHECK(kcuda_n_launch - l0 == 1, "%s: %llu launches (the one-launch kernel declined)",
 		          mc->name, kcuda_n_launch - l0);
@@ -710,45 +696,21 @@ int main(void)
 	const int quick = getenv("TANDEM_OPS_QUICK") != NULL;
 	const int small_only = getenv("TANDEM_OPS_SMALL") != NULL;
 	const int small = quick || small_only;
-	/* every case under eight kernel sets: the defaults (mla_attn_dec.cu's kernel for a single
+	/* every case under four kernel sets: the defaults (mla_attn_dec.cu's kernel for a single
 	 * sparse row, the split kernel elsewhere); the split kernel + combine launch everywhere
-	 * (TANDEM_MLA_DEC=0); mla_attn_dec5.cu wherever it takes the shape (TANDEM_MLA_DEC_V=5
-	 * TANDEM_MLA_DEC=65535: any rows and heads), with 2-, 1- and 4-warp blocks (TANDEM_MLA_DEC5_W:
-	 * other cluster / ticket splits), and with one cp.async.bulk a row (TANDEM_MLA_DEC5_BULK=1);
-	 * mla_attn_dec.cu's kernel wherever it takes the shape
+	 * (TANDEM_MLA_DEC=0); mla_attn_dec.cu's kernel wherever it takes the shape
 	 * (TANDEM_MLA_DEC_V=4 TANDEM_MLA_DEC=65535: batch 2..12, dense, H 64 / 128, prefill rows); the
 	 * first kernels (TANDEM_CUDA_ATTN=ref) */
-	/* the bulk-copy set (TANDEM_OPS_MLA_BULK=1) last: a lost mbarrier completion traps, which ends
-	 * the process's context */
 	/* then mla_attn_dec6.cu's fp32 kernel wherever it takes the shape (TANDEM_MLA_DEC_V=6
 	 * TANDEM_MLA_DEC=65535): 16-key tiles, 32-key tiles (TANDEM_MLA_DEC6_KB=32), at least 3 tiles a
 	 * block (TANDEM_MLA_DEC6_T=3: the two-buffer loop), the block table read after KDEP_ENTRY
 	 * (TANDEM_MLA_DEC6_EARLY=0) */
-	enum {
-		M_DEF,
-		M_SPLIT,
-		M_D5,
-		M_D5W1,
-		M_D5W4,
-		M_V4,
-		M_REF,
-		M_D5B,
-		M_D6,
-		M_D6K32,
-		M_D6T3,
-		M_D6LATE,
-		M_N
-	};
+	enum { M_DEF, M_SPLIT, M_V4, M_REF, M_D6, M_D6K32, M_D6T3, M_D6LATE, M_N };
 	static const char *const mode_name[M_N] = {
 	    "fast (default)",
 	    "split + combine (TANDEM_MLA_DEC=0)",
-	    "dec5 everywhere (TANDEM_MLA_DEC_V=5 TANDEM_MLA_DEC=65535)",
-	    "dec5 everywhere, 1-warp blocks (TANDEM_MLA_DEC_V=5 TANDEM_MLA_DEC=65535 TANDEM_MLA_DEC5_W=1)",
-	    "dec5 everywhere, 4-warp blocks (TANDEM_MLA_DEC_V=5 TANDEM_MLA_DEC=65535 TANDEM_MLA_DEC5_W=4)",
 	    "mla_dec v4 everywhere (TANDEM_MLA_DEC_V=4 TANDEM_MLA_DEC=65535)",
 	    "ref (TANDEM_CUDA_ATTN=ref)",
-	    "dec5 everywhere, bulk row copies (TANDEM_MLA_DEC_V=5 TANDEM_MLA_DEC=65535 "
-	    "TANDEM_MLA_DEC5_BULK=1)",
 	    "dec6 everywhere (TANDEM_MLA_DEC_V=6 TANDEM_MLA_DEC=65535)",
 	    "dec6 everywhere, 32-key tiles (TANDEM_MLA_DEC_V=6 TANDEM_MLA_DEC=65535 TANDEM_MLA_DEC6_KB=32)",
 	    "dec6 everywhere, >= 3 tiles a block (TANDEM_MLA_DEC_V=6 TANDEM_MLA_DEC=65535 "
@@ -758,13 +720,9 @@ int main(void)
 	for (int mode = 0; mode < M_N; mode++) {
 		if (quick && mode == M_REF)
 			continue;
-		if (mode == M_D5B && !getenv("TANDEM_OPS_MLA_BULK")) /* the experiment: its own run */
-			continue;
 		unsetenv("TANDEM_CUDA_ATTN");
 		unsetenv("TANDEM_MLA_DEC");
 		unsetenv("TANDEM_MLA_DEC_V");
-		unsetenv("TANDEM_MLA_DEC5_W");
-		unsetenv("TANDEM_MLA_DEC5_BULK");
 		unsetenv("TANDEM_MLA_DEC6_KB");
 		unsetenv("TANDEM_MLA_DEC6_T");
 		unsetenv("TANDEM_MLA_DEC6_EARLY");
@@ -781,21 +739,12 @@ int main(void)
 			setenv("TANDEM_MLA_DEC6_EARLY", "0", 1);
 		if (mode == M_SPLIT)
 			setenv("TANDEM_MLA_DEC", "0", 1);
-		if (mode == M_D5 || mode == M_D5W1 || mode == M_D5W4 || mode == M_D5B || mode == M_V4)
+		if (mode == M_V4) {
 			setenv("TANDEM_MLA_DEC", "65535", 1);
-		if (mode == M_D5B)
-			setenv("TANDEM_MLA_DEC5_BULK", "1", 1);
-		if (mode == M_D5W1)
-			setenv("TANDEM_MLA_DEC5_W", "1", 1);
-		if (mode == M_D5W4)
-			setenv("TANDEM_MLA_DEC5_W", "4", 1);
-		if (mode == M_V4)
 			setenv("TANDEM_MLA_DEC_V", "4", 1);
-		if (mode == M_D5 || mode == M_D5W1 || mode == M_D5W4 || mode == M_D5B)
-			setenv("TANDEM_MLA_DEC_V", "5", 1);
+		}
 		if (mode == M_REF)
 			setenv("TANDEM_CUDA_ATTN", "ref", 1);
-		expect_dec5 = mode == M_D5 || mode == M_D5W1 || mode == M_D5W4 || mode == M_D5B;
 		expect_dec6 = d6 ? 1 : mode == M_DEF && kmla_dec6_default_on ? 2 : 0;
 		printf("-- kernels: %s\n", mode_name[mode]);
 		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -807,11 +756,10 @@ int main(void)
 				       cases[i].name);
 				continue;
 			}
-			/* QUICK: the split kernel, v4 and dec5's other block sizes on the model shapes only
-			 */
+			/* QUICK: the split kernel, v4 and dec6's other variants on the model shapes only */
 			if (quick &&
-			    (mode == M_SPLIT || mode == M_D5W1 || mode == M_D5W4 || mode == M_D5B ||
-			     mode == M_V4 || mode == M_D6K32 || mode == M_D6T3 || mode == M_D6LATE) &&
+			    (mode == M_SPLIT || mode == M_V4 || mode == M_D6K32 || mode == M_D6T3 ||
+			     mode == M_D6LATE) &&
 			    strncmp(cases[i].name, "GLM-5", 5) && strncmp(cases[i].name, "DS-V3", 5) &&
 			    strncmp(cases[i].name, "tiny", 4))
 				continue;
@@ -828,8 +776,6 @@ int main(void)
 	unsetenv("TANDEM_CUDA_ATTN");
 	unsetenv("TANDEM_MLA_DEC");
 	unsetenv("TANDEM_MLA_DEC_V");
-	unsetenv("TANDEM_MLA_DEC5_W");
-	unsetenv("TANDEM_MLA_DEC5_BULK");
 	unsetenv("TANDEM_MLA_DEC6_KB");
 	unsetenv("TANDEM_MLA_DEC6_T");
 	unsetenv("TANDEM_MLA_DEC6_EARLY");
