@@ -50,16 +50,23 @@ struct kcuda_ctx {
 /* launches made through the ops (kernels/cuda/prof.cu reports them per step) */
 extern "C" unsigned long long kcuda_n_launch;
 
-/* After a launch: a launch configuration error is returned as ERR_CUDA (with a message on
- * stderr); the kernels never log. */
-static inline int kcuda_launch_status(const char *what)
+/* After a launch whose call returned e: the launch is counted, and e, or else an error pending
+ * since (a <<< >>> launch reports only there), is returned as ERR_CUDA with a message on stderr
+ * naming what failed; the kernels never log. */
+static inline int kcuda_launch_result(const char *what, cudaError_t e)
 {
-	cudaError_t e = cudaGetLastError();
 	kcuda_n_launch++;
+	if (e == cudaSuccess)
+		e = cudaGetLastError();
 	if (e == cudaSuccess)
 		return 0;
 	fprintf(stderr, "kcuda: %s launch failed: %s\n", what, cudaGetErrorString(e));
 	return ERR_CUDA;
+}
+/* after a kern<<< >>>(...) launch */
+static inline int kcuda_launch_status(const char *what)
+{
+	return kcuda_launch_result(what, cudaSuccess);
 }
 
 /* Programmatic dependent launch (PDL, sm_90 and later: H200, B200, RTX PRO 6000). A kernel launched
@@ -152,35 +159,83 @@ static inline int kcuda_carveout_pref(void)
 	return v;
 }
 
-/* kern<<<grid, block, smem, stream>>>(args...) with the PDL attribute (when enabled); returns the
- * launch status like kcuda_launch_status(what). */
+/* The one place the launch attributes are set: kern over grid with the PDL attribute when
+ * kcuda_pdl_enabled(), and in thread-block clusters of shape `cluster` (sm_90+) unless one of its
+ * dimensions is 0 (dim3(0): no cluster attribute; a kernel that uses cluster barriers needs the
+ * attribute even for clusters of one block). Returns cudaLaunchKernelEx's status as it is: nothing
+ * counted, printed or cleared, for the callers that take a refusal as "use another kernel"
+ * (mla_attn_merge.cuh's kmla_cluster_launch); the others use klaunch / klaunch_cl. kern must begin
+ * with KDEP_ENTRY() (see above). */
 template <typename... KArgs, typename... Args>
-static inline int klaunch(const char *what, void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                          cudaStream_t stream, Args... args)
+static inline cudaError_t klaunch_try(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                      cudaStream_t stream, dim3 cluster, Args... args)
 {
-	cudaLaunchAttribute at[1];
-	at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-	at[0].val.programmaticStreamSerializationAllowed = 1;
+	cudaLaunchAttribute at[2];
+	unsigned na = 0;
+	if (kcuda_pdl_enabled()) {
+		at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+		at[na].val.programmaticStreamSerializationAllowed = 1;
+		na++;
+	}
+	if (cluster.x && cluster.y && cluster.z) {
+		at[na].id = cudaLaunchAttributeClusterDimension;
+		at[na].val.clusterDim.x = cluster.x;
+		at[na].val.clusterDim.y = cluster.y;
+		at[na].val.clusterDim.z = cluster.z;
+		na++;
+	}
 	cudaLaunchConfig_t cfg = {};
 	cfg.gridDim = grid;
 	cfg.blockDim = block;
 	cfg.dynamicSmemBytes = smem;
 	cfg.stream = stream;
 	cfg.attrs = at;
-	cfg.numAttrs = kcuda_pdl_enabled() ? 1 : 0;
+	cfg.numAttrs = na;
+	return cudaLaunchKernelEx(&cfg, kern, ((KArgs)args)...);
+}
+
+/* kern<<<grid, block, smem, stream>>>(args...) with the PDL attribute (when enabled) and
+ * TANDEM_CARVEOUT's carveout; returns the launch status like kcuda_launch_status(what). */
+template <typename... KArgs, typename... Args>
+static inline int klaunch(const char *what, void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                          cudaStream_t stream, Args... args)
+{
 	const int co = kcuda_carveout_pref();
 	if (co >= 0 &&
 	    cudaFuncSetAttribute((const void *)kern, cudaFuncAttributePreferredSharedMemoryCarveout, co) !=
 	        cudaSuccess)
 		(void)cudaGetLastError(); /* a hint: a refusal only leaves the default split */
-	cudaError_t e = cudaLaunchKernelEx(&cfg, kern, ((KArgs)args)...);
-	kcuda_n_launch++;
-	if (e == cudaSuccess)
-		e = cudaGetLastError();
-	if (e == cudaSuccess)
-		return 0;
-	fprintf(stderr, "kcuda: %s launch failed: %s\n", what, cudaGetErrorString(e));
-	return ERR_CUDA;
+	return kcuda_launch_result(what, klaunch_try(kern, grid, block, smem, stream, dim3(0), args...));
+}
+
+/* klaunch in thread-block clusters of shape `cluster` (see klaunch_try; dim3(0): none), without
+ * klaunch's TANDEM_CARVEOUT experiment (the cluster launches it replaced never had it). */
+template <typename... KArgs, typename... Args>
+static inline int klaunch_cl(const char *what, void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                             cudaStream_t stream, dim3 cluster, Args... args)
+{
+	return kcuda_launch_result(what, klaunch_try(kern, grid, block, smem, stream, cluster, args...));
+}
+
+/* How many clusters of shape `cluster` of fn (block threads, smem bytes of dynamic shared memory a
+ * block) can be resident at once (cudaOccupancyMaxActiveClusters; nothing launched). The query
+ * carries the cluster attribute only: PDL does not change residency. */
+static inline cudaError_t klaunch_max_clusters(const void *fn, dim3 cluster, dim3 block, size_t smem,
+                                               cudaStream_t stream, int *n)
+{
+	cudaLaunchAttribute at[1];
+	at[0].id = cudaLaunchAttributeClusterDimension;
+	at[0].val.clusterDim.x = cluster.x;
+	at[0].val.clusterDim.y = cluster.y;
+	at[0].val.clusterDim.z = cluster.z;
+	cudaLaunchConfig_t cfg = {};
+	cfg.gridDim = cluster; /* one cluster: the grid must be a multiple of it */
+	cfg.blockDim = block;
+	cfg.dynamicSmemBytes = smem;
+	cfg.stream = stream;
+	cfg.attrs = at;
+	cfg.numAttrs = 1;
+	return cudaOccupancyMaxActiveClusters(n, fn, &cfg);
 }
 
 /* A rejected argument: one line on stderr naming the op and what is wrong, then -EINVAL, so a

@@ -462,34 +462,10 @@ static int an_launch_cl(struct kcuda_ctx *c, float *h, const float *x, float *y,
 	const int64_t s4 = (n4 + nb - 1) / nb;
 	if (s4 > (int64_t)AC_T * AC_V)
 		return ERR_UNSUPPORTED;
-	cudaLaunchAttribute at[2];
-	unsigned na = 0;
-	if (kcuda_pdl_enabled()) {
-		at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-		at[na].val.programmaticStreamSerializationAllowed = 1;
-		na++;
-	}
-	at[na].id =
-	    cudaLaunchAttributeClusterDimension; /* also at nb = 1: the kernel uses cluster barriers */
-	at[na].val.clusterDim.x = (unsigned)nb;
-	at[na].val.clusterDim.y = 1;
-	at[na].val.clusterDim.z = 1;
-	na++;
-	cudaLaunchConfig_t cfg = {};
-	cfg.gridDim = dim3((unsigned)nb, (unsigned)n_rows, 1);
-	cfg.blockDim = dim3(AC_T, 1, 1);
-	cfg.dynamicSmemBytes = 0;
-	cfg.stream = c->stream;
-	cfg.attrs = at;
-	cfg.numAttrs = na;
-	cudaError_t e = cudaLaunchKernelEx(&cfg, add_rmsnorm_cl_kernel, h, x, y, w, n, (int)s4, eps, early);
-	kcuda_n_launch++;
-	if (e == cudaSuccess)
-		e = cudaGetLastError();
-	if (e == cudaSuccess)
-		return 0;
-	fprintf(stderr, "kcuda: add_rmsnorm (cluster) launch failed: %s\n", cudaGetErrorString(e));
-	return ERR_CUDA;
+	/* the cluster attribute also at nb = 1: the kernel uses cluster barriers */
+	return klaunch_cl("add_rmsnorm (cluster)", add_rmsnorm_cl_kernel,
+	                  dim3((unsigned)nb, (unsigned)n_rows, 1), dim3(AC_T, 1, 1), 0, c->stream,
+	                  dim3((unsigned)nb, 1, 1), h, x, y, w, n, (int)s4, eps, early);
 }
 
 extern "C" int kfuse_add_rmsnorm_as(struct kcuda_ctx *c, int kind, float *h, const float *x, float *y,

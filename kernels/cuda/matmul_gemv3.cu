@@ -221,38 +221,14 @@ static int g3_launch(struct kcuda_ctx *c, const struct g3_args &a, int n_split, 
 	             float *, int64_t, int64_t, int) = gemv3_kernel<T, NT, RT>;
 	const struct kweight *w = a.w;
 	const int rows_blk = G3_NW * RT;
-	cudaLaunchAttribute at[2];
-	unsigned na = 0;
-	if (kcuda_pdl_enabled()) {
-		at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-		at[na].val.programmaticStreamSerializationAllowed = 1;
-		na++;
-	}
-	if (n_split > 1) {
-		at[na].id = cudaLaunchAttributeClusterDimension;
-		at[na].val.clusterDim.x = 1;
-		at[na].val.clusterDim.y = (unsigned)n_split;
-		at[na].val.clusterDim.z = 1;
-		na++;
-	}
-	cudaLaunchConfig_t cfg = {};
-	cfg.gridDim =
-	    dim3((unsigned)((w->n_out + rows_blk - 1) / rows_blk), (unsigned)n_split, (unsigned)a.H);
-	cfg.blockDim = dim3(G3_NW * 32, 1, 1);
-	cfg.dynamicSmemBytes = (size_t)G3_NW * (G3_S(RT) * RT * g3t<T>::SB + 16);
-	cfg.stream = c->stream;
-	cfg.attrs = at;
-	cfg.numAttrs = na;
-	cudaError_t e = cudaLaunchKernelEx(&cfg, kern, (const uint8_t *)w->data, a.mat_bytes, w->row_bytes,
-	                                   (int)w->n_out, n_slab, sps, a.x, a.ldx, a.xhs, a.n_tok, a.y, a.ldy,
-	                                   a.yhs, kcuda_prefetch_enabled());
-	kcuda_n_launch++;
-	if (e == cudaSuccess)
-		e = cudaGetLastError();
-	if (e == cudaSuccess)
-		return 0;
-	fprintf(stderr, "kcuda: gemv3 launch failed: %s\n", cudaGetErrorString(e));
-	return ERR_CUDA;
+	/* the n_split blocks of a row tile in one cluster (their partials summed through DSMEM) */
+	return klaunch_cl(
+	    "gemv3", kern,
+	    dim3((unsigned)((w->n_out + rows_blk - 1) / rows_blk), (unsigned)n_split, (unsigned)a.H),
+	    dim3(G3_NW * 32, 1, 1), (size_t)G3_NW * (G3_S(RT) * RT * g3t<T>::SB + 16), c->stream,
+	    n_split > 1 ? dim3(1, (unsigned)n_split, 1) : dim3(0), (const uint8_t *)w->data, a.mat_bytes,
+	    w->row_bytes, (int)w->n_out, n_slab, sps, a.x, a.ldx, a.xhs, a.n_tok, a.y, a.ldy, a.yhs,
+	    kcuda_prefetch_enabled());
 }
 
 template <int T, int RT>

@@ -29,45 +29,20 @@ struct kmla_merge_out {
 #ifndef KMLA_SIM
 #include "kernels/cuda/cuda_common.cuh"
 
-/* The host side the one-launch decode kernels share (mla_dec, dec5, dec6): kern over grid in
- * thread-block clusters of cl blocks along x, with the PDL attribute when enabled */
+/* The host side the one-launch decode kernels share (mla_dec, dec6), in their terms (threads a
+ * block, cl blocks a cluster along x): the launch (cuda_common.cuh's klaunch_try: the PDL attribute
+ * when enabled; the status returned as it is, a refusal making the caller take another kernel) and
+ * the number of clusters that can be resident at once (no launch) */
 template <typename... KArgs, typename... Args>
 static inline cudaError_t kmla_cluster_launch(void (*kern)(KArgs...), dim3 grid, int threads, size_t smem,
                                               int cl, cudaStream_t st, Args... args)
 {
-	cudaLaunchAttribute at[2];
-	at[0].id = cudaLaunchAttributeClusterDimension;
-	at[0].val.clusterDim.x = (unsigned)cl;
-	at[0].val.clusterDim.y = 1;
-	at[0].val.clusterDim.z = 1;
-	at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-	at[1].val.programmaticStreamSerializationAllowed = 1;
-	cudaLaunchConfig_t cfg = {};
-	cfg.gridDim = grid;
-	cfg.blockDim = dim3((unsigned)threads);
-	cfg.dynamicSmemBytes = smem;
-	cfg.stream = st;
-	cfg.attrs = at;
-	cfg.numAttrs = kcuda_pdl_enabled() ? 2 : 1;
-	return cudaLaunchKernelEx(&cfg, kern, ((KArgs)args)...);
+	return klaunch_try(kern, grid, dim3((unsigned)threads), smem, st, dim3((unsigned)cl), args...);
 }
-/* how many clusters of cl blocks of fn (threads, smem a block) can be resident at once (no launch) */
 static inline cudaError_t kmla_max_clusters(const void *fn, int cl, int threads, size_t smem, cudaStream_t st,
                                             int *n)
 {
-	cudaLaunchAttribute at[1];
-	at[0].id = cudaLaunchAttributeClusterDimension;
-	at[0].val.clusterDim.x = (unsigned)cl;
-	at[0].val.clusterDim.y = 1;
-	at[0].val.clusterDim.z = 1;
-	cudaLaunchConfig_t cfg = {};
-	cfg.gridDim = dim3((unsigned)cl, 1);
-	cfg.blockDim = dim3((unsigned)threads);
-	cfg.dynamicSmemBytes = smem;
-	cfg.stream = st;
-	cfg.attrs = at;
-	cfg.numAttrs = 1;
-	return cudaOccupancyMaxActiveClusters(n, fn, &cfg);
+	return klaunch_max_clusters(fn, dim3((unsigned)cl), dim3((unsigned)threads), smem, st, n);
 }
 #endif
 

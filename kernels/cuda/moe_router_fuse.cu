@@ -357,39 +357,14 @@ static int rf_launch(struct kcuda_ctx *c, const struct kweight *router, const fl
                      int gating, int norm, float scale, int32_t *ids, float *weights, int n_split, int sps,
                      int n_slab)
 {
-	cudaLaunchAttribute at[2];
-	unsigned na = 0;
-	if (kcuda_pdl_enabled()) {
-		at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-		at[na].val.programmaticStreamSerializationAllowed = 1;
-		na++;
-	}
-	if (n_split > 1) {
-		at[na].id = cudaLaunchAttributeClusterDimension;
-		at[na].val.clusterDim.x = 1;
-		at[na].val.clusterDim.y = (unsigned)n_split;
-		at[na].val.clusterDim.z = 1;
-		na++;
-	}
-	cudaLaunchConfig_t cfg = {};
-	cfg.gridDim = dim3((unsigned)((E + RF_NW - 1) / RF_NW), (unsigned)n_split, 1);
-	cfg.blockDim = dim3(RF_NW * 32, 1, 1);
-	cfg.dynamicSmemBytes = (size_t)RF_NW * (RF_S * g3t<KT_F32>::SB + 16);
-	cfg.stream = c->stream;
-	cfg.attrs = at;
-	cfg.numAttrs = na;
 	unsigned *ticket = c->tickets + (KCUDA_N_TICKETS - 1); /* the last counter: ours alone */
-	cudaError_t e = cudaLaunchKernelEx(
-	    &cfg, moe_router_fuse_kernel<NT, V, RX>, (const uint8_t *)router->data, router->row_bytes, E,
-	    n_slab, sps, x, ldx, n, logits, bias, k, n_group, n_group_used, gating, norm, scale, ids, weights,
-	    ticket, kcuda_prefetch_enabled(), rf_sort_on() ? 1 : 0);
-	kcuda_n_launch++;
-	if (e == cudaSuccess)
-		e = cudaGetLastError();
-	if (e == cudaSuccess)
-		return 0;
-	fprintf(stderr, "kcuda: moe_router_fuse launch failed: %s\n", cudaGetErrorString(e));
-	return ERR_CUDA;
+	return klaunch_cl("moe_router_fuse", moe_router_fuse_kernel<NT, V, RX>,
+	                  dim3((unsigned)((E + RF_NW - 1) / RF_NW), (unsigned)n_split, 1),
+	                  dim3(RF_NW * 32, 1, 1), (size_t)RF_NW * (RF_S * g3t<KT_F32>::SB + 16), c->stream,
+	                  n_split > 1 ? dim3(1, (unsigned)n_split, 1) : dim3(0),
+	                  (const uint8_t *)router->data, router->row_bytes, E, n_slab, sps, x, ldx, n, logits,
+	                  bias, k, n_group, n_group_used, gating, norm, scale, ids, weights, ticket,
+	                  kcuda_prefetch_enabled(), rf_sort_on() ? 1 : 0);
 }
 
 template <int NT, bool RX>
