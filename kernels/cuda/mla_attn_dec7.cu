@@ -1,0 +1,344 @@
+/* MLA decode at small batch in two launches without a merge (absorbed form, paged KV, sparse top-k
+ * or dense up to M7_KMAX keys): mla_dec7, tried first by kcuda_mla_attn under TANDEM_MLA_DEC_V=7
+ * (or by default once kmla_dec7_default_on).
+ *
+ * Why: a phase trace of the one-launch kernels (docs/PERFORMANCE.md, "Where the MLA decode's ~13 us
+ * go", H200 2026-11-30) found ~7.4 of a call's ~12.8 us after its wait in the split merge: the
+ * cluster barrier waits for the slowest block of its cluster, then a ticket, then the last blocks
+ * read 16 clusters' partials. The arithmetic is ~2 us. Splitting over the keys is what needs the
+ * merge; splitting the second half over the CHANNELS needs none:
+ *  1. scores: mla_attn_dec6.cu's kernel in scores mode (kmla_dec6_scores): one block a 16-key
+ *     tile of a (row, 8-head group), its block table read before the wait, the row's KV blocks
+ *     prefetched into L2, the key count / top-k entries / q in one round trip, the rows by
+ *     cp.async, fp32 dot products; it stores scale x q . key (-inf for an invalid key) to the
+ *     workspace, sc[(row * H + h) * ld + j], and ends.
+ *  2. softmax + PV (this file): grid (C / 8, row x 8-head group), 256 threads. A block owns 8
+ *     channels of 8 heads of one row over ALL its keys (<= M7_KMAX = 2048: 8 a thread):
+ *     - before the wait: the row's block table into shared memory (qseq and the tables are step
+ *       inputs the host uploads before the step's first kernel: cuda_common.cuh's narrow
+ *       exception, as indexer_fast.cu and mla_attn_dec6.cu);
+ *     - after it, in one round trip: the key count, the thread's 8 top-k entries, the scores of
+ *       the 8 heads (cp.async into shared memory); then, as soon as the entries land, the 16 bytes
+ *       of each of its keys' rows it needs (8 bf16 channels; the rows are in L2 after launch 1);
+ *     - per head (one warp): max, p = e^(s - max) in place, the sum, 1 / sum;
+ *     - PV: 64 accumulators a thread (8 heads x 8 channels) over its 8 keys, then a butterfly
+ *       reduce-scatter over the warp (62 shuffles: lane l ends with outputs 2l, 2l + 1) and the 8
+ *       warps' partials summed in warp order by 64 threads: a fixed order, so the bits do not
+ *       depend on timing.
+ * A row without keys (or with only invalid ones) gives zeros, as the other kernels. Invalid keys
+ * and bad key counts are counted by launch 1 (once); launch 2 clamps the count the same way. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/mla_attn_mode.cuh"
+
+#define M7_THREADS 256
+#define M7_WARPS 8
+#define M7_HG 8 /* heads a block (one warp each in the softmax) */
+#define M7_CB 8 /* channels a block: 16 bytes of a bf16 row, 32 of an fp32 one */
+#define M7_KPT 8 /* keys a thread */
+#define M7_KMAX (M7_THREADS * M7_KPT) /* keys a row at most: 2048 */
+#define M7_TBL_MAX 2048 /* block-table entries preloaded into shared memory (8 KB) */
+
+struct m7_args {
+	const uint8_t *base;
+	int64_t n_blocks;
+	size_t block_bytes, offset;
+	int bt, row_bytes, elt; /* elt: bytes a cached value (2 bf16, 4 fp32) */
+	const int32_t *qseq, *blocks, *n_keys, *sel;
+	int64_t ld_blocks, pos0, ld_sel, max_keys;
+	int tbl_n; /* table entries in shared memory (0: looked up in global memory) */
+	int early; /* qseq and the table read before KDEP_ENTRY (TANDEM_MLA_DEC6_EARLY=0: after) */
+	const float *sc; /* launch 1's scores, [row * H + h][ld_sc] */
+	int64_t ld_sc;
+	int ld_s; /* score row stride in shared memory (floats, a multiple of 4, >= max_keys) */
+	int H, C, n_hg;
+	float *out;
+};
+
+/* the pool row of position p in table tbl (the first tbl_n entries in tbl_s), or NULL */
+__device__ __forceinline__ const uint8_t *m7_row(const m7_args &a, const int32_t *tbl_s, int32_t tbl, int32_t p)
+{
+	if (p < 0 || (int64_t)p >= a.ld_blocks * a.bt)
+		return NULL;
+	const int bi = p / a.bt;
+	const int64_t blk =
+	    bi < a.tbl_n ? (int64_t)tbl_s[bi] : (int64_t)a.blocks[(int64_t)tbl * a.ld_blocks + bi];
+	if (blk < 0 || blk >= a.n_blocks)
+		return NULL;
+	return a.base + (size_t)blk * a.block_bytes + a.offset + (size_t)(p - bi * a.bt) * (size_t)a.row_bytes;
+}
+
+/* qseq[row] and the first tbl_n entries of its table into shared memory (published by a barrier
+ * before use) */
+__device__ __forceinline__ int32_t m7_table(const m7_args &a, int32_t *tbl_s, int64_t row)
+{
+	const int32_t tbl = a.qseq ? a.qseq[row] : 0;
+	const int32_t *tr = a.blocks + (int64_t)tbl * a.ld_blocks;
+	for (int i = (int)threadIdx.x; i < a.tbl_n; i += M7_THREADS)
+		tbl_s[i] = tr[i];
+	return tbl;
+}
+
+/* one step of the warp's reduce-scatter of 2N values: the lane keeps the half its bit o selects,
+ * added to the other lane's copy of that half, in acc[0 .. N) */
+template <int N> __device__ __forceinline__ void m7_rs_step(float *acc, int lane, int o)
+{
+	const bool up = (lane & o) != 0;
+#pragma unroll
+	for (int i = 0; i < N; i++) {
+		const float send = up ? acc[i] : acc[N + i];
+		const float keep = up ? acc[N + i] : acc[i];
+		acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+	}
+}
+
+/* 8 values from a 16-byte piece of bf16 (lo half first) */
+__device__ __forceinline__ void m7_widen(const uint4 w, float *f)
+{
+	const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+	for (int e = 0; e < 4; e++) {
+		f[2 * e] = __uint_as_float(u[e] << 16);
+		f[2 * e + 1] = __uint_as_float(u[e] & 0xffff0000u);
+	}
+}
+
+template <bool F32> __global__ void __launch_bounds__(M7_THREADS) mla_dec7_pv_kernel(m7_args a)
+{
+	constexpr int NV = F32 ? 2 : 1; /* 16-byte pieces a key */
+	constexpr int NO = M7_HG * M7_CB; /* outputs a block: 64 */
+	extern __shared__ __align__(16) uint8_t m7_sm[];
+	float *s_s = (float *)m7_sm; /* [HG][ld_s] scores, then p */
+	float *red_s = s_s + (size_t)M7_HG * a.ld_s; /* [WARPS][NO] */
+	float *inv_s = red_s + M7_WARPS * NO; /* [HG] 1 / sum */
+	int32_t *tbl_s = (int32_t *)(inv_s + M7_HG); /* [tbl_n] */
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int64_t row = blockIdx.y / a.n_hg;
+	const int h0 = (int)(blockIdx.y % a.n_hg) * M7_HG, hv = min(M7_HG, a.H - h0);
+	const int c0 = (int)blockIdx.x * M7_CB;
+
+	/* step inputs only before the wait (the file comment) */
+	int32_t tbl = 0;
+	if (a.early)
+		tbl = m7_table(a, tbl_s, row);
+	KDEP_ENTRY();
+	a.sc = kdep_after(a.sc);
+	a.sel = kdep_after(a.sel);
+	a.n_keys = kdep_after(a.n_keys);
+	if (!a.early)
+		tbl = m7_table(a, tbl_s, row);
+
+	/* one round trip: the key count, this thread's entries, the 8 heads' scores */
+	const int64_t nk_raw = a.n_keys ? (int64_t)a.n_keys[row] : a.pos0 + row + 1;
+	int32_t pos[M7_KPT];
+#pragma unroll
+	for (int i = 0; i < M7_KPT; i++) {
+		const int j = tid + M7_THREADS * i;
+		pos[i] = j;
+		if (a.sel)
+			pos[i] = j < a.ld_sel && j < a.max_keys ? a.sel[row * a.ld_sel + j] : -1;
+	}
+	const int nq = a.ld_s / 4; /* 16-byte pieces a score row */
+	for (int i = tid; i < hv * nq; i += M7_THREADS) {
+		const int h = i / nq, e = i - h * nq;
+		katt_cp16(s_s + (size_t)h * a.ld_s + 4 * e, a.sc + (row * a.H + h0 + h) * a.ld_sc + 4 * e);
+	}
+	katt_cp_commit();
+	const int nk = (int)(nk_raw < 0 ? 0 : nk_raw > a.max_keys ? a.max_keys : nk_raw);
+	__syncthreads(); /* tbl_s */
+
+	/* this thread's 16 bytes (8 channels) of each of its keys' rows, in flight over the softmax */
+	uint4 v[M7_KPT][NV];
+#pragma unroll
+	for (int i = 0; i < M7_KPT; i++) {
+		const int j = tid + M7_THREADS * i;
+		const uint8_t *p = j < nk ? m7_row(a, tbl_s, tbl, pos[i]) : NULL;
+#pragma unroll
+		for (int u = 0; u < NV; u++)
+			v[i][u] = p ? __ldcg((const uint4 *)(p + (size_t)c0 * a.elt) + u) : make_uint4(0, 0, 0, 0);
+	}
+	katt_cp_wait<0>();
+	__syncthreads(); /* the scores */
+
+	/* softmax of head `warp` over its nk keys: p in place, 1 / sum */
+	if (warp < hv) {
+		float *sr = s_s + (size_t)warp * a.ld_s;
+		float m = -INFINITY;
+		for (int j = lane; j < nk; j += 32)
+			m = fmaxf(m, sr[j]);
+#pragma unroll
+		for (int o = 16; o > 0; o >>= 1)
+			m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+		float l = 0.0f;
+		for (int j = lane; j < nk; j += 32) {
+			const float p = m == -INFINITY ? 0.0f : expf(sr[j] - m);
+			sr[j] = p;
+			l += p;
+		}
+#pragma unroll
+		for (int o = 16; o > 0; o >>= 1)
+			l += __shfl_xor_sync(0xffffffffu, l, o);
+		if (lane == 0)
+			inv_s[warp] = l > 0.0f ? 1.0f / l : 0.0f;
+	}
+	__syncthreads(); /* p, inv_s */
+
+	/* PV over this thread's keys: acc[h * 8 + c] */
+	float acc[NO];
+#pragma unroll
+	for (int o = 0; o < NO; o++)
+		acc[o] = 0.0f;
+#pragma unroll
+	for (int i = 0; i < M7_KPT; i++) {
+		const int j = tid + M7_THREADS * i;
+		if (j < nk) {
+			float vf[M7_CB];
+			if constexpr (F32) {
+				vf[0] = __uint_as_float(v[i][0].x);
+				vf[1] = __uint_as_float(v[i][0].y);
+				vf[2] = __uint_as_float(v[i][0].z);
+				vf[3] = __uint_as_float(v[i][0].w);
+				vf[4] = __uint_as_float(v[i][NV - 1].x);
+				vf[5] = __uint_as_float(v[i][NV - 1].y);
+				vf[6] = __uint_as_float(v[i][NV - 1].z);
+				vf[7] = __uint_as_float(v[i][NV - 1].w);
+			} else {
+				m7_widen(v[i][0], vf);
+			}
+#pragma unroll
+			for (int h = 0; h < M7_HG; h++) {
+				const float p = h < hv ? s_s[(size_t)h * a.ld_s + j] : 0.0f;
+#pragma unroll
+				for (int c = 0; c < M7_CB; c++)
+					acc[h * M7_CB + c] = fmaf(p, vf[c], acc[h * M7_CB + c]);
+			}
+		}
+	}
+	/* butterfly reduce-scatter over the warp: after the step at offset o the lane keeps the half
+	 * of its values its bit o selects; at the end lane l holds outputs 2l, 2l + 1 */
+	static_assert(NO == 64, "the reduce-scatter below is written for 64 outputs");
+	m7_rs_step<32>(acc, lane, 16);
+	m7_rs_step<16>(acc, lane, 8);
+	m7_rs_step<8>(acc, lane, 4);
+	m7_rs_step<4>(acc, lane, 2);
+	m7_rs_step<2>(acc, lane, 1);
+	*(float2 *)(red_s + warp * NO + 2 * lane) = make_float2(acc[0], acc[1]);
+	__syncthreads();
+	if (tid < NO) {
+		const int h = tid / M7_CB, c = tid % M7_CB;
+		float r = 0.0f;
+#pragma unroll
+		for (int w = 0; w < M7_WARPS; w++)
+			r += red_s[w * NO + tid];
+		if (h < hv && c0 + c < a.C)
+			a.out[(row * a.H + h0 + h) * (int64_t)a.C + c0 + c] = r * inv_s[h];
+	}
+}
+
+/* launches of mla_dec7 (both kernels: one count a call; test_ops_mla and bench_cuda_attn check
+ * which kernel took a call) */
+extern "C" {
+unsigned long long kmla_dec7_launches = 0;
+int kmla_dec7_default_on = 0;
+}
+
+/* On with TANDEM_MLA_DEC_V=7, and with TANDEM_MLA_DEC_V unset when kmla_dec7_default_on. Then
+ * TANDEM_MLA_DEC unset -> up to M7_ROWS_DEFAULT query rows; "0" -> never; N -> up to N rows (A/B,
+ * tests). Read on every call (a getenv; at capture only under graphs). */
+#define M7_ROWS_DEFAULT 8
+static int m7_rows_limit(void)
+{
+	const char *v = getenv("TANDEM_MLA_DEC_V");
+	if (v && *v ? strcmp(v, "7") != 0 : !kmla_dec7_default_on)
+		return 0;
+	const char *e = getenv("TANDEM_MLA_DEC");
+	if (!e || !*e)
+		return M7_ROWS_DEFAULT;
+	char *end = NULL;
+	const long n = strtol(e, &end, 10);
+	if (*end || n < 0)
+		return M7_ROWS_DEFAULT;
+	return n > 65535 ? 65535 : (int)n;
+}
+
+static size_t m7_smem(int ld_s, int tbl_n)
+{
+	return ((size_t)M7_HG * ld_s + M7_WARPS * M7_HG * M7_CB + M7_HG) * sizeof(float) +
+	       (size_t)tbl_n * sizeof(int32_t);
+}
+
+/* kcuda_mla_attn's first choice under TANDEM_MLA_DEC_V=7 for a call mm_fits (mla_attn_mma.cu)
+ * accepted: ERR_UNSUPPORTED (nothing launched) when off, or the shape / device does not suit it */
+int kmla_dec7_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
+                     const float *q, int64_t H, int64_t C, float scale, float *out)
+{
+	if (rows->n_q < 1 || rows->n_q > m7_rows_limit())
+		return ERR_UNSUPPORTED;
+	if (H < 1 || C < M7_CB || C % M7_CB || kv->dim < C || rows->max_keys < 1 || rows->max_keys > M7_KMAX ||
+	    kv->block_tokens < 1 || ((uintptr_t)kv->base | kv->block_bytes | kv->offset) % 16 ||
+	    ((size_t)C * (kv->bf16 ? 2 : 4)) % 16)
+		return ERR_UNSUPPORTED;
+	const int64_t n_hg = (H + M7_HG - 1) / M7_HG;
+	if (rows->n_q * n_hg > 65535 || C / M7_CB > 65535)
+		return ERR_UNSUPPORTED;
+	const int ld_s = (int)((rows->max_keys + 3) / 4 * 4);
+	const size_t sc_bytes = (size_t)rows->n_q * (size_t)H * (size_t)ld_s * sizeof(float);
+	if (sc_bytes > c->ws_bytes)
+		return ERR_UNSUPPORTED;
+	const int tbl_n = rows->ld_blocks <= M7_TBL_MAX ? (int)rows->ld_blocks : 0;
+	const size_t smem = m7_smem(ld_s, tbl_n);
+	int max_smem = 0;
+	if (cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return ERR_UNSUPPORTED;
+	}
+	if (smem > (size_t)max_smem)
+		return ERR_UNSUPPORTED;
+	const bool f32 = !kv->bf16;
+	void (*fn)(m7_args) = f32 ? mla_dec7_pv_kernel<true> : mla_dec7_pv_kernel<false>;
+	if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+	                         (int)m7_smem(M7_KMAX, M7_TBL_MAX)) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return ERR_UNSUPPORTED;
+	}
+
+	float *sc = (float *)c->ws;
+	int rc = kmla_dec6_scores(c, kv, rows, q, H, C, scale, sc, ld_s);
+	if (rc)
+		return rc; /* ERR_UNSUPPORTED: nothing launched, the caller takes the next kernel */
+
+	m7_args a;
+	a.base = (const uint8_t *)kv->base;
+	a.n_blocks = kv->n_blocks;
+	a.block_bytes = kv->block_bytes;
+	a.offset = kv->offset;
+	a.bt = kv->block_tokens;
+	a.elt = kv->bf16 ? 2 : 4;
+	a.row_bytes = (int)kv->dim * a.elt;
+	a.qseq = rows->qseq;
+	a.blocks = rows->blocks;
+	a.n_keys = rows->n_keys;
+	a.sel = rows->sel;
+	a.ld_blocks = rows->ld_blocks;
+	a.pos0 = rows->pos0;
+	a.ld_sel = rows->ld_sel;
+	a.max_keys = rows->max_keys;
+	a.tbl_n = tbl_n;
+	const char *ee = getenv("TANDEM_MLA_DEC6_EARLY");
+	a.early = !(ee && strcmp(ee, "0") == 0);
+	a.sc = sc;
+	a.ld_sc = ld_s;
+	a.ld_s = ld_s;
+	a.H = (int)H;
+	a.C = (int)C;
+	a.n_hg = (int)n_hg;
+	a.out = out;
+	const dim3 grid((unsigned)(C / M7_CB), (unsigned)(rows->n_q * n_hg));
+	rc = klaunch("mla_dec7_pv", fn, grid, dim3(M7_THREADS), smem, c->stream, a);
+	if (!rc)
+		kmla_dec7_launches++;
+	return rc;
+}
