@@ -727,8 +727,8 @@ static void bench_mla_dec(int B, int64_t H, int64_t ctxlen, int bf16, int K)
 	printf("mla dec7 B %d H %3lld ctx %6lld %-8s kv %s | graph dec7 %6.1f us (x%.2f vs best of old / v4, "
 	       "%5.0f GB/s) | KB32 %6.1f | eager dec7 %6.1f KB32 %6.1f | launches %llu (0.0: declined)%s\n",
 	       B, (long long)H, (long long)ctxlen, K > 0 ? "top-2048" : "dense", bf16 ? "bf16" : "f32 ",
-	       g[14], g[14] > 0 ? best_old / g[14] : 0.0, g[14] > 0 ? bytes / g[14] * 1e-3 : 0.0, g[15], e[14],
-	       e[15], nl[14], rc ? " ERROR" : "");
+	       g[14], g[14] > 0 ? best_old / g[14] : 0.0, g[14] > 0 ? bytes / g[14] * 1e-3 : 0.0, g[15],
+	       e[14], e[15], nl[14], rc ? " ERROR" : "");
 	setup_fini(&s);
 }
 

@@ -554,8 +554,8 @@ static d6_kernel_t d6_kernel(int KB, bool f32, bool so)
 	return KB == 32 ? mla_dec6_kernel<32, false> : mla_dec6_kernel<16, false>;
 }
 
-/* Per device and instantiation (0: bf16 KB 16, 1: bf16 KB 32, 2: fp32 KB 16; + 3 in scores mode): can it run 8-block
- * clusters at its largest shared-memory size, and how many blocks fit an SM at the size of a
+/* Per device and instantiation (0: bf16 KB 16, 1: bf16 KB 32, 2: fp32 KB 16; + 3 in scores mode): can it run
+ * 8-block clusters at its largest shared-memory size, and how many blocks fit an SM at the size of a
  * two-stage, D6_CHUNK_MAX plan (the estimate the splits are sized by)? Asked once (occupancy
  * queries, no launch), so a device or driver without them takes the next kernel. */
 static int d6_ok_state[64][6]; /* 0 unknown, 1 usable, 2 not */
@@ -647,9 +647,9 @@ static int d6_plan_splits(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
 static int d6_plan_of(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
                       int64_t H, int64_t C, bool so, struct d6_plan *pl)
 {
-	if ((!c->tickets && !so) || H < 1 || C < 4 || C % 4 || C > D6_CMAX || kv->dim < C || kv->dim > D6_DMAX ||
-	    kv->dim % 8 || rows->n_q < 1 || rows->max_keys < 1 || rows->max_keys > INT32_MAX / 2 ||
-	    kv->block_tokens < 1)
+	if ((!c->tickets && !so) || H < 1 || C < 4 || C % 4 || C > D6_CMAX || kv->dim < C ||
+	    kv->dim > D6_DMAX || kv->dim % 8 || rows->n_q < 1 || rows->max_keys < 1 ||
+	    rows->max_keys > INT32_MAX / 2 || kv->block_tokens < 1)
 		return ERR_UNSUPPORTED;
 	int major = 0, max_smem = 0;
 	if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device) != cudaSuccess ||

@@ -59,7 +59,8 @@ struct m7_args {
 };
 
 /* the pool row of position p in table tbl (the first tbl_n entries in tbl_s), or NULL */
-__device__ __forceinline__ const uint8_t *m7_row(const m7_args &a, const int32_t *tbl_s, int32_t tbl, int32_t p)
+__device__ __forceinline__ const uint8_t *m7_row(const m7_args &a, const int32_t *tbl_s, int32_t tbl,
+                                                 int32_t p)
 {
 	if (p < 0 || (int64_t)p >= a.ld_blocks * a.bt)
 		return NULL;
@@ -68,7 +69,8 @@ __device__ __forceinline__ const uint8_t *m7_row(const m7_args &a, const int32_t
 	    bi < a.tbl_n ? (int64_t)tbl_s[bi] : (int64_t)a.blocks[(int64_t)tbl * a.ld_blocks + bi];
 	if (blk < 0 || blk >= a.n_blocks)
 		return NULL;
-	return a.base + (size_t)blk * a.block_bytes + a.offset + (size_t)(p - bi * a.bt) * (size_t)a.row_bytes;
+	return a.base + (size_t)blk * a.block_bytes + a.offset +
+	       (size_t)(p - bi * a.bt) * (size_t)a.row_bytes;
 }
 
 /* qseq[row] and the first tbl_n entries of its table into shared memory (published by a barrier
@@ -158,7 +160,8 @@ template <bool F32> __global__ void __launch_bounds__(M7_THREADS) mla_dec7_pv_ke
 		const uint8_t *p = j < nk ? m7_row(a, tbl_s, tbl, pos[i]) : NULL;
 #pragma unroll
 		for (int u = 0; u < NV; u++)
-			v[i][u] = p ? __ldcg((const uint4 *)(p + (size_t)c0 * a.elt) + u) : make_uint4(0, 0, 0, 0);
+			v[i][u] =
+			    p ? __ldcg((const uint4 *)(p + (size_t)c0 * a.elt) + u) : make_uint4(0, 0, 0, 0);
 	}
 	katt_cp_wait<0>();
 	__syncthreads(); /* the scores */
@@ -277,8 +280,9 @@ int kmla_dec7_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
 {
 	if (rows->n_q < 1 || rows->n_q > m7_rows_limit())
 		return ERR_UNSUPPORTED;
-	if (H < 1 || C < M7_CB || C % M7_CB || kv->dim < C || rows->max_keys < 1 || rows->max_keys > M7_KMAX ||
-	    kv->block_tokens < 1 || ((uintptr_t)kv->base | kv->block_bytes | kv->offset) % 16 ||
+	if (H < 1 || C < M7_CB || C % M7_CB || kv->dim < C || rows->max_keys < 1 ||
+	    rows->max_keys > M7_KMAX || kv->block_tokens < 1 ||
+	    ((uintptr_t)kv->base | kv->block_bytes | kv->offset) % 16 ||
 	    ((size_t)C * (kv->bf16 ? 2 : 4)) % 16)
 		return ERR_UNSUPPORTED;
 	const int64_t n_hg = (H + M7_HG - 1) / M7_HG;
@@ -291,7 +295,8 @@ int kmla_dec7_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
 	const int tbl_n = rows->ld_blocks <= M7_TBL_MAX ? (int)rows->ld_blocks : 0;
 	const size_t smem = m7_smem(ld_s, tbl_n);
 	int max_smem = 0;
-	if (cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device) != cudaSuccess) {
+	if (cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device) !=
+	    cudaSuccess) {
 		(void)cudaGetLastError();
 		return ERR_UNSUPPORTED;
 	}
