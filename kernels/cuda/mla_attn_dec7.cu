@@ -51,9 +51,8 @@ struct m7_args {
 	int64_t ld_blocks, pos0, ld_sel, max_keys;
 	int tbl_n; /* table entries in shared memory (0: looked up in global memory) */
 	int early; /* qseq and the table read before KDEP_ENTRY (TANDEM_MLA_DEC6_EARLY=0: after) */
-	const float *sc; /* launch 1's scores, [row * H + h][ld_sc] */
+	const float *sc; /* launch 1's scores, [row * H + h][ld_sc] (ld_sc a multiple of 4) */
 	int64_t ld_sc;
-	int ld_s; /* score row stride in shared memory (floats, a multiple of 4, >= max_keys) */
 	int H, C, n_hg;
 	float *out;
 };
@@ -108,15 +107,21 @@ __device__ __forceinline__ void m7_widen(const uint4 w, float *f)
 	}
 }
 
+/* key i (0..7) of thread tid: 4 consecutive keys at 4 tid, 4 more at 1024 + 4 tid (16-byte score
+ * loads) */
+__device__ __forceinline__ int m7_key(int tid, int i)
+{
+	return (i < 4 ? 0 : M7_KMAX / 2) + 4 * tid + (i & 3);
+}
+
 template <bool F32> __global__ void __launch_bounds__(M7_THREADS) mla_dec7_pv_kernel(m7_args a)
 {
 	constexpr int NV = F32 ? 2 : 1; /* 16-byte pieces a key */
 	constexpr int NO = M7_HG * M7_CB; /* outputs a block: 64 */
 	extern __shared__ __align__(16) uint8_t m7_sm[];
-	float *s_s = (float *)m7_sm; /* [HG][ld_s] scores, then p */
-	float *red_s = s_s + (size_t)M7_HG * a.ld_s; /* [WARPS][NO] */
-	float *inv_s = red_s + M7_WARPS * NO; /* [HG] 1 / sum */
-	int32_t *tbl_s = (int32_t *)(inv_s + M7_HG); /* [tbl_n] */
+	float *red_s = (float *)m7_sm; /* [WARPS][NO] */
+	float *mx_s = red_s + M7_WARPS * NO; /* [WARPS][HG] the warps' maxima, then their sums */
+	int32_t *tbl_s = (int32_t *)(mx_s + M7_WARPS * M7_HG); /* [tbl_n] */
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int64_t row = blockIdx.y / a.n_hg;
 	const int h0 = (int)(blockIdx.y % a.n_hg) * M7_HG, hv = min(M7_HG, a.H - h0);
@@ -133,61 +138,84 @@ template <bool F32> __global__ void __launch_bounds__(M7_THREADS) mla_dec7_pv_ke
 	if (!a.early)
 		tbl = m7_table(a, tbl_s, row);
 
-	/* one round trip: the key count, this thread's entries, the 8 heads' scores */
+	/* one round trip: the key count, this thread's entries and its keys' scores of the 8 heads */
 	const int64_t nk_raw = a.n_keys ? (int64_t)a.n_keys[row] : a.pos0 + row + 1;
 	int32_t pos[M7_KPT];
 #pragma unroll
 	for (int i = 0; i < M7_KPT; i++) {
-		const int j = tid + M7_THREADS * i;
+		const int j = m7_key(tid, i);
 		pos[i] = j;
 		if (a.sel)
 			pos[i] = j < a.ld_sel && j < a.max_keys ? a.sel[row * a.ld_sel + j] : -1;
 	}
-	const int nq = a.ld_s / 4; /* 16-byte pieces a score row */
-	for (int i = tid; i < hv * nq; i += M7_THREADS) {
-		const int h = i / nq, e = i - h * nq;
-		katt_cp16(s_s + (size_t)h * a.ld_s + 4 * e, a.sc + (row * a.H + h0 + h) * a.ld_sc + 4 * e);
+	float s[M7_HG][M7_KPT]; /* scores, then p */
+#pragma unroll
+	for (int h = 0; h < M7_HG; h++) {
+		const float *sr = a.sc + (row * a.H + h0 + (h < hv ? h : 0)) * a.ld_sc;
+#pragma unroll
+		for (int b = 0; b < 2; b++) {
+			const int j = m7_key(tid, 4 * b);
+			float4 v4 = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+			if (h < hv && j < a.ld_sc)
+				v4 = __ldcg((const float4 *)(sr + j));
+			s[h][4 * b] = v4.x;
+			s[h][4 * b + 1] = v4.y;
+			s[h][4 * b + 2] = v4.z;
+			s[h][4 * b + 3] = v4.w;
+		}
 	}
-	katt_cp_commit();
 	const int nk = (int)(nk_raw < 0 ? 0 : nk_raw > a.max_keys ? a.max_keys : nk_raw);
 	__syncthreads(); /* tbl_s */
 
-	/* this thread's 16 bytes (8 channels) of each of its keys' rows, in flight over the softmax */
+	/* this thread's 16 bytes (8 channels) of each of its keys' rows, in flight over the max */
 	uint4 v[M7_KPT][NV];
 #pragma unroll
 	for (int i = 0; i < M7_KPT; i++) {
-		const int j = tid + M7_THREADS * i;
+		const int j = m7_key(tid, i);
 		const uint8_t *p = j < nk ? m7_row(a, tbl_s, tbl, pos[i]) : NULL;
 #pragma unroll
 		for (int u = 0; u < NV; u++)
 			v[i][u] =
 			    p ? __ldcg((const uint4 *)(p + (size_t)c0 * a.elt) + u) : make_uint4(0, 0, 0, 0);
 	}
-	katt_cp_wait<0>();
-	__syncthreads(); /* the scores */
 
-	/* softmax of head `warp` over its nk keys: p in place, 1 / sum */
-	if (warp < hv) {
-		float *sr = s_s + (size_t)warp * a.ld_s;
-		float m = -INFINITY;
-		for (int j = lane; j < nk; j += 32)
-			m = fmaxf(m, sr[j]);
+	/* the max of each head over the row's keys: the thread's keys, the warp, the warps */
+	float m[M7_HG];
+#pragma unroll
+	for (int h = 0; h < M7_HG; h++) {
+		m[h] = -INFINITY;
+#pragma unroll
+		for (int i = 0; i < M7_KPT; i++)
+			if (m7_key(tid, i) < nk)
+				m[h] = fmaxf(m[h], s[h][i]);
 #pragma unroll
 		for (int o = 16; o > 0; o >>= 1)
-			m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-		float l = 0.0f;
-		for (int j = lane; j < nk; j += 32) {
-			const float p = m == -INFINITY ? 0.0f : expf(sr[j] - m);
-			sr[j] = p;
-			l += p;
-		}
-#pragma unroll
-		for (int o = 16; o > 0; o >>= 1)
-			l += __shfl_xor_sync(0xffffffffu, l, o);
-		if (lane == 0)
-			inv_s[warp] = l > 0.0f ? 1.0f / l : 0.0f;
+			m[h] = fmaxf(m[h], __shfl_xor_sync(0xffffffffu, m[h], o));
 	}
-	__syncthreads(); /* p, inv_s */
+	if (lane < M7_HG) {
+		float mv = m[0];
+#pragma unroll
+		for (int h = 1; h < M7_HG; h++)
+			mv = lane == h ? m[h] : mv;
+		mx_s[warp * M7_HG + lane] = mv;
+	}
+	__syncthreads(); /* mx_s */
+	float l[M7_HG];
+#pragma unroll
+	for (int h = 0; h < M7_HG; h++) {
+		float mh = mx_s[h];
+#pragma unroll
+		for (int w = 1; w < M7_WARPS; w++)
+			mh = fmaxf(mh, mx_s[w * M7_HG + h]);
+		l[h] = 0.0f;
+#pragma unroll
+		for (int i = 0; i < M7_KPT; i++) {
+			/* a key past the count, or a head with no valid key: weight 0 */
+			const float p = m7_key(tid, i) < nk && mh != -INFINITY ? expf(s[h][i] - mh) : 0.0f;
+			s[h][i] = p;
+			l[h] += p;
+		}
+	}
 
 	/* PV over this thread's keys: acc[h * 8 + c] */
 	float acc[NO];
@@ -196,48 +224,54 @@ template <bool F32> __global__ void __launch_bounds__(M7_THREADS) mla_dec7_pv_ke
 		acc[o] = 0.0f;
 #pragma unroll
 	for (int i = 0; i < M7_KPT; i++) {
-		const int j = tid + M7_THREADS * i;
-		if (j < nk) {
-			float vf[M7_CB];
-			if constexpr (F32) {
-				vf[0] = __uint_as_float(v[i][0].x);
-				vf[1] = __uint_as_float(v[i][0].y);
-				vf[2] = __uint_as_float(v[i][0].z);
-				vf[3] = __uint_as_float(v[i][0].w);
-				vf[4] = __uint_as_float(v[i][NV - 1].x);
-				vf[5] = __uint_as_float(v[i][NV - 1].y);
-				vf[6] = __uint_as_float(v[i][NV - 1].z);
-				vf[7] = __uint_as_float(v[i][NV - 1].w);
-			} else {
-				m7_widen(v[i][0], vf);
-			}
-#pragma unroll
-			for (int h = 0; h < M7_HG; h++) {
-				const float p = h < hv ? s_s[(size_t)h * a.ld_s + j] : 0.0f;
-#pragma unroll
-				for (int c = 0; c < M7_CB; c++)
-					acc[h * M7_CB + c] = fmaf(p, vf[c], acc[h * M7_CB + c]);
-			}
+		float vf[M7_CB];
+		if constexpr (F32) {
+			vf[0] = __uint_as_float(v[i][0].x);
+			vf[1] = __uint_as_float(v[i][0].y);
+			vf[2] = __uint_as_float(v[i][0].z);
+			vf[3] = __uint_as_float(v[i][0].w);
+			vf[4] = __uint_as_float(v[i][NV - 1].x);
+			vf[5] = __uint_as_float(v[i][NV - 1].y);
+			vf[6] = __uint_as_float(v[i][NV - 1].z);
+			vf[7] = __uint_as_float(v[i][NV - 1].w);
+		} else {
+			m7_widen(v[i][0], vf);
 		}
+#pragma unroll
+		for (int h = 0; h < M7_HG; h++)
+#pragma unroll
+			for (int c = 0; c < M7_CB; c++)
+				acc[h * M7_CB + c] = fmaf(s[h][i], vf[c], acc[h * M7_CB + c]);
 	}
-	/* butterfly reduce-scatter over the warp: after the step at offset o the lane keeps the half
-	 * of its values its bit o selects; at the end lane l holds outputs 2l, 2l + 1 */
+	/* butterfly reduce-scatter over the warp: at the end lane l holds outputs 2l, 2l + 1 */
 	static_assert(NO == 64, "the reduce-scatter below is written for 64 outputs");
 	m7_rs_step<32>(acc, lane, 16);
 	m7_rs_step<16>(acc, lane, 8);
 	m7_rs_step<8>(acc, lane, 4);
 	m7_rs_step<4>(acc, lane, 2);
 	m7_rs_step<2>(acc, lane, 1);
+	/* the sums of p the same way over lane bits 16, 8, 4 (head lane >> 2 left in l[0]), then
+	 * added over bits 2 and 1 */
+	m7_rs_step<4>(l, lane, 16);
+	m7_rs_step<2>(l, lane, 8);
+	m7_rs_step<1>(l, lane, 4);
+	l[0] += __shfl_xor_sync(0xffffffffu, l[0], 2);
+	l[0] += __shfl_xor_sync(0xffffffffu, l[0], 1);
 	*(float2 *)(red_s + warp * NO + 2 * lane) = make_float2(acc[0], acc[1]);
+	__syncthreads(); /* every thread has read mx_s's maxima */
+	if ((lane & 3) == 0) /* lanes 4h .. 4h + 3 hold head h's sum */
+		mx_s[warp * M7_HG + (lane >> 2)] = l[0];
 	__syncthreads();
 	if (tid < NO) {
 		const int h = tid / M7_CB, c = tid % M7_CB;
-		float r = 0.0f;
+		float r = 0.0f, ls = 0.0f;
 #pragma unroll
-		for (int w = 0; w < M7_WARPS; w++)
+		for (int w = 0; w < M7_WARPS; w++) {
 			r += red_s[w * NO + tid];
+			ls += mx_s[w * M7_HG + h];
+		}
 		if (h < hv && c0 + c < a.C)
-			a.out[(row * a.H + h0 + h) * (int64_t)a.C + c0 + c] = r * inv_s[h];
+			a.out[(row * a.H + h0 + h) * (int64_t)a.C + c0 + c] = ls > 0.0f ? r / ls : 0.0f;
 	}
 }
 
@@ -267,9 +301,9 @@ static int m7_rows_limit(void)
 	return n > 65535 ? 65535 : (int)n;
 }
 
-static size_t m7_smem(int ld_s, int tbl_n)
+static size_t m7_smem(int tbl_n)
 {
-	return ((size_t)M7_HG * ld_s + M7_WARPS * M7_HG * M7_CB + M7_HG) * sizeof(float) +
+	return (size_t)(M7_WARPS * M7_HG * M7_CB + M7_WARPS * M7_HG) * sizeof(float) +
 	       (size_t)tbl_n * sizeof(int32_t);
 }
 
@@ -293,7 +327,7 @@ int kmla_dec7_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
 	if (sc_bytes > c->ws_bytes)
 		return ERR_UNSUPPORTED;
 	const int tbl_n = rows->ld_blocks <= M7_TBL_MAX ? (int)rows->ld_blocks : 0;
-	const size_t smem = m7_smem(ld_s, tbl_n);
+	const size_t smem = m7_smem(tbl_n);
 	int max_smem = 0;
 	if (cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device) !=
 	    cudaSuccess) {
@@ -304,8 +338,8 @@ int kmla_dec7_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
 		return ERR_UNSUPPORTED;
 	const bool f32 = !kv->bf16;
 	void (*fn)(m7_args) = f32 ? mla_dec7_pv_kernel<true> : mla_dec7_pv_kernel<false>;
-	if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-	                         (int)m7_smem(M7_KMAX, M7_TBL_MAX)) != cudaSuccess) {
+	if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)m7_smem(M7_TBL_MAX)) !=
+	    cudaSuccess) {
 		(void)cudaGetLastError();
 		return ERR_UNSUPPORTED;
 	}
@@ -336,7 +370,6 @@ int kmla_dec7_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
 	a.early = !(ee && strcmp(ee, "0") == 0);
 	a.sc = sc;
 	a.ld_sc = ld_s;
-	a.ld_s = ld_s;
 	a.H = (int)H;
 	a.C = (int)C;
 	a.n_hg = (int)n_hg;
