@@ -34,11 +34,11 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/mla_attn_mode.cuh"
 
-#define M7_THREADS 256
-#define M7_WARPS 8
-#define M7_HG 8 /* heads a block (one warp each in the softmax) */
-#define M7_CB 8 /* channels a block: 16 bytes of a bf16 row, 32 of an fp32 one */
-#define M7_KPT 8 /* keys a thread */
+#define M7_THREADS 512
+#define M7_WARPS 16
+#define M7_HG 8 /* heads a block */
+#define M7_CB 4 /* channels a block: 8 bytes of a bf16 row, 16 of an fp32 one */
+#define M7_KPT 4 /* keys a thread */
 #define M7_KMAX (M7_THREADS * M7_KPT) /* keys a row at most: 2048 */
 #define M7_TBL_MAX 2048 /* block-table entries preloaded into shared memory (8 KB) */
 
@@ -96,32 +96,20 @@ template <int N> __device__ __forceinline__ void m7_rs_step(float *acc, int lane
 	}
 }
 
-/* 8 values from a 16-byte piece of bf16 (lo half first) */
-__device__ __forceinline__ void m7_widen(const uint4 w, float *f)
-{
-	const uint32_t u[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-	for (int e = 0; e < 4; e++) {
-		f[2 * e] = __uint_as_float(u[e] << 16);
-		f[2 * e + 1] = __uint_as_float(u[e] & 0xffff0000u);
-	}
-}
-
-/* key i (0..7) of thread tid: 4 consecutive keys at 4 tid, 4 more at 1024 + 4 tid (16-byte score
- * loads) */
+/* key i (0..3) of thread tid: 4 consecutive keys (one 16-byte score load a head) */
 __device__ __forceinline__ int m7_key(int tid, int i)
 {
-	return (i < 4 ? 0 : M7_KMAX / 2) + 4 * tid + (i & 3);
+	return 4 * tid + i;
 }
 
-template <bool F32> __global__ void __launch_bounds__(M7_THREADS) mla_dec7_pv_kernel(m7_args a)
+template <bool F32> __global__ void __launch_bounds__(M7_THREADS, 1) mla_dec7_pv_kernel(m7_args a)
 {
-	constexpr int NV = F32 ? 2 : 1; /* 16-byte pieces a key */
-	constexpr int NO = M7_HG * M7_CB; /* outputs a block: 64 */
+	constexpr int NO = M7_HG * M7_CB; /* outputs a block: 32 */
 	extern __shared__ __align__(16) uint8_t m7_sm[];
 	float *red_s = (float *)m7_sm; /* [WARPS][NO] */
 	float *mx_s = red_s + M7_WARPS * NO; /* [WARPS][HG] the warps' maxima, then their sums */
-	int32_t *tbl_s = (int32_t *)(mx_s + M7_WARPS * M7_HG); /* [tbl_n] */
+	float *mh_s = mx_s + M7_WARPS * M7_HG; /* [HG] the heads' maxima */
+	int32_t *tbl_s = (int32_t *)(mh_s + M7_HG); /* [tbl_n] */
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int64_t row = blockIdx.y / a.n_hg;
 	const int h0 = (int)(blockIdx.y % a.n_hg) * M7_HG, hv = min(M7_HG, a.H - h0);
@@ -149,44 +137,63 @@ template <bool F32> __global__ void __launch_bounds__(M7_THREADS) mla_dec7_pv_ke
 			pos[i] = j < a.ld_sel && j < a.max_keys ? a.sel[row * a.ld_sel + j] : -1;
 	}
 	float s[M7_HG][M7_KPT]; /* scores, then p */
+	const int j0 = m7_key(tid, 0);
 #pragma unroll
 	for (int h = 0; h < M7_HG; h++) {
-		const float *sr = a.sc + (row * a.H + h0 + (h < hv ? h : 0)) * a.ld_sc;
-#pragma unroll
-		for (int b = 0; b < 2; b++) {
-			const int j = m7_key(tid, 4 * b);
-			float4 v4 = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
-			if (h < hv && j < a.ld_sc)
-				v4 = __ldcg((const float4 *)(sr + j));
-			s[h][4 * b] = v4.x;
-			s[h][4 * b + 1] = v4.y;
-			s[h][4 * b + 2] = v4.z;
-			s[h][4 * b + 3] = v4.w;
-		}
+		float4 v4 = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+		if (h < hv && j0 < a.ld_sc)
+			v4 = __ldcg((const float4 *)(a.sc + (row * a.H + h0 + h) * a.ld_sc + j0));
+		s[h][0] = v4.x;
+		s[h][1] = v4.y;
+		s[h][2] = v4.z;
+		s[h][3] = v4.w;
 	}
 	const int nk = (int)(nk_raw < 0 ? 0 : nk_raw > a.max_keys ? a.max_keys : nk_raw);
 	__syncthreads(); /* tbl_s */
 
-	/* this thread's 16 bytes (8 channels) of each of its keys' rows, in flight over the max */
-	uint4 v[M7_KPT][NV];
+	/* this thread's 4 channels of each of its keys' rows (8 bytes bf16, 16 fp32), in flight over
+	 * the max */
+	float vf[M7_KPT][M7_CB];
+	{
+		uint4 w[M7_KPT];
 #pragma unroll
-	for (int i = 0; i < M7_KPT; i++) {
-		const int j = m7_key(tid, i);
-		const uint8_t *p = j < nk ? m7_row(a, tbl_s, tbl, pos[i]) : NULL;
+		for (int i = 0; i < M7_KPT; i++) {
+			const uint8_t *p = j0 + i < nk ? m7_row(a, tbl_s, tbl, pos[i]) : NULL;
+			w[i] = make_uint4(0, 0, 0, 0);
+			if (p) {
+				if constexpr (F32) {
+					w[i] = __ldcg((const uint4 *)(p + (size_t)c0 * 4));
+				} else {
+					const uint2 u = __ldcg((const uint2 *)(p + (size_t)c0 * 2));
+					w[i].x = u.x;
+					w[i].y = u.y;
+				}
+			}
+		}
 #pragma unroll
-		for (int u = 0; u < NV; u++)
-			v[i][u] =
-			    p ? __ldcg((const uint4 *)(p + (size_t)c0 * a.elt) + u) : make_uint4(0, 0, 0, 0);
+		for (int i = 0; i < M7_KPT; i++) {
+			if constexpr (F32) {
+				vf[i][0] = __uint_as_float(w[i].x);
+				vf[i][1] = __uint_as_float(w[i].y);
+				vf[i][2] = __uint_as_float(w[i].z);
+				vf[i][3] = __uint_as_float(w[i].w);
+			} else {
+				vf[i][0] = __uint_as_float(w[i].x << 16);
+				vf[i][1] = __uint_as_float(w[i].x & 0xffff0000u);
+				vf[i][2] = __uint_as_float(w[i].y << 16);
+				vf[i][3] = __uint_as_float(w[i].y & 0xffff0000u);
+			}
+		}
 	}
 
-	/* the max of each head over the row's keys: the thread's keys, the warp, the warps */
+	/* the max of each head: the thread's keys, the warp (shuffles), the warps (8 threads) */
 	float m[M7_HG];
 #pragma unroll
 	for (int h = 0; h < M7_HG; h++) {
 		m[h] = -INFINITY;
 #pragma unroll
 		for (int i = 0; i < M7_KPT; i++)
-			if (m7_key(tid, i) < nk)
+			if (j0 + i < nk)
 				m[h] = fmaxf(m[h], s[h][i]);
 #pragma unroll
 		for (int o = 16; o > 0; o >>= 1)
@@ -200,56 +207,51 @@ template <bool F32> __global__ void __launch_bounds__(M7_THREADS) mla_dec7_pv_ke
 		mx_s[warp * M7_HG + lane] = mv;
 	}
 	__syncthreads(); /* mx_s */
-	float l[M7_HG];
-#pragma unroll
-	for (int h = 0; h < M7_HG; h++) {
-		float mh = mx_s[h];
+	if (tid < M7_HG) {
+		float mh = mx_s[tid];
 #pragma unroll
 		for (int w = 1; w < M7_WARPS; w++)
-			mh = fmaxf(mh, mx_s[w * M7_HG + h]);
-		l[h] = 0.0f;
+			mh = fmaxf(mh, mx_s[w * M7_HG + tid]);
+		mh_s[tid] = mh;
+	}
+	__syncthreads(); /* mh_s; every thread has read mx_s's maxima */
+	float l[M7_HG];
+	{
+		const float4 ma = *(const float4 *)mh_s, mb = *(const float4 *)(mh_s + 4);
+		const float mhv[M7_HG] = {ma.x, ma.y, ma.z, ma.w, mb.x, mb.y, mb.z, mb.w};
 #pragma unroll
-		for (int i = 0; i < M7_KPT; i++) {
-			/* a key past the count, or a head with no valid key: weight 0 */
-			const float p = m7_key(tid, i) < nk && mh != -INFINITY ? expf(s[h][i] - mh) : 0.0f;
-			s[h][i] = p;
-			l[h] += p;
+		for (int h = 0; h < M7_HG; h++) {
+			l[h] = 0.0f;
+#pragma unroll
+			for (int i = 0; i < M7_KPT; i++) {
+				/* a key past the count, or a head with no valid key: weight 0 */
+				const float p =
+				    j0 + i < nk && mhv[h] != -INFINITY ? expf(s[h][i] - mhv[h]) : 0.0f;
+				s[h][i] = p;
+				l[h] += p;
+			}
 		}
 	}
 
-	/* PV over this thread's keys: acc[h * 8 + c] */
+	/* PV over this thread's keys: acc[h * 4 + c] */
 	float acc[NO];
 #pragma unroll
-	for (int o = 0; o < NO; o++)
-		acc[o] = 0.0f;
+	for (int h = 0; h < M7_HG; h++)
 #pragma unroll
-	for (int i = 0; i < M7_KPT; i++) {
-		float vf[M7_CB];
-		if constexpr (F32) {
-			vf[0] = __uint_as_float(v[i][0].x);
-			vf[1] = __uint_as_float(v[i][0].y);
-			vf[2] = __uint_as_float(v[i][0].z);
-			vf[3] = __uint_as_float(v[i][0].w);
-			vf[4] = __uint_as_float(v[i][NV - 1].x);
-			vf[5] = __uint_as_float(v[i][NV - 1].y);
-			vf[6] = __uint_as_float(v[i][NV - 1].z);
-			vf[7] = __uint_as_float(v[i][NV - 1].w);
-		} else {
-			m7_widen(v[i][0], vf);
+		for (int c = 0; c < M7_CB; c++) {
+			float r = 0.0f;
+#pragma unroll
+			for (int i = 0; i < M7_KPT; i++)
+				r = fmaf(s[h][i], vf[i][c], r);
+			acc[h * M7_CB + c] = r;
 		}
-#pragma unroll
-		for (int h = 0; h < M7_HG; h++)
-#pragma unroll
-			for (int c = 0; c < M7_CB; c++)
-				acc[h * M7_CB + c] = fmaf(s[h][i], vf[c], acc[h * M7_CB + c]);
-	}
-	/* butterfly reduce-scatter over the warp: at the end lane l holds outputs 2l, 2l + 1 */
-	static_assert(NO == 64, "the reduce-scatter below is written for 64 outputs");
-	m7_rs_step<32>(acc, lane, 16);
-	m7_rs_step<16>(acc, lane, 8);
-	m7_rs_step<8>(acc, lane, 4);
-	m7_rs_step<4>(acc, lane, 2);
-	m7_rs_step<2>(acc, lane, 1);
+	/* butterfly reduce-scatter over the warp: at the end lane l holds output l */
+	static_assert(NO == 32, "the reduce-scatter below is written for 32 outputs");
+	m7_rs_step<16>(acc, lane, 16);
+	m7_rs_step<8>(acc, lane, 8);
+	m7_rs_step<4>(acc, lane, 4);
+	m7_rs_step<2>(acc, lane, 2);
+	m7_rs_step<1>(acc, lane, 1);
 	/* the sums of p the same way over lane bits 16, 8, 4 (head lane >> 2 left in l[0]), then
 	 * added over bits 2 and 1 */
 	m7_rs_step<4>(l, lane, 16);
@@ -257,8 +259,7 @@ template <bool F32> __global__ void __launch_bounds__(M7_THREADS) mla_dec7_pv_ke
 	m7_rs_step<1>(l, lane, 4);
 	l[0] += __shfl_xor_sync(0xffffffffu, l[0], 2);
 	l[0] += __shfl_xor_sync(0xffffffffu, l[0], 1);
-	*(float2 *)(red_s + warp * NO + 2 * lane) = make_float2(acc[0], acc[1]);
-	__syncthreads(); /* every thread has read mx_s's maxima */
+	red_s[warp * NO + lane] = acc[0];
 	if ((lane & 3) == 0) /* lanes 4h .. 4h + 3 hold head h's sum */
 		mx_s[warp * M7_HG + (lane >> 2)] = l[0];
 	__syncthreads();
@@ -303,7 +304,7 @@ static int m7_rows_limit(void)
 
 static size_t m7_smem(int tbl_n)
 {
-	return (size_t)(M7_WARPS * M7_HG * M7_CB + M7_WARPS * M7_HG) * sizeof(float) +
+	return (size_t)(M7_WARPS * M7_HG * M7_CB + M7_WARPS * M7_HG + M7_HG) * sizeof(float) +
 	       (size_t)tbl_n * sizeof(int32_t);
 }
 
