@@ -28,6 +28,8 @@
 extern "C" int kmla_dec6_plan(struct kcuda_ctx *c, int64_t n_q, int64_t H, int64_t max_keys,
                               int64_t ld_blocks, int bf16, int out[7]);
 extern "C" unsigned long long kmla_dec6_launches;
+/* mla_attn_dec7.cu: its launch count (one a call) */
+extern "C" unsigned long long kmla_dec7_launches;
 extern "C" void kmla_dec6_set_trace(unsigned long long *buf);
 
 static double now_s(void)
@@ -606,7 +608,9 @@ static void bench_mla_dec(int B, int64_t H, int64_t ctxlen, int bf16, int K)
 	/* 2..5: mla_dec6 (TANDEM_MLA_DEC_V=6, forced on every shape): 16-key tiles, 32-key tiles
 	 * (TANDEM_MLA_DEC6_KB=32), at least 2 tiles a block (TANDEM_MLA_DEC6_T=2), the block table
 	 * after the wait (TANDEM_MLA_DEC6_EARLY=0) */
-	enum { NM = 6 };
+	/* 6, 7: mla_dec7 (TANDEM_MLA_DEC_V=7 TANDEM_MLA_DEC=65535, two launches without a merge):
+	 * 16-key score tiles, 32-key score tiles (TANDEM_MLA_DEC6_KB=32) */
+	enum { NM = 8 };
 	double g[NM], e[NM];
 	unsigned long long nl[NM];
 	for (int mode = 0; mode < NM; mode++) {
@@ -617,6 +621,20 @@ static void bench_mla_dec(int B, int64_t H, int64_t ctxlen, int bf16, int K)
 		unsetenv("TANDEM_MLA_DEC6_EARLY");
 		g[mode] = e[mode] = 0;
 		nl[mode] = 0;
+		if (mode >= 6) {
+			setenv("TANDEM_MLA_DEC_V", "7", 1);
+			setenv("TANDEM_MLA_DEC", "65535", 1);
+			if (mode == 7)
+				setenv("TANDEM_MLA_DEC6_KB", "32", 1);
+			const unsigned long long l0 = kcuda_n_launch, d0 = kmla_dec7_launches;
+			rc |= kcuda_mla_attn(ctx, &kv, &rows, (const float *)s.q, H, C, R, 0.07f,
+			                     (float *)s.out);
+			nl[mode] = kcuda_n_launch - l0;
+			if (kmla_dec7_launches != d0) /* only where it took the shape */
+				g[mode] = mla_graph_us(&kv, &rows, (const float *)s.q, H, (float *)s.out,
+				                       &e[mode], &rc);
+			continue;
+		}
 		if (mode >= 2) {
 			setenv("TANDEM_MLA_DEC_V", "6", 1);
 			setenv("TANDEM_MLA_DEC", "65535", 1);
@@ -665,6 +683,11 @@ static void bench_mla_dec(int B, int64_t H, int64_t ctxlen, int bf16, int K)
 	       B, (long long)H, (long long)ctxlen, K > 0 ? "top-2048" : "dense", bf16 ? "bf16" : "f32 ", g[2],
 	       g[2] > 0 ? best_old / g[2] : 0.0, g[2] > 0 ? bytes / g[2] * 1e-3 : 0.0, g[3], g[4], g[5], e[2],
 	       e[3], nl[2], rc ? " ERROR" : "");
+	printf("mla dec7 B %d H %3lld ctx %6lld %-8s kv %s | graph dec7 %6.1f us (x%.2f vs best of old / v4, "
+	       "%5.0f GB/s) | KB32 %6.1f | eager dec7 %6.1f KB32 %6.1f | launches %llu (0.0: declined)%s\n",
+	       B, (long long)H, (long long)ctxlen, K > 0 ? "top-2048" : "dense", bf16 ? "bf16" : "f32 ", g[6],
+	       g[6] > 0 ? best_old / g[6] : 0.0, g[6] > 0 ? bytes / g[6] * 1e-3 : 0.0, g[7], e[6], e[7],
+	       nl[6], rc ? " ERROR" : "");
 	setup_fini(&s);
 }
 

@@ -85,6 +85,11 @@ struct d6_args {
 	int stages; /* KV tile buffers: 1 (chunk == KB) or 2 */
 	kmla_merge_out mo;
 	unsigned *err;
+	/* scores mode (mla_attn_dec7.cu, template SO): the block writes scale x q . key (-inf for an
+	 * invalid key) of its keys to sc[(row * H + h) * ld_sc + key] and ends there: no softmax, PV
+	 * or merge (mla_dec7's second kernel does them) */
+	float *sc;
+	int64_t ld_sc;
 	d6_carve L; /* d6_layout of this launch (precomputed: no carve arithmetic in the kernel) */
 	/* trace mode (bench_cuda_attn, BENCH_ATTN_MLA_TRACE=1): NULL, or D6_NTRACE %globaltimer
 	 * stamps a block at [(blockIdx.y * gridDim.x + blockIdx.x) * D6_NTRACE + phase] */
@@ -173,7 +178,8 @@ __device__ __forceinline__ int32_t d6_table(const d6_args &a, int32_t *tbl_s, in
 	return tbl;
 }
 
-template <int KB, bool F32> __global__ void __launch_bounds__(D6_THREADS, 3) mla_dec6_kernel(d6_args a)
+template <int KB, bool F32, bool SO = false>
+__global__ void __launch_bounds__(D6_THREADS, 3) mla_dec6_kernel(d6_args a)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 	constexpr int PV = F32 ? 4 : 8; /* values a 16-byte piece */
@@ -369,6 +375,19 @@ template <int KB, bool F32> __global__ void __launch_bounds__(D6_THREADS, 3) mla
 				red_s[(warp * D6_HG + h) * KB + jk] = s[h];
 		__syncthreads();
 
+		if constexpr (SO) { /* scores mode: thread (head g, key jk) stores its score */
+			const int e = n * KB + jk;
+			if (tid < D6_HG * KB && e < kend && h0 + g < a.H) {
+				float sc = 0.0f;
+#pragma unroll
+				for (int w = 0; w < D6_WARPS; w++)
+					sc += red_s[(w * D6_HG + g) * KB + jk];
+				a.sc[(row * a.H + h0 + g) * a.ld_sc + k0 + e] =
+				    valid_s[st * KB + jk] ? sc * a.scale : -INFINITY;
+			}
+			continue; /* the next tile's first barrier orders red_s's reuse */
+		}
+
 		/* online softmax: thread (head g, key jk), the KB keys of a head in adjacent lanes */
 		if (tid < D6_HG * KB) {
 			float sc = 0.0f;
@@ -435,6 +454,10 @@ template <int KB, bool F32> __global__ void __launch_bounds__(D6_THREADS, 3) mla
 		}
 	}
 
+	if constexpr (SO) {
+		katt_cp_wait<0>(); /* q's copy, when the block had no keys: none left in flight */
+		return;
+	}
 	/* ---- this block's (max, sum, acc) to shared memory, then the merge ---- */
 	katt_cp_wait<0>(); /* q's copy, when the block had no keys */
 	__syncthreads(); /* the KV buffers are free: the accumulators go there */
@@ -519,26 +542,35 @@ static int d6_min_tiles(void)
 }
 
 typedef void (*d6_kernel_t)(d6_args);
-static d6_kernel_t d6_kernel(int KB, bool f32)
+static d6_kernel_t d6_kernel(int KB, bool f32, bool so)
 {
+	if (so) {
+		if (f32)
+			return mla_dec6_kernel<16, true, true>;
+		return KB == 32 ? mla_dec6_kernel<32, false, true> : mla_dec6_kernel<16, false, true>;
+	}
 	if (f32)
 		return mla_dec6_kernel<16, true>;
 	return KB == 32 ? mla_dec6_kernel<32, false> : mla_dec6_kernel<16, false>;
 }
 
-/* Per device and instantiation (0: bf16 KB 16, 1: bf16 KB 32, 2: fp32 KB 16): can it run 8-block
- * clusters at its largest shared-memory size, and how many blocks fit an SM at the size of a
+/* Per device and instantiation (0: bf16 KB 16, 1: bf16 KB 32, 2: fp32 KB 16; + 3 in scores mode): can it run
+ * 8-block clusters at its largest shared-memory size, and how many blocks fit an SM at the size of a
  * two-stage, D6_CHUNK_MAX plan (the estimate the splits are sized by)? Asked once (occupancy
  * queries, no launch), so a device or driver without them takes the next kernel. */
-static int d6_ok_state[64][3]; /* 0 unknown, 1 usable, 2 not */
-static int d6_bps[64][3];
-static bool d6_cluster_ok(struct kcuda_ctx *c, int KB, bool f32, int max_smem, int *bps)
+static int d6_ok_state[64][6]; /* 0 unknown, 1 usable, 2 not */
+static int d6_bps[64][6];
+static int d6_inst(int KB, bool f32, bool so)
 {
-	const int dev = c->device >= 0 && c->device < 64 ? c->device : 0, k = f32 ? 2 : KB == 32 ? 1 : 0;
+	return (f32 ? 2 : KB == 32 ? 1 : 0) + (so ? 3 : 0);
+}
+static bool d6_cluster_ok(struct kcuda_ctx *c, int KB, bool f32, bool so, int max_smem, int *bps)
+{
+	const int dev = c->device >= 0 && c->device < 64 ? c->device : 0, k = d6_inst(KB, f32, so);
 	*bps = d6_bps[dev][k];
 	if (d6_ok_state[dev][k])
 		return d6_ok_state[dev][k] == 1;
-	const d6_kernel_t fn = d6_kernel(KB, f32);
+	const d6_kernel_t fn = d6_kernel(KB, f32, so);
 	const int rb = D6_DMAX * (f32 ? 4 : 2);
 	const size_t big = d6_layout(rb, D6_DMAX, KB, 2, D6_CHUNK_MAX, D6_TBL_MAX, D6_CMAX).total;
 	int n = 0, b = 0;
@@ -562,7 +594,7 @@ static bool d6_cluster_ok(struct kcuda_ctx *c, int KB, bool f32, int max_smem, i
 
 /* the launch plan of a call */
 struct d6_plan {
-	int KB, f32, chunk, stages, cl, ncl, nsplit, tbl_n, early, bps;
+	int KB, f32, so, chunk, stages, cl, ncl, nsplit, tbl_n, early, bps;
 	int64_t nrh;
 	size_t smem;
 };
@@ -591,14 +623,14 @@ static int d6_plan_splits(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
 		tiles_per = D6_CHUNK_MAX / pl->KB;
 	const int64_t nsplit = (tiles + tiles_per - 1) / tiles_per;
 	int cl = 1;
-	while (cl < nsplit && cl < D6_CL)
+	while (!pl->so && cl < nsplit && cl < D6_CL) /* scores mode: no merge, no clusters */
 		cl *= 2;
 	const int64_t ncl = (nsplit + cl - 1) / cl;
-	if (ncl > D6_NCL_MAX || C % cl || (C / cl) % 4)
+	if (!pl->so && (ncl > D6_NCL_MAX || C % cl || (C / cl) % 4))
 		return ERR_UNSUPPORTED;
-	if ((size_t)pl->nrh * (size_t)cl > KCUDA_N_TICKETS)
+	if (!pl->so && (size_t)pl->nrh * (size_t)cl > KCUDA_N_TICKETS)
 		return ERR_UNSUPPORTED;
-	const size_t n_part = ncl > 1 ? (size_t)rows->n_q * (size_t)H * (size_t)ncl : 0;
+	const size_t n_part = !pl->so && ncl > 1 ? (size_t)rows->n_q * (size_t)H * (size_t)ncl : 0;
 	if (n_part * ((size_t)C + 2 * (size_t)cl) * sizeof(float) > c->ws_bytes)
 		return ERR_UNSUPPORTED;
 	pl->chunk = (int)(tiles_per * pl->KB);
@@ -613,11 +645,11 @@ static int d6_plan_splits(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
 }
 
 static int d6_plan_of(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
-                      int64_t H, int64_t C, struct d6_plan *pl)
+                      int64_t H, int64_t C, bool so, struct d6_plan *pl)
 {
-	if (!c->tickets || H < 1 || C < 4 || C % 4 || C > D6_CMAX || kv->dim < C || kv->dim > D6_DMAX ||
-	    kv->dim % 8 || rows->n_q < 1 || rows->max_keys < 1 || rows->max_keys > INT32_MAX / 2 ||
-	    kv->block_tokens < 1)
+	if ((!c->tickets && !so) || H < 1 || C < 4 || C % 4 || C > D6_CMAX || kv->dim < C ||
+	    kv->dim > D6_DMAX || kv->dim % 8 || rows->n_q < 1 || rows->max_keys < 1 ||
+	    rows->max_keys > INT32_MAX / 2 || kv->block_tokens < 1)
 		return ERR_UNSUPPORTED;
 	int major = 0, max_smem = 0;
 	if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device) != cudaSuccess ||
@@ -630,8 +662,9 @@ static int d6_plan_of(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const
 		return ERR_UNSUPPORTED;
 	const bool f32 = !kv->bf16;
 	pl->f32 = f32;
+	pl->so = so;
 	pl->KB = d6_kb(f32);
-	if (!d6_cluster_ok(c, pl->KB, f32, max_smem, &pl->bps))
+	if (!d6_cluster_ok(c, pl->KB, f32, so, max_smem, &pl->bps))
 		return ERR_UNSUPPORTED;
 	const int n_hg = (int)((H + D6_HG - 1) / D6_HG);
 	pl->nrh = rows->n_q * n_hg;
@@ -644,7 +677,7 @@ static int d6_plan_of(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const
 	 * size still fits that many) */
 	if (d6_plan_splits(c, kv, rows, H, C, pl->bps, pl) || pl->smem > (size_t)max_smem)
 		return ERR_UNSUPPORTED;
-	const d6_kernel_t fn = d6_kernel(pl->KB, f32);
+	const d6_kernel_t fn = d6_kernel(pl->KB, f32, so);
 	int occ = 0, occ2 = 0;
 	if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, D6_THREADS, pl->smem) != cudaSuccess) {
 		(void)cudaGetLastError();
@@ -662,6 +695,9 @@ static int d6_plan_of(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const
 /* kcuda_mla_attn's first choice under TANDEM_MLA_DEC_V=6 for a call mm_fits (mla_attn_mma.cu)
  * accepted: ERR_UNSUPPORTED (nothing launched) when switched off, too many rows or heads, or the
  * shape / device does not suit it (the caller then tries the next kernel) */
+static int d6_run(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
+                  const float *q, int64_t H, int64_t C, float scale, float *out, float *sc, int64_t ld_sc);
+
 int kmla_dec6_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
                      const float *q, int64_t H, int64_t C, float scale, float *out)
 {
@@ -669,10 +705,30 @@ int kmla_dec6_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
 	const int lim = d6_rows_limit(&forced);
 	if (rows->n_q > lim || (H > D6_HMAX_DEFAULT && !forced))
 		return ERR_UNSUPPORTED;
+	return d6_run(c, kv, rows, q, H, C, scale, out, NULL, 0);
+}
+
+/* mla_attn_dec7.cu's first launch: this kernel in scores mode (no clusters, no merge): sc[(row * H
+ * + h) * ld_sc + j] = scale x q . key j of row's list for j < its key count (-inf for an invalid
+ * key; later entries untouched). ERR_UNSUPPORTED, nothing launched, where the kernel does not take
+ * the shape or device. */
+int kmla_dec6_scores(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
+                     const float *q, int64_t H, int64_t C, float scale, float *sc, int64_t ld_sc)
+{
+	if (!sc || ld_sc < rows->max_keys)
+		return ERR_UNSUPPORTED;
+	return d6_run(c, kv, rows, q, H, C, scale, NULL, sc, ld_sc);
+}
+
+/* out != NULL: the softmax-weighted sums, merged; sc != NULL: scores mode */
+static int d6_run(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
+                  const float *q, int64_t H, int64_t C, float scale, float *out, float *sc, int64_t ld_sc)
+{
+	const bool so = sc != NULL;
 	if (((uintptr_t)kv->base | kv->block_bytes | kv->offset | (uintptr_t)q | (uintptr_t)out) % 16)
 		return ERR_UNSUPPORTED;
 	struct d6_plan pl;
-	if (d6_plan_of(c, kv, rows, H, C, &pl))
+	if (d6_plan_of(c, kv, rows, H, C, so, &pl))
 		return ERR_UNSUPPORTED;
 
 	d6_args a;
@@ -723,10 +779,12 @@ int kmla_dec6_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
 	a.mo.C = (int)C;
 	a.mo.ncl = pl.ncl;
 	a.err = c->err_dev;
+	a.sc = sc;
+	a.ld_sc = ld_sc;
 	a.L = d6_layout(a.row_bytes, a.dim, pl.KB, pl.stages, pl.chunk, pl.tbl_n, a.C);
 	a.trace = d6_trace;
 
-	const d6_kernel_t fn = d6_kernel(pl.KB, pl.f32);
+	const d6_kernel_t fn = d6_kernel(pl.KB, pl.f32, so);
 	/* the kernel's shared-memory limit stays at the largest plan's (d6_cluster_ok): never lowered,
 	 * so the occupancy the plans are made from, and the plans, are the same on every call */
 	cudaError_t e = kmla_cluster_launch(fn, dim3((unsigned)pl.nsplit, (unsigned)pl.nrh), D6_THREADS,
@@ -737,13 +795,12 @@ int kmla_dec6_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
 		(void)cudaGetLastError();
 		fprintf(stderr, "kcuda: mla_dec6 launch refused (%s): the next kernel is used from now on\n",
 		        cudaGetErrorString(e));
-		d6_ok_state[c->device >= 0 && c->device < 64 ? c->device : 0][pl.f32        ? 2
-		                                                              : pl.KB == 32 ? 1
-		                                                                            : 0] = 2;
+		d6_ok_state[c->device >= 0 && c->device < 64 ? c->device : 0][d6_inst(pl.KB, pl.f32, so)] = 2;
 		return ERR_UNSUPPORTED;
 	}
 	kcuda_n_launch++;
-	kmla_dec6_launches++;
+	if (!so)
+		kmla_dec6_launches++;
 	e = cudaGetLastError();
 	if (e == cudaSuccess)
 		return 0;
@@ -770,9 +827,9 @@ extern "C" int kmla_dec6_plan(struct kcuda_ctx *c, int64_t n_q, int64_t H, int64
 	rows.max_keys = max_keys;
 	rows.ld_blocks = ld_blocks;
 	struct d6_plan pl;
-	if (d6_plan_of(c, &kv, &rows, H, 512, &pl))
+	if (d6_plan_of(c, &kv, &rows, H, 512, false, &pl))
 		return ERR_UNSUPPORTED;
-	const d6_kernel_t fn = d6_kernel(pl.KB, pl.f32);
+	const d6_kernel_t fn = d6_kernel(pl.KB, pl.f32, false);
 	cudaFuncAttributes fa;
 	int bps = 0;
 	if (cudaFuncGetAttributes(&fa, fn) != cudaSuccess ||

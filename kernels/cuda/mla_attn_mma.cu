@@ -544,7 +544,10 @@ extern "C" int kcuda_mla_attn(struct kcuda_ctx *c, const struct kcuda_kv_view *k
 {
 	if (kattn_use_ref() || !mm_fits(c, kv, rows, q, H, C, R, out))
 		return kcuda_mla_attn_ref(c, kv, rows, q, H, C, R, scale, out);
-	int rc = kmla_dec6_launch(c, kv, rows, q, H, C, scale, out); /* TANDEM_MLA_DEC_V=6 only */
+	int rc = kmla_dec7_launch(c, kv, rows, q, H, C, scale, out); /* TANDEM_MLA_DEC_V=7 only */
+	if (rc != ERR_UNSUPPORTED)
+		return rc;
+	rc = kmla_dec6_launch(c, kv, rows, q, H, C, scale, out); /* TANDEM_MLA_DEC_V=6 only */
 	if (rc != ERR_UNSUPPORTED)
 		return rc;
 	rc = kmla_dec_launch(c, kv, rows, q, H, C, scale, out); /* one launch: see md_rows_limit */

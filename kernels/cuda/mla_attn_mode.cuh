@@ -49,6 +49,16 @@ int kmla_dec_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const s
  * next kernel) */
 int kmla_dec6_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
                      const float *q, int64_t H, int64_t C, float scale, float *out);
+/* the same kernel in scores mode, mla_dec7's first launch: sc[(row * H + h) * ld_sc + j] = scale x
+ * q . key j for j < the row's key count (-inf for an invalid key); ERR_UNSUPPORTED (nothing
+ * launched) where it does not take the shape or device */
+int kmla_dec6_scores(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
+                     const float *q, int64_t H, int64_t C, float scale, float *sc, int64_t ld_sc);
+/* the two-launch decode without a merge (mla_attn_dec7.cu: scores, then softmax + PV split over the
+ * channels): ERR_UNSUPPORTED (nothing launched) unless on (TANDEM_MLA_DEC_V=7 or its default), for
+ * more rows than its limit, more than 2048 keys a row, or a shape / device it does not take */
+int kmla_dec7_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
+                     const float *q, int64_t H, int64_t C, float scale, float *out);
 
 /* the indexer score kernels' arguments (indexer.cu fills them, both kernels read them) */
 struct idx_args {

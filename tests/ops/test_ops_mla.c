@@ -19,6 +19,10 @@
  * it must take every case in one launch; extra cases for it (rows without keys, a single key, fp32
  * pools at batch 8 and dense 32768, DeepSeek-V3.2's H 16 top-2048), and with a bad block id and a
  * bad position its output must equal the CPU over the keys left.
+ * Then three sets for mla_attn_dec7.cu (TANDEM_MLA_DEC_V=7 TANDEM_MLA_DEC=65535: scores by dec6's
+ * kernel in scores mode, then softmax + PV split over the channels; 16- and 32-key score tiles,
+ * the tables read after the wait): it must take every case of at most 2048 keys a row in its two
+ * launches, the rows-without-keys cases included.
  * TANDEM_OPS_SMALL=1 keeps the contexts up to ~4k (for compute-sanitizer runs); TANDEM_OPS_QUICK=1 the same
  * plus the sparse 32k cases (unless SMALL is set too), without the ref kernels and with the split kernel on
  * the GLM-5 / DeepSeek-V3 shapes only. Exit 77 = no GPU (skip). */
@@ -46,6 +50,12 @@ static struct kcuda_ctx *ctx;
 extern unsigned long long kmla_dec6_launches;
 extern int kmla_dec6_default_on;
 static int expect_dec6;
+/* launches of the two-launch decode without a merge (mla_attn_dec7.cu: one count a call), whether
+ * it is the default, and whether the mode selects it (1 forced: every case of at most 2048 keys a
+ * row; 2 by the default rules: up to 8 rows) */
+extern unsigned long long kmla_dec7_launches;
+extern int kmla_dec7_default_on;
+static int expect_dec7;
 
 struct pool {
 	int bf16;
@@ -211,13 +221,22 @@ static void run_case(const struct mcase *mc)
 	    .ld_sel = ld_sel,
 	    .max_keys = K > 0 && K < max_len ? K : max_len,
 	};
-	const unsigned long long l0 = kcuda_n_launch, d60 = kmla_dec6_launches;
+	const unsigned long long l0 = kcuda_n_launch, d60 = kmla_dec6_launches, d70 = kmla_dec7_launches;
 	int rc = kcuda_mla_attn(ctx, &kv, &rows, d_q, H, C, R, scale, ob.user);
 	OPS_CHECK(rc == 0, "%s: kcuda_mla_attn rc %d", mc->name, rc);
+	/* mla_dec7 must take every case of at most 2048 keys a row where its mode selects it, in its
+	 * two launches (scores, softmax + PV) */
+	const int want7 = rows.max_keys <= 2048 && (expect_dec7 == 1 || (expect_dec7 == 2 && n_q <= 8));
+	if (want7)
+		OPS_CHECK(kcuda_n_launch - l0 == 2 && kmla_dec7_launches - d70 == 1,
+		          "%s: %llu launches, %llu of mla_dec7 (it declined)", mc->name, kcuda_n_launch - l0,
+		          kmla_dec7_launches - d70);
+	else if (!expect_dec7)
+		OPS_CHECK(kmla_dec7_launches == d70, "%s: mla_dec7 ran in a mode that excludes it", mc->name);
 	/* the fp32 short-chain kernel must take every decode and prefill shape of the cases where the
 	 * mode forces it (TANDEM_MLA_DEC=65535: any rows and heads; fp32 and bf16 pools), in one
 	 * launch; and never run where the mode excludes it */
-	const int want6 = expect_dec6 == 1 || (expect_dec6 == 2 && n_q <= 8 && H <= 16);
+	const int want6 = !want7 && (expect_dec6 == 1 || (expect_dec6 == 2 && n_q <= 8 && H <= 16));
 	if (want6)
 		OPS_CHECK(kcuda_n_launch - l0 == 1 && kmla_dec6_launches - d60 == 1,
 		          "%s: %llu launches, %llu of mla_dec6 (it declined)", mc->name, kcuda_n_launch - l0,
@@ -230,7 +249,7 @@ static void run_case(const struct mcase *mc)
 	 * selected keys: one launch, not two */
 	const char *dec = getenv("TANDEM_MLA_DEC");
 	const int forced = dec && strcmp(dec, "0") != 0;
-	if (!want6 && !getenv("TANDEM_CUDA_ATTN") && !(dec && strcmp(dec, "0") == 0) && !prefill &&
+	if (!want6 && !want7 && !getenv("TANDEM_CUDA_ATTN") && !(dec && strcmp(dec, "0") == 0) && !prefill &&
 	    mc->bf16 && C == 512 && R == 64 && H <= 16 &&
 	    (forced ? n_q <= 8 : n_q == 1 && K > 0 && K <= 2048))
 		OPS_CHECK(kcuda_n_launch - l0 == 1, "%s: %llu launches (the one-launch kernel declined)",
@@ -365,10 +384,10 @@ static void run_case(const struct mcase *mc)
 		for (int64_t i = 0; i < n_q * H * C; i++)
 			nf += !isfinite(got[i]);
 		OPS_CHECK(nf == 0, "%s: bad block id gave %lld non-finite outputs", mc->name, (long long)nf);
-		/* mla_dec6: the value too. The CPU over the keys the kernel can read (row 0's keys of
+		/* mla_dec6 / 7: the value too. The CPU over the keys the kernel can read (row 0's keys of
 		 * the bad block get score -inf); then (sparse) a position outside the table as row 0's
 		 * last entry, likewise counted and skipped */
-		for (int pass = 0; want6 && pass < (K > 0 ? 2 : 1); pass++) {
+		for (int pass = 0; (want6 || want7) && pass < (K > 0 ? 2 : 1); pass++) {
 			const int jbad = nk[0] - 1;
 			if (pass == 1) {
 				const int32_t badpos = (int32_t)((int64_t)ld_blocks * BT + 5);
@@ -522,7 +541,7 @@ static void check_pdl_producer(int n_q)
 	                                     .sel = d_sel,
 	                                     .ld_sel = K,
 	                                     .max_keys = K};
-	const unsigned long long d60 = kmla_dec6_launches;
+	const unsigned long long d60 = kmla_dec6_launches, d70 = kmla_dec7_launches;
 	for (int order = 0; order < 2; order++) {
 		for (int rep = 0; rep < 3; rep++) {
 			/* stale list and count: every position 0, count K (wrong keys if read early) */
@@ -569,6 +588,8 @@ static void check_pdl_producer(int n_q)
 	          n_q, bad);
 	OPS_CHECK(!expect_dec6 || kmla_dec6_launches - d60 == 6,
 	          "pdl producer B%d: mla_dec6 ran %llu of 6 times", n_q, kmla_dec6_launches - d60);
+	OPS_CHECK(expect_dec7 != 1 || kmla_dec7_launches - d70 == 6,
+	          "pdl producer B%d: mla_dec7 ran %llu of 6 times", n_q, kmla_dec7_launches - d70);
 	printf("mla after PDL producers (top-k list, q), B%d, 2 orders x 3 runs: %s\n", n_q,
 	       bad ? "FAIL" : "ok");
 out:
@@ -705,7 +726,7 @@ int main(void)
 	 * TANDEM_MLA_DEC=65535): 16-key tiles, 32-key tiles (TANDEM_MLA_DEC6_KB=32), at least 3 tiles a
 	 * block (TANDEM_MLA_DEC6_T=3: the two-buffer loop), the block table read after KDEP_ENTRY
 	 * (TANDEM_MLA_DEC6_EARLY=0) */
-	enum { M_DEF, M_SPLIT, M_V4, M_REF, M_D6, M_D6K32, M_D6T3, M_D6LATE, M_N };
+	enum { M_DEF, M_SPLIT, M_V4, M_REF, M_D6, M_D6K32, M_D6T3, M_D6LATE, M_D7, M_D7K32, M_D7LATE, M_N };
 	static const char *const mode_name[M_N] = {
 	    "fast (default)",
 	    "split + combine (TANDEM_MLA_DEC=0)",
@@ -716,6 +737,11 @@ int main(void)
 	    "dec6 everywhere, >= 3 tiles a block (TANDEM_MLA_DEC_V=6 TANDEM_MLA_DEC=65535 "
 	    "TANDEM_MLA_DEC6_T=3)",
 	    "dec6 everywhere, table after the wait (TANDEM_MLA_DEC_V=6 TANDEM_MLA_DEC=65535 "
+	    "TANDEM_MLA_DEC6_EARLY=0)",
+	    "dec7 everywhere (TANDEM_MLA_DEC_V=7 TANDEM_MLA_DEC=65535)",
+	    "dec7 everywhere, 32-key score tiles (TANDEM_MLA_DEC_V=7 TANDEM_MLA_DEC=65535 "
+	    "TANDEM_MLA_DEC6_KB=32)",
+	    "dec7 everywhere, tables after the wait (TANDEM_MLA_DEC_V=7 TANDEM_MLA_DEC=65535 "
 	    "TANDEM_MLA_DEC6_EARLY=0)"};
 	for (int mode = 0; mode < M_N; mode++) {
 		if (quick && mode == M_REF)
@@ -727,12 +753,15 @@ int main(void)
 		unsetenv("TANDEM_MLA_DEC6_T");
 		unsetenv("TANDEM_MLA_DEC6_EARLY");
 		const int d6 = mode == M_D6 || mode == M_D6K32 || mode == M_D6T3 || mode == M_D6LATE;
-		if (d6) {
-			setenv("TANDEM_MLA_DEC_V", "6", 1);
+		const int d7 = mode == M_D7 || mode == M_D7K32 || mode == M_D7LATE;
+		if (d6 || d7) {
+			setenv("TANDEM_MLA_DEC_V", d7 ? "7" : "6", 1);
 			setenv("TANDEM_MLA_DEC", "65535", 1);
 		}
-		if (mode == M_D6K32)
+		if (mode == M_D6K32 || mode == M_D7K32)
 			setenv("TANDEM_MLA_DEC6_KB", "32", 1);
+		if (mode == M_D7LATE)
+			setenv("TANDEM_MLA_DEC6_EARLY", "0", 1);
 		if (mode == M_D6T3)
 			setenv("TANDEM_MLA_DEC6_T", "3", 1);
 		if (mode == M_D6LATE)
@@ -746,6 +775,7 @@ int main(void)
 		if (mode == M_REF)
 			setenv("TANDEM_CUDA_ATTN", "ref", 1);
 		expect_dec6 = d6 ? 1 : mode == M_DEF && kmla_dec6_default_on ? 2 : 0;
+		expect_dec7 = d7 ? 1 : mode == M_DEF && kmla_dec7_default_on ? 2 : 0;
 		printf("-- kernels: %s\n", mode_name[mode]);
 		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 			/* QUICK: the long sparse cases, and for dec6 the long GLM-5 dense ones too */
@@ -759,12 +789,12 @@ int main(void)
 			/* QUICK: the split kernel, v4 and dec6's other variants on the model shapes only */
 			if (quick &&
 			    (mode == M_SPLIT || mode == M_V4 || mode == M_D6K32 || mode == M_D6T3 ||
-			     mode == M_D6LATE) &&
+			     mode == M_D6LATE || mode == M_D7K32 || mode == M_D7LATE) &&
 			    strncmp(cases[i].name, "GLM-5", 5) && strncmp(cases[i].name, "DS-V3", 5) &&
 			    strncmp(cases[i].name, "tiny", 4))
 				continue;
-			if (strstr(cases[i].name, " empty ") && !d6)
-				continue; /* rows without keys: the subject of mla_dec6's coverage only */
+			if (strstr(cases[i].name, " empty ") && !d6 && !d7)
+				continue; /* rows without keys: the subject of mla_dec6 / 7's coverage only */
 			run_case(&cases[i]);
 		}
 		if (mode != M_REF) {
