@@ -1,30 +1,34 @@
-/* MLA decode at small batch in two launches without a merge (absorbed form, paged KV, sparse top-k
- * or dense up to M7_KMAX keys): mla_dec7, tried first by kcuda_mla_attn under TANDEM_MLA_DEC_V=7
- * (or by default once kmla_dec7_default_on).
+/* MLA decode of a single sparse row in two launches without a merge (absorbed form, paged KV, top-k
+ * or dense lists of up to M7_KMAX keys): mla_dec7, kcuda_mla_attn's first choice for one query row
+ * with a top-k list (m7_rows_limit: the shape where the H200 measured it faster than mla_dec);
+ * TANDEM_MLA_DEC_V=7 forces it on up to 8 rows of any kind, TANDEM_MLA_DEC_V=4 restores mla_dec.
  *
  * Why: a phase trace of the one-launch kernels (docs/PERFORMANCE.md, "Where the MLA decode's ~13 us
  * go", H200 2026-11-30) found ~7.4 of a call's ~12.8 us after its wait in the split merge: the
  * cluster barrier waits for the slowest block of its cluster, then a ticket, then the last blocks
- * read 16 clusters' partials. The arithmetic is ~2 us. Splitting over the keys is what needs the
- * merge; splitting the second half over the CHANNELS needs none:
- *  1. scores: mla_attn_dec6.cu's kernel in scores mode (kmla_dec6_scores): one block a 16-key
- *     tile of a (row, 8-head group), its block table read before the wait, the row's KV blocks
+ * read 16 clusters' partials. Splitting over the keys is what needs that merge; the second half
+ * split over the CHANNELS needs none:
+ *  1. scores (kmla_dec6_scores: mla_attn_dec6.cu's kernel in scores mode): a block per 16-key tile
+ *     of a (row, 8-head group), its block table read before the wait and the row's KV blocks
  *     prefetched into L2, the key count / top-k entries / q in one round trip, the rows by
- *     cp.async, fp32 dot products; it stores scale x q . key (-inf for an invalid key) to the
- *     workspace, sc[(row * H + h) * ld + j], and ends.
- *  2. softmax + PV (this file): grid (C / 8, row x 8-head group), 256 threads. A block owns 8
- *     channels of 8 heads of one row over ALL its keys (<= M7_KMAX = 2048: 8 a thread):
+ *     cp.async, fp32 dot products; it stores e^(s - m_t) of its keys (s = scale x q . key) and
+ *     the tile's (m_t, sum) to the workspace, and ends.
+ *  2. softmax + PV (this file): grid (C / 4, row x 8-head group), 512 threads; a block owns 4
+ *     channels of 8 heads of one row over ALL its keys (<= 2048: 4 consecutive ones a thread):
  *     - before the wait: the row's block table into shared memory (qseq and the tables are step
  *       inputs the host uploads before the step's first kernel: cuda_common.cuh's narrow
  *       exception, as indexer_fast.cu and mla_attn_dec6.cu);
- *     - after it, in one round trip: the key count, the thread's 8 top-k entries, the scores of
- *       the 8 heads (cp.async into shared memory); then, as soon as the entries land, the 16 bytes
- *       of each of its keys' rows it needs (8 bf16 channels; the rows are in L2 after launch 1);
- *     - per head (one warp): max, p = e^(s - max) in place, the sum, 1 / sum;
- *     - PV: 64 accumulators a thread (8 heads x 8 channels) over its 8 keys, then a butterfly
- *       reduce-scatter over the warp (62 shuffles: lane l ends with outputs 2l, 2l + 1) and the 8
- *       warps' partials summed in warp order by 64 threads: a fixed order, so the bits do not
- *       depend on timing.
+ *     - after it, in one round trip: the key count, the thread's 4 entries, their e^(s - m_t) for
+ *       the 8 heads (one 16-byte load a head), two tiles' (m_t, sum); then, as soon as the entries
+ *       land, 8 bytes (4 bf16 channels) of each of its keys' rows (in L2 after launch 1);
+ *     - the tiles combined once a head (two warps): M = max m_t, f_t = e^(m_t - M), L = sum f_t
+ *       sum_t; a key's weight is then e^(s - m_t) f_t: no exp per key, no max over the keys;
+ *     - PV: 32 accumulators a thread (8 heads x 4 channels) over its 4 keys, a butterfly
+ *       reduce-scatter over the warp (lane l ends with output l), the 16 warps' partials summed
+ *       in warp order: a fixed order, so the bits do not depend on timing.
+ * History (H200, docs/PERFORMANCE.md "Session 7"): the first second launch (256 threads, 8 keys x
+ * 8 channels, the softmax by one warp a head over all keys) cost 12.7 us a layer on the critical
+ * path; 512 threads with the softmax in registers 7.5; the tile combine 6.1 (+ 8.0 for launch 1).
  * A row without keys (or with only invalid ones) gives zeros, as the other kernels. Invalid keys
  * and bad key counts are counted by launch 1 (once); launch 2 clamps the count the same way. */
 #include <math.h>
@@ -264,25 +268,34 @@ template <bool F32> __global__ void __launch_bounds__(M7_THREADS, 1) mla_dec7_pv
  * which kernel took a call) */
 extern "C" {
 unsigned long long kmla_dec7_launches = 0;
-int kmla_dec7_default_on = 0;
+int kmla_dec7_default_on = 1;
 }
 
-/* On with TANDEM_MLA_DEC_V=7, and with TANDEM_MLA_DEC_V unset when kmla_dec7_default_on. Then
- * TANDEM_MLA_DEC unset -> up to M7_ROWS_DEFAULT query rows; "0" -> never; N -> up to N rows (A/B,
- * tests). Read on every call (a getenv; at capture only under graphs). */
-#define M7_ROWS_DEFAULT 8
+/* Which calls take mla_dec7 (read on every call: a getenv; at capture only under graphs):
+ *  - TANDEM_MLA_DEC_V unset (kmla_dec7_default_on): a single sparse row (a top-k list), the one
+ *    shape the H200 measured it faster at (2026-11-30: GLM-5 rank 0 of TP=8, batch 1, ctx 4096:
+ *    step 7.14 / 7.08 -> 7.02 / 6.89 ms; nsys 8.0 + 6.1 us a layer against mla_dec's 15.4); at 2
+ *    rows and more its op bench is 1.2-1.8x slower than mla_dec (batch 8 step 19.3 -> 22.1);
+ *  - TANDEM_MLA_DEC_V=7: up to M7_ROWS_FORCED rows, or TANDEM_MLA_DEC=N rows (A/B, tests);
+ *  - TANDEM_MLA_DEC_V set to anything else, or TANDEM_MLA_DEC=0: never.
+ * 0: off; -1: the default's single sparse row; n > 0: up to n rows of any kind */
+#define M7_ROWS_FORCED 8
 static int m7_rows_limit(void)
 {
 	const char *v = getenv("TANDEM_MLA_DEC_V");
-	if (v && *v ? strcmp(v, "7") != 0 : !kmla_dec7_default_on)
-		return 0;
 	const char *e = getenv("TANDEM_MLA_DEC");
+	if (e && strcmp(e, "0") == 0)
+		return 0;
+	if (!(v && *v))
+		return kmla_dec7_default_on ? -1 : 0;
+	if (strcmp(v, "7") != 0)
+		return 0;
 	if (!e || !*e)
-		return M7_ROWS_DEFAULT;
+		return M7_ROWS_FORCED;
 	char *end = NULL;
 	const long n = strtol(e, &end, 10);
 	if (*end || n < 0)
-		return M7_ROWS_DEFAULT;
+		return M7_ROWS_FORCED;
 	return n > 65535 ? 65535 : (int)n;
 }
 
@@ -297,7 +310,8 @@ static size_t m7_smem(int tbl_n)
 int kmla_dec7_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
                      const float *q, int64_t H, int64_t C, float scale, float *out)
 {
-	if (rows->n_q < 1 || rows->n_q > m7_rows_limit())
+	const int lim = m7_rows_limit();
+	if (rows->n_q < 1 || (lim < 0 ? rows->n_q > 1 || !rows->sel : rows->n_q > lim))
 		return ERR_UNSUPPORTED;
 	if (H < 1 || C < M7_CB || C % M7_CB || kv->dim < C || rows->max_keys < 1 ||
 	    rows->max_keys > M7_KMAX || kv->block_tokens < 1 ||
