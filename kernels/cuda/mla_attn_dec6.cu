@@ -85,11 +85,13 @@ struct d6_args {
 	int stages; /* KV tile buffers: 1 (chunk == KB) or 2 */
 	kmla_merge_out mo;
 	unsigned *err;
-	/* scores mode (mla_attn_dec7.cu, template SO): the block writes scale x q . key (-inf for an
-	 * invalid key) of its keys to sc[(row * H + h) * ld_sc + key] and ends there: no softmax, PV
-	 * or merge (mla_dec7's second kernel does them) */
+	/* scores mode (mla_attn_dec7.cu, template SO): per tile of KB keys, the block writes e^(s -
+	 * m_t) of its keys (s = scale x q . key; 0 for an invalid key) to sc[(row * H + h) * ld_sc +
+	 * key] and the tile's (m_t, sum) to ml[(row * H + h) * ld_t + key / KB], and ends there: no
+	 * PV or merge (mla_dec7's second kernel does them) */
 	float *sc;
-	int64_t ld_sc;
+	float2 *ml;
+	int64_t ld_sc, ld_t;
 	d6_carve L; /* d6_layout of this launch (precomputed: no carve arithmetic in the kernel) */
 	/* trace mode (bench_cuda_attn, BENCH_ATTN_MLA_TRACE=1): NULL, or D6_NTRACE %globaltimer
 	 * stamps a block at [(blockIdx.y * gridDim.x + blockIdx.x) * D6_NTRACE + phase] */
@@ -375,15 +377,31 @@ __global__ void __launch_bounds__(D6_THREADS, 3) mla_dec6_kernel(d6_args a)
 				red_s[(warp * D6_HG + h) * KB + jk] = s[h];
 		__syncthreads();
 
-		if constexpr (SO) { /* scores mode: thread (head g, key jk) stores its score */
-			const int e = n * KB + jk;
-			if (tid < D6_HG * KB && e < kend && h0 + g < a.H) {
+		if constexpr (SO) { /* scores mode: thread (head g, key jk); the KB keys of a head in
+			             * adjacent lanes of one warp */
+			if (tid < D6_HG * KB) {
+				const int e = n * KB + jk;
 				float sc = 0.0f;
 #pragma unroll
 				for (int w = 0; w < D6_WARPS; w++)
 					sc += red_s[(w * D6_HG + g) * KB + jk];
-				a.sc[(row * a.H + h0 + g) * a.ld_sc + k0 + e] =
-				    valid_s[st * KB + jk] ? sc * a.scale : -INFINITY;
+				sc = e < kend && valid_s[st * KB + jk] ? sc * a.scale : -INFINITY;
+				float mt = sc;
+#pragma unroll
+				for (int o = KB / 2; o > 0; o >>= 1)
+					mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, o));
+				const float p = mt == -INFINITY ? 0.0f : expf(sc - mt);
+				float lt = p;
+#pragma unroll
+				for (int o = KB / 2; o > 0; o >>= 1)
+					lt += __shfl_xor_sync(0xffffffffu, lt, o);
+				if (h0 + g < a.H) {
+					const int64_t rh = row * a.H + h0 + g;
+					if (e < kend)
+						a.sc[rh * a.ld_sc + k0 + e] = p;
+					if (jk == 0)
+						a.ml[rh * a.ld_t + (k0 + n * KB) / KB] = make_float2(mt, lt);
+				}
 			}
 			continue; /* the next tile's first barrier orders red_s's reuse */
 		}
@@ -517,6 +535,10 @@ static int d6_kb(bool f32)
 {
 	const char *e = getenv("TANDEM_MLA_DEC6_KB");
 	return !f32 && e && strcmp(e, "32") == 0 ? 32 : 16;
+}
+int kmla_dec6_kb(int bf16)
+{
+	return d6_kb(!bf16);
 }
 
 /* TANDEM_MLA_DEC6_PF=0: no L2 prefetch of the rows' KV blocks before KDEP_ENTRY */
@@ -696,7 +718,8 @@ static int d6_plan_of(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const
  * accepted: ERR_UNSUPPORTED (nothing launched) when switched off, too many rows or heads, or the
  * shape / device does not suit it (the caller then tries the next kernel) */
 static int d6_run(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
-                  const float *q, int64_t H, int64_t C, float scale, float *out, float *sc, int64_t ld_sc);
+                  const float *q, int64_t H, int64_t C, float scale, float *out, float *sc, int64_t ld_sc,
+                  float2 *ml, int64_t ld_t);
 
 int kmla_dec6_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
                      const float *q, int64_t H, int64_t C, float scale, float *out)
@@ -705,7 +728,7 @@ int kmla_dec6_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
 	const int lim = d6_rows_limit(&forced);
 	if (rows->n_q > lim || (H > D6_HMAX_DEFAULT && !forced))
 		return ERR_UNSUPPORTED;
-	return d6_run(c, kv, rows, q, H, C, scale, out, NULL, 0);
+	return d6_run(c, kv, rows, q, H, C, scale, out, NULL, 0, NULL, 0);
 }
 
 /* mla_attn_dec7.cu's first launch: this kernel in scores mode (no clusters, no merge): sc[(row * H
@@ -713,16 +736,18 @@ int kmla_dec6_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
  * key; later entries untouched). ERR_UNSUPPORTED, nothing launched, where the kernel does not take
  * the shape or device. */
 int kmla_dec6_scores(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
-                     const float *q, int64_t H, int64_t C, float scale, float *sc, int64_t ld_sc)
+                     const float *q, int64_t H, int64_t C, float scale, float *sc, int64_t ld_sc, float2 *ml,
+                     int64_t ld_t, int kb)
 {
-	if (!sc || ld_sc < rows->max_keys)
+	if (!sc || !ml || ld_sc < rows->max_keys || kb != d6_kb(!kv->bf16) || ld_t * kb < rows->max_keys)
 		return ERR_UNSUPPORTED;
-	return d6_run(c, kv, rows, q, H, C, scale, NULL, sc, ld_sc);
+	return d6_run(c, kv, rows, q, H, C, scale, NULL, sc, ld_sc, ml, ld_t);
 }
 
 /* out != NULL: the softmax-weighted sums, merged; sc != NULL: scores mode */
 static int d6_run(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
-                  const float *q, int64_t H, int64_t C, float scale, float *out, float *sc, int64_t ld_sc)
+                  const float *q, int64_t H, int64_t C, float scale, float *out, float *sc, int64_t ld_sc,
+                  float2 *ml, int64_t ld_t)
 {
 	const bool so = sc != NULL;
 	if (((uintptr_t)kv->base | kv->block_bytes | kv->offset | (uintptr_t)q | (uintptr_t)out) % 16)
@@ -781,6 +806,8 @@ static int d6_run(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const str
 	a.err = c->err_dev;
 	a.sc = sc;
 	a.ld_sc = ld_sc;
+	a.ml = ml;
+	a.ld_t = ld_t;
 	a.L = d6_layout(a.row_bytes, a.dim, pl.KB, pl.stages, pl.chunk, pl.tbl_n, a.C);
 	a.trace = d6_trace;
 

@@ -49,11 +49,16 @@ int kmla_dec_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const s
  * next kernel) */
 int kmla_dec6_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
                      const float *q, int64_t H, int64_t C, float scale, float *out);
-/* the same kernel in scores mode, mla_dec7's first launch: sc[(row * H + h) * ld_sc + j] = scale x
- * q . key j for j < the row's key count (-inf for an invalid key); ERR_UNSUPPORTED (nothing
- * launched) where it does not take the shape or device */
+/* the same kernel in scores mode, mla_dec7's first launch, in tiles of kb keys (the kernel's own:
+ * kmla_dec6_kb): sc[(row * H + h) * ld_sc + j] = e^(s_j - m_t) for j < the row's key count, s_j =
+ * scale x q . key j (0 for an invalid key), and ml[(row * H + h) * ld_t + t] = (m_t, the sum of
+ * tile t's values) for its tiles that hold keys; ERR_UNSUPPORTED (nothing launched) where it does
+ * not take the shape or device */
 int kmla_dec6_scores(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
-                     const float *q, int64_t H, int64_t C, float scale, float *sc, int64_t ld_sc);
+                     const float *q, int64_t H, int64_t C, float scale, float *sc, int64_t ld_sc, float2 *ml,
+                     int64_t ld_t, int kb);
+/* keys a tile of mla_dec6 for a bf16 (or fp32) pool under the current switches (TANDEM_MLA_DEC6_KB) */
+int kmla_dec6_kb(int bf16);
 /* the two-launch decode without a merge (mla_attn_dec7.cu: scores, then softmax + PV split over the
  * channels): ERR_UNSUPPORTED (nothing launched) unless on (TANDEM_MLA_DEC_V=7 or its default), for
  * more rows than its limit, more than 2048 keys a row, or a shape / device it does not take */

@@ -52,7 +52,7 @@ extern int kmla_dec6_default_on;
 static int expect_dec6;
 /* launches of the two-launch decode without a merge (mla_attn_dec7.cu: one count a call), whether
  * it is the default, and whether the mode selects it (1 forced: every case of at most 2048 keys a
- * row; 2 by the default rules: up to 8 rows) */
+ * row; 2 by the default rules: a single sparse row) */
 extern unsigned long long kmla_dec7_launches;
 extern int kmla_dec7_default_on;
 static int expect_dec7;
@@ -226,7 +226,8 @@ static void run_case(const struct mcase *mc)
 	OPS_CHECK(rc == 0, "%s: kcuda_mla_attn rc %d", mc->name, rc);
 	/* mla_dec7 must take every case of at most 2048 keys a row where its mode selects it, in its
 	 * two launches (scores, softmax + PV) */
-	const int want7 = rows.max_keys <= 2048 && (expect_dec7 == 1 || (expect_dec7 == 2 && n_q <= 8));
+	const int want7 =
+	    rows.max_keys <= 2048 && (expect_dec7 == 1 || (expect_dec7 == 2 && n_q == 1 && K > 0));
 	if (want7)
 		OPS_CHECK(kcuda_n_launch - l0 == 2 && kmla_dec7_launches - d70 == 1,
 		          "%s: %llu launches, %llu of mla_dec7 (it declined)", mc->name, kcuda_n_launch - l0,
