@@ -65,14 +65,10 @@ struct d6_carve {
 };
 
 struct d6_args {
-	const uint8_t *base;
-	int64_t n_blocks;
-	size_t block_bytes, offset;
-	int bt, bt_shift, dim, row_bytes; /* bt_shift: log2(bt) when a power of two, else -1;
-	                                   * row_bytes: dim x 2 (bf16) or x 4 (fp32), a multiple of 16 */
-	const int32_t *qseq, *blocks, *n_keys, *sel;
-	int64_t ld_blocks, pos0, ld_sel, max_keys;
-	int tbl_n; /* table entries in shared memory (0: looked up in global memory) */
+	kmla_pool pool; /* row_bytes: dim x 2 (bf16) or x 4 (fp32), a multiple of 16 */
+	int dim;
+	const int32_t *n_keys, *sel;
+	int64_t pos0, ld_sel, max_keys;
 	int early; /* qseq and the table read before KDEP_ENTRY */
 	/* early > 0, pf_entries > 0: the KV blocks of the row's first pf_entries table entries are
 	 * prefetched into L2 before KDEP_ENTRY (always when pf_all, the dense rows whose keys are
@@ -143,21 +139,6 @@ __device__ __forceinline__ int32_t d6_pos(const d6_args &a, int64_t row, int j)
 	return j < a.ld_sel && j < a.max_keys ? a.sel[row * a.ld_sel + j] : -1;
 }
 
-/* the pool row of position p in table tbl (its first tbl_n entries in tbl_s), or NULL */
-__device__ __forceinline__ const uint8_t *d6_row(const d6_args &a, const int32_t *tbl_s, int32_t tbl,
-                                                 int32_t p)
-{
-	if (p < 0 || (int64_t)p >= a.ld_blocks * a.bt)
-		return NULL;
-	const int bi = a.bt_shift >= 0 ? p >> a.bt_shift : p / a.bt;
-	const int64_t blk =
-	    bi < a.tbl_n ? (int64_t)tbl_s[bi] : (int64_t)a.blocks[(int64_t)tbl * a.ld_blocks + bi];
-	if (blk < 0 || blk >= a.n_blocks)
-		return NULL;
-	return a.base + (size_t)blk * a.block_bytes + a.offset +
-	       (size_t)(p - bi * a.bt) * (size_t)a.row_bytes;
-}
-
 /* one key row into shared memory by this warp: 16-byte cp.async pieces over the lanes, zeros for
  * a missing row (its score is -inf; zeros keep 0 x row finite in the PV product) */
 __device__ __forceinline__ void d6_copy_row(uint8_t *dst, const uint8_t *src, int np, int lane)
@@ -170,16 +151,6 @@ __device__ __forceinline__ void d6_copy_row(uint8_t *dst, const uint8_t *src, in
 	}
 }
 
-/* qseq[row] and the row's table into shared memory */
-__device__ __forceinline__ int32_t d6_table(const d6_args &a, int32_t *tbl_s, int64_t row)
-{
-	const int32_t tbl = a.qseq ? a.qseq[row] : 0;
-	const int32_t *tr = a.blocks + (int64_t)tbl * a.ld_blocks;
-	for (int i = (int)threadIdx.x; i < a.tbl_n; i += D6_THREADS)
-		tbl_s[i] = tr[i];
-	return tbl;
-}
-
 template <int KB, bool F32, bool SO = false>
 __global__ void __launch_bounds__(D6_THREADS, 3) mla_dec6_kernel(d6_args a)
 {
@@ -190,7 +161,7 @@ __global__ void __launch_bounds__(D6_THREADS, 3) mla_dec6_kernel(d6_args a)
 	static_assert(KB == 16 || KB == 32, "tile");
 	cg::cluster_group cluster = cg::this_cluster();
 	extern __shared__ __align__(16) uint8_t d6_sm[];
-	const int dim = a.dim, C = a.C, RSB = a.row_bytes + 16, NP = a.row_bytes / 16;
+	const int dim = a.dim, C = a.C, RSB = a.pool.row_bytes + 16, NP = a.pool.row_bytes / 16;
 	const d6_carve &L = a.L;
 	float *q_s = (float *)(d6_sm + L.q); /* [HG][dim] */
 	uint8_t *kv_s = d6_sm + L.kv; /* [stages][KB] rows of RSB bytes */
@@ -214,19 +185,20 @@ __global__ void __launch_bounds__(D6_THREADS, 3) mla_dec6_kernel(d6_args a)
 	/* step inputs only before the wait (see the file comment) */
 	int32_t tbl = 0;
 	if (a.early) {
-		tbl = d6_table(a, tbl_s, row);
+		tbl = kmla_pool_table(a.pool, tbl_s, row, D6_THREADS);
 		__syncthreads(); /* tbl_s */
 		/* L2 prefetch of the row's KV blocks, spread over the blocks of the first head group: a
 		 * hint only (L2 is coherent; nothing is read into the kernel before the wait), so rows
 		 * an earlier kernel still writes are no hazard. A sparse row's selection is not known
 		 * yet: all its blocks, when they are few (the host's pf_entries) */
-		const int n = min(a.pf_entries, a.tbl_n);
-		if (n > 0 && h0 == 0 && (a.pf_all || n >= a.tbl_n || tbl_s[n] < 0)) {
+		const int n = min(a.pf_entries, a.pool.tbl_n);
+		if (n > 0 && h0 == 0 && (a.pf_all || n >= a.pool.tbl_n || tbl_s[n] < 0)) {
 			const int i = (int)blockIdx.x + tid * (int)gridDim.x;
 			const int32_t blk = i < n ? tbl_s[i] : -1;
-			if (blk >= 0 && blk < a.n_blocks)
-				kdep_prefetch_l2(a.base + (size_t)blk * a.block_bytes + a.offset,
-				                 (size_t)a.bt * (size_t)a.row_bytes);
+			if (blk >= 0 && blk < a.pool.n_blocks)
+				kdep_prefetch_l2(a.pool.base + (size_t)blk * a.pool.block_bytes +
+				                     a.pool.offset,
+				                 (size_t)a.pool.bt * (size_t)a.pool.row_bytes);
 		}
 	}
 	KDEP_ENTRY();
@@ -235,7 +207,7 @@ __global__ void __launch_bounds__(D6_THREADS, 3) mla_dec6_kernel(d6_args a)
 	a.n_keys = kdep_after(a.n_keys);
 	kmla_trace(tr, 1);
 	if (!a.early) {
-		tbl = d6_table(a, tbl_s, row);
+		tbl = kmla_pool_table(a.pool, tbl_s, row, D6_THREADS);
 		__syncthreads();
 	}
 
@@ -277,7 +249,7 @@ __global__ void __launch_bounds__(D6_THREADS, 3) mla_dec6_kernel(d6_args a)
 #pragma unroll
 		for (int i = 0; i < KW; i++) {
 			const int r = warp + D6_WARPS * i;
-			const uint8_t *src = r < kend ? d6_row(a, tbl_s, tbl, pos_w[i]) : NULL;
+			const uint8_t *src = r < kend ? kmla_pool_row(a.pool, tbl_s, tbl, pos_w[i]) : NULL;
 			if (lane == 0) {
 				valid_s[r] = src != NULL;
 				if (!src && r < kend)
@@ -293,7 +265,7 @@ __global__ void __launch_bounds__(D6_THREADS, 3) mla_dec6_kernel(d6_args a)
 	for (int i = 0; i < D6_SPREAD; i++) {
 		const int e = KB + tid + D6_THREADS * i;
 		if (e < a.chunk) {
-			const uint8_t *src = e < kend ? d6_row(a, tbl_s, tbl, pos_s[i]) : NULL;
+			const uint8_t *src = e < kend ? kmla_pool_row(a.pool, tbl_s, tbl, pos_s[i]) : NULL;
 			addr_s[e] = src;
 			if (!src && e < kend)
 				atomicAdd(a.err, 1u);
@@ -757,33 +729,20 @@ static int d6_run(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const str
 		return ERR_UNSUPPORTED;
 
 	d6_args a;
-	a.base = (const uint8_t *)kv->base;
-	a.n_blocks = kv->n_blocks;
-	a.block_bytes = kv->block_bytes;
-	a.offset = kv->offset;
-	a.bt = kv->block_tokens;
-	a.bt_shift = -1;
-	for (int sh = 0; sh < 31; sh++)
-		if (kv->block_tokens == 1 << sh)
-			a.bt_shift = sh;
+	a.pool = kmla_pool_of(kv, rows, pl.tbl_n);
 	a.dim = (int)kv->dim;
-	a.row_bytes = (int)kv->dim * (kv->bf16 ? 2 : 4);
-	a.qseq = rows->qseq;
-	a.blocks = rows->blocks;
 	a.n_keys = rows->n_keys;
 	a.sel = rows->sel;
-	a.ld_blocks = rows->ld_blocks;
 	a.pos0 = rows->pos0;
 	a.ld_sel = rows->ld_sel;
 	a.max_keys = rows->max_keys;
-	a.tbl_n = pl.tbl_n;
 	a.early = pl.early;
 	/* the L2 prefetch: at most ~16 MB a call; a top-k row only when its sequence is at most twice
 	 * the list (GLM-5 top-2048 at 4096 keys: 4.7 MB a row, read from HBM while the top-k runs) */
 	a.pf_entries = 0;
 	a.pf_all = !rows->sel;
 	if (d6_pf() && pl.early && pl.tbl_n > 0) {
-		const size_t eb = (size_t)kv->block_tokens * (size_t)a.row_bytes;
+		const size_t eb = (size_t)kv->block_tokens * (size_t)a.pool.row_bytes;
 		int64_t n = (int64_t)(((size_t)16 << 20) / (eb * (size_t)rows->n_q));
 		if (rows->sel && n > 2 * rows->max_keys / kv->block_tokens)
 			n = 2 * rows->max_keys / kv->block_tokens;
@@ -808,7 +767,7 @@ static int d6_run(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const str
 	a.ld_sc = ld_sc;
 	a.ml = ml;
 	a.ld_t = ld_t;
-	a.L = d6_layout(a.row_bytes, a.dim, pl.KB, pl.stages, pl.chunk, pl.tbl_n, a.C);
+	a.L = d6_layout(a.pool.row_bytes, a.dim, pl.KB, pl.stages, pl.chunk, pl.tbl_n, a.C);
 	a.trace = d6_trace;
 
 	const d6_kernel_t fn = d6_kernel(pl.KB, pl.f32, so);

@@ -48,14 +48,10 @@
 #define M7_TBL_MAX 2048 /* block-table entries preloaded into shared memory (8 KB) */
 
 struct m7_args {
-	const uint8_t *base;
-	int64_t n_blocks;
-	size_t block_bytes, offset;
-	int bt, bt_shift, row_bytes, elt; /* bt_shift: log2(bt) when a power of two, else -1; elt: bytes
-	                                   * a cached value (2 bf16, 4 fp32) */
-	const int32_t *qseq, *blocks, *n_keys, *sel;
-	int64_t ld_blocks, pos0, ld_sel, max_keys;
-	int tbl_n; /* table entries in shared memory (0: looked up in global memory) */
+	kmla_pool pool;
+	int elt; /* bytes a cached value (2 bf16, 4 fp32) */
+	const int32_t *n_keys, *sel;
+	int64_t pos0, ld_sel, max_keys;
 	int early; /* qseq and the table read before KDEP_ENTRY (TANDEM_MLA_DEC6_EARLY=0: after) */
 	const float *sc; /* launch 1's e^(s - m_t), [row * H + h][ld_sc] (ld_sc a multiple of 4) */
 	const float2 *ml; /* launch 1's tile (m_t, sum), [row * H + h][ld_t] */
@@ -64,32 +60,6 @@ struct m7_args {
 	int H, C, n_hg;
 	float *out;
 };
-
-/* the pool row of position p in table tbl (the first tbl_n entries in tbl_s), or NULL */
-__device__ __forceinline__ const uint8_t *m7_row(const m7_args &a, const int32_t *tbl_s, int32_t tbl,
-                                                 int32_t p)
-{
-	if (p < 0 || (int64_t)p >= a.ld_blocks * a.bt)
-		return NULL;
-	const int bi = a.bt_shift >= 0 ? p >> a.bt_shift : p / a.bt;
-	const int64_t blk =
-	    bi < a.tbl_n ? (int64_t)tbl_s[bi] : (int64_t)a.blocks[(int64_t)tbl * a.ld_blocks + bi];
-	if (blk < 0 || blk >= a.n_blocks)
-		return NULL;
-	return a.base + (size_t)blk * a.block_bytes + a.offset +
-	       (size_t)(p - bi * a.bt) * (size_t)a.row_bytes;
-}
-
-/* qseq[row] and the first tbl_n entries of its table into shared memory (published by a barrier
- * before use) */
-__device__ __forceinline__ int32_t m7_table(const m7_args &a, int32_t *tbl_s, int64_t row)
-{
-	const int32_t tbl = a.qseq ? a.qseq[row] : 0;
-	const int32_t *tr = a.blocks + (int64_t)tbl * a.ld_blocks;
-	for (int i = (int)threadIdx.x; i < a.tbl_n; i += M7_THREADS)
-		tbl_s[i] = tr[i];
-	return tbl;
-}
 
 /* one step of the warp's reduce-scatter of 2N values: the lane keeps the half its bit o selects,
  * added to the other lane's copy of that half, in acc[0 .. N) */
@@ -122,14 +92,14 @@ template <bool F32> __global__ void __launch_bounds__(M7_THREADS, 1) mla_dec7_pv
 	/* step inputs only before the wait (the file comment) */
 	int32_t tbl = 0;
 	if (a.early)
-		tbl = m7_table(a, tbl_s, row);
+		tbl = kmla_pool_table(a.pool, tbl_s, row, M7_THREADS);
 	KDEP_ENTRY();
 	a.sc = kdep_after(a.sc);
 	a.ml = kdep_after(a.ml);
 	a.sel = kdep_after(a.sel);
 	a.n_keys = kdep_after(a.n_keys);
 	if (!a.early)
-		tbl = m7_table(a, tbl_s, row);
+		tbl = kmla_pool_table(a.pool, tbl_s, row, M7_THREADS);
 
 	/* one round trip: the key count, this thread's entries, its keys' e^(s - m_t) of the 8 heads,
 	 * and two tiles' (m_t, sum) of head tid / 64 */
@@ -174,7 +144,7 @@ template <bool F32> __global__ void __launch_bounds__(M7_THREADS, 1) mla_dec7_pv
 		uint4 w[M7_KPT];
 #pragma unroll
 		for (int i = 0; i < M7_KPT; i++) {
-			const uint8_t *p = j0 + i < nk ? m7_row(a, tbl_s, tbl, pos[i]) : NULL;
+			const uint8_t *p = j0 + i < nk ? kmla_pool_row(a.pool, tbl_s, tbl, pos[i]) : NULL;
 			w[i] = make_uint4(0, 0, 0, 0);
 			if (p) {
 				if constexpr (F32) {
@@ -353,26 +323,13 @@ int kmla_dec7_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
 		return rc; /* ERR_UNSUPPORTED: nothing launched, the caller takes the next kernel */
 
 	m7_args a;
-	a.base = (const uint8_t *)kv->base;
-	a.n_blocks = kv->n_blocks;
-	a.block_bytes = kv->block_bytes;
-	a.offset = kv->offset;
-	a.bt = kv->block_tokens;
-	a.bt_shift = -1;
-	for (int sh = 0; sh < 31; sh++)
-		if (kv->block_tokens == 1 << sh)
-			a.bt_shift = sh;
+	a.pool = kmla_pool_of(kv, rows, tbl_n);
 	a.elt = kv->bf16 ? 2 : 4;
-	a.row_bytes = (int)kv->dim * a.elt;
-	a.qseq = rows->qseq;
-	a.blocks = rows->blocks;
 	a.n_keys = rows->n_keys;
 	a.sel = rows->sel;
-	a.ld_blocks = rows->ld_blocks;
 	a.pos0 = rows->pos0;
 	a.ld_sel = rows->ld_sel;
 	a.max_keys = rows->max_keys;
-	a.tbl_n = tbl_n;
 	const char *ee = getenv("TANDEM_MLA_DEC6_EARLY");
 	a.early = !(ee && strcmp(ee, "0") == 0);
 	a.sc = sc;
