@@ -621,34 +621,22 @@ static void bench_mla_dec(int B, int64_t H, int64_t ctxlen, int bf16, int K)
 		unsetenv("TANDEM_MLA_DEC6_EARLY");
 		g[mode] = e[mode] = 0;
 		nl[mode] = 0;
-		if (mode >= 6) {
-			setenv("TANDEM_MLA_DEC_V", "7", 1);
+		if (mode >= 2) { /* forced: dec6 (2..5) or dec7 (6, 7), timed only where it took the shape */
+			const int d7 = mode >= 6;
+			setenv("TANDEM_MLA_DEC_V", d7 ? "7" : "6", 1);
 			setenv("TANDEM_MLA_DEC", "65535", 1);
-			if (mode == 7)
-				setenv("TANDEM_MLA_DEC6_KB", "32", 1);
-			const unsigned long long l0 = kcuda_n_launch, d0 = kmla_dec7_launches;
-			rc |= kcuda_mla_attn(ctx, &kv, &rows, (const float *)s.q, H, C, R, 0.07f,
-			                     (float *)s.out);
-			nl[mode] = kcuda_n_launch - l0;
-			if (kmla_dec7_launches != d0) /* only where it took the shape */
-				g[mode] = mla_graph_us(&kv, &rows, (const float *)s.q, H, (float *)s.out,
-				                       &e[mode], &rc);
-			continue;
-		}
-		if (mode >= 2) {
-			setenv("TANDEM_MLA_DEC_V", "6", 1);
-			setenv("TANDEM_MLA_DEC", "65535", 1);
-			if (mode == 3)
+			if (mode == 3 || mode == 7)
 				setenv("TANDEM_MLA_DEC6_KB", "32", 1);
 			if (mode == 4)
 				setenv("TANDEM_MLA_DEC6_T", "2", 1);
 			if (mode == 5)
 				setenv("TANDEM_MLA_DEC6_EARLY", "0", 1);
-			const unsigned long long l0 = kcuda_n_launch, d0 = kmla_dec6_launches;
+			const unsigned long long *took = d7 ? &kmla_dec7_launches : &kmla_dec6_launches;
+			const unsigned long long l0 = kcuda_n_launch, d0 = *took;
 			rc |= kcuda_mla_attn(ctx, &kv, &rows, (const float *)s.q, H, C, R, 0.07f,
 			                     (float *)s.out);
 			nl[mode] = kcuda_n_launch - l0;
-			if (kmla_dec6_launches != d0) /* only where it took the shape */
+			if (*took != d0)
 				g[mode] = mla_graph_us(&kv, &rows, (const float *)s.q, H, (float *)s.out,
 				                       &e[mode], &rc);
 			continue;
