@@ -186,7 +186,9 @@ template <bool F32> __global__ void __launch_bounds__(M7_THREADS, 1) mla_dec7_pv
 #pragma unroll
 	for (int u = 0; u < 2; u++) {
 		const int t = t0 + TPH * u;
-		const float f = tl[u].y > 0.0f ? expf(tl[u].x - M) : 0.0f;
+		/* a NaN sum (a NaN score in the tile) keeps its weight: the NaN reaches the output, as on
+		 * the CPU, instead of the tile being dropped */
+		const float f = !(tl[u].y <= 0.0f) ? expf(tl[u].x - M) : 0.0f;
 		if (t < M7_TMAX)
 			f_s[hc * M7_TMAX + t] = f;
 		ls = fmaf(f, tl[u].y, ls);
