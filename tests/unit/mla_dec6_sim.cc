@@ -176,6 +176,7 @@ static inline cluster_group this_cluster()
 
 namespace cg = cooperative_groups;
 #include "kernels/cuda/mla_attn_merge.cuh"
+#include "kernels/cuda/mla_pool.cuh"
 #include "mla_dec6_body.inc"
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -429,23 +430,23 @@ static void run(const scase &sc, uint64_t seed)
 	unsigned err = 0;
 	d6_args a;
 	memset(&a, 0, sizeof(a));
-	a.base = pool.data();
-	a.n_blocks = n_blocks;
-	a.block_bytes = block_bytes;
-	a.offset = offset;
-	a.bt = BT;
-	a.bt_shift = sc.KB == 32 ? -1 : 4; /* the 32-key cases take the division path */
+	a.pool.base = pool.data();
+	a.pool.n_blocks = n_blocks;
+	a.pool.block_bytes = block_bytes;
+	a.pool.offset = offset;
+	a.pool.bt = BT;
+	a.pool.bt_shift = sc.KB == 32 ? -1 : 4; /* the 32-key cases take the division path */
 	a.dim = dim;
-	a.row_bytes = (int)row_bytes;
-	a.qseq = sc.prefill ? NULL : qseq.data();
-	a.blocks = tbl.data();
+	a.pool.row_bytes = (int)row_bytes;
+	a.pool.qseq = sc.prefill ? NULL : qseq.data();
+	a.pool.blocks = tbl.data();
 	a.n_keys = sc.prefill && sc.K == 0 ? NULL : nk.data();
 	a.sel = sc.K > 0 ? sel.data() : NULL;
-	a.ld_blocks = ld_blocks;
+	a.pool.ld_blocks = ld_blocks;
 	a.pos0 = sc.prefill ? sc.lens[0] : 0;
 	a.ld_sel = ld_sel;
 	a.max_keys = max_keys;
-	a.tbl_n = tbl_n;
+	a.pool.tbl_n = tbl_n;
 	a.early = sc.early;
 	a.pf_entries = 3; /* the prefetch's indexing runs (the prefetch itself is a no-op here) */
 	a.pf_all = sc.K == 0;
