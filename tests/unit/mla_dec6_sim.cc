@@ -496,6 +496,73 @@ static void run(const scase &sc, uint64_t seed)
 	sim_launch(fn, a, nsplit, nrh, sc.cl, L.total, true);
 	CHECK(memcmp(out.data(), out1.data(), sizeof(float) * ref.size()) == 0,
 	      "%s: other cluster order, other bits", sc.name);
+
+	/* scores mode (mla_attn_dec7.cu's first launch; no clusters): e^(s - m_t) of every key of the
+	 * row's list and each KB-key tile's (m_t, sum), against the double reference; a left-out key
+	 * (bad block or position) weighs 0, and the same errors are counted */
+	{
+		const int64_t ld_sc = (max_keys + 3) / 4 * 4, ld_t = (max_keys + sc.KB - 1) / sc.KB;
+		std::vector<float> scv((size_t)n_q * H * ld_sc, NAN);
+		std::vector<float2> mlv((size_t)n_q * H * ld_t, make_float2(NAN, NAN));
+		d6_args b = a;
+		b.sc = scv.data();
+		b.ml = mlv.data();
+		b.ld_sc = ld_sc;
+		b.ld_t = ld_t;
+		err = 0;
+		const sim_kernel fs =
+		    sc.bf16
+		        ? (sc.KB == 32 ? mla_dec6_kernel<32, false, true> : mla_dec6_kernel<16, false, true>)
+		        : mla_dec6_kernel<16, true, true>;
+		sim_launch(fs, b, nsplit, nrh, 1, L.total, false);
+		CHECK(err == want_err, "%s: scores mode: %u errors counted, want %u", sc.name, err, want_err);
+		double pe = 0, me2 = 0;
+		int64_t wrong = 0;
+		for (int i = 0; i < n_q; i++) {
+			const int n = i == 0 ? nk0 : nk[i];
+			for (int h = 0; h < H; h++) {
+				const float *qh = &q[((size_t)i * H + h) * dim];
+				const size_t rh = (size_t)i * H + h;
+				for (int t = 0; t * sc.KB < n; t++) {
+					const int j0 = t * sc.KB, j1 = std::min(n, j0 + sc.KB);
+					std::vector<double> sv(sc.KB, -INFINITY);
+					double m = -INFINITY;
+					for (int j = j0; j < j1; j++) {
+						if (j < (int)skip[i].size() && skip[i][j])
+							continue;
+						const int p = pos_of(i, j);
+						const int32_t blk = tbl[(size_t)qseq[i] * ld_blocks + p / BT];
+						const uint8_t *r = &pool[(size_t)blk * block_bytes + offset +
+						                         (size_t)(p % BT) * row_bytes];
+						double d = 0;
+						for (int e = 0; e < dim; e++)
+							d += (double)qh[e] * key_val(r, sc.bf16, e);
+						sv[j - j0] = d * scale;
+						m = std::max(m, sv[j - j0]);
+					}
+					double l = 0;
+					for (int j = j0; j < j1; j++) {
+						const double pw = m == -INFINITY ? 0.0 : exp(sv[j - j0] - m);
+						l += pw;
+						const double e = fabs((double)scv[rh * ld_sc + j] - pw);
+						pe = std::max(pe, std::isfinite(e) ? e : INFINITY);
+					}
+					const float2 g = mlv[rh * ld_t + t];
+					if (m == -INFINITY)
+						wrong += !(g.x == -INFINITY && g.y == 0.0f);
+					else {
+						const double e = std::max(fabs(g.x - m) / (1.0 + fabs(m)),
+						                          fabs(g.y - l) / l);
+						me2 = std::max(me2, std::isfinite(e) ? e : INFINITY);
+					}
+				}
+			}
+		}
+		CHECK(pe <= 5e-5, "%s: scores mode: e^(s - m_t) off by %.3g", sc.name, pe);
+		CHECK(me2 <= 5e-5 && wrong == 0,
+		      "%s: scores mode: tile (max, sum) off by %.3g (rel), %lld empty tiles wrong", sc.name,
+		      me2, (long long)wrong);
+	}
 	printf(
 	    "%-58s rows %d H %3d keys %5lld plan %4d keys x %2d x %2d: max err %.3g (rel %.2g), %u errors\n",
 	    sc.name, n_q, H, (long long)max_keys, sc.chunk, sc.cl, sc.ncl, me, mr > 0 ? me / mr : 0.0, err);
