@@ -107,6 +107,21 @@ __device__ __forceinline__ void route_scores(const float *lg, const float (&bj)[
 	}
 }
 
+/* The end of a token's route: lane i < k stores the i-th selection, its weight divided by the sum of
+ * the k weights in selection order when norm (as the CPU), times scale. route_reg_token and
+ * moe_router_fuse.cu's route share it. */
+__device__ __forceinline__ void route_store(int lane, int k, int norm, double sum, float scale, int my_id,
+                                            float my_w, int32_t *oi, float *ow)
+{
+	if (lane < k) {
+		float w = my_w;
+		if (norm)
+			w = (float)((double)w / (sum + 1e-20));
+		oi[lane] = my_id;
+		ow[lane] = w * scale;
+	}
+}
+
 /* One token's routing by one warp (the register kernel's body): lg = the token's E logits (read
  * through L2 with ld.global.cg: the fused router kernel below reads logits other blocks of the same
  * grid wrote), results to oi[0..k) / ow[0..k); returns this lane's expert (slot lane < k), else -1 */
@@ -174,13 +189,7 @@ __device__ __forceinline__ int route_reg_token(const float *lg, const float *__r
 		if (lane == i)
 			my_id = id, my_w = pw;
 	}
-	if (lane < k) {
-		float w = my_w;
-		if (norm)
-			w = (float)((double)w / (sum + 1e-20));
-		oi[lane] = my_id;
-		ow[lane] = w * scale;
-	}
+	route_store(lane, k, norm, sum, scale, my_id, my_w, oi, ow);
 	return lane < k ? my_id : -1;
 }
 

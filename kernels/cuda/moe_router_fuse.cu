@@ -140,13 +140,7 @@ __device__ __forceinline__ void rf_route_token(const float *lg, const float *__r
 		if (lane == i)
 			my_id = id, my_w = pw;
 	}
-	if (lane < k) {
-		float w = my_w;
-		if (norm)
-			w = (float)((double)w / (sum + 1e-20));
-		oi[lane] = my_id;
-		ow[lane] = w * scale;
-	}
+	route_store(lane, k, norm, sum, scale, my_id, my_w, oi, ow);
 }
 
 /* TANDEM_MOE_ROUTE_SORT=0: the last block runs route_reg_token itself */
