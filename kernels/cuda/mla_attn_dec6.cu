@@ -526,6 +526,10 @@ static bool d6_early(void)
 	const char *e = getenv("TANDEM_MLA_DEC6_EARLY");
 	return !(e && strcmp(e, "0") == 0);
 }
+int kmla_dec6_early(void)
+{
+	return d6_early();
+}
 
 /* TANDEM_MLA_DEC6_T=N: at least N tiles a block (fewer blocks and clusters; tuning) */
 static int d6_min_tiles(void)

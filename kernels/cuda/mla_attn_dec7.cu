@@ -271,11 +271,13 @@ static int m7_rows_limit(void)
 	return n > 65535 ? 65535 : (int)n;
 }
 
-static size_t m7_smem(int tbl_n)
+static constexpr size_t m7_smem(int tbl_n)
 {
 	return (size_t)(M7_WARPS * M7_HG * M7_CB + M7_WARPS + M7_HG * M7_TMAX + M7_WARPS) * sizeof(float) +
 	       (size_t)tbl_n * sizeof(int32_t);
 }
+/* within the 48 KB every device gives a block without an opt-in attribute */
+static_assert(m7_smem(M7_TBL_MAX) <= 48 * 1024, "mla_dec7_pv's shared memory");
 
 /* kcuda_mla_attn's first choice under TANDEM_MLA_DEC_V=7 for a call mm_fits (mla_attn_mma.cu)
  * accepted: ERR_UNSUPPORTED (nothing launched) when off, or the shape / device does not suit it */
@@ -302,21 +304,8 @@ int kmla_dec7_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
 		return ERR_UNSUPPORTED;
 	const int tbl_n = rows->ld_blocks <= M7_TBL_MAX ? (int)rows->ld_blocks : 0;
 	const size_t smem = m7_smem(tbl_n);
-	int max_smem = 0;
-	if (cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device) !=
-	    cudaSuccess) {
-		(void)cudaGetLastError();
-		return ERR_UNSUPPORTED;
-	}
-	if (smem > (size_t)max_smem)
-		return ERR_UNSUPPORTED;
 	const bool f32 = !kv->bf16;
 	void (*fn)(m7_args) = f32 ? mla_dec7_pv_kernel<true> : mla_dec7_pv_kernel<false>;
-	if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)m7_smem(M7_TBL_MAX)) !=
-	    cudaSuccess) {
-		(void)cudaGetLastError();
-		return ERR_UNSUPPORTED;
-	}
 
 	float *sc = (float *)c->ws;
 	float2 *ml = (float2 *)((uint8_t *)c->ws + sc_bytes); /* 16-byte aligned: ld_s % 4 == 0 */
@@ -332,8 +321,7 @@ int kmla_dec7_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
 	a.pos0 = rows->pos0;
 	a.ld_sel = rows->ld_sel;
 	a.max_keys = rows->max_keys;
-	const char *ee = getenv("TANDEM_MLA_DEC6_EARLY");
-	a.early = !(ee && strcmp(ee, "0") == 0);
+	a.early = kmla_dec6_early();
 	a.sc = sc;
 	a.ld_sc = ld_s;
 	a.ml = ml;

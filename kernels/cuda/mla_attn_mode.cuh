@@ -60,6 +60,9 @@ int kmla_dec6_scores(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
                      int64_t ld_t, int kb);
 /* keys a tile of mla_dec6 for a bf16 (or fp32) pool under the current switches (TANDEM_MLA_DEC6_KB) */
 int kmla_dec6_kb(int bf16);
+/* whether mla_dec6 reads qseq and the block table before its PDL wait (TANDEM_MLA_DEC6_EARLY=0: after);
+ * mla_dec7's second launch follows the same switch */
+int kmla_dec6_early(void);
 /* the two-launch decode without a merge (mla_attn_dec7.cu: scores, then softmax + PV split over the
  * channels): ERR_UNSUPPORTED (nothing launched) unless on (TANDEM_MLA_DEC_V=7 or its default), for
  * more rows than its limit, more than 2048 keys a row, or a shape / device it does not take */
