@@ -57,6 +57,7 @@
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/model_fwd.h"
+#include "kernels/cuda/moe_mma.h"
 #include "kernels/cuda/moe_mma_units.cuh" /* moe_one.cu's unit code, for the host emulation */
 #include "tests/ops/ops_util.h"
 
@@ -797,6 +798,7 @@ int main(int argc, char **argv)
 	}
 	if (argc > 1 && !strcmp(argv[1], "one")) {
 		const int f1 = one_bench(c, &dg, &du, &dd, &dsg, &dsu, &dsd, E, F, D, k);
+		moe_persist_trace_print(c); /* TANDEM_MOE_PERSIST_TRACE=1 only */
 		printf("%s\n", f1 ? "FAIL" : "PASS: all checks");
 		kcuda_ctx_destroy(c);
 		return f1 ? 1 : 0;

@@ -363,13 +363,14 @@ int kcuda_moe_ffn_shexp(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_
                         const struct kweight *down, int64_t E, int64_t F, const struct kweight *sh_gate,
                         const struct kweight *sh_up, const struct kweight *sh_down, float *out, int64_t ldo);
 /* ONE token: kcuda_moe_route(logits, E, bias, 1, E, k, ...) then kcuda_moe_ffn_shexp(x, D, 1, ids,
- * weights, ...) with the route folded into the two expert launches (kernels/cuda/moe_one.cu): every
- * block routes the token itself from the logits with the route kernel's device code (the same ids
- * and weights, which are still stored); D = gate->n_in, out [D]. For the shapes of the batch-1
- * expert kernels (Q4_K / Q5_K, F 256, E 129..256, k <= 8) with both of them selected
- * (TANDEM_MOE_SMALL_V=new; off by default: slower on the H200) and TANDEM_MOE_ONE_ROUTE not 0;
- * else ERR_UNSUPPORTED with nothing enqueued: the caller makes the two calls. Must follow the
- * launch that writes the logits on the context's stream. */
+ * weights, ...) with the route folded into the expert launches: every block (kernels/cuda/moe_one.cu)
+ * or every warp (moe_persist.cu) routes the token itself from the logits with the route kernel's
+ * device code (the same ids and weights, which are still stored); D = gate->n_in, out [D]. Where the
+ * one-launch kernel applies (moe_persist.cu: Q4_K / Q5_K, F 256, E 129..256, D a multiple of 256;
+ * off by default, TANDEM_MOE_PERSIST=1) it runs; else, for the shapes of the batch-1 expert kernels (k <= 8)
+ * with both of them selected (TANDEM_MOE_SMALL_V=new), moe_one's two launches. TANDEM_MOE_ONE_ROUTE=0 turns
+ * both off. Otherwise ERR_UNSUPPORTED with nothing enqueued: the caller makes the two calls. Must
+ * follow the launch that writes the logits on the context's stream. */
 int kcuda_moe_route_ffn1(struct kcuda_ctx *c, const float *logits, const float *bias, int E, int k,
                          int n_group, int n_group_used, int gating, bool norm, float scale, int32_t *ids,
                          float *weights, const float *x, const struct kweight *gate, const struct kweight *up,

@@ -73,6 +73,21 @@ int moe_one_gate_up(struct kcuda_ctx *c, const struct moe_one_args *a);
  * (moe_one_down_kernel's comment says why) */
 int moe_one_down(struct kcuda_ctx *c, const struct moe_one_args *a);
 
+/* The batch-1 MoE in one launch (moe_persist.cu): the route (a->route non-NULL) or the given ids, gate /
+ * up, down and the combine, one block per SM resident through both halves with one grid barrier
+ * between them; the same unit arithmetic as moe_one, sums over D grouped per block (bits differ from
+ * moe_one's within the tolerance, deterministic for a given SM count). ERR_UNSUPPORTED with nothing
+ * enqueued where it does not apply (off by default: TANDEM_MOE_PERSIST=1 turns it on; types other than
+ * Q4_K / Q5_K, F != 256, more than MP_NP_MAX pairs, more shared memory than a block may have).
+ * moe_small_ffn tries it first for one token (split 1), kcuda_moe_route_ffn1 before moe_one's route
+ * fold. Measured slower in the H200 decode step than the route + gate / up + down kernels (PERFORMANCE.md,
+ * session 8). */
+bool moe_persist_on(void);
+int moe_persist_ffn1(struct kcuda_ctx *c, const struct moe_one_args *a);
+/* TANDEM_MOE_PERSIST_TRACE=1: every launch stamps its phases (%globaltimer, thread 0 of each block);
+ * this prints the last launch's, min / median / max over the blocks (bench_cuda_moe one) */
+void moe_persist_trace_print(struct kcuda_ctx *c);
+
 /* The MoE decode path's L2 prefetch of expert weights, TANDEM_MOE_PF (default 0: off), a sum of:
  * MOE_PF_ROUTE: the fused router + route kernel prefetches the chosen experts' gate / up / down
  * (moe_route.cu, at most ~24 MB of them); MOE_PF_ROWS: the small path's gate / up and down blocks

@@ -32,8 +32,7 @@
 #include <string.h>
 
 #include "kernels/cuda/moe_mma.h"
-#include "kernels/cuda/moe_mma_route.cuh"
-#include "kernels/cuda/moe_mma_units.cuh"
+#include "kernels/cuda/moe_one.cuh"
 #include "kernels/cuda/prof.h"
 
 #define MO_W 8 /* warps per gate / up block (units of D: warp w takes w, w + 8, ...) */
@@ -41,73 +40,6 @@
 #define MO_DW 9 /* warps per down block: pairs (8 routed + the shared expert) */
 #define MO_EARLY 1 /* down: ids / weights of the routed experts before the wait */
 #define MO_PF_SH 2 /* the shared expert's weights before the wait (TANDEM_PREFETCH) */
-#define MO_RV 8 /* the route folded in (RT): E in 129..256, V = 8 experts per lane (GLM-5, DS-V3) */
-
-/* RT: the token's route, done by warp 0 of every block from the router logits (route_reg_token:
- * kcuda_moe_route's device code, so the same ids and weights in every block and as the route
- * kernel); block (0, 0) of gate / up also stores them to ids / wts (the op's outputs) */
-struct mo_rt {
-	const float *lg, *bias;
-	int k, n_group, n_group_used, gating, norm;
-	float scale;
-	int32_t *ids;
-	float *wts;
-};
-
-/* 16 bytes global -> shared, asynchronous (both 16-byte aligned) */
-__device__ __forceinline__ void mo_cp16(void *dst, const void *src)
-{
-	const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
-}
-__device__ __forceinline__ void mo_commit(void)
-{
-	asm volatile("cp.async.commit_group;" ::: "memory");
-}
-template <int N> __device__ __forceinline__ void mo_wait(void)
-{
-	asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-/* wait until at most n groups are pending (n 0..3) */
-__device__ __forceinline__ void mo_wait_rt(int n)
-{
-	switch (n) {
-	case 0: mo_wait<0>(); break;
-	case 1: mo_wait<1>(); break;
-	case 2: mo_wait<2>(); break;
-	default: mo_wait<3>(); break;
-	}
-}
-
-/* expert of a pair (E: the shared expert), -1 for a routed id out of range */
-__device__ __forceinline__ int mo_expert(int e, bool routed, int E)
-{
-	return !routed ? E : e >= 0 && e < E ? e : -1;
-}
-
-/* One unit of x (256 floats at buf, shared memory) into the B fragments of one token, in place:
- * fragment (step s, column c 0 hi / 1 lo, lane t) at ((uint2 *)buf)[8 s + 4 c + t]: the entries
- * gm_stage_entry writes for token 0 (K45 order: entry q = 16 t + s holds x[4q .. 4q + 3]). Scaled
- * by gm_xscale of the unit's largest |x| (1 below 2^15); returns 1 / that factor. Warp-collective. */
-__device__ __forceinline__ float mo_stage_unit(float *buf, int lane)
-{
-	float4 v[2];
-	float m = 0.f;
-#pragma unroll
-	for (int i = 0; i < 2; i++) {
-		v[i] = ((const float4 *)buf)[lane + 32 * i];
-		m = fmaxf(m, fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
-	}
-	m = kc_warp_max(m);
-	const float sc = gm_xscale(m);
-	__syncwarp(); /* every lane's reads before the writes below (in place) */
-	uint2 *fr = (uint2 *)buf;
-#pragma unroll
-	for (int i = 0; i < 2; i++)
-		mo_frag_entry(fr, v[i], sc, lane + 32 * i);
-	__syncwarp();
-	return 1.f / sc;
-}
 
 /* grid (F / 8, np), MO_W warps; dynamic shared memory: MO_W x (UPW - 1) weight slots of 16 rows,
  * then MO_W x UPW units of x (1 KB each). Block (f0 = 8 blockIdx.x, pair p) writes
@@ -546,15 +478,12 @@ extern "C" int kcuda_moe_route_ffn1(struct kcuda_ctx *c, const float *logits, co
 	 * 256, x alignment; moe_small_fits: TANDEM_MOE_SMALL, workspace; the route: the register kernel
 	 * with V = 8, TANDEM_MOE_ROUTE_FAST unset (its redux arg-max), groups that are whole lane runs) */
 	const char *rf = getenv("TANDEM_MOE_ROUTE_FAST");
-	if (!mo_route_on() || moe_one_mode() != (MOE_ONE_GU | MOE_ONE_DN) || (rf && *rf) ||
+	if (!mo_route_on() || (rf && *rf) ||
 	    (n_group > 1 && n_group_used < n_group && (E % n_group || n_group_used < 1)) ||
-	    moe_route_reg_v(E, k, n_group, n_group_used) != MO_RV || k > MO_DW - 1 ||
-	    up->type != gate->type || up->n_in != D || down->n_in != F || gate->n_out != E * F ||
-	    up->n_out != E * F || down->n_out != E * D ||
-	    !moe_mma_fits(c, x, D, 1, k, gate, up, down, E, F) ||
-	    !moe_mma_fits_shared(gate, down, F, sh_gate, sh_up, sh_down) ||
-	    !moe_small_fits(c, 1, k, true, F) || !moe_one_gate_up_fits(gate->type, D, F, k + 1) ||
-	    !moe_one_down_fits(down->type, F, k + 1))
+	    moe_route_reg_v(E, k, n_group, n_group_used) != MO_RV || up->type != gate->type ||
+	    up->n_in != D || down->n_in != F || gate->n_out != E * F || up->n_out != E * F ||
+	    down->n_out != E * D || !moe_mma_fits(c, x, D, 1, k, gate, up, down, E, F) ||
+	    !moe_mma_fits_shared(gate, down, F, sh_gate, sh_up, sh_down) || !moe_small_fits(c, 1, k, true, F))
 		return ERR_UNSUPPORTED; /* nothing enqueued: the caller routes and runs the experts */
 	struct moe_one_route r = {logits,       bias,  n_group, n_group_used, gating,
 	                          norm ? 1 : 0, scale, ids,     weights};
@@ -563,10 +492,17 @@ extern "C" int kcuda_moe_route_ffn1(struct kcuda_ctx *c, const float *logits, co
 	a.sd = sh_down->data;
 	a.x = x, a.w = weights, a.ids = ids, a.D = D, a.F = F, a.E = E, a.np_r = k, a.np = k + 1;
 	a.h = (float *)c->ws, a.out = out, a.route = &r;
+	/* everything in one launch (moe_persist.cu) where it applies; else moe_one's two launches */
+	int rc = moe_persist_ffn1(c, &a);
+	if (rc != ERR_UNSUPPORTED)
+		return rc;
+	if (moe_one_mode() != (MOE_ONE_GU | MOE_ONE_DN) || k > MO_DW - 1 ||
+	    !moe_one_gate_up_fits(gate->type, D, F, k + 1) || !moe_one_down_fits(down->type, F, k + 1))
+		return ERR_UNSUPPORTED;
 	if (kprof_active)
 		kprof_push(kprof_active, "moe.experts/gate_up+route(one)", ktype_name(gate->type),
 		           2.0 * (double)(k + 1) * (double)F * (double)gate->row_bytes);
-	int rc = moe_one_gate_up(c, &a);
+	rc = moe_one_gate_up(c, &a);
 	if (kprof_active)
 		kprof_pop(kprof_active);
 	if (rc)

@@ -534,6 +534,11 @@ int moe_small_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, c
 	oa.x = x, oa.w = weights, oa.ids = ids, oa.D = a.D, oa.F = F, oa.E = a.E, oa.np_r = a.np_r;
 	oa.np = a.np, oa.h = a.h, oa.out = out, oa.route = NULL;
 	int rc;
+	if (n == 1 && a.split == 1) { /* the whole op in one launch (moe_persist.cu) */
+		rc = moe_persist_ffn1(c, &oa);
+		if (rc != ERR_UNSUPPORTED)
+			return rc;
+	}
 	ms_stage_begin("moe.experts/gate_up(small)", gate, 2.0 * (double)n_ex * (double)F);
 	if ((one & MOE_ONE_GU) && up->type == gate->type && moe_one_gate_up_fits(gate->type, a.D, F, a.np))
 		rc = moe_one_gate_up(c, &oa);

@@ -39,6 +39,10 @@
  * experts under PDL, the same bits as the call alone (a read before a producer finished would differ), also
  * with the route folded into the expert launches (kcuda_moe_route_ffn1: its ids / weights the same bits as
  *    kcuda_moe_route's on the same logits; GLM-5 and DS-V3 group routing) and its refusals.
+ * 5b. The batch-1 MoE in one launch (moe_persist.cu, TANDEM_MOE_PERSIST=1; the rest of the file runs with
+ *    it off): against the CPU, twice (same bits), against moe_small's kernels, an id out of range, GLM-5 /
+ *    DS-V3 slices, D 256 / 512, no shared expert, Q5_K mixes, repeated ids, large x, the decode chain
+ *    with and without the route folded in; each call must be exactly one launch with no error counted.
  * 6. kcuda_moe_router_route (router product + route in one launch): moe4's kernel under
  *    TANDEM_MOE_ROUTER_FUSED=1|2, and moe6's under TANDEM_MOE_ROUTE_FUSE=1 (moe_router_fuse.cu: gemv3's
  *    product, the route in the last block; off by default): logits the bits of
@@ -53,6 +57,7 @@
 #include "common/base/err.h"
 #include "kernels/cuda/model_fwd.h"
 #include "kernels/cuda/pdl_probe.h"
+#include "kernels/cuda/prof.h"
 #include "tests/ops/ops_util.h"
 
 #ifndef TANDEM_CUDA
@@ -187,6 +192,9 @@ static int id_mode;
 /* activations uniform in [-g_xscale, g_xscale): 1, or 1e5..1e6 for the fp16 range cases (the
  * tensor-core units stage x as fp16 hi / lo; a unit reaching 2^15 is staged scaled) */
 static float g_xscale = 1.0f;
+/* the one-launch batch-1 kernel (moe_persist.cu) must take the call: exactly one launch, no error
+ * counted (a grid-barrier timeout would count one) */
+static int g_want_persist;
 
 /* kcuda_moe_ffn, or kcuda_moe_ffn_shexp with the case's shared expert */
 static int run_ffn(const struct fdims *fd, void *x, int n, void *ids, void *w, const struct kweight *g,
@@ -321,7 +329,18 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 	kcuda_upload(ctx, d_x, x, sizeof(float) * (size_t)(n * D));
 	kcuda_upload(ctx, d_ids, ids, sizeof(int32_t) * (size_t)np);
 	kcuda_upload(ctx, d_w, w, sizeof(float) * (size_t)np);
+	const unsigned long long l0 = kcuda_n_launch;
 	int rc = run_ffn(fd, d_x, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
+	if (g_want_persist) {
+		const unsigned long long nl = kcuda_n_launch - l0;
+		unsigned nerr = 1;
+		OPS_CHECK(
+		    rc == 0 && nl == 1 && kcuda_sync(ctx) == 0 && kcuda_ctx_take_errors(ctx, &nerr) == 0 &&
+		        nerr == 0,
+		    "moe ffn %s %s/%s n %d: the one-launch kernel did not run alone (%llu launches, rc %d, "
+		    "%u errors counted)",
+		    fd->name, ti->name, ktype_name(dtype), n, nl, rc, nerr);
+	}
 	const int tc = !strcmp(path, "mma") || !strcmp(path, "small"); /* tensor-core paths */
 	if (fd->shexp && !tc) { /* only the tensor-core paths take the shared expert */
 		OPS_CHECK(rc == ERR_UNSUPPORTED,
@@ -395,15 +414,19 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 		          "moe ffn %s n %d: small and sorted paths differ by %.3g", ti->name, n, mx);
 		printf("  small vs sorted path: %s (max diff %.3g)\n", same ? "same bits" : "differ", mx);
 	}
-	/* one token: moe_one.cu's kernels against moe_small's (the same unit arithmetic in the same
-	 * order: the same bits expected, reported; within the tolerance required) */
+	/* one token: moe_one.cu's kernels or moe_persist.cu's against moe_small's (moe_one: the same unit
+	 * arithmetic in the same order, the same bits expected, reported; persist: sums over D grouped per
+	 * block; within the tolerance required) */
 	const char *one_env = getenv("TANDEM_MOE_SMALL_V");
-	if (!strcmp(path, "small") && n == 1 && !(one_env && !strcmp(one_env, "old"))) {
+	if (!strcmp(path, "small") && n == 1 && (g_want_persist || !(one_env && !strcmp(one_env, "old")))) {
 		char keep[16] = "";
 		if (one_env)
 			snprintf(keep, sizeof(keep), "%s", one_env);
 		setenv("TANDEM_MOE_SMALL_V", "old", 1);
+		setenv("TANDEM_MOE_PERSIST", "0", 1);
 		rc = run_ffn(fd, d_x, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
+		if (g_want_persist)
+			setenv("TANDEM_MOE_PERSIST", "1", 1);
 		if (keep[0])
 			setenv("TANDEM_MOE_SMALL_V", keep, 1);
 		else
@@ -415,8 +438,8 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 			mx = fmax(mx, fabs((double)got[i] - again[i]));
 		OPS_CHECK(rc == 0 && mx <= tol * maxref,
 		          "moe ffn %s n 1: batch-1 and moe_small kernels differ by %.3g", ti->name, mx);
-		printf("  batch-1 kernels vs moe_small's: %s (max diff %.3g)\n",
-		       same ? "same bits" : "differ", mx);
+		printf("  batch-1 %s vs moe_small's: %s (max diff %.3g)\n",
+		       g_want_persist ? "one-launch kernel" : "kernels", same ? "same bits" : "differ", mx);
 		/* an id out of range in the last slot: counted, the token NaN, nothing read (memcheck) */
 		int32_t bad = (int32_t)E;
 		unsigned nbad = 0;
@@ -637,12 +660,17 @@ static void one_chain(const struct fdims *fd, int type, int dtype, int n_group, 
 		if (route)
 			rc = rc ? rc : kcuda_matmul(ctx, &dw, buf + pad, D, 1, d_lg, E);
 		if (route && fold) { /* the route inside the expert launches */
+			const unsigned long long l0 = kcuda_n_launch;
 			const int r1 =
 			    rc ? rc
 			       : kcuda_moe_route_ffn1(ctx, d_lg, d_bias, (int)E, k, n_group, n_group_used, 0,
 			                              true, 2.5f, d_id, d_w, buf + pad, &dg, &du, &ddn, F,
 			                              &dsg, &dsu, &dsd, ob.user);
 			OPS_CHECK(r1 != ERR_UNSUPPORTED, "one chain %s: route_ffn1 refused", fd->name);
+			OPS_CHECK(
+			    !g_want_persist || r1 != 0 || kcuda_n_launch - l0 == 1,
+			    "one chain %s: route_ffn1 made %llu launches, not the one-launch kernel's 1",
+			    fd->name, kcuda_n_launch - l0);
 			rc = r1;
 		} else {
 			if (route)
@@ -694,12 +722,12 @@ static void one_chain(const struct fdims *fd, int type, int dtype, int n_group, 
 	          fd->name, route_diff);
 	OPS_CHECK(changed >= 2, "one chain %s: the ids changed in only %d of 3 routed runs", fd->name,
 	          changed);
-	printf(
-	    "batch-1 chain %s %s/%s groups %d/%d%s (producer, router, route, experts: 3 runs, ids changed in "
-	    "%d; producer, experts: 2 runs): %s\n",
-	    fd->name, ktype_name(type), ktype_name(dtype), n_group_used, n_group,
-	    fold ? ", route folded in (kcuda_moe_route_ffn1)" : "", changed,
-	    bad ? "FAIL" : "same bits as alone");
+	printf("batch-1 chain %s %s/%s groups %d/%d%s%s (producer, router, route, experts: 3 runs, ids "
+	       "changed in "
+	       "%d; producer, experts: 2 runs): %s\n",
+	       fd->name, ktype_name(type), ktype_name(dtype), n_group_used, n_group,
+	       fold ? ", route folded in (kcuda_moe_route_ffn1)" : "", g_want_persist ? ", one launch" : "",
+	       changed, bad ? "FAIL" : "same bits as alone");
 out:
 	kcuda_weight_free(&dg);
 	kcuda_weight_free(&du);
@@ -789,10 +817,23 @@ static void route_ffn1_refusals(void)
 	                          &sg, &sg, &sd, fp);
 	OPS_CHECK(rc == ERR_UNSUPPORTED, "route_ffn1: TANDEM_MOE_SMALL_V=old: rc %d", rc);
 	unsetenv("TANDEM_MOE_SMALL_V");
+	/* the one-launch kernel on: the shapes it does not take still fall through to a refusal */
+	setenv("TANDEM_MOE_PERSIST", "1", 1);
+	rc = kcuda_moe_route_ffn1(ctx, fp, NULL, 64, 8, 1, 1, 0, true, 1.f, ip, fp, fp, &g, &g, &dn, F, &sg,
+	                          &sg, &sd, fp);
+	OPS_CHECK(rc == ERR_UNSUPPORTED, "route_ffn1 (persist on): E 64: rc %d", rc);
+	rc = kcuda_moe_route_ffn1(ctx, fp, NULL, (int)E, 8, 1, 1, 0, true, 1.f, ip, fp, fp, &g6, &g6, &dn, F,
+	                          &sg, &sg, &sd, fp);
+	OPS_CHECK(rc == ERR_UNSUPPORTED, "route_ffn1 (persist on): Q6_K gate: rc %d", rc);
+	rc = kcuda_moe_route_ffn1(ctx, fp, NULL, (int)E, 8, 1, 1, 0, true, 1.f, ip, fp, fp, &g, &g, &dq8, F,
+	                          &sg, &sg, &sd, fp);
+	OPS_CHECK(rc == ERR_UNSUPPORTED, "route_ffn1 (persist on): Q8_0 down: rc %d", rc);
+	setenv("TANDEM_MOE_PERSIST", "0", 1);
 	OPS_CHECK(kcuda_sync(ctx) == 0, "route_ffn1 refusals: stream error");
 	printf(
 	    "route_ffn1 refusals: null logits -EINVAL; E 64, Q6_K gate, Q8_0 down, the default (down only), "
-	    "TANDEM_MOE_ONE_ROUTE=0, TANDEM_MOE_SMALL_V=old: ERR_UNSUPPORTED\n");
+	    "TANDEM_MOE_ONE_ROUTE=0, TANDEM_MOE_SMALL_V=old: ERR_UNSUPPORTED; with the one-launch kernel on: "
+	    "E 64, Q6_K gate, Q8_0 down ERR_UNSUPPORTED\n");
 	kcuda_free(d_any);
 }
 
@@ -1144,6 +1185,9 @@ int main(void)
 	}
 	const int quick = getenv("TANDEM_OPS_QUICK") != NULL;
 	pool = kpool_create(8);
+	/* the one-launch batch-1 kernel (moe_persist.cu, off by default) off until its own part below, also
+	 * where the environment turns it on, so the one-token cases here test moe_small's / moe_one's */
+	setenv("TANDEM_MOE_PERSIST", "0", 1);
 	/* small: the old sweep; glm5 / ds3: one TP=8 rank of GLM-5 / DeepSeek-V3 (per-rank expert
 	 * slice F 256); e256: their expert count and top-k on a short D, for the large batches;
 	 * glm-tiny / ds-tiny: tests/data's models (ds-tiny's F 128 takes the older kernels) */
@@ -1410,6 +1454,40 @@ int main(void)
 	unsetenv("TANDEM_MOE_ONE_EARLY");
 	unsetenv("TANDEM_MOE_SMALL_V");
 	route_ffn1_refusals();
+	/* the batch-1 MoE in one launch (moe_persist.cu): against the CPU, twice (same bits), against
+	 * moe_small's kernels, an id out of range (counted, the token NaN); GLM-5 / DS-V3 rank slices (24 /
+	 * 28 units of D, DS-V3 Q5_K: the most shared memory), D 512 and 256 (fewer units than SMs: a grid
+	 * of one block a unit), no shared expert, Q5_K / Q4_K mixes, ids repeated inside the token, large
+	 * x; the decode chain under PDL with and without the route folded in (GLM-5 / DS-V3 routing), the
+	 * same bits as the call alone; each must take exactly one launch and count no error */
+	setenv("TANDEM_MOE_PERSIST", "1", 1);
+	printf("batch-1 MoE in one launch (moe_persist.cu, TANDEM_MOE_PERSIST=1)\n");
+	g_want_persist = 1;
+	ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+	ffn_case(&e256s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+	ffn_case(&e256s, KT_Q5_K, KT_Q4_K, 1, 1e-4);
+	ffn_case(&e256, KT_Q4_K, KT_Q5_K, 1, 1e-4);
+	ffn_case(&gtinys, KT_Q4_K, KT_Q5_K, 1, 1e-4);
+	if (!ops_small) {
+		ffn_case(&ds3s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+		if (!quick)
+			ffn_case(&ds3s, KT_Q5_K, KT_Q5_K, 1, 1e-4);
+	}
+	id_mode = 1;
+	ffn_case(&e256s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+	id_mode = 0;
+	g_xscale = 1e6f;
+	ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+	ffn_case(&e256s, KT_Q5_K, KT_Q5_K, 1, 1e-4);
+	g_xscale = 1.0f;
+	one_chain(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1, 1);
+	one_chain(&e256s, KT_Q4_K, KT_Q4_K, 8, 4, 1);
+	one_chain(&e256s, KT_Q5_K, KT_Q5_K, 1, 1, 1);
+	one_chain(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1, 0);
+	g_want_persist = 0;
+	/* shapes it does not take go to moe_small / moe_one as before */
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 1, 1e-4);
+	setenv("TANDEM_MOE_PERSIST", "0", 1);
 	/* router product + route in one launch: GLM-5 / DS-V3 per-rank shapes, batch 1..8 (the default
 	 * takes 1..2 tokens, TANDEM_MOE_ROUTER_FUSED=1 up to 8), ties; the expert prefetch on (it is
 	 * off by default) and off */
