@@ -177,6 +177,8 @@ void kcpu_moe_route(const float *logits, const float *bias, int E, int k, int n_
 #if defined(TANDEM_CUDA) || defined(__CUDACC__)
 struct kcuda_ctx;
 int kcuda_device_count(void); /* 0 when there is no usable GPU (no driver, no device) */
+/* the most shared memory a block of device dev may have (TANDEM_CUDA_SMEM_CAP lowers it; 0: unknown) */
+int kcuda_smem_optin(int dev);
 /* ws_bytes: workspace for the prefill GEMM's dequantized weight tiles (0 = 256 MiB). */
 int kcuda_ctx_create(int device, size_t ws_bytes, struct kcuda_ctx **out);
 void kcuda_ctx_destroy(struct kcuda_ctx *c);

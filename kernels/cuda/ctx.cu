@@ -43,6 +43,27 @@ extern "C" int kcuda_cc_major(int dev)
 	return cc[dev];
 }
 
+extern "C" int kcuda_smem_optin(int dev)
+{
+	static int cap = -1, v[64]; /* racing first calls store the same values */
+	if (cap < 0) {
+		const char *e = getenv("TANDEM_CUDA_SMEM_CAP");
+		const long x = e && *e ? strtol(e, NULL, 10) : 0;
+		cap = x > 0 && x < (1L << 30) ? (int)x : 0;
+	}
+	if (dev < 0 || dev >= 64)
+		return 0;
+	if (!v[dev]) {
+		int m = 0;
+		if (cudaDeviceGetAttribute(&m, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+			(void)cudaGetLastError();
+			return 0;
+		}
+		v[dev] = m;
+	}
+	return cap && cap < v[dev] ? cap : v[dev];
+}
+
 extern "C" int kcuda_prefetch_enabled(void)
 {
 	static int on = -1;

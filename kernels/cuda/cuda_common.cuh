@@ -107,6 +107,12 @@ extern "C" int kcuda_prefetch_enabled(void); /* ctx.cu */
 /* compute capability major of device dev (0 when unknown: a failed query or dev outside 0..63), cached
  * per device (ctx.cu; clusters and the bulk copies need 9 or more) */
 extern "C" int kcuda_cc_major(int dev);
+/* The most shared memory one block of device dev may have (cudaDevAttrMaxSharedMemoryPerBlockOptin:
+ * 227 KB on sm_90 / sm_100, 99 KB on sm_120), 0 when unknown; every kernel that opts in to more than
+ * 48 KB checks its need against this and takes another path (or refuses with an error) when it does
+ * not fit. TANDEM_CUDA_SMEM_CAP=bytes lowers it, so a larger GPU runs the paths a smaller one takes
+ * (e.g. 101376 on an H200: the RTX PRO 6000's sm_120 limit). Cached per device (ctx.cu). */
+extern "C" int kcuda_smem_optin(int dev);
 
 /* p, made opaque to the compiler from this point on: loads through the result cannot be scheduled
  * before it. A kernel that touches weights before KDEP_ENTRY() must pass every pointer to data an

@@ -195,8 +195,18 @@ static int idx_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q)
 	}
 	const size_t smem = sizeof(float) * ((size_t)a.HI * a.DI + (size_t)IDX_TK * (a.DI + 1) +
 	                                     (size_t)a.HI * IDX_TK + a.HI);
-	KCUDA_CHECK(cudaFuncSetAttribute(indexer_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-	                                 (int)smem));
+	const size_t optin = (size_t)kcuda_smem_optin(c->device);
+	if (smem > optin) {
+		fprintf(
+		    stderr,
+		    "kcuda: indexer: %d heads x %d dims need %zu bytes of shared memory a block, device %d "
+		    "allows %zu\n",
+		    (int)a.HI, (int)a.DI, smem, c->device, optin);
+		return ERR_LIMIT;
+	}
+	if (cudaFuncSetAttribute(indexer_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+	                         (int)smem) != cudaSuccess)
+		return kcuda_launch_status("indexer attribute");
 	const int64_t tiles = (a.max_keys + IDX_TK - 1) / IDX_TK;
 	if (tiles == 0 || n_q == 0)
 		return 0;

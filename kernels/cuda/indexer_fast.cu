@@ -392,13 +392,7 @@ bool kcuda_indexer_fast_ok(struct kcuda_ctx *c, const idx_args &a)
 	if (a.qr_R && (a.qr_R < 0 || a.qr_R % 2 || a.qr_R > a.DI || !a.qr_inv || !a.qr_pos ||
 	               (a.qr_pairing != 0 && a.qr_pairing != 1)))
 		return false;
-	int max_smem = 0;
-	if (cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device) !=
-	    cudaSuccess) {
-		(void)cudaGetLastError();
-		return false;
-	}
-	return if_smem(a.DI, !a.bf16) <= (size_t)max_smem;
+	return if_smem(a.DI, !a.bf16) <= (size_t)kcuda_smem_optin(c->device);
 }
 
 int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q)
@@ -495,13 +489,8 @@ int kcuda_indexer_sel_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q
 	const size_t tail = ksel_smem_base(a.max_keys) + (size_t)KSEL_CAND_MIN * sizeof(uint2);
 	if (smem < tail)
 		smem = tail;
-	int max_smem = 0;
-	if (cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device) !=
-	    cudaSuccess) {
-		(void)cudaGetLastError();
-		return ERR_UNSUPPORTED;
-	}
-	if (smem + 4096 > (size_t)max_smem) /* room for the static part (scan storage, ~1.4 KB) */
+	if (smem + 4096 >
+	    (size_t)kcuda_smem_optin(c->device)) /* room for the static part (scan storage, ~1.4 KB) */
 		return ERR_UNSUPPORTED;
 	const int64_t per = (int64_t)TK * tiles;
 	const int64_t ranges = (a.max_keys + per - 1) / per;

@@ -293,11 +293,20 @@ int kcuda_mla_attn_ref(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
 		return 0;
 	if (rows->n_q > INT32_MAX || rows->max_keys > INT32_MAX / 2 || H > 65535 * 16)
 		return ERR_LIMIT;
-	const int HG = H <= 8 ? 8 : 16;
+	/* 16 heads a block where more than 8 and the shared memory allows (GLM-5 at 16+ heads a rank:
+	 * ~112 KB, over sm_120's 99 KB), else 8 */
+	const size_t optin = (size_t)kcuda_smem_optin(c->device);
+	const int HG = H > 8 && mla_smem(16, (int)kv->dim) <= optin ? 16 : 8;
 	const int n_hg = (int)((H + HG - 1) / HG);
 	const size_t smem = mla_smem(HG, (int)kv->dim);
-	if (smem > 200 * 1024)
+	if (smem > optin) {
+		fprintf(
+		    stderr,
+		    "kcuda: mla_attn: a %d-wide KV row needs %zu bytes of shared memory a block, device %d "
+		    "allows %zu\n",
+		    (int)kv->dim, smem, c->device, optin);
 		return ERR_LIMIT;
+	}
 
 	mla_args a;
 	a.base = (const uint8_t *)kv->base;
@@ -356,12 +365,14 @@ int kcuda_mla_attn_ref(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
 	cudaStream_t st = c->stream;
 	int rc;
 	if (HG == 8) {
-		KCUDA_CHECK(cudaFuncSetAttribute(mla_split_kernel<8>,
-		                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+		if (cudaFuncSetAttribute(mla_split_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+		                         (int)smem) != cudaSuccess)
+			return kcuda_launch_status("mla_split attribute");
 		rc = klaunch("mla_split", mla_split_kernel<8>, grid, dim3(MLA_THREADS), smem, st, a);
 	} else {
-		KCUDA_CHECK(cudaFuncSetAttribute(mla_split_kernel<16>,
-		                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+		if (cudaFuncSetAttribute(mla_split_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+		                         (int)smem) != cudaSuccess)
+			return kcuda_launch_status("mla_split attribute");
 		rc = klaunch("mla_split", mla_split_kernel<16>, grid, dim3(MLA_THREADS), smem, st, a);
 	}
 	if (rc || a.nsplit == 1)

@@ -486,13 +486,7 @@ int kmla_dec_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const s
 	if (C % 64 || C > MD_CMAX || kv->dim > MD_DMAX || kv->dim % 16 || (uintptr_t)out % 16 ||
 	    (uintptr_t)q % 8 || rows->max_keys < 1 || rows->max_keys > INT32_MAX / 2)
 		return ERR_UNSUPPORTED;
-	int major = 0, max_smem = 0;
-	if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device) != cudaSuccess ||
-	    cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device) !=
-	        cudaSuccess) {
-		(void)cudaGetLastError();
-		return ERR_UNSUPPORTED;
-	}
+	const int major = kcuda_cc_major(c->device), max_smem = kcuda_smem_optin(c->device);
 	if (major < 9)
 		return ERR_UNSUPPORTED;
 	const bool f32 = !kv->bf16;

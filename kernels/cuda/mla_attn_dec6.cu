@@ -649,13 +649,7 @@ static int d6_plan_of(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const
 	    kv->dim > D6_DMAX || kv->dim % 8 || rows->n_q < 1 || rows->max_keys < 1 ||
 	    rows->max_keys > INT32_MAX / 2 || kv->block_tokens < 1)
 		return ERR_UNSUPPORTED;
-	int major = 0, max_smem = 0;
-	if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device) != cudaSuccess ||
-	    cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device) !=
-	        cudaSuccess) {
-		(void)cudaGetLastError();
-		return ERR_UNSUPPORTED;
-	}
+	const int major = kcuda_cc_major(c->device), max_smem = kcuda_smem_optin(c->device);
 	if (major < 9)
 		return ERR_UNSUPPORTED;
 	const bool f32 = !kv->bf16;

@@ -444,13 +444,7 @@ static bool mm_fits(const struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
 	    (uintptr_t)out % 8)
 		return false;
 	/* fp32 tiles need ~160 KB: Hopper and sm_100 have it, sm_120 (99 KB) takes the first kernel */
-	int max_smem = 0;
-	if (cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device) !=
-	    cudaSuccess) {
-		(void)cudaGetLastError();
-		return false;
-	}
-	return mm_smem((int)kv->dim, !kv->bf16) <= (size_t)max_smem;
+	return mm_smem((int)kv->dim, !kv->bf16) <= (size_t)kcuda_smem_optin(c->device);
 }
 
 /* the kernel without (ROPE false: the default, no rope code in it) or with q's rope on its loads */

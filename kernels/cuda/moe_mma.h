@@ -65,7 +65,7 @@ struct moe_one_args {
 	const struct moe_one_route *route; /* non-NULL: the kernels route the token (ids unused) */
 };
 int moe_one_mode(void); /* MOE_ONE_* under TANDEM_MOE_SMALL_V */
-bool moe_one_gate_up_fits(int type, int64_t D, int64_t F, int np);
+bool moe_one_gate_up_fits(const struct kcuda_ctx *c, int type, int64_t D, int64_t F, int np);
 bool moe_one_down_fits(int type, int64_t F, int np);
 /* h[p][f] = SiLU(gate_p x) up_p x; -EINVAL when the fits say no */
 int moe_one_gate_up(struct kcuda_ctx *c, const struct moe_one_args *a);

@@ -353,12 +353,14 @@ static size_t mo_gu_smem(int type, int upw)
 	return (size_t)MO_W * (size_t)(upw - 1) * 16 * bytes + (size_t)MO_W * (size_t)upw * 1024;
 }
 
-bool moe_one_gate_up_fits(int type, int64_t D, int64_t F, int np)
+bool moe_one_gate_up_fits(const struct kcuda_ctx *c, int type, int64_t D, int64_t F, int np)
 {
 	if ((type != KT_Q4_K && type != KT_Q5_K) || D % 256 || F % 8 || D < 256 || np < 1 || np > 65535)
 		return false;
 	const int upw = mo_upw(D / 256);
-	return upw >= 1 && upw <= MO_UPW_MAX && mo_gu_smem(type, upw) <= 200 * 1024;
+	/* (+ 1 KB for the static part) */
+	return upw >= 1 && upw <= MO_UPW_MAX &&
+	       mo_gu_smem(type, upw) + 1024 <= (size_t)kcuda_smem_optin(c->device);
 }
 
 bool moe_one_down_fits(int type, int64_t F, int np)
@@ -414,7 +416,7 @@ template <int T, bool RT> static int mo_gu_t(struct kcuda_ctx *c, const struct m
 
 int moe_one_gate_up(struct kcuda_ctx *c, const struct moe_one_args *a)
 {
-	if (!moe_one_gate_up_fits(a->gate->type, a->D, a->F, a->np) || a->up->type != a->gate->type)
+	if (!moe_one_gate_up_fits(c, a->gate->type, a->D, a->F, a->np) || a->up->type != a->gate->type)
 		return -EINVAL;
 	if (a->route)
 		return a->gate->type == KT_Q5_K ? mo_gu_t<KT_Q5_K, true>(c, a) : mo_gu_t<KT_Q4_K, true>(c, a);
@@ -497,7 +499,7 @@ extern "C" int kcuda_moe_route_ffn1(struct kcuda_ctx *c, const float *logits, co
 	if (rc != ERR_UNSUPPORTED)
 		return rc;
 	if (moe_one_mode() != (MOE_ONE_GU | MOE_ONE_DN) || k > MO_DW - 1 ||
-	    !moe_one_gate_up_fits(gate->type, D, F, k + 1) || !moe_one_down_fits(down->type, F, k + 1))
+	    !moe_one_gate_up_fits(c, gate->type, D, F, k + 1) || !moe_one_down_fits(down->type, F, k + 1))
 		return ERR_UNSUPPORTED;
 	if (kprof_active)
 		kprof_push(kprof_active, "moe.experts/gate_up+route(one)", ktype_name(gate->type),

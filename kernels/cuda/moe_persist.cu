@@ -517,9 +517,8 @@ static int mp_launch(struct kcuda_ctx *c, const mp_args &a, const mp_plan &pl)
 	if (!once || !attr_done[c->device]) {
 		/* dynamic shared memory up to what the block may have besides its static arrays */
 		cudaFuncAttributes fa;
-		if (cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device) !=
-		        cudaSuccess ||
-		    cudaFuncGetAttributes(&fa, kern) != cudaSuccess ||
+		max_optin = kcuda_smem_optin(c->device);
+		if (max_optin < 1 || cudaFuncGetAttributes(&fa, kern) != cudaSuccess ||
 		    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
 		                         max_optin - (int)fa.sharedSizeBytes) != cudaSuccess)
 			return kcuda_launch_status("moe_persist attribute");
@@ -567,10 +566,7 @@ int moe_persist_ffn1(struct kcuda_ctx *c, const struct moe_one_args *o)
 	struct mp_plan pl;
 	if (!mp_plan_of(c, tg, td, o->D, o->np, &pl))
 		return ERR_UNSUPPORTED;
-	int max_optin = 0;
-	if (cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device) !=
-	        cudaSuccess ||
-	    pl.smem + MP_STATIC_SMEM > (size_t)max_optin)
+	if (pl.smem + MP_STATIC_SMEM > (size_t)kcuda_smem_optin(c->device))
 		return ERR_UNSUPPORTED;
 	const size_t pbytes = sizeof(float) * 16 * (size_t)o->np * 32 * (size_t)pl.seg;
 	if (pbytes > c->ws_bytes)

@@ -540,7 +540,7 @@ int moe_small_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, c
 			return rc;
 	}
 	ms_stage_begin("moe.experts/gate_up(small)", gate, 2.0 * (double)n_ex * (double)F);
-	if ((one & MOE_ONE_GU) && up->type == gate->type && moe_one_gate_up_fits(gate->type, a.D, F, a.np))
+	if ((one & MOE_ONE_GU) && up->type == gate->type && moe_one_gate_up_fits(c, gate->type, a.D, F, a.np))
 		rc = moe_one_gate_up(c, &oa);
 	else
 		switch (gate->type) {

@@ -420,10 +420,9 @@ int kcuda_topk_fast_takes(struct kcuda_ctx *c, int64_t ld)
 	const int dev = c->device >= 0 && c->device < 64 ? c->device : -1;
 	if (dev >= 0 && ok[dev])
 		return ok[dev] > 0;
-	int max_smem = 0;
+	const int max_smem = kcuda_smem_optin(c->device);
 	cudaFuncAttributes fa;
-	int r = cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device) ==
-	            cudaSuccess &&
+	int r = max_smem > 0 &&
 	        cudaFuncGetAttributes(&fa, topk_fast_kernel<1024, TF_SMEM_PER, true>) == cudaSuccess;
 	if (!r)
 		(void)cudaGetLastError();

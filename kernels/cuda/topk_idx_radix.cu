@@ -534,12 +534,7 @@ extern "C" int kcuda_topk_idx_short_fits(struct kcuda_ctx *c, int64_t ld)
 	const int dev = c->device >= 0 && c->device < 64 ? c->device : -1;
 	if (dev >= 0 && max_ld[dev] > 0)
 		return ld <= max_ld[dev];
-	int max_smem = 0;
-	if (cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device) !=
-	    cudaSuccess) {
-		(void)cudaGetLastError();
-		return 0;
-	}
+	const int max_smem = kcuda_smem_optin(c->device);
 	cudaFuncAttributes fa;
 	if (cudaFuncGetAttributes(&fa, topk_short_kernel) != cudaSuccess) {
 		(void)cudaGetLastError();

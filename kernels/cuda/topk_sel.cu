@@ -103,13 +103,8 @@ int kcuda_topk_sel(struct kcuda_ctx *c, const float *scores, int64_t ld, int64_t
 	if (n_rows == 0)
 		return 0;
 	const size_t smem = ksel_smem_base(ld) + (size_t)KSEL_CAND_MIN * 2 * sizeof(uint2);
-	int max_smem = 0;
-	if (cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device) !=
-	    cudaSuccess) {
-		(void)cudaGetLastError();
-		return ERR_UNSUPPORTED;
-	}
-	if (smem + 4096 > (size_t)max_smem) /* room for the static part (scan storage, ~1.4 KB) */
+	if (smem + 4096 >
+	    (size_t)kcuda_smem_optin(c->device)) /* room for the static part (scan storage, ~1.4 KB) */
 		return ERR_UNSUPPORTED;
 	KCUDA_CHECK(
 	    cudaFuncSetAttribute(topk_sel_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));

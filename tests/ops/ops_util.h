@@ -15,6 +15,20 @@
 
 #include "kernels/kernels.h"
 
+/* Device 0 has the shared memory of an sm_120 GPU (99 KB a block), or less: true on an RTX PRO 6000 and
+ * on an H200 under TANDEM_CUDA_SMEM_CAP=101376. Paths that need Hopper's 227 KB (fp32 KV tiles, the
+ * one-launch MoE, the short top-k past ~24k keys) then decline, and the tests that force them report
+ * that instead of failing; the results of what ran are checked all the same. */
+static inline int ops_smem_small(void)
+{
+#ifdef TANDEM_CUDA
+	const int m = kcuda_smem_optin(0);
+	return m > 0 && m < 200 * 1024;
+#else
+	return 0;
+#endif
+}
+
 static int ops_n_fail __attribute__((unused));
 static int ops_n_check __attribute__((unused));
 

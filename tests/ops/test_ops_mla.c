@@ -228,21 +228,29 @@ static void run_case(const struct mcase *mc)
 	 * two launches (scores, softmax + PV) */
 	const int want7 =
 	    rows.max_keys <= 2048 && (expect_dec7 == 1 || (expect_dec7 == 2 && n_q == 1 && K > 0));
-	if (want7)
-		OPS_CHECK(kcuda_n_launch - l0 == 2 && kmla_dec7_launches - d70 == 1,
+	/* (with sm_120's shared memory, ops_smem_small, the fp32 pools decline: reported, not failed) */
+	const int small = ops_smem_small();
+	if (want7) {
+		OPS_CHECK((kcuda_n_launch - l0 == 2 && kmla_dec7_launches - d70 == 1) ||
+		              (small && kmla_dec7_launches == d70),
 		          "%s: %llu launches, %llu of mla_dec7 (it declined)", mc->name, kcuda_n_launch - l0,
 		          kmla_dec7_launches - d70);
-	else if (!expect_dec7)
+		if (small && kmla_dec7_launches == d70)
+			printf("  %s: mla_dec7 declined (sm_120-class shared memory)\n", mc->name);
+	} else if (!expect_dec7)
 		OPS_CHECK(kmla_dec7_launches == d70, "%s: mla_dec7 ran in a mode that excludes it", mc->name);
 	/* the fp32 short-chain kernel must take every decode and prefill shape of the cases where the
 	 * mode forces it (TANDEM_MLA_DEC=65535: any rows and heads; fp32 and bf16 pools), in one
 	 * launch; and never run where the mode excludes it */
 	const int want6 = !want7 && (expect_dec6 == 1 || (expect_dec6 == 2 && n_q <= 8 && H <= 16));
-	if (want6)
-		OPS_CHECK(kcuda_n_launch - l0 == 1 && kmla_dec6_launches - d60 == 1,
+	if (want6) {
+		OPS_CHECK((kcuda_n_launch - l0 == 1 && kmla_dec6_launches - d60 == 1) ||
+		              (small && kmla_dec6_launches == d60),
 		          "%s: %llu launches, %llu of mla_dec6 (it declined)", mc->name, kcuda_n_launch - l0,
 		          kmla_dec6_launches - d60);
-	else
+		if (small && kmla_dec6_launches == d60)
+			printf("  %s: mla_dec6 declined (sm_120-class shared memory)\n", mc->name);
+	} else
 		OPS_CHECK(kmla_dec6_launches == d60, "%s: mla_dec6 ran in a mode that excludes it", mc->name);
 	/* mla_attn_dec.cu's kernel must take the GLM-5 / DeepSeek-V3 decode shapes (H 8 / 16: one
 	 * head group per row; bf16 pools, the decode graph's) at batch 1..8 when forced
@@ -587,9 +595,12 @@ static void check_pdl_producer(int n_q)
 	}
 	OPS_CHECK(bad == 0, "pdl producer B%d: %d runs read q or the top-k list before the producer finished",
 	          n_q, bad);
-	OPS_CHECK(!expect_dec6 || kmla_dec6_launches - d60 == 6,
+	/* (sm_120-class shared memory: the fp32 pool's kernels may decline, ops_smem_small) */
+	OPS_CHECK(!expect_dec6 || kmla_dec6_launches - d60 == 6 ||
+	              (ops_smem_small() && kmla_dec6_launches == d60),
 	          "pdl producer B%d: mla_dec6 ran %llu of 6 times", n_q, kmla_dec6_launches - d60);
-	OPS_CHECK(expect_dec7 != 1 || kmla_dec7_launches - d70 == 6,
+	OPS_CHECK(expect_dec7 != 1 || kmla_dec7_launches - d70 == 6 ||
+	              (ops_smem_small() && kmla_dec7_launches == d70),
 	          "pdl producer B%d: mla_dec7 ran %llu of 6 times", n_q, kmla_dec7_launches - d70);
 	printf("mla after PDL producers (top-k list, q), B%d, 2 orders x 3 runs: %s\n", n_q,
 	       bad ? "FAIL" : "ok");
