@@ -127,6 +127,17 @@ __device__ __forceinline__ bool mp_grid_barrier(unsigned *bar, unsigned *err)
 	return s_ok != 0;
 }
 
+/* One weight tile of 16 rows x BYTES into a slot (row rr at dst + rr BYTES) from row(rr), by the
+ * warp's lanes, 16 bytes a copy (the caller commits the group) */
+template <int BYTES, typename Row> __device__ __forceinline__ void mp_cp_tile(uint8_t *dst, int lane, Row row)
+{
+	constexpr int CH = BYTES / 16;
+	for (int i = lane; i < 16 * CH; i += 32) {
+		const int rr = i / CH, c = i % CH;
+		mo_cp16(dst + rr * BYTES + 16 * c, row(rr) + 16 * c);
+	}
+}
+
 /* phase i of this block reached (thread 0; trace mode only) */
 #define MP_T(i)                                                                                              \
 	do {                                                                                                 \
@@ -139,12 +150,12 @@ __device__ __forceinline__ bool mp_grid_barrier(unsigned *bar, unsigned *err)
 template <int TG, int TD, bool RT>
 __global__ void __launch_bounds__(MP_W * 32, 1) moe_persist_kernel(const mp_args a)
 {
-	constexpr int BG = TG == KT_Q5_K ? 176 : 144, CG = BG / 16;
-	constexpr int BD = TD == KT_Q5_K ? 176 : 144, CD = BD / 16;
+	constexpr int BG = TG == KT_Q5_K ? 176 : 144;
+	constexpr int BD = TD == KT_Q5_K ? 176 : 144;
 	constexpr int SLOT = 16 * (BG > BD ? BG : BD);
 	extern __shared__ __align__(16) uint8_t mp_smem[];
-	__shared__ int s_id[1][32];
-	__shared__ float s_w[1][32];
+	__shared__ int s_id[32];
+	__shared__ float s_w[32];
 	__shared__ int es[MP_NP_MAX];
 	__shared__ float wsh[MP_NP_MAX];
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -172,13 +183,12 @@ __global__ void __launch_bounds__(MP_W * 32, 1) moe_persist_kernel(const mp_args
 		if (e >= 0) {
 			const size_t eo = e < E ? (size_t)e * (size_t)a.tpp * 8 * a.rb_gu : 0;
 			const uint8_t *bg = (e < E ? a.wg : a.sg) + eo, *bu = (e < E ? a.wu : a.su) + eo;
-			uint8_t *dst = slots + (size_t)j * SLOT;
-			for (int i = lane; i < 16 * CG; i += 32) {
-				const int rr = i / CG, c = i % CG; /* rows 0..7 gate, 8..15 up */
-				mo_cp16(dst + rr * BG + 16 * c, (rr < 8 ? bg : bu) +
-				                                    (size_t)(f0 + (rr & 7)) * a.rb_gu +
-				                                    (size_t)BG * u + 16 * c);
-			}
+			mp_cp_tile<BG>(slots + (size_t)j * SLOT, lane,
+			               [&](int rr) { /* 0..7 gate, 8..15 up */
+				                     return (rr < 8 ? bg : bu) +
+				                            (size_t)(f0 + (rr & 7)) * a.rb_gu +
+				                            (size_t)BG * u;
+			               });
 		}
 		mo_commit();
 	};
@@ -200,24 +210,24 @@ __global__ void __launch_bounds__(MP_W * 32, 1) moe_persist_kernel(const mp_args
 		if (RT) {
 			route_reg_token<MO_RV, true>(kdep_after(a.rt.lg), a.rt.bias, E, a.rt.k, a.rt.n_group,
 			                             a.rt.n_group_used, a.rt.gating, a.rt.norm, a.rt.scale,
-			                             s_id[0], s_w[0]);
+			                             s_id, s_w);
 			__syncwarp();
 			if (b == 0 && lane < np_r)
-				a.rt.ids[lane] = s_id[0][lane], a.rt.wts[lane] = s_w[0][lane];
+				a.rt.ids[lane] = s_id[lane], a.rt.wts[lane] = s_w[lane];
 		} else if (lane < np_r) {
-			s_id[0][lane] = kdep_after(a.ids)[lane];
-			s_w[0][lane] = kdep_after(a.wts)[lane];
+			s_id[lane] = kdep_after(a.ids)[lane];
+			s_w[lane] = kdep_after(a.wts)[lane];
 		}
 	}
 	__syncthreads();
-	auto expert = [&](int p) { return mo_expert(p < np_r ? s_id[0][p] : E, p < np_r, E); };
+	auto expert = [&](int p) { return mo_expert(p < np_r ? s_id[p] : E, p < np_r, E); };
 	/* the first unit now; x staged before the others (issuing them all stalls on the memory
 	 * system for ~3 us, and the block's barrier below would wait for that) */
 	if (!early && nw > 0)
 		issue_gu(0, expert(lo_w / U / a.tpp));
 	if (warp == 0 && lane < np) {
 		es[lane] = expert(lane);
-		wsh[lane] = lane < np_r ? s_w[0][lane] : 1.0f;
+		wsh[lane] = lane < np_r ? s_w[lane] : 1.0f;
 	}
 	MP_T(2);
 	if (early || nw == 0) /* x's group is the newest (or the only one) */
@@ -275,12 +285,9 @@ __global__ void __launch_bounds__(MP_W * 32, 1) moe_persist_kernel(const mp_args
 		if (e >= 0) {
 			const uint8_t *base = e < E ? a.wd + (size_t)e * (size_t)a.D * a.rb_d : a.sd;
 			const int64_t row0 = 16 * (int64_t)(rg0 + rg);
-			uint8_t *dst = slots + (size_t)s * SLOT;
-			for (int i = lane; i < 16 * CD; i += 32) {
-				const int rr = i / CD, c = i % CD;
-				mo_cp16(dst + rr * BD + 16 * c,
-				        base + (size_t)min(row0 + rr, a.D - 1) * a.rb_d + 16 * c);
-			}
+			mp_cp_tile<BD>(slots + (size_t)s * SLOT, lane, [&](int rr) {
+				return base + (size_t)min(row0 + rr, a.D - 1) * a.rb_d;
+			});
 		}
 	}
 	mo_commit();

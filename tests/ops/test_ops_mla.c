@@ -646,6 +646,15 @@ int main(void)
 		printf("FAIL: no CUDA context\n");
 		return 1;
 	}
+	{ /* TANDEM_CUDA_SMEM_CAP lowers the limit every kernel asks for (an sm_120 GPU's 99 KB on this one)
+	   */
+		const char *cap = getenv("TANDEM_CUDA_SMEM_CAP");
+		const long cv = cap && *cap ? strtol(cap, NULL, 10) : 0;
+		const int m = kcuda_smem_optin(0);
+		OPS_CHECK(m > 0 && (cv <= 0 || m <= cv),
+		          "shared memory a block: %d with TANDEM_CUDA_SMEM_CAP %ld", m, cv);
+		printf("shared memory a block: %d bytes%s\n", m, ops_smem_small() ? " (sm_120 class)" : "");
+	}
 	static const int l_small[] = {1, 31, 33, 64, 65};
 	static const int l_mid[] = {2048, 2049, 1};
 	static const int l_long[] = {32768};
