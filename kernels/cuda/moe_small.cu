@@ -22,6 +22,9 @@
  *     with the sorted path's formula: deterministic, no partial buffer in memory, no atomics. A
  *     pair with an expert id out of range gives NaN for its token and is counted (block 0).
  * Both kernels start with KDEP_ENTRY and go through klaunch (programmatic dependent launch).
+ * One-token chunks (every chunk at batch 1, most at 2..8) of Q4_K / Q5_K experts run on the int8
+ * tensor-core unit of k45_i8.cuh (x as three int8 parts: ~3e-7 of max|out| against the fp16 unit's
+ * ~8e-7; TANDEM_MOE_I8=0 restores the fp16 unit).
  * TANDEM_MOE_SMALL=0 turns the path off (the sorted path then takes these batches), and
  * TANDEM_MOE_SMALL_MAX=n moves its upper token count (<= MOE_SMALL_MAX_TOKENS). One token with
  * Q4_K / Q5_K experts goes to moe_one.cu's kernels instead (the same arithmetic, the weights issued
@@ -29,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cuda/k45_i8.cuh"
 #include "kernels/cuda/moe_mma.h"
 #include "kernels/cuda/moe_mma_units.cuh"
 #include "kernels/cuda/prof.h"
@@ -97,6 +101,30 @@ __device__ __forceinline__ void ms_lane_init(mm_stage<1> &st, const float *const
 #define MS_PF_SHARED 1 /* the shared expert's weights before KDEP_ENTRY (TANDEM_PREFETCH) */
 #define MS_PF_ROWS 2 /* after the wait: the block's rows of its routed expert(s) at once */
 #define MS_PF_DOWN 4 /* gate / up: a 1 / gridDim.x share of the routed expert's down matrix */
+#define MS_I8 8 /* not a prefetch: one-token chunks of Q4_K / Q5_K on the int8 unit (k45_i8.cuh) */
+
+/* One token's rows of a chunk on the int8 unit (k45_i8.cuh): units u0, u0 + du, ... < u1 of the
+ * rows' super-blocks against x (xrow: the token's 256-element units), staged per unit in X (the
+ * warp's fp16 staging area, reused: the fp16 path is not taken for this chunk). Returns, in every
+ * lane, the dots of rows g (hr 0) and g + 8 (hr 1) of each tile r. */
+template <int T, int R>
+__device__ __forceinline__ void ms_rows_i8(float (&acc)[R][2], const uint8_t *const (&rows)[R][2],
+                                           const float *xrow, int64_t u0, int64_t u1, int64_t du, mi8_x &X,
+                                           int lane)
+{
+	const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+	for (int r = 0; r < R; r++)
+		acc[r][0] = acc[r][1] = 0.f;
+	for (int64_t u = u0; u < u1; u += du) {
+		gm_k45_w<T, R> w;
+		gm_k45_load<T, R>(w, rows, u, t);
+		__syncwarp(); /* the previous unit's reads of X are done */
+		mi8_stage(X, xrow + 256 * u, lane); /* while the weights load */
+		mi8_k45_unit<T, R>(acc, w, X, g, t);
+	}
+	mi8_rows_sum<R>(acc);
+}
 
 /* gate / up block's prefetch, thread `which`: 0 its NF gate rows, 1 its NF up rows (whole rows:
  * split 1 only), 2 its 1 / gridDim.x share of the down matrix dn (down_bytes; split z 0 only) */
@@ -180,32 +208,47 @@ template <int T, int W, int R, bool DB> __device__ __forceinline__ void ms_gate_
 	}
 	const bool rb4 = rb % 4 == 0;
 	const int64_t u0 = n_units * z / S, u1 = n_units * (z + 1) / S;
-	if constexpr ((T == KT_Q4_K || T == KT_Q5_K) && DB) {
-		{ /* TANDEM_MOE_DB=1: the next unit's weight words load while this one computes */
-			gm_k45_w<T, R> wa, wb;
-			int64_t u = u0 + warp;
-			if (u < u1)
-				gm_k45_load<T, R>(wa, rows, u, L.t);
-			for (; u < u1; u += 2 * W) { /* two units per trip: no register copies */
-				if (u + W < u1)
-					gm_k45_load<T, R>(wb, rows, u + W, L.t);
-				gm_k45_math<T, R, 1>(L, wa, u);
-				if (u + W >= u1)
-					break;
-				if (u + 2 * W < u1)
-					gm_k45_load<T, R>(wa, rows, u + 2 * W, L.t);
-				gm_k45_math<T, R, 1>(L, wb, u + W);
-			}
+	bool i8 = false;
+	if constexpr (T == KT_Q4_K || T == KT_Q5_K)
+		if ((pf & MS_I8) && cnt == 1) { /* one token: the int8 unit */
+			float a8[R][2];
+			ms_rows_i8<T, R>(a8, rows, xr[0], u0 + warp, u1, W, *(mi8_x *)&stage[warp], lane);
+#pragma unroll
+			for (int r = 0; r < R; r++)
+#pragma unroll
+				for (int hr = 0; hr < 2; hr++)
+					if (L.t == 0)
+						part[warp][16 * r + 8 * hr + L.g][0] = a8[r][hr];
+			i8 = true;
 		}
-	} else
-		for (int64_t u = u0 + warp; u < u1; u += W)
-			mm_unit<T, R, 1>(L, rows, u, rb4);
+	if (!i8) {
+		if constexpr ((T == KT_Q4_K || T == KT_Q5_K) && DB) {
+			{ /* TANDEM_MOE_DB=1: the next unit's weight words load while this one computes */
+				gm_k45_w<T, R> wa, wb;
+				int64_t u = u0 + warp;
+				if (u < u1)
+					gm_k45_load<T, R>(wa, rows, u, L.t);
+				for (; u < u1; u += 2 * W) { /* two units per trip: no register copies */
+					if (u + W < u1)
+						gm_k45_load<T, R>(wb, rows, u + W, L.t);
+					gm_k45_math<T, R, 1>(L, wa, u);
+					if (u + W >= u1)
+						break;
+					if (u + 2 * W < u1)
+						gm_k45_load<T, R>(wa, rows, u + 2 * W, L.t);
+					gm_k45_math<T, R, 1>(L, wb, u + W);
+				}
+			}
+		} else
+			for (int64_t u = u0 + warp; u < u1; u += W)
+				mm_unit<T, R, 1>(L, rows, u, rb4);
 #pragma unroll
-	for (int r = 0; r < R; r++)
+		for (int r = 0; r < R; r++)
 #pragma unroll
-		for (int hr = 0; hr < 2; hr++)
-			part[warp][16 * r + 8 * hr + L.g][L.t] =
-			    fmaf(L.acc[r][0][2 * hr + 1], 1.f / 2048.f, L.acc[r][0][2 * hr]);
+			for (int hr = 0; hr < 2; hr++)
+				part[warp][16 * r + 8 * hr + L.g][L.t] =
+				    fmaf(L.acc[r][0][2 * hr + 1], 1.f / 2048.f, L.acc[r][0][2 * hr]);
+	}
 	__syncthreads();
 	for (int i = threadIdx.x; i < NF * 4; i += W * 32) { /* gate row rr at part[.][rr], up at [NF + rr] */
 		const int rr = i / 4, tok = i % 4;
@@ -295,6 +338,20 @@ __global__ void __launch_bounds__(W * 32, (T == KT_Q4_K || T == KT_Q5_K) ? 3 : 4
 		const uint8_t *rows[R][2];
 		MM_FOR_ROWS(R)
 		rows[r][hr] = bd + (size_t)min(row0 + 16 * r + 8 * hr + L.g, D - 1) * rb;
+		if constexpr ((T == KT_Q4_K || T == KT_Q5_K) && !SPLIT)
+			if ((pf & MS_I8) && cnt == 1) { /* one token: the int8 unit */
+				float a8[R][2];
+				ms_rows_i8<T, R>(a8, rows, xr[warp][0], 0, n_units, 1, *(mi8_x *)&stage[warp],
+				                 lane);
+#pragma unroll
+				for (int r = 0; r < R; r++)
+#pragma unroll
+					for (int hr = 0; hr < 2; hr++)
+						if (L.t == 0)
+							ys[mem[warp][0]][16 * r + 8 * hr + L.g] = a8[r][hr];
+				__syncwarp();
+				continue;
+			}
 		for (int64_t u = 0; u < n_units; u++)
 			mm_unit<T, R, 1>(L, rows, u, rb4);
 #pragma unroll
@@ -419,6 +476,14 @@ int moe_pf_mask(void)
 	return (int)(m & (MOE_PF_ROUTE | MOE_PF_ROWS | MOE_PF_DOWN));
 }
 
+/* one-token chunks of Q4_K / Q5_K experts on the int8 unit (k45_i8.cuh): TANDEM_MOE_I8=0 off (the
+ * fp16 unit's bits), on by default */
+static bool ms_i8(void)
+{
+	const char *v = getenv("TANDEM_MOE_I8");
+	return !(v && strcmp(v, "0") == 0);
+}
+
 static void ms_pf_flags(struct ms_args *a, bool sh)
 {
 	const int m = moe_pf_mask();
@@ -428,6 +493,10 @@ static void ms_pf_flags(struct ms_args *a, bool sh)
 	a->pf_gu = shf | (rows ? MS_PF_ROWS : 0) |
 	           ((m & MOE_PF_DOWN) && a->np_r * down_bytes <= 16e6 ? MS_PF_DOWN : 0);
 	a->pf_dn = shf | (rows ? MS_PF_ROWS : 0);
+	if (ms_i8()) {
+		a->pf_gu |= MS_I8;
+		a->pf_dn |= MS_I8;
+	}
 }
 
 /* TANDEM_MOE_DB=1: gate / up (Q4_K / Q5_K) keep the next unit's weight loads in flight while the

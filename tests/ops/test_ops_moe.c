@@ -29,9 +29,11 @@
  *    tile of 8 gate + 8 up rows per warp (TANDEM_MOE_SMALL_HALF); 8 or 9
  *    warps in the down kernel (9 where np = 9, 17, 18, ...); its threshold moved by
  *    TANDEM_MOE_SMALL_MAX and the path switched off (TANDEM_MOE_SMALL=0); bits equal to the sorted
- *    path's one-tile result reported. The route's register kernel and the shared-memory one
- *    (TANDEM_MOE_ROUTE_FAST=0) on every routing case, plus group shapes the register kernel hands
- *    back (E 192, 4 groups) and E 512 top-16.
+ *    path's one-tile result reported. One-token chunks of Q4_K / Q5_K run on the int8 unit
+ *    (k45_i8.cuh: x as two int8 halves per 32-element sub-block, ~1e-5 of max|ref|) by default and
+ *    on the fp16 unit under TANDEM_MOE_I8=0 (a few cases). The route's register kernel and the shared-memory
+ * one (TANDEM_MOE_ROUTE_FAST=0) on every routing case, plus group shapes the register kernel hands back (E
+ * 192, 4 groups) and E 512 top-16.
  * 5. The batch-1 kernels (moe_one.cu, behind TANDEM_MOE_SMALL_V=dn / gu / new: its kernels at one token with
  * Q4_K / Q5_K experts, TANDEM_MOE_SMALL_V=new both): against the CPU and against moe_small's kernels (the
  * same bits expected), GLM-5 / DS-V3 slices and short D, every down type, repeated ids, large x, each half
@@ -1235,6 +1237,14 @@ int main(void)
 		if (!quick || sweep_n[i] == 3 || sweep_n[i] == 17)
 			ffn_case(&e256s, KT_Q4_K, KT_Q6_K, sweep_n[i], 1e-4);
 	ffn_case(&gtinys, KT_Q4_K, KT_Q6_K, 3, 1e-4);
+	/* one-token chunks of Q4_K / Q5_K take the int8 unit by default (k45_i8.cuh, everywhere above):
+	 * Q5_K at the real D, and the fp16 unit again with it switched off */
+	ffn_case(&glm5, KT_Q5_K, KT_Q5_K, 1, 1e-4);
+	setenv("TANDEM_MOE_I8", "0", 1);
+	ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 1, 1e-4);
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 3, 1e-4);
+	ffn_case(&small, KT_Q5_K, KT_Q5_K, 3, 1e-4);
+	unsetenv("TANDEM_MOE_I8");
 	/* the n-tile count forced against its choice: one tile with experts of > 4 pairs (split into
 	 * several chunks), two tiles at 1 and 3 tokens */
 	setenv("TANDEM_MOE_MMA_NG", "1", 1);

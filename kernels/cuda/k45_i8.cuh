@@ -1,0 +1,192 @@
+/* One token's Q4_K / Q5_K unit (16 rows x one 256-element super-block) on the int8 tensor cores
+ * (mma.sync m16n8k32, s8 x s8 -> s32: sm_80 and later, so sm_90, sm_100 and sm_120 alike).
+ *
+ * Why: gm_k45_math turns every nibble into an fp16 multiplier with its sub-block scale folded in
+ * (LOP3 + HFMA2 per two weights) and needs a second product for the mins: ~250 warp instructions
+ * per unit, and at batch 1 the MoE's gate / up and down kernels are instruction-bound (session 8's
+ * phase trace: ~2.1M warp instructions for gate / up at 0.25-0.5 issued per scheduler cycle). Here
+ * a nibble needs one AND (low) or SHF + AND (high) to become an int8 A entry and the scales and mins
+ * are applied once per sub-block and row in fp32.
+ *
+ * The token's x is held as three int8 parts per 32-element sub-block j (mi8_stage): with
+ * s = max|x| / 127 over the sub-block, x = s (q1 + q2 / 254 + q3 / 254^2) to within s / 129032
+ * (each part the rounded remainder of the one before, in [-127, 127]): ~6e-8 of the sub-block's
+ * largest |x|. Two parts (s / 508) were tried first and measured ~6e-5 of max|out| through the MoE
+ * (H200, test_ops_moe) and 1e-3 on glm-dsa-tiny-Q4_K_M's logits, over test_gpu_model's 2e-4: not
+ * good enough. The integer dots are exact, so the only rounding is x's and the fp32 epilogue's.
+ *
+ * The fragment trick. Lane (g, t) holds chunk t of rows g and g + 8 (gm_k45_load: bytes 32t .. 32t
+ * + 31 of qs, i.e. sub-blocks 2t (low nibbles) and 2t + 1 (high nibbles)). In an m16n8k32 product
+ * lane t supplies the A entries of k slots 4t..4t+3 and 16+4t..16+4t+3; we put its own chunk's
+ * weights there. B column n is nonzero only on the slots of lane n / 2: column 2t' holds the
+ * first part and 2t' + 1 the second part of x over the sub-block lane t' supplies. So the C
+ * entries lane (g, t) gets back, columns 2t and 2t + 1, are exactly its own sub-block's dots with
+ * those parts for rows g and g + 8. The third part goes through a second product (column 2t' only). Four
+ * chained product pairs cover a sub-block (8 of its 32 positions per lane each), so a unit is 16 products
+ * (low and high nibbles). Only lanes with g / 2 == t carry nonzero B words.
+ *
+ * Overflow: a part's dot is at most 32 x 31 x 127 = 125,984 in magnitude, so 254 q2 + q3 < 2^25 is
+ * formed in int32 (exact in fp32 below 2^24; Q5_K's rare extreme loses < 1 ulp of it). */
+#ifndef TANDEM_KERNELS_CUDA_K45_I8_CUH
+#define TANDEM_KERNELS_CUDA_K45_I8_CUH
+
+#include "kernels/cuda/gemv_mma.cuh"
+
+/* a unit of one token's x as three int8 parts: q[sub-block][part][word], word w = elements 4w ..
+ * 4w + 3 of the sub-block; s: the sub-block's scale (NaN when its x is not finite), sum: the sum of
+ * its x (the mins' term) */
+#define MI8_P 3
+struct mi8_x {
+	uint32_t q[8][MI8_P][8];
+	float s[8], sum[8];
+};
+
+/* D += A * B, m16n8k32, int8 in, int32 accumulate */
+__device__ __forceinline__ void mi8_mma(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                        uint32_t b0, uint32_t b1)
+{
+	asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+	    "{%0,%1,%2,%3};"
+	    : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+	    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t mi8_pack4(int a, int b, int c, int d)
+{
+	return (uint32_t)(a & 255) | (uint32_t)(b & 255) << 8 | (uint32_t)(c & 255) << 16 | (uint32_t)d << 24;
+}
+
+/* One 256-element unit of x (xp: 16-byte aligned, global or shared) into X, warp-collective: lane
+ * l quantizes elements 8l .. 8l + 7 (sub-block l / 4). Ends with __syncwarp: X is ready for every
+ * lane. The caller syncs the warp before X is rewritten (the previous unit's reads). */
+__device__ __forceinline__ void mi8_stage(mi8_x &X, const float *xp, int lane)
+{
+	const float4 a = ((const float4 *)xp)[2 * lane], b = ((const float4 *)xp)[2 * lane + 1];
+	const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+	float m = 0.f, sum = 0.f;
+	bool bad = false; /* an Inf / NaN element (fmaxf would drop a NaN): the sub-block's scale NaN */
+#pragma unroll
+	for (int i = 0; i < 8; i++) {
+		m = fmaxf(m, fabsf(v[i]));
+		sum += v[i];
+		bad = bad || !(fabsf(v[i]) <= 3.40282347e38f);
+	}
+#pragma unroll
+	for (int o = 1; o < 4; o <<= 1) {
+		m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+		sum += __shfl_xor_sync(0xffffffffu, sum, o);
+		bad = __shfl_xor_sync(0xffffffffu, (int)bad, o) || bad;
+	}
+	const float s = m / 127.f, inv = m > 0.f && !bad ? 127.f / m : 0.f;
+	const float s2 = s * (1.f / 254.f), inv2 = inv * 254.f, inv3 = inv2 * 254.f;
+	int q[MI8_P][8];
+#pragma unroll
+	for (int i = 0; i < 8; i++) {
+		q[0][i] = max(-127, min(127, __float2int_rn(v[i] * inv)));
+		const float r = fmaf(-(float)q[0][i], s, v[i]);
+		q[1][i] = max(-127, min(127, __float2int_rn(r * inv2)));
+		const float r2 = fmaf(-(float)q[1][i], s2, r);
+		q[2][i] = max(-127, min(127, __float2int_rn(r2 * inv3)));
+	}
+	const int j = lane >> 2, w = 2 * (lane & 3);
+#pragma unroll
+	for (int pt = 0; pt < MI8_P; pt++) {
+		X.q[j][pt][w] = mi8_pack4(q[pt][0], q[pt][1], q[pt][2], q[pt][3]);
+		X.q[j][pt][w + 1] = mi8_pack4(q[pt][4], q[pt][5], q[pt][6], q[pt][7]);
+	}
+	if ((lane & 3) == 0) {
+		X.s[j] = bad ? __int_as_float(0x7fc00000) : s;
+		X.sum[j] = sum;
+	}
+	__syncwarp();
+}
+
+/* acc[r][hr] += the unit's dot for row g (hr 0) / g + 8 (hr 1) of tile r, over this lane's two
+ * sub-blocks (2t, 2t + 1); the row's full dot is the sum over the 4 lanes t (mi8_rows_sum). W from
+ * gm_k45_load / mo_k45_lds (any source: the layout is the same). */
+template <int T, int R>
+__device__ __forceinline__ void mi8_k45_unit(float (&acc)[R][2], const gm_k45_w<T, R> &W, const mi8_x &X,
+                                             int g, int t)
+{
+	constexpr bool Q5 = T == KT_Q5_K;
+	/* B: lane (2t', t') the first part of lane t''s sub-block, (2t' + 1, t') the second; the third
+	 * (second product) on lane (2t', t') only */
+	const bool own = (g >> 1) == t, own3 = g == 2 * t;
+	const int pt = g & 1;
+#pragma unroll
+	for (int e = 0; e < 2; e++) { /* pass e: sub-block 2t + e, the low (0) / high (1) nibbles */
+		const int j = 2 * t + e;
+		uint32_t b[8], b3[8];
+		{
+			const uint4 p0 = *(const uint4 *)&X.q[j][pt][0], p1 = *(const uint4 *)&X.q[j][pt][4];
+			const uint4 r0 = *(const uint4 *)&X.q[j][2][0], r1 = *(const uint4 *)&X.q[j][2][4];
+			b[0] = own ? p0.x : 0u, b[1] = own ? p0.y : 0u, b[2] = own ? p0.z : 0u;
+			b[3] = own ? p0.w : 0u, b[4] = own ? p1.x : 0u, b[5] = own ? p1.y : 0u;
+			b[6] = own ? p1.z : 0u, b[7] = own ? p1.w : 0u;
+			b3[0] = own3 ? r0.x : 0u, b3[1] = own3 ? r0.y : 0u, b3[2] = own3 ? r0.z : 0u;
+			b3[3] = own3 ? r0.w : 0u, b3[4] = own3 ? r1.x : 0u, b3[5] = own3 ? r1.y : 0u;
+			b3[6] = own3 ? r1.z : 0u, b3[7] = own3 ? r1.w : 0u;
+		}
+		const float xs = X.s[j], xsum = X.sum[j];
+		const int q = 2 * (t & 1) + e; /* sub-block j's byte in the scale words */
+#pragma unroll
+		for (int r = 0; r < R; r++) {
+			int c[4] = {0, 0, 0, 0}, c3[4] = {0, 0, 0, 0}; /* parts 1, 2 | part 3 (columns 2t) */
+#pragma unroll
+			for (int m = 0; m < 4; m++) {
+				uint32_t a[2][2]; /* [hr][word 2m, 2m + 1] */
+#pragma unroll
+				for (int hr = 0; hr < 2; hr++)
+#pragma unroll
+					for (int k = 0; k < 2; k++) {
+						const int wi = 2 * m + k;
+						const uint4 q4 = wi < 4 ? W.qa[r][hr] : W.qb[r][hr];
+						const uint32_t w = (wi & 3) == 0   ? q4.x
+						                   : (wi & 3) == 1 ? q4.y
+						                   : (wi & 3) == 2 ? q4.z
+						                                   : q4.w;
+						uint32_t v = (e ? w >> 4 : w) & 0x0F0F0F0Fu;
+						if (Q5) { /* bit 2t of qh: the low sub-block's fifth bit, 2t +
+							     1 the high's */
+							const uint4 h4 = wi < 4 ? W.ha[r][hr] : W.hb[r][hr];
+							const uint32_t hw = (wi & 3) == 0   ? h4.x
+							                    : (wi & 3) == 1 ? h4.y
+							                    : (wi & 3) == 2 ? h4.z
+							                                    : h4.w;
+							v |= ((hw >> j) & 0x01010101u) << 4;
+						}
+						a[hr][k] = v;
+					}
+				mi8_mma(c, a[0][0], a[1][0], a[0][1], a[1][1], b[2 * m], b[2 * m + 1]);
+				mi8_mma(c3, a[0][0], a[1][0], a[0][1], a[1][1], b3[2 * m], b3[2 * m + 1]);
+			}
+#pragma unroll
+			for (int hr = 0; hr < 2; hr++) {
+				const uint4 h = W.hd[r][hr];
+				const uint32_t A = (h.y >> (8 * q)) & 255, B = (h.z >> (8 * q)) & 255,
+				               C = (h.w >> (8 * q)) & 255;
+				const int sc = (int)(t < 2 ? (A & 63) : ((C & 15) | ((A >> 6) << 4)));
+				const int mn = (int)(t < 2 ? (B & 63) : ((C >> 4) | ((B >> 6) << 4)));
+				const int v = 254 * c[2 * hr + 1] + c3[2 * hr]; /* parts 2 and 3 */
+				const float dot = fmaf((float)v, 1.f / 64516.f, (float)c[2 * hr]);
+				const float d = gm_f16(h.x), dmin = gm_f16(h.x >> 16);
+				acc[r][hr] =
+				    fmaf(d * (float)sc * xs, dot, fmaf(-dmin * (float)mn, xsum, acc[r][hr]));
+			}
+		}
+	}
+}
+
+/* the rows' dots: the sum over the 4 lanes of a row (every lane gets it) */
+template <int R> __device__ __forceinline__ void mi8_rows_sum(float (&acc)[R][2])
+{
+#pragma unroll
+	for (int r = 0; r < R; r++)
+#pragma unroll
+		for (int hr = 0; hr < 2; hr++) {
+			acc[r][hr] += __shfl_xor_sync(0xffffffffu, acc[r][hr], 1);
+			acc[r][hr] += __shfl_xor_sync(0xffffffffu, acc[r][hr], 2);
+		}
+}
+
+#endif
