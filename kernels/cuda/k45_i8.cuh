@@ -51,9 +51,11 @@ __device__ __forceinline__ void mi8_mma(int (&d)[4], uint32_t a0, uint32_t a1, u
 	    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* the low bytes of a, b, c, d as one word (a in byte 0) */
 __device__ __forceinline__ uint32_t mi8_pack4(int a, int b, int c, int d)
 {
-	return (uint32_t)(a & 255) | (uint32_t)(b & 255) << 8 | (uint32_t)(c & 255) << 16 | (uint32_t)d << 24;
+	return __byte_perm(__byte_perm((uint32_t)a, (uint32_t)b, 0x0040u),
+	                   __byte_perm((uint32_t)c, (uint32_t)d, 0x0040u), 0x5410u);
 }
 
 /* One 256-element unit of x (xp: 16-byte aligned, global or shared) into X, warp-collective: lane
@@ -79,14 +81,14 @@ __device__ __forceinline__ void mi8_stage(mi8_x &X, const float *xp, int lane)
 	}
 	const float s = m / 127.f, inv = m > 0.f && !bad ? 127.f / m : 0.f;
 	const float s2 = s * (1.f / 254.f), inv2 = inv * 254.f, inv3 = inv2 * 254.f;
+	/* no clamps needed: |v| inv <= 127 (1 + 2^-22) rounds to at most 127, and each remainder is at
+	 * most half a step of the part before (fma: one rounding), so the next part too */
 	int q[MI8_P][8];
 #pragma unroll
 	for (int i = 0; i < 8; i++) {
-		q[0][i] = max(-127, min(127, __float2int_rn(v[i] * inv)));
-		const float r = fmaf(-(float)q[0][i], s, v[i]);
-		q[1][i] = max(-127, min(127, __float2int_rn(r * inv2)));
-		const float r2 = fmaf(-(float)q[1][i], s2, r);
-		q[2][i] = max(-127, min(127, __float2int_rn(r2 * inv3)));
+		const float f1 = rintf(v[i] * inv), r = fmaf(-f1, s, v[i]);
+		const float f2 = rintf(r * inv2), r2 = fmaf(-f2, s2, r);
+		q[0][i] = (int)f1, q[1][i] = (int)f2, q[2][i] = __float2int_rn(r2 * inv3);
 	}
 	const int j = lane >> 2, w = 2 * (lane & 3);
 #pragma unroll
