@@ -33,12 +33,13 @@
 #include "kernels/cuda/gemv_mma.cuh"
 
 /* a unit of one token's x as three int8 parts: q[sub-block][part][word], word w = elements 4w ..
- * 4w + 3 of the sub-block; s: the sub-block's scale (NaN when its x is not finite), sum: the sum of
- * its x (the mins' term) */
+ * 4w + 3 of the sub-block; x = p s (q1 + q2 / 254 + q3 / 254^2) with p a power of two (mi8_stage);
+ * s NaN when the sub-block's x is not finite; sum: the sum of its x (the mins' term) */
 #define MI8_P 3
 struct mi8_x {
 	uint32_t q[8][MI8_P][8];
-	float s[8], sum[8];
+	uint32_t zero[8]; /* what the lanes without B words of a product load (mi8_k45_unit) */
+	float s[8], p[8], sum[8];
 };
 
 /* D += A * B, m16n8k32, int8 in, int32 accumulate */
@@ -79,14 +80,24 @@ __device__ __forceinline__ void mi8_stage(mi8_x &X, const float *xp, int lane)
 		sum += __shfl_xor_sync(0xffffffffu, sum, o);
 		bad = __shfl_xor_sync(0xffffffffu, (int)bad, o) || bad;
 	}
-	const float s = m / 127.f, inv = m > 0.f && !bad ? 127.f / m : 0.f;
+	/* The parts are formed from x times P = 2^k, k = min(1 - e, 100) for m = f 2^e (0.5 <= f < 1):
+	 * m P is in [1, 2) (or, below 2^-99, at least 2^-49), so the scale and both remainders' steps
+	 * stay normal floats however small x is (without it a sub-block near 1e-35 lost ~2e-4 to
+	 * denormals: tests/unit/k45_i8_sim.cc); the epilogue multiplies by 1 / P (exact). s inv = 1
+	 * within a few ulp is all the parts need; the fast division is within 2 ulp on [1, 2). */
+	int e = 0;
+	(void)frexpf(m, &e);
+	const int k = min(1 - e, 100);
+	const float P = ldexpf(1.f, k), mp = m * P;
+	const float s = mp * (1.f / 127.f), inv = mp > 0.f && !bad ? __fdividef(127.f, mp) : 0.f;
 	const float s2 = s * (1.f / 254.f), inv2 = inv * 254.f, inv3 = inv2 * 254.f;
-	/* no clamps needed: |v| inv <= 127 (1 + 2^-22) rounds to at most 127, and each remainder is at
-	 * most half a step of the part before (fma: one rounding), so the next part too */
+	/* no clamps needed: |v P| inv <= 127 (1 + 2^-22) rounds to at most 127, and each remainder is
+	 * at most half a step of the part before (fma: one rounding), so the next part too */
 	int q[MI8_P][8];
 #pragma unroll
 	for (int i = 0; i < 8; i++) {
-		const float f1 = rintf(v[i] * inv), r = fmaf(-f1, s, v[i]);
+		const float vp = v[i] * P; /* exact: a power of two, no overflow (m P < 2) */
+		const float f1 = rintf(vp * inv), r = fmaf(-f1, s, vp);
 		const float f2 = rintf(r * inv2), r2 = fmaf(-f2, s2, r);
 		q[0][i] = (int)f1, q[1][i] = (int)f2, q[2][i] = __float2int_rn(r2 * inv3);
 	}
@@ -96,8 +107,11 @@ __device__ __forceinline__ void mi8_stage(mi8_x &X, const float *xp, int lane)
 		X.q[j][pt][w] = mi8_pack4(q[pt][0], q[pt][1], q[pt][2], q[pt][3]);
 		X.q[j][pt][w + 1] = mi8_pack4(q[pt][4], q[pt][5], q[pt][6], q[pt][7]);
 	}
+	if (lane < 8)
+		X.zero[lane] = 0u;
 	if ((lane & 3) == 0) {
 		X.s[j] = bad ? __int_as_float(0x7fc00000) : s;
+		X.p[j] = ldexpf(1.f, -k);
 		X.sum[j] = sum;
 	}
 	__syncwarp();
@@ -120,16 +134,18 @@ __device__ __forceinline__ void mi8_k45_unit(float (&acc)[R][2], const gm_k45_w<
 		const int j = 2 * t + e;
 		uint32_t b[8], b3[8];
 		{
-			const uint4 p0 = *(const uint4 *)&X.q[j][pt][0], p1 = *(const uint4 *)&X.q[j][pt][4];
-			const uint4 r0 = *(const uint4 *)&X.q[j][2][0], r1 = *(const uint4 *)&X.q[j][2][4];
-			b[0] = own ? p0.x : 0u, b[1] = own ? p0.y : 0u, b[2] = own ? p0.z : 0u;
-			b[3] = own ? p0.w : 0u, b[4] = own ? p1.x : 0u, b[5] = own ? p1.y : 0u;
-			b[6] = own ? p1.z : 0u, b[7] = own ? p1.w : 0u;
-			b3[0] = own3 ? r0.x : 0u, b3[1] = own3 ? r0.y : 0u, b3[2] = own3 ? r0.z : 0u;
-			b3[3] = own3 ? r0.w : 0u, b3[4] = own3 ? r1.x : 0u, b3[5] = own3 ? r1.y : 0u;
-			b3[6] = own3 ? r1.z : 0u, b3[7] = own3 ? r1.w : 0u;
+			/* the barrier keeps the compiler from hoisting the next pass's loads here (measured:
+			 * 93 registers instead of 75, so 2 instead of 3 blocks of 8 warps an SM) */
+			asm volatile("" ::: "memory");
+			const uint4 *bp = (const uint4 *)(own ? X.q[j][pt] : X.zero);
+			const uint4 *rp = (const uint4 *)(own3 ? X.q[j][2] : X.zero);
+			const uint4 p0 = bp[0], p1 = bp[1], r0 = rp[0], r1 = rp[1];
+			b[0] = p0.x, b[1] = p0.y, b[2] = p0.z, b[3] = p0.w;
+			b[4] = p1.x, b[5] = p1.y, b[6] = p1.z, b[7] = p1.w;
+			b3[0] = r0.x, b3[1] = r0.y, b3[2] = r0.z, b3[3] = r0.w;
+			b3[4] = r1.x, b3[5] = r1.y, b3[6] = r1.z, b3[7] = r1.w;
 		}
-		const float xs = X.s[j], xsum = X.sum[j];
+		const float xs = X.s[j], xp = X.p[j], xsum = X.sum[j];
 		const int q = 2 * (t & 1) + e; /* sub-block j's byte in the scale words */
 #pragma unroll
 		for (int r = 0; r < R; r++) {
@@ -172,8 +188,9 @@ __device__ __forceinline__ void mi8_k45_unit(float (&acc)[R][2], const gm_k45_w<
 				const int v = 254 * c[2 * hr + 1] + c3[2 * hr]; /* parts 2 and 3 */
 				const float dot = fmaf((float)v, 1.f / 64516.f, (float)c[2 * hr]);
 				const float d = gm_f16(h.x), dmin = gm_f16(h.x >> 16);
-				acc[r][hr] =
-				    fmaf(d * (float)sc * xs, dot, fmaf(-dmin * (float)mn, xsum, acc[r][hr]));
+				/* (d sc s dot) p: the product's range stays normal, p scales it exactly */
+				acc[r][hr] = fmaf(d * (float)sc * xs * dot, xp,
+				                  fmaf(-dmin * (float)mn, xsum, acc[r][hr]));
 			}
 		}
 	}

@@ -1,0 +1,320 @@
+/* kernels/cuda/k45_i8.cuh's SOURCE run on the CPU (as gemv_res_sim.cc does for its kernel): the 32
+ * lanes of one warp are 32 std::threads, __syncwarp a barrier, __shfl_xor_sync an exchange behind
+ * it, and mma.sync m16n8k32 (s8 x s8 -> s32) a warp-wide exchange of the fragments in the PTX
+ * layout, multiplied out in full. test_k45_i8_sim.sh cuts the header's device part (and
+ * gemv_mma.cuh's gm_k45_w / gm_k45_load, which fill a lane's weight words) into .inc files, so CI
+ * without a GPU checks the unit's own logic: the three-part staging of x, the fragment trick (each
+ * lane's own sub-block in its own B columns), the nibble / fifth-bit extraction, the scale and min
+ * decode and the epilogue. Each row's dot is held to a double-precision reference over the
+ * dequantized row (this file's own Q4_K / Q5_K decode, written from MODEL-SPEC.md, not the CPU
+ * backend's): |sim - ref| <= 1e-6 sum_i |w_i| m_j(i) + 1e-6 sum_i |w_i x_i| + 64 2^-149, where m_j
+ * is the largest |x| of element i's sub-block (x's three parts carry <= 6.1e-8 of m_j; the
+ * epilogue is fp32; the last term is for denormal results).
+ * Cases: Q4_K and Q5_K, random super-blocks (every scale / min code, d and dmin of both signs),
+ * x uniform, x with a zero sub-block, one huge element, all tiny (1e-35), x near 1e34 with one
+ * element above 1e37, denormal x (1e-41), and an Inf / a NaN (the unit's rows must come out NaN).
+ * It does not check timing or the kernels around the unit: tests/ops/test_ops_moe.c does that on a
+ * GPU. */
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "kernels/kernels.h"
+
+#define __device__
+#define __forceinline__ inline
+#define GM_HD inline
+#define GM_UNROLL
+#define GM_FOR_ROWS(R)                                                                                       \
+	for (int r = 0; r < R; r++)                                                                          \
+		for (int hr = 0; hr < 2; hr++)
+
+struct float2 {
+	float x, y;
+};
+struct float4 {
+	float x, y, z, w;
+};
+struct uint4 {
+	uint32_t x, y, z, w;
+};
+template <class V> static inline V gm_ldg(const V *p)
+{
+	return *p;
+}
+using std::max;
+using std::min;
+
+static float sim_h2f(uint16_t h)
+{
+	const uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023;
+	float f;
+	if (e == 0)
+		f = std::ldexp((float)m, -24);
+	else if (e == 31)
+		f = m ? NAN : INFINITY;
+	else
+		f = std::ldexp((float)(m | 1024), (int)e - 25);
+	return s ? -f : f;
+}
+static inline float gm_f16(uint32_t h)
+{
+	return sim_h2f((uint16_t)h);
+}
+static inline float __int_as_float(int i)
+{
+	float f;
+	memcpy(&f, &i, 4);
+	return f;
+}
+static inline float __fdividef(float a, float b)
+{
+	return a / b;
+}
+static inline int __float2int_rn(float f)
+{
+	return (int)std::nearbyint(f); /* the default rounding mode: to nearest, ties to even */
+}
+/* CUDA semantics: result byte n = byte ((s >> 4n) & 7) of the 8 bytes {y (4..7), x (0..3)} */
+static inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s)
+{
+	const uint64_t b = ((uint64_t)y << 32) | x;
+	uint32_t r = 0;
+	for (int n = 0; n < 4; n++)
+		r |= (uint32_t)((b >> (8 * ((s >> (4 * n)) & 7))) & 0xff) << (8 * n);
+	return r;
+}
+
+/* one warp */
+static std::barrier<> *sim_bar;
+thread_local int sim_lane;
+static float sim_f[32];
+static int sim_i[32];
+static uint32_t sim_a[32][4], sim_b[32][2];
+static inline void __syncwarp()
+{
+	sim_bar->arrive_and_wait();
+}
+static inline float __shfl_xor_sync(unsigned, float v, int m)
+{
+	sim_f[sim_lane] = v;
+	sim_bar->arrive_and_wait();
+	const float r = sim_f[sim_lane ^ m];
+	sim_bar->arrive_and_wait();
+	return r;
+}
+static inline int __shfl_xor_sync(unsigned, int v, int m)
+{
+	sim_i[sim_lane] = v;
+	sim_bar->arrive_and_wait();
+	const int r = sim_i[sim_lane ^ m];
+	sim_bar->arrive_and_wait();
+	return r;
+}
+/* mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32, PTX fragment layout: lane (g, t) holds A
+ * (row g, k 4t..4t+3), (g + 8, 4t..), (g, 16 + 4t..), (g + 8, 16 + 4t..); B (k 4t.., column g),
+ * (16 + 4t.., g); C (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1) */
+static void mi8_mma(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1)
+{
+	const int l = sim_lane;
+	sim_a[l][0] = a0, sim_a[l][1] = a1, sim_a[l][2] = a2, sim_a[l][3] = a3;
+	sim_b[l][0] = b0, sim_b[l][1] = b1;
+	sim_bar->arrive_and_wait();
+	int A[16][32], B[32][8];
+	for (int ln = 0; ln < 32; ln++) {
+		const int g = ln >> 2, t = ln & 3;
+		for (int i = 0; i < 4; i++) {
+			A[g][4 * t + i] = (int8_t)(sim_a[ln][0] >> (8 * i));
+			A[g + 8][4 * t + i] = (int8_t)(sim_a[ln][1] >> (8 * i));
+			A[g][16 + 4 * t + i] = (int8_t)(sim_a[ln][2] >> (8 * i));
+			A[g + 8][16 + 4 * t + i] = (int8_t)(sim_a[ln][3] >> (8 * i));
+			B[4 * t + i][g] = (int8_t)(sim_b[ln][0] >> (8 * i));
+			B[16 + 4 * t + i][g] = (int8_t)(sim_b[ln][1] >> (8 * i));
+		}
+	}
+	sim_bar->arrive_and_wait(); /* every lane has read the fragments before any lane writes again */
+	const int g = l >> 2, t = l & 3;
+	const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+	for (int i = 0; i < 4; i++) {
+		int64_t s = 0;
+		for (int k = 0; k < 32; k++)
+			s += (int64_t)A[rows[i]][k] * B[k][cols[i]];
+		d[i] += (int)s;
+	}
+}
+#define MI8_MMA_DEFINED
+
+#include "k45_i8_body.inc"
+
+/* ---- reference: Q4_K / Q5_K super-block decode (MODEL-SPEC.md) ---------------------------------- */
+static void ref_scale_min(const uint8_t *q, int j, int *sc, int *mn)
+{
+	if (j < 4) {
+		*sc = q[j] & 63, *mn = q[j + 4] & 63;
+	} else {
+		*sc = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
+		*mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+	}
+}
+static void ref_dequant(int type, const uint8_t *b, double *w)
+{
+	const bool q5 = type == KT_Q5_K;
+	const double d = sim_h2f((uint16_t)(b[0] | b[1] << 8)), dmin = sim_h2f((uint16_t)(b[2] | b[3] << 8));
+	const uint8_t *sc = b + 4, *qh = b + 16, *qs = b + (q5 ? 48 : 16);
+	for (int j = 0; j < 8; j++) {
+		int s, m;
+		ref_scale_min(sc, j, &s, &m);
+		for (int i = 0; i < 32; i++) {
+			const uint8_t byte = qs[32 * (j / 2) + i];
+			int q = (j & 1) ? byte >> 4 : byte & 15;
+			if (q5)
+				q |= ((qh[i] >> j) & 1) << 4;
+			w[32 * j + i] = d * s * q - dmin * m;
+		}
+	}
+}
+
+static uint16_t f2h(float f) /* normal range only, truncating: enough for test scales */
+{
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	const uint32_t s = (u >> 16) & 0x8000u;
+	const int e = (int)((u >> 23) & 255) - 127 + 15;
+	if (e <= 0)
+		return (uint16_t)s;
+	return (uint16_t)(s | (uint32_t)e << 10 | ((u >> 13) & 1023));
+}
+
+static int fails, checks;
+
+/* one unit: 16 rows (one super-block each) against x; mode: the x pattern */
+static void run_case(int type, int mode, std::mt19937 &rng, const char *what)
+{
+	const bool q5 = type == KT_Q5_K;
+	const int BYTES = q5 ? 176 : 144;
+	std::vector<uint8_t> rows(16 * (size_t)BYTES);
+	std::uniform_int_distribution<int> byte(0, 255);
+	std::uniform_real_distribution<float> u(-1.f, 1.f);
+	for (int r = 0; r < 16; r++) {
+		uint8_t *b = &rows[(size_t)r * BYTES];
+		for (int i = 0; i < BYTES; i++)
+			b[i] = (uint8_t)byte(rng);
+		const uint16_t d = f2h(u(rng) * 0.01f), dm = f2h(u(rng) * 0.01f);
+		b[0] = (uint8_t)d, b[1] = (uint8_t)(d >> 8), b[2] = (uint8_t)dm, b[3] = (uint8_t)(dm >> 8);
+	}
+	alignas(16) float x[256];
+	for (int i = 0; i < 256; i++)
+		x[i] = u(rng);
+	bool want_nan = false;
+	switch (mode) {
+	case 1: /* a zero sub-block */
+		for (int i = 64; i < 96; i++)
+			x[i] = 0.f;
+		break;
+	case 2: /* one element far above its sub-block */
+		x[37] = 3.0e4f;
+		break;
+	case 3: /* all tiny: the exact division */
+		for (int i = 0; i < 256; i++)
+			x[i] *= 1e-35f;
+		break;
+	case 4: /* large, one sub-block's largest |x| above 1e37 (the exact division there; the
+	         * rows' dots stay below fp32's top) */
+		for (int i = 0; i < 256; i++)
+			x[i] *= 1e34f;
+		x[200] = 1.5e37f;
+		break;
+	case 7: /* denormal (the scales still normal: mi8_stage's power of two) */
+		for (int i = 0; i < 256; i++)
+			x[i] *= 1e-41f;
+		break;
+	case 5:
+		x[100] = INFINITY, want_nan = true;
+		break;
+	case 6:
+		x[3] = NAN, want_nan = true;
+		break;
+	default: break;
+	}
+	double ref[16], bound[16];
+	for (int r = 0; r < 16; r++) {
+		double w[256], s = 0, b1 = 0, b2 = 0;
+		ref_dequant(type, &rows[(size_t)r * BYTES], w);
+		for (int j = 0; j < 8; j++) {
+			double m = 0;
+			for (int i = 0; i < 32; i++)
+				m = std::fmax(m, std::fabs((double)x[32 * j + i]));
+			for (int i = 0; i < 32; i++) {
+				s += w[32 * j + i] * x[32 * j + i];
+				b1 += std::fabs(w[32 * j + i]) * m;
+				b2 += std::fabs(w[32 * j + i] * x[32 * j + i]);
+			}
+		}
+		/* + 64 of fp32's smallest denormals: a denormal result cannot be nearer than its ulp, and
+		 * ~20 roundings reach it */
+		ref[r] = s, bound[r] = 1e-6 * b1 + 1e-6 * b2 + 64.0 * std::ldexp(1.0, -149);
+	}
+	float got[16];
+	static mi8_x X;
+	std::barrier<> bar(32);
+	sim_bar = &bar;
+	std::vector<std::thread> th;
+	for (int l = 0; l < 32; l++)
+		th.emplace_back([&, l] {
+			sim_lane = l;
+			const int g = l >> 2, t = l & 3;
+			const uint8_t *rp[1][2] = {{&rows[(size_t)g * BYTES], &rows[(size_t)(g + 8) * BYTES]}};
+			gm_k45_w<KT_Q4_K, 1> w4;
+			gm_k45_w<KT_Q5_K, 1> w5;
+			float acc[1][2] = {{0.f, 0.f}};
+			mi8_stage(X, x, l);
+			if (q5) {
+				gm_k45_load<KT_Q5_K, 1>(w5, rp, 0, t);
+				mi8_k45_unit<KT_Q5_K, 1>(acc, w5, X, g, t);
+			} else {
+				gm_k45_load<KT_Q4_K, 1>(w4, rp, 0, t);
+				mi8_k45_unit<KT_Q4_K, 1>(acc, w4, X, g, t);
+			}
+			mi8_rows_sum<1>(acc);
+			if (t == 0) { /* lane (g, 0): rows g and g + 8 */
+				got[g] = acc[0][0];
+				got[g + 8] = acc[0][1];
+			}
+		});
+	for (auto &t : th)
+		t.join();
+	int bad = 0;
+	double worst = 0;
+	for (int r = 0; r < 16; r++) {
+		checks++;
+		const bool ok = want_nan ? std::isnan(got[r]) : std::fabs(got[r] - ref[r]) <= bound[r];
+		if (!want_nan)
+			worst = std::fmax(worst, std::fabs(got[r] - ref[r]) / bound[r] * 1e-6);
+		if (!ok && bad++ < 3)
+			printf("FAIL %s %s row %d: sim %.9g ref %.9g (bound %.3g)\n", q5 ? "Q5_K" : "Q4_K", what, r,
+			       got[r], ref[r], bound[r]);
+	}
+	fails += bad;
+	printf("%-4s %-22s 16 rows: %s (largest |err| / (sum|w| m + sum|w x|) %.2g)\n", q5 ? "Q5_K" : "Q4_K", what,
+	       bad ? "FAIL" : "ok", worst);
+}
+
+int main(void)
+{
+	std::mt19937 rng(1234567u);
+	printf("seed 1234567\n");
+	static const char *names[] = {"uniform", "zero sub-block", "one huge element", "all tiny (1e-35)",
+	                              "large, one above 1e37", "an Inf (NaN out)", "a NaN (NaN out)", "denormal (1e-41)"};
+	for (int type : {(int)KT_Q4_K, (int)KT_Q5_K})
+		for (int mode = 0; mode < 8; mode++)
+			for (int rep = 0; rep < (mode == 0 ? 6 : 2); rep++)
+				run_case(type, mode, rng, names[mode]);
+	printf("%d checks, %d failed\n", checks, fails);
+	return fails ? 1 : 0;
+}
