@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "tests/unit/sim_cuda.h"
 
 #define __global__
 #define __device__
@@ -41,39 +42,15 @@ struct sim_dim {
 	unsigned x, y;
 };
 thread_local sim_dim threadIdx, blockIdx;
-struct float4 {
-	float x, y, z, w;
-};
-struct uint4 {
-	uint32_t x, y, z, w;
-};
 struct __half {
 	uint16_t x;
 };
 using std::max;
 using std::min;
 
-static float sim_h2f(uint16_t h)
-{
-	const uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023;
-	float f;
-	if (e == 0)
-		f = std::ldexp((float)m, -24);
-	else if (e == 31)
-		f = m ? NAN : INFINITY;
-	else
-		f = std::ldexp((float)(m | 1024), (int)e - 25);
-	return s ? -f : f;
-}
 static inline float __half2float(__half h)
 {
 	return sim_h2f(h.x);
-}
-static inline float __uint_as_float(uint32_t u)
-{
-	float f;
-	memcpy(&f, &u, 4);
-	return f;
 }
 static inline float kc_h2f(uint16_t h)
 {
@@ -82,19 +59,6 @@ static inline float kc_h2f(uint16_t h)
 static inline float kc_bf2f(uint16_t h)
 {
 	return __uint_as_float((uint32_t)h << 16);
-}
-/* CUDA semantics: result byte n = byte ((s >> 4n) & 7) of the 8 bytes {y (4..7), x (0..3)} */
-static inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s)
-{
-	const uint64_t b = ((uint64_t)y << 32) | x;
-	uint32_t r = 0;
-	for (int n = 0; n < 4; n++)
-		r |= (uint32_t)((b >> (8 * ((s >> (4 * n)) & 7))) & 0xff) << (8 * n);
-	return r;
-}
-static inline uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, uint32_t sh)
-{
-	return (uint32_t)((((uint64_t)hi << 32) | lo) >> (sh & 31));
 }
 template <typename T> static inline const T *kdep_after(const T *p)
 {

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "tests/unit/sim_cuda.h"
 
 #define __device__
 #define __forceinline__ inline
@@ -35,15 +36,6 @@
 	for (int r = 0; r < R; r++)                                                                          \
 		for (int hr = 0; hr < 2; hr++)
 
-struct float2 {
-	float x, y;
-};
-struct float4 {
-	float x, y, z, w;
-};
-struct uint4 {
-	uint32_t x, y, z, w;
-};
 template <class V> static inline V gm_ldg(const V *p)
 {
 	return *p;
@@ -51,27 +43,9 @@ template <class V> static inline V gm_ldg(const V *p)
 using std::max;
 using std::min;
 
-static float sim_h2f(uint16_t h)
-{
-	const uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023;
-	float f;
-	if (e == 0)
-		f = std::ldexp((float)m, -24);
-	else if (e == 31)
-		f = m ? NAN : INFINITY;
-	else
-		f = std::ldexp((float)(m | 1024), (int)e - 25);
-	return s ? -f : f;
-}
 static inline float gm_f16(uint32_t h)
 {
 	return sim_h2f((uint16_t)h);
-}
-static inline float __int_as_float(int i)
-{
-	float f;
-	memcpy(&f, &i, 4);
-	return f;
 }
 static inline float __fdividef(float a, float b)
 {
@@ -81,39 +55,20 @@ static inline int __float2int_rn(float f)
 {
 	return (int)std::nearbyint(f); /* the default rounding mode: to nearest, ties to even */
 }
-/* CUDA semantics: result byte n = byte ((s >> 4n) & 7) of the 8 bytes {y (4..7), x (0..3)} */
-static inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s)
-{
-	const uint64_t b = ((uint64_t)y << 32) | x;
-	uint32_t r = 0;
-	for (int n = 0; n < 4; n++)
-		r |= (uint32_t)((b >> (8 * ((s >> (4 * n)) & 7))) & 0xff) << (8 * n);
-	return r;
-}
-
 /* one warp */
 static std::barrier<> *sim_bar;
 thread_local int sim_lane;
-static float sim_f[32];
-static int sim_i[32];
 static uint32_t sim_a[32][4], sim_b[32][2];
 static inline void __syncwarp()
 {
 	sim_bar->arrive_and_wait();
 }
-static inline float __shfl_xor_sync(unsigned, float v, int m)
+template <class V> static inline V __shfl_xor_sync(unsigned, V v, int m)
 {
-	sim_f[sim_lane] = v;
+	static V slot[32]; /* one per value type, as a warp's exchange */
+	slot[sim_lane] = v;
 	sim_bar->arrive_and_wait();
-	const float r = sim_f[sim_lane ^ m];
-	sim_bar->arrive_and_wait();
-	return r;
-}
-static inline int __shfl_xor_sync(unsigned, int v, int m)
-{
-	sim_i[sim_lane] = v;
-	sim_bar->arrive_and_wait();
-	const int r = sim_i[sim_lane ^ m];
+	const V r = slot[sim_lane ^ m];
 	sim_bar->arrive_and_wait();
 	return r;
 }
