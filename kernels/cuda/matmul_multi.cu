@@ -15,7 +15,8 @@
  * slots): each weight is decoded once for all of them and W read from HBM once. x is loaded slab
  * by slab (the first slab's before the wait on the copies); TANDEM_MULTI_HOIST=1 loads every
  * slab's x before the wait at 1-2 tokens (multi_hoist).
- * Rows per block RB: Q8_0 4, F16 / BF16 2, F32 1 (~26-30 KB of weights per block at n_in 6144).
+ * Rows per block RB: Q8_0 4 (8 at one token under TANDEM_MULTI_RB8=1, off by default: not yet measured),
+ * F16 / BF16 2, F32 1 (~26-30 KB of weights per block at n_in 6144).
  * PDL: the block's first chunk is copied BEFORE KDEP_ENTRY() (weights only, cuda_common.cuh), so
  * the weight stream overlaps the kernel before; x is read and y written only after it.
  * Sums: per lane over its slabs in order, then the warp (shuffle tree), then the warps in order:
@@ -34,17 +35,19 @@
 #define MM_NW 4 /* warps per block */
 #define MM_MAX_NTP 8 /* tokens per pass */
 
-/* rows per block per type (about the same bytes per block for every type) */
-template <int T> struct mmx {
-	enum { RB = 4 };
+/* rows per block per type (about the same bytes per block for every type); Q8_0 takes Q8RB (4, or 8
+ * at one token under TANDEM_MULTI_RB8: mm_q8_rows) */
+#define MM_PART 32 /* the largest RB x NTP of any instantiation (part[][] in shared memory) */
+template <int T, int Q8RB = 4> struct mmx {
+	enum { RB = Q8RB };
 };
-template <> struct mmx<KT_F16> {
+template <int Q8RB> struct mmx<KT_F16, Q8RB> {
 	enum { RB = 2 };
 };
-template <> struct mmx<KT_BF16> {
+template <int Q8RB> struct mmx<KT_BF16, Q8RB> {
 	enum { RB = 2 };
 };
-template <> struct mmx<KT_F32> {
+template <int Q8RB> struct mmx<KT_F32, Q8RB> {
 	enum { RB = 1 };
 };
 /* K chunk (elements) held in shared memory at once: 2048 for n_in <= 2048 (fewer x registers),
@@ -70,11 +73,12 @@ struct mm_multi_args {
 	int pf; /* copy the first weight chunk before KDEP_ENTRY (kcuda_prefetch_enabled) */
 };
 
-template <int T, int NTP, bool SMALL, bool HX>
+template <int T, int NTP, bool SMALL, bool HX, int Q8RB>
 __device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, const struct mm_multi_args &a,
-                                        uint8_t *tile, float (*part)[mmx<KT_Q8_0>::RB * MM_MAX_NTP])
+                                        uint8_t *tile, float (*part)[MM_PART])
 {
-	constexpr int SE = g3t<T>::SE, SB = g3t<T>::SB, EPL = g3t<T>::EPL, RB = mmx<T>::RB;
+	constexpr int SE = g3t<T>::SE, SB = g3t<T>::SB, EPL = g3t<T>::EPL, RB = mmx<T, Q8RB>::RB;
+	static_assert(RB * NTP <= MM_PART, "part[][] holds RB x NTP values per warp");
 	constexpr int CS = MM_CHUNK(SMALL) / SE; /* slabs per chunk */
 	constexpr int KP = CS / MM_NW; /* slabs per warp per chunk */
 	constexpr bool HOIST = HX && NTP <= 2; /* all of the chunk's x in registers before the wait */
@@ -204,11 +208,11 @@ __device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, co
 	g3_wait<0>(); /* no copy outlives the block (none is pending here; kept for clarity) */
 }
 
-template <int NTP, bool SMALL, bool HX>
+template <int NTP, bool SMALL, bool HX, int Q8RB = 4>
 __global__ void __launch_bounds__(MM_NW * 32) mm_multi_kernel(const __grid_constant__ struct mm_multi_args a)
 {
 	extern __shared__ __align__(16) uint8_t mm_tile[];
-	__shared__ float part[MM_NW][mmx<KT_Q8_0>::RB * MM_MAX_NTP];
+	__shared__ float part[MM_NW][MM_PART];
 	int s = 0; /* the segment of this block: kernel arguments only, nothing written by others */
 	for (int i = 1; i < a.n_seg; i++)
 		if ((int)blockIdx.x >= a.seg[i].blk0)
@@ -216,10 +220,10 @@ __global__ void __launch_bounds__(MM_NW * 32) mm_multi_kernel(const __grid_const
 	const struct mm_seg_dev &sg = a.seg[s];
 	const int blk = (int)blockIdx.x - sg.blk0;
 	switch (sg.type) {
-	case KT_Q8_0: mm_body<KT_Q8_0, NTP, SMALL, HX>(sg, blk, a, mm_tile, part); break;
-	case KT_F16: mm_body<KT_F16, NTP, SMALL, HX>(sg, blk, a, mm_tile, part); break;
-	case KT_BF16: mm_body<KT_BF16, NTP, SMALL, HX>(sg, blk, a, mm_tile, part); break;
-	default: mm_body<KT_F32, NTP, SMALL, HX>(sg, blk, a, mm_tile, part); break;
+	case KT_Q8_0: mm_body<KT_Q8_0, NTP, SMALL, HX, Q8RB>(sg, blk, a, mm_tile, part); break;
+	case KT_F16: mm_body<KT_F16, NTP, SMALL, HX, Q8RB>(sg, blk, a, mm_tile, part); break;
+	case KT_BF16: mm_body<KT_BF16, NTP, SMALL, HX, Q8RB>(sg, blk, a, mm_tile, part); break;
+	default: mm_body<KT_F32, NTP, SMALL, HX, Q8RB>(sg, blk, a, mm_tile, part); break;
 	}
 }
 
@@ -254,11 +258,20 @@ extern "C" bool kcuda_matmul_multi_takes(int64_t n_tok)
 	return kcuda_matmul_multi_enabled() && n_tok >= 1 && n_tok <= 8 && n_tok <= multi_max_tok();
 }
 
+/* TANDEM_MULTI_RB8 (read on every call; an experiment, off by default): 8 rows of a Q8_0 product per
+ * block at one token instead of 4 (each lane's x and the block's fixed work over twice the rows; 52 KB
+ * of weight tile at n_in 6144, so the kernel asks for more than 48 KB of dynamic shared memory) */
+static int mm_q8_rows(int64_t n_tok)
+{
+	const char *e = getenv("TANDEM_MULTI_RB8");
+	return n_tok == 1 && e && strcmp(e, "1") == 0 ? 8 : 4;
+}
+
 /* rows per block, slab elements and slab bytes of a type the kernel takes; false otherwise */
-static bool mm_geom(int type, int *rb, int *se, int *sb)
+static bool mm_geom(int type, int q8rb, int *rb, int *se, int *sb)
 {
 	switch (type) {
-	case KT_Q8_0: *rb = mmx<KT_Q8_0>::RB, *se = g3t<KT_Q8_0>::SE, *sb = g3t<KT_Q8_0>::SB; return true;
+	case KT_Q8_0: *rb = q8rb, *se = g3t<KT_Q8_0>::SE, *sb = g3t<KT_Q8_0>::SB; return true;
 	case KT_F16: *rb = mmx<KT_F16>::RB, *se = g3t<KT_F16>::SE, *sb = g3t<KT_F16>::SB; return true;
 	case KT_BF16: *rb = mmx<KT_BF16>::RB, *se = g3t<KT_BF16>::SE, *sb = g3t<KT_BF16>::SB; return true;
 	case KT_F32: *rb = mmx<KT_F32>::RB, *se = g3t<KT_F32>::SE, *sb = g3t<KT_F32>::SB; return true;
@@ -266,11 +279,20 @@ static bool mm_geom(int type, int *rb, int *se, int *sb)
 	}
 }
 
-template <int NTP, bool SMALL, bool HX = false>
+template <int NTP, bool SMALL, bool HX = false, int Q8RB = 4>
 static int mm_launch(struct kcuda_ctx *c, const struct mm_multi_args &a, unsigned grid, size_t smem)
 {
-	return klaunch("matmul_multi", mm_multi_kernel<NTP, SMALL, HX>, dim3(grid), dim3(MM_NW * 32), smem,
-	               c->stream, a);
+	/* above the default 48 KB (TANDEM_MULTI_RB8 only): asked on every call, since the attribute is
+	 * per device and a process may drive several; refused past the device's limit */
+	if (smem > 48 * 1024 &&
+	    (smem > (size_t)kcuda_smem_optin(c->device) ||
+	     cudaFuncSetAttribute(mm_multi_kernel<NTP, SMALL, HX, Q8RB>,
+	                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)) {
+		(void)cudaGetLastError();
+		return ERR_UNSUPPORTED;
+	}
+	return klaunch("matmul_multi", mm_multi_kernel<NTP, SMALL, HX, Q8RB>, dim3(grid), dim3(MM_NW * 32),
+	               smem, c->stream, a);
 }
 
 static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg, const float *x, int64_t ldx,
@@ -297,7 +319,7 @@ int kcuda_gemv_multi1_launch(struct kcuda_ctx *c, const struct kweight *w, const
                              int n_tok, float *y, int64_t ldy)
 {
 	int rb, se, sb;
-	if (!mm_geom(w->type, &rb, &se, &sb) || w->n_in % se || (uintptr_t)w->data % 16 ||
+	if (!mm_geom(w->type, 4, &rb, &se, &sb) || w->n_in % se || (uintptr_t)w->data % 16 ||
 	    w->n_out > INT32_MAX / 2 || (uintptr_t)x % 16 || ldx % 4 || n_tok < 1 || n_tok > 8)
 		return ERR_UNSUPPORTED;
 	const struct kcuda_mm_seg seg = {w, y, ldy};
@@ -345,12 +367,13 @@ static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg
 	struct mm_multi_args a;
 	memset(&a, 0, sizeof(a));
 	bool in_table[KCUDA_MM_MULTI_MAX] = {false};
+	const int q8rb = mm_q8_rows(n_tok);
 	int64_t n_blk = 0;
 	size_t smem = 0;
 	for (int i = 0; i < n_seg; i++) {
 		const struct kweight *w = seg[i].w;
 		int rb, se, sb;
-		if (!mm_geom(w->type, &rb, &se, &sb) || n_in % se || (uintptr_t)w->data % 16 ||
+		if (!mm_geom(w->type, q8rb, &rb, &se, &sb) || n_in % se || (uintptr_t)w->data % 16 ||
 		    w->n_out > INT32_MAX / 2)
 			continue;
 		const int64_t cs = MM_CHUNK(small) / se, nsl = n_in / se < cs ? n_in / se : cs;
@@ -389,6 +412,9 @@ static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg
 	if (n_tok == 1 && hx)
 		rc = small ? mm_launch<1, true, true>(c, a, g, smem)
 		           : mm_launch<1, false, true>(c, a, g, smem);
+	else if (n_tok == 1 && q8rb == 8)
+		rc = small ? mm_launch<1, true, false, 8>(c, a, g, smem)
+		           : mm_launch<1, false, false, 8>(c, a, g, smem);
 	else if (n_tok == 1)
 		rc = small ? mm_launch<1, true>(c, a, g, smem) : mm_launch<1, false>(c, a, g, smem);
 	else if (n_tok == 2 && hx)

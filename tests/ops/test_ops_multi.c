@@ -18,7 +18,8 @@
  *     be those of the produced x (the kernel copies weights before KDEP_ENTRY, never x);
  *   - refusals: ERR_UNSUPPORTED for n_tok 9, misaligned x and TANDEM_MULTI=0, -EINVAL for bad
  *     arguments (n_in mismatch, ldy < n_out, ldx < n_in, 0 or too many products).
- * Then the 1-2 token cases again with TANDEM_MULTI_HOIST=1 (x loaded before the wait).
+ * Then the 1-2 token cases again with TANDEM_MULTI_HOIST=1 (x loaded before the wait), and the
+ * one-token cases with TANDEM_MULTI_RB8=1 (8 Q8_0 rows a block, more than 48 KB of shared memory).
  * TANDEM_OPS_SMALL=1 (for compute-sanitizer) runs the big shapes at one token only.
  * Exit 77 = no GPU (skip). */
 #include <errno.h>
@@ -406,6 +407,16 @@ int main(void)
 			if (!(small && cases[i].big && nt != 1) && !(quick && cases[i].big && nt != 1))
 				setup_fail |= run_multi(c, &cases[i], nt, (int)((i + (size_t)nt) & 1));
 	unsetenv("TANDEM_MULTI_HOIST");
+	/* 8 Q8_0 rows a block at one token (TANDEM_MULTI_RB8=1: up to ~61 KB of weight tile, above the
+	 * default 48 KB of dynamic shared memory; an experiment, off by default): every group, the wide
+	 * products and the PDL producer */
+	setenv("TANDEM_MULTI_RB8", "1", 1);
+	check_pdl_producer(c, 1);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		setup_fail |= run_multi(c, &cases[i], 1, (int)(i & 1));
+	for (size_t i = 0; i < sizeof(wide_cases) / sizeof(wide_cases[0]); i++)
+		setup_fail |= run_multi(c, &wide_cases[i], 1, (int)(i & 1));
+	unsetenv("TANDEM_MULTI_RB8");
 	setenv("TANDEM_MULTI_WIDE", "1", 1);
 	for (size_t i = 0; i < sizeof(wide_cases) / sizeof(wide_cases[0]); i++)
 		for (int64_t nt = 1; nt <= 8; nt++) {
