@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# kernels/cuda/matmul_multi.cu's kernel source on the CPU (tests/unit/mm_multi_sim.cc says how): its
+# device part and matmul_impl.cuh's slab decode are cut out by the markers below and built with
+# g++ -std=c++20 (std::barrier).
+set -u
+BUILD=${BUILD:-build}
+dir=$BUILD/sim/mm_multi
+mkdir -p "$dir"
+src=kernels/cuda/matmul_multi.cu
+impl=kernels/cuda/matmul_impl.cuh
+start=$(grep -n '^#define MM_NW' $src | cut -d: -f1)
+end=$(grep -n '^extern "C" bool kcuda_matmul_multi_enabled' $src | cut -d: -f1)
+s1=$(grep -n '^template <int T> struct g3t;' $impl | cut -d: -f1)
+e1=$(grep -n '^__device__ __forceinline__ void g3_cp16' $impl | cut -d: -f1)
+s2=$(grep -n '^/\* float of a signed byte' $impl | cut -d: -f1)
+e2=$(grep -n '^#endif' $impl | tail -1 | cut -d: -f1)
+if [ -z "$start" ] || [ -z "$end" ] || [ -z "$s1" ] || [ -z "$e1" ] || [ -z "$s2" ] || [ -z "$e2" ]; then
+	echo "FAIL: the markers moved ($src: #define MM_NW ... kcuda_matmul_multi_enabled; $impl: struct g3t ... g3_cp16, float of a signed byte ... #endif)"
+	exit 1
+fi
+sed -n "${start},$((end - 1))p" $src |
+	sed 's/extern __shared__ __align__(16) uint8_t mm_tile\[\];/uint8_t *mm_tile = sim_dyn;/' >"$dir/mm_multi_body.inc"
+if ! grep -q 'mm_tile = sim_dyn' "$dir/mm_multi_body.inc"; then
+	echo "FAIL: the kernel's dynamic shared memory declaration moved"
+	exit 1
+fi
+{
+	sed -n "${s1},$((e1 - 1))p" $impl
+	sed -n "${s2},$((e2 - 1))p" $impl
+} >"$dir/g3_slab.inc"
+if ! ${CXX:-g++} -std=c++20 -O1 -pthread -DTANDEM_CUDA -I. -I"$dir" -o "$dir/mm_multi_sim" tests/unit/mm_multi_sim.cc \
+	2>"$dir/build.log"; then
+	if grep -q 'barrier' "$dir/build.log" && ! echo '#include <barrier>' | ${CXX:-g++} -std=c++20 -x c++ -fsyntax-only - 2>/dev/null; then
+		echo "SKIP: no C++20 <barrier> in ${CXX:-g++}"
+		exit 77
+	fi
+	cat "$dir/build.log"
+	echo "FAIL: tests/unit/mm_multi_sim.cc does not build"
+	exit 1
+fi
+exec "$dir/mm_multi_sim" "$@"
