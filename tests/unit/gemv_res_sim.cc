@@ -26,93 +26,10 @@
 #include <vector>
 
 #include "kernels/kernels.h"
-#include "tests/unit/sim_cuda.h"
-
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __launch_bounds__(x)
-#define __shared__ static
-#define __align__(x) __attribute__((aligned(x)))
-#define KDEP_ENTRY()                                                                                         \
-	do {                                                                                                 \
-	} while (0)
-
-struct sim_dim {
-	unsigned x, y;
-};
-thread_local sim_dim threadIdx, blockIdx;
-struct __half {
-	uint16_t x;
-};
-using std::max;
-using std::min;
-
-static inline float __half2float(__half h)
-{
-	return sim_h2f(h.x);
-}
-static inline float kc_h2f(uint16_t h)
-{
-	return sim_h2f(h);
-}
-static inline float kc_bf2f(uint16_t h)
-{
-	return __uint_as_float((uint32_t)h << 16);
-}
-template <typename T> static inline const T *kdep_after(const T *p)
-{
-	return p;
-}
-
-static std::barrier<> *sim_block_bar;
-struct sim_warp {
-	std::barrier<> *bar;
-	float slot[32];
-};
-static sim_warp sim_warps[32];
-static inline void __syncthreads()
-{
-	sim_block_bar->arrive_and_wait();
-}
-static inline float __shfl_xor_sync(unsigned, float v, int m)
-{
-	sim_warp &w = sim_warps[threadIdx.x >> 5];
-	w.slot[threadIdx.x & 31] = v;
-	w.bar->arrive_and_wait();
-	const float r = w.slot[(threadIdx.x & 31) ^ (unsigned)m];
-	w.bar->arrive_and_wait();
-	return r;
-}
+#include "tests/unit/sim_block.h"
 
 #include "g3_slab.inc"
 
-/* cp.async deferred: each thread's copies are queued per commit group and done only when a
- * cp.async.wait_group lets them (the oldest groups first), so a wait count that lets the kernel
- * decode rows whose group has not been waited for reads the stale fill of sim_dyn and fails */
-struct sim_copy {
-	void *dst;
-	const void *src;
-};
-thread_local std::vector<std::vector<sim_copy>> sim_groups; /* committed, oldest first */
-thread_local std::vector<sim_copy> sim_open; /* not yet committed */
-static inline void g3_cp16(void *dst, const void *src)
-{
-	sim_open.push_back({dst, src});
-}
-static inline void g3_commit(void)
-{
-	sim_groups.push_back(sim_open);
-	sim_open.clear();
-}
-template <int N> static inline void g3_wait(void)
-{
-	while ((int)sim_groups.size() > N) {
-		for (const sim_copy &c : sim_groups.front())
-			memcpy(c.dst, c.src, 16);
-		sim_groups.erase(sim_groups.begin());
-	}
-}
 static inline int kcuda_prefetch_enabled(void)
 {
 	return 1;
@@ -123,7 +40,6 @@ alignas(16) static uint8_t sim_dyn[48 * 1024];
 #include "gemv_res_body.inc"
 
 static int n_check, n_fail;
-static std::atomic<int> sim_leaks; /* threads that ended with copies never waited for */
 
 /* one block after the other, 128 std::threads each */
 /* the heads: H matrices mat_bytes apart, x and y of head h at h xhs / h yhs (H = 1: a plain product) */
@@ -147,32 +63,10 @@ static void sim_run(const uint8_t *w, size_t row_bytes, int n_out, int n_slab, c
 	for (int bh = 0; bh < nb * g_heads.H; bh++) {
 		const int b = bh % nb, h = bh / nb;
 		memset(sim_dyn, 0xcd, sizeof(sim_dyn)); /* stale bytes from the last block must not count */
-		std::barrier<> bb(RES_NW * 32);
-		sim_block_bar = &bb;
-		std::vector<std::unique_ptr<std::barrier<>>> wb;
-		for (int i = 0; i < RES_NW; i++) {
-			wb.emplace_back(new std::barrier<>(32));
-			sim_warps[i].bar = wb.back().get();
-		}
-		std::vector<std::thread> th;
-		for (int t = 0; t < RES_NW * 32; t++)
-			th.emplace_back([=]() {
-				threadIdx.x = (unsigned)t;
-				blockIdx.x = (unsigned)b;
-				blockIdx.y = (unsigned)h;
-				gemv_res_kernel<T, NT, RB>(w, g_heads.mat_bytes, row_bytes, n_out, n_slab, x,
-				                           ldx, g_heads.xhs, n_tok, y, ldy, g_heads.yhs, 1,
-				                           1);
-				if (!sim_groups.empty() || !sim_open.empty()) {
-					sim_leaks++;
-				}
-				sim_groups.clear();
-				sim_open.clear();
-				sim_warps[t >> 5].bar->arrive_and_drop();
-				sim_block_bar->arrive_and_drop();
-			});
-		for (auto &t : th)
-			t.join();
+		sim_block(RES_NW * 32, (unsigned)b, (unsigned)h, [=]() {
+			gemv_res_kernel<T, NT, RB>(w, g_heads.mat_bytes, row_bytes, n_out, n_slab, x, ldx,
+			                           g_heads.xhs, n_tok, y, ldy, g_heads.yhs, 1, 1);
+		});
 	}
 }
 

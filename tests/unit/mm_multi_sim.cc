@@ -24,64 +24,12 @@
 #include <vector>
 
 #include "kernels/kernels.h"
-#include "tests/unit/sim_cuda.h"
+#include "tests/unit/sim_block.h"
 
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __launch_bounds__(x)
-#define __shared__ static
-#define __grid_constant__
-#define __align__(x) __attribute__((aligned(x)))
-#define KDEP_ENTRY()                                                                                         \
-	do {                                                                                                 \
-	} while (0)
-
-struct sim_dim {
-	unsigned x, y;
-};
-thread_local sim_dim threadIdx, blockIdx;
-struct __half {
-	uint16_t x;
-};
-using std::max;
-using std::min;
-
-static inline float __half2float(__half h)
-{
-	return sim_h2f(h.x);
-}
-static inline float kc_h2f(uint16_t h)
-{
-	return sim_h2f(h);
-}
-template <typename T> static inline const T *kdep_after(const T *p)
-{
-	return p;
-}
 static inline void kdep_prefetch_l2(const void *, size_t)
 {
 }
 
-static std::barrier<> *sim_block_bar;
-struct sim_warp {
-	std::barrier<> *bar;
-	float slot[32];
-};
-static sim_warp sim_warps[32];
-static inline void __syncthreads()
-{
-	sim_block_bar->arrive_and_wait();
-}
-static inline float __shfl_xor_sync(unsigned, float v, int m)
-{
-	sim_warp &w = sim_warps[threadIdx.x >> 5];
-	w.slot[threadIdx.x & 31] = v;
-	w.bar->arrive_and_wait();
-	const float r = w.slot[(threadIdx.x & 31) ^ (unsigned)m];
-	w.bar->arrive_and_wait();
-	return r;
-}
 static inline float kc_warp_sum(float v)
 {
 	for (int o = 16; o > 0; o >>= 1)
@@ -91,35 +39,11 @@ static inline float kc_warp_sum(float v)
 
 #include "g3_slab.inc"
 
-struct sim_copy {
-	void *dst;
-	const void *src;
-};
-thread_local std::vector<std::vector<sim_copy>> sim_groups; /* committed, oldest first */
-thread_local std::vector<sim_copy> sim_open; /* not yet committed */
-static inline void g3_cp16(void *dst, const void *src)
-{
-	sim_open.push_back({dst, src});
-}
-static inline void g3_commit(void)
-{
-	sim_groups.push_back(sim_open);
-	sim_open.clear();
-}
-template <int N> static inline void g3_wait(void)
-{
-	while ((int)sim_groups.size() > N) {
-		for (const sim_copy &c : sim_groups.front())
-			memcpy(c.dst, c.src, 16);
-		sim_groups.erase(sim_groups.begin());
-	}
-}
-
 alignas(16) static uint8_t sim_dyn[64 * 1024];
 
 #include "mm_multi_body.inc"
 
-static int n_check, n_fail, n_leak;
+static int n_check, n_fail;
 
 /* the grid of mm_multi_kernel<NTP, SMALL, false, Q8RB>(a), one block after the other */
 template <int NTP, bool SMALL, int Q8RB> static void sim_grid(const mm_multi_args &a, int n_blk, size_t smem)
@@ -131,28 +55,7 @@ template <int NTP, bool SMALL, int Q8RB> static void sim_grid(const mm_multi_arg
 	}
 	for (int b = 0; b < n_blk; b++) {
 		memset(sim_dyn, 0xcd, sizeof(sim_dyn)); /* the last block's bytes must not count */
-		std::barrier<> bb(MM_NW * 32);
-		sim_block_bar = &bb;
-		std::vector<std::unique_ptr<std::barrier<>>> wb;
-		for (int i = 0; i < MM_NW; i++) {
-			wb.emplace_back(new std::barrier<>(32));
-			sim_warps[i].bar = wb.back().get();
-		}
-		std::vector<std::thread> th;
-		std::vector<int> leak(MM_NW * 32, 0);
-		for (int t = 0; t < MM_NW * 32; t++)
-			th.emplace_back([&, t]() {
-				threadIdx.x = (unsigned)t;
-				blockIdx.x = (unsigned)b;
-				mm_multi_kernel<NTP, SMALL, false, Q8RB>(a);
-				leak[t] = !sim_groups.empty() || !sim_open.empty();
-				sim_groups.clear();
-				sim_open.clear();
-			});
-		for (auto &t : th)
-			t.join();
-		for (int l : leak)
-			n_leak += l;
+		sim_block(MM_NW * 32, (unsigned)b, 0u, [&]() { mm_multi_kernel<NTP, SMALL, false, Q8RB>(a); });
 	}
 }
 
@@ -336,8 +239,8 @@ int main(void)
 			if (k.n_in <= 2048 || nt == 2)
 				run_case(*k.s, k.n_in, nt, 4, k.what);
 	}
-	if (n_leak)
-		printf("FAIL: %d threads ended with cp.async copies never waited for\n", n_leak);
-	printf("%d cases, %d failed\n", n_check, n_fail + (n_leak ? 1 : 0));
-	return n_fail || n_leak ? 1 : 0;
+	if (sim_leaks)
+		printf("FAIL: %d threads ended with cp.async copies never waited for\n", sim_leaks.load());
+	printf("%d cases, %d failed\n", n_check, n_fail + (sim_leaks ? 1 : 0));
+	return n_fail || sim_leaks ? 1 : 0;
 }
