@@ -10,7 +10,8 @@
  * backend's): |sim - ref| <= 1e-6 sum_i |w_i| m_j(i) + 1e-6 sum_i |w_i x_i| + 64 2^-149, where m_j
  * is the largest |x| of element i's sub-block (x's three parts carry <= 6.1e-8 of m_j; the
  * epilogue is fp32; the last term is for denormal results).
- * Cases: Q4_K and Q5_K, random super-blocks (every scale / min code, d and dmin of both signs),
+ * Cases: Q4_K and Q5_K, one and two tiles of 16 rows (R 1: batch 1's gate / up and down; R 2: the
+ * two-tile gate / up block of batches 3-8), random super-blocks (every scale / min code, d and dmin of both signs),
  * x uniform, x with a zero sub-block, one huge element, all tiny (1e-35), x near 1e34 with one
  * element above 1e37, denormal x (1e-41), and an Inf / a NaN (the unit's rows must come out NaN).
  * It does not check timing or the kernels around the unit: tests/ops/test_ops_moe.c does that on a
@@ -148,15 +149,44 @@ static uint16_t f2h(float f) /* normal range only, truncating: enough for test s
 
 static int fails, checks;
 
-/* one unit: 16 rows (one super-block each) against x; mode: the x pattern */
-static void run_case(int type, int mode, std::mt19937 &rng, const char *what)
+static mi8_x sim_x; /* the warp's staged x (shared memory) */
+
+/* lane l of the warp: x staged, the unit over R tiles of 16 rows (tile r: rows 16 r ..), the rows'
+ * dots into got[] by the lanes (g, 0) */
+template <int T, int R>
+static void lane_body(int l, const uint8_t *rows, size_t bytes, const float *x, float *got)
+{
+	const int g = l >> 2, t = l & 3;
+	const uint8_t *rp[R][2];
+	for (int r = 0; r < R; r++) {
+		rp[r][0] = rows + (size_t)(16 * r + g) * bytes;
+		rp[r][1] = rows + (size_t)(16 * r + g + 8) * bytes;
+	}
+	gm_k45_w<T, R> w;
+	float acc[R][2];
+	for (int r = 0; r < R; r++)
+		acc[r][0] = acc[r][1] = 0.f;
+	mi8_stage(sim_x, x, l);
+	gm_k45_load<T, R>(w, rp, 0, t);
+	mi8_k45_unit<T, R>(acc, w, sim_x, g, t);
+	mi8_rows_sum<R>(acc);
+	if (t == 0)
+		for (int r = 0; r < R; r++) {
+			got[16 * r + g] = acc[r][0];
+			got[16 * r + g + 8] = acc[r][1];
+		}
+}
+
+/* one unit: 16 R rows (one super-block each, R tiles) against x; mode: the x pattern */
+static void run_case(int type, int R, int mode, std::mt19937 &rng, const char *what)
 {
 	const bool q5 = type == KT_Q5_K;
 	const int BYTES = q5 ? 176 : 144;
-	std::vector<uint8_t> rows(16 * (size_t)BYTES);
+	const int NR = 16 * R;
+	std::vector<uint8_t> rows((size_t)NR * BYTES);
 	std::uniform_int_distribution<int> byte(0, 255);
 	std::uniform_real_distribution<float> u(-1.f, 1.f);
-	for (int r = 0; r < 16; r++) {
+	for (int r = 0; r < NR; r++) {
 		uint8_t *b = &rows[(size_t)r * BYTES];
 		for (int i = 0; i < BYTES; i++)
 			b[i] = (uint8_t)byte(rng);
@@ -197,8 +227,8 @@ static void run_case(int type, int mode, std::mt19937 &rng, const char *what)
 		break;
 	default: break;
 	}
-	double ref[16], bound[16];
-	for (int r = 0; r < 16; r++) {
+	double ref[32], bound[32];
+	for (int r = 0; r < NR; r++) {
 		double w[256], s = 0, b1 = 0, b2 = 0;
 		ref_dequant(type, &rows[(size_t)r * BYTES], w);
 		for (int j = 0; j < 8; j++) {
@@ -215,38 +245,25 @@ static void run_case(int type, int mode, std::mt19937 &rng, const char *what)
 		 * ~20 roundings reach it */
 		ref[r] = s, bound[r] = 1e-6 * b1 + 1e-6 * b2 + 64.0 * std::ldexp(1.0, -149);
 	}
-	float got[16];
-	static mi8_x X;
+	float got[32];
 	std::barrier<> bar(32);
 	sim_bar = &bar;
 	std::vector<std::thread> th;
 	for (int l = 0; l < 32; l++)
 		th.emplace_back([&, l] {
 			sim_lane = l;
-			const int g = l >> 2, t = l & 3;
-			const uint8_t *rp[1][2] = {{&rows[(size_t)g * BYTES], &rows[(size_t)(g + 8) * BYTES]}};
-			gm_k45_w<KT_Q4_K, 1> w4;
-			gm_k45_w<KT_Q5_K, 1> w5;
-			float acc[1][2] = {{0.f, 0.f}};
-			mi8_stage(X, x, l);
-			if (q5) {
-				gm_k45_load<KT_Q5_K, 1>(w5, rp, 0, t);
-				mi8_k45_unit<KT_Q5_K, 1>(acc, w5, X, g, t);
-			} else {
-				gm_k45_load<KT_Q4_K, 1>(w4, rp, 0, t);
-				mi8_k45_unit<KT_Q4_K, 1>(acc, w4, X, g, t);
-			}
-			mi8_rows_sum<1>(acc);
-			if (t == 0) { /* lane (g, 0): rows g and g + 8 */
-				got[g] = acc[0][0];
-				got[g + 8] = acc[0][1];
-			}
+			if (q5)
+				R == 2 ? lane_body<KT_Q5_K, 2>(l, rows.data(), BYTES, x, got)
+				       : lane_body<KT_Q5_K, 1>(l, rows.data(), BYTES, x, got);
+			else
+				R == 2 ? lane_body<KT_Q4_K, 2>(l, rows.data(), BYTES, x, got)
+				       : lane_body<KT_Q4_K, 1>(l, rows.data(), BYTES, x, got);
 		});
 	for (auto &t : th)
 		t.join();
 	int bad = 0;
 	double worst = 0;
-	for (int r = 0; r < 16; r++) {
+	for (int r = 0; r < NR; r++) {
 		checks++;
 		const bool ok = want_nan ? std::isnan(got[r]) : std::fabs(got[r] - ref[r]) <= bound[r];
 		if (!want_nan)
@@ -256,8 +273,8 @@ static void run_case(int type, int mode, std::mt19937 &rng, const char *what)
 			       got[r], ref[r], bound[r]);
 	}
 	fails += bad;
-	printf("%-4s %-22s 16 rows: %s (largest |err| / (sum|w| m + sum|w x|) %.2g)\n", q5 ? "Q5_K" : "Q4_K", what,
-	       bad ? "FAIL" : "ok", worst);
+	printf("%-4s %-22s %d rows: %s (largest |err| / (sum|w| m + sum|w x|) %.2g)\n", q5 ? "Q5_K" : "Q4_K", what,
+	       NR, bad ? "FAIL" : "ok", worst);
 }
 
 int main(void)
@@ -269,7 +286,7 @@ int main(void)
 	for (int type : {(int)KT_Q4_K, (int)KT_Q5_K})
 		for (int mode = 0; mode < 8; mode++)
 			for (int rep = 0; rep < (mode == 0 ? 6 : 2); rep++)
-				run_case(type, mode, rng, names[mode]);
+				run_case(type, rep & 1 ? 2 : 1, mode, rng, names[mode]); /* one and two tiles */
 	printf("%d checks, %d failed\n", checks, fails);
 	return fails ? 1 : 0;
 }
