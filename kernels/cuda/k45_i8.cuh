@@ -2,9 +2,9 @@
  * (mma.sync m16n8k32, s8 x s8 -> s32: sm_80 and later, so sm_90, sm_100 and sm_120 alike).
  *
  * Why: gm_k45_math turns every nibble into an fp16 multiplier with its sub-block scale folded in
- * (LOP3 + HFMA2 per two weights) and needs a second product for the mins: ~250 warp instructions
- * per unit, and at batch 1 the MoE's gate / up and down kernels are instruction-bound (session 8's
- * phase trace: ~2.1M warp instructions for gate / up at 0.25-0.5 issued per scheduler cycle). Here
+ * (LOP3 + HFMA2 per two weights) and needs a second product for the mins, and at batch 1 the MoE's
+ * gate / up and down kernels are instruction-bound (session 8's phase trace: ~2.1M warp
+ * instructions for gate / up at 0.25-0.5 issued per scheduler cycle; PERFORMANCE.md, session 9). Here
  * a nibble needs one AND (low) or SHF + AND (high) to become an int8 A entry and the scales and mins
  * are applied once per sub-block and row in fp32.
  *

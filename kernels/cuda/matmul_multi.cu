@@ -367,7 +367,8 @@ static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg
 	struct mm_multi_args a;
 	memset(&a, 0, sizeof(a));
 	bool in_table[KCUDA_MM_MULTI_MAX] = {false};
-	const int q8rb = mm_q8_rows(n_tok);
+	const bool hx = multi_hoist();
+	const int q8rb = hx ? 4 : mm_q8_rows(n_tok); /* the hoisting instantiations are 4-row only */
 	int64_t n_blk = 0;
 	size_t smem = 0;
 	for (int i = 0; i < n_seg; i++) {
@@ -408,7 +409,6 @@ static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg
 	a.pf = kcuda_prefetch_enabled();
 	int rc;
 	const unsigned g = (unsigned)n_blk;
-	const bool hx = multi_hoist();
 	if (n_tok == 1 && hx)
 		rc = small ? mm_launch<1, true, true>(c, a, g, smem)
 		           : mm_launch<1, false, true>(c, a, g, smem);

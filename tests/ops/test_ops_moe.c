@@ -30,10 +30,10 @@
  *    warps in the down kernel (9 where np = 9, 17, 18, ...); its threshold moved by
  *    TANDEM_MOE_SMALL_MAX and the path switched off (TANDEM_MOE_SMALL=0); bits equal to the sorted
  *    path's one-tile result reported. One-token chunks of Q4_K / Q5_K run on the int8 unit
- *    (k45_i8.cuh: x as two int8 halves per 32-element sub-block, ~1e-5 of max|ref|) by default and
- *    on the fp16 unit under TANDEM_MOE_I8=0 (a few cases). The route's register kernel and the shared-memory
- * one (TANDEM_MOE_ROUTE_FAST=0) on every routing case, plus group shapes the register kernel hands back (E
- * 192, 4 groups) and E 512 top-16.
+ *    (k45_i8.cuh: x as three int8 parts per 32-element sub-block, ~3e-7 of max|ref| measured) by
+ *    default and on the fp16 unit under TANDEM_MOE_I8=0 (a few cases). The route's register kernel
+ *    and the shared-memory one (TANDEM_MOE_ROUTE_FAST=0) on every routing case, plus group shapes
+ *    the register kernel hands back (E 192, 4 groups) and E 512 top-16.
  * 5. The batch-1 kernels (moe_one.cu, behind TANDEM_MOE_SMALL_V=dn / gu / new: its kernels at one token with
  * Q4_K / Q5_K experts, TANDEM_MOE_SMALL_V=new both): against the CPU and against moe_small's kernels (the
  * same bits expected), GLM-5 / DS-V3 slices and short D, every down type, repeated ids, large x, each half

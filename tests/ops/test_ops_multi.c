@@ -19,7 +19,8 @@
  *   - refusals: ERR_UNSUPPORTED for n_tok 9, misaligned x and TANDEM_MULTI=0, -EINVAL for bad
  *     arguments (n_in mismatch, ldy < n_out, ldx < n_in, 0 or too many products).
  * Then the 1-2 token cases again with TANDEM_MULTI_HOIST=1 (x loaded before the wait), and the
- * one-token cases with TANDEM_MULTI_RB8=1 (8 Q8_0 rows a block, more than 48 KB of shared memory).
+ * one-token cases with TANDEM_MULTI_RB8=1 (8 Q8_0 rows a block, more than 48 KB of shared memory),
+ * alone and with TANDEM_MULTI_HOIST=1 (which keeps 4 rows).
  * TANDEM_OPS_SMALL=1 (for compute-sanitizer) runs the big shapes at one token only.
  * Exit 77 = no GPU (skip). */
 #include <errno.h>
@@ -416,6 +417,12 @@ int main(void)
 		setup_fail |= run_multi(c, &cases[i], 1, (int)(i & 1));
 	for (size_t i = 0; i < sizeof(wide_cases) / sizeof(wide_cases[0]); i++)
 		setup_fail |= run_multi(c, &wide_cases[i], 1, (int)(i & 1));
+	/* with TANDEM_MULTI_HOIST=1 too: the hoisting kernels hold 4 rows, so the grid must be built
+	 * for 4 (a grid of 8-row blocks would leave half the rows unwritten) */
+	setenv("TANDEM_MULTI_HOIST", "1", 1);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		setup_fail |= run_multi(c, &cases[i], 1, (int)(i & 1));
+	unsetenv("TANDEM_MULTI_HOIST");
 	unsetenv("TANDEM_MULTI_RB8");
 	setenv("TANDEM_MULTI_WIDE", "1", 1);
 	for (size_t i = 0; i < sizeof(wide_cases) / sizeof(wide_cases[0]); i++)

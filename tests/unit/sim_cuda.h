@@ -1,5 +1,6 @@
 /* Host stand-ins for the CUDA vector types and bit intrinsics that the CPU simulations of kernel
- * source use (gemv_res_sim.cc, k45_i8_sim.cc): the same results as the device, written plainly. */
+ * source use (gemv_res_sim.cc, k45_i8_sim.cc, mm_multi_sim.cc): the same results as the device,
+ * written plainly; the vector types aligned as CUDA aligns them. */
 #ifndef TANDEM_TESTS_UNIT_SIM_CUDA_H
 #define TANDEM_TESTS_UNIT_SIM_CUDA_H
 
@@ -7,13 +8,13 @@
 #include <cstdint>
 #include <cstring>
 
-struct float2 {
+struct alignas(8) float2 {
 	float x, y;
 };
-struct float4 {
+struct alignas(16) float4 {
 	float x, y, z, w;
 };
-struct uint4 {
+struct alignas(16) uint4 {
 	uint32_t x, y, z, w;
 };
 
