@@ -183,6 +183,11 @@ int kcuda_smem_optin(int dev);
 int kcuda_ctx_create(int device, size_t ws_bytes, struct kcuda_ctx **out);
 void kcuda_ctx_destroy(struct kcuda_ctx *c);
 void *kcuda_ctx_stream(struct kcuda_ctx *c); /* the cudaStream_t */
+/* The context no longer holds the int8 parts of any activation (kfuse_add_rmsnorm_parts, fused.h):
+ * call before the rows they were made from are written by anything else. */
+void kcuda_xparts_forget(struct kcuda_ctx *c);
+/* the rows whose int8 parts the context holds now (NULL: none) */
+const float *kcuda_xparts_of(struct kcuda_ctx *c);
 /* Work enqueued on `to` after this call waits for all work enqueued on `from` before it (an event
  * recorded on from's stream, waited on by to's). Inside a stream capture this is a graph edge, and
  * `to` joins the capture. 0 or ERR_CUDA. */

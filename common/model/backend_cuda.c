@@ -126,6 +126,11 @@ struct be_cuda {
 	int mm_at;
 	int fold_layer, foldq_layer;
 	const float *fold_kI, *fold_wI, *fold_qI;
+	/* ops begun (SKIP_REPLAY and the ops without it that write device memory); parts_seq: the op
+	 * that left y's int8 parts (cu_add_rmsnorm_moe), parts_y: that y. cu_moe uses the parts only
+	 * when it is the very next op and reads that y */
+	unsigned long long op_seq, parts_seq;
+	const float *parts_y;
 };
 
 #define CK(x)                                                                                                \
@@ -137,6 +142,7 @@ struct be_cuda {
 /* ops record into the graph while capturing and do nothing while replaying */
 #define SKIP_REPLAY(c)                                                                                       \
 	do {                                                                                                 \
+		(c)->op_seq++;                                                                               \
 		if ((c)->mode == 2)                                                                          \
 			return;                                                                              \
 	} while (0)
@@ -659,6 +665,7 @@ static void cu_branch_join(void *ctx);
 static int cu_begin(void *ctx, const struct model_batch *b, struct model_kv *kv, const struct mbe_step *st)
 {
 	struct be_cuda *c = ctx;
+	c->op_seq++; /* writes device memory (cu_moe's parts check) */
 	(void)kcuda_device_set(c->device);
 	if (c->capture_open) { /* the last step failed on another rank after this one began capturing */
 		void *ex = NULL;
@@ -1211,6 +1218,10 @@ static void cu_moe(void *ctx, const struct layer_w *L, const float *a, float *pa
 	int64_t n = c->st.n, D = hp->D, E = hp->n_expert;
 	int k = hp->n_expert_used;
 	struct kweight g = L->gate_exps.w, u = L->up_exps.w, d = L->down_exps.w;
+	/* a's int8 parts from the norm just before (cu_add_rmsnorm_moe), else none */
+	if (!(c->parts_y == a && c->parts_seq + 1 == c->op_seq))
+		kcuda_xparts_forget(c->kc);
+	c->parts_y = NULL;
 	/* router product + route in one launch at 1..2 tokens (moe_route.cu; TANDEM_MOE_PF=1 also
 	 * prefetches the chosen experts' weights from there; ERR_UNSUPPORTED: the two launches below) */
 	const struct kcuda_moe_pf pf = {
@@ -1338,6 +1349,7 @@ static int step_finish(struct be_cuda *c);
 static int cu_all_reduce(void *ctx, float *buf, size_t n)
 {
 	struct be_cuda *c = ctx;
+	c->op_seq++; /* writes device memory (cu_moe's parts check) */
 	if (c->nccl) { /* errors wait for step_finish: every rank issues every collective */
 		if (c->mode != 2 && !c->m->skip_collectives)
 			CK(tp_all_reduce_sum(c->nccl, buf, n));
@@ -1351,6 +1363,7 @@ static int cu_all_reduce(void *ctx, float *buf, size_t n)
 static int cu_all_gather(void *ctx, const float *send, size_t n, float *recv)
 {
 	struct be_cuda *c = ctx;
+	c->op_seq++; /* writes device memory (cu_moe's parts check) */
 	int r = c->rk->rank, T = c->m->T;
 	if (c->nccl) {
 		if (c->mode != 2 && !c->m->skip_collectives)
@@ -1557,6 +1570,7 @@ static void cu_destroy(void *ctx)
 static int cu_kv_copy(void *ctx, void *dev, void *host, size_t bytes, bool upload)
 {
 	struct be_cuda *c = ctx;
+	c->op_seq++; /* writes device memory (cu_moe's parts check) */
 	return upload ? kstage_copy(c->kc, dev, host, bytes, 1) : kstage_copy(c->kc, host, dev, bytes, 0);
 }
 
@@ -1601,6 +1615,23 @@ static struct kfuse_kv fuse_kv(const struct be_cuda *c, enum mbe_kv_part part, i
 	k.blocks = c->d_blk;
 	k.ld_blocks = c->max_blk;
 	return k;
+}
+
+static void cu_add_rmsnorm(void *ctx, float *h, const float *x, float *y, const float *w, int64_t n,
+                           int64_t n_rows, float eps);
+
+static void cu_add_rmsnorm_moe(void *ctx, float *h, const float *x, float *y, const float *w, int64_t n,
+                               int64_t n_rows, float eps)
+{
+	struct be_cuda *c = ctx;
+	if (!c->fuse) {
+		cu_add_rmsnorm(ctx, h, x, y, w, n, n_rows, eps);
+		return;
+	}
+	SKIP_REPLAY(c);
+	PROF(c, "add+rmsnorm", NULL, 12.0 * (double)(n * n_rows))
+	CK(kfuse_add_rmsnorm_parts(c->kc, h, x, y, w, n, n_rows, eps));
+	c->parts_seq = c->op_seq, c->parts_y = y;
 }
 
 static void cu_add_rmsnorm(void *ctx, float *h, const float *x, float *y, const float *w, int64_t n,
@@ -1755,6 +1786,7 @@ static const struct model_backend_ops cuda_ops = {
     .host_unpin = cu_host_unpin,
     .bind_thread = cu_bind_thread,
     .add_rmsnorm = cu_add_rmsnorm,
+    .add_rmsnorm_moe = cu_add_rmsnorm_moe,
     .mla_latent = cu_mla_latent,
     .idx_prep = cu_idx_prep,
     .to_host_2d = cu_to_host_2d,

@@ -239,7 +239,10 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 		if ((rc = be->all_reduce(bc, part, (size_t)(n * D))))
 			goto out;
 		/* --- FFN --- */
-		be->add_rmsnorm(bc, h, part, a, L->ffn_norm, D, n, hp->rms_eps);
+		if (L->moe && be->add_rmsnorm_moe)
+			be->add_rmsnorm_moe(bc, h, part, a, L->ffn_norm, D, n, hp->rms_eps);
+		else
+			be->add_rmsnorm(bc, h, part, a, L->ffn_norm, D, n, hp->rms_eps);
 		if (!L->moe) {
 			const struct kweight *mw[2] = {&L->ffn_gate, &L->ffn_up};
 			float *const my[2] = {t1, t2};

@@ -112,9 +112,13 @@ extern "C" int kcuda_ctx_create(int device, size_t ws_bytes, struct kcuda_ctx **
 	if (cudaMalloc((void **)&c->zs, KCUDA_ZS_BYTES) != cudaSuccess ||
 	    cudaMemsetAsync(c->zs, 0, KCUDA_ZS_BYTES, c->stream) != cudaSuccess)
 		goto fail_zs;
+	if (cudaMalloc(&c->xp, KCUDA_XP_BYTES) != cudaSuccess)
+		goto fail_xp;
 	*out = c;
 	return 0;
 
+fail_xp:
+	cudaFree(c->xp);
 fail_zs:
 	cudaFree(c->zs);
 fail_cublas:
@@ -154,6 +158,7 @@ extern "C" void kcuda_ctx_destroy(struct kcuda_ctx *c)
 	cudaStreamSynchronize(c->stream);
 	if (c->cublas)
 		cublasDestroy((cublasHandle_t)c->cublas);
+	cudaFree(c->xp);
 	cudaFree(c->zs);
 	cudaFree(c->tickets);
 	cudaFree(c->err_dev);

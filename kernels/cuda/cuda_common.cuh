@@ -32,7 +32,15 @@ struct kcuda_ctx {
 	                    * and that last block sets its counter back to 0 */
 	cudaEvent_t dep_ev; /* recorded on this stream by kcuda_stream_after (one per context, reused:
 	                     * a wait takes the event's state at the time of the wait call) */
+	/* int8 parts of one activation (k45_i8.cuh's mi8_x per 256 elements of a row), written by
+	 * kfuse_add_rmsnorm_parts and read by the one-token MoE units (moe_small.cu) instead of
+	 * quantizing the activation in each of their blocks; xp_of / xp_rows / xp_n: the rows they
+	 * are the parts of (xp_of NULL: none; kcuda_xparts_forget) */
+	void *xp;
+	const float *xp_of;
+	int64_t xp_rows, xp_n;
 };
+#define KCUDA_XP_BYTES ((size_t)8 * 64 * 896) /* 8 rows of up to 16384 */
 #define KCUDA_ZS_BYTES ((size_t)5 << 20)
 #define KCUDA_N_TICKETS 16384
 

@@ -21,6 +21,7 @@
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/fused.h"
+#include "kernels/cuda/k45_i8.cuh"
 
 #define FU_THREADS 256 /* the block size of kcuda_rmsnorm / kfwd_layernorm */
 #define FU_WIDE 1024 /* add+rmsnorm: one block per hidden row */
@@ -347,7 +348,7 @@ __device__ __forceinline__ double fu_warp_sum_d(double v)
 
 __global__ void __launch_bounds__(AC_T)
     add_rmsnorm_cl_kernel(float *h, const float *x, float *y, const float *__restrict__ w, int64_t n, int s4,
-                          float eps, int early)
+                          float eps, int early, mi8_x *xq)
 {
 	const int b = (int)blockIdx.x, nb = (int)gridDim.x; /* the cluster is the grid's x extent */
 	const int64_t n4 = n / 4, j0 = (int64_t)b * s4;
@@ -418,9 +419,14 @@ __global__ void __launch_bounds__(AC_T)
 #pragma unroll
 	for (int k = 0; k < AC_V; k++) {
 		const int64_t j = j0 + threadIdx.x + (int64_t)k * AC_T;
+		const float4 o = make_float4(wv[k].x * (v[k].x * inv), wv[k].y * (v[k].y * inv),
+		                             wv[k].z * (v[k].z * inv), wv[k].w * (v[k].w * inv));
 		if (j < j1)
-			yr[j] = make_float4(wv[k].x * (v[k].x * inv), wv[k].y * (v[k].y * inv),
-			                    wv[k].z * (v[k].z * inv), wv[k].w * (v[k].w * inv));
+			yr[j] = o;
+		/* y's int8 parts (kfuse_add_rmsnorm_parts): s4 and j0 are multiples of 8, so a lane's
+		 * 8-lane group holds one whole sub-block, all of it below j1 or none */
+		if (xq)
+			mi8_put4(xq + row * (n / 256), j, o, j < j1);
 	}
 }
 
@@ -454,18 +460,19 @@ static bool an_early(int64_t n_rows)
 }
 
 static int an_launch_cl(struct kcuda_ctx *c, float *h, const float *x, float *y, const float *w, int64_t n,
-                        int64_t n_rows, float eps, int early)
+                        int64_t n_rows, float eps, int early, mi8_x *xq)
 {
 	const int64_t n4 = n / 4;
 	int64_t nb = (n4 + AC_T - 1) / AC_T; /* about one float4 per thread, at most 8 blocks */
 	nb = nb < 1 ? 1 : nb > AC_NB ? AC_NB : nb;
-	const int64_t s4 = (n4 + nb - 1) / nb;
+	/* a block's slice a multiple of 8 float4 (whole 32-element sub-blocks for the int8 parts) */
+	const int64_t s4 = ((n4 + nb - 1) / nb + 7) / 8 * 8;
 	if (s4 > (int64_t)AC_T * AC_V)
 		return ERR_UNSUPPORTED;
 	/* the cluster attribute also at nb = 1: the kernel uses cluster barriers */
 	return klaunch_cl("add_rmsnorm (cluster)", add_rmsnorm_cl_kernel,
 	                  dim3((unsigned)nb, (unsigned)n_rows, 1), dim3(AC_T, 1, 1), 0, c->stream,
-	                  dim3((unsigned)nb, 1, 1), h, x, y, w, n, (int)s4, eps, early);
+	                  dim3((unsigned)nb, 1, 1), h, x, y, w, n, (int)s4, eps, early, xq);
 }
 
 extern "C" int kfuse_add_rmsnorm_as(struct kcuda_ctx *c, int kind, float *h, const float *x, float *y,
@@ -482,7 +489,7 @@ extern "C" int kfuse_add_rmsnorm_as(struct kcuda_ctx *c, int kind, float *h, con
 		if (n % 4 || !al16 || n > (int64_t)AC_NB * AC_T * AC_V * 4 || n_rows > KFUSE_AN_CL_ROWS ||
 		    kcuda_cc_major(c->device) < 9)
 			return ERR_UNSUPPORTED;
-		return an_launch_cl(c, h, x, y, w, n, n_rows, eps, (kind & KFUSE_AN_EARLY) != 0);
+		return an_launch_cl(c, h, x, y, w, n, n_rows, eps, (kind & KFUSE_AN_EARLY) != 0, NULL);
 	}
 	if (base == KFUSE_AN_V4) {
 		if (n % 4 || n > (int64_t)AN_T * AN_V * 4 || !al16)
@@ -509,6 +516,37 @@ extern "C" int kfuse_add_rmsnorm(struct kcuda_ctx *c, float *h, const float *x, 
 	if (rc == ERR_UNSUPPORTED)
 		rc = kfuse_add_rmsnorm_as(c, KFUSE_AN_OLD, h, x, y, w, n, n_rows, eps);
 	return rc;
+}
+
+extern "C" void kcuda_xparts_forget(struct kcuda_ctx *c)
+{
+	if (c)
+		c->xp_of = NULL, c->xp_rows = 0, c->xp_n = 0;
+}
+
+extern "C" const float *kcuda_xparts_of(struct kcuda_ctx *c)
+{
+	return c ? c->xp_of : NULL;
+}
+
+extern "C" int kfuse_add_rmsnorm_parts(struct kcuda_ctx *c, float *h, const float *x, float *y, const float *w,
+                                       int64_t n, int64_t n_rows, float eps)
+{
+	kcuda_xparts_forget(c);
+	if (!c)
+		return kfuse_add_rmsnorm(c, h, x, y, w, n, n_rows, eps);
+	const bool al16 = ((uintptr_t)h | (uintptr_t)x | (uintptr_t)y | (uintptr_t)w) % 16 == 0;
+	if (c->xp && an_env_kind() == KFUSE_AN_CL && y && y != h && y != x && h && w && n > 0 && n % 256 == 0 &&
+	    n <= (int64_t)AC_NB * AC_T * AC_V * 4 && n_rows >= 1 &&
+	    (size_t)n_rows * (size_t)(n / 256) * sizeof(mi8_x) <= KCUDA_XP_BYTES && al16 &&
+	    kcuda_cc_major(c->device) >= 9) {
+		const int rc = an_launch_cl(c, h, x, y, w, n, n_rows, eps, an_early(n_rows), (mi8_x *)c->xp);
+		if (rc == 0)
+			c->xp_of = y, c->xp_rows = n_rows, c->xp_n = n;
+		if (rc != ERR_UNSUPPORTED)
+			return rc;
+	}
+	return kfuse_add_rmsnorm(c, h, x, y, w, n, n_rows, eps);
 }
 
 /* ---- MLA latents: two RMSNorms, RoPE of k_r, the KV write ------------------------------------- */

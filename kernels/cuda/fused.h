@@ -42,6 +42,17 @@ struct kfuse_rope {
 int kfuse_add_rmsnorm(struct kcuda_ctx *c, float *h, const float *x, float *y, const float *w, int64_t n,
                       int64_t n_rows, float eps);
 
+/* kfuse_add_rmsnorm that also leaves y's int8 parts (k45_i8.cuh: three int8 parts per 32-element
+ * sub-block, 896 bytes per 256 elements of a row) in the context's parts buffer, for the one-token
+ * MoE units that read y next (moe_small.cu): they then copy each unit's parts instead of
+ * quantizing y again in every one of their blocks. The parts are written where the cluster kernel
+ * takes the shape and n % 256 == 0, n_rows * n / 256 * 896 <= KCUDA_XP_BYTES; the context then
+ * records (y, n, n_rows) as what its buffer holds (kcuda_xparts_forget clears it; the caller
+ * forgets before y or the buffer is written by anything else). Otherwise = kfuse_add_rmsnorm with
+ * nothing recorded. y's values are the same bits either way. */
+int kfuse_add_rmsnorm_parts(struct kcuda_ctx *c, float *h, const float *x, float *y, const float *w, int64_t n,
+                            int64_t n_rows, float eps);
+
 /* kfuse_add_rmsnorm by a given kernel (tests, benches): KFUSE_AN_OLD one block of 1024 threads a
  * row; KFUSE_AN_V4 one block of 256 (n % 4 == 0, n <= 8192, 16-byte aligned); KFUSE_AN_CL a cluster
  * of up to 8 blocks a row, the sum of squares in double (sm_90+, n % 4 == 0, n <= 16384, 16-byte

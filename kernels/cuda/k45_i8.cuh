@@ -59,23 +59,31 @@ __device__ __forceinline__ uint32_t mi8_pack4(int a, int b, int c, int d)
 	                   __byte_perm((uint32_t)c, (uint32_t)d, 0x0040u), 0x5410u);
 }
 
-/* One 256-element unit of x (xp: 16-byte aligned, global or shared) into X, warp-collective: lane
- * l quantizes elements 8l .. 8l + 7 (sub-block l / 4). Ends with __syncwarp: X is ready for every
- * lane. The caller syncs the warp before X is rewritten (the previous unit's reads). */
-__device__ __forceinline__ void mi8_stage(mi8_x &X, const float *xp, int lane)
+/* The quantization of one 32-element sub-block held by 32 / NE consecutive lanes (NE = 8: 4 lanes,
+ * NE = 4: 8 lanes; the group starts at a lane multiple of its size), NE consecutive elements v[]
+ * a lane. Warp-collective (every lane calls it, full mask). Gives this lane's words of the three
+ * parts (q[part][i]: elements 4i .. 4i + 3 of the lane's), and, on every lane of the group, the
+ * sub-block's scale s (NaN when an element is not finite), the power of two p and the sum of its
+ * elements. The sum is formed as a tree of fixed shape whatever NE is (each four consecutive
+ * elements in order, then pairs of fours, then pairs of those, ...), so a producer holding four
+ * elements a lane (fused.cu's add_rmsnorm) and mi8_stage holding eight give the same bits. */
+template <int NE>
+__device__ __forceinline__ void mi8_quant(const float (&v)[NE], uint32_t (&qw)[MI8_P][NE / 4], float &s_out,
+                                          float &p_out, float &sum_out)
 {
-	const float4 a = ((const float4 *)xp)[2 * lane], b = ((const float4 *)xp)[2 * lane + 1];
-	const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+	static_assert(NE == 4 || NE == 8, "4 or 8 elements a lane");
 	float m = 0.f, sum = 0.f;
 	bool bad = false; /* an Inf / NaN element (fmaxf would drop a NaN): the sub-block's scale NaN */
 #pragma unroll
-	for (int i = 0; i < 8; i++) {
+	for (int i = 0; i < NE; i++) {
 		m = fmaxf(m, fabsf(v[i]));
-		sum += v[i];
 		bad = bad || !(fabsf(v[i]) <= 3.40282347e38f);
 	}
+	sum = ((v[0] + v[1]) + v[2]) + v[3];
+	if constexpr (NE == 8)
+		sum += ((v[4] + v[5]) + v[6]) + v[7];
 #pragma unroll
-	for (int o = 1; o < 4; o <<= 1) {
+	for (int o = 1; o < 32 / NE; o <<= 1) {
 		m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
 		sum += __shfl_xor_sync(0xffffffffu, sum, o);
 		bad = __shfl_xor_sync(0xffffffffu, (int)bad, o) || bad;
@@ -93,28 +101,92 @@ __device__ __forceinline__ void mi8_stage(mi8_x &X, const float *xp, int lane)
 	const float s2 = s * (1.f / 254.f), inv2 = inv * 254.f, inv3 = inv2 * 254.f;
 	/* no clamps needed: |v P| inv <= 127 (1 + 2^-22) rounds to at most 127, and each remainder is
 	 * at most half a step of the part before (fma: one rounding), so the next part too */
-	int q[MI8_P][8];
+	int q[MI8_P][NE];
 #pragma unroll
-	for (int i = 0; i < 8; i++) {
+	for (int i = 0; i < NE; i++) {
 		const float vp = v[i] * P; /* exact: a power of two, no overflow (m P < 2) */
 		const float f1 = rintf(vp * inv), r = fmaf(-f1, s, vp);
 		const float f2 = rintf(r * inv2), r2 = fmaf(-f2, s2, r);
 		q[0][i] = (int)f1, q[1][i] = (int)f2, q[2][i] = __float2int_rn(r2 * inv3);
 	}
+#pragma unroll
+	for (int pt = 0; pt < MI8_P; pt++)
+#pragma unroll
+		for (int i = 0; i < NE / 4; i++)
+			qw[pt][i] = mi8_pack4(q[pt][4 * i], q[pt][4 * i + 1], q[pt][4 * i + 2], q[pt][4 * i + 3]);
+	s_out = bad ? __int_as_float(0x7fc00000) : s;
+	p_out = ldexpf(1.f, -k);
+	sum_out = sum;
+}
+
+/* One 256-element unit of x (xp: 16-byte aligned, global or shared) into X, warp-collective: lane
+ * l quantizes elements 8l .. 8l + 7 (sub-block l / 4). Ends with __syncwarp: X is ready for every
+ * lane. The caller syncs the warp before X is rewritten (the previous unit's reads). */
+__device__ __forceinline__ void mi8_stage(mi8_x &X, const float *xp, int lane)
+{
+	const float4 a = ((const float4 *)xp)[2 * lane], b = ((const float4 *)xp)[2 * lane + 1];
+	const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+	uint32_t qw[MI8_P][2];
+	float s, p, sum;
+	mi8_quant<8>(v, qw, s, p, sum);
 	const int j = lane >> 2, w = 2 * (lane & 3);
 #pragma unroll
 	for (int pt = 0; pt < MI8_P; pt++) {
-		X.q[j][pt][w] = mi8_pack4(q[pt][0], q[pt][1], q[pt][2], q[pt][3]);
-		X.q[j][pt][w + 1] = mi8_pack4(q[pt][4], q[pt][5], q[pt][6], q[pt][7]);
+		X.q[j][pt][w] = qw[pt][0];
+		X.q[j][pt][w + 1] = qw[pt][1];
 	}
 	if (lane < 8)
 		X.zero[lane] = 0u;
 	if ((lane & 3) == 0) {
-		X.s[j] = bad ? __int_as_float(0x7fc00000) : s;
-		X.p[j] = ldexpf(1.f, -k);
+		X.s[j] = s;
+		X.p[j] = p;
 		X.sum[j] = sum;
 	}
 	__syncwarp();
+}
+
+/* The same unit made by a producer (a row's parts: mi8_put4, units in order) copied into X,
+ * warp-collective, ends with __syncwarp. The same bits as mi8_stage of the unit's x. */
+__device__ __forceinline__ void mi8_copy(mi8_x &X, const mi8_x *src, int lane)
+{
+	constexpr int N16 = (int)(sizeof(mi8_x) / 16); /* 56 */
+	static_assert(sizeof(mi8_x) % 16 == 0 && N16 <= 64, "two 16-byte pieces a lane at most");
+	const uint4 *s = (const uint4 *)src;
+	uint4 *d = (uint4 *)&X;
+	if (lane < N16 - 32) {
+		const uint4 a = __ldg(s + lane), b = __ldg(s + 32 + lane);
+		d[lane] = a, d[32 + lane] = b;
+	} else {
+		d[lane] = __ldg(s + lane);
+	}
+	__syncwarp();
+}
+
+/* Producer side, warp-collective: lane l holds elements 4c .. 4c + 3 of a row (c = the lane's float4
+ * index in the row; the 8 lanes l & ~7 .. (l & ~7) + 7 hold one aligned 32-element sub-block, i.e.
+ * c & 7 == l & 7 and c - (l & 7) is the same for the 8 lanes, a multiple of 8). Writes the lane's
+ * words of the sub-block's parts into the row's units (row: unit 0 of the row, units in order; zero
+ * words included) when `store`; every lane calls it (the shuffles), with zeros where it holds none. */
+__device__ __forceinline__ void mi8_put4(mi8_x *row, int64_t c, float4 x, bool store)
+{
+	const float v[4] = {x.x, x.y, x.z, x.w};
+	uint32_t qw[MI8_P][1];
+	float s, p, sum;
+	mi8_quant<4>(v, qw, s, p, sum);
+	if (!store)
+		return;
+	mi8_x *u = row + (c >> 6); /* 64 float4 a unit */
+	const int j = (int)((c >> 3) & 7), w = (int)(c & 7);
+#pragma unroll
+	for (int pt = 0; pt < MI8_P; pt++)
+		u->q[j][pt][w] = qw[pt][0];
+	if (j == 0)
+		u->zero[w] = 0u;
+	if (w == 0) {
+		u->s[j] = s;
+		u->p[j] = p;
+		u->sum[j] = sum;
+	}
 }
 
 /* acc[r][hr] += the unit's dot for row g (hr 0) / g + 8 (hr 1) of tile r, over this lane's two

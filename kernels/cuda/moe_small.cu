@@ -105,12 +105,14 @@ __device__ __forceinline__ void ms_lane_init(mm_stage<1> &st, const float *const
 
 /* One token's rows of a chunk on the int8 unit (k45_i8.cuh): units u0, u0 + du, ... < u1 of the
  * rows' super-blocks against x (xrow: the token's 256-element units), staged per unit in X (the
- * warp's fp16 staging area, reused: the fp16 path is not taken for this chunk). Returns, in every
- * lane, the dots of rows g (hr 0) and g + 8 (hr 1) of each tile r. */
+ * warp's fp16 staging area, reused: the fp16 path is not taken for this chunk): quantized here, or
+ * copied from xg (the token's units made by the norm before, kfuse_add_rmsnorm_parts: the same
+ * bits) when not NULL. Returns, in every lane, the dots of rows g (hr 0) and g + 8 (hr 1) of each
+ * tile r. */
 template <int T, int R>
 __device__ __forceinline__ void ms_rows_i8(float (&acc)[R][2], const uint8_t *const (&rows)[R][2],
-                                           const float *xrow, int64_t u0, int64_t u1, int64_t du, mi8_x &X,
-                                           int lane)
+                                           const float *xrow, const mi8_x *xg, int64_t u0, int64_t u1,
+                                           int64_t du, mi8_x &X, int lane)
 {
 	const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -120,7 +122,10 @@ __device__ __forceinline__ void ms_rows_i8(float (&acc)[R][2], const uint8_t *co
 		gm_k45_w<T, R> w;
 		gm_k45_load<T, R>(w, rows, u, t);
 		__syncwarp(); /* the previous unit's reads of X are done */
-		mi8_stage(X, xrow + 256 * u, lane); /* while the weights load */
+		if (xg)
+			mi8_copy(X, xg + u, lane); /* while the weights load */
+		else
+			mi8_stage(X, xrow + 256 * u, lane);
 		mi8_k45_unit<T, R>(acc, w, X, g, t);
 	}
 	mi8_rows_sum<R>(acc);
@@ -149,8 +154,8 @@ __device__ __forceinline__ void ms_prefetch_block(int which, const uint8_t *g, c
 	    const uint8_t *__restrict__ su, size_t rb, int E, int64_t F, int64_t n_units,                    \
 	    const float *__restrict__ x, int64_t ldx, const int32_t *__restrict__ ids, int k, int np_r,      \
 	    int np, float *__restrict__ h, float *__restrict__ hp, const uint8_t *__restrict__ wd,           \
-	    const uint8_t *__restrict__ sd, size_t down_bytes, int pf
-#define MS_GU_ARGS wg, wu, sg, su, rb, E, F, n_units, x, ldx, ids, k, np_r, np, h, hp, wd, sd, down_bytes, pf
+	    const uint8_t *__restrict__ sd, size_t down_bytes, int pf, const mi8_x *__restrict__ xq
+#define MS_GU_ARGS wg, wu, sg, su, rb, E, F, n_units, x, ldx, ids, k, np_r, np, h, hp, wd, sd, down_bytes, pf, xq
 template <int T, int W, int R, bool DB> __device__ __forceinline__ void ms_gate_up_body(MS_GU_PARAMS)
 {
 	/* R 2: rows f0 .. f0 + 15 of gate (tile 0) and up (tile 1); R 1 (TANDEM_MOE_SMALL_HALF=1): ONE
@@ -160,6 +165,7 @@ template <int T, int W, int R, bool DB> __device__ __forceinline__ void ms_gate_
 	__shared__ float part[W][16 * R][4];
 	__shared__ mm_stage<1> stage[W];
 	__shared__ const float *xr[4];
+	__shared__ const mi8_x *xg; /* the chunk's token's int8 parts (xq), or NULL */
 	__shared__ int es[MS_MAX_PAIRS], mem[MS_CH], s_cnt;
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, p = (int)blockIdx.y;
 	const int64_t f0 = (int64_t)blockIdx.x * NF;
@@ -179,7 +185,10 @@ template <int T, int W, int R, bool DB> __device__ __forceinline__ void ms_gate_
 			s_cnt = cnt;
 		if (cnt && lane < 4) {
 			const int q = mem[lane < cnt ? lane : 0];
-			xr[lane] = x + (int64_t)(q < np_r ? q / k : q - np_r) * ldx; /* the pair's token */
+			const int64_t tok = q < np_r ? q / k : q - np_r; /* the pair's token */
+			xr[lane] = x + tok * ldx;
+			if (lane == 0)
+				xg = xq ? xq + tok * n_units : NULL;
 		}
 	}
 	__syncthreads();
@@ -193,8 +202,14 @@ template <int T, int W, int R, bool DB> __device__ __forceinline__ void ms_gate_
 	if ((pf & MS_PF_ROWS) && e < E && threadIdx.x < 3)
 		ms_prefetch_block(threadIdx.x, bg, bu, (pf & MS_PF_DOWN) ? wd + (size_t)e * down_bytes : NULL,
 		                  f0, NF, rb, down_bytes, S, z);
+	bool i8 = false;
+	if constexpr (T == KT_Q4_K || T == KT_Q5_K)
+		i8 = (pf & MS_I8) && cnt == 1; /* one token: the int8 unit */
 	mm_lane<R, 1> L;
-	ms_lane_init<R>(stage[warp], xr, cnt, lane, L);
+	if (i8) /* the unit stages in its own layout: no fp16 staging to clear */
+		L.g = lane >> 2, L.t = lane & 3, L.lane = lane;
+	else
+		ms_lane_init<R>(stage[warp], xr, cnt, lane, L);
 	const uint8_t *rows[R][2];
 	if (R == 2) {
 #pragma unroll
@@ -208,18 +223,16 @@ template <int T, int W, int R, bool DB> __device__ __forceinline__ void ms_gate_
 	}
 	const bool rb4 = rb % 4 == 0;
 	const int64_t u0 = n_units * z / S, u1 = n_units * (z + 1) / S;
-	bool i8 = false;
 	if constexpr (T == KT_Q4_K || T == KT_Q5_K)
-		if ((pf & MS_I8) && cnt == 1) { /* one token: the int8 unit */
+		if (i8) {
 			float a8[R][2];
-			ms_rows_i8<T, R>(a8, rows, xr[0], u0 + warp, u1, W, *(mi8_x *)&stage[warp], lane);
+			ms_rows_i8<T, R>(a8, rows, xr[0], xg, u0 + warp, u1, W, *(mi8_x *)&stage[warp], lane);
 #pragma unroll
 			for (int r = 0; r < R; r++)
 #pragma unroll
 				for (int hr = 0; hr < 2; hr++)
 					if (L.t == 0)
 						part[warp][16 * r + 8 * hr + L.g][0] = a8[r][hr];
-			i8 = true;
 		}
 	if (!i8) {
 		if constexpr ((T == KT_Q4_K || T == KT_Q5_K) && DB) {
@@ -341,7 +354,7 @@ __global__ void __launch_bounds__(W * 32, (T == KT_Q4_K || T == KT_Q5_K) ? 3 : 4
 		if constexpr ((T == KT_Q4_K || T == KT_Q5_K) && !SPLIT)
 			if ((pf & MS_I8) && cnt == 1) { /* one token: the int8 unit */
 				float a8[R][2];
-				ms_rows_i8<T, R>(a8, rows, xr[warp][0], 0, n_units, 1, *(mi8_x *)&stage[warp],
+				ms_rows_i8<T, R>(a8, rows, xr[warp][0], NULL, 0, n_units, 1, *(mi8_x *)&stage[warp],
 				                 lane);
 #pragma unroll
 				for (int r = 0; r < R; r++)
@@ -442,6 +455,7 @@ struct ms_args {
 	int E, k, np_r, np, n, split;
 	int pf_gu, pf_dn; /* MS_PF_* of the two kernels */
 	float *h, *hp, *out;
+	const mi8_x *xq; /* x's int8 parts (kfuse_add_rmsnorm_parts), or NULL */
 };
 
 /* warps per gate / up block: 8 (default), or 4 (TANDEM_MOE_SMALL_GUW=4: twice the blocks; 4 of them
@@ -484,6 +498,14 @@ static bool ms_i8(void)
 	return !(v && strcmp(v, "0") == 0);
 }
 
+/* the gate / up units copy x's int8 parts made by the norm before (kfuse_add_rmsnorm_parts) where
+ * the context holds them: TANDEM_MOE_XPARTS=0 quantizes x in every block instead (the same bits) */
+static bool ms_xparts(void)
+{
+	const char *v = getenv("TANDEM_MOE_XPARTS");
+	return !(v && strcmp(v, "0") == 0);
+}
+
 static void ms_pf_flags(struct ms_args *a, bool sh)
 {
 	const int m = moe_pf_mask();
@@ -511,7 +533,7 @@ static int ms_db(void)
 /* the gate / up kernel for W warps (4, 6: one-tile blocks only, else 8), R tiles, DB 0 / 1 / 2 */
 typedef void (*ms_gu_fn)(const uint8_t *, const uint8_t *, const uint8_t *, const uint8_t *, size_t, int,
                          int64_t, int64_t, const float *, int64_t, const int32_t *, int, int, int, float *,
-                         float *, const uint8_t *, const uint8_t *, size_t, int);
+                         float *, const uint8_t *, const uint8_t *, size_t, int, const mi8_x *);
 template <int T, int R, int DB> static ms_gu_fn ms_gu_kernel(int w)
 {
 	if constexpr (DB == 2) {
@@ -538,7 +560,7 @@ template <int T, int DB> static int ms_gate_up_launch(struct kcuda_ctx *c, const
 		               (const uint8_t *)a.sg, (const uint8_t *)a.su, a.gate->row_bytes, a.E, a.F,
 		               a.D / 256, a.x, a.ldx, a.ids, a.k, a.np_r, a.np, a.h, a.hp,
 		               (const uint8_t *)a.down->data, (const uint8_t *)a.sd,
-		               (size_t)a.D * a.down->row_bytes, a.pf_gu);
+		               (size_t)a.D * a.down->row_bytes, a.pf_gu, a.xq);
 	if (w == 6) /* two-tile blocks: 4 or 8 warps */
 		w = 8;
 	return klaunch("moe_small_gate_up", ms_gu_kernel<T, 2, DB>(w),
@@ -546,7 +568,7 @@ template <int T, int DB> static int ms_gate_up_launch(struct kcuda_ctx *c, const
 	               c->stream, (const uint8_t *)a.gate->data, (const uint8_t *)a.up->data,
 	               (const uint8_t *)a.sg, (const uint8_t *)a.su, a.gate->row_bytes, a.E, a.F, a.D / 256,
 	               a.x, a.ldx, a.ids, a.k, a.np_r, a.np, a.h, a.hp, (const uint8_t *)a.down->data,
-	               (const uint8_t *)a.sd, (size_t)a.D * a.down->row_bytes, a.pf_gu);
+	               (const uint8_t *)a.sd, (size_t)a.D * a.down->row_bytes, a.pf_gu, a.xq);
 }
 
 template <int T> static int ms_gate_up_t(struct kcuda_ctx *c, const struct ms_args &a)
@@ -595,6 +617,10 @@ int moe_small_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, c
 	ms_pf_flags(&a, sh);
 	a.h = a.hp = (float *)c->ws; /* h (split 1) or the partial sums */
 	a.out = out;
+	/* x's int8 parts, where the norm before left them for exactly these rows (fused.h) */
+	a.xq = ms_xparts() && c->xp_of && c->xp_of == x && c->xp_n == a.D && ldx == a.D && n <= c->xp_rows && a.D % 256 == 0
+	           ? (const mi8_x *)c->xp
+	           : NULL;
 	const int64_t n_ex = (a.np_r < E ? a.np_r : E) + (sh ? 1 : 0);
 	/* one token: moe_one.cu's kernels (h in the same layout, split 1) */
 	const int one = n == 1 && a.split == 1 ? moe_one_mode() : 0;

@@ -57,6 +57,7 @@
 #include <errno.h>
 
 #include "common/base/err.h"
+#include "kernels/cuda/fused.h"
 #include "kernels/cuda/model_fwd.h"
 #include "kernels/cuda/pdl_probe.h"
 #include "kernels/cuda/prof.h"
@@ -415,6 +416,49 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 		OPS_CHECK(rc == 0 && mx <= tol * maxref,
 		          "moe ffn %s n %d: small and sorted paths differ by %.3g", ti->name, n, mx);
 		printf("  small vs sorted path: %s (max diff %.3g)\n", same ? "same bits" : "differ", mx);
+	}
+	/* x's int8 parts made by the norm before (kfuse_add_rmsnorm_parts): the one-token Q4_K / Q5_K
+	 * chunks copy them instead of quantizing x in every block; the same bits required. y = rmsnorm(x)
+	 * (weight 1) with its parts, the op on y, then the op on y with the parts forgotten; and a call
+	 * on other rows (x) while the parts of y are held must not use them (the reference above) */
+	if (!strcmp(path, "small") && (type == KT_Q4_K || type == KT_Q5_K) && D % 256 == 0) {
+		void *d_h = NULL, *d_y = NULL, *d_nw = NULL;
+		float *ones = malloc(sizeof(float) * (size_t)D), *with = malloc(sizeof(float) * (size_t)(n * D));
+		int ok = ones && with && !kcuda_alloc(sizeof(float) * (size_t)(n * D), &d_h) &&
+		         !kcuda_alloc(sizeof(float) * (size_t)(n * D), &d_y) &&
+		         !kcuda_alloc(sizeof(float) * (size_t)D, &d_nw);
+		if (ok) {
+			for (int64_t i = 0; i < D; i++)
+				ones[i] = 1.0f;
+			kcuda_upload(ctx, d_nw, ones, sizeof(float) * (size_t)D);
+			kcuda_upload(ctx, d_h, x, sizeof(float) * (size_t)(n * D));
+			ok = kfuse_add_rmsnorm_parts(ctx, d_h, NULL, d_y, d_nw, D, n, 1e-6f) == 0;
+			const int made = ok && kcuda_xparts_of(ctx) == (const float *)d_y;
+			rc = run_ffn(fd, d_x, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
+			const int other = rc == 0 && ops_dbuf_get(ctx, &ob, got) == 0 &&
+			                  memcmp(got, again, sizeof(float) * (size_t)(n * D)) == 0;
+			rc = run_ffn(fd, d_y, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
+			ok = ok && rc == 0 && ops_dbuf_get(ctx, &ob, with) == 0;
+			kcuda_xparts_forget(ctx);
+			rc = run_ffn(fd, d_y, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
+			ok = ok && rc == 0 && ops_dbuf_get(ctx, &ob, got) == 0;
+			const int same = ok && memcmp(got, with, sizeof(float) * (size_t)(n * D)) == 0;
+			OPS_CHECK(made, "moe ffn %s n %d: kfuse_add_rmsnorm_parts left no parts (D %lld)", ti->name,
+			          n, (long long)D);
+			OPS_CHECK(other, "moe ffn %s n %d: a call on other rows changed while parts were held",
+			          ti->name, n);
+			OPS_CHECK(same, "moe ffn %s n %d: the op with the norm's int8 parts differs from the op "
+			                "quantizing x itself",
+			          ti->name, n);
+			printf("  with the norm's int8 parts: %s\n", same ? "same bits" : "DIFFER");
+		} else
+			OPS_CHECK(0, "moe ffn %s: parts check: allocation", fd->name);
+		kcuda_xparts_forget(ctx);
+		kcuda_free(d_h);
+		kcuda_free(d_y);
+		kcuda_free(d_nw);
+		free(ones);
+		free(with);
 	}
 	/* one token: moe_one.cu's kernels or moe_persist.cu's against moe_small's (moe_one: the same unit
 	 * arithmetic in the same order, the same bits expected, reported; persist: sums over D grouped per

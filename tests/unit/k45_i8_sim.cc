@@ -14,6 +14,8 @@
  * two-tile gate / up block of batches 3-8), random super-blocks (every scale / min code, d and dmin of both signs),
  * x uniform, x with a zero sub-block, one huge element, all tiny (1e-35), x near 1e34 with one
  * element above 1e37, denormal x (1e-41), and an Inf / a NaN (the unit's rows must come out NaN).
+ * The same unit made by the producer side (mi8_put4: 4 elements a lane, as fused.cu's add_rmsnorm
+ * holds them) and copied (mi8_copy) must equal mi8_stage's bit for bit, and so must the dots.
  * It does not check timing or the kernels around the unit: tests/ops/test_ops_moe.c does that on a
  * GPU. */
 #include <barrier>
@@ -38,6 +40,10 @@
 		for (int hr = 0; hr < 2; hr++)
 
 template <class V> static inline V gm_ldg(const V *p)
+{
+	return *p;
+}
+template <class V> static inline V __ldg(const V *p)
 {
 	return *p;
 }
@@ -150,11 +156,13 @@ static uint16_t f2h(float f) /* normal range only, truncating: enough for test s
 static int fails, checks;
 
 static mi8_x sim_x; /* the warp's staged x (shared memory) */
+static mi8_x sim_made, sim_staged; /* the producer's unit (global memory); mi8_stage's, kept */
 
-/* lane l of the warp: x staged, the unit over R tiles of 16 rows (tile r: rows 16 r ..), the rows'
- * dots into got[] by the lanes (g, 0) */
+/* lane l of the warp: x staged (prod: made by the producer, mi8_put4 with 4 elements a lane, two
+ * passes of 32 float4, then copied, mi8_copy; else quantized here, mi8_stage), the unit over R tiles
+ * of 16 rows (tile r: rows 16 r ..), the rows' dots into got[] by the lanes (g, 0) */
 template <int T, int R>
-static void lane_body(int l, const uint8_t *rows, size_t bytes, const float *x, float *got)
+static void lane_body(int l, const uint8_t *rows, size_t bytes, const float *x, float *got, bool prod)
 {
 	const int g = l >> 2, t = l & 3;
 	const uint8_t *rp[R][2];
@@ -166,7 +174,17 @@ static void lane_body(int l, const uint8_t *rows, size_t bytes, const float *x, 
 	float acc[R][2];
 	for (int r = 0; r < R; r++)
 		acc[r][0] = acc[r][1] = 0.f;
-	mi8_stage(sim_x, x, l);
+	if (prod) {
+		for (int c = l; c < 64; c += 32) /* float4 c of the row: lanes l & ~7 .. hold one sub-block */
+			mi8_put4(&sim_made, c, ((const float4 *)x)[c], true);
+		__syncwarp();
+		mi8_copy(sim_x, &sim_made, l);
+	} else {
+		mi8_stage(sim_x, x, l);
+		if (l == 0)
+			sim_staged = sim_x;
+		__syncwarp();
+	}
 	gm_k45_load<T, R>(w, rp, 0, t);
 	mi8_k45_unit<T, R>(acc, w, sim_x, g, t);
 	mi8_rows_sum<R>(acc);
@@ -245,22 +263,33 @@ static void run_case(int type, int R, int mode, std::mt19937 &rng, const char *w
 		 * ~20 roundings reach it */
 		ref[r] = s, bound[r] = 1e-6 * b1 + 1e-6 * b2 + 64.0 * std::ldexp(1.0, -149);
 	}
-	float got[32];
+	float got[32], got_p[32];
 	std::barrier<> bar(32);
 	sim_bar = &bar;
-	std::vector<std::thread> th;
-	for (int l = 0; l < 32; l++)
-		th.emplace_back([&, l] {
-			sim_lane = l;
-			if (q5)
-				R == 2 ? lane_body<KT_Q5_K, 2>(l, rows.data(), BYTES, x, got)
-				       : lane_body<KT_Q5_K, 1>(l, rows.data(), BYTES, x, got);
-			else
-				R == 2 ? lane_body<KT_Q4_K, 2>(l, rows.data(), BYTES, x, got)
-				       : lane_body<KT_Q4_K, 1>(l, rows.data(), BYTES, x, got);
-		});
-	for (auto &t : th)
-		t.join();
+	for (int prod = 0; prod < 2; prod++) {
+		float *o = prod ? got_p : got;
+		memset(&sim_made, 0xA5, sizeof(sim_made)); /* every byte must be written */
+		std::vector<std::thread> th;
+		for (int l = 0; l < 32; l++)
+			th.emplace_back([&, l] {
+				sim_lane = l;
+				if (q5)
+					R == 2 ? lane_body<KT_Q5_K, 2>(l, rows.data(), BYTES, x, o, prod)
+					       : lane_body<KT_Q5_K, 1>(l, rows.data(), BYTES, x, o, prod);
+				else
+					R == 2 ? lane_body<KT_Q4_K, 2>(l, rows.data(), BYTES, x, o, prod)
+					       : lane_body<KT_Q4_K, 1>(l, rows.data(), BYTES, x, o, prod);
+			});
+		for (auto &t : th)
+			t.join();
+	}
+	/* the producer's unit (4 elements a lane) is mi8_stage's (8 a lane) bit for bit, so are the dots */
+	checks++;
+	if (memcmp(&sim_made, &sim_staged, sizeof(mi8_x)) || memcmp(got, got_p, sizeof(float) * (size_t)NR)) {
+		fails++;
+		printf("FAIL %s %s: the producer's parts (mi8_put4) differ from mi8_stage's\n", q5 ? "Q5_K" : "Q4_K",
+		       what);
+	}
 	int bad = 0;
 	double worst = 0;
 	for (int r = 0; r < NR; r++) {
