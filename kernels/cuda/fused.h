@@ -50,8 +50,8 @@ int kfuse_add_rmsnorm(struct kcuda_ctx *c, float *h, const float *x, float *y, c
  * records (y, n, n_rows) as what its buffer holds (kcuda_xparts_forget clears it; the caller
  * forgets before y or the buffer is written by anything else). Otherwise = kfuse_add_rmsnorm with
  * nothing recorded. y's values are the same bits either way. */
-int kfuse_add_rmsnorm_parts(struct kcuda_ctx *c, float *h, const float *x, float *y, const float *w, int64_t n,
-                            int64_t n_rows, float eps);
+int kfuse_add_rmsnorm_parts(struct kcuda_ctx *c, float *h, const float *x, float *y, const float *w,
+                            int64_t n, int64_t n_rows, float eps);
 
 /* kfuse_add_rmsnorm by a given kernel (tests, benches): KFUSE_AN_OLD one block of 1024 threads a
  * row; KFUSE_AN_V4 one block of 256 (n % 4 == 0, n <= 8192, 16-byte aligned); KFUSE_AN_CL a cluster

@@ -113,7 +113,8 @@ __device__ __forceinline__ void mi8_quant(const float (&v)[NE], uint32_t (&qw)[M
 	for (int pt = 0; pt < MI8_P; pt++)
 #pragma unroll
 		for (int i = 0; i < NE / 4; i++)
-			qw[pt][i] = mi8_pack4(q[pt][4 * i], q[pt][4 * i + 1], q[pt][4 * i + 2], q[pt][4 * i + 3]);
+			qw[pt][i] =
+			    mi8_pack4(q[pt][4 * i], q[pt][4 * i + 1], q[pt][4 * i + 2], q[pt][4 * i + 3]);
 	s_out = bad ? __int_as_float(0x7fc00000) : s;
 	p_out = ldexpf(1.f, -k);
 	sum_out = sum;

@@ -155,7 +155,8 @@ __device__ __forceinline__ void ms_prefetch_block(int which, const uint8_t *g, c
 	    const float *__restrict__ x, int64_t ldx, const int32_t *__restrict__ ids, int k, int np_r,      \
 	    int np, float *__restrict__ h, float *__restrict__ hp, const uint8_t *__restrict__ wd,           \
 	    const uint8_t *__restrict__ sd, size_t down_bytes, int pf, const mi8_x *__restrict__ xq
-#define MS_GU_ARGS wg, wu, sg, su, rb, E, F, n_units, x, ldx, ids, k, np_r, np, h, hp, wd, sd, down_bytes, pf, xq
+#define MS_GU_ARGS                                                                                           \
+	wg, wu, sg, su, rb, E, F, n_units, x, ldx, ids, k, np_r, np, h, hp, wd, sd, down_bytes, pf, xq
 template <int T, int W, int R, bool DB> __device__ __forceinline__ void ms_gate_up_body(MS_GU_PARAMS)
 {
 	/* R 2: rows f0 .. f0 + 15 of gate (tile 0) and up (tile 1); R 1 (TANDEM_MOE_SMALL_HALF=1): ONE
@@ -354,8 +355,8 @@ __global__ void __launch_bounds__(W * 32, (T == KT_Q4_K || T == KT_Q5_K) ? 3 : 4
 		if constexpr ((T == KT_Q4_K || T == KT_Q5_K) && !SPLIT)
 			if ((pf & MS_I8) && cnt == 1) { /* one token: the int8 unit */
 				float a8[R][2];
-				ms_rows_i8<T, R>(a8, rows, xr[warp][0], NULL, 0, n_units, 1, *(mi8_x *)&stage[warp],
-				                 lane);
+				ms_rows_i8<T, R>(a8, rows, xr[warp][0], NULL, 0, n_units, 1,
+				                 *(mi8_x *)&stage[warp], lane);
 #pragma unroll
 				for (int r = 0; r < R; r++)
 #pragma unroll
@@ -618,7 +619,8 @@ int moe_small_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, c
 	a.h = a.hp = (float *)c->ws; /* h (split 1) or the partial sums */
 	a.out = out;
 	/* x's int8 parts, where the norm before left them for exactly these rows (fused.h) */
-	a.xq = ms_xparts() && c->xp_of && c->xp_of == x && c->xp_n == a.D && ldx == a.D && n <= c->xp_rows && a.D % 256 == 0
+	a.xq = ms_xparts() && c->xp_of && c->xp_of == x && c->xp_n == a.D && ldx == a.D && n <= c->xp_rows &&
+	               a.D % 256 == 0
 	           ? (const mi8_x *)c->xp
 	           : NULL;
 	const int64_t n_ex = (a.np_r < E ? a.np_r : E) + (sh ? 1 : 0);

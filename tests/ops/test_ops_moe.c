@@ -423,7 +423,8 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 	 * on other rows (x) while the parts of y are held must not use them (the reference above) */
 	if (!strcmp(path, "small") && (type == KT_Q4_K || type == KT_Q5_K) && D % 256 == 0) {
 		void *d_h = NULL, *d_y = NULL, *d_nw = NULL;
-		float *ones = malloc(sizeof(float) * (size_t)D), *with = malloc(sizeof(float) * (size_t)(n * D));
+		float *ones = malloc(sizeof(float) * (size_t)D),
+		      *with = malloc(sizeof(float) * (size_t)(n * D));
 		int ok = ones && with && !kcuda_alloc(sizeof(float) * (size_t)(n * D), &d_h) &&
 		         !kcuda_alloc(sizeof(float) * (size_t)(n * D), &d_y) &&
 		         !kcuda_alloc(sizeof(float) * (size_t)D, &d_nw);
@@ -443,12 +444,14 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 			rc = run_ffn(fd, d_y, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
 			ok = ok && rc == 0 && ops_dbuf_get(ctx, &ob, got) == 0;
 			const int same = ok && memcmp(got, with, sizeof(float) * (size_t)(n * D)) == 0;
-			OPS_CHECK(made, "moe ffn %s n %d: kfuse_add_rmsnorm_parts left no parts (D %lld)", ti->name,
-			          n, (long long)D);
-			OPS_CHECK(other, "moe ffn %s n %d: a call on other rows changed while parts were held",
+			OPS_CHECK(made, "moe ffn %s n %d: kfuse_add_rmsnorm_parts left no parts (D %lld)",
+			          ti->name, n, (long long)D);
+			OPS_CHECK(other,
+			          "moe ffn %s n %d: a call on other rows changed while parts were held",
 			          ti->name, n);
-			OPS_CHECK(same, "moe ffn %s n %d: the op with the norm's int8 parts differs from the op "
-			                "quantizing x itself",
+			OPS_CHECK(same,
+			          "moe ffn %s n %d: the op with the norm's int8 parts differs from the op "
+			          "quantizing x itself",
 			          ti->name, n);
 			printf("  with the norm's int8 parts: %s\n", same ? "same bits" : "DIFFER");
 		} else
