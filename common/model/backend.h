@@ -124,11 +124,12 @@ struct model_backend_ops {
 	/* add then rmsnorm: h += x (n_rows x n, contiguous), then y = rmsnorm(h) with w (y not h) */
 	void (*add_rmsnorm)(void *ctx, float *h, const float *x, float *y, const float *w, int64_t n,
 	                    int64_t n_rows, float eps);
-	/* add_rmsnorm whose y is the MoE's input in the very next op (be->moe): the same values; a
-	 * backend may also keep a form of y that its expert kernels read (the CUDA backend: y's int8
-	 * parts, fused.h's kfuse_add_rmsnorm_parts). Optional: NULL means add_rmsnorm. */
-	void (*add_rmsnorm_moe)(void *ctx, float *h, const float *x, float *y, const float *w, int64_t n,
-	                        int64_t n_rows, float eps);
+	/* add_rmsnorm whose y is the input of the very next op (be->moe, or be->matmul_n: the products
+	 * of the attention norm's output): the same values; a backend may also keep a form of y that
+	 * that op's kernels read (the CUDA backend: y's int8 parts, fused.h's kfuse_add_rmsnorm_parts).
+	 * Optional: NULL means add_rmsnorm. */
+	void (*add_rmsnorm_q)(void *ctx, float *h, const float *x, float *y, const float *w, int64_t n,
+	                      int64_t n_rows, float eps);
 	/* the MLA latents of main layer `layer` (rows st.n): rmsnorm(cq, L->q_a_norm, Cq wide, in
 	 * place); rmsnorm of kvl's first C (L->kv_a_norm, in place; rows C + R wide); rope of kvl's last
 	 * R (rope_main, cs); then kv_write(MBE_KV_LATENT, layer, kvl, C + R) when write */

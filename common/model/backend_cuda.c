@@ -127,8 +127,9 @@ struct be_cuda {
 	int fold_layer, foldq_layer;
 	const float *fold_kI, *fold_wI, *fold_qI;
 	/* ops begun (SKIP_REPLAY and the ops without it that write device memory); parts_seq: the op
-	 * that left y's int8 parts (cu_add_rmsnorm_moe), parts_y: that y. cu_moe uses the parts only
-	 * when it is the very next op and reads that y */
+	 * that left y's int8 parts (cu_add_rmsnorm_q), parts_y: that y. cu_moe and cu_matmul_n use the
+	 * parts only when they are the very next op and read that y (parts_check), and forget them
+	 * when done; cu_matmul forgets them at once */
 	unsigned long long op_seq, parts_seq;
 	const float *parts_y;
 };
@@ -874,11 +875,22 @@ static const char *mm_name(const struct be_cuda *c, const struct kweight *w)
 	                           : "mm.other";
 }
 
+/* at the start of an op that reads x: the context keeps y's int8 parts (cu_add_rmsnorm_q) only when
+ * this op is the very next one and x is that y */
+static void parts_check(struct be_cuda *c, const float *x)
+{
+	if (!(c->parts_y && c->parts_y == x && c->parts_seq + 1 == c->op_seq))
+		kcuda_xparts_forget(c->kc);
+	c->parts_y = NULL;
+}
+
 static void cu_matmul(void *ctx, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok,
                       float *y, int64_t n_out)
 {
 	struct be_cuda *c = ctx;
 	SKIP_REPLAY(c);
+	kcuda_xparts_forget(c->kc); /* never a consumer of the parts */
+	c->parts_y = NULL;
 	c->mm_w[c->mm_at] = w; /* for cu_mla_latent's fold of the indexer inputs */
 	c->mm_y[c->mm_at] = y;
 	c->mm_at = (c->mm_at + 1) % 4;
@@ -889,11 +901,23 @@ static void cu_matmul(void *ctx, const struct kweight *w, const float *x, int64_
 
 /* products of one x in one launch (kcuda_matmul_multi, decode sizes; TANDEM_MULTI=0: off), else
  * cu_matmul per weight. The outputs are recorded for cu_mla_latent's fold as cu_matmul does. */
+static void cu_matmul_n_run(struct be_cuda *c, int n_w, const struct kweight *const *w, const float *x,
+                            int64_t ldx, int64_t n_tok, float *const *y, const int64_t *n_out);
+
 static void cu_matmul_n(void *ctx, int n_w, const struct kweight *const *w, const float *x, int64_t ldx,
                         int64_t n_tok, float *const *y, const int64_t *n_out)
 {
 	struct be_cuda *c = ctx;
 	SKIP_REPLAY(c);
+	parts_check(c, x);
+	cu_matmul_n_run(c, n_w, w, x, ldx, n_tok, y, n_out);
+	kcuda_xparts_forget(c->kc);
+}
+
+static void cu_matmul_n_run(struct be_cuda *c, int n_w, const struct kweight *const *w, const float *x,
+                            int64_t ldx, int64_t n_tok, float *const *y, const int64_t *n_out)
+{
+	void *ctx = c;
 	int rc = ERR_UNSUPPORTED;
 	if (n_w >= 2 && n_w <= KCUDA_MM_MULTI_MAX && n_tok <= 8) {
 		struct kcuda_mm_seg seg[KCUDA_MM_MULTI_MAX];
@@ -1209,19 +1233,26 @@ static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const flo
 		}
 }
 
+static void cu_moe_run(struct be_cuda *c, const struct layer_w *L, const float *a, float *part, int32_t *ids,
+                       float *wts);
+
 static void cu_moe(void *ctx, const struct layer_w *L, const float *a, float *part, int32_t *ids, float *wts)
 {
 	struct be_cuda *c = ctx;
 	SKIP_REPLAY(c);
+	parts_check(c, a); /* a's int8 parts from the norm just before (cu_add_rmsnorm_q), else none */
+	cu_moe_run(c, L, a, part, ids, wts);
+	kcuda_xparts_forget(c->kc);
+}
+
+static void cu_moe_run(struct be_cuda *c, const struct layer_w *L, const float *a, float *part, int32_t *ids,
+                       float *wts)
+{
 	const struct model_hparams *hp = &c->m->hp;
 	struct model_rank *rk = c->rk;
 	int64_t n = c->st.n, D = hp->D, E = hp->n_expert;
 	int k = hp->n_expert_used;
 	struct kweight g = L->gate_exps.w, u = L->up_exps.w, d = L->down_exps.w;
-	/* a's int8 parts from the norm just before (cu_add_rmsnorm_moe), else none */
-	if (!(c->parts_y == a && c->parts_seq + 1 == c->op_seq))
-		kcuda_xparts_forget(c->kc);
-	c->parts_y = NULL;
 	/* router product + route in one launch at 1..2 tokens (moe_route.cu; TANDEM_MOE_PF=1 also
 	 * prefetches the chosen experts' weights from there; ERR_UNSUPPORTED: the two launches below) */
 	const struct kcuda_moe_pf pf = {
@@ -1620,8 +1651,8 @@ static struct kfuse_kv fuse_kv(const struct be_cuda *c, enum mbe_kv_part part, i
 static void cu_add_rmsnorm(void *ctx, float *h, const float *x, float *y, const float *w, int64_t n,
                            int64_t n_rows, float eps);
 
-static void cu_add_rmsnorm_moe(void *ctx, float *h, const float *x, float *y, const float *w, int64_t n,
-                               int64_t n_rows, float eps)
+static void cu_add_rmsnorm_q(void *ctx, float *h, const float *x, float *y, const float *w, int64_t n,
+                             int64_t n_rows, float eps)
 {
 	struct be_cuda *c = ctx;
 	if (!c->fuse) {
@@ -1786,7 +1817,7 @@ static const struct model_backend_ops cuda_ops = {
     .host_unpin = cu_host_unpin,
     .bind_thread = cu_bind_thread,
     .add_rmsnorm = cu_add_rmsnorm,
-    .add_rmsnorm_moe = cu_add_rmsnorm_moe,
+    .add_rmsnorm_q = cu_add_rmsnorm_q,
     .mla_latent = cu_mla_latent,
     .idx_prep = cu_idx_prep,
     .to_host_2d = cu_to_host_2d,

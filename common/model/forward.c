@@ -239,8 +239,8 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 		if ((rc = be->all_reduce(bc, part, (size_t)(n * D))))
 			goto out;
 		/* --- FFN --- */
-		if (L->moe && be->add_rmsnorm_moe)
-			be->add_rmsnorm_moe(bc, h, part, a, L->ffn_norm, D, n, hp->rms_eps);
+		if (L->moe && be->add_rmsnorm_q)
+			be->add_rmsnorm_q(bc, h, part, a, L->ffn_norm, D, n, hp->rms_eps);
 		else
 			be->add_rmsnorm(bc, h, part, a, L->ffn_norm, D, n, hp->rms_eps);
 		if (!L->moe) {
@@ -269,8 +269,9 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 		}
 		if ((rc = be->all_reduce(bc, part, (size_t)(n * D))))
 			goto out;
-		if (l + 1 < hp->n_layers) /* with the next layer's attention norm */
-			be->add_rmsnorm(bc, h, part, a, W->layers[l + 1].attn_norm, D, n, hp->rms_eps);
+		if (l + 1 < hp->n_layers) /* with the next layer's attention norm (its products next) */
+			(be->add_rmsnorm_q ? be->add_rmsnorm_q : be->add_rmsnorm)(
+			    bc, h, part, a, W->layers[l + 1].attn_norm, D, n, hp->rms_eps);
 		else
 			be->add(bc, h, part, n * D);
 		if (dbg && dbg->hidden_cb)

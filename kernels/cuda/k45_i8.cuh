@@ -154,11 +154,12 @@ __device__ __forceinline__ void mi8_copy(mi8_x &X, const mi8_x *src, int lane)
 	static_assert(sizeof(mi8_x) % 16 == 0 && N16 <= 64, "two 16-byte pieces a lane at most");
 	const uint4 *s = (const uint4 *)src;
 	uint4 *d = (uint4 *)&X;
+	/* plain loads: the parts are written by the kernel before (never __ldg: cuda_common.cuh) */
 	if (lane < N16 - 32) {
-		const uint4 a = __ldg(s + lane), b = __ldg(s + 32 + lane);
+		const uint4 a = s[lane], b = s[32 + lane];
 		d[lane] = a, d[32 + lane] = b;
 	} else {
-		d[lane] = __ldg(s + lane);
+		d[lane] = s[lane];
 	}
 	__syncwarp();
 }

@@ -30,6 +30,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "kernels/cuda/k45_i8.cuh"
 #include "kernels/cuda/matmul_impl.cuh"
 
 #define MM_NW 4 /* warps per block */
@@ -71,9 +72,37 @@ struct mm_multi_args {
 	int n_tok;
 	int n_in;
 	int pf; /* copy the first weight chunk before KDEP_ENTRY (kcuda_prefetch_enabled) */
+	const mi8_x *xq; /* one token: x's int8 parts (one unit per 256-element slab), or NULL */
 };
 
-template <int T, int NTP, bool SMALL, bool HX, int Q8RB>
+/* One token's Q8_0 slab (tile: row 0's slab, rows `stride` bytes apart) against x's int8 parts (U:
+ * the slab's unit, kfuse_add_rmsnorm_parts): lane l's 8 weights (block l / 4, quarter l % 4) times
+ * the same 8 elements' three parts in dp4a (exact integer dots), then acc[r][0] += d s (q1 + (254
+ * q2 + q3) / 254^2) p in fp32. The parts carry <= 6.1e-8 of the block's largest |x| (k45_i8.cuh);
+ * 254 q2 + q3 is below 2^25 (8 x 127 x 127 x 255), so its float is within 2^-24 of it. */
+template <int RB>
+__device__ __forceinline__ void mm_q8_parts(float (&acc)[RB][1], const uint8_t *tile, int stride,
+                                            const mi8_x *U, int lane)
+{
+	const int bi = lane >> 2, jq = lane & 3;
+	/* plain loads: the parts are written by the kernel before (never __ldg: cuda_common.cuh) */
+	const uint2 x1 = *(const uint2 *)&U->q[bi][0][2 * jq], x2 = *(const uint2 *)&U->q[bi][1][2 * jq],
+	            x3 = *(const uint2 *)&U->q[bi][2][2 * jq];
+	const float xs = U->s[bi], xp = U->p[bi];
+#pragma unroll
+	for (int r = 0; r < RB; r++) {
+		uint32_t q0, q1;
+		float d;
+		g3_q8_raw(tile + r * stride, lane, q0, q1, d);
+		const int i1 = __dp4a((int)q0, (int)x1.x, __dp4a((int)q1, (int)x1.y, 0));
+		const int i2 = __dp4a((int)q0, (int)x2.x, __dp4a((int)q1, (int)x2.y, 0));
+		const int i3 = __dp4a((int)q0, (int)x3.x, __dp4a((int)q1, (int)x3.y, 0));
+		const float f = fmaf((float)(254 * i2 + i3), 1.f / 64516.f, (float)i1);
+		acc[r][0] = fmaf(d * f * xs, xp, acc[r][0]); /* (d f s) p: stays normal, p exact */
+	}
+}
+
+template <int T, int NTP, bool SMALL, bool HX, int Q8RB, bool XQ>
 __device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, const struct mm_multi_args &a,
                                         uint8_t *tile, float (*part)[MM_PART])
 {
@@ -156,7 +185,8 @@ __device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, co
 				for (int k = 0; k < KP; k++)
 					load_x(warp + MM_NW * k, xv[k]);
 			} else {
-				load_x(warp, xv[0]); /* the first slab's */
+				if constexpr (!(XQ && T == KT_Q8_0 && NTP == 1))
+					load_x(warp, xv[0]); /* the first slab's */
 			}
 			g3_wait<0>();
 			__syncthreads(); /* every thread's copies are visible */
@@ -166,6 +196,11 @@ __device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, co
 				if (s >= nsl)
 					break;
 				const int kx = HOIST ? k : 0;
+				if constexpr (XQ && T == KT_Q8_0 && NTP == 1) {
+					/* x's int8 parts: the slab's unit, this lane's 8 elements */
+					mm_q8_parts<RB>(acc, tile + s * SB, stride, a.xq + s0 + s, lane);
+					continue;
+				}
 				if (!HOIST && k > 0)
 					load_x(s, xv[0]);
 #pragma unroll
@@ -208,8 +243,9 @@ __device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, co
 	g3_wait<0>(); /* no copy outlives the block (none is pending here; kept for clarity) */
 }
 
-template <int NTP, bool SMALL, bool HX, int Q8RB = 4>
-__global__ void __launch_bounds__(MM_NW * 32) mm_multi_kernel(const __grid_constant__ struct mm_multi_args a)
+template <int NTP, bool SMALL, bool HX, int Q8RB = 4, bool XQ = false>
+__global__ void __launch_bounds__(MM_NW * 32, (XQ && Q8RB == 4) ? 8 : 1)
+    mm_multi_kernel(const __grid_constant__ struct mm_multi_args a)
 {
 	extern __shared__ __align__(16) uint8_t mm_tile[];
 	__shared__ float part[MM_NW][MM_PART];
@@ -220,10 +256,10 @@ __global__ void __launch_bounds__(MM_NW * 32) mm_multi_kernel(const __grid_const
 	const struct mm_seg_dev &sg = a.seg[s];
 	const int blk = (int)blockIdx.x - sg.blk0;
 	switch (sg.type) {
-	case KT_Q8_0: mm_body<KT_Q8_0, NTP, SMALL, HX, Q8RB>(sg, blk, a, mm_tile, part); break;
-	case KT_F16: mm_body<KT_F16, NTP, SMALL, HX, Q8RB>(sg, blk, a, mm_tile, part); break;
-	case KT_BF16: mm_body<KT_BF16, NTP, SMALL, HX, Q8RB>(sg, blk, a, mm_tile, part); break;
-	default: mm_body<KT_F32, NTP, SMALL, HX, Q8RB>(sg, blk, a, mm_tile, part); break;
+	case KT_Q8_0: mm_body<KT_Q8_0, NTP, SMALL, HX, Q8RB, XQ>(sg, blk, a, mm_tile, part); break;
+	case KT_F16: mm_body<KT_F16, NTP, SMALL, HX, Q8RB, XQ>(sg, blk, a, mm_tile, part); break;
+	case KT_BF16: mm_body<KT_BF16, NTP, SMALL, HX, Q8RB, XQ>(sg, blk, a, mm_tile, part); break;
+	default: mm_body<KT_F32, NTP, SMALL, HX, Q8RB, XQ>(sg, blk, a, mm_tile, part); break;
 	}
 }
 
@@ -253,6 +289,14 @@ static bool multi_hoist(void)
 	return e && strcmp(e, "1") == 0;
 }
 
+/* TANDEM_MULTI_XPARTS=0 (read on every call): the Q8_0 products of one token read x even where
+ * the norm before left its int8 parts */
+static bool multi_xparts(void)
+{
+	const char *e = getenv("TANDEM_MULTI_XPARTS");
+	return !(e && strcmp(e, "0") == 0);
+}
+
 extern "C" bool kcuda_matmul_multi_takes(int64_t n_tok)
 {
 	return kcuda_matmul_multi_enabled() && n_tok >= 1 && n_tok <= 8 && n_tok <= multi_max_tok();
@@ -279,20 +323,20 @@ static bool mm_geom(int type, int q8rb, int *rb, int *se, int *sb)
 	}
 }
 
-template <int NTP, bool SMALL, bool HX = false, int Q8RB = 4>
+template <int NTP, bool SMALL, bool HX = false, int Q8RB = 4, bool XQ = false>
 static int mm_launch(struct kcuda_ctx *c, const struct mm_multi_args &a, unsigned grid, size_t smem)
 {
 	/* above the default 48 KB (TANDEM_MULTI_RB8 only): asked on every call, since the attribute is
 	 * per device and a process may drive several; refused past the device's limit */
 	if (smem > 48 * 1024 &&
 	    (smem > (size_t)kcuda_smem_optin(c->device) ||
-	     cudaFuncSetAttribute(mm_multi_kernel<NTP, SMALL, HX, Q8RB>,
+	     cudaFuncSetAttribute(mm_multi_kernel<NTP, SMALL, HX, Q8RB, XQ>,
 	                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)) {
 		(void)cudaGetLastError();
 		return ERR_UNSUPPORTED;
 	}
-	return klaunch("matmul_multi", mm_multi_kernel<NTP, SMALL, HX, Q8RB>, dim3(grid), dim3(MM_NW * 32),
-	               smem, c->stream, a);
+	return klaunch("matmul_multi", mm_multi_kernel<NTP, SMALL, HX, Q8RB, XQ>, dim3(grid),
+	               dim3(MM_NW * 32), smem, c->stream, a);
 }
 
 static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg, const float *x, int64_t ldx,
@@ -407,14 +451,25 @@ static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg
 	a.n_tok = (int)n_tok;
 	a.n_in = (int)n_in;
 	a.pf = kcuda_prefetch_enabled();
+	/* one token whose int8 parts the norm before left (kfuse_add_rmsnorm_parts): its Q8_0 products
+	 * read those instead of x (TANDEM_MULTI_XPARTS=0: x itself) */
+	if (n_tok == 1 && !hx && c->xp_of == x && c->xp_n == n_in && c->xp_rows >= 1 && n_in % 256 == 0 &&
+	    multi_xparts())
+		a.xq = (const mi8_x *)c->xp;
 	int rc;
 	const unsigned g = (unsigned)n_blk;
 	if (n_tok == 1 && hx)
 		rc = small ? mm_launch<1, true, true>(c, a, g, smem)
 		           : mm_launch<1, false, true>(c, a, g, smem);
+	else if (n_tok == 1 && q8rb == 8 && a.xq)
+		rc = small ? mm_launch<1, true, false, 8, true>(c, a, g, smem)
+		           : mm_launch<1, false, false, 8, true>(c, a, g, smem);
 	else if (n_tok == 1 && q8rb == 8)
 		rc = small ? mm_launch<1, true, false, 8>(c, a, g, smem)
 		           : mm_launch<1, false, false, 8>(c, a, g, smem);
+	else if (n_tok == 1 && a.xq)
+		rc = small ? mm_launch<1, true, false, 4, true>(c, a, g, smem)
+		           : mm_launch<1, false, false, 4, true>(c, a, g, smem);
 	else if (n_tok == 1)
 		rc = small ? mm_launch<1, true>(c, a, g, smem) : mm_launch<1, false>(c, a, g, smem);
 	else if (n_tok == 2 && hx)

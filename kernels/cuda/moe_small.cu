@@ -154,7 +154,7 @@ __device__ __forceinline__ void ms_prefetch_block(int which, const uint8_t *g, c
 	    const uint8_t *__restrict__ su, size_t rb, int E, int64_t F, int64_t n_units,                    \
 	    const float *__restrict__ x, int64_t ldx, const int32_t *__restrict__ ids, int k, int np_r,      \
 	    int np, float *__restrict__ h, float *__restrict__ hp, const uint8_t *__restrict__ wd,           \
-	    const uint8_t *__restrict__ sd, size_t down_bytes, int pf, const mi8_x *__restrict__ xq
+	    const uint8_t *__restrict__ sd, size_t down_bytes, int pf, const mi8_x *xq
 #define MS_GU_ARGS                                                                                           \
 	wg, wu, sg, su, rb, E, F, n_units, x, ldx, ids, k, np_r, np, h, hp, wd, sd, down_bytes, pf, xq
 template <int T, int W, int R, bool DB> __device__ __forceinline__ void ms_gate_up_body(MS_GU_PARAMS)

@@ -29,6 +29,7 @@
 
 #include "common/base/err.h"
 #include "kernels/cuda/model_fwd.h"
+#include "kernels/cuda/fused.h"
 #include "tests/ops/ops_util.h"
 
 #ifndef TANDEM_CUDA
@@ -83,6 +84,10 @@ static const struct mcase wide_cases[] = {
 };
 
 static double worst_vs_single;
+/* x made by kfuse_add_rmsnorm_parts (y = rmsnorm(x) with weight 1) with its int8 parts, which the
+ * one-token Q8_0 products then read (one token, n_in % 256 == 0, not strided); the tolerance gains
+ * the parts' error, 1e-7 sum |w| m_j (m_j: the largest |x| of element j's 32-element block) */
+static int g_parts;
 
 /* Runs one case at n_tok tokens; returns 0 if it ran (pass or fail recorded), -1 on setup failure. */
 static int run_multi(struct kcuda_ctx *c, const struct mcase *mc, int64_t n_tok, int strided)
@@ -108,6 +113,27 @@ static int run_multi(struct kcuda_ctx *c, const struct mcase *mc, int64_t n_tok,
 	if (ops_dbuf_init(c, &xb, sizeof(float) * (size_t)(ldx * n_tok)) ||
 	    kcuda_upload(c, xb.user, xh, xb.bytes))
 		goto out;
+	const int parts = g_parts && n_tok == 1 && ldx == n_in && n_in % 256 == 0;
+	if (parts) { /* x = rmsnorm(x) with its parts; the reference reads the normed x back */
+		void *hd = NULL, *wn = NULL;
+		float *ones = malloc(sizeof(float) * (size_t)n_in);
+		int prc = !ones || kcuda_alloc(sizeof(float) * (size_t)n_in, &hd) ||
+		          kcuda_alloc(sizeof(float) * (size_t)n_in, &wn);
+		if (!prc) {
+			for (int64_t k = 0; k < n_in; k++)
+				ones[k] = 1.0f;
+			prc = kcuda_upload(c, wn, ones, sizeof(float) * (size_t)n_in) ||
+			      kcuda_upload(c, hd, xh, sizeof(float) * (size_t)n_in) ||
+			      kfuse_add_rmsnorm_parts(c, hd, NULL, xb.user, wn, n_in, 1, 1e-6f) ||
+			      kcuda_sync(c) || ops_dbuf_get(c, &xb, xh) != 0;
+		}
+		OPS_CHECK(!prc && kcuda_xparts_of(c) == (const float *)xb.user,
+		          "%s: kfuse_add_rmsnorm_parts left no parts of x (n_in %" PRId64 ")", mc->what,
+		          n_in);
+		kcuda_free(hd);
+		kcuda_free(wn);
+		free(ones);
+	}
 	for (int i = 0; i < n; i++) {
 		size_t rb = 0;
 		const int type = mc->s[i].type;
@@ -169,10 +195,17 @@ static int run_multi(struct kcuda_ctx *c, const struct mcase *mc, int64_t n_tok,
 			for (int64_t t = 0; t < n_tok; t++) {
 				const float *x = xh + t * ldx;
 				const double ref = kcpu_dot_row(type, wh[i] + (size_t)r * rb, x, n_in);
-				double mag = 0;
-				for (int64_t k = 0; k < n_in; k++)
+				double mag = 0, magm = 0;
+				for (int64_t k = 0; k < n_in; k++) {
 					mag += fabs((double)row[k] * x[k]);
-				const double tol = 2e-6 * sqrt((double)n_in) * mag + 1e-30;
+					if (parts && type == KT_Q8_0) {
+						float m = 0;
+						for (int64_t q = k / 32 * 32; q < k / 32 * 32 + 32; q++)
+							m = fmaxf(m, fabsf(x[q]));
+						magm += fabs((double)row[k]) * m;
+					}
+				}
+				const double tol = 2e-6 * sqrt((double)n_in) * mag + 1e-7 * magm + 1e-30;
 				const float g = yh[i][t * ldy[i] + r], s = y1[i][t * ldy[i] + r];
 				const double err = fabs((double)g - ref), err_s = fabs((double)g - (double)s);
 				if (!isfinite(g) || !(err <= tol)) {
@@ -204,11 +237,12 @@ static int run_multi(struct kcuda_ctx *c, const struct mcase *mc, int64_t n_tok,
 	          mc->what, n_tok, n_bad_s);
 	OPS_CHECK(n_gap_bad == 0, "%s: %" PRId64 " writes into the ldy gaps", mc->what, n_gap_bad);
 	printf("multi %-30s n_in %6" PRId64 " n_tok %" PRId64
-	       "%s  max |err|/sum|wx| %.2e, vs separate %.2e %s\n",
-	       mc->what, n_in, n_tok, strided ? " strided" : "", worst, worst_s,
+	       "%s%s  max |err|/sum|wx| %.2e, vs separate %.2e %s\n",
+	       mc->what, n_in, n_tok, strided ? " strided" : "", parts ? " x parts" : "", worst, worst_s,
 	       n_bad || n_bad_s ? "FAIL" : "ok");
 	ret = 0;
 out:
+	kcuda_xparts_forget(c);
 	if (ret)
 		printf("setup failed for %s\n", mc->what);
 	for (int i = 0; i < n; i++) {
@@ -434,6 +468,19 @@ int main(void)
 			setup_fail |= run_multi(c, &wide_cases[i], nt, (int)((i + (size_t)nt) & 1));
 		}
 	unsetenv("TANDEM_MULTI_WIDE"); /* the default: on */
+	/* one token with x's int8 parts from the norm (kfuse_add_rmsnorm_parts): every group, also with
+	 * 8 Q8_0 rows a block, and the wide products (the table of one) */
+	g_parts = 1;
+	for (int rb8 = 0; rb8 < 2; rb8++) {
+		if (rb8)
+			setenv("TANDEM_MULTI_RB8", "1", 1);
+		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+			setup_fail |= run_multi(c, &cases[i], 1, 0);
+		for (size_t i = 0; i < sizeof(wide_cases) / sizeof(wide_cases[0]); i++)
+			setup_fail |= run_multi(c, &wide_cases[i], 1, 0);
+		unsetenv("TANDEM_MULTI_RB8");
+	}
+	g_parts = 0;
 	OPS_CHECK(setup_fail == 0, "some cases failed to set up");
 	printf("largest |multi - separate| / sum|wx|: %.2e\n", worst_vs_single);
 	kcuda_ctx_destroy(c);

@@ -43,10 +43,6 @@ template <class V> static inline V gm_ldg(const V *p)
 {
 	return *p;
 }
-template <class V> static inline V __ldg(const V *p)
-{
-	return *p;
-}
 using std::max;
 using std::min;
 

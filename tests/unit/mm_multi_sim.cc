@@ -38,6 +38,7 @@ static inline float kc_warp_sum(float v)
 }
 
 #include "g3_slab.inc"
+#include "mi8_x.inc"
 
 alignas(16) static uint8_t sim_dyn[64 * 1024];
 
@@ -45,8 +46,9 @@ alignas(16) static uint8_t sim_dyn[64 * 1024];
 
 static int n_check, n_fail;
 
-/* the grid of mm_multi_kernel<NTP, SMALL, false, Q8RB>(a), one block after the other */
-template <int NTP, bool SMALL, int Q8RB> static void sim_grid(const mm_multi_args &a, int n_blk, size_t smem)
+/* the grid of mm_multi_kernel<NTP, SMALL, false, Q8RB, XQ>(a), one block after the other */
+template <int NTP, bool SMALL, int Q8RB, bool XQ = false>
+static void sim_grid(const mm_multi_args &a, int n_blk, size_t smem)
 {
 	if (smem > sizeof(sim_dyn)) {
 		printf("FAIL: %zu bytes of tile exceed the simulated shared memory\n", smem);
@@ -55,7 +57,7 @@ template <int NTP, bool SMALL, int Q8RB> static void sim_grid(const mm_multi_arg
 	}
 	for (int b = 0; b < n_blk; b++) {
 		memset(sim_dyn, 0xcd, sizeof(sim_dyn)); /* the last block's bytes must not count */
-		sim_block(MM_NW * 32, (unsigned)b, 0u, [&]() { mm_multi_kernel<NTP, SMALL, false, Q8RB>(a); });
+		sim_block(MM_NW * 32, (unsigned)b, 0u, [&]() { mm_multi_kernel<NTP, SMALL, false, Q8RB, XQ>(a); });
 	}
 }
 
@@ -72,8 +74,38 @@ struct sim_seg {
 	int type, n_out;
 };
 
-/* one launch over the segments segs (all n_in), n_tok tokens, Q8_0 rows per block q8rb */
-static void run_case(const std::vector<sim_seg> &segs, int n_in, int n_tok, int q8rb, const char *what)
+/* x's int8 parts (k45_i8.cuh's formula, written plainly: the kernel's input, not its code) */
+static void make_parts(const float *x, int n_in, std::vector<mi8_x> &u)
+{
+	u.assign((size_t)n_in / 256, mi8_x{});
+	for (int b = 0; b < n_in / 32; b++) {
+		const float *v = x + 32 * b;
+		float m = 0;
+		for (int i = 0; i < 32; i++)
+			m = std::max(m, std::fabs(v[i]));
+		int e = 0;
+		(void)std::frexp(m, &e);
+		const int k = std::min(1 - e, 100);
+		const float P = std::ldexp(1.f, k), mp = m * P;
+		const float s = mp / 127.f, inv = mp > 0 ? 127.f / mp : 0.f;
+		mi8_x &U = u[(size_t)b / 8];
+		const int j = b % 8;
+		for (int i = 0; i < 32; i++) {
+			const float vp = v[i] * P;
+			const float f1 = std::rint(vp * inv), r = std::fma(-f1, s, vp);
+			const float f2 = std::rint(r * inv * 254.f), r2 = std::fma(-f2, s / 254.f, r);
+			const int q[3] = {(int)f1, (int)f2, (int)std::nearbyint(r2 * inv * 254.f * 254.f)};
+			for (int pt = 0; pt < 3; pt++)
+				U.q[j][pt][i / 4] |= (uint32_t)(uint8_t)(int8_t)q[pt] << (8 * (i % 4));
+		}
+		U.s[j] = s, U.p[j] = std::ldexp(1.f, -k);
+	}
+}
+
+/* one launch over the segments segs (all n_in), n_tok tokens, Q8_0 rows per block q8rb; parts: x's
+ * int8 parts for the Q8_0 products (one token) */
+static void run_case(const std::vector<sim_seg> &segs, int n_in, int n_tok, int q8rb, const char *what,
+                     bool parts = false)
 {
 	std::uniform_real_distribution<float> u(-1, 1);
 	const bool small = n_in <= MM_CHUNK(true);
@@ -161,8 +193,17 @@ static void run_case(const std::vector<sim_seg> &segs, int n_in, int n_tok, int 
 	a.n_tok = n_tok;
 	a.n_in = n_in;
 	a.pf = 1;
+	std::vector<mi8_x> xq;
+	if (parts) {
+		make_parts(x.data(), n_in, xq);
+		a.xq = xq.data();
+	}
 	const int nb = (int)n_blk;
-	if (q8rb == 8 && n_tok == 1)
+	if (parts && q8rb == 8)
+		small ? sim_grid<1, true, 8, true>(a, nb, smem) : sim_grid<1, false, 8, true>(a, nb, smem);
+	else if (parts)
+		small ? sim_grid<1, true, 4, true>(a, nb, smem) : sim_grid<1, false, 4, true>(a, nb, smem);
+	else if (q8rb == 8 && n_tok == 1)
 		small ? sim_grid<1, true, 8>(a, nb, smem) : sim_grid<1, false, 8>(a, nb, smem);
 	else if (n_tok == 1)
 		small ? sim_grid<1, true, 4>(a, nb, smem) : sim_grid<1, false, 4>(a, nb, smem);
@@ -182,15 +223,21 @@ static void run_case(const std::vector<sim_seg> &segs, int n_in, int n_tok, int 
 			for (int r = 0; r < segs[i].n_out; r++) {
 				const double *f = h.wf.data() + (size_t)r * n_in;
 				const float *xv = x.data() + (size_t)t * ldx;
-				double ref = 0, mag = 0;
+				double ref = 0, mag = 0, magm = 0; /* magm: sum |w| m_j (the parts' error) */
 				for (int k = 0; k < n_in; k++) {
 					ref += f[k] * xv[k];
 					mag += std::fabs(f[k] * xv[k]);
+					if (parts && segs[i].type == KT_Q8_0) {
+						float m = 0;
+						for (int q = k / 32 * 32; q < k / 32 * 32 + 32; q++)
+							m = std::max(m, std::fabs(xv[q]));
+						magm += std::fabs(f[k]) * m;
+					}
 				}
 				const size_t yi = (size_t)t * h.ldy + r;
 				written[yi] = true;
 				const double err = std::fabs((double)yp[yi] - ref),
-				             tol = 2e-6 * std::sqrt((double)n_in) * mag + 1e-30;
+				             tol = 2e-6 * std::sqrt((double)n_in) * mag + 1e-7 * magm + 1e-30;
 				if (!std::isfinite(yp[yi]) || !(err <= tol)) {
 					if (bad++ < 3)
 						printf("  segment %zu row %d tok %d: sim %.9g ref %.9g\n", i, r, t,
@@ -209,8 +256,9 @@ static void run_case(const std::vector<sim_seg> &segs, int n_in, int n_tok, int 
 	n_check++;
 	const bool ok = !bad && !bad_guard;
 	n_fail += !ok;
-	printf("%s %-34s n_in %5d n_tok %d q8 rows %d (%lld blocks, %zu B tile): max |err|/sum|wx| %.2e%s%s\n",
-	       ok ? "ok  " : "FAIL", what, n_in, n_tok, q8rb, (long long)n_blk, smem, worst,
+	printf("%s %-34s n_in %5d n_tok %d q8 rows %d%s (%lld blocks, %zu B tile): max |err|/sum|wx| %.2e%s%s\n",
+	       ok ? "ok  " : "FAIL", what, n_in, n_tok, q8rb, parts ? " x parts" : "", (long long)n_blk, smem,
+	       worst,
 	       bad ? " WRONG OUTPUTS" : "", bad_guard ? " GUARD / GAP WRITTEN" : "");
 }
 
@@ -233,8 +281,11 @@ int main(void)
 	    {&all, 9216, "every type, two chunks (n_in 9216)"},
 	};
 	for (const c &k : cases) {
-		for (int q8rb : {4, 8})
+		for (int q8rb : {4, 8}) {
 			run_case(*k.s, k.n_in, 1, q8rb, k.what);
+			if (k.n_in % 256 == 0) /* one token with the norm's int8 parts (Q8_0 segments) */
+				run_case(*k.s, k.n_in, 1, q8rb, k.what, true);
+		}
 		for (int nt : {2, 3, 8})
 			if (k.n_in <= 2048 || nt == 2)
 				run_case(*k.s, k.n_in, nt, 4, k.what);

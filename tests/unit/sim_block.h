@@ -18,7 +18,7 @@
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __shared__ static
 #define __grid_constant__
 #define __align__(x) __attribute__((aligned(x)))

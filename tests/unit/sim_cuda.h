@@ -17,6 +17,16 @@ struct alignas(16) float4 {
 struct alignas(16) uint4 {
 	uint32_t x, y, z, w;
 };
+struct alignas(8) uint2 {
+	uint32_t x, y;
+};
+/* the four signed byte products of a and b, summed, plus c */
+static inline int __dp4a(int a, int b, int c)
+{
+	for (int i = 0; i < 4; i++)
+		c += (int)(int8_t)((uint32_t)a >> (8 * i)) * (int)(int8_t)((uint32_t)b >> (8 * i));
+	return c;
+}
 
 /* IEEE half (bits) to float, subnormals and Inf / NaN included */
 static inline float sim_h2f(uint16_t h)

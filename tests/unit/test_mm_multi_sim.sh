@@ -28,6 +28,15 @@ fi
 	sed -n "${s1},$((e1 - 1))p" $impl
 	sed -n "${s2},$((e2 - 1))p" $impl
 } >"$dir/g3_slab.inc"
+# k45_i8.cuh's mi8_x (x's int8 parts, the one-token Q8_0 path's input)
+k45=kernels/cuda/k45_i8.cuh
+s3=$(grep -n '^#define MI8_P ' $k45 | cut -d: -f1)
+e3=$(awk -v s="$s3" 'NR > s && /^};/ { print NR; exit }' $k45)
+if [ -z "$s3" ] || [ -z "$e3" ]; then
+	echo "FAIL: the markers moved ($k45: #define MI8_P ... the end of struct mi8_x)"
+	exit 1
+fi
+sed -n "${s3},${e3}p" $k45 >"$dir/mi8_x.inc"
 if ! ${CXX:-g++} -std=c++20 -O1 -pthread -DTANDEM_CUDA -I. -I"$dir" -o "$dir/mm_multi_sim" tests/unit/mm_multi_sim.cc \
 	2>"$dir/build.log"; then
 	if grep -q 'barrier' "$dir/build.log" && ! echo '#include <barrier>' | ${CXX:-g++} -std=c++20 -x c++ -fsyntax-only - 2>/dev/null; then
