@@ -15,7 +15,7 @@
  * slots): each weight is decoded once for all of them and W read from HBM once. x is loaded slab
  * by slab (the first slab's before the wait on the copies); TANDEM_MULTI_HOIST=1 loads every
  * slab's x before the wait at 1-2 tokens (multi_hoist).
- * Rows per block RB: Q8_0 4 (8 at one token under TANDEM_MULTI_RB8=1, off by default: not yet measured),
+ * Rows per block RB: Q8_0 4 (8 at one token under TANDEM_MULTI_RB8=1, off: measured slower),
  * F16 / BF16 2, F32 1 (~26-30 KB of weights per block at n_in 6144).
  * PDL: the block's first chunk is copied BEFORE KDEP_ENTRY() (weights only, cuda_common.cuh), so
  * the weight stream overlaps the kernel before; x is read and y written only after it.
@@ -26,7 +26,12 @@
  * Assumes (else that segment goes through kcuda_matmul on its own): Q8_0 / F16 / BF16 with
  * n_in % 256 == 0, F32 with n_in % 128 == 0, W 16-byte aligned; x 16-byte aligned, ldx % 4 == 0
  * (else ERR_UNSUPPORTED for the whole call). TANDEM_MULTI=0 (read on every call) turns it off;
- * TANDEM_MULTI_TOK=n takes only n_tok <= n (default 8). */
+ * TANDEM_MULTI_TOK=n takes only n_tok <= n (default 8).
+ * One token whose int8 parts the norm before left (kfuse_add_rmsnorm_parts: the attention norm's
+ * output for the q_a group) takes the XQ instantiation: its Q8_0 rows are multiplied with those
+ * parts in dp4a (mm_q8_parts: exact integer dots, no conversion of each weight to fp32) instead of
+ * against x; ~6e-8 of each 32-element block's largest |x| of error; the products of other types in
+ * the launch read x as before. TANDEM_MULTI_XPARTS=0 reads x. */
 #include <errno.h>
 #include <string.h>
 
@@ -304,7 +309,10 @@ extern "C" bool kcuda_matmul_multi_takes(int64_t n_tok)
 
 /* TANDEM_MULTI_RB8 (read on every call; an experiment, off by default): 8 rows of a Q8_0 product per
  * block at one token instead of 4 (each lane's x and the block's fixed work over twice the rows; 52 KB
- * of weight tile at n_in 6144, so the kernel asks for more than 48 KB of dynamic shared memory) */
+ * of weight tile at n_in 6144, so the kernel asks for more than 48 KB of dynamic shared memory).
+ * Measured slower (H200, 2026-12-01 21:49, synthetic GLM-5 rank 0 of TP=8, ctx 4096, batch 1: 7.41 /
+ * 7.45 / 7.44 ms against 6.74 / 6.77 / 6.71 by default): half the blocks, so half the warps an SM
+ * (~11 instead of ~22 for the q_a group), each with twice the serial work */
 static int mm_q8_rows(int64_t n_tok)
 {
 	const char *e = getenv("TANDEM_MULTI_RB8");

@@ -24,7 +24,9 @@
  * Both kernels start with KDEP_ENTRY and go through klaunch (programmatic dependent launch).
  * One-token chunks (every chunk at batch 1, most at 2..8) of Q4_K / Q5_K experts run on the int8
  * tensor-core unit of k45_i8.cuh (x as three int8 parts: ~3e-7 of max|out| against the fp16 unit's
- * ~8e-7; TANDEM_MOE_I8=0 restores the fp16 unit).
+ * ~8e-7; TANDEM_MOE_I8=0 restores the fp16 unit). Where the FFN norm left x's parts
+ * (kfuse_add_rmsnorm_parts) the gate / up units copy them instead of quantizing x again in each of
+ * their blocks (the same bits; TANDEM_MOE_XPARTS=0 quantizes).
  * TANDEM_MOE_SMALL=0 turns the path off (the sorted path then takes these batches), and
  * TANDEM_MOE_SMALL_MAX=n moves its upper token count (<= MOE_SMALL_MAX_TOKENS). One token with
  * Q4_K / Q5_K experts goes to moe_one.cu's kernels instead (the same arithmetic, the weights issued
