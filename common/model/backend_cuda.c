@@ -126,10 +126,12 @@ struct be_cuda {
 	int mm_at;
 	int fold_layer, foldq_layer;
 	const float *fold_kI, *fold_wI, *fold_qI;
-	/* ops begun (SKIP_REPLAY and the ops without it that write device memory); parts_seq: the op
-	 * that left y's int8 parts (cu_add_rmsnorm_q), parts_y: that y. cu_moe and cu_matmul_n use the
-	 * parts only when they are the very next op and read that y (parts_check), and forget them
-	 * when done; cu_matmul forgets them at once */
+	/* ops begun on the main path (SKIP_REPLAY outside the side branch, and the ops without it that
+	 * write device memory; branch control does not count); parts_seq: the op that left the int8
+	 * parts of parts_y (cu_add_rmsnorm_q: its y; cu_mla_latent: c_q) in kc_main's buffer. The
+	 * products and the MoE use them only when they are the very next main-path op and read that
+	 * buffer (parts_check), and forget them when done; side-branch ops never use them and drop them
+	 * if they write parts_y (forward.c's query branch writes q and the absorbed q only) */
 	unsigned long long op_seq, parts_seq;
 	const float *parts_y;
 };
@@ -143,7 +145,8 @@ struct be_cuda {
 /* ops record into the graph while capturing and do nothing while replaying */
 #define SKIP_REPLAY(c)                                                                                       \
 	do {                                                                                                 \
-		(c)->op_seq++;                                                                               \
+		if ((c)->branch != 1) /* an op of the main path (parts_check) */                             \
+			(c)->op_seq++;                                                                       \
 		if ((c)->mode == 2)                                                                          \
 			return;                                                                              \
 	} while (0)
@@ -875,13 +878,28 @@ static const char *mm_name(const struct be_cuda *c, const struct kweight *w)
 	                           : "mm.other";
 }
 
-/* at the start of an op that reads x: the context keeps y's int8 parts (cu_add_rmsnorm_q) only when
- * this op is the very next one and x is that y */
-static void parts_check(struct be_cuda *c, const float *x)
+/* at the start of an op that reads x: on the main path, kc_main keeps the int8 parts of parts_y only
+ * when this op is the very next main-path op and x is parts_y; a side-branch op leaves them alone
+ * unless it writes parts_y (y) */
+static void parts_check(struct be_cuda *c, const float *x, const float *y)
 {
+	if (c->branch == 1) {
+		if (y && y == c->parts_y) {
+			kcuda_xparts_forget(c->kc_main);
+			c->parts_y = NULL;
+		}
+		return;
+	}
 	if (!(c->parts_y && c->parts_y == x && c->parts_seq + 1 == c->op_seq))
 		kcuda_xparts_forget(c->kc);
 	c->parts_y = NULL;
+}
+
+/* after an op that may have used the parts: forgotten (main path only) */
+static void parts_done(struct be_cuda *c)
+{
+	if (c->branch != 1)
+		kcuda_xparts_forget(c->kc);
 }
 
 static void cu_matmul(void *ctx, const struct kweight *w, const float *x, int64_t ldx, int64_t n_tok,
@@ -889,14 +907,14 @@ static void cu_matmul(void *ctx, const struct kweight *w, const float *x, int64_
 {
 	struct be_cuda *c = ctx;
 	SKIP_REPLAY(c);
-	kcuda_xparts_forget(c->kc); /* never a consumer of the parts */
-	c->parts_y = NULL;
+	parts_check(c, x, y); /* idx_q_b after cu_mla_latent's parts of c_q */
 	c->mm_w[c->mm_at] = w; /* for cu_mla_latent's fold of the indexer inputs */
 	c->mm_y[c->mm_at] = y;
 	c->mm_at = (c->mm_at + 1) % 4;
 	PROF(c, mm_name(c, w), ktype_name(w->type), wbytes(w))
 	CK(kcuda_matmul_path(c->kc, fp32_product(c, w) ? KCUDA_MM_F32 : KCUDA_MM_AUTO, w, x, ldx, n_tok, y,
 	                     n_out));
+	parts_done(c);
 }
 
 /* products of one x in one launch (kcuda_matmul_multi, decode sizes; TANDEM_MULTI=0: off), else
@@ -909,9 +927,9 @@ static void cu_matmul_n(void *ctx, int n_w, const struct kweight *const *w, cons
 {
 	struct be_cuda *c = ctx;
 	SKIP_REPLAY(c);
-	parts_check(c, x);
+	parts_check(c, x, NULL);
 	cu_matmul_n_run(c, n_w, w, x, ldx, n_tok, y, n_out);
-	kcuda_xparts_forget(c->kc);
+	parts_done(c);
 }
 
 static void cu_matmul_n_run(struct be_cuda *c, int n_w, const struct kweight *const *w, const float *x,
@@ -1079,7 +1097,8 @@ static bool head_gemv(const struct be_cuda *c, const struct kweight3 *w, int64_t
 static void cu_branch_begin(void *ctx)
 {
 	struct be_cuda *c = ctx;
-	SKIP_REPLAY(c);
+	if (c->mode == 2) /* control only: not counted as an op (parts_check) */
+		return;
 	if (!c->kc_side || c->prof || c->branch)
 		return;
 	CK(kcuda_stream_after(c->kc_side, c->kc_main)); /* the side sees everything before the fork */
@@ -1240,9 +1259,9 @@ static void cu_moe(void *ctx, const struct layer_w *L, const float *a, float *pa
 {
 	struct be_cuda *c = ctx;
 	SKIP_REPLAY(c);
-	parts_check(c, a); /* a's int8 parts from the norm just before (cu_add_rmsnorm_q), else none */
+	parts_check(c, a, NULL); /* a's int8 parts from the norm just before (cu_add_rmsnorm_q), else none */
 	cu_moe_run(c, L, a, part, ids, wts);
-	kcuda_xparts_forget(c->kc);
+	parts_done(c);
 }
 
 static void cu_moe_run(struct be_cuda *c, const struct layer_w *L, const float *a, float *part, int32_t *ids,
@@ -1651,6 +1670,18 @@ static struct kfuse_kv fuse_kv(const struct be_cuda *c, enum mbe_kv_part part, i
 static void cu_add_rmsnorm(void *ctx, float *h, const float *x, float *y, const float *w, int64_t n,
                            int64_t n_rows, float eps);
 
+/* TANDEM_NORM_XPARTS=0: the norms before the MoE and the q_a group leave no int8 parts (their
+ * consumers then read x); read once */
+static bool norm_parts_on(void)
+{
+	static int on = -1;
+	if (on < 0) {
+		const char *e = getenv("TANDEM_NORM_XPARTS");
+		on = !(e && strcmp(e, "0") == 0);
+	}
+	return on;
+}
+
 static void cu_add_rmsnorm_q(void *ctx, float *h, const float *x, float *y, const float *w, int64_t n,
                              int64_t n_rows, float eps)
 {
@@ -1660,9 +1691,12 @@ static void cu_add_rmsnorm_q(void *ctx, float *h, const float *x, float *y, cons
 		return;
 	}
 	SKIP_REPLAY(c);
+	kcuda_xparts_forget(c->kc); /* y is rewritten: whatever parts the context held are stale */
 	PROF(c, "add+rmsnorm", NULL, 12.0 * (double)(n * n_rows))
-	CK(kfuse_add_rmsnorm_parts(c->kc, h, x, y, w, n, n_rows, eps));
-	c->parts_seq = c->op_seq, c->parts_y = y;
+	CK((norm_parts_on() ? kfuse_add_rmsnorm_parts : kfuse_add_rmsnorm)(c->kc, h, x, y, w, n, n_rows,
+	                                                                   eps));
+	if (kcuda_xparts_of(c->kc) == y)
+		c->parts_seq = c->op_seq, c->parts_y = y;
 }
 
 static void cu_add_rmsnorm(void *ctx, float *h, const float *x, float *y, const float *w, int64_t n,
@@ -1688,6 +1722,17 @@ static bool idx_fold_on(void)
 	return e && strcmp(e, "1") == 0;
 }
 
+/* TANDEM_LATENT_XPARTS=0: mla_latent leaves no int8 parts of c_q (idx_q_b then reads c_q); read once */
+static bool latent_parts_on(void)
+{
+	static int on = -1;
+	if (on < 0) {
+		const char *e = getenv("TANDEM_LATENT_XPARTS");
+		on = !(e && strcmp(e, "0") == 0);
+	}
+	return on;
+}
+
 static void cu_mla_latent(void *ctx, int layer, const struct layer_w *L, float *cq, float *kvl,
                           const float *cs, bool write)
 {
@@ -1704,6 +1749,7 @@ static void cu_mla_latent(void *ctx, int layer, const struct layer_w *L, float *
 		return;
 	}
 	SKIP_REPLAY(c);
+	kcuda_xparts_forget(c->kc); /* cq is rewritten: whatever parts the context held are stale */
 	struct kfuse_rope rp = {.inv_freq = c->d_inv, .pos = c->d_pos, .pairing = hp->rope_main};
 	struct kfuse_kv kv = fuse_kv(c, MBE_KV_LATENT, layer, write);
 	/* the indexer's k_I and w_I (the products of `a` just issued, found among the last four)
@@ -1745,8 +1791,15 @@ static void cu_mla_latent(void *ctx, int layer, const struct layer_w *L, float *
 		return;
 	}
 	PROF(c, "mla_latent(norms+rope+kv_write)", NULL, 12.0 * (double)(n * (hp->Cq + C + R)))
-	CK(kfuse_mla_latent(c->kc, cq, hp->Cq, L->q_a_norm, hp->latent_eps, kvl, C, R, L->kv_a_norm,
-	                    hp->latent_eps, n, &rp, &kv));
+	{
+		const bool parts = n == 1 && c->branch != 1 && latent_parts_on();
+		CK((parts ? kfuse_mla_latent_parts
+		          : kfuse_mla_latent)(c->kc, cq, hp->Cq, L->q_a_norm, hp->latent_eps, kvl, C, R,
+		                              L->kv_a_norm, hp->latent_eps, n, &rp, &kv));
+	}
+	/* one token: c_q's int8 parts for idx_q_b, the next main-path op (its query branch beside) */
+	if (n == 1 && c->branch != 1 && kcuda_xparts_of(c->kc) == cq)
+		c->parts_seq = c->op_seq, c->parts_y = cq;
 }
 
 static void cu_idx_prep(void *ctx, int layer, const struct layer_w *L, float *qI, float *kI, float *wI,

@@ -425,7 +425,7 @@ __global__ void __launch_bounds__(AC_T)
 			yr[j] = o;
 		/* y's int8 parts (kfuse_add_rmsnorm_parts): s4 and j0 are multiples of 8, so a lane's
 		 * 8-lane group holds one whole sub-block, all of it below j1 or none */
-		if (xq)
+		if (xq && __any_sync(0xffffffffu, j < j1)) /* warp-uniform: warps past the slice skip it */
 			mi8_put4(xq + row * (n / 256), j, o, j < j1);
 	}
 }
@@ -579,12 +579,19 @@ __device__ __forceinline__ void fu_latent_part(int part, int64_t r, float *cq, i
                                                const float *__restrict__ wq, float eps_q, float *kvl,
                                                int64_t C, int64_t R, const float *__restrict__ wkv,
                                                float eps_kv, const kfuse_rope &rp, const kfuse_kv &kv,
-                                               float *red, const fu_latent_pre &pre)
+                                               float *red, const fu_latent_pre &pre, mi8_x *xq)
 {
 	if (part == 0) { /* c_q row: RMSNorm in place */
 		float *xr = cq + r * Cq;
 		const kfuse_kv none = {};
 		fu_rmsnorm_row<FU_THREADS>(xr, xr, wq, Cq, eps_q, red, none, NULL, pre.wv, pre.wv_ok);
+		if (xq) { /* the normed row's int8 parts (kfuse_mla_latent_parts: Cq % 256 == 0, so the
+			   * loop's trip count is the same for the 32 lanes of a warp) */
+			__syncthreads(); /* the row as stored, by every thread */
+			const float4 *x4 = (const float4 *)xr;
+			for (int64_t c8 = threadIdx.x; c8 < Cq / 8; c8 += FU_THREADS)
+				mi8_put8(xq + r * (Cq / 256), c8, x4[2 * c8], x4[2 * c8 + 1]);
+		}
 		return;
 	}
 	/* [c | k_r] row: norm of c, rotation of k_r, each value also to the pool by its thread. The
@@ -627,7 +634,7 @@ __device__ __forceinline__ void fu_latent_part(int part, int64_t r, float *cq, i
 __global__ void __launch_bounds__(FU_THREADS)
     mla_latent_kernel(float *cq, int64_t Cq, const float *__restrict__ wq, float eps_q, float *kvl, int64_t C,
                       int64_t R, const float *__restrict__ wkv, float eps_kv, kfuse_rope rp, kfuse_kv kv,
-                      int early)
+                      int early, mi8_x *xq)
 {
 	fu_latent_pre pre;
 	fu_latent_w((int)blockIdx.y, Cq, wq, C, R, wkv, rp, &pre); /* weights: before KDEP_ENTRY */
@@ -638,7 +645,7 @@ __global__ void __launch_bounds__(FU_THREADS)
 	kvl = const_cast<float *>(kdep_after((const float *)kvl));
 	__shared__ float red[FU_THREADS / 32];
 	fu_latent_part((int)blockIdx.y, blockIdx.x, cq, Cq, wq, eps_q, kvl, C, R, wkv, eps_kv, rp, kv, red,
-	               pre);
+	               pre, xq);
 }
 
 /* mla_latent and idx_prep trigger their dependents before their wait (fu_trigger_early) unless
@@ -679,7 +686,27 @@ extern "C" int kfuse_mla_latent(struct kcuda_ctx *c, float *cq, int64_t Cq, cons
 	if (n_rows == 0)
 		return 0;
 	return klaunch("mla_latent", mla_latent_kernel, dim3((unsigned)n_rows, 2), dim3(FU_THREADS), 0,
-	               c->stream, cq, Cq, wq, eps_q, kvl, C, R, wkv, eps_kv, *rp, *kv, fu_latent_early());
+	               c->stream, cq, Cq, wq, eps_q, kvl, C, R, wkv, eps_kv, *rp, *kv, fu_latent_early(),
+	               (mi8_x *)NULL);
+}
+
+extern "C" int kfuse_mla_latent_parts(struct kcuda_ctx *c, float *cq, int64_t Cq, const float *wq,
+                                      float eps_q, float *kvl, int64_t C, int64_t R, const float *wkv,
+                                      float eps_kv, int64_t n_rows, const struct kfuse_rope *rp,
+                                      const struct kfuse_kv *kv)
+{
+	kcuda_xparts_forget(c);
+	if (c && c->xp && cq && Cq > 0 && Cq % 256 == 0 && (uintptr_t)cq % 16 == 0 && n_rows >= 1 &&
+	    n_rows <= INT32_MAX && (size_t)n_rows * (size_t)(Cq / 256) * sizeof(mi8_x) <= KCUDA_XP_BYTES &&
+	    wq && kvl && wkv && C > 0 && fu_rope_ok(rp, R) && fu_kv_ok(kv)) {
+		const int rc = klaunch("mla_latent", mla_latent_kernel, dim3((unsigned)n_rows, 2),
+		                       dim3(FU_THREADS), 0, c->stream, cq, Cq, wq, eps_q, kvl, C, R, wkv,
+		                       eps_kv, *rp, *kv, fu_latent_early(), (mi8_x *)c->xp);
+		if (rc == 0)
+			c->xp_of = cq, c->xp_rows = n_rows, c->xp_n = Cq;
+		return rc;
+	}
+	return kfuse_mla_latent(c, cq, Cq, wq, eps_q, kvl, C, R, wkv, eps_kv, n_rows, rp, kv);
 }
 
 /* ---- indexer inputs: LayerNorm + RoPE + KV write of k_I, RoPE of q_I, scale of w_I ------------- */
@@ -834,7 +861,7 @@ __global__ void __launch_bounds__(FU_THREADS)
 	const int64_t r = blockIdx.x;
 	if (blockIdx.y < 2) {
 		fu_latent_part((int)blockIdx.y, r, cq, Cq, wq, eps_q, kvl, C, R, wkv, eps_kv, rp, kv, red,
-		               pre);
+		               pre, NULL);
 		return;
 	}
 	for (int64_t j = threadIdx.x; j < ik.HI; j += FU_THREADS)

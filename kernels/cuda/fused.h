@@ -75,6 +75,14 @@ int kfuse_mla_latent(struct kcuda_ctx *c, float *cq, int64_t Cq, const float *wq
                      int64_t C, int64_t R, const float *wkv, float eps_kv, int64_t n_rows,
                      const struct kfuse_rope *rp, const struct kfuse_kv *kv);
 
+/* kfuse_mla_latent that also leaves cq's int8 parts (normed rows) in the context's parts buffer, as
+ * kfuse_add_rmsnorm_parts does for its y (Cq % 256 == 0, cq 16-byte aligned, n_rows * Cq / 256 * 896
+ * <= KCUDA_XP_BYTES; else = kfuse_mla_latent with nothing recorded): the one-token Q8_0 products of
+ * cq (idx_q_b) then read those. The same values in cq either way. */
+int kfuse_mla_latent_parts(struct kcuda_ctx *c, float *cq, int64_t Cq, const float *wq, float eps_q,
+                           float *kvl, int64_t C, int64_t R, const float *wkv, float eps_kv, int64_t n_rows,
+                           const struct kfuse_rope *rp, const struct kfuse_kv *kv);
+
 /* The indexer's inputs of n_rows tokens, in place: qI[r] (HI heads of DI) roped on the first R of
  * each head; wI[r] (HI) *= wscale; kI[r] (DI) = layernorm(kI[r]) * kw + kb (kb may be NULL;
  * statistics in double), its first R roped, then written to kv. = kfwd_layernorm + kcuda_rope x 2

@@ -191,6 +191,31 @@ __device__ __forceinline__ void mi8_put4(mi8_x *row, int64_t c, float4 x, bool s
 	}
 }
 
+/* Producer side with 8 elements a lane, warp-collective: lane l holds elements 8c .. 8c + 7 of a row
+ * (c & 3 == l & 3, the 4 lanes l & ~3 .. holding one aligned sub-block); writes the lane's words of
+ * its sub-block's parts into the row's units (as mi8_put4; the same bits as mi8_stage) */
+__device__ __forceinline__ void mi8_put8(mi8_x *row, int64_t c, float4 a, float4 b)
+{
+	const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+	uint32_t qw[MI8_P][2];
+	float s, p, sum;
+	mi8_quant<8>(v, qw, s, p, sum);
+	mi8_x *u = row + (c >> 5); /* 32 lanes' 8 elements a unit */
+	const int j = (int)((c >> 2) & 7), w = 2 * (int)(c & 3);
+#pragma unroll
+	for (int pt = 0; pt < MI8_P; pt++) {
+		u->q[j][pt][w] = qw[pt][0];
+		u->q[j][pt][w + 1] = qw[pt][1];
+	}
+	if (j == 0)
+		u->zero[w] = 0u, u->zero[w + 1] = 0u;
+	if (w == 0) {
+		u->s[j] = s;
+		u->p[j] = p;
+		u->sum[j] = sum;
+	}
+}
+
 /* acc[r][hr] += the unit's dot for row g (hr 0) / g + 8 (hr 1) of tile r, over this lane's two
  * sub-blocks (2t, 2t + 1); the row's full dot is the sum over the 4 lanes t (mi8_rows_sum). W from
  * gm_k45_load / mo_k45_lds (any source: the layout is the same). */

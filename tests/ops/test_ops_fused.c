@@ -460,6 +460,90 @@ static void test_add_rmsnorm_kinds(void)
 }
 
 /* ---- MLA latents -------------------------------------------------------------------------------- */
+/* kfuse_mla_latent_parts on the same inputs (cq0, kv0): the same bits as kfuse_mla_latent (cqg, kvg),
+ * c_q's int8 parts recorded, and a one-token product group of Q8_0 rows over c_q (as idx_q_b reads
+ * it) with the parts within their error (1e-7 sum |w| m_j) plus fp32's of the product without them */
+static void latent_parts_check(struct pool *p, struct ops_dbuf *cb, struct ops_dbuf *kb, struct ops_dbuf *wqb,
+                               struct ops_dbuf *wkb, const struct kfuse_rope *rp, int64_t Cq, int64_t C,
+                               int64_t R, int n, const float *cq0, const float *kv0, const float *cqg,
+                               const float *kvg)
+{
+	const int64_t W = C + R, NO = 96;
+	float *c2 = malloc(sizeof(float) * Cq * n), *k2 = malloc(sizeof(float) * W * n);
+	float *row = malloc(sizeof(float) * Cq), *y1 = malloc(sizeof(float) * NO),
+	      *y2 = malloc(sizeof(float) * NO);
+	size_t rb = 0;
+	ktype_row_bytes(KT_Q8_0, Cq, &rb);
+	uint8_t *wh = malloc(rb * NO);
+	struct kweight wd[2] = {{0}};
+	struct ops_dbuf yb = {0};
+	if (!c2 || !k2 || !row || !y1 || !y2 || !wh ||
+	    kcuda_upload(ctx, cb->user, cq0, sizeof(float) * Cq * n) ||
+	    kcuda_upload(ctx, kb->user, kv0, sizeof(float) * W * n) ||
+	    ops_dbuf_init(ctx, &yb, sizeof(float) * NO)) {
+		OPS_CHECK(0, "mla_latent parts setup");
+		goto out;
+	}
+	ops_fill_weight(KT_Q8_0, Cq, NO, rb, wh);
+	struct kweight w0 = {.type = KT_Q8_0, .n_in = Cq, .n_out = 64, .row_bytes = rb, .data = wh};
+	struct kweight w1 = {
+	    .type = KT_Q8_0, .n_in = Cq, .n_out = NO - 64, .row_bytes = rb, .data = wh + 64 * rb};
+	if (kcuda_weight_upload(ctx, &w0, &wd[0]) || kcuda_weight_upload(ctx, &w1, &wd[1])) {
+		OPS_CHECK(0, "mla_latent parts: weight upload");
+		goto out;
+	}
+	struct kfuse_kv kvd = pool_kv(p);
+	int rc = kfuse_mla_latent_parts(ctx, cb->user, Cq, wqb->user, 1e-6f, kb->user, C, R, wkb->user, 1e-5f,
+	                                n, rp, &kvd);
+	OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0 && ops_dbuf_get(ctx, cb, c2) == 0 &&
+	              ops_dbuf_get(ctx, kb, k2) == 0,
+	          "mla_latent_parts rc %d", rc);
+	OPS_CHECK(!memcmp(c2, cqg, sizeof(float) * Cq * n) && !memcmp(k2, kvg, sizeof(float) * W * n),
+	          "mla_latent_parts Cq %" PRId64 " rows %d: outputs differ from mla_latent's", Cq, n);
+	OPS_CHECK(kcuda_xparts_of(ctx) == (const float *)cb->user,
+	          "mla_latent_parts Cq %" PRId64 ": no parts left", Cq);
+	/* row 0 of c_q through two Q8_0 products in one launch, with the parts and without */
+	struct kcuda_mm_seg seg[2] = {{&wd[0], yb.user, 64}, {&wd[1], (float *)yb.user + 64, NO - 64}};
+	rc = kcuda_matmul_multi(ctx, 2, seg, cb->user, Cq, 1);
+	OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0 && ops_dbuf_get(ctx, &yb, y1) == 0, "parts product rc %d",
+	          rc);
+	kcuda_xparts_forget(ctx);
+	rc = kcuda_matmul_multi(ctx, 2, seg, cb->user, Cq, 1);
+	OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0 && ops_dbuf_get(ctx, &yb, y2) == 0, "product rc %d", rc);
+	int bad = 0;
+	double worst = 0;
+	for (int64_t o = 0; o < NO; o++) {
+		kcpu_dequant_row(KT_Q8_0, wh + (size_t)o * rb, row, Cq);
+		double mag = 0, magm = 0;
+		for (int64_t i = 0; i < Cq; i++) {
+			float m = 0;
+			for (int64_t q = i / 32 * 32; q < i / 32 * 32 + 32; q++)
+				m = fmaxf(m, fabsf(c2[q]));
+			mag += fabs((double)row[i] * c2[i]);
+			magm += fabs((double)row[i]) * m;
+		}
+		const double d = fabs((double)y1[o] - y2[o]),
+		             tol = 1e-7 * magm + 4e-6 * sqrt((double)Cq) * mag;
+		bad += !(d <= tol);
+		worst = mag > 0 && d / mag > worst ? d / mag : worst;
+	}
+	OPS_CHECK(bad == 0, "mla_latent_parts Cq %" PRId64 ": %d products off with the parts", Cq, bad);
+	printf("mla_latent_parts Cq %4" PRId64
+	       " rows %d: same outputs, parts product vs fp32 %.2e of sum|wx| %s\n",
+	       Cq, n, worst, bad ? "FAIL" : "ok");
+out:
+	kcuda_xparts_forget(ctx);
+	kcuda_weight_free(&wd[0]);
+	kcuda_weight_free(&wd[1]);
+	ops_dbuf_fini(&yb);
+	free(c2);
+	free(k2);
+	free(row);
+	free(y1);
+	free(y2);
+	free(wh);
+}
+
 static void test_mla_latent(void)
 {
 	struct lcase {
@@ -480,10 +564,11 @@ static void test_mla_latent(void)
 		float *cq = malloc(sizeof(float) * Cq * n), *kv = malloc(sizeof(float) * W * n);
 		float *wq = malloc(sizeof(float) * Cq), *wk = malloc(sizeof(float) * C);
 		float *cqg = malloc(sizeof(float) * Cq * n), *kvg = malloc(sizeof(float) * W * n);
+		float *cq0 = malloc(sizeof(float) * Cq * n), *kv0 = malloc(sizeof(float) * W * n);
 		for (int64_t i = 0; i < Cq * n; i++)
-			cq[i] = 3.0f * ops_rng_unif();
+			cq0[i] = cq[i] = 3.0f * ops_rng_unif();
 		for (int64_t i = 0; i < W * n; i++)
-			kv[i] = ops_rng_unif();
+			kv0[i] = kv[i] = ops_rng_unif();
 		for (int64_t i = 0; i < Cq; i++)
 			wq[i] = 1.0f + 0.5f * ops_rng_unif();
 		for (int64_t i = 0; i < C; i++)
@@ -523,6 +608,8 @@ static void test_mla_latent(void)
 		          Cq, C, n, k->pairing, k->bf16, bad, bad_pool);
 		printf("mla_latent Cq %4" PRId64 " C %3" PRId64 " R %2" PRId64 " rows %d pairing %d %s ok\n",
 		       Cq, C, R, n, k->pairing, k->bf16 ? "bf16" : "f32");
+		if (Cq % 256 == 0)
+			latent_parts_check(&p, &cb, &kb, &wqb, &wkb, &rp, Cq, C, R, n, cq0, kv0, cqg, kvg);
 	next:
 		pool_fini(&p);
 		ops_dbuf_fini(&cb);
@@ -536,6 +623,8 @@ static void test_mla_latent(void)
 		free(wk);
 		free(cqg);
 		free(kvg);
+		free(cq0);
+		free(kv0);
 	}
 }
 

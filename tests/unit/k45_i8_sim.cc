@@ -158,7 +158,7 @@ static mi8_x sim_made, sim_staged; /* the producer's unit (global memory); mi8_s
  * passes of 32 float4, then copied, mi8_copy; else quantized here, mi8_stage), the unit over R tiles
  * of 16 rows (tile r: rows 16 r ..), the rows' dots into got[] by the lanes (g, 0) */
 template <int T, int R>
-static void lane_body(int l, const uint8_t *rows, size_t bytes, const float *x, float *got, bool prod)
+static void lane_body(int l, const uint8_t *rows, size_t bytes, const float *x, float *got, int prod)
 {
 	const int g = l >> 2, t = l & 3;
 	const uint8_t *rp[R][2];
@@ -170,7 +170,11 @@ static void lane_body(int l, const uint8_t *rows, size_t bytes, const float *x, 
 	float acc[R][2];
 	for (int r = 0; r < R; r++)
 		acc[r][0] = acc[r][1] = 0.f;
-	if (prod) {
+	if (prod == 2) { /* 8 elements a lane (mla_latent's c_q rows) */
+		mi8_put8(&sim_made, l, ((const float4 *)x)[2 * l], ((const float4 *)x)[2 * l + 1]);
+		__syncwarp();
+		mi8_copy(sim_x, &sim_made, l);
+	} else if (prod) {
 		for (int c = l; c < 64; c += 32) /* float4 c of the row: lanes l & ~7 .. hold one sub-block */
 			mi8_put4(&sim_made, c, ((const float4 *)x)[c], true);
 		__syncwarp();
@@ -262,7 +266,7 @@ static void run_case(int type, int R, int mode, std::mt19937 &rng, const char *w
 	float got[32], got_p[32];
 	std::barrier<> bar(32);
 	sim_bar = &bar;
-	for (int prod = 0; prod < 2; prod++) {
+	for (int prod = 0; prod < 3; prod++) {
 		float *o = prod ? got_p : got;
 		memset(&sim_made, 0xA5, sizeof(sim_made)); /* every byte must be written */
 		std::vector<std::thread> th;
@@ -278,13 +282,17 @@ static void run_case(int type, int R, int mode, std::mt19937 &rng, const char *w
 			});
 		for (auto &t : th)
 			t.join();
-	}
-	/* the producer's unit (4 elements a lane) is mi8_stage's (8 a lane) bit for bit, so are the dots */
-	checks++;
-	if (memcmp(&sim_made, &sim_staged, sizeof(mi8_x)) || memcmp(got, got_p, sizeof(float) * (size_t)NR)) {
-		fails++;
-		printf("FAIL %s %s: the producer's parts (mi8_put4) differ from mi8_stage's\n", q5 ? "Q5_K" : "Q4_K",
-		       what);
+		if (!prod)
+			continue;
+		/* the producers' unit (mi8_put4: 4 elements a lane; mi8_put8: 8) is mi8_stage's bit for bit,
+		 * so are the dots */
+		checks++;
+		if (memcmp(&sim_made, &sim_staged, sizeof(mi8_x)) ||
+		    memcmp(got, got_p, sizeof(float) * (size_t)NR)) {
+			fails++;
+			printf("FAIL %s %s: the producer's parts (%s) differ from mi8_stage's\n",
+			       q5 ? "Q5_K" : "Q4_K", what, prod == 1 ? "mi8_put4" : "mi8_put8");
+		}
 	}
 	int bad = 0;
 	double worst = 0;
