@@ -1692,6 +1692,7 @@ static void cu_add_rmsnorm_q(void *ctx, float *h, const float *x, float *y, cons
 	}
 	SKIP_REPLAY(c);
 	kcuda_xparts_forget(c->kc); /* y is rewritten: whatever parts the context held are stale */
+	c->parts_y = NULL;
 	PROF(c, "add+rmsnorm", NULL, 12.0 * (double)(n * n_rows))
 	CK((norm_parts_on() ? kfuse_add_rmsnorm_parts : kfuse_add_rmsnorm)(c->kc, h, x, y, w, n, n_rows,
 	                                                                   eps));
@@ -1750,6 +1751,7 @@ static void cu_mla_latent(void *ctx, int layer, const struct layer_w *L, float *
 	}
 	SKIP_REPLAY(c);
 	kcuda_xparts_forget(c->kc); /* cq is rewritten: whatever parts the context held are stale */
+	c->parts_y = NULL;
 	struct kfuse_rope rp = {.inv_freq = c->d_inv, .pos = c->d_pos, .pairing = hp->rope_main};
 	struct kfuse_kv kv = fuse_kv(c, MBE_KV_LATENT, layer, write);
 	/* the indexer's k_I and w_I (the products of `a` just issued, found among the last four)
