@@ -1670,16 +1670,22 @@ static struct kfuse_kv fuse_kv(const struct be_cuda *c, enum mbe_kv_part part, i
 static void cu_add_rmsnorm(void *ctx, float *h, const float *x, float *y, const float *w, int64_t n,
                            int64_t n_rows, float eps);
 
+/* a switch that is on unless the environment sets it to "0", read once into *cache (-1: not yet) */
+static bool env_on_once(const char *name, int *cache)
+{
+	if (*cache < 0) {
+		const char *e = getenv(name);
+		*cache = !(e && strcmp(e, "0") == 0);
+	}
+	return *cache != 0;
+}
+
 /* TANDEM_NORM_XPARTS=0: the norms before the MoE and the q_a group leave no int8 parts (their
- * consumers then read x); read once */
+ * consumers then read x) */
 static bool norm_parts_on(void)
 {
 	static int on = -1;
-	if (on < 0) {
-		const char *e = getenv("TANDEM_NORM_XPARTS");
-		on = !(e && strcmp(e, "0") == 0);
-	}
-	return on;
+	return env_on_once("TANDEM_NORM_XPARTS", &on);
 }
 
 static void cu_add_rmsnorm_q(void *ctx, float *h, const float *x, float *y, const float *w, int64_t n,
@@ -1723,15 +1729,11 @@ static bool idx_fold_on(void)
 	return e && strcmp(e, "1") == 0;
 }
 
-/* TANDEM_LATENT_XPARTS=0: mla_latent leaves no int8 parts of c_q (idx_q_b then reads c_q); read once */
+/* TANDEM_LATENT_XPARTS=0: mla_latent leaves no int8 parts of c_q (idx_q_b then reads c_q) */
 static bool latent_parts_on(void)
 {
 	static int on = -1;
-	if (on < 0) {
-		const char *e = getenv("TANDEM_LATENT_XPARTS");
-		on = !(e && strcmp(e, "0") == 0);
-	}
-	return on;
+	return env_on_once("TANDEM_LATENT_XPARTS", &on);
 }
 
 static void cu_mla_latent(void *ctx, int layer, const struct layer_w *L, float *cq, float *kvl,
