@@ -1700,8 +1700,10 @@ static void cu_add_rmsnorm_q(void *ctx, float *h, const float *x, float *y, cons
 	kcuda_xparts_forget(c->kc); /* y is rewritten: whatever parts the context held are stale */
 	c->parts_y = NULL;
 	PROF(c, "add+rmsnorm", NULL, 12.0 * (double)(n * n_rows))
-	CK((norm_parts_on() ? kfuse_add_rmsnorm_parts : kfuse_add_rmsnorm)(c->kc, h, x, y, w, n, n_rows,
-	                                                                   eps));
+	/* parts at up to 8 rows: their readers are one-token products and the MoE's one-token chunks,
+	 * which its small-batch path forms at up to 8 tokens by default */
+	CK((norm_parts_on() && n_rows <= 8 ? kfuse_add_rmsnorm_parts : kfuse_add_rmsnorm)(c->kc, h, x, y, w,
+	                                                                                  n, n_rows, eps));
 	if (kcuda_xparts_of(c->kc) == y)
 		c->parts_seq = c->op_seq, c->parts_y = y;
 }
