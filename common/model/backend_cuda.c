@@ -1688,6 +1688,19 @@ static bool norm_parts_on(void)
 	return env_on_once("TANDEM_NORM_XPARTS", &on);
 }
 
+/* the most rows the norms make parts for: TANDEM_XPARTS_ROWS=n (0..8), default 1 (H200, 2026-12-01
+ * 23:27: at batch 8 the parts made the step ~0.1 ms slower, at batch 1 0.9 ms faster); read once */
+static int norm_parts_rows(void)
+{
+	static int rows = -1;
+	if (rows < 0) {
+		const char *e = getenv("TANDEM_XPARTS_ROWS");
+		const long v = e && *e ? strtol(e, NULL, 10) : 1;
+		rows = v < 0 ? 0 : v > 8 ? 8 : (int)v;
+	}
+	return rows;
+}
+
 static void cu_add_rmsnorm_q(void *ctx, float *h, const float *x, float *y, const float *w, int64_t n,
                              int64_t n_rows, float eps)
 {
@@ -1700,10 +1713,12 @@ static void cu_add_rmsnorm_q(void *ctx, float *h, const float *x, float *y, cons
 	kcuda_xparts_forget(c->kc); /* y is rewritten: whatever parts the context held are stale */
 	c->parts_y = NULL;
 	PROF(c, "add+rmsnorm", NULL, 12.0 * (double)(n * n_rows))
-	/* parts at up to 8 rows: their readers are one-token products and the MoE's one-token chunks,
-	 * which its small-batch path forms at up to 8 tokens by default */
-	CK((norm_parts_on() && n_rows <= 8 ? kfuse_add_rmsnorm_parts : kfuse_add_rmsnorm)(c->kc, h, x, y, w,
-	                                                                                  n, n_rows, eps));
+	/* parts at up to norm_parts_rows() rows: their readers are one-token products and the MoE's
+	 * one-token chunks (formed at up to 8 tokens) */
+	{
+		const bool parts = norm_parts_on() && n_rows <= norm_parts_rows();
+		CK((parts ? kfuse_add_rmsnorm_parts : kfuse_add_rmsnorm)(c->kc, h, x, y, w, n, n_rows, eps));
+	}
 	if (kcuda_xparts_of(c->kc) == y)
 		c->parts_seq = c->op_seq, c->parts_y = y;
 }
