@@ -538,6 +538,7 @@ extern "C" int kfuse_add_rmsnorm_parts(struct kcuda_ctx *c, float *h, const floa
 	const bool al16 = ((uintptr_t)h | (uintptr_t)x | (uintptr_t)y | (uintptr_t)w) % 16 == 0;
 	if (c->xp && an_env_kind() == KFUSE_AN_CL && y && y != h && y != x && h && w && n > 0 &&
 	    n % 256 == 0 && n <= (int64_t)AC_NB * AC_T * AC_V * 4 && n_rows >= 1 &&
+	    n_rows <= KFUSE_AN_CL_ROWS &&
 	    (size_t)n_rows * (size_t)(n / 256) * sizeof(mi8_x) <= KCUDA_XP_BYTES && al16 &&
 	    kcuda_cc_major(c->device) >= 9) {
 		const int rc = an_launch_cl(c, h, x, y, w, n, n_rows, eps, an_early(n_rows), (mi8_x *)c->xp);
