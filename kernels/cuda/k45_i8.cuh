@@ -52,6 +52,16 @@ __device__ __forceinline__ void mi8_mma(int (&d)[4], uint32_t a0, uint32_t a1, u
 	    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* Host: the context's int8 parts of the first `rows` rows of x (n wide, ldx apart; one row needs no
+ * ldx), where a producer (kfuse_add_rmsnorm_parts, kfuse_mla_latent_parts) left them, else NULL */
+static inline const mi8_x *kcuda_xparts_for(const struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n,
+                                            int64_t rows)
+{
+	const bool ok = c->xp_of && c->xp_of == x && c->xp_n == n && n % 256 == 0 && rows >= 1 &&
+	                rows <= c->xp_rows && (rows == 1 || ldx == n);
+	return ok ? (const mi8_x *)c->xp : NULL;
+}
+
 /* the low bytes of a, b, c, d as one word (a in byte 0) */
 __device__ __forceinline__ uint32_t mi8_pack4(int a, int b, int c, int d)
 {

@@ -15,7 +15,7 @@
  * slots): each weight is decoded once for all of them and W read from HBM once. x is loaded slab
  * by slab (the first slab's before the wait on the copies); TANDEM_MULTI_HOIST=1 loads every
  * slab's x before the wait at 1-2 tokens (multi_hoist).
- * Rows per block RB: Q8_0 4 (8 at one token under TANDEM_MULTI_RB8=1, off: measured slower),
+ * Rows per block RB: Q8_0 4 (8 at one token measured slower and removed: PERFORMANCE.md, session 10),
  * F16 / BF16 2, F32 1 (~26-30 KB of weights per block at n_in 6144).
  * PDL: the block's first chunk is copied BEFORE KDEP_ENTRY() (weights only, cuda_common.cuh), so
  * the weight stream overlaps the kernel before; x is read and y written only after it.
@@ -41,19 +41,18 @@
 #define MM_NW 4 /* warps per block */
 #define MM_MAX_NTP 8 /* tokens per pass */
 
-/* rows per block per type (about the same bytes per block for every type); Q8_0 takes Q8RB (4, or 8
- * at one token under TANDEM_MULTI_RB8: mm_q8_rows) */
+/* rows per block per type (about the same bytes per block for every type) */
 #define MM_PART 32 /* the largest RB x NTP of any instantiation (part[][] in shared memory) */
-template <int T, int Q8RB = 4> struct mmx {
-	enum { RB = Q8RB };
+template <int T> struct mmx {
+	enum { RB = 4 };
 };
-template <int Q8RB> struct mmx<KT_F16, Q8RB> {
+template <> struct mmx<KT_F16> {
 	enum { RB = 2 };
 };
-template <int Q8RB> struct mmx<KT_BF16, Q8RB> {
+template <> struct mmx<KT_BF16> {
 	enum { RB = 2 };
 };
-template <int Q8RB> struct mmx<KT_F32, Q8RB> {
+template <> struct mmx<KT_F32> {
 	enum { RB = 1 };
 };
 /* K chunk (elements) held in shared memory at once: 2048 for n_in <= 2048 (fewer x registers),
@@ -107,11 +106,11 @@ __device__ __forceinline__ void mm_q8_parts(float (&acc)[RB][1], const uint8_t *
 	}
 }
 
-template <int T, int NTP, bool SMALL, bool HX, int Q8RB, bool XQ>
+template <int T, int NTP, bool SMALL, bool HX, bool XQ>
 __device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, const struct mm_multi_args &a,
                                         uint8_t *tile, float (*part)[MM_PART])
 {
-	constexpr int SE = g3t<T>::SE, SB = g3t<T>::SB, EPL = g3t<T>::EPL, RB = mmx<T, Q8RB>::RB;
+	constexpr int SE = g3t<T>::SE, SB = g3t<T>::SB, EPL = g3t<T>::EPL, RB = mmx<T>::RB;
 	static_assert(RB * NTP <= MM_PART, "part[][] holds RB x NTP values per warp");
 	constexpr int CS = MM_CHUNK(SMALL) / SE; /* slabs per chunk */
 	constexpr int KP = CS / MM_NW; /* slabs per warp per chunk */
@@ -248,8 +247,8 @@ __device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, co
 	g3_wait<0>(); /* no copy outlives the block (none is pending here; kept for clarity) */
 }
 
-template <int NTP, bool SMALL, bool HX, int Q8RB = 4, bool XQ = false>
-__global__ void __launch_bounds__(MM_NW * 32, (XQ && Q8RB == 4) ? 8 : 1)
+template <int NTP, bool SMALL, bool HX, bool XQ = false>
+__global__ void __launch_bounds__(MM_NW * 32, XQ ? 8 : 1)
     mm_multi_kernel(const __grid_constant__ struct mm_multi_args a)
 {
 	extern __shared__ __align__(16) uint8_t mm_tile[];
@@ -261,10 +260,10 @@ __global__ void __launch_bounds__(MM_NW * 32, (XQ && Q8RB == 4) ? 8 : 1)
 	const struct mm_seg_dev &sg = a.seg[s];
 	const int blk = (int)blockIdx.x - sg.blk0;
 	switch (sg.type) {
-	case KT_Q8_0: mm_body<KT_Q8_0, NTP, SMALL, HX, Q8RB, XQ>(sg, blk, a, mm_tile, part); break;
-	case KT_F16: mm_body<KT_F16, NTP, SMALL, HX, Q8RB, XQ>(sg, blk, a, mm_tile, part); break;
-	case KT_BF16: mm_body<KT_BF16, NTP, SMALL, HX, Q8RB, XQ>(sg, blk, a, mm_tile, part); break;
-	default: mm_body<KT_F32, NTP, SMALL, HX, Q8RB, XQ>(sg, blk, a, mm_tile, part); break;
+	case KT_Q8_0: mm_body<KT_Q8_0, NTP, SMALL, HX, XQ>(sg, blk, a, mm_tile, part); break;
+	case KT_F16: mm_body<KT_F16, NTP, SMALL, HX, XQ>(sg, blk, a, mm_tile, part); break;
+	case KT_BF16: mm_body<KT_BF16, NTP, SMALL, HX, XQ>(sg, blk, a, mm_tile, part); break;
+	default: mm_body<KT_F32, NTP, SMALL, HX, XQ>(sg, blk, a, mm_tile, part); break;
 	}
 }
 
@@ -307,23 +306,11 @@ extern "C" bool kcuda_matmul_multi_takes(int64_t n_tok)
 	return kcuda_matmul_multi_enabled() && n_tok >= 1 && n_tok <= 8 && n_tok <= multi_max_tok();
 }
 
-/* TANDEM_MULTI_RB8 (read on every call; an experiment, off by default): 8 rows of a Q8_0 product per
- * block at one token instead of 4 (each lane's x and the block's fixed work over twice the rows; 52 KB
- * of weight tile at n_in 6144, so the kernel asks for more than 48 KB of dynamic shared memory).
- * Measured slower (H200, 2026-12-01 21:49, synthetic GLM-5 rank 0 of TP=8, ctx 4096, batch 1: 7.41 /
- * 7.45 / 7.44 ms against 6.74 / 6.77 / 6.71 by default): half the blocks, so half the warps an SM
- * (~11 instead of ~22 for the q_a group), each with twice the serial work */
-static int mm_q8_rows(int64_t n_tok)
-{
-	const char *e = getenv("TANDEM_MULTI_RB8");
-	return n_tok == 1 && e && strcmp(e, "1") == 0 ? 8 : 4;
-}
-
 /* rows per block, slab elements and slab bytes of a type the kernel takes; false otherwise */
-static bool mm_geom(int type, int q8rb, int *rb, int *se, int *sb)
+static bool mm_geom(int type, int *rb, int *se, int *sb)
 {
 	switch (type) {
-	case KT_Q8_0: *rb = q8rb, *se = g3t<KT_Q8_0>::SE, *sb = g3t<KT_Q8_0>::SB; return true;
+	case KT_Q8_0: *rb = mmx<KT_Q8_0>::RB, *se = g3t<KT_Q8_0>::SE, *sb = g3t<KT_Q8_0>::SB; return true;
 	case KT_F16: *rb = mmx<KT_F16>::RB, *se = g3t<KT_F16>::SE, *sb = g3t<KT_F16>::SB; return true;
 	case KT_BF16: *rb = mmx<KT_BF16>::RB, *se = g3t<KT_BF16>::SE, *sb = g3t<KT_BF16>::SB; return true;
 	case KT_F32: *rb = mmx<KT_F32>::RB, *se = g3t<KT_F32>::SE, *sb = g3t<KT_F32>::SB; return true;
@@ -331,20 +318,11 @@ static bool mm_geom(int type, int q8rb, int *rb, int *se, int *sb)
 	}
 }
 
-template <int NTP, bool SMALL, bool HX = false, int Q8RB = 4, bool XQ = false>
+template <int NTP, bool SMALL, bool HX = false, bool XQ = false>
 static int mm_launch(struct kcuda_ctx *c, const struct mm_multi_args &a, unsigned grid, size_t smem)
 {
-	/* above the default 48 KB (TANDEM_MULTI_RB8 only): asked on every call, since the attribute is
-	 * per device and a process may drive several; refused past the device's limit */
-	if (smem > 48 * 1024 &&
-	    (smem > (size_t)kcuda_smem_optin(c->device) ||
-	     cudaFuncSetAttribute(mm_multi_kernel<NTP, SMALL, HX, Q8RB, XQ>,
-	                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)) {
-		(void)cudaGetLastError();
-		return ERR_UNSUPPORTED;
-	}
-	return klaunch("matmul_multi", mm_multi_kernel<NTP, SMALL, HX, Q8RB, XQ>, dim3(grid),
-	               dim3(MM_NW * 32), smem, c->stream, a);
+	return klaunch("matmul_multi", mm_multi_kernel<NTP, SMALL, HX, XQ>, dim3(grid), dim3(MM_NW * 32),
+	               smem, c->stream, a);
 }
 
 static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg, const float *x, int64_t ldx,
@@ -371,7 +349,7 @@ int kcuda_gemv_multi1_launch(struct kcuda_ctx *c, const struct kweight *w, const
                              int n_tok, float *y, int64_t ldy)
 {
 	int rb, se, sb;
-	if (!mm_geom(w->type, 4, &rb, &se, &sb) || w->n_in % se || (uintptr_t)w->data % 16 ||
+	if (!mm_geom(w->type, &rb, &se, &sb) || w->n_in % se || (uintptr_t)w->data % 16 ||
 	    w->n_out > INT32_MAX / 2 || (uintptr_t)x % 16 || ldx % 4 || n_tok < 1 || n_tok > 8)
 		return ERR_UNSUPPORTED;
 	const struct kcuda_mm_seg seg = {w, y, ldy};
@@ -420,13 +398,12 @@ static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg
 	memset(&a, 0, sizeof(a));
 	bool in_table[KCUDA_MM_MULTI_MAX] = {false};
 	const bool hx = multi_hoist();
-	const int q8rb = hx ? 4 : mm_q8_rows(n_tok); /* the hoisting instantiations are 4-row only */
 	int64_t n_blk = 0;
 	size_t smem = 0;
 	for (int i = 0; i < n_seg; i++) {
 		const struct kweight *w = seg[i].w;
 		int rb, se, sb;
-		if (!mm_geom(w->type, q8rb, &rb, &se, &sb) || n_in % se || (uintptr_t)w->data % 16 ||
+		if (!mm_geom(w->type, &rb, &se, &sb) || n_in % se || (uintptr_t)w->data % 16 ||
 		    w->n_out > INT32_MAX / 2)
 			continue;
 		const int64_t cs = MM_CHUNK(small) / se, nsl = n_in / se < cs ? n_in / se : cs;
@@ -461,23 +438,16 @@ static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg
 	a.pf = kcuda_prefetch_enabled();
 	/* one token whose int8 parts the norm before left (kfuse_add_rmsnorm_parts): its Q8_0 products
 	 * read those instead of x (TANDEM_MULTI_XPARTS=0: x itself) */
-	if (n_tok == 1 && !hx && c->xp_of == x && c->xp_n == n_in && c->xp_rows >= 1 && n_in % 256 == 0 &&
-	    multi_xparts())
-		a.xq = (const mi8_x *)c->xp;
+	if (n_tok == 1 && !hx && multi_xparts())
+		a.xq = kcuda_xparts_for(c, x, ldx, n_in, 1);
 	int rc;
 	const unsigned g = (unsigned)n_blk;
 	if (n_tok == 1 && hx)
 		rc = small ? mm_launch<1, true, true>(c, a, g, smem)
 		           : mm_launch<1, false, true>(c, a, g, smem);
-	else if (n_tok == 1 && q8rb == 8 && a.xq)
-		rc = small ? mm_launch<1, true, false, 8, true>(c, a, g, smem)
-		           : mm_launch<1, false, false, 8, true>(c, a, g, smem);
-	else if (n_tok == 1 && q8rb == 8)
-		rc = small ? mm_launch<1, true, false, 8>(c, a, g, smem)
-		           : mm_launch<1, false, false, 8>(c, a, g, smem);
 	else if (n_tok == 1 && a.xq)
-		rc = small ? mm_launch<1, true, false, 4, true>(c, a, g, smem)
-		           : mm_launch<1, false, false, 4, true>(c, a, g, smem);
+		rc = small ? mm_launch<1, true, false, true>(c, a, g, smem)
+		           : mm_launch<1, false, false, true>(c, a, g, smem);
 	else if (n_tok == 1)
 		rc = small ? mm_launch<1, true>(c, a, g, smem) : mm_launch<1, false>(c, a, g, smem);
 	else if (n_tok == 2 && hx)

@@ -621,10 +621,7 @@ int moe_small_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, c
 	a.h = a.hp = (float *)c->ws; /* h (split 1) or the partial sums */
 	a.out = out;
 	/* x's int8 parts, where the norm before left them for exactly these rows (fused.h) */
-	a.xq = ms_xparts() && c->xp_of && c->xp_of == x && c->xp_n == a.D && ldx == a.D && n <= c->xp_rows &&
-	               a.D % 256 == 0
-	           ? (const mi8_x *)c->xp
-	           : NULL;
+	a.xq = ms_xparts() ? kcuda_xparts_for(c, x, ldx, a.D, n) : NULL;
 	const int64_t n_ex = (a.np_r < E ? a.np_r : E) + (sh ? 1 : 0);
 	/* one token: moe_one.cu's kernels (h in the same layout, split 1) */
 	const int one = n == 1 && a.split == 1 ? moe_one_mode() : 0;

@@ -19,8 +19,7 @@
  *   - refusals: ERR_UNSUPPORTED for n_tok 9, misaligned x and TANDEM_MULTI=0, -EINVAL for bad
  *     arguments (n_in mismatch, ldy < n_out, ldx < n_in, 0 or too many products).
  * Then the 1-2 token cases again with TANDEM_MULTI_HOIST=1 (x loaded before the wait), and the
- * one-token cases with TANDEM_MULTI_RB8=1 (8 Q8_0 rows a block, more than 48 KB of shared memory),
- * alone and with TANDEM_MULTI_HOIST=1 (which keeps 4 rows).
+ * one-token cases with x's int8 parts from the norm (g_parts).
  * TANDEM_OPS_SMALL=1 (for compute-sanitizer) runs the big shapes at one token only.
  * Exit 77 = no GPU (skip). */
 #include <errno.h>
@@ -442,22 +441,6 @@ int main(void)
 			if (!(small && cases[i].big && nt != 1) && !(quick && cases[i].big && nt != 1))
 				setup_fail |= run_multi(c, &cases[i], nt, (int)((i + (size_t)nt) & 1));
 	unsetenv("TANDEM_MULTI_HOIST");
-	/* 8 Q8_0 rows a block at one token (TANDEM_MULTI_RB8=1: up to ~61 KB of weight tile, above the
-	 * default 48 KB of dynamic shared memory; an experiment, off by default): every group, the wide
-	 * products and the PDL producer */
-	setenv("TANDEM_MULTI_RB8", "1", 1);
-	check_pdl_producer(c, 1);
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-		setup_fail |= run_multi(c, &cases[i], 1, (int)(i & 1));
-	for (size_t i = 0; i < sizeof(wide_cases) / sizeof(wide_cases[0]); i++)
-		setup_fail |= run_multi(c, &wide_cases[i], 1, (int)(i & 1));
-	/* with TANDEM_MULTI_HOIST=1 too: the hoisting kernels hold 4 rows, so the grid must be built
-	 * for 4 (a grid of 8-row blocks would leave half the rows unwritten) */
-	setenv("TANDEM_MULTI_HOIST", "1", 1);
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-		setup_fail |= run_multi(c, &cases[i], 1, (int)(i & 1));
-	unsetenv("TANDEM_MULTI_HOIST");
-	unsetenv("TANDEM_MULTI_RB8");
 	setenv("TANDEM_MULTI_WIDE", "1", 1);
 	for (size_t i = 0; i < sizeof(wide_cases) / sizeof(wide_cases[0]); i++)
 		for (int64_t nt = 1; nt <= 8; nt++) {
@@ -468,18 +451,13 @@ int main(void)
 			setup_fail |= run_multi(c, &wide_cases[i], nt, (int)((i + (size_t)nt) & 1));
 		}
 	unsetenv("TANDEM_MULTI_WIDE"); /* the default: on */
-	/* one token with x's int8 parts from the norm (kfuse_add_rmsnorm_parts): every group, also with
-	 * 8 Q8_0 rows a block, and the wide products (the table of one) */
+	/* one token with x's int8 parts from the norm (kfuse_add_rmsnorm_parts): every group and the wide
+	 * products (the table of one) */
 	g_parts = 1;
-	for (int rb8 = 0; rb8 < 2; rb8++) {
-		if (rb8)
-			setenv("TANDEM_MULTI_RB8", "1", 1);
-		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-			setup_fail |= run_multi(c, &cases[i], 1, 0);
-		for (size_t i = 0; i < sizeof(wide_cases) / sizeof(wide_cases[0]); i++)
-			setup_fail |= run_multi(c, &wide_cases[i], 1, 0);
-		unsetenv("TANDEM_MULTI_RB8");
-	}
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		setup_fail |= run_multi(c, &cases[i], 1, 0);
+	for (size_t i = 0; i < sizeof(wide_cases) / sizeof(wide_cases[0]); i++)
+		setup_fail |= run_multi(c, &wide_cases[i], 1, 0);
 	g_parts = 0;
 	OPS_CHECK(setup_fail == 0, "some cases failed to set up");
 	printf("largest |multi - separate| / sum|wx|: %.2e\n", worst_vs_single);

@@ -5,8 +5,8 @@
  * copy has not been waited for reads the stale fill and fails). test_mm_multi_sim.sh cuts the
  * kernel's device part (from "#define MM_NW" to the host helpers) and matmul_impl.cuh's slab decode
  * into .inc files and builds this file around them, so CI without a GPU checks the kernel's indexing:
- * the segment search over blk0, the rows each block copies and where (4 or, TANDEM_MULTI_RB8's
- * instantiation, 8 Q8_0 rows a block; 2 F16 / BF16, 1 F32), the K chunks, the slab / lane / warp
+ * the segment search over blk0, the rows each block copies and where (4 Q8_0 rows a block, 2 F16 /
+ * BF16, 1 F32), the K chunks, the slab / lane / warp
  * split, the token passes (NTP 1, 2, 4, 8), the warp-order sums and the guarded stores, against a
  * double-precision reference (|sim - ref| <= 2e-6 sqrt(n_in) sum|w x|, the op tests' tolerance), with
  * guard values around every y and in the ldy gaps. The segment tables are built as mm_run builds them.
@@ -46,8 +46,8 @@ alignas(16) static uint8_t sim_dyn[64 * 1024];
 
 static int n_check, n_fail;
 
-/* the grid of mm_multi_kernel<NTP, SMALL, false, Q8RB, XQ>(a), one block after the other */
-template <int NTP, bool SMALL, int Q8RB, bool XQ = false>
+/* the grid of mm_multi_kernel<NTP, SMALL, false, XQ>(a), one block after the other */
+template <int NTP, bool SMALL, bool XQ = false>
 static void sim_grid(const mm_multi_args &a, int n_blk, size_t smem)
 {
 	if (smem > sizeof(sim_dyn)) {
@@ -57,7 +57,7 @@ static void sim_grid(const mm_multi_args &a, int n_blk, size_t smem)
 	}
 	for (int b = 0; b < n_blk; b++) {
 		memset(sim_dyn, 0xcd, sizeof(sim_dyn)); /* the last block's bytes must not count */
-		sim_block(MM_NW * 32, (unsigned)b, 0u, [&]() { mm_multi_kernel<NTP, SMALL, false, Q8RB, XQ>(a); });
+		sim_block(MM_NW * 32, (unsigned)b, 0u, [&]() { mm_multi_kernel<NTP, SMALL, false, XQ>(a); });
 	}
 }
 
@@ -102,9 +102,9 @@ static void make_parts(const float *x, int n_in, std::vector<mi8_x> &u)
 	}
 }
 
-/* one launch over the segments segs (all n_in), n_tok tokens, Q8_0 rows per block q8rb; parts: x's
+/* one launch over the segments segs (all n_in), n_tok tokens; parts: x's
  * int8 parts for the Q8_0 products (one token) */
-static void run_case(const std::vector<sim_seg> &segs, int n_in, int n_tok, int q8rb, const char *what,
+static void run_case(const std::vector<sim_seg> &segs, int n_in, int n_tok, const char *what,
                      bool parts = false)
 {
 	std::uniform_real_distribution<float> u(-1, 1);
@@ -173,7 +173,7 @@ static void run_case(const std::vector<sim_seg> &segs, int n_in, int n_tok, int 
 		h.ldy = n_out + (i & 1) * 3; /* some with gaps */
 		h.y.assign((size_t)h.ldy * n_tok + 64, guard);
 		/* as mm_run builds the table */
-		const int rb = type == KT_Q8_0 ? q8rb : type == KT_F32 ? 1 : 2;
+		const int rb = type == KT_Q8_0 ? 4 : type == KT_F32 ? 1 : 2;
 		const int se = type == KT_Q8_0 ? 256 : type == KT_F32 ? 128 : 256;
 		const int sb = type == KT_Q8_0 ? 272 : 512;
 		const int64_t cs = MM_CHUNK(small) / se, nsl = n_in / se < cs ? n_in / se : cs;
@@ -199,20 +199,16 @@ static void run_case(const std::vector<sim_seg> &segs, int n_in, int n_tok, int 
 		a.xq = xq.data();
 	}
 	const int nb = (int)n_blk;
-	if (parts && q8rb == 8)
-		small ? sim_grid<1, true, 8, true>(a, nb, smem) : sim_grid<1, false, 8, true>(a, nb, smem);
-	else if (parts)
-		small ? sim_grid<1, true, 4, true>(a, nb, smem) : sim_grid<1, false, 4, true>(a, nb, smem);
-	else if (q8rb == 8 && n_tok == 1)
-		small ? sim_grid<1, true, 8>(a, nb, smem) : sim_grid<1, false, 8>(a, nb, smem);
+	if (parts)
+		small ? sim_grid<1, true, true>(a, nb, smem) : sim_grid<1, false, true>(a, nb, smem);
 	else if (n_tok == 1)
-		small ? sim_grid<1, true, 4>(a, nb, smem) : sim_grid<1, false, 4>(a, nb, smem);
+		small ? sim_grid<1, true>(a, nb, smem) : sim_grid<1, false>(a, nb, smem);
 	else if (n_tok == 2)
-		small ? sim_grid<2, true, 4>(a, nb, smem) : sim_grid<2, false, 4>(a, nb, smem);
+		small ? sim_grid<2, true>(a, nb, smem) : sim_grid<2, false>(a, nb, smem);
 	else if (n_tok <= 4)
-		small ? sim_grid<4, true, 4>(a, nb, smem) : sim_grid<4, false, 4>(a, nb, smem);
+		small ? sim_grid<4, true>(a, nb, smem) : sim_grid<4, false>(a, nb, smem);
 	else
-		small ? sim_grid<8, true, 4>(a, nb, smem) : sim_grid<8, false, 4>(a, nb, smem);
+		small ? sim_grid<8, true>(a, nb, smem) : sim_grid<8, false>(a, nb, smem);
 	int bad = 0, bad_guard = 0;
 	double worst = 0;
 	for (size_t i = 0; i < segs.size(); i++) {
@@ -256,8 +252,8 @@ static void run_case(const std::vector<sim_seg> &segs, int n_in, int n_tok, int 
 	n_check++;
 	const bool ok = !bad && !bad_guard;
 	n_fail += !ok;
-	printf("%s %-34s n_in %5d n_tok %d q8 rows %d%s (%lld blocks, %zu B tile): max |err|/sum|wx| %.2e%s%s\n",
-	       ok ? "ok  " : "FAIL", what, n_in, n_tok, q8rb, parts ? " x parts" : "", (long long)n_blk, smem,
+	printf("%s %-34s n_in %5d n_tok %d%s (%lld blocks, %zu B tile): max |err|/sum|wx| %.2e%s%s\n",
+	       ok ? "ok  " : "FAIL", what, n_in, n_tok, parts ? " x parts" : "", (long long)n_blk, smem,
 	       worst,
 	       bad ? " WRONG OUTPUTS" : "", bad_guard ? " GUARD / GAP WRITTEN" : "");
 }
@@ -281,14 +277,12 @@ int main(void)
 	    {&all, 9216, "every type, two chunks (n_in 9216)"},
 	};
 	for (const c &k : cases) {
-		for (int q8rb : {4, 8}) {
-			run_case(*k.s, k.n_in, 1, q8rb, k.what);
-			if (k.n_in % 256 == 0) /* one token with the norm's int8 parts (Q8_0 segments) */
-				run_case(*k.s, k.n_in, 1, q8rb, k.what, true);
-		}
+		run_case(*k.s, k.n_in, 1, k.what);
+		if (k.n_in % 256 == 0) /* one token with the norm's int8 parts (Q8_0 segments) */
+			run_case(*k.s, k.n_in, 1, k.what, true);
 		for (int nt : {2, 3, 8})
 			if (k.n_in <= 2048 || nt == 2)
-				run_case(*k.s, k.n_in, nt, 4, k.what);
+				run_case(*k.s, k.n_in, nt, k.what);
 	}
 	if (sim_leaks)
 		printf("FAIL: %d threads ended with cp.async copies never waited for\n", sim_leaks.load());
