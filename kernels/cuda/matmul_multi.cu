@@ -247,9 +247,9 @@ __device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, co
 	g3_wait<0>(); /* no copy outlives the block (none is pending here; kept for clarity) */
 }
 
-template <int NTP, bool SMALL, bool HX, bool XQ = false>
-__global__ void __launch_bounds__(MM_NW * 32, XQ ? 8 : 1)
-    mm_multi_kernel(const __grid_constant__ struct mm_multi_args a)
+/* a block of the launch (the kernels below) */
+template <int NTP, bool SMALL, bool HX, bool XQ>
+__device__ __forceinline__ void mm_multi_block(const struct mm_multi_args &a)
 {
 	extern __shared__ __align__(16) uint8_t mm_tile[];
 	__shared__ float part[MM_NW][MM_PART];
@@ -265,6 +265,22 @@ __global__ void __launch_bounds__(MM_NW * 32, XQ ? 8 : 1)
 	case KT_BF16: mm_body<KT_BF16, NTP, SMALL, HX, XQ>(sg, blk, a, mm_tile, part); break;
 	default: mm_body<KT_F32, NTP, SMALL, HX, XQ>(sg, blk, a, mm_tile, part); break;
 	}
+}
+
+template <int NTP, bool SMALL, bool HX>
+__global__ void __launch_bounds__(MM_NW * 32) mm_multi_kernel(const __grid_constant__ struct mm_multi_args a)
+{
+	mm_multi_block<NTP, SMALL, HX, false>(a);
+}
+
+/* one token against x's int8 parts: held to 64 registers (8 blocks an SM; 72 without the bound).
+ * Its own kernel: a minimum-blocks bound on the others (even 1) lets ptxas take more registers for
+ * them (90 instead of 64 for the one-token fp32 kernel, found in the final review of session 10) */
+template <bool SMALL>
+__global__ void __launch_bounds__(MM_NW * 32, 8)
+    mm_multi_xq_kernel(const __grid_constant__ struct mm_multi_args a)
+{
+	mm_multi_block<1, SMALL, false, true>(a);
 }
 
 extern "C" bool kcuda_matmul_multi_enabled(void)
@@ -321,8 +337,12 @@ static bool mm_geom(int type, int *rb, int *se, int *sb)
 template <int NTP, bool SMALL, bool HX = false, bool XQ = false>
 static int mm_launch(struct kcuda_ctx *c, const struct mm_multi_args &a, unsigned grid, size_t smem)
 {
-	return klaunch("matmul_multi", mm_multi_kernel<NTP, SMALL, HX, XQ>, dim3(grid), dim3(MM_NW * 32),
-	               smem, c->stream, a);
+	if constexpr (XQ)
+		return klaunch("matmul_multi", mm_multi_xq_kernel<SMALL>, dim3(grid), dim3(MM_NW * 32), smem,
+		               c->stream, a);
+	else
+		return klaunch("matmul_multi", mm_multi_kernel<NTP, SMALL, HX>, dim3(grid), dim3(MM_NW * 32),
+		               smem, c->stream, a);
 }
 
 static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg, const float *x, int64_t ldx,

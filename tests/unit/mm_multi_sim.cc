@@ -46,7 +46,7 @@ alignas(16) static uint8_t sim_dyn[64 * 1024];
 
 static int n_check, n_fail;
 
-/* the grid of mm_multi_kernel<NTP, SMALL, false, XQ>(a), one block after the other */
+/* the grid of mm_multi_block<NTP, SMALL, false, XQ>(a) (the kernels' body), one block after the other */
 template <int NTP, bool SMALL, bool XQ = false>
 static void sim_grid(const mm_multi_args &a, int n_blk, size_t smem)
 {
@@ -57,7 +57,7 @@ static void sim_grid(const mm_multi_args &a, int n_blk, size_t smem)
 	}
 	for (int b = 0; b < n_blk; b++) {
 		memset(sim_dyn, 0xcd, sizeof(sim_dyn)); /* the last block's bytes must not count */
-		sim_block(MM_NW * 32, (unsigned)b, 0u, [&]() { mm_multi_kernel<NTP, SMALL, false, XQ>(a); });
+		sim_block(MM_NW * 32, (unsigned)b, 0u, [&]() { mm_multi_block<NTP, SMALL, false, XQ>(a); });
 	}
 }
 
