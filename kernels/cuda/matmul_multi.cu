@@ -15,8 +15,14 @@
  * slots): each weight is decoded once for all of them and W read from HBM once. x is loaded slab
  * by slab (the first slab's before the wait on the copies); TANDEM_MULTI_HOIST=1 loads every
  * slab's x before the wait at 1-2 tokens (multi_hoist).
- * Rows per block RB: Q8_0 4 (8 at one token measured slower and removed: PERFORMANCE.md, session 10),
- * F16 / BF16 2, F32 1 (~26-30 KB of weights per block at n_in 6144).
+ * Rows per block RB: Q8_0 4, F16 / BF16 2, F32 1 (~26-30 KB of weights per block at n_in 6144).
+ * Q8_0 at one token with n_in <= 2048 takes 8 (Q8RB; ~17 KB a block) where the 4-row grid would not
+ * fit the GPU in one wave and the 8-row grid does (mm_q8_rows): GLM-5's o, 6144 rows = 1536 blocks
+ * against 10 resident blocks an SM (1320 on an H200), whose last blocks started only when the first
+ * ended, their weight loads after the wait. Measured (H200, session 11): o's marginal cost 6.7 ->
+ * 6.2 us a layer; taking 8 rows for idx_q_b too (1024 blocks, one wave at 4) was 0.3 ms a step
+ * SLOWER, so the rule is the wave, not the shape. 8 rows for every one-token product (the q_a
+ * group's 52 KB blocks included) also measured slower (PERFORMANCE.md, session 10).
  * PDL: the block's first chunk is copied BEFORE KDEP_ENTRY() (weights only, cuda_common.cuh), so
  * the weight stream overlaps the kernel before; x is read and y written only after it.
  * Sums: per lane over its slabs in order, then the warp (shuffle tree), then the warps in order:
@@ -43,16 +49,16 @@
 
 /* rows per block per type (about the same bytes per block for every type) */
 #define MM_PART 32 /* the largest RB x NTP of any instantiation (part[][] in shared memory) */
-template <int T> struct mmx {
-	enum { RB = 4 };
+template <int T, int Q8RB = 4> struct mmx {
+	enum { RB = Q8RB };
 };
-template <> struct mmx<KT_F16> {
+template <int Q8RB> struct mmx<KT_F16, Q8RB> {
 	enum { RB = 2 };
 };
-template <> struct mmx<KT_BF16> {
+template <int Q8RB> struct mmx<KT_BF16, Q8RB> {
 	enum { RB = 2 };
 };
-template <> struct mmx<KT_F32> {
+template <int Q8RB> struct mmx<KT_F32, Q8RB> {
 	enum { RB = 1 };
 };
 /* K chunk (elements) held in shared memory at once: 2048 for n_in <= 2048 (fewer x registers),
@@ -106,11 +112,11 @@ __device__ __forceinline__ void mm_q8_parts(float (&acc)[RB][1], const uint8_t *
 	}
 }
 
-template <int T, int NTP, bool SMALL, bool HX, bool XQ>
+template <int T, int NTP, bool SMALL, bool HX, bool XQ, int Q8RB>
 __device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, const struct mm_multi_args &a,
                                         uint8_t *tile, float (*part)[MM_PART])
 {
-	constexpr int SE = g3t<T>::SE, SB = g3t<T>::SB, EPL = g3t<T>::EPL, RB = mmx<T>::RB;
+	constexpr int SE = g3t<T>::SE, SB = g3t<T>::SB, EPL = g3t<T>::EPL, RB = mmx<T, Q8RB>::RB;
 	static_assert(RB * NTP <= MM_PART, "part[][] holds RB x NTP values per warp");
 	constexpr int CS = MM_CHUNK(SMALL) / SE; /* slabs per chunk */
 	constexpr int KP = CS / MM_NW; /* slabs per warp per chunk */
@@ -121,10 +127,9 @@ __device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, co
 	const int n_chunk = (n_slab + CS - 1) / CS;
 	const int stride = (n_slab < CS ? n_slab : CS) * SB; /* tile bytes per row */
 	const int row0 = blk * RB;
-	const uint8_t *rp[RB];
-#pragma unroll
-	for (int r = 0; r < RB; r++)
-		rp[r] = sg.w + (size_t)min(row0 + r, sg.n_out - 1) * sg.row_bytes;
+	/* row r's bytes (rows past n_out read the last row; their sums are not stored): computed where
+	 * used, not held in RB 64-bit registers */
+	auto rp = [&](int r) { return sg.w + (size_t)min(row0 + r, sg.n_out - 1) * sg.row_bytes; };
 
 	/* chunk ch of the block's rows into the tile (every thread: 16-byte pieces tid, tid + 128, ...) */
 	auto load_chunk = [&](int ch) {
@@ -132,7 +137,7 @@ __device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, co
 #pragma unroll
 		for (int r = 0; r < RB; r++)
 			for (int u = tid; u < upr; u += MM_NW * 32)
-				g3_cp16(tile + r * stride + 16 * u, rp[r] + (size_t)s0 * SB + 16 * (size_t)u);
+				g3_cp16(tile + r * stride + 16 * u, rp(r) + (size_t)s0 * SB + 16 * (size_t)u);
 		g3_commit();
 	};
 	if (!a.pf)
@@ -140,9 +145,7 @@ __device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, co
 	load_chunk(0); /* weights: may start before KDEP_ENTRY */
 	if (a.pf) {
 		if (n_chunk > 1 && tid < RB) /* the rest of the rows into L2 */
-			kdep_prefetch_l2(sg.w + (size_t)min(row0 + tid, sg.n_out - 1) * sg.row_bytes +
-			                     (size_t)CS * SB,
-			                 sg.row_bytes - (size_t)CS * SB);
+			kdep_prefetch_l2(rp(tid) + (size_t)CS * SB, sg.row_bytes - (size_t)CS * SB);
 		KDEP_ENTRY();
 	}
 	const float *const xb = kdep_after(a.x); /* x only from here on */
@@ -248,7 +251,7 @@ __device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, co
 }
 
 /* a block of the launch (the kernels below) */
-template <int NTP, bool SMALL, bool HX, bool XQ>
+template <int NTP, bool SMALL, bool HX, bool XQ, int Q8RB>
 __device__ __forceinline__ void mm_multi_block(const struct mm_multi_args &a)
 {
 	extern __shared__ __align__(16) uint8_t mm_tile[];
@@ -260,27 +263,31 @@ __device__ __forceinline__ void mm_multi_block(const struct mm_multi_args &a)
 	const struct mm_seg_dev &sg = a.seg[s];
 	const int blk = (int)blockIdx.x - sg.blk0;
 	switch (sg.type) {
-	case KT_Q8_0: mm_body<KT_Q8_0, NTP, SMALL, HX, XQ>(sg, blk, a, mm_tile, part); break;
-	case KT_F16: mm_body<KT_F16, NTP, SMALL, HX, XQ>(sg, blk, a, mm_tile, part); break;
-	case KT_BF16: mm_body<KT_BF16, NTP, SMALL, HX, XQ>(sg, blk, a, mm_tile, part); break;
-	default: mm_body<KT_F32, NTP, SMALL, HX, XQ>(sg, blk, a, mm_tile, part); break;
+	case KT_Q8_0: mm_body<KT_Q8_0, NTP, SMALL, HX, XQ, Q8RB>(sg, blk, a, mm_tile, part); break;
+	case KT_F16: mm_body<KT_F16, NTP, SMALL, HX, XQ, Q8RB>(sg, blk, a, mm_tile, part); break;
+	case KT_BF16: mm_body<KT_BF16, NTP, SMALL, HX, XQ, Q8RB>(sg, blk, a, mm_tile, part); break;
+	default: mm_body<KT_F32, NTP, SMALL, HX, XQ, Q8RB>(sg, blk, a, mm_tile, part); break;
 	}
 }
 
-template <int NTP, bool SMALL, bool HX>
+template <int NTP, bool SMALL, bool HX, int Q8RB = 4>
 __global__ void __launch_bounds__(MM_NW * 32) mm_multi_kernel(const __grid_constant__ struct mm_multi_args a)
 {
-	mm_multi_block<NTP, SMALL, HX, false>(a);
+	mm_multi_block<NTP, SMALL, HX, false, Q8RB>(a);
 }
 
-/* one token against x's int8 parts: held to 64 registers (8 blocks an SM; 72 without the bound).
- * Its own kernel: a minimum-blocks bound on the others (even 1) lets ptxas take more registers for
- * them (90 instead of 64 for the one-token fp32 kernel, found in the final review of session 10) */
-template <bool SMALL>
+/* one token against x's int8 parts: held to at most 64 registers (8 blocks an SM; CUDA 13.0, sm_90:
+ * 60 / 53 at 4 rows, 64 at 8). Its own kernel: a minimum-blocks bound on the others (even 1) lets
+ * ptxas take more registers for them (90 instead of 64 for the one-token fp32 kernel, found in the
+ * final review of session 10). Register counts of the others since the row pointers are computed
+ * where used instead of held in an array (session 11): 1 token 56 / 48 (large / small chunk; 64 /
+ * 62 before), 2 tokens 64 (72), 4 tokens 93 (105), 8 tokens 168 (188); measured on the H200 as
+ * batch 2 9.0-9.1 -> 8.6-8.7 ms and batch 8 19.2-19.4 -> 18.7-18.8 ms (GLM-5 rank 0 of TP=8). */
+template <bool SMALL, int Q8RB = 4>
 __global__ void __launch_bounds__(MM_NW * 32, 8)
     mm_multi_xq_kernel(const __grid_constant__ struct mm_multi_args a)
 {
-	mm_multi_block<1, SMALL, false, true>(a);
+	mm_multi_block<1, SMALL, false, true, Q8RB>(a);
 }
 
 extern "C" bool kcuda_matmul_multi_enabled(void)
@@ -296,8 +303,8 @@ static int multi_max_tok(void)
 	return v < 0 ? 0 : (v > 8 ? 8 : v);
 }
 
-/* x at 1-2 tokens: by default slab by slab as for 3-8 tokens (n_in 6144, 1 token: 64 registers, 8
- * blocks = ~210 KB of weight copies in flight per SM, all of GLM-5's q_a + kv_a + idx_k + idx_proj
+/* x at 1-2 tokens: by default slab by slab as for 3-8 tokens (n_in 6144, 1 token: 56 registers, 8
+ * blocks by shared memory = ~210 KB of weight copies in flight per SM, all of GLM-5's q_a + kv_a + idx_k + idx_proj
  * on 132 SMs, most of it issued under PDL before the kernel before has finished; x then comes
  * from L1 after the SM's first block). TANDEM_MULTI_HOIST=1 (read on every call) loads all of a
  * chunk's x before the wait instead (124 registers, 4 blocks per SM; the first version): measured
@@ -322,11 +329,49 @@ extern "C" bool kcuda_matmul_multi_takes(int64_t n_tok)
 	return kcuda_matmul_multi_enabled() && n_tok >= 1 && n_tok <= 8 && n_tok <= multi_max_tok();
 }
 
-/* rows per block, slab elements and slab bytes of a type the kernel takes; false otherwise */
-static bool mm_geom(int type, int *rb, int *se, int *sb)
+/* Blocks of the 4-row one-token kernel (parts or x, n_in <= 2048) one SM holds at once, at the most
+ * shared memory such a launch asks for (4 Q8_0 rows x 8 slabs of 272 B: every type's small tile is at
+ * most that); cached per device (0: not yet asked; a failed query reads as "fits": 4 rows) */
+static int mm_small_occupancy(const struct kcuda_ctx *c, bool xq)
+{
+	static int occ[2][64];
+	const int dev = c->device >= 0 && c->device < 64 ? c->device : 0;
+	int v = occ[xq][dev];
+	if (v == 0) {
+		const size_t smem = 4 * (size_t)g3t<KT_Q8_0>::SB * (MM_CHUNK(true) / g3t<KT_Q8_0>::SE);
+		cudaError_t e = xq ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+		                         &v, mm_multi_xq_kernel<true, 4>, MM_NW * 32, smem)
+		                   : cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+		                         &v, mm_multi_kernel<1, true, false, 4>, MM_NW * 32, smem);
+		if (e != cudaSuccess || v < 1) {
+			(void)cudaGetLastError();
+			v = INT32_MAX / 4096;
+		}
+		occ[xq][dev] = v;
+	}
+	return v;
+}
+
+/* Q8_0 rows per block of a launch (see the top). 8 only at one token with n_in <= 2048 (the <.., 8>
+ * instantiations), when the 4-row grid of blk4 blocks exceeds one wave of resident blocks and the
+ * 8-row grid of blk8 does not; TANDEM_MULTI_RB=4 or 8 (read on every call) forces it there. */
+static int mm_q8_rows(const struct kcuda_ctx *c, int64_t n_tok, bool small, bool hx, bool xq, int64_t blk4,
+                      int64_t blk8)
+{
+	if (n_tok != 1 || !small || hx)
+		return 4;
+	const char *e = getenv("TANDEM_MULTI_RB");
+	if (e && (strcmp(e, "4") == 0 || strcmp(e, "8") == 0))
+		return atoi(e);
+	const int64_t wave = (int64_t)mm_small_occupancy(c, xq) * (c->n_sm > 0 ? c->n_sm : 1);
+	return blk4 > wave && blk8 <= wave ? 8 : 4;
+}
+
+/* rows per block (Q8_0: q8rb), slab elements and slab bytes of a type the kernel takes; false otherwise */
+static bool mm_geom(int type, int q8rb, int *rb, int *se, int *sb)
 {
 	switch (type) {
-	case KT_Q8_0: *rb = mmx<KT_Q8_0>::RB, *se = g3t<KT_Q8_0>::SE, *sb = g3t<KT_Q8_0>::SB; return true;
+	case KT_Q8_0: *rb = q8rb, *se = g3t<KT_Q8_0>::SE, *sb = g3t<KT_Q8_0>::SB; return true;
 	case KT_F16: *rb = mmx<KT_F16>::RB, *se = g3t<KT_F16>::SE, *sb = g3t<KT_F16>::SB; return true;
 	case KT_BF16: *rb = mmx<KT_BF16>::RB, *se = g3t<KT_BF16>::SE, *sb = g3t<KT_BF16>::SB; return true;
 	case KT_F32: *rb = mmx<KT_F32>::RB, *se = g3t<KT_F32>::SE, *sb = g3t<KT_F32>::SB; return true;
@@ -334,15 +379,15 @@ static bool mm_geom(int type, int *rb, int *se, int *sb)
 	}
 }
 
-template <int NTP, bool SMALL, bool HX = false, bool XQ = false>
+template <int NTP, bool SMALL, bool HX = false, bool XQ = false, int Q8RB = 4>
 static int mm_launch(struct kcuda_ctx *c, const struct mm_multi_args &a, unsigned grid, size_t smem)
 {
 	if constexpr (XQ)
-		return klaunch("matmul_multi", mm_multi_xq_kernel<SMALL>, dim3(grid), dim3(MM_NW * 32), smem,
-		               c->stream, a);
-	else
-		return klaunch("matmul_multi", mm_multi_kernel<NTP, SMALL, HX>, dim3(grid), dim3(MM_NW * 32),
+		return klaunch("matmul_multi", mm_multi_xq_kernel<SMALL, Q8RB>, dim3(grid), dim3(MM_NW * 32),
 		               smem, c->stream, a);
+	else
+		return klaunch("matmul_multi", mm_multi_kernel<NTP, SMALL, HX, Q8RB>, dim3(grid),
+		               dim3(MM_NW * 32), smem, c->stream, a);
 }
 
 static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg, const float *x, int64_t ldx,
@@ -369,7 +414,7 @@ int kcuda_gemv_multi1_launch(struct kcuda_ctx *c, const struct kweight *w, const
                              int n_tok, float *y, int64_t ldy)
 {
 	int rb, se, sb;
-	if (!mm_geom(w->type, &rb, &se, &sb) || w->n_in % se || (uintptr_t)w->data % 16 ||
+	if (!mm_geom(w->type, 4, &rb, &se, &sb) || w->n_in % se || (uintptr_t)w->data % 16 ||
 	    w->n_out > INT32_MAX / 2 || (uintptr_t)x % 16 || ldx % 4 || n_tok < 1 || n_tok > 8)
 		return ERR_UNSUPPORTED;
 	const struct kcuda_mm_seg seg = {w, y, ldy};
@@ -418,12 +463,27 @@ static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg
 	memset(&a, 0, sizeof(a));
 	bool in_table[KCUDA_MM_MULTI_MAX] = {false};
 	const bool hx = multi_hoist();
+	/* one token whose int8 parts the norm before left (kfuse_add_rmsnorm_parts): its Q8_0 products
+	 * read those instead of x (TANDEM_MULTI_XPARTS=0: x itself) */
+	const mi8_x *xq = n_tok == 1 && !hx && multi_xparts() ? kcuda_xparts_for(c, x, ldx, n_in, 1) : NULL;
+	int64_t blk4 = 0, blk8 = 0; /* the grid at 4 and at 8 Q8_0 rows a block */
+	for (int i = 0; i < n_seg; i++) {
+		int rb, se, sb;
+		const struct kweight *w = seg[i].w;
+		if (mm_geom(w->type, 4, &rb, &se, &sb) && n_in % se == 0 && (uintptr_t)w->data % 16 == 0 &&
+		    w->n_out <= INT32_MAX / 2) {
+			const int rb8 = w->type == KT_Q8_0 ? 8 : rb;
+			blk4 += (w->n_out + rb - 1) / rb;
+			blk8 += (w->n_out + rb8 - 1) / rb8;
+		}
+	}
+	const int q8rb = mm_q8_rows(c, n_tok, small, hx, xq != NULL, blk4, blk8);
 	int64_t n_blk = 0;
 	size_t smem = 0;
 	for (int i = 0; i < n_seg; i++) {
 		const struct kweight *w = seg[i].w;
 		int rb, se, sb;
-		if (!mm_geom(w->type, &rb, &se, &sb) || n_in % se || (uintptr_t)w->data % 16 ||
+		if (!mm_geom(w->type, q8rb, &rb, &se, &sb) || n_in % se || (uintptr_t)w->data % 16 ||
 		    w->n_out > INT32_MAX / 2)
 			continue;
 		const int64_t cs = MM_CHUNK(small) / se, nsl = n_in / se < cs ? n_in / se : cs;
@@ -456,18 +516,19 @@ static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg
 	a.n_tok = (int)n_tok;
 	a.n_in = (int)n_in;
 	a.pf = kcuda_prefetch_enabled();
-	/* one token whose int8 parts the norm before left (kfuse_add_rmsnorm_parts): its Q8_0 products
-	 * read those instead of x (TANDEM_MULTI_XPARTS=0: x itself) */
-	if (n_tok == 1 && !hx && multi_xparts())
-		a.xq = kcuda_xparts_for(c, x, ldx, n_in, 1);
+	a.xq = xq;
 	int rc;
 	const unsigned g = (unsigned)n_blk;
 	if (n_tok == 1 && hx)
 		rc = small ? mm_launch<1, true, true>(c, a, g, smem)
 		           : mm_launch<1, false, true>(c, a, g, smem);
+	else if (n_tok == 1 && a.xq && q8rb == 8) /* q8rb 8: small */
+		rc = mm_launch<1, true, false, true, 8>(c, a, g, smem);
 	else if (n_tok == 1 && a.xq)
 		rc = small ? mm_launch<1, true, false, true>(c, a, g, smem)
 		           : mm_launch<1, false, false, true>(c, a, g, smem);
+	else if (n_tok == 1 && q8rb == 8)
+		rc = mm_launch<1, true, false, false, 8>(c, a, g, smem);
 	else if (n_tok == 1)
 		rc = small ? mm_launch<1, true>(c, a, g, smem) : mm_launch<1, false>(c, a, g, smem);
 	else if (n_tok == 2 && hx)

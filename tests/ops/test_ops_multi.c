@@ -18,8 +18,10 @@
  *     be those of the produced x (the kernel copies weights before KDEP_ENTRY, never x);
  *   - refusals: ERR_UNSUPPORTED for n_tok 9, misaligned x and TANDEM_MULTI=0, -EINVAL for bad
  *     arguments (n_in mismatch, ldy < n_out, ldx < n_in, 0 or too many products).
- * Then the 1-2 token cases again with TANDEM_MULTI_HOIST=1 (x loaded before the wait), and the
- * one-token cases with x's int8 parts from the norm (g_parts).
+ * Then the 1-2 token cases again with TANDEM_MULTI_HOIST=1 (x loaded before the wait), the
+ * one-token cases with x's int8 parts from the norm (g_parts), and the one-token cases (x and its
+ * parts) and the PDL producer with TANDEM_MULTI_RB=4 and =8 (the Q8_0 rows a block at n_in <= 2048,
+ * where the default takes 8 only when 4 would not fit one wave).
  * TANDEM_OPS_SMALL=1 (for compute-sanitizer) runs the big shapes at one token only.
  * Exit 77 = no GPU (skip). */
 #include <errno.h>
@@ -262,10 +264,11 @@ out:
 /* PDL ordering: a long producer kernel (kfwd_scale over 128 MB, x at the very end, so x is written
  * last) right before the multi launch on the same stream. The multi kernel's blocks start beside the
  * producer's tail under PDL and copy weights before KDEP_ENTRY; reading x before it would see the
- * unscaled values. Reference: the CPU op on 2 x (exact). */
-static void check_pdl_producer(struct kcuda_ctx *c, int64_t n_tok)
+ * unscaled values. Reference: the CPU op on 2 x (exact). n_in 6144 (q_a's group) or 2048 (the Q8_0
+ * products at one token then take 8 rows a block). */
+static void check_pdl_producer_n(struct kcuda_ctx *c, int64_t n_tok, int64_t n_in)
 {
-	const int64_t n_in = 6144, pad = (int64_t)32 << 20;
+	const int64_t pad = (int64_t)32 << 20;
 	static const struct mseg sg[4] = {{KT_Q8_0, 512}, {KT_Q8_0, 64}, {KT_Q8_0, 32}, {KT_F32, 32}};
 	struct kweight wd[4];
 	uint8_t *wh[4] = {0};
@@ -347,6 +350,13 @@ out:
 	}
 	kcuda_free(buf);
 	free(xh);
+}
+
+static void check_pdl_producer(struct kcuda_ctx *c, int64_t n_tok)
+{
+	check_pdl_producer_n(c, n_tok, 6144);
+	if (n_tok == 1)
+		check_pdl_producer_n(c, n_tok, 2048);
 }
 
 static void check_refusals(struct kcuda_ctx *c)
@@ -459,6 +469,21 @@ int main(void)
 	for (size_t i = 0; i < sizeof(wide_cases) / sizeof(wide_cases[0]); i++)
 		setup_fail |= run_multi(c, &wide_cases[i], 1, 0);
 	g_parts = 0;
+	/* one token at n_in <= 2048 takes 8 Q8_0 rows a block where 4 would not fit one wave (the wide o
+	 * above); TANDEM_MULTI_RB=4 / 8 force either there: the one-token cases again on both (x and x's
+	 * parts), and the PDL producer */
+	for (int rb = 4; rb <= 8; rb += 4) {
+		setenv("TANDEM_MULTI_RB", rb == 4 ? "4" : "8", 1);
+		check_pdl_producer(c, 1);
+		for (g_parts = 0; g_parts < 2; g_parts++) {
+			for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+				setup_fail |= run_multi(c, &cases[i], 1, (int)(i & 1) && !g_parts);
+			for (size_t i = 0; i < sizeof(wide_cases) / sizeof(wide_cases[0]); i++)
+				setup_fail |= run_multi(c, &wide_cases[i], 1, (int)(i & 1) && !g_parts);
+		}
+		g_parts = 0;
+	}
+	unsetenv("TANDEM_MULTI_RB");
 	OPS_CHECK(setup_fail == 0, "some cases failed to set up");
 	printf("largest |multi - separate| / sum|wx|: %.2e\n", worst_vs_single);
 	kcuda_ctx_destroy(c);

@@ -46,8 +46,8 @@ alignas(16) static uint8_t sim_dyn[64 * 1024];
 
 static int n_check, n_fail;
 
-/* the grid of mm_multi_block<NTP, SMALL, false, XQ>(a) (the kernels' body), one block after the other */
-template <int NTP, bool SMALL, bool XQ = false>
+/* the grid of mm_multi_block<NTP, SMALL, false, XQ, Q8RB>(a) (the kernels' body), one block after the other */
+template <int NTP, bool SMALL, bool XQ = false, int Q8RB = 4>
 static void sim_grid(const mm_multi_args &a, int n_blk, size_t smem)
 {
 	if (smem > sizeof(sim_dyn)) {
@@ -57,7 +57,7 @@ static void sim_grid(const mm_multi_args &a, int n_blk, size_t smem)
 	}
 	for (int b = 0; b < n_blk; b++) {
 		memset(sim_dyn, 0xcd, sizeof(sim_dyn)); /* the last block's bytes must not count */
-		sim_block(MM_NW * 32, (unsigned)b, 0u, [&]() { mm_multi_block<NTP, SMALL, false, XQ>(a); });
+		sim_block(MM_NW * 32, (unsigned)b, 0u, [&]() { mm_multi_block<NTP, SMALL, false, XQ, Q8RB>(a); });
 	}
 }
 
@@ -102,10 +102,10 @@ static void make_parts(const float *x, int n_in, std::vector<mi8_x> &u)
 	}
 }
 
-/* one launch over the segments segs (all n_in), n_tok tokens; parts: x's
- * int8 parts for the Q8_0 products (one token) */
+/* one launch over the segments segs (all n_in), n_tok tokens; parts: x's int8 parts for the Q8_0
+ * products (one token); q8rb: Q8_0 rows a block (8: one token at n_in <= 2048, mm_q8_rows) */
 static void run_case(const std::vector<sim_seg> &segs, int n_in, int n_tok, const char *what,
-                     bool parts = false)
+                     bool parts = false, int q8rb = 4)
 {
 	std::uniform_real_distribution<float> u(-1, 1);
 	const bool small = n_in <= MM_CHUNK(true);
@@ -173,7 +173,7 @@ static void run_case(const std::vector<sim_seg> &segs, int n_in, int n_tok, cons
 		h.ldy = n_out + (i & 1) * 3; /* some with gaps */
 		h.y.assign((size_t)h.ldy * n_tok + 64, guard);
 		/* as mm_run builds the table */
-		const int rb = type == KT_Q8_0 ? 4 : type == KT_F32 ? 1 : 2;
+		const int rb = type == KT_Q8_0 ? q8rb : type == KT_F32 ? 1 : 2;
 		const int se = type == KT_Q8_0 ? 256 : type == KT_F32 ? 128 : 256;
 		const int sb = type == KT_Q8_0 ? 272 : 512;
 		const int64_t cs = MM_CHUNK(small) / se, nsl = n_in / se < cs ? n_in / se : cs;
@@ -199,8 +199,17 @@ static void run_case(const std::vector<sim_seg> &segs, int n_in, int n_tok, cons
 		a.xq = xq.data();
 	}
 	const int nb = (int)n_blk;
-	if (parts)
+	if (q8rb == 8 && !(small && n_tok == 1)) {
+		printf("FAIL: 8 Q8_0 rows a block exist only at one token with n_in <= 2048\n");
+		n_fail++;
+		return;
+	}
+	if (parts && q8rb == 8)
+		sim_grid<1, true, true, 8>(a, nb, smem);
+	else if (parts)
 		small ? sim_grid<1, true, true>(a, nb, smem) : sim_grid<1, false, true>(a, nb, smem);
+	else if (q8rb == 8)
+		sim_grid<1, true, false, 8>(a, nb, smem);
 	else if (n_tok == 1)
 		small ? sim_grid<1, true>(a, nb, smem) : sim_grid<1, false>(a, nb, smem);
 	else if (n_tok == 2)
@@ -252,8 +261,8 @@ static void run_case(const std::vector<sim_seg> &segs, int n_in, int n_tok, cons
 	n_check++;
 	const bool ok = !bad && !bad_guard;
 	n_fail += !ok;
-	printf("%s %-34s n_in %5d n_tok %d%s (%lld blocks, %zu B tile): max |err|/sum|wx| %.2e%s%s\n",
-	       ok ? "ok  " : "FAIL", what, n_in, n_tok, parts ? " x parts" : "", (long long)n_blk, smem,
+	printf("%s %-34s n_in %5d n_tok %d%s, Q8_0 %d rows a block (%lld blocks, %zu B tile): max |err|/sum|wx| %.2e%s%s\n",
+	       ok ? "ok  " : "FAIL", what, n_in, n_tok, parts ? " x parts" : "", q8rb, (long long)n_blk, smem,
 	       worst,
 	       bad ? " WRONG OUTPUTS" : "", bad_guard ? " GUARD / GAP WRITTEN" : "");
 }
@@ -280,6 +289,11 @@ int main(void)
 		run_case(*k.s, k.n_in, 1, k.what);
 		if (k.n_in % 256 == 0) /* one token with the norm's int8 parts (Q8_0 segments) */
 			run_case(*k.s, k.n_in, 1, k.what, true);
+		if (k.n_in <= 2048) { /* one token, 8 Q8_0 rows a block (the default there) */
+			run_case(*k.s, k.n_in, 1, k.what, false, 8);
+			if (k.n_in % 256 == 0)
+				run_case(*k.s, k.n_in, 1, k.what, true, 8);
+		}
 		for (int nt : {2, 3, 8})
 			if (k.n_in <= 2048 || nt == 2)
 				run_case(*k.s, k.n_in, nt, k.what);
