@@ -304,12 +304,12 @@ static int multi_max_tok(void)
 }
 
 /* x at 1-2 tokens: by default slab by slab as for 3-8 tokens (n_in 6144, 1 token: 56 registers, 8
- * blocks by shared memory = ~210 KB of weight copies in flight per SM, all of GLM-5's q_a + kv_a + idx_k + idx_proj
- * on 132 SMs, most of it issued under PDL before the kernel before has finished; x then comes
- * from L1 after the SM's first block). TANDEM_MULTI_HOIST=1 (read on every call) loads all of a
- * chunk's x before the wait instead (124 registers, 4 blocks per SM; the first version): measured
- * slower (H200, 2026-12-01 19:52, synthetic GLM-5 rank 0 of TP=8, ctx 4096: batch 1 7.48 / 7.51 ms
- * against 6.70 / 6.82 by default; batch 8 the same within noise). */
+ * blocks by shared memory = ~210 KB of weight copies in flight per SM, all of GLM-5's q_a + kv_a + idx_k +
+ * idx_proj on 132 SMs, most of it issued under PDL before the kernel before has finished; x then comes from
+ * L1 after the SM's first block). TANDEM_MULTI_HOIST=1 (read on every call) loads all of a chunk's x before
+ * the wait instead (124 registers, 4 blocks per SM; the first version): measured slower (H200, 2026-12-01
+ * 19:52, synthetic GLM-5 rank 0 of TP=8, ctx 4096: batch 1 7.48 / 7.51 ms against 6.70 / 6.82 by default;
+ * batch 8 the same within noise). */
 static bool multi_hoist(void)
 {
 	const char *e = getenv("TANDEM_MULTI_HOIST");
