@@ -301,21 +301,6 @@ __global__ void __launch_bounds__(MM_NW * 32, 8)
  * which are the 8 bytes g3_q8_raw and the parts' words 2j, 2j+1 hold. Tokens >= n_tok: B = 0. */
 #define MX_RB 16
 
-/* the 8 weight bytes 8j..8j+7 of block bi of the slab at p (shared memory, 2-byte aligned blocks),
- * and the block's scale: g3_q8_raw with the block and quarter given */
-__device__ __forceinline__ void mx_q8_raw(const uint8_t *p, int bi, int j, uint32_t &q0, uint32_t &q1,
-                                          float &d)
-{
-	const int mis = (bi & 1) ? 0 : 2;
-	const uint8_t *q = p + 34 * bi + 2 + 8 * j;
-	const uint32_t *a = (const uint32_t *)(q - mis);
-	const uint32_t sh = 8u * (uint32_t)mis;
-	const uint32_t w0 = a[0], w1 = a[1], w2 = sh ? a[2] : 0u;
-	q0 = __funnelshift_r(w0, w1, sh);
-	q1 = __funnelshift_r(w1, w2, sh);
-	d = __half2float(*(const __half *)(p + 34 * bi));
-}
-
 __device__ __forceinline__ void mx_body(const struct mm_seg_dev &sg, int blk, const struct mm_multi_args &a,
                                         uint8_t *tile, float (*xpart)[MX_RB * 8])
 {
@@ -369,8 +354,8 @@ __device__ __forceinline__ void mx_body(const struct mm_seg_dev &sg, int blk, co
 			for (int bi = 0; bi < 8; bi++) {
 				uint32_t a0, a2, a1, a3;
 				float dg, dg8;
-				mx_q8_raw(ta, bi, j, a0, a2, dg);
-				mx_q8_raw(tb, bi, j, a1, a3, dg8);
+				g3_q8_raw_at(ta, bi, j, a0, a2, dg);
+				g3_q8_raw_at(tb, bi, j, a1, a3, dg8);
 				int c[MI8_P][4];
 #pragma unroll
 				for (int pp = 0; pp < MI8_P; pp++) {
