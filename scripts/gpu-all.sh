@@ -107,8 +107,6 @@ step glm5_matrix_multi_qb 40 env TANDEM_MULTI_QB=1 "$B/tandem" bench $SYN --matr
 step glm5_matrix_xparts_off 40 env TANDEM_NORM_XPARTS=0 TANDEM_LATENT_XPARTS=0 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --matrix-batch 1 --gen 8 --matrix-prefill 0
 # 4 Q8_0 rows a block everywhere (the one-wave rule off: GLM-5's o back to 1536 blocks; session 11)
 step glm5_matrix_rb4 40 env TANDEM_MULTI_RB=4 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --matrix-batch 1 --gen 8 --matrix-prefill 0
-# 2-8 tokens on the int8 tensor cores (an experiment, off: measured slower in session 11)
-step glm5_matrix_xm 40 env TANDEM_XPARTS_ROWS=8 TANDEM_MULTI_XM=1 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --matrix-batch 2,8 --gen 8 --matrix-prefill 0
 step glm5_matrix_moe_fp16 40 env TANDEM_MOE_I8=0 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --matrix-batch 1,8 --gen 6 --matrix-prefill 0
 [ -x "$B/bench/bench_cuda_multi" ] && step bench_cuda_multi 20 "$B/bench/bench_cuda_multi"
 step glm5_b1_nopdl 25 env TANDEM_PDL=0 "$B/tandem" bench $SYN --kv-fill random --ctx 4096 --gen 12 --batch 1 --reps 1

@@ -110,11 +110,11 @@ __device__ __forceinline__ float g3_s8f(uint32_t u, int k)
 	return __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540u + (unsigned)k)) - 8388736.0f;
 }
 
-/* The 8 signed bytes 8j..8j+7 of block bi of a Q8_0 slab at p (shared memory; blocks of 34 bytes,
- * 2-byte aligned) as they are stored, in q0 (bytes 0..3) and q1 (4..7), and the block's scale d */
-__device__ __forceinline__ void g3_q8_raw_at(const uint8_t *p, int bi, int j, uint32_t &q0, uint32_t &q1,
-                                             float &d)
+/* One Q8_0 row's slab at p (shared memory) for this lane as it is stored: the lane's 8 signed bytes
+ * (g3_decode's, before conversion) in q0 (elements 0..3) and q1 (4..7), and the block's scale d */
+__device__ __forceinline__ void g3_q8_raw(const uint8_t *p, int lane, uint32_t &q0, uint32_t &q1, float &d)
 {
+	const int bi = lane >> 2, j = lane & 3;
 	const int mis = (bi & 1) ? 0 : 2; /* as g3_decode */
 	const uint8_t *q = p + 34 * bi + 2 + 8 * j;
 	const uint32_t *a = (const uint32_t *)(q - mis);
@@ -123,13 +123,6 @@ __device__ __forceinline__ void g3_q8_raw_at(const uint8_t *p, int bi, int j, ui
 	q0 = __funnelshift_r(w0, w1, sh);
 	q1 = __funnelshift_r(w1, w2, sh);
 	d = __half2float(*(const __half *)(p + 34 * bi));
-}
-
-/* One Q8_0 row's slab at p for this lane: g3_decode's 8 bytes (block lane / 4, quarter lane % 4)
- * before conversion */
-__device__ __forceinline__ void g3_q8_raw(const uint8_t *p, int lane, uint32_t &q0, uint32_t &q1, float &d)
-{
-	g3_q8_raw_at(p, lane >> 2, lane & 3, q0, q1, d);
 }
 
 /* One row's slab at p (shared memory) for this lane: w[0..EPL) and the per-lane scale. */

@@ -290,124 +290,6 @@ __global__ void __launch_bounds__(MM_NW * 32, 8)
 	mm_multi_block<1, SMALL, false, true, Q8RB>(a);
 }
 
-/* ---- 2..8 tokens on the int8 tensor cores (TANDEM_MULTI_XM=1, an experiment) --------------------
- * The Q8_0 products of a launch whose x has int8 parts for all n_tok rows (the norm before made them:
- * TANDEM_XPARTS_ROWS >= n_tok). A block owns MX_RB = 16 rows (the mma's M) and copies them chunk by
- * chunk (2048 elements, 34 KB) as mm_body does; warp w takes the chunk's slabs w, w + MM_NW. Per
- * 32-element block: mma.m16n8k32 s8 with A = the 16 weight rows and B = the 8 token columns of one x
- * part, three times (the three parts), then the fp32 epilogue d_r s_t (q1 + (254 q2 + q3) / 254^2) p_t
- * per (row, token). The k order inside the mma is permuted the same way on both sides: lane (g, j)
- * gives bytes 8j..8j+3 of its rows / token as k slots 4j..4j+3 and bytes 8j+4..8j+7 as 16+4j..16+4j+3,
- * which are the 8 bytes g3_q8_raw and the parts' words 2j, 2j+1 hold. Tokens >= n_tok: B = 0. */
-#define MX_RB 16
-
-__device__ __forceinline__ void mx_body(const struct mm_seg_dev &sg, int blk, const struct mm_multi_args &a,
-                                        uint8_t *tile, float (*xpart)[MX_RB * 8])
-{
-	constexpr int SE = 256, SB = 272, CS = MM_CHUNK(true) / SE, KP = CS / MM_NW;
-	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-	const int n_slab = a.n_in / SE, n_units = n_slab;
-	const int n_chunk = (n_slab + CS - 1) / CS;
-	const int stride = (n_slab < CS ? n_slab : CS) * SB;
-	const int row0 = blk * MX_RB;
-	auto rp = [&](int r) { return sg.w + (size_t)min(row0 + r, sg.n_out - 1) * sg.row_bytes; };
-	auto load_chunk = [&](int ch) {
-		const int s0 = ch * CS, nsl = min(CS, n_slab - s0), upr = nsl * (SB / 16);
-		for (int r = 0; r < MX_RB; r++)
-			for (int u = tid; u < upr; u += MM_NW * 32)
-				g3_cp16(tile + r * stride + 16 * u, rp(r) + (size_t)s0 * SB + 16 * (size_t)u);
-		g3_commit();
-	};
-	if (!a.pf)
-		KDEP_ENTRY();
-	load_chunk(0); /* weights: may start before KDEP_ENTRY */
-	if (a.pf) {
-		if (n_chunk > 1 && tid < MX_RB) /* the rest of the rows into L2 */
-			kdep_prefetch_l2(rp(tid) + (size_t)CS * SB, sg.row_bytes - (size_t)CS * SB);
-		KDEP_ENTRY();
-	}
-	const mi8_x *const xq = kdep_after(a.xq); /* x's parts only from here on */
-	const int g = lane >> 2, j = lane & 3;
-	const int t0 = 2 * j, t1 = 2 * j + 1; /* this lane's C columns (tokens) */
-	const bool bt = g < a.n_tok, ok0 = t0 < a.n_tok, ok1 = t1 < a.n_tok;
-	float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* (g, t0), (g, t1), (g + 8, t0), (g + 8, t1) */
-	for (int ch = 0; ch < n_chunk; ch++) {
-		const int s0 = ch * CS, nsl = min(CS, n_slab - s0);
-		if (ch > 0) {
-			__syncthreads(); /* every warp is done with the previous chunk */
-			load_chunk(ch);
-		}
-		g3_wait<0>();
-		__syncthreads(); /* every thread's copies are visible */
-#pragma unroll
-		for (int k = 0; k < KP; k++) {
-			const int s = warp + MM_NW * k;
-			if (s >= nsl)
-				break;
-			const uint8_t *ta = tile + g * stride + s * SB, *tb = ta + 8 * stride;
-			/* the units of this slab: B's token g, the scales' tokens t0, t1 (plain loads: the
-			 * parts are written by the kernel before) */
-			const mi8_x *ub = xq + (size_t)(bt ? g : 0) * n_units + s0 + s;
-			const mi8_x *u0 = xq + (size_t)(ok0 ? t0 : 0) * n_units + s0 + s;
-			const mi8_x *u1 = xq + (size_t)(ok1 ? t1 : 0) * n_units + s0 + s;
-#pragma unroll 2
-			for (int bi = 0; bi < 8; bi++) {
-				uint32_t a0, a2, a1, a3;
-				float dg, dg8;
-				g3_q8_raw_at(ta, bi, j, a0, a2, dg);
-				g3_q8_raw_at(tb, bi, j, a1, a3, dg8);
-				int c[MI8_P][4];
-#pragma unroll
-				for (int pp = 0; pp < MI8_P; pp++) {
-					const uint32_t b0 = bt ? ub->q[bi][pp][2 * j] : 0u,
-					               b1 = bt ? ub->q[bi][pp][2 * j + 1] : 0u;
-					c[pp][0] = c[pp][1] = c[pp][2] = c[pp][3] = 0;
-					mi8_mma(c[pp], a0, a1, a2, a3, b0, b1);
-				}
-				const float s0v = ok0 ? u0->s[bi] : 0.0f, p0v = ok0 ? u0->p[bi] : 0.0f;
-				const float s1v = ok1 ? u1->s[bi] : 0.0f, p1v = ok1 ? u1->p[bi] : 0.0f;
-				const float dr[4] = {dg, dg, dg8, dg8}, sv[4] = {s0v, s1v, s0v, s1v},
-				            pv[4] = {p0v, p1v, p0v, p1v};
-#pragma unroll
-				for (int i = 0; i < 4; i++) {
-					const float f = fmaf((float)(254 * c[1][i] + c[2][i]), 1.f / 64516.f,
-					                     (float)c[0][i]);
-					acc[i] = fmaf(dr[i] * f * sv[i], pv[i],
-					              acc[i]); /* (d f s) p, as mm_q8_parts */
-				}
-			}
-		}
-	}
-	xpart[warp][g * 8 + t0] = acc[0];
-	xpart[warp][g * 8 + t1] = acc[1];
-	xpart[warp][(g + 8) * 8 + t0] = acc[2];
-	xpart[warp][(g + 8) * 8 + t1] = acc[3];
-	__syncthreads();
-	if (tid < MX_RB * 8) {
-		const int r = tid / 8, t = tid % 8;
-		float v = 0.0f;
-#pragma unroll
-		for (int w = 0; w < MM_NW; w++) /* warp order: deterministic */
-			v += xpart[w][tid];
-		if (t < a.n_tok && row0 + r < sg.n_out)
-			sg.y[(int64_t)t * sg.ldy + row0 + r] = v;
-	}
-	g3_wait<0>();
-}
-
-/* every segment Q8_0 (mm_run_xm builds the table) */
-__global__ void __launch_bounds__(MM_NW * 32)
-    mm_multi_xm_kernel(const __grid_constant__ struct mm_multi_args a)
-{
-	extern __shared__ __align__(16) uint8_t mm_tile[];
-	__shared__ float xpart[MM_NW][MX_RB * 8];
-	int s = 0;
-	for (int i = 1; i < a.n_seg; i++)
-		if ((int)blockIdx.x >= a.seg[i].blk0)
-			s = i;
-	mx_body(a.seg[s], (int)blockIdx.x - a.seg[s].blk0, a, mm_tile, xpart);
-}
-
 extern "C" bool kcuda_matmul_multi_enabled(void)
 {
 	const char *e = getenv("TANDEM_MULTI");
@@ -511,68 +393,6 @@ static int mm_launch(struct kcuda_ctx *c, const struct mm_multi_args &a, unsigne
 static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg, const float *x, int64_t ldx,
                   int64_t n_tok, int min_table);
 
-/* TANDEM_MULTI_XM=1 (read on every call; an experiment, off by default): the Q8_0 products of 2..8
- * tokens whose x has int8 parts (the norm before made them for all rows: TANDEM_XPARTS_ROWS >= n_tok)
- * run on the int8 tensor cores (mm_multi_xm_kernel); the launch's other products after it, each
- * through kcuda_matmul. Measured SLOWER (H200, 2026-12-02, GLM-5 rank 0 of TP=8, ctx 4096, with
- * TANDEM_XPARTS_ROWS=8): batch 2 11.6 against 8.6 ms, batch 8 22.2 against 18.5-18.8; the q_a
- * group's kernel took 81 us a layer at 8 tokens against the fp32 kernel's 41 (nsys). Its grid is
- * 172 blocks of 4 warps (~5 warps an SM), each warp walking 48 dependent k-steps whose parts loads
- * (B, from L2) and epilogue are not overlapped (the bi loop unrolled by 2 only): too few warps, each
- * too long. Next: 8+ warps a row tile (K split over more warps or blocks) and the slab's B words and
- * scales loaded before its mma loop. Correct as it stands (test_ops_multi, test_mm_multi_sim,
- * test_gpu_model passed with it). */
-static bool multi_xm(void)
-{
-	const char *e = getenv("TANDEM_MULTI_XM");
-	return e && strcmp(e, "1") == 0;
-}
-
-/* mm_run's arguments, already checked; ERR_UNSUPPORTED (nothing launched) when x has no parts for
- * n_tok rows or no product is Q8_0 */
-static int mm_run_xm(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg, const float *x,
-                     int64_t ldx, int64_t n_tok, int64_t n_in)
-{
-	const mi8_x *xq = kcuda_xparts_for(c, x, ldx, n_in, n_tok);
-	if (!xq || n_in % 256)
-		return ERR_UNSUPPORTED;
-	struct mm_multi_args a;
-	memset(&a, 0, sizeof(a));
-	bool in_table[KCUDA_MM_MULTI_MAX] = {false};
-	int64_t n_blk = 0;
-	for (int i = 0; i < n_seg; i++) {
-		const struct kweight *w = seg[i].w;
-		if (w->type != KT_Q8_0 || (uintptr_t)w->data % 16 || w->n_out > INT32_MAX / 2)
-			continue;
-		struct mm_seg_dev *d = &a.seg[a.n_seg++];
-		d->w = (const uint8_t *)w->data;
-		d->y = seg[i].y;
-		d->ldy = seg[i].ldy;
-		d->row_bytes = w->row_bytes;
-		d->n_out = (int)w->n_out;
-		d->type = w->type;
-		d->blk0 = (int)n_blk;
-		n_blk += (w->n_out + MX_RB - 1) / MX_RB;
-		in_table[i] = true;
-	}
-	if (a.n_seg == 0 || n_blk > INT32_MAX)
-		return ERR_UNSUPPORTED;
-	a.x = x;
-	a.ldx = ldx;
-	a.n_tok = (int)n_tok;
-	a.n_in = (int)n_in;
-	a.pf = kcuda_prefetch_enabled();
-	a.xq = xq;
-	const int64_t cs = MM_CHUNK(true) / 256, nsl = n_in / 256 < cs ? n_in / 256 : cs;
-	const size_t smem = (size_t)MX_RB * 272 * (size_t)nsl; /* <= 34 KB */
-	int rc = klaunch("matmul_multi_xm", mm_multi_xm_kernel, dim3((unsigned)n_blk), dim3(MM_NW * 32), smem,
-	                 c->stream, a);
-	for (int i = 0; i < n_seg && !rc; i++)
-		if (!in_table[i])
-			rc = kcuda_matmul(c, seg[i].w, x, ldx, n_tok, seg[i].y, seg[i].ldy);
-	return rc;
-}
-
 int kcuda_matmul_multi(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg, const float *x,
                        int64_t ldx, int64_t n_tok)
 {
@@ -637,11 +457,6 @@ static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg
 	    (uintptr_t)x % 16 || ldx % 4 || n_in > (1 << 30) || ldx > ((int64_t)1 << 40))
 		return ERR_UNSUPPORTED;
 
-	if (n_tok >= 2 && multi_xm() && !multi_hoist()) {
-		const int rc = mm_run_xm(c, n_seg, seg, x, ldx, n_tok, n_in);
-		if (rc != ERR_UNSUPPORTED)
-			return rc;
-	}
 	/* the products the kernel takes go into its table; the others run on their own after it */
 	const bool small = n_in <= MM_CHUNK(true);
 	struct mm_multi_args a;
@@ -651,8 +466,8 @@ static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg
 	/* one token whose int8 parts the norm before left (kfuse_add_rmsnorm_parts): its Q8_0 products
 	 * read those instead of x (TANDEM_MULTI_XPARTS=0: x itself) */
 	const mi8_x *xq = n_tok == 1 && !hx && multi_xparts() ? kcuda_xparts_for(c, x, ldx, n_in, 1) : NULL;
-	int64_t blk4 = 0, blk8 = 0; /* the grid at 4 and at 8 Q8_0 rows a block */
-	for (int i = 0; i < n_seg; i++) {
+	int64_t blk4 = 0, blk8 = 0; /* the grid at 4 and at 8 Q8_0 rows a block (where 8 may be taken) */
+	for (int i = 0; i < n_seg && n_tok == 1 && small && !hx; i++) {
 		int rb, se, sb;
 		const struct kweight *w = seg[i].w;
 		if (mm_geom(w->type, 4, &rb, &se, &sb) && n_in % se == 0 && (uintptr_t)w->data % 16 == 0 &&

@@ -21,8 +21,7 @@
  * Then the 1-2 token cases again with TANDEM_MULTI_HOIST=1 (x loaded before the wait), the
  * one-token cases with x's int8 parts from the norm (g_parts), and the one-token cases (x and its
  * parts) and the PDL producer with TANDEM_MULTI_RB=4 and =8 (the Q8_0 rows a block at n_in <= 2048,
- * where the default takes 8 only when 4 would not fit one wave), and 2, 3 and 8 tokens with every
- * token's parts under TANDEM_MULTI_XM=1 (the int8 mma kernel).
+ * where the default takes 8 only when 4 would not fit one wave).
  * TANDEM_OPS_SMALL=1 (for compute-sanitizer) runs the big shapes at one token only.
  * Exit 77 = no GPU (skip). */
 #include <errno.h>
@@ -90,9 +89,6 @@ static double worst_vs_single;
  * one-token Q8_0 products then read (one token, n_in % 256 == 0, not strided); the tolerance gains
  * the parts' error, 1e-7 sum |w| m_j (m_j: the largest |x| of element j's 32-element block) */
 static int g_parts;
-/* with TANDEM_MULTI_XM=1: the parts for every token (the norm over all rows), so 2..8 tokens take the
- * int8 mma kernel */
-static int g_xm;
 
 /* Runs one case at n_tok tokens; returns 0 if it ran (pass or fail recorded), -1 on setup failure. */
 static int run_multi(struct kcuda_ctx *c, const struct mcase *mc, int64_t n_tok, int strided)
@@ -118,18 +114,18 @@ static int run_multi(struct kcuda_ctx *c, const struct mcase *mc, int64_t n_tok,
 	if (ops_dbuf_init(c, &xb, sizeof(float) * (size_t)(ldx * n_tok)) ||
 	    kcuda_upload(c, xb.user, xh, xb.bytes))
 		goto out;
-	const int parts = g_parts && (n_tok == 1 || g_xm) && ldx == n_in && n_in % 256 == 0;
+	const int parts = g_parts && n_tok == 1 && ldx == n_in && n_in % 256 == 0;
 	if (parts) { /* x = rmsnorm(x) with its parts; the reference reads the normed x back */
 		void *hd = NULL, *wn = NULL;
 		float *ones = malloc(sizeof(float) * (size_t)n_in);
-		int prc = !ones || kcuda_alloc(sizeof(float) * (size_t)(n_in * n_tok), &hd) ||
+		int prc = !ones || kcuda_alloc(sizeof(float) * (size_t)n_in, &hd) ||
 		          kcuda_alloc(sizeof(float) * (size_t)n_in, &wn);
 		if (!prc) {
 			for (int64_t k = 0; k < n_in; k++)
 				ones[k] = 1.0f;
 			prc = kcuda_upload(c, wn, ones, sizeof(float) * (size_t)n_in) ||
-			      kcuda_upload(c, hd, xh, sizeof(float) * (size_t)(n_in * n_tok)) ||
-			      kfuse_add_rmsnorm_parts(c, hd, NULL, xb.user, wn, n_in, n_tok, 1e-6f) ||
+			      kcuda_upload(c, hd, xh, sizeof(float) * (size_t)n_in) ||
+			      kfuse_add_rmsnorm_parts(c, hd, NULL, xb.user, wn, n_in, 1, 1e-6f) ||
 			      kcuda_sync(c) || ops_dbuf_get(c, &xb, xh) != 0;
 		}
 		OPS_CHECK(!prc && kcuda_xparts_of(c) == (const float *)xb.user,
@@ -488,20 +484,6 @@ int main(void)
 		g_parts = 0;
 	}
 	unsetenv("TANDEM_MULTI_RB");
-	/* 1..8 tokens on the int8 mma (TANDEM_MULTI_XM=1) with the parts of every token: every group (its
-	 * other products run after it) and the wide products */
-	setenv("TANDEM_MULTI_XM", "1", 1);
-	g_parts = g_xm = 1;
-	for (int64_t nt = 2; nt <= 8; nt += nt == 3 ? 5 : 1) {
-		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-			if (!(small && cases[i].big))
-				setup_fail |= run_multi(c, &cases[i], nt, 0);
-		for (size_t i = 0; i < sizeof(wide_cases) / sizeof(wide_cases[0]); i++)
-			if (!(small && wide_cases[i].big))
-				setup_fail |= run_multi(c, &wide_cases[i], nt, 0);
-	}
-	g_parts = g_xm = 0;
-	unsetenv("TANDEM_MULTI_XM");
 	OPS_CHECK(setup_fail == 0, "some cases failed to set up");
 	printf("largest |multi - separate| / sum|wx|: %.2e\n", worst_vs_single);
 	kcuda_ctx_destroy(c);

@@ -84,8 +84,27 @@ static void mi8_mma(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t
 	sim_a[l][0] = a0, sim_a[l][1] = a1, sim_a[l][2] = a2, sim_a[l][3] = a3;
 	sim_b[l][0] = b0, sim_b[l][1] = b1;
 	sim_bar->arrive_and_wait();
-	sim_mma_s8_lane(sim_a, sim_b, l, d);
+	int A[16][32], B[32][8];
+	for (int ln = 0; ln < 32; ln++) {
+		const int g = ln >> 2, t = ln & 3;
+		for (int i = 0; i < 4; i++) {
+			A[g][4 * t + i] = (int8_t)(sim_a[ln][0] >> (8 * i));
+			A[g + 8][4 * t + i] = (int8_t)(sim_a[ln][1] >> (8 * i));
+			A[g][16 + 4 * t + i] = (int8_t)(sim_a[ln][2] >> (8 * i));
+			A[g + 8][16 + 4 * t + i] = (int8_t)(sim_a[ln][3] >> (8 * i));
+			B[4 * t + i][g] = (int8_t)(sim_b[ln][0] >> (8 * i));
+			B[16 + 4 * t + i][g] = (int8_t)(sim_b[ln][1] >> (8 * i));
+		}
+	}
 	sim_bar->arrive_and_wait(); /* every lane has read the fragments before any lane writes again */
+	const int g = l >> 2, t = l & 3;
+	const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+	for (int i = 0; i < 4; i++) {
+		int64_t s = 0;
+		for (int k = 0; k < 32; k++)
+			s += (int64_t)A[rows[i]][k] * B[k][cols[i]];
+		d[i] += (int)s;
+	}
 }
 #define MI8_MMA_DEFINED
 

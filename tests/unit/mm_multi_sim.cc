@@ -46,8 +46,7 @@ alignas(16) static uint8_t sim_dyn[64 * 1024];
 
 static int n_check, n_fail;
 
-/* the grid of mm_multi_block<NTP, SMALL, false, XQ, Q8RB>(a) (the kernels' body), one block after the other
- */
+/* the grid of mm_multi_block<NTP, SMALL, false, XQ, Q8RB>(a) (the kernels' body), one block after the other */
 template <int NTP, bool SMALL, bool XQ = false, int Q8RB = 4>
 static void sim_grid(const mm_multi_args &a, int n_blk, size_t smem)
 {
@@ -58,8 +57,7 @@ static void sim_grid(const mm_multi_args &a, int n_blk, size_t smem)
 	}
 	for (int b = 0; b < n_blk; b++) {
 		memset(sim_dyn, 0xcd, sizeof(sim_dyn)); /* the last block's bytes must not count */
-		sim_block(MM_NW * 32, (unsigned)b, 0u,
-		          [&]() { mm_multi_block<NTP, SMALL, false, XQ, Q8RB>(a); });
+		sim_block(MM_NW * 32, (unsigned)b, 0u, [&]() { mm_multi_block<NTP, SMALL, false, XQ, Q8RB>(a); });
 	}
 }
 
@@ -104,30 +102,14 @@ static void make_parts(const float *x, int n_in, std::vector<mi8_x> &u)
 	}
 }
 
-/* the grid of mm_multi_xm_kernel(a) (2..8 tokens on the int8 mma, TANDEM_MULTI_XM=1) */
-static void sim_grid_xm(const mm_multi_args &a, int n_blk, size_t smem)
-{
-	if (smem > sizeof(sim_dyn)) {
-		printf("FAIL: %zu bytes of tile exceed the simulated shared memory\n", smem);
-		n_fail++;
-		return;
-	}
-	for (int b = 0; b < n_blk; b++) {
-		memset(sim_dyn, 0xcd, sizeof(sim_dyn));
-		sim_block(MM_NW * 32, (unsigned)b, 0u, [&]() { mm_multi_xm_kernel(a); });
-	}
-}
-
 /* one launch over the segments segs (all n_in), n_tok tokens; parts: x's int8 parts for the Q8_0
- * products (one token); q8rb: Q8_0 rows a block (8: one token at n_in <= 2048, mm_q8_rows; 16: the
- * int8 mma kernel at 1..8 tokens, every segment Q8_0, parts for every token, as mm_run_xm builds it) */
+ * products (one token); q8rb: Q8_0 rows a block (8: one token at n_in <= 2048, mm_q8_rows) */
 static void run_case(const std::vector<sim_seg> &segs, int n_in, int n_tok, const char *what,
                      bool parts = false, int q8rb = 4)
 {
 	std::uniform_real_distribution<float> u(-1, 1);
 	const bool small = n_in <= MM_CHUNK(true);
-	const bool xm = q8rb == 16;
-	const int64_t ldx = n_in + (n_tok > 1 && !xm ? 4 : 0);
+	const int64_t ldx = n_in + (n_tok > 1 ? 4 : 0);
 	std::vector<float> x((size_t)ldx * n_tok + 4);
 	for (auto &v : x)
 		v = u(rng);
@@ -179,10 +161,9 @@ static void run_case(const std::vector<sim_seg> &segs, int n_in, int n_tok, cons
 						f[k] = __uint_as_float((uint32_t)hv << 16);
 					} else {
 						const int e = (int)((b >> 23) & 255) - 127 + 15;
-						hv = e <= 0
-						         ? (uint16_t)((b >> 16) & 0x8000u)
-						         : (uint16_t)(((b >> 16) & 0x8000u) |
-						                      (uint32_t)e << 10 | ((b >> 13) & 1023));
+						hv = e <= 0 ? (uint16_t)((b >> 16) & 0x8000u)
+						            : (uint16_t)(((b >> 16) & 0x8000u) | (uint32_t)e << 10 |
+						                         ((b >> 13) & 1023));
 						f[k] = sim_h2f(hv);
 					}
 					memcpy(p + 2 * k, &hv, 2);
@@ -195,7 +176,7 @@ static void run_case(const std::vector<sim_seg> &segs, int n_in, int n_tok, cons
 		const int rb = type == KT_Q8_0 ? q8rb : type == KT_F32 ? 1 : 2;
 		const int se = type == KT_Q8_0 ? 256 : type == KT_F32 ? 128 : 256;
 		const int sb = type == KT_Q8_0 ? 272 : 512;
-		const int64_t cs = MM_CHUNK(small || xm) / se, nsl = n_in / se < cs ? n_in / se : cs;
+		const int64_t cs = MM_CHUNK(small) / se, nsl = n_in / se < cs ? n_in / se : cs;
 		smem = std::max(smem, (size_t)rb * (size_t)sb * (size_t)nsl);
 		mm_seg_dev *d = &a.seg[a.n_seg++];
 		d->w = h.w.data();
@@ -214,21 +195,16 @@ static void run_case(const std::vector<sim_seg> &segs, int n_in, int n_tok, cons
 	a.pf = 1;
 	std::vector<mi8_x> xq;
 	if (parts) {
-		for (int t = 0; t < (xm ? n_tok : 1); t++) { /* row t's units after row t - 1's */
-			std::vector<mi8_x> ut;
-			make_parts(x.data() + (size_t)t * ldx, n_in, ut);
-			xq.insert(xq.end(), ut.begin(), ut.end());
-		}
+		make_parts(x.data(), n_in, xq);
 		a.xq = xq.data();
 	}
 	const int nb = (int)n_blk;
-	if (xm)
-		sim_grid_xm(a, nb, smem);
-	else if (q8rb == 8 && !(small && n_tok == 1)) {
+	if (q8rb == 8 && !(small && n_tok == 1)) {
 		printf("FAIL: 8 Q8_0 rows a block exist only at one token with n_in <= 2048\n");
 		n_fail++;
 		return;
-	} else if (parts && q8rb == 8)
+	}
+	if (parts && q8rb == 8)
 		sim_grid<1, true, true, 8>(a, nb, smem);
 	else if (parts)
 		small ? sim_grid<1, true, true>(a, nb, smem) : sim_grid<1, false, true>(a, nb, smem);
@@ -269,8 +245,8 @@ static void run_case(const std::vector<sim_seg> &segs, int n_in, int n_tok, cons
 				             tol = 2e-6 * std::sqrt((double)n_in) * mag + 1e-7 * magm + 1e-30;
 				if (!std::isfinite(yp[yi]) || !(err <= tol)) {
 					if (bad++ < 3)
-						printf("  segment %zu row %d tok %d: sim %.9g ref %.9g\n", i,
-						       r, t, yp[yi], ref);
+						printf("  segment %zu row %d tok %d: sim %.9g ref %.9g\n", i, r, t,
+						       yp[yi], ref);
 				}
 				if (mag > 0)
 					worst = std::max(worst, err / mag);
@@ -285,10 +261,10 @@ static void run_case(const std::vector<sim_seg> &segs, int n_in, int n_tok, cons
 	n_check++;
 	const bool ok = !bad && !bad_guard;
 	n_fail += !ok;
-	printf("%s %-34s n_in %5d n_tok %d%s, Q8_0 %d rows a block (%lld blocks, %zu B tile): max "
-	       "|err|/sum|wx| %.2e%s%s\n",
+	printf("%s %-34s n_in %5d n_tok %d%s, Q8_0 %d rows a block (%lld blocks, %zu B tile): max |err|/sum|wx| %.2e%s%s\n",
 	       ok ? "ok  " : "FAIL", what, n_in, n_tok, parts ? " x parts" : "", q8rb, (long long)n_blk, smem,
-	       worst, bad ? " WRONG OUTPUTS" : "", bad_guard ? " GUARD / GAP WRITTEN" : "");
+	       worst,
+	       bad ? " WRONG OUTPUTS" : "", bad_guard ? " GUARD / GAP WRITTEN" : "");
 }
 
 int main(void)
@@ -322,14 +298,6 @@ int main(void)
 			if (k.n_in <= 2048 || nt == 2)
 				run_case(*k.s, k.n_in, nt, k.what);
 	}
-	/* 1..8 tokens on the int8 mma (every product Q8_0; 16 rows a block): three K chunks, a partial
-	 * last block of rows, one slab */
-	const std::vector<sim_seg> glm8 = {{KT_Q8_0, 19}, {KT_Q8_0, 9}, {KT_Q8_0, 5}};
-	for (int nt : {1, 2, 3, 8}) {
-		run_case(glm8, 6144, nt, "int8 mma: q_a group (3 chunks)", true, 16);
-		run_case(one, 2048, nt, "int8 mma: one product, n_in 2048", true, 16);
-	}
-	run_case(one, 256, 5, "int8 mma: one slab", true, 16);
 	if (sim_leaks)
 		printf("FAIL: %d threads ended with cp.async copies never waited for\n", sim_leaks.load());
 	printf("%d cases, %d failed\n", n_check, n_fail + (sim_leaks ? 1 : 0));

@@ -73,23 +73,6 @@ static inline float __shfl_xor_sync(unsigned, float v, int m)
 	return r;
 }
 
-/* k45_i8.cuh's mi8_mma (mma.sync m16n8k32 s8) by the warp of this thread: the fragments exchanged
- * through the warp's slots between two warp barriers (sim_cuda.h's sim_mma_s8_lane) */
-struct sim_mma_frag {
-	uint32_t a[32][4], b[32][2];
-};
-static sim_mma_frag sim_mma_frags[32];
-static inline void mi8_mma(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                           uint32_t b1)
-{
-	const int w = (int)(threadIdx.x >> 5), l = (int)(threadIdx.x & 31);
-	sim_mma_frag &f = sim_mma_frags[w];
-	f.a[l][0] = a0, f.a[l][1] = a1, f.a[l][2] = a2, f.a[l][3] = a3;
-	f.b[l][0] = b0, f.b[l][1] = b1;
-	sim_warps[w].bar->arrive_and_wait();
-	sim_mma_s8_lane(f.a, f.b, l, d);
-	sim_warps[w].bar->arrive_and_wait();
-}
 /* cp.async, deferred */
 struct sim_copy {
 	void *dst;

@@ -65,31 +65,4 @@ static inline uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, uint32_t sh)
 	return (uint32_t)((((uint64_t)hi << 32) | lo) >> (sh & 31));
 }
 
-/* mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 for lane l, from the 32 lanes' fragments (PTX
- * layout: lane (g, t) holds A (row g, k 4t..4t+3), (g + 8, 4t..), (g, 16 + 4t..), (g + 8, 16 + 4t..);
- * B (k 4t.., column g), (16 + 4t.., g); C (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)): d += A B
- * for this lane's four C entries. The callers exchange the fragments between their warp barriers. */
-static inline void sim_mma_s8_lane(const uint32_t (*fa)[4], const uint32_t (*fb)[2], int l, int (&d)[4])
-{
-	int A[16][32], B[32][8];
-	for (int ln = 0; ln < 32; ln++) {
-		const int g = ln >> 2, t = ln & 3;
-		for (int i = 0; i < 4; i++) {
-			A[g][4 * t + i] = (int8_t)(fa[ln][0] >> (8 * i));
-			A[g + 8][4 * t + i] = (int8_t)(fa[ln][1] >> (8 * i));
-			A[g][16 + 4 * t + i] = (int8_t)(fa[ln][2] >> (8 * i));
-			A[g + 8][16 + 4 * t + i] = (int8_t)(fa[ln][3] >> (8 * i));
-			B[4 * t + i][g] = (int8_t)(fb[ln][0] >> (8 * i));
-			B[16 + 4 * t + i][g] = (int8_t)(fb[ln][1] >> (8 * i));
-		}
-	}
-	const int g = l >> 2, t = l & 3;
-	const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
-	for (int i = 0; i < 4; i++) {
-		int64_t s = 0;
-		for (int k = 0; k < 32; k++)
-			s += (int64_t)A[rows[i]][k] * B[k][cols[i]];
-		d[i] += (int)s;
-	}
-}
 #endif
