@@ -121,6 +121,12 @@ __device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, co
 	constexpr int CS = MM_CHUNK(SMALL) / SE; /* slabs per chunk */
 	constexpr int KP = CS / MM_NW; /* slabs per warp per chunk */
 	constexpr bool HOIST = HX && NTP <= 2; /* all of the chunk's x in registers before the wait */
+	/* the slab loop at 4-8 token slots: rolled. Unrolled, the 8-token kernel was 191 KB of
+	 * straight-line code that every warp fetched once per block: half of its issue stalls were
+	 * instruction fetch (ncu, H200, session 12: the q_a group at 8 tokens 44.3 -> 30.9 us, 168 -> 128
+	 * registers). At 1-2 slots it stays unrolled: rolled, the one-token kernels lost the loads the
+	 * compiler hoists across slabs (q_a group 11.8 -> 12.2 us) */
+	constexpr int KUNR = NTP >= 4 ? 1 : KP;
 	static_assert(CS % MM_NW == 0, "chunks split evenly over the warps");
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int n_slab = a.n_in / SE;
@@ -197,7 +203,7 @@ __device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, co
 			}
 			g3_wait<0>();
 			__syncthreads(); /* every thread's copies are visible */
-#pragma unroll
+#pragma unroll(KUNR)
 			for (int k = 0; k < KP; k++) {
 				const int s = warp + MM_NW * k;
 				if (s >= nsl)
@@ -282,7 +288,8 @@ __global__ void __launch_bounds__(MM_NW * 32) mm_multi_kernel(const __grid_const
  * final review of session 10). Register counts of the others since the row pointers are computed
  * where used instead of held in an array (session 11): 1 token 56 / 48 (large / small chunk; 64 /
  * 62 before), 2 tokens 64 (72), 4 tokens 93 (105), 8 tokens 168 (188); measured on the H200 as
- * batch 2 9.0-9.1 -> 8.6-8.7 ms and batch 8 19.2-19.4 -> 18.7-18.8 ms (GLM-5 rank 0 of TP=8). */
+ * batch 2 9.0-9.1 -> 8.6-8.7 ms and batch 8 19.2-19.4 -> 18.7-18.8 ms (GLM-5 rank 0 of TP=8). With the
+ * slab loop rolled at 4-8 token slots (session 12): 4 tokens 80, 8 tokens 128. */
 template <bool SMALL, int Q8RB = 4>
 __global__ void __launch_bounds__(MM_NW * 32, 8)
     mm_multi_xq_kernel(const __grid_constant__ struct mm_multi_args a)

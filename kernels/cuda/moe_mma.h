@@ -31,9 +31,13 @@ int moe_mma_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, con
  * expert) pairs counting the shared expert's); TANDEM_MOE_SMALL=0 turns it off. moe_mma_ffn hands
  * such calls to moe_small_ffn (same contract) when moe_small_fits says yes. */
 /* H200: bench_cuda_moe (routed only, 16:15) small vs sorted path 25.0 / 27.7 us at batch 1, 32.0 /
- * 36.5 at 2, 55.8 / 57.2 at 4, 101.1 / 96.4 at 8; but the batch-8 decode step (16:55, graphs) 26.43 ms
- * with the small path against 27.51 with the sorted one: the limit is 8 tokens */
-#define MOE_SMALL_DEFAULT_TOKENS 8
+ * 36.5 at 2, 55.8 / 57.2 at 4, 101.1 / 96.4 at 8; the batch-8 decode step then (2026-11-29 16:55,
+ * graphs) 26.43 ms with the small path against 27.51 with the sorted one, so the limit was 8 tokens.
+ * Against today's step (session 12, 2026-12-02, synthetic GLM-5 rank 0 of TP=8, ctx 4096) the sorted
+ * path is faster from 6 tokens: batch 6 17.32 / 17.20 ms against 17.65 / 17.65, batch 8 16.68 / 16.81
+ * against 17.03 / 17.06 (nsys, batch 8: gate/up + down 66 us a layer with sort and combine, against
+ * 73 for the small path); batch 4 the same either way. So the limit is 4 tokens. */
+#define MOE_SMALL_DEFAULT_TOKENS 4
 #define MOE_SMALL_MAX_TOKENS 16
 bool moe_small_fits(const struct kcuda_ctx *c, int64_t n, int k, bool shared, int64_t F);
 int moe_small_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,

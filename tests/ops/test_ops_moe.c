@@ -168,7 +168,7 @@ static int small_max(void)
 		const long x = strtol(m, NULL, 10);
 		return x < 0 ? 0 : x > 16 ? 16 : (int)x;
 	}
-	return 8; /* MOE_SMALL_DEFAULT_TOKENS */
+	return 4; /* MOE_SMALL_DEFAULT_TOKENS */
 }
 static const char *ffn_path(int type, int dtype, int n, int k, int shexp, int64_t D, int64_t F)
 {
@@ -1322,8 +1322,8 @@ int main(void)
 	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 3, 1e-4); /* ERR_UNSUPPORTED under the switch */
 	unsetenv("TANDEM_MOE_FAST");
 	ffn_case(&small, KT_Q8_0, KT_BF16, 3, 1e-4); /* a float down type under a quant gate */
-	/* the small-batch path (moe_small.cu) at every batch up to 8 (its limit moved there: the default
-	 * is 4) and the neighbours */
+	/* the small-batch path (moe_small.cu) at every batch up to 8 (the default limit is 4 tokens
+	 * since session 12) and the neighbours */
 	setenv("TANDEM_MOE_SMALL_MAX", "8", 1);
 	static const int sb_n[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17};
 	for (size_t i = 0; i < sizeof(sb_n) / sizeof(sb_n[0]); i++) {
@@ -1383,8 +1383,8 @@ int main(void)
 	ffn_case(&e256s, KT_Q4_K, KT_Q4_K, 3, 1e-4); /* D 512: two units, the split stops at 2 */
 	unsetenv("TANDEM_MOE_SMALL_SPLIT");
 	unsetenv("TANDEM_MOE_SMALL_MAX");
-	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 8, 1e-4); /* the default limit and its neighbour */
-	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 9, 1e-4);
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 4, 1e-4); /* the default limit and its neighbour */
+	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 5, 1e-4);
 	setenv("TANDEM_MOE_SMALL_HALF", "0", 1); /* two tiles at 1 token (the default takes one there) */
 	ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 1, 1e-4);
 	unsetenv("TANDEM_MOE_SMALL_HALF");
