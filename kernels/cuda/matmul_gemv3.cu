@@ -244,7 +244,12 @@ static int g3_launch_nt(struct kcuda_ctx *c, const struct g3_args &a, int n_spli
 }
 
 /* Grid shape: RT = 4 rows per warp (X reused 4 times) when that still gives >= 2 blocks per SM
- * with K split up to G3_MAX_SPLIT ways, else 1; then split K until there are ~4 blocks per SM
+ * with K split up to G3_MAX_SPLIT ways, or at 5-8 tokens (the 8-token slots) whatever the block
+ * count, else 1; TANDEM_GEMV3_RT=1|4 (read on every call) forces it. At 8 tokens the loads of x
+ * bound the one-row warps, not the blocks an SM holds (H200, session 12, synthetic GLM-5 rank 0 of
+ * TP=8, batch 8: the F32 router 256 x 6144 12.9 -> 8.1 us a layer as 16 x 8 blocks instead of 64 x
+ * 8, v_b's heads 5.6 -> 4.2 us, the step 16.88 / 16.64 -> 16.40 / 16.26 ms; batch 4 the same either
+ * way, so 1-4 tokens keep the old rule). Then split K until there are ~4 blocks per SM
  * (each block holds G3_NW (G3_S - 1) RT slabs in flight: Q8_0 RT 4 ~13 KB), at most 8 ways
  * (portable cluster), every split non-empty. */
 template <int T> static int g3_plan_launch(struct kcuda_ctx *c, const struct g3_args &a)
@@ -256,7 +261,10 @@ template <int T> static int g3_plan_launch(struct kcuda_ctx *c, const struct g3_
 	const bool cluster_ok = kcuda_cc_major(c->device) >= 9 && !(e && strcmp(e, "0") == 0);
 	const int64_t max_split = cluster_ok ? (n_slab < G3_MAX_SPLIT ? n_slab : G3_MAX_SPLIT) : 1;
 	const int64_t tiles4 = (w->n_out + 4 * G3_NW - 1) / (4 * G3_NW) * a.H;
-	const int rt = tiles4 * max_split >= 2 * n_sm ? 4 : 1;
+	const char *re = getenv("TANDEM_GEMV3_RT"); /* 1 or 4 forces the rows per warp (A/B) */
+	int rt = a.n_tok > 4 || tiles4 * max_split >= 2 * n_sm ? 4 : 1;
+	if (re && (strcmp(re, "1") == 0 || strcmp(re, "4") == 0))
+		rt = atoi(re);
 	const int64_t tiles = (w->n_out + rt * G3_NW - 1) / (rt * G3_NW) * a.H;
 	int64_t want = (4 * n_sm + tiles - 1) / tiles;
 	if (want > max_split)

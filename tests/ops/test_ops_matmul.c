@@ -276,6 +276,14 @@ static int gemv3_sweep(struct kcuda_ctx *c, int quick)
 				fail |= run_case(c, type, sh[s].n_in, sh[s].n_out, nt, KCUDA_MM_AUTO, 0,
 				                 "gemv3 off");
 		unsetenv("TANDEM_GEMV3");
+		/* the rows per warp forced against the default plan (4 at 5-8 tokens): 1 at 8, 4 at 1 */
+		setenv("TANDEM_GEMV3_RT", "1", 1);
+		for (size_t s = 0; s < n_sh && s < 3; s++)
+			fail |= run_case(c, type, sh[s].n_in, sh[s].n_out, 8, KCUDA_MM_AUTO, 1, "gemv3 rt 1");
+		setenv("TANDEM_GEMV3_RT", "4", 1);
+		for (size_t s = 0; s < n_sh && s < 3; s++)
+			fail |= run_case(c, type, sh[s].n_in, sh[s].n_out, 1, KCUDA_MM_AUTO, 0, "gemv3 rt 4");
+		unsetenv("TANDEM_GEMV3_RT");
 	}
 	g_det = 0;
 	return fail;
