@@ -439,7 +439,7 @@ int moe_mma_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, con
 	 * (n k <= E: an expert with more than 4 then costs a second chunk, rare) or no expert can have
 	 * more than 4 (n <= 4: ids of one token are distinct); else two (8 tokens per pass over a row).
 	 * TANDEM_MOE_MMA_NG=1|2 forces it (bench_cuda_moe's A/B). */
-	if (moe_small_fits(c, n, k, sh_gate != NULL, F)) /* 1..8 tokens: no sort, no combine launch */
+	if (moe_small_fits(c, n, k, sh_gate != NULL, F)) /* 1..4 tokens by default: no sort, no combine */
 		return moe_small_ffn(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, sh_gate, sh_up,
 		                     sh_down, out, ldo);
 	const char *f = getenv("TANDEM_MOE_MMA_NG");
