@@ -11,8 +11,8 @@
  * How: grid of one 32-thread block per slice; lane 0 of each block issues the bulk prefetches of its
  * slice (kdep_prefetch_l2: cp.async.bulk.prefetch.L2 on sm_90+, 64 KB pieces; 128-byte line
  * prefetches before). A bulk prefetch is carried out by the issuing SM's copy engine at a few
- * hundred GB/s (PERFORMANCE.md, session 5: one block prefetching 21 MB ran at ~250 GB/s), so the
- * bytes are spread over up to one block per SM. Weights are never written while kernels run, so the
+ * hundred GB/s (PERFORMANCE.md, branch moe4, 2026-11-29: one block prefetching 21 MB ran at ~250 GB/s), so
+ * the bytes are spread over up to one block per SM. Weights are never written while kernels run, so the
  * prefetch needs no ordering with the kernel before it; KDEP_ENTRY comes after the prefetches only
  * to keep klaunch's contract. A hint: no value changes whether it runs, or how far it gets. */
 #include "kernels/cuda/cuda_common.cuh"
