@@ -224,6 +224,14 @@ int kcuda_matmul(struct kcuda_ctx *c, const struct kweight *w, const float *x, i
                  float *y, int64_t ldy);
 int kcuda_matmul_path(struct kcuda_ctx *c, enum kcuda_mm_path path, const struct kweight *w, const float *x,
                       int64_t ldx, int64_t n_tok, float *y, int64_t ldy);
+/* The fp32 path at prefill sizes (matmul_gemm.cu, kcuda_gemm_split_launch): W and X split into fp16 hi + lo
+ * parts after a power-of-two scale, one fp16 tensor-core GEMM over 3K (fp32 accumulation); as accurate as
+ * the tile product. Taken for n_tok >= KCUDA_SPLIT_MIN_TOK and n_out >= KCUDA_SPLIT_MIN_OUT (n_in % 16 == 0;
+ * float weights 16-byte aligned) unless TANDEM_F32_SPLIT=0; TANDEM_F32_SPLIT=all: at every n_tok > 8.
+ * kcuda_f32_split_mode: 0 off, 1 default, 2 all (read on every call). */
+#define KCUDA_SPLIT_MIN_TOK 256
+#define KCUDA_SPLIT_MIN_OUT 1024
+int kcuda_f32_split_mode(void);
 /* Several products of the same x (same n_in) at decode sizes: y_i[t][r] = dot(W_i row r, x[t]) for
  * t < n_tok, rows ldy_i apart, in ONE launch for the weights it takes (matmul_multi.cu: Q8_0 / F16 /
  * BF16 with n_in % 256 == 0, F32 with n_in % 128 == 0, fp32 throughout, as exact as the GEMV); the

@@ -53,6 +53,12 @@ extern "C" int kcuda_matmul_path(struct kcuda_ctx *c, enum kcuda_mm_path path, c
 		                             : KCUDA_MM_GEMM;
 	if (path == KCUDA_MM_F32 && n_tok <= GEMV_MAX_TOK)
 		path = KCUDA_MM_GEMV; /* the GEMV is fp32 throughout and reads W once per 2 tokens */
+	/* prefill chunks of the fp32 path (idx_q_b): the split fp16 GEMM (matmul_gemm.cu) */
+	if (path == KCUDA_MM_F32 && kcuda_f32_split_takes(w, n_tok)) {
+		int rc = kcuda_gemm_split_launch(c, w, x, ldx, n_tok, y, ldy);
+		if (rc != ERR_UNSUPPORTED && rc != ERR_LIMIT)
+			return rc;
+	}
 	/* decode batches: the tensor-core tile product reads W once per 64 tokens and is as exact as
 	 * the fp32 GEMV, so it serves the fp32 path at any n_tok too (crossover above). An explicit
 	 * KCUDA_MM_GEMM stays on cuBLAS (tests, benchmarks). */

@@ -66,6 +66,12 @@ int kcuda_mm_tile_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t m
                          int64_t yhs, bool may_split);
 extern "C" bool kcuda_mm_tile_ok(int type, int64_t n_in);
 
+/* The fp32 path on the fp16 tensor cores (hi + lo parts of W and X, one GEMM over 3K): where
+ * kcuda_f32_split_takes (kernels.h: KCUDA_SPLIT_MIN_TOK / _OUT, TANDEM_F32_SPLIT); ERR_UNSUPPORTED
+ * otherwise, ERR_LIMIT when the workspace cannot hold one token and one row of each. */
+extern "C" bool kcuda_f32_split_takes(const struct kweight *w, int64_t n_tok);
+int kcuda_gemm_split_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx,
+                            int64_t n_tok, float *y, int64_t ldy);
 /* Same product in fp32 throughout (W dequantized to fp32 tiles, cuBLAS without TF32). */
 int kcuda_gemm_f32_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx,
                           int64_t n_tok, float *y, int64_t ldy);

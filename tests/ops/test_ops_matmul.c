@@ -98,11 +98,17 @@ static int run_case(struct kcuda_ctx *c, int type, int64_t n_in, int64_t n_out, 
 	if (!rc)
 		rc = kcuda_sync(c);
 	/* bf16 rounding of W and X on the GEMM path; F32 weights (AUTO) and KCUDA_MM_F32 stay fp32 */
-	const bool tile = mma_on() && !is_float_type(type) && n_tok > 8 &&
+	/* the split fp16 GEMM (matmul_gemm.cu) takes fp32-path prefill sizes: held to the same tolerance */
+	const int split_mode = kcuda_f32_split_mode();
+	const bool split = path == KCUDA_MM_F32 && n_tok > 8 && n_in % 16 == 0 &&
+	                   (split_mode == 2 || (split_mode == 1 && n_tok >= KCUDA_SPLIT_MIN_TOK &&
+	                                        n_out >= KCUDA_SPLIT_MIN_OUT));
+	const bool tile = !split && mma_on() && !is_float_type(type) && n_tok > 8 &&
 	                  (path == KCUDA_MM_F32 || (path == KCUDA_MM_AUTO && n_tok <= TILE_MAX_TOK));
 	const bool gemm =
 	    !tile && (path == KCUDA_MM_GEMM || (path == KCUDA_MM_AUTO && n_tok > 8 && type != KT_F32));
-	const char *lbl = tile                             ? "tile"
+	const char *lbl = split                            ? "split"
+	                  : tile                           ? "tile"
 	                  : gemm                           ? "gemm"
 	                  : n_tok > 8                      ? "f32gm"
 	                  : gemv3_takes(type, n_in, n_out) ? "gemv3"
@@ -398,6 +404,23 @@ int main(void)
 		/* the fp32 GEMM (router, indexer): held to the fp32 tolerance */
 		setup_fail |= run_case(c, type, n_small, 45, 33, KCUDA_MM_F32, 1, "f32 gemm strided");
 		setup_fail |= run_case(c, type, n_small, 45, 5, KCUDA_MM_F32, 0, "f32 path gemv");
+		/* the fp32 path at prefill sizes: the split fp16 GEMM (default thresholds), then every
+		 * fp32-path shape through it (TANDEM_F32_SPLIT=all), x far above and below fp16's range */
+		if (!quick || type == KT_Q8_0 || type == KT_F32 || type == KT_Q4_K)
+			setup_fail |= run_case(c, type, n_small, KCUDA_SPLIT_MIN_OUT + 16,
+			                       KCUDA_SPLIT_MIN_TOK + 8, KCUDA_MM_F32, 1, "f32 split");
+		setenv("TANDEM_F32_SPLIT", "all", 1);
+		setup_fail |= run_case(c, type, n_small, 45, 33, KCUDA_MM_F32, 1, "f32 split all");
+		if (type == KT_Q8_0 || type == KT_F32 || type == KT_Q4_K || type == KT_BF16) {
+			static const float xs[] = {3e5f, 1e-6f, 1e-30f};
+			for (int i = 0; i < 3; i++) {
+				g_xscale = xs[i];
+				setup_fail |=
+				    run_case(c, type, n_small, 48, 40, KCUDA_MM_F32, 0, "f32 split x scale");
+			}
+			g_xscale = 1.0f;
+		}
+		unsetenv("TANDEM_F32_SPLIT");
 		/* the tiny test models' shapes on the bf16 GEMM (64-token prefill) */
 		static const struct shape tiny[] = {{256, 192, "tiny q_b"},
 		                                    {64, 256, "tiny k_b"},
@@ -438,6 +461,11 @@ int main(void)
 		setup_fail |= run_case(small, KT_Q4_K, 6144, 100, 40, KCUDA_MM_GEMM, 1, "gemm small ws");
 		setup_fail |= run_case(small, KT_Q8_0, 6144, 100, 40, KCUDA_MM_GEMM, 0, "gemm small ws");
 		setup_fail |= run_case(small, KT_Q4_K, 6144, 100, 40, KCUDA_MM_F32, 1, "f32 small ws");
+		/* the split GEMM's chunks: 3 tokens x 4 rows of 3 x 6144 halves a pass */
+		setenv("TANDEM_F32_SPLIT", "all", 1);
+		setup_fail |= run_case(small, KT_Q4_K, 6144, 100, 40, KCUDA_MM_F32, 1, "f32 split small ws");
+		setup_fail |= run_case(small, KT_F32, 6144, 30, 20, KCUDA_MM_F32, 0, "f32 split small ws");
+		unsetenv("TANDEM_F32_SPLIT");
 		/* the tile product's K split in a small workspace */
 		setup_fail |= run_case(small, KT_Q8_0, 6144, 100, 40, KCUDA_MM_AUTO, 0, "tile small ws");
 		setenv("TANDEM_GEMV_MMA", "0", 1);
