@@ -109,10 +109,55 @@ static size_t mm_smem(int dim, bool f32)
 	       2 * MM_TK * sizeof(void *) /* row addresses */;
 }
 
+/* STK (bf16 pool, at most 8 heads: GLM-5 at TP=8): the 16 rows of every A operand are the 8 heads' hi
+ * parts (rows 0-7) stacked on their lo parts (rows 8-15) instead of 16 heads' hi and, in a second mma,
+ * their lo parts, of which rows 8-15 would be padding: one mma per step instead of two. A lane holds
+ * rows g and g + 8 of every C fragment, so head g's sum is c0 + c2, c1 + c3 in the lane's own
+ * registers (scores after QK^T, the output at the end; the online softmax rescales both rows alike).
+ * The softmax runs 16 threads per head and writes p's hi part to P rows 0-7, its lo part to rows 8-15.
+ * TANDEM_MLA_STACK=0: the unstacked kernel (mm_stack_enabled). */
+__device__ __forceinline__ void katt_tile_softmax_stk(const float *sred, const uint8_t *const *addr,
+                                                      float scale, int sh, int sk, bool writer, float *m_run,
+                                                      float *l_run, uint16_t *p, float *corr_s)
+{
+	constexpr int KPT = MM_TK / 16;
+	float s[KPT], mt = -INFINITY;
+#pragma unroll
+	for (int u = 0; u < KPT; u++) {
+		float d = 0.0f;
+#pragma unroll
+		for (int w = 0; w < MM_WARPS; w++)
+			d += sred[(w * MM_HG + sh) * MM_TK + sk + u];
+		s[u] = addr[sk + u] ? d * scale : -INFINITY;
+		mt = fmaxf(mt, s[u]);
+	}
+#pragma unroll
+	for (int o = 1; o < 16; o <<= 1)
+		mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, o));
+	const float mn = fmaxf(*m_run, mt);
+	const float corr = mn == -INFINITY ? 1.0f : expf(*m_run - mn);
+	float ps = 0.0f;
+#pragma unroll
+	for (int u = 0; u < KPT; u++) {
+		const float pv = mn == -INFINITY ? 0.0f : expf(s[u] - mn);
+		ps += pv;
+		katt_split1(pv, &p[sh * MM_PS + sk + u], &p[(sh + 8) * MM_PS + sk + u]);
+	}
+#pragma unroll
+	for (int o = 1; o < 16; o <<= 1)
+		ps += __shfl_xor_sync(0xffffffffu, ps, o);
+	*l_run = *l_run * corr + ps;
+	*m_run = mn;
+	if (writer)
+		corr_s[sh] = corr;
+}
+
 /* F32: the pool holds fp32 values; they are split into bf16 hi + lo as the fragments are read and
  * multiplied as hi*hi + lo*hi + hi*lo (the lo*lo term is below 2^-16 of the result) */
-template <bool F32, bool ROPE> __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel(mm_args a)
+template <bool F32, bool ROPE, bool STK>
+__global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel(mm_args a)
 {
+	static_assert(!(F32 && STK), "the stacked kernel reads bf16 pools");
 	KDEP_ENTRY();
 	typedef typename std::conditional<F32, float, uint16_t>::type val_t;
 	extern __shared__ __align__(16) uint8_t mm_sm[];
@@ -150,7 +195,9 @@ template <bool F32, bool ROPE> __global__ void __launch_bounds__(MM_THREADS) mla
 		const int ks = warp + MM_WARPS * i;
 #pragma unroll
 		for (int r = 0; r < 4; r++) {
-			const int h = h0 + g + ((r & 1) ? 8 : 0);
+			if (STK && (r & 1)) /* the lo part of register r - 1's pair (below) */
+				continue;
+			const int h = h0 + g + ((!STK && (r & 1)) ? 8 : 0);
 			const int col = ks * 16 + 2 * t + ((r & 2) ? 8 : 0);
 			float2 v = make_float2(0.0f, 0.0f);
 			if (ks < nks && h < a.H) {
@@ -164,7 +211,10 @@ template <bool F32, bool ROPE> __global__ void __launch_bounds__(MM_THREADS) mla
 					v = *(const float2 *)(a.q + (row * a.H + h) * (int64_t)dim + col);
 				}
 			}
-			katt_split2(v.x, v.y, &qh[i][r], &ql[i][r]);
+			if (STK)
+				katt_split2(v.x, v.y, &qh[i][r], &qh[i][r + 1]);
+			else
+				katt_split2(v.x, v.y, &qh[i][r], &ql[i][r]);
 		}
 	}
 
@@ -201,8 +251,9 @@ template <bool F32, bool ROPE> __global__ void __launch_bounds__(MM_THREADS) mla
 #pragma unroll
 	for (int j = 0; j < MM_NTW; j++)
 		oacc[j][0] = oacc[j][1] = oacc[j][2] = oacc[j][3] = 0.0f;
-	/* softmax role: 8 threads per head, 4 keys each; running max / sum kept by all 8 */
-	const int sh = tid >> 3, sk = (tid & 7) * 4;
+	/* softmax role: 8 threads per head, 4 keys each (STK: 16 threads, 2 keys); running max / sum
+	 * kept by all of them */
+	const int sh = STK ? tid >> 4 : tid >> 3, sk = STK ? (tid & 15) * 2 : (tid & 7) * 4;
 	float m_run = -INFINITY, l_run = 0.0f;
 
 	if (ntiles > 0) {
@@ -249,7 +300,8 @@ template <bool F32, bool ROPE> __global__ void __launch_bounds__(MM_THREADS) mla
 						const uint32_t b0 = *(const uint32_t *)kr,
 						               b1 = *(const uint32_t *)(kr + 8);
 						katt_mma(sacc[j], qh[i], b0, b1);
-						katt_mma(sacc[j], ql[i], b0, b1);
+						if (!STK)
+							katt_mma(sacc[j], ql[i], b0, b1);
 					}
 				}
 			}
@@ -257,21 +309,31 @@ template <bool F32, bool ROPE> __global__ void __launch_bounds__(MM_THREADS) mla
 		float *sw = sred + warp * MM_HG * MM_TK;
 #pragma unroll
 		for (int j = 0; j < 4; j++) {
-			*(float2 *)(sw + g * MM_TK + 8 * j + 2 * t) = make_float2(sacc[j][0], sacc[j][1]);
-			*(float2 *)(sw + (g + 8) * MM_TK + 8 * j + 2 * t) =
-			    make_float2(sacc[j][2], sacc[j][3]);
+			if (STK) { /* head g: its hi row plus its lo row */
+				*(float2 *)(sw + g * MM_TK + 8 * j + 2 * t) =
+				    make_float2(sacc[j][0] + sacc[j][2], sacc[j][1] + sacc[j][3]);
+			} else {
+				*(float2 *)(sw + g * MM_TK + 8 * j + 2 * t) =
+				    make_float2(sacc[j][0], sacc[j][1]);
+				*(float2 *)(sw + (g + 8) * MM_TK + 8 * j + 2 * t) =
+				    make_float2(sacc[j][2], sacc[j][3]);
+			}
 		}
 		__syncthreads();
 
 		/* online softmax of head sh over keys sk .. sk + 3 of the tile */
-		katt_tile_softmax<MM_TK, MM_WARPS, MM_HG>(sred, addr_s + st * MM_TK, a.scale, sh, sk,
-		                                          (tid & 7) == 0, &m_run, &l_run, phi, plo, MM_PS,
-		                                          corr_s);
+		if (STK)
+			katt_tile_softmax_stk(sred, addr_s + st * MM_TK, a.scale, sh, sk, (tid & 15) == 0,
+			                      &m_run, &l_run, phi, corr_s);
+		else
+			katt_tile_softmax<MM_TK, MM_WARPS, MM_HG>(sred, addr_s + st * MM_TK, a.scale, sh, sk,
+			                                          (tid & 7) == 0, &m_run, &l_run, phi, plo,
+			                                          MM_PS, corr_s);
 		__syncthreads();
 
 		/* O = O * corr + P V over this warp's channels */
 		{
-			const float c0 = corr_s[g], c8 = corr_s[g + 8];
+			const float c0 = corr_s[g], c8 = STK ? c0 : corr_s[g + 8];
 #pragma unroll
 			for (int j = 0; j < MM_NTW; j++) {
 				oacc[j][0] *= c0;
@@ -283,7 +345,14 @@ template <bool F32, bool ROPE> __global__ void __launch_bounds__(MM_THREADS) mla
 			for (int kk = 0; kk < MM_TK / 16; kk++) {
 				uint32_t ah[4], al[4];
 				const int pc = kk * 16 + 2 * t;
-				katt_p_frags(phi, plo, MM_PS, g, t, kk, ah, al);
+				if (STK) { /* P rows g (hi) and g + 8 (lo) of one 16-row matrix */
+					ah[0] = *(const uint32_t *)(phi + g * MM_PS + pc);
+					ah[1] = *(const uint32_t *)(phi + (g + 8) * MM_PS + pc);
+					ah[2] = *(const uint32_t *)(phi + g * MM_PS + pc + 8);
+					ah[3] = *(const uint32_t *)(phi + (g + 8) * MM_PS + pc + 8);
+				} else {
+					katt_p_frags(phi, plo, MM_PS, g, t, kk, ah, al);
+				}
 				/* B = V rows pc, pc + 1 (b0) and pc + 8, pc + 9 (b1), column = channel */
 				const val_t *vr = kt + pc * RS + warp * cw + g;
 #pragma unroll
@@ -304,7 +373,8 @@ template <bool F32, bool ROPE> __global__ void __launch_bounds__(MM_THREADS) mla
 							const uint32_t b1 =
 							    (uint32_t)v[8 * RS] | ((uint32_t)v[9 * RS] << 16);
 							katt_mma(oacc[j], ah, b0, b1);
-							katt_mma(oacc[j], al, b0, b1);
+							if (!STK)
+								katt_mma(oacc[j], al, b0, b1);
 						}
 					}
 				}
@@ -313,7 +383,7 @@ template <bool F32, bool ROPE> __global__ void __launch_bounds__(MM_THREADS) mla
 		__syncthreads(); /* the next iteration refills this stage, the scores and p */
 	}
 
-	if ((tid & 7) == 0) {
+	if ((tid & (STK ? 15 : 7)) == 0) {
 		ml_s[2 * sh] = m_run;
 		ml_s[2 * sh + 1] = l_run;
 	}
@@ -324,13 +394,14 @@ template <bool F32, bool ROPE> __global__ void __launch_bounds__(MM_THREADS) mla
 			break;
 		const int cc = warp * cw + 8 * j + 2 * t;
 #pragma unroll
-		for (int half = 0; half < 2; half++) {
+		for (int half = 0; half < (STK ? 1 : 2); half++) {
 			const int hl = g + 8 * half;
 			if (h0 + hl >= a.H)
 				continue;
 			const int64_t rh = row * a.H + h0 + hl;
 			const float l = ml_s[2 * hl + 1];
-			const float v0 = oacc[j][2 * half], v1 = oacc[j][2 * half + 1];
+			const float v0 = STK ? oacc[j][0] + oacc[j][2] : oacc[j][2 * half],
+			            v1 = STK ? oacc[j][1] + oacc[j][3] : oacc[j][2 * half + 1];
 			if (a.nsplit == 1) {
 				const float inv = l > 0.0f ? 1.0f / l : 0.0f;
 				*(float2 *)(a.out + rh * C + cc) = make_float2(v0 * inv, v1 * inv);
@@ -448,12 +519,19 @@ static bool mm_fits(const struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
 }
 
 /* the kernel without (ROPE false: the default, no rope code in it) or with q's rope on its loads */
-template <bool F32, bool ROPE>
+template <bool F32, bool ROPE, bool STK>
 static int mm_launch(struct kcuda_ctx *c, const mm_args &a, dim3 grid, size_t smem)
 {
-	KCUDA_CHECK(cudaFuncSetAttribute(mla_mma_kernel<F32, ROPE>,
+	KCUDA_CHECK(cudaFuncSetAttribute(mla_mma_kernel<F32, ROPE, STK>,
 	                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-	return klaunch("mla_mma", mla_mma_kernel<F32, ROPE>, grid, dim3(MM_THREADS), smem, c->stream, a);
+	return klaunch("mla_mma", mla_mma_kernel<F32, ROPE, STK>, grid, dim3(MM_THREADS), smem, c->stream, a);
+}
+
+/* TANDEM_MLA_STACK=0: the unstacked kernel at <= 8 heads too (read on every call) */
+static bool mm_stack_enabled(void)
+{
+	const char *e = getenv("TANDEM_MLA_STACK");
+	return !(e && strcmp(e, "0") == 0);
 }
 
 /* the tensor-core kernel (+ combine) for a call mm_fits() accepted; rq: q's rotary part roped in the
@@ -519,11 +597,15 @@ static int mm_run(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const str
 	const size_t smem = mm_smem(a.dim, !kv->bf16);
 	dim3 grid((unsigned)rows->n_q, (unsigned)a.nsplit, (unsigned)n_hg);
 	int rc;
-	if (kv->bf16) {
-		rc =
-		    qr ? mm_launch<false, true>(c, a, grid, smem) : mm_launch<false, false>(c, a, grid, smem);
+	if (kv->bf16 && H <= 8 && mm_stack_enabled()) {
+		rc = qr ? mm_launch<false, true, true>(c, a, grid, smem)
+		        : mm_launch<false, false, true>(c, a, grid, smem);
+	} else if (kv->bf16) {
+		rc = qr ? mm_launch<false, true, false>(c, a, grid, smem)
+		        : mm_launch<false, false, false>(c, a, grid, smem);
 	} else {
-		rc = qr ? mm_launch<true, true>(c, a, grid, smem) : mm_launch<true, false>(c, a, grid, smem);
+		rc = qr ? mm_launch<true, true, false>(c, a, grid, smem)
+		        : mm_launch<true, false, false>(c, a, grid, smem);
 	}
 	if (rc || a.nsplit == 1)
 		return rc;
