@@ -181,6 +181,11 @@ int kcuda_device_count(void); /* 0 when there is no usable GPU (no driver, no de
 int kcuda_smem_optin(int dev);
 /* ws_bytes: workspace for the prefill GEMM's dequantized weight tiles (0 = 256 MiB). */
 int kcuda_ctx_create(int device, size_t ws_bytes, struct kcuda_ctx **out);
+#define KCUDA_WS_DEFAULT ((size_t)256 << 20)
+/* The workspace the prefill MoE (moe_prefill.cu) needs to take n tokens (k experts each, E experts of F rows,
+ * hidden D) in one pass: its per-pair outputs are fp32 (n k D floats); with less it runs in token chunks of
+ * half the size, each re-reading every expert's weights for half-filled 64-pair tiles. 0 for empty shapes. */
+size_t kcuda_moe_prefill_ws(int64_t n, int k, int64_t E, int64_t F, int64_t D);
 void kcuda_ctx_destroy(struct kcuda_ctx *c);
 void *kcuda_ctx_stream(struct kcuda_ctx *c); /* the cudaStream_t */
 /* The context no longer holds the int8 parts of any activation (kfuse_add_rmsnorm_parts, fused.h):

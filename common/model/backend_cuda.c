@@ -1944,7 +1944,16 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 	c->max_seqs = o->max_seqs;
 	c->max_ctx = o->max_ctx;
 	c->max_blk = (c->max_ctx + MODEL_KV_BLOCK_TOKENS - 1) / MODEL_KV_BLOCK_TOKENS;
-	if ((rc = kcuda_ctx_create(dev, 0, &c->kc))) {
+	/* the main context's workspace: the default, or what the prefill MoE needs to take a whole
+	 * max_tokens step in one pass (GLM-5 rank of TP=8 at 2048 tokens: 411 MB, mostly the per-pair
+	 * fp32 outputs; with 256 MiB it ran two 1024-token passes of half-filled tiles), at most 1 GiB */
+	size_t kws = KCUDA_WS_DEFAULT;
+	if (hp->n_expert > 0 && o->max_tokens >= 256) {
+		const size_t need =
+		    kcuda_moe_prefill_ws(o->max_tokens, hp->n_expert_used, hp->n_expert, rk->fel, hp->D);
+		kws = need > kws ? (need < ((size_t)1 << 30) ? need : ((size_t)1 << 30)) : kws;
+	}
+	if ((rc = kcuda_ctx_create(dev, kws, &c->kc))) {
 		errbuf_set(e, rc, "backend cuda: cannot create a context on device %d", dev);
 		goto fail;
 	}

@@ -83,7 +83,7 @@ extern "C" int kcuda_ctx_create(int device, size_t ws_bytes, struct kcuda_ctx **
 	if (!c)
 		return -ENOMEM;
 	c->device = device;
-	c->ws_bytes = ws_bytes ? ws_bytes : ((size_t)256 << 20);
+	c->ws_bytes = ws_bytes ? ws_bytes : KCUDA_WS_DEFAULT;
 	cublasHandle_t h = NULL;
 	if (cudaSetDevice(device) != cudaSuccess)
 		goto fail_free;

@@ -375,6 +375,13 @@ static size_t mp_ws_bytes(int64_t n, int k, int64_t E, int64_t F, int64_t D)
 	       mp_align((size_t)np * (size_t)F * 2) + (size_t)np * (size_t)D * sizeof(float);
 }
 
+extern "C" size_t kcuda_moe_prefill_ws(int64_t n, int k, int64_t E, int64_t F, int64_t D)
+{
+	if (n <= 0 || k <= 0 || E <= 0 || F <= 0 || D <= 0)
+		return 0;
+	return mp_ws_bytes(n, k, E, F, D);
+}
+
 static void mp_stage_begin(const char *name, const struct kweight *w, double rows)
 {
 	if (kprof_active)
