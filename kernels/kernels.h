@@ -251,9 +251,6 @@ struct kcuda_mm_seg {
 };
 int kcuda_matmul_multi(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg, const float *x,
                        int64_t ldx, int64_t n_tok);
-/* Hint: starts bringing [p, p + bytes) of device memory that no kernel writes while it runs (model
- * weights) into L2, on c's stream (l2_prefetch.cu); no value changes. 0 or an error. */
-int kcuda_l2_prefetch(struct kcuda_ctx *c, const void *p, size_t bytes);
 /* whether kcuda_matmul_multi launches for n_tok tokens (TANDEM_MULTI, TANDEM_MULTI_TOK; read on every
  * call); it still runs alone what its kernel does not take (type, shape, alignment) */
 bool kcuda_matmul_multi_takes(int64_t n_tok);

@@ -63,8 +63,6 @@ ok() { grep -q "^$1 *rc=0 " <<<"$(printf '%s\n' "${SUMMARY[@]}")"; }
 step test_gpu_model 60 "$B/tests/test_gpu_model"
 # the paths an sm_120 GPU (RTX PRO 6000: 99 KB of shared memory a block) takes, on this one
 step test_gpu_model_smem99k 60 env TANDEM_CUDA_SMEM_CAP=101376 "$B/tests/test_gpu_model"
-# the L2 prefetch of the weights after the attention (off by default): no value may change
-step test_gpu_model_l2pf 60 env TANDEM_L2_PF=7 "$B/tests/test_gpu_model"
 for t in matmul head_gemv moe prefill_moe fused mla indexer allreduce rowops sample multi; do
 	[ -x "$B/tests/test_ops_$t" ] && step "test_ops_$t" 60 env TANDEM_OPS_QUICK=1 "$B/tests/test_ops_$t"
 done

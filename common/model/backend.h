@@ -49,13 +49,6 @@ struct mbe_weights {
 	const float *out_norm; /* D */
 };
 
-/* the weights forward.c names to be->prefetch */
-enum mbe_prefetch {
-	MBE_PF_O = 1, /* the attention's output product */
-	MBE_PF_ROUTER = 2, /* the MoE router */
-	MBE_PF_SHEXP = 4, /* the shared expert's gate, up and down */
-};
-
 struct model_backend_ops {
 	const char *name;
 	const struct mbe_weights *(*weights)(void *ctx);
@@ -170,10 +163,6 @@ struct model_backend_ops {
 	 * weight. n_w <= KCUDA_MM_MULTI_MAX. */
 	void (*matmul_n)(void *ctx, int n_w, const struct kweight *const *w, const float *x, int64_t ldx,
 	                 int64_t n_tok, float *const *y, const int64_t *n_out);
-	/* Optional hint: w's bytes will be read soon (forward.c names the weights of the products after
-	 * the attention, `what` says which); a backend may start bringing them closer, on the current
-	 * branch. No value changes. NULL: nothing. */
-	void (*prefetch)(void *ctx, const struct kweight *w, enum mbe_prefetch what);
 	/* Optional: whether matmul_n of n_tok tokens runs as one launch (forward.c then groups q_b
 	 * with idx_q_b before the query side branch instead of opening the branch with q_b). NULL:
 	 * no. */

@@ -1194,25 +1194,6 @@ static void cu_mla_q(void *ctx, int layer, const struct layer_w *L, const float 
 	c->q_layer = layer;
 }
 
-/* TANDEM_L2_PF (read on every call; default 0): mask of enum mbe_prefetch, the weights forward.c
- * names that are brought into L2 from the query side branch (l2_prefetch.cu; written in session 12,
- * not yet measured, so off) */
-static int l2_pf_mask(void)
-{
-	const char *v = getenv("TANDEM_L2_PF");
-	return v ? atoi(v) & 7 : 0;
-}
-
-/* backend.h's prefetch: only inside the side branch, where it overlaps the main path (on the main
- * path it would only delay the next op, and count as one for parts_check) */
-static void cu_prefetch(void *ctx, const struct kweight *w, enum mbe_prefetch what)
-{
-	struct be_cuda *c = ctx;
-	if (c->branch != 1 || c->mode == 2 || !w || !w->data || !(l2_pf_mask() & (int)what))
-		return;
-	CK(kcuda_l2_prefetch(c->kc, w->data, (size_t)w->n_out * w->row_bytes));
-}
-
 static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const float *q, const float *cs,
                         const int32_t *sel, const int32_t *nsel, float *o)
 {
@@ -1918,7 +1899,6 @@ static const struct model_backend_ops cuda_ops = {
     .branch_end = cu_branch_end,
     .branch_join = cu_branch_join,
     .mla_q = cu_mla_q,
-    .prefetch = cu_prefetch,
     .matmul_n = cu_matmul_n,
     .matmul_n_fused = cu_matmul_n_fused,
 };

@@ -200,18 +200,6 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 			be->matmul(bc, &L->q_b, cq, hp->Cq, n, q, Hl * NR);
 		if (par) {
 			be->mla_q(bc, l, L, q, cs);
-			/* the weights of the products after the attention, while the indexer, the
-			 * top-k and the attention (which read little) run on the main path */
-			if (be->prefetch) {
-				be->prefetch(bc, &L->o, MBE_PF_O);
-				if (L->moe)
-					be->prefetch(bc, &L->gate_inp, MBE_PF_ROUTER);
-				if (L->moe && L->has_shexp) {
-					be->prefetch(bc, &L->sh_gate, MBE_PF_SHEXP);
-					be->prefetch(bc, &L->sh_up, MBE_PF_SHEXP);
-					be->prefetch(bc, &L->sh_down, MBE_PF_SHEXP);
-				}
-			}
 			be->branch_end(bc);
 		}
 		if (L->has_idx) {

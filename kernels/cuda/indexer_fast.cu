@@ -410,10 +410,15 @@ int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_
 	if (tk_env && (strcmp(tk_env, "32") == 0 || strcmp(tk_env, "64") == 0))
 		TK = atoi(tk_env);
 	const size_t smem = if_smem(a.DI, f32, TK);
-	int tiles = a.tiles > 0 ? a.tiles : (TK == 32 || n_q * t64 <= 2 * (int64_t)c->n_sm ? 1 : 2);
-	const char *te = getenv("TANDEM_IDX_TILES"); /* 1 or 2 forces it (bench: the old 2 everywhere) */
-	if (te && (strcmp(te, "1") == 0 || strcmp(te, "2") == 0))
-		tiles = te[0] - '0';
+	/* prefill sizes (more than 64 tiles an SM): 4 tiles a block, so each block's q (HI x DI fp32,
+	 * 16 KB at GLM-5, split into three bf16 parts) is loaded once per 256 keys instead of per 128 */
+	int tiles = a.tiles > 0                                     ? a.tiles
+	            : TK == 32 || n_q * t64 <= 2 * (int64_t)c->n_sm ? 1
+	            : n_q * t64 > 64 * (int64_t)c->n_sm             ? 4
+	                                                            : 2;
+	const char *te = getenv("TANDEM_IDX_TILES"); /* 1..16 forces it (bench: the old 2 everywhere) */
+	if (te && atoi(te) >= 1 && atoi(te) <= 16)
+		tiles = atoi(te);
 	const int64_t ranges = (a.max_keys + (int64_t)TK * tiles - 1) / ((int64_t)TK * tiles);
 	if (ranges == 0 || n_q == 0)
 		return 0;

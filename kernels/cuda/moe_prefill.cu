@@ -132,8 +132,15 @@ __device__ __forceinline__ void mp_load_a(const uint16_t *sA, int kk, int g, int
 	}
 }
 
+/* 3 blocks an SM (168 registers) where a piece's raw bytes are at most 32 (Q4_K: no spills); 2 for the
+ * wider raw pieces (Q3_K, Q5_K, Q6_K, F32 spilled at 3) */
+template <int T> constexpr int mp_gu_min_blocks()
+{
+	return sizeof(typename kq<T>::raw) <= 32 ? 3 : 2;
+}
+
 template <int T>
-__global__ void __launch_bounds__(MP_THREADS)
+__global__ void __launch_bounds__(MP_THREADS, mp_gu_min_blocks<T>())
     mp_gate_up_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu, size_t row_bytes, int D,
                       int F, const float *__restrict__ x, int64_t ldx, bool x_vec, int k,
                       const int32_t *__restrict__ meta, int E, int np, int max_tiles,
@@ -164,40 +171,79 @@ __global__ void __launch_bounds__(MP_THREADS)
 				for (int d = 0; d < 4; d++)
 					acc[a][b][c][d] = 0.0f;
 
-	for (int k0 = 0; k0 < D; k0 += MP_BK) {
-		/* A: 32 columns of one gathered token row, rounded to bf16 */
-		uint4 *sa = (uint4 *)(sA + ar * MP_LDS + ac);
+	/* The step's global reads (32 values of x, 4 weight pieces' raw bytes) go to registers one step
+	 * ahead, issued right before the previous step's products, so their DRAM / L2 latency overlaps
+	 * those (ncu, session 13: 48% of the cycles between issues were waits on these loads when they
+	 * came right before the shared-memory stores that need them). Same values and products. */
+	float xv[32];
+	typename kq<T>::raw rw[4];
+	bool rin[4];
+	auto load_step = [&](int k0) {
 #pragma unroll
 		for (int c = 0; c < 32; c += 8) {
 			const int col = k0 + ac + c;
-			float v[8];
 			if (xr && x_vec) {
 #pragma unroll
 				for (int q = 0; q < 8; q += 4) {
 					float4 f = col + q < D ? *(const float4 *)(xr + col + q)
 					                       : make_float4(0.f, 0.f, 0.f, 0.f);
-					v[q] = f.x, v[q + 1] = f.y, v[q + 2] = f.z, v[q + 3] = f.w;
+					xv[c + q] = f.x, xv[c + q + 1] = f.y, xv[c + q + 2] = f.z,
+					       xv[c + q + 3] = f.w;
 				}
 			} else {
 #pragma unroll
 				for (int q = 0; q < 8; q++)
-					v[q] = xr && col + q < D ? xr[col + q] : 0.0f;
+					xv[c + q] = xr && col + q < D ? xr[col + q] : 0.0f;
 			}
-			sa[c / 8] = make_uint4(mp_pack(v[0], v[1]), mp_pack(v[2], v[3]), mp_pack(v[4], v[5]),
-			                       mp_pack(v[6], v[7]));
 		}
-		/* B: 128 rows x 4 pieces, 4 pieces per thread (consecutive threads: one row's pieces) */
 #pragma unroll
 		for (int i = 0; i < 4; i++) {
 			const int q = tid + MP_THREADS * i, row = q >> 2, pp = q & 3;
 			const int f = f0 + (row & (MP_BN - 1));
 			const int64_t p = k0 / 16 + pp;
-			const bool in = f < F && p < np16;
-			const uint8_t *w =
-			    (row < MP_BN ? wg : wu) + (ebase + (size_t)(in ? f : 0)) * row_bytes;
-			mp_piece_to_smem<T>(w, p, in, sB + row * MP_LDS + pp * 16);
+			rin[i] = f < F && p < np16;
+			if (rin[i])
+				kq<T>::load((row < MP_BN ? wg : wu) + (ebase + (size_t)f) * row_bytes, p,
+				            rw[i]);
 		}
+	};
+	/* A: the 32 columns rounded to bf16; B: 128 rows x 4 pieces, 4 pieces per thread (consecutive
+	 * threads: one row's pieces), kq_values' arithmetic */
+	auto store_step = [&](int k0) {
+		uint4 *sa = (uint4 *)(sA + ar * MP_LDS + ac);
+#pragma unroll
+		for (int c = 0; c < 32; c += 8)
+			sa[c / 8] = make_uint4(mp_pack(xv[c], xv[c + 1]), mp_pack(xv[c + 2], xv[c + 3]),
+			                       mp_pack(xv[c + 4], xv[c + 5]), mp_pack(xv[c + 6], xv[c + 7]));
+#pragma unroll
+		for (int i = 0; i < 4; i++) {
+			const int q = tid + MP_THREADS * i, row = q >> 2, pp = q & 3;
+			float v[16];
+			if (rin[i]) {
+				float ka, kb;
+				kq<T>::decode(rw[i], k0 / 16 + pp, v, ka, kb);
+#pragma unroll
+				for (int j = 0; j < 16; j++)
+					v[j] = fmaf(ka, v[j], kb);
+			} else {
+#pragma unroll
+				for (int j = 0; j < 16; j++)
+					v[j] = 0.0f;
+			}
+			uint4 *d = (uint4 *)(sB + row * MP_LDS + pp * 16);
+			d[0] = make_uint4(mp_pack(v[0], v[1]), mp_pack(v[2], v[3]), mp_pack(v[4], v[5]),
+			                  mp_pack(v[6], v[7]));
+			d[1] = make_uint4(mp_pack(v[8], v[9]), mp_pack(v[10], v[11]), mp_pack(v[12], v[13]),
+			                  mp_pack(v[14], v[15]));
+		}
+	};
+
+	load_step(0);
+	for (int k0 = 0; k0 < D; k0 += MP_BK) {
+		store_step(k0);
 		__syncthreads();
+		if (k0 + MP_BK < D)
+			load_step(k0 + MP_BK);
 #pragma unroll
 		for (int kk = 0; kk < MP_BK; kk += 16) {
 			uint32_t a[4][4];

@@ -9,7 +9,8 @@
  *    kcpu_topk over the GPU's own scores exactly; where it differs from the CPU selection, both
  *    positions lie within the score tolerance of the K-th score (float near-ties only).
  * 3. kcuda_topk_idx alone: per-row lengths, NaN and -inf, many ties, k > n, against kcpu_topk.
- * Everything runs three times: with TANDEM_IDX_TOPK=fused (<= 256 rows of <= 128k keys: scores and
+ * Everything runs four times: with TANDEM_IDX_TILES=5 (default kernels, 5 key tiles a score block), with
+ * TANDEM_IDX_TOPK=fused (<= 256 rows of <= 128k keys: scores and
  * top-k in one launch, the selection finished by each row's last block, topk_sel.cuh; kcuda_topk_idx
  * alone: topk_sel.cu), with the default kernels (the score kernel, then the one-block / radix
  * top-k) and with TANDEM_CUDA_ATTN=ref (the first kernels), so one GPU run checks all against the
@@ -1040,7 +1041,11 @@ int main(void)
 		printf("%d checks, %d failed\n", ops_n_check, ops_n_fail);
 		return ops_n_fail ? 1 : 0;
 	}
-	for (int mode = 0; mode < (quick ? 2 : 3); mode++) {
+	/* mode 3: the default kernels with 5 key tiles a score block (any count 1..16 is valid; the
+	 * default takes 4 at prefill sizes, more rows x tiles than these cases have) */
+	for (int mode = 0; mode < 4; mode++) {
+		if (quick && mode == 2)
+			continue;
 		if (mode == 2)
 			setenv("TANDEM_CUDA_ATTN", "ref", 1);
 		else
@@ -1049,7 +1054,12 @@ int main(void)
 			setenv("TANDEM_IDX_TOPK", "fused", 1);
 		else
 			unsetenv("TANDEM_IDX_TOPK");
-		printf("-- kernels: %s\n", mode == 2   ? "ref (TANDEM_CUDA_ATTN=ref)"
+		if (mode == 3)
+			setenv("TANDEM_IDX_TILES", "5", 1);
+		else
+			unsetenv("TANDEM_IDX_TILES");
+		printf("-- kernels: %s\n", mode == 3   ? "default, 5 tiles a score block (TANDEM_IDX_TILES=5)"
+		                           : mode == 2 ? "ref (TANDEM_CUDA_ATTN=ref)"
 		                           : mode == 1 ? "default (fast scores, separate top-k)"
 		                                       : "fused top-k (TANDEM_IDX_TOPK=fused)");
 		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -1064,6 +1074,7 @@ int main(void)
 	}
 	unsetenv("TANDEM_CUDA_ATTN");
 	unsetenv("TANDEM_IDX_TOPK");
+	unsetenv("TANDEM_IDX_TILES");
 	{ /* part 4 (default kernels) */
 		static const int e1[] = {4096}, e3[] = {33, 2049, 4096}, e2[] = {70, 32768};
 		check_early_pdl(1, 1, e1);

@@ -1,7 +1,7 @@
 /* CUDA row ops against their CPU ops on seeded random inputs: kcuda_rmsnorm vs kcpu_rmsnorm,
  * kcuda_swiglu vs kcpu_swiglu, kcuda_rope vs kcpu_rope_cs + kcpu_rope (both pairings, plain and
  * YaRN frequencies from kcpu_rope_freqs, large positions, strided heads) and kcuda_embed vs
- * kcpu_dequant_row (every weight type, out-of-range ids), kcuda_l2_prefetch (no byte changes). Checks:
+ * kcpu_dequant_row (every weight type, out-of-range ids). Checks:
  * tolerance per element, finite outputs, guard bytes around outputs and in stride gaps, bad arguments
  * refused. Exit 77 = no GPU (skip). */
 #include <errno.h>
@@ -266,43 +266,6 @@ static void test_embed(void)
 	}
 }
 
-/* kcuda_l2_prefetch (a hint): every size and alignment it may get, from 0 bytes to more than one
- * slice per SM, leaves the buffer and its guards exactly as they were, and bad arguments are
- * refused */
-static void test_l2_prefetch(void)
-{
-	const size_t total = (size_t)40 << 20;
-	struct ops_dbuf b;
-	uint8_t *h = malloc(total), *back = malloc(total);
-	if (!h || !back || ops_dbuf_init(ctx, &b, total)) {
-		OPS_CHECK(0, "l2_prefetch: setup");
-		free(h);
-		free(back);
-		return;
-	}
-	for (size_t i = 0; i < total; i++)
-		h[i] = (uint8_t)(i * 131u + 7u);
-	OPS_CHECK(kcuda_upload(ctx, b.user, h, total) == 0, "l2_prefetch: upload");
-	static const size_t offs[] = {0, 1, 15, 16, 130, 65535};
-	static const size_t lens[] = {0, 1, 15, 16, 17, 4096, 65536, 65537, 3u << 20, 13u << 20};
-	for (size_t i = 0; i < sizeof(offs) / sizeof(offs[0]); i++)
-		for (size_t j = 0; j < sizeof(lens) / sizeof(lens[0]); j++) {
-			const int rc = kcuda_l2_prefetch(ctx, (uint8_t *)b.user + offs[i], lens[j]);
-			OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "l2_prefetch off %zu len %zu rc %d",
-			          offs[i], lens[j], rc);
-		}
-	const int rc = kcuda_l2_prefetch(ctx, b.user, total - 3); /* one slice per SM, uneven end */
-	OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "l2_prefetch whole buffer rc %d", rc);
-	const size_t bad = ops_dbuf_get(ctx, &b, back);
-	OPS_CHECK(bad == 0 && memcmp(h, back, total) == 0, "l2_prefetch changed the buffer (%zu guard bytes)",
-	          bad);
-	OPS_CHECK(kcuda_l2_prefetch(ctx, NULL, 16) == -EINVAL, "l2_prefetch NULL pointer refused");
-	OPS_CHECK(kcuda_l2_prefetch(NULL, b.user, 16) == -EINVAL, "l2_prefetch NULL context refused");
-	ops_dbuf_fini(&b);
-	free(h);
-	free(back);
-}
-
 int main(void)
 {
 	if (kcuda_device_count() < 1) {
@@ -318,7 +281,6 @@ int main(void)
 	test_swiglu();
 	test_rope();
 	test_embed();
-	test_l2_prefetch();
 	kcuda_ctx_destroy(ctx);
 	printf("%d checks, %d failed\n", ops_n_check, ops_n_fail);
 	return ops_n_fail ? 1 : 0;
