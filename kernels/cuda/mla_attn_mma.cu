@@ -114,44 +114,8 @@ static size_t mm_smem(int dim, bool f32)
  * their lo parts, of which rows 8-15 would be padding: one mma per step instead of two. A lane holds
  * rows g and g + 8 of every C fragment, so head g's sum is c0 + c2, c1 + c3 in the lane's own
  * registers (scores after QK^T, the output at the end; the online softmax rescales both rows alike).
- * The softmax runs 16 threads per head and writes p's hi part to P rows 0-7, its lo part to rows 8-15.
- * TANDEM_MLA_STACK=0: the unstacked kernel (mm_stack_enabled). */
-__device__ __forceinline__ void katt_tile_softmax_stk(const float *sred, const uint8_t *const *addr,
-                                                      float scale, int sh, int sk, bool writer, float *m_run,
-                                                      float *l_run, uint16_t *p, float *corr_s)
-{
-	constexpr int KPT = MM_TK / 16;
-	float s[KPT], mt = -INFINITY;
-#pragma unroll
-	for (int u = 0; u < KPT; u++) {
-		float d = 0.0f;
-#pragma unroll
-		for (int w = 0; w < MM_WARPS; w++)
-			d += sred[(w * MM_HG + sh) * MM_TK + sk + u];
-		s[u] = addr[sk + u] ? d * scale : -INFINITY;
-		mt = fmaxf(mt, s[u]);
-	}
-#pragma unroll
-	for (int o = 1; o < 16; o <<= 1)
-		mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, o));
-	const float mn = fmaxf(*m_run, mt);
-	const float corr = mn == -INFINITY ? 1.0f : expf(*m_run - mn);
-	float ps = 0.0f;
-#pragma unroll
-	for (int u = 0; u < KPT; u++) {
-		const float pv = mn == -INFINITY ? 0.0f : expf(s[u] - mn);
-		ps += pv;
-		katt_split1(pv, &p[sh * MM_PS + sk + u], &p[(sh + 8) * MM_PS + sk + u]);
-	}
-#pragma unroll
-	for (int o = 1; o < 16; o <<= 1)
-		ps += __shfl_xor_sync(0xffffffffu, ps, o);
-	*l_run = *l_run * corr + ps;
-	*m_run = mn;
-	if (writer)
-		corr_s[sh] = corr;
-}
-
+ * The softmax runs 16 threads a head (katt_tile_softmax with TPH 16) and writes p's hi part to P rows
+ * 0-7, its lo part to rows 8-15. TANDEM_MLA_STACK=0: the unstacked kernel (mm_stack_enabled). */
 /* F32: the pool holds fp32 values; they are split into bf16 hi + lo as the fragments are read and
  * multiplied as hi*hi + lo*hi + hi*lo (the lo*lo term is below 2^-16 of the result) */
 template <bool F32, bool ROPE, bool STK>
@@ -323,8 +287,9 @@ __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel(mm_args a)
 
 		/* online softmax of head sh over keys sk .. sk + 3 of the tile */
 		if (STK)
-			katt_tile_softmax_stk(sred, addr_s + st * MM_TK, a.scale, sh, sk, (tid & 15) == 0,
-			                      &m_run, &l_run, phi, corr_s);
+			katt_tile_softmax<MM_TK, MM_WARPS, MM_HG, 16>(sred, addr_s + st * MM_TK, a.scale, sh,
+			                                              sk, (tid & 15) == 0, &m_run, &l_run,
+			                                              phi, phi + 8 * MM_PS, MM_PS, corr_s);
 		else
 			katt_tile_softmax<MM_TK, MM_WARPS, MM_HG>(sred, addr_s + st * MM_TK, a.scale, sh, sk,
 			                                          (tid & 7) == 0, &m_run, &l_run, phi, plo,

@@ -54,16 +54,18 @@ __device__ __forceinline__ void katt_split1(float x, uint16_t *hi, uint16_t *lo)
 }
 
 /* Online softmax of one tile of TK keys for a block whose WARPS warps each hold a partial score
- * tile (their share of the dim steps) in sred[w][HG][TK]: 8 threads per head row sh, KPT = TK / 8
- * keys each from sk; a key whose row address is NULL (invalid, or past the end) scores -inf. The
- * running max / sum (kept by all 8 threads of the row) are updated, p of the tile is written as
- * bf16 hi / lo rows of stride PS, and the rescale factor of the row to corr_s[sh] (one thread). */
-template <int TK, int WARPS, int HG>
+ * tile (their share of the dim steps) in sred[w][HG][TK]: TPH threads (8 or 16, lanes of one warp) per
+ * head row sh, KPT = TK / TPH keys each from sk; a key whose row address is NULL (invalid, or past the
+ * end) scores -inf. The running max / sum (kept by all TPH threads of the row) are updated, p of the
+ * tile is written as bf16 hi / lo rows of stride PS (hi to phi, lo to plo: mla_attn_mma.cu's stacked
+ * kernel passes plo = phi + 8 rows), and the rescale factor of the row to corr_s[sh] (one thread). */
+template <int TK, int WARPS, int HG, int TPH = 8>
 __device__ __forceinline__ void katt_tile_softmax(const float *sred, const uint8_t *const *addr, float scale,
                                                   int sh, int sk, bool writer, float *m_run, float *l_run,
                                                   uint16_t *phi, uint16_t *plo, int PS, float *corr_s)
 {
-	constexpr int KPT = TK / 8;
+	static_assert(TPH == 8 || TPH == 16, "8 or 16 threads a head row");
+	constexpr int KPT = TK / TPH;
 	float s[KPT], mt = -INFINITY;
 #pragma unroll
 	for (int u = 0; u < KPT; u++) {
@@ -74,9 +76,9 @@ __device__ __forceinline__ void katt_tile_softmax(const float *sred, const uint8
 		s[u] = addr[sk + u] ? d * scale : -INFINITY;
 		mt = fmaxf(mt, s[u]);
 	}
-	mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
-	mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
-	mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 4));
+#pragma unroll
+	for (int o = 1; o < TPH; o <<= 1)
+		mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, o));
 	const float mn = fmaxf(*m_run, mt);
 	const float corr = mn == -INFINITY ? 1.0f : expf(*m_run - mn);
 	float ps = 0.0f;
@@ -86,9 +88,9 @@ __device__ __forceinline__ void katt_tile_softmax(const float *sred, const uint8
 		ps += p;
 		katt_split1(p, &phi[sh * PS + sk + u], &plo[sh * PS + sk + u]);
 	}
-	ps += __shfl_xor_sync(0xffffffffu, ps, 1);
-	ps += __shfl_xor_sync(0xffffffffu, ps, 2);
-	ps += __shfl_xor_sync(0xffffffffu, ps, 4);
+#pragma unroll
+	for (int o = 1; o < TPH; o <<= 1)
+		ps += __shfl_xor_sync(0xffffffffu, ps, o);
 	*l_run = *l_run * corr + ps;
 	*m_run = mn;
 	if (writer)
