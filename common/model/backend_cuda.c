@@ -1934,7 +1934,10 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 		kws = need > kws ? (need < ((size_t)1 << 30) ? need : ((size_t)1 << 30)) : kws;
 	}
 	if ((rc = kcuda_ctx_create(dev, kws, &c->kc))) {
-		errbuf_set(e, rc, "backend cuda: cannot create a context on device %d", dev);
+		errbuf_set(e, rc,
+		           "backend cuda: cannot create a context on device %d (workspace %.2f GB for "
+		           "max_tokens %lld)",
+		           dev, (double)kws / 1e9, (long long)o->max_tokens);
 		goto fail;
 	}
 	c->kc_main = c->kc;
