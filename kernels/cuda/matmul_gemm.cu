@@ -299,6 +299,9 @@ int kcuda_gemm_f32_launch(struct kcuda_ctx *c, const struct kweight *w, const fl
  * at most 19 significant bits, so hi + lo holds it exactly; an fp32 value keeps 22 of its 24 bits; the
  * dropped W_lo x_lo term is below 2^-22 of |w x|. So the error stays ~2^-21 of sum |w x|, against the
  * fp32 GEMV tolerance of 2e-6 sqrt(K) sum |w x| the tests hold every fp32-path product to.
+ * One scale serves all of a call's tokens: a token whose values all lie more than ~2^20 below the call's
+ * largest |x| loses bits (2^26 below: ~1.4e-5 of its sum |w x|, tests/unit/split_f16_sim.cc); the caller's
+ * activations are normalized rows (idx_q_b reads the q_a-normed c_q), far from that.
  * Non-finite values: hi carries them (lo = 0), so y is non-finite where the fp32 product is.
  * Workspace: [scratch 256 B: max |w| bits, max |x| bits, alpha, beta][X' tok_chunk x 3K][W' row_chunk x 3K].
  */
