@@ -102,6 +102,15 @@ __global__ void mp_sort_kernel(const int32_t *__restrict__ ids, int np, int E, i
 	}
 }
 
+/* 16 values -> 16 bf16 at dst (two 16-byte stores) */
+__device__ __forceinline__ void mp_store16(const float *v, uint16_t *dst)
+{
+	uint4 *d = (uint4 *)dst;
+	d[0] = make_uint4(mp_pack(v[0], v[1]), mp_pack(v[2], v[3]), mp_pack(v[4], v[5]), mp_pack(v[6], v[7]));
+	d[1] = make_uint4(mp_pack(v[8], v[9]), mp_pack(v[10], v[11]), mp_pack(v[12], v[13]),
+	                  mp_pack(v[14], v[15]));
+}
+
 /* 16 dequantized values of piece p of `row` (zeros outside the matrix) -> 16 bf16 at dst */
 template <int T>
 __device__ __forceinline__ void mp_piece_to_smem(const uint8_t *row, int64_t p, bool in, uint16_t *dst)
@@ -113,10 +122,7 @@ __device__ __forceinline__ void mp_piece_to_smem(const uint8_t *row, int64_t p, 
 #pragma unroll
 		for (int i = 0; i < 16; i++)
 			v[i] = 0.0f;
-	uint4 *d = (uint4 *)dst;
-	d[0] = make_uint4(mp_pack(v[0], v[1]), mp_pack(v[2], v[3]), mp_pack(v[4], v[5]), mp_pack(v[6], v[7]));
-	d[1] = make_uint4(mp_pack(v[8], v[9]), mp_pack(v[10], v[11]), mp_pack(v[12], v[13]),
-	                  mp_pack(v[14], v[15]));
+	mp_store16(v, dst);
 }
 
 /* A fragments of the 64-row tile at column kk, B fragments and the products (one warp) */
@@ -208,7 +214,7 @@ __global__ void __launch_bounds__(MP_THREADS, mp_gu_min_blocks<T>())
 		}
 	};
 	/* A: the 32 columns rounded to bf16; B: 128 rows x 4 pieces, 4 pieces per thread (consecutive
-	 * threads: one row's pieces), kq_values' arithmetic */
+	 * threads: one row's pieces), decoded as mp_piece_to_smem does */
 	auto store_step = [&](int k0) {
 		uint4 *sa = (uint4 *)(sA + ar * MP_LDS + ac);
 #pragma unroll
@@ -219,22 +225,13 @@ __global__ void __launch_bounds__(MP_THREADS, mp_gu_min_blocks<T>())
 		for (int i = 0; i < 4; i++) {
 			const int q = tid + MP_THREADS * i, row = q >> 2, pp = q & 3;
 			float v[16];
-			if (rin[i]) {
-				float ka, kb;
-				kq<T>::decode(rw[i], k0 / 16 + pp, v, ka, kb);
-#pragma unroll
-				for (int j = 0; j < 16; j++)
-					v[j] = fmaf(ka, v[j], kb);
-			} else {
+			if (rin[i])
+				kq_values_raw<T>(rw[i], k0 / 16 + pp, v);
+			else
 #pragma unroll
 				for (int j = 0; j < 16; j++)
 					v[j] = 0.0f;
-			}
-			uint4 *d = (uint4 *)(sB + row * MP_LDS + pp * 16);
-			d[0] = make_uint4(mp_pack(v[0], v[1]), mp_pack(v[2], v[3]), mp_pack(v[4], v[5]),
-			                  mp_pack(v[6], v[7]));
-			d[1] = make_uint4(mp_pack(v[8], v[9]), mp_pack(v[10], v[11]), mp_pack(v[12], v[13]),
-			                  mp_pack(v[14], v[15]));
+			mp_store16(v, sB + row * MP_LDS + pp * 16);
 		}
 	};
 

@@ -510,16 +510,22 @@ template <> struct kq<KT_IQ4_XS> { /* 136 B: d, scales_h (u16), scales_l[4], qs[
 };
 
 /* Element j of piece p exactly as kcpu_dequant_row would give it, up to fp32 rounding of
- * a * v + b (embedding lookup, prefill dequantization). */
-template <int T> __device__ __forceinline__ void kq_values(const uint8_t *row, int64_t p, float *out)
+ * a * v + b (embedding lookup, prefill dequantization); kq_values_raw: the same from raw bytes that
+ * kq<T>::load already brought (a kernel that loads a step ahead). */
+template <int T>
+__device__ __forceinline__ void kq_values_raw(const typename kq<T>::raw &r, int64_t p, float *out)
 {
-	typename kq<T>::raw r;
 	float a, b;
-	kq<T>::load(row, p, r);
 	kq<T>::decode(r, p, out, a, b);
 #pragma unroll
 	for (int i = 0; i < 16; i++)
 		out[i] = fmaf(a, out[i], b);
+}
+template <int T> __device__ __forceinline__ void kq_values(const uint8_t *row, int64_t p, float *out)
+{
+	typename kq<T>::raw r;
+	kq<T>::load(row, p, r);
+	kq_values_raw<T>(r, p, out);
 }
 
 /* X-macro of the types with a piece dequantizer (the ones kcuda_matmul accepts). */
