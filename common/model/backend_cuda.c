@@ -1931,7 +1931,9 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 	if (hp->n_expert > 0 && o->max_tokens >= 256) {
 		const size_t need =
 		    kcuda_moe_prefill_ws(o->max_tokens, hp->n_expert_used, hp->n_expert, rk->fel, hp->D);
-		kws = need > kws ? (need < ((size_t)1 << 30) ? need : ((size_t)1 << 30)) : kws;
+		const size_t cap = (size_t)1 << 30;
+		if (need > kws)
+			kws = need < cap ? need : cap;
 	}
 	if ((rc = kcuda_ctx_create(dev, kws, &c->kc))) {
 		errbuf_set(e, rc,

@@ -1,9 +1,9 @@
 /* CUDA row ops against their CPU ops on seeded random inputs: kcuda_rmsnorm vs kcpu_rmsnorm,
  * kcuda_swiglu vs kcpu_swiglu, kcuda_rope vs kcpu_rope_cs + kcpu_rope (both pairings, plain and
  * YaRN frequencies from kcpu_rope_freqs, large positions, strided heads) and kcuda_embed vs
- * kcpu_dequant_row (every weight type, out-of-range ids). Checks:
- * tolerance per element, finite outputs, guard bytes around outputs and in stride gaps, bad arguments
- * refused. Exit 77 = no GPU (skip). */
+ * kcpu_dequant_row (every weight type, out-of-range ids). Checks: tolerance per element, finite
+ * outputs, guard bytes around outputs and in stride gaps, bad arguments refused.
+ * Exit 77 = no GPU (skip). */
 #include <errno.h>
 
 #include "common/base/err.h"
