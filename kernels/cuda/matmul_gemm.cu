@@ -368,6 +368,7 @@ __global__ void split_absmax_x(const float *__restrict__ x, int64_t ldx, int64_t
                                unsigned *mx)
 {
 	KDEP_ENTRY();
+	x = kdep_after(x); /* written by the kernel before: no load of it above the wait */
 	const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, n8 = n_in / 8;
 	uint32_t m = 0;
 	if (i < n_tok * n8) {
@@ -388,6 +389,7 @@ __global__ void split_w(const uint8_t *__restrict__ w, size_t row_bytes, int64_t
 	const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
 	if (i >= n_rows * n_pieces)
 		return;
+	mx = kdep_after(mx); /* the maxima of the kernels before */
 	const int64_t row = i / n_pieces, p = i % n_pieces, K = n_pieces * 16;
 	int e, ex;
 	split_exps(mx, e, ex);
@@ -409,6 +411,8 @@ __global__ void split_x(const float *__restrict__ x, int64_t ldx, int64_t n_tok,
                         const unsigned *mx, float *ab, __half *__restrict__ dst)
 {
 	KDEP_ENTRY();
+	x = kdep_after(x);
+	mx = kdep_after(mx);
 	const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, n8 = n_in / 8;
 	int ew, ex;
 	split_exps(mx, ew, ex);
