@@ -25,6 +25,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/mla_attn_mode.cuh"
+#include "kernels/cuda/mla_attn_tile.cuh"
 #include "kernels/cuda/topk_sel.cuh"
 
 #define IF_WARPS 4
@@ -272,28 +273,49 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 #pragma unroll
 			for (int ks = 0; ks < IF_DMAX / 16; ks++) {
 				if (ks < nks) {
+					if (!F32 && NT % 2 == 0) {
+						/* ldmatrix, two n-tiles a load: keys 8j + 0-7 x dims +0, +8,
+						 * then keys 8j + 8-15 (RS 4 mod 32 words: conflict-free) */
 #pragma unroll
-					for (int j = 0; j < NT; j++) {
-						const val_t *kr =
-						    kt + (kg * NT * 8 + 8 * j + g) * RS + ks * 16 + 2 * t;
-						if (F32) {
-							const float2 x = *(const float2 *)kr,
-							             y = *(const float2 *)(kr + 8);
-							uint32_t b0[3], b1[3];
-							if_split3(x.x, x.y, &b0[0], &b0[1], &b0[2]);
-							if_split3(y.x, y.y, &b1[0], &b1[1], &b1[2]);
-							if_mma(acc[j], qf[ks][0], b0[0], b1[0]);
-							if_mma(acc[j], qf[ks][1], b0[0], b1[0]);
-							if_mma(acc[j], qf[ks][0], b0[1], b1[1]);
-							if_mma(acc[j], qf[ks][2], b0[0], b1[0]);
-							if_mma(acc[j], qf[ks][1], b0[1], b1[1]);
-							if_mma(acc[j], qf[ks][0], b0[2], b1[2]);
-						} else {
-							const uint32_t b0 = *(const uint32_t *)kr,
-							               b1 = *(const uint32_t *)(kr + 8);
-							if_mma(acc[j], qf[ks][0], b0, b1);
-							if_mma(acc[j], qf[ks][1], b0, b1);
-							if_mma(acc[j], qf[ks][2], b0, b1);
+						for (int j = 0; j < NT; j += 2) {
+							uint32_t b[4];
+							katt_ldm4(b, kt +
+							                 (kg * NT * 8 + 8 * j +
+							                  (lane >> 4) * 8 + (lane & 7)) *
+							                     RS +
+							                 ks * 16 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+							for (int p = 0; p < 3; p++) {
+								if_mma(acc[j], qf[ks][p], b[0], b[1]);
+								if_mma(acc[j + 1], qf[ks][p], b[2], b[3]);
+							}
+						}
+					} else {
+#pragma unroll
+						for (int j = 0; j < NT; j++) {
+							const val_t *kr = kt +
+							                  (kg * NT * 8 + 8 * j + g) * RS +
+							                  ks * 16 + 2 * t;
+							if (F32) {
+								const float2 x = *(const float2 *)kr,
+								             y = *(const float2 *)(kr + 8);
+								uint32_t b0[3], b1[3];
+								if_split3(x.x, x.y, &b0[0], &b0[1], &b0[2]);
+								if_split3(y.x, y.y, &b1[0], &b1[1], &b1[2]);
+								if_mma(acc[j], qf[ks][0], b0[0], b1[0]);
+								if_mma(acc[j], qf[ks][1], b0[0], b1[0]);
+								if_mma(acc[j], qf[ks][0], b0[1], b1[1]);
+								if_mma(acc[j], qf[ks][2], b0[0], b1[0]);
+								if_mma(acc[j], qf[ks][1], b0[1], b1[1]);
+								if_mma(acc[j], qf[ks][0], b0[2], b1[2]);
+							} else {
+								const uint32_t b0 = *(const uint32_t *)kr,
+								               b1 = *(const uint32_t *)(kr +
+								                                        8);
+								if_mma(acc[j], qf[ks][0], b0, b1);
+								if_mma(acc[j], qf[ks][1], b0, b1);
+								if_mma(acc[j], qf[ks][2], b0, b1);
+							}
 						}
 					}
 				}

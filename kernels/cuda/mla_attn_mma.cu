@@ -1,7 +1,7 @@
 /* MLA attention (absorbed form) over the paged KV cache on tensor cores: the fast path behind
  * kcuda_mla_attn (the first kernel, mla_attn.cu, stays selectable: TANDEM_CUDA_ATTN=ref, and takes
- * the shapes this one does not: fp32 pools, dim > 576 or not a multiple of 16, C not a multiple of
- * 32, misaligned pools).
+ * the shapes this one does not: dim > 576 or not a multiple of 16, C not a multiple of 32, misaligned
+ * pools, fp32 pools with TANDEM_MLA_F32_NST=2 on a GPU of less than ~160 KB of shared memory a block).
  *
  * Why tensor cores: a key row (576 bf16 = 1152 B) meets H heads for ~2 x 576 + 2 x 512 FLOP each;
  * at 16 heads that is 30 FLOP per byte, 120 TFLOP/s at 4 TB/s: more than the fp32 CUDA cores give.
@@ -101,15 +101,15 @@ static __host__ __device__ int mm_rs(int dim, bool f32)
 {
 	return f32 ? dim + 4 : dim + 8;
 }
-static size_t mm_smem(int dim, bool f32)
+static size_t mm_smem(int dim, bool f32, int nst)
 {
-	return 2 * MM_TK * (size_t)mm_rs(dim, f32) * (f32 ? 4 : 2) /* kv tiles */ +
+	return nst * MM_TK * (size_t)mm_rs(dim, f32) * (f32 ? 4 : 2) /* kv tiles */ +
 	       MM_WARPS * MM_HG * MM_TK * 4 /* partial scores */ + 2 * MM_HG * MM_PS * 2 /* p hi, lo */ +
 	       MM_HG * 4 /* corr */ + 2 * MM_HG * 4 /* m, l */ +
 	       2 * MM_TK * sizeof(void *) /* row addresses */;
 }
 
-/* STK (bf16 pool, at most 8 heads: GLM-5 at TP=8): the 16 rows of every A operand are the 8 heads' hi
+/* STK (at most 8 heads: GLM-5 at TP=8): the 16 rows of every A operand are the 8 heads' hi
  * parts (rows 0-7) stacked on their lo parts (rows 8-15) instead of 16 heads' hi and, in a second mma,
  * their lo parts, of which rows 8-15 would be padding: one mma per step instead of two. A lane holds
  * rows g and g + 8 of every C fragment, so head g's sum is c0 + c2, c1 + c3 in the lane's own
@@ -117,17 +117,23 @@ static size_t mm_smem(int dim, bool f32)
  * The softmax runs 16 threads a head (katt_tile_softmax with TPH 16) and writes p's hi part to P rows
  * 0-7, its lo part to rows 8-15. TANDEM_MLA_STACK=0: the unstacked kernel (mm_stack_enabled). */
 /* F32: the pool holds fp32 values; they are split into bf16 hi + lo as the fragments are read and
- * multiplied as hi*hi + lo*hi + hi*lo (the lo*lo term is below 2^-16 of the result) */
-template <bool F32, bool ROPE, bool STK>
+ * multiplied as hi*hi + lo*hi + hi*lo (the lo*lo term is below 2^-16 of the result). With STK too, a
+ * step is two mma: the stacked A (hi rows on lo rows) times the hi part of B, then times its lo part
+ * (all four terms, lo*lo included), instead of three.
+ * NST: key tiles in shared memory. 2: the next tile's copy is in flight while the current one is
+ * used (one block an SM with fp32 tiles, ~160 KB). 1 (fp32 pools): one tile (~86 KB), so two blocks
+ * share an SM and one block's copy overlaps the other's products; the next tile's row addresses are
+ * still looked up while the current one is used. */
+template <bool F32, bool ROPE, bool STK, int NST>
 __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel(mm_args a)
 {
-	static_assert(!(F32 && STK), "the stacked kernel reads bf16 pools");
+	static_assert(NST == 1 || NST == 2, "one or two key tiles");
 	KDEP_ENTRY();
 	typedef typename std::conditional<F32, float, uint16_t>::type val_t;
 	extern __shared__ __align__(16) uint8_t mm_sm[];
 	const int dim = a.dim, RS = mm_rs(dim, F32), C = a.C;
 	val_t *kv_s = (val_t *)mm_sm; /* [2][TK][RS] */
-	float *sred = (float *)(kv_s + 2 * MM_TK * RS); /* [WARPS][HG][TK] */
+	float *sred = (float *)(kv_s + NST * MM_TK * RS); /* [WARPS][HG][TK] */
 	uint16_t *phi = (uint16_t *)(sred + MM_WARPS * MM_HG * MM_TK); /* [HG][PS] */
 	uint16_t *plo = phi + MM_HG * MM_PS;
 	float *corr_s = (float *)(plo + MM_HG * MM_PS); /* [HG] */
@@ -196,10 +202,11 @@ __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel(mm_args a)
 		}
 	};
 	const int nchunk = dim * (int)sizeof(val_t) / 16; /* 16-byte pieces per row */
-	auto issue = [&](int st) {
+	/* tile rows of address stage st into key stage kst */
+	auto issue = [&](int st, int kst) {
 		for (int r = warp; r < MM_TK; r += MM_WARPS) {
 			const uint8_t *p = addr_s[st * MM_TK + r];
-			uint8_t *dst = (uint8_t *)(kv_s + (st * MM_TK + r) * RS);
+			uint8_t *dst = (uint8_t *)(kv_s + (kst * MM_TK + r) * RS);
 			for (int c = lane; c < nchunk; c += 32) {
 				if (p)
 					katt_cp16(dst + 16 * c, p + 16 * c);
@@ -223,21 +230,25 @@ __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel(mm_args a)
 	if (ntiles > 0) {
 		fill_addr(0, 0);
 		__syncthreads();
-		issue(0);
+		issue(0, 0);
 	}
 	for (int n = 0; n < ntiles; n++) {
-		const int st = n & 1;
+		const int st = n & 1; /* address stage (and key stage at NST 2) */
 		if (n + 1 < ntiles)
 			fill_addr(n + 1, st ^ 1);
-		__syncthreads();
-		if (n + 1 < ntiles) {
-			issue(st ^ 1);
-			katt_cp_wait<1>();
+		if (NST == 2) {
+			__syncthreads();
+			if (n + 1 < ntiles) {
+				issue(st ^ 1, st ^ 1);
+				katt_cp_wait<1>();
+			} else {
+				katt_cp_wait<0>();
+			}
 		} else {
 			katt_cp_wait<0>();
 		}
 		__syncthreads();
-		const val_t *kt = kv_s + st * MM_TK * RS;
+		const val_t *kt = kv_s + (NST == 2 ? st : 0) * MM_TK * RS;
 
 		/* S = Q K^T, this warp's dim steps, 4 n-tiles of 8 keys */
 		float sacc[4][4];
@@ -248,24 +259,36 @@ __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel(mm_args a)
 		for (int i = 0; i < MM_KSW; i++) {
 			const int ks = warp + MM_WARPS * i;
 			if (ks < nks) {
+				if (F32) {
 #pragma unroll
-				for (int j = 0; j < 4; j++) {
-					const val_t *kr = kt + (8 * j + g) * RS + ks * 16 + 2 * t;
-					if (F32) {
+					for (int j = 0; j < 4; j++) {
+						const val_t *kr = kt + (8 * j + g) * RS + ks * 16 + 2 * t;
 						const float2 x = *(const float2 *)kr,
 						             y = *(const float2 *)(kr + 8);
 						uint32_t bh0, bl0, bh1, bl1;
 						katt_split2(x.x, x.y, &bh0, &bl0);
 						katt_split2(y.x, y.y, &bh1, &bl1);
 						katt_mma(sacc[j], qh[i], bh0, bh1);
-						katt_mma(sacc[j], ql[i], bh0, bh1);
-						katt_mma(sacc[j], qh[i], bl0, bl1);
-					} else {
-						const uint32_t b0 = *(const uint32_t *)kr,
-						               b1 = *(const uint32_t *)(kr + 8);
-						katt_mma(sacc[j], qh[i], b0, b1);
 						if (!STK)
-							katt_mma(sacc[j], ql[i], b0, b1);
+							katt_mma(sacc[j], ql[i], bh0, bh1);
+						katt_mma(sacc[j], qh[i], bl0, bl1);
+					}
+				} else {
+					/* ldmatrix, two n-tiles a load: keys 8j + 0-7 x dims +0, +8, then
+					 * keys 8j + 8-15 x the same (16-byte rows, conflict-free: RS is 4 mod
+					 * 32 words) */
+#pragma unroll
+					for (int j = 0; j < 4; j += 2) {
+						uint32_t b[4];
+						katt_ldm4(b, kt +
+						                 (8 * j + (lane >> 4) * 8 + (lane & 7)) * RS +
+						                 ks * 16 + ((lane >> 3) & 1) * 8);
+						katt_mma(sacc[j], qh[i], b[0], b[1]);
+						if (!STK)
+							katt_mma(sacc[j], ql[i], b[0], b[1]);
+						katt_mma(sacc[j + 1], qh[i], b[2], b[3]);
+						if (!STK)
+							katt_mma(sacc[j + 1], ql[i], b[2], b[3]);
 					}
 				}
 			}
@@ -319,33 +342,51 @@ __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel(mm_args a)
 					katt_p_frags(phi, plo, MM_PS, g, t, kk, ah, al);
 				}
 				/* B = V rows pc, pc + 1 (b0) and pc + 8, pc + 9 (b1), column = channel */
-				const val_t *vr = kt + pc * RS + warp * cw + g;
+				if (F32) {
+					const val_t *vr = kt + pc * RS + warp * cw + g;
 #pragma unroll
-				for (int j = 0; j < MM_NTW; j++) {
-					if (j < ntw) {
-						const val_t *v = vr + 8 * j;
-						if (F32) {
+					for (int j = 0; j < MM_NTW; j++) {
+						if (j < ntw) {
+							const val_t *v = vr + 8 * j;
 							uint32_t bh0, bl0, bh1, bl1;
 							katt_split2((float)v[0], (float)v[RS], &bh0, &bl0);
 							katt_split2((float)v[8 * RS], (float)v[9 * RS], &bh1,
 							            &bl1);
 							katt_mma(oacc[j], ah, bh0, bh1);
-							katt_mma(oacc[j], al, bh0, bh1);
-							katt_mma(oacc[j], ah, bl0, bl1);
-						} else {
-							const uint32_t b0 =
-							    (uint32_t)v[0] | ((uint32_t)v[RS] << 16);
-							const uint32_t b1 =
-							    (uint32_t)v[8 * RS] | ((uint32_t)v[9 * RS] << 16);
-							katt_mma(oacc[j], ah, b0, b1);
 							if (!STK)
-								katt_mma(oacc[j], al, b0, b1);
+								katt_mma(oacc[j], al, bh0, bh1);
+							katt_mma(oacc[j], ah, bl0, bl1);
+						}
+					}
+				} else {
+					/* ldmatrix.trans, two n-tiles a load: keys kk 16 + 0-7 / 8-15 x
+					 * channels c, then c + 8. With an odd count (C 96: 3 a warp) the last
+					 * load's second pair is unused; it lies inside the shared row (stride
+					 * dim + 8). */
+					const val_t *vb =
+					    kt + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * RS +
+					    warp * cw + (lane >> 4) * 8;
+#pragma unroll
+					for (int j = 0; j < MM_NTW; j += 2) {
+						if (j < ntw) {
+							uint32_t b[4];
+							katt_ldm4t(b, vb + 8 * j);
+							katt_mma(oacc[j], ah, b[0], b[1]);
+							if (!STK)
+								katt_mma(oacc[j], al, b[0], b[1]);
+							if (j + 1 < ntw) {
+								katt_mma(oacc[j + 1], ah, b[2], b[3]);
+								if (!STK)
+									katt_mma(oacc[j + 1], al, b[2], b[3]);
+							}
 						}
 					}
 				}
 			}
 		}
 		__syncthreads(); /* the next iteration refills this stage, the scores and p */
+		if (NST == 1 && n + 1 < ntiles)
+			issue(st ^ 1, 0);
 	}
 
 	if ((tid & (STK ? 15 : 7)) == 0) {
@@ -461,6 +502,17 @@ __global__ void __launch_bounds__(128)
 		out[rh * C + cc] = (part[0][lane] + part[1][lane]) + (part[2][lane] + part[3][lane]);
 }
 
+/* key tiles in shared memory: 2 with bf16 pools; fp32 pools 1 (two blocks an SM; it fits sm_120's
+ * 99 KB too), TANDEM_MLA_F32_NST=2: two (one block an SM; ~160 KB: Hopper and sm_100 only). Read on
+ * every call. */
+static int mm_nst(bool f32)
+{
+	if (!f32)
+		return 2;
+	const char *e = getenv("TANDEM_MLA_F32_NST");
+	return e && strcmp(e, "2") == 0 ? 2 : 1;
+}
+
 /* Does the tensor-core kernel take this call? Every check of the first kernel's argument
  * validation in positive form (a bad call goes to it and is reported there) plus this kernel's own
  * shape and alignment needs. */
@@ -479,17 +531,29 @@ static bool mm_fits(const struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
 	if (((uintptr_t)kv->base | kv->block_bytes | kv->offset) % 16 || (uintptr_t)q % 8 ||
 	    (uintptr_t)out % 8)
 		return false;
-	/* fp32 tiles need ~160 KB: Hopper and sm_100 have it, sm_120 (99 KB) takes the first kernel */
-	return mm_smem((int)kv->dim, !kv->bf16) <= (size_t)kcuda_smem_optin(c->device);
+	/* two fp32 tiles need ~160 KB: Hopper and sm_100 have it, sm_120 (99 KB) takes the first kernel */
+	return mm_smem((int)kv->dim, !kv->bf16, mm_nst(!kv->bf16)) <= (size_t)kcuda_smem_optin(c->device);
 }
 
 /* the kernel without (ROPE false: the default, no rope code in it) or with q's rope on its loads */
-template <bool F32, bool ROPE, bool STK>
+template <bool F32, bool ROPE, bool STK, int NST>
 static int mm_launch(struct kcuda_ctx *c, const mm_args &a, dim3 grid, size_t smem)
 {
-	KCUDA_CHECK(cudaFuncSetAttribute(mla_mma_kernel<F32, ROPE, STK>,
+	KCUDA_CHECK(cudaFuncSetAttribute(mla_mma_kernel<F32, ROPE, STK, NST>,
 	                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-	return klaunch("mla_mma", mla_mma_kernel<F32, ROPE, STK>, grid, dim3(MM_THREADS), smem, c->stream, a);
+	return klaunch("mla_mma", mla_mma_kernel<F32, ROPE, STK, NST>, grid, dim3(MM_THREADS), smem,
+	               c->stream, a);
+}
+
+/* the fp32-pool kernels: ROPE x STK x NST */
+template <bool ROPE>
+static int mm_launch_f32(struct kcuda_ctx *c, const mm_args &a, dim3 grid, size_t smem, bool stk, int nst)
+{
+	if (stk)
+		return nst == 1 ? mm_launch<true, ROPE, true, 1>(c, a, grid, smem)
+		                : mm_launch<true, ROPE, true, 2>(c, a, grid, smem);
+	return nst == 1 ? mm_launch<true, ROPE, false, 1>(c, a, grid, smem)
+	                : mm_launch<true, ROPE, false, 2>(c, a, grid, smem);
 }
 
 /* TANDEM_MLA_STACK=0: the unstacked kernel at <= 8 heads too (read on every call) */
@@ -534,13 +598,14 @@ static int mm_run(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const str
 	a.out = out;
 	a.err = c->err_dev;
 
-	/* splits: aim at one wave of resident blocks (shared memory allows 2 per SM with bf16 tiles, 1
-	 * with fp32), each split a whole number of 32-key tiles; partials must fit the workspace; at most
-	 * MM_MAX_SPLIT (the combine's weights) */
+	/* splits: aim at one wave of resident blocks (shared memory allows 2 per SM with bf16 tiles or
+	 * one fp32 tile, 1 with two fp32 tiles), each split a whole number of 32-key tiles; partials must fit
+	 * the workspace; at most MM_MAX_SPLIT (the combine's weights) */
 	const int n_hg = (int)((H + MM_HG - 1) / MM_HG);
 	const int64_t max_tiles = (rows->max_keys + MM_TK - 1) / MM_TK;
 	const int64_t blocks = rows->n_q * n_hg;
-	int64_t want = ((kv->bf16 ? 2 : 1) * (int64_t)c->n_sm + blocks - 1) / blocks;
+	const int nst = mm_nst(!kv->bf16);
+	int64_t want = ((kv->bf16 || nst == 1 ? 2 : 1) * (int64_t)c->n_sm + blocks - 1) / blocks;
 	if (want > max_tiles)
 		want = max_tiles;
 	if (want > MM_MAX_SPLIT)
@@ -559,18 +624,19 @@ static int mm_run(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const str
 	a.pm = ws + n_ps * (size_t)C;
 	a.pl = a.pm + n_ps;
 
-	const size_t smem = mm_smem(a.dim, !kv->bf16);
+	const size_t smem = mm_smem(a.dim, !kv->bf16, nst);
 	dim3 grid((unsigned)rows->n_q, (unsigned)a.nsplit, (unsigned)n_hg);
+	const bool stk = H <= 8 && mm_stack_enabled();
 	int rc;
-	if (kv->bf16 && H <= 8 && mm_stack_enabled()) {
-		rc = qr ? mm_launch<false, true, true>(c, a, grid, smem)
-		        : mm_launch<false, false, true>(c, a, grid, smem);
+	if (kv->bf16 && stk) {
+		rc = qr ? mm_launch<false, true, true, 2>(c, a, grid, smem)
+		        : mm_launch<false, false, true, 2>(c, a, grid, smem);
 	} else if (kv->bf16) {
-		rc = qr ? mm_launch<false, true, false>(c, a, grid, smem)
-		        : mm_launch<false, false, false>(c, a, grid, smem);
+		rc = qr ? mm_launch<false, true, false, 2>(c, a, grid, smem)
+		        : mm_launch<false, false, false, 2>(c, a, grid, smem);
 	} else {
-		rc = qr ? mm_launch<true, true, false>(c, a, grid, smem)
-		        : mm_launch<true, false, false>(c, a, grid, smem);
+		rc = qr ? mm_launch_f32<true>(c, a, grid, smem, stk, nst)
+		        : mm_launch_f32<false>(c, a, grid, smem, stk, nst);
 	}
 	if (rc || a.nsplit == 1)
 		return rc;
