@@ -16,7 +16,13 @@
  * SMs idle); with many rows or long contexts two (the q fragments, 16 KB from L2 per block, are
  * loaded half as often). The range is walked in tiles of 64 keys:
  * the 64 row addresses are looked up first, the rows copied to shared memory with 16-byte
- * cp.async while the previous tile is scored (double buffer). Warp w takes heads [16 mw, 16 mw + 16)
+ * cp.async. bf16 keys: two tiles, the next in flight while the current one is scored (the
+ * registers allow 3 blocks an SM either way). fp32 keys: one tile a block (~51 KB instead of ~85:
+ * 3 blocks an SM, not 2; the copy overlaps other blocks' products; the next tile's addresses are
+ * looked up while the current one is scored); H200 session 14: fp32 indexer 238 -> 187 ms a
+ * 2048-token step, bf16 with one tile 93 -> 98 (not taken). K fragments of bf16 keys come by
+ * ldmatrix.
+ * Warp w takes heads [16 mw, 16 mw + 16)
  * and a share of the keys (with HI <= 16 each warp takes 16 keys, <= 32 32 keys, <= 64 all 64);
  * its q fragments sit in registers for the whole kernel. d_h goes to shared memory as
  * [key][head]; then one thread per key sums over the heads in order, as the CPU. */
@@ -78,7 +84,7 @@ static __host__ __device__ int if_rs(int DI, bool f32)
 }
 static size_t if_smem(int DI, bool f32, int TK = IF_TK)
 {
-	return 2 * (size_t)TK * (size_t)if_rs(DI, f32) * (f32 ? 4 : 2) /* key tiles */ +
+	return (f32 ? 1 : 2) * (size_t)TK * (size_t)if_rs(DI, f32) * (f32 ? 4 : 2) /* key tiles */ +
 	       (size_t)TK * IF_SP * 4 /* d */ + IF_HMAX * 4 /* w */ + 2 * TK * sizeof(void *) /* addresses */;
 }
 
@@ -127,8 +133,9 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 	static_assert(NT >= 1 && NT * 8 * KG == TK && TK % 32 == 0, "tile shape");
 	extern __shared__ __align__(16) uint8_t if_sm[];
 	const int DI = a.DI, HI = a.HI, RS = if_rs(DI, F32);
-	val_t *k_s = (val_t *)if_sm; /* [2][TK][RS] */
-	float *d_s = (float *)(k_s + 2 * TK * RS); /* [TK][SP] */
+	constexpr int NST = F32 ? 1 : 2; /* key tiles (above) */
+	val_t *k_s = (val_t *)if_sm; /* [NST][TK][RS] */
+	float *d_s = (float *)(k_s + NST * TK * RS); /* [TK][SP] */
 	float *w_s = d_s + TK * IF_SP; /* [HMAX] */
 	const uint8_t **addr_s = (const uint8_t **)(w_s + IF_HMAX); /* [2][TK] */
 
@@ -193,7 +200,7 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 					continue;
 			}
 			const uint8_t *p = addr_s[st * TK + r];
-			uint8_t *dst = (uint8_t *)(k_s + (st * TK + r) * RS) + 16 * cc;
+			uint8_t *dst = (uint8_t *)(k_s + ((NST == 2 ? st : 0) * TK + r) * RS) + 16 * cc;
 			if (p)
 				katt_cp16(dst, p + 16 * cc);
 			else
@@ -253,18 +260,22 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 	const bool active = 16 * mw < HI;
 
 	for (int n = 0; n < ntiles; n++) {
-		const int st = n & 1;
+		const int st = n & 1; /* address stage (and key stage with two) */
 		if (n + 1 < ntiles)
 			fill_addr(n + 1, st ^ 1);
-		__syncthreads();
-		if (n + 1 < ntiles) {
-			issue(n + 1, st ^ 1, 0);
-			katt_cp_wait<1>();
+		if (NST == 2) {
+			__syncthreads();
+			if (n + 1 < ntiles) {
+				issue(n + 1, st ^ 1, 0);
+				katt_cp_wait<1>();
+			} else {
+				katt_cp_wait<0>();
+			}
 		} else {
 			katt_cp_wait<0>();
 		}
 		__syncthreads();
-		const val_t *kt = k_s + st * TK * RS;
+		const val_t *kt = k_s + (NST == 2 ? st : 0) * TK * RS;
 		if (active) {
 			float acc[NT][4];
 #pragma unroll
@@ -346,7 +357,9 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 			if (SEL)
 				ksel_count(gh, p < k1, ksel_key(v));
 		}
-		__syncthreads(); /* the next iteration refills this stage and d */
+		__syncthreads(); /* the key tile (one tile) and d are free again */
+		if (NST == 1 && n + 1 < ntiles)
+			issue(n + 1, st ^ 1, 0);
 	}
 	if (SEL) { /* the last block of the row to get here selects */
 		__shared__ unsigned last_s;

@@ -1,7 +1,7 @@
 /* MLA attention (absorbed form) over the paged KV cache on tensor cores: the fast path behind
  * kcuda_mla_attn (the first kernel, mla_attn.cu, stays selectable: TANDEM_CUDA_ATTN=ref, and takes
  * the shapes this one does not: dim > 576 or not a multiple of 16, C not a multiple of 32, misaligned
- * pools, fp32 pools with TANDEM_MLA_F32_NST=2 on a GPU of less than ~160 KB of shared memory a block).
+ * pools).
  *
  * Why tensor cores: a key row (576 bf16 = 1152 B) meets H heads for ~2 x 576 + 2 x 512 FLOP each;
  * at 16 heads that is 30 FLOP per byte, 120 TFLOP/s at 4 TB/s: more than the fp32 CUDA cores give.
@@ -13,11 +13,12 @@
  *
  * Grid (query row, key split, group of 16 heads); 4 warps. The block walks its key range in tiles
  * of 32 rows: the 32 row addresses are looked up first (block table, top-k list) by one warp, then
- * the rows are copied into shared memory with 16-byte cp.async, the next tile in flight while the
- * current one is scored (double buffer). QK^T: warp w multiplies its quarter of the 36 dim steps
- * (q fragments held in registers for the whole kernel) for all 32 keys; the 4 partial score tiles
- * are summed in shared memory, where 8 threads per head do the online softmax (running max / sum
- * in registers) and write p (bf16 hi/lo) and the rescale factor. PV: warp w owns channels
+ * the rows are copied into shared memory with 16-byte cp.async (one tile a block: the overlap of
+ * copy and products comes from the other blocks on the SM; the next tile's addresses are looked up
+ * while the current one is used). K (QK^T) and V (PV) fragments of bf16 tiles come by ldmatrix. QK^T: warp w
+ * multiplies its quarter of the 36 dim steps (q fragments held in registers for the whole kernel) for all 32
+ * keys; the 4 partial score tiles are summed in shared memory, where 8 threads per head do the online softmax
+ * (running max / sum in registers) and write p (bf16 hi/lo) and the rescale factor. PV: warp w owns channels
  * [w C/4, (w + 1) C/4) of all 16 heads (C/32 n-tiles of 8), fp32 accumulators in registers.
  * Split-K (flash-decoding) as the first kernel: each split writes (max, sum, unnormalised acc) to
  * the workspace and a combine kernel merges them (log-sum-exp), weights computed once per block.
@@ -101,9 +102,9 @@ static __host__ __device__ int mm_rs(int dim, bool f32)
 {
 	return f32 ? dim + 4 : dim + 8;
 }
-static size_t mm_smem(int dim, bool f32, int nst)
+static size_t mm_smem(int dim, bool f32)
 {
-	return nst * MM_TK * (size_t)mm_rs(dim, f32) * (f32 ? 4 : 2) /* kv tiles */ +
+	return MM_TK * (size_t)mm_rs(dim, f32) * (f32 ? 4 : 2) /* kv tile */ +
 	       MM_WARPS * MM_HG * MM_TK * 4 /* partial scores */ + 2 * MM_HG * MM_PS * 2 /* p hi, lo */ +
 	       MM_HG * 4 /* corr */ + 2 * MM_HG * 4 /* m, l */ +
 	       2 * MM_TK * sizeof(void *) /* row addresses */;
@@ -120,20 +121,19 @@ static size_t mm_smem(int dim, bool f32, int nst)
  * multiplied as hi*hi + lo*hi + hi*lo (the lo*lo term is below 2^-16 of the result). With STK too, a
  * step is two mma: the stacked A (hi rows on lo rows) times the hi part of B, then times its lo part
  * (all four terms, lo*lo included), instead of three.
- * NST: key tiles in shared memory. 2: the next tile's copy is in flight while the current one is
- * used (one block an SM with fp32 tiles, ~160 KB). 1 (fp32 pools): one tile (~86 KB), so two blocks
- * share an SM and one block's copy overlaps the other's products; the next tile's row addresses are
- * still looked up while the current one is used. */
-template <bool F32, bool ROPE, bool STK, int NST>
+ * One key tile in shared memory (~48 KB bf16, ~86 KB fp32), not two: more blocks share an SM (3
+ * with bf16, 2 with fp32; with two tiles 2 and 1) and one block's copy overlaps another's products.
+ * H200 (session 14): GLM-5 8k prefill bf16 2.07 -> 1.92 s, fp32 3.77 -> 2.98 s. The next tile's row
+ * addresses are still looked up while the current one is used (two address stages). */
+template <bool F32, bool ROPE, bool STK>
 __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel(mm_args a)
 {
-	static_assert(NST == 1 || NST == 2, "one or two key tiles");
 	KDEP_ENTRY();
 	typedef typename std::conditional<F32, float, uint16_t>::type val_t;
 	extern __shared__ __align__(16) uint8_t mm_sm[];
 	const int dim = a.dim, RS = mm_rs(dim, F32), C = a.C;
-	val_t *kv_s = (val_t *)mm_sm; /* [2][TK][RS] */
-	float *sred = (float *)(kv_s + NST * MM_TK * RS); /* [WARPS][HG][TK] */
+	val_t *kv_s = (val_t *)mm_sm; /* [TK][RS] */
+	float *sred = (float *)(kv_s + MM_TK * RS); /* [WARPS][HG][TK] */
 	uint16_t *phi = (uint16_t *)(sred + MM_WARPS * MM_HG * MM_TK); /* [HG][PS] */
 	uint16_t *plo = phi + MM_HG * MM_PS;
 	float *corr_s = (float *)(plo + MM_HG * MM_PS); /* [HG] */
@@ -202,11 +202,11 @@ __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel(mm_args a)
 		}
 	};
 	const int nchunk = dim * (int)sizeof(val_t) / 16; /* 16-byte pieces per row */
-	/* tile rows of address stage st into key stage kst */
-	auto issue = [&](int st, int kst) {
+	/* the rows of address stage st into the key tile */
+	auto issue = [&](int st) {
 		for (int r = warp; r < MM_TK; r += MM_WARPS) {
 			const uint8_t *p = addr_s[st * MM_TK + r];
-			uint8_t *dst = (uint8_t *)(kv_s + (kst * MM_TK + r) * RS);
+			uint8_t *dst = (uint8_t *)(kv_s + r * RS);
 			for (int c = lane; c < nchunk; c += 32) {
 				if (p)
 					katt_cp16(dst + 16 * c, p + 16 * c);
@@ -230,25 +230,15 @@ __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel(mm_args a)
 	if (ntiles > 0) {
 		fill_addr(0, 0);
 		__syncthreads();
-		issue(0, 0);
+		issue(0);
 	}
 	for (int n = 0; n < ntiles; n++) {
-		const int st = n & 1; /* address stage (and key stage at NST 2) */
+		const int st = n & 1; /* address stage */
 		if (n + 1 < ntiles)
 			fill_addr(n + 1, st ^ 1);
-		if (NST == 2) {
-			__syncthreads();
-			if (n + 1 < ntiles) {
-				issue(st ^ 1, st ^ 1);
-				katt_cp_wait<1>();
-			} else {
-				katt_cp_wait<0>();
-			}
-		} else {
-			katt_cp_wait<0>();
-		}
+		katt_cp_wait<0>();
 		__syncthreads();
-		const val_t *kt = kv_s + (NST == 2 ? st : 0) * MM_TK * RS;
+		const val_t *kt = kv_s;
 
 		/* S = Q K^T, this warp's dim steps, 4 n-tiles of 8 keys */
 		float sacc[4][4];
@@ -384,9 +374,9 @@ __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel(mm_args a)
 				}
 			}
 		}
-		__syncthreads(); /* the next iteration refills this stage, the scores and p */
-		if (NST == 1 && n + 1 < ntiles)
-			issue(st ^ 1, 0);
+		__syncthreads(); /* the tile, the scores and p are free again */
+		if (n + 1 < ntiles)
+			issue(st ^ 1);
 	}
 
 	if ((tid & (STK ? 15 : 7)) == 0) {
@@ -502,17 +492,6 @@ __global__ void __launch_bounds__(128)
 		out[rh * C + cc] = (part[0][lane] + part[1][lane]) + (part[2][lane] + part[3][lane]);
 }
 
-/* key tiles in shared memory: 2 with bf16 pools; fp32 pools 1 (two blocks an SM; it fits sm_120's
- * 99 KB too), TANDEM_MLA_F32_NST=2: two (one block an SM; ~160 KB: Hopper and sm_100 only). Read on
- * every call. */
-static int mm_nst(bool f32)
-{
-	if (!f32)
-		return 2;
-	const char *e = getenv("TANDEM_MLA_F32_NST");
-	return e && strcmp(e, "2") == 0 ? 2 : 1;
-}
-
 /* Does the tensor-core kernel take this call? Every check of the first kernel's argument
  * validation in positive form (a bad call goes to it and is reported there) plus this kernel's own
  * shape and alignment needs. */
@@ -531,29 +510,16 @@ static bool mm_fits(const struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
 	if (((uintptr_t)kv->base | kv->block_bytes | kv->offset) % 16 || (uintptr_t)q % 8 ||
 	    (uintptr_t)out % 8)
 		return false;
-	/* two fp32 tiles need ~160 KB: Hopper and sm_100 have it, sm_120 (99 KB) takes the first kernel */
-	return mm_smem((int)kv->dim, !kv->bf16, mm_nst(!kv->bf16)) <= (size_t)kcuda_smem_optin(c->device);
+	return mm_smem((int)kv->dim, !kv->bf16) <= (size_t)kcuda_smem_optin(c->device);
 }
 
 /* the kernel without (ROPE false: the default, no rope code in it) or with q's rope on its loads */
-template <bool F32, bool ROPE, bool STK, int NST>
+template <bool F32, bool ROPE, bool STK>
 static int mm_launch(struct kcuda_ctx *c, const mm_args &a, dim3 grid, size_t smem)
 {
-	KCUDA_CHECK(cudaFuncSetAttribute(mla_mma_kernel<F32, ROPE, STK, NST>,
+	KCUDA_CHECK(cudaFuncSetAttribute(mla_mma_kernel<F32, ROPE, STK>,
 	                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-	return klaunch("mla_mma", mla_mma_kernel<F32, ROPE, STK, NST>, grid, dim3(MM_THREADS), smem,
-	               c->stream, a);
-}
-
-/* the fp32-pool kernels: ROPE x STK x NST */
-template <bool ROPE>
-static int mm_launch_f32(struct kcuda_ctx *c, const mm_args &a, dim3 grid, size_t smem, bool stk, int nst)
-{
-	if (stk)
-		return nst == 1 ? mm_launch<true, ROPE, true, 1>(c, a, grid, smem)
-		                : mm_launch<true, ROPE, true, 2>(c, a, grid, smem);
-	return nst == 1 ? mm_launch<true, ROPE, false, 1>(c, a, grid, smem)
-	                : mm_launch<true, ROPE, false, 2>(c, a, grid, smem);
+	return klaunch("mla_mma", mla_mma_kernel<F32, ROPE, STK>, grid, dim3(MM_THREADS), smem, c->stream, a);
 }
 
 /* TANDEM_MLA_STACK=0: the unstacked kernel at <= 8 heads too (read on every call) */
@@ -598,14 +564,13 @@ static int mm_run(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const str
 	a.out = out;
 	a.err = c->err_dev;
 
-	/* splits: aim at one wave of resident blocks (shared memory allows 2 per SM with bf16 tiles or
-	 * one fp32 tile, 1 with two fp32 tiles), each split a whole number of 32-key tiles; partials must fit
+	/* splits: aim at about one wave of resident blocks (2 an SM: fp32's shared memory allows 2,
+	 * bf16's 3), each split a whole number of 32-key tiles; partials must fit
 	 * the workspace; at most MM_MAX_SPLIT (the combine's weights) */
 	const int n_hg = (int)((H + MM_HG - 1) / MM_HG);
 	const int64_t max_tiles = (rows->max_keys + MM_TK - 1) / MM_TK;
 	const int64_t blocks = rows->n_q * n_hg;
-	const int nst = mm_nst(!kv->bf16);
-	int64_t want = ((kv->bf16 || nst == 1 ? 2 : 1) * (int64_t)c->n_sm + blocks - 1) / blocks;
+	int64_t want = (2 * (int64_t)c->n_sm + blocks - 1) / blocks;
 	if (want > max_tiles)
 		want = max_tiles;
 	if (want > MM_MAX_SPLIT)
@@ -624,19 +589,22 @@ static int mm_run(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const str
 	a.pm = ws + n_ps * (size_t)C;
 	a.pl = a.pm + n_ps;
 
-	const size_t smem = mm_smem(a.dim, !kv->bf16, nst);
+	const size_t smem = mm_smem(a.dim, !kv->bf16);
 	dim3 grid((unsigned)rows->n_q, (unsigned)a.nsplit, (unsigned)n_hg);
 	const bool stk = H <= 8 && mm_stack_enabled();
 	int rc;
 	if (kv->bf16 && stk) {
-		rc = qr ? mm_launch<false, true, true, 2>(c, a, grid, smem)
-		        : mm_launch<false, false, true, 2>(c, a, grid, smem);
+		rc = qr ? mm_launch<false, true, true>(c, a, grid, smem)
+		        : mm_launch<false, false, true>(c, a, grid, smem);
 	} else if (kv->bf16) {
-		rc = qr ? mm_launch<false, true, false, 2>(c, a, grid, smem)
-		        : mm_launch<false, false, false, 2>(c, a, grid, smem);
+		rc = qr ? mm_launch<false, true, false>(c, a, grid, smem)
+		        : mm_launch<false, false, false>(c, a, grid, smem);
+	} else if (stk) {
+		rc = qr ? mm_launch<true, true, true>(c, a, grid, smem)
+		        : mm_launch<true, false, true>(c, a, grid, smem);
 	} else {
-		rc = qr ? mm_launch_f32<true>(c, a, grid, smem, stk, nst)
-		        : mm_launch_f32<false>(c, a, grid, smem, stk, nst);
+		rc = qr ? mm_launch<true, true, false>(c, a, grid, smem)
+		        : mm_launch<true, false, false>(c, a, grid, smem);
 	}
 	if (rc || a.nsplit == 1)
 		return rc;

@@ -6,17 +6,16 @@
  * and per-row top-k; a small odd shape (C = 64, R = 16, H = 3). Tolerance: max |gpu - cpu| <= 5e-5
  * * max |cpu| per case (fp32 accumulation on both sides; the printed errors are ~1e-6). Guard bytes
  * around the output; no NaN/Inf; a bad block id is counted as an error and skipped.
- * Every case runs under six kernel sets: the defaults (mla_attn_dec.cu's kernel for a single
+ * Every case runs under five kernel sets: the defaults (mla_attn_dec.cu's kernel for a single
  * sparse row, the split kernel elsewhere), the split kernel + combine launch (TANDEM_MLA_DEC=0,
- * mla_attn_mma.cu; one fp32 key tile a block), the same unstacked at <= 8 heads (TANDEM_MLA_STACK=0), the
- * same with two fp32 key tiles a block (TANDEM_MLA_F32_NST=2), mla_attn_dec.cu wherever it takes the shape
- * (TANDEM_MLA_DEC_V=4 TANDEM_MLA_DEC=65535) and TANDEM_CUDA_ATTN=ref (the first kernel), so one GPU run
- * checks all against the CPU; the GLM-5 / DeepSeek-V3 per-rank decode shapes at batch 1, 2, 3, 4, 6, 8 (and
- * 12) are among the cases, and which kernel took a call is checked; every call is repeated three times and
- * must give the same bits. After each kernel set, a PDL check: the top-k list / key count and q written by
- * the kernels right before the attention launch. Then four sets for mla_attn_dec6.cu's fp32 kernel forced on
- * every shape (TANDEM_MLA_DEC_V=6 TANDEM_MLA_DEC=65535; 16- and 32-key tiles, >= 3 tiles a block, the table
- * read after the wait): it must take every case in one launch; extra cases for it (rows without keys, a
+ * mla_attn_mma.cu), the same unstacked at <= 8 heads (TANDEM_MLA_STACK=0), mla_attn_dec.cu wherever it takes
+ * the shape (TANDEM_MLA_DEC_V=4 TANDEM_MLA_DEC=65535) and TANDEM_CUDA_ATTN=ref (the first kernel), so one GPU
+ * run checks all against the CPU; the GLM-5 / DeepSeek-V3 per-rank decode shapes at batch 1, 2, 3, 4, 6, 8
+ * (and 12) are among the cases, and which kernel took a call is checked; every call is repeated three times
+ * and must give the same bits. After each kernel set, a PDL check: the top-k list / key count and q written
+ * by the kernels right before the attention launch. Then four sets for mla_attn_dec6.cu's fp32 kernel forced
+ * on every shape (TANDEM_MLA_DEC_V=6 TANDEM_MLA_DEC=65535; 16- and 32-key tiles, >= 3 tiles a block, the
+ * table read after the wait): it must take every case in one launch; extra cases for it (rows without keys, a
  * single key, fp32 pools at batch 8 and dense 32768, DeepSeek-V3.2's H 16 top-2048), and with a bad block id
  * and a bad position its output must equal the CPU over the keys left. Then three sets for mla_attn_dec7.cu
  * (TANDEM_MLA_DEC_V=7 TANDEM_MLA_DEC=65535: scores by dec6's kernel in scores mode, then softmax + PV split
@@ -758,7 +757,6 @@ int main(void)
 		M_DEF,
 		M_SPLIT,
 		M_SPLITNS,
-		M_SPLIT2,
 		M_V4,
 		M_REF,
 		M_D6,
@@ -774,7 +772,6 @@ int main(void)
 	    "fast (default)",
 	    "split + combine (TANDEM_MLA_DEC=0)",
 	    "split + combine, unstacked at <= 8 heads (TANDEM_MLA_DEC=0 TANDEM_MLA_STACK=0)",
-	    "split + combine, two fp32 key tiles a block (TANDEM_MLA_DEC=0 TANDEM_MLA_F32_NST=2)",
 	    "mla_dec v4 everywhere (TANDEM_MLA_DEC_V=4 TANDEM_MLA_DEC=65535)",
 	    "ref (TANDEM_CUDA_ATTN=ref)",
 	    "dec6 everywhere (TANDEM_MLA_DEC_V=6 TANDEM_MLA_DEC=65535)",
@@ -798,7 +795,6 @@ int main(void)
 		unsetenv("TANDEM_MLA_DEC6_T");
 		unsetenv("TANDEM_MLA_DEC6_EARLY");
 		unsetenv("TANDEM_MLA_STACK");
-		unsetenv("TANDEM_MLA_F32_NST");
 		const int d6 = mode == M_D6 || mode == M_D6K32 || mode == M_D6T3 || mode == M_D6LATE;
 		const int d7 = mode == M_D7 || mode == M_D7K32 || mode == M_D7LATE;
 		if (d6 || d7) {
@@ -813,10 +809,8 @@ int main(void)
 			setenv("TANDEM_MLA_DEC6_T", "3", 1);
 		if (mode == M_D6LATE)
 			setenv("TANDEM_MLA_DEC6_EARLY", "0", 1);
-		if (mode == M_SPLIT || mode == M_SPLITNS || mode == M_SPLIT2)
+		if (mode == M_SPLIT || mode == M_SPLITNS)
 			setenv("TANDEM_MLA_DEC", "0", 1);
-		if (mode == M_SPLIT2)
-			setenv("TANDEM_MLA_F32_NST", "2", 1);
 		if (mode == M_SPLITNS)
 			setenv("TANDEM_MLA_STACK", "0", 1);
 		if (mode == M_V4) {
@@ -839,9 +833,8 @@ int main(void)
 			}
 			/* QUICK: the split kernel, v4 and dec6's other variants on the model shapes only */
 			if (quick &&
-			    (mode == M_SPLIT || mode == M_SPLITNS || mode == M_SPLIT2 || mode == M_V4 ||
-			     mode == M_D6K32 || mode == M_D6T3 || mode == M_D6LATE || mode == M_D7K32 ||
-			     mode == M_D7LATE) &&
+			    (mode == M_SPLIT || mode == M_SPLITNS || mode == M_V4 || mode == M_D6K32 ||
+			     mode == M_D6T3 || mode == M_D6LATE || mode == M_D7K32 || mode == M_D7LATE) &&
 			    strncmp(cases[i].name, "GLM-5", 5) && strncmp(cases[i].name, "DS-V3", 5) &&
 			    strncmp(cases[i].name, "tiny", 4))
 				continue;
@@ -862,7 +855,6 @@ int main(void)
 	unsetenv("TANDEM_MLA_DEC6_T");
 	unsetenv("TANDEM_MLA_DEC6_EARLY");
 	unsetenv("TANDEM_MLA_STACK");
-	unsetenv("TANDEM_MLA_F32_NST");
 	kcuda_ctx_destroy(ctx);
 	printf("%d checks, %d failed\n", ops_n_check, ops_n_fail);
 	return ops_n_fail ? 1 : 0;
