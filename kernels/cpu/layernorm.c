@@ -18,6 +18,7 @@ void kcpu_layernorm(float *y, int64_t ldy, const float *x, int64_t ldx, const fl
 			v += ((double)xr[i] - mean) * ((double)xr[i] - mean);
 		double inv = 1.0 / sqrt(v / (double)n + (double)eps);
 		for (int64_t i = 0; i < n; i++)
-			yr[i] = (float)(((double)xr[i] - mean) * inv) * w[i] + b[i];
+			yr[i] = (float)(((double)xr[i] - mean) * inv) * w[i] +
+			        (b ? b[i] : 0.0f); /* b NULL: no bias, as the CUDA op */
 	}
 }

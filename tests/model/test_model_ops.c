@@ -230,8 +230,16 @@ static void test_norms(void)
 		for (int i = 0; i < N; i++)
 			dl = fmax(dl, fabs((x[r * N + i] - m) / sqrt(v + 1e-6) * w[i] + b[i] - y[r * N + i]));
 	}
-	printf("rmsnorm max|d| = %.2g, layernorm max|d| = %.2g\n", d, dl);
-	CHECK(d < 1e-5 && dl < 1e-5, "norms");
+	/* without a bias (NULL): the same minus b (the CUDA op takes a NULL bias too) */
+	float y0[2 * N];
+	kcpu_layernorm(y0, N, x, N, w, NULL, N, 2, 1e-6f);
+	int nb = 0;
+	for (int r = 0; r < 2; r++)
+		for (int i = 0; i < N; i++)
+			nb += fabs((double)y0[r * N + i] + b[i] - y[r * N + i]) > 1e-6;
+	printf("rmsnorm max|d| = %.2g, layernorm max|d| = %.2g, %d of %d differ without the bias\n", d, dl,
+	       nb, 2 * N);
+	CHECK(d < 1e-5 && dl < 1e-5 && nb == 0, "norms");
 }
 
 int main(void)
