@@ -363,14 +363,9 @@ template <bool F32> __global__ void __launch_bounds__(MD_THREADS) mla_dec_kernel
 				                  (lane >> 4) * 8;
 #pragma unroll
 				for (int j = 0; j < MD_NTW; j += 2) {
-					if (j < ntw) {
-						uint32_t b[4];
-						katt_ldm4t(b, vb + 8 * j);
-						katt_mma(oacc[j], ah, b[0], b[1]);
-						katt_mma(oacc[j], al, b[0], b[1]);
-						katt_mma(oacc[j + 1], ah, b[2], b[3]);
-						katt_mma(oacc[j + 1], al, b[2], b[3]);
-					}
+					if (j < ntw)
+						katt_pv_ldm2<true>(oacc[j], oacc[j + 1], ah, al, vb + 8 * j,
+						                   true);
 				}
 			}
 		}

@@ -358,18 +358,9 @@ __global__ void __launch_bounds__(MM_THREADS) mla_mma_kernel(mm_args a)
 					    warp * cw + (lane >> 4) * 8;
 #pragma unroll
 					for (int j = 0; j < MM_NTW; j += 2) {
-						if (j < ntw) {
-							uint32_t b[4];
-							katt_ldm4t(b, vb + 8 * j);
-							katt_mma(oacc[j], ah, b[0], b[1]);
-							if (!STK)
-								katt_mma(oacc[j], al, b[0], b[1]);
-							if (j + 1 < ntw) {
-								katt_mma(oacc[j + 1], ah, b[2], b[3]);
-								if (!STK)
-									katt_mma(oacc[j + 1], al, b[2], b[3]);
-							}
-						}
+						if (j < ntw)
+							katt_pv_ldm2<!STK>(oacc[j], oacc[j + 1], ah, al,
+							                   vb + 8 * j, j + 1 < ntw);
 					}
 				}
 			}

@@ -36,6 +36,24 @@ __device__ __forceinline__ void katt_ldm4t(uint32_t *r, const void *p)
 	             : "r"(s)
 	             : "memory");
 }
+/* P V over one 16-key step for two n-tiles of 8 channels from one ldmatrix.x4.trans: vb is this lane's
+ * row address (keys 0-7 / 8-15 x channels c, then c + 8); o0 += ah (+ al with LO) x the first pair, o1
+ * the same with the second when `second` (an odd last n-tile leaves it unused) */
+template <bool LO>
+__device__ __forceinline__ void katt_pv_ldm2(float *o0, float *o1, const uint32_t *ah, const uint32_t *al,
+                                             const void *vb, bool second)
+{
+	uint32_t b[4];
+	katt_ldm4t(b, vb);
+	katt_mma(o0, ah, b[0], b[1]);
+	if (LO)
+		katt_mma(o0, al, b[0], b[1]);
+	if (second) {
+		katt_mma(o1, ah, b[2], b[3]);
+		if (LO)
+			katt_mma(o1, al, b[2], b[3]);
+	}
+}
 /* x, y (x at the lower half) -> bf16x2 hi part and the bf16x2 of the remainders */
 __device__ __forceinline__ void katt_split2(float x, float y, uint32_t *hi, uint32_t *lo)
 {
