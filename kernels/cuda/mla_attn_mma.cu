@@ -125,14 +125,20 @@ static size_t mm_smem(int dim, bool f32)
  * with bf16, 2 with fp32; with two tiles 2 and 1) and one block's copy overlaps another's products.
  * H200 (session 14): GLM-5 8k prefill bf16 2.07 -> 1.92 s, fp32 3.77 -> 2.98 s. The next tile's row
  * addresses are still looked up while the current one is used (two address stages). */
-/* Blocks an SM the registers must allow (shared memory allows 2 with fp32 tiles, 4 with bf16): the
- * stacked bf16 kernel fits 128 registers without spills, so 4 (H200 session 14, GLM-5 8k prefill 1.91
- * -> 1.81 s); the others stay at their unbounded counts (216 fp32, 168 bf16 unstacked; asking for 4
- * there spills). */
+/* Blocks an SM the registers must allow. Hopper and sm_100 (228 KB of shared memory: 2 blocks with fp32
+ * tiles, 4 with bf16): the stacked bf16 kernel fits 128 registers without spills, so 4 (H200 session
+ * 14, GLM-5 8k prefill 1.91 -> 1.81 s); the others what their registers give unbounded (216 fp32, 168
+ * bf16 unstacked; asking for 4 there spills). sm_120 (99 KB: 1 block with fp32 tiles, 2 with bf16):
+ * what its shared memory allows, so no register limit below that (128 spilled there). */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
+#define MM_MINB(F32, ROPE, STK) ((F32) ? 1 : 2)
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000 /* the unstacked kernel at 3 spills on sm_100 */
+#define MM_MINB(F32, ROPE, STK) ((F32) ? 2 : ((STK) && !(ROPE)) ? 4 : 2)
+#else
+#define MM_MINB(F32, ROPE, STK) ((F32) ? 2 : ((STK) && !(ROPE)) ? 4 : 3)
+#endif
 template <bool F32, bool ROPE, bool STK>
-__global__ void __launch_bounds__(MM_THREADS, F32              ? 2
-                                              : (STK && !ROPE) ? 4
-                                                               : 3) mla_mma_kernel(mm_args a)
+__global__ void __launch_bounds__(MM_THREADS, MM_MINB(F32, ROPE, STK)) mla_mma_kernel(mm_args a)
 {
 	KDEP_ENTRY();
 	typedef typename std::conditional<F32, float, uint16_t>::type val_t;
