@@ -303,10 +303,8 @@ template <bool F32> __global__ void __launch_bounds__(MD_THREADS) mla_dec_kernel
 						katt_mma(sl_acc[j], qh[i], bl0, bl1);
 					}
 				} else {
-					/* matrices: keys 0-7 x dims +0, +8; keys 8-15 x dims +0, +8 */
 					uint32_t b[4];
-					katt_ldm4(b, kt + ((lane >> 4) * 8 + (lane & 7)) * RS + ks * 16 +
-					                 ((lane >> 3) & 1) * 8);
+					katt_ldm_keys2(b, (const uint16_t *)kt, RS, 0, ks * 16, lane);
 					katt_mma(sh_acc[0], qh[i], b[0], b[1]);
 					katt_mma(sl_acc[0], ql[i], b[0], b[1]);
 					katt_mma(sh_acc[1], qh[i], b[2], b[3]);

@@ -15,10 +15,11 @@
  * of 32 rows: the 32 row addresses are looked up first (block table, top-k list) by one warp, then
  * the rows are copied into shared memory with 16-byte cp.async (one tile a block: the overlap of
  * copy and products comes from the other blocks on the SM; the next tile's addresses are looked up
- * while the current one is used). K (QK^T) and V (PV) fragments of bf16 tiles come by ldmatrix. QK^T: warp w
- * multiplies its quarter of the 36 dim steps (q fragments held in registers for the whole kernel) for all 32
- * keys; the 4 partial score tiles are summed in shared memory, where 8 threads per head do the online softmax
- * (running max / sum in registers) and write p (bf16 hi/lo) and the rescale factor. PV: warp w owns channels
+ * while the current one is used). K (QK^T) and V (PV) fragments of bf16 tiles come by ldmatrix.
+ * QK^T: warp w multiplies its quarter of the 36 dim steps (q fragments held in registers for the
+ * whole kernel) for all 32 keys; the 4 partial score tiles are summed in shared memory, where 8
+ * threads per head do the online softmax (running max / sum in registers) and write p (bf16 hi/lo)
+ * and the rescale factor. PV: warp w owns channels
  * [w C/4, (w + 1) C/4) of all 16 heads (C/32 n-tiles of 8), fp32 accumulators in registers.
  * Split-K (flash-decoding) as the first kernel: each split writes (max, sum, unnormalised acc) to
  * the workspace and a combine kernel merges them (log-sum-exp), weights computed once per block.
@@ -276,15 +277,12 @@ __global__ void __launch_bounds__(MM_THREADS, MM_MINB(F32, ROPE, STK)) mla_mma_k
 						katt_mma(sacc[j], qh[i], bl0, bl1);
 					}
 				} else {
-					/* ldmatrix, two n-tiles a load: keys 8j + 0-7 x dims +0, +8, then
-					 * keys 8j + 8-15 x the same (16-byte rows, conflict-free: RS is 4 mod
-					 * 32 words) */
+					/* ldmatrix, two n-tiles a load */
 #pragma unroll
 					for (int j = 0; j < 4; j += 2) {
 						uint32_t b[4];
-						katt_ldm4(b, kt +
-						                 (8 * j + (lane >> 4) * 8 + (lane & 7)) * RS +
-						                 ks * 16 + ((lane >> 3) & 1) * 8);
+						katt_ldm_keys2(b, (const uint16_t *)kt, RS, 8 * j, ks * 16,
+						               lane);
 						katt_mma(sacc[j], qh[i], b[0], b[1]);
 						if (!STK)
 							katt_mma(sacc[j], ql[i], b[0], b[1]);
@@ -567,9 +565,9 @@ static int mm_run(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const str
 	a.out = out;
 	a.err = c->err_dev;
 
-	/* splits: aim at about one wave of resident blocks (2 an SM: fp32's shared memory allows 2,
-	 * bf16's 3), each split a whole number of 32-key tiles; partials must fit
-	 * the workspace; at most MM_MAX_SPLIT (the combine's weights) */
+	/* splits: aim at about one wave of resident blocks (2 an SM, the fewest any of the kernels gets
+	 * on Hopper: fp32 2, bf16 3, stacked bf16 4), each split a whole number of 32-key tiles;
+	 * partials must fit the workspace; at most MM_MAX_SPLIT (the combine's weights) */
 	const int n_hg = (int)((H + MM_HG - 1) / MM_HG);
 	const int64_t max_tiles = (rows->max_keys + MM_TK - 1) / MM_TK;
 	const int64_t blocks = rows->n_q * n_hg;

@@ -36,6 +36,14 @@ __device__ __forceinline__ void katt_ldm4t(uint32_t *r, const void *p)
 	             : "r"(s)
 	             : "memory");
 }
+/* B fragments (k: 16 dims from col; n: 8 keys) of two n-tiles, keys row .. row + 7 then row + 8 ..
+ * row + 15, from a [key][dim] bf16 tile of row stride RS by one ldmatrix.x4: b[0], b[1] the first n-tile,
+ * b[2], b[3] the second (16-byte rows: RS 4 mod 32 words is conflict-free) */
+__device__ __forceinline__ void katt_ldm_keys2(uint32_t *b, const uint16_t *t, int RS, int row, int col,
+                                               int lane)
+{
+	katt_ldm4(b, t + (row + (lane >> 4) * 8 + (lane & 7)) * RS + col + ((lane >> 3) & 1) * 8);
+}
 /* P V over one 16-key step for two n-tiles of 8 channels from one ldmatrix.x4.trans: vb is this lane's
  * row address (keys 0-7 / 8-15 x channels c, then c + 8); o0 += ah (+ al with LO) x the first pair, o1
  * the same with the second when `second` (an odd last n-tile leaves it unused) */
