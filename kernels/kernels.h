@@ -254,6 +254,10 @@ int kcuda_matmul_multi(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg
 /* whether kcuda_matmul_multi launches for n_tok tokens (TANDEM_MULTI, TANDEM_MULTI_TOK; read on every
  * call); it still runs alone what its kernel does not take (type, shape, alignment) */
 bool kcuda_matmul_multi_takes(int64_t n_tok);
+/* how many launches took the int8 tensor-core kernel (matmul_multi.cu's mm_xm_kernel: TANDEM_MULTI_XM=1,
+ * off by default; 5..8 tokens or from TANDEM_MULTI_XM_MIN, every product Q8_0) in this process (tests:
+ * that the path ran) */
+unsigned long long kcuda_matmul_xm_calls(void);
 /* Dequantizes rows [r0, r0 + n_rows) of W to bf16 (row-major, n_in per row) (prefill GEMM, tests). */
 int kcuda_dequant_bf16(struct kcuda_ctx *c, const struct kweight *w, int64_t r0, int64_t n_rows,
                        uint16_t *dst_dev);

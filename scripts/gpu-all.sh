@@ -2,6 +2,7 @@
 # One GPU session's checks and timings, most important first, from binaries staged by
 # scripts/gpu-stage-all.sh (builds nothing). Every step has its own timeout and the whole run a
 # budget (BUDGET seconds, default 300): a step that would start past it is skipped and listed.
+# OPS_FULL=1 runs the op tests whole (raise BUDGET: the full set takes several minutes).
 # Logs go to $OUT/logs.tar.gz, the table of steps to $OUT/summary.txt (and stdout, last).
 #   bash .carry-all/gpu-all.sh .carry-all        (run from the repository root)
 set -u
@@ -63,8 +64,13 @@ ok() { grep -q "^$1 *rc=0 " <<<"$(printf '%s\n' "${SUMMARY[@]}")"; }
 step test_gpu_model 60 "$B/tests/test_gpu_model"
 # the paths an sm_120 GPU (RTX PRO 6000: 99 KB of shared memory a block) takes, on this one
 step test_gpu_model_smem99k 60 env TANDEM_CUDA_SMEM_CAP=101376 "$B/tests/test_gpu_model"
-for t in matmul head_gemv moe prefill_moe fused mla indexer allreduce rowops sample multi; do
-	[ -x "$B/tests/test_ops_$t" ] && step "test_ops_$t" 60 env TANDEM_OPS_QUICK=1 "$B/tests/test_ops_$t"
+[ -x "$B/tests/test_gpu_upload" ] && step test_gpu_upload 60 "$B/tests/test_gpu_upload"
+# OPS_FULL=1: every case of the op tests (minutes each), not the QUICK subset; the QUICK runs skip
+# cases (test_ops_fused's bias-less idx_prep crashed unseen from session 10 to 14 that way)
+OPSQ=TANDEM_OPS_QUICK=1 OPSLIM=60
+[ "${OPS_FULL:-0}" = 1 ] && OPSQ=TANDEM_OPS_FULL=1 OPSLIM=420
+for t in matmul head_gemv moe prefill_moe fused mla indexer allreduce rowops sample multi gemv_res upload; do
+	[ -x "$B/tests/test_ops_$t" ] && step "test_ops_$t" $OPSLIM env $OPSQ "$B/tests/test_ops_$t"
 done
 ALLREF="TANDEM_CUDA_ATTN=ref TANDEM_MOE_SORTED=0 TANDEM_MOE_FAST=0 TANDEM_HEAD_GEMV=0 TANDEM_GEMV_MMA=0 TANDEM_PREFILL_FAST=0 TANDEM_FUSE=0 TANDEM_GEMV3=0 TANDEM_MULTI=0"
 if ! ok test_gpu_model; then # which new path: everything old, then one old path at a time

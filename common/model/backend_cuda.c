@@ -1813,13 +1813,14 @@ static void cu_mla_latent(void *ctx, int layer, const struct layer_w *L, float *
 	}
 	PROF(c, "mla_latent(norms+rope+kv_write)", NULL, 12.0 * (double)(n * (hp->Cq + C + R)))
 	{
-		const bool parts = n == 1 && c->branch != 1 && latent_parts_on();
+		const bool parts = n <= norm_parts_rows() && c->branch != 1 && latent_parts_on();
 		CK((parts ? kfuse_mla_latent_parts
 		          : kfuse_mla_latent)(c->kc, cq, hp->Cq, L->q_a_norm, hp->latent_eps, kvl, C, R,
 		                              L->kv_a_norm, hp->latent_eps, n, &rp, &kv));
 	}
-	/* one token: c_q's int8 parts for idx_q_b, the next main-path op (its query branch beside) */
-	if (n == 1 && c->branch != 1 && kcuda_xparts_of(c->kc) == cq)
+	/* up to norm_parts_rows() tokens: c_q's int8 parts for idx_q_b, the next main-path op (its query
+	 * branch beside) */
+	if (n <= norm_parts_rows() && c->branch != 1 && kcuda_xparts_of(c->kc) == cq)
 		c->parts_seq = c->op_seq, c->parts_y = cq;
 }
 

@@ -38,6 +38,7 @@
  * parts in dp4a (mm_q8_parts: exact integer dots, no conversion of each weight to fp32) instead of
  * against x; ~6e-8 of each 32-element block's largest |x| of error; the products of other types in
  * the launch read x as before. TANDEM_MULTI_XPARTS=0 reads x. */
+#include <cooperative_groups.h>
 #include <errno.h>
 #include <string.h>
 
@@ -336,6 +337,262 @@ extern "C" bool kcuda_matmul_multi_takes(int64_t n_tok)
 	return kcuda_matmul_multi_enabled() && n_tok >= 1 && n_tok <= 8 && n_tok <= multi_max_tok();
 }
 
+/* ---- 5..8 tokens on the int8 tensor cores (mm_xm_kernel; TANDEM_MULTI_XM=1, off: see multi_xm) ----
+ * Why: at 5-8 tokens the kernel above is issue-bound (fp32 FMAs, ~2.85 instructions a multiply-add:
+ * PERFORMANCE.md, session 12): GLM-5's idx_q_b took 16.7 us and o 23 us at 8 tokens (ncu) for 8.9 and
+ * 13.4 MB. Session 11's first int8 version (commit 3f3c6d2) had 16 rows x all of K a block of 4 warps
+ * (~5 warps an SM, 48 dependent k-steps a warp, its x parts loaded in the loop) and measured slower.
+ * Here:
+ *  - the mma's roles are swapped: A (16 x 32) = x's int8 parts, rows 0..7 part 1 and 8..15 part 2 of
+ *    tokens 0..7, B (32 x 8) = 8 weight rows; a second mma takes part 3 (A rows 8..15 zero). So a tile
+ *    is 8 weight rows, and each lane's four C entries are parts 1 and 2 of (its token g, its rows 2j,
+ *    2j + 1): the epilogue d s (q1 + (254 q2 + q3) / 254^2) p is lane-local, no shuffles;
+ *  - the k order inside a 32-element block is permuted alike on both sides: lane (g, j) gives bytes
+ *    8j..8j+3 as k slots 4j..4j+3 and 8j+4..8j+7 as 16+4j..16+4j+3, which are the 8 bytes xm_q8_b
+ *    reads of its weight row and the parts' words 2j, 2j + 1 of its token (mi8_x);
+ *  - a warp owns ONE 256-element slab of K for the block's R8 tiles (8 R8 rows): it copies its own
+ *    rows' slab into its own shared memory (cp.async, before the PDL wait: weights), gets its tokens'
+ *    parts of the slab while they fly (the parts the op before left, kfuse_mla_latent_parts /
+ *    kfuse_add_rmsnorm_parts, or else its own: mi8_stage of each token's slab of x into the warp's
+ *    shared memory), then runs 8 blocks x R8 tiles x 2 mma. No block barrier before the sums;
+ *  - a block is 8 warps = 2048 of K; a thread-block cluster of ks = ceil(slabs / 8) blocks (<= 8:
+ *    n_in <= 16384) covers K: per-warp sums into shared memory, the warps added in order, then the
+ *    block rank 0 adds the other ranks' sums (distributed shared memory) in rank order and stores y:
+ *    a fixed order, so reruns are bit-identical.
+ * Exactness: the integer dots are exact; the parts carry <= 6.1e-8 of each 32-element block's largest
+ * |x| (k45_i8.cuh), as the one-token parts path (mm_q8_parts). */
+#define XM_NW 8 /* warps a block: one slab of K each */
+#define XM_SB 272 /* bytes of a Q8_0 slab (8 blocks of 34) */
+#define XM_KS_MAX 8 /* blocks a cluster (the portable limit) */
+#define XM_R8 2 /* 8-row tiles a block: 16 rows (32 measured slower: fewer resident clusters) */
+
+struct xm_args {
+	struct mm_seg_dev seg[KCUDA_MM_MULTI_MAX]; /* blk0: the segment's first tile */
+	int n_seg;
+	const float *x; /* quantized in the kernel where xq is NULL */
+	int64_t ldx;
+	const mi8_x *xq; /* x's parts: token t's slab s at xq[t * n_slab + s], or NULL */
+	int n_tok, n_in, n_slab, ks, pf;
+};
+
+/* bytes 8j..8j+7 of 32-element block bi of a Q8_0 slab at p (shared memory: the slab 16-byte aligned,
+ * so block bi's quants start 2 bytes past a word when bi is even) */
+__device__ __forceinline__ void xm_q8_b(const uint8_t *p, int bi, int j, uint32_t &q0, uint32_t &q1)
+{
+	const int mis = (bi & 1) ? 0 : 2;
+	const uint32_t *a = (const uint32_t *)(p + 34 * bi + 2 + 8 * j - mis);
+	const uint32_t sh = 8u * (uint32_t)mis;
+	const uint32_t w0 = a[0], w1 = a[1], w2 = sh ? a[2] : 0u;
+	q0 = __funnelshift_r(w0, w1, sh);
+	q1 = __funnelshift_r(w1, w2, sh);
+}
+
+/* dynamic shared memory: per warp RT rows of its slab, then (xq NULL) 8 tokens' parts of it */
+template <int R8> __host__ __device__ constexpr size_t xm_warp_bytes(bool quant)
+{
+	return (size_t)8 * R8 * XM_SB + (quant ? 8 * sizeof(mi8_x) : 0);
+}
+
+template <int R8>
+__global__ void __launch_bounds__(XM_NW * 32, 2) mm_xm_kernel(const __grid_constant__ struct xm_args a)
+{
+	constexpr int RT = 8 * R8; /* rows a tile */
+	extern __shared__ __align__(16) uint8_t xm_sm[];
+	__shared__ float part[XM_NW][RT * 8]; /* per warp: [row][token] */
+	__shared__ float bsum[RT * 8]; /* the block's sums */
+	namespace cg = cooperative_groups;
+	cg::cluster_group cl = cg::this_cluster();
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, j = lane & 3;
+	const int rank = (int)cl.block_rank();
+	const int tile = (int)blockIdx.x / a.ks;
+	int si = 0; /* the segment: kernel arguments only */
+	for (int i = 1; i < a.n_seg; i++)
+		if (tile >= a.seg[i].blk0)
+			si = i;
+	const struct mm_seg_dev &sg = a.seg[si];
+	const int row0 = (tile - sg.blk0) * RT;
+	const int slab = rank * XM_NW + warp; /* the warp's 256 elements of K */
+	const bool has = slab < a.n_slab;
+	uint8_t *wsm = xm_sm + (size_t)warp * xm_warp_bytes<R8>(a.xq == NULL); /* this warp's rows */
+	/* rows past n_out read the last row; their sums are not stored */
+	auto issue = [&]() {
+		if (has)
+			for (int u = lane; u < RT * (XM_SB / 16); u += 32) {
+				const int r = u / (XM_SB / 16), c = u % (XM_SB / 16);
+				g3_cp16(wsm + r * XM_SB + 16 * c,
+				        sg.w + (size_t)min(row0 + r, sg.n_out - 1) * sg.row_bytes +
+				            (size_t)slab * XM_SB + 16 * c);
+			}
+		g3_commit();
+	};
+	if (a.pf)
+		issue(); /* weights: before the wait */
+	KDEP_ENTRY();
+	if (!a.pf)
+		issue();
+	float acc[R8][2]; /* (token g, rows 8i + 2j + e) */
+#pragma unroll
+	for (int i = 0; i < R8; i++)
+		acc[i][0] = acc[i][1] = 0.0f;
+	if (has) {
+		const bool tok = g < a.n_tok;
+		const mi8_x *U;
+		if (a.xq) { /* the op before left them: plain loads (never __ldg: cuda_common.cuh) */
+			U = kdep_after(a.xq) + (size_t)(tok ? g : 0) * a.n_slab + slab;
+		} else { /* each token's slab of x into the warp's own parts */
+			mi8_x *xw = (mi8_x *)(wsm + (size_t)RT * XM_SB);
+			const float *xb = kdep_after(a.x);
+			for (int t = 0; t < a.n_tok; t++)
+				mi8_stage(xw[t], xb + (int64_t)t * a.ldx + (size_t)slab * 256, lane);
+			U = xw + (tok ? g : 0);
+		}
+		uint2 p1[8], p2[8], p3[8];
+		float xs[8], xp[8];
+#pragma unroll
+		for (int bi = 0; bi < 8; bi++) {
+			p1[bi] = tok ? *(const uint2 *)&U->q[bi][0][2 * j] : make_uint2(0u, 0u);
+			p2[bi] = tok ? *(const uint2 *)&U->q[bi][1][2 * j] : make_uint2(0u, 0u);
+			p3[bi] = tok ? *(const uint2 *)&U->q[bi][2][2 * j] : make_uint2(0u, 0u);
+			xs[bi] = tok ? U->s[bi] : 0.0f;
+			xp[bi] = tok ? U->p[bi] : 0.0f;
+		}
+		g3_wait<0>();
+		__syncwarp(); /* every lane's copies of the warp's rows are visible */
+#pragma unroll
+		for (int bi = 0; bi < 8; bi++)
+#pragma unroll
+			for (int i = 0; i < R8; i++) {
+				uint32_t b0, b1;
+				xm_q8_b(wsm + (8 * i + g) * XM_SB, bi, j, b0, b1);
+				int c1[4] = {0, 0, 0, 0}, c3[4] = {0, 0, 0, 0};
+				mi8_mma(c1, p1[bi].x, p2[bi].x, p1[bi].y, p2[bi].y, b0, b1);
+				mi8_mma(c3, p3[bi].x, 0u, p3[bi].y, 0u, b0, b1);
+#pragma unroll
+				for (int e = 0; e < 2; e++) {
+					const float d = __half2float(
+					    *(const __half *)(wsm + (8 * i + 2 * j + e) * XM_SB + 34 * bi));
+					const float f = fmaf((float)(254 * c1[2 + e] + c3[e]), 1.f / 64516.f,
+					                     (float)c1[e]);
+					acc[i][e] = fmaf(d * f * xs[bi], xp[bi], acc[i][e]); /* (d f s) p */
+				}
+			}
+	}
+#pragma unroll
+	for (int i = 0; i < R8; i++)
+#pragma unroll
+		for (int e = 0; e < 2; e++)
+			part[warp][(8 * i + 2 * j + e) * 8 + g] = acc[i][e];
+	__syncthreads();
+	for (int q = tid; q < RT * 8; q += XM_NW * 32) {
+		float v = 0.0f;
+#pragma unroll
+		for (int w = 0; w < XM_NW; w++) /* warp (slab) order */
+			v += part[w][q];
+		bsum[q] = v;
+	}
+	cl.sync(); /* every block's bsum is complete */
+	if (rank == 0)
+		for (int q = tid; q < RT * 8; q += XM_NW * 32) {
+			float v = bsum[q];
+			for (int r = 1; r < a.ks; r++) /* rank order */
+				v += cl.map_shared_rank(bsum, r)[q];
+			const int row = q / 8, t = q % 8;
+			if (t < a.n_tok && row0 + row < sg.n_out)
+				sg.y[(int64_t)t * sg.ldy + row0 + row] = v;
+		}
+	cl.sync(); /* rank 0 has read every bsum before any block leaves */
+}
+
+static unsigned long long xm_calls; /* kcuda_matmul_xm_calls */
+
+/* TANDEM_MULTI_XM=1 (read on every call; off by default): 5..8 tokens of all-Q8_0 calls on mm_xm_kernel.
+ * Measured SLOWER in the step (H200, session 15, GLM-5 rank 0 of TP=8, ctx 4096, two reps: batch 8
+ * 16.68 / 16.57 ms against 15.87 / 15.92, batch 5 16.22 / 16.03 against 15.34 / 15.57), though faster
+ * alone: ncu at 8 tokens, idx_q_b 11.7 us against the fp32 kernel's 16.7 (session 12). Not yet known
+ * which product lost (o, 384 blocks in 1.45 waves with x quantized in every block, is the suspect); see
+ * docs/PERFORMANCE.md, session 15. */
+static bool multi_xm(void)
+{
+	const char *e = getenv("TANDEM_MULTI_XM");
+	return e && strcmp(e, "1") == 0;
+}
+
+/* the fewest tokens mm_xm_kernel takes: TANDEM_MULTI_XM_MIN (2..8, read on every call), default 5
+ * (below, the fp32 kernel is not issue-bound: H200, session 15, its first version at batch 2 and 4
+ * measured 1.4 and 0.7 ms a step slower) */
+static int multi_xm_min(void)
+{
+	const char *e = getenv("TANDEM_MULTI_XM_MIN");
+	const int v = e && *e ? atoi(e) : 5;
+	return v < 2 ? 2 : (v > 9 ? 9 : v);
+}
+
+/* mm_run's products of n_tok tokens on mm_xm_kernel, arguments already checked: every product Q8_0,
+ * n_in % 256 == 0 and <= 16384, and (clusters of more than one block) the grid's clusters resident at
+ * once; else ERR_UNSUPPORTED with nothing launched */
+static int mm_run_xm(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg, const float *x,
+                     int64_t ldx, int64_t n_tok, int64_t n_in)
+{
+	if (n_tok < multi_xm_min() || n_tok > 8 || n_in % 256 || n_in > (int64_t)XM_KS_MAX * XM_NW * 256 ||
+	    !multi_xm() || kcuda_cc_major(c->device) < 9)
+		return ERR_UNSUPPORTED;
+	for (int i = 0; i < n_seg; i++) {
+		const struct kweight *w = seg[i].w;
+		if (w->type != KT_Q8_0 || (uintptr_t)w->data % 16 || w->row_bytes % 16 ||
+		    w->n_out > INT32_MAX / 2)
+			return ERR_UNSUPPORTED;
+	}
+	struct xm_args a;
+	memset(&a, 0, sizeof(a));
+	a.xq = kcuda_xparts_for(c, x, ldx, n_in, n_tok);
+	a.n_slab = (int)(n_in / 256);
+	a.ks = (a.n_slab + XM_NW - 1) / XM_NW;
+	const size_t smem = (size_t)XM_NW * xm_warp_bytes<XM_R8>(a.xq == NULL);
+	if (smem > (size_t)kcuda_smem_optin(c->device))
+		return ERR_UNSUPPORTED;
+	int64_t n_tiles = 0;
+	for (int i = 0; i < n_seg; i++) {
+		struct mm_seg_dev *d = &a.seg[a.n_seg++];
+		d->w = (const uint8_t *)seg[i].w->data;
+		d->y = seg[i].y;
+		d->ldy = seg[i].ldy;
+		d->row_bytes = seg[i].w->row_bytes;
+		d->n_out = (int)seg[i].w->n_out;
+		d->type = seg[i].w->type;
+		d->blk0 = (int)n_tiles;
+		n_tiles += (seg[i].w->n_out + 8 * XM_R8 - 1) / (8 * XM_R8);
+	}
+	if (n_tiles * a.ks > INT32_MAX)
+		return ERR_UNSUPPORTED;
+	KCUDA_CHECK(cudaFuncSetAttribute(mm_xm_kernel<XM_R8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+	                                 (int)smem));
+	if (a.ks > 1) { /* clusters that do not all fit at once ran two waves (H200: 87 of 79, 2x slower) */
+		int fit = 0;
+		if (klaunch_max_clusters((const void *)mm_xm_kernel<XM_R8>, dim3((unsigned)a.ks, 1, 1),
+		                         dim3(XM_NW * 32), smem, c->stream, &fit) != cudaSuccess) {
+			(void)cudaGetLastError();
+			return ERR_UNSUPPORTED;
+		}
+		if (n_tiles > fit)
+			return ERR_UNSUPPORTED;
+	}
+	a.x = x;
+	a.ldx = ldx;
+	a.n_tok = (int)n_tok;
+	a.n_in = (int)n_in;
+	a.pf = kcuda_prefetch_enabled();
+	const int rc = klaunch_cl("matmul_multi_xm", mm_xm_kernel<XM_R8>, dim3((unsigned)(n_tiles * a.ks)),
+	                          dim3(XM_NW * 32), smem, c->stream, dim3((unsigned)a.ks, 1, 1), a);
+	if (rc == 0)
+		__atomic_fetch_add(&xm_calls, 1ull, __ATOMIC_RELAXED);
+	return rc;
+}
+
+extern "C" unsigned long long kcuda_matmul_xm_calls(void)
+{
+	return __atomic_load_n(&xm_calls, __ATOMIC_RELAXED);
+}
+
 /* Blocks of the 4-row one-token kernel (parts or x, n_in <= 2048) one SM holds at once, at the most
  * shared memory such a launch asks for (4 Q8_0 rows x 8 slabs of 272 B: every type's small tile is at
  * most that); cached per device (0: not yet asked; a failed query reads as "fits": 4 rows) */
@@ -464,6 +721,11 @@ static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg
 	    (uintptr_t)x % 16 || ldx % 4 || n_in > (1 << 30) || ldx > ((int64_t)1 << 40))
 		return ERR_UNSUPPORTED;
 
+	if (n_tok >= 2 && !multi_hoist()) { /* TANDEM_MULTI_XM=1: 5..8 tokens of Q8_0 on the int8 mma */
+		const int rc = mm_run_xm(c, n_seg, seg, x, ldx, n_tok, n_in);
+		if (rc != ERR_UNSUPPORTED)
+			return rc;
+	}
 	/* the products the kernel takes go into its table; the others run on their own after it */
 	const bool small = n_in <= MM_CHUNK(true);
 	struct mm_multi_args a;

@@ -514,13 +514,33 @@ static bool mm_fits(const struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
 	return mm_smem((int)kv->dim, !kv->bf16) <= (size_t)kcuda_smem_optin(c->device);
 }
 
-/* the kernel without (ROPE false: the default, no rope code in it) or with q's rope on its loads */
-template <bool F32, bool ROPE, bool STK>
-static int mm_launch(struct kcuda_ctx *c, const mm_args &a, dim3 grid, size_t smem)
+typedef void (*mm_kern_t)(mm_args);
+template <bool F32, bool ROPE, bool STK> static mm_kern_t mm_kern3(void)
 {
-	KCUDA_CHECK(cudaFuncSetAttribute(mla_mma_kernel<F32, ROPE, STK>,
-	                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-	return klaunch("mla_mma", mla_mma_kernel<F32, ROPE, STK>, grid, dim3(MM_THREADS), smem, c->stream, a);
+	return mla_mma_kernel<F32, ROPE, STK>;
+}
+/* the split kernel instance for a pool dtype (f32), with q's rope on its loads or without (rope
+ * false: the default, no rope code in it) and stacked hi / lo rows or not */
+static mm_kern_t mm_kern(bool f32, bool rope, bool stk)
+{
+	if (f32)
+		return rope ? (stk ? mm_kern3<true, true, true>() : mm_kern3<true, true, false>())
+		            : (stk ? mm_kern3<true, false, true>() : mm_kern3<true, false, false>());
+	return rope ? (stk ? mm_kern3<false, true, true>() : mm_kern3<false, true, false>())
+	            : (stk ? mm_kern3<false, false, true>() : mm_kern3<false, false, false>());
+}
+
+/* TANDEM_MLA_SPLIT_BPS=N (1..8): size the split count for N resident blocks an SM, as before
+ * session 15 with N = 2; unset or 0: the kernel instance's own occupancy (read once a call) */
+static int mm_split_bps_env(void)
+{
+	static int v = -1;
+	if (v < 0) {
+		const char *e = getenv("TANDEM_MLA_SPLIT_BPS");
+		const int x = e && *e ? atoi(e) : 0;
+		v = x < 0 ? 0 : (x > 8 ? 8 : x);
+	}
+	return v;
 }
 
 /* TANDEM_MLA_STACK=0: the unstacked kernel at <= 8 heads too (read on every call) */
@@ -565,13 +585,25 @@ static int mm_run(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const str
 	a.out = out;
 	a.err = c->err_dev;
 
-	/* splits: aim at about one wave of resident blocks (2 an SM, the fewest any of the kernels gets
-	 * on Hopper: fp32 2, bf16 3, stacked bf16 4), each split a whole number of 32-key tiles;
-	 * partials must fit the workspace; at most MM_MAX_SPLIT (the combine's weights) */
+	const size_t smem = mm_smem(a.dim, !kv->bf16);
+	const bool stk = H <= 8 && mm_stack_enabled();
+	const mm_kern_t kern = mm_kern(!kv->bf16, qr != NULL, stk);
+	KCUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+	/* splits: about one wave of resident blocks (the instance's occupancy: on the H200 fp32 2, bf16
+	 * 3, stacked bf16 4 an SM; TANDEM_MLA_SPLIT_BPS overrides), each split a whole number of 32-key
+	 * tiles; partials must fit the workspace; at most MM_MAX_SPLIT (the combine's weights) */
+	int bps = mm_split_bps_env();
+	if (bps == 0 &&
+	    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, MM_THREADS, smem) != cudaSuccess) {
+		(void)cudaGetLastError();
+		bps = 2;
+	}
+	if (bps < 1)
+		bps = 1;
 	const int n_hg = (int)((H + MM_HG - 1) / MM_HG);
 	const int64_t max_tiles = (rows->max_keys + MM_TK - 1) / MM_TK;
 	const int64_t blocks = rows->n_q * n_hg;
-	int64_t want = (2 * (int64_t)c->n_sm + blocks - 1) / blocks;
+	int64_t want = ((int64_t)bps * c->n_sm + blocks - 1) / blocks;
 	if (want > max_tiles)
 		want = max_tiles;
 	if (want > MM_MAX_SPLIT)
@@ -581,7 +613,13 @@ static int mm_run(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const str
 		want = (int64_t)(c->ws_bytes / per_split);
 	if (want < 1)
 		want = 1;
-	const int64_t tiles_per = max_tiles > 0 ? (max_tiles + want - 1) / want : 1;
+	int64_t tiles_per = max_tiles > 0 ? (max_tiles + want - 1) / want : 1;
+	/* one-tile splits only while they leave SMs without a block (batch 2: 128 blocks): with more
+	 * blocks than SMs, each block's fixed cost (q, the partials and their combine) outweighs the
+	 * parallelism (H200, GLM-5 rank 0: batch 8 went 16.03 -> 16.19 ms with one-tile splits at the
+	 * occupancy's 4 blocks an SM, while batch 32 went 40.07 -> 39.04 with 4-tile ones; session 15) */
+	if (tiles_per < 2 && max_tiles >= 2 && blocks * ((max_tiles + 1) / 2) >= c->n_sm)
+		tiles_per = 2;
 	a.chunk = (int)(tiles_per * MM_TK);
 	a.nsplit = max_tiles > 0 ? (int)((max_tiles + tiles_per - 1) / tiles_per) : 1;
 	float *ws = (float *)c->ws;
@@ -590,23 +628,8 @@ static int mm_run(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const str
 	a.pm = ws + n_ps * (size_t)C;
 	a.pl = a.pm + n_ps;
 
-	const size_t smem = mm_smem(a.dim, !kv->bf16);
 	dim3 grid((unsigned)rows->n_q, (unsigned)a.nsplit, (unsigned)n_hg);
-	const bool stk = H <= 8 && mm_stack_enabled();
-	int rc;
-	if (kv->bf16 && stk) {
-		rc = qr ? mm_launch<false, true, true>(c, a, grid, smem)
-		        : mm_launch<false, false, true>(c, a, grid, smem);
-	} else if (kv->bf16) {
-		rc = qr ? mm_launch<false, true, false>(c, a, grid, smem)
-		        : mm_launch<false, false, false>(c, a, grid, smem);
-	} else if (stk) {
-		rc = qr ? mm_launch<true, true, true>(c, a, grid, smem)
-		        : mm_launch<true, false, true>(c, a, grid, smem);
-	} else {
-		rc = qr ? mm_launch<true, true, false>(c, a, grid, smem)
-		        : mm_launch<true, false, false>(c, a, grid, smem);
-	}
+	const int rc = klaunch("mla_mma", kern, grid, dim3(MM_THREADS), smem, c->stream, a);
 	if (rc || a.nsplit == 1)
 		return rc;
 	dim3 cgrid((unsigned)(rows->n_q * H), (unsigned)((C + 31) / 32));

@@ -21,7 +21,10 @@
  * Then the 1-2 token cases again with TANDEM_MULTI_HOIST=1 (x loaded before the wait), the
  * one-token cases with x's int8 parts from the norm (g_parts), and the one-token cases (x and its
  * parts) and the PDL producer with TANDEM_MULTI_RB=4 and =8 (the Q8_0 rows a block at n_in <= 2048,
- * where the default takes 8 only when 4 would not fit one wave).
+ * where the default takes 8 only when 4 would not fit one wave), and 2, 3, 5 and 8 tokens (QUICK: 2, 8)
+ * on the int8 mma kernel (TANDEM_MULTI_XM=1, mm_xm_kernel: all-Q8_0 calls; any other type makes the
+ * call decline to the fp32 kernel), with every token's parts from the norm and with x quantized in the
+ * kernel.
  * TANDEM_OPS_SMALL=1 (for compute-sanitizer) runs the big shapes at one token only.
  * Exit 77 = no GPU (skip). */
 #include <errno.h>
@@ -73,6 +76,11 @@ static const struct mcase cases[] = {
     {"Q4_K mixed in", 2048, 3, {{KT_Q4_K, 40}, {KT_Q8_0, 50}, {KT_F32, 17}}, false},
     {"n_in 384: Q8_0 runs alone", 384, 3, {{KT_Q8_0, 20}, {KT_F32, 21}, {KT_F16, 3}}, false},
     {"one product taken", 512, 2, {{KT_Q4_K, 30}, {KT_F32, 7}}, false},
+    /* the int8 mma kernel's edges: 9 slabs (a cluster of 2, 7 idle warps), rows not a tile multiple;
+     * an F32 product makes the call decline */
+    {"Q8_0, 9 slabs", 2304, 2, {{KT_Q8_0, 77}, {KT_Q8_0, 13}}, false},
+    {"Q8_0 + F32, 9 slabs", 2304, 2, {{KT_Q8_0, 77}, {KT_F32, 13}}, false},
+    {"Q8_0, one slab", 256, 2, {{KT_Q8_0, 9}, {KT_Q8_0, 40}}, false},
 };
 
 /* single wide Q8_0 products through kcuda_matmul with TANDEM_MULTI_WIDE=1 (the multi kernel as a
@@ -89,6 +97,24 @@ static double worst_vs_single;
  * one-token Q8_0 products then read (one token, n_in % 256 == 0, not strided); the tolerance gains
  * the parts' error, 1e-7 sum |w| m_j (m_j: the largest |x| of element j's 32-element block) */
 static int g_parts;
+/* the int8 mma kernel's loop (mm_xm_kernel, at 2..8 tokens with TANDEM_MULTI_XM_MIN=2): with g_parts
+ * the norm leaves the parts of every token, else the kernel quantizes x itself */
+static int g_xm;
+
+/* whether the int8 mma kernel (mm_xm_kernel) took a case as it must: every product Q8_0 with n_in % 256 == 0
+ * and <= 16384 takes it where K fits one block (n_in <= 2048); with a cluster over K it may decline (its
+ * clusters must fit the GPU at once); any other product makes the whole call decline */
+static void xm_expect(const struct mcase *mc, int64_t nt, int ran)
+{
+	int q8 = mc->n_in % 256 == 0 && mc->n_in <= 16384;
+	for (int s = 0; s < mc->n; s++)
+		q8 &= mc->s[s].type == KT_Q8_0;
+	if (q8 && mc->n_in <= 2048)
+		OPS_CHECK(ran, "%s at %lld tokens: the int8 mma kernel did not run", mc->what, (long long)nt);
+	else if (!q8)
+		OPS_CHECK(!ran, "%s at %lld tokens: the int8 mma kernel ran on a call it must decline",
+		          mc->what, (long long)nt);
+}
 
 /* Runs one case at n_tok tokens; returns 0 if it ran (pass or fail recorded), -1 on setup failure. */
 static int run_multi(struct kcuda_ctx *c, const struct mcase *mc, int64_t n_tok, int strided)
@@ -114,18 +140,18 @@ static int run_multi(struct kcuda_ctx *c, const struct mcase *mc, int64_t n_tok,
 	if (ops_dbuf_init(c, &xb, sizeof(float) * (size_t)(ldx * n_tok)) ||
 	    kcuda_upload(c, xb.user, xh, xb.bytes))
 		goto out;
-	const int parts = g_parts && n_tok == 1 && ldx == n_in && n_in % 256 == 0;
+	const int parts = g_parts && (n_tok == 1 || g_xm) && ldx == n_in && n_in % 256 == 0;
 	if (parts) { /* x = rmsnorm(x) with its parts; the reference reads the normed x back */
 		void *hd = NULL, *wn = NULL;
 		float *ones = malloc(sizeof(float) * (size_t)n_in);
-		int prc = !ones || kcuda_alloc(sizeof(float) * (size_t)n_in, &hd) ||
+		int prc = !ones || kcuda_alloc(sizeof(float) * (size_t)(n_in * n_tok), &hd) ||
 		          kcuda_alloc(sizeof(float) * (size_t)n_in, &wn);
 		if (!prc) {
 			for (int64_t k = 0; k < n_in; k++)
 				ones[k] = 1.0f;
 			prc = kcuda_upload(c, wn, ones, sizeof(float) * (size_t)n_in) ||
-			      kcuda_upload(c, hd, xh, sizeof(float) * (size_t)n_in) ||
-			      kfuse_add_rmsnorm_parts(c, hd, NULL, xb.user, wn, n_in, 1, 1e-6f) ||
+			      kcuda_upload(c, hd, xh, sizeof(float) * (size_t)(n_in * n_tok)) ||
+			      kfuse_add_rmsnorm_parts(c, hd, NULL, xb.user, wn, n_in, n_tok, 1e-6f) ||
 			      kcuda_sync(c) || ops_dbuf_get(c, &xb, xh) != 0;
 		}
 		OPS_CHECK(!prc && kcuda_xparts_of(c) == (const float *)xb.user,
@@ -199,7 +225,8 @@ static int run_multi(struct kcuda_ctx *c, const struct mcase *mc, int64_t n_tok,
 				double mag = 0, magm = 0;
 				for (int64_t k = 0; k < n_in; k++) {
 					mag += fabs((double)row[k] * x[k]);
-					if (parts && type == KT_Q8_0) {
+					if ((parts || g_xm) &&
+					    type == KT_Q8_0) { /* the parts, or the int8 mma kernel's own */
 						float m = 0;
 						for (int64_t q = k / 32 * 32; q < k / 32 * 32 + 32; q++)
 							m = fmaxf(m, fabsf(x[q]));
@@ -484,6 +511,32 @@ int main(void)
 		g_parts = 0;
 	}
 	unsetenv("TANDEM_MULTI_RB");
+	/* 1..8 tokens on the int8 mma (TANDEM_MULTI_XM=1) with the parts of every token: every group (its
+	 * other products run after it) and the wide products */
+	setenv("TANDEM_MULTI_XM", "1", 1);
+	setenv("TANDEM_MULTI_XM_MIN", "2", 1); /* every token count it can take, not only the default 5..8 */
+	g_xm = 1;
+	for (g_parts = 1; g_parts >= 0; g_parts--) /* x's parts from the norm, then quantized in the kernel */
+		for (int64_t nt = 2; nt <= 8; nt += quick     ? 6
+		                                    : nt == 3 ? 2
+		                                    : nt == 5 ? 3
+		                                              : 1) { /* quick: 2, 8 */
+			for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+				if (!(small && cases[i].big)) {
+					const unsigned long long before = kcuda_matmul_xm_calls();
+					setup_fail |= run_multi(c, &cases[i], nt, 0);
+					xm_expect(&cases[i], nt, kcuda_matmul_xm_calls() > before);
+				}
+			for (size_t i = 0; i < sizeof(wide_cases) / sizeof(wide_cases[0]); i++)
+				if (!(small && wide_cases[i].big)) {
+					const unsigned long long before = kcuda_matmul_xm_calls();
+					setup_fail |= run_multi(c, &wide_cases[i], nt, 0);
+					xm_expect(&wide_cases[i], nt, kcuda_matmul_xm_calls() > before);
+				}
+		}
+	g_parts = g_xm = 0;
+	unsetenv("TANDEM_MULTI_XM_MIN");
+	unsetenv("TANDEM_MULTI_XM");
 	OPS_CHECK(setup_fail == 0, "some cases failed to set up");
 	printf("largest |multi - separate| / sum|wx|: %.2e\n", worst_vs_single);
 	kcuda_ctx_destroy(c);
