@@ -517,6 +517,16 @@ static bool multi_xm(void)
 	return e && strcmp(e, "1") == 0;
 }
 
+/* TANDEM_MULTI_XM_QUANT=0 (read on every call): mm_xm_kernel only where the op before left x's parts
+ * (with TANDEM_XPARTS_ROWS=8: idx_q_b after the latent), not quantizing x itself: its blocks then need
+ * 35 instead of 92 KB of shared memory (an A/B for the next session: does the larger block lose the PDL
+ * overlap in the graph?) */
+static bool multi_xm_quant(void)
+{
+	const char *e = getenv("TANDEM_MULTI_XM_QUANT");
+	return !(e && strcmp(e, "0") == 0);
+}
+
 /* the fewest tokens mm_xm_kernel takes: TANDEM_MULTI_XM_MIN (2..8, read on every call), default 5
  * (below, the fp32 kernel is not issue-bound: H200, session 15, its first version at batch 2 and 4
  * measured 1.4 and 0.7 ms a step slower) */
@@ -545,6 +555,8 @@ static int mm_run_xm(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *
 	struct xm_args a;
 	memset(&a, 0, sizeof(a));
 	a.xq = kcuda_xparts_for(c, x, ldx, n_in, n_tok);
+	if (!a.xq && !multi_xm_quant())
+		return ERR_UNSUPPORTED;
 	a.n_slab = (int)(n_in / 256);
 	a.ks = (a.n_slab + XM_NW - 1) / XM_NW;
 	const size_t smem = (size_t)XM_NW * xm_warp_bytes<XM_R8>(a.xq == NULL);
