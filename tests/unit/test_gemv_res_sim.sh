@@ -6,6 +6,7 @@ set -u
 BUILD=${BUILD:-build}
 dir=$BUILD/sim/gemv_res
 mkdir -p "$dir"
+source "$(dirname "$0")/sim_lib.sh"
 src=kernels/cuda/matmul_gemv_res.cu
 impl=kernels/cuda/matmul_impl.cuh
 start=$(grep -n '^#define RES_NW' $src | cut -d: -f1)
@@ -28,14 +29,5 @@ fi
 	sed -n "${s1},$((e1 - 1))p" $impl
 	sed -n "${s2},$((e2 - 1))p" $impl
 } >"$dir/g3_slab.inc"
-if ! ${CXX:-g++} -std=c++20 -O1 -pthread -I. -I"$dir" -o "$dir/gemv_res_sim" tests/unit/gemv_res_sim.cc \
-	2>"$dir/build.log"; then
-	if grep -q 'barrier' "$dir/build.log" && ! echo '#include <barrier>' | ${CXX:-g++} -std=c++20 -x c++ -fsyntax-only - 2>/dev/null; then
-		echo "SKIP: no C++20 <barrier> in ${CXX:-g++}"
-		exit 77
-	fi
-	cat "$dir/build.log"
-	echo "FAIL: tests/unit/gemv_res_sim.cc does not build"
-	exit 1
-fi
+sim_build gemv_res_sim tests/unit/gemv_res_sim.cc
 exec "$dir/gemv_res_sim" "$@"

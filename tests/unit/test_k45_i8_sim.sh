@@ -7,6 +7,7 @@ set -u
 BUILD=${BUILD:-build}
 dir=$BUILD/sim/k45_i8
 mkdir -p "$dir"
+source "$(dirname "$0")/sim_lib.sh"
 src=kernels/cuda/k45_i8.cuh
 mma=kernels/cuda/gemv_mma.cuh
 s1=$(grep -n '^#define MI8_P ' $src | cut -d: -f1)
@@ -25,14 +26,5 @@ fi
 	sed -n "${s1},$((e1 - 1))p" $src
 	sed -n "${s2},$((e2 - 1))p" $src
 } >"$dir/k45_i8_body.inc"
-if ! ${CXX:-g++} -std=c++20 -O1 -pthread -Wno-unknown-pragmas -I. -I"$dir" -o "$dir/k45_i8_sim" \
-	tests/unit/k45_i8_sim.cc 2>"$dir/build.log"; then
-	if grep -q 'barrier' "$dir/build.log" && ! echo '#include <barrier>' | ${CXX:-g++} -std=c++20 -x c++ -fsyntax-only - 2>/dev/null; then
-		echo "SKIP: no C++20 <barrier> in ${CXX:-g++}"
-		exit 77
-	fi
-	cat "$dir/build.log"
-	echo "FAIL: tests/unit/k45_i8_sim.cc does not build"
-	exit 1
-fi
+sim_build k45_i8_sim tests/unit/k45_i8_sim.cc -Wno-unknown-pragmas
 exec "$dir/k45_i8_sim" "$@"

@@ -6,6 +6,7 @@ set -u
 BUILD=${BUILD:-build}
 dir=$BUILD/sim/mla_dec6
 mkdir -p "$dir"
+source "$(dirname "$0")/sim_lib.sh"
 src=kernels/cuda/mla_attn_dec6.cu
 start=$(grep -n '^#define D6_THREADS' $src | cut -d: -f1)
 end=$(grep -n '^/\* launches of this kernel' $src | cut -d: -f1)
@@ -22,14 +23,5 @@ if ! grep -q 'd6_sm = sim_blk->smem' "$dir/mla_dec6_body.inc"; then
 fi
 # mla_attn_merge.cuh includes <cooperative_groups.h>: the simulation defines its own cluster_group
 echo '/* empty: tests/unit/mla_dec6_sim.cc defines the cluster it needs */' >"$dir/cooperative_groups.h"
-if ! ${CXX:-g++} -std=c++20 -O1 -pthread -I. -I"$dir" -o "$dir/mla_dec6_sim" tests/unit/mla_dec6_sim.cc \
-	2>"$dir/build.log"; then
-	if grep -q 'barrier' "$dir/build.log" && ! echo '#include <barrier>' | ${CXX:-g++} -std=c++20 -x c++ -fsyntax-only - 2>/dev/null; then
-		echo "SKIP: no C++20 <barrier> in ${CXX:-g++}"
-		exit 77
-	fi
-	cat "$dir/build.log"
-	echo "FAIL: tests/unit/mla_dec6_sim.cc does not build"
-	exit 1
-fi
+sim_build mla_dec6_sim tests/unit/mla_dec6_sim.cc
 exec "$dir/mla_dec6_sim" "$@"

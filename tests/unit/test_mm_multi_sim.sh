@@ -6,6 +6,7 @@ set -u
 BUILD=${BUILD:-build}
 dir=$BUILD/sim/mm_multi
 mkdir -p "$dir"
+source "$(dirname "$0")/sim_lib.sh"
 src=kernels/cuda/matmul_multi.cu
 impl=kernels/cuda/matmul_impl.cuh
 start=$(grep -n '^#define MM_NW' $src | cut -d: -f1)
@@ -37,14 +38,5 @@ if [ -z "$s3" ] || [ -z "$e3" ]; then
 	exit 1
 fi
 sed -n "${s3},${e3}p" $k45 >"$dir/mi8_x.inc"
-if ! ${CXX:-g++} -std=c++20 -O1 -pthread -DTANDEM_CUDA -I. -I"$dir" -o "$dir/mm_multi_sim" tests/unit/mm_multi_sim.cc \
-	2>"$dir/build.log"; then
-	if grep -q 'barrier' "$dir/build.log" && ! echo '#include <barrier>' | ${CXX:-g++} -std=c++20 -x c++ -fsyntax-only - 2>/dev/null; then
-		echo "SKIP: no C++20 <barrier> in ${CXX:-g++}"
-		exit 77
-	fi
-	cat "$dir/build.log"
-	echo "FAIL: tests/unit/mm_multi_sim.cc does not build"
-	exit 1
-fi
+sim_build mm_multi_sim tests/unit/mm_multi_sim.cc -DTANDEM_CUDA
 exec "$dir/mm_multi_sim" "$@"

@@ -6,6 +6,7 @@ set -u
 BUILD=${BUILD:-build}
 dir=$BUILD/sim/topk_fast
 mkdir -p "$dir"
+source "$(dirname "$0")/sim_lib.sh"
 src=kernels/cuda/topk_fast.cu
 start=$(grep -n '^#define TF_CAND' $src | cut -d: -f1)
 end=$(grep -n '^static int tf_old' $src | cut -d: -f1)
@@ -19,14 +20,5 @@ if ! grep -q 'tf_dyn = sim_dyn' "$dir/topk_fast_body.inc"; then
 	echo "FAIL: the kernel's dynamic shared memory declaration moved"
 	exit 1
 fi
-if ! ${CXX:-g++} -std=c++20 -O1 -pthread -I. -I"$dir" -o "$dir/topk_fast_sim" tests/unit/topk_fast_sim.cc \
-	2>"$dir/build.log"; then
-	if grep -q 'barrier' "$dir/build.log" && ! echo '#include <barrier>' | ${CXX:-g++} -std=c++20 -x c++ -fsyntax-only - 2>/dev/null; then
-		echo "SKIP: no C++20 <barrier> in ${CXX:-g++}"
-		exit 77
-	fi
-	cat "$dir/build.log"
-	echo "FAIL: tests/unit/topk_fast_sim.cc does not build"
-	exit 1
-fi
+sim_build topk_fast_sim tests/unit/topk_fast_sim.cc
 exec "$dir/topk_fast_sim" "$@"
