@@ -21,10 +21,10 @@
  * Then the 1-2 token cases again with TANDEM_MULTI_HOIST=1 (x loaded before the wait), the
  * one-token cases with x's int8 parts from the norm (g_parts), and the one-token cases (x and its
  * parts) and the PDL producer with TANDEM_MULTI_RB=4 and =8 (the Q8_0 rows a block at n_in <= 2048,
- * where the default takes 8 only when 4 would not fit one wave), and 2, 3, 5 and 8 tokens (QUICK: 2, 8)
- * on the int8 mma kernel (TANDEM_MULTI_XM=1, mm_xm_kernel: all-Q8_0 calls; any other type makes the
- * call decline to the fp32 kernel), with every token's parts from the norm and with x quantized in the
- * kernel.
+ * where the default takes 8 only when 4 would not fit one wave), and 2, 3, 5 and 8 tokens (QUICK: 2
+ * and 8, small shapes only: the CPU reference of the big ones is slow) on the int8 mma kernel
+ * (TANDEM_MULTI_XM=1, mm_xm_kernel: all-Q8_0 calls; any other type makes the call decline to the fp32
+ * kernel), with every token's parts from the norm and with x quantized in the kernel.
  * TANDEM_OPS_SMALL=1 (for compute-sanitizer) runs the big shapes at one token only.
  * Exit 77 = no GPU (skip). */
 #include <errno.h>
@@ -114,6 +114,14 @@ static void xm_expect(const struct mcase *mc, int64_t nt, int ran)
 	else if (!q8)
 		OPS_CHECK(!ran, "%s at %lld tokens: the int8 mma kernel ran on a call it must decline",
 		          mc->what, (long long)nt);
+}
+
+/* the int8 mma kernel's token counts: 2, 3, 5, 8 (quick: 2, 8) */
+static int64_t xm_next_tok(int64_t nt, int quick)
+{
+	if (quick)
+		return nt + 6;
+	return nt == 2 ? 3 : nt == 3 ? 5 : 8 + (nt == 8);
 }
 
 /* Runs one case at n_tok tokens; returns 0 if it ran (pass or fail recorded), -1 on setup failure. */
@@ -517,18 +525,15 @@ int main(void)
 	setenv("TANDEM_MULTI_XM_MIN", "2", 1); /* every token count it can take, not only the default 5..8 */
 	g_xm = 1;
 	for (g_parts = 1; g_parts >= 0; g_parts--) /* x's parts from the norm, then quantized in the kernel */
-		for (int64_t nt = 2; nt <= 8; nt += quick     ? 6
-		                                    : nt == 3 ? 2
-		                                    : nt == 5 ? 3
-		                                              : 1) { /* quick: 2, 8 */
+		for (int64_t nt = 2; nt <= 8; nt = xm_next_tok(nt, quick)) {
 			for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-				if (!(small && cases[i].big)) {
+				if (!((small || quick) && cases[i].big)) {
 					const unsigned long long before = kcuda_matmul_xm_calls();
 					setup_fail |= run_multi(c, &cases[i], nt, 0);
 					xm_expect(&cases[i], nt, kcuda_matmul_xm_calls() > before);
 				}
 			for (size_t i = 0; i < sizeof(wide_cases) / sizeof(wide_cases[0]); i++)
-				if (!(small && wide_cases[i].big)) {
+				if (!((small || quick) && wide_cases[i].big)) {
 					const unsigned long long before = kcuda_matmul_xm_calls();
 					setup_fail |= run_multi(c, &wide_cases[i], nt, 0);
 					xm_expect(&wide_cases[i], nt, kcuda_matmul_xm_calls() > before);
