@@ -115,6 +115,11 @@ step glm5_matrix_xparts_off 40 env TANDEM_NORM_XPARTS=0 TANDEM_LATENT_XPARTS=0 "
 step glm5_matrix_rb4 40 env TANDEM_MULTI_RB=4 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --matrix-batch 1 --gen 8 --matrix-prefill 0
 step glm5_matrix_moe_fp16 40 env TANDEM_MOE_I8=0 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --matrix-batch 1,8 --gen 6 --matrix-prefill 0
 [ -x "$B/bench/bench_cuda_multi" ] && step bench_cuda_multi 20 "$B/bench/bench_cuda_multi"
+# session 15: the int8 5-8 token product (off: slower in the step), all its products and idx_q_b alone
+# (the latent's parts, 35 KB blocks); the MLA split count at the old 2 blocks an SM against the occupancy's
+step glm5_matrix_xm 40 env TANDEM_MULTI_XM=1 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --matrix-batch 5,8 --gen 6 --matrix-prefill 0
+step glm5_matrix_xm_idxqb 40 env TANDEM_MULTI_XM=1 TANDEM_MULTI_XM_QUANT=0 TANDEM_XPARTS_ROWS=8 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --matrix-batch 5,8 --gen 6 --matrix-prefill 0
+step glm5_matrix_split2 40 env TANDEM_MLA_SPLIT_BPS=2 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --matrix-batch 8,32 --gen 6 --matrix-prefill 0
 step glm5_b1_nopdl 25 env TANDEM_PDL=0 "$B/tandem" bench $SYN --kv-fill random --ctx 4096 --gen 12 --batch 1 --reps 1
 step anchor_glm5_4l_tp1 30 "$B/tandem" bench --synthetic glm5 --layers 4 --dense 1 --type q4_k --backend cuda \
 	--prompt 512 --gen 64 --batch 1 --reps 3 --threads 8
