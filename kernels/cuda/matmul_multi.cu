@@ -579,13 +579,18 @@ static int mm_run_xm(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *
 	KCUDA_CHECK(cudaFuncSetAttribute(mm_xm_kernel<XM_R8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
 	                                 (int)smem));
 	if (a.ks > 1) { /* clusters that do not all fit at once ran two waves (H200: 87 of 79, 2x slower) */
-		int fit = 0;
-		if (klaunch_max_clusters((const void *)mm_xm_kernel<XM_R8>, dim3((unsigned)a.ks, 1, 1),
-		                         dim3(XM_NW * 32), smem, c->stream, &fit) != cudaSuccess) {
+		/* resident clusters per device, cluster size and shared-memory variant, asked once (-1: the
+		 * query failed) */
+		static int fit_cache[64][XM_KS_MAX + 1][2];
+		const int dev = c->device >= 0 && c->device < 64 ? c->device : 0;
+		int *fit = &fit_cache[dev][a.ks][a.xq == NULL];
+		if (*fit == 0 &&
+		    klaunch_max_clusters((const void *)mm_xm_kernel<XM_R8>, dim3((unsigned)a.ks, 1, 1),
+		                         dim3(XM_NW * 32), smem, c->stream, fit) != cudaSuccess) {
 			(void)cudaGetLastError();
-			return ERR_UNSUPPORTED;
+			*fit = -1;
 		}
-		if (n_tiles > fit)
+		if (*fit < 1 || n_tiles > *fit)
 			return ERR_UNSUPPORTED;
 	}
 	a.x = x;
