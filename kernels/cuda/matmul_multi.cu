@@ -560,7 +560,8 @@ static int mm_run_xm(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *
 	a.n_slab = (int)(n_in / 256);
 	a.ks = (a.n_slab + XM_NW - 1) / XM_NW;
 	const size_t smem = (size_t)XM_NW * xm_warp_bytes<XM_R8>(a.xq == NULL);
-	if (smem > (size_t)kcuda_smem_optin(c->device))
+	const size_t smem_static = (size_t)(XM_NW + 1) * 8 * XM_R8 * 8 * sizeof(float); /* part, bsum */
+	if (smem + smem_static > (size_t)kcuda_smem_optin(c->device))
 		return ERR_UNSUPPORTED;
 	int64_t n_tiles = 0;
 	for (int i = 0; i < n_seg; i++) {
