@@ -387,6 +387,48 @@ __device__ __forceinline__ void xm_q8_b(const uint8_t *p, int bi, int j, uint32_
 	q1 = __funnelshift_r(w1, w2, sh);
 }
 
+/* One warp's products over its slab (tests/unit/xm_sim.cc runs this on the CPU): wsm holds the
+ * slab (XM_SB bytes) of 8 R8 weight rows, XM_SB apart; U the parts of this lane's token g = lane / 4
+ * (tok false: a token past n_tok, zeros). acc[i][e] += the slab's dot of rows 8i + 2j + e (j = lane %
+ * 4) with token g: two mma a 32-element block and 8-row tile (parts 1 and 2 as A's row halves, part
+ * 3 with zero rows), then d s (q1 + (254 q2 + q3) / 254^2) p in fp32. The parts are loaded first, then wait()
+ * (the weights' copies), so the two round trips overlap. */
+template <int R8, class W>
+__device__ __forceinline__ void xm_warp(const uint8_t *wsm, const mi8_x *U, bool tok, int lane,
+                                        float (&acc)[R8][2], W wait)
+{
+	const int g = lane >> 2, j = lane & 3;
+	uint2 p1[8], p2[8], p3[8];
+	float xs[8], xp[8];
+#pragma unroll
+	for (int bi = 0; bi < 8; bi++) {
+		p1[bi] = tok ? *(const uint2 *)&U->q[bi][0][2 * j] : make_uint2(0u, 0u);
+		p2[bi] = tok ? *(const uint2 *)&U->q[bi][1][2 * j] : make_uint2(0u, 0u);
+		p3[bi] = tok ? *(const uint2 *)&U->q[bi][2][2 * j] : make_uint2(0u, 0u);
+		xs[bi] = tok ? U->s[bi] : 0.0f;
+		xp[bi] = tok ? U->p[bi] : 0.0f;
+	}
+	wait();
+#pragma unroll
+	for (int bi = 0; bi < 8; bi++)
+#pragma unroll
+		for (int i = 0; i < R8; i++) {
+			uint32_t b0, b1;
+			xm_q8_b(wsm + (8 * i + g) * XM_SB, bi, j, b0, b1);
+			int c1[4] = {0, 0, 0, 0}, c3[4] = {0, 0, 0, 0};
+			mi8_mma(c1, p1[bi].x, p2[bi].x, p1[bi].y, p2[bi].y, b0, b1);
+			mi8_mma(c3, p3[bi].x, 0u, p3[bi].y, 0u, b0, b1);
+#pragma unroll
+			for (int e = 0; e < 2; e++) {
+				const float d = __half2float(
+				    *(const __half *)(wsm + (8 * i + 2 * j + e) * XM_SB + 34 * bi));
+				const float f =
+				    fmaf((float)(254 * c1[2 + e] + c3[e]), 1.f / 64516.f, (float)c1[e]);
+				acc[i][e] = fmaf(d * f * xs[bi], xp[bi], acc[i][e]); /* (d f s) p */
+			}
+		}
+}
+
 /* dynamic shared memory: per warp RT rows of its slab, then (xq NULL) 8 tokens' parts of it */
 template <int R8> __host__ __device__ constexpr size_t xm_warp_bytes(bool quant)
 {
@@ -446,36 +488,10 @@ __global__ void __launch_bounds__(XM_NW * 32, 2) mm_xm_kernel(const __grid_const
 				mi8_stage(xw[t], xb + (int64_t)t * a.ldx + (size_t)slab * 256, lane);
 			U = xw + (tok ? g : 0);
 		}
-		uint2 p1[8], p2[8], p3[8];
-		float xs[8], xp[8];
-#pragma unroll
-		for (int bi = 0; bi < 8; bi++) {
-			p1[bi] = tok ? *(const uint2 *)&U->q[bi][0][2 * j] : make_uint2(0u, 0u);
-			p2[bi] = tok ? *(const uint2 *)&U->q[bi][1][2 * j] : make_uint2(0u, 0u);
-			p3[bi] = tok ? *(const uint2 *)&U->q[bi][2][2 * j] : make_uint2(0u, 0u);
-			xs[bi] = tok ? U->s[bi] : 0.0f;
-			xp[bi] = tok ? U->p[bi] : 0.0f;
-		}
-		g3_wait<0>();
-		__syncwarp(); /* every lane's copies of the warp's rows are visible */
-#pragma unroll
-		for (int bi = 0; bi < 8; bi++)
-#pragma unroll
-			for (int i = 0; i < R8; i++) {
-				uint32_t b0, b1;
-				xm_q8_b(wsm + (8 * i + g) * XM_SB, bi, j, b0, b1);
-				int c1[4] = {0, 0, 0, 0}, c3[4] = {0, 0, 0, 0};
-				mi8_mma(c1, p1[bi].x, p2[bi].x, p1[bi].y, p2[bi].y, b0, b1);
-				mi8_mma(c3, p3[bi].x, 0u, p3[bi].y, 0u, b0, b1);
-#pragma unroll
-				for (int e = 0; e < 2; e++) {
-					const float d = __half2float(
-					    *(const __half *)(wsm + (8 * i + 2 * j + e) * XM_SB + 34 * bi));
-					const float f = fmaf((float)(254 * c1[2 + e] + c3[e]), 1.f / 64516.f,
-					                     (float)c1[e]);
-					acc[i][e] = fmaf(d * f * xs[bi], xp[bi], acc[i][e]); /* (d f s) p */
-				}
-			}
+		xm_warp<R8>(wsm, U, tok, lane, acc, []() {
+			g3_wait<0>();
+			__syncwarp(); /* every lane's copies of the warp's rows are visible */
+		});
 	}
 #pragma unroll
 	for (int i = 0; i < R8; i++)

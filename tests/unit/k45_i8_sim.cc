@@ -11,8 +11,8 @@
  * is the largest |x| of element i's sub-block (x's three parts carry <= 6.1e-8 of m_j; the
  * epilogue is fp32; the last term is for denormal results).
  * Cases: Q4_K and Q5_K, one and two tiles of 16 rows (R 1: batch 1's gate / up and down; R 2: the
- * two-tile gate / up block of batches 3-8), random super-blocks (every scale / min code, d and dmin of both signs),
- * x uniform, x with a zero sub-block, one huge element, all tiny (1e-35), x near 1e34 with one
+ * two-tile gate / up block of batches 3-8), random super-blocks (every scale / min code, d and dmin of both
+ * signs), x uniform, x with a zero sub-block, one huge element, all tiny (1e-35), x near 1e34 with one
  * element above 1e37, denormal x (1e-41), and an Inf / a NaN (the unit's rows must come out NaN).
  * The same unit made by the producer side (mi8_put4: 4 elements a lane, as fused.cu's add_rmsnorm
  * holds them) and copied (mi8_copy) must equal mi8_stage's bit for bit, and so must the dots.
@@ -29,84 +29,7 @@
 #include <vector>
 
 #include "kernels/kernels.h"
-#include "tests/unit/sim_cuda.h"
-
-#define __device__
-#define __forceinline__ inline
-#define GM_HD inline
-#define GM_UNROLL
-#define GM_FOR_ROWS(R)                                                                                       \
-	for (int r = 0; r < R; r++)                                                                          \
-		for (int hr = 0; hr < 2; hr++)
-
-template <class V> static inline V gm_ldg(const V *p)
-{
-	return *p;
-}
-using std::max;
-using std::min;
-
-static inline float gm_f16(uint32_t h)
-{
-	return sim_h2f((uint16_t)h);
-}
-static inline float __fdividef(float a, float b)
-{
-	return a / b;
-}
-static inline int __float2int_rn(float f)
-{
-	return (int)std::nearbyint(f); /* the default rounding mode: to nearest, ties to even */
-}
-/* one warp */
-static std::barrier<> *sim_bar;
-thread_local int sim_lane;
-static uint32_t sim_a[32][4], sim_b[32][2];
-static inline void __syncwarp()
-{
-	sim_bar->arrive_and_wait();
-}
-template <class V> static inline V __shfl_xor_sync(unsigned, V v, int m)
-{
-	static V slot[32]; /* one per value type, as a warp's exchange */
-	slot[sim_lane] = v;
-	sim_bar->arrive_and_wait();
-	const V r = slot[sim_lane ^ m];
-	sim_bar->arrive_and_wait();
-	return r;
-}
-/* mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32, PTX fragment layout: lane (g, t) holds A
- * (row g, k 4t..4t+3), (g + 8, 4t..), (g, 16 + 4t..), (g + 8, 16 + 4t..); B (k 4t.., column g),
- * (16 + 4t.., g); C (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1) */
-static void mi8_mma(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1)
-{
-	const int l = sim_lane;
-	sim_a[l][0] = a0, sim_a[l][1] = a1, sim_a[l][2] = a2, sim_a[l][3] = a3;
-	sim_b[l][0] = b0, sim_b[l][1] = b1;
-	sim_bar->arrive_and_wait();
-	int A[16][32], B[32][8];
-	for (int ln = 0; ln < 32; ln++) {
-		const int g = ln >> 2, t = ln & 3;
-		for (int i = 0; i < 4; i++) {
-			A[g][4 * t + i] = (int8_t)(sim_a[ln][0] >> (8 * i));
-			A[g + 8][4 * t + i] = (int8_t)(sim_a[ln][1] >> (8 * i));
-			A[g][16 + 4 * t + i] = (int8_t)(sim_a[ln][2] >> (8 * i));
-			A[g + 8][16 + 4 * t + i] = (int8_t)(sim_a[ln][3] >> (8 * i));
-			B[4 * t + i][g] = (int8_t)(sim_b[ln][0] >> (8 * i));
-			B[16 + 4 * t + i][g] = (int8_t)(sim_b[ln][1] >> (8 * i));
-		}
-	}
-	sim_bar->arrive_and_wait(); /* every lane has read the fragments before any lane writes again */
-	const int g = l >> 2, t = l & 3;
-	const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
-	for (int i = 0; i < 4; i++) {
-		int64_t s = 0;
-		for (int k = 0; k < 32; k++)
-			s += (int64_t)A[rows[i]][k] * B[k][cols[i]];
-		d[i] += (int)s;
-	}
-}
-#define MI8_MMA_DEFINED
+#include "tests/unit/sim_warp.h"
 
 #include "k45_i8_body.inc"
 
@@ -220,9 +143,7 @@ static void run_case(int type, int R, int mode, std::mt19937 &rng, const char *w
 		for (int i = 64; i < 96; i++)
 			x[i] = 0.f;
 		break;
-	case 2: /* one element far above its sub-block */
-		x[37] = 3.0e4f;
-		break;
+	case 2: /* one element far above its sub-block */ x[37] = 3.0e4f; break;
 	case 3: /* all tiny: the exact division */
 		for (int i = 0; i < 256; i++)
 			x[i] *= 1e-35f;
@@ -237,12 +158,8 @@ static void run_case(int type, int R, int mode, std::mt19937 &rng, const char *w
 		for (int i = 0; i < 256; i++)
 			x[i] *= 1e-41f;
 		break;
-	case 5:
-		x[100] = INFINITY, want_nan = true;
-		break;
-	case 6:
-		x[3] = NAN, want_nan = true;
-		break;
+	case 5: x[100] = INFINITY, want_nan = true; break;
+	case 6: x[3] = NAN, want_nan = true; break;
 	default: break;
 	}
 	double ref[32], bound[32];
@@ -302,24 +219,26 @@ static void run_case(int type, int R, int mode, std::mt19937 &rng, const char *w
 		if (!want_nan)
 			worst = std::fmax(worst, std::fabs(got[r] - ref[r]) / bound[r] * 1e-6);
 		if (!ok && bad++ < 3)
-			printf("FAIL %s %s row %d: sim %.9g ref %.9g (bound %.3g)\n", q5 ? "Q5_K" : "Q4_K", what, r,
-			       got[r], ref[r], bound[r]);
+			printf("FAIL %s %s row %d: sim %.9g ref %.9g (bound %.3g)\n", q5 ? "Q5_K" : "Q4_K",
+			       what, r, got[r], ref[r], bound[r]);
 	}
 	fails += bad;
-	printf("%-4s %-22s %d rows: %s (largest |err| / (sum|w| m + sum|w x|) %.2g)\n", q5 ? "Q5_K" : "Q4_K", what,
-	       NR, bad ? "FAIL" : "ok", worst);
+	printf("%-4s %-22s %d rows: %s (largest |err| / (sum|w| m + sum|w x|) %.2g)\n", q5 ? "Q5_K" : "Q4_K",
+	       what, NR, bad ? "FAIL" : "ok", worst);
 }
 
 int main(void)
 {
 	std::mt19937 rng(1234567u);
 	printf("seed 1234567\n");
-	static const char *names[] = {"uniform", "zero sub-block", "one huge element", "all tiny (1e-35)",
-	                              "large, one above 1e37", "an Inf (NaN out)", "a NaN (NaN out)", "denormal (1e-41)"};
+	static const char *names[] = {"uniform",          "zero sub-block",        "one huge element",
+	                              "all tiny (1e-35)", "large, one above 1e37", "an Inf (NaN out)",
+	                              "a NaN (NaN out)",  "denormal (1e-41)"};
 	for (int type : {(int)KT_Q4_K, (int)KT_Q5_K})
 		for (int mode = 0; mode < 8; mode++)
 			for (int rep = 0; rep < (mode == 0 ? 6 : 2); rep++)
-				run_case(type, rep & 1 ? 2 : 1, mode, rng, names[mode]); /* one and two tiles */
+				run_case(type, rep & 1 ? 2 : 1, mode, rng,
+				         names[mode]); /* one and two tiles */
 	printf("%d checks, %d failed\n", checks, fails);
 	return fails ? 1 : 0;
 }
