@@ -116,11 +116,12 @@ __device__ __forceinline__ float g3_s8f(uint32_t u, int k)
 	return __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540u + (unsigned)k)) - 8388736.0f;
 }
 
-/* One Q8_0 row's slab at p (shared memory) for this lane as it is stored: the lane's 8 signed bytes
- * (g3_decode's, before conversion) in q0 (elements 0..3) and q1 (4..7), and the block's scale d */
-__device__ __forceinline__ void g3_q8_raw(const uint8_t *p, int lane, uint32_t &q0, uint32_t &q1, float &d)
+/* Quarter u % 4 of 32-element block u / 4 of a Q8_0 slab at p (shared memory, the slab 16-byte
+ * aligned: block bi's quants start 2 bytes past a word when bi is even, so whole words and a funnel
+ * shift): its bytes 0..3 in q0 and 4..7 in q1 */
+__device__ __forceinline__ void g3_q8_bytes(const uint8_t *p, int u, uint32_t &q0, uint32_t &q1)
 {
-	const int bi = lane >> 2, j = lane & 3;
+	const int bi = u >> 2, j = u & 3;
 	const int mis = (bi & 1) ? 0 : 2; /* as g3_decode */
 	const uint8_t *q = p + 34 * bi + 2 + 8 * j;
 	const uint32_t *a = (const uint32_t *)(q - mis);
@@ -128,7 +129,14 @@ __device__ __forceinline__ void g3_q8_raw(const uint8_t *p, int lane, uint32_t &
 	const uint32_t w0 = a[0], w1 = a[1], w2 = sh ? a[2] : 0u;
 	q0 = __funnelshift_r(w0, w1, sh);
 	q1 = __funnelshift_r(w1, w2, sh);
-	d = __half2float(*(const __half *)(p + 34 * bi));
+}
+
+/* One Q8_0 row's slab at p (shared memory) for this lane as it is stored: the lane's 8 signed bytes
+ * (g3_decode's, before conversion) in q0 (elements 0..3) and q1 (4..7), and the block's scale d */
+__device__ __forceinline__ void g3_q8_raw(const uint8_t *p, int lane, uint32_t &q0, uint32_t &q1, float &d)
+{
+	g3_q8_bytes(p, lane, q0, q1);
+	d = __half2float(*(const __half *)(p + 34 * (lane >> 2)));
 }
 
 /* One row's slab at p (shared memory) for this lane: w[0..EPL) and the per-lane scale. */

@@ -348,7 +348,7 @@ extern "C" bool kcuda_matmul_multi_takes(int64_t n_tok)
  *    is 8 weight rows, and each lane's four C entries are parts 1 and 2 of (its token g, its rows 2j,
  *    2j + 1): the epilogue d s (q1 + (254 q2 + q3) / 254^2) p is lane-local, no shuffles;
  *  - the k order inside a 32-element block is permuted alike on both sides: lane (g, j) gives bytes
- *    8j..8j+3 as k slots 4j..4j+3 and 8j+4..8j+7 as 16+4j..16+4j+3, which are the 8 bytes xm_q8_b
+ *    8j..8j+3 as k slots 4j..4j+3 and 8j+4..8j+7 as 16+4j..16+4j+3, which are the 8 bytes g3_q8_bytes
  *    reads of its weight row and the parts' words 2j, 2j + 1 of its token (mi8_x);
  *  - a warp owns ONE 256-element slab of K for the block's R8 tiles (8 R8 rows): it copies its own
  *    rows' slab into its own shared memory (cp.async, before the PDL wait: weights), gets its tokens'
@@ -374,18 +374,6 @@ struct xm_args {
 	const mi8_x *xq; /* x's parts: token t's slab s at xq[t * n_slab + s], or NULL */
 	int n_tok, n_in, n_slab, ks, pf;
 };
-
-/* bytes 8j..8j+7 of 32-element block bi of a Q8_0 slab at p (shared memory: the slab 16-byte aligned,
- * so block bi's quants start 2 bytes past a word when bi is even) */
-__device__ __forceinline__ void xm_q8_b(const uint8_t *p, int bi, int j, uint32_t &q0, uint32_t &q1)
-{
-	const int mis = (bi & 1) ? 0 : 2;
-	const uint32_t *a = (const uint32_t *)(p + 34 * bi + 2 + 8 * j - mis);
-	const uint32_t sh = 8u * (uint32_t)mis;
-	const uint32_t w0 = a[0], w1 = a[1], w2 = sh ? a[2] : 0u;
-	q0 = __funnelshift_r(w0, w1, sh);
-	q1 = __funnelshift_r(w1, w2, sh);
-}
 
 /* One warp's products over its slab (tests/unit/xm_sim.cc runs this on the CPU): wsm holds the
  * slab (XM_SB bytes) of 8 R8 weight rows, XM_SB apart; U the parts of this lane's token g = lane / 4
@@ -414,7 +402,7 @@ __device__ __forceinline__ void xm_warp(const uint8_t *wsm, const mi8_x *U, bool
 #pragma unroll
 		for (int i = 0; i < R8; i++) {
 			uint32_t b0, b1;
-			xm_q8_b(wsm + (8 * i + g) * XM_SB, bi, j, b0, b1);
+			g3_q8_bytes(wsm + (8 * i + g) * XM_SB, 4 * bi + j, b0, b1);
 			int c1[4] = {0, 0, 0, 0}, c3[4] = {0, 0, 0, 0};
 			mi8_mma(c1, p1[bi].x, p2[bi].x, p1[bi].y, p2[bi].y, b0, b1);
 			mi8_mma(c3, p3[bi].x, 0u, p3[bi].y, 0u, b0, b1);

@@ -1,11 +1,11 @@
 /* The warp of kernels/cuda/matmul_multi.cu's mm_xm_kernel (TANDEM_MULTI_XM=1: 5-8 tokens of Q8_0 products
- * on int8 mma.sync) run on the CPU: its xm_warp and xm_q8_b SOURCE, with the int8 unit of
- * kernels/cuda/k45_i8.cuh (mi8_stage: x's three int8 parts), on 32 std::threads (tests/unit/sim_warp.h:
+ * on int8 mma.sync) run on the CPU: its xm_warp SOURCE, with matmul_impl.cuh's g3_q8_bytes and the int8 unit
+ * of kernels/cuda/k45_i8.cuh (mi8_stage: x's three int8 parts), on 32 std::threads (tests/unit/sim_warp.h:
  * __syncwarp a barrier, mma.sync m16n8k32 an exchange of the fragments in the PTX layout, multiplied
  * out in full). test_xm_sim.sh cuts the sources into .inc files, so CI without a GPU checks the
  * kernel's own logic: the swapped roles (x's parts as A, parts 1 and 2 in its row halves, part 3
  * against zero rows; 8 weight rows as B), the k permutation both sides share, the 2-byte-aligned
- * blocks of a Q8_0 slab in shared memory (xm_q8_b's funnel shifts), the lane-local epilogue and the
+ * blocks of a Q8_0 slab in shared memory (g3_q8_bytes's funnel shifts), the lane-local epilogue and the
  * zero tokens past n_tok. Each (token, row) dot over the 256-element slab is held to a double-precision
  * reference over the dequantized row: |sim - ref| <= 1e-6 sum |w| m_j + 1e-6 sum |w x| + 64 2^-149 (m_j:
  * the largest |x| of element j's 32-element block; the parts carry <= 6.1e-8 of it). Cases: 16 and 32
