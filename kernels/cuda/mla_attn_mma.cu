@@ -530,6 +530,29 @@ static mm_kern_t mm_kern(bool f32, bool rope, bool stk)
 	            : (stk ? mm_kern3<false, false, true>() : mm_kern3<false, false, false>());
 }
 
+/* resident blocks an SM of instance kern at smem bytes (at least 1; 2 where the query fails), asked once
+ * per device, instance and size: the split count reads it on every call (eager prefill: every layer) */
+static int mm_occupancy(const struct kcuda_ctx *c, mm_kern_t kern, bool f32, bool rope, bool stk, size_t smem)
+{
+	static struct {
+		size_t smem;
+		int n;
+	} cache[64][8];
+	const int dev = c->device >= 0 && c->device < 64 ? c->device : 0;
+	auto &e = cache[dev][(f32 ? 4 : 0) | (rope ? 2 : 0) | (stk ? 1 : 0)];
+	if (e.n == 0 || e.smem != smem) {
+		int n = 0;
+		if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, MM_THREADS, smem) !=
+		    cudaSuccess) {
+			(void)cudaGetLastError();
+			n = 2;
+		}
+		e.smem = smem;
+		e.n = n < 1 ? 1 : n;
+	}
+	return e.n;
+}
+
 /* TANDEM_MLA_SPLIT_BPS=N (1..8): size the split count for N resident blocks an SM, as before
  * session 15 with N = 2; unset or 0: the kernel instance's own occupancy (read once a call) */
 static int mm_split_bps_env(void)
@@ -593,13 +616,8 @@ static int mm_run(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const str
 	 * 3, stacked bf16 4 an SM; TANDEM_MLA_SPLIT_BPS overrides), each split a whole number of 32-key
 	 * tiles; partials must fit the workspace; at most MM_MAX_SPLIT (the combine's weights) */
 	int bps = mm_split_bps_env();
-	if (bps == 0 &&
-	    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, MM_THREADS, smem) != cudaSuccess) {
-		(void)cudaGetLastError();
-		bps = 2;
-	}
-	if (bps < 1)
-		bps = 1;
+	if (bps == 0)
+		bps = mm_occupancy(c, kern, !kv->bf16, qr != NULL, stk, smem);
 	const int n_hg = (int)((H + MM_HG - 1) / MM_HG);
 	const int64_t max_tiles = (rows->max_keys + MM_TK - 1) / MM_TK;
 	const int64_t blocks = rows->n_q * n_hg;
