@@ -138,6 +138,32 @@ __device__ __forceinline__ void mp_load_a(const uint16_t *sA, int kk, int g, int
 	}
 }
 
+/* A gate / up warp's outputs: h[r0 + row][c0 + col] = SiLU(g) * u (kcpu_swiglu's formula) as bf16
+ * pairs, for the tile's rows < rows and columns c0 .. c0 + 15 (c0: the warp's first) below F */
+__device__ __forceinline__ void mp_gu_store(const float (&acc)[2][4][2][4], int c0, int F, int rows, int r0,
+                                            int g, int t, uint16_t *__restrict__ h)
+{
+#pragma unroll
+	for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+		for (int nj = 0; nj < 2; nj++) {
+			const int col = c0 + nj * 8 + 2 * t; /* F % 16 == 0: col + 1 < F too */
+			if (col >= F)
+				continue;
+#pragma unroll
+			for (int hf = 0; hf < 2; hf++) {
+				const int row = mi * 16 + g + 8 * hf;
+				if (row >= rows)
+					continue;
+				const float g0 = acc[0][mi][nj][2 * hf], g1 = acc[0][mi][nj][2 * hf + 1];
+				const float u0 = acc[1][mi][nj][2 * hf], u1 = acc[1][mi][nj][2 * hf + 1];
+				const float h0 = g0 / (1.0f + expf(-g0)) * u0,
+				            h1 = g1 / (1.0f + expf(-g1)) * u1;
+				*(uint32_t *)(h + (int64_t)(r0 + row) * F + col) = mp_pack(h0, h1);
+			}
+		}
+}
+
 /* 3 blocks an SM (168 registers) where a piece's raw bytes are at most 32 (Q4_K: no spills); 2 for the
  * wider raw pieces (Q3_K, Q5_K, Q6_K, F32 spilled at 3) */
 template <int T> constexpr int mp_gu_min_blocks()
@@ -260,46 +286,174 @@ __global__ void __launch_bounds__(MP_THREADS, mp_gu_min_blocks<T>())
 		}
 		__syncthreads();
 	}
-	/* h[r0 + row][f] = SiLU(g) * u (kcpu_swiglu's formula), bf16 pairs */
-#pragma unroll
-	for (int mi = 0; mi < 4; mi++)
-#pragma unroll
-		for (int nj = 0; nj < 2; nj++) {
-			const int col = f0 + warp * 16 + nj * 8 + 2 * t; /* F % 16 == 0: col + 1 < F too */
-			if (col >= F)
-				continue;
-#pragma unroll
-			for (int hf = 0; hf < 2; hf++) {
-				const int row = mi * 16 + g + 8 * hf;
-				if (row >= rows)
-					continue;
-				const float g0 = acc[0][mi][nj][2 * hf], g1 = acc[0][mi][nj][2 * hf + 1];
-				const float u0 = acc[1][mi][nj][2 * hf], u1 = acc[1][mi][nj][2 * hf + 1];
-				const float h0 = g0 / (1.0f + expf(-g0)) * u0,
-				            h1 = g1 / (1.0f + expf(-g1)) * u1;
-				*(uint32_t *)(h + (int64_t)(r0 + row) * F + col) = mp_pack(h0, h1);
-			}
-		}
+	mp_gu_store(acc, f0 + warp * 16, F, rows, r0, g, t, h);
 }
 
-template <int T>
-__global__ void __launch_bounds__(MP_THREADS)
-    mp_down_kernel(const uint8_t *__restrict__ wd, size_t row_bytes, int D, int F,
-                   const uint16_t *__restrict__ h, const int32_t *__restrict__ meta, int E, int np,
-                   int max_tiles, float *__restrict__ y)
+/* x rounded to bf16 once per chunk (xb: [n][D], row stride D): the gate / up blocks then gather 2
+ * bytes a value instead of 4, and the rounding (RN, as mp_pack) is the same, so their A tiles are the
+ * same bits as the fp32-gathering kernel's. Grid (ceil(D / 2048), n), 256 threads, 8 values each. */
+__global__ void mp_xcvt_kernel(const float *__restrict__ x, int64_t ldx, bool x_vec, int D,
+                               uint16_t *__restrict__ xb)
 {
 	KDEP_ENTRY();
+	const int64_t i = blockIdx.y;
+	const int c = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
+	if (c >= D) /* D % 16 == 0: a thread's 8 values are all in or all out */
+		return;
+	const float *xr = x + i * ldx + c;
+	float v[8];
+	if (x_vec) {
+		const float4 a = *(const float4 *)xr, b = *(const float4 *)(xr + 4);
+		v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+	} else {
+#pragma unroll
+		for (int j = 0; j < 8; j++)
+			v[j] = xr[j];
+	}
+	*(uint4 *)(xb + i * D + c) = make_uint4(mp_pack(v[0], v[1]), mp_pack(v[2], v[3]), mp_pack(v[4], v[5]),
+	                                        mp_pack(v[6], v[7]));
+}
+
+/* Blocks a gate / up kernel of NW warps may have resident an SM: 128 NW threads' registers within the
+ * pieces' needs (see mp_gu_min_blocks) */
+template <int T, int NW> constexpr int mp_gu2_min_blocks()
+{
+	return NW == 4 ? mp_gu_min_blocks<T>() : sizeof(typename kq<T>::raw) <= 32 ? 2 : 1;
+}
+
+/* gate / up from xb (bf16 x, mp_xcvt_kernel) with NW warps: a block owns BN = 16 NW gate rows and the
+ * same up rows of its tile's expert (NW 8: 128 + 128, so each gathered x row serves twice the weight
+ * rows of the 4-warp kernel and is read half as often). Warp w computes columns 16 w .. 16 w + 15 of
+ * gate and of up for the tile's 64 pairs, with the same fragments, products and K order as
+ * mp_gate_up_kernel: h is bit-identical to it (test_ops_prefill_moe checks). A thread loads 2 (NW 8)
+ * or 4 (NW 4) 16-byte pieces of the A tile and 4 weight pieces a 64-wide K step, one step ahead. */
+template <int T, int NW>
+__global__ void __launch_bounds__(32 * NW, (mp_gu2_min_blocks<T, NW>()))
+    mp_gate_up2_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu, size_t row_bytes,
+                       int D, int F, const uint16_t *__restrict__ xb, int k,
+                       const int32_t *__restrict__ meta, int E, int np, int max_tiles,
+                       uint16_t *__restrict__ h)
+{
+	constexpr int NT = 32 * NW, BN = 16 * NW, AP = MP_BM * MP_BK / 8 / NT; /* 16-byte A pieces a thread */
+	static_assert(AP * NT * 8 == MP_BM * MP_BK, "the A tile splits evenly over the threads");
+	KDEP_ENTRY();
 	__shared__ __align__(16) uint16_t sA[MP_BM * MP_LDS];
-	__shared__ __align__(16) uint16_t sB[MP_BN * MP_LDS];
+	__shared__ __align__(16) uint16_t sB[2 * BN * MP_LDS]; /* gate rows, then up rows */
+	__shared__ int s_tok[MP_BM];
 	const int tile = blockIdx.y;
 	if (tile >= meta[0])
 		return;
 	const mp_view m = mp_meta(meta, E, np, max_tiles);
 	const int e = m.te[tile], r0 = m.tr[tile], rows = min(MP_BM, m.off[e + 1] - r0);
-	const int d0 = blockIdx.x * MP_BN;
+	const int f0 = blockIdx.x * BN;
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-	const int ar = tid >> 1, ac = (tid & 1) * 32;
-	const uint16_t *hr = ar < rows ? h + (int64_t)(r0 + ar) * F : NULL;
+	if (tid < MP_BM)
+		s_tok[tid] = tid < rows ? m.list[r0 + tid] / k : -1;
+	const size_t ebase = (size_t)e * (size_t)F;
+	const int np16 = D / 16;
+	float acc[2][4][2][4];
+#pragma unroll
+	for (int a = 0; a < 2; a++)
+#pragma unroll
+		for (int b = 0; b < 4; b++)
+#pragma unroll
+			for (int c = 0; c < 2; c++)
+#pragma unroll
+				for (int d = 0; d < 4; d++)
+					acc[a][b][c][d] = 0.0f;
+	__syncthreads(); /* s_tok */
+
+	uint4 xa[AP];
+	typename kq<T>::raw rw[4];
+	bool rin[4];
+	auto load_step = [&](int k0) {
+#pragma unroll
+		for (int i = 0; i < AP; i++) {
+			const int q = tid + NT * i, row = q >> 3, col = k0 + (q & 7) * 8;
+			const int tok = s_tok[row];
+			xa[i] = tok >= 0 && col < D ? *(const uint4 *)(xb + (int64_t)tok * D + col)
+			                            : make_uint4(0u, 0u, 0u, 0u);
+		}
+#pragma unroll
+		for (int i = 0; i < 4; i++) {
+			const int q = tid + NT * i, row = q >> 2, pp = q & 3;
+			const int f = f0 + (row & (BN - 1));
+			const int64_t p = k0 / 16 + pp;
+			rin[i] = f < F && p < np16;
+			if (rin[i])
+				kq<T>::load((row < BN ? wg : wu) + (ebase + (size_t)f) * row_bytes, p, rw[i]);
+		}
+	};
+	auto store_step = [&](int k0) {
+#pragma unroll
+		for (int i = 0; i < AP; i++) {
+			const int q = tid + NT * i;
+			*(uint4 *)(sA + (q >> 3) * MP_LDS + (q & 7) * 8) = xa[i];
+		}
+#pragma unroll
+		for (int i = 0; i < 4; i++) {
+			const int q = tid + NT * i, row = q >> 2, pp = q & 3;
+			float v[16];
+			if (rin[i])
+				kq_values_raw<T>(rw[i], k0 / 16 + pp, v);
+			else
+#pragma unroll
+				for (int j = 0; j < 16; j++)
+					v[j] = 0.0f;
+			mp_store16(v, sB + row * MP_LDS + pp * 16);
+		}
+	};
+
+	load_step(0);
+	for (int k0 = 0; k0 < D; k0 += MP_BK) {
+		store_step(k0);
+		__syncthreads();
+		if (k0 + MP_BK < D)
+			load_step(k0 + MP_BK);
+#pragma unroll
+		for (int kk = 0; kk < MP_BK; kk += 16) {
+			uint32_t a[4][4];
+			mp_load_a(sA, kk, g, t, a);
+#pragma unroll
+			for (int gu = 0; gu < 2; gu++)
+#pragma unroll
+				for (int nj = 0; nj < 2; nj++) {
+					const uint16_t *qb =
+					    sB + (gu * BN + warp * 16 + nj * 8 + g) * MP_LDS + kk + 2 * t;
+					const uint32_t b0 = *(const uint32_t *)qb,
+					               b1 = *(const uint32_t *)(qb + 8);
+#pragma unroll
+					for (int mi = 0; mi < 4; mi++)
+						mp_mma(acc[gu][mi][nj], a[mi], b0, b1);
+				}
+		}
+		__syncthreads();
+	}
+	mp_gu_store(acc, f0 + warp * 16, F, rows, r0, g, t, h);
+}
+
+/* down with NW warps: a block owns BN = 16 NW rows of the expert's down matrix (NW 8: 128, so each h
+ * tile is read half as often as with 4 warps); warp w computes columns 16 w .. 16 w + 15 with the
+ * same fragments, products and K order for any NW (the same bits) */
+template <int T, int NW>
+__global__ void __launch_bounds__(32 * NW)
+    mp_down_kernel(const uint8_t *__restrict__ wd, size_t row_bytes, int D, int F,
+                   const uint16_t *__restrict__ h, const int32_t *__restrict__ meta, int E, int np,
+                   int max_tiles, float *__restrict__ y)
+{
+	constexpr int NT = 32 * NW, BN = 16 * NW, AP = MP_BM * MP_BK / 8 / NT; /* 16-byte A pieces a thread */
+	constexpr int BP = BN * (MP_BK / 16) / NT; /* weight pieces a thread: 2 */
+	static_assert(AP * NT * 8 == MP_BM * MP_BK && BP * NT * 16 == BN * MP_BK, "even split");
+	KDEP_ENTRY();
+	__shared__ __align__(16) uint16_t sA[MP_BM * MP_LDS];
+	__shared__ __align__(16) uint16_t sB[BN * MP_LDS];
+	const int tile = blockIdx.y;
+	if (tile >= meta[0])
+		return;
+	const mp_view m = mp_meta(meta, E, np, max_tiles);
+	const int e = m.te[tile], r0 = m.tr[tile], rows = min(MP_BM, m.off[e + 1] - r0);
+	const int d0 = blockIdx.x * BN;
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
 	const size_t ebase = (size_t)e * (size_t)D;
 	const int np16 = F / 16;
 	float acc[4][2][4];
@@ -312,17 +466,18 @@ __global__ void __launch_bounds__(MP_THREADS)
 				acc[b][c][d] = 0.0f;
 
 	for (int k0 = 0; k0 < F; k0 += MP_BK) {
-		/* A: 32 bf16 of one h row (rows are F * 2 bytes, F % 16 == 0: 16-byte aligned) */
-		uint4 *sa = (uint4 *)(sA + ar * MP_LDS + ac);
+		/* A: 16-byte pieces of h rows (rows are F * 2 bytes, F % 16 == 0: 16-byte aligned) */
 #pragma unroll
-		for (int c = 0; c < 32; c += 8) {
-			const int col = k0 + ac + c;
-			sa[c / 8] = hr && col < F ? *(const uint4 *)(hr + col) : make_uint4(0u, 0u, 0u, 0u);
+		for (int i = 0; i < AP; i++) {
+			const int q = tid + NT * i, row = q >> 3, col = k0 + (q & 7) * 8;
+			*(uint4 *)(sA + row * MP_LDS + (q & 7) * 8) =
+			    row < rows && col < F ? *(const uint4 *)(h + (int64_t)(r0 + row) * F + col)
+			                          : make_uint4(0u, 0u, 0u, 0u);
 		}
-		/* B: 64 rows x 4 pieces, 2 per thread */
+		/* B: BN rows x 4 pieces */
 #pragma unroll
-		for (int i = 0; i < 2; i++) {
-			const int q = tid + MP_THREADS * i, row = q >> 2, pp = q & 3;
+		for (int i = 0; i < BP; i++) {
+			const int q = tid + NT * i, row = q >> 2, pp = q & 3;
 			const int d = d0 + row;
 			const int64_t p = k0 / 16 + pp;
 			const bool in = d < D && p < np16;
@@ -392,11 +547,21 @@ static int mp_gate_up_t(struct kcuda_ctx *c, dim3 grid, const struct kweight *ga
 	               F, x, ldx, x_vec, k, meta, E, np, max_tiles, h);
 }
 
-template <int T>
+template <int T, int NW>
+static int mp_gate_up2_t(struct kcuda_ctx *c, dim3 grid, const struct kweight *gate, const struct kweight *up,
+                         int D, int F, const uint16_t *xb, int k, const int32_t *meta, int E, int np,
+                         int max_tiles, uint16_t *h)
+{
+	return klaunch("moe_prefill_gate_up2", mp_gate_up2_kernel<T, NW>, dim3(grid), dim3(32 * NW), 0,
+	               c->stream, (const uint8_t *)gate->data, (const uint8_t *)up->data, gate->row_bytes, D,
+	               F, xb, k, meta, E, np, max_tiles, h);
+}
+
+template <int T, int NW>
 static int mp_down_t(struct kcuda_ctx *c, dim3 grid, const struct kweight *down, int D, int F,
                      const uint16_t *h, const int32_t *meta, int E, int np, int max_tiles, float *y)
 {
-	return klaunch("moe_prefill_down", mp_down_kernel<T>, dim3(grid), dim3(MP_THREADS), 0, c->stream,
+	return klaunch("moe_prefill_down", mp_down_kernel<T, NW>, dim3(grid), dim3(32 * NW), 0, c->stream,
 	               (const uint8_t *)down->data, down->row_bytes, D, F, h, meta, E, np, max_tiles, y);
 }
 
@@ -410,12 +575,13 @@ static int64_t mp_max_tiles(int64_t np, int64_t E)
 	return np / MP_BM + E;
 }
 
-/* workspace of n tokens: [meta][h][y] */
+/* workspace of n tokens: [meta][xb: n x D bf16][h][y] */
 static size_t mp_ws_bytes(int64_t n, int k, int64_t E, int64_t F, int64_t D)
 {
 	const int64_t np = n * k;
 	return mp_align((size_t)(1 + E + 1 + np + 2 * mp_max_tiles(np, E)) * 4) +
-	       mp_align((size_t)np * (size_t)F * 2) + (size_t)np * (size_t)D * sizeof(float);
+	       mp_align((size_t)n * (size_t)D * 2) + mp_align((size_t)np * (size_t)F * 2) +
+	       (size_t)np * (size_t)D * sizeof(float);
 }
 
 extern "C" size_t kcuda_moe_prefill_ws(int64_t n, int k, int64_t E, int64_t F, int64_t D)
@@ -463,14 +629,35 @@ extern "C" int kcuda_moe_prefill_min(void)
 	return n < 1 ? 1 : n > 257 ? 257 : (int)n;
 }
 
+/* TANDEM_MOE_PREFILL_GU (read on every call: once a layer at prefill): the gate / up kernel. 4
+ * (default): bf16 x, 4 warps, 64 + 64 rows a block; 8: bf16 x, 8 warps, 128 + 128 rows (x read half
+ * as often, but 128 registers with spills at 2 blocks an SM); old: mp_gate_up_kernel (fp32 x
+ * gathered by every block, 64 + 64 rows). All three give the same bits. H200, 2026-12-02, GLM-5
+ * rank 0 of TP=8, 8k prefill: old 1.80 s, 8 1.81 s, 4 1.69 s (docs/PERFORMANCE.md, session 16). */
+static int mp_gu_variant(void)
+{
+	const char *e = getenv("TANDEM_MOE_PREFILL_GU");
+	return e && strcmp(e, "old") == 0 ? 0 : e && strcmp(e, "8") == 0 ? 8 : 4;
+}
+
+/* TANDEM_MOE_PREFILL_DOWN=4 (read on every call): the down kernel with 4 warps and 64 rows a block
+ * (before 2026-12-02); default 8 warps, 128 rows. The same bits. */
+static int mp_down_warps(void)
+{
+	const char *e = getenv("TANDEM_MOE_PREFILL_DOWN");
+	return e && strcmp(e, "4") == 0 ? 4 : 8;
+}
+
 static int mp_chunk(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
                     const float *weights, int k, const struct kweight *gate, const struct kweight *up,
                     const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo)
 {
 	const int64_t D = gate->n_in, np = n * k, max_tiles = mp_max_tiles(np, E);
 	int32_t *meta = (int32_t *)c->ws;
-	uint16_t *h = (uint16_t *)((char *)c->ws + mp_align((size_t)(1 + E + 1 + np + 2 * max_tiles) * 4));
+	uint16_t *xb = (uint16_t *)((char *)c->ws + mp_align((size_t)(1 + E + 1 + np + 2 * max_tiles) * 4));
+	uint16_t *h = (uint16_t *)((char *)xb + mp_align((size_t)n * (size_t)D * 2));
 	float *y = (float *)((char *)h + mp_align((size_t)np * (size_t)F * 2));
+	const int gu = mp_gu_variant();
 	const bool x_vec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0;
 	int rc;
 
@@ -483,15 +670,29 @@ static int mp_chunk(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n,
 	if (rc)
 		return rc;
 
+	if (gu) {
+		mp_stage_begin("moe.experts/x_bf16(prefill)", NULL, 0);
+		rc = klaunch("moe_prefill_xcvt", mp_xcvt_kernel, dim3((unsigned)((D + 2047) / 2048), (unsigned)n),
+		             dim3(256), 0, c->stream, x, ldx, x_vec, (int)D, xb);
+		mp_stage_end();
+		if (rc)
+			return rc;
+	}
+
 	rc = ERR_UNSUPPORTED;
 	mp_stage_begin("moe.experts/gate_up(prefill mma)", gate, 2.0 * ex * (double)F);
 	{
-		dim3 grid((unsigned)((F + MP_BN - 1) / MP_BN), (unsigned)max_tiles);
+		const int bn = gu == 8 ? 128 : MP_BN;
+		dim3 grid((unsigned)((F + bn - 1) / bn), (unsigned)max_tiles);
 		switch (gate->type) {
 #define X(T)                                                                                                 \
 	case T:                                                                                              \
-		rc = mp_gate_up_t<T>(c, grid, gate, up, (int)D, (int)F, x, ldx, x_vec, k, meta, (int)E,      \
-		                     (int)np, (int)max_tiles, h);                                            \
+		rc = gu == 8   ? mp_gate_up2_t<T, 8>(c, grid, gate, up, (int)D, (int)F, xb, k, meta, (int)E,    \
+		                                     (int)np, (int)max_tiles, h)                               \
+		     : gu == 4 ? mp_gate_up2_t<T, 4>(c, grid, gate, up, (int)D, (int)F, xb, k, meta, (int)E,    \
+		                                     (int)np, (int)max_tiles, h)                               \
+		               : mp_gate_up_t<T>(c, grid, gate, up, (int)D, (int)F, x, ldx, x_vec, k, meta,      \
+		                                 (int)E, (int)np, (int)max_tiles, h);                          \
 		break;
 			KCUDA_FOR_EACH_TYPE(X)
 #undef X
@@ -505,12 +706,15 @@ static int mp_chunk(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n,
 	rc = ERR_UNSUPPORTED;
 	mp_stage_begin("moe.experts/down(prefill mma)", down, ex * (double)D);
 	{
-		dim3 grid((unsigned)((D + MP_BN - 1) / MP_BN), (unsigned)max_tiles);
+		const int dn = mp_down_warps(), bn = 16 * dn;
+		dim3 grid((unsigned)((D + bn - 1) / bn), (unsigned)max_tiles);
 		switch (down->type) {
 #define X(T)                                                                                                 \
 	case T:                                                                                              \
-		rc = mp_down_t<T>(c, grid, down, (int)D, (int)F, h, meta, (int)E, (int)np, (int)max_tiles,   \
-		                  y);                                                                        \
+		rc = dn == 8 ? mp_down_t<T, 8>(c, grid, down, (int)D, (int)F, h, meta, (int)E, (int)np,      \
+		                               (int)max_tiles, y)                                            \
+		             : mp_down_t<T, 4>(c, grid, down, (int)D, (int)F, h, meta, (int)E, (int)np,      \
+		                               (int)max_tiles, y);                                           \
 		break;
 			KCUDA_FOR_EACH_TYPE(X)
 #undef X

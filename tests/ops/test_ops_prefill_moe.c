@@ -7,7 +7,9 @@
  *    F 256), odd sizes (D, F not multiples of 64; ldx, ldo > D; x not 16-byte aligned), skewed
  *    routing so some experts take several 64-pair tiles; n 64, 512 (2048 outside QUICK mode).
  * 2. Deterministic: a second run gives the same bits; a context with a small workspace (the path
- *    runs the prompt in token chunks) gives the same bits too. The main context has the model
+ *    runs the prompt in token chunks) gives the same bits too, and so does every gate / up kernel
+ *    (TANDEM_MOE_PREFILL_GU=old, 8: fp32 x gathered / 8 warps) and the 4-warp down kernel
+ *    (TANDEM_MOE_PREFILL_DOWN=4). The main context has the model
  *    backend's 256 MiB workspace (2048 tokens x 8 pairs of GLM-5 run as 2 chunks there too).
  * 3. Through kcuda_moe_ffn (n > 256, or any n with TANDEM_MOE_MMA_MIN=1: the hook in
  *    moe_ffn.cu) the same bits; with TANDEM_PREFILL_FAST=0 the old path (per-expert cuBLAS past
@@ -237,6 +239,25 @@ static void prefill_case(const struct pcase *p)
 		memset(got2, 0, out_bytes);
 		OPS_CHECK(ops_dbuf_get(ctx, &ob, got2) == 0 && memcmp(got, got2, out_bytes) == 0,
 		          "%s: the chunked run (small workspace) differs", name);
+	}
+
+	/* 2b. every gate / up and down kernel gives the default's bits */
+	{
+		static const char *const gu[] = {"old", "8"};
+		for (int v = 0; v < 2; v++) {
+			setenv("TANDEM_MOE_PREFILL_GU", gu[v], 1);
+			memset(got2, 0, out_bytes);
+			rc = kcuda_moe_prefill(ctx, dx, ldx, n, d_ids, d_w, k, &dg, &du, &dd, E, F, ob.user, ldo);
+			OPS_CHECK(rc == 0 && ops_dbuf_get(ctx, &ob, got2) == 0 && memcmp(got, got2, out_bytes) == 0,
+			          "%s: gate / up kernel %s differs from the default (rc %d)", name, gu[v], rc);
+		}
+		unsetenv("TANDEM_MOE_PREFILL_GU");
+		setenv("TANDEM_MOE_PREFILL_DOWN", "4", 1);
+		memset(got2, 0, out_bytes);
+		rc = kcuda_moe_prefill(ctx, dx, ldx, n, d_ids, d_w, k, &dg, &du, &dd, E, F, ob.user, ldo);
+		OPS_CHECK(rc == 0 && ops_dbuf_get(ctx, &ob, got2) == 0 && memcmp(got, got2, out_bytes) == 0,
+		          "%s: the 4-warp down kernel differs from the default (rc %d)", name, rc);
+		unsetenv("TANDEM_MOE_PREFILL_DOWN");
 	}
 
 	/* 3. through kcuda_moe_ffn: the same bits past the batched-decode sizes (or from
