@@ -304,14 +304,15 @@ __global__ void mp_xcvt_kernel(const float *__restrict__ x, int64_t ldx, bool x_
 	float v[8];
 	if (x_vec) {
 		const float4 a = *(const float4 *)xr, b = *(const float4 *)(xr + 4);
-		v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+		v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
+		v[7] = b.w;
 	} else {
 #pragma unroll
 		for (int j = 0; j < 8; j++)
 			v[j] = xr[j];
 	}
-	*(uint4 *)(xb + i * D + c) = make_uint4(mp_pack(v[0], v[1]), mp_pack(v[2], v[3]), mp_pack(v[4], v[5]),
-	                                        mp_pack(v[6], v[7]));
+	*(uint4 *)(xb + i * D + c) =
+	    make_uint4(mp_pack(v[0], v[1]), mp_pack(v[2], v[3]), mp_pack(v[4], v[5]), mp_pack(v[6], v[7]));
 }
 
 /* Blocks a gate / up kernel of NW warps may have resident an SM: 128 NW threads' registers within the
@@ -330,9 +331,8 @@ template <int T, int NW> constexpr int mp_gu2_min_blocks()
 template <int T, int NW>
 __global__ void __launch_bounds__(32 * NW, (mp_gu2_min_blocks<T, NW>()))
     mp_gate_up2_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu, size_t row_bytes,
-                       int D, int F, const uint16_t *__restrict__ xb, int k,
-                       const int32_t *__restrict__ meta, int E, int np, int max_tiles,
-                       uint16_t *__restrict__ h)
+                       int D, int F, const uint16_t *__restrict__ xb, int k, const int32_t *__restrict__ meta,
+                       int E, int np, int max_tiles, uint16_t *__restrict__ h)
 {
 	constexpr int NT = 32 * NW, BN = 16 * NW, AP = MP_BM * MP_BK / 8 / NT; /* 16-byte A pieces a thread */
 	static_assert(AP * NT * 8 == MP_BM * MP_BK, "the A tile splits evenly over the threads");
@@ -672,8 +672,9 @@ static int mp_chunk(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n,
 
 	if (gu) {
 		mp_stage_begin("moe.experts/x_bf16(prefill)", NULL, 0);
-		rc = klaunch("moe_prefill_xcvt", mp_xcvt_kernel, dim3((unsigned)((D + 2047) / 2048), (unsigned)n),
-		             dim3(256), 0, c->stream, x, ldx, x_vec, (int)D, xb);
+		rc = klaunch("moe_prefill_xcvt", mp_xcvt_kernel,
+		             dim3((unsigned)((D + 2047) / 2048), (unsigned)n), dim3(256), 0, c->stream, x,
+		             ldx, x_vec, (int)D, xb);
 		mp_stage_end();
 		if (rc)
 			return rc;
@@ -687,12 +688,12 @@ static int mp_chunk(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n,
 		switch (gate->type) {
 #define X(T)                                                                                                 \
 	case T:                                                                                              \
-		rc = gu == 8   ? mp_gate_up2_t<T, 8>(c, grid, gate, up, (int)D, (int)F, xb, k, meta, (int)E,    \
-		                                     (int)np, (int)max_tiles, h)                               \
-		     : gu == 4 ? mp_gate_up2_t<T, 4>(c, grid, gate, up, (int)D, (int)F, xb, k, meta, (int)E,    \
-		                                     (int)np, (int)max_tiles, h)                               \
-		               : mp_gate_up_t<T>(c, grid, gate, up, (int)D, (int)F, x, ldx, x_vec, k, meta,      \
-		                                 (int)E, (int)np, (int)max_tiles, h);                          \
+		rc = gu == 8   ? mp_gate_up2_t<T, 8>(c, grid, gate, up, (int)D, (int)F, xb, k, meta, (int)E, \
+                                                   (int)np, (int)max_tiles, h)                             \
+		     : gu == 4 ? mp_gate_up2_t<T, 4>(c, grid, gate, up, (int)D, (int)F, xb, k, meta, (int)E, \
+		                                     (int)np, (int)max_tiles, h)                             \
+		               : mp_gate_up_t<T>(c, grid, gate, up, (int)D, (int)F, x, ldx, x_vec, k, meta,  \
+		                                 (int)E, (int)np, (int)max_tiles, h);                        \
 		break;
 			KCUDA_FOR_EACH_TYPE(X)
 #undef X

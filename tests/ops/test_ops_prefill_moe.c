@@ -247,9 +247,11 @@ static void prefill_case(const struct pcase *p)
 		for (int v = 0; v < 2; v++) {
 			setenv("TANDEM_MOE_PREFILL_GU", gu[v], 1);
 			memset(got2, 0, out_bytes);
-			rc = kcuda_moe_prefill(ctx, dx, ldx, n, d_ids, d_w, k, &dg, &du, &dd, E, F, ob.user, ldo);
-			OPS_CHECK(rc == 0 && ops_dbuf_get(ctx, &ob, got2) == 0 && memcmp(got, got2, out_bytes) == 0,
-			          "%s: gate / up kernel %s differs from the default (rc %d)", name, gu[v], rc);
+			rc = kcuda_moe_prefill(ctx, dx, ldx, n, d_ids, d_w, k, &dg, &du, &dd, E, F, ob.user,
+			                       ldo);
+			OPS_CHECK(
+			    rc == 0 && ops_dbuf_get(ctx, &ob, got2) == 0 && memcmp(got, got2, out_bytes) == 0,
+			    "%s: gate / up kernel %s differs from the default (rc %d)", name, gu[v], rc);
 		}
 		unsetenv("TANDEM_MOE_PREFILL_GU");
 		setenv("TANDEM_MOE_PREFILL_DOWN", "4", 1);
