@@ -183,9 +183,10 @@ int kcuda_smem_optin(int dev);
 int kcuda_ctx_create(int device, size_t ws_bytes, struct kcuda_ctx **out);
 #define KCUDA_WS_DEFAULT ((size_t)256 << 20)
 /* The workspace the prefill MoE (moe_prefill.cu) needs to take n tokens (k experts each, E experts of F rows,
- * hidden D) in one pass: its per-pair outputs are fp32 (n k D floats); with less it runs in token chunks of
- * half the size, each re-reading every expert's weights for half-filled 64-pair tiles. 0 for empty shapes. */
-size_t kcuda_moe_prefill_ws(int64_t n, int k, int64_t E, int64_t F, int64_t D);
+ * hidden D, a shared expert of Fs rows or Fs = 0) in one pass: its per-pair outputs are fp32 (n k D floats);
+ * with less it runs in token chunks of half the size, each re-reading every expert's weights for
+ * half-filled 64-pair tiles. 0 for empty shapes. */
+size_t kcuda_moe_prefill_ws(int64_t n, int k, int64_t E, int64_t F, int64_t D, int64_t Fs);
 void kcuda_ctx_destroy(struct kcuda_ctx *c);
 void *kcuda_ctx_stream(struct kcuda_ctx *c); /* the cudaStream_t */
 /* The context no longer holds the int8 parts of any activation (kfuse_add_rmsnorm_parts, fused.h):
@@ -378,10 +379,12 @@ int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, c
                   const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo);
 /* the largest token count kcuda_moe_ffn runs without a host sync (CUDA graphs can hold it) */
 int kcuda_moe_ffn_sync_free_max(void);
-/* kcuda_moe_ffn plus the shared expert (sh_gate / sh_up: F rows of n_in D; sh_down: D rows of n_in F)
- * added with weight 1, in the same launches (moe_mma.cu), when TANDEM_MOE_FAST is not 0 and the
- * shared expert has the routed experts' types and F; else ERR_UNSUPPORTED with nothing enqueued,
- * and the caller runs kcuda_moe_ffn and the shared expert itself. */
+/* kcuda_moe_ffn plus the shared expert (sh_gate / sh_up: Fs rows of n_in D; sh_down: D rows of n_in Fs)
+ * added with weight 1 after the routed sum, in the same launches: at prompt sizes (kcuda_moe_ffn's
+ * prefill path, moe_prefill.cu: any Fs % 16 == 0 and types it decodes), else (moe_mma.cu) when
+ * TANDEM_MOE_FAST is not 0 and the shared expert has the routed experts' types and Fs == F; else
+ * ERR_UNSUPPORTED with nothing enqueued, and the caller runs kcuda_moe_ffn and the shared expert
+ * itself. */
 int kcuda_moe_ffn_shexp(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
                         const float *weights, int k, const struct kweight *gate, const struct kweight *up,
                         const struct kweight *down, int64_t E, int64_t F, const struct kweight *sh_gate,

@@ -1930,8 +1930,8 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 	 * fp32 outputs; with 256 MiB it ran two 1024-token passes of half-filled tiles), at most 1 GiB */
 	size_t kws = KCUDA_WS_DEFAULT;
 	if (hp->n_expert > 0 && o->max_tokens >= 256) {
-		const size_t need =
-		    kcuda_moe_prefill_ws(o->max_tokens, hp->n_expert_used, hp->n_expert, rk->fel, hp->D);
+		const size_t need = kcuda_moe_prefill_ws(o->max_tokens, hp->n_expert_used, hp->n_expert,
+		                                         rk->fel, hp->D, rk->fsl);
 		const size_t cap = (size_t)1 << 30;
 		if (need > kws)
 			kws = need < cap ? need : cap;

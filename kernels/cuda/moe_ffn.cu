@@ -614,8 +614,8 @@ extern "C" int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, i
 	/* the grouped tensor-core kernels (moe_prefill.cu): prompts, and from TANDEM_MOE_MMA_MIN tokens */
 	const int mma_min = kcuda_moe_prefill_min();
 	if (n >= mma_min) {
-		const int rc =
-		    kcuda_moe_prefill(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
+		const int rc = kcuda_moe_prefill(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, NULL,
+		                                 NULL, NULL, out, ldo);
 		if (rc != ERR_UNSUPPORTED)
 			return rc;
 	}
@@ -629,8 +629,8 @@ extern "C" int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, i
 	    sorted_ws_bytes(n * k, E, F, D) <= c->ws_bytes)
 		return moe_sorted(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
 	if (kcuda_moe_prefill_on() && n < mma_min) { /* TANDEM_MOE_SORTED=0: 17..256 tokens */
-		const int rc =
-		    kcuda_moe_prefill(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo);
+		const int rc = kcuda_moe_prefill(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, NULL,
+		                                 NULL, NULL, out, ldo);
 		if (rc != ERR_UNSUPPORTED)
 			return rc;
 	}
@@ -651,6 +651,15 @@ extern "C" int kcuda_moe_ffn_shexp(struct kcuda_ctx *c, const float *x, int64_t 
 		return kcuda_bad_arg("moe_ffn_shexp", "null shared-expert weight");
 	if (n == 0)
 		return 0;
+	/* prompts: the shared expert in the prefill pass (moe_prefill.cu); TANDEM_MOE_PREFILL_SHARED=0 (read on
+	 * every call) leaves it to the caller, as before 2026-12-02 */
+	const char *ps = getenv("TANDEM_MOE_PREFILL_SHARED");
+	if (n >= kcuda_moe_prefill_min() && !(ps && strcmp(ps, "0") == 0)) {
+		const int rc = kcuda_moe_prefill(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, sh_gate,
+		                                 sh_up, sh_down, out, ldo);
+		if (rc != ERR_UNSUPPORTED)
+			return rc;
+	}
 	if (!moe_mma_fits(c, x, ldx, n, k, gate, up, down, E, F) ||
 	    !moe_mma_fits_shared(gate, down, F, sh_gate, sh_up, sh_down))
 		return ERR_UNSUPPORTED; /* nothing enqueued: the caller runs the two parts itself */

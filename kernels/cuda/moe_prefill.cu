@@ -62,9 +62,20 @@ __device__ __forceinline__ mp_view mp_meta(const int32_t *meta, int E, int np, i
 }
 
 __global__ void mp_sort_kernel(const int32_t *__restrict__ ids, int np, int E, int max_tiles,
-                               int32_t *__restrict__ meta, unsigned *err)
+                               int32_t *__restrict__ meta, unsigned *err, int n_s, int max_tiles_s,
+                               int32_t *__restrict__ meta_s)
 {
 	KDEP_ENTRY();
+	if (meta_s) { /* the shared expert's table (E 1, k 1): token i is pair i, tiles of 64 in order */
+		const int nt = (n_s + MP_BM - 1) / MP_BM;
+		int32_t *off = meta_s + 1, *list = off + 2, *te = list + n_s, *tr = te + max_tiles_s;
+		if (threadIdx.x == 0)
+			meta_s[0] = nt, off[0] = 0, off[1] = n_s;
+		for (int i = threadIdx.x; i < n_s; i += blockDim.x)
+			list[i] = i;
+		for (int t = threadIdx.x; t < nt; t += blockDim.x)
+			te[t] = 0, tr[t] = t * MP_BM;
+	}
 	extern __shared__ int mp_s[]; /* [E] counts, then [E] cursors */
 	int *cnt = mp_s, *cur = mp_s + E;
 	int32_t *off = meta + 1, *list = off + E + 1, *te = list + np, *tr = te + max_tiles;
@@ -439,7 +450,7 @@ template <int T, int NW>
 __global__ void __launch_bounds__(32 * NW)
     mp_down_kernel(const uint8_t *__restrict__ wd, size_t row_bytes, int D, int F,
                    const uint16_t *__restrict__ h, const int32_t *__restrict__ meta, int E, int np,
-                   int max_tiles, float *__restrict__ y)
+                   int max_tiles, float *__restrict__ y, int64_t ldy)
 {
 	constexpr int NT = 32 * NW, BN = 16 * NW, AP = MP_BM * MP_BK / 8 / NT; /* 16-byte A pieces a thread */
 	constexpr int BP = BN * (MP_BK / 16) / NT; /* weight pieces a thread: 2 */
@@ -513,16 +524,17 @@ __global__ void __launch_bounds__(32 * NW)
 				if (row >= rows)
 					continue;
 				const int64_t pair = m.list[r0 + row];
-				*(float2 *)(y + pair * D + col) =
+				*(float2 *)(y + pair * ldy + col) =
 				    make_float2(acc[mi][nj][2 * hf], acc[mi][nj][2 * hf + 1]);
 			}
 		}
 }
 
-/* out[i] = sum_j w[i][j] y[i k + j] in slot order; NaN where the expert id was out of range */
+/* out[i] = sum_j w[i][j] y[i k + j] in slot order; NaN where the expert id was out of range. sh: out
+ * holds the shared expert's output on entry, added last (forward.c's order: routed, then + shared) */
 __global__ void mp_combine_kernel(const float *__restrict__ y, const float *__restrict__ w,
                                   const int32_t *__restrict__ ids, int E, int k, int64_t D,
-                                  float *__restrict__ out, int64_t ldo)
+                                  float *__restrict__ out, int64_t ldo, bool sh)
 {
 	KDEP_ENTRY();
 	const int64_t i = blockIdx.y;
@@ -534,7 +546,7 @@ __global__ void mp_combine_kernel(const float *__restrict__ y, const float *__re
 		const int32_t e = ids[i * k + j];
 		s = e >= 0 && e < E ? fmaf(w[i * k + j], y[(i * k + j) * D + d], s) : NAN;
 	}
-	out[i * ldo + d] = s;
+	out[i * ldo + d] = sh ? s + out[i * ldo + d] : s;
 }
 
 template <int T>
@@ -559,10 +571,11 @@ static int mp_gate_up2_t(struct kcuda_ctx *c, dim3 grid, const struct kweight *g
 
 template <int T, int NW>
 static int mp_down_t(struct kcuda_ctx *c, dim3 grid, const struct kweight *down, int D, int F,
-                     const uint16_t *h, const int32_t *meta, int E, int np, int max_tiles, float *y)
+                     const uint16_t *h, const int32_t *meta, int E, int np, int max_tiles, float *y,
+                     int64_t ldy)
 {
 	return klaunch("moe_prefill_down", mp_down_kernel<T, NW>, dim3(grid), dim3(32 * NW), 0, c->stream,
-	               (const uint8_t *)down->data, down->row_bytes, D, F, h, meta, E, np, max_tiles, y);
+	               (const uint8_t *)down->data, down->row_bytes, D, F, h, meta, E, np, max_tiles, y, ldy);
 }
 
 static size_t mp_align(size_t b)
@@ -575,20 +588,34 @@ static int64_t mp_max_tiles(int64_t np, int64_t E)
 	return np / MP_BM + E;
 }
 
-/* workspace of n tokens: [meta][xb: n x D bf16][h][y] */
-static size_t mp_ws_bytes(int64_t n, int k, int64_t E, int64_t F, int64_t D)
+/* The shared expert riding in the prefill launches (NULL gate: none): F rows of gate / up, D rows of
+ * down with n_in F */
+struct mp_shared {
+	const struct kweight *gate, *up, *down;
+	int64_t F;
+};
+
+static size_t mp_meta_bytes(int64_t np, int64_t E)
+{
+	return mp_align((size_t)(1 + E + 1 + np + 2 * mp_max_tiles(np, E)) * 4);
+}
+
+/* workspace of n tokens: [meta][xb: n x D bf16][h: pairs x F bf16][y: pairs x D fp32], and with the
+ * shared expert (Fs > 0) [meta_s][h_s: n x Fs bf16] before y; its y goes straight to out */
+static size_t mp_ws_bytes(int64_t n, int k, int64_t E, int64_t F, int64_t D, int64_t Fs)
 {
 	const int64_t np = n * k;
-	return mp_align((size_t)(1 + E + 1 + np + 2 * mp_max_tiles(np, E)) * 4) +
-	       mp_align((size_t)n * (size_t)D * 2) + mp_align((size_t)np * (size_t)F * 2) +
+	return mp_meta_bytes(np, E) + mp_align((size_t)n * (size_t)D * 2) +
+	       mp_align((size_t)np * (size_t)F * 2) +
+	       (Fs > 0 ? mp_meta_bytes(n, 1) + mp_align((size_t)n * (size_t)Fs * 2) : 0) +
 	       (size_t)np * (size_t)D * sizeof(float);
 }
 
-extern "C" size_t kcuda_moe_prefill_ws(int64_t n, int k, int64_t E, int64_t F, int64_t D)
+extern "C" size_t kcuda_moe_prefill_ws(int64_t n, int k, int64_t E, int64_t F, int64_t D, int64_t Fs)
 {
-	if (n <= 0 || k <= 0 || E <= 0 || F <= 0 || D <= 0)
+	if (n <= 0 || k <= 0 || E <= 0 || F <= 0 || D <= 0 || Fs < 0)
 		return 0;
-	return mp_ws_bytes(n, k, E, F, D);
+	return mp_ws_bytes(n, k, E, F, D, Fs);
 }
 
 static void mp_stage_begin(const char *name, const struct kweight *w, double rows)
@@ -648,44 +675,16 @@ static int mp_down_warps(void)
 	return e && strcmp(e, "4") == 0 ? 4 : 8;
 }
 
-static int mp_chunk(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
-                    const float *weights, int k, const struct kweight *gate, const struct kweight *up,
-                    const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo)
+/* gate / up of one table (the routed experts' or the shared expert's) into h */
+static int mp_gate_up_launch(struct kcuda_ctx *c, int gu, const struct kweight *gate,
+                             const struct kweight *up, int64_t D, int64_t F, const float *x, int64_t ldx,
+                             bool x_vec, const uint16_t *xb, int k, const int32_t *meta, int64_t E,
+                             int64_t np, int64_t max_tiles, uint16_t *h)
 {
-	const int64_t D = gate->n_in, np = n * k, max_tiles = mp_max_tiles(np, E);
-	int32_t *meta = (int32_t *)c->ws;
-	uint16_t *xb = (uint16_t *)((char *)c->ws + mp_align((size_t)(1 + E + 1 + np + 2 * max_tiles) * 4));
-	uint16_t *h = (uint16_t *)((char *)xb + mp_align((size_t)n * (size_t)D * 2));
-	float *y = (float *)((char *)h + mp_align((size_t)np * (size_t)F * 2));
-	const int gu = mp_gu_variant();
-	const bool x_vec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0;
-	int rc;
-
-	/* expert rows that tiles can touch: at most min(E, pairs) experts */
-	const double ex = (double)(np < E ? np : E);
-	mp_stage_begin("moe.experts/sort(prefill)", NULL, 0);
-	rc = klaunch("moe_prefill_sort", mp_sort_kernel, dim3(1), dim3(1024), 2 * (size_t)E * sizeof(int),
-	             c->stream, ids, (int)np, (int)E, (int)max_tiles, meta, c->err_dev);
-	mp_stage_end();
-	if (rc)
-		return rc;
-
-	if (gu) {
-		mp_stage_begin("moe.experts/x_bf16(prefill)", NULL, 0);
-		rc = klaunch("moe_prefill_xcvt", mp_xcvt_kernel,
-		             dim3((unsigned)((D + 2047) / 2048), (unsigned)n), dim3(256), 0, c->stream, x,
-		             ldx, x_vec, (int)D, xb);
-		mp_stage_end();
-		if (rc)
-			return rc;
-	}
-
-	rc = ERR_UNSUPPORTED;
-	mp_stage_begin("moe.experts/gate_up(prefill mma)", gate, 2.0 * ex * (double)F);
-	{
-		const int bn = gu == 8 ? 128 : MP_BN;
-		dim3 grid((unsigned)((F + bn - 1) / bn), (unsigned)max_tiles);
-		switch (gate->type) {
+	int rc = ERR_UNSUPPORTED;
+	const int bn = gu == 8 ? 128 : MP_BN;
+	dim3 grid((unsigned)((F + bn - 1) / bn), (unsigned)max_tiles);
+	switch (gate->type) {
 #define X(T)                                                                                                 \
 	case T:                                                                                              \
 		rc = gu == 8   ? mp_gate_up2_t<T, 8>(c, grid, gate, up, (int)D, (int)F, xb, k, meta, (int)E, \
@@ -695,65 +694,160 @@ static int mp_chunk(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n,
 		               : mp_gate_up_t<T>(c, grid, gate, up, (int)D, (int)F, x, ldx, x_vec, k, meta,  \
 		                                 (int)E, (int)np, (int)max_tiles, h);                        \
 		break;
-			KCUDA_FOR_EACH_TYPE(X)
+		KCUDA_FOR_EACH_TYPE(X)
 #undef X
-		default: break;
-		}
+	default: break;
 	}
+	return rc;
+}
+
+/* down of one table: y[pair] (row stride ldy) = h[pair] times the expert's down rows */
+static int mp_down_launch(struct kcuda_ctx *c, const struct kweight *down, int64_t D, int64_t F,
+                          const uint16_t *h, const int32_t *meta, int64_t E, int64_t np, int64_t max_tiles,
+                          float *y, int64_t ldy)
+{
+	int rc = ERR_UNSUPPORTED;
+	const int dn = mp_down_warps(), bn = 16 * dn;
+	dim3 grid((unsigned)((D + bn - 1) / bn), (unsigned)max_tiles);
+	switch (down->type) {
+#define X(T)                                                                                                 \
+	case T:                                                                                              \
+		rc = dn == 8 ? mp_down_t<T, 8>(c, grid, down, (int)D, (int)F, h, meta, (int)E, (int)np,      \
+		                               (int)max_tiles, y, ldy)                                       \
+		             : mp_down_t<T, 4>(c, grid, down, (int)D, (int)F, h, meta, (int)E, (int)np,      \
+		                               (int)max_tiles, y, ldy);                                      \
+		break;
+		KCUDA_FOR_EACH_TYPE(X)
+#undef X
+	default: break;
+	}
+	return rc;
+}
+
+static int mp_chunk(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
+                    const float *weights, int k, const struct kweight *gate, const struct kweight *up,
+                    const struct kweight *down, int64_t E, int64_t F, const struct mp_shared *sh, float *out,
+                    int64_t ldo)
+{
+	const int64_t D = gate->n_in, np = n * k, max_tiles = mp_max_tiles(np, E);
+	const int64_t Fs = sh ? sh->F : 0, max_tiles_s = sh ? mp_max_tiles(n, 1) : 0;
+	char *p = (char *)c->ws;
+	int32_t *meta = (int32_t *)p;
+	p += mp_meta_bytes(np, E);
+	uint16_t *xb = (uint16_t *)p;
+	p += mp_align((size_t)n * (size_t)D * 2);
+	uint16_t *h = (uint16_t *)p;
+	p += mp_align((size_t)np * (size_t)F * 2);
+	int32_t *meta_s = sh ? (int32_t *)p : NULL;
+	p += sh ? mp_meta_bytes(n, 1) : 0;
+	uint16_t *h_s = (uint16_t *)p;
+	p += sh ? mp_align((size_t)n * (size_t)Fs * 2) : 0;
+	float *y = (float *)p;
+	/* the shared expert reads xb: it needs the bf16 x even with the old gate / up kernel */
+	const int gu = mp_gu_variant();
+	const bool x_vec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0;
+	int rc;
+
+	/* expert rows that tiles can touch: at most min(E, pairs) experts */
+	const double ex = (double)(np < E ? np : E);
+	mp_stage_begin("moe.experts/sort(prefill)", NULL, 0);
+	rc = klaunch("moe_prefill_sort", mp_sort_kernel, dim3(1), dim3(1024), 2 * (size_t)E * sizeof(int),
+	             c->stream, ids, (int)np, (int)E, (int)max_tiles, meta, c->err_dev, (int)n,
+	             (int)max_tiles_s, meta_s);
 	mp_stage_end();
 	if (rc)
 		return rc;
 
-	rc = ERR_UNSUPPORTED;
-	mp_stage_begin("moe.experts/down(prefill mma)", down, ex * (double)D);
-	{
-		const int dn = mp_down_warps(), bn = 16 * dn;
-		dim3 grid((unsigned)((D + bn - 1) / bn), (unsigned)max_tiles);
-		switch (down->type) {
-#define X(T)                                                                                                 \
-	case T:                                                                                              \
-		rc = dn == 8 ? mp_down_t<T, 8>(c, grid, down, (int)D, (int)F, h, meta, (int)E, (int)np,      \
-		                               (int)max_tiles, y)                                            \
-		             : mp_down_t<T, 4>(c, grid, down, (int)D, (int)F, h, meta, (int)E, (int)np,      \
-		                               (int)max_tiles, y);                                           \
-		break;
-			KCUDA_FOR_EACH_TYPE(X)
-#undef X
-		default: break;
-		}
+	if (gu || sh) {
+		mp_stage_begin("moe.experts/x_bf16(prefill)", NULL, 0);
+		rc = klaunch("moe_prefill_xcvt", mp_xcvt_kernel,
+		             dim3((unsigned)((D + 2047) / 2048), (unsigned)n), dim3(256), 0, c->stream, x,
+		             ldx, x_vec, (int)D, xb);
+		mp_stage_end();
+		if (rc)
+			return rc;
 	}
+
+	mp_stage_begin("moe.experts/gate_up(prefill mma)", gate, 2.0 * ex * (double)F);
+	rc = mp_gate_up_launch(c, gu, gate, up, D, F, x, ldx, x_vec, xb, k, meta, E, np, max_tiles, h);
 	mp_stage_end();
 	if (rc)
 		return rc;
+	if (sh) {
+		mp_stage_begin("moe.experts/shared gate_up(prefill mma)", sh->gate, 2.0 * (double)Fs);
+		rc = mp_gate_up_launch(c, gu ? gu : 4, sh->gate, sh->up, D, Fs, x, ldx, x_vec, xb, 1, meta_s,
+		                       1, n, max_tiles_s, h_s);
+		mp_stage_end();
+		if (rc)
+			return rc;
+	}
+
+	mp_stage_begin("moe.experts/down(prefill mma)", down, ex * (double)D);
+	rc = mp_down_launch(c, down, D, F, h, meta, E, np, max_tiles, y, D);
+	mp_stage_end();
+	if (rc)
+		return rc;
+	if (sh) { /* straight into out: the combine adds the routed sum to it */
+		mp_stage_begin("moe.experts/shared down(prefill mma)", sh->down, (double)D);
+		rc = mp_down_launch(c, sh->down, D, Fs, h_s, meta_s, 1, n, max_tiles_s, out, ldo);
+		mp_stage_end();
+		if (rc)
+			return rc;
+	}
 
 	mp_stage_begin("moe.experts/combine(prefill)", NULL, 0);
 	dim3 g3((unsigned)((D + 255) / 256), (unsigned)n);
 	rc = klaunch("moe_prefill_combine", mp_combine_kernel, dim3(g3), dim3(256), 0, c->stream, y, weights,
-	             ids, (int)E, k, D, out, ldo);
+	             ids, (int)E, k, D, out, ldo, sh != NULL);
 	mp_stage_end();
 	return rc;
+}
+
+/* the piece decoders need n_in % 16; float rows also 16-byte rows and bases */
+static bool mp_weight_ok(const struct kweight *w)
+{
+	const bool is_float = w->type == KT_F32 || w->type == KT_F16 || w->type == KT_BF16;
+	return mp_type_ok(w->type) && w->n_in % 16 == 0 &&
+	       (!is_float || (w->row_bytes % 16 == 0 && (uintptr_t)w->data % 16 == 0));
+}
+
+/* the shared expert's shapes as this path takes them (else the caller runs it apart) */
+static bool mp_shared_ok(const struct kweight *sg, const struct kweight *su, const struct kweight *sd,
+                         int64_t D)
+{
+	size_t rb;
+	if (!sg || !su || !sd || !sg->data || !su->data || !sd->data)
+		return false;
+	const int64_t Fs = sg->n_out;
+	return sg->type == su->type && sg->n_in == D && su->n_in == D && su->n_out == Fs && sd->n_in == Fs &&
+	       sd->n_out == D && Fs > 0 && Fs % 16 == 0 && Fs <= INT32_MAX / 2 &&
+	       ktype_row_bytes(sg->type, D, &rb) && rb == sg->row_bytes && rb == su->row_bytes &&
+	       ktype_row_bytes(sd->type, Fs, &rb) && rb == sd->row_bytes && mp_weight_ok(sg) &&
+	       mp_weight_ok(su) && mp_weight_ok(sd);
 }
 
 extern "C" int kcuda_moe_prefill(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n,
                                  const int32_t *ids, const float *weights, int k, const struct kweight *gate,
                                  const struct kweight *up, const struct kweight *down, int64_t E, int64_t F,
-                                 float *out, int64_t ldo)
+                                 const struct kweight *sh_gate, const struct kweight *sh_up,
+                                 const struct kweight *sh_down, float *out, int64_t ldo)
 {
 	const int64_t D = gate->n_in;
 	if (n <= 0)
 		return n == 0 ? 0 : ERR_UNSUPPORTED;
-	/* the piece decoders need n_in % 16; float rows also 16-byte rows and bases */
-	const bool is_float_g = gate->type == KT_F32 || gate->type == KT_F16 || gate->type == KT_BF16;
-	const bool is_float_d = down->type == KT_F32 || down->type == KT_F16 || down->type == KT_BF16;
-	if (!mp_type_ok(gate->type) || !mp_type_ok(down->type) || D % 16 || F % 16 || E > MP_MAX_E ||
-	    D > INT32_MAX / 2 || F > INT32_MAX / 2 || k > 64 ||
-	    (is_float_g && (gate->row_bytes % 16 || up->row_bytes % 16 || (uintptr_t)gate->data % 16 ||
-	                    (uintptr_t)up->data % 16)) ||
-	    (is_float_d && (down->row_bytes % 16 || (uintptr_t)down->data % 16)))
+	if (!mp_weight_ok(gate) || !mp_weight_ok(up) || !mp_weight_ok(down) || D % 16 || F % 16 ||
+	    E > MP_MAX_E || D > INT32_MAX / 2 || F > INT32_MAX / 2 || k > 64)
 		return ERR_UNSUPPORTED;
+	struct mp_shared shs = {sh_gate, sh_up, sh_down, sh_gate ? sh_gate->n_out : 0};
+	const struct mp_shared *sh = NULL;
+	if (sh_gate || sh_up || sh_down) {
+		if (!mp_shared_ok(sh_gate, sh_up, sh_down, D))
+			return ERR_UNSUPPORTED;
+		sh = &shs;
+	}
 	/* tokens per chunk: the workspace holds the chunk's pairs; the grid's y holds its tiles */
 	int64_t nc = n;
-	while (nc >= MP_MIN_CHUNK && (mp_ws_bytes(nc, k, E, F, D) > c->ws_bytes ||
+	while (nc >= MP_MIN_CHUNK && (mp_ws_bytes(nc, k, E, F, D, shs.F * (sh != NULL)) > c->ws_bytes ||
 	                              mp_max_tiles(nc * k, E) > 65535 || nc * k > INT32_MAX / 2))
 		nc /= 2;
 	if (nc < MP_MIN_CHUNK && nc < n)
@@ -761,7 +855,7 @@ extern "C" int kcuda_moe_prefill(struct kcuda_ctx *c, const float *x, int64_t ld
 	for (int64_t t0 = 0; t0 < n; t0 += nc) {
 		const int64_t nt = n - t0 < nc ? n - t0 : nc;
 		int rc = mp_chunk(c, x + t0 * ldx, ldx, nt, ids + t0 * k, weights + t0 * k, k, gate, up, down,
-		                  E, F, out + t0 * ldo, ldo);
+		                  E, F, sh, out + t0 * ldo, ldo);
 		if (rc)
 			return rc;
 	}

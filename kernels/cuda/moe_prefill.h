@@ -18,10 +18,14 @@ int kcuda_moe_prefill_on(void);
  * too); INT32_MAX when the path is off. */
 int kcuda_moe_prefill_min(void);
 /* Arguments already checked by kcuda_moe_ffn (shapes, row bytes, gate type == up type).
+ * sh_gate / sh_up / sh_down (all NULL: none): the shared expert (sh_gate->n_out rows of gate / up,
+ * which may differ from F), computed in the same pass from the same bf16 x and added to each token's
+ * routed sum (kcuda_moe_ffn_shexp's result).
  * ERR_UNSUPPORTED: shapes this path does not take (the caller falls back), nothing launched. */
 int kcuda_moe_prefill(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
                       const float *weights, int k, const struct kweight *gate, const struct kweight *up,
-                      const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo);
+                      const struct kweight *down, int64_t E, int64_t F, const struct kweight *sh_gate,
+                      const struct kweight *sh_up, const struct kweight *sh_down, float *out, int64_t ldo);
 
 #ifdef __cplusplus
 }

@@ -15,6 +15,9 @@
  *    moe_ffn.cu) the same bits; with TANDEM_PREFILL_FAST=0 the old path (per-expert cuBLAS past
  *    256 tokens, the sorted fp32 path from 17, the pair kernels below), within the bf16 tolerance.
  * 4. An expert id out of range: counted (kcuda_ctx_take_errors), NaN in that token's row only.
+ * 5. The shared expert in the same pass (kcuda_moe_ffn_shexp at prompt sizes): against the CPU's
+ *    routed sum + shared expert (Fs equal to F and not), deterministic, chunked, and a mismatched
+ *    shared down refused with nothing written.
  * 5. Time of new vs old path at the GLM-5 TP=8 and TP=1 expert shapes, 1 .. 2048 tokens
  *    (printed; no check).
  * Guard bytes around the outputs. TANDEM_OPS_QUICK=1: the small sweep only (a few seconds).
@@ -44,6 +47,7 @@ struct pcase {
 	int64_t xpad, opad; /* ldx = D + xpad, ldo = D + opad */
 	int cpu; /* check against the CPU (else only against the old path) */
 	int timing;
+	int64_t Fs; /* > 0 (with cpu): also the shared expert of Fs rows (kcuda_moe_ffn_shexp) */
 };
 
 static double now_s(void)
@@ -133,6 +137,110 @@ static double time_ffn(const float *d_x, int64_t ldx, int n, const int32_t *d_id
 	return 1e3 * (now_s() - t) / reps;
 }
 
+/* The shared expert (Fs rows, types tg / td) riding in the prefill pass: kcuda_moe_ffn_shexp (through
+ * kcuda_moe_ffn's prefill hook) against the CPU's routed sum (ref) + the CPU shared expert, added in
+ * forward.c's order; the same bits again and in token chunks; shapes the pass refuses leave out alone */
+static void shared_case(const struct pcase *p, const char *name, const struct kweight *dg,
+                        const struct kweight *du, const struct kweight *dd, const float *dx,
+                        const void *d_ids, const void *d_w, const float *x, const int32_t *ids,
+                        const float *w, const float *ref, struct ops_dbuf *ob)
+{
+	const int64_t E = p->E, F = p->F, D = p->D, Fs = p->Fs, ldx = D + p->xpad, ldo = D + p->opad;
+	const int n = p->n, k = p->k;
+	size_t rb_d = 0, rb_s = 0;
+	if (!ktype_row_bytes(p->tg, D, &rb_d) || !ktype_row_bytes(p->td, Fs, &rb_s)) {
+		OPS_CHECK(0, "%s: shared Fs %lld not whole blocks", name, (long long)Fs);
+		return;
+	}
+	const size_t out_bytes = sizeof(float) * (size_t)n * (size_t)ldo;
+	uint8_t *hg = malloc(rb_d * (size_t)Fs), *hu = malloc(rb_d * (size_t)Fs),
+	        *hd = malloc(rb_s * (size_t)D);
+	float *t1 = malloc(sizeof(float) * (size_t)n * (size_t)Fs),
+	      *t2 = malloc(sizeof(float) * (size_t)n * (size_t)Fs),
+	      *ys = malloc(sizeof(float) * (size_t)n * (size_t)D),
+	      *want = malloc(sizeof(float) * (size_t)n * (size_t)D), *got = malloc(out_bytes),
+	      *got2 = malloc(out_bytes);
+	struct kweight sg = {p->tg, D, Fs, rb_d, hg}, su = {p->tg, D, Fs, rb_d, hu},
+	               sd = {p->td, Fs, D, rb_s, hd};
+	struct kweight dsg = {0}, dsu = {0}, dsd = {0};
+	if (!hg || !hu || !hd || !t1 || !t2 || !ys || !want || !got || !got2) {
+		OPS_CHECK(0, "%s: shared: host allocation", name);
+		goto out;
+	}
+	ops_fill_weight(p->tg, D, Fs, rb_d, hg);
+	ops_fill_weight(p->tg, D, Fs, rb_d, hu);
+	ops_fill_weight(p->td, Fs, D, rb_s, hd);
+	if (kcuda_weight_upload(ctx, &sg, &dsg) || kcuda_weight_upload(ctx, &su, &dsu) ||
+	    kcuda_weight_upload(ctx, &sd, &dsd)) {
+		OPS_CHECK(0, "%s: shared: device allocation", name);
+		goto out;
+	}
+	kcpu_matmul(pool, &sg, x, ldx, n, t1, Fs);
+	kcpu_matmul(pool, &su, x, ldx, n, t2, Fs);
+	kcpu_swiglu(t1, t1, t2, (int64_t)n * Fs);
+	kcpu_matmul(pool, &sd, t1, Fs, n, ys, D);
+	for (int64_t i = 0; i < (int64_t)n * D; i++)
+		want[i] = ref[i] + ys[i];
+	if (n <= 256)
+		setenv("TANDEM_MOE_MMA_MIN", "1", 1);
+	int rc = kcuda_moe_ffn_shexp(ctx, dx, ldx, n, d_ids, d_w, k, dg, du, dd, E, F, &dsg, &dsu, &dsd,
+	                             ob->user, ldo);
+	unsetenv("TANDEM_MOE_MMA_MIN");
+	OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "%s: shared Fs %lld: rc %d", name, (long long)Fs, rc);
+	size_t gb = ops_dbuf_get(ctx, ob, got);
+	OPS_CHECK(gb == 0, "%s: shared: %zu guard bytes damaged", name, gb);
+	int64_t gaps = 0;
+	for (int i = 0; i < n; i++)
+		for (int64_t d = D; d < ldo; d++)
+			gaps += !ops_is_fill_f32(got[i * ldo + d]);
+	OPS_CHECK(gaps == 0, "%s: shared: %lld values written past D", name, (long long)gaps);
+	double maxerr, maxref;
+	int64_t nf;
+	cmp(got, want, n, D, ldo, D, &maxerr, &maxref, &nf);
+	OPS_CHECK(nf == 0 && maxerr <= 2e-2 * maxref && maxref > 0,
+	          "%s: shared Fs %lld: max err %.3g, max|ref| %.3g (tol 2e-2), %lld non-finite", name,
+	          (long long)Fs, maxerr, maxref, (long long)nf);
+	printf("%s: + shared Fs %lld vs CPU max|ref| %.3g max err %.3g (rel %.2g)\n", name, (long long)Fs,
+	       maxref, maxerr, maxref > 0 ? maxerr / maxref : 0.0);
+	/* the same bits again, and in token chunks */
+	rc = kcuda_moe_prefill(ctx, dx, ldx, n, d_ids, d_w, k, dg, du, dd, E, F, &dsg, &dsu, &dsd, ob->user,
+	                       ldo);
+	OPS_CHECK(rc == 0 && ops_dbuf_get(ctx, ob, got2) == 0 && memcmp(got, got2, out_bytes) == 0,
+	          "%s: shared: a second run differs (rc %d)", name, rc);
+	rc = kcuda_moe_prefill(ctx_small, dx, ldx, n, d_ids, d_w, k, dg, du, dd, E, F, &dsg, &dsu, &dsd,
+	                       ob->user, ldo);
+	if (rc != ERR_UNSUPPORTED) {
+		OPS_CHECK(rc == 0 && kcuda_sync(ctx_small) == 0, "%s: shared: chunked rc %d", name, rc);
+		memset(got2, 0, out_bytes);
+		OPS_CHECK(ops_dbuf_get(ctx, ob, got2) == 0 && memcmp(got, got2, out_bytes) == 0,
+		          "%s: shared: the chunked run differs", name);
+	}
+	/* a shared expert whose down does not match its gate: refused, nothing written */
+	{
+		struct kweight bad = dsd;
+		bad.n_in = Fs + 16;
+		kcuda_upload(ctx, ob->user, got, out_bytes); /* a known output to keep */
+		rc = kcuda_moe_prefill(ctx, dx, ldx, n, d_ids, d_w, k, dg, du, dd, E, F, &dsg, &dsu, &bad,
+		                       ob->user, ldo);
+		OPS_CHECK(rc == ERR_UNSUPPORTED && ops_dbuf_get(ctx, ob, got2) == 0 &&
+		              memcmp(got, got2, out_bytes) == 0,
+		          "%s: a mismatched shared down was not refused cleanly (rc %d)", name, rc);
+	}
+out:
+	kcuda_weight_free(&dsg);
+	kcuda_weight_free(&dsu);
+	kcuda_weight_free(&dsd);
+	free(hg);
+	free(hu);
+	free(hd);
+	free(t1);
+	free(t2);
+	free(ys);
+	free(want);
+	free(got);
+	free(got2);
+}
+
 static void prefill_case(const struct pcase *p)
 {
 	const int64_t E = p->E, F = p->F, D = p->D, ldx = D + p->xpad, ldo = D + p->opad;
@@ -202,7 +310,8 @@ static void prefill_case(const struct pcase *p)
 
 	/* 1. against the CPU */
 	unsigned nbad = 0;
-	int rc = kcuda_moe_prefill(ctx, dx, ldx, n, d_ids, d_w, k, &dg, &du, &dd, E, F, ob.user, ldo);
+	int rc = kcuda_moe_prefill(ctx, dx, ldx, n, d_ids, d_w, k, &dg, &du, &dd, E, F, NULL, NULL, NULL,
+	                           ob.user, ldo);
 	OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0, "%s: rc %d", name, rc);
 	size_t gb = ops_dbuf_get(ctx, &ob, got);
 	OPS_CHECK(gb == 0, "%s: %zu guard bytes damaged", name, gb);
@@ -228,10 +337,12 @@ static void prefill_case(const struct pcase *p)
 	}
 
 	/* 2. the same bits again, and in token chunks (small workspace) */
-	rc = kcuda_moe_prefill(ctx, dx, ldx, n, d_ids, d_w, k, &dg, &du, &dd, E, F, ob.user, ldo);
+	rc = kcuda_moe_prefill(ctx, dx, ldx, n, d_ids, d_w, k, &dg, &du, &dd, E, F, NULL, NULL, NULL, ob.user,
+	                       ldo);
 	OPS_CHECK(rc == 0 && ops_dbuf_get(ctx, &ob, got2) == 0 && memcmp(got, got2, out_bytes) == 0,
 	          "%s: a second run differs (rc %d)", name, rc);
-	rc = kcuda_moe_prefill(ctx_small, dx, ldx, n, d_ids, d_w, k, &dg, &du, &dd, E, F, ob.user, ldo);
+	rc = kcuda_moe_prefill(ctx_small, dx, ldx, n, d_ids, d_w, k, &dg, &du, &dd, E, F, NULL, NULL, NULL,
+	                       ob.user, ldo);
 	if (rc == ERR_UNSUPPORTED) {
 		printf("%s: a 16 MB workspace is too small for 32-token chunks (not run chunked)\n", name);
 	} else {
@@ -247,8 +358,8 @@ static void prefill_case(const struct pcase *p)
 		for (int v = 0; v < 2; v++) {
 			setenv("TANDEM_MOE_PREFILL_GU", gu[v], 1);
 			memset(got2, 0, out_bytes);
-			rc = kcuda_moe_prefill(ctx, dx, ldx, n, d_ids, d_w, k, &dg, &du, &dd, E, F, ob.user,
-			                       ldo);
+			rc = kcuda_moe_prefill(ctx, dx, ldx, n, d_ids, d_w, k, &dg, &du, &dd, E, F, NULL,
+			                       NULL, NULL, ob.user, ldo);
 			OPS_CHECK(
 			    rc == 0 && ops_dbuf_get(ctx, &ob, got2) == 0 && memcmp(got, got2, out_bytes) == 0,
 			    "%s: gate / up kernel %s differs from the default (rc %d)", name, gu[v], rc);
@@ -256,7 +367,8 @@ static void prefill_case(const struct pcase *p)
 		unsetenv("TANDEM_MOE_PREFILL_GU");
 		setenv("TANDEM_MOE_PREFILL_DOWN", "4", 1);
 		memset(got2, 0, out_bytes);
-		rc = kcuda_moe_prefill(ctx, dx, ldx, n, d_ids, d_w, k, &dg, &du, &dd, E, F, ob.user, ldo);
+		rc = kcuda_moe_prefill(ctx, dx, ldx, n, d_ids, d_w, k, &dg, &du, &dd, E, F, NULL, NULL, NULL,
+		                       ob.user, ldo);
 		OPS_CHECK(rc == 0 && ops_dbuf_get(ctx, &ob, got2) == 0 && memcmp(got, got2, out_bytes) == 0,
 		          "%s: the 4-warp down kernel differs from the default (rc %d)", name, rc);
 		unsetenv("TANDEM_MOE_PREFILL_DOWN");
@@ -297,11 +409,16 @@ static void prefill_case(const struct pcase *p)
 	}
 	unsetenv("TANDEM_PREFILL_FAST");
 
+	/* 5. the shared expert in the same pass (before 4, which spoils an id) */
+	if (p->Fs > 0 && p->cpu)
+		shared_case(p, name, &dg, &du, &dd, dx, d_ids, d_w, x + xoff, ids, w, ref, &ob);
+
 	/* 4. a bad expert id: counted, NaN in its token's row, the other rows as before */
 	if (n > 5) {
 		int32_t bad = (int32_t)E;
 		kcuda_upload(ctx, (int32_t *)d_ids + 5 * k + (k > 1), &bad, sizeof(int32_t));
-		rc = kcuda_moe_prefill(ctx, dx, ldx, n, d_ids, d_w, k, &dg, &du, &dd, E, F, ob.user, ldo);
+		rc = kcuda_moe_prefill(ctx, dx, ldx, n, d_ids, d_w, k, &dg, &du, &dd, E, F, NULL, NULL, NULL,
+		                       ob.user, ldo);
 		nbad = 0;
 		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0 && kcuda_ctx_take_errors(ctx, &nbad) == 0 &&
 		              nbad > 0,
@@ -358,35 +475,35 @@ int main(void)
 	                               {KT_Q5_K, KT_Q5_K}, {KT_Q6_K, KT_Q6_K},   {KT_BF16, KT_BF16},
 	                               {KT_F32, KT_F16},   {KT_IQ4_XS, KT_Q8_0}, {KT_Q2_K, KT_Q3_K}};
 	for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
-		const struct pcase c = {types[t][0], types[t][1], 12, 256, 512, 4, 64, 0, 0, 1, 0};
+		const struct pcase c = {types[t][0], types[t][1], 12, 256, 512, 4, 64, 0, 0, 1, 0, 256};
 		prefill_case(&c);
 	}
 	const struct pcase cases[] = {
 	    /* odd sizes: D 544 (17 Q8_0 blocks), F 96 (3); ldx, ldo > D; x misaligned; every expert's tiles
 	     */
-	    {KT_Q8_0, KT_Q8_0, 5, 96, 544, 3, 70, 3, 5, 1, 0},
-	    {KT_Q8_0, KT_Q8_0, 5, 96, 544, 3, 300, 4, 1, 1, 0},
+	    {KT_Q8_0, KT_Q8_0, 5, 96, 544, 3, 70, 3, 5, 1, 0, 160},
+	    {KT_Q8_0, KT_Q8_0, 5, 96, 544, 3, 300, 4, 1, 1, 0, 0},
 	    /* E 256, k 8: the sort over many experts (GLM-5 / DeepSeek-V3 routing counts) */
-	    {KT_Q4_K, KT_Q6_K, 256, 256, 512, 8, 512, 0, 0, 1, 0},
+	    {KT_Q4_K, KT_Q6_K, 256, 256, 512, 8, 512, 0, 0, 1, 0, 512},
 	    /* GLM-5 TP=8 rank slice: D 6144, F 2048 / 8 (32 of the 256 experts, memory of the CPU test) */
-	    {KT_Q4_K, KT_Q4_K, 32, 256, 6144, 8, 64, 0, 0, 1, 0},
+	    {KT_Q4_K, KT_Q4_K, 32, 256, 6144, 8, 64, 0, 0, 1, 0, 256},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 		prefill_case(&cases[i]);
 	if (!quick) {
 		const struct pcase big[] = {
 		    /* GLM-5 / DeepSeek-V3 TP=8 slices at prompt sizes */
-		    {KT_Q4_K, KT_Q4_K, 32, 256, 6144, 8, 512, 0, 0, 1, 1},
-		    {KT_Q4_K, KT_Q6_K, 32, 256, 7168, 8, 512, 0, 0, 1, 0},
+		    {KT_Q4_K, KT_Q4_K, 32, 256, 6144, 8, 512, 0, 0, 1, 1, 256},
+		    {KT_Q4_K, KT_Q6_K, 32, 256, 7168, 8, 512, 0, 0, 1, 0, 0},
 		    /* all 256 experts of the GLM-5 rank at 2048 tokens: against the old path, timed */
-		    {KT_Q4_K, KT_Q4_K, 256, 256, 6144, 8, 2048, 0, 0, 0, 1},
+		    {KT_Q4_K, KT_Q4_K, 256, 256, 6144, 8, 2048, 0, 0, 0, 1, 0},
 		    /* the same at decode sizes: against the sorted / pair kernels (TANDEM_MOE_MMA_MIN=1) */
-		    {KT_Q4_K, KT_Q4_K, 256, 256, 6144, 8, 128, 0, 0, 0, 1},
-		    {KT_Q4_K, KT_Q4_K, 256, 256, 6144, 8, 32, 0, 0, 0, 1},
-		    {KT_Q4_K, KT_Q4_K, 256, 256, 6144, 8, 8, 0, 0, 0, 1},
-		    {KT_Q4_K, KT_Q4_K, 256, 256, 6144, 8, 1, 0, 0, 0, 1},
+		    {KT_Q4_K, KT_Q4_K, 256, 256, 6144, 8, 128, 0, 0, 0, 1, 0},
+		    {KT_Q4_K, KT_Q4_K, 256, 256, 6144, 8, 32, 0, 0, 0, 1, 0},
+		    {KT_Q4_K, KT_Q4_K, 256, 256, 6144, 8, 8, 0, 0, 0, 1, 0},
+		    {KT_Q4_K, KT_Q4_K, 256, 256, 6144, 8, 1, 0, 0, 0, 1, 0},
 		    /* GLM-5 TP=1 expert dims (F 2048), 32 experts: against the old path, timed */
-		    {KT_Q4_K, KT_Q4_K, 32, 2048, 6144, 8, 512, 0, 0, 0, 1},
+		    {KT_Q4_K, KT_Q4_K, 32, 2048, 6144, 8, 512, 0, 0, 0, 1, 0},
 		};
 		for (size_t i = 0; i < sizeof(big) / sizeof(big[0]); i++)
 			prefill_case(&big[i]);
