@@ -651,8 +651,8 @@ extern "C" int kcuda_moe_ffn_shexp(struct kcuda_ctx *c, const float *x, int64_t 
 		return kcuda_bad_arg("moe_ffn_shexp", "null shared-expert weight");
 	if (n == 0)
 		return 0;
-	/* prompts: the shared expert in the prefill pass (moe_prefill.cu); TANDEM_MOE_PREFILL_SHARED=0 (read on
-	 * every call) leaves it to the caller, as before 2026-12-02 */
+	/* prompts: the shared expert in the prefill pass (moe_prefill.cu); TANDEM_MOE_PREFILL_SHARED=0 (read
+	 * on every call) leaves it to the caller, as before 2026-12-02 */
 	const char *ps = getenv("TANDEM_MOE_PREFILL_SHARED");
 	if (n >= kcuda_moe_prefill_min() && !(ps && strcmp(ps, "0") == 0)) {
 		const int rc = kcuda_moe_prefill(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, sh_gate,
