@@ -77,15 +77,26 @@ __device__ __forceinline__ float if_rope_elem(const float *src, int e, int half,
 	return first ? u0 * co - u1 * sn : u0 * sn + u1 * co;
 }
 
+/* v[i] without indexing the array at run time (it stays in registers, not local memory) */
+template <int R, typename T> __device__ __forceinline__ T if_pick(const T (&v)[R], int i)
+{
+	T x = v[0];
+#pragma unroll
+	for (int r = 1; r < R; r++)
+		x = i == r ? v[r] : x;
+	return x;
+}
+
 /* shared key row stride in values (16-byte multiple, conflict-free fragment loads) */
 static __host__ __device__ int if_rs(int DI, bool f32)
 {
 	return f32 ? DI + 4 : DI + 8;
 }
-static size_t if_smem(int DI, bool f32, int TK = IF_TK)
+static size_t if_smem(int DI, bool f32, int TK = IF_TK, int R = 1)
 {
 	return (f32 ? 1 : 2) * (size_t)TK * (size_t)if_rs(DI, f32) * (f32 ? 4 : 2) /* key tiles */ +
-	       (size_t)TK * IF_SP * 4 /* d */ + IF_HMAX * 4 /* w */ + 2 * TK * sizeof(void *) /* addresses */;
+	       (size_t)R * TK * IF_SP * 4 /* d */ + (size_t)R * IF_HMAX * 4 /* w */ +
+	       2 * TK * sizeof(void *) /* addresses */;
 }
 
 /* TK: keys per tile (64; 32 for the fused top-k at small batch: twice the blocks). MW: head tiles
@@ -94,16 +105,22 @@ static size_t if_smem(int DI, bool f32, int TK = IF_TK)
  * parts' weights add up to at most 2^-16 are summed (the rest lie below fp32's rounding).
  * SEL: the top-k is finished here (topk_sel.cuh): rows with n <= sel_k are written as 0..n-1 by
  * block 0 (nothing scored); otherwise every block counts its keys' top digit into the row's
- * histogram and the last block of the row (ticket) selects. */
-template <int TK, int MW, bool F32, bool ROPE, bool SEL>
+ * histogram and the last block of the row (ticket) selects.
+ * R > 1 (prompts; not SEL or ROPE; R = IF_WARPS / MW): the block scores R consecutive query rows
+ * against each key tile it copies, warp w taking row w / MW's head tile w % MW over all TK keys, so
+ * a tile read from L2 serves R rows instead of one. Rows of one table (one sequence: a prompt
+ * chunk) share the tiles; where the block's rows use different tables it runs one pass a row. */
+template <int TK, int MW, bool F32, bool ROPE, bool SEL, int R = 1>
 __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 {
+	static_assert(R == 1 || (!SEL && !ROPE && MW * R == IF_WARPS),
+	              "several rows: 4 warps, no fused top-k");
 	/* a.pf: bring this block's key rows into L2 while the kernel before still runs. The rows are
 	 * older positions (the newest one, written just before, is at most re-fetched: L2 is coherent and
 	 * a prefetch returns no data), found through qseq and the block table, which the host uploads
 	 * before the step's first kernel (plain stream order): read early, they are this step's values,
 	 * and they only direct a hint. Nothing else is touched before KDEP_ENTRY. */
-	if (a.pf && threadIdx.x == 0) {
+	if (R == 1 && a.pf && threadIdx.x == 0) {
 		const int64_t p0 = (int64_t)blockIdx.x * TK * a.tiles;
 		const int64_t p1 =
 		    min(min(p0 + (int64_t)TK * a.tiles, a.max_keys), a.ld_blocks * (int64_t)a.bt);
@@ -124,11 +141,11 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 	 * KDEP_ENTRY; n_keys, qseq and the block table are step inputs the host uploads (synchronously)
 	 * before the step's first kernel, so reading them early is safe. The new rows, q and w follow
 	 * the wait. */
-	const bool pre = !SEL && a.early_new > 0;
+	const bool pre = !SEL && R == 1 && a.early_new > 0;
 	if (!pre)
 		KDEP_ENTRY();
 	typedef typename std::conditional<F32, float, uint16_t>::type val_t;
-	constexpr int KG = IF_WARPS / MW; /* key groups */
+	constexpr int KG = R == 1 ? IF_WARPS / MW : 1; /* key groups */
 	constexpr int NT = TK / 8 / KG; /* n-tiles per warp */
 	static_assert(NT >= 1 && NT * 8 * KG == TK && TK % 32 == 0, "tile shape");
 	extern __shared__ __align__(16) uint8_t if_sm[];
@@ -136,18 +153,34 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 	constexpr int NST = F32 ? 1 : 2; /* key tiles (above) */
 	val_t *k_s = (val_t *)if_sm; /* [NST][TK][RS] */
 	float *d_s = (float *)(k_s + NST * TK * RS); /* [TK][SP] */
-	float *w_s = d_s + TK * IF_SP; /* [HMAX] */
-	const uint8_t **addr_s = (const uint8_t **)(w_s + IF_HMAX); /* [2][TK] */
+	float *w_s = d_s + R * TK * IF_SP; /* [R][HMAX] */
+	const uint8_t **addr_s = (const uint8_t **)(w_s + R * IF_HMAX); /* [2][TK] */
 
-	const int64_t row = blockIdx.y;
+	const int64_t row = (int64_t)blockIdx.y * R; /* the block's first row */
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int g = lane >> 2, t = lane & 3;
-	int64_t nk = a.n_keys ? (int64_t)a.n_keys[row] : a.pos0 + row + 1;
-	const int32_t tbl = a.qseq ? a.qseq[row] : 0; /* loaded beside n_keys: one round trip for both */
-	if (nk < 0 || nk > a.max_keys) {
-		if (tid == 0 && blockIdx.x == 0)
-			atomicAdd(a.err, 1u);
-		nk = nk < 0 ? 0 : a.max_keys;
+	int64_t nkr[R]; /* each row's key count (0 past n_rows) and table */
+	int32_t tblr[R];
+#pragma unroll
+	for (int r = 0; r < R; r++) {
+		const bool in = R == 1 || row + r < a.n_rows;
+		nkr[r] = !in ? 0 : a.n_keys ? (int64_t)a.n_keys[row + r] : a.pos0 + row + r + 1;
+		tblr[r] = in && a.qseq ? a.qseq[row + r] : 0; /* beside n_keys: one round trip for both */
+		if (nkr[r] < 0 || nkr[r] > a.max_keys) {
+			if (tid == 0 && blockIdx.x == 0)
+				atomicAdd(a.err, 1u);
+			nkr[r] = nkr[r] < 0 ? 0 : a.max_keys;
+		}
+		if (!SEL && a.skip_le > 0 && nkr[r] <= a.skip_le)
+			nkr[r] = 0; /* every key is selected: the scores are not read */
+	}
+	int64_t nk = nkr[0];
+	int32_t tbl = tblr[0];
+	bool one_table = true;
+#pragma unroll
+	for (int r = 1; r < R; r++) {
+		nk = max(nk, nkr[r]);
+		one_table = one_table && (nkr[r] == 0 || tblr[r] == tbl);
 	}
 	if (SEL) {
 		if (nk <= a.sel_k) { /* every key is selected, in order: block 0 writes it, no scores */
@@ -160,14 +193,14 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 			}
 			return;
 		}
-	} else if (a.skip_le > 0 && nk <= a.skip_le) {
-		return; /* every key is selected: the scores are not read */
+	} else if (nk == 0) {
+		return; /* no row to score (skip_le: every key is selected, the scores are not read) */
 	}
 	const int64_t k0 = (int64_t)blockIdx.x * TK * a.tiles;
 	if (k0 >= nk)
 		return; /* (SEL: such blocks take no ticket: the row counts ceil(nk / (TK tiles)) blocks) */
-	const int64_t k1 = min(nk, k0 + TK * a.tiles);
-	const int ntiles = (int)((k1 - k0 + TK - 1) / TK);
+	int64_t k1 = min(nk, k0 + TK * a.tiles);
+	int ntiles = (int)((k1 - k0 + TK - 1) / TK);
 	unsigned *gh = SEL ? a.zs + row * KSEL_ROW_WORDS : NULL; /* the row's digit-0 histogram */
 	const int64_t old_end = pre ? nk - a.early_new : 0; /* keys below it: written by earlier steps */
 
@@ -218,8 +251,10 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 	/* written by the kernels before (idx_prep): read only from here on */
 	const float *qg = kdep_after(a.q), *wg = kdep_after(a.w);
 
-	for (int i = tid; i < IF_HMAX; i += IF_THREADS)
-		w_s[i] = i < HI ? wg[row * (int64_t)HI + i] : 0.0f;
+	for (int i = tid; i < R * IF_HMAX; i += IF_THREADS) {
+		const int r = i / IF_HMAX, h = i - r * IF_HMAX;
+		w_s[i] = h < HI && if_pick(nkr, r) > 0 ? wg[(row + r) * (int64_t)HI + h] : 0.0f;
+	}
 	__shared__ float2 rcs_s[IF_DMAX / 2]; /* ROPE: (cos, sin) of the row's angles */
 	if (ROPE) {
 		if (tid < a.qr_R / 2) {
@@ -231,7 +266,7 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 	}
 	/* q fragments: heads 16 mw + (g, g + 8), dims ks 16 + 2t (+ 8); loaded first (as before
 	 * 16:00: see mla_attn_mma.cu on the 16:40 H200 run) */
-	const int mw = warp % MW, kg = warp / MW;
+	const int mw = warp % MW, kg = R == 1 ? warp / MW : 0, wr = R == 1 ? 0 : warp / MW; /* wr: the row */
 	const int nks = DI / 16;
 	uint32_t qf[IF_DMAX / 16][3][4];
 #pragma unroll
@@ -241,8 +276,8 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 			const int h = 16 * mw + g + ((r & 1) ? 8 : 0);
 			const int col = ks * 16 + 2 * t + ((r & 2) ? 8 : 0);
 			float2 v = make_float2(0.0f, 0.0f);
-			if (ks < nks && h < HI) {
-				const float *qh = qg + (row * HI + h) * (int64_t)DI;
+			if (ks < nks && h < HI && if_pick(nkr, wr) > 0) {
+				const float *qh = qg + ((row + wr) * HI + h) * (int64_t)DI;
 				if (ROPE && col < a.qr_R) { /* the rotary part, roped here (col even) */
 					v.x = if_rope_elem(qh, col, a.qr_R / 2, a.qr_pairing, rcs_s);
 					v.y = if_rope_elem(qh, col + 1, a.qr_R / 2, a.qr_pairing, rcs_s);
@@ -252,114 +287,156 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 			}
 			if_split3(v.x, v.y, &qf[ks][0][r], &qf[ks][1][r], &qf[ks][2][r]);
 		}
-	if (!pre) {
-		fill_addr(0, 0);
-		__syncthreads();
-		issue(0, 0, 0);
-	}
-	const bool active = 16 * mw < HI;
-
-	for (int n = 0; n < ntiles; n++) {
-		const int st = n & 1; /* address stage (and key stage with two) */
-		if (n + 1 < ntiles)
-			fill_addr(n + 1, st ^ 1);
-		if (NST == 2) {
+	/* one pass, or (R > 1, rows of different tables) one pass a row: the tiles follow row ps's
+	 * table and only its warps score them */
+	const int npass = R == 1 || one_table ? 1 : R;
+	for (int ps = 0; ps < npass; ps++) {
+		if (npass > 1) {
+			if (k0 >= if_pick(nkr, ps))
+				continue; /* block-uniform */
+			tbl = if_pick(tblr, ps);
+			k1 = min(if_pick(nkr, ps), k0 + TK * a.tiles);
+			ntiles = (int)((k1 - k0 + TK - 1) / TK);
+		}
+		if (!pre) {
+			fill_addr(0, 0);
 			__syncthreads();
-			if (n + 1 < ntiles) {
-				issue(n + 1, st ^ 1, 0);
-				katt_cp_wait<1>();
+			issue(0, 0, 0);
+		}
+		const bool active =
+		    16 * mw < HI && (R == 1 || (if_pick(nkr, wr) > k0 && (npass == 1 || wr == ps)));
+
+		for (int n = 0; n < ntiles; n++) {
+			const int st = n & 1; /* address stage (and key stage with two) */
+			if (n + 1 < ntiles)
+				fill_addr(n + 1, st ^ 1);
+			if (NST == 2) {
+				__syncthreads();
+				if (n + 1 < ntiles) {
+					issue(n + 1, st ^ 1, 0);
+					katt_cp_wait<1>();
+				} else {
+					katt_cp_wait<0>();
+				}
 			} else {
 				katt_cp_wait<0>();
 			}
-		} else {
-			katt_cp_wait<0>();
-		}
-		__syncthreads();
-		const val_t *kt = k_s + (NST == 2 ? st : 0) * TK * RS;
-		if (active) {
-			float acc[NT][4];
+			__syncthreads();
+			const val_t *kt = k_s + (NST == 2 ? st : 0) * TK * RS;
+			if (active) {
+				float acc[NT][4];
 #pragma unroll
-			for (int j = 0; j < NT; j++)
-				acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+				for (int j = 0; j < NT; j++)
+					acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 #pragma unroll
-			for (int ks = 0; ks < IF_DMAX / 16; ks++) {
-				if (ks < nks) {
-					if (!F32 && NT % 2 == 0) {
-						/* ldmatrix, two n-tiles a load: keys 8j + 0-7 x dims +0, +8,
-						 * then keys 8j + 8-15 (RS 4 mod 32 words: conflict-free) */
+				for (int ks = 0; ks < IF_DMAX / 16; ks++) {
+					if (ks < nks) {
+						if (!F32 && NT % 2 == 0) {
+							/* ldmatrix, two n-tiles a load: keys 8j + 0-7 x dims
+							 * +0, +8, then keys 8j + 8-15 (RS 4 mod 32 words:
+							 * conflict-free) */
 #pragma unroll
-						for (int j = 0; j < NT; j += 2) {
-							uint32_t b[4];
-							katt_ldm4(b, kt +
-							                 (kg * NT * 8 + 8 * j +
-							                  (lane >> 4) * 8 + (lane & 7)) *
-							                     RS +
-							                 ks * 16 + ((lane >> 3) & 1) * 8);
+							for (int j = 0; j < NT; j += 2) {
+								uint32_t b[4];
+								katt_ldm4(
+								    b, kt +
+								           (kg * NT * 8 + 8 * j +
+								            (lane >> 4) * 8 + (lane & 7)) *
+								               RS +
+								           ks * 16 + ((lane >> 3) & 1) * 8);
 #pragma unroll
-							for (int p = 0; p < 3; p++) {
-								if_mma(acc[j], qf[ks][p], b[0], b[1]);
-								if_mma(acc[j + 1], qf[ks][p], b[2], b[3]);
+								for (int p = 0; p < 3; p++) {
+									if_mma(acc[j], qf[ks][p], b[0], b[1]);
+									if_mma(acc[j + 1], qf[ks][p], b[2],
+									       b[3]);
+								}
 							}
-						}
-					} else {
+						} else {
 #pragma unroll
-						for (int j = 0; j < NT; j++) {
-							const val_t *kr = kt +
-							                  (kg * NT * 8 + 8 * j + g) * RS +
-							                  ks * 16 + 2 * t;
-							if (F32) {
-								const float2 x = *(const float2 *)kr,
-								             y = *(const float2 *)(kr + 8);
-								uint32_t b0[3], b1[3];
-								if_split3(x.x, x.y, &b0[0], &b0[1], &b0[2]);
-								if_split3(y.x, y.y, &b1[0], &b1[1], &b1[2]);
-								if_mma(acc[j], qf[ks][0], b0[0], b1[0]);
-								if_mma(acc[j], qf[ks][1], b0[0], b1[0]);
-								if_mma(acc[j], qf[ks][0], b0[1], b1[1]);
-								if_mma(acc[j], qf[ks][2], b0[0], b1[0]);
-								if_mma(acc[j], qf[ks][1], b0[1], b1[1]);
-								if_mma(acc[j], qf[ks][0], b0[2], b1[2]);
-							} else {
-								const uint32_t b0 = *(const uint32_t *)kr,
-								               b1 = *(const uint32_t *)(kr +
-								                                        8);
-								if_mma(acc[j], qf[ks][0], b0, b1);
-								if_mma(acc[j], qf[ks][1], b0, b1);
-								if_mma(acc[j], qf[ks][2], b0, b1);
+							for (int j = 0; j < NT; j++) {
+								const val_t *kr =
+								    kt + (kg * NT * 8 + 8 * j + g) * RS +
+								    ks * 16 + 2 * t;
+								if (F32) {
+									const float2 x = *(const float2 *)kr,
+									             y = *(
+									                 const float2 *)(kr +
+									                                 8);
+									uint32_t b0[3], b1[3];
+									if_split3(x.x, x.y, &b0[0], &b0[1],
+									          &b0[2]);
+									if_split3(y.x, y.y, &b1[0], &b1[1],
+									          &b1[2]);
+									if_mma(acc[j], qf[ks][0], b0[0],
+									       b1[0]);
+									if_mma(acc[j], qf[ks][1], b0[0],
+									       b1[0]);
+									if_mma(acc[j], qf[ks][0], b0[1],
+									       b1[1]);
+									if_mma(acc[j], qf[ks][2], b0[0],
+									       b1[0]);
+									if_mma(acc[j], qf[ks][1], b0[1],
+									       b1[1]);
+									if_mma(acc[j], qf[ks][0], b0[2],
+									       b1[2]);
+								} else {
+									const uint32_t
+									    b0 = *(const uint32_t *)kr,
+									    b1 = *(const uint32_t *)(kr + 8);
+									if_mma(acc[j], qf[ks][0], b0, b1);
+									if_mma(acc[j], qf[ks][1], b0, b1);
+									if_mma(acc[j], qf[ks][2], b0, b1);
+								}
 							}
 						}
 					}
 				}
-			}
 #pragma unroll
-			for (int j = 0; j < NT; j++) {
-				const int key = kg * NT * 8 + 8 * j + 2 * t, h = 16 * mw + g;
-				d_s[key * IF_SP + h] = __fmul_rn(acc[j][0], a.scale);
-				d_s[(key + 1) * IF_SP + h] = __fmul_rn(acc[j][1], a.scale);
-				d_s[key * IF_SP + h + 8] = __fmul_rn(acc[j][2], a.scale);
-				d_s[(key + 1) * IF_SP + h + 8] = __fmul_rn(acc[j][3], a.scale);
-			}
-		}
-		__syncthreads();
-		if (tid < TK) { /* whole warps (TK % 32 == 0) */
-			const int64_t p = k0 + (int64_t)n * TK + tid;
-			float v = -INFINITY;
-			if (p < k1) {
-				float s = 0.0f;
-				for (int h = 0; h < HI; h++) {
-					const float d = d_s[tid * IF_SP + h];
-					if (d > 0.0f)
-						s = __fadd_rn(s, __fmul_rn(w_s[h], d));
+				for (int j = 0; j < NT; j++) {
+					const int key = wr * TK + kg * NT * 8 + 8 * j + 2 * t,
+					          h = 16 * mw + g;
+					d_s[key * IF_SP + h] = __fmul_rn(acc[j][0], a.scale);
+					d_s[(key + 1) * IF_SP + h] = __fmul_rn(acc[j][1], a.scale);
+					d_s[key * IF_SP + h + 8] = __fmul_rn(acc[j][2], a.scale);
+					d_s[(key + 1) * IF_SP + h + 8] = __fmul_rn(acc[j][3], a.scale);
 				}
-				v = addr_s[st * TK + tid] ? s : -INFINITY;
-				a.scores[row * a.ld + p] = v;
 			}
-			if (SEL)
-				ksel_count(gh, p < k1, ksel_key(v));
+			__syncthreads();
+			if (R >
+			    1) { /* thread i: row i / TK's key i % TK, the heads summed in order as below */
+				for (int i = tid; i < R * TK; i += IF_THREADS) {
+					const int r = i / TK, kk = i - r * TK;
+					const int64_t p = k0 + (int64_t)n * TK + kk;
+					if ((npass > 1 && r != ps) || p >= if_pick(nkr, r))
+						continue;
+					float s = 0.0f;
+					for (int h = 0; h < HI; h++) {
+						const float d = d_s[i * IF_SP + h];
+						if (d > 0.0f)
+							s = __fadd_rn(s, __fmul_rn(w_s[r * IF_HMAX + h], d));
+					}
+					a.scores[(row + r) * a.ld + p] = addr_s[st * TK + kk] ? s : -INFINITY;
+				}
+			} else if (tid < TK) { /* whole warps (TK % 32 == 0) */
+				const int64_t p = k0 + (int64_t)n * TK + tid;
+				float v = -INFINITY;
+				if (p < k1) {
+					float s = 0.0f;
+					for (int h = 0; h < HI; h++) {
+						const float d = d_s[tid * IF_SP + h];
+						if (d > 0.0f)
+							s = __fadd_rn(s, __fmul_rn(w_s[h], d));
+					}
+					v = addr_s[st * TK + tid] ? s : -INFINITY;
+					a.scores[row * a.ld + p] = v;
+				}
+				if (SEL)
+					ksel_count(gh, p < k1, ksel_key(v));
+			}
+			__syncthreads(); /* the key tile (one tile) and d are free again */
+			if (NST == 1 && n + 1 < ntiles)
+				issue(n + 1, st ^ 1, 0);
 		}
-		__syncthreads(); /* the key tile (one tile) and d are free again */
-		if (NST == 1 && n + 1 < ntiles)
-			issue(n + 1, st ^ 1, 0);
 	}
 	if (SEL) { /* the last block of the row to get here selects */
 		__shared__ unsigned last_s;
@@ -381,13 +458,31 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 	}
 }
 
-template <int TK, int MW, bool F32, bool ROPE, bool SEL>
+template <int TK, int MW, bool F32, bool ROPE, bool SEL, int R = 1>
 static int if_launch_r(struct kcuda_ctx *c, const idx_args &b, dim3 grid, size_t smem)
 {
-	KCUDA_CHECK(cudaFuncSetAttribute(indexer_fast_kernel<TK, MW, F32, ROPE, SEL>,
+	KCUDA_CHECK(cudaFuncSetAttribute(indexer_fast_kernel<TK, MW, F32, ROPE, SEL, R>,
 	                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-	return klaunch(SEL ? "indexer_sel" : "indexer_fast", indexer_fast_kernel<TK, MW, F32, ROPE, SEL>,
+	return klaunch(SEL ? "indexer_sel" : "indexer_fast", indexer_fast_kernel<TK, MW, F32, ROPE, SEL, R>,
 	               dim3(grid), dim3(IF_THREADS), smem, c->stream, b);
+}
+/* several rows a block (64-key tiles, no rope on the loads): 4 rows at HI <= 16, 2 at <= 32 */
+static int if_rows_launch(struct kcuda_ctx *c, const idx_args &b, dim3 grid, size_t smem, int MW, bool f32)
+{
+	if (MW == 1)
+		return f32 ? if_launch_r<IF_TK, 1, true, false, false, 4>(c, b, grid, smem)
+		           : if_launch_r<IF_TK, 1, false, false, false, 4>(c, b, grid, smem);
+	return f32 ? if_launch_r<IF_TK, 2, true, false, false, 2>(c, b, grid, smem)
+	           : if_launch_r<IF_TK, 2, false, false, false, 2>(c, b, grid, smem);
+}
+
+/* TANDEM_IDX_ROWS (read on every call): 1 = one query row a block at prompt sizes too (before
+ * 2026-12-02); force = several rows a block wherever the kernel can (any tile count: tests);
+ * else several rows at prompt sizes. Returns 0, 1 (prompt sizes) or 2 (force). */
+static int if_rows_mode(void)
+{
+	const char *e = getenv("TANDEM_IDX_ROWS");
+	return e && strcmp(e, "1") == 0 ? 0 : e && strcmp(e, "force") == 0 ? 2 : 1;
 }
 /* the kernel without q's rope (the default: no rope code in it) or with it on the loads */
 template <int TK, int MW, bool F32>
@@ -462,6 +557,15 @@ int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_
 	if (ranges > INT32_MAX)
 		return ERR_LIMIT;
 	const int MW = a.HI <= 16 ? 1 : (a.HI <= 32 ? 2 : 4);
+	/* prompt sizes (8 tiles a block): R = 4 / MW rows a block share each key tile, so the keys come
+	 * from L2 R times less often, where two such blocks still fit an SM */
+	const int rows_mode = if_rows_mode();
+	const int R =
+	    TK == IF_TK && (tiles == 8 || rows_mode == 2) && rows_mode && MW <= 2 && !a.qr_R &&
+	            2 * if_smem(a.DI, f32, IF_TK, IF_WARPS / MW) <= (size_t)kcuda_smem_optin(c->device)
+	        ? IF_WARPS / MW
+	        : 1;
+	const size_t smem_r = R > 1 ? if_smem(a.DI, f32, IF_TK, R) : smem;
 	for (int64_t r0 = 0; r0 < n_q; r0 += 65535) {
 		const int64_t nr = n_q - r0 < 65535 ? n_q - r0 : 65535;
 		idx_args b = a;
@@ -473,7 +577,16 @@ int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_
 		b.scores = a.scores + r0 * a.ld;
 		b.qr_pos = a.qr_pos ? a.qr_pos + r0 : NULL;
 		b.tiles = tiles;
-		b.early_new = if_early_enabled() ? n_q : 0;
+		b.early_new = if_early_enabled() && R == 1 ? n_q : 0;
+		b.n_rows = nr;
+		if (R > 1) {
+			b.pf = 0;
+			const int rc = if_rows_launch(
+			    c, b, dim3((unsigned)ranges, (unsigned)((nr + R - 1) / R)), smem_r, MW, f32);
+			if (rc)
+				return rc;
+			continue;
+		}
 		const dim3 grid((unsigned)ranges, (unsigned)nr);
 		const int rc = TK == 32 ? if_dispatch<32>(c, b, grid, smem, MW, f32)
 		                        : if_dispatch<IF_TK>(c, b, grid, smem, MW, f32);

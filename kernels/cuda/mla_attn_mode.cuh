@@ -104,6 +104,7 @@ struct idx_args {
 	 * positions < n_keys - early_new were written by earlier steps, so their block-table lookups
 	 * and their copies into shared memory start before KDEP_ENTRY (indexer_fast.cu) */
 	int64_t early_new;
+	int64_t n_rows; /* fast kernel: rows of this launch (blocks of several rows stop at it) */
 };
 /* does the tensor-core score kernel take these arguments (shape, alignment, shared memory)? */
 bool kcuda_indexer_fast_ok(struct kcuda_ctx *c, const idx_args &a);

@@ -61,6 +61,20 @@ __device__ __forceinline__ mp_view mp_meta(const int32_t *meta, int E, int np, i
 	return v;
 }
 
+/* One launch's table of tiles (the routed experts', or the shared expert's: E 1, k 1); the gate / up
+ * and down kernels take two, the blocks past the first's max_tiles running the second's tiles */
+struct mp_tab {
+	const uint8_t *wg, *wu; /* gate / up rows (down: wg = the down rows) */
+	size_t row_bytes;
+	int F; /* rows an expert of gate / up; down: its n_in */
+	int k; /* pairs a token (token = pair / k) */
+	const int32_t *meta; /* NULL: no table */
+	int E, np, max_tiles;
+	uint16_t *h; /* gate / up: out; down: in */
+	float *y; /* down: out, rows ldy floats apart */
+	int64_t ldy;
+};
+
 __global__ void mp_sort_kernel(const int32_t *__restrict__ ids, int np, int E, int max_tiles,
                                int32_t *__restrict__ meta, unsigned *err, int n_s, int max_tiles_s,
                                int32_t *__restrict__ meta_s)
@@ -341,9 +355,7 @@ template <int T, int NW> constexpr int mp_gu2_min_blocks()
  * or 4 (NW 4) 16-byte pieces of the A tile and 4 weight pieces a 64-wide K step, one step ahead. */
 template <int T, int NW>
 __global__ void __launch_bounds__(32 * NW, (mp_gu2_min_blocks<T, NW>()))
-    mp_gate_up2_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu, size_t row_bytes,
-                       int D, int F, const uint16_t *__restrict__ xb, int k, const int32_t *__restrict__ meta,
-                       int E, int np, int max_tiles, uint16_t *__restrict__ h)
+    mp_gate_up2_kernel(const mp_tab ta, const mp_tab tb, int D, const uint16_t *__restrict__ xb)
 {
 	constexpr int NT = 32 * NW, BN = 16 * NW, AP = MP_BM * MP_BK / 8 / NT; /* 16-byte A pieces a thread */
 	static_assert(AP * NT * 8 == MP_BM * MP_BK, "the A tile splits evenly over the threads");
@@ -351,12 +363,19 @@ __global__ void __launch_bounds__(32 * NW, (mp_gu2_min_blocks<T, NW>()))
 	__shared__ __align__(16) uint16_t sA[MP_BM * MP_LDS];
 	__shared__ __align__(16) uint16_t sB[2 * BN * MP_LDS]; /* gate rows, then up rows */
 	__shared__ int s_tok[MP_BM];
-	const int tile = blockIdx.y;
-	if (tile >= meta[0])
-		return;
-	const mp_view m = mp_meta(meta, E, np, max_tiles);
-	const int e = m.te[tile], r0 = m.tr[tile], rows = min(MP_BM, m.off[e + 1] - r0);
+	const bool second = (int)blockIdx.y >= ta.max_tiles;
+	const int tile = second ? (int)blockIdx.y - ta.max_tiles : (int)blockIdx.y;
+	const uint8_t *__restrict__ wg = second ? tb.wg : ta.wg, *__restrict__ wu = second ? tb.wu : ta.wu;
+	const size_t row_bytes = second ? tb.row_bytes : ta.row_bytes;
+	const int F = second ? tb.F : ta.F, k = second ? tb.k : ta.k;
+	const int32_t *__restrict__ meta = second ? tb.meta : ta.meta;
+	uint16_t *__restrict__ h = second ? tb.h : ta.h;
 	const int f0 = blockIdx.x * BN;
+	if (f0 >= F || tile >= meta[0]) /* (the grid covers the wider table's rows) */
+		return;
+	const mp_view m =
+	    second ? mp_meta(meta, tb.E, tb.np, tb.max_tiles) : mp_meta(meta, ta.E, ta.np, ta.max_tiles);
+	const int e = m.te[tile], r0 = m.tr[tile], rows = min(MP_BM, m.off[e + 1] - r0);
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
 	if (tid < MP_BM)
 		s_tok[tid] = tid < rows ? m.list[r0 + tid] / k : -1;
@@ -447,10 +466,7 @@ __global__ void __launch_bounds__(32 * NW, (mp_gu2_min_blocks<T, NW>()))
  * tile is read half as often as with 4 warps); warp w computes columns 16 w .. 16 w + 15 with the
  * same fragments, products and K order for any NW (the same bits) */
 template <int T, int NW>
-__global__ void __launch_bounds__(32 * NW)
-    mp_down_kernel(const uint8_t *__restrict__ wd, size_t row_bytes, int D, int F,
-                   const uint16_t *__restrict__ h, const int32_t *__restrict__ meta, int E, int np,
-                   int max_tiles, float *__restrict__ y, int64_t ldy)
+__global__ void __launch_bounds__(32 * NW) mp_down_kernel(const mp_tab ta, const mp_tab tb, int D)
 {
 	constexpr int NT = 32 * NW, BN = 16 * NW, AP = MP_BM * MP_BK / 8 / NT; /* 16-byte A pieces a thread */
 	constexpr int BP = BN * (MP_BK / 16) / NT; /* weight pieces a thread: 2 */
@@ -458,10 +474,19 @@ __global__ void __launch_bounds__(32 * NW)
 	KDEP_ENTRY();
 	__shared__ __align__(16) uint16_t sA[MP_BM * MP_LDS];
 	__shared__ __align__(16) uint16_t sB[BN * MP_LDS];
-	const int tile = blockIdx.y;
+	const bool second = (int)blockIdx.y >= ta.max_tiles;
+	const int tile = second ? (int)blockIdx.y - ta.max_tiles : (int)blockIdx.y;
+	const uint8_t *__restrict__ wd = second ? tb.wg : ta.wg;
+	const size_t row_bytes = second ? tb.row_bytes : ta.row_bytes;
+	const int F = second ? tb.F : ta.F;
+	const int32_t *__restrict__ meta = second ? tb.meta : ta.meta;
+	const uint16_t *__restrict__ h = second ? tb.h : ta.h;
+	float *__restrict__ y = second ? tb.y : ta.y;
+	const int64_t ldy = second ? tb.ldy : ta.ldy;
 	if (tile >= meta[0])
 		return;
-	const mp_view m = mp_meta(meta, E, np, max_tiles);
+	const mp_view m =
+	    second ? mp_meta(meta, tb.E, tb.np, tb.max_tiles) : mp_meta(meta, ta.E, ta.np, ta.max_tiles);
 	const int e = m.te[tile], r0 = m.tr[tile], rows = min(MP_BM, m.off[e + 1] - r0);
 	const int d0 = blockIdx.x * BN;
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -524,8 +549,14 @@ __global__ void __launch_bounds__(32 * NW)
 				if (row >= rows)
 					continue;
 				const int64_t pair = m.list[r0 + row];
-				*(float2 *)(y + pair * ldy + col) =
-				    make_float2(acc[mi][nj][2 * hf], acc[mi][nj][2 * hf + 1]);
+				float *yp = y + pair * ldy + col;
+				if (((uintptr_t)yp & 7) == 0) {
+					*(float2 *)yp =
+					    make_float2(acc[mi][nj][2 * hf], acc[mi][nj][2 * hf + 1]);
+				} else { /* out with an odd row stride (the shared expert's y) */
+					yp[0] = acc[mi][nj][2 * hf];
+					yp[1] = acc[mi][nj][2 * hf + 1];
+				}
 			}
 		}
 }
@@ -560,22 +591,18 @@ static int mp_gate_up_t(struct kcuda_ctx *c, dim3 grid, const struct kweight *ga
 }
 
 template <int T, int NW>
-static int mp_gate_up2_t(struct kcuda_ctx *c, dim3 grid, const struct kweight *gate, const struct kweight *up,
-                         int D, int F, const uint16_t *xb, int k, const int32_t *meta, int E, int np,
-                         int max_tiles, uint16_t *h)
+static int mp_gate_up2_t(struct kcuda_ctx *c, dim3 grid, const mp_tab &ta, const mp_tab &tb, int D,
+                         const uint16_t *xb)
 {
 	return klaunch("moe_prefill_gate_up2", mp_gate_up2_kernel<T, NW>, dim3(grid), dim3(32 * NW), 0,
-	               c->stream, (const uint8_t *)gate->data, (const uint8_t *)up->data, gate->row_bytes, D,
-	               F, xb, k, meta, E, np, max_tiles, h);
+	               c->stream, ta, tb, D, xb);
 }
 
 template <int T, int NW>
-static int mp_down_t(struct kcuda_ctx *c, dim3 grid, const struct kweight *down, int D, int F,
-                     const uint16_t *h, const int32_t *meta, int E, int np, int max_tiles, float *y,
-                     int64_t ldy)
+static int mp_down_t(struct kcuda_ctx *c, dim3 grid, const mp_tab &ta, const mp_tab &tb, int D)
 {
-	return klaunch("moe_prefill_down", mp_down_kernel<T, NW>, dim3(grid), dim3(32 * NW), 0, c->stream,
-	               (const uint8_t *)down->data, down->row_bytes, D, F, h, meta, E, np, max_tiles, y, ldy);
+	return klaunch("moe_prefill_down", mp_down_kernel<T, NW>, dim3(grid), dim3(32 * NW), 0, c->stream, ta,
+	               tb, D);
 }
 
 static size_t mp_align(size_t b)
@@ -675,24 +702,22 @@ static int mp_down_warps(void)
 	return e && strcmp(e, "4") == 0 ? 4 : 8;
 }
 
-/* gate / up of one table (the routed experts' or the shared expert's) into h */
-static int mp_gate_up_launch(struct kcuda_ctx *c, int gu, const struct kweight *gate,
-                             const struct kweight *up, int64_t D, int64_t F, const float *x, int64_t ldx,
-                             bool x_vec, const uint16_t *xb, int k, const int32_t *meta, int64_t E,
-                             int64_t np, int64_t max_tiles, uint16_t *h)
+/* gate / up of table ta (and tb's tiles in the same launch when tb.meta; both tables of this type)
+ * into their h; gu 0: ta alone through mp_gate_up_kernel (fp32 x) */
+static int mp_gate_up_launch(struct kcuda_ctx *c, int gu, int type, const mp_tab &ta, const mp_tab &tb,
+                             int64_t D, const float *x, int64_t ldx, bool x_vec, const uint16_t *xb)
 {
 	int rc = ERR_UNSUPPORTED;
-	const int bn = gu == 8 ? 128 : MP_BN;
-	dim3 grid((unsigned)((F + bn - 1) / bn), (unsigned)max_tiles);
-	switch (gate->type) {
+	const int bn = gu == 8 ? 128 : MP_BN, F = tb.meta && tb.F > ta.F ? tb.F : ta.F;
+	dim3 grid((unsigned)((F + bn - 1) / bn), (unsigned)(ta.max_tiles + (tb.meta ? tb.max_tiles : 0)));
+	const struct kweight g = {type, D, 0, ta.row_bytes, ta.wg}, u = {type, D, 0, ta.row_bytes, ta.wu};
+	switch (type) {
 #define X(T)                                                                                                 \
 	case T:                                                                                              \
-		rc = gu == 8   ? mp_gate_up2_t<T, 8>(c, grid, gate, up, (int)D, (int)F, xb, k, meta, (int)E, \
-                                                   (int)np, (int)max_tiles, h)                             \
-		     : gu == 4 ? mp_gate_up2_t<T, 4>(c, grid, gate, up, (int)D, (int)F, xb, k, meta, (int)E, \
-		                                     (int)np, (int)max_tiles, h)                             \
-		               : mp_gate_up_t<T>(c, grid, gate, up, (int)D, (int)F, x, ldx, x_vec, k, meta,  \
-		                                 (int)E, (int)np, (int)max_tiles, h);                        \
+		rc = gu == 8   ? mp_gate_up2_t<T, 8>(c, grid, ta, tb, (int)D, xb)                            \
+		     : gu == 4 ? mp_gate_up2_t<T, 4>(c, grid, ta, tb, (int)D, xb)                            \
+		               : mp_gate_up_t<T>(c, grid, &g, &u, (int)D, ta.F, x, ldx, x_vec, ta.k,         \
+		                                 ta.meta, ta.E, ta.np, ta.max_tiles, ta.h);                  \
 		break;
 		KCUDA_FOR_EACH_TYPE(X)
 #undef X
@@ -701,21 +726,18 @@ static int mp_gate_up_launch(struct kcuda_ctx *c, int gu, const struct kweight *
 	return rc;
 }
 
-/* down of one table: y[pair] (row stride ldy) = h[pair] times the expert's down rows */
-static int mp_down_launch(struct kcuda_ctx *c, const struct kweight *down, int64_t D, int64_t F,
-                          const uint16_t *h, const int32_t *meta, int64_t E, int64_t np, int64_t max_tiles,
-                          float *y, int64_t ldy)
+/* down of table ta (and tb's tiles in the same launch when tb.meta; both tables of this type):
+ * y[pair] (rows ldy apart) = h[pair] times the expert's down rows */
+static int mp_down_launch(struct kcuda_ctx *c, int type, const mp_tab &ta, const mp_tab &tb, int64_t D)
 {
 	int rc = ERR_UNSUPPORTED;
 	const int dn = mp_down_warps(), bn = 16 * dn;
-	dim3 grid((unsigned)((D + bn - 1) / bn), (unsigned)max_tiles);
-	switch (down->type) {
+	dim3 grid((unsigned)((D + bn - 1) / bn), (unsigned)(ta.max_tiles + (tb.meta ? tb.max_tiles : 0)));
+	switch (type) {
 #define X(T)                                                                                                 \
 	case T:                                                                                              \
-		rc = dn == 8 ? mp_down_t<T, 8>(c, grid, down, (int)D, (int)F, h, meta, (int)E, (int)np,      \
-		                               (int)max_tiles, y, ldy)                                       \
-		             : mp_down_t<T, 4>(c, grid, down, (int)D, (int)F, h, meta, (int)E, (int)np,      \
-		                               (int)max_tiles, y, ldy);                                      \
+		rc = dn == 8 ? mp_down_t<T, 8>(c, grid, ta, tb, (int)D)                                      \
+		             : mp_down_t<T, 4>(c, grid, ta, tb, (int)D);                                     \
 		break;
 		KCUDA_FOR_EACH_TYPE(X)
 #undef X
@@ -768,28 +790,86 @@ static int mp_chunk(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n,
 			return rc;
 	}
 
-	mp_stage_begin("moe.experts/gate_up(prefill mma)", gate, 2.0 * ex * (double)F);
-	rc = mp_gate_up_launch(c, gu, gate, up, D, F, x, ldx, x_vec, xb, k, meta, E, np, max_tiles, h);
+	/* the tables: the routed experts' and (with a shared expert) its own; the shared expert's tiles
+	 * ride in the routed launches where the types agree (and the gate / up kernel is not "old"), so
+	 * its n / 64 tiles fill the GPU beside the routed ones instead of running as a small grid after
+	 * them; its y goes straight to out, which the combine then adds the routed sum to */
+	const mp_tab none = {};
+	const mp_tab ta = {(const uint8_t *)gate->data,
+	                   (const uint8_t *)up->data,
+	                   gate->row_bytes,
+	                   (int)F,
+	                   k,
+	                   meta,
+	                   (int)E,
+	                   (int)np,
+	                   (int)max_tiles,
+	                   h,
+	                   NULL,
+	                   0};
+	const mp_tab tad = {(const uint8_t *)down->data,
+	                    NULL,
+	                    down->row_bytes,
+	                    (int)F,
+	                    k,
+	                    meta,
+	                    (int)E,
+	                    (int)np,
+	                    (int)max_tiles,
+	                    h,
+	                    y,
+	                    D};
+	mp_tab tb = none, tbd = none;
+	if (sh) {
+		tb = {(const uint8_t *)sh->gate->data,
+		      (const uint8_t *)sh->up->data,
+		      sh->gate->row_bytes,
+		      (int)Fs,
+		      1,
+		      meta_s,
+		      1,
+		      (int)n,
+		      (int)max_tiles_s,
+		      h_s,
+		      NULL,
+		      0};
+		tbd = {(const uint8_t *)sh->down->data,
+		       NULL,
+		       sh->down->row_bytes,
+		       (int)Fs,
+		       1,
+		       meta_s,
+		       1,
+		       (int)n,
+		       (int)max_tiles_s,
+		       h_s,
+		       out,
+		       ldo};
+	}
+	const bool gu_one = sh && gu && sh->gate->type == gate->type,
+	           dn_one = sh && sh->down->type == down->type;
+
+	mp_stage_begin("moe.experts/gate_up(prefill mma)", gate, 2.0 * (ex + (gu_one ? 1 : 0)) * (double)F);
+	rc = mp_gate_up_launch(c, gu, gate->type, ta, gu_one ? tb : none, D, x, ldx, x_vec, xb);
 	mp_stage_end();
 	if (rc)
 		return rc;
-	if (sh) {
+	if (sh && !gu_one) {
 		mp_stage_begin("moe.experts/shared gate_up(prefill mma)", sh->gate, 2.0 * (double)Fs);
-		rc = mp_gate_up_launch(c, gu ? gu : 4, sh->gate, sh->up, D, Fs, x, ldx, x_vec, xb, 1, meta_s,
-		                       1, n, max_tiles_s, h_s);
+		rc = mp_gate_up_launch(c, gu ? gu : 4, sh->gate->type, tb, none, D, x, ldx, x_vec, xb);
 		mp_stage_end();
 		if (rc)
 			return rc;
 	}
 
-	mp_stage_begin("moe.experts/down(prefill mma)", down, ex * (double)D);
-	rc = mp_down_launch(c, down, D, F, h, meta, E, np, max_tiles, y, D);
+	mp_stage_begin("moe.experts/down(prefill mma)", down, (ex + (dn_one ? 1 : 0)) * (double)D);
+	rc = mp_down_launch(c, down->type, tad, dn_one ? tbd : none, D);
 	mp_stage_end();
 	if (rc)
 		return rc;
-	if (sh) { /* straight into out: the combine adds the routed sum to it */
+	if (sh && !dn_one) {
 		mp_stage_begin("moe.experts/shared down(prefill mma)", sh->down, (double)D);
-		rc = mp_down_launch(c, sh->down, D, Fs, h_s, meta_s, 1, n, max_tiles_s, out, ldo);
+		rc = mp_down_launch(c, sh->down->type, tbd, none, D);
 		mp_stage_end();
 		if (rc)
 			return rc;
@@ -847,8 +927,9 @@ extern "C" int kcuda_moe_prefill(struct kcuda_ctx *c, const float *x, int64_t ld
 	}
 	/* tokens per chunk: the workspace holds the chunk's pairs; the grid's y holds its tiles */
 	int64_t nc = n;
-	while (nc >= MP_MIN_CHUNK && (mp_ws_bytes(nc, k, E, F, D, shs.F * (sh != NULL)) > c->ws_bytes ||
-	                              mp_max_tiles(nc * k, E) > 65535 || nc * k > INT32_MAX / 2))
+	while (nc >= MP_MIN_CHUNK &&
+	       (mp_ws_bytes(nc, k, E, F, D, shs.F * (sh != NULL)) > c->ws_bytes ||
+	        mp_max_tiles(nc * k, E) + (sh ? mp_max_tiles(nc, 1) : 0) > 65535 || nc * k > INT32_MAX / 2))
 		nc /= 2;
 	if (nc < MP_MIN_CHUNK && nc < n)
 		return ERR_UNSUPPORTED;

@@ -9,18 +9,19 @@
  *    kcpu_topk over the GPU's own scores exactly; where it differs from the CPU selection, both
  *    positions lie within the score tolerance of the K-th score (float near-ties only).
  * 3. kcuda_topk_idx alone: per-row lengths, NaN and -inf, many ties, k > n, against kcpu_topk.
- * Everything runs four times: with TANDEM_IDX_TILES=5 (default kernels, 5 key tiles a score block), with
- * TANDEM_IDX_TOPK=fused (<= 256 rows of <= 128k keys: scores and
- * top-k in one launch, the selection finished by each row's last block, topk_sel.cuh; kcuda_topk_idx
- * alone: topk_sel.cu), with the default kernels (the score kernel, then the one-block / radix
- * top-k) and with TANDEM_CUDA_ATTN=ref (the first kernels), so one GPU run checks all against the
- * CPU. The fused path's counters live in the context's zeroed scratch and must be zero again after
- * every launch: each case runs its top-k twice (determinism), and a wrong reset would change the
- * second selection. Cases cover the GLM-5 (HI 32) and DeepSeek-V3.2 (HI 64) indexer at DI 128,
- * contexts 1 .. 131072, batches 1 .. 65 (prefill chunks beyond the workspace: the old path), 32- and 64-key
- * tiles, exact data full of ties (the tail's overflow path) and random data (its candidate path).
- * TANDEM_OPS_SMALL=1 keeps the contexts up to ~4k and skips part 3 (for compute-sanitizer runs);
- * TANDEM_OPS_QUICK=1 skips the ref kernels.
+ * Everything runs five times: with TANDEM_IDX_ROWS=force (score blocks of 2 or 4 query rows sharing
+ * each key tile wherever the kernel can: the batched rows use different tables, so those blocks run
+ * a pass a row; prefill rows share one), with TANDEM_IDX_TILES=5 (default kernels, 5 key tiles a score
+ * block), with TANDEM_IDX_TOPK=fused (<= 256 rows of <= 128k keys: scores and top-k in one launch, the
+ * selection finished by each row's last block, topk_sel.cuh; kcuda_topk_idx alone: topk_sel.cu), with the
+ * default kernels (the score kernel, then the one-block / radix top-k) and with TANDEM_CUDA_ATTN=ref (the
+ * first kernels), so one GPU run checks all against the CPU. The fused path's counters live in the context's
+ * zeroed scratch and must be zero again after every launch: each case runs its top-k twice (determinism), and
+ * a wrong reset would change the second selection. Cases cover the GLM-5 (HI 32) and DeepSeek-V3.2 (HI 64)
+ * indexer at DI 128, contexts 1 .. 131072, batches 1 .. 65 (prefill chunks beyond the workspace: the old
+ * path), 32- and 64-key tiles, exact data full of ties (the tail's overflow path) and random data (its
+ * candidate path). TANDEM_OPS_SMALL=1 keeps the contexts up to ~4k and skips part 3 (for compute-sanitizer
+ * runs); TANDEM_OPS_QUICK=1 skips the ref kernels.
  * 4. PDL ordering of the score kernel's early part (indexer_fast.cu looks up and copies the old key
  *    rows before KDEP_ENTRY): a producer kernel (pdl_probe.h) writes q, w and each row's newest key
  *    ~30 us late, right before the launch; the scores must still equal the CPU's bit for bit.
@@ -1043,7 +1044,7 @@ int main(void)
 	}
 	/* mode 3: the default kernels with 5 key tiles a score block (any count 1..16 is valid; the
 	 * default takes 4 at prefill sizes, more rows x tiles than these cases have) */
-	for (int mode = 0; mode < 4; mode++) {
+	for (int mode = 0; mode < 5; mode++) {
 		if (quick && mode == 2)
 			continue;
 		if (mode == 2)
@@ -1058,7 +1059,13 @@ int main(void)
 			setenv("TANDEM_IDX_TILES", "5", 1);
 		else
 			unsetenv("TANDEM_IDX_TILES");
-		printf("-- kernels: %s\n", mode == 3   ? "default, 5 tiles a score block (TANDEM_IDX_TILES=5)"
+		if (mode == 4)
+			setenv("TANDEM_IDX_ROWS", "force", 1);
+		else
+			unsetenv("TANDEM_IDX_ROWS");
+		printf("-- kernels: %s\n", mode == 4
+		                               ? "several query rows a score block (TANDEM_IDX_ROWS=force)"
+		                           : mode == 3 ? "default, 5 tiles a score block (TANDEM_IDX_TILES=5)"
 		                           : mode == 2 ? "ref (TANDEM_CUDA_ATTN=ref)"
 		                           : mode == 1 ? "default (fast scores, separate top-k)"
 		                                       : "fused top-k (TANDEM_IDX_TOPK=fused)");
@@ -1075,6 +1082,7 @@ int main(void)
 	unsetenv("TANDEM_CUDA_ATTN");
 	unsetenv("TANDEM_IDX_TOPK");
 	unsetenv("TANDEM_IDX_TILES");
+	unsetenv("TANDEM_IDX_ROWS");
 	{ /* part 4 (default kernels) */
 		static const int e1[] = {4096}, e3[] = {33, 2049, 4096}, e2[] = {70, 32768};
 		check_early_pdl(1, 1, e1);

@@ -147,8 +147,10 @@ static void shared_case(const struct pcase *p, const char *name, const struct kw
 {
 	const int64_t E = p->E, F = p->F, D = p->D, Fs = p->Fs, ldx = D + p->xpad, ldo = D + p->opad;
 	const int n = p->n, k = p->k;
+	/* the odd-size case's shared down is F16 (the routed one Q8_0): its own down launch */
+	const int tds = Fs == 160 ? KT_F16 : p->td;
 	size_t rb_d = 0, rb_s = 0;
-	if (!ktype_row_bytes(p->tg, D, &rb_d) || !ktype_row_bytes(p->td, Fs, &rb_s)) {
+	if (!ktype_row_bytes(p->tg, D, &rb_d) || !ktype_row_bytes(tds, Fs, &rb_s)) {
 		OPS_CHECK(0, "%s: shared Fs %lld not whole blocks", name, (long long)Fs);
 		return;
 	}
@@ -161,7 +163,7 @@ static void shared_case(const struct pcase *p, const char *name, const struct kw
 	      *want = malloc(sizeof(float) * (size_t)n * (size_t)D), *got = malloc(out_bytes),
 	      *got2 = malloc(out_bytes);
 	struct kweight sg = {p->tg, D, Fs, rb_d, hg}, su = {p->tg, D, Fs, rb_d, hu},
-	               sd = {p->td, Fs, D, rb_s, hd};
+	               sd = {tds, Fs, D, rb_s, hd};
 	struct kweight dsg = {0}, dsu = {0}, dsd = {0};
 	if (!hg || !hu || !hd || !t1 || !t2 || !ys || !want || !got || !got2) {
 		OPS_CHECK(0, "%s: shared: host allocation", name);
@@ -169,7 +171,7 @@ static void shared_case(const struct pcase *p, const char *name, const struct kw
 	}
 	ops_fill_weight(p->tg, D, Fs, rb_d, hg);
 	ops_fill_weight(p->tg, D, Fs, rb_d, hu);
-	ops_fill_weight(p->td, Fs, D, rb_s, hd);
+	ops_fill_weight(tds, Fs, D, rb_s, hd);
 	if (kcuda_weight_upload(ctx, &sg, &dsg) || kcuda_weight_upload(ctx, &su, &dsu) ||
 	    kcuda_weight_upload(ctx, &sd, &dsd)) {
 		OPS_CHECK(0, "%s: shared: device allocation", name);
@@ -215,6 +217,14 @@ static void shared_case(const struct pcase *p, const char *name, const struct kw
 		OPS_CHECK(ops_dbuf_get(ctx, ob, got2) == 0 && memcmp(got, got2, out_bytes) == 0,
 		          "%s: shared: the chunked run differs", name);
 	}
+	/* the routed gate / up through the old kernel: the shared expert's in a launch of its own, the
+	 * same bits */
+	setenv("TANDEM_MOE_PREFILL_GU", "old", 1);
+	rc = kcuda_moe_prefill(ctx, dx, ldx, n, d_ids, d_w, k, dg, du, dd, E, F, &dsg, &dsu, &dsd, ob->user,
+	                       ldo);
+	unsetenv("TANDEM_MOE_PREFILL_GU");
+	OPS_CHECK(rc == 0 && ops_dbuf_get(ctx, ob, got2) == 0 && memcmp(got, got2, out_bytes) == 0,
+	          "%s: shared: the separate gate / up launch differs (rc %d)", name, rc);
 	/* a shared expert whose down does not match its gate: refused, nothing written */
 	{
 		struct kweight bad = dsd;
