@@ -8,7 +8,8 @@
  *    routing so some experts take several 64-pair tiles; n 64, 512 (2048 outside QUICK mode).
  * 2. Deterministic: a second run gives the same bits; a context with a small workspace (the path
  *    runs the prompt in token chunks) gives the same bits too, and so does every gate / up kernel
- *    (TANDEM_MOE_PREFILL_GU=old, 8: fp32 x gathered / 8 warps) and the 4-warp down kernel
+ *    (TANDEM_MOE_PREFILL_GU=old, 8: fp32 x gathered / 8 warps), the scalar combine
+ *    (TANDEM_MOE_PREFILL_COMBINE=1) and the 4-warp down kernel
  *    (TANDEM_MOE_PREFILL_DOWN=4). The main context has the model
  *    backend's 256 MiB workspace (2048 tokens x 8 pairs of GLM-5 run as 2 chunks there too).
  * 3. Through kcuda_moe_ffn (n > 256, or any n with TANDEM_MOE_MMA_MIN=1: the hook in
@@ -375,6 +376,13 @@ static void prefill_case(const struct pcase *p)
 			    "%s: gate / up kernel %s differs from the default (rc %d)", name, gu[v], rc);
 		}
 		unsetenv("TANDEM_MOE_PREFILL_GU");
+		setenv("TANDEM_MOE_PREFILL_COMBINE", "1", 1);
+		memset(got2, 0, out_bytes);
+		rc = kcuda_moe_prefill(ctx, dx, ldx, n, d_ids, d_w, k, &dg, &du, &dd, E, F, NULL, NULL, NULL,
+		                       ob.user, ldo);
+		OPS_CHECK(rc == 0 && ops_dbuf_get(ctx, &ob, got2) == 0 && memcmp(got, got2, out_bytes) == 0,
+		          "%s: the scalar combine kernel differs from the default (rc %d)", name, rc);
+		unsetenv("TANDEM_MOE_PREFILL_COMBINE");
 		setenv("TANDEM_MOE_PREFILL_DOWN", "4", 1);
 		memset(got2, 0, out_bytes);
 		rc = kcuda_moe_prefill(ctx, dx, ldx, n, d_ids, d_w, k, &dg, &du, &dd, E, F, NULL, NULL, NULL,
