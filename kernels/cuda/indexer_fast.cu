@@ -174,13 +174,18 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 		if (!SEL && a.skip_le > 0 && nkr[r] <= a.skip_le)
 			nkr[r] = 0; /* every key is selected: the scores are not read */
 	}
+	/* the tiles' table: the first row with keys to score (a skipped row's table does not count) */
 	int64_t nk = nkr[0];
 	int32_t tbl = tblr[0];
-	bool one_table = true;
+	bool one_table = true, have = nkr[0] > 0;
 #pragma unroll
 	for (int r = 1; r < R; r++) {
 		nk = max(nk, nkr[r]);
-		one_table = one_table && (nkr[r] == 0 || tblr[r] == tbl);
+		if (nkr[r] > 0) {
+			one_table = one_table && (!have || tblr[r] == tbl);
+			tbl = have ? tbl : tblr[r];
+			have = true;
+		}
 	}
 	if (SEL) {
 		if (nk <= a.sel_k) { /* every key is selected, in order: block 0 writes it, no scores */
