@@ -189,131 +189,6 @@ __device__ __forceinline__ void mp_gu_store(const float (&acc)[2][4][2][4], int 
 		}
 }
 
-/* 3 blocks an SM (168 registers) where a piece's raw bytes are at most 32 (Q4_K: no spills); 2 for the
- * wider raw pieces (Q3_K, Q5_K, Q6_K, F32 spilled at 3) */
-template <int T> constexpr int mp_gu_min_blocks()
-{
-	return sizeof(typename kq<T>::raw) <= 32 ? 3 : 2;
-}
-
-template <int T>
-__global__ void __launch_bounds__(MP_THREADS, mp_gu_min_blocks<T>())
-    mp_gate_up_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu, size_t row_bytes, int D,
-                      int F, const float *__restrict__ x, int64_t ldx, bool x_vec, int k,
-                      const int32_t *__restrict__ meta, int E, int np, int max_tiles,
-                      uint16_t *__restrict__ h)
-{
-	KDEP_ENTRY();
-	__shared__ __align__(16) uint16_t sA[MP_BM * MP_LDS];
-	__shared__ __align__(16) uint16_t sB[2 * MP_BN * MP_LDS]; /* gate rows, then up rows */
-	const int tile = blockIdx.y;
-	if (tile >= meta[0])
-		return;
-	const mp_view m = mp_meta(meta, E, np, max_tiles);
-	const int e = m.te[tile], r0 = m.tr[tile], rows = min(MP_BM, m.off[e + 1] - r0);
-	const int f0 = blockIdx.x * MP_BN;
-	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-	const int ar = tid >> 1, ac = (tid & 1) * 32; /* this thread's A row and first column */
-	const float *xr = ar < rows ? x + (int64_t)(m.list[r0 + ar] / k) * ldx : NULL;
-	const size_t ebase = (size_t)e * (size_t)F;
-	const int np16 = D / 16;
-	float acc[2][4][2][4];
-#pragma unroll
-	for (int a = 0; a < 2; a++)
-#pragma unroll
-		for (int b = 0; b < 4; b++)
-#pragma unroll
-			for (int c = 0; c < 2; c++)
-#pragma unroll
-				for (int d = 0; d < 4; d++)
-					acc[a][b][c][d] = 0.0f;
-
-	/* The step's global reads (32 values of x, 4 weight pieces' raw bytes) go to registers one step
-	 * ahead, issued right before the previous step's products, so their DRAM / L2 latency overlaps
-	 * those (ncu, session 13: 48% of the cycles between issues were waits on these loads when they
-	 * came right before the shared-memory stores that need them). Same values and products. */
-	float xv[32];
-	typename kq<T>::raw rw[4];
-	bool rin[4];
-	auto load_step = [&](int k0) {
-#pragma unroll
-		for (int c = 0; c < 32; c += 8) {
-			const int col = k0 + ac + c;
-			if (xr && x_vec) {
-#pragma unroll
-				for (int q = 0; q < 8; q += 4) {
-					float4 f = col + q < D ? *(const float4 *)(xr + col + q)
-					                       : make_float4(0.f, 0.f, 0.f, 0.f);
-					xv[c + q] = f.x, xv[c + q + 1] = f.y, xv[c + q + 2] = f.z,
-					       xv[c + q + 3] = f.w;
-				}
-			} else {
-#pragma unroll
-				for (int q = 0; q < 8; q++)
-					xv[c + q] = xr && col + q < D ? xr[col + q] : 0.0f;
-			}
-		}
-#pragma unroll
-		for (int i = 0; i < 4; i++) {
-			const int q = tid + MP_THREADS * i, row = q >> 2, pp = q & 3;
-			const int f = f0 + (row & (MP_BN - 1));
-			const int64_t p = k0 / 16 + pp;
-			rin[i] = f < F && p < np16;
-			if (rin[i])
-				kq<T>::load((row < MP_BN ? wg : wu) + (ebase + (size_t)f) * row_bytes, p,
-				            rw[i]);
-		}
-	};
-	/* A: the 32 columns rounded to bf16; B: 128 rows x 4 pieces, 4 pieces per thread (consecutive
-	 * threads: one row's pieces), decoded as mp_piece_to_smem does */
-	auto store_step = [&](int k0) {
-		uint4 *sa = (uint4 *)(sA + ar * MP_LDS + ac);
-#pragma unroll
-		for (int c = 0; c < 32; c += 8)
-			sa[c / 8] = make_uint4(mp_pack(xv[c], xv[c + 1]), mp_pack(xv[c + 2], xv[c + 3]),
-			                       mp_pack(xv[c + 4], xv[c + 5]), mp_pack(xv[c + 6], xv[c + 7]));
-#pragma unroll
-		for (int i = 0; i < 4; i++) {
-			const int q = tid + MP_THREADS * i, row = q >> 2, pp = q & 3;
-			float v[16];
-			if (rin[i])
-				kq_values_raw<T>(rw[i], k0 / 16 + pp, v);
-			else
-#pragma unroll
-				for (int j = 0; j < 16; j++)
-					v[j] = 0.0f;
-			mp_store16(v, sB + row * MP_LDS + pp * 16);
-		}
-	};
-
-	load_step(0);
-	for (int k0 = 0; k0 < D; k0 += MP_BK) {
-		store_step(k0);
-		__syncthreads();
-		if (k0 + MP_BK < D)
-			load_step(k0 + MP_BK);
-#pragma unroll
-		for (int kk = 0; kk < MP_BK; kk += 16) {
-			uint32_t a[4][4];
-			mp_load_a(sA, kk, g, t, a);
-#pragma unroll
-			for (int gu = 0; gu < 2; gu++)
-#pragma unroll
-				for (int nj = 0; nj < 2; nj++) {
-					const uint16_t *qb =
-					    sB + (gu * MP_BN + warp * 16 + nj * 8 + g) * MP_LDS + kk + 2 * t;
-					const uint32_t b0 = *(const uint32_t *)qb,
-					               b1 = *(const uint32_t *)(qb + 8);
-#pragma unroll
-					for (int mi = 0; mi < 4; mi++)
-						mp_mma(acc[gu][mi][nj], a[mi], b0, b1);
-				}
-		}
-		__syncthreads();
-	}
-	mp_gu_store(acc, f0 + warp * 16, F, rows, r0, g, t, h);
-}
-
 /* x rounded to bf16 once per chunk (xb: [n][D], row stride D): the gate / up blocks then gather 2
  * bytes a value instead of 4, and the rounding (RN, as mp_pack) is the same, so their A tiles are the
  * same bits as the fp32-gathering kernel's. Grid (ceil(D / 2048), n), 256 threads, 8 values each. */
@@ -340,18 +215,19 @@ __global__ void mp_xcvt_kernel(const float *__restrict__ x, int64_t ldx, bool x_
 	    make_uint4(mp_pack(v[0], v[1]), mp_pack(v[2], v[3]), mp_pack(v[4], v[5]), mp_pack(v[6], v[7]));
 }
 
-/* Blocks a gate / up kernel of NW warps may have resident an SM: 128 NW threads' registers within the
- * pieces' needs (see mp_gu_min_blocks) */
+/* Blocks a gate / up kernel of NW warps may have resident an SM. 4 warps: 3 (168 registers) where a
+ * piece's raw bytes are at most 32 (Q4_K: no spills), 2 for the wider raw pieces (Q3_K, Q5_K, Q6_K, F32
+ * spilled at 3); 8 warps: 2 and 1 */
 template <int T, int NW> constexpr int mp_gu2_min_blocks()
 {
-	return NW == 4 ? mp_gu_min_blocks<T>() : sizeof(typename kq<T>::raw) <= 32 ? 2 : 1;
+	return sizeof(typename kq<T>::raw) <= 32 ? (NW == 4 ? 3 : 2) : (NW == 4 ? 2 : 1);
 }
 
 /* gate / up from xb (bf16 x, mp_xcvt_kernel) with NW warps: a block owns BN = 16 NW gate rows and the
  * same up rows of its tile's expert (NW 8: 128 + 128, so each gathered x row serves twice the weight
  * rows of the 4-warp kernel and is read half as often). Warp w computes columns 16 w .. 16 w + 15 of
- * gate and of up for the tile's 64 pairs, with the same fragments, products and K order as
- * mp_gate_up_kernel: h is bit-identical to it (test_ops_prefill_moe checks). A thread loads 2 (NW 8)
+ * gate and of up for the tile's 64 pairs, with the same fragments, products and K order for either NW:
+ * h is bit-identical (test_ops_prefill_moe checks). A thread loads 2 (NW 8)
  * or 4 (NW 4) 16-byte pieces of the A tile and 4 weight pieces a 64-wide K step, one step ahead. */
 template <int T, int NW>
 __global__ void __launch_bounds__(32 * NW, (mp_gu2_min_blocks<T, NW>()))
@@ -623,16 +499,6 @@ __global__ void mp_combine4_kernel(const float *__restrict__ y, const float *__r
 	*o = s;
 }
 
-template <int T>
-static int mp_gate_up_t(struct kcuda_ctx *c, dim3 grid, const struct kweight *gate, const struct kweight *up,
-                        int D, int F, const float *x, int64_t ldx, bool x_vec, int k, const int32_t *meta,
-                        int E, int np, int max_tiles, uint16_t *h)
-{
-	return klaunch("moe_prefill_gate_up", mp_gate_up_kernel<T>, dim3(grid), dim3(MP_THREADS), 0,
-	               c->stream, (const uint8_t *)gate->data, (const uint8_t *)up->data, gate->row_bytes, D,
-	               F, x, ldx, x_vec, k, meta, E, np, max_tiles, h);
-}
-
 template <int T, int NW>
 static int mp_gate_up2_t(struct kcuda_ctx *c, dim3 grid, const mp_tab &ta, const mp_tab &tb, int D,
                          const uint16_t *xb)
@@ -727,14 +593,14 @@ extern "C" int kcuda_moe_prefill_min(void)
 }
 
 /* TANDEM_MOE_PREFILL_GU (read on every call: once a layer at prefill): the gate / up kernel. 4
- * (default): bf16 x, 4 warps, 64 + 64 rows a block; 8: bf16 x, 8 warps, 128 + 128 rows (x read half
- * as often, but 128 registers with spills at 2 blocks an SM); old: mp_gate_up_kernel (fp32 x
- * gathered by every block, 64 + 64 rows). All three give the same bits. H200, 2026-12-02, GLM-5
- * rank 0 of TP=8, 8k prefill: old 1.80 s, 8 1.81 s, 4 1.69 s (docs/PERFORMANCE.md, session 16). */
+ * (default): 4 warps, 64 + 64 rows a block; 8: 8 warps, 128 + 128 rows (x read half as often, but 128
+ * registers with spills at 2 blocks an SM). The same bits. H200, 2026-12-02, GLM-5 rank 0 of TP=8, 8k
+ * prefill: the kernel before (fp32 x gathered by every block, removed) 1.80 s, 8 1.81 s, 4 1.69 s
+ * (docs/PERFORMANCE.md, session 16). */
 static int mp_gu_variant(void)
 {
 	const char *e = getenv("TANDEM_MOE_PREFILL_GU");
-	return e && strcmp(e, "old") == 0 ? 0 : e && strcmp(e, "8") == 0 ? 8 : 4;
+	return e && strcmp(e, "8") == 0 ? 8 : 4;
 }
 
 /* TANDEM_MOE_PREFILL_DOWN=4 (read on every call): the down kernel with 4 warps and 64 rows a block
@@ -746,21 +612,18 @@ static int mp_down_warps(void)
 }
 
 /* gate / up of table ta (and tb's tiles in the same launch when tb.meta; both tables of this type)
- * into their h; gu 0: ta alone through mp_gate_up_kernel (fp32 x) */
+ * into their h, from xb (bf16 x) */
 static int mp_gate_up_launch(struct kcuda_ctx *c, int gu, int type, const mp_tab &ta, const mp_tab &tb,
-                             int64_t D, const float *x, int64_t ldx, bool x_vec, const uint16_t *xb)
+                             int64_t D, const uint16_t *xb)
 {
 	int rc = ERR_UNSUPPORTED;
 	const int bn = gu == 8 ? 128 : MP_BN, F = tb.meta && tb.F > ta.F ? tb.F : ta.F;
 	dim3 grid((unsigned)((F + bn - 1) / bn), (unsigned)(ta.max_tiles + (tb.meta ? tb.max_tiles : 0)));
-	const struct kweight g = {type, D, 0, ta.row_bytes, ta.wg}, u = {type, D, 0, ta.row_bytes, ta.wu};
 	switch (type) {
 #define X(T)                                                                                                 \
 	case T:                                                                                              \
-		rc = gu == 8   ? mp_gate_up2_t<T, 8>(c, grid, ta, tb, (int)D, xb)                            \
-		     : gu == 4 ? mp_gate_up2_t<T, 4>(c, grid, ta, tb, (int)D, xb)                            \
-		               : mp_gate_up_t<T>(c, grid, &g, &u, (int)D, ta.F, x, ldx, x_vec, ta.k,         \
-		                                 ta.meta, ta.E, ta.np, ta.max_tiles, ta.h);                  \
+		rc = gu == 8 ? mp_gate_up2_t<T, 8>(c, grid, ta, tb, (int)D, xb)                              \
+		             : mp_gate_up2_t<T, 4>(c, grid, ta, tb, (int)D, xb);                             \
 		break;
 		KCUDA_FOR_EACH_TYPE(X)
 #undef X
@@ -808,7 +671,6 @@ static int mp_chunk(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n,
 	uint16_t *h_s = (uint16_t *)p;
 	p += sh ? mp_align((size_t)n * (size_t)Fs * 2) : 0;
 	float *y = (float *)p;
-	/* the shared expert reads xb: it needs the bf16 x even with the old gate / up kernel */
 	const int gu = mp_gu_variant();
 	const bool x_vec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0;
 	int rc;
@@ -823,7 +685,7 @@ static int mp_chunk(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n,
 	if (rc)
 		return rc;
 
-	if (gu || sh) {
+	{
 		mp_stage_begin("moe.experts/x_bf16(prefill)", NULL, 0);
 		rc = klaunch("moe_prefill_xcvt", mp_xcvt_kernel,
 		             dim3((unsigned)((D + 2047) / 2048), (unsigned)n), dim3(256), 0, c->stream, x,
@@ -834,7 +696,7 @@ static int mp_chunk(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n,
 	}
 
 	/* the tables: the routed experts' and (with a shared expert) its own; the shared expert's tiles
-	 * ride in the routed launches where the types agree (and the gate / up kernel is not "old"), so
+	 * ride in the routed launches where the types agree, so
 	 * its n / 64 tiles fill the GPU beside the routed ones instead of running as a small grid after
 	 * them; its y goes straight to out, which the combine then adds the routed sum to */
 	const mp_tab none = {};
@@ -889,17 +751,16 @@ static int mp_chunk(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n,
 		       out,
 		       ldo};
 	}
-	const bool gu_one = sh && gu && sh->gate->type == gate->type,
-	           dn_one = sh && sh->down->type == down->type;
+	const bool gu_one = sh && sh->gate->type == gate->type, dn_one = sh && sh->down->type == down->type;
 
 	mp_stage_begin("moe.experts/gate_up(prefill mma)", gate, 2.0 * (ex + (gu_one ? 1 : 0)) * (double)F);
-	rc = mp_gate_up_launch(c, gu, gate->type, ta, gu_one ? tb : none, D, x, ldx, x_vec, xb);
+	rc = mp_gate_up_launch(c, gu, gate->type, ta, gu_one ? tb : none, D, xb);
 	mp_stage_end();
 	if (rc)
 		return rc;
 	if (sh && !gu_one) {
 		mp_stage_begin("moe.experts/shared gate_up(prefill mma)", sh->gate, 2.0 * (double)Fs);
-		rc = mp_gate_up_launch(c, gu ? gu : 4, sh->gate->type, tb, none, D, x, ldx, x_vec, xb);
+		rc = mp_gate_up_launch(c, gu, sh->gate->type, tb, none, D, xb);
 		mp_stage_end();
 		if (rc)
 			return rc;

@@ -8,7 +8,7 @@
  *    routing so some experts take several 64-pair tiles; n 64, 512 (2048 outside QUICK mode).
  * 2. Deterministic: a second run gives the same bits; a context with a small workspace (the path
  *    runs the prompt in token chunks) gives the same bits too, and so does every gate / up kernel
- *    (TANDEM_MOE_PREFILL_GU=old, 8: fp32 x gathered / 8 warps), the scalar combine
+ *    (TANDEM_MOE_PREFILL_GU=8: 8 warps), the scalar combine
  *    (TANDEM_MOE_PREFILL_COMBINE=1) and the 4-warp down kernel
  *    (TANDEM_MOE_PREFILL_DOWN=4). The main context has the model
  *    backend's 256 MiB workspace (2048 tokens x 8 pairs of GLM-5 run as 2 chunks there too).
@@ -143,15 +143,16 @@ static double time_ffn(const float *d_x, int64_t ldx, int n, const int32_t *d_id
  * forward.c's order; the same bits again and in token chunks; shapes the pass refuses leave out alone */
 static void shared_case(const struct pcase *p, const char *name, const struct kweight *dg,
                         const struct kweight *du, const struct kweight *dd, const float *dx,
-                        const void *d_ids, const void *d_w, const float *x, const int32_t *ids,
-                        const float *w, const float *ref, struct ops_dbuf *ob)
+                        const void *d_ids, const void *d_w, const float *x, const float *ref,
+                        struct ops_dbuf *ob)
 {
 	const int64_t E = p->E, F = p->F, D = p->D, Fs = p->Fs, ldx = D + p->xpad, ldo = D + p->opad;
 	const int n = p->n, k = p->k;
-	/* the odd-size case's shared down is F16 (the routed one Q8_0): its own down launch */
-	const int tds = Fs == 160 ? KT_F16 : p->td;
+	/* the odd-size case's shared gate / up and down are F16 (the routed ones Q8_0): launches of their own
+	 */
+	const int tgs = Fs == 160 ? KT_F16 : p->tg, tds = Fs == 160 ? KT_F16 : p->td;
 	size_t rb_d = 0, rb_s = 0;
-	if (!ktype_row_bytes(p->tg, D, &rb_d) || !ktype_row_bytes(tds, Fs, &rb_s)) {
+	if (!ktype_row_bytes(tgs, D, &rb_d) || !ktype_row_bytes(tds, Fs, &rb_s)) {
 		OPS_CHECK(0, "%s: shared Fs %lld not whole blocks", name, (long long)Fs);
 		return;
 	}
@@ -163,15 +164,14 @@ static void shared_case(const struct pcase *p, const char *name, const struct kw
 	      *ys = malloc(sizeof(float) * (size_t)n * (size_t)D),
 	      *want = malloc(sizeof(float) * (size_t)n * (size_t)D), *got = malloc(out_bytes),
 	      *got2 = malloc(out_bytes);
-	struct kweight sg = {p->tg, D, Fs, rb_d, hg}, su = {p->tg, D, Fs, rb_d, hu},
-	               sd = {tds, Fs, D, rb_s, hd};
+	struct kweight sg = {tgs, D, Fs, rb_d, hg}, su = {tgs, D, Fs, rb_d, hu}, sd = {tds, Fs, D, rb_s, hd};
 	struct kweight dsg = {0}, dsu = {0}, dsd = {0};
 	if (!hg || !hu || !hd || !t1 || !t2 || !ys || !want || !got || !got2) {
 		OPS_CHECK(0, "%s: shared: host allocation", name);
 		goto out;
 	}
-	ops_fill_weight(p->tg, D, Fs, rb_d, hg);
-	ops_fill_weight(p->tg, D, Fs, rb_d, hu);
+	ops_fill_weight(tgs, D, Fs, rb_d, hg);
+	ops_fill_weight(tgs, D, Fs, rb_d, hu);
 	ops_fill_weight(tds, Fs, D, rb_s, hd);
 	if (kcuda_weight_upload(ctx, &sg, &dsg) || kcuda_weight_upload(ctx, &su, &dsu) ||
 	    kcuda_weight_upload(ctx, &sd, &dsd)) {
@@ -218,14 +218,6 @@ static void shared_case(const struct pcase *p, const char *name, const struct kw
 		OPS_CHECK(ops_dbuf_get(ctx, ob, got2) == 0 && memcmp(got, got2, out_bytes) == 0,
 		          "%s: shared: the chunked run differs", name);
 	}
-	/* the routed gate / up through the old kernel: the shared expert's in a launch of its own, the
-	 * same bits */
-	setenv("TANDEM_MOE_PREFILL_GU", "old", 1);
-	rc = kcuda_moe_prefill(ctx, dx, ldx, n, d_ids, d_w, k, dg, du, dd, E, F, &dsg, &dsu, &dsd, ob->user,
-	                       ldo);
-	unsetenv("TANDEM_MOE_PREFILL_GU");
-	OPS_CHECK(rc == 0 && ops_dbuf_get(ctx, ob, got2) == 0 && memcmp(got, got2, out_bytes) == 0,
-	          "%s: shared: the separate gate / up launch differs (rc %d)", name, rc);
 	/* a shared expert whose down does not match its gate: refused, nothing written */
 	{
 		struct kweight bad = dsd;
@@ -363,33 +355,22 @@ static void prefill_case(const struct pcase *p)
 		          "%s: the chunked run (small workspace) differs", name);
 	}
 
-	/* 2b. every gate / up and down kernel gives the default's bits */
+	/* 2b. every gate / up, combine and down kernel gives the default's bits */
 	{
-		static const char *const gu[] = {"old", "8"};
-		for (int v = 0; v < 2; v++) {
-			setenv("TANDEM_MOE_PREFILL_GU", gu[v], 1);
+		static const char *const alt[][3] = {
+		    {"TANDEM_MOE_PREFILL_GU", "8", "the 8-warp gate / up"},
+		    {"TANDEM_MOE_PREFILL_COMBINE", "1", "the scalar combine"},
+		    {"TANDEM_MOE_PREFILL_DOWN", "4", "the 4-warp down"}};
+		for (size_t v = 0; v < sizeof(alt) / sizeof(alt[0]); v++) {
+			setenv(alt[v][0], alt[v][1], 1);
 			memset(got2, 0, out_bytes);
 			rc = kcuda_moe_prefill(ctx, dx, ldx, n, d_ids, d_w, k, &dg, &du, &dd, E, F, NULL,
 			                       NULL, NULL, ob.user, ldo);
-			OPS_CHECK(
-			    rc == 0 && ops_dbuf_get(ctx, &ob, got2) == 0 && memcmp(got, got2, out_bytes) == 0,
-			    "%s: gate / up kernel %s differs from the default (rc %d)", name, gu[v], rc);
+			unsetenv(alt[v][0]);
+			OPS_CHECK(rc == 0 && ops_dbuf_get(ctx, &ob, got2) == 0 &&
+			              memcmp(got, got2, out_bytes) == 0,
+			          "%s: %s kernel differs from the default (rc %d)", name, alt[v][2], rc);
 		}
-		unsetenv("TANDEM_MOE_PREFILL_GU");
-		setenv("TANDEM_MOE_PREFILL_COMBINE", "1", 1);
-		memset(got2, 0, out_bytes);
-		rc = kcuda_moe_prefill(ctx, dx, ldx, n, d_ids, d_w, k, &dg, &du, &dd, E, F, NULL, NULL, NULL,
-		                       ob.user, ldo);
-		OPS_CHECK(rc == 0 && ops_dbuf_get(ctx, &ob, got2) == 0 && memcmp(got, got2, out_bytes) == 0,
-		          "%s: the scalar combine kernel differs from the default (rc %d)", name, rc);
-		unsetenv("TANDEM_MOE_PREFILL_COMBINE");
-		setenv("TANDEM_MOE_PREFILL_DOWN", "4", 1);
-		memset(got2, 0, out_bytes);
-		rc = kcuda_moe_prefill(ctx, dx, ldx, n, d_ids, d_w, k, &dg, &du, &dd, E, F, NULL, NULL, NULL,
-		                       ob.user, ldo);
-		OPS_CHECK(rc == 0 && ops_dbuf_get(ctx, &ob, got2) == 0 && memcmp(got, got2, out_bytes) == 0,
-		          "%s: the 4-warp down kernel differs from the default (rc %d)", name, rc);
-		unsetenv("TANDEM_MOE_PREFILL_DOWN");
 	}
 
 	/* 3. through kcuda_moe_ffn: the same bits past the batched-decode sizes (or from
@@ -429,7 +410,7 @@ static void prefill_case(const struct pcase *p)
 
 	/* 5. the shared expert in the same pass (before 4, which spoils an id) */
 	if (p->Fs > 0 && p->cpu)
-		shared_case(p, name, &dg, &du, &dd, dx, d_ids, d_w, x + xoff, ids, w, ref, &ob);
+		shared_case(p, name, &dg, &du, &dd, dx, d_ids, d_w, x + xoff, ref, &ob);
 
 	/* 4. a bad expert id: counted, NaN in its token's row, the other rows as before */
 	if (n > 5) {
