@@ -262,6 +262,9 @@ unsigned long long kcuda_matmul_xm_calls(void);
 /* Dequantizes rows [r0, r0 + n_rows) of W to bf16 (row-major, n_in per row) (prefill GEMM, tests). */
 int kcuda_dequant_bf16(struct kcuda_ctx *c, const struct kweight *w, int64_t r0, int64_t n_rows,
                        uint16_t *dst_dev);
+/* The same to fp32 (every type the backend loads; mla_dense.cu's per-head weights). */
+int kcuda_dequant_f32(struct kcuda_ctx *c, const struct kweight *w, int64_t r0, int64_t n_rows,
+                      float *dst_dev);
 
 /* Row ops, twins of the kcpu_ row ops (strides in floats; y may alias x). */
 int kcuda_rmsnorm(struct kcuda_ctx *c, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
@@ -325,6 +328,38 @@ struct kcuda_attn_rows {
  * the GPU. Serves decode (one row per sequence) and prefill (rows = tokens, causal or top-k). */
 int kcuda_mla_attn(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
                    const float *q, int64_t H, int64_t C, int64_t R, float scale, float *out);
+/* MLA attention of prompt rows that see every key before them (one sequence, positions pos0 .. pos0 +
+ * n - 1, row i sees keys 0 .. pos0 + i), in the naive form (kernels/cuda/mla_dense.cu): the keys' latent
+ * rows are decompressed by the heads' k_b / v_b and the products run as cuBLAS GEMMs shared by all rows.
+ * out[i * ldo + h * V + 0 .. V) = sum_j softmax_j(scale (q_nope . W_UK(h)^T c_j + q_rope . k_r,j)) W_UV(h)
+ * c_j, i.e. kcuda_mla_attn followed by v_b, with the same masking of invalid keys (counted, skipped). q_nope
+ * of row i, head h at q + i ldq + h q_hs (N values); its ROPED rotary part at qr + i ldqr + h qr_hs (R
+ * values); k_b head h: a C x N matrix (n_out C, n_in N) at k_b->data + h k_b_stride; v_b head h: V x C. tf32:
+ * the GEMMs on TF32 tensor cores (else plain fp32). kb / qb: keys / rows a block (0: the defaults
+ * kcuda_mla_dense_ws sized the workspace for; tests force smaller ones). ERR_LIMIT when ws_bytes is short;
+ * -EINVAL for bad arguments (nothing launched). */
+struct kcuda_mla_dense_args {
+	const struct kcuda_kv_view *kv; /* latent rows [c | k_r], dim C + R */
+	const int32_t *blocks; /* the sequence's block table (device), ld_blocks entries */
+	int64_t ld_blocks;
+	int64_t pos0, n;
+	const float *q;
+	int64_t ldq, q_hs;
+	const float *qr;
+	int64_t ldqr, qr_hs;
+	const struct kweight *k_b, *v_b;
+	size_t k_b_stride, v_b_stride;
+	int64_t H, C, R, N, V;
+	float scale;
+	float *out;
+	int64_t ldo;
+	int tf32;
+	int64_t kb, qb;
+};
+/* workspace bytes for calls of up to max_rows rows and max_keys keys (0 for bad arguments) */
+size_t kcuda_mla_dense_ws(int64_t H, int64_t C, int64_t R, int64_t N, int64_t V, int64_t max_rows,
+                          int64_t max_keys);
+int kcuda_mla_dense(struct kcuda_ctx *c, const struct kcuda_mla_dense_args *a, void *ws, size_t ws_bytes);
 /* DSA indexer scores (kcpu_indexer_scores order): scores[i * ld + t] = sum_h w[i][h] * ReLU(scale *
  * q[i][h] . key_t) for t < n_keys[i] (rows->sel must be NULL); other entries untouched. */
 int kcuda_indexer_scores(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,

@@ -69,13 +69,13 @@ step test_gpu_model_smem99k 60 env TANDEM_CUDA_SMEM_CAP=101376 "$B/tests/test_gp
 # cases (test_ops_fused's bias-less idx_prep crashed unseen from session 10 to 14 that way)
 OPSQ=TANDEM_OPS_QUICK=1 OPSLIM=60
 [ "${OPS_FULL:-0}" = 1 ] && OPSQ=TANDEM_OPS_FULL=1 OPSLIM=420
-for t in matmul head_gemv moe prefill_moe fused mla indexer allreduce rowops sample multi gemv_res upload; do
+for t in matmul head_gemv moe prefill_moe fused mla mla_dense indexer allreduce rowops sample multi gemv_res upload; do
 	[ -x "$B/tests/test_ops_$t" ] && step "test_ops_$t" $OPSLIM env $OPSQ "$B/tests/test_ops_$t"
 done
 ALLREF="TANDEM_CUDA_ATTN=ref TANDEM_MOE_SORTED=0 TANDEM_MOE_FAST=0 TANDEM_HEAD_GEMV=0 TANDEM_GEMV_MMA=0 TANDEM_PREFILL_FAST=0 TANDEM_FUSE=0 TANDEM_GEMV3=0 TANDEM_MULTI=0"
 if ! ok test_gpu_model; then # which new path: everything old, then one old path at a time
 	step test_gpu_model_allref 40 env $ALLREF "$B/tests/test_gpu_model"
-	for v in TANDEM_CUDA_ATTN=ref TANDEM_MOE_FAST=0 TANDEM_GEMV_MMA=0 TANDEM_FUSE=0 TANDEM_GEMV3=0 TANDEM_MULTI=0; do
+	for v in TANDEM_CUDA_ATTN=ref TANDEM_MLA_DENSE=0 TANDEM_MOE_FAST=0 TANDEM_GEMV_MMA=0 TANDEM_FUSE=0 TANDEM_GEMV3=0 TANDEM_MULTI=0; do
 		step "test_gpu_model_${v%%=*}" 30 env "$v" "$B/tests/test_gpu_model"
 	done
 fi
@@ -86,10 +86,11 @@ ok test_ops_moe || export TANDEM_MOE_SORTED=0 TANDEM_MOE_FAST=0 TANDEM_MOE_SMALL
 ok test_ops_prefill_moe || export TANDEM_PREFILL_FAST=0
 ok test_ops_fused || export TANDEM_FUSE=0
 ok test_ops_multi || export TANDEM_MULTI=0
+ok test_ops_mla_dense || export TANDEM_MLA_DENSE=0
 sw="switches for the timings: ATTN=${TANDEM_CUDA_ATTN:-new} GEMV_MMA=${TANDEM_GEMV_MMA:-1} HEAD_GEMV=${TANDEM_HEAD_GEMV:-1}"
 sw="$sw MOE_FAST=${TANDEM_MOE_FAST:-1} MOE_SORTED=${TANDEM_MOE_SORTED:-1} PREFILL_FAST=${TANDEM_PREFILL_FAST:-1} FUSE=${TANDEM_FUSE:-1}"
 sw="$sw GEMV3=${TANDEM_GEMV3:-1}"
-sw="$sw MULTI=${TANDEM_MULTI:-1}"
+sw="$sw MULTI=${TANDEM_MULTI:-1} MLA_DENSE=${TANDEM_MLA_DENSE:-1}"
 echo "$sw" | tee "$L/switches.log"
 SUMMARY+=("$sw")
 # the prefill MoE kernels end to end: 64-token batches of the test models through them (bf16 path)
@@ -146,7 +147,7 @@ if [ "${LOAD_REAL:-0}" = 1 ]; then
 fi
 step test_gpu_workers 30 "$B/tests/test_gpu_workers"
 if command -v compute-sanitizer >/dev/null; then
-	for t in fused moe prefill_moe matmul head_gemv mla indexer multi; do
+	for t in fused moe prefill_moe matmul head_gemv mla mla_dense indexer multi; do
 		step "memcheck_$t" 40 env TANDEM_OPS_QUICK=1 TANDEM_OPS_SMALL=1 \
 			compute-sanitizer --tool memcheck --error-exitcode 9 "$B/tests/test_ops_$t"
 	done

@@ -134,6 +134,16 @@ struct be_cuda {
 	 * if they write parts_y (forward.c's query branch writes q and the absorbed q only) */
 	unsigned long long op_seq, parts_seq;
 	const float *parts_y;
+	/* the dense prompt path (kcuda_mla_dense): its workspace (NULL: off, TANDEM_MLA_DENSE=0 or
+	 * max_tokens below md_min), the fewest rows a call takes it (TANDEM_MLA_DENSE_MIN), the GEMMs'
+	 * math (TANDEM_MLA_DENSE_MATH: 0 fp32, 1 TF32, -1 by the pool: TF32 for bf16, fp32 for fp32);
+	 * run_seq / run_pos0: the step is one sequence at positions run_pos0 .. + n - 1 (cu_begin; -1 not) */
+	void *md_ws;
+	size_t md_bytes;
+	int64_t md_min;
+	int md_math;
+	int run_seq;
+	int64_t run_pos0;
 };
 
 #define CK(x)                                                                                                \
@@ -695,6 +705,17 @@ static int cu_begin(void *ctx, const struct model_batch *b, struct model_kv *kv,
 	c->b = b;
 	c->kv = kv;
 	c->st = *st;
+	/* one sequence at consecutive positions, no padding rows: the dense prompt path may take it */
+	c->run_seq = -1;
+	if (st->n == st->n_real && st->n > 0 && b->n_tokens >= st->n) {
+		bool run = b->seq[0] >= 0 && b->seq[0] < b->n_seqs;
+		for (int64_t i = 1; run && i < st->n; i++)
+			run = b->seq[i] == b->seq[0] && b->pos[i] == b->pos[0] + (int32_t)i;
+		if (run) {
+			c->run_seq = b->seq[0];
+			c->run_pos0 = b->pos[0];
+		}
+	}
 	c->err = 0;
 	c->errs_checked = false;
 	c->agree_pending = c->void_step = c->waited = false;
@@ -1179,13 +1200,80 @@ static bool mla_q_fused(struct be_cuda *c, const struct layer_w *L, const float 
 	return true;
 }
 
+/* Whether this step's attention takes the dense prompt path (kcuda_mla_dense): an eager step (a graph
+ * would keep this step's positions) over a chunk of one sequence at consecutive positions, at least md_min
+ * rows, every row seeing all keys before it (with an indexer: no row past the top-k, so each row's selection
+ * is all of its keys, MODEL-SPEC's tie rule), the workspace sized for it, and k_b / v_b in the shapes the
+ * path multiplies. */
+static bool dense_ok(const struct be_cuda *c, const struct layer_w *L)
+{
+	const struct model_hparams *hp = &c->m->hp;
+	const int64_t n = c->st.n;
+	if (!c->md_ws || c->mode != 0 || c->run_seq < 0 || n < c->md_min || n > c->max_tok)
+		return false;
+	if (hp->has_indexer && c->run_pos0 + n > hp->idx_topk)
+		return false;
+	if (c->run_pos0 + n > c->max_ctx)
+		return false;
+	const struct kweight *kb = &L->k_b.w, *vb = &L->v_b.w;
+	return kb->n_out == hp->C && kb->n_in == hp->N && vb->n_out == hp->V && vb->n_in == hp->C;
+}
+
+/* the dense prompt path: q's rotary part roped into c->qabs (unless mla_q did it), then the naive-form
+ * attention straight into o (no v_b product after it) */
+static void mla_dense(struct be_cuda *c, int layer, const struct layer_w *L, const float *q, bool rope_done,
+                      float *o)
+{
+	const struct model_hparams *hp = &c->m->hp;
+	int64_t n = c->st.n, Hl = c->rk->Hl, C = hp->C, R = hp->R, N = hp->N, NR = N + R, V = hp->V;
+	if (!rope_done)
+		mla_q_rope(c, q);
+	struct kcuda_kv_view v = kv_view(c, (size_t)layer * c->kv->layout.lat_layer_bytes, C + R);
+	const int64_t nk = c->run_pos0 + n;
+	const double kv_bytes = (double)nk * (double)(C + R) * (c->kv->layout.dtype == MODEL_KV_BF16 ? 2 : 4);
+	struct kcuda_mla_dense_args a = {
+	    .kv = &v,
+	    .blocks = c->d_blk + (int64_t)c->run_seq * c->max_blk,
+	    .ld_blocks = c->max_blk,
+	    .pos0 = c->run_pos0,
+	    .n = n,
+	    .q = q,
+	    .ldq = Hl * NR,
+	    .q_hs = NR,
+	    .qr = c->qabs + C,
+	    .ldqr = Hl * (C + R),
+	    .qr_hs = C + R,
+	    .k_b = &L->k_b.w,
+	    .v_b = &L->v_b.w,
+	    .k_b_stride = L->k_b.mat_bytes,
+	    .v_b_stride = L->v_b.mat_bytes,
+	    .H = Hl,
+	    .C = C,
+	    .R = R,
+	    .N = N,
+	    .V = V,
+	    .scale = hp->attn_scale,
+	    .out = o,
+	    .ldo = Hl * V,
+	    .tf32 = c->md_math >= 0 ? c->md_math : c->kv->layout.dtype == MODEL_KV_BF16,
+	};
+	PROF(c, "attn.mla_dense", NULL, kv_bytes)
+	CK(kcuda_mla_dense(c->kc, &a, c->md_ws, c->md_bytes));
+}
+
 /* mla_attn's query part ahead of it (backend.h), on the side branch when one is open: absorb and
- * rope (the in-kernel rope of TANDEM_MLA_ROPE=1 stays in mla_attn) */
+ * rope (the in-kernel rope of TANDEM_MLA_ROPE=1 stays in mla_attn); only the rope when the dense
+ * prompt path will take the attention */
 static void cu_mla_q(void *ctx, int layer, const struct layer_w *L, const float *q, const float *cs)
 {
 	struct be_cuda *c = ctx;
 	(void)cs;
 	SKIP_REPLAY(c);
+	if (dense_ok(c, L)) {
+		mla_q_rope(c, q);
+		c->q_layer = layer;
+		return;
+	}
 	if (!mla_q_fused(c, L, q)) {
 		mla_q_absorb(c, L, q);
 		if (!(c->mla_fold))
@@ -1204,6 +1292,10 @@ static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const flo
 	int64_t n = c->st.n, Hl = c->rk->Hl, C = hp->C, R = hp->R, N = hp->N, NR = N + R, V = hp->V;
 	const bool q_done = c->q_layer == layer;
 	c->q_layer = -1;
+	if (dense_ok(c, L)) { /* cu_mla_q, when it ran, did only the rope */
+		mla_dense(c, layer, L, q, q_done, o);
+		return;
+	}
 	/* the rotary part of q_abs is filled: by mla_q (unless the fold leaves it to the kernel), or
 	 * here by the one-launch absorb + rope */
 	bool rope_done = q_done && !c->mla_fold;
@@ -1995,6 +2087,18 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 	size_t ws = model_rank_ws_bytes(m, rk, T, (int)c->max_ctx, T, hp->has_indexer);
 	size_t scratch =
 	    sizeof(float) * (size_t)(T * Hl * (C + R) + T * Hl * C + T * E + T * D + 2 * T * rk->fsl);
+	/* the dense prompt path's workspace (kcuda_mla_dense), for prompt-sized steps only */
+	{
+		const char *de = getenv("TANDEM_MLA_DENSE"), *dm = getenv("TANDEM_MLA_DENSE_MIN"),
+		           *dh = getenv("TANDEM_MLA_DENSE_MATH");
+		c->md_min = dm && *dm ? strtoll(dm, NULL, 10) : 128;
+		if (c->md_min < 1)
+			c->md_min = 1;
+		c->md_math = dh && strcmp(dh, "f32") == 0 ? 0 : dh && strcmp(dh, "tf32") == 0 ? 1 : -1;
+		if (!(de && strcmp(de, "0") == 0) && T >= c->md_min)
+			c->md_bytes = kcuda_mla_dense_ws(Hl, C, R, hp->N, hp->V, T, c->max_ctx);
+		scratch += c->md_bytes;
+	}
 	size_t fr = 0, tot = 0;
 	float frac = o->mem_fraction > 0 ? o->mem_fraction : 0.9f;
 	if (kfwd_mem_info(&fr, &tot) == 0 && (double)(ws + scratch) > frac * (double)fr) {
@@ -2015,7 +2119,9 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 	c->obar = dalloc(c, sizeof(float) * (size_t)(T * Hl * C));
 	c->rl = dalloc(c, sizeof(float) * (size_t)(T * E));
 	c->ys = dalloc(c, sizeof(float) * (size_t)(T * D + 2 * T * rk->fsl));
-	if (!c->h_in || !c->d_in || !c->d_inv || !c->ws || !c->qabs || !c->obar || !c->rl || !c->ys) {
+	c->md_ws = c->md_bytes ? dalloc(c, c->md_bytes) : NULL;
+	if (!c->h_in || !c->d_in || !c->d_inv || !c->ws || !c->qabs || !c->obar || !c->rl || !c->ys ||
+	    (c->md_bytes && !c->md_ws)) {
 		rc = errbuf_set(e, -ENOMEM, "backend cuda: cannot allocate the workspaces");
 		goto fail;
 	}

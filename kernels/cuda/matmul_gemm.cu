@@ -236,6 +236,17 @@ static int dequant_f32(struct kcuda_ctx *c, const struct kweight *w, int64_t r0,
 	}
 }
 
+extern "C" int kcuda_dequant_f32(struct kcuda_ctx *c, const struct kweight *w, int64_t r0, int64_t n_rows,
+                                 float *dst)
+{
+	if (!c || !w || !w->data || !dst || r0 < 0 || n_rows < 0 || r0 + n_rows > w->n_out)
+		return kcuda_bad_arg("dequant_f32", "rows %lld + %lld of %lld", (long long)r0,
+		                     (long long)n_rows, w ? (long long)w->n_out : -1LL);
+	if (n_rows == 0)
+		return 0;
+	return dequant_f32(c, w, r0, n_rows, dst);
+}
+
 int kcuda_gemm_f32_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx,
                           int64_t n_tok, float *y, int64_t ldy)
 {

@@ -296,6 +296,19 @@ int main(void)
 			test_logits(stem, mc, mg, man);
 			test_greedy(stem, mc, mg, man);
 			test_graphs(stem, mc, man);
+			/* prompt rows through the naive-form dense MLA (kcuda_mla_dense) instead of the
+			 * absorbed one: by default only chunks of 128 rows and more take it */
+			setenv("TANDEM_MLA_DENSE_MIN", "8", 1);
+			struct model *md = load_cuda(stem, 0);
+			unsetenv("TANDEM_MLA_DENSE_MIN");
+			CHECK(md != NULL, "%s: load with TANDEM_MLA_DENSE_MIN=8", stem);
+			if (md) {
+				printf("%-22s with TANDEM_MLA_DENSE_MIN=8 (dense MLA for chunks of 8 and "
+				       "more):\n",
+				       stem);
+				test_logits(stem, mc, md, man);
+				model_destroy(md);
+			}
 			json_decref(man);
 		}
 		model_destroy(mc);

@@ -1,0 +1,346 @@
+/* MLA attention of a prompt chunk whose rows see every key before them, in the naive (not absorbed)
+ * form, on cuBLAS: kcuda_mla_dense (kernels.h).
+ *
+ * Why: the absorbed kernels (mla_attn_mma.cu) give each query row its own pass over its keys, at
+ * 576 + 512 multiply-adds per (row, key, head) with q and p split into bf16 hi + lo parts. A dense
+ * causal prompt is the case where every row of a chunk sees the same keys, so the keys can be
+ * decompressed once per chunk and shared by all rows as matrices:
+ *     K_h = c W_UK(h)   (keys x N),  V_h = c W_UV(h)^T   (keys x V),  c = the keys' latent rows,
+ *     S_h = scale (q_nope,h K_h^T + q_rope,h k_r^T),  O_h = softmax(S_h) V_h.
+ * That is N + R + V multiply-adds per (row, key, head) instead of 2 (C + R) + 2 C (DeepSeek-V3: 320
+ * against 2176 with the split), as GEMMs that cuBLAS runs near the tensor cores' rate, and the
+ * output is already in the value space (no v_b product after it). H200, session 17 (DeepSeek-V3
+ * rank of TP=8, 8k prompt): the attention was 62% of a 2048-token step.
+ *
+ * The keys go in blocks of kb (default 2048): the block's latent rows are gathered from the paged
+ * pool (bf16 or fp32) into fp32, K and V decompressed for all heads (two strided-batched GEMMs),
+ * then for each block of qb query rows: S by two GEMMs (the nope part per head, the shared rotary key
+ * part with a zero stride), one warp per (row, head) does the causal mask and an online softmax step
+ * in registers (the row of S at most kb = 2048 values: 64 a lane), writes p in place, rescales the
+ * row's output by e^(m_old - m_new) and keeps (m, l); then O += P V (one GEMM, beta 1). Rows whose
+ * position is before the key block are skipped; the last step divides by l.
+ *
+ * Numerics: fp32 throughout, the GEMMs either plain fp32 (CUBLAS_COMPUTE_32F_PEDANTIC: the CPU's
+ * arithmetic up to the order of the sums) or TF32 tensor cores (inputs rounded to 10 mantissa bits,
+ * 2^-11 relative: finer than a bf16 KV pool's own rounding, 2^-9), chosen by the caller. Invalid
+ * keys (a block id out of range or -1) are masked (score -inf) and counted in the context's error
+ * counter, as in the other MLA kernels; a row with no valid key gives zeros. */
+#include <cublas_v2.h>
+#include <math.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+#define MD_KB 2048 /* keys a block by default; the softmax holds a row of S in registers */
+#define MD_PER (MD_KB / 32) /* values a lane */
+#define MD_S_BUDGET ((size_t)256 << 20) /* the scores of one (row block, key block), all heads */
+#define MD_QB_MIN 64
+#define MD_WARPS 8
+
+namespace {
+
+struct md_carve {
+	size_t wk, wv, lat, kn, vv, s, m, l, valid, total;
+};
+
+size_t md_up(size_t x)
+{
+	return (x + 255) & ~(size_t)255;
+}
+
+md_carve md_layout(int64_t H, int64_t C, int64_t R, int64_t N, int64_t V, int64_t rows, int64_t kb, int64_t qb)
+{
+	md_carve k;
+	size_t o = 0;
+	const size_t f = sizeof(float);
+	k.wk = o, o += md_up(f * (size_t)(H * C * N));
+	k.wv = o, o += md_up(f * (size_t)(H * V * C));
+	k.lat = o, o += md_up(f * (size_t)(kb * (C + R)));
+	k.kn = o, o += md_up(f * (size_t)(kb * H * N));
+	k.vv = o, o += md_up(f * (size_t)(kb * H * V));
+	k.s = o, o += md_up(f * (size_t)(H * qb * kb));
+	k.m = o, o += md_up(f * (size_t)(rows * H));
+	k.l = o, o += md_up(f * (size_t)(rows * H));
+	k.valid = o, o += md_up(sizeof(int) * (size_t)kb);
+	k.total = o;
+	return k;
+}
+
+/* the default block sizes for up to `rows` query rows and `keys` keys */
+void md_blocks(int64_t H, int64_t rows, int64_t keys, int64_t *kb, int64_t *qb)
+{
+	*kb = keys < MD_KB ? (keys > 0 ? keys : 1) : MD_KB;
+	int64_t q = (int64_t)(MD_S_BUDGET / ((size_t)H * (size_t)*kb * sizeof(float)));
+	if (q < MD_QB_MIN)
+		q = MD_QB_MIN;
+	*qb = q < rows ? q : (rows > 0 ? rows : 1);
+}
+
+/* lat[j][0 .. dim) = the latent row of position k0 + j (fp32), valid[j] whether it exists */
+__global__ void md_gather_kernel(const uint8_t *base, int64_t n_blocks, size_t block_bytes, size_t offset, int bt,
+                                 int bf16, const int32_t *tbl, int64_t ld_blocks, int64_t k0, int dim, float *lat,
+                                 int *valid, unsigned *err)
+{
+	KDEP_ENTRY();
+	const int j = blockIdx.x;
+	const int64_t p = k0 + j;
+	const uint8_t *row = NULL;
+	if (p / bt < ld_blocks) {
+		const int64_t b = tbl[p / bt];
+		if (b >= 0 && b < n_blocks)
+			row = base + (size_t)b * block_bytes + offset + (size_t)(p % bt) * (size_t)dim * (bf16 ? 2 : 4);
+	}
+	if (threadIdx.x == 0) {
+		valid[j] = row != NULL;
+		if (!row)
+			atomicAdd(err, 1u);
+	}
+	float *dst = lat + (int64_t)j * dim;
+	for (int e = threadIdx.x; e < dim; e += blockDim.x)
+		dst[e] = !row ? 0.0f : bf16 ? kc_bf2f(((const uint16_t *)row)[e]) : ((const float *)row)[e];
+}
+
+/* One online-softmax step per (row, head) of a (row block, key block): s[h][i][0 .. kbe) holds the
+ * scaled scores of row rs + i (position pos0 + rs + i) against keys k0 .. k0 + kbe. Keys after the
+ * row's position and invalid keys get p = 0; p = e^(s - m_new) replaces s; the row's output
+ * (out + (rs + i) ldo + h V, V values) is rescaled by e^(m_old - m_new) (zeroed on the first key
+ * block) and (m, l) updated. One warp a (row, head). */
+__global__ void __launch_bounds__(32 * MD_WARPS) md_softmax_kernel(float *s, int qb, int kbe, int H, int64_t rs,
+                                                                   int64_t pos0, int64_t k0, int first,
+                                                                   const int *valid, float *m_run,
+                                                                   float *l_run, float *out, int64_t ldo, int V)
+{
+	KDEP_ENTRY();
+	const int lane = threadIdx.x & 31;
+	const int64_t w = (int64_t)blockIdx.x * MD_WARPS + (threadIdx.x >> 5);
+	if (w >= (int64_t)qb * H)
+		return;
+	const int h = (int)(w / qb), i = (int)(w % qb);
+	float *sr = s + ((int64_t)h * qb + i) * kbe;
+	const int64_t lim64 = pos0 + rs + i - k0 + 1; /* keys of this block the row sees */
+	const int lim = lim64 < 0 ? 0 : lim64 > kbe ? kbe : (int)lim64;
+	float v[MD_PER];
+	float mx = -INFINITY;
+#pragma unroll
+	for (int t = 0; t < MD_PER; t++) {
+		const int j = t * 32 + lane;
+		v[t] = j < lim && valid[j] ? sr[j] : -INFINITY;
+		mx = fmaxf(mx, v[t]);
+	}
+	mx = kc_warp_max(mx);
+	const int64_t ml = (rs + i) * H + h;
+	const float m_old = first ? -INFINITY : m_run[ml];
+	const float m_new = fmaxf(m_old, mx);
+	float sum = 0.0f;
+#pragma unroll
+	for (int t = 0; t < MD_PER; t++) {
+		const int j = t * 32 + lane;
+		const float p = v[t] == -INFINITY ? 0.0f : expf(v[t] - m_new);
+		sum += p;
+		if (j < kbe)
+			sr[j] = p;
+	}
+	sum = kc_warp_sum(sum);
+	/* e^(m_old - m_new): 0 when nothing was seen before (m_old -inf), 1 when nothing is seen yet */
+	const float alpha = first ? 0.0f : m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
+	float *o = out + (rs + i) * ldo + (int64_t)h * V;
+	if (first) {
+		for (int c = lane; c < V; c += 32)
+			o[c] = 0.0f;
+	} else if (alpha != 1.0f) {
+		for (int c = lane; c < V; c += 32)
+			o[c] *= alpha;
+	}
+	if (lane == 0) {
+		m_run[ml] = m_new;
+		l_run[ml] = (first ? 0.0f : l_run[ml] * alpha) + sum;
+	}
+}
+
+/* out row (i, h) /= l (0 where no key was valid) */
+__global__ void __launch_bounds__(32 * MD_WARPS) md_finish_kernel(int64_t n, int H, const float *l_run, float *out,
+                                                                  int64_t ldo, int V)
+{
+	KDEP_ENTRY();
+	const int lane = threadIdx.x & 31;
+	const int64_t w = (int64_t)blockIdx.x * MD_WARPS + (threadIdx.x >> 5);
+	if (w >= n * H)
+		return;
+	const int64_t i = w / H;
+	const int h = (int)(w % H);
+	const float l = l_run[w];
+	const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+	float *o = out + i * ldo + (int64_t)h * V;
+	for (int c = lane; c < V; c += 32)
+		o[c] *= inv;
+}
+
+bool md_fits(int64_t v)
+{
+	return v >= 0 && v <= INT32_MAX;
+}
+
+/* C_b = alpha op(A_b) op(B_b) + beta C_b for b < batch (column-major, cuBLAS's terms) */
+int md_gemm(struct kcuda_ctx *c, bool tf32, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
+            int64_t k, float alpha, const float *A, int64_t lda, int64_t sa, const float *B, int64_t ldb,
+            int64_t sb, float beta, float *C, int64_t ldc, int64_t sc, int64_t batch)
+{
+	if (!md_fits(m) || !md_fits(n) || !md_fits(k) || !md_fits(lda) || !md_fits(ldb) || !md_fits(ldc) ||
+	    !md_fits(batch))
+		return ERR_LIMIT;
+	if (m == 0 || n == 0 || batch == 0)
+		return 0;
+	cublasHandle_t h = (cublasHandle_t)c->cublas;
+	cublasStatus_t st = cublasGemmStridedBatchedEx(
+	    h, ta, tb, (int)m, (int)n, (int)k, &alpha, A, CUDA_R_32F, (int)lda, sa, B, CUDA_R_32F, (int)ldb, sb,
+	    &beta, C, CUDA_R_32F, (int)ldc, sc, (int)batch,
+	    tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT);
+	if (st == CUBLAS_STATUS_NOT_SUPPORTED && !tf32) /* plain fp32 (the handle's default math: no TF32) */
+		st = cublasGemmStridedBatchedEx(h, ta, tb, (int)m, (int)n, (int)k, &alpha, A, CUDA_R_32F, (int)lda,
+		                                sa, B, CUDA_R_32F, (int)ldb, sb, &beta, C, CUDA_R_32F, (int)ldc,
+		                                sc, (int)batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+	if (st != CUBLAS_STATUS_SUCCESS) {
+		fprintf(stderr, "kcuda: mla_dense: cublasGemmStridedBatchedEx failed (%d) for %lldx%lldx%lld x %lld\n",
+		        (int)st, (long long)m, (long long)n, (long long)k, (long long)batch);
+		return ERR_CUDA;
+	}
+	return 0;
+}
+
+/* the heads' matrices of a per-head weight (head h at data + h stride), dequantized to fp32
+ * [H][rows][cols]: one launch when the heads are packed back to back */
+int md_dequant_heads(struct kcuda_ctx *c, const struct kweight *w, size_t stride, int64_t H, float *dst)
+{
+	if (stride == (size_t)w->n_out * w->row_bytes) {
+		struct kweight all = *w;
+		all.n_out = w->n_out * H;
+		return kcuda_dequant_f32(c, &all, 0, all.n_out, dst);
+	}
+	for (int64_t h = 0; h < H; h++) {
+		struct kweight one = *w;
+		one.data = (const uint8_t *)w->data + (size_t)h * stride;
+		int rc = kcuda_dequant_f32(c, &one, 0, one.n_out, dst + h * w->n_out * w->n_in);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+} // namespace
+
+extern "C" size_t kcuda_mla_dense_ws(int64_t H, int64_t C, int64_t R, int64_t N, int64_t V, int64_t max_rows,
+                                     int64_t max_keys)
+{
+	if (H <= 0 || C <= 0 || R < 0 || N <= 0 || V <= 0 || max_rows <= 0 || max_keys <= 0)
+		return 0;
+	int64_t kb, qb;
+	md_blocks(H, max_rows, max_keys, &kb, &qb);
+	return md_layout(H, C, R, N, V, max_rows, kb, qb).total;
+}
+
+extern "C" int kcuda_mla_dense(struct kcuda_ctx *c, const struct kcuda_mla_dense_args *a, void *ws, size_t ws_bytes)
+{
+	const char *op = "mla_dense";
+	if (!c || !a || !a->kv || !a->blocks || !a->q || !a->qr || !a->k_b || !a->v_b || !a->out || !ws)
+		return kcuda_bad_arg(op, "NULL argument");
+	const int64_t H = a->H, C = a->C, R = a->R, N = a->N, V = a->V, n = a->n;
+	const struct kcuda_kv_view *kv = a->kv;
+	if (H <= 0 || C <= 0 || R < 0 || N <= 0 || V <= 0 || n < 0 || a->pos0 < 0 || a->ld_blocks <= 0)
+		return kcuda_bad_arg(op, "H %lld C %lld R %lld N %lld V %lld n %lld pos0 %lld ld_blocks %lld",
+		                     (long long)H, (long long)C, (long long)R, (long long)N, (long long)V,
+		                     (long long)n, (long long)a->pos0, (long long)a->ld_blocks);
+	if (kv->dim != C + R || kv->block_tokens <= 0 || kv->n_blocks < 0 || !kv->base)
+		return kcuda_bad_arg(op, "KV view of dim %lld (C + R = %lld), block_tokens %d", (long long)kv->dim,
+		                     (long long)(C + R), kv->block_tokens);
+	if (a->k_b->n_out != C || a->k_b->n_in != N || a->v_b->n_out != V || a->v_b->n_in != C)
+		return kcuda_bad_arg(op, "k_b %lld x %lld (want %lld x %lld), v_b %lld x %lld (want %lld x %lld)",
+		                     (long long)a->k_b->n_out, (long long)a->k_b->n_in, (long long)C, (long long)N,
+		                     (long long)a->v_b->n_out, (long long)a->v_b->n_in, (long long)V, (long long)C);
+	if (a->ldq < H * a->q_hs || a->q_hs < N || a->ldqr < H * a->qr_hs || a->qr_hs < R || a->ldo < H * V)
+		return kcuda_bad_arg(op, "strides: ldq %lld q_hs %lld ldqr %lld qr_hs %lld ldo %lld",
+		                     (long long)a->ldq, (long long)a->q_hs, (long long)a->ldqr, (long long)a->qr_hs,
+		                     (long long)a->ldo);
+	const int64_t nk = a->pos0 + n; /* keys 0 .. pos0 + n - 1 */
+	if (nk > a->ld_blocks * kv->block_tokens)
+		return kcuda_bad_arg(op, "positions up to %lld beyond the block table (%lld blocks of %d)",
+		                     (long long)nk, (long long)a->ld_blocks, kv->block_tokens);
+	if (n == 0)
+		return 0;
+	int64_t kb, qb;
+	md_blocks(H, n, nk, &kb, &qb);
+	if (a->kb > 0 && a->kb < kb)
+		kb = a->kb;
+	if (a->qb > 0 && a->qb < qb)
+		qb = a->qb;
+	if (kb > MD_KB)
+		return kcuda_bad_arg(op, "key block %lld > %d", (long long)kb, MD_KB);
+	const md_carve L = md_layout(H, C, R, N, V, n, kb, qb);
+	if (L.total > ws_bytes)
+		return ERR_LIMIT;
+	if (!md_fits(H * N) || !md_fits(H * V) || !md_fits(C + R))
+		return ERR_LIMIT;
+	uint8_t *w8 = (uint8_t *)ws;
+	float *wk = (float *)(w8 + L.wk), *wv = (float *)(w8 + L.wv), *lat = (float *)(w8 + L.lat);
+	float *kn = (float *)(w8 + L.kn), *vv = (float *)(w8 + L.vv), *s = (float *)(w8 + L.s);
+	float *m_run = (float *)(w8 + L.m), *l_run = (float *)(w8 + L.l);
+	int *valid = (int *)(w8 + L.valid);
+	const bool tf32 = a->tf32 != 0;
+	int rc;
+	if ((rc = md_dequant_heads(c, a->k_b, a->k_b_stride, H, wk)) ||
+	    (rc = md_dequant_heads(c, a->v_b, a->v_b_stride, H, wv)))
+		return rc;
+	const int dim = (int)(C + R);
+	for (int64_t k0 = 0; k0 < nk; k0 += kb) {
+		const int64_t kbn = nk - k0 < kb ? nk - k0 : kb;
+		if ((rc = klaunch("mla_dense gather", md_gather_kernel, dim3((unsigned)kbn), dim3(128), 0, c->stream,
+		                  (const uint8_t *)kv->base, kv->n_blocks, kv->block_bytes, kv->offset,
+		                  kv->block_tokens, kv->bf16, a->blocks, a->ld_blocks, k0, dim, lat, valid,
+		                  c->err_dev)))
+			return rc;
+		/* K_h^T (N x kbn) = W_UK(h)^T c^T: W_UK(h) row-major C x N is column-major N x C */
+		if ((rc = md_gemm(c, tf32, CUBLAS_OP_N, CUBLAS_OP_N, N, kbn, C, 1.0f, wk, N, C * N, lat, C + R, 0, 0.0f,
+		                  kn, H * N, N, H)))
+			return rc;
+		/* V_h^T (V x kbn) = W_UV(h) c^T: W_UV(h) row-major V x C is column-major C x V, transposed */
+		if ((rc = md_gemm(c, tf32, CUBLAS_OP_T, CUBLAS_OP_N, V, kbn, C, 1.0f, wv, C, V * C, lat, C + R, 0, 0.0f,
+		                  vv, H * V, V, H)))
+			return rc;
+		const bool first = k0 == 0;
+		/* on the diagonal (rows that see only part of the block) smaller row blocks, so the GEMMs
+		 * skip most of the masked triangle: each row block's keys end at its last row */
+		const int64_t qd = kbn / 4 < MD_QB_MIN ? MD_QB_MIN : kbn / 4;
+		for (int64_t r0 = 0, r1; r0 < n; r0 = r1) {
+			const bool diag = k0 + kbn - 1 > a->pos0 + r0;
+			const int64_t step = diag && qd < qb ? qd : qb;
+			r1 = n - r0 < step ? n : r0 + step;
+			/* rows before the block's first key see none of it */
+			const int64_t rs = k0 - a->pos0 > r0 ? k0 - a->pos0 : r0;
+			if (rs >= r1)
+				continue;
+			const int64_t nq = r1 - rs;
+			/* keys up to the last row's position */
+			const int64_t kl = a->pos0 + r1 - k0;
+			const int64_t kbe = kl < kbn ? kl : kbn;
+			/* S_h^T (kbe x nq) = K_h q_h^T (+ k_r q_r,h^T), column-major: S_h is row-major nq x kbe */
+			if ((rc = md_gemm(c, tf32, CUBLAS_OP_T, CUBLAS_OP_N, kbe, nq, N, a->scale, kn, H * N, N,
+			                  a->q + rs * a->ldq, a->ldq, a->q_hs, 0.0f, s, kbe, nq * kbe, H)))
+				return rc;
+			if (R > 0 &&
+			    (rc = md_gemm(c, tf32, CUBLAS_OP_T, CUBLAS_OP_N, kbe, nq, R, a->scale, lat + C, C + R, 0,
+			                  a->qr + rs * a->ldqr, a->ldqr, a->qr_hs, 1.0f, s, kbe, nq * kbe, H)))
+				return rc;
+			const int64_t warps = nq * H;
+			if ((rc = klaunch("mla_dense softmax", md_softmax_kernel,
+			                  dim3((unsigned)((warps + MD_WARPS - 1) / MD_WARPS)), dim3(32 * MD_WARPS), 0,
+			                  c->stream, s, (int)nq, (int)kbe, (int)H, rs, a->pos0, k0, (int)first, valid,
+			                  m_run, l_run, a->out, a->ldo, (int)V)))
+				return rc;
+			/* O_h^T (V x nq) += V_h^T P_h^T */
+			if ((rc = md_gemm(c, tf32, CUBLAS_OP_N, CUBLAS_OP_N, V, nq, kbe, 1.0f, vv, H * V, V, s, kbe,
+			                  nq * kbe, 1.0f, a->out + rs * a->ldo, a->ldo, V, H)))
+				return rc;
+		}
+	}
+	const int64_t warps = n * H;
+	return klaunch("mla_dense finish", md_finish_kernel, dim3((unsigned)((warps + MD_WARPS - 1) / MD_WARPS)),
+	               dim3(32 * MD_WARPS), 0, c->stream, n, (int)H, l_run, a->out, a->ldo, (int)V);
+}
