@@ -334,8 +334,10 @@ int kcuda_mla_attn(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const st
  * out[i * ldo + h * V + 0 .. V) = sum_j softmax_j(scale (q_nope . W_UK(h)^T c_j + q_rope . k_r,j)) W_UV(h)
  * c_j, i.e. kcuda_mla_attn followed by v_b, with the same masking of invalid keys (counted, skipped). q_nope
  * of row i, head h at q + i ldq + h q_hs (N values); its ROPED rotary part at qr + i ldqr + h qr_hs (R
- * values); k_b head h: a C x N matrix (n_out C, n_in N) at k_b->data + h k_b_stride; v_b head h: V x C. tf32:
- * the GEMMs on TF32 tensor cores (else plain fp32). kb / qb: keys / rows a block (0: the defaults
+ * values); k_b head h: a C x N matrix (n_out C, n_in N) at k_b->data + h k_b_stride; v_b head h: V x C. math:
+ * the GEMMs in plain fp32 (KCUDA_MD_F32), on TF32 tensor cores (KCUDA_MD_TF32: inputs rounded to 10 mantissa
+ * bits) or on bf16 ones (KCUDA_MD_BF16: q, the latent rows, the weights, K, V and p rounded to bf16; S and
+ * the output accumulate in fp32). kb / qb: keys / rows a block (0: the defaults
  * kcuda_mla_dense_ws sized the workspace for; tests force smaller ones). ERR_LIMIT when ws_bytes is short;
  * -EINVAL for bad arguments (nothing launched). */
 struct kcuda_mla_dense_args {
@@ -353,9 +355,12 @@ struct kcuda_mla_dense_args {
 	float scale;
 	float *out;
 	int64_t ldo;
-	int tf32;
+	int math; /* KCUDA_MD_* */
 	int64_t kb, qb;
 };
+#define KCUDA_MD_F32 0
+#define KCUDA_MD_TF32 1
+#define KCUDA_MD_BF16 2
 /* workspace bytes for calls of up to max_rows rows and max_keys keys (0 for bad arguments) */
 size_t kcuda_mla_dense_ws(int64_t H, int64_t C, int64_t R, int64_t N, int64_t V, int64_t max_rows,
                           int64_t max_keys);

@@ -50,6 +50,8 @@
 #define GRAPH_MIN_FREE ((size_t)512 << 20) /* a capture needs room for the graph's own memory */
 #define N_CBUCKETS 24
 
+#define MD_SEGS 32 /* dense prompt runs a step (more: the rest take the absorbed kernels) */
+
 struct be_cuda {
 	struct model *m;
 	struct model_rank *rk;
@@ -136,14 +138,19 @@ struct be_cuda {
 	const float *parts_y;
 	/* the dense prompt path (kcuda_mla_dense): its workspace (NULL: off, TANDEM_MLA_DENSE=0 or
 	 * max_tokens below md_min), the fewest rows a call takes it (TANDEM_MLA_DENSE_MIN), the GEMMs'
-	 * math (TANDEM_MLA_DENSE_MATH: 0 fp32, 1 TF32, -1 by the pool: TF32 for bf16, fp32 for fp32);
-	 * run_seq / run_pos0: the step is one sequence at positions run_pos0 .. + n - 1 (cu_begin; -1 not) */
+	 * math (TANDEM_MLA_DENSE_MATH: KCUDA_MD_*, -1 by the pool: bf16 for bf16, fp32 for fp32);
+	 * md_seg: this step's runs of rows that take it (cu_begin: rows r0 .. r0 + n - 1 are sequence seq
+	 * at positions pos0 .. pos0 + n - 1, n >= md_min), md_all: they cover every row */
 	void *md_ws;
 	size_t md_bytes;
 	int64_t md_min;
 	int md_math;
-	int run_seq;
-	int64_t run_pos0;
+	struct md_seg {
+		int64_t r0, n, pos0;
+		int seq;
+	} md_seg[MD_SEGS];
+	int md_n;
+	bool md_all;
 };
 
 #define CK(x)                                                                                                \
@@ -676,6 +683,33 @@ static void cu_plan(void *ctx, const struct model_batch *b, struct mbe_step *st)
 
 static void cu_branch_join(void *ctx);
 
+/* The step's rows that the dense prompt path (kcuda_mla_dense) may take: maximal runs of one sequence at
+ * consecutive positions, at least md_min rows, every row seeing all keys before it (with an indexer: no
+ * position past the top-k, so each row's selection is all of its keys, MODEL-SPEC's tie rule) and within
+ * max_ctx (the workspace's keys). Steps with padding rows (graph buckets) take none. */
+static void md_segments(struct be_cuda *c, const struct model_batch *b, const struct mbe_step *st)
+{
+	const struct model_hparams *hp = &c->m->hp;
+	const int64_t n = st->n;
+	c->md_n = 0;
+	c->md_all = false;
+	if (!c->md_ws || st->n != st->n_real || n < c->md_min || b->n_tokens < n)
+		return;
+	int64_t covered = 0;
+	for (int64_t r0 = 0, r1; r0 < n; r0 = r1) {
+		const int32_t sq = b->seq[r0], p0 = b->pos[r0];
+		for (r1 = r0 + 1; r1 < n && b->seq[r1] == sq && b->pos[r1] == p0 + (int32_t)(r1 - r0); r1++)
+			;
+		const int64_t len = r1 - r0, end = (int64_t)p0 + len;
+		if (len < c->md_min || sq < 0 || sq >= b->n_seqs || p0 < 0 || end > c->max_ctx ||
+		    (hp->has_indexer && end > hp->idx_topk) || c->md_n == MD_SEGS)
+			continue;
+		c->md_seg[c->md_n++] = (struct md_seg){.r0 = r0, .n = len, .pos0 = p0, .seq = sq};
+		covered += len;
+	}
+	c->md_all = c->md_n > 0 && covered == n;
+}
+
 static int cu_begin(void *ctx, const struct model_batch *b, struct model_kv *kv, const struct mbe_step *st)
 {
 	struct be_cuda *c = ctx;
@@ -705,17 +739,7 @@ static int cu_begin(void *ctx, const struct model_batch *b, struct model_kv *kv,
 	c->b = b;
 	c->kv = kv;
 	c->st = *st;
-	/* one sequence at consecutive positions, no padding rows: the dense prompt path may take it */
-	c->run_seq = -1;
-	if (st->n == st->n_real && st->n > 0 && b->n_tokens >= st->n) {
-		bool run = b->seq[0] >= 0 && b->seq[0] < b->n_seqs;
-		for (int64_t i = 1; run && i < st->n; i++)
-			run = b->seq[i] == b->seq[0] && b->pos[i] == b->pos[0] + (int32_t)i;
-		if (run) {
-			c->run_seq = b->seq[0];
-			c->run_pos0 = b->pos[0];
-		}
-	}
+	md_segments(c, b, st);
 	c->err = 0;
 	c->errs_checked = false;
 	c->agree_pending = c->void_step = c->waited = false;
@@ -1200,47 +1224,38 @@ static bool mla_q_fused(struct be_cuda *c, const struct layer_w *L, const float 
 	return true;
 }
 
-/* Whether this step's attention takes the dense prompt path (kcuda_mla_dense): an eager step (a graph
- * would keep this step's positions) over a chunk of one sequence at consecutive positions, at least md_min
- * rows, every row seeing all keys before it (with an indexer: no row past the top-k, so each row's selection
- * is all of its keys, MODEL-SPEC's tie rule), the workspace sized for it, and k_b / v_b in the shapes the
- * path multiplies. */
+/* Whether this layer's attention takes the dense prompt path (kcuda_mla_dense) for some rows: an eager
+ * step (a graph would keep this step's positions) with runs of rows md_segments found, and k_b / v_b in
+ * the shapes the path multiplies. */
 static bool dense_ok(const struct be_cuda *c, const struct layer_w *L)
 {
 	const struct model_hparams *hp = &c->m->hp;
-	const int64_t n = c->st.n;
-	if (!c->md_ws || c->mode != 0 || c->run_seq < 0 || n < c->md_min || n > c->max_tok)
-		return false;
-	if (hp->has_indexer && c->run_pos0 + n > hp->idx_topk)
-		return false;
-	if (c->run_pos0 + n > c->max_ctx)
+	if (c->md_n == 0 || c->mode != 0)
 		return false;
 	const struct kweight *kb = &L->k_b.w, *vb = &L->v_b.w;
 	return kb->n_out == hp->C && kb->n_in == hp->N && vb->n_out == hp->V && vb->n_in == hp->C;
 }
 
-/* the dense prompt path: q's rotary part roped into c->qabs (unless mla_q did it), then the naive-form
- * attention straight into o (no v_b product after it) */
-static void mla_dense(struct be_cuda *c, int layer, const struct layer_w *L, const float *q, bool rope_done,
-                      float *o)
+/* the dense prompt path for the run sg (q's rotary part already roped into c->qabs): the naive-form
+ * attention straight into its rows of o (no v_b product after it) */
+static void mla_dense(struct be_cuda *c, int layer, const struct layer_w *L, const float *q,
+                      const struct md_seg *sg, float *o)
 {
 	const struct model_hparams *hp = &c->m->hp;
-	int64_t n = c->st.n, Hl = c->rk->Hl, C = hp->C, R = hp->R, N = hp->N, NR = N + R, V = hp->V;
-	if (!rope_done)
-		mla_q_rope(c, q);
+	int64_t Hl = c->rk->Hl, C = hp->C, R = hp->R, N = hp->N, NR = N + R, V = hp->V;
 	struct kcuda_kv_view v = kv_view(c, (size_t)layer * c->kv->layout.lat_layer_bytes, C + R);
-	const int64_t nk = c->run_pos0 + n;
+	const int64_t nk = sg->pos0 + sg->n;
 	const double kv_bytes = (double)nk * (double)(C + R) * (c->kv->layout.dtype == MODEL_KV_BF16 ? 2 : 4);
 	struct kcuda_mla_dense_args a = {
 	    .kv = &v,
-	    .blocks = c->d_blk + (int64_t)c->run_seq * c->max_blk,
+	    .blocks = c->d_blk + (int64_t)sg->seq * c->max_blk,
 	    .ld_blocks = c->max_blk,
-	    .pos0 = c->run_pos0,
-	    .n = n,
-	    .q = q,
+	    .pos0 = sg->pos0,
+	    .n = sg->n,
+	    .q = q + sg->r0 * Hl * NR,
 	    .ldq = Hl * NR,
 	    .q_hs = NR,
-	    .qr = c->qabs + C,
+	    .qr = c->qabs + sg->r0 * Hl * (C + R) + C,
 	    .ldqr = Hl * (C + R),
 	    .qr_hs = C + R,
 	    .k_b = &L->k_b.w,
@@ -1253,9 +1268,11 @@ static void mla_dense(struct be_cuda *c, int layer, const struct layer_w *L, con
 	    .N = N,
 	    .V = V,
 	    .scale = hp->attn_scale,
-	    .out = o,
+	    .out = o + sg->r0 * Hl * V,
 	    .ldo = Hl * V,
-	    .tf32 = c->md_math >= 0 ? c->md_math : c->kv->layout.dtype == MODEL_KV_BF16,
+	    .math = c->md_math >= 0                        ? c->md_math
+	            : c->kv->layout.dtype == MODEL_KV_BF16 ? KCUDA_MD_BF16
+	                                                   : KCUDA_MD_F32,
 	};
 	PROF(c, "attn.mla_dense", NULL, kv_bytes)
 	CK(kcuda_mla_dense(c->kc, &a, c->md_ws, c->md_bytes));
@@ -1263,13 +1280,13 @@ static void mla_dense(struct be_cuda *c, int layer, const struct layer_w *L, con
 
 /* mla_attn's query part ahead of it (backend.h), on the side branch when one is open: absorb and
  * rope (the in-kernel rope of TANDEM_MLA_ROPE=1 stays in mla_attn); only the rope when the dense
- * prompt path will take the attention */
+ * prompt path takes every row */
 static void cu_mla_q(void *ctx, int layer, const struct layer_w *L, const float *q, const float *cs)
 {
 	struct be_cuda *c = ctx;
 	(void)cs;
 	SKIP_REPLAY(c);
-	if (dense_ok(c, L)) {
+	if (c->md_all && dense_ok(c, L)) {
 		mla_q_rope(c, q);
 		c->q_layer = layer;
 		return;
@@ -1282,18 +1299,70 @@ static void cu_mla_q(void *ctx, int layer, const struct layer_w *L, const float 
 	c->q_layer = layer;
 }
 
+/* the absorbed kernels (kcuda_mla_attn, or the rope-folding one) and v_b for rows [r0, r1) */
+static void mla_absorbed(struct be_cuda *c, int layer, const struct layer_w *L, const float *q,
+                         const int32_t *sel, const int32_t *nsel, bool rope_done, int64_t r0, int64_t r1,
+                         float *o)
+{
+	const struct model_hparams *hp = &c->m->hp;
+	int64_t n = r1 - r0, Hl = c->rk->Hl, C = hp->C, R = hp->R, N = hp->N, NR = N + R, V = hp->V;
+	struct kfuse_rope rp = {.inv_freq = c->d_inv, .pos = c->d_pos + r0, .pairing = hp->rope_main};
+	struct kcuda_kv_view v = kv_view(c, (size_t)layer * c->kv->layout.lat_layer_bytes, C + R);
+	struct kcuda_attn_rows rows = {.n_q = n,
+	                               .qseq = c->d_seq + r0,
+	                               .blocks = c->d_blk,
+	                               .ld_blocks = c->max_blk,
+	                               .n_keys = (sel ? nsel : c->d_nk) + r0,
+	                               .sel = sel ? sel + r0 * c->st.K : NULL,
+	                               .ld_sel = c->st.K,
+	                               .max_keys = sel ? c->st.K : c->st.max_keys};
+	const double kv_bytes = (double)n * (double)rows.max_keys * (double)(C + R) *
+	                        (c->kv->layout.dtype == MODEL_KV_BF16 ? 2 : 4);
+	float *qa = c->qabs + r0 * Hl * (C + R), *ob = c->obar + r0 * Hl * C;
+	/* TANDEM_MLA_ROPE=1: q's rotary part roped inside the attention kernel (one launch less per layer;
+	 * off by default: slower on the H200, see mla_attn_mma.cu); kfuse_mla_attn_rope declines with
+	 * ERR_UNSUPPORTED otherwise, and under the ref kernels */
+	int rc = ERR_UNSUPPORTED;
+	if (c->mla_fold) {
+		PROF(c, "attn.mla", NULL, kv_bytes)
+		rc = kfuse_mla_attn_rope(c->kc, &v, &rows, qa, Hl, C, R, hp->attn_scale, ob,
+		                         q + r0 * Hl * NR + N, Hl * NR, NR, &rp);
+	}
+	if (rc != ERR_UNSUPPORTED) {
+		CK(rc);
+	} else {
+		if (!rope_done) /* not done, or mla_q left the rope to the fold */
+			mla_q_rope(c, q);
+		PROF(c, "attn.mla", NULL, kv_bytes)
+		CK(kcuda_mla_attn(c->kc, &v, &rows, qa, Hl, C, R, hp->attn_scale, ob));
+	}
+	PROF(c, "attn.v_up(v_b/head)", ktype_name(L->v_b.w.type), (double)Hl * wbytes(&L->v_b.w))
+	if (head_gemv(c, &L->v_b, n))
+		CK(kfwd_head_gemv(c->kc, &L->v_b.w, L->v_b.mat_bytes, (int)Hl, ob, Hl * C, C, n,
+		                  o + r0 * Hl * V, Hl * V, V));
+	else
+		for (int64_t hh = 0; hh < Hl; hh++) {
+			struct kweight vb = kweight3_at(&L->v_b, hh);
+			CK(kcuda_matmul(c->kc, &vb, ob + hh * C, Hl * C, n, o + r0 * Hl * V + hh * V,
+			                Hl * V));
+		}
+}
+
 static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const float *q, const float *cs,
                         const int32_t *sel, const int32_t *nsel, float *o)
 {
 	struct be_cuda *c = ctx;
 	(void)cs;
 	SKIP_REPLAY(c);
-	const struct model_hparams *hp = &c->m->hp;
-	int64_t n = c->st.n, Hl = c->rk->Hl, C = hp->C, R = hp->R, N = hp->N, NR = N + R, V = hp->V;
+	const int64_t n = c->st.n;
 	const bool q_done = c->q_layer == layer;
 	c->q_layer = -1;
-	if (dense_ok(c, L)) { /* cu_mla_q, when it ran, did only the rope */
-		mla_dense(c, layer, L, q, q_done, o);
+	const bool dense = dense_ok(c, L);
+	if (dense && c->md_all) { /* cu_mla_q, when it ran, did only the rope */
+		if (!q_done)
+			mla_q_rope(c, q);
+		for (int i = 0; i < c->md_n; i++)
+			mla_dense(c, layer, L, q, &c->md_seg[i], o);
 		return;
 	}
 	/* the rotary part of q_abs is filled: by mla_q (unless the fold leaves it to the kernel), or
@@ -1304,44 +1373,23 @@ static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const flo
 		if (!rope_done)
 			mla_q_absorb(c, L, q);
 	}
-	struct kfuse_rope rp = {.inv_freq = c->d_inv, .pos = c->d_pos, .pairing = hp->rope_main};
-	struct kcuda_kv_view v = kv_view(c, (size_t)layer * c->kv->layout.lat_layer_bytes, C + R);
-	struct kcuda_attn_rows rows = {.n_q = n,
-	                               .qseq = c->d_seq,
-	                               .blocks = c->d_blk,
-	                               .ld_blocks = c->max_blk,
-	                               .n_keys = sel ? nsel : c->d_nk,
-	                               .sel = sel,
-	                               .ld_sel = c->st.K,
-	                               .max_keys = sel ? c->st.K : c->st.max_keys};
-	const double kv_bytes = (double)n * (double)rows.max_keys * (double)(C + R) *
-	                        (c->kv->layout.dtype == MODEL_KV_BF16 ? 2 : 4);
-	/* TANDEM_MLA_ROPE=1: q's rotary part roped inside the attention kernel (one launch less per layer;
-	 * off by default: slower on the H200, see mla_attn_mma.cu); kfuse_mla_attn_rope declines with
-	 * ERR_UNSUPPORTED otherwise, and under the ref kernels */
-	int rc = ERR_UNSUPPORTED;
-	if (c->mla_fold) {
-		PROF(c, "attn.mla", NULL, kv_bytes)
-		rc = kfuse_mla_attn_rope(c->kc, &v, &rows, c->qabs, Hl, C, R, hp->attn_scale, c->obar, q + N,
-		                         Hl * NR, NR, &rp);
+	if (!dense) {
+		mla_absorbed(c, layer, L, q, sel, nsel, rope_done, 0, n, o);
+		return;
 	}
-	if (rc != ERR_UNSUPPORTED) {
-		CK(rc);
-	} else {
-		if (!rope_done) /* not done, or mla_q left the rope to the fold */
-			mla_q_rope(c, q);
-		PROF(c, "attn.mla", NULL, kv_bytes)
-		CK(kcuda_mla_attn(c->kc, &v, &rows, c->qabs, Hl, C, R, hp->attn_scale, c->obar));
+	/* some runs dense, the rows between them absorbed (q absorbed for every row: one launch) */
+	if (!rope_done)
+		mla_q_rope(c, q);
+	int64_t r = 0;
+	for (int i = 0; i < c->md_n; i++) {
+		const struct md_seg *sg = &c->md_seg[i];
+		if (sg->r0 > r)
+			mla_absorbed(c, layer, L, q, sel, nsel, true, r, sg->r0, o);
+		mla_dense(c, layer, L, q, sg, o);
+		r = sg->r0 + sg->n;
 	}
-	PROF(c, "attn.v_up(v_b/head)", ktype_name(L->v_b.w.type), (double)Hl * wbytes(&L->v_b.w))
-	if (head_gemv(c, &L->v_b, n))
-		CK(kfwd_head_gemv(c->kc, &L->v_b.w, L->v_b.mat_bytes, (int)Hl, c->obar, Hl * C, C, n, o,
-		                  Hl * V, V));
-	else
-		for (int64_t hh = 0; hh < Hl; hh++) {
-			struct kweight vb = kweight3_at(&L->v_b, hh);
-			CK(kcuda_matmul(c->kc, &vb, c->obar + hh * C, Hl * C, n, o + hh * V, Hl * V));
-		}
+	if (r < n)
+		mla_absorbed(c, layer, L, q, sel, nsel, true, r, n, o);
 }
 
 static void cu_moe_run(struct be_cuda *c, const struct layer_w *L, const float *a, float *part, int32_t *ids,
@@ -2094,7 +2142,15 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 		c->md_min = dm && *dm ? strtoll(dm, NULL, 10) : 128;
 		if (c->md_min < 1)
 			c->md_min = 1;
-		c->md_math = dh && strcmp(dh, "f32") == 0 ? 0 : dh && strcmp(dh, "tf32") == 0 ? 1 : -1;
+		c->md_math = !dh || !*dh               ? -1
+		             : strcmp(dh, "f32") == 0  ? KCUDA_MD_F32
+		             : strcmp(dh, "tf32") == 0 ? KCUDA_MD_TF32
+		             : strcmp(dh, "bf16") == 0 ? KCUDA_MD_BF16
+		                                       : -2;
+		if (c->md_math == -2) {
+			rc = errbuf_set(e, -EINVAL, "TANDEM_MLA_DENSE_MATH=%s: want f32, tf32 or bf16", dh);
+			goto fail;
+		}
 		if (!(de && strcmp(de, "0") == 0) && T >= c->md_min)
 			c->md_bytes = kcuda_mla_dense_ws(Hl, C, R, hp->N, hp->V, T, c->max_ctx);
 		scratch += c->md_bytes;

@@ -20,12 +20,17 @@
  * row's output by e^(m_old - m_new) and keeps (m, l); then O += P V (one GEMM, beta 1). Rows whose
  * position is before the key block are skipped; the last step divides by l.
  *
- * Numerics: fp32 throughout, the GEMMs either plain fp32 (CUBLAS_COMPUTE_32F_PEDANTIC: the CPU's
- * arithmetic up to the order of the sums) or TF32 tensor cores (inputs rounded to 10 mantissa bits,
- * 2^-11 relative: finer than a bf16 KV pool's own rounding, 2^-9), chosen by the caller. Invalid
+ * Numerics, chosen by the caller: fp32 throughout with the GEMMs either plain fp32
+ * (CUBLAS_COMPUTE_32F_PEDANTIC: the CPU's arithmetic up to the order of the sums) or TF32 tensor cores
+ * (inputs rounded to 10 mantissa bits, 2^-11 relative: finer than a bf16 KV pool's own rounding, 2^-9);
+ * or bf16 tensor cores (twice TF32's rate, half the bytes of K, V and p): q, the latent rows, the
+ * dequantized weights, K, V and p rounded to bf16 (2^-9 each), S, the softmax and O in fp32 (the
+ * rounding of a bf16 flash-attention kernel; the absorbed kernels keep ~16 bits by their hi + lo
+ * split). Invalid
  * keys (a block id out of range or -1) are masked (score -inf) and counted in the context's error
  * counter, as in the other MLA kernels; a row with no valid key gives zeros. */
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <math.h>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -36,10 +41,11 @@
 #define MD_QB_MIN 64
 #define MD_WARPS 8
 
-namespace {
+namespace
+{
 
 struct md_carve {
-	size_t wk, wv, lat, kn, vv, s, m, l, valid, total;
+	size_t wk, wv, lat, kn, vv, s, m, l, valid, qh, total;
 };
 
 size_t md_up(size_t x)
@@ -47,7 +53,8 @@ size_t md_up(size_t x)
 	return (x + 255) & ~(size_t)255;
 }
 
-md_carve md_layout(int64_t H, int64_t C, int64_t R, int64_t N, int64_t V, int64_t rows, int64_t kb, int64_t qb)
+md_carve md_layout(int64_t H, int64_t C, int64_t R, int64_t N, int64_t V, int64_t rows, int64_t kb,
+                   int64_t qb)
 {
 	md_carve k;
 	size_t o = 0;
@@ -61,6 +68,7 @@ md_carve md_layout(int64_t H, int64_t C, int64_t R, int64_t N, int64_t V, int64_
 	k.m = o, o += md_up(f * (size_t)(rows * H));
 	k.l = o, o += md_up(f * (size_t)(rows * H));
 	k.valid = o, o += md_up(sizeof(int) * (size_t)kb);
+	k.qh = o, o += md_up(sizeof(uint16_t) * (size_t)(rows * H * (N + R))); /* bf16 math: q rounded */
 	k.total = o;
 	return k;
 }
@@ -75,10 +83,21 @@ void md_blocks(int64_t H, int64_t rows, int64_t keys, int64_t *kb, int64_t *qb)
 	*qb = q < rows ? q : (rows > 0 ? rows : 1);
 }
 
-/* lat[j][0 .. dim) = the latent row of position k0 + j (fp32), valid[j] whether it exists */
-__global__ void md_gather_kernel(const uint8_t *base, int64_t n_blocks, size_t block_bytes, size_t offset, int bt,
-                                 int bf16, const int32_t *tbl, int64_t ld_blocks, int64_t k0, int dim, float *lat,
-                                 int *valid, unsigned *err)
+/* lat[j][0 .. dim) = the latent row of position k0 + j (fp32, or bf16 for the bf16 math), valid[j]
+ * whether it exists */
+__device__ __forceinline__ void md_put(float *d, float v)
+{
+	*d = v;
+}
+__device__ __forceinline__ void md_put(uint16_t *d, float v)
+{
+	*d = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
+template <typename T>
+__global__ void md_gather_kernel(const uint8_t *base, int64_t n_blocks, size_t block_bytes, size_t offset,
+                                 int bt, int bf16, const int32_t *tbl, int64_t ld_blocks, int64_t k0, int dim,
+                                 T *lat, int *valid, unsigned *err)
 {
 	KDEP_ENTRY();
 	const int j = blockIdx.x;
@@ -87,16 +106,33 @@ __global__ void md_gather_kernel(const uint8_t *base, int64_t n_blocks, size_t b
 	if (p / bt < ld_blocks) {
 		const int64_t b = tbl[p / bt];
 		if (b >= 0 && b < n_blocks)
-			row = base + (size_t)b * block_bytes + offset + (size_t)(p % bt) * (size_t)dim * (bf16 ? 2 : 4);
+			row = base + (size_t)b * block_bytes + offset +
+			      (size_t)(p % bt) * (size_t)dim * (bf16 ? 2 : 4);
 	}
 	if (threadIdx.x == 0) {
 		valid[j] = row != NULL;
 		if (!row)
 			atomicAdd(err, 1u);
 	}
-	float *dst = lat + (int64_t)j * dim;
+	T *dst = lat + (int64_t)j * dim;
 	for (int e = threadIdx.x; e < dim; e += blockDim.x)
-		dst[e] = !row ? 0.0f : bf16 ? kc_bf2f(((const uint16_t *)row)[e]) : ((const float *)row)[e];
+		md_put(dst + e, !row   ? 0.0f
+		                : bf16 ? kc_bf2f(((const uint16_t *)row)[e])
+		                       : ((const float *)row)[e]);
+}
+
+/* bf16 math: qh[i][h][0 .. N) = q_nope of row i, head h, then qh + n H N: [i][h][0 .. R) its rotary
+ * part, rounded to bf16 (one block a row) */
+__global__ void md_qcvt_kernel(const float *q, int64_t ldq, int64_t q_hs, const float *qr, int64_t ldqr,
+                               int64_t qr_hs, int64_t n, int H, int N, int R, uint16_t *qh)
+{
+	KDEP_ENTRY();
+	const int64_t i = blockIdx.x;
+	uint16_t *qn = qh + i * H * N, *qrr = qh + n * H * N + i * H * R;
+	for (int e = threadIdx.x; e < H * N; e += blockDim.x)
+		md_put(qn + e, q[i * ldq + (int64_t)(e / N) * q_hs + e % N]);
+	for (int e = threadIdx.x; e < H * R; e += blockDim.x)
+		md_put(qrr + e, qr[i * ldqr + (int64_t)(e / R) * qr_hs + e % R]);
 }
 
 /* One online-softmax step per (row, head) of a (row block, key block): s[h][i][0 .. kbe) holds the
@@ -104,10 +140,10 @@ __global__ void md_gather_kernel(const uint8_t *base, int64_t n_blocks, size_t b
  * row's position and invalid keys get p = 0; p = e^(s - m_new) replaces s; the row's output
  * (out + (rs + i) ldo + h V, V values) is rescaled by e^(m_old - m_new) (zeroed on the first key
  * block) and (m, l) updated. One warp a (row, head). */
-__global__ void __launch_bounds__(32 * MD_WARPS) md_softmax_kernel(float *s, int qb, int kbe, int H, int64_t rs,
-                                                                   int64_t pos0, int64_t k0, int first,
-                                                                   const int *valid, float *m_run,
-                                                                   float *l_run, float *out, int64_t ldo, int V)
+template <typename P>
+__global__ void __launch_bounds__(32 * MD_WARPS)
+    md_softmax_kernel(float *s, int qb, int kbe, int H, int64_t rs, int64_t pos0, int64_t k0, int first,
+                      const int *valid, float *m_run, float *l_run, float *out, int64_t ldo, int V)
 {
 	KDEP_ENTRY();
 	const int lane = threadIdx.x & 31;
@@ -136,8 +172,8 @@ __global__ void __launch_bounds__(32 * MD_WARPS) md_softmax_kernel(float *s, int
 		const int j = t * 32 + lane;
 		const float p = v[t] == -INFINITY ? 0.0f : expf(v[t] - m_new);
 		sum += p;
-		if (j < kbe)
-			sr[j] = p;
+		if (j < kbe) /* bf16 p: the first half of the row's bytes (all read above, the warp synced) */
+			md_put((P *)sr + j, p);
 	}
 	sum = kc_warp_sum(sum);
 	/* e^(m_old - m_new): 0 when nothing was seen before (m_old -inf), 1 when nothing is seen yet */
@@ -157,8 +193,8 @@ __global__ void __launch_bounds__(32 * MD_WARPS) md_softmax_kernel(float *s, int
 }
 
 /* out row (i, h) /= l (0 where no key was valid) */
-__global__ void __launch_bounds__(32 * MD_WARPS) md_finish_kernel(int64_t n, int H, const float *l_run, float *out,
-                                                                  int64_t ldo, int V)
+__global__ void __launch_bounds__(32 * MD_WARPS)
+    md_finish_kernel(int64_t n, int H, const float *l_run, float *out, int64_t ldo, int V)
 {
 	KDEP_ENTRY();
 	const int lane = threadIdx.x & 31;
@@ -179,10 +215,21 @@ bool md_fits(int64_t v)
 	return v >= 0 && v <= INT32_MAX;
 }
 
-/* C_b = alpha op(A_b) op(B_b) + beta C_b for b < batch (column-major, cuBLAS's terms) */
-int md_gemm(struct kcuda_ctx *c, bool tf32, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
-            int64_t k, float alpha, const float *A, int64_t lda, int64_t sa, const float *B, int64_t ldb,
-            int64_t sb, float beta, float *C, int64_t ldc, int64_t sc, int64_t batch)
+/* the GEMMs' element types and arithmetic: fp32 in and out (plain or TF32), or bf16 inputs with an
+ * fp32 (S, O) or bf16 (K, V) output, fp32 accumulation */
+struct md_math {
+	int mode; /* KCUDA_MD_F32 / _TF32 / _BF16 */
+	cudaDataType_t in() const
+	{
+		return mode == KCUDA_MD_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+	}
+};
+
+/* C_b = alpha op(A_b) op(B_b) + beta C_b for b < batch (column-major, cuBLAS's terms); A and B of
+ * the math's input type, C of ct */
+int md_gemm(struct kcuda_ctx *c, md_math mm, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
+            int64_t k, float alpha, const void *A, int64_t lda, int64_t sa, const void *B, int64_t ldb,
+            int64_t sb, float beta, void *C, cudaDataType_t ct, int64_t ldc, int64_t sc, int64_t batch)
 {
 	if (!md_fits(m) || !md_fits(n) || !md_fits(k) || !md_fits(lda) || !md_fits(ldb) || !md_fits(ldc) ||
 	    !md_fits(batch))
@@ -190,35 +237,49 @@ int md_gemm(struct kcuda_ctx *c, bool tf32, cublasOperation_t ta, cublasOperatio
 	if (m == 0 || n == 0 || batch == 0)
 		return 0;
 	cublasHandle_t h = (cublasHandle_t)c->cublas;
-	cublasStatus_t st = cublasGemmStridedBatchedEx(
-	    h, ta, tb, (int)m, (int)n, (int)k, &alpha, A, CUDA_R_32F, (int)lda, sa, B, CUDA_R_32F, (int)ldb, sb,
-	    &beta, C, CUDA_R_32F, (int)ldc, sc, (int)batch,
-	    tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT);
-	if (st == CUBLAS_STATUS_NOT_SUPPORTED && !tf32) /* plain fp32 (the handle's default math: no TF32) */
-		st = cublasGemmStridedBatchedEx(h, ta, tb, (int)m, (int)n, (int)k, &alpha, A, CUDA_R_32F, (int)lda,
-		                                sa, B, CUDA_R_32F, (int)ldb, sb, &beta, C, CUDA_R_32F, (int)ldc,
-		                                sc, (int)batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+	const cudaDataType_t it = mm.in();
+	const cublasComputeType_t ctp = mm.mode == KCUDA_MD_TF32  ? CUBLAS_COMPUTE_32F_FAST_TF32
+	                                : mm.mode == KCUDA_MD_F32 ? CUBLAS_COMPUTE_32F_PEDANTIC
+	                                                          : CUBLAS_COMPUTE_32F;
+	cublasStatus_t st = cublasGemmStridedBatchedEx(h, ta, tb, (int)m, (int)n, (int)k, &alpha, A, it,
+	                                               (int)lda, sa, B, it, (int)ldb, sb, &beta, C, ct,
+	                                               (int)ldc, sc, (int)batch, ctp, CUBLAS_GEMM_DEFAULT);
+	if (st == CUBLAS_STATUS_NOT_SUPPORTED &&
+	    mm.mode == KCUDA_MD_F32) /* plain fp32 (no TF32 by default) */
+		st = cublasGemmStridedBatchedEx(h, ta, tb, (int)m, (int)n, (int)k, &alpha, A, it, (int)lda,
+		                                sa, B, it, (int)ldb, sb, &beta, C, ct, (int)ldc, sc,
+		                                (int)batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 	if (st != CUBLAS_STATUS_SUCCESS) {
-		fprintf(stderr, "kcuda: mla_dense: cublasGemmStridedBatchedEx failed (%d) for %lldx%lldx%lld x %lld\n",
-		        (int)st, (long long)m, (long long)n, (long long)k, (long long)batch);
+		fprintf(
+		    stderr,
+		    "kcuda: mla_dense: cublasGemmStridedBatchedEx failed (%d) for %lldx%lldx%lld x %lld\n",
+		    (int)st, (long long)m, (long long)n, (long long)k, (long long)batch);
 		return ERR_CUDA;
 	}
 	return 0;
 }
 
-/* the heads' matrices of a per-head weight (head h at data + h stride), dequantized to fp32
+int md_dequant(struct kcuda_ctx *c, const struct kweight *w, bool bf16, void *dst)
+{
+	return bf16 ? kcuda_dequant_bf16(c, w, 0, w->n_out, (uint16_t *)dst)
+	            : kcuda_dequant_f32(c, w, 0, w->n_out, (float *)dst);
+}
+
+/* the heads' matrices of a per-head weight (head h at data + h stride), dequantized to fp32 or bf16
  * [H][rows][cols]: one launch when the heads are packed back to back */
-int md_dequant_heads(struct kcuda_ctx *c, const struct kweight *w, size_t stride, int64_t H, float *dst)
+int md_dequant_heads(struct kcuda_ctx *c, const struct kweight *w, size_t stride, int64_t H, bool bf16,
+                     void *dst)
 {
 	if (stride == (size_t)w->n_out * w->row_bytes) {
 		struct kweight all = *w;
 		all.n_out = w->n_out * H;
-		return kcuda_dequant_f32(c, &all, 0, all.n_out, dst);
+		return md_dequant(c, &all, bf16, dst);
 	}
+	const size_t esz = bf16 ? 2 : 4;
 	for (int64_t h = 0; h < H; h++) {
 		struct kweight one = *w;
 		one.data = (const uint8_t *)w->data + (size_t)h * stride;
-		int rc = kcuda_dequant_f32(c, &one, 0, one.n_out, dst + h * w->n_out * w->n_in);
+		int rc = md_dequant(c, &one, bf16, (uint8_t *)dst + (size_t)(h * w->n_out * w->n_in) * esz);
 		if (rc)
 			return rc;
 	}
@@ -237,7 +298,8 @@ extern "C" size_t kcuda_mla_dense_ws(int64_t H, int64_t C, int64_t R, int64_t N,
 	return md_layout(H, C, R, N, V, max_rows, kb, qb).total;
 }
 
-extern "C" int kcuda_mla_dense(struct kcuda_ctx *c, const struct kcuda_mla_dense_args *a, void *ws, size_t ws_bytes)
+extern "C" int kcuda_mla_dense(struct kcuda_ctx *c, const struct kcuda_mla_dense_args *a, void *ws,
+                               size_t ws_bytes)
 {
 	const char *op = "mla_dense";
 	if (!c || !a || !a->kv || !a->blocks || !a->q || !a->qr || !a->k_b || !a->v_b || !a->out || !ws)
@@ -249,16 +311,19 @@ extern "C" int kcuda_mla_dense(struct kcuda_ctx *c, const struct kcuda_mla_dense
 		                     (long long)H, (long long)C, (long long)R, (long long)N, (long long)V,
 		                     (long long)n, (long long)a->pos0, (long long)a->ld_blocks);
 	if (kv->dim != C + R || kv->block_tokens <= 0 || kv->n_blocks < 0 || !kv->base)
-		return kcuda_bad_arg(op, "KV view of dim %lld (C + R = %lld), block_tokens %d", (long long)kv->dim,
-		                     (long long)(C + R), kv->block_tokens);
+		return kcuda_bad_arg(op, "KV view of dim %lld (C + R = %lld), block_tokens %d",
+		                     (long long)kv->dim, (long long)(C + R), kv->block_tokens);
 	if (a->k_b->n_out != C || a->k_b->n_in != N || a->v_b->n_out != V || a->v_b->n_in != C)
-		return kcuda_bad_arg(op, "k_b %lld x %lld (want %lld x %lld), v_b %lld x %lld (want %lld x %lld)",
-		                     (long long)a->k_b->n_out, (long long)a->k_b->n_in, (long long)C, (long long)N,
-		                     (long long)a->v_b->n_out, (long long)a->v_b->n_in, (long long)V, (long long)C);
+		return kcuda_bad_arg(
+		    op, "k_b %lld x %lld (want %lld x %lld), v_b %lld x %lld (want %lld x %lld)",
+		    (long long)a->k_b->n_out, (long long)a->k_b->n_in, (long long)C, (long long)N,
+		    (long long)a->v_b->n_out, (long long)a->v_b->n_in, (long long)V, (long long)C);
 	if (a->ldq < H * a->q_hs || a->q_hs < N || a->ldqr < H * a->qr_hs || a->qr_hs < R || a->ldo < H * V)
 		return kcuda_bad_arg(op, "strides: ldq %lld q_hs %lld ldqr %lld qr_hs %lld ldo %lld",
-		                     (long long)a->ldq, (long long)a->q_hs, (long long)a->ldqr, (long long)a->qr_hs,
-		                     (long long)a->ldo);
+		                     (long long)a->ldq, (long long)a->q_hs, (long long)a->ldqr,
+		                     (long long)a->qr_hs, (long long)a->ldo);
+	if (a->math != KCUDA_MD_F32 && a->math != KCUDA_MD_TF32 && a->math != KCUDA_MD_BF16)
+		return kcuda_bad_arg(op, "math %d", a->math);
 	const int64_t nk = a->pos0 + n; /* keys 0 .. pos0 + n - 1 */
 	if (nk > a->ld_blocks * kv->block_tokens)
 		return kcuda_bad_arg(op, "positions up to %lld beyond the block table (%lld blocks of %d)",
@@ -278,31 +343,53 @@ extern "C" int kcuda_mla_dense(struct kcuda_ctx *c, const struct kcuda_mla_dense
 		return ERR_LIMIT;
 	if (!md_fits(H * N) || !md_fits(H * V) || !md_fits(C + R))
 		return ERR_LIMIT;
+	const md_math mm = {a->math};
+	const bool bf = a->math == KCUDA_MD_BF16;
+	const size_t esz = bf ? 2 : 4; /* bytes of a GEMM input element */
 	uint8_t *w8 = (uint8_t *)ws;
-	float *wk = (float *)(w8 + L.wk), *wv = (float *)(w8 + L.wv), *lat = (float *)(w8 + L.lat);
-	float *kn = (float *)(w8 + L.kn), *vv = (float *)(w8 + L.vv), *s = (float *)(w8 + L.s);
+	void *wk = w8 + L.wk, *wv = w8 + L.wv, *lat = w8 + L.lat, *kn = w8 + L.kn, *vv = w8 + L.vv;
+	float *s = (float *)(w8 + L.s);
 	float *m_run = (float *)(w8 + L.m), *l_run = (float *)(w8 + L.l);
 	int *valid = (int *)(w8 + L.valid);
-	const bool tf32 = a->tf32 != 0;
+	uint16_t *qh = (uint16_t *)(w8 + L.qh);
 	int rc;
-	if ((rc = md_dequant_heads(c, a->k_b, a->k_b_stride, H, wk)) ||
-	    (rc = md_dequant_heads(c, a->v_b, a->v_b_stride, H, wv)))
+	if ((rc = md_dequant_heads(c, a->k_b, a->k_b_stride, H, bf, wk)) ||
+	    (rc = md_dequant_heads(c, a->v_b, a->v_b_stride, H, bf, wv)))
 		return rc;
+	/* the query parts the S GEMMs read: the caller's fp32 rows, or their bf16 copies */
+	const void *qn = a->q, *qrp = a->qr;
+	int64_t ldqn = a->ldq, qn_hs = a->q_hs, ldqrp = a->ldqr, qrp_hs = a->qr_hs;
+	if (bf) {
+		if ((rc = klaunch("mla_dense q bf16", md_qcvt_kernel, dim3((unsigned)n), dim3(256), 0,
+		                  c->stream, a->q, a->ldq, a->q_hs, a->qr, a->ldqr, a->qr_hs, n, (int)H,
+		                  (int)N, (int)R, qh)))
+			return rc;
+		qn = qh, ldqn = H * N, qn_hs = N;
+		qrp = qh + n * H * N, ldqrp = H * R, qrp_hs = R;
+	}
 	const int dim = (int)(C + R);
+	/* element offsets into the S / P buffer: P (bf16) takes the first half of each row's bytes */
+	const int64_t pe = bf ? 2 : 1;
 	for (int64_t k0 = 0; k0 < nk; k0 += kb) {
 		const int64_t kbn = nk - k0 < kb ? nk - k0 : kb;
-		if ((rc = klaunch("mla_dense gather", md_gather_kernel, dim3((unsigned)kbn), dim3(128), 0, c->stream,
-		                  (const uint8_t *)kv->base, kv->n_blocks, kv->block_bytes, kv->offset,
-		                  kv->block_tokens, kv->bf16, a->blocks, a->ld_blocks, k0, dim, lat, valid,
-		                  c->err_dev)))
+		rc = bf ? klaunch("mla_dense gather", md_gather_kernel<uint16_t>, dim3((unsigned)kbn),
+		                  dim3(128), 0, c->stream, (const uint8_t *)kv->base, kv->n_blocks,
+		                  kv->block_bytes, kv->offset, kv->block_tokens, kv->bf16, a->blocks,
+		                  a->ld_blocks, k0, dim, (uint16_t *)lat, valid, c->err_dev)
+		        : klaunch("mla_dense gather", md_gather_kernel<float>, dim3((unsigned)kbn), dim3(128),
+		                  0, c->stream, (const uint8_t *)kv->base, kv->n_blocks, kv->block_bytes,
+		                  kv->offset, kv->block_tokens, kv->bf16, a->blocks, a->ld_blocks, k0, dim,
+		                  (float *)lat, valid, c->err_dev);
+		if (rc)
 			return rc;
+		const cudaDataType_t kvt = mm.in(); /* K / V in the GEMM input type */
 		/* K_h^T (N x kbn) = W_UK(h)^T c^T: W_UK(h) row-major C x N is column-major N x C */
-		if ((rc = md_gemm(c, tf32, CUBLAS_OP_N, CUBLAS_OP_N, N, kbn, C, 1.0f, wk, N, C * N, lat, C + R, 0, 0.0f,
-		                  kn, H * N, N, H)))
+		if ((rc = md_gemm(c, mm, CUBLAS_OP_N, CUBLAS_OP_N, N, kbn, C, 1.0f, wk, N, C * N, lat, C + R,
+		                  0, 0.0f, kn, kvt, H * N, N, H)))
 			return rc;
 		/* V_h^T (V x kbn) = W_UV(h) c^T: W_UV(h) row-major V x C is column-major C x V, transposed */
-		if ((rc = md_gemm(c, tf32, CUBLAS_OP_T, CUBLAS_OP_N, V, kbn, C, 1.0f, wv, C, V * C, lat, C + R, 0, 0.0f,
-		                  vv, H * V, V, H)))
+		if ((rc = md_gemm(c, mm, CUBLAS_OP_T, CUBLAS_OP_N, V, kbn, C, 1.0f, wv, C, V * C, lat, C + R,
+		                  0, 0.0f, vv, kvt, H * V, V, H)))
 			return rc;
 		const bool first = k0 == 0;
 		/* on the diagonal (rows that see only part of the block) smaller row blocks, so the GEMMs
@@ -320,27 +407,36 @@ extern "C" int kcuda_mla_dense(struct kcuda_ctx *c, const struct kcuda_mla_dense
 			/* keys up to the last row's position */
 			const int64_t kl = a->pos0 + r1 - k0;
 			const int64_t kbe = kl < kbn ? kl : kbn;
-			/* S_h^T (kbe x nq) = K_h q_h^T (+ k_r q_r,h^T), column-major: S_h is row-major nq x kbe */
-			if ((rc = md_gemm(c, tf32, CUBLAS_OP_T, CUBLAS_OP_N, kbe, nq, N, a->scale, kn, H * N, N,
-			                  a->q + rs * a->ldq, a->ldq, a->q_hs, 0.0f, s, kbe, nq * kbe, H)))
+			/* S_h^T (kbe x nq) = K_h q_h^T (+ k_r q_r,h^T), column-major: S_h is row-major nq x
+			 * kbe */
+			if ((rc = md_gemm(c, mm, CUBLAS_OP_T, CUBLAS_OP_N, kbe, nq, N, a->scale, kn, H * N, N,
+			                  (const uint8_t *)qn + (size_t)(rs * ldqn) * esz, ldqn, qn_hs, 0.0f,
+			                  s, CUDA_R_32F, kbe, nq * kbe, H)))
 				return rc;
-			if (R > 0 &&
-			    (rc = md_gemm(c, tf32, CUBLAS_OP_T, CUBLAS_OP_N, kbe, nq, R, a->scale, lat + C, C + R, 0,
-			                  a->qr + rs * a->ldqr, a->ldqr, a->qr_hs, 1.0f, s, kbe, nq * kbe, H)))
+			if (R > 0 && (rc = md_gemm(c, mm, CUBLAS_OP_T, CUBLAS_OP_N, kbe, nq, R, a->scale,
+			                           (const uint8_t *)lat + (size_t)C * esz, C + R, 0,
+			                           (const uint8_t *)qrp + (size_t)(rs * ldqrp) * esz, ldqrp,
+			                           qrp_hs, 1.0f, s, CUDA_R_32F, kbe, nq * kbe, H)))
 				return rc;
 			const int64_t warps = nq * H;
-			if ((rc = klaunch("mla_dense softmax", md_softmax_kernel,
-			                  dim3((unsigned)((warps + MD_WARPS - 1) / MD_WARPS)), dim3(32 * MD_WARPS), 0,
-			                  c->stream, s, (int)nq, (int)kbe, (int)H, rs, a->pos0, k0, (int)first, valid,
-			                  m_run, l_run, a->out, a->ldo, (int)V)))
+			const dim3 g((unsigned)((warps + MD_WARPS - 1) / MD_WARPS)), t(32 * MD_WARPS);
+			rc = bf ? klaunch("mla_dense softmax", md_softmax_kernel<uint16_t>, g, t, 0,
+			                  c->stream, s, (int)nq, (int)kbe, (int)H, rs, a->pos0, k0,
+			                  (int)first, valid, m_run, l_run, a->out, a->ldo, (int)V)
+			        : klaunch("mla_dense softmax", md_softmax_kernel<float>, g, t, 0, c->stream,
+			                  s, (int)nq, (int)kbe, (int)H, rs, a->pos0, k0, (int)first, valid,
+			                  m_run, l_run, a->out, a->ldo, (int)V);
+			if (rc)
 				return rc;
 			/* O_h^T (V x nq) += V_h^T P_h^T */
-			if ((rc = md_gemm(c, tf32, CUBLAS_OP_N, CUBLAS_OP_N, V, nq, kbe, 1.0f, vv, H * V, V, s, kbe,
-			                  nq * kbe, 1.0f, a->out + rs * a->ldo, a->ldo, V, H)))
+			if ((rc = md_gemm(c, mm, CUBLAS_OP_N, CUBLAS_OP_N, V, nq, kbe, 1.0f, vv, H * V, V, s,
+			                  pe * kbe, pe * nq * kbe, 1.0f, a->out + rs * a->ldo, CUDA_R_32F,
+			                  a->ldo, V, H)))
 				return rc;
 		}
 	}
 	const int64_t warps = n * H;
-	return klaunch("mla_dense finish", md_finish_kernel, dim3((unsigned)((warps + MD_WARPS - 1) / MD_WARPS)),
-	               dim3(32 * MD_WARPS), 0, c->stream, n, (int)H, l_run, a->out, a->ldo, (int)V);
+	return klaunch("mla_dense finish", md_finish_kernel,
+	               dim3((unsigned)((warps + MD_WARPS - 1) / MD_WARPS)), dim3(32 * MD_WARPS), 0, c->stream,
+	               n, (int)H, l_run, a->out, a->ldo, (int)V);
 }

@@ -23,7 +23,11 @@
  * bf16 path); 16-token greedy continuations of the first prompts (prefill in chunks of 8, then
  * decode) identical to the CPU's up to the first step whose CPU top-1/top-2 margin is below
  * TOL_F32; decode of 3 sequences replayed from CUDA graphs equal bit for bit to the same padded
- * shapes run eagerly (graphs = 2), and within TOL_F32 of the CPU. */
+ * shapes run eagerly (graphs = 2), and within TOL_F32 of the CPU. The dense prompt path (kcuda_mla_dense,
+ * by default from 128 rows) made to take small chunks: the rand64 logits again with it from chunks of 8
+ * (fp32 GEMMs, TOL_F32) and for the 64-token batch with bf16 GEMMs (the bf16 bound above); and steps of
+ * three sequences' chunks, up to 8 rows, where runs of rows take it and a row between them the absorbed
+ * kernels (TOL_F32). */
 #include "tests/model/sel_diff.h"
 
 #ifndef TANDEM_CUDA
@@ -141,6 +145,86 @@ static void test_logits(const char *stem, struct model *mc, struct model *mg, js
 	model_kv_fini(&kg);
 	free(ref);
 	free(got);
+	free(ids);
+}
+
+/* One step packing three sequences' prompt chunks, as the prefill engine does: rows [A: na rows at positions
+ * 0.. | B: nb rows at 16.. | C: nc rows at 8..], B's first 16 and C's first 8 positions cached by earlier
+ * steps; at most 8 rows, so every product is the fp32 GEMV. Run on mg (the absorbed kernels) and md
+ * (TANDEM_MLA_DENSE_MIN=2, fp32 GEMMs: runs of 2 rows and more take the dense path, a single row between
+ * them the absorbed kernels), the logits of every row against the CPU's same steps within TOL_F32. */
+static void test_mixed(const char *stem, struct model *mc, struct model *mg, struct model *md, json_t *man,
+                       int na, int nb, int nc)
+{
+	int64_t V = model_hparams(mc)->vocab;
+	int32_t *ids = NULL;
+	int n = 0;
+	const int nt = na + nb + nc;
+	if (find_prompt(man, "rand64", &ids, &n) || n < 64 || nt > 8 || na > 16 || nb > 16 || nc > 16) {
+		CHECK(0, "%s: no rand64 prompt of 64 tokens, or more than 8 rows", stem);
+		free(ids);
+		return;
+	}
+	struct model *ms[3] = {mc, mg, md};
+	float *lg[3];
+	for (int k = 0; k < 3; k++)
+		lg[k] = malloc(sizeof(float) * (size_t)V * (size_t)nt);
+	float *tmp = malloc(sizeof(float) * (size_t)V);
+	int rc = 0;
+	for (int k = 0; k < 3 && !rc; k++) {
+		struct model_kv kv;
+		struct errbuf e = {0};
+		if (model_kv_init(&kv, ms[k], 8, NULL, 0, &e)) {
+			CHECK(0, "%s: kv: %s", stem, e.msg);
+			rc = -1;
+			break;
+		}
+		struct tseq sq[3];
+		for (int j = 0; j < 3; j++)
+			tseq_init(&sq[j], 2 * j, 2, 1);
+		rc = run_seq(ms[k], &kv, &sq[1], ids + 10, 16, 8, false, tmp) ||
+		     run_seq(ms[k], &kv, &sq[2], ids + 30, 8, 8, false, tmp);
+		int32_t tok[8], seq[8], pos[8];
+		uint8_t want[8];
+		for (int i = 0; i < nt; i++) {
+			const int j = i < na        ? 0
+			              : i < na + nb ? 1
+			                            : 2,
+			          o = i - (j == 0   ? 0
+			                   : j == 1 ? na
+			                            : na + nb);
+			seq[i] = j;
+			pos[i] = sq[j].len + o;
+			tok[i] = ids[(j == 0 ? 0 : j == 1 ? 26 : 38) + o];
+			want[i] = 1;
+		}
+		struct model_seq mseq[3];
+		for (int j = 0; j < 3; j++)
+			mseq[j] = (struct model_seq){.blocks = sq[j].blocks, .n_blocks = sq[j].n_blocks};
+		struct model_batch b = {.n_tokens = nt,
+		                        .tokens = tok,
+		                        .seq = seq,
+		                        .pos = pos,
+		                        .logits = want,
+		                        .n_seqs = 3,
+		                        .seqs = mseq};
+		if (!rc)
+			rc = model_forward(ms[k], &kv, &b, lg[k], NULL, &e);
+		CHECK(rc == 0, "%s: mixed step on model %d: %s", stem, k, e.msg);
+		model_kv_fini(&kv);
+	}
+	if (!rc) {
+		double dg = max_abs_diff(lg[0], lg[1], (size_t)V * (size_t)nt),
+		       dd = max_abs_diff(lg[0], lg[2], (size_t)V * (size_t)nt);
+		printf("%-22s one step of 3 sequences (%d | %d | %d rows) vs cpu: absorbed max|d| = %.3g, "
+		       "dense runs (min 2) %.3g (tolerance %.2g)\n",
+		       stem, na, nb, nc, dg, dd, TOL_F32);
+		CHECK(dg <= TOL_F32, "%s: the mixed step (absorbed) differs from cpu by %g", stem, dg);
+		CHECK(dd <= TOL_F32, "%s: the mixed step (dense runs) differs from cpu by %g", stem, dd);
+	}
+	for (int k = 0; k < 3; k++)
+		free(lg[k]);
+	free(tmp);
 	free(ids);
 }
 
@@ -297,17 +381,35 @@ int main(void)
 			test_greedy(stem, mc, mg, man);
 			test_graphs(stem, mc, man);
 			/* prompt rows through the naive-form dense MLA (kcuda_mla_dense) instead of the
-			 * absorbed one: by default only chunks of 128 rows and more take it */
-			setenv("TANDEM_MLA_DENSE_MIN", "8", 1);
-			struct model *md = load_cuda(stem, 0);
-			unsetenv("TANDEM_MLA_DENSE_MIN");
-			CHECK(md != NULL, "%s: load with TANDEM_MLA_DENSE_MIN=8", stem);
-			if (md) {
-				printf("%-22s with TANDEM_MLA_DENSE_MIN=8 (dense MLA for chunks of 8 and "
-				       "more):\n",
-				       stem);
+			 * absorbed one (by default only chunks of 128 rows and more take it): fp32 GEMMs
+			 * (these models' fp32 pool) from chunks of 8, held to the fp32 tolerance; bf16 GEMMs
+			 * (a bf16 pool's default) for the 64-token chunk, held to the bf16 one */
+			for (int v = 0; v < 2; v++) {
+				const char *min = v ? "64" : "8", *math = v ? "bf16" : "f32";
+				setenv("TANDEM_MLA_DENSE_MIN", min, 1);
+				setenv("TANDEM_MLA_DENSE_MATH", math, 1);
+				struct model *md = load_cuda(stem, 0);
+				unsetenv("TANDEM_MLA_DENSE_MIN");
+				unsetenv("TANDEM_MLA_DENSE_MATH");
+				CHECK(md != NULL, "%s: load with TANDEM_MLA_DENSE_MIN=%s", stem, min);
+				if (!md)
+					continue;
+				printf("%-22s with TANDEM_MLA_DENSE_MIN=%s TANDEM_MLA_DENSE_MATH=%s:\n", stem,
+				       min, math);
 				test_logits(stem, mc, md, man);
 				model_destroy(md);
+			}
+			setenv("TANDEM_MLA_DENSE_MIN", "2", 1);
+			setenv("TANDEM_MLA_DENSE_MATH", "f32", 1);
+			struct model *m2 = load_cuda(stem, 0);
+			unsetenv("TANDEM_MLA_DENSE_MIN");
+			unsetenv("TANDEM_MLA_DENSE_MATH");
+			CHECK(m2 != NULL, "%s: load with TANDEM_MLA_DENSE_MIN=2", stem);
+			if (m2) {
+				test_mixed(stem, mc, mg, m2, man, 3, 1, 4); /* dense | absorbed | dense */
+				test_mixed(stem, mc, mg, m2, man, 3, 2, 3); /* three dense runs */
+				test_mixed(stem, mc, mg, m2, man, 1, 4, 3); /* absorbed | dense | dense */
+				model_destroy(m2);
 			}
 			json_decref(man);
 		}

@@ -5,11 +5,11 @@
  * with forced small key / row blocks (many blocks, rows that skip key blocks), an fp32 pool with the
  * chunk starting at pos0 > 0 and per-head weights that are not packed back to back (F32 and F16), the
  * DeepSeek-V3 rank shape (H 16, N 128, V 128) and the GLM-5 rank shape (H 8, N 192, V 256) crossing the
- * default 2048-key block; each under plain fp32 GEMMs (tolerance 5e-5 of max |ref|) and TF32 ones (4e-3,
- * about bf16's rounding), run twice (same bits). A block id of -1 in the table must be counted as an
- * error and its keys skipped (the reference skips them too). Bad arguments give -EINVAL and a short
- * workspace ERR_LIMIT, with nothing written (guard bytes around the output). TANDEM_OPS_SMALL=1 (for
- * compute-sanitizer) runs the first four cases only. Exit 77 = no GPU. */
+ * default 2048-key block; each under plain fp32 GEMMs (tolerance 5e-5 of max |ref|), TF32 ones (4e-3,
+ * about bf16's rounding) and bf16 ones (2e-2: math_tol), run twice (same bits). A block id of -1 in the table
+ * must be counted as an error and its keys skipped (the reference skips them too). Bad arguments give -EINVAL
+ * and a short workspace ERR_LIMIT, with nothing written (guard bytes around the output). TANDEM_OPS_SMALL=1
+ * (for compute-sanitizer) runs the first four cases only. Exit 77 = no GPU. */
 #include <errno.h>
 
 #include "common/base/err.h"
@@ -24,6 +24,10 @@ int main(void)
 #else
 
 #define BT 64
+static const char *const math_name[] = {"f32", "tf32", "bf16"};
+/* of max |ref|: fp32 sums in another order; TF32 inputs (2^-11); bf16 inputs (2^-9) with scores up to
+ * ~40 in the large cases, whose exponentials carry the scores' absolute rounding */
+static const double math_tol[] = {5e-5, 4e-3, 2e-2};
 static struct kcuda_ctx *ctx;
 
 struct dcase {
@@ -75,7 +79,7 @@ static void hw_fini(struct hw *x)
 	kcuda_free(x->d);
 }
 
-static void run_case(const struct dcase *dc, int tf32)
+static void run_case(const struct dcase *dc, int math)
 {
 	const int64_t H = dc->H, C = dc->C, R = dc->R, N = dc->N, V = dc->V, n = dc->n, pos0 = dc->pos0;
 	const int64_t dim = C + R, nk = pos0 + n;
@@ -85,20 +89,24 @@ static void run_case(const struct dcase *dc, int tf32)
 	const int64_t NR = N + R, ldq = H * NR + 8, ldqr = H * R + 4, ldo = H * V + 12;
 	uint8_t *pool = malloc(block_bytes * (size_t)n_blocks);
 	int32_t *tbl = malloc(sizeof(int32_t) * (size_t)ld_blocks);
-	float *q = malloc(sizeof(float) * (size_t)(n * ldq)), *qr = malloc(sizeof(float) * (size_t)(n * ldqr));
+	float *q = malloc(sizeof(float) * (size_t)(n * ldq)),
+	      *qr = malloc(sizeof(float) * (size_t)(n * ldqr));
 	float *lat = malloc(sizeof(float) * (size_t)(nk * dim));
 	int *valid = malloc(sizeof(int) * (size_t)nk);
-	double *kk = malloc(sizeof(double) * (size_t)(nk * N)), *vv = malloc(sizeof(double) * (size_t)(nk * V));
+	double *kk = malloc(sizeof(double) * (size_t)(nk * N)),
+	       *vv = malloc(sizeof(double) * (size_t)(nk * V));
 	double *sc = malloc(sizeof(double) * (size_t)nk), *acc = malloc(sizeof(double) * (size_t)V);
-	float *ref = calloc((size_t)(n * ldo), sizeof(float)), *got = malloc(sizeof(float) * (size_t)(n * ldo)),
+	float *ref = calloc((size_t)(n * ldo), sizeof(float)),
+	      *got = malloc(sizeof(float) * (size_t)(n * ldo)),
 	      *got2 = malloc(sizeof(float) * (size_t)(n * ldo));
 	struct hw kb = {0}, vb = {0};
 	void *d_pool = NULL, *d_tbl = NULL, *d_q = NULL, *d_qr = NULL, *d_ws = NULL;
 	struct ops_dbuf ob = {0};
 	char nm[160];
-	snprintf(nm, sizeof nm, "%s %s", dc->name, tf32 ? "tf32" : "f32");
-	if (!pool || !tbl || !q || !qr || !lat || !valid || !kk || !vv || !sc || !acc || !ref || !got || !got2 ||
-	    hw_init(&kb, dc->wtype, H, C, N, dc->packed) || hw_init(&vb, dc->wtype, H, V, C, dc->packed)) {
+	snprintf(nm, sizeof nm, "%s %s", dc->name, math_name[math]);
+	if (!pool || !tbl || !q || !qr || !lat || !valid || !kk || !vv || !sc || !acc || !ref || !got ||
+	    !got2 || hw_init(&kb, dc->wtype, H, C, N, dc->packed) ||
+	    hw_init(&vb, dc->wtype, H, V, C, dc->packed)) {
 		OPS_CHECK(0, "%s: allocation", nm);
 		goto out;
 	}
@@ -127,7 +135,8 @@ static void run_case(const struct dcase *dc, int tf32)
 		for (int64_t e = 0; e < dim; e++) {
 			float v = 0.0f;
 			if (b >= 0) {
-				const uint8_t *p = pool + (size_t)b * block_bytes + off + (size_t)((j % BT) * dim + e) * elt;
+				const uint8_t *p =
+				    pool + (size_t)b * block_bytes + off + (size_t)((j % BT) * dim + e) * elt;
 				if (dc->bf16) {
 					uint16_t u;
 					memcpy(&u, p, 2);
@@ -234,7 +243,7 @@ static void run_case(const struct dcase *dc, int tf32)
 	                                 .scale = scale,
 	                                 .out = ob.user,
 	                                 .ldo = ldo,
-	                                 .tf32 = tf32,
+	                                 .math = math,
 	                                 .kb = dc->kb,
 	                                 .qb = dc->qb};
 	unsigned nbad = 0;
@@ -243,11 +252,15 @@ static void run_case(const struct dcase *dc, int tf32)
 	{
 		struct kcuda_mla_dense_args b = a;
 		b.N = N + 16; /* k_b is C x N */
-		OPS_CHECK(kcuda_mla_dense(ctx, &b, d_ws, ws) == -EINVAL, "%s: k_b shape mismatch accepted", nm);
+		OPS_CHECK(kcuda_mla_dense(ctx, &b, d_ws, ws) == -EINVAL, "%s: k_b shape mismatch accepted",
+		          nm);
 		b = a;
 		b.ld_blocks = (nk - 1) / BT; /* positions past the table */
 		OPS_CHECK(b.ld_blocks == 0 || kcuda_mla_dense(ctx, &b, d_ws, ws) == -EINVAL,
 		          "%s: short block table accepted", nm);
+		b = a;
+		b.math = 3;
+		OPS_CHECK(kcuda_mla_dense(ctx, &b, d_ws, ws) == -EINVAL, "%s: math 3 accepted", nm);
 		b = a;
 		b.q = NULL;
 		OPS_CHECK(kcuda_mla_dense(ctx, &b, d_ws, ws) == -EINVAL, "%s: NULL q accepted", nm);
@@ -289,14 +302,15 @@ static void run_case(const struct dcase *dc, int tf32)
 			const double d = fabs((double)gv - ref[i * ldo + e]);
 			max_err = d > max_err ? d : max_err;
 		}
-	const double tol = (tf32 ? 4e-3 : 5e-5) * (max_ref > 0 ? max_ref : 1.0);
+	const double tol = math_tol[math] * (max_ref > 0 ? max_ref : 1.0);
 	OPS_CHECK(finite, "%s: NaN / Inf in the output", nm);
 	OPS_CHECK(gaps, "%s: wrote between rows", nm);
-	OPS_CHECK(max_err <= tol, "%s: max |gpu - ref| %.3g > %.3g (max |ref| %.3g)", nm, max_err, tol, max_ref);
+	OPS_CHECK(max_err <= tol, "%s: max |gpu - ref| %.3g > %.3g (max |ref| %.3g)", nm, max_err, tol,
+	          max_ref);
 	OPS_CHECK(rc == 0 && memcmp(got, got2, sizeof(float) * (size_t)(n * ldo)) == 0,
 	          "%s: a second run differs (rc %d)", nm, rc);
-	printf("  %-40s max|d| %.3g = %.2e of max|ref| %.3g\n", nm, max_err, max_err / (max_ref > 0 ? max_ref : 1),
-	       max_ref);
+	printf("  %-40s max|d| %.3g = %.2e of max|ref| %.3g\n", nm, max_err,
+	       max_err / (max_ref > 0 ? max_ref : 1), max_ref);
 out:
 	ops_dbuf_fini(&ob);
 	kcuda_free(d_pool);
@@ -339,8 +353,8 @@ int main(void)
 	/* TANDEM_OPS_SMALL=1 (compute-sanitizer runs): the first four cases only */
 	const size_t n_cases = getenv("TANDEM_OPS_SMALL") ? 4 : sizeof cases / sizeof cases[0];
 	for (size_t i = 0; i < n_cases; i++)
-		for (int tf32 = 0; tf32 < 2; tf32++)
-			run_case(&cases[i], tf32);
+		for (int math = KCUDA_MD_F32; math <= KCUDA_MD_BF16; math++)
+			run_case(&cases[i], math);
 	printf("test_ops_mla_dense: %d checks, %d failed\n", ops_n_check, ops_n_fail);
 	kcuda_ctx_destroy(ctx);
 	return ops_n_fail ? 1 : 0;
