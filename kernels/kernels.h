@@ -356,6 +356,9 @@ struct kcuda_mla_dense_args {
 	float *out;
 	int64_t ldo;
 	int math; /* KCUDA_MD_* */
+	int flash; /* bf16 math: the fused kernel where it applies (N + R a multiple of 16, V 32, 64, 128 or
+	            * 256, its shared memory within the GPU's) with 64 query rows a block (1) or 128 (2: where
+	            * the shared memory allows), else the GEMMs; 0: the GEMMs */
 	int64_t kb, qb;
 };
 #define KCUDA_MD_F32 0

@@ -145,6 +145,7 @@ struct be_cuda {
 	size_t md_bytes;
 	int64_t md_min;
 	int md_math;
+	int md_flash; /* TANDEM_MLA_DENSE_FLASH: the bf16 math's fused kernel (kcuda_mla_dense_args.flash) */
 	struct md_seg {
 		int64_t r0, n, pos0;
 		int seq;
@@ -1273,6 +1274,7 @@ static void mla_dense(struct be_cuda *c, int layer, const struct layer_w *L, con
 	    .math = c->md_math >= 0                        ? c->md_math
 	            : c->kv->layout.dtype == MODEL_KV_BF16 ? KCUDA_MD_BF16
 	                                                   : KCUDA_MD_F32,
+	    .flash = c->md_flash,
 	};
 	PROF(c, "attn.mla_dense", NULL, kv_bytes)
 	CK(kcuda_mla_dense(c->kc, &a, c->md_ws, c->md_bytes));
@@ -2147,6 +2149,12 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 		             : strcmp(dh, "tf32") == 0 ? KCUDA_MD_TF32
 		             : strcmp(dh, "bf16") == 0 ? KCUDA_MD_BF16
 		                                       : -2;
+		const char *df = getenv("TANDEM_MLA_DENSE_FLASH");
+		c->md_flash = df && *df ? (int)strtol(df, NULL, 10) : 0;
+		if (c->md_flash < 0 || c->md_flash > 2) {
+			rc = errbuf_set(e, -EINVAL, "TANDEM_MLA_DENSE_FLASH=%s: want 0, 1 or 2", df);
+			goto fail;
+		}
 		if (c->md_math == -2) {
 			rc = errbuf_set(e, -EINVAL, "TANDEM_MLA_DENSE_MATH=%s: want f32, tf32 or bf16", dh);
 			goto fail;

@@ -34,6 +34,8 @@
 #include <math.h>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/mla_attn_mode.cuh"
+#include "kernels/cuda/mla_attn_tile.cuh"
 
 #define MD_KB 2048 /* keys a block by default; the softmax holds a row of S in registers */
 #define MD_PER (MD_KB / 32) /* values a lane */
@@ -62,7 +64,9 @@ md_carve md_layout(int64_t H, int64_t C, int64_t R, int64_t N, int64_t V, int64_
 	k.wk = o, o += md_up(f * (size_t)(H * C * N));
 	k.wv = o, o += md_up(f * (size_t)(H * V * C));
 	k.lat = o, o += md_up(f * (size_t)(kb * (C + R)));
-	k.kn = o, o += md_up(f * (size_t)(kb * H * N));
+	/* fp32 K (N a head), or bf16 K with the rotary part (N + R a head: the fused kernel's) */
+	const size_t kn_f = f * (size_t)(kb * H * N), kn_b = sizeof(uint16_t) * (size_t)(kb * H * (N + R));
+	k.kn = o, o += md_up(kn_f > kn_b ? kn_f : kn_b);
 	k.vv = o, o += md_up(f * (size_t)(kb * H * V));
 	k.s = o, o += md_up(f * (size_t)(H * qb * kb));
 	k.m = o, o += md_up(f * (size_t)(rows * H));
@@ -210,6 +214,233 @@ __global__ void __launch_bounds__(32 * MD_WARPS)
 		o[c] *= inv;
 }
 
+/* ---- the fused kernel of the bf16 math (md_flash_kernel) ----
+ * One block of 4 warps takes 64 query rows of one head (16 a warp) against one key block: per tile of
+ * 64 keys, K (keys x DK, DK = N + R: the decompressed nope part and the shared rotary part) and V (keys x
+ * DV) go to shared memory, S = q K^T by m16n8k16 bf16 MMAs (q from shared memory, loaded once), the
+ * causal / valid mask and an online softmax step on the S fragments in registers (log2 domain), p
+ * rounded to bf16 as the A fragments of O += p V straight from the S accumulators (no S in memory).
+ * At the end the block's (m, l, O) merge into the call's running (m_run, l_run, out) of the rows, as
+ * md_softmax_kernel's rescale does. Rows whose position is before a tile's first key skip nothing:
+ * their scores are masked (the tiles end at the block's last row). */
+#define MDF_KEYS 64
+
+/* q, then nbuf (K, V) tile buffers; rows padded by 8 elements (16 bytes: conflict-free ldmatrix), a K row's
+ * padding holds its key's valid flag */
+__host__ __device__ constexpr size_t mdf_smem(int dk, int dv, int nbuf, int rows)
+{
+	return sizeof(uint16_t) * (size_t)(rows * (dk + 8) + nbuf * MDF_KEYS * (dk + 8 + dv + 8));
+}
+
+/* rows [r0, r0 + nrows) of a [rows][H][D] bf16 array (head h) into sh (stride D + 8) by cp.async, zeros past
+ * nrows */
+__device__ __forceinline__ void mdf_load(uint16_t *sh, int rows, const uint16_t *g, int64_t r0, int nrows,
+                                         int H, int h, int D)
+{
+	const int per = D / 8; /* 16-byte pieces a row */
+	for (int e = threadIdx.x; e < rows * per; e += blockDim.x) {
+		const int r = e / per, c = (e % per) * 8;
+		if (r < nrows)
+			katt_cp16(sh + r * (D + 8) + c, g + ((r0 + r) * H + h) * (int64_t)D + c);
+		else
+			*(uint4 *)(sh + r * (D + 8) + c) = make_uint4(0, 0, 0, 0);
+	}
+}
+
+/* NBUF 2: the next tile's copies are in flight while this one is multiplied; ROWS / 16 warps */
+template <int DV, int NBUF, int ROWS>
+__global__ void __launch_bounds__(ROWS * 2)
+    md_flash_kernel(const uint16_t *qh, const uint16_t *kb, const uint16_t *vb, const int *valid, int H,
+                    int DK, int n, int64_t rs, int64_t pos0, int64_t k0, int kbn, float scale_log2, int first,
+                    float *m_run, float *l_run, float *out, int64_t ldo)
+{
+	KDEP_ENTRY();
+	extern __shared__ __align__(16) uint16_t mdf_sh[];
+	const int h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2,
+	          t = lane & 3;
+	const int QS = DK + 8, VS = DV + 8;
+	uint16_t *qs = mdf_sh, *kvs = qs + ROWS * QS;
+	const int KVB = MDF_KEYS * (QS + VS); /* elements of one (K, V) buffer */
+	const int64_t rb = rs + (int64_t)blockIdx.x * ROWS; /* the block's first row */
+	const int nr = n - rb < ROWS ? (int)(n - rb) : ROWS;
+	/* keys of this block the block's last row sees */
+	const int64_t kl = pos0 + rb + nr - k0;
+	const int kend = kl < kbn ? (int)kl : kbn;
+	auto issue = [&](int buf, int t0) {
+		const int nk = kend - t0 < MDF_KEYS ? kend - t0 : MDF_KEYS;
+		uint16_t *ks = kvs + buf * KVB;
+		mdf_load(ks, MDF_KEYS, kb, t0, nk, H, h, DK);
+		mdf_load(ks + MDF_KEYS * QS, MDF_KEYS, vb, t0, nk, H, h, DV);
+		if (threadIdx.x < MDF_KEYS)
+			ks[threadIdx.x * QS + DK] = (int)threadIdx.x < nk && valid[t0 + threadIdx.x];
+		katt_cp_commit();
+	};
+	mdf_load(qs, ROWS, qh, rb, nr, H, h, DK);
+	if (kend > 0)
+		issue(0, 0); /* q's copies ride in the first group */
+	else
+		katt_cp_commit();
+	/* this lane's rows: g and g + 8 of the warp's 16; their positions */
+	const int64_t pa = pos0 + rb + warp * 16 + g, pb = pa + 8;
+	float o[DV / 8][4];
+#pragma unroll
+	for (int j = 0; j < DV / 8; j++)
+		o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+	float ma = -INFINITY, mb = -INFINITY, la = 0.0f, lb = 0.0f;
+	for (int t0 = 0, buf = 0; t0 < kend; t0 += MDF_KEYS, buf = NBUF == 2 ? buf ^ 1 : 0) {
+		if (NBUF == 2 && t0 + MDF_KEYS < kend) {
+			issue(buf ^ 1, t0 + MDF_KEYS);
+			katt_cp_wait<1>();
+		} else {
+			katt_cp_wait<0>();
+		}
+		__syncthreads(); /* this tile (and q) in place */
+		const uint16_t *ks = kvs + buf * KVB, *vs = ks + MDF_KEYS * QS;
+		float sc[8][4];
+#pragma unroll
+		for (int j = 0; j < 8; j++)
+			sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+		for (int d = 0; d < DK; d += 16) {
+			uint32_t a[4];
+			katt_ldm4(a, qs + (warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * QS + d +
+			                 (lane >> 4) * 8);
+#pragma unroll
+			for (int j = 0; j < 8; j += 2) {
+				uint32_t b[4];
+				katt_ldm_keys2(b, ks, QS, j * 8, d, lane);
+				katt_mma(sc[j], a, b[0], b[1]);
+				katt_mma(sc[j + 1], a, b[2], b[3]);
+			}
+		}
+		/* mask, scale, the rows' tile max */
+		float xa = -INFINITY, xb = -INFINITY;
+#pragma unroll
+		for (int j = 0; j < 8; j++)
+#pragma unroll
+			for (int e = 0; e < 2; e++) {
+				const int kt = j * 8 + 2 * t + e,
+				          kk = t0 + kt; /* key index in the tile, the block */
+				const int64_t kp = k0 + kk;
+				const bool ok = ks[kt * QS + DK] != 0;
+				sc[j][e] = ok && kp <= pa ? sc[j][e] * scale_log2 : -INFINITY;
+				sc[j][2 + e] = ok && kp <= pb ? sc[j][2 + e] * scale_log2 : -INFINITY;
+				xa = fmaxf(xa, sc[j][e]);
+				xb = fmaxf(xb, sc[j][2 + e]);
+			}
+		xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 1));
+		xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 2));
+		xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 1));
+		xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 2));
+		const float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
+		/* e^(m_old - m_new): 0 from nothing, 1 while nothing is seen */
+		const float aa = na == -INFINITY ? 1.0f : exp2f(ma - na),
+		            ab = nb == -INFINITY ? 1.0f : exp2f(mb - nb);
+		ma = na, mb = nb;
+		float sa = 0.0f, sb = 0.0f;
+#pragma unroll
+		for (int j = 0; j < 8; j++)
+#pragma unroll
+			for (int e = 0; e < 2; e++) {
+				sc[j][e] = sc[j][e] == -INFINITY ? 0.0f : exp2f(sc[j][e] - na);
+				sc[j][2 + e] = sc[j][2 + e] == -INFINITY ? 0.0f : exp2f(sc[j][2 + e] - nb);
+				sa += sc[j][e];
+				sb += sc[j][2 + e];
+			}
+		la = la * aa + sa; /* this lane's part; the quad's parts are summed at the end */
+		lb = lb * ab + sb;
+#pragma unroll
+		for (int j = 0; j < DV / 8; j++) {
+			o[j][0] *= aa, o[j][1] *= aa;
+			o[j][2] *= ab, o[j][3] *= ab;
+		}
+		/* O += p V over the tile's 4 steps of 16 keys; p's A fragments are the S accumulators */
+#pragma unroll
+		for (int kk = 0; kk < 4; kk++) {
+			uint32_t a[4];
+			const __nv_bfloat162 p0 = __floats2bfloat162_rn(sc[2 * kk][0], sc[2 * kk][1]),
+			                     p1 = __floats2bfloat162_rn(sc[2 * kk][2], sc[2 * kk][3]),
+			                     p2 = __floats2bfloat162_rn(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+			                     p3 = __floats2bfloat162_rn(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+			a[0] = *(const uint32_t *)&p0;
+			a[1] = *(const uint32_t *)&p1;
+			a[2] = *(const uint32_t *)&p2;
+			a[3] = *(const uint32_t *)&p3;
+			const uint16_t *vr =
+			    vs + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * VS + (lane >> 4) * 8;
+#pragma unroll
+			for (int j = 0; j < DV / 8; j += 2)
+				katt_pv_ldm2<false>(o[j], o[j + 1], a, a, vr + 8 * j, true);
+		}
+		__syncthreads(); /* the tile's buffer is free again */
+		if (NBUF == 1 && t0 + MDF_KEYS < kend)
+			issue(0, t0 + MDF_KEYS);
+	}
+	katt_cp_wait<0>(); /* nothing left in flight (no tile: q's copies) */
+	la += __shfl_xor_sync(0xffffffffu, la, 1);
+	la += __shfl_xor_sync(0xffffffffu, la, 2);
+	lb += __shfl_xor_sync(0xffffffffu, lb, 1);
+	lb += __shfl_xor_sync(0xffffffffu, lb, 2);
+	/* merge into the running state of rows ra, rb2 (rows past n: none) */
+#pragma unroll
+	for (int half = 0; half < 2; half++) {
+		const int64_t r = rb + warp * 16 + g + half * 8;
+		if (r >= n)
+			continue;
+		const float mk = half ? mb : ma, lk = half ? lb : la;
+		const int64_t ml = r * H + h;
+		float cold = 0.0f, cnew = 1.0f, mn = mk;
+		if (!first) {
+			const float mo = m_run[ml];
+			mn = fmaxf(mo, mk);
+			cold = mo == -INFINITY ? 0.0f : exp2f(mo - mn);
+			cnew = mk == -INFINITY ? 0.0f : exp2f(mk - mn);
+		}
+		float *orow = out + r * ldo + (int64_t)h * DV;
+#pragma unroll
+		for (int j = 0; j < DV / 8; j++) {
+			float2 *dst = (float2 *)(orow + j * 8 + 2 * t);
+			const float2 v = make_float2(o[j][half * 2] * cnew, o[j][half * 2 + 1] * cnew);
+			if (first) {
+				*dst = v;
+			} else {
+				const float2 old = *dst;
+				*dst = make_float2(old.x * cold + v.x, old.y * cold + v.y);
+			}
+		}
+		if (t == 0) {
+			m_run[ml] = mn;
+			l_run[ml] = (first ? 0.0f : l_run[ml] * cold) + lk * cnew;
+		}
+	}
+}
+
+/* the bf16 math's q for the fused kernel: qf[i][h][0 .. N + R) = q_nope then the roped rotary part */
+__global__ void md_qcat_kernel(const float *q, int64_t ldq, int64_t q_hs, const float *qr, int64_t ldqr,
+                               int64_t qr_hs, int H, int N, int R, uint16_t *qf)
+{
+	KDEP_ENTRY();
+	const int64_t i = blockIdx.x;
+	const int DK = N + R;
+	for (int e = threadIdx.x; e < H * DK; e += blockDim.x) {
+		const int hh = e / DK, d = e % DK;
+		md_put(qf + i * H * DK + e,
+		       d < N ? q[i * ldq + hh * q_hs + d] : qr[i * ldqr + hh * qr_hs + d - N]);
+	}
+}
+
+/* the shared rotary key part into every head's K row: kf[j][h][N .. N + R) = lat[j][C .. C + R) */
+__global__ void md_krope_kernel(const uint16_t *lat, int dim, int C, int R, int H, int N, int kbn,
+                                uint16_t *kf)
+{
+	KDEP_ENTRY();
+	const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (e >= (int64_t)kbn * H * R)
+		return;
+	const int64_t j = e / ((int64_t)H * R);
+	const int hh = (int)(e / R % H), d = (int)(e % R);
+	kf[(j * H + hh) * (N + R) + N + d] = lat[j * dim + C + d];
+}
+
 bool md_fits(int64_t v)
 {
 	return v >= 0 && v <= INT32_MAX;
@@ -286,6 +517,116 @@ int md_dequant_heads(struct kcuda_ctx *c, const struct kweight *w, size_t stride
 	return 0;
 }
 
+template <int DV, int NBUF, int ROWS>
+int mdf_launch1(struct kcuda_ctx *c, size_t smem, const uint16_t *qf, const uint16_t *kf, const uint16_t *vv,
+                const int *valid, int H, int DK, int n, int64_t rs, int64_t pos0, int64_t k0, int kbn,
+                float sl2, int first, float *m_run, float *l_run, float *out, int64_t ldo)
+{
+	static int attr_dev[64]; /* per device: the shared memory size set (+1) */
+	const int d = c->device;
+	if (d < 0 || d >= 64 || attr_dev[d] != (int)smem + 1) {
+		KCUDA_CHECK(cudaFuncSetAttribute(md_flash_kernel<DV, NBUF, ROWS>,
+		                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+		if (d >= 0 && d < 64)
+			attr_dev[d] = (int)smem + 1;
+	}
+	const dim3 grid((unsigned)((n - rs + ROWS - 1) / ROWS), (unsigned)H);
+	return klaunch("mla_dense flash", md_flash_kernel<DV, NBUF, ROWS>, grid, dim3(ROWS * 2), smem,
+	               c->stream, qf, kf, vv, valid, H, DK, n, rs, pos0, k0, kbn, sl2, first, m_run, l_run,
+	               out, ldo);
+}
+
+/* the fused kernel's variant: shared memory for 2 tile buffers, else 1; rows 64 or 128 a block */
+template <int DV>
+int mdf_launch(struct kcuda_ctx *c, int nbuf, int rows, const uint16_t *qf, const uint16_t *kf,
+               const uint16_t *vv, const int *valid, int H, int DK, int n, int64_t rs, int64_t pos0,
+               int64_t k0, int kbn, float sl2, int first, float *m_run, float *l_run, float *out, int64_t ldo)
+{
+	const size_t smem = mdf_smem(DK, DV, nbuf, rows);
+#define MDF_GO(NB, RW)                                                                                       \
+	mdf_launch1<DV, NB, RW>(c, smem, qf, kf, vv, valid, H, DK, n, rs, pos0, k0, kbn, sl2, first, m_run,  \
+	                        l_run, out, ldo)
+	if (rows == 128)
+		return nbuf == 2 ? MDF_GO(2, 128) : MDF_GO(1, 128);
+	return nbuf == 2 ? MDF_GO(2, 64) : MDF_GO(1, 64);
+#undef MDF_GO
+}
+
+/* kcuda_mla_dense's bf16 math through the fused kernel: per key block gather, K (nope part by one GEMM,
+ * the rotary part copied into every head's row) and V, then one launch over the rows that see the block */
+int md_run_flash(struct kcuda_ctx *c, const struct kcuda_mla_dense_args *a, md_math mm, const md_carve &L,
+                 uint8_t *w8, int64_t nk, int64_t kb, int nbuf, int rows)
+{
+	const int64_t H = a->H, C = a->C, R = a->R, N = a->N, V = a->V, n = a->n, DK = N + R;
+	const struct kcuda_kv_view *kv = a->kv;
+	uint16_t *wk = (uint16_t *)(w8 + L.wk), *wv = (uint16_t *)(w8 + L.wv),
+	         *lat = (uint16_t *)(w8 + L.lat);
+	uint16_t *kf = (uint16_t *)(w8 + L.kn), *vv = (uint16_t *)(w8 + L.vv), *qf = (uint16_t *)(w8 + L.qh);
+	float *m_run = (float *)(w8 + L.m), *l_run = (float *)(w8 + L.l);
+	int *valid = (int *)(w8 + L.valid);
+	int rc;
+	if ((rc = md_dequant_heads(c, a->k_b, a->k_b_stride, H, true, wk)) ||
+	    (rc = md_dequant_heads(c, a->v_b, a->v_b_stride, H, true, wv)))
+		return rc;
+	if ((rc = klaunch("mla_dense q bf16", md_qcat_kernel, dim3((unsigned)n), dim3(256), 0, c->stream,
+	                  a->q, a->ldq, a->q_hs, a->qr, a->ldqr, a->qr_hs, (int)H, (int)N, (int)R, qf)))
+		return rc;
+	const int dim = (int)(C + R);
+	const float sl2 = a->scale * 1.4426950408889634f; /* scores in the log2 domain */
+	for (int64_t k0 = 0; k0 < nk; k0 += kb) {
+		const int64_t kbn = nk - k0 < kb ? nk - k0 : kb;
+		if ((rc = klaunch("mla_dense gather", md_gather_kernel<uint16_t>, dim3((unsigned)kbn),
+		                  dim3(128), 0, c->stream, (const uint8_t *)kv->base, kv->n_blocks,
+		                  kv->block_bytes, kv->offset, kv->block_tokens, kv->bf16, a->blocks,
+		                  a->ld_blocks, k0, dim, lat, valid, c->err_dev)))
+			return rc;
+		/* K_h^T (N x kbn) at kf[j][h][0 .. N): row stride H DK */
+		if ((rc = md_gemm(c, mm, CUBLAS_OP_N, CUBLAS_OP_N, N, kbn, C, 1.0f, wk, N, C * N, lat, C + R,
+		                  0, 0.0f, kf, CUDA_R_16BF, H * DK, DK, H)))
+			return rc;
+		if (R > 0) {
+			const int64_t e = kbn * H * R;
+			if ((rc = klaunch("mla_dense k rope", md_krope_kernel,
+			                  dim3((unsigned)((e + 255) / 256)), dim3(256), 0, c->stream,
+			                  (const uint16_t *)lat, dim, (int)C, (int)R, (int)H, (int)N,
+			                  (int)kbn, kf)))
+				return rc;
+		}
+		if ((rc = md_gemm(c, mm, CUBLAS_OP_T, CUBLAS_OP_N, V, kbn, C, 1.0f, wv, C, V * C, lat, C + R,
+		                  0, 0.0f, vv, CUDA_R_16BF, H * V, V, H)))
+			return rc;
+		/* rows before the block's first key see none of it */
+		const int64_t rs = k0 - a->pos0 > 0 ? k0 - a->pos0 : 0;
+		if (rs >= n)
+			continue;
+		const int first = k0 == 0;
+		switch (V) {
+		case 32:
+			rc = mdf_launch<32>(c, nbuf, rows, qf, kf, vv, valid, (int)H, (int)DK, (int)n, rs,
+			                    a->pos0, k0, (int)kbn, sl2, first, m_run, l_run, a->out, a->ldo);
+			break;
+		case 64:
+			rc = mdf_launch<64>(c, nbuf, rows, qf, kf, vv, valid, (int)H, (int)DK, (int)n, rs,
+			                    a->pos0, k0, (int)kbn, sl2, first, m_run, l_run, a->out, a->ldo);
+			break;
+		case 128:
+			rc = mdf_launch<128>(c, nbuf, rows, qf, kf, vv, valid, (int)H, (int)DK, (int)n, rs,
+			                     a->pos0, k0, (int)kbn, sl2, first, m_run, l_run, a->out, a->ldo);
+			break;
+		default:
+			rc = mdf_launch<256>(c, nbuf, rows, qf, kf, vv, valid, (int)H, (int)DK, (int)n, rs,
+			                     a->pos0, k0, (int)kbn, sl2, first, m_run, l_run, a->out, a->ldo);
+			break;
+		}
+		if (rc)
+			return rc;
+	}
+	const int64_t warps = n * H;
+	return klaunch("mla_dense finish", md_finish_kernel,
+	               dim3((unsigned)((warps + MD_WARPS - 1) / MD_WARPS)), dim3(32 * MD_WARPS), 0, c->stream,
+	               n, (int)H, l_run, a->out, a->ldo, (int)V);
+}
+
 } // namespace
 
 extern "C" size_t kcuda_mla_dense_ws(int64_t H, int64_t C, int64_t R, int64_t N, int64_t V, int64_t max_rows,
@@ -347,6 +688,17 @@ extern "C" int kcuda_mla_dense(struct kcuda_ctx *c, const struct kcuda_mla_dense
 	const bool bf = a->math == KCUDA_MD_BF16;
 	const size_t esz = bf ? 2 : 4; /* bytes of a GEMM input element */
 	uint8_t *w8 = (uint8_t *)ws;
+	/* the fused kernel (bf16 math): head sizes it is built for, within the shared memory */
+	const int DK = (int)(N + R);
+	const size_t optin = (size_t)kcuda_smem_optin(c->device);
+	int rows = a->flash == 2 ? 128 : 64;
+	if (mdf_smem(DK, (int)V, 1, rows) > optin)
+		rows = 64;
+	const int nbuf = mdf_smem(DK, (int)V, 2, rows) <= optin   ? 2
+	                 : mdf_smem(DK, (int)V, 1, rows) <= optin ? 1
+	                                                          : 0;
+	if (bf && a->flash && nbuf && DK % 16 == 0 && (V == 32 || V == 64 || V == 128 || V == 256))
+		return md_run_flash(c, a, mm, L, w8, nk, kb, nbuf, rows);
 	void *wk = w8 + L.wk, *wv = w8 + L.wv, *lat = w8 + L.lat, *kn = w8 + L.kn, *vv = w8 + L.vv;
 	float *s = (float *)(w8 + L.s);
 	float *m_run = (float *)(w8 + L.m), *l_run = (float *)(w8 + L.l);

@@ -6,7 +6,8 @@
  * chunk starting at pos0 > 0 and per-head weights that are not packed back to back (F32 and F16), the
  * DeepSeek-V3 rank shape (H 16, N 128, V 128) and the GLM-5 rank shape (H 8, N 192, V 256) crossing the
  * default 2048-key block; each under plain fp32 GEMMs (tolerance 5e-5 of max |ref|), TF32 ones (4e-3,
- * about bf16's rounding) and bf16 ones (2e-2: math_tol), run twice (same bits). A block id of -1 in the table
+ * about bf16's rounding) and bf16 ones, by the GEMMs and by the fused kernel (2e-2: variants), run
+ * twice (same bits). A block id of -1 in the table
  * must be counted as an error and its keys skipped (the reference skips them too). Bad arguments give -EINVAL
  * and a short workspace ERR_LIMIT, with nothing written (guard bytes around the output). TANDEM_OPS_SMALL=1
  * (for compute-sanitizer) runs the first four cases only. Exit 77 = no GPU. */
@@ -24,10 +25,18 @@ int main(void)
 #else
 
 #define BT 64
-static const char *const math_name[] = {"f32", "tf32", "bf16"};
-/* of max |ref|: fp32 sums in another order; TF32 inputs (2^-11); bf16 inputs (2^-9) with scores up to
- * ~40 in the large cases, whose exponentials carry the scores' absolute rounding */
-static const double math_tol[] = {5e-5, 4e-3, 2e-2};
+/* the variants: math, fused kernel */
+static const struct {
+	int math, flash;
+	const char *name;
+	double tol; /* of max |ref|: fp32 sums in another order; TF32 inputs (2^-11); bf16 inputs (2^-9) with
+	             * scores up to ~40 in the large cases, whose exponentials carry the scores' absolute
+	             * rounding */
+} variants[] = {{KCUDA_MD_F32, 0, "f32", 5e-5},
+                {KCUDA_MD_TF32, 0, "tf32", 4e-3},
+                {KCUDA_MD_BF16, 0, "bf16 gemm", 2e-2},
+                {KCUDA_MD_BF16, 1, "bf16 fused", 2e-2},
+                {KCUDA_MD_BF16, 2, "bf16 fused128", 2e-2}};
 static struct kcuda_ctx *ctx;
 
 struct dcase {
@@ -79,7 +88,7 @@ static void hw_fini(struct hw *x)
 	kcuda_free(x->d);
 }
 
-static void run_case(const struct dcase *dc, int math)
+static void run_case(const struct dcase *dc, int vi)
 {
 	const int64_t H = dc->H, C = dc->C, R = dc->R, N = dc->N, V = dc->V, n = dc->n, pos0 = dc->pos0;
 	const int64_t dim = C + R, nk = pos0 + n;
@@ -103,7 +112,7 @@ static void run_case(const struct dcase *dc, int math)
 	void *d_pool = NULL, *d_tbl = NULL, *d_q = NULL, *d_qr = NULL, *d_ws = NULL;
 	struct ops_dbuf ob = {0};
 	char nm[160];
-	snprintf(nm, sizeof nm, "%s %s", dc->name, math_name[math]);
+	snprintf(nm, sizeof nm, "%s %s", dc->name, variants[vi].name);
 	if (!pool || !tbl || !q || !qr || !lat || !valid || !kk || !vv || !sc || !acc || !ref || !got ||
 	    !got2 || hw_init(&kb, dc->wtype, H, C, N, dc->packed) ||
 	    hw_init(&vb, dc->wtype, H, V, C, dc->packed)) {
@@ -243,7 +252,8 @@ static void run_case(const struct dcase *dc, int math)
 	                                 .scale = scale,
 	                                 .out = ob.user,
 	                                 .ldo = ldo,
-	                                 .math = math,
+	                                 .math = variants[vi].math,
+	                                 .flash = variants[vi].flash,
 	                                 .kb = dc->kb,
 	                                 .qb = dc->qb};
 	unsigned nbad = 0;
@@ -302,7 +312,7 @@ static void run_case(const struct dcase *dc, int math)
 			const double d = fabs((double)gv - ref[i * ldo + e]);
 			max_err = d > max_err ? d : max_err;
 		}
-	const double tol = math_tol[math] * (max_ref > 0 ? max_ref : 1.0);
+	const double tol = variants[vi].tol * (max_ref > 0 ? max_ref : 1.0);
 	OPS_CHECK(finite, "%s: NaN / Inf in the output", nm);
 	OPS_CHECK(gaps, "%s: wrote between rows", nm);
 	OPS_CHECK(max_err <= tol, "%s: max |gpu - ref| %.3g > %.3g (max |ref| %.3g)", nm, max_err, tol,
@@ -353,8 +363,8 @@ int main(void)
 	/* TANDEM_OPS_SMALL=1 (compute-sanitizer runs): the first four cases only */
 	const size_t n_cases = getenv("TANDEM_OPS_SMALL") ? 4 : sizeof cases / sizeof cases[0];
 	for (size_t i = 0; i < n_cases; i++)
-		for (int math = KCUDA_MD_F32; math <= KCUDA_MD_BF16; math++)
-			run_case(&cases[i], math);
+		for (int vi = 0; vi < (int)(sizeof variants / sizeof variants[0]); vi++)
+			run_case(&cases[i], vi);
 	printf("test_ops_mla_dense: %d checks, %d failed\n", ops_n_check, ops_n_fail);
 	kcuda_ctx_destroy(ctx);
 	return ops_n_fail ? 1 : 0;
