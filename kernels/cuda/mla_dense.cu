@@ -125,20 +125,6 @@ __global__ void md_gather_kernel(const uint8_t *base, int64_t n_blocks, size_t b
 		                       : ((const float *)row)[e]);
 }
 
-/* bf16 math: qh[i][h][0 .. N) = q_nope of row i, head h, then qh + n H N: [i][h][0 .. R) its rotary
- * part, rounded to bf16 (one block a row) */
-__global__ void md_qcvt_kernel(const float *q, int64_t ldq, int64_t q_hs, const float *qr, int64_t ldqr,
-                               int64_t qr_hs, int64_t n, int H, int N, int R, uint16_t *qh)
-{
-	KDEP_ENTRY();
-	const int64_t i = blockIdx.x;
-	uint16_t *qn = qh + i * H * N, *qrr = qh + n * H * N + i * H * R;
-	for (int e = threadIdx.x; e < H * N; e += blockDim.x)
-		md_put(qn + e, q[i * ldq + (int64_t)(e / N) * q_hs + e % N]);
-	for (int e = threadIdx.x; e < H * R; e += blockDim.x)
-		md_put(qrr + e, qr[i * ldqr + (int64_t)(e / R) * qr_hs + e % R]);
-}
-
 /* One online-softmax step per (row, head) of a (row block, key block): s[h][i][0 .. kbe) holds the
  * scaled scores of row rs + i (position pos0 + rs + i) against keys k0 .. k0 + kbe. Keys after the
  * row's position and invalid keys get p = 0; p = e^(s - m_new) replaces s; the row's output
@@ -414,7 +400,7 @@ __global__ void __launch_bounds__(ROWS * 2)
 	}
 }
 
-/* the bf16 math's q for the fused kernel: qf[i][h][0 .. N + R) = q_nope then the roped rotary part */
+/* the bf16 math's q: qf[i][h][0 .. N + R) = q_nope then the roped rotary part, rounded to bf16 */
 __global__ void md_qcat_kernel(const float *q, int64_t ldq, int64_t q_hs, const float *qr, int64_t ldqr,
                                int64_t qr_hs, int H, int N, int R, uint16_t *qf)
 {
@@ -552,79 +538,47 @@ int mdf_launch(struct kcuda_ctx *c, int nbuf, int rows, const uint16_t *qf, cons
 #undef MDF_GO
 }
 
-/* kcuda_mla_dense's bf16 math through the fused kernel: per key block gather, K (nope part by one GEMM,
- * the rotary part copied into every head's row) and V, then one launch over the rows that see the block */
-int md_run_flash(struct kcuda_ctx *c, const struct kcuda_mla_dense_args *a, md_math mm, const md_carve &L,
-                 uint8_t *w8, int64_t nk, int64_t kb, int nbuf, int rows)
+typedef int (*mdf_launch_fn)(struct kcuda_ctx *, int, int, const uint16_t *, const uint16_t *,
+                             const uint16_t *, const int *, int, int, int, int64_t, int64_t, int64_t, int,
+                             float, int, float *, float *, float *, int64_t);
+
+/* One key block [k0, k0 + kbn): its latent rows gathered (valid flags; bad table entries counted), K_h
+ * decompressed at kn[j][h] (ldk a head: N, or N + R with the shared rotary part copied in for the fused
+ * kernel) and V_h at vv[j][h] (V a head) */
+int md_keys(struct kcuda_ctx *c, const struct kcuda_mla_dense_args *a, md_math mm, const md_carve &L,
+            uint8_t *w8, int64_t k0, int64_t kbn, bool rope_in_k)
 {
-	const int64_t H = a->H, C = a->C, R = a->R, N = a->N, V = a->V, n = a->n, DK = N + R;
+	const int64_t H = a->H, C = a->C, R = a->R, N = a->N, V = a->V, ldk = rope_in_k ? N + R : N;
 	const struct kcuda_kv_view *kv = a->kv;
-	uint16_t *wk = (uint16_t *)(w8 + L.wk), *wv = (uint16_t *)(w8 + L.wv),
-	         *lat = (uint16_t *)(w8 + L.lat);
-	uint16_t *kf = (uint16_t *)(w8 + L.kn), *vv = (uint16_t *)(w8 + L.vv), *qf = (uint16_t *)(w8 + L.qh);
-	float *m_run = (float *)(w8 + L.m), *l_run = (float *)(w8 + L.l);
+	void *wk = w8 + L.wk, *wv = w8 + L.wv, *lat = w8 + L.lat, *kn = w8 + L.kn, *vv = w8 + L.vv;
 	int *valid = (int *)(w8 + L.valid);
-	int rc;
-	if ((rc = md_dequant_heads(c, a->k_b, a->k_b_stride, H, true, wk)) ||
-	    (rc = md_dequant_heads(c, a->v_b, a->v_b_stride, H, true, wv)))
-		return rc;
-	if ((rc = klaunch("mla_dense q bf16", md_qcat_kernel, dim3((unsigned)n), dim3(256), 0, c->stream,
-	                  a->q, a->ldq, a->q_hs, a->qr, a->ldqr, a->qr_hs, (int)H, (int)N, (int)R, qf)))
-		return rc;
 	const int dim = (int)(C + R);
-	const float sl2 = a->scale * 1.4426950408889634f; /* scores in the log2 domain */
-	for (int64_t k0 = 0; k0 < nk; k0 += kb) {
-		const int64_t kbn = nk - k0 < kb ? nk - k0 : kb;
-		if ((rc = klaunch("mla_dense gather", md_gather_kernel<uint16_t>, dim3((unsigned)kbn),
-		                  dim3(128), 0, c->stream, (const uint8_t *)kv->base, kv->n_blocks,
-		                  kv->block_bytes, kv->offset, kv->block_tokens, kv->bf16, a->blocks,
-		                  a->ld_blocks, k0, dim, lat, valid, c->err_dev)))
-			return rc;
-		/* K_h^T (N x kbn) at kf[j][h][0 .. N): row stride H DK */
-		if ((rc = md_gemm(c, mm, CUBLAS_OP_N, CUBLAS_OP_N, N, kbn, C, 1.0f, wk, N, C * N, lat, C + R,
-		                  0, 0.0f, kf, CUDA_R_16BF, H * DK, DK, H)))
-			return rc;
-		if (R > 0) {
-			const int64_t e = kbn * H * R;
-			if ((rc = klaunch("mla_dense k rope", md_krope_kernel,
-			                  dim3((unsigned)((e + 255) / 256)), dim3(256), 0, c->stream,
-			                  (const uint16_t *)lat, dim, (int)C, (int)R, (int)H, (int)N,
-			                  (int)kbn, kf)))
-				return rc;
-		}
-		if ((rc = md_gemm(c, mm, CUBLAS_OP_T, CUBLAS_OP_N, V, kbn, C, 1.0f, wv, C, V * C, lat, C + R,
-		                  0, 0.0f, vv, CUDA_R_16BF, H * V, V, H)))
-			return rc;
-		/* rows before the block's first key see none of it */
-		const int64_t rs = k0 - a->pos0 > 0 ? k0 - a->pos0 : 0;
-		if (rs >= n)
-			continue;
-		const int first = k0 == 0;
-		switch (V) {
-		case 32:
-			rc = mdf_launch<32>(c, nbuf, rows, qf, kf, vv, valid, (int)H, (int)DK, (int)n, rs,
-			                    a->pos0, k0, (int)kbn, sl2, first, m_run, l_run, a->out, a->ldo);
-			break;
-		case 64:
-			rc = mdf_launch<64>(c, nbuf, rows, qf, kf, vv, valid, (int)H, (int)DK, (int)n, rs,
-			                    a->pos0, k0, (int)kbn, sl2, first, m_run, l_run, a->out, a->ldo);
-			break;
-		case 128:
-			rc = mdf_launch<128>(c, nbuf, rows, qf, kf, vv, valid, (int)H, (int)DK, (int)n, rs,
-			                     a->pos0, k0, (int)kbn, sl2, first, m_run, l_run, a->out, a->ldo);
-			break;
-		default:
-			rc = mdf_launch<256>(c, nbuf, rows, qf, kf, vv, valid, (int)H, (int)DK, (int)n, rs,
-			                     a->pos0, k0, (int)kbn, sl2, first, m_run, l_run, a->out, a->ldo);
-			break;
-		}
-		if (rc)
+	const bool bf = mm.mode == KCUDA_MD_BF16;
+	int rc = bf ? klaunch("mla_dense gather", md_gather_kernel<uint16_t>, dim3((unsigned)kbn), dim3(128),
+	                      0, c->stream, (const uint8_t *)kv->base, kv->n_blocks, kv->block_bytes,
+	                      kv->offset, kv->block_tokens, kv->bf16, a->blocks, a->ld_blocks, k0, dim,
+	                      (uint16_t *)lat, valid, c->err_dev)
+	            : klaunch("mla_dense gather", md_gather_kernel<float>, dim3((unsigned)kbn), dim3(128), 0,
+	                      c->stream, (const uint8_t *)kv->base, kv->n_blocks, kv->block_bytes, kv->offset,
+	                      kv->block_tokens, kv->bf16, a->blocks, a->ld_blocks, k0, dim, (float *)lat,
+	                      valid, c->err_dev);
+	if (rc)
+		return rc;
+	const cudaDataType_t kvt = mm.in(); /* K / V in the GEMM input type */
+	/* K_h^T (N x kbn) = W_UK(h)^T c^T: W_UK(h) row-major C x N is column-major N x C */
+	if ((rc = md_gemm(c, mm, CUBLAS_OP_N, CUBLAS_OP_N, N, kbn, C, 1.0f, wk, N, C * N, lat, C + R, 0, 0.0f,
+	                  kn, kvt, H * ldk, ldk, H)))
+		return rc;
+	if (rope_in_k && R > 0) {
+		const int64_t e = kbn * H * R;
+		if ((rc = klaunch("mla_dense k rope", md_krope_kernel, dim3((unsigned)((e + 255) / 256)),
+		                  dim3(256), 0, c->stream, (const uint16_t *)lat, dim, (int)C, (int)R, (int)H,
+		                  (int)N, (int)kbn, (uint16_t *)kn)))
 			return rc;
 	}
-	const int64_t warps = n * H;
-	return klaunch("mla_dense finish", md_finish_kernel,
-	               dim3((unsigned)((warps + MD_WARPS - 1) / MD_WARPS)), dim3(32 * MD_WARPS), 0, c->stream,
-	               n, (int)H, l_run, a->out, a->ldo, (int)V);
+	/* V_h^T (V x kbn) = W_UV(h) c^T: W_UV(h) row-major V x C is column-major C x V, transposed */
+	return md_gemm(c, mm, CUBLAS_OP_T, CUBLAS_OP_N, V, kbn, C, 1.0f, wv, C, V * C, lat, C + R, 0, 0.0f,
+	               vv, kvt, H * V, V, H);
 }
 
 } // namespace
@@ -697,52 +651,47 @@ extern "C" int kcuda_mla_dense(struct kcuda_ctx *c, const struct kcuda_mla_dense
 	const int nbuf = mdf_smem(DK, (int)V, 2, rows) <= optin   ? 2
 	                 : mdf_smem(DK, (int)V, 1, rows) <= optin ? 1
 	                                                          : 0;
-	if (bf && a->flash && nbuf && DK % 16 == 0 && (V == 32 || V == 64 || V == 128 || V == 256))
-		return md_run_flash(c, a, mm, L, w8, nk, kb, nbuf, rows);
-	void *wk = w8 + L.wk, *wv = w8 + L.wv, *lat = w8 + L.lat, *kn = w8 + L.kn, *vv = w8 + L.vv;
+	const mdf_launch_fn fl = V == 32    ? mdf_launch<32>
+	                         : V == 64  ? mdf_launch<64>
+	                         : V == 128 ? mdf_launch<128>
+	                         : V == 256 ? mdf_launch<256>
+	                                    : NULL;
+	const bool flash = bf && a->flash && nbuf && DK % 16 == 0 && fl;
+	void *kn = w8 + L.kn, *vv = w8 + L.vv, *lat = w8 + L.lat;
 	float *s = (float *)(w8 + L.s);
 	float *m_run = (float *)(w8 + L.m), *l_run = (float *)(w8 + L.l);
 	int *valid = (int *)(w8 + L.valid);
 	uint16_t *qh = (uint16_t *)(w8 + L.qh);
 	int rc;
-	if ((rc = md_dequant_heads(c, a->k_b, a->k_b_stride, H, bf, wk)) ||
-	    (rc = md_dequant_heads(c, a->v_b, a->v_b_stride, H, bf, wv)))
+	if ((rc = md_dequant_heads(c, a->k_b, a->k_b_stride, H, bf, w8 + L.wk)) ||
+	    (rc = md_dequant_heads(c, a->v_b, a->v_b_stride, H, bf, w8 + L.wv)))
 		return rc;
-	/* the query parts the S GEMMs read: the caller's fp32 rows, or their bf16 copies */
+	/* the query parts the S products read: the caller's fp32 rows, or their bf16 copy qh[i][h][N + R] */
 	const void *qn = a->q, *qrp = a->qr;
 	int64_t ldqn = a->ldq, qn_hs = a->q_hs, ldqrp = a->ldqr, qrp_hs = a->qr_hs;
 	if (bf) {
-		if ((rc = klaunch("mla_dense q bf16", md_qcvt_kernel, dim3((unsigned)n), dim3(256), 0,
-		                  c->stream, a->q, a->ldq, a->q_hs, a->qr, a->ldqr, a->qr_hs, n, (int)H,
-		                  (int)N, (int)R, qh)))
+		if ((rc = klaunch("mla_dense q bf16", md_qcat_kernel, dim3((unsigned)n), dim3(256), 0,
+		                  c->stream, a->q, a->ldq, a->q_hs, a->qr, a->ldqr, a->qr_hs, (int)H, (int)N,
+		                  (int)R, qh)))
 			return rc;
-		qn = qh, ldqn = H * N, qn_hs = N;
-		qrp = qh + n * H * N, ldqrp = H * R, qrp_hs = R;
+		qn = qh, ldqn = H * DK, qn_hs = DK;
+		qrp = qh + N, ldqrp = H * DK, qrp_hs = DK;
 	}
-	const int dim = (int)(C + R);
+	const float sl2 = a->scale * 1.4426950408889634f; /* the fused kernel's scores in the log2 domain */
 	/* element offsets into the S / P buffer: P (bf16) takes the first half of each row's bytes */
 	const int64_t pe = bf ? 2 : 1;
 	for (int64_t k0 = 0; k0 < nk; k0 += kb) {
 		const int64_t kbn = nk - k0 < kb ? nk - k0 : kb;
-		rc = bf ? klaunch("mla_dense gather", md_gather_kernel<uint16_t>, dim3((unsigned)kbn),
-		                  dim3(128), 0, c->stream, (const uint8_t *)kv->base, kv->n_blocks,
-		                  kv->block_bytes, kv->offset, kv->block_tokens, kv->bf16, a->blocks,
-		                  a->ld_blocks, k0, dim, (uint16_t *)lat, valid, c->err_dev)
-		        : klaunch("mla_dense gather", md_gather_kernel<float>, dim3((unsigned)kbn), dim3(128),
-		                  0, c->stream, (const uint8_t *)kv->base, kv->n_blocks, kv->block_bytes,
-		                  kv->offset, kv->block_tokens, kv->bf16, a->blocks, a->ld_blocks, k0, dim,
-		                  (float *)lat, valid, c->err_dev);
-		if (rc)
+		if ((rc = md_keys(c, a, mm, L, w8, k0, kbn, flash)))
 			return rc;
-		const cudaDataType_t kvt = mm.in(); /* K / V in the GEMM input type */
-		/* K_h^T (N x kbn) = W_UK(h)^T c^T: W_UK(h) row-major C x N is column-major N x C */
-		if ((rc = md_gemm(c, mm, CUBLAS_OP_N, CUBLAS_OP_N, N, kbn, C, 1.0f, wk, N, C * N, lat, C + R,
-		                  0, 0.0f, kn, kvt, H * N, N, H)))
-			return rc;
-		/* V_h^T (V x kbn) = W_UV(h) c^T: W_UV(h) row-major V x C is column-major C x V, transposed */
-		if ((rc = md_gemm(c, mm, CUBLAS_OP_T, CUBLAS_OP_N, V, kbn, C, 1.0f, wv, C, V * C, lat, C + R,
-		                  0, 0.0f, vv, kvt, H * V, V, H)))
-			return rc;
+		if (flash) { /* the rows that see the block, one launch */
+			const int64_t rs = k0 - a->pos0 > 0 ? k0 - a->pos0 : 0;
+			if (rs < n && (rc = fl(c, nbuf, rows, qh, (const uint16_t *)kn, (const uint16_t *)vv,
+			                       valid, (int)H, DK, (int)n, rs, a->pos0, k0, (int)kbn, sl2,
+			                       k0 == 0, m_run, l_run, a->out, a->ldo)))
+				return rc;
+			continue;
+		}
 		const bool first = k0 == 0;
 		/* on the diagonal (rows that see only part of the block) smaller row blocks, so the GEMMs
 		 * skip most of the masked triangle: each row block's keys end at its last row */
