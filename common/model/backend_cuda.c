@@ -2150,7 +2150,7 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 		             : strcmp(dh, "bf16") == 0 ? KCUDA_MD_BF16
 		                                       : -2;
 		const char *df = getenv("TANDEM_MLA_DENSE_FLASH");
-		c->md_flash = df && *df ? (int)strtol(df, NULL, 10) : 0;
+		c->md_flash = df && *df ? (int)strtol(df, NULL, 10) : 2;
 		if (c->md_flash < 0 || c->md_flash > 2) {
 			rc = errbuf_set(e, -EINVAL, "TANDEM_MLA_DENSE_FLASH=%s: want 0, 1 or 2", df);
 			goto fail;

@@ -383,20 +383,24 @@ int main(void)
 			/* prompt rows through the naive-form dense MLA (kcuda_mla_dense) instead of the
 			 * absorbed one (by default only runs of 128 rows and more take it): fp32 GEMMs (these
 			 * models' fp32 pool) from runs of 2 rows, held to the fp32 tolerance (rand64 in
-			 * chunks of 8, and steps of three sequences); bf16 GEMMs (a bf16 pool's default) for
-			 * the 64-token chunk, held to the bf16 one */
-			for (int v = 0; v < 2; v++) {
+			 * chunks of 8, and steps of three sequences); bf16 math (a bf16 pool's default) for
+			 * the 64-token chunk, held to the bf16 one, in the fused kernel (the default) and in
+			 * the GEMMs (TANDEM_MLA_DENSE_FLASH=0) */
+			for (int v = 0; v < 3; v++) {
 				const char *min = v ? "64" : "2", *math = v ? "bf16" : "f32";
 				setenv("TANDEM_MLA_DENSE_MIN", min, 1);
 				setenv("TANDEM_MLA_DENSE_MATH", math, 1);
+				if (v == 2)
+					setenv("TANDEM_MLA_DENSE_FLASH", "0", 1);
 				struct model *md = load_cuda(stem, 0);
 				unsetenv("TANDEM_MLA_DENSE_MIN");
 				unsetenv("TANDEM_MLA_DENSE_MATH");
+				unsetenv("TANDEM_MLA_DENSE_FLASH");
 				CHECK(md != NULL, "%s: load with TANDEM_MLA_DENSE_MIN=%s", stem, min);
 				if (!md)
 					continue;
-				printf("%-22s with TANDEM_MLA_DENSE_MIN=%s TANDEM_MLA_DENSE_MATH=%s:\n", stem,
-				       min, math);
+				printf("%-22s with TANDEM_MLA_DENSE_MIN=%s TANDEM_MLA_DENSE_MATH=%s%s:\n",
+				       stem, min, math, v == 2 ? " TANDEM_MLA_DENSE_FLASH=0" : "");
 				test_logits(stem, mc, md, man);
 				if (v == 0) {
 					test_mixed(stem, mc, mg, md, man, 3, 1,
