@@ -27,7 +27,7 @@
  * occupancy query says one fits), and nothing this kernel waits for needs an SM it holds: the kernels before
  * it finish on their own, and its dependents are launched only after every block of it has passed
  * griddepcontrol.wait (KDEP_ENTRY's trigger), i.e. is resident. If some block still does not arrive in
- * MP_DEADLINE_NS (an SM taken by another process under MPS, say), the waiting blocks count an error in
+ * KGB_DEADLINE_NS (an SM taken by another process under MPS, say), the waiting blocks count an error in
  * err_dev (kcuda_ctx_take_errors reports it) and write NaN. Results: the same unit products as moe_one /
  * moe_small; the sums over D are grouped differently (per block), so the bits differ from theirs within the
  * tolerance, and are deterministic for a given SM count. Shapes: one token, gate / up Q4_K or Q5_K (the same
@@ -40,6 +40,7 @@
 
 #include <algorithm>
 
+#include "kernels/cuda/grid_barrier.cuh"
 #include "kernels/cuda/moe_mma.h"
 #include "kernels/cuda/moe_one.cuh"
 #include "kernels/cuda/prof.h"
@@ -49,7 +50,6 @@
 #define MP_NP_MAX 17 /* pairs: top-16 + the shared expert */
 #define MP_HV ((MP_NP_MAX * 256 + MP_W * 32 - 1) / (MP_W * 32)) /* h values a thread forms */
 #define MP_PF_SH 1 /* the shared expert's units before the wait (TANDEM_PREFETCH) */
-#define MP_DEADLINE_NS 1000000000ull /* the grid barrier's spin: 1 s */
 /* the kernel's static shared memory, at most (s_id, s_w, es, wsh, the barrier's flag) */
 #define MP_STATIC_SMEM (2 * 4 * 32 + 8 * MP_NP_MAX + 64)
 #define MP_BAR_SLOT (KCUDA_N_TICKETS - 3) /* two counters of c->tickets (moe_router_fuse.cu: the last) */
@@ -83,48 +83,9 @@ __device__ __forceinline__ int mp_block_of(int u, int NU, int G)
 	return (int)(((unsigned)(u + 1) * (unsigned)G - 1u) / (unsigned)NU);
 }
 
-__device__ __forceinline__ unsigned mp_ld_acquire(const unsigned *p)
-{
-	unsigned v;
-	asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-	return v;
-}
-
 __device__ __forceinline__ unsigned long long mp_now(void)
 {
-	unsigned long long t;
-	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-	return t;
-}
-
-/* Every block of the grid has arrived (thread 0 waits, the block follows); false when the deadline
- * passed first (counted in err). [0] counts arrivals; once a block is through it counts a departure in
- * [1], and the last to depart sets both back to 0 (every block has passed its spin by then). */
-__device__ __forceinline__ bool mp_grid_barrier(unsigned *bar, unsigned *err)
-{
-	__shared__ int s_ok;
-	__syncthreads();
-	if (threadIdx.x == 0) {
-		const unsigned G = gridDim.x;
-		int ok = 1;
-		__threadfence(); /* this block's partials before its arrival */
-		atomicAdd(bar, 1u);
-		const unsigned long long t0 = mp_now();
-		for (unsigned it = 0; mp_ld_acquire(bar) < G; it++)
-			if ((it & 255u) == 255u && mp_now() - t0 > MP_DEADLINE_NS) {
-				atomicAdd(err, 1u);
-				ok = 0;
-				break;
-			}
-		__threadfence(); /* the other blocks' partials after their arrivals */
-		if (atomicAdd(bar + 1, 1u) == G - 1) {
-			atomicExch(bar, 0u);
-			atomicExch(bar + 1, 0u);
-		}
-		s_ok = ok;
-	}
-	__syncthreads();
-	return s_ok != 0;
+	return kgb_now();
 }
 
 /* One weight tile of 16 rows x BYTES into a slot (row rr at dst + rr BYTES) from row(rr), by the
@@ -303,7 +264,7 @@ __global__ void __launch_bounds__(MP_W * 32, 1) moe_persist_kernel(const mp_args
 		__stcg(a.pbuf + ((size_t)tile * a.seg + sg) * 16 + r, s);
 	}
 	MP_T(6);
-	const bool ok = mp_grid_barrier(a.bar, a.err);
+	const bool ok = kgrid_barrier(a.bar, gridDim.x, a.err);
 	MP_T(7);
 	/* h = SiLU(g) u of every pair (segments in block order), then its B fragments: every thread's
 	 * first two segments loaded at once (one L2 round trip; more segments, only when blocks hold

@@ -20,6 +20,7 @@
 #include <errno.h>
 
 #include "kernels/cuda/fused.h"
+#include "kernels/cuda/grid_barrier.cuh"
 #include "kernels/cuda/mla_attn_mode.cuh"
 #include "kernels/cuda/topk_fast.cuh"
 
@@ -95,7 +96,7 @@ __device__ void tr_find(tr_shared &sh, const unsigned *hist, unsigned need, unsi
 	unsigned c[PER], tot = 0;
 #pragma unroll
 	for (int q = 0; q < PER; q++) {
-		c[q] = hist[NB - 1 - PER * tid - q];
+		c[q] = __ldcg(hist + (NB - 1 - PER * tid - q)); /* from L2: other blocks' atomics */
 		tot += c[q];
 	}
 	if (tid == 0) {
@@ -271,6 +272,183 @@ __global__ void __launch_bounds__(TR_THREADS) tr_out_kernel(tr_args a, int write
 		}
 }
 
+/* ---- the same select in ONE launch: the row's blocks meet at grid barriers ------------------------
+ * The five launches and the memset above are each a dependent graph node, and each reads the row
+ * again. Here the row's blocks (one per slice of TR_SLICE scores, all resident together: the host
+ * checks the occupancy) keep their slice's keys in registers through every phase and meet at four
+ * barriers (grid_barrier.cuh) instead of launch boundaries:
+ *   digit 0, 1, 2   the slice's histogram of the digit (shared memory, one atomic per distinct bin
+ *                   of a warp: similar scores share a bin) into the row's global one; barrier; every
+ *                   block finds the digit holding the k-th best (tr_find, redundantly per block);
+ *   count           the keys > T and == T of the slice into the caller's scratch; barrier;
+ *   write           the counts of the slices before give the offsets (tr_out_kernel's write).
+ * The histograms and the barrier words live in the context's zeroed area (ctx->zs): every block
+ * zeroes its share of the row's histograms once the last digit is found (after the fourth barrier
+ * nobody reads them), and each barrier's words return to zero by themselves, so graph replays need
+ * no memset node. */
+#define TR1_BAR_WORDS 8 /* four barriers x (arrivals, departures) */
+#define TR1_ROW_WORDS (TR_HIST + TR1_BAR_WORDS)
+
+/* one key of each lane (valid or not) into the shared histogram: lanes with the same bin add
+ * once (the top digit of a row's similar scores is nearly always one bin) */
+__device__ __forceinline__ void tr1_count(unsigned *h, bool valid, unsigned bin)
+{
+	const unsigned d = valid ? bin : 0xffffffffu;
+	const unsigned peers = __match_any_sync(0xffffffffu, d);
+	if (valid && __ffs(peers) - 1 == (int)(threadIdx.x & 31))
+		atomicAdd(&h[bin], (unsigned)__popc(peers));
+}
+
+__global__ void __launch_bounds__(TR_THREADS) tr_one_kernel(tr_args a, unsigned *zs)
+{
+	KDEP_ENTRY();
+	__shared__ tr_shared sh;
+	const int64_t row = blockIdx.y;
+	const int tid = threadIdx.x;
+	const int n = tr_row_n(a, row);
+	const int kk = a.k < n ? a.k : n;
+	const int i0 = blockIdx.x * TR_SLICE, i1 = min(n, i0 + TR_SLICE);
+	int32_t *o = a.out + row * a.ldo;
+	if (blockIdx.x == 0 && tid == 0 && a.n_out)
+		a.n_out[row] = kk > 0 ? kk : 0;
+	if (kk <= 0 || i0 >= n)
+		return; /* nothing to select, or a slice past the row's end (not counted at the barriers) */
+	if (kk >= n) { /* every position, in order */
+		for (int i = i0 + tid; i < i1; i += TR_THREADS)
+			o[i] = i;
+		return;
+	}
+	const unsigned G = (unsigned)((n + TR_SLICE - 1) / TR_SLICE); /* the row's blocks */
+	unsigned *hs = zs + row * (int64_t)TR1_ROW_WORDS, *bar = hs + TR_HIST;
+	unsigned *cnt = tr_row_scratch(a, row) + TR_HIST; /* (gt, eq) per slice: the caller's scratch */
+	const float *p = a.s + row * a.ld;
+	/* this thread's TR_PER consecutive scores, all loads in flight together */
+	const int j0 = i0 + tid * TR_PER;
+	uint32_t keys[TR_PER];
+#pragma unroll
+	for (int u = 0; u < TR_PER; u++)
+		keys[u] = j0 + u < i1 ? tr_key(p[j0 + u]) : 0u;
+	uint32_t prefix = 0;
+	unsigned need = (unsigned)kk;
+#pragma unroll 1
+	for (int pass = 0; pass < 3; pass++) {
+		const int nbins = pass == 2 ? TR_H2 : TR_H0;
+		const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
+		const int hshift = pass == 0 ? 32 : (pass == 1 ? 21 : 10); /* bits above the digit */
+		for (int i = tid; i < nbins; i += TR_THREADS)
+			sh.hist[i] = 0;
+		__syncthreads();
+#pragma unroll
+		for (int u = 0; u < TR_PER; u++) {
+			const bool in = j0 + u < i1 && (pass == 0 || (keys[u] >> hshift) == prefix);
+			tr1_count(sh.hist, in, (keys[u] >> shift) & (uint32_t)(nbins - 1));
+		}
+		__syncthreads();
+		unsigned *gh = hs + (pass == 0 ? 0 : (pass == 1 ? TR_H0 : TR_H0 + TR_H1));
+		for (int i = tid; i < nbins; i += TR_THREADS)
+			if (sh.hist[i])
+				atomicAdd(&gh[i], sh.hist[i]);
+		kgrid_barrier(bar + 2 * pass, G, a.err);
+		unsigned b;
+		if (pass == 2)
+			tr_find<TR_H2>(sh, gh, need, &b, &need);
+		else
+			tr_find<TR_H0>(sh, gh, need, &b, &need);
+		prefix = (prefix << (pass == 2 ? 10 : 11)) | b;
+	}
+	const uint32_t T = prefix;
+	unsigned gt = 0, eq = 0;
+#pragma unroll
+	for (int u = 0; u < TR_PER; u++) {
+		gt += j0 + u < i1 && keys[u] > T;
+		eq += j0 + u < i1 && keys[u] == T;
+	}
+	if (tid == 0)
+		sh.cnt[0] = sh.cnt[1] = 0;
+	__syncthreads();
+	if (gt)
+		atomicAdd(&sh.cnt[0], gt);
+	if (eq)
+		atomicAdd(&sh.cnt[1], eq);
+	__syncthreads();
+	if (tid == 0) {
+		cnt[2 * blockIdx.x] = sh.cnt[0];
+		cnt[2 * blockIdx.x + 1] = sh.cnt[1];
+	}
+	kgrid_barrier(bar + 6, G, a.err);
+	/* every block has found T: the row's histograms back to zero for the next launch, a share each */
+	for (int i = (int)blockIdx.x * TR_THREADS + tid; i < TR_HIST; i += (int)G * TR_THREADS)
+		hs[i] = 0;
+	/* counts of the slices before this one: a lane a slice, summed by warp 0 */
+	if (tid < 32) {
+		unsigned g = 0, e = 0;
+		for (unsigned b = (unsigned)tid; b < blockIdx.x; b += 32) {
+			g += __ldcg(cnt + 2 * b);
+			e += __ldcg(cnt + 2 * b + 1);
+		}
+		g = __reduce_add_sync(0xffffffffu, g);
+		e = __reduce_add_sync(0xffffffffu, e);
+		if (tid == 0) {
+			sh.cnt[0] = g;
+			sh.cnt[1] = e;
+		}
+	}
+	__syncthreads();
+	const unsigned gt_before = sh.cnt[0], eq_before = sh.cnt[1];
+	unsigned eq_rank;
+	tr_scan_t(sh.scan).ExclusiveSum(eq, eq_rank);
+	__syncthreads();
+	eq_rank += eq_before;
+	unsigned take = 0;
+	unsigned takeu[TR_PER];
+#pragma unroll
+	for (int u = 0; u < TR_PER; u++) {
+		const bool in = j0 + u < i1;
+		const bool isgt = in && keys[u] > T, iseq = in && keys[u] == T;
+		takeu[u] = isgt || (iseq && eq_rank < need);
+		eq_rank += iseq;
+		take += takeu[u];
+	}
+	unsigned pos;
+	tr_scan_t(sh.scan).ExclusiveSum(take, pos);
+	pos += gt_before + min(eq_before, need);
+#pragma unroll
+	for (int u = 0; u < TR_PER; u++)
+		if (takeu[u]) {
+			if (pos < (unsigned)kk) /* cannot fail with consistent counts; never write past kk */
+				o[pos] = j0 + u;
+			pos++;
+		}
+}
+
+/* TANDEM_TOPK_RADIX1=0: the five launches even where the one-launch kernel fits */
+static bool tr1_enabled(void)
+{
+	const char *e = getenv("TANDEM_TOPK_RADIX1");
+	return !(e && strcmp(e, "0") == 0);
+}
+
+/* the one-launch kernel for grid (nb, n_rows): its zeroed area fits and every block of the grid can
+ * be resident at once (its blocks of a row wait for each other) */
+static bool tr1_fits(struct kcuda_ctx *c, int64_t nb, int64_t n_rows)
+{
+	if (!tr1_enabled() || !c->zs || (size_t)n_rows * TR1_ROW_WORDS * sizeof(unsigned) > KCUDA_ZS_BYTES)
+		return false;
+	static int occ[64];
+	const int dev = c->device >= 0 && c->device < 64 ? c->device : -1;
+	int per_sm = dev >= 0 ? occ[dev] : 0;
+	if (per_sm <= 0) {
+		if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, tr_one_kernel, TR_THREADS, 0) !=
+		    cudaSuccess) {
+			(void)cudaGetLastError();
+			return false;
+		}
+		if (dev >= 0)
+			occ[dev] = per_sm;
+	}
+	return nb * n_rows <= (int64_t)per_sm * c->n_sm;
+}
+
 size_t kcuda_topk_idx_radix_scratch(int64_t n_rows, int64_t max_n)
 {
 	const int64_t nb = (max_n + TR_SLICE - 1) / TR_SLICE;
@@ -303,9 +481,12 @@ int kcuda_topk_idx_radix(struct kcuda_ctx *c, const float *scores, int64_t ld, i
 	a.scratch = (unsigned *)scratch;
 	a.nb = (int)nb;
 	a.err = c->err_dev;
+	dim3 grid((unsigned)nb, (unsigned)n_rows);
+	if (tr1_fits(c, nb, n_rows))
+		return klaunch("topk_radix one", tr_one_kernel, dim3(grid), dim3(TR_THREADS), 0, c->stream, a,
+		               c->zs);
 	if (cudaMemsetAsync(scratch, 0, need, c->stream) != cudaSuccess)
 		return kcuda_launch_status("topk_radix memset");
-	dim3 grid((unsigned)nb, (unsigned)n_rows);
 	int rc = 0;
 	for (int pass = 0; pass < 3 && !rc; pass++) {
 		rc = klaunch("topk_radix hist", tr_hist_kernel, dim3(grid), dim3(TR_THREADS), 0, c->stream, a,

@@ -9,8 +9,9 @@
  *    kcpu_topk over the GPU's own scores exactly; where it differs from the CPU selection, both
  *    positions lie within the score tolerance of the K-th score (float near-ties only).
  * 3. kcuda_topk_idx alone: per-row lengths, NaN and -inf, many ties, k > n, against kcpu_topk.
- * Everything runs five times: with TANDEM_IDX_ROWS=force (score blocks of 2 or 4 query rows sharing
- * each key tile wherever the kernel can: the batched rows use different tables, so those blocks run
+ * Everything runs five times (the cases past 8192 keys a sixth, with TANDEM_TOPK_RADIX1=0: the radix
+ * top-k in five launches instead of one): with TANDEM_IDX_ROWS=force (score blocks of 2 or 4 query rows
+ * sharing each key tile wherever the kernel can: the batched rows use different tables, so those blocks run
  * a pass a row; prefill rows share one), with TANDEM_IDX_TILES=5 (default kernels, 5 key tiles a score
  * block), with TANDEM_IDX_TOPK=fused (<= 256 rows of <= 128k keys: scores and top-k in one launch, the
  * selection finished by each row's last block, topk_sel.cuh; kcuda_topk_idx alone: topk_sel.cu), with the
@@ -1044,9 +1045,11 @@ int main(void)
 	}
 	/* mode 3: the default kernels with 5 key tiles a score block (any count 1..16 is valid; the
 	 * default takes 4 at prefill sizes, more rows x tiles than these cases have) */
-	for (int mode = 0; mode < 5; mode++) {
+	for (int mode = 0; mode < 6; mode++) {
 		if (quick && mode == 2)
 			continue;
+		if (mode == 5) /* the radix top-k's five launches (above 8192 keys the default is one) */
+			setenv("TANDEM_TOPK_RADIX1", "0", 1);
 		if (mode == 2)
 			setenv("TANDEM_CUDA_ATTN", "ref", 1);
 		else
@@ -1063,17 +1066,20 @@ int main(void)
 			setenv("TANDEM_IDX_ROWS", "force", 1);
 		else
 			unsetenv("TANDEM_IDX_ROWS");
-		printf("-- kernels: %s\n", mode == 4
-		                               ? "several query rows a score block (TANDEM_IDX_ROWS=force)"
-		                           : mode == 3 ? "default, 5 tiles a score block (TANDEM_IDX_TILES=5)"
-		                           : mode == 2 ? "ref (TANDEM_CUDA_ATTN=ref)"
-		                           : mode == 1 ? "default (fast scores, separate top-k)"
-		                                       : "fused top-k (TANDEM_IDX_TOPK=fused)");
+		printf("-- kernels: %s\n",
+		       mode == 5   ? "default, radix top-k in five launches (TANDEM_TOPK_RADIX1=0)"
+		       : mode == 4 ? "several query rows a score block (TANDEM_IDX_ROWS=force)"
+		       : mode == 3 ? "default, 5 tiles a score block (TANDEM_IDX_TILES=5)"
+		       : mode == 2 ? "ref (TANDEM_CUDA_ATTN=ref)"
+		       : mode == 1 ? "default (fast scores, separate top-k)"
+		                   : "fused top-k (TANDEM_IDX_TOPK=fused)");
 		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 			if (small && case_len(&cases[i]) > 4200) {
 				printf("skipped (TANDEM_OPS_SMALL): %s\n", cases[i].name);
 				continue;
 			}
+			if (mode == 5 && case_len(&cases[i]) <= 8192)
+				continue; /* rows the radix top-k does not take */
 			run_case(&cases[i]);
 		}
 		if (!small)
@@ -1083,6 +1089,7 @@ int main(void)
 	unsetenv("TANDEM_IDX_TOPK");
 	unsetenv("TANDEM_IDX_TILES");
 	unsetenv("TANDEM_IDX_ROWS");
+	unsetenv("TANDEM_TOPK_RADIX1");
 	{ /* part 4 (default kernels) */
 		static const int e1[] = {4096}, e3[] = {33, 2049, 4096}, e2[] = {70, 32768};
 		check_early_pdl(1, 1, e1);
