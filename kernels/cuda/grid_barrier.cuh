@@ -53,4 +53,40 @@ __device__ __forceinline__ bool kgrid_barrier(unsigned *bar, unsigned G, unsigne
 	return s_ok != 0;
 }
 
+/* The arrival half alone, for a kernel with several barriers: every one of G blocks has arrived at
+ * bar (false past the deadline). bar only counts up; the caller zeroes it once every block is past
+ * its last wait (kgrid_done), which takes the departure count off each barrier's critical path. */
+__device__ __forceinline__ bool kgrid_arrive_wait(unsigned *bar, unsigned G, unsigned *err)
+{
+	__shared__ int s_ok;
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		int ok = 1;
+		__threadfence(); /* this block's partials before its arrival */
+		atomicAdd(bar, 1u);
+		const unsigned long long t0 = kgb_now();
+		for (unsigned it = 0; kgb_ld_acquire(bar) < G; it++)
+			if ((it & 255u) == 255u && kgb_now() - t0 > KGB_DEADLINE_NS) {
+				atomicAdd(err, 1u);
+				ok = 0;
+				break;
+			}
+		__threadfence(); /* the other blocks' partials after their arrivals */
+		s_ok = ok;
+	}
+	__syncthreads();
+	return s_ok != 0;
+}
+
+/* After a block's last kgrid_arrive_wait: counts it in *done; the last of the G blocks sets the
+ * nbar arrival words and *done back to 0 (every block is past every wait by then). Block-wide. */
+__device__ __forceinline__ void kgrid_done(unsigned *bars, int nbar, unsigned *done, unsigned G)
+{
+	if (threadIdx.x == 0 && atomicAdd(done, 1u) == G - 1) {
+		for (int i = 0; i < nbar; i++)
+			atomicExch(bars + i, 0u);
+		atomicExch(done, 0u);
+	}
+}
+
 #endif

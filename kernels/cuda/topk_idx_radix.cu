@@ -87,7 +87,7 @@ struct tr_shared {
 
 /* In hist[0 .. NB) (global), counted from the highest bin down: the bin holding the need-th
  * largest entry and how many of that bin's entries are still needed. Block-wide. */
-template <int NB>
+template <int NB, bool L2 = true>
 __device__ void tr_find(tr_shared &sh, const unsigned *hist, unsigned need, unsigned *bin_out,
                         unsigned *need_out)
 {
@@ -96,7 +96,8 @@ __device__ void tr_find(tr_shared &sh, const unsigned *hist, unsigned need, unsi
 	unsigned c[PER], tot = 0;
 #pragma unroll
 	for (int q = 0; q < PER; q++) {
-		c[q] = __ldcg(hist + (NB - 1 - PER * tid - q)); /* from L2: other blocks' atomics */
+		const int i = NB - 1 - PER * tid - q;
+		c[q] = L2 ? __ldcg(hist + i) : hist[i]; /* L2: other blocks' atomics (global) */
 		tot += c[q];
 	}
 	if (tid == 0) {
@@ -275,19 +276,31 @@ __global__ void __launch_bounds__(TR_THREADS) tr_out_kernel(tr_args a, int write
 /* ---- the same select in ONE launch: the row's blocks meet at grid barriers ------------------------
  * The five launches and the memset above are each a dependent graph node, and each reads the row
  * again. Here the row's blocks (one per slice of TR_SLICE scores, all resident together: the host
- * checks the occupancy) keep their slice's keys in registers through every phase and meet at four
- * barriers (grid_barrier.cuh) instead of launch boundaries:
- *   digit 0, 1, 2   the slice's histogram of the digit (shared memory, one atomic per distinct bin
- *                   of a warp: similar scores share a bin) into the row's global one; barrier; every
- *                   block finds the digit holding the k-th best (tr_find, redundantly per block);
- *   count           the keys > T and == T of the slice into the caller's scratch; barrier;
- *   write           the counts of the slices before give the offsets (tr_out_kernel's write).
- * The histograms and the barrier words live in the context's zeroed area (ctx->zs): every block
- * zeroes its share of the row's histograms once the last digit is found (after the fourth barrier
- * nobody reads them), and each barrier's words return to zero by themselves, so graph replays need
- * no memset node. */
-#define TR1_BAR_WORDS 8 /* four barriers x (arrivals, departures) */
-#define TR1_ROW_WORDS (TR_HIST + TR1_BAR_WORDS)
+ * checks the occupancy) keep their slice's keys in registers through every phase and meet at grid
+ * barriers (grid_barrier.cuh's arrival half; the departures are counted once, at the end):
+ *   digit 0, 1   the slice's histogram of the digit (shared memory, one atomic per distinct bin of a
+ *                warp: similar scores share a bin) into the row's global one; barrier; every block
+ *                finds the digit holding the k-th best (tr_find, redundantly per block);
+ *   candidates   the keys sharing the 22-bit prefix found (the global histogram says how many: at
+ *                most TR1_CAND) go to a list in the caller's scratch, with each slice's count of
+ *                keys above the prefix; barrier; every block ranks the list's last 10 bits in
+ *                shared memory (T and how many keys == T are taken) and has, from the list and the
+ *                counts, every slice's keys > T and == T before its own: the write follows;
+ *   otherwise    (more candidates: heavy ties) digit 2 as digits 0 and 1, the slices' (> T, == T)
+ *                counts, one more barrier, then the write.
+ * Three barriers (four with heavy ties) instead of five launches. The histograms, the arrival words
+ * and the list's counter live in the context's zeroed area (ctx->zs); every block zeroes its share of
+ * the histograms once nobody reads them and the last block to leave zeroes the words, so graph
+ * replays need no memset node. */
+#define TR1_WORDS 6 /* arrivals of barriers 0..3, the candidate counter, the departures */
+#define TR1_ROW_WORDS (TR_HIST + TR1_WORDS)
+#define TR1_CAND 2048 /* candidates ranked in shared memory (pairs in the caller's scratch) */
+static_assert(2 * TR1_CAND <= TR_HIST, "the list takes the histograms' place in the caller's scratch");
+
+struct tr1_shared {
+	uint2 cand[TR1_CAND]; /* (position, key) */
+	unsigned cnt[2];
+};
 
 /* one key of each lane (valid or not) into the shared histogram: lanes with the same bin add
  * once (the top digit of a row's similar scores is nearly always one bin) */
@@ -299,10 +312,38 @@ __device__ __forceinline__ void tr1_count(unsigned *h, bool valid, unsigned bin)
 		atomicAdd(&h[bin], (unsigned)__popc(peers));
 }
 
+/* v summed over the block into *dst (shared, zeroed by the caller before a barrier) */
+__device__ __forceinline__ void tr1_block_add(unsigned *dst, unsigned v)
+{
+	v = __reduce_add_sync(0xffffffffu, v);
+	if ((threadIdx.x & 31) == 0 && v)
+		atomicAdd(dst, v);
+}
+
+/* the slice's histogram of one digit (keys whose bits above it equal prefix) into gh */
+template <int NB>
+__device__ __forceinline__ void tr1_hist(tr_shared &sh, const uint32_t (&keys)[TR_PER], int j0, int i1,
+                                         int shift, int hshift, uint32_t prefix, unsigned *gh)
+{
+	for (int i = threadIdx.x; i < NB; i += TR_THREADS)
+		sh.hist[i] = 0;
+	__syncthreads();
+#pragma unroll
+	for (int u = 0; u < TR_PER; u++) {
+		const bool in = j0 + u < i1 && (hshift >= 32 || (keys[u] >> hshift) == prefix);
+		tr1_count(sh.hist, in, (keys[u] >> shift) & (uint32_t)(NB - 1));
+	}
+	__syncthreads();
+	for (int i = threadIdx.x; i < NB; i += TR_THREADS)
+		if (sh.hist[i])
+			atomicAdd(&gh[i], sh.hist[i]);
+}
+
 __global__ void __launch_bounds__(TR_THREADS) tr_one_kernel(tr_args a, unsigned *zs)
 {
 	KDEP_ENTRY();
 	__shared__ tr_shared sh;
+	__shared__ tr1_shared s1;
 	const int64_t row = blockIdx.y;
 	const int tid = threadIdx.x;
 	const int n = tr_row_n(a, row);
@@ -320,7 +361,8 @@ __global__ void __launch_bounds__(TR_THREADS) tr_one_kernel(tr_args a, unsigned 
 	}
 	const unsigned G = (unsigned)((n + TR_SLICE - 1) / TR_SLICE); /* the row's blocks */
 	unsigned *hs = zs + row * (int64_t)TR1_ROW_WORDS, *bar = hs + TR_HIST;
-	unsigned *cnt = tr_row_scratch(a, row) + TR_HIST; /* (gt, eq) per slice: the caller's scratch */
+	unsigned *scr = tr_row_scratch(a, row); /* the caller's: the candidate list, then the counts */
+	unsigned *cnt = scr + TR_HIST;
 	const float *p = a.s + row * a.ld;
 	/* this thread's TR_PER consecutive scores, all loads in flight together */
 	const int j0 = i0 + tid * TR_PER;
@@ -328,73 +370,125 @@ __global__ void __launch_bounds__(TR_THREADS) tr_one_kernel(tr_args a, unsigned 
 #pragma unroll
 	for (int u = 0; u < TR_PER; u++)
 		keys[u] = j0 + u < i1 ? tr_key(p[j0 + u]) : 0u;
-	uint32_t prefix = 0;
-	unsigned need = (unsigned)kk;
-#pragma unroll 1
-	for (int pass = 0; pass < 3; pass++) {
-		const int nbins = pass == 2 ? TR_H2 : TR_H0;
-		const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
-		const int hshift = pass == 0 ? 32 : (pass == 1 ? 21 : 10); /* bits above the digit */
-		for (int i = tid; i < nbins; i += TR_THREADS)
-			sh.hist[i] = 0;
-		__syncthreads();
+	unsigned need = (unsigned)kk, b0, b1;
+	tr1_hist<TR_H0>(sh, keys, j0, i1, 21, 32, 0, hs);
+	kgrid_arrive_wait(bar + 0, G, a.err);
+	tr_find<TR_H0>(sh, hs, need, &b0, &need);
+	tr1_hist<TR_H1>(sh, keys, j0, i1, 10, 21, b0, hs + TR_H0);
+	kgrid_arrive_wait(bar + 1, G, a.err);
+	tr_find<TR_H1>(sh, hs + TR_H0, need, &b1, &need);
+	const uint32_t p22 = (b0 << 11) | b1; /* the k-th key's top 22 bits */
+	const unsigned n_cand = __ldcg(hs + TR_H0 + b1); /* keys with those bits, over the row */
+	uint32_t T;
+	unsigned gt = 0, eq = 0, gt_before, eq_before;
+	if (n_cand <= TR1_CAND) {
+		/* this slice's candidates into the list; its keys above the prefix into cnt */
+		unsigned above = 0, mine = 0;
 #pragma unroll
 		for (int u = 0; u < TR_PER; u++) {
-			const bool in = j0 + u < i1 && (pass == 0 || (keys[u] >> hshift) == prefix);
-			tr1_count(sh.hist, in, (keys[u] >> shift) & (uint32_t)(nbins - 1));
+			above += j0 + u < i1 && (keys[u] >> 10) > p22;
+			mine += j0 + u < i1 && (keys[u] >> 10) == p22;
+		}
+		if (tid == 0)
+			s1.cnt[0] = s1.cnt[1] = 0;
+		__syncthreads();
+		tr1_block_add(&s1.cnt[0], above);
+		unsigned at = 0;
+		if (mine)
+			at = atomicAdd(&s1.cnt[1], mine); /* the thread's slots within the block's */
+		__syncthreads();
+		if (tid == 0) {
+			cnt[2 * blockIdx.x] = s1.cnt[0];
+			sh.bin = s1.cnt[1] ? atomicAdd(bar + 4, s1.cnt[1]) : 0; /* the block's slots */
 		}
 		__syncthreads();
-		unsigned *gh = hs + (pass == 0 ? 0 : (pass == 1 ? TR_H0 : TR_H0 + TR_H1));
-		for (int i = tid; i < nbins; i += TR_THREADS)
-			if (sh.hist[i])
-				atomicAdd(&gh[i], sh.hist[i]);
-		kgrid_barrier(bar + 2 * pass, G, a.err);
-		unsigned b;
-		if (pass == 2)
-			tr_find<TR_H2>(sh, gh, need, &b, &need);
-		else
-			tr_find<TR_H0>(sh, gh, need, &b, &need);
-		prefix = (prefix << (pass == 2 ? 10 : 11)) | b;
-	}
-	const uint32_t T = prefix;
-	unsigned gt = 0, eq = 0;
+		at += sh.bin;
 #pragma unroll
-	for (int u = 0; u < TR_PER; u++) {
-		gt += j0 + u < i1 && keys[u] > T;
-		eq += j0 + u < i1 && keys[u] == T;
-	}
-	if (tid == 0)
-		sh.cnt[0] = sh.cnt[1] = 0;
-	__syncthreads();
-	if (gt)
-		atomicAdd(&sh.cnt[0], gt);
-	if (eq)
-		atomicAdd(&sh.cnt[1], eq);
-	__syncthreads();
-	if (tid == 0) {
-		cnt[2 * blockIdx.x] = sh.cnt[0];
-		cnt[2 * blockIdx.x + 1] = sh.cnt[1];
-	}
-	kgrid_barrier(bar + 6, G, a.err);
-	/* every block has found T: the row's histograms back to zero for the next launch, a share each */
-	for (int i = (int)blockIdx.x * TR_THREADS + tid; i < TR_HIST; i += (int)G * TR_THREADS)
-		hs[i] = 0;
-	/* counts of the slices before this one: a lane a slice, summed by warp 0 */
-	if (tid < 32) {
+		for (int u = 0; u < TR_PER; u++)
+			if (j0 + u < i1 && (keys[u] >> 10) == p22 && at < TR1_CAND) {
+				scr[2 * at] = (unsigned)(j0 + u);
+				scr[2 * at + 1] = keys[u];
+				at++;
+			}
+		kgrid_arrive_wait(bar + 2, G, a.err);
+		kgrid_done(bar, 5, bar + 5, G);
+		/* the histograms are read no more: this block's share back to zero */
+		for (int i = (int)blockIdx.x * TR_THREADS + tid; i < TR_H0 + TR_H1; i += (int)G * TR_THREADS)
+			hs[i] = 0;
+		/* the list (n_cand pairs, in no order) into shared memory, its last 10 bits ranked */
+		for (int i = tid; i < TR_H2; i += TR_THREADS)
+			sh.hist[i] = 0;
+		__syncthreads();
+		for (unsigned i = tid; i < n_cand; i += TR_THREADS) {
+			const uint2 c = __ldcg((const uint2 *)scr + i);
+			s1.cand[i] = c;
+			atomicAdd(&sh.hist[c.y & (TR_H2 - 1)], 1u);
+		}
+		__syncthreads();
+		unsigned b2;
+		tr_find<TR_H2, false>(sh, sh.hist, need, &b2, &need);
+		T = (p22 << 10) | b2;
+		/* before this slice: the slices' keys above the prefix, and the list's entries > T / == T */
 		unsigned g = 0, e = 0;
-		for (unsigned b = (unsigned)tid; b < blockIdx.x; b += 32) {
+		for (unsigned b = (unsigned)tid; b < blockIdx.x; b += TR_THREADS)
+			g += __ldcg(cnt + 2 * b);
+		for (unsigned i = tid; i < n_cand; i += TR_THREADS)
+			if (s1.cand[i].x < (unsigned)i0) {
+				g += s1.cand[i].y > T;
+				e += s1.cand[i].y == T;
+			}
+		if (tid == 0)
+			s1.cnt[0] = s1.cnt[1] = 0;
+		__syncthreads();
+		tr1_block_add(&s1.cnt[0], g);
+		tr1_block_add(&s1.cnt[1], e);
+		__syncthreads();
+		gt_before = s1.cnt[0];
+		eq_before = s1.cnt[1];
+#pragma unroll
+		for (int u = 0; u < TR_PER; u++)
+			eq += j0 + u < i1 && keys[u] == T;
+	} else {
+		/* heavy ties: digit 2 over the row, then the slices' counts at one more barrier */
+		tr1_hist<TR_H2>(sh, keys, j0, i1, 0, 10, p22, hs + TR_H0 + TR_H1);
+		kgrid_arrive_wait(bar + 2, G, a.err);
+		unsigned b2;
+		tr_find<TR_H2>(sh, hs + TR_H0 + TR_H1, need, &b2, &need);
+		T = (p22 << 10) | b2;
+#pragma unroll
+		for (int u = 0; u < TR_PER; u++) {
+			gt += j0 + u < i1 && keys[u] > T;
+			eq += j0 + u < i1 && keys[u] == T;
+		}
+		if (tid == 0)
+			sh.cnt[0] = sh.cnt[1] = 0;
+		__syncthreads();
+		tr1_block_add(&sh.cnt[0], gt);
+		tr1_block_add(&sh.cnt[1], eq);
+		__syncthreads();
+		if (tid == 0) {
+			cnt[2 * blockIdx.x] = sh.cnt[0];
+			cnt[2 * blockIdx.x + 1] = sh.cnt[1];
+		}
+		kgrid_arrive_wait(bar + 3, G, a.err);
+		kgrid_done(bar, 5, bar + 5, G);
+		for (int i = (int)blockIdx.x * TR_THREADS + tid; i < TR_HIST; i += (int)G * TR_THREADS)
+			hs[i] = 0;
+		unsigned g = 0, e = 0;
+		for (unsigned b = (unsigned)tid; b < blockIdx.x; b += TR_THREADS) {
 			g += __ldcg(cnt + 2 * b);
 			e += __ldcg(cnt + 2 * b + 1);
 		}
-		g = __reduce_add_sync(0xffffffffu, g);
-		e = __reduce_add_sync(0xffffffffu, e);
-		if (tid == 0) {
-			sh.cnt[0] = g;
-			sh.cnt[1] = e;
-		}
+		if (tid == 0)
+			sh.cnt[0] = sh.cnt[1] = 0;
+		__syncthreads();
+		tr1_block_add(&sh.cnt[0], g);
+		tr1_block_add(&sh.cnt[1], e);
+		__syncthreads();
+		gt_before = sh.cnt[0];
+		eq_before = sh.cnt[1];
 	}
-	__syncthreads();
-	const unsigned gt_before = sh.cnt[0], eq_before = sh.cnt[1];
+	/* the write: keys > T, and the lowest-positioned `need` keys == T, in position order */
 	unsigned eq_rank;
 	tr_scan_t(sh.scan).ExclusiveSum(eq, eq_rank);
 	__syncthreads();

@@ -1038,7 +1038,13 @@ int main(void)
 	 * kernel + a separate top-k) and TANDEM_CUDA_ATTN=ref */
 	test_topk_fast(quick || small);
 	check_topk_pdl();
-	if (getenv("TANDEM_OPS_ONLY_TOPK")) { /* only the top-k parts (compute-sanitizer racecheck runs) */
+	if (getenv("TANDEM_OPS_ONLY_TOPK")) { /* only the top-k parts (compute-sanitizer runs): with
+		                               * kcuda_topk_idx's rows of up to 100k, the one-launch radix
+		                               * kernel and (TANDEM_TOPK_RADIX1=0) its five launches */
+		test_topk_rows();
+		setenv("TANDEM_TOPK_RADIX1", "0", 1);
+		test_topk_rows();
+		unsetenv("TANDEM_TOPK_RADIX1");
 		kcuda_ctx_destroy(ctx);
 		printf("%d checks, %d failed\n", ops_n_check, ops_n_fail);
 		return ops_n_fail ? 1 : 0;
