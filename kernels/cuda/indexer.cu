@@ -276,15 +276,18 @@ static int idx_topk_run(struct kcuda_ctx *c, idx_args &a, const struct kcuda_att
 	 * multi-block radix top-k, whose histograms go after the scores in the workspace; many rows
 	 * (prefill) the one-block-per-row kernel, which needs no scratch. */
 	int radix = !kattn_use_ref() && rows->n_q <= 64;
-	/* rows that fit one block's shared memory: one launch instead of the radix path's six
-	 * (fused.h; TANDEM_FUSE=0 keeps the radix path). Up to KFUSE_TOPK_SHORT_DEFAULT keys by
-	 * default: one block for a 32k row measured ~80 us on the H200 at 16:15 (its histogram atomics
-	 * then all met on one bin; per-warp histograms since), the radix path ~25 us.
-	 * TANDEM_TOPK_SHORT_MAX sets the limit (0 .. KFUSE_TOPK_SHORT) to measure it again. */
+	/* rows that fit one block's shared memory: one block a row instead of the radix path's several
+	 * (one launch; five and a memset with TANDEM_TOPK_RADIX1=0) (fused.h; TANDEM_FUSE=0 keeps the radix
+	 * path). Up to KFUSE_TOPK_SHORT_DEFAULT keys by default: one block for a 32k row measured ~80 us on
+	 * the H200 at 16:15 (its histogram atomics then all met on one bin; per-warp histograms since), the
+	 * radix path ~25 us. TANDEM_TOPK_SHORT_MAX sets the limit (0 .. KFUSE_TOPK_SHORT) to measure it
+	 * again. */
 	/* topk_fast.cu takes rows up to KFUSE_TOPK_SHORT, but above 8192 keys the radix path's
 	 * several blocks per row won in the decode step (H200, 2026-11-29 23:00: GLM-5 batch 1 ctx
 	 * 32k 9.63 ms with topk_fast at 32768 keys, 9.07 with the radix path; at 4k topk_fast saves
-	 * 0.52 ms): KFUSE_TOPK_SHORT_DEFAULT stays the limit; TANDEM_TOPK_SHORT_MAX moves it. */
+	 * 0.52 ms; again 2026-12-03 with the radix path in one launch: 32k 7.81-7.85 against 8.96,
+	 * ctx 8192 equal, ctx 4096 6.62-6.67 against 7.25 with the radix path):
+	 * KFUSE_TOPK_SHORT_DEFAULT stays the limit; TANDEM_TOPK_SHORT_MAX moves it. */
 	int64_t short_max = KFUSE_TOPK_SHORT_DEFAULT;
 	const char *sm_env = getenv("TANDEM_TOPK_SHORT_MAX");
 	if (sm_env && atoll(sm_env) >= 0)
