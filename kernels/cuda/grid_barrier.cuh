@@ -25,34 +25,6 @@ __device__ __forceinline__ unsigned long long kgb_now(void)
 	return t;
 }
 
-/* Every one of G blocks has arrived at bar (thread 0 waits, the block follows); false when the
- * deadline passed first. Block-wide: every thread of the block calls it. */
-__device__ __forceinline__ bool kgrid_barrier(unsigned *bar, unsigned G, unsigned *err)
-{
-	__shared__ int s_ok;
-	__syncthreads();
-	if (threadIdx.x == 0) {
-		int ok = 1;
-		__threadfence(); /* this block's partials before its arrival */
-		atomicAdd(bar, 1u);
-		const unsigned long long t0 = kgb_now();
-		for (unsigned it = 0; kgb_ld_acquire(bar) < G; it++)
-			if ((it & 255u) == 255u && kgb_now() - t0 > KGB_DEADLINE_NS) {
-				atomicAdd(err, 1u);
-				ok = 0;
-				break;
-			}
-		__threadfence(); /* the other blocks' partials after their arrivals */
-		if (atomicAdd(bar + 1, 1u) == G - 1) {
-			atomicExch(bar, 0u);
-			atomicExch(bar + 1, 0u);
-		}
-		s_ok = ok;
-	}
-	__syncthreads();
-	return s_ok != 0;
-}
-
 /* The arrival half alone, for a kernel with several barriers: every one of G blocks has arrived at
  * bar (false past the deadline). bar only counts up; the caller zeroes it once every block is past
  * its last wait (kgrid_done), which takes the departure count off each barrier's critical path. */
@@ -76,6 +48,18 @@ __device__ __forceinline__ bool kgrid_arrive_wait(unsigned *bar, unsigned G, uns
 	}
 	__syncthreads();
 	return s_ok != 0;
+}
+
+/* Every one of G blocks has arrived at bar (kgrid_arrive_wait), then the departure: false when
+ * the deadline passed first. Block-wide: every thread of the block calls it. */
+__device__ __forceinline__ bool kgrid_barrier(unsigned *bar, unsigned G, unsigned *err)
+{
+	const bool ok = kgrid_arrive_wait(bar, G, err);
+	if (threadIdx.x == 0 && atomicAdd(bar + 1, 1u) == G - 1) {
+		atomicExch(bar, 0u);
+		atomicExch(bar + 1, 0u);
+	}
+	return ok;
 }
 
 /* After a block's last kgrid_arrive_wait: counts it in *done; the last of the G blocks sets the

@@ -182,6 +182,39 @@ __global__ void __launch_bounds__(TR_THREADS) tr_hist_kernel(tr_args a, int pass
 			atomicAdd(&gh[i], sh.hist[i]);
 }
 
+/* The ordered write of a slice (thread t holds keys[] of positions j0 .. j0 + TR_PER - 1, valid below
+ * i1): keys > T, and the `need` lowest-positioned keys == T over the row; eq: this thread's keys == T;
+ * gt_before / eq_before: the row's keys > T / == T in the slices before this one. Block-wide. */
+__device__ __forceinline__ void tr_write(tr_shared &sh, const uint32_t (&keys)[TR_PER], int j0, int i1,
+                                         uint32_t T, unsigned need, unsigned eq, unsigned gt_before,
+                                         unsigned eq_before, int kk, int32_t *o)
+{
+	unsigned eq_rank;
+	tr_scan_t(sh.scan).ExclusiveSum(eq, eq_rank);
+	__syncthreads();
+	eq_rank += eq_before;
+	unsigned take = 0;
+	unsigned takeu[TR_PER];
+#pragma unroll
+	for (int u = 0; u < TR_PER; u++) {
+		const bool in = j0 + u < i1;
+		const bool isgt = in && keys[u] > T, iseq = in && keys[u] == T;
+		takeu[u] = isgt || (iseq && eq_rank < need);
+		eq_rank += iseq;
+		take += takeu[u];
+	}
+	unsigned pos;
+	tr_scan_t(sh.scan).ExclusiveSum(take, pos);
+	pos += gt_before + min(eq_before, need);
+#pragma unroll
+	for (int u = 0; u < TR_PER; u++)
+		if (takeu[u]) {
+			if (pos < (unsigned)kk) /* cannot fail with consistent counts; never write past kk */
+				o[pos] = j0 + u;
+			pos++;
+		}
+}
+
 /* count (write = 0) or write (write = 1) */
 __global__ void __launch_bounds__(TR_THREADS) tr_out_kernel(tr_args a, int write)
 {
@@ -247,30 +280,7 @@ __global__ void __launch_bounds__(TR_THREADS) tr_out_kernel(tr_args a, int write
 	__syncthreads();
 	const unsigned gt_before = sh.cnt[0], eq_before = sh.cnt[1];
 	__syncthreads();
-	unsigned eq_rank;
-	tr_scan_t(sh.scan).ExclusiveSum(eq, eq_rank);
-	__syncthreads();
-	eq_rank += eq_before;
-	unsigned take = 0;
-	unsigned takeu[TR_PER];
-#pragma unroll
-	for (int u = 0; u < TR_PER; u++) {
-		const bool in = j0 + u < i1;
-		const bool isgt = in && keys[u] > T, iseq = in && keys[u] == T;
-		takeu[u] = isgt || (iseq && eq_rank < need);
-		eq_rank += iseq;
-		take += takeu[u];
-	}
-	unsigned pos;
-	tr_scan_t(sh.scan).ExclusiveSum(take, pos);
-	pos += gt_before + min(eq_before, need);
-#pragma unroll
-	for (int u = 0; u < TR_PER; u++)
-		if (takeu[u]) {
-			if (pos < (unsigned)kk) /* cannot fail with consistent counts; never write past kk */
-				o[pos] = j0 + u;
-			pos++;
-		}
+	tr_write(sh, keys, j0, i1, T, need, eq, gt_before, eq_before, kk, o);
 }
 
 /* ---- the same select in ONE launch: the row's blocks meet at grid barriers ------------------------
@@ -489,30 +499,7 @@ __global__ void __launch_bounds__(TR_THREADS) tr_one_kernel(tr_args a, unsigned 
 		eq_before = sh.cnt[1];
 	}
 	/* the write: keys > T, and the lowest-positioned `need` keys == T, in position order */
-	unsigned eq_rank;
-	tr_scan_t(sh.scan).ExclusiveSum(eq, eq_rank);
-	__syncthreads();
-	eq_rank += eq_before;
-	unsigned take = 0;
-	unsigned takeu[TR_PER];
-#pragma unroll
-	for (int u = 0; u < TR_PER; u++) {
-		const bool in = j0 + u < i1;
-		const bool isgt = in && keys[u] > T, iseq = in && keys[u] == T;
-		takeu[u] = isgt || (iseq && eq_rank < need);
-		eq_rank += iseq;
-		take += takeu[u];
-	}
-	unsigned pos;
-	tr_scan_t(sh.scan).ExclusiveSum(take, pos);
-	pos += gt_before + min(eq_before, need);
-#pragma unroll
-	for (int u = 0; u < TR_PER; u++)
-		if (takeu[u]) {
-			if (pos < (unsigned)kk) /* cannot fail with consistent counts; never write past kk */
-				o[pos] = j0 + u;
-			pos++;
-		}
+	tr_write(sh, keys, j0, i1, T, need, eq, gt_before, eq_before, kk, o);
 }
 
 /* TANDEM_TOPK_RADIX1=0: the five launches even where the one-launch kernel fits */
