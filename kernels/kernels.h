@@ -364,9 +364,11 @@ struct kcuda_mla_dense_args {
 #define KCUDA_MD_F32 0
 #define KCUDA_MD_TF32 1
 #define KCUDA_MD_BF16 2
-/* workspace bytes for calls of up to max_rows rows and max_keys keys (0 for bad arguments) */
-size_t kcuda_mla_dense_ws(int64_t H, int64_t C, int64_t R, int64_t N, int64_t V, int64_t max_rows,
-                          int64_t max_keys);
+/* workspace bytes for calls of up to max_rows rows and max_keys keys with the given math and flash (as
+ * in kcuda_mla_dense_args) on c's device: without the GEMM path's score buffer (up to 256 MB) where the
+ * fused kernel takes those calls. 0 for bad arguments. */
+size_t kcuda_mla_dense_ws(struct kcuda_ctx *c, int64_t H, int64_t C, int64_t R, int64_t N, int64_t V,
+                          int64_t max_rows, int64_t max_keys, int math, int flash);
 int kcuda_mla_dense(struct kcuda_ctx *c, const struct kcuda_mla_dense_args *a, void *ws, size_t ws_bytes);
 /* DSA indexer scores (kcpu_indexer_scores order): scores[i * ld + t] = sum_h w[i][h] * ReLU(scale *
  * q[i][h] . key_t) for t < n_keys[i] (rows->sel must be NULL); other entries untouched. */

@@ -138,9 +138,9 @@ struct be_cuda {
 	const float *parts_y;
 	/* the dense prompt path (kcuda_mla_dense): its workspace (NULL: off, TANDEM_MLA_DENSE=0 or
 	 * max_tokens below md_min), the fewest rows a call takes it (TANDEM_MLA_DENSE_MIN), the GEMMs'
-	 * math (TANDEM_MLA_DENSE_MATH: KCUDA_MD_*, -1 by the pool: bf16 for bf16, fp32 for fp32);
+	 * math (TANDEM_MLA_DENSE_MATH: KCUDA_MD_*; unset: by the pool's dtype, bf16 for bf16, fp32 for fp32);
 	 * md_seg: this step's runs of rows that take it (cu_begin: rows r0 .. r0 + n - 1 are sequence seq
-	 * at positions pos0 .. pos0 + n - 1, n >= md_min), md_all: they cover every row */
+	 * at positions pos0 .. pos0 + n - 1, n >= md_min) */
 	void *md_ws;
 	size_t md_bytes;
 	int64_t md_min;
@@ -151,7 +151,6 @@ struct be_cuda {
 		int seq;
 	} md_seg[MD_SEGS];
 	int md_n;
-	bool md_all;
 };
 
 #define CK(x)                                                                                                \
@@ -693,10 +692,8 @@ static void md_segments(struct be_cuda *c, const struct model_batch *b, const st
 	const struct model_hparams *hp = &c->m->hp;
 	const int64_t n = st->n;
 	c->md_n = 0;
-	c->md_all = false;
 	if (!c->md_ws || st->n != st->n_real || n < c->md_min || b->n_tokens < n)
 		return;
-	int64_t covered = 0;
 	for (int64_t r0 = 0, r1; r0 < n; r0 = r1) {
 		const int32_t sq = b->seq[r0], p0 = b->pos[r0];
 		for (r1 = r0 + 1; r1 < n && b->seq[r1] == sq && b->pos[r1] == p0 + (int32_t)(r1 - r0); r1++)
@@ -706,9 +703,7 @@ static void md_segments(struct be_cuda *c, const struct model_batch *b, const st
 		    (hp->has_indexer && end > hp->idx_topk) || c->md_n == MD_SEGS)
 			continue;
 		c->md_seg[c->md_n++] = (struct md_seg){.r0 = r0, .n = len, .pos0 = p0, .seq = sq};
-		covered += len;
 	}
-	c->md_all = c->md_n > 0 && covered == n;
 }
 
 static int cu_begin(void *ctx, const struct model_batch *b, struct model_kv *kv, const struct mbe_step *st)
@@ -1190,20 +1185,43 @@ static void mla_q_rope(struct be_cuda *c, const float *q)
 }
 
 /* absorbed queries: q_abs[i][h][0..C) = W_UK(h) q_nope[i][h] */
-static void mla_q_absorb(struct be_cuda *c, const struct layer_w *L, const float *q)
+/* q absorbed (k_b's W_UK) into c->qabs for rows [r0, r1) */
+static void mla_q_absorb_rows(struct be_cuda *c, const struct layer_w *L, const float *q, int64_t r0,
+                              int64_t r1)
 {
 	const struct model_hparams *hp = &c->m->hp;
-	int64_t n = c->st.n, Hl = c->rk->Hl, C = hp->C, R = hp->R, NR = hp->N + R;
+	int64_t n = r1 - r0, Hl = c->rk->Hl, C = hp->C, R = hp->R, NR = hp->N + R;
+	if (n <= 0)
+		return;
+	const float *qr = q + r0 * Hl * NR;
+	float *qa = c->qabs + r0 * Hl * (C + R);
 	PROF(c, "attn.q_absorb(k_b/head)", ktype_name(L->k_b.w.type), (double)Hl * wbytes(&L->k_b.w))
 	if (head_gemv(c, &L->k_b, n))
-		CK(kfwd_head_gemv(c->kc, &L->k_b.w, L->k_b.mat_bytes, (int)Hl, q, Hl * NR, NR, n, c->qabs,
+		CK(kfwd_head_gemv(c->kc, &L->k_b.w, L->k_b.mat_bytes, (int)Hl, qr, Hl * NR, NR, n, qa,
 		                  Hl * (C + R), C + R));
 	else
 		for (int64_t hh = 0; hh < Hl; hh++) {
 			struct kweight kb = kweight3_at(&L->k_b, hh);
-			CK(kcuda_matmul(c->kc, &kb, q + hh * NR, Hl * NR, n, c->qabs + hh * (C + R),
-			                Hl * (C + R)));
+			CK(kcuda_matmul(c->kc, &kb, qr + hh * NR, Hl * NR, n, qa + hh * (C + R), Hl * (C + R)));
 		}
+}
+
+static void mla_q_absorb(struct be_cuda *c, const struct layer_w *L, const float *q)
+{
+	mla_q_absorb_rows(c, L, q, 0, c->st.n);
+}
+
+/* a step with dense runs (md_segments): q's rotary part roped for every row (the dense path reads it
+ * too), q absorbed only for the rows between the runs (the absorbed kernels' rows) */
+static void mla_q_dense_step(struct be_cuda *c, const struct layer_w *L, const float *q)
+{
+	mla_q_rope(c, q);
+	int64_t r = 0;
+	for (int i = 0; i < c->md_n; i++) {
+		mla_q_absorb_rows(c, L, q, r, c->md_seg[i].r0);
+		r = c->md_seg[i].r0 + c->md_seg[i].n;
+	}
+	mla_q_absorb_rows(c, L, q, r, c->st.n);
 }
 
 /* absorb and rope in one launch (kfuse_absorb_rope: k_b Q8_0 at 1..8 tokens, the fused ops on,
@@ -1271,9 +1289,7 @@ static void mla_dense(struct be_cuda *c, int layer, const struct layer_w *L, con
 	    .scale = hp->attn_scale,
 	    .out = o + sg->r0 * Hl * V,
 	    .ldo = Hl * V,
-	    .math = c->md_math >= 0                        ? c->md_math
-	            : c->kv->layout.dtype == MODEL_KV_BF16 ? KCUDA_MD_BF16
-	                                                   : KCUDA_MD_F32,
+	    .math = c->md_math, /* resolved at load (cu_init), as the workspace was sized */
 	    .flash = c->md_flash,
 	};
 	PROF(c, "attn.mla_dense", NULL, kv_bytes)
@@ -1281,15 +1297,15 @@ static void mla_dense(struct be_cuda *c, int layer, const struct layer_w *L, con
 }
 
 /* mla_attn's query part ahead of it (backend.h), on the side branch when one is open: absorb and
- * rope (the in-kernel rope of TANDEM_MLA_ROPE=1 stays in mla_attn); only the rope when the dense
- * prompt path takes every row */
+ * rope (the in-kernel rope of TANDEM_MLA_ROPE=1 stays in mla_attn); in a step with dense prompt runs
+ * the rope of every row and the absorb of the rows between the runs only */
 static void cu_mla_q(void *ctx, int layer, const struct layer_w *L, const float *q, const float *cs)
 {
 	struct be_cuda *c = ctx;
 	(void)cs;
 	SKIP_REPLAY(c);
-	if (c->md_all && dense_ok(c, L)) {
-		mla_q_rope(c, q);
+	if (dense_ok(c, L)) {
+		mla_q_dense_step(c, L, q);
 		c->q_layer = layer;
 		return;
 	}
@@ -1359,29 +1375,22 @@ static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const flo
 	const int64_t n = c->st.n;
 	const bool q_done = c->q_layer == layer;
 	c->q_layer = -1;
-	const bool dense = dense_ok(c, L);
-	if (dense && c->md_all) { /* cu_mla_q, when it ran, did only the rope */
-		if (!q_done)
-			mla_q_rope(c, q);
-		for (int i = 0; i < c->md_n; i++)
-			mla_dense(c, layer, L, q, &c->md_seg[i], o);
-		return;
-	}
-	/* the rotary part of q_abs is filled: by mla_q (unless the fold leaves it to the kernel), or
-	 * here by the one-launch absorb + rope */
-	bool rope_done = q_done && !c->mla_fold;
-	if (!q_done) {
-		rope_done = mla_q_fused(c, L, q);
-		if (!rope_done)
-			mla_q_absorb(c, L, q);
-	}
-	if (!dense) {
+	if (!dense_ok(c, L)) {
+		/* the rotary part of q_abs is filled: by mla_q (unless the fold leaves it to the kernel),
+		 * or here by the one-launch absorb + rope */
+		bool rope_done = q_done && !c->mla_fold;
+		if (!q_done) {
+			rope_done = mla_q_fused(c, L, q);
+			if (!rope_done)
+				mla_q_absorb(c, L, q);
+		}
 		mla_absorbed(c, layer, L, q, sel, nsel, rope_done, 0, n, o);
 		return;
 	}
-	/* some runs dense, the rows between them absorbed (q absorbed for every row: one launch) */
-	if (!rope_done)
-		mla_q_rope(c, q);
+	/* dense runs, the rows between them (if any) absorbed; cu_mla_q, when it ran, did
+	 * mla_q_dense_step */
+	if (!q_done)
+		mla_q_dense_step(c, L, q);
 	int64_t r = 0;
 	for (int i = 0; i < c->md_n; i++) {
 		const struct md_seg *sg = &c->md_seg[i];
@@ -2159,8 +2168,12 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 			rc = errbuf_set(e, -EINVAL, "TANDEM_MLA_DENSE_MATH=%s: want f32, tf32 or bf16", dh);
 			goto fail;
 		}
+		/* unset: the math of the pool's dtype (the pool's layout takes m->opts.kv_dtype) */
+		if (c->md_math == -1)
+			c->md_math = m->opts.kv_dtype == MODEL_KV_BF16 ? KCUDA_MD_BF16 : KCUDA_MD_F32;
 		if (!(de && strcmp(de, "0") == 0) && T >= c->md_min)
-			c->md_bytes = kcuda_mla_dense_ws(Hl, C, R, hp->N, hp->V, T, c->max_ctx);
+			c->md_bytes = kcuda_mla_dense_ws(c->kc, Hl, C, R, hp->N, hp->V, T, c->max_ctx, c->md_math,
+			                                 c->md_flash);
 		scratch += c->md_bytes;
 	}
 	size_t fr = 0, tot = 0;

@@ -55,8 +55,9 @@ size_t md_up(size_t x)
 	return (x + 255) & ~(size_t)255;
 }
 
+/* with_s false: no score buffer (the fused kernel keeps S in registers) */
 md_carve md_layout(int64_t H, int64_t C, int64_t R, int64_t N, int64_t V, int64_t rows, int64_t kb,
-                   int64_t qb)
+                   int64_t qb, bool with_s)
 {
 	md_carve k;
 	size_t o = 0;
@@ -68,7 +69,7 @@ md_carve md_layout(int64_t H, int64_t C, int64_t R, int64_t N, int64_t V, int64_
 	const size_t kn_f = f * (size_t)(kb * H * N), kn_b = sizeof(uint16_t) * (size_t)(kb * H * (N + R));
 	k.kn = o, o += md_up(kn_f > kn_b ? kn_f : kn_b);
 	k.vv = o, o += md_up(f * (size_t)(kb * H * V));
-	k.s = o, o += md_up(f * (size_t)(H * qb * kb));
+	k.s = o, o += with_s ? md_up(f * (size_t)(H * qb * kb)) : 0;
 	k.m = o, o += md_up(f * (size_t)(rows * H));
 	k.l = o, o += md_up(f * (size_t)(rows * H));
 	k.valid = o, o += md_up(sizeof(int) * (size_t)kb);
@@ -542,6 +543,38 @@ typedef int (*mdf_launch_fn)(struct kcuda_ctx *, int, int, const uint16_t *, con
                              const uint16_t *, const int *, int, int, int, int64_t, int64_t, int64_t, int,
                              float, int, float *, float *, float *, int64_t);
 
+/* Whether a call takes the fused kernel (the bf16 math, flash on, N + R a multiple of 16, V one it is
+ * built for, its shared memory within the device's): fl its launcher, rows / nbuf its query rows a
+ * block and tile buffers; fl NULL: the GEMMs. kcuda_mla_dense_ws and kcuda_mla_dense decide by this
+ * one function, so a workspace sized without the score buffer is never given to the GEMM path. */
+struct mdf_plan {
+	mdf_launch_fn fl;
+	int rows, nbuf;
+};
+
+mdf_plan mdf_pick(int device, int math, int flash, int64_t N, int64_t R, int64_t V)
+{
+	mdf_plan p = {NULL, 0, 0};
+	const int DK = (int)(N + R);
+	if (math != KCUDA_MD_BF16 || !flash || DK % 16 != 0 || DK <= 0)
+		return p;
+	const mdf_launch_fn fl = V == 32    ? mdf_launch<32>
+	                         : V == 64  ? mdf_launch<64>
+	                         : V == 128 ? mdf_launch<128>
+	                         : V == 256 ? mdf_launch<256>
+	                                    : NULL;
+	const size_t optin = (size_t)kcuda_smem_optin(device);
+	int rows = flash == 2 ? 128 : 64;
+	if (mdf_smem(DK, (int)V, 1, rows) > optin)
+		rows = 64;
+	const int nbuf = mdf_smem(DK, (int)V, 2, rows) <= optin   ? 2
+	                 : mdf_smem(DK, (int)V, 1, rows) <= optin ? 1
+	                                                          : 0;
+	if (fl && nbuf)
+		p = {fl, rows, nbuf};
+	return p;
+}
+
 /* One key block [k0, k0 + kbn): its latent rows gathered (valid flags; bad table entries counted), K_h
  * decompressed at kn[j][h] (ldk a head: N, or N + R with the shared rotary part copied in for the fused
  * kernel) and V_h at vv[j][h] (V a head) */
@@ -583,14 +616,15 @@ int md_keys(struct kcuda_ctx *c, const struct kcuda_mla_dense_args *a, md_math m
 
 } // namespace
 
-extern "C" size_t kcuda_mla_dense_ws(int64_t H, int64_t C, int64_t R, int64_t N, int64_t V, int64_t max_rows,
-                                     int64_t max_keys)
+extern "C" size_t kcuda_mla_dense_ws(struct kcuda_ctx *c, int64_t H, int64_t C, int64_t R, int64_t N, int64_t V,
+                                     int64_t max_rows, int64_t max_keys, int math, int flash)
 {
-	if (H <= 0 || C <= 0 || R < 0 || N <= 0 || V <= 0 || max_rows <= 0 || max_keys <= 0)
+	if (!c || H <= 0 || C <= 0 || R < 0 || N <= 0 || V <= 0 || max_rows <= 0 || max_keys <= 0)
 		return 0;
 	int64_t kb, qb;
 	md_blocks(H, max_rows, max_keys, &kb, &qb);
-	return md_layout(H, C, R, N, V, max_rows, kb, qb).total;
+	const bool with_s = mdf_pick(c->device, math, flash, N, R, V).fl == NULL;
+	return md_layout(H, C, R, N, V, max_rows, kb, qb, with_s).total;
 }
 
 extern "C" int kcuda_mla_dense(struct kcuda_ctx *c, const struct kcuda_mla_dense_args *a, void *ws,
@@ -633,7 +667,12 @@ extern "C" int kcuda_mla_dense(struct kcuda_ctx *c, const struct kcuda_mla_dense
 		qb = a->qb;
 	if (kb > MD_KB)
 		return kcuda_bad_arg(op, "key block %lld > %d", (long long)kb, MD_KB);
-	const md_carve L = md_layout(H, C, R, N, V, n, kb, qb);
+	/* the fused kernel where it applies (the bf16 math; no score buffer), else the GEMMs */
+	const mdf_plan fp = mdf_pick(c->device, a->math, a->flash, N, R, V);
+	const bool flash = fp.fl != NULL;
+	const int DK = (int)(N + R), rows = fp.rows, nbuf = fp.nbuf;
+	const mdf_launch_fn fl = fp.fl;
+	const md_carve L = md_layout(H, C, R, N, V, n, kb, qb, !flash);
 	if (L.total > ws_bytes)
 		return ERR_LIMIT;
 	if (!md_fits(H * N) || !md_fits(H * V) || !md_fits(C + R))
@@ -642,21 +681,6 @@ extern "C" int kcuda_mla_dense(struct kcuda_ctx *c, const struct kcuda_mla_dense
 	const bool bf = a->math == KCUDA_MD_BF16;
 	const size_t esz = bf ? 2 : 4; /* bytes of a GEMM input element */
 	uint8_t *w8 = (uint8_t *)ws;
-	/* the fused kernel (bf16 math): head sizes it is built for, within the shared memory */
-	const int DK = (int)(N + R);
-	const size_t optin = (size_t)kcuda_smem_optin(c->device);
-	int rows = a->flash == 2 ? 128 : 64;
-	if (mdf_smem(DK, (int)V, 1, rows) > optin)
-		rows = 64;
-	const int nbuf = mdf_smem(DK, (int)V, 2, rows) <= optin   ? 2
-	                 : mdf_smem(DK, (int)V, 1, rows) <= optin ? 1
-	                                                          : 0;
-	const mdf_launch_fn fl = V == 32    ? mdf_launch<32>
-	                         : V == 64  ? mdf_launch<64>
-	                         : V == 128 ? mdf_launch<128>
-	                         : V == 256 ? mdf_launch<256>
-	                                    : NULL;
-	const bool flash = bf && a->flash && nbuf && DK % 16 == 0 && fl;
 	void *kn = w8 + L.kn, *vv = w8 + L.vv, *lat = w8 + L.lat;
 	float *s = (float *)(w8 + L.s);
 	float *m_run = (float *)(w8 + L.m), *l_run = (float *)(w8 + L.l);

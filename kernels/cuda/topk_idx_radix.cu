@@ -330,6 +330,18 @@ __device__ __forceinline__ void tr1_block_add(unsigned *dst, unsigned v)
 		atomicAdd(dst, v);
 }
 
+/* (a, b) summed over the block through the two shared counters c2[0..1]; every thread gets the sums */
+__device__ __forceinline__ uint2 tr1_block_sum2(unsigned *c2, unsigned a, unsigned b)
+{
+	if (threadIdx.x == 0)
+		c2[0] = c2[1] = 0;
+	__syncthreads();
+	tr1_block_add(&c2[0], a);
+	tr1_block_add(&c2[1], b);
+	__syncthreads();
+	return make_uint2(c2[0], c2[1]);
+}
+
 /* the slice's histogram of one digit (keys whose bits above it equal prefix) into gh */
 template <int NB>
 __device__ __forceinline__ void tr1_hist(tr_shared &sh, const uint32_t (&keys)[TR_PER], int j0, int i1,
@@ -447,14 +459,9 @@ __global__ void __launch_bounds__(TR_THREADS) tr_one_kernel(tr_args a, unsigned 
 				g += s1.cand[i].y > T;
 				e += s1.cand[i].y == T;
 			}
-		if (tid == 0)
-			s1.cnt[0] = s1.cnt[1] = 0;
-		__syncthreads();
-		tr1_block_add(&s1.cnt[0], g);
-		tr1_block_add(&s1.cnt[1], e);
-		__syncthreads();
-		gt_before = s1.cnt[0];
-		eq_before = s1.cnt[1];
+		const uint2 before = tr1_block_sum2(s1.cnt, g, e);
+		gt_before = before.x;
+		eq_before = before.y;
 #pragma unroll
 		for (int u = 0; u < TR_PER; u++)
 			eq += j0 + u < i1 && keys[u] == T;
@@ -470,15 +477,10 @@ __global__ void __launch_bounds__(TR_THREADS) tr_one_kernel(tr_args a, unsigned 
 			gt += j0 + u < i1 && keys[u] > T;
 			eq += j0 + u < i1 && keys[u] == T;
 		}
-		if (tid == 0)
-			sh.cnt[0] = sh.cnt[1] = 0;
-		__syncthreads();
-		tr1_block_add(&sh.cnt[0], gt);
-		tr1_block_add(&sh.cnt[1], eq);
-		__syncthreads();
+		const uint2 mine = tr1_block_sum2(sh.cnt, gt, eq);
 		if (tid == 0) {
-			cnt[2 * blockIdx.x] = sh.cnt[0];
-			cnt[2 * blockIdx.x + 1] = sh.cnt[1];
+			cnt[2 * blockIdx.x] = mine.x;
+			cnt[2 * blockIdx.x + 1] = mine.y;
 		}
 		kgrid_arrive_wait(bar + 3, G, a.err);
 		kgrid_done(bar, 5, bar + 5, G);
@@ -489,14 +491,9 @@ __global__ void __launch_bounds__(TR_THREADS) tr_one_kernel(tr_args a, unsigned 
 			g += __ldcg(cnt + 2 * b);
 			e += __ldcg(cnt + 2 * b + 1);
 		}
-		if (tid == 0)
-			sh.cnt[0] = sh.cnt[1] = 0;
-		__syncthreads();
-		tr1_block_add(&sh.cnt[0], g);
-		tr1_block_add(&sh.cnt[1], e);
-		__syncthreads();
-		gt_before = sh.cnt[0];
-		eq_before = sh.cnt[1];
+		const uint2 before = tr1_block_sum2(sh.cnt, g, e);
+		gt_before = before.x;
+		eq_before = before.y;
 	}
 	/* the write: keys > T, and the lowest-positioned `need` keys == T, in position order */
 	tr_write(sh, keys, j0, i1, T, need, eq, gt_before, eq_before, kk, o);

@@ -209,7 +209,9 @@ static void run_case(const struct dcase *dc, int vi)
 		}
 	}
 	/* the GPU */
-	const size_t ws = kcuda_mla_dense_ws(H, C, R, N, V, n, nk);
+	const size_t ws = kcuda_mla_dense_ws(ctx, H, C, R, N, V, n, nk, variants[vi].math, variants[vi].flash);
+	/* the GEMM path's size: more (its score buffer) where the fused kernel takes this call */
+	const size_t ws_gemm = kcuda_mla_dense_ws(ctx, H, C, R, N, V, n, nk, variants[vi].math, 0);
 	if (kcuda_alloc(block_bytes * (size_t)n_blocks, &d_pool) ||
 	    kcuda_alloc(sizeof(int32_t) * (size_t)ld_blocks, &d_tbl) ||
 	    kcuda_alloc(sizeof(float) * (size_t)(n * ldq), &d_q) ||
@@ -278,6 +280,16 @@ static void run_case(const struct dcase *dc, int vi)
 		size_t short_ws = dc->kb || dc->qb ? 256 : ws / 2;
 		OPS_CHECK(kcuda_mla_dense(ctx, &a, d_ws, short_ws) == ERR_LIMIT,
 		          "%s: %zu of %zu workspace bytes accepted", nm, short_ws, ws);
+		/* a workspace sized for the fused kernel is refused by the GEMM path (it has no room for the
+		 * scores), not overrun; with the default blocks only (smaller forced ones need less) */
+		OPS_CHECK(ws <= ws_gemm, "%s: workspace %zu > the GEMM path's %zu", nm, ws, ws_gemm);
+		if (ws < ws_gemm && !dc->kb && !dc->qb) {
+			b = a;
+			b.flash = 0;
+			OPS_CHECK(kcuda_mla_dense(ctx, &b, d_ws, ws) == ERR_LIMIT,
+			          "%s: the GEMM path accepted the fused kernel's %zu workspace bytes (needs %zu)",
+			          nm, ws, ws_gemm);
+		}
 		kcuda_sync(ctx);
 		size_t g = ops_dbuf_get(ctx, &ob, got);
 		int untouched = g == 0;
