@@ -101,7 +101,7 @@ extern "C" int kfwd_head_gemv(struct kcuda_ctx *c, const struct kweight *w0, siz
 	}
 	if (n_tok >= HG_TILE_MIN_TOK && n_tok <= INT32_MAX && kcuda_mm_mma_enabled()) {
 		const int rc =
-		    kcuda_mm_tile_launch(c, w0, mat_bytes, H, x, ldx, xhs, (int)n_tok, y, ldy, yhs, false);
+		    kcuda_mm_tile_launch(c, w0, mat_bytes, H, x, ldx, xhs, (int)n_tok, y, ldy, yhs, true);
 		if (rc != ERR_UNSUPPORTED)
 			return rc;
 	}

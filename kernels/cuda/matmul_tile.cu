@@ -23,10 +23,10 @@
  * lo and the per-piece sums); warp w then multiplies rows 16w..16w+15 by every active 8-token
  * n-tile (4 pieces x 2 mma each). The next chunk's global loads are issued before the mma of the
  * current one. Token tiles are the fastest grid dimension, so the blocks that share a weight tile
- * run together and read it from L2 after the first. S > 1 (kcuda_matmul only, when the tiles
- * alone leave SMs idle) writes per-split partial sums to the context workspace; a second kernel
- * adds them in split order (deterministic). Shared-memory rows are 80 halves (64 + 16) so the
- * 8-byte fragment loads of a half-warp hit 32 distinct banks. Needs n_in % 16 == 0; rows past
+ * run together and read it from L2 after the first. S > 1 (when the tiles alone leave SMs idle;
+ * kcuda_matmul and, since 2026-12-03, kfwd_head_gemv) writes per-split partial sums to the context
+ * workspace; a second kernel adds them in split order (deterministic). Shared-memory rows are 80
+ * halves (64 + 16) so the 8-byte fragment loads of a half-warp hit 32 distinct banks. Needs n_in % 16 == 0; rows past
  * n_out are clamped for loads and not stored, tokens past n_tok are zero and not stored.
  * Registers (sm_90, CUDA 13.0): 116-167 by type, 0 spills; launch bounds allow 3 blocks per SM
  * (without them ptxas capped at 128 and spilled 8 bytes in Q4_K). */
@@ -337,6 +337,22 @@ static int mt_launch(struct kcuda_ctx *c, dim3 grid, const struct kweight *w0, s
 	               ldx, xhs, n_tok, y, ldy, yhs, part, xvec);
 }
 
+/* the fewest K chunks (64 elements) a split keeps: TANDEM_TILE_SPLIT_CH (read once), default 4. A block
+ * walks its chunks one after another with one chunk's loads ahead, ~1.5-2 us a chunk (H200), so
+ * the narrow products are bound by that chain: GLM-5's idx_k (6144 -> 128) at 32 tokens was 2 row
+ * tiles x 4 splits of 24 chunks, 43 us a call. 8 was the rule before 2026-12-03 (docs/PERFORMANCE.md,
+ * session 19). */
+static int64_t mt_split_chunks(void)
+{
+	static int64_t v = 0;
+	if (!v) {
+		const char *e = getenv("TANDEM_TILE_SPLIT_CH");
+		const long x = e && *e ? strtol(e, NULL, 10) : 4;
+		v = x >= 1 && x <= 1024 ? x : 4;
+	}
+	return v;
+}
+
 int kcuda_mm_tile_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H,
                          const float *x, int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy,
                          int64_t yhs, bool may_split)
@@ -348,11 +364,12 @@ int kcuda_mm_tile_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t m
 	if (ntt > 65535 || nrt > 65535 || (int64_t)H * MT_MAX_SPLIT > 65535)
 		return ERR_UNSUPPORTED;
 	/* split K when the tiles alone give fewer than ~3 blocks per SM (3 fit by registers), keeping
-	 * >= 8 chunks per split and the partial sums inside the workspace */
+	 * >= mt_split_chunks() chunks per split and the partial sums inside the workspace */
 	int S = 1;
 	const size_t one = (size_t)H * (size_t)n_tok * (size_t)w0->n_out * sizeof(float);
-	while (may_split && S < MT_MAX_SPLIT && base * S < 3 * (int64_t)c->n_sm && n_ch >= 16 * (int64_t)S &&
-	       one * (size_t)(2 * S) <= c->ws_bytes)
+	const int64_t min_ch = mt_split_chunks();
+	while (may_split && S < MT_MAX_SPLIT && base * S < 3 * (int64_t)c->n_sm &&
+	       n_ch >= 2 * min_ch * (int64_t)S && one * (size_t)(2 * S) <= c->ws_bytes)
 		S *= 2;
 	const int64_t cps = (n_ch + S - 1) / S;
 	float *part = S > 1 ? (float *)c->ws : NULL;

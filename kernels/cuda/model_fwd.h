@@ -64,8 +64,10 @@ int kfwd_d2d_gbps(struct kcuda_ctx *c, size_t bytes, int reps, double *gbps);
 
 /* head_gemv.cu: y[t * ldy + h * yhs + r] = dot(row r of matrix h, x + t * ldx + h * xhs) for H
  * matrices of w0's shape stacked mat_bytes apart (w0 = matrix 0), t < n_tok (H * n_tok <= 65535):
- * the per-head k_b / v_b products of the absorbed MLA in one launch, fp32. kfwd_head_gemv_ok: the
- * weight's type and alignment suit the kernel (else use one kcuda_matmul per head). */
+ * the per-head k_b / v_b products of the absorbed MLA in one launch, fp32. From 2 tokens the tile
+ * product may split K through the context workspace (as kcuda_matmul), so x and y must not lie in it.
+ * kfwd_head_gemv_ok: the weight's type and alignment suit the kernel (else use one kcuda_matmul per
+ * head). */
 bool kfwd_head_gemv_ok(const struct kweight *w0, size_t mat_bytes);
 int kfwd_head_gemv(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H, const float *x,
                    int64_t ldx, int64_t xhs, int64_t n_tok, float *y, int64_t ldy, int64_t yhs);

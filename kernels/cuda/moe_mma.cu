@@ -210,9 +210,13 @@ __global__ void __launch_bounds__(MM_GU_WARPS(NG) * 32)
 	}
 }
 
-/* grid (ceil(D / (64 R)), chunk slots): warp w of block b owns down rows 16 R (4 b + w) .. + 16 R
- * of the chunk's expert (clamped at D for loads, not stored) over all of F; y[pair][d] */
-template <int T, int R, int NG>
+/* grid (ceil(D / (64 R RG)), chunk slots): block b's warps take RG groups of 4 consecutive 16 R-row
+ * tiles of the chunk's expert (group j: tiles 4 (RG b + j) .. + 3, warp w the w-th; rows clamped at D
+ * for loads, not stored), each over all of F; y[pair][d]. With F = 256 (one unit: a TP=8 rank of GLM-5
+ * or DeepSeek-V3) a warp stages its tokens' h once and keeps it for its RG tiles (mm_lane::staged):
+ * at RG 1 every warp of the 48 blocks a chunk staged the same 8 tokens (8 KB of L2 reads a warp for
+ * 4.6 KB of weights; H200 batch 128: down 0.9 TB/s against gate / up's 1.8). */
+template <int T, int R, int NG, int RG>
 __global__ void __launch_bounds__(MM_WARPS * 32)
     moe_mma_down_kernel(const uint8_t *__restrict__ wd, const uint8_t *__restrict__ sd, size_t rb, int64_t E,
                         int64_t D, int64_t n_units, const float *__restrict__ h, int64_t F,
@@ -229,26 +233,39 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
 	mm_lane<R, NG> L;
 	if (!mm_prologue<R, NG>(chunks, list, h, F, 1, INT32_MAX, stage[warp], xr, pr, ch, L))
 		return;
-	const int64_t row0 = ((int64_t)blockIdx.x * MM_WARPS + warp) * 16 * R;
 	const uint8_t *bd = ch.x < E ? wd + (size_t)ch.x * (size_t)D * rb : sd; /* E: the shared expert */
-	const uint8_t *rows[R][2];
-	MM_FOR_ROWS(R)
-	rows[r][hr] = bd + (size_t)min(row0 + 16 * r + 8 * hr + L.g, D - 1) * rb;
 	const bool rb4 = rb % 4 == 0;
-	for (int64_t u = 0; u < n_units; u++)
-		mm_unit<T, R, NG>(L, rows, u, rb4);
+	for (int j = 0; j < RG; j++) {
+		const int64_t row0 = (((int64_t)blockIdx.x * RG + j) * MM_WARPS + warp) * 16 * R;
+		if (row0 >= D)
+			break; /* the warp's later groups are past D too */
+		if (j > 0) {
 #pragma unroll
-	for (int r = 0; r < R; r++)
+			for (int r = 0; r < R; r++)
 #pragma unroll
-		for (int g = 0; g < NG; g++)
+				for (int g = 0; g < NG; g++)
 #pragma unroll
-			for (int hr = 0; hr < 2; hr++) {
-				const int tok = 4 * g + L.t;
-				const int64_t d = row0 + 16 * r + 8 * hr + L.g;
-				if (tok < ch.z && d < D)
-					y[(int64_t)pr[tok] * D + d] =
-					    fmaf(L.acc[r][g][2 * hr + 1], 1.f / 2048.f, L.acc[r][g][2 * hr]);
-			}
+					for (int i = 0; i < 4; i++)
+						L.acc[r][g][i] = 0.f;
+		}
+		const uint8_t *rows[R][2];
+		MM_FOR_ROWS(R)
+		rows[r][hr] = bd + (size_t)min(row0 + 16 * r + 8 * hr + L.g, D - 1) * rb;
+		for (int64_t u = 0; u < n_units; u++)
+			mm_unit<T, R, NG>(L, rows, u, rb4);
+#pragma unroll
+		for (int r = 0; r < R; r++)
+#pragma unroll
+			for (int g = 0; g < NG; g++)
+#pragma unroll
+				for (int hr = 0; hr < 2; hr++) {
+					const int tok = 4 * g + L.t;
+					const int64_t d = row0 + 16 * r + 8 * hr + L.g;
+					if (tok < ch.z && d < D)
+						y[(int64_t)pr[tok] * D + d] =
+						    fmaf(L.acc[r][g][2 * hr + 1], 1.f / 2048.f, L.acc[r][g][2 * hr]);
+				}
+	}
 }
 
 /* out[i] = sum_j w[i][j] y[i k + j] in slot order (+ the shared expert's y); a pair with an expert
@@ -344,7 +361,7 @@ struct mm_args {
 	const struct kweight *gate, *up, *down;
 	const void *sg, *su, *sd; /* shared expert's data, or NULL */
 	const float *x;
-	int64_t ldx, E, F, D, slots;
+	int64_t ldx, E, F, D, slots, n; /* n: tokens */
 	int k, np_r;
 	const int4 *chunks;
 	const int32_t *list;
@@ -360,15 +377,41 @@ template <int T, int NG> static int mm_gate_up_t(struct kcuda_ctx *c, const stru
 	               a.x, a.ldx, a.k, a.np_r, a.chunks, a.list, a.h);
 }
 
-template <int T, int NG> static int mm_down_t(struct kcuda_ctx *c, const struct mm_args &a)
+/* Row groups a down warp takes with its staged h at n tokens: 4, and 8 from 96 tokens (H200, GLM-5
+ * rank 0 of TP=8, graph steps at ctx 4096, docs/PERFORMANCE.md session 19: RG 1 -> 4 took batch 32 from
+ * 36.8 to 34.1 ms and 128 from 91.6 to 83.9; 8 gave 81.1 at 128 but was slower at 8 and 16, fewer
+ * blocks). TANDEM_MOE_DOWN_RG=1|2|4|8 (read once) forces one; 1 is the kernel before 2026-12-03. */
+static int mm_down_rg(int64_t n)
+{
+	static int forced = -1;
+	if (forced < 0) {
+		const char *e = getenv("TANDEM_MOE_DOWN_RG");
+		const int v = e && *e ? atoi(e) : 0;
+		forced = v == 1 || v == 2 || v == 4 || v == 8 ? v : 0;
+	}
+	return forced ? forced : n >= 96 ? 8 : 4;
+}
+
+template <int T, int NG, int RG> static int mm_down_rg_t(struct kcuda_ctx *c, const struct mm_args &a)
 {
 	/* two row tiles per warp for the light K-quants; Q6_K / Q8_0 need ~230-250 registers at two
 	 * (bench_cuda_gemv_mma's table), so one */
 	constexpr int R = (T == KT_Q4_K || T == KT_Q5_K) ? 2 : 1;
-	dim3 grid((unsigned)((a.D + 64 * R - 1) / (64 * R)), (unsigned)a.slots);
-	return klaunch("moe_mma_down", moe_mma_down_kernel<T, R, NG>, grid, dim3(MM_WARPS * 32), 0, c->stream,
-	               (const uint8_t *)a.down->data, (const uint8_t *)a.sd, a.down->row_bytes, a.E, a.D,
-	               a.F / 256, a.h, a.F, a.chunks, a.list, a.y);
+	const int64_t rows = 64 * R * RG; /* a block's */
+	dim3 grid((unsigned)((a.D + rows - 1) / rows), (unsigned)a.slots);
+	return klaunch("moe_mma_down", moe_mma_down_kernel<T, R, NG, RG>, grid, dim3(MM_WARPS * 32), 0,
+	               c->stream, (const uint8_t *)a.down->data, (const uint8_t *)a.sd, a.down->row_bytes, a.E,
+	               a.D, a.F / 256, a.h, a.F, a.chunks, a.list, a.y);
+}
+
+template <int T, int NG> static int mm_down_t(struct kcuda_ctx *c, const struct mm_args &a)
+{
+	switch (mm_down_rg(a.n)) {
+	case 1: return mm_down_rg_t<T, NG, 1>(c, a);
+	case 2: return mm_down_rg_t<T, NG, 2>(c, a);
+	case 8: return mm_down_rg_t<T, NG, 8>(c, a);
+	default: return mm_down_rg_t<T, NG, 4>(c, a);
+	}
 }
 
 template <int NG>
@@ -383,7 +426,7 @@ static int mm_run(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, c
 	struct mm_args a;
 	a.gate = gate, a.up = up, a.down = down;
 	a.sg = sh ? sh_gate->data : NULL, a.su = sh ? sh_up->data : NULL, a.sd = sh ? sh_down->data : NULL;
-	a.x = x, a.ldx = ldx, a.E = E, a.F = F, a.D = gate->n_in, a.k = k, a.np_r = (int)np_r;
+	a.x = x, a.ldx = ldx, a.E = E, a.F = F, a.D = gate->n_in, a.n = n, a.k = k, a.np_r = (int)np_r;
 	a.slots = mm_max_chunks(np, E_cnt, CH);
 	int4 *chunks = (int4 *)c->ws;
 	a.chunks = chunks;

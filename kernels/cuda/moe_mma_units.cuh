@@ -93,9 +93,15 @@ template <int R, int NG> struct mm_lane {
 	const float *hp;
 	const int *hq;
 	int64_t hnp, hF;
+	/* the unit in the staging area: a unit staged again for the next row group of the same tokens
+	 * (moe_mma.cu's down kernel) is skipped; -1: none */
+	int64_t staged = -1;
 	float acc[R][NG][4];
 	template <bool K45> GM_HD void stage(int64_t u)
 	{
+		if (staged == u)
+			return;
+		staged = u;
 #ifdef __CUDA_ARCH__
 		if (split > 1) {
 			mm_stage_h<K45, NG>(*sm, hp, hq, split, hnp, hF, n_tok, u, lane);
