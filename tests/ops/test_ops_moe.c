@@ -1265,6 +1265,14 @@ int main(void)
 		if (!quick)
 			ffn_case(&e256, KT_Q8_0, KT_Q4_K, sweep_n[i], 1e-4);
 	}
+	/* F 512 (a TP=4 rank's expert slice): two units a down row, so a down warp stages each unit
+	 * again for its next row group (moe_mma.cu's RG groups keep only one unit) */
+	{
+		const struct fdims f512 = {"f512-d512", 64, 512, 512, 8, 1};
+		static const int f512_n[] = {8, 40, 128};
+		for (size_t i = 0; i < sizeof(f512_n) / sizeof(f512_n[0]); i++)
+			ffn_case(&f512, KT_Q4_K, KT_Q6_K, f512_n[i], 1e-4);
+	}
 	/* the real dims (680-790 MB of experts each: a few such cases in the quick mode) */
 	static const int big_n[] = {1, 2, 8, 17};
 	for (size_t i = 0; i < sizeof(big_n) / sizeof(big_n[0]); i++)
