@@ -114,6 +114,8 @@ struct bench_opts {
 	 * fills the matrices with random device memory */
 	const char *synthetic, *syn_type, *syn_layers, *syn_experts, *syn_topk, *syn_dense;
 	int kv_fill; /* --kv-fill random: no prefill, the KV pool is random and decode starts at --ctx */
+	int pack; /* --pack: the prompts back to back in steps of up to --ubatch tokens (several sequences a
+	           * step, as the prefill engine packs jobs' chunks) instead of one sequence a step */
 	int kv_bf16; /* --kv-dtype bf16 (default f32; the matrix defaults to bf16) */
 	int kv_dtype_set;
 	int profile; /* --profile: per-op tables of eager decode steps (TANDEM_CUDA_PROFILE=1);
@@ -159,7 +161,8 @@ static void usage(void)
 	    "usage: tandem bench -m MODEL [--prompt N] [--gen N] [--batch B] [--threads T] [--tp N]\n"
 	    "                    [--reps R] [--ubatch U] [--seed S] [--json] [--fast]\n"
 	    "                    [--backend cpu|cuda] [--device N] [--rank r] [--graph 0|1] [--ctx N]\n"
-	    "                    [--kv-fill random] [--kv-dtype f32|bf16] [--profile | --profile-graphs]\n"
+	    "                    [--kv-fill random] [--kv-dtype f32|bf16] [--pack]\n"
+	    "                    [--profile | --profile-graphs]\n"
 	    "                    [--matrix [--matrix-batch 1,8,32,128] [--matrix-ctx 4096,32768]\n"
 	    "                     [--matrix-prefill 8192]]\n"
 	    "       tandem bench --synthetic glm5|deepseek3|tiny [--layers L] [--experts E] [--top-k K]\n"
@@ -172,6 +175,9 @@ static void usage(void)
 	    "and reports the all-reduce share of a decode step; --graph 1 (default) also times\n"
 	    "decode replayed from CUDA graphs against eager; prints the weight upload rate and the\n"
 	    "device-to-device copy bandwidth.\n"
+	    "--pack: the --batch prompts back to back in prefill steps of up to --ubatch tokens\n"
+	    "(several sequences a step, as the prefill engine packs jobs; ubatch may then exceed\n"
+	    "the prompt) instead of one sequence a step.\n"
 	    "--kv-fill random: no prefill; every sequence's KV blocks hold random values and decode\n"
 	    "starts at position --ctx (decode at 32k without a 32k prefill).\n"
 	    "--profile: per-op tables of eager decode and prefill steps (time, calls, launches, GB/s;\n"
@@ -255,6 +261,8 @@ static int parse(int argc, char **argv, struct bench_opts *o)
 			if (!v || (strcmp(v, "bf16") && strcmp(v, "f32")))
 				return cli_usage_error(cmd, "--kv-dtype needs bf16 or f32");
 			o->kv_bf16 = !strcmp(v, "bf16"), o->kv_dtype_set = 1, i++;
+		} else if (!strcmp(a, "--pack")) {
+			o->pack = 1;
 		} else if (!strcmp(a, "--profile")) {
 			o->profile = 1;
 		} else if (!strcmp(a, "--profile-graphs")) {
@@ -295,8 +303,13 @@ static int parse(int argc, char **argv, struct bench_opts *o)
 		o->kv_bf16 = 1;
 	if (o->matrix && o->ubatch == 0)
 		o->ubatch = o->mx_prefill < 2048 ? (o->mx_prefill > 0 ? o->mx_prefill : 1) : 2048;
-	if (!o->matrix && (o->ubatch == 0 || o->ubatch > o->prompt))
-		o->ubatch = o->prompt;
+	if (o->pack && (o->kv_fill || o->matrix))
+		return cli_usage_error(cmd, "--pack packs the prefill: not with --kv-fill or --matrix");
+	if (!o->matrix &&
+	    (o->ubatch == 0 || (int64_t)o->ubatch > (int64_t)o->prompt * (o->pack ? o->batch : 1)))
+		o->ubatch = o->pack ? (int)((int64_t)o->prompt * o->batch < (1 << 20) ? o->prompt * o->batch
+		                                                                      : 1 << 20)
+		                    : o->prompt;
 	if (o->rank >= o->tp)
 		return cli_usage_error(cmd, "--rank %d needs --tp > %d", o->rank, o->rank);
 	return 0;
@@ -419,36 +432,43 @@ static int decode_steps(struct model *m, struct bench_seqs *s, int pos0, int n, 
 	return rc;
 }
 
-/* a prompt of n random tokens for every sequence, in chunks of ubatch */
-static int prefill(struct model *m, struct bench_seqs *s, int n_prompt, int ubatch, uint64_t *x,
-                   struct errbuf *e)
+/* a prompt of n random tokens for every sequence: one sequence a step in chunks of ubatch, or (pack)
+ * the prompts back to back, steps of up to ubatch rows that hold the end of one prompt and the start
+ * of the next; *steps (may be NULL) counts the steps */
+static int prefill(struct model *m, struct bench_seqs *s, int n_prompt, int ubatch, int pack, uint64_t *x,
+                   int *steps, struct errbuf *e)
 {
 	const struct model_hparams *hp = model_hparams(m);
-	int rc = 0;
-	for (int q = 0; q < s->batch && !rc; q++) {
-		for (int p0 = 0; p0 < n_prompt && !rc; p0 += ubatch) {
-			int n = n_prompt - p0 < ubatch ? n_prompt - p0 : ubatch;
-			for (int i = 0; i < n; i++) {
-				*x ^= *x << 13, *x ^= *x >> 7, *x ^= *x << 17;
-				s->tok[i] = (int32_t)(*x % (uint64_t)hp->vocab);
-				s->sq[i] = q;
-				s->pos[i] = p0 + i;
-			}
-			struct model_batch b = {.n_tokens = n,
-			                        .tokens = s->tok,
-			                        .seq = s->sq,
-			                        .pos = s->pos,
-			                        .logits = NULL,
-			                        .n_seqs = s->batch,
-			                        .seqs = s->seqs};
-			rc = model_forward(m, &s->kv, &b, s->logits, NULL, e);
+	const int64_t total = (int64_t)n_prompt * s->batch;
+	int rc = 0, n_steps = 0;
+	for (int64_t g0 = 0; g0 < total && !rc; n_steps++) {
+		/* rows g0 .. g0 + n - 1 of the sequences' prompts laid end to end */
+		const int64_t q0 = g0 / n_prompt, end = pack ? total : (q0 + 1) * n_prompt;
+		const int n = (int)(end - g0 < ubatch ? end - g0 : ubatch);
+		for (int i = 0; i < n; i++) {
+			*x ^= *x << 13, *x ^= *x >> 7, *x ^= *x << 17;
+			s->tok[i] = (int32_t)(*x % (uint64_t)hp->vocab);
+			s->sq[i] = (int32_t)((g0 + i) / n_prompt);
+			s->pos[i] = (int32_t)((g0 + i) % n_prompt);
 		}
+		struct model_batch b = {.n_tokens = n,
+		                        .tokens = s->tok,
+		                        .seq = s->sq,
+		                        .pos = s->pos,
+		                        .logits = NULL,
+		                        .n_seqs = s->batch,
+		                        .seqs = s->seqs};
+		rc = model_forward(m, &s->kv, &b, s->logits, NULL, e);
+		g0 += n;
 	}
+	if (steps)
+		*steps = n_steps;
 	return rc;
 }
 
 struct run_result {
 	double prefill_s, decode_s;
+	int prefill_steps;
 };
 
 /* One fresh run: prefill every sequence (or fill the KV with random values), then gen decode
@@ -462,8 +482,10 @@ static int run_once(struct model *m, const struct bench_opts *o, void *kc, struc
 	if (rc)
 		return rc;
 	uint64_t x = o->seed * 0x9E3779B97F4A7C15ull + 1;
+	res->prefill_steps = 0;
 	double t0 = now_s();
-	rc = o->kv_fill ? kv_fill_random(&s, kc, o->seed, e) : prefill(m, &s, o->prompt, o->ubatch, &x, e);
+	rc = o->kv_fill ? kv_fill_random(&s, kc, o->seed, e)
+	                : prefill(m, &s, o->prompt, o->ubatch, o->pack, &x, &res->prefill_steps, e);
 	double t1 = now_s();
 	if (!rc)
 		rc = decode_steps(m, &s, o->prompt, o->gen, &x, &res->decode_s, e);
@@ -651,9 +673,10 @@ static int run_matrix(struct model *m, const struct bench_opts *o, void *kc, dou
 	if ((rc = seqs_init(&s, m, 1, o->mx_prefill, o->ubatch, e)))
 		return rc;
 	double t0 = 0;
-	if (!(rc = prefill(m, &s, o->ubatch < o->mx_prefill ? o->ubatch : o->mx_prefill, o->ubatch, &x, e))) {
+	if (!(rc = prefill(m, &s, o->ubatch < o->mx_prefill ? o->ubatch : o->mx_prefill, o->ubatch, 0, &x,
+	                   NULL, e))) {
 		t0 = now_s();
-		rc = prefill(m, &s, o->mx_prefill, o->ubatch, &x, e);
+		rc = prefill(m, &s, o->mx_prefill, o->ubatch, 0, &x, NULL, e);
 		t0 = now_s() - t0;
 	}
 	seqs_fini(&s);
@@ -676,9 +699,10 @@ static int run_matrix(struct model *m, const struct bench_opts *o, void *kc, dou
 		if ((rc = seqs_init(&s, m, 1, o->mx_prefill, o->ubatch, e)))
 			return rc;
 		kprof_set_enabled(1);
-		rc = prefill(m, &s, o->ubatch < o->mx_prefill ? o->ubatch : o->mx_prefill, o->ubatch, &x, e);
+		rc = prefill(m, &s, o->ubatch < o->mx_prefill ? o->ubatch : o->mx_prefill, o->ubatch, 0, &x,
+		             NULL, e);
 		if (!rc)
-			rc = prefill(m, &s, o->mx_prefill, o->ubatch, &x, e);
+			rc = prefill(m, &s, o->mx_prefill, o->ubatch, 0, &x, NULL, e);
 		kprof_set_enabled(0);
 		seqs_fini(&s);
 		kprof_report_open(stdout);
@@ -803,6 +827,7 @@ int cmd_bench(int argc, char **argv)
 	struct run_result warm;
 	struct bench_opts ow = o;
 	ow.gen = o.gen > 2 ? 2 : o.gen;
+	int pf_steps = 0; /* prefill steps of a run (the same every run) */
 	if (run_once(m, &ow, kc, &warm, &e)) { /* warm-up: page in the mapping, grow scratch buffers */
 		fprintf(stderr, "tandem bench: %s\n", e.msg);
 		rc = 1;
@@ -817,6 +842,7 @@ int cmd_bench(int argc, char **argv)
 		}
 		pf[r] = res.prefill_s;
 		dc[r] = res.decode_s;
+		pf_steps = res.prefill_steps;
 	}
 	double pf_s = median(pf, o.reps), dc_s = median(dc, o.reps);
 #ifdef TANDEM_CUDA
@@ -859,17 +885,20 @@ int cmd_bench(int argc, char **argv)
 		printf(
 		    "{\"model\":\"%s\",\"arch\":\"%s\",\"layers\":%d,\"threads\":%d,\"tp\":%d,\"batch\":%d,"
 		    "\"fast\":%d,"
-		    "\"prompt\":%d,\"gen\":%d,\"load_s\":%.3f,\"prefill_tok_s\":%.2f,\"decode_tok_s\":%.2f,"
+		    "\"prompt\":%d,\"gen\":%d,\"pack\":%d,\"prefill_steps\":%d,\"load_s\":%.3f,"
+		    "\"prefill_tok_s\":%.2f,\"decode_tok_s\":%.2f,"
 		    "\"decode_step_ms\":%.3f,\"decode_weight_bytes\":%.0f,\"decode_gb_s\":%.3f}\n",
 		    o.model, model_arch_name(hp->arch), hp->n_layers, o.threads, o.tp, o.batch, o.fast,
-		    o.prompt, o.gen, load_s, pf_tps, dc_tps, step_ms, bytes_tok, gbs);
+		    o.prompt, o.gen, o.pack, pf_steps, load_s, pf_tps, dc_tps, step_ms, bytes_tok, gbs);
 	} else {
 		printf("model %s (%s, %d layers), threads %d, tp %d, batch %d, load %.2f s\n", o.model,
 		       model_arch_name(hp->arch), hp->n_layers, o.threads, o.tp, o.batch, load_s);
 		if (o.kv_fill)
 			printf("prefill  none: KV random-filled to position %d\n", o.prompt);
 		else
-			printf("prefill  %6d tokens/seq  %10.1f tok/s\n", o.prompt, pf_tps);
+			printf("prefill  %6d tokens/seq  %10.1f tok/s  (%d steps of <= %d tokens%s)\n",
+			       o.prompt, pf_tps, pf_steps, o.ubatch,
+			       o.pack ? ", prompts packed" : ", one sequence a step");
 		printf("decode   %6d steps       %10.1f tok/s  %8.2f ms/step  %.1f MB weights/step%s  %.2f "
 		       "GB/s\n",
 		       o.gen, dc_tps, step_ms, bytes_tok / 1e6,

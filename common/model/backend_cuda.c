@@ -1202,7 +1202,8 @@ static void mla_q_absorb_rows(struct be_cuda *c, const struct layer_w *L, const 
 	else
 		for (int64_t hh = 0; hh < Hl; hh++) {
 			struct kweight kb = kweight3_at(&L->k_b, hh);
-			CK(kcuda_matmul(c->kc, &kb, qr + hh * NR, Hl * NR, n, qa + hh * (C + R), Hl * (C + R)));
+			CK(kcuda_matmul(c->kc, &kb, qr + hh * NR, Hl * NR, n, qa + hh * (C + R),
+			                Hl * (C + R)));
 		}
 }
 
@@ -2172,8 +2173,8 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 		if (c->md_math == -1)
 			c->md_math = m->opts.kv_dtype == MODEL_KV_BF16 ? KCUDA_MD_BF16 : KCUDA_MD_F32;
 		if (!(de && strcmp(de, "0") == 0) && T >= c->md_min)
-			c->md_bytes = kcuda_mla_dense_ws(c->kc, Hl, C, R, hp->N, hp->V, T, c->max_ctx, c->md_math,
-			                                 c->md_flash);
+			c->md_bytes = kcuda_mla_dense_ws(c->kc, Hl, C, R, hp->N, hp->V, T, c->max_ctx,
+			                                 c->md_math, c->md_flash);
 		scratch += c->md_bytes;
 	}
 	size_t fr = 0, tot = 0;

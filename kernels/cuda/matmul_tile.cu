@@ -26,10 +26,10 @@
  * run together and read it from L2 after the first. S > 1 (when the tiles alone leave SMs idle;
  * kcuda_matmul and, since 2026-12-03, kfwd_head_gemv) writes per-split partial sums to the context
  * workspace; a second kernel adds them in split order (deterministic). Shared-memory rows are 80
- * halves (64 + 16) so the 8-byte fragment loads of a half-warp hit 32 distinct banks. Needs n_in % 16 == 0; rows past
- * n_out are clamped for loads and not stored, tokens past n_tok are zero and not stored.
- * Registers (sm_90, CUDA 13.0): 116-167 by type, 0 spills; launch bounds allow 3 blocks per SM
- * (without them ptxas capped at 128 and spilled 8 bytes in Q4_K). */
+ * halves (64 + 16) so the 8-byte fragment loads of a half-warp hit 32 distinct banks. Needs n_in % 16 == 0;
+ * rows past n_out are clamped for loads and not stored, tokens past n_tok are zero and not stored. Registers
+ * (sm_90, CUDA 13.0): 116-167 by type, 0 spills; launch bounds allow 3 blocks per SM (without them ptxas
+ * capped at 128 and spilled 8 bytes in Q4_K). */
 #include <stdlib.h>
 #include <string.h>
 

@@ -616,8 +616,8 @@ int md_keys(struct kcuda_ctx *c, const struct kcuda_mla_dense_args *a, md_math m
 
 } // namespace
 
-extern "C" size_t kcuda_mla_dense_ws(struct kcuda_ctx *c, int64_t H, int64_t C, int64_t R, int64_t N, int64_t V,
-                                     int64_t max_rows, int64_t max_keys, int math, int flash)
+extern "C" size_t kcuda_mla_dense_ws(struct kcuda_ctx *c, int64_t H, int64_t C, int64_t R, int64_t N,
+                                     int64_t V, int64_t max_rows, int64_t max_keys, int math, int flash)
 {
 	if (!c || H <= 0 || C <= 0 || R < 0 || N <= 0 || V <= 0 || max_rows <= 0 || max_keys <= 0)
 		return 0;

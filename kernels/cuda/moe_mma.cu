@@ -263,7 +263,8 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
 					const int64_t d = row0 + 16 * r + 8 * hr + L.g;
 					if (tok < ch.z && d < D)
 						y[(int64_t)pr[tok] * D + d] =
-						    fmaf(L.acc[r][g][2 * hr + 1], 1.f / 2048.f, L.acc[r][g][2 * hr]);
+						    fmaf(L.acc[r][g][2 * hr + 1], 1.f / 2048.f,
+						         L.acc[r][g][2 * hr]);
 				}
 	}
 }
@@ -400,8 +401,8 @@ template <int T, int NG, int RG> static int mm_down_rg_t(struct kcuda_ctx *c, co
 	const int64_t rows = 64 * R * RG; /* a block's */
 	dim3 grid((unsigned)((a.D + rows - 1) / rows), (unsigned)a.slots);
 	return klaunch("moe_mma_down", moe_mma_down_kernel<T, R, NG, RG>, grid, dim3(MM_WARPS * 32), 0,
-	               c->stream, (const uint8_t *)a.down->data, (const uint8_t *)a.sd, a.down->row_bytes, a.E,
-	               a.D, a.F / 256, a.h, a.F, a.chunks, a.list, a.y);
+	               c->stream, (const uint8_t *)a.down->data, (const uint8_t *)a.sd, a.down->row_bytes,
+	               a.E, a.D, a.F / 256, a.h, a.F, a.chunks, a.list, a.y);
 }
 
 template <int T, int NG> static int mm_down_t(struct kcuda_ctx *c, const struct mm_args &a)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `tandem bench` decode without a prefill (--kv-fill random) and the issue-4 matrix (--matrix) on
-# the CPU backend with glm-dsa-tiny-Q8_0 (the CUDA rows are the same code with device memory).
+# `tandem bench` decode without a prefill (--kv-fill random), packed prompts (--pack) and the issue-4
+# matrix (--matrix) on the CPU backend with glm-dsa-tiny-Q8_0 (the CUDA rows are the same code with
+# device memory).
 # Expected numbers are derived from tests/data/models/glm-dsa-tiny.config.json, not from a run:
 # KV read per sequence and step (bf16) = 2 B x (3 layers x min(top-k 16, ctx) x (kv_lora 256 +
 # rope 32) + 2 full indexer layers x ctx x index_head_dim 64): ctx 400 -> 130048 B; batch 4 ->
@@ -27,6 +28,17 @@ check "matrix: batch 4 ctx 400 KV MB" "$(echo "$mx" | awk '$1 == 4 && $2 == 400 
 check "matrix: batch 1 weights MB = plain bench" "$(echo "$mx" | awk '$1 == 1 && $2 == 128 { print $6 }')" "$(printf '%.1f' "$w1" 2>/dev/null)"
 check "matrix: prefill line" "$(echo "$mx" | grep -c '^prefill  256 tokens (ubatch 256)')" 1
 
+# --pack: 4 prompts of 48 back to back in steps of <= 128 rows -> 2 steps (128 + 64: the first holds
+# sequences 0-2, the second the end of 2 and all of 3); without it one sequence a step -> 4
+pk=$($T bench -m $M --batch 4 --prompt 48 --ubatch 128 --pack --gen 2 --threads 1 --reps 1 2>&1)
+check "pack: 2 steps" "$(echo "$pk" | grep -c '^prefill .*(2 steps of <= 128 tokens, prompts packed)')" 1
+check "pack: decode ran" "$(echo "$pk" | awk '/^decode/ { print ($4 > 0) }')" 1
+up=$($T bench -m $M --batch 4 --prompt 48 --ubatch 128 --gen 2 --threads 1 --reps 1 2>&1)
+check "no pack: 4 steps" "$(echo "$up" | grep -c '^prefill .*(4 steps of <= 48 tokens, one sequence a step)')" 1
+pj=$($T bench -m $M --batch 3 --prompt 40 --pack --gen 1 --threads 1 --reps 1 --json 2>/dev/null)
+check "pack: json, ubatch = all prompts" "$(echo "$pj" | grep -c '"pack":1,"prefill_steps":1,')" 1
+$T bench -m $M --pack --kv-fill random >/dev/null 2>&1
+check "--pack with --kv-fill exits 2" "$?" 2
 $T bench -m $M --kv-fill zeros >/dev/null 2>&1
 check "bad --kv-fill exits 2" "$?" 2
 $T bench -m $M --profile >/dev/null 2>&1

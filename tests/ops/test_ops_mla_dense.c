@@ -209,7 +209,8 @@ static void run_case(const struct dcase *dc, int vi)
 		}
 	}
 	/* the GPU */
-	const size_t ws = kcuda_mla_dense_ws(ctx, H, C, R, N, V, n, nk, variants[vi].math, variants[vi].flash);
+	const size_t ws =
+	    kcuda_mla_dense_ws(ctx, H, C, R, N, V, n, nk, variants[vi].math, variants[vi].flash);
 	/* the GEMM path's size: more (its score buffer) where the fused kernel takes this call */
 	const size_t ws_gemm = kcuda_mla_dense_ws(ctx, H, C, R, N, V, n, nk, variants[vi].math, 0);
 	if (kcuda_alloc(block_bytes * (size_t)n_blocks, &d_pool) ||
@@ -286,9 +287,10 @@ static void run_case(const struct dcase *dc, int vi)
 		if (ws < ws_gemm && !dc->kb && !dc->qb) {
 			b = a;
 			b.flash = 0;
-			OPS_CHECK(kcuda_mla_dense(ctx, &b, d_ws, ws) == ERR_LIMIT,
-			          "%s: the GEMM path accepted the fused kernel's %zu workspace bytes (needs %zu)",
-			          nm, ws, ws_gemm);
+			OPS_CHECK(
+			    kcuda_mla_dense(ctx, &b, d_ws, ws) == ERR_LIMIT,
+			    "%s: the GEMM path accepted the fused kernel's %zu workspace bytes (needs %zu)",
+			    nm, ws, ws_gemm);
 		}
 		kcuda_sync(ctx);
 		size_t g = ops_dbuf_get(ctx, &ob, got);
