@@ -305,11 +305,12 @@ static int parse(int argc, char **argv, struct bench_opts *o)
 		o->ubatch = o->mx_prefill < 2048 ? (o->mx_prefill > 0 ? o->mx_prefill : 1) : 2048;
 	if (o->pack && (o->kv_fill || o->matrix))
 		return cli_usage_error(cmd, "--pack packs the prefill: not with --kv-fill or --matrix");
-	if (!o->matrix &&
-	    (o->ubatch == 0 || (int64_t)o->ubatch > (int64_t)o->prompt * (o->pack ? o->batch : 1)))
-		o->ubatch = o->pack ? (int)((int64_t)o->prompt * o->batch < (1 << 20) ? o->prompt * o->batch
-		                                                                      : 1 << 20)
-		                    : o->prompt;
+	if (!o->matrix) { /* at most one prompt a step, or all of them packed (within --ubatch's range) */
+		const int64_t all = o->pack ? (int64_t)o->prompt * o->batch : o->prompt;
+		const int cap = all < (1 << 20) ? (int)all : 1 << 20;
+		if (o->ubatch == 0 || o->ubatch > cap)
+			o->ubatch = cap;
+	}
 	if (o->rank >= o->tp)
 		return cli_usage_error(cmd, "--rank %d needs --tp > %d", o->rank, o->rank);
 	return 0;

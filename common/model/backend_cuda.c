@@ -1184,8 +1184,7 @@ static void mla_q_rope(struct be_cuda *c, const float *q)
 	}
 }
 
-/* absorbed queries: q_abs[i][h][0..C) = W_UK(h) q_nope[i][h] */
-/* q absorbed (k_b's W_UK) into c->qabs for rows [r0, r1) */
+/* absorbed queries of rows [r0, r1): q_abs[i][h][0..C) = W_UK(h) q_nope[i][h] */
 static void mla_q_absorb_rows(struct be_cuda *c, const struct layer_w *L, const float *q, int64_t r0,
                               int64_t r1)
 {
