@@ -210,6 +210,133 @@ __global__ void __launch_bounds__(MM_GU_WARPS(NG) * 32)
 	}
 }
 
+/* The gate / up of moe_mma_gate_up_kernel with x staged ONCE a block and unit (2026-12-03). There,
+ * a block's 16 rows of gate and up go through all of D split over its warps, so each warp stages
+ * its own units of the chunk's tokens (8 KB of L2 reads a unit at 8 tokens, for 4.6 KB of weights)
+ * and the 16 blocks of a chunk stage the same x 16 times: the waste the down kernel had (session
+ * 19). Here the block's W warps split F instead (warp w: rows f0 + 16 w .. + 15 of gate and of up,
+ * all of D), and the block stages each unit of x once into one of two shared staging areas
+ * (mm_stage_x_blk: every thread busy, one barrier a unit: the area of unit u is written again only
+ * for unit u + 2, after every warp has passed unit u + 1's barrier, so it is no longer read). A
+ * warp's gate and up accumulators of one (row, token) sit in the same lane, so h is formed without
+ * a reduction. grid (F / (16 W), chunk slots); the unit bodies are the same (gemv_mma.cuh), the sum
+ * over D is one warp's in unit order (the old kernel summed W warps' partials), so the bits differ
+ * from moe_mma_gate_up_kernel's within the fp32 rounding of the sums. */
+template <int R, int NG> struct mm_lane_blk {
+	int g, t, lane, n_tok;
+	gm_stage<NG> *sm; /* the staging area of the unit being computed */
+	gm_stage<NG> *bufs; /* the block's two */
+	const float *const *xr;
+	float acc[R][NG][4];
+	template <bool K45> __device__ __forceinline__ void stage(int64_t u);
+};
+
+/* unit u of every token column into sm by the whole block (gm_stage_x's entries and range vote,
+ * block-wide): loads first, all in flight; a unit where some token reaches 2^15 is staged again by
+ * warp 0 per token with its own power-of-two factor (rare). Ends with a barrier. */
+template <bool K45, int NG>
+__device__ __forceinline__ void mm_stage_x_blk(gm_stage<NG> &sm, const float *const *xr, int n_tok, int64_t u)
+{
+	const int nt = n_tok < 4 * NG ? n_tok : 4 * NG, n_ent = 64 * nt;
+	uint32_t vote = 0u;
+	for (int e = threadIdx.x; e < n_ent; e += blockDim.x) {
+		const float4 v = gm_ldg((const float4 *)(xr[e >> 6] + 256 * u + 4 * (e & 63)));
+		vote |= gm_stage_entry<K45, NG>(sm, v, 1.f, e >> 6, e & 63);
+	}
+	if ((int)threadIdx.x < nt)
+		sm.f[threadIdx.x] = 1.f;
+	if (!__syncthreads_or((vote & 0x80008000u) != 0u))
+		return;
+	if (threadIdx.x < 32) {
+		const int lane = threadIdx.x;
+		for (int tok = 0; tok < nt; tok++) {
+			const float *xt = xr[tok] + 256 * u;
+			float m = 0.f;
+			for (int q = lane; q < 64; q += 32) {
+				const float4 v = gm_ldg((const float4 *)(xt + 4 * q));
+				m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+			}
+			m = kc_warp_max(m);
+			const float sc = gm_xscale(m);
+			if (lane == 0)
+				sm.f[tok] = 1.f / sc;
+			for (int q = lane; q < 64; q += 32)
+				gm_stage_entry<K45, NG>(sm, gm_ldg((const float4 *)(xt + 4 * q)), sc, tok, q);
+		}
+	}
+	__syncthreads();
+}
+
+template <int R, int NG>
+template <bool K45>
+__device__ __forceinline__ void mm_lane_blk<R, NG>::stage(int64_t u)
+{
+	sm = bufs + (u & 1);
+	mm_stage_x_blk<K45, NG>(*sm, xr, n_tok, u);
+}
+
+template <int T, int NG, int W>
+__global__ void __launch_bounds__(W * 32)
+    moe_mma_gate_up_blk_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
+                               const uint8_t *__restrict__ sg, const uint8_t *__restrict__ su, size_t rb,
+                               int64_t E, int64_t F, int64_t n_units, const float *__restrict__ x,
+                               int64_t ldx, int k, int np_r, const int4 *__restrict__ chunks,
+                               const int32_t *__restrict__ list, float *__restrict__ h)
+{
+	constexpr int R = 2, NT = 4 * NG;
+	__shared__ gm_stage<NG> stage[2];
+	__shared__ const float *xr[NT];
+	__shared__ int pr[NT];
+	KDEP_ENTRY();
+	if ((int)blockIdx.y >= chunks[0].x)
+		return;
+	const int4 ch = chunks[1 + blockIdx.y]; /* (expert, first list entry, count, 0) */
+	if (threadIdx.x < NT) {
+		const int t = threadIdx.x;
+		const int p = list[ch.y + (t < ch.z ? t : 0)];
+		pr[t] = p;
+		xr[t] = x + (int64_t)(p < np_r ? p / k : p - np_r) * ldx; /* routed pair, or shared: token */
+	}
+	for (int i = threadIdx.x; i < NG * 16 * 33; i += W * 32) /* absent columns stay zero */
+		(&stage[0].b[0][0][0])[i] = make_uint2(0u, 0u), (&stage[1].b[0][0][0])[i] = make_uint2(0u, 0u);
+	if (threadIdx.x < NT)
+		stage[0].f[threadIdx.x] = 1.f, stage[1].f[threadIdx.x] = 1.f;
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	mm_lane_blk<R, NG> L;
+	L.g = lane >> 2, L.t = lane & 3, L.lane = lane, L.n_tok = ch.z, L.sm = stage, L.bufs = stage, L.xr = xr;
+#pragma unroll
+	for (int r = 0; r < R; r++)
+#pragma unroll
+		for (int g = 0; g < NG; g++)
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+				L.acc[r][g][i] = 0.f;
+	__syncthreads();
+	const int64_t f0 = (int64_t)blockIdx.x * 16 * W + 16 * warp;
+	const size_t eo = ch.x < E ? (size_t)ch.x * (size_t)F * rb : 0; /* expert E: the shared one */
+	const uint8_t *bg = (ch.x < E ? wg : sg) + eo, *bu = (ch.x < E ? wu : su) + eo;
+	const uint8_t *rows[R][2];
+#pragma unroll
+	for (int hr = 0; hr < 2; hr++) {
+		rows[0][hr] = bg + ((size_t)f0 + 8 * hr + L.g) * rb;
+		rows[1][hr] = bu + ((size_t)f0 + 8 * hr + L.g) * rb;
+	}
+	const bool rb4 = rb % 4 == 0;
+	for (int64_t u = 0; u < n_units; u++)
+		gm_unit<T, R, NG>(L, rows, u, rb4);
+#pragma unroll
+	for (int g = 0; g < NG; g++)
+#pragma unroll
+		for (int hr = 0; hr < 2; hr++) {
+			const int tok = 4 * g + L.t;
+			if (tok >= ch.z)
+				continue;
+			const float gs = fmaf(L.acc[0][g][2 * hr + 1], 1.f / 2048.f, L.acc[0][g][2 * hr]);
+			const float us = fmaf(L.acc[1][g][2 * hr + 1], 1.f / 2048.f, L.acc[1][g][2 * hr]);
+			h[(int64_t)pr[tok] * F + f0 + 8 * hr + L.g] = gs / (1.0f + expf(-gs)) * us;
+		}
+}
+
 /* grid (ceil(D / (64 R RG)), chunk slots): block b's warps take RG groups of 4 consecutive 16 R-row
  * tiles of the chunk's expert (group j: tiles 4 (RG b + j) .. + 3, warp w the w-th; rows clamped at D
  * for loads, not stored), each over all of F; y[pair][d]. With F = 256 (one unit: a TP=8 rank of GLM-5
@@ -369,8 +496,35 @@ struct mm_args {
 	float *h, *y;
 };
 
+/* Warps of the block-staged gate / up (moe_mma_gate_up_blk_kernel) at n tokens, 0 for the kernel
+ * that splits D over its warps: TANDEM_MOE_GU_W=0|4|8 forces it (read every call, so the op test
+ * can run each kernel; 16 would spill: ptxas gives a 512-thread block 128 registers). */
+static int mm_gu_w(int64_t n, int ng)
+{
+	const char *e = getenv("TANDEM_MOE_GU_W");
+	const int v = e && *e ? atoi(e) : -1;
+	if (v == 0 || v == 4 || v == 8)
+		return v;
+	(void)n;
+	return ng == 1 ? 8 : 4;
+}
+
+template <int T, int NG, int W> static int mm_gate_up_blk_t(struct kcuda_ctx *c, const struct mm_args &a)
+{
+	dim3 grid((unsigned)(a.F / (16 * W)), (unsigned)a.slots);
+	return klaunch("moe_mma_gate_up_blk", moe_mma_gate_up_blk_kernel<T, NG, W>, grid, dim3(W * 32), 0,
+	               c->stream, (const uint8_t *)a.gate->data, (const uint8_t *)a.up->data,
+	               (const uint8_t *)a.sg, (const uint8_t *)a.su, a.gate->row_bytes, a.E, a.F, a.D / 256,
+	               a.x, a.ldx, a.k, a.np_r, a.chunks, a.list, a.h);
+}
+
 template <int T, int NG> static int mm_gate_up_t(struct kcuda_ctx *c, const struct mm_args &a)
 {
+	switch (mm_gu_w(a.n, NG)) { /* F % 256 == 0 (moe_mma_fits): whole blocks */
+	case 4: return mm_gate_up_blk_t<T, NG, 4>(c, a);
+	case 8: return mm_gate_up_blk_t<T, NG, 8>(c, a);
+	default: break;
+	}
 	dim3 grid((unsigned)(a.F / 16), (unsigned)a.slots);
 	return klaunch("moe_mma_gate_up", moe_mma_gate_up_kernel<T, NG>, grid, dim3(MM_GU_WARPS(NG) * 32), 0,
 	               c->stream, (const uint8_t *)a.gate->data, (const uint8_t *)a.up->data,

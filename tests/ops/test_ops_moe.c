@@ -1265,6 +1265,29 @@ int main(void)
 		if (!quick)
 			ffn_case(&e256, KT_Q8_0, KT_Q4_K, sweep_n[i], 1e-4);
 	}
+	/* the gate / up kernels of the sorted path (moe_mma.cu): x staged once a block (W warps split F;
+	 * the default, 8 warps at one n-tile and 4 at two) and the kernel whose warps split D
+	 * (TANDEM_MOE_GU_W=0), each with 4 and 8 warps forced, both n-tile counts, every unit type, the
+	 * fp16 range vote (large x) */
+	{
+		static const char *gw[] = {"0", "4", "8"};
+		for (size_t i = 0; i < sizeof(gw) / sizeof(gw[0]); i++) {
+			setenv("TANDEM_MOE_GU_W", gw[i], 1);
+			printf("gate / up: TANDEM_MOE_GU_W=%s\n", gw[i]);
+			ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 17, 1e-4); /* one n-tile */
+			ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 128, 1e-4); /* two */
+			ffn_case(&e256, KT_Q8_0, KT_Q4_K, 40, 1e-4);
+			ffn_case(&e256, KT_Q6_K, KT_Q5_K, 40, 1e-4);
+			ffn_case(&e256, KT_Q5_K, KT_Q8_0, 16, 1e-4);
+			g_xscale = 1e5f;
+			ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 40, 1e-4);
+			ffn_case(&e256s, KT_Q5_K, KT_Q4_K, 17, 1e-4);
+			g_xscale = 1.0f;
+			if (!quick)
+				ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 64, 1e-4);
+		}
+		unsetenv("TANDEM_MOE_GU_W");
+	}
 	/* F 512 (a TP=4 rank's expert slice): two units a down row, so a down warp stages each unit
 	 * again for its next row group (moe_mma.cu's RG groups keep only one unit) */
 	{
