@@ -275,7 +275,7 @@ __device__ __forceinline__ void mm_lane_blk<R, NG>::stage(int64_t u)
 	mm_stage_x_blk<K45, NG>(*sm, xr, n_tok, u);
 }
 
-template <int T, int NG, int W, bool PF>
+template <int T, int NG, int W>
 __global__ void __launch_bounds__(W * 32)
     moe_mma_gate_up_blk_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                                const uint8_t *__restrict__ sg, const uint8_t *__restrict__ su, size_t rb,
@@ -321,26 +321,9 @@ __global__ void __launch_bounds__(W * 32)
 		rows[0][hr] = bg + ((size_t)f0 + 8 * hr + L.g) * rb;
 		rows[1][hr] = bu + ((size_t)f0 + 8 * hr + L.g) * rb;
 	}
-	if constexpr (PF && T == KT_Q4_K) {
-		/* the next unit's weights in flight while this one is staged and computed (two register
-		 * sets) */
-		gm_k45_w<T, R> wa, wb;
-		gm_k45_load<T, R>(wa, rows, 0, L.t);
-		for (int64_t u = 0; u < n_units; u += 2) {
-			if (u + 1 < n_units)
-				gm_k45_load<T, R>(wb, rows, u + 1, L.t);
-			gm_k45_math<T, R, NG>(L, wa, u);
-			if (u + 1 >= n_units)
-				break;
-			if (u + 2 < n_units)
-				gm_k45_load<T, R>(wa, rows, u + 2, L.t);
-			gm_k45_math<T, R, NG>(L, wb, u + 1);
-		}
-	} else {
-		const bool rb4 = rb % 4 == 0;
-		for (int64_t u = 0; u < n_units; u++)
-			gm_unit<T, R, NG>(L, rows, u, rb4);
-	}
+	const bool rb4 = rb % 4 == 0;
+	for (int64_t u = 0; u < n_units; u++)
+		gm_unit<T, R, NG>(L, rows, u, rb4);
 #pragma unroll
 	for (int g = 0; g < NG; g++)
 #pragma unroll
@@ -513,35 +496,27 @@ struct mm_args {
 	float *h, *y;
 };
 
-/* Warps of the block-staged gate / up (moe_mma_gate_up_blk_kernel) at n tokens, 0 for the kernel
- * that splits D over its warps: TANDEM_MOE_GU_W=0|4|8 forces it (read every call, so the op test
- * can run each kernel; 16 would spill: ptxas gives a 512-thread block 128 registers). */
-static int mm_gu_w(int64_t n, int ng)
+/* Warps of the block-staged gate / up (moe_mma_gate_up_blk_kernel) at NG n-tiles, 0 for the kernel
+ * whose warps split D. H200, GLM-5 rank 0 of TP=8, graph ms a step at ctx 4096 (docs/PERFORMANCE.md,
+ * session 20): at two n-tiles (more pairs than experts) 4 warps took batch 64 from 49.0-50.4 to 45.2-45.8
+ * and 128 from 80.5-81.5 to 76.3-76.5 (gate / up 19.2 -> 13.6 ms a step at 128), 8 warps (one block an
+ * SM at 162 registers) gained nothing; at one n-tile the old kernel stays: 8 warps made batch 8 15.9-16.1
+ * -> 18.2 and 16 25.4-25.9 -> 28.3 (two blocks a chunk leave too few warps, each walking all of D), 4
+ * warps 17.3 / 26.7, and batch 32 was equal. TANDEM_MOE_GU_W=0|4|8 forces one (read every call, so
+ * the op test runs each; 16 would spill: a 512-thread block gets 128 registers). */
+static int mm_gu_w(int ng)
 {
 	const char *e = getenv("TANDEM_MOE_GU_W");
 	const int v = e && *e ? atoi(e) : -1;
 	if (v == 0 || v == 4 || v == 8)
 		return v;
-	(void)n;
-	return ng == 1 ? 8 : 4;
-}
-
-/* TANDEM_MOE_GU_PF=1: the block-staged gate / up keeps the next unit's weights in flight (Q4_K: 226
- * registers at two n-tiles against 152; Q5_K would spill; read every call) */
-static bool mm_gu_pf(void)
-{
-	const char *e = getenv("TANDEM_MOE_GU_PF");
-	return e && e[0] == '1';
+	return ng == 2 ? 4 : 0;
 }
 
 template <int T, int NG, int W> static int mm_gate_up_blk_t(struct kcuda_ctx *c, const struct mm_args &a)
 {
 	dim3 grid((unsigned)(a.F / (16 * W)), (unsigned)a.slots);
-	constexpr bool Q4K = T == KT_Q4_K;
-	void (*kern)(const uint8_t *, const uint8_t *, const uint8_t *, const uint8_t *, size_t, int64_t, int64_t,
-	             int64_t, const float *, int64_t, int, int, const int4 *, const int32_t *, float *) =
-	    Q4K && mm_gu_pf() ? moe_mma_gate_up_blk_kernel<T, NG, W, Q4K> : moe_mma_gate_up_blk_kernel<T, NG, W, false>;
-	return klaunch("moe_mma_gate_up_blk", kern, grid, dim3(W * 32), 0,
+	return klaunch("moe_mma_gate_up_blk", moe_mma_gate_up_blk_kernel<T, NG, W>, grid, dim3(W * 32), 0,
 	               c->stream, (const uint8_t *)a.gate->data, (const uint8_t *)a.up->data,
 	               (const uint8_t *)a.sg, (const uint8_t *)a.su, a.gate->row_bytes, a.E, a.F, a.D / 256,
 	               a.x, a.ldx, a.k, a.np_r, a.chunks, a.list, a.h);
@@ -549,7 +524,7 @@ template <int T, int NG, int W> static int mm_gate_up_blk_t(struct kcuda_ctx *c,
 
 template <int T, int NG> static int mm_gate_up_t(struct kcuda_ctx *c, const struct mm_args &a)
 {
-	switch (mm_gu_w(a.n, NG)) { /* F % 256 == 0 (moe_mma_fits): whole blocks */
+	switch (mm_gu_w(NG)) { /* F % 256 == 0 (moe_mma_fits): whole blocks */
 	case 4: return mm_gate_up_blk_t<T, NG, 4>(c, a);
 	case 8: return mm_gate_up_blk_t<T, NG, 8>(c, a);
 	default: break;

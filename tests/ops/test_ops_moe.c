@@ -1247,6 +1247,9 @@ int main(void)
 	                   e256s = {"e256+sh", 256, 256, 512, 8, 1},
 	                   gtinys = {"glm-tiny+sh", 4, 256, 256, 2, 1},
 	                   dtinys = {"ds-tiny+sh", 6, 128, 256, 2, 1};
+	const int only_mma = getenv("TANDEM_OPS_ONLY_MMA") != NULL; /* see "mma:" below */
+	if (only_mma)
+		goto mma;
 	static const int types[] = {KT_Q8_0, KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_BF16, KT_F32};
 	static const int small_n[] = {1, 3, 16, 40, 128, 300};
 	for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++)
@@ -1266,9 +1269,11 @@ int main(void)
 			ffn_case(&e256, KT_Q8_0, KT_Q4_K, sweep_n[i], 1e-4);
 	}
 	/* the gate / up kernels of the sorted path (moe_mma.cu): x staged once a block (W warps split F;
-	 * the default, 8 warps at one n-tile and 4 at two) and the kernel whose warps split D
-	 * (TANDEM_MOE_GU_W=0), each with 4 and 8 warps forced, both n-tile counts, every unit type, the
-	 * fp16 range vote (large x) */
+	 * the default at two n-tiles, 4 warps) and the kernel whose warps split D (TANDEM_MOE_GU_W=0, the
+	 * default at one), each forced with 4 and 8 warps at both n-tile counts, every unit type, the
+	 * fp16 range vote (large x). TANDEM_OPS_ONLY_MMA=1 runs only these and the F 512 cases below (a
+	 * size for compute-sanitizer). */
+mma:
 	{
 		static const char *gw[] = {"0", "4", "8"};
 		for (size_t i = 0; i < sizeof(gw) / sizeof(gw[0]); i++) {
@@ -1296,6 +1301,8 @@ int main(void)
 		for (size_t i = 0; i < sizeof(f512_n) / sizeof(f512_n[0]); i++)
 			ffn_case(&f512, KT_Q4_K, KT_Q6_K, f512_n[i], 1e-4);
 	}
+	if (only_mma)
+		goto done;
 	/* the real dims (680-790 MB of experts each: a few such cases in the quick mode) */
 	static const int big_n[] = {1, 2, 8, 17};
 	for (size_t i = 0; i < sizeof(big_n) / sizeof(big_n[0]); i++)
@@ -1646,6 +1653,7 @@ int main(void)
 	unsetenv("TANDEM_MOE_ROUTE_FUSE");
 	router_route_refusals();
 	test_args();
+done:
 	kcuda_ctx_destroy(ctx);
 	kpool_destroy(pool);
 	printf("%d checks, %d failed\n", ops_n_check, ops_n_fail);
