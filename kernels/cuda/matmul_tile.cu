@@ -41,7 +41,7 @@
 #define MT_KC 64 /* K per chunk: 4 pieces */
 #define MT_LD 80 /* halves per shared row (64 + 16 padding, see above) */
 #define MT_THREADS 128
-#define MT_MAX_SPLIT 16
+#define MT_MAX_SPLIT 64 /* the most K splits (mt_split_max) */
 
 struct mt_smem {
 	__half v[MT_BM][MT_LD]; /* weight values v, exact in fp16 */
@@ -353,6 +353,18 @@ static int64_t mt_split_chunks(void)
 	return v;
 }
 
+/* the most K splits: TANDEM_TILE_SPLIT_MAX (read once; 2..MT_MAX_SPLIT), default 16 */
+static int mt_split_max(void)
+{
+	static int v = 0;
+	if (!v) {
+		const char *e = getenv("TANDEM_TILE_SPLIT_MAX");
+		const long x = e && *e ? strtol(e, NULL, 10) : 16;
+		v = x >= 2 && x <= MT_MAX_SPLIT ? (int)x : 16;
+	}
+	return v;
+}
+
 int kcuda_mm_tile_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t mat_bytes, int H,
                          const float *x, int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy,
                          int64_t yhs, bool may_split)
@@ -368,7 +380,7 @@ int kcuda_mm_tile_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t m
 	int S = 1;
 	const size_t one = (size_t)H * (size_t)n_tok * (size_t)w0->n_out * sizeof(float);
 	const int64_t min_ch = mt_split_chunks();
-	while (may_split && S < MT_MAX_SPLIT && base * S < 3 * (int64_t)c->n_sm &&
+	while (may_split && S < mt_split_max() && base * S < 3 * (int64_t)c->n_sm &&
 	       n_ch >= 2 * min_ch * (int64_t)S && one * (size_t)(2 * S) <= c->ws_bytes)
 		S *= 2;
 	const int64_t cps = (n_ch + S - 1) / S;
