@@ -17,7 +17,9 @@
  *   gate_up, grid (F / 16, max chunks): a block of 4 warps owns rows f0..f0+15 of the chunk's
  *     expert in BOTH gate and up (the two row tiles of one warp, R = 2), its warps split D in
  *     256-element units and reduce through shared memory; h[pair][f] = SiLU(gate) * up is formed
- *     there, so gate and up never go through memory;
+ *     there, so gate and up never go through memory; at two n-tiles (mm_gu_w) the block-staged
+ *     variant instead: grid (F / 64, max chunks), its 4 warps take 16 rows each over all of D and
+ *     share one staging of x a unit (moe_mma_gate_up_blk_kernel);
  *   down, grid (D / (64 R), max chunks): each warp owns 16 R rows of the expert's down matrix and
  *     all of F (per-rank F is short: 256 for GLM-5 / DS-V3 at TP=8), y[pair][d];
  *   combine: out[i] = sum_j w[i][j] y[i k + j] in slot order (deterministic, no atomics); a pair
@@ -254,7 +256,8 @@ __device__ __forceinline__ void mm_stage_x_blk(gm_stage<NG> &sm, const float *co
 			float m = 0.f;
 			for (int q = lane; q < 64; q += 32) {
 				const float4 v = gm_ldg((const float4 *)(xt + 4 * q));
-				m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+				m = fmaxf(
+				    m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
 			}
 			m = kc_warp_max(m);
 			const float sc = gm_xscale(m);
@@ -298,12 +301,14 @@ __global__ void __launch_bounds__(W * 32)
 		xr[t] = x + (int64_t)(p < np_r ? p / k : p - np_r) * ldx; /* routed pair, or shared: token */
 	}
 	for (int i = threadIdx.x; i < NG * 16 * 33; i += W * 32) /* absent columns stay zero */
-		(&stage[0].b[0][0][0])[i] = make_uint2(0u, 0u), (&stage[1].b[0][0][0])[i] = make_uint2(0u, 0u);
+		(&stage[0].b[0][0][0])[i] = make_uint2(0u, 0u),
+		(&stage[1].b[0][0][0])[i] = make_uint2(0u, 0u);
 	if (threadIdx.x < NT)
 		stage[0].f[threadIdx.x] = 1.f, stage[1].f[threadIdx.x] = 1.f;
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 	mm_lane_blk<R, NG> L;
-	L.g = lane >> 2, L.t = lane & 3, L.lane = lane, L.n_tok = ch.z, L.sm = stage, L.bufs = stage, L.xr = xr;
+	L.g = lane >> 2, L.t = lane & 3, L.lane = lane, L.n_tok = ch.z, L.sm = stage, L.bufs = stage,
+	L.xr = xr;
 #pragma unroll
 	for (int r = 0; r < R; r++)
 #pragma unroll

@@ -1248,6 +1248,7 @@ int main(void)
 	                   gtinys = {"glm-tiny+sh", 4, 256, 256, 2, 1},
 	                   dtinys = {"ds-tiny+sh", 6, 128, 256, 2, 1};
 	const int only_mma = getenv("TANDEM_OPS_ONLY_MMA") != NULL; /* see "mma:" below */
+	static const char *const gu_w[] = {"0", "4", "8"}; /* TANDEM_MOE_GU_W values there */
 	if (only_mma)
 		goto mma;
 	static const int types[] = {KT_Q8_0, KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_BF16, KT_F32};
@@ -1274,25 +1275,22 @@ int main(void)
 	 * fp16 range vote (large x). TANDEM_OPS_ONLY_MMA=1 runs only these and the F 512 cases below (a
 	 * size for compute-sanitizer). */
 mma:
-	{
-		static const char *gw[] = {"0", "4", "8"};
-		for (size_t i = 0; i < sizeof(gw) / sizeof(gw[0]); i++) {
-			setenv("TANDEM_MOE_GU_W", gw[i], 1);
-			printf("gate / up: TANDEM_MOE_GU_W=%s\n", gw[i]);
-			ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 17, 1e-4); /* one n-tile */
-			ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 128, 1e-4); /* two */
-			ffn_case(&e256, KT_Q8_0, KT_Q4_K, 40, 1e-4);
-			ffn_case(&e256, KT_Q6_K, KT_Q5_K, 40, 1e-4);
-			ffn_case(&e256, KT_Q5_K, KT_Q8_0, 16, 1e-4);
-			g_xscale = 1e5f;
-			ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 40, 1e-4);
-			ffn_case(&e256s, KT_Q5_K, KT_Q4_K, 17, 1e-4);
-			g_xscale = 1.0f;
-			if (!quick)
-				ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 64, 1e-4);
-		}
-		unsetenv("TANDEM_MOE_GU_W");
+	for (size_t i = 0; i < sizeof(gu_w) / sizeof(gu_w[0]); i++) {
+		setenv("TANDEM_MOE_GU_W", gu_w[i], 1);
+		printf("gate / up: TANDEM_MOE_GU_W=%s\n", gu_w[i]);
+		ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 17, 1e-4); /* one n-tile */
+		ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 128, 1e-4); /* two */
+		ffn_case(&e256, KT_Q8_0, KT_Q4_K, 40, 1e-4);
+		ffn_case(&e256, KT_Q6_K, KT_Q5_K, 40, 1e-4);
+		ffn_case(&e256, KT_Q5_K, KT_Q8_0, 16, 1e-4);
+		g_xscale = 1e5f;
+		ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 40, 1e-4);
+		ffn_case(&e256s, KT_Q5_K, KT_Q4_K, 17, 1e-4);
+		g_xscale = 1.0f;
+		if (!quick)
+			ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 64, 1e-4);
 	}
+	unsetenv("TANDEM_MOE_GU_W");
 	/* F 512 (a TP=4 rank's expert slice): two units a down row, so a down warp stages each unit
 	 * again for its next row group (moe_mma.cu's RG groups keep only one unit) */
 	{
