@@ -40,10 +40,38 @@
 
 #define MM_WARPS 4
 
-/* The chunk's pair numbers and token rows into shared memory (threads 0 .. 4 NG - 1; pair p < np_r
- * is routed pair (p / k, p % k), p >= np_r the shared expert's pair of token p - np_r), the warp's
- * staging area cleared (columns of absent tokens stay zero), the accumulators zeroed. Returns
- * false for a block past the chunk count. */
+/* The chunk's pair numbers and token rows into shared memory, by threads 0 .. NT - 1: pair p < np_r is
+ * routed pair (p / k, p % k), p >= np_r the shared expert's pair of token p - np_r; columns past the
+ * chunk's count repeat its first pair (staged as zeros, never stored) */
+template <int NT>
+__device__ __forceinline__ void mm_chunk_cols(const int4 ch, const int32_t *__restrict__ list, const float *x,
+                                              int64_t ldx, int k, int np_r, const float **xr, int *pr)
+{
+	if (threadIdx.x < NT) {
+		const int t = threadIdx.x;
+		const int p = list[ch.y + (t < ch.z ? t : 0)];
+		pr[t] = p;
+		xr[t] = x + (int64_t)(p < np_r ? p / k : p - np_r) * ldx; /* routed pair, or shared: token */
+	}
+}
+
+/* gate / up row pointers of a lane (rows f0 + 8 hr + g; tile 0 gate, tile 1 up) of the chunk's
+ * expert e (E: the shared one) */
+__device__ __forceinline__ void mm_gu_rows(const uint8_t *wg, const uint8_t *wu, const uint8_t *sg,
+                                           const uint8_t *su, size_t rb, int64_t E, int64_t F, int e,
+                                           int64_t f0, int g, const uint8_t *(&rows)[2][2])
+{
+	const size_t eo = e < E ? (size_t)e * (size_t)F * rb : 0;
+	const uint8_t *bg = (e < E ? wg : sg) + eo, *bu = (e < E ? wu : su) + eo;
+#pragma unroll
+	for (int hr = 0; hr < 2; hr++) {
+		rows[0][hr] = bg + ((size_t)f0 + 8 * hr + g) * rb;
+		rows[1][hr] = bu + ((size_t)f0 + 8 * hr + g) * rb;
+	}
+}
+
+/* The chunk's columns (mm_chunk_cols), the warp's staging area cleared (columns of absent tokens stay zero),
+ * the accumulators zeroed. Returns false for a block past the chunk count. */
 template <int R, int NG>
 __device__ __forceinline__ bool mm_prologue(const int4 *__restrict__ chunks, const int32_t *__restrict__ list,
                                             const float *x, int64_t ldx, int k, int np_r, mm_stage<NG> &st,
@@ -53,12 +81,7 @@ __device__ __forceinline__ bool mm_prologue(const int4 *__restrict__ chunks, con
 		return false;
 	ch = chunks[1 + blockIdx.y]; /* (expert, first list entry, count, 0) */
 	const int lane = threadIdx.x & 31;
-	if (threadIdx.x < 4 * NG) {
-		const int t = threadIdx.x;
-		const int p = list[ch.y + (t < ch.z ? t : 0)];
-		pr[t] = p;
-		xr[t] = x + (int64_t)(p < np_r ? p / k : p - np_r) * ldx; /* routed pair, or shared: token */
-	}
+	mm_chunk_cols<4 * NG>(ch, list, x, ldx, k, np_r, xr, pr);
 	for (int i = lane; i < NG * 16 * 33; i += 32)
 		(&st.b[0][0][0])[i] = make_uint2(0u, 0u);
 	if (lane < 4 * NG)
@@ -178,14 +201,8 @@ __global__ void __launch_bounds__(MM_GU_WARPS(NG) * 32)
 	if (!mm_prologue<R, NG>(chunks, list, x, ldx, k, np_r, stage[warp], xr, pr, ch, L))
 		return;
 	const int64_t f0 = (int64_t)blockIdx.x * 16;
-	const size_t eo = ch.x < E ? (size_t)ch.x * (size_t)F * rb : 0; /* expert E: the shared one */
-	const uint8_t *bg = (ch.x < E ? wg : sg) + eo, *bu = (ch.x < E ? wu : su) + eo;
 	const uint8_t *rows[R][2];
-#pragma unroll
-	for (int hr = 0; hr < 2; hr++) {
-		rows[0][hr] = bg + ((size_t)f0 + 8 * hr + L.g) * rb;
-		rows[1][hr] = bu + ((size_t)f0 + 8 * hr + L.g) * rb;
-	}
+	mm_gu_rows(wg, wu, sg, su, rb, E, F, ch.x, f0, L.g, rows);
 	const bool rb4 = rb % 4 == 0;
 	for (int64_t u = warp; u < n_units; u += W)
 		mm_unit<T, R, NG>(L, rows, u, rb4);
@@ -294,12 +311,7 @@ __global__ void __launch_bounds__(W * 32)
 	if ((int)blockIdx.y >= chunks[0].x)
 		return;
 	const int4 ch = chunks[1 + blockIdx.y]; /* (expert, first list entry, count, 0) */
-	if (threadIdx.x < NT) {
-		const int t = threadIdx.x;
-		const int p = list[ch.y + (t < ch.z ? t : 0)];
-		pr[t] = p;
-		xr[t] = x + (int64_t)(p < np_r ? p / k : p - np_r) * ldx; /* routed pair, or shared: token */
-	}
+	mm_chunk_cols<NT>(ch, list, x, ldx, k, np_r, xr, pr);
 	for (int i = threadIdx.x; i < NG * 16 * 33; i += W * 32) /* absent columns stay zero */
 		(&stage[0].b[0][0][0])[i] = make_uint2(0u, 0u),
 		(&stage[1].b[0][0][0])[i] = make_uint2(0u, 0u);
@@ -318,14 +330,8 @@ __global__ void __launch_bounds__(W * 32)
 				L.acc[r][g][i] = 0.f;
 	__syncthreads();
 	const int64_t f0 = (int64_t)blockIdx.x * 16 * W + 16 * warp;
-	const size_t eo = ch.x < E ? (size_t)ch.x * (size_t)F * rb : 0; /* expert E: the shared one */
-	const uint8_t *bg = (ch.x < E ? wg : sg) + eo, *bu = (ch.x < E ? wu : su) + eo;
 	const uint8_t *rows[R][2];
-#pragma unroll
-	for (int hr = 0; hr < 2; hr++) {
-		rows[0][hr] = bg + ((size_t)f0 + 8 * hr + L.g) * rb;
-		rows[1][hr] = bu + ((size_t)f0 + 8 * hr + L.g) * rb;
-	}
+	mm_gu_rows(wg, wu, sg, su, rb, E, F, ch.x, f0, L.g, rows);
 	const bool rb4 = rb % 4 == 0;
 	for (int64_t u = 0; u < n_units; u++)
 		gm_unit<T, R, NG>(L, rows, u, rb4);
