@@ -337,30 +337,33 @@ static int mt_launch(struct kcuda_ctx *c, dim3 grid, const struct kweight *w0, s
 	               ldx, xhs, n_tok, y, ldy, yhs, part, xvec);
 }
 
-/* the fewest K chunks (64 elements) a split keeps: TANDEM_TILE_SPLIT_CH (read once), default 4. A block
+/* the fewest K chunks (64 elements) a split keeps: TANDEM_TILE_SPLIT_CH (read once), default 2. A block
  * walks its chunks one after another with one chunk's loads ahead, ~1.5-2 us a chunk (H200), so
  * the narrow products are bound by that chain: GLM-5's idx_k (6144 -> 128) at 32 tokens was 2 row
  * tiles x 4 splits of 24 chunks, 43 us a call. 8 was the rule before 2026-12-03 (docs/PERFORMANCE.md,
- * session 19). */
+ * session 19), 4 until session 21 (with at most 16 splits; 2 and 32 measured 2-5% faster steps at
+ * batch 16-128). */
+#define MT_SPLIT_CH_DEFAULT 2
 static int64_t mt_split_chunks(void)
 {
 	static int64_t v = 0;
 	if (!v) {
 		const char *e = getenv("TANDEM_TILE_SPLIT_CH");
-		const long x = e && *e ? strtol(e, NULL, 10) : 4;
-		v = x >= 1 && x <= 1024 ? x : 4;
+		const long x = e && *e ? strtol(e, NULL, 10) : MT_SPLIT_CH_DEFAULT;
+		v = x >= 1 && x <= 1024 ? x : MT_SPLIT_CH_DEFAULT;
 	}
 	return v;
 }
 
-/* the most K splits: TANDEM_TILE_SPLIT_MAX (read once; 2..MT_MAX_SPLIT), default 16 */
+/* the most K splits: TANDEM_TILE_SPLIT_MAX (read once; 2..MT_MAX_SPLIT), default 32 */
+#define MT_SPLIT_MAX_DEFAULT 32
 static int mt_split_max(void)
 {
 	static int v = 0;
 	if (!v) {
 		const char *e = getenv("TANDEM_TILE_SPLIT_MAX");
-		const long x = e && *e ? strtol(e, NULL, 10) : 16;
-		v = x >= 2 && x <= MT_MAX_SPLIT ? (int)x : 16;
+		const long x = e && *e ? strtol(e, NULL, 10) : MT_SPLIT_MAX_DEFAULT;
+		v = x >= 2 && x <= MT_MAX_SPLIT ? (int)x : MT_SPLIT_MAX_DEFAULT;
 	}
 	return v;
 }
