@@ -321,13 +321,6 @@ struct kcuda_attn_rows {
 	const int32_t *sel; /* NULL: keys are positions 0..n_keys-1; else positions sel[i * ld_sel + j] */
 	int64_t ld_sel;
 	int64_t max_keys; /* host bound of every n_keys (grid sizing); larger counts are clamped + counted */
-	/* optional, top-k rows only: every position's score, computed ahead by kcuda_mla_pre_scores over
-	 * the rows' whole key ranges (pre_sc[(i * H + h) * ld_pre + p] for p < pre_n[i], or pos0 + i + 1
-	 * when pre_n is NULL). A kernel that can use them (mla_attn_dec7.cu) gathers the selected keys'
-	 * scores instead of computing them; every other kernel ignores them. NULL: none. */
-	const float *pre_sc;
-	int64_t ld_pre;
-	const int32_t *pre_n;
 };
 /* MLA attention, absorbed form, H heads per query row: q[i][h][C + R] (fp32), out[i][h][C] the
  * softmax(scale * q . key)-weighted sum of the keys' c parts (the caller applies W_UV). Split over
@@ -335,15 +328,6 @@ struct kcuda_attn_rows {
  * the GPU. Serves decode (one row per sequence) and prefill (rows = tokens, causal or top-k). */
 int kcuda_mla_attn(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
                    const float *q, int64_t H, int64_t C, int64_t R, float scale, float *out);
-/* The scores of every key of each row, ahead of the attention (mla_attn_dec6.cu's kernel in scores
- * mode): sc[(i * H + h) * ld_sc + j] = scale * q_i,h . key j of row i's list, for j < its key count
- * (-inf for an invalid key, counted; later entries untouched). rows: the dense list (sel NULL). Why:
- * at batch 1 these run on the query side branch beside the indexer and its top-k, and the attention
- * after the top-k gathers the selected keys' scores from them (kcuda_attn_rows.pre_sc): one launch
- * less on the critical path. ERR_UNSUPPORTED (nothing launched) where the kernel does not take the
- * shape or device (sm_90 and later); -EINVAL for bad arguments. */
-int kcuda_mla_pre_scores(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
-                         const float *q, int64_t H, int64_t C, float scale, float *sc, int64_t ld_sc);
 /* MLA attention of prompt rows that see every key before them (one sequence, positions pos0 .. pos0 +
  * n - 1, row i sees keys 0 .. pos0 + i), in the naive form (kernels/cuda/mla_dense.cu): the keys' latent
  * rows are decompressed by the heads' k_b / v_b and the products run as cuBLAS GEMMs shared by all rows.

@@ -50,9 +50,6 @@
 #define GRAPH_MIN_FREE ((size_t)512 << 20) /* a capture needs room for the graph's own memory */
 #define N_CBUCKETS 24
 
-/* the most keys a batch-1 row has its attention scores computed ahead of the top-k (mla_pre_scores;
- * TANDEM_MLA_PRE overrides, 0 off) */
-#define MLA_PRE_MAX_DEFAULT 8448
 #define MD_SEGS 32 /* dense prompt runs a step (more: the rest take the absorbed kernels) */
 
 struct be_cuda {
@@ -63,12 +60,6 @@ struct be_cuda {
 	                                      * branches, TANDEM_PAR=0) */
 	int branch; /* 0 none, 1 ops go to the side stream, 2 side branch not joined yet */
 	int q_layer; /* mla_q ran for this layer: its mla_attn starts from c->qabs (-1: none) */
-	/* the attention scores of every key, computed ahead on the query side branch at batch 1
-	 * (kcuda_mla_pre_scores; TANDEM_MLA_PRE): [Hl][pre_ld] for contexts of at most pre_max keys
-	 * (0: off); pre_layer: the layer they hold (-1: none) */
-	float *pre_sc;
-	int64_t pre_ld, pre_max;
-	int pre_layer;
 	bool mla_fold; /* TANDEM_MLA_ROPE=1 with fused ops: q roped inside the attention kernel */
 	int device;
 	/* TP over GPUs: this GPU's copies of the KV pools (keyed by rank 0's base), the pool of the
@@ -741,7 +732,6 @@ static int cu_begin(void *ctx, const struct model_batch *b, struct model_kv *kv,
 	if (c->branch) /* a step that stopped inside a branch: the side's work is done before this one */
 		cu_branch_join(c);
 	c->q_layer = -1;
-	c->pre_layer = -1;
 	c->b = b;
 	c->kv = kv;
 	c->st = *st;
@@ -1306,36 +1296,6 @@ static void mla_dense(struct be_cuda *c, int layer, const struct layer_w *L, con
 	CK(kcuda_mla_dense(c->kc, &a, c->md_ws, c->md_bytes));
 }
 
-/* The scores of every key of a batch-1 top-k row, ahead of the attention: on the query side branch
- * they run beside the indexer and its top-k, and mla_dec7 then gathers the selected keys' scores
- * instead of computing them after the top-k (one launch less on the critical path). Only for a single
- * row of a layer with an indexer, with q roped, at most pre_max keys (they cost ~max_keys x 1152 bytes
- * of KV reads, the sparse path ~top-k x 1152). */
-static void mla_pre_scores(struct be_cuda *c, int layer, const struct layer_w *L)
-{
-	const struct model_hparams *hp = &c->m->hp;
-	const int64_t C = hp->C, R = hp->R;
-	c->pre_layer = -1;
-	if (!c->pre_sc || c->st.n != 1 || !hp->has_indexer || !L->has_idx || c->st.max_keys > c->pre_max ||
-	    c->st.max_keys > c->pre_ld)
-		return;
-	struct kcuda_kv_view v = kv_view(c, (size_t)layer * c->kv->layout.lat_layer_bytes, C + R);
-	struct kcuda_attn_rows rows = {.n_q = 1,
-	                               .qseq = c->d_seq,
-	                               .blocks = c->d_blk,
-	                               .ld_blocks = c->max_blk,
-	                               .n_keys = c->d_nk,
-	                               .max_keys = c->st.max_keys};
-	int rc = ERR_UNSUPPORTED;
-	PROF(c, "attn.mla_pre_scores", NULL,
-	     (double)c->st.max_keys * (double)(C + R) * (c->kv->layout.dtype == MODEL_KV_BF16 ? 2 : 4))
-	rc = kcuda_mla_pre_scores(c->kc, &v, &rows, c->qabs, c->rk->Hl, C, hp->attn_scale, c->pre_sc, c->pre_ld);
-	if (rc != ERR_UNSUPPORTED) {
-		CK(rc);
-		c->pre_layer = rc ? -1 : layer;
-	}
-}
-
 /* mla_attn's query part ahead of it (backend.h), on the side branch when one is open: absorb and
  * rope (the in-kernel rope of TANDEM_MLA_ROPE=1 stays in mla_attn); in a step with dense prompt runs
  * the rope of every row and the absorb of the rows between the runs only */
@@ -1349,16 +1309,12 @@ static void cu_mla_q(void *ctx, int layer, const struct layer_w *L, const float 
 		c->q_layer = layer;
 		return;
 	}
-	bool roped = mla_q_fused(c, L, q);
-	if (!roped) {
+	if (!mla_q_fused(c, L, q)) {
 		mla_q_absorb(c, L, q);
 		if (!(c->mla_fold))
 			mla_q_rope(c, q);
-		roped = !c->mla_fold;
 	}
 	c->q_layer = layer;
-	if (roped)
-		mla_pre_scores(c, layer, L);
 }
 
 /* the absorbed kernels (kcuda_mla_attn, or the rope-folding one) and v_b for rows [r0, r1) */
@@ -1378,12 +1334,6 @@ static void mla_absorbed(struct be_cuda *c, int layer, const struct layer_w *L, 
 	                               .sel = sel ? sel + r0 * c->st.K : NULL,
 	                               .ld_sel = c->st.K,
 	                               .max_keys = sel ? c->st.K : c->st.max_keys};
-	if (sel && c->pre_layer == layer && r0 == 0 && n == 1) { /* mla_pre_scores ran for this row */
-		rows.pre_sc = c->pre_sc;
-		rows.ld_pre = c->pre_ld;
-		rows.pre_n = c->d_nk;
-		c->pre_layer = -1;
-	}
 	const double kv_bytes = (double)n * (double)rows.max_keys * (double)(C + R) *
 	                        (c->kv->layout.dtype == MODEL_KV_BF16 ? 2 : 4);
 	float *qa = c->qabs + r0 * Hl * (C + R), *ob = c->obar + r0 * Hl * C;
@@ -1425,8 +1375,6 @@ static void cu_mla_attn(void *ctx, int layer, const struct layer_w *L, const flo
 	const int64_t n = c->st.n;
 	const bool q_done = c->q_layer == layer;
 	c->q_layer = -1;
-	if (!q_done)
-		c->pre_layer = -1; /* scores of another q (never expected: mla_q ran for another layer) */
 	if (!dense_ok(c, L)) {
 		/* the rotary part of q_abs is filled: by mla_q (unless the fold leaves it to the kernel),
 		 * or here by the one-launch absorb + rope */
@@ -2148,7 +2096,6 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 	}
 	c->kc_main = c->kc;
 	c->q_layer = -1;
-	c->pre_layer = -1;
 	const char *pe0 = getenv("TANDEM_PAR");
 	if (!(pe0 && strcmp(pe0, "0") == 0) && (rc = kcuda_ctx_create(dev, 0, &c->kc_side))) {
 		errbuf_set(e, rc, "backend cuda: cannot create the side-branch context on device %d", dev);
@@ -2250,18 +2197,6 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 	c->rl = dalloc(c, sizeof(float) * (size_t)(T * E));
 	c->ys = dalloc(c, sizeof(float) * (size_t)(T * D + 2 * T * rk->fsl));
 	c->md_ws = c->md_bytes ? dalloc(c, c->md_bytes) : NULL;
-	/* the scores ahead of a batch-1 top-k attention (mla_pre_scores): TANDEM_MLA_PRE = the most keys
-	 * (0: off) */
-	if (hp->has_indexer) {
-		const char *pe = getenv("TANDEM_MLA_PRE");
-		c->pre_max = pe && *pe ? strtoll(pe, NULL, 10) : MLA_PRE_MAX_DEFAULT;
-		c->pre_ld = (c->pre_max < c->max_ctx ? c->pre_max : c->max_ctx + 3) / 4 * 4;
-		if (c->pre_max > 0 && c->pre_ld > 0 &&
-		    !(c->pre_sc = dalloc(c, sizeof(float) * (size_t)(Hl * c->pre_ld)))) {
-			rc = errbuf_set(e, -ENOMEM, "backend cuda: no device memory for the attention's pre-scores");
-			goto fail;
-		}
-	}
 	if (!c->h_in || !c->d_in || !c->d_inv || !c->ws || !c->qabs || !c->obar || !c->rl || !c->ys ||
 	    (c->md_bytes && !c->md_ws)) {
 		rc = errbuf_set(e, -ENOMEM, "backend cuda: cannot allocate the workspaces");

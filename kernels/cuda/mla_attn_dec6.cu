@@ -84,8 +84,7 @@ struct d6_args {
 	/* scores mode (mla_attn_dec7.cu, template SO): per tile of KB keys, the block writes e^(s -
 	 * m_t) of its keys (s = scale x q . key; 0 for an invalid key) to sc[(row * H + h) * ld_sc +
 	 * key] and the tile's (m_t, sum) to ml[(row * H + h) * ld_t + key / KB], and ends there: no
-	 * PV or merge (mla_dec7's second kernel does them). ml NULL (raw, kcuda_mla_pre_scores): s
-	 * itself (-inf for an invalid key) and no tile sums */
+	 * PV or merge (mla_dec7's second kernel does them) */
 	float *sc;
 	float2 *ml;
 	int64_t ld_sc, ld_t;
@@ -370,9 +369,9 @@ __global__ void __launch_bounds__(D6_THREADS, 3) mla_dec6_kernel(d6_args a)
 					lt += __shfl_xor_sync(0xffffffffu, lt, o);
 				if (h0 + g < a.H) {
 					const int64_t rh = row * a.H + h0 + g;
-					if (e < kend) /* raw mode (no ml): the score itself */
-						a.sc[rh * a.ld_sc + k0 + e] = a.ml ? p : sc;
-					if (jk == 0 && a.ml)
+					if (e < kend)
+						a.sc[rh * a.ld_sc + k0 + e] = p;
+					if (jk == 0)
 						a.ml[rh * a.ld_t + (k0 + n * KB) / KB] = make_float2(mt, lt);
 				}
 			}
@@ -715,20 +714,7 @@ int kmla_dec6_scores(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
 	return d6_run(c, kv, rows, q, H, C, scale, NULL, sc, ld_sc, ml, ld_t);
 }
 
-extern "C" int kcuda_mla_pre_scores(struct kcuda_ctx *c, const struct kcuda_kv_view *kv,
-                                    const struct kcuda_attn_rows *rows, const float *q, int64_t H, int64_t C,
-                                    float scale, float *sc, int64_t ld_sc)
-{
-	if (!c || !kv || !rows || !q || !sc || rows->sel || H < 1 || C < 1 || rows->n_q < 1 ||
-	    rows->max_keys < 1 || ld_sc < rows->max_keys)
-		return kcuda_bad_arg("mla_pre_scores", "n_q %lld H %lld C %lld max_keys %lld ld_sc %lld%s",
-		                     rows ? (long long)rows->n_q : 0LL, (long long)H, (long long)C,
-		                     rows ? (long long)rows->max_keys : 0LL, (long long)ld_sc,
-		                     ", or a null pointer / a top-k list (the rows must be dense)");
-	return d6_run(c, kv, rows, q, H, C, scale, NULL, sc, ld_sc, NULL, 0);
-}
-
-/* out != NULL: the softmax-weighted sums, merged; sc != NULL: scores mode (ml NULL: raw) */
+/* out != NULL: the softmax-weighted sums, merged; sc != NULL: scores mode */
 static int d6_run(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
                   const float *q, int64_t H, int64_t C, float scale, float *out, float *sc, int64_t ld_sc,
                   float2 *ml, int64_t ld_t)

@@ -59,13 +59,6 @@ struct m7_args {
 	int kb; /* keys a tile of launch 1 (16 or 32) */
 	int H, C, n_hg;
 	float *out;
-	/* gather mode (template PRE, kcuda_attn_rows.pre_sc): the scores of every position of the row,
-	 * [row * H + h][ld_pre], valid below pre_n[row] (pos0 + row + 1 without pre_n, at most ld_pre);
-	 * sc / ml unused. err: bad key counts and selected positions outside that range, counted */
-	const float *pre;
-	int64_t ld_pre;
-	const int32_t *pre_n;
-	unsigned *err;
 };
 
 /* one step of the warp's reduce-scatter of 2N values: the lane keeps the half its bit o selects,
@@ -81,8 +74,7 @@ template <int N> __device__ __forceinline__ void m7_rs_step(float *acc, int lane
 	}
 }
 
-template <bool F32, bool PRE = false>
-__global__ void __launch_bounds__(M7_THREADS, 1) mla_dec7_pv_kernel(m7_args a)
+template <bool F32> __global__ void __launch_bounds__(M7_THREADS, 1) mla_dec7_pv_kernel(m7_args a)
 {
 	constexpr int NO = M7_HG * M7_CB; /* outputs a block: 32 */
 	constexpr int TPH = M7_THREADS / M7_HG; /* threads a head in the tile combine: 64, 2 tiles each */
@@ -106,12 +98,11 @@ __global__ void __launch_bounds__(M7_THREADS, 1) mla_dec7_pv_kernel(m7_args a)
 	a.ml = kdep_after(a.ml);
 	a.sel = kdep_after(a.sel);
 	a.n_keys = kdep_after(a.n_keys);
-	a.pre = kdep_after(a.pre);
 	if (!a.early)
 		tbl = kmla_pool_table(a.pool, tbl_s, row, M7_THREADS);
 
 	/* one round trip: the key count, this thread's entries, its keys' e^(s - m_t) of the 8 heads,
-	 * and two tiles' (m_t, sum) of head tid / 64 (gather mode: the entries, then their scores) */
+	 * and two tiles' (m_t, sum) of head tid / 64 */
 	const int64_t nk_raw = a.n_keys ? (int64_t)a.n_keys[row] : a.pos0 + row + 1;
 	const int j0 = 4 * tid; /* this thread's keys: j0 .. j0 + 3, all in tile j0 / kb */
 	int32_t pos[M7_KPT];
@@ -122,54 +113,27 @@ __global__ void __launch_bounds__(M7_THREADS, 1) mla_dec7_pv_kernel(m7_args a)
 		if (a.sel)
 			pos[i] = j < a.ld_sel && j < a.max_keys ? a.sel[row * a.ld_sel + j] : -1;
 	}
+	float s[M7_HG][M7_KPT]; /* e^(s - m_t), then p = e^(s - M) */
+#pragma unroll
+	for (int h = 0; h < M7_HG; h++) {
+		float4 v4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+		if (h < hv && j0 < a.ld_sc)
+			v4 = __ldcg((const float4 *)(a.sc + (row * a.H + h0 + h) * a.ld_sc + j0));
+		s[h][0] = v4.x;
+		s[h][1] = v4.y;
+		s[h][2] = v4.z;
+		s[h][3] = v4.w;
+	}
 	const int nk = (int)(nk_raw < 0 ? 0 : nk_raw > a.max_keys ? a.max_keys : nk_raw);
-	float s[M7_HG][M7_KPT]; /* e^(s - m_t), then p = e^(s - M) (gather mode: s, then p) */
-	bool ok[M7_KPT]; /* key j0 + i is in the list (gather mode: and its scores exist) */
-	float2 tl[2];
 	const int ntl = (nk + a.kb - 1) / a.kb; /* tiles with keys (<= M7_TMAX) */
 	const int hc = tid / TPH, t0 = tid % TPH; /* combine: head hc, tiles t0 and t0 + 64 */
-	if constexpr (PRE) {
-		/* the launch counts what launch 1 counts in the other mode (once a row): a bad key
-		 * count, and entries outside the positions the scores were computed for */
-		const int64_t dn_raw = a.pre_n ? (int64_t)a.pre_n[row] : a.pos0 + row + 1;
-		const int64_t dn = dn_raw < 0 ? 0 : dn_raw > a.ld_pre ? a.ld_pre : dn_raw;
-		const bool counter = blockIdx.x == 0 && h0 == 0;
-		if (counter && tid == 0 && (nk_raw < 0 || nk_raw > a.max_keys))
-			atomicAdd(a.err, 1u);
+	float2 tl[2];
 #pragma unroll
-		for (int i = 0; i < M7_KPT; i++) {
-			ok[i] = j0 + i < nk && pos[i] >= 0 && pos[i] < dn;
-			if (counter && j0 + i < nk && !ok[i])
-				atomicAdd(a.err, 1u);
-		}
-#pragma unroll
-		for (int h = 0; h < M7_HG; h++) {
-			const float *ph = a.pre + (row * a.H + h0 + (h < hv ? h : 0)) * a.ld_pre;
-#pragma unroll
-			for (int i = 0; i < M7_KPT; i++)
-				s[h][i] = h < hv && ok[i] ? __ldcg(ph + pos[i]) : -INFINITY;
-		}
-	} else {
-#pragma unroll
-		for (int h = 0; h < M7_HG; h++) {
-			float4 v4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-			if (h < hv && j0 < a.ld_sc)
-				v4 = __ldcg((const float4 *)(a.sc + (row * a.H + h0 + h) * a.ld_sc + j0));
-			s[h][0] = v4.x;
-			s[h][1] = v4.y;
-			s[h][2] = v4.z;
-			s[h][3] = v4.w;
-		}
-#pragma unroll
-		for (int i = 0; i < M7_KPT; i++)
-			ok[i] = j0 + i < nk;
-#pragma unroll
-		for (int u = 0; u < 2; u++) {
-			const int t = t0 + TPH * u;
-			tl[u] = make_float2(-INFINITY, 0.0f);
-			if (hc < hv && t < ntl)
-				tl[u] = __ldcg(a.ml + (row * a.H + h0 + hc) * a.ld_t + t);
-		}
+	for (int u = 0; u < 2; u++) {
+		const int t = t0 + TPH * u;
+		tl[u] = make_float2(-INFINITY, 0.0f);
+		if (hc < hv && t < ntl)
+			tl[u] = __ldcg(a.ml + (row * a.H + h0 + hc) * a.ld_t + t);
 	}
 	__syncthreads(); /* tbl_s */
 
@@ -180,7 +144,7 @@ __global__ void __launch_bounds__(M7_THREADS, 1) mla_dec7_pv_kernel(m7_args a)
 		uint4 w[M7_KPT];
 #pragma unroll
 		for (int i = 0; i < M7_KPT; i++) {
-			const uint8_t *p = ok[i] ? kmla_pool_row(a.pool, tbl_s, tbl, pos[i]) : NULL;
+			const uint8_t *p = j0 + i < nk ? kmla_pool_row(a.pool, tbl_s, tbl, pos[i]) : NULL;
 			w[i] = make_uint4(0, 0, 0, 0);
 			if (p) {
 				if constexpr (F32) {
@@ -208,99 +172,47 @@ __global__ void __launch_bounds__(M7_THREADS, 1) mla_dec7_pv_kernel(m7_args a)
 		}
 	}
 
-	float acc[NO];
-	float psum[M7_HG]; /* gather mode: this thread's sums of p a head */
-	if constexpr (PRE) {
-		/* M = the head's largest score over the row's keys (NaN scores skipped by fmaxf; they
-		 * still reach the output through their p, as on the CPU): the warps' maxima to
-		 * shared memory, then every warp combines them (lane l: head l % 8, warps 4 (l / 8) ..
-		 * + 3) without a second barrier */
-		float *mx_s = f_s; /* [WARPS][HG] */
-		float mh[M7_HG];
+	/* the tiles combined: M = max m_t of the head (two warps a head), f_t = e^(m_t - M) (a tile
+	 * without a valid key, sum 0, gets 0), L = sum f_t sum_t */
+	float mx = fmaxf(tl[0].y > 0.0f ? tl[0].x : -INFINITY, tl[1].y > 0.0f ? tl[1].x : -INFINITY);
 #pragma unroll
-		for (int h = 0; h < M7_HG; h++) {
-			float m = fmaxf(fmaxf(s[h][0], s[h][1]), fmaxf(s[h][2], s[h][3]));
+	for (int o = 16; o > 0; o >>= 1)
+		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+	if (lane == 0)
+		wx_s[warp] = mx;
+	__syncthreads(); /* wx_s */
+	const float M = fmaxf(wx_s[2 * hc], wx_s[2 * hc + 1]);
+	float ls = 0.0f;
 #pragma unroll
-			for (int o = 16; o > 0; o >>= 1)
-				m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-			mh[h] = m;
-		}
-		if (lane == 0)
+	for (int u = 0; u < 2; u++) {
+		const int t = t0 + TPH * u;
+		/* a NaN sum (a NaN score in the tile) keeps its weight: the NaN reaches the output, as on
+		 * the CPU, instead of the tile being dropped */
+		const float f = !(tl[u].y <= 0.0f) ? expf(tl[u].x - M) : 0.0f;
+		if (t < M7_TMAX)
+			f_s[hc * M7_TMAX + t] = f;
+		ls = fmaf(f, tl[u].y, ls);
+	}
 #pragma unroll
-			for (int h = 0; h < M7_HG; h++)
-				mx_s[warp * M7_HG + h] = mh[h];
-		__syncthreads(); /* mx_s */
-		{
-			const int w0 = 4 * (lane >> 3), hh = lane & 7;
-			float m = fmaxf(fmaxf(mx_s[w0 * M7_HG + hh], mx_s[(w0 + 1) * M7_HG + hh]),
-			                fmaxf(mx_s[(w0 + 2) * M7_HG + hh], mx_s[(w0 + 3) * M7_HG + hh]));
-			m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
-			m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
-#pragma unroll
-			for (int h = 0; h < M7_HG; h++)
-				mh[h] = __shfl_sync(0xffffffffu, m, h);
-		}
-		/* p = e^(s - M) (0 for a missing key, or when the head has no key with a score) */
-#pragma unroll
-		for (int h = 0; h < M7_HG; h++) {
-			psum[h] = 0.0f;
-#pragma unroll
-			for (int i = 0; i < M7_KPT; i++) {
-				s[h][i] = mh[h] == -INFINITY || !ok[i] ? 0.0f : expf(s[h][i] - mh[h]);
-				psum[h] += s[h][i];
-			}
-#pragma unroll
-			for (int c = 0; c < M7_CB; c++) {
-				float r = 0.0f;
-#pragma unroll
-				for (int i = 0; i < M7_KPT; i++)
-					r = fmaf(s[h][i], vf[i][c], r);
-				acc[h * M7_CB + c] = r;
-			}
-		}
-	} else {
-		/* the tiles combined: M = max m_t of the head (two warps a head), f_t = e^(m_t - M) (a
-		 * tile without a valid key, sum 0, gets 0), L = sum f_t sum_t */
-		float mx = fmaxf(tl[0].y > 0.0f ? tl[0].x : -INFINITY, tl[1].y > 0.0f ? tl[1].x : -INFINITY);
-#pragma unroll
-		for (int o = 16; o > 0; o >>= 1)
-			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-		if (lane == 0)
-			wx_s[warp] = mx;
-		__syncthreads(); /* wx_s */
-		const float M = fmaxf(wx_s[2 * hc], wx_s[2 * hc + 1]);
-		float ls = 0.0f;
-#pragma unroll
-		for (int u = 0; u < 2; u++) {
-			const int t = t0 + TPH * u;
-			/* a NaN sum (a NaN score in the tile) keeps its weight: the NaN reaches the
-			 * output, as on the CPU, instead of the tile being dropped */
-			const float f = !(tl[u].y <= 0.0f) ? expf(tl[u].x - M) : 0.0f;
-			if (t < M7_TMAX)
-				f_s[hc * M7_TMAX + t] = f;
-			ls = fmaf(f, tl[u].y, ls);
-		}
-#pragma unroll
-		for (int o = 16; o > 0; o >>= 1)
-			ls += __shfl_xor_sync(0xffffffffu, ls, o);
-		if (lane == 0)
-			ls_s[warp] = ls;
-		__syncthreads(); /* f_s, ls_s */
+	for (int o = 16; o > 0; o >>= 1)
+		ls += __shfl_xor_sync(0xffffffffu, ls, o);
+	if (lane == 0)
+		ls_s[warp] = ls;
+	__syncthreads(); /* f_s, ls_s */
 
-		/* PV over this thread's keys: acc[h * 4 + c], p = e^(s - m_t) f_t (0 past the key
-		 * count) */
-		const int tk = j0 / a.kb;
+	/* PV over this thread's keys: acc[h * 4 + c], p = e^(s - m_t) f_t (0 past the key count) */
+	const int tk = j0 / a.kb;
+	float acc[NO];
 #pragma unroll
-		for (int h = 0; h < M7_HG; h++) {
-			const float f = tk < ntl ? f_s[h * M7_TMAX + tk] : 0.0f;
+	for (int h = 0; h < M7_HG; h++) {
+		const float f = tk < ntl ? f_s[h * M7_TMAX + tk] : 0.0f;
 #pragma unroll
-			for (int c = 0; c < M7_CB; c++) {
-				float r = 0.0f;
+		for (int c = 0; c < M7_CB; c++) {
+			float r = 0.0f;
 #pragma unroll
-				for (int i = 0; i < M7_KPT; i++)
-					r = fmaf(ok[i] ? s[h][i] : 0.0f, vf[i][c], r);
-				acc[h * M7_CB + c] = r * f;
-			}
+			for (int i = 0; i < M7_KPT; i++)
+				r = fmaf(j0 + i < nk ? s[h][i] : 0.0f, vf[i][c], r);
+			acc[h * M7_CB + c] = r * f;
 		}
 	}
 	/* butterfly reduce-scatter over the warp: at the end lane l holds output l */
@@ -311,35 +223,14 @@ __global__ void __launch_bounds__(M7_THREADS, 1) mla_dec7_pv_kernel(m7_args a)
 	m7_rs_step<2>(acc, lane, 2);
 	m7_rs_step<1>(acc, lane, 1);
 	red_s[warp * NO + lane] = acc[0];
-	float *lw_s = f_s + M7_WARPS * M7_HG; /* gather mode: [WARPS][HG] the warps' sums of p */
-	if constexpr (PRE) {
-#pragma unroll
-		for (int h = 0; h < M7_HG; h++) {
-			float t = psum[h];
-#pragma unroll
-			for (int o = 16; o > 0; o >>= 1)
-				t += __shfl_xor_sync(0xffffffffu, t, o);
-			psum[h] = t;
-		}
-		if (lane == 0)
-#pragma unroll
-			for (int h = 0; h < M7_HG; h++)
-				lw_s[warp * M7_HG + h] = psum[h];
-	}
 	__syncthreads();
 	if (tid < NO) {
 		const int h = tid / M7_CB, c = tid % M7_CB;
-		float r = 0.0f, L = 0.0f;
+		float r = 0.0f;
 #pragma unroll
 		for (int w = 0; w < M7_WARPS; w++)
 			r += red_s[w * NO + tid];
-		if constexpr (PRE) {
-#pragma unroll
-			for (int w = 0; w < M7_WARPS; w++)
-				L += lw_s[w * M7_HG + h];
-		} else {
-			L = ls_s[2 * h] + ls_s[2 * h + 1];
-		}
+		const float L = ls_s[2 * h] + ls_s[2 * h + 1];
 		if (h < hv && c0 + c < a.C)
 			a.out[(row * a.H + h0 + h) * (int64_t)a.C + c0 + c] = !(L <= 0.0f) ? r / L : 0.0f;
 	}
@@ -349,7 +240,6 @@ __global__ void __launch_bounds__(M7_THREADS, 1) mla_dec7_pv_kernel(m7_args a)
  * which kernel took a call) */
 extern "C" {
 unsigned long long kmla_dec7_launches = 0;
-unsigned long long kmla_dec7_pre_launches = 0; /* of them in gather mode (one launch) */
 int kmla_dec7_default_on = 1;
 }
 
@@ -409,21 +299,18 @@ int kmla_dec7_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
 	const int kb = kmla_dec6_kb(kv->bf16);
 	const int64_t ld_t = (rows->max_keys + kb - 1) / kb;
 	const size_t sc_bytes = (size_t)rows->n_q * (size_t)H * (size_t)ld_s * sizeof(float);
-	/* gather mode: the scores came ahead (kcuda_mla_pre_scores), for top-k rows only */
-	const bool pre = rows->pre_sc && rows->sel && rows->ld_pre >= 1;
-	if (!pre && (ld_t > M7_TMAX || sc_bytes + (size_t)rows->n_q * (size_t)H * (size_t)ld_t * sizeof(float2) >
-	                                   c->ws_bytes))
+	if (ld_t > M7_TMAX ||
+	    sc_bytes + (size_t)rows->n_q * (size_t)H * (size_t)ld_t * sizeof(float2) > c->ws_bytes)
 		return ERR_UNSUPPORTED;
 	const int tbl_n = rows->ld_blocks <= M7_TBL_MAX ? (int)rows->ld_blocks : 0;
 	const size_t smem = m7_smem(tbl_n);
 	const bool f32 = !kv->bf16;
-	void (*fn)(m7_args) = pre ? (f32 ? mla_dec7_pv_kernel<true, true> : mla_dec7_pv_kernel<false, true>)
-	                          : (f32 ? mla_dec7_pv_kernel<true> : mla_dec7_pv_kernel<false>);
+	void (*fn)(m7_args) = f32 ? mla_dec7_pv_kernel<true> : mla_dec7_pv_kernel<false>;
 
 	float *sc = (float *)c->ws;
 	float2 *ml = (float2 *)((uint8_t *)c->ws + sc_bytes); /* 16-byte aligned: ld_s % 4 == 0 */
-	int rc = 0;
-	if (!pre && (rc = kmla_dec6_scores(c, kv, rows, q, H, C, scale, sc, ld_s, ml, ld_t, kb)))
+	int rc = kmla_dec6_scores(c, kv, rows, q, H, C, scale, sc, ld_s, ml, ld_t, kb);
+	if (rc)
 		return rc; /* ERR_UNSUPPORTED: nothing launched, the caller takes the next kernel */
 
 	m7_args a;
@@ -444,15 +331,9 @@ int kmla_dec7_launch(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const 
 	a.C = (int)C;
 	a.n_hg = (int)n_hg;
 	a.out = out;
-	a.pre = pre ? rows->pre_sc : NULL;
-	a.ld_pre = rows->ld_pre;
-	a.pre_n = rows->pre_n;
-	a.err = c->err_dev;
 	const dim3 grid((unsigned)(C / M7_CB), (unsigned)(rows->n_q * n_hg));
-	rc = klaunch(pre ? "mla_dec7_pv_pre" : "mla_dec7_pv", fn, grid, dim3(M7_THREADS), smem, c->stream, a);
-	if (!rc) {
+	rc = klaunch("mla_dec7_pv", fn, grid, dim3(M7_THREADS), smem, c->stream, a);
+	if (!rc)
 		kmla_dec7_launches++;
-		kmla_dec7_pre_launches += pre;
-	}
 	return rc;
 }

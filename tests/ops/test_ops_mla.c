@@ -20,10 +20,7 @@
  * and a bad position its output must equal the CPU over the keys left. Then three sets for mla_attn_dec7.cu
  * (TANDEM_MLA_DEC_V=7 TANDEM_MLA_DEC=65535: scores by dec6's kernel in scores mode, then softmax + PV split
  * over the channels; 16- and 32-key score tiles, the tables read after the wait): it must take every case of
- * at most 2048 keys a row in its two launches, the rows-without-keys cases included. Last, dec7 with the
- * sparse decode rows' scores computed ahead (kcuda_mla_pre_scores over each row's whole context, checked
- * against the CPU's dot products, handed over in kcuda_attn_rows.pre_sc): one launch of its gather mode,
- * the bad block and bad position cases included (TANDEM_OPS_MLA_ONLY=pre runs this set alone). TANDEM_OPS_SMALL=1 keeps
+ * at most 2048 keys a row in its two launches, the rows-without-keys cases included. TANDEM_OPS_SMALL=1 keeps
  * the contexts up to ~4k (for compute-sanitizer runs); TANDEM_OPS_QUICK=1 the same plus the sparse 32k cases
  * (unless SMALL is set too), without the ref kernels and with the split kernel on the GLM-5 / DeepSeek-V3
  * shapes only. Exit 77 = no GPU (skip). */
@@ -57,11 +54,6 @@ static int expect_dec6;
 extern unsigned long long kmla_dec7_launches;
 extern int kmla_dec7_default_on;
 static int expect_dec7;
-/* the mode that computes every key's score ahead (kcuda_mla_pre_scores) and hands them to the
- * attention (kcuda_attn_rows.pre_sc) for sparse decode rows: mla_dec7 must then gather them, in ONE
- * launch of its gather mode */
-extern unsigned long long kmla_dec7_pre_launches;
-static int pre_mode;
 
 struct pool {
 	int bf16;
@@ -124,33 +116,6 @@ static int rand_sel(int n, int K, int32_t *out, float *tmp)
 	return kcpu_topk(tmp, n, K, out);
 }
 
-/* kcuda_mla_pre_scores over the rows' whole key ranges (d_lens) into d_pre [n_q][H][ldp], which is
- * first filled with NaN so that a gathered entry the kernel did not write shows in the output. 0:
- * done; 1: declined (reported); -1: failed (a check failed). */
-static int pre_scores_run(const char *name, const struct kcuda_kv_view *kv, const struct kcuda_attn_rows *rows,
-                          const int32_t *d_lens, int max_len, const void *d_q, int64_t H, int64_t C, float scale,
-                          float *d_pre, int64_t ldp)
-{
-	struct kcuda_attn_rows rd = *rows;
-	rd.n_keys = d_lens;
-	rd.pos0 = 0;
-	rd.sel = NULL;
-	rd.ld_sel = 0;
-	rd.max_keys = max_len > 0 ? max_len : 1;
-	rd.pre_sc = NULL;
-	if (kcuda_memset(ctx, d_pre, 0xff, sizeof(float) * (size_t)(rows->n_q * H * ldp))) {
-		OPS_CHECK(0, "%s: pre-scores memset", name);
-		return -1;
-	}
-	const int rc = kcuda_mla_pre_scores(ctx, kv, &rd, d_q, H, C, scale, d_pre, ldp);
-	if (rc == ERR_UNSUPPORTED && ops_smem_small()) {
-		printf("  %s: pre-scores declined (sm_120-class shared memory)\n", name);
-		return 1;
-	}
-	OPS_CHECK(rc == 0, "%s: kcuda_mla_pre_scores rc %d", name, rc);
-	return rc ? -1 : 0;
-}
-
 struct mcase {
 	const char *name;
 	int bf16, H, C, R;
@@ -190,12 +155,7 @@ static void run_case(const struct mcase *mc)
 	      *got = malloc(sizeof(float) * (size_t)(n_q * H * C));
 	float *sc = malloc(sizeof(float) * (size_t)max_len);
 	const void **keys = malloc(sizeof(void *) * (size_t)max_len);
-	void *d_tbl = NULL, *d_sel = NULL, *d_nk = NULL, *d_qseq = NULL, *d_q = NULL, *d_lens = NULL,
-	     *d_pre = NULL;
-	/* pre mode: sparse decode rows get their scores ahead (ld: a multiple of 4, as the backend's) */
-	const int use_pre = pre_mode && K > 0 && !prefill;
-	const int64_t ldp = ((int64_t)(max_len > 0 ? max_len : 1) + 3) / 4 * 4;
-	int pre = 0; /* the scores are in d_pre and the call hands them over */
+	void *d_tbl = NULL, *d_sel = NULL, *d_nk = NULL, *d_qseq = NULL, *d_q = NULL;
 	struct ops_dbuf ob = {0};
 	if (pool_init(&p, mc->bf16, dim, n_blocks)) {
 		OPS_CHECK(0, "%s: pool allocation", mc->name);
@@ -259,66 +219,7 @@ static void run_case(const struct mcase *mc)
 	    .ld_sel = ld_sel,
 	    .max_keys = K > 0 && K < max_len ? K : max_len,
 	};
-	if (use_pre) {
-		if (kcuda_alloc(sizeof(int32_t) * (size_t)n_q, &d_lens) ||
-		    kcuda_alloc(sizeof(float) * (size_t)(n_q * H * ldp), &d_pre)) {
-			OPS_CHECK(0, "%s: pre-scores allocation", mc->name);
-			goto out;
-		}
-		kcuda_upload(ctx, d_lens, lens, sizeof(int32_t) * (size_t)n_q);
-		const int pr = pre_scores_run(mc->name, &kv, &rows, d_lens, max_len, d_q, H, C, scale, d_pre, ldp);
-		if (pr < 0)
-			goto out;
-		pre = pr == 0;
-		if (pre) { /* every score against the CPU's (double sums; the tolerance scales with the sum of
-		            * |q k| terms, so cancellation does not make it tight) */
-			float *hs = malloc(sizeof(float) * (size_t)(n_q * H * ldp));
-			double worst = 0;
-			int64_t bad = 0;
-			if (!hs || kcuda_sync(ctx) || kcuda_download(ctx, hs, d_pre, sizeof(float) * (size_t)(n_q * H * ldp))) {
-				OPS_CHECK(0, "%s: pre-scores download", mc->name);
-				free(hs);
-				goto out;
-			}
-			for (int64_t i = 0; i < n_q; i++) {
-				const int32_t *t = tbl + (size_t)qseq[i] * ld_blocks;
-				for (int j = 0; j < lens[i]; j++) {
-					const uint8_t *kr = pool_row(&p, t, j);
-					for (int64_t h = 0; h < H; h++) {
-						const float *qh = q + (i * H + h) * dim;
-						double d = 0, a = 0;
-						for (int64_t e = 0; e < dim; e++) {
-							float kv_e;
-							if (p.bf16) {
-								const uint32_t u = (uint32_t)((const uint16_t *)kr)[e] << 16;
-								memcpy(&kv_e, &u, 4);
-							} else {
-								memcpy(&kv_e, kr + 4 * e, 4);
-							}
-							d += (double)qh[e] * kv_e;
-							a += fabs((double)qh[e] * kv_e);
-						}
-						const double g = hs[(i * H + h) * ldp + j], r = d * scale;
-						const double err = fabs(g - r) / (a * scale + 1e-30);
-						if (!(err <= 1e-5)) {
-							if (bad++ < 3)
-								printf("  %s: pre-score row %lld head %lld key %d: gpu %.8g cpu %.8g\n",
-								       mc->name, (long long)i, (long long)h, j, g, r);
-						}
-						worst = err > worst ? err : worst;
-					}
-				}
-			}
-			OPS_CHECK(bad == 0, "%s: %lld pre-scores off (worst %.3g of sum |q k|)", mc->name, (long long)bad,
-			          worst);
-			free(hs);
-			rows.pre_sc = d_pre;
-			rows.ld_pre = ldp;
-			rows.pre_n = d_lens;
-		}
-	}
-	const unsigned long long l0 = kcuda_n_launch, d60 = kmla_dec6_launches, d70 = kmla_dec7_launches,
-	                         dp0 = kmla_dec7_pre_launches;
+	const unsigned long long l0 = kcuda_n_launch, d60 = kmla_dec6_launches, d70 = kmla_dec7_launches;
 	int rc = kcuda_mla_attn(ctx, &kv, &rows, d_q, H, C, R, scale, ob.user);
 	OPS_CHECK(rc == 0, "%s: kcuda_mla_attn rc %d", mc->name, rc);
 	/* mla_dec7 must take every case of at most 2048 keys a row where its mode selects it, in its
@@ -328,11 +229,10 @@ static void run_case(const struct mcase *mc)
 	/* (with sm_120's shared memory, ops_smem_small, the fp32 pools decline: reported, not failed) */
 	const int small = ops_smem_small();
 	if (want7) {
-		OPS_CHECK((kcuda_n_launch - l0 == (pre ? 1u : 2u) && kmla_dec7_launches - d70 == 1 &&
-		           kmla_dec7_pre_launches - dp0 == (pre ? 1u : 0u)) ||
+		OPS_CHECK((kcuda_n_launch - l0 == 2 && kmla_dec7_launches - d70 == 1) ||
 		              (small && kmla_dec7_launches == d70),
-		          "%s: %llu launches, %llu of mla_dec7, %llu in gather mode (it declined)", mc->name,
-		          kcuda_n_launch - l0, kmla_dec7_launches - d70, kmla_dec7_pre_launches - dp0);
+		          "%s: %llu launches, %llu of mla_dec7 (it declined)", mc->name, kcuda_n_launch - l0,
+		          kmla_dec7_launches - d70);
 		if (small && kmla_dec7_launches == d70)
 			printf("  %s: mla_dec7 declined (sm_120-class shared memory)\n", mc->name);
 	} else if (!expect_dec7)
@@ -481,10 +381,6 @@ static void run_case(const struct mcase *mc)
 		int32_t badblk = (int32_t)n_blocks + 7;
 		const int bi = K > 0 ? sel[0] / BT : 0;
 		kcuda_upload(ctx, (char *)d_tbl + sizeof(int32_t) * (size_t)bi, &badblk, sizeof(int32_t));
-		/* pre mode: the scores ahead see the same table (as in the step); they count the bad
-		 * block too */
-		if (pre && pre_scores_run(mc->name, &kv, &rows, d_lens, max_len, d_q, H, C, scale, d_pre, ldp))
-			goto out;
 		rc = kcuda_mla_attn(ctx, &kv, &rows, d_q, H, C, R, scale, ob.user);
 		nbad = 0;
 		OPS_CHECK(rc == 0 && kcuda_sync(ctx) == 0 && kcuda_ctx_take_errors(ctx, &nbad) == 0 &&
@@ -544,8 +440,6 @@ out:
 	kcuda_free(d_nk);
 	kcuda_free(d_qseq);
 	kcuda_free(d_q);
-	kcuda_free(d_lens);
-	kcuda_free(d_pre);
 	pool_fini(&p);
 	free(lens);
 	free(tbl);
@@ -576,15 +470,6 @@ static void test_args(void)
 	kv.dim = 576;
 	OPS_CHECK(kcuda_mla_attn(ctx, &kv, &rows, NULL, 16, 512, 64, 1.0f, (float *)16) == -EINVAL,
 	          "NULL q accepted");
-	/* the scores ahead: dense rows only, room for every key */
-	OPS_CHECK(kcuda_mla_pre_scores(ctx, &kv, &rows, (float *)16, 16, 512, 1.0f, (float *)16, 0) == -EINVAL,
-	          "pre-scores: ld_sc < max_keys accepted");
-	OPS_CHECK(kcuda_mla_pre_scores(ctx, &kv, &rows, NULL, 16, 512, 1.0f, (float *)16, 4) == -EINVAL,
-	          "pre-scores: NULL q accepted");
-	rows.sel = (int32_t *)16;
-	rows.ld_sel = 1;
-	OPS_CHECK(kcuda_mla_pre_scores(ctx, &kv, &rows, (float *)16, 16, 512, 1.0f, (float *)16, 4) == -EINVAL,
-	          "pre-scores: a top-k list accepted");
 }
 
 /* PDL ordering: the producers of what the kernel reads run right before it on the same stream: the
@@ -881,7 +766,6 @@ int main(void)
 		M_D7,
 		M_D7K32,
 		M_D7LATE,
-		M_D7PRE,
 		M_N
 	};
 	static const char *const mode_name[M_N] = {
@@ -900,14 +784,9 @@ int main(void)
 	    "dec7 everywhere, 32-key score tiles (TANDEM_MLA_DEC_V=7 TANDEM_MLA_DEC=65535 "
 	    "TANDEM_MLA_DEC6_KB=32)",
 	    "dec7 everywhere, tables after the wait (TANDEM_MLA_DEC_V=7 TANDEM_MLA_DEC=65535 "
-	    "TANDEM_MLA_DEC6_EARLY=0)",
-	    "dec7 everywhere, sparse rows' scores ahead (TANDEM_MLA_DEC_V=7 TANDEM_MLA_DEC=65535, "
-	    "kcuda_mla_pre_scores)"};
-	/* TANDEM_OPS_MLA_ONLY=pre: only the scores-ahead set (a size for compute-sanitizer) */
-	const char *only = getenv("TANDEM_OPS_MLA_ONLY");
-	const int only_pre = only && strcmp(only, "pre") == 0;
+	    "TANDEM_MLA_DEC6_EARLY=0)"};
 	for (int mode = 0; mode < M_N; mode++) {
-		if ((quick && mode == M_REF) || (only_pre && mode != M_D7PRE))
+		if (quick && mode == M_REF)
 			continue;
 		unsetenv("TANDEM_CUDA_ATTN");
 		unsetenv("TANDEM_MLA_DEC");
@@ -917,8 +796,7 @@ int main(void)
 		unsetenv("TANDEM_MLA_DEC6_EARLY");
 		unsetenv("TANDEM_MLA_STACK");
 		const int d6 = mode == M_D6 || mode == M_D6K32 || mode == M_D6T3 || mode == M_D6LATE;
-		const int d7 = mode == M_D7 || mode == M_D7K32 || mode == M_D7LATE || mode == M_D7PRE;
-		pre_mode = mode == M_D7PRE;
+		const int d7 = mode == M_D7 || mode == M_D7K32 || mode == M_D7LATE;
 		if (d6 || d7) {
 			setenv("TANDEM_MLA_DEC_V", d7 ? "7" : "6", 1);
 			setenv("TANDEM_MLA_DEC", "65535", 1);
@@ -970,7 +848,6 @@ int main(void)
 		}
 		test_args();
 	}
-	pre_mode = 0;
 	unsetenv("TANDEM_CUDA_ATTN");
 	unsetenv("TANDEM_MLA_DEC");
 	unsetenv("TANDEM_MLA_DEC_V");
