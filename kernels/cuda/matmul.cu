@@ -26,6 +26,18 @@
  * (<= 67 TFLOP/s peak on an H200); the tile kernel is as exact and faster at every n_tok, so it
  * takes all of them for quantized weights. Measurements should replace these estimates. */
 #define MM_TILE_MAX_TOK 16
+/* TANDEM_TILE_MAX_TOK (read once; 8..4096): the most tokens a quantized product takes the tile kernel
+ * for, default MM_TILE_MAX_TOK (cuBLAS above) */
+static int64_t mm_tile_max_tok(void)
+{
+	static int64_t v = 0;
+	if (!v) {
+		const char *e = getenv("TANDEM_TILE_MAX_TOK");
+		const long x = e && *e ? strtol(e, NULL, 10) : MM_TILE_MAX_TOK;
+		v = x >= 8 && x <= 4096 ? x : MM_TILE_MAX_TOK;
+	}
+	return v;
+}
 
 extern "C" int kcuda_matmul_path(struct kcuda_ctx *c, enum kcuda_mm_path path, const struct kweight *w,
                                  const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy)
@@ -63,7 +75,7 @@ extern "C" int kcuda_matmul_path(struct kcuda_ctx *c, enum kcuda_mm_path path, c
 	 * the fp32 GEMV, so it serves the fp32 path at any n_tok too (crossover above). An explicit
 	 * KCUDA_MM_GEMM stays on cuBLAS (tests, benchmarks). */
 	if ((path == KCUDA_MM_F32 ||
-	     (path == KCUDA_MM_GEMM && path_in == KCUDA_MM_AUTO && n_tok <= MM_TILE_MAX_TOK)) &&
+	     (path == KCUDA_MM_GEMM && path_in == KCUDA_MM_AUTO && n_tok <= mm_tile_max_tok())) &&
 	    n_tok <= INT32_MAX && kcuda_mm_mma_enabled()) {
 		int rc = kcuda_mm_tile_launch(c, w, w->row_bytes * (size_t)w->n_out, 1, x, ldx, 0, (int)n_tok,
 		                              y, ldy, 0, true);

@@ -40,6 +40,13 @@ static const int types[] = {KT_Q8_0, KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_BF16, KT_F32,
  * (kernels/cuda/matmul_tile.cu), which is as exact as the fp32 GEMV (weights exact, x as fp16
  * hi + lo): held to the GEMV tolerance, not the bf16 one. MM_TILE_MAX_TOK of matmul.cu. */
 #define TILE_MAX_TOK 16
+/* TANDEM_TILE_MAX_TOK moves that limit (matmul.cu reads it with the same rules) */
+static int64_t tile_max_tok(void)
+{
+	const char *e = getenv("TANDEM_TILE_MAX_TOK");
+	const long x = e && *e ? strtol(e, NULL, 10) : TILE_MAX_TOK;
+	return x >= 8 && x <= 4096 ? x : TILE_MAX_TOK;
+}
 static bool mma_on(void)
 {
 	const char *e = getenv("TANDEM_GEMV_MMA");
@@ -104,7 +111,7 @@ static int run_case(struct kcuda_ctx *c, int type, int64_t n_in, int64_t n_out, 
 	                   (split_mode == 2 || (split_mode == 1 && n_tok >= KCUDA_SPLIT_MIN_TOK &&
 	                                        n_out >= KCUDA_SPLIT_MIN_OUT));
 	const bool tile = !split && mma_on() && !is_float_type(type) && n_tok > 8 &&
-	                  (path == KCUDA_MM_F32 || (path == KCUDA_MM_AUTO && n_tok <= TILE_MAX_TOK));
+	                  (path == KCUDA_MM_F32 || (path == KCUDA_MM_AUTO && n_tok <= tile_max_tok()));
 	const bool gemm =
 	    !tile && (path == KCUDA_MM_GEMM || (path == KCUDA_MM_AUTO && n_tok > 8 && type != KT_F32));
 	const char *lbl = split                            ? "split"
