@@ -119,6 +119,11 @@ struct be_cuda {
 	struct kprof_seg *gseg[N_BBUCKETS][N_CBUCKETS];
 	bool head_gemv; /* k_b / v_b of all heads in one launch (TANDEM_HEAD_GEMV=0: per head) */
 	bool multi_qb; /* q_b + idx_q_b as one launch before the query branch (TANDEM_MULTI_QB=1; off) */
+	/* products of one x one by one (past the multi kernel's tokens): up to par_n tokens the last
+	 * n_w - par_main of them on the side stream beside the first par_main (TANDEM_PAR_N, 0 off;
+	 * TANDEM_PAR_MAIN; 0: half of them, rounded up) */
+	int64_t par_n;
+	int par_main;
 	bool fuse; /* fused small ops (kernels/cuda/fused.h; TANDEM_FUSE=0: the parts one by one) */
 	/* idx_prep folded away (TANDEM_IDX_FOLD=0: off): the outputs of the last products (cu_matmul),
 	 * where mla_latent finds k_I and w_I; the layer whose k_I / w_I it did (fold_layer, checked by
@@ -681,6 +686,8 @@ static void cu_plan(void *ctx, const struct model_batch *b, struct mbe_step *st)
 	c->mode = c->m->opts.graphs == 2 ? 0 : c->graph[gb][gc] ? 2 : 1;
 }
 
+static void cu_branch_begin(void *ctx);
+static void cu_branch_end(void *ctx);
 static void cu_branch_join(void *ctx);
 
 /* The step's rows that the dense prompt path (kcuda_mla_dense) may take: maximal runs of one sequence at
@@ -995,6 +1002,25 @@ static void cu_matmul_n_run(struct be_cuda *c, int n_w, const struct kweight *co
 		rc = kcuda_matmul_multi(c->kc, n_w, seg, x, ldx, n_tok);
 	}
 	if (rc == ERR_UNSUPPORTED) {
+		/* one by one. At decode sizes the later half runs on the side stream beside the first:
+		 * they share only x, and the narrow ones (GLM-5's kv_a, idx_k, idx_proj at 9-128 tokens)
+		 * keep few SMs busy each (H200, session 21: GLM-5 batch 32 31.6-32.1 -> 29.5-29.7 ms with
+		 * q_a + kv_a | idx_k + idx_proj, 30.2-30.7 with q_a | the other three; DeepSeek-V3's
+		 * q_a | kv_a at batch 16 18.8 -> 18.2, 128 63.2 -> 61.1). cu_branch_begin declines while
+		 * profiling or inside a branch, and then they run in this order on the main stream */
+		const int m = c->par_main > 0 && c->par_main < n_w ? c->par_main
+		              : c->par_main > 0                    ? n_w
+		                                                   : (n_w + 1) / 2;
+		if (n_w >= 2 && m < n_w && n_tok <= c->par_n && c->branch == 0) {
+			cu_branch_begin(c);
+			for (int i = m; i < n_w; i++)
+				cu_matmul(ctx, w[i], x, ldx, n_tok, y[i], n_out[i]);
+			cu_branch_end(c);
+			for (int i = 0; i < m; i++)
+				cu_matmul(ctx, w[i], x, ldx, n_tok, y[i], n_out[i]);
+			cu_branch_join(c);
+			return;
+		}
 		for (int i = 0; i < n_w; i++)
 			cu_matmul(ctx, w[i], x, ldx, n_tok, y[i], n_out[i]);
 		return;
@@ -2096,6 +2122,13 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 	}
 	c->kc_main = c->kc;
 	c->q_layer = -1;
+	{
+		const char *pn = getenv("TANDEM_PAR_N"), *pm = getenv("TANDEM_PAR_MAIN");
+		c->par_n = pn && *pn ? strtoll(pn, NULL, 10) : GRAPH_MAX_BATCH;
+		c->par_main = pm && *pm ? (int)strtol(pm, NULL, 10) : 0;
+		if (c->par_main < 0)
+			c->par_main = 0;
+	}
 	const char *pe0 = getenv("TANDEM_PAR");
 	if (!(pe0 && strcmp(pe0, "0") == 0) && (rc = kcuda_ctx_create(dev, 0, &c->kc_side))) {
 		errbuf_set(e, rc, "backend cuda: cannot create the side-branch context on device %d", dev);
