@@ -1008,9 +1008,7 @@ static void cu_matmul_n_run(struct be_cuda *c, int n_w, const struct kweight *co
 		 * q_a + kv_a | idx_k + idx_proj, 30.2-30.7 with q_a | the other three; DeepSeek-V3's
 		 * q_a | kv_a at batch 16 18.8 -> 18.2, 128 63.2 -> 61.1). cu_branch_begin declines while
 		 * profiling or inside a branch, and then they run in this order on the main stream */
-		const int m = c->par_main > 0 && c->par_main < n_w ? c->par_main
-		              : c->par_main > 0                    ? n_w
-		                                                   : (n_w + 1) / 2;
+		const int m = c->par_main <= 0 ? (n_w + 1) / 2 : c->par_main < n_w ? c->par_main : n_w;
 		if (n_w >= 2 && m < n_w && n_tok <= c->par_n && c->branch == 0) {
 			cu_branch_begin(c);
 			for (int i = m; i < n_w; i++)

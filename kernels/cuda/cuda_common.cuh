@@ -256,6 +256,16 @@ static inline cudaError_t klaunch_max_clusters(const void *fn, dim3 cluster, dim
  * failing forward explains itself (the ops have no errbuf; the backend only sees the code). */
 #include <errno.h>
 #include <stdarg.h>
+/* an integer switch: getenv(name) when it parses into [lo, hi], else def (unset, empty, not a number or
+ * out of range). Callers that read it once keep the value themselves. */
+static inline long kcuda_env_long(const char *name, long lo, long hi, long def)
+{
+	const char *e = getenv(name);
+	if (!e || !*e)
+		return def;
+	const long x = strtol(e, NULL, 10);
+	return x >= lo && x <= hi ? x : def;
+}
 static inline int __attribute__((format(printf, 2, 3))) kcuda_bad_arg(const char *op, const char *fmt, ...)
 {
 	va_list ap;

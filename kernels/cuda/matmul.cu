@@ -31,11 +31,8 @@
 static int64_t mm_tile_max_tok(void)
 {
 	static int64_t v = 0;
-	if (!v) {
-		const char *e = getenv("TANDEM_TILE_MAX_TOK");
-		const long x = e && *e ? strtol(e, NULL, 10) : MM_TILE_MAX_TOK;
-		v = x >= 8 && x <= 4096 ? x : MM_TILE_MAX_TOK;
-	}
+	if (!v)
+		v = kcuda_env_long("TANDEM_TILE_MAX_TOK", 8, 4096, MM_TILE_MAX_TOK);
 	return v;
 }
 

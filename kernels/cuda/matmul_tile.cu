@@ -347,11 +347,8 @@ static int mt_launch(struct kcuda_ctx *c, dim3 grid, const struct kweight *w0, s
 static int64_t mt_split_chunks(void)
 {
 	static int64_t v = 0;
-	if (!v) {
-		const char *e = getenv("TANDEM_TILE_SPLIT_CH");
-		const long x = e && *e ? strtol(e, NULL, 10) : MT_SPLIT_CH_DEFAULT;
-		v = x >= 1 && x <= 1024 ? x : MT_SPLIT_CH_DEFAULT;
-	}
+	if (!v)
+		v = kcuda_env_long("TANDEM_TILE_SPLIT_CH", 1, 1024, MT_SPLIT_CH_DEFAULT);
 	return v;
 }
 
@@ -360,11 +357,8 @@ static int64_t mt_split_chunks(void)
 static int mt_split_max(void)
 {
 	static int v = 0;
-	if (!v) {
-		const char *e = getenv("TANDEM_TILE_SPLIT_MAX");
-		const long x = e && *e ? strtol(e, NULL, 10) : MT_SPLIT_MAX_DEFAULT;
-		v = x >= 2 && x <= MT_MAX_SPLIT ? (int)x : MT_SPLIT_MAX_DEFAULT;
-	}
+	if (!v)
+		v = (int)kcuda_env_long("TANDEM_TILE_SPLIT_MAX", 2, MT_MAX_SPLIT, MT_SPLIT_MAX_DEFAULT);
 	return v;
 }
 
