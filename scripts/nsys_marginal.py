@@ -5,6 +5,12 @@ docs/PERFORMANCE.md since session 9, as a script).
   nsys profile -o /tmp/p --cuda-graph-trace=node tandem bench ... --gen 12
   nsys stats --report cuda_gpu_trace --format csv -o /tmp/p /tmp/p.nsys-rep
   scripts/nsys_marginal.py /tmp/p_cuda_gpu_trace.csv [--tail 0.3] [--layers 78]
+or, where `nsys stats` is missing (the lent H200 has only the nsys bundled with Nsight Compute,
+/opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys, which leaves a .qdstrm: convert it with
+../linux-desktop-glibc_2_11_3-x64/QdstrmImporter -i /tmp/p.qdstrm (it needs libdw.so.1 and
+libelf.so.1, copied from Debian into the carry), then nsys export --type sqlite -o /tmp/p.sqlite
+/tmp/p.nsys-rep):
+  scripts/nsys_marginal.py /tmp/p.sqlite
 
 Only the last TAIL fraction of the kernels (the graph replays) counts. A kernel's marginal cost is its
 end minus the latest end of any kernel before it (by start time), floored at 0: under PDL kernels
@@ -14,6 +20,7 @@ marginal a layer (sum over the tail / layers / steps, where --steps is the numbe
 tail; unset: calls of the most frequent kernel / layers). Last: the busy time and the idle time
 (gaps with no kernel running) over the tail."""
 import csv
+import sqlite3
 import statistics
 import sys
 
@@ -25,13 +32,25 @@ def short(name):
     return n.replace('void ', '').strip()
 
 
+def sqlite_rows(path):
+    """the kernel rows of an `nsys export --type sqlite` file, keyed as in the csv report"""
+    db = sqlite3.connect(path)
+    names = dict(db.execute('select id, value from StringIds'))
+    cols = [c[1] for c in db.execute('pragma table_info(CUPTI_ACTIVITY_KIND_KERNEL)')]
+    nm = 'demangledName' if 'demangledName' in cols else 'shortName'
+    q = 'select start, end, %s, gridX, gridY, gridZ from CUPTI_ACTIVITY_KIND_KERNEL' % nm
+    for st, en, n, gx, gy, gz in db.execute(q):
+        yield {'Start (ns)': st, 'Duration (ns)': en - st, 'Name': names.get(n, '?'),
+               'GrdX': gx, 'GrdY': gy, 'GrdZ': gz}
+
+
 def main():
     args = sys.argv[1:]
     if not args:
         print(__doc__)
         return 2
     path = args[0]
-    tail, layers = 0.3, 78
+    tail, layers, steps_arg = 0.3, 78, None
     i = 1
     while i < len(args):
         if args[i] == '--tail':
@@ -40,12 +59,15 @@ def main():
         elif args[i] == '--layers':
             layers = int(args[i + 1])
             i += 2
+        elif args[i] == '--steps':
+            steps_arg = float(args[i + 1])
+            i += 2
         else:
             print('unknown argument', args[i])
             return 2
     rows = []
     with open(path, newline='') as f:
-        rd = csv.DictReader(f)
+        rd = csv.DictReader(f) if not path.endswith('.sqlite') else sqlite_rows(path)
         for r in rd:
             try:
                 st, du = int(r['Start (ns)']), int(r['Duration (ns)'])
@@ -73,7 +95,9 @@ def main():
         s[0].append(marg)
         s[1].append(en - st)
     top = max(len(v[0]) for v in stats.values())
-    steps = top / layers
+    # unset: the most frequent kernel's calls a layer; a kernel run twice a layer (GLM-5's two norms)
+    # halves the per-layer column, so pass --steps when the kernel mix is known
+    steps = steps_arg if steps_arg else top / layers
     print('%-40s %-14s %8s %8s %6s %9s' % ('kernel', 'grid', 'marg_us', 'dur_us', 'calls', 'us/layer'))
     out = []
     for (name, grid), (m, d) in stats.items():
