@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "kernels/cuda/k45_i8.cuh"
+#include "kernels/cuda/matmul_impl.cuh" /* g3_cp16 / g3_commit / g3_wait */
 #include "kernels/cuda/moe_mma.h"
 #include "kernels/cuda/moe_mma_units.cuh"
 #include "kernels/cuda/prof.h"
@@ -104,6 +105,7 @@ __device__ __forceinline__ void ms_lane_init(mm_stage<1> &st, const float *const
 #define MS_PF_ROWS 2 /* after the wait: the block's rows of its routed expert(s) at once */
 #define MS_PF_DOWN 4 /* gate / up: a 1 / gridDim.x share of the routed expert's down matrix */
 #define MS_I8 8 /* not a prefetch: one-token chunks of Q4_K / Q5_K on the int8 unit (k45_i8.cuh) */
+#define MS_XBLK 16 /* not a prefetch: those chunks' x parts staged once a block (TANDEM_MOE_XBLK) */
 
 /* One token's rows of a chunk on the int8 unit (k45_i8.cuh): units u0, u0 + du, ... < u1 of the
  * rows' super-blocks against x (xrow: the token's 256-element units), staged per unit in X (the
@@ -131,6 +133,46 @@ __device__ __forceinline__ void ms_rows_i8(float (&acc)[R][2], const uint8_t *co
 		mi8_k45_unit<T, R>(acc, w, X, g, t);
 	}
 	mi8_rows_sum<R>(acc);
+}
+
+/* The same as ms_rows_i8 from x's parts staged ONCE a block (xs: units u0 .. of the chunk's token in
+ * shared memory, ms_xblk_issue): no per-unit copy. The first unit's weights are issued before the
+ * block waits for the staged parts (xpend: the copies are still in flight; every thread of the block
+ * calls this, with or without units, because of that barrier). The same bits as ms_rows_i8. */
+template <int T, int R>
+__device__ __forceinline__ void ms_rows_i8_blk(float (&acc)[R][2], const uint8_t *const (&rows)[R][2],
+                                               const mi8_x *xs, int64_t u0, int64_t u, int64_t u1, int64_t du,
+                                               bool xpend, int lane)
+{
+	const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+	for (int r = 0; r < R; r++)
+		acc[r][0] = acc[r][1] = 0.f;
+	gm_k45_w<T, R> w;
+	if (u < u1)
+		gm_k45_load<T, R>(w, rows, u, t);
+	if (xpend) {
+		g3_wait<0>();
+		__syncthreads(); /* every thread's copies are visible */
+	}
+	for (; u < u1; u += du) {
+		mi8_k45_unit<T, R>(acc, w, xs[u - u0], g, t);
+		if (u + du < u1)
+			gm_k45_load<T, R>(w, rows, u + du, t);
+	}
+	mi8_rows_sum<R>(acc);
+}
+
+/* One token's x parts, units u0 .. u1 - 1 (src: the token's unit 0), into xs by the block's nthr threads
+ * (16-byte cp.async, one commit group; the caller waits) */
+__device__ __forceinline__ void ms_xblk_issue(mi8_x *xs, const mi8_x *src, int64_t u0, int64_t u1, int nthr)
+{
+	constexpr int N16 = (int)(sizeof(mi8_x) / 16);
+	const int n16 = (int)(u1 - u0) * N16;
+	const uint8_t *s = (const uint8_t *)(src + u0);
+	for (int i = (int)threadIdx.x; i < n16; i += nthr)
+		g3_cp16((uint8_t *)xs + 16 * i, s + 16 * i);
+	g3_commit();
 }
 
 /* gate / up block's prefetch, thread `which`: 0 its NF gate rows, 1 its NF up rows (whole rows:
@@ -166,7 +208,7 @@ template <int T, int W, int R, bool DB> __device__ __forceinline__ void ms_gate_
 	 * per unit and ~70 instead of ~117 registers, so twice the blocks and ~28 resident warps per SM */
 	constexpr int NF = 8 * R; /* f rows per block */
 	__shared__ float part[W][16 * R][4];
-	__shared__ mm_stage<1> stage[W];
+	__shared__ __align__(16) mm_stage<1> stage[W];
 	__shared__ const float *xr[4];
 	__shared__ const mi8_x *xg; /* the chunk's token's int8 parts (xq), or NULL */
 	__shared__ int es[MS_MAX_PAIRS], mem[MS_CH], s_cnt;
@@ -179,6 +221,21 @@ template <int T, int W, int R, bool DB> __device__ __forceinline__ void ms_gate_
 	if ((pf & MS_PF_SHARED) && p >= np_r && (p - np_r) % MS_CH == 0 && threadIdx.x < 3)
 		ms_prefetch_block(threadIdx.x, sg, su, sd, f0, NF, rb, down_bytes, S, z);
 	KDEP_ENTRY();
+	const int64_t u0 = n_units * z / S, u1 = n_units * (z + 1) / S;
+	/* One-token chunks on the int8 unit read x's parts. They are staged once a block into the fp16
+	 * staging area (unused on that path) instead of copied by every warp for every unit: the copies
+	 * were the longest wait of the kernel (Nsight Compute, H200, session 22: a third of the warps'
+	 * stall samples on the shared stores behind them, every block of the grid reading the same ~21 KB).
+	 * With one token in the call its parts are known now, so they load while the block routes. */
+	bool xblk = false; /* block-uniform; one-tile blocks only (batch 1-2: ms_half), since the
+	                    * two-tile body at 3-8 tokens went from 126 to 162 registers with it */
+	if constexpr ((T == KT_Q4_K || T == KT_Q5_K) && R == 1)
+		xblk = (pf & MS_I8) && (pf & MS_XBLK) && xq && (size_t)(u1 - u0) * sizeof(mi8_x) <= sizeof(stage);
+	bool xpend = false; /* copies issued, not yet waited for */
+	if (xblk && np_r == k) { /* one token */
+		ms_xblk_issue((mi8_x *)&stage[0], xq, u0, u1, W * 32);
+		xpend = true;
+	}
 	for (int i = threadIdx.x; i < np; i += W * 32)
 		es[i] = ms_expert(ids, i, np_r, E);
 	__syncthreads();
@@ -196,8 +253,11 @@ template <int T, int W, int R, bool DB> __device__ __forceinline__ void ms_gate_
 	}
 	__syncthreads();
 	const int cnt = s_cnt, e = es[p];
-	if (!cnt)
+	if (!cnt) {
+		if (xpend)
+			g3_wait<0>(); /* no copy outlives the block */
 		return;
+	}
 	const size_t eo = e < E ? (size_t)e * (size_t)F * rb : 0; /* expert E: the shared one */
 	const uint8_t *bg = (e < E ? wg : sg) + eo, *bu = (e < E ? wu : su) + eo;
 	/* a routed expert's rows of this block (and a share of its down matrix) in flight at once: the
@@ -208,6 +268,16 @@ template <int T, int W, int R, bool DB> __device__ __forceinline__ void ms_gate_
 	bool i8 = false;
 	if constexpr (T == KT_Q4_K || T == KT_Q5_K)
 		i8 = (pf & MS_I8) && cnt == 1; /* one token: the int8 unit */
+	if (!i8 && xpend) { /* the fp16 path clears the staging area: the copies must have landed */
+		g3_wait<0>();
+		__syncthreads();
+		xpend = false;
+	}
+	xblk = xblk && i8 && xg;
+	if (xblk && !xpend) { /* several tokens in the call: this chunk's token is known only now */
+		ms_xblk_issue((mi8_x *)&stage[0], xg, u0, u1, W * 32);
+		xpend = true;
+	}
 	mm_lane<R, 1> L;
 	if (i8) /* the unit stages in its own layout: no fp16 staging to clear */
 		L.g = lane >> 2, L.t = lane & 3, L.lane = lane;
@@ -225,11 +295,15 @@ template <int T, int W, int R, bool DB> __device__ __forceinline__ void ms_gate_
 		rows[0][1] = bu + ((size_t)f0 + L.g) * rb;
 	}
 	const bool rb4 = rb % 4 == 0;
-	const int64_t u0 = n_units * z / S, u1 = n_units * (z + 1) / S;
 	if constexpr (T == KT_Q4_K || T == KT_Q5_K)
 		if (i8) {
 			float a8[R][2];
-			ms_rows_i8<T, R>(a8, rows, xr[0], xg, u0 + warp, u1, W, *(mi8_x *)&stage[warp], lane);
+			if (R == 1 && xblk)
+				ms_rows_i8_blk<T, R>(a8, rows, (const mi8_x *)&stage[0], u0, u0 + warp, u1, W, xpend,
+				                     lane);
+			else
+				ms_rows_i8<T, R>(a8, rows, xr[0], xg, u0 + warp, u1, W, *(mi8_x *)&stage[warp],
+				                 lane);
 #pragma unroll
 			for (int r = 0; r < R; r++)
 #pragma unroll
@@ -509,6 +583,14 @@ static bool ms_xparts(void)
 	return !(v && strcmp(v, "0") == 0);
 }
 
+/* the gate / up kernel's one-token chunks stage x's parts once a block (MS_XBLK) unless
+ * TANDEM_MOE_XBLK=0 (every warp copies each unit's parts, as before; the same bits). Read on every call. */
+static bool ms_xblk(void)
+{
+	const char *v = getenv("TANDEM_MOE_XBLK");
+	return !(v && strcmp(v, "0") == 0);
+}
+
 static void ms_pf_flags(struct ms_args *a, bool sh)
 {
 	const int m = moe_pf_mask();
@@ -519,7 +601,7 @@ static void ms_pf_flags(struct ms_args *a, bool sh)
 	           ((m & MOE_PF_DOWN) && a->np_r * down_bytes <= 16e6 ? MS_PF_DOWN : 0);
 	a->pf_dn = shf | (rows ? MS_PF_ROWS : 0);
 	if (ms_i8()) {
-		a->pf_gu |= MS_I8;
+		a->pf_gu |= MS_I8 | (ms_xblk() ? MS_XBLK : 0);
 		a->pf_dn |= MS_I8;
 	}
 }
