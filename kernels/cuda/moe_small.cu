@@ -230,7 +230,8 @@ template <int T, int W, int R, bool DB> __device__ __forceinline__ void ms_gate_
 	bool xblk = false; /* block-uniform; one-tile blocks only (batch 1-2: ms_half), since the
 	                    * two-tile body at 3-8 tokens went from 126 to 162 registers with it */
 	if constexpr ((T == KT_Q4_K || T == KT_Q5_K) && R == 1)
-		xblk = (pf & MS_I8) && (pf & MS_XBLK) && xq && (size_t)(u1 - u0) * sizeof(mi8_x) <= sizeof(stage);
+		xblk = (pf & MS_I8) && (pf & MS_XBLK) && xq &&
+		       (size_t)(u1 - u0) * sizeof(mi8_x) <= sizeof(stage);
 	bool xpend = false; /* copies issued, not yet waited for */
 	if (xblk && np_r == k) { /* one token */
 		ms_xblk_issue((mi8_x *)&stage[0], xq, u0, u1, W * 32);
@@ -299,11 +300,11 @@ template <int T, int W, int R, bool DB> __device__ __forceinline__ void ms_gate_
 		if (i8) {
 			float a8[R][2];
 			if (R == 1 && xblk)
-				ms_rows_i8_blk<T, R>(a8, rows, (const mi8_x *)&stage[0], u0, u0 + warp, u1, W, xpend,
-				                     lane);
+				ms_rows_i8_blk<T, R>(a8, rows, (const mi8_x *)&stage[0], u0, u0 + warp, u1, W,
+				                     xpend, lane);
 			else
-				ms_rows_i8<T, R>(a8, rows, xr[0], xg, u0 + warp, u1, W, *(mi8_x *)&stage[warp],
-				                 lane);
+				ms_rows_i8<T, R>(a8, rows, xr[0], xg, u0 + warp, u1, W,
+				                 *(mi8_x *)&stage[warp], lane);
 #pragma unroll
 			for (int r = 0; r < R; r++)
 #pragma unroll

@@ -447,10 +447,11 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 			unsetenv("TANDEM_MOE_XBLK");
 			const int xblk_same = ok && rc == 0 && ops_dbuf_get(ctx, &ob, got) == 0 &&
 			                      memcmp(got, with, sizeof(float) * (size_t)(n * D)) == 0;
-			OPS_CHECK(xblk_same,
-			          "moe ffn %s n %d: the parts staged once a block differ from the parts copied "
-			          "per unit (TANDEM_MOE_XBLK=0)",
-			          ti->name, n);
+			OPS_CHECK(
+			    xblk_same,
+			    "moe ffn %s n %d: the parts staged once a block differ from the parts copied "
+			    "per unit (TANDEM_MOE_XBLK=0)",
+			    ti->name, n);
 			kcuda_xparts_forget(ctx);
 			rc = run_ffn(fd, d_y, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
 			ok = ok && rc == 0 && ops_dbuf_get(ctx, &ob, got) == 0;
