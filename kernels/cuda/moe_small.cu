@@ -233,7 +233,7 @@ template <int T, int W, int R, bool DB> __device__ __forceinline__ void ms_gate_
 		xblk = (pf & MS_I8) && (pf & MS_XBLK) && xq &&
 		       (size_t)(u1 - u0) * sizeof(mi8_x) <= sizeof(stage);
 	bool xpend = false; /* copies issued, not yet waited for */
-	if (xblk && np_r == k) { /* one token */
+	if (xblk && k > 0 && np_r == k) { /* one token (np_r = n k) */
 		ms_xblk_issue((mi8_x *)&stage[0], xq, u0, u1, W * 32);
 		xpend = true;
 	}
