@@ -32,6 +32,12 @@ def short(name):
     return n.replace('void ', '').strip()
 
 
+def csv_rows(path):
+    """the rows of an `nsys stats --report cuda_gpu_trace --format csv` file"""
+    with open(path, newline='') as f:
+        yield from csv.DictReader(f)
+
+
 def sqlite_rows(path):
     """the kernel rows of an `nsys export --type sqlite` file, keyed as in the csv report"""
     db = sqlite3.connect(path)
@@ -66,18 +72,16 @@ def main():
             print('unknown argument', args[i])
             return 2
     rows = []
-    with open(path, newline='') as f:
-        rd = csv.DictReader(f) if not path.endswith('.sqlite') else sqlite_rows(path)
-        for r in rd:
-            try:
-                st, du = int(r['Start (ns)']), int(r['Duration (ns)'])
-            except (KeyError, ValueError):
-                continue
-            name = r.get('Name', '')
-            if 'memcpy' in name.lower() or 'memset' in name.lower():
-                continue
-            grid = '%sx%sx%s' % (r.get('GrdX', '?'), r.get('GrdY', '?'), r.get('GrdZ', '?'))
-            rows.append((st, st + du, short(name), grid))
+    for r in sqlite_rows(path) if path.endswith('.sqlite') else csv_rows(path):
+        try:
+            st, du = int(r['Start (ns)']), int(r['Duration (ns)'])
+        except (KeyError, ValueError):
+            continue
+        name = r.get('Name', '')
+        if 'memcpy' in name.lower() or 'memset' in name.lower():
+            continue
+        grid = '%sx%sx%s' % (r.get('GrdX', '?'), r.get('GrdY', '?'), r.get('GrdZ', '?'))
+        rows.append((st, st + du, short(name), grid))
     if not rows:
         print('no kernels in', path)
         return 1
