@@ -440,36 +440,34 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 			                  memcmp(got, again, sizeof(float) * (size_t)(n * D)) == 0;
 			rc = run_ffn(fd, d_y, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
 			ok = ok && rc == 0 && ops_dbuf_get(ctx, &ob, with) == 0;
-			/* the parts copied by every warp for each unit (TANDEM_MOE_XBLK=0) instead of staged
-			 * once a block: the same bits */
-			setenv("TANDEM_MOE_XBLK", "0", 1);
-			rc = run_ffn(fd, d_y, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
-			unsetenv("TANDEM_MOE_XBLK");
-			const int xblk_same = ok && rc == 0 && ops_dbuf_get(ctx, &ob, got) == 0 &&
-			                      memcmp(got, with, sizeof(float) * (size_t)(n * D)) == 0;
-			OPS_CHECK(
-			    xblk_same,
-			    "moe ffn %s n %d: the parts staged once a block differ from the parts copied "
-			    "per unit (TANDEM_MOE_XBLK=0)",
-			    ti->name, n);
-			/* the same with D split over two gate / up blocks (TANDEM_MOE_SMALL_SPLIT=2): the
-			 * second split stages units u0 > 0, read at xs[u - u0] */
-			setenv("TANDEM_MOE_SMALL_SPLIT", "2", 1);
+			/* the parts staged once a block against the parts copied by every warp for each unit
+			 * (TANDEM_MOE_XBLK=0): the same bits, with D whole (on: `with`) and split over two
+			 * gate / up blocks (TANDEM_MOE_SMALL_SPLIT=2: the second stages units u0 > 0, read at
+			 * xs[u - u0]); the split result near the whole one (other sums, not the same bits) */
 			float *sp2 = malloc(sizeof(float) * (size_t)(n * D));
-			rc = run_ffn(fd, d_y, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
-			int split_same = sp2 && rc == 0 && ops_dbuf_get(ctx, &ob, sp2) == 0;
-			setenv("TANDEM_MOE_XBLK", "0", 1);
-			rc = run_ffn(fd, d_y, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
-			unsetenv("TANDEM_MOE_XBLK");
-			unsetenv("TANDEM_MOE_SMALL_SPLIT");
-			split_same = split_same && rc == 0 && ops_dbuf_get(ctx, &ob, got) == 0 &&
-			             memcmp(got, sp2, sizeof(float) * (size_t)(n * D)) == 0;
-			OPS_CHECK(
-			    split_same,
-			    "moe ffn %s n %d: split 2, the parts staged once a block differ from the parts "
-			    "copied per unit",
-			    ti->name, n);
-			double sp_mx = 0; /* and near the split-1 result (other sums, not the same bits) */
+			for (int split = 1; split <= 2; split++) {
+				float *on = split == 1 ? with : sp2;
+				if (split == 2) {
+					setenv("TANDEM_MOE_SMALL_SPLIT", "2", 1);
+					rc = run_ffn(fd, d_y, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd,
+					             ob.user);
+				}
+				int xsame =
+				    on && (split == 1 ? ok : rc == 0 && ops_dbuf_get(ctx, &ob, on) == 0);
+				setenv("TANDEM_MOE_XBLK", "0", 1);
+				rc =
+				    run_ffn(fd, d_y, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
+				unsetenv("TANDEM_MOE_XBLK");
+				unsetenv("TANDEM_MOE_SMALL_SPLIT");
+				xsame = xsame && rc == 0 && ops_dbuf_get(ctx, &ob, got) == 0 &&
+				        memcmp(got, on, sizeof(float) * (size_t)(n * D)) == 0;
+				OPS_CHECK(
+				    xsame,
+				    "moe ffn %s n %d split %d: the parts staged once a block differ from the "
+				    "parts copied per unit (TANDEM_MOE_XBLK=0)",
+				    ti->name, n, split);
+			}
+			double sp_mx = 0;
 			for (int64_t i = 0; sp2 && i < n * D; i++)
 				sp_mx = fmax(sp_mx, fabs((double)sp2[i] - with[i]));
 			OPS_CHECK(sp2 && sp_mx <= tol * maxref,
