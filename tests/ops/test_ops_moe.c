@@ -445,6 +445,17 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 			 * gate / up blocks (TANDEM_MOE_SMALL_SPLIT=2: the second stages units u0 > 0, read at
 			 * xs[u - u0]); the split result near the whole one (other sums, not the same bits) */
 			float *sp2 = malloc(sizeof(float) * (size_t)(n * D));
+			/* the caller's split (a case may run under TANDEM_MOE_SMALL_SPLIT=3): put back after
+			 * the forced split 2, so `with` and the runs below use the same one */
+			const char *sp_env = getenv("TANDEM_MOE_SMALL_SPLIT");
+			char sp_save[16] = "";
+			if (sp_env)
+				snprintf(sp_save, sizeof(sp_save), "%s", sp_env);
+			/* the calls below read y and must leave it as it is (y before, y after them) */
+			float *y0 = malloc(sizeof(float) * (size_t)(n * D)),
+			      *y1 = malloc(sizeof(float) * (size_t)(n * D));
+			const int y0_ok =
+			    y0 && kcuda_download(ctx, y0, d_y, sizeof(float) * (size_t)(n * D)) == 0;
 			for (int split = 1; split <= 2; split++) {
 				float *on = split == 1 ? with : sp2;
 				if (split == 2) {
@@ -458,7 +469,10 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 				rc =
 				    run_ffn(fd, d_y, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
 				unsetenv("TANDEM_MOE_XBLK");
-				unsetenv("TANDEM_MOE_SMALL_SPLIT");
+				if (sp_save[0])
+					setenv("TANDEM_MOE_SMALL_SPLIT", sp_save, 1);
+				else
+					unsetenv("TANDEM_MOE_SMALL_SPLIT");
 				xsame = xsame && rc == 0 && ops_dbuf_get(ctx, &ob, got) == 0 &&
 				        memcmp(got, on, sizeof(float) * (size_t)(n * D)) == 0;
 				OPS_CHECK(
@@ -467,6 +481,13 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 				    "parts copied per unit (TANDEM_MOE_XBLK=0)",
 				    ti->name, n, split);
 			}
+			const int y_same =
+			    y0_ok && y1 &&
+			    kcuda_download(ctx, y1, d_y, sizeof(float) * (size_t)(n * D)) == 0 &&
+			    memcmp(y0, y1, sizeof(float) * (size_t)(n * D)) == 0;
+			OPS_CHECK(y_same, "moe ffn %s n %d: the calls changed their input x", ti->name, n);
+			free(y0);
+			free(y1);
 			double sp_mx = 0;
 			for (int64_t i = 0; sp2 && i < n * D; i++)
 				sp_mx = fmax(sp_mx, fabs((double)sp2[i] - with[i]));
@@ -478,15 +499,29 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 			rc = run_ffn(fd, d_y, n, d_ids, d_w, &dg, &du, &dd, &dsg, &dsu, &dsd, ob.user);
 			ok = ok && rc == 0 && ops_dbuf_get(ctx, &ob, got) == 0;
 			const int same = ok && memcmp(got, with, sizeof(float) * (size_t)(n * D)) == 0;
+			if (ok && !same) { /* where, and by how much (triage) */
+				int64_t nd = 0, first = -1;
+				double dmx = 0;
+				for (int64_t i = 0; i < n * D; i++)
+					if (memcmp(&got[i], &with[i], sizeof(float))) {
+						nd++, first = first < 0 ? i : first;
+						dmx = fmax(dmx, fabs((double)got[i] - with[i]));
+					}
+				printf("  parts vs none: %lld of %lld differ, first at token %lld row %lld, "
+				       "max %.3g "
+				       "(max|ref| %.3g)\n",
+				       (long long)nd, (long long)(n * D), (long long)(first / D),
+				       (long long)(first % D), dmx, maxref);
+			}
 			OPS_CHECK(made, "moe ffn %s n %d: kfuse_add_rmsnorm_parts left no parts (D %lld)",
 			          ti->name, n, (long long)D);
 			OPS_CHECK(other,
 			          "moe ffn %s n %d: a call on other rows changed while parts were held",
 			          ti->name, n);
 			OPS_CHECK(same,
-			          "moe ffn %s n %d: the op with the norm's int8 parts differs from the op "
+			          "moe ffn %s %s n %d: the op with the norm's int8 parts differs from the op "
 			          "quantizing x itself",
-			          ti->name, n);
+			          fd->name, ti->name, n);
 			printf("  with the norm's int8 parts: %s\n", same ? "same bits" : "DIFFER");
 		} else
 			OPS_CHECK(0, "moe ffn %s: parts check: allocation", fd->name);
