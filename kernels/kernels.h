@@ -259,6 +259,8 @@ bool kcuda_matmul_multi_takes(int64_t n_tok);
  * off by default; 5..8 tokens or from TANDEM_MULTI_XM_MIN, every product Q8_0) in this process (tests:
  * that the path ran) */
 unsigned long long kcuda_matmul_xm_calls(void);
+/* launches of the one-token int8 tensor-core kernel of kcuda_matmul_multi (mm_multi_mq_kernel, x's parts) */
+unsigned long long kcuda_matmul_mq_calls(void);
 /* Dequantizes rows [r0, r0 + n_rows) of W to bf16 (row-major, n_in per row) (prefill GEMM, tests). */
 int kcuda_dequant_bf16(struct kcuda_ctx *c, const struct kweight *w, int64_t r0, int64_t n_rows,
                        uint16_t *dst_dev);

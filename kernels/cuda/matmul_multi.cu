@@ -84,6 +84,8 @@ struct mm_multi_args {
 	int n_in;
 	int pf; /* copy the first weight chunk before KDEP_ENTRY (kcuda_prefetch_enabled) */
 	const mi8_x *xq; /* one token: x's int8 parts (one unit per 256-element slab), or NULL */
+	int mq_cs; /* mm_multi_mq_kernel: slabs a chunk of its Q8_0 tiles (mq_body) */
+	int mq_pf; /* mq_body: prefetch the warp's parts into L1 (TANDEM_MULTI_MQ_PF, default on) */
 };
 
 /* One token's Q8_0 slab (tile: row 0's slab, rows `stride` bytes apart) against x's int8 parts (U:
@@ -296,6 +298,224 @@ __global__ void __launch_bounds__(MM_NW * 32, 8)
     mm_multi_xq_kernel(const __grid_constant__ struct mm_multi_args a)
 {
 	mm_multi_block<1, SMALL, false, true, Q8RB>(a);
+}
+
+/* ---- one token's Q8_0 products on the int8 tensor cores (mm_multi_mq_kernel; TANDEM_MULTI_MQ) ----
+ * Why: the one-token kernel above is issue-bound once its weights have landed (H200, Nsight Compute
+ * source counters, session 23: GLM-5's q_a group 3.07M warp instructions a call, ~1000 a warp, of which
+ * the dp4a are 13%; idx_q_b 2.33M). Every lane spends ~25 instructions on 8 weights of a row: the 2-byte
+ * misaligned words of the 34-byte block, six dp4a for the three parts of x, the block's epilogue.
+ * Here a block owns 16 rows (one m16n8k32 A tile) and an mma does 16 rows x 32 weights: lane (g, t)
+ * puts 8 weights of ITS block 2t + e (e: the pass) of rows g and g + 8 on its k slots, and B column
+ * 2t' / 2t' + 1 holds parts 1 / 2 of lane t''s block on lane t''s slots only (a second product: part 3
+ * in column 2t'), the fragment trick of k45_i8.cuh. So the C entries a lane gets back are exactly its
+ * own block's three integer dots for its two rows: no shuffle before the epilogue. A pass (one block
+ * per lane, four of them a 256-element slab, two passes a slab) is 18 aligned shared loads and 16
+ * funnel shifts for two rows' 32 weights, 8 mma and one epilogue a row: ~4x fewer instructions a
+ * weight. The per-block value d s (q1 + (254 q2 + q3) / 254^2) p is formed as mm_q8_parts forms it
+ * (the same bits a block); only the order of the fp32 sums differs (the lanes' blocks, then the 4
+ * lanes of a row, then the warps in order: fixed, so reruns are bit-identical).
+ * Layout: the block's 16 rows of a chunk of mq_cs slabs in shared memory, rows 16 bytes apart more
+ * than the chunk (so the 8 rows g of a load fall in 8 different banks), copied by cp.async before
+ * KDEP_ENTRY (weights); warp w takes slabs w, w + 4, ... of the chunk. x's parts are read from global
+ * memory (the norm before wrote them: plain loads). Rows past n_out read the last row (not stored).
+ * The other types of the same call (GLM-5's idx_proj in F32) run mm_body in the same launch. */
+#define MQ_RB 16 /* rows a Q8_0 block: one A tile */
+#define MQ_PAD 16 /* bytes between a row's chunk and the next row's */
+
+/* shared-memory bytes of a chunk of cs slabs of the 16 rows */
+__host__ __device__ constexpr size_t mq_tile_bytes(int cs)
+{
+	return (size_t)MQ_RB * ((size_t)cs * 272 + MQ_PAD);
+}
+
+/* words 0..7 of the qs of Q8_0 block j (of a slab at sl, 16-byte aligned) and its d: blocks of even j
+ * start 4-byte aligned (qs 2 bytes in), odd ones 2 bytes past (qs aligned, d in the word before) */
+template <int E>
+__device__ __forceinline__ void mq_block_words(const uint8_t *sl, int j, uint32_t (&w)[8], float &d)
+{
+	if constexpr (E == 0) {
+		const uint32_t *p = (const uint32_t *)(sl + 34 * j);
+		uint32_t v[9];
+#pragma unroll
+		for (int i = 0; i < 9; i++)
+			v[i] = p[i];
+#pragma unroll
+		for (int i = 0; i < 8; i++)
+			w[i] = __funnelshift_r(v[i], v[i + 1], 16);
+		d = __half2float(__ushort_as_half((unsigned short)(v[0] & 0xffffu)));
+	} else {
+		const uint32_t *p = (const uint32_t *)(sl + 34 * j - 2);
+		const uint32_t v0 = p[0];
+#pragma unroll
+		for (int i = 0; i < 8; i++)
+			w[i] = p[1 + i];
+		d = __half2float(__ushort_as_half((unsigned short)(v0 >> 16)));
+	}
+}
+
+/* one pass (E) over a slab: acc[hr] += the dots of rows g + 8 hr with x over block 2t + E */
+template <int E>
+__device__ __forceinline__ void mq_pass(float (&acc)[2], const uint8_t *sl, int stride, const mi8_x *U, int g,
+                                        int t)
+{
+	const int j = 2 * t + E;
+	const bool own = (g >> 1) == t, own3 = g == 2 * t;
+	/* B: parts 1 / 2 of lane t''s block on lane (2t' + part, t'); part 3 on lane (2t', t') (plain
+	 * loads: the parts are written by the kernel before) */
+	const uint4 *bp = (const uint4 *)(own ? U->q[j][g & 1] : U->zero);
+	const uint4 *rp = (const uint4 *)(own3 ? U->q[j][2] : U->zero);
+	const uint4 p0 = bp[0], p1 = bp[1], r0 = rp[0], r1 = rp[1];
+	const uint32_t b[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
+	const uint32_t b3[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
+	const float xs = U->s[j], xp = U->p[j];
+	uint32_t w[2][8];
+	float d[2];
+	mq_block_words<E>(sl + g * stride, j, w[0], d[0]);
+	mq_block_words<E>(sl + (g + 8) * stride, j, w[1], d[1]);
+	int c[4] = {0, 0, 0, 0}, c3[4] = {0, 0, 0, 0};
+#pragma unroll
+	for (int m = 0; m < 4; m++) {
+		mi8_mma(c, w[0][2 * m], w[1][2 * m], w[0][2 * m + 1], w[1][2 * m + 1], b[2 * m],
+		        b[2 * m + 1]);
+		mi8_mma(c3, w[0][2 * m], w[1][2 * m], w[0][2 * m + 1], w[1][2 * m + 1], b3[2 * m],
+		        b3[2 * m + 1]);
+	}
+#pragma unroll
+	for (int hr = 0; hr < 2; hr++) { /* mm_q8_parts' formula: the same value a block */
+		const float f =
+		    fmaf((float)(254 * c[2 * hr + 1] + c3[2 * hr]), 1.f / 64516.f, (float)c[2 * hr]);
+		acc[hr] = fmaf(d[hr] * f * xs, xp, acc[hr]);
+	}
+}
+
+__device__ __forceinline__ void mq_body(const struct mm_seg_dev &sg, int blk, const struct mm_multi_args &a,
+                                        uint8_t *tile, float (*part)[MM_PART])
+{
+	constexpr int SB = 272;
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+	const int n_slab = a.n_in / 256, cs = a.mq_cs;
+	const int n_chunk = (n_slab + cs - 1) / cs;
+	const int stride = (n_slab < cs ? n_slab : cs) * SB + MQ_PAD; /* tile bytes a row */
+	const int row0 = blk * MQ_RB;
+	auto rp = [&](int r) { return sg.w + (size_t)min(row0 + r, sg.n_out - 1) * sg.row_bytes; };
+	auto load_chunk = [&](int ch) {
+		const int s0 = ch * cs, nsl = min(cs, n_slab - s0), upr = nsl * (SB / 16);
+#pragma unroll 4
+		for (int r = 0; r < MQ_RB; r++) {
+			const uint8_t *src = rp(r) + (size_t)s0 * SB;
+			uint8_t *dst = tile + r * stride;
+			for (int u = tid; u < upr; u += MM_NW * 32)
+				g3_cp16(dst + 16 * u, src + 16 * (size_t)u);
+		}
+		g3_commit();
+	};
+	if (!a.pf)
+		KDEP_ENTRY();
+	load_chunk(0); /* weights: may start before KDEP_ENTRY */
+	if (a.pf) {
+		if (n_chunk > 1 && tid < MQ_RB) /* the rest of the rows into L2 */
+			kdep_prefetch_l2(rp(tid) + (size_t)cs * SB, sg.row_bytes - (size_t)cs * SB);
+		KDEP_ENTRY();
+	}
+	const mi8_x *const xq = kdep_after(a.xq); /* x's parts only from here on */
+	float acc[2] = {0.f, 0.f};
+	for (int ch = 0; ch < n_chunk; ch++) {
+		const int s0 = ch * cs, nsl = min(cs, n_slab - s0);
+		if (ch > 0) {
+			__syncthreads(); /* every warp is done with the previous chunk */
+			load_chunk(ch);
+		}
+		if (a.mq_pf) { /* this warp's slabs' parts into L1 at once: one L2 round trip, not one a slab
+			        */
+			constexpr int LN = (int)((sizeof(mi8_x) + 127) / 128);
+			const int ns = (nsl - warp + MM_NW - 1) / MM_NW;
+			for (int i = lane; i < ns * LN; i += 32) {
+				const uint8_t *p =
+				    (const uint8_t *)(xq + s0 + warp + MM_NW * (i / LN)) + 128 * (i % LN);
+				asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+			}
+		}
+		g3_wait<0>();
+		__syncthreads(); /* every thread's copies are visible */
+#pragma unroll 2
+		for (int s = warp; s < nsl; s += MM_NW) {
+			const mi8_x *U = xq + s0 + s;
+			mq_pass<0>(acc, tile + s * SB, stride, U, g, t);
+			mq_pass<1>(acc, tile + s * SB, stride, U, g, t);
+		}
+	}
+#pragma unroll
+	for (int hr = 0; hr < 2; hr++) { /* the row's 4 lanes t */
+		acc[hr] += __shfl_xor_sync(0xffffffffu, acc[hr], 1);
+		acc[hr] += __shfl_xor_sync(0xffffffffu, acc[hr], 2);
+	}
+	if (t == 0) {
+		part[warp][g] = acc[0];
+		part[warp][g + 8] = acc[1];
+	}
+	__syncthreads();
+	if (tid < MQ_RB) {
+		float v = 0.0f;
+#pragma unroll
+		for (int w = 0; w < MM_NW; w++) /* warp order: deterministic */
+			v += part[w][tid];
+		if (row0 + tid < sg.n_out)
+			sg.y[row0 + tid] = v;
+	}
+}
+
+/* one token with x's parts: Q8_0 products on mq_body (16 rows a block), the others on mm_body */
+template <bool SMALL>
+__global__ void __launch_bounds__(MM_NW * 32)
+    mm_multi_mq_kernel(const __grid_constant__ struct mm_multi_args a)
+{
+	extern __shared__ __align__(16) uint8_t mm_tile[];
+	__shared__ float part[MM_NW][MM_PART];
+	int s = 0; /* the segment of this block: kernel arguments only */
+	for (int i = 1; i < a.n_seg; i++)
+		if ((int)blockIdx.x >= a.seg[i].blk0)
+			s = i;
+	const struct mm_seg_dev &sg = a.seg[s];
+	const int blk = (int)blockIdx.x - sg.blk0;
+	switch (sg.type) {
+	case KT_Q8_0: mq_body(sg, blk, a, mm_tile, part); break;
+	case KT_F16: mm_body<KT_F16, 1, SMALL, false, false, 4>(sg, blk, a, mm_tile, part); break;
+	case KT_BF16: mm_body<KT_BF16, 1, SMALL, false, false, 4>(sg, blk, a, mm_tile, part); break;
+	default: mm_body<KT_F32, 1, SMALL, false, false, 4>(sg, blk, a, mm_tile, part); break;
+	}
+}
+
+static unsigned long long mq_calls; /* kcuda_matmul_mq_calls */
+
+extern "C" unsigned long long kcuda_matmul_mq_calls(void)
+{
+	return __atomic_load_n(&mq_calls, __ATOMIC_RELAXED);
+}
+
+/* TANDEM_MULTI_MQ (read on every call): 1 every one-token call with x's parts on the int8 tensor-core
+ * tiles; big / small only the calls with n_in above / up to 2048 (GLM-5: the q_a group / idx_q_b);
+ * unset or 0 none (the dp4a kernel, mm_multi_xq_kernel: measured faster in the step, see
+ * docs/PERFORMANCE.md, session 23) */
+static bool multi_mq(int64_t n_in)
+{
+	const char *e = getenv("TANDEM_MULTI_MQ");
+	if (!e)
+		return false;
+	if (strcmp(e, "big") == 0)
+		return n_in > 2048;
+	if (strcmp(e, "small") == 0)
+		return n_in <= 2048;
+	return strcmp(e, "1") == 0;
+}
+
+/* TANDEM_MULTI_MQ_CS=n (read on every call): at most n slabs of 256 a chunk of the Q8_0 tiles (less
+ * shared memory a block, more blocks an SM); unset: as many as fit */
+static int multi_mq_cs(void)
+{
+	const char *e = getenv("TANDEM_MULTI_MQ_CS");
+	const int v = e ? atoi(e) : 0;
+	return v > 0 ? v : 1 << 20;
 }
 
 extern "C" bool kcuda_matmul_multi_enabled(void)
@@ -707,6 +927,92 @@ int kcuda_gemv_multi1_launch(struct kcuda_ctx *c, const struct kweight *w, const
 	return mm_run(c, 1, &seg, x, ldx, n_tok, 1);
 }
 
+/* One token whose int8 parts xq the norm before left, on mm_multi_mq_kernel: its Q8_0 products 16 rows
+ * a block, the other types of the call as mm_multi_kernel would run them, in the same launch; the
+ * products it cannot take run after it on their own. ERR_UNSUPPORTED (nothing launched) where no Q8_0
+ * product is in the table, the table is shorter than min_table, or the tile does not fit. */
+static int mm_run_mq(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg, const float *x,
+                     int64_t ldx, int64_t n_in, const mi8_x *xq, int min_table)
+{
+	const bool small = n_in <= MM_CHUNK(true);
+	const int n_slab = (int)(n_in / 256);
+	const size_t smem_static = sizeof(float) * MM_NW * MM_PART;
+	const int optin = kcuda_smem_optin(c->device);
+	if (n_in % 256 || n_slab < 1 || optin <= 0)
+		return ERR_UNSUPPORTED;
+	/* the Q8_0 chunk: all of K where it fits, else the most slabs that do (sm_120: 99 KB a block) */
+	int cs = n_slab < multi_mq_cs() ? n_slab : multi_mq_cs();
+	while (cs > 1 && mq_tile_bytes(cs) + smem_static > (size_t)optin)
+		cs--;
+	if (mq_tile_bytes(cs) + smem_static > (size_t)optin)
+		return ERR_UNSUPPORTED;
+	const int n_chunk = (n_slab + cs - 1) / cs;
+	cs = (n_slab + n_chunk - 1) /
+	     n_chunk; /* chunks of even size: 24 slabs in 99 KB as 12 + 12, not 23 + 1 */
+	struct mm_multi_args a;
+	memset(&a, 0, sizeof(a));
+	bool in_table[KCUDA_MM_MULTI_MAX] = {false};
+	int n_q8 = 0;
+	int64_t n_blk = 0;
+	size_t smem = 0;
+	for (int i = 0; i < n_seg; i++) {
+		const struct kweight *w = seg[i].w;
+		int rb, se, sb;
+		if (!mm_geom(w->type, MQ_RB, &rb, &se, &sb) || n_in % se || (uintptr_t)w->data % 16 ||
+		    w->n_out > INT32_MAX / 2)
+			continue;
+		const int64_t mcs = MM_CHUNK(small) / se, nsl = n_in / se < mcs ? n_in / se : mcs;
+		const size_t tb =
+		    w->type == KT_Q8_0 ? mq_tile_bytes(cs) : (size_t)rb * (size_t)sb * (size_t)nsl;
+		if (tb + smem_static > (size_t)optin)
+			continue;
+		smem = tb > smem ? tb : smem;
+		struct mm_seg_dev *d = &a.seg[a.n_seg++];
+		d->w = (const uint8_t *)w->data;
+		d->y = seg[i].y;
+		d->ldy = seg[i].ldy;
+		d->row_bytes = w->row_bytes;
+		d->n_out = (int)w->n_out;
+		d->type = w->type;
+		d->blk0 = (int)n_blk;
+		n_blk += (w->n_out + rb - 1) / rb;
+		n_q8 += w->type == KT_Q8_0;
+		in_table[i] = true;
+	}
+	if (!n_q8 || a.n_seg < min_table || n_blk > INT32_MAX)
+		return ERR_UNSUPPORTED;
+	a.x = x;
+	a.ldx = ldx;
+	a.n_tok = 1;
+	a.n_in = (int)n_in;
+	a.pf = kcuda_prefetch_enabled();
+	a.xq = xq;
+	a.mq_cs = cs;
+	{
+		const char *e = getenv("TANDEM_MULTI_MQ_PF");
+		a.mq_pf = !(e && strcmp(e, "0") == 0);
+	}
+	/* more than the default 48 KB of dynamic shared memory: asked once per instantiation and size */
+	static size_t set_for[2];
+	const void *kern =
+	    small ? (const void *)mm_multi_mq_kernel<true> : (const void *)mm_multi_mq_kernel<false>;
+	if (smem > 48 * 1024 && set_for[small] < smem) {
+		KCUDA_CHECK(
+		    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+		set_for[small] = smem;
+	}
+	int rc = small ? klaunch("matmul_multi_mq", mm_multi_mq_kernel<true>, dim3((unsigned)n_blk),
+	                         dim3(MM_NW * 32), smem, c->stream, a)
+	               : klaunch("matmul_multi_mq", mm_multi_mq_kernel<false>, dim3((unsigned)n_blk),
+	                         dim3(MM_NW * 32), smem, c->stream, a);
+	if (rc == 0)
+		__atomic_fetch_add(&mq_calls, 1ull, __ATOMIC_RELAXED);
+	for (int i = 0; i < n_seg && !rc; i++)
+		if (!in_table[i])
+			rc = kcuda_matmul(c, seg[i].w, x, ldx, 1, seg[i].y, seg[i].ldy);
+	return rc;
+}
+
 static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg, const float *x, int64_t ldx,
                   int64_t n_tok, int min_table)
 {
@@ -757,6 +1063,11 @@ static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg
 	/* one token whose int8 parts the norm before left (kfuse_add_rmsnorm_parts): its Q8_0 products
 	 * read those instead of x (TANDEM_MULTI_XPARTS=0: x itself) */
 	const mi8_x *xq = n_tok == 1 && !hx && multi_xparts() ? kcuda_xparts_for(c, x, ldx, n_in, 1) : NULL;
+	if (xq && multi_mq(n_in)) { /* the int8 tensor-core tiles (mm_multi_mq_kernel) */
+		const int rc = mm_run_mq(c, n_seg, seg, x, ldx, n_in, xq, min_table);
+		if (rc != ERR_UNSUPPORTED)
+			return rc;
+	}
 	int64_t blk4 = 0, blk8 = 0; /* the grid at 4 and at 8 Q8_0 rows a block (where 8 may be taken) */
 	for (int i = 0; i < n_seg && n_tok == 1 && small && !hx; i++) {
 		int rb, se, sb;

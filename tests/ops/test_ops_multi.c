@@ -116,6 +116,25 @@ static void xm_expect(const struct mcase *mc, int64_t nt, int ran)
 		          mc->what, (long long)nt);
 }
 
+/* whether the one-token int8 tensor-core kernel (mm_multi_mq_kernel) took a case run with x's parts
+ * as it must: on (TANDEM_MULTI_MQ=1), a Q8_0 product in the call, n_in % 256 == 0 and at least
+ * min_table products of the types it runs (2 for a group; 1 for the GLM-5 wide products); off, never */
+static void mq_expect(const struct mcase *mc, int min_table, int on, int ran)
+{
+	int q8 = 0, n_take = 0;
+	for (int s = 0; s < mc->n; s++) {
+		const int ty = mc->s[s].type;
+		q8 |= ty == KT_Q8_0;
+		n_take += ty == KT_Q8_0 || ty == KT_F16 || ty == KT_BF16 || ty == KT_F32;
+	}
+	/* a wide product goes through kcuda_matmul, which sends only the wide ones to the multi kernel */
+	if (on && q8 && mc->n_in % 256 == 0 && n_take >= min_table && (min_table > 1 || mc->big))
+		OPS_CHECK(ran, "%s: the one-token int8 tensor-core kernel did not run", mc->what);
+	if (!on)
+		OPS_CHECK(!ran, "%s: the one-token int8 tensor-core kernel ran under TANDEM_MULTI_MQ=0",
+		          mc->what);
+}
+
 /* the int8 mma kernel's token counts: 2, 3, 5, 8 (quick: 2, 8) */
 static int64_t xm_next_tok(int64_t nt, int quick)
 {
@@ -497,16 +516,29 @@ int main(void)
 		}
 	unsetenv("TANDEM_MULTI_WIDE"); /* the default: on */
 	/* one token with x's int8 parts from the norm (kfuse_add_rmsnorm_parts): every group and the wide
-	 * products (the table of one) */
+	 * products (the table of one), on the int8 tensor-core tiles (mm_multi_mq_kernel, TANDEM_MULTI_MQ=1)
+	 * and on the dp4a kernel (the default) */
 	g_parts = 1;
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-		setup_fail |= run_multi(c, &cases[i], 1, 0);
-	for (size_t i = 0; i < sizeof(wide_cases) / sizeof(wide_cases[0]); i++)
-		setup_fail |= run_multi(c, &wide_cases[i], 1, 0);
+	for (int mq = 1; mq >= 0; mq--) {
+		setenv("TANDEM_MULTI_MQ", mq ? "1" : "0", 1);
+		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+			const unsigned long long before = kcuda_matmul_mq_calls();
+			setup_fail |= run_multi(c, &cases[i], 1, 0);
+			mq_expect(&cases[i], 2, mq, kcuda_matmul_mq_calls() > before);
+		}
+		for (size_t i = 0; i < sizeof(wide_cases) / sizeof(wide_cases[0]); i++) {
+			const unsigned long long before = kcuda_matmul_mq_calls();
+			setup_fail |= run_multi(c, &wide_cases[i], 1, 0);
+			mq_expect(&wide_cases[i], 1, mq, kcuda_matmul_mq_calls() > before);
+		}
+	}
+	unsetenv("TANDEM_MULTI_MQ");
 	g_parts = 0;
 	/* one token at n_in <= 2048 takes 8 Q8_0 rows a block where 4 would not fit one wave (the wide o
 	 * above); TANDEM_MULTI_RB=4 / 8 force either there: the one-token cases again on both (x and x's
 	 * parts), and the PDL producer */
+	setenv("TANDEM_MULTI_MQ", "0",
+	       1); /* x's parts on the dp4a kernel's 4 and 8 rows, not the mma tiles */
 	for (int rb = 4; rb <= 8; rb += 4) {
 		setenv("TANDEM_MULTI_RB", rb == 4 ? "4" : "8", 1);
 		check_pdl_producer(c, 1);
@@ -519,6 +551,7 @@ int main(void)
 		g_parts = 0;
 	}
 	unsetenv("TANDEM_MULTI_RB");
+	unsetenv("TANDEM_MULTI_MQ");
 	/* 1..8 tokens on the int8 mma (TANDEM_MULTI_XM=1) with the parts of every token: every group (its
 	 * other products run after it) and the wide products */
 	setenv("TANDEM_MULTI_XM", "1", 1);

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# kernels/cuda/matmul_multi.cu's mm_multi_mq_kernel warp on the CPU (tests/unit/mq_sim.cc says how): its
+# MQ_RB / MQ_PAD, mq_tile_bytes, mq_block_words and mq_pass, and k45_i8.cuh's int8 unit are cut out by
+# their markers and built with g++ -std=c++20 (std::barrier).
+set -u
+BUILD=${BUILD:-build}
+dir=$BUILD/sim/mq
+mkdir -p "$dir"
+source "$(dirname "$0")/sim_lib.sh"
+sim_cut_k45 "$dir/k45_i8_body.inc"
+src=kernels/cuda/matmul_multi.cu
+start=$(grep -n '^#define MQ_RB ' $src | cut -d: -f1)
+end=$(grep -n '^__device__ __forceinline__ void mq_body(' $src | cut -d: -f1)
+if [ -z "$start" ] || [ -z "$end" ]; then
+	echo "FAIL: the markers moved ($src: #define MQ_RB ... __device__ __forceinline__ void mq_body()"
+	exit 1
+fi
+sed -n "${start},$((end - 1))p" $src >"$dir/mq_body.inc"
+# misaligned word loads (the GPU's shared memory faults or rounds the address down where x86 reads them
+# fine) stop the run, where the compiler has UBSan
+san="-fsanitize=alignment -fno-sanitize-recover=alignment"
+echo 'int main() { return 0; }' | ${CXX:-g++} $san -x c++ -o "$dir/san_probe" - 2>/dev/null || san=""
+sim_build mq_sim tests/unit/mq_sim.cc -Wno-unknown-pragmas $san
+exec "$dir/mq_sim" "$@"
