@@ -389,6 +389,8 @@ __device__ __forceinline__ void mq_pass(float (&acc)[2], const uint8_t *sl, int 
 	}
 }
 
+/* A block of NW warps: its MQ_RB rows over all of K, chunk by chunk (warp w: slabs w, w + NW, ...) */
+template <int NW>
 __device__ __forceinline__ void mq_body(const struct mm_seg_dev &sg, int blk, const struct mm_multi_args &a,
                                         uint8_t *tile, float (*part)[MM_PART])
 {
@@ -405,7 +407,7 @@ __device__ __forceinline__ void mq_body(const struct mm_seg_dev &sg, int blk, co
 		for (int r = 0; r < MQ_RB; r++) {
 			const uint8_t *src = rp(r) + (size_t)s0 * SB;
 			uint8_t *dst = tile + r * stride;
-			for (int u = tid; u < upr; u += MM_NW * 32)
+			for (int u = tid; u < upr; u += NW * 32)
 				g3_cp16(dst + 16 * u, src + 16 * (size_t)u);
 		}
 		g3_commit();
@@ -429,17 +431,17 @@ __device__ __forceinline__ void mq_body(const struct mm_seg_dev &sg, int blk, co
 		if (a.mq_pf) { /* this warp's slabs' parts into L1 at once: one L2 round trip, not one a slab
 			        */
 			constexpr int LN = (int)((sizeof(mi8_x) + 127) / 128);
-			const int ns = (nsl - warp + MM_NW - 1) / MM_NW;
+			const int ns = (nsl - warp + NW - 1) / NW;
 			for (int i = lane; i < ns * LN; i += 32) {
 				const uint8_t *p =
-				    (const uint8_t *)(xq + s0 + warp + MM_NW * (i / LN)) + 128 * (i % LN);
+				    (const uint8_t *)(xq + s0 + warp + NW * (i / LN)) + 128 * (i % LN);
 				asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
 			}
 		}
 		g3_wait<0>();
 		__syncthreads(); /* every thread's copies are visible */
 #pragma unroll 2
-		for (int s = warp; s < nsl; s += MM_NW) {
+		for (int s = warp; s < nsl; s += NW) {
 			const mi8_x *U = xq + s0 + s;
 			mq_pass<0>(acc, tile + s * SB, stride, U, g, t);
 			mq_pass<1>(acc, tile + s * SB, stride, U, g, t);
@@ -458,7 +460,7 @@ __device__ __forceinline__ void mq_body(const struct mm_seg_dev &sg, int blk, co
 	if (tid < MQ_RB) {
 		float v = 0.0f;
 #pragma unroll
-		for (int w = 0; w < MM_NW; w++) /* warp order: deterministic */
+		for (int w = 0; w < NW; w++) /* warp order: deterministic */
 			v += part[w][tid];
 		if (row0 + tid < sg.n_out)
 			sg.y[row0 + tid] = v;
@@ -479,11 +481,60 @@ __global__ void __launch_bounds__(MM_NW * 32)
 	const struct mm_seg_dev &sg = a.seg[s];
 	const int blk = (int)blockIdx.x - sg.blk0;
 	switch (sg.type) {
-	case KT_Q8_0: mq_body(sg, blk, a, mm_tile, part); break;
+	case KT_Q8_0: mq_body<MM_NW>(sg, blk, a, mm_tile, part); break;
 	case KT_F16: mm_body<KT_F16, 1, SMALL, false, false, 4>(sg, blk, a, mm_tile, part); break;
 	case KT_BF16: mm_body<KT_BF16, 1, SMALL, false, false, 4>(sg, blk, a, mm_tile, part); break;
 	default: mm_body<KT_F32, 1, SMALL, false, false, 4>(sg, blk, a, mm_tile, part); break;
 	}
+}
+
+/* One F32 row a block of NW warps (the q_a group's idx_proj beside mq_body's tiles in the 8-warp
+ * kernel): the row prefetched into L2 before KDEP_ENTRY (weights), then float4 dots of the row and x,
+ * the block's sum in a fixed order (the lanes' shuffle tree, then the warps in order) */
+template <int NW>
+__device__ __forceinline__ void mq_f32_row(const struct mm_seg_dev &sg, int blk,
+                                           const struct mm_multi_args &a, float (*part)[MM_PART])
+{
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const float4 *w = (const float4 *)(sg.w + (size_t)min(blk, sg.n_out - 1) * sg.row_bytes);
+	if (a.pf && tid == 0)
+		kdep_prefetch_l2(w, sg.row_bytes);
+	KDEP_ENTRY();
+	const float4 *x = (const float4 *)kdep_after(a.x);
+	float acc = 0.0f;
+	for (int i = tid; i < a.n_in / 4; i += NW * 32) {
+		const float4 wv = __ldg(w + i), xv = x[i];
+		acc = fmaf(wv.x, xv.x, fmaf(wv.y, xv.y, fmaf(wv.z, xv.z, fmaf(wv.w, xv.w, acc))));
+	}
+	acc = kc_warp_sum(acc);
+	if (lane == 0)
+		part[warp][0] = acc;
+	__syncthreads();
+	if (tid == 0 && blk < sg.n_out) {
+		float v = 0.0f;
+#pragma unroll
+		for (int q = 0; q < NW; q++) /* warp order: deterministic */
+			v += part[q][0];
+		sg.y[blk] = v;
+	}
+}
+
+/* mm_multi_mq_kernel with 8 warps a block (each warp half the slabs: a shorter chain of dependent
+ * passes); Q8_0 and F32 products only (the host declines other types for it) */
+__global__ void __launch_bounds__(8 * 32) mm_multi_mq8_kernel(const __grid_constant__ struct mm_multi_args a)
+{
+	extern __shared__ __align__(16) uint8_t mm_tile[];
+	__shared__ float part[8][MM_PART];
+	int s = 0; /* the segment of this block: kernel arguments only */
+	for (int i = 1; i < a.n_seg; i++)
+		if ((int)blockIdx.x >= a.seg[i].blk0)
+			s = i;
+	const struct mm_seg_dev &sg = a.seg[s];
+	const int blk = (int)blockIdx.x - sg.blk0;
+	if (sg.type == KT_Q8_0)
+		mq_body<8>(sg, blk, a, mm_tile, part);
+	else
+		mq_f32_row<8>(sg, blk, a, part);
 }
 
 static unsigned long long mq_calls; /* kcuda_matmul_mq_calls */
@@ -936,7 +987,10 @@ static int mm_run_mq(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *
 {
 	const bool small = n_in <= MM_CHUNK(true);
 	const int n_slab = (int)(n_in / 256);
-	const size_t smem_static = sizeof(float) * MM_NW * MM_PART;
+	/* TANDEM_MULTI_MQ_NW=8: 8 warps a block (Q8_0 and F32 products only), else 4 */
+	const char *nwe = getenv("TANDEM_MULTI_MQ_NW");
+	const bool nw8 = nwe && strcmp(nwe, "8") == 0;
+	const size_t smem_static = sizeof(float) * (nw8 ? 8 : MM_NW) * MM_PART;
 	const int optin = kcuda_smem_optin(c->device);
 	if (n_in % 256 || n_slab < 1 || optin <= 0)
 		return ERR_UNSUPPORTED;
@@ -959,11 +1013,14 @@ static int mm_run_mq(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *
 		const struct kweight *w = seg[i].w;
 		int rb, se, sb;
 		if (!mm_geom(w->type, MQ_RB, &rb, &se, &sb) || n_in % se || (uintptr_t)w->data % 16 ||
-		    w->n_out > INT32_MAX / 2)
+		    w->n_out > INT32_MAX / 2 || (nw8 && w->type != KT_Q8_0 && w->type != KT_F32))
 			continue;
+		if (nw8 && w->type == KT_F32)
+			rb = 1; /* mq_f32_row: one row a block, no tile */
 		const int64_t mcs = MM_CHUNK(small) / se, nsl = n_in / se < mcs ? n_in / se : mcs;
-		const size_t tb =
-		    w->type == KT_Q8_0 ? mq_tile_bytes(cs) : (size_t)rb * (size_t)sb * (size_t)nsl;
+		const size_t tb = w->type == KT_Q8_0 ? mq_tile_bytes(cs)
+		                  : nw8              ? 0
+		                                     : (size_t)rb * (size_t)sb * (size_t)nsl;
 		if (tb + smem_static > (size_t)optin)
 			continue;
 		smem = tb > smem ? tb : smem;
@@ -993,18 +1050,22 @@ static int mm_run_mq(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *
 		a.mq_pf = !(e && strcmp(e, "0") == 0);
 	}
 	/* more than the default 48 KB of dynamic shared memory: asked once per instantiation and size */
-	static size_t set_for[2];
-	const void *kern =
-	    small ? (const void *)mm_multi_mq_kernel<true> : (const void *)mm_multi_mq_kernel<false>;
-	if (smem > 48 * 1024 && set_for[small] < smem) {
+	static size_t set_for[3];
+	const int ki = nw8 ? 2 : small;
+	const void *kern = nw8     ? (const void *)mm_multi_mq8_kernel
+	                   : small ? (const void *)mm_multi_mq_kernel<true>
+	                           : (const void *)mm_multi_mq_kernel<false>;
+	if (smem > 48 * 1024 && set_for[ki] < smem) {
 		KCUDA_CHECK(
 		    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-		set_for[small] = smem;
+		set_for[ki] = smem;
 	}
-	int rc = small ? klaunch("matmul_multi_mq", mm_multi_mq_kernel<true>, dim3((unsigned)n_blk),
-	                         dim3(MM_NW * 32), smem, c->stream, a)
-	               : klaunch("matmul_multi_mq", mm_multi_mq_kernel<false>, dim3((unsigned)n_blk),
-	                         dim3(MM_NW * 32), smem, c->stream, a);
+	int rc = nw8 ? klaunch("matmul_multi_mq8", mm_multi_mq8_kernel, dim3((unsigned)n_blk), dim3(8 * 32),
+	                       smem, c->stream, a)
+	         : small ? klaunch("matmul_multi_mq", mm_multi_mq_kernel<true>, dim3((unsigned)n_blk),
+	                           dim3(MM_NW * 32), smem, c->stream, a)
+	                 : klaunch("matmul_multi_mq", mm_multi_mq_kernel<false>, dim3((unsigned)n_blk),
+	                           dim3(MM_NW * 32), smem, c->stream, a);
 	if (rc == 0)
 		__atomic_fetch_add(&mq_calls, 1ull, __ATOMIC_RELAXED);
 	for (int i = 0; i < n_seg && !rc; i++)

@@ -118,14 +118,15 @@ static void xm_expect(const struct mcase *mc, int64_t nt, int ran)
 
 /* whether the one-token int8 tensor-core kernel (mm_multi_mq_kernel) took a case run with x's parts
  * as it must: on (TANDEM_MULTI_MQ=1), a Q8_0 product in the call, n_in % 256 == 0 and at least
- * min_table products of the types it runs (2 for a group; 1 for the GLM-5 wide products); off, never */
-static void mq_expect(const struct mcase *mc, int min_table, int on, int ran)
+ * min_table products of the types it runs (2 for a group; 1 for the GLM-5 wide products; with 8
+ * warps Q8_0 and F32 only); off, never */
+static void mq_expect(const struct mcase *mc, int min_table, int on, int nw8, int ran)
 {
 	int q8 = 0, n_take = 0;
 	for (int s = 0; s < mc->n; s++) {
 		const int ty = mc->s[s].type;
 		q8 |= ty == KT_Q8_0;
-		n_take += ty == KT_Q8_0 || ty == KT_F16 || ty == KT_BF16 || ty == KT_F32;
+		n_take += ty == KT_Q8_0 || ty == KT_F32 || (!nw8 && (ty == KT_F16 || ty == KT_BF16));
 	}
 	/* a wide product goes through kcuda_matmul, which sends only the wide ones to the multi kernel */
 	if (on && q8 && mc->n_in % 256 == 0 && n_take >= min_table && (min_table > 1 || mc->big))
@@ -516,23 +517,26 @@ int main(void)
 		}
 	unsetenv("TANDEM_MULTI_WIDE"); /* the default: on */
 	/* one token with x's int8 parts from the norm (kfuse_add_rmsnorm_parts): every group and the wide
-	 * products (the table of one), on the int8 tensor-core tiles (mm_multi_mq_kernel, TANDEM_MULTI_MQ=1)
-	 * and on the dp4a kernel (the default) */
+	 * products (the table of one), on the int8 tensor-core tiles (mm_multi_mq_kernel, TANDEM_MULTI_MQ=1,
+	 * with 4 and 8 warps a block) and on the dp4a kernel (the default) */
 	g_parts = 1;
-	for (int mq = 1; mq >= 0; mq--) {
+	for (int v = 0; v < 3; v++) { /* 4 warps a block, 8 warps (TANDEM_MULTI_MQ_NW=8), off */
+		const int mq = v < 2, nw8 = v == 1;
 		setenv("TANDEM_MULTI_MQ", mq ? "1" : "0", 1);
+		setenv("TANDEM_MULTI_MQ_NW", nw8 ? "8" : "4", 1);
 		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 			const unsigned long long before = kcuda_matmul_mq_calls();
 			setup_fail |= run_multi(c, &cases[i], 1, 0);
-			mq_expect(&cases[i], 2, mq, kcuda_matmul_mq_calls() > before);
+			mq_expect(&cases[i], 2, mq, nw8, kcuda_matmul_mq_calls() > before);
 		}
 		for (size_t i = 0; i < sizeof(wide_cases) / sizeof(wide_cases[0]); i++) {
 			const unsigned long long before = kcuda_matmul_mq_calls();
 			setup_fail |= run_multi(c, &wide_cases[i], 1, 0);
-			mq_expect(&wide_cases[i], 1, mq, kcuda_matmul_mq_calls() > before);
+			mq_expect(&wide_cases[i], 1, mq, nw8, kcuda_matmul_mq_calls() > before);
 		}
 	}
 	unsetenv("TANDEM_MULTI_MQ");
+	unsetenv("TANDEM_MULTI_MQ_NW");
 	g_parts = 0;
 	/* one token at n_in <= 2048 takes 8 Q8_0 rows a block where 4 would not fit one wave (the wide o
 	 * above); TANDEM_MULTI_RB=4 / 8 force either there: the one-token cases again on both (x and x's
