@@ -319,7 +319,11 @@ __global__ void __launch_bounds__(MM_NW * 32, 8)
  * than the chunk (so the 8 rows g of a load fall in 8 different banks), copied by cp.async before
  * KDEP_ENTRY (weights); warp w takes slabs w, w + 4, ... of the chunk. x's parts are read from global
  * memory (the norm before wrote them: plain loads). Rows past n_out read the last row (not stored).
- * The other types of the same call (GLM-5's idx_proj in F32) run mm_body in the same launch. */
+ * The other types of the same call (GLM-5's idx_proj in F32) run mm_body in the same launch.
+ * MEASURED (H200, session 23, GLM-5 rank 0 of TP=8, batch 1): faster eager (-0.16 to -0.26 ms a step),
+ * not in the graph (q_a group only, 8 warps: 6.42-6.45 against 6.40-6.49 ms; both calls, 4 warps:
+ * +0.5 ms): after the PDL wait each warp runs its slabs' passes one after another on 8-16 warps an SM,
+ * where the dp4a kernel has ~22. So off by default (TANDEM_MULTI_MQ). */
 #define MQ_RB 16 /* rows a Q8_0 block: one A tile */
 #define MQ_PAD 16 /* bytes between a row's chunk and the next row's */
 
@@ -1050,16 +1054,14 @@ static int mm_run_mq(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *
 		a.mq_pf = !(e && strcmp(e, "0") == 0);
 	}
 	/* more than the default 48 KB of dynamic shared memory: asked once per instantiation and size */
-	static size_t set_for[3];
-	const int ki = nw8 ? 2 : small;
+	/* more than the default 48 KB of dynamic shared memory: set on every call (a per-device attribute;
+	 * a process may drive several GPUs from several threads) */
 	const void *kern = nw8     ? (const void *)mm_multi_mq8_kernel
 	                   : small ? (const void *)mm_multi_mq_kernel<true>
 	                           : (const void *)mm_multi_mq_kernel<false>;
-	if (smem > 48 * 1024 && set_for[ki] < smem) {
+	if (smem > 48 * 1024)
 		KCUDA_CHECK(
 		    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-		set_for[ki] = smem;
-	}
 	int rc = nw8 ? klaunch("matmul_multi_mq8", mm_multi_mq8_kernel, dim3((unsigned)n_blk), dim3(8 * 32),
 	                       smem, c->stream, a)
 	         : small ? klaunch("matmul_multi_mq", mm_multi_mq_kernel<true>, dim3((unsigned)n_blk),
