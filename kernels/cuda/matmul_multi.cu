@@ -300,6 +300,45 @@ __global__ void __launch_bounds__(MM_NW * 32, 8)
 	mm_multi_block<1, SMALL, false, true, Q8RB>(a);
 }
 
+extern "C" bool kcuda_matmul_multi_enabled(void)
+{
+	const char *e = getenv("TANDEM_MULTI");
+	return !(e && strcmp(e, "0") == 0);
+}
+
+static int multi_max_tok(void)
+{
+	const char *e = getenv("TANDEM_MULTI_TOK");
+	const int v = e ? atoi(e) : 8;
+	return v < 0 ? 0 : (v > 8 ? 8 : v);
+}
+
+/* x at 1-2 tokens: by default slab by slab as for 3-8 tokens (n_in 6144, 1 token: 56 registers, 8
+ * blocks by shared memory = ~210 KB of weight copies in flight per SM, all of GLM-5's q_a + kv_a + idx_k +
+ * idx_proj on 132 SMs, most of it issued under PDL before the kernel before has finished; x then comes from
+ * L1 after the SM's first block). TANDEM_MULTI_HOIST=1 (read on every call) loads all of a chunk's x before
+ * the wait instead (124 registers, 4 blocks per SM; the first version): measured slower (H200, 2026-12-01
+ * 19:52, synthetic GLM-5 rank 0 of TP=8, ctx 4096: batch 1 7.48 / 7.51 ms against 6.70 / 6.82 by default;
+ * batch 8 the same within noise). */
+static bool multi_hoist(void)
+{
+	const char *e = getenv("TANDEM_MULTI_HOIST");
+	return e && strcmp(e, "1") == 0;
+}
+
+/* TANDEM_MULTI_XPARTS=0 (read on every call): the Q8_0 products of one token read x even where
+ * the norm before left its int8 parts */
+static bool multi_xparts(void)
+{
+	const char *e = getenv("TANDEM_MULTI_XPARTS");
+	return !(e && strcmp(e, "0") == 0);
+}
+
+extern "C" bool kcuda_matmul_multi_takes(int64_t n_tok)
+{
+	return kcuda_matmul_multi_enabled() && n_tok >= 1 && n_tok <= 8 && n_tok <= multi_max_tok();
+}
+
 /* ---- one token's Q8_0 products on the int8 tensor cores (mm_multi_mq_kernel; TANDEM_MULTI_MQ) ----
  * Why: the one-token kernel above is issue-bound once its weights have landed (H200, Nsight Compute
  * source counters, session 23: GLM-5's q_a group 3.07M warp instructions a call, ~1000 a warp, of which
@@ -571,45 +610,6 @@ static int multi_mq_cs(void)
 	const char *e = getenv("TANDEM_MULTI_MQ_CS");
 	const int v = e ? atoi(e) : 0;
 	return v > 0 ? v : 1 << 20;
-}
-
-extern "C" bool kcuda_matmul_multi_enabled(void)
-{
-	const char *e = getenv("TANDEM_MULTI");
-	return !(e && strcmp(e, "0") == 0);
-}
-
-static int multi_max_tok(void)
-{
-	const char *e = getenv("TANDEM_MULTI_TOK");
-	const int v = e ? atoi(e) : 8;
-	return v < 0 ? 0 : (v > 8 ? 8 : v);
-}
-
-/* x at 1-2 tokens: by default slab by slab as for 3-8 tokens (n_in 6144, 1 token: 56 registers, 8
- * blocks by shared memory = ~210 KB of weight copies in flight per SM, all of GLM-5's q_a + kv_a + idx_k +
- * idx_proj on 132 SMs, most of it issued under PDL before the kernel before has finished; x then comes from
- * L1 after the SM's first block). TANDEM_MULTI_HOIST=1 (read on every call) loads all of a chunk's x before
- * the wait instead (124 registers, 4 blocks per SM; the first version): measured slower (H200, 2026-12-01
- * 19:52, synthetic GLM-5 rank 0 of TP=8, ctx 4096: batch 1 7.48 / 7.51 ms against 6.70 / 6.82 by default;
- * batch 8 the same within noise). */
-static bool multi_hoist(void)
-{
-	const char *e = getenv("TANDEM_MULTI_HOIST");
-	return e && strcmp(e, "1") == 0;
-}
-
-/* TANDEM_MULTI_XPARTS=0 (read on every call): the Q8_0 products of one token read x even where
- * the norm before left its int8 parts */
-static bool multi_xparts(void)
-{
-	const char *e = getenv("TANDEM_MULTI_XPARTS");
-	return !(e && strcmp(e, "0") == 0);
-}
-
-extern "C" bool kcuda_matmul_multi_takes(int64_t n_tok)
-{
-	return kcuda_matmul_multi_enabled() && n_tok >= 1 && n_tok <= 8 && n_tok <= multi_max_tok();
 }
 
 /* ---- 5..8 tokens on the int8 tensor cores (mm_xm_kernel; TANDEM_MULTI_XM=1, off: see multi_xm) ----
