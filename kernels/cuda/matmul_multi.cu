@@ -88,6 +88,38 @@ struct mm_multi_args {
 	int mq_pf; /* mq_body: prefetch the warp's parts into L1 (TANDEM_MULTI_MQ_PF, default on) */
 };
 
+/* ROWS rows' chunk of nsl slabs (SB bytes each) from slab s0 (rp(r): row r's bytes) into the tile,
+ * rows stride bytes apart: 16-byte cp.async pieces spread over NTHR threads, one commit group.
+ * mm_body's and mq_body's chunk copy (the row loop unrolled: mm_body's PTX as before the helper, up
+ * to the order of a few parameter loads). */
+template <int ROWS, int NTHR, int SB, class RP>
+__device__ __forceinline__ void mm_copy_chunk(uint8_t *tile, int stride, RP rp, int s0, int nsl)
+{
+	const int tid = threadIdx.x, upr = nsl * (SB / 16);
+#pragma unroll
+	for (int r = 0; r < ROWS; r++)
+		for (int u = tid; u < upr; u += NTHR)
+			g3_cp16(tile + r * stride + 16 * u, rp(r) + (size_t)s0 * SB + 16 * (size_t)u);
+	g3_commit();
+}
+
+/* A block's first chunk of weights copied (load(0)), before KDEP_ENTRY when pf (weights only:
+ * cuda_common.cuh), with the rest of its ROWS rows past chunk_bytes prefetched into L2 when there is
+ * more than one chunk; then KDEP_ENTRY. */
+template <int ROWS, class RP, class LOAD>
+__device__ __forceinline__ void mm_first_chunk_then_wait(int pf, int n_chunk, RP rp, size_t chunk_bytes,
+                                                         size_t row_bytes, LOAD load)
+{
+	if (!pf)
+		KDEP_ENTRY();
+	load(0); /* weights: may start before KDEP_ENTRY */
+	if (pf) {
+		if (n_chunk > 1 && (int)threadIdx.x < ROWS) /* the rest of the rows into L2 */
+			kdep_prefetch_l2(rp((int)threadIdx.x) + chunk_bytes, row_bytes - chunk_bytes);
+		KDEP_ENTRY();
+	}
+}
+
 /* One token's Q8_0 slab (tile: row 0's slab, rows `stride` bytes apart) against x's int8 parts (U:
  * the slab's unit, kfuse_add_rmsnorm_parts): lane l's 8 weights (block l / 4, quarter l % 4) times
  * the same 8 elements' three parts in dp4a (exact integer dots), then acc[r][0] += d s (q1 + (254
@@ -142,21 +174,9 @@ __device__ __forceinline__ void mm_body(const struct mm_seg_dev &sg, int blk, co
 
 	/* chunk ch of the block's rows into the tile (every thread: 16-byte pieces tid, tid + 128, ...) */
 	auto load_chunk = [&](int ch) {
-		const int s0 = ch * CS, nsl = min(CS, n_slab - s0), upr = nsl * (SB / 16);
-#pragma unroll
-		for (int r = 0; r < RB; r++)
-			for (int u = tid; u < upr; u += MM_NW * 32)
-				g3_cp16(tile + r * stride + 16 * u, rp(r) + (size_t)s0 * SB + 16 * (size_t)u);
-		g3_commit();
+		mm_copy_chunk<RB, MM_NW * 32, SB>(tile, stride, rp, ch * CS, min(CS, n_slab - ch * CS));
 	};
-	if (!a.pf)
-		KDEP_ENTRY();
-	load_chunk(0); /* weights: may start before KDEP_ENTRY */
-	if (a.pf) {
-		if (n_chunk > 1 && tid < RB) /* the rest of the rows into L2 */
-			kdep_prefetch_l2(rp(tid) + (size_t)CS * SB, sg.row_bytes - (size_t)CS * SB);
-		KDEP_ENTRY();
-	}
+	mm_first_chunk_then_wait<RB>(a.pf, n_chunk, rp, (size_t)CS * SB, sg.row_bytes, load_chunk);
 	const float *const xb = kdep_after(a.x); /* x only from here on */
 
 	for (int t0 = 0; t0 < a.n_tok; t0 += NTP) {
@@ -334,6 +354,18 @@ static bool multi_xparts(void)
 	return !(e && strcmp(e, "0") == 0);
 }
 
+/* a kernel table's entry for product s, its blocks (or tiles) from blk0 on */
+static void mm_seg_fill(struct mm_seg_dev *d, const struct kcuda_mm_seg *s, int64_t blk0)
+{
+	d->w = (const uint8_t *)s->w->data;
+	d->y = s->y;
+	d->ldy = s->ldy;
+	d->row_bytes = s->w->row_bytes;
+	d->n_out = (int)s->w->n_out;
+	d->type = s->w->type;
+	d->blk0 = (int)blk0;
+}
+
 extern "C" bool kcuda_matmul_multi_takes(int64_t n_tok)
 {
 	return kcuda_matmul_multi_enabled() && n_tok >= 1 && n_tok <= 8 && n_tok <= multi_max_tok();
@@ -445,24 +477,9 @@ __device__ __forceinline__ void mq_body(const struct mm_seg_dev &sg, int blk, co
 	const int row0 = blk * MQ_RB;
 	auto rp = [&](int r) { return sg.w + (size_t)min(row0 + r, sg.n_out - 1) * sg.row_bytes; };
 	auto load_chunk = [&](int ch) {
-		const int s0 = ch * cs, nsl = min(cs, n_slab - s0), upr = nsl * (SB / 16);
-#pragma unroll 4
-		for (int r = 0; r < MQ_RB; r++) {
-			const uint8_t *src = rp(r) + (size_t)s0 * SB;
-			uint8_t *dst = tile + r * stride;
-			for (int u = tid; u < upr; u += NW * 32)
-				g3_cp16(dst + 16 * u, src + 16 * (size_t)u);
-		}
-		g3_commit();
+		mm_copy_chunk<MQ_RB, NW * 32, SB>(tile, stride, rp, ch * cs, min(cs, n_slab - ch * cs));
 	};
-	if (!a.pf)
-		KDEP_ENTRY();
-	load_chunk(0); /* weights: may start before KDEP_ENTRY */
-	if (a.pf) {
-		if (n_chunk > 1 && tid < MQ_RB) /* the rest of the rows into L2 */
-			kdep_prefetch_l2(rp(tid) + (size_t)cs * SB, sg.row_bytes - (size_t)cs * SB);
-		KDEP_ENTRY();
-	}
+	mm_first_chunk_then_wait<MQ_RB>(a.pf, n_chunk, rp, (size_t)cs * SB, sg.row_bytes, load_chunk);
 	const mi8_x *const xq = kdep_after(a.xq); /* x's parts only from here on */
 	float acc[2] = {0.f, 0.f};
 	for (int ch = 0; ch < n_chunk; ch++) {
@@ -844,14 +861,7 @@ static int mm_run_xm(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *
 		return ERR_UNSUPPORTED;
 	int64_t n_tiles = 0;
 	for (int i = 0; i < n_seg; i++) {
-		struct mm_seg_dev *d = &a.seg[a.n_seg++];
-		d->w = (const uint8_t *)seg[i].w->data;
-		d->y = seg[i].y;
-		d->ldy = seg[i].ldy;
-		d->row_bytes = seg[i].w->row_bytes;
-		d->n_out = (int)seg[i].w->n_out;
-		d->type = seg[i].w->type;
-		d->blk0 = (int)n_tiles;
+		mm_seg_fill(&a.seg[a.n_seg++], &seg[i], n_tiles);
 		n_tiles += (seg[i].w->n_out + 8 * XM_R8 - 1) / (8 * XM_R8);
 	}
 	if (n_tiles * a.ks > INT32_MAX)
@@ -1028,14 +1038,7 @@ static int mm_run_mq(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *
 		if (tb + smem_static > (size_t)optin)
 			continue;
 		smem = tb > smem ? tb : smem;
-		struct mm_seg_dev *d = &a.seg[a.n_seg++];
-		d->w = (const uint8_t *)w->data;
-		d->y = seg[i].y;
-		d->ldy = seg[i].ldy;
-		d->row_bytes = w->row_bytes;
-		d->n_out = (int)w->n_out;
-		d->type = w->type;
-		d->blk0 = (int)n_blk;
+		mm_seg_fill(&a.seg[a.n_seg++], &seg[i], n_blk);
 		n_blk += (w->n_out + rb - 1) / rb;
 		n_q8 += w->type == KT_Q8_0;
 		in_table[i] = true;
@@ -1155,14 +1158,7 @@ static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg
 		const size_t tb = (size_t)rb * (size_t)sb * (size_t)nsl;
 		if (tb > smem)
 			smem = tb;
-		struct mm_seg_dev *d = &a.seg[a.n_seg++];
-		d->w = (const uint8_t *)w->data;
-		d->y = seg[i].y;
-		d->ldy = seg[i].ldy;
-		d->row_bytes = w->row_bytes;
-		d->n_out = (int)w->n_out;
-		d->type = w->type;
-		d->blk0 = (int)n_blk;
+		mm_seg_fill(&a.seg[a.n_seg++], &seg[i], n_blk);
 		n_blk += (w->n_out + rb - 1) / rb;
 		in_table[i] = true;
 	}

@@ -508,8 +508,7 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 						dmx = fmax(dmx, fabs((double)got[i] - with[i]));
 					}
 				printf("  parts vs none: %lld of %lld differ, first at token %lld row %lld, "
-				       "max %.3g "
-				       "(max|ref| %.3g)\n",
+				       "max %.3g (max|ref| %.3g)\n",
 				       (long long)nd, (long long)(n * D), (long long)(first / D),
 				       (long long)(first % D), dmx, maxref);
 			}

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "tests/unit/sim_q8.h"
 #include "tests/unit/sim_warp.h"
 
 #include "k45_i8_body.inc"
@@ -46,13 +47,6 @@ static inline __half __ushort_as_half(unsigned short v)
 static std::mt19937_64 rng(20261203);
 static int checks, fails;
 
-/* a random fp16 scale of magnitude [2^-9, 2^-6), either sign */
-static uint16_t rand_scale(void)
-{
-	const int e = (int)(rng() % 3) - 9 + 15;
-	return (uint16_t)(((rng() & 1) << 15) | (e << 10) | (rng() & 1023));
-}
-
 /* one case: MQ_RB rows of n_slab slabs against x of kind `kind` */
 static void run_case(int n_slab, int kind, const char *what)
 {
@@ -62,16 +56,8 @@ static void run_case(int n_slab, int kind, const char *what)
 	const int K = 256 * n_slab;
 	std::vector<double> w((size_t)MQ_RB * K);
 	for (int r = 0; r < MQ_RB; r++)
-		for (int b = 0; b < 8 * n_slab; b++) {
-			uint8_t *blk = tile + r * stride + 34 * b;
-			const uint16_t d = rand_scale();
-			memcpy(blk, &d, 2);
-			for (int i = 0; i < 32; i++) {
-				const int8_t q = (int8_t)(rng() % 256); /* -128..127 */
-				blk[2 + i] = (uint8_t)q;
-				w[(size_t)r * K + 32 * b + i] = (double)sim_h2f(d) * q;
-			}
-		}
+		for (int b = 0; b < 8 * n_slab; b++)
+			sim_q8_block(tile + r * stride + 34 * b, &w[(size_t)r * K + 32 * b], rng);
 	std::vector<float> x_v((size_t)K + 4);
 	float *x = x_v.data() + (16 - (uintptr_t)x_v.data() % 16) % 16 / 4;
 	std::uniform_real_distribution<float> u(-1.0f, 1.0f);

@@ -5,6 +5,8 @@
 # sim_cut_k45 OUT writes the int8 unit's device source to OUT: kernels/cuda/k45_i8.cuh's device part
 # without its #include and its mma.sync (tests/unit/sim_warp.h has its own), after gemv_mma.cuh's
 # gm_k45_w / gm_k45_load (they fill a lane's weight words); FAIL (exit 1) when the markers moved.
+# sim_san_align prints the flags of UBSan's alignment check where the compiler has it (else nothing): a
+# misaligned word load, which x86 performs and the GPU's shared memory does not, then stops the run.
 sim_build() {
 	local name=$1 src=$2
 	shift 2
@@ -38,4 +40,9 @@ sim_cut_k45() {
 		sed -n "${s1},$((e1 - 1))p" $src
 		sed -n "${s2},$((e2 - 1))p" $src
 	} >"$out"
+}
+
+sim_san_align() {
+	local san="-fsanitize=alignment -fno-sanitize-recover=alignment"
+	echo 'int main() { return 0; }' | ${CXX:-g++} $san -x c++ -o "$dir/san_probe" - 2>/dev/null && echo "$san"
 }

@@ -16,9 +16,7 @@ if [ -z "$start" ] || [ -z "$end" ]; then
 	exit 1
 fi
 sed -n "${start},$((end - 1))p" $src >"$dir/mq_body.inc"
-# misaligned word loads (the GPU's shared memory faults or rounds the address down where x86 reads them
-# fine) stop the run, where the compiler has UBSan
-san="-fsanitize=alignment -fno-sanitize-recover=alignment"
-echo 'int main() { return 0; }' | ${CXX:-g++} $san -x c++ -o "$dir/san_probe" - 2>/dev/null || san=""
+# misaligned word loads stop the run where the compiler has UBSan (sim_lib.sh)
+san=$(sim_san_align)
 sim_build mq_sim tests/unit/mq_sim.cc -Wno-unknown-pragmas $san
 exec "$dir/mq_sim" "$@"

@@ -24,9 +24,7 @@ fi
 	sed -n "${s1},$((e1 - 1))p" $impl
 	sed -n "${start},$((end - 1))p" $src
 } >"$dir/xm_body.inc"
-# misaligned word loads (g3_q8_bytes's funnel shifts exist to avoid them: the GPU's shared memory faults or
-# rounds the address down where x86 reads them fine) stop the run, where the compiler has UBSan
-san="-fsanitize=alignment -fno-sanitize-recover=alignment"
-echo 'int main() { return 0; }' | ${CXX:-g++} $san -x c++ -o "$dir/san_probe" - 2>/dev/null || san=""
+# misaligned word loads stop the run where the compiler has UBSan (sim_lib.sh)
+san=$(sim_san_align)
 sim_build xm_sim tests/unit/xm_sim.cc -Wno-unknown-pragmas $san
 exec "$dir/xm_sim" "$@"

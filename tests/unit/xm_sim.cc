@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "tests/unit/sim_q8.h"
 #include "tests/unit/sim_warp.h"
 
 #include "k45_i8_body.inc"
@@ -46,13 +47,6 @@ static inline uint2 make_uint2(uint32_t a, uint32_t b)
 static std::mt19937_64 rng(20261202);
 static int checks, fails;
 
-/* a random fp16 scale of magnitude [2^-9, 2^-6), either sign */
-static uint16_t rand_scale(void)
-{
-	const int e = (int)(rng() % 3) - 9 + 15;
-	return (uint16_t)(((rng() & 1) << 15) | (e << 10) | (rng() & 1023));
-}
-
 /* one case: RT = 8 R8 rows of one slab against n_tok tokens' x of kind `kind` */
 template <int R8> static void run_case(int n_tok, int kind, const char *what)
 {
@@ -60,16 +54,8 @@ template <int R8> static void run_case(int n_tok, int kind, const char *what)
 	alignas(16) static uint8_t wsm[RT * XM_SB];
 	std::vector<double> w((size_t)RT * 256);
 	for (int r = 0; r < RT; r++)
-		for (int b = 0; b < 8; b++) {
-			uint8_t *blk = wsm + r * XM_SB + 34 * b;
-			const uint16_t d = rand_scale();
-			memcpy(blk, &d, 2);
-			for (int i = 0; i < 32; i++) {
-				const int8_t q = (int8_t)(rng() % 256); /* -128..127 */
-				blk[2 + i] = (uint8_t)q;
-				w[(size_t)r * 256 + 32 * b + i] = (double)sim_h2f(d) * q;
-			}
-		}
+		for (int b = 0; b < 8; b++)
+			sim_q8_block(wsm + r * XM_SB + 34 * b, &w[(size_t)r * 256 + 32 * b], rng);
 	alignas(16) static float x[8][256];
 	std::uniform_real_distribution<float> u(-1.0f, 1.0f);
 	for (int t = 0; t < 8; t++)
