@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cuda/cluster_bar.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/fused.h"
 #include "kernels/cuda/k45_i8.cuh"
@@ -307,37 +308,6 @@ __global__ void __launch_bounds__(AN_T)
 #define AC_V 4 /* float4 per thread: slices up to 2048 floats, rows up to 16384 */
 #define AC_NB 8 /* portable cluster size */
 
-__device__ __forceinline__ void fu_cl_arrive_relaxed(void)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-	asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void fu_cl_arrive_release(void)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-	asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void fu_cl_wait(void)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-	asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-/* *p in the shared memory of block `rank` of this cluster = v */
-__device__ __forceinline__ void fu_cl_put_d(double *p, unsigned rank, double v)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-	const uint32_t la = (uint32_t)__cvta_generic_to_shared(p);
-	uint32_t ra;
-	asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(la), "r"(rank));
-	asm volatile("st.shared::cluster.f64 [%0], %1;" ::"r"(ra), "d"(v) : "memory");
-#else
-	if (rank == 0)
-		*p = v;
-#endif
-}
 __device__ __forceinline__ double fu_warp_sum_d(double v)
 {
 #pragma unroll
@@ -353,7 +323,7 @@ __global__ void __launch_bounds__(AC_T)
 	const int b = (int)blockIdx.x, nb = (int)gridDim.x; /* the cluster is the grid's x extent */
 	const int64_t n4 = n / 4, j0 = (int64_t)b * s4;
 	const int64_t j1 = j0 + s4 < n4 ? j0 + s4 : n4;
-	fu_cl_arrive_relaxed(); /* phase 1: this block has started */
+	kcl_arrive_relaxed(); /* phase 1: this block has started */
 	float4 wv[AC_V];
 #pragma unroll
 	for (int k = 0; k < AC_V; k++) { /* the weight slice before KDEP_ENTRY (cuda_common.cuh) */
@@ -402,16 +372,16 @@ __global__ void __launch_bounds__(AC_T)
 	if ((threadIdx.x & 31) == 0)
 		red[threadIdx.x >> 5] = ss;
 	__syncthreads();
-	fu_cl_wait(); /* phase 1 done: every block of the cluster runs, its shared memory exists */
+	kcl_wait(); /* phase 1 done: every block of the cluster runs, its shared memory exists */
 	if ((int)threadIdx.x < nb) { /* thread q pushes this block's partial to block q */
 		double s = 0.0;
 #pragma unroll
 		for (int k = 0; k < AC_T / 32; k++)
 			s += red[k];
-		fu_cl_put_d(&part[b], threadIdx.x, s);
+		kcl_put_d(&part[b], threadIdx.x, s);
 	}
-	fu_cl_arrive_release();
-	fu_cl_wait(); /* phase 2: every block's partial is in every block's part[] */
+	kcl_arrive_release();
+	kcl_wait(); /* phase 2: every block's partial is in every block's part[] */
 	double tot = 0.0;
 	for (int q = 0; q < nb; q++) /* rank order: the same total in every block */
 		tot += part[q];

@@ -42,6 +42,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "kernels/cuda/cluster_bar.cuh"
 #include "kernels/cuda/k45_i8.cuh"
 #include "kernels/cuda/matmul_impl.cuh"
 
@@ -86,6 +87,7 @@ struct mm_multi_args {
 	const mi8_x *xq; /* one token: x's int8 parts (one unit per 256-element slab), or NULL */
 	int mq_cs; /* mm_multi_mq_kernel: slabs a chunk of its Q8_0 tiles (mq_body) */
 	int mq_pf; /* mq_body: prefetch the warp's parts into L1 (TANDEM_MULTI_MQ_PF, default on) */
+	int mq_ks; /* mm_multi_mqc_kernel: blocks a cluster (mq_cs: slabs a block) */
 };
 
 /* ROWS rows' chunk of nsl slabs (SB bytes each) from slab s0 (rp(r): row r's bytes) into the tile,
@@ -597,6 +599,99 @@ __global__ void __launch_bounds__(8 * 32) mm_multi_mq8_kernel(const __grid_const
 		mq_f32_row<8>(sg, blk, a, part);
 }
 
+/* ---- the same tiles with K split over a thread-block cluster (mm_multi_mqc_kernel; TANDEM_MULTI_MQ_KS) ----
+ * Why: mm_multi_mq8_kernel's blocks hold 16 rows x all of K (104 KB at GLM-5's 6144), so the q_a group's
+ * 172 tiles land one or two on each of the H200's 132 SMs: the SMs with two carry twice the bytes of the
+ * others, and each warp runs its three slabs' passes in series after the wait. Here a cluster of ks blocks
+ * shares a tile: block rank r copies slabs [r spr, (r + 1) spr) of the tile's rows (spr = the slabs a
+ * rank) into its own shared memory before KDEP_ENTRY, its warps take slabs w, w + NW, ... of them, and
+ * the block's sums go into rank 0's shared memory (distributed shared memory), which adds them in rank
+ * order after one cluster barrier (cluster_bar.cuh's split phases: the first is passed long before it is
+ * needed). GLM-5's q_a group at 8 warps and ks 3: 516 blocks of 35 KB, one slab a warp; at most 64
+ * registers (launch bounds), so 4 blocks an SM and the 516 in one wave on 132 SMs.
+ * F32 rows (the group's idx_proj) take one row a tile under the same split (mq_f32_row's dots).
+ * The sums: the lanes' blocks, the 4 lanes of a row, the warps in order, the ranks in order: fixed, so
+ * reruns are bit-identical (not the bits of mm_multi_mq8_kernel, which sums a row's slabs in another
+ * order). */
+#define MQC_KS_MAX 8 /* blocks a cluster: the portable limit */
+
+template <int NW>
+__global__ void __launch_bounds__(NW * 32, 32 / NW) mm_multi_mqc_kernel(const __grid_constant__ struct mm_multi_args a)
+{
+	extern __shared__ __align__(16) uint8_t mm_tile[];
+	__shared__ float part[NW][MQ_RB];
+	__shared__ float rsum[MQC_KS_MAX][MQ_RB]; /* rank 0's: every rank's block sums */
+	kcl_arrive_relaxed(); /* phase 1: this block has started */
+	constexpr int SB = 272;
+	const int ks = a.mq_ks, tile = (int)blockIdx.x / ks, rank = (int)blockIdx.x % ks;
+	int si = 0; /* the segment of this tile: kernel arguments only */
+	for (int i = 1; i < a.n_seg; i++)
+		if (tile >= a.seg[i].blk0)
+			si = i;
+	const struct mm_seg_dev &sg = a.seg[si];
+	const int blk = tile - sg.blk0;
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+	const int n_slab = a.n_in / 256, spr = a.mq_cs;
+	const int s0 = rank * spr, nsl = max(0, min(spr, n_slab - s0));
+	const bool q8 = sg.type == KT_Q8_0;
+	const int row0 = q8 ? blk * MQ_RB : blk, nrow = q8 ? MQ_RB : 1;
+	if (q8) {
+		const int stride = spr * SB + MQ_PAD; /* tile bytes a row */
+		auto rp = [&](int r) { return sg.w + (size_t)min(row0 + r, sg.n_out - 1) * sg.row_bytes; };
+		auto load = [&](int) { mm_copy_chunk<MQ_RB, NW * 32, SB>(mm_tile, stride, rp, s0, nsl); };
+		mm_first_chunk_then_wait<MQ_RB>(a.pf, 1, rp, 0, 0, load);
+		const mi8_x *const xq = kdep_after(a.xq) + s0; /* x's parts only from here on */
+		float acc[2] = {0.f, 0.f};
+		g3_wait<0>();
+		__syncthreads(); /* every thread's copies are visible */
+#pragma unroll 1
+		for (int s = warp; s < nsl; s += NW) {
+			mq_pass<0>(acc, mm_tile + s * SB, stride, xq + s, g, t);
+			mq_pass<1>(acc, mm_tile + s * SB, stride, xq + s, g, t);
+		}
+#pragma unroll
+		for (int hr = 0; hr < 2; hr++) { /* the row's 4 lanes t */
+			acc[hr] += __shfl_xor_sync(0xffffffffu, acc[hr], 1);
+			acc[hr] += __shfl_xor_sync(0xffffffffu, acc[hr], 2);
+		}
+		if (t == 0) {
+			part[warp][g] = acc[0];
+			part[warp][g + 8] = acc[1];
+		}
+	} else { /* one F32 row: elements [256 s0, 256 (s0 + nsl)) */
+		const float4 *w = (const float4 *)(sg.w + (size_t)min(row0, sg.n_out - 1) * sg.row_bytes) + 64 * s0;
+		if (a.pf && tid == 0 && nsl > 0)
+			kdep_prefetch_l2(w, (size_t)nsl * 1024);
+		KDEP_ENTRY();
+		const float4 *x = (const float4 *)kdep_after(a.x) + 64 * s0;
+		float acc = 0.0f;
+		for (int i = tid; i < 64 * nsl; i += NW * 32) {
+			const float4 wv = __ldg(w + i), xv = x[i];
+			acc = fmaf(wv.x, xv.x, fmaf(wv.y, xv.y, fmaf(wv.z, xv.z, fmaf(wv.w, xv.w, acc))));
+		}
+		acc = kc_warp_sum(acc);
+		if (lane == 0)
+			part[warp][0] = acc;
+	}
+	__syncthreads();
+	float v = 0.0f;
+	if (tid < nrow)
+#pragma unroll
+		for (int w = 0; w < NW; w++) /* warp order */
+			v += part[w][tid];
+	kcl_wait(); /* phase 1 done: rank 0's shared memory exists */
+	if (tid < nrow)
+		kcl_put_f(&rsum[rank][tid], 0, v);
+	kcl_arrive_release();
+	kcl_wait(); /* phase 2: every rank's sums are in rank 0's rsum */
+	if (rank == 0 && tid < nrow && row0 + tid < sg.n_out) {
+		float y = 0.0f;
+		for (int r = 0; r < ks; r++) /* rank order */
+			y += rsum[r][tid];
+		sg.y[row0 + tid] = y;
+	}
+}
+
 static unsigned long long mq_calls; /* kcuda_matmul_mq_calls */
 
 extern "C" unsigned long long kcuda_matmul_mq_calls(void)
@@ -992,6 +1087,88 @@ int kcuda_gemv_multi1_launch(struct kcuda_ctx *c, const struct kweight *w, const
 	return mm_run(c, 1, &seg, x, ldx, n_tok, 1);
 }
 
+/* TANDEM_MULTI_MQ_KS (read on every call): n (1..8) the tiles of TANDEM_MULTI_MQ on
+ * mm_multi_mqc_kernel, K split over clusters of n blocks; "auto" as many blocks as make one slab a warp
+ * (GLM-5's q_a group at 8 warps: 3); unset or 0: mm_multi_mq_kernel / mm_multi_mq8_kernel. Returns
+ * -1 for auto. */
+static int multi_mq_ks(void)
+{
+	const char *e = getenv("TANDEM_MULTI_MQ_KS");
+	if (!e)
+		return 0;
+	if (strcmp(e, "auto") == 0)
+		return -1;
+	const int v = atoi(e);
+	return v < 0 ? 0 : v > MQC_KS_MAX ? MQC_KS_MAX : v;
+}
+
+/* mm_run_mq on mm_multi_mqc_kernel (ks_req blocks a cluster, -1: one slab a warp): the Q8_0 and F32
+ * products of the table in one launch, the others after it on their own; ERR_UNSUPPORTED (nothing
+ * launched) without clusters (below sm_90), without a Q8_0 product, with a table shorter than
+ * min_table, or where a block's slabs do not fit its shared memory */
+static int mm_run_mqc(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg, const float *x,
+                      int64_t ldx, int64_t n_in, const mi8_x *xq, int min_table, int ks_req, bool nw8)
+{
+	const int nw = nw8 ? 8 : 4, n_slab = (int)(n_in / 256);
+	const int optin = kcuda_smem_optin(c->device);
+	if (n_in % 256 || n_slab < 1 || optin <= 0 || kcuda_cc_major(c->device) < 9)
+		return ERR_UNSUPPORTED;
+	int ks = ks_req > 0 ? ks_req : (n_slab + nw - 1) / nw;
+	ks = ks < 1 ? 1 : ks > MQC_KS_MAX ? MQC_KS_MAX : ks > n_slab ? n_slab : ks;
+	const size_t smem_static = sizeof(float) * (size_t)(nw + MQC_KS_MAX) * MQ_RB;
+	/* more blocks a cluster where a block's slabs do not fit its shared memory (sm_120: 99 KB) */
+	while (ks < MQC_KS_MAX && ks < n_slab &&
+	       mq_tile_bytes((n_slab + ks - 1) / ks) + smem_static > (size_t)optin)
+		ks++;
+	const int spr = (n_slab + ks - 1) / ks;
+	ks = (n_slab + spr - 1) / spr; /* no rank without slabs */
+	const size_t smem = mq_tile_bytes(spr);
+	if (smem + smem_static > (size_t)optin)
+		return ERR_UNSUPPORTED;
+	struct mm_multi_args a;
+	memset(&a, 0, sizeof(a));
+	bool in_table[KCUDA_MM_MULTI_MAX] = {false};
+	int n_q8 = 0;
+	int64_t n_tiles = 0;
+	for (int i = 0; i < n_seg; i++) {
+		const struct kweight *w = seg[i].w;
+		if ((w->type != KT_Q8_0 && w->type != KT_F32) || (uintptr_t)w->data % 16 || w->row_bytes % 16 ||
+		    w->n_out > INT32_MAX / 2)
+			continue;
+		mm_seg_fill(&a.seg[a.n_seg++], &seg[i], n_tiles);
+		n_tiles += w->type == KT_Q8_0 ? (w->n_out + MQ_RB - 1) / MQ_RB : w->n_out;
+		n_q8 += w->type == KT_Q8_0;
+		in_table[i] = true;
+	}
+	if (!n_q8 || a.n_seg < min_table || n_tiles * ks > INT32_MAX)
+		return ERR_UNSUPPORTED;
+	a.x = x;
+	a.ldx = ldx;
+	a.n_tok = 1;
+	a.n_in = (int)n_in;
+	a.pf = kcuda_prefetch_enabled();
+	a.xq = xq;
+	a.mq_cs = spr;
+	a.mq_ks = ks;
+	/* more than the default 48 KB of dynamic shared memory: set on every call (a per-device
+	 * attribute; a process may drive several GPUs from several threads) */
+	const void *kern = nw8 ? (const void *)mm_multi_mqc_kernel<8> : (const void *)mm_multi_mqc_kernel<4>;
+	if (smem > 48 * 1024)
+		KCUDA_CHECK(
+		    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+	const dim3 grid((unsigned)(n_tiles * ks)), cl((unsigned)ks, 1, 1);
+	int rc = nw8 ? klaunch_cl("matmul_multi_mqc", mm_multi_mqc_kernel<8>, grid, dim3(8 * 32), smem,
+	                          c->stream, cl, a)
+	             : klaunch_cl("matmul_multi_mqc", mm_multi_mqc_kernel<4>, grid, dim3(4 * 32), smem,
+	                          c->stream, cl, a);
+	if (rc == 0)
+		__atomic_fetch_add(&mq_calls, 1ull, __ATOMIC_RELAXED);
+	for (int i = 0; i < n_seg && !rc; i++)
+		if (!in_table[i])
+			rc = kcuda_matmul(c, seg[i].w, x, ldx, 1, seg[i].y, seg[i].ldy);
+	return rc;
+}
+
 /* One token whose int8 parts xq the norm before left, on mm_multi_mq_kernel: its Q8_0 products 16 rows
  * a block, the other types of the call as mm_multi_kernel would run them, in the same launch; the
  * products it cannot take run after it on their own. ERR_UNSUPPORTED (nothing launched) where no Q8_0
@@ -1004,6 +1181,10 @@ static int mm_run_mq(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *
 	/* TANDEM_MULTI_MQ_NW=8: 8 warps a block (Q8_0 and F32 products only), else 4 */
 	const char *nwe = getenv("TANDEM_MULTI_MQ_NW");
 	const bool nw8 = nwe && strcmp(nwe, "8") == 0;
+	const int ks = multi_mq_ks();
+	if (ks) /* K split over clusters (mm_multi_mqc_kernel): 8 warps unless TANDEM_MULTI_MQ_NW=4 */
+		return mm_run_mqc(c, n_seg, seg, x, ldx, n_in, xq, min_table, ks,
+		                  !(nwe && strcmp(nwe, "4") == 0));
 	const size_t smem_static = sizeof(float) * (nw8 ? 8 : MM_NW) * MM_PART;
 	const int optin = kcuda_smem_optin(c->device);
 	if (n_in % 256 || n_slab < 1 || optin <= 0)

@@ -119,7 +119,7 @@ static void xm_expect(const struct mcase *mc, int64_t nt, int ran)
 /* whether the one-token int8 tensor-core kernel (mm_multi_mq_kernel) took a case run with x's parts
  * as it must: on (TANDEM_MULTI_MQ=1), a Q8_0 product in the call, n_in % 256 == 0 and at least
  * min_table products of the types it runs (2 for a group; 1 for the GLM-5 wide products; with 8
- * warps Q8_0 and F32 only); off, never */
+ * warps or K split over clusters, Q8_0 and F32 only); off, never */
 static void mq_expect(const struct mcase *mc, int min_table, int on, int nw8, int ran)
 {
 	int q8 = 0, n_take = 0;
@@ -520,10 +520,21 @@ int main(void)
 	 * products (the table of one), on the int8 tensor-core tiles (mm_multi_mq_kernel, TANDEM_MULTI_MQ=1,
 	 * with 4 and 8 warps a block) and on the dp4a kernel (the default) */
 	g_parts = 1;
-	for (int v = 0; v < 3; v++) { /* 4 warps a block, 8 warps (TANDEM_MULTI_MQ_NW=8), off */
-		const int mq = v < 2, nw8 = v == 1;
+	/* 4 warps a block, 8 warps (TANDEM_MULTI_MQ_NW=8), K split over clusters (TANDEM_MULTI_MQ_KS:
+	 * one slab a warp of 8, 2 blocks of 4 warps, 8 blocks: clipped to the slabs there are, so ranks
+	 * of one slab and, at 768 = 3 slabs, fewer ranks than asked), off */
+	static const struct {
+		const char *nw, *ks;
+	} mqv[] = {{"4", NULL}, {"8", NULL}, {"8", "auto"}, {"4", "2"}, {"8", "8"}, {"4", NULL}};
+	const int n_mqv = (int)(sizeof(mqv) / sizeof(mqv[0]));
+	for (int v = 0; v < n_mqv; v++) {
+		const int mq = v < n_mqv - 1, nw8 = strcmp(mqv[v].nw, "8") == 0 || mqv[v].ks;
 		setenv("TANDEM_MULTI_MQ", mq ? "1" : "0", 1);
-		setenv("TANDEM_MULTI_MQ_NW", nw8 ? "8" : "4", 1);
+		setenv("TANDEM_MULTI_MQ_NW", mqv[v].nw, 1);
+		if (mqv[v].ks)
+			setenv("TANDEM_MULTI_MQ_KS", mqv[v].ks, 1);
+		else
+			unsetenv("TANDEM_MULTI_MQ_KS");
 		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 			const unsigned long long before = kcuda_matmul_mq_calls();
 			setup_fail |= run_multi(c, &cases[i], 1, 0);
@@ -537,6 +548,7 @@ int main(void)
 	}
 	unsetenv("TANDEM_MULTI_MQ");
 	unsetenv("TANDEM_MULTI_MQ_NW");
+	unsetenv("TANDEM_MULTI_MQ_KS");
 	g_parts = 0;
 	/* one token at n_in <= 2048 takes 8 Q8_0 rows a block where 4 would not fit one wave (the wide o
 	 * above); TANDEM_MULTI_RB=4 / 8 force either there: the one-token cases again on both (x and x's
