@@ -640,14 +640,25 @@ __global__ void __launch_bounds__(NW * 32, 32 / NW) mm_multi_mqc_kernel(const __
 		auto rp = [&](int r) { return sg.w + (size_t)min(row0 + r, sg.n_out - 1) * sg.row_bytes; };
 		auto load = [&](int) { mm_copy_chunk<MQ_RB, NW * 32, SB>(mm_tile, stride, rp, s0, nsl); };
 		mm_first_chunk_then_wait<MQ_RB>(a.pf, 1, rp, 0, 0, load);
-		const mi8_x *const xq = kdep_after(a.xq) + s0; /* x's parts only from here on */
+		/* x's parts only from here on: the op before left them, or (xq NULL) each warp makes its
+		 * slab's parts in its own unit after the tile (mi8_stage: the bits kfuse_add_rmsnorm_parts
+		 * would have written) */
+		const mi8_x *const xq = a.xq ? kdep_after(a.xq) + s0 : NULL;
+		const float *const xf = a.xq ? NULL : kdep_after(a.x) + (size_t)s0 * 256;
+		mi8_x *const xw = (mi8_x *)(mm_tile + mq_tile_bytes(spr)) + warp;
 		float acc[2] = {0.f, 0.f};
 		g3_wait<0>();
 		__syncthreads(); /* every thread's copies are visible */
 #pragma unroll 1
 		for (int s = warp; s < nsl; s += NW) {
-			mq_pass<0>(acc, mm_tile + s * SB, stride, xq + s, g, t);
-			mq_pass<1>(acc, mm_tile + s * SB, stride, xq + s, g, t);
+			const mi8_x *U = xq + s;
+			if (!xq) {
+				__syncwarp(); /* the previous slab's reads of the unit are done */
+				mi8_stage(*xw, xf + (size_t)s * 256, lane);
+				U = xw;
+			}
+			mq_pass<0>(acc, mm_tile + s * SB, stride, U, g, t);
+			mq_pass<1>(acc, mm_tile + s * SB, stride, U, g, t);
 		}
 #pragma unroll
 		for (int hr = 0; hr < 2; hr++) { /* the row's 4 lanes t */
@@ -1102,8 +1113,17 @@ static int multi_mq_ks(void)
 	return v < 0 ? 0 : v > MQC_KS_MAX ? MQC_KS_MAX : v;
 }
 
-/* mm_run_mq on mm_multi_mqc_kernel (ks_req blocks a cluster, -1: one slab a warp): the Q8_0 and F32
- * products of the table in one launch, the others after it on their own; ERR_UNSUPPORTED (nothing
+/* TANDEM_MULTI_MQ_X=1 (read on every call): the cluster tiles (TANDEM_MULTI_MQ with
+ * TANDEM_MULTI_MQ_KS) also take one-token calls whose x has no int8 parts (GLM-5's o), each warp
+ * quantizing its slabs of x (mi8_stage) */
+static bool multi_mq_x(void)
+{
+	const char *e = getenv("TANDEM_MULTI_MQ_X");
+	return e && strcmp(e, "1") == 0;
+}
+
+/* mm_run_mq on mm_multi_mqc_kernel (ks_req blocks a cluster, -1: one slab a warp; xq NULL: x
+ * quantized in the kernel): the Q8_0 and F32 products of the table in one launch, the others after it on their own; ERR_UNSUPPORTED (nothing
  * launched) without clusters (below sm_90), without a Q8_0 product, with a table shorter than
  * min_table, or where a block's slabs do not fit its shared memory */
 static int mm_run_mqc(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg, const float *x,
@@ -1117,12 +1137,14 @@ static int mm_run_mqc(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg 
 	ks = ks < 1 ? 1 : ks > MQC_KS_MAX ? MQC_KS_MAX : ks > n_slab ? n_slab : ks;
 	const size_t smem_static = sizeof(float) * (size_t)(nw + MQC_KS_MAX) * MQ_RB;
 	/* more blocks a cluster where a block's slabs do not fit its shared memory (sm_120: 99 KB) */
+	const size_t units = xq ? 0 : (size_t)nw * sizeof(mi8_x);
 	while (ks < MQC_KS_MAX && ks < n_slab &&
-	       mq_tile_bytes((n_slab + ks - 1) / ks) + smem_static > (size_t)optin)
+	       mq_tile_bytes((n_slab + ks - 1) / ks) + units + smem_static > (size_t)optin)
 		ks++;
 	const int spr = (n_slab + ks - 1) / ks;
 	ks = (n_slab + spr - 1) / spr; /* no rank without slabs */
-	const size_t smem = mq_tile_bytes(spr);
+	/* without x's parts each warp's unit follows the tile (16-byte aligned: the tile is) */
+	const size_t smem = mq_tile_bytes(spr) + units;
 	if (smem + smem_static > (size_t)optin)
 		return ERR_UNSUPPORTED;
 	struct mm_multi_args a;
@@ -1312,6 +1334,13 @@ static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg
 	const mi8_x *xq = n_tok == 1 && !hx && multi_xparts() ? kcuda_xparts_for(c, x, ldx, n_in, 1) : NULL;
 	if (xq && multi_mq(n_in)) { /* the int8 tensor-core tiles (mm_multi_mq_kernel) */
 		const int rc = mm_run_mq(c, n_seg, seg, x, ldx, n_in, xq, min_table);
+		if (rc != ERR_UNSUPPORTED)
+			return rc;
+	} else if (!xq && n_tok == 1 && !hx && multi_mq(n_in) && multi_mq_ks() && multi_mq_x()) {
+		/* one token without parts on the cluster tiles, x quantized in the kernel */
+		const char *nwe = getenv("TANDEM_MULTI_MQ_NW");
+		const int rc = mm_run_mqc(c, n_seg, seg, x, ldx, n_in, NULL, min_table, multi_mq_ks(),
+		                          !(nwe && strcmp(nwe, "4") == 0));
 		if (rc != ERR_UNSUPPORTED)
 			return rc;
 	}

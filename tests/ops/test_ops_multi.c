@@ -100,6 +100,8 @@ static int g_parts;
 /* the int8 mma kernel's loop (mm_xm_kernel, at 2..8 tokens with TANDEM_MULTI_XM_MIN=2): with g_parts
  * the norm leaves the parts of every token, else the kernel quantizes x itself */
 static int g_xm;
+/* the cluster tiles quantizing x themselves (TANDEM_MULTI_MQ_X=1): the parts' error in the tolerance */
+static int g_mqx;
 
 /* whether the int8 mma kernel (mm_xm_kernel) took a case as it must: every product Q8_0 with n_in % 256 == 0
  * and <= 16384 takes it where K fits one block (n_in <= 2048); with a cluster over K it may decline (its
@@ -253,7 +255,7 @@ static int run_multi(struct kcuda_ctx *c, const struct mcase *mc, int64_t n_tok,
 				double mag = 0, magm = 0;
 				for (int64_t k = 0; k < n_in; k++) {
 					mag += fabs((double)row[k] * x[k]);
-					if ((parts || g_xm) &&
+					if ((parts || g_xm || g_mqx) &&
 					    type == KT_Q8_0) { /* the parts, or the int8 mma kernel's own */
 						float m = 0;
 						for (int64_t q = k / 32 * 32; q < k / 32 * 32 + 32; q++)
@@ -546,10 +548,31 @@ int main(void)
 			mq_expect(&wide_cases[i], 1, mq, nw8, kcuda_matmul_mq_calls() > before);
 		}
 	}
+	g_parts = 0;
+	/* one token without x's parts on the cluster tiles (TANDEM_MULTI_MQ_X=1: each warp quantizes its
+	 * slabs of x), 8 and 4 warps */
+	setenv("TANDEM_MULTI_MQ", "1", 1);
+	setenv("TANDEM_MULTI_MQ_X", "1", 1);
+	g_mqx = 1;
+	for (int v = 0; v < 2; v++) {
+		setenv("TANDEM_MULTI_MQ_NW", v ? "4" : "8", 1);
+		setenv("TANDEM_MULTI_MQ_KS", v ? "2" : "auto", 1);
+		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+			const unsigned long long before = kcuda_matmul_mq_calls();
+			setup_fail |= run_multi(c, &cases[i], 1, (int)(i & 1));
+			mq_expect(&cases[i], 2, 1, 1, kcuda_matmul_mq_calls() > before);
+		}
+		for (size_t i = 0; i < sizeof(wide_cases) / sizeof(wide_cases[0]); i++) {
+			const unsigned long long before = kcuda_matmul_mq_calls();
+			setup_fail |= run_multi(c, &wide_cases[i], 1, 0);
+			mq_expect(&wide_cases[i], 1, 1, 1, kcuda_matmul_mq_calls() > before);
+		}
+	}
+	unsetenv("TANDEM_MULTI_MQ_X");
+	g_mqx = 0;
 	unsetenv("TANDEM_MULTI_MQ");
 	unsetenv("TANDEM_MULTI_MQ_NW");
 	unsetenv("TANDEM_MULTI_MQ_KS");
-	g_parts = 0;
 	/* one token at n_in <= 2048 takes 8 Q8_0 rows a block where 4 would not fit one wave (the wide o
 	 * above); TANDEM_MULTI_RB=4 / 8 force either there: the one-token cases again on both (x and x's
 	 * parts), and the PDL producer */
