@@ -712,6 +712,7 @@ extern "C" unsigned long long kcuda_matmul_mq_calls(void)
 
 /* TANDEM_MULTI_MQ (read on every call): 1 every one-token call with x's parts on the int8 tensor-core
  * tiles; big / small only the calls with n_in above / up to 2048 (GLM-5: the q_a group / idx_q_b);
+ * x none of them (multi_mq_xonly);
  * unset or 0 none (the dp4a kernel, mm_multi_xq_kernel: measured faster in the step, see
  * docs/PERFORMANCE.md, session 23) */
 static bool multi_mq(int64_t n_in)
@@ -724,6 +725,13 @@ static bool multi_mq(int64_t n_in)
 	if (strcmp(e, "small") == 0)
 		return n_in <= 2048;
 	return strcmp(e, "1") == 0;
+}
+
+/* TANDEM_MULTI_MQ=x: only the one-token calls without x's parts (TANDEM_MULTI_MQ_X's, GLM-5's o) */
+static bool multi_mq_xonly(void)
+{
+	const char *e = getenv("TANDEM_MULTI_MQ");
+	return e && strcmp(e, "x") == 0;
 }
 
 /* TANDEM_MULTI_MQ_CS=n (read on every call): at most n slabs of 256 a chunk of the Q8_0 tiles (less
@@ -1179,6 +1187,13 @@ static int mm_run_mqc(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg 
 		KCUDA_CHECK(
 		    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 	const dim3 grid((unsigned)(n_tiles * ks)), cl((unsigned)ks, 1, 1);
+	if (getenv("TANDEM_MULTI_MQ_DEBUG")) { /* the plan and how many clusters can be resident */
+		int fit = -1;
+		if (klaunch_max_clusters(kern, cl, dim3((unsigned)nw * 32), smem, c->stream, &fit) != cudaSuccess)
+			(void)cudaGetLastError();
+		fprintf(stderr, "mqc: n_in %lld, %d warps, ks %d, %d slabs a block, %lld tiles, %zu B shared, %d clusters resident\n",
+		        (long long)n_in, nw, ks, spr, (long long)n_tiles, smem, fit);
+	}
 	int rc = nw8 ? klaunch_cl("matmul_multi_mqc", mm_multi_mqc_kernel<8>, grid, dim3(8 * 32), smem,
 	                          c->stream, cl, a)
 	             : klaunch_cl("matmul_multi_mqc", mm_multi_mqc_kernel<4>, grid, dim3(4 * 32), smem,
@@ -1336,7 +1351,8 @@ static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg
 		const int rc = mm_run_mq(c, n_seg, seg, x, ldx, n_in, xq, min_table);
 		if (rc != ERR_UNSUPPORTED)
 			return rc;
-	} else if (!xq && n_tok == 1 && !hx && multi_mq(n_in) && multi_mq_ks() && multi_mq_x()) {
+	} else if (!xq && n_tok == 1 && !hx && (multi_mq(n_in) || multi_mq_xonly()) && multi_mq_ks() &&
+	           multi_mq_x()) {
 		/* one token without parts on the cluster tiles, x quantized in the kernel */
 		const char *nwe = getenv("TANDEM_MULTI_MQ_NW");
 		const int rc = mm_run_mqc(c, n_seg, seg, x, ldx, n_in, NULL, min_table, multi_mq_ks(),
