@@ -710,28 +710,24 @@ extern "C" unsigned long long kcuda_matmul_mq_calls(void)
 	return __atomic_load_n(&mq_calls, __ATOMIC_RELAXED);
 }
 
-/* TANDEM_MULTI_MQ (read on every call): 1 every one-token call with x's parts on the int8 tensor-core
- * tiles; big / small only the calls with n_in above / up to 2048 (GLM-5: the q_a group / idx_q_b);
- * x none of them (multi_mq_xonly);
- * unset or 0 none (the dp4a kernel, mm_multi_xq_kernel: measured faster in the step, see
- * docs/PERFORMANCE.md, session 23) */
-static bool multi_mq(int64_t n_in)
+/* TANDEM_MULTI_MQ (read on every call): whether a one-token call of n_in inputs with (parts) or
+ * without x's int8 parts goes to the int8 tensor-core tiles. 1: every call with parts; big / small:
+ * those with n_in above / up to 2048 (GLM-5: the q_a group / idx_q_b); x: only the calls without
+ * parts (with TANDEM_MULTI_MQ_X=1 and TANDEM_MULTI_MQ_KS, which the calls without parts also need
+ * under 1 / big / small); unset or 0: none (the dp4a kernel, mm_multi_xq_kernel: measured faster in
+ * the step, see docs/PERFORMANCE.md, sessions 23 and 24) */
+static bool multi_mq(int64_t n_in, bool parts)
 {
 	const char *e = getenv("TANDEM_MULTI_MQ");
 	if (!e)
 		return false;
+	if (strcmp(e, "x") == 0) /* only the calls without parts (TANDEM_MULTI_MQ_X's, GLM-5's o) */
+		return !parts;
 	if (strcmp(e, "big") == 0)
 		return n_in > 2048;
 	if (strcmp(e, "small") == 0)
 		return n_in <= 2048;
 	return strcmp(e, "1") == 0;
-}
-
-/* TANDEM_MULTI_MQ=x: only the one-token calls without x's parts (TANDEM_MULTI_MQ_X's, GLM-5's o) */
-static bool multi_mq_xonly(void)
-{
-	const char *e = getenv("TANDEM_MULTI_MQ");
-	return e && strcmp(e, "x") == 0;
 }
 
 /* TANDEM_MULTI_MQ_CS=n (read on every call): at most n slabs of 256 a chunk of the Q8_0 tiles (less
@@ -1347,12 +1343,11 @@ static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg
 	/* one token whose int8 parts the norm before left (kfuse_add_rmsnorm_parts): its Q8_0 products
 	 * read those instead of x (TANDEM_MULTI_XPARTS=0: x itself) */
 	const mi8_x *xq = n_tok == 1 && !hx && multi_xparts() ? kcuda_xparts_for(c, x, ldx, n_in, 1) : NULL;
-	if (xq && multi_mq(n_in)) { /* the int8 tensor-core tiles (mm_multi_mq_kernel) */
+	if (xq && multi_mq(n_in, true)) { /* the int8 tensor-core tiles (mm_multi_mq_kernel) */
 		const int rc = mm_run_mq(c, n_seg, seg, x, ldx, n_in, xq, min_table);
 		if (rc != ERR_UNSUPPORTED)
 			return rc;
-	} else if (!xq && n_tok == 1 && !hx && (multi_mq(n_in) || multi_mq_xonly()) && multi_mq_ks() &&
-	           multi_mq_x()) {
+	} else if (!xq && n_tok == 1 && !hx && multi_mq(n_in, false) && multi_mq_ks() && multi_mq_x()) {
 		/* one token without parts on the cluster tiles, x quantized in the kernel */
 		const char *nwe = getenv("TANDEM_MULTI_MQ_NW");
 		const int rc = mm_run_mqc(c, n_seg, seg, x, ldx, n_in, NULL, min_table, multi_mq_ks(),
