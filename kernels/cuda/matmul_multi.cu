@@ -612,11 +612,17 @@ __global__ void __launch_bounds__(8 * 32) mm_multi_mq8_kernel(const __grid_const
  * F32 rows (the group's idx_proj) take one row a tile under the same split (mq_f32_row's dots).
  * The sums: the lanes' blocks, the 4 lanes of a row, the warps in order, the ranks in order: fixed, so
  * reruns are bit-identical (not the bits of mm_multi_mq8_kernel, which sums a row's slabs in another
- * order). */
+ * order).
+ * MEASURED SLOWER (H200, session 24, GLM-5 rank 0 of TP=8, batch 1, ms a step against 6.41-6.52 with
+ * the default dp4a kernel): the q_a group at ks 2 6.47, ks 3 6.82-6.83, ks 4 6.78, ks 6 / 4 warps 6.77;
+ * o (TANDEM_MULTI_MQ=x) 6.61-6.66. Clusters cap residency below the blocks' own limit (ks 3: 163
+ * clusters resident for 204 tiles, so two waves; ks 2: 264, one wave), and even in one wave the q_a
+ * group took 8.45 us on the critical path against 6.66 (nsys). So off unless TANDEM_MULTI_MQ_KS. */
 #define MQC_KS_MAX 8 /* blocks a cluster: the portable limit */
 
 template <int NW>
-__global__ void __launch_bounds__(NW * 32, 32 / NW) mm_multi_mqc_kernel(const __grid_constant__ struct mm_multi_args a)
+__global__ void __launch_bounds__(NW * 32, 32 / NW)
+    mm_multi_mqc_kernel(const __grid_constant__ struct mm_multi_args a)
 {
 	extern __shared__ __align__(16) uint8_t mm_tile[];
 	__shared__ float part[NW][MQ_RB];
@@ -670,7 +676,8 @@ __global__ void __launch_bounds__(NW * 32, 32 / NW) mm_multi_mqc_kernel(const __
 			part[warp][g + 8] = acc[1];
 		}
 	} else { /* one F32 row: elements [256 s0, 256 (s0 + nsl)) */
-		const float4 *w = (const float4 *)(sg.w + (size_t)min(row0, sg.n_out - 1) * sg.row_bytes) + 64 * s0;
+		const float4 *w =
+		    (const float4 *)(sg.w + (size_t)min(row0, sg.n_out - 1) * sg.row_bytes) + 64 * s0;
 		if (a.pf && tid == 0 && nsl > 0)
 			kdep_prefetch_l2(w, (size_t)nsl * 1024);
 		KDEP_ENTRY();
@@ -1127,9 +1134,9 @@ static bool multi_mq_x(void)
 }
 
 /* mm_run_mq on mm_multi_mqc_kernel (ks_req blocks a cluster, -1: one slab a warp; xq NULL: x
- * quantized in the kernel): the Q8_0 and F32 products of the table in one launch, the others after it on their own; ERR_UNSUPPORTED (nothing
- * launched) without clusters (below sm_90), without a Q8_0 product, with a table shorter than
- * min_table, or where a block's slabs do not fit its shared memory */
+ * quantized in the kernel): the Q8_0 and F32 products of the table in one launch, the others after it on
+ * their own; ERR_UNSUPPORTED (nothing launched) without clusters (below sm_90), without a Q8_0 product, with
+ * a table shorter than min_table, or where a block's slabs do not fit its shared memory */
 static int mm_run_mqc(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg, const float *x,
                       int64_t ldx, int64_t n_in, const mi8_x *xq, int min_table, int ks_req, bool nw8)
 {
@@ -1158,8 +1165,8 @@ static int mm_run_mqc(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg 
 	int64_t n_tiles = 0;
 	for (int i = 0; i < n_seg; i++) {
 		const struct kweight *w = seg[i].w;
-		if ((w->type != KT_Q8_0 && w->type != KT_F32) || (uintptr_t)w->data % 16 || w->row_bytes % 16 ||
-		    w->n_out > INT32_MAX / 2)
+		if ((w->type != KT_Q8_0 && w->type != KT_F32) || (uintptr_t)w->data % 16 ||
+		    w->row_bytes % 16 || w->n_out > INT32_MAX / 2)
 			continue;
 		mm_seg_fill(&a.seg[a.n_seg++], &seg[i], n_tiles);
 		n_tiles += w->type == KT_Q8_0 ? (w->n_out + MQ_RB - 1) / MQ_RB : w->n_out;
@@ -1185,9 +1192,12 @@ static int mm_run_mqc(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg 
 	const dim3 grid((unsigned)(n_tiles * ks)), cl((unsigned)ks, 1, 1);
 	if (getenv("TANDEM_MULTI_MQ_DEBUG")) { /* the plan and how many clusters can be resident */
 		int fit = -1;
-		if (klaunch_max_clusters(kern, cl, dim3((unsigned)nw * 32), smem, c->stream, &fit) != cudaSuccess)
+		if (klaunch_max_clusters(kern, cl, dim3((unsigned)nw * 32), smem, c->stream, &fit) !=
+		    cudaSuccess)
 			(void)cudaGetLastError();
-		fprintf(stderr, "mqc: n_in %lld, %d warps, ks %d, %d slabs a block, %lld tiles, %zu B shared, %d clusters resident\n",
+		fprintf(stderr,
+		        "mqc: n_in %lld, %d warps, ks %d, %d slabs a block, %lld tiles, %zu B shared, %d "
+		        "clusters resident\n",
 		        (long long)n_in, nw, ks, spr, (long long)n_tiles, smem, fit);
 	}
 	int rc = nw8 ? klaunch_cl("matmul_multi_mqc", mm_multi_mqc_kernel<8>, grid, dim3(8 * 32), smem,
