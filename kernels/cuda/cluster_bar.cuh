@@ -29,26 +29,18 @@ __device__ __forceinline__ void kcl_wait(void)
 	asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 #endif
 }
-/* *p in the shared memory of block `rank` of this cluster = v */
-__device__ __forceinline__ void kcl_put_d(double *p, unsigned rank, double v)
+/* *p in the shared memory of block `rank` of this cluster = v (T: float or double) */
+template <class T> __device__ __forceinline__ void kcl_put(T *p, unsigned rank, T v)
 {
+	static_assert(sizeof(T) == 4 || sizeof(T) == 8, "float or double");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 	const uint32_t la = (uint32_t)__cvta_generic_to_shared(p);
 	uint32_t ra;
 	asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(la), "r"(rank));
-	asm volatile("st.shared::cluster.f64 [%0], %1;" ::"r"(ra), "d"(v) : "memory");
-#else
-	if (rank == 0)
-		*p = v;
-#endif
-}
-__device__ __forceinline__ void kcl_put_f(float *p, unsigned rank, float v)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-	const uint32_t la = (uint32_t)__cvta_generic_to_shared(p);
-	uint32_t ra;
-	asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(la), "r"(rank));
-	asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(ra), "f"(v) : "memory");
+	if constexpr (sizeof(T) == 8)
+		asm volatile("st.shared::cluster.f64 [%0], %1;" ::"r"(ra), "d"(v) : "memory");
+	else
+		asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(ra), "f"(v) : "memory");
 #else
 	if (rank == 0)
 		*p = v;

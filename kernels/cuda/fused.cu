@@ -378,7 +378,7 @@ __global__ void __launch_bounds__(AC_T)
 #pragma unroll
 		for (int k = 0; k < AC_T / 32; k++)
 			s += red[k];
-		kcl_put_d(&part[b], threadIdx.x, s);
+		kcl_put<double>(&part[b], threadIdx.x, s);
 	}
 	kcl_arrive_release();
 	kcl_wait(); /* phase 2: every block's partial is in every block's part[] */

@@ -466,6 +466,21 @@ __device__ __forceinline__ void mq_pass(float (&acc)[2], const uint8_t *sl, int 
 	}
 }
 
+/* The tiles' epilogue a warp: acc[hr] (rows g + 8 hr, this lane's blocks) summed over the row's 4 lanes
+ * t, and the warp's 16 row sums into part[warp] */
+__device__ __forceinline__ void mq_warp_rows(float (&acc)[2], float (*part)[MM_PART], int warp, int g, int t)
+{
+#pragma unroll
+	for (int hr = 0; hr < 2; hr++) {
+		acc[hr] += __shfl_xor_sync(0xffffffffu, acc[hr], 1);
+		acc[hr] += __shfl_xor_sync(0xffffffffu, acc[hr], 2);
+	}
+	if (t == 0) {
+		part[warp][g] = acc[0];
+		part[warp][g + 8] = acc[1];
+	}
+}
+
 /* A block of NW warps: its MQ_RB rows over all of K, chunk by chunk (warp w: slabs w, w + NW, ...) */
 template <int NW>
 __device__ __forceinline__ void mq_body(const struct mm_seg_dev &sg, int blk, const struct mm_multi_args &a,
@@ -509,15 +524,7 @@ __device__ __forceinline__ void mq_body(const struct mm_seg_dev &sg, int blk, co
 			mq_pass<1>(acc, tile + s * SB, stride, U, g, t);
 		}
 	}
-#pragma unroll
-	for (int hr = 0; hr < 2; hr++) { /* the row's 4 lanes t */
-		acc[hr] += __shfl_xor_sync(0xffffffffu, acc[hr], 1);
-		acc[hr] += __shfl_xor_sync(0xffffffffu, acc[hr], 2);
-	}
-	if (t == 0) {
-		part[warp][g] = acc[0];
-		part[warp][g + 8] = acc[1];
-	}
+	mq_warp_rows(acc, part, warp, g, t);
 	__syncthreads();
 	if (tid < MQ_RB) {
 		float v = 0.0f;
@@ -625,7 +632,7 @@ __global__ void __launch_bounds__(NW * 32, 32 / NW)
     mm_multi_mqc_kernel(const __grid_constant__ struct mm_multi_args a)
 {
 	extern __shared__ __align__(16) uint8_t mm_tile[];
-	__shared__ float part[NW][MQ_RB];
+	__shared__ float part[NW][MM_PART]; /* MQ_RB of each warp's row used */
 	__shared__ float rsum[MQC_KS_MAX][MQ_RB]; /* rank 0's: every rank's block sums */
 	kcl_arrive_relaxed(); /* phase 1: this block has started */
 	constexpr int SB = 272;
@@ -666,15 +673,7 @@ __global__ void __launch_bounds__(NW * 32, 32 / NW)
 			mq_pass<0>(acc, mm_tile + s * SB, stride, U, g, t);
 			mq_pass<1>(acc, mm_tile + s * SB, stride, U, g, t);
 		}
-#pragma unroll
-		for (int hr = 0; hr < 2; hr++) { /* the row's 4 lanes t */
-			acc[hr] += __shfl_xor_sync(0xffffffffu, acc[hr], 1);
-			acc[hr] += __shfl_xor_sync(0xffffffffu, acc[hr], 2);
-		}
-		if (t == 0) {
-			part[warp][g] = acc[0];
-			part[warp][g + 8] = acc[1];
-		}
+		mq_warp_rows(acc, part, warp, g, t);
 	} else { /* one F32 row: elements [256 s0, 256 (s0 + nsl)) */
 		const float4 *w =
 		    (const float4 *)(sg.w + (size_t)min(row0, sg.n_out - 1) * sg.row_bytes) + 64 * s0;
@@ -699,7 +698,7 @@ __global__ void __launch_bounds__(NW * 32, 32 / NW)
 			v += part[w][tid];
 	kcl_wait(); /* phase 1 done: rank 0's shared memory exists */
 	if (tid < nrow)
-		kcl_put_f(&rsum[rank][tid], 0, v);
+		kcl_put<float>(&rsum[rank][tid], 0, v);
 	kcl_arrive_release();
 	kcl_wait(); /* phase 2: every rank's sums are in rank 0's rsum */
 	if (rank == 0 && tid < nrow && row0 + tid < sg.n_out) {
@@ -1146,7 +1145,7 @@ static int mm_run_mqc(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg 
 		return ERR_UNSUPPORTED;
 	int ks = ks_req > 0 ? ks_req : (n_slab + nw - 1) / nw;
 	ks = ks < 1 ? 1 : ks > MQC_KS_MAX ? MQC_KS_MAX : ks > n_slab ? n_slab : ks;
-	const size_t smem_static = sizeof(float) * (size_t)(nw + MQC_KS_MAX) * MQ_RB;
+	const size_t smem_static = sizeof(float) * ((size_t)nw * MM_PART + (size_t)MQC_KS_MAX * MQ_RB);
 	/* more blocks a cluster where a block's slabs do not fit its shared memory (sm_120: 99 KB) */
 	const size_t units = xq ? 0 : (size_t)nw * sizeof(mi8_x);
 	while (ks < MQC_KS_MAX && ks < n_slab &&

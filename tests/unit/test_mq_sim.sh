@@ -10,9 +10,9 @@ source "$(dirname "$0")/sim_lib.sh"
 sim_cut_k45 "$dir/k45_i8_body.inc"
 src=kernels/cuda/matmul_multi.cu
 start=$(grep -n '^#define MQ_RB ' $src | cut -d: -f1)
-end=$(grep -n '^/\* A block of NW warps: its MQ_RB rows' $src | cut -d: -f1)
+end=$(grep -n "^/\\* The tiles' epilogue a warp" $src | cut -d: -f1)
 if [ -z "$start" ] || [ -z "$end" ]; then
-	echo "FAIL: the markers moved ($src: #define MQ_RB ... /* A block of NW warps: its MQ_RB rows)"
+	echo "FAIL: the markers moved ($src: #define MQ_RB ... /* The tiles' epilogue a warp)"
 	exit 1
 fi
 sed -n "${start},$((end - 1))p" $src >"$dir/mq_body.inc"
