@@ -1,5 +1,6 @@
 /* The warp of kernels/cuda/matmul_multi.cu's mm_multi_mq_kernel (one token's Q8_0 products on int8
- * mma.sync, 16 rows a block) run on the CPU: its mq_block_words and mq_pass SOURCE, with the int8 unit
+ * mma.sync, 16 rows a block; mm_multi_mqc_kernel's warps are the same code) run on the CPU: its
+ * mq_block_words, mq_pass and mq_warp_rows SOURCE, with the int8 unit
  * of kernels/cuda/k45_i8.cuh (mi8_stage: x's three int8 parts), on 32 std::threads (tests/unit/sim_warp.h:
  * mma.sync m16n8k32 an exchange of the fragments in the PTX layout, multiplied out in full).
  * test_mq_sim.sh cuts the sources into .inc files, so CI without a GPU checks the kernel's own logic:
@@ -74,9 +75,9 @@ static void run_case(int n_slab, int kind, const char *what)
 		x[k] = v;
 	}
 	std::vector<mi8_x> X((size_t)n_slab);
-	static float out[MQ_RB];
+	static float out[MQ_RB], part[1][MM_PART];
 	for (int r = 0; r < MQ_RB; r++)
-		out[r] = -12345.0f;
+		part[0][r] = -12345.0f;
 	std::barrier<> bar(32);
 	sim_bar = &bar;
 	std::vector<std::thread> th;
@@ -91,15 +92,13 @@ static void run_case(int n_slab, int kind, const char *what)
 				mq_pass<0>(acc, tile + s * 272, stride, &X[(size_t)s], g, t);
 				mq_pass<1>(acc, tile + s * 272, stride, &X[(size_t)s], g, t);
 			}
-			for (int hr = 0; hr < 2; hr++) {
-				acc[hr] += __shfl_xor_sync(0xffffffffu, acc[hr], 1);
-				acc[hr] += __shfl_xor_sync(0xffffffffu, acc[hr], 2);
-			}
-			if (t == 0)
-				out[g] = acc[0], out[g + 8] = acc[1];
+			mq_warp_rows(acc, part, 0, g,
+			             t); /* the kernel's epilogue: the rows' sums into part[0] */
 		});
 	for (auto &t : th)
 		t.join();
+	for (int r = 0; r < MQ_RB; r++)
+		out[r] = part[0][r];
 	int bad = 0;
 	double worst = 0;
 	for (int r = 0; r < MQ_RB; r++) {
