@@ -335,6 +335,13 @@ static int multi_max_tok(void)
 	return v < 0 ? 0 : (v > 8 ? 8 : v);
 }
 
+/* whether the environment variable name is set to exactly v (the string switches below) */
+static bool env_is(const char *name, const char *v)
+{
+	const char *e = getenv(name);
+	return e && strcmp(e, v) == 0;
+}
+
 /* x at 1-2 tokens: by default slab by slab as for 3-8 tokens (n_in 6144, 1 token: 56 registers, 8
  * blocks by shared memory = ~210 KB of weight copies in flight per SM, all of GLM-5's q_a + kv_a + idx_k +
  * idx_proj on 132 SMs, most of it issued under PDL before the kernel before has finished; x then comes from
@@ -344,16 +351,14 @@ static int multi_max_tok(void)
  * batch 8 the same within noise). */
 static bool multi_hoist(void)
 {
-	const char *e = getenv("TANDEM_MULTI_HOIST");
-	return e && strcmp(e, "1") == 0;
+	return env_is("TANDEM_MULTI_HOIST", "1");
 }
 
 /* TANDEM_MULTI_XPARTS=0 (read on every call): the Q8_0 products of one token read x even where
  * the norm before left its int8 parts */
 static bool multi_xparts(void)
 {
-	const char *e = getenv("TANDEM_MULTI_XPARTS");
-	return !(e && strcmp(e, "0") == 0);
+	return !env_is("TANDEM_MULTI_XPARTS", "0");
 }
 
 /* a kernel table's entry for product s, its blocks (or tiles) from blk0 on */
@@ -557,27 +562,37 @@ __global__ void __launch_bounds__(MM_NW * 32)
 	}
 }
 
-/* One F32 row a block of NW warps (the q_a group's idx_proj beside mq_body's tiles in the 8-warp
- * kernel): the row prefetched into L2 before KDEP_ENTRY (weights), then float4 dots of the row and x,
- * the block's sum in a fixed order (the lanes' shuffle tree, then the warps in order) */
+/* The float4 dots of F32 row `row` and x over float4s [k4, k4 + n4), by a block of NW warps: that piece
+ * of the row prefetched into L2 before KDEP_ENTRY (weights), each warp's sum (the lanes' shuffle tree)
+ * into part[warp][0]. mq_f32_row: one row a block (the q_a group's idx_proj beside mq_body's tiles in
+ * the 8-warp kernel), the warps then summed in order. */
 template <int NW>
-__device__ __forceinline__ void mq_f32_row(const struct mm_seg_dev &sg, int blk,
-                                           const struct mm_multi_args &a, float (*part)[MM_PART])
+__device__ __forceinline__ void mq_f32_dot(const struct mm_seg_dev &sg, int row,
+                                           const struct mm_multi_args &a, int k4, int n4,
+                                           float (*part)[MM_PART])
 {
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-	const float4 *w = (const float4 *)(sg.w + (size_t)min(blk, sg.n_out - 1) * sg.row_bytes);
-	if (a.pf && tid == 0)
-		kdep_prefetch_l2(w, sg.row_bytes);
+	const float4 *w = (const float4 *)(sg.w + (size_t)min(row, sg.n_out - 1) * sg.row_bytes) + k4;
+	if (a.pf && tid == 0 && n4 > 0)
+		kdep_prefetch_l2(w, (size_t)n4 * 16);
 	KDEP_ENTRY();
-	const float4 *x = (const float4 *)kdep_after(a.x);
+	const float4 *x = (const float4 *)kdep_after(a.x) + k4;
 	float acc = 0.0f;
-	for (int i = tid; i < a.n_in / 4; i += NW * 32) {
+	for (int i = tid; i < n4; i += NW * 32) {
 		const float4 wv = __ldg(w + i), xv = x[i];
 		acc = fmaf(wv.x, xv.x, fmaf(wv.y, xv.y, fmaf(wv.z, xv.z, fmaf(wv.w, xv.w, acc))));
 	}
 	acc = kc_warp_sum(acc);
 	if (lane == 0)
 		part[warp][0] = acc;
+}
+
+template <int NW>
+__device__ __forceinline__ void mq_f32_row(const struct mm_seg_dev &sg, int blk,
+                                           const struct mm_multi_args &a, float (*part)[MM_PART])
+{
+	const int tid = threadIdx.x;
+	mq_f32_dot<NW>(sg, blk, a, 0, a.n_in / 4, part);
 	__syncthreads();
 	if (tid == 0 && blk < sg.n_out) {
 		float v = 0.0f;
@@ -675,20 +690,7 @@ __global__ void __launch_bounds__(NW * 32, 32 / NW)
 		}
 		mq_warp_rows(acc, part, warp, g, t);
 	} else { /* one F32 row: elements [256 s0, 256 (s0 + nsl)) */
-		const float4 *w =
-		    (const float4 *)(sg.w + (size_t)min(row0, sg.n_out - 1) * sg.row_bytes) + 64 * s0;
-		if (a.pf && tid == 0 && nsl > 0)
-			kdep_prefetch_l2(w, (size_t)nsl * 1024);
-		KDEP_ENTRY();
-		const float4 *x = (const float4 *)kdep_after(a.x) + 64 * s0;
-		float acc = 0.0f;
-		for (int i = tid; i < 64 * nsl; i += NW * 32) {
-			const float4 wv = __ldg(w + i), xv = x[i];
-			acc = fmaf(wv.x, xv.x, fmaf(wv.y, xv.y, fmaf(wv.z, xv.z, fmaf(wv.w, xv.w, acc))));
-		}
-		acc = kc_warp_sum(acc);
-		if (lane == 0)
-			part[warp][0] = acc;
+		mq_f32_dot<NW>(sg, row0, a, 64 * s0, 64 * nsl, part);
 	}
 	__syncthreads();
 	float v = 0.0f;
@@ -925,8 +927,7 @@ static unsigned long long xm_calls; /* kcuda_matmul_xm_calls */
  * docs/PERFORMANCE.md, session 15. */
 static bool multi_xm(void)
 {
-	const char *e = getenv("TANDEM_MULTI_XM");
-	return e && strcmp(e, "1") == 0;
+	return env_is("TANDEM_MULTI_XM", "1");
 }
 
 /* TANDEM_MULTI_XM_QUANT=0 (read on every call): mm_xm_kernel only where the op before left x's parts
@@ -935,8 +936,7 @@ static bool multi_xm(void)
  * overlap in the graph?) */
 static bool multi_xm_quant(void)
 {
-	const char *e = getenv("TANDEM_MULTI_XM_QUANT");
-	return !(e && strcmp(e, "0") == 0);
+	return !env_is("TANDEM_MULTI_XM_QUANT", "0");
 }
 
 /* the fewest tokens mm_xm_kernel takes: TANDEM_MULTI_XM_MIN (2..8, read on every call), default 5
@@ -1128,8 +1128,35 @@ static int multi_mq_ks(void)
  * quantizing its slabs of x (mi8_stage) */
 static bool multi_mq_x(void)
 {
-	const char *e = getenv("TANDEM_MULTI_MQ_X");
-	return e && strcmp(e, "1") == 0;
+	return env_is("TANDEM_MULTI_MQ_X", "1");
+}
+
+/* TANDEM_MULTI_MQ_NW (read on every call): 8 or 4 warps a tile block, else the caller's default */
+static bool multi_mq_nw8(bool dflt)
+{
+	return env_is("TANDEM_MULTI_MQ_NW", "8") || (dflt && !env_is("TANDEM_MULTI_MQ_NW", "4"));
+}
+
+/* the products of the table that a launch did not take (in_table[i] false), each on its own after it;
+ * rc: the launch's status, returned as it is when not 0 */
+static int mm_run_rest(struct kcuda_ctx *c, int rc, int n_seg, const struct kcuda_mm_seg *seg,
+                       const bool *in_table, const float *x, int64_t ldx, int64_t n_tok)
+{
+	for (int i = 0; i < n_seg && !rc; i++)
+		if (!in_table[i])
+			rc = kcuda_matmul(c, seg[i].w, x, ldx, n_tok, seg[i].y, seg[i].ldy);
+	return rc;
+}
+
+/* the one-token tile launches' common arguments */
+static void mq_args_fill(struct mm_multi_args *a, const float *x, int64_t ldx, int64_t n_in, const mi8_x *xq)
+{
+	a->x = x;
+	a->ldx = ldx;
+	a->n_tok = 1;
+	a->n_in = (int)n_in;
+	a->pf = kcuda_prefetch_enabled();
+	a->xq = xq;
 }
 
 /* mm_run_mq on mm_multi_mqc_kernel (ks_req blocks a cluster, -1: one slab a warp; xq NULL: x
@@ -1174,12 +1201,7 @@ static int mm_run_mqc(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg 
 	}
 	if (!n_q8 || a.n_seg < min_table || n_tiles * ks > INT32_MAX)
 		return ERR_UNSUPPORTED;
-	a.x = x;
-	a.ldx = ldx;
-	a.n_tok = 1;
-	a.n_in = (int)n_in;
-	a.pf = kcuda_prefetch_enabled();
-	a.xq = xq;
+	mq_args_fill(&a, x, ldx, n_in, xq);
 	a.mq_cs = spr;
 	a.mq_ks = ks;
 	/* more than the default 48 KB of dynamic shared memory: set on every call (a per-device
@@ -1205,10 +1227,7 @@ static int mm_run_mqc(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg 
 	                          c->stream, cl, a);
 	if (rc == 0)
 		__atomic_fetch_add(&mq_calls, 1ull, __ATOMIC_RELAXED);
-	for (int i = 0; i < n_seg && !rc; i++)
-		if (!in_table[i])
-			rc = kcuda_matmul(c, seg[i].w, x, ldx, 1, seg[i].y, seg[i].ldy);
-	return rc;
+	return mm_run_rest(c, rc, n_seg, seg, in_table, x, ldx, 1);
 }
 
 /* One token whose int8 parts xq the norm before left, on mm_multi_mq_kernel: its Q8_0 products 16 rows
@@ -1220,13 +1239,11 @@ static int mm_run_mq(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *
 {
 	const bool small = n_in <= MM_CHUNK(true);
 	const int n_slab = (int)(n_in / 256);
-	/* TANDEM_MULTI_MQ_NW=8: 8 warps a block (Q8_0 and F32 products only), else 4 */
-	const char *nwe = getenv("TANDEM_MULTI_MQ_NW");
-	const bool nw8 = nwe && strcmp(nwe, "8") == 0;
 	const int ks = multi_mq_ks();
 	if (ks) /* K split over clusters (mm_multi_mqc_kernel): 8 warps unless TANDEM_MULTI_MQ_NW=4 */
-		return mm_run_mqc(c, n_seg, seg, x, ldx, n_in, xq, min_table, ks,
-		                  !(nwe && strcmp(nwe, "4") == 0));
+		return mm_run_mqc(c, n_seg, seg, x, ldx, n_in, xq, min_table, ks, multi_mq_nw8(true));
+	/* TANDEM_MULTI_MQ_NW=8: 8 warps a block (Q8_0 and F32 products only), else 4 */
+	const bool nw8 = multi_mq_nw8(false);
 	const size_t smem_static = sizeof(float) * (nw8 ? 8 : MM_NW) * MM_PART;
 	const int optin = kcuda_smem_optin(c->device);
 	if (n_in % 256 || n_slab < 1 || optin <= 0)
@@ -1268,17 +1285,9 @@ static int mm_run_mq(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *
 	}
 	if (!n_q8 || a.n_seg < min_table || n_blk > INT32_MAX)
 		return ERR_UNSUPPORTED;
-	a.x = x;
-	a.ldx = ldx;
-	a.n_tok = 1;
-	a.n_in = (int)n_in;
-	a.pf = kcuda_prefetch_enabled();
-	a.xq = xq;
+	mq_args_fill(&a, x, ldx, n_in, xq);
 	a.mq_cs = cs;
-	{
-		const char *e = getenv("TANDEM_MULTI_MQ_PF");
-		a.mq_pf = !(e && strcmp(e, "0") == 0);
-	}
+	a.mq_pf = !env_is("TANDEM_MULTI_MQ_PF", "0");
 	/* more than the default 48 KB of dynamic shared memory: asked once per instantiation and size */
 	/* more than the default 48 KB of dynamic shared memory: set on every call (a per-device attribute;
 	 * a process may drive several GPUs from several threads) */
@@ -1296,10 +1305,7 @@ static int mm_run_mq(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *
 	                           dim3(MM_NW * 32), smem, c->stream, a);
 	if (rc == 0)
 		__atomic_fetch_add(&mq_calls, 1ull, __ATOMIC_RELAXED);
-	for (int i = 0; i < n_seg && !rc; i++)
-		if (!in_table[i])
-			rc = kcuda_matmul(c, seg[i].w, x, ldx, 1, seg[i].y, seg[i].ldy);
-	return rc;
+	return mm_run_rest(c, rc, n_seg, seg, in_table, x, ldx, 1);
 }
 
 static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg, const float *x, int64_t ldx,
@@ -1358,9 +1364,8 @@ static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg
 			return rc;
 	} else if (!xq && n_tok == 1 && !hx && multi_mq(n_in, false) && multi_mq_ks() && multi_mq_x()) {
 		/* one token without parts on the cluster tiles, x quantized in the kernel */
-		const char *nwe = getenv("TANDEM_MULTI_MQ_NW");
 		const int rc = mm_run_mqc(c, n_seg, seg, x, ldx, n_in, NULL, min_table, multi_mq_ks(),
-		                          !(nwe && strcmp(nwe, "4") == 0));
+		                          multi_mq_nw8(true));
 		if (rc != ERR_UNSUPPORTED)
 			return rc;
 	}
@@ -1431,8 +1436,5 @@ static int mm_run(struct kcuda_ctx *c, int n_seg, const struct kcuda_mm_seg *seg
 		rc = small ? mm_launch<4, true>(c, a, g, smem) : mm_launch<4, false>(c, a, g, smem);
 	else
 		rc = small ? mm_launch<8, true>(c, a, g, smem) : mm_launch<8, false>(c, a, g, smem);
-	for (int i = 0; i < n_seg && !rc; i++)
-		if (!in_table[i])
-			rc = kcuda_matmul(c, seg[i].w, x, ldx, n_tok, seg[i].y, seg[i].ldy);
-	return rc;
+	return mm_run_rest(c, rc, n_seg, seg, in_table, x, ldx, n_tok);
 }
