@@ -520,7 +520,8 @@ int main(void)
 	unsetenv("TANDEM_MULTI_WIDE"); /* the default: on */
 	/* one token with x's int8 parts from the norm (kfuse_add_rmsnorm_parts): every group and the wide
 	 * products (the table of one), on the int8 tensor-core tiles (mm_multi_mq_kernel, TANDEM_MULTI_MQ=1,
-	 * with 4 and 8 warps a block) and on the dp4a kernel (the default) */
+	 * with 4 and 8 warps a block, and mm_multi_mqc_kernel's clusters) and on the dp4a kernel (the
+	 * default) */
 	g_parts = 1;
 	/* 4 warps a block, 8 warps (TANDEM_MULTI_MQ_NW=8), K split over clusters (TANDEM_MULTI_MQ_KS:
 	 * one slab a warp of 8, 2 blocks of 4 warps, 8 blocks: clipped to the slabs there are, so ranks
