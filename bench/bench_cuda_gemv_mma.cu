@@ -23,6 +23,7 @@
  *                                           unit code, no GPU needed, see gm_emulate)
  *   bench_cuda_gemv_mma profile: 3 launches per type at 6144x32768, n_tok 1 and 2 (for ncu)
  *   TANDEM_GM_R=1|2 forces the row tiles per warp (default: chosen from n_out).
+ *   bench_cuda_gemv_mma q6: one token's Q6_K products (output heads) per TANDEM_GEMV_Q6K variant (time_q6).
  *   bench_cuda_gemv_mma glm: only the GLM-5 per-rank decode table (also printed after `time`):
  *     kcuda_matmul and kfwd_head_gemv on the Q8_0 attention / indexer products, the F32 indexer
  *     projection and router (fp32 path), the per-head k_b / v_b and Q4_K q_a, n_tok 1/2/4/8/16,
@@ -389,6 +390,78 @@ static void time_glm(struct kcuda_ctx *c, size_t l2)
 	CK(cudaFree(yd));
 }
 
+/* bench_cuda_gemv_mma q6: one token's Q6_K products through kcuda_matmul (the output heads of the GLM-5 /
+ * DeepSeek-V3 TP=8 rank slices, a full GLM-5 head, a narrow 6144 -> 2048), each TANDEM_GEMV_Q6K variant
+ * (matmul_q6k1.cu; 0 = the fp32 GEMV) eager and in graphs, weights rotating over >= 4x L2; GB/s against
+ * a streaming read of 2 GiB in the same run */
+static void time_q6(struct kcuda_ctx *c, int n_sm, size_t l2)
+{
+	static const struct {
+		int64_t n_in, n_out;
+		const char *what;
+	} qs[] = {{6144, 19360, "GLM-5 head / 8"},
+	          {7168, 16160, "DS-V3 head / 8"},
+	          {6144, 154880, "GLM-5 head"},
+	          {6144, 2048, "6144->2048"}};
+	static const char *vars[] = {"0", "1", "2"};
+	cudaStream_t s = (cudaStream_t)kcuda_ctx_stream(c);
+	const size_t big = (size_t)2 << 30;
+	void *A;
+	float *xd, *yd;
+	uint32_t *sink;
+	CK(cudaMalloc(&A, big));
+	CK(cudaMalloc(&sink, 4));
+	CK(cudaMalloc(&xd, sizeof(float) * 8192));
+	CK(cudaMalloc(&yd, sizeof(float) * 160000));
+	fill_random<<<4096, 256, 0, s>>>((uint32_t *)A, big / 4, 7);
+	const float rms = bench_time_ms(s, 2, 7, 1, [&](int) {
+		read_kernel<<<n_sm * 16, 256, 0, s>>>((const uint4 *)A, big / 16, sink);
+	});
+	const double read_gbs = big / (rms * 1e-3) / 1e9;
+	{
+		std::vector<float> xh(8192);
+		for (auto &v : xh)
+			v = rand_x();
+		CK(cudaMemcpy(xd, xh.data(), xh.size() * sizeof(float), cudaMemcpyHostToDevice));
+	}
+	printf("\nQ6_K, one token (kcuda_matmul), weights rotating over >= 4x L2; read ceiling %.0f GB/s\n"
+	       "%-16s %-12s %7s | %8s %6s %6s | %8s %6s %6s\n",
+	       read_gbs, "product", "shape", "Q6K", "us", "GB/s", "%read", "graph us", "GB/s", "%read");
+	for (const auto &q : qs) {
+		size_t rb;
+		if (!ktype_row_bytes(KT_Q6_K, q.n_in, &rb))
+			continue;
+		const size_t wbytes = rb * (size_t)q.n_out, stride = (wbytes + 255) & ~(size_t)255;
+		const int ncopy = (int)std::min<size_t>(big / stride, std::max<size_t>(4 * l2 / wbytes + 1, 20));
+		if (ncopy < 2)
+			continue;
+		std::vector<uint8_t> hw(wbytes);
+		ops_fill_weight(KT_Q6_K, q.n_in, q.n_out, rb, hw.data());
+		for (int k = 0; k < ncopy; k++)
+			CK(cudaMemcpy((char *)A + k * stride, hw.data(), wbytes, cudaMemcpyHostToDevice));
+		const gshape g = {KT_Q6_K, q.n_in, q.n_out, 0, 0, KCUDA_MM_AUTO, q.what};
+		char shape[32];
+		snprintf(shape, sizeof shape, "%lldx%lld", (long long)q.n_in, (long long)q.n_out);
+		for (const char *v : vars) {
+			setenv("TANDEM_GEMV_Q6K", v, 1);
+			const float ms = bench_time_ms(s, 2, 5, ncopy, [&](int i) {
+				if (glm_call(c, g, (char *)A + (i % ncopy) * stride, rb, wbytes, xd, 1, yd))
+					abort();
+			});
+			const float gms = time_graph(c, g, A, stride, ncopy, rb, wbytes, xd, 1, yd);
+			const double gb = wbytes / (ms * 1e-3) / 1e9, ggb = wbytes / (gms * 1e-3) / 1e9;
+			printf("%-16s %-12s %7s | %8.2f %6.0f %5.1f%% | %8.2f %6.0f %5.1f%%\n", q.what, shape, v,
+			       ms * 1e3, gb, 100 * gb / read_gbs, gms * 1e3, ggb, 100 * ggb / read_gbs);
+			fflush(stdout);
+		}
+	}
+	unsetenv("TANDEM_GEMV_Q6K");
+	CK(cudaFree(A));
+	CK(cudaFree(sink));
+	CK(cudaFree(xd));
+	CK(cudaFree(yd));
+}
+
 static void time_all(struct kcuda_ctx *c, int n_sm, size_t l2)
 {
 	cudaStream_t s = (cudaStream_t)kcuda_ctx_stream(c);
@@ -722,6 +795,8 @@ int main(int argc, char **argv)
 		profile_all(c, n_sm);
 	else if (argc > 1 && !strcmp(argv[1], "glm"))
 		time_glm(c, prop.l2CacheSize);
+	else if (argc > 1 && !strcmp(argv[1], "q6"))
+		time_q6(c, n_sm, prop.l2CacheSize);
 	else {
 		if (do_check)
 			check_all(c, n_sm);

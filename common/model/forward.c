@@ -157,6 +157,12 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 	      *lg = w.lg, *lgg = w.lgg, *dsc = w.dsc;
 	int32_t *sel = w.sel, *nsel = w.nsel, *ids = w.ids;
 	const struct mbe_weights *W = be->weights(bc);
+	/* every row an output row (decode steps, graphs included): the last layer's add and the final
+	 * norm in one op into xs, the lm_head's input, without the row gather. Only backends with the
+	 * parts-making norm (add_rmsnorm_q: CUDA, whose one-token output head reads them), and not
+	 * under the hidden-state hook, which reads h before the norm */
+	const bool tail_fused = be->add_rmsnorm_q && !(dbg && dbg->hidden_cb) && n_out > 0 &&
+	                        n_out == st.n_real && n_out_c == n;
 
 	/* embeddings and RoPE tables */
 	be->embed(bc, h, D);
@@ -272,6 +278,8 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 		if (l + 1 < hp->n_layers) /* with the next layer's attention norm (its products next) */
 			(be->add_rmsnorm_q ? be->add_rmsnorm_q : be->add_rmsnorm)(
 			    bc, h, part, a, W->layers[l + 1].attn_norm, D, n, hp->rms_eps);
+		else if (tail_fused)
+			be->add_rmsnorm_q(bc, h, part, xs, W->out_norm, D, n, hp->rms_eps);
 		else
 			be->add(bc, h, part, n * D);
 		if (dbg && dbg->hidden_cb)
@@ -286,8 +294,10 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 	rc = 0;
 	if (n_out == 0)
 		goto out;
-	be->gather_rows(bc, a, h, D, out_rows, n_out_c);
-	be->rmsnorm(bc, xs, D, a, D, W->out_norm, D, n_out_c, hp->rms_eps);
+	if (!tail_fused) {
+		be->gather_rows(bc, a, h, D, out_rows, n_out_c);
+		be->rmsnorm(bc, xs, D, a, D, W->out_norm, D, n_out_c, hp->rms_eps);
+	}
 	be->matmul(bc, W->lm_head, xs, D, n_out_c, lg, rk->vl);
 	if (m->T == 1) {
 		rc = be->to_host(bc, rk->logits, lg, (size_t)(n_out * rk->vl) * sizeof(float));

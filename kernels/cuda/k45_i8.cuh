@@ -77,11 +77,14 @@ __device__ __forceinline__ uint32_t mi8_pack4(int a, int b, int c, int d)
  * elements. The sum is formed as a tree of fixed shape whatever NE is (each four consecutive
  * elements in order, then pairs of fours, then pairs of those, ...), so a producer holding four
  * elements a lane (fused.cu's add_rmsnorm) and mi8_stage holding eight give the same bits. */
-template <int NE>
+template <int NE, int L = 32 / NE>
 __device__ __forceinline__ void mi8_quant(const float (&v)[NE], uint32_t (&qw)[MI8_P][NE / 4], float &s_out,
                                           float &p_out, float &sum_out)
 {
-	static_assert(NE == 4 || NE == 8, "4 or 8 elements a lane");
+	/* L: lanes sharing the group (32 / NE: a 32-element sub-block); L 1 with NE 16: a 16-element
+	 * group held by one lane (matmul_q6k1.cu: Q6_K's scale groups) */
+	static_assert(((NE == 4 || NE == 8) && L == 32 / NE) || (NE == 16 && L == 1),
+	              "4 or 8 elements a lane of a 32-element group, or 16 in one lane");
 	float m = 0.f, sum = 0.f;
 	bool bad = false; /* an Inf / NaN element (fmaxf would drop a NaN): the sub-block's scale NaN */
 #pragma unroll
@@ -90,10 +93,12 @@ __device__ __forceinline__ void mi8_quant(const float (&v)[NE], uint32_t (&qw)[M
 		bad = bad || !(fabsf(v[i]) <= 3.40282347e38f);
 	}
 	sum = ((v[0] + v[1]) + v[2]) + v[3];
-	if constexpr (NE == 8)
+	if constexpr (NE >= 8)
 		sum += ((v[4] + v[5]) + v[6]) + v[7];
+	if constexpr (NE == 16)
+		sum += (((v[8] + v[9]) + v[10]) + v[11]) + (((v[12] + v[13]) + v[14]) + v[15]);
 #pragma unroll
-	for (int o = 1; o < 32 / NE; o <<= 1) {
+	for (int o = 1; o < L; o <<= 1) {
 		m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
 		sum += __shfl_xor_sync(0xffffffffu, sum, o);
 		bad = __shfl_xor_sync(0xffffffffu, (int)bad, o) || bad;
