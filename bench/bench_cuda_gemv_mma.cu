@@ -403,7 +403,7 @@ static void time_q6(struct kcuda_ctx *c, int n_sm, size_t l2)
 	          {7168, 16160, "DS-V3 head / 8"},
 	          {6144, 154880, "GLM-5 head"},
 	          {6144, 2048, "6144->2048"}};
-	static const char *vars[] = {"0", "1", "2"};
+	static const char *vars[] = {"0", "1", "2", "3", "4"};
 	cudaStream_t s = (cudaStream_t)kcuda_ctx_stream(c);
 	const size_t big = (size_t)2 << 30;
 	void *A;

@@ -252,20 +252,26 @@ __global__ void __launch_bounds__(Q6_T, 3)
 
 /* ---- host ------------------------------------------------------------------------------------- */
 
-/* TANDEM_GEMV_Q6K (read on every call): 0 off (the fp32 GEMV); unset / 1 one row a ring stage; 2 two rows
- * a stage */
+/* TANDEM_GEMV_Q6K (read on every call): 0 off (the fp32 GEMV); 1 one row a ring stage (8 stages where
+ * they fit 48 KB, else 4); 2 (default) two rows a stage, 4 stages; 3 four rows a stage, 2 stages; 4 four
+ * rows a stage, 4 stages (more than 48 KB: the opt-in, where the device has it) */
 static int q6_variant(void)
 {
 	const char *e = getenv("TANDEM_GEMV_Q6K");
 	if (!e || !*e)
-		return 1;
-	return strcmp(e, "1") == 0 ? 1 : strcmp(e, "2") == 0 ? 2 : 0;
+		return 2;
+	return e[0] >= '1' && e[0] <= '4' && !e[1] ? e[0] - '0' : 0;
 }
 
 extern "C" bool kcuda_gemv_q6k1_enabled(void)
 {
 	return q6_variant() != 0;
 }
+
+/* the fewest rows a product needs to take this kernel: below, the fp32 GEMV's 4840-row-grid style wins
+ * (H200, bench_cuda_gemv_mma q6: 6144 -> 2048 9.0 us there against 9.9 here, whose blocks run only two
+ * row steps after quantizing x; 16160 and more rows were as fast or faster here) */
+#define Q6_MIN_ROWS 8192
 
 typedef void (*q6_fn)(const uint8_t *, size_t, size_t, int64_t, int, const float *, const mi8_x *, float *);
 
@@ -274,13 +280,18 @@ template <int RB, int S> static q6_fn q6_pick(int cp)
 	return cp == 16 ? q6k1_kernel<RB, S, 16> : q6k1_kernel<RB, S, 8>;
 }
 
-/* resident blocks an SM of f with W warps and smem bytes of ring (1 when the query fails) */
+/* resident blocks an SM of f with W warps and smem bytes of ring (0 when it cannot run: the opt-in refused) */
 static int q6_occ(q6_fn f, int W, size_t smem)
 {
+	if (smem > 49152 && cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+	                        cudaSuccess) {
+		(void)cudaGetLastError();
+		return 0;
+	}
 	int b = 0;
 	if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, f, W * 32, smem) != cudaSuccess || b < 1) {
 		(void)cudaGetLastError();
-		b = 1;
+		b = 0;
 	}
 	return b;
 }
@@ -290,7 +301,7 @@ int kcuda_gemv_q6k1_launch(struct kcuda_ctx *c, const struct kweight *w, const f
 {
 	(void)ldy; /* one token */
 	const int v = q6_variant();
-	if (w->type != KT_Q6_K || n_tok != 1 || w->n_in % 256 || !v)
+	if (w->type != KT_Q6_K || n_tok != 1 || w->n_in % 256 || w->n_out < Q6_MIN_ROWS || !v)
 		return ERR_UNSUPPORTED;
 	const int64_t nb = w->n_in / 256;
 	const int W = (int)((nb + Q6BPW - 1) / Q6BPW);
@@ -301,17 +312,33 @@ int kcuda_gemv_q6k1_launch(struct kcuda_ctx *c, const struct kweight *w, const f
 	                                                             : 0;
 	if (W > Q6_MAX_W || !cp || (uintptr_t)x % 16 || rb != 210 * (size_t)nb)
 		return ERR_UNSUPPORTED;
-	const int rbn = v == 2 ? 2 : 1;
-	const int S = 8 * (size_t)rbn * rbs <= Q6_SMEM ? 8 : 4 * (size_t)rbn * rbs <= Q6_SMEM ? 4 : 0;
-	if (!S)
-		return ERR_UNSUPPORTED;
-	const q6_fn f = rbn == 1 ? (S == 8 ? q6_pick<1, 8>(cp) : q6_pick<1, 4>(cp))
-	                         : (S == 8 ? q6_pick<2, 8>(cp) : q6_pick<2, 4>(cp));
+	const int rbn = v == 1 ? 1 : v == 2 ? 2 : 4;
+	int S = v == 1 ? 8 : v == 2 || v == 4 ? 4 : 2;
+	const size_t cap = v == 4 ? (size_t)kcuda_smem_optin(c->device) : (size_t)Q6_SMEM;
+	while (S > 2 && (size_t)S * rbn * rbs > cap)
+		S /= 2;
 	const size_t smem = (size_t)S * rbn * rbs;
-	static int occ[2][2][2][Q6_MAX_W + 1]; /* rbn, S 8, cp 16, W */
-	int &oc = occ[rbn - 1][S == 8][cp == 16][W];
-	if (!oc)
-		oc = q6_occ(f, W, smem);
+	if (smem > cap)
+		return ERR_UNSUPPORTED;
+	q6_fn f;
+	switch (rbn * 16 + S) {
+	case 16 + 8: f = q6_pick<1, 8>(cp); break;
+	case 16 + 4: f = q6_pick<1, 4>(cp); break;
+	case 16 + 2: f = q6_pick<1, 2>(cp); break;
+	case 32 + 4: f = q6_pick<2, 4>(cp); break;
+	case 32 + 2: f = q6_pick<2, 2>(cp); break;
+	case 64 + 4: f = q6_pick<4, 4>(cp); break;
+	default: f = q6_pick<4, 2>(cp); break;
+	}
+	/* resident blocks, per kernel and W (the device is the context's: one per process in practice) */
+	static int occ[3][4][2][Q6_MAX_W + 1]; /* log2 rbn, log2 S - 1, cp 16, W; -1: cannot run */
+	int &oc = occ[rbn == 1 ? 0 : rbn == 2 ? 1 : 2][S == 2 ? 0 : S == 4 ? 1 : 2][cp == 16][W];
+	if (!oc) {
+		const int b = q6_occ(f, W, smem);
+		oc = b ? b : -1;
+	}
+	if (oc < 0)
+		return ERR_UNSUPPORTED;
 	const mi8_x *xq = kcuda_xparts_for(c, x, ldx, w->n_in, 1);
 	const int64_t groups = (w->n_out + rbn - 1) / rbn, res = (int64_t)c->n_sm * oc;
 	const unsigned grid = (unsigned)(groups < res ? groups : res);

@@ -10,8 +10,8 @@
  *   - outputs are finite, guard bytes around Y and the gaps of a strided Y (ldy > n_out) untouched,
  *     strided X (ldx > n_in), bad arguments rejected with -EINVAL / ERR_UNSUPPORTED.
  * Shapes: rows 1, 31, 32, 33, 4097 and the GLM-5 TP=8 and DeepSeek-V3 per-rank weight shapes.
- * TANDEM_OPS_QUICK=1 runs a smaller sweep (for compute-sanitizer). Last, wide products at 1..8 tokens
- * (wide_sweep). Exit 77 = no GPU (skip). */
+ * TANDEM_OPS_QUICK=1 runs a smaller sweep (for compute-sanitizer). Also one token's Q6_K output heads
+ * (head_sweep: matmul_q6k1.cu); last, wide products at 1..8 tokens (wide_sweep). Exit 77 = no GPU (skip). */
 #include <errno.h>
 #include <stdbool.h>
 #include <string.h>
@@ -333,6 +333,44 @@ static int wide_sweep(struct kcuda_ctx *c, int quick)
 	return fail;
 }
 
+/* One token's Q6_K products of output-head size (matmul_q6k1.cu takes n_out >= 8192, n_in % 1024 == 0 up
+ * to 8192): the GLM-5 and DeepSeek-V3 TP=8 head slices, an odd n_out (the last row step part-filled),
+ * 5120 (GLM-4.5's hidden, 8-byte copies) and a row count past the minimum; each TANDEM_GEMV_Q6K variant
+ * (quick: the default and 3), x at scale 1 and 1e-30, twice each (the same bits) */
+static int head_sweep(struct kcuda_ctx *c, int quick)
+{
+	static const struct shape heads[] = {{6144, 19360, "glm head/8 (q6k1)"},
+	                                     {7168, 16160, "ds head/8 (q6k1)"},
+	                                     {6144, 8193, "odd head (q6k1)"},
+	                                     {5120, 9000, "5120 head (q6k1)"}};
+	static const char *vars[] = {NULL, "1", "3", "4", "0"};
+	int fail = 0;
+	g_det = 1;
+	for (size_t v = 0; v < sizeof(vars) / sizeof(vars[0]); v++) {
+		if (quick && v != 0 && v != 2)
+			continue;
+		if (vars[v])
+			setenv("TANDEM_GEMV_Q6K", vars[v], 1);
+		else
+			unsetenv("TANDEM_GEMV_Q6K");
+		for (size_t s = 0; s < sizeof(heads) / sizeof(heads[0]); s++) {
+			if (quick && s != 2)
+				continue;
+			for (int xi = 0; xi < 2; xi++) {
+				if (xi && (v || s))
+					continue; /* the tiny x once */
+				g_xscale = xi ? 1e-30f : 1.0f;
+				fail |= run_case(c, KT_Q6_K, heads[s].n_in, heads[s].n_out, 1, KCUDA_MM_AUTO, 0,
+				                 heads[s].what);
+			}
+		}
+	}
+	g_xscale = 1.0f;
+	unsetenv("TANDEM_GEMV_Q6K");
+	g_det = 0;
+	return fail;
+}
+
 int main(void)
 {
 	if (kcuda_device_count() < 1) {
@@ -351,6 +389,7 @@ int main(void)
 	}
 	check_bad_args(c);
 	int setup_fail = gemv3_sweep(c, quick);
+	setup_fail |= head_sweep(c, quick);
 
 	/* rows sweep on a small n_in, then the real per-rank weight shapes */
 	static const int64_t rows_sweep[] = {1, 31, 32, 33, 4097};

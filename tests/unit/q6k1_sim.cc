@@ -9,9 +9,9 @@
  * Each output is held to a double-precision reference over the dequantized row (this file's own Q6_K
  * decode, written from MODEL-SPEC.md): |sim - ref| <= 1e-6 sum_i |w_i| m(i) + 1e-6 sum_i |w_i x_i| + 2^-120,
  * m(i) the largest |x| of element i's 32-element sub-block (x's three parts carry <= 6.1e-8 of it;
- * the rest is fp32 rounding). Outputs past n_out keep their guard value. The same case runs three ways
- * that must give the same bits: one row a ring stage on one block, two rows a stage on up to 3 blocks, one
- * row a stage on up to 5 blocks (16-byte copies where rows allow, else 8); shared memory is refilled with
+ * the rest is fp32 rounding). Outputs past n_out keep their guard value. The same case runs four ways
+ * that must give the same bits: one row a ring stage on one block, two rows a stage on up to 3 blocks, four
+ * rows a stage on up to 2 blocks (2 stages), one row a stage on up to 5 blocks (16-byte copies where rows allow, else 8); shared memory is refilled with
  * a pattern before every block and the copies land only at their wait, so a stage read early fails.
  * Cases: n_in / 256 = 4, 8, 20, 24 (GLM-5), 28 (DeepSeek-V3), 32 (the host takes n_in % 1024 == 0 up to
  * 8192); n_out 1, 2, 3, 37 (fewer for the wide rows); x uniform, with a zero sub-block and a huge
@@ -196,6 +196,11 @@ static void one_case(std::mt19937 &rng, int nb, int64_t n_out, xkind xk, bool pa
 		run_kernel<2, 4, 8>(w.data(), n_out, nb, x, xq, y2.data(), g2 == 1 ? groups : g2);
 	else
 		y2 = y;
+	std::vector<float> y4(n_out + 8, guard);
+	if (2 * 4 * ((rb + 15) & ~(size_t)15) <= sizeof(sim_dyn)) /* four rows a stage, 2 stages, 2 blocks */
+		run_kernel<4, 2, 8>(w.data(), n_out, nb, x, xq, y4.data(), n_out > 4 ? 2 : 1);
+	else
+		y4 = y;
 	const unsigned g3 = n_out < 5 ? (unsigned)n_out : 5; /* a block a row, or 5 blocks striding */
 	if (rb % 16 == 0)
 		run_kernel<1, 4, 16>(w.data(), n_out, nb, x, xq, y3.data(), g3);
@@ -222,14 +227,15 @@ static void one_case(std::mt19937 &rng, int nb, int64_t n_out, xkind xk, bool pa
 			ok = std::isnan(y[r]);
 		else
 			ok = std::isfinite(y[r]) && std::fabs(y[r] - ref) <= 1e-6 * wm + 1e-6 * mag + 0x1p-120;
-		const bool same = memcmp(&y[r], &y2[r], 4) == 0 && memcmp(&y[r], &y3[r], 4) == 0;
+		const bool same = memcmp(&y[r], &y2[r], 4) == 0 && memcmp(&y[r], &y3[r], 4) == 0 &&
+		                  memcmp(&y[r], &y4[r], 4) == 0;
 		if ((!ok || !same) && bad++ < 3)
 			printf("FAIL: nb %d n_out %lld x %d parts %d row %lld: %.9g against %.9g (mag %.3g)%s\n", nb,
 			       (long long)n_out, (int)xk, (int)parts, (long long)r, y[r], ref, mag,
 			       same ? "" : ", another grid or row step gave other bits");
 	}
 	for (int i = 0; i < 8; i++)
-		if (y[n_out + i] != guard || y2[n_out + i] != guard || y3[n_out + i] != guard)
+		if (y[n_out + i] != guard || y2[n_out + i] != guard || y3[n_out + i] != guard || y4[n_out + i] != guard)
 			bad++, printf("FAIL: nb %d n_out %lld: the guard after y was written\n", nb, (long long)n_out);
 	n_check++;
 	n_fail += bad != 0;
