@@ -3,10 +3,11 @@
  * Why: the output head of the GGUF mixes people run (GLM-5 / DeepSeek-V3 "Q4_K_M" and the
  * `mkmodel --preset glm5` anchor file) is Q6_K, and at one token it went to the fp32 GEMV
  * (matmul_gemv.cu): every weight decoded to a float and multiplied in fp32, ~4-5 instructions a
- * weight. The GLM-5 rank slice (19360 x 6144, 97.6 MB) took ~48 us a step there (nsys, H200, session
- * 24) against ~21 us to read it. Here a weight costs ~3 integer instructions: the 6-bit value is
- * assembled in place (four at a time), multiplied with x's int8 parts by dp4a, and the scales are
- * applied once per 16 weights in fp32.
+ * weight. The GLM-5 rank slice (19360 x 6144, 97.6 MB) took 47-48 us a step there (H200, 46% of the
+ * read rate). Here a weight costs ~3 instructions: the 6-bit value is assembled in place (four at a
+ * time), multiplied with x's int8 parts by dp4a, and the scales are applied once per 16 weights in
+ * fp32. Measured (H200, 2026-12-04, bench_cuda_gemv_mma q6, graphs): 38.2 us (57.5% of the read rate)
+ * for that slice, 43.3 against 47.8 for DeepSeek-V3's, 265 against 333 us for a whole GLM-5 head.
  *
  * x is held as three int8 parts per group (k45_i8.cuh's scheme: x = xs (a + b / 254 + c / 254^2),
  * within ~6e-8 of the group's largest |x|): taken from the norm before where it left them
@@ -20,14 +21,15 @@
  * n = (l >> 2) & 1 (elements 128 n ..), the 16 positions l0 = 16 ((l >> 1) & 1) .. + 15 and the quad pair
  * P = l & 1: its two groups are quads P and P + 2, elements 128 n + 32 P + l0 + (0..15) and
  * 128 n + 32 (P + 2) + l0 + (0..15), which share their ql bytes (low / high nibbles) and qh bytes (bits
- * 2P / 2P + 4). Per row a lane loads 16 ql and 16 qh bytes (2-byte aligned: kc_ldw_a2), two scales and d.
- * The block runs rows blockIdx.x * RB + i * gridDim.x * RB (grid: the rows, at most the resident
- * blocks, so each lane's x stays in registers across its rows); the next RB rows' words load while
- * this RB's are multiplied (two register sets). The first rows' weights are issued before the PDL
- * wait (weights only: cuda_common.cuh). Per RB rows: a butterfly leaves each row's warp sum in
- * 32 / RB lanes, shared memory takes the warps' sums, and thread j < RB adds them in warp order: the
- * result does not depend on the grid (deterministic).
- * TANDEM_GEMV_Q6K=0 turns it off (read on every call): the fp32 GEMV again. */
+ * 2P / 2P + 4). Per row a lane reads 16 ql and 16 qh bytes (2-byte aligned: kc_ldw_a2), two scales and d.
+ * The block runs row groups (RB rows) blockIdx.x + i gridDim.x (grid: the groups, at most the resident
+ * blocks, so each lane's x stays in registers across its rows). Whole rows stream into a ring of S
+ * stages of RB rows in shared memory by cp.async (16-byte pieces, or 8 where rows are only 8-byte
+ * aligned), S - 1 groups ahead of the math; the first S groups are issued before the PDL wait (weights
+ * only: cuda_common.cuh). Per group: a butterfly leaves each row's warp sum in 32 / RB lanes, shared
+ * memory takes the warps' sums, and thread j < RB adds them in warp order: the result does not depend
+ * on the grid, RB or S (deterministic; tests/unit/q6k1_sim.cc runs the source on the CPU).
+ * TANDEM_GEMV_Q6K picks the ring shape or turns the kernel off (below). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -252,14 +254,21 @@ __global__ void __launch_bounds__(Q6_T, 3)
 
 /* ---- host ------------------------------------------------------------------------------------- */
 
-/* TANDEM_GEMV_Q6K (read on every call): 0 off (the fp32 GEMV); 1 one row a ring stage (8 stages where
- * they fit 48 KB, else 4); 2 (default) two rows a stage, 4 stages; 3 four rows a stage, 2 stages; 4 four
- * rows a stage, 4 stages (more than 48 KB: the opt-in, where the device has it) */
+/* TANDEM_GEMV_Q6K (read on every call): 0 off (the fp32 GEMV); 1 one row a ring stage, 8 stages; 2 two
+ * rows a stage, 4 stages; 3 (default) four rows a stage, 2 stages; 4 four rows a stage, 4 stages (past
+ * 48 KB: the opt-in, where the device has it). A ring that does not fit takes fewer stages, then fewer
+ * rows a stage. H200, bench_cuda_gemv_mma q6 (graphs, us; the fp32 GEMV 47.3 / 47.8 / 333):
+ *   GLM-5 head / 8 (6144 x 19360): 1: 50.7, 2: 42.2, 3: 38.2, 4: 42.9
+ *   DS-V3 head / 8 (7168 x 16160): 1: 56.7, 2: 47.7, 3: 43.3, 4: 43.8
+ *   GLM-5 head (6144 x 154880):    1: 368,  2: 294,  3: 265,  4: 303
+ * The bytes in flight are about the same in 1-3 (the ring holds 8 rows); what falls with more rows a
+ * stage is the per-stage cost (two barriers, the warps' sums added by one thread a row); 4 has half the
+ * resident blocks of 3 (80 KB a block). */
 static int q6_variant(void)
 {
 	const char *e = getenv("TANDEM_GEMV_Q6K");
 	if (!e || !*e)
-		return 2;
+		return 3;
 	return e[0] >= '1' && e[0] <= '4' && !e[1] ? e[0] - '0' : 0;
 }
 
@@ -312,14 +321,17 @@ int kcuda_gemv_q6k1_launch(struct kcuda_ctx *c, const struct kweight *w, const f
 	                                                             : 0;
 	if (W > Q6_MAX_W || !cp || (uintptr_t)x % 16 || rb != 210 * (size_t)nb)
 		return ERR_UNSUPPORTED;
-	const int rbn = v == 1 ? 1 : v == 2 ? 2 : 4;
-	int S = v == 1 ? 8 : v == 2 || v == 4 ? 4 : 2;
+	int rbn = v == 1 ? 1 : v == 2 ? 2 : 4, S = v == 1 ? 8 : v == 2 || v == 4 ? 4 : 2;
 	const size_t cap = v == 4 ? (size_t)kcuda_smem_optin(c->device) : (size_t)Q6_SMEM;
-	while (S > 2 && (size_t)S * rbn * rbs > cap)
-		S /= 2;
+	while ((size_t)S * rbn * rbs > cap) { /* too wide for the ring: fewer stages, then fewer rows a stage */
+		if (S > 2)
+			S /= 2;
+		else if (rbn > 1)
+			rbn /= 2;
+		else
+			return ERR_UNSUPPORTED;
+	}
 	const size_t smem = (size_t)S * rbn * rbs;
-	if (smem > cap)
-		return ERR_UNSUPPORTED;
 	q6_fn f;
 	switch (rbn * 16 + S) {
 	case 16 + 8: f = q6_pick<1, 8>(cp); break;
