@@ -432,7 +432,8 @@ static void time_q6(struct kcuda_ctx *c, int n_sm, size_t l2)
 		if (!ktype_row_bytes(KT_Q6_K, q.n_in, &rb))
 			continue;
 		const size_t wbytes = rb * (size_t)q.n_out, stride = (wbytes + 255) & ~(size_t)255;
-		const int ncopy = (int)std::min<size_t>(big / stride, std::max<size_t>(4 * l2 / wbytes + 1, 20));
+		const int ncopy =
+		    (int)std::min<size_t>(big / stride, std::max<size_t>(4 * l2 / wbytes + 1, 20));
 		if (ncopy < 2)
 			continue;
 		std::vector<uint8_t> hw(wbytes);
@@ -450,8 +451,8 @@ static void time_q6(struct kcuda_ctx *c, int n_sm, size_t l2)
 			});
 			const float gms = time_graph(c, g, A, stride, ncopy, rb, wbytes, xd, 1, yd);
 			const double gb = wbytes / (ms * 1e-3) / 1e9, ggb = wbytes / (gms * 1e-3) / 1e9;
-			printf("%-16s %-12s %7s | %8.2f %6.0f %5.1f%% | %8.2f %6.0f %5.1f%%\n", q.what, shape, v,
-			       ms * 1e3, gb, 100 * gb / read_gbs, gms * 1e3, ggb, 100 * ggb / read_gbs);
+			printf("%-16s %-12s %7s | %8.2f %6.0f %5.1f%% | %8.2f %6.0f %5.1f%%\n", q.what, shape,
+			       v, ms * 1e3, gb, 100 * gb / read_gbs, gms * 1e3, ggb, 100 * ggb / read_gbs);
 			fflush(stdout);
 		}
 	}

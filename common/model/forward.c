@@ -161,8 +161,8 @@ int model_rank_forward(struct model *m, struct model_rank *rk)
 	 * norm in one op into xs, the lm_head's input, without the row gather. Only backends with the
 	 * parts-making norm (add_rmsnorm_q: CUDA, whose one-token output head reads them), and not
 	 * under the hidden-state hook, which reads h before the norm */
-	const bool tail_fused = be->add_rmsnorm_q && !(dbg && dbg->hidden_cb) && n_out > 0 &&
-	                        n_out == st.n_real && n_out_c == n;
+	const bool tail_fused =
+	    be->add_rmsnorm_q && !(dbg && dbg->hidden_cb) && n_out > 0 && n_out == st.n_real && n_out_c == n;
 
 	/* embeddings and RoPE tables */
 	be->embed(bc, h, D);

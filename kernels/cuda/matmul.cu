@@ -100,11 +100,12 @@ extern "C" int kcuda_matmul_path(struct kcuda_ctx *c, enum kcuda_mm_path path, c
 			xs = (const float *)c->ws;
 			lds = w->n_in;
 		}
-		/* one token's Q6_K on dp4a (matmul_q6k1.cu: the output heads), gemv_res (Q8_0 / F32 at 1-2 tokens with all rows in shared memory before the wait,
-		 * matmul_gemv_res.cu: products up to 8 MB by default, TANDEM_GEMV_RES), wide Q8_0
-		 * through matmul_multi.cu's kernel (TANDEM_MULTI_WIDE, default on), gemv3 (matmul_gemv3.cu:
-		 * Q8_0 / F32 / F16 / BF16, unless TANDEM_GEMV3=0), then the tensor-core GEMV where its table
-		 * says it wins, then the fp32 GEMV */
+		/* one token's Q6_K on dp4a (matmul_q6k1.cu: the output heads), gemv_res (Q8_0 / F32 at 1-2
+		 * tokens with all rows in shared memory before the wait, matmul_gemv_res.cu: products up to 8
+		 * MB by default, TANDEM_GEMV_RES), wide Q8_0 through matmul_multi.cu's kernel
+		 * (TANDEM_MULTI_WIDE, default on), gemv3 (matmul_gemv3.cu: Q8_0 / F32 / F16 / BF16, unless
+		 * TANDEM_GEMV3=0), then the tensor-core GEMV where its table says it wins, then the fp32 GEMV
+		 */
 		int rc = ERR_UNSUPPORTED;
 		if (nt == 1 && w->type == KT_Q6_K)
 			rc = kcuda_gemv_q6k1_launch(c, w, xs, lds, nt, y + t0 * ldy, ldy);

@@ -22,8 +22,8 @@ extern "C" bool kcuda_mm_mma_enabled(void);
 /* One token's Q6_K product on dp4a (matmul_q6k1.cu): n_in % 256 == 0 and <= 8192 (16384 with
  * TANDEM_GEMV_Q6K=rb2), W 2-byte and x 16-byte aligned; x's int8 parts from the norm before when the
  * context holds them; ERR_UNSUPPORTED otherwise or with TANDEM_GEMV_Q6K=0 (read on every call). */
-int kcuda_gemv_q6k1_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
-                           float *y, int64_t ldy);
+int kcuda_gemv_q6k1_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx,
+                           int n_tok, float *y, int64_t ldy);
 extern "C" bool kcuda_gemv_q6k1_enabled(void);
 
 /* The memory-bound decode GEMV (matmul_gemv3.cu) for Q8_0 / F32 / F16 / BF16 at n_tok 1..8, fp32

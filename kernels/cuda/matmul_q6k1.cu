@@ -132,7 +132,8 @@ __device__ __forceinline__ void q6_x_load(q6_x &X, const float *xg, const mi8_x 
 #pragma unroll
 			for (int pt = 0; pt < MI8_P; pt++) {
 				const uint4 u = *(const uint4 *)&xq->q[j][pt][w0];
-				X.a[g][pt][0] = u.x, X.a[g][pt][1] = u.y, X.a[g][pt][2] = u.z, X.a[g][pt][3] = u.w;
+				uint32_t *a = X.a[g][pt];
+				a[0] = u.x, a[1] = u.y, a[2] = u.z, a[3] = u.w;
 			}
 			X.xs[g] = xq->s[j] * xq->p[j];
 		} else {
@@ -204,8 +205,8 @@ __global__ void __launch_bounds__(Q6_T, 3)
 	          P = lane & 1;
 	const bool act = blk < nb;
 	const int bo = 210 * blk;
-	const q6_off o = {bo + 64 * n + 32 * P + l0, bo + 128 + 32 * n + l0, bo + 192 + 8 * n + 2 * P + (l0 >> 4),
-	                  bo + 208};
+	const q6_off o = {bo + 64 * n + 32 * P + l0, bo + 128 + 32 * n + l0,
+	                  bo + 192 + 8 * n + 2 * P + (l0 >> 4), bo + 208};
 	const int64_t G = gridDim.x;
 	/* the first S row groups' weights: before the wait */
 #pragma unroll 1
@@ -289,11 +290,11 @@ template <int RB, int S> static q6_fn q6_pick(int cp)
 	return cp == 16 ? q6k1_kernel<RB, S, 16> : q6k1_kernel<RB, S, 8>;
 }
 
-/* resident blocks an SM of f with W warps and smem bytes of ring (0 when it cannot run: the opt-in refused) */
+/* resident blocks an SM of f with W warps and smem bytes of ring (0 when it cannot run: opt-in refused) */
 static int q6_occ(q6_fn f, int W, size_t smem)
 {
-	if (smem > 49152 && cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
-	                        cudaSuccess) {
+	if (smem > 49152 &&
+	    cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
 		(void)cudaGetLastError();
 		return 0;
 	}
@@ -305,8 +306,8 @@ static int q6_occ(q6_fn f, int W, size_t smem)
 	return b;
 }
 
-int kcuda_gemv_q6k1_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx, int n_tok,
-                           float *y, int64_t ldy)
+int kcuda_gemv_q6k1_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx,
+                           int n_tok, float *y, int64_t ldy)
 {
 	(void)ldy; /* one token */
 	const int v = q6_variant();
@@ -318,12 +319,13 @@ int kcuda_gemv_q6k1_launch(struct kcuda_ctx *c, const struct kweight *w, const f
 	/* the copies: 16-byte pieces when every row starts 16-byte aligned, else 8 (n_in % 1024 == 0) */
 	const int cp = rb % 16 == 0 && (uintptr_t)w->data % 16 == 0 ? 16
 	               : rb % 8 == 0 && (uintptr_t)w->data % 8 == 0 ? 8
-	                                                             : 0;
+	                                                            : 0;
 	if (W > Q6_MAX_W || !cp || (uintptr_t)x % 16 || rb != 210 * (size_t)nb)
 		return ERR_UNSUPPORTED;
 	int rbn = v == 1 ? 1 : v == 2 ? 2 : 4, S = v == 1 ? 8 : v == 2 || v == 4 ? 4 : 2;
 	const size_t cap = v == 4 ? (size_t)kcuda_smem_optin(c->device) : (size_t)Q6_SMEM;
-	while ((size_t)S * rbn * rbs > cap) { /* too wide for the ring: fewer stages, then fewer rows a stage */
+	/* too wide for the ring: fewer stages, then fewer rows a stage */
+	while ((size_t)S * rbn * rbs > cap) {
 		if (S > 2)
 			S /= 2;
 		else if (rbn > 1)
@@ -354,6 +356,6 @@ int kcuda_gemv_q6k1_launch(struct kcuda_ctx *c, const struct kweight *w, const f
 	const mi8_x *xq = kcuda_xparts_for(c, x, ldx, w->n_in, 1);
 	const int64_t groups = (w->n_out + rbn - 1) / rbn, res = (int64_t)c->n_sm * oc;
 	const unsigned grid = (unsigned)(groups < res ? groups : res);
-	return klaunch("gemv_q6k1", f, dim3(grid), dim3(W * 32), smem, c->stream, (const uint8_t *)w->data, rb,
-	               rbs, w->n_out, (int)nb, x, xq, y);
+	return klaunch("gemv_q6k1", f, dim3(grid), dim3(W * 32), smem, c->stream, (const uint8_t *)w->data,
+	               rb, rbs, w->n_out, (int)nb, x, xq, y);
 }

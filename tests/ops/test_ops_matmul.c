@@ -360,8 +360,8 @@ static int head_sweep(struct kcuda_ctx *c, int quick)
 				if (xi && (v || s))
 					continue; /* the tiny x once */
 				g_xscale = xi ? 1e-30f : 1.0f;
-				fail |= run_case(c, KT_Q6_K, heads[s].n_in, heads[s].n_out, 1, KCUDA_MM_AUTO, 0,
-				                 heads[s].what);
+				fail |= run_case(c, KT_Q6_K, heads[s].n_in, heads[s].n_out, 1, KCUDA_MM_AUTO,
+				                 0, heads[s].what);
 			}
 		}
 	}

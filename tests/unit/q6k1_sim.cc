@@ -11,12 +11,12 @@
  * m(i) the largest |x| of element i's 32-element sub-block (x's three parts carry <= 6.1e-8 of it;
  * the rest is fp32 rounding). Outputs past n_out keep their guard value. The same case runs four ways
  * that must give the same bits: one row a ring stage on one block, two rows a stage on up to 3 blocks, four
- * rows a stage on up to 2 blocks (2 stages), one row a stage on up to 5 blocks (16-byte copies where rows allow, else 8); shared memory is refilled with
- * a pattern before every block and the copies land only at their wait, so a stage read early fails.
- * Cases: n_in / 256 = 4, 8, 20, 24 (GLM-5), 28 (DeepSeek-V3), 32 (the host takes n_in % 1024 == 0 up to
- * 8192); n_out 1, 2, 3, 37 (fewer for the wide rows); x uniform, with a zero sub-block and a huge
- * element, all tiny (1e-33), and with a NaN (every output NaN); x quantized in the kernel or taken from
- * mi8_stage's units. It does not check PDL, the memory model or timing:
+ * rows a stage on up to 2 blocks (2 stages), one row a stage on up to 5 blocks (16-byte copies where rows
+ * allow, else 8); shared memory is refilled with a pattern before every block and the copies land only at
+ * their wait, so a stage read early fails. Cases: n_in / 256 = 4, 8, 20, 24 (GLM-5), 28 (DeepSeek-V3), 32
+ * (the host takes n_in % 1024 == 0 up to 8192); n_out 1, 2, 3, 37 (fewer for the wide rows); x uniform, with
+ * a zero sub-block and a huge element, all tiny (1e-33), and with a NaN (every output NaN); x quantized in
+ * the kernel or taken from mi8_stage's units. It does not check PDL, the memory model or timing:
  * tests/ops/test_ops_matmul.c does that on a GPU. */
 #include <cmath>
 #include <cstdint>
@@ -127,8 +127,8 @@ static void run_kernel(const uint8_t *w, int64_t n_out, int nb, const float *x, 
 	const int W = (nb + Q6BPW - 1) / Q6BPW;
 	const size_t rb = (size_t)210 * nb, rbs = (rb + 15) & ~(size_t)15;
 	if ((size_t)S * RB * rbs > sizeof(sim_dyn) || rb % CP) {
-		printf("FAIL: the harness asked for a ring that does not fit (nb %d, RB %d, S %d, CP %d)\n", nb, RB,
-		       S, CP);
+		printf("FAIL: the harness asked for a ring that does not fit (nb %d, RB %d, S %d, CP %d)\n",
+		       nb, RB, S, CP);
 		n_fail++;
 		return;
 	}
@@ -184,9 +184,9 @@ static void one_case(std::mt19937 &rng, int nb, int64_t n_out, xkind xk, bool pa
 	}
 	const float guard = -7.25e11f;
 	std::vector<float> y(n_out + 8, guard), y2(n_out + 8, guard), y3(n_out + 8, guard);
-	/* one row a stage on one block (8 stages where they fit 48 KB, else 4; 8-byte copies); two rows a stage
-	 * on 3 blocks, or one block a row pair (4 stages, where they fit); one row a stage, one block a row
-	 * (up to 5 blocks; 4 stages, 16-byte copies where rows allow): the same bits */
+	/* one row a stage on one block (8 stages where they fit 48 KB, else 4; 8-byte copies); two rows a
+	 * stage on 3 blocks, or one block a row pair (4 stages, where they fit); one row a stage, one block a
+	 * row (up to 5 blocks; 4 stages, 16-byte copies where rows allow): the same bits */
 	if (8 * ((rb + 15) & ~(size_t)15) <= sizeof(sim_dyn)) /* the host's rule: 8 stages where they fit */
 		run_kernel<1, 8, 8>(w.data(), n_out, nb, x, xq, y.data(), 1);
 	else
@@ -226,17 +226,21 @@ static void one_case(std::mt19937 &rng, int nb, int64_t n_out, xkind xk, bool pa
 		if (xk == X_NAN)
 			ok = std::isnan(y[r]);
 		else
-			ok = std::isfinite(y[r]) && std::fabs(y[r] - ref) <= 1e-6 * wm + 1e-6 * mag + 0x1p-120;
+			ok =
+			    std::isfinite(y[r]) && std::fabs(y[r] - ref) <= 1e-6 * wm + 1e-6 * mag + 0x1p-120;
 		const bool same = memcmp(&y[r], &y2[r], 4) == 0 && memcmp(&y[r], &y3[r], 4) == 0 &&
 		                  memcmp(&y[r], &y4[r], 4) == 0;
 		if ((!ok || !same) && bad++ < 3)
-			printf("FAIL: nb %d n_out %lld x %d parts %d row %lld: %.9g against %.9g (mag %.3g)%s\n", nb,
-			       (long long)n_out, (int)xk, (int)parts, (long long)r, y[r], ref, mag,
-			       same ? "" : ", another grid or row step gave other bits");
+			printf(
+			    "FAIL: nb %d n_out %lld x %d parts %d row %lld: %.9g against %.9g (mag %.3g)%s\n",
+			    nb, (long long)n_out, (int)xk, (int)parts, (long long)r, y[r], ref, mag,
+			    same ? "" : ", another grid or row step gave other bits");
 	}
 	for (int i = 0; i < 8; i++)
-		if (y[n_out + i] != guard || y2[n_out + i] != guard || y3[n_out + i] != guard || y4[n_out + i] != guard)
-			bad++, printf("FAIL: nb %d n_out %lld: the guard after y was written\n", nb, (long long)n_out);
+		if (y[n_out + i] != guard || y2[n_out + i] != guard || y3[n_out + i] != guard ||
+		    y4[n_out + i] != guard)
+			bad++, printf("FAIL: nb %d n_out %lld: the guard after y was written\n", nb,
+			              (long long)n_out);
 	n_check++;
 	n_fail += bad != 0;
 	free(x);
@@ -248,14 +252,17 @@ int main(int argc, char **argv)
 	const unsigned seed = argc > 1 ? (unsigned)strtoul(argv[1], NULL, 10) : 20261204u;
 	printf("q6k1_sim: seed %u\n", seed);
 	std::mt19937 rng(seed);
-	const int nbs[] = {4, 8, 20, 24, 28, 32}; /* n_in % 1024 == 0: 8-byte aligned rows (the host's rule) */
+	const int nbs[] = {4,  8,  20,
+	                   24, 28, 32}; /* n_in % 1024 == 0: 8-byte aligned rows (the host's rule) */
 	const int64_t nouts[] = {1, 2, 3, 37};
 	for (int nb : nbs)
 		for (int64_t n_out : nouts)
 			for (int parts = 0; parts < 2; parts++)
 				for (int xk = X_UNIF; xk <= X_NAN; xk++) {
-					if (nb >= 20 && (n_out == 2 || (n_out > 3 && (xk != X_UNIF || !parts))))
-						continue; /* the wide rows: fewer cases (each block is 160-256 threads) */
+					if (nb >= 20 &&
+					    (n_out == 2 || (n_out > 3 && (xk != X_UNIF || !parts))))
+						continue; /* the wide rows: fewer cases (each block is 160-256
+						             threads) */
 					one_case(rng, nb, n_out, (xkind)xk, parts != 0);
 				}
 	if (sim_leaks || q6_leaks)
