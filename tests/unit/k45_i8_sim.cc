@@ -61,17 +61,6 @@ static void ref_dequant(int type, const uint8_t *b, double *w)
 	}
 }
 
-static uint16_t f2h(float f) /* normal range only, truncating: enough for test scales */
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	const uint32_t s = (u >> 16) & 0x8000u;
-	const int e = (int)((u >> 23) & 255) - 127 + 15;
-	if (e <= 0)
-		return (uint16_t)s;
-	return (uint16_t)(s | (uint32_t)e << 10 | ((u >> 13) & 1023));
-}
-
 static int fails, checks;
 
 static mi8_x sim_x; /* the warp's staged x (shared memory) */
@@ -131,7 +120,7 @@ static void run_case(int type, int R, int mode, std::mt19937 &rng, const char *w
 		uint8_t *b = &rows[(size_t)r * BYTES];
 		for (int i = 0; i < BYTES; i++)
 			b[i] = (uint8_t)byte(rng);
-		const uint16_t d = f2h(u(rng) * 0.01f), dm = f2h(u(rng) * 0.01f);
+		const uint16_t d = sim_f2h(u(rng) * 0.01f), dm = sim_f2h(u(rng) * 0.01f);
 		b[0] = (uint8_t)d, b[1] = (uint8_t)(d >> 8), b[2] = (uint8_t)dm, b[3] = (uint8_t)(dm >> 8);
 	}
 	alignas(16) float x[256];

@@ -43,58 +43,23 @@ static inline int __float2int_rn(float f)
 	return (int)std::nearbyint(f);
 }
 
-/* cp.async of CP bytes, deferred until the wait that covers its commit group (sim_block.h's g3_cp16 for
- * 8 or 16 bytes) */
-struct q6_copy {
-	void *dst;
-	const void *src;
-	int n;
-};
-thread_local std::vector<std::vector<q6_copy>> q6_groups;
-thread_local std::vector<q6_copy> q6_open;
-static std::atomic<int> q6_leaks;
+/* the kernel's cp.async helpers on sim_block.h's deferred copies */
 template <int CP> static inline void q6_cp(void *dst, const void *src)
 {
-	q6_open.push_back({dst, src, CP});
+	sim_cp<CP>(dst, src);
 }
-static inline void q6_commit(void)
-{
-	q6_groups.push_back(q6_open);
-	q6_open.clear();
-}
-template <int N> static inline void q6_wait(void)
-{
-	while ((int)q6_groups.size() > N) {
-		for (const q6_copy &c : q6_groups.front())
-			memcpy(c.dst, c.src, (size_t)c.n);
-		q6_groups.erase(q6_groups.begin());
-	}
-}
+#define q6_commit g3_commit
+#define q6_wait g3_wait
 alignas(16) static uint8_t sim_dyn[49152];
 
 #include "q6k1_body.inc"
 
 static int n_check, n_fail;
 
-static float half_to_float(uint16_t h)
-{
-	return sim_h2f(h);
-}
-static uint16_t float_to_half(float f) /* normal range only, truncating: enough for test scales */
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	const uint32_t s = (u >> 16) & 0x8000u;
-	const int e = (int)((u >> 23) & 255) - 127 + 15;
-	if (e <= 0)
-		return (uint16_t)s;
-	return (uint16_t)(s | (uint32_t)e << 10 | ((u >> 13) & 1023u));
-}
-
 /* MODEL-SPEC.md's Q6_K decode of one 210-byte block */
 static void ref_dequant(const uint8_t *b, double *w)
 {
-	const double d = half_to_float((uint16_t)(b[208] | b[209] << 8));
+	const double d = sim_h2f((uint16_t)(b[208] | b[209] << 8));
 	for (int n = 0; n < 2; n++) {
 		const uint8_t *QL = b + 64 * n, *QH = b + 128 + 32 * n;
 		const int8_t *SC = (const int8_t *)(b + 192 + 8 * n);
@@ -135,13 +100,7 @@ static void run_kernel(const uint8_t *w, int64_t n_out, int nb, const float *x, 
 	gridDim.x = grid, blockDim.x = (unsigned)(W * 32);
 	for (unsigned b = 0; b < grid; b++) {
 		memset(sim_dyn, 0xcd, sizeof(sim_dyn)); /* a stage read before its copies landed reads this */
-		sim_block(W * 32, b, 0, [=]() {
-			q6k1_kernel<RB, S, CP>(w, rb, rbs, n_out, nb, x, xq, y);
-			if (!q6_groups.empty() || !q6_open.empty())
-				q6_leaks++;
-			q6_groups.clear();
-			q6_open.clear();
-		});
+		sim_block(W * 32, b, 0, [=]() { q6k1_kernel<RB, S, CP>(w, rb, rbs, n_out, nb, x, xq, y); });
 	}
 }
 
@@ -160,7 +119,7 @@ static void one_case(std::mt19937 &rng, int nb, int64_t n_out, xkind xk, bool pa
 		for (int b = 0; b < nb; b++) { /* a finite d of either sign, 2^-12 .. 2^3 */
 			const float d = std::ldexp(0.5f + 0.5f * std::fabs(u(rng)), -12 + (int)(rng() % 16)) *
 			                (rng() & 1 ? -1.f : 1.f);
-			const uint16_t h = float_to_half(d);
+			const uint16_t h = sim_f2h(d);
 			w[r * rb + 210 * b + 208] = (uint8_t)(h & 255);
 			w[r * rb + 210 * b + 209] = (uint8_t)(h >> 8);
 		}
@@ -265,8 +224,8 @@ int main(int argc, char **argv)
 						             threads) */
 					one_case(rng, nb, n_out, (xkind)xk, parts != 0);
 				}
-	if (sim_leaks || q6_leaks)
-		printf("FAIL: %d threads left cp.async copies\n", (int)sim_leaks + (int)q6_leaks), n_fail++;
+	if (sim_leaks)
+		printf("FAIL: %d threads left cp.async copies\n", (int)sim_leaks), n_fail++;
 	printf("%d checks, %d failed\n", n_check, n_fail);
 	return n_fail ? 1 : 0;
 }

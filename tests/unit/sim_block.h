@@ -77,12 +77,18 @@ static inline float __shfl_xor_sync(unsigned, float v, int m)
 struct sim_copy {
 	void *dst;
 	const void *src;
+	int n; /* bytes: 16 (g3_cp16), or 8 / 16 (sim_cp) */
 };
 thread_local std::vector<std::vector<sim_copy>> sim_groups; /* committed, oldest first */
 thread_local std::vector<sim_copy> sim_open; /* not yet committed */
 static inline void g3_cp16(void *dst, const void *src)
 {
-	sim_open.push_back({dst, src});
+	sim_open.push_back({dst, src, 16});
+}
+/* a cp.async of N bytes, deferred like g3_cp16 */
+template <int N> static inline void sim_cp(void *dst, const void *src)
+{
+	sim_open.push_back({dst, src, N});
 }
 static inline void g3_commit(void)
 {
@@ -93,7 +99,7 @@ template <int N> static inline void g3_wait(void)
 {
 	while ((int)sim_groups.size() > N) {
 		for (const sim_copy &c : sim_groups.front())
-			memcpy(c.dst, c.src, 16);
+			memcpy(c.dst, c.src, (size_t)c.n);
 		sim_groups.erase(sim_groups.begin());
 	}
 }

@@ -41,6 +41,17 @@ static inline float sim_h2f(uint16_t h)
 		f = std::ldexp((float)(m | 1024), (int)e - 25);
 	return s ? -f : f;
 }
+/* float to IEEE half bits, normal range only, truncating (test scales); smaller magnitudes give a signed 0 */
+static inline uint16_t sim_f2h(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	const uint32_t s = (u >> 16) & 0x8000u;
+	const int e = (int)((u >> 23) & 255) - 127 + 15;
+	if (e <= 0)
+		return (uint16_t)s;
+	return (uint16_t)(s | (uint32_t)e << 10 | ((u >> 13) & 1023u));
+}
 static inline float __uint_as_float(uint32_t u)
 {
 	float f;
