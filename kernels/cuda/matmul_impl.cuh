@@ -19,12 +19,11 @@ int kcuda_gemv_mma_launch(struct kcuda_ctx *c, const struct kweight *w, const fl
 /* false when TANDEM_GEMV_MMA=0 (read on every call) */
 extern "C" bool kcuda_mm_mma_enabled(void);
 
-/* One token's Q6_K product on dp4a (matmul_q6k1.cu): n_in % 256 == 0 and <= 8192 (16384 with
- * TANDEM_GEMV_Q6K=rb2), W 2-byte and x 16-byte aligned; x's int8 parts from the norm before when the
- * context holds them; ERR_UNSUPPORTED otherwise or with TANDEM_GEMV_Q6K=0 (read on every call). */
+/* One token's Q6_K product on dp4a (matmul_q6k1.cu): n_out >= 8192, n_in % 1024 == 0 (8-byte aligned
+ * rows) up to 8192, W 8-byte and x 16-byte aligned; x's int8 parts from the norm before when the context
+ * holds them; ERR_UNSUPPORTED otherwise or with TANDEM_GEMV_Q6K=0 (read on every call). */
 int kcuda_gemv_q6k1_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx,
                            int n_tok, float *y, int64_t ldy);
-extern "C" bool kcuda_gemv_q6k1_enabled(void);
 
 /* The memory-bound decode GEMV (matmul_gemv3.cu) for Q8_0 / F32 / F16 / BF16 at n_tok 1..8, fp32
  * throughout, K split over a thread-block cluster for narrow outputs; ERR_UNSUPPORTED for other

@@ -36,15 +36,17 @@
 #include "kernels/cuda/k45_i8.cuh"
 #include "kernels/cuda/matmul_impl.cuh"
 
-/* cp.async of CP (8 or 16) bytes (.ca: 8-byte copies need it), commit, wait (outside the simulated part:
- * tests/unit/q6k1_sim.cc has its own) */
+/* cp.async of CP (8 or 16) bytes (8: .ca, which 8-byte copies need), commit, wait (outside the simulated
+ * part: tests/unit/q6k1_sim.cc maps them onto sim_block.h's deferred copies) */
 template <int CP> __device__ __forceinline__ void q6_cp(void *dst, const void *src)
 {
-	const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
 	if constexpr (CP == 16)
-		asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+		g3_cp16(dst, src);
 	else
-		asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(d), "l"(src) : "memory");
+		asm volatile(
+		    "cp.async.ca.shared.global [%0], [%1], 8;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+		    "l"(src)
+		    : "memory");
 }
 #define q6_commit g3_commit
 #define q6_wait g3_wait
@@ -273,11 +275,6 @@ static int q6_variant(void)
 	return e[0] >= '1' && e[0] <= '4' && !e[1] ? e[0] - '0' : 0;
 }
 
-extern "C" bool kcuda_gemv_q6k1_enabled(void)
-{
-	return q6_variant() != 0;
-}
-
 /* the fewest rows a product needs to take this kernel: below, the fp32 GEMV's 4840-row-grid style wins
  * (H200, bench_cuda_gemv_mma q6: 6144 -> 2048 9.0 us there against 9.9 here, whose blocks run only two
  * row steps after quantizing x; 16160 and more rows were as fast or faster here) */
@@ -290,14 +287,9 @@ template <int RB, int S> static q6_fn q6_pick(int cp)
 	return cp == 16 ? q6k1_kernel<RB, S, 16> : q6k1_kernel<RB, S, 8>;
 }
 
-/* resident blocks an SM of f with W warps and smem bytes of ring (0 when it cannot run: opt-in refused) */
+/* resident blocks an SM of f with W warps and smem bytes of ring (0 when it cannot run) */
 static int q6_occ(q6_fn f, int W, size_t smem)
 {
-	if (smem > 49152 &&
-	    cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
-		(void)cudaGetLastError();
-		return 0;
-	}
 	int b = 0;
 	if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, f, W * 32, smem) != cudaSuccess || b < 1) {
 		(void)cudaGetLastError();
@@ -344,9 +336,18 @@ int kcuda_gemv_q6k1_launch(struct kcuda_ctx *c, const struct kweight *w, const f
 	case 64 + 4: f = q6_pick<4, 4>(cp); break;
 	default: f = q6_pick<4, 2>(cp); break;
 	}
-	/* resident blocks, per kernel and W (the device is the context's: one per process in practice) */
-	static int occ[3][4][2][Q6_MAX_W + 1]; /* log2 rbn, log2 S - 1, cp 16, W; -1: cannot run */
-	int &oc = occ[rbn == 1 ? 0 : rbn == 2 ? 1 : 2][S == 2 ? 0 : S == 4 ? 1 : 2][cp == 16][W];
+	/* past the default 48 KB (variant 4): set on every call, a per-device attribute (a process may drive
+	 * several GPUs from several threads) */
+	if (smem > 49152 &&
+	    cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return ERR_UNSUPPORTED;
+	}
+	/* resident blocks, per device, kernel and W */
+	static int occ[64][3][3][2]
+	              [Q6_MAX_W + 1]; /* device, log2 rbn, log2 S - 1, cp 16, W; -1: cannot run */
+	const int dev = c->device >= 0 && c->device < 64 ? c->device : 0;
+	int &oc = occ[dev][rbn == 1 ? 0 : rbn == 2 ? 1 : 2][S == 2 ? 0 : S == 4 ? 1 : 2][cp == 16][W];
 	if (!oc) {
 		const int b = q6_occ(f, W, smem);
 		oc = b ? b : -1;
