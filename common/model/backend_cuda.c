@@ -104,6 +104,9 @@ struct be_cuda {
 	int64_t graph_kv_blocks; /* and its block count (the kernels' bound): a new pool of another size
 	                          * may come back at the same address */
 	int mode; /* 0 eager, 1 capturing, 2 replaying */
+	/* TANDEM_BENCH_KNOCKOUT: ops left out of captured graphs (timing studies only, see prof_on) */
+	const char *knockout;
+	bool ko_skip; /* the last PROF statement was skipped (knocked out): its caller takes no fallback */
 	int gb, gc;
 	/* upload progress */
 	double up_total, up_done, up_t0, up_last;
@@ -173,8 +176,32 @@ struct be_cuda {
 			return;                                                                              \
 	} while (0)
 
+/* whether op `name` is in TANDEM_BENCH_KNOCKOUT's comma-separated list of op names (the names of the
+ * profile tables: "attn.mla", "moe.experts", "indexer(scores+topk)", ...) */
+static bool knocked_out(const char *list, const char *name)
+{
+	const size_t nl = strlen(name);
+	for (const char *p = list; (p = strstr(p, name)); p += nl)
+		if ((p == list || p[-1] == ',') && (p[nl] == ',' || !p[nl]))
+			return true;
+	return false;
+}
+
+/* Returns 0 (the op's statement is skipped) only for a knocked-out op while a decode graph is being
+ * captured: the graph then lacks that op's launches, and its replays measure the step without it.
+ * The eager steps before the capture (tandem bench runs them first) still run every op, so the
+ * buffers a left-out op would have written hold plausible values from them; the replays' outputs are
+ * wrong by design. Where an op's caller would take another path when the op's statement did not run
+ * (the single products after mm.multi, the shared expert apart after moe.experts, absorb and rope
+ * apart after attn.q_absorb+rope, ...), the caller sees c->ko_skip and takes none. Knocking out
+ * add+rmsnorm also drops the int8 parts it leaves, so its readers take their fp32-x kernels. A timing
+ * study of the critical path (docs/PERFORMANCE.md, session 26): what the step loses when one op costs
+ * nothing, which a kernel's marginal in a trace can overstate (the norms: ~4 us a call there, ~0 here). */
 static int prof_on(struct be_cuda *c, const char *name, const char *sub, double bytes)
 {
+	c->ko_skip = c->knockout && c->mode == 1 && knocked_out(c->knockout, name);
+	if (c->ko_skip)
+		return 0;
 	if (c->prof)
 		kprof_push(c->prof, name, sub, bytes);
 	return 1;
@@ -1000,6 +1027,8 @@ static void cu_matmul_n_run(struct be_cuda *c, int n_w, const struct kweight *co
 		                                            : "mm.multi",
 		     ktype_name(w[0]->type), bytes)
 		rc = kcuda_matmul_multi(c->kc, n_w, seg, x, ldx, n_tok);
+		if (c->ko_skip)
+			rc = 0;
 	}
 	if (rc == ERR_UNSUPPORTED) {
 		/* one by one. At decode sizes the later half runs on the side stream beside the first:
@@ -1124,6 +1153,8 @@ static void cu_indexer(void *ctx, int layer, const float *qI, const float *wI, i
 			PROF(c, "indexer(scores+topk)", NULL, kbytes)
 			rc = kfuse_indexer_topk_rope(c->kc, &v, &rows, qI, wI, hp->idx_H, hp->idx_D, sc,
 			                             (int)c->st.K, sel, c->st.K, nsel, &rq, hp->R);
+			if (c->ko_skip)
+				rc = 0;
 		}
 		if (rc != ERR_UNSUPPORTED) {
 			CK(rc);
@@ -1261,6 +1292,8 @@ static bool mla_q_fused(struct be_cuda *c, const struct layer_w *L, const float 
 	PROF(c, "attn.q_absorb+rope(k_b/head)", ktype_name(L->k_b.w.type), (double)Hl * wbytes(&L->k_b.w))
 	rc = kfuse_absorb_rope(c->kc, &L->k_b.w, L->k_b.mat_bytes, (int)Hl, q, Hl * NR, NR, n, c->qabs,
 	                       Hl * (C + R), C + R, R, &rp);
+	if (c->ko_skip)
+		rc = 0;
 	if (rc == ERR_UNSUPPORTED)
 		return false;
 	CK(rc);
@@ -1369,6 +1402,8 @@ static void mla_absorbed(struct be_cuda *c, int layer, const struct layer_w *L, 
 		PROF(c, "attn.mla", NULL, kv_bytes)
 		rc = kfuse_mla_attn_rope(c->kc, &v, &rows, qa, Hl, C, R, hp->attn_scale, ob,
 		                         q + r0 * Hl * NR + N, Hl * NR, NR, &rp);
+		if (c->ko_skip)
+			rc = 0;
 	}
 	if (rc != ERR_UNSUPPORTED) {
 		CK(rc);
@@ -1466,6 +1501,8 @@ static void cu_moe_run(struct be_cuda *c, const struct layer_w *L, const float *
 	rc_rr = kcuda_moe_router_route(c->kc, &L->gate_inp, a, D, n, c->rl, L->exp_bias, (int)E, k,
 	                               hp->n_group, hp->n_group_used, hp->gating_func,
 	                               hp->expert_weights_norm, hp->expert_weights_scale, ids, wts, &pf);
+	if (c->ko_skip)
+		rc_rr = 0;
 	g.n_out *= E; /* compact upload: expert e = rows [e F, e F + F) */
 	u.n_out *= E;
 	d.n_out *= E;
@@ -1478,13 +1515,15 @@ static void cu_moe_run(struct be_cuda *c, const struct layer_w *L, const float *
 		/* one token: the route folded into the expert launches (moe_one.cu; TANDEM_MOE_ONE_ROUTE=0
 		 * off; ERR_UNSUPPORTED with nothing enqueued where it does not apply) */
 		if (n == 1 && L->has_shexp) {
-			int rc1;
+			int rc1 = ERR_UNSUPPORTED;
 			PROF(c, "moe.route+experts", ktype_name(g.type),
 			     (double)(k + 1) * (wbytes(&g) + wbytes(&u) + wbytes(&d)) / (double)E)
 			rc1 = kcuda_moe_route_ffn1(c->kc, c->rl, L->exp_bias, (int)E, k, hp->n_group,
 			                           hp->n_group_used, hp->gating_func, hp->expert_weights_norm,
 			                           hp->expert_weights_scale, ids, wts, a, &g, &u, &d, rk->fel,
 			                           &L->sh_gate, &L->sh_up, &L->sh_down, part);
+			if (c->ko_skip)
+				rc1 = 0;
 			if (rc1 != ERR_UNSUPPORTED) {
 				CK(rc1);
 				return;
@@ -1510,6 +1549,8 @@ static void cu_moe_run(struct be_cuda *c, const struct layer_w *L, const float *
 		else
 			CK(rc_sh);
 	}
+	if (c->ko_skip) /* knocked out (prof_on): the shared expert goes with the experts */
+		rc_sh = 0;
 	if (L->has_shexp && rc_sh == ERR_UNSUPPORTED)
 		PROF(c, "moe.shared", ktype_name(L->sh_gate.type),
 		     wbytes(&L->sh_gate) + wbytes(&L->sh_up) + wbytes(&L->sh_down))
@@ -2120,6 +2161,13 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 	}
 	c->kc_main = c->kc;
 	c->q_layer = -1;
+	if ((c->knockout = getenv("TANDEM_BENCH_KNOCKOUT")) && !*c->knockout)
+		c->knockout = NULL;
+	if (c->knockout)
+		LOG_WARN("cuda",
+		         "TANDEM_BENCH_KNOCKOUT=%s: these ops are left out of every captured decode graph; "
+		         "graph replays give WRONG outputs (a timing study only)",
+		         c->knockout);
 	{
 		const char *pn = getenv("TANDEM_PAR_N"), *pm = getenv("TANDEM_PAR_MAIN");
 		c->par_n = pn && *pn ? strtoll(pn, NULL, 10) : GRAPH_MAX_BATCH;
