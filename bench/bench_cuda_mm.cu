@@ -4,7 +4,9 @@
  * measured ceilings. Timing: CUDA events around batches of launches, warm-up first, median of
  * batches; weights rotate over copies totalling >= 4x L2 so every launch reads HBM, on random data.
  *   bench_cuda_mm [quick|profile]  (quick: fewer types/shapes; profile: the five GLM-5 types' GEMV
- *                                   of one big shape at n_tok 1 and 2, for ncu and A/B runs) */
+ *                                   of one big shape at n_tok 1 and 2, for ncu and A/B runs)
+ *   bench_cuda_mm tiletrace         the tile product (matmul_tile.cu) at the decode shapes that take it,
+ *                                   timed, then one launch traced phase by phase (tile_trace) */
 #include <algorithm>
 #include <stdarg.h>
 #include <cublas_v2.h>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/matmul_impl.cuh" /* kcuda_mm_tile_trace */
 #include "bench/bench_cuda_time.cuh"
 #include "tests/ops/ops_util.h"
 
@@ -60,6 +63,110 @@ static void add(const char *fmt, ...)
 	table.push_back(r);
 }
 
+/* median of v (sorted in place), 0 when empty */
+static double med(std::vector<double> &v)
+{
+	if (v.empty())
+		return 0;
+	std::sort(v.begin(), v.end());
+	return v[v.size() / 2];
+}
+
+/* `bench_cuda_mm tiletrace`: each case's product timed (eager, weights rotating over >= 4x L2), then
+ * one launch with the tile kernel's trace on (kcuda_mm_tile_trace: per block, clock64() at its entry,
+ * after KDEP_ENTRY, and for each of its first 8 K chunks after staging, after the first barrier, after
+ * the mma and after the second barrier). Prints the medians over blocks of each phase, in SM cycles and
+ * in us at clk_mhz, the first chunk apart from the later ones: what a chunk's ~1.5-2 us is made of. */
+static int tile_trace(struct kcuda_ctx *c, cudaStream_t s, int clk_mhz, size_t l2)
+{
+	struct tcase {
+		int type;
+		int64_t n_in, n_out;
+		int n_tok;
+		enum kcuda_mm_path path;
+		const char *what;
+	};
+	const tcase cases[] = {
+	    {KT_Q8_0, 2048, 4096, 32, KCUDA_MM_F32, "GLM-5 idx_q_b, 32 tokens (fp32 path)"},
+	    {KT_Q8_0, 6144, 128, 32, KCUDA_MM_F32, "GLM-5 idx_k, 32 tokens (fp32 path)"},
+	    {KT_Q8_0, 6144, 2048, 16, KCUDA_MM_AUTO, "GLM-5 q_a, 16 tokens"},
+	    {KT_Q4_K, 6144, 2048, 16, KCUDA_MM_AUTO, "Q4_K 6144 x 2048, 16 tokens"},
+	};
+	const size_t NB = 65536, SL = 4 + 4 * 8;
+	unsigned long long *tb;
+	CK(cudaMalloc(&tb, NB * SL * 8));
+	float *xd, *yd;
+	CK(cudaMalloc(&xd, (size_t)64 * 8192 * 4));
+	CK(cudaMalloc(&yd, (size_t)64 * 8192 * 4));
+	fill_random<<<256, 256, 0, s>>>((uint32_t *)xd, (size_t)64 * 8192, 5);
+	printf("tile trace: medians over blocks; cycles (us at %d MHz)\n", clk_mhz);
+	for (const tcase &tc : cases) {
+		size_t rb;
+		if (!ktype_row_bytes(tc.type, tc.n_in, &rb))
+			continue;
+		const size_t wb = rb * (size_t)tc.n_out, stride = (wb + 255) & ~(size_t)255;
+		const int ncopy = (int)std::max<size_t>(2, std::min<size_t>(64, 4 * l2 / stride + 1));
+		void *W;
+		CK(cudaMalloc(&W, (size_t)ncopy * stride));
+		std::vector<uint8_t> hw(wb);
+		ops_fill_weight(tc.type, tc.n_in, tc.n_out, rb, hw.data());
+		for (int k = 0; k < ncopy; k++)
+			CK(cudaMemcpy((char *)W + k * stride, hw.data(), wb, cudaMemcpyHostToDevice));
+		auto run = [&](int i) {
+			struct kweight w = {tc.type, tc.n_in, tc.n_out, rb, (char *)W + (i % ncopy) * stride};
+			if (kcuda_matmul_path(c, tc.path, &w, xd, tc.n_in, tc.n_tok, yd, tc.n_out))
+				abort();
+		};
+		const float ms = bench_time_ms(s, 3, 9, ncopy, run);
+		CK(cudaMemsetAsync(tb, 0, NB * SL * 8, s));
+		CK(cudaStreamSynchronize(s));
+		if (kcuda_mm_tile_trace(tb))
+			abort();
+		run(1);
+		CK(cudaStreamSynchronize(s));
+		if (kcuda_mm_tile_trace(NULL))
+			abort();
+		std::vector<unsigned long long> h(NB * SL);
+		CK(cudaMemcpy(h.data(), tb, h.size() * 8, cudaMemcpyDeviceToHost));
+		std::vector<double> pro, tot, st0, st, b1, mm, b2;
+		int blocks = 0, chunks = 0;
+		for (size_t b = 0; b < NB; b++) {
+			const unsigned long long *r = &h[b * SL];
+			const int nc = (int)r[3 + 4 * 8];
+			if (!r[0] || nc <= 0)
+				continue;
+			blocks++;
+			chunks = std::max(chunks, nc);
+			pro.push_back((double)(r[1] - r[0]));
+			tot.push_back((double)(r[2 + 4 * 8] - r[0]));
+			unsigned long long prev = r[1];
+			for (int i = 0; i < std::min(nc, 8); i++) {
+				const unsigned long long *q = r + 2 + 4 * i;
+				(i == 0 ? st0 : st).push_back((double)(q[0] - prev));
+				b1.push_back((double)(q[1] - q[0]));
+				mm.push_back((double)(q[2] - q[1]));
+				b2.push_back((double)(q[3] - q[2]));
+				prev = q[3];
+			}
+		}
+		const double us = 1.0 / clk_mhz;
+		const double m_pro = med(pro), m_tot = med(tot), m_st0 = med(st0), m_st = med(st),
+		             m_b1 = med(b1), m_mm = med(mm), m_b2 = med(b2);
+		printf("  %-44s %7.2f us a call (%5.0f GB/s), %d blocks, <= %d chunks a block\n", tc.what,
+		       ms * 1e3, wb / (ms * 1e-3) / 1e9, blocks, chunks);
+		printf("    block %6.0f (%5.2f)  wait %5.0f (%4.2f)  stage first %5.0f (%4.2f)  stage later "
+		       "%5.0f "
+		       "(%4.2f)  barrier1 %4.0f  mma %4.0f  barrier2 %4.0f (%4.2f us the three)\n",
+		       m_tot, m_tot * us, m_pro, m_pro * us, m_st0, m_st0 * us, m_st, m_st * us, m_b1, m_mm,
+		       m_b2, (m_b1 + m_mm + m_b2) * us);
+		CK(cudaFree(W));
+	}
+	CK(cudaFree(tb));
+	CK(cudaFree(xd));
+	CK(cudaFree(yd));
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	const bool profile = argc > 1 && !strcmp(argv[1], "profile");
@@ -83,6 +190,8 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	cudaStream_t s = (cudaStream_t)kcuda_ctx_stream(c);
+	if (argc > 1 && !strcmp(argv[1], "tiletrace"))
+		return tile_trace(c, s, clk / 1000, (size_t)prop.l2CacheSize);
 
 	/* ---- ceilings ---- */
 	const size_t big = (size_t)2 << 30; /* 2 GiB */

@@ -83,6 +83,15 @@ __device__ __forceinline__ float mt_xscale(float m)
 	return ldexpf(1.f, 15 - e);
 }
 
+/* Trace mode (bench_cuda_mm tiletrace): NULL in every other use. Set by kcuda_mm_tile_trace before a
+ * launch (a device variable the kernels only read, like a weight), it makes thread 0 of each block write
+ * clock64() at its phases into MT_TR_SLOTS words at blockIdx (x fastest): 0 entry, 1 after KDEP_ENTRY,
+ * then for each of the first MT_TR_CH chunks its stage done, first barrier passed, mma done, second
+ * barrier passed, then the exit and the chunk count. Block-relative cycles (one SM's counter). */
+#define MT_TR_CH 8
+#define MT_TR_SLOTS (4 + 4 * MT_TR_CH)
+__device__ unsigned long long *mt_trace_buf;
+
 template <int T>
 __global__ void __launch_bounds__(MT_THREADS, 3)
     mm_tile_kernel(const uint8_t *__restrict__ w, size_t mat_bytes, size_t row_bytes, int64_t n_out,
@@ -90,7 +99,15 @@ __global__ void __launch_bounds__(MT_THREADS, 3)
                    int n_tok, float *__restrict__ y, int64_t ldy, int64_t yhs, float *__restrict__ part,
                    int xvec)
 {
+	unsigned long long *tr = NULL;
+	if (threadIdx.x == 0 && mt_trace_buf) {
+		tr = mt_trace_buf +
+		     (((size_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * MT_TR_SLOTS;
+		tr[0] = clock64();
+	}
 	KDEP_ENTRY();
+	if (tr)
+		tr[1] = clock64();
 	__shared__ __align__(16) mt_smem sm;
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
 	const int tok0 = (int)blockIdx.x * MT_BN;
@@ -216,9 +233,15 @@ __global__ void __launch_bounds__(MT_THREADS, 3)
 	if (c_begin < c_end)
 		load(c_begin);
 	for (int64_t ch = c_begin; ch < c_end; ch++) {
+		const int64_t ti = ch - c_begin;
+		unsigned long long *tc = tr && ti < MT_TR_CH ? tr + 2 + 4 * ti : NULL;
 		chunk_big = false;
 		store(ch);
+		if (tc)
+			tc[0] = clock64();
 		const int blk_big = __syncthreads_or(chunk_big); /* the barrier the chunk needs anyway */
+		if (tc)
+			tc[1] = clock64();
 		if (ch + 1 < c_end)
 			load(ch + 1);
 			/* k order inside an mma: lane t's k = 2t, 2t+1, 2t+8, 2t+9 are elements 4t .. 4t+3 of
@@ -269,7 +292,15 @@ __global__ void __launch_bounds__(MT_THREADS, 3)
 				}
 			}
 		}
+		if (tc)
+			tc[2] = clock64();
 		__syncthreads();
+		if (tc)
+			tc[3] = clock64();
+	}
+	if (tr) {
+		tr[2 + 4 * MT_TR_CH] = clock64();
+		tr[3 + 4 * MT_TR_CH] = (unsigned long long)(c_end > c_begin ? c_end - c_begin : 0);
 	}
 
 #pragma unroll
@@ -335,6 +366,14 @@ static int mt_launch(struct kcuda_ctx *c, dim3 grid, const struct kweight *w0, s
 	return klaunch("mm_tile", mm_tile_kernel<T>, grid, dim3(MT_THREADS), 0, c->stream,
 	               (const uint8_t *)w0->data, mat_bytes, w0->row_bytes, w0->n_out, w0->n_in, S, cps, x,
 	               ldx, xhs, n_tok, y, ldy, yhs, part, xvec);
+}
+
+/* trace mode (bench_cuda_mm tiletrace): buf of MT_TR_SLOTS words a block, or NULL (off) */
+extern "C" int kcuda_mm_tile_trace(unsigned long long *buf)
+{
+	if (cudaMemcpyToSymbol(mt_trace_buf, &buf, sizeof(buf)) != cudaSuccess)
+		return kcuda_launch_status("mm_tile trace");
+	return 0;
 }
 
 /* the fewest K chunks (64 elements) a split keeps: TANDEM_TILE_SPLIT_CH (read once), default 2. A block
