@@ -63,15 +63,6 @@ static void add(const char *fmt, ...)
 	table.push_back(r);
 }
 
-/* median of v (sorted in place), 0 when empty */
-static double med(std::vector<double> &v)
-{
-	if (v.empty())
-		return 0;
-	std::sort(v.begin(), v.end());
-	return v[v.size() / 2];
-}
-
 /* `bench_cuda_mm tiletrace`: each case's product timed (eager, weights rotating over >= 4x L2), then
  * one launch with the tile kernel's trace on (kcuda_mm_tile_trace: per block, clock64() at its entry,
  * after KDEP_ENTRY, and for each of its first 8 K chunks after staging, after the first barrier, after
@@ -92,7 +83,8 @@ static int tile_trace(struct kcuda_ctx *c, cudaStream_t s, int clk_mhz, size_t l
 	    {KT_Q8_0, 6144, 2048, 16, KCUDA_MM_AUTO, "GLM-5 q_a, 16 tokens"},
 	    {KT_Q4_K, 6144, 2048, 16, KCUDA_MM_AUTO, "Q4_K 6144 x 2048, 16 tokens"},
 	};
-	const size_t NB = 65536, SL = 4 + 4 * 8;
+	const size_t NB = 65536, SL = MT_TR_SLOTS;
+	auto med = [](const std::vector<float> &v) { return v.empty() ? 0.f : bench_median(v); };
 	unsigned long long *tb;
 	CK(cudaMalloc(&tb, NB * SL * 8));
 	float *xd, *yd;
@@ -128,24 +120,24 @@ static int tile_trace(struct kcuda_ctx *c, cudaStream_t s, int clk_mhz, size_t l
 			abort();
 		std::vector<unsigned long long> h(NB * SL);
 		CK(cudaMemcpy(h.data(), tb, h.size() * 8, cudaMemcpyDeviceToHost));
-		std::vector<double> pro, tot, st0, st, b1, mm, b2;
+		std::vector<float> pro, tot, st0, st, b1, mm, b2;
 		int blocks = 0, chunks = 0;
 		for (size_t b = 0; b < NB; b++) {
 			const unsigned long long *r = &h[b * SL];
-			const int nc = (int)r[3 + 4 * 8];
+			const int nc = (int)r[3 + 4 * MT_TR_CH];
 			if (!r[0] || nc <= 0)
 				continue;
 			blocks++;
 			chunks = std::max(chunks, nc);
-			pro.push_back((double)(r[1] - r[0]));
-			tot.push_back((double)(r[2 + 4 * 8] - r[0]));
+			pro.push_back((float)(r[1] - r[0]));
+			tot.push_back((float)(r[2 + 4 * MT_TR_CH] - r[0]));
 			unsigned long long prev = r[1];
-			for (int i = 0; i < std::min(nc, 8); i++) {
+			for (int i = 0; i < std::min(nc, MT_TR_CH); i++) {
 				const unsigned long long *q = r + 2 + 4 * i;
-				(i == 0 ? st0 : st).push_back((double)(q[0] - prev));
-				b1.push_back((double)(q[1] - q[0]));
-				mm.push_back((double)(q[2] - q[1]));
-				b2.push_back((double)(q[3] - q[2]));
+				(i == 0 ? st0 : st).push_back((float)(q[0] - prev));
+				b1.push_back((float)(q[1] - q[0]));
+				mm.push_back((float)(q[2] - q[1]));
+				b2.push_back((float)(q[3] - q[2]));
 				prev = q[3];
 			}
 		}
