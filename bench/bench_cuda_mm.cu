@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_common.cuh"
-#include "kernels/cuda/matmul_impl.cuh" /* kcuda_mm_tile_trace */
 #include "bench/bench_cuda_time.cuh"
 #include "tests/ops/ops_util.h"
 

@@ -235,6 +235,14 @@ int kcuda_matmul_path(struct kcuda_ctx *c, enum kcuda_mm_path path, const struct
  * the tile product. Taken for n_tok >= KCUDA_SPLIT_MIN_TOK and n_out >= KCUDA_SPLIT_MIN_OUT (n_in % 16 == 0;
  * float weights 16-byte aligned) unless TANDEM_F32_SPLIT=0; TANDEM_F32_SPLIT=all: at every n_tok > 8.
  * kcuda_f32_split_mode: 0 off, 1 default, 2 all (read on every call). */
+/* Trace mode of the tile product (matmul_tile.cu; bench_cuda_mm tiletrace, test_ops_matmul): buf (device
+ * memory, MT_TR_SLOTS words a block, blockIdx x fastest) receives, from thread 0 of each block of every
+ * later tile launch, clock64() at its entry, after the PDL wait, four stamps a chunk for its first
+ * MT_TR_CH K chunks (staged, first barrier, mma part done, second barrier), its exit and its chunk count.
+ * NULL turns it off (the default). Results do not change either way. */
+#define MT_TR_CH 8
+#define MT_TR_SLOTS (4 + 4 * MT_TR_CH)
+int kcuda_mm_tile_trace(unsigned long long *buf);
 #define KCUDA_SPLIT_MIN_TOK 256
 #define KCUDA_SPLIT_MIN_OUT 1024
 int kcuda_f32_split_mode(void);

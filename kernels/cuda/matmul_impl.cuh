@@ -71,12 +71,6 @@ int kcuda_mm_tile_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t m
                          const float *x, int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy,
                          int64_t yhs, bool may_split);
 extern "C" bool kcuda_mm_tile_ok(int type, int64_t n_in);
-/* trace mode of the tile kernel (bench_cuda_mm tiletrace): MT_TR_SLOTS words a block of clock64() phase
- * stamps (matmul_tile.cu: entry, after the PDL wait, four a chunk for the first MT_TR_CH chunks, exit,
- * chunk count), NULL to turn it off */
-#define MT_TR_CH 8
-#define MT_TR_SLOTS (4 + 4 * MT_TR_CH)
-extern "C" int kcuda_mm_tile_trace(unsigned long long *buf);
 
 /* The fp32 path on the fp16 tensor cores (hi + lo parts of W and X, one GEMM over 3K): where
  * kcuda_f32_split_takes (kernels.h: KCUDA_SPLIT_MIN_TOK / _OUT, TANDEM_F32_SPLIT); ERR_UNSUPPORTED

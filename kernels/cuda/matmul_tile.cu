@@ -85,7 +85,7 @@ __device__ __forceinline__ float mt_xscale(float m)
 
 /* Trace mode (bench_cuda_mm tiletrace): NULL in every other use. Set by kcuda_mm_tile_trace before a
  * launch (a device variable the kernels only read, like a weight), it makes thread 0 of each block write
- * clock64() at its phases into MT_TR_SLOTS words (matmul_impl.cuh) at blockIdx (x fastest): 0 entry, 1 after
+ * clock64() at its phases into MT_TR_SLOTS words (kernels.h) at blockIdx (x fastest): 0 entry, 1 after
  * KDEP_ENTRY, then for each of the first MT_TR_CH chunks its stage done, first barrier passed, mma done,
  * second barrier passed, then the exit and the chunk count. Block-relative cycles (one SM's counter). */
 __device__ unsigned long long *mt_trace_buf;

@@ -371,6 +371,102 @@ static int head_sweep(struct kcuda_ctx *c, int quick)
 	return fail;
 }
 
+/* The tile kernel's trace mode (kcuda_mm_tile_trace, bench_cuda_mm tiletrace): the same output bits with
+ * the trace on as off; every block of the launch leaves its stamps (entry <= after the wait <= each
+ * chunk's four stamps in order <= exit) and a chunk count, the counts adding up to the K chunks times the
+ * row and token tiles; after it is turned off, a launch writes nothing into the buffer. */
+static int trace_check(struct kcuda_ctx *c, int type)
+{
+	const int64_t n_in = 1024, n_out = 130, n_tok = 16; /* 3 row tiles, 16 chunks (K may be split) */
+	size_t rb = 0;
+	if (!ktype_row_bytes(type, n_in, &rb))
+		return 0;
+	const size_t ny = (size_t)(n_out * n_tok), nb = 4096, nw = nb * MT_TR_SLOTS;
+	uint8_t *wh = malloc(rb * (size_t)n_out);
+	float *xh = malloc(sizeof(float) * (size_t)(n_in * n_tok)), *y0 = malloc(ny * 4),
+	      *y1 = malloc(ny * 4);
+	unsigned long long *th = calloc(nw, 8), *td = NULL;
+	struct kweight w = {.type = type, .n_in = n_in, .n_out = n_out, .row_bytes = rb, .data = wh},
+	               wd = {0};
+	float *xd = NULL, *yd = NULL;
+	int ret = -1;
+	if (!wh || !xh || !y0 || !y1 || !th)
+		goto out;
+	ops_fill_weight(type, n_in, n_out, rb, wh);
+	for (int64_t i = 0; i < n_in * n_tok; i++)
+		xh[i] = ops_rng_unif();
+	if (kcuda_weight_upload(c, &w, &wd) ||
+	    kcuda_alloc(sizeof(float) * (size_t)(n_in * n_tok), (void **)&xd) ||
+	    kcuda_alloc(ny * 4, (void **)&yd) || kcuda_alloc(nw * 8, (void **)&td) ||
+	    kcuda_upload(c, xd, xh, sizeof(float) * (size_t)(n_in * n_tok)) ||
+	    kcuda_upload(c, td, th, nw * 8))
+		goto out;
+	int rc = kcuda_matmul_path(c, KCUDA_MM_F32, &wd, xd, n_in, n_tok, yd, n_out);
+	rc = rc ? rc : kcuda_sync(c);
+	rc = rc ? rc : kcuda_download(c, y0, yd, ny * 4);
+	rc = rc ? rc : kcuda_mm_tile_trace(td);
+	rc = rc ? rc : kcuda_matmul_path(c, KCUDA_MM_F32, &wd, xd, n_in, n_tok, yd, n_out);
+	rc = rc ? rc : kcuda_sync(c);
+	const int rc_off = kcuda_mm_tile_trace(NULL);
+	rc = rc ? rc : rc_off;
+	rc = rc ? rc : kcuda_download(c, y1, yd, ny * 4);
+	rc = rc ? rc : kcuda_download(c, th, td, nw * 8);
+	OPS_CHECK(rc == 0, "%s trace: rc %d", ktype_name(type), rc);
+	if (rc)
+		goto done;
+	OPS_CHECK(memcmp(y0, y1, ny * 4) == 0, "%s trace: the output differs with the trace on",
+	          ktype_name(type));
+	int64_t blocks = 0, chunks = 0, disorder = 0;
+	for (size_t b = 0; b < nb; b++) {
+		const unsigned long long *r = th + b * MT_TR_SLOTS;
+		if (!r[0])
+			continue;
+		const int64_t nc = (int64_t)r[3 + 4 * MT_TR_CH];
+		blocks++;
+		chunks += nc;
+		unsigned long long prev = r[0];
+		for (int i = 1; i < 2 + 4 * (int)(nc < MT_TR_CH ? nc : MT_TR_CH); i++) {
+			disorder += r[i] < prev;
+			prev = r[i];
+		}
+		disorder += r[2 + 4 * MT_TR_CH] < prev || nc < 1;
+	}
+	const int64_t tiles = (n_out + 63) / 64 * ((n_tok + 63) / 64), kch = (n_in / 16 + 3) / 4;
+	OPS_CHECK(blocks >= tiles && blocks % tiles == 0 && chunks == kch * tiles && disorder == 0,
+	          "%s trace: %" PRId64 " blocks (a multiple of %" PRId64 " expected), %" PRId64
+	          " chunks (%" PRId64 " expected), %" PRId64 " stamps out of order",
+	          ktype_name(type), blocks, tiles, chunks, kch * tiles, disorder);
+	/* off again: a launch leaves the buffer as it is */
+	memset(th, 0, nw * 8);
+	rc = kcuda_upload(c, td, th, nw * 8);
+	rc = rc ? rc : kcuda_matmul_path(c, KCUDA_MM_F32, &wd, xd, n_in, n_tok, yd, n_out);
+	rc = rc ? rc : kcuda_sync(c);
+	rc = rc ? rc : kcuda_download(c, th, td, nw * 8);
+	size_t written = 0;
+	for (size_t i = 0; i < nw; i++)
+		written += th[i] != 0;
+	OPS_CHECK(rc == 0 && written == 0, "%s trace off: rc %d, %zu words written", ktype_name(type), rc,
+	          written);
+	printf("%-7s tile trace: %" PRId64 " blocks, %" PRId64 " chunks, same bits %s\n", ktype_name(type),
+	       blocks, chunks, memcmp(y0, y1, ny * 4) ? "no" : "yes");
+done:
+	ret = 0;
+out:
+	if (ret)
+		printf("setup failed for %s trace\n", ktype_name(type));
+	kcuda_mm_tile_trace(NULL);
+	kcuda_weight_free(&wd);
+	kcuda_free(xd);
+	kcuda_free(yd);
+	kcuda_free(td);
+	free(wh);
+	free(xh);
+	free(y0);
+	free(y1);
+	free(th);
+	return ret;
+}
+
 int main(void)
 {
 	if (kcuda_device_count() < 1) {
@@ -389,6 +485,7 @@ int main(void)
 	}
 	check_bad_args(c);
 	int setup_fail = gemv3_sweep(c, quick);
+	setup_fail |= trace_check(c, KT_Q8_0) | trace_check(c, KT_Q4_K);
 	setup_fail |= head_sweep(c, quick);
 
 	/* rows sweep on a small n_in, then the real per-rank weight shapes */
