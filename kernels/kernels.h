@@ -243,11 +243,10 @@ int kcuda_matmul_path(struct kcuda_ctx *c, enum kcuda_mm_path path, const struct
 #define MT_TR_CH 8
 #define MT_TR_SLOTS (4 + 4 * MT_TR_CH)
 int kcuda_mm_tile_trace(unsigned long long *buf);
-/* The tile product's packed x (matmul_tile.cu, mm_tile_xpack): x converted to the kernel's fp16 hi / lo
- * form once a call instead of once per row tile, for products of at least min_row_tiles 64-row tiles;
- * 0 off; a negative value returns to TANDEM_TILE_XPRE (read at the next launch). Results do not change. */
-void kcuda_mm_tile_set_xpre(int min_row_tiles);
-#define KCUDA_SPLIT_MIN_TOK 256
+/* 128 since session 27 (H200, GLM-5 batch 128: idx_q_b 98 -> 66 us a call eager, the graph step 71.4-72.2 ->
+ * 71.4-71.6 ms in three passes; at 32 tokens the split is slower: 29.5 -> 33.8 ms); 256 before.
+ * TANDEM_F32_SPLIT_MIN_TOK=n (read once, 9..) overrides it */
+#define KCUDA_SPLIT_MIN_TOK 128
 #define KCUDA_SPLIT_MIN_OUT 1024
 int kcuda_f32_split_mode(void);
 /* Several products of the same x (same n_in) at decode sizes: y_i[t][r] = dot(W_i row r, x[t]) for

@@ -471,7 +471,8 @@ static int split_w_any(struct kcuda_ctx *c, const struct kweight *w, int64_t r0,
 }
 
 /* TANDEM_F32_SPLIT: 0 never, all: every fp32-path product above the GEMV's 8 tokens (tests), unset or 1:
- * n_tok >= KCUDA_SPLIT_MIN_TOK and n_out >= KCUDA_SPLIT_MIN_OUT (read on every call) */
+ * n_tok >= KCUDA_SPLIT_MIN_TOK (or TANDEM_F32_SPLIT_MIN_TOK) and n_out >= KCUDA_SPLIT_MIN_OUT (read on every
+ * call) */
 extern "C" int kcuda_f32_split_mode(void)
 {
 	const char *v = getenv("TANDEM_F32_SPLIT");
@@ -490,7 +491,10 @@ extern "C" bool kcuda_f32_split_takes(const struct kweight *w, int64_t n_tok)
 	if ((w->type == KT_F32 || w->type == KT_F16 || w->type == KT_BF16) &&
 	    (w->row_bytes % 16 || (uintptr_t)w->data % 16))
 		return false; /* kq_values reads float pieces as 16-byte vectors */
-	return m == 2 || (n_tok >= KCUDA_SPLIT_MIN_TOK && w->n_out >= KCUDA_SPLIT_MIN_OUT);
+	static long min_tok = 0; /* TANDEM_F32_SPLIT_MIN_TOK (read once): the decode / prefill crossover */
+	if (!min_tok)
+		min_tok = kcuda_env_long("TANDEM_F32_SPLIT_MIN_TOK", 9, 1L << 30, KCUDA_SPLIT_MIN_TOK);
+	return m == 2 || (n_tok >= min_tok && w->n_out >= KCUDA_SPLIT_MIN_OUT);
 }
 
 int kcuda_gemm_split_launch(struct kcuda_ctx *c, const struct kweight *w, const float *x, int64_t ldx,

@@ -37,7 +37,7 @@
  * as they land. Switches (read on every call): TANDEM_GEMV_RES unset takes single products of at
  * most TANDEM_GEMV_RES_AUTO_MB (8) MB, =1 everything it can, =0 nothing (res_mode says why);
  * TANDEM_GEMV_RES_RB=1|2|4|8|16 forces the rows per block,
- * TANDEM_GEMV_RES_BPS=n sets the blocks per SM the grid aims at (default 4); the stacked heads have
+ * TANDEM_GEMV_RES_BPS=n sets the blocks per SM the grid aims at (default 8); the stacked heads have
  * TANDEM_GEMV_RES_HRB / _HBPS (default 1); TANDEM_GEMV_RES_EARLY: which launches trigger the next
  * kernel before their wait (res_early). */
 #include <stdio.h>
@@ -340,6 +340,10 @@ static bool res_auto_takes(const struct kweight *w, int H)
 	return (double)w->row_bytes * (double)w->n_out <= mb * 1e6;
 }
 
+/* blocks per SM the single products' grids aim at: 8 since session 27 (H200, batch 1: DeepSeek-V3 5.03-5.04
+ * -> 4.93-4.99 ms a step in four passes, GLM-5 within noise); 4 before */
+#define RES_BPS_DEFAULT 8
+
 /* rows per block: the fewest (from 1, 2, 4, 8, 16) that keep the grid (all H matrices) within bps
  * blocks per SM (one wave beside the kernel before), then halved while a block's rows exceed
  * RES_MAX_SMEM; TANDEM_GEMV_RES_RB (heads: _HRB) forces it (still bounded by RES_MAX_SMEM). 0: no
@@ -353,7 +357,8 @@ static int res_rows(int64_t n_out, int64_t H, size_t row_bytes, int n_sm)
 	const bool heads = H > 1;
 	int rb = env_int(heads ? "TANDEM_GEMV_RES_HRB" : "TANDEM_GEMV_RES_RB", 0);
 	if (rb != 1 && rb != 2 && rb != 4 && rb != 8 && rb != 16) {
-		int bps = env_int(heads ? "TANDEM_GEMV_RES_HBPS" : "TANDEM_GEMV_RES_BPS", heads ? 1 : 4);
+		int bps = env_int(heads ? "TANDEM_GEMV_RES_HBPS" : "TANDEM_GEMV_RES_BPS",
+		                  heads ? 1 : RES_BPS_DEFAULT);
 		bps = bps < 1 ? 1 : (bps > 32 ? 32 : bps);
 		const int64_t max_blk = (int64_t)(n_sm > 0 ? n_sm : 132) * bps;
 		rb = 1;

@@ -22,14 +22,14 @@
  * (v to shared memory as fp16, a and b per row and piece) and convert 64 tokens x 64 k of X (hi,
  * lo and the per-piece sums); warp w then multiplies rows 16w..16w+15 by every active 8-token
  * n-tile (4 pieces x 2 mma each). The next chunk's global loads are issued before the mma of the
- * current one. Token tiles are the fastest grid dimension, so the blocks that share a weight tile
- * run together and read it from L2 after the first. S > 1 (when the tiles alone leave SMs idle;
- * kcuda_matmul and, since 2026-12-03, kfwd_head_gemv) writes per-split partial sums to the context
- * workspace; a second kernel adds them in split order (deterministic). Shared-memory rows are 80
- * halves (64 + 16) so the 8-byte fragment loads of a half-warp hit 32 distinct banks. Needs n_in % 16 == 0;
- * rows past n_out are clamped for loads and not stored, tokens past n_tok are zero and not stored. Registers
- * (sm_90, CUDA 13.0): 116-167 by type, 0 spills; launch bounds allow 3 blocks per SM (without them ptxas
- * capped at 128 and spilled 8 bytes in Q4_K). */
+ * current one; the first chunk's weights before the PDL wait (TANDEM_TILE_WEARLY=0: after it). Token tiles
+ * are the fastest grid dimension, so the blocks that share a weight tile run together and read it from L2
+ * after the first. S > 1 (when the tiles alone leave SMs idle; kcuda_matmul and, since 2026-12-03,
+ * kfwd_head_gemv) writes per-split partial sums to the context workspace; a second kernel adds them in split
+ * order (deterministic). Shared-memory rows are 80 halves (64 + 16) so the 8-byte fragment loads of a
+ * half-warp hit 32 distinct banks. Needs n_in % 16 == 0; rows past n_out are clamped for loads and not
+ * stored, tokens past n_tok are zero and not stored. Registers (sm_90, CUDA 13.0): 116-167 by type, 0 spills;
+ * launch bounds allow 3 blocks per SM (without them ptxas capped at 128 and spilled 8 bytes in Q4_K). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,10 +51,6 @@ struct mt_smem {
 	float sx[MT_KC / 16][MT_BN]; /* sum of x over the piece, per piece and token */
 	float xf[MT_KC / 16][MT_BN]; /* the factor undoing the piece's staging scale (1 nearly always) */
 };
-/* the packed x's sx / xf part is copied in one piece (one uint4 a thread) */
-static_assert(offsetof(mt_smem, xf) == offsetof(mt_smem, sx) + sizeof(float) * (MT_KC / 16) * MT_BN &&
-                  offsetof(mt_smem, sx) % 16 == 0 && 2 * (MT_KC / 16) * MT_BN * 4 == 16 * MT_THREADS,
-              "mt_smem's sx / xf layout");
 
 /* D = A * B (m16n8k16, fp16 in, fp32 out, zero C) */
 __device__ __forceinline__ void mt_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -119,59 +115,6 @@ __device__ __forceinline__ void mt_convert(float4 f, uint2 &hi, uint2 &lo, float
 	                mt_h2((f.z - __half2float(h2)) * 2048.f, (f.w - __half2float(h3)) * 2048.f));
 }
 
-/* Packed x (TANDEM_TILE_XPRE): mm_tile_xpack converts x once a call into one record per (head, 64-token
- * tile, K chunk), laid out as the kernel's shared memory wants it: per token 128 halves (hi of the 64
- * elements, then lo), then sx[4][64] and xf[4][64] (floats, piece-major); and one word per record, nonzero
- * where some piece of it was staged scaled. Without it every row tile's block repeats the conversion for
- * every chunk (session 26's ncu: the kernel is issue-bound on exactly that). Same bits either way. */
-#define MT_XREC_SX (MT_BN * 2 * MT_KC * 2) /* byte offset of sx: 16384 */
-#define MT_XREC_BYTES (MT_XREC_SX + 2 * (MT_KC / 16) * MT_BN * 4) /* + sx + xf: 18432 */
-
-__global__ void __launch_bounds__(MT_THREADS)
-    mm_tile_xpack(const float *__restrict__ x, int64_t ldx, int64_t xhs, int n_tok, int64_t n_in, int ntt,
-                  int64_t n_ch, uint8_t *__restrict__ rec, unsigned *__restrict__ flags, int xvec)
-{
-	KDEP_ENTRY();
-	const int tid = threadIdx.x, tt = (int)blockIdx.y, h = (int)blockIdx.z, tok0 = tt * MT_BN;
-	const int64_t ch = blockIdx.x, ri = ((int64_t)h * ntt + tt) * n_ch + ch;
-	uint8_t *r = rec + (size_t)ri * MT_XREC_BYTES;
-	float *sx = (float *)(r + MT_XREC_SX), *xfo = sx + (MT_KC / 16) * MT_BN;
-	x += (int64_t)h * xhs;
-	const int n_nt = min(MT_BN / 8, (n_tok - tok0 + 7) / 8);
-	bool big = false;
-#pragma unroll
-	for (int j = 0; j < 8; j++) {
-		if (j >= n_nt) /* warp-uniform */
-			break;
-		const int e = tid + MT_THREADS * j, tk = e >> 4, k4 = 4 * (e & 15), tok = tok0 + tk;
-		const int64_t k = MT_KC * ch + k4;
-		float4 f = make_float4(0.f, 0.f, 0.f, 0.f);
-		if (tok < n_tok && k < n_in) {
-			const float *src = x + (int64_t)tok * ldx + k;
-			if (xvec)
-				f = __ldg((const float4 *)src);
-			else
-				f = make_float4(__ldg(src), __ldg(src + 1), __ldg(src + 2), __ldg(src + 3));
-		}
-		uint2 hi, lo;
-		float ps, xf;
-		mt_convert(f, hi, lo, ps, xf, big);
-		*(uint2 *)(r + (size_t)tk * (4 * MT_KC) + 2 * k4) = hi;
-		*(uint2 *)(r + (size_t)tk * (4 * MT_KC) + 2 * MT_KC + 2 * k4) = lo;
-		if ((e & 3) == 0) {
-			sx[((e & 15) >> 2) * MT_BN + tk] = ps;
-			xfo[((e & 15) >> 2) * MT_BN + tk] = xf;
-		}
-	}
-	/* the tokens of inactive n-tiles: defined values (the kernel copies sx / xf whole) */
-	for (int i = tid; i < (MT_KC / 16) * MT_BN; i += MT_THREADS)
-		if ((i % MT_BN) >= 8 * n_nt)
-			sx[i] = 0.f, xfo[i] = 1.f;
-	const int any = __syncthreads_or(big);
-	if (tid == 0)
-		flags[ri] = (unsigned)any;
-}
-
 /* Trace mode (bench_cuda_mm tiletrace): NULL in every other use. Set by kcuda_mm_tile_trace before a
  * launch (a device variable the kernels only read, like a weight), it makes thread 0 of each block write
  * clock64() at its phases into MT_TR_SLOTS words (kernels.h) at blockIdx (x fastest): 0 entry, 1 after
@@ -179,12 +122,12 @@ __global__ void __launch_bounds__(MT_THREADS)
  * second barrier passed, then the exit and the chunk count. Block-relative cycles (one SM's counter). */
 __device__ unsigned long long *mt_trace_buf;
 
-template <int T, bool XP>
+template <int T>
 __global__ void __launch_bounds__(MT_THREADS, 3)
     mm_tile_kernel(const uint8_t *__restrict__ w, size_t mat_bytes, size_t row_bytes, int64_t n_out,
                    int64_t n_in, int S, int64_t cps, const float *__restrict__ x, int64_t ldx, int64_t xhs,
                    int n_tok, float *__restrict__ y, int64_t ldy, int64_t yhs, float *__restrict__ part,
-                   int xvec, const uint8_t *__restrict__ xrec, const unsigned *__restrict__ xflag, int wearly)
+                   int xvec, int wearly)
 {
 	unsigned long long *tr = NULL;
 	if (threadIdx.x == 0 && mt_trace_buf) {
@@ -211,10 +154,7 @@ __global__ void __launch_bounds__(MT_THREADS, 3)
 	for (int j = 0; j < 2; j++)
 		wrow[j] = w + (size_t)min(row0 + wr + 32 * j, n_out - 1) * row_bytes;
 	typename kq<T>::raw rw[2];
-	float4 xr[XP ? 1 : 8]; /* x as loaded (the packed x needs none) */
-	uint4 xu[XP ? 9 : 1]; /* the packed record's pieces */
-	bool xbig = false; /* thread 0, packed x: some piece of the loaded chunk was staged scaled */
-	(void)xr, (void)xu, (void)xbig;
+	float4 xr[8];
 	/* active 8-token tiles. X entry j of a thread is token 8 j + tid / 16, i.e. in n-tile j, so
 	 * entries j >= n_nt are neither loaded nor staged (a warp-uniform test); their stale shared
 	 * columns only reach D columns that are never stored (an mma column depends on its B column
@@ -229,36 +169,20 @@ __global__ void __launch_bounds__(MT_THREADS, 3)
 		}
 	};
 	auto loadx = [&](int64_t ch) {
-		if constexpr (XP) {
-			/* the chunk's record: entry j < 8 is token (tid + 128 j) / 16's 16-byte piece
-			 * (tid % 16), entry 8 piece tid of sx / xf; thread 0 also reads the scaled flag */
-			const int64_t ri = ((int64_t)h * gridDim.x + blockIdx.x) * n_ch + ch;
-			const uint4 *rp = (const uint4 *)(xrec + (size_t)ri * MT_XREC_BYTES);
 #pragma unroll
-			for (int j = 0; j < 8; j++) {
-				if (j >= n_nt)
-					break;
-				xu[j] = __ldg(rp + tid + MT_THREADS * j);
-			}
-			xu[8] = __ldg(rp + MT_XREC_SX / 16 + tid);
-			if (tid == 0)
-				xbig = __ldg(xflag + ri) != 0u;
-		} else {
-#pragma unroll
-			for (int j = 0; j < 8; j++) {
-				if (j >= n_nt)
-					break;
-				const int e = tid + MT_THREADS * j, tok = tok0 + (e >> 4);
-				const int64_t k = MT_KC * ch + 4 * (e & 15);
-				xr[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-				if (tok < n_tok && k < n_in) {
-					const float *src = x + (int64_t)tok * ldx + k;
-					if (xvec)
-						xr[j] = __ldg((const float4 *)src);
-					else
-						xr[j] = make_float4(__ldg(src), __ldg(src + 1), __ldg(src + 2),
-						                    __ldg(src + 3));
-				}
+		for (int j = 0; j < 8; j++) {
+			if (j >= n_nt)
+				break;
+			const int e = tid + MT_THREADS * j, tok = tok0 + (e >> 4);
+			const int64_t k = MT_KC * ch + 4 * (e & 15);
+			xr[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+			if (tok < n_tok && k < n_in) {
+				const float *src = x + (int64_t)tok * ldx + k;
+				if (xvec)
+					xr[j] = __ldg((const float4 *)src);
+				else
+					xr[j] = make_float4(__ldg(src), __ldg(src + 1), __ldg(src + 2),
+					                    __ldg(src + 3));
 			}
 		}
 	};
@@ -283,32 +207,19 @@ __global__ void __launch_bounds__(MT_THREADS, 3)
 			*(uint4 *)&sm.v[wr + 32 * j][16 * wpc + 8] = q1;
 			sm.ab[wpc][wr + 32 * j] = make_float2(a, b);
 		}
-		if constexpr (XP) {
 #pragma unroll
-			for (int j = 0; j < 8; j++) {
-				if (j >= n_nt)
-					break;
-				const int e = tid + MT_THREADS * j, tk = e >> 4, q = e & 15;
-				__half *dst = q < 8 ? &sm.xh[tk][8 * q] : &sm.xl[tk][8 * (q - 8)];
-				*(uint4 *)dst = xu[j];
-			}
-			((uint4 *)&sm.sx[0][0])[tid] = xu[8]; /* sx then xf, contiguous as in the record */
-			chunk_big = xbig;
-		} else {
-#pragma unroll
-			for (int j = 0; j < 8; j++) {
-				if (j >= n_nt)
-					break;
-				const int e = tid + MT_THREADS * j, tk = e >> 4, k4 = 4 * (e & 15);
-				uint2 hi, lo;
-				float ps, xf;
-				mt_convert(xr[j], hi, lo, ps, xf, chunk_big);
-				*(uint2 *)&sm.xh[tk][k4] = hi;
-				*(uint2 *)&sm.xl[tk][k4] = lo;
-				if ((e & 3) == 0) {
-					sm.sx[(e & 15) >> 2][tk] = ps; /* of the unscaled x (the b term) */
-					sm.xf[(e & 15) >> 2][tk] = xf;
-				}
+		for (int j = 0; j < 8; j++) {
+			if (j >= n_nt)
+				break;
+			const int e = tid + MT_THREADS * j, tk = e >> 4, k4 = 4 * (e & 15);
+			uint2 hi, lo;
+			float ps, xf;
+			mt_convert(xr[j], hi, lo, ps, xf, chunk_big);
+			*(uint2 *)&sm.xh[tk][k4] = hi;
+			*(uint2 *)&sm.xl[tk][k4] = lo;
+			if ((e & 3) == 0) {
+				sm.sx[(e & 15) >> 2][tk] = ps; /* of the unscaled x (the b term) */
+				sm.xf[(e & 15) >> 2][tk] = xf;
 			}
 		}
 	};
@@ -343,13 +254,12 @@ __global__ void __launch_bounds__(MT_THREADS, 3)
 		const int blk_big = __syncthreads_or(chunk_big); /* the barrier the chunk needs anyway */
 		if (tc)
 			tc[1] = clock64();
-		if (ch + 1 < c_end)
-		{
+		if (ch + 1 < c_end) {
 			loadw(ch + 1);
 			loadx(ch + 1);
 		}
-			/* k order inside an mma: lane t's k = 2t, 2t+1, 2t+8, 2t+9 are elements 4t .. 4t+3 of
-			 * the piece, in A and B alike, so each fragment pair is one 8-byte load */
+		/* k order inside an mma: lane t's k = 2t, 2t+1, 2t+8, 2t+9 are elements 4t .. 4t+3 of
+		 * the piece, in A and B alike, so each fragment pair is one 8-byte load */
 #pragma unroll
 		for (int ks = 0; ks < MT_KC / 16; ks++) {
 			const uint2 A0 = *(const uint2 *)&sm.v[r_lo][16 * ks + 4 * t];
@@ -474,15 +384,11 @@ static int mt_wearly(void)
 template <int T>
 static int mt_launch(struct kcuda_ctx *c, dim3 grid, const struct kweight *w0, size_t mat_bytes, int S,
                      int64_t cps, const float *x, int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy,
-                     int64_t yhs, float *part, int xvec, const uint8_t *xrec, const unsigned *xflag)
+                     int64_t yhs, float *part, int xvec)
 {
-	if (xrec)
-		return klaunch("mm_tile", mm_tile_kernel<T, true>, grid, dim3(MT_THREADS), 0, c->stream,
-		               (const uint8_t *)w0->data, mat_bytes, w0->row_bytes, w0->n_out, w0->n_in, S, cps,
-		               x, ldx, xhs, n_tok, y, ldy, yhs, part, xvec, xrec, xflag, mt_wearly());
-	return klaunch("mm_tile", mm_tile_kernel<T, false>, grid, dim3(MT_THREADS), 0, c->stream,
+	return klaunch("mm_tile", mm_tile_kernel<T>, grid, dim3(MT_THREADS), 0, c->stream,
 	               (const uint8_t *)w0->data, mat_bytes, w0->row_bytes, w0->n_out, w0->n_in, S, cps, x,
-	               ldx, xhs, n_tok, y, ldy, yhs, part, xvec, xrec, xflag, mt_wearly());
+	               ldx, xhs, n_tok, y, ldy, yhs, part, xvec, mt_wearly());
 }
 
 /* trace mode (bench_cuda_mm tiletrace): buf of MT_TR_SLOTS words a block, or NULL (off) */
@@ -508,22 +414,6 @@ static int64_t mt_split_chunks(void)
 	return v;
 }
 
-/* the packed x (mm_tile_xpack) from this many row tiles up (the conversions it saves: one per row tile
- * but one, for one more launch and 18 KB a chunk written and read back): TANDEM_TILE_XPRE (read once;
- * 0 off), or kcuda_mm_tile_set_xpre (tests, benchmarks) */
-#define MT_XPRE_DEFAULT 0
-static int mt_xpre = -1;
-extern "C" void kcuda_mm_tile_set_xpre(int min_row_tiles)
-{
-	mt_xpre = min_row_tiles < 0 ? -1 : min_row_tiles;
-}
-static int mt_xpre_min(void)
-{
-	if (mt_xpre < 0)
-		mt_xpre = (int)kcuda_env_long("TANDEM_TILE_XPRE", 0, 65535, MT_XPRE_DEFAULT);
-	return mt_xpre;
-}
-
 /* the most K splits: TANDEM_TILE_SPLIT_MAX (read once; 2..MT_MAX_SPLIT), default 32 */
 #define MT_SPLIT_MAX_DEFAULT 32
 static int mt_split_max(void)
@@ -544,40 +434,24 @@ int kcuda_mm_tile_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t m
 	const int64_t n_ch = (w0->n_in / 16 + 3) / 4, base = ntt * nrt * H;
 	if (ntt > 65535 || nrt > 65535 || (int64_t)H * MT_MAX_SPLIT > 65535)
 		return ERR_UNSUPPORTED;
-	const int xvec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0 && xhs % 4 == 0;
-	/* the packed x at the start of the workspace (records, then their flags), when it takes at most half */
-	const int xmin = mt_xpre_min();
-	const size_t n_rec = (size_t)H * (size_t)ntt * (size_t)n_ch,
-	             rec_bytes = n_rec * MT_XREC_BYTES + (n_rec * sizeof(unsigned) + 255) / 256 * 256;
-	const bool xp = xmin > 0 && nrt >= xmin && ntt <= 65535 && H <= 65535 && rec_bytes <= c->ws_bytes / 2;
-	const size_t room = c->ws_bytes - (xp ? rec_bytes : 0);
-	const uint8_t *xrec = xp ? (const uint8_t *)c->ws : NULL;
-	const unsigned *xflag = xp ? (const unsigned *)((uint8_t *)c->ws + n_rec * MT_XREC_BYTES) : NULL;
 	/* split K when the tiles alone give fewer than ~3 blocks per SM (3 fit by registers), keeping
 	 * >= mt_split_chunks() chunks per split and the partial sums inside the workspace */
 	int S = 1;
 	const size_t one = (size_t)H * (size_t)n_tok * (size_t)w0->n_out * sizeof(float);
 	const int64_t min_ch = mt_split_chunks();
 	while (may_split && S < mt_split_max() && base * S < 3 * (int64_t)c->n_sm &&
-	       n_ch >= 2 * min_ch * (int64_t)S && one * (size_t)(2 * S) <= room)
+	       n_ch >= 2 * min_ch * (int64_t)S && one * (size_t)(2 * S) <= c->ws_bytes)
 		S *= 2;
 	const int64_t cps = (n_ch + S - 1) / S;
-	float *part = S > 1 ? (float *)((uint8_t *)c->ws + (xp ? rec_bytes : 0)) : NULL;
+	float *part = S > 1 ? (float *)c->ws : NULL;
+	const int xvec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0 && xhs % 4 == 0;
 	const dim3 grid((unsigned)ntt, (unsigned)nrt, (unsigned)(H * S));
 	int rc;
-	if (xp) {
-		rc = klaunch("mm_tile xpack", mm_tile_xpack, dim3((unsigned)n_ch, (unsigned)ntt, (unsigned)H),
-		             dim3(MT_THREADS), 0, c->stream, x, ldx, xhs, n_tok, w0->n_in, (int)ntt, n_ch,
-		             (uint8_t *)c->ws, (unsigned *)xflag, xvec);
-		if (rc)
-			return rc;
-	}
 	switch (w0->type) {
 		/* clang-format off */
 #define X(T) \
 	case T: \
-		rc = mt_launch<T>(c, grid, w0, mat_bytes, S, cps, x, ldx, xhs, n_tok, y, ldy, yhs, part, xvec, \
-		                  xrec, xflag); \
+		rc = mt_launch<T>(c, grid, w0, mat_bytes, S, cps, x, ldx, xhs, n_tok, y, ldy, yhs, part, xvec); \
 		break;
 		X(KT_Q8_0) X(KT_Q4_0) X(KT_Q4_1) X(KT_Q5_0) X(KT_Q5_1) X(KT_IQ4_NL)
 		X(KT_Q2_K) X(KT_Q3_K) X(KT_Q4_K) X(KT_Q5_K) X(KT_Q6_K) X(KT_IQ4_XS)

@@ -6,7 +6,7 @@
  * head_gemv_q8.cu for the Q8_0 k_b rows of 64..256; quantized heads otherwise the tensor-core tile
  * product from 2 tokens on; again with
  * TANDEM_GEMV_MMA=0 for Q8_0 up to 16 tokens and with TANDEM_GEMV3=0 up to 8), every case run
- * twice (bit-identical) and twice more with the tile product's packed x forced on and off (the same bits), activations with a head
+ * twice (bit-identical), activations with a head
  * stride larger than n_in (q_nope inside q's N + R) and outputs with one larger than n_out (q_abs's C + R).
  * fp32 on both sides: max error <= 2e-6 sqrt(n_in) x sum|w x| per output (test_ops_matmul's GEMV bound);
  * guard bytes around the output; the rows between heads (q_abs's rope part) untouched; argument checks. Exit
@@ -79,19 +79,6 @@ static void head_case(int type, int H, int64_t n_in, int64_t n_out, int64_t xpad
 			ops_dbuf_get(ctx, &ob, again);
 		OPS_CHECK(rc2 == 0 && memcmp(again, got, sizeof(float) * (size_t)(n_tok * ldy)) == 0,
 		          "head_gemv %s H %d n_tok %d: second run differs", ktype_name(type), H, n_tok);
-		/* the tile product's packed x (kcuda_mm_tile_set_xpre) on and off: the same bits */
-		for (int on = 0; on < 2 && again && rc2 == 0; on++) {
-			kcuda_mm_tile_set_xpre(on);
-			rc2 = kfwd_head_gemv(ctx, &w0, mat, H, d_x, ldx, xhs, n_tok, ob.user, ldy, yhs);
-			if (!rc2)
-				rc2 = kcuda_sync(ctx);
-			if (!rc2)
-				ops_dbuf_get(ctx, &ob, again);
-			OPS_CHECK(rc2 == 0 && memcmp(again, got, sizeof(float) * (size_t)(n_tok * ldy)) == 0,
-			          "head_gemv %s H %d n_tok %d: packed x %s differs", ktype_name(type), H, n_tok,
-			          on ? "on" : "off");
-		}
-		kcuda_mm_tile_set_xpre(-1);
 		free(again);
 	}
 	int bad = 0;
