@@ -22,7 +22,8 @@
  * (v to shared memory as fp16, a and b per row and piece) and convert 64 tokens x 64 k of X (hi,
  * lo and the per-piece sums); warp w then multiplies rows 16w..16w+15 by every active 8-token
  * n-tile (4 pieces x 2 mma each). The next chunk's global loads are issued before the mma of the
- * current one; the first chunk's weights before the PDL wait (TANDEM_TILE_WEARLY=0: after it). Token tiles
+ * current one; the first chunk's weights before the PDL wait (TANDEM_TILE_WEARLY=0: after it). Q8_0
+ * pieces go to fp16 by byte permutes (mt_q8_halves; TANDEM_TILE_Q8H=0: through float). Token tiles
  * are the fastest grid dimension, so the blocks that share a weight tile run together and read it from L2
  * after the first. S > 1 (when the tiles alone leave SMs idle; kcuda_matmul and, since 2026-12-03,
  * kfwd_head_gemv) writes per-split partial sums to the context workspace; a second kernel adds them in split
@@ -83,6 +84,25 @@ __device__ __forceinline__ float mt_xscale(float m)
 	return ldexpf(1.f, 15 - e);
 }
 
+/* Q8_0: 16 int8 values (4 words, byte 0 first) as 8 fp16 pairs without a float in between: the byte with
+ * its sign bit flipped is u = q + 128, the half with bits 0x6400 | u is 1024 + u, and 1024 + u - 1152 = q,
+ * all exact in fp16, so the halves are the ones mt_h2((float)q, ...) gives (5 instructions per 4 values
+ * instead of ~12) */
+__device__ __forceinline__ void mt_q8_halves(const uint32_t (&w)[4], uint32_t (&h)[8])
+{
+	const __half2 off = __float2half2_rn(1152.f);
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		const uint32_t u = w[i] ^ 0x80808080u;
+		const uint32_t lo = __byte_perm(u, 0x64646464u, 0x4140),
+		               hi = __byte_perm(u, 0x64646464u, 0x4342);
+		const __half2 a = __hsub2(*(const __half2 *)&lo, off),
+		              b = __hsub2(*(const __half2 *)&hi, off);
+		h[2 * i] = *(const uint32_t *)&a;
+		h[2 * i + 1] = *(const uint32_t *)&b;
+	}
+}
+
 /* One thread's 4 elements of x (4 lanes 4m..4m+3 hold one 16-element piece of one token; all 32 lanes
  * call it): fp16 hi and lo of x (times the piece's staging scale where fp16(x) would reach 2^15), the
  * piece's sum of the unscaled x and the factor that undoes the scale. big: this piece was scaled. */
@@ -127,7 +147,7 @@ __global__ void __launch_bounds__(MT_THREADS, 3)
     mm_tile_kernel(const uint8_t *__restrict__ w, size_t mat_bytes, size_t row_bytes, int64_t n_out,
                    int64_t n_in, int S, int64_t cps, const float *__restrict__ x, int64_t ldx, int64_t xhs,
                    int n_tok, float *__restrict__ y, int64_t ldy, int64_t yhs, float *__restrict__ part,
-                   int xvec, int wearly)
+                   int xvec, int wearly, int mt_q8h)
 {
 	unsigned long long *tr = NULL;
 	if (threadIdx.x == 0 && mt_trace_buf) {
@@ -191,18 +211,36 @@ __global__ void __launch_bounds__(MT_THREADS, 3)
 		const int64_t p = 4 * ch + wpc;
 #pragma unroll
 		for (int j = 0; j < 2; j++) {
-			float v[16], a = 0.f, b = 0.f;
-			if (p < n_pc) {
-				kq<T>::decode(rw[j], p, v, a, b);
-			} else {
+			float a = 0.f, b = 0.f;
+			uint4 q0, q1;
+			if constexpr (T == KT_Q8_0) {
+				uint32_t h[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+				if (p < n_pc && mt_q8h) {
+					mt_q8_halves(rw[j].w, h);
+					a = kc_h2f(rw[j].d);
+				} else if (p < n_pc) {
+					float v[16];
+					kq<T>::decode(rw[j], p, v, a, b);
 #pragma unroll
-				for (int i = 0; i < 16; i++)
-					v[i] = 0.f;
+					for (int i = 0; i < 8; i++)
+						h[i] = mt_h2(v[2 * i], v[2 * i + 1]);
+				}
+				q0 = make_uint4(h[0], h[1], h[2], h[3]);
+				q1 = make_uint4(h[4], h[5], h[6], h[7]);
+			} else {
+				float v[16];
+				if (p < n_pc) {
+					kq<T>::decode(rw[j], p, v, a, b);
+				} else {
+#pragma unroll
+					for (int i = 0; i < 16; i++)
+						v[i] = 0.f;
+				}
+				q0 = make_uint4(mt_h2(v[0], v[1]), mt_h2(v[2], v[3]), mt_h2(v[4], v[5]),
+				                mt_h2(v[6], v[7]));
+				q1 = make_uint4(mt_h2(v[8], v[9]), mt_h2(v[10], v[11]), mt_h2(v[12], v[13]),
+				                mt_h2(v[14], v[15]));
 			}
-			uint4 q0 = make_uint4(mt_h2(v[0], v[1]), mt_h2(v[2], v[3]), mt_h2(v[4], v[5]),
-			                      mt_h2(v[6], v[7]));
-			uint4 q1 = make_uint4(mt_h2(v[8], v[9]), mt_h2(v[10], v[11]), mt_h2(v[12], v[13]),
-			                      mt_h2(v[14], v[15]));
 			*(uint4 *)&sm.v[wr + 32 * j][16 * wpc] = q0;
 			*(uint4 *)&sm.v[wr + 32 * j][16 * wpc + 8] = q1;
 			sm.ab[wpc][wr + 32 * j] = make_float2(a, b);
@@ -381,6 +419,16 @@ static int mt_wearly(void)
 	return v;
 }
 
+/* TANDEM_TILE_Q8H (read once): 1 (default) Q8_0 weights go to fp16 by byte permutes (mt_q8_halves), 0
+ * through float; the same halves either way */
+static int mt_q8h_on(void)
+{
+	static int v = -1;
+	if (v < 0)
+		v = (int)kcuda_env_long("TANDEM_TILE_Q8H", 0, 1, 1);
+	return v;
+}
+
 template <int T>
 static int mt_launch(struct kcuda_ctx *c, dim3 grid, const struct kweight *w0, size_t mat_bytes, int S,
                      int64_t cps, const float *x, int64_t ldx, int64_t xhs, int n_tok, float *y, int64_t ldy,
@@ -388,7 +436,7 @@ static int mt_launch(struct kcuda_ctx *c, dim3 grid, const struct kweight *w0, s
 {
 	return klaunch("mm_tile", mm_tile_kernel<T>, grid, dim3(MT_THREADS), 0, c->stream,
 	               (const uint8_t *)w0->data, mat_bytes, w0->row_bytes, w0->n_out, w0->n_in, S, cps, x,
-	               ldx, xhs, n_tok, y, ldy, yhs, part, xvec, mt_wearly());
+	               ldx, xhs, n_tok, y, ldy, yhs, part, xvec, mt_wearly(), mt_q8h_on());
 }
 
 /* trace mode (bench_cuda_mm tiletrace): buf of MT_TR_SLOTS words a block, or NULL (off) */
