@@ -419,14 +419,12 @@ static int mt_wearly(void)
 	return v;
 }
 
-/* TANDEM_TILE_Q8H (read once): 1 (default) Q8_0 weights go to fp16 by byte permutes (mt_q8_halves), 0
- * through float; the same halves either way */
+/* TANDEM_TILE_Q8H (read on every launch, so a test can compare both): 1 (default) Q8_0 weights go to fp16
+ * by byte permutes (mt_q8_halves), 0 through float; the same halves either way */
 static int mt_q8h_on(void)
 {
-	static int v = -1;
-	if (v < 0)
-		v = (int)kcuda_env_long("TANDEM_TILE_Q8H", 0, 1, 1);
-	return v;
+	const char *e = getenv("TANDEM_TILE_Q8H");
+	return !(e && strcmp(e, "0") == 0);
 }
 
 template <int T>

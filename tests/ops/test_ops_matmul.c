@@ -7,6 +7,8 @@
  * sum|w x| (+ a denormal floor);
  *   - GEMM (n_tok > 8, or forced): W and X are rounded to bf16 inside the op, so the reference is the
  *     double-precision dot of the bf16-rounded kcpu_dequant_row values and x, same tolerance;
+ *   - Q8_0 cases the tile product takes run again with its fp16 conversion through float
+ *     (TANDEM_TILE_Q8H=0): the same bits as the byte-permute default;
  *   - outputs are finite, guard bytes around Y and the gaps of a strided Y (ldy > n_out) untouched,
  *     strided X (ldx > n_in), bad arguments rejected with -EINVAL / ERR_UNSUPPORTED.
  * Shapes: rows 1, 31, 32, 33, 4097 and the GLM-5 TP=8 and DeepSeek-V3 per-rank weight shapes.
@@ -134,6 +136,22 @@ static int run_case(struct kcuda_ctx *c, int type, int64_t n_in, int64_t n_out, 
 			ops_dbuf_get(c, &yb, y2);
 		OPS_CHECK(rc2 == 0 && memcmp(y2, yh, sizeof(float) * (size_t)(ldy * n_tok)) == 0,
 		          "%s %s n_in=%" PRId64 " n_out=%" PRId64 " n_tok=%" PRId64 ": second run differs",
+		          ktype_name(type), what, n_in, n_out, n_tok);
+		free(y2);
+	}
+	if (tile && rc == 0 &&
+	    type == KT_Q8_0) { /* the Q8_0 halves through float (TANDEM_TILE_Q8H=0): same bits */
+		float *y2 = malloc(sizeof(float) * (size_t)(ldy * n_tok));
+		setenv("TANDEM_TILE_Q8H", "0", 1);
+		int rc2 = y2 ? kcuda_matmul_path(c, path, &wd, xb.user, ldx, n_tok, yb.user, ldy) : -1;
+		unsetenv("TANDEM_TILE_Q8H");
+		if (!rc2)
+			rc2 = kcuda_sync(c);
+		if (!rc2)
+			ops_dbuf_get(c, &yb, y2);
+		OPS_CHECK(rc2 == 0 && memcmp(y2, yh, sizeof(float) * (size_t)(ldy * n_tok)) == 0,
+		          "%s %s n_in=%" PRId64 " n_out=%" PRId64 " n_tok=%" PRId64
+		          ": the Q8_0 halves through float give other bits",
 		          ktype_name(type), what, n_in, n_out, n_tok);
 		free(y2);
 	}
