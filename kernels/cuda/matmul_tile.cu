@@ -87,7 +87,9 @@ __device__ __forceinline__ float mt_xscale(float m)
 /* Q8_0: 16 int8 values (4 words, byte 0 first) as 8 fp16 pairs without a float in between: the byte with
  * its sign bit flipped is u = q + 128, the half with bits 0x6400 | u is 1024 + u, and 1024 + u - 1152 = q,
  * all exact in fp16, so the halves are the ones mt_h2((float)q, ...) gives (5 instructions per 4 values
- * instead of ~12) */
+ * instead of ~12). The same trick as gemv_mma.cuh's Q8_0 unit (gm_perm + gm_hadd2), with pairs (0, 1),
+ * (2, 3) where that unit pairs (0, 2), (1, 3); not shared because gemv_mma.cuh's helpers carry its host
+ * emulator and the header its kernels. */
 __device__ __forceinline__ void mt_q8_halves(const uint32_t (&w)[4], uint32_t (&h)[8])
 {
 	const __half2 off = __float2half2_rn(1152.f);
@@ -147,7 +149,7 @@ __global__ void __launch_bounds__(MT_THREADS, 3)
     mm_tile_kernel(const uint8_t *__restrict__ w, size_t mat_bytes, size_t row_bytes, int64_t n_out,
                    int64_t n_in, int S, int64_t cps, const float *__restrict__ x, int64_t ldx, int64_t xhs,
                    int n_tok, float *__restrict__ y, int64_t ldy, int64_t yhs, float *__restrict__ part,
-                   int xvec, int wearly, int mt_q8h)
+                   int xvec, int wearly, int q8h)
 {
 	unsigned long long *tr = NULL;
 	if (threadIdx.x == 0 && mt_trace_buf) {
@@ -215,7 +217,7 @@ __global__ void __launch_bounds__(MT_THREADS, 3)
 			uint4 q0, q1;
 			if constexpr (T == KT_Q8_0) {
 				uint32_t h[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-				if (p < n_pc && mt_q8h) {
+				if (p < n_pc && q8h) {
 					mt_q8_halves(rw[j].w, h);
 					a = kc_h2f(rw[j].d);
 				} else if (p < n_pc) {
