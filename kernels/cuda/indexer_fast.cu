@@ -508,6 +508,77 @@ static int if_dispatch(struct kcuda_ctx *c, const idx_args &b, dim3 grid, size_t
 	return f32 ? if_launch<TK, 4, true>(c, b, grid, smem) : if_launch<TK, 4, false>(c, b, grid, smem);
 }
 
+/* blocks of the one-row kernel instance (64-key tiles) an SM can hold, per device and variant (0: the
+ * query failed) */
+template <int MW, bool F32, bool ROPE> static int if_occ_one(size_t smem)
+{
+	auto k = indexer_fast_kernel<IF_TK, MW, F32, ROPE, false, 1>;
+	int n = 0;
+	if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess ||
+	    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, IF_THREADS, smem) != cudaSuccess) {
+		(void)cudaGetLastError();
+		n = 0;
+	}
+	return n;
+}
+static int if_occupancy(const struct kcuda_ctx *c, int MW, bool f32, bool rope, size_t smem)
+{
+	static struct {
+		size_t smem;
+		int n;
+	} cache[64][3][2][2];
+	const int dev = c->device >= 0 && c->device < 64 ? c->device : 0;
+	const int mi = MW == 1 ? 0 : MW == 2 ? 1 : 2;
+	auto &e = cache[dev][mi][f32][rope];
+	if (e.n == 0 || e.smem != smem) {
+		int n;
+		if (MW == 1)
+			n = f32 ? (rope ? if_occ_one<1, true, true>(smem) : if_occ_one<1, true, false>(smem))
+			        : (rope ? if_occ_one<1, false, true>(smem)
+			                : if_occ_one<1, false, false>(smem));
+		else if (MW == 2)
+			n = f32 ? (rope ? if_occ_one<2, true, true>(smem) : if_occ_one<2, true, false>(smem))
+			        : (rope ? if_occ_one<2, false, true>(smem)
+			                : if_occ_one<2, false, false>(smem));
+		else
+			n = f32 ? (rope ? if_occ_one<4, true, true>(smem) : if_occ_one<4, true, false>(smem))
+			        : (rope ? if_occ_one<4, false, true>(smem)
+			                : if_occ_one<4, false, false>(smem));
+		e.smem = smem;
+		e.n = n;
+	}
+	return e.n;
+}
+
+/* TANDEM_IDX_WAVE=0: the tile counts before session 28 (read once) */
+static bool if_wave_on(void)
+{
+	static int on = -1;
+	if (on < 0) {
+		const char *e = getenv("TANDEM_IDX_WAVE");
+		on = !(e && strcmp(e, "0") == 0);
+	}
+	return on != 0;
+}
+/* 64-key tiles a block between decode and prompt sizes (over 2 tiles an SM in all; slots: the
+ * kernel's resident blocks on the device): the fewest that keep the grid (n_q rows x ranges of the
+ * row's t64 tiles) within ONE wave of resident blocks, at least 2 (the count before session 28).
+ * Why: each block pays a fixed cost (q, 16 KB at GLM-5, split into bf16 parts; the tile pipeline's
+ * fill) that more tiles a block amortize, and a grid a little over a whole number of waves ends in
+ * a mostly empty one (H200, session 28, bench_cuda_attn, batch 128 at 4k: 2 tiles 115 us, 4 tiles
+ * 99, 16 tiles (1.3 waves) 106, 22 tiles (one wave) 76). More rows than slots, or an occupancy
+ * query that failed: 2. TANDEM_IDX_WAVE=0 (if_wave_on): 2 everywhere, and the prompt sizes by the
+ * tile count alone. */
+static int if_wave_tiles(int64_t n_q, int64_t t64, int64_t slots)
+{
+	const bool on = if_wave_on();
+	if (!on || slots < n_q || n_q < 1 || t64 <= 2)
+		return 2;
+	const int64_t ranges = slots / n_q;
+	const int64_t tiles = (t64 + ranges - 1) / ranges;
+	return tiles < 2 ? 2 : tiles > INT32_MAX ? INT32_MAX : (int)tiles;
+}
+
 /* TANDEM_IDX_EARLY=0: no key-row work before KDEP_ENTRY (idx_args.early_new) */
 static bool if_early_enabled(void)
 {
@@ -549,24 +620,33 @@ int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_
 	 * 16 KB at GLM-5, split into three bf16 parts) is loaded once per 512 keys instead of per 128
 	 * (H200, GLM-5 8k prefill, session 13: indexer 135 ms a 2048-token step at 2 tiles, 111 at 4;
 	 * the prefill 2.32 / 2.23 / 2.18 s at 2 / 4 / 8) */
+	const int MW = a.HI <= 16 ? 1 : (a.HI <= 32 ? 2 : 4);
+	/* prompt sizes: more than 64 tiles an SM in all and more rows than one wave of blocks holds.
+	 * Decode batches stay below that row count even at long contexts (batch 32 at 32k: 16384
+	 * tiles), and there the rows are of different sequences, which the several-rows blocks below
+	 * serve one pass a row (H200, session 28: batch 32 at 32k 226 us that way, 165 with one row a
+	 * block and 16 tiles) */
+	const int64_t slots =
+	    TK == IF_TK ? (int64_t)if_occupancy(c, MW, f32, a.qr_R != 0, smem) * c->n_sm : 0;
+	const bool prompt = n_q * t64 > 64 * (int64_t)c->n_sm && (n_q > slots || !if_wave_on());
 	int tiles = a.tiles > 0                                     ? a.tiles
 	            : TK == 32 || n_q * t64 <= 2 * (int64_t)c->n_sm ? 1
-	            : n_q * t64 > 64 * (int64_t)c->n_sm             ? 8
-	                                                            : 2;
-	const char *te = getenv("TANDEM_IDX_TILES"); /* 1..16 forces it (bench: the old 2 everywhere) */
-	if (te && atoi(te) >= 1 && atoi(te) <= 16)
+	            : prompt                                        ? 8
+	                                                            : if_wave_tiles(n_q, t64, slots);
+	const char *te = getenv("TANDEM_IDX_TILES"); /* 1..64 forces it (bench: the old 2 everywhere) */
+	if (te && atoi(te) >= 1 && atoi(te) <= 64)
 		tiles = atoi(te);
 	const int64_t ranges = (a.max_keys + (int64_t)TK * tiles - 1) / ((int64_t)TK * tiles);
 	if (ranges == 0 || n_q == 0)
 		return 0;
 	if (ranges > INT32_MAX)
 		return ERR_LIMIT;
-	const int MW = a.HI <= 16 ? 1 : (a.HI <= 32 ? 2 : 4);
-	/* prompt sizes (8 tiles a block): R = 4 / MW rows a block share each key tile, so the keys come
-	 * from L2 R times less often, where two such blocks still fit an SM */
+	/* prompt sizes: R = 4 / MW rows a block share each key tile, so the keys come from L2 R times
+	 * less often, where two such blocks still fit an SM (decode rows are of different sequences:
+	 * no sharing, and the rows' passes one after another measured slower) */
 	const int rows_mode = if_rows_mode();
 	const int R =
-	    TK == IF_TK && (tiles == 8 || rows_mode == 2) && rows_mode && MW <= 2 && !a.qr_R &&
+	    TK == IF_TK && (prompt || rows_mode == 2) && rows_mode && MW <= 2 && !a.qr_R &&
 	            2 * if_smem(a.DI, f32, IF_TK, IF_WARPS / MW) <= (size_t)kcuda_smem_optin(c->device)
 	        ? IF_WARPS / MW
 	        : 1;

@@ -566,6 +566,18 @@ static int mm_split_bps_env(void)
 	return v;
 }
 
+/* TANDEM_MLA_WAVE=0: the split count that covers the resident slots (ceil, before session 28)
+ * instead of the one that fits them (floor); read once */
+static bool mm_wave_floor(void)
+{
+	static int v = -1;
+	if (v < 0) {
+		const char *e = getenv("TANDEM_MLA_WAVE");
+		v = !(e && strcmp(e, "0") == 0);
+	}
+	return v != 0;
+}
+
 /* TANDEM_MLA_STACK=0: the unstacked kernel at <= 8 heads too (read on every call) */
 static bool mm_stack_enabled(void)
 {
@@ -621,7 +633,15 @@ static int mm_run(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const str
 	const int n_hg = (int)((H + MM_HG - 1) / MM_HG);
 	const int64_t max_tiles = (rows->max_keys + MM_TK - 1) / MM_TK;
 	const int64_t blocks = rows->n_q * n_hg;
-	int64_t want = ((int64_t)bps * c->n_sm + blocks - 1) / blocks;
+	/* as many splits as keep the grid within ONE wave of resident blocks (floor), not the fewest that
+	 * cover it (ceil, TANDEM_MLA_WAVE=0): the ceil overshot by up to a wave's worth, so the last
+	 * blocks ran as a second, mostly empty wave of full-length blocks (H200, session 28: batch 128
+	 * of GLM-5's rank at 4k, 640 blocks on 528 slots, 188.8 us a call; 512 blocks 141.8; DeepSeek-V3's
+	 * dense 4k 444 -> 325 us) */
+	const int64_t slots = (int64_t)bps * c->n_sm;
+	int64_t want = mm_wave_floor() ? slots / blocks : (slots + blocks - 1) / blocks;
+	if (want < 1)
+		want = 1;
 	if (want > max_tiles)
 		want = max_tiles;
 	if (want > MM_MAX_SPLIT)

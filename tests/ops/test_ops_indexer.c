@@ -1049,13 +1049,16 @@ int main(void)
 		printf("%d checks, %d failed\n", ops_n_check, ops_n_fail);
 		return ops_n_fail ? 1 : 0;
 	}
-	/* mode 3: the default kernels with 5 key tiles a score block (any count 1..16 is valid; the
-	 * default takes 4 at prefill sizes, more rows x tiles than these cases have) */
-	for (int mode = 0; mode < 6; mode++) {
+	/* mode 3: the default kernels with 5 key tiles a score block, mode 6 with 37 (any count 1..64 is
+	 * valid; the default takes 8 at prefill sizes and, between decode and prefill sizes, as many as
+	 * keep the grid in one wave: tens at batch 32-128, more rows x tiles than most of these cases) */
+	for (int mode = 0; mode < 7; mode++) {
 		if (quick && mode == 2)
 			continue;
 		if (mode == 5) /* the radix top-k's five launches (above 8192 keys the default is one) */
 			setenv("TANDEM_TOPK_RADIX1", "0", 1);
+		else
+			unsetenv("TANDEM_TOPK_RADIX1");
 		if (mode == 2)
 			setenv("TANDEM_CUDA_ATTN", "ref", 1);
 		else
@@ -1064,8 +1067,8 @@ int main(void)
 			setenv("TANDEM_IDX_TOPK", "fused", 1);
 		else
 			unsetenv("TANDEM_IDX_TOPK");
-		if (mode == 3)
-			setenv("TANDEM_IDX_TILES", "5", 1);
+		if (mode == 3 || mode == 6)
+			setenv("TANDEM_IDX_TILES", mode == 3 ? "5" : "37", 1);
 		else
 			unsetenv("TANDEM_IDX_TILES");
 		if (mode == 4)
@@ -1073,7 +1076,8 @@ int main(void)
 		else
 			unsetenv("TANDEM_IDX_ROWS");
 		printf("-- kernels: %s\n",
-		       mode == 5   ? "default, radix top-k in five launches (TANDEM_TOPK_RADIX1=0)"
+		       mode == 6   ? "default, 37 tiles a score block (TANDEM_IDX_TILES=37)"
+		       : mode == 5 ? "default, radix top-k in five launches (TANDEM_TOPK_RADIX1=0)"
 		       : mode == 4 ? "several query rows a score block (TANDEM_IDX_ROWS=force)"
 		       : mode == 3 ? "default, 5 tiles a score block (TANDEM_IDX_TILES=5)"
 		       : mode == 2 ? "ref (TANDEM_CUDA_ATTN=ref)"
