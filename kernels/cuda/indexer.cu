@@ -168,6 +168,8 @@ static int idx_fill(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const s
 	a->sel_smem = 0;
 	a->pf = 0;
 	a->early_new = 0;
+	a->n_rows = 0;
+	a->even = 0;
 	return 0;
 }
 

@@ -110,6 +110,20 @@ static size_t if_smem(int DI, bool f32, int TK = IF_TK, int R = 1)
  * against each key tile it copies, warp w taking row w / MW's head tile w % MW over all TK keys, so
  * a tile read from L2 serves R rows instead of one. Rows of one table (one sequence: a prompt
  * chunk) share the tiles; where the block's rows use different tables it runs one pass a row. */
+/* keys a block of the row (nk keys) takes: with a.even (one-row blocks, no fused top-k) the row's own
+ * TK-key tiles spread evenly over the grid's key ranges, so a row shorter than the plan's max_keys (a
+ * decode graph's context bucket is the next power of two; a batch of mixed lengths) keeps every range
+ * busy; else a.tiles tiles (the last ranges of a short row are then empty). Never more than the
+ * plan's TK x a.tiles (nk <= max_keys <= ranges x TK x a.tiles). */
+template <int TK, int R, bool SEL> __device__ __forceinline__ int64_t if_span(const idx_args &a, int64_t nk)
+{
+	if (R == 1 && !SEL && a.even) {
+		const int64_t G = gridDim.x, nt = (nk + TK - 1) / TK;
+		return (int64_t)TK * ((nt + G - 1) / G);
+	}
+	return (int64_t)TK * a.tiles;
+}
+
 template <int TK, int MW, bool F32, bool ROPE, bool SEL, int R = 1>
 __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 {
@@ -121,9 +135,12 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 	 * before the step's first kernel (plain stream order): read early, they are this step's values,
 	 * and they only direct a hint. Nothing else is touched before KDEP_ENTRY. */
 	if (R == 1 && a.pf && threadIdx.x == 0) {
-		const int64_t p0 = (int64_t)blockIdx.x * TK * a.tiles;
-		const int64_t p1 =
-		    min(min(p0 + (int64_t)TK * a.tiles, a.max_keys), a.ld_blocks * (int64_t)a.bt);
+		int64_t nk0 =
+		    a.n_keys ? (int64_t)a.n_keys[blockIdx.y] : a.pos0 + blockIdx.y + 1; /* a step input */
+		nk0 = nk0 < 0 ? 0 : nk0 > a.max_keys ? a.max_keys : nk0;
+		const int64_t sp = if_span<TK, R, SEL>(a, nk0);
+		const int64_t p0 = (int64_t)blockIdx.x * sp;
+		const int64_t p1 = min(min(p0 + sp, a.max_keys), a.ld_blocks * (int64_t)a.bt);
 		const int32_t tb = a.qseq ? a.qseq[blockIdx.y] : 0;
 		const size_t rb = (size_t)a.DI * (F32 ? 4 : 2);
 		for (int64_t p = p0; p < p1;) {
@@ -201,10 +218,11 @@ __global__ void __launch_bounds__(IF_THREADS) indexer_fast_kernel(idx_args a)
 	} else if (nk == 0) {
 		return; /* no row to score (skip_le: every key is selected, the scores are not read) */
 	}
-	const int64_t k0 = (int64_t)blockIdx.x * TK * a.tiles;
+	const int64_t span = if_span<TK, R, SEL>(a, nk);
+	const int64_t k0 = (int64_t)blockIdx.x * span;
 	if (k0 >= nk)
 		return; /* (SEL: such blocks take no ticket: the row counts ceil(nk / (TK tiles)) blocks) */
-	int64_t k1 = min(nk, k0 + TK * a.tiles);
+	int64_t k1 = min(nk, k0 + span);
 	int ntiles = (int)((k1 - k0 + TK - 1) / TK);
 	unsigned *gh = SEL ? a.zs + row * KSEL_ROW_WORDS : NULL; /* the row's digit-0 histogram */
 	const int64_t old_end = pre ? nk - a.early_new : 0; /* keys below it: written by earlier steps */
@@ -579,6 +597,18 @@ static int if_wave_tiles(int64_t n_q, int64_t t64, int64_t slots)
 	return tiles < 2 ? 2 : tiles > INT32_MAX ? INT32_MAX : (int)tiles;
 }
 
+/* TANDEM_IDX_EVEN=0: a block's keys by the plan's tile count (before session 28), not an even share
+ * of its row's keys (if_span); read once */
+static bool if_even_enabled(void)
+{
+	static int v = -1;
+	if (v < 0) {
+		const char *e = getenv("TANDEM_IDX_EVEN");
+		v = !(e && strcmp(e, "0") == 0);
+	}
+	return v != 0;
+}
+
 /* TANDEM_IDX_EARLY=0: no key-row work before KDEP_ENTRY (idx_args.early_new) */
 static bool if_early_enabled(void)
 {
@@ -662,6 +692,7 @@ int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_
 		b.scores = a.scores + r0 * a.ld;
 		b.qr_pos = a.qr_pos ? a.qr_pos + r0 : NULL;
 		b.tiles = tiles;
+		b.even = R == 1 && if_even_enabled();
 		b.early_new = if_early_enabled() && R == 1 ? n_q : 0;
 		b.n_rows = nr;
 		if (R > 1) {

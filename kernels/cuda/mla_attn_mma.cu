@@ -57,6 +57,7 @@ struct mm_args {
 	int H, C;
 	float scale;
 	int chunk, nsplit;
+	int even; /* a split's keys from its row's own count (see mla_mma_kernel), not from chunk */
 	float *out;
 	float *pacc, *pm, *pl; /* partials: [row][h][split][C], [row][h][split] */
 	unsigned *err;
@@ -165,7 +166,12 @@ __global__ void __launch_bounds__(MM_THREADS, MM_MINB(F32, ROPE, STK)) mla_mma_k
 		nk64 = nk64 < 0 ? 0 : a.max_keys;
 	}
 	const int nk = (int)nk64;
-	const int k0 = split * a.chunk, k1 = min(nk, k0 + a.chunk);
+	/* this split's keys: the row's OWN tiles spread evenly over the splits (a.even), so a row with
+	 * fewer keys than the plan's max_keys (a context bucket: decode graphs are captured per power of
+	 * two, so a 4k row meets an 8192 plan; a batch of mixed lengths) keeps every split busy; or
+	 * fixed chunks of the plan (the last splits of a short row then have nothing to do) */
+	const int chunk = a.even ? ((nk + MM_TK - 1) / MM_TK + a.nsplit - 1) / a.nsplit * MM_TK : a.chunk;
+	const int k0 = split * chunk, k1 = min(nk, k0 + chunk);
 	const int ntiles = k1 > k0 ? (k1 - k0 + MM_TK - 1) / MM_TK : 0;
 
 	/* q fragments (A of QK^T: rows = heads, k = dims) for this warp's dim steps ks = warp + 4 i.
@@ -578,6 +584,18 @@ static bool mm_wave_floor(void)
 	return v != 0;
 }
 
+/* TANDEM_MLA_EVEN=0: each split takes a fixed chunk of the plan's max_keys (before session 28) instead
+ * of an even share of its row's own keys (read once) */
+static bool mm_even_enabled(void)
+{
+	static int v = -1;
+	if (v < 0) {
+		const char *e = getenv("TANDEM_MLA_EVEN");
+		v = !(e && strcmp(e, "0") == 0);
+	}
+	return v != 0;
+}
+
 /* TANDEM_MLA_STACK=0: the unstacked kernel at <= 8 heads too (read on every call) */
 static bool mm_stack_enabled(void)
 {
@@ -659,6 +677,7 @@ static int mm_run(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const str
 	if (tiles_per < 2 && max_tiles >= 2 && blocks * ((max_tiles + 1) / 2) >= c->n_sm)
 		tiles_per = 2;
 	a.chunk = (int)(tiles_per * MM_TK);
+	a.even = mm_even_enabled();
 	a.nsplit = max_tiles > 0 ? (int)((max_tiles + tiles_per - 1) / tiles_per) : 1;
 	float *ws = (float *)c->ws;
 	const size_t n_ps = (size_t)rows->n_q * (size_t)H * (size_t)a.nsplit;

@@ -105,6 +105,9 @@ struct idx_args {
 	 * and their copies into shared memory start before KDEP_ENTRY (indexer_fast.cu) */
 	int64_t early_new;
 	int64_t n_rows; /* fast kernel: rows of this launch (blocks of several rows stop at it) */
+	/* fast kernel, one-row blocks without the fused top-k: a block's keys are an even share of its
+	 * row's own tiles over the grid's key ranges (if_span), not tiles x 64 of the plan's max_keys */
+	int even;
 };
 /* does the tensor-core score kernel take these arguments (shape, alignment, shared memory)? */
 bool kcuda_indexer_fast_ok(struct kcuda_ctx *c, const idx_args &a);
