@@ -803,9 +803,14 @@ int main(int argc, char **argv)
 		kcuda_ctx_destroy(c);
 		return f1 ? 1 : 0;
 	}
-	int fails = six_bench(c, &dg, &du, &dd, &dsg, &dsu, &dsd, E, F, D, k);
-	fails += one_bench(c, &dg, &du, &dd, &dsg, &dsu, &dsd, E, F, D, k);
-	fails += layer_bench(c, &dg, &du, &dd, &dsg, &dsu, &dsd, E, F, D, k);
+	/* `bench_cuda_moe big`: only the batch 32 / 128 rows of the table below (profiler runs) */
+	const bool big = argc > 1 && !strcmp(argv[1], "big");
+	int fails = 0;
+	if (!big) {
+		fails += six_bench(c, &dg, &du, &dd, &dsg, &dsu, &dsd, E, F, D, k);
+		fails += one_bench(c, &dg, &du, &dd, &dsg, &dsu, &dsd, E, F, D, k);
+		fails += layer_bench(c, &dg, &du, &dd, &dsg, &dsu, &dsd, E, F, D, k);
+	}
 	if (argc > 1 && !strcmp(argv[1], "layer")) {
 		printf("%s\n", fails ? "FAIL" : "PASS: all checks");
 		kcuda_ctx_destroy(c);
@@ -816,6 +821,8 @@ int main(int argc, char **argv)
 	std::vector<double> sh_old(n_b), sh_sorted(n_b), sh_new(n_b), sh_bytes(n_b);
 	for (int bi = 0; bi < n_b; bi++) {
 		const int n = batches[bi];
+		if (big && n < 32)
+			continue;
 		const size_t np = (size_t)n * k;
 		std::vector<float> x((size_t)(n * D)), w(N_SETS * np), lg((size_t)(n * E)), bias((size_t)E);
 		std::vector<int32_t> ids(N_SETS * np);
@@ -1087,12 +1094,13 @@ int main(int argc, char **argv)
 	       "kcuda_moe_ffn_shexp)\n");
 	printf("  batch   old us  sorted us   new us  new/sorted   old GB/s  sorted GB/s   new GB/s\n");
 	for (int bi = 0; bi < n_b; bi++)
-		printf("  %5d  %7.1f  %9.1f  %7.1f  %9.2fx  %9.0f  %11.0f  %9.0f\n", batches[bi],
-		       sh_old[(size_t)bi], sh_sorted[(size_t)bi], sh_new[(size_t)bi],
-		       sh_sorted[(size_t)bi] / sh_new[(size_t)bi],
-		       sh_bytes[(size_t)bi] / (sh_old[(size_t)bi] * 1e3),
-		       sh_bytes[(size_t)bi] / (sh_sorted[(size_t)bi] * 1e3),
-		       sh_bytes[(size_t)bi] / (sh_new[(size_t)bi] * 1e3));
+		if (!big || batches[bi] >= 32)
+			printf("  %5d  %7.1f  %9.1f  %7.1f  %9.2fx  %9.0f  %11.0f  %9.0f\n", batches[bi],
+			       sh_old[(size_t)bi], sh_sorted[(size_t)bi], sh_new[(size_t)bi],
+			       sh_sorted[(size_t)bi] / sh_new[(size_t)bi],
+			       sh_bytes[(size_t)bi] / (sh_old[(size_t)bi] * 1e3),
+			       sh_bytes[(size_t)bi] / (sh_sorted[(size_t)bi] * 1e3),
+			       sh_bytes[(size_t)bi] / (sh_new[(size_t)bi] * 1e3));
 	printf("%s\n", fails ? "FAIL" : "PASS: all checks");
 	kcuda_weight_free(&dsg);
 	kcuda_weight_free(&dsu);
