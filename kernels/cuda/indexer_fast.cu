@@ -27,6 +27,7 @@
  * its q fragments sit in registers for the whole kernel. d_h goes to shared memory as
  * [key][head]; then one thread per key sums over the heads in order, as the CPU. */
 #include <errno.h>
+#include <limits.h>
 
 #include <type_traits>
 
@@ -571,12 +572,8 @@ static int if_occupancy(const struct kcuda_ctx *c, int MW, bool f32, bool rope, 
 /* TANDEM_IDX_WAVE=0: the tile counts before session 28 (read once) */
 static bool if_wave_on(void)
 {
-	static int on = -1;
-	if (on < 0) {
-		const char *e = getenv("TANDEM_IDX_WAVE");
-		on = !(e && strcmp(e, "0") == 0);
-	}
-	return on != 0;
+	static const bool on = kcuda_env_long("TANDEM_IDX_WAVE", 0, LONG_MAX, 1) != 0;
+	return on;
 }
 /* 64-key tiles a block between decode and prompt sizes (over 2 tiles an SM in all; slots: the
  * kernel's resident blocks on the device): the fewest that keep the grid (n_q rows x ranges of the
@@ -601,12 +598,8 @@ static int if_wave_tiles(int64_t n_q, int64_t t64, int64_t slots)
  * of its row's keys (if_span); read once */
 static bool if_even_enabled(void)
 {
-	static int v = -1;
-	if (v < 0) {
-		const char *e = getenv("TANDEM_IDX_EVEN");
-		v = !(e && strcmp(e, "0") == 0);
-	}
-	return v != 0;
+	static const bool on = kcuda_env_long("TANDEM_IDX_EVEN", 0, LONG_MAX, 1) != 0;
+	return on;
 }
 
 /* TANDEM_IDX_EARLY=0: no key-row work before KDEP_ENTRY (idx_args.early_new) */

@@ -27,6 +27,7 @@
  * (bad position or block id) get score -inf and a zeroed row (no NaN from stale shared memory) and
  * are counted in the context's error counter, as in the first kernel. */
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 
 #include <type_traits>
@@ -576,24 +577,16 @@ static int mm_split_bps_env(void)
  * instead of the one that fits them (floor); read once */
 static bool mm_wave_floor(void)
 {
-	static int v = -1;
-	if (v < 0) {
-		const char *e = getenv("TANDEM_MLA_WAVE");
-		v = !(e && strcmp(e, "0") == 0);
-	}
-	return v != 0;
+	static const bool on = kcuda_env_long("TANDEM_MLA_WAVE", 0, LONG_MAX, 1) != 0;
+	return on;
 }
 
 /* TANDEM_MLA_EVEN=0: each split takes a fixed chunk of the plan's max_keys (before session 28) instead
  * of an even share of its row's own keys (read once) */
 static bool mm_even_enabled(void)
 {
-	static int v = -1;
-	if (v < 0) {
-		const char *e = getenv("TANDEM_MLA_EVEN");
-		v = !(e && strcmp(e, "0") == 0);
-	}
-	return v != 0;
+	static const bool on = kcuda_env_long("TANDEM_MLA_EVEN", 0, LONG_MAX, 1) != 0;
+	return on;
 }
 
 /* TANDEM_MLA_STACK=0: the unstacked kernel at <= 8 heads too (read on every call) */
