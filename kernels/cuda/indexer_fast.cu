@@ -527,21 +527,23 @@ static int if_dispatch(struct kcuda_ctx *c, const idx_args &b, dim3 grid, size_t
 	return f32 ? if_launch<TK, 4, true>(c, b, grid, smem) : if_launch<TK, 4, false>(c, b, grid, smem);
 }
 
-/* blocks of the one-row kernel instance (64-key tiles) an SM can hold, per device and variant (0: the
- * query failed) */
-template <int MW, bool F32, bool ROPE> static int if_occ_one(size_t smem)
-{
-	auto k = indexer_fast_kernel<IF_TK, MW, F32, ROPE, false, 1>;
-	int n = 0;
-	if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess ||
-	    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, IF_THREADS, smem) != cudaSuccess) {
-		(void)cudaGetLastError();
-		n = 0;
-	}
-	return n;
-}
+/* blocks of the one-row kernel instance (64-key tiles, no fused top-k) an SM can hold, per device and
+ * variant (MW 1 / 2 / 4, fp32 keys, q's rope on the loads); 0: the query failed */
 static int if_occupancy(const struct kcuda_ctx *c, int MW, bool f32, bool rope, size_t smem)
 {
+	typedef void (*kern_t)(idx_args);
+	static const kern_t kern[3][2][2] = {{{indexer_fast_kernel<IF_TK, 1, false, false, false>,
+	                                       indexer_fast_kernel<IF_TK, 1, false, true, false>},
+	                                      {indexer_fast_kernel<IF_TK, 1, true, false, false>,
+	                                       indexer_fast_kernel<IF_TK, 1, true, true, false>}},
+	                                     {{indexer_fast_kernel<IF_TK, 2, false, false, false>,
+	                                       indexer_fast_kernel<IF_TK, 2, false, true, false>},
+	                                      {indexer_fast_kernel<IF_TK, 2, true, false, false>,
+	                                       indexer_fast_kernel<IF_TK, 2, true, true, false>}},
+	                                     {{indexer_fast_kernel<IF_TK, 4, false, false, false>,
+	                                       indexer_fast_kernel<IF_TK, 4, false, true, false>},
+	                                      {indexer_fast_kernel<IF_TK, 4, true, false, false>,
+	                                       indexer_fast_kernel<IF_TK, 4, true, true, false>}}};
 	static struct {
 		size_t smem;
 		int n;
@@ -550,19 +552,14 @@ static int if_occupancy(const struct kcuda_ctx *c, int MW, bool f32, bool rope, 
 	const int mi = MW == 1 ? 0 : MW == 2 ? 1 : 2;
 	auto &e = cache[dev][mi][f32][rope];
 	if (e.n == 0 || e.smem != smem) {
-		int n;
-		if (MW == 1)
-			n = f32 ? (rope ? if_occ_one<1, true, true>(smem) : if_occ_one<1, true, false>(smem))
-			        : (rope ? if_occ_one<1, false, true>(smem)
-			                : if_occ_one<1, false, false>(smem));
-		else if (MW == 2)
-			n = f32 ? (rope ? if_occ_one<2, true, true>(smem) : if_occ_one<2, true, false>(smem))
-			        : (rope ? if_occ_one<2, false, true>(smem)
-			                : if_occ_one<2, false, false>(smem));
-		else
-			n = f32 ? (rope ? if_occ_one<4, true, true>(smem) : if_occ_one<4, true, false>(smem))
-			        : (rope ? if_occ_one<4, false, true>(smem)
-			                : if_occ_one<4, false, false>(smem));
+		const kern_t k = kern[mi][f32][rope];
+		int n = 0;
+		if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+		        cudaSuccess ||
+		    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, IF_THREADS, smem) != cudaSuccess) {
+			(void)cudaGetLastError();
+			n = 0;
+		}
 		e.smem = smem;
 		e.n = n;
 	}
@@ -649,13 +646,10 @@ int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_
 	 * tiles), and there the rows are of different sequences, which the several-rows blocks below
 	 * serve one pass a row (H200, session 28: batch 32 at 32k 226 us that way, 165 with one row a
 	 * block and 16 tiles) */
-	const int64_t slots =
-	    TK == IF_TK ? (int64_t)if_occupancy(c, MW, f32, a.qr_R != 0, smem) * c->n_sm : 0;
+	const bool band = TK == IF_TK && n_q * t64 > 2 * (int64_t)c->n_sm; /* above decode sizes */
+	const int64_t slots = band ? (int64_t)if_occupancy(c, MW, f32, a.qr_R != 0, smem) * c->n_sm : 0;
 	const bool prompt = n_q * t64 > 64 * (int64_t)c->n_sm && (n_q > slots || !if_wave_on());
-	int tiles = a.tiles > 0                                     ? a.tiles
-	            : TK == 32 || n_q * t64 <= 2 * (int64_t)c->n_sm ? 1
-	            : prompt                                        ? 8
-	                                                            : if_wave_tiles(n_q, t64, slots);
+	int tiles = a.tiles > 0 ? a.tiles : !band ? 1 : prompt ? 8 : if_wave_tiles(n_q, t64, slots);
 	const char *te = getenv("TANDEM_IDX_TILES"); /* 1..64 forces it (bench: the old 2 everywhere) */
 	if (te && atoi(te) >= 1 && atoi(te) <= 64)
 		tiles = atoi(te);
