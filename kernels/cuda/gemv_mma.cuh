@@ -47,6 +47,7 @@
 #define TANDEM_KERNELS_CUDA_GEMV_MMA_CUH
 
 #include <errno.h>
+#include <stdlib.h>
 #include <vector>
 
 #include "kernels/cuda/quant_piece.cuh"
@@ -239,6 +240,10 @@ GM_HD uint32_t gm_u16(const uint8_t *p)
 template <int NG> struct gm_stage {
 	uint2 b[NG][16][33]; /* 33: a step's 32 entries plus one of padding, see above */
 	float f[4 * NG]; /* per token: the unit was staged times 1 / f (a power of two; 1 nearly always) */
+	/* Q4_K / Q5_K with the sub-block sums (a lane type whose kMinSums is true, gm_stage_sum): the B
+	 * fragment b0 of the mins product for lane (g, t) of n-tile k: sub-blocks 2t and 2t + 1 of column
+	 * g, i.e. (sum of the sub-block's 32 x) / 32 of token 4 k + g / 2, as fp16 hi (g even) or lo */
+	uint32_t s[NG][32];
 };
 
 /* fp16 holds |x| < 65504 and the lo part needs headroom: a unit whose largest |x| reaches 2^15 is
@@ -299,8 +304,37 @@ GM_HD uint32_t gm_stage_entry(gm_stage<NG> &sm, float4 v, float sc, int tok, int
 	return gm_big_bits(h0) | gm_big_bits(h1);
 }
 
-/* the unit's X of every token column into the staging area (xs(tok): the token's row) */
-template <bool K45, int NG, class XS>
+/* The mins of a Q4_K / Q5_K unit as ONE product a row tile and n-tile, not one a step: sum_k m(k) x_k =
+ * sum_sb m_sb S_sb with S_sb the sum of sub-block sb's 32 x. The unit bodies then take A = 32 m_sb (at
+ * most 2016: exact in fp16) in k slots 0..7 and B = S_sb / 32 (below 2^15 while every |x| is: the
+ * range vote's bound) as hi and 2048 (S / 32 - hi) lo, like x. Entry q of a token (x[4q .. 4q + 3]) is
+ * in sub-block q / 8, and the entries of one round of the staging loops are held by consecutive lanes,
+ * so the 8 lanes of a sub-block sum it with three shuffles; its lanes 0 and 1 store hi and lo. Every
+ * lane of the warp must call this in the same round. v times sc (a power of two) first, as staged. */
+template <int NG> GM_HD void gm_stage_sum(gm_stage<NG> &sm, float4 v, float sc, int tok, int q, int lane)
+{
+#ifdef __CUDA_ARCH__
+	v.x *= sc, v.y *= sc, v.z *= sc, v.w *= sc;
+	float s = (v.x + v.y) + (v.z + v.w);
+	s += __shfl_xor_sync(0xffffffffu, s, 1);
+	s += __shfl_xor_sync(0xffffffffu, s, 2);
+	s += __shfl_xor_sync(0xffffffffu, s, 4);
+	const int c = lane & 7, sb = q >> 3;
+	if (c < 2) {
+		s *= 0.03125f;
+		const float hi = __half2float(__float2half_rn(s));
+		uint16_t *p = (uint16_t *)&sm.s[tok >> 2][4 * (2 * (tok & 3) + c) + (sb >> 1)];
+		p[sb & 1] = __half_as_ushort(__float2half_rn(c == 0 ? s : (s - hi) * 2048.f));
+	}
+#else /* the host emulator stages a warp's entries in one lane: the sums are not formed there */
+	(void)sm, (void)v, (void)sc, (void)tok, (void)q, (void)lane;
+	abort();
+#endif
+}
+
+/* the unit's X of every token column into the staging area (xs(tok): the token's row); MS: also the
+ * sub-block sums of gm_stage_sum (K45 only; on the GPU only) */
+template <bool K45, int NG, class XS, bool MS = false>
 GM_HD void gm_stage_x(gm_stage<NG> &sm, XS xs, int n_tok, int64_t u, int lane)
 {
 	gm_syncwarp(); /* the previous unit's reads are done */
@@ -315,6 +349,8 @@ GM_HD void gm_stage_x(gm_stage<NG> &sm, XS xs, int n_tok, int64_t u, int lane)
 	for (int e = e0; e < n_ent; e += de) {
 		const float4 v = gm_ldg((const float4 *)(xs(e >> 6) + 256 * u + 4 * (e & 63)));
 		vote |= gm_stage_entry<K45, NG>(sm, v, 1.f, e >> 6, e & 63);
+		if constexpr (MS)
+			gm_stage_sum<NG>(sm, v, 1.f, e >> 6, e & 63, lane);
 	}
 	for (int i = e0; i < nt; i += de)
 		sm.f[i] = 1.f;
@@ -340,12 +376,25 @@ GM_HD void gm_stage_x(gm_stage<NG> &sm, XS xs, int n_tok, int64_t u, int lane)
 			const float sc = gm_xscale(m);
 			if (e0 == 0)
 				sm.f[tok] = 1.f / sc;
-			for (int q = e0; q < 64; q += de)
-				gm_stage_entry<K45, NG>(sm, gm_ldg((const float4 *)(xt + 4 * q)), sc, tok, q);
+			for (int q = e0; q < 64; q += de) {
+				const float4 v = gm_ldg((const float4 *)(xt + 4 * q));
+				gm_stage_entry<K45, NG>(sm, v, sc, tok, q);
+				if constexpr (MS)
+					gm_stage_sum<NG>(sm, v, sc, tok, q, lane);
+			}
 		}
 	}
 	gm_syncwarp();
 }
+
+/* Whether a lane type asks for the mins through the staged sub-block sums (gm_stage_sum): its
+ * static member kMinSums; lane types without one do not */
+template <class LN, class = void> struct gm_min_sums {
+	static constexpr bool value = false;
+};
+template <class LN> struct gm_min_sums<LN, decltype((void)LN::kMinSums)> {
+	static constexpr bool value = LN::kMinSums;
+};
 
 /* Per-lane state shared by the unit bodies: lane coordinates, the warp's staged X, and the
  * accumulators acc[r][grp][i] in D layout (i = 0,1: row
@@ -397,9 +446,11 @@ GM_HD void gm_k45_load(gm_k45_w<T, R> &W, const uint8_t *const (&rows)[R][2], in
 		}
 	}
 }
+/* MS (the lane type's kMinSums): the mins as one product a row tile and n-tile from the staged
+ * sub-block sums (gm_stage_sum) instead of one a step, and an n-tile past the unit's tokens skipped */
 template <int T, int R, int NG, class LN> GM_HD void gm_k45_math(LN &L, const gm_k45_w<T, R> &W, int64_t u)
 {
-	constexpr bool Q5 = T == KT_Q5_K;
+	constexpr bool Q5 = T == KT_Q5_K, MS = gm_min_sums<LN>::value;
 	const uint4(&hd)[R][2] = W.hd;
 	const uint4(&qa)[R][2] = W.qa;
 	const uint4(&qb)[R][2] = W.qb;
@@ -407,7 +458,7 @@ template <int T, int R, int NG, class LN> GM_HD void gm_k45_math(LN &L, const gm
 	const uint4(&hb)[R][2] = W.hb;
 	L.template stage<true>(u); /* while the weights load */
 	/* sub-blocks 2t (low nibbles) and 2t+1 (high nibbles): A multipliers and the mins */
-	uint32_t s_lo[R][2], n_lo[R][2], s_hi[R][2], n_hi[R][2], m_lo[R][2], m_hi[R][2];
+	uint32_t s_lo[R][2], n_lo[R][2], s_hi[R][2], n_hi[R][2], m_lo[R][2], m_hi[R][2]; /* MS: m_lo only */
 	float dd[R][2], dm[R][2];
 	GM_FOR_ROWS(R)
 	{
@@ -425,8 +476,13 @@ template <int T, int R, int NG, class LN> GM_HD void gm_k45_math(LN &L, const gm
 		n_lo[r][hr] = gm_h2(-1024.f * sc[0]); /* (1024 + q) sc - 1024 sc */
 		s_hi[r][hr] = gm_h2(sc[1] / 16.f); /* (1024 + 16 q) sc / 16 - 64 sc */
 		n_hi[r][hr] = gm_h2(-64.f * sc[1]);
-		m_lo[r][hr] = gm_h2((float)mn[0]);
-		m_hi[r][hr] = gm_h2((float)mn[1]);
+		/* MS: A of the mins product, 32 m of sub-blocks 2t and 2t + 1 in k slots 2t and 2t + 1 */
+		if constexpr (MS) {
+			m_lo[r][hr] = gm_pack(32.f * mn[0], 32.f * mn[1]);
+		} else {
+			m_lo[r][hr] = gm_h2((float)mn[0]);
+			m_hi[r][hr] = gm_h2((float)mn[1]);
+		}
 		dd[r][hr] = gm_f16(h.x), dm[r][hr] = gm_f16(h.x >> 16);
 	}
 	float dq[R][NG][4], dn[R][NG][4];
@@ -442,6 +498,10 @@ template <int T, int R, int NG, class LN> GM_HD void gm_k45_math(LN &L, const gm
 		uint32_t bl[NG][2], bh[NG][2];
 		GM_UNROLL
 		for (int k = 0; k < NG; k++) {
+			if (MS && k > 0 && L.n_tok <= 4 * k) { /* skipped below */
+				bl[k][0] = bl[k][1] = bh[k][0] = bh[k][1] = 0u;
+				continue;
+			}
 			const uint2 b0 = gm_b(L, k, i), b1 = gm_b(L, k, 8 + i);
 			bl[k][0] = b0.x, bl[k][1] = b0.y, bh[k][0] = b1.x, bh[k][1] = b1.y;
 		}
@@ -480,6 +540,15 @@ template <int T, int R, int NG, class LN> GM_HD void gm_k45_math(LN &L, const gm
 			}
 			GM_UNROLL
 			for (int k = 0; k < NG; k++) {
+				if constexpr (MS) {
+					if (k > 0 && L.n_tok <= 4 * k)
+						continue; /* no token in this n-tile */
+					gm_mma(dq[r][k], v[0][0], v[1][0], v[0][1], v[1][1], bl[k][0],
+					       bl[k][1]);
+					gm_mma(dq[r][k], v[0][2], v[1][2], v[0][3], v[1][3], bh[k][0],
+					       bh[k][1]);
+					continue;
+				}
 				gm_mma(dq[r][k], v[0][0], v[1][0], v[0][1], v[1][1], bl[k][0], bl[k][1]);
 				gm_mma(dn[r][k], m_lo[r][0], m_lo[r][1], m_lo[r][0], m_lo[r][1], bl[k][0],
 				       bl[k][1]);
@@ -488,6 +557,14 @@ template <int T, int R, int NG, class LN> GM_HD void gm_k45_math(LN &L, const gm
 				       bh[k][1]);
 			}
 		}
+	}
+	if constexpr (MS) {
+		GM_UNROLL
+		for (int r = 0; r < R; r++)
+			GM_UNROLL
+		for (int k = 0; k < NG; k++)
+			if (k == 0 || L.n_tok > 4 * k)
+				gm_mma(dn[r][k], m_lo[r][0], m_lo[r][1], 0u, 0u, L.sm->s[k][L.lane], 0u);
 	}
 	GM_UNROLL
 	for (int r = 0; r < R; r++)

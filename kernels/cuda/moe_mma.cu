@@ -72,10 +72,10 @@ __device__ __forceinline__ void mm_gu_rows(const uint8_t *wg, const uint8_t *wu,
 
 /* The chunk's columns (mm_chunk_cols), the warp's staging area cleared (columns of absent tokens stay zero),
  * the accumulators zeroed. Returns false for a block past the chunk count. */
-template <int R, int NG>
+template <int R, int NG, bool MS>
 __device__ __forceinline__ bool mm_prologue(const int4 *__restrict__ chunks, const int32_t *__restrict__ list,
                                             const float *x, int64_t ldx, int k, int np_r, mm_stage<NG> &st,
-                                            const float **xr, int *pr, int4 &ch, mm_lane<R, NG> &L)
+                                            const float **xr, int *pr, int4 &ch, mm_lane<R, NG, MS> &L)
 {
 	if ((int)blockIdx.y >= chunks[0].x)
 		return false;
@@ -84,6 +84,9 @@ __device__ __forceinline__ bool mm_prologue(const int4 *__restrict__ chunks, con
 	mm_chunk_cols<4 * NG>(ch, list, x, ldx, k, np_r, xr, pr);
 	for (int i = lane; i < NG * 16 * 33; i += 32)
 		(&st.b[0][0][0])[i] = make_uint2(0u, 0u);
+	if (MS)
+		for (int i = lane; i < NG * 32; i += 32)
+			(&st.s[0][0])[i] = 0u;
 	if (lane < 4 * NG)
 		st.f[lane] = 1.0f; /* factor 1: no scale */
 	L.g = lane >> 2, L.t = lane & 3, L.lane = lane, L.n_tok = ch.z, L.sm = &st, L.xr = xr;
@@ -181,7 +184,7 @@ __global__ void __launch_bounds__(1024)
  * (kcpu_swiglu's formula). With one n-tile (<= 4 tokens: batch 1 leaves ~1 block per SM) 8 warps
  * keep twice the loads in flight; with two, 8 warps' staging would pass 48 KB of shared memory. */
 #define MM_GU_WARPS(NG) ((NG) == 1 ? 8 : 4)
-template <int T, int NG>
+template <int T, int NG, bool MS>
 __global__ void __launch_bounds__(MM_GU_WARPS(NG) * 32)
     moe_mma_gate_up_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                            const uint8_t *__restrict__ sg, const uint8_t *__restrict__ su, size_t rb,
@@ -197,8 +200,8 @@ __global__ void __launch_bounds__(MM_GU_WARPS(NG) * 32)
 	KDEP_ENTRY();
 	const int warp = threadIdx.x >> 5;
 	int4 ch;
-	mm_lane<R, NG> L;
-	if (!mm_prologue<R, NG>(chunks, list, x, ldx, k, np_r, stage[warp], xr, pr, ch, L))
+	mm_lane<R, NG, MS> L;
+	if (!mm_prologue<R, NG, MS>(chunks, list, x, ldx, k, np_r, stage[warp], xr, pr, ch, L))
 		return;
 	const int64_t f0 = (int64_t)blockIdx.x * 16;
 	const uint8_t *rows[R][2];
@@ -241,7 +244,8 @@ __global__ void __launch_bounds__(MM_GU_WARPS(NG) * 32)
  * a reduction. grid (F / (16 W), chunk slots); the unit bodies are the same (gemv_mma.cuh), the sum
  * over D is one warp's in unit order (the old kernel summed W warps' partials), so the bits differ
  * from moe_mma_gate_up_kernel's within the fp32 rounding of the sums. */
-template <int R, int NG> struct mm_lane_blk {
+template <int R, int NG, bool MS> struct mm_lane_blk {
+	static constexpr bool kMinSums = MS; /* gm_k45_math's mins through the staged sums */
 	int g, t, lane, n_tok;
 	gm_stage<NG> *sm; /* the staging area of the unit being computed */
 	gm_stage<NG> *bufs; /* the block's two */
@@ -253,14 +257,17 @@ template <int R, int NG> struct mm_lane_blk {
 /* unit u of every token column into sm by the whole block (gm_stage_x's entries and range vote,
  * block-wide): loads first, all in flight; a unit where some token reaches 2^15 is staged again by
  * warp 0 per token with its own power-of-two factor (rare). Ends with a barrier. */
-template <bool K45, int NG>
+template <bool K45, int NG, bool MS>
 __device__ __forceinline__ void mm_stage_x_blk(gm_stage<NG> &sm, const float *const *xr, int n_tok, int64_t u)
 {
 	const int nt = n_tok < 4 * NG ? n_tok : 4 * NG, n_ent = 64 * nt;
 	uint32_t vote = 0u;
+	/* n_ent is a multiple of 64: a warp's lanes are all in a round or all out (gm_stage_sum) */
 	for (int e = threadIdx.x; e < n_ent; e += blockDim.x) {
 		const float4 v = gm_ldg((const float4 *)(xr[e >> 6] + 256 * u + 4 * (e & 63)));
 		vote |= gm_stage_entry<K45, NG>(sm, v, 1.f, e >> 6, e & 63);
+		if constexpr (MS)
+			gm_stage_sum<NG>(sm, v, 1.f, e >> 6, e & 63, threadIdx.x & 31);
 	}
 	if ((int)threadIdx.x < nt)
 		sm.f[threadIdx.x] = 1.f;
@@ -280,22 +287,26 @@ __device__ __forceinline__ void mm_stage_x_blk(gm_stage<NG> &sm, const float *co
 			const float sc = gm_xscale(m);
 			if (lane == 0)
 				sm.f[tok] = 1.f / sc;
-			for (int q = lane; q < 64; q += 32)
-				gm_stage_entry<K45, NG>(sm, gm_ldg((const float4 *)(xt + 4 * q)), sc, tok, q);
+			for (int q = lane; q < 64; q += 32) {
+				const float4 v = gm_ldg((const float4 *)(xt + 4 * q));
+				gm_stage_entry<K45, NG>(sm, v, sc, tok, q);
+				if constexpr (MS)
+					gm_stage_sum<NG>(sm, v, sc, tok, q, lane);
+			}
 		}
 	}
 	__syncthreads();
 }
 
-template <int R, int NG>
+template <int R, int NG, bool MS>
 template <bool K45>
-__device__ __forceinline__ void mm_lane_blk<R, NG>::stage(int64_t u)
+__device__ __forceinline__ void mm_lane_blk<R, NG, MS>::stage(int64_t u)
 {
 	sm = bufs + (u & 1);
-	mm_stage_x_blk<K45, NG>(*sm, xr, n_tok, u);
+	mm_stage_x_blk<K45, NG, MS && K45>(*sm, xr, n_tok, u);
 }
 
-template <int T, int NG, int W>
+template <int T, int NG, int W, bool MS>
 __global__ void __launch_bounds__(W * 32)
     moe_mma_gate_up_blk_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                                const uint8_t *__restrict__ sg, const uint8_t *__restrict__ su, size_t rb,
@@ -317,8 +328,11 @@ __global__ void __launch_bounds__(W * 32)
 		(&stage[1].b[0][0][0])[i] = make_uint2(0u, 0u);
 	if (threadIdx.x < NT)
 		stage[0].f[threadIdx.x] = 1.f, stage[1].f[threadIdx.x] = 1.f;
+	if (MS)
+		for (int i = threadIdx.x; i < NG * 32; i += W * 32)
+			(&stage[0].s[0][0])[i] = 0u, (&stage[1].s[0][0])[i] = 0u;
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-	mm_lane_blk<R, NG> L;
+	mm_lane_blk<R, NG, MS> L;
 	L.g = lane >> 2, L.t = lane & 3, L.lane = lane, L.n_tok = ch.z, L.sm = stage, L.bufs = stage,
 	L.xr = xr;
 #pragma unroll
@@ -354,7 +368,7 @@ __global__ void __launch_bounds__(W * 32)
  * or DeepSeek-V3) a warp stages its tokens' h once and keeps it for its RG tiles (mm_lane::staged):
  * at RG 1 every warp of the 48 blocks a chunk staged the same 8 tokens (8 KB of L2 reads a warp for
  * 4.6 KB of weights; H200 batch 128: down 0.9 TB/s against gate / up's 1.8). */
-template <int T, int R, int NG, int RG>
+template <int T, int R, int NG, int RG, bool MS>
 __global__ void __launch_bounds__(MM_WARPS * 32)
     moe_mma_down_kernel(const uint8_t *__restrict__ wd, const uint8_t *__restrict__ sd, size_t rb, int64_t E,
                         int64_t D, int64_t n_units, const float *__restrict__ h, int64_t F,
@@ -368,8 +382,8 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
 	KDEP_ENTRY();
 	const int warp = threadIdx.x >> 5;
 	int4 ch;
-	mm_lane<R, NG> L;
-	if (!mm_prologue<R, NG>(chunks, list, h, F, 1, INT32_MAX, stage[warp], xr, pr, ch, L))
+	mm_lane<R, NG, MS> L;
+	if (!mm_prologue<R, NG, MS>(chunks, list, h, F, 1, INT32_MAX, stage[warp], xr, pr, ch, L))
 		return;
 	const uint8_t *bd = ch.x < E ? wd + (size_t)ch.x * (size_t)D * rb : sd; /* E: the shared expert */
 	const bool rb4 = rb % 4 == 0;
@@ -524,27 +538,57 @@ static int mm_gu_w(int ng)
 	return ng == 2 ? 4 : 0;
 }
 
-template <int T, int NG, int W> static int mm_gate_up_blk_t(struct kcuda_ctx *c, const struct mm_args &a)
+/* The Q4_K / Q5_K mins as one product a unit from the staged sub-block sums (gemv_mma.cuh's
+ * gm_stage_sum), not one a 16-element step, and the second n-tile skipped in chunks of <= 4 tokens:
+ * half the tensor-core products or fewer, and 14-34 fewer registers (the two-n-tile gate / up 150 ->
+ * 128, down 150 -> 124). TANDEM_MOE_MINS (read every call, so the op test runs each) is a mask of
+ * where: 1 gate / up at two n-tiles, 2 down at two, 4 gate / up at one, 8 down at one. Default 2:
+ * H200 2026-12-04, eager per-op ms a step (tandem bench --profile, rank 0 of TP=8, ctx 4096), mask
+ * 0 -> 2: down GLM-5 batch 64 5.40 -> 5.06, 128 8.29 -> 7.43, DeepSeek-V3 64 4.83 -> 4.70, 128 7.11 ->
+ * 6.80. The others lose in the step although fewer products is all they change: gate / up at two
+ * n-tiles (mask 1) GLM-5 128 13.6 -> 14.7 and 64 7.6 -> 9.3 (with uniform routing, bench_cuda_moe
+ * big, it wins: 401 -> 374 us a call at 128), down at one n-tile 3.47 -> 3.54 and gate / up 7.18 ->
+ * 7.78 at batch 32: the kernels issue instructions, not products, and the sums cost every staging
+ * warp more instructions than the products they save where a staging is not shared. */
+template <int T> static bool mm_ms(int ng, bool down)
+{
+	if (T != KT_Q4_K && T != KT_Q5_K)
+		return false;
+	const char *e = getenv("TANDEM_MOE_MINS");
+	const long v = e && *e ? strtol(e, NULL, 0) : 2;
+	return (v >> ((ng == 1 ? 2 : 0) + (down ? 1 : 0))) & 1;
+}
+
+template <int T, int NG, int W, bool MS>
+static int mm_gate_up_blk_t(struct kcuda_ctx *c, const struct mm_args &a)
 {
 	dim3 grid((unsigned)(a.F / (16 * W)), (unsigned)a.slots);
-	return klaunch("moe_mma_gate_up_blk", moe_mma_gate_up_blk_kernel<T, NG, W>, grid, dim3(W * 32), 0,
+	return klaunch("moe_mma_gate_up_blk", moe_mma_gate_up_blk_kernel<T, NG, W, MS>, grid, dim3(W * 32), 0,
 	               c->stream, (const uint8_t *)a.gate->data, (const uint8_t *)a.up->data,
+	               (const uint8_t *)a.sg, (const uint8_t *)a.su, a.gate->row_bytes, a.E, a.F, a.D / 256,
+	               a.x, a.ldx, a.k, a.np_r, a.chunks, a.list, a.h);
+}
+
+template <int T, int NG, bool MS> static int mm_gate_up_ms(struct kcuda_ctx *c, const struct mm_args &a)
+{
+	switch (mm_gu_w(NG)) { /* F % 256 == 0 (moe_mma_fits): whole blocks */
+	case 4: return mm_gate_up_blk_t<T, NG, 4, MS>(c, a);
+	case 8: return mm_gate_up_blk_t<T, NG, 8, MS>(c, a);
+	default: break;
+	}
+	dim3 grid((unsigned)(a.F / 16), (unsigned)a.slots);
+	return klaunch("moe_mma_gate_up", moe_mma_gate_up_kernel<T, NG, MS>, grid, dim3(MM_GU_WARPS(NG) * 32),
+	               0, c->stream, (const uint8_t *)a.gate->data, (const uint8_t *)a.up->data,
 	               (const uint8_t *)a.sg, (const uint8_t *)a.su, a.gate->row_bytes, a.E, a.F, a.D / 256,
 	               a.x, a.ldx, a.k, a.np_r, a.chunks, a.list, a.h);
 }
 
 template <int T, int NG> static int mm_gate_up_t(struct kcuda_ctx *c, const struct mm_args &a)
 {
-	switch (mm_gu_w(NG)) { /* F % 256 == 0 (moe_mma_fits): whole blocks */
-	case 4: return mm_gate_up_blk_t<T, NG, 4>(c, a);
-	case 8: return mm_gate_up_blk_t<T, NG, 8>(c, a);
-	default: break;
-	}
-	dim3 grid((unsigned)(a.F / 16), (unsigned)a.slots);
-	return klaunch("moe_mma_gate_up", moe_mma_gate_up_kernel<T, NG>, grid, dim3(MM_GU_WARPS(NG) * 32), 0,
-	               c->stream, (const uint8_t *)a.gate->data, (const uint8_t *)a.up->data,
-	               (const uint8_t *)a.sg, (const uint8_t *)a.su, a.gate->row_bytes, a.E, a.F, a.D / 256,
-	               a.x, a.ldx, a.k, a.np_r, a.chunks, a.list, a.h);
+	if constexpr (T == KT_Q4_K || T == KT_Q5_K)
+		if (mm_ms<T>(NG, false))
+			return mm_gate_up_ms<T, NG, true>(c, a);
+	return mm_gate_up_ms<T, NG, false>(c, a);
 }
 
 /* Row groups a down warp takes with its staged h at n tokens: 4, and 8 from 96 tokens (H200, GLM-5
@@ -562,26 +606,35 @@ static int mm_down_rg(int64_t n)
 	return forced ? forced : n >= 96 ? 8 : 4;
 }
 
-template <int T, int NG, int RG> static int mm_down_rg_t(struct kcuda_ctx *c, const struct mm_args &a)
+template <int T, int NG, int RG, bool MS>
+static int mm_down_rg_t(struct kcuda_ctx *c, const struct mm_args &a)
 {
 	/* two row tiles per warp for the light K-quants; Q6_K / Q8_0 need ~230-250 registers at two
 	 * (bench_cuda_gemv_mma's table), so one */
 	constexpr int R = (T == KT_Q4_K || T == KT_Q5_K) ? 2 : 1;
 	const int64_t rows = 64 * R * RG; /* a block's */
 	dim3 grid((unsigned)((a.D + rows - 1) / rows), (unsigned)a.slots);
-	return klaunch("moe_mma_down", moe_mma_down_kernel<T, R, NG, RG>, grid, dim3(MM_WARPS * 32), 0,
+	return klaunch("moe_mma_down", moe_mma_down_kernel<T, R, NG, RG, MS>, grid, dim3(MM_WARPS * 32), 0,
 	               c->stream, (const uint8_t *)a.down->data, (const uint8_t *)a.sd, a.down->row_bytes,
 	               a.E, a.D, a.F / 256, a.h, a.F, a.chunks, a.list, a.y);
 }
 
-template <int T, int NG> static int mm_down_t(struct kcuda_ctx *c, const struct mm_args &a)
+template <int T, int NG, bool MS> static int mm_down_ms(struct kcuda_ctx *c, const struct mm_args &a)
 {
 	switch (mm_down_rg(a.n)) {
-	case 1: return mm_down_rg_t<T, NG, 1>(c, a);
-	case 2: return mm_down_rg_t<T, NG, 2>(c, a);
-	case 8: return mm_down_rg_t<T, NG, 8>(c, a);
-	default: return mm_down_rg_t<T, NG, 4>(c, a);
+	case 1: return mm_down_rg_t<T, NG, 1, MS>(c, a);
+	case 2: return mm_down_rg_t<T, NG, 2, MS>(c, a);
+	case 8: return mm_down_rg_t<T, NG, 8, MS>(c, a);
+	default: return mm_down_rg_t<T, NG, 4, MS>(c, a);
 	}
+}
+
+template <int T, int NG> static int mm_down_t(struct kcuda_ctx *c, const struct mm_args &a)
+{
+	if constexpr (T == KT_Q4_K || T == KT_Q5_K)
+		if (mm_ms<T>(NG, true))
+			return mm_down_ms<T, NG, true>(c, a);
+	return mm_down_ms<T, NG, false>(c, a);
 }
 
 template <int NG>

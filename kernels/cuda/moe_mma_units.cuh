@@ -81,8 +81,10 @@ __device__ __forceinline__ void mm_stage_h(gm_stage<NG> &sm, const float *hp, co
 
 /* Per-lane state of the MoE units (gm_lane's members for the unit bodies): lane coordinates,
  * staged X, accumulators acc[r][grp][i] in D layout (i = 0, 1: row g hi / lo; 2, 3: row g + 8 hi
- * / lo; token 4 grp + t); token columns through the row table xr */
-template <int R, int NG> struct mm_lane {
+ * / lo; token 4 grp + t); token columns through the row table xr. MS: the Q4_K / Q5_K mins through
+ * the staged sub-block sums (gm_stage_sum; not with split > 1) */
+template <int R, int NG, bool MS = false> struct mm_lane {
+	static constexpr bool kMinSums = MS;
 	int g, t, lane, n_tok;
 	gm_stage<NG> *sm;
 	const float *const *xr; /* shared: row of each token column */
@@ -103,12 +105,14 @@ template <int R, int NG> struct mm_lane {
 			return;
 		staged = u;
 #ifdef __CUDA_ARCH__
-		if (split > 1) {
-			mm_stage_h<K45, NG>(*sm, hp, hq, split, hnp, hF, n_tok, u, lane);
-			return;
+		if constexpr (!MS) {
+			if (split > 1) {
+				mm_stage_h<K45, NG>(*sm, hp, hq, split, hnp, hF, n_tok, u, lane);
+				return;
+			}
 		}
 #endif
-		gm_stage_x<K45, NG>(*sm, gm_rows_table{xr}, n_tok, u, lane);
+		gm_stage_x<K45, NG, gm_rows_table, MS && K45>(*sm, gm_rows_table{xr}, n_tok, u, lane);
 	}
 };
 
@@ -227,8 +231,8 @@ GM_HD void mo_k45_math(float (&acc)[4], const gm_k45_w<T, 1> &W, const uint2 *fr
 }
 
 /* one 256-element unit, all R tiles; rb4: rows start 4-byte aligned (Q6_K only asks) */
-template <int T, int R, int NG>
-__device__ __forceinline__ void mm_unit(mm_lane<R, NG> &L, const uint8_t *const (&rows)[R][2], int64_t u,
+template <int T, int R, int NG, bool MS>
+__device__ __forceinline__ void mm_unit(mm_lane<R, NG, MS> &L, const uint8_t *const (&rows)[R][2], int64_t u,
                                         bool rb4)
 {
 	gm_unit<T, R, NG>(L, rows, u, rb4);

@@ -195,6 +195,10 @@ static int id_mode;
 /* activations uniform in [-g_xscale, g_xscale): 1, or 1e5..1e6 for the fp16 range cases (the
  * tensor-core units stage x as fp16 hi / lo; a unit reaching 2^15 is staged scaled) */
 static float g_xscale = 1.0f;
+/* 1: every third sub-block of 32 x cancels exactly (pairs +v, -v: its sum, which the mins product of
+ * the Q4_K / Q5_K units takes, is 0), and every third token has one element of 4e4 in one unit (the
+ * fp16 range vote restages that unit of that token scaled, its sums with it) */
+static int g_xalt;
 /* the one-launch batch-1 kernel (moe_persist.cu) must take the call: exactly one launch, no error
  * counted (a grid-barrier timeout would count one) */
 static int g_want_persist;
@@ -251,8 +255,14 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 	ops_fill_weight(type, D, E * F, rb_d, hg);
 	ops_fill_weight(type, D, E * F, rb_d, hu);
 	ops_fill_weight(dtype, F, E * D, rb_f, hd);
-	for (int64_t i = 0; i < n * D; i++)
+	for (int64_t i = 0; i < n * D; i++) {
 		x[i] = g_xscale * ops_rng_unif();
+		const int64_t t = i / D, e = i % D;
+		if (g_xalt && (e / 32) % 3 == 0 && (e & 1))
+			x[i] = -x[i - 1];
+		if (g_xalt && t % 3 == 0 && e == 256 * ((t / 3) % (D / 256)) + 5)
+			x[i] = 4e4f;
+	}
 	if (fd->shexp) {
 		hsg.data = sg = malloc(rb_d * (size_t)F);
 		hsu.data = su = malloc(rb_d * (size_t)F);
@@ -1343,6 +1353,15 @@ int main(void)
 	 * fp16 range vote (large x). TANDEM_OPS_ONLY_MMA=1 runs only these and the F 512 cases below (a
 	 * size for compute-sanitizer). */
 mma:
+	/* the sub-block sums of a unit cancelling, and one unit near the fp16 range in a few tokens only
+	 * (the scaled restaging, its sums scaled alike) */
+	g_xalt = 1;
+	ffn_case(&e256s, KT_Q4_K, KT_Q5_K, 40, 1e-4);
+	ffn_case(&e256s, KT_Q5_K, KT_Q4_K, 128, 1e-4);
+	setenv("TANDEM_MOE_MINS", "15", 1);
+	ffn_case(&e256s, KT_Q4_K, KT_Q4_K, 17, 1e-4);
+	unsetenv("TANDEM_MOE_MINS");
+	g_xalt = 0;
 	for (size_t i = 0; i < sizeof(gu_w) / sizeof(gu_w[0]); i++) {
 		setenv("TANDEM_MOE_GU_W", gu_w[i], 1);
 		printf("gate / up: TANDEM_MOE_GU_W=%s\n", gu_w[i]);
@@ -1357,6 +1376,15 @@ mma:
 		g_xscale = 1.0f;
 		if (!quick)
 			ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 64, 1e-4);
+		/* the Q4_K / Q5_K mins as a product a step in every kernel (TANDEM_MOE_MINS=0) and as one
+		 * a unit from the staged sub-block sums in every kernel (=15; the default: some) */
+		setenv("TANDEM_MOE_MINS", "0", 1);
+		ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 17, 1e-4);
+		ffn_case(&e256s, KT_Q5_K, KT_Q4_K, 128, 1e-4);
+		setenv("TANDEM_MOE_MINS", "15", 1);
+		ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 17, 1e-4);
+		ffn_case(&e256, KT_Q5_K, KT_Q5_K, 16, 1e-4);
+		unsetenv("TANDEM_MOE_MINS");
 	}
 	unsetenv("TANDEM_MOE_GU_W");
 	/* F 512 (a TP=4 rank's expert slice): two units a down row, so a down warp stages each unit
