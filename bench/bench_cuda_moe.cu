@@ -16,37 +16,33 @@
  * 5-launch shared chain, sorted / new = kcuda_moe_ffn_shexp under the switches above.
  *
  * Weights: one expert's rows filled at random (ops_fill_weight) and copied to all 256, so filling
- * is quick; every expert has its own addresses. Expert ids: distinct per token, uniform, seeded
- * (seed printed); 8 different id sets used in turn, so consecutive calls hit different experts
- * and the bytes of the small batches do not stay in the 60 MB L2 (one set at batch 1 is 21 MB).
- * GB/s counts the bytes of the experts each call actually hits (distinct ids x (2 F rows of gate /
- * up + D rows of down), + the shared expert in the second table), each read once: the floor the
- * op can reach; the H200's read rate is ~4.5 TB/s (issue #4). Time: CUDA events around 24 calls
- * after 8 warm-up calls, median of 5 such batches.
- * Third table ("layer", first; `bench_cuda_moe layer` runs only it): the MoE half of a decode layer
- * as the backend runs it, in a CUDA graph of 8 layers (8 different F32 routers, so each layer hits
- * its own experts; the shared expert per layer too), us per layer: old = kcuda_matmul_path(F32
- * router) + kcuda_moe_route + kcuda_moe_ffn_shexp with TANDEM_MOE_ROUTER_FUSED=0 TANDEM_MOE_PF=0;
- * new = the defaults (router product and route as two launches: moe6's fused launch,
- * TANDEM_MOE_ROUTE_FUSE=1, measured no gain in the step; no expert prefetch); "fused" = moe4's one
- * launch (TANDEM_MOE_ROUTER_FUSED=1);
- * "pf 7" = the defaults plus every expert prefetch (TANDEM_MOE_PF=7; the shared expert's prefetch
- * before the wait follows TANDEM_PREFETCH, read once per process: run `TANDEM_PREFETCH=0
- * bench_cuda_moe layer` for it); "db" = the defaults with TANDEM_MOE_DB=1 (gate / up keep the next
- * unit's loads in flight), "db w4" the same with 4 warps per gate / up block; since moe5 "old" also
- * runs moe_small's expert kernels (TANDEM_MOE_SMALL_V=old), "new" the defaults (moe_one's down kernel
- * at one token), "fold" both moe_one kernels with the route folded into them as the backend does
- * under TANDEM_MOE_SMALL_V=new (kcuda_moe_route_ffn1). Check: the new chain's output
- * equals the old chain's within 1e-4 of max|out| and the ids are the same (both routes on the same logits up
- * to the router product's rounding: ids compared, a near-tie swap is reported, not failed). Checks: tokens 0
- * and n - 1 of the sorted and the new path against a CPU reference (all experts are one expert's copies, so
- * out_i = (sum_j w_ij) FFN(x_i) [+ FFN(x_i)]) within 1e-4 of max|ref|; old vs new within 1e-3 of max|out|
- * (the old kernels' own fp32 error); the route kernels' ids equal and weights within 1e-6. bench_cuda_moe
- * exit 77 without a GPU; 1 when a check fails.
- * First table ("one"; `bench_cuda_moe one` runs only it): the routed + shared experts alone
- * (kcuda_moe_ffn_shexp) at batch 1 and 8, a CUDA graph of 16 calls with their own id sets (so the
- * ~24 MB of a call are not in L2 from the last), PDL as in the model, us per call: old =
- * moe_small's kernels (TANDEM_MOE_SMALL_V=old), new = both of moe_one.cu's batch-1 kernels
+ * is quick; every expert has its own addresses. Expert ids: distinct per token, uniform (or skewed:
+ * BENCH_MOE_ZIPF, below), seeded (seed printed); 8 different id sets used in turn, so consecutive calls hit
+ * different experts and the bytes of the small batches do not stay in the 60 MB L2 (one set at batch 1 is 21
+ * MB). GB/s counts the bytes of the experts each call actually hits (distinct ids x (2 F rows of gate / up +
+ * D rows of down), + the shared expert in the second table), each read once: the floor the op can reach; the
+ * H200's read rate is ~4.5 TB/s (issue #4). Time: CUDA events around 24 calls after 8 warm-up calls, median
+ * of 5 such batches. Third table ("layer", first; `bench_cuda_moe layer` runs only it): the MoE half of a
+ * decode layer as the backend runs it, in a CUDA graph of 8 layers (8 different F32 routers, so each layer
+ * hits its own experts; the shared expert per layer too), us per layer: old = kcuda_matmul_path(F32 router) +
+ * kcuda_moe_route + kcuda_moe_ffn_shexp with TANDEM_MOE_ROUTER_FUSED=0 TANDEM_MOE_PF=0; new = the defaults
+ * (router product and route as two launches: moe6's fused launch, TANDEM_MOE_ROUTE_FUSE=1, measured no gain
+ * in the step; no expert prefetch); "fused" = moe4's one launch (TANDEM_MOE_ROUTER_FUSED=1); "pf 7" = the
+ * defaults plus every expert prefetch (TANDEM_MOE_PF=7; the shared expert's prefetch before the wait follows
+ * TANDEM_PREFETCH, read once per process: run `TANDEM_PREFETCH=0 bench_cuda_moe layer` for it); "db" = the
+ * defaults with TANDEM_MOE_DB=1 (gate / up keep the next unit's loads in flight), "db w4" the same with 4
+ * warps per gate / up block; since moe5 "old" also runs moe_small's expert kernels (TANDEM_MOE_SMALL_V=old),
+ * "new" the defaults (moe_one's down kernel at one token), "fold" both moe_one kernels with the route folded
+ * into them as the backend does under TANDEM_MOE_SMALL_V=new (kcuda_moe_route_ffn1). Check: the new chain's
+ * output equals the old chain's within 1e-4 of max|out| and the ids are the same (both routes on the same
+ * logits up to the router product's rounding: ids compared, a near-tie swap is reported, not failed). Checks:
+ * tokens 0 and n - 1 of the sorted and the new path against a CPU reference (all experts are one expert's
+ * copies, so out_i = (sum_j w_ij) FFN(x_i) [+ FFN(x_i)]) within 1e-4 of max|ref|; old vs new within 1e-3 of
+ * max|out| (the old kernels' own fp32 error); the route kernels' ids equal and weights within 1e-6.
+ * bench_cuda_moe exit 77 without a GPU; 1 when a check fails. First table ("one"; `bench_cuda_moe one` runs
+ * only it): the routed + shared experts alone (kcuda_moe_ffn_shexp) at batch 1 and 8, a CUDA graph of 16
+ * calls with their own id sets (so the ~24 MB of a call are not in L2 from the last), PDL as in the model, us
+ * per call: old = moe_small's kernels (TANDEM_MOE_SMALL_V=old), new = both of moe_one.cu's batch-1 kernels
  * (TANDEM_MOE_SMALL_V=new), gu / dn = only that half new (the default is old), early0 = dn with
  * its early ids read (TANDEM_MOE_ONE_EARLY=1); GB/s of the expert bytes (9 experts at batch 1) and their
  * share of the H200's 4.55 TB/s read rate; new vs old within 1e-4 of max|out| (the same bits expected). Batch
@@ -816,6 +812,24 @@ int main(int argc, char **argv)
 		kcuda_ctx_destroy(c);
 		return fails ? 1 : 0;
 	}
+	/* Expert ids of the batch table: uniform (the default), or BENCH_MOE_ZIPF=s > 0: rank r of a random
+	 * expert order per id set drawn with weight 1 / (r + 1)^s, so that experts repeat across tokens as a
+	 * real router's (and the synthetic model's) do; the "experts hit" column shows the effect. s 1.0
+	 * hits ~200 of the 256 experts at batch 128 and s 1.2 ~175 (uniform: 251); the synthetic GLM-5's
+	 * experts cost ~0.73x the uniform ids' time a step at batch 128 (docs/PERFORMANCE.md session 29).
+	 * zipf: the cumulative weights, normalized (the last is 1) */
+	std::vector<double> zipf;
+	const char *zs = getenv("BENCH_MOE_ZIPF");
+	const double zipf_s = zs && *zs ? atof(zs) : 0.0;
+	if (zipf_s > 0.0) {
+		double sum = 0.0;
+		for (int64_t r = 0; r < E; r++)
+			zipf.push_back(sum += pow((double)(r + 1), -zipf_s));
+		for (double &v : zipf)
+			v /= sum;
+		zipf.back() = 1.0;
+		printf("expert ids: zipf s %.2f (BENCH_MOE_ZIPF)\n", zipf_s);
+	}
 	static const int batches[] = {1, 2, 4, 8, 32, 128};
 	const int n_b = (int)(sizeof(batches) / sizeof(batches[0]));
 	std::vector<double> sh_old(n_b), sh_sorted(n_b), sh_new(n_b), sh_bytes(n_b);
@@ -837,12 +851,25 @@ int main(int argc, char **argv)
 			std::vector<char> hit((size_t)E, 0);
 			int32_t *id = ids.data() + set * np;
 			float *ws = w.data() + set * np;
+			/* BENCH_MOE_ZIPF: expert of rank r (a random order per set) drawn with weight 1 / (r
+			 * + 1)^s */
+			std::vector<int32_t> perm((size_t)E);
+			for (int64_t e = 0; e < E; e++)
+				perm[(size_t)e] = (int32_t)e;
+			for (int64_t e = E - 1; e > 0 && !zipf.empty(); e--) /* uniform ids: no draws here */
+				std::swap(perm[(size_t)e],
+				          perm[(size_t)(ops_rng_next() % (uint64_t)(e + 1))]);
 			for (int i = 0; i < n; i++)
 				for (int j = 0; j < k; j++) {
 					int32_t e;
 					bool dup;
 					do {
-						e = (int32_t)(ops_rng_next() % (uint64_t)E);
+						e = zipf.empty()
+						        ? (int32_t)(ops_rng_next() % (uint64_t)E)
+						        : perm[(size_t)(std::upper_bound(
+						                            zipf.begin(), zipf.end(),
+						                            ops_rng_unif() * 0.5 + 0.5) -
+						                        zipf.begin())];
 						dup = false;
 						for (int jj = 0; jj < j; jj++)
 							dup |= id[i * k + jj] == e;
