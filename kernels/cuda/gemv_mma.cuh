@@ -30,8 +30,9 @@
  * shared memory. Units:
  *   Q4_K / Q5_K: one super-block; lane t owns chunk t of qs (elements 64t .. 64t+63, sub-blocks
  *     2t and 2t+1): 16-byte loads; scales folded into A; the mins go through a second mma whose A
- *     is the sub-block min (sum_k m(k) x_k = sum_sb m_sb sum(x over sb)); d and dmin applied to
- *     the two accumulators once per super-block.
+ *     is the sub-block min, one a step (sum_k m(k) x_k = sum_sb m_sb sum(x over sb)), or, for a
+ *     lane type with kMinSums, one a unit from the sums the staging formed (gm_stage_sum); d and
+ *     dmin applied to the two accumulators once per super-block.
  *   Q6_K: one super-block; step = one 16-element scale group (int8 scales times q - 32 can reach
  *     4096, not exact in fp16), so the scale is applied to the fp32 accumulator per step. Blocks
  *     are 210 B (2-byte aligned): 4-byte loads, funnel-shifted for odd super-blocks.
