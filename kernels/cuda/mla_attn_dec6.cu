@@ -140,13 +140,16 @@ __device__ __forceinline__ int32_t d6_pos(const d6_args &a, int64_t row, int j)
 }
 
 /* one key row into shared memory by this warp: 16-byte cp.async pieces over the lanes, zeros for
- * a missing row (its score is -inf; zeros keep 0 x row finite in the PV product) */
+ * a missing row (its score is -inf; zeros keep 0 x row finite in the PV product). src is the same
+ * in every lane, so the test is made once, outside the loop (mla_attn_mma.cu's copy: the test
+ * inside cost ~4x the instructions there) */
 __device__ __forceinline__ void d6_copy_row(uint8_t *dst, const uint8_t *src, int np, int lane)
 {
-	for (int c = lane; c < np; c += 32) {
-		if (src)
+	if (src) {
+		for (int c = lane; c < np; c += 32)
 			katt_cp16(dst + 16 * c, src + 16 * c);
-		else
+	} else {
+		for (int c = lane; c < np; c += 32)
 			*(uint4 *)(dst + 16 * c) = make_uint4(0, 0, 0, 0);
 	}
 }

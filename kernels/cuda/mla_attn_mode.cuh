@@ -126,6 +126,11 @@ __device__ __forceinline__ void katt_cp16(void *smem, const void *gmem)
 	const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
 	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
+/* the same to a shared-memory address already converted (__cvta_generic_to_shared) */
+__device__ __forceinline__ void katt_cp16s(unsigned s, const void *gmem)
+{
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
 __device__ __forceinline__ void katt_cp_commit(void)
 {
 	asm volatile("cp.async.commit_group;\n" ::: "memory");
