@@ -121,15 +121,14 @@ int kcuda_indexer_fast_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_
 int kcuda_indexer_sel_launch(struct kcuda_ctx *c, const idx_args &a, int64_t n_q);
 
 /* cp.async helpers (sm_80+): 16-byte global -> shared copies that bypass L1 */
-__device__ __forceinline__ void katt_cp16(void *smem, const void *gmem)
-{
-	const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-/* the same to a shared-memory address already converted (__cvta_generic_to_shared) */
+/* to a shared-memory address already converted (__cvta_generic_to_shared) */
 __device__ __forceinline__ void katt_cp16s(unsigned s, const void *gmem)
 {
 	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void katt_cp16(void *smem, const void *gmem)
+{
+	katt_cp16s((unsigned)__cvta_generic_to_shared(smem), gmem);
 }
 __device__ __forceinline__ void katt_cp_commit(void)
 {
