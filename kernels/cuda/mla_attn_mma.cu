@@ -232,12 +232,12 @@ __global__ void __launch_bounds__(MM_THREADS, MM_MINB(F32, ROPE, STK)) mla_mma_k
 	const int nchunk = dim * (int)sizeof(val_t) / 16; /* 16-byte pieces per row */
 	/* The rows of address stage st into the key tile: warp w copies rows w, w + 4, ..., lane l a
 	 * row's pieces l, l + 32, ... A row's address is one shared-memory broadcast, the same in every
-	 * lane, so its null test is one uniform branch a row. The first form (a loop over the pieces with the null test inside) compiled to ~93
-	 * instructions a row, 46% of the kernel's instructions (ncu, H200, 2026-12-04: 50.4 M at GLM-5's
-	 * batch 128); this one measured ~46 a row (the kernel at its 128-register bound recomputes the
-	 * addresses a row), 31% of 36.4 M. A bulk copy a row (cp.async.bulk on an mbarrier) cut the
-	 * instructions to 27.2 M but spilled inside the QK loop and ran slower (docs/PERFORMANCE.md,
-	 * session 30). */
+	 * lane, so its null test is one uniform branch a row. The first form (a loop over the pieces with the
+	 * null test inside) compiled to ~93 instructions a row, 46% of the kernel's instructions (ncu, H200,
+	 * 2026-12-04: 50.4 M at GLM-5's batch 128); this one measured ~46 a row (the kernel at its
+	 * 128-register bound recomputes the addresses a row), 31% of 36.4 M. A bulk copy a row (cp.async.bulk
+	 * on an mbarrier) cut the instructions to 27.2 M but spilled inside the QK loop and ran slower
+	 * (docs/PERFORMANCE.md, session 30). */
 	constexpr int CPL = (MM_DMAX * (int)sizeof(val_t) / 16 + 31) / 32; /* pieces a lane, at most */
 	auto issue = [&](int st) {
 		const unsigned kv_sa = (unsigned)__cvta_generic_to_shared(kv_s) + 16u * (unsigned)lane;
