@@ -124,7 +124,8 @@ static void usage(FILE *f)
 	    "  --type T           q4_k: Q8_0 attention/indexer, Q4_K experts/FFN/embeddings, Q6_K output;\n"
 	    "                     or one type for every matrix whose rows allow it (q8_0, bf16, f16, f32, "
 	    "q4_0,\n"
-	    "                     q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k_all, q5_k, q6_k, iq4_xs;\n"
+	    "                     q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k_all, q5_k, q6_k, iq4_xs,\n"
+	    "                     iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m;\n"
 	    "                     q4_k_all = Q4_K everywhere); rows that do not fit fall back to Q8_0. "
 	    "Norms, router and\n"
 	    "                     indexer.proj stay F32.\n"
@@ -211,7 +212,14 @@ static int file_type_of(const struct mk_types *t)
 	case KT_Q4_K: return 14;
 	case KT_Q5_K: return 16;
 	case KT_Q6_K: return 18;
+	case KT_IQ2_XXS: return 19; /* llama.cpp's LLAMA_FTYPE_MOSTLY_* numbers */
+	case KT_IQ2_XS: return 20;
+	case KT_IQ3_XXS: return 23;
+	case KT_IQ1_S: return 24;
 	case KT_IQ4_NL: return 25;
+	case KT_IQ3_S: return 26;
+	case KT_IQ2_S: return 28;
+	case KT_IQ1_M: return 31;
 	case KT_IQ4_XS: return 30;
 	case KT_BF16: return 32;
 	default: return 0;

@@ -1,19 +1,22 @@
 /* Dispatch for the quantized-row functions of kernels.h: finds the type's row functions (in
- * quant_float.c, quant_legacy.c, quant_k.c, quant_iq.c), checks the arguments, and provides the
- * generic scalar reference dot (dequantize one block with the spec-literal decoder, then multiply
- * and accumulate in fp32, in element order). Wrong arguments are caller bugs, not input errors:
- * the GGUF reader validates types and sizes before any kernel runs, so here they abort. */
+ * quant_float.c, quant_legacy.c, quant_k.c, quant_iq.c, quant_iqg.c), checks the arguments, and
+ * provides the generic scalar reference dot (dequantize one block with the spec-literal decoder, then
+ * multiply and accumulate in fp32, in element order). Wrong arguments are caller bugs, not input errors: the
+ * GGUF reader validates types and sizes before any kernel runs, so here they abort. */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "kernels/cpu/quant_impl.h"
 
 static const struct quant_ops *const ops_table[KT_COUNT] = {
-    [KT_F32] = &quant_ops_f32,   [KT_F16] = &quant_ops_f16,   [KT_BF16] = &quant_ops_bf16,
-    [KT_Q4_0] = &quant_ops_q4_0, [KT_Q4_1] = &quant_ops_q4_1, [KT_Q5_0] = &quant_ops_q5_0,
-    [KT_Q5_1] = &quant_ops_q5_1, [KT_Q8_0] = &quant_ops_q8_0, [KT_IQ4_NL] = &quant_ops_iq4_nl,
-    [KT_Q2_K] = &quant_ops_q2_k, [KT_Q3_K] = &quant_ops_q3_k, [KT_Q4_K] = &quant_ops_q4_k,
-    [KT_Q5_K] = &quant_ops_q5_k, [KT_Q6_K] = &quant_ops_q6_k, [KT_IQ4_XS] = &quant_ops_iq4_xs,
+    [KT_F32] = &quant_ops_f32,         [KT_F16] = &quant_ops_f16,       [KT_BF16] = &quant_ops_bf16,
+    [KT_Q4_0] = &quant_ops_q4_0,       [KT_Q4_1] = &quant_ops_q4_1,     [KT_Q5_0] = &quant_ops_q5_0,
+    [KT_Q5_1] = &quant_ops_q5_1,       [KT_Q8_0] = &quant_ops_q8_0,     [KT_IQ4_NL] = &quant_ops_iq4_nl,
+    [KT_Q2_K] = &quant_ops_q2_k,       [KT_Q3_K] = &quant_ops_q3_k,     [KT_Q4_K] = &quant_ops_q4_k,
+    [KT_Q5_K] = &quant_ops_q5_k,       [KT_Q6_K] = &quant_ops_q6_k,     [KT_IQ4_XS] = &quant_ops_iq4_xs,
+    [KT_IQ2_XXS] = &quant_ops_iq2_xxs, [KT_IQ2_XS] = &quant_ops_iq2_xs, [KT_IQ2_S] = &quant_ops_iq2_s,
+    [KT_IQ3_XXS] = &quant_ops_iq3_xxs, [KT_IQ3_S] = &quant_ops_iq3_s,   [KT_IQ1_S] = &quant_ops_iq1_s,
+    [KT_IQ1_M] = &quant_ops_iq1_m,
 };
 
 /* Returns the ops of a compute type; aborts with a message naming the entry point on a type

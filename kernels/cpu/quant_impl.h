@@ -69,6 +69,8 @@ extern const struct quant_ops quant_ops_q4_0, quant_ops_q4_1, quant_ops_q5_0, qu
     quant_ops_iq4_nl;
 extern const struct quant_ops quant_ops_q2_k, quant_ops_q3_k, quant_ops_q4_k, quant_ops_q5_k, quant_ops_q6_k;
 extern const struct quant_ops quant_ops_iq4_xs;
+extern const struct quant_ops quant_ops_iq2_xxs, quant_ops_iq2_xs, quant_ops_iq2_s, quant_ops_iq3_xxs,
+    quant_ops_iq3_s, quant_ops_iq1_s, quant_ops_iq1_m;
 
 /* Direct row functions for hot loops (quant.c): quant_dot_for returns the type's fast dot, or
  * NULL and sets *ref to the generic reference (which takes the type). The caller has checked the

@@ -2,7 +2,7 @@
  * signed scale under an fp16 super-scale, elements on the non-uniform IQ4_NL grid (MODEL-SPEC.md
  * §5.2). The scalar decoder evaluates ggml's dl = d * (ls - 32); y = dl * T[q] exactly; the AVX2
  * dot looks the grid values up with a byte shuffle and factors dl out of each sub-block. The
- * codebook types (IQ2_*, IQ3_*, IQ1_*) are not implemented: ktype marks them compute = false. */
+ * codebook types (IQ2_*, IQ3_*, IQ1_*) are in quant_iqg.c. */
 #include <math.h>
 
 #include "kernels/cpu/quant_impl.h"

@@ -78,16 +78,16 @@ static void test_type_table(void)
 		int blck, bytes;
 		bool compute;
 	} want[] = {
-	    {0, "F32", 1, 4, true},         {1, "F16", 1, 2, true},          {2, "Q4_0", 32, 18, true},
-	    {3, "Q4_1", 32, 20, true},      {6, "Q5_0", 32, 22, true},       {7, "Q5_1", 32, 24, true},
-	    {8, "Q8_0", 32, 34, true},      {9, "Q8_1", 32, 36, false},      {10, "Q2_K", 256, 84, true},
-	    {11, "Q3_K", 256, 110, true},   {12, "Q4_K", 256, 144, true},    {13, "Q5_K", 256, 176, true},
-	    {14, "Q6_K", 256, 210, true},   {15, "Q8_K", 256, 292, false},   {16, "IQ2_XXS", 256, 66, false},
-	    {17, "IQ2_XS", 256, 74, false}, {18, "IQ3_XXS", 256, 98, false}, {19, "IQ1_S", 256, 50, false},
-	    {20, "IQ4_NL", 32, 18, true},   {21, "IQ3_S", 256, 110, false},  {22, "IQ2_S", 256, 82, false},
-	    {23, "IQ4_XS", 256, 136, true}, {24, "I8", 1, 1, false},         {25, "I16", 1, 2, false},
-	    {26, "I32", 1, 4, false},       {27, "I64", 1, 8, false},        {28, "F64", 1, 8, false},
-	    {29, "IQ1_M", 256, 56, false},  {30, "BF16", 1, 2, true},        {34, "TQ1_0", 256, 54, false},
+	    {0, "F32", 1, 4, true},         {1, "F16", 1, 2, true},         {2, "Q4_0", 32, 18, true},
+	    {3, "Q4_1", 32, 20, true},      {6, "Q5_0", 32, 22, true},      {7, "Q5_1", 32, 24, true},
+	    {8, "Q8_0", 32, 34, true},      {9, "Q8_1", 32, 36, false},     {10, "Q2_K", 256, 84, true},
+	    {11, "Q3_K", 256, 110, true},   {12, "Q4_K", 256, 144, true},   {13, "Q5_K", 256, 176, true},
+	    {14, "Q6_K", 256, 210, true},   {15, "Q8_K", 256, 292, false},  {16, "IQ2_XXS", 256, 66, true},
+	    {17, "IQ2_XS", 256, 74, true},  {18, "IQ3_XXS", 256, 98, true}, {19, "IQ1_S", 256, 50, true},
+	    {20, "IQ4_NL", 32, 18, true},   {21, "IQ3_S", 256, 110, true},  {22, "IQ2_S", 256, 82, true},
+	    {23, "IQ4_XS", 256, 136, true}, {24, "I8", 1, 1, false},        {25, "I16", 1, 2, false},
+	    {26, "I32", 1, 4, false},       {27, "I64", 1, 8, false},       {28, "F64", 1, 8, false},
+	    {29, "IQ1_M", 256, 56, true},   {30, "BF16", 1, 2, true},       {34, "TQ1_0", 256, 54, false},
 	    {35, "TQ2_0", 256, 66, false},  {39, "MXFP4", 32, 17, false},
 	};
 	static const int unknown[] = {-1, 4, 5, 31, 32, 33, 36, 37, 38, 40, 41, 1000, -1000};
@@ -249,15 +249,44 @@ static void test_fp16(void)
 }
 
 /* ---- per-type round trip and dots ---------------------------------------------------------- */
+/* RMS bounds of the codebook types (2, 2.3, 2.5, 3, 3.4, 1.6, 1.75 bits a weight) */
+#define IQB_2XXS 0.45
+#define IQB_2XS 0.42
+#define IQB_2S 0.36
+#define IQB_3XXS 0.25
+#define IQB_3S 0.19
+#define IQB_1S 0.68
+#define IQB_1M 0.63
+
 struct type_case {
 	int type;
 	double rms_bound; /* max RMS(dequant - x) / RMS(x) on N(0,1) data */
 };
 
 static const struct type_case cases[] = {
-    {KT_F32, 0.0},   {KT_F16, 0.0005}, {KT_BF16, 0.004}, {KT_Q8_0, 0.01},   {KT_Q4_0, 0.12},
-    {KT_Q4_1, 0.11}, {KT_Q5_0, 0.06},  {KT_Q5_1, 0.055}, {KT_IQ4_NL, 0.11}, {KT_Q2_K, 0.45},
-    {KT_Q3_K, 0.22}, {KT_Q4_K, 0.12},  {KT_Q5_K, 0.06},  {KT_Q6_K, 0.03},   {KT_IQ4_XS, 0.12},
+    {KT_F32, 0.0},
+    {KT_F16, 0.0005},
+    {KT_BF16, 0.004},
+    {KT_Q8_0, 0.01},
+    {KT_Q4_0, 0.12},
+    {KT_Q4_1, 0.11},
+    {KT_Q5_0, 0.06},
+    {KT_Q5_1, 0.055},
+    {KT_IQ4_NL, 0.11},
+    {KT_Q2_K, 0.45},
+    {KT_Q3_K, 0.22},
+    {KT_Q4_K, 0.12},
+    {KT_Q5_K, 0.06},
+    {KT_Q6_K, 0.03},
+    {KT_IQ4_XS, 0.12},
+    /* the codebook types' quantizers are simple (quant_iqg.c): bounds as measured, with margin */
+    {KT_IQ2_XXS, IQB_2XXS},
+    {KT_IQ2_XS, IQB_2XS},
+    {KT_IQ2_S, IQB_2S},
+    {KT_IQ3_XXS, IQB_3XXS},
+    {KT_IQ3_S, IQB_3S},
+    {KT_IQ1_S, IQB_1S},
+    {KT_IQ1_M, IQB_1M},
 };
 
 static void test_type(const struct type_case *c)
@@ -579,8 +608,10 @@ static void test_hand_blocks(void)
 static void test_degenerate(void)
 {
 	enum { N = 512 };
-	static const int types[] = {KT_F32,    KT_F16,  KT_BF16, KT_Q8_0, KT_Q4_0, KT_Q4_1, KT_Q5_0,  KT_Q5_1,
-	                            KT_IQ4_NL, KT_Q2_K, KT_Q3_K, KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_IQ4_XS};
+	static const int types[] = {KT_F32,     KT_F16,   KT_BF16,   KT_Q8_0,    KT_Q4_0,   KT_Q4_1,
+	                            KT_Q5_0,    KT_Q5_1,  KT_IQ4_NL, KT_Q2_K,    KT_Q3_K,   KT_Q4_K,
+	                            KT_Q5_K,    KT_Q6_K,  KT_IQ4_XS, KT_IQ2_XXS, KT_IQ2_XS, KT_IQ2_S,
+	                            KT_IQ3_XXS, KT_IQ3_S, KT_IQ1_S,  KT_IQ1_M};
 	float x[N], y[N];
 	uint8_t q[4 * N];
 
@@ -605,17 +636,105 @@ static void test_degenerate(void)
 			/* fp16 block scales cannot represent blocks below ~1e-5 (the scale is max/127 or
 			 * smaller and fp16 ends at 6e-8): such blocks may flush to zero (error = |x|) */
 			float bound = scales[k] < 1e-4f ? 1.0001f * scales[k] : 0.6f * scales[k];
-			int bad = 0;
-			for (int i = 0; i < N; i++)
-				bad += !isfinite(y[i]) || fabsf(y[i] - x[i]) > bound;
-			CHECK(bad == 0, "%s: %d of %d values off for a two-level row of scale %g", nm, bad, N,
-			      (double)scales[k]);
+			/* Codebook types cannot place every value: IQ2_XXS / IQ2_XS / IQ3_XXS store 7 of 8
+			 * signs (the count of negatives is even), so a group with an odd count has one
+			 * value on the wrong side, and a small codebook lacks some magnitude patterns.
+			 * There at most one value a group of 8 may be off, by at most 2 |x|. */
+			const bool cb = t == KT_IQ2_XXS || t == KT_IQ2_XS || t == KT_IQ2_S ||
+			                t == KT_IQ3_XXS || t == KT_IQ3_S || t == KT_IQ1_S || t == KT_IQ1_M;
+			int bad = 0, off = 0, far = 0;
+			for (int i = 0; i < N; i++) {
+				const float e = fabsf(y[i] - x[i]);
+				bad += !isfinite(y[i]) || e > bound;
+				far += !isfinite(y[i]) || e > 2.0f * fabsf(x[i]) + bound;
+			}
+			for (int g = 0; cb && g < N / 8; g++) {
+				int m = 0;
+				for (int j = 0; j < 8; j++)
+					m += !(fabsf(y[8 * g + j] - x[8 * g + j]) <= bound);
+				off += m > 1;
+			}
+			if (cb)
+				CHECK(off == 0 && far == 0,
+				      "%s: %d groups of 8 with two values off, %d values off by > 2|x|, "
+				      "scale %g",
+				      nm, off, far, (double)scales[k]);
+			else
+				CHECK(bad == 0, "%s: %d of %d values off for a two-level row of scale %g", nm,
+				      bad, N, (double)scales[k]);
 		}
 		for (int i = 0; i < N; i++)
 			x[i] = i == 3 ? NAN : 0.5f;
 		kcpu_quantize_row(t, x, q, N); /* must not crash; the result is unspecified */
 	}
 	printf("degenerate rows: zeros, two-level rows at 1e-30..1e3, NaN input\n");
+}
+
+/* The codebook types against ggml itself: tests/data/iq_ggml_ref.bin holds rows of random blocks and
+ * rows ggml quantized, each with the floats ggml's dequantize_row_* gave (scripts/ggml_iq_probe.c).
+ * Both of tandem's decoders must give exactly those floats; the dot must agree with them. */
+static void test_ggml_ref(void)
+{
+	const char *d = getenv("TANDEM_TESTDATA");
+	char path[512];
+	snprintf(path, sizeof path, "%s/iq_ggml_ref.bin", d ? d : "tests/data");
+	FILE *f = fopen(path, "rb");
+	CHECK(f != NULL, "%s: cannot open", path);
+	if (!f)
+		return;
+	char magic[8];
+	int rows = 0, seen[KT_COUNT] = {0};
+	CHECK(fread(magic, 1, 8, f) == 8 && memcmp(magic, "IQREF1\0\0", 8) == 0, "%s: bad magic", path);
+	for (;;) {
+		uint32_t h[3];
+		if (fread(h, 4, 1, f) != 1) {
+			CHECK(0, "%s: truncated", path);
+			break;
+		}
+		if (h[0] == 0)
+			break;
+		size_t rb;
+		if (fread(h + 1, 4, 2, f) != 2 || h[0] >= KT_COUNT || h[1] == 0 || h[1] > 4096 ||
+		    h[2] > 8192 || !ktype_row_bytes((int)h[0], h[1], &rb) || rb != h[2]) {
+			CHECK(0, "%s: bad record header after %d rows", path, rows);
+			break;
+		}
+		const int t = (int)h[0], n = (int)h[1];
+		uint8_t q[8192];
+		float want[4096], y[4096], y2[4096], x[4096];
+		if (fread(q, 1, rb, f) != rb || fread(want, 4, (size_t)n, f) != (size_t)n) {
+			CHECK(0, "%s: truncated record", path);
+			break;
+		}
+		kcpu_dequant_row_ref(t, q, y, n);
+		kcpu_dequant_row(t, q, y2, n);
+		int bad = 0, bad2 = 0, first = -1;
+		for (int i = 0; i < n; i++) {
+			if (memcmp(&y[i], &want[i], 4) && first < 0)
+				first = i;
+			bad += memcmp(&y[i], &want[i], 4) != 0;
+			bad2 += memcmp(&y2[i], &want[i], 4) != 0;
+		}
+		CHECK(bad == 0 && bad2 == 0,
+		      "%s row %d: %d (ref) / %d values differ from ggml, first at %d: %.9g vs %.9g",
+		      ktype_name(t), rows, bad, bad2, first, first >= 0 ? (double)y[first] : 0.0,
+		      first >= 0 ? (double)want[first] : 0.0);
+		double exact = 0, mag = 0;
+		for (int i = 0; i < n; i++) {
+			x[i] = rng_gauss();
+			exact += (double)want[i] * x[i];
+			mag += fabs((double)want[i] * x[i]);
+		}
+		const double e = fabs(kcpu_dot_row(t, q, x, n) - exact) / (mag > 0 ? mag : 1);
+		CHECK(e < 1e-5, "%s row %d: dot off by %.3g of sum|wx|", ktype_name(t), rows, e);
+		seen[t]++, rows++;
+	}
+	fclose(f);
+	static const int need[] = {KT_IQ2_XXS, KT_IQ2_XS, KT_IQ2_S, KT_IQ3_XXS, KT_IQ3_S, KT_IQ1_S, KT_IQ1_M};
+	for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
+		CHECK(seen[need[i]] >= 8, "%s: %d reference rows, expected 8", ktype_name(need[i]),
+		      seen[need[i]]);
+	printf("ggml reference rows: %d (IQ2_XXS .. IQ1_M), decoded bit for bit\n", rows);
 }
 
 /* Kernels called with a type they cannot handle, or a partial block, abort with a message (the
@@ -644,7 +763,7 @@ static bool dies(int type, int64_t n, int which)
 static void test_misuse(void)
 {
 	for (int which = 0; which < 3; which++) {
-		CHECK(dies(KT_IQ2_XXS, 256, which), "IQ2_XXS (no CPU kernels) accepted (%d)", which);
+		CHECK(dies(KT_TQ2_0, 256, which), "TQ2_0 (no CPU kernels) accepted (%d)", which);
 		CHECK(dies(77, 32, which), "unknown type 77 accepted (%d)", which);
 		CHECK(dies(KT_Q4_K, 128, which), "Q4_K with half a block accepted (%d)", which);
 		CHECK(dies(KT_Q8_0, -32, which), "negative n accepted (%d)", which);
@@ -668,6 +787,7 @@ int main(void)
 	test_hand_blocks();
 	test_degenerate();
 	test_misuse();
+	test_ggml_ref();
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
 		test_type(&cases[i]);
 
