@@ -127,6 +127,9 @@ endif
 
 TEST_SRC  := $(wildcard tests/unit/test_*.c tests/model/test_*.c tests/ops/test_*.c)
 TEST_BINS := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(TEST_SRC)))
+# C++ unit tests: CUDA device code compiled for the host (tests/unit/test_quant_piece.cc)
+TEST_CXX_SRC := $(wildcard tests/unit/test_*.cc)
+TEST_BINS += $(patsubst %.cc,$(BUILD)/tests/%,$(notdir $(TEST_CXX_SRC)))
 FUZZ_SRC  := $(wildcard tests/fuzz/fuzz_*.c)
 BENCH_SRC := $(wildcard bench/bench_*.c)
 BENCH_BINS := $(patsubst %.c,$(BUILD)/bench/%,$(notdir $(BENCH_SRC)))
@@ -150,6 +153,14 @@ $(BUILD)/obj/%.o: %.c | $(PROTO_GEN)
 	@mkdir -p $(dir $@)
 	@echo "  CC    $<"
 	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+
+CXX      ?= g++
+CXXFLAGS := -std=c++17 $(OPT) -Wall -Wextra -Werror -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas $(ARCHF) \
+            $(INC) -fno-exceptions -fno-rtti -fno-strict-aliasing $(SANF) -MMD -MP
+$(BUILD)/obj/%.o: %.cc
+	@mkdir -p $(dir $@)
+	@echo "  CXX   $<"
+	$(Q)$(CXX) $(CXXFLAGS) -c $< -o $@
 
 $(BUILD)/obj/llhttp/%.o: /usr/share/llhttp/%.c
 	@mkdir -p $(dir $@)

@@ -407,7 +407,14 @@ extern "C" bool kcuda_mm_tile_ok(int type, int64_t n_in)
 	case KT_Q4_K:
 	case KT_Q5_K:
 	case KT_Q6_K:
-	case KT_IQ4_XS: return n_in > 0 && n_in % 16 == 0;
+	case KT_IQ4_XS:
+	case KT_IQ2_XXS: /* codebook values (with IQ1's +-1/8) are exact in fp16 */
+	case KT_IQ2_XS:
+	case KT_IQ2_S:
+	case KT_IQ3_XXS:
+	case KT_IQ3_S:
+	case KT_IQ1_S:
+	case KT_IQ1_M: return n_in > 0 && n_in % 16 == 0;
 	default: return false; /* float weights are not exact in fp16 */
 	}
 }
@@ -503,6 +510,7 @@ int kcuda_mm_tile_launch(struct kcuda_ctx *c, const struct kweight *w0, size_t m
 		break;
 		X(KT_Q8_0) X(KT_Q4_0) X(KT_Q4_1) X(KT_Q5_0) X(KT_Q5_1) X(KT_IQ4_NL)
 		X(KT_Q2_K) X(KT_Q3_K) X(KT_Q4_K) X(KT_Q5_K) X(KT_Q6_K) X(KT_IQ4_XS)
+		X(KT_IQ2_XXS) X(KT_IQ2_XS) X(KT_IQ2_S) X(KT_IQ3_XXS) X(KT_IQ3_S) X(KT_IQ1_S) X(KT_IQ1_M)
 #undef X
 	default:
 		return ERR_UNSUPPORTED;

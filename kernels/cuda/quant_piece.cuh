@@ -509,6 +509,8 @@ template <> struct kq<KT_IQ4_XS> { /* 136 B: d, scales_h (u16), scales_l[4], qs[
 	}
 };
 
+#include "kernels/cuda/quant_piece_iq.cuh" /* IQ2_XXS .. IQ1_M */
+
 /* Element j of piece p exactly as kcpu_dequant_row would give it, up to fp32 rounding of
  * a * v + b (embedding lookup, prefill dequantization); kq_values_raw: the same from raw bytes that
  * kq<T>::load already brought (a kernel that loads a step ahead). */
@@ -532,7 +534,8 @@ template <int T> __device__ __forceinline__ void kq_values(const uint8_t *row, i
 // clang-format off
 #define KCUDA_FOR_EACH_TYPE(X) \
 	X(KT_F32) X(KT_F16) X(KT_BF16) X(KT_Q8_0) X(KT_Q4_0) X(KT_Q4_1) X(KT_Q5_0) X(KT_Q5_1) \
-	X(KT_IQ4_NL) X(KT_Q2_K) X(KT_Q3_K) X(KT_Q4_K) X(KT_Q5_K) X(KT_Q6_K) X(KT_IQ4_XS)
+	X(KT_IQ4_NL) X(KT_Q2_K) X(KT_Q3_K) X(KT_Q4_K) X(KT_Q5_K) X(KT_Q6_K) X(KT_IQ4_XS) \
+	X(KT_IQ2_XXS) X(KT_IQ2_XS) X(KT_IQ2_S) X(KT_IQ3_XXS) X(KT_IQ3_S) X(KT_IQ1_S) X(KT_IQ1_M)
 // clang-format on
 
 #endif

@@ -124,6 +124,19 @@ static inline void ops_fill_weight(int type, int64_t n_in, int64_t n_rows, size_
 				ops_put16(p + 2, ops_rand_scale(0));
 				break;
 			case KT_Q6_K: ops_put16(p + 208, ops_rand_scale(1)); break;
+			case KT_IQ2_XXS:
+			case KT_IQ2_XS:
+			case KT_IQ2_S:
+			case KT_IQ3_XXS:
+			case KT_IQ3_S:
+			case KT_IQ1_S: ops_put16(p, ops_rand_scale(1)); break;
+			case KT_IQ1_M: { /* the fp16 scale is the top nibbles of the four scale words */
+				const uint16_t d = ops_rand_scale(1);
+				for (int k = 0; k < 4; k++)
+					p[49 + 2 * k] =
+					    (uint8_t)((p[49 + 2 * k] & 15) | (((d >> (4 * k)) & 15) << 4));
+				break;
+			}
 			default: break;
 			}
 		}

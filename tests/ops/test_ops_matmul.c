@@ -34,8 +34,10 @@ struct shape {
 	const char *what;
 };
 
-static const int types[] = {KT_Q8_0, KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_BF16, KT_F32,    KT_F16,   KT_Q4_0,
-                            KT_Q4_1, KT_Q5_0, KT_Q5_1, KT_Q2_K, KT_Q3_K, KT_IQ4_NL, KT_IQ4_XS};
+static const int types[] = {KT_Q8_0,    KT_Q4_K,   KT_Q5_K,   KT_Q6_K,    KT_BF16,   KT_F32,
+                            KT_F16,     KT_Q4_0,   KT_Q4_1,   KT_Q5_0,    KT_Q5_1,   KT_Q2_K,
+                            KT_Q3_K,    KT_IQ4_NL, KT_IQ4_XS, KT_IQ2_XXS, KT_IQ2_XS, KT_IQ2_S,
+                            KT_IQ3_XXS, KT_IQ3_S,  KT_IQ1_S,  KT_IQ1_M};
 
 /* The tensor-core paths (TANDEM_GEMV_MMA, on unless set to 0): quantized weights at n_tok 9..16
  * on the automatic path, and at any n_tok > 8 on the fp32 path, take the tile product

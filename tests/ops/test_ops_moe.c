@@ -1340,6 +1340,13 @@ int main(void)
 	static const int mix_n[] = {1, 3, 16, 40, 128};
 	for (size_t i = 0; i < sizeof(mix_n) / sizeof(mix_n[0]); i++)
 		ffn_case(&small, KT_Q4_K, KT_Q6_K, mix_n[i], 1e-4);
+	/* the codebook types of low-bit GLM-5 / DeepSeek GGUFs on the experts (generic kernels) */
+	static const int iq_pair[][2] = {
+	    {KT_IQ2_XXS, KT_IQ3_S}, {KT_IQ3_XXS, KT_IQ2_S}, {KT_IQ1_M, KT_IQ1_S}, {KT_IQ2_XS, KT_Q4_K}};
+	for (size_t t = 0; t < sizeof(iq_pair) / sizeof(iq_pair[0]); t++)
+		for (size_t i = 0; i < sizeof(mix_n) / sizeof(mix_n[0]); i++)
+			if (!quick || mix_n[i] == 1 || mix_n[i] == 40)
+				ffn_case(&small, iq_pair[t][0], iq_pair[t][1], mix_n[i], 1e-4);
 	/* the batch sweep at 256 experts top-8 */
 	static const int sweep_n[] = {1, 2, 3, 8, 16, 17, 40, 128, 256};
 	for (size_t i = 0; i < sizeof(sweep_n) / sizeof(sweep_n[0]); i++) {

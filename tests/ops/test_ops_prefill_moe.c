@@ -470,9 +470,11 @@ int main(void)
 	}
 	pool = kpool_create(8);
 	/* many types, small shapes */
-	static const int types[][2] = {{KT_Q8_0, KT_Q8_0}, {KT_Q4_K, KT_Q6_K},   {KT_Q4_K, KT_Q4_K},
-	                               {KT_Q5_K, KT_Q5_K}, {KT_Q6_K, KT_Q6_K},   {KT_BF16, KT_BF16},
-	                               {KT_F32, KT_F16},   {KT_IQ4_XS, KT_Q8_0}, {KT_Q2_K, KT_Q3_K}};
+	static const int types[][2] = {{KT_Q8_0, KT_Q8_0},     {KT_Q4_K, KT_Q6_K},   {KT_Q4_K, KT_Q4_K},
+	                               {KT_Q5_K, KT_Q5_K},     {KT_Q6_K, KT_Q6_K},   {KT_BF16, KT_BF16},
+	                               {KT_F32, KT_F16},       {KT_IQ4_XS, KT_Q8_0}, {KT_Q2_K, KT_Q3_K},
+	                               {KT_IQ2_XXS, KT_IQ3_S}, {KT_IQ1_M, KT_IQ2_S}, {KT_IQ1_S, KT_IQ3_XXS},
+	                               {KT_IQ2_XS, KT_Q4_K}};
 	for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
 		const struct pcase c = {types[t][0], types[t][1], 12, 256, 512, 4, 64, 0, 0, 1, 0, 256};
 		prefill_case(&c);

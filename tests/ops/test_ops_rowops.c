@@ -205,8 +205,10 @@ static void test_rope(void)
 
 static void test_embed(void)
 {
-	static const int types[] = {KT_Q8_0, KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_BF16, KT_F32,    KT_F16,   KT_Q4_0,
-	                            KT_Q4_1, KT_Q5_0, KT_Q5_1, KT_Q2_K, KT_Q3_K, KT_IQ4_NL, KT_IQ4_XS};
+	static const int types[] = {KT_Q8_0,    KT_Q4_K,   KT_Q5_K,   KT_Q6_K,    KT_BF16,   KT_F32,
+	                            KT_F16,     KT_Q4_0,   KT_Q4_1,   KT_Q5_0,    KT_Q5_1,   KT_Q2_K,
+	                            KT_Q3_K,    KT_IQ4_NL, KT_IQ4_XS, KT_IQ2_XXS, KT_IQ2_XS, KT_IQ2_S,
+	                            KT_IQ3_XXS, KT_IQ3_S,  KT_IQ1_S,  KT_IQ1_M};
 	for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
 		const int type = types[ti];
 		const int64_t qk = ktype_get(type)->blck;

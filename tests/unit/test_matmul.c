@@ -33,8 +33,10 @@ static float rng_gauss(void)
 	return (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
 }
 
-static const int types[] = {KT_F32,    KT_F16,  KT_BF16, KT_Q8_0, KT_Q4_0, KT_Q4_1, KT_Q5_0,  KT_Q5_1,
-                            KT_IQ4_NL, KT_Q2_K, KT_Q3_K, KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_IQ4_XS};
+static const int types[] = {KT_F32,     KT_F16,   KT_BF16,   KT_Q8_0,    KT_Q4_0,   KT_Q4_1,
+                            KT_Q5_0,    KT_Q5_1,  KT_IQ4_NL, KT_Q2_K,    KT_Q3_K,   KT_Q4_K,
+                            KT_Q5_K,    KT_Q6_K,  KT_IQ4_XS, KT_IQ2_XXS, KT_IQ2_XS, KT_IQ2_S,
+                            KT_IQ3_XXS, KT_IQ3_S, KT_IQ1_S,  KT_IQ1_M};
 
 /* one case: returns the worst error relative to sum |w x| */
 static int64_t row_pad; /* extra bytes between rows (a TP slice keeps the full row as stride) */
