@@ -2,10 +2,11 @@
  * experts: IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M (MODEL-SPEC.md §5.3). Every type has
  * 256-element blocks of eight 32-element sub-blocks; a sub-block holds groups of 8 (or 4) elements,
  * each an index into a fixed codebook (kernels/iq_grids.inc, ggml's tables) plus signs, under one or
- * two scales. One decoder per type turns sub-block ib into 32 values v (codebook value with its sign,
- * or with IQ1's +-1/8 shift) and the scales of its two 16-element halves, so that element j is
- * s[j / 16] * v[j]: exactly ggml's dequantize_row_* (the same float operations; tests/unit/test_quant
- * compares against rows ggml decoded). The dequantizer, the dot and the quantizer share that decoder.
+ * two scales. One decoder per type turns sub-block ib into four 8-byte codebook words with their sign
+ * bits (or IQ1's +-1/8 shifts) and the scales of its two 16-element halves (struct iqg); element j is
+ * then s[j / 16] * v[j], v the codebook value with its sign or shift: exactly ggml's dequantize_row_*
+ * (the same float operations; tests/unit/test_quant compares against rows ggml decoded). The
+ * dequantizer and the dot (AVX2: a group's 8 bytes widened to floats, signs by XOR) share it.
  *
  * The quantizers are simple (nearest codebook entry by exhaustive search under a least-squares
  * sub-block scale, no importance weights): they exist so that mkmodel and the tests can write these
@@ -34,93 +35,93 @@ static inline int gb(uint64_t e, int j)
 	return (int)((e >> (8 * j)) & 255);
 }
 
-/* 8 magnitudes of entry e under sign byte sg (bit j: element j negative) */
-static inline void put8(float *v, uint64_t e, unsigned sg)
-{
-	for (int j = 0; j < 8; j++)
-		v[j] = (sg >> j & 1) ? -(float)gb(e, j) : (float)gb(e, j);
-}
+/* A sub-block in a form every type shares: four groups of 8, each an 8-byte codebook word e[l]
+ * (two 4-byte entries for IQ3) whose bytes are magnitudes under sign bits sg[l] (bit j: element j
+ * negative), or for IQ1 int8 values plus delta[l]; s[h] scales elements 16h .. 16h + 15. */
+struct iqg {
+	uint64_t e[4];
+	uint32_t sg[4];
+	float delta[4];
+	float s[2];
+	bool i1; /* IQ1: signed bytes plus delta, no sign bits */
+};
 
-/* two 4-value entries under one sign byte */
-static inline void put4x2(float *v, uint32_t e1, uint32_t e2, unsigned sg)
-{
-	put8(v, (uint64_t)e1 | (uint64_t)e2 << 32, sg);
-}
+/* ---- decoders: sub-block ib of block b ---- */
 
-/* 8 IQ1 values: int8 entry plus delta */
-static inline void put8_iq1(float *v, uint64_t e, float delta)
-{
-	for (int j = 0; j < 8; j++)
-		v[j] = (float)(int8_t)gb(e, j) + delta;
-}
-
-/* ---- decoders: sub-block ib of block b -> v[32], s[2] ---- */
-
-static void sub_iq2_xxs(const uint8_t *b, int ib, float *v, float *s)
+static void grp_iq2_xxs(const uint8_t *b, int ib, struct iqg *g)
 {
 	const float d = quant_fp16(b);
 	const uint8_t *p = b + 2 + 8 * ib;
 	const uint32_t a1 = quant_rd32(p + 4);
-	s[0] = s[1] = d * (0.5f + (float)(a1 >> 28)) * 0.25f;
+	g->i1 = false;
+	g->s[0] = g->s[1] = d * (0.5f + (float)(a1 >> 28)) * 0.25f;
 	for (int l = 0; l < 4; l++)
-		put8(v + 8 * l, grid_iq2xxs[p[l]], ksigns[(a1 >> (7 * l)) & 127]);
+		g->e[l] = grid_iq2xxs[p[l]], g->sg[l] = ksigns[(a1 >> (7 * l)) & 127];
 }
 
-static void sub_iq2_xs(const uint8_t *b, int ib, float *v, float *s)
+static void grp_iq2_xs(const uint8_t *b, int ib, struct iqg *g)
 {
 	const float d = quant_fp16(b);
 	const uint8_t sc = b[66 + ib];
-	s[0] = d * (0.5f + (float)(sc & 15)) * 0.25f;
-	s[1] = d * (0.5f + (float)(sc >> 4)) * 0.25f;
+	g->i1 = false;
+	g->s[0] = d * (0.5f + (float)(sc & 15)) * 0.25f;
+	g->s[1] = d * (0.5f + (float)(sc >> 4)) * 0.25f;
 	for (int l = 0; l < 4; l++) {
 		const uint16_t q = quant_rd16(b + 2 + 2 * (4 * ib + l));
-		put8(v + 8 * l, grid_iq2xs[q & 511], ksigns[q >> 9]);
+		g->e[l] = grid_iq2xs[q & 511], g->sg[l] = ksigns[q >> 9];
 	}
 }
 
-static void sub_iq2_s(const uint8_t *b, int ib, float *v, float *s)
+static void grp_iq2_s(const uint8_t *b, int ib, struct iqg *g)
 {
 	const float d = quant_fp16(b);
 	const uint8_t sc = b[74 + ib], qh = b[66 + ib];
-	s[0] = d * (0.5f + (float)(sc & 15)) * 0.25f;
-	s[1] = d * (0.5f + (float)(sc >> 4)) * 0.25f;
+	g->i1 = false;
+	g->s[0] = d * (0.5f + (float)(sc & 15)) * 0.25f;
+	g->s[1] = d * (0.5f + (float)(sc >> 4)) * 0.25f;
 	for (int l = 0; l < 4; l++) {
-		const int idx = b[2 + 4 * ib + l] | ((qh << (8 - 2 * l)) & 0x300);
-		put8(v + 8 * l, grid_iq2s[idx], b[34 + 4 * ib + l]);
+		g->e[l] = grid_iq2s[b[2 + 4 * ib + l] | ((qh << (8 - 2 * l)) & 0x300)];
+		g->sg[l] = b[34 + 4 * ib + l];
 	}
 }
 
-static void sub_iq3_xxs(const uint8_t *b, int ib, float *v, float *s)
+static void grp_iq3_xxs(const uint8_t *b, int ib, struct iqg *g)
 {
 	const float d = quant_fp16(b);
 	const uint8_t *qs = b + 2 + 8 * ib;
 	const uint32_t aux = quant_rd32(b + 66 + 4 * ib);
-	s[0] = s[1] = d * (0.5f + (float)(aux >> 28)) * 0.5f;
-	for (int l = 0; l < 4; l++)
-		put4x2(v + 8 * l, grid_iq3xxs[qs[2 * l]], grid_iq3xxs[qs[2 * l + 1]],
-		       ksigns[(aux >> (7 * l)) & 127]);
-}
-
-static void sub_iq3_s(const uint8_t *b, int ib, float *v, float *s)
-{
-	const float d = quant_fp16(b);
-	const uint8_t *qs = b + 2 + 8 * ib, qh = b[66 + ib];
-	s[0] = s[1] = d * (float)(1 + 2 * ((b[106 + ib / 2] >> (4 * (ib % 2))) & 15));
+	g->i1 = false;
+	g->s[0] = g->s[1] = d * (0.5f + (float)(aux >> 28)) * 0.5f;
 	for (int l = 0; l < 4; l++) {
-		const int i1 = qs[2 * l] | ((qh << (8 - 2 * l)) & 256);
-		const int i2 = qs[2 * l + 1] | ((qh << (7 - 2 * l)) & 256);
-		put4x2(v + 8 * l, grid_iq3s[i1], grid_iq3s[i2], b[74 + 4 * ib + l]);
+		g->e[l] = (uint64_t)grid_iq3xxs[qs[2 * l]] | (uint64_t)grid_iq3xxs[qs[2 * l + 1]] << 32;
+		g->sg[l] = ksigns[(aux >> (7 * l)) & 127];
 	}
 }
 
-static void sub_iq1_s(const uint8_t *b, int ib, float *v, float *s)
+static void grp_iq3_s(const uint8_t *b, int ib, struct iqg *g)
+{
+	const float d = quant_fp16(b);
+	const uint8_t *qs = b + 2 + 8 * ib, qh = b[66 + ib];
+	g->i1 = false;
+	g->s[0] = g->s[1] = d * (float)(1 + 2 * ((b[106 + ib / 2] >> (4 * (ib % 2))) & 15));
+	for (int l = 0; l < 4; l++) {
+		const int i1 = qs[2 * l] | ((qh << (8 - 2 * l)) & 256);
+		const int i2 = qs[2 * l + 1] | ((qh << (7 - 2 * l)) & 256);
+		g->e[l] = (uint64_t)grid_iq3s[i1] | (uint64_t)grid_iq3s[i2] << 32;
+		g->sg[l] = b[74 + 4 * ib + l];
+	}
+}
+
+static void grp_iq1_s(const uint8_t *b, int ib, struct iqg *g)
 {
 	const float d = quant_fp16(b);
 	const uint16_t h = quant_rd16(b + 34 + 2 * ib);
-	const float delta = (h & 0x8000) ? -IQ1_DELTA : IQ1_DELTA;
-	s[0] = s[1] = d * (float)(2 * ((h >> 12) & 7) + 1);
-	for (int l = 0; l < 4; l++)
-		put8_iq1(v + 8 * l, grid_iq1s[b[2 + 4 * ib + l] | (((h >> (3 * l)) & 7) << 8)], delta);
+	g->i1 = true;
+	g->s[0] = g->s[1] = d * (float)(2 * ((h >> 12) & 7) + 1);
+	for (int l = 0; l < 4; l++) {
+		g->e[l] = grid_iq1s[b[2 + 4 * ib + l] | (((h >> (3 * l)) & 7) << 8)];
+		g->delta[l] = (h & 0x8000) ? -IQ1_DELTA : IQ1_DELTA;
+	}
 }
 
 /* IQ1_M's fp16 super-scale: the top nibbles of its four 16-bit scale words */
@@ -131,64 +132,148 @@ static float iq1m_d(const uint8_t *b)
 	return kfp16_to_f32(u);
 }
 
-static void sub_iq1_m(const uint8_t *b, int ib, float *v, float *s)
+static void grp_iq1_m(const uint8_t *b, int ib, struct iqg *g)
 {
 	const float d = iq1m_d(b);
 	const uint16_t sc = quant_rd16(b + 48 + 2 * (ib / 2));
 	const int sh = 6 * (ib % 2);
-	s[0] = d * (float)(2 * ((sc >> sh) & 7) + 1);
-	s[1] = d * (float)(2 * ((sc >> (sh + 3)) & 7) + 1);
+	g->i1 = true;
+	g->s[0] = d * (float)(2 * ((sc >> sh) & 7) + 1);
+	g->s[1] = d * (float)(2 * ((sc >> (sh + 3)) & 7) + 1);
 	const uint8_t *qs = b + 4 * ib, *qh = b + 32 + 2 * ib;
 	for (int l = 0; l < 4; l++) {
 		const int h = qh[l / 2] >> (4 * (l % 2)); /* 3 index bits, then the delta's sign */
-		put8_iq1(v + 8 * l, grid_iq1s[qs[l] | ((h & 7) << 8)], (h & 8) ? -IQ1_DELTA : IQ1_DELTA);
+		g->e[l] = grid_iq1s[qs[l] | ((h & 7) << 8)];
+		g->delta[l] = (h & 8) ? -IQ1_DELTA : IQ1_DELTA;
 	}
+}
+
+/* the 32 values of a sub-block: ggml's floats are s * v (grid * +-1, or int8 + delta) */
+static void grp_values(const struct iqg *g, float *v)
+{
+	if (g->i1) {
+		for (int l = 0; l < 4; l++)
+			for (int j = 0; j < 8; j++)
+				v[8 * l + j] = (float)(int8_t)gb(g->e[l], j) + g->delta[l];
+		return;
+	}
+	for (int l = 0; l < 4; l++)
+		for (int j = 0; j < 8; j++) {
+			const float q = (float)gb(g->e[l], j);
+			v[8 * l + j] = ((g->sg[l] >> j) & 1) ? -q : q;
+		}
 }
 
 /* ---- the shared row loops ---- */
 
-typedef void (*sub_fn)(const uint8_t *b, int ib, float *v, float *s);
+typedef void (*grp_fn)(const uint8_t *b, int ib, struct iqg *g);
 
-static void dequant_with(sub_fn sub, int bytes, const void *src, float *dst, int64_t n)
+static void dequant_with(grp_fn grp, int bytes, const void *src, float *dst, int64_t n)
 {
 	const uint8_t *b = src;
-	float v[32], s[2];
+	struct iqg g;
+	float v[32];
 
 	for (int64_t i = 0; i < n / QK_K; i++, b += bytes)
 		for (int ib = 0; ib < 8; ib++) {
-			sub(b, ib, v, s);
+			grp(b, ib, &g);
+			grp_values(&g, v);
 			float *y = dst + i * QK_K + 32 * ib;
 			for (int j = 0; j < 32; j++)
-				y[j] = s[j / 16] * v[j];
+				y[j] = g.s[j / 16] * v[j];
 		}
 }
 
-static float dot_with(sub_fn sub, int bytes, const void *row, const float *x, int64_t n)
+#if QUANT_AVX2
+/* 8 values of group l as floats: bytes widened, then signed (sign bits) or shifted (IQ1) */
+static inline __m256 grp_v8(const struct iqg *g, int l)
+{
+	const __m128i q = _mm_cvtsi64_si128((long long)g->e[l]);
+	if (g->i1)
+		return _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)),
+		                     _mm256_set1_ps(g->delta[l]));
+	const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+	const __m256i neg = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)g->sg[l]), bit), bit);
+	const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q));
+	return _mm256_xor_ps(v, _mm256_and_ps(_mm256_castsi256_ps(neg), _mm256_set1_ps(-0.0f)));
+}
+
+static float dot_with(grp_fn grp, int bytes, const void *row, const float *x, int64_t n)
 {
 	const uint8_t *b = row;
-	float v[32], s[2], acc = 0.0f;
+	struct iqg g;
+	__m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
 
 	for (int64_t i = 0; i < n / QK_K; i++, b += bytes)
 		for (int ib = 0; ib < 8; ib++, x += 32) {
-			sub(b, ib, v, s);
+			grp(b, ib, &g);
+			__m256 h0 = _mm256_mul_ps(grp_v8(&g, 0), _mm256_loadu_ps(x));
+			__m256 h1 = _mm256_mul_ps(grp_v8(&g, 2), _mm256_loadu_ps(x + 16));
+			h0 = _mm256_fmadd_ps(grp_v8(&g, 1), _mm256_loadu_ps(x + 8), h0);
+			h1 = _mm256_fmadd_ps(grp_v8(&g, 3), _mm256_loadu_ps(x + 24), h1);
+			acc = _mm256_fmadd_ps(_mm256_set1_ps(g.s[0]), h0, acc);
+			acc2 = _mm256_fmadd_ps(_mm256_set1_ps(g.s[1]), h1, acc2);
+		}
+	return quant_hsum(_mm256_add_ps(acc, acc2));
+}
+
+/* the same floats as dequant_with (each value exact, one product by the scale) */
+static void dequant_avx2_with(grp_fn grp, int bytes, const void *src, float *dst, int64_t n)
+{
+	const uint8_t *b = src;
+	struct iqg g;
+
+	for (int64_t i = 0; i < n / QK_K; i++, b += bytes)
+		for (int ib = 0; ib < 8; ib++, dst += 32) {
+			grp(b, ib, &g);
+			for (int l = 0; l < 4; l++)
+				_mm256_storeu_ps(dst + 8 * l,
+				                 _mm256_mul_ps(_mm256_set1_ps(g.s[l / 2]), grp_v8(&g, l)));
+		}
+}
+#else
+static float dot_with(grp_fn grp, int bytes, const void *row, const float *x, int64_t n)
+{
+	const uint8_t *b = row;
+	struct iqg g;
+	float v[32], acc = 0.0f;
+
+	for (int64_t i = 0; i < n / QK_K; i++, b += bytes)
+		for (int ib = 0; ib < 8; ib++, x += 32) {
+			grp(b, ib, &g);
+			grp_values(&g, v);
 			float h0 = 0.0f, h1 = 0.0f;
 			for (int j = 0; j < 16; j++) {
 				h0 += v[j] * x[j];
 				h1 += v[16 + j] * x[16 + j];
 			}
-			acc += s[0] * h0 + s[1] * h1;
+			acc += g.s[0] * h0 + g.s[1] * h1;
 		}
 	return acc;
 }
+#endif
+
+#if QUANT_AVX2
+#define DEQ_FAST(name, bytes)                                                                                \
+	static void name##_dequant_avx2(const void *src, float *dst, int64_t n)                              \
+	{                                                                                                    \
+		dequant_avx2_with(grp_##name, bytes, src, dst, n);                                           \
+	}
+#define DEQ_OP(name) .dequant = name##_dequant_avx2,
+#else
+#define DEQ_FAST(name, bytes)
+#define DEQ_OP(name)
+#endif
 
 #define ROW_FUNCS(name, bytes)                                                                               \
+	DEQ_FAST(name, bytes)                                                                                \
 	static void name##_dequant(const void *src, float *dst, int64_t n)                                   \
 	{                                                                                                    \
-		dequant_with(sub_##name, bytes, src, dst, n);                                                \
+		dequant_with(grp_##name, bytes, src, dst, n);                                                \
 	}                                                                                                    \
 	static float name##_dot(const void *row, const float *x, int64_t n)                                  \
 	{                                                                                                    \
-		return dot_with(sub_##name, bytes, row, x, n);                                               \
+		return dot_with(grp_##name, bytes, row, x, n);                                               \
 	}
 
 ROW_FUNCS(iq2_xxs, 66)
@@ -602,7 +687,7 @@ static void q_iq1_m(const float *src, void *dst, int64_t n)
 
 #define OPS(name, qname)                                                                                     \
 	const struct quant_ops quant_ops_##name = {                                                          \
-	    .dequant_ref = name##_dequant, .dot = name##_dot, .quantize = qname}
+	    .dequant_ref = name##_dequant, DEQ_OP(name).dot = name##_dot, .quantize = qname}
 
 OPS(iq2_xxs, q_iq2_xxs);
 OPS(iq2_xs, q_iq2_xs);

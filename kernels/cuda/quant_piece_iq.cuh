@@ -134,7 +134,8 @@ template <> struct kq<KT_IQ2_S> { /* 82 B: d, qs[32] index bytes, signs[32], qh[
 #pragma unroll
 		for (int g = 0; g < 2; g++) {
 			const int l = 2 * h + g;
-			const uint32_t i = ((r.qs >> (8 * g)) & 0xffu) | (((uint32_t)r.qh << (8 - 2 * l)) & 0x300u);
+			const uint32_t i =
+			    ((r.qs >> (8 * g)) & 0xffu) | (((uint32_t)r.qh << (8 - 2 * l)) & 0x300u);
 			const uint2 e = kc_grid8(kc_grid_iq2s, i);
 			kc_iq_put8(v + 8 * g, e.x, e.y, (r.sg >> (8 * g)) & 0xffu);
 		}
@@ -196,15 +197,18 @@ template <> struct kq<KT_IQ3_S> { /* 110 B: d, qs[64] index bytes, qh[8], signs[
 		for (int g = 0; g < 2; g++) {
 			const int l = 2 * h + g;
 			const uint32_t i1 = kc_byte(r.qs, 2 * g) | (((uint32_t)r.qh << (8 - 2 * l)) & 256u);
-			const uint32_t i2 = kc_byte(r.qs, 2 * g + 1) | (((uint32_t)r.qh << (7 - 2 * l)) & 256u);
-			kc_iq_put8(v + 8 * g, __ldg(kc_grid_iq3s + i1), __ldg(kc_grid_iq3s + i2), (r.sg >> (8 * g)) & 0xffu);
+			const uint32_t i2 =
+			    kc_byte(r.qs, 2 * g + 1) | (((uint32_t)r.qh << (7 - 2 * l)) & 256u);
+			kc_iq_put8(v + 8 * g, __ldg(kc_grid_iq3s + i1), __ldg(kc_grid_iq3s + i2),
+			           (r.sg >> (8 * g)) & 0xffu);
 		}
 		a = kc_h2f(r.d) * kc_u2f(1u + 2u * ((r.sc >> (4 * (ib & 1))) & 15u)), b = 0.0f;
 	}
 };
 
-template <> struct kq<KT_IQ1_S> { /* 50 B: d, qs[32] index bytes, qh[8] u16 (3 index bits a group,
-                                     3-bit scale, delta sign) */
+template <>
+struct kq<KT_IQ1_S> { /* 50 B: d, qs[32] index bytes, qh[8] u16 (3 index bits a group,
+	                 3-bit scale, delta sign) */
 	static constexpr int QK = 256, BYTES = 50;
 	static constexpr bool HAS_B = false;
 	struct raw {
@@ -233,9 +237,10 @@ template <> struct kq<KT_IQ1_S> { /* 50 B: d, qs[32] index bytes, qh[8] u16 (3 i
 	}
 };
 
-template <> struct kq<KT_IQ1_M> { /* 56 B: qs[32] index bytes, qh[16] (3 index bits + delta sign a
-                                     group), 4 u16 scale words (3-bit scales; the fp16 super-scale in
-                                     their top nibbles) */
+template <>
+struct kq<KT_IQ1_M> { /* 56 B: qs[32] index bytes, qh[16] (3 index bits + delta sign a
+	                 group), 4 u16 scale words (3-bit scales; the fp16 super-scale in
+	                 their top nibbles) */
 	static constexpr int QK = 256, BYTES = 56;
 	static constexpr bool HAS_B = false;
 	struct raw {
@@ -254,8 +259,10 @@ template <> struct kq<KT_IQ1_M> { /* 56 B: qs[32] index bytes, qh[16] (3 index b
 	__device__ static __forceinline__ void decode(const raw &r, int64_t p, float *v, float &a, float &b)
 	{
 		const int ib = (int)((p & 15) >> 1), h = (int)(p & 1);
-		const uint32_t s0 = r.sc[0] & 0xffffu, s1 = r.sc[0] >> 16, s2 = r.sc[1] & 0xffffu, s3 = r.sc[1] >> 16;
-		const uint32_t du = (s0 >> 12) | ((s1 >> 8) & 0x00f0u) | ((s2 >> 4) & 0x0f00u) | (s3 & 0xf000u);
+		const uint32_t s0 = r.sc[0] & 0xffffu, s1 = r.sc[0] >> 16, s2 = r.sc[1] & 0xffffu,
+		               s3 = r.sc[1] >> 16;
+		const uint32_t du =
+		    (s0 >> 12) | ((s1 >> 8) & 0x00f0u) | ((s2 >> 4) & 0x0f00u) | (s3 & 0xf000u);
 		const int k = ib >> 1; /* scale word k: words 0, 1 in sc[0], 2, 3 in sc[1] */
 		const uint32_t s = ((k >> 1 ? r.sc[1] : r.sc[0]) >> (16 * (k & 1))) & 0xffffu;
 #pragma unroll
