@@ -574,9 +574,6 @@ static int ffn_check(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n
 		return kcuda_bad_arg("moe_ffn", "expert weight without data");
 	const int64_t D = gate->n_in;
 	size_t rb;
-	if (up->type != gate->type)
-		return kcuda_bad_arg("moe_ffn", "gate %s and up %s differ in type (one kernel reads both)",
-		                     ktype_name(gate->type), ktype_name(up->type));
 	if (up->n_in != D || down->n_in != F || gate->n_out != E * F || up->n_out != E * F ||
 	    down->n_out != E * D)
 		return kcuda_bad_arg(
@@ -586,13 +583,86 @@ static int ffn_check(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n
 	if (ldx < D || ldo < D)
 		return kcuda_bad_arg("moe_ffn", "ldx %lld or ldo %lld < D %lld", (long long)ldx,
 		                     (long long)ldo, (long long)D);
-	if (!ktype_row_bytes(gate->type, D, &rb) || rb != gate->row_bytes || up->row_bytes != rb)
-		return kcuda_bad_arg("moe_ffn", "gate/up %s row_bytes %zu/%zu for n_in %lld",
-		                     ktype_name(gate->type), gate->row_bytes, up->row_bytes, (long long)D);
+	size_t rbu;
+	if (!ktype_row_bytes(gate->type, D, &rb) || rb != gate->row_bytes ||
+	    !ktype_row_bytes(up->type, D, &rbu) || rbu != up->row_bytes)
+		return kcuda_bad_arg("moe_ffn", "gate %s / up %s row_bytes %zu/%zu for n_in %lld",
+		                     ktype_name(gate->type), ktype_name(up->type), gate->row_bytes,
+		                     up->row_bytes, (long long)D);
 	if (!ktype_row_bytes(down->type, F, &rb) || rb != down->row_bytes)
 		return kcuda_bad_arg("moe_ffn", "down %s row_bytes %zu for n_in %lld", ktype_name(down->type),
 		                     down->row_bytes, (long long)F);
 	return 0;
+}
+
+/* xp[p] = x[p / k]: each pair's token row (the split path below); a pair whose expert id is out of
+ * range is counted here (its products give NaN, as in the fused kernels) */
+__global__ void moe_pair_rows_kernel(const float *__restrict__ x, int64_t ldx, int k, int64_t D,
+                                     const int32_t *__restrict__ ids, int64_t E, float *__restrict__ xp,
+                                     unsigned *err)
+{
+	KDEP_ENTRY();
+	const int64_t p = blockIdx.y;
+	if (blockIdx.x == 0 && threadIdx.x == 0 && (ids[p] < 0 || ids[p] >= E))
+		atomicAdd(err, 1u);
+	const float *src = x + (p / k) * ldx;
+	for (int64_t d = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; d < D;
+	     d += (int64_t)gridDim.x * blockDim.x)
+		xp[p * D + d] = src[d];
+}
+
+/* one per-pair expert product through the down kernel: y[p] = rows [e F_out, e F_out + F_out) of w times
+ * in[p] (F_in values), e = ids[p] */
+static int moe_pair_product(struct kcuda_ctx *c, int64_t np, const int32_t *ids, const struct kweight *w,
+                            int64_t F_out, int64_t E, int64_t F_in, const float *in, float *y)
+{
+	switch (w->type) {
+#define X(T)                                                                                                 \
+	case T: return moe_down_t<T>(c, np, ids, w, F_out, E, F_in, in, y);
+		KCUDA_FOR_EACH_TYPE(X)
+#undef X
+	default: return ERR_UNSUPPORTED;
+	}
+}
+
+/* Gate and up of different types (a GGUF may give one of them more bits in some layers; every other
+ * path reads both with one type's decoder): per chunk of tokens that fits the workspace, each pair's
+ * token row gathered, gate and up as two per-pair products (the down kernel with the roles of D and F
+ * swapped), h = SiLU(g) u by kcuda_swiglu (kcpu_swiglu's formula, as the fused kernels), then down and
+ * the combine as moe_decode. No host sync (graphs can hold it). */
+static int moe_split_types(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
+                           const float *weights, int k, const struct kweight *gate, const struct kweight *up,
+                           const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo)
+{
+	const int64_t D = gate->n_in;
+	const size_t per_tok = (size_t)k * (size_t)(2 * D + 2 * F) * sizeof(float);
+	const int64_t chunk = (int64_t)(c->ws_bytes / per_tok);
+	if (chunk < 1)
+		return ERR_LIMIT;
+	int rc = 0;
+	stage_begin("moe.experts(split gate / up types)", gate, 2.0 * (double)(n * k) * (double)F);
+	for (int64_t t0 = 0; t0 < n && !rc; t0 += chunk) {
+		const int64_t nt = n - t0 < chunk ? n - t0 : chunk, np = nt * k;
+		const int32_t *id = ids + t0 * k;
+		float *xp = (float *)c->ws, *g = xp + np * D, *u = g + np * F, *y = u + np * F;
+		const unsigned gx = (unsigned)((D + 255) / 256 < 8 ? (D + 255) / 256 : 8);
+		rc = klaunch("moe_pair_rows", moe_pair_rows_kernel, dim3(gx, (unsigned)np), dim3(256), 0,
+		             c->stream, x + t0 * ldx, ldx, k, D, id, E, xp, c->err_dev);
+		if (!rc)
+			rc = moe_pair_product(c, np, id, gate, F, E, D, xp, g);
+		if (!rc)
+			rc = moe_pair_product(c, np, id, up, F, E, D, xp, u);
+		if (!rc)
+			rc = kcuda_swiglu(c, g, F, g, F, u, F, F, np);
+		if (!rc)
+			rc = moe_pair_product(c, np, id, down, D, E, F, g, y);
+		if (!rc)
+			rc = klaunch("moe_combine", moe_combine_kernel,
+			             dim3((unsigned)((D + 255) / 256), (unsigned)nt), dim3(256), 0, c->stream,
+			             y, weights + t0 * k, k, D, out + t0 * ldo, ldo);
+	}
+	stage_end();
+	return rc;
 }
 
 extern "C" int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
@@ -606,6 +676,15 @@ extern "C" int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, i
 	const int64_t D = gate->n_in;
 	if (n == 0)
 		return 0;
+	/* the piece kernels need n_in multiples of 16, and 16-byte rows of float weights */
+	auto rows_ok = [](const struct kweight *w) {
+		return (w->type != KT_F32 && w->type != KT_F16 && w->type != KT_BF16) ||
+		       w->row_bytes % 16 == 0;
+	};
+	if (up->type != gate->type) /* every other path decodes gate and up with one type */
+		return D % 16 == 0 && F % 16 == 0 && rows_ok(gate) && rows_ok(up) && rows_ok(down)
+		           ? moe_split_types(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, out, ldo)
+		           : ERR_UNSUPPORTED;
 	/* the piece kernels: n_in multiples of 16; float weights also need 16-byte rows */
 	const bool quant = gate->type != KT_F32 && gate->type != KT_F16 && gate->type != KT_BF16 &&
 	                   down->type != KT_F32 && down->type != KT_F16 && down->type != KT_BF16;
@@ -651,6 +730,8 @@ extern "C" int kcuda_moe_ffn_shexp(struct kcuda_ctx *c, const float *x, int64_t 
 		return kcuda_bad_arg("moe_ffn_shexp", "null shared-expert weight");
 	if (n == 0)
 		return 0;
+	if (up->type != gate->type)
+		return ERR_UNSUPPORTED; /* kcuda_moe_ffn's split path, the shared expert apart */
 	/* prompts: the shared expert in the prefill pass (moe_prefill.cu); TANDEM_MOE_PREFILL_SHARED=0 (read
 	 * on every call) leaves it to the caller, as before 2026-12-02 */
 	const char *ps = getenv("TANDEM_MOE_PREFILL_SHARED");

@@ -199,6 +199,9 @@ static float g_xscale = 1.0f;
  * the Q4_K / Q5_K units takes, is 0), and every third token has one element of 4e4 in one unit (the
  * fp16 range vote restages that unit of that token scaled, its sums with it) */
 static int g_xalt;
+/* up's type when >= 0 and not gate's (a GGUF may give them different types: kcuda_moe_ffn's split
+ * path); -1: up has gate's type */
+static int g_utype = -1;
 /* the one-launch batch-1 kernel (moe_persist.cu) must take the call: exactly one launch, no error
  * counted (a grid-barrier timeout would count one) */
 static int g_want_persist;
@@ -227,8 +230,12 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 		type = KT_Q8_0, ktype_row_bytes(type, D, &rb_d);
 	if (!ktype_row_bytes(dtype, F, &rb_f) || rb_f == 0)
 		dtype = KT_Q8_0, ktype_row_bytes(dtype, F, &rb_f);
+	int utype = g_utype >= 0 ? g_utype : type;
+	size_t rb_u = 0;
+	if (!ktype_row_bytes(utype, D, &rb_u) || rb_u == 0)
+		utype = type, rb_u = rb_d;
 	const struct ktype_info *ti = ktype_get(type);
-	uint8_t *hg = malloc(rb_d * (size_t)(E * F)), *hu = malloc(rb_d * (size_t)(E * F)),
+	uint8_t *hg = malloc(rb_d * (size_t)(E * F)), *hu = malloc(rb_u * (size_t)(E * F)),
 	        *hd = malloc(rb_f * (size_t)(E * D));
 	float *x = malloc(sizeof(float) * (size_t)(n * D)), *ref = calloc((size_t)(n * D), sizeof(float));
 	float *got = malloc(sizeof(float) * (size_t)(n * D)), *w = malloc(sizeof(float) * (size_t)np);
@@ -241,19 +248,19 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 	uint8_t *sg = NULL, *su = NULL, *sd = NULL;
 	struct kweight hsg = {type, D, F, rb_d, NULL}, hsu = hsg, hsd = {dtype, F, D, rb_f, NULL};
 	struct kweight dsg = {0}, dsu = {0}, dsd = {0};
-	struct kweight g = {type, D, E * F, rb_d, hg}, u = {type, D, E * F, rb_d, hu},
+	struct kweight g = {type, D, E * F, rb_d, hg}, u = {utype, D, E * F, rb_u, hu},
 	               dn = {dtype, F, E * D, rb_f, hd};
 	struct kweight dg = {0}, du = {0}, dd = {0};
 	void *d_x = NULL, *d_ids = NULL, *d_w = NULL;
 	struct ops_dbuf ob = {0};
-	const char *path = ffn_path(type, dtype, n, k, fd->shexp, D, F);
+	const char *path = utype != type ? "split" : ffn_path(type, dtype, n, k, fd->shexp, D, F);
 	if (!hg || !hu || !hd || !x || !ref || !got || !w || !again || !ids || !tok || !xs || !t1 || !t2 ||
 	    !ys || !yp) {
 		OPS_CHECK(0, "moe ffn %s: host allocation", fd->name);
 		goto out;
 	}
 	ops_fill_weight(type, D, E * F, rb_d, hg);
-	ops_fill_weight(type, D, E * F, rb_d, hu);
+	ops_fill_weight(utype, D, E * F, rb_u, hu);
 	ops_fill_weight(dtype, F, E * D, rb_f, hd);
 	for (int64_t i = 0; i < n * D; i++) {
 		x[i] = g_xscale * ops_rng_unif();
@@ -309,7 +316,7 @@ static void ffn_case(const struct fdims *fd, int type, int dtype, int n, double 
 		eg.n_out = eu.n_out = F;
 		ed.n_out = D;
 		eg.data = hg + (size_t)e * F * rb_d;
-		eu.data = hu + (size_t)e * F * rb_d;
+		eu.data = hu + (size_t)e * F * rb_u;
 		ed.data = hd + (size_t)e * D * rb_f;
 		kcpu_matmul(pool, &eg, xs, D, m, t1, F);
 		kcpu_matmul(pool, &eu, xs, D, m, t2, F);
@@ -1347,6 +1354,17 @@ int main(void)
 		for (size_t i = 0; i < sizeof(mix_n) / sizeof(mix_n[0]); i++)
 			if (!quick || mix_n[i] == 1 || mix_n[i] == 40)
 				ffn_case(&small, iq_pair[t][0], iq_pair[t][1], mix_n[i], 1e-4);
+	/* gate and up of different types (the split path: gate, up and down as per-pair products) */
+	static const int split_n[] = {1, 3, 17, 40};
+	static const int split_t[][3] = {{KT_Q5_K, KT_Q8_0, KT_Q6_K}, {KT_IQ2_XXS, KT_IQ3_S, KT_Q4_K}};
+	for (size_t t = 0; t < sizeof(split_t) / sizeof(split_t[0]); t++)
+		for (size_t i = 0; i < sizeof(split_n) / sizeof(split_n[0]); i++) {
+			g_utype = split_t[t][1];
+			ffn_case(&small, split_t[t][0], split_t[t][2], split_n[i], 1e-4);
+			ffn_case(&gtinys, split_t[t][0], split_t[t][2], split_n[i],
+			         1e-4); /* shared expert refused */
+			g_utype = -1;
+		}
 	/* the batch sweep at 256 experts top-8 */
 	static const int sweep_n[] = {1, 2, 3, 8, 16, 17, 40, 128, 256};
 	for (size_t i = 0; i < sizeof(sweep_n) / sizeof(sweep_n[0]); i++) {
