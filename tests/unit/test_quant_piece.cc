@@ -1,9 +1,9 @@
 /* The CUDA backend's piece dequantizers (kernels/cuda/quant_piece.cuh, quant_piece_iq.cuh: kq<T>::load
  * and decode, the code every generic CUDA product, the embedding lookup and the prefill dequantization
  * share) compiled for the host and checked against the CPU backend's dequantizer, so that CI, which
- * has no GPU, still checks their bit layouts. The CUDA intrinsics they use are given host
- * definitions below with the documented semantics (byte permute with 3-bit selectors, funnel shift,
- * float bit casts, read-only loads as plain loads).
+ * has no GPU, still checks their bit layouts. The CUDA intrinsics they use have host stand-ins in
+ * tests/unit/sim_cuda.h (the kernel simulations' header) and below (read-only loads as plain loads,
+ * cuda_common.cuh's word loaders with their alignment checked).
  *
  * For every type in KCUDA_FOR_EACH_TYPE, on seeded random rows (tests/ops/ops_util.h's filler: random
  * bytes with sane fp16 scales; seed printed, TANDEM_SEED=... replays), every piece's fma(a, v, b)
@@ -18,52 +18,22 @@
 
 #include "kernels/kernels.h"
 #include "tests/ops/ops_util.h"
+#include "tests/unit/sim_cuda.h" /* vector types, __uint_as_float, __byte_perm, __funnelshift_r */
 
 /* ---- host stand-ins for what quant_piece.cuh takes from CUDA and cuda_common.cuh ---- */
 #define TANDEM_KERNELS_CUDA_COMMON_CUH 1 /* cuda_common.cuh is not included */
 #define __device__
 #define __forceinline__ inline
 
-struct uint2 {
-	uint32_t x, y;
-};
-struct uint4 {
-	uint32_t x, y, z, w;
-};
-struct float2 {
-	float x, y;
-};
-struct float4 {
-	float x, y, z, w;
-};
 struct __half2 {
 	uint16_t x, y;
 };
 
-static inline float __uint_as_float(uint32_t u)
-{
-	float f;
-	memcpy(&f, &u, 4);
-	return f;
-}
 static inline uint32_t __float_as_uint(float f)
 {
 	uint32_t u;
 	memcpy(&u, &f, 4);
 	return u;
-}
-/* byte n of the result is byte s[4n+2 : 4n] of the 8 bytes {y, x} (x: bytes 0-3) */
-static inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s)
-{
-	const uint64_t v = (uint64_t)y << 32 | x;
-	uint32_t r = 0;
-	for (int n = 0; n < 4; n++)
-		r |= (uint32_t)((v >> (8 * ((s >> (4 * n)) & 7))) & 255) << (8 * n);
-	return r;
-}
-static inline uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, uint32_t sh)
-{
-	return (uint32_t)((((uint64_t)hi << 32) | lo) >> (sh & 31));
 }
 static inline int __popc(uint32_t v)
 {
