@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
@@ -128,7 +129,10 @@ static void usage(FILE *f)
 	    "                     iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m;\n"
 	    "                     q4_k_all = Q4_K everywhere); rows that do not fit fall back to Q8_0. "
 	    "Norms, router and\n"
-	    "                     indexer.proj stay F32.\n"
+	    "                     indexer.proj stay F32. Then ,ROLE=T overrides, later ones winning:\n"
+	    "                     ROLE attn (also sets indexer), indexer, embd, output, ffn (dense layers),\n"
+	    "                     shexp, gate_exps, up_exps, down_exps, exps (the three routed ones);\n"
+	    "                     e.g. q4_k,exps=iq2_xxs,down_exps=iq3_xxs\n"
 	    "  --layers L         main layers (default: preset's: tiny 3, glm5 78, deepseek3 61)\n"
 	    "  --dense D          leading dense layers (default: tiny 1, others 3)\n"
 	    "  --experts E        routed experts (default: tiny 4, others 256); --top-k K experts per token\n"
@@ -154,29 +158,71 @@ static int parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out)
 	return 0;
 }
 
-static int parse_type(const char *s, struct mk_types *t)
+/* A computable type by its name, any case; q4_k_all is Q4_K. -1 if none. */
+static int type_by_name(const char *s, size_t n)
 {
-	if (strcmp(s, "q4_k") == 0 || strcmp(s, "Q4_K") == 0) {
-		t->mix = MK_MIX_Q4_K;
-		return 0;
-	}
 	char up[32];
-	size_t n = strlen(s);
 	if (n >= sizeof(up))
 		return -1;
-	for (size_t i = 0; i <= n; i++)
+	for (size_t i = 0; i < n; i++)
 		up[i] = (char)(s[i] >= 'a' && s[i] <= 'z' ? s[i] - 32 : s[i]);
+	up[n] = '\0';
 	if (strcmp(up, "Q4_K_ALL") == 0)
 		snprintf(up, sizeof(up), "Q4_K");
 	for (int ty = 0; ty < KT_COUNT; ty++) {
 		const struct ktype_info *k = ktype_get(ty);
-		if (k && k->compute && strcmp(k->name, up) == 0) {
-			t->mix = MK_MIX_SINGLE;
-			t->single = ty;
-			return 0;
-		}
+		if (k && k->compute && strcmp(k->name, up) == 0)
+			return ty;
 	}
 	return -1;
+}
+
+/* --type BASE[,ROLE=T]...: BASE the q4_k mix or one type; each override gives the matrices of a role
+ * (mkmodel_role_names, plus exps = the three routed-expert roles) one type, later ones winning; attn
+ * also sets indexer. 0, or -1 with the offending part in *bad (len *bad_len). */
+static int parse_type(const char *s, struct mk_types *t, const char **bad, int *bad_len)
+{
+	mk_types_init(t);
+	const char *comma = strchr(s, ',');
+	size_t n = comma ? (size_t)(comma - s) : strlen(s);
+	*bad = s;
+	*bad_len = (int)n;
+	if (n == 4 && strncasecmp(s, "q4_k", 4) == 0) {
+		t->mix = MK_MIX_Q4_K;
+	} else {
+		t->mix = MK_MIX_SINGLE;
+		if ((t->single = type_by_name(s, n)) < 0)
+			return -1;
+	}
+	while (comma) {
+		const char *p = comma + 1, *eq;
+		comma = strchr(p, ',');
+		n = comma ? (size_t)(comma - p) : strlen(p);
+		*bad = p;
+		*bad_len = (int)n;
+		eq = memchr(p, '=', n);
+		if (!eq)
+			return -1;
+		const size_t rn = (size_t)(eq - p);
+		const int ty = type_by_name(eq + 1, n - rn - 1);
+		if (ty < 0)
+			return -1;
+		bool known = false;
+		for (int r = 0; r < MK_ROLE_COUNT; r++) {
+			const char *name = mkmodel_role_names[r];
+			const bool all_exps =
+			    rn == 4 && strncmp(p, "exps", 4) == 0 &&
+			    (r == MK_ROLE_GATE_EXPS || r == MK_ROLE_UP_EXPS || r == MK_ROLE_DOWN_EXPS);
+			const bool attn_idx = rn == 4 && strncmp(p, "attn", 4) == 0 && r == MK_ROLE_INDEXER;
+			if ((strlen(name) == rn && strncmp(p, name, rn) == 0) || all_exps || attn_idx) {
+				t->role[r] = ty;
+				known = true;
+			}
+		}
+		if (!known)
+			return -1;
+	}
+	return 0;
 }
 
 /* tests/data path relative to the working directory, else to the binary (build/tandem). */
@@ -385,9 +431,13 @@ int cmd_mkmodel(int argc, char **argv)
 		c = preset_ds3;
 	else
 		return cli_usage_error("mkmodel", "unknown preset '%s' (tiny, glm5, deepseek3)", preset);
-	struct mk_types types = {0};
-	if (parse_type(type_s, &types))
-		return cli_usage_error("mkmodel", "unknown or non-computable type '%s' (see --help)", type_s);
+	struct mk_types types;
+	const char *bad;
+	int bad_len;
+	if (parse_type(type_s, &types, &bad, &bad_len))
+		return cli_usage_error(
+		    "mkmodel", "bad --type '%s': '%.*s' is not a known type or ROLE=TYPE (see --help)",
+		    type_s, bad_len, bad);
 	if (layers > 0)
 		c.n_layers = (int)layers;
 	if (dense >= 0)

@@ -27,13 +27,33 @@ struct mk_config {
 	const char *tokenizer_from; /* copy tokenizer.* keys from this GGUF instead of synthesizing */
 };
 
-/* Weight type mix: a named mix or one type for every matrix that allows it. */
+/* Weight type mix: a named mix or one type for every matrix that allows it, then per-role
+ * overrides (`--type q4_k,exps=iq2_xxs,down_exps=iq3_xxs`). */
 enum mk_mix { MK_MIX_Q4_K, MK_MIX_SINGLE };
+
+/* The roles a --type override names (mkmodel_role_names spells them) */
+enum mk_role {
+	MK_ROLE_ATTN, /* q_a, q_b, kv_a_mqa, k_b, v_b, attn_output, nextn eh_proj */
+	MK_ROLE_INDEXER, /* indexer.attn_q_b, indexer.attn_k */
+	MK_ROLE_EMBD, /* token_embd */
+	MK_ROLE_OUTPUT, /* output (the lm head) */
+	MK_ROLE_FFN, /* the dense layers' gate / up / down */
+	MK_ROLE_SHEXP, /* the shared expert's gate / up / down */
+	MK_ROLE_GATE_EXPS,
+	MK_ROLE_UP_EXPS,
+	MK_ROLE_DOWN_EXPS,
+	MK_ROLE_COUNT
+};
+extern const char *const mkmodel_role_names[MK_ROLE_COUNT];
 
 struct mk_types {
 	enum mk_mix mix;
 	int single; /* ktype for MK_MIX_SINGLE */
+	int role[MK_ROLE_COUNT]; /* a ktype where overridden, else -1 (mk_types_init) */
 };
+
+/* The base mix with no overrides */
+void mk_types_init(struct mk_types *t);
 
 enum mk_init { MK_INIT_NORMAL, MK_INIT_UNIFORM };
 

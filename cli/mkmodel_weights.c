@@ -33,14 +33,46 @@ static uint64_t hash_name(const char *s, uint64_t seed)
 	return splitmix(&h);
 }
 
-/* Type of a tensor under the mix; falls back when ne0 is not a multiple of the block size (e.g.
- * attn_k_b, whose rows have N = 64/128/192 elements, cannot be a K-quant). */
-static int pick_type(enum kind k, int64_t ne0, const struct mk_types *t)
+const char *const mkmodel_role_names[MK_ROLE_COUNT] = {
+    "attn", "indexer", "embd", "output", "ffn", "shexp", "gate_exps", "up_exps", "down_exps",
+};
+
+void mk_types_init(struct mk_types *t)
+{
+	memset(t, 0, sizeof(*t));
+	for (int r = 0; r < MK_ROLE_COUNT; r++)
+		t->role[r] = -1;
+}
+
+/* The role of a matrix of kind k named name */
+static enum mk_role role_of(enum kind k, const char *name)
+{
+	if (k == K_EMB)
+		return MK_ROLE_EMBD;
+	if (k == K_OUT)
+		return MK_ROLE_OUTPUT;
+	if (k == K_ATTN)
+		return strstr(name, ".indexer.") ? MK_ROLE_INDEXER : MK_ROLE_ATTN;
+	if (strstr(name, "ffn_gate_exps."))
+		return MK_ROLE_GATE_EXPS;
+	if (strstr(name, "ffn_up_exps."))
+		return MK_ROLE_UP_EXPS;
+	if (strstr(name, "ffn_down_exps."))
+		return MK_ROLE_DOWN_EXPS;
+	return strstr(name, "_shexp.") ? MK_ROLE_SHEXP : MK_ROLE_FFN;
+}
+
+/* Type of a tensor under the mix and its overrides; falls back when ne0 is not a multiple of the block
+ * size (e.g. attn_k_b, whose rows have N = 64/128/192 elements, cannot be a K-quant). */
+static int pick_type(enum kind k, const char *name, int64_t ne0, const struct mk_types *t)
 {
 	if (k == K_NORM || k == K_F32MAT)
 		return KT_F32;
 	int want;
-	if (t->mix == MK_MIX_Q4_K)
+	const int over = t->role[role_of(k, name)];
+	if (over >= 0)
+		want = over;
+	else if (t->mix == MK_MIX_Q4_K)
 		want = k == K_ATTN ? KT_Q8_0 : k == K_OUT ? KT_Q6_K : KT_Q4_K;
 	else
 		want = t->single;
@@ -86,7 +118,7 @@ static int add(struct list *L, enum kind k, enum mk_init init, float a, float b,
 	t->ne[1] = nd > 1 ? ne1 : 1;
 	t->ne[2] = nd > 2 ? ne2 : 1;
 	t->ne[3] = 1;
-	t->type = pick_type(k, ne0, L->types);
+	t->type = pick_type(k, t->name, ne0, L->types);
 	t->init = init;
 	t->a = a;
 	t->b = b;

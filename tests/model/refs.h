@@ -190,10 +190,19 @@ static inline void tseq_init(struct tseq *s, int first_block, int n_blocks, int 
 		s->blocks[i] = first_block + i * stride;
 }
 
+/* DATA/models/<stem>.gguf, or stem itself where it is a path (holds a '/') */
+static inline void model_path(char *p, size_t size, const char *stem)
+{
+	if (strchr(stem, '/'))
+		snprintf(p, size, "%s", stem);
+	else
+		snprintf(p, size, DATA "/models/%s.gguf", stem);
+}
+
 static inline struct model *load_model(const char *stem, int tp, int threads)
 {
 	char p[512];
-	snprintf(p, sizeof(p), DATA "/models/%s.gguf", stem);
+	model_path(p, sizeof(p), stem);
 	struct model_opts o;
 	model_opts_default(&o);
 	o.tp = tp;

@@ -1,4 +1,5 @@
-/* The CUDA backend against the CPU backend on every tests/data model (SKIPs without CUDA or a GPU).
+/* The CUDA backend against the CPU backend on every tests/data model and on mkmodel files in the weight
+ * types those lack (SKIPs without CUDA or a GPU).
  *
  * Tolerances, from the arithmetic:
  *  - up to 8 tokens per forward every matmul is the fp32 GEMV (fp32 dequantize, fp32 accumulate)
@@ -39,6 +40,7 @@ int main(void)
 }
 #else
 #include "kernels/kernels.h"
+#include "tests/tandem_bin.h"
 
 #define TOL_F32 2e-4
 #define TOL_BF16_REL 2e-2
@@ -46,7 +48,7 @@ int main(void)
 static struct model *load_cuda(const char *stem, int graphs)
 {
 	char p[512];
-	snprintf(p, sizeof(p), DATA "/models/%s.gguf", stem);
+	model_path(p, sizeof(p), stem);
 	struct model_opts o;
 	model_opts_default(&o);
 	o.quiet = true;
@@ -365,6 +367,46 @@ static void test_graphs(const char *stem, struct model *mc, json_t *man)
 	model_destroy(m2);
 }
 
+/* Weight types no tests/data model has: `tandem mkmodel --preset tiny` files (glm-dsa-tiny's shapes and
+ * tokenizer, so its manifest's prompts apply) in the codebook types, and a mix whose experts' gate and
+ * up differ in type (kcuda_moe_ffn's split path). Both backends decode the same blocks to the same
+ * floats (tests/unit/test_quant_piece.cc), so the tolerances above hold unchanged. */
+static void test_mkmodel_files(void)
+{
+	static const char *const types[] = {"iq2_xxs", "iq3_s", "iq1_m",
+	                                    "q4_k,exps=iq2_xxs,up_exps=iq3_s,down_exps=iq3_xxs"};
+	char tandem[PATH_MAX], dir[64] = "/tmp/test_gpu_model.XXXXXX";
+	tandem_bin_find(tandem, sizeof(tandem));
+	if (access(tandem, X_OK) != 0 || !mkdtemp(dir)) {
+		CHECK(0, "mkmodel files: no tandem binary at %s (BUILD=...) or no temporary folder", tandem);
+		return;
+	}
+	json_t *man = ref_manifest("glm-dsa-tiny-BF16");
+	for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+		char path[256];
+		snprintf(path, sizeof(path), "%s/tiny-%zu.gguf", dir, i);
+		const char *args[] = {"mkmodel", "--preset", "tiny", "--type", types[i],
+		                      "--seed",  "7",        "-o",   path,     NULL};
+		const int rc = tandem_bin_run(tandem, args);
+		CHECK(rc == 0, "tandem mkmodel --type %s exited %d", types[i], rc);
+		if (rc)
+			continue;
+		printf("mkmodel tiny --type %s (%s):\n", types[i], path);
+		struct model *mc = load_model(path, 1, 2), *mg = load_cuda(path, 0);
+		CHECK(mc && mg, "%s: load", path);
+		if (mc && mg) {
+			test_logits(path, mc, mg, man);
+			test_greedy(path, mc, mg, man);
+			test_graphs(path, mc, man);
+		}
+		model_destroy(mc);
+		model_destroy(mg);
+		unlink(path);
+	}
+	json_decref(man);
+	rmdir(dir);
+}
+
 int main(void)
 {
 	if (kcuda_device_count() < 1) {
@@ -416,6 +458,7 @@ int main(void)
 		model_destroy(mc);
 		model_destroy(mg);
 	}
+	test_mkmodel_files();
 	printf("%s\n", n_fail ? "FAILED" : "all passed");
 	return n_fail ? 1 : 0;
 }

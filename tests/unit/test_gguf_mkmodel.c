@@ -6,20 +6,18 @@
  * agree between F32, BF16, Q8_0 and the Q4_K mix (same random model, quantized differently);
  * bad command lines exit 2. */
 #include <inttypes.h>
-#include <libgen.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <fcntl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/gguf/gguf.h"
 #include "common/model/model.h"
 #include "common/tok/tok.h"
 #include "kernels/kernels.h"
+#include "tests/tandem_bin.h"
 
 static int n_fail, n_check;
 
@@ -35,44 +33,20 @@ static int n_fail, n_check;
 	} while (0)
 
 #define REF "tests/data/models/glm-dsa-tiny-BF16.gguf"
+/* --type with per-role overrides: gate and up of different codebook types (the split path of the
+ * CUDA MoE), down a third */
+#define SPLIT_MIX "q4_k,exps=iq2_xxs,up_exps=iq3_s,down_exps=iq3_xxs"
 
 static char tandem[PATH_MAX], tmpdir[256];
 
 static void find_tandem(void)
 {
-	const char *b = getenv("BUILD");
-	if (b && *b) {
-		snprintf(tandem, sizeof(tandem), "%s/tandem", b);
-		if (access(tandem, X_OK) == 0)
-			return;
-	}
-	char exe[PATH_MAX];
-	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-	exe[n > 0 ? n : 0] = '\0';
-	snprintf(tandem, sizeof(tandem), "%s/../tandem", dirname(exe));
+	tandem_bin_find(tandem, sizeof(tandem));
 }
 
-/* Runs tandem with a shell-free argument list; returns the exit code (-1 if it did not exit). */
 static int run_tandem(const char *const *args)
 {
-	pid_t pid = fork();
-	if (pid == 0) {
-		const char *argv[32];
-		int n = 0;
-		argv[n++] = tandem;
-		for (; *args && n < 31; args++)
-			argv[n++] = *args;
-		argv[n] = NULL;
-		int devnull = open("/dev/null", O_WRONLY);
-		if (devnull >= 0)
-			dup2(devnull, 2);
-		execv(tandem, (char *const *)argv);
-		_exit(127);
-	}
-	int st;
-	if (pid < 0 || waitpid(pid, &st, 0) < 0)
-		return -1;
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+	return tandem_bin_run(tandem, args);
 }
 
 static void mk(const char *type, const char *seed, const char *threads, const char *out)
@@ -99,6 +73,14 @@ static int expected_type(const char *mix, const char *name, int ref_type, int64_
 		return ne0 % 256 == 0 ? KT_IQ3_S : KT_Q8_0;
 	if (strcmp(mix, "iq2_xxs") == 0)
 		return ne0 % 256 == 0 ? KT_IQ2_XXS : KT_Q8_0;
+	if (strcmp(mix, SPLIT_MIX) == 0) { /* the q4_k mix with its routed experts overridden */
+		if (strstr(name, "ffn_gate_exps."))
+			return KT_IQ2_XXS;
+		if (strstr(name, "ffn_up_exps."))
+			return KT_IQ3_S;
+		if (strstr(name, "ffn_down_exps."))
+			return KT_IQ3_XXS;
+	}
 	if (strcmp(mix, "bf16") == 0)
 		return KT_BF16;
 	if (strcmp(mix, "q8_0") == 0)
@@ -217,7 +199,7 @@ static bool same_file(const char *a, const char *b)
 }
 
 #define N_TOK 40
-#define N_MIX 6
+#define N_MIX 7
 /* The codebook mixes put every matrix in IQ3_S (3.4 bits a weight) or IQ2_XXS (2.06): the random
  * tiny model amplifies their error layer by layer. Seeds 1..7 measured median max|d| 6.8-8.3 and
  * 11.1-12.0, median cosine 0.75-0.81 and 0.40-0.44 (q4_k: 0.92-0.96), so these bounds check that
@@ -227,6 +209,10 @@ static bool same_file(const char *a, const char *b)
 #define IQ3S_COS 0.6
 #define IQ2XXS_TOL 18.0
 #define IQ2XXS_COS 0.25
+/* SPLIT_MIX (Q4_K / Q8_0 with the experts in IQ2_XXS / IQ3_S / IQ3_XXS), seeds 1..7: median max|d| 5.06-5.80,
+ * median cosine 0.862-0.906 */
+#define SPLIT_TOL 10.0
+#define SPLIT_COS 0.75
 
 /* Logits at every position of a fixed prompt, or NULL on failure. */
 static float *forward(const char *path, int64_t *vocab)
@@ -308,8 +294,8 @@ static void test_forward(const char *paths[N_MIX], const char *mixes[N_MIX])
 	 * top-k) at some positions, which changes that position's logits a lot; so the check is on
 	 * the median position: its max |d| and its cosine. Measured over seeds 1..7: bf16 0.08-0.23,
 	 * q8_0 0.28-0.46, q4_k 3.3-4.5; cosine >= 0.99986, 0.99916, 0.92. Bounds leave about 2x. */
-	const double tol[N_MIX] = {0, 0.5, 1.0, 8.0, IQ3S_TOL, IQ2XXS_TOL};
-	const double min_cos[N_MIX] = {0, 0.9995, 0.997, 0.85, IQ3S_COS, IQ2XXS_COS};
+	const double tol[N_MIX] = {0, 0.5, 1.0, 8.0, IQ3S_TOL, IQ2XXS_TOL, SPLIT_TOL};
+	const double min_cos[N_MIX] = {0, 0.9995, 0.997, 0.85, IQ3S_COS, IQ2XXS_COS, SPLIT_COS};
 	for (int i = 1; i < N_MIX && lg[0]; i++) {
 		if (!lg[i])
 			continue;
@@ -407,7 +393,7 @@ int main(void)
 		perror("mkdtemp");
 		return 1;
 	}
-	const char *mixes[N_MIX] = {"f32", "bf16", "q8_0", "q4_k", "iq3_s", "iq2_xxs"};
+	const char *mixes[N_MIX] = {"f32", "bf16", "q8_0", "q4_k", "iq3_s", "iq2_xxs", SPLIT_MIX};
 	char paths[N_MIX][512];
 	const char *pp[N_MIX];
 	for (int i = 0; i < N_MIX; i++) {
@@ -447,6 +433,13 @@ int main(void)
 	CHECK(run_tandem(bad4) == 2, "zero layers");
 	CHECK(run_tandem(bad5) == 2, "missing tokenizer source");
 	CHECK(run_tandem(bad6) == 2, "inspect of a missing file");
+	/* --type overrides: unknown role, unknown type, no '=', empty part */
+	const char *bad_specs[] = {"q4_k,foo=q8_0", "q4_k,exps=q9_9", "q4_k,exps",
+	                           "q4_k,",         "q4_k,=q8_0",     "q8_0,attn=q4_k,,ffn=q8_0"};
+	for (size_t i = 0; i < sizeof(bad_specs) / sizeof(bad_specs[0]); i++) {
+		const char *bad7[] = {"mkmodel", "--preset", "tiny", "--type", bad_specs[i], "-o", p1, NULL};
+		CHECK(run_tandem(bad7) == 2, "--type %s", bad_specs[i]);
+	}
 	const char *ok1[] = {"inspect", paths[3], NULL};
 	CHECK(run_tandem(ok1) == 0, "inspect of a mkmodel file finds no problems");
 
