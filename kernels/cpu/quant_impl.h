@@ -109,13 +109,18 @@ static inline void quant_wr16(uint8_t *p, uint16_t v)
 
 /* fp16 block scale -> float. F16C gives exactly kfp16_to_f32's result (test_quant checks all
  * 65536 values) without a call per block. */
-static inline float quant_fp16(const uint8_t *p)
+static inline float quant_h2f(uint16_t h)
 {
 #if QUANT_AVX2
-	return _cvtsh_ss(quant_rd16(p));
+	return _cvtsh_ss(h);
 #else
-	return kfp16_to_f32(quant_rd16(p));
+	return kfp16_to_f32(h);
 #endif
+}
+
+static inline float quant_fp16(const uint8_t *p)
+{
+	return quant_h2f(quant_rd16(p));
 }
 
 /* Round half away from zero, as ggml's nearest_int does for the values quantizers produce.
