@@ -124,6 +124,11 @@ step glm5_matrix_moe_fp16 40 env TANDEM_MOE_I8=0 "$B/tandem" bench $SYN --matrix
 # (the latent's parts, 35 KB blocks); the MLA split count at the old 2 blocks an SM against the occupancy's
 step glm5_matrix_xm 40 env TANDEM_MULTI_XM=1 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --matrix-batch 5,8 --gen 6 --matrix-prefill 0
 step glm5_matrix_xm_idxqb 40 env TANDEM_MULTI_XM=1 TANDEM_MULTI_XM_QUANT=0 TANDEM_XPARTS_ROWS=8 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --matrix-batch 5,8 --gen 6 --matrix-prefill 0
+# the MLA key tile copied by one asm of three cp.async a lane (session 32, built without a GPU): its op test,
+# the attention bench and the large-batch steps against the default
+step test_ops_mla_cp3 60 env TANDEM_MLA_CP3=1 $OPSQ "$B/tests/test_ops_mla"
+ok test_ops_mla_cp3 && step bench_cuda_attn_cp3 30 env TANDEM_MLA_CP3=1 "$B/bench/bench_cuda_attn"
+ok test_ops_mla_cp3 && step glm5_matrix_cp3 40 env TANDEM_MLA_CP3=1 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --matrix-batch 32,128 --gen 6 --matrix-prefill 8192
 step glm5_matrix_split2 40 env TANDEM_MLA_SPLIT_BPS=2 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --matrix-batch 8,32 --gen 6 --matrix-prefill 0
 step glm5_b1_nopdl 25 env TANDEM_PDL=0 "$B/tandem" bench $SYN --kv-fill random --ctx 4096 --gen 12 --batch 1 --reps 1
 step anchor_glm5_4l_tp1 30 "$B/tandem" bench --synthetic glm5 --layers 4 --dense 1 --type q4_k --backend cuda \

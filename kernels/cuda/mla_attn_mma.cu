@@ -69,6 +69,7 @@ struct mm_args {
 	const float *inv_freq;
 	const int32_t *pos;
 	int pairing;
+	int cp3; /* TANDEM_MLA_CP3: a bf16 row of 576 copied by one asm of three cp.async a lane */
 };
 
 /* element e of a rotary part of width 2 * half (src unroped) after RoPE at position pos: fused.cu's
@@ -245,7 +246,10 @@ __global__ void __launch_bounds__(MM_THREADS, MM_MINB(F32, ROPE, STK)) mla_mma_k
 		for (int r = warp; r < MM_TK; r += MM_WARPS) {
 			const uint8_t *p = addr_s[st * MM_TK + r];
 			const unsigned d = kv_sa + (unsigned)(r * RS * (int)sizeof(val_t));
-			if (p) {
+			if (p && a.cp3 &&
+			    nchunk == 72) { /* bf16, dim 576: pieces l, l + 32, l + 64 (l < 8) */
+				katt_cp16s_x3(d, p + 16 * lane, lane < 8);
+			} else if (p) {
 				p += 16 * lane;
 #pragma unroll
 				for (int i = 0; i < CPL; i++)
@@ -618,6 +622,15 @@ static bool mm_even_enabled(void)
 	return on;
 }
 
+/* TANDEM_MLA_CP3=1: the key tile's bf16 576-wide rows copied with one asm of three cp.async at immediate
+ * offsets a lane (no address arithmetic a piece) instead of the piece loop; not yet measured, so off
+ * (read once) */
+static bool mm_cp3_enabled(void)
+{
+	static const bool on = kcuda_env_long("TANDEM_MLA_CP3", 0, 1, 0) != 0;
+	return on;
+}
+
 /* TANDEM_MLA_STACK=0: the unstacked kernel at <= 8 heads too (read on every call) */
 static bool mm_stack_enabled(void)
 {
@@ -659,6 +672,7 @@ static int mm_run(struct kcuda_ctx *c, const struct kcuda_kv_view *kv, const str
 	a.scale = scale;
 	a.out = out;
 	a.err = c->err_dev;
+	a.cp3 = mm_cp3_enabled();
 
 	const size_t smem = mm_smem(a.dim, !kv->bf16);
 	const bool stk = H <= 8 && mm_stack_enabled();

@@ -126,6 +126,17 @@ __device__ __forceinline__ void katt_cp16s(unsigned s, const void *gmem)
 {
 	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
+/* three 16-byte copies at s / gmem + 0, 512 and 1024 (the third only where third): one asm, the offsets
+ * immediates */
+__device__ __forceinline__ void katt_cp16s_x3(unsigned s, const void *gmem, bool third)
+{
+	asm volatile("{\n\t.reg .pred p3;\n\tsetp.ne.u32 p3, %2, 0;\n\t"
+	             "cp.async.cg.shared.global [%0], [%1], 16;\n\t"
+	             "cp.async.cg.shared.global [%0+512], [%1+512], 16;\n\t"
+	             "@p3 cp.async.cg.shared.global [%0+1024], [%1+1024], 16;\n\t}\n" ::"r"(s),
+	             "l"(gmem), "r"((unsigned)third)
+	             : "memory");
+}
 __device__ __forceinline__ void katt_cp16(void *smem, const void *gmem)
 {
 	katt_cp16s((unsigned)__cvta_generic_to_shared(smem), gmem);
