@@ -294,8 +294,9 @@ ROW_FUNCS(iq1_m, 56)
 
 /* ---- quantizers ---- */
 
-/* The codebooks as floats, made once (quantizers may run on several threads). */
-static float f2xxs[256][8], f2xs[512][8], f2s[1024][8], f3xxs[256][4], f3s[512][4], f1s[2048][8];
+/* The codebooks as floats, made once (quantizers may run on several threads), stored by value index
+ * first (entry e's value j at [j][e]) so a search loads 8 entries' value j at once. */
+static float f2xxs[8][256], f2xs[8][512], f2s[8][1024], f3xxs[4][256], f3s[4][512], f1s[8][2048];
 static pthread_once_t tabs_once = PTHREAD_ONCE_INIT;
 
 static void tabs_init(void)
@@ -303,35 +304,68 @@ static void tabs_init(void)
 	for (int e = 0; e < 2048; e++)
 		for (int j = 0; j < 8; j++) {
 			if (e < 256)
-				f2xxs[e][j] = (float)gb(grid_iq2xxs[e], j);
+				f2xxs[j][e] = (float)gb(grid_iq2xxs[e], j);
 			if (e < 512)
-				f2xs[e][j] = (float)gb(grid_iq2xs[e], j);
+				f2xs[j][e] = (float)gb(grid_iq2xs[e], j);
 			if (e < 1024)
-				f2s[e][j] = (float)gb(grid_iq2s[e], j);
+				f2s[j][e] = (float)gb(grid_iq2s[e], j);
 			if (e < 256 && j < 4)
-				f3xxs[e][j] = (float)gb(grid_iq3xxs[e], j);
+				f3xxs[j][e] = (float)gb(grid_iq3xxs[e], j);
 			if (e < 512 && j < 4)
-				f3s[e][j] = (float)gb(grid_iq3s[e], j);
-			f1s[e][j] = (float)(int8_t)gb(grid_iq1s[e], j);
+				f3s[j][e] = (float)gb(grid_iq3s[e], j);
+			f1s[j][e] = (float)(int8_t)gb(grid_iq1s[e], j);
 		}
 }
 
-/* The entry of a codebook of n entries of w values nearest to a / db (least squares); a holds the
- * targets with their signs already taken out. */
+/* The entry of a codebook of n entries of w values (tab[j * n + e], n a multiple of 8) nearest to a / db
+ * (least squares; the first of equal errors); a holds the targets with their signs already taken out.
+ * The AVX2 search takes 8 entries a step with the scalar loop's roundings (a product, then a
+ * difference; a square, then a sum: no fused multiply-adds, as -std=c11 compiles the scalar one), so
+ * both choose the same entries and a file's bytes do not depend on the build. */
 static int nearest(const float *tab, int n, int w, const float *a, float db)
 {
+#if QUANT_AVX2
+	const __m256 vdb = _mm256_set1_ps(db);
+	__m256 best = _mm256_set1_ps(INFINITY);
+	__m256i bidx = _mm256_setzero_si256(), idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+	const __m256i eight = _mm256_set1_epi32(8);
+	for (int e = 0; e < n; e += 8, idx = _mm256_add_epi32(idx, eight)) {
+		__m256 err = _mm256_setzero_ps();
+		for (int j = 0; j < w; j++) {
+			const __m256 t =
+			    _mm256_sub_ps(_mm256_set1_ps(a[j]),
+			                  _mm256_mul_ps(vdb, _mm256_loadu_ps(tab + (size_t)j * n + e)));
+			err = _mm256_add_ps(err, _mm256_mul_ps(t, t));
+		}
+		const __m256 lt = _mm256_cmp_ps(err, best, _CMP_LT_OQ); /* strictly: the first of equals */
+		best = _mm256_blendv_ps(best, err, lt);
+		bidx = _mm256_castps_si256(
+		    _mm256_blendv_ps(_mm256_castsi256_ps(bidx), _mm256_castsi256_ps(idx), lt));
+	}
+	float be[8];
+	int bi[8];
+	_mm256_storeu_ps(be, best);
+	_mm256_storeu_si256((__m256i *)bi, bidx);
+	int r = bi[0];
+	float re = be[0];
+	for (int l = 1; l < 8; l++)
+		if (be[l] < re || (be[l] == re && bi[l] < r))
+			re = be[l], r = bi[l];
+	return r;
+#else
 	int best = 0;
 	float best_e = INFINITY;
 	for (int e = 0; e < n; e++) {
 		float err = 0.0f;
 		for (int j = 0; j < w; j++) {
-			const float t = a[j] - db * tab[e * w + j];
+			const float t = a[j] - db * tab[j * n + e];
 			err += t * t;
 		}
 		if (err < best_e)
 			best_e = err, best = e;
 	}
 	return best;
+#endif
 }
 
 /* Signs of 8 values as a mask (bit j: x[j] < 0) and the targets a[j] = |x[j]| under it. With
@@ -357,7 +391,7 @@ static unsigned signs8(const float *x, bool even, float *a)
 
 /* codebook of a magnitude type */
 struct mtype {
-	const float *tab; /* n entries of w values */
+	const float *tab; /* n entries of w values, value j of entry e at [j * n + e] */
 	int n, w;
 	bool even; /* 7-bit sign codes */
 	float gmax; /* largest codebook value */
@@ -388,8 +422,8 @@ static float fit32(const struct mtype *t, const float *x, float db, int *idx, un
 			const int k = l * (8 / t->w) + h, e = nearest(t->tab, t->n, t->w, a + h * t->w, db);
 			idx[k] = e;
 			for (int j = 0; j < t->w; j++) {
-				num += a[h * t->w + j] * t->tab[e * t->w + j];
-				den += t->tab[e * t->w + j] * t->tab[e * t->w + j];
+				num += a[h * t->w + j] * t->tab[j * t->n + e];
+				den += t->tab[j * t->n + e] * t->tab[j * t->n + e];
 			}
 		}
 	}
@@ -581,7 +615,7 @@ static float iq1_pick(const float *x, float dl, int force, int *e_out, int *neg_
 		const int e = nearest(&f1s[0][0], 2048, 8, t, dl);
 		float err = 0.0f;
 		for (int j = 0; j < 8; j++) {
-			const float r = x[j] - dl * (f1s[e][j] + dd);
+			const float r = x[j] - dl * (f1s[j][e] + dd);
 			err += r * r;
 		}
 		if (err < best_e)
@@ -605,7 +639,7 @@ static float iq1_refit(const float *x, int len, const int *e, const int *neg, fl
 {
 	float num = 0.0f, den = 0.0f;
 	for (int j = 0; j < len; j++) {
-		const float g = f1s[e[j / 8]][j % 8] + (neg[j / 8] ? -IQ1_DELTA : IQ1_DELTA);
+		const float g = f1s[j % 8][e[j / 8]] + (neg[j / 8] ? -IQ1_DELTA : IQ1_DELTA);
 		num += x[j] * g, den += g * g;
 	}
 	return den > 0.0f && num > 0.0f ? num / den : dl;
