@@ -437,6 +437,12 @@ int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, c
                   const struct kweight *down, int64_t E, int64_t F, float *out, int64_t ldo);
 /* the largest token count kcuda_moe_ffn runs without a host sync (CUDA graphs can hold it) */
 int kcuda_moe_ffn_sync_free_max(void);
+/* Which decode kernels kcuda_moe_ffn picks for routed experts of these types (shapes aside): the
+ * tensor-core ones (gate / up and down each Q4_K, Q5_K, Q6_K or Q8_0), the generic per-row kernels (any
+ * other type: the codebook types, Q2_K / Q3_K, the legacy ones, float), or the split path (gate and up of
+ * different types). For the load report of the backend. */
+enum kcuda_moe_path { KCUDA_MOE_TENSOR_CORE, KCUDA_MOE_GENERIC, KCUDA_MOE_SPLIT };
+enum kcuda_moe_path kcuda_moe_decode_path(int gate_type, int up_type, int down_type);
 /* kcuda_moe_ffn plus the shared expert (sh_gate / sh_up: Fs rows of n_in D; sh_down: D rows of n_in Fs)
  * added with weight 1 after the routed sum, in the same launches: at prompt sizes (kcuda_moe_ffn's
  * prefill path, moe_prefill.cu: any Fs % 16 == 0 and types it decodes), else (moe_mma.cu) when

@@ -2120,6 +2120,50 @@ static const struct model_backend_ops cuda_ops = {
     .matmul_n_fused = cu_matmul_n_fused,
 };
 
+/* One line per type mix of the routed experts that the tensor-core decode kernels do not take (the
+ * generic per-row kernels, or the split path for gate and up of different types), so a slow file is
+ * named at load rather than found in a profile. */
+static void report_moe_paths(const struct be_cuda *c)
+{
+	struct mix {
+		enum kcuda_moe_path path;
+		int g, u, d, n, first;
+	} mx[16];
+	int n_mx = 0, n_tc = 0;
+	for (int l = 0; l < c->m->hp.n_layers; l++) {
+		const struct layer_w *L = &c->dl[l];
+		if (!L->moe)
+			continue;
+		const int g = L->gate_exps.w.type, u = L->up_exps.w.type, d = L->down_exps.w.type;
+		const enum kcuda_moe_path p = kcuda_moe_decode_path(g, u, d);
+		if (p == KCUDA_MOE_TENSOR_CORE) {
+			n_tc++;
+			continue;
+		}
+		int i = 0;
+		while (i < n_mx && !(mx[i].g == g && mx[i].u == u && mx[i].d == d))
+			i++;
+		if (i == n_mx && n_mx < 16)
+			mx[n_mx++] = (struct mix){p, g, u, d, 0, l};
+		if (i < n_mx)
+			mx[i].n++;
+	}
+	for (int i = 0; i < n_mx; i++)
+		LOG_INFO(
+		    "model",
+		    "cuda: routed experts of %d MoE layer(s) (the first: %d) are %s / %s / %s (gate / up / "
+		    "down): %s",
+		    mx[i].n, mx[i].first, ktype_name(mx[i].g), ktype_name(mx[i].u), ktype_name(mx[i].d),
+		    mx[i].path == KCUDA_MOE_SPLIT
+		        ? "gate and up differ in type, so decode takes the split path (gather, three "
+		          "per-pair "
+		          "products, SwiGLU, combine), slower than the fused kernels"
+		        : "no tensor-core decode kernel takes these types (only Q4_K, Q5_K, Q6_K, Q8_0), so "
+		          "decode runs them on the generic per-row kernels");
+	if (n_mx && n_tc)
+		LOG_INFO("model", "cuda: the other %d MoE layer(s) decode on the tensor-core kernels", n_tc);
+}
+
 int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct model_backend *out,
                               struct errbuf *e)
 {
@@ -2312,6 +2356,8 @@ int model_backend_cuda_create(struct model *m, struct model_rank *rk, struct mod
 		             ? "captured decode graphs hold an event node around every op; replays are timed"
 		             : "decode and prompt steps run eagerly with an event pair around every op");
 	}
+	if (!o->quiet && rk->rank == (o->rank >= 0 ? o->rank : 0)) /* once, not once a GPU */
+		report_moe_paths(c);
 	if (!o->quiet)
 		LOG_INFO(
 		    "model",

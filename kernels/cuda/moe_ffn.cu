@@ -665,6 +665,14 @@ static int moe_split_types(struct kcuda_ctx *c, const float *x, int64_t ldx, int
 	return rc;
 }
 
+extern "C" enum kcuda_moe_path kcuda_moe_decode_path(int gate_type, int up_type, int down_type)
+{
+	if (gate_type != up_type)
+		return KCUDA_MOE_SPLIT;
+	return moe_mma_type_ok(gate_type) && moe_mma_type_ok(down_type) ? KCUDA_MOE_TENSOR_CORE
+	                                                                : KCUDA_MOE_GENERIC;
+}
+
 extern "C" int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, const int32_t *ids,
                              const float *weights, int k, const struct kweight *gate,
                              const struct kweight *up, const struct kweight *down, int64_t E, int64_t F,

@@ -444,7 +444,7 @@ __global__ void moe_mma_combine_kernel(const float *__restrict__ y, const float 
 
 /* ---- host ------------------------------------------------------------------------------------- */
 
-static bool mm_type_ok(int t)
+bool moe_mma_type_ok(int t)
 {
 	return t == KT_Q4_K || t == KT_Q5_K || t == KT_Q6_K || t == KT_Q8_0;
 }
@@ -477,7 +477,7 @@ bool moe_mma_fits(const struct kcuda_ctx *c, const float *x, int64_t ldx, int64_
                   int64_t F)
 {
 	const int64_t D = gate->n_in;
-	return moe_mma_on() && mm_type_ok(gate->type) && mm_type_ok(down->type) && D % 256 == 0 &&
+	return moe_mma_on() && moe_mma_type_ok(gate->type) && moe_mma_type_ok(down->type) && D % 256 == 0 &&
 	       F % 256 == 0 && D >= 256 && (uintptr_t)x % 16 == 0 && ldx % 4 == 0 && n >= 1 &&
 	       n <= MOE_MMA_MAX_TOKENS && E <= 1024 && (uintptr_t)gate->data % 16 == 0 &&
 	       (uintptr_t)up->data % 16 == 0 && (uintptr_t)down->data % 16 == 0 &&

@@ -8,6 +8,8 @@
 /* the largest token count of the path (its sort kernel has no host sync) */
 #define MOE_MMA_MAX_TOKENS 256
 
+/* the weight types moe_mma_ffn's units decode: Q4_K, Q5_K, Q6_K, Q8_0 */
+bool moe_mma_type_ok(int t);
 /* true when moe_mma_ffn takes this call: TANDEM_MOE_FAST unset or not "0", gate/up and down each
  * Q4_K / Q5_K / Q6_K / Q8_0, D and F multiples of 256, x 16-byte aligned with ldx % 4 == 0,
  * 1 <= n <= MOE_MMA_MAX_TOKENS, E <= 1024 and the workspace large enough. Arguments already
