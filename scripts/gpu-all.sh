@@ -105,6 +105,9 @@ step glm5_matrix 60 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --gen 6 --
 # the low-bit files' layout (routed experts in codebook types: generic kernels, no int8 unit yet), and gate /
 # up of different types (kcuda_moe_ffn's split path)
 step glm5_iq2_mix 40 "$B/tandem" bench $SYN --type q4_k,exps=iq2_xxs,down_exps=iq3_xxs --matrix --matrix-ctx 4096 --matrix-batch 1,8,32 --gen 6 --matrix-prefill 2048
+# the same with the prefill MoE kernels (bf16 tensor-core tiles, every type) at every batch, against the
+# generic per-row decode kernels those types get by default
+step glm5_iq2_mix_mma1 40 env TANDEM_MOE_MMA_MIN=1 "$B/tandem" bench $SYN --type q4_k,exps=iq2_xxs,down_exps=iq3_xxs --matrix --matrix-ctx 4096 --matrix-batch 1,8,32 --gen 6 --matrix-prefill 0
 step glm5_split_mix 40 "$B/tandem" bench $SYN --type q4_k,exps=iq2_xxs,up_exps=iq3_s,down_exps=iq3_xxs --matrix --matrix-ctx 4096 --matrix-batch 1,8 --gen 6 --matrix-prefill 2048
 step glm5_matrix_nopdl 40 env TANDEM_PDL=0 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --matrix-batch 1,8 --gen 6 --matrix-prefill 0
 # front4: products of one x in one launch (TANDEM_MULTI), single wide Q8_0 through it (TANDEM_MULTI_WIDE),
