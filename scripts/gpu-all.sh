@@ -61,7 +61,7 @@ cat "$L/machine.log"
 
 # ---- correctness first; a new path that fails its op test is switched off for the timings ----
 ok() { grep -q "^$1 *rc=0 " <<<"$(printf '%s\n' "${SUMMARY[@]}")"; }
-step test_gpu_model 60 "$B/tests/test_gpu_model"
+step test_gpu_model 120 "$B/tests/test_gpu_model"
 # the paths an sm_120 GPU (RTX PRO 6000: 99 KB of shared memory a block) takes, on this one
 step test_gpu_model_smem99k 60 env TANDEM_CUDA_SMEM_CAP=101376 "$B/tests/test_gpu_model"
 [ -x "$B/tests/test_gpu_upload" ] && step test_gpu_upload 60 "$B/tests/test_gpu_upload"
