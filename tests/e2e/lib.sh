@@ -15,8 +15,43 @@ E2E_FAILED=0
 e2e_log() { echo "[$(date +%H:%M:%S)] $*"; }
 e2e_fail() { echo "E2E FAIL: $*"; E2E_FAILED=1; }
 
+# free_port: a port that binds now, below the kernel's ephemeral range (outgoing connections take their
+# source ports from that range, so a port the kernel handed out with bind(0) could be taken by one
+# before the worker binds it: decode1-tcp once failed "address already in use" that way) and not
+# handed out before in this test ($TMP/ports)
 free_port() {
-	python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+	python3 - "$TMP/ports" <<'PY'
+import random, socket, sys
+try:
+    used = set(int(x) for x in open(sys.argv[1]).read().split())
+except OSError:
+    used = set()
+try:
+    lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+except (OSError, ValueError, IndexError):
+    lo = 32768
+port = 0
+for _ in range(1000 if lo > 11000 else 0):
+    p = random.randrange(10000, lo)
+    if p in used:
+        continue
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", p))
+        port = p
+        break
+    except OSError:
+        pass
+    finally:
+        s.close()
+if not port:  # no room below the range: any free port
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+open(sys.argv[1], "a").write("%d\n" % port)
+print(port)
+PY
 }
 
 # start NAME CMD...: runs CMD in the background, output to $TMP/NAME.log
