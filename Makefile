@@ -205,6 +205,10 @@ $(BUILD)/tandem-decode: $(call obj,$(DECODE_SRC)) $(ALL_LIBS)
 	@echo "  LD    $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $(call obj,$(DECODE_SRC)) $(ALL_LIBS) $(CUDA_LIBS) $(LDLIBS)
 
+# the C++ tests link with the C++ driver (the unit emulations use std::vector)
+$(patsubst %.cc,$(BUILD)/tests/%,$(notdir $(TEST_CXX_SRC))): $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(ALL_LIBS)
+	@mkdir -p $(dir $@)
+	$(Q)$(CXX) $(LDFLAGS) -o $@ $< $(ALL_LIBS) $(CUDA_LIBS) $(LDLIBS)
 $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(ALL_LIBS)
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(ALL_LIBS) $(CUDA_LIBS) $(LDLIBS)

@@ -102,12 +102,13 @@ step test_gpu_workers_sh 40 env BUILD="$B" TANDEM_GPU_TESTS=1 bash tests/e2e/tes
 # ---- timings ----
 SYN="--synthetic glm5 --tp 8 --rank 0 --backend cuda"
 step glm5_matrix 60 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --gen 6 --profile
-# the low-bit files' layout (routed experts in codebook types: generic kernels, no int8 unit yet), and gate /
-# up of different types (kcuda_moe_ffn's split path)
+# the low-bit files' layout (routed experts in codebook types: moe_mma's tensor-core units since session 32,
+# no int8 unit), and gate / up of different types (kcuda_moe_ffn's split path)
 step glm5_iq2_mix 40 "$B/tandem" bench $SYN --type q4_k,exps=iq2_xxs,down_exps=iq3_xxs --matrix --matrix-ctx 4096 --matrix-batch 1,8,32 --gen 6 --matrix-prefill 2048
-# the same with the prefill MoE kernels (bf16 tensor-core tiles, every type) at every batch, against the
-# generic per-row decode kernels those types get by default
+# the same with the prefill MoE kernels (bf16 tensor-core tiles, every type) at every batch, and with
+# TANDEM_MOE_FAST=0 (the generic per-row kernels these types had before session 32)
 step glm5_iq2_mix_mma1 40 env TANDEM_MOE_MMA_MIN=1 "$B/tandem" bench $SYN --type q4_k,exps=iq2_xxs,down_exps=iq3_xxs --matrix --matrix-ctx 4096 --matrix-batch 1,8,32 --gen 6 --matrix-prefill 0
+step glm5_iq2_mix_generic 40 env TANDEM_MOE_FAST=0 "$B/tandem" bench $SYN --type q4_k,exps=iq2_xxs,down_exps=iq3_xxs --matrix --matrix-ctx 4096 --matrix-batch 1,8,32 --gen 6 --matrix-prefill 0
 step glm5_split_mix 40 "$B/tandem" bench $SYN --type q4_k,exps=iq2_xxs,up_exps=iq3_s,down_exps=iq3_xxs --matrix --matrix-ctx 4096 --matrix-batch 1,8 --gen 6 --matrix-prefill 2048
 step glm5_matrix_nopdl 40 env TANDEM_PDL=0 "$B/tandem" bench $SYN --matrix --matrix-ctx 4096 --matrix-batch 1,8 --gen 6 --matrix-prefill 0
 # front4: products of one x in one launch (TANDEM_MULTI), single wide Q8_0 through it (TANDEM_MULTI_WIDE),

@@ -1,5 +1,6 @@
 /* Experiment: decode GEMV on tensor cores (mma.sync.m16n8k16, fp16 in, fp32 accumulate) for the
- * GLM-5 quant mix Q4_K / Q5_K / Q6_K / Q8_0. Same semantics as kcuda_matmul's GEMV:
+ * GLM-5 quant mix Q4_K / Q5_K / Q6_K / Q8_0 (and, for the MoE kernels, the codebook types IQ2_XXS ...
+ * IQ3_S: gm_unit_iq). Same semantics as kcuda_matmul's GEMV:
  * Y[t][r] = dot(W row r, X[t]) for n_tok 1..8, W in the GGUF block layout in device memory, X and Y
  * fp32. Lives in bench/ until it is measured and promoted (STYLE.md: one kernel per op in the tree).
  *
@@ -710,6 +711,164 @@ GM_HD void gm_unit_q80(LN &L, const uint8_t *const (&rows)[R][2], int64_t u)
 	}
 }
 
+/* ---- the codebook types IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S: one super-block per unit ----------------
+ * Step s is elements 16 s .. 16 s + 15: sub-block s >> 1, and lane t's four elements 16 s + 4 t .. are
+ * bytes 4 (t & 1) .. of the 8-value group 2 (s & 1) + (t >> 1). A codebook byte is a magnitude <= 63
+ * and the sub-block's scale an odd integer ls <= 31 (the float scale is d ls / 8, / 4 or / 1), so A
+ * holds +-m ls <= 1953, exact in fp16: (1024 + m) from the byte by a permute, then one HFMA2 by +-ls
+ * (sign bits as the halves' sign bits) plus -+1024 ls. The steps accumulate in D, and the block's d
+ * times the type's factor is applied once a unit. The words are read with 1- and 2-byte loads (the
+ * blocks are 66 ... 110 bytes, only 2-byte aligned); the codebooks through the read-only cache. */
+#ifdef __CUDA_ARCH__
+#define GM_GRID(name) kc_grid_##name /* quant_piece_iq.cuh's device copies */
+#else /* the host (the emulators, tests/unit/test_gm_iq.cc) reads host copies */
+static const uint64_t gm_hgrid_iq2xxs[256] = {IQ_GRID_IQ2XXS};
+static const uint64_t gm_hgrid_iq2xs[512] = {IQ_GRID_IQ2XS};
+static const uint64_t gm_hgrid_iq2s[1024] = {IQ_GRID_IQ2S};
+static const uint32_t gm_hgrid_iq3xxs[256] = {IQ_GRID_IQ3XXS};
+static const uint32_t gm_hgrid_iq3s[512] = {IQ_GRID_IQ3S};
+#define GM_GRID(name) gm_hgrid_##name
+#endif
+/* the 8 sign bits of a 7-bit sign code (bit 7: the parity of bits 0..6; quant_piece_iq.cuh's kc_ksigns) */
+GM_HD uint32_t gm_ksigns(uint32_t c)
+{
+#ifdef __CUDA_ARCH__
+	return c | ((uint32_t)(__popc(c) & 1) << 7);
+#else
+	return c | ((uint32_t)(__builtin_popcount(c) & 1) << 7);
+#endif
+}
+template <int T> struct gm_iq;
+template <> struct gm_iq<KT_IQ2_XXS> {
+	static constexpr float kMul = 0.125f;
+	/* group l's bytes 4 hw .. 4 hw + 3 of sub-block ib (scale half h) and their 4 sign bits */
+	static GM_HD void piece(const uint8_t *b, int ib, int l, int hw, int h, uint32_t &w, uint32_t &s4,
+	                        int &ls)
+	{
+		const uint8_t *p = b + 2 + 8 * ib;
+		const uint32_t aux = gm_u16(p + 4) | gm_u16(p + 6) << 16;
+		const uint2 e = gm_ldg((const uint2 *)(GM_GRID(iq2xxs) + gm_ldg(p + l)));
+		w = hw ? e.y : e.x;
+		s4 = (gm_ksigns((aux >> (7 * l)) & 127u) >> (4 * hw)) & 15u;
+		ls = 2 * (int)(aux >> 28) + 1;
+	}
+};
+template <> struct gm_iq<KT_IQ2_XS> {
+	static constexpr float kMul = 0.125f;
+	static GM_HD void piece(const uint8_t *b, int ib, int l, int hw, int h, uint32_t &w, uint32_t &s4,
+	                        int &ls)
+	{
+		const uint32_t q = gm_u16(b + 2 + 2 * (4 * ib + l));
+		const uint2 e = gm_ldg((const uint2 *)(GM_GRID(iq2xs) + (q & 511u)));
+		w = hw ? e.y : e.x;
+		s4 = (gm_ksigns(q >> 9) >> (4 * hw)) & 15u;
+		ls = 2 * (int)((gm_ldg(b + 66 + ib) >> (4 * h)) & 15u) + 1;
+	}
+};
+template <> struct gm_iq<KT_IQ2_S> {
+	static constexpr float kMul = 0.125f;
+	static GM_HD void piece(const uint8_t *b, int ib, int l, int hw, int h, uint32_t &w, uint32_t &s4,
+	                        int &ls)
+	{
+		const uint32_t qh = gm_ldg(b + 66 + ib);
+		const uint32_t i = gm_ldg(b + 2 + 4 * ib + l) | ((qh >> (2 * l)) & 3u) << 8;
+		const uint2 e = gm_ldg((const uint2 *)(GM_GRID(iq2s) + i));
+		w = hw ? e.y : e.x;
+		s4 = ((uint32_t)gm_ldg(b + 34 + 4 * ib + l) >> (4 * hw)) & 15u;
+		ls = 2 * (int)((gm_ldg(b + 74 + ib) >> (4 * h)) & 15u) + 1;
+	}
+};
+template <> struct gm_iq<KT_IQ3_XXS> {
+	static constexpr float kMul = 0.25f;
+	static GM_HD void piece(const uint8_t *b, int ib, int l, int hw, int h, uint32_t &w, uint32_t &s4,
+	                        int &ls)
+	{
+		const uint32_t aux = gm_u16(b + 66 + 4 * ib) | gm_u16(b + 68 + 4 * ib) << 16;
+		w = gm_ldg(GM_GRID(iq3xxs) + gm_ldg(b + 2 + 8 * ib + 2 * l + hw));
+		s4 = (gm_ksigns((aux >> (7 * l)) & 127u) >> (4 * hw)) & 15u;
+		ls = 2 * (int)(aux >> 28) + 1;
+	}
+};
+template <> struct gm_iq<KT_IQ3_S> {
+	static constexpr float kMul = 1.0f;
+	static GM_HD void piece(const uint8_t *b, int ib, int l, int hw, int h, uint32_t &w, uint32_t &s4,
+	                        int &ls)
+	{
+		const int j = 2 * l + hw; /* the 4-value codebook entry */
+		const uint32_t i = gm_ldg(b + 2 + 8 * ib + j) | ((uint32_t)(gm_ldg(b + 66 + ib) >> j) & 1u)
+		                                                    << 8;
+		w = gm_ldg(GM_GRID(iq3s) + i);
+		s4 = ((uint32_t)gm_ldg(b + 74 + 4 * ib + l) >> (4 * hw)) & 15u;
+		ls = 2 * (int)((gm_ldg(b + 106 + ib / 2) >> (4 * (ib & 1))) & 15u) + 1;
+	}
+};
+template <int T>
+constexpr bool gm_is_iq =
+    T == KT_IQ2_XXS || T == KT_IQ2_XS || T == KT_IQ2_S || T == KT_IQ3_XXS || T == KT_IQ3_S;
+
+template <int T, int R, int NG, class LN>
+GM_HD void gm_unit_iq(LN &L, const uint8_t *const (&rows)[R][2], int64_t u)
+{
+	const uint8_t *blk[R][2];
+	float dm[R][2];
+	GM_FOR_ROWS(R)
+	{
+		blk[r][hr] = rows[r][hr] + (size_t)kq<T>::BYTES * u;
+		dm[r][hr] = gm_f16(gm_u16(blk[r][hr])) * gm_iq<T>::kMul;
+	}
+	L.template stage<false>(u);
+	float fk[NG];
+	GM_UNROLL
+	for (int k = 0; k < NG; k++)
+		fk[k] = L.sm->f[4 * k + L.t];
+	float D[R][NG][4];
+	GM_UNROLL
+	for (int r = 0; r < R; r++)
+		GM_UNROLL
+	for (int k = 0; k < NG; k++)
+		D[r][k][0] = D[r][k][1] = D[r][k][2] = D[r][k][3] = 0.f;
+	const int hw = L.t & 1;
+	GM_UNROLL
+	for (int s = 0; s < 16; s++) {
+		const int ib = s >> 1, h = s & 1, l = 2 * h + (L.t >> 1);
+		uint32_t b[NG][2];
+		GM_UNROLL
+		for (int k = 0; k < NG; k++) {
+			const uint2 v2 = gm_b(L, k, s);
+			b[k][0] = v2.x, b[k][1] = v2.y;
+		}
+		GM_UNROLL
+		for (int r = 0; r < R; r++) {
+			uint32_t v[2][2]; /* [hr][02 / 13] */
+			GM_UNROLL
+			for (int hr = 0; hr < 2; hr++) {
+				uint32_t w, s4;
+				int ls;
+				gm_iq<T>::piece(blk[r][hr], ib, l, hw, h, w, s4, ls);
+				const uint32_t lh = gm_h2((float)ls);
+				/* +-ls a half (elements 0, 2 and 1, 3), and -1024 times that: the sign
+				 * flipped and 10 added to the exponent (ls <= 31: no carry out of a half) */
+				const uint32_t s02 = lh ^ ((s4 & 1u) << 15) ^ ((s4 & 4u) << 29);
+				const uint32_t s13 = lh ^ ((s4 & 2u) << 14) ^ ((s4 & 8u) << 28);
+				v[hr][0] = gm_hfma2(gm_perm(w, 0x64646464u, 0x4240), s02,
+				                    (s02 ^ 0x80008000u) + 0x28002800u);
+				v[hr][1] = gm_hfma2(gm_perm(w, 0x64646464u, 0x4341), s13,
+				                    (s13 ^ 0x80008000u) + 0x28002800u);
+			}
+			GM_UNROLL
+			for (int k = 0; k < NG; k++)
+				gm_mma(D[r][k], v[0][0], v[1][0], v[0][1], v[1][1], b[k][0], b[k][1]);
+		}
+	}
+	GM_UNROLL
+	for (int r = 0; r < R; r++)
+		GM_UNROLL
+	for (int k = 0; k < NG; k++)
+		GM_UNROLL
+	for (int i = 0; i < 4; i++)
+		L.acc[r][k][i] = fmaf(dm[r][i >> 1] * fk[k], D[r][k][i], L.acc[r][k][i]);
+}
+
 /* One 256-element unit of this warp's K range, all R tiles (the GEMV and the MoE kernels). rb4:
  * rows start 4-byte aligned (only Q6_K asks: the MoE's 210-byte rows at n_in 256 do not) */
 template <int T, int R, int NG, class LN>
@@ -724,7 +883,9 @@ GM_HD void gm_unit(LN &L, const uint8_t *const (&rows)[R][2], int64_t u, bool rb
 			gm_unit_q6k<0, R, NG>(L, rows, u);
 		else
 			gm_unit_q6k<1, R, NG>(L, rows, u);
-	} else
+	} else if constexpr (gm_is_iq<T>)
+		gm_unit_iq<T, R, NG>(L, rows, u);
+	else
 		gm_unit_q80<R, NG>(L, rows, u);
 }
 

@@ -444,9 +444,16 @@ __global__ void moe_mma_combine_kernel(const float *__restrict__ y, const float 
 
 /* ---- host ------------------------------------------------------------------------------------- */
 
-bool moe_mma_type_ok(int t)
+/* the types moe_small.cu's (and moe_one / moe_persist's) units take */
+static bool mm_small_type_ok(int t)
 {
 	return t == KT_Q4_K || t == KT_Q5_K || t == KT_Q6_K || t == KT_Q8_0;
+}
+
+bool moe_mma_type_ok(int t)
+{
+	return mm_small_type_ok(t) || t == KT_IQ2_XXS || t == KT_IQ2_XS || t == KT_IQ2_S || t == KT_IQ3_XXS ||
+	       t == KT_IQ3_S;
 }
 
 /* upper bound of the chunk count: sum_e ceil(c_e / CH) < np / CH + active experts */
@@ -672,6 +679,11 @@ static int mm_run(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, c
 	case KT_Q5_K: rc = mm_gate_up_t<KT_Q5_K, NG>(c, a); break;
 	case KT_Q6_K: rc = mm_gate_up_t<KT_Q6_K, NG>(c, a); break;
 	case KT_Q8_0: rc = mm_gate_up_t<KT_Q8_0, NG>(c, a); break;
+	case KT_IQ2_XXS: rc = mm_gate_up_t<KT_IQ2_XXS, NG>(c, a); break;
+	case KT_IQ2_XS: rc = mm_gate_up_t<KT_IQ2_XS, NG>(c, a); break;
+	case KT_IQ2_S: rc = mm_gate_up_t<KT_IQ2_S, NG>(c, a); break;
+	case KT_IQ3_XXS: rc = mm_gate_up_t<KT_IQ3_XXS, NG>(c, a); break;
+	case KT_IQ3_S: rc = mm_gate_up_t<KT_IQ3_S, NG>(c, a); break;
 	default: rc = ERR_UNSUPPORTED; break;
 	}
 	mm_stage_end();
@@ -683,6 +695,11 @@ static int mm_run(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, c
 	case KT_Q5_K: rc = mm_down_t<KT_Q5_K, NG>(c, a); break;
 	case KT_Q6_K: rc = mm_down_t<KT_Q6_K, NG>(c, a); break;
 	case KT_Q8_0: rc = mm_down_t<KT_Q8_0, NG>(c, a); break;
+	case KT_IQ2_XXS: rc = mm_down_t<KT_IQ2_XXS, NG>(c, a); break;
+	case KT_IQ2_XS: rc = mm_down_t<KT_IQ2_XS, NG>(c, a); break;
+	case KT_IQ2_S: rc = mm_down_t<KT_IQ2_S, NG>(c, a); break;
+	case KT_IQ3_XXS: rc = mm_down_t<KT_IQ3_XXS, NG>(c, a); break;
+	case KT_IQ3_S: rc = mm_down_t<KT_IQ3_S, NG>(c, a); break;
 	default: rc = ERR_UNSUPPORTED; break;
 	}
 	mm_stage_end();
@@ -705,7 +722,8 @@ int moe_mma_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, con
 	 * (n k <= E: an expert with more than 4 then costs a second chunk, rare) or no expert can have
 	 * more than 4 (n <= 4: ids of one token are distinct); else two (8 tokens per pass over a row).
 	 * TANDEM_MOE_MMA_NG=1|2 forces it (bench_cuda_moe's A/B). */
-	if (moe_small_fits(c, n, k, sh_gate != NULL, F)) /* 1..4 tokens by default: no sort, no combine */
+	if (mm_small_type_ok(gate->type) && mm_small_type_ok(down->type) &&
+	    moe_small_fits(c, n, k, sh_gate != NULL, F)) /* 1..4 tokens by default: no sort, no combine */
 		return moe_small_ffn(c, x, ldx, n, ids, weights, k, gate, up, down, E, F, sh_gate, sh_up,
 		                     sh_down, out, ldo);
 	const char *f = getenv("TANDEM_MOE_MMA_NG");

@@ -8,8 +8,9 @@
  * For every type in KCUDA_FOR_EACH_TYPE, on seeded random rows (tests/ops/ops_util.h's filler: random
  * bytes with sane fp16 scales; seed printed, TANDEM_SEED=... replays), every piece's fma(a, v, b)
  * must equal kcpu_dequant_row's value: exactly where b = 0 (the float types, Q8_0, IQ4_*, the
- * codebook types; a zero's sign may differ), within 4 ulp of the block's largest value where the piece has an offset (Q4_0 ...
- * Q6_K: the GPU forms a * v + b from a rescaled v, MODEL-SPEC.md §5 has the CPU's formula). */
+ * codebook types; a zero's sign may differ), within 4 ulp of the block's largest value where the piece has an
+ * offset (Q4_0 ... Q6_K: the GPU forms a * v + b from a rescaled v, MODEL-SPEC.md §5 has the CPU's formula).
+ */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -20,71 +21,7 @@
 #include "tests/ops/ops_util.h"
 #include "tests/unit/sim_cuda.h" /* vector types, __uint_as_float, __byte_perm, __funnelshift_r */
 
-/* ---- host stand-ins for what quant_piece.cuh takes from CUDA and cuda_common.cuh ---- */
-#define TANDEM_KERNELS_CUDA_COMMON_CUH 1 /* cuda_common.cuh is not included */
-#define __device__
-#define __forceinline__ inline
-
-struct __half2 {
-	uint16_t x, y;
-};
-
-static inline uint32_t __float_as_uint(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	return u;
-}
-static inline int __popc(uint32_t v)
-{
-	return __builtin_popcount(v);
-}
-template <typename T> static inline T __ldg(const T *p)
-{
-	T v;
-	memcpy(&v, p, sizeof v);
-	return v;
-}
-static inline float2 __half22float2(__half2 h)
-{
-	return float2{kfp16_to_f32(h.x), kfp16_to_f32(h.y)};
-}
-static inline float kc_h2f(uint16_t h)
-{
-	return kfp16_to_f32(h);
-}
-static inline float kc_bf2f(uint16_t h)
-{
-	return __uint_as_float((uint32_t)h << 16);
-}
-static inline uint16_t kc_ld16(const uint8_t *p)
-{
-	uint16_t v;
-	memcpy(&v, p, 2);
-	return v;
-}
-template <int N> static inline void kc_ldw_a2(const uint8_t *p, uint32_t *w)
-{
-	if ((uintptr_t)p & 1)
-		abort(); /* the CUDA version would fault */
-	memcpy(w, p, 4 * N);
-}
-template <int N> static inline void kc_ldw_a4(const uint8_t *p, uint32_t *w)
-{
-	if ((uintptr_t)p & 3)
-		abort();
-	memcpy(w, p, 4 * N);
-}
-template <int N> static inline void kc_ldw_a16(const uint8_t *p, uint32_t *w)
-{
-	if ((uintptr_t)p & 15)
-		abort();
-	memcpy(w, p, 4 * N);
-}
-static inline uint32_t kc_byte(uint32_t w, int i)
-{
-	return (w >> (8 * i)) & 0xffu;
-}
+#include "tests/unit/sim_piece.h" /* quant_piece.cuh's CUDA and cuda_common.cuh helpers */
 
 #include "kernels/cuda/quant_piece.cuh"
 
@@ -126,19 +63,25 @@ template <int T> static void check_type(int64_t n_in, int n_rows)
 			const float tol = kq<T>::HAS_B ? 4.0f * scale * 1.1920929e-7f : 0.0f;
 			for (int i = 0; i < 16; i++) {
 				const float d = fabsf(out[i] - ref[e0 + i]);
-				const bool ok = kq<T>::HAS_B ? d <= tol : out[i] == ref[e0 + i]; /* -0 == +0 */
+				const bool ok =
+				    kq<T>::HAS_B ? d <= tol : out[i] == ref[e0 + i]; /* -0 == +0 */
 				n_check++;
 				if (!ok && bad++ < 4)
-					printf("FAIL %s row %d element %lld: GPU piece %.9g, CPU %.9g\n", ti->name, r,
-					       (long long)(e0 + i), (double)out[i], (double)ref[e0 + i]);
+					printf("FAIL %s row %d element %lld: GPU piece %.9g, CPU %.9g\n",
+					       ti->name, r, (long long)(e0 + i), (double)out[i],
+					       (double)ref[e0 + i]);
 				if (scale > 0)
 					worst = fmax(worst, d / scale);
 			}
 		}
 	}
 	n_fail += bad;
-	printf("%-8s %d rows of %lld: %s, worst |d| %.2g of the block's max\n", ti->name, n_rows, (long long)n_in,
-	       bad ? "FAIL" : kq<T>::HAS_B ? "within 4 ulp" : "exact", worst);
+	printf("%-8s %d rows of %lld: %s, worst |d| %.2g of the block's max\n", ti->name, n_rows,
+	       (long long)n_in,
+	       bad            ? "FAIL"
+	       : kq<T>::HAS_B ? "within 4 ulp"
+	                      : "exact",
+	       worst);
 	free(w);
 	free(ref);
 }
