@@ -438,8 +438,8 @@ int kcuda_moe_ffn(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, c
 /* the largest token count kcuda_moe_ffn runs without a host sync (CUDA graphs can hold it) */
 int kcuda_moe_ffn_sync_free_max(void);
 /* Which decode kernels kcuda_moe_ffn picks for routed experts of these types (shapes aside): the
- * tensor-core ones (gate / up and down each Q4_K, Q5_K, Q6_K, Q8_0, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS or
- * IQ3_S), the generic per-row kernels (any other type: IQ1_S / IQ1_M, IQ4_*, Q2_K / Q3_K, the legacy
+ * tensor-core ones (gate / up and down each Q4_K, Q5_K, Q6_K, Q8_0, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
+ * IQ3_S, IQ1_S or IQ1_M), the generic per-row kernels (any other type: IQ4_*, Q2_K / Q3_K, the legacy
  * ones, float), or the split path (gate and up of different types). For the load report of the
  * backend. */
 enum kcuda_moe_path { KCUDA_MOE_TENSOR_CORE, KCUDA_MOE_GENERIC, KCUDA_MOE_SPLIT };

@@ -2158,7 +2158,7 @@ static void report_moe_paths(const struct be_cuda *c)
 		        ? "gate and up differ in type, so decode takes the split path (gather, three "
 		          "per-pair "
 		          "products, SwiGLU, combine), slower than the fused kernels"
-		        : "the tensor-core decode kernels take Q4_K, Q5_K, Q6_K, Q8_0 and IQ2_XXS ... IQ3_S, "
+		        : "the tensor-core decode kernels take Q4_K, Q5_K, Q6_K, Q8_0 and IQ1_S ... IQ3_S, "
 		          "so decode runs these on the generic per-row kernels");
 	if (n_mx && n_tc)
 		LOG_INFO("model", "cuda: the other %d MoE layer(s) decode on the tensor-core kernels", n_tc);

@@ -727,6 +727,7 @@ static const uint64_t gm_hgrid_iq2xs[512] = {IQ_GRID_IQ2XS};
 static const uint64_t gm_hgrid_iq2s[1024] = {IQ_GRID_IQ2S};
 static const uint32_t gm_hgrid_iq3xxs[256] = {IQ_GRID_IQ3XXS};
 static const uint32_t gm_hgrid_iq3s[512] = {IQ_GRID_IQ3S};
+static const uint64_t gm_hgrid_iq1s[2048] = {IQ_GRID_IQ1S};
 #define GM_GRID(name) gm_hgrid_##name
 #endif
 /* the 8 sign bits of a 7-bit sign code (bit 7: the parity of bits 0..6; quant_piece_iq.cuh's kc_ksigns) */
@@ -740,6 +741,11 @@ GM_HD uint32_t gm_ksigns(uint32_t c)
 }
 template <int T> struct gm_iq;
 template <> struct gm_iq<KT_IQ2_XXS> {
+	static constexpr bool kI1 = false;
+	static GM_HD float d(const uint8_t *b)
+	{
+		return gm_f16(gm_u16(b));
+	}
 	static constexpr float kMul = 0.125f;
 	/* group l's bytes 4 hw .. 4 hw + 3 of sub-block ib (scale half h) and their 4 sign bits */
 	static GM_HD void piece(const uint8_t *b, int ib, int l, int hw, int h, uint32_t &w, uint32_t &s4,
@@ -754,6 +760,11 @@ template <> struct gm_iq<KT_IQ2_XXS> {
 	}
 };
 template <> struct gm_iq<KT_IQ2_XS> {
+	static constexpr bool kI1 = false;
+	static GM_HD float d(const uint8_t *b)
+	{
+		return gm_f16(gm_u16(b));
+	}
 	static constexpr float kMul = 0.125f;
 	static GM_HD void piece(const uint8_t *b, int ib, int l, int hw, int h, uint32_t &w, uint32_t &s4,
 	                        int &ls)
@@ -766,6 +777,11 @@ template <> struct gm_iq<KT_IQ2_XS> {
 	}
 };
 template <> struct gm_iq<KT_IQ2_S> {
+	static constexpr bool kI1 = false;
+	static GM_HD float d(const uint8_t *b)
+	{
+		return gm_f16(gm_u16(b));
+	}
 	static constexpr float kMul = 0.125f;
 	static GM_HD void piece(const uint8_t *b, int ib, int l, int hw, int h, uint32_t &w, uint32_t &s4,
 	                        int &ls)
@@ -779,6 +795,11 @@ template <> struct gm_iq<KT_IQ2_S> {
 	}
 };
 template <> struct gm_iq<KT_IQ3_XXS> {
+	static constexpr bool kI1 = false;
+	static GM_HD float d(const uint8_t *b)
+	{
+		return gm_f16(gm_u16(b));
+	}
 	static constexpr float kMul = 0.25f;
 	static GM_HD void piece(const uint8_t *b, int ib, int l, int hw, int h, uint32_t &w, uint32_t &s4,
 	                        int &ls)
@@ -790,6 +811,11 @@ template <> struct gm_iq<KT_IQ3_XXS> {
 	}
 };
 template <> struct gm_iq<KT_IQ3_S> {
+	static constexpr bool kI1 = false;
+	static GM_HD float d(const uint8_t *b)
+	{
+		return gm_f16(gm_u16(b));
+	}
 	static constexpr float kMul = 1.0f;
 	static GM_HD void piece(const uint8_t *b, int ib, int l, int hw, int h, uint32_t &w, uint32_t &s4,
 	                        int &ls)
@@ -802,9 +828,50 @@ template <> struct gm_iq<KT_IQ3_S> {
 		ls = 2 * (int)((gm_ldg(b + 106 + ib / 2) >> (4 * (ib & 1))) & 15u) + 1;
 	}
 };
+/* IQ1_S / IQ1_M: codebook bytes are int8 g in {-1, 0, 1} plus a +-1/8 shift per group (IQ1_S: per
+ * sub-block), so A holds (8 g +- 1) ls <= 9 * 15 (ls = 2 s + 1, s <= 7) and the factor is d / 8. piece
+ * gives the 4 int8 bytes, the shift's sign (dneg: 1 for -1/8) and ls. */
+template <> struct gm_iq<KT_IQ1_S> {
+	static constexpr bool kI1 = true;
+	static constexpr float kMul = 0.125f;
+	static GM_HD float d(const uint8_t *b)
+	{
+		return gm_f16(gm_u16(b));
+	}
+	static GM_HD void piece(const uint8_t *b, int ib, int l, int hw, int h, uint32_t &w, uint32_t &dneg,
+	                        int &ls)
+	{
+		const uint32_t q = gm_u16(b + 34 + 2 * ib);
+		const uint2 e = gm_ldg((const uint2 *)(GM_GRID(iq1s) + (gm_ldg(b + 2 + 4 * ib + l) |
+		                                                        ((q >> (3 * l)) & 7u) << 8)));
+		w = hw ? e.y : e.x;
+		dneg = q >> 15;
+		ls = 2 * (int)((q >> 12) & 7u) + 1;
+	}
+};
+template <> struct gm_iq<KT_IQ1_M> {
+	static constexpr bool kI1 = true;
+	static constexpr float kMul = 0.125f;
+	static GM_HD float d(const uint8_t *b) /* the fp16 scale: the top nibbles of the four scale words */
+	{
+		return gm_f16((gm_u16(b + 48) >> 12) | ((gm_u16(b + 50) >> 8) & 0x00f0u) |
+		              ((gm_u16(b + 52) >> 4) & 0x0f00u) | (gm_u16(b + 54) & 0xf000u));
+	}
+	static GM_HD void piece(const uint8_t *b, int ib, int l, int hw, int h, uint32_t &w, uint32_t &dneg,
+	                        int &ls)
+	{
+		const uint32_t qh = (uint32_t)gm_ldg(b + 32 + 2 * ib + l / 2) >>
+		                    (4 * (l & 1)); /* 3 index bits, the shift's sign */
+		const uint2 e =
+		    gm_ldg((const uint2 *)(GM_GRID(iq1s) + (gm_ldg(b + 4 * ib + l) | (qh & 7u) << 8)));
+		w = hw ? e.y : e.x;
+		dneg = (qh >> 3) & 1u;
+		ls = 2 * (int)((gm_u16(b + 48 + 2 * (ib / 2)) >> (6 * (ib & 1) + 3 * h)) & 7u) + 1;
+	}
+};
 template <int T>
-constexpr bool gm_is_iq =
-    T == KT_IQ2_XXS || T == KT_IQ2_XS || T == KT_IQ2_S || T == KT_IQ3_XXS || T == KT_IQ3_S;
+constexpr bool gm_is_iq = T == KT_IQ2_XXS || T == KT_IQ2_XS || T == KT_IQ2_S || T == KT_IQ3_XXS ||
+                          T == KT_IQ3_S || T == KT_IQ1_S || T == KT_IQ1_M;
 
 template <int T, int R, int NG, class LN>
 GM_HD void gm_unit_iq(LN &L, const uint8_t *const (&rows)[R][2], int64_t u)
@@ -814,7 +881,7 @@ GM_HD void gm_unit_iq(LN &L, const uint8_t *const (&rows)[R][2], int64_t u)
 	GM_FOR_ROWS(R)
 	{
 		blk[r][hr] = rows[r][hr] + (size_t)kq<T>::BYTES * u;
-		dm[r][hr] = gm_f16(gm_u16(blk[r][hr])) * gm_iq<T>::kMul;
+		dm[r][hr] = gm_iq<T>::d(blk[r][hr]) * gm_iq<T>::kMul;
 	}
 	L.template stage<false>(u);
 	float fk[NG];
@@ -845,6 +912,17 @@ GM_HD void gm_unit_iq(LN &L, const uint8_t *const (&rows)[R][2], int64_t u)
 				uint32_t w, s4;
 				int ls;
 				gm_iq<T>::piece(blk[r][hr], ib, l, hw, h, w, s4, ls);
+				if constexpr (gm_iq<T>::kI1) { /* s4: the shift's sign */
+					/* int8 g as 1152 + g (Q8_0's permute), minus 1152: g exactly; then
+					 * g 8 ls +- ls */
+					const uint32_t w8 = w ^ 0x80808080u, l8 = gm_h2((float)(8 * ls));
+					const uint32_t c = gm_h2(s4 ? (float)-ls : (float)ls);
+					v[hr][0] = gm_hfma2(
+					    gm_hadd2(gm_perm(w8, 0x64646464u, 0x4240), 0xE480E480u), l8, c);
+					v[hr][1] = gm_hfma2(
+					    gm_hadd2(gm_perm(w8, 0x64646464u, 0x4341), 0xE480E480u), l8, c);
+					continue;
+				}
 				const uint32_t lh = gm_h2((float)ls);
 				/* +-ls a half (elements 0, 2 and 1, 3), and -1024 times that: the sign
 				 * flipped and 10 added to the exponent (ls <= 31: no carry out of a half) */

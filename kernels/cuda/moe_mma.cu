@@ -453,7 +453,7 @@ static bool mm_small_type_ok(int t)
 bool moe_mma_type_ok(int t)
 {
 	return mm_small_type_ok(t) || t == KT_IQ2_XXS || t == KT_IQ2_XS || t == KT_IQ2_S || t == KT_IQ3_XXS ||
-	       t == KT_IQ3_S;
+	       t == KT_IQ3_S || t == KT_IQ1_S || t == KT_IQ1_M;
 }
 
 /* upper bound of the chunk count: sum_e ceil(c_e / CH) < np / CH + active experts */
@@ -684,6 +684,8 @@ static int mm_run(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, c
 	case KT_IQ2_S: rc = mm_gate_up_t<KT_IQ2_S, NG>(c, a); break;
 	case KT_IQ3_XXS: rc = mm_gate_up_t<KT_IQ3_XXS, NG>(c, a); break;
 	case KT_IQ3_S: rc = mm_gate_up_t<KT_IQ3_S, NG>(c, a); break;
+	case KT_IQ1_S: rc = mm_gate_up_t<KT_IQ1_S, NG>(c, a); break;
+	case KT_IQ1_M: rc = mm_gate_up_t<KT_IQ1_M, NG>(c, a); break;
 	default: rc = ERR_UNSUPPORTED; break;
 	}
 	mm_stage_end();
@@ -700,6 +702,8 @@ static int mm_run(struct kcuda_ctx *c, const float *x, int64_t ldx, int64_t n, c
 	case KT_IQ2_S: rc = mm_down_t<KT_IQ2_S, NG>(c, a); break;
 	case KT_IQ3_XXS: rc = mm_down_t<KT_IQ3_XXS, NG>(c, a); break;
 	case KT_IQ3_S: rc = mm_down_t<KT_IQ3_S, NG>(c, a); break;
+	case KT_IQ1_S: rc = mm_down_t<KT_IQ1_S, NG>(c, a); break;
+	case KT_IQ1_M: rc = mm_down_t<KT_IQ1_M, NG>(c, a); break;
 	default: rc = ERR_UNSUPPORTED; break;
 	}
 	mm_stage_end();

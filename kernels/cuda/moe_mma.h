@@ -9,8 +9,8 @@
 #define MOE_MMA_MAX_TOKENS 256
 
 /* the weight types moe_mma_ffn's units decode: Q4_K, Q5_K, Q6_K, Q8_0, and the codebook types IQ2_XXS,
- * IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S (gemv_mma.cuh gm_unit_iq; their 1..4-token calls take the sorted
- * kernels, not moe_small.cu's, whose units are the first four's) */
+ * IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M (gemv_mma.cuh gm_unit_iq; their 1..4-token calls take the
+ * sorted kernels, not moe_small.cu's, whose units are the first four's) */
 bool moe_mma_type_ok(int t);
 /* true when moe_mma_ffn takes this call: TANDEM_MOE_FAST unset or not "0", gate/up and down each
  * of moe_mma_type_ok's types, D and F multiples of 256, x 16-byte aligned with ldx % 4 == 0,

@@ -168,6 +168,8 @@ int main(void)
 	check_type<KT_IQ2_S>();
 	check_type<KT_IQ3_XXS>();
 	check_type<KT_IQ3_S>();
+	check_type<KT_IQ1_S>();
+	check_type<KT_IQ1_M>();
 	printf("%s: %d failures\n", n_fail ? "FAIL" : "OK", n_fail);
 	return n_fail ? 1 : 0;
 }
