@@ -1347,13 +1347,20 @@ int main(void)
 	static const int mix_n[] = {1, 3, 16, 40, 128};
 	for (size_t i = 0; i < sizeof(mix_n) / sizeof(mix_n[0]); i++)
 		ffn_case(&small, KT_Q4_K, KT_Q6_K, mix_n[i], 1e-4);
-	/* the codebook types of low-bit GLM-5 / DeepSeek GGUFs on the experts (generic kernels) */
+	/* the codebook types of low-bit GLM-5 / DeepSeek GGUFs on the experts: moe_mma's tensor-core units
+	 * (gemv_mma.cuh gm_unit_iq, session 32), and with TANDEM_MOE_FAST=0 the generic kernels they had
+	 * before */
 	static const int iq_pair[][2] = {
 	    {KT_IQ2_XXS, KT_IQ3_S}, {KT_IQ3_XXS, KT_IQ2_S}, {KT_IQ1_M, KT_IQ1_S}, {KT_IQ2_XS, KT_Q4_K}};
-	for (size_t t = 0; t < sizeof(iq_pair) / sizeof(iq_pair[0]); t++)
-		for (size_t i = 0; i < sizeof(mix_n) / sizeof(mix_n[0]); i++)
-			if (!quick || mix_n[i] == 1 || mix_n[i] == 40)
-				ffn_case(&small, iq_pair[t][0], iq_pair[t][1], mix_n[i], 1e-4);
+	for (int generic = 0; generic < 2; generic++) {
+		if (generic)
+			setenv("TANDEM_MOE_FAST", "0", 1);
+		for (size_t t = 0; t < sizeof(iq_pair) / sizeof(iq_pair[0]); t++)
+			for (size_t i = 0; i < sizeof(mix_n) / sizeof(mix_n[0]); i++)
+				if ((!quick && !generic) || mix_n[i] == 1 || mix_n[i] == 40)
+					ffn_case(&small, iq_pair[t][0], iq_pair[t][1], mix_n[i], 1e-4);
+		unsetenv("TANDEM_MOE_FAST");
+	}
 	/* gate and up of different types (the split path: gate, up and down as per-pair products) */
 	static const int split_n[] = {1, 3, 17, 40};
 	static const int split_t[][3] = {{KT_Q5_K, KT_Q8_0, KT_Q6_K}, {KT_IQ2_XXS, KT_IQ3_S, KT_Q4_K}};
@@ -1395,9 +1402,14 @@ mma:
 		ffn_case(&e256, KT_Q8_0, KT_Q4_K, 40, 1e-4);
 		ffn_case(&e256, KT_Q6_K, KT_Q5_K, 40, 1e-4);
 		ffn_case(&e256, KT_Q5_K, KT_Q8_0, 16, 1e-4);
+		/* the codebook units, the shared expert of the same types riding along */
+		ffn_case(&e256s, KT_IQ2_XXS, KT_IQ3_XXS, 17, 1e-4);
+		ffn_case(&e256s, KT_IQ1_M, KT_IQ2_S, 128, 1e-4);
+		ffn_case(&e256, KT_IQ3_S, KT_IQ1_S, 40, 1e-4);
 		g_xscale = 1e5f;
 		ffn_case(&e256s, KT_Q4_K, KT_Q6_K, 40, 1e-4);
 		ffn_case(&e256s, KT_Q5_K, KT_Q4_K, 17, 1e-4);
+		ffn_case(&e256s, KT_IQ2_XS, KT_IQ1_M, 40, 1e-4);
 		g_xscale = 1.0f;
 		if (!quick)
 			ffn_case(&glm5s, KT_Q4_K, KT_Q4_K, 64, 1e-4);
