@@ -740,12 +740,15 @@ GM_HD uint32_t gm_ksigns(uint32_t c)
 #endif
 }
 template <int T> struct gm_iq;
-template <> struct gm_iq<KT_IQ2_XXS> {
+/* what most of them share: the block's fp16 d in its first two bytes, codebook bytes under sign bits */
+struct gm_iq_sb {
 	static constexpr bool kI1 = false;
 	static GM_HD float d(const uint8_t *b)
 	{
 		return gm_f16(gm_u16(b));
 	}
+};
+template <> struct gm_iq<KT_IQ2_XXS> : gm_iq_sb {
 	static constexpr float kMul = 0.125f;
 	/* group l's bytes 4 hw .. 4 hw + 3 of sub-block ib (scale half h) and their 4 sign bits */
 	static GM_HD void piece(const uint8_t *b, int ib, int l, int hw, int h, uint32_t &w, uint32_t &s4,
@@ -759,12 +762,7 @@ template <> struct gm_iq<KT_IQ2_XXS> {
 		ls = 2 * (int)(aux >> 28) + 1;
 	}
 };
-template <> struct gm_iq<KT_IQ2_XS> {
-	static constexpr bool kI1 = false;
-	static GM_HD float d(const uint8_t *b)
-	{
-		return gm_f16(gm_u16(b));
-	}
+template <> struct gm_iq<KT_IQ2_XS> : gm_iq_sb {
 	static constexpr float kMul = 0.125f;
 	static GM_HD void piece(const uint8_t *b, int ib, int l, int hw, int h, uint32_t &w, uint32_t &s4,
 	                        int &ls)
@@ -776,12 +774,7 @@ template <> struct gm_iq<KT_IQ2_XS> {
 		ls = 2 * (int)((gm_ldg(b + 66 + ib) >> (4 * h)) & 15u) + 1;
 	}
 };
-template <> struct gm_iq<KT_IQ2_S> {
-	static constexpr bool kI1 = false;
-	static GM_HD float d(const uint8_t *b)
-	{
-		return gm_f16(gm_u16(b));
-	}
+template <> struct gm_iq<KT_IQ2_S> : gm_iq_sb {
 	static constexpr float kMul = 0.125f;
 	static GM_HD void piece(const uint8_t *b, int ib, int l, int hw, int h, uint32_t &w, uint32_t &s4,
 	                        int &ls)
@@ -794,12 +787,7 @@ template <> struct gm_iq<KT_IQ2_S> {
 		ls = 2 * (int)((gm_ldg(b + 74 + ib) >> (4 * h)) & 15u) + 1;
 	}
 };
-template <> struct gm_iq<KT_IQ3_XXS> {
-	static constexpr bool kI1 = false;
-	static GM_HD float d(const uint8_t *b)
-	{
-		return gm_f16(gm_u16(b));
-	}
+template <> struct gm_iq<KT_IQ3_XXS> : gm_iq_sb {
 	static constexpr float kMul = 0.25f;
 	static GM_HD void piece(const uint8_t *b, int ib, int l, int hw, int h, uint32_t &w, uint32_t &s4,
 	                        int &ls)
@@ -810,12 +798,7 @@ template <> struct gm_iq<KT_IQ3_XXS> {
 		ls = 2 * (int)(aux >> 28) + 1;
 	}
 };
-template <> struct gm_iq<KT_IQ3_S> {
-	static constexpr bool kI1 = false;
-	static GM_HD float d(const uint8_t *b)
-	{
-		return gm_f16(gm_u16(b));
-	}
+template <> struct gm_iq<KT_IQ3_S> : gm_iq_sb {
 	static constexpr float kMul = 1.0f;
 	static GM_HD void piece(const uint8_t *b, int ib, int l, int hw, int h, uint32_t &w, uint32_t &s4,
 	                        int &ls)
@@ -831,13 +814,9 @@ template <> struct gm_iq<KT_IQ3_S> {
 /* IQ1_S / IQ1_M: codebook bytes are int8 g in {-1, 0, 1} plus a +-1/8 shift per group (IQ1_S: per
  * sub-block), so A holds (8 g +- 1) ls <= 9 * 15 (ls = 2 s + 1, s <= 7) and the factor is d / 8. piece
  * gives the 4 int8 bytes, the shift's sign (dneg: 1 for -1/8) and ls. */
-template <> struct gm_iq<KT_IQ1_S> {
+template <> struct gm_iq<KT_IQ1_S> : gm_iq_sb {
 	static constexpr bool kI1 = true;
 	static constexpr float kMul = 0.125f;
-	static GM_HD float d(const uint8_t *b)
-	{
-		return gm_f16(gm_u16(b));
-	}
 	static GM_HD void piece(const uint8_t *b, int ib, int l, int hw, int h, uint32_t &w, uint32_t &dneg,
 	                        int &ls)
 	{
