@@ -851,6 +851,12 @@ template <> struct gm_iq<KT_IQ1_M> {
 template <int T>
 constexpr bool gm_is_iq = T == KT_IQ2_XXS || T == KT_IQ2_XS || T == KT_IQ2_S || T == KT_IQ3_XXS ||
                           T == KT_IQ3_S || T == KT_IQ1_S || T == KT_IQ1_M;
+/* the same at run time */
+static inline bool gm_iq_type(int t)
+{
+	return t == KT_IQ2_XXS || t == KT_IQ2_XS || t == KT_IQ2_S || t == KT_IQ3_XXS || t == KT_IQ3_S ||
+	       t == KT_IQ1_S || t == KT_IQ1_M;
+}
 
 template <int T, int R, int NG, class LN>
 GM_HD void gm_unit_iq(LN &L, const uint8_t *const (&rows)[R][2], int64_t u)
@@ -1033,7 +1039,10 @@ static inline int gemv_mma(int type, const void *w, size_t row_bytes, int64_t n_
 {
 	size_t rb;
 	if (n_tok < 1 || n_tok > 8 || n_out < 1 || n_in < 256 || n_in % 256 ||
-	    !ktype_row_bytes(type, n_in, &rb) || rb != row_bytes || row_bytes % (type == KT_Q6_K ? 4 : 16) ||
+	    !ktype_row_bytes(type, n_in, &rb) || rb != row_bytes ||
+	    row_bytes % (type == KT_Q6_K    ? 4
+	                 : gm_iq_type(type) ? 2
+	                                    : 16) ||
 	    (uintptr_t)w % 16 || (uintptr_t)x % 16 || ldx % 4 || ldx < n_in || ldy < n_out || r_tiles < 0 ||
 	    r_tiles > 2)
 		return -EINVAL;
@@ -1047,6 +1056,16 @@ static inline int gemv_mma(int type, const void *w, size_t row_bytes, int64_t n_
 		return gm_launch_t<KT_Q6_K>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles);
 	case KT_Q8_0:
 		return gm_launch_t<KT_Q8_0>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles);
+#define GM_IQ_CASE(T)                                                                                        \
+	case T: return gm_launch_t<T>(wb, rb, n_in, n_out, x, ldx, n_tok, y, ldy, s, n_sm, r_tiles);
+		GM_IQ_CASE(KT_IQ2_XXS)
+		GM_IQ_CASE(KT_IQ2_XS)
+		GM_IQ_CASE(KT_IQ2_S)
+		GM_IQ_CASE(KT_IQ3_XXS)
+		GM_IQ_CASE(KT_IQ3_S)
+		GM_IQ_CASE(KT_IQ1_S)
+		GM_IQ_CASE(KT_IQ1_M)
+#undef GM_IQ_CASE
 	default: return ERR_UNSUPPORTED;
 	}
 }
