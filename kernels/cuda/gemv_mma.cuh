@@ -719,17 +719,9 @@ GM_HD void gm_unit_q80(LN &L, const uint8_t *const (&rows)[R][2], int64_t u)
  * (sign bits as the halves' sign bits) plus -+1024 ls. The steps accumulate in D, and the block's d
  * times the type's factor is applied once a unit. The words are read with 1- and 2-byte loads (the
  * blocks are 66 ... 110 bytes, only 2-byte aligned); the codebooks through the read-only cache. */
-#ifdef __CUDA_ARCH__
-#define GM_GRID(name) kc_grid_##name /* quant_piece_iq.cuh's device copies */
-#else /* the host (the emulators, tests/unit/test_gm_iq.cc) reads host copies */
-static const uint64_t gm_hgrid_iq2xxs[256] = {IQ_GRID_IQ2XXS};
-static const uint64_t gm_hgrid_iq2xs[512] = {IQ_GRID_IQ2XS};
-static const uint64_t gm_hgrid_iq2s[1024] = {IQ_GRID_IQ2S};
-static const uint32_t gm_hgrid_iq3xxs[256] = {IQ_GRID_IQ3XXS};
-static const uint32_t gm_hgrid_iq3s[512] = {IQ_GRID_IQ3S};
-static const uint64_t gm_hgrid_iq1s[2048] = {IQ_GRID_IQ1S};
-#define GM_GRID(name) gm_hgrid_##name
-#endif
+/* quant_piece_iq.cuh's codebooks (host arrays where the units are compiled for the host: test_gm_iq.cc,
+ * whose __device__ is empty; nvcc instantiates these units for the device only) */
+#define GM_GRID(name) kc_grid_##name
 /* the 8 sign bits of a 7-bit sign code (bit 7: the parity of bits 0..6; quant_piece_iq.cuh's kc_ksigns) */
 GM_HD uint32_t gm_ksigns(uint32_t c)
 {
@@ -740,6 +732,14 @@ GM_HD uint32_t gm_ksigns(uint32_t c)
 #endif
 }
 template <int T> struct gm_iq;
+/* IQ2_XXS / IQ3_XXS keep a sub-block's four 7-bit sign codes and its 4-bit scale s in one 32-bit word at p
+ * (2-byte aligned): group l's signs for bytes 4 hw .., and ls = 2 s + 1 */
+GM_HD void gm_iq_aux(const uint8_t *p, int l, int hw, uint32_t &s4, int &ls)
+{
+	const uint32_t aux = gm_u16(p) | gm_u16(p + 2) << 16;
+	s4 = (gm_ksigns((aux >> (7 * l)) & 127u) >> (4 * hw)) & 15u;
+	ls = 2 * (int)(aux >> 28) + 1;
+}
 /* what most of them share: the block's fp16 d in its first two bytes, codebook bytes under sign bits */
 struct gm_iq_sb {
 	static constexpr bool kI1 = false;
@@ -755,11 +755,9 @@ template <> struct gm_iq<KT_IQ2_XXS> : gm_iq_sb {
 	                        int &ls)
 	{
 		const uint8_t *p = b + 2 + 8 * ib;
-		const uint32_t aux = gm_u16(p + 4) | gm_u16(p + 6) << 16;
 		const uint2 e = gm_ldg((const uint2 *)(GM_GRID(iq2xxs) + gm_ldg(p + l)));
 		w = hw ? e.y : e.x;
-		s4 = (gm_ksigns((aux >> (7 * l)) & 127u) >> (4 * hw)) & 15u;
-		ls = 2 * (int)(aux >> 28) + 1;
+		gm_iq_aux(p + 4, l, hw, s4, ls);
 	}
 };
 template <> struct gm_iq<KT_IQ2_XS> : gm_iq_sb {
@@ -792,10 +790,8 @@ template <> struct gm_iq<KT_IQ3_XXS> : gm_iq_sb {
 	static GM_HD void piece(const uint8_t *b, int ib, int l, int hw, int h, uint32_t &w, uint32_t &s4,
 	                        int &ls)
 	{
-		const uint32_t aux = gm_u16(b + 66 + 4 * ib) | gm_u16(b + 68 + 4 * ib) << 16;
 		w = gm_ldg(GM_GRID(iq3xxs) + gm_ldg(b + 2 + 8 * ib + 2 * l + hw));
-		s4 = (gm_ksigns((aux >> (7 * l)) & 127u) >> (4 * hw)) & 15u;
-		ls = 2 * (int)(aux >> 28) + 1;
+		gm_iq_aux(b + 66 + 4 * ib, l, hw, s4, ls);
 	}
 };
 template <> struct gm_iq<KT_IQ3_S> : gm_iq_sb {
