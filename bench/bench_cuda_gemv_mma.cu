@@ -556,65 +556,13 @@ template <int T, int R, int NG, class LN = gm_lane<R, NG>>
 static void gm_emulate(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out, const float *x, int64_t ldx,
                        int n_tok, float *y, int64_t ldy)
 {
-	gm_emu emu;
-	gm_emu_ctx = &emu;
-	struct lane_rows {
-		const uint8_t *p[R][2];
-	};
 	constexpr bool TABLE = !std::is_same<LN, gm_lane<R, NG>>::value;
 	const float *xr[4 * NG];
 	for (int c = 0; c < 4 * NG; c++) /* the MoE's table: tokens in reverse */
 		xr[c] = x + (int64_t)(c < n_tok ? n_tok - 1 - c : 0) * ldx;
-	const bool rb4 = rb % 4 == 0;
-	std::vector<LN> L(32);
-	std::vector<lane_rows> rows(32);
-	gm_stage<NG> stage;
-	for (int64_t row0 = 0; row0 < n_out; row0 += 16 * R) {
-		memset(&stage, 0, sizeof(stage));
-		for (float &f : stage.f)
-			f = 1.f;
-		for (int l = 0; l < 32; l++) {
-			LN &a = L[l];
-			a.g = l >> 2, a.t = l & 3, a.lane = l, a.n_tok = n_tok, a.sm = &stage;
-			emu_lane_init(a, x, ldx, xr);
-			memset(a.acc, 0, sizeof(a.acc));
-			for (int r = 0; r < R; r++)
-				for (int hr = 0; hr < 2; hr++)
-					rows[l].p[r][hr] =
-					    w +
-					    (size_t)std::min(row0 + 16 * r + 8 * hr + a.g, n_out - 1) * rb;
-		}
-		for (int64_t u = 0; u < n_in / 256; u++) {
-			emu.pass = 1;
-			for (int l = 0; l < 32; l++) {
-				LN keep = L[l];
-				emu.lane = l;
-				emu.rec[l].clear();
-				gm_unit<T, R, NG>(L[l], rows[l].p, u, rb4);
-				L[l] = keep;
-			}
-			gm_emu_replay(emu);
-			emu.pass = 2;
-			for (int l = 0; l < 32; l++) {
-				emu.lane = l;
-				emu.call = 0;
-				gm_unit<T, R, NG>(L[l], rows[l].p, u, rb4);
-			}
-		}
-		for (int l = 0; l < 32; l++)
-			for (int r = 0; r < R; r++)
-				for (int k = 0; k < NG; k++)
-					for (int hr = 0; hr < 2; hr++) {
-						const int64_t row = row0 + 16 * r + 8 * hr + L[l].g;
-						const int col = 4 * k + L[l].t;
-						const int tok = TABLE ? n_tok - 1 - col : col;
-						if (row < n_out && col < n_tok)
-							y[tok * ldy + row] =
-							    fmaf(L[l].acc[r][k][2 * hr + 1], 1.f / 2048.f,
-							         L[l].acc[r][k][2 * hr]);
-					}
-	}
-	gm_emu_ctx = NULL;
+	gm_emulate_rows<T, R, NG, LN>(
+	    w, rb, n_in, n_out, n_tok, rb % 4 == 0, [&](LN &a) { emu_lane_init(a, x, ldx, xr); },
+	    [&](int64_t row, int col, float v) { y[(TABLE ? n_tok - 1 - col : col) * ldy + row] = v; });
 }
 
 template <int T>

@@ -719,7 +719,7 @@ GM_HD void gm_unit_q80(LN &L, const uint8_t *const (&rows)[R][2], int64_t u)
  * (sign bits as the halves' sign bits) plus -+1024 ls. The steps accumulate in D, and the block's d
  * times the type's factor is applied once a unit. The words are read with 1- and 2-byte loads (the
  * blocks are 66 ... 110 bytes, only 2-byte aligned); the codebooks through the read-only cache. */
-/* quant_piece_iq.cuh's codebooks (host arrays where the units are compiled for the host: test_gm_iq.cc,
+/* quant_piece_iq.cuh's codebooks (host arrays where the units are compiled for the host: test_gm_units.cc,
  * whose __device__ is empty; nvcc instantiates these units for the device only) */
 #define GM_GRID(name) kc_grid_##name
 /* the 8 sign bits of a 7-bit sign code (bit 7: the parity of bits 0..6; quant_piece_iq.cuh's kc_ksigns) */
@@ -946,6 +946,73 @@ GM_HD void gm_unit(LN &L, const uint8_t *const (&rows)[R][2], int64_t u, bool rb
 		gm_unit_iq<T, R, NG>(L, rows, u);
 	else
 		gm_unit_q80<R, NG>(L, rows, u);
+}
+
+/* Host emulation of a warp walking rows [0, n_out) of w (rb bytes apart), 16 R at a time, over all n_in / 256
+ * units (the benches' emu modes, tests/unit/test_gm_units.cc): the 32 lanes run the unit one after another,
+ * mma.sync replayed from their recorded fragments. init(lane) points a lane (g, t, lane, n_tok, sm and acc
+ * already set) at its x; store(row, col, v) receives output column col (4 k + t) of each row < n_out,
+ * col < n_tok, as hi + lo / 2048. rb4: rows start 4-byte aligned (gm_unit's). */
+template <int T, int R, int NG, class LN, class Init, class Store>
+static void gm_emulate_rows(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out, int n_tok, bool rb4,
+                            Init init, Store store)
+{
+	gm_emu emu;
+	gm_emu_ctx = &emu;
+	std::vector<LN> L(32);
+	std::vector<const uint8_t *> rp(32 * R * 2);
+	gm_stage<NG> stage;
+	for (int64_t row0 = 0; row0 < n_out; row0 += 16 * R) {
+		memset(&stage, 0, sizeof(stage));
+		for (float &f : stage.f)
+			f = 1.f;
+		for (int l = 0; l < 32; l++) {
+			LN &a = L[l];
+			a.g = l >> 2, a.t = l & 3, a.lane = l, a.n_tok = n_tok, a.sm = &stage;
+			memset(a.acc, 0, sizeof(a.acc));
+			init(a);
+			for (int r = 0; r < R; r++)
+				for (int hr = 0; hr < 2; hr++) {
+					const int64_t row = row0 + 16 * r + 8 * hr + a.g;
+					rp[(l * R + r) * 2 + hr] =
+					    w + (size_t)(row < n_out ? row : n_out - 1) * rb;
+				}
+		}
+		for (int64_t u = 0; u < n_in / 256; u++)
+			for (int pass = 1; pass <= 2; pass++) {
+				if (pass == 2)
+					gm_emu_replay(emu);
+				emu.pass = pass;
+				for (int l = 0; l < 32; l++) {
+					const uint8_t *rows[R][2];
+					for (int r = 0; r < R; r++)
+						rows[r][0] = rp[(l * R + r) * 2],
+						rows[r][1] = rp[(l * R + r) * 2 + 1];
+					emu.lane = l;
+					emu.call = 0;
+					if (pass == 1) { /* record the fragments, leave the lane as it was */
+						const LN keep = L[l];
+						emu.rec[l].clear();
+						gm_unit<T, R, NG>(L[l], rows, u, rb4);
+						L[l] = keep;
+					} else {
+						gm_unit<T, R, NG>(L[l], rows, u, rb4);
+					}
+				}
+			}
+		for (int l = 0; l < 32; l++)
+			for (int r = 0; r < R; r++)
+				for (int k = 0; k < NG; k++)
+					for (int hr = 0; hr < 2; hr++) {
+						const int64_t row = row0 + 16 * r + 8 * hr + L[l].g;
+						const int col = 4 * k + L[l].t;
+						if (row < n_out && col < n_tok)
+							store(row, col,
+							      fmaf(L[l].acc[r][k][2 * hr + 1], 1.f / 2048.f,
+							           L[l].acc[r][k][2 * hr]));
+					}
+	}
+	gm_emu_ctx = NULL;
 }
 
 #ifndef GEMV_MMA_UNITS_ONLY /* moe_mma_units.cuh takes the unit bodies alone */

@@ -1,17 +1,20 @@
-/* The tensor-core decode unit of the codebook types (kernels/cuda/gemv_mma.cuh gm_unit_iq: IQ2_XXS,
- * IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S), compiled for the host and run lane by lane: the 32 lanes of a warp
- * one after another with mma.sync m16n8k16 replayed from their recorded fragments (gemv_mma.cuh's
- * gm_emu, as bench_cuda_gemv_mma's emu mode does for the K-quants), so CI without a GPU checks the
- * unit's byte offsets, codebook lookups, sign bits, integer scales and fp16 construction.
+/* The tensor-core decode units of kernels/cuda/gemv_mma.cuh (gm_unit: the K-quants, Q8_0 and, since
+ * session 32, the codebook types IQ1_S ... IQ3_S of gm_unit_iq), compiled for the host and run lane by
+ * lane by gemv_mma.cuh's gm_emulate_rows: the 32 lanes of a warp one after another with mma.sync replayed
+ * from their recorded fragments, so CI without a GPU checks the units' byte offsets, codebook lookups,
+ * sign bits, scales and fp16 construction (bench_cuda_gemv_mma's emu mode runs the same driver, but only
+ * by hand and in a CUDA build).
  *
  * Every output is held to the exact dot (double) of the CPU backend's dequantized row with x, within
- * 2^-16 of sum |w_i x_i|, the bound bench_cuda_gemv_mma holds the K-quant units to: x enters as
- * fp16 hi + lo / 2048 (22 bits), A is exact (codebook magnitude <= 63 times an odd scale <= 31, <=
- * 1953, exact in fp16), the products and sums are fp32. Cases: every type, one and two row tiles (R 1:
- * the MoE down kernel and the GEMV; R 2: gate / up), 1, 4, 5 and 8 tokens (one and two n-tiles), rows of
- * 256 and 2048 values, x scaled by 1, 2^-10, 2^8 and 1e6 (past fp16: the unit's power-of-two rescale).
- * Rows are random blocks with sane fp16 scales (tests/ops/ops_util.h; seed printed, TANDEM_SEED=...
- * replays). Timing and the kernels around the unit are the GPU op tests' (tests/ops/test_ops_moe.c). */
+ * 2^-16 of sum |w_i x_i|, bench_cuda_gemv_mma's bound: x enters as fp16 hi + lo / 2048 (22 bits), A is
+ * exact (a codebook magnitude <= 63 times an odd scale <= 31 is <= 1953; the K-quants' as the header
+ * explains), the products and sums are fp32. Cases: every type, one and two row tiles (R 1: the MoE down
+ * kernel and the GEMV; R 2: gate / up), 1, 4, 5 and 8 tokens (one and two n-tiles), rows of 256 and 2048
+ * values (Q6_K's 210-byte rows at 256 take the run-time alignment path), x scaled by 1, 2^-10, 2^8 and
+ * 1e6 (past fp16: the unit's power-of-two rescale). Rows are random blocks with sane fp16 scales
+ * (tests/ops/ops_util.h; seed printed, TANDEM_SEED=... replays); the codebook types' rows sit at an odd
+ * multiple of 2 bytes, as their 2-byte-aligned blocks may. Timing and the kernels around the units are
+ * the GPU op tests' (tests/ops/test_ops_moe.c, test_ops_matmul.c). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -42,56 +45,9 @@ template <int T, int R, int NG>
 static void emulate(const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out, const float *x, int n_tok,
                     float *y)
 {
-	gm_emu emu;
-	gm_emu_ctx = &emu;
-	std::vector<gm_lane<R, NG>> L(32);
-	gm_stage<NG> stage;
-	for (int64_t row0 = 0; row0 < n_out; row0 += 16 * R) {
-		memset(&stage, 0, sizeof(stage));
-		for (float &f : stage.f)
-			f = 1.f;
-		const uint8_t *rows[32][R][2];
-		for (int l = 0; l < 32; l++) {
-			gm_lane<R, NG> &a = L[l];
-			a.g = l >> 2, a.t = l & 3, a.lane = l, a.n_tok = n_tok, a.sm = &stage, a.x = x,
-			a.ldx = n_in;
-			memset(a.acc, 0, sizeof(a.acc));
-			for (int r = 0; r < R; r++)
-				for (int hr = 0; hr < 2; hr++)
-					rows[l][r][hr] =
-					    w +
-					    (size_t)std::min(row0 + 16 * r + 8 * hr + a.g, n_out - 1) * rb;
-		}
-		for (int64_t u = 0; u < n_in / 256; u++) {
-			emu.pass = 1;
-			for (int l = 0; l < 32; l++) {
-				const gm_lane<R, NG> keep = L[l];
-				emu.lane = l;
-				emu.rec[l].clear();
-				gm_unit<T, R, NG>(L[l], rows[l], u);
-				L[l] = keep;
-			}
-			gm_emu_replay(emu);
-			emu.pass = 2;
-			for (int l = 0; l < 32; l++) {
-				emu.lane = l;
-				emu.call = 0;
-				gm_unit<T, R, NG>(L[l], rows[l], u);
-			}
-		}
-		for (int l = 0; l < 32; l++)
-			for (int r = 0; r < R; r++)
-				for (int k = 0; k < NG; k++)
-					for (int hr = 0; hr < 2; hr++) {
-						const int64_t row = row0 + 16 * r + 8 * hr + L[l].g;
-						const int tok = 4 * k + L[l].t;
-						if (row < n_out && tok < n_tok)
-							y[(size_t)tok * n_out + row] =
-							    fmaf(L[l].acc[r][k][2 * hr + 1], 1.f / 2048.f,
-							         L[l].acc[r][k][2 * hr]);
-					}
-	}
-	gm_emu_ctx = NULL;
+	gm_emulate_rows<T, R, NG, gm_lane<R, NG>>(
+	    w, rb, n_in, n_out, n_tok, rb % 4 == 0, [&](gm_lane<R, NG> &a) { a.x = x, a.ldx = n_in; },
+	    [&](int64_t row, int col, float v) { y[(size_t)col * n_out + row] = v; });
 }
 
 template <int T> static void check_type(void)
@@ -103,10 +59,11 @@ template <int T> static void check_type(void)
 			size_t rb;
 			if (!ktype_row_bytes(T, n_in, &rb))
 				abort();
-			/* the blocks are only 2-byte aligned: rows of odd block counts at odd multiples of 2
-			 */
-			std::vector<uint8_t> wbuf(rb * (size_t)n_out + 32);
-			uint8_t *w = wbuf.data() + 2;
+			/* codebook blocks are only 2-byte aligned: their rows at an odd multiple of 2; the
+			 * others 16-byte aligned, as the device buffers are */
+			std::vector<uint8_t> wbuf(rb * (size_t)n_out + 48);
+			uint8_t *w = (uint8_t *)(((uintptr_t)wbuf.data() + 15) & ~(uintptr_t)15) +
+			             (gm_is_iq<T> ? 2 : 0);
 			ops_fill_weight(T, n_in, n_out, rb, w);
 			std::vector<float> deq((size_t)n_in * (size_t)n_out);
 			for (int64_t r = 0; r < n_out; r++)
@@ -163,6 +120,10 @@ template <int T> static void check_type(void)
 int main(void)
 {
 	ops_seed_init();
+	check_type<KT_Q4_K>();
+	check_type<KT_Q5_K>();
+	check_type<KT_Q6_K>();
+	check_type<KT_Q8_0>();
 	check_type<KT_IQ2_XXS>();
 	check_type<KT_IQ2_XS>();
 	check_type<KT_IQ2_S>();
