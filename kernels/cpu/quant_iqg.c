@@ -469,6 +469,16 @@ static float block_scales(const struct mtype *t, const float *x, int nsub, int s
 	return d;
 }
 
+/* IQ2_XXS / IQ3_XXS: a sub-block's 4-bit scale s and four 7-bit sign codes as one little-endian word */
+static void wr_aux(uint8_t *p, int s, const unsigned *sg)
+{
+	uint32_t a = (uint32_t)s << 28;
+	for (int l = 0; l < 4; l++)
+		a |= (sg[l] & 127u) << (7 * l);
+	for (int k = 0; k < 4; k++)
+		p[k] = (uint8_t)(a >> (8 * k));
+}
+
 static void q_iq2_xxs(const float *src, void *dst, int64_t n)
 {
 	pthread_once(&tabs_once, tabs_init);
@@ -484,21 +494,11 @@ static void q_iq2_xxs(const float *src, void *dst, int64_t n)
 		quant_wr16(b, kf32_to_fp16(d));
 		for (int ib = 0; ib < 8; ib++) {
 			fit32(&t, x + 32 * ib, db[ib], idx, sg);
-			uint32_t a1 = (uint32_t)s[ib] << 28;
-			for (int l = 0; l < 4; l++) {
+			for (int l = 0; l < 4; l++)
 				b[2 + 8 * ib + l] = (uint8_t)idx[l];
-				a1 |= (sg[l] & 127u) << (7 * l);
-			}
-			for (int k = 0; k < 4; k++)
-				b[6 + 8 * ib + k] = (uint8_t)(a1 >> (8 * k));
+			wr_aux(b + 6 + 8 * ib, s[ib], sg);
 		}
 	}
-}
-
-/* IQ2_XS / IQ2_S: one 4-bit scale per 16 values */
-static void q_iq2_half(const struct mtype *t, const float *x, float *db, int *s, float *d)
-{
-	*d = block_scales(t, x, 16, 15, s, db);
 }
 
 static void q_iq2_xs(const float *src, void *dst, int64_t n)
@@ -509,8 +509,8 @@ static void q_iq2_xs(const float *src, void *dst, int64_t n)
 	for (int64_t i = 0; i < n / QK_K; i++, b += 74) {
 		const float *x = src + i * QK_K;
 		int s[16];
-		float db[16], d, a[8];
-		q_iq2_half(&t, x, db, s, &d);
+		float db[16], a[8];
+		const float d = block_scales(&t, x, 16, 15, s, db); /* a 4-bit scale per 16 values */
 		memset(b, 0, 74);
 		quant_wr16(b, kf32_to_fp16(d));
 		for (int k = 0; k < 32; k++) { /* group k of 8: scale k / 2 */
@@ -531,8 +531,8 @@ static void q_iq2_s(const float *src, void *dst, int64_t n)
 	for (int64_t i = 0; i < n / QK_K; i++, b += 82) {
 		const float *x = src + i * QK_K;
 		int s[16];
-		float db[16], d, a[8];
-		q_iq2_half(&t, x, db, s, &d);
+		float db[16], a[8];
+		const float d = block_scales(&t, x, 16, 15, s, db); /* a 4-bit scale per 16 values */
 		memset(b, 0, 82);
 		quant_wr16(b, kf32_to_fp16(d));
 		for (int k = 0; k < 32; k++) {
@@ -562,13 +562,9 @@ static void q_iq3_xxs(const float *src, void *dst, int64_t n)
 		quant_wr16(b, kf32_to_fp16(d));
 		for (int ib = 0; ib < 8; ib++) {
 			fit32(&t, x + 32 * ib, db[ib], idx, sg);
-			uint32_t aux = (uint32_t)s[ib] << 28;
 			for (int k = 0; k < 8; k++)
 				b[2 + 8 * ib + k] = (uint8_t)idx[k];
-			for (int l = 0; l < 4; l++)
-				aux |= (sg[l] & 127u) << (7 * l);
-			for (int k = 0; k < 4; k++)
-				b[66 + 4 * ib + k] = (uint8_t)(aux >> (8 * k));
+			wr_aux(b + 66 + 4 * ib, s[ib], sg);
 		}
 	}
 }
