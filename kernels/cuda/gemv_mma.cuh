@@ -844,15 +844,13 @@ template <> struct gm_iq<KT_IQ1_M> {
 		ls = 2 * (int)((gm_u16(b + 48 + 2 * (ib / 2)) >> (6 * (ib & 1) + 3 * h)) & 7u) + 1;
 	}
 };
-template <int T>
-constexpr bool gm_is_iq = T == KT_IQ2_XXS || T == KT_IQ2_XS || T == KT_IQ2_S || T == KT_IQ3_XXS ||
-                          T == KT_IQ3_S || T == KT_IQ1_S || T == KT_IQ1_M;
-/* the same at run time */
-static inline bool gm_iq_type(int t)
+/* the types gm_unit_iq takes (the host's test; gm_is_iq<T> for the units) */
+static constexpr bool gm_iq_type(int t)
 {
 	return t == KT_IQ2_XXS || t == KT_IQ2_XS || t == KT_IQ2_S || t == KT_IQ3_XXS || t == KT_IQ3_S ||
 	       t == KT_IQ1_S || t == KT_IQ1_M;
 }
+template <int T> constexpr bool gm_is_iq = gm_iq_type(T);
 
 template <int T, int R, int NG, class LN>
 GM_HD void gm_unit_iq(LN &L, const uint8_t *const (&rows)[R][2], int64_t u)

@@ -32,16 +32,9 @@ static bool mma_wins(int type, int64_t n_out, int n_tok, int n_sm)
 	case KT_Q5_K: return n_tok >= 3 || (n_out + 15) / 16 >= 2 * (int64_t)n_sm;
 	case KT_Q6_K:
 	case KT_Q8_0: return n_tok >= 3;
-	/* the codebook types: the fp32 GEMV's per-element codebook decode and FMAs are heavier than any
-	 * K-quant's (not yet measured against it: session 32 had no GPU) */
-	case KT_IQ2_XXS:
-	case KT_IQ2_XS:
-	case KT_IQ2_S:
-	case KT_IQ3_XXS:
-	case KT_IQ3_S:
-	case KT_IQ1_S:
-	case KT_IQ1_M: return true;
-	default: return false;
+	default: /* the codebook types: the fp32 GEMV's per-element codebook decode and FMAs are heavier than
+	          * any K-quant's (not yet measured against it: session 32 had no GPU) */
+		return gm_iq_type(type);
 	}
 }
 

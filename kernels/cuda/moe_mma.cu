@@ -452,8 +452,7 @@ static bool mm_small_type_ok(int t)
 
 bool moe_mma_type_ok(int t)
 {
-	return mm_small_type_ok(t) || t == KT_IQ2_XXS || t == KT_IQ2_XS || t == KT_IQ2_S || t == KT_IQ3_XXS ||
-	       t == KT_IQ3_S || t == KT_IQ1_S || t == KT_IQ1_M;
+	return mm_small_type_ok(t) || gm_iq_type(t);
 }
 
 /* upper bound of the chunk count: sum_e ceil(c_e / CH) < np / CH + active experts */
